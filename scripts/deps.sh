@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# deps.sh — install the Debian packages moe.c needs, if missing (as root via apt-get),
+# otherwise name the missing packages and exit non-zero.
+set -euo pipefail
+pkgs=(build-essential cmake libopenblas-dev libcjson-dev zlib1g-dev libomp-dev gnuplot-nox)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -eq 0 ]; then
+  echo "moe: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "moe: missing Debian packages: ${missing[*]}" >&2
+  echo "     install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi

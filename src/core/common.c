@@ -1,0 +1,117 @@
+// common.c — error exit, checked allocation and IO, clocks and formatting helpers.
+#define _POSIX_C_SOURCE 200809L
+#include "core/common.h"
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void moe_die(const char *file, int line, const char *fmt, ...) {
+    fflush(stdout);
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "moe: error: ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    if (getenv("MOE_DEBUG")) fprintf(stderr, " [%s:%d]", file, line);
+    fprintf(stderr, "\n");
+    exit(1);
+}
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) DIE("out of memory allocating %zu bytes", n);
+    return p;
+}
+void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) DIE("out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+void *xrealloc(void *p, size_t n) {
+    void *q = realloc(p, n ? n : 1);
+    if (!q) DIE("out of memory reallocating %zu bytes", n);
+    return q;
+}
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+FILE *xfopen(const char *path, const char *mode) {
+    FILE *f = fopen(path, mode);
+    if (!f) DIE("cannot open '%s' (%s)", path, strerror(errno));
+    return f;
+}
+void xfwrite(const void *p, size_t size, size_t n, FILE *f, const char *path) {
+    if (n && fwrite(p, size, n, f) != n) DIE("cannot write '%s' (%s)", path, strerror(errno));
+}
+void xfread(void *p, size_t size, size_t n, FILE *f, const char *path) {
+    if (n && fread(p, size, n, f) != n)
+        DIE("cannot read '%s' (%s)", path, feof(f) ? "file is truncated" : strerror(errno));
+}
+void xfclose(FILE *f, const char *path) {
+    if (fflush(f) != 0) DIE("cannot write '%s' (%s)", path, strerror(errno));
+    if (fsync(fileno(f)) != 0 && errno != EINVAL && errno != EROFS)
+        DIE("cannot fsync '%s' (%s)", path, strerror(errno));
+    if (fclose(f) != 0) DIE("cannot close '%s' (%s)", path, strerror(errno));
+}
+
+char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap + 1);
+    for (;;) {
+        if (n == cap) { cap *= 2; buf = xrealloc(buf, cap + 1); }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) { free(buf); errno = EIO; return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+int file_exists(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISREG(st.st_mode); }
+int dir_exists(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISDIR(st.st_mode); }
+
+void mkdir_p(const char *path) {
+    char tmp[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof tmp) DIE("bad directory path '%s'", path);
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
+    if (!dir_exists(tmp)) DIE("'%s' exists and is not a directory", tmp);
+}
+
+void fmt_bytes(char *buf, size_t n, double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) { b /= 1024; i++; }
+    snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
+}
+void fmt_count(char *buf, size_t n, double c) {
+    const char *u[] = {"", "K", "M", "B", "T"};
+    int i = 0;
+    while (c >= 1000 && i < 4) { c /= 1000; i++; }
+    snprintf(buf, n, i ? "%.2f%s" : "%.0f%s", c, u[i]);
+}

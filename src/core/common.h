@@ -1,0 +1,36 @@
+// common.h — error handling, checked allocation and IO, small helpers shared by every layer.
+// Must not hold: anything model-, data- or backend-specific.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+// Print "moe: error: <msg>" (file:line in debug builds) and exit(1).
+void moe_die(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
+#define DIE(...) moe_die(__FILE__, __LINE__, __VA_ARGS__)
+#define CHECK(cond, ...) do { if (!(cond)) DIE(__VA_ARGS__); } while (0)
+
+void *xmalloc(size_t n);              // dies naming the byte count on failure
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+// Checked stdio: die naming the path and errno text.
+FILE *xfopen(const char *path, const char *mode);
+void xfwrite(const void *p, size_t size, size_t n, FILE *f, const char *path);
+void xfread(void *p, size_t size, size_t n, FILE *f, const char *path);
+void xfclose(FILE *f, const char *path);  // fflush + fsync + fclose for files opened for writing
+
+// Read a whole file into a malloc'd buffer (NUL-terminated); *len gets the byte count.
+// Returns NULL (errno set) if it cannot be opened/read.
+char *read_file(const char *path, size_t *len);
+
+double now_seconds(void);             // monotonic clock
+int file_exists(const char *path);
+int dir_exists(const char *path);
+void mkdir_p(const char *path);       // dies on failure
+
+// Format helpers
+void fmt_bytes(char *buf, size_t n, double bytes);   // "1.23 GiB"
+void fmt_count(char *buf, size_t n, double count);   // "1.23M"

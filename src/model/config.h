@@ -1,0 +1,45 @@
+// config.h — the model's shape and MoE options, named presets, validation, FLOP/memory figures.
+// Must not hold: training options (train/options.h), anything about files or devices.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DISPATCH_DROPLESS = 0, DISPATCH_CAPACITY = 1 } DispatchMode;
+
+typedef struct {
+    int vocab_size;       // V
+    int d_model;          // d
+    int n_layers;         // L
+    int n_heads;          // H
+    int n_kv_heads;       // KV (GQA: H % KV == 0)
+    int head_dim;         // hd (usually d / H)
+    int d_ff;             // f, per expert
+    int n_experts;        // E
+    int top_k;            // k
+    int max_seq_len;      // longest sequence positions are defined for
+    float rope_theta;
+    float norm_eps;
+    float init_std;       // normal(0, init_std) for linear weights; output projections scaled by 1/sqrt(2L)
+    // MoE
+    int renormalize;      // 1: top-k weights renormalised to sum 1 (Mixtral); 0: raw softmax probs (OLMoE)
+    float jitter;         // multiplicative input jitter on the router input, U(1-j, 1+j); training only
+    float aux_coef;       // load-balancing loss coefficient (E * sum_i f_i P_i)
+    float z_coef;         // router z-loss coefficient (mean logsumexp^2)
+    DispatchMode dispatch;
+    float capacity_factor;  // capacity mode: capacity = ceil(cf * tokens * k / E)
+} ModelConfig;
+
+// Fills *c with the named preset; returns 0 on success, -1 if the name is unknown.
+int config_preset(ModelConfig *c, const char *name);
+const char *config_preset_names(void);   // "tiny, small, mixtral-8x7b, olmoe-1b-7b, ..."
+
+// Returns NULL if valid, else a static message naming the offending numbers.
+const char *config_validate(const ModelConfig *c);
+
+// Parameter counts.
+size_t config_num_params(const ModelConfig *c);          // all
+size_t config_num_active_params(const ModelConfig *c);   // per token (k of E experts)
+// Training FLOPs per token (forward + backward = 3x forward) at sequence length T.
+double config_flops_per_token(const ModelConfig *c, int T);
+
+int capacity_for(const ModelConfig *c, int n_tokens);    // capacity mode: slots per expert

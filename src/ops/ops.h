@@ -1,0 +1,84 @@
+// ops.h — the kernel interface: a Backend is a table of functions over device buffers.
+// The model and the MoE layer call only these. cpu/ is the float32 reference (CBLAS + OpenMP);
+// a cuda/ backend fills the same table. Must not hold: any knowledge of the model or of layers.
+//
+// Conventions: row-major; a Linear weight W is (out, in) and y = x W^T (HF layout).
+// Every *_bwd ACCUMULATES (+=) into its gradient outputs; gradient pointers may be NULL where noted.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Backend Backend;
+struct Backend {
+    const char *name;
+    // memory (device buffers; on cpu, host memory)
+    void *(*alloc)(size_t bytes);                     // zeroed
+    void (*free)(void *p);
+    void (*to_device)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);   // device to device
+    void (*zero)(void *p, size_t bytes);
+    void (*sync)(void);
+
+    // out (N,O) = inp (N,I) @ W(O,I)^T [+ out if accumulate]
+    void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int I, int O, int accumulate);
+    // dinp (N,I) += dout (N,O) @ W ; dw (O,I) += dout^T @ inp. dinp or dw may be NULL.
+    void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                       int N, int I, int O);
+    // Grouped over G groups: group g has rows [off[g], off[g+1]) of inp/out and weight w + g*O*I.
+    // off is a HOST array of G+1 entries.
+    void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G,
+                               int I, int O);
+    void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
+                               const float *w, const int64_t *off, int G, int I, int O);
+
+    // out (N,V) rows = table[tokens[i]]; bwd: dtable[tokens[i]] += dout[i]
+    void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C);
+    void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
+
+    // out = inp * rstd * w, rstd (N) saved for backward
+    void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+    void (*rmsnorm_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                        const float *rstd, int N, int C);
+
+    // In place on x (B*T, nh, hd): HF rotate_half RoPE at positions 0..T-1 of each sequence.
+    // bwd applies the inverse rotation to the gradient in place.
+    void (*rope_fwd)(float *x, int B, int T, int nh, int hd, float theta);
+    void (*rope_bwd)(float *dx, int B, int T, int nh, int hd, float theta);
+
+    // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd), out (B*T, H, hd).
+    // lse (B, H, T): per-row log-sum-exp of the scaled scores, saved for backward.
+    void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
+                          int B, int T, int H, int KV, int hd);
+    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                          const float *lse, const float *q, const float *k, const float *v,
+                          int B, int T, int H, int KV, int hd);
+
+    // out = silu(h1) * h3, elementwise over n; bwd accumulates into dh1, dh3.
+    void (*swiglu_fwd)(float *out, const float *h1, const float *h3, size_t n);
+    void (*swiglu_bwd)(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n);
+
+    // out[i] = inp[idx[i]] (rows of C); bwd: dinp[idx[i]] += dout[i]
+    void (*gather_rows)(float *out, const float *inp, const int32_t *idx, int n, int C);
+    // out[idx[i]] += scale[i] * inp[i] (rows of C); scale may be NULL (= 1). Serial over i
+    // for a deterministic sum order.
+    void (*scatter_add_rows)(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
+    // dot[i] = <a[i], b[i]> over rows of C
+    void (*row_dot)(float *dot, const float *a, const float *b, int n, int C);
+
+    // Cross-entropy over V: losses (N) = logsumexp(logits) - logits[target].
+    // Then logits is OVERWRITTEN with dlogits = (softmax - onehot) * dloss (dloss per row, same for all).
+    void (*cross_entropy_fwd_bwd)(float *losses, float *logits, const int32_t *targets, int N, int V,
+                                  float dloss);
+    void (*cross_entropy_fwd)(float *losses, const float *logits, const int32_t *targets, int N, int V);
+
+    // y += a * x
+    void (*axpy)(float *y, const float *x, float a, size_t n);
+    void (*scale)(float *x, float a, size_t n);
+    double (*sumsq)(const float *x, size_t n);        // sum of squares (double accumulator)
+    // AdamW on n elements: decoupled decay wd (0 for norms), bias-corrected at step t (1-based).
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                  float eps, float wd, int t);
+};
+
+const Backend *backend_cpu(void);

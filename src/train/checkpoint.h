@@ -1,0 +1,40 @@
+// checkpoint.h — checkpoint directories: model.safetensors (HF Mixtral names and shapes),
+// optimizer.safetensors (AdamW moments, "<name>.exp_avg" / "<name>.exp_avg_sq"), config.json
+// (HF MixtralConfig keys + ours), state.json (step, data position, seed), checksums.json (crc32 of
+// every other file). Written into "<dir>.tmp", each file fsynced, then renamed into place.
+// Must not hold: training logic.
+#pragma once
+#include <stdint.h>
+#include "model/config.h"
+#include "model/params.h"
+
+typedef struct {
+    int64_t step;            // optimizer steps completed
+    uint64_t seq_pos;        // global training sequence counter (data position)
+    uint64_t seed;
+    int64_t total_steps;     // the run's --steps when saved (informational)
+    double tokens_seen;
+} TrainState;
+
+// Save a checkpoint into dir (created atomically via dir.tmp + rename; an existing dir of the
+// same name is replaced only after the new one is complete). m, v may be NULL (no optimizer file).
+void ckpt_save(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params,
+               const float *m, const float *v, const TrainState *st);
+
+// Read config.json of a checkpoint (verifying checksums of all files first). Dies with a clear
+// message naming the file on any problem.
+void ckpt_load_config(const char *dir, ModelConfig *c);
+// Load tensors into flat buffers laid out by t (built from the same config). m, v may be NULL
+// (skip optimizer). st may be NULL. Dies naming the tensor on a missing tensor or shape mismatch.
+void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st);
+
+// Is dir a complete checkpoint (has checksums.json)?
+int ckpt_is_complete(const char *dir);
+// Newest complete checkpoint "step_NNNNNNNN" under out_dir into buf; returns 0 if found, -1 if none.
+int ckpt_find_latest(const char *out_dir, char *buf, size_t n);
+// Path of the checkpoint for a step: out_dir/step_%08d
+void ckpt_path(char *buf, size_t n, const char *out_dir, int64_t step);
+
+// Generic safetensors (F32 only on write; F32/F16/BF16 on read, converted to float):
+typedef struct { char name[128]; int ndim; int64_t shape[4]; const float *data; } StTensor;
+void safetensors_write(const char *path, const StTensor *ts, int n, const char *metadata_json);
