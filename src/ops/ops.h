@@ -20,17 +20,17 @@ struct Backend {
     void (*zero)(void *p, size_t bytes);
     void (*sync)(void);
 
-    // out (N,O) = inp (N,I) @ W(O,I)^T [+ out if accumulate]
-    void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int I, int O, int accumulate);
-    // dinp (N,I) += dout (N,O) @ W ; dw (O,I) += dout^T @ inp. dinp or dw may be NULL.
+    // out (N,O) = inp (N,K) @ W(O,K)^T [+ out if accumulate]
+    void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
+    // dinp (N,K) += dout (N,O) @ W ; dw (O,K) += dout^T @ inp. dinp or dw may be NULL.
     void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                       int N, int I, int O);
-    // Grouped over G groups: group g has rows [off[g], off[g+1]) of inp/out and weight w + g*O*I.
+                       int N, int K, int O);
+    // Grouped over G groups: group g has rows [off[g], off[g+1]) of inp/out and weight w + g*O*K.
     // off is a HOST array of G+1 entries.
     void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G,
-                               int I, int O);
+                               int K, int O);
     void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
-                               const float *w, const int64_t *off, int G, int I, int O);
+                               const float *w, const int64_t *off, int G, int K, int O);
 
     // out (N,V) rows = table[tokens[i]]; bwd: dtable[tokens[i]] += dout[i]
     void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C);
@@ -63,6 +63,8 @@ struct Backend {
     // out[idx[i]] += scale[i] * inp[i] (rows of C); scale may be NULL (= 1). Serial over i
     // for a deterministic sum order.
     void (*scatter_add_rows)(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
+    // x[i] *= scale[i] for rows of C
+    void (*scale_rows)(float *x, const float *scale, int n, int C);
     // dot[i] = <a[i], b[i]> over rows of C
     void (*row_dot)(float *dot, const float *a, const float *b, int n, int C);
 
@@ -72,6 +74,8 @@ struct Backend {
                                   float dloss);
     void (*cross_entropy_fwd)(float *losses, const float *logits, const int32_t *targets, int N, int V);
 
+    // out = a * b elementwise (out may alias a)
+    void (*mul)(float *out, const float *a, const float *b, size_t n);
     // y += a * x
     void (*axpy)(float *y, const float *x, float a, size_t n);
     void (*scale)(float *x, float a, size_t n);

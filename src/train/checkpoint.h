@@ -38,3 +38,13 @@ void ckpt_path(char *buf, size_t n, const char *out_dir, int64_t step);
 // Generic safetensors (F32 only on write; F32/F16/BF16 on read, converted to float):
 typedef struct { char name[128]; int ndim; int64_t shape[4]; const float *data; } StTensor;
 void safetensors_write(const char *path, const StTensor *ts, int n, const char *metadata_json);
+// Read every tensor of t, named "<spec name><suffix>" (suffix may be NULL or ""), from a safetensors
+// file into flat (laid out by t). F32, BF16 and F16 are accepted (converted to float). Dies naming the
+// file and tensor on a missing tensor, another dtype, a shape different from the table's, or data
+// offsets outside the file. Returns how many tensors in the file were not read (ignored).
+int safetensors_read_into(const char *path, const ParamTable *t, float *flat, const char *suffix);
+
+// Check checksums.json of a checkpoint against every file it lists (ckpt_load_config and ckpt_load
+// do this first). Dies with "... is not a complete checkpoint" when checksums.json is missing and
+// "...: <file> is corrupt (crc32 mismatch)" (or size mismatch) when a file differs.
+void ckpt_verify(const char *dir);

@@ -1,0 +1,283 @@
+// data.c — loading token streams (synthetic corpus, text files as bytes, llm.c .bin shards),
+// the train/val window split, per-epoch shuffles, and the deterministic batch readers.
+#define _POSIX_C_SOURCE 200809L
+#include "data/data.h"
+#include "core/common.h"
+#include "core/rng.h"
+#include <errno.h>
+#include <glob.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define SYNTH_BYTES ((size_t)2 << 20)          // 2 MiB of synthetic text by default
+#define MIN_WINDOWS 10                         // window 9 is the first validation window
+#define EPOCH_MIX 0x9E3779B97F4A7C15ull        // epoch e shuffles with seed ^ (e * EPOCH_MIX)
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define SHARD_HEADER_INTS 256
+#define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
+#define TEXT_SNIFF_BYTES ((size_t)64 << 10)
+#define VOCAB_ROUND 64
+
+// ---------------------------------------------------------------------------------------------
+// Per-epoch permutation cache. The batch readers take const Dataset*; the cache lives behind
+// ds->perm_cache (a pointer to non-const), guarded by a mutex so concurrent readers are safe.
+// Two slots, so a batch straddling an epoch boundary does not thrash. The cache only avoids
+// recomputation: a permutation is a pure function of (seed, epoch, n_train).
+
+struct DataPermCache {
+    pthread_mutex_t lock;
+    uint32_t *perm[2];    // perm[i] holds the order of epoch epoch[i] (indices into train_idx)
+    uint64_t epoch[2];
+    int valid[2];
+    int last;             // slot used most recently
+};
+
+static void make_perm(uint32_t *perm, size_t n, uint64_t seed, uint64_t epoch) {
+    Rng r;
+    rng_seed(&r, seed ^ (epoch * EPOCH_MIX));
+    for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
+    for (size_t i = n - 1; i > 0; i--) {           // Fisher-Yates, n >= 1
+        size_t j = rng_below(&r, (uint32_t)(i + 1));
+        uint32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+}
+
+// Caller holds the lock; the returned array stays valid until the lock is released.
+static const uint32_t *perm_for_epoch(const Dataset *ds, uint64_t epoch) {
+    struct DataPermCache *c = ds->perm_cache;
+    for (int i = 0; i < 2; i++)
+        if (c->valid[i] && c->epoch[i] == epoch) { c->last = i; return c->perm[i]; }
+    int slot = 1 - c->last;
+    if (!c->perm[slot]) c->perm[slot] = xmalloc(ds->n_train * sizeof(uint32_t));
+    make_perm(c->perm[slot], ds->n_train, ds->seed, epoch);
+    c->epoch[slot] = epoch;
+    c->valid[slot] = 1;
+    c->last = slot;
+    return c->perm[slot];
+}
+
+static void lock_cache(const Dataset *ds) {
+    CHECK(ds->perm_cache, "data: dataset is not open");
+    int rc = pthread_mutex_lock(&ds->perm_cache->lock);
+    CHECK(rc == 0, "data: cannot lock the permutation cache (%s)", strerror(rc));
+}
+static void unlock_cache(const Dataset *ds) { pthread_mutex_unlock(&ds->perm_cache->lock); }
+
+// Caller holds the lock.
+static size_t train_window_locked(const Dataset *ds, uint64_t s) {
+    const uint32_t *perm = perm_for_epoch(ds, s / ds->n_train);
+    return ds->train_idx[perm[s % ds->n_train]];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text files.
+
+// Binary rule: a file is refused as binary if its first 64 KiB contain a NUL byte, or if more
+// than 30% of those bytes are non-text. Text bytes are printable ASCII, \t \n \v \f \r \b ESC,
+// and bytes of well-formed UTF-8 multi-byte sequences; everything else (other control bytes,
+// DEL, stray or malformed bytes >= 0x80) is non-text.
+static void check_text(const char *path, const unsigned char *b, size_t len) {
+    size_t n = len < TEXT_SNIFF_BYTES ? len : TEXT_SNIFF_BYTES, bad = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned c = b[i];
+        if (c == 0)
+            DIE("'%s' looks binary (NUL byte at offset %zu); expected a text file, or an llm.c .bin shard", path, i);
+        if (c < 0x80) {
+            int ok = (c >= 0x20 && c != 0x7F) || c == '\t' || c == '\n' || c == '\v' || c == '\f' ||
+                     c == '\r' || c == '\b' || c == 0x1B;
+            bad += !ok;
+            i++;
+            continue;
+        }
+        int need = c >= 0xC2 && c <= 0xDF ? 1 : c >= 0xE0 && c <= 0xEF ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        int ok = need > 0;
+        for (int k = 1; ok && k <= need && i + k < n; k++) ok = (b[i + k] & 0xC0) == 0x80;
+        if (ok) i += (size_t)need + 1;
+        else { bad++; i++; }
+    }
+    if (bad * 10 > n * 3)
+        DIE("'%s' looks binary (%zu of its first %zu bytes are not text, over 30%%); expected a text file",
+            path, bad, n);
+}
+
+static void load_text(Dataset *ds, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) DIE("cannot open text file '%s' (%s)", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) DIE("'%s' is a directory, not a text file", path);
+    size_t len = 0;
+    char *buf = read_file(path, &len);
+    if (!buf) DIE("cannot read text file '%s' (%s)", path, strerror(errno));
+    if (len == 0) DIE("text file '%s' is empty (0 bytes)", path);
+    check_text(path, (const unsigned char *)buf, len);
+    ds->tokens = xmalloc(len * sizeof(int32_t));
+    for (size_t i = 0; i < len; i++) ds->tokens[i] = (unsigned char)buf[i];
+    free(buf);
+    ds->n_tokens = len;
+    ds->vocab_size = 256;
+    snprintf(ds->source, sizeof ds->source, "text:%s", path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// llm.c shards: 256 int32 header (magic 20240520, version 1, token count), then uint16 tokens,
+// little-endian (the host must be little-endian too).
+
+static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
+    FILE *f = xfopen(path, "rb");
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) DIE("cannot stat shard '%s' (%s)", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) DIE("shard '%s' is not a regular file", path);
+    long long size = (long long)st.st_size;
+    if (size == 0) DIE("shard '%s' is empty (0 bytes)", path);
+    if (size < SHARD_HEADER_BYTES)
+        DIE("shard '%s' is truncated: %lld bytes, too small for the %d-byte header", path, size, SHARD_HEADER_BYTES);
+    int32_t hdr[SHARD_HEADER_INTS];
+    xfread(hdr, sizeof(int32_t), SHARD_HEADER_INTS, f, path);
+    if (hdr[0] != SHARD_MAGIC)
+        DIE("shard '%s' has wrong magic %d (expected %d): not an llm.c token shard", path, hdr[0], SHARD_MAGIC);
+    if (hdr[1] != SHARD_VERSION)
+        DIE("shard '%s' has unsupported version %d (expected %d: uint16 tokens)", path, hdr[1], SHARD_VERSION);
+    if (hdr[2] < 0) DIE("shard '%s' header has a negative token count %d", path, hdr[2]);
+    long long n = hdr[2], expected = SHARD_HEADER_BYTES + 2 * n;
+    if (size < expected)
+        DIE("shard '%s' is truncated: header says %lld tokens but the file holds only %lld (%lld bytes)",
+            path, n, (size - SHARD_HEADER_BYTES) / 2, size);
+    if (size > expected)
+        DIE("shard '%s' size mismatch: %lld bytes, expected %lld (%d-byte header + 2 bytes x %lld tokens)",
+            path, size, expected, SHARD_HEADER_BYTES, n);
+    *tokens = xrealloc(*tokens, (n_have + (size_t)n) * sizeof(int32_t));
+    enum { CHUNK = 1 << 16 };
+    uint16_t *buf = xmalloc(CHUNK * sizeof(uint16_t));
+    for (size_t done = 0; done < (size_t)n;) {
+        size_t m = (size_t)n - done < CHUNK ? (size_t)n - done : CHUNK;
+        xfread(buf, sizeof(uint16_t), m, f, path);
+        for (size_t i = 0; i < m; i++) (*tokens)[n_have + done + i] = buf[i];
+        done += m;
+    }
+    free(buf);
+    if (fclose(f) != 0) DIE("cannot close shard '%s' (%s)", path, strerror(errno));
+    return (size_t)n;
+}
+
+static void load_shards(Dataset *ds, const char *pattern) {
+    const uint16_t one = 1;
+    CHECK(*(const uint8_t *)&one == 1, "llm.c shards are little-endian; this host is not");
+    int has_glob = strpbrk(pattern, "*?[") != NULL;
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH) {
+        if (has_glob) DIE("no file matches the shard pattern '%s'", pattern);
+        DIE("cannot open shard file '%s' (no file by that name)", pattern);
+    }
+    if (rc == GLOB_NOSPACE) DIE("out of memory expanding the shard pattern '%s'", pattern);
+    if (rc != 0) DIE("cannot expand the shard pattern '%s' (a directory could not be read)", pattern);
+    int32_t *tokens = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < g.gl_pathc; i++) n += load_shard(g.gl_pathv[i], &tokens, n);
+    int max_id = 0;
+    for (size_t i = 0; i < n; i++) if (tokens[i] > max_id) max_id = tokens[i];
+    ds->tokens = tokens ? tokens : xmalloc(sizeof(int32_t));
+    ds->n_tokens = n;
+    ds->vocab_size = (max_id + 1 + VOCAB_ROUND - 1) / VOCAB_ROUND * VOCAB_ROUND;
+    snprintf(ds->source, sizeof ds->source, "shards:%s (%zu file%s)", pattern, g.gl_pathc, g.gl_pathc == 1 ? "" : "s");
+    globfree(&g);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+static void load_synthetic(Dataset *ds, uint64_t seed, int T) {
+    size_t want = SYNTH_BYTES;
+    size_t need = (size_t)MIN_WINDOWS * (size_t)T + 64;   // synth_generate may stop 39 bytes short
+    if (want < need) want = need;
+    char *text = xmalloc(want);
+    ds->kinds = xmalloc(want);
+    size_t n = synth_generate(seed, want, text, ds->kinds);
+    ds->tokens = xmalloc(n * sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) ds->tokens[i] = (unsigned char)text[i];
+    free(text);
+    ds->n_tokens = n;
+    ds->vocab_size = 256;
+    ds->n_kinds = synth_kind_names(ds->kind_names);
+    snprintf(ds->source, sizeof ds->source, "synthetic(seed=%llu)", (unsigned long long)seed);
+}
+
+void data_open(Dataset *ds, const char *path, uint64_t seed, int T) {
+    memset(ds, 0, sizeof *ds);
+    CHECK(T >= 1, "data: sequence length T must be >= 1 (got %d)", T);
+    size_t plen = path ? strlen(path) : 0;
+    if (!path) load_synthetic(ds, seed, T);
+    else if ((plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?[")) load_shards(ds, path);
+    else load_text(ds, path);
+
+    ds->T = T;
+    ds->seed = seed;
+    size_t need = (size_t)MIN_WINDOWS * (size_t)T + 1;
+    if (ds->n_tokens < need)
+        DIE("%s has %zu tokens, too few for T=%d: need at least %zu (%d windows of T+1 tokens at stride T, "
+            "so that one is a validation window)", path ? path : "the synthetic corpus", ds->n_tokens, T, need,
+            MIN_WINDOWS);
+    ds->n_windows = (ds->n_tokens - 1) / (size_t)T;
+    ds->n_val = ds->n_windows / 10;
+    ds->n_train = ds->n_windows - ds->n_val;
+    CHECK(ds->n_train <= UINT32_MAX, "data: %zu training windows is more than this loader supports (2^32 - 1)",
+          ds->n_train);
+    ds->train_idx = xmalloc(ds->n_train * sizeof(size_t));
+    ds->val_idx = xmalloc(ds->n_val * sizeof(size_t));
+    size_t nt = 0, nv = 0;
+    for (size_t w = 0; w < ds->n_windows; w++) {
+        if (w % 10 == 9) ds->val_idx[nv++] = w;
+        else ds->train_idx[nt++] = w;
+    }
+    ds->perm_cache = xcalloc(1, sizeof *ds->perm_cache);
+    int rc = pthread_mutex_init(&ds->perm_cache->lock, NULL);
+    CHECK(rc == 0, "data: cannot create a mutex (%s)", strerror(rc));
+}
+
+void data_close(Dataset *ds) {
+    free(ds->tokens);
+    free(ds->kinds);
+    free(ds->train_idx);
+    free(ds->val_idx);
+    if (ds->perm_cache) {
+        pthread_mutex_destroy(&ds->perm_cache->lock);
+        free(ds->perm_cache->perm[0]);
+        free(ds->perm_cache->perm[1]);
+        free(ds->perm_cache);
+    }
+    memset(ds, 0, sizeof *ds);
+}
+
+static void copy_window(const Dataset *ds, size_t w, int32_t *inputs, int32_t *targets) {
+    const int32_t *src = ds->tokens + w * (size_t)ds->T;
+    memcpy(inputs, src, (size_t)ds->T * sizeof(int32_t));
+    memcpy(targets, src + 1, (size_t)ds->T * sizeof(int32_t));
+}
+
+size_t data_train_window(const Dataset *ds, uint64_t s) {
+    lock_cache(ds);
+    size_t w = train_window_locked(ds, s);
+    unlock_cache(ds);
+    return w;
+}
+
+void data_train_batch(const Dataset *ds, uint64_t s0, int n, int32_t *inputs, int32_t *targets) {
+    CHECK(n >= 0, "data_train_batch: negative batch size %d", n);
+    size_t T = (size_t)ds->T;
+    lock_cache(ds);
+    for (int r = 0; r < n; r++)
+        copy_window(ds, train_window_locked(ds, s0 + (uint64_t)r), inputs + (size_t)r * T, targets + (size_t)r * T);
+    unlock_cache(ds);
+}
+
+void data_val_batch(const Dataset *ds, uint64_t i0, int n, int32_t *inputs, int32_t *targets, uint8_t *kinds) {
+    CHECK(n >= 0, "data_val_batch: negative batch size %d", n);
+    size_t T = (size_t)ds->T;
+    for (int r = 0; r < n; r++) {
+        size_t w = ds->val_idx[(i0 + (uint64_t)r) % ds->n_val];
+        copy_window(ds, w, inputs + (size_t)r * T, targets + (size_t)r * T);
+        if (!kinds) continue;
+        if (ds->kinds) memcpy(kinds + (size_t)r * T, ds->kinds + w * T + 1, T);
+        else memset(kinds + (size_t)r * T, 0, T);
+    }
+}

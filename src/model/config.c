@@ -1,0 +1,109 @@
+// config.c — named model presets, validation with messages that name the numbers, and
+// parameter / FLOP counts used by `moe info` and the MFU figure.
+#include "model/config.h"
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static void base(ModelConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->rope_theta = 10000.0f;
+    c->norm_eps = 1e-5f;
+    c->init_std = 0.02f;
+    c->renormalize = 1;
+    c->jitter = 0.0f;
+    c->aux_coef = 0.01f;
+    c->z_coef = 0.001f;
+    c->dispatch = DISPATCH_DROPLESS;
+    c->capacity_factor = 1.25f;
+}
+
+typedef struct { const char *name; int V, d, L, H, KV, f, E, k, maxT; float theta; int renorm; } Preset;
+static const Preset presets[] = {
+    // byte-level, trains in minutes on 2 CPU cores
+    {"tiny", 256, 96, 2, 4, 2, 192, 4, 2, 256, 10000.0f, 1},
+    {"small", 256, 256, 4, 8, 4, 512, 8, 2, 512, 10000.0f, 1},
+    // shapes of published models (for `moe info`; far too large for a CPU)
+    {"mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 8, 2, 32768, 1000000.0f, 1},
+    {"mixtral-8x22b", 32768, 6144, 56, 48, 8, 16384, 8, 2, 65536, 1000000.0f, 1},
+    {"olmoe-1b-7b", 50304, 2048, 16, 16, 16, 1024, 64, 8, 4096, 10000.0f, 0},
+    // the PEERS.md reference model
+    {"peers-ref", 32000, 2048, 16, 16, 8, 5632, 8, 2, 2048, 10000.0f, 1},
+};
+
+int config_preset(ModelConfig *c, const char *name) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        const Preset *p = &presets[i];
+        if (strcmp(p->name, name) != 0) continue;
+        base(c);
+        c->vocab_size = p->V; c->d_model = p->d; c->n_layers = p->L; c->n_heads = p->H;
+        c->n_kv_heads = p->KV; c->head_dim = p->d / p->H; c->d_ff = p->f; c->n_experts = p->E;
+        c->top_k = p->k; c->max_seq_len = p->maxT; c->rope_theta = p->theta; c->renormalize = p->renorm;
+        return 0;
+    }
+    return -1;
+}
+
+const char *config_preset_names(void) {
+    return "tiny, small, mixtral-8x7b, mixtral-8x22b, olmoe-1b-7b, peers-ref";
+}
+
+const char *config_validate(const ModelConfig *c) {
+    static char msg[256];
+#define BAD(...) do { snprintf(msg, sizeof msg, __VA_ARGS__); return msg; } while (0)
+    if (c->vocab_size < 2) BAD("vocab_size must be >= 2 (got %d)", c->vocab_size);
+    if (c->d_model < 1) BAD("d_model must be >= 1 (got %d)", c->d_model);
+    if (c->n_layers < 1) BAD("n_layers must be >= 1 (got %d)", c->n_layers);
+    if (c->n_heads < 1) BAD("n_heads must be >= 1 (got %d)", c->n_heads);
+    if (c->n_kv_heads < 1 || c->n_kv_heads > c->n_heads)
+        BAD("n_kv_heads must be in 1..n_heads=%d (got %d)", c->n_heads, c->n_kv_heads);
+    if (c->n_heads % c->n_kv_heads)
+        BAD("n_heads=%d is not divisible by n_kv_heads=%d", c->n_heads, c->n_kv_heads);
+    if (c->d_model % c->n_heads)
+        BAD("d_model=%d is not divisible by n_heads=%d", c->d_model, c->n_heads);
+    if (c->head_dim < 2 || c->head_dim % 2)
+        BAD("head_dim must be even and >= 2 (got %d)", c->head_dim);
+    if (c->d_ff < 1) BAD("d_ff must be >= 1 (got %d)", c->d_ff);
+    if (c->n_experts < 1) BAD("n_experts must be >= 1 (got %d)", c->n_experts);
+    if (c->top_k < 1 || c->top_k > c->n_experts)
+        BAD("top_k must be in 1..n_experts=%d (got %d)", c->n_experts, c->top_k);
+    if (c->max_seq_len < 2) BAD("max_seq_len must be >= 2 (got %d)", c->max_seq_len);
+    if (!(c->rope_theta > 0)) BAD("rope_theta must be > 0 (got %g)", c->rope_theta);
+    if (!(c->norm_eps > 0)) BAD("norm_eps must be > 0 (got %g)", c->norm_eps);
+    if (!(c->init_std > 0)) BAD("init_std must be > 0 (got %g)", c->init_std);
+    if (!(c->jitter >= 0 && c->jitter < 1)) BAD("jitter must be in [0, 1) (got %g)", c->jitter);
+    if (!(c->aux_coef >= 0)) BAD("aux_coef must be >= 0 (got %g)", c->aux_coef);
+    if (!(c->z_coef >= 0)) BAD("z_coef must be >= 0 (got %g)", c->z_coef);
+    if (c->dispatch != DISPATCH_DROPLESS && c->dispatch != DISPATCH_CAPACITY) BAD("unknown dispatch mode %d", (int)c->dispatch);
+    if (c->dispatch == DISPATCH_CAPACITY && !(c->capacity_factor > 0))
+        BAD("capacity_factor must be > 0 (got %g)", c->capacity_factor);
+#undef BAD
+    return NULL;
+}
+
+size_t config_num_params(const ModelConfig *c) {
+    size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff, E = c->n_experts;
+    size_t layer = 2 * d + d * H * hd * 2 + d * KV * hd * 2 + E * d + E * 3 * d * f;
+    return 2 * (size_t)c->vocab_size * d + d + (size_t)c->n_layers * layer;
+}
+
+size_t config_num_active_params(const ModelConfig *c) {
+    size_t d = c->d_model, f = c->d_ff, E = c->n_experts, k = c->top_k;
+    return config_num_params(c) - (size_t)c->n_layers * (E - k) * 3 * d * f;
+}
+
+double config_flops_per_token(const ModelConfig *c, int T) {
+    double d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff;
+    double E = c->n_experts, k = c->top_k, V = c->vocab_size;
+    double attn_proj = 2 * d * hd * (2 * H + 2 * KV);      // q, o + k, v
+    double attn_scores = 2 * 2 * H * hd * T / 2.0;          // QK^T and PV, causal half
+    double router = 2 * d * E;
+    double experts = k * 2 * 3 * d * f;
+    double fwd = c->n_layers * (attn_proj + attn_scores + router + experts) + 2 * d * V;
+    return 3 * fwd;
+}
+
+int capacity_for(const ModelConfig *c, int n_tokens) {
+    double cap = ceil((double)c->capacity_factor * n_tokens * c->top_k / c->n_experts);
+    return cap < 1 ? 1 : (int)cap;
+}

@@ -1,0 +1,185 @@
+// config_json.c — ModelConfig <-> HF MixtralConfig-style JSON (plus our MoE options under "moe_c").
+#include "model/config_json.h"
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The double closest to the shortest decimal that reads back as exactly x (as a float). cJSON
+// prints it with %.15g, which reproduces those few digits, so "1e-05" stays "1e-05" in the file.
+static double short_double(float x) {
+    if (!isfinite(x)) return (double)x;
+    char buf[64];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)x);
+        double d = strtod(buf, NULL);
+        if ((float)d == x) return d;
+    }
+    return (double)x;  // unreachable: 9 significant digits always round-trip a float
+}
+
+static void add_f(cJSON *o, const char *key, float x) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber(short_double(x))); }
+static void add_i(cJSON *o, const char *key, int x) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber((double)x)); }
+
+cJSON *config_to_json(const ModelConfig *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_CreateArray();
+    cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM"));
+    cJSON_AddItemToObject(j, "architectures", arch);
+    cJSON_AddStringToObject(j, "model_type", "mixtral");
+    add_i(j, "vocab_size", c->vocab_size);
+    add_i(j, "hidden_size", c->d_model);
+    add_i(j, "intermediate_size", c->d_ff);
+    add_i(j, "num_hidden_layers", c->n_layers);
+    add_i(j, "num_attention_heads", c->n_heads);
+    add_i(j, "num_key_value_heads", c->n_kv_heads);
+    add_i(j, "head_dim", c->head_dim);
+    add_i(j, "num_local_experts", c->n_experts);
+    add_i(j, "num_experts_per_tok", c->top_k);
+    add_i(j, "max_position_embeddings", c->max_seq_len);
+    add_f(j, "rope_theta", c->rope_theta);
+    add_f(j, "rms_norm_eps", c->norm_eps);
+    add_f(j, "router_aux_loss_coef", c->aux_coef);
+    add_f(j, "router_jitter_noise", c->jitter);
+    add_f(j, "initializer_range", c->init_std);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNullToObject(j, "sliding_window");
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", 0);
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddBoolToObject(m, "renormalize", c->renormalize != 0);
+    add_f(m, "jitter", c->jitter);
+    add_f(m, "z_coef", c->z_coef);
+    cJSON_AddStringToObject(m, "dispatch", c->dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
+    add_f(m, "capacity_factor", c->capacity_factor);
+    cJSON_AddBoolToObject(m, "mixtral_compatible", c->dispatch != DISPATCH_CAPACITY && c->renormalize != 0);
+    cJSON_AddItemToObject(j, "moe_c", m);
+    return j;
+}
+
+// ---- reading ----
+
+typedef struct { char *err; size_t n; const char *prefix; } Err;
+
+static int fail(Err *e, const char *fmt, ...) {
+    if (e->err && e->n) {
+        int k = snprintf(e->err, e->n, "%s", e->prefix);
+        if (k < 0) k = 0;
+        if ((size_t)k < e->n) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(e->err + k, e->n - (size_t)k, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return -1;
+}
+
+// Item for key, or NULL when absent or JSON null.
+static const cJSON *item(const cJSON *o, const char *key) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    return (it && !cJSON_IsNull(it)) ? it : NULL;
+}
+
+// required: missing -> error; else *out keeps its default.
+static int get_int(Err *e, const cJSON *o, const char *key, int required, int *out) {
+    const cJSON *it = item(o, key);
+    if (!it) return required ? fail(e, "missing required key \"%s\"", key) : 0;
+    if (!cJSON_IsNumber(it)) return fail(e, "key \"%s\" must be an integer", key);
+    double d = it->valuedouble;
+    if (!(d == floor(d)) || d < INT_MIN || d > INT_MAX) return fail(e, "key \"%s\" must be an integer (got %.17g)", key, d);
+    *out = (int)d;
+    return 0;
+}
+
+static int get_float(Err *e, const cJSON *o, const char *key, int required, float *out) {
+    const cJSON *it = item(o, key);
+    if (!it) return required ? fail(e, "missing required key \"%s\"", key) : 0;
+    if (!cJSON_IsNumber(it)) return fail(e, "key \"%s\" must be a number", key);
+    double d = it->valuedouble;
+    if (!isfinite(d) || !isfinite((float)d)) return fail(e, "key \"%s\" is out of range (got %.17g)", key, d);
+    *out = (float)d;
+    return 0;
+}
+
+static int get_bool(Err *e, const cJSON *o, const char *key, int required, int *out) {
+    const cJSON *it = item(o, key);
+    if (!it) return required ? fail(e, "missing required key \"%s\"", key) : 0;
+    if (cJSON_IsBool(it)) { *out = cJSON_IsTrue(it) ? 1 : 0; return 0; }
+    if (cJSON_IsNumber(it) && (it->valuedouble == 0 || it->valuedouble == 1)) { *out = (int)it->valuedouble; return 0; }
+    return fail(e, "key \"%s\" must be true or false", key);
+}
+
+int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errlen) {
+    Err e = {errbuf, errlen, ""};
+    if (errbuf && errlen) errbuf[0] = 0;
+    if (!cJSON_IsObject(j)) return fail(&e, "config is not a JSON object");
+    ModelConfig c;
+    memset(&c, 0, sizeof c);
+
+    const cJSON *mt = item(j, "model_type");
+    if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "mixtral") != 0))
+        return fail(&e, "key \"model_type\" is %s%s%s, expected \"mixtral\"", cJSON_IsString(mt) ? "\"" : "",
+                    cJSON_IsString(mt) ? mt->valuestring : "not a string", cJSON_IsString(mt) ? "\"" : "");
+
+    if (get_int(&e, j, "vocab_size", 1, &c.vocab_size) ||
+        get_int(&e, j, "hidden_size", 1, &c.d_model) ||
+        get_int(&e, j, "intermediate_size", 1, &c.d_ff) ||
+        get_int(&e, j, "num_hidden_layers", 1, &c.n_layers) ||
+        get_int(&e, j, "num_attention_heads", 1, &c.n_heads) ||
+        get_int(&e, j, "num_key_value_heads", 1, &c.n_kv_heads) ||
+        get_int(&e, j, "num_local_experts", 1, &c.n_experts) ||
+        get_int(&e, j, "num_experts_per_tok", 1, &c.top_k) ||
+        get_int(&e, j, "max_position_embeddings", 1, &c.max_seq_len) ||
+        get_float(&e, j, "rope_theta", 1, &c.rope_theta) ||
+        get_float(&e, j, "rms_norm_eps", 1, &c.norm_eps))
+        return -1;
+    if (c.n_heads <= 0) return fail(&e, "key \"num_attention_heads\" must be positive (got %d)", c.n_heads);
+    c.head_dim = c.d_model / c.n_heads;   // HF default when head_dim is absent or null
+    c.aux_coef = 0.001f;                  // HF MixtralConfig defaults
+    c.init_std = 0.02f;
+    c.jitter = 0.0f;
+    if (get_int(&e, j, "head_dim", 0, &c.head_dim) ||
+        get_float(&e, j, "router_aux_loss_coef", 0, &c.aux_coef) ||
+        get_float(&e, j, "initializer_range", 0, &c.init_std) ||
+        get_float(&e, j, "router_jitter_noise", 0, &c.jitter))
+        return -1;
+
+    int tie = 0;
+    if (get_bool(&e, j, "tie_word_embeddings", 0, &tie)) return -1;
+    if (tie) return fail(&e, "key \"tie_word_embeddings\" is true; tied embeddings are not supported");
+    const cJSON *act = item(j, "hidden_act");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+        return fail(&e, "key \"hidden_act\" must be \"silu\"");
+    const cJSON *sw = item(j, "sliding_window");
+    if (sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c.max_seq_len))
+        return fail(&e, "key \"sliding_window\" is set; sliding-window attention is not supported");
+
+    // Ours. Absent (a plain HF config): Mixtral semantics.
+    c.renormalize = 1;
+    c.z_coef = 0.0f;
+    c.dispatch = DISPATCH_DROPLESS;
+    c.capacity_factor = 1.25f;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "moe_c");
+    if (m) {
+        if (!cJSON_IsObject(m)) return fail(&e, "key \"moe_c\" must be an object");
+        e.prefix = "moe_c: ";
+        if (get_bool(&e, m, "renormalize", 1, &c.renormalize) ||
+            get_float(&e, m, "jitter", 1, &c.jitter) ||
+            get_float(&e, m, "z_coef", 1, &c.z_coef) ||
+            get_float(&e, m, "capacity_factor", 1, &c.capacity_factor))
+            return -1;
+        const cJSON *d = item(m, "dispatch");
+        if (!d) return fail(&e, "missing required key \"dispatch\"");
+        if (!cJSON_IsString(d)) return fail(&e, "key \"dispatch\" must be \"dropless\" or \"capacity\"");
+        if (strcmp(d->valuestring, "dropless") == 0) c.dispatch = DISPATCH_DROPLESS;
+        else if (strcmp(d->valuestring, "capacity") == 0) c.dispatch = DISPATCH_CAPACITY;
+        else return fail(&e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"", d->valuestring);
+    }
+    *out = c;
+    return 0;
+}

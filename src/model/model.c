@@ -1,0 +1,195 @@
+// model.c — forward and hand-written backward of the MoE transformer (see model.h):
+// embed -> L x [RMSNorm -> GQA attention with RoPE -> residual -> RMSNorm -> MoE FFN -> residual]
+// -> RMSNorm -> LM head -> cross-entropy.
+#include "model/model.h"
+#include <string.h>
+#include "core/common.h"
+
+#define F sizeof(float)
+
+static float *P(const Model *m, float *base, ParamRole role, int layer, int expert) {
+    int i = params_index(&m->t, role, layer, expert);
+    CHECK(i >= 0, "parameter role %d layer %d expert %d missing from the table", (int)role, layer, expert);
+    return base + m->t.p[i].offset;
+}
+
+static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
+    w->router = P(m, base, PR_ROUTER, l, -1);
+    w->w1 = P(m, base, PR_W1, l, 0);
+    w->w3 = P(m, base, PR_W3, l, 0);
+    w->w2 = P(m, base, PR_W2, l, 0);
+}
+
+void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT) {
+    memset(m, 0, sizeof *m);
+    const char *bad = config_validate(c);
+    if (bad) DIE("invalid model config: %s", bad);
+    CHECK(maxT <= c->max_seq_len, "sequence length %d exceeds the model's max_seq_len %d", maxT, c->max_seq_len);
+    m->c = *c;
+    m->be = be;
+    params_build(&m->t, c);
+    m->maxB = maxB; m->maxT = maxT; m->maxN = maxB * maxT;
+    size_t N = m->maxN, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim,
+           kvd = (size_t)c->n_kv_heads * c->head_dim, V = c->vocab_size;
+    m->params = be->alloc(m->t.total * F);
+    m->grads = be->alloc(m->t.total * F);
+    m->la = xcalloc(c->n_layers, sizeof *m->la);
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerActs *a = &m->la[l];
+        a->res_in = be->alloc(N * d * F);
+        a->xn1 = be->alloc(N * d * F);
+        a->rstd1 = be->alloc(N * F);
+        a->q = be->alloc(N * qd * F);
+        a->k = be->alloc(N * kvd * F);
+        a->v = be->alloc(N * kvd * F);
+        a->att = be->alloc(N * qd * F);
+        a->lse = be->alloc((size_t)maxB * c->n_heads * maxT * F);
+        a->x_mid = be->alloc(N * d * F);
+        a->xn2 = be->alloc(N * d * F);
+        a->rstd2 = be->alloc(N * F);
+        a->moe_out = be->alloc(N * d * F);
+        moe_layer_init(&a->moe, be, c, m->maxN);
+    }
+    m->res_final = be->alloc(N * d * F);
+    m->xn_f = be->alloc(N * d * F);
+    m->rstd_f = be->alloc(N * F);
+    m->logits = be->alloc(N * V * F);
+    m->losses = be->alloc(N * F);
+    m->tokens = be->alloc(N * sizeof(int32_t));
+    m->targets = be->alloc(N * sizeof(int32_t));
+    m->dres = be->alloc(N * d * F);
+    m->dxn = be->alloc(N * d * F);
+    m->dq = be->alloc(N * qd * F);
+    m->dk = be->alloc(N * kvd * F);
+    m->dv = be->alloc(N * kvd * F);
+    m->datt = be->alloc(N * qd * F);
+    moe_scratch_init(&m->ms, be, c, m->maxN);
+    m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+}
+
+void model_free(Model *m) {
+    const Backend *be = m->be;
+    for (int l = 0; l < m->c.n_layers; l++) {
+        LayerActs *a = &m->la[l];
+        float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
+                         a->rstd2, a->moe_out};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+        moe_layer_free(&a->moe);
+    }
+    free(m->la);
+    void *bufs[] = {m->params, m->grads, m->res_final, m->xn_f, m->rstd_f, m->logits, m->losses, m->tokens,
+                    m->targets, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    moe_scratch_free(&m->ms, be);
+    free(m->expert_counts);
+    params_free(&m->t);
+    memset(m, 0, sizeof *m);
+}
+
+double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float dloss,
+                     uint64_t noise_seed) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d",
+          B, T, m->maxB, m->maxT);
+    int N = B * T, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim, V = c->vocab_size;
+    int qd = H * hd, kvd = KV * hd, E = c->n_experts;
+    m->B = B; m->T = T;
+    for (int i = 0; i < N; i++)
+        CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
+    be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
+    int capacity = c->dispatch == DISPATCH_CAPACITY ? capacity_for(c, N) : -1;
+    float *x = m->la[0].res_in;
+    be->embedding_fwd(x, m->tokens, P(m, m->params, PR_EMBED, -1, -1), N, d);
+    m->aux = m->z = 0;
+    m->dropped = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerActs *a = &m->la[l];
+        float *out = l + 1 < c->n_layers ? m->la[l + 1].res_in : m->res_final;
+        be->rmsnorm_fwd(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
+        be->matmul_fwd(a->q, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd, 0);
+        be->matmul_fwd(a->k, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd, 0);
+        be->matmul_fwd(a->v, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd, 0);
+        be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
+        be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
+        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd);
+        be->copy(a->x_mid, a->res_in, (size_t)N * d * F);
+        be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 1);
+        be->rmsnorm_fwd(a->xn2, a->rstd2, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1), N, d, c->norm_eps);
+        MoeWeights w;
+        layer_weights(m, m->params, l, &w);
+        moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, capacity,
+                    noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0);
+        be->copy(out, a->x_mid, (size_t)N * d * F);
+        be->axpy(out, a->moe_out, 1.0f, (size_t)N * d);
+        m->aux += a->moe.aux / c->n_layers;
+        m->z += a->moe.z / c->n_layers;
+        m->dropped += a->moe.plan.dropped;
+        memcpy(m->expert_counts + (size_t)l * E, a->moe.plan.counts, sizeof(int64_t) * E);
+    }
+    be->rmsnorm_fwd(m->xn_f, m->rstd_f, m->res_final, P(m, m->params, PR_FINAL_NORM, -1, -1), N, d, c->norm_eps);
+    be->matmul_fwd(m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, 0);
+    if (!targets) return 0;
+    for (int i = 0; i < N; i++)
+        CHECK(targets[i] >= 0 && targets[i] < V, "target %d at position %d is outside the vocabulary (%d)", targets[i], i, V);
+    be->to_device(m->targets, targets, (size_t)N * sizeof(int32_t));
+    if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss);
+    else be->cross_entropy_fwd(m->losses, m->logits, m->targets, N, V);
+    float *lh = xmalloc((size_t)N * F);
+    be->to_host(lh, m->losses, (size_t)N * F);
+    double s = 0;
+    for (int i = 0; i < N; i++) s += lh[i];
+    free(lh);
+    return s / N;
+}
+
+void model_backward(Model *m, float aux_scale, float z_scale) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
+    int V = c->vocab_size, qd = H * hd, kvd = KV * hd, L = c->n_layers;
+    float *g = m->grads;
+    // LM head and final norm (m->logits holds dlogits)
+    be->zero(m->dxn, (size_t)N * d * F);
+    be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
+                   N, d, V);
+    be->zero(m->dres, (size_t)N * d * F);
+    be->rmsnorm_bwd(m->dres, P(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
+                    P(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerActs *a = &m->la[l];
+        // MoE block: out = x_mid + moe(norm(x_mid))
+        MoeWeights w;
+        MoeGrads gw;
+        layer_weights(m, m->params, l, &w);
+        gw.router = P(m, g, PR_ROUTER, l, -1);
+        gw.w1 = P(m, g, PR_W1, l, 0);
+        gw.w3 = P(m, g, PR_W3, l, 0);
+        gw.w2 = P(m, g, PR_W2, l, 0);
+        be->zero(m->dxn, (size_t)N * d * F);
+        moe_backward(&a->moe, &m->ms, m->dxn, m->dres, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
+        be->rmsnorm_bwd(m->dres, P(m, g, PR_FFN_NORM, l, -1), m->dxn, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1),
+                        a->rstd2, N, d);
+        // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))
+        be->zero(m->datt, (size_t)N * qd * F);
+        be->matmul_bwd(m->datt, P(m, g, PR_WO, l, -1), m->dres, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d);
+        be->zero(m->dq, (size_t)N * qd * F);
+        be->zero(m->dk, (size_t)N * kvd * F);
+        be->zero(m->dv, (size_t)N * kvd * F);
+        be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd);
+        be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
+        be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
+        be->zero(m->dxn, (size_t)N * d * F);
+        be->matmul_bwd(m->dxn, P(m, g, PR_WQ, l, -1), m->dq, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd);
+        be->matmul_bwd(m->dxn, P(m, g, PR_WK, l, -1), m->dk, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd);
+        be->matmul_bwd(m->dxn, P(m, g, PR_WV, l, -1), m->dv, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd);
+        be->rmsnorm_bwd(m->dres, P(m, g, PR_ATTN_NORM, l, -1), m->dxn, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1),
+                        a->rstd1, N, d);
+    }
+    be->embedding_bwd(P(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
+}
+
+void model_logits_row(const Model *m, int b, int t, float *out) {
+    size_t V = m->c.vocab_size;
+    m->be->to_host(out, m->logits + ((size_t)b * m->T + t) * V, V * F);
+}

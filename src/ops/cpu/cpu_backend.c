@@ -1,0 +1,65 @@
+// cpu_backend.c — the float32 reference Backend: memory, GEMMs through CBLAS (OpenBLAS),
+// and the table that gathers every cpu op. Elementwise and attention ops are in cpu_nn.c.
+// Sums that feed results are done in a fixed order so runs are bit-reproducible for a given
+// thread count.
+#include <cblas.h>
+#include <string.h>
+#include "core/common.h"
+#include "ops/cpu/cpu_ops.h"
+
+static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
+static void cpu_free(void *p) { free(p); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memmove(dst, src, bytes); }
+static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
+static void cpu_sync(void) {}
+
+void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
+    if (N <= 0 || O <= 0) return;
+    if (K <= 0) { if (!accumulate) memset(out, 0, sizeof(float) * (size_t)N * O); return; }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, O, K, 1.0f, inp, K, w, K,
+                accumulate ? 1.0f : 0.0f, out, O);
+}
+
+void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                    int N, int K, int O) {
+    if (N <= 0 || K <= 0 || O <= 0) return;
+    if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, O, 1.0f, dout, O, w, K, 1.0f, dinp, K);
+    if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, K, N, 1.0f, dout, O, inp, K, 1.0f, dw, K);
+}
+
+static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
+                                   int K, int O) {
+    for (int g = 0; g < G; g++) {
+        int64_t r0 = off[g], n = off[g + 1] - off[g];
+        cpu_matmul_fwd(out + r0 * O, inp + r0 * K, w + (size_t)g * O * K, (int)n, K, O, 0);
+    }
+}
+
+static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                                   const int64_t *off, int G, int K, int O) {
+    for (int g = 0; g < G; g++) {
+        int64_t r0 = off[g], n = off[g + 1] - off[g];
+        cpu_matmul_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O,
+                       inp + r0 * K, w + (size_t)g * O * K, (int)n, K, O);
+    }
+}
+
+const Backend *backend_cpu(void) {
+    static const Backend be = {
+        .name = "cpu",
+        .alloc = cpu_alloc, .free = cpu_free,
+        .to_device = cpu_copy, .to_host = cpu_copy, .copy = cpu_copy, .zero = cpu_zero, .sync = cpu_sync,
+        .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
+        .grouped_matmul_fwd = cpu_grouped_matmul_fwd, .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
+        .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
+        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
+        .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,
+        .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
+        .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
+        .gather_rows = cpu_gather_rows, .scatter_add_rows = cpu_scatter_add_rows, .row_dot = cpu_row_dot,
+        .scale_rows = cpu_scale_rows,
+        .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,
+        .mul = cpu_mul, .axpy = cpu_axpy, .scale = cpu_scale, .sumsq = cpu_sumsq, .adamw = cpu_adamw,
+    };
+    return &be;
+}

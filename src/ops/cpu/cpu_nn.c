@@ -1,0 +1,273 @@
+// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE, causal GQA attention,
+// SwiGLU, row gather/scatter, cross-entropy, AdamW and reductions. OpenMP over independent
+// rows only; every sum is taken in a fixed order (results do not depend on thread count
+// except inside BLAS).
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ops/cpu/cpu_ops.h"
+
+void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) memcpy(out + (size_t)i * C, table + (size_t)tokens[i] * C, sizeof(float) * C);
+}
+
+void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C) {
+    for (int i = 0; i < N; i++) {   // serial: rows of the same token must add in order
+        float *d = dtable + (size_t)tokens[i] * C;
+        const float *g = dout + (size_t)i * C;
+        for (int c = 0; c < C; c++) d[c] += g[c];
+    }
+}
+
+void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float r = (float)(1.0 / sqrt(ss / C + eps));
+        rstd[i] = r;
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * w[c];
+    }
+}
+
+void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                     const float *rstd, int N, int C) {
+    // y = x r w, r = (mean(x^2) + eps)^-1/2 ; dx = r (g w) - x r^3 mean(g w x)
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C, *g = dout + (size_t)i * C;
+        float r = rstd[i];
+        double dot = 0;
+        for (int c = 0; c < C; c++) dot += (double)g[c] * w[c] * x[c];
+        float k = (float)(dot / C) * r * r * r;
+        float *dx = dinp + (size_t)i * C;
+        for (int c = 0; c < C; c++) dx[c] += r * g[c] * w[c] - k * x[c];
+    }
+    if (dw) {
+#pragma omp parallel for schedule(static)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * C + c] * inp[(size_t)i * C + c] * rstd[i];
+            dw[c] += (float)s;
+        }
+    }
+}
+
+// HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd). dir = +1 forward, -1 inverse.
+static void rope(float *x, int B, int T, int nh, int hd, float theta, int dir) {
+    int half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        int pos = bt % T;
+        for (int j = 0; j < half; j++) {
+            double freq = pow((double)theta, -2.0 * j / hd);
+            double ang = pos * freq;
+            float c = (float)cos(ang), s = (float)(dir * sin(ang));
+            for (int h = 0; h < nh; h++) {
+                float *p = x + ((size_t)bt * nh + h) * hd;
+                float x1 = p[j], x2 = p[j + half];
+                p[j] = x1 * c - x2 * s;
+                p[j + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x, B, T, nh, hd, theta, 1); }
+void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(dx, B, T, nh, hd, theta, -1); }
+
+void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                       int B, int T, int H, int KV, int hd) {
+    float sc = 1.0f / sqrtf((float)hd);
+    int rep = H / KV;
+#pragma omp parallel
+    {
+        float *s = malloc(sizeof(float) * T);
+#pragma omp for schedule(static) collapse(2)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++) {
+                int kh = h / rep;
+                for (int t = 0; t < T; t++) {
+                    const float *qt = q + (((size_t)b * T + t) * H + h) * hd;
+                    float mx = -INFINITY;
+                    for (int u = 0; u <= t; u++) {
+                        const float *ku = k + (((size_t)b * T + u) * KV + kh) * hd;
+                        float a = 0;
+                        for (int i = 0; i < hd; i++) a += qt[i] * ku[i];
+                        s[u] = a * sc;
+                        if (s[u] > mx) mx = s[u];
+                    }
+                    double sum = 0;
+                    for (int u = 0; u <= t; u++) { s[u] = expf(s[u] - mx); sum += s[u]; }
+                    float inv = (float)(1.0 / sum);
+                    float *o = out + (((size_t)b * T + t) * H + h) * hd;
+                    for (int i = 0; i < hd; i++) o[i] = 0;
+                    for (int u = 0; u <= t; u++) {
+                        const float *vu = v + (((size_t)b * T + u) * KV + kh) * hd;
+                        float p = s[u] * inv;
+                        for (int i = 0; i < hd; i++) o[i] += p * vu[i];
+                    }
+                    lse[((size_t)b * H + h) * T + t] = mx + (float)log(sum);
+                }
+            }
+        free(s);
+    }
+}
+
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) {
+    float sc = 1.0f / sqrtf((float)hd);
+    int rep = H / KV;
+    // parallel over (b, kv head): the heads sharing a kv head accumulate dk/dv in a fixed order
+#pragma omp parallel
+    {
+        
+#pragma omp for schedule(static) collapse(2)
+        for (int b = 0; b < B; b++)
+            for (int kh = 0; kh < KV; kh++)
+                for (int h = kh * rep; h < (kh + 1) * rep; h++)
+                    for (int t = 0; t < T; t++) {
+                        size_t qi = (((size_t)b * T + t) * H + h) * hd;
+                        const float *qt = q + qi, *go = dout + qi, *ot = out + qi;
+                        float L = lse[((size_t)b * H + h) * T + t];
+                        float D = 0;
+                        for (int i = 0; i < hd; i++) D += go[i] * ot[i];
+                        float *dqt = dq + qi;
+                        for (int u = 0; u <= t; u++) {
+                            size_t ki = (((size_t)b * T + u) * KV + kh) * hd;
+                            const float *ku = k + ki, *vu = v + ki;
+                            float a = 0, dp = 0;
+                            for (int i = 0; i < hd; i++) { a += qt[i] * ku[i]; dp += go[i] * vu[i]; }
+                            float pr = expf(a * sc - L);
+                            float ds = pr * (dp - D) * sc;
+                            float *dku = dk + ki, *dvu = dv + ki;
+                            for (int i = 0; i < hd; i++) {
+                                dqt[i] += ds * ku[i];
+                                dku[i] += ds * qt[i];
+                                dvu[i] += pr * go[i];
+                            }
+                        }
+                    }
+    }
+}
+
+void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float a = h1[i], sg = 1.0f / (1.0f + expf(-a));
+        out[i] = a * sg * h3[i];
+    }
+}
+
+void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float a = h1[i], sg = 1.0f / (1.0f + expf(-a)), silu = a * sg;
+        dh1[i] += dout[i] * h3[i] * sg * (1.0f + a * (1.0f - sg));
+        dh3[i] += dout[i] * silu;
+    }
+}
+
+void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, sizeof(float) * C);
+}
+
+void cpu_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C) {
+    for (int i = 0; i < n; i++) {
+        float s = scale ? scale[i] : 1.0f;
+        float *o = out + (size_t)idx[i] * C;
+        const float *x = inp + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] += s * x[c];
+    }
+}
+
+void cpu_scale_rows(float *x, const float *scale, int n, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++) x[(size_t)i * C + c] *= scale[i];
+}
+
+void cpu_row_dot(float *dot, const float *a, const float *b, int n, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int c = 0; c < C; c++) s += (double)a[(size_t)i * C + c] * b[(size_t)i * C + c];
+        dot[i] = (float)s;
+    }
+}
+
+static float row_lse(const float *x, int V) {
+    float mx = -INFINITY;
+    for (int j = 0; j < V; j++) if (x[j] > mx) mx = x[j];
+    double s = 0;
+    for (int j = 0; j < V; j++) s += exp((double)x[j] - mx);
+    return mx + (float)log(s);
+}
+
+void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        losses[i] = row_lse(x, V) - x[targets[i]];
+    }
+}
+
+void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *x = logits + (size_t)i * V;
+        float l = row_lse(x, V);
+        losses[i] = l - x[targets[i]];
+        for (int j = 0; j < V; j++) x[j] = expf(x[j] - l) * dloss;
+        x[targets[i]] -= dloss;
+    }
+}
+
+void cpu_mul(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] * b[i];
+}
+
+void cpu_axpy(float *y, const float *x, float a, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void cpu_scale(float *x, float a, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] *= a;
+}
+
+double cpu_sumsq(const float *x, size_t n) {
+    // fixed chunks summed in order: the result does not depend on the thread count
+    enum { CHUNK = 1 << 14 };
+    size_t nc = (n + CHUNK - 1) / CHUNK;
+    double *part = malloc(sizeof(double) * (nc ? nc : 1));
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < nc; c++) {
+        double s = 0;
+        size_t e = (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n;
+        for (size_t i = c * CHUNK; i < e; i++) s += (double)x[i] * x[i];
+        part[c] = s;
+    }
+    double s = 0;
+    for (size_t c = 0; c < nc; c++) s += part[c];
+    free(part);
+    return s;
+}
+
+void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+               float eps, float wd, int t) {
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float mi = b1 * m[i] + (1.0f - b1) * g[i];
+        float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p[i]);
+    }
+}

@@ -1,0 +1,31 @@
+// cpu_ops.h — the float32 cpu kernels behind backend_cpu() (see ops/ops.h for each contract).
+#pragma once
+#include "ops/ops.h"
+
+void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
+void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
+void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C);
+void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
+void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                     const float *rstd, int N, int C);
+void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
+void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
+void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                       int B, int T, int H, int KV, int hd);
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd);
+void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
+void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n);
+void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
+void cpu_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
+void cpu_scale_rows(float *x, const float *scale, int n, int C);
+void cpu_row_dot(float *dot, const float *a, const float *b, int n, int C);
+void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
+void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
+void cpu_mul(float *out, const float *a, const float *b, size_t n);
+void cpu_axpy(float *y, const float *x, float a, size_t n);
+void cpu_scale(float *x, float a, size_t n);
+double cpu_sumsq(const float *x, size_t n);
+void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+               float eps, float wd, int t);

@@ -1,0 +1,118 @@
+// test_gradcheck.c — the hand-written backward of the whole model (cross-entropy + aux + z loss,
+// every tensor of the parameter table) against central finite differences.
+//
+// Method: for each tensor W with analytic gradient g, two directions u (unit norm): u = g/|g| and a
+// random u. The central difference (L(p + h u) - L(p - h u)) / 2h must match g.u within
+// tol = 1e-2 * |g| + 3e-4. Why: the forward runs in float32, so L carries rounding noise of
+// about 1e-7 * |L| (L ~ 3) per evaluation, i.e. ~3e-5 / h ~ 3e-4 on the difference at h = 1e-3... we
+// use h = 1e-2, where that noise is ~3e-5 and the O(h^2) truncation term is ~1e-4 relative;
+// 1e-2 relative to |g| catches any wrong term (a missing factor or sign moves g.u by O(|g|)).
+// A routing flip between p+hu and p-hu makes L non-smooth; such a direction is reported and
+// skipped (the top-k choice is compared), and the test fails if more than a few are skipped.
+#include <string.h>
+#include "core/common.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "test_util.h"
+
+static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, int T, float aux, float zc,
+                         uint64_t ns, int32_t *route) {
+    double ce = model_forward(m, x, y, B, T, 0, ns);
+    if (route) {
+        int off = 0;
+        for (int l = 0; l < m->c.n_layers; l++) {
+            int n = B * T * m->c.top_k;
+            memcpy(route + off, m->la[l].moe.idx_h, n * sizeof(int32_t));
+            off += n;
+            memcpy(route + off, m->la[l].moe.plan.slot_row, n * sizeof(int32_t));
+            off += n;
+        }
+    }
+    return ce + aux * m->aux + zc * m->z;
+}
+
+static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
+    const int B = 2, T = 6;
+    Model m;
+    model_init(&m, &c, backend_cpu(), B, T);
+    params_init(&m.t, &c, m.params, 7);
+    // larger router weights so routing is decisive and probs are not all ~1/E
+    for (int i = 0; i < m.t.n; i++)
+        if (m.t.p[i].role == PR_ROUTER)
+            for (size_t j = 0; j < m.t.p[i].numel; j++) m.params[m.t.p[i].offset + j] *= 25.0f;
+    Rng r;
+    rng_seed(&r, 11);
+    int32_t x[B * T], y[B * T];
+    for (int i = 0; i < B * T; i++) { x[i] = rng_below(&r, c.vocab_size); y[i] = rng_below(&r, c.vocab_size); }
+    float aux = 0.3f, zc = 0.05f;
+    memset(m.grads, 0, m.t.total * sizeof(float));
+    model_forward(&m, x, y, B, T, 1.0f / (B * T), noise_seed);
+    model_backward(&m, aux, zc);
+    float *g = xmalloc(m.t.total * sizeof(float));
+    memcpy(g, m.grads, m.t.total * sizeof(float));
+    size_t rn = (size_t)2 * c.n_layers * B * T * c.top_k;
+    int32_t *r0 = xmalloc(rn * 4), *r1 = xmalloc(rn * 4), *r2 = xmalloc(rn * 4);
+    total_loss(&m, x, y, B, T, aux, zc, noise_seed, r0);
+    const float h = 1e-2f;
+    int skipped = 0, checked = 0, fails_before = t_failures;
+    double worst = 0;
+    for (int i = 0; i < m.t.n; i++) {
+        const ParamSpec *s = &m.t.p[i];
+        float *p = m.params + s->offset, *gi = g + s->offset;
+        double gn = 0;
+        for (size_t j = 0; j < s->numel; j++) gn += (double)gi[j] * gi[j];
+        gn = sqrt(gn);
+        float *u = xmalloc(s->numel * sizeof(float)), *p0 = xmalloc(s->numel * sizeof(float));
+        memcpy(p0, p, s->numel * sizeof(float));
+        for (int dir = 0; dir < 2; dir++) {
+            double un = 0;
+            for (size_t j = 0; j < s->numel; j++) {
+                u[j] = dir == 0 && gn > 0 ? gi[j] : rng_normal(&r);
+                un += (double)u[j] * u[j];
+            }
+            un = sqrt(un);
+            double an = 0;
+            for (size_t j = 0; j < s->numel; j++) { u[j] /= un; an += (double)gi[j] * u[j]; }
+            for (size_t j = 0; j < s->numel; j++) p[j] = p0[j] + h * u[j];
+            double lp = total_loss(&m, x, y, B, T, aux, zc, noise_seed, r1);
+            for (size_t j = 0; j < s->numel; j++) p[j] = p0[j] - h * u[j];
+            double lm = total_loss(&m, x, y, B, T, aux, zc, noise_seed, r2);
+            memcpy(p, p0, s->numel * sizeof(float));
+            if (memcmp(r1, r0, rn * 4) || memcmp(r2, r0, rn * 4)) { skipped++; continue; }
+            double fd = (lp - lm) / (2 * h);
+            double tol = 1e-2 * gn + 3e-4;
+            double err = fabs(fd - an);
+            if (err / (gn + 1e-12) > worst && gn > 1e-3) worst = err / gn;
+            checked++;
+            EXPECT(err <= tol, "[%s] %s dir %d: finite diff %.6g vs analytic %.6g (|g| %.3g)", label, s->name, dir,
+                   fd, an, gn);
+        }
+        free(u);
+        free(p0);
+    }
+    printf("%-28s %d directions checked, %d skipped (routing flip), worst |fd-an|/|g| = %.2e\n", label, checked,
+           skipped, worst);
+    EXPECT(skipped <= checked / 10, "[%s] too many routing flips (%d of %d)", label, skipped, checked + skipped);
+    free(g); free(r0); free(r1); free(r2);
+    model_free(&m);
+    return t_failures - fails_before;
+}
+
+int main(void) {
+    ModelConfig c;
+    config_preset(&c, "tiny");
+    c.vocab_size = 13; c.d_model = 8; c.n_layers = 2; c.n_heads = 2; c.n_kv_heads = 1; c.head_dim = 4;
+    c.d_ff = 12; c.n_experts = 4; c.top_k = 2; c.max_seq_len = 16; c.init_std = 0.3f;
+    check_config("dropless renorm k=2", c, 0);
+    ModelConfig c2 = c; c2.renormalize = 0;
+    check_config("dropless no-renorm k=2", c2, 0);
+    ModelConfig c3 = c; c3.dispatch = DISPATCH_CAPACITY; c3.capacity_factor = 0.6f;
+    check_config("capacity cf=0.6 k=2", c3, 0);
+    ModelConfig c4 = c; c4.top_k = 1; c4.n_heads = 4; c4.n_kv_heads = 2; c4.head_dim = 2;
+    check_config("dropless k=1 GQA 4/2", c4, 0);
+    ModelConfig c5 = c; c5.top_k = 4;
+    check_config("dropless k=E", c5, 0);
+    ModelConfig c6 = c; c6.jitter = 0.1f;
+    check_config("jitter 0.1", c6, 12345);
+    return test_done("test_gradcheck");
+}
