@@ -115,3 +115,13 @@ void fmt_count(char *buf, size_t n, double c) {
     while (c >= 1000 && i < 4) { c /= 1000; i++; }
     snprintf(buf, n, i ? "%.2f%s" : "%.0f%s", c, u[i]);
 }
+
+#include <ftw.h>
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+int rm_rf(const char *path) {
+    if (!file_exists(path) && !dir_exists(path)) return 0;
+    return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}

@@ -34,3 +34,6 @@ void mkdir_p(const char *path);       // dies on failure
 // Format helpers
 void fmt_bytes(char *buf, size_t n, double bytes);   // "1.23 GiB"
 void fmt_count(char *buf, size_t n, double count);   // "1.23M"
+
+// Remove a directory tree (no symlinks followed). Returns 0 on success.
+int rm_rf(const char *path);

@@ -118,7 +118,7 @@ static void parse_line(Metrics *m, const char *line, size_t len, long seq) {
     cJSON *obj = cJSON_ParseWithLength(line, len);
     if (!obj) return;
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "step");
-    if (cJSON_IsObject(obj) && cJSON_IsNumber(st) && isfinite(st->valuedouble)) {
+    if (cJSON_IsObject(obj) && cJSON_IsNumber(st) && fabs(st->valuedouble) < 1e15) {
         long step = (long)st->valuedouble;
         double loss = num_or_nan(obj, "loss"), val = num_or_nan(obj, "val_loss");
         int is_train = cJSON_GetObjectItemCaseSensitive(obj, "loss") != NULL;
@@ -166,14 +166,14 @@ static int cmp_val(const void *a, const void *b) {
 }
 // Sort by step; a step logged twice (a resumed run re-doing steps) keeps its latest line.
 static void sort_dedup(Metrics *m) {
-    qsort(m->tr, m->ntr, sizeof *m->tr, cmp_train);
+    if (m->ntr) qsort(m->tr, m->ntr, sizeof *m->tr, cmp_train);
     size_t k = 0;
     for (size_t i = 0; i < m->ntr; i++) {
         if (k && m->tr[k - 1].step == m->tr[i].step) m->tr[k - 1] = m->tr[i];
         else m->tr[k++] = m->tr[i];
     }
     m->ntr = k;
-    qsort(m->va, m->nva, sizeof *m->va, cmp_val);
+    if (m->nva) qsort(m->va, m->nva, sizeof *m->va, cmp_val);
     k = 0;
     for (size_t i = 0; i < m->nva; i++) {
         if (k && m->va[k - 1].step == m->va[i].step) m->va[k - 1] = m->va[i];
@@ -355,7 +355,7 @@ static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, 
     // curves faintly under their EMA.
     Str d = {0};
     int ema_loss = n_loss >= 20, ema_router = m->ntr >= 200;
-    double span = fmin(100.0, fmax(3.0, (double)m->ntr / 60.0)), beta = 1.0 - 1.0 / span;
+    double span = fmin(100.0, fmax(3.0, (double)m->ntr / 30.0)), beta = 1.0 - 1.0 / span;
     double ema[3] = {0, 0, 0}, corr[3] = {1, 1, 1};
     for (size_t i = 0; i < m->ntr; i++) {
         const TrainRec *r = &m->tr[i];
@@ -386,6 +386,7 @@ static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, 
     sb_printf(&s, "set xrange [%.17g:%.17g]\nset grid lc rgb '#dddddd' lw 1\nset border lc rgb '#444444'\n"
                   "set key top right box opaque samplen 2 spacing 1.1\nset format x '%%.0f'\n"
                   "set lmargin at screen 0.08\nset rmargin at screen %s\n", x0, x1, n_z > 0 && n_aux > 0 ? "0.91" : "0.96");
+    if (x1 - x0 <= 10) sb_printf(&s, "set xtics 1\n");
     sb_printf(&s, "set multiplot\n");
     sb_printf(&s, "set title ");
     sb_quoted(&s, run);
@@ -396,7 +397,8 @@ static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, 
     sb_printf(&s, "plot ");
     const char *sep = "";
     if (n_loss) {
-        sb_printf(&s, "'train.dat' using 1:2 with lines lc rgb '%s' lw 1 title 'train loss'", ema_loss ? "#9ecae1" : "#08519c");
+        sb_printf(&s, "'train.dat' using 1:2 with %s lc rgb '%s' lw 1 title 'train loss'", n_loss < 3 ? "linespoints pt 7" : "lines",
+                  ema_loss ? "#9ecae1" : "#08519c");
         sep = ", \\\n     ";
         if (ema_loss) { sb_printf(&s, "%s'train.dat' using 1:5 with lines lc rgb '#08519c' lw 2 title 'train loss (EMA)'", sep); }
     }
@@ -423,8 +425,9 @@ static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, 
                 sb_printf(&s, "%s'train.dat' using 1:%d axes %s with lines lc rgb '%s' lw 2 title '%s (EMA%s)'", sep, 6 + k,
                           axes[k], dark[k], names[k], side[k]);
             } else {
-                sb_printf(&s, "%s'train.dat' using 1:%d axes %s with lines lc rgb '%s' lw 1.5 title '%s%s%s%s'", sep, 3 + k,
-                          axes[k], dark[k], names[k], *side[k] ? " (" : "", *side[k] ? side[k] + 2 : "", *side[k] ? ")" : "");
+                sb_printf(&s, "%s'train.dat' using 1:%d axes %s with %s lc rgb '%s' lw 1.5 title '%s%s%s%s'", sep, 3 + k, axes[k],
+                          have[k] < 3 ? "linespoints pt 7" : "lines", dark[k], names[k],
+                          *side[k] ? " (" : "", *side[k] ? side[k] + 2 : "", *side[k] ? ")" : "");
             }
             sep = ", \\\n     ";
         }
@@ -465,12 +468,14 @@ static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, 
             if (!isnan(sh[r])) { acc[c * rows + r] += sh[r]; cnt[c * rows + r]++; }
     }
     double vmax = 0;
+    int any_nan = 0;
     for (size_t c = 0; c < ncols; c++)
         for (size_t r = 0; r < rows; r++) {
             double *v = &acc[c * rows + r];
             if (ccnt[c] == 0 && c > 0) *v = acc[(c - 1) * rows + r];
             else *v = cnt[c * rows + r] ? *v / cnt[c * rows + r] : NAN;
             if (isfinite(*v) && *v > vmax) vmax = *v;
+            if (!isfinite(*v)) any_nan = 1;
         }
     free(cnt); free(ccnt);
 
@@ -480,7 +485,7 @@ static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, 
     Str d = {0};
     for (size_t c = 0; c < ncols; c++)
         for (int dc = 0; dc <= dup_c; dc++) {
-            double x = dup_c ? (double)smin + (dc ? 0.25 : -0.25) * dx * 2 : (double)smin + (double)c * dx;
+            double x = dup_c ? (double)smin + (dc ? 0.25 : -0.25) * dx : (double)smin + (double)c * dx;
             for (size_t r = 0; r < rows; r++)
                 for (int dr = 0; dr <= dup_r; dr++) {
                     double y = dup_r ? (dr ? 0.25 : -0.25) : (double)r;
@@ -495,8 +500,11 @@ static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, 
     free(d.p);
     if (rc != 0) return -1;
 
-    double uni = 1.0 / m->E, cbmax = fmax(2.0 * uni, vmax);
+    // Colour: white = uniform share 1/E, blue = under-used, red = over-used; the scale stops at
+    // 4/E (or the largest share, if smaller) so that near-uniform loads still show contrast.
+    double uni = 1.0 / m->E, cbmax = fmax(2.0 * uni, fmin(vmax, 4.0 * uni));
     if (cbmax > 1) cbmax = 1;
+    int saturated = vmax > cbmax * 1.0001;
     int label_rows = rows <= ROW_LABEL_MAX;
     int h = label_rows ? 160 + (int)rows * 16 : 160 + (int)rows * 3;
     if (h < 600) h = 600;
@@ -512,6 +520,9 @@ static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, 
     sb_printf(&s, "set xlabel 'step'\nset ylabel 'layer / expert'\nset format x '%%.0f'\nset tics out\nset xtics nomirror\nset ytics scale 0\n");
     sb_printf(&s, "set xrange [%.17g:%.17g]\nset yrange [%g:%g]\n", (double)smin - dx / 2, (double)smax + dx / 2,
               (double)rows - 0.5, -0.5);
+    if (smax - smin <= 10) sb_printf(&s, "set xtics 1\n");
+    // cells without data (a layer that routed no tokens) are left undrawn over a grey background
+    if (any_nan) sb_printf(&s, "set object 1 rectangle from graph 0,0 to graph 1,1 behind fc rgb '#9a9a9a' fillstyle solid noborder\n");
     sb_printf(&s, "set ytics (");
     if (label_rows) {
         for (size_t r = 0; r < rows; r++)
@@ -531,9 +542,12 @@ static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, 
         sb_printf(&s, "set palette defined (0 '#2166ac', %.9g '#f7f7f7', %.9g '#b2182b')\n", uni, cbmax);
     else
         sb_printf(&s, "set palette defined (0 '#2166ac', 1 '#f7f7f7')\n");
-    sb_printf(&s, "set cbrange [0:%.9g]\nset cbtics out\n"
-                  "set cblabel sprintf('share of the layer''s tokens (white = uniform 1/%d = %%.3g)', %.9g)\n",
-              cbmax, m->E, uni);
+    char cbl[256];
+    snprintf(cbl, sizeof cbl, "share of the layer's tokens (white = uniform 1/%d = %.3g%s%s)", m->E, uni,
+             saturated ? "; top colour = 4/E or more" : "", any_nan ? "; grey = no data" : "");
+    sb_printf(&s, "set cbrange [0:%.9g]\nset cbtics out nomirror\nset cblabel ", cbmax);
+    sb_quoted(&s, cbl);
+    sb_printf(&s, "\n");
     sb_printf(&s, "plot 'load.dat' using 1:2:3 with image notitle\nset output\n");
     rc = draw(gnuplot, tmpdir, out_dir, "expert_load.png", &s);
     free(s.p);

@@ -1,0 +1,418 @@
+// moe.c — the `moe` command line: subcommands train | sample | eval | info, one option table
+// shared by flags (--d-model 128) and JSON config files ({"d_model": 128}). Argument parsing and
+// dispatch only: the work is done in train/, model/ and data/.
+#include <ctype.h>
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+#include "core/common.h"
+#include "data/data.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
+#include "train/options.h"
+#include "train/trainer.h"
+
+enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_ALL = 15 };
+typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH } OptType;
+typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
+
+typedef struct {
+    char preset[64], config[1024], ckpt[1024], prompt[4096], device[16];
+    int tokens;
+    float temperature;
+} CliOptions;
+
+typedef struct {
+    const char *name;      // flag spelling without "--"; JSON key is the same with '_' for '-'
+    OptType type;
+    Where where;
+    size_t off, size;
+    int cmds;
+    const char *help;
+} Opt;
+
+#define MO(f) W_MODEL, offsetof(ModelConfig, f), sizeof(((ModelConfig *)0)->f)
+#define TO(f) W_TRAIN, offsetof(TrainOptions, f), sizeof(((TrainOptions *)0)->f)
+#define CO(f) W_CLI, offsetof(CliOptions, f), sizeof(((CliOptions *)0)->f)
+static const Opt opts[] = {
+    {"preset", O_STR, CO(preset), C_TRAIN | C_INFO, "named model size (tiny, small, mixtral-8x7b, olmoe-1b-7b, ...)"},
+    {"config", O_STR, CO(config), C_TRAIN | C_INFO, "JSON file of options (keys as flags, '-' or '_'); flags override it"},
+    {"ckpt", O_STR, CO(ckpt), C_SAMPLE | C_EVAL | C_INFO, "checkpoint directory, or a run directory (its newest checkpoint)"},
+    {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary)"},
+    {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
+    {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
+    {"device", O_STR, CO(device), C_ALL, "cpu (this build has no other backend)"},
+    // model
+    {"vocab-size", O_INT, MO(vocab_size), C_TRAIN | C_INFO, "vocabulary size"},
+    {"d-model", O_INT, MO(d_model), C_TRAIN | C_INFO, "model width d"},
+    {"n-layers", O_INT, MO(n_layers), C_TRAIN | C_INFO, "transformer layers"},
+    {"n-heads", O_INT, MO(n_heads), C_TRAIN | C_INFO, "attention heads"},
+    {"n-kv-heads", O_INT, MO(n_kv_heads), C_TRAIN | C_INFO, "key/value heads (grouped-query attention)"},
+    {"head-dim", O_INT, MO(head_dim), C_TRAIN | C_INFO, "per-head dimension (default d / heads)"},
+    {"d-ff", O_INT, MO(d_ff), C_TRAIN | C_INFO, "expert hidden size f"},
+    {"n-experts", O_INT, MO(n_experts), C_TRAIN | C_INFO, "experts per MoE layer E"},
+    {"top-k", O_INT, MO(top_k), C_TRAIN | C_INFO, "experts per token k"},
+    {"max-seq-len", O_INT, MO(max_seq_len), C_TRAIN | C_INFO, "longest sequence the model supports"},
+    {"rope-theta", O_FLOAT, MO(rope_theta), C_TRAIN | C_INFO, "RoPE base"},
+    {"norm-eps", O_FLOAT, MO(norm_eps), C_TRAIN | C_INFO, "RMSNorm epsilon"},
+    {"init-std", O_FLOAT, MO(init_std), C_TRAIN | C_INFO, "init standard deviation of linear weights"},
+    {"renormalize", O_INT, MO(renormalize), C_TRAIN | C_INFO, "1: renormalise top-k weights (Mixtral); 0: raw (OLMoE)"},
+    {"jitter", O_FLOAT, MO(jitter), C_TRAIN | C_INFO, "router input jitter j: x *= U(1-j, 1+j) in training"},
+    {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO, "load-balancing loss coefficient"},
+    {"z-coef", O_FLOAT, MO(z_coef), C_TRAIN | C_INFO, "router z-loss coefficient"},
+    {"dispatch", O_DISPATCH, MO(dispatch), C_TRAIN | C_INFO, "dropless | capacity"},
+    {"capacity-factor", O_FLOAT, MO(capacity_factor), C_TRAIN | C_INFO, "capacity = ceil(cf * tokens * k / E)"},
+    // training
+    {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
+    {"batch", O_INT, TO(batch), C_TRAIN | C_EVAL, "global batch in sequences per step"},
+    {"grad-accum", O_INT, TO(grad_accum), C_TRAIN, "micro-batches per step"},
+    {"seq-len", O_INT, TO(seq_len), C_TRAIN | C_EVAL | C_INFO, "tokens per sequence T"},
+    {"lr", O_FLOAT, TO(lr), C_TRAIN, "peak learning rate"},
+    {"min-lr-frac", O_FLOAT, TO(min_lr_frac), C_TRAIN, "final lr as a fraction of --lr (cosine)"},
+    {"warmup", O_INT, TO(warmup), C_TRAIN, "linear warmup steps"},
+    {"weight-decay", O_FLOAT, TO(weight_decay), C_TRAIN, "AdamW decoupled weight decay (not on norms)"},
+    {"beta1", O_FLOAT, TO(beta1), C_TRAIN, "AdamW beta1"},
+    {"beta2", O_FLOAT, TO(beta2), C_TRAIN, "AdamW beta2"},
+    {"adam-eps", O_FLOAT, TO(adam_eps), C_TRAIN, "AdamW epsilon"},
+    {"grad-clip", O_FLOAT, TO(grad_clip), C_TRAIN, "global gradient-norm clip (0 = off)"},
+    {"seed", O_U64, TO(seed), C_TRAIN | C_SAMPLE, "seed for init, data order, jitter, sampling"},
+    {"eval-every", O_INT, TO(eval_every), C_TRAIN, "steps between validation evaluations"},
+    {"eval-batches", O_INT, TO(eval_batches), C_TRAIN | C_EVAL, "validation micro-batches per evaluation"},
+    {"save-every", O_INT, TO(save_every), C_TRAIN, "steps between checkpoints (0 = at the end only)"},
+    {"keep", O_INT, TO(keep), C_TRAIN, "checkpoints kept (0 = all)"},
+    {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
+    {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
+    {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
+    {"out", O_STR, TO(out), C_TRAIN, "run directory (checkpoints, metrics.jsonl, plots)"},
+    {"data", O_STR, TO(data), C_TRAIN | C_EVAL, "text file (bytes) or llm.c .bin shards (glob); default: embedded corpus"},
+    {"resume", O_FLAG, TO(resume), C_TRAIN, "continue from the newest complete checkpoint in --out"},
+    {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
+};
+#define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
+
+typedef struct {
+    ModelConfig model;
+    TrainOptions train;
+    CliOptions cli;
+    int model_explicit;
+    int set[N_OPTS];
+} State;
+
+static const char *cmd_name(int cmd) {
+    return cmd == C_TRAIN ? "train" : cmd == C_SAMPLE ? "sample" : cmd == C_EVAL ? "eval" : "info";
+}
+
+static void *opt_ptr(State *s, const Opt *o) {
+    char *base = o->where == W_MODEL ? (char *)&s->model : o->where == W_TRAIN ? (char *)&s->train : (char *)&s->cli;
+    return base + o->off;
+}
+
+// Parse value text into the option; `from` names the source for messages.
+static void set_opt(State *s, int i, const char *val, const char *from) {
+    const Opt *o = &opts[i];
+    void *p = opt_ptr(s, o);
+    char *end;
+    errno = 0;
+    switch (o->type) {
+    case O_INT: {
+        long v = strtol(val, &end, 10);
+        if (!*val || *end || errno || v < -2147483647L || v > 2147483647L)
+            DIE("%s --%s: '%s' is not an integer", from, o->name, val);
+        *(int *)p = (int)v;
+        break;
+    }
+    case O_FLOAT: {
+        float v = strtof(val, &end);
+        if (!*val || *end || errno) DIE("%s --%s: '%s' is not a number", from, o->name, val);
+        *(float *)p = v;
+        break;
+    }
+    case O_U64: {
+        if (!*val || *val == '-') DIE("%s --%s: '%s' is not a non-negative integer", from, o->name, val);
+        unsigned long long v = strtoull(val, &end, 10);
+        if (*end || errno) DIE("%s --%s: '%s' is not a non-negative integer", from, o->name, val);
+        *(uint64_t *)p = v;
+        break;
+    }
+    case O_STR:
+        if (strlen(val) >= o->size) DIE("%s --%s: value is too long (max %zu bytes)", from, o->name, o->size - 1);
+        strcpy((char *)p, val);
+        break;
+    case O_FLAG:
+        if (!strcmp(val, "1") || !strcmp(val, "true")) *(int *)p = 1;
+        else if (!strcmp(val, "0") || !strcmp(val, "false")) *(int *)p = 0;
+        else DIE("%s --%s: '%s' is not true/false", from, o->name, val);
+        break;
+    case O_DISPATCH:
+        if (!strcmp(val, "dropless")) *(DispatchMode *)p = DISPATCH_DROPLESS;
+        else if (!strcmp(val, "capacity")) *(DispatchMode *)p = DISPATCH_CAPACITY;
+        else DIE("%s --%s: '%s' is not one of dropless, capacity", from, o->name, val);
+        break;
+    }
+    s->set[i] = 1;
+    if (o->where == W_MODEL) s->model_explicit = 1;
+}
+
+static int find_opt(const char *name, int cmd) {
+    for (int i = 0; i < N_OPTS; i++) {
+        const char *a = opts[i].name, *b = name;
+        while (*a && (*a == *b || (*a == '-' && *b == '_'))) { a++; b++; }
+        if (!*a && !*b) return (opts[i].cmds & cmd) ? i : -2;
+    }
+    return -1;
+}
+
+static void apply_preset(State *s, const char *name) {
+    int hd_set = 0;
+    if (config_preset(&s->model, name) != 0)
+        DIE("unknown preset '%s' (known: %s)", name, config_preset_names());
+    (void)hd_set;
+    s->model_explicit = 1;
+}
+
+static void apply_config_file(State *s, const char *path, int cmd) {
+    size_t len;
+    char *txt = read_file(path, &len);
+    if (!txt) DIE("--config: cannot read '%s' (%s)", path, strerror(errno));
+    cJSON *j = cJSON_Parse(txt);
+    if (!j || !cJSON_IsObject(j)) DIE("--config %s: not a JSON object (error near byte %ld)", path,
+                                      j ? 0L : (long)(cJSON_GetErrorPtr() - txt));
+    char from[1100];
+    snprintf(from, sizeof from, "config %s:", path);
+    cJSON *pr = cJSON_GetObjectItem(j, "preset");
+    if (pr && !s->cli.preset[0]) {
+        if (!cJSON_IsString(pr)) DIE("%s \"preset\" must be a string", from);
+        apply_preset(s, pr->valuestring);
+    }
+    for (cJSON *it = j->child; it; it = it->next) {
+        if (!strcmp(it->string, "preset") || !strcmp(it->string, "config")) continue;
+        int i = find_opt(it->string, cmd);
+        if (i == -1) DIE("%s unknown key \"%s\"", from, it->string);
+        if (i == -2) continue;   // an option of another subcommand: allowed in a shared file
+        char buf[64];
+        const char *val;
+        if (cJSON_IsString(it)) val = it->valuestring;
+        else if (cJSON_IsBool(it)) val = cJSON_IsTrue(it) ? "1" : "0";
+        else if (cJSON_IsNumber(it)) {
+            if (opts[i].type == O_FLOAT) snprintf(buf, sizeof buf, "%.9g", it->valuedouble);
+            else if (it->valuedouble != (double)(long long)it->valuedouble)
+                DIE("%s \"%s\" must be an integer (got %g)", from, it->string, it->valuedouble);
+            else snprintf(buf, sizeof buf, "%lld", (long long)it->valuedouble);
+            val = buf;
+        } else DIE("%s \"%s\" has a value of the wrong type", from, it->string);
+        set_opt(s, i, val, from);
+    }
+    cJSON_Delete(j);
+    free(txt);
+}
+
+static void usage(FILE *f, int cmd) {
+    if (!cmd) {
+        fprintf(f, "moe — train Mixture-of-Experts transformers in C\n\n"
+                   "usage: moe <command> [options]    (moe <command> --help for its options)\n\n"
+                   "commands:\n"
+                   "  train    train a model (default: the tiny preset on the embedded corpus)\n"
+                   "  sample   generate text from a checkpoint\n"
+                   "  eval     validation loss of a checkpoint (per kind of line on the embedded corpus)\n"
+                   "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n");
+        return;
+    }
+    fprintf(f, "usage: moe %s [options]\n\noptions:\n", cmd_name(cmd));
+    for (int i = 0; i < N_OPTS; i++) {
+        if (!(opts[i].cmds & cmd)) continue;
+        const char *arg = opts[i].type == O_FLAG ? "" : opts[i].type == O_STR ? " S" : opts[i].type == O_FLOAT ? " X"
+                        : opts[i].type == O_DISPATCH ? " MODE" : " N";
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s", opts[i].name, arg);
+        fprintf(f, "  %-22s %s\n", left, opts[i].help);
+    }
+    fprintf(f, "  %-22s %s\n", "--help", "this text");
+}
+
+static void parse(State *s, int cmd, int argc, char **argv) {
+    // pass 1: --help, --preset and --config come first whatever their position
+    for (int a = 0; a < argc; a++) {
+        if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) { usage(stdout, cmd); exit(0); }
+    }
+    const char *preset = NULL, *config = NULL;
+    for (int a = 0; a < argc; a++) {
+        const char *eq = strchr(argv[a], '=');
+        if (!strncmp(argv[a], "--preset", 8) && (argv[a][8] == 0 || argv[a][8] == '='))
+            preset = eq ? eq + 1 : (a + 1 < argc ? argv[a + 1] : NULL);
+        if (!strncmp(argv[a], "--config", 8) && (argv[a][8] == 0 || argv[a][8] == '='))
+            config = eq ? eq + 1 : (a + 1 < argc ? argv[a + 1] : NULL);
+    }
+    if (preset) { snprintf(s->cli.preset, sizeof s->cli.preset, "%s", preset); apply_preset(s, preset); }
+    if (config && (cmd & (C_TRAIN | C_INFO))) apply_config_file(s, config, cmd);
+    // pass 2: every flag in order
+    for (int a = 0; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strncmp(arg, "--", 2) != 0) DIE("%s: unexpected argument '%s' (options start with --)", cmd_name(cmd), arg);
+        char name[128];
+        const char *eq = strchr(arg, '=');
+        size_t nl = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+        if (nl >= sizeof name) DIE("%s: unknown option '%s'", cmd_name(cmd), arg);
+        memcpy(name, arg + 2, nl);
+        name[nl] = 0;
+        int i = find_opt(name, cmd);
+        if (i == -1) DIE("%s: unknown option '--%s' (see moe %s --help)", cmd_name(cmd), name, cmd_name(cmd));
+        if (i == -2) DIE("%s: option '--%s' does not apply to this command (see moe %s --help)", cmd_name(cmd), name,
+                         cmd_name(cmd));
+        const char *val;
+        if (opts[i].type == O_FLAG && !eq) val = "1";
+        else if (eq) val = eq + 1;
+        else if (a + 1 < argc) val = argv[++a];
+        else DIE("%s: option '--%s' needs a value", cmd_name(cmd), name);
+        if (!strcmp(name, "preset") || !strcmp(name, "config")) { s->set[i] = 1; continue; }
+        set_opt(s, i, val, cmd_name(cmd));
+    }
+    // head_dim follows d_model / n_heads unless given
+    int hd = find_opt("head-dim", C_TRAIN);
+    if (!s->set[hd] && s->model.n_heads > 0) s->model.head_dim = s->model.d_model / s->model.n_heads;
+    if (s->cli.device[0] && strcmp(s->cli.device, "cpu") != 0)
+        DIE("--device %s: this build has only the cpu backend", s->cli.device);
+}
+
+// DIR may be a checkpoint or a run directory holding checkpoints.
+static void resolve_ckpt(const char *dir, char *out, size_t n) {
+    if (!dir[0]) DIE("--ckpt is required");
+    if (!dir_exists(dir)) DIE("--ckpt: '%s' is not a directory", dir);
+    char p[2048];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (file_exists(p) || ckpt_is_complete(dir)) { snprintf(out, n, "%s", dir); return; }
+    if (ckpt_find_latest(dir, out, n) != 0) DIE("--ckpt: no complete checkpoint in '%s'", dir);
+}
+
+static void load_model(Model *m, const char *ckpt, int B, int T, TrainState *st) {
+    ModelConfig c;
+    ckpt_load_config(ckpt, &c);
+    if (T > c.max_seq_len) T = c.max_seq_len;
+    model_init(m, &c, backend_cpu(), B, T);
+    ckpt_load(ckpt, &m->t, m->params, NULL, NULL, st);
+}
+
+static int cmd_sample(State *s) {
+    char ck[2048];
+    resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+    if (s->cli.tokens < 0) DIE("--tokens must be >= 0 (got %d)", s->cli.tokens);
+    if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
+    Model m;
+    TrainState st;
+    ModelConfig c;
+    ckpt_load_config(ck, &c);
+    load_model(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st);
+    if (c.vocab_size < 256) DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
+                                c.vocab_size);
+    int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
+    int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
+    int len = 0;
+    for (int i = 0; i < plen; i++) ctx[len++] = (unsigned char)s->cli.prompt[i];
+    if (len == 0) ctx[len++] = '\n';
+    sample_tokens(&m, ctx, &len, cap, s->cli.tokens, s->cli.temperature, s->train.seed);
+    print_tokens(stdout, ctx, len, c.vocab_size);
+    printf("\n");
+    free(ctx);
+    model_free(&m);
+    return 0;
+}
+
+static int cmd_eval(State *s) {
+    char ck[2048];
+    resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+    ModelConfig c;
+    ckpt_load_config(ck, &c);
+    TrainState st;
+    int T = s->train.seq_len, B = s->train.batch;
+    if (T < 1 || T > c.max_seq_len) DIE("--seq-len must be in 1..%d (got %d)", c.max_seq_len, T);
+    if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
+    if (s->train.eval_batches < 1) DIE("--eval-batches must be >= 1 (got %d)", s->train.eval_batches);
+    Model m;
+    load_model(&m, ck, B, T, &st);
+    Dataset ds;
+    data_open(&ds, s->train.data[0] ? s->train.data : NULL, st.seed, T);
+    if (ds.vocab_size > c.vocab_size)
+        DIE("the data's vocabulary (%d) does not fit the model's vocab_size %d", ds.vocab_size, c.vocab_size);
+    printf("checkpoint %s (step %lld), data %s\n", ck, (long long)st.step, ds.source);
+    EvalResult r;
+    evaluate(&m, &ds, B, s->train.eval_batches, 1, &r);
+    eval_print(&r, &ds, &c);
+    eval_result_free(&r);
+    data_close(&ds);
+    model_free(&m);
+    return 0;
+}
+
+static int cmd_info(State *s) {
+    ModelConfig c = s->model;
+    if (s->cli.ckpt[0]) {
+        char ck[2048];
+        resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+        ckpt_load_config(ck, &c);
+        printf("checkpoint: %s\n", ck);
+    }
+    const char *bad = config_validate(&c);
+    if (bad) DIE("invalid model config: %s", bad);
+    int T = s->train.seq_len, B = s->train.batch;
+    char b1[32], b2[32], b3[32];
+    size_t np = config_num_params(&c), na = config_num_active_params(&c);
+    fmt_count(b1, sizeof b1, (double)np);
+    fmt_count(b2, sizeof b2, (double)na);
+    printf("model: d %d, %d layers, %d heads (%d kv, head dim %d), %d experts top-%d (%s), f %d, vocab %d, "
+           "max seq %d\n", c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_experts, c.top_k,
+           c.renormalize ? "renormalised" : "not renormalised", c.d_ff, c.vocab_size, c.max_seq_len);
+    printf("dispatch: %s", c.dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
+    if (c.dispatch == DISPATCH_CAPACITY) printf(" (factor %g: %d slots per expert for %d tokens)", c.capacity_factor,
+                                                 capacity_for(&c, B * T), B * T);
+    printf("; aux coef %g, z coef %g, jitter %g\n", c.aux_coef, c.z_coef, c.jitter);
+    printf("parameters: %s total, %s active per token (%zu / %zu)\n", b1, b2, np, na);
+    ParamTable t;
+    params_build(&t, &c);
+    double dense = 0, expert = 0;
+    for (int i = 0; i < t.n; i++) *(t.p[i].expert >= 0 ? &expert : &dense) += t.p[i].numel;
+    fmt_count(b1, sizeof b1, dense);
+    fmt_count(b2, sizeof b2, expert);
+    printf("  tensors: %d (%s dense params reduced over DP, %s expert params reduced over EDP)\n", t.n, b1, b2);
+    double fl = config_flops_per_token(&c, T);
+    fmt_count(b1, sizeof b1, fl);
+    printf("training FLOPs per token at seq %d: %s (6 x active params + attention)\n", T, b1);
+    // memory, float32 cpu backend: params + grads + two AdamW moments
+    double state = 16.0 * np;
+    size_t N = (size_t)B * T, d = c.d_model, qd = (size_t)c.n_heads * c.head_dim, kvd = (size_t)c.n_kv_heads * c.head_dim;
+    size_t Rk = N * c.top_k, f = c.d_ff;
+    double acts = 4.0 * c.n_layers * (N * (6 * d + 2 * qd + 2 * kvd + c.n_experts + 2) + Rk * (2 * d + 3 * f) +
+                                     (size_t)B * c.n_heads * T) +
+                  4.0 * N * (2 * d + c.vocab_size);
+    fmt_bytes(b1, sizeof b1, state);
+    fmt_bytes(b2, sizeof b2, acts);
+    fmt_bytes(b3, sizeof b3, state + acts);
+    printf("memory (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n", b1, B, T, b2,
+           b3);
+    params_free(&t);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout, 0);
+        return argc < 2 ? 2 : 0;
+    }
+    int cmd = !strcmp(argv[1], "train") ? C_TRAIN : !strcmp(argv[1], "sample") ? C_SAMPLE
+            : !strcmp(argv[1], "eval") ? C_EVAL : !strcmp(argv[1], "info") ? C_INFO : 0;
+    if (!cmd) { fprintf(stderr, "moe: error: unknown command '%s' (train, sample, eval, info)\n", argv[1]); return 2; }
+    static State s;
+    config_preset(&s.model, "tiny");
+    train_options_default(&s.train);
+    s.cli.tokens = 200;
+    s.cli.temperature = 0.8f;
+    parse(&s, cmd, argc - 2, argv + 2);
+    switch (cmd) {
+    case C_TRAIN: return train_run(&s.model, &s.train, s.model_explicit);
+    case C_SAMPLE: return cmd_sample(&s);
+    case C_EVAL: return cmd_eval(&s);
+    default: return cmd_info(&s);
+    }
+}

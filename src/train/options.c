@@ -1,0 +1,66 @@
+// options.c — training option defaults, validation, and the learning-rate schedule.
+#include "train/options.h"
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void train_options_default(TrainOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->steps = 300;
+    o->batch = 16;
+    o->grad_accum = 1;
+    o->seq_len = 64;
+    o->lr = 3e-3f;
+    o->min_lr_frac = 0.1f;
+    o->warmup = 20;
+    o->weight_decay = 0.1f;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.95f;
+    o->adam_eps = 1e-8f;
+    o->grad_clip = 1.0f;
+    o->seed = 1;
+    o->eval_every = 100;
+    o->eval_batches = 8;
+    o->save_every = 0;
+    o->keep = 2;
+    o->sample_tokens = 200;
+    o->plots = 1;
+    snprintf(o->out, sizeof o->out, "runs/default");
+}
+
+const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) {
+    static char msg[256];
+#define BAD(...) do { snprintf(msg, sizeof msg, __VA_ARGS__); return msg; } while (0)
+    if (o->steps < 1) BAD("--steps must be >= 1 (got %d)", o->steps);
+    if (o->batch < 1) BAD("--batch must be >= 1 (got %d)", o->batch);
+    if (o->grad_accum < 1) BAD("--grad-accum must be >= 1 (got %d)", o->grad_accum);
+    if (o->batch % o->grad_accum) BAD("--batch %d is not divisible by --grad-accum %d", o->batch, o->grad_accum);
+    if (o->seq_len < 1) BAD("--seq-len must be >= 1 (got %d)", o->seq_len);
+    if (o->seq_len > c->max_seq_len) BAD("--seq-len %d exceeds the model's max_seq_len %d", o->seq_len, c->max_seq_len);
+    if (!(o->lr > 0)) BAD("--lr must be > 0 (got %g)", o->lr);
+    if (!(o->min_lr_frac >= 0 && o->min_lr_frac <= 1)) BAD("--min-lr-frac must be in [0, 1] (got %g)", o->min_lr_frac);
+    if (o->warmup < 0) BAD("--warmup must be >= 0 (got %d)", o->warmup);
+    if (!(o->weight_decay >= 0)) BAD("--weight-decay must be >= 0 (got %g)", o->weight_decay);
+    if (!(o->beta1 >= 0 && o->beta1 < 1)) BAD("--beta1 must be in [0, 1) (got %g)", o->beta1);
+    if (!(o->beta2 >= 0 && o->beta2 < 1)) BAD("--beta2 must be in [0, 1) (got %g)", o->beta2);
+    if (!(o->adam_eps > 0)) BAD("--adam-eps must be > 0 (got %g)", o->adam_eps);
+    if (!(o->grad_clip >= 0)) BAD("--grad-clip must be >= 0 (got %g)", o->grad_clip);
+    if (o->eval_every < 0) BAD("--eval-every must be >= 0 (got %d)", o->eval_every);
+    if (o->eval_batches < 1) BAD("--eval-batches must be >= 1 (got %d)", o->eval_batches);
+    if (o->save_every < 0) BAD("--save-every must be >= 0 (got %d)", o->save_every);
+    if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
+    if (o->sample_tokens < 0) BAD("--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
+    if (!o->out[0]) BAD("--out must not be empty");
+    if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
+#undef BAD
+    return NULL;
+}
+
+float lr_at(const TrainOptions *o, int step) {
+    if (step < o->warmup) return o->lr * (step + 1) / (float)o->warmup;
+    int span = o->steps - o->warmup;
+    float frac = span > 0 ? (float)(step - o->warmup) / span : 1.0f;
+    if (frac > 1) frac = 1;
+    float cosv = 0.5f * (1.0f + cosf(3.14159265358979f * frac));
+    return o->lr * (o->min_lr_frac + (1.0f - o->min_lr_frac) * cosv);
+}

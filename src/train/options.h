@@ -1,0 +1,36 @@
+// options.h — training options (everything `moe train` needs besides the model config),
+// their defaults and validation. Must not hold: argument parsing (cli/) or the loop (trainer.c).
+#pragma once
+#include <stdint.h>
+#include "model/config.h"
+
+typedef struct {
+    int steps;              // optimizer steps in the run (--resume continues up to this)
+    int batch;              // global batch: sequences per optimizer step (on any mesh)
+    int grad_accum;         // micro-batches per step (batch % grad_accum == 0)
+    int seq_len;            // T
+    float lr;               // peak learning rate
+    float min_lr_frac;      // cosine decays to lr * min_lr_frac
+    int warmup;             // linear warmup steps
+    float weight_decay;     // decoupled, matrices only (not norms)
+    float beta1, beta2, adam_eps;
+    float grad_clip;        // global-norm clip; 0 = off
+    uint64_t seed;          // init, data order, jitter
+    int eval_every;         // steps between val-loss evaluations (0 = only at the end)
+    int eval_batches;       // val micro-batches per evaluation
+    int save_every;         // steps between checkpoints (0 = only at the end)
+    int keep;               // checkpoints kept (older ones removed); 0 = keep all
+    int sample_tokens;      // tokens sampled at the end of the run (0 = none)
+    int plots;              // write loss.png / expert_load.png
+    int quiet;              // no per-step progress lines (metrics.jsonl still written)
+    int resume, force;
+    char out[1024];
+    char data[1024];        // "" = embedded synthetic corpus
+} TrainOptions;
+
+void train_options_default(TrainOptions *o);
+// NULL if valid, else a static message naming the option and value.
+const char *train_options_validate(const TrainOptions *o, const ModelConfig *c);
+
+// Learning rate at step (0-based): linear warmup to lr, then cosine to lr * min_lr_frac.
+float lr_at(const TrainOptions *o, int step);

@@ -1,0 +1,309 @@
+// trainer.c — the training loop of `moe train` (see trainer.h). One process, one backend;
+// the global batch is split into grad_accum micro-batches; losses are means over the step's
+// tokens; aux and z losses are means over layers and micro-batches.
+#include "train/trainer.h"
+#include <dirent.h>
+#include <math.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+#include "core/common.h"
+#include "data/data.h"
+#include "model/model.h"
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
+#include "train/plot.h"
+
+static uint64_t noise_seed(uint64_t seed, int step, int micro) {
+    uint64_t h = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 20) ^ (uint64_t)micro;
+    h ^= h >> 31;
+    return h ? h : 1;
+}
+
+// Lists step_* entries of out (complete or not). Returns count; names malloc'd into *names.
+static int list_ckpts(const char *out, char ***names) {
+    *names = NULL;
+    DIR *d = opendir(out);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "step_", 5) != 0) continue;
+        *names = xrealloc(*names, (n + 1) * sizeof(char *));
+        (*names)[n++] = xstrdup(e->d_name);
+    }
+    closedir(d);
+    return n;
+}
+
+static void free_names(char **names, int n) { for (int i = 0; i < n; i++) free(names[i]); free(names); }
+
+// Keep only the newest `keep` complete checkpoints.
+static void prune(const char *out, int keep) {
+    if (keep <= 0) return;
+    char **names;
+    int n = list_ckpts(out, &names);
+    // names are step_%08d(.tmp/.old): sort lexicographically = by step
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(names[i], names[j]) > 0) { char *t = names[i]; names[i] = names[j]; names[j] = t; }
+    int complete = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        char p[2048];
+        snprintf(p, sizeof p, "%s/%s", out, names[i]);
+        if (strchr(names[i], '.') || !ckpt_is_complete(p)) continue;
+        if (++complete > keep && rm_rf(p) != 0) fprintf(stderr, "moe: warning: could not remove old checkpoint %s\n", p);
+    }
+    free_names(names, n);
+}
+
+// metrics.jsonl lines with step <= last_step are kept (resume), later ones dropped.
+static void truncate_metrics(const char *path, int64_t last_step) {
+    size_t len;
+    char *buf = read_file(path, &len);
+    if (!buf) return;
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = xfopen(tmp, "w");
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL;
+        if (s && cJSON_IsNumber(s) && s->valuedouble <= last_step) fprintf(f, "%s\n", line);
+        cJSON_Delete(j);
+    }
+    xfclose(f, tmp);
+    if (rename(tmp, path) != 0) DIE("cannot replace %s", path);
+    free(buf);
+}
+
+static int config_equal(const ModelConfig *a, const ModelConfig *b) { return memcmp(a, b, sizeof *a) == 0; }
+
+static void fmt_eta(char *buf, size_t n, double s) {
+    if (s < 60) snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit) {
+    ModelConfig c = *cfg_in;
+    const char *bad = config_validate(&c);
+    if (bad) DIE("invalid model config: %s", bad);
+    bad = train_options_validate(o, &c);
+    if (bad) DIE("%s", bad);
+    const Backend *be = backend_cpu();
+    char metrics_path[2048], latest[2048];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
+
+    // data first: a bad data file must fail before anything in the output directory is touched
+    Dataset ds;
+    data_open(&ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
+
+    // ---- output directory: refuse to overwrite a run unless --resume / --force
+    TrainState st = {0};
+    int resuming = 0;
+    char **names;
+    int n_ck = list_ckpts(o->out, &names);
+    int has_metrics = file_exists(metrics_path);
+    if (o->resume) {
+        if (ckpt_find_latest(o->out, latest, sizeof latest) != 0)
+            DIE("--resume: no complete checkpoint in '%s'", o->out);
+        ModelConfig saved;
+        ckpt_load_config(latest, &saved);
+        if (model_explicit && !config_equal(&saved, &c))
+            DIE("--resume: the model options given differ from the checkpoint's config (%s/config.json); "
+                "drop them to continue that model", latest);
+        c = saved;
+        bad = train_options_validate(o, &c);
+        if (bad) DIE("%s", bad);
+        resuming = 1;
+    } else if ((n_ck > 0 || has_metrics) && !o->force) {
+        DIE("'%s' already holds a training run (%s); pass --resume to continue it or --force to start over "
+            "(which deletes it)", o->out, n_ck ? names[0] : "metrics.jsonl");
+    } else if (o->force) {
+        for (int i = 0; i < n_ck; i++) {
+            char p[2048];
+            snprintf(p, sizeof p, "%s/%s", o->out, names[i]);
+            if (rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
+        }
+        const char *files[] = {"metrics.jsonl", "loss.png", "expert_load.png"};
+        for (int i = 0; i < 3; i++) {
+            char p[2048];
+            snprintf(p, sizeof p, "%s/%s", o->out, files[i]);
+            remove(p);
+        }
+    }
+    free_names(names, n_ck);
+    mkdir_p(o->out);
+
+    // ---- data and model
+    if (ds.vocab_size > c.vocab_size)
+        DIE("the data's vocabulary (%d tokens, from %s) does not fit the model's vocab_size %d", ds.vocab_size,
+            ds.source, c.vocab_size);
+    int T = o->seq_len, G = o->grad_accum, Bm = o->batch / G, N = Bm * T;
+    Model m;
+    model_init(&m, &c, be, Bm, T);
+    size_t P = m.t.total;
+    float *mom1 = xcalloc(P, sizeof(float)), *mom2 = xcalloc(P, sizeof(float));
+    if (resuming) {
+        ckpt_load(latest, &m.t, m.params, mom1, mom2, &st);
+        if (st.seed != o->seed)
+            DIE("--resume: the checkpoint was trained with --seed %llu, not %llu", (unsigned long long)st.seed,
+                (unsigned long long)o->seed);
+        truncate_metrics(metrics_path, st.step);
+        printf("resuming from %s (step %lld)\n", latest, (long long)st.step);
+    } else {
+        params_init(&m.t, &c, m.params, o->seed);
+        st.seed = o->seed;
+    }
+    char nb[32], ab[32];
+    fmt_count(nb, sizeof nb, (double)config_num_params(&c));
+    fmt_count(ab, sizeof ab, (double)config_num_active_params(&c));
+    printf("model: %s params (%s active per token), d %d, %d layers, %d heads (%d kv), %d experts top-%d, f %d, "
+           "vocab %d, %s\n", nb, ab, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.n_experts, c.top_k, c.d_ff,
+           c.vocab_size, c.dispatch == DISPATCH_CAPACITY ? "capacity dispatch" : "dropless dispatch");
+    printf("data: %s, %zu tokens, %zu train / %zu val windows of %d\n", ds.source, ds.n_tokens, ds.n_train,
+           ds.n_val, T);
+    printf("train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n", o->steps,
+           o->batch, G, Bm, T, o->lr, be->name);
+
+    FILE *mf = xfopen(metrics_path, "a");
+    int32_t *x = xmalloc((size_t)N * 4), *y = xmalloc((size_t)N * 4);
+    int L = c.n_layers, E = c.n_experts;
+    int64_t *counts = xmalloc(sizeof(int64_t) * L * E);
+    double flops_tok = config_flops_per_token(&c, T);
+    double t_start = now_seconds();
+    int first = (int)st.step;
+    EvalResult ev;
+    for (int step = first; step < o->steps; step++) {
+        double t0 = now_seconds();
+        be->zero(m.grads, P * sizeof(float));
+        memset(counts, 0, sizeof(int64_t) * L * E);
+        double loss = 0, aux = 0, z = 0;
+        int64_t dropped = 0;
+        for (int g = 0; g < G; g++) {
+            data_train_batch(&ds, (uint64_t)step * o->batch + (uint64_t)g * Bm, Bm, x, y);
+            uint64_t ns = c.jitter > 0 ? noise_seed(o->seed, step, g) : 0;
+            loss += model_forward(&m, x, y, Bm, T, 1.0f / ((float)N * G), ns) / G;
+            aux += m.aux / G;
+            z += m.z / G;
+            dropped += m.dropped;
+            for (int i = 0; i < L * E; i++) counts[i] += m.expert_counts[i];
+            model_backward(&m, c.aux_coef / G, c.z_coef / G);
+        }
+        double gnorm = sqrt(be->sumsq(m.grads, P));
+        float lr = lr_at(o, step);
+        int skipped = !isfinite(loss) || !isfinite(gnorm);
+        if (skipped) {
+            fprintf(stderr, "moe: warning: step %d: non-finite %s; update skipped\n", step + 1,
+                    isfinite(loss) ? "gradient norm" : "loss");
+        } else {
+            if (o->grad_clip > 0 && gnorm > o->grad_clip) be->scale(m.grads, (float)(o->grad_clip / gnorm), P);
+            for (int i = 0; i < m.t.n; i++) {
+                const ParamSpec *s = &m.t.p[i];
+                be->adamw(m.params + s->offset, m.grads + s->offset, mom1 + s->offset, mom2 + s->offset, s->numel,
+                          lr, o->beta1, o->beta2, o->adam_eps, s->decay ? o->weight_decay : 0.0f, step + 1);
+            }
+        }
+        st.step = step + 1;
+        st.seq_pos = (uint64_t)(step + 1) * o->batch;
+        st.total_steps = o->steps;
+        st.tokens_seen += (double)o->batch * T;
+        double dt = now_seconds() - t0, tps = o->batch * T / dt;
+        // load balance: per layer max/mean tokens per expert
+        double worst = 0;
+        char per_layer[256] = "";
+        for (int l = 0; l < L; l++) {
+            int64_t mx = 0, tot = 0;
+            for (int e = 0; e < E; e++) { tot += counts[l * E + e]; if (counts[l * E + e] > mx) mx = counts[l * E + e]; }
+            double r = tot ? (double)mx * E / tot : 0;
+            if (r > worst) worst = r;
+            if (L <= 4) snprintf(per_layer + strlen(per_layer), sizeof per_layer - strlen(per_layer), "%s%.2f",
+                                 l ? " " : "", r);
+        }
+        // metrics line
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "step", step + 1);
+        cJSON_AddNumberToObject(j, "loss", loss);
+        cJSON_AddNumberToObject(j, "aux_loss", aux);
+        cJSON_AddNumberToObject(j, "z_loss", z);
+        cJSON_AddNumberToObject(j, "lr", lr);
+        cJSON_AddNumberToObject(j, "grad_norm", gnorm);
+        cJSON_AddNumberToObject(j, "tokens_per_s", tps);
+        cJSON_AddNumberToObject(j, "tflops", tps * flops_tok / 1e12);
+        cJSON_AddNumberToObject(j, "step_time_s", dt);
+        cJSON_AddNumberToObject(j, "load_max_over_mean", worst);
+        cJSON_AddNumberToObject(j, "dropped", (double)dropped);
+        cJSON_AddBoolToObject(j, "skipped", skipped);
+        cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
+        for (int l = 0; l < L; l++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int e = 0; e < E; e++) cJSON_AddItemToArray(row, cJSON_CreateNumber((double)counts[l * E + e]));
+            cJSON_AddItemToArray(el, row);
+        }
+        char *s = cJSON_PrintUnformatted(j);
+        fprintf(mf, "%s\n", s);
+        fflush(mf);
+        free(s);
+        cJSON_Delete(j);
+        if (!o->quiet) {
+            char eta[32];
+            double el_s = now_seconds() - t_start;
+            fmt_eta(eta, sizeof eta, el_s / (step + 1 - first) * (o->steps - step - 1));
+            printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
+                   "load max/mean %.2f%s%s%s | ETA %s\n",
+                   (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, loss, aux, z, lr, gnorm, tps, worst,
+                   L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", eta);
+            fflush(stdout);
+        }
+        int last = step + 1 == o->steps;
+        if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) {
+            evaluate(&m, &ds, Bm, o->eval_batches, 0, &ev);
+            fprintf(mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
+            fflush(mf);
+            if (!o->quiet) printf("  eval: val loss %.4f\n", ev.loss);
+        }
+        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) {
+            char path[2048];
+            ckpt_path(path, sizeof path, o->out, step + 1);
+            ckpt_save(path, &c, &m.t, m.params, mom1, mom2, &st);
+            prune(o->out, o->keep);
+        }
+    }
+    xfclose(mf, metrics_path);
+    double wall = now_seconds() - t_start;
+
+    // ---- end of run report
+    printf("\n");
+    if (o->steps > first)
+        printf("trained steps %d..%d in %.1fs (%.0f tokens/s)\n", first + 1, o->steps, wall,
+               (o->steps - first) * (double)o->batch * T / wall);
+    evaluate(&m, &ds, Bm, o->eval_batches, 1, &ev);
+    eval_print(&ev, &ds, &c);
+    eval_result_free(&ev);
+    if (o->sample_tokens > 0) {
+        int cap = 32 + o->sample_tokens;
+        int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
+        int len = 0;
+        if (ds.n_kinds) {
+            const char *prompt = "12+34=";
+            for (const char *p = prompt; *p; p++) ctx[len++] = (unsigned char)*p;
+        } else {
+            data_val_batch(&ds, 0, 1, x, y, NULL);
+            for (int i = 0; i < 16 && i < T; i++) ctx[len++] = x[i];
+        }
+        int plen = len;
+        sample_tokens(&m, ctx, &len, cap, o->sample_tokens, 0.8f, o->seed);
+        printf("sample (temperature 0.8):\n---\n");
+        print_tokens(stdout, ctx, plen, c.vocab_size);
+        printf("|");
+        print_tokens(stdout, ctx + plen, len - plen, c.vocab_size);
+        printf("\n---\n");
+        free(ctx);
+    }
+    if (ckpt_find_latest(o->out, latest, sizeof latest) == 0) printf("checkpoint: %s\n", latest);
+    printf("metrics: %s\n", metrics_path);
+    if (o->plots && plot_run(o->out) == 0) printf("plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
+    free(x); free(y); free(counts); free(mom1); free(mom2);
+    model_free(&m);
+    data_close(&ds);
+    return 0;
+}
