@@ -6,7 +6,7 @@
 
 void train_options_default(TrainOptions *o) {
     memset(o, 0, sizeof *o);
-    o->steps = 300;
+    o->steps = 1000;
     o->batch = 16;
     o->grad_accum = 1;
     o->seq_len = 64;
