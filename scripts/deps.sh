@@ -2,7 +2,7 @@
 # deps.sh — install the Debian packages moe.c needs, if missing (as root via apt-get),
 # otherwise name the missing packages and exit non-zero.
 set -euo pipefail
-pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libomp-dev gnuplot-nox)
+pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libomp-dev gnuplot-nox openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

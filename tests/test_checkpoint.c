@@ -610,7 +610,7 @@ static void test_reader(void) {
     ps[0].ndim = 2; ps[0].shape[0] = 2; ps[0].shape[1] = 3; ps[0].numel = 6; ps[0].offset = 0;
     snprintf(ps[1].name, sizeof ps[1].name, "b");
     ps[1].ndim = 1; ps[1].shape[0] = 4; ps[1].numel = 4; ps[1].offset = 6;
-    ParamTable t = {ps, 2, 10};
+    ParamTable t = {ps, 2, 10, 10};
     float out[10];
     char f[512];
     path2(f, sizeof f, root, "hand.safetensors");

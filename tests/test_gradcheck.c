@@ -34,7 +34,7 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
 static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     const int B = 2, T = 6;
     Model m;
-    model_init(&m, &c, backend_cpu(), B, T);
+    model_init(&m, &c, backend_cpu(), B, T, NULL);
     params_init(&m.t, &c, m.params, 7);
     // larger router weights so routing is decisive and probs are not all ~1/E
     for (int i = 0; i < m.t.n; i++)

@@ -2,6 +2,7 @@
 // shared by flags (--d-model 128) and JSON config files ({"d_model": 128}). Argument parsing and
 // dispatch only: the work is done in train/, model/ and data/.
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
@@ -13,16 +14,23 @@
 #include "model/params.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/hf.h"
 #include "train/options.h"
 #include "train/trainer.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
 
-enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_ALL = 15 };
+enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
 typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
     char preset[64], config[1024], ckpt[1024], prompt[4096], device[16];
     int tokens;
+    char init_from[1024];  // train: a Hugging Face model directory to start from
+    char dump[1024];       // eval: safetensors file for the first batch's numbers
+    int dump_grads;
+    int world;            // moe info: the world size to lay the mesh out for
     float temperature;
 } CliOptions;
 
@@ -41,7 +49,12 @@ typedef struct {
 static const Opt opts[] = {
     {"preset", O_STR, CO(preset), C_TRAIN | C_INFO, "named model size (tiny, small, mixtral-8x7b, olmoe-1b-7b, ...)"},
     {"config", O_STR, CO(config), C_TRAIN | C_INFO, "JSON file of options (keys as flags, '-' or '_'); flags override it"},
-    {"ckpt", O_STR, CO(ckpt), C_SAMPLE | C_EVAL | C_INFO, "checkpoint directory, or a run directory (its newest checkpoint)"},
+    {"ckpt", O_STR, CO(ckpt), C_SAMPLE | C_EVAL | C_INFO | C_EXPORT,
+     "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory"},
+    {"init-from", O_STR, CO(init_from), C_TRAIN,
+     "start from a Hugging Face Mixtral model directory (its config.json is the model config)"},
+    {"dump", O_STR, CO(dump), C_EVAL, "write the first batch's tokens, logits, losses, router logits to this .safetensors"},
+    {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL, "with --dump: also every tensor's gradient after one backward"},
     {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary)"},
     {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
     {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
@@ -62,8 +75,8 @@ static const Opt opts[] = {
     {"init-std", O_FLOAT, MO(init_std), C_TRAIN | C_INFO, "init standard deviation of linear weights"},
     {"renormalize", O_INT, MO(renormalize), C_TRAIN | C_INFO, "1: renormalise top-k weights (Mixtral); 0: raw (OLMoE)"},
     {"jitter", O_FLOAT, MO(jitter), C_TRAIN | C_INFO, "router input jitter j: x *= U(1-j, 1+j) in training"},
-    {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO, "load-balancing loss coefficient"},
-    {"z-coef", O_FLOAT, MO(z_coef), C_TRAIN | C_INFO, "router z-loss coefficient"},
+    {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO | C_EVAL, "load-balancing loss coefficient (eval: of --dump-grads)"},
+    {"z-coef", O_FLOAT, MO(z_coef), C_TRAIN | C_INFO | C_EVAL, "router z-loss coefficient (eval: of --dump-grads)"},
     {"dispatch", O_DISPATCH, MO(dispatch), C_TRAIN | C_INFO, "dropless | capacity"},
     {"capacity-factor", O_FLOAT, MO(capacity_factor), C_TRAIN | C_INFO, "capacity = ceil(cf * tokens * k / E)"},
     // training
@@ -79,7 +92,7 @@ static const Opt opts[] = {
     {"beta2", O_FLOAT, TO(beta2), C_TRAIN, "AdamW beta2"},
     {"adam-eps", O_FLOAT, TO(adam_eps), C_TRAIN, "AdamW epsilon"},
     {"grad-clip", O_FLOAT, TO(grad_clip), C_TRAIN, "global gradient-norm clip (0 = off)"},
-    {"seed", O_U64, TO(seed), C_TRAIN | C_SAMPLE, "seed for init, data order, jitter, sampling"},
+    {"seed", O_U64, TO(seed), C_TRAIN | C_SAMPLE | C_EVAL, "seed for init, data order, jitter, sampling"},
     {"eval-every", O_INT, TO(eval_every), C_TRAIN, "steps between validation evaluations"},
     {"eval-batches", O_INT, TO(eval_batches), C_TRAIN | C_EVAL, "validation micro-batches per evaluation"},
     {"save-every", O_INT, TO(save_every), C_TRAIN, "steps between checkpoints (0 = at the end only)"},
@@ -87,10 +100,16 @@ static const Opt opts[] = {
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
-    {"out", O_STR, TO(out), C_TRAIN, "run directory (checkpoints, metrics.jsonl, plots)"},
+    {"out", O_STR, TO(out), C_TRAIN | C_EXPORT, "run directory (checkpoints, metrics.jsonl, plots); export: the HF directory"},
     {"data", O_STR, TO(data), C_TRAIN | C_EVAL, "text file (bytes) or llm.c .bin shards (glob); default: embedded corpus"},
     {"resume", O_FLAG, TO(resume), C_TRAIN, "continue from the newest complete checkpoint in --out"},
-    {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
+    // parallel layout
+    {"tp", O_INT, TO(tp), C_TRAIN | C_INFO, "tensor parallel size (attention heads split)"},
+    {"ep", O_INT, TO(ep), C_TRAIN | C_INFO, "expert parallel size (carved out of the data-parallel ranks)"},
+    {"etp", O_INT, TO(etp), C_TRAIN | C_INFO, "expert tensor parallel size (each expert's f split)"},
+    {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (1 only, for now)"},
+    {"world", O_INT, CO(world), C_INFO, "number of processes to show the mesh for"},
+    {"force", O_FLAG, TO(force), C_TRAIN | C_EXPORT, "start over in --out, deleting the run there (export: replace it)"},
 };
 #define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
 
@@ -103,7 +122,8 @@ typedef struct {
 } State;
 
 static const char *cmd_name(int cmd) {
-    return cmd == C_TRAIN ? "train" : cmd == C_SAMPLE ? "sample" : cmd == C_EVAL ? "eval" : "info";
+    return cmd == C_TRAIN ? "train" : cmd == C_SAMPLE ? "sample" : cmd == C_EVAL ? "eval" : cmd == C_EXPORT ? "export"
+         : "info";
 }
 
 static void *opt_ptr(State *s, const Opt *o) {
@@ -218,7 +238,8 @@ static void usage(FILE *f, int cmd) {
                    "  train    train a model (default: the tiny preset on the embedded corpus)\n"
                    "  sample   generate text from a checkpoint\n"
                    "  eval     validation loss of a checkpoint (per kind of line on the embedded corpus)\n"
-                   "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n");
+                   "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n"
+                   "  export   write a checkpoint as a Hugging Face model directory (MixtralForCausalLM)\n");
         return;
     }
     fprintf(f, "usage: moe %s [options]\n\noptions:\n", cmd_name(cmd));
@@ -277,22 +298,41 @@ static void parse(State *s, int cmd, int argc, char **argv) {
         DIE("--device %s: this build has only the cpu backend", s->cli.device);
 }
 
-// DIR may be a checkpoint or a run directory holding checkpoints.
+// DIR may be a checkpoint, a run directory holding checkpoints, or a Hugging Face model directory
+// (config.json + model.safetensors or model.safetensors.index.json, no state.json/checksums.json).
 static void resolve_ckpt(const char *dir, char *out, size_t n) {
     if (!dir[0]) DIE("--ckpt is required");
     if (!dir_exists(dir)) DIE("--ckpt: '%s' is not a directory", dir);
     char p[2048];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    if (file_exists(p) || ckpt_is_complete(dir)) { snprintf(out, n, "%s", dir); return; }
-    if (ckpt_find_latest(dir, out, n) != 0) DIE("--ckpt: no complete checkpoint in '%s'", dir);
+    if (hf_is_model_dir(dir) || file_exists(p) || ckpt_is_complete(dir)) { snprintf(out, n, "%s", dir); return; }
+    if (ckpt_find_latest(dir, out, n) != 0)
+        DIE("--ckpt: no complete checkpoint (or Hugging Face model) in '%s'", dir);
 }
 
-static void load_model(Model *m, const char *ckpt, int B, int T, TrainState *st) {
+static void load_config_any(const char *ck, ModelConfig *c) {
+    if (hf_is_model_dir(ck)) hf_load_config(ck, c);
+    else ckpt_load_config(ck, c);
+}
+
+// A Hugging Face directory has no state.json: its TrainState is step 0 with the given seed.
+static void load_model(Model *m, const char *ckpt, int B, int T, TrainState *st, uint64_t seed) {
     ModelConfig c;
-    ckpt_load_config(ckpt, &c);
+    load_config_any(ckpt, &c);
     if (T > c.max_seq_len) T = c.max_seq_len;
-    model_init(m, &c, backend_cpu(), B, T);
-    ckpt_load(ckpt, &m->t, m->params, NULL, NULL, st);
+    model_init(m, &c, backend_cpu(), B, T, NULL);
+    if (!hf_is_model_dir(ckpt)) {
+        ckpt_load(ckpt, &m->t, m->params, NULL, NULL, st);
+        return;
+    }
+    float *full = xmalloc(m->t.total * sizeof(float)), *local = xmalloc(m->t.ltotal * sizeof(float));
+    hf_load_params(ckpt, &m->t, full);
+    params_full_to_local(&m->t, full, local);
+    m->be->to_device(m->params, local, m->t.ltotal * sizeof(float));
+    free(full);
+    free(local);
+    memset(st, 0, sizeof *st);
+    st->seed = seed;
 }
 
 static int cmd_sample(State *s) {
@@ -303,10 +343,10 @@ static int cmd_sample(State *s) {
     Model m;
     TrainState st;
     ModelConfig c;
-    ckpt_load_config(ck, &c);
-    load_model(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st);
+    load_config_any(ck, &c);
     if (c.vocab_size < 256) DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
                                 c.vocab_size);
+    load_model(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st, s->train.seed);
     int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
     int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
     int len = 0;
@@ -320,30 +360,176 @@ static int cmd_sample(State *s) {
     return 0;
 }
 
+static int opt_set(const State *s, const char *name) {
+    for (int i = 0; i < N_OPTS; i++) if (!strcmp(opts[i].name, name)) return s->set[i];
+    return 0;
+}
+
 static int cmd_eval(State *s) {
     char ck[2048];
     resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+    if (s->cli.dump_grads && !s->cli.dump[0]) DIE("--dump-grads needs --dump FILE");
+    int hf = hf_is_model_dir(ck);
     ModelConfig c;
-    ckpt_load_config(ck, &c);
+    load_config_any(ck, &c);
     TrainState st;
     int T = s->train.seq_len, B = s->train.batch;
     if (T < 1 || T > c.max_seq_len) DIE("--seq-len must be in 1..%d (got %d)", c.max_seq_len, T);
     if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
     if (s->train.eval_batches < 1) DIE("--eval-batches must be >= 1 (got %d)", s->train.eval_batches);
     Model m;
-    load_model(&m, ck, B, T, &st);
+    load_model(&m, ck, B, T, &st, s->train.seed);
     Dataset ds;
     data_open(&ds, s->train.data[0] ? s->train.data : NULL, st.seed, T);
-    if (ds.vocab_size > c.vocab_size)
-        DIE("the data's vocabulary (%d) does not fit the model's vocab_size %d", ds.vocab_size, c.vocab_size);
-    printf("checkpoint %s (step %lld), data %s\n", ck, (long long)st.step, ds.source);
+    if (ds.max_token >= c.vocab_size)
+        DIE("the data's vocabulary does not fit the model: token %d, vocab_size %d", ds.max_token, c.vocab_size);
+    if (hf) printf("Hugging Face model %s, data %s\n", ck, ds.source);
+    else printf("checkpoint %s (step %lld), data %s\n", ck, (long long)st.step, ds.source);
     EvalResult r;
-    evaluate(&m, &ds, B, s->train.eval_batches, 1, &r);
+    evaluate(&m, &ds, B, s->train.eval_batches, 1, &r, NULL);
     eval_print(&r, &ds, &c);
+    if (s->cli.dump[0]) {
+        float aux_coef = opt_set(s, "aux-coef") ? s->model.aux_coef : c.aux_coef;
+        float z_coef = opt_set(s, "z-coef") ? s->model.z_coef : c.z_coef;
+        cJSON *meta = cJSON_CreateObject();
+        char b[64];
+        snprintf(b, sizeof b, "%.17g", r.loss);
+        cJSON_AddStringToObject(meta, "val_loss", b);
+        snprintf(b, sizeof b, "%lld", (long long)r.tokens);
+        cJSON_AddStringToObject(meta, "val_tokens", b);
+        snprintf(b, sizeof b, "%d", s->train.eval_batches);
+        cJSON_AddStringToObject(meta, "eval_batches", b);
+        cJSON_AddStringToObject(meta, "model", ck);
+        cJSON_AddStringToObject(meta, "data", ds.source);
+        char *mj = cJSON_PrintUnformatted(meta);
+        cJSON_Delete(meta);
+        eval_dump(&m, &ds, B, s->cli.dump, s->cli.dump_grads, aux_coef, z_coef, mj);
+        cJSON_free(mj);
+        printf("dump: %s (first batch of %d x %d%s)\n", s->cli.dump, B, T, s->cli.dump_grads ? ", with gradients" : "");
+    }
     eval_result_free(&r);
     data_close(&ds);
     model_free(&m);
     return 0;
+}
+
+static int cmd_export(State *s) {
+    char ck[2048];
+    resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+    if (hf_is_model_dir(ck)) DIE("--ckpt %s is already a Hugging Face model directory", ck);
+    if (!opt_set(s, "out")) DIE("export: --out DIR is required (the Hugging Face model directory to write)");
+    int linked = hf_export(ck, s->train.out, s->train.force);
+    printf("exported %s -> %s\n", ck, s->train.out);
+    printf("  model.safetensors  (%s; HF Mixtral names and shapes, F32)\n", linked ? "hard link" : "copy");
+    printf("  config.json        (MixtralConfig keys; ours under \"moe_c\")\n");
+    printf("load with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\", dtype=torch.float32)\n", s->train.out);
+    return 0;
+}
+
+// --init-from HF_DIR: the model config comes from HF_DIR/config.json. Model options given as flags or
+// in --config must agree with it, except the training-only router options, which may be changed.
+static const char *const INIT_OVERRIDABLE[] = {"aux-coef", "z-coef", "jitter", "dispatch", "capacity-factor",
+                                               "max-seq-len", "init-std"};
+
+static void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
+    switch (o->type) {
+    case O_FLOAT: snprintf(buf, n, "%g", *(const float *)p); break;
+    case O_DISPATCH: snprintf(buf, n, "%s", *(const DispatchMode *)p == DISPATCH_CAPACITY ? "capacity" : "dropless"); break;
+    default: snprintf(buf, n, "%d", *(const int *)p); break;
+    }
+}
+
+static void init_from_config(State *s, ModelConfig *c) {
+    const char *dir = s->cli.init_from;
+    if (s->cli.preset[0]) DIE("--init-from and --preset: the model config comes from %s/config.json", dir);
+    if (s->train.resume)
+        DIE("--init-from and --resume: --init-from starts a run (saving the imported weights as its step 0); "
+            "to continue that run pass --resume alone");
+    if (!hf_is_model_dir(dir))
+        DIE("--init-from: '%s' is not a Hugging Face model directory (config.json plus model.safetensors or "
+            "model.safetensors.index.json; our own checkpoints continue with --resume)", dir);
+    hf_load_config(dir, c);
+    for (int i = 0; i < N_OPTS; i++) {
+        const Opt *o = &opts[i];
+        if (o->where != W_MODEL || !s->set[i]) continue;
+        int over = 0;
+        for (size_t k = 0; k < sizeof INIT_OVERRIDABLE / sizeof *INIT_OVERRIDABLE; k++)
+            over |= !strcmp(o->name, INIT_OVERRIDABLE[k]);
+        const void *mine = (const char *)&s->model + o->off;
+        void *theirs = (char *)c + o->off;
+        if (over) { memcpy(theirs, mine, o->size); continue; }
+        if (memcmp(mine, theirs, o->size) != 0) {
+            char a[64], b[64];
+            fmt_opt(a, sizeof a, o, mine);
+            fmt_opt(b, sizeof b, o, theirs);
+            DIE("--init-from %s: --%s %s contradicts its config.json (%s); drop the flag (only %s may be changed)",
+                dir, o->name, a, b, "--aux-coef, --z-coef, --jitter, --dispatch, --capacity-factor, --max-seq-len");
+        }
+    }
+    const char *bad = config_validate(c);
+    if (bad) DIE("--init-from %s: invalid model config: %s", dir, bad);
+}
+
+// Rank 0 writes the imported weights as step 0 of the run in --out (zero AdamW moments); every
+// rank then continues that run as a resume from step 0, which is exactly a fresh start from them.
+static void init_from_prepare(State *s, const Comm *world) {
+    ModelConfig c;
+    init_from_config(s, &c);
+    TrainOptions *o = &s->train;
+    const char *bad = train_options_validate(o, &c);
+    if (bad) DIE("%s", bad);
+    // the data first: a bad data file fails before the run directory is touched
+    Dataset ds;
+    data_open(&ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
+    if (ds.max_token >= c.vocab_size)
+        DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", s->cli.init_from, ds.source,
+            ds.max_token, c.vocab_size);
+    data_close(&ds);
+    if (!world || world->rank == 0) {
+        char p[2048];
+        DIR *d = opendir(o->out);
+        int held = 0;
+        snprintf(p, sizeof p, "%s/metrics.jsonl", o->out);
+        held = file_exists(p);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (strncmp(e->d_name, "step_", 5) != 0) continue;
+            if (!o->force)
+                DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
+                    "deletes it)", o->out, e->d_name);
+            snprintf(p, sizeof p, "%s/%s", o->out, e->d_name);
+            if (rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
+        }
+        if (d) closedir(d);
+        if (held && !o->force)
+            DIE("'%s' already holds a training run (metrics.jsonl); pass --force to start over from --init-from "
+                "(which deletes it)", o->out);
+        const char *files[] = {"metrics.jsonl", "loss.png", "expert_load.png"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "%s/%s", o->out, files[i]);
+            remove(p);
+        }
+        mkdir_p(o->out);
+        ParamTable t;
+        params_build(&t, &c);
+        float *w = xmalloc(t.total * sizeof(float)), *zero = xcalloc(t.total, sizeof(float));
+        hf_load_params(s->cli.init_from, &t, w);
+        TrainState st;
+        memset(&st, 0, sizeof st);
+        st.seed = o->seed;
+        st.total_steps = o->steps;
+        ckpt_path(p, sizeof p, o->out, 0);
+        ckpt_save(p, &c, &t, w, zero, zero, &st);
+        free(w);
+        free(zero);
+        params_free(&t);
+        printf("initialised from %s: its weights are step 0 of this run (%s)\n", s->cli.init_from, p);
+    }
+    comm_barrier(world);
+    s->model = c;
+    o->resume = 1;
+    o->force = 0;
+    s->model_explicit = 0;
 }
 
 static int cmd_info(State *s) {
@@ -351,8 +537,8 @@ static int cmd_info(State *s) {
     if (s->cli.ckpt[0]) {
         char ck[2048];
         resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
-        ckpt_load_config(ck, &c);
-        printf("checkpoint: %s\n", ck);
+        load_config_any(ck, &c);
+        printf("%s: %s\n", hf_is_model_dir(ck) ? "Hugging Face model" : "checkpoint", ck);
     }
     const char *bad = config_validate(&c);
     if (bad) DIE("invalid model config: %s", bad);
@@ -392,6 +578,13 @@ static int cmd_info(State *s) {
     printf("memory (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n", b1, B, T, b2,
            b3);
     params_free(&t);
+    if (s->cli.world > 0 || s->train.tp > 1 || s->train.ep > 1 || s->train.etp > 1) {
+        MeshShape ms = {s->cli.world > 0 ? s->cli.world : s->train.tp * s->train.ep * s->train.etp, s->train.tp, 0,
+                        s->train.pp, s->train.ep, s->train.etp, 0};
+        bad = mesh_shape_resolve(&ms, &c);
+        if (bad) DIE("impossible mesh: %s", bad);
+        mesh_print(&ms, stdout);
+    }
     return 0;
 }
 
@@ -401,18 +594,23 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     int cmd = !strcmp(argv[1], "train") ? C_TRAIN : !strcmp(argv[1], "sample") ? C_SAMPLE
-            : !strcmp(argv[1], "eval") ? C_EVAL : !strcmp(argv[1], "info") ? C_INFO : 0;
-    if (!cmd) { fprintf(stderr, "moe: error: unknown command '%s' (train, sample, eval, info)\n", argv[1]); return 2; }
+            : !strcmp(argv[1], "eval") ? C_EVAL : !strcmp(argv[1], "info") ? C_INFO
+            : !strcmp(argv[1], "export") ? C_EXPORT : 0;
+    if (!cmd) {
+        fprintf(stderr, "moe: error: unknown command '%s' (train, sample, eval, info, export)\n", argv[1]);
+        return 2;
+    }
     static State s;
     config_preset(&s.model, "tiny");
     train_options_default(&s.train);
     s.cli.tokens = 200;
     s.cli.temperature = 0.8f;
     parse(&s, cmd, argc - 2, argv + 2);
-    switch (cmd) {
-    case C_TRAIN: return train_run(&s.model, &s.train, s.model_explicit);
-    case C_SAMPLE: return cmd_sample(&s);
-    case C_EVAL: return cmd_eval(&s);
-    default: return cmd_info(&s);
-    }
+    if (cmd == C_EXPORT) return cmd_export(&s);
+    if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
+    Comm *world = comm_world_init(&argc, &argv);
+    if (s.cli.init_from[0]) init_from_prepare(&s, world);
+    int rc = train_run(&s.model, &s.train, s.model_explicit, world);
+    comm_world_finalize();
+    return rc;
 }

@@ -8,15 +8,22 @@
 #include <time.h>
 #include <unistd.h>
 
+static void (*die_hook)(void);
+static int die_rank = -1;
+void moe_set_die_hook(void (*hook)(void), int rank) { die_hook = hook; die_rank = rank; }
+
 void moe_die(const char *file, int line, const char *fmt, ...) {
     fflush(stdout);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "moe: error: ");
+    if (die_rank >= 0) fprintf(stderr, "moe: error: [rank %d] ", die_rank);
+    else fprintf(stderr, "moe: error: ");
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     if (getenv("MOE_DEBUG")) fprintf(stderr, " [%s:%d]", file, line);
     fprintf(stderr, "\n");
+    fflush(stderr);
+    if (die_hook) die_hook();
     exit(1);
 }
 

@@ -11,6 +11,9 @@ void moe_die(const char *file, int line, const char *fmt, ...) __attribute__((no
 #define DIE(...) moe_die(__FILE__, __LINE__, __VA_ARGS__)
 #define CHECK(cond, ...) do { if (!(cond)) DIE(__VA_ARGS__); } while (0)
 
+// Called by DIE after printing (e.g. MPI_Abort so every rank ends); rank >= 0 tags messages.
+void moe_set_die_hook(void (*hook)(void), int rank);
+
 void *xmalloc(size_t n);              // dies naming the byte count on failure
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);

@@ -10,29 +10,39 @@
 static float *P(const Model *m, float *base, ParamRole role, int layer, int expert) {
     int i = params_index(&m->t, role, layer, expert);
     CHECK(i >= 0, "parameter role %d layer %d expert %d missing from the table", (int)role, layer, expert);
-    return base + m->t.p[i].offset;
+    return base + m->t.p[i].loffset;
 }
 
 static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
     w->router = P(m, base, PR_ROUTER, l, -1);
-    w->w1 = P(m, base, PR_W1, l, 0);
-    w->w3 = P(m, base, PR_W3, l, 0);
-    w->w2 = P(m, base, PR_W2, l, 0);
+    w->w1 = P(m, base, PR_W1, l, m->e0);
+    w->w3 = P(m, base, PR_W3, l, m->e0);
+    w->w2 = P(m, base, PR_W2, l, m->e0);
 }
 
-void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT) {
+static int gsize(const Comm *c) { return c ? c->size : 1; }
+static int grank(const Comm *c) { return c ? c->rank : 0; }
+
+void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT, const ModelMesh *mesh) {
     memset(m, 0, sizeof *m);
     const char *bad = config_validate(c);
     if (bad) DIE("invalid model config: %s", bad);
     CHECK(maxT <= c->max_seq_len, "sequence length %d exceeds the model's max_seq_len %d", maxT, c->max_seq_len);
     m->c = *c;
     m->be = be;
-    params_build(&m->t, c);
+    if (mesh) m->mesh = *mesh;
+    else m->mesh.sl = (ParamSlicing){1, 0, 1, 0, 1, 0};
+    const ParamSlicing *sl = &m->mesh.sl;
+    params_build_local(&m->t, c, sl);
+    m->Hl = c->n_heads / sl->tp;
+    m->KVl = c->n_kv_heads / sl->tp;
+    m->El = c->n_experts / sl->ep;
+    m->e0 = sl->ep_rank * m->El;
     m->maxB = maxB; m->maxT = maxT; m->maxN = maxB * maxT;
-    size_t N = m->maxN, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim,
-           kvd = (size_t)c->n_kv_heads * c->head_dim, V = c->vocab_size;
-    m->params = be->alloc(m->t.total * F);
-    m->grads = be->alloc(m->t.total * F);
+    size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim,
+           kvd = (size_t)m->KVl * c->head_dim, V = c->vocab_size;
+    m->params = be->alloc(m->t.ltotal * F);
+    m->grads = be->alloc(m->t.ltotal * F);
     m->la = xcalloc(c->n_layers, sizeof *m->la);
     for (int l = 0; l < c->n_layers; l++) {
         LayerActs *a = &m->la[l];
@@ -43,12 +53,13 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
         a->k = be->alloc(N * kvd * F);
         a->v = be->alloc(N * kvd * F);
         a->att = be->alloc(N * qd * F);
-        a->lse = be->alloc((size_t)maxB * c->n_heads * maxT * F);
+        a->lse = be->alloc((size_t)maxB * m->Hl * maxT * F);
         a->x_mid = be->alloc(N * d * F);
         a->xn2 = be->alloc(N * d * F);
         a->rstd2 = be->alloc(N * F);
         a->moe_out = be->alloc(N * d * F);
-        moe_layer_init(&a->moe, be, c, m->maxN);
+        MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage};
+        moe_layer_init(&a->moe, be, c, m->maxN, &cm);
     }
     m->res_final = be->alloc(N * d * F);
     m->xn_f = be->alloc(N * d * F);
@@ -80,7 +91,7 @@ void model_free(Model *m) {
     void *bufs[] = {m->params, m->grads, m->res_final, m->xn_f, m->rstd_f, m->logits, m->losses, m->tokens,
                     m->targets, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-    moe_scratch_free(&m->ms, be);
+    moe_scratch_free(&m->ms);
     free(m->expert_counts);
     params_free(&m->t);
     memset(m, 0, sizeof *m);
@@ -92,13 +103,12 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     const ModelConfig *c = &m->c;
     CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d",
           B, T, m->maxB, m->maxT);
-    int N = B * T, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim, V = c->vocab_size;
+    int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, V = c->vocab_size;
     int qd = H * hd, kvd = KV * hd, E = c->n_experts;
     m->B = B; m->T = T;
     for (int i = 0; i < N; i++)
         CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
     be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
-    int capacity = c->dispatch == DISPATCH_CAPACITY ? capacity_for(c, N) : -1;
     float *x = m->la[0].res_in;
     be->embedding_fwd(x, m->tokens, P(m, m->params, PR_EMBED, -1, -1), N, d);
     m->aux = m->z = 0;
@@ -113,19 +123,21 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
         be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
         be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd);
-        be->copy(a->x_mid, a->res_in, (size_t)N * d * F);
-        be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 1);
+        // row-parallel o_proj: partial sums over the TP ranks' heads
+        be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 0);
+        if (gsize(m->mesh.tp) > 1) comm_allreduce(m->mesh.tp, a->x_mid, (size_t)N * d, CT_F32);
+        be->axpy(a->x_mid, a->res_in, 1.0f, (size_t)N * d);
         be->rmsnorm_fwd(a->xn2, a->rstd2, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1), N, d, c->norm_eps);
         MoeWeights w;
         layer_weights(m, m->params, l, &w);
-        moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, capacity,
-                    noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0);
+        moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0,
+                    (int64_t)grank(m->mesh.dp) * N);
         be->copy(out, a->x_mid, (size_t)N * d * F);
         be->axpy(out, a->moe_out, 1.0f, (size_t)N * d);
         m->aux += a->moe.aux / c->n_layers;
         m->z += a->moe.z / c->n_layers;
-        m->dropped += a->moe.plan.dropped;
-        memcpy(m->expert_counts + (size_t)l * E, a->moe.plan.counts, sizeof(int64_t) * E);
+        m->dropped += a->moe.dropped;
+        memcpy(m->expert_counts + (size_t)l * E, a->moe.counts, sizeof(int64_t) * E);
     }
     be->rmsnorm_fwd(m->xn_f, m->rstd_f, m->res_final, P(m, m->params, PR_FINAL_NORM, -1, -1), N, d, c->norm_eps);
     be->matmul_fwd(m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, 0);
@@ -146,7 +158,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 void model_backward(Model *m, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
-    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = c->n_heads, KV = c->n_kv_heads, hd = c->head_dim;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim;
     int V = c->vocab_size, qd = H * hd, kvd = KV * hd, L = c->n_layers;
     float *g = m->grads;
     // LM head and final norm (m->logits holds dlogits)
@@ -163,9 +175,9 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         MoeGrads gw;
         layer_weights(m, m->params, l, &w);
         gw.router = P(m, g, PR_ROUTER, l, -1);
-        gw.w1 = P(m, g, PR_W1, l, 0);
-        gw.w3 = P(m, g, PR_W3, l, 0);
-        gw.w2 = P(m, g, PR_W2, l, 0);
+        gw.w1 = P(m, g, PR_W1, l, m->e0);
+        gw.w3 = P(m, g, PR_W3, l, m->e0);
+        gw.w2 = P(m, g, PR_W2, l, m->e0);
         be->zero(m->dxn, (size_t)N * d * F);
         moe_backward(&a->moe, &m->ms, m->dxn, m->dres, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_FFN_NORM, l, -1), m->dxn, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1),
@@ -183,6 +195,8 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         be->matmul_bwd(m->dxn, P(m, g, PR_WQ, l, -1), m->dq, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd);
         be->matmul_bwd(m->dxn, P(m, g, PR_WK, l, -1), m->dk, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd);
         be->matmul_bwd(m->dxn, P(m, g, PR_WV, l, -1), m->dv, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd);
+        // column-parallel q/k/v: each TP rank holds part of dxn1
+        if (gsize(m->mesh.tp) > 1) comm_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_ATTN_NORM, l, -1), m->dxn, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1),
                         a->rstd1, N, d);
     }

@@ -7,6 +7,14 @@
 #include "model/params.h"
 #include "moe/moe.h"
 #include "ops/ops.h"
+#include "parallel/comm.h"
+
+// The mesh as the model sees it (NULL groups = size 1). Each DP rank runs B of the global
+// micro-batch's sequences; TP splits attention heads; EP/ETP split experts (see moe.h).
+typedef struct {
+    const Comm *tp, *dp, *ep, *etp, *edp, *stage;
+    ParamSlicing sl;
+} ModelMesh;
 
 typedef struct {
     float *res_in;                 // (N,d) layer input (residual stream)
@@ -21,7 +29,9 @@ typedef struct {
 
 typedef struct {
     ModelConfig c;
-    ParamTable t;
+    ModelMesh mesh;
+    int Hl, KVl, El, e0;           // local heads, kv heads, experts, first local expert
+    ParamTable t;                  // local slices (t.ltotal elements per flat buffer)
     const Backend *be;
     float *params, *grads;         // flat, t.total elements each (backend memory)
     int maxB, maxT, maxN;
@@ -35,19 +45,20 @@ typedef struct {
     MoeScratch ms;
     // results of the last forward
     int B, T;
-    double aux, z;                 // mean over layers of the per-layer router losses
-    int64_t *expert_counts;        // (L,E) assignments per expert (before capacity drops)
-    int64_t dropped;               // assignments dropped by capacity, all layers
+    double aux, z;                 // mean over layers of the per-layer router losses (global)
+    int64_t *expert_counts;        // (L,E) assignments per expert before capacity drops (global)
+    int64_t dropped;               // assignments dropped by capacity, all layers (global)
 } Model;
 
-// Allocates parameters, gradients and activations for micro-batches up to maxB x maxT.
-void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT);
+// Allocates parameters, gradients and activations for micro-batches up to maxB x maxT (per DP
+// rank). mesh may be NULL (one process).
+void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT, const ModelMesh *mesh);
 void model_free(Model *m);
 
 // Forward over tokens (B,T) (host). targets (host) may be NULL: logits only.
 // dloss != 0 (training): m->logits is overwritten with dlogits for a loss scaled by dloss per token,
 // ready for model_backward. noise_seed != 0 enables router jitter. Returns the mean cross-entropy
-// (0 when targets is NULL).
+// of this rank's tokens (0 when targets is NULL).
 double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float dloss,
                      uint64_t noise_seed);
 // Accumulates into m->grads the gradient of  dloss * sum_t ce_t + aux_scale * aux + z_scale * z

@@ -7,6 +7,8 @@
 #include "core/common.h"
 #include "core/rng.h"
 
+static void params_build_tensors(ParamTable *t, const ModelConfig *c);
+
 static void add(ParamTable *t, int *cap, const char *name, int64_t r, int64_t c, ParamRole role,
                 int layer, int expert, TpSplit split) {
     if (t->n == *cap) { *cap = *cap ? 2 * *cap : 64; t->p = xrealloc(t->p, (size_t)*cap * sizeof *t->p); }
@@ -27,8 +29,91 @@ static void add(ParamTable *t, int *cap, const char *name, int64_t r, int64_t c,
     t->total += s->numel;
 }
 
+// Local slice of tensor s under slicing sl.
+static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl) {
+    s->lshape[0] = s->shape[0];
+    s->lshape[1] = s->shape[1];
+    s->split_dim = -1;
+    s->split_start = 0;
+    int held = 1, parts = 1, part = 0, dim = -1;
+    switch (s->role) {
+    case PR_WQ: case PR_WK: case PR_WV: parts = sl->tp; part = sl->tp_rank; dim = 0; break;
+    case PR_WO: parts = sl->tp; part = sl->tp_rank; dim = 1; break;
+    case PR_W1: case PR_W3: case PR_W2: {
+        int El = c->n_experts / sl->ep;
+        held = s->expert / El == sl->ep_rank;
+        parts = sl->etp; part = sl->etp_rank; dim = s->role == PR_W2 ? 1 : 0;
+        break;
+    }
+    default: break;
+    }
+    if (!held) { s->lshape[0] = s->lshape[1] = 0; s->lnumel = 0; return; }
+    if (parts > 1) {
+        int64_t len = s->shape[dim] / parts;
+        s->lshape[dim] = len;
+        s->split_dim = dim;
+        s->split_start = part * len;
+    }
+    s->lnumel = (size_t)s->lshape[0] * (size_t)(s->ndim == 2 ? s->lshape[1] : 1);
+}
+
+void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
+    params_build(t, c);
+    ParamSlicing one = {1, 0, 1, 0, 1, 0};
+    if (!sl) sl = &one;
+    t->ltotal = 0;
+    for (int i = 0; i < t->n; i++) {
+        localize(&t->p[i], c, sl);
+        t->p[i].loffset = t->ltotal;
+        t->ltotal += t->p[i].lnumel;
+    }
+}
+
+// Walk the local slice of s as (rows of contiguous runs): calls fn(full_index, local_index, run).
+static void slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, void *), void *ctx) {
+    if (!s->lnumel) return;
+    if (s->split_dim != 1) {   // whole tensor or a block of rows: one contiguous run
+        size_t start = s->split_dim == 0 ? (size_t)s->split_start * (s->ndim == 2 ? (size_t)s->shape[1] : 1) : 0;
+        fn(s->offset + start, s->loffset, s->lnumel, ctx);
+        return;
+    }
+    for (int64_t r = 0; r < s->lshape[0]; r++)
+        fn(s->offset + (size_t)r * s->shape[1] + s->split_start, s->loffset + (size_t)r * s->lshape[1],
+           (size_t)s->lshape[1], ctx);
+}
+typedef struct { const float *src; float *dst; int add; } CopyCtx;
+static void run_f2l(size_t f, size_t l, size_t n, void *p) {
+    CopyCtx *c = p;
+    memcpy(c->dst + l, c->src + f, n * sizeof(float));
+}
+static void run_l2f(size_t f, size_t l, size_t n, void *p) {
+    CopyCtx *c = p;
+    for (size_t i = 0; i < n; i++) c->dst[f + i] += c->src[l + i];
+}
+void params_full_to_local(const ParamTable *t, const float *full, float *local) {
+    CopyCtx c = {full, local, 0};
+    for (int i = 0; i < t->n; i++) slice_runs(&t->p[i], run_f2l, &c);
+}
+void params_local_to_full(const ParamTable *t, const float *local, float *full) {
+    CopyCtx c = {local, full, 1};
+    for (int i = 0; i < t->n; i++) slice_runs(&t->p[i], run_l2f, &c);
+}
+
 void params_build(ParamTable *t, const ModelConfig *c) {
     memset(t, 0, sizeof *t);
+    params_build_tensors(t, c);
+    for (int i = 0; i < t->n; i++) {   // one process: the local slice is the whole tensor
+        ParamSpec *s = &t->p[i];
+        s->lshape[0] = s->shape[0];
+        s->lshape[1] = s->shape[1];
+        s->lnumel = s->numel;
+        s->loffset = s->offset;
+        s->split_dim = -1;
+    }
+    t->ltotal = t->total;
+}
+
+static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
     int cap = 0;
     int64_t V = c->vocab_size, d = c->d_model, qd = (int64_t)c->n_heads * c->head_dim,
             kvd = (int64_t)c->n_kv_heads * c->head_dim, f = c->d_ff, E = c->n_experts;
@@ -43,6 +128,7 @@ void params_build(ParamTable *t, const ModelConfig *c) {
         add(t, &cap, NM("model.layers.%d.self_attn.o_proj.weight", l), d, qd, PR_WO, l, -1, SPLIT_ROW);
         add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1, SPLIT_REPL);
         add(t, &cap, NM("model.layers.%d.block_sparse_moe.gate.weight", l), E, d, PR_ROUTER, l, -1, SPLIT_REPL);
+        t->p[t->n - 1].reduce = RED_STAGE;
         for (int e = 0; e < E; e++)
             add(t, &cap, NM("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e), f, d, PR_W1, l, e, SPLIT_COL);
         for (int e = 0; e < E; e++)
@@ -70,17 +156,30 @@ int params_index(const ParamTable *t, ParamRole role, int layer, int expert) {
     return -1;
 }
 
-void params_init(const ParamTable *t, const ModelConfig *c, float *flat, uint64_t seed) {
+void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64_t seed) {
     // Each tensor draws from its own stream (seed, tensor index) so init does not depend on
-    // which other tensors exist or on the order they are filled.
+    // which other tensors exist, on the order they are filled, or on the mesh: the full tensor
+    // is generated and this rank's slice copied out of it.
     float out_scale = 1.0f / sqrtf(2.0f * c->n_layers);
+    float *full = NULL;
+    size_t cap = 0;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
-        float *p = flat + s->offset;
-        if (s->ndim == 1) { for (size_t j = 0; j < s->numel; j++) p[j] = 1.0f; continue; }
-        Rng r;
-        rng_seed(&r, seed * 0x100000001B3ull + (uint64_t)i + 1);
-        float std = c->init_std * ((s->role == PR_WO || s->role == PR_W2) ? out_scale : 1.0f);
-        for (size_t j = 0; j < s->numel; j++) p[j] = std * rng_normal(&r);
+        if (!s->lnumel) continue;
+        if (s->numel > cap) { cap = s->numel; full = xrealloc(full, cap * sizeof(float)); }
+        if (s->ndim == 1) {
+            for (size_t j = 0; j < s->numel; j++) full[j] = 1.0f;
+        } else {
+            Rng r;
+            rng_seed(&r, seed * 0x100000001B3ull + (uint64_t)i + 1);
+            float std = c->init_std * ((s->role == PR_WO || s->role == PR_W2) ? out_scale : 1.0f);
+            for (size_t j = 0; j < s->numel; j++) full[j] = std * rng_normal(&r);
+        }
+        ParamSpec one = *s;          // the tensor alone, as if it were the whole buffer
+        one.offset = 0;
+        ParamTable tt = {&one, 1, s->numel, s->lnumel};
+        one.loffset = 0;
+        params_full_to_local(&tt, full, local + s->loffset);
     }
+    free(full);
 }

@@ -11,15 +11,23 @@ typedef enum {
     PR_W1, PR_W3, PR_W2, PR_FINAL_NORM, PR_LM_HEAD
 } ParamRole;
 
-typedef enum { RED_DP = 0, RED_EDP = 1 } ReduceGroup;        // dense params: DP; expert params: EDP
+// Gradient reduction group: dense tensors over DP (their TP shards stay distinct); the router over
+// the whole stage (TP ranks route different token slices); experts over EDP (their replicas).
+typedef enum { RED_DP = 0, RED_EDP = 1, RED_STAGE = 2 } ReduceGroup;
 typedef enum { SPLIT_REPL = 0, SPLIT_COL, SPLIT_ROW, SPLIT_VOCAB } TpSplit;  // how TP splits a dense tensor
 
 typedef struct {
     char name[96];        // HF name, e.g. model.layers.3.block_sparse_moe.experts.5.w1.weight
     int ndim;
     int64_t shape[2];     // full logical shape (row-major; Linear weights are (out, in))
-    size_t numel;
-    size_t offset;        // element offset into the flat buffer
+    size_t numel;         // full logical element count
+    size_t offset;        // element offset of the full tensor in a full flat buffer
+    // this rank's slice (equal to the full tensor in one process)
+    int64_t lshape[2];    // local shape; lnumel 0 when this rank does not hold the tensor
+    size_t lnumel;
+    size_t loffset;       // element offset into this rank's flat buffer
+    int split_dim;        // -1: whole tensor; 0: a block of rows; 1: a block of columns
+    int64_t split_start;  // first row/column of the block
     ParamRole role;
     int layer;            // -1 for embed / final norm / lm_head
     int expert;           // -1 unless an expert tensor
@@ -31,16 +39,29 @@ typedef struct {
 typedef struct {
     ParamSpec *p;
     int n;
-    size_t total;         // elements in the flat buffer
+    size_t total;         // elements of the full model (a full flat buffer)
+    size_t ltotal;        // elements of this rank's flat buffer
 } ParamTable;
+
+// The slicing of a mesh, as the table needs it (from parallel/mesh.h's MeshShape/MeshCoord).
+typedef struct { int tp, tp_rank, ep, ep_rank, etp, etp_rank; } ParamSlicing;
 
 // Order: embed; per layer: attn_norm, q, k, v, o, ffn_norm, router, w1[0..E), w3[0..E), w2[0..E);
 // final norm; lm_head. So each layer's expert w1 block is one contiguous (E, f, d) array.
 void params_build(ParamTable *t, const ModelConfig *c);
+// The same table with local slices: q/k/v rows and o columns split over TP (whole heads), each EP
+// rank holds experts [ep_rank*E/EP, +E/EP), each ETP rank rows of w1/w3 and columns of w2 (along
+// f). Embeddings, norms and the router are replicated. sl == NULL: one process.
+void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl);
+// Copy between a full flat buffer and this rank's local buffer.
+void params_full_to_local(const ParamTable *t, const float *full, float *local);
+// Adds this rank's slices into full (which the caller zeroed); replicas must then be counted once.
+void params_local_to_full(const ParamTable *t, const float *local, float *full);
 void params_free(ParamTable *t);
 int params_find(const ParamTable *t, const char *name);  // index or -1
 // Index of a role in a layer (expert = -1 for non-expert roles).
 int params_index(const ParamTable *t, ParamRole role, int layer, int expert);
 
-// Deterministic init from seed: norms = 1, linears ~ N(0, init_std), o_proj/w2 scaled by 1/sqrt(2L).
-void params_init(const ParamTable *t, const ModelConfig *c, float *flat, uint64_t seed);
+// Deterministic init from seed into this rank's local buffer: norms = 1, linears ~ N(0, init_std),
+// o_proj/w2 scaled by 1/sqrt(2L). A slice gets exactly the values of the full tensor.
+void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64_t seed);

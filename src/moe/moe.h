@@ -1,14 +1,24 @@
-// moe.h — one MoE FFN layer on a Backend: optional jitter, router, top-k, dispatch plan
-// (capacity or dropless), permute, grouped SwiGLU experts, weighted combine; and its backward.
-// Must not hold: attention, the residual stream, or any parallel communication (yet).
+// moe.h — one MoE FFN layer on a Backend and a mesh: optional jitter, router, top-k, dispatch plan
+// (capacity or dropless, with global drop decisions), token exchange to the expert owners (EP, ETP),
+// grouped SwiGLU experts, weighted combine; and its backward.
+// The input x (N,d) is the same on every TP rank; each TP rank routes its own slice of the N rows,
+// so the stage group (TP x DP ranks) covers each token of the micro-batch exactly once, and the
+// output is all-gathered over TP. Router statistics (aux, z, capacity) are global over the stage.
+// Must not hold: attention or the residual stream.
 #pragma once
 #include <stdint.h>
 #include "model/config.h"
+#include "moe/exchange.h"
 #include "moe/router.h"
 #include "ops/ops.h"
+#include "parallel/comm.h"
 
 typedef struct {
-    // expert weights are (E, f, d) blocks for w1 and w3 and an (E, d, f) block for w2
+    const Comm *tp, *ep, *etp, *stage;   // NULL = a group of one
+} MoeComms;
+
+typedef struct {
+    // local blocks: w1 and w3 (El, fl, d), w2 (El, d, fl); El = E/EP experts, fl = f/ETP
     const float *router;   // (E, d)
     const float *w1, *w3, *w2;
 } MoeWeights;
@@ -17,37 +27,50 @@ typedef struct { float *router, *w1, *w3, *w2; } MoeGrads;
 // Saved state of one layer's forward (one per layer: backward needs it).
 typedef struct {
     const Backend *be;
-    int maxN, d, f, E, k;
-    int N;                         // tokens of the last forward
-    // host
-    float *logits_h, *probs_h, *lse_h, *w_h, *rowscale_h;   // (N,E) (N,E) (N) (N,k) (N*k)
-    int32_t *idx_h;                // (N,k)
-    DispatchPlan plan;
-    double aux, z;                 // this layer's losses from the last forward
-    // device
-    float *noise;                  // (N,d) jitter factors, or NULL when jitter is off
-    float *xj;                     // (N,d) jittered input (== input when no jitter; then NULL)
-    float *logits;                 // (N,E)
-    float *xs, *h1, *h3, *act, *ys;  // (N*k,d) (N*k,f) x3 (N*k,d): permuted rows
-    float *rowscale;               // (N*k) combine weight of each row
-    int32_t *rowtok;               // (N*k) token of each row
+    MoeComms cm;
+    int maxN, d, fl, E, El, k;
+    int N, s0, Ns;                 // tokens of the last forward, my slice [s0, s0+Ns)
+    // router side (host)
+    float *logits_h, *probs_h, *lse_h, *w_h, *rowscale_h;   // (Ns,E) (Ns,E) (Ns) (Ns,k) (Ns*k)
+    int32_t *idx_h;                // (Ns,k)
+    DispatchPlan plan;             // over my slice
+    int64_t *cnt_all;              // (S, k, E) + S token counts: every stage rank's slot counts
+    int64_t *counts;               // (E) global assignments per expert (before drops)
+    int64_t Ng;                    // global tokens of the micro-batch (over the stage)
+    int64_t dropped;               // global dropped assignments
+    double aux, z;                 // this layer's global losses
+    // router side (device)
+    float *noise, *xj;             // (Ns,d) jitter factors and jittered input (NULL without jitter)
+    float *logits;                 // (Ns,E)
+    float *xs, *ys;                // (Ns*k,d) my kept rows, and their expert outputs back
+    float *rowscale;               // (Ns*k) combine weight of each row
+    int32_t *rowtok;               // (Ns*k) token (in my slice) of each row
+    float *yslice;                 // (Ns,d) my slice of the output (TP > 1)
+    // expert side (device, grown to the rows received)
+    Exchange x;
+    float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d)
+    size_t cap_d, cap_f;
 } MoeLayer;
 
 // Scratch shared by all layers' backward passes.
 typedef struct {
-    float *dys, *dact, *dh1, *dh3, *dxs, *dxj, *dlogits, *rowdot;   // device
-    float *dw_h, *dlogits_h, *rowdot_h;                              // host
+    const Backend *be;
+    float *dys, *dxs, *dxj, *dlogits, *rowdot, *dxfull;   // device, token side
+    float *dyg, *dact, *dh1, *dh3, *dxg;                   // device, expert side (grown)
+    size_t cap_d, cap_f;
+    float *dw_h, *dlogits_h, *rowdot_h;                    // host
 } MoeScratch;
 
-void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN);
+void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);
 void moe_layer_free(MoeLayer *m);
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN);
-void moe_scratch_free(MoeScratch *s, const Backend *be);
+void moe_scratch_free(MoeScratch *s);
 
-// y (N,d) = MoE(x). capacity < 0: dropless. noise_seed != 0 and c->jitter > 0: apply jitter.
+// y (N,d) = MoE(x). noise_seed != 0 and c->jitter > 0: jitter, drawn per token from
+// (noise_seed, row0 + row) so it does not depend on the mesh (row0: global index of x's row 0).
 void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
-                 int capacity, uint64_t noise_seed);
-// dx (N,d) += d/dx; grads += d/dweights. The loss this differentiates is
-// <dy, y> + aux_scale * aux + z_scale * z of the last forward.
+                 uint64_t noise_seed, int64_t row0);
+// dx (N,d) += d/dx; grads += d/dweights (local shards; the router's is this rank's share). The loss
+// this differentiates is <dy, y> + aux_scale * aux + z_scale * z of the last forward.
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale);

@@ -30,6 +30,16 @@ void plan_alloc(DispatchPlan *p, int N, int E, int k);
 void plan_free(DispatchPlan *p);
 // capacity < 0: dropless.
 void plan_build(DispatchPlan *p, const int32_t *idx, int N, int E, int k, int capacity);
+// General form: budget (k, E) = how many of this process's slot-j assignments to expert e are kept
+// (the first ones in token order); NULL = keep all. plan_build computes it for one process;
+// a mesh computes it from every rank's counts (router_budget) so drops match one process.
+void plan_build_budget(DispatchPlan *p, const int32_t *idx, int N, int E, int k, const int64_t *budget);
+// cnt (k, E): this process's slot-j assignments to expert e.
+void router_slot_counts(const int32_t *idx, int N, int E, int k, int64_t *cnt);
+// all (S, k, E): every rank's slot counts in global token order (rank s holds earlier tokens than
+// s+1). For rank `me`: budget[j][e] = clamp(capacity - (all slot<j assignments to e)
+// - (slot-j assignments to e on ranks before me), 0, mine).
+void router_budget(const int64_t *all, int S, int me, int E, int k, int64_t capacity, int64_t *budget);
 
 // Losses of one layer over the N tokens: aux = E * sum_i (counts_i / N) * mean_t probs[t,i]
 // (so balanced routing gives k, as in HF Mixtral), z = mean_t lse_t^2.
@@ -41,3 +51,9 @@ void router_losses(const float *probs, const float *lse, const int64_t *counts, 
 void router_backward(float *dlogits, const float *dw, const float *probs, const float *lse,
                      const int32_t *idx, const float *w, const int64_t *counts, int N, int E, int k,
                      int renorm, float aux_scale, float z_scale);
+// General form: aux_dp (E) = d(aux term)/d probs[t,e] (the same for every token), and the z term
+// contributes z_dl * lse_t * probs[t,e] to dlogits[t,e]. router_backward computes both for one
+// process; a mesh uses global counts and the global token count.
+void router_backward_ex(float *dlogits, const float *dw, const float *probs, const float *lse,
+                        const int32_t *idx, const float *w, int N, int E, int k, int renorm,
+                        const float *aux_dp, float z_dl);

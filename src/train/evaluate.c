@@ -4,10 +4,15 @@
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
+#include "train/checkpoint.h"
+#include <cjson/cJSON.h>
 
-void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r) {
+void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r, const Dist *dist) {
     memset(r, 0, sizeof *r);
-    int T = ds->T, N = B * T, L = m->c.n_layers, E = m->c.n_experts, k = m->c.top_k;
+    const Mesh *mesh = dist ? dist->mesh : NULL;
+    int DP = mesh ? mesh->s.dp : 1, dp_rank = mesh ? mesh->me.dp : 0;
+    int Bl = B / DP;
+    int T = ds->T, N = Bl * T, L = m->c.n_layers, E = m->c.n_experts, k = m->c.top_k;
     int32_t *x = xmalloc((size_t)N * 4), *y = xmalloc((size_t)N * 4);
     uint8_t *kinds = xmalloc((size_t)N);
     float *losses = xmalloc((size_t)N * sizeof(float));
@@ -15,23 +20,31 @@ void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds,
     if (r->n_kinds) r->kind_expert = xcalloc((size_t)r->n_kinds * L * E, sizeof(int64_t));
     double sum = 0;
     for (int b = 0; b < n_batches; b++) {
-        data_val_batch(ds, (uint64_t)b * B, B, x, y, kinds);
-        model_forward(m, x, y, B, T, 0, 0);
+        data_val_batch(ds, (uint64_t)b * B + (uint64_t)dp_rank * Bl, Bl, x, y, kinds);
+        model_forward(m, x, y, Bl, T, 0, 0);
         m->be->to_host(losses, m->losses, (size_t)N * sizeof(float));
         for (int i = 0; i < N; i++) {
             sum += losses[i];
-            if (r->n_kinds) {
-                int kd = kinds[i];
-                r->kind_loss[kd] += losses[i];
-                r->kind_tokens[kd]++;
-                // the expert choice at position i routes input token i, whose kind is that of
-                // the previous target; use the target's kind (same line except at line starts)
-                for (int l = 0; l < L; l++)
-                    for (int j = 0; j < k; j++)
-                        r->kind_expert[((size_t)kd * L + l) * E + m->la[l].moe.idx_h[(size_t)i * k + j]]++;
-            }
+            if (r->n_kinds) { r->kind_loss[kinds[i]] += losses[i]; r->kind_tokens[kinds[i]]++; }
+        }
+        // routing of the tokens of my MoE slice (the expert choice at position i routes input token
+        // i; it is counted under the kind of target i, the same line except at line starts)
+        for (int l = 0; r->n_kinds && l < L; l++) {
+            const MoeLayer *ml = &m->la[l].moe;
+            for (int i = 0; i < ml->Ns; i++)
+                for (int j = 0; j < k; j++)
+                    r->kind_expert[((size_t)kinds[ml->s0 + i] * L + l) * E + ml->idx_h[(size_t)i * k + j]]++;
         }
         r->tokens += N;
+    }
+    if (mesh) {
+        double v[2 + 2 * DATA_MAX_KINDS] = {sum, (double)r->tokens};
+        for (int kd = 0; kd < DATA_MAX_KINDS; kd++) { v[2 + kd] = r->kind_loss[kd]; v[2 + DATA_MAX_KINDS + kd] = (double)r->kind_tokens[kd]; }
+        comm_allreduce(mesh->dp, v, 2 + 2 * DATA_MAX_KINDS, CT_F64);
+        sum = v[0];
+        r->tokens = (int64_t)v[1];
+        for (int kd = 0; kd < DATA_MAX_KINDS; kd++) { r->kind_loss[kd] = v[2 + kd]; r->kind_tokens[kd] = (int64_t)v[2 + DATA_MAX_KINDS + kd]; }
+        if (r->n_kinds) comm_allreduce(mesh->stage, r->kind_expert, (size_t)r->n_kinds * L * E, CT_I64);
     }
     r->loss = r->tokens ? sum / r->tokens : 0;
     for (int kd = 0; kd < r->n_kinds; kd++)
@@ -99,4 +112,102 @@ void print_tokens(FILE *f, const int32_t *tok, int n, int vocab) {
         if (ch == '\n' || (ch >= 32 && ch < 127)) fputc(ch, f);
         else fprintf(f, "\\x%02x", ch);
     }
+}
+
+double eval_aux_hf(const Model *m) {
+    int L = m->c.n_layers, E = m->c.n_experts, k = m->c.top_k;
+    double *cnt = xcalloc((size_t)E, sizeof(double)), *P = xcalloc((size_t)E, sizeof(double));
+    double rows = 0;
+    for (int l = 0; l < L; l++) {
+        const MoeLayer *a = &m->la[l].moe;
+        CHECK(a->Ns == a->N, "eval_aux_hf: one process only (this rank routes %d of %d tokens)", a->Ns, a->N);
+        for (int t = 0; t < a->Ns; t++) {
+            for (int j = 0; j < k; j++) cnt[a->idx_h[(size_t)t * k + j]] += 1;
+            for (int e = 0; e < E; e++) P[e] += a->probs_h[(size_t)t * E + e];
+        }
+        rows += a->Ns;
+    }
+    double s = 0;
+    for (int e = 0; e < E; e++) s += (cnt[e] / rows) * (P[e] / rows);
+    free(cnt);
+    free(P);
+    return rows ? s * E : 0;
+}
+
+static void meta_num(cJSON *j, const char *key, double v) {
+    char b[40];
+    snprintf(b, sizeof b, "%.17g", v);
+    cJSON_DeleteItemFromObjectCaseSensitive(j, key);
+    cJSON_AddStringToObject(j, key, b);
+}
+
+void eval_dump(Model *m, const Dataset *ds, int B, const char *path, int grads, float aux_coef, float z_coef,
+               const char *extra_meta) {
+    const Backend *be = m->be;
+    int T = ds->T, N = B * T, V = m->c.vocab_size, E = m->c.n_experts, L = m->c.n_layers;
+    int32_t *x = xmalloc((size_t)N * 4), *y = xmalloc((size_t)N * 4);
+    data_val_batch(ds, 0, B, x, y, NULL);
+    float *tok = xmalloc((size_t)N * 2 * sizeof(float));
+    for (int i = 0; i < N; i++) { tok[i] = (float)x[i]; tok[N + i] = (float)y[i]; }
+    // forward: logits, per-token losses, router logits, aux and z
+    double loss = model_forward(m, x, y, B, T, 0, 0);
+    double aux = m->aux, aux_hf = eval_aux_hf(m), z = m->z;
+    float *logits = xmalloc((size_t)N * V * sizeof(float)), *losses = xmalloc((size_t)N * sizeof(float));
+    be->to_host(logits, m->logits, (size_t)N * V * sizeof(float));
+    be->to_host(losses, m->losses, (size_t)N * sizeof(float));
+    float *rl = xmalloc((size_t)L * N * E * sizeof(float));
+    for (int l = 0; l < L; l++) memcpy(rl + (size_t)l * N * E, m->la[l].moe.logits_h, (size_t)N * E * sizeof(float));
+    float sc[4] = {(float)loss, (float)aux, (float)aux_hf, (float)z};
+
+    int nt = 8 + L + (grads ? m->t.n : 0), n = 0;
+    StTensor *ts = xcalloc((size_t)nt, sizeof *ts);
+#define TENSOR(NAME, DATA, ND, S0, S1, S2) do { StTensor *q = &ts[n++]; snprintf(q->name, sizeof q->name, "%s", NAME); \
+        q->ndim = ND; q->shape[0] = S0; q->shape[1] = S1; q->shape[2] = S2; q->data = DATA; } while (0)
+    TENSOR("tokens", tok, 2, B, T, 0);
+    TENSOR("targets", tok + N, 2, B, T, 0);
+    TENSOR("logits", logits, 3, B, T, V);
+    TENSOR("losses", losses, 2, B, T, 0);
+    TENSOR("loss", sc, 1, 1, 0, 0);
+    TENSOR("aux_loss", sc + 1, 1, 1, 0, 0);
+    TENSOR("aux_loss_hf", sc + 2, 1, 1, 0, 0);
+    TENSOR("z_loss", sc + 3, 1, 1, 0, 0);
+    char nm[128];
+    for (int l = 0; l < L; l++) {
+        snprintf(nm, sizeof nm, "router_logits.%d", l);
+        TENSOR(nm, rl + (size_t)l * N * E, 2, N, E, 0);
+    }
+    float *g = NULL;
+    if (grads) {
+        be->zero(m->grads, m->t.ltotal * sizeof(float));
+        model_forward(m, x, y, B, T, 1.0f / (float)N, 0);
+        model_backward(m, aux_coef, z_coef);
+        g = xmalloc(m->t.ltotal * sizeof(float));
+        be->to_host(g, m->grads, m->t.ltotal * sizeof(float));
+        for (int i = 0; i < m->t.n; i++) {
+            const ParamSpec *s = &m->t.p[i];
+            CHECK(s->lnumel == s->numel, "eval_dump: gradients of a sliced model are not supported (%s)", s->name);
+            int k = snprintf(nm, sizeof nm, "grad.%s", s->name);
+            CHECK(k > 0 && (size_t)k < sizeof nm, "eval_dump: tensor name too long: %s", s->name);
+            TENSOR(nm, g + s->loffset, s->ndim, s->shape[0], s->ndim > 1 ? s->shape[1] : 0, 0);
+        }
+    }
+#undef TENSOR
+    cJSON *meta = extra_meta && extra_meta[0] ? cJSON_Parse(extra_meta) : cJSON_CreateObject();
+    CHECK(cJSON_IsObject(meta), "eval_dump: extra metadata is not a JSON object");
+    meta_num(meta, "loss", loss);
+    meta_num(meta, "aux_loss", aux);
+    meta_num(meta, "aux_loss_hf", aux_hf);
+    meta_num(meta, "z_loss", z);
+    meta_num(meta, "batch", B);
+    meta_num(meta, "seq_len", T);
+    if (grads) {
+        meta_num(meta, "grad_aux_coef", aux_coef);
+        meta_num(meta, "grad_z_coef", z_coef);
+        cJSON_AddStringToObject(meta, "grad_loss", "mean cross-entropy + grad_aux_coef * aux_loss + grad_z_coef * z_loss");
+    }
+    char *mj = cJSON_PrintUnformatted(meta);
+    cJSON_Delete(meta);
+    safetensors_write(path, ts, n, mj);
+    cJSON_free(mj);
+    free(ts); free(g); free(rl); free(logits); free(losses); free(tok); free(x); free(y);
 }

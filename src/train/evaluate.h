@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include "data/data.h"
 #include "model/model.h"
+#include "train/dist.h"
 
 typedef struct {
     double loss;                               // mean cross-entropy over evaluated target tokens
@@ -16,9 +17,10 @@ typedef struct {
     int64_t *kind_expert;                      // (kinds, L, E) assignments of tokens of each kind (may be NULL)
 } EvalResult;
 
-// Evaluates n_batches micro-batches of B sequences from the validation set (from index 0).
-// With want_kinds, fills the per-kind tables (kind_expert malloc'd; free with eval_result_free).
-void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r);
+// Evaluates n_batches micro-batches of B sequences (global; each DP rank takes its share) from the
+// validation set (from index 0). With want_kinds, fills the per-kind tables (kind_expert malloc'd;
+// free with eval_result_free). Results are global. dist may be NULL (one process).
+void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r, const Dist *dist);
 void eval_result_free(EvalResult *r);
 void eval_print(const EvalResult *r, const Dataset *ds, const ModelConfig *c);
 
@@ -27,3 +29,20 @@ void eval_print(const EvalResult *r, const Dataset *ds, const ModelConfig *c);
 void sample_tokens(Model *m, int32_t *ctx, int *len, int cap, int n, float temperature, uint64_t seed);
 // Prints tokens as text (vocab 256: bytes with escapes for non-printables; else ids).
 void print_tokens(FILE *f, const int32_t *tok, int n, int vocab);
+
+// HF Mixtral's load-balancing loss (transformers' load_balancing_loss_func) of the last forward:
+// the router outputs of ALL layers taken as one set of L*N rows,
+//   E * sum_e (assignments to e over all layers and slots / (L*N)) * (sum of p_e over those rows / (L*N)).
+// (Our per-layer form averages E * sum_e f_e P_e over layers instead.) One process only.
+double eval_aux_hf(const Model *m);
+
+// Writes a safetensors file (F32) describing the first validation batch (B sequences of ds->T), for
+// comparing with another implementation (moe eval --dump): tokens and targets (B,T), logits (B,T,V),
+// losses (B,T) per-token cross-entropy, router_logits.<layer> (B*T,E), and the scalars loss (mean
+// cross-entropy), aux_loss (m->aux: the model's aux form), aux_loss_hf (eval_aux_hf), z_loss. With
+// grads: grad.<tensor name> of every parameter after one backward (no jitter) of
+//   mean cross-entropy + aux_coef * aux_loss + z_coef * z_loss.
+// The scalars are also in the header metadata at full precision ("%.17g"), with the keys of
+// extra_meta (a JSON object of strings; may be NULL).
+void eval_dump(Model *m, const Dataset *ds, int B, const char *path, int grads, float aux_coef, float z_coef,
+               const char *extra_meta);

@@ -25,6 +25,7 @@ void train_options_default(TrainOptions *o) {
     o->keep = 2;
     o->sample_tokens = 200;
     o->plots = 1;
+    o->tp = o->ep = o->etp = o->pp = 1;
     snprintf(o->out, sizeof o->out, "runs/default");
 }
 

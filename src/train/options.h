@@ -24,6 +24,8 @@ typedef struct {
     int plots;              // write loss.png / expert_load.png
     int quiet;              // no per-step progress lines (metrics.jsonl still written)
     int resume, force;
+    // parallel layout (world size from the launcher; DP = world / (TP * PP))
+    int tp, ep, etp, pp;
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
 } TrainOptions;

@@ -11,7 +11,9 @@
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
+#include "train/dist.h"
 #include "train/plot.h"
+#include "parallel/mesh.h"
 
 static uint64_t noise_seed(uint64_t seed, int step, int micro) {
     uint64_t h = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 20) ^ (uint64_t)micro;
@@ -75,6 +77,26 @@ static void truncate_metrics(const char *path, int64_t last_step) {
     free(buf);
 }
 
+// Assemble the full model and moments from every rank's slices; rank 0 writes the checkpoint.
+static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m, const float *mom1,
+                 const float *mom2, const TrainState *st) {
+    ParamTable full;
+    params_build(&full, c);
+    float *buf = xmalloc(full.total * sizeof(float) * 3);
+    dist_gather_full(dist, &m->t, m->params, buf);
+    dist_gather_full(dist, &m->t, mom1, buf + full.total);
+    dist_gather_full(dist, &m->t, mom2, buf + 2 * full.total);
+    if (dist_rank0(dist)) {
+        char path[2048];
+        ckpt_path(path, sizeof path, o->out, st->step);
+        ckpt_save(path, c, &full, buf, buf + full.total, buf + 2 * full.total, st);
+        prune(o->out, o->keep);
+    }
+    if (dist->mesh) comm_barrier(dist->mesh->world);
+    free(buf);
+    params_free(&full);
+}
+
 static int config_equal(const ModelConfig *a, const ModelConfig *b) { return memcmp(a, b, sizeof *a) == 0; }
 
 static void fmt_eta(char *buf, size_t n, double s) {
@@ -83,12 +105,25 @@ static void fmt_eta(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit) {
+// The mesh for this config, or DIE naming the numbers (before any allocation).
+static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int world) {
+    MeshShape ms = {world, o->tp, 0, o->pp, o->ep, o->etp, 0};
+    const char *bad = mesh_shape_resolve(&ms, c);
+    if (bad) DIE("impossible mesh: %s", bad);
+    if (o->batch % (o->grad_accum * ms.dp))
+        DIE("impossible mesh: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an equal "
+            "share of every micro-batch)", o->batch, o->grad_accum, ms.dp);
+    return ms;
+}
+
+int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit, Comm *world) {
     ModelConfig c = *cfg_in;
     const char *bad = config_validate(&c);
     if (bad) DIE("invalid model config: %s", bad);
     bad = train_options_validate(o, &c);
     if (bad) DIE("%s", bad);
+    resolve_mesh(o, &c, world->size);
+    int rank0 = world->rank == 0;
     const Backend *be = backend_cpu();
     char metrics_path[2048], latest[2048];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
@@ -103,6 +138,8 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     char **names;
     int n_ck = list_ckpts(o->out, &names);
     int has_metrics = file_exists(metrics_path);
+    // every rank decides the same from the same files; only rank 0 changes them
+    comm_barrier(world);
     if (o->resume) {
         if (ckpt_find_latest(o->out, latest, sizeof latest) != 0)
             DIE("--resume: no complete checkpoint in '%s'", o->out);
@@ -118,7 +155,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     } else if ((n_ck > 0 || has_metrics) && !o->force) {
         DIE("'%s' already holds a training run (%s); pass --resume to continue it or --force to start over "
             "(which deletes it)", o->out, n_ck ? names[0] : "metrics.jsonl");
-    } else if (o->force) {
+    } else if (o->force && rank0) {
         for (int i = 0; i < n_ck; i++) {
             char p[2048];
             snprintf(p, sizeof p, "%s/%s", o->out, names[i]);
@@ -132,41 +169,61 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         }
     }
     free_names(names, n_ck);
-    mkdir_p(o->out);
+    if (rank0) mkdir_p(o->out);
+    comm_barrier(world);
 
     // ---- data and model
     if (ds.vocab_size > c.vocab_size)
         DIE("the data's vocabulary (%d tokens, from %s) does not fit the model's vocab_size %d", ds.vocab_size,
             ds.source, c.vocab_size);
-    int T = o->seq_len, G = o->grad_accum, Bm = o->batch / G, N = Bm * T;
+    MeshShape shape = resolve_mesh(o, &c, world->size);
+    Mesh mesh;
+    mesh_init(&mesh, &shape, world);
+    Dist dist;
+    dist_init(&dist, world->size > 1 ? &mesh : NULL);
+    int DP = shape.dp, dp_rank = mesh.me.dp;
+    // Bm: sequences of a global micro-batch; Bl: this DP rank's share
+    int T = o->seq_len, G = o->grad_accum, Bm = o->batch / G, Bl = Bm / DP, Ng = Bm * T;
     Model m;
-    model_init(&m, &c, be, Bm, T);
-    size_t P = m.t.total;
+    model_init(&m, &c, be, Bl, T, world->size > 1 ? &dist.mm : NULL);
+    size_t P = m.t.ltotal;
     float *mom1 = xcalloc(P, sizeof(float)), *mom2 = xcalloc(P, sizeof(float));
     if (resuming) {
-        ckpt_load(latest, &m.t, m.params, mom1, mom2, &st);
+        // any mesh resumes any checkpoint: read the full tensors, keep this rank's slices
+        ParamTable full;
+        params_build(&full, &c);
+        float *buf = xmalloc(full.total * sizeof(float) * 3);
+        ckpt_load(latest, &full, buf, buf + full.total, buf + 2 * full.total, &st);
+        params_full_to_local(&m.t, buf, m.params);
+        params_full_to_local(&m.t, buf + full.total, mom1);
+        params_full_to_local(&m.t, buf + 2 * full.total, mom2);
+        free(buf);
+        params_free(&full);
         if (st.seed != o->seed)
             DIE("--resume: the checkpoint was trained with --seed %llu, not %llu", (unsigned long long)st.seed,
                 (unsigned long long)o->seed);
-        truncate_metrics(metrics_path, st.step);
-        printf("resuming from %s (step %lld)\n", latest, (long long)st.step);
+        if (rank0) truncate_metrics(metrics_path, st.step);
+        if (rank0) printf("resuming from %s (step %lld)\n", latest, (long long)st.step);
     } else {
         params_init(&m.t, &c, m.params, o->seed);
         st.seed = o->seed;
     }
+    FILE *out = rank0 ? stdout : fopen("/dev/null", "w");
+    if (!out) DIE("cannot open /dev/null");
     char nb[32], ab[32];
     fmt_count(nb, sizeof nb, (double)config_num_params(&c));
     fmt_count(ab, sizeof ab, (double)config_num_active_params(&c));
-    printf("model: %s params (%s active per token), d %d, %d layers, %d heads (%d kv), %d experts top-%d, f %d, "
+    fprintf(out, "model: %s params (%s active per token), d %d, %d layers, %d heads (%d kv), %d experts top-%d, f %d, "
            "vocab %d, %s\n", nb, ab, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.n_experts, c.top_k, c.d_ff,
            c.vocab_size, c.dispatch == DISPATCH_CAPACITY ? "capacity dispatch" : "dropless dispatch");
-    printf("data: %s, %zu tokens, %zu train / %zu val windows of %d\n", ds.source, ds.n_tokens, ds.n_train,
+    fprintf(out, "data: %s, %zu tokens, %zu train / %zu val windows of %d\n", ds.source, ds.n_tokens, ds.n_train,
            ds.n_val, T);
-    printf("train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n", o->steps,
+    fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n", o->steps,
            o->batch, G, Bm, T, o->lr, be->name);
 
-    FILE *mf = xfopen(metrics_path, "a");
-    int32_t *x = xmalloc((size_t)N * 4), *y = xmalloc((size_t)N * 4);
+    if (world->size > 1) mesh_print(&shape, out);
+    FILE *mf = rank0 ? xfopen(metrics_path, "a") : NULL;
+    int32_t *x = xmalloc((size_t)Bm * T * 4), *y = xmalloc((size_t)Bm * T * 4);
     int L = c.n_layers, E = c.n_experts;
     int64_t *counts = xmalloc(sizeof(int64_t) * L * E);
     double flops_tok = config_flops_per_token(&c, T);
@@ -180,26 +237,28 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         double loss = 0, aux = 0, z = 0;
         int64_t dropped = 0;
         for (int g = 0; g < G; g++) {
-            data_train_batch(&ds, (uint64_t)step * o->batch + (uint64_t)g * Bm, Bm, x, y);
+            data_train_batch(&ds, (uint64_t)step * o->batch + (uint64_t)g * Bm + (uint64_t)dp_rank * Bl, Bl, x, y);
             uint64_t ns = c.jitter > 0 ? noise_seed(o->seed, step, g) : 0;
-            loss += model_forward(&m, x, y, Bm, T, 1.0f / ((float)N * G), ns) / G;
+            loss += dist_mean_dp(&dist, model_forward(&m, x, y, Bl, T, 1.0f / ((float)Ng * G), ns)) / G;
             aux += m.aux / G;
             z += m.z / G;
             dropped += m.dropped;
             for (int i = 0; i < L * E; i++) counts[i] += m.expert_counts[i];
             model_backward(&m, c.aux_coef / G, c.z_coef / G);
         }
-        double gnorm = sqrt(be->sumsq(m.grads, P));
+        dist_reduce_grads(&dist, &m);
+        double gnorm = dist_grad_norm(&dist, &m);
         float lr = lr_at(o, step);
         int skipped = !isfinite(loss) || !isfinite(gnorm);
-        if (skipped) {
+        if (skipped && rank0) {
             fprintf(stderr, "moe: warning: step %d: non-finite %s; update skipped\n", step + 1,
                     isfinite(loss) ? "gradient norm" : "loss");
-        } else {
+        }
+        if (!skipped) {
             if (o->grad_clip > 0 && gnorm > o->grad_clip) be->scale(m.grads, (float)(o->grad_clip / gnorm), P);
             for (int i = 0; i < m.t.n; i++) {
                 const ParamSpec *s = &m.t.p[i];
-                be->adamw(m.params + s->offset, m.grads + s->offset, mom1 + s->offset, mom2 + s->offset, s->numel,
+                be->adamw(m.params + s->loffset, m.grads + s->loffset, mom1 + s->loffset, mom2 + s->loffset, s->lnumel,
                           lr, o->beta1, o->beta2, o->adam_eps, s->decay ? o->weight_decay : 0.0f, step + 1);
             }
         }
@@ -240,11 +299,10 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             cJSON_AddItemToArray(el, row);
         }
         char *s = cJSON_PrintUnformatted(j);
-        fprintf(mf, "%s\n", s);
-        fflush(mf);
+        if (mf) { fprintf(mf, "%s\n", s); fflush(mf); }
         free(s);
         cJSON_Delete(j);
-        if (!o->quiet) {
+        if (!o->quiet && rank0) {
             char eta[32];
             double el_s = now_seconds() - t_start;
             fmt_eta(eta, sizeof eta, el_s / (step + 1 - first) * (o->steps - step - 1));
@@ -256,28 +314,22 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         }
         int last = step + 1 == o->steps;
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) {
-            evaluate(&m, &ds, Bm, o->eval_batches, 0, &ev);
-            fprintf(mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
-            fflush(mf);
-            if (!o->quiet) printf("  eval: val loss %.4f\n", ev.loss);
+            evaluate(&m, &ds, Bm, o->eval_batches, 0, &ev, &dist);
+            if (mf) { fprintf(mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss); fflush(mf); }
+            if (!o->quiet) fprintf(out, "  eval: val loss %.4f\n", ev.loss);
         }
-        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) {
-            char path[2048];
-            ckpt_path(path, sizeof path, o->out, step + 1);
-            ckpt_save(path, &c, &m.t, m.params, mom1, mom2, &st);
-            prune(o->out, o->keep);
-        }
+        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) save(&dist, o, &c, &m, mom1, mom2, &st);
     }
-    xfclose(mf, metrics_path);
+    if (mf) xfclose(mf, metrics_path);
     double wall = now_seconds() - t_start;
 
     // ---- end of run report
-    printf("\n");
+    fprintf(out, "\n");
     if (o->steps > first)
-        printf("trained steps %d..%d in %.1fs (%.0f tokens/s)\n", first + 1, o->steps, wall,
+        fprintf(out, "trained steps %d..%d in %.1fs (%.0f tokens/s)\n", first + 1, o->steps, wall,
                (o->steps - first) * (double)o->batch * T / wall);
-    evaluate(&m, &ds, Bm, o->eval_batches, 1, &ev);
-    eval_print(&ev, &ds, &c);
+    evaluate(&m, &ds, Bm, o->eval_batches, 1, &ev, &dist);
+    if (rank0) eval_print(&ev, &ds, &c);
     eval_result_free(&ev);
     if (o->sample_tokens > 0) {
         int cap = 32 + o->sample_tokens;
@@ -292,18 +344,20 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         }
         int plen = len;
         sample_tokens(&m, ctx, &len, cap, o->sample_tokens, 0.8f, o->seed);
-        printf("sample (temperature 0.8):\n---\n");
-        print_tokens(stdout, ctx, plen, c.vocab_size);
-        printf("|");
-        print_tokens(stdout, ctx + plen, len - plen, c.vocab_size);
-        printf("\n---\n");
+        fprintf(out, "sample (temperature 0.8):\n---\n");
+        print_tokens(out, ctx, plen, c.vocab_size);
+        fprintf(out, "|");
+        print_tokens(out, ctx + plen, len - plen, c.vocab_size);
+        fprintf(out, "\n---\n");
         free(ctx);
     }
-    if (ckpt_find_latest(o->out, latest, sizeof latest) == 0) printf("checkpoint: %s\n", latest);
-    printf("metrics: %s\n", metrics_path);
-    if (o->plots && plot_run(o->out) == 0) printf("plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
+    if (ckpt_find_latest(o->out, latest, sizeof latest) == 0) fprintf(out, "checkpoint: %s\n", latest);
+    fprintf(out, "metrics: %s\n", metrics_path);
+    if (rank0 && o->plots && plot_run(o->out) == 0) fprintf(out, "plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
     free(x); free(y); free(counts); free(mom1); free(mom2);
     model_free(&m);
     data_close(&ds);
+    if (!rank0) fclose(out);
+    mesh_free(&mesh);
     return 0;
 }

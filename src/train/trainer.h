@@ -2,8 +2,10 @@
 // progress lines, metrics.jsonl, periodic eval and checkpoints, resume, end-of-run report.
 #pragma once
 #include "model/config.h"
+#include "parallel/comm.h"
 #include "train/options.h"
 
 // model_explicit: the user set model options (a preset, config file or model flag); on --resume
 // they must then match the checkpoint's config. Returns the process exit code.
-int train_run(const ModelConfig *c, const TrainOptions *o, int model_explicit);
+// world: the process group (size 1 for one process); the mesh comes from o->tp/ep/etp/pp.
+int train_run(const ModelConfig *c, const TrainOptions *o, int model_explicit, Comm *world);

@@ -1,0 +1,166 @@
+// comm_world.c — the world group and sub-groups: the `mpi` backend when built with MPI and
+// launched with more than one process, otherwise `self`. Errors on any rank abort every rank
+// (MPI_Abort through the DIE hook), so a failure never leaves the others waiting.
+#include <limits.h>
+#include <string.h>
+#include "core/common.h"
+#include "parallel/comm.h"
+
+extern const CommOps comm_self_ops;
+
+#ifdef MOE_HAVE_MPI
+#include <mpi.h>
+
+#define MPI_CHECK(call) do { int _e = (call); if (_e != MPI_SUCCESS) { char _s[MPI_MAX_ERROR_STRING]; int _l; \
+    MPI_Error_string(_e, _s, &_l); DIE("%s failed: %s", #call, _s); } } while (0)
+
+static MPI_Datatype mt(CommType t) {
+    switch (t) {
+    case CT_F32: return MPI_FLOAT;
+    case CT_F64: return MPI_DOUBLE;
+    case CT_I32: return MPI_INT32_T;
+    case CT_I64: return MPI_INT64_T;
+    default: return MPI_UINT8_T;
+    }
+}
+static int ci(size_t n) {
+    if (n > INT_MAX) DIE("MPI message of %zu elements exceeds INT_MAX", n);
+    return (int)n;
+}
+#define MC(c) (*(MPI_Comm *)(c)->handle)
+
+static void m_allreduce(const Comm *c, void *buf, size_t n, CommType t) {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c)));
+}
+static void m_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
+    MPI_CHECK(MPI_Allgather(send, ci(n), mt(t), recv, ci(n), mt(t), MC(c)));
+}
+static int *ints(const size_t *a, int n) {
+    int *r = xmalloc(sizeof(int) * n);
+    for (int i = 0; i < n; i++) r[i] = ci(a[i]);
+    return r;
+}
+static void m_allgatherv(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
+                         const size_t *displs, CommType t) {
+    int *rc = ints(counts, c->size), *rd = ints(displs, c->size);
+    MPI_CHECK(MPI_Allgatherv(send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
+    free(rc); free(rd);
+}
+static void m_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    int *rc = ints(counts, c->size);
+    MPI_CHECK(MPI_Reduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c)));
+    free(rc);
+}
+static void m_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                        const size_t *rc, const size_t *rd, CommType t) {
+    int *a = ints(sc, c->size), *b = ints(sd, c->size), *x = ints(rc, c->size), *y = ints(rd, c->size);
+    MPI_CHECK(MPI_Alltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c)));
+    free(a); free(b); free(x); free(y);
+}
+static void m_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
+    MPI_CHECK(MPI_Bcast(buf, ci(n), mt(t), root, MC(c)));
+}
+static void m_barrier(const Comm *c) { MPI_CHECK(MPI_Barrier(MC(c))); }
+static const CommOps mpi_ops;
+static CommReq *m_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
+    CommReq *r = xcalloc(1, sizeof *r);
+    r->ops = &mpi_ops;
+    r->impl = xmalloc(sizeof(MPI_Request));
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
+    return r;
+}
+static int m_test(CommReq *r) {
+    int flag = 0;
+    MPI_CHECK(MPI_Test((MPI_Request *)r->impl, &flag, MPI_STATUS_IGNORE));
+    return flag;
+}
+static void m_wait(CommReq *r) {
+    MPI_CHECK(MPI_Wait((MPI_Request *)r->impl, MPI_STATUS_IGNORE));
+    free(r->impl);
+    free(r);
+}
+static const CommOps mpi_ops = {
+    m_allreduce, m_allgather, m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
+    m_iallreduce, m_test, m_wait,
+};
+
+static int mpi_started = 0;
+static void abort_all(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (mpi_started && !fin) MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+static int launched_by_mpi(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) if (getenv(vars[i])) return 1;
+    return 0;
+}
+
+Comm *comm_world_init(int *argc, char ***argv) {
+    Comm *w = xcalloc(1, sizeof *w);
+    snprintf(w->name, sizeof w->name, "world");
+    if (!launched_by_mpi()) { w->ops = &comm_self_ops; w->size = 1; return w; }
+    MPI_CHECK(MPI_Init(argc, argv));
+    mpi_started = 1;
+    MPI_Comm *h = xmalloc(sizeof *h);
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, h));
+    MPI_CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(*h, &w->rank));
+    MPI_CHECK(MPI_Comm_size(*h, &w->size));
+    w->handle = h;
+    w->ops = &mpi_ops;
+    moe_set_die_hook(abort_all, w->size > 1 ? w->rank : -1);
+    return w;
+}
+
+void comm_world_finalize(void) {
+    int fin = 0;
+    if (!mpi_started) return;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+Comm *comm_split(const Comm *world, int color, int key, const char *name) {
+    Comm *c = xcalloc(1, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    if (world->ops != &mpi_ops) { c->ops = &comm_self_ops; c->size = 1; return c; }
+    MPI_Comm *h = xmalloc(sizeof *h);
+    MPI_CHECK(MPI_Comm_split(MC(world), color, key, h));
+    MPI_CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(*h, &c->rank));
+    MPI_CHECK(MPI_Comm_size(*h, &c->size));
+    c->handle = h;
+    c->ops = &mpi_ops;
+    return c;
+}
+
+void comm_free(Comm *c) {
+    if (!c) return;
+    if (c->handle) { MPI_Comm_free((MPI_Comm *)c->handle); free(c->handle); }
+    free(c);
+}
+int comm_have_mpi(void) { return 1; }
+
+#else  // built without MPI: one process
+
+Comm *comm_world_init(int *argc, char ***argv) {
+    const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+    if (s && atoi(s) > 1) DIE("this moe was built without MPI; it cannot run as %s processes", s);
+    Comm *w = xcalloc(1, sizeof *w);
+    snprintf(w->name, sizeof w->name, "world");
+    w->ops = &comm_self_ops;
+    w->size = 1;
+    return w;
+}
+void comm_world_finalize(void) {}
+Comm *comm_split(const Comm *world, int color, int key, const char *name) {
+    Comm *c = xcalloc(1, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->ops = &comm_self_ops;
+    c->size = 1;
+    return c;
+}
+void comm_free(Comm *c) { free(c); }
+int comm_have_mpi(void) { return 0; }
+#endif

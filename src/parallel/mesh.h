@@ -1,0 +1,35 @@
+// mesh.h — the parallel layout: world = PP x DP x TP (TP fastest); inside a pipeline stage the
+// same TP*DP ranks are folded again for the experts as EDP x EP x ETP (ETP fastest). EP is carved
+// out of the data-parallel ranks and need not equal DP; EDP = replicas of each expert.
+// Groups: tp, dp, ep, etp, edp, stage (all TP*DP ranks of a stage), pp.
+// Must not hold: anything about tensors or the model beyond the divisibility checks.
+#pragma once
+#include <stdio.h>
+#include "model/config.h"
+#include "parallel/comm.h"
+
+typedef struct {
+    int world, tp, dp, pp, ep, etp, edp;
+} MeshShape;
+
+typedef struct {
+    int tp, dp, pp, ep, etp, edp, stage;   // this rank's index in each dimension (stage: index in the stage group)
+} MeshCoord;
+
+typedef struct {
+    MeshShape s;
+    MeshCoord me;
+    int rank;
+    Comm *world, *tp, *dp, *pp, *ep, *etp, *edp, *stage;
+} Mesh;
+
+// Fills shape->dp and ->edp from world, tp, pp, ep, etp. Returns NULL if the layout is possible
+// for the model (c may be NULL to check only the mesh), else a static message naming the numbers.
+const char *mesh_shape_resolve(MeshShape *shape, const ModelConfig *c);
+// Coordinates of a rank in a resolved shape.
+MeshCoord mesh_coord(const MeshShape *s, int rank);
+// Builds the groups over world (whose size must equal s->world).
+void mesh_init(Mesh *m, const MeshShape *s, Comm *world);
+void mesh_free(Mesh *m);
+// One line per group kind listing its groups, e.g. "tp: {0,1} {2,3}" (for moe info).
+void mesh_print(const MeshShape *s, FILE *f);
