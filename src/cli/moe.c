@@ -100,6 +100,7 @@ static const Opt opts[] = {
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
+    {"check-replicas", O_FLAG, TO(check_replicas), C_TRAIN, "at the end, check router/dense replicas are bitwise equal on every rank"},
     {"out", O_STR, TO(out), C_TRAIN | C_EXPORT, "run directory (checkpoints, metrics.jsonl, plots); export: the HF directory"},
     {"data", O_STR, TO(data), C_TRAIN | C_EVAL, "text file (bytes) or llm.c .bin shards (glob); default: embedded corpus"},
     {"resume", O_FLAG, TO(resume), C_TRAIN, "continue from the newest complete checkpoint in --out"},
@@ -307,7 +308,7 @@ static void resolve_ckpt(const char *dir, char *out, size_t n) {
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     if (hf_is_model_dir(dir) || file_exists(p) || ckpt_is_complete(dir)) { snprintf(out, n, "%s", dir); return; }
     if (ckpt_find_latest(dir, out, n) != 0)
-        DIE("--ckpt: no complete checkpoint (or Hugging Face model) in '%s'", dir);
+        DIE("--ckpt: no complete checkpoint in '%s' (nor is it a Hugging Face model directory)", dir);
 }
 
 static void load_config_any(const char *ck, ModelConfig *c) {

@@ -82,3 +82,49 @@ double dist_mean_dp(const Dist *d, double v) {
     comm_allreduce(d->mesh->dp, &v, 1, CT_F64);
     return v / d->mesh->s.dp;
 }
+
+#include <zlib.h>
+static uint32_t crc_of(const float *p, size_t n) { return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)(n * sizeof(float))); }
+
+// 1 if all ranks of c hold the same value v, else 0
+static int all_same(const Comm *c, uint32_t v) {
+    int n = c ? c->size : 1;
+    int64_t *all = xmalloc(sizeof(int64_t) * n), mine = v;
+    comm_allgather(c, &mine, all, 1, CT_I64);
+    int same = 1;
+    for (int i = 0; i < n; i++) same &= all[i] == all[0];
+    free(all);
+    return same;
+}
+
+int dist_check_replicas(const Dist *d, const Model *m, FILE *out) {
+    if (!d->mesh) return 0;
+    const ParamTable *t = &m->t;
+    uint32_t rep = 0, tp = 0, ex = 0;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *s = &t->p[i];
+        if (!s->lnumel) continue;
+        uint32_t c = crc_of(m->params + s->loffset, s->lnumel);
+        if (s->expert >= 0) ex = ex * 31 + c;
+        else if (s->split_dim >= 0) tp = tp * 31 + c;
+        else rep = rep * 31 + c;
+    }
+    int bad = 0;
+    const Mesh *me = d->mesh;
+    if (!all_same(me->world, rep)) { bad++; if (out) fprintf(out, "replica check: replicated tensors (router, norms, embeddings) differ across ranks\n"); }
+    if (!all_same(me->dp, tp)) { bad++; if (out) fprintf(out, "replica check: TP shards differ across DP ranks\n"); }
+    if (!all_same(me->edp, ex)) { bad++; if (out) fprintf(out, "replica check: expert shards differ across EDP replicas\n"); }
+    if (me->s.ep > 1) {
+        // every pair of EP ranks must hold different expert weights
+        int n = me->ep->size;
+        int64_t *all = xmalloc(sizeof(int64_t) * n), mine = ex;
+        comm_allgather(me->ep, &mine, all, 1, CT_I64);
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++)
+                if (all[i] == all[j]) { bad++; if (out) fprintf(out, "replica check: EP ranks %d and %d hold identical experts\n", i, j); }
+        free(all);
+    }
+    int64_t b = bad;
+    comm_allreduce(me->world, &b, 1, CT_I64);
+    return (int)b;
+}

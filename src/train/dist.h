@@ -21,3 +21,8 @@ void dist_gather_full(const Dist *d, const ParamTable *t, const float *local, fl
 // Mean over the DP group of a per-rank value (e.g. each rank's mean loss over equal token counts).
 double dist_mean_dp(const Dist *d, double v);
 int dist_rank0(const Dist *d);
+
+// Replica check (seed checklist): replicated tensors (router, norms, embeddings) bitwise equal on
+// every rank; TP shards equal across DP; expert shards equal across EDP and different across EP.
+// Returns the number of violations (identical on every rank); prints one line per failing kind.
+int dist_check_replicas(const Dist *d, const Model *m, FILE *out);

@@ -23,6 +23,7 @@ typedef struct {
     int sample_tokens;      // tokens sampled at the end of the run (0 = none)
     int plots;              // write loss.png / expert_load.png
     int quiet;              // no per-step progress lines (metrics.jsonl still written)
+    int check_replicas;     // at the end, verify replicas are bitwise equal across the mesh
     int resume, force;
     // parallel layout (world size from the launcher; DP = world / (TP * PP))
     int tp, ep, etp, pp;

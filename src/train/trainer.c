@@ -323,6 +323,12 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     if (mf) xfclose(mf, metrics_path);
     double wall = now_seconds() - t_start;
 
+    if (o->check_replicas) {
+        int bad = dist_check_replicas(&dist, &m, rank0 ? stderr : NULL);
+        if (bad) DIE("replica check failed (%d violations)", bad);
+        fprintf(out, "replica check: ok (router and dense replicas bitwise equal on %d ranks; experts equal across "
+                     "EDP, distinct across EP)\n", world->size);
+    }
     // ---- end of run report
     fprintf(out, "\n");
     if (o->steps > first)

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# test_mesh.sh — every parallel layout trains the same model as one process.
+# Each layout runs under mpirun (Open MPI, oversubscribed on the 2-core CI machine) and must match
+# the single-process run of the same command line:
+#   - per-step loss and aux loss within 1e-6 relative, grad norm within 1e-5: the only differences
+#     are float32 summation orders (partial sums over TP heads, expert rows arriving in another
+#     order, all-reduce trees), seen at 1e-9..4e-8 on the losses; the grad norm amplifies the
+#     parameters' drift on a loss spike (seen 1.7e-6 at a step where it jumped from 1.4 to 3.4);
+#     a wrong token, scale or missing term shows up at 1e-3 or more;
+#   - per-step expert load (global token counts per expert) and dropped counts exactly equal: routing
+#     and capacity drops are decided from global statistics, so they must be the same decisions;
+#   - final parameters within 1e-3 of each tensor's largest magnitude after 6 AdamW steps (seen up
+#     to 1e-4: Adam divides by sqrt(v), so round-off in tiny gradient elements moves their update by
+#     up to lr * 1e-4 per step; a wrong gradient moves whole tensors by ~lr = 1e-2 relative);
+#   - --check-replicas: router and other replicated tensors bitwise equal on every rank, TP shards
+#     equal across DP, expert shards equal across EDP and distinct across EP.
+set -u
+. "$(dirname "$0")/lib.sh"
+command -v mpirun >/dev/null || { skip "mpirun not installed"; finish; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+CKPT_DIFF="${CKPT_DIFF:-$(dirname "$MOE")/ckpt_diff}"
+MPI="timeout 300 mpirun --oversubscribe"   # (each call reads </dev/null: mpirun forwards stdin)
+
+BASE="--steps 6 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --eval-batches 1 --eval-every 0
+      --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2"
+
+# max relative difference between two columns of numbers
+maxrel() { paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / (a > 1e-12 ? a : 1e-12);
+  if (r > m) m = r } END { printf "%.3e\n", m + 0 }'; }
+
+compare() {   # compare REF RUN LABEL
+  local ref="$1" run="$2" label="$3" k ok=1
+  for k in loss aux_loss grad_norm; do
+    field "$k" "$ref/metrics.jsonl" > "$TMP/a"; field "$k" "$run/metrics.jsonl" > "$TMP/b"
+    local n; n=$(wc -l < "$TMP/b")
+    [ "$n" -eq "$(wc -l < "$TMP/a")" ] && [ "$n" -gt 0 ] || { fail "$label: $k: $n steps vs $(wc -l < "$TMP/a")"; ok=0; continue; }
+    local r tol=1e-6; r=$(maxrel "$TMP/a" "$TMP/b")
+    [ "$k" = grad_norm ] && tol=1e-5
+    fcmp "$r" "<=" "$tol" || { fail "$label: $k differs by $r relative (tolerance $tol)"; ok=0; }
+  done
+  for k in expert_load dropped; do
+    grep -o "\"$k\":[^a-z]*" "$ref/metrics.jsonl" > "$TMP/a"; grep -o "\"$k\":[^a-z]*" "$run/metrics.jsonl" > "$TMP/b"
+    cmp -s "$TMP/a" "$TMP/b" || { fail "$label: $k differs"; ok=0; }
+  done
+  local pd; pd=$("$CKPT_DIFF" "$ref" "$run" 1e-3) || { fail "$label: final parameters: $pd"; ok=0; }
+  grep -q "replica check: ok" "$run/out.txt" || { fail "$label: replica check did not pass"; ok=0; }
+  [ $ok = 1 ] && pass "$label matches one process (loss/aux <= 1e-6, gnorm <= 1e-5, counts exact, params: ${pd#max relative difference })"
+}
+
+# layouts: "ranks|flags|label"
+LAYOUTS="2|--tp 1|dp2
+2|--tp 2|tp2
+2|--ep 2|ep2 (=dp2)
+4|--ep 2|dp4+ep2 (edp2)
+4|--tp 2 --ep 2|tp2+dp2+ep2
+4|--tp 2 --etp 2|tp2+dp2+etp2
+4|--ep 2 --etp 2|dp4+ep2+etp2
+8|--ep 4 --etp 2 --batch 8 --grad-accum 1|ep4+etp2 on 8 ranks
+8|--tp 2 --ep 2 --etp 2|tp2+dp4+ep2+etp2"
+
+for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --grad-accum 2"; do
+  for extra in ""; do
+    ref="$TMP/ref_${mode%% *}"
+    "$MOE" train --out "$ref" $BASE --dispatch $mode $extra > /dev/null 2>&1 || { fail "reference run ($mode)"; continue; }
+    while IFS='|' read -r np flags label; do
+      # the 8-rank ep4 layout needs batch 8 / grad-accum 1 in both runs
+      r2="$ref"
+      case "$flags" in *"--batch 8"*)
+        r2="$TMP/ref8_${mode%% *}"
+        [ -d "$r2" ] || "$MOE" train --out "$r2" $BASE --dispatch $mode $flags --tp 1 --ep 1 --etp 1 > /dev/null 2>&1 < /dev/null ;;
+      esac
+      run="$TMP/run"
+      rm -rf "$run"; mkdir -p "$run"
+      if $MPI -np "$np" "$MOE" train --out "$run" $BASE --dispatch $mode $flags --check-replicas > "$run/out.txt" 2>&1 < /dev/null; then
+        compare "$r2" "$run" "${mode%% *}: $label"
+      else
+        fail "${mode%% *}: $label: mpirun failed"; tail -5 "$run/out.txt"
+      fi
+    done <<< "$LAYOUTS"
+  done
+done
+
+# uneven token slices over TP (25 tokens per sequence, one sequence per DP rank and micro-batch)
+U="--seq-len 25 --batch 4 --grad-accum 2"
+"$MOE" train --out "$TMP/ru" $BASE $U > /dev/null 2>&1
+rm -rf "$TMP/run"; mkdir -p "$TMP/run"
+if $MPI -np 4 "$MOE" train --out "$TMP/run" $BASE $U --tp 2 --ep 2 --check-replicas > "$TMP/run/out.txt" 2>&1 < /dev/null; then
+  compare "$TMP/ru" "$TMP/run" "uneven TP slices (odd tokens per rank)"
+else fail "uneven TP slices: mpirun failed"; fi
+
+# resharding resume: saved on 8 ranks (tp2, ep2, etp2), resumed on 2 ranks (ep2) and on 1 process
+R="$BASE --steps 8 --save-every 4 --keep 0"
+"$MOE" train --out "$TMP/full" $R > /dev/null 2>&1
+# (the lr schedule is a function of --steps, so the 8-rank run is the 8-step run; its step-4
+# checkpoint is what a crash after step 4 would have left)
+$MPI -np 8 "$MOE" train --out "$TMP/r8" $R --tp 2 --ep 2 --etp 2 > /dev/null 2>&1 < /dev/null
+for target in "2|--ep 2" "1|"; do
+  np="${target%%|*}"; flags="${target#*|}"
+  d="$TMP/resume_$np"; rm -rf "$d"; mkdir -p "$d"
+  cp -r "$TMP/r8/step_00000004" "$d/"
+  head -n "$(grep -n '"step":4,' "$TMP/r8/metrics.jsonl" | head -1 | cut -d: -f1)" "$TMP/r8/metrics.jsonl" > "$d/metrics.jsonl"
+  if [ "$np" = 1 ]; then cmd=("$MOE"); else cmd=($MPI -np "$np" "$MOE"); fi
+  if "${cmd[@]}" train --out "$d" $R $flags --resume --check-replicas > "$d/out.txt" 2>&1 < /dev/null; then
+    [ "$np" = 1 ] && echo "replica check: ok" >> "$d/out.txt"
+    compare "$TMP/full" "$d" "saved on 8 ranks (tp2 ep2 etp2), resumed on $np ${flags:-process}"
+  else fail "resume on $np ranks failed"; tail -5 "$d/out.txt"; fi
+done
+
+# impossible meshes: one clear message, non-zero exit, bounded time
+mesh_fail() {   # mesh_fail PHRASE NP FLAGS...
+  local phrase="$1" np="$2"; shift 2
+  local t0; t0=$(date +%s)
+  timeout 120 mpirun --oversubscribe -np "$np" "$MOE" train --out "$TMP/bad" $BASE "$@" > "$TMP/bad.txt" 2>&1 < /dev/null
+  local rc=$? dt=$(( $(date +%s) - t0 ))
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "moe: error: .*$phrase" "$TMP/bad.txt" && [ $dt -lt 100 ]; then
+    pass "impossible mesh refused on $np ranks ($*): '$phrase' in ${dt}s"
+  else fail "impossible mesh ($*) on $np ranks: exit $rc after ${dt}s"; tail -3 "$TMP/bad.txt"; fi
+}
+mesh_fail "world size 3 is not divisible by tp 2" 3 --tp 2
+mesh_fail "n_experts 4 is not divisible by ep 3" 3 --ep 3 --batch 12
+mesh_fail "n_heads 4 is not divisible by tp 8" 8 --tp 8
+mesh_fail "is not divisible by ep 4 x etp 2" 4 --ep 4 --etp 2
+mesh_fail "--batch 16 is not divisible by --grad-accum 1 x dp 32" 32 --ep 2
+finish

@@ -1,0 +1,720 @@
+// test_ops.c — every op of backend_cpu() against an independent reference on fresh random inputs.
+//
+// Forwards: compared with straightforward double-precision implementations written here.
+// Tolerance FWD_RTOL = 1e-5 relative to the magnitude of the terms that make up each element
+// (e.g. sum_k |x_k w_k| for a dot product, not |result|, which may cancel to ~0). Why: float32
+// has eps = 6e-8 and the longest sum here has 64 terms, so even the worst-case rounding bound
+// (n * eps * sum|terms| ~ 4e-6) stays under 1e-5, while any wrong index, term, sign or factor
+// moves an element by O(its magnitude).
+//
+// Backwards: against central finite differences of L = sum(dout * out) with the float32 forward
+// and the sum taken in double (per element on a subset, and along two directions: fd_check).
+// The perturbation is the float-rounded (x0 + h) - (x0 - h), h = 1e-2. Tolerance per element:
+// 1e-2 |an| + 1e-3 rms(an) + 1e-4. Why:
+// the noise in L is the float32 rounding of the outputs that the element moves (<~1e-6 on these
+// small sizes), i.e. <~5e-5 after dividing by 2h; the O(h^2) truncation term of the nonlinear
+// ops (rmsnorm, attention, swiglu, cross-entropy) is ~1e-4 relative; a wrong term is O(|an|).
+// Also every *_bwd must ACCUMULATE: it is run once on zeroed gradient buffers (g0) and once on
+// buffers pre-filled with random values (pre); the second must give pre + g0 (to 1e-5 of the
+// magnitudes: only the summation order may differ).
+// Outputs are poisoned with NaN before every forward, so an unwritten element fails.
+#include <string.h>
+#include "core/common.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+#define FWD_RTOL 1e-5
+#define FD_H 1e-2f
+#define FD_RTOL 1e-2
+#define FD_RMS 1e-3
+#define FD_ATOL 1e-4
+#define ACC_RTOL 1e-5
+
+static Rng R;
+static const Backend *be;
+
+static float *fnew(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
+static double *dnew(size_t n) { return xcalloc(n ? n : 1, sizeof(double)); }
+static void fill_normal(float *x, size_t n, float sd) { for (size_t i = 0; i < n; i++) x[i] = sd * rng_normal(&R); }
+static void fill_nan(float *x, size_t n) { for (size_t i = 0; i < n; i++) x[i] = NAN; }
+static float *fcopy(const float *x, size_t n) { float *y = fnew(n); memcpy(y, x, n * sizeof(float)); return y; }
+
+// |got - ref| <= rtol * (mag ? mag : |ref|) + atol for every element (NaN fails).
+static void check_arr(const char *what, const float *got, const double *ref, const double *mag, size_t n,
+                      double rtol, double atol) {
+    size_t bad = 0, first = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double tol = rtol * (mag ? mag[i] : fabs(ref[i])) + atol, err = fabs((double)got[i] - ref[i]);
+        if (!(err <= tol)) { if (!bad) first = i; bad++; }
+        else if (tol > 0 && err / tol > worst) worst = err / tol;
+    }
+    EXPECT(bad == 0, "%s: %zu of %zu elements out of tolerance; first [%zu] got %.9g ref %.9g", what, bad, n,
+           first, bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
+}
+static void check_exact(const char *what, const float *got, const float *ref, size_t n) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) if (!(got[i] == ref[i])) { if (!bad) first = i; bad++; }
+    EXPECT(bad == 0, "%s: %zu of %zu elements differ; first [%zu] got %.9g want %.9g", what, bad, n, first,
+           bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
+}
+
+// Central differences of f (which evaluates L at the current x) against an: per element on
+// FD_ELEMS elements (all of them when n <= FD_ELEMS, else an evenly spaced set with a random
+// start), and along two unit directions over the whole tensor: an/|an| and a random one. (Every
+// forward is an OpenMP region; few evaluations keep the test fast on a loaded 2-core machine.)
+// The directional tolerance is 1e-2 |an.u| + 1e-3 |an| + 1e-4: the noise of L now comes from
+// every output, ~1e-5 |an| after dividing by 2h on these sizes.
+#define FD_ELEMS 12
+typedef double (*LossFn)(void *ctx);
+static void fd_check(const char *what, LossFn f, void *ctx, float *x, size_t n, const float *an) {
+    double rms = 0;
+    for (size_t i = 0; i < n; i++) rms += (double)an[i] * an[i];
+    double norm = sqrt(rms);
+    rms = sqrt(rms / (n ? n : 1));
+    size_t bad = 0, first = 0, ne = n <= FD_ELEMS ? n : FD_ELEMS, start = n <= FD_ELEMS ? 0 : rng_below(&R, (uint32_t)n);
+    double fd_first = 0;
+    for (size_t s = 0; s < ne; s++) {
+        size_t i = n <= FD_ELEMS ? s : (start + s * n / FD_ELEMS) % n;
+        float x0 = x[i], xp = x0 + FD_H, xm = x0 - FD_H;
+        x[i] = xp;
+        double lp = f(ctx);
+        x[i] = xm;
+        double lm = f(ctx);
+        x[i] = x0;
+        double fd = (lp - lm) / ((double)xp - (double)xm);
+        double tol = FD_RTOL * fabs(an[i]) + FD_RMS * rms + FD_ATOL, err = fabs(fd - an[i]);
+        if (!(err <= tol)) { if (!bad) { first = i; fd_first = fd; } bad++; }
+    }
+    EXPECT(bad == 0, "%s: %zu of %zu elements disagree with finite differences; first [%zu] fd %.7g analytic %.7g",
+           what, bad, ne, first, fd_first, bad ? an[first] : 0.0);
+    if (n <= FD_ELEMS) return;
+    float *x0 = fcopy(x, n), *u = fnew(n);
+    for (int dir = 0; dir < 2; dir++) {
+        double un = 0;
+        for (size_t i = 0; i < n; i++) { u[i] = dir == 0 && norm > 0 ? an[i] : rng_normal(&R); un += (double)u[i] * u[i]; }
+        un = sqrt(un);
+        double anu = 0;   // an . (xp - xm) / 2h: the directional derivative along the rounded step
+        for (size_t i = 0; i < n; i++) x[i] = x0[i] + FD_H * (float)(u[i] / un);
+        for (size_t i = 0; i < n; i++) anu += (double)an[i] * x[i];
+        double lp = f(ctx);
+        for (size_t i = 0; i < n; i++) x[i] = x0[i] - FD_H * (float)(u[i] / un);
+        for (size_t i = 0; i < n; i++) anu -= (double)an[i] * x[i];
+        double lm = f(ctx);
+        memcpy(x, x0, n * sizeof(float));
+        double fd = (lp - lm) / (2.0 * FD_H);
+        anu /= 2.0 * FD_H;
+        double tol = FD_RTOL * fabs(anu) + FD_RMS * norm + FD_ATOL;
+        EXPECT(fabs(fd - anu) <= tol, "%s: directional derivative (%s direction) fd %.7g analytic %.7g (|g| %.3g)",
+               what, dir == 0 ? "gradient" : "random", fd, anu, norm);
+    }
+    free(x0); free(u);
+}
+
+// g1 (bwd run on pre-filled buffers) == pre + g0 (bwd run on zeroed buffers)
+static void check_accum(const char *what, const float *g1, const float *pre, const float *g0, size_t n) {
+    double rms = 0;
+    for (size_t i = 0; i < n; i++) rms += (double)g0[i] * g0[i];
+    rms = sqrt(rms / (n ? n : 1));
+    double *ref = dnew(n), *mag = dnew(n);
+    for (size_t i = 0; i < n; i++) {
+        ref[i] = (double)pre[i] + g0[i];
+        mag[i] = fabs(pre[i]) + fabs(g0[i]) + rms;
+    }
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s accumulates (+=)", what);
+    check_arr(buf, g1, ref, mag, n, ACC_RTOL, 1e-30);
+    free(ref); free(mag);
+}
+
+static double dot_d(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+// ---------------------------------------------------------------- memory
+static void test_memory(void) {
+    size_t n = 37;
+    float *d = be->alloc(n * sizeof(float)), *h = fnew(n), *h2 = fnew(n);
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) zero &= d[i] == 0.0f;   // cpu: device memory is host memory
+    EXPECT(zero, "alloc returns zeroed memory");
+    fill_normal(h, n, 1);
+    be->to_device(d, h, n * sizeof(float));
+    float *d2 = be->alloc(n * sizeof(float));
+    be->copy(d2, d, n * sizeof(float));
+    fill_nan(h2, n);
+    be->to_host(h2, d2, n * sizeof(float));
+    be->sync();
+    check_exact("to_device/copy/to_host round trip", h2, h, n);
+    be->zero(d2, n * sizeof(float));
+    be->to_host(h2, d2, n * sizeof(float));
+    float *z = fnew(n);
+    check_exact("zero", h2, z, n);
+    be->free(d); be->free(d2);
+    free(h); free(h2); free(z);
+}
+
+// ---------------------------------------------------------------- matmul
+typedef struct { float *x, *w, *out; const float *dout; int N, K, O; const int64_t *off; int G; } MatCtx;
+static double matmul_loss(void *p) {
+    MatCtx *c = p;
+    be->matmul_fwd(c->out, c->x, c->w, c->N, c->K, c->O, 0);
+    return dot_d(c->dout, c->out, (size_t)c->N * c->O);
+}
+static void matmul_ref(double *ref, double *mag, const float *x, const float *w, int N, int K, int O) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < O; o++) {
+            double s = 0, m = 0;
+            for (int k = 0; k < K; k++) {
+                double t = (double)x[(size_t)n * K + k] * w[(size_t)o * K + k];
+                s += t; m += fabs(t);
+            }
+            ref[(size_t)n * O + o] = s;
+            mag[(size_t)n * O + o] = m;
+        }
+}
+
+static void test_matmul(int N, int K, int O) {
+    char lab[96];
+    size_t nx = (size_t)N * K, nw = (size_t)O * K, no = (size_t)N * O;
+    float *x = fnew(nx), *w = fnew(nw), *out = fnew(no), *pre = fnew(no), *dout = fnew(no);
+    double *ref = dnew(no), *mag = dnew(no);
+    fill_normal(x, nx, 1); fill_normal(w, nw, 1); fill_normal(pre, no, 1); fill_normal(dout, no, 1);
+    matmul_ref(ref, mag, x, w, N, K, O);
+    fill_nan(out, no);
+    be->matmul_fwd(out, x, w, N, K, O, 0);
+    snprintf(lab, sizeof lab, "matmul_fwd N=%d K=%d O=%d", N, K, O);
+    check_arr(lab, out, ref, mag, no, FWD_RTOL, 1e-30);
+    memcpy(out, pre, no * sizeof(float));
+    be->matmul_fwd(out, x, w, N, K, O, 1);
+    for (size_t i = 0; i < no; i++) { ref[i] += pre[i]; mag[i] += fabs(pre[i]); }
+    snprintf(lab, sizeof lab, "matmul_fwd accumulate N=%d K=%d O=%d", N, K, O);
+    check_arr(lab, out, ref, mag, no, FWD_RTOL, 1e-30);
+
+    // backward
+    float *dx0 = fnew(nx), *dw0 = fnew(nw);
+    be->matmul_bwd(dx0, dw0, dout, x, w, N, K, O);
+    MatCtx c = {x, w, out, dout, N, K, O, NULL, 0};
+    snprintf(lab, sizeof lab, "matmul_bwd dinp N=%d K=%d O=%d", N, K, O);
+    fd_check(lab, matmul_loss, &c, x, nx, dx0);
+    snprintf(lab, sizeof lab, "matmul_bwd dw N=%d K=%d O=%d", N, K, O);
+    fd_check(lab, matmul_loss, &c, w, nw, dw0);
+    float *px = fnew(nx), *pw = fnew(nw);
+    fill_normal(px, nx, 1); fill_normal(pw, nw, 1);
+    float *dx1 = fcopy(px, nx), *dw1 = fcopy(pw, nw);
+    be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O);
+    check_accum("matmul_bwd dinp", dx1, px, dx0, nx);
+    check_accum("matmul_bwd dw", dw1, pw, dw0, nw);
+    // NULL gradient pointers
+    memcpy(dx1, px, nx * sizeof(float));
+    be->matmul_bwd(dx1, NULL, dout, x, w, N, K, O);
+    check_accum("matmul_bwd dinp (dw NULL)", dx1, px, dx0, nx);
+    memcpy(dw1, pw, nw * sizeof(float));
+    be->matmul_bwd(NULL, dw1, dout, x, w, N, K, O);
+    check_accum("matmul_bwd dw (dinp NULL)", dw1, pw, dw0, nw);
+    free(x); free(w); free(out); free(pre); free(dout); free(ref); free(mag);
+    free(dx0); free(dw0); free(px); free(pw); free(dx1); free(dw1);
+}
+
+static double gmm_loss(void *p) {
+    MatCtx *c = p;
+    be->grouped_matmul_fwd(c->out, c->x, c->w, c->off, c->G, c->K, c->O);
+    return dot_d(c->dout, c->out, (size_t)c->N * c->O);
+}
+
+static void test_grouped_matmul(void) {
+    // groups 1 and 4 have 0 rows (one in the middle, one at the end)
+    enum { G = 5, K = 6, O = 5 };
+    const int64_t off[G + 1] = {0, 3, 3, 8, 10, 10};
+    int N = (int)off[G];
+    size_t nx = (size_t)N * K, nw = (size_t)G * O * K, no = (size_t)N * O;
+    float *x = fnew(nx), *w = fnew(nw), *out = fnew(no), *dout = fnew(no);
+    double *ref = dnew(no), *mag = dnew(no);
+    fill_normal(x, nx, 1); fill_normal(w, nw, 1); fill_normal(dout, no, 1);
+    for (int g = 0; g < G; g++)
+        matmul_ref(ref + off[g] * O, mag + off[g] * O, x + off[g] * K, w + (size_t)g * O * K,
+                   (int)(off[g + 1] - off[g]), K, O);
+    fill_nan(out, no);
+    be->grouped_matmul_fwd(out, x, w, off, G, K, O);
+    check_arr("grouped_matmul_fwd (with 0-row groups)", out, ref, mag, no, FWD_RTOL, 1e-30);
+
+    float *dx0 = fnew(nx), *dw0 = fnew(nw);
+    be->grouped_matmul_bwd(dx0, dw0, dout, x, w, off, G, K, O);
+    MatCtx c = {x, w, out, dout, N, K, O, off, G};
+    fd_check("grouped_matmul_bwd dinp", gmm_loss, &c, x, nx, dx0);
+    fd_check("grouped_matmul_bwd dw", gmm_loss, &c, w, nw, dw0);
+    int empty_zero = 1;
+    for (int g = 0; g < G; g++)
+        if (off[g] == off[g + 1])
+            for (size_t i = 0; i < (size_t)O * K; i++) empty_zero &= dw0[(size_t)g * O * K + i] == 0.0f;
+    EXPECT(empty_zero, "grouped_matmul_bwd: dw of a 0-row group must stay 0");
+    float *px = fnew(nx), *pw = fnew(nw);
+    fill_normal(px, nx, 1); fill_normal(pw, nw, 1);
+    float *dx1 = fcopy(px, nx), *dw1 = fcopy(pw, nw);
+    be->grouped_matmul_bwd(dx1, dw1, dout, x, w, off, G, K, O);
+    check_accum("grouped_matmul_bwd dinp", dx1, px, dx0, nx);
+    check_accum("grouped_matmul_bwd dw", dw1, pw, dw0, nw);
+    memcpy(dx1, px, nx * sizeof(float));
+    be->grouped_matmul_bwd(dx1, NULL, dout, x, w, off, G, K, O);
+    check_accum("grouped_matmul_bwd dinp (dw NULL)", dx1, px, dx0, nx);
+    memcpy(dw1, pw, nw * sizeof(float));
+    be->grouped_matmul_bwd(NULL, dw1, dout, x, w, off, G, K, O);
+    check_accum("grouped_matmul_bwd dw (dinp NULL)", dw1, pw, dw0, nw);
+    free(x); free(w); free(out); free(dout); free(ref); free(mag);
+    free(dx0); free(dw0); free(px); free(pw); free(dx1); free(dw1);
+}
+
+// ---------------------------------------------------------------- embedding
+typedef struct { float *table, *out; const float *dout; const int32_t *tok; int N, C; } EmbCtx;
+static double emb_loss(void *p) {
+    EmbCtx *c = p;
+    be->embedding_fwd(c->out, c->tok, c->table, c->N, c->C);
+    return dot_d(c->dout, c->out, (size_t)c->N * c->C);
+}
+static void test_embedding(void) {
+    enum { V = 11, C = 6, N = 9 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)rng_below(&R, V - 2);   // rows V-2, V-1 unused
+    tok[5] = tok[0];                                                       // a repeated token
+    float *table = fnew(V * C), *out = fnew(N * C), *dout = fnew(N * C), *want = fnew(N * C);
+    fill_normal(table, V * C, 1); fill_normal(dout, N * C, 1);
+    for (int i = 0; i < N; i++) memcpy(want + i * C, table + tok[i] * C, C * sizeof(float));
+    fill_nan(out, N * C);
+    be->embedding_fwd(out, tok, table, N, C);
+    check_exact("embedding_fwd", out, want, N * C);
+    float *g0 = fnew(V * C);
+    be->embedding_bwd(g0, dout, tok, N, C);
+    EmbCtx c = {table, out, dout, tok, N, C};
+    fd_check("embedding_bwd", emb_loss, &c, table, V * C, g0);
+    float *pre = fnew(V * C);
+    fill_normal(pre, V * C, 1);
+    float *g1 = fcopy(pre, V * C);
+    be->embedding_bwd(g1, dout, tok, N, C);
+    check_accum("embedding_bwd", g1, pre, g0, V * C);
+    check_exact("embedding_bwd leaves unused rows", g1 + (V - 2) * C, pre + (V - 2) * C, 2 * C);
+    free(table); free(out); free(dout); free(want); free(g0); free(pre); free(g1);
+}
+
+// ---------------------------------------------------------------- rmsnorm
+typedef struct { float *x, *w, *out, *rstd; const float *dout; int N, C; float eps; } RmsCtx;
+static double rms_loss(void *p) {
+    RmsCtx *c = p;
+    be->rmsnorm_fwd(c->out, c->rstd, c->x, c->w, c->N, c->C, c->eps);
+    return dot_d(c->dout, c->out, (size_t)c->N * c->C);
+}
+static void test_rmsnorm(void) {
+    enum { N = 5, C = 24 };
+    const float eps = 1e-5f;
+    float *x = fnew(N * C), *w = fnew(C), *out = fnew(N * C), *rstd = fnew(N), *dout = fnew(N * C);
+    fill_normal(x, N * C, 1); fill_normal(dout, N * C, 1);
+    for (int c = 0; c < C; c++) w[c] = 1.0f + 0.3f * rng_normal(&R);
+    for (int c = 0; c < C; c++) x[2 * C + c] *= 0.3f;    // one smaller-norm row (still >> h, so FD stays accurate)
+    double *ref = dnew(N * C), *rref = dnew(N);
+    for (int n = 0; n < N; n++) {
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)x[n * C + c] * x[n * C + c];
+        rref[n] = 1.0 / sqrt(ss / C + (double)eps);
+        for (int c = 0; c < C; c++) ref[n * C + c] = x[n * C + c] * rref[n] * w[c];
+    }
+    fill_nan(out, N * C); fill_nan(rstd, N);
+    be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
+    check_arr("rmsnorm_fwd out", out, ref, NULL, N * C, FWD_RTOL, 1e-30);
+    check_arr("rmsnorm_fwd rstd", rstd, rref, NULL, N, FWD_RTOL, 0);
+
+    float *dx0 = fnew(N * C), *dw0 = fnew(C);
+    be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
+    float *rstd0 = fcopy(rstd, N);
+    be->rmsnorm_bwd(dx0, dw0, dout, x, w, rstd0, N, C);
+    RmsCtx c = {x, w, out, rstd, dout, N, C, eps};
+    fd_check("rmsnorm_bwd dinp", rms_loss, &c, x, N * C, dx0);
+    fd_check("rmsnorm_bwd dw", rms_loss, &c, w, C, dw0);
+    float *px = fnew(N * C), *pw = fnew(C);
+    fill_normal(px, N * C, 1); fill_normal(pw, C, 1);
+    float *dx1 = fcopy(px, N * C), *dw1 = fcopy(pw, C);
+    be->rmsnorm_bwd(dx1, dw1, dout, x, w, rstd0, N, C);
+    check_accum("rmsnorm_bwd dinp", dx1, px, dx0, N * C);
+    check_accum("rmsnorm_bwd dw", dw1, pw, dw0, C);
+    memcpy(dx1, px, N * C * sizeof(float));
+    be->rmsnorm_bwd(dx1, NULL, dout, x, w, rstd0, N, C);
+    check_accum("rmsnorm_bwd dinp (dw NULL)", dx1, px, dx0, N * C);
+    free(x); free(w); free(out); free(rstd); free(dout); free(ref); free(rref);
+    free(dx0); free(dw0); free(rstd0); free(px); free(pw); free(dx1); free(dw1);
+}
+
+// ---------------------------------------------------------------- rope
+typedef struct { float *x, *tmp; const float *dout; int B, T, nh, hd; float theta; } RopeCtx;
+static double rope_loss(void *p) {
+    RopeCtx *c = p;
+    size_t n = (size_t)c->B * c->T * c->nh * c->hd;
+    memcpy(c->tmp, c->x, n * sizeof(float));
+    be->rope_fwd(c->tmp, c->B, c->T, c->nh, c->hd, c->theta);
+    return dot_d(c->dout, c->tmp, n);
+}
+static void test_rope(int B, int T, int nh, int hd, float theta) {
+    char lab[96];
+    size_t n = (size_t)B * T * nh * hd;
+    int half = hd / 2;
+    float *x = fnew(n), *y = fnew(n), *dout = fnew(n), *tmp = fnew(n);
+    double *ref = dnew(n), *mag = dnew(n);
+    fill_normal(x, n, 1); fill_normal(dout, n, 1);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++) {
+                size_t o = (((size_t)b * T + t) * nh + h) * hd;
+                for (int j = 0; j < half; j++) {
+                    double ang = t * pow((double)theta, -2.0 * j / hd), cs = cos(ang), sn = sin(ang);
+                    double x1 = x[o + j], x2 = x[o + j + half];
+                    ref[o + j] = x1 * cs - x2 * sn;
+                    ref[o + j + half] = x2 * cs + x1 * sn;
+                    mag[o + j] = mag[o + j + half] = fabs(x1) + fabs(x2);
+                }
+            }
+    memcpy(y, x, n * sizeof(float));
+    be->rope_fwd(y, B, T, nh, hd, theta);
+    snprintf(lab, sizeof lab, "rope_fwd B=%d T=%d nh=%d hd=%d theta=%g", B, T, nh, hd, theta);
+    check_arr(lab, y, ref, mag, n, FWD_RTOL, 1e-30);
+    // rope_bwd is the exact inverse rotation
+    be->rope_bwd(y, B, T, nh, hd, theta);
+    double *xd = dnew(n), *one = dnew(n);
+    for (size_t i = 0; i < n; i++) { xd[i] = x[i]; one[i] = 1.0 + fabs(x[i]); }
+    snprintf(lab, sizeof lab, "rope_bwd(rope_fwd(x)) == x (1e-6) B=%d T=%d hd=%d", B, T, hd);
+    check_arr(lab, y, xd, one, n, 1e-6, 0);
+    // rope_bwd as the gradient (in place: it transforms dout, there is nothing to accumulate)
+    float *g = fcopy(dout, n);
+    be->rope_bwd(g, B, T, nh, hd, theta);
+    RopeCtx c = {x, tmp, dout, B, T, nh, hd, theta};
+    snprintf(lab, sizeof lab, "rope_bwd gradient B=%d T=%d nh=%d hd=%d", B, T, nh, hd);
+    fd_check(lab, rope_loss, &c, x, n, g);
+    free(x); free(y); free(dout); free(tmp); free(ref); free(mag); free(xd); free(one); free(g);
+}
+
+// ---------------------------------------------------------------- attention
+typedef struct { float *q, *k, *v, *out, *lse; const float *dout; int B, T, H, KV, hd; } AttCtx;
+static double att_loss(void *p) {
+    AttCtx *c = p;
+    be->attention_fwd(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->KV, c->hd);
+    return dot_d(c->dout, c->out, (size_t)c->B * c->T * c->H * c->hd);
+}
+static void test_attention(int B, int T, int H, int KV, int hd) {
+    char lab[128];
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
+    float *q = fnew(nq), *k = fnew(nk), *v = fnew(nk), *out = fnew(nq), *lse = fnew(nl), *dout = fnew(nq);
+    fill_normal(q, nq, 1); fill_normal(k, nk, 1); fill_normal(v, nk, 1); fill_normal(dout, nq, 1);
+    double *ref = dnew(nq), *mag = dnew(nq), *lref = dnew(nl), *lmag = dnew(nl);
+    double *S = dnew((size_t)T * T);   // the materialised causal (T, T) score matrix of one (b, h)
+    double sc = 1.0 / sqrt((double)hd);
+    int rep = H / KV;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            int kh = h / rep;
+            for (int t = 0; t < T; t++)
+                for (int u = 0; u < T; u++) {
+                    if (u > t) { S[t * T + u] = -INFINITY; continue; }
+                    double a = 0;
+                    for (int i = 0; i < hd; i++)
+                        a += (double)q[(((size_t)b * T + t) * H + h) * hd + i] * k[(((size_t)b * T + u) * KV + kh) * hd + i];
+                    S[t * T + u] = a * sc;
+                }
+            for (int t = 0; t < T; t++) {
+                double mx = -INFINITY, s = 0, smax = 0;
+                for (int u = 0; u < T; u++) if (S[t * T + u] > mx) mx = S[t * T + u];
+                for (int u = 0; u < T; u++) s += exp(S[t * T + u] - mx);   // exp(-inf) = 0: masked
+                for (int u = 0; u <= t; u++) if (fabs(S[t * T + u]) > smax) smax = fabs(S[t * T + u]);
+                lref[((size_t)b * H + h) * T + t] = mx + log(s);
+                lmag[((size_t)b * H + h) * T + t] = fabs(mx + log(s)) + smax;
+                for (int i = 0; i < hd; i++) {
+                    double o = 0, m = 0;
+                    for (int u = 0; u <= t; u++) {
+                        double pr = exp(S[t * T + u] - mx) / s, vv = v[(((size_t)b * T + u) * KV + kh) * hd + i];
+                        o += pr * vv; m += pr * fabs(vv);
+                    }
+                    ref[(((size_t)b * T + t) * H + h) * hd + i] = o;
+                    mag[(((size_t)b * T + t) * H + h) * hd + i] = m;
+                }
+            }
+        }
+    fill_nan(out, nq); fill_nan(lse, nl);
+    be->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd);
+    snprintf(lab, sizeof lab, "attention_fwd out B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+    check_arr(lab, out, ref, mag, nq, FWD_RTOL, 1e-30);
+    snprintf(lab, sizeof lab, "attention_fwd lse B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+    check_arr(lab, lse, lref, lmag, nl, FWD_RTOL, 1e-30);
+
+    float *out0 = fcopy(out, nq), *lse0 = fcopy(lse, nl);
+    float *dq0 = fnew(nq), *dk0 = fnew(nk), *dv0 = fnew(nk);
+    be->attention_bwd(dq0, dk0, dv0, dout, out0, lse0, q, k, v, B, T, H, KV, hd);
+    AttCtx c = {q, k, v, out, lse, dout, B, T, H, KV, hd};
+    snprintf(lab, sizeof lab, "attention_bwd dq B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+    fd_check(lab, att_loss, &c, q, nq, dq0);
+    snprintf(lab, sizeof lab, "attention_bwd dk B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+    fd_check(lab, att_loss, &c, k, nk, dk0);
+    snprintf(lab, sizeof lab, "attention_bwd dv B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
+    fd_check(lab, att_loss, &c, v, nk, dv0);
+    float *pq = fnew(nq), *pk = fnew(nk), *pv = fnew(nk);
+    fill_normal(pq, nq, 1); fill_normal(pk, nk, 1); fill_normal(pv, nk, 1);
+    float *dq1 = fcopy(pq, nq), *dk1 = fcopy(pk, nk), *dv1 = fcopy(pv, nk);
+    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd);
+    check_accum("attention_bwd dq", dq1, pq, dq0, nq);
+    check_accum("attention_bwd dk", dk1, pk, dk0, nk);
+    check_accum("attention_bwd dv", dv1, pv, dv0, nk);
+    free(q); free(k); free(v); free(out); free(lse); free(dout); free(ref); free(mag); free(lref); free(lmag);
+    free(S); free(out0); free(lse0); free(dq0); free(dk0); free(dv0); free(pq); free(pk); free(pv);
+    free(dq1); free(dk1); free(dv1);
+}
+
+// ---------------------------------------------------------------- swiglu
+typedef struct { float *h1, *h3, *out; const float *dout; size_t n; } SwiCtx;
+static double swi_loss(void *p) {
+    SwiCtx *c = p;
+    be->swiglu_fwd(c->out, c->h1, c->h3, c->n);
+    return dot_d(c->dout, c->out, c->n);
+}
+static void test_swiglu(void) {
+    enum { n = 48 };
+    float *h1 = fnew(n), *h3 = fnew(n), *out = fnew(n), *dout = fnew(n);
+    fill_normal(h1, n, 3); fill_normal(h3, n, 1); fill_normal(dout, n, 1);
+    h1[0] = 0; h1[1] = 20; h1[2] = -20;   // silu(0) = 0, saturated ends
+    double *ref = dnew(n);
+    for (int i = 0; i < n; i++) ref[i] = (double)h1[i] / (1.0 + exp(-(double)h1[i])) * h3[i];
+    fill_nan(out, n);
+    be->swiglu_fwd(out, h1, h3, n);
+    check_arr("swiglu_fwd", out, ref, NULL, n, FWD_RTOL, 1e-30);
+    float *d10 = fnew(n), *d30 = fnew(n);
+    be->swiglu_bwd(d10, d30, dout, h1, h3, n);
+    SwiCtx c = {h1, h3, out, dout, n};
+    fd_check("swiglu_bwd dh1", swi_loss, &c, h1, n, d10);
+    fd_check("swiglu_bwd dh3", swi_loss, &c, h3, n, d30);
+    float *p1 = fnew(n), *p3 = fnew(n);
+    fill_normal(p1, n, 1); fill_normal(p3, n, 1);
+    float *d11 = fcopy(p1, n), *d31 = fcopy(p3, n);
+    be->swiglu_bwd(d11, d31, dout, h1, h3, n);
+    check_accum("swiglu_bwd dh1", d11, p1, d10, n);
+    check_accum("swiglu_bwd dh3", d31, p3, d30, n);
+    free(h1); free(h3); free(out); free(dout); free(ref); free(d10); free(d30); free(p1); free(p3);
+    free(d11); free(d31);
+}
+
+// ---------------------------------------------------------------- gather / scatter / scale_rows / row_dot / mul
+typedef struct { float *inp, *scale, *out; const float *pre, *dout; const int32_t *idx; int n, rows, C; } RowCtx;
+static double gather_loss(void *p) {
+    RowCtx *c = p;
+    be->gather_rows(c->out, c->inp, c->idx, c->n, c->C);
+    return dot_d(c->dout, c->out, (size_t)c->n * c->C);
+}
+static double scatter_loss(void *p) {
+    RowCtx *c = p;
+    memcpy(c->out, c->pre, (size_t)c->rows * c->C * sizeof(float));
+    be->scatter_add_rows(c->out, c->inp, c->idx, c->scale, c->n, c->C);
+    return dot_d(c->dout, c->out, (size_t)c->rows * c->C);
+}
+static void test_rows(void) {
+    enum { rows = 6, n = 10, C = 5, CD = 40 };
+    int32_t idx[n];
+    for (int i = 0; i < n; i++) idx[i] = (int32_t)rng_below(&R, rows - 1);   // row rows-1 never hit
+    idx[7] = idx[2];                                                          // a repeated row
+    float *inp = fnew(rows * C), *out = fnew(n * C), *want = fnew(n * C), *dout = fnew(n * C);
+    fill_normal(inp, rows * C, 1); fill_normal(dout, n * C, 1);
+    // gather_rows; its backward is scatter_add_rows (dinp[idx[i]] += dout[i])
+    for (int i = 0; i < n; i++) memcpy(want + i * C, inp + idx[i] * C, C * sizeof(float));
+    fill_nan(out, n * C);
+    be->gather_rows(out, inp, idx, n, C);
+    check_exact("gather_rows", out, want, n * C);
+    float *g = fnew(rows * C);
+    be->scatter_add_rows(g, dout, idx, NULL, n, C);
+    RowCtx gc = {inp, NULL, out, NULL, dout, idx, n, rows, C};
+    fd_check("gather_rows backward (scatter_add_rows)", gather_loss, &gc, inp, rows * C, g);
+
+    // scatter_add_rows with and without scale, into pre-filled rows
+    float *src = fnew(n * C), *scale = fnew(n), *pre = fnew(rows * C), *acc = fnew(rows * C), *dacc = fnew(rows * C);
+    fill_normal(src, n * C, 1); fill_normal(scale, n, 1); fill_normal(pre, rows * C, 1); fill_normal(dacc, rows * C, 1);
+    double *ref = dnew(rows * C), *mag = dnew(rows * C);
+    for (int with_scale = 0; with_scale < 2; with_scale++) {
+        for (int i = 0; i < rows * C; i++) { ref[i] = pre[i]; mag[i] = fabs(pre[i]); }
+        for (int i = 0; i < n; i++)
+            for (int c = 0; c < C; c++) {
+                double t = (with_scale ? (double)scale[i] : 1.0) * src[i * C + c];
+                ref[idx[i] * C + c] += t; mag[idx[i] * C + c] += fabs(t);
+            }
+        memcpy(acc, pre, rows * C * sizeof(float));
+        be->scatter_add_rows(acc, src, idx, with_scale ? scale : NULL, n, C);
+        check_arr(with_scale ? "scatter_add_rows (scale)" : "scatter_add_rows (scale NULL)", acc, ref, mag,
+                  rows * C, FWD_RTOL, 1e-30);
+    }
+    // the combine backward built from these ops (as moe.c does): dsrc = scale * gather(dacc),
+    // dscale = row_dot(gather(dacc), src)
+    float *gd = fnew(n * C), *dsrc = fnew(n * C), *dscale = fnew(n);
+    be->gather_rows(gd, dacc, idx, n, C);
+    fill_nan(dscale, n);
+    be->row_dot(dscale, gd, src, n, C);
+    memcpy(dsrc, gd, n * C * sizeof(float));
+    be->scale_rows(dsrc, scale, n, C);
+    RowCtx sc = {src, scale, acc, pre, dacc, idx, n, rows, C};
+    fd_check("scatter_add_rows backward dinp (gather + scale_rows)", scatter_loss, &sc, src, n * C, dsrc);
+    fd_check("scatter_add_rows backward dscale (gather + row_dot)", scatter_loss, &sc, scale, n, dscale);
+
+    // scale_rows
+    float *x = fnew(n * C);
+    fill_normal(x, n * C, 1);
+    double *xr = dnew(n * C);
+    for (int i = 0; i < n; i++) for (int c = 0; c < C; c++) xr[i * C + c] = (double)x[i * C + c] * scale[i];
+    be->scale_rows(x, scale, n, C);
+    check_arr("scale_rows", x, xr, NULL, n * C, FWD_RTOL, 1e-30);
+
+    // row_dot over rows of CD
+    float *a = fnew(n * CD), *b = fnew(n * CD), *dot = fnew(n);
+    fill_normal(a, n * CD, 1); fill_normal(b, n * CD, 1);
+    double dref[n], dmag[n];
+    for (int i = 0; i < n; i++) {
+        dref[i] = dmag[i] = 0;
+        for (int c = 0; c < CD; c++) { double t = (double)a[i * CD + c] * b[i * CD + c]; dref[i] += t; dmag[i] += fabs(t); }
+    }
+    fill_nan(dot, n);
+    be->row_dot(dot, a, b, n, CD);
+    check_arr("row_dot", dot, dref, dmag, n, FWD_RTOL, 1e-30);
+
+    // mul (and aliased out == a), axpy, scale
+    size_t m = n * CD;
+    float *o = fnew(m), *a2 = fcopy(a, m);
+    double *mr = dnew(m), *ar = dnew(m), *sr = dnew(m);
+    for (size_t i = 0; i < m; i++) mr[i] = (double)a[i] * b[i];
+    fill_nan(o, m);
+    be->mul(o, a, b, m);
+    check_arr("mul", o, mr, NULL, m, FWD_RTOL, 1e-30);
+    be->mul(a2, a2, b, m);
+    check_arr("mul (out aliases a)", a2, mr, NULL, m, FWD_RTOL, 1e-30);
+    double *amag = dnew(m);
+    for (size_t i = 0; i < m; i++) { ar[i] = (double)a[i] + 0.37 * (double)b[i]; amag[i] = fabs(a[i]) + fabs(0.37 * b[i]); }
+    float *y = fcopy(a, m);
+    be->axpy(y, b, 0.37f, m);
+    check_arr("axpy", y, ar, amag, m, FWD_RTOL, 1e-30);
+    for (size_t i = 0; i < m; i++) sr[i] = (double)a[i] * -1.7f;
+    float *s2 = fcopy(a, m);
+    be->scale(s2, -1.7f, m);
+    check_arr("scale", s2, sr, NULL, m, FWD_RTOL, 1e-30);
+
+    free(inp); free(out); free(want); free(dout); free(g); free(src); free(scale); free(pre); free(acc); free(dacc);
+    free(ref); free(mag); free(gd); free(dsrc); free(dscale); free(x); free(xr); free(a); free(b); free(dot);
+    free(o); free(a2); free(mr); free(ar); free(sr); free(amag); free(y); free(s2);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+typedef struct { float *logits, *losses; const int32_t *tg; int N, V; float dloss; } CeCtx;
+static double ce_loss(void *p) {
+    CeCtx *c = p;
+    be->cross_entropy_fwd(c->losses, c->logits, c->tg, c->N, c->V);
+    double s = 0;
+    for (int i = 0; i < c->N; i++) s += (double)c->dloss * c->losses[i];
+    return s;
+}
+static void test_cross_entropy(void) {
+    enum { N = 6, V = 37 };
+    const float dloss = 0.37f;
+    int32_t tg[N];
+    for (int i = 0; i < N; i++) tg[i] = (int32_t)rng_below(&R, V);
+    tg[1] = 0; tg[2] = V - 1;
+    float *lg = fnew(N * V), *losses = fnew(N);
+    fill_normal(lg, N * V, 3);
+    lg[3 * V + tg[3]] = 30;   // a confident correct row (loss ~ 0)
+    double lref[N], lmag[N], *gref = dnew(N * V), *gmag = dnew(N * V);
+    for (int i = 0; i < N; i++) {
+        double mx = -INFINITY, s = 0;
+        for (int j = 0; j < V; j++) if (lg[i * V + j] > mx) mx = lg[i * V + j];
+        for (int j = 0; j < V; j++) s += exp((double)lg[i * V + j] - mx);
+        double l = mx + log(s);
+        lref[i] = l - lg[i * V + tg[i]];
+        lmag[i] = fabs(l) + fabs(lg[i * V + tg[i]]);
+        for (int j = 0; j < V; j++) {
+            double pr = exp((double)lg[i * V + j] - l), oh = j == tg[i];
+            gref[i * V + j] = (pr - oh) * dloss;
+            gmag[i * V + j] = (pr + oh) * dloss;
+        }
+    }
+    fill_nan(losses, N);
+    be->cross_entropy_fwd(losses, lg, tg, N, V);
+    check_arr("cross_entropy_fwd", losses, lref, lmag, N, FWD_RTOL, 1e-30);
+    float *lg2 = fcopy(lg, N * V);
+    fill_nan(losses, N);
+    be->cross_entropy_fwd_bwd(losses, lg2, tg, N, V, dloss);
+    check_arr("cross_entropy_fwd_bwd losses", losses, lref, lmag, N, FWD_RTOL, 1e-30);
+    check_arr("cross_entropy_fwd_bwd dlogits vs (softmax - onehot) * dloss", lg2, gref, gmag, N * V, FWD_RTOL, 1e-12);
+    CeCtx c = {lg, losses, tg, N, V, dloss};
+    fd_check("cross_entropy_fwd_bwd dlogits vs finite differences", ce_loss, &c, lg, N * V, lg2);
+    free(lg); free(losses); free(gref); free(gmag); free(lg2);
+}
+
+// ---------------------------------------------------------------- sumsq, adamw
+static void test_sumsq(void) {
+    size_t sizes[] = {0, 1, 7, 40000};   // 40000 spans several of the kernel's chunks
+    for (int s = 0; s < 4; s++) {
+        size_t n = sizes[s];
+        float *x = fnew(n);
+        fill_normal(x, n, 2);
+        double ref = 0;
+        for (size_t i = n; i-- > 0;) ref += (double)x[i] * x[i];   // reverse order: independent
+        double got = be->sumsq(x, n);
+        char lab[64];
+        snprintf(lab, sizeof lab, "sumsq n=%zu (double accumulator)", n);
+        EXPECT_NEAR(got, ref, 1e-12 * ref, lab);
+        free(x);
+    }
+}
+
+static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
+    enum { n = 40 };
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+    float *p = fnew(n), *g = fnew(n), *m = fnew(n), *v = fnew(n);
+    fill_normal(p, n, 1);
+    if (!zero_grad) fill_normal(g, n, 0.1f);
+    if (!zero_grad) g[3] = 0;
+    if (!zero_state) { fill_normal(m, n, 0.05f); for (int i = 0; i < n; i++) v[i] = 0.01f * fabsf(rng_normal(&R)); }
+    double pr[n], mr[n], vr[n], pm[n], mm[n], vm[n];
+    double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
+    for (int i = 0; i < n; i++) {
+        mr[i] = (double)b1 * m[i] + (1 - (double)b1) * g[i];
+        vr[i] = (double)b2 * v[i] + (1 - (double)b2) * (double)g[i] * g[i];
+        double upd = (mr[i] / c1) / (sqrt(vr[i] / c2) + eps);
+        pr[i] = p[i] - lr * (upd + (double)wd * p[i]);   // decoupled decay on the old p
+        pm[i] = fabs(p[i]) + lr * (fabs(upd) + fabs((double)wd * p[i]));
+        mm[i] = fabs((double)b1 * m[i]) + fabs((1 - (double)b1) * g[i]);
+        vm[i] = fabs((double)b2 * v[i]) + fabs((1 - (double)b2) * (double)g[i] * g[i]);
+    }
+    be->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+    char lab[96];
+    snprintf(lab, sizeof lab, "adamw p (t=%d wd=%g%s%s)", t, wd, zero_state ? " fresh" : "", zero_grad ? " g=0" : "");
+    check_arr(lab, p, pr, pm, n, FWD_RTOL, 1e-30);
+    snprintf(lab, sizeof lab, "adamw m (t=%d)", t);
+    check_arr(lab, m, mr, mm, n, FWD_RTOL, 1e-30);
+    snprintf(lab, sizeof lab, "adamw v (t=%d)", t);
+    check_arr(lab, v, vr, vm, n, FWD_RTOL, 1e-30);
+    free(p); free(g); free(m); free(v);
+}
+
+int main(void) {
+    be = backend_cpu();
+    rng_seed(&R, 20240607);
+    test_memory();
+    test_matmul(7, 33, 9);
+    test_matmul(4, 64, 3);
+    test_matmul(1, 5, 1);
+    test_grouped_matmul();
+    test_embedding();
+    test_rmsnorm();
+    test_rope(2, 5, 3, 8, 10000.0f);
+    test_rope(1, 7, 2, 4, 100.0f);
+    test_attention(2, 5, 4, 2, 4);    // GQA
+    test_attention(1, 6, 3, 3, 8);    // MHA
+    test_attention(1, 4, 2, 1, 6);    // MQA
+    test_attention(2, 1, 2, 1, 4);    // T = 1: out = v
+    test_swiglu();
+    test_rows();
+    test_cross_entropy();
+    test_sumsq();
+    test_adamw(1, 0.1f, 1, 0);
+    test_adamw(5, 0.1f, 0, 0);
+    test_adamw(3, 0.0f, 0, 0);
+    test_adamw(1, 0.1f, 1, 1);        // g = 0: pure decoupled decay
+    return test_done("test_ops");
+}
