@@ -57,7 +57,11 @@ LAYOUTS="2|--tp 1|dp2
 4|--tp 2 --etp 2|tp2+dp2+etp2
 4|--ep 2 --etp 2|dp4+ep2+etp2
 8|--ep 4 --etp 2 --batch 8 --grad-accum 1|ep4+etp2 on 8 ranks
-8|--tp 2 --ep 2 --etp 2|tp2+dp4+ep2+etp2"
+8|--tp 2 --ep 2 --etp 2|tp2+dp4+ep2+etp2
+2|--zero 1|dp2 zero1
+4|--ep 2 --zero 2 --bucket-mb 0.01|dp4+ep2 zero2 (small buckets)
+4|--tp 2 --ep 2 --zero 2 --overlap 0|tp2+dp2+ep2 zero2 no overlap
+8|--tp 2 --ep 2 --etp 2 --zero 1 --bucket-mb 0.01|tp2+dp4+ep2+etp2 zero1"
 
 for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --grad-accum 2"; do
   for extra in ""; do
@@ -89,13 +93,14 @@ if $MPI -np 4 "$MOE" train --out "$TMP/run" $BASE $U --tp 2 --ep 2 --check-repli
   compare "$TMP/ru" "$TMP/run" "uneven TP slices (odd tokens per rank)"
 else fail "uneven TP slices: mpirun failed"; fi
 
-# resharding resume: saved on 8 ranks (tp2, ep2, etp2), resumed on 2 ranks (ep2) and on 1 process
+# resharding resume: saved on 8 ranks (tp2, ep2, etp2, zero 2), resumed on 2 ranks (ep2, zero 1)
+# and on 1 process
 R="$BASE --steps 8 --save-every 4 --keep 0"
 "$MOE" train --out "$TMP/full" $R > /dev/null 2>&1
 # (the lr schedule is a function of --steps, so the 8-rank run is the 8-step run; its step-4
 # checkpoint is what a crash after step 4 would have left)
-$MPI -np 8 "$MOE" train --out "$TMP/r8" $R --tp 2 --ep 2 --etp 2 > /dev/null 2>&1 < /dev/null
-for target in "2|--ep 2" "1|"; do
+$MPI -np 8 "$MOE" train --out "$TMP/r8" $R --tp 2 --ep 2 --etp 2 --zero 2 > /dev/null 2>&1 < /dev/null
+for target in "2|--ep 2 --zero 1" "1|"; do
   np="${target%%|*}"; flags="${target#*|}"
   d="$TMP/resume_$np"; rm -rf "$d"; mkdir -p "$d"
   cp -r "$TMP/r8/step_00000004" "$d/"
@@ -103,7 +108,7 @@ for target in "2|--ep 2" "1|"; do
   if [ "$np" = 1 ]; then cmd=("$MOE"); else cmd=($MPI -np "$np" "$MOE"); fi
   if "${cmd[@]}" train --out "$d" $R $flags --resume --check-replicas > "$d/out.txt" 2>&1 < /dev/null; then
     [ "$np" = 1 ] && echo "replica check: ok" >> "$d/out.txt"
-    compare "$TMP/full" "$d" "saved on 8 ranks (tp2 ep2 etp2), resumed on $np ${flags:-process}"
+    compare "$TMP/full" "$d" "saved on 8 ranks (tp2 ep2 etp2 zero2), resumed on $np ${flags:-process}"
   else fail "resume on $np ranks failed"; tail -5 "$d/out.txt"; fi
 done
 

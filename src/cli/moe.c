@@ -109,6 +109,9 @@ static const Opt opts[] = {
     {"ep", O_INT, TO(ep), C_TRAIN | C_INFO, "expert parallel size (carved out of the data-parallel ranks)"},
     {"etp", O_INT, TO(etp), C_TRAIN | C_INFO, "expert tensor parallel size (each expert's f split)"},
     {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (1 only, for now)"},
+    {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
+    {"overlap", O_INT, TO(overlap), C_TRAIN, "1: reduce gradient buckets while backward runs"},
+    {"bucket-mb", O_FLOAT, TO(bucket_mb), C_TRAIN, "gradient bucket size cap in MB"},
     {"world", O_INT, CO(world), C_INFO, "number of processes to show the mesh for"},
     {"force", O_FLAG, TO(force), C_TRAIN | C_EXPORT, "start over in --out, deleting the run there (export: replace it)"},
 };
@@ -585,6 +588,26 @@ static int cmd_info(State *s) {
         bad = mesh_shape_resolve(&ms, &c);
         if (bad) DIE("impossible mesh: %s", bad);
         mesh_print(&ms, stdout);
+        // per-rank memory (rank 0; every rank holds the same amount by symmetry)
+        ParamSlicing sl = {ms.tp, 0, ms.ep, 0, ms.etp, 0};
+        ParamTable lt;
+        params_build_local(&lt, &c, &sl);
+        double mom = 0;
+        for (int i = 0; i < lt.n; i++) {
+            const ParamSpec *p = &lt.p[i];
+            int group = p->reduce == RED_DP ? ms.dp : p->reduce == RED_EDP ? ms.edp : ms.tp * ms.dp;
+            mom += 2.0 * p->lnumel / (s->train.zero ? group : 1);
+        }
+        char a1[32], a2[32], a3[32];
+        fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
+        fmt_bytes(a2, sizeof a2, 4.0 * mom);
+        fmt_bytes(a3, sizeof a3, 4.0 * (2.0 * lt.ltotal + mom));
+        printf("per rank (zero %d, float32): params %s, grads %s, AdamW moments %s; total %s\n", s->train.zero, a1, a1,
+               a2, a3);
+        if (s->train.zero == 2)
+            printf("  (zero 2 reduces each bucket straight into this rank's shard; the gradient accumulation buffer "
+                   "stays whole, so its memory is as zero 1)\n");
+        params_free(&lt);
     }
     return 0;
 }

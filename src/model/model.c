@@ -168,6 +168,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     be->zero(m->dres, (size_t)N * d * F);
     be->rmsnorm_bwd(m->dres, P(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
                     P(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L);
     for (int l = L - 1; l >= 0; l--) {
         LayerActs *a = &m->la[l];
         // MoE block: out = x_mid + moe(norm(x_mid))
@@ -199,8 +200,10 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         if (gsize(m->mesh.tp) > 1) comm_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_ATTN_NORM, l, -1), m->dxn, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1),
                         a->rstd1, N, d);
+        if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);
     }
     be->embedding_bwd(P(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);
 }
 
 void model_logits_row(const Model *m, int b, int t, float *out) {

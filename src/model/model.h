@@ -43,6 +43,10 @@ typedef struct {
     // backward scratch
     float *dres, *dxn, *dq, *dk, *dv, *datt;
     MoeScratch ms;
+    // optional: called during model_backward as soon as a group of gradients is final:
+    // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
+    void (*grads_ready)(void *ctx, int layer);
+    void *grads_ready_ctx;
     // results of the last forward
     int B, T;
     double aux, z;                 // mean over layers of the per-layer router losses (global)

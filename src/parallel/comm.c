@@ -17,7 +17,7 @@ static void self_allgather(const Comm *c, const void *send, void *recv, size_t n
 }
 static void self_allgatherv(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
                             const size_t *displs, CommType t) {
-    memmove((char *)recv + displs[0] * comm_type_size(t), send, n * comm_type_size(t));
+    if (send != (char *)recv + displs[0] * comm_type_size(t)) memmove((char *)recv + displs[0] * comm_type_size(t), send, n * comm_type_size(t));
 }
 static void self_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
     if (send != recv) memmove(recv, send, counts[0] * comm_type_size(t));
@@ -32,12 +32,16 @@ static void self_barrier(const Comm *c) {}
 static CommReq *self_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     return xcalloc(1, sizeof(CommReq));
 }
+static CommReq *self_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    self_reduce_scatter(c, send, recv, counts, t);
+    return xcalloc(1, sizeof(CommReq));
+}
 static int self_test(CommReq *r) { return 1; }
 static void self_wait(CommReq *r) { free(r); }
 
 const CommOps comm_self_ops = {
     self_allreduce, self_allgather, self_allgatherv, self_reduce_scatter, self_alltoallv, self_bcast, self_barrier,
-    self_iallreduce, self_test, self_wait,
+    self_iallreduce, self_ireduce_scatter, self_test, self_wait,
 };
 
 static const Comm self_comm = {0, 1, "self", &comm_self_ops, NULL};
@@ -61,6 +65,9 @@ void comm_alltoallv(const Comm *c, const void *send, const size_t *sc, const siz
 void comm_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) { C(c)->ops->bcast(C(c), buf, n, t, root); }
 void comm_barrier(const Comm *c) { C(c)->ops->barrier(C(c)); }
 CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t) { return C(c)->ops->iallreduce(C(c), buf, n, t); }
+CommReq *comm_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    return C(c)->ops->ireduce_scatter(C(c), send, recv, counts, t);
+}
 
 int comm_test(CommReq *r) { return r->ops ? ((const CommOps *)r->ops)->test(r) : 1; }
 void comm_wait(CommReq *r) {

@@ -15,7 +15,7 @@ typedef struct CommReq CommReq;
 typedef struct {
     void (*allreduce)(const Comm *c, void *buf, size_t n, CommType t);                 // sum, in place
     void (*allgather)(const Comm *c, const void *send, void *recv, size_t n, CommType t); // recv: size*n
-    // recv gets counts[i] elements from rank i at displs[i]
+    // recv gets counts[i] elements from rank i at displs[i]; send may be recv + displs[rank] (in place)
     void (*allgatherv)(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
                        const size_t *displs, CommType t);
     // sum over ranks of send (sum(counts) elements); rank i keeps its counts[i] block
@@ -26,6 +26,8 @@ typedef struct {
     void (*barrier)(const Comm *c);
     // non-blocking allreduce (sum, in place); progress with test, finish with wait (frees req)
     CommReq *(*iallreduce)(const Comm *c, void *buf, size_t n, CommType t);
+    // non-blocking reduce_scatter (send and recv must not overlap)
+    CommReq *(*ireduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
     int (*test)(CommReq *r);
     void (*wait)(CommReq *r);
 } CommOps;
@@ -54,6 +56,7 @@ void comm_alltoallv(const Comm *c, const void *send, const size_t *scounts, cons
 void comm_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 void comm_barrier(const Comm *c);
 CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
+CommReq *comm_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
 int comm_test(CommReq *r);
 void comm_wait(CommReq *r);
 

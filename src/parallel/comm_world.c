@@ -43,7 +43,8 @@ static int *ints(const size_t *a, int n) {
 static void m_allgatherv(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
                          const size_t *displs, CommType t) {
     int *rc = ints(counts, c->size), *rd = ints(displs, c->size);
-    MPI_CHECK(MPI_Allgatherv(send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
+    int in_place = send == (const char *)recv + displs[c->rank] * comm_type_size(t);
+    MPI_CHECK(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
     free(rc); free(rd);
 }
 static void m_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
@@ -69,6 +70,15 @@ static CommReq *m_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
     return r;
 }
+static CommReq *m_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    CommReq *r = xcalloc(1, sizeof *r);
+    r->ops = &mpi_ops;
+    r->impl = xmalloc(sizeof(MPI_Request) + sizeof(int) * c->size);
+    int *rc = (int *)((MPI_Request *)r->impl + 1);   // must live until the request completes
+    for (int i = 0; i < c->size; i++) rc[i] = ci(counts[i]);
+    MPI_CHECK(MPI_Ireduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
+    return r;
+}
 static int m_test(CommReq *r) {
     int flag = 0;
     MPI_CHECK(MPI_Test((MPI_Request *)r->impl, &flag, MPI_STATUS_IGNORE));
@@ -81,7 +91,7 @@ static void m_wait(CommReq *r) {
 }
 static const CommOps mpi_ops = {
     m_allreduce, m_allgather, m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
-    m_iallreduce, m_test, m_wait,
+    m_iallreduce, m_ireduce_scatter, m_test, m_wait,
 };
 
 static int mpi_started = 0;

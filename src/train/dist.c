@@ -4,9 +4,13 @@
 #include <math.h>
 #include "core/common.h"
 
-void dist_init(Dist *d, const Mesh *mesh) {
+void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_bytes) {
     memset(d, 0, sizeof *d);
     d->mesh = mesh;
+    d->zero = mesh ? zero : 0;
+    d->overlap = overlap;
+    d->bucket_elems = bucket_bytes / sizeof(float);
+    if (d->bucket_elems < 1024) d->bucket_elems = 1024;
     d->mm.sl = (ParamSlicing){1, 0, 1, 0, 1, 0};
     if (!mesh) return;
     d->mm.tp = mesh->tp; d->mm.dp = mesh->dp; d->mm.ep = mesh->ep; d->mm.etp = mesh->etp;
@@ -20,41 +24,198 @@ static const Comm *group_of(const Dist *d, ReduceGroup g) {
     if (!d->mesh) return NULL;
     return g == RED_DP ? d->mesh->dp : g == RED_EDP ? d->mesh->edp : d->mesh->stage;
 }
+static int gsz(const Comm *c) { return c ? c->size : 1; }
+static int grk(const Comm *c) { return c ? c->rank : 0; }
 
-void dist_reduce_grads(const Dist *d, const Model *m) {
-    if (!d->mesh) return;
+static int layer_key(const ParamSpec *s, int L) {
+    if (s->role == PR_EMBED) return -1;
+    if (s->role == PR_LM_HEAD || s->role == PR_FINAL_NORM) return L;
+    return s->layer;
+}
+
+void dist_attach(Dist *d, Model *m) {
     const ParamTable *t = &m->t;
-    // contiguous runs of tensors sharing a group
-    int i = 0;
-    while (i < t->n) {
-        if (!t->p[i].lnumel) { i++; continue; }
-        ReduceGroup g = t->p[i].reduce;
-        size_t start = t->p[i].loffset, n = 0;
-        while (i < t->n && (!t->p[i].lnumel || t->p[i].reduce == g)) { n += t->p[i].lnumel; i++; }
-        const Comm *c = group_of(d, g);
-        if (c && c->size > 1) comm_allreduce(c, m->grads + start, n, CT_F32);
+    int L = m->c.n_layers, cap = 0;
+    for (int i = 0; i < t->n;) {
+        const ParamSpec *s = &t->p[i];
+        if (!s->lnumel) { i++; continue; }
+        ReduceGroup g = s->reduce;
+        int key = layer_key(s, L);
+        size_t off = s->loffset, n = 0;
+        while (i < t->n && (!t->p[i].lnumel || (t->p[i].reduce == g && layer_key(&t->p[i], L) == key))) {
+            n += t->p[i].lnumel;
+            i++;
+        }
+        for (size_t o = 0; o < n; o += d->bucket_elems) {
+            if (d->nb == cap) { cap = cap ? 2 * cap : 64; d->b = xrealloc(d->b, sizeof(GradBucket) * cap); }
+            GradBucket *b = &d->b[d->nb++];
+            memset(b, 0, sizeof *b);
+            b->off = off + o;
+            b->n = n - o < d->bucket_elems ? n - o : d->bucket_elems;
+            b->g = g;
+            b->layer = key;
+            const Comm *c = group_of(d, g);
+            int S = d->zero ? gsz(c) : 1, r = d->zero ? grk(c) : 0;
+            b->s0 = b->n * r / S;
+            b->s1 = b->n * (r + 1) / S;
+            b->moff = d->mom_n;
+            d->mom_n += b->s1 - b->s0;
+            if (d->zero == 2) b->tmp = xmalloc(sizeof(float) * (b->s1 - b->s0 ? b->s1 - b->s0 : 1));
+        }
+    }
+    d->m1 = xcalloc(d->mom_n ? d->mom_n : 1, sizeof(float));
+    d->m2 = xcalloc(d->mom_n ? d->mom_n : 1, sizeof(float));
+}
+
+void dist_free(Dist *d) {
+    for (int i = 0; i < d->nb; i++) free(d->b[i].tmp);
+    free(d->b);
+    free(d->m1);
+    free(d->m2);
+    d->b = NULL;
+    d->nb = 0;
+}
+
+// rows of bucket b owned by each rank of its group (ZeRO-2 reduce-scatter counts)
+static void shard_counts(const GradBucket *b, int S, size_t *counts) {
+    for (int r = 0; r < S; r++) counts[r] = b->n * (r + 1) / S - b->n * r / S;
+}
+
+static void start_bucket(Dist *d, Model *m, GradBucket *b) {
+    b->started = 1;
+    const Comm *c = group_of(d, b->g);
+    if (gsz(c) == 1) return;
+    float *g = m->grads + b->off;
+    if (d->zero == 2) {
+        size_t *cnt = xmalloc(sizeof(size_t) * gsz(c));
+        shard_counts(b, gsz(c), cnt);
+        b->req = comm_ireduce_scatter(c, g, b->tmp, cnt, CT_F32);
+        free(cnt);
+    } else {
+        b->req = comm_iallreduce(c, g, b->n, CT_F32);
     }
 }
 
+typedef struct { Dist *d; Model *m; } HookCtx;
+static HookCtx hook_ctx;
+static void on_ready(void *ctx, int layer) {
+    HookCtx *h = ctx;
+    for (int i = 0; i < h->d->nb; i++) {
+        GradBucket *b = &h->d->b[i];
+        if (!b->started && b->layer == layer) start_bucket(h->d, h->m, b);
+    }
+    // drive progress of what is in flight (MPI advances non-blocking collectives inside its calls)
+    for (int i = 0; i < h->d->nb; i++) if (h->d->b[i].req) comm_test(h->d->b[i].req);
+}
+
+void dist_arm(Dist *d, Model *m) {
+    if (!d->mesh || !d->overlap) return;
+    hook_ctx.d = d;
+    hook_ctx.m = m;
+    m->grads_ready = on_ready;
+    m->grads_ready_ctx = &hook_ctx;
+}
+
+void dist_finish_grads(Dist *d, Model *m) {
+    m->grads_ready = NULL;
+    m->grads_ready_ctx = NULL;
+    double t0 = now_seconds();
+    for (int i = 0; i < d->nb; i++) if (!d->b[i].started) start_bucket(d, m, &d->b[i]);
+    for (int i = 0; i < d->nb; i++) {
+        GradBucket *b = &d->b[i];
+        if (b->req) { comm_wait(b->req); b->req = NULL; }
+        if (d->zero == 2 && gsz(group_of(d, b->g)) > 1)
+            memcpy(m->grads + b->off + b->s0, b->tmp, sizeof(float) * (b->s1 - b->s0));
+        b->started = 0;
+    }
+    d->wait_s = now_seconds() - t0;
+}
+
+// class of a tensor for the norm: 0 replicated everywhere, 1 TP shard (sum over TP), 2 expert shard
+static int norm_class(const ParamSpec *s) { return s->expert >= 0 ? 2 : s->split_dim >= 0 ? 1 : 0; }
+
 double dist_grad_norm(const Dist *d, const Model *m) {
     const ParamTable *t = &m->t;
-    // rep: whole tensors replicated everywhere; tp: dense shards (sum over TP); ex: expert shards
-    // (sum over ETP and EP; EDP replicas are equal)
-    double rep = 0, tp = 0, ex = 0;
-    for (int i = 0; i < t->n; i++) {
-        const ParamSpec *s = &t->p[i];
-        if (!s->lnumel) continue;
-        double v = m->be->sumsq(m->grads + s->loffset, s->lnumel);
-        if (s->expert >= 0) ex += v;
-        else if (s->split_dim >= 0) tp += v;
-        else rep += v;
+    double cls[3] = {0, 0, 0};
+    if (d->zero == 2) {
+        // only my shard of each bucket holds reduced values: sum the shards over each group
+        double per[3][3] = {{0}};   // [group][class]
+        for (int i = 0; i < t->n; i++) {
+            const ParamSpec *s = &t->p[i];
+            if (!s->lnumel) continue;
+            for (int k = 0; k < d->nb; k++) {
+                const GradBucket *b = &d->b[k];
+                size_t lo = b->off + b->s0, hi = b->off + b->s1;
+                size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
+                if (a < e) per[b->g][norm_class(s)] += m->be->sumsq(m->grads + a, e - a);
+            }
+        }
+        for (int g = 0; g < 3; g++) {
+            comm_allreduce(group_of(d, (ReduceGroup)g), per[g], 3, CT_F64);
+            for (int c = 0; c < 3; c++) cls[c] += per[g][c];
+        }
+    } else {
+        for (int i = 0; i < t->n; i++) {
+            const ParamSpec *s = &t->p[i];
+            if (s->lnumel) cls[norm_class(s)] += m->be->sumsq(m->grads + s->loffset, s->lnumel);
+        }
     }
     if (d->mesh) {
-        comm_allreduce(d->mesh->tp, &tp, 1, CT_F64);
-        comm_allreduce(d->mesh->etp, &ex, 1, CT_F64);
-        comm_allreduce(d->mesh->ep, &ex, 1, CT_F64);
+        comm_allreduce(d->mesh->tp, &cls[1], 1, CT_F64);
+        comm_allreduce(d->mesh->etp, &cls[2], 1, CT_F64);
+        comm_allreduce(d->mesh->ep, &cls[2], 1, CT_F64);
     }
-    return sqrt(rep + tp + ex);
+    return sqrt(cls[0] + cls[1] + cls[2]);
+}
+
+// all-gather bucket b's shards of buf over its group (in place)
+static void gather_bucket(const Dist *d, const GradBucket *b, float *buf) {
+    const Comm *c = group_of(d, b->g);
+    int S = gsz(c);
+    if (!d->zero || S == 1) return;
+    size_t *cnt = xmalloc(sizeof(size_t) * S * 2), *dsp = cnt + S;
+    shard_counts(b, S, cnt);
+    for (int r = 0; r < S; r++) dsp[r] = b->n * r / S;
+    comm_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
+    free(cnt);
+}
+
+void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t) {
+    const ParamTable *tb = &m->t;
+    for (int k = 0; k < d->nb; k++) {
+        GradBucket *b = &d->b[k];
+        size_t lo = b->off + b->s0, hi = b->off + b->s1;
+        if (scale != 1.0f && hi > lo) m->be->scale(m->grads + lo, scale, hi - lo);
+        for (int i = 0; i < tb->n; i++) {
+            const ParamSpec *s = &tb->p[i];
+            size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
+            if (a >= e) continue;
+            size_t mo = b->moff + (a - lo);
+            m->be->adamw(m->params + a, m->grads + a, d->m1 + mo, d->m2 + mo, e - a, lr, b1, b2, eps,
+                         s->decay ? wd : 0.0f, t);
+        }
+        gather_bucket(d, b, m->params);
+    }
+}
+
+void dist_moments_get(const Dist *d, const Model *m, float *m1, float *m2) {
+    memset(m1, 0, sizeof(float) * m->t.ltotal);
+    memset(m2, 0, sizeof(float) * m->t.ltotal);
+    for (int k = 0; k < d->nb; k++) {
+        const GradBucket *b = &d->b[k];
+        memcpy(m1 + b->off + b->s0, d->m1 + b->moff, sizeof(float) * (b->s1 - b->s0));
+        memcpy(m2 + b->off + b->s0, d->m2 + b->moff, sizeof(float) * (b->s1 - b->s0));
+        gather_bucket(d, b, m1);
+        gather_bucket(d, b, m2);
+    }
+}
+
+void dist_moments_set(Dist *d, const Model *m, const float *m1, const float *m2) {
+    for (int k = 0; k < d->nb; k++) {
+        const GradBucket *b = &d->b[k];
+        memcpy(d->m1 + b->moff, m1 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
+        memcpy(d->m2 + b->moff, m2 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
+    }
 }
 
 void dist_gather_full(const Dist *d, const ParamTable *t, const float *local, float *full) {

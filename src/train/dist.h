@@ -1,27 +1,60 @@
-// dist.h — what the trainer does across the mesh with the parameter table: gradient reduction
-// by each tensor's group (DP / stage / EDP), the global gradient norm counting every element once,
-// and assembling full tensors from the ranks' slices (checkpoints) or slicing full ones (resume).
+// dist.h — what the trainer does across the mesh with the parameter table: gradient buckets
+// reduced over each tensor's group (DP / stage / EDP) as soon as backward finishes them
+// (non-blocking, overlapped with the rest of backward), ZeRO-1/2 (optimizer moments, and with
+// stage 2 the reduced gradients, sharded over the group), the global gradient norm counting
+// every element once, AdamW over this rank's shard, and full-tensor assembly for checkpoints.
 // Must not hold: the loop itself or file formats.
 #pragma once
+#include <stdio.h>
 #include "model/model.h"
 #include "parallel/mesh.h"
+
+// A bucket: a contiguous run of this rank's flat buffer, tensors of one layer and one group.
+typedef struct {
+    size_t off, n;             // elements [off, off+n) of the local flat buffers
+    ReduceGroup g;
+    int layer;                 // n_layers: LM head + final norm; -1: embedding
+    size_t s0, s1;             // the part of [0, n) this rank updates (ZeRO >= 1), else [0, n)
+    size_t moff;               // where that part's moments start
+    float *tmp;                // ZeRO-2 reduce-scatter landing buffer (s1 - s0)
+    CommReq *req;              // in flight
+    int started;
+} GradBucket;
 
 typedef struct {
     const Mesh *mesh;          // NULL: one process
     ModelMesh mm;              // the groups as the model sees them
+    int zero, overlap;
+    size_t bucket_elems;
+    GradBucket *b;
+    int nb;
+    float *m1, *m2;            // AdamW moments of the elements this rank updates
+    size_t mom_n;
+    double wait_s;             // time the last step spent waiting for gradient reductions
 } Dist;
 
-void dist_init(Dist *d, const Mesh *mesh);
-// Sum gradients over each tensor's reduction group (blocking).
-void dist_reduce_grads(const Dist *d, const Model *m);
-// Global L2 norm of the (reduced) gradients, identical on every rank.
+// zero: 0, 1 or 2; overlap: start bucket reductions during backward; bucket_bytes: bucket size cap.
+void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_bytes);
+// Lay the buckets and allocate the moments for this model (after model_init).
+void dist_attach(Dist *d, Model *m);
+void dist_free(Dist *d);
+// Arms the overlap hook on the model for the coming backward (the last micro-batch of a step).
+void dist_arm(Dist *d, Model *m);
+// Starts what is not yet started, waits for every bucket; grads then hold the reduced values
+// (ZeRO-2: only on this rank's shards).
+void dist_finish_grads(Dist *d, Model *m);
+// Global L2 norm of the reduced gradients, identical on every rank.
 double dist_grad_norm(const Dist *d, const Model *m);
+// Clip by `scale` (1 = none), AdamW on this rank's shards, then all-gather the updated parameters.
+void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t);
+// Moments in the local flat layout (every rank's shards gathered) and back (keeps my shards).
+void dist_moments_get(const Dist *d, const Model *m, float *m1_local, float *m2_local);
+void dist_moments_set(Dist *d, const Model *m, const float *m1_local, const float *m2_local);
 // full (t.total floats, every rank) = the whole model assembled from every rank's local buffer.
 void dist_gather_full(const Dist *d, const ParamTable *t, const float *local, float *full);
 // Mean over the DP group of a per-rank value (e.g. each rank's mean loss over equal token counts).
 double dist_mean_dp(const Dist *d, double v);
 int dist_rank0(const Dist *d);
-
 // Replica check (seed checklist): replicated tensors (router, norms, embeddings) bitwise equal on
 // every rank; TP shards equal across DP; expert shards equal across EDP and different across EP.
 // Returns the number of violations (identical on every rank); prints one line per failing kind.

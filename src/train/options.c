@@ -26,6 +26,9 @@ void train_options_default(TrainOptions *o) {
     o->sample_tokens = 200;
     o->plots = 1;
     o->tp = o->ep = o->etp = o->pp = 1;
+    o->zero = 0;
+    o->overlap = 1;
+    o->bucket_mb = 25.0f;
     snprintf(o->out, sizeof o->out, "runs/default");
 }
 
@@ -52,6 +55,9 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (o->sample_tokens < 0) BAD("--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
     if (!o->out[0]) BAD("--out must not be empty");
+    if (o->zero < 0 || o->zero > 2) BAD("--zero must be 0, 1 or 2 (got %d)", o->zero);
+    if (o->overlap < 0 || o->overlap > 1) BAD("--overlap must be 0 or 1 (got %d)", o->overlap);
+    if (!(o->bucket_mb > 0)) BAD("--bucket-mb must be > 0 (got %g)", o->bucket_mb);
     if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
 #undef BAD
     return NULL;

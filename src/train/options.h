@@ -27,6 +27,9 @@ typedef struct {
     int resume, force;
     // parallel layout (world size from the launcher; DP = world / (TP * PP))
     int tp, ep, etp, pp;
+    int zero;               // 0: replicated optimizer; 1: moments sharded; 2: + reduced gradients sharded
+    int overlap;            // 1: reduce gradient buckets during backward (non-blocking)
+    float bucket_mb;        // gradient bucket size cap (MB)
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
 } TrainOptions;

@@ -78,14 +78,16 @@ static void truncate_metrics(const char *path, int64_t last_step) {
 }
 
 // Assemble the full model and moments from every rank's slices; rank 0 writes the checkpoint.
-static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m, const float *mom1,
-                 const float *mom2, const TrainState *st) {
+static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m, const TrainState *st) {
     ParamTable full;
     params_build(&full, c);
     float *buf = xmalloc(full.total * sizeof(float) * 3);
+    float *m1 = xmalloc(m->t.ltotal * sizeof(float) * 2 + 1), *m2 = m1 + m->t.ltotal;
+    dist_moments_get(dist, m, m1, m2);
     dist_gather_full(dist, &m->t, m->params, buf);
-    dist_gather_full(dist, &m->t, mom1, buf + full.total);
-    dist_gather_full(dist, &m->t, mom2, buf + 2 * full.total);
+    dist_gather_full(dist, &m->t, m1, buf + full.total);
+    dist_gather_full(dist, &m->t, m2, buf + 2 * full.total);
+    free(m1);
     if (dist_rank0(dist)) {
         char path[2048];
         ckpt_path(path, sizeof path, o->out, st->step);
@@ -180,23 +182,26 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     Mesh mesh;
     mesh_init(&mesh, &shape, world);
     Dist dist;
-    dist_init(&dist, world->size > 1 ? &mesh : NULL);
+    dist_init(&dist, world->size > 1 ? &mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     int DP = shape.dp, dp_rank = mesh.me.dp;
     // Bm: sequences of a global micro-batch; Bl: this DP rank's share
     int T = o->seq_len, G = o->grad_accum, Bm = o->batch / G, Bl = Bm / DP, Ng = Bm * T;
     Model m;
     model_init(&m, &c, be, Bl, T, world->size > 1 ? &dist.mm : NULL);
     size_t P = m.t.ltotal;
-    float *mom1 = xcalloc(P, sizeof(float)), *mom2 = xcalloc(P, sizeof(float));
+    dist_attach(&dist, &m);
     if (resuming) {
         // any mesh resumes any checkpoint: read the full tensors, keep this rank's slices
         ParamTable full;
         params_build(&full, &c);
         float *buf = xmalloc(full.total * sizeof(float) * 3);
         ckpt_load(latest, &full, buf, buf + full.total, buf + 2 * full.total, &st);
+        float *m1 = xmalloc(P * sizeof(float) * 2 + 1), *m2 = m1 + P;
         params_full_to_local(&m.t, buf, m.params);
-        params_full_to_local(&m.t, buf + full.total, mom1);
-        params_full_to_local(&m.t, buf + 2 * full.total, mom2);
+        params_full_to_local(&m.t, buf + full.total, m1);
+        params_full_to_local(&m.t, buf + 2 * full.total, m2);
+        dist_moments_set(&dist, &m, m1, m2);
+        free(m1);
         free(buf);
         params_free(&full);
         if (st.seed != o->seed)
@@ -244,9 +249,10 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             z += m.z / G;
             dropped += m.dropped;
             for (int i = 0; i < L * E; i++) counts[i] += m.expert_counts[i];
+            if (g == G - 1) dist_arm(&dist, &m);   // the last backward finishes the gradients
             model_backward(&m, c.aux_coef / G, c.z_coef / G);
         }
-        dist_reduce_grads(&dist, &m);
+        dist_finish_grads(&dist, &m);
         double gnorm = dist_grad_norm(&dist, &m);
         float lr = lr_at(o, step);
         int skipped = !isfinite(loss) || !isfinite(gnorm);
@@ -255,12 +261,8 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
                     isfinite(loss) ? "gradient norm" : "loss");
         }
         if (!skipped) {
-            if (o->grad_clip > 0 && gnorm > o->grad_clip) be->scale(m.grads, (float)(o->grad_clip / gnorm), P);
-            for (int i = 0; i < m.t.n; i++) {
-                const ParamSpec *s = &m.t.p[i];
-                be->adamw(m.params + s->loffset, m.grads + s->loffset, mom1 + s->loffset, mom2 + s->loffset, s->lnumel,
-                          lr, o->beta1, o->beta2, o->adam_eps, s->decay ? o->weight_decay : 0.0f, step + 1);
-            }
+            float clip = o->grad_clip > 0 && gnorm > o->grad_clip ? (float)(o->grad_clip / gnorm) : 1.0f;
+            dist_adamw(&dist, &m, clip, lr, o->beta1, o->beta2, o->adam_eps, o->weight_decay, step + 1);
         }
         st.step = step + 1;
         st.seq_pos = (uint64_t)(step + 1) * o->batch;
@@ -289,6 +291,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         cJSON_AddNumberToObject(j, "tokens_per_s", tps);
         cJSON_AddNumberToObject(j, "tflops", tps * flops_tok / 1e12);
         cJSON_AddNumberToObject(j, "step_time_s", dt);
+        cJSON_AddNumberToObject(j, "grad_wait_s", dist.wait_s);
         cJSON_AddNumberToObject(j, "load_max_over_mean", worst);
         cJSON_AddNumberToObject(j, "dropped", (double)dropped);
         cJSON_AddBoolToObject(j, "skipped", skipped);
@@ -318,7 +321,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             if (mf) { fprintf(mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss); fflush(mf); }
             if (!o->quiet) fprintf(out, "  eval: val loss %.4f\n", ev.loss);
         }
-        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) save(&dist, o, &c, &m, mom1, mom2, &st);
+        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) save(&dist, o, &c, &m, &st);
     }
     if (mf) xfclose(mf, metrics_path);
     double wall = now_seconds() - t_start;
@@ -360,7 +363,8 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     if (ckpt_find_latest(o->out, latest, sizeof latest) == 0) fprintf(out, "checkpoint: %s\n", latest);
     fprintf(out, "metrics: %s\n", metrics_path);
     if (rank0 && o->plots && plot_run(o->out) == 0) fprintf(out, "plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
-    free(x); free(y); free(counts); free(mom1); free(mom2);
+    free(x); free(y); free(counts);
+    dist_free(&dist);
     model_free(&m);
     data_close(&ds);
     if (!rank0) fclose(out);
