@@ -112,6 +112,16 @@ for target in "2|--ep 2 --zero 1" "1|"; do
   else fail "resume on $np ranks failed"; tail -5 "$d/out.txt"; fi
 done
 
+# the MoE layer alone on a mesh vs one process, in the edge cases: all tokens routed to the same
+# experts (whole EP ranks receive zero rows, experts get none), k = 1 on one expert, capacity drops
+MPI_MOE="$(dirname "$MOE")/mpi_moe"
+for L in "2|1 2 1" "4|2 2 1" "4|1 2 2" "4|1 4 1" "8|2 2 2"; do
+  np="${L%%|*}"; args="${L#*|}"
+  if $MPI -np "$np" "$MPI_MOE" $args > "$TMP/mm.txt" 2>&1 < /dev/null; then
+    pass "MoE layer edge cases on $np ranks (tp ep etp = $args): $(grep -c 'ok=1' "$TMP/mm.txt") cases match one process, $(grep 'ranks receiving no rows' "$TMP/mm.txt" | sed -n 4p | sed 's/.*ranks receiving/ranks receiving/')"
+  else fail "MoE layer edge cases on $np ranks (tp ep etp = $args)"; grep -v Epoll "$TMP/mm.txt" | tail -8; fi
+done
+
 # impossible meshes: one clear message, non-zero exit, bounded time
 mesh_fail() {   # mesh_fail PHRASE NP FLAGS...
   local phrase="$1" np="$2"; shift 2
