@@ -3,6 +3,7 @@
 // tokens; aux and z losses are means over layers and micro-batches.
 #include "train/trainer.h"
 #include <dirent.h>
+#include <omp.h>
 #include <math.h>
 #include <string.h>
 #include <cjson/cJSON.h>
@@ -126,6 +127,12 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     if (bad) DIE("%s", bad);
     resolve_mesh(o, &c, world->size);
     int rank0 = world->rank == 0;
+    // several ranks on one machine share its cores: unless told otherwise, each takes its share
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (world->size > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0) {
+        int t = omp_get_num_procs() / atoi(local);
+        omp_set_num_threads(t > 0 ? t : 1);
+    }
     const Backend *be = backend_cpu();
     char metrics_path[2048], latest[2048];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
