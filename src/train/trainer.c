@@ -316,10 +316,12 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             char eta[32];
             double el_s = now_seconds() - t_start;
             fmt_eta(eta, sizeof eta, el_s / (step + 1 - first) * (o->steps - step - 1));
+            char wait[48] = "";
+            if (world->size > 1) snprintf(wait, sizeof wait, " | grad wait %.1fms", 1e3 * dist.wait_s);
             printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
-                   "load max/mean %.2f%s%s%s | ETA %s\n",
+                   "load max/mean %.2f%s%s%s%s | ETA %s\n",
                    (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, loss, aux, z, lr, gnorm, tps, worst,
-                   L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", eta);
+                   L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", wait, eta);
             fflush(stdout);
         }
         int last = step + 1 == o->steps;
