@@ -432,8 +432,8 @@ static int cmd_export(State *s) {
 
 // --init-from HF_DIR: the model config comes from HF_DIR/config.json. Model options given as flags or
 // in --config must agree with it, except the training-only router options, which may be changed.
-static const char *const INIT_OVERRIDABLE[] = {"aux-coef", "z-coef", "jitter", "dispatch", "capacity-factor",
-                                               "max-seq-len", "init-std"};
+static const char *const INIT_OVERRIDABLE[] = {"aux-coef", "z-coef", "aux-form", "jitter", "dispatch",
+                                               "capacity-factor", "max-seq-len", "init-std"};
 
 static void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
     switch (o->type) {

@@ -13,8 +13,10 @@
 #define SYNTH_BYTES ((size_t)2 << 20)          // 2 MiB of synthetic text by default
 #define MIN_WINDOWS 10                         // window 9 is the first validation window
 #define EPOCH_MIX 0x9E3779B97F4A7C15ull        // epoch e shuffles with seed ^ (e * EPOCH_MIX)
-#define SHARD_MAGIC 20240520
+#define SHARD_MAGIC 20240520                   // uint16 tokens
 #define SHARD_VERSION 1
+#define SHARD32_MAGIC 20240801                 // uint32 tokens (llm.c, vocabularies beyond 65536)
+#define SHARD32_VERSION 7
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
 #define TEXT_SNIFF_BYTES ((size_t)64 << 10)
@@ -120,8 +122,9 @@ static void load_text(Dataset *ds, const char *path) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// llm.c shards: 256 int32 header (magic 20240520, version 1, token count), then uint16 tokens,
-// little-endian (the host must be little-endian too).
+// llm.c shards: 256 int32 header (magic, version, token count), then the tokens, little-endian
+// (the host must be little-endian too). Two forms: magic 20240520 version 1 with uint16 tokens,
+// and magic 20240801 version 7 with uint32 tokens. The form is decided per file.
 
 static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
     FILE *f = xfopen(path, "rb");
@@ -134,25 +137,49 @@ static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
         DIE("shard '%s' is truncated: %lld bytes, too small for the %d-byte header", path, size, SHARD_HEADER_BYTES);
     int32_t hdr[SHARD_HEADER_INTS];
     xfread(hdr, sizeof(int32_t), SHARD_HEADER_INTS, f, path);
-    if (hdr[0] != SHARD_MAGIC)
-        DIE("shard '%s' has wrong magic %d (expected %d): not an llm.c token shard", path, hdr[0], SHARD_MAGIC);
-    if (hdr[1] != SHARD_VERSION)
-        DIE("shard '%s' has unsupported version %d (expected %d: uint16 tokens)", path, hdr[1], SHARD_VERSION);
+    int tb;   // bytes per token
+    if (hdr[0] == SHARD_MAGIC) {
+        if (hdr[1] != SHARD_VERSION)
+            DIE("shard '%s' has unsupported version %d (magic %d expects version %d: uint16 tokens)", path, hdr[1],
+                SHARD_MAGIC, SHARD_VERSION);
+        tb = 2;
+    } else if (hdr[0] == SHARD32_MAGIC) {
+        if (hdr[1] != SHARD32_VERSION)
+            DIE("shard '%s' has unsupported version %d (magic %d expects version %d: uint32 tokens)", path, hdr[1],
+                SHARD32_MAGIC, SHARD32_VERSION);
+        tb = 4;
+    } else {
+        DIE("shard '%s' has wrong magic %d (expected %d for uint16 or %d for uint32 tokens): not an llm.c token shard",
+            path, hdr[0], SHARD_MAGIC, SHARD32_MAGIC);
+    }
     if (hdr[2] < 0) DIE("shard '%s' header has a negative token count %d", path, hdr[2]);
-    long long n = hdr[2], expected = SHARD_HEADER_BYTES + 2 * n;
+    long long n = hdr[2], expected = SHARD_HEADER_BYTES + tb * n;
     if (size < expected)
         DIE("shard '%s' is truncated: header says %lld tokens but the file holds only %lld (%lld bytes)",
-            path, n, (size - SHARD_HEADER_BYTES) / 2, size);
+            path, n, (size - SHARD_HEADER_BYTES) / tb, size);
     if (size > expected)
-        DIE("shard '%s' size mismatch: %lld bytes, expected %lld (%d-byte header + 2 bytes x %lld tokens)",
-            path, size, expected, SHARD_HEADER_BYTES, n);
+        DIE("shard '%s' size mismatch: %lld bytes, expected %lld (%d-byte header + %d bytes x %lld tokens)",
+            path, size, expected, SHARD_HEADER_BYTES, tb, n);
     *tokens = xrealloc(*tokens, (n_have + (size_t)n) * sizeof(int32_t));
     enum { CHUNK = 1 << 16 };
-    uint16_t *buf = xmalloc(CHUNK * sizeof(uint16_t));
+    uint32_t *buf = xmalloc(CHUNK * sizeof(uint32_t));
     for (size_t done = 0; done < (size_t)n;) {
         size_t m = (size_t)n - done < CHUNK ? (size_t)n - done : CHUNK;
-        xfread(buf, sizeof(uint16_t), m, f, path);
-        for (size_t i = 0; i < m; i++) (*tokens)[n_have + done + i] = buf[i];
+        int32_t *dst = *tokens + n_have + done;
+        if (tb == 2) {
+            const uint16_t *b16 = (const uint16_t *)buf;
+            xfread(buf, sizeof(uint16_t), m, f, path);
+            for (size_t i = 0; i < m; i++) dst[i] = b16[i];
+        } else {
+            xfread(buf, sizeof(uint32_t), m, f, path);
+            for (size_t i = 0; i < m; i++) {
+                // the loader keeps int32 ids and the vocabulary is rounded up to a multiple of 64
+                if (buf[i] > (uint32_t)(INT32_MAX - VOCAB_ROUND))
+                    DIE("shard '%s': token %u at position %zu is too large (ids must be below %d)", path,
+                        (unsigned)buf[i], done + i, INT32_MAX - VOCAB_ROUND + 1);
+                dst[i] = (int32_t)buf[i];
+            }
+        }
         done += m;
     }
     free(buf);
@@ -210,6 +237,8 @@ void data_open(Dataset *ds, const char *path, uint64_t seed, int T) {
     else if ((plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?[")) load_shards(ds, path);
     else load_text(ds, path);
 
+    ds->max_token = -1;
+    for (size_t i = 0; i < ds->n_tokens; i++) if (ds->tokens[i] > ds->max_token) ds->max_token = ds->tokens[i];
     ds->T = T;
     ds->seed = seed;
     size_t need = (size_t)MIN_WINDOWS * (size_t)T + 1;

@@ -21,6 +21,7 @@ typedef struct {
     size_t n_tokens;
     int vocab_size;          // 256 for bytes; shards: max token id + 1 rounded up to a multiple of 64
                              // (50304 for GPT-2 shards, which contain <|endoftext|> = 50256)
+    int max_token;           // largest token id in the stream (a model fits the data iff vocab > max_token)
     int n_kinds;             // 0 unless synthetic
     const char *kind_names[DATA_MAX_KINDS];
     char source[256];        // "synthetic(seed=1)", "text:path", "shards:pattern (n files)"
@@ -34,7 +35,9 @@ typedef struct {
 } Dataset;
 
 // path == NULL: the embedded synthetic corpus generated from seed.
-// path ending in ".bin" or containing a glob char ('*','?','['): llm.c token shards.
+// path ending in ".bin" or containing a glob char ('*','?','['): llm.c token shards, each either
+// uint16 (header magic 20240520, version 1) or uint32 (magic 20240801, version 7): 256 int32 header
+// words (magic, version, token count, rest unused), then the tokens, little-endian.
 // Otherwise: any file, bytes as tokens (vocab 256).
 // Dies with a clear message on a missing/empty/unreadable/malformed file or too little data for T.
 void data_open(Dataset *ds, const char *path, uint64_t seed, int T);

@@ -20,7 +20,23 @@ static double short_double(float x) {
     return (double)x;  // unreachable: 9 significant digits always round-trip a float
 }
 
-static void add_f(cJSON *o, const char *key, float x) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber(short_double(x))); }
+// Floats always carry a '.' or an exponent ("0.0", not "0"): transformers' strict config classes
+// refuse an integer where a float field is declared (e.g. router_jitter_noise: 0).
+static void add_f(cJSON *o, const char *key, float x) {
+    double d = short_double(x);
+    if (!isfinite(d)) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber(d)); return; }
+    char buf[64];
+    if (d == floor(d) && fabs(d) < 1e15) {
+        snprintf(buf, sizeof buf, "%.1f", d);   // 10000.0, 0.0
+    } else {
+        for (int p = 1; p <= 17; p++) {   // the shortest text that reads back to d
+            snprintf(buf, sizeof buf, "%.*g", p, d);
+            if (strtod(buf, NULL) == d) break;
+        }
+        if (!strpbrk(buf, ".eE")) strncat(buf, ".0", sizeof buf - strlen(buf) - 1);
+    }
+    cJSON_AddItemToObject(o, key, cJSON_CreateRaw(buf));
+}
 static void add_i(cJSON *o, const char *key, int x) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber((double)x)); }
 
 cJSON *config_to_json(const ModelConfig *c) {
@@ -135,9 +151,36 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         get_int(&e, j, "num_local_experts", 1, &c.n_experts) ||
         get_int(&e, j, "num_experts_per_tok", 1, &c.top_k) ||
         get_int(&e, j, "max_position_embeddings", 1, &c.max_seq_len) ||
-        get_float(&e, j, "rope_theta", 1, &c.rope_theta) ||
         get_float(&e, j, "rms_norm_eps", 1, &c.norm_eps))
         return -1;
+    // RoPE: "rope_theta" (transformers 4.x) or "rope_parameters": {"rope_type", "rope_theta"} (5.x,
+    // which wins when both are present). Only the default (unscaled) RoPE is implemented.
+    const cJSON *rp = item(j, "rope_parameters");
+    if (rp) {
+        if (!cJSON_IsObject(rp)) return fail(&e, "key \"rope_parameters\" must be an object");
+        const cJSON *rt = item(rp, "rope_type");
+        if (rt && (!cJSON_IsString(rt) || strcmp(rt->valuestring, "default") != 0))
+            return fail(&e, "key \"rope_parameters\": rope_type %s%s%s is not supported (only \"default\" RoPE, no scaling)",
+                        cJSON_IsString(rt) ? "\"" : "", cJSON_IsString(rt) ? rt->valuestring : "(not a string)",
+                        cJSON_IsString(rt) ? "\"" : "");
+        for (const cJSON *it = rp->child; it; it = it->next)
+            if (strcmp(it->string, "rope_type") != 0 && strcmp(it->string, "rope_theta") != 0 && !cJSON_IsNull(it))
+                return fail(&e, "key \"rope_parameters\": \"%s\" is not supported (only default RoPE with rope_theta)",
+                            it->string);
+        e.prefix = "rope_parameters: ";
+        if (get_float(&e, rp, "rope_theta", !item(j, "rope_theta"), &c.rope_theta)) return -1;
+        e.prefix = "";
+        if (!item(rp, "rope_theta") && get_float(&e, j, "rope_theta", 1, &c.rope_theta)) return -1;
+    } else if (get_float(&e, j, "rope_theta", 1, &c.rope_theta)) {
+        return -1;
+    }
+    const cJSON *rs = item(j, "rope_scaling");
+    if (rs) {
+        const cJSON *rt = cJSON_IsObject(rs) ? item(rs, "rope_type") : NULL;
+        if (!rt && cJSON_IsObject(rs)) rt = item(rs, "type");
+        if (!(rt && cJSON_IsString(rt) && strcmp(rt->valuestring, "default") == 0))
+            return fail(&e, "key \"rope_scaling\" is set; RoPE scaling is not supported");
+    }
     if (c.n_heads <= 0) return fail(&e, "key \"num_attention_heads\" must be positive (got %d)", c.n_heads);
     c.head_dim = c.d_model / c.n_heads;   // HF default when head_dim is absent or null
     c.aux_coef = 0.001f;                  // HF MixtralConfig defaults
@@ -158,6 +201,16 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     const cJSON *sw = item(j, "sliding_window");
     if (sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c.max_seq_len))
         return fail(&e, "key \"sliding_window\" is set; sliding-window attention is not supported");
+    float drop = 0;
+    if (get_float(&e, j, "attention_dropout", 0, &drop)) return -1;
+    if (drop != 0) return fail(&e, "key \"attention_dropout\" is %g; attention dropout is not supported", drop);
+    if (item(j, "quantization_config")) return fail(&e, "key \"quantization_config\" is set; quantized models are not supported");
+    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
+    for (int i = 0; i < 2; i++) {
+        int b = 0;
+        if (get_bool(&e, j, no_bias[i], 0, &b)) return -1;
+        if (b) return fail(&e, "key \"%s\" is true; biases are not supported", no_bias[i]);
+    }
 
     // Ours. Absent (a plain HF config): Mixtral semantics.
     c.renormalize = 1;

@@ -360,6 +360,50 @@ int safetensors_read_into(const char *path, const ParamTable *t, float *flat, co
     return extra > 0 ? extra : 0;
 }
 
+// ---- one tensor at a time (hf.c: sharded files, other layouts) ----
+
+struct StFile { StReader r; char *path; };
+
+StFile *safetensors_open(const char *path) {
+    StFile *f = xcalloc(1, sizeof *f);
+    f->path = xstrdup(path);
+    st_open(&f->r, f->path);
+    return f;
+}
+
+void safetensors_close(StFile *f) {
+    if (!f) return;
+    st_close(&f->r);
+    free(f->path);
+    free(f);
+}
+
+const char *safetensors_path(const StFile *f) { return f->path; }
+
+int safetensors_count(const StFile *f) { return n_tensors(&f->r); }
+
+const char *safetensors_name(const StFile *f, int i) {
+    for (const cJSON *it = f->r.hdr->child; it; it = it->next) {
+        if (strcmp(it->string, "__metadata__") == 0) continue;
+        if (i-- == 0) return it->string;
+    }
+    return NULL;
+}
+
+int safetensors_shape(const StFile *f, const char *name, int64_t *shape, const char **dtype) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(f->r.hdr, name);
+    if (!it || strcmp(name, "__metadata__") == 0) return -1;
+    StEntry e;
+    st_entry(&f->r, it, &e);
+    if (shape) for (int d = 0; d < e.ndim; d++) shape[d] = e.shape[d];
+    if (dtype) *dtype = e.dtype;
+    return e.ndim;
+}
+
+void safetensors_read(const StFile *f, const char *name, int ndim, const int64_t *shape, float *dst) {
+    st_read(&f->r, name, ndim, shape, dst);
+}
+
 // Every tensor in the file must be "<table name><one of suffixes>" (catches a checkpoint with more
 // layers or experts than the config the table was built from).
 static void check_no_extra(const StReader *r, const ParamTable *t, const char *const *suffixes, int ns, const char *ckdir) {

@@ -44,6 +44,19 @@ void safetensors_write(const char *path, const StTensor *ts, int n, const char *
 // offsets outside the file. Returns how many tensors in the file were not read (ignored).
 int safetensors_read_into(const char *path, const ParamTable *t, float *flat, const char *suffix);
 
+// One tensor at a time (sharded HF models, other layouts). safetensors_open dies naming the file on
+// a malformed header (truncated, not JSON, offsets outside the data); safetensors_read dies naming
+// the file and tensor on a missing tensor, a dtype other than F32/BF16/F16, or another shape.
+typedef struct StFile StFile;
+StFile *safetensors_open(const char *path);
+void safetensors_close(StFile *f);
+const char *safetensors_path(const StFile *f);
+int safetensors_count(const StFile *f);                  // tensors (the __metadata__ entry excluded)
+const char *safetensors_name(const StFile *f, int i);    // i-th tensor in header order
+// ndim of tensor name (its shape into shape[0..ndim), up to 8; its dtype string), or -1 if absent.
+int safetensors_shape(const StFile *f, const char *name, int64_t *shape, const char **dtype);
+void safetensors_read(const StFile *f, const char *name, int ndim, const int64_t *shape, float *dst);
+
 // Check checksums.json of a checkpoint against every file it lists (ckpt_load_config and ckpt_load
 // do this first). Dies with "... is not a complete checkpoint" when checksums.json is missing and
 // "...: <file> is corrupt (crc32 mismatch)" (or size mismatch) when a file differs.

@@ -1,0 +1,313 @@
+// hf.c — Hugging Face model directories: read (config.json + model.safetensors or a sharded
+// model.safetensors.index.json, per-expert or fused expert layout) and export our checkpoints.
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "train/hf.h"
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "core/common.h"
+#include "model/config_json.h"
+#include "train/checkpoint.h"
+
+#define HF_PATH 4096
+#define SINGLE "model.safetensors"
+#define INDEX "model.safetensors.index.json"
+
+static void join(char *buf, size_t n, const char *dir, const char *name) {
+    int k = snprintf(buf, n, "%s/%s", dir, name);
+    if (k < 0 || (size_t)k >= n) DIE("path too long: '%s/%s'", dir, name);
+}
+
+static int has(const char *dir, const char *name) {
+    char p[HF_PATH];
+    join(p, sizeof p, dir, name);
+    return file_exists(p);
+}
+
+int hf_is_model_dir(const char *dir) {
+    return dir_exists(dir) && has(dir, "config.json") && (has(dir, SINGLE) || has(dir, INDEX)) &&
+           !has(dir, "state.json") && !has(dir, "checksums.json");
+}
+
+static cJSON *read_json(const char *dir, const char *name) {
+    char p[HF_PATH];
+    join(p, sizeof p, dir, name);
+    size_t len;
+    char *txt = read_file(p, &len);
+    if (!txt) DIE("HF model %s: cannot read %s (%s)", dir, name, strerror(errno));
+    cJSON *j = cJSON_ParseWithLength(txt, len);
+    free(txt);
+    if (!cJSON_IsObject(j)) DIE("HF model %s: %s is not a JSON object", dir, name);
+    return j;
+}
+
+void hf_load_config(const char *dir, ModelConfig *c) {
+    if (!dir_exists(dir)) DIE("HF model %s: not a directory", dir);
+    cJSON *j = read_json(dir, "config.json");
+    char err[256];
+    ModelConfig cfg;
+    if (config_from_json(j, &cfg, err, sizeof err) != 0) DIE("HF model %s: config.json: %s", dir, err);
+    cJSON_Delete(j);
+    const char *bad = config_validate(&cfg);
+    if (bad) DIE("HF model %s: config.json: this model cannot be represented: %s", dir, bad);
+    *c = cfg;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the tensors of a model directory: name -> file
+
+typedef struct { const char *name; int file; int used; } SrcTensor;
+typedef struct {
+    const char *dir, *listing;    // listing: the file that names the tensors (for messages)
+    int nf;
+    StFile **f;
+    int n;
+    SrcTensor *t;
+    cJSON *index;                 // owns the names in the sharded case
+} Src;
+
+static int src_find(const Src *s, const char *name) {
+    for (int i = 0; i < s->n; i++) if (strcmp(s->t[i].name, name) == 0) return i;
+    return -1;
+}
+
+static void src_open(Src *s, const char *dir) {
+    memset(s, 0, sizeof *s);
+    s->dir = dir;
+    char p[HF_PATH];
+    if (has(dir, SINGLE)) {   // transformers' own order: the single file first
+        join(p, sizeof p, dir, SINGLE);
+        s->listing = SINGLE;
+        s->nf = 1;
+        s->f = xcalloc(1, sizeof *s->f);
+        s->f[0] = safetensors_open(p);
+        s->n = safetensors_count(s->f[0]);
+        s->t = xcalloc((size_t)s->n + 1, sizeof *s->t);
+        for (int i = 0; i < s->n; i++) s->t[i].name = safetensors_name(s->f[0], i);
+        return;
+    }
+    if (!has(dir, INDEX)) {
+        if (has(dir, "pytorch_model.bin") || has(dir, "pytorch_model.bin.index.json"))
+            DIE("HF model %s has only pytorch_model.bin weights; save it with safetensors "
+                "(model.save_pretrained(dir, safe_serialization=True))", dir);
+        DIE("HF model %s has neither %s nor %s", dir, SINGLE, INDEX);
+    }
+    s->listing = INDEX;
+    s->index = read_json(dir, INDEX);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(s->index, "weight_map");
+    if (!cJSON_IsObject(wm)) DIE("HF model %s: %s has no \"weight_map\" object", dir, INDEX);
+    int cap = cJSON_GetArraySize(wm);
+    s->t = xcalloc((size_t)cap + 1, sizeof *s->t);
+    s->f = xcalloc((size_t)cap + 1, sizeof *s->f);
+    const char **fname = xcalloc((size_t)cap + 1, sizeof *fname);
+    for (const cJSON *it = wm->child; it; it = it->next) {
+        if (!it->string || !cJSON_IsString(it) || !it->valuestring[0])
+            DIE("HF model %s: %s: the weight_map entry for %s is not a file name", dir, INDEX,
+                it->string ? it->string : "(unnamed)");
+        const char *fn = it->valuestring;
+        if (strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0)
+            DIE("HF model %s: %s: tensor %s is in '%s'; shards must be files in the model directory", dir, INDEX,
+                it->string, fn);
+        if (src_find(s, it->string) >= 0) DIE("HF model %s: %s lists tensor %s twice", dir, INDEX, it->string);
+        int k = 0;
+        while (k < s->nf && strcmp(fname[k], fn) != 0) k++;
+        if (k == s->nf) {
+            join(p, sizeof p, dir, fn);
+            if (!file_exists(p)) DIE("HF model %s: %s maps tensor %s to %s, which does not exist", dir, INDEX, it->string, fn);
+            fname[k] = fn;
+            s->f[k] = safetensors_open(p);
+            s->nf++;
+        }
+        s->t[s->n].name = it->string;
+        s->t[s->n].file = k;
+        s->n++;
+    }
+    free(fname);
+}
+
+static void src_close(Src *s) {
+    for (int i = 0; i < s->nf; i++) safetensors_close(s->f[i]);
+    free(s->f);
+    free(s->t);
+    cJSON_Delete(s->index);
+    memset(s, 0, sizeof *s);
+}
+
+static void src_read(const Src *s, int i, int ndim, const int64_t *shape, float *dst) {
+    safetensors_read(s->f[s->t[i].file], s->t[i].name, ndim, shape, dst);
+}
+
+// ---------------------------------------------------------------------------------------------
+// reading the parameter table
+
+// How a table tensor is found: directly (src >= 0), or in a fused (E, 2f, d) gate_up_proj / (E, d, f)
+// down_proj tensor of its layer (fused >= 0).
+typedef struct { int src, fused; } Where;
+
+static void fused_name(char *buf, size_t n, int layer, int down) {
+    snprintf(buf, n, "model.layers.%d.mlp.experts.%s", layer, down ? "down_proj" : "gate_up_proj");
+}
+
+void hf_load_params(const char *dir, const ParamTable *t, float *params) {
+    Src s;
+    src_open(&s, dir);
+    Where *w = xcalloc((size_t)t->n, sizeof *w);
+    char nm[256];
+    // pass 1: resolve every name (nothing read yet), so a missing or extra tensor fails fast
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        w[i].src = src_find(&s, p->name);
+        w[i].fused = -1;
+        if (w[i].src < 0 && p->role == PR_ROUTER) {
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.weight", p->layer);
+            w[i].src = src_find(&s, nm);
+        }
+        if (w[i].src < 0 && (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2)) {
+            fused_name(nm, sizeof nm, p->layer, p->role == PR_W2);
+            w[i].fused = src_find(&s, nm);
+        }
+        if (w[i].src < 0 && w[i].fused < 0)
+            DIE("HF model %s: tensor %s is missing (not in %s)", dir, p->name, s.listing);
+        s.t[w[i].src >= 0 ? w[i].src : w[i].fused].used = 1;
+    }
+    for (int i = 0; i < s.n; i++) {
+        const char *x = s.t[i].name;
+        size_t lx = strlen(x), li = strlen("rotary_emb.inv_freq");
+        if (s.t[i].used || (lx >= li && strcmp(x + lx - li, "rotary_emb.inv_freq") == 0)) continue;
+        DIE("HF model %s: %s has tensor %s, which the config does not have (different num_hidden_layers or "
+            "num_local_experts, or an unsupported architecture?)", dir, s.listing, x);
+    }
+    // pass 2: read
+    float *fz = NULL;        // the fused tensor of the current (layer, kind)
+    int fz_src = -1;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        float *dst = params + p->offset;
+        if (w[i].src >= 0) { src_read(&s, w[i].src, p->ndim, p->shape, dst); continue; }
+        int down = p->role == PR_W2;
+        int64_t E = 0, f = down ? p->shape[1] : p->shape[0], d = down ? p->shape[0] : p->shape[1];
+        for (int j = 0; j < t->n; j++) E += t->p[j].layer == p->layer && t->p[j].role == p->role;
+        if (fz_src != w[i].fused) {
+            int64_t sh[3] = {E, down ? d : 2 * f, down ? f : d};
+            fz = xrealloc(fz, (size_t)(sh[0] * sh[1] * sh[2]) * sizeof(float));
+            src_read(&s, w[i].fused, 3, sh, fz);
+            fz_src = w[i].fused;
+        }
+        size_t per = (size_t)(f * d);   // one expert's block of one projection
+        const float *from = down ? fz + (size_t)p->expert * per
+                                 : fz + (size_t)p->expert * 2 * per + (p->role == PR_W3 ? per : 0);
+        memcpy(dst, from, per * sizeof(float));
+    }
+    free(fz);
+    free(w);
+    src_close(&s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// export
+
+static void fsync_dir(const char *p) {
+    int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) DIE("cannot open directory '%s' (%s)", p, strerror(errno));
+    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) DIE("cannot fsync directory '%s' (%s)", p, strerror(errno));
+    close(fd);
+}
+
+static void copy_file(const char *from, const char *to) {
+    FILE *in = fopen(from, "rb");
+    if (!in) DIE("cannot open '%s' (%s)", from, strerror(errno));
+    FILE *out = xfopen(to, "wb");
+    enum { CH = 1 << 20 };
+    char *buf = xmalloc(CH);
+    size_t got;
+    while ((got = fread(buf, 1, CH, in)) > 0) xfwrite(buf, 1, got, out, to);
+    if (ferror(in)) DIE("cannot read '%s' (%s)", from, strerror(errno));
+    fclose(in);
+    free(buf);
+    xfclose(out, to);
+}
+
+static int dir_is_empty(const char *p) {
+    DIR *d = opendir(p);
+    if (!d) return 0;
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n == 0;
+}
+
+int hf_export(const char *ckpt, const char *out_in, int force) {
+    ModelConfig c;
+    ckpt_load_config(ckpt, &c);   // verifies every file's checksum
+    if (c.dispatch == DISPATCH_CAPACITY || !c.renormalize)
+        DIE("checkpoint %s is not a Mixtral model (%s%s%s): transformers' MixtralForCausalLM would compute "
+            "something else; only dropless dispatch with renormalised top-k weights can be exported", ckpt,
+            c.dispatch == DISPATCH_CAPACITY ? "capacity dispatch drops tokens" : "",
+            c.dispatch == DISPATCH_CAPACITY && !c.renormalize ? ", " : "",
+            !c.renormalize ? "top-k weights are not renormalised" : "");
+    // every tensor present with the config's shape and nothing else (the HF loader would say less)
+    ParamTable t;
+    params_build(&t, &c);
+    float *p = xmalloc(t.total * sizeof(float));
+    ckpt_load(ckpt, &t, p, NULL, NULL, NULL);
+    free(p);
+    params_free(&t);
+
+    char out[HF_PATH - 16], tmp[HF_PATH], q[HF_PATH], src[HF_PATH];
+    size_t n = strlen(out_in);
+    while (n > 1 && out_in[n - 1] == '/') n--;
+    if (n == 0 || n >= sizeof out) DIE("--out: bad path '%s'", out_in);
+    memcpy(out, out_in, n);
+    out[n] = 0;
+    struct stat st;
+    if (lstat(out, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) DIE("--out: '%s' exists and is not a directory", out);
+        char a[HF_PATH], b[HF_PATH];
+        if (realpath(out, a) && realpath(ckpt, b) && strcmp(a, b) == 0)
+            DIE("--out: '%s' is the checkpoint itself", out);
+        if (!dir_is_empty(out)) {
+            if (!force) DIE("--out: '%s' already exists; pass --force to replace it", out);
+            if (!hf_is_model_dir(out))
+                DIE("--out: '%s' exists and is not a Hugging Face model directory; not replacing it", out);
+        }
+    }
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    if (rm_rf(tmp) != 0) DIE("cannot remove '%s' (%s)", tmp, strerror(errno));
+    mkdir_p(tmp);
+
+    join(src, sizeof src, ckpt, SINGLE);
+    join(q, sizeof q, tmp, SINGLE);
+    int linked = link(src, q) == 0;   // our checkpoints are never modified in place
+    if (!linked) copy_file(src, q);
+    cJSON *j = config_to_json(&c);
+    char *txt = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!txt) DIE("out of memory formatting config.json");
+    join(q, sizeof q, tmp, "config.json");
+    FILE *f = xfopen(q, "wb");
+    xfwrite(txt, 1, strlen(txt), f, q);
+    xfwrite("\n", 1, 1, f, q);
+    xfclose(f, q);
+    cJSON_free(txt);
+    fsync_dir(tmp);
+
+    if (lstat(out, &st) == 0 && rm_rf(out) != 0) DIE("cannot remove '%s' (%s)", out, strerror(errno));
+    if (rename(tmp, out) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, out, strerror(errno));
+    char par[HF_PATH];
+    snprintf(par, sizeof par, "%s", out);
+    char *sl = strrchr(par, '/');
+    if (!sl) snprintf(par, sizeof par, ".");
+    else if (sl == par) par[1] = 0;
+    else *sl = 0;
+    fsync_dir(par);
+    return linked;
+}

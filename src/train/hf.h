@@ -1,0 +1,33 @@
+// hf.h — Hugging Face model directories (what transformers' save_pretrained writes and
+// from_pretrained reads for MixtralForCausalLM): reading one (config.json + model.safetensors, or
+// shards listed in model.safetensors.index.json; F32/BF16/F16 tensors) and exporting one of our
+// checkpoints as one. Must not hold: training logic (the CLI wires --init-from into a run).
+#pragma once
+#include "model/config.h"
+#include "model/params.h"
+
+// Is dir a Hugging Face model directory: config.json plus model.safetensors or
+// model.safetensors.index.json, and not one of our checkpoints (no state.json / checksums.json)?
+int hf_is_model_dir(const char *dir);
+
+// Model config from dir/config.json (a MixtralConfig; our "moe_c" keys if present). Dies with a
+// message naming the directory and the key on anything our model cannot represent (sliding window,
+// tied embeddings, RoPE scaling, another activation, another model type, ...).
+void hf_load_config(const char *dir, ModelConfig *c);
+
+// Every tensor of the table t (built from hf_load_config's config) into the full flat buffer
+// `params` (t->total floats, laid out by ParamSpec.offset), converted to float. Reads the single
+// model.safetensors or the shards named by model.safetensors.index.json; Mixtral's per-expert
+// names (block_sparse_moe.experts.E.w1/w2/w3) or transformers' fused in-memory layout
+// (mlp.gate, mlp.experts.gate_up_proj / down_proj). Dies naming the file and the tensor on a
+// missing tensor, a tensor the config does not have, a shape mismatch or an unreadable dtype.
+// Reads only: no file is modified.
+void hf_load_params(const char *dir, const ParamTable *t, float *params);
+
+// Writes out_dir as a transformers-loadable MixtralForCausalLM directory from our checkpoint
+// ckpt_dir (verified first): model.safetensors (already HF names, shapes, F32: hard-linked, or
+// copied across filesystems) and config.json (ours: MixtralConfig keys + "moe_c"). Refuses a
+// checkpoint whose options make it non-Mixtral (capacity dispatch, no renormalisation). An
+// existing out_dir is replaced only with force and only if it is empty or an HF model directory.
+// Written into out_dir.tmp and renamed into place. Returns 1 if model.safetensors was hard-linked.
+int hf_export(const char *ckpt_dir, const char *out_dir, int force);

@@ -1,0 +1,145 @@
+# lib.sh — helpers shared by the tests/test_*.sh scripts (sourced, never run on its own).
+#
+# Each script does:   set -u; . "$(dirname "$0")/lib.sh"; ...checks...; finish
+# and gets:
+#   $MOE      the moe binary ($MOE_BIN, default $MOE_SRC/build/moe; MOE_SRC defaults to the repo root)
+#   $MOE_SRC  the source tree
+#   $TMP      a private scratch directory, removed on exit (KEEP_TMP=1 keeps it for debugging)
+#   pass/fail/skip MSG          count and print one PASS/FAIL/SKIP line
+#   check MSG CMD...            PASS if CMD exits 0, else FAIL
+#   run_ok MSG CMD...           run CMD, stdout -> $OUT_FILE, stderr -> $ERR_FILE; PASS if it exits 0
+#   run_fail PHRASE CMD...      CMD must fail cleanly: exit status 1..125 (not a signal / crash), stderr
+#                               exactly one line "moe: error: ..." containing PHRASE (fixed string), and
+#                               every path in $GUARD (space-separated) byte-for-byte unchanged
+#   tree_hash PATH              one sha256 over the names, types and contents of everything under PATH
+#   field KEY FILE              the values of "KEY": on the training lines (those with a "loss") of a
+#                               metrics.jsonl, one per line, as printed (strings, for exact comparison)
+#   mean / mean_last N / mean_first N   arithmetic mean of numbers on stdin (all, last N, first N)
+#   fcmp A OP B                 float comparison with awk (OP one of < <= > >= ==); exit status 0 if true
+#   finish                      print "<script>: N passed, N failed, N skipped (Ts)"; exit 1 on any FAIL
+# Output of a failing command is shown (trimmed) under its FAIL line.
+
+: "${MOE_SRC:=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+: "${MOE_BIN:=$MOE_SRC/build/moe}"
+case "$MOE_BIN" in /*) ;; *) MOE_BIN="$(cd "$MOE_SRC" && cd "$(dirname "$MOE_BIN")" && pwd)/$(basename "$MOE_BIN")" ;; esac
+MOE="$MOE_BIN"
+export LC_ALL=C
+# OpenMP threads that spin while waiting (the GNU default) make moe 5-6x slower, burning the CPU
+# time, when other processes share the cores (ctest -j, a busy CI box): measured 33.7 s vs 5.7 s
+# wall for 30 steps of the tiny preset at load 7 on 2 cores. Passive waiting changes no result.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+
+T_NAME="$(basename "$0" .sh)"
+T_PASS=0
+T_FAIL=0
+T_SKIP=0
+T_START=$(date +%s)
+GUARD=""
+
+if [ ! -x "$MOE" ]; then
+  echo "FAIL: moe binary '$MOE' is missing or not executable (build it first, or set MOE_BIN)"
+  echo "$T_NAME: 0 passed, 1 failed, 0 skipped (0s)"
+  exit 1
+fi
+
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/moe_${T_NAME}.XXXXXX")" || { echo "FAIL: cannot create a temp dir"; exit 1; }
+OUT_FILE="$TMP/.stdout"
+ERR_FILE="$TMP/.stderr"
+t_cleanup() {
+  if [ "${KEEP_TMP:-0}" = 1 ]; then echo "(kept $TMP)"; else rm -rf "$TMP"; fi
+}
+trap t_cleanup EXIT
+trap 'echo "interrupted"; exit 130' INT TERM
+
+pass() { T_PASS=$((T_PASS + 1)); echo "PASS: $*"; }
+fail() { T_FAIL=$((T_FAIL + 1)); echo "FAIL: $*"; }
+skip() { T_SKIP=$((T_SKIP + 1)); echo "SKIP: $*"; }
+
+# Show the captured output of the last command (indented, at most 15 lines each).
+show_output() {
+  if [ -s "$OUT_FILE" ]; then echo "    stdout:"; tail -n 15 "$OUT_FILE" | sed 's/^/    | /'; fi
+  if [ -s "$ERR_FILE" ]; then echo "    stderr:"; tail -n 15 "$ERR_FILE" | sed 's/^/    | /'; fi
+}
+
+check() {
+  local msg="$1"; shift
+  if "$@"; then pass "$msg"; else fail "$msg"; fi
+}
+
+run_ok() {
+  local msg="$1"; shift
+  "$@" >"$OUT_FILE" 2>"$ERR_FILE"
+  local rc=$?
+  if [ $rc -eq 0 ]; then pass "$msg"; return 0; fi
+  fail "$msg (exit status $rc): $*"
+  show_output
+  return 1
+}
+
+# Every name under PATH with its type, then the sha256 of every file (sorted; two processes in all).
+tree_list() {
+  local p="$1"
+  if [ ! -e "$p" ]; then echo "absent"; return; fi
+  if [ ! -d "$p" ]; then sha256sum <"$p"; return; fi
+  (
+    cd "$p" || exit
+    find . -printf '%y %p\n' | sort
+    find . -type f -print0 | sort -z | xargs -0 -r sha256sum | cut -c1-16,65-
+  )
+}
+tree_hash() { tree_list "$1" | sha256sum | cut -d' ' -f1; }
+
+# run_fail PHRASE CMD... (see the header)
+run_fail() {
+  local phrase="$1"; shift
+  local g i=0
+  for g in $GUARD; do tree_list "$g" >"$TMP/.guard_$i"; i=$((i + 1)); done
+  "$@" >"$OUT_FILE" 2>"$ERR_FILE"
+  local rc=$? why="" changes=""
+  local nlines
+  nlines=$(grep -c . "$ERR_FILE")
+  if [ $rc -eq 0 ]; then why="exit status 0 (expected failure)"
+  elif [ $rc -gt 125 ]; then why="exit status $rc (could not run, or killed by a signal)"
+  elif ! grep -qF -- "$phrase" "$ERR_FILE"; then why="stderr lacks '$phrase'"
+  elif [ "$nlines" -ne 1 ]; then why="stderr has $nlines lines, expected one message"
+  elif ! grep -q '^moe: error: ' "$ERR_FILE"; then why="stderr is not a 'moe: error:' line"
+  fi
+  i=0
+  for g in $GUARD; do
+    if ! tree_list "$g" | diff "$TMP/.guard_$i" - >"$TMP/.guard_diff"; then
+      why="${why:+$why; }changed files under $g"
+      changes="$changes$(grep '^[<>]' "$TMP/.guard_diff" | head -n 8 | sed 's/^</    was: /; s/^>/    now: /')
+"
+    fi
+    i=$((i + 1))
+  done
+  if [ -z "$why" ]; then
+    pass "'$phrase' <- moe ${*:2}"
+    return 0
+  fi
+  fail "$why: $*"
+  printf '%s' "$changes"
+  show_output
+  return 1
+}
+
+# Values of "KEY": on the training lines of metrics.jsonl FILE, one per line, verbatim.
+field() {
+  grep '"loss":' "$2" | grep -o "\"$1\":[^,}]*" | cut -d: -f2
+}
+
+mean() { awk '{ s += $1; n++ } END { if (n) printf "%.6f\n", s / n; else print "nan" }'; }
+mean_last() { tail -n "$1" | mean; }
+mean_first() { head -n "$1" | mean; }
+fcmp() { awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN {
+  if (a == "" || b == "" || a == "nan" || b == "nan") exit 1
+  a += 0; b += 0
+  r = (op == "<") ? a < b : (op == "<=") ? a <= b : (op == ">") ? a > b : (op == ">=") ? a >= b : (op == "==") ? a == b : 0
+  exit !r }'; }
+
+finish() {
+  local dt=$(($(date +%s) - T_START))
+  echo "$T_NAME: $T_PASS passed, $T_FAIL failed, $T_SKIP skipped (${dt}s)"
+  [ "$T_FAIL" -eq 0 ] || exit 1
+  exit 0
+}
