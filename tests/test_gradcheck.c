@@ -115,5 +115,7 @@ int main(void) {
     check_config("dropless k=E", c5, 0);
     ModelConfig c6 = c; c6.jitter = 0.1f;
     check_config("jitter 0.1", c6, 12345);
+    ModelConfig c7 = c; c7.aux_form = AUX_HF;
+    check_config("aux form hf (all layers)", c7, 0);
     return test_done("test_gradcheck");
 }

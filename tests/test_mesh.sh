@@ -63,7 +63,7 @@ LAYOUTS="2|--tp 1|dp2
 4|--tp 2 --ep 2 --zero 2 --overlap 0|tp2+dp2+ep2 zero2 no overlap
 8|--tp 2 --ep 2 --etp 2 --zero 1 --bucket-mb 0.01|tp2+dp4+ep2+etp2 zero1"
 
-for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --grad-accum 2"; do
+for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --grad-accum 2 --aux-form hf"; do
   for extra in ""; do
     ref="$TMP/ref_${mode%% *}"
     "$MOE" train --out "$ref" $BASE --dispatch $mode $extra > /dev/null 2>&1 || { fail "reference run ($mode)"; continue; }

@@ -21,7 +21,7 @@
 #include "parallel/mesh.h"
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
-typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH } OptType;
+typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -77,6 +77,7 @@ static const Opt opts[] = {
     {"jitter", O_FLOAT, MO(jitter), C_TRAIN | C_INFO, "router input jitter j: x *= U(1-j, 1+j) in training"},
     {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO | C_EVAL, "load-balancing loss coefficient (eval: of --dump-grads)"},
     {"z-coef", O_FLOAT, MO(z_coef), C_TRAIN | C_INFO | C_EVAL, "router z-loss coefficient (eval: of --dump-grads)"},
+    {"aux-form", O_AUXFORM, MO(aux_form), C_TRAIN | C_INFO, "layer: per-layer aux loss, averaged; hf: HF Mixtral's one loss over all layers"},
     {"dispatch", O_DISPATCH, MO(dispatch), C_TRAIN | C_INFO, "dropless | capacity"},
     {"capacity-factor", O_FLOAT, MO(capacity_factor), C_TRAIN | C_INFO, "capacity = ceil(cf * tokens * k / E)"},
     // training
@@ -171,6 +172,11 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
         else if (!strcmp(val, "0") || !strcmp(val, "false")) *(int *)p = 0;
         else DIE("%s --%s: '%s' is not true/false", from, o->name, val);
         break;
+    case O_AUXFORM:
+        if (!strcmp(val, "layer")) *(AuxForm *)p = AUX_LAYER;
+        else if (!strcmp(val, "hf")) *(AuxForm *)p = AUX_HF;
+        else DIE("%s --%s: '%s' is not one of layer, hf", from, o->name, val);
+        break;
     case O_DISPATCH:
         if (!strcmp(val, "dropless")) *(DispatchMode *)p = DISPATCH_DROPLESS;
         else if (!strcmp(val, "capacity")) *(DispatchMode *)p = DISPATCH_CAPACITY;
@@ -250,7 +256,7 @@ static void usage(FILE *f, int cmd) {
     for (int i = 0; i < N_OPTS; i++) {
         if (!(opts[i].cmds & cmd)) continue;
         const char *arg = opts[i].type == O_FLAG ? "" : opts[i].type == O_STR ? " S" : opts[i].type == O_FLOAT ? " X"
-                        : opts[i].type == O_DISPATCH ? " MODE" : " N";
+                        : opts[i].type == O_DISPATCH || opts[i].type == O_AUXFORM ? " MODE" : " N";
         char left[64];
         snprintf(left, sizeof left, "--%s%s", opts[i].name, arg);
         fprintf(f, "  %-22s %s\n", left, opts[i].help);

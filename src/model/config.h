@@ -5,6 +5,9 @@
 #include <stdint.h>
 
 typedef enum { DISPATCH_DROPLESS = 0, DISPATCH_CAPACITY = 1 } DispatchMode;
+// AUX_LAYER: per layer E * sum_i f_i P_i, averaged over layers (Switch/GShard).
+// AUX_HF: HF Mixtral's load_balancing_loss_func: one E * sum_i F_i Pbar_i over all layers' tokens.
+typedef enum { AUX_LAYER = 0, AUX_HF = 1 } AuxForm;
 
 typedef struct {
     int vocab_size;       // V
@@ -25,6 +28,7 @@ typedef struct {
     float jitter;         // multiplicative input jitter on the router input, U(1-j, 1+j); training only
     float aux_coef;       // load-balancing loss coefficient (E * sum_i f_i P_i)
     float z_coef;         // router z-loss coefficient (mean logsumexp^2)
+    AuxForm aux_form;
     DispatchMode dispatch;
     float capacity_factor;  // capacity mode: capacity = ceil(cf * tokens * k / E)
 } ModelConfig;

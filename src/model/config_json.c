@@ -71,6 +71,7 @@ cJSON *config_to_json(const ModelConfig *c) {
     add_f(m, "jitter", c->jitter);
     add_f(m, "z_coef", c->z_coef);
     cJSON_AddStringToObject(m, "dispatch", c->dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
+    cJSON_AddStringToObject(m, "aux_form", c->aux_form == AUX_HF ? "hf" : "layer");
     add_f(m, "capacity_factor", c->capacity_factor);
     cJSON_AddBoolToObject(m, "mixtral_compatible", c->dispatch != DISPATCH_CAPACITY && c->renormalize != 0);
     cJSON_AddItemToObject(j, "moe_c", m);
@@ -217,6 +218,7 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     c.z_coef = 0.0f;
     c.dispatch = DISPATCH_DROPLESS;
     c.capacity_factor = 1.25f;
+    c.aux_form = AUX_HF;                  // a plain HF config trains with HF's aux loss
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "moe_c");
     if (m) {
         if (!cJSON_IsObject(m)) return fail(&e, "key \"moe_c\" must be an object");
@@ -232,6 +234,11 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         if (strcmp(d->valuestring, "dropless") == 0) c.dispatch = DISPATCH_DROPLESS;
         else if (strcmp(d->valuestring, "capacity") == 0) c.dispatch = DISPATCH_CAPACITY;
         else return fail(&e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"", d->valuestring);
+        const cJSON *af = item(m, "aux_form");   // optional: absent = "layer"
+        c.aux_form = AUX_LAYER;
+        if (af && !(cJSON_IsString(af) && (!strcmp(af->valuestring, "layer") || !strcmp(af->valuestring, "hf"))))
+            return fail(&e, "key \"aux_form\" must be \"layer\" or \"hf\"");
+        if (af && !strcmp(af->valuestring, "hf")) c.aux_form = AUX_HF;
     }
     *out = c;
     return 0;

@@ -139,6 +139,22 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         m->dropped += a->moe.dropped;
         memcpy(m->expert_counts + (size_t)l * E, a->moe.counts, sizeof(int64_t) * E);
     }
+    if (c->aux_form == AUX_HF) {
+        // HF Mixtral: one loss over all layers' tokens, E * sum_i F_i * Pbar_i, F_i = all layers'
+        // assignments to i / (L * Ng), Pbar_i = all layers' probability mass on i / (L * Ng);
+        // its gradient on layer l's probs is E * F_i / (L * Ng): give every layer f_i = F_i
+        int L = c->n_layers;
+        double LN = (double)L * m->la[0].moe.Ng, a = 0;
+        for (int e = 0; e < E; e++) {
+            double fe = 0, pe = 0;
+            for (int l = 0; l < L; l++) { fe += m->la[l].moe.counts[e]; pe += m->la[l].moe.psum[e]; }
+            fe /= LN;
+            pe /= LN;
+            a += fe * pe;
+            for (int l = 0; l < L; l++) m->la[l].moe.aux_f[e] = fe;
+        }
+        m->aux = E * a;
+    }
     be->rmsnorm_fwd(m->xn_f, m->rstd_f, m->res_final, P(m, m->params, PR_FINAL_NORM, -1, -1), N, d, c->norm_eps);
     be->matmul_fwd(m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, 0);
     if (!targets) return 0;

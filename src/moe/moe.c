@@ -57,6 +57,8 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     plan_alloc(&m->plan, (int)Ns, m->E, m->k);
     m->cnt_all = xcalloc((size_t)S * (k * E + 1), sizeof(int64_t));
     m->counts = xcalloc(E, sizeof(int64_t));
+    m->psum = xcalloc(E, sizeof(double));
+    m->aux_f = xcalloc(E, sizeof(double));
     if (c->jitter > 0) {
         m->noise = be->alloc(Ns * d * F);
         m->xj = be->alloc(Ns * d * F);
@@ -73,7 +75,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
     free(m->logits_h); free(m->probs_h); free(m->lse_h); free(m->w_h); free(m->rowscale_h); free(m->idx_h);
-    free(m->cnt_all); free(m->counts);
+    free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f);
     plan_free(&m->plan);
     void *dev[] = {m->noise, m->xj, m->logits, m->xs, m->ys, m->rowscale, m->rowtok, m->yslice,
                    m->xg, m->h1, m->h3, m->act, m->yg};
@@ -176,7 +178,11 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     }
     comm_allreduce(m->cm.stage, ps, E + 1, CT_F64);
     double a = 0;
-    for (int e = 0; e < E; e++) a += ((double)m->counts[e] / m->Ng) * (ps[e] / m->Ng);
+    for (int e = 0; e < E; e++) {
+        a += ((double)m->counts[e] / m->Ng) * (ps[e] / m->Ng);
+        m->psum[e] = ps[e];
+        m->aux_f[e] = (double)m->counts[e] / m->Ng;
+    }
     m->aux = E * a;
     m->z = ps[E] / m->Ng;
     free(ps);
@@ -255,7 +261,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     }
     float *aux_dp = xmalloc(sizeof(float) * E);
     double Ng = (double)m->Ng;
-    for (int e = 0; e < E; e++) aux_dp[e] = (float)(aux_scale * E * (m->counts[e] / Ng) / Ng);
+    for (int e = 0; e < E; e++) aux_dp[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
     router_backward_ex(s->dlogits_h, s->dw_h, m->probs_h, m->lse_h, m->idx_h, m->w_h, Ns, E, k, c->renormalize,
                        aux_dp, (float)(2.0 * z_scale / Ng));
     free(aux_dp);

@@ -39,6 +39,8 @@ typedef struct {
     int64_t Ng;                    // global tokens of the micro-batch (over the stage)
     int64_t dropped;               // global dropped assignments
     double aux, z;                 // this layer's global losses
+    double *psum;                  // (E) global sum over tokens of the router probabilities
+    double *aux_f;                 // (E) f_i in the aux gradient E * f_i / Ng (default counts_i / Ng)
     // router side (device)
     float *noise, *xj;             // (Ns,d) jitter factors and jittered input (NULL without jitter)
     float *logits;                 // (Ns,E)

@@ -142,6 +142,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     data_open(&ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
 
     // ---- output directory: refuse to overwrite a run unless --resume / --force
+    // (every check that can fail comes before --force deletes anything)
     TrainState st = {0};
     int resuming = 0;
     char **names;
@@ -161,10 +162,14 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         bad = train_options_validate(o, &c);
         if (bad) DIE("%s", bad);
         resuming = 1;
-    } else if ((n_ck > 0 || has_metrics) && !o->force) {
+    }
+    if (ds.max_token >= c.vocab_size)
+        DIE("the data's tokens (up to id %d, from %s) do not fit the model's vocab_size %d", ds.max_token, ds.source,
+            c.vocab_size);
+    if (!o->resume && (n_ck > 0 || has_metrics) && !o->force) {
         DIE("'%s' already holds a training run (%s); pass --resume to continue it or --force to start over "
             "(which deletes it)", o->out, n_ck ? names[0] : "metrics.jsonl");
-    } else if (o->force && rank0) {
+    } else if (!o->resume && o->force && rank0) {
         for (int i = 0; i < n_ck; i++) {
             char p[2048];
             snprintf(p, sizeof p, "%s/%s", o->out, names[i]);
@@ -182,9 +187,6 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     comm_barrier(world);
 
     // ---- data and model
-    if (ds.vocab_size > c.vocab_size)
-        DIE("the data's vocabulary (%d tokens, from %s) does not fit the model's vocab_size %d", ds.vocab_size,
-            ds.source, c.vocab_size);
     MeshShape shape = resolve_mesh(o, &c, world->size);
     Mesh mesh;
     mesh_init(&mesh, &shape, world);
