@@ -11,7 +11,7 @@
 #   run_fail PHRASE CMD...      CMD must fail cleanly: exit status 1..125 (not a signal / crash), stderr
 #                               exactly one line "moe: error: ..." containing PHRASE (fixed string), and
 #                               every path in $GUARD (space-separated) byte-for-byte unchanged
-#   tree_hash PATH              one sha256 over the names, types and contents of everything under PATH
+#   tree_list PATH / tree_hash PATH   names, types and sha256s of everything under PATH / one hash of that
 #   field KEY FILE              the values of "KEY": on the training lines (those with a "loss") of a
 #                               metrics.jsonl, one per line, as printed (strings, for exact comparison)
 #   mean / mean_last N / mean_first N   arithmetic mean of numbers on stdin (all, last N, first N)

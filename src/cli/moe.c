@@ -58,7 +58,7 @@ static const Opt opts[] = {
     {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary)"},
     {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
     {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
-    {"device", O_STR, CO(device), C_ALL, "cpu (this build has no other backend)"},
+    {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL, "cpu | cuda | auto (default: cuda when a GPU is present)"},
     // model
     {"vocab-size", O_INT, MO(vocab_size), C_TRAIN | C_INFO, "vocabulary size"},
     {"d-model", O_INT, MO(d_model), C_TRAIN | C_INFO, "model width d"},
@@ -304,8 +304,6 @@ static void parse(State *s, int cmd, int argc, char **argv) {
     // head_dim follows d_model / n_heads unless given
     int hd = find_opt("head-dim", C_TRAIN);
     if (!s->set[hd] && s->model.n_heads > 0) s->model.head_dim = s->model.d_model / s->model.n_heads;
-    if (s->cli.device[0] && strcmp(s->cli.device, "cpu") != 0)
-        DIE("--device %s: this build has only the cpu backend", s->cli.device);
 }
 
 // DIR may be a checkpoint, a run directory holding checkpoints, or a Hugging Face model directory
@@ -326,16 +324,20 @@ static void load_config_any(const char *ck, ModelConfig *c) {
 }
 
 // A Hugging Face directory has no state.json: its TrainState is step 0 with the given seed.
-static void load_model(Model *m, const char *ckpt, int B, int T, TrainState *st, uint64_t seed) {
+static void load_model(Model *m, const char *ckpt, int B, int T, TrainState *st, uint64_t seed, const char *device) {
     ModelConfig c;
     load_config_any(ckpt, &c);
     if (T > c.max_seq_len) T = c.max_seq_len;
-    model_init(m, &c, backend_cpu(), B, T, NULL);
+    model_init(m, &c, backend_by_name(device), B, T, NULL);
+    float *full = xmalloc(m->t.total * sizeof(float)), *local = xmalloc(m->t.ltotal * sizeof(float));
     if (!hf_is_model_dir(ckpt)) {
-        ckpt_load(ckpt, &m->t, m->params, NULL, NULL, st);
+        ckpt_load(ckpt, &m->t, full, NULL, NULL, st);
+        params_full_to_local(&m->t, full, local);
+        m->be->to_device(m->params, local, m->t.ltotal * sizeof(float));
+        free(full);
+        free(local);
         return;
     }
-    float *full = xmalloc(m->t.total * sizeof(float)), *local = xmalloc(m->t.ltotal * sizeof(float));
     hf_load_params(ckpt, &m->t, full);
     params_full_to_local(&m->t, full, local);
     m->be->to_device(m->params, local, m->t.ltotal * sizeof(float));
@@ -356,7 +358,7 @@ static int cmd_sample(State *s) {
     load_config_any(ck, &c);
     if (c.vocab_size < 256) DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
                                 c.vocab_size);
-    load_model(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st, s->train.seed);
+    load_model(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st, s->train.seed, s->train.device);
     int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
     int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
     int len = 0;
@@ -388,7 +390,7 @@ static int cmd_eval(State *s) {
     if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
     if (s->train.eval_batches < 1) DIE("--eval-batches must be >= 1 (got %d)", s->train.eval_batches);
     Model m;
-    load_model(&m, ck, B, T, &st, s->train.seed);
+    load_model(&m, ck, B, T, &st, s->train.seed, s->train.device);
     Dataset ds;
     data_open(&ds, s->train.data[0] ? s->train.data : NULL, st.seed, T);
     if (ds.max_token >= c.vocab_size)

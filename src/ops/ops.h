@@ -86,3 +86,11 @@ struct Backend {
 };
 
 const Backend *backend_cpu(void);
+// "cpu", "cuda", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming the problem
+// when the named backend cannot run here.
+const Backend *backend_by_name(const char *name);
+// The CUDA backend (src/ops/cuda/, float32 buffers on the first GPU). backend_cuda() dies with a
+// clear message when no GPU is usable; check backend_cuda_available() first: it returns 0 when
+// the build has no CUDA (MOE_CUDA=OFF) or no GPU is visible, and never dies.
+const Backend *backend_cuda(void);
+int backend_cuda_available(void);

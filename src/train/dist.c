@@ -63,15 +63,15 @@ void dist_attach(Dist *d, Model *m) {
             if (d->zero == 2) b->tmp = xmalloc(sizeof(float) * (b->s1 - b->s0 ? b->s1 - b->s0 : 1));
         }
     }
-    d->m1 = xcalloc(d->mom_n ? d->mom_n : 1, sizeof(float));
-    d->m2 = xcalloc(d->mom_n ? d->mom_n : 1, sizeof(float));
+    d->be = m->be;
+    d->m1 = m->be->alloc(sizeof(float) * (d->mom_n ? d->mom_n : 1));
+    d->m2 = m->be->alloc(sizeof(float) * (d->mom_n ? d->mom_n : 1));
 }
 
 void dist_free(Dist *d) {
     for (int i = 0; i < d->nb; i++) free(d->b[i].tmp);
     free(d->b);
-    free(d->m1);
-    free(d->m2);
+    if (d->be) { d->be->free(d->m1); d->be->free(d->m2); }
     d->b = NULL;
     d->nb = 0;
 }
@@ -203,8 +203,8 @@ void dist_moments_get(const Dist *d, const Model *m, float *m1, float *m2) {
     memset(m2, 0, sizeof(float) * m->t.ltotal);
     for (int k = 0; k < d->nb; k++) {
         const GradBucket *b = &d->b[k];
-        memcpy(m1 + b->off + b->s0, d->m1 + b->moff, sizeof(float) * (b->s1 - b->s0));
-        memcpy(m2 + b->off + b->s0, d->m2 + b->moff, sizeof(float) * (b->s1 - b->s0));
+        d->be->to_host(m1 + b->off + b->s0, d->m1 + b->moff, sizeof(float) * (b->s1 - b->s0));
+        d->be->to_host(m2 + b->off + b->s0, d->m2 + b->moff, sizeof(float) * (b->s1 - b->s0));
         gather_bucket(d, b, m1);
         gather_bucket(d, b, m2);
     }
@@ -213,8 +213,8 @@ void dist_moments_get(const Dist *d, const Model *m, float *m1, float *m2) {
 void dist_moments_set(Dist *d, const Model *m, const float *m1, const float *m2) {
     for (int k = 0; k < d->nb; k++) {
         const GradBucket *b = &d->b[k];
-        memcpy(d->m1 + b->moff, m1 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
-        memcpy(d->m2 + b->moff, m2 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
+        d->be->to_device(d->m1 + b->moff, m1 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
+        d->be->to_device(d->m2 + b->moff, m2 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
     }
 }
 

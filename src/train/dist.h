@@ -28,7 +28,8 @@ typedef struct {
     size_t bucket_elems;
     GradBucket *b;
     int nb;
-    float *m1, *m2;            // AdamW moments of the elements this rank updates
+    const Backend *be;
+    float *m1, *m2;            // AdamW moments of the elements this rank updates (backend memory)
     size_t mom_n;
     double wait_s;             // time the last step spent waiting for gradient reductions
 } Dist;
@@ -47,10 +48,12 @@ void dist_finish_grads(Dist *d, Model *m);
 double dist_grad_norm(const Dist *d, const Model *m);
 // Clip by `scale` (1 = none), AdamW on this rank's shards, then all-gather the updated parameters.
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t);
-// Moments in the local flat layout (every rank's shards gathered) and back (keeps my shards).
+// Moments in the local flat layout, in host memory (every rank's shards gathered), and back
+// (keeps my shards).
 void dist_moments_get(const Dist *d, const Model *m, float *m1_local, float *m2_local);
 void dist_moments_set(Dist *d, const Model *m, const float *m1_local, const float *m2_local);
-// full (t.total floats, every rank) = the whole model assembled from every rank's local buffer.
+// full (t.total floats, every rank) = the whole model assembled from every rank's local buffer
+// (both in host memory).
 void dist_gather_full(const Dist *d, const ParamTable *t, const float *local, float *full);
 // Mean over the DP group of a per-rank value (e.g. each rank's mean loss over equal token counts).
 double dist_mean_dp(const Dist *d, double v);

@@ -32,6 +32,7 @@ typedef struct {
     float bucket_mb;        // gradient bucket size cap (MB)
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
+    char device[16];        // cpu | cuda | "" (auto)
 } TrainOptions;
 
 void train_options_default(TrainOptions *o);

@@ -83,9 +83,10 @@ static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, 
     ParamTable full;
     params_build(&full, c);
     float *buf = xmalloc(full.total * sizeof(float) * 3);
-    float *m1 = xmalloc(m->t.ltotal * sizeof(float) * 2 + 1), *m2 = m1 + m->t.ltotal;
+    float *m1 = xmalloc(m->t.ltotal * sizeof(float) * 3 + 1), *m2 = m1 + m->t.ltotal, *ph = m2 + m->t.ltotal;
     dist_moments_get(dist, m, m1, m2);
-    dist_gather_full(dist, &m->t, m->params, buf);
+    m->be->to_host(ph, m->params, m->t.ltotal * sizeof(float));
+    dist_gather_full(dist, &m->t, ph, buf);
     dist_gather_full(dist, &m->t, m1, buf + full.total);
     dist_gather_full(dist, &m->t, m2, buf + 2 * full.total);
     free(m1);
@@ -133,7 +134,10 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         int t = omp_get_num_procs() / atoi(local);
         omp_set_num_threads(t > 0 ? t : 1);
     }
-    const Backend *be = backend_cpu();
+    const Backend *be = backend_by_name(o->device);
+    if (world->size > 1 && be != backend_cpu())
+        DIE("--device %s with %d processes: multi-GPU runs need the NCCL backend, which is not built yet; "
+            "use one process per run on the GPU, or --device cpu", be->name, world->size);
     char metrics_path[2048], latest[2048];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
 
@@ -205,8 +209,9 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         params_build(&full, &c);
         float *buf = xmalloc(full.total * sizeof(float) * 3);
         ckpt_load(latest, &full, buf, buf + full.total, buf + 2 * full.total, &st);
-        float *m1 = xmalloc(P * sizeof(float) * 2 + 1), *m2 = m1 + P;
-        params_full_to_local(&m.t, buf, m.params);
+        float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
+        params_full_to_local(&m.t, buf, ph);
+        be->to_device(m.params, ph, P * sizeof(float));
         params_full_to_local(&m.t, buf + full.total, m1);
         params_full_to_local(&m.t, buf + 2 * full.total, m2);
         dist_moments_set(&dist, &m, m1, m2);
@@ -219,7 +224,10 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         if (rank0) truncate_metrics(metrics_path, st.step);
         if (rank0) printf("resuming from %s (step %lld)\n", latest, (long long)st.step);
     } else {
-        params_init(&m.t, &c, m.params, o->seed);
+        float *ph = xmalloc(P * sizeof(float) + 1);
+        params_init(&m.t, &c, ph, o->seed);
+        be->to_device(m.params, ph, P * sizeof(float));
+        free(ph);
         st.seed = o->seed;
     }
     FILE *out = rank0 ? stdout : fopen("/dev/null", "w");
@@ -243,6 +251,9 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     double flops_tok = config_flops_per_token(&c, T);
     double t_start = now_seconds();
     int first = (int)st.step;
+    if (first >= o->steps)
+        fprintf(out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n", first,
+                o->steps);
     EvalResult ev;
     for (int step = first; step < o->steps; step++) {
         double t0 = now_seconds();
@@ -251,7 +262,9 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         double loss = 0, aux = 0, z = 0;
         int64_t dropped = 0;
         for (int g = 0; g < G; g++) {
-            data_train_batch(&ds, (uint64_t)step * o->batch + (uint64_t)g * Bm + (uint64_t)dp_rank * Bl, Bl, x, y);
+            // the data position continues from the checkpoint's (so a resume with another --batch
+            // neither skips nor repeats sequences)
+            data_train_batch(&ds, st.seq_pos + (uint64_t)g * Bm + (uint64_t)dp_rank * Bl, Bl, x, y);
             uint64_t ns = c.jitter > 0 ? noise_seed(o->seed, step, g) : 0;
             loss += dist_mean_dp(&dist, model_forward(&m, x, y, Bl, T, 1.0f / ((float)Ng * G), ns)) / G;
             aux += m.aux / G;
@@ -274,7 +287,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             dist_adamw(&dist, &m, clip, lr, o->beta1, o->beta2, o->adam_eps, o->weight_decay, step + 1);
         }
         st.step = step + 1;
-        st.seq_pos = (uint64_t)(step + 1) * o->batch;
+        st.seq_pos += (uint64_t)o->batch;
         st.total_steps = o->steps;
         st.tokens_seen += (double)o->batch * T;
         double dt = now_seconds() - t0, tps = o->batch * T / dt;

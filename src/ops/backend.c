@@ -1,0 +1,15 @@
+// backend.c — choosing a Backend by name (--device).
+#include <string.h>
+#include "core/common.h"
+#include "ops/ops.h"
+
+const Backend *backend_by_name(const char *name) {
+    if (!name || !name[0] || !strcmp(name, "auto")) return backend_cuda_available() ? backend_cuda() : backend_cpu();
+    if (!strcmp(name, "cpu")) return backend_cpu();
+    if (!strcmp(name, "cuda")) {
+        if (!backend_cuda_available())
+            DIE("--device cuda: no usable CUDA GPU here (or this moe was built without CUDA); use --device cpu");
+        return backend_cuda();
+    }
+    DIE("--device %s: unknown device (cpu, cuda, auto)", name);
+}

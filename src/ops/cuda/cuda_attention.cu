@@ -1,0 +1,273 @@
+// cuda_attention.cu — causal grouped-query attention, forward and backward, float32, without
+// materialising the T x T scores: flash-attention style tiles of ATT_KT keys (or queries) staged
+// in shared memory, one warp per query row (forward, dq) or key row (dk/dv), online softmax in
+// the forward, the saved log-sum-exp in the backward. Each lane owns head dimensions
+// lane, lane+32, ... (hd <= 32 * ATT_MAXR); in a tile, lane j scores key (or query) j of the tile.
+// Deterministic: every output element is written by one warp, summing in a fixed order.
+// Layouts (as ops.h): q/out (B*T, H, hd), k/v (B*T, KV, hd), lse (B, H, T).
+// Later: tensor-core (mma/wgmma) tiles in bf16, several query rows per warp.
+// Must not hold: any knowledge of the model.
+#include <math.h>
+#include "ops/cuda/cuda_common.h"
+
+#define ATT_WARPS 8     // query (forward, dq) or key (dk/dv) rows per block
+#define ATT_KT 32       // keys (or queries) per shared-memory tile: one per lane
+#define ATT_MAXR 8      // head dims per lane: hd <= 256
+
+// Forward. Grid (ceil(T/ATT_WARPS), H, B). Shared: Ks, Vs [ATT_KT][hd+1] (padded: lane j reads
+// row j without bank conflicts), Qs [ATT_WARPS][hd].
+__global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, float *lse, const float *q,
+                                                                  const float *k, const float *v, int T, int H,
+                                                                  int KV, int hd, float sc) {
+    extern __shared__ float sm[];
+    int ld = hd + 1;
+    float *Ks = sm, *Vs = Ks + ATT_KT * ld, *Qs = Vs + ATT_KT * ld;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int tb = blockIdx.x * ATT_WARPS, t = tb + w;
+    int tmax = tb + ATT_WARPS - 1 < T - 1 ? tb + ATT_WARPS - 1 : T - 1;
+    const float *qt = q + (((size_t)b * T + t) * H + h) * hd;
+    if (t < T)
+        for (int i = lane; i < hd; i += 32) Qs[w * hd + i] = ld_f(qt + i);
+    float m = -INFINITY, l = 0.0f, o[ATT_MAXR];
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) o[r] = 0.0f;
+    for (int u0 = 0; u0 <= tmax; u0 += ATT_KT) {
+        __syncthreads();   // previous tile fully used (and Qs written, on the first pass)
+        int nk = tmax + 1 - u0 < ATT_KT ? tmax + 1 - u0 : ATT_KT;
+        for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
+            int j = e / hd, i = e % hd;
+            size_t gi = (((size_t)b * T + u0 + j) * KV + kh) * hd + i;
+            Ks[j * ld + i] = ld_f(k + gi);
+            Vs[j * ld + i] = ld_f(v + gi);
+        }
+        __syncthreads();
+        if (t >= T || u0 > t) continue;   // warp-uniform
+        int u = u0 + lane;
+        float s = -INFINITY;
+        if (u <= t) {
+            float a = 0.0f;
+            const float *kr = Ks + lane * ld, *qr = Qs + w * hd;
+            for (int i = 0; i < hd; i++) a += qr[i] * kr[i];
+            s = a * sc;
+        }
+        float mn = fmaxf(m, warp_max_f(s));          // finite: key u0 <= t is in this tile
+        float p = u <= t ? expf(s - mn) : 0.0f;
+        float corr = expf(m - mn);                   // 0 on the first tile (m = -inf)
+        l = l * corr + warp_sum_f(p);
+        int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
+#pragma unroll
+        for (int r = 0; r < ATT_MAXR; r++) o[r] *= corr;
+        for (int j = 0; j < jn; j++) {
+            float pj = __shfl_sync(0xffffffffu, p, j);
+            const float *vr = Vs + j * ld;
+#pragma unroll
+            for (int r = 0; r < ATT_MAXR; r++) {
+                int i = lane + 32 * r;
+                if (i < hd) o[r] += pj * vr[i];
+            }
+        }
+        m = mn;
+    }
+    if (t >= T) return;
+    float inv = 1.0f / l;
+    float *ot = out + (((size_t)b * T + t) * H + h) * hd;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+        int i = lane + 32 * r;
+        if (i < hd) st_f(ot + i, o[r] * inv);
+    }
+    if (lane == 0) lse[((size_t)b * H + h) * T + t] = m + logf(l);
+}
+
+// D[b,h,t] = <dout, out> of each query row: one warp per row.
+__global__ void attention_rowdot_k(float *D, const float *dout, const float *out, int B, int T, int H, int hd) {
+    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b*T + t)*H + h
+    int lane = threadIdx.x & 31;
+    if (row >= (size_t)B * T * H) return;
+    const float *g = dout + row * hd, *o = out + row * hd;
+    float s = 0.0f;
+    for (int i = lane; i < hd; i += 32) s += ld_f(g + i) * ld_f(o + i);
+    s = warp_sum_f(s);
+    int h = (int)(row % H);
+    size_t bt = row / H;
+    int b = (int)(bt / T), t = (int)(bt % T);
+    if (lane == 0) D[((size_t)b * H + h) * T + t] = s;
+}
+
+// dq: as the forward, one warp per query row, over key tiles. ds = p (dp - D) sc,
+// p = exp(q.k sc - lse), dp = dout.v; dq += sum_u ds k_u.
+// Shared: Ks, Vs [ATT_KT][hd+1], Qs, Gs [ATT_WARPS][hd] (q and dout rows).
+__global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, const float *dout, const float *lse,
+                                                                     const float *Dg, const float *q, const float *k,
+                                                                     const float *v, int T, int H, int KV, int hd,
+                                                                     float sc) {
+    extern __shared__ float sm[];
+    int ld = hd + 1;
+    float *Ks = sm, *Vs = Ks + ATT_KT * ld, *Qs = Vs + ATT_KT * ld, *Gs = Qs + ATT_WARPS * hd;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int tb = blockIdx.x * ATT_WARPS, t = tb + w;
+    int tmax = tb + ATT_WARPS - 1 < T - 1 ? tb + ATT_WARPS - 1 : T - 1;
+    size_t qi = (((size_t)b * T + t) * H + h) * hd;
+    float L = 0.0f, Dt = 0.0f;
+    if (t < T) {
+        for (int i = lane; i < hd; i += 32) { Qs[w * hd + i] = ld_f(q + qi + i); Gs[w * hd + i] = ld_f(dout + qi + i); }
+        L = lse[((size_t)b * H + h) * T + t];
+        Dt = Dg[((size_t)b * H + h) * T + t];
+    }
+    float acc[ATT_MAXR];
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) acc[r] = 0.0f;
+    for (int u0 = 0; u0 <= tmax; u0 += ATT_KT) {
+        __syncthreads();
+        int nk = tmax + 1 - u0 < ATT_KT ? tmax + 1 - u0 : ATT_KT;
+        for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
+            int j = e / hd, i = e % hd;
+            size_t gi = (((size_t)b * T + u0 + j) * KV + kh) * hd + i;
+            Ks[j * ld + i] = ld_f(k + gi);
+            Vs[j * ld + i] = ld_f(v + gi);
+        }
+        __syncthreads();
+        if (t >= T || u0 > t) continue;
+        int u = u0 + lane;
+        float ds = 0.0f;
+        if (u <= t) {
+            float a = 0.0f, dp = 0.0f;
+            const float *kr = Ks + lane * ld, *vr = Vs + lane * ld, *qr = Qs + w * hd, *gr = Gs + w * hd;
+            for (int i = 0; i < hd; i++) { a += qr[i] * kr[i]; dp += gr[i] * vr[i]; }
+            float p = expf(a * sc - L);
+            ds = p * (dp - Dt) * sc;
+        }
+        int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
+        for (int j = 0; j < jn; j++) {
+            float dsj = __shfl_sync(0xffffffffu, ds, j);
+            const float *kr = Ks + j * ld;
+#pragma unroll
+            for (int r = 0; r < ATT_MAXR; r++) {
+                int i = lane + 32 * r;
+                if (i < hd) acc[r] += dsj * kr[i];
+            }
+        }
+    }
+    if (t >= T) return;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+        int i = lane + 32 * r;
+        if (i < hd) st_f(dq + qi + i, ld_f(dq + qi + i) + acc[r]);
+    }
+}
+
+// dk, dv: one warp per key row u of kv head kh, over the query heads of its group and tiles of
+// query rows t >= u. dv_u += sum p dout_t; dk_u += sum ds q_t.
+// Grid (ceil(T/ATT_WARPS), KV, B). Shared: Qs, Gs [ATT_KT][hd+1], Ls, Ds [ATT_KT],
+// Kb, Vb [ATT_WARPS][hd].
+__global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk, float *dv, const float *dout,
+                                                                       const float *lse, const float *Dg,
+                                                                       const float *q, const float *k,
+                                                                       const float *v, int T, int H, int KV, int hd,
+                                                                       float sc) {
+    extern __shared__ float sm[];
+    int ld = hd + 1;
+    float *Qs = sm, *Gs = Qs + ATT_KT * ld, *Ls = Gs + ATT_KT * ld, *Ds = Ls + ATT_KT, *Kb = Ds + ATT_KT,
+          *Vb = Kb + ATT_WARPS * hd;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
+    int ub = blockIdx.x * ATT_WARPS, u = ub + w;
+    size_t ki = (((size_t)b * T + u) * KV + kh) * hd;
+    if (u < T)
+        for (int i = lane; i < hd; i += 32) { Kb[w * hd + i] = ld_f(k + ki + i); Vb[w * hd + i] = ld_f(v + ki + i); }
+    float dka[ATT_MAXR], dva[ATT_MAXR];
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) dka[r] = dva[r] = 0.0f;
+    for (int h = kh * rep; h < (kh + 1) * rep; h++)
+        for (int t0 = ub; t0 < T; t0 += ATT_KT) {
+            __syncthreads();
+            int nq = T - t0 < ATT_KT ? T - t0 : ATT_KT;
+            for (int e = threadIdx.x; e < nq * hd; e += blockDim.x) {
+                int j = e / hd, i = e % hd;
+                size_t gi = (((size_t)b * T + t0 + j) * H + h) * hd + i;
+                Qs[j * ld + i] = ld_f(q + gi);
+                Gs[j * ld + i] = ld_f(dout + gi);
+            }
+            for (int j = threadIdx.x; j < nq; j += blockDim.x) {
+                Ls[j] = lse[((size_t)b * H + h) * T + t0 + j];
+                Ds[j] = Dg[((size_t)b * H + h) * T + t0 + j];
+            }
+            __syncthreads();
+            if (u >= T || t0 + nq - 1 < u) continue;   // warp-uniform: no query of this tile sees key u
+            int t = t0 + lane;
+            float p = 0.0f, ds = 0.0f;
+            if (lane < nq && t >= u) {
+                float a = 0.0f, dp = 0.0f;
+                const float *qr = Qs + lane * ld, *gr = Gs + lane * ld, *kr = Kb + w * hd, *vr = Vb + w * hd;
+                for (int i = 0; i < hd; i++) { a += qr[i] * kr[i]; dp += gr[i] * vr[i]; }
+                p = expf(a * sc - Ls[lane]);
+                ds = p * (dp - Ds[lane]) * sc;
+            }
+            int j0 = u - t0 > 0 ? u - t0 : 0;   // queries before u contribute 0
+            for (int j = j0; j < nq; j++) {
+                float pj = __shfl_sync(0xffffffffu, p, j), dsj = __shfl_sync(0xffffffffu, ds, j);
+                const float *qr = Qs + j * ld, *gr = Gs + j * ld;
+#pragma unroll
+                for (int r = 0; r < ATT_MAXR; r++) {
+                    int i = lane + 32 * r;
+                    if (i < hd) { dva[r] += pj * gr[i]; dka[r] += dsj * qr[i]; }
+                }
+            }
+        }
+    if (u >= T) return;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; r++) {
+        int i = lane + 32 * r;
+        if (i < hd) {
+            st_f(dk + ki + i, ld_f(dk + ki + i) + dka[r]);
+            st_f(dv + ki + i, ld_f(dv + ki + i) + dva[r]);
+        }
+    }
+}
+
+static void att_check(int B, int T, int H, int KV, int hd) {
+    if (hd > 32 * ATT_MAXR)
+        DIE("cuda attention: head_dim %d > %d is not supported by this kernel yet", hd, 32 * ATT_MAXR);
+    if (KV <= 0 || H % KV) DIE("cuda attention: n_heads %d is not a multiple of n_kv_heads %d", H, KV);
+    if (H > 65535 || B > 65535) DIE("cuda attention: %d heads x batch %d exceeds the launch grid", H, B);
+}
+
+// Opt in to more than 48 KiB of dynamic shared memory where a large head_dim needs it.
+static void att_smem(const void *fn, size_t bytes) {
+    if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+extern "C" void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   int B, int T, int H, int KV, int hd) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    att_check(B, T, H, KV, hd);
+    size_t smem = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)ATT_WARPS * hd);
+    att_smem((const void *)attention_fwd_k, smem);
+    dim3 grid(cdiv_u(T, ATT_WARPS), H, B);
+    attention_fwd_k<<<grid, ATT_WARPS * 32, smem>>>(out, lse, q, k, v, T, H, KV, hd, 1.0f / sqrtf((float)hd));
+    KCHECK("attention_fwd");
+}
+
+extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                   int H, int KV, int hd) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    att_check(B, T, H, KV, hd);
+    float sc = 1.0f / sqrtf((float)hd);
+    size_t rows = (size_t)B * T * H;
+    float *D = (float *)cuda_workspace(rows * sizeof(float));
+    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd);
+    KCHECK("attention_bwd (rowdot)");
+    size_t smem_q = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)2 * ATT_WARPS * hd);
+    att_smem((const void *)attention_bwd_dq_k, smem_q);
+    dim3 gq(cdiv_u(T, ATT_WARPS), H, B);
+    attention_bwd_dq_k<<<gq, ATT_WARPS * 32, smem_q>>>(dq, dout, lse, D, q, k, v, T, H, KV, hd, sc);
+    KCHECK("attention_bwd (dq)");
+    size_t smem_kv = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + 2 * ATT_KT + (size_t)2 * ATT_WARPS * hd);
+    att_smem((const void *)attention_bwd_dkdv_k, smem_kv);
+    dim3 gk(cdiv_u(T, ATT_WARPS), KV, B);
+    attention_bwd_dkdv_k<<<gk, ATT_WARPS * 32, smem_kv>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, hd, sc);
+    KCHECK("attention_bwd (dkdv)");
+}

@@ -1,0 +1,122 @@
+// cuda_common.h — what every CUDA source of the cuda backend shares: the checked-call macros
+// (file:line, the call, the error string and a hint, then DIE), launch checks, the element-type
+// helpers that let a kernel later read bf16 instead of float, the scratch workspace and the cuBLAS
+// handle. Must not hold: kernels, or any knowledge of the model.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/common.h"
+#include "ops/ops.h"
+}
+
+// Hint for a failed CUDA runtime call (never NULL).
+extern "C" const char *cuda_hint(cudaError_t e);
+extern "C" const char *cublas_status_name(cublasStatus_t s);
+
+#define CUDA_CHECK(call) do { cudaError_t _e = (call); if (_e != cudaSuccess) \
+    DIE("%s:%d: %s failed: %s (%s); hint: %s", __FILE__, __LINE__, #call, cudaGetErrorName(_e), \
+        cudaGetErrorString(_e), cuda_hint(_e)); } while (0)
+#define CUBLAS_CHECK(call) do { cublasStatus_t _s = (call); if (_s != CUBLAS_STATUS_SUCCESS) \
+    DIE("%s:%d: %s failed: %s; hint: %s", __FILE__, __LINE__, #call, cublas_status_name(_s), \
+        _s == CUBLAS_STATUS_ALLOC_FAILED ? "out of device memory for cuBLAS's workspace" : \
+        _s == CUBLAS_STATUS_NOT_INITIALIZED ? "no usable CUDA device or driver (check nvidia-smi)" : \
+        "the GEMM shape or leading dimensions are invalid, or an earlier kernel failed (rerun with MOE_CUDA_SYNC=1)"); } while (0)
+
+// After every kernel launch: the launch error, and with MOE_CUDA_SYNC=1 in the environment a full
+// synchronisation so that an asynchronous fault is reported at the kernel that caused it.
+extern "C" int cuda_sync_each_launch(void);
+#define KCHECK(name) do { cudaError_t _e = cudaGetLastError(); if (_e == cudaSuccess && cuda_sync_each_launch()) \
+    _e = cudaDeviceSynchronize(); if (_e != cudaSuccess) \
+    DIE("%s:%d: kernel %s failed: %s (%s); hint: %s", __FILE__, __LINE__, name, cudaGetErrorName(_e), \
+        cudaGetErrorString(_e), cuda_hint(_e)); } while (0)
+
+// The cuBLAS handle of the backend (created by backend_cuda()).
+extern "C" cublasHandle_t cuda_cublas(void);
+// A device scratch buffer of at least `bytes`, reused by every op (ops run in stream order on the
+// default stream, so one buffer is enough); its contents are undefined.
+extern "C" void *cuda_workspace(size_t bytes);
+
+// Element access: kernels read and write activations through these, so that a bf16 variant only
+// has to change the storage type (fp32 accumulation stays).
+__device__ __forceinline__ float ld_f(const float *p) { return *p; }
+__device__ __forceinline__ void st_f(float *p, float v) { *p = v; }
+
+static inline unsigned cdiv_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+// Grid for a grid-stride elementwise loop over n elements.
+static inline unsigned ew_grid(size_t n, int threads) {
+    size_t g = (n + threads - 1) / threads;
+    if (g < 1) g = 1;
+    if (g > 65535u * 16) g = 65535u * 16;
+    return (unsigned)g;
+}
+
+// Deterministic block reduction (fixed shuffle tree, then a fixed-order pass over the warps).
+// Every thread gets the block sum. blockDim.x must be a multiple of 32, at most 1024.
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_sum_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double block_sum_d(double v) {
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();                       // part[] may still be read by a previous call
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    double s = 0;
+    for (int i = 0; i < nw; i++) s += part[i];
+    return s;
+}
+__device__ __forceinline__ float block_max_f(float v) {
+    __shared__ float partm[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max_f(v);
+    __syncthreads();
+    if (lane == 0) partm[w] = v;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int i = 0; i < nw; i++) m = fmaxf(m, partm[i]);
+    return m;
+}
+
+// Entry points of cuda_nn.cu (same contracts as ops.h).
+extern "C" {
+void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C);
+void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
+void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                      const float *rstd, int N, int C);
+void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
+void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
+void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
+void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n);
+void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
+void cuda_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
+void cuda_scale_rows(float *x, const float *scale, int n, int C);
+void cuda_row_dot(float *dot, const float *a, const float *b, int n, int C);
+void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
+void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
+void cuda_mul(float *out, const float *a, const float *b, size_t n);
+void cuda_axpy(float *y, const float *x, float a, size_t n);
+void cuda_scale(float *x, float a, size_t n);
+double cuda_sumsq(const float *x, size_t n);
+void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                float eps, float wd, int t);
+// cuda_attention.cu
+void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                        int B, int T, int H, int KV, int hd);
+void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd);
+}

@@ -1,0 +1,383 @@
+// cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding,
+// RMSNorm, RoPE, SwiGLU, row gather/scatter, cross-entropy, elementwise ops, sum of squares and
+// AdamW. Attention is in cuda_attention.cu, GEMMs in cuda_backend.cu.
+//
+// Determinism: no atomics. Every sum that feeds a result has a fixed order: per-row block sums
+// use a fixed shuffle tree, column sums (rmsnorm dw) a fixed two-pass chunking, and the
+// scatter-adds (embedding backward, scatter_add_rows) add the rows of one destination element
+// in index order, like the cpu reference. This file is built with -fmad=false (see
+// CMakeLists.txt), so the elementwise arithmetic rounds exactly like the cpu code's.
+// Must not hold: any knowledge of the model or of layers.
+#include <math.h>
+#include "ops/cuda/cuda_common.h"
+
+// ---------------------------------------------------------------- rows: gather, scatter-add
+
+__global__ void gather_rows_k(float *out, const float *inp, const int32_t *idx, int C) {
+    size_t i = blockIdx.x;
+    const float *src = inp + (size_t)idx[i] * C;
+    float *dst = out + i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(dst + c, ld_f(src + c));
+}
+
+static int row_threads(int C) {
+    int t = (C + 31) / 32 * 32;
+    return t > 256 ? 256 : t < 32 ? 32 : t;
+}
+
+extern "C" void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    gather_rows_k<<<N, row_threads(C)>>>(out, table, tokens, C);
+    KCHECK("embedding_fwd");
+}
+
+extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C) {
+    if (n <= 0 || C <= 0) return;
+    gather_rows_k<<<n, row_threads(C)>>>(out, inp, idx, C);
+    KCHECK("gather_rows");
+}
+
+// out[idx[i]] += scale[i] * inp[i], deterministic without atomics: blockIdx.y picks a partition
+// of the destination rows (idx % P), blockIdx.x a range of columns; each thread owns one column
+// of the destination rows of its partition and walks i = 0..n-1 in order, so every destination
+// element receives its rows in index order (as the cpu reference does) and no two threads ever
+// touch the same element. Each block reads all n indices (cheap, staged through shared memory)
+// but only the rows of its partition.
+// Later optimisation: build the inverse lists (destination -> rows, a counting sort) once per
+// dispatch plan and sum each destination row in one pass; for the MoE combine, fuse with row_dot.
+#define SCAT_TILE 256
+#define SCAT_COLS 128
+__global__ void scatter_add_rows_k(float *out, const float *inp, const int32_t *idx, const float *scale, int n,
+                                   int C) {
+    __shared__ int32_t sidx[SCAT_TILE];
+    __shared__ float ssc[SCAT_TILE];
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned P = gridDim.y, part = blockIdx.y;
+    for (int i0 = 0; i0 < n; i0 += SCAT_TILE) {
+        int nt = n - i0 < SCAT_TILE ? n - i0 : SCAT_TILE;
+        __syncthreads();
+        for (int j = threadIdx.x; j < nt; j += blockDim.x) {
+            sidx[j] = idx[i0 + j];
+            ssc[j] = scale ? scale[i0 + j] : 1.0f;
+        }
+        __syncthreads();
+        if (c < C)
+            for (int j = 0; j < nt; j++) {
+                unsigned r = (unsigned)sidx[j];
+                if (r % P != part) continue;
+                float *o = out + (size_t)r * C + c;
+                st_f(o, ld_f(o) + ssc[j] * ld_f(inp + (size_t)(i0 + j) * C + c));
+            }
+    }
+}
+
+static void scatter_launch(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C,
+                           const char *name) {
+    if (n <= 0 || C <= 0) return;
+    unsigned cb = cdiv_u(C, SCAT_COLS);
+    // enough partitions to fill the GPU (~4 blocks per SM); more only costs index reads
+    unsigned P = cb >= 512 ? 1 : 512 / cb;
+    if (P > 64) P = 64;
+    if ((int)P > n) P = n;
+    dim3 grid(cb, P);
+    scatter_add_rows_k<<<grid, SCAT_COLS>>>(out, inp, idx, scale, n, C);
+    KCHECK(name);
+}
+
+extern "C" void cuda_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n,
+                                      int C) {
+    scatter_launch(out, inp, idx, scale, n, C, "scatter_add_rows");
+}
+
+extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C) {
+    scatter_launch(dtable, dout, tokens, NULL, N, C, "embedding_bwd");
+}
+
+__global__ void scale_rows_k(float *x, const float *scale, size_t n, int C) {
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
+        st_f(x + e, ld_f(x + e) * scale[e / C]);
+}
+
+extern "C" void cuda_scale_rows(float *x, const float *scale, int n, int C) {
+    size_t ne = (size_t)(n > 0 ? n : 0) * (C > 0 ? C : 0);
+    if (!ne) return;
+    scale_rows_k<<<ew_grid(ne, 256), 256>>>(x, scale, ne, C);
+    KCHECK("scale_rows");
+}
+
+// One warp per row, double accumulation.
+__global__ void row_dot_k(float *dot, const float *a, const float *b, int n, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *x = a + (size_t)row * C, *y = b + (size_t)row * C;
+    double s = 0;
+    for (int c = lane; c < C; c += 32) s += (double)ld_f(x + c) * ld_f(y + c);
+    s = warp_sum_d(s);
+    if (lane == 0) dot[row] = (float)s;
+}
+
+extern "C" void cuda_row_dot(float *dot, const float *a, const float *b, int n, int C) {
+    if (n <= 0) return;
+    row_dot_k<<<cdiv_u(n, 8), 256>>>(dot, a, b, n, C);
+    KCHECK("row_dot");
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+__global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *w, int C, float eps) {
+    size_t i = blockIdx.x;
+    const float *x = inp + i * C;
+    double ss = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) { double v = ld_f(x + c); ss += v * v; }
+    ss = block_sum_d(ss);
+    float r = (float)(1.0 / sqrt(ss / C + eps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    float *o = out + i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(o + c, ld_f(x + c) * r * w[c]);
+}
+
+extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    if (N <= 0) return;
+    rmsnorm_fwd_k<<<N, row_threads(C)>>>(out, rstd, inp, w, C, eps);
+    KCHECK("rmsnorm_fwd");
+}
+
+// dx = r (g w) - x r^3 mean(g w x), one block per row
+__global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
+                                 int C) {
+    size_t i = blockIdx.x;
+    const float *x = inp + i * C, *g = dout + i * C;
+    float r = rstd[i];
+    double dot = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dot += (double)ld_f(g + c) * w[c] * ld_f(x + c);
+    dot = block_sum_d(dot);
+    float k = (float)(dot / C) * r * r * r;
+    float *dx = dinp + i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        st_f(dx + c, ld_f(dx + c) + (r * ld_f(g + c) * w[c] - k * ld_f(x + c)));
+}
+
+// dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of RMS_ROWS rows per column into
+// part[chunk][c] (double); pass 2 adds the chunks in order. Deterministic for any launch shape.
+#define RMS_ROWS 64
+__global__ void rmsnorm_bwd_dw_part_k(double *part, const float *dout, const float *inp, const float *rstd, int N,
+                                      int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+    if (c >= C) return;
+    int i0 = ch * RMS_ROWS, i1 = i0 + RMS_ROWS < N ? i0 + RMS_ROWS : N;
+    double s = 0;
+    for (int i = i0; i < i1; i++)
+        s += (double)ld_f(dout + (size_t)i * C + c) * ld_f(inp + (size_t)i * C + c) * rstd[i];
+    part[(size_t)ch * C + c] = s;
+}
+__global__ void rmsnorm_bwd_dw_sum_k(float *dw, const double *part, int nch, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double s = 0;
+    for (int ch = 0; ch < nch; ch++) s += part[(size_t)ch * C + c];
+    dw[c] += (float)s;
+}
+
+extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                                 const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_bwd_dx_k<<<N, row_threads(C)>>>(dinp, dout, inp, w, rstd, C);
+    KCHECK("rmsnorm_bwd (dx)");
+    if (dw) {
+        int nch = (N + RMS_ROWS - 1) / RMS_ROWS;
+        double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
+        dim3 grid(cdiv_u(C, 128), nch);
+        rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C);
+        KCHECK("rmsnorm_bwd (dw pass 1)");
+        rmsnorm_bwd_dw_sum_k<<<cdiv_u(C, 128), 128>>>(dw, part, nch, C);
+        KCHECK("rmsnorm_bwd (dw pass 2)");
+    }
+}
+
+// ---------------------------------------------------------------- RoPE
+
+// HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd), computed in double exactly
+// as the cpu reference does. One thread per (row bt, pair j), looping over the heads.
+// Later: a precomputed (T, hd/2) cos/sin table.
+__global__ void rope_k(float *x, int BT, int T, int nh, int hd, float theta, int dir) {
+    int half = hd / 2;
+    size_t n = (size_t)BT * half;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        int bt = (int)(e / half), j = (int)(e % half), pos = bt % T;
+        double freq = pow((double)theta, -2.0 * j / hd);
+        double ang = pos * freq;
+        float c = (float)cos(ang), s = (float)(dir * sin(ang));
+        for (int h = 0; h < nh; h++) {
+            float *p = x + ((size_t)bt * nh + h) * hd;
+            float x1 = ld_f(p + j), x2 = ld_f(p + j + half);
+            st_f(p + j, x1 * c - x2 * s);
+            st_f(p + j + half, x2 * c + x1 * s);
+        }
+    }
+}
+
+extern "C" void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) {
+    size_t n = (size_t)B * T * (hd / 2);
+    if (!n || nh <= 0) return;
+    rope_k<<<ew_grid(n, 256), 256>>>(x, B * T, T, nh, hd, theta, 1);
+    KCHECK("rope_fwd");
+}
+
+extern "C" void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) {
+    size_t n = (size_t)B * T * (hd / 2);
+    if (!n || nh <= 0) return;
+    rope_k<<<ew_grid(n, 256), 256>>>(dx, B * T, T, nh, hd, theta, -1);
+    KCHECK("rope_bwd");
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+#define GRID_STRIDE(e, n) for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n); \
+                               e += (size_t)gridDim.x * blockDim.x)
+
+__global__ void swiglu_fwd_k(float *out, const float *h1, const float *h3, size_t n) {
+    GRID_STRIDE(i, n) {
+        float a = ld_f(h1 + i), sg = 1.0f / (1.0f + expf(-a));
+        st_f(out + i, a * sg * ld_f(h3 + i));
+    }
+}
+
+__global__ void swiglu_bwd_k(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n) {
+    GRID_STRIDE(i, n) {
+        float a = ld_f(h1 + i), sg = 1.0f / (1.0f + expf(-a)), silu = a * sg, g = ld_f(dout + i);
+        st_f(dh1 + i, ld_f(dh1 + i) + g * ld_f(h3 + i) * sg * (1.0f + a * (1.0f - sg)));
+        st_f(dh3 + i, ld_f(dh3 + i) + g * silu);
+    }
+}
+
+extern "C" void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n) {
+    if (!n) return;
+    swiglu_fwd_k<<<ew_grid(n, 256), 256>>>(out, h1, h3, n);
+    KCHECK("swiglu_fwd");
+}
+
+extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n) {
+    if (!n) return;
+    swiglu_bwd_k<<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
+    KCHECK("swiglu_bwd");
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+// One block per row: max, then sum of exp in double (as the cpu reference), lse, loss; with
+// dloss != 0 (fwd_bwd) the row is overwritten with (softmax - onehot) * dloss.
+// Later: one pass with an online max, and fused into the LM-head GEMM's epilogue.
+__global__ void __launch_bounds__(1024) cross_entropy_k(float *losses, float *logits, const int32_t *targets, int V,
+                                                        float dloss, int bwd) {
+    size_t i = blockIdx.x;
+    float *x = logits + i * V;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, ld_f(x + j));
+    mx = block_max_f(mx);
+    double s = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)ld_f(x + j) - mx);
+    s = block_sum_d(s);
+    float l = mx + (float)log(s);
+    int t = targets[i];
+    if (threadIdx.x == 0) losses[i] = l - ld_f(x + t);
+    if (!bwd) return;
+    __syncthreads();   // x[t] is read above before any thread overwrites it
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = expf(ld_f(x + j) - l) * dloss;
+        st_f(x + j, j == t ? p - dloss : p);
+    }
+}
+
+extern "C" void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V,
+                                           float dloss) {
+    if (N <= 0) return;
+    cross_entropy_k<<<N, V >= 4096 ? 1024 : 256>>>(losses, logits, targets, V, dloss, 1);
+    KCHECK("cross_entropy_fwd_bwd");
+}
+
+extern "C" void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V) {
+    if (N <= 0) return;
+    // bwd = 0: the kernel never writes logits
+    cross_entropy_k<<<N, V >= 4096 ? 1024 : 256>>>(losses, (float *)logits, targets, V, 0.0f, 0);
+    KCHECK("cross_entropy_fwd");
+}
+
+// ---------------------------------------------------------------- elementwise, reductions, AdamW
+
+__global__ void mul_k(float *out, const float *a, const float *b, size_t n) {
+    GRID_STRIDE(i, n) st_f(out + i, ld_f(a + i) * ld_f(b + i));
+}
+__global__ void axpy_k(float *y, const float *x, float a, size_t n) {
+    GRID_STRIDE(i, n) st_f(y + i, ld_f(y + i) + a * ld_f(x + i));
+}
+__global__ void scale_k(float *x, float a, size_t n) {
+    GRID_STRIDE(i, n) st_f(x + i, ld_f(x + i) * a);
+}
+
+extern "C" void cuda_mul(float *out, const float *a, const float *b, size_t n) {
+    if (!n) return;
+    mul_k<<<ew_grid(n, 256), 256>>>(out, a, b, n);
+    KCHECK("mul");
+}
+extern "C" void cuda_axpy(float *y, const float *x, float a, size_t n) {
+    if (!n) return;
+    axpy_k<<<ew_grid(n, 256), 256>>>(y, x, a, n);
+    KCHECK("axpy");
+}
+extern "C" void cuda_scale(float *x, float a, size_t n) {
+    if (!n) return;
+    scale_k<<<ew_grid(n, 256), 256>>>(x, a, n);
+    KCHECK("scale");
+}
+
+// Sum of squares, deterministic: pass 1 = G blocks (G a function of n only), each a fixed
+// grid-stride set of elements summed in double and reduced by a fixed tree; pass 2 = one block
+// over the G partials in a fixed order.
+#define SUMSQ_BLOCKS 1024
+#define SUMSQ_THREADS 256
+__global__ void sumsq_part_k(double *part, const float *x, size_t n) {
+    double s = 0;
+    GRID_STRIDE(i, n) { double v = ld_f(x + i); s += v * v; }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+__global__ void __launch_bounds__(1024) sumsq_final_k(double *out, const double *part, int G) {
+    double s = 0;
+    for (int i = threadIdx.x; i < G; i += blockDim.x) s += part[i];
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+extern "C" double cuda_sumsq(const float *x, size_t n) {
+    if (!n) return 0.0;
+    size_t g = (n + SUMSQ_THREADS - 1) / SUMSQ_THREADS;
+    int G = g > SUMSQ_BLOCKS ? SUMSQ_BLOCKS : (int)g;
+    double *ws = (double *)cuda_workspace((size_t)(G + 1) * sizeof(double));
+    sumsq_part_k<<<G, SUMSQ_THREADS>>>(ws + 1, x, n);
+    KCHECK("sumsq (pass 1)");
+    sumsq_final_k<<<1, 1024>>>(ws, ws + 1, G);
+    KCHECK("sumsq (pass 2)");
+    double r = 0;
+    CUDA_CHECK(cudaMemcpy(&r, ws, sizeof r, cudaMemcpyDeviceToHost));
+    return r;
+}
+
+__global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                        float eps, float wd, float c1, float c2) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p[i]);
+    }
+}
+
+extern "C" void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                           float eps, float wd, int t) {
+    if (!n) return;
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
+    adamw_k<<<ew_grid(n, 256), 256>>>(p, g, m, v, n, lr, b1, b2, eps, wd, c1, c2);
+    KCHECK("adamw");
+}

@@ -1,0 +1,11 @@
+// cuda_stub.c — backend_cuda() for builds without CUDA (MOE_CUDA=OFF): reports "not available".
+// Must not hold: anything else (the real backend is src/ops/cuda/).
+#include "core/common.h"
+#include "ops/ops.h"
+
+int backend_cuda_available(void) { return 0; }
+
+const Backend *backend_cuda(void) {
+    DIE("this build has no CUDA backend: rebuild with a CUDA compiler (nvcc) and -DMOE_CUDA=ON, "
+        "or use the cpu backend");
+}

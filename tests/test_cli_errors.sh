@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# test_cli_errors.sh — every bad input to `moe` gives one clear "moe: error:" line naming the
+# problem (a key phrase is checked on stderr), a non-zero exit status that is not a crash, and
+# leaves the files already there intact: the whole work directory (a prepared run with two
+# checkpoints, corrupted copies of it, data and config files, and the current directory itself)
+# is hashed before and after every failing command, so a command that deletes, rewrites or even
+# creates a file or directory fails its check. Positive controls show that each fixture is valid
+# except for the one fault put into it. Runs in ~10 s: the fixture model has ~40K params.
+set -u
+. "$(dirname "$0")/lib.sh"
+
+W="$TMP/w"
+mkdir -p "$W" && cd "$W" || exit 1
+SMALL=(--batch 4 --seq-len 16 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet)
+MODEL=(--d-model 32 --n-heads 2 --n-kv-heads 1 --d-ff 48 --n-layers 1)
+EVAL=(--batch 4 --seq-len 16 --eval-batches 1)
+
+# crc32 of a file as 8 hex digits (the CRC in a gzip trailer is the zlib crc32 checksums.json uses)
+crc32() { gzip -c <"$1" | tail -c 8 | od -An -tx4 -N4 | tr -d ' \n'; }
+# XOR the byte at offset $2 of file $1 with 0xff
+flip_byte() {
+  local b
+  b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
+  printf "\\$(printf '%03o' $((b ^ 255)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+# write_shard FILE MAGIC VERSION N_IN_HEADER N_WRITTEN: an llm.c shard (256 int32 header, then uint16
+# tokens, all 65 = 'A')
+le32() { local v=$(($1 & 0xffffffff)); printf "\\$(printf '%03o' $((v & 255)))\\$(printf '%03o' $((v >> 8 & 255)))\\$(printf '%03o' $((v >> 16 & 255)))\\$(printf '%03o' $((v >> 24 & 255)))"; }
+write_shard() {
+  { le32 "$2"; le32 "$3"; le32 "$4"; head -c $((253 * 4)) /dev/zero
+    local i; for ((i = 0; i < $5; i++)); do printf '\x41\x00'; done; } >"$1"
+}
+
+# ---- help
+if "$MOE" --help >"$OUT_FILE" 2>"$ERR_FILE" && grep -q 'train' "$OUT_FILE" && grep -q 'sample' "$OUT_FILE" &&
+   grep -q 'eval' "$OUT_FILE" && grep -q 'info' "$OUT_FILE"; then pass "moe --help exits 0 and names the commands"
+else fail "moe --help"; show_output; fi
+if "$MOE" train --help >"$OUT_FILE" 2>"$ERR_FILE"; then
+  miss=""
+  for f in --steps --batch --seq-len --lr --out --data --resume --force --dispatch --top-k --n-experts --config --preset; do
+    grep -q -- "$f" "$OUT_FILE" || miss="$miss $f"
+  done
+  if [ -z "$miss" ]; then pass "moe train --help exits 0 and lists the key flags"; else fail "moe train --help lacks:$miss"; fi
+else fail "moe train --help exit status"; show_output; fi
+for c in sample eval info; do
+  if "$MOE" $c --help >"$OUT_FILE" 2>"$ERR_FILE" && grep -q -- '--ckpt' "$OUT_FILE"; then pass "moe $c --help"
+  else fail "moe $c --help"; show_output; fi
+done
+"$MOE" >"$OUT_FILE" 2>"$ERR_FILE"
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -lt 126 ] && grep -q 'usage' "$ERR_FILE"; then pass "moe without a command: usage on stderr, exit $rc"
+else fail "moe without a command (exit $rc)"; show_output; fi
+
+# ---- fixtures
+run_ok "fixture: a run with checkpoints at steps 2 and 4" \
+  "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 4 --save-every 2 --keep 0 --out run
+[ -f run/step_00000004/model.safetensors ] || { fail "fixture run has no step_00000004"; finish; }
+run_ok "control: the fixture checkpoint evaluates" "$MOE" eval --ckpt run "${EVAL[@]}"
+cp -r run ctl && run_ok "control: --resume with the fixture's own model flags works" \
+  "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 5 --out ctl --resume
+rm -rf ctl
+
+: >empty.txt
+printf 'hello world\n' >short.txt
+head -c 4096 /dev/urandom >garbage.dat                               # random bytes (has NULs)
+head -c 20000 /dev/urandom | tr -d '\000-\177' | head -c 4096 >highbytes.dat   # no NUL; mostly malformed UTF-8
+write_shard good.bin 20240520 1 2000 2000
+write_shard badmagic.bin 12345 1 2000 2000
+write_shard trunc.bin 20240520 1 2000 1000
+run_ok "control: a well-formed .bin shard trains" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 1 --data good.bin --out ctl
+rm -rf ctl
+echo 'steps = 3   # not JSON {' >bad.json
+echo '{"steps": 1, "bogus_key": 3}' >unknown.json
+echo '[1, 2]' >array.json
+echo '{"d_model": 96.5}' >float.json
+echo '{"d_model": 64, "n_heads": 4}' >good.json
+if "$MOE" info --config good.json >"$OUT_FILE" 2>"$ERR_FILE" && grep -q 'model: d 64,' "$OUT_FILE"; then
+  pass "control: a valid --config file is read"; else fail "control: valid --config"; show_output; fi
+
+CK=step_00000004
+cp -r run flip && flip_byte flip/$CK/model.safetensors 5000
+cp -r run flipopt && flip_byte flipopt/$CK/optimizer.safetensors 7000
+cp -r run trunc && truncate -s 3000 trunc/$CK/model.safetensors
+cp -r run badsums && truncate -s 40 badsums/$CK/checksums.json
+# config.json says a different intermediate_size; checksums.json is fixed to match, so only the
+# tensor shape check can catch it
+cp -r run shape
+f=shape/$CK/config.json
+old_crc=$(crc32 "$f")
+old_size=$(wc -c <"$f")
+ff=$(grep -o '"intermediate_size":[^,]*' "$f" | grep -o '[0-9]*$')
+sed -i "s/\"intermediate_size\":\([[:space:]]*\)$ff,/\"intermediate_size\":\1$((ff + 16)),/" "$f"
+new_crc=$(crc32 "$f")
+new_size=$(wc -c <"$f")
+sed -i -e "s/\"$old_crc\"/\"$new_crc\"/" -e "s/\"config.json\":\([[:space:]]*\)$old_size\b/\"config.json\":\1$new_size/" \
+  shape/$CK/checksums.json
+if grep -q "\"intermediate_size\":[[:space:]]*$((ff + 16))," "$f" && grep -q "$new_crc" shape/$CK/checksums.json &&
+   [ "$new_crc" != "$old_crc" ]; then pass "fixture: config.json edited and checksums.json fixed"
+else fail "fixture: editing config.json/checksums.json"; fi
+# a run that crashed before its first checkpoint: only metrics.jsonl
+mkdir -p metricsonly && head -n 2 run/metrics.jsonl >metricsonly/metrics.jsonl
+mkdir -p emptydir
+
+# From here on every failing command must leave all of $W (fixtures, cwd) byte-for-byte unchanged.
+GUARD="$W"
+T=("$MOE" train "${SMALL[@]}" --out run)    # the output dir is the prepared run: nothing may touch it
+
+# ---- command line
+run_fail "unknown option '--bogus'" "${T[@]}" --bogus
+run_fail "unknown option '--stepz'" "${T[@]}" --stepz 3
+run_fail "unknown command 'frobnicate'" "$MOE" frobnicate --steps 3
+run_fail "does not apply" "$MOE" sample --ckpt run --steps 3
+run_fail "unknown preset 'nope'" "${T[@]}" --preset nope
+run_fail "unknown preset 'nope'" "$MOE" info --preset nope
+run_fail "option '--out' needs a value" "$MOE" train "${SMALL[@]}" --out
+run_fail "option '--steps' needs a value" "${T[@]}" --steps
+run_fail "option '--preset' needs a value" "${T[@]}" --preset
+run_fail "option '--config' needs a value" "${T[@]}" --config
+run_fail "'maybe' is not true/false" "${T[@]}" --quiet=maybe
+run_fail "'abc' is not an integer" "${T[@]}" --steps abc
+run_fail "'1.5' is not an integer" "${T[@]}" --steps 1.5
+run_fail "'' is not an integer" "${T[@]}" --steps=
+run_fail "'fast' is not a number" "${T[@]}" --lr fast
+run_fail "'-1' is not a non-negative integer" "${T[@]}" --seed -1
+run_fail "--steps must be >= 1 (got -5)" "${T[@]}" --steps -5
+run_fail "--steps must be >= 1 (got 0)" "${T[@]}" --steps 0
+run_fail "top_k must be in 1..n_experts=4 (got 5)" "${T[@]}" --top-k 5
+run_fail "top_k must be in 1..n_experts=2 (got 3)" "${T[@]}" --n-experts 2 --top-k 3
+run_fail "d_model=90 is not divisible by n_heads=4" "${T[@]}" --d-model 90
+run_fail "n_heads=4 is not divisible by n_kv_heads=3" "${T[@]}" --n-heads 4 --n-kv-heads 3
+run_fail "capacity_factor must be > 0 (got 0)" "${T[@]}" --dispatch capacity --capacity-factor 0
+run_fail "capacity_factor must be > 0 (got -1)" "${T[@]}" --dispatch capacity --capacity-factor -1
+run_fail "'foo' is not one of dropless, capacity" "${T[@]}" --dispatch foo
+run_fail "--seq-len 300 exceeds the model's max_seq_len 256" "${T[@]}" --seq-len 300
+run_fail "--seq-len 32 exceeds the model's max_seq_len 16" "${T[@]}" --max-seq-len 16 --seq-len 32
+run_fail "--batch 6 is not divisible by --grad-accum 4" "${T[@]}" --batch 6 --grad-accum 4
+run_fail "--resume and --force contradict" "${T[@]}" --resume --force
+
+# ---- data files
+run_fail "cannot open text file 'nope.txt'" "${T[@]}" --data nope.txt
+run_fail "cannot open shard file 'nope.bin'" "${T[@]}" --data nope.bin
+run_fail "no file matches the shard pattern 'nope_*.bin'" "${T[@]}" --data 'nope_*.bin'
+run_fail "'empty.txt' is empty (0 bytes)" "${T[@]}" --data empty.txt
+run_fail "'garbage.dat' looks binary" "${T[@]}" --data garbage.dat
+run_fail "short.txt has 12 tokens, too few for T=16" "${T[@]}" --data short.txt
+run_fail "'emptydir' is a directory, not a text file" "${T[@]}" --data emptydir
+run_fail "'highbytes.dat' looks binary" "${T[@]}" --data highbytes.dat
+run_fail "shard 'badmagic.bin' has wrong magic 12345" "${T[@]}" --data badmagic.bin
+run_fail "shard 'trunc.bin' is truncated" "${T[@]}" --data trunc.bin
+run_fail "'garbage.dat' looks binary" "$MOE" eval --ckpt run "${EVAL[@]}" --data garbage.dat
+
+# ---- config files
+run_fail "--config bad.json: not a JSON object" "${T[@]}" --config bad.json
+run_fail "unknown key \"bogus_key\"" "${T[@]}" --config unknown.json
+run_fail "cannot read 'nope.json'" "${T[@]}" --config nope.json
+run_fail "--config array.json: not a JSON object" "${T[@]}" --config array.json
+run_fail "\"d_model\" must be an integer (got 96.5)" "${T[@]}" --config float.json
+run_fail "--config bad.json: not a JSON object" "$MOE" info --config bad.json
+
+# ---- checkpoints
+run_fail "model.safetensors is corrupt (crc32 mismatch)" "$MOE" eval --ckpt flip "${EVAL[@]}"
+run_fail "model.safetensors is corrupt (crc32 mismatch)" "$MOE" sample --ckpt flip --tokens 5
+run_fail "model.safetensors is corrupt (crc32 mismatch)" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 6 --out flip --resume
+run_fail "optimizer.safetensors is corrupt (crc32 mismatch)" "$MOE" train "${SMALL[@]}" --steps 6 --out flipopt --resume
+run_fail "model.safetensors is corrupt (3000 bytes" "$MOE" eval --ckpt trunc "${EVAL[@]}"
+run_fail "model.safetensors is corrupt (3000 bytes" "$MOE" train "${SMALL[@]}" --steps 6 --out trunc --resume
+run_fail "checksums.json is corrupt" "$MOE" eval --ckpt badsums/$CK "${EVAL[@]}"
+run_fail "has shape [48,32], config expects [64,32]" "$MOE" eval --ckpt shape "${EVAL[@]}"
+run_fail "config expects" "$MOE" train "${SMALL[@]}" --steps 6 --out shape --resume
+run_fail "config expects" "$MOE" sample --ckpt shape --tokens 5
+run_fail "'nope' is not a directory" "$MOE" eval --ckpt nope "${EVAL[@]}"
+run_fail "no complete checkpoint in 'emptydir'" "$MOE" eval --ckpt emptydir "${EVAL[@]}"
+run_fail "--ckpt is required" "$MOE" sample --prompt hi
+run_fail "--ckpt is required" "$MOE" eval
+
+# ---- output directories
+run_fail "'run' already holds a training run" "${T[@]}" "${MODEL[@]}" --steps 8
+run_fail "'metricsonly' already holds a training run" "$MOE" train "${SMALL[@]}" --steps 2 --out metricsonly
+run_fail "--resume: no complete checkpoint in 'emptydir'" "$MOE" train "${SMALL[@]}" --steps 2 --out emptydir --resume
+run_fail "--resume: no complete checkpoint in 'nowhere'" "$MOE" train "${SMALL[@]}" --steps 2 --out nowhere --resume
+run_fail "differ from the checkpoint's config" "${T[@]}" "${MODEL[@]}" --d-model 64 --steps 8 --resume
+run_fail "differ from the checkpoint's config" "${T[@]}" "${MODEL[@]}" --aux-coef 0.05 --steps 8 --resume
+run_fail "differ from the checkpoint's config" "${T[@]}" --preset tiny --steps 8 --resume
+run_fail "trained with --seed 1, not 7" "${T[@]}" --seed 7 --steps 8 --resume
+# A model that cannot hold the data's bytes is a bad input like a bad data file: it must be refused
+# before --force deletes the run it was asked to replace.
+run_fail "vocab_size 100" "${T[@]}" --vocab-size 100 --force
+
+finish

@@ -1,0 +1,458 @@
+// test_cuda_ops.c — every op of backend_cuda() against backend_cpu() (the float32 reference) on
+// fresh random inputs. Skips (exit 77) where backend_cuda_available() is 0: builds without CUDA,
+// machines without a GPU (CI).
+//
+// Method: the same host inputs go to both backends; forward outputs on the GPU are poisoned with
+// NaN before every run, so an element the kernel never writes fails. Every *_bwd runs twice per
+// backend: on zeroed gradient buffers (checks the gradient itself) and on buffers pre-filled with
+// the same random values (checks that it accumulates: += , not =).
+//
+// Error measure, per element: |gpu - cpu| / (|cpu| + rms(cpu)); the rms term keeps elements that
+// cancel to ~0 from dividing by ~0. The table at the end prints the worst value per op.
+// Bands (why): both sides are float32 (eps 6e-8).
+//   BAND_ELEM 1e-6  elementwise ops, copies, gathers, scatter-adds: the same operations in the same
+//                   order (cuda_nn.cu is built without FMA contraction); only expf/sqrt/pow may
+//                   differ by an ulp or two between glibc and CUDA.
+//   BAND_SUM  1e-5  GEMMs (cuBLAS sums in another order and in tiles), attention (online softmax,
+//                   tiled sums), RMSNorm/cross-entropy/row_dot (tree instead of serial sums):
+//                   reordering a float32 sum of n terms moves it by <~ sqrt(n) eps relative to
+//                   the terms' magnitude, ~1e-6 here; any wrong index, term or factor is O(1).
+//   BAND_ATT_BWD 5e-5  attention backward: p = exp(q.k sc - lse) is recomputed from a float32
+//                   score of magnitude up to ~10, so one ulp of the score (~1e-6 absolute; the two
+//                   sides round the dot product differently) is ~1e-6 relative in p; ds = p (dp - D)
+//                   cancels where dp ~ D, and dk/dv sum T * (H/KV) such terms (800 here). Measured
+//                   on an H200: 8.6e-6 worst (T 200, 4 query heads per kv head); 5e-5 leaves a margin.
+//   sumsq     1e-12 relative: both accumulate in double.
+#include <string.h>
+#include "core/common.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+#define BAND_ELEM 1e-6
+#define BAND_SUM 1e-5
+#define BAND_ATT_BWD 5e-5
+#define BAND_SUMSQ 1e-12
+
+static Rng R;
+static const Backend *cpu, *gpu;
+
+// ---------------------------------------------------------------- helpers
+static float *hnew(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
+static float *hrand(size_t n, float sd) {
+    float *x = hnew(n);
+    for (size_t i = 0; i < n; i++) x[i] = sd * rng_normal(&R);
+    return x;
+}
+static float *hcopy(const float *x, size_t n) { float *y = hnew(n); memcpy(y, x, n * sizeof(float)); return y; }
+static int32_t *hidx(size_t n, int below) {
+    int32_t *x = xcalloc(n ? n : 1, sizeof(int32_t));
+    for (size_t i = 0; i < n; i++) x[i] = (int32_t)rng_below(&R, (uint32_t)below);
+    return x;
+}
+static void *dput(const void *h, size_t bytes) {
+    void *d = gpu->alloc(bytes);
+    gpu->to_device(d, h, bytes);
+    return d;
+}
+static float *dputf(const float *h, size_t n) { return dput(h, n * sizeof(float)); }
+static float *dnan(size_t n) {
+    float *h = hnew(n);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = dputf(h, n);
+    free(h);
+    return d;
+}
+static float *dget(const float *d, size_t n) {
+    float *h = hnew(n);
+    gpu->to_host(h, d, n * sizeof(float));
+    return h;
+}
+
+// Results per op, printed as a table at the end.
+typedef struct { char op[40]; double worst, band; int bad; } OpRow;
+static OpRow rows[64];
+static int nrows;
+static OpRow *row_for(const char *op, double band) {
+    for (int i = 0; i < nrows; i++) if (!strcmp(rows[i].op, op)) return &rows[i];
+    CHECK(nrows < 64, "too many ops");
+    OpRow *r = &rows[nrows++];
+    snprintf(r->op, sizeof r->op, "%s", op);
+    r->band = band;
+    return r;
+}
+
+// Compares the device array got (n floats) with the host reference; frees nothing.
+static void cmp(const char *op, const char *what, const float *got_d, const float *ref, size_t n, double band) {
+    OpRow *r = row_for(op, band);
+    float *got = dget(got_d, n);
+    double rms = 0;
+    for (size_t i = 0; i < n; i++) rms += (double)ref[i] * ref[i];
+    rms = sqrt(rms / (n ? n : 1));
+    size_t bad = 0, first = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-30);
+        if (!(e <= band)) { if (!bad) first = i; bad++; }
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+    if (worst > r->worst) r->worst = worst;
+    r->bad += bad > 0;
+    EXPECT(bad == 0, "%s %s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g cpu %.9g", op, what, bad, n,
+           band, first, bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
+    free(got);
+}
+static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, size_t n) {
+    float *a = dget(a_d, n), *b = dget(b_d, n);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: two runs on the same inputs differ (not deterministic)", what);
+    free(a); free(b);
+}
+
+// ---------------------------------------------------------------- memory
+static void test_memory(void) {
+    size_t n = (1 << 20) + 7;
+    float *d = gpu->alloc(n * sizeof(float)), *h = dget(d, n);
+    size_t nz = 0;
+    for (size_t i = 0; i < n; i++) nz += h[i] != 0.0f;
+    EXPECT(nz == 0, "alloc: %zu of %zu elements not zero", nz, n);
+    float *x = hrand(n, 1.0f);
+    gpu->to_device(d, x, n * sizeof(float));
+    float *d2 = dnan(n);
+    gpu->copy(d2, d, n * sizeof(float));
+    float *y = dget(d2, n);
+    EXPECT(memcmp(x, y, n * sizeof(float)) == 0, "to_device / copy / to_host round trip differs");
+    gpu->zero(d2 + 5, 100 * sizeof(float));
+    float *z = dget(d2, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= (i >= 5 && i < 105) ? z[i] == 0.0f : z[i] == x[i];
+    EXPECT(ok, "zero: wrong range cleared");
+    gpu->sync();
+    void *e = gpu->alloc(0);
+    EXPECT(e != NULL, "alloc(0) returned NULL");
+    gpu->free(e);
+    gpu->free(d); gpu->free(d2);
+    free(h); free(x); free(y); free(z);
+}
+
+// ---------------------------------------------------------------- GEMMs
+static void test_matmul(int N, int K, int O) {
+    float *x = hrand((size_t)N * K, 1.0f), *w = hrand((size_t)O * K, 0.5f), *acc = hrand((size_t)N * O, 1.0f);
+    float *xd = dputf(x, (size_t)N * K), *wd = dputf(w, (size_t)O * K);
+    for (int a = 0; a < 2; a++) {
+        float *ref = a ? hcopy(acc, (size_t)N * O) : hnew((size_t)N * O);
+        cpu->matmul_fwd(ref, x, w, N, K, O, a);
+        float *od = a ? dputf(acc, (size_t)N * O) : dnan((size_t)N * O);
+        gpu->matmul_fwd(od, xd, wd, N, K, O, a);
+        cmp("matmul_fwd", a ? "accumulate" : "overwrite", od, ref, (size_t)N * O, BAND_SUM);
+        gpu->free(od); free(ref);
+    }
+    // backward: dinp and dw, each on zeroed and pre-filled buffers, and each alone (other NULL)
+    float *dout = hrand((size_t)N * O, 1.0f), *pdx = hrand((size_t)N * K, 1.0f), *pdw = hrand((size_t)O * K, 1.0f);
+    float *doutd = dputf(dout, (size_t)N * O);
+    for (int pre = 0; pre < 2; pre++)
+        for (int which = 0; which < 3; which++) {   // 0 both, 1 dinp only, 2 dw only
+            float *dx = pre ? hcopy(pdx, (size_t)N * K) : hnew((size_t)N * K);
+            float *dw = pre ? hcopy(pdw, (size_t)O * K) : hnew((size_t)O * K);
+            float *dxd = dputf(dx, (size_t)N * K), *dwd = dputf(dw, (size_t)O * K);
+            cpu->matmul_bwd(which != 2 ? dx : NULL, which != 1 ? dw : NULL, dout, x, w, N, K, O);
+            gpu->matmul_bwd(which != 2 ? dxd : NULL, which != 1 ? dwd : NULL, doutd, xd, wd, N, K, O);
+            cmp("matmul_bwd", pre ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * K, BAND_SUM);
+            cmp("matmul_bwd", pre ? "dw (accumulate)" : "dw", dwd, dw, (size_t)O * K, BAND_SUM);
+            gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+        }
+    gpu->free(xd); gpu->free(wd); gpu->free(doutd);
+    free(x); free(w); free(acc); free(dout); free(pdx); free(pdw);
+}
+
+static void test_grouped(int K, int O) {
+    const int G = 6;
+    int64_t cnt[6] = {7, 0, 13, 1, 40, 0}, off[7] = {0};   // empty groups, first and last
+    for (int g = 0; g < G; g++) off[g + 1] = off[g] + cnt[g];
+    int n = (int)off[G];
+    float *x = hrand((size_t)n * K, 1.0f), *w = hrand((size_t)G * O * K, 0.5f);
+    float *xd = dputf(x, (size_t)n * K), *wd = dputf(w, (size_t)G * O * K);
+    float *ref = hnew((size_t)n * O), *od = dnan((size_t)n * O);
+    cpu->grouped_matmul_fwd(ref, x, w, off, G, K, O);
+    gpu->grouped_matmul_fwd(od, xd, wd, off, G, K, O);
+    cmp("grouped_matmul_fwd", "out", od, ref, (size_t)n * O, BAND_SUM);
+    float *dout = hrand((size_t)n * O, 1.0f), *doutd = dputf(dout, (size_t)n * O);
+    float *pdx = hrand((size_t)n * K, 1.0f), *pdw = hrand((size_t)G * O * K, 1.0f);
+    for (int pre = 0; pre < 2; pre++) {
+        float *dx = pre ? hcopy(pdx, (size_t)n * K) : hnew((size_t)n * K);
+        float *dw = pre ? hcopy(pdw, (size_t)G * O * K) : hnew((size_t)G * O * K);
+        float *dxd = dputf(dx, (size_t)n * K), *dwd = dputf(dw, (size_t)G * O * K);
+        cpu->grouped_matmul_bwd(dx, dw, dout, x, w, off, G, K, O);
+        gpu->grouped_matmul_bwd(dxd, dwd, doutd, xd, wd, off, G, K, O);
+        cmp("grouped_matmul_bwd", pre ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)n * K, BAND_SUM);
+        cmp("grouped_matmul_bwd", pre ? "dw (accumulate, empty groups untouched)" : "dw", dwd, dw,
+            (size_t)G * O * K, BAND_SUM);
+        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+    }
+    gpu->free(xd); gpu->free(wd); gpu->free(od); gpu->free(doutd);
+    free(x); free(w); free(ref); free(dout); free(pdx); free(pdw);
+}
+
+// ---------------------------------------------------------------- embedding, rows
+static void test_embedding(int V, int N, int C) {
+    float *tab = hrand((size_t)V * C, 1.0f);
+    int32_t *tok = hidx(N, V);   // N >> V: many repeats, so the backward's sum order matters
+    float *tabd = dputf(tab, (size_t)V * C);
+    int32_t *tokd = dput(tok, N * sizeof(int32_t));
+    float *ref = hnew((size_t)N * C), *od = dnan((size_t)N * C);
+    cpu->embedding_fwd(ref, tok, tab, N, C);
+    gpu->embedding_fwd(od, tokd, tabd, N, C);
+    cmp("embedding_fwd", "out", od, ref, (size_t)N * C, BAND_ELEM);
+    float *dout = hrand((size_t)N * C, 1.0f), *doutd = dputf(dout, (size_t)N * C), *pre = hrand((size_t)V * C, 1.0f);
+    for (int p = 0; p < 2; p++) {
+        float *dt = p ? hcopy(pre, (size_t)V * C) : hnew((size_t)V * C);
+        float *dtd = dputf(dt, (size_t)V * C), *dtd2 = dputf(dt, (size_t)V * C);
+        cpu->embedding_bwd(dt, dout, tok, N, C);
+        gpu->embedding_bwd(dtd, doutd, tokd, N, C);
+        gpu->embedding_bwd(dtd2, doutd, tokd, N, C);
+        cmp("embedding_bwd", p ? "dtable (accumulate)" : "dtable", dtd, dt, (size_t)V * C, BAND_ELEM);
+        cmp_exact_dev("embedding_bwd", dtd, dtd2, (size_t)V * C);
+        gpu->free(dtd); gpu->free(dtd2); free(dt);
+    }
+    gpu->free(tabd); gpu->free(tokd); gpu->free(od); gpu->free(doutd);
+    free(tab); free(tok); free(ref); free(dout); free(pre);
+}
+
+static void test_rows(int nsrc, int n, int C) {
+    float *inp = hrand((size_t)nsrc * C, 1.0f), *inpd = dputf(inp, (size_t)nsrc * C);
+    int32_t *idx = hidx(n, nsrc), *idxd = dput(idx, n * sizeof(int32_t));
+    // gather
+    float *ref = hnew((size_t)n * C), *od = dnan((size_t)n * C);
+    cpu->gather_rows(ref, inp, idx, n, C);
+    gpu->gather_rows(od, inpd, idxd, n, C);
+    cmp("gather_rows", "out", od, ref, (size_t)n * C, BAND_ELEM);
+    // scatter-add (n rows into nsrc rows: repeated destinations), scale NULL and not
+    float *src = hrand((size_t)n * C, 1.0f), *srcd = dputf(src, (size_t)n * C);
+    float *sc = hrand(n, 1.0f), *scd = dputf(sc, n), *pre = hrand((size_t)nsrc * C, 1.0f);
+    for (int s = 0; s < 2; s++) {
+        float *o = hcopy(pre, (size_t)nsrc * C), *o_d = dputf(pre, (size_t)nsrc * C), *o_d2 = dputf(pre, (size_t)nsrc * C);
+        cpu->scatter_add_rows(o, src, idx, s ? sc : NULL, n, C);
+        gpu->scatter_add_rows(o_d, srcd, idxd, s ? scd : NULL, n, C);
+        gpu->scatter_add_rows(o_d2, srcd, idxd, s ? scd : NULL, n, C);
+        cmp("scatter_add_rows", s ? "scaled (accumulate)" : "unscaled (accumulate)", o_d, o, (size_t)nsrc * C, BAND_ELEM);
+        cmp_exact_dev("scatter_add_rows", o_d, o_d2, (size_t)nsrc * C);
+        gpu->free(o_d); gpu->free(o_d2); free(o);
+    }
+    // scale_rows (in place), row_dot
+    float *x = hcopy(src, (size_t)n * C), *xd = dputf(src, (size_t)n * C);
+    cpu->scale_rows(x, sc, n, C);
+    gpu->scale_rows(xd, scd, n, C);
+    cmp("scale_rows", "x", xd, x, (size_t)n * C, BAND_ELEM);
+    float *b = hrand((size_t)n * C, 1.0f), *bd = dputf(b, (size_t)n * C), *dot = hnew(n), *dotd = dnan(n);
+    cpu->row_dot(dot, src, b, n, C);
+    gpu->row_dot(dotd, srcd, bd, n, C);
+    cmp("row_dot", "dot", dotd, dot, n, BAND_SUM);
+    gpu->free(inpd); gpu->free(idxd); gpu->free(od); gpu->free(srcd); gpu->free(scd); gpu->free(xd); gpu->free(bd);
+    gpu->free(dotd);
+    free(inp); free(idx); free(ref); free(src); free(sc); free(pre); free(x); free(b); free(dot);
+}
+
+// ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
+static void test_rmsnorm(int N, int C) {
+    float *x = hrand((size_t)N * C, 2.0f), *w = hrand(C, 1.0f), eps = 1e-5f;
+    float *xd = dputf(x, (size_t)N * C), *wd = dputf(w, C);
+    float *y = hnew((size_t)N * C), *r = hnew(N), *yd = dnan((size_t)N * C), *rd = dnan(N);
+    cpu->rmsnorm_fwd(y, r, x, w, N, C, eps);
+    gpu->rmsnorm_fwd(yd, rd, xd, wd, N, C, eps);
+    cmp("rmsnorm_fwd", "out", yd, y, (size_t)N * C, BAND_SUM);
+    cmp("rmsnorm_fwd", "rstd", rd, r, N, BAND_SUM);
+    float *rdc = dputf(r, N);   // both backwards get the cpu rstd
+    float *g = hrand((size_t)N * C, 1.0f), *gd = dputf(g, (size_t)N * C);
+    float *pdx = hrand((size_t)N * C, 1.0f), *pdw = hrand(C, 1.0f);
+    for (int p = 0; p < 3; p++) {   // zeroed, pre-filled, pre-filled with dw = NULL
+        float *dx = p ? hcopy(pdx, (size_t)N * C) : hnew((size_t)N * C), *dw = p ? hcopy(pdw, C) : hnew(C);
+        float *dxd = dputf(dx, (size_t)N * C), *dwd = dputf(dw, C);
+        cpu->rmsnorm_bwd(dx, p == 2 ? NULL : dw, g, x, w, r, N, C);
+        gpu->rmsnorm_bwd(dxd, p == 2 ? NULL : dwd, gd, xd, wd, rdc, N, C);
+        cmp("rmsnorm_bwd", p ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * C, BAND_SUM);
+        cmp("rmsnorm_bwd", p == 2 ? "dw untouched when NULL" : p ? "dw (accumulate)" : "dw", dwd, dw, C, BAND_SUM);
+        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+    }
+    gpu->free(xd); gpu->free(wd); gpu->free(yd); gpu->free(rd); gpu->free(rdc); gpu->free(gd);
+    free(x); free(w); free(y); free(r); free(g); free(pdx); free(pdw);
+}
+
+static void test_rope(int B, int T, int nh, int hd, float theta) {
+    size_t n = (size_t)B * T * nh * hd;
+    float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    cpu->rope_fwd(x, B, T, nh, hd, theta);
+    gpu->rope_fwd(xd, B, T, nh, hd, theta);
+    cmp("rope_fwd", "x", xd, x, n, BAND_ELEM);
+    float *g = hrand(n, 1.0f), *gd = dputf(g, n);
+    cpu->rope_bwd(g, B, T, nh, hd, theta);
+    gpu->rope_bwd(gd, B, T, nh, hd, theta);
+    cmp("rope_bwd", "dx", gd, g, n, BAND_ELEM);
+    gpu->free(xd); gpu->free(gd); free(x); free(g);
+}
+
+static void test_swiglu(size_t n) {
+    float *h1 = hrand(n, 2.0f), *h3 = hrand(n, 1.0f), *h1d = dputf(h1, n), *h3d = dputf(h3, n);
+    float *o = hnew(n), *od = dnan(n);
+    cpu->swiglu_fwd(o, h1, h3, n);
+    gpu->swiglu_fwd(od, h1d, h3d, n);
+    cmp("swiglu_fwd", "out", od, o, n, BAND_ELEM);
+    float *g = hrand(n, 1.0f), *gd = dputf(g, n), *p1 = hrand(n, 1.0f), *p3 = hrand(n, 1.0f);
+    for (int p = 0; p < 2; p++) {
+        float *d1 = p ? hcopy(p1, n) : hnew(n), *d3 = p ? hcopy(p3, n) : hnew(n);
+        float *d1d = dputf(d1, n), *d3d = dputf(d3, n);
+        cpu->swiglu_bwd(d1, d3, g, h1, h3, n);
+        gpu->swiglu_bwd(d1d, d3d, gd, h1d, h3d, n);
+        cmp("swiglu_bwd", p ? "dh1 (accumulate)" : "dh1", d1d, d1, n, BAND_ELEM);
+        cmp("swiglu_bwd", p ? "dh3 (accumulate)" : "dh3", d3d, d3, n, BAND_ELEM);
+        gpu->free(d1d); gpu->free(d3d); free(d1); free(d3);
+    }
+    gpu->free(h1d); gpu->free(h3d); gpu->free(od); gpu->free(gd);
+    free(h1); free(h3); free(o); free(g); free(p1); free(p3);
+}
+
+// ---------------------------------------------------------------- attention
+static void test_attention(int B, int T, int H, int KV, int hd) {
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
+    float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f);
+    float *qd = dputf(q, nq), *kd = dputf(k, nk), *vd = dputf(v, nk);
+    float *o = hnew(nq), *l = hnew(nl), *od = dnan(nq), *ld = dnan(nl);
+    cpu->attention_fwd(o, l, q, k, v, B, T, H, KV, hd);
+    gpu->attention_fwd(od, ld, qd, kd, vd, B, T, H, KV, hd);
+    char what[96];
+    snprintf(what, sizeof what, "out B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
+    cmp("attention_fwd", what, od, o, nq, BAND_SUM);
+    snprintf(what, sizeof what, "lse B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
+    cmp("attention_fwd", what, ld, l, nl, BAND_SUM);
+    // backward from the cpu's out and lse on both sides
+    float *oc = dputf(o, nq), *lc = dputf(l, nl), *g = hrand(nq, 1.0f), *gd = dputf(g, nq);
+    float *pq = hrand(nq, 1.0f), *pk = hrand(nk, 1.0f), *pv = hrand(nk, 1.0f);
+    for (int p = 0; p < 2; p++) {
+        float *dq = p ? hcopy(pq, nq) : hnew(nq), *dk = p ? hcopy(pk, nk) : hnew(nk), *dv = p ? hcopy(pv, nk) : hnew(nk);
+        float *dqd = dputf(dq, nq), *dkd = dputf(dk, nk), *dvd = dputf(dv, nk);
+        cpu->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd);
+        gpu->attention_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd);
+        const char *acc = p ? " (accumulate)" : "";
+        snprintf(what, sizeof what, "dq%s T%d H%d KV%d hd%d", acc, T, H, KV, hd);
+        cmp("attention_bwd", what, dqd, dq, nq, BAND_ATT_BWD);
+        snprintf(what, sizeof what, "dk%s T%d H%d KV%d hd%d", acc, T, H, KV, hd);
+        cmp("attention_bwd", what, dkd, dk, nk, BAND_ATT_BWD);
+        snprintf(what, sizeof what, "dv%s T%d H%d KV%d hd%d", acc, T, H, KV, hd);
+        cmp("attention_bwd", what, dvd, dv, nk, BAND_ATT_BWD);
+        gpu->free(dqd); gpu->free(dkd); gpu->free(dvd); free(dq); free(dk); free(dv);
+    }
+    gpu->free(qd); gpu->free(kd); gpu->free(vd); gpu->free(od); gpu->free(ld); gpu->free(oc); gpu->free(lc);
+    gpu->free(gd);
+    free(q); free(k); free(v); free(o); free(l); free(g); free(pq); free(pk); free(pv);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+static void test_cross_entropy(int N, int V, float sd) {
+    float *x = hrand((size_t)N * V, sd);
+    int32_t *t = hidx(N, V), *td = dput(t, N * sizeof(int32_t));
+    float *xd = dputf(x, (size_t)N * V), *loss = hnew(N), *lossd = dnan(N);
+    cpu->cross_entropy_fwd(loss, x, t, N, V);
+    gpu->cross_entropy_fwd(lossd, xd, td, N, V);
+    cmp("cross_entropy_fwd", "losses", lossd, loss, N, BAND_SUM);
+    cmp("cross_entropy_fwd", "logits untouched", xd, x, (size_t)N * V, 0.0);
+    float dloss = 1.0f / N;
+    float *lossd2 = dnan(N);
+    cpu->cross_entropy_fwd_bwd(loss, x, t, N, V, dloss);
+    gpu->cross_entropy_fwd_bwd(lossd2, xd, td, N, V, dloss);
+    cmp("cross_entropy_fwd_bwd", "losses", lossd2, loss, N, BAND_SUM);
+    cmp("cross_entropy_fwd_bwd", "dlogits", xd, x, (size_t)N * V, BAND_SUM);
+    gpu->free(td); gpu->free(xd); gpu->free(lossd); gpu->free(lossd2);
+    free(x); free(t); free(loss);
+}
+
+// ---------------------------------------------------------------- elementwise, sumsq, adamw
+static void test_elementwise(size_t n) {
+    float *a = hrand(n, 1.0f), *b = hrand(n, 1.0f), *ad = dputf(a, n), *bd = dputf(b, n);
+    float *o = hnew(n), *od = dnan(n);
+    cpu->mul(o, a, b, n);
+    gpu->mul(od, ad, bd, n);
+    cmp("mul", "out", od, o, n, BAND_ELEM);
+    float *a2 = hcopy(a, n), *a2d = dputf(a, n);   // out aliasing a
+    cpu->mul(a2, a2, b, n);
+    gpu->mul(a2d, a2d, bd, n);
+    cmp("mul", "out == a (in place)", a2d, a2, n, BAND_ELEM);
+    float *y = hcopy(b, n), *yd = dputf(b, n);
+    cpu->axpy(y, a, 0.37f, n);
+    gpu->axpy(yd, ad, 0.37f, n);
+    cmp("axpy", "y", yd, y, n, BAND_ELEM);
+    cpu->scale(y, -1.7f, n);
+    gpu->scale(yd, -1.7f, n);
+    cmp("scale", "x", yd, y, n, BAND_ELEM);
+    gpu->free(ad); gpu->free(bd); gpu->free(od); gpu->free(a2d); gpu->free(yd);
+    free(a); free(b); free(o); free(a2); free(y);
+}
+
+static void test_sumsq(size_t n) {
+    float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    double r = cpu->sumsq(x, n), g1 = gpu->sumsq(xd, n), g2 = gpu->sumsq(xd, n);
+    double e = n ? fabs(g1 - r) / r : fabs(g1);
+    OpRow *row = row_for("sumsq", BAND_SUMSQ);
+    if (e > row->worst) row->worst = e;
+    row->bad += !(e <= BAND_SUMSQ);
+    EXPECT(e <= BAND_SUMSQ, "sumsq n=%zu: cuda %.17g cpu %.17g", n, g1, r);
+    EXPECT(g1 == g2, "sumsq n=%zu: two runs differ (%.17g vs %.17g)", n, g1, g2);
+    gpu->free(xd);
+    free(x);
+}
+
+static void test_adamw(size_t n, float wd, int t) {
+    float *p = hrand(n, 1.0f), *g = hrand(n, 0.1f), *m = hrand(n, 0.01f), *v = hnew(n);
+    for (size_t i = 0; i < n; i++) v[i] = 1e-4f * fabsf(rng_normal(&R));
+    float *pd = dputf(p, n), *gd = dputf(g, n), *md = dputf(m, n), *vd = dputf(v, n);
+    cpu->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
+    gpu->adamw(pd, gd, md, vd, n, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
+    cmp("adamw", "p", pd, p, n, BAND_ELEM);
+    cmp("adamw", "m", md, m, n, BAND_ELEM);
+    cmp("adamw", "v", vd, v, n, BAND_ELEM);
+    gpu->free(pd); gpu->free(gd); gpu->free(md); gpu->free(vd);
+    free(p); free(g); free(m); free(v);
+}
+
+int main(void) {
+    if (!backend_cuda_available()) TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
+    cpu = backend_cpu();
+    gpu = backend_cuda();
+    const char *seed = getenv("MOE_TEST_SEED");   // other random inputs: MOE_TEST_SEED=n
+    rng_seed(&R, seed && *seed ? strtoull(seed, NULL, 10) : 20261129);
+    // MOE_TEST_SMALL=1: small shapes only (for compute-sanitizer's racecheck/initcheck, which are slow)
+    const char *sm = getenv("MOE_TEST_SMALL");
+    int big = !(sm && *sm && strcmp(sm, "0"));
+    test_memory();
+    test_matmul(37, 70, 45);
+    if (big) test_matmul(256, 512, 384);
+    test_matmul(1, 1, 1);
+    test_matmul(5, 0, 7);        // K = 0: overwrite gives zeros, accumulate leaves out
+    test_grouped(70, 45);
+    if (big) test_grouped(96, 192);
+    test_embedding(50, 300, 96);
+    if (big) test_embedding(7, 1000, 300);
+    test_rows(40, 500, 300);
+    test_rows(1000, 77, 13);
+    test_rmsnorm(37, 96);
+    if (big) test_rmsnorm(200, 1000);
+    test_rope(2, 19, 3, 24, 10000.0f);
+    if (big) test_rope(1, 300, 2, 128, 1000000.0f);
+    test_swiglu(10007);
+    test_attention(2, 70, 4, 2, 24);
+    test_attention(1, 33, 3, 3, 64);
+    if (big) test_attention(2, 40, 8, 2, 128);
+    test_attention(1, 5, 2, 1, 2);
+    if (big) test_attention(1, 64, 2, 1, 256);
+    if (big) test_attention(1, 200, 4, 1, 40);
+    test_cross_entropy(37, 13, 1.0f);
+    test_cross_entropy(20, 5000, 3.0f);
+    if (big) test_cross_entropy(9, 32000, 10.0f);
+    test_elementwise(100003);
+    test_sumsq(0);
+    test_sumsq(1000);
+    if (big) test_sumsq(3000001);
+    test_adamw(100003, 0.1f, 1);
+    test_adamw(4097, 0.0f, 10);
+    printf("\n%-24s %14s %10s  %s\n", "op", "max rel err", "band", "status");
+    for (int i = 0; i < nrows; i++)
+        printf("%-24s %14.3e %10.0e  %s\n", rows[i].op, rows[i].worst, rows[i].band, rows[i].bad ? "FAIL" : "ok");
+    return test_done("test_cuda_ops");
+}
