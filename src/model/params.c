@@ -70,7 +70,7 @@ void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing 
 }
 
 // Walk the local slice of s as (rows of contiguous runs): calls fn(full_index, local_index, run).
-static void slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, void *), void *ctx) {
+void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, void *), void *ctx) {
     if (!s->lnumel) return;
     if (s->split_dim != 1) {   // whole tensor or a block of rows: one contiguous run
         size_t start = s->split_dim == 0 ? (size_t)s->split_start * (s->ndim == 2 ? (size_t)s->shape[1] : 1) : 0;
@@ -92,11 +92,11 @@ static void run_l2f(size_t f, size_t l, size_t n, void *p) {
 }
 void params_full_to_local(const ParamTable *t, const float *full, float *local) {
     CopyCtx c = {full, local, 0};
-    for (int i = 0; i < t->n; i++) slice_runs(&t->p[i], run_f2l, &c);
+    for (int i = 0; i < t->n; i++) params_slice_runs(&t->p[i], run_f2l, &c);
 }
 void params_local_to_full(const ParamTable *t, const float *local, float *full) {
     CopyCtx c = {local, full, 1};
-    for (int i = 0; i < t->n; i++) slice_runs(&t->p[i], run_l2f, &c);
+    for (int i = 0; i < t->n; i++) params_slice_runs(&t->p[i], run_l2f, &c);
 }
 
 void params_build(ParamTable *t, const ModelConfig *c) {

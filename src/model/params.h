@@ -53,6 +53,9 @@ void params_build(ParamTable *t, const ModelConfig *c);
 // rank holds experts [ep_rank*E/EP, +E/EP), each ETP rank rows of w1/w3 and columns of w2 (along
 // f). Embeddings, norms and the router are replicated. sl == NULL: one process.
 void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl);
+// The slice of tensor s as contiguous runs: fn(full_index, local_index, count, ctx) per run
+// (full_index into a full flat buffer, local_index into this rank's).
+void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, void *), void *ctx);
 // Copy between a full flat buffer and this rank's local buffer.
 void params_full_to_local(const ParamTable *t, const float *full, float *local);
 // Adds this rank's slices into full (which the caller zeroed); replicas must then be counted once.

@@ -120,7 +120,10 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 // ---------------------------------------------------------------------------------------------
 // safetensors writing
 
-void safetensors_write(const char *path, const StTensor *ts, int n, const char *metadata_json) {
+// skeleton: write the header and size the file (zeros) without data; *data_start gets where the
+// data section begins (tensors follow in order, 4 bytes per element).
+static void st_write(const char *path, const StTensor *ts, int n, const char *metadata_json, int skeleton,
+                     uint64_t *data_start) {
     check_little_endian();
     cJSON *h = cJSON_CreateObject();
     uint64_t off = 0;
@@ -136,7 +139,7 @@ void safetensors_write(const char *path, const StTensor *ts, int n, const char *
             numel *= (uint64_t)t->shape[d];
             cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
         }
-        if (numel && !t->data) DIE("safetensors_write '%s': tensor %s has no data", path, t->name);
+        if (numel && !t->data && !skeleton) DIE("safetensors_write '%s': tensor %s has no data", path, t->name);
         uint64_t end = off + 4 * numel;
         if ((double)end > MAX_EXACT_INT) DIE("safetensors_write '%s': file too large", path);
         cJSON *e = cJSON_CreateObject();
@@ -176,12 +179,22 @@ void safetensors_write(const char *path, const StTensor *ts, int n, const char *
     xfwrite(js, 1, len, f, path);
     xfwrite("        ", 1, pad, f, path);
     cJSON_free(js);
-    for (int i = 0; i < n; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < ts[i].ndim; d++) numel *= (size_t)ts[i].shape[d];
-        xfwrite(ts[i].data, sizeof(float), numel, f, path);
+    if (data_start) *data_start = 8 + N;
+    if (skeleton) {
+        if (fflush(f) != 0 || ftruncate(fileno(f), (off_t)(8 + N + off)) != 0)
+            DIE("cannot size '%s' (%s)", path, strerror(errno));
+    } else {
+        for (int i = 0; i < n; i++) {
+            size_t numel = 1;
+            for (int d = 0; d < ts[i].ndim; d++) numel *= (size_t)ts[i].shape[d];
+            xfwrite(ts[i].data, sizeof(float), numel, f, path);
+        }
     }
     xfclose(f, path);
+}
+
+void safetensors_write(const char *path, const StTensor *ts, int n, const char *metadata_json) {
+    st_write(path, ts, n, metadata_json, 0, NULL);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -572,6 +585,8 @@ static void write_checksums(const char *dir) {
     cJSON_Delete(j);
 }
 
+void ckpt_load_state(const char *dir, TrainState *st) { read_state(dir, st); }
+
 void ckpt_verify(const char *dir) {
     if (!dir_exists(dir)) DIE("checkpoint %s does not exist", dir);
     char p[CK_PATH];
@@ -669,38 +684,63 @@ static StTensor *table_tensors(const ParamTable *t, const float *flat, const cha
         if (k < 0 || (size_t)k >= sizeof x->name) DIE("tensor name too long: %s%s", s->name, suffix);
         x->ndim = s->ndim;
         for (int d = 0; d < s->ndim; d++) x->shape[d] = s->shape[d];
-        x->data = flat + s->offset;
+        x->data = flat ? flat + s->offset : NULL;
     }
     return ts;
+}
+
+// dir without trailing slashes, and its .tmp / .old siblings and parent
+static void ck_names(const char *dir_in, char *dir, size_t nd, char *tmp, char *old, char *par) {
+    size_t n = strlen(dir_in);
+    while (n > 1 && dir_in[n - 1] == '/') n--;
+    if (n == 0 || n >= nd) DIE("bad checkpoint path '%s'", dir_in);
+    memcpy(dir, dir_in, n);
+    dir[n] = 0;
+    snprintf(tmp, CK_PATH, "%s.tmp", dir);
+    snprintf(old, CK_PATH, "%s.old", dir);
+    parent_of(par, CK_PATH, dir);
+}
+
+// The tensor files into dir.tmp: with data (params non-NULL) or as sized skeletons to be filled
+// by pwrite (params NULL; *model_start / *opt_start get their data offsets).
+static void ck_write_tensors(const char *tmp, const ParamTable *t, const float *params, const float *m,
+                             const float *v, int with_opt, uint64_t *model_start, uint64_t *opt_start) {
+    char p[CK_PATH];
+    int skel = params == NULL;
+    StTensor *ts = xcalloc((size_t)(2 * t->n + 1), sizeof *ts);
+    join(p, sizeof p, tmp, "model.safetensors");
+    st_write(p, table_tensors(t, params, "", ts), t->n, NULL, skel, model_start);
+    if (with_opt) {
+        table_tensors(t, m, ".exp_avg", ts);
+        table_tensors(t, v, ".exp_avg_sq", ts + t->n);
+        join(p, sizeof p, tmp, "optimizer.safetensors");
+        st_write(p, ts, 2 * t->n, "{\"content\":\"AdamW exp_avg and exp_avg_sq per parameter\"}", skel, opt_start);
+    }
+    free(ts);
+}
+
+void ckpt_begin(const char *dir_in, const ParamTable *t, int with_opt, uint64_t *model_start, uint64_t *opt_start) {
+    char dir[CK_PATH - 16], tmp[CK_PATH], old[CK_PATH], par[CK_PATH];
+    ck_names(dir_in, dir, sizeof dir, tmp, old, par);
+    remove_tree(tmp);   // stale from an interrupted save
+    mkdir_p(tmp);
+    ck_write_tensors(tmp, t, NULL, NULL, NULL, with_opt, model_start, opt_start);
 }
 
 void ckpt_save(const char *dir_in, const ModelConfig *c, const ParamTable *t, const float *params,
                const float *m, const float *v, const TrainState *st) {
     if ((m == NULL) != (v == NULL)) DIE("ckpt_save: optimizer moments m and v must both be given or both be NULL");
-    char dir[CK_PATH - 16], tmp[CK_PATH], old[CK_PATH], par[CK_PATH], p[CK_PATH];
-    size_t n = strlen(dir_in);
-    while (n > 1 && dir_in[n - 1] == '/') n--;
-    if (n == 0 || n >= sizeof dir) DIE("bad checkpoint path '%s'", dir_in);
-    memcpy(dir, dir_in, n);
-    dir[n] = 0;
-    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    snprintf(old, sizeof old, "%s.old", dir);
-    parent_of(par, sizeof par, dir);
-
+    char dir[CK_PATH - 16], tmp[CK_PATH], old[CK_PATH], par[CK_PATH];
+    ck_names(dir_in, dir, sizeof dir, tmp, old, par);
     remove_tree(tmp);   // stale from an interrupted save
     mkdir_p(tmp);
+    ck_write_tensors(tmp, t, params, m, v, m != NULL, NULL, NULL);
+    ckpt_commit(dir_in, c, st);
+}
 
-    StTensor *ts = xcalloc((size_t)(2 * t->n + 1), sizeof *ts);
-    join(p, sizeof p, tmp, "model.safetensors");
-    safetensors_write(p, table_tensors(t, params, "", ts), t->n, NULL);
-    if (m) {
-        table_tensors(t, m, ".exp_avg", ts);
-        table_tensors(t, v, ".exp_avg_sq", ts + t->n);
-        join(p, sizeof p, tmp, "optimizer.safetensors");
-        safetensors_write(p, ts, 2 * t->n, "{\"content\":\"AdamW exp_avg and exp_avg_sq per parameter\"}");
-    }
-    free(ts);
-
+void ckpt_commit(const char *dir_in, const ModelConfig *c, const TrainState *st) {
+    char dir[CK_PATH - 16], tmp[CK_PATH], old[CK_PATH], par[CK_PATH], p[CK_PATH];
+    ck_names(dir_in, dir, sizeof dir, tmp, old, par);
     cJSON *cj = config_to_json(c);
     join(p, sizeof p, tmp, "config.json");
     write_json(p, cj);

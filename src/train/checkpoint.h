@@ -21,6 +21,14 @@ typedef struct {
 void ckpt_save(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params,
                const float *m, const float *v, const TrainState *st);
 
+// The same in steps, for ranks writing their own slices: ckpt_begin creates dir.tmp with the
+// tensor files sized but empty (model_start / opt_start: byte offset of each file's data; tensors
+// follow in table order, F32; the optimizer file holds every .exp_avg, then every .exp_avg_sq);
+// the ranks pwrite into them; ckpt_commit writes config.json, state.json and checksums.json and
+// renames dir.tmp into place. with_opt: write optimizer.safetensors.
+void ckpt_begin(const char *dir, const ParamTable *t, int with_opt, uint64_t *model_start, uint64_t *opt_start);
+void ckpt_commit(const char *dir, const ModelConfig *c, const TrainState *st);
+
 // Read config.json of a checkpoint (verifying checksums of all files first). Dies with a clear
 // message naming the file on any problem.
 void ckpt_load_config(const char *dir, ModelConfig *c);
@@ -28,6 +36,8 @@ void ckpt_load_config(const char *dir, ModelConfig *c);
 // (skip optimizer). st may be NULL. Dies naming the tensor on a missing tensor or shape mismatch.
 void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st);
 
+// state.json alone (no checksum pass: ckpt_verify first).
+void ckpt_load_state(const char *dir, TrainState *st);
 // Is dir a complete checkpoint (has checksums.json)?
 int ckpt_is_complete(const char *dir);
 // Newest complete checkpoint "step_NNNNNNNN" under out_dir into buf; returns 0 if found, -1 if none.

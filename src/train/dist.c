@@ -218,24 +218,14 @@ void dist_moments_set(Dist *d, const Model *m, const float *m1, const float *m2)
     }
 }
 
-void dist_gather_full(const Dist *d, const ParamTable *t, const float *local, float *full) {
-    memset(full, 0, t->total * sizeof(float));
-    if (!d->mesh) { params_local_to_full(t, local, full); return; }
-    // each slice is contributed once: replicated tensors by stage rank 0, TP shards by DP rank 0,
-    // expert shards by EDP rank 0; the world sum then holds every element exactly once
+int dist_owned(const Dist *d, const ParamSpec *s) {
+    if (!s->lnumel) return 0;
+    if (!d->mesh) return 1;
+    // each slice has one owner: replicated tensors stage rank 0, TP shards DP rank 0, expert
+    // shards EDP rank 0 (of pipeline stage 0)
     const MeshCoord *me = &d->mesh->me;
-    ParamTable own = *t;
-    own.p = xmalloc(sizeof(ParamSpec) * t->n);
-    for (int i = 0; i < t->n; i++) {
-        own.p[i] = t->p[i];
-        const ParamSpec *s = &t->p[i];
-        int mine = s->expert >= 0 ? me->edp == 0 : s->split_dim >= 0 ? me->dp == 0 : me->stage == 0;
-        if (me->pp != 0) mine = 0;
-        if (!mine) own.p[i].lnumel = 0;
-    }
-    params_local_to_full(&own, local, full);
-    free(own.p);
-    comm_allreduce(d->mesh->world, full, t->total, CT_F32);
+    if (me->pp != 0) return 0;
+    return s->expert >= 0 ? me->edp == 0 : s->split_dim >= 0 ? me->dp == 0 : me->stage == 0;
 }
 
 double dist_mean_dp(const Dist *d, double v) {

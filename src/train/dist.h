@@ -52,9 +52,9 @@ void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, fl
 // (keeps my shards).
 void dist_moments_get(const Dist *d, const Model *m, float *m1_local, float *m2_local);
 void dist_moments_set(Dist *d, const Model *m, const float *m1_local, const float *m2_local);
-// full (t.total floats, every rank) = the whole model assembled from every rank's local buffer
-// (both in host memory).
-void dist_gather_full(const Dist *d, const ParamTable *t, const float *local, float *full);
+// Does this rank write tensor s's slice into checkpoints? (Every slice of the full model has
+// exactly one owner.)
+int dist_owned(const Dist *d, const ParamSpec *s);
 // Mean over the DP group of a per-rank value (e.g. each rank's mean loss over equal token counts).
 double dist_mean_dp(const Dist *d, double v);
 int dist_rank0(const Dist *d);

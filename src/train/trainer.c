@@ -11,6 +11,7 @@
 #include "data/data.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/ckpt_dist.h"
 #include "train/evaluate.h"
 #include "train/dist.h"
 #include "train/plot.h"
@@ -78,27 +79,23 @@ static void truncate_metrics(const char *path, int64_t last_step) {
     free(buf);
 }
 
-// Assemble the full model and moments from every rank's slices; rank 0 writes the checkpoint.
-static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m, const TrainState *st) {
-    ParamTable full;
-    params_build(&full, c);
-    float *buf = xmalloc(full.total * sizeof(float) * 3);
-    float *m1 = xmalloc(m->t.ltotal * sizeof(float) * 3 + 1), *m2 = m1 + m->t.ltotal, *ph = m2 + m->t.ltotal;
+// Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered first);
+// rank 0 creates and commits the directory.
+static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m, const TrainState *st,
+                 const Comm *world) {
+    size_t P = m->t.ltotal;
+    float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
     dist_moments_get(dist, m, m1, m2);
-    m->be->to_host(ph, m->params, m->t.ltotal * sizeof(float));
-    dist_gather_full(dist, &m->t, ph, buf);
-    dist_gather_full(dist, &m->t, m1, buf + full.total);
-    dist_gather_full(dist, &m->t, m2, buf + 2 * full.total);
+    m->be->to_host(ph, m->params, P * sizeof(float));
+    unsigned char *own = xmalloc((size_t)m->t.n + 1);
+    for (int i = 0; i < m->t.n; i++) own[i] = (unsigned char)dist_owned(dist, &m->t.p[i]);
+    char path[2048];
+    ckpt_path(path, sizeof path, o->out, st->step);
+    ckpt_save_dist(path, c, &m->t, ph, m1, m2, own, st, world);
+    if (world->rank == 0) prune(o->out, o->keep);
+    comm_barrier(world);
+    free(own);
     free(m1);
-    if (dist_rank0(dist)) {
-        char path[2048];
-        ckpt_path(path, sizeof path, o->out, st->step);
-        ckpt_save(path, c, &full, buf, buf + full.total, buf + 2 * full.total, st);
-        prune(o->out, o->keep);
-    }
-    if (dist->mesh) comm_barrier(dist->mesh->world);
-    free(buf);
-    params_free(&full);
 }
 
 static int config_equal(const ModelConfig *a, const ModelConfig *b) { return memcmp(a, b, sizeof *a) == 0; }
@@ -204,20 +201,12 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     size_t P = m.t.ltotal;
     dist_attach(&dist, &m);
     if (resuming) {
-        // any mesh resumes any checkpoint: read the full tensors, keep this rank's slices
-        ParamTable full;
-        params_build(&full, &c);
-        float *buf = xmalloc(full.total * sizeof(float) * 3);
-        ckpt_load(latest, &full, buf, buf + full.total, buf + 2 * full.total, &st);
+        // any mesh resumes any checkpoint: each rank reads the tensors it holds, keeps its slices
         float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
-        params_full_to_local(&m.t, buf, ph);
+        ckpt_load_dist(latest, &m.t, ph, m1, m2, &st, world);
         be->to_device(m.params, ph, P * sizeof(float));
-        params_full_to_local(&m.t, buf + full.total, m1);
-        params_full_to_local(&m.t, buf + 2 * full.total, m2);
         dist_moments_set(&dist, &m, m1, m2);
         free(m1);
-        free(buf);
-        params_free(&full);
         if (st.seed != o->seed)
             DIE("--resume: the checkpoint was trained with --seed %llu, not %llu", (unsigned long long)st.seed,
                 (unsigned long long)o->seed);
@@ -345,7 +334,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             if (mf) { fprintf(mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss); fflush(mf); }
             if (!o->quiet) fprintf(out, "  eval: val loss %.4f\n", ev.loss);
         }
-        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) save(&dist, o, &c, &m, &st);
+        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) save(&dist, o, &c, &m, &st, world);
     }
     if (mf) xfclose(mf, metrics_path);
     double wall = now_seconds() - t_start;

@@ -1,0 +1,93 @@
+// ckpt_dist.c — slice-wise checkpoint writes and reads over a mesh (see ckpt_dist.h).
+#include "train/ckpt_dist.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+#include "core/common.h"
+
+typedef struct { int fd; const char *path; const float *src; uint64_t base; } WriteCtx;
+
+static void write_run(size_t full, size_t local, size_t n, void *p) {
+    WriteCtx *w = p;
+    const char *b = (const char *)(w->src + local);
+    size_t left = n * sizeof(float);
+    off_t off = (off_t)(w->base + 4 * (uint64_t)full);
+    while (left) {
+        ssize_t k = pwrite(w->fd, b, left, off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) DIE("cannot write '%s' (%s)", w->path, k < 0 ? strerror(errno) : "short write");
+        b += k; off += k; left -= (size_t)k;
+    }
+}
+
+static void write_slices(const char *path, const ParamTable *t, const unsigned char *own, const float *src,
+                         uint64_t base) {
+    int fd = open(path, O_WRONLY);
+    if (fd < 0) DIE("cannot open '%s' (%s)", path, strerror(errno));
+    WriteCtx w = {fd, path, src, base};
+    for (int i = 0; i < t->n; i++) if (own[i] && t->p[i].lnumel) params_slice_runs(&t->p[i], write_run, &w);
+    if (fsync(fd) != 0 || close(fd) != 0) DIE("cannot write '%s' (%s)", path, strerror(errno));
+}
+
+void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params, const float *m,
+                    const float *v, const unsigned char *own, const TrainState *st, const Comm *world) {
+    uint64_t starts[2] = {0, 0};
+    if (world->rank == 0) ckpt_begin(dir, t, m != NULL, &starts[0], &starts[1]);
+    comm_bcast(world, starts, 2, CT_I64, 0);
+    char tmp[4096], p[4200];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)n, dir);
+    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+    write_slices(p, t, own, params, starts[0]);
+    if (m) {
+        snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+        write_slices(p, t, own, m, starts[1]);
+        write_slices(p, t, own, v, starts[1] + 4 * (uint64_t)t->total);
+    }
+    comm_barrier(world);   // every slice is on disk (each rank fsynced its writes)
+    if (world->rank == 0) ckpt_commit(dir, c, st);
+    comm_barrier(world);
+}
+
+typedef struct { float *dst; const float *tensor; size_t base; } ReadCtx;
+static void read_run(size_t full, size_t local, size_t n, void *p) {
+    ReadCtx *r = p;   // full indexes the full flat layout; the tensor starts at base there
+    memcpy(r->dst + local, r->tensor + (full - r->base), n * sizeof(float));
+}
+
+static void read_slices(const StFile *f, const ParamTable *t, const char *suffix, float *dst) {
+    float *buf = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *s = &t->p[i];
+        if (!s->lnumel) continue;   // not held here: not read
+        if (s->numel > cap) { cap = s->numel; buf = xrealloc(buf, cap * sizeof(float)); }
+        char name[160];
+        snprintf(name, sizeof name, "%s%s", s->name, suffix);
+        safetensors_read(f, name, s->ndim, s->shape, buf);
+        ReadCtx r = {dst, buf, s->offset};
+        params_slice_runs(s, read_run, &r);
+    }
+    free(buf);
+}
+
+void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st,
+                    const Comm *world) {
+    if (world->rank == 0) ckpt_verify(dir);
+    comm_barrier(world);
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    StFile *f = safetensors_open(p);
+    read_slices(f, t, "", params);
+    safetensors_close(f);
+    if (m) {
+        snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+        f = safetensors_open(p);
+        read_slices(f, t, ".exp_avg", m);
+        read_slices(f, t, ".exp_avg_sq", v);
+        safetensors_close(f);
+    }
+    if (st) ckpt_load_state(dir, st);
+}
