@@ -1,4 +1,7 @@
-// test_cuda_model.c — the whole model on backend_cuda() against backend_cpu(): same config, same
+// test_cuda_model.c — the whole model on the CUDA backends against the cpu: "cuda-fp32" against
+// backend_cpu(), and "cuda" (bf16 tensor-core GEMMs) against bf16_ref.h's cpu backend, whose GEMMs
+// round the same operands to bf16 (so the same function is computed and float32-level bands
+// apply), plus a bf16-band check of the loss against the plain float32 cpu. Same config, same
 // parameters, same batch. Compares the loss, aux and z losses, the routing (every layer's top-k
 // choice and expert counts), the logits of an eval forward, and every gradient tensor of the
 // parameter table after a training forward + backward. Also checks that the GPU step is
@@ -13,35 +16,63 @@
 // on an H200: logits 4e-5, worst gradient 1.25e-4 (the embedding, at the end of the backward
 // chain), loss 3e-8; 5e-4 leaves a 4x margin, while a wrong or missing term in any op moves its
 // tensor by O(1). The routing must match exactly (a flip would be reported as such).
+// "cuda" against bf16_ref.h: the same bf16-rounded GEMM operands on both sides, but not the same
+// float32 inputs: those differ by ~1e-6 (summation order upstream), and an input that close to a
+// bf16 rounding boundary rounds to the other neighbour on the other side (1 bf16 ulp, 2^-7 of the
+// element), which the backward chain then amplifies as above (router x20). So the comparison is
+// norm-wise per tensor, ||gpu - ref|| / ||ref|| <= MODEL_NORM_BF16 = 2e-2, with a per-element
+// outlier bound MODEL_RTOL_BF16 = 0.1 (it catches unwritten, NaN or misplaced elements, which are
+// O(1)), losses within 1e-3 and the routing identical. Measured on the cpu with a stand-in for the
+// GPU (bf16 operands, GEMMs summed in double, optionally every GEMM output perturbed by 1e-6
+// relative to mimic the GPU's other kernels): norm-wise 3.0e-3 (5.2e-3 perturbed), per element
+// 2.0e-2 (4.0e-2), losses 3.8e-6 (1.1e-4), routing identical.
+// "cuda" against the plain float32 cpu (what bf16 costs): losses within LOSS_RTOL_BF16 = 1e-2
+// (METHOD.md's upper end for bf16 operands; the stand-in gave 5e-5..7e-4). The routing differs in
+// a few tokens whose top-k gap is under the bf16 error (stand-in: 3 of 320, 2 of 198, 2 of 512),
+// so gradients are not compared there, and the routing is reported, not required.
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
 #include "model/model.h"
 #include "test_util.h"
+#include "bf16_ref.h"
 
 #define MODEL_RTOL 5e-4
 #define LOSS_RTOL 1e-5
+#define MODEL_RTOL_BF16 1e-1
+#define MODEL_NORM_BF16 2e-2
+#define LOSS_RTOL_BF16 1e-2
+#define LOSS_RTOL_BF16REF 1e-3
+
+static double g_rtol = MODEL_RTOL, g_norm = MODEL_RTOL;   // per-element and norm-wise tolerances of the pair
 
 static double worst_all;
 
-// Worst per-element error of got against ref (n floats), relative to |ref| + rms(ref).
-static double rel_err(const float *got, const float *ref, size_t n, size_t *bad_out, size_t *first) {
-    double rms = 0;
+// Worst per-element error of got against ref (n floats), relative to |ref| + rms(ref); *norm gets
+// the norm-wise ||got - ref|| / ||ref||.
+static double rel_err(const float *got, const float *ref, size_t n, size_t *bad_out, size_t *first, double *norm) {
+    double rms = 0, dd = 0;
     for (size_t i = 0; i < n; i++) rms += (double)ref[i] * ref[i];
+    double ss = rms;
     rms = sqrt(rms / (n ? n : 1));
     double worst = 0;
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-30);
-        if (!(e <= MODEL_RTOL)) { if (!bad) *first = i; bad++; }
+        dd += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        if (!(e <= g_rtol)) { if (!bad) *first = i; bad++; }
         if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
     }
     *bad_out = bad;
+    *norm = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
+    if (isnan(*norm)) *norm = INFINITY;
     return worst;
 }
 
-static void check_config(const char *label, ModelConfig c, int B, int T, uint64_t noise_seed) {
-    const Backend *cpu = backend_cpu(), *gpu = backend_cuda();
+// gpu against ref (a cpu backend); fp32: when gpu is "cuda", the plain float32 cpu for the loose
+// bf16 check of the losses (NULL otherwise).
+static void check_config(const char *label, ModelConfig c, int B, int T, uint64_t noise_seed, const Backend *gpu,
+                         const Backend *cpu, const Backend *fp32) {
     Model mc, mg;
     model_init(&mc, &c, cpu, B, T, NULL);
     model_init(&mg, &c, gpu, B, T, NULL);
@@ -62,14 +93,22 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     for (size_t i = 0; i < N; i++) { x[i] = rng_below(&r, c.vocab_size); y[i] = rng_below(&r, c.vocab_size); }
     const float aux = 0.3f, zc = 0.05f, dloss = 1.0f / N;
     int fails0 = t_failures;
+    const int bf = fp32 != NULL;
+    const double ltol = bf ? LOSS_RTOL_BF16REF : LOSS_RTOL, ztol = bf ? 1e-3 : 1e-4;
+    g_rtol = bf ? MODEL_RTOL_BF16 : MODEL_RTOL;
+    g_norm = bf ? MODEL_NORM_BF16 : MODEL_RTOL;
 
     // eval forward: logits and loss
     double lc = model_forward(&mc, x, y, B, T, 0, 0), lg = model_forward(&mg, x, y, B, T, 0, 0);
-    EXPECT(fabs(lg - lc) <= LOSS_RTOL * fabs(lc), "[%s] eval loss: cuda %.9g cpu %.9g", label, lg, lc);
+    EXPECT(fabs(lg - lc) <= ltol * fabs(lc), "[%s] eval loss: cuda %.9g cpu %.9g", label, lg, lc);
+    double le = lg;
     float *lgts = xmalloc(N * V * sizeof(float));
     gpu->to_host(lgts, mg.logits, N * V * sizeof(float));
     size_t bad, first = 0;
-    double e_logits = rel_err(lgts, mc.logits, N * V, &bad, &first);
+    double nrm, worst_norm = 0;
+    double e_logits = rel_err(lgts, mc.logits, N * V, &bad, &first, &nrm);
+    EXPECT(nrm <= g_norm, "[%s] logits: norm-wise relative error %.3e > %.0e", label, nrm, g_norm);
+    if (nrm > worst_norm) worst_norm = nrm;
     EXPECT(bad == 0, "[%s] logits: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label, bad, N * V,
            first, bad ? lgts[first] : 0.0, bad ? mc.logits[first] : 0.0);
 
@@ -87,9 +126,9 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     }
     EXPECT(memcmp(g1, g2, P * sizeof(float)) == 0, "[%s] two GPU steps on the same inputs gave different gradients",
            label);
-    EXPECT(fabs(lg - lc) <= LOSS_RTOL * fabs(lc), "[%s] train loss: cuda %.9g cpu %.9g", label, lg, lc);
-    EXPECT(fabs(mg.aux - mc.aux) <= LOSS_RTOL * fabs(mc.aux) + 1e-9, "[%s] aux: cuda %.9g cpu %.9g", label, mg.aux, mc.aux);
-    EXPECT(fabs(mg.z - mc.z) <= 1e-4 * fabs(mc.z) + 1e-9, "[%s] z: cuda %.9g cpu %.9g", label, mg.z, mc.z);
+    EXPECT(fabs(lg - lc) <= ltol * fabs(lc), "[%s] train loss: cuda %.9g cpu %.9g", label, lg, lc);
+    EXPECT(fabs(mg.aux - mc.aux) <= ltol * fabs(mc.aux) + 1e-9, "[%s] aux: cuda %.9g cpu %.9g", label, mg.aux, mc.aux);
+    EXPECT(fabs(mg.z - mc.z) <= ztol * fabs(mc.z) + 1e-9, "[%s] z: cuda %.9g cpu %.9g", label, mg.z, mc.z);
     EXPECT(mg.dropped == mc.dropped, "[%s] dropped: cuda %lld cpu %lld", label, (long long)mg.dropped,
            (long long)mc.dropped);
     int route_same = 1;
@@ -104,15 +143,37 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     for (int i = 0; i < mc.t.n; i++) {
         const ParamSpec *s = &mc.t.p[i];
         if (!s->lnumel) continue;
-        double e = rel_err(g1 + s->loffset, mc.grads + s->loffset, s->lnumel, &bad, &first);
+        double e = rel_err(g1 + s->loffset, mc.grads + s->loffset, s->lnumel, &bad, &first, &nrm);
         if (e > worst) { worst = e; worst_name = s->name; }
+        if (nrm > worst_norm) worst_norm = nrm;
+        EXPECT(nrm <= g_norm, "[%s] grad %s: norm-wise relative error %.3e > %.0e", label, s->name, nrm, g_norm);
         EXPECT(bad == 0, "[%s] grad %s: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label, s->name,
                bad, s->lnumel, first, bad ? g1[s->loffset + first] : 0.0, bad ? mc.grads[s->loffset + first] : 0.0);
     }
     if (worst > worst_all) worst_all = worst;
     if (e_logits > worst_all) worst_all = e_logits;
-    printf("%-34s loss cpu %.7f cuda %.7f (rel %.1e) | logits max rel %.2e | grads max rel %.2e (%s) | %s\n", label,
-           lc, lg, fabs(lg - lc) / fabs(lc), e_logits, worst, worst_name, t_failures == fails0 ? "ok" : "FAIL");
+    char vs32[160] = "";
+    if (bf) {
+        // what bf16 costs: the same step on the plain float32 cpu (eval and train losses)
+        Model mf;
+        model_init(&mf, &c, fp32, B, T, NULL);
+        memcpy(mf.params, mc.params, P * sizeof(float));
+        double fe = model_forward(&mf, x, y, B, T, 0, 0);
+        memset(mf.grads, 0, P * sizeof(float));
+        double ft = model_forward(&mf, x, y, B, T, dloss, noise_seed);
+        size_t same = 0, all = 0;
+        for (int l = 0; l < c.n_layers; l++)
+            for (size_t i = 0; i < N * c.top_k; i++, all++) same += mg.la[l].moe.idx_h[i] == mf.la[l].moe.idx_h[i];
+        double re = fabs(le - fe) / fabs(fe), rt = fabs(lg - ft) / fabs(ft);
+        EXPECT(re <= LOSS_RTOL_BF16 && rt <= LOSS_RTOL_BF16,
+               "[%s] bf16 vs float32 cpu: eval loss %.9g vs %.9g, train loss %.9g vs %.9g (rel > %.0e)", label, le, fe,
+               lg, ft, LOSS_RTOL_BF16);
+        snprintf(vs32, sizeof vs32, " | vs fp32 cpu: loss rel %.1e/%.1e, routing %zu/%zu same", re, rt, same, all);
+        model_free(&mf);
+    }
+    printf("%-34s %-9s loss ref %.7f gpu %.7f (rel %.1e) | logits max rel %.2e | grads max rel %.2e (%s) | norm-wise %.2e%s | %s\n",
+           label, gpu->name, lc, lg, fabs(lg - lc) / fabs(lc), e_logits, worst, worst_name, worst_norm, vs32,
+           t_failures == fails0 ? "ok" : "FAIL");
     free(x); free(y); free(lgts); free(g1); free(g2);
     model_free(&mc);
     model_free(&mg);
@@ -124,14 +185,23 @@ int main(void) {
     config_preset(&c, "tiny");
     c.vocab_size = 300; c.d_model = 96; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 24;
     c.d_ff = 64; c.n_experts = 4; c.top_k = 2; c.max_seq_len = 64; c.init_std = 0.1f;
-    check_config("dropless renorm k=2 GQA 4/2", c, 2, 40, 0);
     ModelConfig c2 = c;
     c2.dispatch = DISPATCH_CAPACITY; c2.capacity_factor = 0.75f; c2.renormalize = 0; c2.jitter = 0.1f;
     c2.n_kv_heads = 1; c2.top_k = 1;
-    check_config("capacity 0.75 k=1 jitter MQA", c2, 3, 33, 12345);
     ModelConfig c3 = c;
     c3.top_k = 4; c3.head_dim = 64; c3.n_heads = 2; c3.n_kv_heads = 2; c3.d_model = 128;
-    check_config("dropless k=E hd=64", c3, 1, 64, 0);
-    printf("worst relative difference over all configs: %.2e (tolerance %.0e)\n", worst_all, MODEL_RTOL);
+    // MOE_TEST_BACKEND=cuda or cuda-fp32: that backend only (default: both)
+    const char *only = getenv("MOE_TEST_BACKEND");
+    for (int bf = 0; bf < 2; bf++) {
+        if (only && *only && strcmp(only, bf ? "cuda" : "cuda-fp32")) continue;
+        const Backend *gpu = bf ? backend_cuda() : backend_cuda_fp32();
+        const Backend *ref = bf ? backend_cpu_bf16ref() : backend_cpu(), *f32 = bf ? backend_cpu() : NULL;
+        worst_all = 0;
+        check_config("dropless renorm k=2 GQA 4/2", c, 2, 40, 0, gpu, ref, f32);
+        check_config("capacity 0.75 k=1 jitter MQA", c2, 3, 33, 12345, gpu, ref, f32);
+        check_config("dropless k=E hd=64", c3, 1, 64, 0, gpu, ref, f32);
+        printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name, ref->name,
+               worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
+    }
     return test_done("test_cuda_model");
 }

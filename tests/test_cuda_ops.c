@@ -1,6 +1,7 @@
-// test_cuda_ops.c — every op of backend_cuda() against backend_cpu() (the float32 reference) on
-// fresh random inputs. Skips (exit 77) where backend_cuda_available() is 0: builds without CUDA,
-// machines without a GPU (CI).
+// test_cuda_ops.c — every op of the two CUDA backends against backend_cpu() (the float32
+// reference) on fresh random inputs: first "cuda-fp32" (every op float32), then "cuda" (bf16
+// tensor-core GEMMs, the other ops the same float32 kernels). Skips (exit 77) where
+// backend_cuda_available() is 0: builds without CUDA, machines without a GPU (CI).
 //
 // Method: the same host inputs go to both backends; forward outputs on the GPU are poisoned with
 // NaN before every run, so an element the kernel never writes fails. Every *_bwd runs twice per
@@ -23,19 +24,43 @@
 //                   cancels where dp ~ D, and dk/dv sum T * (H/KV) such terms (800 here). Measured
 //                   on an H200: 8.6e-6 worst (T 200, 4 query heads per kv head); 5e-5 leaves a margin.
 //   sumsq     1e-12 relative: both accumulate in double.
+// The bf16 GEMMs of "cuda" (every grouped GEMM; matmul when O > MOE_GEMM_FP32_MAX_O, narrower ones
+// are float32 and keep BAND_SUM) are checked twice:
+//   BAND_BF16_REF 1e-4  against the cpu GEMM of the same operands rounded to bf16 (bf16_ref.h):
+//                   the products are exact in fp32 on both sides, so only the summation differs:
+//                   order (~sqrt(K) eps ~ 1e-6) and the tensor cores' fp32 accumulation, which
+//                   may truncate instead of rounding: at worst ~K eps = 3e-5 at K = 512. A wrong
+//                   rounding of the operands (truncation instead of round-to-nearest-even moves
+//                   half of them by one bf16 ulp, 2^-7) is ~1e-3 of the output; a wrong index O(1).
+//   BAND_BF16_NORM 1e-2 and BAND_BF16_ELEM 5e-2  against the float32 GEMM of the unrounded operands
+//                   (||gpu - cpu|| / ||cpu|| over the output, and per element): each operand carries
+//                   a relative rounding error of at most 2^-8 (bf16 keeps 8 significant bits), so a
+//                   product a*b carries ~2^-8 relative (two roundings, each ~2^-8/sqrt 3 rms); over
+//                   K terms the errors add like a random walk, as the terms themselves do, so the
+//                   output error is ~2-3e-3 of the output's rms independently of K (not the
+//                   2^-8 K worst case, which needs every rounding in one direction). Per element
+//                   the tail is wider: a group with more rows than average has a larger scale than
+//                   the tensor's rms. Measured on the cpu with a stand-in (bf16 operands, sums in
+//                   double): norm-wise 2.4e-3, per element 2.3e-2 (a dw element of a 40-row group
+//                   among groups of 0..13 rows). METHOD.md's range for bf16 operands: 1e-3..1e-2.
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "test_util.h"
+#include "bf16_ref.h"
 
 #define BAND_ELEM 1e-6
 #define BAND_SUM 1e-5
 #define BAND_ATT_BWD 5e-5
 #define BAND_SUMSQ 1e-12
+#define BAND_BF16_REF 1e-4
+#define BAND_BF16_ELEM 5e-2
+#define BAND_BF16_NORM 1e-2
 
 static Rng R;
 static const Backend *cpu, *gpu;
+static int gpu_bf16;   // gpu is "cuda": its bf16 GEMMs are checked against bf16_ref.h and the float32 cpu
 
 // ---------------------------------------------------------------- helpers
 static float *hnew(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
@@ -70,7 +95,7 @@ static float *dget(const float *d, size_t n) {
 }
 
 // Results per op, printed as a table at the end.
-typedef struct { char op[40]; double worst, band; int bad; } OpRow;
+typedef struct { char op[48]; double worst, band, norm, norm_band; int bad; } OpRow;
 static OpRow rows[64];
 static int nrows;
 static OpRow *row_for(const char *op, double band) {
@@ -82,17 +107,21 @@ static OpRow *row_for(const char *op, double band) {
     return r;
 }
 
-// Compares the device array got (n floats) with the host reference; frees nothing.
-static void cmp(const char *op, const char *what, const float *got_d, const float *ref, size_t n, double band) {
+// Compares the device array got (n floats) with the host reference; frees nothing. norm_band > 0
+// also bounds ||got - ref|| / ||ref|| (the bf16 checks against the float32 reference).
+static void cmp_n(const char *op, const char *what, const float *got_d, const float *ref, size_t n, double band,
+                  double norm_band) {
     OpRow *r = row_for(op, band);
     float *got = dget(got_d, n);
-    double rms = 0;
+    double rms = 0, dd = 0;
     for (size_t i = 0; i < n; i++) rms += (double)ref[i] * ref[i];
+    double ss = rms;
     rms = sqrt(rms / (n ? n : 1));
     size_t bad = 0, first = 0;
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-30);
+        dd += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
         if (!(e <= band)) { if (!bad) first = i; bad++; }
         if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
     }
@@ -100,7 +129,17 @@ static void cmp(const char *op, const char *what, const float *got_d, const floa
     r->bad += bad > 0;
     EXPECT(bad == 0, "%s %s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g cpu %.9g", op, what, bad, n,
            band, first, bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
+    if (norm_band > 0 && n) {
+        double e = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
+        r->norm_band = norm_band;
+        if (!(e <= r->norm)) r->norm = isnan(e) ? INFINITY : e;
+        r->bad += !(e <= norm_band);
+        EXPECT(e <= norm_band, "%s %s: norm-wise relative error %.3e > %.0e", op, what, e, norm_band);
+    }
     free(got);
+}
+static void cmp(const char *op, const char *what, const float *got_d, const float *ref, size_t n, double band) {
+    cmp_n(op, what, got_d, ref, n, band, 0);
 }
 static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, size_t n) {
     float *a = dget(a_d, n), *b = dget(b_d, n);
@@ -135,16 +174,46 @@ static void test_memory(void) {
 }
 
 // ---------------------------------------------------------------- GEMMs
-static void test_matmul(int N, int K, int O) {
+// On "cuda", a GEMM that runs in bf16 is compared with bf16_ref.h (same rounded operands) in
+// BAND_BF16_REF, and with the float32 cpu in the bf16 bands; its table rows say "bf16".
+static int gemm_is_bf16(int grouped, int O) { return gpu_bf16 && (grouped || O > MOE_GEMM_FP32_MAX_O); }
+
+// Checks the device result od against the reference backend's (ref_r) and, for bf16, the float32
+// cpu's (ref_f) host results.
+static void cmp_gemm(const char *op, int bf, const char *what, const float *od, const float *ref_r, const float *ref_f,
+                     size_t n) {
+    char name[48];
+    snprintf(name, sizeof name, "%s%s", op, bf ? " bf16 (vs rounded)" : "");
+    cmp(name, what, od, ref_r, n, bf ? BAND_BF16_REF : BAND_SUM);
+    if (!bf) return;
+    snprintf(name, sizeof name, "%s bf16 (vs fp32)", op);
+    cmp_n(name, what, od, ref_f, n, BAND_BF16_ELEM, BAND_BF16_NORM);
+}
+
+// A device copy of h (n floats) starting `shift` floats into its allocation (shift 1: not 16-byte
+// aligned, the conversion's scalar path); *base gets the pointer to free.
+static float *dputf_shift(const float *h, size_t n, int shift, float **base) {
+    *base = gpu->alloc((n + shift) * sizeof(float));
+    gpu->to_device(*base + shift, h, n * sizeof(float));
+    return *base + shift;
+}
+
+static void test_matmul(int N, int K, int O, int shift) {
+    int bf = gemm_is_bf16(0, O);
+    const Backend *ref = bf ? backend_cpu_bf16ref() : cpu;
     float *x = hrand((size_t)N * K, 1.0f), *w = hrand((size_t)O * K, 0.5f), *acc = hrand((size_t)N * O, 1.0f);
-    float *xd = dputf(x, (size_t)N * K), *wd = dputf(w, (size_t)O * K);
+    float *xb, *wb;
+    float *xd = dputf_shift(x, (size_t)N * K, shift, &xb), *wd = dputf_shift(w, (size_t)O * K, shift, &wb);
+    char what[96];
     for (int a = 0; a < 2; a++) {
-        float *ref = a ? hcopy(acc, (size_t)N * O) : hnew((size_t)N * O);
-        cpu->matmul_fwd(ref, x, w, N, K, O, a);
+        float *rr = a ? hcopy(acc, (size_t)N * O) : hnew((size_t)N * O), *rf = hcopy(rr, (size_t)N * O);
+        ref->matmul_fwd(rr, x, w, N, K, O, a);
+        cpu->matmul_fwd(rf, x, w, N, K, O, a);
         float *od = a ? dputf(acc, (size_t)N * O) : dnan((size_t)N * O);
         gpu->matmul_fwd(od, xd, wd, N, K, O, a);
-        cmp("matmul_fwd", a ? "accumulate" : "overwrite", od, ref, (size_t)N * O, BAND_SUM);
-        gpu->free(od); free(ref);
+        snprintf(what, sizeof what, "%s N%d K%d O%d%s", a ? "accumulate" : "overwrite", N, K, O, shift ? " unaligned" : "");
+        cmp_gemm("matmul_fwd", bf, what, od, rr, rf, (size_t)N * O);
+        gpu->free(od); free(rr); free(rf);
     }
     // backward: dinp and dw, each on zeroed and pre-filled buffers, and each alone (other NULL)
     float *dout = hrand((size_t)N * O, 1.0f), *pdx = hrand((size_t)N * K, 1.0f), *pdw = hrand((size_t)O * K, 1.0f);
@@ -153,43 +222,62 @@ static void test_matmul(int N, int K, int O) {
         for (int which = 0; which < 3; which++) {   // 0 both, 1 dinp only, 2 dw only
             float *dx = pre ? hcopy(pdx, (size_t)N * K) : hnew((size_t)N * K);
             float *dw = pre ? hcopy(pdw, (size_t)O * K) : hnew((size_t)O * K);
+            float *dxf = hcopy(dx, (size_t)N * K), *dwf = hcopy(dw, (size_t)O * K);
             float *dxd = dputf(dx, (size_t)N * K), *dwd = dputf(dw, (size_t)O * K);
-            cpu->matmul_bwd(which != 2 ? dx : NULL, which != 1 ? dw : NULL, dout, x, w, N, K, O);
+            ref->matmul_bwd(which != 2 ? dx : NULL, which != 1 ? dw : NULL, dout, x, w, N, K, O);
+            cpu->matmul_bwd(which != 2 ? dxf : NULL, which != 1 ? dwf : NULL, dout, x, w, N, K, O);
             gpu->matmul_bwd(which != 2 ? dxd : NULL, which != 1 ? dwd : NULL, doutd, xd, wd, N, K, O);
-            cmp("matmul_bwd", pre ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * K, BAND_SUM);
-            cmp("matmul_bwd", pre ? "dw (accumulate)" : "dw", dwd, dw, (size_t)O * K, BAND_SUM);
-            gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+            snprintf(what, sizeof what, "dinp%s N%d K%d O%d", pre ? " (accumulate)" : "", N, K, O);
+            cmp_gemm("matmul_bwd", bf, what, dxd, dx, dxf, (size_t)N * K);
+            snprintf(what, sizeof what, "dw%s N%d K%d O%d", pre ? " (accumulate)" : "", N, K, O);
+            cmp_gemm("matmul_bwd", bf, what, dwd, dw, dwf, (size_t)O * K);
+            gpu->free(dxd); gpu->free(dwd); free(dx); free(dw); free(dxf); free(dwf);
         }
-    gpu->free(xd); gpu->free(wd); gpu->free(doutd);
+    gpu->free(xb); gpu->free(wb); gpu->free(doutd);
     free(x); free(w); free(acc); free(dout); free(pdx); free(pdw);
 }
 
-static void test_grouped(int K, int O) {
-    const int G = 6;
-    int64_t cnt[6] = {7, 0, 13, 1, 40, 0}, off[7] = {0};   // empty groups, first and last
+// G groups with the given row counts (zeros anywhere, all zero).
+static void test_grouped(int K, int O, int G, const int64_t *cnt) {
+    int bf = gemm_is_bf16(1, O);
+    const Backend *ref = bf ? backend_cpu_bf16ref() : cpu;
+    int64_t *off = xcalloc(G + 1, sizeof(int64_t));
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + cnt[g];
     int n = (int)off[G];
+    char what[96];
     float *x = hrand((size_t)n * K, 1.0f), *w = hrand((size_t)G * O * K, 0.5f);
     float *xd = dputf(x, (size_t)n * K), *wd = dputf(w, (size_t)G * O * K);
-    float *ref = hnew((size_t)n * O), *od = dnan((size_t)n * O);
-    cpu->grouped_matmul_fwd(ref, x, w, off, G, K, O);
+    float *rr = hnew((size_t)n * O), *rf = hnew((size_t)n * O), *od = dnan((size_t)n * O);
+    ref->grouped_matmul_fwd(rr, x, w, off, G, K, O);
+    cpu->grouped_matmul_fwd(rf, x, w, off, G, K, O);
     gpu->grouped_matmul_fwd(od, xd, wd, off, G, K, O);
-    cmp("grouped_matmul_fwd", "out", od, ref, (size_t)n * O, BAND_SUM);
+    snprintf(what, sizeof what, "out G%d rows %d K%d O%d", G, n, K, O);
+    cmp_gemm("grouped_matmul_fwd", bf, what, od, rr, rf, (size_t)n * O);
     float *dout = hrand((size_t)n * O, 1.0f), *doutd = dputf(dout, (size_t)n * O);
     float *pdx = hrand((size_t)n * K, 1.0f), *pdw = hrand((size_t)G * O * K, 1.0f);
     for (int pre = 0; pre < 2; pre++) {
         float *dx = pre ? hcopy(pdx, (size_t)n * K) : hnew((size_t)n * K);
         float *dw = pre ? hcopy(pdw, (size_t)G * O * K) : hnew((size_t)G * O * K);
+        float *dxf = hcopy(dx, (size_t)n * K), *dwf = hcopy(dw, (size_t)G * O * K);
         float *dxd = dputf(dx, (size_t)n * K), *dwd = dputf(dw, (size_t)G * O * K);
-        cpu->grouped_matmul_bwd(dx, dw, dout, x, w, off, G, K, O);
+        ref->grouped_matmul_bwd(dx, dw, dout, x, w, off, G, K, O);
+        cpu->grouped_matmul_bwd(dxf, dwf, dout, x, w, off, G, K, O);
         gpu->grouped_matmul_bwd(dxd, dwd, doutd, xd, wd, off, G, K, O);
-        cmp("grouped_matmul_bwd", pre ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)n * K, BAND_SUM);
-        cmp("grouped_matmul_bwd", pre ? "dw (accumulate, empty groups untouched)" : "dw", dwd, dw,
-            (size_t)G * O * K, BAND_SUM);
-        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+        snprintf(what, sizeof what, "dinp%s G%d rows %d K%d O%d", pre ? " (accumulate)" : "", G, n, K, O);
+        cmp_gemm("grouped_matmul_bwd", bf, what, dxd, dx, dxf, (size_t)n * K);
+        snprintf(what, sizeof what, "dw%s G%d rows %d K%d O%d", pre ? " (accumulate)" : "", G, n, K, O);
+        cmp_gemm("grouped_matmul_bwd", bf, what, dwd, dw, dwf, (size_t)G * O * K);
+        // the weight blocks of empty groups: exactly what was there
+        float *dwg = dget(dwd, (size_t)G * O * K);
+        int same = 1;
+        for (int g = 0; g < G; g++)
+            if (!cnt[g]) same &= memcmp(dwg + (size_t)g * O * K, dw + (size_t)g * O * K, sizeof(float) * O * K) == 0;
+        EXPECT(same, "grouped_matmul_bwd %s: an empty group's dw block changed", what);
+        free(dwg);
+        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw); free(dxf); free(dwf);
     }
     gpu->free(xd); gpu->free(wd); gpu->free(od); gpu->free(doutd);
-    free(x); free(w); free(ref); free(dout); free(pdx); free(pdw);
+    free(x); free(w); free(rr); free(rf); free(dout); free(pdx); free(pdw); free(off);
 }
 
 // ---------------------------------------------------------------- embedding, rows
@@ -411,22 +499,25 @@ static void test_adamw(size_t n, float wd, int t) {
     free(p); free(g); free(m); free(v);
 }
 
-int main(void) {
-    if (!backend_cuda_available()) TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
-    cpu = backend_cpu();
-    gpu = backend_cuda();
-    const char *seed = getenv("MOE_TEST_SEED");   // other random inputs: MOE_TEST_SEED=n
-    rng_seed(&R, seed && *seed ? strtoull(seed, NULL, 10) : 20261129);
-    // MOE_TEST_SMALL=1: small shapes only (for compute-sanitizer's racecheck/initcheck, which are slow)
-    const char *sm = getenv("MOE_TEST_SMALL");
-    int big = !(sm && *sm && strcmp(sm, "0"));
+// The whole suite on one backend; prints its table.
+static void run_suite(const Backend *be, int big) {
+    gpu = be;
+    gpu_bf16 = be == backend_cuda();
+    nrows = 0;
+    int fails0 = t_failures;
     test_memory();
-    test_matmul(37, 70, 45);
-    if (big) test_matmul(256, 512, 384);
-    test_matmul(1, 1, 1);
-    test_matmul(5, 0, 7);        // K = 0: overwrite gives zeros, accumulate leaves out
-    test_grouped(70, 45);
-    if (big) test_grouped(96, 192);
+    test_matmul(37, 70, 45, 0);      // O <= MOE_GEMM_FP32_MAX_O: float32 on both backends
+    test_matmul(37, 70, 100, 1);     // bf16 on "cuda"; operands not 16-byte aligned (scalar conversion)
+    if (big) test_matmul(256, 512, 384, 0);
+    test_matmul(1, 1, 1, 0);
+    test_matmul(3, 5, 65, 0);        // the first O in bf16; K and N under a vector width
+    test_matmul(5, 0, 7, 0);         // K = 0: overwrite gives zeros, accumulate leaves out
+    test_matmul(5, 0, 70, 0);
+    const int64_t c6[6] = {7, 0, 13, 1, 40, 0}, c4[4] = {0, 0, 0, 0}, c3[3] = {0, 33, 0};
+    test_grouped(70, 45, 6, c6);     // empty groups, first and last
+    if (big) test_grouped(96, 192, 6, c6);
+    test_grouped(64, 80, 4, c4);     // every group empty: nothing written, nothing changed
+    test_grouped(128, 96, 3, c3);    // one group
     test_embedding(50, 300, 96);
     if (big) test_embedding(7, 1000, 300);
     test_rows(40, 500, 300);
@@ -451,8 +542,30 @@ int main(void) {
     if (big) test_sumsq(3000001);
     test_adamw(100003, 0.1f, 1);
     test_adamw(4097, 0.0f, 10);
-    printf("\n%-24s %14s %10s  %s\n", "op", "max rel err", "band", "status");
-    for (int i = 0; i < nrows; i++)
-        printf("%-24s %14.3e %10.0e  %s\n", rows[i].op, rows[i].worst, rows[i].band, rows[i].bad ? "FAIL" : "ok");
+    printf("\nbackend %s%s\n%-34s %12s %8s %12s %8s  %s\n", be->name, t_failures == fails0 ? "" : " (FAILURES)", "op",
+           "max rel err", "band", "norm-wise", "band", "status");
+    for (int i = 0; i < nrows; i++) {
+        char nb[24] = "", nv[24] = "";
+        if (rows[i].norm_band > 0) {
+            snprintf(nv, sizeof nv, "%.3e", rows[i].norm);
+            snprintf(nb, sizeof nb, "%.0e", rows[i].norm_band);
+        }
+        printf("%-34s %12.3e %8.0e %12s %8s  %s\n", rows[i].op, rows[i].worst, rows[i].band, nv, nb,
+               rows[i].bad ? "FAIL" : "ok");
+    }
+}
+
+int main(void) {
+    if (!backend_cuda_available()) TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
+    cpu = backend_cpu();
+    const char *seed = getenv("MOE_TEST_SEED");   // other random inputs: MOE_TEST_SEED=n
+    rng_seed(&R, seed && *seed ? strtoull(seed, NULL, 10) : 20261129);
+    // MOE_TEST_SMALL=1: small shapes only (for compute-sanitizer's racecheck/initcheck, which are slow)
+    const char *sm = getenv("MOE_TEST_SMALL");
+    int big = !(sm && *sm && strcmp(sm, "0"));
+    // MOE_TEST_BACKEND=cuda or cuda-fp32: that backend only (default: both)
+    const char *only = getenv("MOE_TEST_BACKEND");
+    if (!only || !*only || !strcmp(only, "cuda-fp32")) run_suite(backend_cuda_fp32(), big);
+    if (!only || !*only || !strcmp(only, "cuda")) run_suite(backend_cuda(), big);
     return test_done("test_cuda_ops");
 }

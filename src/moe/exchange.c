@@ -107,18 +107,18 @@ void exchange_dispatch(Exchange *x, const float *rows, float *out) {
     size_t d = x->d;
     size_t *a = xmalloc(sizeof(size_t) * (EP > ETP ? EP : ETP) * 4), *b = a + (EP > ETP ? EP : ETP),
            *c = b + (EP > ETP ? EP : ETP), *e = c + (EP > ETP ? EP : ETP);
-    // groups of one: a backend copy (the buffers may live on a GPU, where the comm API's host
-    // copies cannot reach)
-    if (EP > 1) {
+    // rows are backend buffers: the comm API's device variants (NCCL on GPUs); groups of one are
+    // a backend copy (unless a test forces the NCCL path: comm_dev_due)
+    if (comm_dev_due(x->ep)) {
         scale_counts(x->sc, a, EP, d); scale_counts(x->sd, b, EP, d);
         scale_counts(x->rc, c, EP, d); scale_counts(x->rd, e, EP, d);
-        comm_alltoallv(x->ep, rows, a, b, x->raw_ep, c, e, CT_F32);
+        comm_dev_alltoallv(x->ep, rows, a, b, x->raw_ep, c, e, CT_F32);
     } else {
         x->be->copy(x->raw_ep, rows, sizeof(float) * (size_t)x->M * d);
     }
-    if (ETP > 1) {
+    if (comm_dev_due(x->etp)) {
         scale_counts(x->gc, a, ETP, d); scale_counts(x->gd, b, ETP, d);
-        comm_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, b, CT_F32);
+        comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, b, CT_F32);
     } else {
         x->be->copy(x->raw, x->raw_ep, sizeof(float) * (size_t)x->R * d);
     }
@@ -132,16 +132,16 @@ void exchange_combine(Exchange *x, const float *partial, float *rows) {
     size_t *a = xmalloc(sizeof(size_t) * (EP > ETP ? EP : ETP) * 4), *b = a + (EP > ETP ? EP : ETP),
            *c = b + (EP > ETP ? EP : ETP), *e = c + (EP > ETP ? EP : ETP);
     x->be->gather_rows(x->raw, partial, x->iperm, x->Rg, x->d);
-    if (ETP > 1) {
+    if (comm_dev_due(x->etp)) {
         scale_counts(x->gc, a, ETP, d);
-        comm_reduce_scatter(x->etp, x->raw, x->raw_ep, a, CT_F32);
+        comm_dev_reduce_scatter(x->etp, x->raw, x->raw_ep, a, CT_F32);
     } else {
         x->be->copy(x->raw_ep, x->raw, sizeof(float) * (size_t)x->R * d);
     }
-    if (EP > 1) {
+    if (comm_dev_due(x->ep)) {
         scale_counts(x->rc, a, EP, d); scale_counts(x->rd, b, EP, d);
         scale_counts(x->sc, c, EP, d); scale_counts(x->sd, e, EP, d);
-        comm_alltoallv(x->ep, x->raw_ep, a, b, rows, c, e, CT_F32);
+        comm_dev_alltoallv(x->ep, x->raw_ep, a, b, rows, c, e, CT_F32);
     } else {
         x->be->copy(rows, x->raw_ep, sizeof(float) * (size_t)x->M * d);
     }

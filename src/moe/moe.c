@@ -122,7 +122,7 @@ static void tp_gather(const MoeLayer *m, const float *slice, float *full) {
         cnt[r] = (size_t)n * m->d;
         dsp[r] = (size_t)s0 * m->d;
     }
-    comm_allgatherv(m->cm.tp, slice, (size_t)m->Ns * m->d, full, cnt, dsp, CT_F32);
+    comm_dev_allgatherv(m->cm.tp, slice, (size_t)m->Ns * m->d, full, cnt, dsp, CT_F32);
     free(cnt);
 }
 

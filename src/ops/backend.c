@@ -6,10 +6,10 @@
 const Backend *backend_by_name(const char *name) {
     if (!name || !name[0] || !strcmp(name, "auto")) return backend_cuda_available() ? backend_cuda() : backend_cpu();
     if (!strcmp(name, "cpu")) return backend_cpu();
-    if (!strcmp(name, "cuda")) {
+    if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fp32")) {
         if (!backend_cuda_available())
-            DIE("--device cuda: no usable CUDA GPU here (or this moe was built without CUDA); use --device cpu");
-        return backend_cuda();
+            DIE("--device %s: no usable CUDA GPU here (or this moe was built without CUDA); use --device cpu", name);
+        return name[4] ? backend_cuda_fp32() : backend_cuda();
     }
-    DIE("--device %s: unknown device (cpu, cuda, auto)", name);
+    DIE("--device %s: unknown device (cpu, cuda = bf16 tensor-core GEMMs, cuda-fp32, auto)", name);
 }

@@ -1,4 +1,4 @@
-// cuda_stub.c — backend_cuda() for builds without CUDA (MOE_CUDA=OFF): reports "not available".
+// cuda_stub.c — backend_cuda() and backend_cuda_fp32() for builds without CUDA (MOE_CUDA=OFF): reports "not available".
 // Must not hold: anything else (the real backend is src/ops/cuda/).
 #include "core/common.h"
 #include "ops/ops.h"
@@ -9,3 +9,5 @@ const Backend *backend_cuda(void) {
     DIE("this build has no CUDA backend: rebuild with a CUDA compiler (nvcc) and -DMOE_CUDA=ON, "
         "or use the cpu backend");
 }
+
+const Backend *backend_cuda_fp32(void) { return backend_cuda(); }

@@ -86,11 +86,22 @@ struct Backend {
 };
 
 const Backend *backend_cpu(void);
-// "cpu", "cuda", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming the problem
-// when the named backend cannot run here.
+// "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming
+// the problem when the named backend cannot run here.
 const Backend *backend_by_name(const char *name);
-// The CUDA backend (src/ops/cuda/, float32 buffers on the first GPU). backend_cuda() dies with a
-// clear message when no GPU is usable; check backend_cuda_available() first: it returns 0 when
-// the build has no CUDA (MOE_CUDA=OFF) or no GPU is visible, and never dies.
+// The CUDA backends (src/ops/cuda/, float32 buffers on the first GPU; parameters, activations,
+// gradients and optimizer state are float32 in both):
+//   backend_cuda()      "cuda": GEMMs on tensor cores with bf16 operands and fp32 accumulation
+//                       (each float32 operand rounded to bf16, round to nearest even, into scratch
+//                       the backend owns; outputs and *_bwd accumulation stay float32). Every
+//                       grouped_matmul; matmul only when O > MOE_GEMM_FP32_MAX_O: narrower ones
+//                       (the router, O = E) are memory-bound anyway and stay float32.
+//   backend_cuda_fp32() "cuda-fp32": every op in float32 (cuBLAS SGEMM without TF32), matching the
+//                       cpu reference to float32 rounding.
+// The other ops are the same float32 kernels in both. backend_cuda*() die with a clear message
+// when no GPU is usable; check backend_cuda_available() first: it returns 0 when the build has no
+// CUDA (MOE_CUDA=OFF) or no GPU is visible, and never dies.
+#define MOE_GEMM_FP32_MAX_O 64
 const Backend *backend_cuda(void);
+const Backend *backend_cuda_fp32(void);
 int backend_cuda_available(void);

@@ -1,6 +1,11 @@
-// comm.c — the comm API's wrappers and the `self` backend (size-1 groups: copies only).
+// comm.c — the comm API's wrappers (host and device variants), the `self` backend (size-1
+// groups: copies only) and the bounded wait.
 #include "parallel/comm.h"
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
 #include <string.h>
+#include <time.h>
 #include "core/common.h"
 
 size_t comm_type_size(CommType t) {
@@ -44,7 +49,7 @@ const CommOps comm_self_ops = {
     self_iallreduce, self_ireduce_scatter, self_test, self_wait,
 };
 
-static const Comm self_comm = {0, 1, "self", &comm_self_ops, NULL};
+static const Comm self_comm = {.rank = 0, .size = 1, .name = "self", .ops = &comm_self_ops};
 static const Comm *C(const Comm *c) { return c ? c : &self_comm; }
 
 void comm_allreduce(const Comm *c, void *buf, size_t n, CommType t) { C(c)->ops->allreduce(C(c), buf, n, t); }
@@ -69,8 +74,81 @@ CommReq *comm_ireduce_scatter(const Comm *c, const void *send, void *recv, const
     return C(c)->ops->ireduce_scatter(C(c), send, recv, counts, t);
 }
 
+// device variants: the group's device ops when attached, else its host ops
+static const CommOps *D(const Comm *c) { return C(c)->dops ? C(c)->dops : C(c)->ops; }
+void comm_dev_allreduce(const Comm *c, void *buf, size_t n, CommType t) { D(c)->allreduce(C(c), buf, n, t); }
+void comm_dev_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
+    D(c)->allgather(C(c), send, recv, n, t);
+}
+void comm_dev_allgatherv(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
+                         const size_t *displs, CommType t) {
+    D(c)->allgatherv(C(c), send, n, recv, counts, displs, t);
+}
+void comm_dev_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    D(c)->reduce_scatter(C(c), send, recv, counts, t);
+}
+void comm_dev_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                        const size_t *rc, const size_t *rd, CommType t) {
+    D(c)->alltoallv(C(c), send, sc, sd, recv, rc, rd, t);
+}
+void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) { D(c)->bcast(C(c), buf, n, t, root); }
+CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
+    return D(c)->iallreduce(C(c), buf, n, t);
+}
+CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+    return D(c)->ireduce_scatter(C(c), send, recv, counts, t);
+}
+int comm_dev_due(const Comm *c) { return c && (c->size > 1 || (c->dops && comm_nccl_forced())); }
+
 int comm_test(CommReq *r) { return r->ops ? ((const CommOps *)r->ops)->test(r) : 1; }
 void comm_wait(CommReq *r) {
     if (r->ops) ((const CommOps *)r->ops)->wait(r);
     else free(r);
+}
+
+// ---- bounded wait
+static double real_now(void *ctx) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+static void real_pause(void *ctx, double s) {
+    if (s <= 0) { sched_yield(); return; }
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+int comm_poll_until(int (*poll)(void *ctx), void *ctx, double timeout_s, const CommClock *clock) {
+    static const CommClock real = {real_now, real_pause, NULL};
+    if (!clock) clock = &real;
+    double t0 = clock->now(clock->ctx);
+    for (long i = 0;; i++) {
+        int r = poll(ctx);
+        if (r != COMM_POLL_PENDING) return r;
+        if (clock->now(clock->ctx) - t0 >= timeout_s) return COMM_POLL_TIMEOUT;
+        // spin (yield) first: most waits end within microseconds; then 10 us, then 1 ms sleeps
+        clock->pause(clock->ctx, i < 200 ? 0.0 : i < 2000 ? 1e-5 : 1e-3);
+    }
+}
+
+const char *comm_parse_timeout(const char *s, double *out) {
+    static char msg[160];
+    char *end = NULL;
+    double v = s ? strtod(s, &end) : NAN;
+    if (!s || !*s || end == s || *end || !isfinite(v) || v <= 0 || v > 1e7) {
+        snprintf(msg, sizeof msg, "MOE_NCCL_TIMEOUT_S='%.40s': must be a number of seconds > 0 (default 300)",
+                 s ? s : "");
+        return msg;
+    }
+    *out = v;
+    return NULL;
+}
+
+double comm_timeout_s(void) {
+    const char *s = getenv("MOE_NCCL_TIMEOUT_S");
+    double v = 300;
+    if (!s) return v;
+    const char *bad = comm_parse_timeout(s, &v);
+    if (bad) DIE("%s", bad);
+    return v;
 }

@@ -101,6 +101,8 @@ static void abort_all(void) {
     if (mpi_started && !fin) MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+void comm_world_abort(void) { abort_all(); }
+
 static int launched_by_mpi(void) {
     const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) if (getenv(vars[i])) return 1;
@@ -126,6 +128,7 @@ Comm *comm_world_init(int *argc, char ***argv) {
 
 void comm_world_finalize(void) {
     int fin = 0;
+    comm_nccl_shutdown();   // NCCL communicators go before MPI
     if (!mpi_started) return;
     MPI_Finalized(&fin);
     if (!fin) MPI_Finalize();
@@ -147,10 +150,27 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
 
 void comm_free(Comm *c) {
     if (!c) return;
+    if (c->dops) comm_dev_disable(c);
     if (c->handle) { MPI_Comm_free((MPI_Comm *)c->handle); free(c->handle); }
     free(c);
 }
 int comm_have_mpi(void) { return 1; }
+
+static int mpi_running(void) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+static int node_rank_mpi(void) {
+    if (!mpi_running()) return -1;
+    MPI_Comm node;
+    int r = 0;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_rank(node, &r));
+    MPI_Comm_free(&node);
+    return r;
+}
 
 #else  // built without MPI: one process
 
@@ -163,7 +183,9 @@ Comm *comm_world_init(int *argc, char ***argv) {
     w->size = 1;
     return w;
 }
-void comm_world_finalize(void) {}
+void comm_world_finalize(void) { comm_nccl_shutdown(); }
+void comm_world_abort(void) {}
+static int node_rank_mpi(void) { return -1; }
 Comm *comm_split(const Comm *world, int color, int key, const char *name) {
     Comm *c = xcalloc(1, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
@@ -171,6 +193,27 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
     c->size = 1;
     return c;
 }
-void comm_free(Comm *c) { free(c); }
+void comm_free(Comm *c) {
+    if (c && c->dops) comm_dev_disable(c);
+    free(c);
+}
 int comm_have_mpi(void) { return 0; }
 #endif
+
+int comm_local_rank(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK",
+                          "PMI_LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end;
+        if (!v || !*v) continue;
+        long r = strtol(v, &end, 10);
+        if (*end || r < 0 || r > INT_MAX) DIE("%s='%s' is not a local rank (an integer >= 0)", vars[i], v);
+        return cached = (int)r;
+    }
+    int r = node_rank_mpi();
+    if (r >= 0) return cached = r;
+    return 0;   // not launched by MPI: one process (not cached: MPI may start later)
+}

@@ -73,9 +73,20 @@ void mesh_init(Mesh *m, const MeshShape *s, Comm *world) {
     }
 }
 
+void mesh_enable_device(Mesh *m) {
+    comm_dev_enable_world(m->world);
+    Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage};
+    for (int g = 0; g < G_N; g++) {   // the same order on every rank (ncclCommSplit is collective)
+        int color, key;
+        group_of(&m->s, m->rank, g, &color, &key);
+        comm_dev_enable_split(m->world, *slots[g], color, key);
+    }
+}
+
 void mesh_free(Mesh *m) {
     Comm *cs[] = {m->tp, m->dp, m->pp, m->ep, m->etp, m->edp, m->stage};
     for (int i = 0; i < 7; i++) comm_free(cs[i]);
+    if (m->world && m->world->dops) comm_dev_disable(m->world);
     memset(m, 0, sizeof *m);
 }
 

@@ -30,6 +30,10 @@ const char *mesh_shape_resolve(MeshShape *shape, const ModelConfig *c);
 MeshCoord mesh_coord(const MeshShape *s, int rank);
 // Builds the groups over world (whose size must equal s->world).
 void mesh_init(Mesh *m, const MeshShape *s, Comm *world);
+// Attaches NCCL communicators (the device ops) to the world and every group, for a compute
+// backend on GPUs (the cuda backend must already have selected this rank's GPU). Collective.
+void mesh_enable_device(Mesh *m);
+// Frees the groups and the device communicators (the world keeps its host ops).
 void mesh_free(Mesh *m);
 // One line per group kind listing its groups, e.g. "tp: {0,1} {2,3}" (for moe info).
 void mesh_print(const MeshShape *s, FILE *f);

@@ -60,7 +60,7 @@ void dist_attach(Dist *d, Model *m) {
             b->s1 = b->n * (r + 1) / S;
             b->moff = d->mom_n;
             d->mom_n += b->s1 - b->s0;
-            if (d->zero == 2) b->tmp = xmalloc(sizeof(float) * (b->s1 - b->s0 ? b->s1 - b->s0 : 1));
+            if (d->zero == 2) b->tmp = m->be->alloc(sizeof(float) * (b->s1 - b->s0 ? b->s1 - b->s0 : 1));
         }
     }
     d->be = m->be;
@@ -69,7 +69,7 @@ void dist_attach(Dist *d, Model *m) {
 }
 
 void dist_free(Dist *d) {
-    for (int i = 0; i < d->nb; i++) free(d->b[i].tmp);
+    for (int i = 0; i < d->nb; i++) if (d->b[i].tmp) d->be->free(d->b[i].tmp);
     free(d->b);
     if (d->be) { d->be->free(d->m1); d->be->free(d->m2); }
     d->b = NULL;
@@ -81,18 +81,20 @@ static void shard_counts(const GradBucket *b, int S, size_t *counts) {
     for (int r = 0; r < S; r++) counts[r] = b->n * (r + 1) / S - b->n * r / S;
 }
 
+// gradients are backend buffers: device variants (on GPUs, NCCL on the communication stream
+// while backward goes on)
 static void start_bucket(Dist *d, Model *m, GradBucket *b) {
     b->started = 1;
     const Comm *c = group_of(d, b->g);
-    if (gsz(c) == 1) return;
+    if (!comm_dev_due(c)) return;
     float *g = m->grads + b->off;
     if (d->zero == 2) {
         size_t *cnt = xmalloc(sizeof(size_t) * gsz(c));
         shard_counts(b, gsz(c), cnt);
-        b->req = comm_ireduce_scatter(c, g, b->tmp, cnt, CT_F32);
+        b->req = comm_dev_ireduce_scatter(c, g, b->tmp, cnt, CT_F32);
         free(cnt);
     } else {
-        b->req = comm_iallreduce(c, g, b->n, CT_F32);
+        b->req = comm_dev_iallreduce(c, g, b->n, CT_F32);
     }
 }
 
@@ -124,8 +126,8 @@ void dist_finish_grads(Dist *d, Model *m) {
     for (int i = 0; i < d->nb; i++) {
         GradBucket *b = &d->b[i];
         if (b->req) { comm_wait(b->req); b->req = NULL; }
-        if (d->zero == 2 && gsz(group_of(d, b->g)) > 1)
-            memcpy(m->grads + b->off + b->s0, b->tmp, sizeof(float) * (b->s1 - b->s0));
+        if (d->zero == 2 && comm_dev_due(group_of(d, b->g)) && b->s1 > b->s0)
+            m->be->copy(m->grads + b->off + b->s0, b->tmp, sizeof(float) * (b->s1 - b->s0));
         b->started = 0;
     }
     d->wait_s = now_seconds() - t0;
@@ -168,15 +170,17 @@ double dist_grad_norm(const Dist *d, const Model *m) {
     return sqrt(cls[0] + cls[1] + cls[2]);
 }
 
-// all-gather bucket b's shards of buf over its group (in place)
-static void gather_bucket(const Dist *d, const GradBucket *b, float *buf) {
+// all-gather bucket b's shards of buf over its group (in place); buf is a backend buffer (dev)
+// or host memory
+static void gather_bucket(const Dist *d, const GradBucket *b, float *buf, int dev) {
     const Comm *c = group_of(d, b->g);
     int S = gsz(c);
-    if (!d->zero || S == 1) return;
+    if (!d->zero || (dev ? !comm_dev_due(c) : S == 1)) return;
     size_t *cnt = xmalloc(sizeof(size_t) * S * 2), *dsp = cnt + S;
     shard_counts(b, S, cnt);
     for (int r = 0; r < S; r++) dsp[r] = b->n * r / S;
-    comm_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
+    if (dev) comm_dev_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
+    else comm_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
     free(cnt);
 }
 
@@ -194,7 +198,7 @@ void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, fl
             m->be->adamw(m->params + a, m->grads + a, d->m1 + mo, d->m2 + mo, e - a, lr, b1, b2, eps,
                          s->decay ? wd : 0.0f, t);
         }
-        gather_bucket(d, b, m->params);
+        gather_bucket(d, b, m->params, 1);
     }
 }
 
@@ -205,8 +209,8 @@ void dist_moments_get(const Dist *d, const Model *m, float *m1, float *m2) {
         const GradBucket *b = &d->b[k];
         d->be->to_host(m1 + b->off + b->s0, d->m1 + b->moff, sizeof(float) * (b->s1 - b->s0));
         d->be->to_host(m2 + b->off + b->s0, d->m2 + b->moff, sizeof(float) * (b->s1 - b->s0));
-        gather_bucket(d, b, m1);
-        gather_bucket(d, b, m2);
+        gather_bucket(d, b, m1, 0);
+        gather_bucket(d, b, m2, 0);
     }
 }
 
@@ -252,14 +256,17 @@ int dist_check_replicas(const Dist *d, const Model *m, FILE *out) {
     if (!d->mesh) return 0;
     const ParamTable *t = &m->t;
     uint32_t rep = 0, tp = 0, ex = 0;
+    float *ph = xmalloc(sizeof(float) * (t->ltotal ? t->ltotal : 1));   // params may live on a GPU
+    m->be->to_host(ph, m->params, sizeof(float) * t->ltotal);
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
         if (!s->lnumel) continue;
-        uint32_t c = crc_of(m->params + s->loffset, s->lnumel);
+        uint32_t c = crc_of(ph + s->loffset, s->lnumel);
         if (s->expert >= 0) ex = ex * 31 + c;
         else if (s->split_dim >= 0) tp = tp * 31 + c;
         else rep = rep * 31 + c;
     }
+    free(ph);
     int bad = 0;
     const Mesh *me = d->mesh;
     if (!all_same(me->world, rep)) { bad++; if (out) fprintf(out, "replica check: replicated tensors (router, norms, embeddings) differ across ranks\n"); }

@@ -131,10 +131,21 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         int t = omp_get_num_procs() / atoi(local);
         omp_set_num_threads(t > 0 ? t : 1);
     }
+    // several processes on GPUs talk through NCCL (the comm API's device ops); MOE_FORCE_NCCL=1
+    // takes that path with one process too (tests on one GPU)
+    int force_nccl = comm_nccl_forced();
+    if (!comm_have_nccl() && world->size > 1 && !strcmp(o->device, "cuda"))
+        DIE("--device cuda with %d processes: multi-GPU runs need the NCCL backend, and this moe was built without "
+            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device cpu",
+            world->size);
     const Backend *be = backend_by_name(o->device);
-    if (world->size > 1 && be != backend_cpu())
-        DIE("--device %s with %d processes: multi-GPU runs need the NCCL backend, which is not built yet; "
-            "use one process per run on the GPU, or --device cpu", be->name, world->size);
+    int on_gpu = be != backend_cpu();
+    if (world->size > 1 && on_gpu && !comm_have_nccl())
+        DIE("--device %s with %d processes: multi-GPU runs need the NCCL backend, and this moe was built without "
+            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device cpu",
+            be->name, world->size);
+    if (force_nccl && !on_gpu) DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
+    int meshed = world->size > 1 || force_nccl;   // the mesh's code paths, even for one rank
     char metrics_path[2048], latest[2048];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
 
@@ -191,13 +202,14 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     MeshShape shape = resolve_mesh(o, &c, world->size);
     Mesh mesh;
     mesh_init(&mesh, &shape, world);
+    if (meshed && on_gpu) mesh_enable_device(&mesh);
     Dist dist;
-    dist_init(&dist, world->size > 1 ? &mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
+    dist_init(&dist, meshed ? &mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     int DP = shape.dp, dp_rank = mesh.me.dp;
     // Bm: sequences of a global micro-batch; Bl: this DP rank's share
     int T = o->seq_len, G = o->grad_accum, Bm = o->batch / G, Bl = Bm / DP, Ng = Bm * T;
     Model m;
-    model_init(&m, &c, be, Bl, T, world->size > 1 ? &dist.mm : NULL);
+    model_init(&m, &c, be, Bl, T, meshed ? &dist.mm : NULL);
     size_t P = m.t.ltotal;
     dist_attach(&dist, &m);
     if (resuming) {

@@ -1,11 +1,13 @@
-// cuda_backend.cu — the CUDA Backend (float32 buffers): device memory, the error hints, the
-// scratch workspace, GEMMs through cuBLAS, and the table that gathers every cuda op.
+// cuda_backend.cu — the CUDA Backends (float32 buffers): device memory, the error hints, the
+// scratch workspace, and the two tables that gather every cuda op: "cuda" (bf16 tensor-core GEMMs)
+// and "cuda-fp32" (float32 GEMMs); they differ only in the GEMMs (cuda_gemm.cu).
 // Everything runs on the legacy default stream, so ops are ordered as they are called and a
 // to_host copy waits for the kernels before it. Must not hold: kernels (cuda_nn.cu,
-// cuda_attention.cu) or any knowledge of the model.
+// cuda_attention.cu, cuda_gemm.cu) or any knowledge of the model.
 #include <stdlib.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
+#include "parallel/comm.h"
 
 extern "C" const char *cuda_hint(cudaError_t e) {
     switch (e) {
@@ -99,47 +101,6 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 static void cuda_zero(void *p, size_t bytes) { if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes)); }
 static void cuda_sync(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
 
-// Row-major GEMMs through column-major cuBLAS: a row-major (R,C) array is the column-major (C,R)
-// array, so out = inp W^T (row-major) is out^T = W^T' inp^T in column-major terms, etc.
-// Plain FP32 math (CUBLAS_DEFAULT_MATH: no TF32), so results match the CPU to float32 rounding.
-static void cuda_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
-    if (N <= 0 || O <= 0) return;
-    if (K <= 0) { if (!accumulate) cuda_zero(out, sizeof(float) * (size_t)N * O); return; }
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    // out^T (O,N) = W (O,K) . inp^T (K,N); W is column-major (K,O) with ld K, used transposed
-    CUBLAS_CHECK(cublasSgemm(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, &one, w, K, inp, K, &beta, out, O));
-}
-
-static void cuda_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                            int N, int K, int O) {
-    if (N <= 0 || K <= 0 || O <= 0) return;
-    const float one = 1.0f;
-    // dinp^T (K,N) += W^T (K,O) . dout^T (O,N)
-    if (dinp) CUBLAS_CHECK(cublasSgemm(g_cublas, CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, &one, w, K, dout, O, &one, dinp, K));
-    // dw^T (K,O) += inp^T (K,N) . dout (N,O)
-    if (dw) CUBLAS_CHECK(cublasSgemm(g_cublas, CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, &one, inp, K, dout, O, &one, dw, K));
-}
-
-// One GEMM per non-empty group (off is a host array). Later: a single grouped kernel.
-static void cuda_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
-                                    int K, int O) {
-    for (int g = 0; g < G; g++) {
-        int64_t r0 = off[g], n = off[g + 1] - off[g];
-        if (n <= 0) continue;
-        cuda_matmul_fwd(out + r0 * O, inp + r0 * K, w + (size_t)g * O * K, (int)n, K, O, 0);
-    }
-}
-
-static void cuda_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                    const int64_t *off, int G, int K, int O) {
-    for (int g = 0; g < G; g++) {
-        int64_t r0 = off[g], n = off[g + 1] - off[g];
-        if (n <= 0) continue;
-        cuda_matmul_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O,
-                        inp + r0 * K, w + (size_t)g * O * K, (int)n, K, O);
-    }
-}
-
 extern "C" int backend_cuda_available(void) {
     static int avail = -1;
     if (avail < 0) {
@@ -151,49 +112,74 @@ extern "C" int backend_cuda_available(void) {
     return avail;
 }
 
+// The ops both backends share (everything but the GEMMs).
+static void fill_common(Backend *be) {
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->to_device = cuda_to_device;
+    be->to_host = cuda_to_host;
+    be->copy = cuda_copy;
+    be->zero = cuda_zero;
+    be->sync = cuda_sync;
+    be->embedding_fwd = cuda_embedding_fwd;
+    be->embedding_bwd = cuda_embedding_bwd;
+    be->rmsnorm_fwd = cuda_rmsnorm_fwd;
+    be->rmsnorm_bwd = cuda_rmsnorm_bwd;
+    be->rope_fwd = cuda_rope_fwd;
+    be->rope_bwd = cuda_rope_bwd;
+    be->attention_fwd = cuda_attention_fwd;
+    be->attention_bwd = cuda_attention_bwd;
+    be->swiglu_fwd = cuda_swiglu_fwd;
+    be->swiglu_bwd = cuda_swiglu_bwd;
+    be->gather_rows = cuda_gather_rows;
+    be->scatter_add_rows = cuda_scatter_add_rows;
+    be->scale_rows = cuda_scale_rows;
+    be->row_dot = cuda_row_dot;
+    be->cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd;
+    be->cross_entropy_fwd = cuda_cross_entropy_fwd;
+    be->mul = cuda_mul;
+    be->axpy = cuda_axpy;
+    be->scale = cuda_scale;
+    be->sumsq = cuda_sumsq;
+    be->adamw = cuda_adamw;
+}
+
+static Backend g_be_bf16, g_be_f32;
+
+// Both tables, the device and the cuBLAS handle, once.
+static void cuda_init(void) {
+    if (g_cublas) return;
+    if (!backend_cuda_available())
+        DIE("the cuda backend needs a CUDA GPU, and none is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES, "
+            "or use the cpu backend");
+    // one GPU per process: the node-local rank picks it (under mpirun/srun; 0 otherwise)
+    int ngpu = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&ngpu));
+    CUDA_CHECK(cudaSetDevice(comm_local_rank() % ngpu));
+    CUBLAS_CHECK(cublasCreate(&g_cublas));
+    // FP32 math without TF32 for the float32 GEMMs; GEMMs with bf16 operands use tensor cores anyway
+    CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublasSetPointerMode(g_cublas, CUBLAS_POINTER_MODE_HOST));
+    fill_common(&g_be_bf16);
+    g_be_bf16.name = "cuda";
+    g_be_bf16.matmul_fwd = cuda_matmul_fwd_bf16;
+    g_be_bf16.matmul_bwd = cuda_matmul_bwd_bf16;
+    g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
+    g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
+    fill_common(&g_be_f32);
+    g_be_f32.name = "cuda-fp32";
+    g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;
+    g_be_f32.matmul_bwd = cuda_matmul_bwd_f32;
+    g_be_f32.grouped_matmul_fwd = cuda_grouped_matmul_fwd_f32;
+    g_be_f32.grouped_matmul_bwd = cuda_grouped_matmul_bwd_f32;
+}
+
 extern "C" const Backend *backend_cuda(void) {
-    static Backend be;
-    if (!g_cublas) {
-        be.name = "cuda";
-        be.alloc = cuda_alloc;
-        be.free = cuda_free;
-        be.to_device = cuda_to_device;
-        be.to_host = cuda_to_host;
-        be.copy = cuda_copy;
-        be.zero = cuda_zero;
-        be.sync = cuda_sync;
-        be.matmul_fwd = cuda_matmul_fwd;
-        be.matmul_bwd = cuda_matmul_bwd;
-        be.grouped_matmul_fwd = cuda_grouped_matmul_fwd;
-        be.grouped_matmul_bwd = cuda_grouped_matmul_bwd;
-        be.embedding_fwd = cuda_embedding_fwd;
-        be.embedding_bwd = cuda_embedding_bwd;
-        be.rmsnorm_fwd = cuda_rmsnorm_fwd;
-        be.rmsnorm_bwd = cuda_rmsnorm_bwd;
-        be.rope_fwd = cuda_rope_fwd;
-        be.rope_bwd = cuda_rope_bwd;
-        be.attention_fwd = cuda_attention_fwd;
-        be.attention_bwd = cuda_attention_bwd;
-        be.swiglu_fwd = cuda_swiglu_fwd;
-        be.swiglu_bwd = cuda_swiglu_bwd;
-        be.gather_rows = cuda_gather_rows;
-        be.scatter_add_rows = cuda_scatter_add_rows;
-        be.scale_rows = cuda_scale_rows;
-        be.row_dot = cuda_row_dot;
-        be.cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd;
-        be.cross_entropy_fwd = cuda_cross_entropy_fwd;
-        be.mul = cuda_mul;
-        be.axpy = cuda_axpy;
-        be.scale = cuda_scale;
-        be.sumsq = cuda_sumsq;
-        be.adamw = cuda_adamw;
-        if (!backend_cuda_available())
-            DIE("the cuda backend needs a CUDA GPU, and none is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES, "
-                "or use the cpu backend");
-        CUDA_CHECK(cudaSetDevice(0));
-        CUBLAS_CHECK(cublasCreate(&g_cublas));
-        CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));   // FP32, no TF32
-        CUBLAS_CHECK(cublasSetPointerMode(g_cublas, CUBLAS_POINTER_MODE_HOST));
-    }
-    return &be;
+    cuda_init();
+    return &g_be_bf16;
+}
+
+extern "C" const Backend *backend_cuda_fp32(void) {
+    cuda_init();
+    return &g_be_f32;
 }

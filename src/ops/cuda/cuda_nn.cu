@@ -1,6 +1,6 @@
 // cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding,
 // RMSNorm, RoPE, SwiGLU, row gather/scatter, cross-entropy, elementwise ops, sum of squares and
-// AdamW. Attention is in cuda_attention.cu, GEMMs in cuda_backend.cu.
+// AdamW. Attention is in cuda_attention.cu, GEMMs in cuda_gemm.cu.
 //
 // Determinism: no atomics. Every sum that feeds a result has a fixed order: per-row block sums
 // use a fixed shuffle tree, column sums (rmsnorm dw) a fixed two-pass chunking, and the
