@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# pack_libs.sh DIR — for runs on the lent GPU machine: copy build/moe's shared libraries that its
+# image lacks (OpenBLAS, cJSON, gomp, gfortran, quadmath, Open MPI and its libs, zlib; not libc,
+# CUDA or NCCL, which the machine has) and the test binaries into DIR/lib and DIR/bin. DIR should
+# be an ignored folder (add it to .git/info/exclude) named in the device call's `carry`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+D=${1:?usage: scripts/device/pack_libs.sh DIR}
+mkdir -p "$D/lib" "$D/bin"
+for l in $(ldd build/moe | awk '/=>/{print $3}' | grep -vE 'libc\.so|libm\.so|libdl|libpthread|librt|cuda|libcudart|libcublas|libnccl|libstdc|libgcc_s'); do
+  cp -L "$l" "$D/lib/"
+done
+for b in moe test_cuda_ops test_cuda_model test_nccl ckpt_diff moe_bench_layer; do
+  [ -x "build/$b" ] && cp "build/$b" "$D/bin/"
+done
+du -sh "$D"
