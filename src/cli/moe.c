@@ -197,10 +197,8 @@ static int find_opt(const char *name, int cmd) {
 }
 
 static void apply_preset(State *s, const char *name) {
-    int hd_set = 0;
     if (config_preset(&s->model, name) != 0)
         DIE("unknown preset '%s' (known: %s)", name, config_preset_names());
-    (void)hd_set;
     s->model_explicit = 1;
 }
 
