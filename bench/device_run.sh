@@ -9,7 +9,7 @@
 cd "$(dirname "$0")/.."
 D=${1:?usage: bench/device_run.sh DIR}; D=$(cd "$D" && pwd); B=$D/bin; W=/tmp/moe_bench; mkdir -p $W
 export LD_LIBRARY_PATH=$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
-for n in libcublas.so.13 libcublasLt.so.13 libcudart.so.13; do
+for n in libcublas.so.13 libcublasLt.so.13 libcudart.so.13 libnccl.so.2; do
   ldd $B/moe_bench_layer | grep -q "$n => not found" &&
     { c=$(find / -xdev -name "$n*" 2>/dev/null | head -1); export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname $c); }
 done

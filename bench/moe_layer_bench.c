@@ -10,8 +10,8 @@
 // (3 passes x 2 x T*k x 3*d*f: the expert GEMMs only).
 // Then (--profile 1) one more iteration through a timing wrapper of the Backend that records
 // events around every op and synchronises after each: device time per class of op, and the host
-// time between them (router softmax/top-k, the dispatch plan, the router backward: moe.c runs them
-// on the host) as wall time minus device time.
+// time between them (slot counts, the dispatch plan and its staging, launch overheads: what moe.c
+// still does on the host) as wall time minus device time.
 // Then (--gemm 1) the expert GEMMs alone (the 9 GEMM sets of a forward + backward: h1, h3, y;
 // dact/dw2, dxg/dw1, dxg/dw3, over the same groups) straight through cuBLAS, in variants that say
 // what the backend's GEMM time is made of: the backend's own grouped GEMMs on the layer's float32
@@ -86,12 +86,12 @@ static double median(double *v, int n) {
 }
 
 // ---------------------------------------------------------------- the timing wrapper
-enum { C_ROUTER, C_XFER, C_GATHER, C_COPY, C_GEMM_F, C_GEMM_B, C_SWIGLU, C_SCATTER, C_COMBINE, C_ZERO, C_OTHER, NC };
+enum { C_ROUTER, C_XFER, C_GATHER, C_COPY, C_GEMM_F, C_GEMM_B, C_SWIGLU, C_SCATTER, C_COMBINE, C_ZERO, C_OTHER, C_UNPERM, C_RKERN, NC };
 static const char *cname[NC] = {
-    "router GEMM fwd+bwd (fp32, O=E)", "host<->device copies (logits, plan, dlogits)", "permute: gather rows",
-    "exchange copies (EP=ETP=1)", "expert GEMMs fwd (3, incl. bf16 conversion)", "expert GEMMs bwd (6, incl. conversion)",
+    "router GEMM fwd+bwd (fp32, O=E)", "host<->device copies (router out, plan, aux)", "permute: gather rows",
+    "exchange copies (EP>1 or ETP>1 only)", "expert GEMMs fwd (3, incl. bf16 conversion)", "expert GEMMs bwd (6, incl. conversion)",
     "SwiGLU fwd+bwd", "un-permute: scatter-add rows", "combine weights: scale_rows, row_dot", "zero fills",
-    "axpy / mul"};
+    "axpy / mul", "combine + un-permute: combine_rows", "router softmax/top-k/sums + router bwd"};
 static const Backend *RB;   // the real backend
 static Backend PB;          // the wrapper
 static int g_prof;
@@ -137,6 +137,17 @@ static void w_gather(float *o, const float *i, const int32_t *idx, int n, int C)
 static void w_scatter(float *o, const float *i, const int32_t *idx, const float *s, int n, int C) {
     WRAP(C_SCATTER, RB->scatter_add_rows(o, i, idx, s, n, C));
 }
+static void w_combine_rows(float *o, const float *r, const int32_t *sr, const float *w, int N, int k, int C, int a) {
+    WRAP(C_UNPERM, RB->combine_rows(o, r, sr, w, N, k, C, a));
+}
+static void w_router_topk(float *p, float *l, int32_t *ix, float *w, double *sm, const float *lg, int N, int E, int k,
+                          int rn) {
+    WRAP(C_RKERN, RB->router_topk(p, l, ix, w, sm, lg, N, E, k, rn));
+}
+static void w_router_bwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l, const int32_t *ix,
+                         const float *w, const float *ad, float zd, int N, int E, int k, int rn) {
+    WRAP(C_RKERN, RB->router_bwd(dl, rd, sr, p, l, ix, w, ad, zd, N, E, k, rn));
+}
 static void w_scale_rows(float *x, const float *s, int n, int C) { WRAP(C_COMBINE, RB->scale_rows(x, s, n, C)); }
 static void w_row_dot(float *d, const float *a, const float *b, int n, int C) { WRAP(C_COMBINE, RB->row_dot(d, a, b, n, C)); }
 static void w_mul(float *o, const float *a, const float *b, size_t n) { WRAP(C_OTHER, RB->mul(o, a, b, n)); }
@@ -149,6 +160,7 @@ static const Backend *wrap_backend(const Backend *real) {
     PB.matmul_fwd = w_mf; PB.matmul_bwd = w_mb; PB.grouped_matmul_fwd = w_gf; PB.grouped_matmul_bwd = w_gb;
     PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.scatter_add_rows = w_scatter;
     PB.scale_rows = w_scale_rows; PB.row_dot = w_row_dot; PB.mul = w_mul; PB.axpy = w_axpy;
+    PB.combine_rows = w_combine_rows; PB.router_topk = w_router_topk; PB.router_bwd = w_router_bwd;
     CK(cudaEventCreate(&g_e0));
     CK(cudaEventCreate(&g_e1));
     return &PB;
@@ -227,12 +239,13 @@ static void backend_gemms(const Lctx *l) {
     MoeScratch *s = l->s;
     int d = m->d, f = m->fl, El = m->El;
     const int64_t *off = m->x.off;
-    RB->grouped_matmul_fwd(m->h1, m->xg, l->w->w1, off, El, d, f);
-    RB->grouped_matmul_fwd(m->h3, m->xg, l->w->w3, off, El, d, f);
+    const float *dyg = m->x.local ? s->dys : s->dyg;   // the local exchange passes rows through
+    RB->grouped_matmul_fwd(m->h1, m->xgp, l->w->w1, off, El, d, f);
+    RB->grouped_matmul_fwd(m->h3, m->xgp, l->w->w3, off, El, d, f);
     RB->grouped_matmul_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_matmul_bwd(s->dact, l->g->w2, s->dyg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_matmul_bwd(s->dxg, l->g->w1, s->dh1, m->xg, l->w->w1, off, El, d, f);
-    RB->grouped_matmul_bwd(s->dxg, l->g->w3, s->dh3, m->xg, l->w->w3, off, El, d, f);
+    RB->grouped_matmul_bwd(s->dact, l->g->w2, dyg, m->act, l->w->w2, off, El, f, d);
+    RB->grouped_matmul_bwd(s->dxg, l->g->w1, s->dh1, m->xgp, l->w->w1, off, El, d, f);
+    RB->grouped_matmul_bwd(s->dxg, l->g->w3, s->dh3, m->xgp, l->w->w3, off, El, d, f);
 }
 
 static double time_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int d, int f, int warm, int iters,
@@ -334,7 +347,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
         for (int i = 0; i < NC; i++)
             if (g_calls[i])
                 printf("  %-48s %9.3f %5.1f%% %6d\n", cname[i], pms[i], 100 * pms[i] / pwall, g_calls[i]);
-        printf("  %-48s %9.3f %5.1f%%\n", "host: router top-k, plan, router bwd, launches", pwall - pdev,
+        printf("  %-48s %9.3f %5.1f%%\n", "host: counts, plan, launches", pwall - pdev,
                100 * (pwall - pdev) / pwall);
         if (pms[C_GEMM_F] + pms[C_GEMM_B] > 0)
             printf("  expert GEMMs fwd+bwd: %.2f ms = %.1f TFLOP/s\n", pms[C_GEMM_F] + pms[C_GEMM_B],
@@ -385,7 +398,8 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
         gv[2] = time_gemms(&gc, &bb, m.x.off, m.El, d, f, gw, gi, NULL);
         gv[4] = time_gemms(&gc, &b16, m.x.off, m.El, d, f, gw, gi, NULL);
         // fp32 operands: the layer's own buffers
-        Gbufs b32 = {m.xg, w1, w2, m.act, s.dyg, m.h1, m.yg, g1, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF};
+        Gbufs b32 = {m.xgp, w1, w2, m.act, m.x.local ? s.dys : s.dyg, m.h1, m.yg, g1, CUDA_R_32F, CUDA_R_32F,
+                     CUBLAS_COMPUTE_32F_FAST_16BF};
         gv[3] = time_gemms(&one, &b32, m.x.off, m.El, d, f, gw, gi, NULL);
         printf("expert GEMMs alone (9 grouped sets of fwd+bwd, cuBLAS loop over %d groups, median of %d):\n", m.El, gi);
         int order[NV] = {0, 5, 6, 1, 2, 4, 3};
@@ -407,7 +421,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     if (prof) {
         printf(",\"profile_wall_ms\":%.2f,\"host_ms\":%.2f", pwall, pwall - pdev);
         const char *key[NC] = {"router_gemm", "xfer", "gather", "copy", "gemm_fwd", "gemm_bwd", "swiglu", "scatter",
-                               "combine", "zero", "other"};
+                               "combine", "zero", "other", "combine_rows", "router_kernels"};
         for (int i = 0; i < NC; i++) printf(",\"%s_ms\":%.3f", key[i], pms[i]);
     }
     if (gemms)

@@ -339,6 +339,105 @@ static void test_rows(int nsrc, int n, int C) {
     free(inp); free(idx); free(ref); free(src); free(sc); free(pre); free(x); free(b); free(dot);
 }
 
+// combine_rows (the MoE combine / un-permute): N output rows from M rows through slot_row (N,k),
+// slots dropped (-1) at random and every slot of token 1 dropped, rows referenced twice; with and
+// without weights, overwrite (output poisoned) and accumulate (pre-filled). shift 1 puts rows and
+// out off 16-byte alignment (the scalar kernel); C % 4 != 0 likewise. Run twice: bit-identical.
+static void test_combine(int N, int k, int C, int M, int shift) {
+    int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
+    for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
+    if (N > 1) for (int j = 0; j < k; j++) sr[k + j] = -1;
+    float *rows = hrand((size_t)M * C, 1.0f), *w = hrand((size_t)N * k, 1.0f), *pre = hrand((size_t)N * C, 1.0f);
+    float *rb, *ob, *ob2;
+    float *rowsd = dputf_shift(rows, (size_t)M * C, shift, &rb), *wd = dputf(w, (size_t)N * k);
+    int32_t *srd = dput(sr, (size_t)N * k * sizeof(int32_t));
+    float *nanh = hnew((size_t)N * C);
+    for (size_t i = 0; i < (size_t)N * C; i++) nanh[i] = NAN;
+    char what[64];
+    for (int acc = 0; acc < 2; acc++)
+        for (int ws = 0; ws < 2; ws++) {
+            float *o = acc ? hcopy(pre, (size_t)N * C) : hnew((size_t)N * C);
+            float *od = dputf_shift(acc ? pre : nanh, (size_t)N * C, shift, &ob);
+            float *od2 = dputf_shift(acc ? pre : nanh, (size_t)N * C, shift, &ob2);
+            cpu->combine_rows(o, rows, sr, ws ? w : NULL, N, k, C, acc);
+            gpu->combine_rows(od, rowsd, srd, ws ? wd : NULL, N, k, C, acc);
+            gpu->combine_rows(od2, rowsd, srd, ws ? wd : NULL, N, k, C, acc);
+            snprintf(what, sizeof what, "N %d k %d C %d%s, %s, %s", N, k, C, shift ? " unaligned" : "",
+                     ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite");
+            cmp("combine_rows", what, od, o, (size_t)N * C, BAND_ELEM);
+            cmp_exact_dev("combine_rows", od, od2, (size_t)N * C);
+            gpu->free(ob); gpu->free(ob2); free(o);
+        }
+    gpu->free(rb); gpu->free(wd); gpu->free(srd);
+    free(sr); free(rows); free(w); free(pre); free(nanh);
+}
+
+// router_topk / router_bwd against the cpu's. probs, lse, w: the same operations (expf/log may
+// differ by an ulp between CUDA and glibc): BAND_ELEM; a top-k choice may differ only where two
+// probabilities are within rounding of each other; sums: double sums of positive terms that each
+// carry that ulp-level difference, so BAND_ELEM relative too (measured on an H200: 1.4e-7; the
+// summation order, tree vs serial, adds only ~1e-16); dlogits (a tree sum over experts on the GPU)
+// BAND_SUM. Two runs bit-identical; outputs poisoned.
+static void test_router(int N, int E, int k, int renorm) {
+    float *lg = hrand((size_t)N * E, 2.0f), *lgd = dputf(lg, (size_t)N * E);
+    float *p = hnew((size_t)N * E), *l = hnew(N), *w = hnew((size_t)N * k);
+    int32_t *ix = xcalloc((size_t)N * k, sizeof(int32_t)), *ixg = xcalloc((size_t)N * k, sizeof(int32_t));
+    double *sm = xcalloc(E + 1, sizeof(double)), *smg = xcalloc(E + 1, sizeof(double)), *smg2 = xcalloc(E + 1, sizeof(double));
+    cpu->router_topk(p, l, ix, w, sm, lg, N, E, k, renorm);
+    float *pd = dnan((size_t)N * E), *ld = dnan(N), *wd = dnan((size_t)N * k);
+    float *pd2 = dnan((size_t)N * E), *ld2 = dnan(N), *wd2 = dnan((size_t)N * k);
+    int32_t *ixd = gpu->alloc(sizeof(int32_t) * N * k), *ixd2 = gpu->alloc(sizeof(int32_t) * N * k);
+    double *smd = gpu->alloc(sizeof(double) * (E + 1)), *smd2 = gpu->alloc(sizeof(double) * (E + 1));
+    gpu->router_topk(pd, ld, ixd, wd, smd, lgd, N, E, k, renorm);
+    gpu->router_topk(pd2, ld2, ixd2, wd2, smd2, lgd, N, E, k, renorm);
+    char what[64];
+    snprintf(what, sizeof what, "N %d E %d k %d renorm %d", N, E, k, renorm);
+    cmp("router_topk", what, pd, p, (size_t)N * E, BAND_ELEM);
+    cmp("router_topk", what, ld, l, N, BAND_ELEM);
+    cmp("router_topk", what, wd, w, (size_t)N * k, BAND_ELEM);
+    cmp_exact_dev("router_topk probs", pd, pd2, (size_t)N * E);
+    cmp_exact_dev("router_topk w", wd, wd2, (size_t)N * k);
+    gpu->to_host(ixg, ixd, sizeof(int32_t) * N * k);
+    // a choice may differ only between two probabilities within rounding of each other (1e-6)
+    int diff = 0, far = 0;
+    for (int i = 0; i < N * k; i++) {
+        if (ixg[i] == ix[i]) continue;
+        diff++;
+        float a = p[(size_t)(i / k) * E + ix[i]], b = ixg[i] >= 0 && ixg[i] < E ? p[(size_t)(i / k) * E + ixg[i]] : -1.0f;
+        far += !(fabsf(a - b) <= 1e-6f * a);
+    }
+    EXPECT(far == 0, "router_topk %s: %d of %d choices differ from the cpu's (%d of them not near-ties)", what, diff,
+           N * k, far);
+    if (diff) printf("router_topk %s: %d near-tie choices differ from the cpu's\n", what, diff);
+    gpu->to_host(smg, smd, sizeof(double) * (E + 1));
+    gpu->to_host(smg2, smd2, sizeof(double) * (E + 1));
+    EXPECT(!memcmp(smg, smg2, sizeof(double) * (E + 1)), "router_topk %s: sums differ between two runs", what);
+    OpRow *row = row_for("router_topk sums", BAND_ELEM);
+    for (int e = 0; e <= E; e++) {
+        double err = fabs(smg[e] - sm[e]) / (fabs(sm[e]) + 1e-300);
+        if (err > row->worst) row->worst = err;
+        row->bad += !(err <= BAND_ELEM);
+        EXPECT(err <= BAND_ELEM, "router_topk %s: sums[%d] cuda %.17g cpu %.17g", what, e, smg[e], sm[e]);
+    }
+    // backward (on the cpu's forward outputs, so that both sides see the same inputs)
+    int M = N * k;
+    int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
+    for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
+    float *rd = hrand(M, 1.0f), *aux = hrand(E, 0.1f), *dl = hnew((size_t)N * E);
+    cpu->router_bwd(dl, rd, sr, p, l, ix, w, aux, 0.37f, N, E, k, renorm);
+    float *pc = dputf(p, (size_t)N * E), *lc = dputf(l, N), *wc = dputf(w, (size_t)N * k), *rdd = dputf(rd, M);
+    float *auxd = dputf(aux, E), *dld = dnan((size_t)N * E), *dld2 = dnan((size_t)N * E);
+    int32_t *ixc = dput(ix, sizeof(int32_t) * N * k), *srd = dput(sr, sizeof(int32_t) * N * k);
+    gpu->router_bwd(dld, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
+    gpu->router_bwd(dld2, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
+    cmp("router_bwd", what, dld, dl, (size_t)N * E, BAND_SUM);
+    cmp_exact_dev("router_bwd", dld, dld2, (size_t)N * E);
+    void *dv[] = {lgd, pd, ld, wd, pd2, ld2, wd2, ixd, ixd2, smd, smd2, pc, lc, wc, rdd, auxd, dld, dld2, ixc, srd};
+    for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu->free(dv[i]);
+    free(lg); free(p); free(l); free(w); free(ix); free(ixg); free(sm); free(smg); free(smg2); free(sr); free(rd);
+    free(aux); free(dl);
+}
+
 // ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
 static void test_rmsnorm(int N, int C) {
     float *x = hrand((size_t)N * C, 2.0f), *w = hrand(C, 1.0f), eps = 1e-5f;
@@ -522,6 +621,18 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_embedding(7, 1000, 300);
     test_rows(40, 500, 300);
     test_rows(1000, 77, 13);
+    test_combine(300, 8, 256, 2400, 0);   // the vectorised kernel (C % 4 == 0, aligned), k = one unroll
+    test_combine(97, 10, 300, 500, 0);    // k over the unroll width
+    test_combine(50, 2, 13, 90, 0);       // C % 4 != 0: scalar kernel
+    test_combine(40, 3, 64, 100, 1);      // unaligned buffers: scalar kernel
+    test_combine(33, 1, 8, 20, 0);
+    if (big) test_combine(4096, 8, 1024, 8192, 0);
+    test_router(300, 64, 8, 0);           // olmoe's E and k
+    test_router(257, 8, 2, 1);            // mixtral's; N not a multiple of the 8 rows per block
+    test_router(70, 100, 5, 1);           // E over 64: lanes hold 3-4 experts
+    test_router(3, 3, 3, 0);              // k = E
+    test_router(1, 1, 1, 1);
+    if (big) test_router(16384, 64, 8, 1);   // the sums over 256 chunks of rows
     test_rmsnorm(37, 96);
     if (big) test_rmsnorm(200, 1000);
     test_rope(2, 19, 3, 24, 10000.0f);

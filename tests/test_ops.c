@@ -21,6 +21,7 @@
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
+#include "moe/router.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -609,6 +610,155 @@ static double ce_loss(void *p) {
     for (int i = 0; i < c->N; i++) s += (double)c->dloss * c->losses[i];
     return s;
 }
+// combine_rows: out[t] (+)= sum_j (w ? w[t,j] : 1) * rows[slot_row[t,j]], slots in order j, dropped
+// slots (-1) skipped. Against a double reference (FWD_RTOL of the terms' magnitudes), against the
+// contract's exact float order (bit for bit), against the scatter_add_rows formulation it replaces
+// (the MoE combine: every kept row once), and its gradients by finite differences.
+typedef struct { float *rows, *w, *out; const float *dout; const int32_t *sr; int N, k, C; } CombCtx;
+static double comb_loss(void *p) {
+    CombCtx *c = p;
+    be->combine_rows(c->out, c->rows, c->sr, c->w, c->N, c->k, c->C, 0);
+    return dot_d(c->dout, c->out, (size_t)c->N * c->C);
+}
+static void test_combine_rows(int N, int k, int C, int M) {
+    // slot_row: a random assignment of rows to slots; slot (t,j) -> -1 with probability 1/4, every
+    // slot of token 1 dropped, some rows used twice (the op allows it), some rows unused
+    int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
+    for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 4) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
+    if (N > 1) for (int j = 0; j < k; j++) sr[k + j] = -1;
+    float *rows = fnew((size_t)M * C), *w = fnew((size_t)N * k), *pre = fnew((size_t)N * C), *out = fnew((size_t)N * C);
+    fill_normal(rows, (size_t)M * C, 1); fill_normal(w, (size_t)N * k, 1); fill_normal(pre, (size_t)N * C, 1);
+    double *ref = dnew((size_t)N * C), *mag = dnew((size_t)N * C);
+    float *exact = fnew((size_t)N * C);
+    char name[96];
+    for (int acc = 0; acc < 2; acc++)
+        for (int ws = 0; ws < 2; ws++) {
+            for (int t = 0; t < N; t++)
+                for (int c = 0; c < C; c++) {
+                    size_t o = (size_t)t * C + c;
+                    ref[o] = acc ? pre[o] : 0;
+                    mag[o] = fabs(ref[o]);
+                    float e = acc ? pre[o] : 0.0f;
+                    for (int j = 0; j < k; j++) {
+                        int32_t r = sr[(size_t)t * k + j];
+                        if (r < 0) continue;
+                        float sc = ws ? w[(size_t)t * k + j] : 1.0f;
+                        double term = (double)sc * rows[(size_t)r * C + c];
+                        ref[o] += term; mag[o] += fabs(term);
+                        e += sc * rows[(size_t)r * C + c];
+                    }
+                    exact[o] = e;
+                }
+            if (acc) memcpy(out, pre, sizeof(float) * N * C);
+            else fill_nan(out, (size_t)N * C);
+            be->combine_rows(out, rows, sr, ws ? w : NULL, N, k, C, acc);
+            snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d (%s, %s)", N, k, C, ws ? "w" : "w NULL",
+                     acc ? "accumulate" : "overwrite");
+            check_arr(name, out, ref, mag, (size_t)N * C, FWD_RTOL, 1e-30);
+            snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d (%s, %s): slot order", N, k, C,
+                     ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite");
+            check_exact(name, out, exact, (size_t)N * C);
+        }
+    // gradients of L = <dout, out>: d rows[r] = sum over slots (t,j) -> r of w[t,j] dout[t] (a
+    // scatter-add of dout by token, which is how moe.c's backward gets it), d w[t,j] = <dout[t], rows[r]>
+    float *dout = fnew((size_t)N * C), *drows = fnew((size_t)M * C), *dw = fnew((size_t)N * k);
+    fill_normal(dout, (size_t)N * C, 1);
+    int32_t *tok = xcalloc((size_t)N * k, sizeof(int32_t)), *rr = xcalloc((size_t)N * k, sizeof(int32_t));
+    float *sc = fnew((size_t)N * k), *gd = fnew((size_t)N * k * C);
+    int n = 0;
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < k; j++)
+            if (sr[(size_t)t * k + j] >= 0) { tok[n] = t; rr[n] = sr[(size_t)t * k + j]; sc[n] = w[(size_t)t * k + j]; n++; }
+    be->gather_rows(gd, dout, tok, n, C);
+    be->scale_rows(gd, sc, n, C);
+    be->scatter_add_rows(drows, gd, rr, NULL, n, C);
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < k; j++) {
+            int32_t r = sr[(size_t)t * k + j];
+            double d = 0;
+            if (r >= 0) for (int c = 0; c < C; c++) d += (double)dout[(size_t)t * C + c] * rows[(size_t)r * C + c];
+            dw[(size_t)t * k + j] = (float)d;
+        }
+    CombCtx cc = {rows, w, out, dout, sr, N, k, C};
+    snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d backward d rows", N, k, C);
+    fd_check(name, comb_loss, &cc, rows, (size_t)M * C, drows);
+    snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d backward d w", N, k, C);
+    fd_check(name, comb_loss, &cc, w, (size_t)N * k, dw);
+    // the MoE combine it replaces: rows sorted by expert, each kept slot its own row; the old path
+    // zeroed y and scatter-added rows (rowtok, rowscale) in row order; the same sums in another order
+    {
+        int32_t *perm = xcalloc((size_t)N * k, sizeof(int32_t)), *sr2 = xcalloc((size_t)N * k, sizeof(int32_t));
+        int32_t *rowtok = xcalloc((size_t)N * k, sizeof(int32_t));
+        float *rowsc = fnew((size_t)N * k), *rows2 = fnew((size_t)N * k * C), *y_old = fnew((size_t)N * C);
+        fill_normal(rows2, (size_t)N * k * C, 1);
+        for (int i = 0; i < N * k; i++) perm[i] = i;
+        for (int i = N * k - 1; i > 0; i--) { int q = (int)rng_below(&R, (uint32_t)i + 1), tq = perm[i]; perm[i] = perm[q]; perm[q] = tq; }
+        int Mk = 0;   // kept rows: slot i -> row perm[i] compacted
+        for (int i = 0; i < N * k; i++) sr2[i] = sr[i] < 0 ? -1 : 0;
+        for (int i = 0; i < N * k; i++) if (sr2[perm[i]] == 0) { sr2[perm[i]] = Mk; rowtok[Mk] = perm[i] / k; rowsc[Mk] = w[perm[i]]; Mk++; }
+        be->scatter_add_rows(y_old, rows2, rowtok, rowsc, Mk, C);
+        fill_nan(out, (size_t)N * C);
+        be->combine_rows(out, rows2, sr2, w, N, k, C, 0);
+        double *r2 = dnew((size_t)N * C), *m2 = dnew((size_t)N * C);
+        for (int i = 0; i < Mk; i++)
+            for (int c = 0; c < C; c++) {
+                double term = (double)rowsc[i] * rows2[(size_t)i * C + c];
+                r2[(size_t)rowtok[i] * C + c] += term; m2[(size_t)rowtok[i] * C + c] += fabs(term);
+            }
+        snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d vs scatter_add_rows (MoE combine)", N, k, C);
+        check_arr(name, out, r2, m2, (size_t)N * C, FWD_RTOL, 1e-30);
+        double *yo = dnew((size_t)N * C);
+        for (size_t i = 0; i < (size_t)N * C; i++) yo[i] = y_old[i];
+        check_arr(name, out, yo, m2, (size_t)N * C, FWD_RTOL, 1e-30);
+        free(perm); free(sr2); free(rowtok); free(rowsc); free(rows2); free(y_old); free(r2); free(m2); free(yo);
+    }
+    free(sr); free(rows); free(w); free(pre); free(out); free(ref); free(mag); free(exact); free(dout); free(drows);
+    free(dw); free(tok); free(rr); free(sc); free(gd);
+}
+
+// router_topk / router_bwd: the backend's router ops against src/moe/router.c's host functions
+// (router_topk, router_backward_ex: the math these ops moved from), bit for bit, and the sums
+// against a double reference. Dropped slots (slot_row -1) give dw = 0.
+static void test_router_ops(int N, int E, int k, int renorm) {
+    float *lg = fnew((size_t)N * E);
+    fill_normal(lg, (size_t)N * E, 2);
+    float *p1 = fnew((size_t)N * E), *l1 = fnew(N), *w1 = fnew((size_t)N * k);
+    float *p2 = fnew((size_t)N * E), *l2 = fnew(N), *w2 = fnew((size_t)N * k);
+    int32_t *i1 = xcalloc((size_t)N * k, sizeof(int32_t)), *i2 = xcalloc((size_t)N * k, sizeof(int32_t));
+    double *sums = dnew(E + 1), *sref = dnew(E + 1), *smag = dnew(E + 1);
+    router_topk(lg, N, E, k, renorm, p1, l1, i1, w1);
+    fill_nan(p2, (size_t)N * E); fill_nan(l2, N); fill_nan(w2, (size_t)N * k);
+    for (int i = 0; i < E + 1; i++) sums[i] = NAN;
+    be->router_topk(p2, l2, i2, w2, sums, lg, N, E, k, renorm);
+    char name[96];
+    snprintf(name, sizeof name, "router_topk N=%d E=%d k=%d renorm=%d", N, E, k, renorm);
+    check_exact(name, p2, p1, (size_t)N * E);
+    check_exact(name, l2, l1, N);
+    check_exact(name, w2, w1, (size_t)N * k);
+    EXPECT(!memcmp(i1, i2, sizeof(int32_t) * N * k), "%s: idx differs from router.c's", name);
+    for (int t = 0; t < N; t++) {
+        for (int e = 0; e < E; e++) { sref[e] += p1[(size_t)t * E + e]; smag[e] += p1[(size_t)t * E + e]; }
+        sref[E] += (double)l1[t] * l1[t]; smag[E] += (double)l1[t] * l1[t];
+    }
+    int bad = 0;
+    for (int e = 0; e <= E; e++) bad += !(fabs(sums[e] - sref[e]) <= 1e-12 * smag[e] + 1e-300);
+    EXPECT(!bad, "%s: %d of %d sums differ from the row sums", name, bad, E + 1);
+    // backward: rowdot of M rows, slot_row with dropped slots
+    int M = N * k;
+    int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
+    for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
+    float *rowdot = fnew(M), *dw = fnew((size_t)N * k), *aux = fnew(E), *d1 = fnew((size_t)N * E), *d2 = fnew((size_t)N * E);
+    fill_normal(rowdot, M, 1); fill_normal(aux, E, 0.1f);
+    for (int i = 0; i < N * k; i++) dw[i] = sr[i] >= 0 ? rowdot[sr[i]] : 0.0f;
+    router_backward_ex(d1, dw, p1, l1, i1, w1, N, E, k, renorm, aux, 0.37f);
+    fill_nan(d2, (size_t)N * E);
+    be->router_bwd(d2, rowdot, sr, p1, l1, i1, w1, aux, 0.37f, N, E, k, renorm);
+    snprintf(name, sizeof name, "router_bwd N=%d E=%d k=%d renorm=%d vs router_backward_ex", N, E, k, renorm);
+    check_exact(name, d2, d1, (size_t)N * E);
+    free(lg); free(p1); free(l1); free(w1); free(p2); free(l2); free(w2); free(i1); free(i2); free(sums); free(sref);
+    free(smag); free(sr); free(rowdot); free(dw); free(aux); free(d1); free(d2);
+}
+
 static void test_cross_entropy(void) {
     enum { N = 6, V = 37 };
     const float dloss = 0.37f;
@@ -710,6 +860,12 @@ int main(void) {
     test_attention(2, 1, 2, 1, 4);    // T = 1: out = v
     test_swiglu();
     test_rows();
+    test_combine_rows(9, 3, 5, 20);
+    test_combine_rows(6, 8, 33, 30);   // k = 8: the unrolled slot loop's width on the GPU
+    test_combine_rows(4, 1, 7, 4);
+    test_router_ops(37, 8, 2, 1);
+    test_router_ops(20, 64, 8, 0);
+    test_router_ops(5, 3, 3, 1);
     test_cross_entropy();
     test_sumsq();
     test_adamw(1, 0.1f, 1, 0);

@@ -39,6 +39,19 @@ static void grow(const Backend *be, void **p, size_t *cap, size_t need) {
 
 void exchange_plan(Exchange *x, const int64_t *kept) {
     int EP = x->EP, ETP = x->ETP, El = x->El;
+    x->local = EP == 1 && ETP == 1 && !comm_dev_due(x->ep) && !comm_dev_due(x->etp);
+    if (x->local) {
+        // one group: every row stays here, in the same (expert-sorted) order; no collectives,
+        // permutation or staging
+        x->off[0] = 0;
+        for (int le = 0; le < El; le++) x->off[le + 1] = x->off[le] + kept[le];
+        x->M = x->R = x->Rg = (int)x->off[El];
+        x->sc[0] = x->rc[0] = x->gc[0] = (size_t)x->M;
+        x->sd[0] = x->rd[0] = x->gd[0] = 0;
+        memcpy(x->rcnt, kept, sizeof(int64_t) * El);
+        memcpy(x->gcnt, kept, sizeof(int64_t) * El);
+        return;
+    }
     // what I send to each EP peer: the rows of its experts (contiguous: rows are expert-sorted)
     int64_t *sendcnt = (int64_t *)kept;   // (EP*El), peer q owns experts [q*El, (q+1)*El)
     size_t *one = xmalloc(sizeof(size_t) * EP), *disp = xmalloc(sizeof(size_t) * EP);
@@ -102,7 +115,8 @@ void exchange_plan(Exchange *x, const int64_t *kept) {
 
 static void scale_counts(const size_t *c, size_t *out, int n, size_t by) { for (int i = 0; i < n; i++) out[i] = c[i] * by; }
 
-void exchange_dispatch(Exchange *x, const float *rows, float *out) {
+const float *exchange_dispatch(Exchange *x, const float *rows, float *out) {
+    if (x->local) return rows;
     int EP = x->EP, ETP = x->ETP;
     size_t d = x->d;
     size_t *a = xmalloc(sizeof(size_t) * (EP > ETP ? EP : ETP) * 4), *b = a + (EP > ETP ? EP : ETP),
@@ -124,9 +138,11 @@ void exchange_dispatch(Exchange *x, const float *rows, float *out) {
     }
     x->be->gather_rows(out, x->raw, x->perm, x->Rg, x->d);
     free(a);
+    return out;
 }
 
-void exchange_combine(Exchange *x, const float *partial, float *rows) {
+const float *exchange_combine(Exchange *x, const float *partial, float *rows) {
+    if (x->local) return partial;
     int EP = x->EP, ETP = x->ETP;
     size_t d = x->d;
     size_t *a = xmalloc(sizeof(size_t) * (EP > ETP ? EP : ETP) * 4), *b = a + (EP > ETP ? EP : ETP),
@@ -146,4 +162,5 @@ void exchange_combine(Exchange *x, const float *partial, float *rows) {
         x->be->copy(rows, x->raw_ep, sizeof(float) * (size_t)x->M * d);
     }
     free(a);
+    return rows;
 }

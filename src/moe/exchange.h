@@ -1,7 +1,10 @@
 // exchange.h — moving token rows between the ranks that route them and the ranks that own their
 // experts: all-to-all-v over the EP group, then all-gather over the ETP group (each expert's f
 // dimension is split there), reordered expert-major for the grouped GEMMs; and the way back
-// (reorder, reduce-scatter over ETP, reverse all-to-all-v). With EP = ETP = 1 it is a copy.
+// (reorder, reduce-scatter over ETP, reverse all-to-all-v). With EP = ETP = 1 (and the device
+// collectives not forced on groups of one: comm_dev_due) it is the identity: `local` is set, the
+// expert-major order is the sender's own (off = its per-expert offsets), and dispatch/combine
+// return their input instead of copying it.
 // Must not hold: routing decisions or expert math.
 #pragma once
 #include <stdint.h>
@@ -16,20 +19,24 @@ typedef struct {
     int64_t *rcnt;               // (EP, El) rows received from EP peer q for local expert le
     int64_t *gcnt;               // (ETP, EP, El) the same for every ETP peer (after the gather)
     size_t *gc, *gd;             // (ETP) rows held by each ETP peer after the EP exchange
+    int local;                   // EP = ETP = 1 without forced device collectives (set by exchange_plan)
     int M, R, Rg;                // rows I send; rows I receive; rows after the ETP gather
     int64_t *off;                // (El+1) expert-major offsets over the Rg rows
-    int32_t *perm_h;             // (Rg) expert-major row i is gathered row perm_h[i]
-    int32_t *perm, *iperm;       // device copies of perm and its inverse
-    float *raw_ep, *raw;         // (R,d), (Rg,d) staging (device)
+    int32_t *perm_h;             // (Rg) expert-major row i is gathered row perm_h[i] (not local)
+    int32_t *perm, *iperm;       // device copies of perm and its inverse (not local)
+    float *raw_ep, *raw;         // (R,d), (Rg,d) staging (device; not local)
     size_t cap_R, cap_Rg, cap_idx;
 } Exchange;
 
 void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, int El, int d);
 void exchange_free(Exchange *x);
 // From my kept rows per expert (E = EP*El counts, rows sorted by expert): sizes, counts and the
-// expert-major permutation. Collective over ep and etp.
+// expert-major permutation. Collective over ep and etp. Sets `local`.
 void exchange_plan(Exchange *x, const int64_t *kept_per_expert);
-// rows (M,d) in my expert order -> out (Rg,d) expert-major on the owners. out must hold Rg rows.
-void exchange_dispatch(Exchange *x, const float *rows, float *out);
-// partial (Rg,d) expert-major -> rows (M,d) back in my order, summed over the ETP group.
-void exchange_combine(Exchange *x, const float *partial, float *rows);
+// rows (M,d) in my expert order -> (Rg,d) expert-major on the owners: written to out (which must
+// hold Rg rows) and out returned; when local, nothing is written (out may be NULL) and rows itself
+// is returned (Rg = M, the same order).
+const float *exchange_dispatch(Exchange *x, const float *rows, float *out);
+// partial (Rg,d) expert-major -> (M,d) back in my order, summed over the ETP group: written to rows
+// and rows returned; when local, partial itself is returned (rows untouched, may be NULL).
+const float *exchange_combine(Exchange *x, const float *partial, float *rows);

@@ -1,5 +1,8 @@
-// moe.c — the MoE FFN layer forward/backward over a Backend and a mesh (see moe.h). The router's
-// small (Ns,E) arrays live on the host; token rows and expert GEMMs stay on the backend.
+// moe.c — the MoE FFN layer forward/backward over a Backend and a mesh (see moe.h). Everything
+// runs on the backend: router GEMM, softmax/top-k and its sums, permute, experts, combine, router
+// backward. The host gets one copy of the router's outputs per forward (the top-k choices for the
+// dispatch plan and the counts, plus logits and probs for evaluate.c's readers), builds the plan
+// and sends it back in one copy; the backward's only host traffic is the E aux coefficients.
 #include "moe/moe.h"
 #include <string.h>
 #include "core/common.h"
@@ -9,15 +12,21 @@
 static int csize(const Comm *c) { return c ? c->size : 1; }
 static int crank(const Comm *c) { return c ? c->rank : 0; }
 
-// Make sure the expert-side buffers hold Rg rows.
+// (Re)allocates *p to hold `need` bytes unless it already does (contents are not kept).
+static void grow(const Backend *be, float **p, size_t *cap, size_t need) {
+    if (*p && need <= *cap) return;
+    if (*p) be->free(*p);
+    *p = be->alloc(need);
+    *cap = need;
+}
+
+// Make sure the expert-side buffers hold Rg rows (xg only when the exchange is not local: then the
+// GEMMs read the gathered rows xs directly).
 static void expert_buffers(MoeLayer *m, int Rg) {
     const Backend *be = m->be;
     size_t nd = (size_t)(Rg ? Rg : 1) * m->d * F, nf = (size_t)(Rg ? Rg : 1) * m->fl * F;
-    if (nd > m->cap_d) {
-        float **bd[] = {&m->xg, &m->yg};
-        for (int i = 0; i < 2; i++) { if (*bd[i]) be->free(*bd[i]); *bd[i] = be->alloc(nd); }
-        m->cap_d = nd;
-    }
+    grow(be, &m->yg, &m->cap_d, nd);
+    if (!m->x.local) grow(be, &m->xg, &m->cap_xg, nd);
     if (nf > m->cap_f) {
         float **bf[] = {&m->h1, &m->h3, &m->act};
         for (int i = 0; i < 3; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
@@ -25,19 +34,51 @@ static void expert_buffers(MoeLayer *m, int Rg) {
     }
 }
 
-static void scratch_buffers(MoeScratch *s, int Rg, int d, int fl) {
+static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int local) {
     const Backend *be = s->be;
     size_t nd = (size_t)(Rg ? Rg : 1) * d * F, nf = (size_t)(Rg ? Rg : 1) * fl * F;
-    if (nd > s->cap_d) {
-        float **bd[] = {&s->dyg, &s->dxg};
-        for (int i = 0; i < 2; i++) { if (*bd[i]) be->free(*bd[i]); *bd[i] = be->alloc(nd); }
-        s->cap_d = nd;
+    grow(be, &s->dxg, &s->cap_d, nd);
+    if (!local) {
+        grow(be, &s->dyg, &s->cap_dyg, nd);
+        grow(be, &s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
     }
     if (nf > s->cap_f) {
         float **bf[] = {&s->dact, &s->dh1, &s->dh3};
         for (int i = 0; i < 3; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
         s->cap_f = nf;
     }
+}
+
+// The router block for Ns rows (byte offsets): sums (E+1 doubles), idx, w, logits, probs (this
+// much is copied to the host, in one copy), then lse (device only). 256-byte aligned sections.
+typedef struct { size_t idx, w, logits, probs, copy, lse, total; } RtLayout;
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+static RtLayout rt_layout(int Ns, int E, int k) {
+    RtLayout L;
+    L.idx = al256(sizeof(double) * (E + 1));
+    L.w = L.idx + al256(4 * (size_t)Ns * k);
+    L.logits = L.w + al256(4 * (size_t)Ns * k);
+    L.probs = L.logits + al256(4 * (size_t)Ns * E);
+    L.copy = L.probs + 4 * (size_t)Ns * E;
+    L.lse = al256(L.copy);
+    L.total = L.lse + 4 * (size_t)(Ns ? Ns : 1);
+    return L;
+}
+// Points the router arrays (device and host copies) into the blocks for Ns rows.
+static void rt_point(MoeLayer *m, int Ns) {
+    RtLayout L = rt_layout(Ns, m->E, m->k);
+    char *d = m->rt_d, *h = m->rt_h;
+    m->sums = (double *)d;
+    m->idx = (int32_t *)(d + L.idx);
+    m->wdev = (float *)(d + L.w);
+    m->logits = (float *)(d + L.logits);
+    m->probs = (float *)(d + L.probs);
+    m->lse = (float *)(d + L.lse);
+    m->sums_h = (double *)h;
+    m->idx_h = (int32_t *)(h + L.idx);
+    m->w_h = (float *)(h + L.w);
+    m->logits_h = (float *)(h + L.logits);
+    m->probs_h = (float *)(h + L.probs);
 }
 
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm) {
@@ -48,12 +89,12 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->maxN = maxN; m->d = c->d_model; m->fl = c->d_ff / ETP; m->E = c->n_experts; m->El = c->n_experts / EP;
     m->k = c->top_k;
     size_t Ns = (size_t)(maxN + TP - 1) / TP, d = m->d, E = m->E, k = m->k, R = Ns * k;
-    m->logits_h = xcalloc(Ns * E, F);
-    m->probs_h = xcalloc(Ns * E, F);
-    m->lse_h = xcalloc(Ns, F);
-    m->w_h = xcalloc(Ns * k, F);
-    m->rowscale_h = xcalloc(R, F);
-    m->idx_h = xcalloc(Ns * k, sizeof(int32_t));
+    RtLayout L = rt_layout((int)Ns, (int)E, (int)k);
+    m->rt_h = xcalloc(1, L.copy);
+    m->rt_d = be->alloc(L.total);
+    rt_point(m, (int)Ns);
+    m->Rmax = (int)R;
+    m->plan_h = xcalloc(3 * (R ? R : 1), 4);
     plan_alloc(&m->plan, (int)Ns, m->E, m->k);
     m->cnt_all = xcalloc((size_t)S * (k * E + 1), sizeof(int64_t));
     m->counts = xcalloc(E, sizeof(int64_t));
@@ -63,21 +104,22 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
         m->noise = be->alloc(Ns * d * F);
         m->xj = be->alloc(Ns * d * F);
     }
-    m->logits = be->alloc(Ns * E * F);
     m->xs = be->alloc(R * d * F);
-    m->ys = be->alloc(R * d * F);
-    m->rowscale = be->alloc(R * F);
-    m->rowtok = be->alloc(R * sizeof(int32_t));
+    // the plan arrays in one block: rowtok, slotrow, rowscale (R 4-byte elements each)
+    m->plan_d = be->alloc(3 * (R ? R : 1) * 4);
+    m->rowtok = m->plan_d;
+    m->slotrow = m->rowtok + R;
+    m->rowscale = (float *)(m->slotrow + R);
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->El, m->d);
 }
 
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
-    free(m->logits_h); free(m->probs_h); free(m->lse_h); free(m->w_h); free(m->rowscale_h); free(m->idx_h);
+    free(m->rt_h); free(m->plan_h);
     free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f);
     plan_free(&m->plan);
-    void *dev[] = {m->noise, m->xj, m->logits, m->xs, m->ys, m->rowscale, m->rowtok, m->yslice,
+    void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
                    m->xg, m->h1, m->h3, m->act, m->yg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) be->free(dev[i]);
     exchange_free(&m->x);
@@ -89,20 +131,19 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     s->be = be;
     size_t N = maxN, d = c->d_model, E = c->n_experts, R = N * c->top_k;
     s->dys = be->alloc(R * d * F);
-    s->dxs = be->alloc(R * d * F);
     s->dxj = be->alloc(N * d * F);
     s->dxfull = be->alloc(N * d * F);
     s->dlogits = be->alloc(N * E * F);
     s->rowdot = be->alloc(R * F);
-    s->dw_h = xcalloc(R, F);
-    s->dlogits_h = xcalloc(N * E, F);
-    s->rowdot_h = xcalloc(R, F);
+    s->aux_dp = be->alloc(E * F);
+    s->aux_dp_h = xcalloc(E, F);
 }
 
 void moe_scratch_free(MoeScratch *s) {
-    void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->dyg, s->dact, s->dh1, s->dh3, s->dxg};
+    void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dact, s->dh1,
+                   s->dh3, s->dxg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
-    free(s->dw_h); free(s->dlogits_h); free(s->rowdot_h);
+    free(s->aux_dp_h);
     memset(s, 0, sizeof *s);
 }
 
@@ -151,10 +192,12 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
         be->mul(m->xj, xin, m->noise, n);
         xin = m->xj;
     }
-    // router on my slice
+    // router on my slice: logits, softmax/top-k and the sums on the backend, then one copy of
+    // sums, idx, w, logits and probs to the host
+    rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
-    be->to_host(m->logits_h, m->logits, (size_t)Ns * E * F);
-    router_topk(m->logits_h, Ns, E, k, c->renormalize, m->probs_h, m->lse_h, m->idx_h, m->w_h);
+    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, Ns, E, k, c->renormalize);
+    be->to_host(m->rt_h, m->rt_d, rt_layout(Ns, E, k).copy);
     // global statistics over the stage: slot counts of every rank (+ its token count), prob sums, lse^2
     size_t per = (size_t)k * E + 1;
     int64_t *mine = xmalloc(sizeof(int64_t) * per);
@@ -172,10 +215,7 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
         for (int j = 0; j < k; j++) for (int e = 0; e < E; e++) m->counts[e] += cs[(size_t)j * E + e];
     }
     double *ps = xcalloc(E + 1, sizeof(double));
-    for (int t = 0; t < Ns; t++) {
-        for (int e = 0; e < E; e++) ps[e] += m->probs_h[(size_t)t * E + e];
-        ps[E] += (double)m->lse_h[t] * m->lse_h[t];
-    }
+    memcpy(ps, m->sums_h, sizeof(double) * (E + 1));
     comm_allreduce(m->cm.stage, ps, E + 1, CT_F64);
     double a = 0;
     for (int e = 0; e < E; e++) {
@@ -200,11 +240,14 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
         m->dropped = 0;
     }
     free(slots);
-    int M = m->plan.M;
-    for (int r = 0; r < M; r++)
-        m->rowscale_h[r] = m->w_h[(size_t)m->plan.row_tok[r] * k + m->plan.row_slot[r]];
-    be->to_device(m->rowscale, m->rowscale_h, (size_t)M * F);
-    be->to_device(m->rowtok, m->plan.row_tok, (size_t)M * sizeof(int32_t));
+    int M = m->plan.M, R = m->Rmax;
+    // the plan to the device in one copy: rowtok (M), slotrow (Ns*k), rowscale (M)
+    int32_t *ph = m->plan_h;
+    float *rs_h = (float *)(ph + 2 * (size_t)R);
+    memcpy(ph, m->plan.row_tok, sizeof(int32_t) * M);
+    memcpy(ph + R, m->plan.slot_row, sizeof(int32_t) * Ns * k);
+    for (int r = 0; r < M; r++) rs_h[r] = m->w_h[(size_t)m->plan.row_tok[r] * k + m->plan.row_slot[r]];
+    be->to_device(m->plan_d, m->plan_h, 4 * (2 * (size_t)R + (size_t)M));
     // permute, send to the expert owners, experts, and back
     be->gather_rows(m->xs, xin, m->rowtok, M, d);
     int64_t *kept = xmalloc(sizeof(int64_t) * E);
@@ -213,15 +256,16 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     free(kept);
     int Rg = m->x.Rg;
     expert_buffers(m, Rg);
-    exchange_dispatch(&m->x, m->xs, m->xg);
-    be->grouped_matmul_fwd(m->h1, m->xg, w->w1, m->x.off, El, d, fl);
-    be->grouped_matmul_fwd(m->h3, m->xg, w->w3, m->x.off, El, d, fl);
+    if (!m->x.local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
+    m->xgp = exchange_dispatch(&m->x, m->xs, m->xg);
+    be->grouped_matmul_fwd(m->h1, m->xgp, w->w1, m->x.off, El, d, fl);
+    be->grouped_matmul_fwd(m->h3, m->xgp, w->w3, m->x.off, El, d, fl);
     be->swiglu_fwd(m->act, m->h1, m->h3, (size_t)Rg * fl);
     be->grouped_matmul_fwd(m->yg, m->act, w->w2, m->x.off, El, fl, d);
-    exchange_combine(&m->x, m->yg, m->ys);
+    m->ysp = exchange_combine(&m->x, m->yg, m->ys);
+    // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
     float *yout = TP > 1 ? m->yslice : y;
-    be->zero(yout, (size_t)Ns * d * F);
-    be->scatter_add_rows(yout, m->ys, m->rowtok, m->rowscale, M, d);
+    be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
     if (TP > 1) tp_gather(m, m->yslice, y);
 }
 
@@ -234,38 +278,31 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     const float *dys_in = dy + (size_t)m->s0 * d;
     // combine: dys = w * dy[tok]; dw = <dy[tok], ys>
     be->gather_rows(s->dys, dys_in, m->rowtok, M, d);
-    be->row_dot(s->rowdot, s->dys, m->ys, M, d);
+    be->row_dot(s->rowdot, s->dys, m->ysp, M, d);
     be->scale_rows(s->dys, m->rowscale, M, d);
     // to the experts (same routes as the forward), expert backward, and back
-    scratch_buffers(s, Rg, d, fl);
-    exchange_dispatch(&m->x, s->dys, s->dyg);
+    scratch_buffers(s, Rg, M, d, fl, m->x.local);
+    const float *dyg = exchange_dispatch(&m->x, s->dys, s->dyg);
     size_t Rf = (size_t)Rg * fl;
     be->zero(s->dact, Rf * F);
-    be->grouped_matmul_bwd(s->dact, g->w2, s->dyg, m->act, w->w2, m->x.off, El, fl, d);
+    be->grouped_matmul_bwd(s->dact, g->w2, dyg, m->act, w->w2, m->x.off, El, fl, d);
     be->zero(s->dh1, Rf * F);
     be->zero(s->dh3, Rf * F);
     be->swiglu_bwd(s->dh1, s->dh3, s->dact, m->h1, m->h3, Rf);
     be->zero(s->dxg, (size_t)Rg * d * F);
-    be->grouped_matmul_bwd(s->dxg, g->w1, s->dh1, m->xg, w->w1, m->x.off, El, d, fl);
-    be->grouped_matmul_bwd(s->dxg, g->w3, s->dh3, m->xg, w->w3, m->x.off, El, d, fl);
-    exchange_combine(&m->x, s->dxg, s->dxs);
-    // un-permute into the gradient of my slice of the (jittered) input
+    be->grouped_matmul_bwd(s->dxg, g->w1, s->dh1, m->xgp, w->w1, m->x.off, El, d, fl);
+    be->grouped_matmul_bwd(s->dxg, g->w3, s->dh3, m->xgp, w->w3, m->x.off, El, d, fl);
+    const float *dxs = exchange_combine(&m->x, s->dxg, s->dxs);
+    // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)
     float *dxin = s->dxj;
-    be->zero(dxin, (size_t)Ns * d * F);
-    be->scatter_add_rows(dxin, s->dxs, m->rowtok, NULL, M, d);
-    // router, with the global aux / z coefficients
-    be->to_host(s->rowdot_h, s->rowdot, (size_t)M * F);
-    for (int i = 0; i < Ns * k; i++) {
-        int r = m->plan.slot_row[i];
-        s->dw_h[i] = r >= 0 ? s->rowdot_h[r] : 0.0f;
-    }
-    float *aux_dp = xmalloc(sizeof(float) * E);
+    be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);
+    // router backward on the backend, with the global aux / z coefficients; the gradient of each
+    // combine weight is its row's rowdot, read through the plan's slot_row
     double Ng = (double)m->Ng;
-    for (int e = 0; e < E; e++) aux_dp[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
-    router_backward_ex(s->dlogits_h, s->dw_h, m->probs_h, m->lse_h, m->idx_h, m->w_h, Ns, E, k, c->renormalize,
-                       aux_dp, (float)(2.0 * z_scale / Ng));
-    free(aux_dp);
-    be->to_device(s->dlogits, s->dlogits_h, (size_t)Ns * E * F);
+    for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
+    be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
+    be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
+                   (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);
     // every TP rank needs the whole dx

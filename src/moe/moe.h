@@ -30,9 +30,13 @@ typedef struct {
     MoeComms cm;
     int maxN, d, fl, E, El, k;
     int N, s0, Ns;                 // tokens of the last forward, my slice [s0, s0+Ns)
-    // router side (host)
-    float *logits_h, *probs_h, *lse_h, *w_h, *rowscale_h;   // (Ns,E) (Ns,E) (Ns) (Ns,k) (Ns*k)
+    // router side (host): copies of the router's device outputs, made by one copy per forward
+    // into rt_h (the pointers below point into it, at offsets that depend on Ns)
+    float *logits_h, *probs_h, *w_h;   // (Ns,E) (Ns,E) (Ns,k)
     int32_t *idx_h;                // (Ns,k)
+    double *sums_h;                // (E+1) my rows' sums of probs[:,e] and of lse^2
+    void *rt_h;
+    void *plan_h;                  // host staging of the plan arrays below (one upload per forward)
     DispatchPlan plan;             // over my slice
     int64_t *cnt_all;              // (S, k, E) + S token counts: every stage rank's slot counts
     int64_t *counts;               // (E) global assignments per expert (before drops)
@@ -43,24 +47,35 @@ typedef struct {
     double *aux_f;                 // (E) f_i in the aux gradient E * f_i / Ng (default counts_i / Ng)
     // router side (device)
     float *noise, *xj;             // (Ns,d) jitter factors and jittered input (NULL without jitter)
-    float *logits;                 // (Ns,E)
-    float *xs, *ys;                // (Ns*k,d) my kept rows, and their expert outputs back
-    float *rowscale;               // (Ns*k) combine weight of each row
-    int32_t *rowtok;               // (Ns*k) token (in my slice) of each row
+    void *rt_d;                    // one block: sums, idx, w, logits, probs (copied to rt_h), lse
+    float *logits, *probs, *lse;   // (Ns,E) (Ns,E) (Ns)
+    int32_t *idx;                  // (Ns,k) top-k experts
+    double *sums;                  // (E+1)
+    float *xs, *ys;                // (Ns*k,d) my kept rows, and their expert outputs back (ys: only
+                                   // when the exchange is not local; allocated on first use)
+    const float *ysp;              // the expert outputs in my row order: ys, or yg when local
+    int32_t *rowtok;               // (Ns*k) token (in my slice) of each row        } one device block,
+    int32_t *slotrow;              // (Ns*k) row of assignment (t,j), or -1         } uploaded once per
+    float *rowscale;               // (Ns*k) combine weight of each row             } forward from plan_h
+    void *plan_d;                  // that block
+    float *wdev;                   // (Ns,k) combine weight of assignment (t,j) (the router's w, in rt_d)
+    int Rmax;                      // Ns*k rows allocated on the token side
     float *yslice;                 // (Ns,d) my slice of the output (TP > 1)
     // expert side (device, grown to the rows received)
     Exchange x;
-    float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d)
-    size_t cap_d, cap_f;
+    float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d); xg only when the exchange is not local
+    const float *xgp;              // the expert GEMMs' input rows: xg, or xs when local
+    size_t cap_d, cap_f, cap_xg, cap_ys;
 } MoeLayer;
 
 // Scratch shared by all layers' backward passes.
 typedef struct {
     const Backend *be;
-    float *dys, *dxs, *dxj, *dlogits, *rowdot, *dxfull;   // device, token side
-    float *dyg, *dact, *dh1, *dh3, *dxg;                   // device, expert side (grown)
-    size_t cap_d, cap_f;
-    float *dw_h, *dlogits_h, *rowdot_h;                    // host
+    float *dys, *dxs, *dxj, *dlogits, *rowdot, *dxfull;   // device, token side (dxs: not local only)
+    float *aux_dp;                                         // device (E): d aux term / d probs[t,e]
+    float *dyg, *dact, *dh1, *dh3, *dxg;                   // device, expert side (grown; dyg: not local)
+    size_t cap_d, cap_f, cap_dyg, cap_dxs;
+    float *aux_dp_h;                                       // host (E)
 } MoeScratch;
 
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);

@@ -63,6 +63,26 @@ struct Backend {
     // out[idx[i]] += scale[i] * inp[i] (rows of C); scale may be NULL (= 1). Serial over i
     // for a deterministic sum order.
     void (*scatter_add_rows)(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
+    // The MoE combine / un-permute as a gather (deterministic, one pass, no atomics): for each of N
+    // output rows t, out[t] = (accumulate ? out[t] : 0) + sum over j = 0..k-1, in that order, of
+    // (w ? w[t*k+j] : 1) * rows[slot_row[t*k+j]], skipping slot_row < 0 (dropped slots); rows of C.
+    // slot_row and w are (N,k) device arrays; a row of `rows` may be referenced by several t.
+    void (*combine_rows)(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
+                         int C, int accumulate);
+    // The MoE router over N rows of E logits (E <= 1024 on cuda): probs (N,E) = softmax(logits),
+    // lse (N) = logsumexp (the sum of exponentials in double); idx/w (N,k): the k experts of highest
+    // probability, descending (ties: the lower expert first), w = their probabilities, renormalised
+    // to sum 1 when renorm; sums (E+1, double): sum over the rows of probs[:,e] (e < E) and of lse^2
+    // (e = E), each in a fixed order (deterministic; the cpu sums rows in order).
+    void (*router_topk)(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
+                        int E, int k, int renorm);
+    // Its backward: dlogits (N,E) = d/dlogits of sum_{t,j} dw[t,j] w[t,j] + sum_{t,e} aux_dp[e] probs[t,e]
+    // + z_dl/2 sum_t lse_t^2, where dw[t,j] = rowdot[slot_row[t,j]] (0 where slot_row < 0): the
+    // gradient reaching each combine weight, read through the dispatch plan. aux_dp (E) is a device
+    // array. OVERWRITES dlogits.
+    void (*router_bwd)(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
+                       const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
+                       int E, int k, int renorm);
     // x[i] *= scale[i] for rows of C
     void (*scale_rows)(float *x, const float *scale, int n, int C);
     // dot[i] = <a[i], b[i]> over rows of C

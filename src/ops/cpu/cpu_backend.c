@@ -57,6 +57,7 @@ const Backend *backend_cpu(void) {
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
         .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
         .gather_rows = cpu_gather_rows, .scatter_add_rows = cpu_scatter_add_rows, .row_dot = cpu_row_dot,
+        .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk, .router_bwd = cpu_router_bwd,
         .scale_rows = cpu_scale_rows,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,
         .mul = cpu_mul, .axpy = cpu_axpy, .scale = cpu_scale, .sumsq = cpu_sumsq, .adamw = cpu_adamw,

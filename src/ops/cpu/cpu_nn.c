@@ -184,6 +184,24 @@ void cpu_scatter_add_rows(float *out, const float *inp, const int32_t *idx, cons
     }
 }
 
+void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
+                      int accumulate) {
+    // parallel over output rows; each row sums its slots in order j = 0..k-1 (the cuda kernel
+    // does the same arithmetic in the same order, so the two agree bit for bit)
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        float *o = out + (size_t)t * C;
+        if (!accumulate) memset(o, 0, sizeof(float) * C);
+        for (int j = 0; j < k; j++) {
+            int32_t r = slot_row[(size_t)t * k + j];
+            if (r < 0) continue;
+            float s = w ? w[(size_t)t * k + j] : 1.0f;
+            const float *x = rows + (size_t)r * C;
+            for (int c = 0; c < C; c++) o[c] += s * x[c];
+        }
+    }
+}
+
 void cpu_scale_rows(float *x, const float *scale, int n, int C) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++)

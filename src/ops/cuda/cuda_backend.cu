@@ -133,6 +133,9 @@ static void fill_common(Backend *be) {
     be->swiglu_bwd = cuda_swiglu_bwd;
     be->gather_rows = cuda_gather_rows;
     be->scatter_add_rows = cuda_scatter_add_rows;
+    be->combine_rows = cuda_combine_rows;
+    be->router_topk = cuda_router_topk;
+    be->router_bwd = cuda_router_bwd;
     be->scale_rows = cuda_scale_rows;
     be->row_dot = cuda_row_dot;
     be->cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd;

@@ -5,7 +5,8 @@
 // Determinism: no atomics. Every sum that feeds a result has a fixed order: per-row block sums
 // use a fixed shuffle tree, column sums (rmsnorm dw) a fixed two-pass chunking, and the
 // scatter-adds (embedding backward, scatter_add_rows) add the rows of one destination element
-// in index order, like the cpu reference. This file is built with -fmad=false (see
+// in index order, like the cpu reference, and combine_rows sums each output row's slots in slot
+// order in one thread's registers. This file is built with -fmad=false (see
 // CMakeLists.txt), so the elementwise arithmetic rounds exactly like the cpu code's.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
@@ -43,8 +44,8 @@ extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *id
 // element receives its rows in index order (as the cpu reference does) and no two threads ever
 // touch the same element. Each block reads all n indices (cheap, staged through shared memory)
 // but only the rows of its partition.
-// Later optimisation: build the inverse lists (destination -> rows, a counting sort) once per
-// dispatch plan and sum each destination row in one pass; for the MoE combine, fuse with row_dot.
+// (The MoE layer's combine and un-permute use combine_rows below instead: one pass over an
+// inverse index list.)
 #define SCAT_TILE 256
 #define SCAT_COLS 128
 __global__ void scatter_add_rows_k(float *out, const float *inp, const int32_t *idx, const float *scale, int n,
@@ -87,6 +88,223 @@ static void scatter_launch(float *out, const float *inp, const int32_t *idx, con
 extern "C" void cuda_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n,
                                       int C) {
     scatter_launch(out, inp, idx, scale, n, C, "scatter_add_rows");
+}
+
+// combine_rows: one thread block per output row t (blockIdx.x) and range of columns (blockIdx.y);
+// each thread owns 4 columns (float4 when C % 4 == 0 and the buffers are 16-byte aligned, else one
+// column) and sums the k slots of its row in order j = 0..k-1 in registers: the cpu reference's
+// arithmetic in the cpu's order (this file has no FMA contraction), so both agree bit for bit, and
+// nothing is shared between threads (deterministic without atomics). The slot loads are issued 8
+// at a time before the adds, so each thread keeps up to 8 row reads in flight.
+#define COMB_U 8
+__global__ void combine_rows_vec_k(float4 *out, const float4 *rows, const int32_t *slot_row, const float *w, int k,
+                                   int C4, int accumulate) {
+    size_t t = blockIdx.x;
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C4) return;
+    float4 acc = accumulate ? out[t * C4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const int32_t *sr = slot_row + t * k;
+    const float *wt = w ? w + t * k : NULL;
+    for (int j0 = 0; j0 < k; j0 += COMB_U) {
+        float4 x[COMB_U];
+        float sc[COMB_U];
+        bool ok[COMB_U];
+#pragma unroll
+        for (int u = 0; u < COMB_U; u++) {
+            int j = j0 + u;
+            int r = j < k ? sr[j] : -1;
+            ok[u] = r >= 0;
+            sc[u] = ok[u] && wt ? wt[j] : 1.0f;
+            if (ok[u]) x[u] = rows[(size_t)r * C4 + c];
+            else x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < COMB_U; u++)
+            if (ok[u]) {
+                acc.x = acc.x + sc[u] * x[u].x;
+                acc.y = acc.y + sc[u] * x[u].y;
+                acc.z = acc.z + sc[u] * x[u].z;
+                acc.w = acc.w + sc[u] * x[u].w;
+            }
+    }
+    out[t * C4 + c] = acc;
+}
+
+__global__ void combine_rows_k(float *out, const float *rows, const int32_t *slot_row, const float *w, int k, int C,
+                               int accumulate) {
+    size_t t = blockIdx.x;
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = accumulate ? ld_f(out + t * C + c) : 0.0f;
+    for (int j = 0; j < k; j++) {
+        int r = slot_row[t * k + j];
+        if (r < 0) continue;
+        float sc = w ? w[t * k + j] : 1.0f;
+        acc = acc + sc * ld_f(rows + (size_t)r * C + c);
+    }
+    st_f(out + t * C + c, acc);
+}
+
+extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
+                                  int C, int accumulate) {
+    if (N <= 0 || C <= 0) return;
+    if (k <= 0) {   // no slots: out = 0, or unchanged when accumulating
+        if (!accumulate) CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * (size_t)N * C));
+        return;
+    }
+    int vec = C % 4 == 0 && ((uintptr_t)out % 16) == 0 && ((uintptr_t)rows % 16) == 0;
+    int n = vec ? C / 4 : C, th = row_threads(n);
+    dim3 grid((unsigned)N, cdiv_u(n, th));
+    if (vec)
+        combine_rows_vec_k<<<grid, th>>>((float4 *)out, (const float4 *)rows, slot_row, w, k, n, accumulate);
+    else
+        combine_rows_k<<<grid, th>>>(out, rows, slot_row, w, k, C, accumulate);
+    KCHECK("combine_rows");
+}
+
+// ---------------------------------------------------------------- router: softmax + top-k, sums, backward
+// One warp per row of E logits; lane l holds experts l, l+32, ... (E <= 1024: a 32-bit mask of the
+// lane's taken experts). The arithmetic is the cpu reference's (cpu_router.c) operation by
+// operation; only the sums over experts run as a fixed shuffle tree instead of serially (in
+// double, like the cpu's). Top-k: each lane's best untaken expert (strict >: ties keep the lower
+// index), then a butterfly argmax over (p, then lower index), which is a total order, so every
+// lane ends with the same winner: the cpu's selection.
+#define RT_WARPS 8
+__global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int N, int E,
+                              int k, int renorm) {
+    int row = blockIdx.x * RT_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= N) return;   // warp-uniform
+    const float *x = logits + (size_t)row * E;
+    float *p = probs + (size_t)row * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, x[e]);
+    mx = warp_max_f(mx);
+    double s = 0;
+    for (int e = lane; e < E; e += 32) s += exp((double)x[e] - mx);
+    s = warp_sum_d(s);
+    float l = mx + (float)log(s);
+    if (lane == 0) lse[row] = l;
+    for (int e = lane; e < E; e += 32) p[e] = expf(x[e] - l);
+    unsigned taken = 0;
+    double sw = 0;
+    int32_t *ix = idx + (size_t)row * k;
+    float *wt = w + (size_t)row * k;
+    for (int j = 0; j < k; j++) {
+        float bp = 0.0f;
+        int be = -1, i = 0;
+        for (int e = lane; e < E; e += 32, i++) {
+            if (taken >> i & 1u) continue;
+            float v = p[e];
+            if (be < 0 || v > bp) { bp = v; be = e; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || op > bp || (op == bp && oe < be))) { bp = op; be = oe; }
+        }
+        if ((be & 31) == lane) taken |= 1u << (be >> 5);
+        if (lane == 0) { ix[j] = be; wt[j] = bp; }
+        sw += bp;
+    }
+    if (renorm && lane == 0)
+        for (int j = 0; j < k; j++) wt[j] = (float)(wt[j] / sw);
+}
+
+// sums over rows: chunk c of P row ranges, column e (e == E: lse^2); each thread sums rows
+// t = t0 + ty, t0 + ty + RS_ROWS, ... in order, the RS_ROWS partials add in order, then the P chunk
+// partials add in order (router_sums_fin_k): a fixed order, whatever the launch.
+#define RS_ROWS 8
+__global__ void router_sums_part_k(double *part, const float *probs, const float *lse, int N, int E, int P) {
+    __shared__ double sh[RS_ROWS][32];
+    int e = blockIdx.x * 32 + threadIdx.x, c = blockIdx.y, ty = threadIdx.y;
+    int t0 = (int)((int64_t)N * c / P), t1 = (int)((int64_t)N * (c + 1) / P);
+    double s = 0;
+    if (e <= E)
+        for (int t = t0 + ty; t < t1; t += RS_ROWS)
+            s += e < E ? (double)probs[(size_t)t * E + e] : (double)lse[t] * lse[t];
+    sh[ty][threadIdx.x] = s;
+    __syncthreads();
+    if (ty == 0 && e <= E) {
+        double a = 0;
+        for (int i = 0; i < RS_ROWS; i++) a += sh[i][threadIdx.x];
+        part[(size_t)c * (E + 1) + e] = a;
+    }
+}
+
+__global__ void router_sums_fin_k(double *sums, const double *part, int E, int P) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e > E) return;
+    double a = 0;
+    for (int c = 0; c < P; c++) a += part[(size_t)c * (E + 1) + e];
+    sums[e] = a;
+}
+
+extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
+                                 int N, int E, int k, int renorm) {
+    CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E, "router_topk on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
+    if (N <= 0) {
+        if (sums) CUDA_CHECK(cudaMemset(sums, 0, sizeof(double) * (E + 1)));
+        return;
+    }
+    router_topk_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS>>>(probs, lse, idx, w, logits, N, E, k, renorm);
+    KCHECK("router_topk");
+    if (!sums) return;
+    int P = N / 64;
+    P = P < 1 ? 1 : P > 256 ? 256 : P;
+    double *part = (double *)cuda_workspace(sizeof(double) * (size_t)P * (E + 1));
+    router_sums_part_k<<<dim3(cdiv_u(E + 1, 32), P), dim3(32, RS_ROWS)>>>(part, probs, lse, N, E, P);
+    KCHECK("router_topk (sums)");
+    router_sums_fin_k<<<cdiv_u(E + 1, 128), 128>>>(sums, part, E, P);
+    KCHECK("router_topk (sums)");
+}
+
+// One warp per row; dp (E) in the warp's slice of shared memory; lane 0 adds the k slots'
+// terms in slot order (as the cpu), then the lanes finish the row.
+__global__ void router_bwd_k(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
+                             const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
+                             int N, int E, int k, int renorm) {
+    extern __shared__ float sdp[];
+    int wi = threadIdx.x / 32, lane = threadIdx.x & 31, row = blockIdx.x * RT_WARPS + wi;
+    if (row >= N) return;   // warp-uniform
+    float *dp = sdp + (size_t)wi * E;
+    const float *p = probs + (size_t)row * E;
+    for (int e = lane; e < E; e += 32) dp[e] = aux_dp[e];
+    __syncwarp();
+    if (lane == 0) {
+        const int32_t *ix = idx + (size_t)row * k, *sr = slot_row + (size_t)row * k;
+        const float *wt = w + (size_t)row * k;
+        if (renorm) {
+            double S = 0, gw = 0;
+            for (int j = 0; j < k; j++) {
+                float g = sr[j] >= 0 ? rowdot[sr[j]] : 0.0f;
+                S += p[ix[j]];
+                gw += (double)g * wt[j];
+            }
+            for (int j = 0; j < k; j++) {
+                float g = sr[j] >= 0 ? rowdot[sr[j]] : 0.0f;
+                dp[ix[j]] += (float)((g - gw) / S);
+            }
+        } else {
+            for (int j = 0; j < k; j++) dp[ix[j]] += sr[j] >= 0 ? rowdot[sr[j]] : 0.0f;
+        }
+    }
+    __syncwarp();
+    double pdp = 0;
+    for (int e = lane; e < E; e += 32) pdp += (double)p[e] * dp[e];
+    pdp = warp_sum_d(pdp);
+    float zc = z_dl * lse[row];
+    float *dl = dlogits + (size_t)row * E;
+    for (int e = lane; e < E; e += 32) dl[e] = p[e] * (dp[e] - (float)pdp) + zc * p[e];
+}
+
+extern "C" void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
+                                const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
+                                int N, int E, int k, int renorm) {
+    CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E, "router_bwd on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
+    if (N <= 0) return;
+    router_bwd_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS, sizeof(float) * RT_WARPS * E>>>(
+        dlogits, rowdot, slot_row, probs, lse, idx, w, aux_dp, z_dl, N, E, k, renorm);
+    KCHECK("router_bwd");
 }
 
 extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C) {

@@ -1,0 +1,83 @@
+// cpu_router.c — the router ops of the float32 reference backend (contracts in ops/ops.h):
+// softmax + top-k + the per-expert probability sums, and the router backward. The arithmetic is
+// that of src/moe/router.c's host functions (router_topk, router_backward_ex), in the same order,
+// so the two agree bit for bit (tests/test_ops.c checks it); the sums run over the rows in order.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ops/cpu/cpu_ops.h"
+
+void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
+                     int E, int k, int renorm) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        const float *x = logits + (size_t)t * E;
+        float *p = probs + (size_t)t * E;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) if (x[e] > mx) mx = x[e];
+        double s = 0;
+        for (int e = 0; e < E; e++) s += exp((double)x[e] - mx);
+        float l = mx + (float)log(s);
+        lse[t] = l;
+        for (int e = 0; e < E; e++) p[e] = expf(x[e] - l);
+        int32_t *ix = idx + (size_t)t * k;
+        float *wt = w + (size_t)t * k;
+        for (int j = 0; j < k; j++) {   // selection: k is small
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int m = 0; m < j; m++) taken |= ix[m] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ix[j] = best;
+            wt[j] = p[best];
+        }
+        if (renorm) {
+            double sw = 0;
+            for (int j = 0; j < k; j++) sw += wt[j];
+            for (int j = 0; j < k; j++) wt[j] = (float)(wt[j] / sw);
+        }
+    }
+    if (sums) {
+        memset(sums, 0, sizeof(double) * (E + 1));
+        for (int t = 0; t < N; t++) {
+            for (int e = 0; e < E; e++) sums[e] += probs[(size_t)t * E + e];
+            sums[E] += (double)lse[t] * lse[t];
+        }
+    }
+}
+
+void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
+                    const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
+                    int E, int k, int renorm) {
+#pragma omp parallel
+    {
+        float *dp = malloc(sizeof(float) * (E ? E : 1)), *g = malloc(sizeof(float) * (k ? k : 1));
+#pragma omp for schedule(static)
+        for (int t = 0; t < N; t++) {
+            const float *p = probs + (size_t)t * E;
+            const int32_t *ix = idx + (size_t)t * k;
+            const float *wt = w + (size_t)t * k;
+            for (int j = 0; j < k; j++) {
+                int32_t r = slot_row[(size_t)t * k + j];
+                g[j] = r >= 0 ? rowdot[r] : 0.0f;
+            }
+            for (int e = 0; e < E; e++) dp[e] = aux_dp[e];
+            if (renorm) {
+                // w_j = p_j / S: dp_j += (g_j - sum_m g_m w_m) / S
+                double S = 0, gw = 0;
+                for (int j = 0; j < k; j++) { S += p[ix[j]]; gw += (double)g[j] * wt[j]; }
+                for (int j = 0; j < k; j++) dp[ix[j]] += (float)((g[j] - gw) / S);
+            } else {
+                for (int j = 0; j < k; j++) dp[ix[j]] += g[j];
+            }
+            double pdp = 0;
+            for (int e = 0; e < E; e++) pdp += (double)p[e] * dp[e];
+            float zc = z_dl * lse[t];
+            float *dl = dlogits + (size_t)t * E;
+            for (int e = 0; e < E; e++) dl[e] = p[e] * (dp[e] - (float)pdp) + zc * p[e];
+        }
+        free(dp);
+        free(g);
+    }
+}
