@@ -82,7 +82,7 @@ static const Opt opts[] = {
     {"capacity-factor", O_FLOAT, MO(capacity_factor), C_TRAIN | C_INFO, "capacity = ceil(cf * tokens * k / E)"},
     // training
     {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
-    {"batch", O_INT, TO(batch), C_TRAIN | C_EVAL, "global batch in sequences per step"},
+    {"batch", O_INT, TO(batch), C_TRAIN | C_EVAL | C_INFO, "global batch in sequences per step"},
     {"grad-accum", O_INT, TO(grad_accum), C_TRAIN, "micro-batches per step"},
     {"seq-len", O_INT, TO(seq_len), C_TRAIN | C_EVAL | C_INFO, "tokens per sequence T"},
     {"lr", O_FLOAT, TO(lr), C_TRAIN, "peak learning rate"},
@@ -96,7 +96,7 @@ static const Opt opts[] = {
     {"seed", O_U64, TO(seed), C_TRAIN | C_SAMPLE | C_EVAL, "seed for init, data order, jitter, sampling"},
     {"eval-every", O_INT, TO(eval_every), C_TRAIN, "steps between validation evaluations"},
     {"eval-batches", O_INT, TO(eval_batches), C_TRAIN | C_EVAL, "validation micro-batches per evaluation"},
-    {"save-every", O_INT, TO(save_every), C_TRAIN, "steps between checkpoints (0 = at the end only)"},
+    {"save-every", O_INT, TO(save_every), C_TRAIN, "steps between checkpoints (0 = at the end only, -1 = never)"},
     {"keep", O_INT, TO(keep), C_TRAIN, "checkpoints kept (0 = all)"},
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},

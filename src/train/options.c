@@ -51,7 +51,7 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (!(o->grad_clip >= 0)) BAD("--grad-clip must be >= 0 (got %g)", o->grad_clip);
     if (o->eval_every < 0) BAD("--eval-every must be >= 0 (got %d)", o->eval_every);
     if (o->eval_batches < 1) BAD("--eval-batches must be >= 1 (got %d)", o->eval_batches);
-    if (o->save_every < 0) BAD("--save-every must be >= 0 (got %d)", o->save_every);
+    if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (o->sample_tokens < 0) BAD("--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
     if (!o->out[0]) BAD("--out must not be empty");

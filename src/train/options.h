@@ -18,7 +18,7 @@ typedef struct {
     uint64_t seed;          // init, data order, jitter
     int eval_every;         // steps between val-loss evaluations (0 = only at the end)
     int eval_batches;       // val micro-batches per evaluation
-    int save_every;         // steps between checkpoints (0 = only at the end)
+    int save_every;         // steps between checkpoints (0 = only at the end, -1 = never: benchmarks)
     int keep;               // checkpoints kept (older ones removed); 0 = keep all
     int sample_tokens;      // tokens sampled at the end of the run (0 = none)
     int plots;              // write loss.png / expert_load.png

@@ -346,7 +346,8 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             if (mf) { fprintf(mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss); fflush(mf); }
             if (!o->quiet) fprintf(out, "  eval: val loss %.4f\n", ev.loss);
         }
-        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || last) save(&dist, o, &c, &m, &st, world);
+        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0))
+            save(&dist, o, &c, &m, &st, world);
     }
     if (mf) xfclose(mf, metrics_path);
     double wall = now_seconds() - t_start;
