@@ -3,38 +3,12 @@
 #include <math.h>
 #include <string.h>
 #include "core/common.h"
+#include "ops/ops.h"
 
 void router_topk(const float *logits, int N, int E, int k, int renorm, float *probs, float *lse,
                  int32_t *idx, float *w) {
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++) {
-        const float *x = logits + (size_t)t * E;
-        float *p = probs + (size_t)t * E;
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++) if (x[e] > mx) mx = x[e];
-        double s = 0;
-        for (int e = 0; e < E; e++) s += exp((double)x[e] - mx);
-        float l = mx + (float)log(s);
-        lse[t] = l;
-        for (int e = 0; e < E; e++) p[e] = expf(x[e] - l);
-        int32_t *ix = idx + (size_t)t * k;
-        float *wt = w + (size_t)t * k;
-        for (int j = 0; j < k; j++) {   // selection: k is small
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int m = 0; m < j; m++) taken |= ix[m] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            ix[j] = best;
-            wt[j] = p[best];
-        }
-        if (renorm) {
-            double sw = 0;
-            for (int j = 0; j < k; j++) sw += wt[j];
-            for (int j = 0; j < k; j++) wt[j] = (float)(wt[j] / sw);
-        }
-    }
+    // the float32 reference is the cpu backend's op (the MoE layer calls it through the Backend)
+    backend_cpu()->router_topk(probs, lse, idx, w, NULL, logits, N, E, k, renorm);
 }
 
 void plan_alloc(DispatchPlan *p, int N, int E, int k) {
@@ -139,29 +113,9 @@ void router_backward(float *dlogits, const float *dw, const float *probs, const 
 void router_backward_ex(float *dlogits, const float *dw, const float *probs, const float *lse,
                         const int32_t *idx, const float *w, int N, int E, int k, int renorm,
                         const float *aux_dp, float z_dl) {
-#pragma omp parallel
-    {
-        float *dp = xcalloc(E, sizeof(float));
-#pragma omp for schedule(static)
-        for (int t = 0; t < N; t++) {
-            const float *p = probs + (size_t)t * E;
-            const int32_t *ix = idx + (size_t)t * k;
-            const float *wt = w + (size_t)t * k, *g = dw + (size_t)t * k;
-            for (int e = 0; e < E; e++) dp[e] = aux_dp[e];
-            if (renorm) {
-                // w_j = p_j / S: dp_j += (g_j - sum_m g_m w_m) / S
-                double S = 0, gw = 0;
-                for (int j = 0; j < k; j++) { S += p[ix[j]]; gw += (double)g[j] * wt[j]; }
-                for (int j = 0; j < k; j++) dp[ix[j]] += (float)((g[j] - gw) / S);
-            } else {
-                for (int j = 0; j < k; j++) dp[ix[j]] += g[j];
-            }
-            double pdp = 0;
-            for (int e = 0; e < E; e++) pdp += (double)p[e] * dp[e];
-            float zc = z_dl * lse[t];
-            float *dl = dlogits + (size_t)t * E;
-            for (int e = 0; e < E; e++) dl[e] = p[e] * (dp[e] - (float)pdp) + zc * p[e];
-        }
-        free(dp);
-    }
+    // the cpu backend's router_bwd, reading dw[t,j] through an identity plan (slot (t,j) -> row t*k+j)
+    int32_t *ident = xmalloc(sizeof(int32_t) * ((size_t)N * k + 1));
+    for (int i = 0; i < N * k; i++) ident[i] = i;
+    backend_cpu()->router_bwd(dlogits, dw, ident, probs, lse, idx, w, aux_dp, z_dl, N, E, k, renorm);
+    free(ident);
 }

@@ -1,7 +1,8 @@
 // cpu_router.c — the router ops of the float32 reference backend (contracts in ops/ops.h):
-// softmax + top-k + the per-expert probability sums, and the router backward. The arithmetic is
-// that of src/moe/router.c's host functions (router_topk, router_backward_ex), in the same order,
-// so the two agree bit for bit (tests/test_ops.c checks it); the sums run over the rows in order.
+// softmax + top-k + the per-expert probability sums, and the router backward: the float32
+// reference of this math (src/moe/router.c's host functions call these); the sums run over the
+// rows in order. tests/test_ops.c checks them against double references, test_router against
+// finite differences.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
