@@ -158,28 +158,33 @@ int params_index(const ParamTable *t, ParamRole role, int layer, int expert) {
 
 void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64_t seed) {
     // Each tensor draws from its own stream (seed, tensor index) so init does not depend on
-    // which other tensors exist, on the order they are filled, or on the mesh: the full tensor
-    // is generated and this rank's slice copied out of it.
+    // which other tensors exist, on the order they are filled, on the mesh (the full tensor is
+    // generated and this rank's slice copied out of it) or on the thread count (tensors are
+    // filled in parallel, each by one thread).
     float out_scale = 1.0f / sqrtf(2.0f * c->n_layers);
-    float *full = NULL;
-    size_t cap = 0;
-    for (int i = 0; i < t->n; i++) {
-        const ParamSpec *s = &t->p[i];
-        if (!s->lnumel) continue;
-        if (s->numel > cap) { cap = s->numel; full = xrealloc(full, cap * sizeof(float)); }
-        if (s->ndim == 1) {
-            for (size_t j = 0; j < s->numel; j++) full[j] = 1.0f;
-        } else {
-            Rng r;
-            rng_seed(&r, seed * 0x100000001B3ull + (uint64_t)i + 1);
-            float std = c->init_std * ((s->role == PR_WO || s->role == PR_W2) ? out_scale : 1.0f);
-            for (size_t j = 0; j < s->numel; j++) full[j] = std * rng_normal(&r);
+#pragma omp parallel
+    {
+        float *full = NULL;
+        size_t cap = 0;
+#pragma omp for schedule(dynamic)
+        for (int i = 0; i < t->n; i++) {
+            const ParamSpec *s = &t->p[i];
+            if (!s->lnumel) continue;
+            if (s->numel > cap) { cap = s->numel; full = xrealloc(full, cap * sizeof(float)); }
+            if (s->ndim == 1) {
+                for (size_t j = 0; j < s->numel; j++) full[j] = 1.0f;
+            } else {
+                Rng r;
+                rng_seed(&r, seed * 0x100000001B3ull + (uint64_t)i + 1);
+                float std = c->init_std * ((s->role == PR_WO || s->role == PR_W2) ? out_scale : 1.0f);
+                for (size_t j = 0; j < s->numel; j++) full[j] = std * rng_normal(&r);
+            }
+            ParamSpec one = *s;          // the tensor alone, as if it were the whole buffer
+            one.offset = 0;
+            one.loffset = 0;
+            ParamTable tt = {&one, 1, s->numel, s->lnumel};
+            params_full_to_local(&tt, full, local + s->loffset);
         }
-        ParamSpec one = *s;          // the tensor alone, as if it were the whole buffer
-        one.offset = 0;
-        ParamTable tt = {&one, 1, s->numel, s->lnumel};
-        one.loffset = 0;
-        params_full_to_local(&tt, full, local + s->loffset);
+        free(full);
     }
-    free(full);
 }

@@ -6,6 +6,7 @@
 // Every *_bwd ACCUMULATES (+=) into its gradient outputs; gradient pointers may be NULL where noted.
 #pragma once
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 typedef struct Backend Backend;
@@ -109,6 +110,11 @@ const Backend *backend_cpu(void);
 // "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming
 // the problem when the named backend cannot run here.
 const Backend *backend_by_name(const char *name);
+// A Backend timing every op of `inner` (synchronised per op) for MOE_PROFILE=1; the report gives
+// milliseconds per step by kernel class.
+const Backend *backend_profiled(const Backend *inner);
+void backend_profile_reset(void);
+void backend_profile_report(FILE *f, int steps);
 // The CUDA backends (src/ops/cuda/, float32 buffers on the first GPU; parameters, activations,
 // gradients and optimizer state are float32 in both):
 //   backend_cuda()      "cuda": GEMMs on tensor cores with bf16 operands and fp32 accumulation

@@ -146,6 +146,9 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
             be->name, world->size);
     if (force_nccl && !on_gpu) DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
     int meshed = world->size > 1 || force_nccl;   // the mesh's code paths, even for one rank
+    // MOE_PROFILE=1: time every op (serialised) and print where a step's time goes at the end
+    int profile = getenv("MOE_PROFILE") && atoi(getenv("MOE_PROFILE")) > 0;
+    if (profile) be = backend_profiled(be);
     char metrics_path[2048], latest[2048];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
 
@@ -257,6 +260,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
                 o->steps);
     EvalResult ev;
     for (int step = first; step < o->steps; step++) {
+        if (profile && step == first + 1) backend_profile_reset();   // the first step warms up
         double t0 = now_seconds();
         be->zero(m.grads, P * sizeof(float));
         memset(counts, 0, sizeof(int64_t) * L * E);
@@ -358,6 +362,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
         fprintf(out, "replica check: ok (router and dense replicas bitwise equal on %d ranks; experts equal across "
                      "EDP, distinct across EP)\n", world->size);
     }
+    if (profile && rank0) backend_profile_report(stdout, o->steps - first - 1);
     // ---- end of run report
     fprintf(out, "\n");
     if (o->steps > first)

@@ -1,0 +1,83 @@
+// profile.c — a Backend that wraps another and times every op (synchronising before and after
+// each, so the time is that op's alone), for `MOE_PROFILE=1 moe train ...`: where a step's time goes
+// per kernel class. Profiling changes no result; it only serialises the device.
+#include <string.h>
+#include "core/common.h"
+#include "ops/ops.h"
+
+enum { P_MATMUL_F, P_MATMUL_B, P_GMM_F, P_GMM_B, P_EMB, P_NORM, P_ROPE, P_ATT_F, P_ATT_B, P_SWIGLU, P_ROWS, P_ROUTER,
+       P_CE, P_ELEM, P_SUMSQ, P_ADAMW, P_COPY, P_N };
+static const char *pname[P_N] = {"matmul fwd", "matmul bwd", "grouped matmul fwd", "grouped matmul bwd",
+                                 "embedding", "rmsnorm", "rope", "attention fwd", "attention bwd", "swiglu",
+                                 "gather/combine/rows", "router", "cross-entropy", "elementwise", "sumsq",
+                                 "adamw", "copies (host<->device, zero)"};
+static double ptime[P_N];
+static long pcalls[P_N];
+static const Backend *in;
+static Backend pb;
+
+#define T0 in->sync(); double t0_ = now_seconds()
+#define T1(k) in->sync(); ptime[k] += now_seconds() - t0_; pcalls[k]++
+
+static void w_to_device(void *d, const void *s, size_t n) { T0; in->to_device(d, s, n); T1(P_COPY); }
+static void w_to_host(void *d, const void *s, size_t n) { T0; in->to_host(d, s, n); T1(P_COPY); }
+static void w_copy(void *d, const void *s, size_t n) { T0; in->copy(d, s, n); T1(P_COPY); }
+static void w_zero(void *p, size_t n) { T0; in->zero(p, n); T1(P_COPY); }
+static void w_mm_f(float *o, const float *i, const float *w, int N, int K, int O, int a) { T0; in->matmul_fwd(o, i, w, N, K, O, a); T1(P_MATMUL_F); }
+static void w_mm_b(float *di, float *dw, const float *d, const float *i, const float *w, int N, int K, int O) { T0; in->matmul_bwd(di, dw, d, i, w, N, K, O); T1(P_MATMUL_B); }
+static void w_gmm_f(float *o, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_fwd(o, i, w, off, G, K, O); T1(P_GMM_F); }
+static void w_gmm_b(float *di, float *dw, const float *d, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_bwd(di, dw, d, i, w, off, G, K, O); T1(P_GMM_B); }
+static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) { T0; in->embedding_fwd(o, t, tb, N, C); T1(P_EMB); }
+static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) { T0; in->embedding_bwd(d, o, t, N, C); T1(P_EMB); }
+static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd(o, r, i, w, N, C, e); T1(P_NORM); }
+static void w_rms_b(float *di, float *dw, const float *d, const float *i, const float *w, const float *r, int N, int C) { T0; in->rmsnorm_bwd(di, dw, d, i, w, r, N, C); T1(P_NORM); }
+static void w_rope_f(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_fwd(x, B, T, nh, hd, th); T1(P_ROPE); }
+static void w_rope_b(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_bwd(x, B, T, nh, hd, th); T1(P_ROPE); }
+static void w_att_f(float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd); T1(P_ATT_F); }
+static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd); T1(P_ATT_B); }
+static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in->swiglu_fwd(o, a, b, n); T1(P_SWIGLU); }
+static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n) { T0; in->swiglu_bwd(da, db, d, a, b, n); T1(P_SWIGLU); }
+static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }
+static void w_scatter(float *o, const float *i, const int32_t *x, const float *s, int n, int C) { T0; in->scatter_add_rows(o, i, x, s, n, C); T1(P_ROWS); }
+static void w_combine(float *o, const float *r, const int32_t *s, const float *w, int N, int k, int C, int a) { T0; in->combine_rows(o, r, s, w, N, k, C, a); T1(P_ROWS); }
+static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, int N, int E, int k, int r) { T0; in->router_topk(p, l, i, w, s, lg, N, E, k, r); T1(P_ROUTER); }
+static void w_rbwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l, const int32_t *i, const float *w, const float *a, float z, int N, int E, int k, int r) { T0; in->router_bwd(dl, rd, sr, p, l, i, w, a, z, N, E, k, r); T1(P_ROUTER); }
+static void w_srows(float *x, const float *s, int n, int C) { T0; in->scale_rows(x, s, n, C); T1(P_ROWS); }
+static void w_rdot(float *d, const float *a, const float *b, int n, int C) { T0; in->row_dot(d, a, b, n, C); T1(P_ROWS); }
+static void w_ce_fb(float *l, float *lg, const int32_t *t, int N, int V, float d) { T0; in->cross_entropy_fwd_bwd(l, lg, t, N, V, d); T1(P_CE); }
+static void w_ce_f(float *l, const float *lg, const int32_t *t, int N, int V) { T0; in->cross_entropy_fwd(l, lg, t, N, V); T1(P_CE); }
+static void w_mul(float *o, const float *a, const float *b, size_t n) { T0; in->mul(o, a, b, n); T1(P_ELEM); }
+static void w_axpy(float *y, const float *x, float a, size_t n) { T0; in->axpy(y, x, a, n); T1(P_ELEM); }
+static void w_scale(float *x, float a, size_t n) { T0; in->scale(x, a, n); T1(P_ELEM); }
+static double w_sumsq(const float *x, size_t n) { T0; double r = in->sumsq(x, n); T1(P_SUMSQ); return r; }
+static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float e, float wd, int t) { T0; in->adamw(p, g, m, v, n, lr, b1, b2, e, wd, t); T1(P_ADAMW); }
+
+const Backend *backend_profiled(const Backend *inner) {
+    in = inner;
+    pb = *inner;   // alloc, free, sync and the name pass through
+    pb.to_device = w_to_device; pb.to_host = w_to_host; pb.copy = w_copy; pb.zero = w_zero;
+    pb.matmul_fwd = w_mm_f; pb.matmul_bwd = w_mm_b; pb.grouped_matmul_fwd = w_gmm_f; pb.grouped_matmul_bwd = w_gmm_b;
+    pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b;
+    pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
+    pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather; pb.scatter_add_rows = w_scatter;
+    pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd; pb.scale_rows = w_srows;
+    pb.row_dot = w_rdot; pb.cross_entropy_fwd_bwd = w_ce_fb; pb.cross_entropy_fwd = w_ce_f; pb.mul = w_mul;
+    pb.axpy = w_axpy; pb.scale = w_scale; pb.sumsq = w_sumsq; pb.adamw = w_adamw;
+    return &pb;
+}
+
+void backend_profile_reset(void) {
+    memset(ptime, 0, sizeof ptime);
+    memset(pcalls, 0, sizeof pcalls);
+}
+
+void backend_profile_report(FILE *f, int steps) {
+    double tot = 0;
+    for (int k = 0; k < P_N; k++) tot += ptime[k];
+    fprintf(f, "profile (%s backend, ops serialised; %d steps): %.1f ms of ops per step\n", in ? in->name : "?", steps,
+            steps ? 1e3 * tot / steps : 0.0);
+    for (int k = 0; k < P_N; k++)
+        if (pcalls[k])
+            fprintf(f, "  %-30s %9.2f ms/step %5.1f%%  (%ld calls)\n", pname[k], steps ? 1e3 * ptime[k] / steps : 0.0,
+                    tot > 0 ? 100 * ptime[k] / tot : 0.0, pcalls[k]);
+}
