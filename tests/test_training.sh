@@ -184,4 +184,13 @@ fi
 [ ! -e accum/loss.png ] && [ ! -e accum/expert_load.png ] && pass "--plots 0 writes no PNG" ||
   fail "--plots 0 still wrote a PNG"
 
+# MOE_PROFILE=1 times every op but changes no result: the same losses, and the report is printed
+P="--steps 5 --batch 8 --seq-len 32 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet"
+"$MOE" train --out prof0 $P > prof0.txt 2>&1
+MOE_PROFILE=1 "$MOE" train --out prof1 $P > prof1.txt 2>&1
+if [ "$(field loss prof0/metrics.jsonl)" = "$(field loss prof1/metrics.jsonl)" ] && [ -n "$(field loss prof0/metrics.jsonl)" ] &&
+   grep -q "^profile (cpu backend" prof1.txt && grep -q "attention bwd" prof1.txt; then
+  pass "MOE_PROFILE=1: identical losses, per-kernel-class report printed"
+else fail "MOE_PROFILE=1 changed the losses or printed no report"; fi
+
 finish
