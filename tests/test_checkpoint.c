@@ -20,6 +20,7 @@
 #include "model/params.h"
 #include "train/checkpoint.h"
 #include "test_util.h"
+#include "test_death.h"
 
 // Paths here live under a short mkdtemp root; truncation cannot happen.
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -80,63 +81,7 @@ static void do_load(void *arg) {
 
 // Run fn in a child with stderr captured; expect a non-zero exit and `phrase` in the message.
 static void expect_death(const char *what, void (*fn)(void *), void *arg, const char *phrase) {
-    int pfd[2];
-    if (pipe(pfd) != 0) { perror("pipe"); exit(2); }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(pfd[0]);
-        dup2(pfd[1], 2);
-        close(pfd[1]);
-        fn(arg);
-        _exit(0);
-    }
-    close(pfd[1]);
-    char buf[4096];
-    size_t n = 0;
-    ssize_t r;
-    while ((r = read(pfd[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
-    buf[n] = 0;
-    close(pfd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: child should exit non-zero (status %d)", what, status);
-    EXPECT(strstr(buf, phrase) != NULL, "%s: message should contain \"%s\"; got: %s", what, phrase, buf);
-    printf("  death ok: %-28s %s", what, buf[0] ? buf : "(no message)\n");
-}
-
-// ---- snapshots: every file of a directory, byte for byte ----
-
-typedef struct { int n; char name[16][64]; char *data[16]; size_t len[16]; } Snap;
-
-static void snap_take(const char *dir, Snap *s) {
-    memset(s, 0, sizeof *s);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d)) && s->n < 16) {
-        if (de->d_name[0] == '.') continue;
-        path2(p, sizeof p, dir, de->d_name);
-        snprintf(s->name[s->n], 64, "%s", de->d_name);
-        s->data[s->n] = read_file(p, &s->len[s->n]);
-        s->n++;
-    }
-    closedir(d);
-}
-static void snap_free(Snap *s) { for (int i = 0; i < s->n; i++) free(s->data[i]); memset(s, 0, sizeof *s); }
-static int snap_same(const char *dir, const Snap *a) {
-    Snap b;
-    snap_take(dir, &b);
-    int ok = a->n == b.n;
-    for (int i = 0; ok && i < a->n; i++) {
-        int j = 0;
-        while (j < b.n && strcmp(a->name[i], b.name[j]) != 0) j++;
-        ok = j < b.n && a->len[i] == b.len[j] && memcmp(a->data[i], b.data[j], a->len[i]) == 0;
-    }
-    snap_free(&b);
-    return ok;
+    expect_death_msg(what, fn, arg, phrase, NULL, 0);
 }
 
 // Recompute checksums.json of dir (to reach the safetensors reader behind a valid checksum).

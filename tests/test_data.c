@@ -6,6 +6,7 @@
 #include "core/rng.h"
 #include "data/data.h"
 #include "test_util.h"
+#include "test_death.h"
 #include <ctype.h>
 #include <errno.h>
 #include <string.h>
@@ -45,38 +46,15 @@ static const char *write_shard(const char *name, int magic, int version, int hea
 }
 
 // Runs data_open in a child with stderr captured; expects a non-zero exit and `phrase` in the message.
+typedef struct { const char *path; int T; } OpenArgs;
+static void do_open(void *p) {
+    OpenArgs *a = p;
+    Dataset ds;
+    data_open(&ds, a->path, 1, a->T);
+}
 static void expect_death(const char *what, const char *path, int T, const char *phrase) {
-    int fds[2];
-    CHECK(pipe(fds) == 0, "pipe: %s", strerror(errno));
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    CHECK(pid >= 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        close(fds[0]);
-        if (dup2(fds[1], 2) < 0) _exit(99);
-        close(fds[1]);
-        Dataset ds;
-        data_open(&ds, path, 1, T);
-        _exit(0);
-    }
-    close(fds[1]);
-    char msg[2048];
-    size_t len = 0;
-    for (;;) {
-        ssize_t got = read(fds[0], msg + len, sizeof msg - 1 - len);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        len += (size_t)got;
-        if (len == sizeof msg - 1) break;
-    }
-    msg[len] = 0;
-    close(fds[0]);
-    int st = 0;
-    CHECK(waitpid(pid, &st, 0) == pid, "waitpid: %s", strerror(errno));
-    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) != 0, "%s: child should exit non-zero (status %d)", what, st);
-    EXPECT(strstr(msg, phrase) != NULL, "%s: message lacks '%s': %s", what, phrase, msg);
-    printf("  dies ok (%s): %s", what, len ? msg : "(no message)\n");
+    OpenArgs a = {path, T};
+    expect_death_msg(what, do_open, &a, phrase, NULL, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

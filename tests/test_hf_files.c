@@ -22,6 +22,7 @@
 #include "train/checkpoint.h"
 #include "train/hf.h"
 #include "test_util.h"
+#include "test_death.h"
 
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
@@ -162,62 +163,7 @@ static void do_config(void *a) { Args *x = a; ModelConfig c; hf_load_config(x->d
 static void do_data(void *a) { Args *x = a; Dataset ds; data_open(&ds, x->shard, 1, x->T); }
 
 static void expect_death(const char *what, void (*fn)(void *), void *arg, const char *p1, const char *p2) {
-    int pfd[2];
-    if (pipe(pfd) != 0) { perror("pipe"); exit(2); }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(pfd[0]);
-        dup2(pfd[1], 2);
-        close(pfd[1]);
-        fn(arg);
-        _exit(0);
-    }
-    close(pfd[1]);
-    char buf[4096];
-    size_t n = 0;
-    ssize_t r;
-    while ((r = read(pfd[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
-    buf[n] = 0;
-    close(pfd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: child should exit non-zero (status %d)", what, status);
-    EXPECT(strstr(buf, p1) != NULL, "%s: message should contain \"%s\"; got: %s", what, p1, buf);
-    if (p2) EXPECT(strstr(buf, p2) != NULL, "%s: message should contain \"%s\"; got: %s", what, p2, buf);
-    EXPECT(strncmp(buf, "moe: error: ", 12) == 0 && strchr(buf, '\n') == buf + n - 1, "%s: one 'moe: error:' line; got: %s",
-           what, buf);
-    printf("  death ok: %-34s %s", what, buf[0] ? buf : "(no message)\n");
-}
-
-typedef struct { int n; char name[16][96]; char *data[16]; size_t len[16]; } Snap;
-static void snap_take(const char *dir, Snap *s) {
-    memset(s, 0, sizeof *s);
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    char p[512];
-    while (d && (de = readdir(d)) && s->n < 16) {
-        if (de->d_name[0] == '.') continue;
-        path2(p, sizeof p, dir, de->d_name);
-        snprintf(s->name[s->n], 96, "%s", de->d_name);
-        s->data[s->n] = read_file(p, &s->len[s->n]);
-        s->n++;
-    }
-    if (d) closedir(d);
-}
-static int snap_same(const char *dir, Snap *a) {
-    Snap b;
-    snap_take(dir, &b);
-    int ok = a->n == b.n;
-    for (int i = 0; ok && i < a->n; i++) {
-        int j = 0;
-        while (j < b.n && strcmp(a->name[i], b.name[j]) != 0) j++;
-        ok = j < b.n && a->len[i] == b.len[j] && memcmp(a->data[i], b.data[j], a->len[i]) == 0;
-    }
-    for (int i = 0; i < a->n; i++) free(a->data[i]);
-    for (int i = 0; i < b.n; i++) free(b.data[i]);
-    return ok;
+    expect_death_msg(what, fn, arg, p1, p2, 1);
 }
 
 // Dies as expected, and the directory is byte-for-byte what it was.
@@ -228,6 +174,7 @@ static void params_death(const char *what, const char *dir, const ParamTable *t,
     Args a = {dir, t, p, NULL, 0};
     expect_death(what, do_params, &a, p1, p2);
     EXPECT(snap_same(dir, &s), "%s: files unchanged", what);
+    snap_free(&s);
     free(p);
 }
 
