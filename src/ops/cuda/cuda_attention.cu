@@ -5,7 +5,8 @@
 // lane, lane+32, ... (hd <= 32 * ATT_MAXR); in a tile, lane j scores key (or query) j of the tile.
 // Deterministic: every output element is written by one warp, summing in a fixed order.
 // Layouts (as ops.h): q/out (B*T, H, hd), k/v (B*T, KV, hd), lse (B, H, T).
-// Later: tensor-core (mma/wgmma) tiles in bf16, several query rows per warp.
+// Backend "cuda" runs cuda_attention_tc.cu (tensor cores) and falls back to these kernels for
+// head dims it does not take; "cuda-fp32" always runs these.
 // Must not hold: any knowledge of the model.
 #include <math.h>
 #include "ops/cuda/cuda_common.h"
@@ -239,6 +240,12 @@ static void att_smem(const void *fn, size_t bytes) {
     if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+extern "C" void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd) {
+    size_t rows = (size_t)B * T * H;
+    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd);
+    KCHECK("attention_bwd (rowdot)");
+}
+
 extern "C" void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                                    int B, int T, int H, int KV, int hd) {
     if (B <= 0 || T <= 0 || H <= 0) return;
@@ -258,8 +265,7 @@ extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float 
     float sc = 1.0f / sqrtf((float)hd);
     size_t rows = (size_t)B * T * H;
     float *D = (float *)cuda_workspace(rows * sizeof(float));
-    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd);
-    KCHECK("attention_bwd (rowdot)");
+    cuda_attention_rowdot(D, dout, out, B, T, H, hd);
     size_t smem_q = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dq_k, smem_q);
     dim3 gq(cdiv_u(T, ATT_WARPS), H, B);

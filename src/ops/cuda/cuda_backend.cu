@@ -169,6 +169,8 @@ static void cuda_init(void) {
     g_be_bf16.matmul_bwd = cuda_matmul_bwd_bf16;
     g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
     g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
+    g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
+    g_be_bf16.attention_bwd = cuda_attention_bwd_tc;
     fill_common(&g_be_f32);
     g_be_f32.name = "cuda-fp32";
     g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;

@@ -1,0 +1,379 @@
+// cuda_attention_tc.cu — causal grouped-query attention on tensor cores, for backend "cuda":
+// flash-attention style (never forms T x T), bf16 operands with fp32 accumulation through
+// mma.sync.m16n8k16 (sm_80+; runs on the H200's tensor cores). The float32 q/k/v/dout tiles are
+// rounded to bf16 (round to nearest even) as they are staged in shared memory; scores, softmax,
+// the log-sum-exp and every accumulator stay float32; P (forward) and dS (backward) are rounded to
+// bf16 as the A operand of the second product, as in FlashAttention-2.
+// Kernels: forward (64 query rows per block, 16 per warp, 64-key tiles, online softmax in base 2);
+// backward dq (per 64-query block over key tiles) and dk/dv (per 64-key block over the query
+// heads of its group and 32-query tiles), so that every output element is written by one thread
+// summing in a fixed order: deterministic, no atomics. D = rowsum(dout * out) comes from
+// cuda_attention.cu. Head dims 32, 64 and 128 with 16-byte aligned tensors take this path; any
+// other shape falls back to the float32 kernels of cuda_attention.cu (same contract, ops.h).
+// Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane/4, t = lane%4; A rows g, g+8 and
+// columns 2t..2t+1, 2t+8..2t+9; B column g, rows 2t..2t+1, 2t+8..2t+9; C rows g, g+8, columns
+// 2t, 2t+1. Transposed B operands come from row-major tiles through ldmatrix .trans.
+// Must not hold: any knowledge of the model.
+#include <cuda_bf16.h>
+#include <math.h>
+#include "ops/cuda/cuda_common.h"
+
+#define TC_THREADS 128   // 4 warps
+#define TC_BM 64         // query rows per block (fwd, dq); keys per block (dk/dv): 16 per warp
+#define TC_BN 64         // keys per tile (fwd, dq)
+#define TC_BQ 32         // queries per tile (dk/dv)
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
+typedef unsigned short bf16s;   // bf16 bits in shared memory
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    union { __nv_bfloat162 b; uint32_t u; } c;
+    c.b = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
+    return c.u;
+}
+__device__ __forceinline__ uint32_t ld32(const bf16s *p) { return *(const uint32_t *)p; }
+
+// c += A B (m16n8k16, bf16 in, fp32 accumulate)
+__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four transposed 8x8 bf16 matrices: lane i gives the address of row (i & 15) of a 16-row block,
+// columns c0 + 8 * (i >> 4); r0, r1 are then the B fragment (k = rows) of columns c0..c0+7, and
+// r2, r3 that of c0+8..c0+15.
+__device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16s *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a)
+                 : "memory");
+}
+
+// Stage ROWS rows of a (T, heads, HD) float32 tensor (g points at row 0 of one head; rows `stride`
+// floats apart) as bf16 into s[ROWS][HD + 8]; rows from nvalid on are zero.
+template <int HD, int ROWS>
+__device__ __forceinline__ void stage(bf16s *s, const float *g, int row0, int nvalid, size_t stride) {
+    constexpr int LD = HD + 8, C4 = HD / 4;
+    for (int e = threadIdx.x; e < ROWS * C4; e += TC_THREADS) {
+        int r = e / C4, c = (e % C4) * 4;
+        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < nvalid) f = *(const float4 *)(g + (size_t)(row0 + r) * stride + c);
+        uint2 u;
+        u.x = pack_bf16(f.x, f.y);
+        u.y = pack_bf16(f.z, f.w);
+        *(uint2 *)(s + r * LD + c) = u;
+    }
+}
+
+// acc[NJ] (16 rows x 8 NJ columns) += A (16 x HD, rows r of sa) * B^T where B is the row-major
+// tile sb (NJ*8 rows x HD): the "scores" product of rows of two tiles along the head dimension.
+template <int HD, int NJ>
+__device__ __forceinline__ void rows_dot(float (*acc)[4], const bf16s *sa, const bf16s *sb, int lane) {
+    constexpr int LD = HD + 8;
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const bf16s *a = sa + g * LD + kk * 16 + 2 * t;
+        uint32_t a0 = ld32(a), a1 = ld32(a + 8 * LD), a2 = ld32(a + 8), a3 = ld32(a + 8 * LD + 8);
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const bf16s *bp = sb + (j * 8 + g) * LD + kk * 16 + 2 * t;
+            mma_bf16(acc[j], a0, a1, a2, a3, ld32(bp), ld32(bp + 8));
+        }
+    }
+}
+
+// out[HD/8] (16 x HD) += P (16 x NJ*8, C fragments, rounded to bf16 here) * the row-major tile
+// sb (NJ*8 rows x HD).
+template <int HD, int NJ>
+__device__ __forceinline__ void p_times(float (*out)[4], float (*p)[4], const bf16s *sb, int lane) {
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int kk = 0; kk < NJ / 2; kk++) {
+        uint32_t a0 = pack_bf16(p[2 * kk][0], p[2 * kk][1]), a1 = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+        uint32_t a2 = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]), a3 = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+        for (int n = 0; n < HD / 8; n += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4_t(b0, b1, b2, b3, sb + (kk * 16 + (lane & 15)) * LD + n * 8 + (lane >> 4) * 8);
+            mma_bf16(out[n], a0, a1, a2, a3, b0, b1);
+            mma_bf16(out[n + 1], a0, a1, a2, a3, b2, b3);
+        }
+    }
+}
+
+// Forward. Grid (ceil(T/64), H, B), the query blocks with the most keys first.
+template <int HD>
+__global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *lse, const float *q, const float *k,
+                                                           const float *v, int T, int H, int KV, float sl) {
+    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8;
+    extern __shared__ __align__(16) bf16s sm[];
+    bf16s *Qs = sm, *Ks = Qs + TC_BM * LD, *Vs = Ks + TC_BN * LD;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
+    const float *qg = q + ((size_t)b * T * H + h) * HD;
+    const float *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
+    stage<HD, TC_BM>(Qs, qg, q0, min(TC_BM, T - q0), (size_t)H * HD);
+    int r0 = q0 + w * 16 + g, r1 = r0 + 8;
+    float o[NT][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int k0 = 0; k0 <= q0; k0 += TC_BN) {
+        __syncthreads();   // the previous tile is used up (and Qs is staged, the first time)
+        stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        __syncthreads();
+        float s[NJ][4];
+#pragma unroll
+        for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        rows_dot<HD, NJ>(s, Qs + w * 16 * LD, Ks, lane);
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                s[j][e] = key <= row && key < T ? s[j][e] * sl : -INFINITY;
+            }
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // finite: key k0 = 0 <= row is in the first tile, so the running max is finite from then on
+        float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);   // 0 on the first tile
+        m0 = mx0;
+        m1 = mx1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            s[j][0] = exp2f(s[j][0] - mx0);
+            s[j][1] = exp2f(s[j][1] - mx0);
+            s[j][2] = exp2f(s[j][2] - mx1);
+            s[j][3] = exp2f(s[j][3] - mx1);
+            ps0 += s[j][0] + s[j][1];
+            ps1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * c0 + ps0;   // this thread's columns only; the quad's sum is taken at the end
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            o[n][0] *= c0; o[n][1] *= c0;
+            o[n][2] *= c1; o[n][3] *= c1;
+        }
+        p_times<HD, NJ>(o, s, Vs, lane);
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (r0 < T) *(float2 *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[n][0] * i0, o[n][1] * i0);
+        if (r1 < T) *(float2 *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[n][2] * i1, o[n][3] * i1);
+    }
+    if (t == 0) {
+        if (r0 < T) lse[((size_t)b * H + h) * T + r0] = (m0 + log2f(l0)) * TC_LN2;
+        if (r1 < T) lse[((size_t)b * H + h) * T + r1] = (m1 + log2f(l1)) * TC_LN2;
+    }
+}
+
+// dst (rows r0, r1 of a (T, heads, HD) tensor at base) += acc, float2 per fragment pair
+template <int HD>
+__device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, int r1, int T, size_t stride, int t) {
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        if (r0 < T) {
+            float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t), x = *p;
+            *p = make_float2(x.x + acc[n][0], x.y + acc[n][1]);
+        }
+        if (r1 < T) {
+            float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t), x = *p;
+            *p = make_float2(x.x + acc[n][2], x.y + acc[n][3]);
+        }
+    }
+}
+
+// dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
+// dp = dout . v. Grid (ceil(T/64), H, B).
+template <int HD>
+__global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const float *dout, const float *lse,
+                                                          const float *Dg, const float *q, const float *k,
+                                                          const float *v, int T, int H, int KV, float sl, float sc) {
+    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8;
+    extern __shared__ __align__(16) bf16s sm[];
+    bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + TC_BN * LD;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
+    size_t qoff = ((size_t)b * T * H + h) * HD;
+    stage<HD, TC_BM>(Qs, q + qoff, q0, min(TC_BM, T - q0), (size_t)H * HD);
+    stage<HD, TC_BM>(Gs, dout + qoff, q0, min(TC_BM, T - q0), (size_t)H * HD);
+    const float *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
+    int r0 = q0 + w * 16 + g, r1 = r0 + 8;
+    size_t lrow = ((size_t)b * H + h) * T;
+    float L0 = r0 < T ? lse[lrow + r0] * TC_LOG2E : 0.0f, L1 = r1 < T ? lse[lrow + r1] * TC_LOG2E : 0.0f;
+    float D0 = r0 < T ? Dg[lrow + r0] : 0.0f, D1 = r1 < T ? Dg[lrow + r1] : 0.0f;
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int k0 = 0; k0 <= q0; k0 += TC_BN) {
+        __syncthreads();
+        stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        __syncthreads();
+        float s[NJ][4], dp[NJ][4];
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+        rows_dot<HD, NJ>(s, Qs + w * 16 * LD, Ks, lane);
+        rows_dot<HD, NJ>(dp, Gs + w * 16 * LD, Vs, lane);
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                float p = key <= row && key < T ? exp2f(s[j][e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
+                s[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1)) * sc;
+            }
+        p_times<HD, NJ>(acc, s, Ks, lane);
+    }
+    add_rows<HD>(dq + qoff, acc, r0, r1, T, (size_t)H * HD, t);
+}
+
+// dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the
+// queries t >= u. Grid (ceil(T/64), KV, B); key blocks with the most queries first.
+template <int HD>
+__global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv, const float *dout, const float *lse,
+                                                            const float *Dg, const float *q, const float *k,
+                                                            const float *v, int T, int H, int KV, float sl, float sc) {
+    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BQ / 8;
+    extern __shared__ __align__(16) bf16s sm[];
+    bf16s *Ks = sm, *Vs = Ks + TC_BM * LD, *Qs = Vs + TC_BM * LD, *Gs = Qs + TC_BQ * LD;
+    float *Ls = (float *)(Gs + TC_BQ * LD), *Ds = Ls + TC_BQ;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
+    int k0 = blockIdx.x * TC_BM;
+    size_t koff = ((size_t)b * T * KV + kh) * HD;
+    stage<HD, TC_BM>(Ks, k + koff, k0, min(TC_BM, T - k0), (size_t)KV * HD);
+    stage<HD, TC_BM>(Vs, v + koff, k0, min(TC_BM, T - k0), (size_t)KV * HD);
+    int u0 = k0 + w * 16 + g, u1 = u0 + 8, wfirst = k0 + w * 16;
+    float dka[NT][4], dva[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[n][e] = dva[n][e] = 0.0f;
+    for (int h = kh * rep; h < (kh + 1) * rep; h++) {
+        size_t qoff = ((size_t)b * T * H + h) * HD, lrow = ((size_t)b * H + h) * T;
+        for (int t0 = k0; t0 < T; t0 += TC_BQ) {
+            __syncthreads();
+            int nq = min(TC_BQ, T - t0);
+            stage<HD, TC_BQ>(Qs, q + qoff, t0, nq, (size_t)H * HD);
+            stage<HD, TC_BQ>(Gs, dout + qoff, t0, nq, (size_t)H * HD);
+            for (int j = threadIdx.x; j < TC_BQ; j += TC_THREADS) {
+                Ls[j] = j < nq ? lse[lrow + t0 + j] * TC_LOG2E : 0.0f;
+                Ds[j] = j < nq ? Dg[lrow + t0 + j] : 0.0f;
+            }
+            __syncthreads();
+            if (t0 + TC_BQ - 1 < wfirst) continue;   // warp-uniform: every query precedes this warp's keys
+            float s[NJ][4], dp[NJ][4];
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+            rows_dot<HD, NJ>(s, Ks + w * 16 * LD, Qs, lane);    // s^T: keys x queries
+            rows_dot<HD, NJ>(dp, Vs + w * 16 * LD, Gs, lane);   // dp^T
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u1;
+                    float p = qt >= key && qt < T ? exp2f(s[j][e] * sl - Ls[c]) : 0.0f;
+                    s[j][e] = p;
+                    dp[j][e] = p * (dp[j][e] - Ds[c]) * sc;
+                }
+            p_times<HD, NJ>(dva, s, Gs, lane);
+            p_times<HD, NJ>(dka, dp, Qs, lane);
+        }
+    }
+    add_rows<HD>(dk + koff, dka, u0, u1, T, (size_t)KV * HD, t);
+    add_rows<HD>(dv + koff, dva, u0, u1, T, (size_t)KV * HD, t);
+}
+
+static size_t smem_fwd(int hd) { return sizeof(bf16s) * (size_t)(TC_BM + 2 * TC_BN) * (hd + 8); }
+static size_t smem_dq(int hd) { return sizeof(bf16s) * (size_t)(2 * TC_BM + 2 * TC_BN) * (hd + 8); }
+static size_t smem_dkdv(int hd) {
+    return sizeof(bf16s) * (size_t)(2 * TC_BM + 2 * TC_BQ) * (hd + 8) + sizeof(float) * 2 * TC_BQ;
+}
+
+static void smem_opt_in(const void *fn, size_t bytes) {
+    if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// The tensor-core path takes head dims 32, 64, 128 and 16-byte aligned tensors.
+static int tc_ok(int hd, int KV, int H, const void *a, const void *b, const void *c, const void *d) {
+    return (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0 && H <= 65535 && aligned16(a) &&
+           aligned16(b) && aligned16(c) && aligned16(d);
+}
+
+template <int HD>
+static void fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+                       int KV) {
+    size_t sm = smem_fwd(HD);
+    smem_opt_in((const void *)att_tc_fwd_k<HD>, sm);
+    dim3 grid(cdiv_u(T, TC_BM), H, B);
+    att_tc_fwd_k<HD><<<grid, TC_THREADS, sm>>>(out, lse, q, k, v, T, H, KV, TC_LOG2E / sqrtf((float)HD));
+    KCHECK("attention_fwd (tensor cores)");
+}
+
+template <int HD>
+static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *D,
+                       const float *q, const float *k, const float *v, int B, int T, int H, int KV) {
+    float sc = 1.0f / sqrtf((float)HD), sl = sc * TC_LOG2E;
+    size_t s1 = smem_dq(HD), s2 = smem_dkdv(HD);
+    smem_opt_in((const void *)att_tc_dq_k<HD>, s1);
+    smem_opt_in((const void *)att_tc_dkdv_k<HD>, s2);
+    dim3 gq(cdiv_u(T, TC_BM), H, B), gk(cdiv_u(T, TC_BM), KV, B);
+    att_tc_dq_k<HD><<<gq, TC_THREADS, s1>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc);
+    KCHECK("attention_bwd (tensor cores, dq)");
+    att_tc_dkdv_k<HD><<<gk, TC_THREADS, s2>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc);
+    KCHECK("attention_bwd (tensor cores, dk/dv)");
+}
+
+extern "C" void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                      int T, int H, int KV, int hd) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    if (B > 65535 || !tc_ok(hd, KV, H, out, q, k, v)) { cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
+    if (hd == 32) fwd_launch<32>(out, lse, q, k, v, B, T, H, KV);
+    else if (hd == 64) fwd_launch<64>(out, lse, q, k, v, B, T, H, KV);
+    else fwd_launch<128>(out, lse, q, k, v, B, T, H, KV);
+}
+
+extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                      const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                      int H, int KV, int hd) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    if (B > 65535 || !tc_ok(hd, KV, H, dq, dk, dv, dout) || !tc_ok(hd, KV, H, q, k, v, out)) {
+        cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd);
+        return;
+    }
+    float *D = (float *)cuda_workspace((size_t)B * T * H * sizeof(float));
+    cuda_attention_rowdot(D, dout, out, B, T, H, hd);
+    if (hd == 32) bwd_launch<32>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
+    else if (hd == 64) bwd_launch<64>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
+    else bwd_launch<128>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
+}
