@@ -19,7 +19,7 @@
 // output, as the backend; timed before and after the backend, for drift; bf16 output; 4 streams);
 // and fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts internally).
 //
-//   moe_bench_layer [--cases mixtral,olmoe,small] [--iters 10] [--warmup 3] [--device cuda]
+//   moe_bench_layer [--cases mixtral,olmoe,small,ref] [--iters 10] [--warmup 3] [--device cuda]
 //                   [--profile 1] [--gemm 1]
 // Values are not checked here (tests/test_cuda_ops.c and test_cuda_model.c do that).
 #include <cublas_v2.h>
@@ -466,7 +466,8 @@ int main(int argc, char **argv) {
     const Backend *real = backend_by_name(dev);
     CHECK(real != backend_cpu(), "moe_bench_layer times a CUDA backend (--device cuda or cuda-fp32)");
     const Case all[] = {{"mixtral", 16384, 4096, 14336, 8, 2}, {"olmoe", 16384, 2048, 1024, 64, 8},
-                        {"small", 8192, 1024, 2816, 8, 2}};
+                        {"small", 8192, 1024, 2816, 8, 2},
+                        {"ref", 8192, 2048, 5632, 8, 2}};   // the PEERS.md full-step model's MoE layer (batch 4 x 2048)
     struct cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
     printf("moe_bench_layer: %s, %d SMs, backend %s; FLOPs = 3 x 2 x T*k x 3*d*f (PEERS.md)\n", p.name,
@@ -480,7 +481,7 @@ int main(int argc, char **argv) {
         run_case(&all[i], real, warm, iters, prof, gemms);
         ran++;
     }
-    CHECK(ran > 0, "--cases %s: none of mixtral, olmoe, small", cases);
+    CHECK(ran > 0, "--cases %s: none of mixtral, olmoe, small, ref", cases);
     free(g_pool);
     free(g_pool_bf);
     return 0;

@@ -7,6 +7,7 @@
 // GEMM, and a matmul only when O > MOE_GEMM_FP32_MAX_O; every other op is the cpu's.
 // Must not hold: tests (those are in test_cuda_ops.c / test_cuda_model.c).
 #pragma once
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include "core/common.h"
@@ -64,7 +65,76 @@ static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const flo
     free(gr); free(xr); free(wr);
 }
 
-// The cpu backend with the cuda backend's bf16 GEMMs (name "cpu-bf16ref").
+// Attention as the tensor-core kernels of the cuda backend compute it (head dims 32, 64, 128;
+// cuda_attention_tc.cu): q, k, v and dout rounded to bf16; scores, softmax, log-sum-exp and sums
+// in float32 (double here); the second products take P (forward: exp(s - max), normalised after
+// the sum; backward: exp(s - lse)) and dS rounded to bf16. One difference is left: the forward
+// kernel rounds exp(s - running max) per 64-key tile, so rows longer than 64 keys whose max moves
+// between tiles round some of their P differently (2^-9 relative of those terms).
+static inline int bfr_att_tc(int hd) { return hd == 32 || hd == 64 || hd == 128; }
+static inline double bfr_dot(const float *a, const float *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+static void bfr_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                              int H, int KV, int hd) {
+    if (!bfr_att_tc(hd)) { backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
+    float *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
+    double *s = xmalloc(sizeof(double) * T), *acc = xmalloc(sizeof(double) * hd), sc = 1.0 / sqrt((double)hd);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const float *qt = qr + (((size_t)b * T + t) * H + h) * hd;
+                double m = -INFINITY, l = 0;
+                for (int u = 0; u <= t; u++) {
+                    s[u] = bfr_dot(qt, kr + (((size_t)b * T + u) * KV + h / (H / KV)) * hd, hd) * sc;
+                    if (s[u] > m) m = s[u];
+                }
+                for (int i = 0; i < hd; i++) acc[i] = 0;
+                for (int u = 0; u <= t; u++) {
+                    double e = exp(s[u] - m);
+                    l += e;
+                    double pb = bf16_round((float)e);
+                    const float *vu = vr + (((size_t)b * T + u) * KV + h / (H / KV)) * hd;
+                    for (int i = 0; i < hd; i++) acc[i] += pb * vu[i];
+                }
+                for (int i = 0; i < hd; i++) out[(((size_t)b * T + t) * H + h) * hd + i] = (float)(acc[i] / l);
+                lse[((size_t)b * H + h) * T + t] = (float)(m + log(l));
+            }
+    free(s); free(acc); free(qr); free(kr); free(vr);
+}
+static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                              const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) {
+    if (!bfr_att_tc(hd)) { backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd); return; }
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
+    float *gr = bf16_copy(dout, nq), *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
+    double *aq = xcalloc(nq, sizeof(double)), *ak = xcalloc(nk, sizeof(double)), *av = xcalloc(nk, sizeof(double));
+    double sc = 1.0 / sqrt((double)hd);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                size_t qi = (((size_t)b * T + t) * H + h) * hd;
+                double D = bfr_dot(gr + qi, out + qi, hd), L = lse[((size_t)b * H + h) * T + t];
+                for (int u = 0; u <= t; u++) {
+                    size_t ki = (((size_t)b * T + u) * KV + h / (H / KV)) * hd;
+                    double p = exp(bfr_dot(qr + qi, kr + ki, hd) * sc - L);
+                    double ds = p * (bfr_dot(gr + qi, vr + ki, hd) - D) * sc;
+                    double pb = bf16_round((float)p), dsb = bf16_round((float)ds);
+                    for (int i = 0; i < hd; i++) {
+                        av[ki + i] += pb * gr[qi + i];
+                        aq[qi + i] += dsb * kr[ki + i];
+                        ak[ki + i] += dsb * qr[qi + i];
+                    }
+                }
+            }
+    for (size_t i = 0; i < nq; i++) dq[i] += (float)aq[i];
+    for (size_t i = 0; i < nk; i++) { dk[i] += (float)ak[i]; dv[i] += (float)av[i]; }
+    free(aq); free(ak); free(av); free(gr); free(qr); free(kr); free(vr);
+}
+
+// The cpu backend with the cuda backend's bf16 GEMMs and attention (name "cpu-bf16ref").
 static inline const Backend *backend_cpu_bf16ref(void) {
     static Backend b;
     if (!b.name) {
@@ -74,6 +144,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.matmul_bwd = bfr_matmul_bwd;
         b.grouped_matmul_fwd = bfr_grouped_fwd;
         b.grouped_matmul_bwd = bfr_grouped_bwd;
+        b.attention_fwd = bfr_attention_fwd;
+        b.attention_bwd = bfr_attention_bwd;
     }
     return &b;
 }

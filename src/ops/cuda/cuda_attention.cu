@@ -8,6 +8,7 @@
 // Backend "cuda" runs cuda_attention_tc.cu (tensor cores) and falls back to these kernels for
 // head dims it does not take; "cuda-fp32" always runs these.
 // Must not hold: any knowledge of the model.
+#include <cuda_bf16.h>
 #include <math.h>
 #include "ops/cuda/cuda_common.h"
 
@@ -81,14 +82,22 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
     if (lane == 0) lse[((size_t)b * H + h) * T + t] = m + logf(l);
 }
 
-// D[b,h,t] = <dout, out> of each query row: one warp per row.
-__global__ void attention_rowdot_k(float *D, const float *dout, const float *out, int B, int T, int H, int hd) {
+// D[b,h,t] = <dout, out> of each query row: one warp per row. rnd: dout rounded to bf16 first, as
+// the tensor-core backward rounds it for dp = dout . v, so that D = sum_u p_u dp_u holds to float32
+// rounding and ds = p (dp - D) does not turn dout's rounding error into a gradient (it would where
+// dp ~ D, e.g. the first query row, whose gradient is exactly 0).
+__global__ void attention_rowdot_k(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
+                                   int rnd) {
     size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b*T + t)*H + h
     int lane = threadIdx.x & 31;
     if (row >= (size_t)B * T * H) return;
     const float *g = dout + row * hd, *o = out + row * hd;
     float s = 0.0f;
-    for (int i = lane; i < hd; i += 32) s += ld_f(g + i) * ld_f(o + i);
+    for (int i = lane; i < hd; i += 32) {
+        float gi = ld_f(g + i);
+        if (rnd) gi = __bfloat162float(__float2bfloat16_rn(gi));
+        s += gi * ld_f(o + i);
+    }
     s = warp_sum_f(s);
     int h = (int)(row % H);
     size_t bt = row / H;
@@ -240,9 +249,10 @@ static void att_smem(const void *fn, size_t bytes) {
     if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-extern "C" void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd) {
+extern "C" void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
+                                      int round_dout) {
     size_t rows = (size_t)B * T * H;
-    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd);
+    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd, round_dout);
     KCHECK("attention_bwd (rowdot)");
 }
 
@@ -265,7 +275,7 @@ extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float 
     float sc = 1.0f / sqrtf((float)hd);
     size_t rows = (size_t)B * T * H;
     float *D = (float *)cuda_workspace(rows * sizeof(float));
-    cuda_attention_rowdot(D, dout, out, B, T, H, hd);
+    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 0);
     size_t smem_q = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dq_k, smem_q);
     dim3 gq(cdiv_u(T, ATT_WARPS), H, B);

@@ -7,8 +7,8 @@
 // Kernels: forward (64 query rows per block, 16 per warp, 64-key tiles, online softmax in base 2);
 // backward dq (per 64-query block over key tiles) and dk/dv (per 64-key block over the query
 // heads of its group and 32-query tiles), so that every output element is written by one thread
-// summing in a fixed order: deterministic, no atomics. D = rowsum(dout * out) comes from
-// cuda_attention.cu. Head dims 32, 64 and 128 with 16-byte aligned tensors take this path; any
+// summing in a fixed order: deterministic, no atomics. D = rowsum(bf16(dout) * out) comes from
+// cuda_attention.cu (dout rounded as for dp, so that dp - D cancels where it should). Head dims 32, 64 and 128 with 16-byte aligned tensors take this path; any
 // other shape falls back to the float32 kernels of cuda_attention.cu (same contract, ops.h).
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane/4, t = lane%4; A rows g, g+8 and
 // columns 2t..2t+1, 2t+8..2t+9; B column g, rows 2t..2t+1, 2t+8..2t+9; C rows g, g+8, columns
@@ -372,7 +372,7 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
         return;
     }
     float *D = (float *)cuda_workspace((size_t)B * T * H * sizeof(float));
-    cuda_attention_rowdot(D, dout, out, B, T, H, hd);
+    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 1);
     if (hd == 32) bwd_launch<32>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
     else if (hd == 64) bwd_launch<64>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
     else bwd_launch<128>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);

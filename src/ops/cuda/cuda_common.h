@@ -137,8 +137,10 @@ void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, 
                         int B, int T, int H, int KV, int hd);
 void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                         const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd);
-// D[b,h,t] = <dout, out> per query row (layouts as ops.h; D is (B, H, T))
-void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd);
+// D[b,h,t] = <dout, out> per query row (layouts as ops.h; D is (B, H, T)); round_dout: dout
+// rounded to bf16 first (the tensor-core backward)
+void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
+                           int round_dout);
 // cuda_attention_tc.cu: the same two ops on tensor cores (bf16 operands), backend "cuda"
 void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v,
                            int B, int T, int H, int KV, int hd);
