@@ -1,15 +1,17 @@
 // cuda_attention_tc.cu — causal grouped-query attention on tensor cores, for backend "cuda":
 // flash-attention style (never forms T x T), bf16 operands with fp32 accumulation through
-// mma.sync.m16n8k16 (sm_80+; runs on the H200's tensor cores). The float32 q/k/v/dout tiles are
-// rounded to bf16 (round to nearest even) as they are staged in shared memory; scores, softmax,
-// the log-sum-exp and every accumulator stay float32; P (forward) and dS (backward) are rounded to
-// bf16 as the A operand of the second product, as in FlashAttention-2.
+// mma.sync.m16n8k16 (sm_80+; runs on the H200's tensor cores). q, k, v (and dout) are rounded to
+// bf16 (round to nearest even) once per call into the workspace, and tiles are staged from there
+// into shared memory with cp.async; scores, softmax, the log-sum-exp and every accumulator stay
+// float32; P (forward) and dS (backward) are rounded to bf16 as the A operand of the second
+// product, as in FlashAttention-2.
 // Kernels: forward (64 query rows per block, 16 per warp, 64-key tiles, online softmax in base 2);
 // backward dq (per 64-query block over key tiles) and dk/dv (per 64-key block over the query
 // heads of its group and 32-query tiles), so that every output element is written by one thread
 // summing in a fixed order: deterministic, no atomics. D = rowsum(bf16(dout) * out) comes from
-// cuda_attention.cu (dout rounded as for dp, so that dp - D cancels where it should). Head dims 32, 64 and 128 with 16-byte aligned tensors take this path; any
-// other shape falls back to the float32 kernels of cuda_attention.cu (same contract, ops.h).
+// cuda_attention.cu (dout rounded as for dp, so that dp - D cancels where it should). Head dims
+// 32, 64 and 128 take this path; any other falls back to the float32 kernels of
+// cuda_attention.cu (same contract, ops.h).
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane/4, t = lane%4; A rows g, g+8 and
 // columns 2t..2t+1, 2t+8..2t+9; B column g, rows 2t..2t+1, 2t+8..2t+9; C rows g, g+8, columns
 // 2t, 2t+1. Transposed B operands come from row-major tiles through ldmatrix .trans.
@@ -54,21 +56,21 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &
                  : "memory");
 }
 
-// Stage ROWS rows of a (T, heads, HD) float32 tensor (g points at row 0 of one head; rows `stride`
-// floats apart) as bf16 into s[ROWS][HD + 8]; rows from nvalid on are zero.
+// Stage ROWS rows of a (T, heads, HD) bf16 tensor (g points at row 0 of one head; rows `stride`
+// elements apart) into s[ROWS][HD + 8] with 16-byte cp.async copies; rows from nvalid on are
+// zero-filled. Completes at stage_wait() (then __syncthreads before reading).
 template <int HD, int ROWS>
-__device__ __forceinline__ void stage(bf16s *s, const float *g, int row0, int nvalid, size_t stride) {
-    constexpr int LD = HD + 8, C4 = HD / 4;
-    for (int e = threadIdx.x; e < ROWS * C4; e += TC_THREADS) {
-        int r = e / C4, c = (e % C4) * 4;
-        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < nvalid) f = *(const float4 *)(g + (size_t)(row0 + r) * stride + c);
-        uint2 u;
-        u.x = pack_bf16(f.x, f.y);
-        u.y = pack_bf16(f.z, f.w);
-        *(uint2 *)(s + r * LD + c) = u;
+__device__ __forceinline__ void stage(bf16s *s, const bf16s *g, int row0, int nvalid, size_t stride) {
+    constexpr int LD = HD + 8, C8 = HD / 8;
+    for (int e = threadIdx.x; e < ROWS * C8; e += TC_THREADS) {
+        int r = e / C8, c = (e % C8) * 8;
+        const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c : g;
+        uint32_t dst = (uint32_t)__cvta_generic_to_shared(s + r * LD + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(r < nvalid ? 16 : 0));
     }
+    asm volatile("cp.async.commit_group;\n" ::);
 }
+__device__ __forceinline__ void stage_wait(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // acc[NJ] (16 rows x 8 NJ columns) += A (16 x HD, rows r of sa) * B^T where B is the row-major
 // tile sb (NJ*8 rows x HD): the "scores" product of rows of two tiles along the head dimension.
@@ -109,16 +111,16 @@ __device__ __forceinline__ void p_times(float (*out)[4], float (*p)[4], const bf
 
 // Forward. Grid (ceil(T/64), H, B), the query blocks with the most keys first.
 template <int HD>
-__global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *lse, const float *q, const float *k,
-                                                           const float *v, int T, int H, int KV, float sl) {
+__global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
+                                                           const bf16s *v, int T, int H, int KV, float sl) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Ks = Qs + TC_BM * LD, *Vs = Ks + TC_BN * LD;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
     int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
-    const float *qg = q + ((size_t)b * T * H + h) * HD;
-    const float *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
+    const bf16s *qg = q + ((size_t)b * T * H + h) * HD;
+    const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
     stage<HD, TC_BM>(Qs, qg, q0, min(TC_BM, T - q0), (size_t)H * HD);
     int r0 = q0 + w * 16 + g, r1 = r0 + 8;
     float o[NT][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -128,6 +130,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
         __syncthreads();   // the previous tile is used up (and Qs is staged, the first time)
         stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
         stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        stage_wait();
         __syncthreads();
         float s[NJ][4];
 #pragma unroll
@@ -208,9 +211,9 @@ __device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, i
 // dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
 // dp = dout . v. Grid (ceil(T/64), H, B).
 template <int HD>
-__global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const float *dout, const float *lse,
-                                                          const float *Dg, const float *q, const float *k,
-                                                          const float *v, int T, int H, int KV, float sl, float sc) {
+__global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const bf16s *dout, const float *lse,
+                                                          const float *Dg, const bf16s *q, const bf16s *k,
+                                                          const bf16s *v, int T, int H, int KV, float sl, float sc) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + TC_BN * LD;
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const float
     size_t qoff = ((size_t)b * T * H + h) * HD;
     stage<HD, TC_BM>(Qs, q + qoff, q0, min(TC_BM, T - q0), (size_t)H * HD);
     stage<HD, TC_BM>(Gs, dout + qoff, q0, min(TC_BM, T - q0), (size_t)H * HD);
-    const float *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
+    const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
     int r0 = q0 + w * 16 + g, r1 = r0 + 8;
     size_t lrow = ((size_t)b * H + h) * T;
     float L0 = r0 < T ? lse[lrow + r0] * TC_LOG2E : 0.0f, L1 = r1 < T ? lse[lrow + r1] * TC_LOG2E : 0.0f;
@@ -232,6 +235,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const float
         __syncthreads();
         stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
         stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        stage_wait();
         __syncthreads();
         float s[NJ][4], dp[NJ][4];
 #pragma unroll
@@ -256,9 +260,9 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const float
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the
 // queries t >= u. Grid (ceil(T/64), KV, B); key blocks with the most queries first.
 template <int HD>
-__global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv, const float *dout, const float *lse,
-                                                            const float *Dg, const float *q, const float *k,
-                                                            const float *v, int T, int H, int KV, float sl, float sc) {
+__global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse,
+                                                            const float *Dg, const bf16s *q, const bf16s *k,
+                                                            const bf16s *v, int T, int H, int KV, float sl, float sc) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BQ / 8;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Ks = sm, *Vs = Ks + TC_BM * LD, *Qs = Vs + TC_BM * LD, *Gs = Qs + TC_BQ * LD;
@@ -286,6 +290,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
                 Ls[j] = j < nq ? lse[lrow + t0 + j] * TC_LOG2E : 0.0f;
                 Ds[j] = j < nq ? Dg[lrow + t0 + j] : 0.0f;
             }
+            stage_wait();
             __syncthreads();
             if (t0 + TC_BQ - 1 < wfirst) continue;   // warp-uniform: every query precedes this warp's keys
             float s[NJ][4], dp[NJ][4];
@@ -324,14 +329,26 @@ static void smem_opt_in(const void *fn, size_t bytes) {
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-// The tensor-core path takes head dims 32, 64, 128 and 16-byte aligned tensors.
-static int tc_ok(int hd, int KV, int H, const void *a, const void *b, const void *c, const void *d) {
+// The tensor-core path takes head dims 32, 64, 128 (and 8-byte aligned outputs: float2 stores).
+static int tc_ok(int hd, int KV, int H, const void *a, const void *b, const void *c) {
     return (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0 && H <= 65535 && aligned16(a) &&
-           aligned16(b) && aligned16(c) && aligned16(d);
+           aligned16(b) && aligned16(c);
+}
+
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+// The workspace as float D[nd] (may be 0) then bf16 copies of up to four tensors (counts n[i]).
+static char *ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) {
+    size_t total = al256(nd * sizeof(float));
+    for (int i = 0; i < cnt; i++) total += al256(n[i] * sizeof(bf16s));
+    char *w = (char *)cuda_workspace(total), *c = w + al256(nd * sizeof(float));
+    if (D) *D = (float *)w;
+    for (int i = 0; i < cnt; i++) { p[i] = (bf16s *)c; c += al256(n[i] * sizeof(bf16s)); }
+    return w;
 }
 
 template <int HD>
-static void fwd_launch(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+static void fwd_launch(float *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
                        int KV) {
     size_t sm = smem_fwd(HD);
     smem_opt_in((const void *)att_tc_fwd_k<HD>, sm);
@@ -341,8 +358,8 @@ static void fwd_launch(float *out, float *lse, const float *q, const float *k, c
 }
 
 template <int HD>
-static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const float *lse, const float *D,
-                       const float *q, const float *k, const float *v, int B, int T, int H, int KV) {
+static void bwd_launch(float *dq, float *dk, float *dv, const bf16s *dout, const float *lse, const float *D,
+                       const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H, int KV) {
     float sc = 1.0f / sqrtf((float)HD), sl = sc * TC_LOG2E;
     size_t s1 = smem_dq(HD), s2 = smem_dkdv(HD);
     smem_opt_in((const void *)att_tc_dq_k<HD>, s1);
@@ -354,26 +371,40 @@ static void bwd_launch(float *dq, float *dk, float *dv, const float *dout, const
     KCHECK("attention_bwd (tensor cores, dk/dv)");
 }
 
+// q, k, v (and dout) are rounded to bf16 once, into the workspace, then staged from there.
 extern "C" void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v, int B,
                                       int T, int H, int KV, int hd) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (B > 65535 || !tc_ok(hd, KV, H, out, q, k, v)) { cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
-    if (hd == 32) fwd_launch<32>(out, lse, q, k, v, B, T, H, KV);
-    else if (hd == 64) fwd_launch<64>(out, lse, q, k, v, B, T, H, KV);
-    else fwd_launch<128>(out, lse, q, k, v, B, T, H, KV);
+    if (B > 65535 || !tc_ok(hd, KV, H, out, out, out)) { cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
+    size_t n[3] = {(size_t)B * T * H * hd, (size_t)B * T * KV * hd, (size_t)B * T * KV * hd};
+    bf16s *p[3];
+    ws_carve(0, n, 3, NULL, p);
+    cuda_f32_to_bf16(p[0], q, n[0]);
+    cuda_f32_to_bf16(p[1], k, n[1]);
+    cuda_f32_to_bf16(p[2], v, n[2]);
+    if (hd == 32) fwd_launch<32>(out, lse, p[0], p[1], p[2], B, T, H, KV);
+    else if (hd == 64) fwd_launch<64>(out, lse, p[0], p[1], p[2], B, T, H, KV);
+    else fwd_launch<128>(out, lse, p[0], p[1], p[2], B, T, H, KV);
 }
 
 extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                       const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                       int H, int KV, int hd) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (B > 65535 || !tc_ok(hd, KV, H, dq, dk, dv, dout) || !tc_ok(hd, KV, H, q, k, v, out)) {
+    if (B > 65535 || !tc_ok(hd, KV, H, dq, dk, dv)) {
         cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd);
         return;
     }
-    float *D = (float *)cuda_workspace((size_t)B * T * H * sizeof(float));
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, n[4] = {nq, nk, nk, nq};
+    float *D;
+    bf16s *p[4];
+    ws_carve((size_t)B * T * H, n, 4, &D, p);
     cuda_attention_rowdot(D, dout, out, B, T, H, hd, 1);
-    if (hd == 32) bwd_launch<32>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
-    else if (hd == 64) bwd_launch<64>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
-    else bwd_launch<128>(dq, dk, dv, dout, lse, D, q, k, v, B, T, H, KV);
+    cuda_f32_to_bf16(p[0], q, nq);
+    cuda_f32_to_bf16(p[1], k, nk);
+    cuda_f32_to_bf16(p[2], v, nk);
+    cuda_f32_to_bf16(p[3], dout, nq);
+    if (hd == 32) bwd_launch<32>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV);
+    else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV);
+    else bwd_launch<128>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV);
 }

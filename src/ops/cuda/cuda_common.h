@@ -122,6 +122,8 @@ double cuda_sumsq(const float *x, size_t n);
 void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                 float eps, float wd, int t);
 // cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
+// dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned)
+void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
 void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
 void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);

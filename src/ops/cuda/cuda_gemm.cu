@@ -39,7 +39,8 @@ __global__ void f32_to_bf16_k(bf16 *__restrict__ dst, const float *__restrict__ 
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
-static void to_bf16(bf16 *dst, const float *src, size_t n) {
+extern "C" void cuda_f32_to_bf16(void *dst_, const float *src, size_t n) {
+    bf16 *dst = (bf16 *)dst_;
     if (!n) return;
     const int T = 256;
     size_t head = 0;
@@ -54,6 +55,8 @@ static void to_bf16(bf16 *dst, const float *src, size_t n) {
         KCHECK("f32_to_bf16");
     }
 }
+
+static void to_bf16(bf16 *dst, const float *src, size_t n) { cuda_f32_to_bf16(dst, src, n); }
 
 // Backend-owned bf16 scratch: up to three operands at once, each 256-byte aligned, grown on demand
 // (never shrunk). Ops run in stream order on the default stream, so one region per operand slot is
