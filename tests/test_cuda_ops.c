@@ -645,6 +645,112 @@ static void test_adamw(size_t n, float wd, int t) {
     free(p); free(g); free(m); free(v);
 }
 
+// ---------------------------------------------------------------- multi-tensor runs (the optimizer step)
+// A run list over N elements as the optimizer builds one: [0, N) cut into pieces of 0..maxlen
+// elements (one of 0 and one of 1 among them), every third piece left out (elements no run
+// touches), the rest shuffled; decay and class at random. Moments: mirror = 0, end to end in list
+// order (offsets agree mod 4 for ~1/4 of the runs: the others take adamw_runs' scalar path);
+// mirror = 1, at the parameters' offsets (ZeRO 0's layout: every run takes the float4 path).
+static int gen_runs(OptRun *r, int cap, size_t N, size_t maxlen, int ncls, int mirror, size_t *mtotal) {
+    int n = 0, k = 0;
+    for (size_t o = 0; o < N; k++) {
+        size_t len = k == 1 ? 0 : k == 2 ? 1 : (size_t)(rng_uniform(&R) * (double)(maxlen + 1));
+        if (len > N - o) len = N - o;
+        if (k % 3 != 0) {
+            CHECK(n < cap, "gen_runs: more than %d runs", cap);
+            r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(&R, 2), (int32_t)rng_below(&R, (uint32_t)ncls)};
+        }
+        o += len;
+    }
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)rng_below(&R, (uint32_t)i + 1);
+        OptRun t = r[i]; r[i] = r[j]; r[j] = t;
+    }
+    size_t m = 0;
+    for (int i = 0; i < n; i++) { r[i].moff = mirror ? r[i].off : (int64_t)m; m += (size_t)r[i].n; }
+    *mtotal = mirror ? N : m;
+    return n;
+}
+
+// sumsq_runs: per class against the cpu within BAND_SUMSQ (both accumulate in double; only the order
+// differs: ~n * 1e-16 relative), and two runs bitwise equal (a fixed order). maxlen small puts many
+// runs in one 8192-element tile; N over 8192 * 1024 makes every block take several tiles. shift: x
+// one float past a 16-byte boundary (no float4 loads).
+static void test_sumsq_runs(size_t N, size_t maxlen, int ncls, int shift) {
+    enum { CAP = 16384 };
+    OptRun *runs = xmalloc(sizeof(OptRun) * CAP);
+    size_t mt;
+    int nr = gen_runs(runs, CAP, N, maxlen, ncls, 0, &mt);
+    float *x = hrand(N, 1.0f), *xb, *xd = dputf_shift(x, N, shift, &xb);
+    OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
+    double r[9], g1[9], g2[9];
+    for (int c = 0; c < 9; c++) r[c] = g1[c] = g2[c] = NAN;
+    cpu->sumsq_runs(r, ncls, x, hc);
+    gpu->sumsq_runs(g1, ncls, xd, hg);
+    gpu->sumsq_runs(g2, ncls, xd, hg);
+    OpRow *row = row_for("sumsq_runs", BAND_SUMSQ);
+    for (int c = 0; c < ncls; c++) {
+        double e = r[c] > 0 ? fabs(g1[c] - r[c]) / r[c] : fabs(g1[c]);
+        if (!(e <= row->worst)) row->worst = isnan(e) ? INFINITY : e;
+        row->bad += !(e <= BAND_SUMSQ);
+        EXPECT(e <= BAND_SUMSQ, "sumsq_runs N=%zu (%d runs) class %d: cuda %.17g cpu %.17g", N, nr, c, g1[c], r[c]);
+        EXPECT(memcmp(&g1[c], &g2[c], sizeof(double)) == 0, "sumsq_runs N=%zu class %d: two runs differ (%.17g vs %.17g)",
+               N, c, g1[c], g2[c]);
+    }
+    cpu->runs_free(hc);
+    gpu->runs_free(hg);
+    gpu->free(xb);
+    free(x);
+    free(runs);
+}
+
+// adamw_runs: against the cpu's adamw_runs within BAND_ELEM (the same float operations; sqrt and
+// division are correctly rounded on both sides), and bitwise against this backend's own unfused
+// sequence, scale() on each run's gradient then adamw() per run (what the trainer ran before: one
+// device function does the update in both, and g * gscale is rounded alone (__fmul_rn) exactly as
+// scale() stores it); elements outside every run and g itself bitwise unchanged. mirror: see
+// gen_runs; shift: the four buffers one float past a 16-byte boundary (the scalar path only).
+static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mirror, int shift) {
+    enum { CAP = 16384 };
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    OptRun *runs = xmalloc(sizeof(OptRun) * CAP);
+    size_t M;
+    int nr = gen_runs(runs, CAP, N, maxlen, 1, mirror, &M);
+    float *p = hrand(N, 1.0f), *g = hrand(N, 0.1f), *m = hrand(M, 0.01f), *v = hnew(M);
+    for (size_t i = 0; i < M; i++) v[i] = 1e-4f * fabsf(rng_normal(&R));
+    float *base[4];
+    float *pd = dputf_shift(p, N, shift, &base[0]), *gd = dputf_shift(g, N, shift, &base[1]);
+    float *md = dputf_shift(m, M, shift, &base[2]), *vd = dputf_shift(v, M, shift, &base[3]);
+    float *p2 = dputf(p, N), *g2 = dputf(g, N), *m2 = dputf(m, M), *v2 = dputf(v, M);
+    OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
+    float *g0 = hcopy(g, N);
+    cpu->adamw_runs(p, g, m, v, hc, gscale, lr, b1, b2, eps, wd, t);
+    gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t);
+    for (int r = 0; r < nr; r++) {
+        if (gscale != 1.0f) gpu->scale(g2 + runs[r].off, gscale, (size_t)runs[r].n);
+        gpu->adamw(p2 + runs[r].off, g2 + runs[r].off, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr, b1,
+                   b2, eps, runs[r].decay ? wd : 0.0f, t);
+    }
+    cmp("adamw_runs", "p", pd, p, N, BAND_ELEM);
+    cmp("adamw_runs", "m", md, m, M, BAND_ELEM);
+    cmp("adamw_runs", "v", vd, v, M, BAND_ELEM);
+    const float *fused[4] = {pd, md, vd, gd}, *unfused[4] = {p2, m2, v2, NULL};
+    const char *nm[4] = {"p", "m", "v", "g"};
+    for (int k = 0; k < 4; k++) {
+        size_t n = k == 0 || k == 3 ? N : M;
+        float *a = dget(fused[k], n), *b = unfused[k] ? dget(unfused[k], n) : hcopy(g0, n);
+        EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "adamw_runs N=%zu gscale %g mirror %d shift %d: %s differs "
+               "bitwise from %s", N, gscale, mirror, shift, nm[k],
+               k == 3 ? "the input (g must stay unscaled)" : "scale() then adamw() per run");
+        free(a); free(b);
+    }
+    cpu->runs_free(hc);
+    gpu->runs_free(hg);
+    for (int k = 0; k < 4; k++) gpu->free(base[k]);
+    gpu->free(p2); gpu->free(g2); gpu->free(m2); gpu->free(v2);
+    free(p); free(g); free(m); free(v); free(g0); free(runs);
+}
+
 // The whole suite on one backend; prints its table.
 static void run_suite(const Backend *be, int big) {
     gpu = be;
@@ -705,6 +811,16 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_sumsq(3000001);
     test_adamw(100003, 0.1f, 1);
     test_adamw(4097, 0.0f, 10);
+    test_sumsq_runs(3000, 40, 3, 0);      // many runs per tile
+    test_sumsq_runs(200000, 30000, 9, 0); // runs across tiles; ZeRO-2's 9 classes
+    test_sumsq_runs(20000, 3000, 3, 1);   // x not 16-byte aligned: scalar loads only
+    if (big) test_sumsq_runs(9000001, 3000000, 3, 0);   // several tiles per block
+    test_adamw_runs(3000, 40, 0.37f, 1, 0, 0);
+    test_adamw_runs(3000, 40, 0.37f, 1, 1, 0);        // every run on the float4 path (head, body, tail)
+    test_adamw_runs(200000, 30000, 1.0f, 3, 1, 0);
+    test_adamw_runs(20000, 3000, 0.5f, 2, 1, 1);      // unaligned buffers: the scalar path
+    if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 0, 0);
+    if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 1, 0);
     printf("\nbackend %s%s\n%-34s %12s %8s %12s %8s  %s\n", be->name, t_failures == fails0 ? "" : " (FAILURES)", "op",
            "max rel err", "band", "norm-wise", "band", "status");
     for (int i = 0; i < nrows; i++) {

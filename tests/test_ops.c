@@ -865,6 +865,119 @@ static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
     free(p); free(g); free(m); free(v);
 }
 
+// ---------------------------------------------------------------- multi-tensor runs: sumsq_runs, adamw_runs
+// A run list over a buffer of N elements as the optimizer builds one: [0, N) cut into pieces of
+// 0..maxlen elements (plus one of 0 and one of 1), every third piece left out (elements no run
+// touches), the others in shuffled order; moments laid end to end in list order (so their order
+// differs from the parameters'); decay and class at random. Returns the number of runs.
+static int make_runs(OptRun *r, int cap, size_t N, int maxlen, int ncls, size_t *mtotal) {
+    int n = 0, k = 0;
+    for (size_t o = 0; o < N; k++) {
+        size_t len = k == 1 ? 0 : k == 2 ? 1 : rng_below(&R, (uint32_t)maxlen + 1);
+        if (len > N - o) len = N - o;
+        if (k % 3 != 0) {
+            CHECK(n < cap, "make_runs: more than %d runs", cap);
+            r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(&R, 2), (int32_t)rng_below(&R, (uint32_t)ncls)};
+        }
+        o += len;
+    }
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)rng_below(&R, (uint32_t)i + 1);
+        OptRun t = r[i]; r[i] = r[j]; r[j] = t;
+    }
+    size_t m = 0;
+    for (int i = 0; i < n; i++) { r[i].moff = (int64_t)m; m += (size_t)r[i].n; }
+    *mtotal = m;
+    return n;
+}
+
+// Per class: a double sum in reverse order (independent of the op's order), to 1e-12 relative
+// (double accumulation of <= 50000 terms: ~n * 1e-16); and bitwise the per-run sumsq() values added
+// in list order, which is what keeps the trainer's gradient norm unchanged on the cpu.
+static void test_sumsq_runs(size_t N, int maxlen, int ncls) {
+    OptRun runs[4096];
+    size_t mt;
+    int nr = make_runs(runs, 4096, N, maxlen, ncls, &mt);
+    float *x = fnew(N);
+    fill_normal(x, N, 2);
+    OptRuns *h = be->runs_create(runs, nr);
+    double got[9], ref[9], seq[9];
+    for (int c = 0; c < 9; c++) got[c] = NAN, ref[c] = seq[c] = 0;
+    be->sumsq_runs(got, ncls, x, h);
+    for (int i = nr; i-- > 0;)
+        for (int64_t j = runs[i].n; j-- > 0;) ref[runs[i].cls] += (double)x[runs[i].off + j] * x[runs[i].off + j];
+    for (int i = 0; i < nr; i++) seq[runs[i].cls] += be->sumsq(x + runs[i].off, (size_t)runs[i].n);
+    char lab[96];
+    for (int c = 0; c < ncls; c++) {
+        snprintf(lab, sizeof lab, "sumsq_runs N=%zu %d runs class %d", N, nr, c);
+        EXPECT_NEAR(got[c], ref[c], 1e-12 * ref[c], lab);
+        EXPECT(memcmp(&got[c], &seq[c], sizeof(double)) == 0, "%s: %.17g, per-run sumsq in order %.17g", lab, got[c],
+               seq[c]);
+    }
+    be->runs_free(h);
+    OptRuns *e = be->runs_create(NULL, 0);   // an empty list: zeros
+    be->sumsq_runs(got, 3, x, e);
+    EXPECT(got[0] == 0 && got[1] == 0 && got[2] == 0, "sumsq_runs of no runs: %g %g %g", got[0], got[1], got[2]);
+    be->runs_free(e);
+    free(x);
+}
+
+// Against a double reference per element (as test_adamw, with the gradient g * gscale rounded to
+// float: that rounding is the op's contract), FWD_RTOL; elements outside every run and g itself
+// bitwise unchanged; and bitwise equal to scale() on each run's gradient then adamw() per run (the
+// unfused sequence the trainer ran before, so its results are unchanged).
+static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    OptRun runs[4096];
+    size_t M;
+    int nr = make_runs(runs, 4096, N, maxlen, 1, &M);
+    float *p = fnew(N), *g = fnew(N), *m = fnew(M), *v = fnew(M);
+    fill_normal(p, N, 1);
+    fill_normal(g, N, 0.1f);
+    fill_normal(m, M, 0.05f);
+    for (size_t i = 0; i < M; i++) v[i] = 0.01f * fabsf(rng_normal(&R));
+    float *g0 = fcopy(g, N);
+    float *p2 = fcopy(p, N), *g2 = fcopy(g, N), *m2 = fcopy(m, M), *v2 = fcopy(v, M);
+    double *pr = dnew(N), *pm = dnew(N), *mr = dnew(M), *mm = dnew(M), *vr = dnew(M), *vm = dnew(M);
+    for (size_t i = 0; i < N; i++) pr[i] = p[i], pm[i] = 0;   // untouched: exactly itself
+    double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
+    for (int r = 0; r < nr; r++) {
+        for (int64_t j = 0; j < runs[r].n; j++) {
+            size_t i = (size_t)(runs[r].off + j), k = (size_t)(runs[r].moff + j);
+            float ge = g[i] * gscale;
+            double w = runs[r].decay ? wd : 0;
+            mr[k] = (double)b1 * m[k] + (1 - (double)b1) * ge;
+            vr[k] = (double)b2 * v[k] + (1 - (double)b2) * (double)ge * ge;
+            double upd = (mr[k] / c1) / (sqrt(vr[k] / c2) + eps);
+            pr[i] = p[i] - lr * (upd + w * p[i]);
+            pm[i] = fabs(p[i]) + lr * (fabs(upd) + fabs(w * p[i]));
+            mm[k] = fabs((double)b1 * m[k]) + fabs((1 - (double)b1) * ge);
+            vm[k] = fabs((double)b2 * v[k]) + fabs((1 - (double)b2) * (double)ge * ge);
+        }
+        // the unfused sequence
+        float *gs = g2 + runs[r].off;
+        if (gscale != 1.0f) be->scale(gs, gscale, (size_t)runs[r].n);
+        be->adamw(p2 + runs[r].off, gs, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr, b1, b2, eps,
+                  runs[r].decay ? wd : 0.0f, t);
+    }
+    OptRuns *h = be->runs_create(runs, nr);
+    be->adamw_runs(p, g, m, v, h, gscale, lr, b1, b2, eps, wd, t);
+    be->runs_free(h);
+    char lab[96];
+    snprintf(lab, sizeof lab, "adamw_runs p (N=%zu, %d runs, gscale %g, t=%d)", N, nr, gscale, t);
+    check_arr(lab, p, pr, pm, N, FWD_RTOL, 1e-30);
+    check_exact(lab, p, p2, N);
+    snprintf(lab, sizeof lab, "adamw_runs m (N=%zu, gscale %g)", N, gscale);
+    check_arr(lab, m, mr, mm, M, FWD_RTOL, 1e-30);
+    check_exact(lab, m, m2, M);
+    snprintf(lab, sizeof lab, "adamw_runs v (N=%zu, gscale %g)", N, gscale);
+    check_arr(lab, v, vr, vm, M, FWD_RTOL, 1e-30);
+    check_exact(lab, v, v2, M);
+    check_exact("adamw_runs leaves g unchanged", g, g0, N);
+    free(p); free(g); free(m); free(v); free(g0);
+    free(p2); free(g2); free(m2); free(v2); free(pr); free(pm); free(mr); free(mm); free(vr); free(vm);
+}
+
 int main(void) {
     be = backend_cpu();
     rng_seed(&R, 20240607);
@@ -895,5 +1008,10 @@ int main(void) {
     test_adamw(5, 0.1f, 0, 0);
     test_adamw(3, 0.0f, 0, 0);
     test_adamw(1, 0.1f, 1, 1);        // g = 0: pure decoupled decay
+    test_sumsq_runs(3000, 200, 3);
+    test_sumsq_runs(50000, 20000, 9);  // runs over several of sumsq's chunks; ZeRO-2's 9 classes
+    test_adamw_runs(3000, 200, 0.37f, 1);
+    test_adamw_runs(3000, 200, 1.0f, 4);   // no clipping: g exactly
+    test_adamw_runs(20000, 5000, 1e-3f, 2);
     return test_done("test_ops");
 }

@@ -10,6 +10,15 @@
 #include <stdint.h>
 
 typedef struct Backend Backend;
+
+// Multi-tensor optimizer runs (sumsq_runs, adamw_runs): run i covers elements [off, off+n) of the
+// flat parameter/gradient buffers and [moff, moff+n) of the moment buffers; decay: weight decay
+// applies to it; cls: the class (0 <= cls < ncls) its sum of squares is added to.
+typedef struct { int64_t off, moff, n; int32_t decay, cls; } OptRun;
+// A backend's own copy of a run list (runs_create), laid out as its kernels want it (on cuda: in
+// device memory with a per-tile index). A run list does not change between steps: create it once.
+typedef struct OptRuns OptRuns;
+
 struct Backend {
     const char *name;
     // memory (device buffers; on cpu, host memory)
@@ -104,6 +113,21 @@ struct Backend {
     // AdamW on n elements: decoupled decay wd (0 for norms), bias-corrected at step t (1-based).
     void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                   float eps, float wd, int t);
+
+    // Multi-tensor forms of sumsq and adamw over a run list (the optimizer step in one launch).
+    // runs_create copies `n` host runs (runs of n = 0 allowed); runs_free releases the copy.
+    OptRuns *(*runs_create)(const OptRun *runs, int n);
+    void (*runs_free)(OptRuns *r);
+    // out (HOST, ncls doubles; overwritten) [c] = sum over the runs of class c of sum x[off..off+n)^2,
+    // in double. The cpu adds the runs' sumsq() values in list order (so it equals calling sumsq per
+    // run); other backends sum in a fixed order of their own (same inputs, same bits), with one
+    // device-to-host copy per call.
+    void (*sumsq_runs)(double *out, int ncls, const float *x, const OptRuns *r);
+    // adamw() on every run: p + off, g + off, m + moff, v + moff, n elements, weight decay wd where
+    // decay is set, else 0; each gradient element is first multiplied by gscale and rounded to
+    // float (g is read only: the result is bitwise that of scale(g, gscale) then adamw()).
+    void (*adamw_runs)(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
+                       float b1, float b2, float eps, float wd, int t);
 };
 
 const Backend *backend_cpu(void);

@@ -51,10 +51,12 @@ static void w_axpy(float *y, const float *x, float a, size_t n) { T0; in->axpy(y
 static void w_scale(float *x, float a, size_t n) { T0; in->scale(x, a, n); T1(P_ELEM); }
 static double w_sumsq(const float *x, size_t n) { T0; double r = in->sumsq(x, n); T1(P_SUMSQ); return r; }
 static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float e, float wd, int t) { T0; in->adamw(p, g, m, v, n, lr, b1, b2, e, wd, t); T1(P_ADAMW); }
+static void w_sumsq_runs(double *o, int nc, const float *x, const OptRuns *r) { T0; in->sumsq_runs(o, nc, x, r); T1(P_SUMSQ); }
+static void w_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gs, float lr, float b1, float b2, float e, float wd, int t) { T0; in->adamw_runs(p, g, m, v, r, gs, lr, b1, b2, e, wd, t); T1(P_ADAMW); }
 
 const Backend *backend_profiled(const Backend *inner) {
     in = inner;
-    pb = *inner;   // alloc, free, sync and the name pass through
+    pb = *inner;   // alloc, free, sync, runs_create/free (setup) and the name pass through
     pb.to_device = w_to_device; pb.to_host = w_to_host; pb.copy = w_copy; pb.zero = w_zero;
     pb.matmul_fwd = w_mm_f; pb.matmul_bwd = w_mm_b; pb.grouped_matmul_fwd = w_gmm_f; pb.grouped_matmul_bwd = w_gmm_b;
     pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b;
@@ -63,6 +65,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd; pb.scale_rows = w_srows;
     pb.row_dot = w_rdot; pb.cross_entropy_fwd_bwd = w_ce_fb; pb.cross_entropy_fwd = w_ce_f; pb.mul = w_mul;
     pb.axpy = w_axpy; pb.scale = w_scale; pb.sumsq = w_sumsq; pb.adamw = w_adamw;
+    pb.sumsq_runs = w_sumsq_runs; pb.adamw_runs = w_adamw_runs;
     return &pb;
 }
 

@@ -33,6 +33,61 @@ static int layer_key(const ParamSpec *s, int L) {
     return s->layer;
 }
 
+// class of a tensor for the norm: 0 replicated everywhere, 1 TP shard (sum over TP), 2 expert shard
+static int norm_class(const ParamSpec *s) { return s->expert >= 0 ? 2 : s->split_dim >= 0 ? 1 : 0; }
+
+typedef struct { OptRun *r; int n, cap; } RunList;
+static void run_add(RunList *l, size_t off, size_t moff, size_t n, int decay, int cls) {
+    if (l->n == l->cap) { l->cap = l->cap ? 2 * l->cap : 64; l->r = xrealloc(l->r, sizeof(OptRun) * l->cap); }
+    l->r[l->n++] = (OptRun){(int64_t)off, (int64_t)moff, (int64_t)n, decay, cls};
+}
+
+// The AdamW runs of bucket b: the pieces of its tensors inside the part this rank updates, in table
+// order; moments at b->moff + (offset - start of that part).
+static void bucket_runs(const GradBucket *b, const ParamTable *tb, RunList *l) {
+    size_t lo = b->off + b->s0, hi = b->off + b->s1;
+    for (int i = 0; i < tb->n; i++) {
+        const ParamSpec *s = &tb->p[i];
+        size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
+        if (a < e) run_add(l, a, b->moff + (a - lo), e - a, s->decay, 0);
+    }
+}
+
+// The optimizer's run lists, built once (they do not change between steps): AdamW per step (ZeRO 0)
+// or per bucket (ZeRO 1/2: each bucket is gathered after its update), and the grad norm's, in the
+// order the per-tensor sums were always taken (so the cpu result is unchanged).
+static void build_runs(Dist *d, Model *m) {
+    const ParamTable *t = &m->t;
+    const Backend *be = m->be;
+    RunList l = {0};
+    if (!d->zero) {
+        for (int k = 0; k < d->nb; k++) bucket_runs(&d->b[k], t, &l);
+        d->opt_all = be->runs_create(l.r, l.n);
+    } else {
+        for (int k = 0; k < d->nb; k++) {
+            l.n = 0;
+            bucket_runs(&d->b[k], t, &l);
+            d->b[k].opt = be->runs_create(l.r, l.n);
+        }
+    }
+    l.n = 0;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *s = &t->p[i];
+        if (!s->lnumel) continue;
+        if (d->zero != 2) { run_add(&l, s->loffset, 0, s->lnumel, 0, norm_class(s)); continue; }
+        // ZeRO-2: only my shard of each bucket holds reduced values; class = group * 3 + norm class
+        for (int k = 0; k < d->nb; k++) {
+            const GradBucket *b = &d->b[k];
+            size_t lo = b->off + b->s0, hi = b->off + b->s1;
+            size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
+            if (a < e) run_add(&l, a, 0, e - a, 0, (int)b->g * 3 + norm_class(s));
+        }
+    }
+    d->norm_ncls = d->zero == 2 ? 9 : 3;
+    d->norm_runs = be->runs_create(l.r, l.n);
+    free(l.r);
+}
+
 void dist_attach(Dist *d, Model *m) {
     const ParamTable *t = &m->t;
     int L = m->c.n_layers, cap = 0;
@@ -66,12 +121,22 @@ void dist_attach(Dist *d, Model *m) {
     d->be = m->be;
     d->m1 = m->be->alloc(sizeof(float) * (d->mom_n ? d->mom_n : 1));
     d->m2 = m->be->alloc(sizeof(float) * (d->mom_n ? d->mom_n : 1));
+    build_runs(d, m);
 }
 
 void dist_free(Dist *d) {
-    for (int i = 0; i < d->nb; i++) if (d->b[i].tmp) d->be->free(d->b[i].tmp);
+    for (int i = 0; i < d->nb; i++) {
+        if (d->b[i].tmp) d->be->free(d->b[i].tmp);
+        if (d->b[i].opt) d->be->runs_free(d->b[i].opt);
+    }
     free(d->b);
-    if (d->be) { d->be->free(d->m1); d->be->free(d->m2); }
+    if (d->be) {
+        d->be->free(d->m1);
+        d->be->free(d->m2);
+        if (d->opt_all) d->be->runs_free(d->opt_all);
+        if (d->norm_runs) d->be->runs_free(d->norm_runs);
+    }
+    d->opt_all = d->norm_runs = NULL;
     d->b = NULL;
     d->nb = 0;
 }
@@ -133,34 +198,18 @@ void dist_finish_grads(Dist *d, Model *m) {
     d->wait_s = now_seconds() - t0;
 }
 
-// class of a tensor for the norm: 0 replicated everywhere, 1 TP shard (sum over TP), 2 expert shard
-static int norm_class(const ParamSpec *s) { return s->expert >= 0 ? 2 : s->split_dim >= 0 ? 1 : 0; }
-
 double dist_grad_norm(const Dist *d, const Model *m) {
-    const ParamTable *t = &m->t;
     double cls[3] = {0, 0, 0};
     if (d->zero == 2) {
         // only my shard of each bucket holds reduced values: sum the shards over each group
-        double per[3][3] = {{0}};   // [group][class]
-        for (int i = 0; i < t->n; i++) {
-            const ParamSpec *s = &t->p[i];
-            if (!s->lnumel) continue;
-            for (int k = 0; k < d->nb; k++) {
-                const GradBucket *b = &d->b[k];
-                size_t lo = b->off + b->s0, hi = b->off + b->s1;
-                size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
-                if (a < e) per[b->g][norm_class(s)] += m->be->sumsq(m->grads + a, e - a);
-            }
-        }
+        double per[3][3];   // [group][class]
+        m->be->sumsq_runs(&per[0][0], 9, m->grads, d->norm_runs);
         for (int g = 0; g < 3; g++) {
             comm_allreduce(group_of(d, (ReduceGroup)g), per[g], 3, CT_F64);
             for (int c = 0; c < 3; c++) cls[c] += per[g][c];
         }
     } else {
-        for (int i = 0; i < t->n; i++) {
-            const ParamSpec *s = &t->p[i];
-            if (s->lnumel) cls[norm_class(s)] += m->be->sumsq(m->grads + s->loffset, s->lnumel);
-        }
+        m->be->sumsq_runs(cls, 3, m->grads, d->norm_runs);
     }
     if (d->mesh) {
         comm_allreduce(d->mesh->tp, &cls[1], 1, CT_F64);
@@ -185,19 +234,13 @@ static void gather_bucket(const Dist *d, const GradBucket *b, float *buf, int de
 }
 
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t) {
-    const ParamTable *tb = &m->t;
+    if (!d->zero) {
+        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, d->opt_all, scale, lr, b1, b2, eps, wd, t);
+        return;
+    }
     for (int k = 0; k < d->nb; k++) {
         GradBucket *b = &d->b[k];
-        size_t lo = b->off + b->s0, hi = b->off + b->s1;
-        if (scale != 1.0f && hi > lo) m->be->scale(m->grads + lo, scale, hi - lo);
-        for (int i = 0; i < tb->n; i++) {
-            const ParamSpec *s = &tb->p[i];
-            size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
-            if (a >= e) continue;
-            size_t mo = b->moff + (a - lo);
-            m->be->adamw(m->params + a, m->grads + a, d->m1 + mo, d->m2 + mo, e - a, lr, b1, b2, eps,
-                         s->decay ? wd : 0.0f, t);
-        }
+        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, b->opt, scale, lr, b1, b2, eps, wd, t);
         gather_bucket(d, b, m->params, 1);
     }
 }

@@ -19,6 +19,7 @@ typedef struct {
     float *tmp;                // ZeRO-2 reduce-scatter landing buffer (s1 - s0; backend memory)
     CommReq *req;              // in flight
     int started;
+    OptRuns *opt;              // ZeRO >= 1: the AdamW runs of this bucket (updated, then gathered)
 } GradBucket;
 
 typedef struct {
@@ -31,6 +32,9 @@ typedef struct {
     const Backend *be;
     float *m1, *m2;            // AdamW moments of the elements this rank updates (backend memory)
     size_t mom_n;
+    OptRuns *opt_all;          // ZeRO 0: the AdamW runs of every bucket (one launch per step)
+    OptRuns *norm_runs;        // the grad-norm runs: one per tensor (ZeRO-2: per tensor and bucket shard)
+    int norm_ncls;             // their classes: 3 norm classes (ZeRO-2: 3 groups x 3 classes)
     double wait_s;             // time the last step spent waiting for gradient reductions
 } Dist;
 
@@ -47,6 +51,9 @@ void dist_finish_grads(Dist *d, Model *m);
 // Global L2 norm of the reduced gradients, identical on every rank.
 double dist_grad_norm(const Dist *d, const Model *m);
 // Clip by `scale` (1 = none), AdamW on this rank's shards, then all-gather the updated parameters.
+// The clip is folded into the update (g * scale rounded to float, as a separate scaling pass would
+// give); the gradient buffer itself is left unscaled (nothing reads it before the next step zeroes it).
+// One multi-tensor launch per step (ZeRO 0), or per bucket followed by its gather (ZeRO 1/2).
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t);
 // Moments in the local flat layout, in host memory (every rank's shards gathered), and back
 // (keeps my shards).

@@ -61,6 +61,8 @@ const Backend *backend_cpu(void) {
         .scale_rows = cpu_scale_rows,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,
         .mul = cpu_mul, .axpy = cpu_axpy, .scale = cpu_scale, .sumsq = cpu_sumsq, .adamw = cpu_adamw,
+        .runs_create = cpu_runs_create, .runs_free = cpu_runs_free, .sumsq_runs = cpu_sumsq_runs,
+        .adamw_runs = cpu_adamw_runs,
     };
     return &be;
 }

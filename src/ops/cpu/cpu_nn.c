@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/common.h"
 #include "ops/cpu/cpu_ops.h"
 
 void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
@@ -277,15 +278,55 @@ double cpu_sumsq(const float *x, size_t n) {
     return s;
 }
 
-void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-               float eps, float wd, int t) {
-    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+// AdamW on n elements; each gradient element is g[i] * gs rounded to float (gs = 1: g[i] itself,
+// exactly), then the same float operations as always.
+static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, float gs, float lr, float b1,
+                       float b2, float eps, float wd, float c1, float c2) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float mi = b1 * m[i] + (1.0f - b1) * g[i];
-        float vi = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+        float gi = g[i] * gs;
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
         p[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p[i]);
+    }
+}
+
+void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+               float eps, float wd, int t) {
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    adamw_span(p, g, m, v, n, 1.0f, lr, b1, b2, eps, wd, c1, c2);
+}
+
+// The run list on the cpu: a plain host copy.
+struct OptRuns { int n; OptRun r[]; };
+
+OptRuns *cpu_runs_create(const OptRun *runs, int n) {
+    OptRuns *r = xmalloc(sizeof(OptRuns) + sizeof(OptRun) * (size_t)(n > 0 ? n : 0));
+    r->n = n > 0 ? n : 0;
+    if (r->n) memcpy(r->r, runs, sizeof(OptRun) * (size_t)r->n);
+    return r;
+}
+
+void cpu_runs_free(OptRuns *r) { free(r); }
+
+void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
+    for (int c = 0; c < ncls; c++) out[c] = 0;
+    for (int i = 0; i < r->n; i++) {
+        const OptRun *u = &r->r[i];
+        CHECK(u->cls >= 0 && u->cls < ncls, "sumsq_runs: run %d has class %d, not in [0, %d)", i, (int)u->cls, ncls);
+        if (u->n > 0) out[u->cls] += cpu_sumsq(x + u->off, (size_t)u->n);
+    }
+}
+
+void cpu_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
+                    float b1, float b2, float eps, float wd, int t) {
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    for (int i = 0; i < r->n; i++) {
+        const OptRun *u = &r->r[i];
+        if (u->n > 0)
+            adamw_span(p + u->off, g + u->off, m + u->moff, v + u->moff, (size_t)u->n, gscale, lr, b1, b2, eps,
+                       u->decay ? wd : 0.0f, c1, c2);
     }
 }

@@ -36,3 +36,8 @@ void cpu_scale(float *x, float a, size_t n);
 double cpu_sumsq(const float *x, size_t n);
 void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                float eps, float wd, int t);
+OptRuns *cpu_runs_create(const OptRun *runs, int n);
+void cpu_runs_free(OptRuns *r);
+void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
+void cpu_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
+                    float b1, float b2, float eps, float wd, int t);

@@ -145,6 +145,10 @@ static void fill_common(Backend *be) {
     be->scale = cuda_scale;
     be->sumsq = cuda_sumsq;
     be->adamw = cuda_adamw;
+    be->runs_create = cuda_runs_create;
+    be->runs_free = cuda_runs_free;
+    be->sumsq_runs = cuda_sumsq_runs;
+    be->adamw_runs = cuda_adamw_runs;
 }
 
 static Backend g_be_bf16, g_be_f32;

@@ -121,6 +121,11 @@ void cuda_scale(float *x, float a, size_t n);
 double cuda_sumsq(const float *x, size_t n);
 void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                 float eps, float wd, int t);
+OptRuns *cuda_runs_create(const OptRun *runs, int n);
+void cuda_runs_free(OptRuns *r);
+void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
+void cuda_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
+                     float b1, float b2, float eps, float wd, int t);
 // cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
 // dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned)
 void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
