@@ -124,12 +124,12 @@ static void w_gf(float *o, const float *i, const float *w, const int64_t *off, i
     WRAP(C_GEMM_F, RB->grouped_matmul_fwd(o, i, w, off, G, K, O));
 }
 static void w_gb(float *di, float *dw, const float *g, const float *i, const float *w, const int64_t *off, int G,
-                 int K, int O) {
-    WRAP(C_GEMM_B, RB->grouped_matmul_bwd(di, dw, g, i, w, off, G, K, O));
+                 int K, int O, int a) {
+    WRAP(C_GEMM_B, RB->grouped_matmul_bwd(di, dw, g, i, w, off, G, K, O, a));
 }
 static void w_sf(float *o, const float *a, const float *b, size_t n) { WRAP(C_SWIGLU, RB->swiglu_fwd(o, a, b, n)); }
-static void w_sb(float *d1, float *d3, const float *g, const float *a, const float *b, size_t n) {
-    WRAP(C_SWIGLU, RB->swiglu_bwd(d1, d3, g, a, b, n));
+static void w_sb(float *d1, float *d3, const float *g, const float *a, const float *b, size_t n, int ac) {
+    WRAP(C_SWIGLU, RB->swiglu_bwd(d1, d3, g, a, b, n, ac));
 }
 static void w_gather(float *o, const float *i, const int32_t *idx, int n, int C) {
     WRAP(C_GATHER, RB->gather_rows(o, i, idx, n, C));
@@ -210,14 +210,14 @@ static void expert_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int
             case 2:           // y (R,d) = H W2^T
                 gemm(c, g, T, N, d, n, f, b->W2, f, b->H, f, 0, b->OD, d, b, ei, ei, eo, wfd, r0 * f, r0 * d);
                 break;
-            case 3:           // dact (R,f) += dY W2
-                gemm(c, g, N, N, f, n, d, b->W2, f, b->dY, d, 1, b->OF, f, b, ei, ei, eo, wfd, r0 * d, r0 * f);
+            case 3:           // dact (R,f) = dY W2 (overwritten, as moe.c)
+                gemm(c, g, N, N, f, n, d, b->W2, f, b->dY, d, 0, b->OF, f, b, ei, ei, eo, wfd, r0 * d, r0 * f);
                 break;
             case 4:           // dW2 (d,f) += dY^T H
                 gemm(c, g, N, T, f, d, n, b->H, f, b->dY, d, 1, b->OW, f, b, ei, ei, eo, r0 * f, r0 * d, wfd);
                 break;
-            case 5: case 7:   // dxg (R,d) += dH W1
-                gemm(c, g, N, N, d, n, f, b->W1, d, b->H, f, 1, b->OD, d, b, ei, ei, eo, wfd, r0 * f, r0 * d);
+            case 5: case 7:   // dxg (R,d) = dH1 W1, then += dH3 W3 (as moe.c)
+                gemm(c, g, N, N, d, n, f, b->W1, d, b->H, f, pass == 7, b->OD, d, b, ei, ei, eo, wfd, r0 * f, r0 * d);
                 break;
             case 6: case 8:   // dW1 (f,d) += dH^T X
                 gemm(c, g, N, T, d, f, n, b->X, d, b->H, f, 1, b->OW, d, b, ei, ei, eo, r0 * d, r0 * f, wfd);
@@ -243,9 +243,9 @@ static void backend_gemms(const Lctx *l) {
     RB->grouped_matmul_fwd(m->h1, m->xgp, l->w->w1, off, El, d, f);
     RB->grouped_matmul_fwd(m->h3, m->xgp, l->w->w3, off, El, d, f);
     RB->grouped_matmul_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_matmul_bwd(s->dact, l->g->w2, dyg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_matmul_bwd(s->dxg, l->g->w1, s->dh1, m->xgp, l->w->w1, off, El, d, f);
-    RB->grouped_matmul_bwd(s->dxg, l->g->w3, s->dh3, m->xgp, l->w->w3, off, El, d, f);
+    RB->grouped_matmul_bwd(s->dact, l->g->w2, dyg, m->act, l->w->w2, off, El, f, d, 0);
+    RB->grouped_matmul_bwd(s->dxg, l->g->w1, s->dh1, m->xgp, l->w->w1, off, El, d, f, 0);
+    RB->grouped_matmul_bwd(s->dxg, l->g->w3, s->dh3, m->xgp, l->w->w3, off, El, d, f, 1);
 }
 
 static double time_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int d, int f, int warm, int iters,

@@ -58,10 +58,10 @@ static void bfr_grouped_fwd(float *out, const float *inp, const float *w, const 
 }
 
 static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                            const int64_t *off, int G, int K, int O) {
+                            const int64_t *off, int G, int K, int O, int accumulate) {
     size_t rows = G > 0 ? (size_t)off[G] : 0;
     float *gr = bf16_copy(dout, rows * O), *xr = bf16_copy(inp, rows * K), *wr = bf16_copy(w, (size_t)G * O * K);
-    backend_cpu()->grouped_matmul_bwd(dinp, dw, gr, xr, wr, off, G, K, O);
+    backend_cpu()->grouped_matmul_bwd(dinp, dw, gr, xr, wr, off, G, K, O, accumulate);
     free(gr); free(xr); free(wr);
 }
 

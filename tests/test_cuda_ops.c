@@ -6,7 +6,10 @@
 // Method: the same host inputs go to both backends; forward outputs on the GPU are poisoned with
 // NaN before every run, so an element the kernel never writes fails. Every *_bwd runs twice per
 // backend: on zeroed gradient buffers (checks the gradient itself) and on buffers pre-filled with
-// the same random values (checks that it accumulates: += , not =).
+// the same random values (checks that it accumulates: += , not =). Those with an `accumulate`
+// argument (grouped_matmul_bwd's dinp, swiglu_bwd) run a third time with accumulate 0: the cpu's
+// buffers pre-filled with random values, the GPU's poisoned with NaN, so a value read back or left
+// behind on either side fails the same band.
 //
 // Error measure, per element: |gpu - cpu| / (|cpu| + rms(cpu)); the rms term keeps elements that
 // cancel to ~0 from dividing by ~0. The table at the end prints the worst value per op.
@@ -265,17 +268,47 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     cmp_gemm("grouped_matmul_fwd", bf, what, od, rr, rf, (size_t)n * O);
     float *dout = hrand((size_t)n * O, 1.0f), *doutd = dputf(dout, (size_t)n * O);
     float *pdx = hrand((size_t)n * K, 1.0f), *pdw = hrand((size_t)G * O * K, 1.0f);
-    for (int pre = 0; pre < 2; pre++) {
-        float *dx = pre ? hcopy(pdx, (size_t)n * K) : hnew((size_t)n * K);
-        float *dw = pre ? hcopy(pdw, (size_t)G * O * K) : hnew((size_t)G * O * K);
+    // mode 0: zeroed buffers, 1: pre-filled (accumulate), 2: accumulate 0 (dinp overwritten: random
+    // on the cpu, NaN on the GPU; dw pre-filled and still accumulated). In mode 2 the GPU's groups
+    // cover rows [L, L + n) of buffers of L + n + L rows (off[0] = L): the L rows on either side of
+    // its dinp must keep their values bitwise.
+    enum { L = 2 };
+    int64_t *offs = xcalloc(G + 1, sizeof(int64_t));
+    for (int g = 0; g <= G; g++) offs[g] = off[g] + L;
+    size_t nxs = (size_t)(n + 2 * L) * K, nos = (size_t)(n + 2 * L) * O;
+    float *side = hrand(nxs, 1.0f), *xs = hrand(nxs, 1.0f), *douts = hrand(nos, 1.0f);
+    memcpy(xs + (size_t)L * K, x, sizeof(float) * n * K);
+    memcpy(douts + (size_t)L * O, dout, sizeof(float) * n * O);
+    float *xsd = dputf(xs, nxs), *doutsd = dputf(douts, nos);
+    for (int mode = 0; mode < 3; mode++) {
+        int acc = mode < 2;
+        float *dx = mode ? hcopy(pdx, (size_t)n * K) : hnew((size_t)n * K);
+        float *dw = mode ? hcopy(pdw, (size_t)G * O * K) : hnew((size_t)G * O * K);
         float *dxf = hcopy(dx, (size_t)n * K), *dwf = hcopy(dw, (size_t)G * O * K);
-        float *dxd = dputf(dx, (size_t)n * K), *dwd = dputf(dw, (size_t)G * O * K);
-        ref->grouped_matmul_bwd(dx, dw, dout, x, w, off, G, K, O);
-        cpu->grouped_matmul_bwd(dxf, dwf, dout, x, w, off, G, K, O);
-        gpu->grouped_matmul_bwd(dxd, dwd, doutd, xd, wd, off, G, K, O);
-        snprintf(what, sizeof what, "dinp%s G%d rows %d K%d O%d", pre ? " (accumulate)" : "", G, n, K, O);
-        cmp_gemm("grouped_matmul_bwd", bf, what, dxd, dx, dxf, (size_t)n * K);
-        snprintf(what, sizeof what, "dw%s G%d rows %d K%d O%d", pre ? " (accumulate)" : "", G, n, K, O);
+        float *dxs = NULL, *dxd, *dwd = dputf(dw, (size_t)G * O * K);
+        if (mode < 2) {
+            dxd = dputf(dx, (size_t)n * K);
+            gpu->grouped_matmul_bwd(dxd, dwd, doutd, xd, wd, off, G, K, O, 1);
+        } else {
+            dxs = hcopy(side, nxs);
+            for (size_t i = 0; i < (size_t)n * K; i++) dxs[(size_t)L * K + i] = NAN;
+            dxd = dputf(dxs, nxs);
+            gpu->grouped_matmul_bwd(dxd, dwd, doutsd, xsd, wd, offs, G, K, O, 0);
+        }
+        ref->grouped_matmul_bwd(dx, dw, dout, x, w, off, G, K, O, acc);
+        cpu->grouped_matmul_bwd(dxf, dwf, dout, x, w, off, G, K, O, acc);
+        const char *tag = mode == 0 ? "" : mode == 1 ? " (accumulate)" : " (overwrite, off[0] = 2)";
+        snprintf(what, sizeof what, "dinp%s G%d rows %d K%d O%d", tag, G, n, K, O);
+        cmp_gemm("grouped_matmul_bwd", bf, what, mode < 2 ? dxd : dxd + (size_t)L * K, dx, dxf, (size_t)n * K);
+        if (mode == 2) {
+            float *got = dget(dxd, nxs);
+            int kept = memcmp(got, side, sizeof(float) * L * K) == 0 &&
+                       memcmp(got + (size_t)(L + n) * K, side + (size_t)(L + n) * K, sizeof(float) * L * K) == 0;
+            EXPECT(kept, "grouped_matmul_bwd %s: a row outside [off[0], off[G]) changed", what);
+            free(got);
+        }
+        snprintf(what, sizeof what, "dw%s G%d rows %d K%d O%d",
+                 mode == 0 ? "" : mode == 1 ? " (accumulate)" : " (accumulate; dinp overwritten)", G, n, K, O);
         cmp_gemm("grouped_matmul_bwd", bf, what, dwd, dw, dwf, (size_t)G * O * K);
         // the weight blocks of empty groups: exactly what was there
         float *dwg = dget(dwd, (size_t)G * O * K);
@@ -284,8 +317,10 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
             if (!cnt[g]) same &= memcmp(dwg + (size_t)g * O * K, dw + (size_t)g * O * K, sizeof(float) * O * K) == 0;
         EXPECT(same, "grouped_matmul_bwd %s: an empty group's dw block changed", what);
         free(dwg);
-        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw); free(dxf); free(dwf);
+        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw); free(dxf); free(dwf); free(dxs);
     }
+    gpu->free(xsd); gpu->free(doutsd);
+    free(offs); free(side); free(xs); free(douts);
     gpu->free(xd); gpu->free(wd); gpu->free(od); gpu->free(doutd);
     free(x); free(w); free(rr); free(rf); free(dout); free(pdx); free(pdw); free(off);
 }
@@ -493,13 +528,18 @@ static void test_swiglu(size_t n) {
     gpu->swiglu_fwd(od, h1d, h3d, n);
     cmp("swiglu_fwd", "out", od, o, n, BAND_ELEM);
     float *g = hrand(n, 1.0f), *gd = dputf(g, n), *p1 = hrand(n, 1.0f), *p3 = hrand(n, 1.0f);
-    for (int p = 0; p < 2; p++) {
+    // p 0: zeroed, 1: pre-filled (accumulate), 2: accumulate 0 (cpu pre-filled, GPU NaN)
+    for (int p = 0; p < 3; p++) {
         float *d1 = p ? hcopy(p1, n) : hnew(n), *d3 = p ? hcopy(p3, n) : hnew(n);
-        float *d1d = dputf(d1, n), *d3d = dputf(d3, n);
-        cpu->swiglu_bwd(d1, d3, g, h1, h3, n);
-        gpu->swiglu_bwd(d1d, d3d, gd, h1d, h3d, n);
-        cmp("swiglu_bwd", p ? "dh1 (accumulate)" : "dh1", d1d, d1, n, BAND_ELEM);
-        cmp("swiglu_bwd", p ? "dh3 (accumulate)" : "dh3", d3d, d3, n, BAND_ELEM);
+        float *d1d = p < 2 ? dputf(d1, n) : dnan(n), *d3d = p < 2 ? dputf(d3, n) : dnan(n);
+        cpu->swiglu_bwd(d1, d3, g, h1, h3, n, p < 2);
+        gpu->swiglu_bwd(d1d, d3d, gd, h1d, h3d, n, p < 2);
+        const char *tag = p == 0 ? "" : p == 1 ? " (accumulate)" : " (overwrite)";
+        char w1[48], w3[48];
+        snprintf(w1, sizeof w1, "dh1%s", tag);
+        snprintf(w3, sizeof w3, "dh3%s", tag);
+        cmp("swiglu_bwd", w1, d1d, d1, n, BAND_ELEM);
+        cmp("swiglu_bwd", w3, d3d, d3, n, BAND_ELEM);
         gpu->free(d1d); gpu->free(d3d); free(d1); free(d3);
     }
     gpu->free(h1d); gpu->free(h3d); gpu->free(od); gpu->free(gd);

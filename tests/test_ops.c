@@ -16,7 +16,10 @@
 // ops (rmsnorm, attention, swiglu, cross-entropy) is ~1e-4 relative; a wrong term is O(|an|).
 // Also every *_bwd must ACCUMULATE: it is run once on zeroed gradient buffers (g0) and once on
 // buffers pre-filled with random values (pre); the second must give pre + g0 (to 1e-5 of the
-// magnitudes: only the summation order may differ).
+// magnitudes: only the summation order may differ). Where it takes an `accumulate` argument
+// (grouped_matmul_bwd's dinp, swiglu_bwd) it is also run with accumulate 0 on buffers poisoned with
+// NaN: the result must be g0 (same band; the NaN must be gone, i.e. neither read nor left), and
+// the buffers it must not touch (dw, rows outside the groups) keep their values.
 // Outputs are poisoned with NaN before every forward, so an unwritten element fails.
 #include <string.h>
 #include "core/common.h"
@@ -125,6 +128,21 @@ static void check_accum(const char *what, const float *g1, const float *pre, con
     }
     char buf[160];
     snprintf(buf, sizeof buf, "%s accumulates (+=)", what);
+    check_arr(buf, g1, ref, mag, n, ACC_RTOL, 1e-30);
+    free(ref); free(mag);
+}
+// g1 (bwd with accumulate 0 on NaN-poisoned buffers) == g0 (bwd run on zeroed buffers, accumulating)
+static void check_overwrite(const char *what, const float *g1, const float *g0, size_t n) {
+    double rms = 0;
+    for (size_t i = 0; i < n; i++) rms += (double)g0[i] * g0[i];
+    rms = sqrt(rms / (n ? n : 1));
+    double *ref = dnew(n), *mag = dnew(n);
+    for (size_t i = 0; i < n; i++) {
+        ref[i] = g0[i];
+        mag[i] = fabs(g0[i]) + rms;
+    }
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s overwrites (accumulate 0)", what);
     check_arr(buf, g1, ref, mag, n, ACC_RTOL, 1e-30);
     free(ref); free(mag);
 }
@@ -243,7 +261,7 @@ static void test_grouped_matmul(void) {
     check_arr("grouped_matmul_fwd (with 0-row groups)", out, ref, mag, no, FWD_RTOL, 1e-30);
 
     float *dx0 = fnew(nx), *dw0 = fnew(nw);
-    be->grouped_matmul_bwd(dx0, dw0, dout, x, w, off, G, K, O);
+    be->grouped_matmul_bwd(dx0, dw0, dout, x, w, off, G, K, O, 1);
     MatCtx c = {x, w, out, dout, N, K, O, off, G};
     fd_check("grouped_matmul_bwd dinp", gmm_loss, &c, x, nx, dx0);
     fd_check("grouped_matmul_bwd dw", gmm_loss, &c, w, nw, dw0);
@@ -255,15 +273,48 @@ static void test_grouped_matmul(void) {
     float *px = fnew(nx), *pw = fnew(nw);
     fill_normal(px, nx, 1); fill_normal(pw, nw, 1);
     float *dx1 = fcopy(px, nx), *dw1 = fcopy(pw, nw);
-    be->grouped_matmul_bwd(dx1, dw1, dout, x, w, off, G, K, O);
+    be->grouped_matmul_bwd(dx1, dw1, dout, x, w, off, G, K, O, 1);
     check_accum("grouped_matmul_bwd dinp", dx1, px, dx0, nx);
     check_accum("grouped_matmul_bwd dw", dw1, pw, dw0, nw);
     memcpy(dx1, px, nx * sizeof(float));
-    be->grouped_matmul_bwd(dx1, NULL, dout, x, w, off, G, K, O);
+    be->grouped_matmul_bwd(dx1, NULL, dout, x, w, off, G, K, O, 1);
     check_accum("grouped_matmul_bwd dinp (dw NULL)", dx1, px, dx0, nx);
     memcpy(dw1, pw, nw * sizeof(float));
-    be->grouped_matmul_bwd(NULL, dw1, dout, x, w, off, G, K, O);
+    be->grouped_matmul_bwd(NULL, dw1, dout, x, w, off, G, K, O, 1);
     check_accum("grouped_matmul_bwd dw (dinp NULL)", dw1, pw, dw0, nw);
+    // accumulate 0: dinp overwritten, dw still accumulated
+    fill_nan(dx1, nx);
+    memcpy(dw1, pw, nw * sizeof(float));
+    be->grouped_matmul_bwd(dx1, dw1, dout, x, w, off, G, K, O, 0);
+    check_overwrite("grouped_matmul_bwd dinp", dx1, dx0, nx);
+    check_accum("grouped_matmul_bwd dw (dinp overwritten)", dw1, pw, dw0, nw);
+    fill_nan(dx1, nx);
+    be->grouped_matmul_bwd(dx1, NULL, dout, x, w, off, G, K, O, 0);
+    check_overwrite("grouped_matmul_bwd dinp (dw NULL)", dx1, dx0, nx);
+    // groups over rows [L, L + N) of buffers of L + N + L rows: with accumulate 0 those rows are
+    // written, the L rows on either side keep their values (bitwise); with O = 0 (empty sums) the
+    // written rows are zeros
+    enum { L = 2 };
+    int64_t offs[G + 1];
+    for (int g = 0; g <= G; g++) offs[g] = off[g] + L;
+    size_t nxs = (size_t)(N + 2 * L) * K, nos = (size_t)(N + 2 * L) * O;
+    float *xs = fnew(nxs), *douts = fnew(nos), *dxs = fnew(nxs), *side = fnew(nxs);
+    fill_normal(xs, nxs, 1); fill_normal(douts, nos, 1); fill_normal(side, nxs, 1);
+    memcpy(xs + (size_t)L * K, x, nx * sizeof(float));
+    memcpy(douts + (size_t)L * O, dout, no * sizeof(float));
+    for (int o0 = 0; o0 < 2; o0++) {
+        memcpy(dxs, side, nxs * sizeof(float));
+        fill_nan(dxs + (size_t)L * K, nx);
+        be->grouped_matmul_bwd(dxs, NULL, douts, xs, w, offs, G, K, o0 ? 0 : O, 0);
+        float *want = o0 ? fnew(nx) : dx0;
+        check_overwrite(o0 ? "grouped_matmul_bwd dinp (O = 0, rows from off[0] = 2)"
+                           : "grouped_matmul_bwd dinp (rows from off[0] = 2)", dxs + (size_t)L * K, want, nx);
+        check_exact("grouped_matmul_bwd: rows before off[0] untouched", dxs, side, (size_t)L * K);
+        check_exact("grouped_matmul_bwd: rows from off[G] untouched", dxs + (size_t)(L + N) * K,
+                    side + (size_t)(L + N) * K, (size_t)L * K);
+        if (o0) free(want);
+    }
+    free(xs); free(douts); free(dxs); free(side);
     free(x); free(w); free(out); free(dout); free(ref); free(mag);
     free(dx0); free(dw0); free(px); free(pw); free(dx1); free(dw1);
 }
@@ -484,16 +535,22 @@ static void test_swiglu(void) {
     be->swiglu_fwd(out, h1, h3, n);
     check_arr("swiglu_fwd", out, ref, NULL, n, FWD_RTOL, 1e-30);
     float *d10 = fnew(n), *d30 = fnew(n);
-    be->swiglu_bwd(d10, d30, dout, h1, h3, n);
+    be->swiglu_bwd(d10, d30, dout, h1, h3, n, 1);
     SwiCtx c = {h1, h3, out, dout, n};
     fd_check("swiglu_bwd dh1", swi_loss, &c, h1, n, d10);
     fd_check("swiglu_bwd dh3", swi_loss, &c, h3, n, d30);
     float *p1 = fnew(n), *p3 = fnew(n);
     fill_normal(p1, n, 1); fill_normal(p3, n, 1);
     float *d11 = fcopy(p1, n), *d31 = fcopy(p3, n);
-    be->swiglu_bwd(d11, d31, dout, h1, h3, n);
+    be->swiglu_bwd(d11, d31, dout, h1, h3, n, 1);
     check_accum("swiglu_bwd dh1", d11, p1, d10, n);
     check_accum("swiglu_bwd dh3", d31, p3, d30, n);
+    // accumulate 0 on NaN: the same values bitwise (x, not 0 + x: equal under ==, which ignores the
+    // sign of a zero)
+    fill_nan(d11, n); fill_nan(d31, n);
+    be->swiglu_bwd(d11, d31, dout, h1, h3, n, 0);
+    check_exact("swiglu_bwd dh1 overwrites (accumulate 0)", d11, d10, n);
+    check_exact("swiglu_bwd dh3 overwrites (accumulate 0)", d31, d30, n);
     free(h1); free(h3); free(out); free(dout); free(ref); free(d10); free(d30); free(p1); free(p3);
     free(d11); free(d31);
 }

@@ -283,15 +283,15 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     // to the experts (same routes as the forward), expert backward, and back
     scratch_buffers(s, Rg, M, d, fl, m->x.local);
     const float *dyg = exchange_dispatch(&m->x, s->dys, s->dyg);
+    // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
+    // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
+    // first write of each buffer overwrites every row it holds (accumulate 0) and only dxg's second
+    // GEMM adds. The weight gradients always accumulate (ops.h).
     size_t Rf = (size_t)Rg * fl;
-    be->zero(s->dact, Rf * F);
-    be->grouped_matmul_bwd(s->dact, g->w2, dyg, m->act, w->w2, m->x.off, El, fl, d);
-    be->zero(s->dh1, Rf * F);
-    be->zero(s->dh3, Rf * F);
-    be->swiglu_bwd(s->dh1, s->dh3, s->dact, m->h1, m->h3, Rf);
-    be->zero(s->dxg, (size_t)Rg * d * F);
-    be->grouped_matmul_bwd(s->dxg, g->w1, s->dh1, m->xgp, w->w1, m->x.off, El, d, fl);
-    be->grouped_matmul_bwd(s->dxg, g->w3, s->dh3, m->xgp, w->w3, m->x.off, El, d, fl);
+    be->grouped_matmul_bwd(s->dact, g->w2, dyg, m->act, w->w2, m->x.off, El, fl, d, 0);
+    be->swiglu_bwd(s->dh1, s->dh3, s->dact, m->h1, m->h3, Rf, 0);
+    be->grouped_matmul_bwd(s->dxg, g->w1, s->dh1, m->xgp, w->w1, m->x.off, El, d, fl, 0);
+    be->grouped_matmul_bwd(s->dxg, g->w3, s->dh3, m->xgp, w->w3, m->x.off, El, d, fl, 1);
     const float *dxs = exchange_combine(&m->x, s->dxg, s->dxs);
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)
     float *dxin = s->dxj;

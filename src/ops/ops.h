@@ -3,7 +3,9 @@
 // a cuda/ backend fills the same table. Must not hold: any knowledge of the model or of layers.
 //
 // Conventions: row-major; a Linear weight W is (out, in) and y = x W^T (HF layout).
-// Every *_bwd ACCUMULATES (+=) into its gradient outputs; gradient pointers may be NULL where noted.
+// Every *_bwd ACCUMULATES (+=) into its gradient outputs, except where an `accumulate` argument
+// says otherwise (0 = overwrite, 1 = +=: grouped_matmul_bwd's dinp, swiglu_bwd); gradient pointers
+// may be NULL where noted.
 #pragma once
 #include <stddef.h>
 #include <stdio.h>
@@ -39,8 +41,13 @@ struct Backend {
     // off is a HOST array of G+1 entries.
     void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G,
                                int K, int O);
+    // Its backward: dinp_g = dout_g @ W_g, written (accumulate 0) or added (accumulate 1) into
+    // dinp; dw_g += dout_g^T @ inp_g ALWAYS accumulates (a parameter gradient, summed over
+    // micro-batches), whatever `accumulate` says. The groups partition rows [off[0], off[G]), so with
+    // accumulate 0 every row of dinp in that range is written (zeros where O = 0) and no row outside
+    // it is touched. dinp or dw may be NULL.
     void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
-                               const float *w, const int64_t *off, int G, int K, int O);
+                               const float *w, const int64_t *off, int G, int K, int O, int accumulate);
 
     // out (N,V) rows = table[tokens[i]]; bwd: dtable[tokens[i]] += dout[i]
     void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C);
@@ -64,9 +71,11 @@ struct Backend {
                           const float *lse, const float *q, const float *k, const float *v,
                           int B, int T, int H, int KV, int hd);
 
-    // out = silu(h1) * h3, elementwise over n; bwd accumulates into dh1, dh3.
+    // out = silu(h1) * h3, elementwise over n; bwd writes (accumulate 0) or adds (accumulate 1) the
+    // gradients into dh1, dh3 (all n elements of both).
     void (*swiglu_fwd)(float *out, const float *h1, const float *h3, size_t n);
-    void (*swiglu_bwd)(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n);
+    void (*swiglu_bwd)(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
+                       int accumulate);
 
     // out[i] = inp[idx[i]] (rows of C); bwd: dinp[idx[i]] += dout[i]
     void (*gather_rows)(float *out, const float *inp, const int32_t *idx, int n, int C);

@@ -26,7 +26,7 @@ static void w_zero(void *p, size_t n) { T0; in->zero(p, n); T1(P_COPY); }
 static void w_mm_f(float *o, const float *i, const float *w, int N, int K, int O, int a) { T0; in->matmul_fwd(o, i, w, N, K, O, a); T1(P_MATMUL_F); }
 static void w_mm_b(float *di, float *dw, const float *d, const float *i, const float *w, int N, int K, int O) { T0; in->matmul_bwd(di, dw, d, i, w, N, K, O); T1(P_MATMUL_B); }
 static void w_gmm_f(float *o, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_fwd(o, i, w, off, G, K, O); T1(P_GMM_F); }
-static void w_gmm_b(float *di, float *dw, const float *d, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_bwd(di, dw, d, i, w, off, G, K, O); T1(P_GMM_B); }
+static void w_gmm_b(float *di, float *dw, const float *d, const float *i, const float *w, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd(di, dw, d, i, w, off, G, K, O, a); T1(P_GMM_B); }
 static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) { T0; in->embedding_fwd(o, t, tb, N, C); T1(P_EMB); }
 static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) { T0; in->embedding_bwd(d, o, t, N, C); T1(P_EMB); }
 static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd(o, r, i, w, N, C, e); T1(P_NORM); }
@@ -36,7 +36,7 @@ static void w_rope_b(float *x, int B, int T, int nh, int hd, float th) { T0; in-
 static void w_att_f(float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd); T1(P_ATT_F); }
 static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd); T1(P_ATT_B); }
 static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in->swiglu_fwd(o, a, b, n); T1(P_SWIGLU); }
-static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n) { T0; in->swiglu_bwd(da, db, d, a, b, n); T1(P_SWIGLU); }
+static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n, int ac) { T0; in->swiglu_bwd(da, db, d, a, b, n, ac); T1(P_SWIGLU); }
 static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }
 static void w_scatter(float *o, const float *i, const int32_t *x, const float *s, int n, int C) { T0; in->scatter_add_rows(o, i, x, s, n, C); T1(P_ROWS); }
 static void w_combine(float *o, const float *r, const int32_t *s, const float *w, int N, int k, int C, int a) { T0; in->combine_rows(o, r, s, w, N, k, C, a); T1(P_ROWS); }

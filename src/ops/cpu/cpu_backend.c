@@ -20,11 +20,21 @@ void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, 
                 accumulate ? 1.0f : 0.0f, out, O);
 }
 
+// dinp (N,K) = dout @ W [+ dinp if acc_dinp]; dw += dout^T @ inp. With O = 0 the overwritten dinp
+// is zeros (an empty sum), as cpu_matmul_fwd with K = 0.
+static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
+                   int acc_dinp) {
+    if (N <= 0 || K <= 0) return;
+    if (O <= 0) { if (dinp && !acc_dinp) memset(dinp, 0, sizeof(float) * (size_t)N * K); return; }
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, O, 1.0f, dout, O, w, K, acc_dinp ? 1.0f : 0.0f,
+                    dinp, K);
+    if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, K, N, 1.0f, dout, O, inp, K, 1.0f, dw, K);
+}
+
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                     int N, int K, int O) {
-    if (N <= 0 || K <= 0 || O <= 0) return;
-    if (dinp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, O, 1.0f, dout, O, w, K, 1.0f, dinp, K);
-    if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, K, N, 1.0f, dout, O, inp, K, 1.0f, dw, K);
+    mm_bwd(dinp, dw, dout, inp, w, N, K, O, 1);
 }
 
 static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
@@ -36,11 +46,11 @@ static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w,
 }
 
 static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                   const int64_t *off, int G, int K, int O) {
+                                   const int64_t *off, int G, int K, int O, int accumulate) {
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
-        cpu_matmul_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O,
-                       inp + r0 * K, w + (size_t)g * O * K, (int)n, K, O);
+        mm_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
+               w + (size_t)g * O * K, (int)n, K, O, accumulate);
     }
 }
 

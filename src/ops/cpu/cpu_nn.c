@@ -162,12 +162,14 @@ void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n) {
     }
 }
 
-void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n) {
+void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
+                    int accumulate) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float a = h1[i], sg = 1.0f / (1.0f + expf(-a)), silu = a * sg;
-        dh1[i] += dout[i] * h3[i] * sg * (1.0f + a * (1.0f - sg));
-        dh3[i] += dout[i] * silu;
+        float g1 = dout[i] * h3[i] * sg * (1.0f + a * (1.0f - sg)), g3 = dout[i] * silu;
+        if (accumulate) { dh1[i] += g1; dh3[i] += g3; }
+        else { dh1[i] = g1; dh3[i] = g3; }
     }
 }
 

@@ -16,7 +16,8 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd);
 void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
-void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n);
+void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
+                    int accumulate);
 void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
 void cpu_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,

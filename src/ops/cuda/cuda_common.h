@@ -101,7 +101,8 @@ void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *in
 void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
 void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
-void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n);
+void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
+                     int accumulate);
 void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
 void cuda_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
 void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
@@ -133,12 +134,12 @@ void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, in
 void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
 void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                 const int64_t *off, int G, int K, int O);
+                                 const int64_t *off, int G, int K, int O, int accumulate);
 void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                  const int64_t *off, int G, int K, int O);
+                                  const int64_t *off, int G, int K, int O, int accumulate);
 // cuda_attention.cu
 void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                         int B, int T, int H, int KV, int hd);

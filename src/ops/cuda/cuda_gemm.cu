@@ -4,9 +4,9 @@
 //   bf16    (backend "cuda"): the float32 operands are rounded to bf16 (round to nearest even) by a
 //           conversion kernel into backend-owned scratch, then cublasGemmEx with CUDA_R_16BF inputs,
 //           CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation) and a float32 output; *_bwd
-//           accumulate into the float32 gradients with beta = 1. Products of two bf16 values are
-//           exact in fp32, so the result is the float32 GEMM of the bf16-rounded operands up to the
-//           summation order; tests/test_cuda_ops.c checks exactly that, against a cpu reference
+//           accumulate into the float32 gradients with beta = 1 (beta = 0 for a grouped dinp that
+//           is overwritten, accumulate 0). Products of two bf16 values are exact in fp32, so the
+//           result is the float32 GEMM of the bf16-rounded operands up to the summation order; tests/test_cuda_ops.c checks exactly that, against a cpu reference
 //           that rounds the same operands.
 // Precision policy of "cuda": grouped GEMMs (the experts) always run in bf16; a plain matmul runs
 // in bf16 only when O > MOE_GEMM_FP32_MAX_O (ops.h). Narrower ones (the router, O = E) stay
@@ -118,16 +118,26 @@ extern "C" void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w
     CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, &one, w, K, inp, K, &beta, out, O));
 }
 
-extern "C" void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
-                                    int K, int O) {
-    if (N <= 0 || K <= 0 || O <= 0) return;
-    const float one = 1.0f;
-    // dinp^T (K,N) += W^T (K,O) . dout^T (O,N)
+// dinp = dout W [+ dinp when acc_dinp]; dw += dout^T inp. With O = 0 an overwritten dinp is zeros.
+static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
+                       int acc_dinp) {
+    if (N <= 0 || K <= 0) return;
+    if (O <= 0) {
+        if (dinp && !acc_dinp) CUDA_CHECK(cudaMemset(dinp, 0, sizeof(float) * (size_t)N * K));
+        return;
+    }
+    const float one = 1.0f, bi = acc_dinp ? 1.0f : 0.0f;
+    // dinp^T (K,N) [+]= W^T (K,O) . dout^T (O,N)
     if (dinp)
-        CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, &one, w, K, dout, O, &one, dinp, K));
+        CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, &one, w, K, dout, O, &bi, dinp, K));
     // dw^T (K,O) += inp^T (K,N) . dout (N,O)
     if (dw)
         CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, &one, inp, K, dout, O, &one, dw, K));
+}
+
+extern "C" void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                                    int K, int O) {
+    mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, 1);
 }
 
 // One GEMM per non-empty group (off is a host array).
@@ -141,12 +151,12 @@ extern "C" void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const 
 }
 
 extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp,
-                                            const float *w, const int64_t *off, int G, int K, int O) {
+                                            const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         if (n <= 0) continue;
-        cuda_matmul_bwd_f32(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O,
-                            inp + r0 * K, w + (size_t)g * O * K, (int)n, K, O);
+        mm_bwd_f32(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
+                   w + (size_t)g * O * K, (int)n, K, O, accumulate);
     }
 }
 
@@ -207,11 +217,17 @@ extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const
     }
 }
 
+// dinp with beta = accumulate (0: written, never read); dw with beta = 1 always (ops.h).
 extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
-                                             const float *w, const int64_t *off, int G, int K, int O) {
-    if (G <= 0 || K <= 0 || O <= 0 || (!dinp && !dw)) return;
+                                             const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
+    if (G <= 0 || K <= 0 || (!dinp && !dw)) return;
     int64_t base = off[0], rows = off[G] - off[0];
     if (rows <= 0) return;
+    if (O <= 0) {   // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
+        if (dinp && !accumulate) CUDA_CHECK(cudaMemset(dinp + base * K, 0, sizeof(float) * (size_t)rows * K));
+        return;
+    }
+    const float bi = accumulate ? 1.0f : 0.0f;
     bf16 *gb, *wb, *xb;
     bf16_scratch((size_t)rows * O, dinp ? (size_t)G * O * K : 0, dw ? (size_t)rows * K : 0, &gb, &wb, &xb);
     to_bf16(gb, dout + base * O, (size_t)rows * O);
@@ -220,9 +236,9 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
         if (n <= 0) continue;
-        // dinp_g^T (K,n) += W_g^T (K,O) . dout_g^T (O,n)
+        // dinp_g^T (K,n) [+]= W_g^T (K,O) . dout_g^T (O,n)
         if (dinp)
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, (int)n, O, wb + (size_t)g * O * K, K, gb + r0 * O, O, 1.0f,
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, (int)n, O, wb + (size_t)g * O * K, K, gb + r0 * O, O, bi,
                       dinp + (base + r0) * K, K);
         // dw_g^T (K,O) += inp_g^T (K,n) . dout_g (n,O)
         if (dw)

@@ -461,11 +461,14 @@ __global__ void swiglu_fwd_k(float *out, const float *h1, const float *h3, size_
     }
 }
 
+// accumulate 0: dh1/dh3 are only written (not read), 1: read and added to
+template <int ACC>
 __global__ void swiglu_bwd_k(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n) {
     GRID_STRIDE(i, n) {
         float a = ld_f(h1 + i), sg = 1.0f / (1.0f + expf(-a)), silu = a * sg, g = ld_f(dout + i);
-        st_f(dh1 + i, ld_f(dh1 + i) + g * ld_f(h3 + i) * sg * (1.0f + a * (1.0f - sg)));
-        st_f(dh3 + i, ld_f(dh3 + i) + g * silu);
+        float g1 = g * ld_f(h3 + i) * sg * (1.0f + a * (1.0f - sg)), g3 = g * silu;
+        st_f(dh1 + i, ACC ? ld_f(dh1 + i) + g1 : g1);
+        st_f(dh3 + i, ACC ? ld_f(dh3 + i) + g3 : g3);
     }
 }
 
@@ -475,9 +478,11 @@ extern "C" void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, si
     KCHECK("swiglu_fwd");
 }
 
-extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n) {
+extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
+                                int accumulate) {
     if (!n) return;
-    swiglu_bwd_k<<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
+    if (accumulate) swiglu_bwd_k<1><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
+    else swiglu_bwd_k<0><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
     KCHECK("swiglu_bwd");
 }
 
