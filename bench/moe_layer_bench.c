@@ -20,7 +20,7 @@
 // and fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts internally).
 //
 //   moe_bench_layer [--cases mixtral,olmoe,small,ref] [--iters 10] [--warmup 3] [--device cuda]
-//                   [--profile 1] [--gemm 1]
+//                   [--profile 1] [--gemm 1] [--router-std 0.02 (sharper routing: larger)]
 // Values are not checked here (tests/test_cuda_ops.c and test_cuda_model.c do that).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -275,6 +275,8 @@ static double time_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int
 // ---------------------------------------------------------------- one case
 typedef struct { const char *name; int T, d, f, E, k; } Case;
 
+static float g_router_std = 0.02f;   // --router-std: larger values give sharper, less balanced routing
+
 static void run_case(const Case *cs, const Backend *real, int warm, int iters, int prof, int gemms) {
     int T = cs->T, d = cs->d, f = cs->f, E = cs->E, k = cs->k;
     ModelConfig c;
@@ -287,7 +289,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     float *x = be->alloc(Nd * F), *dy = be->alloc(Nd * F), *y = be->alloc(Nd * F), *dx = be->alloc(Nd * F);
     float *wr = be->alloc((size_t)E * d * F), *w1 = be->alloc(W * F), *w3 = be->alloc(W * F), *w2 = be->alloc(W * F);
     float *gr = be->alloc((size_t)E * d * F), *g1 = be->alloc(W * F), *g3 = be->alloc(W * F), *g2 = be->alloc(W * F);
-    fill(x, Nd, 1.0f, 0, 1); fill(dy, Nd, 1.0f, 0, 2); fill(wr, (size_t)E * d, 0.02f, 0, 3);
+    fill(x, Nd, 1.0f, 0, 1); fill(dy, Nd, 1.0f, 0, 2); fill(wr, (size_t)E * d, g_router_std, 0, 3);
     fill(w1, W, 0.02f, 0, 4); fill(w3, W, 0.02f, 0, 5); fill(w2, W, 0.02f, 0, 6);
     MoeLayer m;
     MoeScratch s;
@@ -448,7 +450,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("moe_bench_layer [--cases mixtral,olmoe,small] [--iters 10] [--warmup 3] [--device cuda|cuda-fp32] "
-                   "[--profile 0|1] [--gemm 0|1]\n");
+                   "[--profile 0|1] [--gemm 0|1] [--router-std 0.02]\n");
             return 0;
         }
         CHECK(v, "%s needs a value (--help lists the options)", a);
@@ -458,6 +460,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--device")) dev = v;
         else if (!strcmp(a, "--profile")) prof = atoi(v);
         else if (!strcmp(a, "--gemm")) gemms = atoi(v);
+        else if (!strcmp(a, "--router-std")) g_router_std = (float)atof(v);
         else DIE("unknown option %s (--help lists them)", a);
         i++;
     }

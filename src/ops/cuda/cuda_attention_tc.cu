@@ -6,7 +6,7 @@
 // float32; P (forward) and dS (backward) are rounded to bf16 as the A operand of the second
 // product, as in FlashAttention-2.
 // Kernels: forward (64 query rows per block, 16 per warp, 64-key tiles, online softmax in base 2);
-// backward dq (per 64-query block over key tiles) and dk/dv (per 64-key block over the query
+// backward dq (per 64-query block over 32-key tiles) and dk/dv (per 64-key block over the query
 // heads of its group and 32-query tiles), so that every output element is written by one thread
 // summing in a fixed order: deterministic, no atomics. D = rowsum(bf16(dout) * out) comes from
 // cuda_attention.cu (dout rounded as for dp, so that dp - D cancels where it should). Head dims
@@ -22,7 +22,8 @@
 
 #define TC_THREADS 128   // 4 warps
 #define TC_BM 64         // query rows per block (fwd, dq); keys per block (dk/dv): 16 per warp
-#define TC_BN 64         // keys per tile (fwd, dq)
+#define TC_BN 64         // keys per tile (fwd)
+#define TC_BK 32         // keys per tile (dq: fewer registers, 4 blocks per SM)
 #define TC_BQ 32         // queries per tile (dk/dv)
 #define TC_LOG2E 1.4426950408889634f
 #define TC_LN2 0.6931471805599453f
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
     float o[NT][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    for (int k0 = 0; k0 <= q0; k0 += TC_BN) {
+    for (int k0 = 0; k0 < q0 + TC_BM && k0 < T; k0 += TC_BN) {
         __syncthreads();   // the previous tile is used up (and Qs is staged, the first time)
         stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
         stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
@@ -211,12 +212,12 @@ __device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, i
 // dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
 // dp = dout . v. Grid (ceil(T/64), H, B).
 template <int HD>
-__global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const bf16s *dout, const float *lse,
+__global__ void __launch_bounds__(TC_THREADS, 4) att_tc_dq_k(float *dq, const bf16s *dout, const float *lse,
                                                           const float *Dg, const bf16s *q, const bf16s *k,
                                                           const bf16s *v, int T, int H, int KV, float sl, float sc) {
-    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8;
+    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BK / 8;
     extern __shared__ __align__(16) bf16s sm[];
-    bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + TC_BN * LD;
+    bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + TC_BK * LD;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
     int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
@@ -231,10 +232,10 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dq_k(float *dq, const bf16s
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int k0 = 0; k0 <= q0; k0 += TC_BN) {
+    for (int k0 = 0; k0 < q0 + TC_BM && k0 < T; k0 += TC_BK) {
         __syncthreads();
-        stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
-        stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        stage<HD, TC_BK>(Ks, kg, k0, min(TC_BK, T - k0), (size_t)KV * HD);
+        stage<HD, TC_BK>(Vs, vg, k0, min(TC_BK, T - k0), (size_t)KV * HD);
         stage_wait();
         __syncthreads();
         float s[NJ][4], dp[NJ][4];
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
 }
 
 static size_t smem_fwd(int hd) { return sizeof(bf16s) * (size_t)(TC_BM + 2 * TC_BN) * (hd + 8); }
-static size_t smem_dq(int hd) { return sizeof(bf16s) * (size_t)(2 * TC_BM + 2 * TC_BN) * (hd + 8); }
+static size_t smem_dq(int hd) { return sizeof(bf16s) * (size_t)(2 * TC_BM + 2 * TC_BK) * (hd + 8); }
 static size_t smem_dkdv(int hd) {
     return sizeof(bf16s) * (size_t)(2 * TC_BM + 2 * TC_BQ) * (hd + 8) + sizeof(float) * 2 * TC_BQ;
 }
