@@ -546,6 +546,75 @@ static void test_swiglu(size_t n) {
     free(h1); free(h3); free(o); free(g); free(p1); free(p3);
 }
 
+// ---------------------------------------------------------------- bf16 copy of the weights
+// ops.h bf16_shadow: GEMMs whose weight lies in the registered buffer read the kept bf16 copy; the
+// results must be the same bits as converting on each call, the copy must follow adamw_runs, and any
+// other write into the buffer (to_device here) must drop it: a stale copy would give other results.
+static void gemm_set(float *out[4], const float *wbuf, size_t wo, const float *x, const float *dy, int N, int K, int O,
+                     int G, const int64_t *off) {
+    size_t nk = (size_t)N * K;
+    gpu->matmul_fwd(out[0], x, wbuf + wo, N, K, O, 0);
+    gpu->zero(out[1], nk * sizeof(float));
+    gpu->matmul_bwd(out[1], NULL, dy, x, wbuf + wo, N, K, O);
+    gpu->grouped_matmul_fwd(out[2], x, wbuf + wo + (size_t)O * K, off, G, K, O);
+    gpu->zero(out[3], nk * sizeof(float));
+    gpu->grouped_matmul_bwd(out[3], NULL, dy, x, wbuf + wo + (size_t)O * K, off, G, K, O, 1);
+}
+// The same four GEMMs with the copy registered (a) and without (b), bit for bit; wo = 8: the weights
+// at 16-byte aligned bf16 offsets (the copy is used), wo = 5: misaligned (the GEMMs convert).
+static void shadow_pair(const char *when, float *a[4], float *b[4], float *wd, size_t nw, size_t wo, const float *xd,
+                        const float *dyd, int N, int K, int O, int G, const int64_t *off, const size_t *sz) {
+    const char *nm[4] = {"matmul_fwd", "matmul_bwd dinp", "grouped_fwd", "grouped_bwd dinp"};
+    char what[128];
+    gpu->bf16_shadow(wd, nw);
+    gemm_set(a, wd, wo, xd, dyd, N, K, O, G, off);
+    gpu->bf16_shadow(NULL, 0);
+    gemm_set(b, wd, wo, xd, dyd, N, K, O, G, off);
+    for (int i = 0; i < 4; i++) {
+        snprintf(what, sizeof what, "bf16_shadow: %s (weights at +%zu) %s", nm[i], wo, when);
+        cmp_exact_dev(what, a[i], b[i], sz[i]);
+    }
+}
+static void test_bf16_shadow(void) {
+    const int N = 96, K = 80, O = 72, G = 3;
+    const int64_t off[4] = {0, 40, 40, 96};
+    size_t nw = 8 + (size_t)O * K * (1 + G) + 3, no = (size_t)N * O, nk = (size_t)N * K;
+    float *w = hrand(nw, 0.5f), *x = hrand(nk, 1.0f), *dy = hrand(no, 1.0f);
+    float *wd = dputf(w, nw), *xd = dputf(x, nk), *dyd = dputf(dy, no);
+    float *a[4], *b[4];
+    size_t sz[4] = {no, nk, no, nk};
+    for (int i = 0; i < 4; i++) { a[i] = dnan(sz[i]); b[i] = dnan(sz[i]); }
+    shadow_pair("through the copy vs converted", a, b, wd, nw, 8, xd, dyd, N, K, O, G, off, sz);
+    shadow_pair("misaligned: converted either way", a, b, wd, nw, 5, xd, dyd, N, K, O, G, off, sz);
+    // AdamW over the buffer (one run) with the copy registered: the copy must follow the update
+    float *g = hrand(nw, 1.0f), *m0 = hrand(nw, 0.1f), *v0 = hnew(nw);
+    float *gd = dputf(g, nw), *m = dputf(m0, nw), *v = dputf(v0, nw);
+    OptRun run = {0, 0, (int64_t)nw, 1, 0};
+    OptRuns *rr = gpu->runs_create(&run, 1);
+    gpu->bf16_shadow(wd, nw);
+    gpu->adamw_runs(wd, gd, m, v, rr, 1.0f, 0.05f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    gemm_set(a, wd, 8, xd, dyd, N, K, O, G, off);
+    gpu->bf16_shadow(NULL, 0);
+    gemm_set(b, wd, 8, xd, dyd, N, K, O, G, off);
+    for (int i = 0; i < 4; i++) cmp_exact_dev("bf16_shadow: after adamw_runs, the copy vs converted", a[i], b[i], sz[i]);
+    // a write the backend sees (new weights through to_device) drops the copy
+    gpu->bf16_shadow(wd, nw);
+    float *w2 = hrand(nw, 0.5f);
+    gpu->to_device(wd, w2, nw * sizeof(float));
+    gemm_set(a, wd, 8, xd, dyd, N, K, O, G, off);
+    gpu->bf16_shadow(NULL, 0);
+    gemm_set(b, wd, 8, xd, dyd, N, K, O, G, off);
+    for (int i = 0; i < 4; i++) cmp_exact_dev("bf16_shadow: after to_device into the buffer", a[i], b[i], sz[i]);
+    // and the values are the bf16 GEMM's of the new weights: against the cpu on bf16 operands
+    float *ref = hnew(no), *wr = bf16_copy(w2 + 8, (size_t)O * K), *xr = bf16_copy(x, nk);
+    backend_cpu()->matmul_fwd(ref, xr, wr, N, K, O, 0);
+    cmp("bf16_shadow", "matmul_fwd after to_device vs the cpu on bf16 operands", a[0], ref, no, BAND_BF16_REF);
+    gpu->runs_free(rr);
+    for (int i = 0; i < 4; i++) { gpu->free(a[i]); gpu->free(b[i]); }
+    gpu->free(wd); gpu->free(xd); gpu->free(dyd); gpu->free(gd); gpu->free(m); gpu->free(v);
+    free(w); free(x); free(dy); free(g); free(m0); free(v0); free(w2); free(ref); free(wr); free(xr);
+}
+
 // ---------------------------------------------------------------- attention
 // On "cuda" with head dims 32/64/128 the tensor-core kernels run (cuda_attention_tc.cu). Checked
 // against bf16_ref.h's attention (same roundings; BAND_ATT_TC_NORM, BAND_BF16_ELEM) and, norm-wise,
@@ -831,6 +900,7 @@ static void run_suite(const Backend *be, int big) {
     test_rope(2, 19, 3, 24, 10000.0f);
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);
     test_swiglu(10007);
+    if (gpu_bf16) test_bf16_shadow();
     test_attention(2, 70, 4, 2, 24);
     test_attention(1, 33, 3, 3, 64);
     if (big) test_attention(2, 40, 8, 2, 128);

@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 #include <cjson/cJSON.h>
@@ -587,13 +588,16 @@ static int cmd_info(State *s) {
     fmt_bytes(b3, sizeof b3, state + acts);
     printf("memory (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n", b1, B, T, b2,
            b3);
-    // cuda: the same float32 buffers on the GPU, plus the bf16 copies of the largest GEMM's operands
-    // (a layer's expert rows and weights) that the GEMM ops convert into
-    double scratch = 2.0 * ((double)Rk * (f > d ? f : d) + (double)c.n_experts * f * d);
-    fmt_bytes(b1, sizeof b1, scratch);
-    fmt_bytes(b2, sizeof b2, state + acts + scratch);
-    printf("memory (cuda, the same float32 buffers + bf16 GEMM operand scratch %s): %s plus the CUDA context\n", b1,
-           b2);
+    // cuda: the same float32 buffers on the GPU, plus the bf16 copy of the weights the GEMMs read
+    // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
+    // activations into (the largest: a layer's expert rows, both operands of a backward GEMM; and
+    // the attention's q, k, v, dout)
+    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * (f + d), (double)N * (2 * qd + 2 * kvd));
+    fmt_bytes(b1, sizeof b1, shadow);
+    fmt_bytes(b2, sizeof b2, scratch);
+    fmt_bytes(b3, sizeof b3, state + acts + shadow + scratch);
+    printf("memory (cuda, the same float32 buffers + bf16 weights %s + bf16 operand scratch %s): %s plus the CUDA "
+           "context\n", b1, b2, b3);
     params_free(&t);
     if (s->cli.world > 0 || s->train.tp > 1 || s->train.ep > 1 || s->train.etp > 1) {
         MeshShape ms = {s->cli.world > 0 ? s->cli.world : s->train.tp * s->train.ep * s->train.etp, s->train.tp, 0,

@@ -32,6 +32,14 @@ struct Backend {
     void (*zero)(void *p, size_t bytes);
     void (*sync)(void);
 
+    // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
+    // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the
+    // copy instead of converting the weight on every call; adamw_runs on p keeps it current. Any
+    // other write into the range through this backend (to_device, copy, zero, free) drops it (the
+    // GEMMs convert again), and writes it cannot see (device collectives) must be followed by
+    // bf16_shadow again. p = NULL drops it. Results are the same with or without it (bit for bit).
+    void (*bf16_shadow)(const float *p, size_t n);
+
     // out (N,O) = inp (N,K) @ W(O,K)^T [+ out if accumulate]
     void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
     // dinp (N,K) += dout (N,O) @ W ; dw (O,K) += dout^T @ inp. dinp or dw may be NULL.

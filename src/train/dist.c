@@ -221,16 +221,17 @@ double dist_grad_norm(const Dist *d, const Model *m) {
 
 // all-gather bucket b's shards of buf over its group (in place); buf is a backend buffer (dev)
 // or host memory
-static void gather_bucket(const Dist *d, const GradBucket *b, float *buf, int dev) {
+static int gather_bucket(const Dist *d, const GradBucket *b, float *buf, int dev) {
     const Comm *c = group_of(d, b->g);
     int S = gsz(c);
-    if (!d->zero || (dev ? !comm_dev_due(c) : S == 1)) return;
+    if (!d->zero || (dev ? !comm_dev_due(c) : S == 1)) return 0;
     size_t *cnt = xmalloc(sizeof(size_t) * S * 2), *dsp = cnt + S;
     shard_counts(b, S, cnt);
     for (int r = 0; r < S; r++) dsp[r] = b->n * r / S;
     if (dev) comm_dev_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
     else comm_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
     free(cnt);
+    return 1;
 }
 
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t) {
@@ -238,11 +239,15 @@ void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, fl
         m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, d->opt_all, scale, lr, b1, b2, eps, wd, t);
         return;
     }
+    int gathered = 0;
     for (int k = 0; k < d->nb; k++) {
         GradBucket *b = &d->b[k];
         m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, b->opt, scale, lr, b1, b2, eps, wd, t);
-        gather_bucket(d, b, m->params, 1);
+        gathered |= gather_bucket(d, b, m->params, 1);
     }
+    // the collectives wrote other ranks' shards into params behind the backend's back: refresh the
+    // GEMMs' bf16 copy of the weights (ops.h bf16_shadow) if the trainer keeps one
+    if (gathered && d->bf16_shadow) m->be->bf16_shadow(m->params, m->t.ltotal);
 }
 
 void dist_moments_get(const Dist *d, const Model *m, float *m1, float *m2) {

@@ -36,6 +36,8 @@ typedef struct {
     OptRuns *norm_runs;        // the grad-norm runs: one per tensor (ZeRO-2: per tensor and bucket shard)
     int norm_ncls;             // their classes: 3 norm classes (ZeRO-2: 3 groups x 3 classes)
     double wait_s;             // time the last step spent waiting for gradient reductions
+    int bf16_shadow;           // the trainer keeps the GEMMs' bf16 copy of the weights (ops.h): refresh it
+                               // after ZeRO's parameter all-gathers
 } Dist;
 
 // zero: 0, 1 or 2; overlap: start bucket reductions during backward; bucket_bytes: bucket size cap.

@@ -258,6 +258,12 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     if (first >= o->steps)
         fprintf(out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n", first,
                 o->steps);
+    // the bf16 GEMMs read the weights from one bf16 copy that AdamW keeps current (ops.h bf16_shadow;
+    // a no-op on cpu and cuda-fp32); MOE_BF16_SHADOW=0 converts the weights on every GEMM instead
+    // (the same results bit for bit: for checking that)
+    const char *shv = getenv("MOE_BF16_SHADOW");
+    dist.bf16_shadow = !(shv && *shv && !atoi(shv));
+    if (dist.bf16_shadow) be->bf16_shadow(m.params, P);
     EvalResult ev;
     for (int step = first; step < o->steps; step++) {
         if (profile && step == first + 1) backend_profile_reset();   // the first step warms up

@@ -11,6 +11,7 @@ static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memmove(dst, src, bytes); }
 static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
+static void cpu_bf16_shadow(const float *p, size_t n) { (void)p; (void)n; }   // float32 GEMMs: nothing to keep
 static void cpu_sync(void) {}
 
 void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
@@ -73,6 +74,7 @@ const Backend *backend_cpu(void) {
         .mul = cpu_mul, .axpy = cpu_axpy, .scale = cpu_scale, .sumsq = cpu_sumsq, .adamw = cpu_adamw,
         .runs_create = cpu_runs_create, .runs_free = cpu_runs_free, .sumsq_runs = cpu_sumsq_runs,
         .adamw_runs = cpu_adamw_runs,
+        .bf16_shadow = cpu_bf16_shadow,
     };
     return &be;
 }

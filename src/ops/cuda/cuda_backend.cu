@@ -78,7 +78,10 @@ static void *cuda_alloc(size_t bytes) {
     return p;
 }
 
-static void cuda_free(void *p) { if (p) CUDA_CHECK(cudaFree(p)); }
+static void cuda_free(void *p) {
+    cuda_bf16_shadow_freed(p);
+    if (p) CUDA_CHECK(cudaFree(p));
+}
 
 extern "C" void *cuda_workspace(size_t bytes) {
     if (bytes > g_ws_bytes) {
@@ -90,15 +93,20 @@ extern "C" void *cuda_workspace(size_t bytes) {
 }
 
 static void cuda_to_device(void *dst, const void *src, size_t bytes) {
+    cuda_bf16_shadow_write(dst, bytes);
     if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 static void cuda_to_host(void *dst, const void *src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 static void cuda_copy(void *dst, const void *src, size_t bytes) {
+    cuda_bf16_shadow_write(dst, bytes);
     if (bytes && dst != src) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
-static void cuda_zero(void *p, size_t bytes) { if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes)); }
+static void cuda_zero(void *p, size_t bytes) {
+    cuda_bf16_shadow_write(p, bytes);
+    if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
+}
 static void cuda_sync(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
 
 extern "C" int backend_cuda_available(void) {
@@ -151,6 +159,8 @@ static void fill_common(Backend *be) {
     be->adamw_runs = cuda_adamw_runs;
 }
 
+static void cuda_bf16_shadow_none(const float *p, size_t n) { (void)p; (void)n; }   // cuda-fp32: float32 GEMMs
+
 static Backend g_be_bf16, g_be_f32;
 
 // Both tables, the device and the cuBLAS handle, once.
@@ -173,6 +183,7 @@ static void cuda_init(void) {
     g_be_bf16.matmul_bwd = cuda_matmul_bwd_bf16;
     g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
     g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
+    g_be_bf16.bf16_shadow = cuda_bf16_shadow;
     g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
     g_be_bf16.attention_bwd = cuda_attention_bwd_tc;
     fill_common(&g_be_f32);
@@ -181,6 +192,7 @@ static void cuda_init(void) {
     g_be_f32.matmul_bwd = cuda_matmul_bwd_f32;
     g_be_f32.grouped_matmul_fwd = cuda_grouped_matmul_fwd_f32;
     g_be_f32.grouped_matmul_bwd = cuda_grouped_matmul_bwd_f32;
+    g_be_f32.bf16_shadow = cuda_bf16_shadow_none;
 }
 
 extern "C" const Backend *backend_cuda(void) {

@@ -129,6 +129,12 @@ void cuda_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns
                      float b1, float b2, float eps, float wd, int t);
 // cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
 // dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned)
+// the bf16 copy of the weights (ops.h bf16_shadow): register/refresh; the copy of p's buffer if p is
+// the registered start and current (else NULL); a backend write or free that may touch the range
+void cuda_bf16_shadow(const float *p, size_t n);
+void *cuda_bf16_shadow_for(const float *p);
+void cuda_bf16_shadow_write(const void *ptr, size_t bytes);
+void cuda_bf16_shadow_freed(const void *p);
 void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
 void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);

@@ -11,6 +11,7 @@
 // CMakeLists.txt), so the elementwise arithmetic rounds exactly like the cpu code's.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
+#include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 
 // ---------------------------------------------------------------- rows: gather, scatter-add
@@ -539,16 +540,19 @@ __global__ void scale_k(float *x, float a, size_t n) {
 }
 
 extern "C" void cuda_mul(float *out, const float *a, const float *b, size_t n) {
+    cuda_bf16_shadow_write(out, n * sizeof(float));
     if (!n) return;
     mul_k<<<ew_grid(n, 256), 256>>>(out, a, b, n);
     KCHECK("mul");
 }
 extern "C" void cuda_axpy(float *y, const float *x, float a, size_t n) {
+    cuda_bf16_shadow_write(y, n * sizeof(float));
     if (!n) return;
     axpy_k<<<ew_grid(n, 256), 256>>>(y, x, a, n);
     KCHECK("axpy");
 }
 extern "C" void cuda_scale(float *x, float a, size_t n) {
+    cuda_bf16_shadow_write(x, n * sizeof(float));
     if (!n) return;
     scale_k<<<ew_grid(n, 256), 256>>>(x, a, n);
     KCHECK("scale");
@@ -598,9 +602,11 @@ __device__ __forceinline__ void adamw_reg(float &p, float g, float &m, float &v,
     p -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p);
 }
 __device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, float *v, float gs, float lr,
-                                           float b1, float b2, float eps, float wd, float c1, float c2) {
+                                           float b1, float b2, float eps, float wd, float c1, float c2,
+                                           __nv_bfloat16 *pb = NULL) {
     float pi = *p, mi = *m, vi = *v;
     adamw_reg(pi, *g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2);
+    if (pb) *pb = __float2bfloat16_rn(pi);   // the bf16 copy of the weights (ops.h bf16_shadow)
     *p = pi;
     *m = mi;
     *v = vi;
@@ -608,12 +614,19 @@ __device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, f
 // Four consecutive elements through 16-byte loads and stores (all four loads issued before any
 // store: the compiler cannot move loads of one element above stores of another, which may alias).
 __device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m, float4 *v, float gs, float lr,
-                                           float b1, float b2, float eps, float wd, float c1, float c2) {
+                                           float b1, float b2, float eps, float wd, float c1, float c2,
+                                           uint2 *pb = NULL) {
     float4 P = *p, G = *g, M = *m, V = *v;
     adamw_reg(P.x, G.x, M.x, V.x, gs, lr, b1, b2, eps, wd, c1, c2);
     adamw_reg(P.y, G.y, M.y, V.y, gs, lr, b1, b2, eps, wd, c1, c2);
     adamw_reg(P.z, G.z, M.z, V.z, gs, lr, b1, b2, eps, wd, c1, c2);
     adamw_reg(P.w, G.w, M.w, V.w, gs, lr, b1, b2, eps, wd, c1, c2);
+    if (pb) {   // four bf16 (8 bytes) of the weights' bf16 copy
+        union { __nv_bfloat162 h[2]; uint2 u; } c;
+        c.h[0] = __floats2bfloat162_rn(P.x, P.y);
+        c.h[1] = __floats2bfloat162_rn(P.z, P.w);
+        *pb = c.u;
+    }
     *p = P;
     *m = M;
     *v = V;
@@ -627,6 +640,7 @@ __global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, 
 extern "C" void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                            float eps, float wd, int t) {
     if (!n) return;
+    cuda_bf16_shadow_write(p, n * sizeof(float));
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
     adamw_k<<<ew_grid(n, 256), 256>>>(p, g, m, v, n, lr, b1, b2, eps, wd, c1, c2);
     KCHECK("adamw");
@@ -652,6 +666,7 @@ struct OptRuns {
     int32_t *tile_run;          // device, ntiles
     int nruns, ncls_min;        // ncls_min: 1 + the largest class
     int64_t total, ntiles;
+    int64_t end;                // 1 + the largest parameter offset a run touches
 };
 
 extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
@@ -664,6 +679,7 @@ extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
               (long long)runs[i].off, (long long)runs[i].moff, (long long)runs[i].n, (int)runs[i].cls, RUN_MAX_CLS);
         if (runs[i].cls + 1 > r->ncls_min) r->ncls_min = runs[i].cls + 1;
         if (!runs[i].n) continue;
+        if (runs[i].off + runs[i].n > r->end) r->end = runs[i].off + runs[i].n;
         DevRun *d = &h[r->nruns++];
         *d = (DevRun){runs[i].off, runs[i].moff, runs[i].n, pos, runs[i].decay, runs[i].cls};
         pos += runs[i].n;
@@ -695,7 +711,8 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const floa
                                                             const DevRun *runs, const int32_t *tile_run,
                                                             int64_t total, int64_t ntiles, int vec, float gs,
                                                             float lr, float b1, float b2, float eps, float wd,
-                                                            float c1, float c2) {
+                                                            float c1, float c2, __nv_bfloat16 *pb) {
+#define PB(i) (pb ? pb + (i) : NULL)
     for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
         int64_t s = t * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
         for (int r = tile_run[t]; s < e; r++) {
@@ -706,23 +723,26 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const floa
                 int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
                 if (threadIdx.x < head)
                     adamw_elem(p + po + s + threadIdx.x, g + po + s + threadIdx.x, m + mo + s + threadIdx.x,
-                               v + mo + s + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2);
+                               v + mo + s + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2, PB(po + s + threadIdx.x));
                 float4 *P = (float4 *)(p + po + vs), *M = (float4 *)(m + mo + vs), *V = (float4 *)(v + mo + vs);
                 const float4 *G = (const float4 *)(g + po + vs);
+                uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL;   // p + po + vs is 16-byte aligned: 8 here
                 for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
-                    adamw_vec4(P + j, G + j, M + j, V + j, gs, lr, b1, b2, eps, w, c1, c2);
+                    adamw_vec4(P + j, G + j, M + j, V + j, gs, lr, b1, b2, eps, w, c1, c2, Pb ? Pb + j : NULL);
                 int64_t ts = vs + 4 * nv;
                 if (threadIdx.x < re - ts)
                     adamw_elem(p + po + ts + threadIdx.x, g + po + ts + threadIdx.x, m + mo + ts + threadIdx.x,
-                               v + mo + ts + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2);
+                               v + mo + ts + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2, PB(po + ts + threadIdx.x));
             } else {
 #pragma unroll 4
                 for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS)
-                    adamw_elem(p + po + i, g + po + i, m + mo + i, v + mo + i, gs, lr, b1, b2, eps, w, c1, c2);
+                    adamw_elem(p + po + i, g + po + i, m + mo + i, v + mo + i, gs, lr, b1, b2, eps, w, c1, c2,
+                               PB(po + i));
             }
             s = re;
         }
     }
+#undef PB
 }
 
 extern "C" void cuda_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale,
@@ -731,8 +751,12 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, float *m, float *v, co
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
     unsigned grid = r->ntiles < 65535 ? (unsigned)r->ntiles : 65535u;
     int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
+    // the weights' bf16 copy (ops.h bf16_shadow), when p is its buffer: written with the update, so it
+    // stays current; any other p that overlaps it drops it
+    __nv_bfloat16 *pb = (__nv_bfloat16 *)cuda_bf16_shadow_for(p);
+    if (!pb) cuda_bf16_shadow_write(p, (size_t)r->end * sizeof(float));
     adamw_runs_k<<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, gscale, lr, b1,
-                                        b2, eps, wd, c1, c2);
+                                        b2, eps, wd, c1, c2, pb);
     KCHECK("adamw_runs");
 }
 
