@@ -61,6 +61,7 @@
 #include "ops/ops.h"
 #include "test_util.h"
 #include "bf16_ref.h"
+#include "test_runs.h"
 
 #define BAND_ELEM 1e-6
 #define BAND_SUM 1e-5
@@ -755,31 +756,7 @@ static void test_adamw(size_t n, float wd, int t) {
 }
 
 // ---------------------------------------------------------------- multi-tensor runs (the optimizer step)
-// A run list over N elements as the optimizer builds one: [0, N) cut into pieces of 0..maxlen
-// elements (one of 0 and one of 1 among them), every third piece left out (elements no run
-// touches), the rest shuffled; decay and class at random. Moments: mirror = 0, end to end in list
-// order (offsets agree mod 4 for ~1/4 of the runs: the others take adamw_runs' scalar path);
-// mirror = 1, at the parameters' offsets (ZeRO 0's layout: every run takes the float4 path).
-static int gen_runs(OptRun *r, int cap, size_t N, size_t maxlen, int ncls, int mirror, size_t *mtotal) {
-    int n = 0, k = 0;
-    for (size_t o = 0; o < N; k++) {
-        size_t len = k == 1 ? 0 : k == 2 ? 1 : (size_t)(rng_uniform(&R) * (double)(maxlen + 1));
-        if (len > N - o) len = N - o;
-        if (k % 3 != 0) {
-            CHECK(n < cap, "gen_runs: more than %d runs", cap);
-            r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(&R, 2), (int32_t)rng_below(&R, (uint32_t)ncls)};
-        }
-        o += len;
-    }
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)rng_below(&R, (uint32_t)i + 1);
-        OptRun t = r[i]; r[i] = r[j]; r[j] = t;
-    }
-    size_t m = 0;
-    for (int i = 0; i < n; i++) { r[i].moff = mirror ? r[i].off : (int64_t)m; m += (size_t)r[i].n; }
-    *mtotal = mirror ? N : m;
-    return n;
-}
+// Run lists: tests/test_runs.h.
 
 // sumsq_runs: per class against the cpu within BAND_SUMSQ (both accumulate in double; only the order
 // differs: ~n * 1e-16 relative), and two runs bitwise equal (a fixed order). maxlen small puts many
@@ -789,7 +766,7 @@ static void test_sumsq_runs(size_t N, size_t maxlen, int ncls, int shift) {
     enum { CAP = 16384 };
     OptRun *runs = xmalloc(sizeof(OptRun) * CAP);
     size_t mt;
-    int nr = gen_runs(runs, CAP, N, maxlen, ncls, 0, &mt);
+    int nr = test_gen_runs(&R, runs, CAP, N, maxlen, ncls, 0, &mt);
     float *x = hrand(N, 1.0f), *xb, *xd = dputf_shift(x, N, shift, &xb);
     OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
     double r[9], g1[9], g2[9];
@@ -818,13 +795,13 @@ static void test_sumsq_runs(size_t N, size_t maxlen, int ncls, int shift) {
 // sequence, scale() on each run's gradient then adamw() per run (what the trainer ran before: one
 // device function does the update in both, and g * gscale is rounded alone (__fmul_rn) exactly as
 // scale() stores it); elements outside every run and g itself bitwise unchanged. mirror: see
-// gen_runs; shift: the four buffers one float past a 16-byte boundary (the scalar path only).
+// test_gen_runs; shift: the four buffers one float past a 16-byte boundary (the scalar path only).
 static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mirror, int shift) {
     enum { CAP = 16384 };
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     OptRun *runs = xmalloc(sizeof(OptRun) * CAP);
     size_t M;
-    int nr = gen_runs(runs, CAP, N, maxlen, 1, mirror, &M);
+    int nr = test_gen_runs(&R, runs, CAP, N, maxlen, 1, mirror, &M);
     float *p = hrand(N, 1.0f), *g = hrand(N, 0.1f), *m = hrand(M, 0.01f), *v = hnew(M);
     for (size_t i = 0; i < M; i++) v[i] = 1e-4f * fabsf(rng_normal(&R));
     float *base[4];

@@ -27,6 +27,7 @@
 #include "moe/router.h"
 #include "ops/ops.h"
 #include "test_util.h"
+#include "test_runs.h"
 
 #define FWD_RTOL 1e-5
 #define FD_H 1e-2f
@@ -923,30 +924,7 @@ static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
 }
 
 // ---------------------------------------------------------------- multi-tensor runs: sumsq_runs, adamw_runs
-// A run list over a buffer of N elements as the optimizer builds one: [0, N) cut into pieces of
-// 0..maxlen elements (plus one of 0 and one of 1), every third piece left out (elements no run
-// touches), the others in shuffled order; moments laid end to end in list order (so their order
-// differs from the parameters'); decay and class at random. Returns the number of runs.
-static int make_runs(OptRun *r, int cap, size_t N, int maxlen, int ncls, size_t *mtotal) {
-    int n = 0, k = 0;
-    for (size_t o = 0; o < N; k++) {
-        size_t len = k == 1 ? 0 : k == 2 ? 1 : rng_below(&R, (uint32_t)maxlen + 1);
-        if (len > N - o) len = N - o;
-        if (k % 3 != 0) {
-            CHECK(n < cap, "make_runs: more than %d runs", cap);
-            r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(&R, 2), (int32_t)rng_below(&R, (uint32_t)ncls)};
-        }
-        o += len;
-    }
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)rng_below(&R, (uint32_t)i + 1);
-        OptRun t = r[i]; r[i] = r[j]; r[j] = t;
-    }
-    size_t m = 0;
-    for (int i = 0; i < n; i++) { r[i].moff = (int64_t)m; m += (size_t)r[i].n; }
-    *mtotal = m;
-    return n;
-}
+// Run lists: tests/test_runs.h.
 
 // Per class: a double sum in reverse order (independent of the op's order), to 1e-12 relative
 // (double accumulation of <= 50000 terms: ~n * 1e-16); and bitwise the per-run sumsq() values added
@@ -954,7 +932,7 @@ static int make_runs(OptRun *r, int cap, size_t N, int maxlen, int ncls, size_t 
 static void test_sumsq_runs(size_t N, int maxlen, int ncls) {
     OptRun runs[4096];
     size_t mt;
-    int nr = make_runs(runs, 4096, N, maxlen, ncls, &mt);
+    int nr = test_gen_runs(&R, runs, 4096, N, (size_t)maxlen, ncls, 0, &mt);
     float *x = fnew(N);
     fill_normal(x, N, 2);
     OptRuns *h = be->runs_create(runs, nr);
@@ -987,7 +965,7 @@ static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     OptRun runs[4096];
     size_t M;
-    int nr = make_runs(runs, 4096, N, maxlen, 1, &M);
+    int nr = test_gen_runs(&R, runs, 4096, N, (size_t)maxlen, 1, 0, &M);
     float *p = fnew(N), *g = fnew(N), *m = fnew(M), *v = fnew(M);
     fill_normal(p, N, 1);
     fill_normal(g, N, 0.1f);
