@@ -21,6 +21,7 @@
 //
 //   moe_bench_layer [--cases mixtral,olmoe,small,ref] [--iters 10] [--warmup 3] [--device cuda]
 //                   [--profile 1] [--gemm 1] [--router-std 0.02 (sharper routing: larger)]
+//                   [--shadow 1 (the GEMMs read the weights' bf16 copy, as in moe train; 0: convert per call)]
 // Values are not checked here (tests/test_cuda_ops.c and test_cuda_model.c do that).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -276,6 +277,7 @@ static double time_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int
 typedef struct { const char *name; int T, d, f, E, k; } Case;
 
 static float g_router_std = 0.02f;   // --router-std: larger values give sharper, less balanced routing
+static int g_shadow = 1;             // --shadow: the weights' bf16 copy (ops.h bf16_shadow), as moe train keeps it
 
 static void run_case(const Case *cs, const Backend *real, int warm, int iters, int prof, int gemms) {
     int T = cs->T, d = cs->d, f = cs->f, E = cs->E, k = cs->k;
@@ -287,10 +289,13 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     double flops = 3.0 * 2.0 * T * k * 3.0 * d * f;
     size_t F = sizeof(float), Nd = (size_t)T * d, W = (size_t)E * f * d;
     float *x = be->alloc(Nd * F), *dy = be->alloc(Nd * F), *y = be->alloc(Nd * F), *dx = be->alloc(Nd * F);
-    float *wr = be->alloc((size_t)E * d * F), *w1 = be->alloc(W * F), *w3 = be->alloc(W * F), *w2 = be->alloc(W * F);
+    // the router and the three expert weights in one buffer, as in the trainer's parameter buffer, so
+    // that --shadow 1 (the default, as `moe train`) gives the GEMMs the bf16 copy AdamW keeps there
+    float *wall = be->alloc(((size_t)E * d + 3 * W) * F), *wr = wall, *w1 = wr + (size_t)E * d, *w3 = w1 + W, *w2 = w3 + W;
     float *gr = be->alloc((size_t)E * d * F), *g1 = be->alloc(W * F), *g3 = be->alloc(W * F), *g2 = be->alloc(W * F);
     fill(x, Nd, 1.0f, 0, 1); fill(dy, Nd, 1.0f, 0, 2); fill(wr, (size_t)E * d, g_router_std, 0, 3);
     fill(w1, W, 0.02f, 0, 4); fill(w3, W, 0.02f, 0, 5); fill(w2, W, 0.02f, 0, 6);
+    if (g_shadow) be->bf16_shadow(wall, (size_t)E * d + 3 * W);
     MoeLayer m;
     MoeScratch s;
     moe_layer_init(&m, be, &c, T, NULL);
@@ -364,6 +369,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
                              "bf16 in, bf16 out, 4 streams", "the backend (fp32 in: conversion + bf16 GEMMs)",
                              "bf16 in, fp32 out, 1 stream, again (drift)"};
     if (gemms) {
+        be->bf16_shadow(NULL, 0);   // the GEMM variants below time the conversions they name
         size_t R = (size_t)m.x.Rg;
         Gctx gc;
         memset(&gc, 0, sizeof gc);
@@ -439,7 +445,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     CK(cudaEventDestroy(g_e1));
     moe_scratch_free(&s);
     moe_layer_free(&m);
-    void *bufs[] = {x, dy, y, dx, wr, w1, w3, w2, gr, g1, g3, g2};
+    void *bufs[] = {x, dy, y, dx, wall, gr, g1, g3, g2};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
 }
 
@@ -450,7 +456,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("moe_bench_layer [--cases mixtral,olmoe,small] [--iters 10] [--warmup 3] [--device cuda|cuda-fp32] "
-                   "[--profile 0|1] [--gemm 0|1] [--router-std 0.02]\n");
+                   "[--profile 0|1] [--gemm 0|1] [--router-std 0.02] [--shadow 1|0]\n");
             return 0;
         }
         CHECK(v, "%s needs a value (--help lists the options)", a);
@@ -461,6 +467,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) prof = atoi(v);
         else if (!strcmp(a, "--gemm")) gemms = atoi(v);
         else if (!strcmp(a, "--router-std")) g_router_std = (float)atof(v);
+        else if (!strcmp(a, "--shadow")) g_shadow = atoi(v);
         else DIE("unknown option %s (--help lists them)", a);
         i++;
     }
