@@ -193,11 +193,12 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
         xin = m->xj;
     }
     // router on my slice: logits, softmax/top-k and the sums on the backend, then one copy of
-    // sums, idx, w, logits and probs to the host
+    // sums, idx and w to the host (and of logits and probs when asked: host_router_out)
     rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
     be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, Ns, E, k, c->renormalize);
-    be->to_host(m->rt_h, m->rt_d, rt_layout(Ns, E, k).copy);
+    RtLayout rl = rt_layout(Ns, E, k);
+    be->to_host(m->rt_h, m->rt_d, m->host_router_out ? rl.copy : rl.logits);
     // global statistics over the stage: slot counts of every rank (+ its token count), prob sums, lse^2
     size_t per = (size_t)k * E + 1;
     int64_t *mine = xmalloc(sizeof(int64_t) * per);

@@ -31,7 +31,9 @@ typedef struct {
     int maxN, d, fl, E, El, k;
     int N, s0, Ns;                 // tokens of the last forward, my slice [s0, s0+Ns)
     // router side (host): copies of the router's device outputs, made by one copy per forward
-    // into rt_h (the pointers below point into it, at offsets that depend on Ns)
+    // into rt_h (the pointers below point into it, at offsets that depend on Ns); logits_h and
+    // probs_h only while host_router_out is set (eval --dump reads them; training does not)
+    int host_router_out;
     float *logits_h, *probs_h, *w_h;   // (Ns,E) (Ns,E) (Ns,k)
     int32_t *idx_h;                // (Ns,k)
     double *sums_h;                // (E+1) my rows' sums of probs[:,e] and of lse^2

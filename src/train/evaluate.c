@@ -114,7 +114,7 @@ void print_tokens(FILE *f, const int32_t *tok, int n, int vocab) {
     }
 }
 
-double eval_aux_hf(const Model *m) {
+double eval_aux_hf(const Model *m) {   // after a forward with host_router_out set on every layer
     int L = m->c.n_layers, E = m->c.n_experts, k = m->c.top_k;
     double *cnt = xcalloc((size_t)E, sizeof(double)), *P = xcalloc((size_t)E, sizeof(double));
     double rows = 0;
@@ -149,8 +149,10 @@ void eval_dump(Model *m, const Dataset *ds, int B, const char *path, int grads, 
     data_val_batch(ds, 0, B, x, y, NULL);
     float *tok = xmalloc((size_t)N * 2 * sizeof(float));
     for (int i = 0; i < N; i++) { tok[i] = (float)x[i]; tok[N + i] = (float)y[i]; }
-    // forward: logits, per-token losses, router logits, aux and z
+    // forward: logits, per-token losses, router logits (and probs, for eval_aux_hf), aux and z
+    for (int l = 0; l < L; l++) m->la[l].moe.host_router_out = 1;
     double loss = model_forward(m, x, y, B, T, 0, 0);
+    for (int l = 0; l < L; l++) m->la[l].moe.host_router_out = 0;
     double aux = m->aux, aux_hf = eval_aux_hf(m), z = m->z;
     float *logits = xmalloc((size_t)N * V * sizeof(float)), *losses = xmalloc((size_t)N * sizeof(float));
     be->to_host(logits, m->logits, (size_t)N * V * sizeof(float));
