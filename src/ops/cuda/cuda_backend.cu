@@ -1,9 +1,10 @@
 // cuda_backend.cu — the CUDA Backends (float32 buffers): device memory, the error hints, the
-// scratch workspace, and the two tables that gather every cuda op: "cuda" (bf16 tensor-core GEMMs)
-// and "cuda-fp32" (float32 GEMMs); they differ only in the GEMMs (cuda_gemm.cu).
+// scratch workspace, and the two tables that gather every cuda op: "cuda" (bf16 tensor-core GEMMs
+// and attention, the GEMMs' bf16 copy of the weights) and "cuda-fp32" (all float32); they differ
+// only there (cuda_gemm.cu, cuda_attention_tc.cu).
 // Everything runs on the legacy default stream, so ops are ordered as they are called and a
-// to_host copy waits for the kernels before it. Must not hold: kernels (cuda_nn.cu,
-// cuda_attention.cu, cuda_gemm.cu) or any knowledge of the model.
+// to_host copy waits for the kernels before it. Must not hold: kernels (cuda_nn.cu, cuda_optim.cu,
+// cuda_attention*.cu, cuda_gemm.cu) or any knowledge of the model.
 #include <stdlib.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"

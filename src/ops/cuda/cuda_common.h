@@ -45,6 +45,9 @@ extern "C" void *cuda_workspace(size_t bytes);
 __device__ __forceinline__ float ld_f(const float *p) { return *p; }
 __device__ __forceinline__ void st_f(float *p, float v) { *p = v; }
 
+// A grid-stride loop over n elements: e takes this thread's indices.
+#define GRID_STRIDE(e, n) for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n); \
+                               e += (size_t)gridDim.x * blockDim.x)
 static inline unsigned cdiv_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 // Grid for a grid-stride elementwise loop over n elements.
 static inline unsigned ew_grid(size_t n, int threads) {
@@ -91,7 +94,7 @@ __device__ __forceinline__ float block_max_f(float v) {
     return m;
 }
 
-// Entry points of cuda_nn.cu (same contracts as ops.h).
+// Entry points of cuda_nn.cu and cuda_optim.cu (same contracts as ops.h).
 extern "C" {
 void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C);
 void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);

@@ -1,0 +1,294 @@
+// cuda_optim.cu — the optimizer's kernels of the cuda backend (contracts in ops/ops.h): sum of
+// squares (sumsq, and per class over a run list: sumsq_runs) and AdamW (per tensor: adamw, and over a
+// run list in one launch: adamw_runs, which also writes the GEMMs' bf16 copy of the weights,
+// ops.h bf16_shadow). Deterministic: double sums in fixed orders; one integer counter picks the
+// block that finishes sumsq_runs (no float atomics). Built with -fmad=false (CMakeLists.txt), so
+// AdamW's arithmetic rounds exactly like the cpu reference's.
+// Must not hold: any knowledge of the model or of layers.
+#include <math.h>
+#include <cuda_bf16.h>
+#include "ops/cuda/cuda_common.h"
+
+// Sum of squares, deterministic: pass 1 = G blocks (G a function of n only), each a fixed
+// grid-stride set of elements summed in double and reduced by a fixed tree; pass 2 = one block
+// over the G partials in a fixed order.
+#define SUMSQ_BLOCKS 1024
+#define SUMSQ_THREADS 256
+__global__ void sumsq_part_k(double *part, const float *x, size_t n) {
+    double s = 0;
+    GRID_STRIDE(i, n) { double v = ld_f(x + i); s += v * v; }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+__global__ void __launch_bounds__(1024) sumsq_final_k(double *out, const double *part, int G) {
+    double s = 0;
+    for (int i = threadIdx.x; i < G; i += blockDim.x) s += part[i];
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) *out = s;
+}
+
+extern "C" double cuda_sumsq(const float *x, size_t n) {
+    if (!n) return 0.0;
+    size_t g = (n + SUMSQ_THREADS - 1) / SUMSQ_THREADS;
+    int G = g > SUMSQ_BLOCKS ? SUMSQ_BLOCKS : (int)g;
+    double *ws = (double *)cuda_workspace((size_t)(G + 1) * sizeof(double));
+    sumsq_part_k<<<G, SUMSQ_THREADS>>>(ws + 1, x, n);
+    KCHECK("sumsq (pass 1)");
+    sumsq_final_k<<<1, 1024>>>(ws, ws + 1, G);
+    KCHECK("sumsq (pass 2)");
+    double r = 0;
+    CUDA_CHECK(cudaMemcpy(&r, ws, sizeof r, cudaMemcpyDeviceToHost));
+    return r;
+}
+
+// One AdamW element (shared by adamw and adamw_runs, so both round alike): the gradient is g * gs
+// rounded to float (__fmul_rn: never contracted; gs = 1 gives g exactly), then the cpu's operations.
+__device__ __forceinline__ void adamw_reg(float &p, float g, float &m, float &v, float gs, float lr, float b1,
+                                          float b2, float eps, float wd, float c1, float c2) {
+    float gi = __fmul_rn(g, gs);
+    float mi = b1 * m + (1.0f - b1) * gi;
+    float vi = b2 * v + (1.0f - b2) * gi * gi;
+    m = mi;
+    v = vi;
+    p -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p);
+}
+__device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, float *v, float gs, float lr,
+                                           float b1, float b2, float eps, float wd, float c1, float c2,
+                                           __nv_bfloat16 *pb = NULL) {
+    float pi = *p, mi = *m, vi = *v;
+    adamw_reg(pi, *g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2);
+    if (pb) *pb = __float2bfloat16_rn(pi);   // the bf16 copy of the weights (ops.h bf16_shadow)
+    *p = pi;
+    *m = mi;
+    *v = vi;
+}
+// Four consecutive elements through 16-byte loads and stores (all four loads issued before any
+// store: the compiler cannot move loads of one element above stores of another, which may alias).
+__device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m, float4 *v, float gs, float lr,
+                                           float b1, float b2, float eps, float wd, float c1, float c2,
+                                           uint2 *pb = NULL) {
+    float4 P = *p, G = *g, M = *m, V = *v;
+    adamw_reg(P.x, G.x, M.x, V.x, gs, lr, b1, b2, eps, wd, c1, c2);
+    adamw_reg(P.y, G.y, M.y, V.y, gs, lr, b1, b2, eps, wd, c1, c2);
+    adamw_reg(P.z, G.z, M.z, V.z, gs, lr, b1, b2, eps, wd, c1, c2);
+    adamw_reg(P.w, G.w, M.w, V.w, gs, lr, b1, b2, eps, wd, c1, c2);
+    if (pb) {   // four bf16 (8 bytes) of the weights' bf16 copy
+        union { __nv_bfloat162 h[2]; uint2 u; } c;
+        c.h[0] = __floats2bfloat162_rn(P.x, P.y);
+        c.h[1] = __floats2bfloat162_rn(P.z, P.w);
+        *pb = c.u;
+    }
+    *p = P;
+    *m = M;
+    *v = V;
+}
+
+__global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                        float eps, float wd, float c1, float c2) {
+    GRID_STRIDE(i, n) adamw_elem(p + i, g + i, m + i, v + i, 1.0f, lr, b1, b2, eps, wd, c1, c2);
+}
+
+extern "C" void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
+                           float eps, float wd, int t) {
+    if (!n) return;
+    cuda_bf16_shadow_write(p, n * sizeof(float));
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
+    adamw_k<<<ew_grid(n, 256), 256>>>(p, g, m, v, n, lr, b1, b2, eps, wd, c1, c2);
+    KCHECK("adamw");
+}
+
+// ---------------------------------------------------------------- multi-tensor runs: sumsq, AdamW
+// The runs (non-empty ones, in list order) are laid end to end in one index space [0, total): run r
+// covers [pos_r, pos_r + n_r). That space is cut into tiles of RUN_TILE elements; tile_run[t] is the
+// run holding tile t's first element, so a block finds its runs with one load (no search). A block
+// walks its tiles (grid-stride over tiles), and inside a tile each run piece with the block's threads
+// striding over consecutive elements (coalesced). Both tables are built on the host once per run list.
+// Where a piece's parameter and moment offsets agree mod 4 and the buffers are 16-byte aligned (ZeRO 0:
+// the moments mirror the parameters), its body goes through float4 (a scalar head to the alignment,
+// then 4 elements per thread and step, then a scalar tail): 16-byte accesses keep enough bytes in
+// flight per thread to stream at the memory's rate; the arithmetic per element is the same.
+#define RUN_TILE 8192
+#define RUN_THREADS 256
+#define RUN_SUM_BLOCKS 1024     // sumsq_runs: fixed, so the summation order depends on the runs only
+#define RUN_MAX_CLS 16
+typedef struct { int64_t off, moff, n, pos; int32_t decay, cls; } DevRun;
+struct OptRuns {
+    DevRun *runs;               // device
+    int32_t *tile_run;          // device, ntiles
+    int nruns, ncls_min;        // ncls_min: 1 + the largest class
+    int64_t total, ntiles;
+    int64_t end;                // 1 + the largest parameter offset a run touches
+};
+
+extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
+    OptRuns *r = (OptRuns *)xcalloc(1, sizeof(OptRuns));
+    DevRun *h = (DevRun *)xcalloc(n > 0 ? n : 1, sizeof(DevRun));
+    int64_t pos = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(runs[i].n >= 0 && runs[i].off >= 0 && runs[i].moff >= 0 && runs[i].cls >= 0 && runs[i].cls < RUN_MAX_CLS,
+              "runs_create: run %d is invalid (off %lld, moff %lld, n %lld, cls %d; classes below %d)", i,
+              (long long)runs[i].off, (long long)runs[i].moff, (long long)runs[i].n, (int)runs[i].cls, RUN_MAX_CLS);
+        if (runs[i].cls + 1 > r->ncls_min) r->ncls_min = runs[i].cls + 1;
+        if (!runs[i].n) continue;
+        if (runs[i].off + runs[i].n > r->end) r->end = runs[i].off + runs[i].n;
+        DevRun *d = &h[r->nruns++];
+        *d = (DevRun){runs[i].off, runs[i].moff, runs[i].n, pos, runs[i].decay, runs[i].cls};
+        pos += runs[i].n;
+    }
+    r->total = pos;
+    r->ntiles = (pos + RUN_TILE - 1) / RUN_TILE;
+    int32_t *tr = (int32_t *)xcalloc(r->ntiles ? r->ntiles : 1, sizeof(int32_t));
+    for (int64_t t = 0, k = 0; t < r->ntiles; t++) {
+        while (h[k].pos + h[k].n <= t * RUN_TILE) k++;
+        tr[t] = (int32_t)k;
+    }
+    CUDA_CHECK(cudaMalloc(&r->runs, sizeof(DevRun) * (r->nruns ? r->nruns : 1)));
+    CUDA_CHECK(cudaMalloc(&r->tile_run, sizeof(int32_t) * (r->ntiles ? r->ntiles : 1)));
+    if (r->nruns) CUDA_CHECK(cudaMemcpy(r->runs, h, sizeof(DevRun) * r->nruns, cudaMemcpyHostToDevice));
+    if (r->ntiles) CUDA_CHECK(cudaMemcpy(r->tile_run, tr, sizeof(int32_t) * r->ntiles, cudaMemcpyHostToDevice));
+    free(h);
+    free(tr);
+    return r;
+}
+
+extern "C" void cuda_runs_free(OptRuns *r) {
+    if (!r) return;
+    CUDA_CHECK(cudaFree(r->runs));
+    CUDA_CHECK(cudaFree(r->tile_run));
+    free(r);
+}
+
+__global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const float *g, float *m, float *v,
+                                                            const DevRun *runs, const int32_t *tile_run,
+                                                            int64_t total, int64_t ntiles, int vec, float gs,
+                                                            float lr, float b1, float b2, float eps, float wd,
+                                                            float c1, float c2, __nv_bfloat16 *pb) {
+#define PB(i) (pb ? pb + (i) : NULL)
+    for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        int64_t s = t * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
+        for (int r = tile_run[t]; s < e; r++) {
+            DevRun u = runs[r];
+            int64_t re = min(e, u.pos + u.n), po = u.off - u.pos, mo = u.moff - u.pos;
+            float w = u.decay ? wd : 0.0f;
+            if (vec && ((po - mo) & 3) == 0) {
+                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
+                if (threadIdx.x < head)
+                    adamw_elem(p + po + s + threadIdx.x, g + po + s + threadIdx.x, m + mo + s + threadIdx.x,
+                               v + mo + s + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2, PB(po + s + threadIdx.x));
+                float4 *P = (float4 *)(p + po + vs), *M = (float4 *)(m + mo + vs), *V = (float4 *)(v + mo + vs);
+                const float4 *G = (const float4 *)(g + po + vs);
+                uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL;   // p + po + vs is 16-byte aligned: 8 here
+                for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
+                    adamw_vec4(P + j, G + j, M + j, V + j, gs, lr, b1, b2, eps, w, c1, c2, Pb ? Pb + j : NULL);
+                int64_t ts = vs + 4 * nv;
+                if (threadIdx.x < re - ts)
+                    adamw_elem(p + po + ts + threadIdx.x, g + po + ts + threadIdx.x, m + mo + ts + threadIdx.x,
+                               v + mo + ts + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2, PB(po + ts + threadIdx.x));
+            } else {
+#pragma unroll 4
+                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS)
+                    adamw_elem(p + po + i, g + po + i, m + mo + i, v + mo + i, gs, lr, b1, b2, eps, w, c1, c2,
+                               PB(po + i));
+            }
+            s = re;
+        }
+    }
+#undef PB
+}
+
+extern "C" void cuda_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale,
+                                float lr, float b1, float b2, float eps, float wd, int t) {
+    if (!r->ntiles) return;
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
+    unsigned grid = r->ntiles < 65535 ? (unsigned)r->ntiles : 65535u;
+    int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
+    // the weights' bf16 copy (ops.h bf16_shadow), when p is its buffer: written with the update, so it
+    // stays current; any other p that overlaps it drops it
+    __nv_bfloat16 *pb = (__nv_bfloat16 *)cuda_bf16_shadow_for(p);
+    if (!pb) cuda_bf16_shadow_write(p, (size_t)r->end * sizeof(float));
+    adamw_runs_k<<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, gscale, lr, b1,
+                                        b2, eps, wd, c1, c2, pb);
+    KCHECK("adamw_runs");
+}
+
+// Sum of squares per class in one launch, deterministic: block b (of G, a function of the run list
+// only) takes tiles b, b + G, ...; each thread sums its elements of a run piece in double (a fixed
+// order: which elements a thread takes depends on the runs and on x's 16-byte alignment, as for
+// adamw_runs_k's float4 path) and adds that to its class's accumulator; the block reduces each class by the fixed tree
+// into part[c * G + b]. The last block to finish (a counter: which block that is varies, what it
+// computes does not) sums every class's G partials in index order by the same tree into out[c] and
+// resets the counter. The host then copies out once.
+__device__ unsigned int g_sumsq_runs_done;
+__global__ void __launch_bounds__(RUN_THREADS) sumsq_runs_k(double *out, double *part, const float *x,
+                                                            const DevRun *runs, const int32_t *tile_run,
+                                                            int64_t total, int64_t ntiles, int ncls, int vec) {
+    double acc[RUN_MAX_CLS];
+    for (int c = 0; c < RUN_MAX_CLS; c++) acc[c] = 0;
+    int G = gridDim.x;
+    for (int64_t t = blockIdx.x; t < ntiles; t += G) {
+        int64_t s = t * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
+        for (int r = tile_run[t]; s < e; r++) {
+            DevRun u = runs[r];
+            int64_t re = min(e, u.pos + u.n), po = u.off - u.pos;
+            double q = 0;
+            if (vec) {   // as adamw_runs_k: scalar head, float4 body, scalar tail (a fixed order still)
+                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
+                if (threadIdx.x < head) { double xv = x[po + s + threadIdx.x]; q += xv * xv; }
+                const float4 *X = (const float4 *)(x + po + vs);
+#pragma unroll 4
+                for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS) {
+                    float4 f = X[j];
+                    double a = f.x, b = f.y, c = f.z, d = f.w;
+                    q += a * a;
+                    q += b * b;
+                    q += c * c;
+                    q += d * d;
+                }
+                int64_t ts = vs + 4 * nv;
+                if (threadIdx.x < re - ts) { double xv = x[po + ts + threadIdx.x]; q += xv * xv; }
+            } else {
+#pragma unroll 4
+                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) {
+                    double xv = x[po + i];
+                    q += xv * xv;
+                }
+            }
+            acc[u.cls] += q;
+            s = re;
+        }
+    }
+    for (int c = 0; c < ncls; c++) {
+        double b = block_sum_d(acc[c]);
+        if (threadIdx.x == 0) part[(size_t)c * G + blockIdx.x] = b;
+    }
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();                                   // my partials are visible before I count
+        last = atomicAdd(&g_sumsq_runs_done, 1u) == (unsigned)G - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int c = 0; c < ncls; c++) {
+        double a = 0;
+        for (int i = threadIdx.x; i < G; i += RUN_THREADS) a += __ldcg(part + (size_t)c * G + i);
+        a = block_sum_d(a);
+        if (threadIdx.x == 0) out[c] = a;
+    }
+    if (threadIdx.x == 0) g_sumsq_runs_done = 0;
+}
+
+extern "C" void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
+    CHECK(ncls >= r->ncls_min && ncls <= RUN_MAX_CLS, "sumsq_runs: %d classes, but the runs use %d (at most %d)",
+          ncls, r->ncls_min, RUN_MAX_CLS);
+    if (!r->ntiles) {
+        for (int c = 0; c < ncls; c++) out[c] = 0;
+        return;
+    }
+    int G = r->ntiles < RUN_SUM_BLOCKS ? (int)r->ntiles : RUN_SUM_BLOCKS;
+    double *ws = (double *)cuda_workspace(sizeof(double) * (size_t)ncls * (G + 1));
+    int vec = ((uintptr_t)x & 15) == 0;
+    sumsq_runs_k<<<G, RUN_THREADS>>>(ws, ws + ncls, x, r->runs, r->tile_run, r->total, r->ntiles, ncls, vec);
+    KCHECK("sumsq_runs");
+    CUDA_CHECK(cudaMemcpy(out, ws, sizeof(double) * ncls, cudaMemcpyDeviceToHost));
+}
