@@ -185,5 +185,7 @@ run_fail "trained with --seed 1, not 7" "${T[@]}" --seed 7 --steps 8 --resume
 # A model that cannot hold the data's bytes is a bad input like a bad data file: it must be refused
 # before --force deletes the run it was asked to replace.
 run_fail "vocab_size 100" "${T[@]}" --vocab-size 100 --force
+# So is a bad value of an environment switch the trainer reads (MOE_BF16_SHADOW: 0 or 1).
+run_fail "MOE_BF16_SHADOW must be 0" env MOE_BF16_SHADOW=yes "${T[@]}" --force
 
 finish

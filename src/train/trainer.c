@@ -149,6 +149,11 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     // MOE_PROFILE=1: time every op (serialised) and print where a step's time goes at the end
     int profile = getenv("MOE_PROFILE") && atoi(getenv("MOE_PROFILE")) > 0;
     if (profile) be = backend_profiled(be);
+    // MOE_BF16_SHADOW=0: no bf16 copy of the weights for the GEMMs (below, before the first step)
+    const char *shv = getenv("MOE_BF16_SHADOW");
+    if (shv && *shv && strcmp(shv, "0") && strcmp(shv, "1"))
+        DIE("MOE_BF16_SHADOW must be 0 (convert the weights per GEMM) or 1 (the default), not '%s'", shv);
+    int bf16_shadow = !(shv && !strcmp(shv, "0"));
     char metrics_path[2048], latest[2048];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
 
@@ -261,8 +266,7 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     // the bf16 GEMMs read the weights from one bf16 copy that AdamW keeps current (ops.h bf16_shadow;
     // a no-op on cpu and cuda-fp32); MOE_BF16_SHADOW=0 converts the weights on every GEMM instead
     // (the same results bit for bit: for checking that)
-    const char *shv = getenv("MOE_BF16_SHADOW");
-    dist.bf16_shadow = !(shv && *shv && !atoi(shv));
+    dist.bf16_shadow = bf16_shadow;
     if (dist.bf16_shadow) be->bf16_shadow(m.params, P);
     EvalResult ev;
     for (int step = first; step < o->steps; step++) {
