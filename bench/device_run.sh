@@ -8,11 +8,7 @@
 # a copy of ../shared/bench/torch_moe_peer.py. docs/PERFORMANCE.md says how to prepare both.
 cd "$(dirname "$0")/.."
 D=${1:?usage: bench/device_run.sh DIR}; D=$(cd "$D" && pwd); B=$D/bin; W=/tmp/moe_bench; mkdir -p $W
-export LD_LIBRARY_PATH=$D/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
-for n in libcublas.so.13 libcublasLt.so.13 libcudart.so.13 libnccl.so.2; do
-  ldd $B/moe_bench_layer | grep -q "$n => not found" &&
-    { c=$(find / -xdev -name "$n*" 2>/dev/null | head -1); export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname $c); }
-done
+. scripts/device/libs.sh && device_libs $D $B/moe_bench_layer
 export OMP_NUM_THREADS=16
 date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw,power.limit --format=csv,noheader
 t() { local name=$1 lim=$2; shift 2; local t0=$SECONDS; timeout $lim "$@" > $W/$name.log 2>&1; echo "== $name rc=$? $((SECONDS-t0))s"; }

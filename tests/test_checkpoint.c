@@ -21,22 +21,12 @@
 #include "train/checkpoint.h"
 #include "test_util.h"
 #include "test_death.h"
+#include "test_cfg.h"
 
 // Paths here live under a short mkdtemp root; truncation cannot happen.
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 
 static char root[256];
-
-static ModelConfig small_cfg(void) {
-    ModelConfig c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 32; c.d_model = 16; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 4;
-    c.d_ff = 24; c.n_experts = 4; c.top_k = 2; c.max_seq_len = 64;
-    c.rope_theta = 10000.0f; c.norm_eps = 1e-5f; c.init_std = 0.02f;
-    c.renormalize = 1; c.jitter = 0.0f; c.aux_coef = 0.01f; c.z_coef = 0.001f;
-    c.dispatch = DISPATCH_DROPLESS; c.capacity_factor = 1.25f;
-    return c;
-}
 
 static int cfg_equal(const ModelConfig *a, const ModelConfig *b) {
 #define F(x) if (memcmp(&a->x, &b->x, sizeof a->x) != 0) { fprintf(stderr, "  field " #x " differs\n"); return 0; }
@@ -124,7 +114,7 @@ static long file_size(const char *path) { struct stat st; return stat(path, &st)
 // ---------------------------------------------------------------------------------------------
 
 static void test_config_json(void) {
-    ModelConfig c = small_cfg();
+    ModelConfig c = test_small_cfg();
     c.rope_theta = 12345.678f; c.norm_eps = 1e-6f; c.init_std = 0.0173f; c.jitter = 0.01f;
     c.aux_coef = 0.0123f; c.z_coef = 1e-3f; c.dispatch = DISPATCH_CAPACITY; c.capacity_factor = 1.37f;
     c.renormalize = 0; c.max_seq_len = 4096;
@@ -151,7 +141,7 @@ static void test_config_json(void) {
     free(txt);
 
     // dropless + renormalize: compatible; round trip again with other values
-    c = small_cfg();
+    c = test_small_cfg();
     c.norm_eps = 1.0000001e-5f; c.rope_theta = 1e6f; c.jitter = 0.3333333f;
     j = config_to_json(&c);
     txt = cJSON_PrintUnformatted(j);
@@ -206,7 +196,7 @@ static void test_config_json(void) {
 }
 
 static void test_roundtrip_and_format(void) {
-    ModelConfig c = small_cfg();
+    ModelConfig c = test_small_cfg();
     c.jitter = 0.05f;
     ParamTable t;
     params_build(&t, &c);
@@ -335,7 +325,7 @@ static int dir_has(const char *dir, const char *suffix) {
 }
 
 static void test_overwrite_and_latest(void) {
-    ModelConfig c = small_cfg();
+    ModelConfig c = test_small_cfg();
     ParamTable t;
     params_build(&t, &c);
     size_t N = t.total;
@@ -410,7 +400,7 @@ static void save_fresh(const char *name, char *dir, size_t n, const ModelConfig 
 }
 
 static void test_failures(void) {
-    ModelConfig c = small_cfg();
+    ModelConfig c = test_small_cfg();
     ParamTable t;
     params_build(&t, &c);
     size_t N = t.total;

@@ -7,9 +7,7 @@
 # then run `bash scripts/device/full_step.sh` with carry [".gpu", ".bench"] (about 5 minutes).
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W
-export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
-for n in libcublas.so.13 libcudart.so.13 libnccl.so.2; do ldd $B/moe | grep -q "$n => not found" &&
-  { c=$(find / -xdev -name "$n*" 2>/dev/null | head -1); export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname $c); }; done
+. scripts/device/libs.sh && device_libs $G $B/moe
 export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 t() { local name=$1; shift; local t0=$SECONDS; "$@" > $W/$name.log 2>&1; echo "== $name rc=$? $((SECONDS-t0))s"; }
 date -u; nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader

@@ -1,10 +1,10 @@
 #!/bin/bash
-# (device recipe, kept for the next session: expects DIR=.gpu with bin/ lib/ src/verify_hf.py, built by scripts/device/pack_libs.sh .gpu)
+# (device recipe, run as `bash scripts/device/gpu_check.sh` with carry [".gpu"]: .gpu holds bin/ lib/ src/verify_hf.py,
+#  built by scripts/device/pack_libs.sh .gpu)
 # device-side: GPU tests, CPU-vs-GPU training, cross-device resume, default run, HF check, sanitizer
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 G=$PWD/.gpu; B=$G/bin
-export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
-for n in libcublas.so.13 libcudart.so.13 libnccl.so.2; do ldd $B/moe | grep -q "$n => not found" && { c=$(find / -xdev -name "$n*" 2>/dev/null | head -1); export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname $c); }; done
+. scripts/device/libs.sh && device_libs $G $B/moe
 export OMP_NUM_THREADS=8
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 ldd $B/moe | grep "not found"

@@ -330,22 +330,21 @@ static void smem_opt_in(const void *fn, size_t bytes) {
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-// The tensor-core path takes head dims 32, 64, 128 (and 8-byte aligned outputs: float2 stores).
-static int tc_ok(int hd, int KV, int H, const void *a, const void *b, const void *c) {
-    return (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0 && H <= 65535 && aligned16(a) &&
-           aligned16(b) && aligned16(c);
+// The tensor-core path takes head dims 32, 64, 128 (its outputs are written as float2: the
+// callers also check their 16-byte alignment).
+static int tc_ok(int B, int hd, int KV, int H) {
+    return (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0 && H <= 65535 && B <= 65535;
 }
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-// The workspace as float D[nd] (may be 0) then bf16 copies of up to four tensors (counts n[i]).
-static char *ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) {
+// The workspace as float D[nd] (may be 0) then bf16 copies of `cnt` tensors of n[i] elements.
+static void ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) {
     size_t total = al256(nd * sizeof(float));
     for (int i = 0; i < cnt; i++) total += al256(n[i] * sizeof(bf16s));
     char *w = (char *)cuda_workspace(total), *c = w + al256(nd * sizeof(float));
     if (D) *D = (float *)w;
     for (int i = 0; i < cnt; i++) { p[i] = (bf16s *)c; c += al256(n[i] * sizeof(bf16s)); }
-    return w;
 }
 
 template <int HD>
@@ -376,7 +375,7 @@ static void bwd_launch(float *dq, float *dk, float *dv, const bf16s *dout, const
 extern "C" void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v, int B,
                                       int T, int H, int KV, int hd) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (B > 65535 || !tc_ok(hd, KV, H, out, out, out)) { cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
+    if (!tc_ok(B, hd, KV, H) || !aligned16(out)) { cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
     size_t n[3] = {(size_t)B * T * H * hd, (size_t)B * T * KV * hd, (size_t)B * T * KV * hd};
     bf16s *p[3];
     ws_carve(0, n, 3, NULL, p);
@@ -392,7 +391,7 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
                                       const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                       int H, int KV, int hd) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (B > 65535 || !tc_ok(hd, KV, H, dq, dk, dv)) {
+    if (!tc_ok(B, hd, KV, H) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv)) {
         cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd);
         return;
     }
