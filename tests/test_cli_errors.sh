@@ -187,5 +187,6 @@ run_fail "trained with --seed 1, not 7" "${T[@]}" --seed 7 --steps 8 --resume
 run_fail "vocab_size 100" "${T[@]}" --vocab-size 100 --force
 # So is a bad value of an environment switch the trainer reads (MOE_BF16_SHADOW: 0 or 1).
 run_fail "MOE_BF16_SHADOW must be 0" env MOE_BF16_SHADOW=yes "${T[@]}" --force
+run_fail "MOE_GROUPED_GEMM must be auto" env MOE_GROUPED_GEMM=cutlass "${T[@]}" --force
 
 finish

@@ -856,6 +856,17 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_grouped(96, 192, 6, c6);
     test_grouped(64, 80, 4, c4);     // every group empty: nothing written, nothing changed
     test_grouped(128, 96, 3, c3);    // one group
+    // shapes the Hopper kernel takes (K, O multiples of 8): K past a 64-wide k-step, O past a
+    // 256-wide column tile, groups ending inside a 128-row tile, one row, an empty group
+    const int64_t c5[5] = {130, 0, 1, 257, 64};
+    test_grouped(200, 264, 5, c5);
+    if (big) {
+        const int64_t c8[8] = {300, 129, 0, 511, 64, 1, 256, 200};
+        test_grouped(512, 768, 8, c8);
+        int64_t c130[130];   // more groups than the kernel takes in one launch: the cuBLAS loop
+        for (int g = 0; g < 130; g++) c130[g] = g % 4;
+        test_grouped(24, 16, 130, c130);
+    }
     test_embedding(50, 300, 96);
     if (big) test_embedding(7, 1000, 300);
     test_rows(40, 500, 300);
@@ -921,6 +932,20 @@ static void run_suite(const Backend *be, int big) {
     }
 }
 
+// compute capability x10 of the current device (0 if unknown)
+#ifdef MOE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+static int cuda_device_cc(void) {
+    int d = 0, a = 0, b = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&a, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&b, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess)
+        return 0;
+    return a * 10 + b;
+}
+#else
+static int cuda_device_cc(void) { return 0; }
+#endif
+
 int main(void) {
     if (!backend_cuda_available()) TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
     cpu = backend_cpu();
@@ -932,6 +957,16 @@ int main(void) {
     // MOE_TEST_BACKEND=cuda or cuda-fp32: that backend only (default: both)
     const char *only = getenv("MOE_TEST_BACKEND");
     if (!only || !*only || !strcmp(only, "cuda-fp32")) run_suite(backend_cuda_fp32(), big);
-    if (!only || !*only || !strcmp(only, "cuda")) run_suite(backend_cuda(), big);
+    if (!only || !*only || !strcmp(only, "cuda")) {
+        run_suite(backend_cuda(), big);
+        // on a Hopper GPU (sm_90) this build's grouped GEMMs must be our kernel, not the fallback:
+        // else the checks above passed through cuBLAS and said nothing about it
+        int kern = backend_cuda_grouped_kernel(), cc = cuda_device_cc();
+        const char *gg = getenv("MOE_GROUPED_GEMM");
+        printf("grouped GEMMs on \"cuda\": %s (device compute capability %d.%d)\n",
+               kern ? "the Hopper kernel (cuda_grouped.cu)" : "cuBLAS", cc / 10, cc % 10);
+        if (cc == 90 && !(gg && !strcmp(gg, "cublas")))
+            EXPECT(kern, "sm_90 device but the grouped GEMMs fell back to cuBLAS");
+    }
     return test_done("test_cuda_ops");
 }

@@ -4,6 +4,7 @@
 #include "ops/ops.h"
 
 int backend_cuda_available(void) { return 0; }
+int backend_cuda_grouped_kernel(void) { return 0; }
 
 const Backend *backend_cuda(void) {
     DIE("this build has no CUDA backend: rebuild with a CUDA compiler (nvcc) and -DMOE_CUDA=ON, "

@@ -154,6 +154,10 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     if (shv && *shv && strcmp(shv, "0") && strcmp(shv, "1"))
         DIE("MOE_BF16_SHADOW must be 0 (convert the weights per GEMM) or 1 (the default), not '%s'", shv);
     int bf16_shadow = !(shv && !strcmp(shv, "0"));
+    // MOE_GROUPED_GEMM=cublas: the expert GEMMs through cuBLAS instead of our Hopper kernel (cuda)
+    const char *ggv = getenv("MOE_GROUPED_GEMM");
+    if (ggv && *ggv && strcmp(ggv, "auto") && strcmp(ggv, "cublas"))
+        DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", ggv);
     char metrics_path[2048], latest[2048];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", o->out);
 

@@ -149,6 +149,9 @@ void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                   const int64_t *off, int G, int K, int O, int accumulate);
+// cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
+int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, int nmajor_b,
+                      const int64_t *off, int G, int K, int N);
 // cuda_attention.cu
 void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                         int B, int T, int H, int KV, int hd);

@@ -286,6 +286,7 @@ extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const
     to_bf16(xb, inp + base * K, (size_t)rows * K);
     if (ws) wb = (bf16 *)ws;
     else to_bf16(wb, w, (size_t)G * O * K);
+    if (cuda_grouped_gemm(out + base * O, O, 0.0f, xb, wb, 0, off, G, K, O)) return;
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
         if (n <= 0) continue;
@@ -312,11 +313,13 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
     if (ws) wb = (bf16 *)ws;
     else if (dinp) to_bf16(wb, w, (size_t)G * O * K);
     if (dw) to_bf16(xb, inp + base * K, (size_t)rows * K);
+    // dinp_g (n,K) [+]= dout_g (n,O) . W_g (O,K): W_g is the N-major operand
+    int dinp_done = dinp && cuda_grouped_gemm(dinp + base * K, K, bi, gb, wb, 1, off, G, O, K);
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
         if (n <= 0) continue;
         // dinp_g^T (K,n) [+]= W_g^T (K,O) . dout_g^T (O,n)
-        if (dinp)
+        if (dinp && !dinp_done)
             gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, (int)n, O, wb + (size_t)g * O * K, K, gb + r0 * O, O, bi,
                       dinp + (base + r0) * K, K);
         // dw_g^T (K,O) += inp_g^T (K,n) . dout_g (n,O)

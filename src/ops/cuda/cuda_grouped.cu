@@ -1,0 +1,338 @@
+// cuda_grouped.cu — the expert GEMMs on Hopper (sm_90a): one persistent launch over all groups,
+// TMA tile loads into a 4-stage shared-memory ring, wgmma (m64n256k16, bf16 in, fp32 accumulate)
+// by two consumer warpgroups, a producer warpgroup issuing the loads, fp32 output.
+//   C_g (rows [off[g], off[g+1]) of C, N columns) = beta * C_g + A_g . op(B_g)
+//   A: the rows of all groups, row-major (rows, K) bf16 (K contiguous);
+//   B: per group either (N, K) row-major (K-major: the forward, out = x W^T) or (K, N) row-major
+//      (N-major: the backward's dinp = dout W).
+// Tiles are 128 rows x 256 columns of one group (a tile never spans two groups: its rows past the
+// group's end are loaded but never stored; rows past the array and K past its end are zero-filled
+// by TMA); the reduction of an output element runs in one fixed order (k-steps of 16 in order), so
+// results do not depend on the grid, the group sizes around it or the weights' address.
+// cuda_grouped_gemm returns 0 where it cannot run (no sm_90a code or GPU, shapes or alignments it
+// does not take, MOE_GROUPED_GEMM=cublas); the caller then uses cuBLAS.
+// Must not hold: any knowledge of the model.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <limits.h>
+#include <string.h>
+#include "ops/cuda/cuda_common.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define GG_BM 128
+#define GG_BN 256
+#define GG_BK 64
+#define GG_ST 4
+#define GG_MAXG 128
+#define GG_THREADS 384
+#define GG_A_BYTES (GG_BM * GG_BK * 2)
+#define GG_B_BYTES (GG_BN * GG_BK * 2)
+#define GG_SMEM (GG_ST * (GG_A_BYTES + GG_B_BYTES) + 1024 + 2 * GG_ST * 8)
+
+struct GGArgs {
+    float *C;
+    long long ldc;
+    float beta;
+    int G, N, K, tiles;
+    int b_rows;                  // rows of one group's B: N (K-major) or K (N-major)
+    int tstart[GG_MAXG + 1];     // first tile of each group; tstart[G] = tiles
+    int rstart[GG_MAXG + 1];     // first row of each group, counted from A's (and C's) first row
+};
+
+// ---------------------------------------------------------------- PTX wrappers
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred P;\nmbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\nselp.u32 %0, 1, 0, P;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// TMA: the box at element coordinates (c0 innermost, c1) of the tensor map into shared memory,
+// completing on bar.
+__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets
+// (PTX ISA, "Matrix Descriptor Format"; K-major: lbo unused, sbo = 1024 between 8-row groups;
+// N-major: lbo = between 64-column blocks, sbo = 1024 between 8-row groups along K).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_n256(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
+                 " %128, %129, p, 1, 1, 0, %131;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+
+// Tile t of the list: group g, its first row m0 (from A's first row), the group's end row and the
+// first column n0. Tiles of a group run rows fastest, so CTAs side by side share B's columns.
+__device__ __forceinline__ void gg_tile(const GGArgs &a, int t, int &m0, int &mend, int &n0, int &g) {
+    int lo = 0, hi = a.G - 1;   // the last group whose first tile is <= t (empty groups before it skipped)
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (a.tstart[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    g = lo;
+    int mt = (a.rstart[g + 1] - a.rstart[g] + GG_BM - 1) / GG_BM, local = t - a.tstart[g];
+    m0 = a.rstart[g] + (local % mt) * GG_BM;
+    mend = a.rstart[g + 1];
+    n0 = (local / mt) * GG_BN;
+}
+
+// NMAJ: B is N-major (K, N) per group (else K-major (N, K)).
+template <int NMAJ>
+__global__ void __launch_bounds__(GG_THREADS, 1)
+gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+          const __grid_constant__ GGArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;   // 128B-swizzled tiles: 1024-byte aligned
+    uint32_t sA = base, sB = base + GG_ST * GG_A_BYTES, full = sB + GG_ST * GG_B_BYTES, empty = full + GG_ST * 8;
+    int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < GG_ST; s++) {
+            mbar_init(full + 8 * s, 1);        // the producer's expect_tx; the bytes complete it
+            mbar_init(empty + 8 * s, 8);       // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int KT = (a.K + GG_BK - 1) / GG_BK;
+    if (wg == 0) {   // producer: one thread issues every load
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x != 0) return;
+        int s = 0, ph = 0;
+        for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+            int m0, mend, n0, g;
+            gg_tile(a, t, m0, mend, n0, g);
+            for (int kt = 0; kt < KT; kt++) {
+                mbar_wait(empty + 8 * s, ph ^ 1);
+                uint32_t fb = full + 8 * s;
+                mbar_expect_tx(fb, GG_A_BYTES + GG_B_BYTES);
+                tma_2d(sA + s * GG_A_BYTES, &tmA, kt * GG_BK, m0, fb);
+                if (NMAJ) {
+                    for (int j = 0; j < GG_BN / 64; j++)
+                        tma_2d(sB + s * GG_B_BYTES + j * 64 * GG_BK * 2, &tmB, n0 + 64 * j, g * a.b_rows + kt * GG_BK, fb);
+                } else {
+                    tma_2d(sB + s * GG_B_BYTES, &tmB, kt * GG_BK, g * a.b_rows + n0, fb);
+                }
+                if (++s == GG_ST) { s = 0; ph ^= 1; }
+            }
+        }
+        return;
+    }
+    // consumers: warpgroup c = wg - 1 owns rows [64c, 64c + 64) of the tile
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, wq = (threadIdx.x % 128) / 32;
+    float acc[128];
+    int s = 0, ph = 0;
+    for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+        int m0, mend, n0, g;
+        gg_tile(a, t, m0, mend, n0, g);
+        int prev = 0;
+        for (int kt = 0; kt < KT; kt++) {
+            mbar_wait(full + 8 * s, ph);
+            uint32_t pa = sA + s * GG_A_BYTES + c * 64 * 128, pb = sB + s * GG_B_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < GG_BK / 16; kk++) {
+                uint64_t da = desc_sw128(pa + 32 * kk, 16, 1024);
+                uint64_t db = NMAJ ? desc_sw128(pb + 2048 * kk, 64 * GG_BK * 2, 1024) : desc_sw128(pb + 32 * kk, 16, 1024);
+                wgmma_n256<NMAJ>(acc, da, db, kt | kk);
+            }
+            wgmma_commit();
+            if (kt > 0) {   // the previous stage's MMAs are done: hand it back
+                wgmma_wait<1>();
+                if (lane == 0) mbar_arrive(empty + 8 * prev);
+            }
+            prev = s;
+            if (++s == GG_ST) { s = 0; ph ^= 1; }
+        }
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty + 8 * prev);
+        // accumulator fragment: rows wq*16 + lane/4 (+8), columns 8j + 2*(lane%4) (+1). With beta,
+        // C's old values are read 8 column groups at a time, all loads before the stores: one
+        // memory round trip per 16 values instead of one per value (measured: a beta = 1 GEMM
+        // took 2.6x the time of the same one with beta = 0 with a load before each store).
+        int r = m0 + c * 64 + wq * 16 + lane / 4, cb = n0 + 2 * (lane % 4);
+#pragma unroll
+        for (int j0 = 0; j0 < GG_BN / 8; j0 += 8) {
+            float2 o[8][2];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = r + 8 * h, col = cb + 8 * (j0 + j);
+                    o[j][h] = make_float2(0.0f, 0.0f);
+                    if (a.beta != 0.0f && row < mend && col < a.N)
+                        o[j][h] = *(const float2 *)(a.C + (long long)row * a.ldc + col);
+                }
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = r + 8 * h, col = cb + 8 * (j0 + j);
+                    if (row >= mend || col >= a.N) continue;
+                    float2 v = make_float2(acc[4 * (j0 + j) + 2 * h], acc[4 * (j0 + j) + 2 * h + 1]);
+                    if (a.beta != 0.0f) {
+                        v.x += a.beta * o[j][h].x;
+                        v.y += a.beta * o[j][h].y;
+                    }
+                    *(float2 *)(a.C + (long long)row * a.ldc + col) = v;
+                }
+        }
+    }
+#endif
+}
+
+__global__ void gg_probe(int *ok) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *ok = 1;
+#else
+    *ok = 0;
+#endif
+}
+
+// ---------------------------------------------------------------- host
+typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static int g_ready = -1;   // -1 not yet asked, 0 cuBLAS, 1 this kernel
+static int g_sms;
+static EncodeTiled g_encode;
+
+static int gg_init(void) {
+    if (g_ready >= 0) return g_ready;
+    g_ready = 0;
+    // MOE_GROUPED_GEMM: unset or "auto": this kernel where it runs; "cublas": never (the trainer
+    // refuses other values before it starts; a bench or test gets the same message here)
+    const char *e = getenv("MOE_GROUPED_GEMM");
+    if (e && *e && strcmp(e, "auto") && strcmp(e, "cublas"))
+        DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", e);
+    if (e && !strcmp(e, "cublas")) return 0;
+    int dev, major, minor;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
+    if (major != 9 || minor != 0) return 0;
+    int *d, h = 0;
+    CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
+    gg_probe<<<1, 1>>>(d);
+    KCHECK("gg_probe");
+    CUDA_CHECK(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d));
+    if (!h) return 0;   // built without sm_90a code
+    cudaDriverEntryPointQueryResult q;
+    void *fn = NULL;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn) return 0;
+    g_encode = (EncodeTiled)fn;
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    g_ready = 1;
+    return 1;
+}
+
+extern "C" int backend_cuda_grouped_kernel(void) { return gg_init(); }
+
+// A 2-D bf16 tensor map over (rows, cols) row-major at p, boxes of box_rows x 64 columns, 128-byte swizzle.
+static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols, uint32_t box_rows) {
+    cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * sizeof(bf16)};
+    cuuint32_t box[2] = {64, box_rows}, es[2] = {1, 1};
+    CUresult r = g_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, es,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        DIE("cuTensorMapEncodeTiled failed (error %d) for a (%llu, %llu) bf16 operand at %p", (int)r,
+            (unsigned long long)rows, (unsigned long long)cols, (const void *)p);
+}
+
+// C rows [0, off[G] - off[0]) (ld ldc) = beta C + A . op(B) per group, A's rows counted from off[0]
+// (see the top of this file). K: the reduction length; N: C's columns. Returns 1 when done (queued),
+// 0 when it cannot run here (the caller falls back; nothing was written).
+extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, int nmajor_b,
+                                 const int64_t *off, int G, int K, int N) {
+    if (!gg_init()) return 0;
+    int64_t rows = off[G] - off[0];
+    if (G < 1 || G > GG_MAXG || K <= 0 || N <= 0 || K % 8 || N % 8 || ldc % 2 || rows <= 0 ||
+        rows > INT_MAX - GG_BM || (int64_t)G * (nmajor_b ? K : N) > INT_MAX || ((uintptr_t)A & 15) ||
+        ((uintptr_t)B & 15) || ((uintptr_t)C & 7))
+        return 0;
+    static GGArgs a;   // ~1 KB: not on the stack; copied into the launch's parameters
+    memset(&a, 0, sizeof a);
+    a.C = C;
+    a.ldc = ldc;
+    a.beta = beta;
+    a.G = G;
+    a.N = N;
+    a.K = K;
+    a.b_rows = nmajor_b ? K : N;
+    int nt = (N + GG_BN - 1) / GG_BN;
+    long long tiles = 0;
+    for (int g = 0; g < G; g++) {
+        a.tstart[g] = (int)tiles;
+        a.rstart[g] = (int)(off[g] - off[0]);
+        tiles += (off[g + 1] - off[g] + GG_BM - 1) / GG_BM * nt;
+    }
+    if (tiles > INT_MAX) return 0;
+    a.tstart[G] = (int)tiles;
+    a.rstart[G] = (int)rows;
+    a.tiles = (int)tiles;
+    CUtensorMap ta, tb;
+    tmap_2d(&ta, (const bf16 *)A, (uint64_t)rows, (uint64_t)K, GG_BM);
+    if (nmajor_b) tmap_2d(&tb, (const bf16 *)B, (uint64_t)G * K, (uint64_t)N, 64);
+    else tmap_2d(&tb, (const bf16 *)B, (uint64_t)G * N, (uint64_t)K, GG_BN);
+    int grid = a.tiles < g_sms ? a.tiles : g_sms;
+    if (nmajor_b) gg_kernel<1><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, a);
+    else gg_kernel<0><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, a);
+    KCHECK("grouped_gemm (wgmma)");
+    return 1;
+}
