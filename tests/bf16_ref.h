@@ -65,6 +65,18 @@ static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const flo
     free(gr); free(xr); free(wr);
 }
 
+static void bfr_grouped_fwd2(float *oa, float *ob, const float *inp, const float *wa, const float *wb, const int64_t *off,
+                             int G, int K, int O) {
+    bfr_grouped_fwd(oa, inp, wa, off, G, K, O);
+    bfr_grouped_fwd(ob, inp, wb, off, G, K, O);
+}
+
+static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const float *da, const float *db, const float *inp,
+                             const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int accumulate) {
+    bfr_grouped_bwd(dinp, dwa, da, inp, wa, off, G, K, O, accumulate);
+    bfr_grouped_bwd(dinp, dwb, db, inp, wb, off, G, K, O, 1);
+}
+
 // Attention as the tensor-core kernels of the cuda backend compute it (head dims 32, 64, 128;
 // cuda_attention_tc.cu): q, k, v and dout rounded to bf16; scores, softmax, log-sum-exp and sums
 // in float32 (double here); the second products take P (forward: exp(s - max), normalised after
@@ -144,6 +156,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.matmul_bwd = bfr_matmul_bwd;
         b.grouped_matmul_fwd = bfr_grouped_fwd;
         b.grouped_matmul_bwd = bfr_grouped_bwd;
+        b.grouped_matmul_fwd2 = bfr_grouped_fwd2;
+        b.grouped_matmul_bwd2 = bfr_grouped_bwd2;
         b.attention_fwd = bfr_attention_fwd;
         b.attention_bwd = bfr_attention_bwd;
     }

@@ -326,6 +326,50 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     free(x); free(w); free(rr); free(rf); free(dout); free(pdx); free(pdw); free(off);
 }
 
+// The pair ops (the experts' w1 and w3 over one input): each output against the reference backend's
+// pair (two plain calls, ops.h), the GPU's forward outputs NaN-poisoned; the backward with accumulate
+// 1 (pre-filled dinp, dwa, dwb) and 0 (dinp NaN on the GPU, random on the cpu; dw still accumulates).
+static void test_grouped2(int K, int O, int G, const int64_t *cnt) {
+    int bf = gemm_is_bf16(1, O);
+    const Backend *ref = bf ? backend_cpu_bf16ref() : cpu;
+    int64_t *off = xcalloc(G + 1, sizeof(int64_t));
+    for (int g = 0; g < G; g++) off[g + 1] = off[g] + cnt[g];
+    size_t n = (size_t)off[G], nx = n * K, no = n * O, nw = (size_t)G * O * K;
+    char what[96];
+    float *x = hrand(nx, 1.0f), *wa = hrand(nw, 0.5f), *wb = hrand(nw, 0.5f);
+    float *xd = dputf(x, nx), *wad = dputf(wa, nw), *wbd = dputf(wb, nw);
+    float *ra = hnew(no), *rb = hnew(no), *fa = hnew(no), *fb = hnew(no), *oa = dnan(no), *ob = dnan(no);
+    ref->grouped_matmul_fwd2(ra, rb, x, wa, wb, off, G, K, O);
+    cpu->grouped_matmul_fwd2(fa, fb, x, wa, wb, off, G, K, O);
+    gpu->grouped_matmul_fwd2(oa, ob, xd, wad, wbd, off, G, K, O);
+    snprintf(what, sizeof what, "outa G%d rows %zu K%d O%d", G, n, K, O);
+    cmp_gemm("grouped_matmul_fwd2", bf, what, oa, ra, fa, no);
+    snprintf(what, sizeof what, "outb G%d rows %zu K%d O%d", G, n, K, O);
+    cmp_gemm("grouped_matmul_fwd2", bf, what, ob, rb, fb, no);
+    float *ga = hrand(no, 1.0f), *gb = hrand(no, 1.0f), *gad = dputf(ga, no), *gbd = dputf(gb, no);
+    float *pdx = hrand(nx, 1.0f), *pdw = hrand(nw, 1.0f);
+    for (int acc = 1; acc >= 0; acc--) {
+        float *dx = hcopy(pdx, nx), *dwa = hcopy(pdw, nw), *dwb = hcopy(pdw, nw);
+        float *dxf = hcopy(dx, nx), *dwaf = hcopy(dwa, nw), *dwbf = hcopy(dwb, nw);
+        float *dxd = acc ? dputf(dx, nx) : dnan(nx), *dwad = dputf(dwa, nw), *dwbd = dputf(dwb, nw);
+        gpu->grouped_matmul_bwd2(dxd, dwad, dwbd, gad, gbd, xd, wad, wbd, off, G, K, O, acc);
+        ref->grouped_matmul_bwd2(dx, dwa, dwb, ga, gb, x, wa, wb, off, G, K, O, acc);
+        cpu->grouped_matmul_bwd2(dxf, dwaf, dwbf, ga, gb, x, wa, wb, off, G, K, O, acc);
+        const char *tag = acc ? "accumulate" : "overwrite";
+        snprintf(what, sizeof what, "dinp (%s) G%d rows %zu K%d O%d", tag, G, n, K, O);
+        cmp_gemm("grouped_matmul_bwd2", bf, what, dxd, dx, dxf, nx);
+        snprintf(what, sizeof what, "dwa (%s) G%d rows %zu K%d O%d", tag, G, n, K, O);
+        cmp_gemm("grouped_matmul_bwd2", bf, what, dwad, dwa, dwaf, nw);
+        snprintf(what, sizeof what, "dwb (%s) G%d rows %zu K%d O%d", tag, G, n, K, O);
+        cmp_gemm("grouped_matmul_bwd2", bf, what, dwbd, dwb, dwbf, nw);
+        gpu->free(dxd); gpu->free(dwad); gpu->free(dwbd);
+        free(dx); free(dwa); free(dwb); free(dxf); free(dwaf); free(dwbf);
+    }
+    gpu->free(xd); gpu->free(wad); gpu->free(wbd); gpu->free(oa); gpu->free(ob); gpu->free(gad); gpu->free(gbd);
+    free(x); free(wa); free(wb); free(ra); free(rb); free(fa); free(fb); free(ga); free(gb); free(pdx); free(pdw);
+    free(off);
+}
+
 // ---------------------------------------------------------------- embedding, rows
 static void test_embedding(int V, int N, int C) {
     float *tab = hrand((size_t)V * C, 1.0f);
@@ -860,6 +904,8 @@ static void run_suite(const Backend *be, int big) {
     // 256-wide column tile, groups ending inside a 128-row tile, one row, an empty group
     const int64_t c5[5] = {130, 0, 1, 257, 64};
     test_grouped(200, 264, 5, c5);
+    test_grouped2(200, 264, 5, c5);  // the pair: dinp's two products in one kernel pass
+    test_grouped2(70, 45, 6, c6);    // shapes the kernel does not take: the cuBLAS loop
     if (big) {
         const int64_t c8[8] = {300, 129, 0, 511, 64, 1, 256, 200};
         test_grouped(512, 768, 8, c8);

@@ -259,8 +259,7 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     expert_buffers(m, Rg);
     if (!m->x.local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
     m->xgp = exchange_dispatch(&m->x, m->xs, m->xg);
-    be->grouped_matmul_fwd(m->h1, m->xgp, w->w1, m->x.off, El, d, fl);
-    be->grouped_matmul_fwd(m->h3, m->xgp, w->w3, m->x.off, El, d, fl);
+    be->grouped_matmul_fwd2(m->h1, m->h3, m->xgp, w->w1, w->w3, m->x.off, El, d, fl);
     be->swiglu_fwd(m->act, m->h1, m->h3, (size_t)Rg * fl);
     be->grouped_matmul_fwd(m->yg, m->act, w->w2, m->x.off, El, fl, d);
     m->ysp = exchange_combine(&m->x, m->yg, m->ys);
@@ -286,13 +285,12 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     const float *dyg = exchange_dispatch(&m->x, s->dys, s->dyg);
     // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
     // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
-    // first write of each buffer overwrites every row it holds (accumulate 0) and only dxg's second
-    // GEMM adds. The weight gradients always accumulate (ops.h).
+    // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
+    // in one call (grouped_matmul_bwd2). The weight gradients always accumulate (ops.h).
     size_t Rf = (size_t)Rg * fl;
     be->grouped_matmul_bwd(s->dact, g->w2, dyg, m->act, w->w2, m->x.off, El, fl, d, 0);
     be->swiglu_bwd(s->dh1, s->dh3, s->dact, m->h1, m->h3, Rf, 0);
-    be->grouped_matmul_bwd(s->dxg, g->w1, s->dh1, m->xgp, w->w1, m->x.off, El, d, fl, 0);
-    be->grouped_matmul_bwd(s->dxg, g->w3, s->dh3, m->xgp, w->w3, m->x.off, El, d, fl, 1);
+    be->grouped_matmul_bwd2(s->dxg, g->w1, g->w3, s->dh1, s->dh3, m->xgp, w->w1, w->w3, m->x.off, El, d, fl, 0);
     const float *dxs = exchange_combine(&m->x, s->dxg, s->dxs);
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)
     float *dxin = s->dxj;

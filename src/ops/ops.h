@@ -56,6 +56,17 @@ struct Backend {
     // it is touched. dinp or dw may be NULL.
     void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
                                const float *w, const int64_t *off, int G, int K, int O, int accumulate);
+    // Two grouped GEMMs over the same input (the experts' w1 and w3): outa = inp Wa^T, outb = inp Wb^T,
+    // as grouped_matmul_fwd twice; a backend may convert or read inp once for both.
+    void (*grouped_matmul_fwd2)(float *outa, float *outb, const float *inp, const float *wa, const float *wb,
+                                const int64_t *off, int G, int K, int O);
+    // Their backward: dinp = douta Wa + doutb Wb, written or added as `accumulate` says (as
+    // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (always). The same sums as
+    // grouped_matmul_bwd(dinp, dwa, douta, ..., accumulate) then (dinp, dwb, doutb, ..., 1); a backend
+    // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL.
+    void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
+                                const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
+                                int K, int O, int accumulate);
 
     // out (N,V) rows = table[tokens[i]]; bwd: dtable[tokens[i]] += dout[i]
     void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C);

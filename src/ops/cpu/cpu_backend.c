@@ -55,6 +55,19 @@ static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
     }
 }
 
+static void cpu_grouped_matmul_fwd2(float *outa, float *outb, const float *inp, const float *wa, const float *wb,
+                                    const int64_t *off, int G, int K, int O) {
+    cpu_grouped_matmul_fwd(outa, inp, wa, off, G, K, O);
+    cpu_grouped_matmul_fwd(outb, inp, wb, off, G, K, O);
+}
+
+static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
+                                    const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
+                                    int K, int O, int accumulate) {
+    cpu_grouped_matmul_bwd(dinp, dwa, douta, inp, wa, off, G, K, O, accumulate);
+    cpu_grouped_matmul_bwd(dinp, dwb, doutb, inp, wb, off, G, K, O, 1);
+}
+
 const Backend *backend_cpu(void) {
     static const Backend be = {
         .name = "cpu",
@@ -62,6 +75,7 @@ const Backend *backend_cpu(void) {
         .to_device = cpu_copy, .to_host = cpu_copy, .copy = cpu_copy, .zero = cpu_zero, .sync = cpu_sync,
         .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
         .grouped_matmul_fwd = cpu_grouped_matmul_fwd, .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
+        .grouped_matmul_fwd2 = cpu_grouped_matmul_fwd2, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
         .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
         .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,

@@ -66,9 +66,10 @@ static size_t g_bf_bytes;
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-static void bf16_scratch(size_t n0, size_t n1, size_t n2, bf16 **p0, bf16 **p1, bf16 **p2) {
-    size_t b0 = al256(n0 * sizeof(bf16)), b1 = al256(n1 * sizeof(bf16)), b2 = al256(n2 * sizeof(bf16));
-    size_t need = b0 + b1 + b2;
+// cnt operands of sz[i] bf16 values each (0: none; p[i] is then unusable)
+static void bf16_scratch_v(int cnt, const size_t *sz, bf16 **p) {
+    size_t need = 0;
+    for (int i = 0; i < cnt; i++) need += al256(sz[i] * sizeof(bf16));
     if (need > g_bf_bytes) {
         if (g_bf) CUDA_CHECK(cudaFree(g_bf));   // synchronises: no kernel still reads the old one
         g_bf = NULL;
@@ -88,10 +89,20 @@ static void bf16_scratch(size_t n0, size_t n1, size_t n2, bf16 **p0, bf16 **p1, 
                 cuda_hint(e));
         }
     }
-    char *p = (char *)g_bf;
-    if (p0) *p0 = (bf16 *)p;
-    if (p1) *p1 = (bf16 *)(p + b0);
-    if (p2) *p2 = (bf16 *)(p + b0 + b1);
+    char *q = (char *)g_bf;
+    for (int i = 0; i < cnt; i++) {
+        p[i] = (bf16 *)q;
+        q += al256(sz[i] * sizeof(bf16));
+    }
+}
+
+static void bf16_scratch(size_t n0, size_t n1, size_t n2, bf16 **p0, bf16 **p1, bf16 **p2) {
+    size_t sz[3] = {n0, n1, n2};
+    bf16 *p[3];
+    bf16_scratch_v(3, sz, p);
+    if (p0) *p0 = p[0];
+    if (p1) *p1 = p[1];
+    if (p2) *p2 = p[2];
 }
 
 // ---------------------------------------------------------------- bf16 copy of the weights
@@ -233,6 +244,20 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
     }
 }
 
+// The pairs (ops.h grouped_matmul_fwd2 / bwd2) as two calls: float32 has no conversion to share.
+extern "C" void cuda_grouped_matmul_fwd2_f32(float *outa, float *outb, const float *inp, const float *wa,
+                                             const float *wb, const int64_t *off, int G, int K, int O) {
+    cuda_grouped_matmul_fwd_f32(outa, inp, wa, off, G, K, O);
+    cuda_grouped_matmul_fwd_f32(outb, inp, wb, off, G, K, O);
+}
+
+extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const float *douta,
+                                             const float *doutb, const float *inp, const float *wa, const float *wb,
+                                             const int64_t *off, int G, int K, int O, int accumulate) {
+    cuda_grouped_matmul_bwd_f32(dinp, dwa, douta, inp, wa, off, G, K, O, accumulate);
+    cuda_grouped_matmul_bwd_f32(dinp, dwb, doutb, inp, wb, off, G, K, O, 1);
+}
+
 // ---------------------------------------------------------------- bf16 GEMMs (fp32 accumulation)
 
 extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
@@ -269,24 +294,15 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
     }
 }
 
-// Grouped: the rows [off[0], off[G]) and all G weight blocks are converted once (one kernel each),
-// then one cublasGemmEx per non-empty group. Any counts (zeros anywhere, all zero) are fine.
-extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G,
-                                             int K, int O) {
-    if (G <= 0 || O <= 0) return;
-    int64_t base = off[0], rows = off[G] - off[0];
-    if (rows <= 0) return;
-    if (K <= 0) {   // empty sums: the written rows are zeros (as the cpu's GEMM with K = 0)
-        CUDA_CHECK(cudaMemset(out + base * O, 0, sizeof(float) * (size_t)rows * O));
-        return;
-    }
-    const bf16 *ws = shadow_of(w, (size_t)G * O * K);
-    bf16 *xb, *wb;
-    bf16_scratch((size_t)rows * K, ws ? 0 : (size_t)G * O * K, 0, &xb, &wb, NULL);
-    to_bf16(xb, inp + base * K, (size_t)rows * K);
-    if (ws) wb = (bf16 *)ws;
-    else to_bf16(wb, w, (size_t)G * O * K);
-    if (cuda_grouped_gemm(out + base * O, O, 0.0f, xb, wb, 0, off, G, K, O)) return;
+// Grouped: the rows [off[0], off[G]) and all G weight blocks are converted once (one kernel each;
+// the weights not at all where the bf16 copy has them), then our Hopper kernel (cuda_grouped.cu)
+// in one launch, or where it cannot run one cublasGemmEx per non-empty group. Any counts (zeros
+// anywhere, all zero) are fine.
+
+// out rows of the groups = x W_g^T from bf16 operands (xb: the groups' rows from off[0])
+static void gfwd(float *out, const bf16 *xb, const bf16 *wb, const int64_t *off, int G, int K, int O) {
+    int64_t base = off[0];
+    if (cuda_grouped_gemm(out + base * O, O, 0.0f, xb, wb, NULL, NULL, 0, off, G, K, 0, O)) return;
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
         if (n <= 0) continue;
@@ -295,36 +311,127 @@ extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const
     }
 }
 
-// dinp with beta = accumulate (0: written, never read); dw with beta = 1 always (ops.h).
-extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
-                                             const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
-    if (G <= 0 || K <= 0 || (!dinp && !dw)) return;
-    int64_t base = off[0], rows = off[G] - off[0];
-    if (rows <= 0) return;
-    if (O <= 0) {   // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
-        if (dinp && !accumulate) CUDA_CHECK(cudaMemset(dinp + base * K, 0, sizeof(float) * (size_t)rows * K));
-        return;
-    }
-    const float bi = accumulate ? 1.0f : 0.0f;
-    const bf16 *ws = dinp ? shadow_of(w, (size_t)G * O * K) : NULL;
-    bf16 *gb, *wb, *xb;
-    bf16_scratch((size_t)rows * O, dinp && !ws ? (size_t)G * O * K : 0, dw ? (size_t)rows * K : 0, &gb, &wb, &xb);
-    to_bf16(gb, dout + base * O, (size_t)rows * O);
-    if (ws) wb = (bf16 *)ws;
-    else if (dinp) to_bf16(wb, w, (size_t)G * O * K);
-    if (dw) to_bf16(xb, inp + base * K, (size_t)rows * K);
-    // dinp_g (n,K) [+]= dout_g (n,O) . W_g (O,K): W_g is the N-major operand
-    int dinp_done = dinp && cuda_grouped_gemm(dinp + base * K, K, bi, gb, wb, 1, off, G, O, K);
+// dinp rows = beta dinp + ga W_a [+ gb W_b] (gb NULL: one product); the pair in one kernel pass
+static void gdinp(float *dinp, float beta, const bf16 *ga, const bf16 *wa, const bf16 *gb, const bf16 *wb,
+                  const int64_t *off, int G, int K, int O) {
+    int64_t base = off[0];
+    if (cuda_grouped_gemm(dinp + base * K, K, beta, ga, wa, gb, wb, 1, off, G, O, gb ? O : 0, K)) return;
+    for (int h = 0; h < (gb ? 2 : 1); h++)
+        for (int g = 0; g < G; g++) {
+            int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
+            if (n <= 0) continue;
+            // dinp_g^T (K,n) = W_g^T (K,O) . dout_g^T (O,n) + beta dinp_g^T
+            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, (int)n, O, (h ? wb : wa) + (size_t)g * O * K, K,
+                      (h ? gb : ga) + r0 * O, O, h ? 1.0f : beta, dinp + (base + r0) * K, K);
+        }
+}
+
+// dw_g += dout_g^T x_g for every non-empty group (cuBLAS)
+static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O) {
+    int64_t base = off[0];
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
         if (n <= 0) continue;
-        // dinp_g^T (K,n) [+]= W_g^T (K,O) . dout_g^T (O,n)
-        if (dinp && !dinp_done)
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, (int)n, O, wb + (size_t)g * O * K, K, gb + r0 * O, O, bi,
-                      dinp + (base + r0) * K, K);
         // dw_g^T (K,O) += inp_g^T (K,n) . dout_g (n,O)
-        if (dw)
-            gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, 1.0f,
-                      dw + (size_t)g * O * K, K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, 1.0f, dw + (size_t)g * O * K,
+                  K);
     }
+}
+
+// the bf16 values of the G weight blocks at w: the copy's, or converted into dst
+static const bf16 *weights_bf16(bf16 *dst, const float *w, size_t n) {
+    const bf16 *ws = shadow_of(w, n);
+    if (ws) return ws;
+    to_bf16(dst, w, n);
+    return dst;
+}
+
+// rows of the groups, or 0 after handling an empty call (nothing to do / K = 0 zeros)
+static int64_t fwd_rows(float *const *outs, int nout, const int64_t *off, int G, int K, int O) {
+    if (G <= 0 || O <= 0) return 0;
+    int64_t rows = off[G] - off[0];
+    if (rows <= 0) return 0;
+    if (K <= 0) {   // empty sums: the written rows are zeros (as the cpu's GEMM with K = 0)
+        for (int i = 0; i < nout; i++) CUDA_CHECK(cudaMemset(outs[i] + off[0] * O, 0, sizeof(float) * (size_t)rows * O));
+        return 0;
+    }
+    return rows;
+}
+
+extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G,
+                                             int K, int O) {
+    int64_t rows = fwd_rows(&out, 1, off, G, K, O);
+    if (!rows) return;
+    size_t nw = (size_t)G * O * K, sz[2] = {(size_t)rows * K, shadow_of(w, nw) ? 0 : nw};
+    bf16 *p[2];
+    bf16_scratch_v(2, sz, p);
+    to_bf16(p[0], inp + off[0] * K, (size_t)rows * K);
+    gfwd(out, p[0], weights_bf16(p[1], w, nw), off, G, K, O);
+}
+
+// the experts' w1 and w3: the input converted once for both
+extern "C" void cuda_grouped_matmul_fwd2_bf16(float *outa, float *outb, const float *inp, const float *wa,
+                                              const float *wb, const int64_t *off, int G, int K, int O) {
+    float *outs[2] = {outa, outb};
+    int64_t rows = fwd_rows(outs, 2, off, G, K, O);
+    if (!rows) return;
+    size_t nw = (size_t)G * O * K;
+    size_t sz[3] = {(size_t)rows * K, shadow_of(wa, nw) ? 0 : nw, shadow_of(wb, nw) ? 0 : nw};
+    bf16 *p[3];
+    bf16_scratch_v(3, sz, p);
+    to_bf16(p[0], inp + off[0] * K, (size_t)rows * K);
+    gfwd(outa, p[0], weights_bf16(p[1], wa, nw), off, G, K, O);
+    gfwd(outb, p[0], weights_bf16(p[2], wb, nw), off, G, K, O);
+}
+
+// rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros)
+static int64_t bwd_rows(float *dinp, int any, const int64_t *off, int G, int K, int O, int accumulate) {
+    if (G <= 0 || K <= 0 || !any) return 0;
+    int64_t rows = off[G] - off[0];
+    if (rows <= 0) return 0;
+    if (O <= 0) {   // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
+        if (dinp && !accumulate) CUDA_CHECK(cudaMemset(dinp + off[0] * K, 0, sizeof(float) * (size_t)rows * K));
+        return 0;
+    }
+    return rows;
+}
+
+// dinp with beta = accumulate (0: written, never read); dw with beta = 1 always (ops.h).
+extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
+                                             const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
+    int64_t rows = bwd_rows(dinp, dinp || dw, off, G, K, O, accumulate);
+    if (!rows) return;
+    int64_t base = off[0];
+    size_t nw = (size_t)G * O * K;
+    size_t sz[3] = {(size_t)rows * O, dinp && !shadow_of(w, nw) ? nw : 0, dw ? (size_t)rows * K : 0};
+    bf16 *p[3];
+    bf16_scratch_v(3, sz, p);
+    to_bf16(p[0], dout + base * O, (size_t)rows * O);
+    if (dinp) gdinp(dinp, accumulate ? 1.0f : 0.0f, p[0], weights_bf16(p[1], w, nw), NULL, NULL, off, G, K, O);
+    if (dw) {
+        to_bf16(p[2], inp + base * K, (size_t)rows * K);
+        gdw(dw, p[0], p[2], off, G, K, O);
+    }
+}
+
+// the pair's backward: dinp [+]= douta Wa + doutb Wb in one pass, the input converted once for dwa, dwb
+extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const float *douta,
+                                              const float *doutb, const float *inp, const float *wa, const float *wb,
+                                              const int64_t *off, int G, int K, int O, int accumulate) {
+    int64_t rows = bwd_rows(dinp, dinp || dwa || dwb, off, G, K, O, accumulate);
+    if (!rows) return;
+    int64_t base = off[0];
+    size_t nw = (size_t)G * O * K, ng = (size_t)rows * O;
+    size_t sz[5] = {ng, ng, dwa || dwb ? (size_t)rows * K : 0, dinp && !shadow_of(wa, nw) ? nw : 0,
+                    dinp && !shadow_of(wb, nw) ? nw : 0};
+    bf16 *p[5];
+    bf16_scratch_v(5, sz, p);
+    to_bf16(p[0], douta + base * O, ng);
+    to_bf16(p[1], doutb + base * O, ng);
+    if (dinp)
+        gdinp(dinp, accumulate ? 1.0f : 0.0f, p[0], weights_bf16(p[3], wa, nw), p[1], weights_bf16(p[4], wb, nw), off,
+              G, K, O);
+    if (dwa || dwb) to_bf16(p[2], inp + base * K, (size_t)rows * K);
+    if (dwa) gdw(dwa, p[0], p[2], off, G, K, O);
+    if (dwb) gdw(dwb, p[1], p[2], off, G, K, O);
 }

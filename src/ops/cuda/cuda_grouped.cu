@@ -1,10 +1,11 @@
 // cuda_grouped.cu — the expert GEMMs on Hopper (sm_90a): one persistent launch over all groups,
 // TMA tile loads into a 4-stage shared-memory ring, wgmma (m64n256k16, bf16 in, fp32 accumulate)
 // by two consumer warpgroups, a producer warpgroup issuing the loads, fp32 output.
-//   C_g (rows [off[g], off[g+1]) of C, N columns) = beta * C_g + A_g . op(B_g)
+//   C_g (rows [off[g], off[g+1]) of C, N columns) = beta * C_g + A_g . op(B_g) [+ A2_g . op(B2_g)]
 //   A: the rows of all groups, row-major (rows, K) bf16 (K contiguous);
 //   B: per group either (N, K) row-major (K-major: the forward, out = x W^T) or (K, N) row-major
-//      (N-major: the backward's dinp = dout W).
+//      (N-major: the backward's dinp = dout W); the optional second pair continues the same
+//      reduction (dx = dh1 W1 + dh3 W3 in one pass over dx).
 // Tiles are 128 rows x 256 columns of one group (a tile never spans two groups: its rows past the
 // group's end are loaded but never stored; rows past the array and K past its end are zero-filled
 // by TMA); the reduction of an output element runs in one fixed order (k-steps of 16 in order), so
@@ -34,8 +35,8 @@ struct GGArgs {
     float *C;
     long long ldc;
     float beta;
-    int G, N, K, tiles;
-    int b_rows;                  // rows of one group's B: N (K-major) or K (N-major)
+    int G, N, K, K2, tiles;      // K2 > 0: a second pair (A2, B2) continues the reduction (K-concat)
+    int b_rows, b_rows2;         // rows of one group's B (B2): N (K-major) or K (K2) (N-major)
     int tstart[GG_MAXG + 1];     // first tile of each group; tstart[G] = tiles
     int rstart[GG_MAXG + 1];     // first row of each group, counted from A's (and C's) first row
 };
@@ -130,6 +131,7 @@ __device__ __forceinline__ void gg_tile(const GGArgs &a, int t, int &m0, int &me
 template <int NMAJ>
 __global__ void __launch_bounds__(GG_THREADS, 1)
 gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+          const __grid_constant__ CUtensorMap tmA2, const __grid_constant__ CUtensorMap tmB2,
           const __grid_constant__ GGArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
@@ -144,7 +146,7 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const int KT = (a.K + GG_BK - 1) / GG_BK;
+    const int KT1 = (a.K + GG_BK - 1) / GG_BK, KT = KT1 + (a.K2 + GG_BK - 1) / GG_BK;
     if (wg == 0) {   // producer: one thread issues every load
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x != 0) return;
@@ -156,12 +158,14 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 mbar_wait(empty + 8 * s, ph ^ 1);
                 uint32_t fb = full + 8 * s;
                 mbar_expect_tx(fb, GG_A_BYTES + GG_B_BYTES);
-                tma_2d(sA + s * GG_A_BYTES, &tmA, kt * GG_BK, m0, fb);
+                int second = kt >= KT1, k0 = (second ? kt - KT1 : kt) * GG_BK, br = second ? a.b_rows2 : a.b_rows;
+                const CUtensorMap *ma = second ? &tmA2 : &tmA, *mb = second ? &tmB2 : &tmB;
+                tma_2d(sA + s * GG_A_BYTES, ma, k0, m0, fb);
                 if (NMAJ) {
                     for (int j = 0; j < GG_BN / 64; j++)
-                        tma_2d(sB + s * GG_B_BYTES + j * 64 * GG_BK * 2, &tmB, n0 + 64 * j, g * a.b_rows + kt * GG_BK, fb);
+                        tma_2d(sB + s * GG_B_BYTES + j * 64 * GG_BK * 2, mb, n0 + 64 * j, g * br + k0, fb);
                 } else {
-                    tma_2d(sB + s * GG_B_BYTES, &tmB, kt * GG_BK, g * a.b_rows + n0, fb);
+                    tma_2d(sB + s * GG_B_BYTES, mb, k0, g * br + n0, fb);
                 }
                 if (++s == GG_ST) { s = 0; ph ^= 1; }
             }
@@ -295,16 +299,20 @@ static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols,
             (unsigned long long)rows, (unsigned long long)cols, (const void *)p);
 }
 
-// C rows [0, off[G] - off[0]) (ld ldc) = beta C + A . op(B) per group, A's rows counted from off[0]
-// (see the top of this file). K: the reduction length; N: C's columns. Returns 1 when done (queued),
-// 0 when it cannot run here (the caller falls back; nothing was written).
-extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, int nmajor_b,
-                                 const int64_t *off, int G, int K, int N) {
+// C rows [0, off[G] - off[0]) (ld ldc) = beta C + A . op(B) [+ A2 . op(B2)] per group, A's rows
+// counted from off[0] (see the top of this file). K (K2): the reduction length of A, B (A2, B2; 0
+// without them); N: C's columns. Returns 1 when done (queued), 0 when it cannot run here (the
+// caller falls back; nothing was written).
+extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
+                                 const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N) {
     if (!gg_init()) return 0;
     int64_t rows = off[G] - off[0];
     if (G < 1 || G > GG_MAXG || K <= 0 || N <= 0 || K % 8 || N % 8 || ldc % 2 || rows <= 0 ||
         rows > INT_MAX - GG_BM || (int64_t)G * (nmajor_b ? K : N) > INT_MAX || ((uintptr_t)A & 15) ||
         ((uintptr_t)B & 15) || ((uintptr_t)C & 7))
+        return 0;
+    if (K2 < 0 || (K2 > 0 && (K2 % 8 || !A2 || !B2 || ((uintptr_t)A2 & 15) || ((uintptr_t)B2 & 15) ||
+                              (int64_t)G * (nmajor_b ? K2 : N) > INT_MAX)))
         return 0;
     static GGArgs a;   // ~1 KB: not on the stack; copied into the launch's parameters
     memset(&a, 0, sizeof a);
@@ -314,7 +322,9 @@ extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void
     a.G = G;
     a.N = N;
     a.K = K;
+    a.K2 = K2;
     a.b_rows = nmajor_b ? K : N;
+    a.b_rows2 = nmajor_b ? K2 : N;
     int nt = (N + GG_BN - 1) / GG_BN;
     long long tiles = 0;
     for (int g = 0; g < G; g++) {
@@ -326,13 +336,20 @@ extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void
     a.tstart[G] = (int)tiles;
     a.rstart[G] = (int)rows;
     a.tiles = (int)tiles;
-    CUtensorMap ta, tb;
+    CUtensorMap ta, tb, ta2, tb2;
     tmap_2d(&ta, (const bf16 *)A, (uint64_t)rows, (uint64_t)K, GG_BM);
     if (nmajor_b) tmap_2d(&tb, (const bf16 *)B, (uint64_t)G * K, (uint64_t)N, 64);
     else tmap_2d(&tb, (const bf16 *)B, (uint64_t)G * N, (uint64_t)K, GG_BN);
+    ta2 = ta;
+    tb2 = tb;
+    if (K2 > 0) {
+        tmap_2d(&ta2, (const bf16 *)A2, (uint64_t)rows, (uint64_t)K2, GG_BM);
+        if (nmajor_b) tmap_2d(&tb2, (const bf16 *)B2, (uint64_t)G * K2, (uint64_t)N, 64);
+        else tmap_2d(&tb2, (const bf16 *)B2, (uint64_t)G * N, (uint64_t)K2, GG_BN);
+    }
     int grid = a.tiles < g_sms ? a.tiles : g_sms;
-    if (nmajor_b) gg_kernel<1><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, a);
-    else gg_kernel<0><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, a);
+    if (nmajor_b) gg_kernel<1><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta2, tb2, a);
+    else gg_kernel<0><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta2, tb2, a);
     KCHECK("grouped_gemm (wgmma)");
     return 1;
 }
