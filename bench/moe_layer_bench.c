@@ -128,9 +128,13 @@ static void w_gb(float *di, float *dw, const float *g, const float *i, const flo
                  int K, int O, int a) {
     WRAP(C_GEMM_B, RB->grouped_matmul_bwd(di, dw, g, i, w, off, G, K, O, a));
 }
-static void w_gf2(float *oa, float *ob, const float *i, const float *wa, const float *wb, const int64_t *off, int G,
-                  int K, int O) {
-    WRAP(C_GEMM_F, RB->grouped_matmul_fwd2(oa, ob, i, wa, wb, off, G, K, O));
+static void w_gsf(float *h1, float *h3, float *a, const float *i, const float *w1, const float *w3, const int64_t *off,
+                  int G, int K, int O) {
+    WRAP(C_GEMM_F, RB->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O));
+}
+static void w_gsb(float *d1, float *d3, float *dw, const float *g, const float *a, const float *h1, const float *h3,
+                  const float *w, const int64_t *off, int G, int K, int O) {
+    WRAP(C_GEMM_B, RB->grouped_swiglu_bwd(d1, d3, dw, g, a, h1, h3, w, off, G, K, O));
 }
 static void w_gb2(float *di, float *dwa, float *dwb, const float *ga, const float *gb, const float *i, const float *wa,
                   const float *wb, const int64_t *off, int G, int K, int O, int a) {
@@ -167,7 +171,7 @@ static const Backend *wrap_backend(const Backend *real) {
     PB = *real;
     PB.to_device = w_to_device; PB.to_host = w_to_host; PB.copy = w_copy; PB.zero = w_zero;
     PB.matmul_fwd = w_mf; PB.matmul_bwd = w_mb; PB.grouped_matmul_fwd = w_gf; PB.grouped_matmul_bwd = w_gb;
-    PB.grouped_matmul_fwd2 = w_gf2; PB.grouped_matmul_bwd2 = w_gb2;
+    PB.grouped_swiglu_fwd = w_gsf; PB.grouped_swiglu_bwd = w_gsb; PB.grouped_matmul_bwd2 = w_gb2;
     PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.scatter_add_rows = w_scatter;
     PB.scale_rows = w_scale_rows; PB.row_dot = w_row_dot; PB.mul = w_mul; PB.axpy = w_axpy;
     PB.combine_rows = w_combine_rows; PB.router_topk = w_router_topk; PB.router_bwd = w_router_bwd;
@@ -250,9 +254,10 @@ static void backend_gemms(const Lctx *l) {
     int d = m->d, f = m->fl, El = m->El;
     const int64_t *off = m->x.off;
     const float *dyg = m->x.local ? s->dys : s->dyg;   // the local exchange passes rows through
-    RB->grouped_matmul_fwd2(m->h1, m->h3, m->xgp, l->w->w1, l->w->w3, off, El, d, f);
+    RB->grouped_matmul_fwd(m->h1, m->xgp, l->w->w1, off, El, d, f);
+    RB->grouped_matmul_fwd(m->h3, m->xgp, l->w->w3, off, El, d, f);
     RB->grouped_matmul_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_matmul_bwd(s->dact, l->g->w2, dyg, m->act, l->w->w2, off, El, f, d, 0);
+    RB->grouped_matmul_bwd(s->dh1, l->g->w2, dyg, m->act, l->w->w2, off, El, f, d, 0);   // dact
     RB->grouped_matmul_bwd2(s->dxg, l->g->w1, l->g->w3, s->dh1, s->dh3, m->xgp, l->w->w1, l->w->w3, off, El, d, f, 0);
 }
 

@@ -157,7 +157,7 @@ static void cmp(const char *op, const char *what, const float *got_d, const floa
 }
 static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, size_t n) {
     float *a = dget(a_d, n), *b = dget(b_d, n);
-    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: two runs on the same inputs differ (not deterministic)", what);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
     free(a); free(b);
 }
 
@@ -326,35 +326,68 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     free(x); free(w); free(rr); free(rf); free(dout); free(pdx); free(pdw); free(off);
 }
 
-// The pair ops (the experts' w1 and w3 over one input): each output against the reference backend's
-// pair (two plain calls, ops.h), the GPU's forward outputs NaN-poisoned; the backward with accumulate
-// 1 (pre-filled dinp, dwa, dwb) and 0 (dinp NaN on the GPU, random on the cpu; dw still accumulates).
-static void test_grouped2(int K, int O, int G, const int64_t *cnt) {
+// The fused expert ops over the groups (the experts' w1/w3 with SwiGLU, w2's backward into it, the
+// w1/w3 backward pair), K = d, O = f. Each output against the reference backend's composition of
+// plain ops (ops.h), GPU outputs NaN-poisoned; and bit for bit against the GPU backend's own plain
+// ops on the same inputs (the fused epilogues do cuda_nn.cu's SwiGLU arithmetic, the dinp pair's
+// kernel sums both products in one pass, so that one is compared in the bands only).
+static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     int bf = gemm_is_bf16(1, O);
     const Backend *ref = bf ? backend_cpu_bf16ref() : cpu;
     int64_t *off = xcalloc(G + 1, sizeof(int64_t));
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + cnt[g];
-    size_t n = (size_t)off[G], nx = n * K, no = n * O, nw = (size_t)G * O * K;
+    size_t n = (size_t)off[G], nx = n * K, nh = n * O, nw = (size_t)G * O * K;
     char what[96];
-    float *x = hrand(nx, 1.0f), *wa = hrand(nw, 0.5f), *wb = hrand(nw, 0.5f);
-    float *xd = dputf(x, nx), *wad = dputf(wa, nw), *wbd = dputf(wb, nw);
-    float *ra = hnew(no), *rb = hnew(no), *fa = hnew(no), *fb = hnew(no), *oa = dnan(no), *ob = dnan(no);
-    ref->grouped_matmul_fwd2(ra, rb, x, wa, wb, off, G, K, O);
-    cpu->grouped_matmul_fwd2(fa, fb, x, wa, wb, off, G, K, O);
-    gpu->grouped_matmul_fwd2(oa, ob, xd, wad, wbd, off, G, K, O);
-    snprintf(what, sizeof what, "outa G%d rows %zu K%d O%d", G, n, K, O);
-    cmp_gemm("grouped_matmul_fwd2", bf, what, oa, ra, fa, no);
-    snprintf(what, sizeof what, "outb G%d rows %zu K%d O%d", G, n, K, O);
-    cmp_gemm("grouped_matmul_fwd2", bf, what, ob, rb, fb, no);
-    float *ga = hrand(no, 1.0f), *gb = hrand(no, 1.0f), *gad = dputf(ga, no), *gbd = dputf(gb, no);
-    float *pdx = hrand(nx, 1.0f), *pdw = hrand(nw, 1.0f);
+    float *x = hrand(nx, 1.0f), *w1 = hrand(nw, 0.5f), *w3 = hrand(nw, 0.5f), *w2 = hrand(nw, 0.5f);
+    float *xd = dputf(x, nx), *w1d = dputf(w1, nw), *w3d = dputf(w3, nw), *w2d = dputf(w2, nw);
+    // forward: h1, h3, act
+    float *r[3], *f[3], *o[3];
+    for (int i = 0; i < 3; i++) { r[i] = hnew(nh); f[i] = hnew(nh); o[i] = dnan(nh); }
+    ref->grouped_swiglu_fwd(r[0], r[1], r[2], x, w1, w3, off, G, K, O);
+    cpu->grouped_swiglu_fwd(f[0], f[1], f[2], x, w1, w3, off, G, K, O);
+    gpu->grouped_swiglu_fwd(o[0], o[1], o[2], xd, w1d, w3d, off, G, K, O);
+    const char *fn[3] = {"h1", "h3", "act"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "%s G%d rows %zu K%d O%d", fn[i], G, n, K, O);
+        cmp_gemm("grouped_swiglu_fwd", bf, what, o[i], r[i], f[i], nh);
+    }
+    float *plain = dnan(nh);
+    gpu->swiglu_fwd(plain, o[0], o[1], nh);
+    snprintf(what, sizeof what, "grouped_swiglu_fwd: act = swiglu_fwd(its h1, h3) G%d K%d O%d", G, K, O);
+    cmp_exact_dev(what, o[2], plain, nh);
+    // w2's backward into the SwiGLU: dout (rows, K), W2 (G, K, O); dh1, dh3 (rows, O); dw2 accumulates.
+    // Every side gets the reference's h1, h3, act (the GPU's own differ in the last bits, and act
+    // rounded to bf16 for dw would then differ by a bf16 ulp in places: measured 1.1e-4 on one element)
+    float *dy = hrand(nx, 1.0f), *dyd = dputf(dy, nx), *pdw = hrand(nw, 1.0f);
+    for (int i = 0; i < 3; i++) gpu->to_device(o[i], r[i], nh * sizeof(float));
+    float *d1 = hnew(nh), *d3 = hnew(nh), *d1f = hnew(nh), *d3f = hnew(nh), *dw = hcopy(pdw, nw), *dwf = hcopy(pdw, nw);
+    float *d1d = dnan(nh), *d3d = dnan(nh), *dwd = dputf(pdw, nw);
+    ref->grouped_swiglu_bwd(d1, d3, dw, dy, r[2], r[0], r[1], w2, off, G, O, K);
+    cpu->grouped_swiglu_bwd(d1f, d3f, dwf, dy, r[2], r[0], r[1], w2, off, G, O, K);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwd, dyd, o[2], o[0], o[1], w2d, off, G, O, K);
+    snprintf(what, sizeof what, "dh1 G%d rows %zu K%d O%d", G, n, O, K);
+    cmp_gemm("grouped_swiglu_bwd", bf, what, d1d, d1, d1f, nh);
+    snprintf(what, sizeof what, "dh3 G%d rows %zu K%d O%d", G, n, O, K);
+    cmp_gemm("grouped_swiglu_bwd", bf, what, d3d, d3, d3f, nh);
+    snprintf(what, sizeof what, "dw (accumulate) G%d rows %zu K%d O%d", G, n, O, K);
+    cmp_gemm("grouped_swiglu_bwd", bf, what, dwd, dw, dwf, nw);
+    float *dact = dnan(nh), *p1 = dnan(nh), *p3 = dnan(nh);
+    gpu->grouped_matmul_bwd(dact, NULL, dyd, o[2], w2d, off, G, O, K, 0);
+    gpu->swiglu_bwd(p1, p3, dact, o[0], o[1], nh, 0);
+    snprintf(what, sizeof what, "grouped_swiglu_bwd: dh1 = plain GEMM + swiglu_bwd G%d K%d O%d", G, O, K);
+    cmp_exact_dev(what, d1d, p1, nh);
+    snprintf(what, sizeof what, "grouped_swiglu_bwd: dh3 = plain GEMM + swiglu_bwd G%d K%d O%d", G, O, K);
+    cmp_exact_dev(what, d3d, p3, nh);
+    // the w1/w3 pair's backward: dinp [+]= dh1 W1 + dh3 W3, dw1, dw3 accumulate
+    float *ga = hrand(nh, 1.0f), *gb = hrand(nh, 1.0f), *gad = dputf(ga, nh), *gbd = dputf(gb, nh);
+    float *pdx = hrand(nx, 1.0f);
     for (int acc = 1; acc >= 0; acc--) {
         float *dx = hcopy(pdx, nx), *dwa = hcopy(pdw, nw), *dwb = hcopy(pdw, nw);
         float *dxf = hcopy(dx, nx), *dwaf = hcopy(dwa, nw), *dwbf = hcopy(dwb, nw);
         float *dxd = acc ? dputf(dx, nx) : dnan(nx), *dwad = dputf(dwa, nw), *dwbd = dputf(dwb, nw);
-        gpu->grouped_matmul_bwd2(dxd, dwad, dwbd, gad, gbd, xd, wad, wbd, off, G, K, O, acc);
-        ref->grouped_matmul_bwd2(dx, dwa, dwb, ga, gb, x, wa, wb, off, G, K, O, acc);
-        cpu->grouped_matmul_bwd2(dxf, dwaf, dwbf, ga, gb, x, wa, wb, off, G, K, O, acc);
+        gpu->grouped_matmul_bwd2(dxd, dwad, dwbd, gad, gbd, xd, w1d, w3d, off, G, K, O, acc);
+        ref->grouped_matmul_bwd2(dx, dwa, dwb, ga, gb, x, w1, w3, off, G, K, O, acc);
+        cpu->grouped_matmul_bwd2(dxf, dwaf, dwbf, ga, gb, x, w1, w3, off, G, K, O, acc);
         const char *tag = acc ? "accumulate" : "overwrite";
         snprintf(what, sizeof what, "dinp (%s) G%d rows %zu K%d O%d", tag, G, n, K, O);
         cmp_gemm("grouped_matmul_bwd2", bf, what, dxd, dx, dxf, nx);
@@ -365,9 +398,12 @@ static void test_grouped2(int K, int O, int G, const int64_t *cnt) {
         gpu->free(dxd); gpu->free(dwad); gpu->free(dwbd);
         free(dx); free(dwa); free(dwb); free(dxf); free(dwaf); free(dwbf);
     }
-    gpu->free(xd); gpu->free(wad); gpu->free(wbd); gpu->free(oa); gpu->free(ob); gpu->free(gad); gpu->free(gbd);
-    free(x); free(wa); free(wb); free(ra); free(rb); free(fa); free(fb); free(ga); free(gb); free(pdx); free(pdw);
-    free(off);
+    for (int i = 0; i < 3; i++) { free(r[i]); free(f[i]); gpu->free(o[i]); }
+    gpu->free(plain); gpu->free(dact); gpu->free(p1); gpu->free(p3);
+    gpu->free(xd); gpu->free(w1d); gpu->free(w3d); gpu->free(w2d); gpu->free(dyd); gpu->free(d1d); gpu->free(d3d);
+    gpu->free(dwd); gpu->free(gad); gpu->free(gbd);
+    free(x); free(w1); free(w3); free(w2); free(dy); free(pdw); free(d1); free(d3); free(d1f); free(d3f); free(dw);
+    free(dwf); free(ga); free(gb); free(pdx); free(off);
 }
 
 // ---------------------------------------------------------------- embedding, rows
@@ -388,7 +424,7 @@ static void test_embedding(int V, int N, int C) {
         gpu->embedding_bwd(dtd, doutd, tokd, N, C);
         gpu->embedding_bwd(dtd2, doutd, tokd, N, C);
         cmp("embedding_bwd", p ? "dtable (accumulate)" : "dtable", dtd, dt, (size_t)V * C, BAND_ELEM);
-        cmp_exact_dev("embedding_bwd", dtd, dtd2, (size_t)V * C);
+        cmp_exact_dev("embedding_bwd (two runs on the same inputs)", dtd, dtd2, (size_t)V * C);
         gpu->free(dtd); gpu->free(dtd2); free(dt);
     }
     gpu->free(tabd); gpu->free(tokd); gpu->free(od); gpu->free(doutd);
@@ -412,7 +448,7 @@ static void test_rows(int nsrc, int n, int C) {
         gpu->scatter_add_rows(o_d, srcd, idxd, s ? scd : NULL, n, C);
         gpu->scatter_add_rows(o_d2, srcd, idxd, s ? scd : NULL, n, C);
         cmp("scatter_add_rows", s ? "scaled (accumulate)" : "unscaled (accumulate)", o_d, o, (size_t)nsrc * C, BAND_ELEM);
-        cmp_exact_dev("scatter_add_rows", o_d, o_d2, (size_t)nsrc * C);
+        cmp_exact_dev("scatter_add_rows (two runs on the same inputs)", o_d, o_d2, (size_t)nsrc * C);
         gpu->free(o_d); gpu->free(o_d2); free(o);
     }
     // scale_rows (in place), row_dot
@@ -455,7 +491,7 @@ static void test_combine(int N, int k, int C, int M, int shift) {
             snprintf(what, sizeof what, "N %d k %d C %d%s, %s, %s", N, k, C, shift ? " unaligned" : "",
                      ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite");
             cmp("combine_rows", what, od, o, (size_t)N * C, BAND_ELEM);
-            cmp_exact_dev("combine_rows", od, od2, (size_t)N * C);
+            cmp_exact_dev("combine_rows (two runs on the same inputs)", od, od2, (size_t)N * C);
             gpu->free(ob); gpu->free(ob2); free(o);
         }
     gpu->free(rb); gpu->free(wd); gpu->free(srd);
@@ -485,8 +521,8 @@ static void test_router(int N, int E, int k, int renorm) {
     cmp("router_topk", what, pd, p, (size_t)N * E, BAND_ELEM);
     cmp("router_topk", what, ld, l, N, BAND_ELEM);
     cmp("router_topk", what, wd, w, (size_t)N * k, BAND_ELEM);
-    cmp_exact_dev("router_topk probs", pd, pd2, (size_t)N * E);
-    cmp_exact_dev("router_topk w", wd, wd2, (size_t)N * k);
+    cmp_exact_dev("router_topk probs (two runs on the same inputs)", pd, pd2, (size_t)N * E);
+    cmp_exact_dev("router_topk w (two runs on the same inputs)", wd, wd2, (size_t)N * k);
     gpu->to_host(ixg, ixd, sizeof(int32_t) * N * k);
     // a choice may differ only between two probabilities within rounding of each other (1e-6)
     int diff = 0, far = 0;
@@ -521,7 +557,7 @@ static void test_router(int N, int E, int k, int renorm) {
     gpu->router_bwd(dld, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
     gpu->router_bwd(dld2, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
     cmp("router_bwd", what, dld, dl, (size_t)N * E, BAND_SUM);
-    cmp_exact_dev("router_bwd", dld, dld2, (size_t)N * E);
+    cmp_exact_dev("router_bwd (two runs on the same inputs)", dld, dld2, (size_t)N * E);
     void *dv[] = {lgd, pd, ld, wd, pd2, ld2, wd2, ixd, ixd2, smd, smd2, pc, lc, wc, rdd, auxd, dld, dld2, ixc, srd};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu->free(dv[i]);
     free(lg); free(p); free(l); free(w); free(ix); free(ixg); free(sm); free(smg); free(smg2); free(sr); free(rd);
@@ -716,14 +752,14 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     if (tc) {   // deterministic: a second run gives the same bits
         float *od2 = dnan(nq), *ld2 = dnan(nl);
         gpu->attention_fwd(od2, ld2, qd, kd, vd, B, T, H, KV, hd);
-        cmp_exact_dev("attention_fwd (tensor cores)", od, od2, nq);
+        cmp_exact_dev("attention_fwd (tensor cores; two runs on the same inputs)", od, od2, nq);
         float *a1 = dputf(pq, nq), *a2 = dputf(pq, nq), *b1 = dputf(pk, nk), *b2 = dputf(pk, nk);
         float *c1 = dputf(pv, nk), *c2 = dputf(pv, nk);
         gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd);
         gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd);
-        cmp_exact_dev("attention_bwd dq (tensor cores)", a1, a2, nq);
-        cmp_exact_dev("attention_bwd dk (tensor cores)", b1, b2, nk);
-        cmp_exact_dev("attention_bwd dv (tensor cores)", c1, c2, nk);
+        cmp_exact_dev("attention_bwd dq (tensor cores; two runs on the same inputs)", a1, a2, nq);
+        cmp_exact_dev("attention_bwd dk (tensor cores; two runs on the same inputs)", b1, b2, nk);
+        cmp_exact_dev("attention_bwd dv (tensor cores; two runs on the same inputs)", c1, c2, nk);
         gpu->free(od2); gpu->free(ld2); gpu->free(a1); gpu->free(a2); gpu->free(b1); gpu->free(b2);
         gpu->free(c1); gpu->free(c2);
         free(o32); free(l32);
@@ -904,8 +940,8 @@ static void run_suite(const Backend *be, int big) {
     // 256-wide column tile, groups ending inside a 128-row tile, one row, an empty group
     const int64_t c5[5] = {130, 0, 1, 257, 64};
     test_grouped(200, 264, 5, c5);
-    test_grouped2(200, 264, 5, c5);  // the pair: dinp's two products in one kernel pass
-    test_grouped2(70, 45, 6, c6);    // shapes the kernel does not take: the cuBLAS loop
+    test_grouped_fused(200, 264, 5, c5);  // the Hopper kernel's fused epilogues and dinp pair
+    test_grouped_fused(70, 45, 6, c6);    // shapes the kernel does not take: the cuBLAS loop
     if (big) {
         const int64_t c8[8] = {300, 129, 0, 511, 64, 1, 256, 200};
         test_grouped(512, 768, 8, c8);

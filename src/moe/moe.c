@@ -43,8 +43,8 @@ static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int loc
         grow(be, &s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
     }
     if (nf > s->cap_f) {
-        float **bf[] = {&s->dact, &s->dh1, &s->dh3};
-        for (int i = 0; i < 3; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
+        float **bf[] = {&s->dh1, &s->dh3};
+        for (int i = 0; i < 2; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
         s->cap_f = nf;
     }
 }
@@ -140,8 +140,8 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
 }
 
 void moe_scratch_free(MoeScratch *s) {
-    void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dact, s->dh1,
-                   s->dh3, s->dxg};
+    void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
+                   s->dxg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
     free(s->aux_dp_h);
     memset(s, 0, sizeof *s);
@@ -259,8 +259,7 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     expert_buffers(m, Rg);
     if (!m->x.local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
     m->xgp = exchange_dispatch(&m->x, m->xs, m->xg);
-    be->grouped_matmul_fwd2(m->h1, m->h3, m->xgp, w->w1, w->w3, m->x.off, El, d, fl);
-    be->swiglu_fwd(m->act, m->h1, m->h3, (size_t)Rg * fl);
+    be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, w->w1, w->w3, m->x.off, El, d, fl);
     be->grouped_matmul_fwd(m->yg, m->act, w->w2, m->x.off, El, fl, d);
     m->ysp = exchange_combine(&m->x, m->yg, m->ys);
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
@@ -287,9 +286,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
     // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
     // in one call (grouped_matmul_bwd2). The weight gradients always accumulate (ops.h).
-    size_t Rf = (size_t)Rg * fl;
-    be->grouped_matmul_bwd(s->dact, g->w2, dyg, m->act, w->w2, m->x.off, El, fl, d, 0);
-    be->swiglu_bwd(s->dh1, s->dh3, s->dact, m->h1, m->h3, Rf, 0);
+    be->grouped_swiglu_bwd(s->dh1, s->dh3, g->w2, dyg, m->act, m->h1, m->h3, w->w2, m->x.off, El, fl, d);
     be->grouped_matmul_bwd2(s->dxg, g->w1, g->w3, s->dh1, s->dh3, m->xgp, w->w1, w->w3, m->x.off, El, d, fl, 0);
     const float *dxs = exchange_combine(&m->x, s->dxg, s->dxs);
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)

@@ -75,7 +75,7 @@ typedef struct {
     const Backend *be;
     float *dys, *dxs, *dxj, *dlogits, *rowdot, *dxfull;   // device, token side (dxs: not local only)
     float *aux_dp;                                         // device (E): d aux term / d probs[t,e]
-    float *dyg, *dact, *dh1, *dh3, *dxg;                   // device, expert side (grown; dyg: not local)
+    float *dyg, *dh1, *dh3, *dxg;                         // device, expert side (grown; dyg: not local)
     size_t cap_d, cap_f, cap_dyg, cap_dxs;
     float *aux_dp_h;                                       // host (E)
 } MoeScratch;

@@ -56,10 +56,18 @@ struct Backend {
     // it is touched. dinp or dw may be NULL.
     void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
                                const float *w, const int64_t *off, int G, int K, int O, int accumulate);
-    // Two grouped GEMMs over the same input (the experts' w1 and w3): outa = inp Wa^T, outb = inp Wb^T,
-    // as grouped_matmul_fwd twice; a backend may convert or read inp once for both.
-    void (*grouped_matmul_fwd2)(float *outa, float *outb, const float *inp, const float *wa, const float *wb,
-                                const int64_t *off, int G, int K, int O);
+    // The experts' up-projection with SwiGLU: h1 = inp W1^T and h3 = inp W3^T (grouped_matmul_fwd
+    // each), then act = silu(h1) * h3 (swiglu_fwd) over the groups' rows (O columns). A backend may
+    // read inp once and compute act in the GEMMs' epilogue (the same floats as swiglu_fwd).
+    void (*grouped_swiglu_fwd)(float *h1, float *h3, float *act, const float *inp, const float *w1, const float *w3,
+                               const int64_t *off, int G, int K, int O);
+    // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)),
+    // never stored; dw += dout^T act (always accumulates; may be NULL); dh1, dh3 = swiglu_bwd(dact,
+    // h1, h3) written (not added) over the groups' rows (K columns). The same floats as
+    // grouped_matmul_bwd(dact, dw, dout, act, w, ..., 0) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0).
+    void (*grouped_swiglu_bwd)(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
+                               const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+                               int O);
     // Their backward: dinp = douta Wa + doutb Wb, written or added as `accumulate` says (as
     // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (always). The same sums as
     // grouped_matmul_bwd(dinp, dwa, douta, ..., accumulate) then (dinp, dwb, doutb, ..., 1); a backend

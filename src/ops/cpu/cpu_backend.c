@@ -55,10 +55,23 @@ static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
     }
 }
 
-static void cpu_grouped_matmul_fwd2(float *outa, float *outb, const float *inp, const float *wa, const float *wb,
-                                    const int64_t *off, int G, int K, int O) {
-    cpu_grouped_matmul_fwd(outa, inp, wa, off, G, K, O);
-    cpu_grouped_matmul_fwd(outb, inp, wb, off, G, K, O);
+static void cpu_grouped_swiglu_fwd(float *h1, float *h3, float *act, const float *inp, const float *w1,
+                                   const float *w3, const int64_t *off, int G, int K, int O) {
+    if (G <= 0) return;
+    cpu_grouped_matmul_fwd(h1, inp, w1, off, G, K, O);
+    cpu_grouped_matmul_fwd(h3, inp, w3, off, G, K, O);
+    size_t b = (size_t)off[0] * O;
+    cpu_swiglu_fwd(act + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * O);
+}
+
+// dact goes through dh1 (swiglu_bwd reads each element's dout before writing its dh1)
+static void cpu_grouped_swiglu_bwd(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
+                                   const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+                                   int O) {
+    if (G <= 0) return;
+    cpu_grouped_matmul_bwd(dh1, dw, dout, act, w, off, G, K, O, 0);
+    size_t b = (size_t)off[0] * K;
+    cpu_swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * K, 0);
 }
 
 static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
@@ -75,7 +88,8 @@ const Backend *backend_cpu(void) {
         .to_device = cpu_copy, .to_host = cpu_copy, .copy = cpu_copy, .zero = cpu_zero, .sync = cpu_sync,
         .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
         .grouped_matmul_fwd = cpu_grouped_matmul_fwd, .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
-        .grouped_matmul_fwd2 = cpu_grouped_matmul_fwd2, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
+        .grouped_swiglu_fwd = cpu_grouped_swiglu_fwd,
+        .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
         .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
         .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,

@@ -184,7 +184,8 @@ static void cuda_init(void) {
     g_be_bf16.matmul_bwd = cuda_matmul_bwd_bf16;
     g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
     g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
-    g_be_bf16.grouped_matmul_fwd2 = cuda_grouped_matmul_fwd2_bf16;
+    g_be_bf16.grouped_swiglu_fwd = cuda_grouped_swiglu_fwd_bf16;
+    g_be_bf16.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_bf16;
     g_be_bf16.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_bf16;
     g_be_bf16.bf16_shadow = cuda_bf16_shadow;
     g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
@@ -195,7 +196,8 @@ static void cuda_init(void) {
     g_be_f32.matmul_bwd = cuda_matmul_bwd_f32;
     g_be_f32.grouped_matmul_fwd = cuda_grouped_matmul_fwd_f32;
     g_be_f32.grouped_matmul_bwd = cuda_grouped_matmul_bwd_f32;
-    g_be_f32.grouped_matmul_fwd2 = cuda_grouped_matmul_fwd2_f32;
+    g_be_f32.grouped_swiglu_fwd = cuda_grouped_swiglu_fwd_f32;
+    g_be_f32.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_f32;
     g_be_f32.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_f32;
     g_be_f32.bf16_shadow = cuda_bf16_shadow_none;
 }

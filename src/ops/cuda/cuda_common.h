@@ -149,19 +149,29 @@ void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                   const int64_t *off, int G, int K, int O, int accumulate);
-void cuda_grouped_matmul_fwd2_f32(float *outa, float *outb, const float *inp, const float *wa, const float *wb,
-                                  const int64_t *off, int G, int K, int O);
+void cuda_grouped_swiglu_fwd_f32(float *h1, float *h3, float *act, const float *inp, const float *w1, const float *w3,
+                                 const int64_t *off, int G, int K, int O);
+void cuda_grouped_swiglu_bwd_f32(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
+                                 const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+                                 int O);
 void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
                                   const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                   int O, int accumulate);
-void cuda_grouped_matmul_fwd2_bf16(float *outa, float *outb, const float *inp, const float *wa, const float *wb,
-                                   const int64_t *off, int G, int K, int O);
+void cuda_grouped_swiglu_fwd_bf16(float *h1, float *h3, float *act, const float *inp, const float *w1,
+                                  const float *w3, const int64_t *off, int G, int K, int O);
+void cuda_grouped_swiglu_bwd_bf16(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
+                                  const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+                                  int O);
 void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
                                    const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                    int O, int accumulate);
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
+int cuda_grouped_swiglu_fwd(float *h1, float *h3, float *act, const void *x, const void *w1, const void *w3,
+                            const int64_t *off, int G, int K, int O);
+int cuda_grouped_swiglu_bwd(float *dh1, float *dh3, const float *h1, const float *h3, const void *dout,
+                            const void *w, const int64_t *off, int G, int K, int O);
 // cuda_attention.cu
 void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                         int B, int T, int H, int KV, int hd);

@@ -244,11 +244,24 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
     }
 }
 
-// The pairs (ops.h grouped_matmul_fwd2 / bwd2) as two calls: float32 has no conversion to share.
-extern "C" void cuda_grouped_matmul_fwd2_f32(float *outa, float *outb, const float *inp, const float *wa,
-                                             const float *wb, const int64_t *off, int G, int K, int O) {
-    cuda_grouped_matmul_fwd_f32(outa, inp, wa, off, G, K, O);
-    cuda_grouped_matmul_fwd_f32(outb, inp, wb, off, G, K, O);
+// The fused expert ops (ops.h grouped_swiglu_*, grouped_matmul_bwd2) as their plain ops: float32
+// has no conversion to share.
+extern "C" void cuda_grouped_swiglu_fwd_f32(float *h1, float *h3, float *act, const float *inp, const float *w1,
+                                            const float *w3, const int64_t *off, int G, int K, int O) {
+    if (G <= 0) return;
+    cuda_grouped_matmul_fwd_f32(h1, inp, w1, off, G, K, O);
+    cuda_grouped_matmul_fwd_f32(h3, inp, w3, off, G, K, O);
+    size_t b = (size_t)off[0] * O;
+    cuda_swiglu_fwd(act + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * O);
+}
+
+extern "C" void cuda_grouped_swiglu_bwd_f32(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
+                                            const float *h1, const float *h3, const float *w, const int64_t *off,
+                                            int G, int K, int O) {
+    if (G <= 0) return;
+    cuda_grouped_matmul_bwd_f32(dh1, dw, dout, act, w, off, G, K, O, 0);
+    size_t b = (size_t)off[0] * K;
+    cuda_swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * K, 0);
 }
 
 extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const float *douta,
@@ -369,19 +382,55 @@ extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const
     gfwd(out, p[0], weights_bf16(p[1], w, nw), off, G, K, O);
 }
 
-// the experts' w1 and w3: the input converted once for both
-extern "C" void cuda_grouped_matmul_fwd2_bf16(float *outa, float *outb, const float *inp, const float *wa,
-                                              const float *wb, const int64_t *off, int G, int K, int O) {
-    float *outs[2] = {outa, outb};
-    int64_t rows = fwd_rows(outs, 2, off, G, K, O);
+// the experts' up-projection: the input converted once; h1, h3 and act = silu(h1) h3 from one kernel
+// (the SwiGLU in its epilogue), or two GEMM sets and swiglu_fwd where it cannot run
+extern "C" void cuda_grouped_swiglu_fwd_bf16(float *h1, float *h3, float *act, const float *inp, const float *w1,
+                                             const float *w3, const int64_t *off, int G, int K, int O) {
+    float *outs[3] = {h1, h3, act};
+    int64_t rows = fwd_rows(outs, 3, off, G, K, O);
     if (!rows) return;
     size_t nw = (size_t)G * O * K;
-    size_t sz[3] = {(size_t)rows * K, shadow_of(wa, nw) ? 0 : nw, shadow_of(wb, nw) ? 0 : nw};
+    size_t sz[3] = {(size_t)rows * K, shadow_of(w1, nw) ? 0 : nw, shadow_of(w3, nw) ? 0 : nw};
     bf16 *p[3];
     bf16_scratch_v(3, sz, p);
     to_bf16(p[0], inp + off[0] * K, (size_t)rows * K);
-    gfwd(outa, p[0], weights_bf16(p[1], wa, nw), off, G, K, O);
-    gfwd(outb, p[0], weights_bf16(p[2], wb, nw), off, G, K, O);
+    const bf16 *b1 = weights_bf16(p[1], w1, nw), *b3 = weights_bf16(p[2], w3, nw);
+    if (cuda_grouped_swiglu_fwd(h1, h3, act, p[0], b1, b3, off, G, K, O)) return;
+    gfwd(h1, p[0], b1, off, G, K, O);
+    gfwd(h3, p[0], b3, off, G, K, O);
+    size_t b = (size_t)off[0] * O;
+    cuda_swiglu_fwd(act + b, h1 + b, h3 + b, (size_t)rows * O);
+}
+
+// the down-projection's backward into the SwiGLU: dout converted once for dact and dw; dact only in
+// the kernel's registers (dh1, dh3 from its epilogue), or through dh1 and swiglu_bwd where it
+// cannot run (swiglu_bwd reads each element's dout before writing its dh1)
+extern "C" void cuda_grouped_swiglu_bwd_bf16(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
+                                             const float *h1, const float *h3, const float *w, const int64_t *off,
+                                             int G, int K, int O) {
+    if (G <= 0 || K <= 0) return;
+    int64_t rows = off[G] - off[0], base = off[0];
+    if (rows <= 0) return;
+    size_t n = (size_t)rows * K, b = (size_t)base * K;
+    if (O <= 0) {   // dact = 0: dh1 = dh3 = 0 (0 * finite); dw has no elements
+        CUDA_CHECK(cudaMemset(dh1 + b, 0, sizeof(float) * n));
+        CUDA_CHECK(cudaMemset(dh3 + b, 0, sizeof(float) * n));
+        return;
+    }
+    size_t nw = (size_t)G * O * K;
+    size_t sz[3] = {(size_t)rows * O, shadow_of(w, nw) ? 0 : nw, dw ? n : 0};
+    bf16 *p[3];
+    bf16_scratch_v(3, sz, p);
+    to_bf16(p[0], dout + base * O, (size_t)rows * O);
+    const bf16 *wb = weights_bf16(p[1], w, nw);
+    if (!cuda_grouped_swiglu_bwd(dh1, dh3, h1, h3, p[0], wb, off, G, K, O)) {
+        gdinp(dh1, 0.0f, p[0], wb, NULL, NULL, off, G, K, O);
+        cuda_swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, n, 0);
+    }
+    if (dw) {
+        to_bf16(p[2], act + b, n);
+        gdw(dw, p[0], p[2], off, G, K, O);
+    }
 }
 
 // rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros)

@@ -32,7 +32,9 @@ typedef __nv_bfloat16 bf16;
 #define GG_SMEM (GG_ST * (GG_A_BYTES + GG_B_BYTES) + 1024 + 2 * GG_ST * 8)
 
 struct GGArgs {
-    float *C;
+    float *C, *C2, *C3;          // outputs: C (EPI_PLAIN); h1, h3, act (EPI_SWIGLU_FWD); dh1, dh3 (EPI_SWIGLU_BWD)
+    const float *H1, *H3;        // EPI_SWIGLU_BWD: the forward's h1, h3 (ld ldc)
+    int bn;                      // columns per tile: 256, or 128 of each of two weights (EPI_SWIGLU_FWD)
     long long ldc;
     float beta;
     int G, N, K, K2, tiles;      // K2 > 0: a second pair (A2, B2) continues the reduction (K-concat)
@@ -124,11 +126,25 @@ __device__ __forceinline__ void gg_tile(const GGArgs &a, int t, int &m0, int &me
     int mt = (a.rstart[g + 1] - a.rstart[g] + GG_BM - 1) / GG_BM, local = t - a.tstart[g];
     m0 = a.rstart[g] + (local % mt) * GG_BM;
     mend = a.rstart[g + 1];
-    n0 = (local / mt) * GG_BN;
+    n0 = (local / mt) * a.bn;
 }
 
-// NMAJ: B is N-major (K, N) per group (else K-major (N, K)).
-template <int NMAJ>
+// Epilogues. EPI_PLAIN: C = acc + beta C. EPI_SWIGLU_FWD (B = 128 rows of W1 then 128 of W3, so a
+// thread holds h1 and h3 of the same elements in acc[j] and acc[j + 64]): h1, h3 and
+// act = silu(h1) h3. EPI_SWIGLU_BWD (acc = dact = dout W2): dh1, dh3 from dact and the forward's h1,
+// h3. The SwiGLU arithmetic is cuda_nn.cu's, operation for operation and without contraction
+// (__f*_rn), so the fused results are the unfused ops' bits.
+enum { EPI_PLAIN, EPI_SWIGLU_FWD, EPI_SWIGLU_BWD };
+__device__ __forceinline__ float sigm(float a) { return 1.0f / __fadd_rn(1.0f, expf(-a)); }
+__device__ __forceinline__ float silu_mul(float a, float h3) { return __fmul_rn(__fmul_rn(a, sigm(a)), h3); }
+__device__ __forceinline__ void swiglu_grad(float g, float a, float h3, float *g1, float *g3) {
+    float sg = sigm(a), silu = __fmul_rn(a, sg);
+    *g1 = __fmul_rn(__fmul_rn(__fmul_rn(g, h3), sg), __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sg))));
+    *g3 = __fmul_rn(g, silu);
+}
+
+// NMAJ: B is N-major (K, N) per group (else K-major (N, K)). EPI: the epilogue (above).
+template <int NMAJ, int EPI>
 __global__ void __launch_bounds__(GG_THREADS, 1)
 gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
           const __grid_constant__ CUtensorMap tmA2, const __grid_constant__ CUtensorMap tmB2,
@@ -164,6 +180,9 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 if (NMAJ) {
                     for (int j = 0; j < GG_BN / 64; j++)
                         tma_2d(sB + s * GG_B_BYTES + j * 64 * GG_BK * 2, mb, n0 + 64 * j, g * br + k0, fb);
+                } else if (EPI == EPI_SWIGLU_FWD) {   // W1's 128 rows, then W3's (same rows)
+                    tma_2d(sB + s * GG_B_BYTES, &tmB, k0, g * br + n0, fb);
+                    tma_2d(sB + s * GG_B_BYTES + GG_B_BYTES / 2, &tmB2, k0, g * br + n0, fb);
                 } else {
                     tma_2d(sB + s * GG_B_BYTES, mb, k0, g * br + n0, fb);
                 }
@@ -201,35 +220,67 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
         }
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * prev);
-        // accumulator fragment: rows wq*16 + lane/4 (+8), columns 8j + 2*(lane%4) (+1). With beta,
-        // C's old values are read 8 column groups at a time, all loads before the stores: one
-        // memory round trip per 16 values instead of one per value (measured: a beta = 1 GEMM
-        // took 2.6x the time of the same one with beta = 0 with a load before each store).
+        // accumulator fragment: rows wq*16 + lane/4 (+8), columns 8j + 2*(lane%4) (+1)
         int r = m0 + c * 64 + wq * 16 + lane / 4, cb = n0 + 2 * (lane % 4);
+        if (EPI == EPI_SWIGLU_FWD) {
 #pragma unroll
-        for (int j0 = 0; j0 < GG_BN / 8; j0 += 8) {
-            float2 o[8][2];
+            for (int j = 0; j < 16; j++)
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+                for (int h = 0; h < 2; h++) {
+                    int row = r + 8 * h, col = cb + 8 * j;
+                    if (row >= mend || col >= a.N) continue;
+                    long long o = (long long)row * a.ldc + col;
+                    float x0 = acc[4 * j + 2 * h], x1 = acc[4 * j + 2 * h + 1];
+                    float y0 = acc[64 + 4 * j + 2 * h], y1 = acc[64 + 4 * j + 2 * h + 1];
+                    *(float2 *)(a.C + o) = make_float2(x0, x1);
+                    *(float2 *)(a.C2 + o) = make_float2(y0, y1);
+                    *(float2 *)(a.C3 + o) = make_float2(silu_mul(x0, y0), silu_mul(x1, y1));
+                }
+            continue;
+        }
+        // EPI_PLAIN with beta reads C, EPI_SWIGLU_BWD reads h1 and h3: a few column groups at a
+        // time, all loads before the stores (one memory round trip per group instead of one per
+        // value; measured: a beta = 1 GEMM loading before each store took 2.6x as long)
+        const int CH = EPI == EPI_SWIGLU_BWD ? 4 : 8;
+#pragma unroll
+        for (int j0 = 0; j0 < GG_BN / 8; j0 += CH) {
+            float2 o1[CH][2], o3[CH][2];
+#pragma unroll
+            for (int j = 0; j < CH; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int row = r + 8 * h, col = cb + 8 * (j0 + j);
-                    o[j][h] = make_float2(0.0f, 0.0f);
-                    if (a.beta != 0.0f && row < mend && col < a.N)
-                        o[j][h] = *(const float2 *)(a.C + (long long)row * a.ldc + col);
+                    long long o = (long long)row * a.ldc + col;
+                    o1[j][h] = o3[j][h] = make_float2(0.0f, 0.0f);
+                    if (row >= mend || col >= a.N) continue;
+                    if (EPI == EPI_SWIGLU_BWD) {
+                        o1[j][h] = *(const float2 *)(a.H1 + o);
+                        o3[j][h] = *(const float2 *)(a.H3 + o);
+                    } else if (a.beta != 0.0f) {
+                        o1[j][h] = *(const float2 *)(a.C + o);
+                    }
                 }
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < CH; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int row = r + 8 * h, col = cb + 8 * (j0 + j);
                     if (row >= mend || col >= a.N) continue;
+                    long long o = (long long)row * a.ldc + col;
                     float2 v = make_float2(acc[4 * (j0 + j) + 2 * h], acc[4 * (j0 + j) + 2 * h + 1]);
-                    if (a.beta != 0.0f) {
-                        v.x += a.beta * o[j][h].x;
-                        v.y += a.beta * o[j][h].y;
+                    if (EPI == EPI_SWIGLU_BWD) {
+                        float2 d1, d3;
+                        swiglu_grad(v.x, o1[j][h].x, o3[j][h].x, &d1.x, &d3.x);
+                        swiglu_grad(v.y, o1[j][h].y, o3[j][h].y, &d1.y, &d3.y);
+                        *(float2 *)(a.C + o) = d1;
+                        *(float2 *)(a.C2 + o) = d3;
+                    } else {
+                        if (a.beta != 0.0f) {
+                            v.x += a.beta * o1[j][h].x;
+                            v.y += a.beta * o1[j][h].y;
+                        }
+                        *(float2 *)(a.C + o) = v;
                     }
-                    *(float2 *)(a.C + (long long)row * a.ldc + col) = v;
                 }
         }
     }
@@ -279,8 +330,10 @@ static int gg_init(void) {
     CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || !fn) return 0;
     g_encode = (EncodeTiled)fn;
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0, EPI_SWIGLU_FWD>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_SWIGLU_BWD>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
     g_ready = 1;
     return 1;
 }
@@ -299,57 +352,118 @@ static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols,
             (unsigned long long)rows, (unsigned long long)cols, (const void *)p);
 }
 
+// The tile list and shape fields of a for one launch, or 0 where the kernel does not take the call
+// (then nothing is written). al: the OR of every operand address (16-byte alignment for TMA) and
+// output address (8 bytes for float2 stores). K (K2): the reduction lengths; N: output columns;
+// bn: columns per tile; nmajor_b: B is (K, N) per group.
+static int gg_setup(GGArgs *a, uintptr_t al, const int64_t *off, int G, int K, int K2, int N, long long ldc, int bn,
+                    int nmajor_b) {
+    if (!gg_init()) return 0;
+    int64_t rows = off[G] - off[0];
+    if (G < 1 || G > GG_MAXG || K <= 0 || K2 < 0 || N <= 0 || K % 8 || K2 % 8 || N % 8 || ldc % 2 || rows <= 0 ||
+        rows > INT_MAX - GG_BM || (al & 15) || (int64_t)G * (nmajor_b ? (K > K2 ? K : K2) : N) > INT_MAX)
+        return 0;
+    memset(a, 0, sizeof *a);
+    a->ldc = ldc;
+    a->G = G;
+    a->N = N;
+    a->K = K;
+    a->K2 = K2;
+    a->bn = bn;
+    a->b_rows = nmajor_b ? K : N;
+    a->b_rows2 = nmajor_b ? K2 : N;
+    int nt = (N + bn - 1) / bn;
+    long long tiles = 0;
+    for (int g = 0; g < G; g++) {
+        a->tstart[g] = (int)tiles;
+        a->rstart[g] = (int)(off[g] - off[0]);
+        tiles += (off[g + 1] - off[g] + GG_BM - 1) / GG_BM * nt;
+    }
+    if (tiles > INT_MAX) return 0;
+    a->tstart[G] = (int)tiles;
+    a->rstart[G] = (int)rows;
+    a->tiles = (int)tiles;
+    return 1;
+}
+
+// B's tensor map: per group (rows, cols) = (N, K) K-major with boxes of box_rows rows, or (K, N) N-major
+static void tmap_b(CUtensorMap *m, const void *B, int G, int K, int N, int nmajor_b, uint32_t box_rows) {
+    if (nmajor_b) tmap_2d(m, (const bf16 *)B, (uint64_t)G * K, (uint64_t)N, 64);
+    else tmap_2d(m, (const bf16 *)B, (uint64_t)G * N, (uint64_t)K, box_rows);
+}
+
+static GGArgs g_args;   // ~1 KB: not on the stack; copied into each launch's parameters
+
 // C rows [0, off[G] - off[0]) (ld ldc) = beta C + A . op(B) [+ A2 . op(B2)] per group, A's rows
 // counted from off[0] (see the top of this file). K (K2): the reduction length of A, B (A2, B2; 0
 // without them); N: C's columns. Returns 1 when done (queued), 0 when it cannot run here (the
 // caller falls back; nothing was written).
 extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                                  const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N) {
-    if (!gg_init()) return 0;
+    GGArgs *a = &g_args;
+    if (K2 > 0 && (!A2 || !B2)) return 0;
+    uintptr_t al = (uintptr_t)A | (uintptr_t)B | ((uintptr_t)C & 7) | (K2 > 0 ? (uintptr_t)A2 | (uintptr_t)B2 : 0);
+    if (!gg_setup(a, al, off, G, K, K2, N, ldc, GG_BN, nmajor_b)) return 0;
+    a->C = C;
+    a->beta = beta;
     int64_t rows = off[G] - off[0];
-    if (G < 1 || G > GG_MAXG || K <= 0 || N <= 0 || K % 8 || N % 8 || ldc % 2 || rows <= 0 ||
-        rows > INT_MAX - GG_BM || (int64_t)G * (nmajor_b ? K : N) > INT_MAX || ((uintptr_t)A & 15) ||
-        ((uintptr_t)B & 15) || ((uintptr_t)C & 7))
-        return 0;
-    if (K2 < 0 || (K2 > 0 && (K2 % 8 || !A2 || !B2 || ((uintptr_t)A2 & 15) || ((uintptr_t)B2 & 15) ||
-                              (int64_t)G * (nmajor_b ? K2 : N) > INT_MAX)))
-        return 0;
-    static GGArgs a;   // ~1 KB: not on the stack; copied into the launch's parameters
-    memset(&a, 0, sizeof a);
-    a.C = C;
-    a.ldc = ldc;
-    a.beta = beta;
-    a.G = G;
-    a.N = N;
-    a.K = K;
-    a.K2 = K2;
-    a.b_rows = nmajor_b ? K : N;
-    a.b_rows2 = nmajor_b ? K2 : N;
-    int nt = (N + GG_BN - 1) / GG_BN;
-    long long tiles = 0;
-    for (int g = 0; g < G; g++) {
-        a.tstart[g] = (int)tiles;
-        a.rstart[g] = (int)(off[g] - off[0]);
-        tiles += (off[g + 1] - off[g] + GG_BM - 1) / GG_BM * nt;
-    }
-    if (tiles > INT_MAX) return 0;
-    a.tstart[G] = (int)tiles;
-    a.rstart[G] = (int)rows;
-    a.tiles = (int)tiles;
     CUtensorMap ta, tb, ta2, tb2;
     tmap_2d(&ta, (const bf16 *)A, (uint64_t)rows, (uint64_t)K, GG_BM);
-    if (nmajor_b) tmap_2d(&tb, (const bf16 *)B, (uint64_t)G * K, (uint64_t)N, 64);
-    else tmap_2d(&tb, (const bf16 *)B, (uint64_t)G * N, (uint64_t)K, GG_BN);
+    tmap_b(&tb, B, G, K, N, nmajor_b, GG_BN);
     ta2 = ta;
     tb2 = tb;
     if (K2 > 0) {
         tmap_2d(&ta2, (const bf16 *)A2, (uint64_t)rows, (uint64_t)K2, GG_BM);
-        if (nmajor_b) tmap_2d(&tb2, (const bf16 *)B2, (uint64_t)G * K2, (uint64_t)N, 64);
-        else tmap_2d(&tb2, (const bf16 *)B2, (uint64_t)G * N, (uint64_t)K2, GG_BN);
+        tmap_b(&tb2, B2, G, K2, N, nmajor_b, GG_BN);
     }
-    int grid = a.tiles < g_sms ? a.tiles : g_sms;
-    if (nmajor_b) gg_kernel<1><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta2, tb2, a);
-    else gg_kernel<0><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta2, tb2, a);
+    int grid = a->tiles < g_sms ? a->tiles : g_sms;
+    if (nmajor_b) gg_kernel<1, EPI_PLAIN><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta2, tb2, *a);
+    else gg_kernel<0, EPI_PLAIN><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta2, tb2, *a);
     KCHECK("grouped_gemm (wgmma)");
+    return 1;
+}
+
+// The experts' up-projection with SwiGLU in the epilogue: per group h1 = x W1^T, h3 = x W3^T,
+// act = silu(h1) h3 (rows of x from off[0]; outputs (rows, O) from their row off[0]). x (rows, K),
+// W1, W3 (G, O, K) bf16. 1 when queued, 0 when not taken (nothing written).
+extern "C" int cuda_grouped_swiglu_fwd(float *h1, float *h3, float *act, const void *x, const void *w1, const void *w3,
+                                       const int64_t *off, int G, int K, int O) {
+    GGArgs *a = &g_args;
+    uintptr_t al = (uintptr_t)x | (uintptr_t)w1 | (uintptr_t)w3 | (((uintptr_t)h1 | (uintptr_t)h3 | (uintptr_t)act) & 7);
+    if (!gg_setup(a, al, off, G, K, 0, O, O, GG_BN / 2, 0)) return 0;
+    int64_t base = off[0], rows = off[G] - off[0];
+    a->C = h1 + base * O;
+    a->C2 = h3 + base * O;
+    a->C3 = act + base * O;
+    CUtensorMap ta, tb, tb2;
+    tmap_2d(&ta, (const bf16 *)x, (uint64_t)rows, (uint64_t)K, GG_BM);
+    tmap_b(&tb, w1, G, K, O, 0, GG_BN / 2);
+    tmap_b(&tb2, w3, G, K, O, 0, GG_BN / 2);
+    int grid = a->tiles < g_sms ? a->tiles : g_sms;
+    gg_kernel<0, EPI_SWIGLU_FWD><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta, tb2, *a);
+    KCHECK("grouped_swiglu_fwd (wgmma)");
+    return 1;
+}
+
+// The down-projection's dinp into the SwiGLU backward: dact = dout W_g (dout (rows, O), W (G, O, K)
+// bf16; never stored), then dh1, dh3 (rows, K) = swiglu_bwd(dact, h1, h3), overwritten. 1 when
+// queued, 0 when not taken (nothing written).
+extern "C" int cuda_grouped_swiglu_bwd(float *dh1, float *dh3, const float *h1, const float *h3, const void *dout,
+                                       const void *w, const int64_t *off, int G, int K, int O) {
+    GGArgs *a = &g_args;
+    uintptr_t al = (uintptr_t)dout | (uintptr_t)w |
+                   (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 7);
+    if (!gg_setup(a, al, off, G, O, 0, K, K, GG_BN, 1)) return 0;
+    int64_t base = off[0], rows = off[G] - off[0];
+    a->C = dh1 + base * K;
+    a->C2 = dh3 + base * K;
+    a->H1 = h1 + base * K;
+    a->H3 = h3 + base * K;
+    CUtensorMap ta, tb;
+    tmap_2d(&ta, (const bf16 *)dout, (uint64_t)rows, (uint64_t)O, GG_BM);
+    tmap_b(&tb, w, G, O, K, 1, GG_BN);
+    int grid = a->tiles < g_sms ? a->tiles : g_sms;
+    gg_kernel<1, EPI_SWIGLU_BWD><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta, tb, *a);
+    KCHECK("grouped_swiglu_bwd (wgmma)");
     return 1;
 }
