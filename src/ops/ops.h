@@ -191,7 +191,7 @@ void backend_profile_report(FILE *f, int steps);
 const Backend *backend_cuda(void);
 const Backend *backend_cuda_fp32(void);
 int backend_cuda_available(void);
-// 1 when "cuda"'s grouped GEMMs (forward, and the backward's dinp) run our Hopper kernel
+// 1 when "cuda"'s grouped GEMMs (forward, dinp, dw, the fused SwiGLU ops) run our Hopper kernel
 // (src/ops/cuda/cuda_grouped.cu: an sm_90 GPU, a build with sm_90a code, MOE_GROUPED_GEMM not
 // 'cublas'), 0 when they go through cuBLAS. Where a group count or shape is outside what the kernel
 // takes, that call uses cuBLAS anyway.

@@ -168,6 +168,7 @@ void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const fl
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
+int cuda_grouped_gemm_dw(float *dw, const void *dout, const void *x, const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_fwd(float *h1, float *h3, float *act, const void *x, const void *w1, const void *w3,
                             const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_bwd(float *dh1, float *dh3, const float *h1, const float *h3, const void *dout,

@@ -339,8 +339,9 @@ static void gdinp(float *dinp, float beta, const bf16 *ga, const bf16 *wa, const
         }
 }
 
-// dw_g += dout_g^T x_g for every non-empty group (cuBLAS)
+// dw_g += dout_g^T x_g for every non-empty group (our kernel, or cuBLAS per group)
 static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O) {
+    if (cuda_grouped_gemm_dw(dw, gb, xb, off, G, K, O)) return;
     int64_t base = off[0];
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
