@@ -76,6 +76,7 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     Model mc, mg;
     model_init(&mc, &c, cpu, B, T, NULL);
     model_init(&mg, &c, gpu, B, T, NULL);
+    for (int l = 0; l < c.n_layers; l++) mc.la[l].moe.host_router_out = mg.la[l].moe.host_router_out = 1;   // idx_h
     CHECK(mc.t.ltotal == mg.t.ltotal, "parameter tables differ");
     size_t P = mc.t.ltotal, N = (size_t)B * T, V = c.vocab_size;
     Rng r;
@@ -157,6 +158,7 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
         // what bf16 costs: the same step on the plain float32 cpu (eval and train losses)
         Model mf;
         model_init(&mf, &c, fp32, B, T, NULL);
+        for (int l = 0; l < c.n_layers; l++) mf.la[l].moe.host_router_out = 1;
         memcpy(mf.params, mc.params, P * sizeof(float));
         double fe = model_forward(&mf, x, y, B, T, 0, 0);
         memset(mf.grads, 0, P * sizeof(float));

@@ -504,6 +504,57 @@ static void test_combine(int N, int k, int C, int M, int shift) {
 // carry that ulp-level difference, so BAND_ELEM relative too (measured on an H200: 1.4e-7; the
 // summation order, tree vs serial, adds only ~1e-16); dlogits (a tree sum over experts on the GPU)
 // BAND_SUM. Two runs bit-identical; outputs poisoned.
+// The dispatch plan ops against the cpu backend's (ops.h): counts, ranks, and the rows with a keep
+// below the counts (drops); integers must be equal, the combine weights copied bit for bit.
+// Its own random stream: the suite's shared one feeds the later tests, whose inputs stay as they were
+// (when this test first drew from it, attention_fwd's bf16-vs-float32 per-element check met one
+// element at 5.1e-2 against its 5e-2 band on the shifted inputs: that band is a measured tail).
+static void test_plan(int N, int E, int k) {
+    size_t nk = (size_t)N * k, kE = (size_t)k * E;
+    Rng pr;
+    rng_seed(&pr, 1000003u * (uint64_t)N + (uint64_t)E * 31 + (uint64_t)k);
+    int32_t *idx = xcalloc(nk, sizeof(int32_t));
+    float *w = hnew(nk);
+    for (size_t i = 0; i < nk; i++) {
+        idx[i] = (int32_t)(rng_u64(&pr) % (uint64_t)(E > 1 ? E - 1 : 1));   // expert E-1 stays empty
+        w[i] = rng_uniform(&pr);
+    }
+    int32_t *cnt = xcalloc(kE, 4), *rank = xcalloc(nk, 4), *kf = xcalloc(2 * kE, 4);
+    cpu->plan_counts(cnt, rank, idx, N, E, k);
+    int32_t *idxd = gpu->alloc(nk * 4), *cntd = gpu->alloc(kE * 4), *rankd = gpu->alloc(nk * 4);
+    gpu->to_device(idxd, idx, nk * 4);
+    gpu->plan_counts(cntd, rankd, idxd, N, E, k);
+    int32_t *g = xcalloc(nk > kE ? nk : kE, 4);
+    gpu->to_host(g, cntd, kE * 4);
+    EXPECT(!memcmp(g, cnt, kE * 4), "plan_counts N %d E %d k %d: counts differ from the cpu's", N, E, k);
+    gpu->to_host(g, rankd, nk * 4);
+    EXPECT(!memcmp(g, rank, nk * 4), "plan_counts N %d E %d k %d: ranks differ from the cpu's", N, E, k);
+    for (size_t q = 0, o = 0; q < kE; q++) {   // keep about 3/4 of each (j, e); rows in (j, e) order
+        kf[q] = cnt[q] - cnt[q] / 4;
+        kf[kE + q] = (int32_t)o;
+        o += kf[q];
+    }
+    int32_t *sr = xcalloc(nk, 4), *rt = xcalloc(nk, 4);
+    float *rs = hnew(nk), *rsg = hnew(nk);
+    cpu->plan_rows(sr, rt, rs, rank, idx, w, kf, kf + kE, N, E, k);
+    int32_t *kfd = gpu->alloc(2 * kE * 4), *srd = gpu->alloc(nk * 4), *rtd = gpu->alloc(nk * 4);
+    float *wd = dputf(w, nk), *rsd = dnan(nk);
+    gpu->to_device(kfd, kf, 2 * kE * 4);
+    gpu->to_device(rtd, rt, nk * 4);   // rows past the kept ones: the same (unwritten) values on both
+    gpu->to_device(rsd, rs, nk * 4);
+    gpu->plan_rows(srd, rtd, rsd, rankd, idxd, wd, kfd, kfd + kE, N, E, k);
+    gpu->to_host(g, srd, nk * 4);
+    int ok = !memcmp(g, sr, nk * 4);
+    gpu->to_host(g, rtd, nk * 4);
+    ok &= !memcmp(g, rt, nk * 4);
+    gpu->to_host(rsg, rsd, nk * 4);
+    ok &= !memcmp(rsg, rs, nk * 4);
+    EXPECT(ok, "plan_rows N %d E %d k %d: slot_row, row_tok or row_scale differ from the cpu's", N, E, k);
+    gpu->free(idxd); gpu->free(cntd); gpu->free(rankd); gpu->free(kfd); gpu->free(srd); gpu->free(rtd);
+    gpu->free(wd); gpu->free(rsd);
+    free(idx); free(w); free(cnt); free(rank); free(kf); free(g); free(sr); free(rt); free(rs); free(rsg);
+}
+
 static void test_router(int N, int E, int k, int renorm) {
     float *lg = hrand((size_t)N * E, 2.0f), *lgd = dputf(lg, (size_t)N * E);
     float *p = hnew((size_t)N * E), *l = hnew(N), *w = hnew((size_t)N * k);
@@ -961,6 +1012,9 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_combine(4096, 8, 1024, 8192, 0);
     test_router(300, 64, 8, 0);           // olmoe's E and k
     test_router(257, 8, 2, 1);            // mixtral's; N not a multiple of the 8 rows per block
+    test_plan(3000, 64, 8);               // several 1024-token chunks, olmoe's E and k
+    test_plan(257, 8, 2);
+    test_plan(5, 3, 3);                   // fewer tokens than a warp, k = E
     test_router(70, 100, 5, 1);           // E over 64: lanes hold 3-4 experts
     test_router(3, 3, 3, 0);              // k = E
     test_router(1, 1, 1, 1);

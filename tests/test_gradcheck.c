@@ -25,7 +25,7 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
             int n = B * T * m->c.top_k;
             memcpy(route + off, m->la[l].moe.idx_h, n * sizeof(int32_t));
             off += n;
-            memcpy(route + off, m->la[l].moe.plan.slot_row, n * sizeof(int32_t));
+            memcpy(route + off, m->la[l].moe.slotrow, n * sizeof(int32_t));
             off += n;
         }
     }
@@ -36,6 +36,7 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     const int B = 2, T = 6;
     Model m;
     model_init(&m, &c, backend_cpu(), B, T, NULL);
+    for (int l = 0; l < c.n_layers; l++) m.la[l].moe.host_router_out = 1;   // total_loss reads idx_h
     params_init(&m.t, &c, m.params, 7);
     // larger router weights so routing is decisive and probs are not all ~1/E
     for (int i = 0; i < m.t.n; i++)

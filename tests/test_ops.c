@@ -778,6 +778,53 @@ static void test_combine_rows(int N, int k, int C, int M) {
 // lower index, renormalised weights; 1e-6 relative: float32 exp and one division), and the sums
 // against the row sums of the op's own outputs; router_bwd reading dw through a plan with dropped
 // slots (slot_row -1) against router.c's router_backward_ex given dw directly, bit for bit.
+// plan_counts + plan_rows against router.c's plan_build_budget (checked against a brute force in
+// test_router): the same rows in the same order, dropless (keep = counts) and with capacity budgets
+// (router_budget for one process), on random choices with empty experts.
+static void test_plan_ops(int N, int E, int k, int capacity) {
+    int32_t *idx = xcalloc((size_t)N * k, sizeof(int32_t)), *rank = xcalloc((size_t)N * k, sizeof(int32_t));
+    int32_t *cnt = xcalloc((size_t)k * E, sizeof(int32_t)), *kf = xcalloc((size_t)2 * k * E, sizeof(int32_t));
+    float *w = fnew((size_t)N * k), *rs = fnew((size_t)N * k);
+    int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t)), *rt = xcalloc((size_t)N * k, sizeof(int32_t));
+    fill_normal(w, (size_t)N * k, 1);
+    for (int t = 0; t < N; t++)   // k distinct experts per token, from the first E - 1 (the last stays empty)
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                e = (int)(rng_u64(&R) % (uint64_t)(E > 1 ? E - 1 : 1));
+                dup = 0;
+                for (int i = 0; i < j; i++) dup |= idx[(size_t)t * k + i] == e;
+            } while (dup && k < E);
+            idx[(size_t)t * k + j] = e;
+        }
+    be->plan_counts(cnt, rank, idx, N, E, k);
+    int64_t *c64 = xcalloc((size_t)k * E, sizeof(int64_t)), *budget = xcalloc((size_t)k * E, sizeof(int64_t));
+    router_slot_counts(idx, N, E, k, c64);
+    int same = 1;
+    for (size_t q = 0; q < (size_t)k * E; q++) same &= cnt[q] == c64[q];
+    EXPECT(same, "plan_counts N=%d E=%d k=%d: counts differ from router_slot_counts", N, E, k);
+    router_budget(c64, 1, 0, E, k, capacity < 0 ? (int64_t)N * k : capacity, budget);
+    DispatchPlan p;
+    plan_alloc(&p, N, E, k);
+    plan_build_budget(&p, idx, N, E, k, capacity < 0 ? NULL : budget);
+    int32_t *keep = kf, *first = kf + (size_t)k * E;
+    for (int e = 0, o = 0; e < E; e++)
+        for (int j = 0; j < k; j++) {
+            size_t q = (size_t)j * E + e;
+            keep[q] = capacity < 0 ? cnt[q] : (int32_t)budget[q];
+            first[q] = o;
+            o += keep[q];
+        }
+    for (int i = 0; i < N * k; i++) { rt[i] = -7; rs[i] = NAN; }
+    be->plan_rows(sr, rt, rs, rank, idx, w, keep, first, N, E, k);
+    int ok = !memcmp(sr, p.slot_row, sizeof(int32_t) * N * k) && !memcmp(rt, p.row_tok, sizeof(int32_t) * p.M);
+    for (int r = 0; r < p.M; r++) ok &= rs[r] == w[(size_t)p.row_tok[r] * k + p.row_slot[r]];
+    EXPECT(ok, "plan_rows N=%d E=%d k=%d capacity %d: rows differ from plan_build_budget's (M %d)", N, E, k, capacity,
+           p.M);
+    plan_free(&p);
+    free(idx); free(rank); free(cnt); free(kf); free(w); free(rs); free(sr); free(rt); free(c64); free(budget);
+}
+
 static void test_router_ops(int N, int E, int k, int renorm) {
     float *lg = fnew((size_t)N * E);
     fill_normal(lg, (size_t)N * E, 2);
@@ -1035,6 +1082,10 @@ int main(void) {
     test_combine_rows(6, 8, 33, 30);   // k = 8: the unrolled slot loop's width on the GPU
     test_combine_rows(4, 1, 7, 4);
     test_router_ops(37, 8, 2, 1);
+    test_plan_ops(300, 8, 2, -1);
+    test_plan_ops(300, 8, 2, 40);     // capacity: drops
+    test_plan_ops(200, 64, 8, -1);
+    test_plan_ops(200, 64, 8, 20);
     test_router_ops(20, 64, 8, 0);
     test_router_ops(5, 3, 3, 1);
     test_cross_entropy();

@@ -581,6 +581,7 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
     r.K = K;
     MoeComms cm = {0};   // every group of one: a single process
     moe_layer_init(&r.m, be, &K->c, N, &cm);
+    r.m.host_router_out = 1;   // the checks below read the routing on the host (idx_h)
     moe_scratch_init(&r.s, be, &K->c, N);
     r.y = fnew(N * d);
     float *dy = fnew(N * d);
@@ -654,7 +655,7 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
     // directional finite differences (gradient direction and a random one) for every tensor
     int32_t *idx0 = xcalloc(N * k, sizeof(int32_t)), *sr0 = xcalloc(N * k, sizeof(int32_t));
     memcpy(idx0, r.m.idx_h, sizeof(int32_t) * N * k);
-    memcpy(sr0, r.m.plan.slot_row, sizeof(int32_t) * N * k);
+    memcpy(sr0, r.m.slotrow, sizeof(int32_t) * N * k);
     const float h = 1e-2f;
     int skipped = 0;
     for (int q = 0; q < 5; q++) {
@@ -671,11 +672,11 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
             for (size_t i = 0; i < n; i++) p[i] = p0[i] + h * (float)(u[i] / un);
             for (size_t i = 0; i < n; i++) an += (double)g0[q][i] * p[i];
             double lp = moe_loss(&r);
-            int flip = memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) || memcmp(sr0, r.m.plan.slot_row, sizeof(int32_t) * N * k);
+            int flip = memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) || memcmp(sr0, r.m.slotrow, sizeof(int32_t) * N * k);
             for (size_t i = 0; i < n; i++) p[i] = p0[i] - h * (float)(u[i] / un);
             for (size_t i = 0; i < n; i++) an -= (double)g0[q][i] * p[i];
             double lm = moe_loss(&r);
-            flip |= memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) || memcmp(sr0, r.m.plan.slot_row, sizeof(int32_t) * N * k);
+            flip |= memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) || memcmp(sr0, r.m.slotrow, sizeof(int32_t) * N * k);
             memcpy(p, p0, n * sizeof(float));
             if (flip) { skipped++; continue; }
             double fd = (lp - lm) / (2.0 * h);
@@ -768,7 +769,7 @@ static void test_moe(void) {
         MoeWeights W = {K.wr, K.w1, K.w3, K.w2};
         moe_forward(&m, y, K.x, 4, &W, &K.c, 0, 0);
         const int32_t sr[8] = {0, 3, 1, 4, -1, -1, 2, -1};
-        EXPECT(!memcmp(m.plan.slot_row, sr, sizeof sr) && m.plan.M == 5, "hand-made moe case: plan");
+        EXPECT(!memcmp(m.slotrow, sr, sizeof sr) && m.plan.M == 5, "hand-made moe case: plan");
         int z = 1;
         for (int c = 0; c < 8; c++) z &= y[2 * 8 + c] == 0.0f;
         EXPECT(z, "hand-made moe case: token 2 lost both choices, y[2] must be 0");

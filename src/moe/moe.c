@@ -49,13 +49,15 @@ static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int loc
     }
 }
 
-// The router block for Ns rows (byte offsets): sums (E+1 doubles), idx, w, logits, probs (this
-// much is copied to the host, in one copy), then lse (device only). 256-byte aligned sections.
-typedef struct { size_t idx, w, logits, probs, copy, lse, total; } RtLayout;
+// The router block for Ns rows (byte offsets): sums (E+1 doubles), the plan's slot counts (k*E
+// int32), idx, w, logits, probs (up to idx copied to the host in training, all of it with
+// host_router_out, in one copy), then lse (device only). 256-byte aligned sections.
+typedef struct { size_t cnt, idx, w, logits, probs, copy, lse, total; } RtLayout;
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 static RtLayout rt_layout(int Ns, int E, int k) {
     RtLayout L;
-    L.idx = al256(sizeof(double) * (E + 1));
+    L.cnt = al256(sizeof(double) * (E + 1));
+    L.idx = L.cnt + al256(4 * (size_t)k * E);
     L.w = L.idx + al256(4 * (size_t)Ns * k);
     L.logits = L.w + al256(4 * (size_t)Ns * k);
     L.probs = L.logits + al256(4 * (size_t)Ns * E);
@@ -69,12 +71,14 @@ static void rt_point(MoeLayer *m, int Ns) {
     RtLayout L = rt_layout(Ns, m->E, m->k);
     char *d = m->rt_d, *h = m->rt_h;
     m->sums = (double *)d;
+    m->cnt = (int32_t *)(d + L.cnt);
     m->idx = (int32_t *)(d + L.idx);
     m->wdev = (float *)(d + L.w);
     m->logits = (float *)(d + L.logits);
     m->probs = (float *)(d + L.probs);
     m->lse = (float *)(d + L.lse);
     m->sums_h = (double *)h;
+    m->cnt_h = (int32_t *)(h + L.cnt);
     m->idx_h = (int32_t *)(h + L.idx);
     m->w_h = (float *)(h + L.w);
     m->logits_h = (float *)(h + L.logits);
@@ -94,8 +98,11 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->rt_d = be->alloc(L.total);
     rt_point(m, (int)Ns);
     m->Rmax = (int)R;
-    m->plan_h = xcalloc(3 * (R ? R : 1), 4);
-    plan_alloc(&m->plan, (int)Ns, m->E, m->k);
+    m->kf_h = xcalloc(2 * k * E, sizeof(int32_t));
+    m->plan.off = xcalloc(E + 1, sizeof(int64_t));   // the plan's arrays live on the backend (plan_d)
+    m->plan.N = (int)Ns;
+    m->plan.E = (int)E;
+    m->plan.k = (int)k;
     m->cnt_all = xcalloc((size_t)S * (k * E + 1), sizeof(int64_t));
     m->counts = xcalloc(E, sizeof(int64_t));
     m->psum = xcalloc(E, sizeof(double));
@@ -105,18 +112,21 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
         m->xj = be->alloc(Ns * d * F);
     }
     m->xs = be->alloc(R * d * F);
-    // the plan arrays in one block: rowtok, slotrow, rowscale (R 4-byte elements each)
-    m->plan_d = be->alloc(3 * (R ? R : 1) * 4);
+    // the plan arrays in one block: rowtok, slotrow, rowscale, rank (R 4-byte elements each), keep
+    // and first (k*E each)
+    m->plan_d = be->alloc((4 * (R ? R : 1) + 2 * k * E) * 4);
     m->rowtok = m->plan_d;
     m->slotrow = m->rowtok + R;
     m->rowscale = (float *)(m->slotrow + R);
+    m->rank = (int32_t *)(m->rowscale + R);
+    m->kf_d = m->rank + R;
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->El, m->d);
 }
 
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
-    free(m->rt_h); free(m->plan_h);
+    free(m->rt_h); free(m->kf_h);
     free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f);
     plan_free(&m->plan);
     void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
@@ -197,12 +207,13 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
     be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, Ns, E, k, c->renormalize);
+    be->plan_counts(m->cnt, m->rank, m->idx, Ns, E, k);
     RtLayout rl = rt_layout(Ns, E, k);
-    be->to_host(m->rt_h, m->rt_d, m->host_router_out ? rl.copy : rl.logits);
+    be->to_host(m->rt_h, m->rt_d, m->host_router_out ? rl.copy : rl.idx);
     // global statistics over the stage: slot counts of every rank (+ its token count), prob sums, lse^2
     size_t per = (size_t)k * E + 1;
     int64_t *mine = xmalloc(sizeof(int64_t) * per);
-    router_slot_counts(m->idx_h, Ns, E, k, mine);
+    for (size_t q = 0; q + 1 < per; q++) mine[q] = m->cnt_h[q];
     mine[per - 1] = Ns;
     comm_allgather(m->cm.stage, mine, m->cnt_all, per, CT_I64);
     free(mine);
@@ -227,28 +238,41 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     m->aux = E * a;
     m->z = ps[E] / m->Ng;
     free(ps);
-    // dispatch plan over my slice; capacity decided globally (same drops as one process)
+    // dispatch plan over my slice (router.h's order; capacity decided globally: same drops as one
+    // process): the host turns the counts into keep (k,E: the first keep[j,e] of slot j's
+    // assignments to e in token order stay) and first (their first row), the backend writes the rows
+    int32_t *keep = m->kf_h, *first = keep + (size_t)k * E;
     if (c->dispatch == DISPATCH_CAPACITY) {
         int64_t *budget = xmalloc(sizeof(int64_t) * k * E);
         router_budget(slots, S, me, E, k, capacity_for(c, (int)m->Ng), budget);
-        plan_build_budget(&m->plan, m->idx_h, Ns, E, k, budget);
+        for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = (int32_t)budget[q];
         free(budget);
+    } else {
+        for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = m->cnt_h[q];
+    }
+    m->plan.off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        int64_t o = m->plan.off[e];
+        for (int j = 0; j < k; j++) {
+            first[(size_t)j * E + e] = (int32_t)o;
+            o += keep[(size_t)j * E + e];
+        }
+        m->plan.off[e + 1] = o;
+    }
+    m->plan.M = (int)m->plan.off[E];
+    m->plan.dropped = Ns * k - m->plan.M;
+    if (c->dispatch == DISPATCH_CAPACITY) {
         int64_t kept = m->plan.M;
         comm_allreduce(m->cm.stage, &kept, 1, CT_I64);
         m->dropped = m->Ng * k - kept;
     } else {
-        plan_build_budget(&m->plan, m->idx_h, Ns, E, k, NULL);
         m->dropped = 0;
     }
     free(slots);
     int M = m->plan.M, R = m->Rmax;
-    // the plan to the device in one copy: rowtok (M), slotrow (Ns*k), rowscale (M)
-    int32_t *ph = m->plan_h;
-    float *rs_h = (float *)(ph + 2 * (size_t)R);
-    memcpy(ph, m->plan.row_tok, sizeof(int32_t) * M);
-    memcpy(ph + R, m->plan.slot_row, sizeof(int32_t) * Ns * k);
-    for (int r = 0; r < M; r++) rs_h[r] = m->w_h[(size_t)m->plan.row_tok[r] * k + m->plan.row_slot[r]];
-    be->to_device(m->plan_d, m->plan_h, 4 * (2 * (size_t)R + (size_t)M));
+    be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
+    be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d, m->kf_d + (size_t)k * E, Ns,
+                  E, k);
     // permute, send to the expert owners, experts, and back
     be->gather_rows(m->xs, xin, m->rowtok, M, d);
     int64_t *kept = xmalloc(sizeof(int64_t) * E);

@@ -31,15 +31,16 @@ typedef struct {
     int maxN, d, fl, E, El, k;
     int N, s0, Ns;                 // tokens of the last forward, my slice [s0, s0+Ns)
     // router side (host): copies of the router's device outputs, made by one copy per forward
-    // into rt_h (the pointers below point into it, at offsets that depend on Ns); logits_h and
-    // probs_h only while host_router_out is set (eval --dump reads them; training does not)
+    // into rt_h (the pointers below point into it, at offsets that depend on Ns): sums_h and the
+    // slot counts always; idx_h, w_h, logits_h and probs_h only while host_router_out is set
+    // (evaluation reads them; training does not: the plan is built on the backend)
     int host_router_out;
     float *logits_h, *probs_h, *w_h;   // (Ns,E) (Ns,E) (Ns,k)
     int32_t *idx_h;                // (Ns,k)
     double *sums_h;                // (E+1) my rows' sums of probs[:,e] and of lse^2
     void *rt_h;
-    void *plan_h;                  // host staging of the plan arrays below (one upload per forward)
-    DispatchPlan plan;             // over my slice
+    int32_t *kf_h;                 // (2,k,E) keep and first of the plan (uploaded to kf_d)
+    DispatchPlan plan;             // over my slice: off, M and dropped only (the rows: plan_d)
     int64_t *cnt_all;              // (S, k, E) + S token counts: every stage rank's slot counts
     int64_t *counts;               // (E) global assignments per expert (before drops)
     int64_t Ng;                    // global tokens of the micro-batch (over the stage)
@@ -53,12 +54,15 @@ typedef struct {
     float *logits, *probs, *lse;   // (Ns,E) (Ns,E) (Ns)
     int32_t *idx;                  // (Ns,k) top-k experts
     double *sums;                  // (E+1)
+    int32_t *cnt, *cnt_h;          // (k,E) slot counts of my rows (plan_counts), and the host copy
     float *xs, *ys;                // (Ns*k,d) my kept rows, and their expert outputs back (ys: only
                                    // when the exchange is not local; allocated on first use)
     const float *ysp;              // the expert outputs in my row order: ys, or yg when local
     int32_t *rowtok;               // (Ns*k) token (in my slice) of each row        } one device block,
-    int32_t *slotrow;              // (Ns*k) row of assignment (t,j), or -1         } uploaded once per
-    float *rowscale;               // (Ns*k) combine weight of each row             } forward from plan_h
+    int32_t *slotrow;              // (Ns*k) row of assignment (t,j), or -1         } (plan_d)
+    float *rowscale;               // (Ns*k) combine weight of each row             } written by
+    int32_t *rank;                 // (Ns*k) plan_counts' ranks                     } plan_rows each
+    int32_t *kf_d;                 // (2,k,E) keep and first                        } forward
     void *plan_d;                  // that block
     float *wdev;                   // (Ns,k) combine weight of assignment (t,j) (the router's w, in rt_d)
     int Rmax;                      // Ns*k rows allocated on the token side

@@ -76,6 +76,18 @@ struct Backend {
                                 const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                 int K, int O, int accumulate);
 
+    // The dispatch plan (moe/router.h's order: by expert, then slot j, then token) in two steps
+    // around the host's capacity decision, so that only counts cross to the host. plan_counts:
+    // cnt (k,E) = the tokens that chose expert e in slot j; rank (N,k) = the place of assignment
+    // (t,j) among those of its (j, e), in token order. idx (N,k) from router_topk.
+    void (*plan_counts)(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
+    // plan_rows: assignment (t,j) to expert e is kept iff rank < keep[j,e], at row first[j,e] + rank:
+    // slot_row[t,j] = that row (-1 if dropped), row_tok[row] = t, row_scale[row] = w[t,j]. keep and
+    // first are (k,E) device arrays; rows no kept assignment maps to are not written.
+    void (*plan_rows)(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank,
+                      const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first, int N,
+                      int E, int k);
+
     // out (N,V) rows = table[tokens[i]]; bwd: dtable[tokens[i]] += dout[i]
     void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C);
     void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *tokens, int N, int C);

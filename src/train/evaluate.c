@@ -17,6 +17,8 @@ void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds,
     uint8_t *kinds = xmalloc((size_t)N);
     float *losses = xmalloc((size_t)N * sizeof(float));
     r->n_kinds = want_kinds ? ds->n_kinds : 0;
+    // the routing per kind below reads each layer's choices on the host
+    for (int l = 0; r->n_kinds && l < L; l++) m->la[l].moe.host_router_out = 1;
     if (r->n_kinds) r->kind_expert = xcalloc((size_t)r->n_kinds * L * E, sizeof(int64_t));
     double sum = 0;
     for (int b = 0; b < n_batches; b++) {
@@ -46,6 +48,7 @@ void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds,
         for (int kd = 0; kd < DATA_MAX_KINDS; kd++) { r->kind_loss[kd] = v[2 + kd]; r->kind_tokens[kd] = (int64_t)v[2 + DATA_MAX_KINDS + kd]; }
         if (r->n_kinds) comm_allreduce(mesh->stage, r->kind_expert, (size_t)r->n_kinds * L * E, CT_I64);
     }
+    for (int l = 0; l < L; l++) m->la[l].moe.host_router_out = 0;
     r->loss = r->tokens ? sum / r->tokens : 0;
     for (int kd = 0; kd < r->n_kinds; kd++)
         if (r->kind_tokens[kd]) r->kind_loss[kd] /= r->kind_tokens[kd];

@@ -1,5 +1,6 @@
 // cpu_router.c — the router ops of the float32 reference backend (contracts in ops/ops.h):
-// softmax + top-k + the per-expert probability sums, and the router backward: the float32
+// softmax + top-k + the per-expert probability sums, the dispatch plan's counts and rows (the
+// order of moe/router.c's plan_build_budget), and the router backward: the float32
 // reference of this math (src/moe/router.c's host functions call these); the sums run over the
 // rows in order. tests/test_ops.c checks them against double references, test_router against
 // finite differences.
@@ -46,6 +47,31 @@ void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *s
             sums[E] += (double)lse[t] * lse[t];
         }
     }
+}
+
+void cpu_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k) {
+    memset(cnt, 0, sizeof(int32_t) * (size_t)k * E);
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < k; j++) {
+            size_t q = (size_t)t * k + j;
+            rank[q] = cnt[(size_t)j * E + idx[q]]++;
+        }
+}
+
+void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
+                   const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k) {
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < k; j++) {
+            size_t q = (size_t)t * k + j, c = (size_t)j * E + idx[q];
+            if (rank[q] < keep[c]) {
+                int32_t row = first[c] + rank[q];
+                slot_row[q] = row;
+                row_tok[row] = t;
+                row_scale[row] = w[q];
+            } else {
+                slot_row[q] = -1;
+            }
+        }
 }
 
 void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,

@@ -116,6 +116,10 @@ void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_ro
                      const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
                      int E, int k, int renorm);
 void cuda_scale_rows(float *x, const float *scale, int n, int C);
+// cuda_plan.cu
+void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
+void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
+                    const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k);
 void cuda_row_dot(float *dot, const float *a, const float *b, int n, int C);
 void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
