@@ -26,6 +26,9 @@ typedef struct {
     int dropped;           // dropped assignments
 } DispatchPlan;
 
+// The MoE layer builds its plan on the backend (ops.h plan_counts / plan_rows, from the counts and
+// router_budget's budgets); plan_build* are the host reference those ops are tested against
+// (tests/test_ops.c), themselves checked against a brute force (tests/test_router.c).
 void plan_alloc(DispatchPlan *p, int N, int E, int k);
 void plan_free(DispatchPlan *p);
 // capacity < 0: dropless.
