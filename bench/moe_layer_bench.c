@@ -161,6 +161,9 @@ static void w_router_bwd(float *dl, const float *rd, const int32_t *sr, const fl
                          const float *w, const float *ad, float zd, int N, int E, int k, int rn) {
     WRAP(C_RKERN, RB->router_bwd(dl, rd, sr, p, l, ix, w, ad, zd, N, E, k, rn));
 }
+static void w_gds(float *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C) {
+    WRAP(C_COMBINE, RB->gather_dot_scale(o, d, i, x, b, s, n, C));
+}
 static void w_plan_counts(int32_t *c, int32_t *r, const int32_t *i, int N, int E, int k) {
     WRAP(C_RKERN, RB->plan_counts(c, r, i, N, E, k));
 }
@@ -182,7 +185,7 @@ static const Backend *wrap_backend(const Backend *real) {
     PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.scatter_add_rows = w_scatter;
     PB.scale_rows = w_scale_rows; PB.row_dot = w_row_dot; PB.mul = w_mul; PB.axpy = w_axpy;
     PB.combine_rows = w_combine_rows; PB.router_topk = w_router_topk; PB.router_bwd = w_router_bwd;
-    PB.plan_counts = w_plan_counts; PB.plan_rows = w_plan_rows;
+    PB.plan_counts = w_plan_counts; PB.gather_dot_scale = w_gds; PB.plan_rows = w_plan_rows;
     CK(cudaEventCreate(&g_e0));
     CK(cudaEventCreate(&g_e1));
     return &PB;

@@ -460,6 +460,20 @@ static void test_rows(int nsrc, int n, int C) {
     cpu->row_dot(dot, src, b, n, C);
     gpu->row_dot(dotd, srcd, bd, n, C);
     cmp("row_dot", "dot", dotd, dot, n, BAND_SUM);
+    // the fused gather + row_dot + scale_rows: against the cpu's in the bands, and bit for bit
+    // against this backend's three ops (gather of inp through idx, dot with b, scale by sc)
+    float *fo = dnan((size_t)n * C), *fdt = dnan(n), *go = dnan((size_t)n * C), *gdt = dnan(n);
+    float *ho = hnew((size_t)n * C), *hdt = hnew(n);
+    cpu->gather_dot_scale(ho, hdt, inp, idx, b, sc, n, C);
+    gpu->gather_dot_scale(fo, fdt, inpd, idxd, bd, scd, n, C);
+    cmp("gather_dot_scale", "out", fo, ho, (size_t)n * C, BAND_ELEM);
+    cmp("gather_dot_scale", "dot", fdt, hdt, n, BAND_SUM);
+    gpu->gather_rows(go, inpd, idxd, n, C);
+    gpu->row_dot(gdt, go, bd, n, C);
+    gpu->scale_rows(go, scd, n, C);
+    cmp_exact_dev("gather_dot_scale out = gather_rows + scale_rows", fo, go, (size_t)n * C);
+    cmp_exact_dev("gather_dot_scale dot = gather_rows + row_dot", fdt, gdt, n);
+    gpu->free(fo); gpu->free(fdt); gpu->free(go); gpu->free(gdt); free(ho); free(hdt);
     gpu->free(inpd); gpu->free(idxd); gpu->free(od); gpu->free(srcd); gpu->free(scd); gpu->free(xd); gpu->free(bd);
     gpu->free(dotd);
     free(inp); free(idx); free(ref); free(src); free(sc); free(pre); free(x); free(b); free(dot);

@@ -610,6 +610,14 @@ static void test_rows(void) {
     be->row_dot(dscale, gd, src, n, C);
     memcpy(dsrc, gd, n * C * sizeof(float));
     be->scale_rows(dsrc, scale, n, C);
+    // ... and the fused op moe.c calls: the same floats, bit for bit
+    float *fo = fnew(n * C), *fd = fnew(n);
+    fill_nan(fo, n * C);
+    fill_nan(fd, n);
+    be->gather_dot_scale(fo, fd, dacc, idx, src, scale, n, C);
+    EXPECT(!memcmp(fo, dsrc, sizeof(float) * n * C) && !memcmp(fd, dscale, sizeof(float) * n),
+           "gather_dot_scale differs from gather_rows + row_dot + scale_rows");
+    free(fo); free(fd);
     RowCtx sc = {src, scale, acc, pre, dacc, idx, n, rows, C};
     fd_check("scatter_add_rows backward dinp (gather + scale_rows)", scatter_loss, &sc, src, n * C, dsrc);
     fd_check("scatter_add_rows backward dscale (gather + row_dot)", scatter_loss, &sc, scale, n, dscale);

@@ -299,10 +299,8 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     int TP = csize(m->cm.tp);
     const float *xin = m->noise ? m->xj : x + (size_t)m->s0 * d;
     const float *dys_in = dy + (size_t)m->s0 * d;
-    // combine: dys = w * dy[tok]; dw = <dy[tok], ys>
-    be->gather_rows(s->dys, dys_in, m->rowtok, M, d);
-    be->row_dot(s->rowdot, s->dys, m->ysp, M, d);
-    be->scale_rows(s->dys, m->rowscale, M, d);
+    // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
+    be->gather_dot_scale(s->dys, s->rowdot, dys_in, m->rowtok, m->ysp, m->rowscale, M, d);
     // to the experts (same routes as the forward), expert backward, and back
     scratch_buffers(s, Rg, M, d, fl, m->x.local);
     const float *dyg = exchange_dispatch(&m->x, s->dys, s->dyg);

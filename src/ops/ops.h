@@ -145,6 +145,10 @@ struct Backend {
     void (*scale_rows)(float *x, const float *scale, int n, int C);
     // dot[i] = <a[i], b[i]> over rows of C
     void (*row_dot)(float *dot, const float *a, const float *b, int n, int C);
+    // The three above in one pass (the MoE backward's combine): g = inp[idx[i]]; dot[i] = <g, b[i]>;
+    // out[i] = scale[i] * g. The same floats as gather_rows, row_dot, scale_rows in that order.
+    void (*gather_dot_scale)(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                             const float *scale, int n, int C);
 
     // Cross-entropy over V: losses (N) = logsumexp(logits) - logits[target].
     // Then logits is OVERWRITTEN with dlogits = (softmax - onehot) * dloss (dloss per row, same for all).

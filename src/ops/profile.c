@@ -54,6 +54,7 @@ static void w_axpy(float *y, const float *x, float a, size_t n) { T0; in->axpy(y
 static void w_scale(float *x, float a, size_t n) { T0; in->scale(x, a, n); T1(P_ELEM); }
 static void w_pcnt(int32_t *c, int32_t *r, const int32_t *i, int N, int E, int k) { T0; in->plan_counts(c, r, i, N, E, k); T1(P_ROUTER); }
 static void w_prows(int32_t *s, int32_t *t, float *sc, const int32_t *r, const int32_t *i, const float *w, const int32_t *kp, const int32_t *f, int N, int E, int k) { T0; in->plan_rows(s, t, sc, r, i, w, kp, f, N, E, k); T1(P_ROUTER); }
+static void w_gds(float *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C) { T0; in->gather_dot_scale(o, d, i, x, b, s, n, C); T1(P_ROWS); }
 static double w_sumsq(const float *x, size_t n) { T0; double r = in->sumsq(x, n); T1(P_SUMSQ); return r; }
 static void w_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2, float e, float wd, int t) { T0; in->adamw(p, g, m, v, n, lr, b1, b2, e, wd, t); T1(P_ADAMW); }
 static void w_sumsq_runs(double *o, int nc, const float *x, const OptRuns *r) { T0; in->sumsq_runs(o, nc, x, r); T1(P_SUMSQ); }
@@ -69,7 +70,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
     pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather; pb.scatter_add_rows = w_scatter;
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd;
-    pb.plan_counts = w_pcnt; pb.plan_rows = w_prows; pb.scale_rows = w_srows;
+    pb.plan_counts = w_pcnt; pb.gather_dot_scale = w_gds; pb.plan_rows = w_prows; pb.scale_rows = w_srows;
     pb.row_dot = w_rdot; pb.cross_entropy_fwd_bwd = w_ce_fb; pb.cross_entropy_fwd = w_ce_f; pb.mul = w_mul;
     pb.axpy = w_axpy; pb.scale = w_scale; pb.sumsq = w_sumsq; pb.adamw = w_adamw;
     pb.sumsq_runs = w_sumsq_runs; pb.adamw_runs = w_adamw_runs;

@@ -96,6 +96,7 @@ const Backend *backend_cpu(void) {
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
         .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
         .gather_rows = cpu_gather_rows, .scatter_add_rows = cpu_scatter_add_rows, .row_dot = cpu_row_dot,
+        .gather_dot_scale = cpu_gather_dot_scale,
         .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,
         .plan_counts = cpu_plan_counts, .plan_rows = cpu_plan_rows, .router_bwd = cpu_router_bwd,
         .scale_rows = cpu_scale_rows,

@@ -220,6 +220,19 @@ void cpu_row_dot(float *dot, const float *a, const float *b, int n, int C) {
     }
 }
 
+void cpu_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                          const float *scale, int n, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *g = inp + (size_t)idx[i] * C, *y = b + (size_t)i * C;
+        float *o = out + (size_t)i * C;
+        double s = 0;
+        for (int c = 0; c < C; c++) s += (double)g[c] * y[c];
+        dot[i] = (float)s;
+        for (int c = 0; c < C; c++) o[c] = g[c] * scale[i];
+    }
+}
+
 static float row_lse(const float *x, int V) {
     float mx = -INFINITY;
     for (int j = 0; j < V; j++) if (x[j] > mx) mx = x[j];

@@ -145,6 +145,7 @@ static void fill_common(Backend *be) {
     be->combine_rows = cuda_combine_rows;
     be->router_topk = cuda_router_topk;
     be->router_bwd = cuda_router_bwd;
+    be->gather_dot_scale = cuda_gather_dot_scale;
     be->plan_counts = cuda_plan_counts;
     be->plan_rows = cuda_plan_rows;
     be->scale_rows = cuda_scale_rows;

@@ -121,6 +121,8 @@ void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, in
 void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
                     const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k);
 void cuda_row_dot(float *dot, const float *a, const float *b, int n, int C);
+void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                           const float *scale, int n, int C);
 void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);

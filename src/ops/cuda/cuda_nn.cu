@@ -335,6 +335,30 @@ __global__ void row_dot_k(float *dot, const float *a, const float *b, int n, int
     if (lane == 0) dot[row] = (float)s;
 }
 
+// gather_rows + row_dot + scale_rows in one pass: a warp per row, row_dot_k's sum order, scale_rows_k's product
+__global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                   const float *scale, int n, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *g = inp + (size_t)idx[row] * C, *y = b + (size_t)row * C;
+    float *o = out + (size_t)row * C, sc = scale[row];
+    double s = 0;
+    for (int c = lane; c < C; c += 32) {
+        float v = ld_f(g + c);
+        s += (double)v * ld_f(y + c);
+        st_f(o + c, v * sc);
+    }
+    s = warp_sum_d(s);
+    if (lane == 0) dot[row] = (float)s;
+}
+
+extern "C" void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                      const float *scale, int n, int C) {
+    if (n <= 0) return;
+    gather_dot_scale_k<<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
+    KCHECK("gather_dot_scale");
+}
+
 extern "C" void cuda_row_dot(float *dot, const float *a, const float *b, int n, int C) {
     if (n <= 0) return;
     row_dot_k<<<cdiv_u(n, 8), 256>>>(dot, a, b, n, C);
