@@ -65,28 +65,22 @@ static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const flo
     free(gr); free(xr); free(wr);
 }
 
+static const Backend *backend_cpu_bf16ref(void);
 static void bfr_grouped_swiglu_fwd(float *h1, float *h3, float *act, const float *inp, const float *w1, const float *w3,
                                    const int64_t *off, int G, int K, int O) {
-    if (G <= 0) return;
-    bfr_grouped_fwd(h1, inp, w1, off, G, K, O);
-    bfr_grouped_fwd(h3, inp, w3, off, G, K, O);
-    size_t b = (size_t)off[0] * O;
-    backend_cpu()->swiglu_fwd(act + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * O);
+    backend_grouped_swiglu_fwd_plain(backend_cpu_bf16ref(), h1, h3, act, inp, w1, w3, off, G, K, O);
 }
 
 static void bfr_grouped_swiglu_bwd(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
                                    const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
                                    int O) {
-    if (G <= 0) return;
-    bfr_grouped_bwd(dh1, dw, dout, act, w, off, G, K, O, 0);
-    size_t b = (size_t)off[0] * K;
-    backend_cpu()->swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * K, 0);
+    backend_grouped_swiglu_bwd_plain(backend_cpu_bf16ref(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
 }
 
 static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const float *da, const float *db, const float *inp,
                              const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int accumulate) {
-    bfr_grouped_bwd(dinp, dwa, da, inp, wa, off, G, K, O, accumulate);
-    bfr_grouped_bwd(dinp, dwb, db, inp, wb, off, G, K, O, 1);
+    backend_grouped_matmul_bwd2_plain(backend_cpu_bf16ref(), dinp, dwa, dwb, da, db, inp, wa, wb, off, G, K, O,
+                                      accumulate);
 }
 
 // Attention as the tensor-core kernels of the cuda backend compute it (head dims 32, 64, 128;

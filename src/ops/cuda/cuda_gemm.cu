@@ -248,27 +248,20 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
 // has no conversion to share.
 extern "C" void cuda_grouped_swiglu_fwd_f32(float *h1, float *h3, float *act, const float *inp, const float *w1,
                                             const float *w3, const int64_t *off, int G, int K, int O) {
-    if (G <= 0) return;
-    cuda_grouped_matmul_fwd_f32(h1, inp, w1, off, G, K, O);
-    cuda_grouped_matmul_fwd_f32(h3, inp, w3, off, G, K, O);
-    size_t b = (size_t)off[0] * O;
-    cuda_swiglu_fwd(act + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * O);
+    backend_grouped_swiglu_fwd_plain(backend_cuda_fp32(), h1, h3, act, inp, w1, w3, off, G, K, O);
 }
 
 extern "C" void cuda_grouped_swiglu_bwd_f32(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
                                             const float *h1, const float *h3, const float *w, const int64_t *off,
                                             int G, int K, int O) {
-    if (G <= 0) return;
-    cuda_grouped_matmul_bwd_f32(dh1, dw, dout, act, w, off, G, K, O, 0);
-    size_t b = (size_t)off[0] * K;
-    cuda_swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * K, 0);
+    backend_grouped_swiglu_bwd_plain(backend_cuda_fp32(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
 }
 
 extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const float *douta,
                                              const float *doutb, const float *inp, const float *wa, const float *wb,
                                              const int64_t *off, int G, int K, int O, int accumulate) {
-    cuda_grouped_matmul_bwd_f32(dinp, dwa, douta, inp, wa, off, G, K, O, accumulate);
-    cuda_grouped_matmul_bwd_f32(dinp, dwb, doutb, inp, wb, off, G, K, O, 1);
+    backend_grouped_matmul_bwd2_plain(backend_cuda_fp32(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
+                                      accumulate);
 }
 
 // ---------------------------------------------------------------- bf16 GEMMs (fp32 accumulation)
