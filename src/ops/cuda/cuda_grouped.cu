@@ -11,7 +11,8 @@
 // by TMA); the reduction of an output element runs in one fixed order (k-steps of 16 in order), so
 // results do not depend on the grid, the group sizes around it or the weights' address.
 // The weight gradients (cuda_grouped_gemm_dw) run the same pipeline with both operands MN-major and
-// the reduction over each group's own rows.
+// the reduction over each group's own rows; the experts' SwiGLU rides in the epilogues
+// (cuda_grouped_swiglu_fwd: h1, h3, act; cuda_grouped_swiglu_bwd: dh1, dh3 from dact in registers).
 // cuda_grouped_gemm returns 0 where it cannot run (no sm_90a code or GPU, shapes or alignments it
 // does not take, MOE_GROUPED_GEMM=cublas); the caller then uses cuBLAS.
 // Must not hold: any knowledge of the model.
