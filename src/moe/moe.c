@@ -80,7 +80,6 @@ static void rt_point(MoeLayer *m, int Ns) {
     m->sums_h = (double *)h;
     m->cnt_h = (int32_t *)(h + L.cnt);
     m->idx_h = (int32_t *)(h + L.idx);
-    m->w_h = (float *)(h + L.w);
     m->logits_h = (float *)(h + L.logits);
     m->probs_h = (float *)(h + L.probs);
 }

@@ -32,10 +32,10 @@ typedef struct {
     int N, s0, Ns;                 // tokens of the last forward, my slice [s0, s0+Ns)
     // router side (host): copies of the router's device outputs, made by one copy per forward
     // into rt_h (the pointers below point into it, at offsets that depend on Ns): sums_h and the
-    // slot counts always; idx_h, w_h, logits_h and probs_h only while host_router_out is set
+    // slot counts always; idx_h, logits_h and probs_h only while host_router_out is set
     // (evaluation reads them; training does not: the plan is built on the backend)
     int host_router_out;
-    float *logits_h, *probs_h, *w_h;   // (Ns,E) (Ns,E) (Ns,k)
+    float *logits_h, *probs_h;     // (Ns,E) (Ns,E)
     int32_t *idx_h;                // (Ns,k)
     double *sums_h;                // (E+1) my rows' sums of probs[:,e] and of lse^2
     void *rt_h;
