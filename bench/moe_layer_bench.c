@@ -30,7 +30,7 @@
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "moe/moe.h"
 #include "ops/ops.h"
 

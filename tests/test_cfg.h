@@ -2,7 +2,7 @@
 // from (2 layers, d 16, 4 experts top-2, GQA 4/2). Must not hold: the tests themselves.
 #pragma once
 #include <string.h>
-#include "model/config.h"
+#include "core/config.h"
 
 static inline ModelConfig test_small_cfg(void) {
     ModelConfig c;

@@ -15,7 +15,7 @@
 #include <zlib.h>
 #include "core/common.h"
 #include "core/rng.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "model/config_json.h"
 #include "model/params.h"
 #include "train/checkpoint.h"

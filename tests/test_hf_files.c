@@ -16,7 +16,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "data/data.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "model/config_json.h"
 #include "model/params.h"
 #include "train/checkpoint.h"

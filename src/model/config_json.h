@@ -3,7 +3,7 @@
 #pragma once
 #include <stddef.h>
 #include <cjson/cJSON.h>
-#include "model/config.h"
+#include "core/config.h"
 
 // New cJSON object (caller frees with cJSON_Delete): HF MixtralConfig keys ("architectures",
 // "model_type": "mixtral", vocab_size, hidden_size, ..., "torch_dtype": "float32") and a "moe_c"

@@ -3,7 +3,7 @@
 // Must not hold: optimizer, data, files, or communication.
 #pragma once
 #include <stdint.h>
-#include "model/config.h"
+#include "core/config.h"
 #include "model/params.h"
 #include "moe/moe.h"
 #include "ops/ops.h"

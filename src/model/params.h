@@ -4,7 +4,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
-#include "model/config.h"
+#include "core/config.h"
 
 typedef enum {
     PR_EMBED, PR_ATTN_NORM, PR_WQ, PR_WK, PR_WV, PR_WO, PR_FFN_NORM, PR_ROUTER,

@@ -7,7 +7,7 @@
 // Must not hold: attention or the residual stream.
 #pragma once
 #include <stdint.h>
-#include "model/config.h"
+#include "core/config.h"
 #include "moe/exchange.h"
 #include "moe/router.h"
 #include "ops/ops.h"

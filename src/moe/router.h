@@ -3,7 +3,7 @@
 // Pure functions on host arrays; the MoE layer (moe.c) moves data to and from the backend.
 #pragma once
 #include <stdint.h>
-#include "model/config.h"
+#include "core/config.h"
 
 // probs (N,E) = softmax(logits); lse (N) = logsumexp(logits); idx/w (N,k): top-k experts by
 // probability, descending (ties: lower expert index first); w renormalised to sum 1 if renorm.

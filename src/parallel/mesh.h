@@ -5,7 +5,7 @@
 // Must not hold: anything about tensors or the model beyond the divisibility checks.
 #pragma once
 #include <stdio.h>
-#include "model/config.h"
+#include "core/config.h"
 #include "parallel/comm.h"
 
 typedef struct {

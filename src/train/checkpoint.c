@@ -452,28 +452,92 @@ int ckpt_is_complete(const char *dir) {
     return dir_exists(dir) && file_exists(p);
 }
 
-int ckpt_find_latest(const char *out_dir, char *buf, size_t n) {
+// The step_* entries of out_dir (complete or not, .tmp/.old included), sorted by name (= by step).
+static int list_steps(const char *out_dir, char ***names) {
+    *names = NULL;
     DIR *d = opendir(out_dir);
-    if (!d) return -1;
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "step_", 5) != 0) continue;
+        *names = xrealloc(*names, (n + 1) * sizeof(char *));
+        (*names)[n++] = xstrdup(e->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp((*names)[i], (*names)[j]) > 0) { char *t = (*names)[i]; (*names)[i] = (*names)[j]; (*names)[j] = t; }
+    return n;
+}
+
+static void free_names(char **names, int n) { for (int i = 0; i < n; i++) free(names[i]); free(names); }
+
+// A completed step directory's step number, or -1 (a .tmp / .old / foreign name).
+static long long step_of(const char *nm) {
+    size_t nd = strlen(nm + 5);
+    if (nd == 0 || nd > 18 || strspn(nm + 5, "0123456789") != nd) return -1;
+    return strtoll(nm + 5, NULL, 10);
+}
+
+int ckpt_find_latest(const char *out_dir, char *buf, size_t n) {
+    char **names;
+    int nn = list_steps(out_dir, &names);
     long long best = -1;
     char p[CK_PATH];
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        const char *nm = de->d_name;
-        if (strncmp(nm, "step_", 5) != 0) continue;
-        size_t nd = strlen(nm + 5);
-        if (nd == 0 || nd > 18 || strspn(nm + 5, "0123456789") != nd) continue;   // skips .tmp / .old
-        long long s = strtoll(nm + 5, NULL, 10);
+    for (int i = 0; i < nn; i++) {
+        long long s = step_of(names[i]);
         if (s <= best) continue;
-        int k = snprintf(p, sizeof p, "%s/%s", out_dir, nm);
+        int k = snprintf(p, sizeof p, "%s/%s", out_dir, names[i]);
         if (k < 0 || (size_t)k >= sizeof p) continue;
         if (ckpt_is_complete(p)) best = s;
     }
-    closedir(d);
+    free_names(names, nn);
     if (best < 0) return -1;
     int k = snprintf(buf, n, "%s/step_%08lld", out_dir, best);
     if (k < 0 || (size_t)k >= n) DIE("checkpoint path too long: '%s/step_%08lld'", out_dir, best);
     return 0;
+}
+
+static const char *const run_files[] = {"metrics.jsonl", "loss.png", "expert_load.png"};
+
+int ckpt_run_present(const char *out, char *what, size_t n) {
+    char **names, p[CK_PATH];
+    int nn = list_steps(out, &names);
+    if (nn > 0) snprintf(what, n, "%s", names[0]);
+    free_names(names, nn);
+    if (nn > 0) return 1;
+    snprintf(p, sizeof p, "%s/%s", out, run_files[0]);
+    if (!file_exists(p)) return 0;
+    snprintf(what, n, "%s", run_files[0]);
+    return 1;
+}
+
+void ckpt_run_clear(const char *out) {
+    char **names, p[CK_PATH];
+    int nn = list_steps(out, &names);
+    for (int i = 0; i < nn; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, names[i]);
+        if (rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
+    }
+    free_names(names, nn);
+    for (size_t i = 0; i < sizeof run_files / sizeof run_files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, run_files[i]);
+        remove(p);
+    }
+}
+
+void ckpt_prune(const char *out, int keep) {
+    if (keep <= 0) return;
+    char **names;
+    int nn = list_steps(out, &names), complete = 0;
+    for (int i = nn - 1; i >= 0; i--) {
+        char p[CK_PATH];
+        snprintf(p, sizeof p, "%s/%s", out, names[i]);
+        if (step_of(names[i]) < 0 || !ckpt_is_complete(p)) continue;
+        if (++complete > keep && rm_rf(p) != 0) fprintf(stderr, "moe: warning: could not remove old checkpoint %s\n", p);
+    }
+    free_names(names, nn);
 }
 
 static void add_i64(cJSON *o, const char *key, int64_t v) {

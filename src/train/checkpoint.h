@@ -5,7 +5,7 @@
 // Must not hold: training logic.
 #pragma once
 #include <stdint.h>
-#include "model/config.h"
+#include "core/config.h"
 #include "model/params.h"
 
 typedef struct {
@@ -44,6 +44,16 @@ int ckpt_is_complete(const char *dir);
 int ckpt_find_latest(const char *out_dir, char *buf, size_t n);
 // Path of the checkpoint for a step: out_dir/step_%08d
 void ckpt_path(char *buf, size_t n, const char *out_dir, int64_t step);
+
+// Run directories: a run's --out holds step_* checkpoints (complete or not), metrics.jsonl and the
+// plots. Does out hold a run? 1 and what names the first thing found ("step_00000004",
+// "metrics.jsonl"), else 0.
+int ckpt_run_present(const char *out, char *what, size_t n);
+// Deletes the run in out (every step_* entry, metrics.jsonl, the plots); dies naming what it could
+// not remove. Callers validate everything that can fail first.
+void ckpt_run_clear(const char *out);
+// Keeps the newest `keep` complete checkpoints of out (0: all); warns about any it cannot remove.
+void ckpt_prune(const char *out, int keep);
 
 // Generic safetensors (F32 only on write; F32/F16/BF16 on read, converted to float):
 typedef struct { char name[128]; int ndim; int64_t shape[4]; const float *data; } StTensor;

@@ -3,7 +3,7 @@
 // shards listed in model.safetensors.index.json; F32/BF16/F16 tensors) and exporting one of our
 // checkpoints as one. Must not hold: training logic (the CLI wires --init-from into a run).
 #pragma once
-#include "model/config.h"
+#include "core/config.h"
 #include "model/params.h"
 
 // Is dir a Hugging Face model directory: config.json plus model.safetensors or

@@ -2,7 +2,7 @@
 // their defaults and validation. Must not hold: argument parsing (cli/) or the loop (trainer.c).
 #pragma once
 #include <stdint.h>
-#include "model/config.h"
+#include "core/config.h"
 
 typedef struct {
     int steps;              // optimizer steps in the run (--resume continues up to this)

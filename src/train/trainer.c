@@ -2,7 +2,6 @@
 // the global batch is split into grad_accum micro-batches; losses are means over the step's
 // tokens; aux and z losses are means over layers and micro-batches.
 #include "train/trainer.h"
-#include <dirent.h>
 #include <omp.h>
 #include <math.h>
 #include <string.h>
@@ -21,43 +20,6 @@ static uint64_t noise_seed(uint64_t seed, int step, int micro) {
     uint64_t h = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)step << 20) ^ (uint64_t)micro;
     h ^= h >> 31;
     return h ? h : 1;
-}
-
-// Lists step_* entries of out (complete or not). Returns count; names malloc'd into *names.
-static int list_ckpts(const char *out, char ***names) {
-    *names = NULL;
-    DIR *d = opendir(out);
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "step_", 5) != 0) continue;
-        *names = xrealloc(*names, (n + 1) * sizeof(char *));
-        (*names)[n++] = xstrdup(e->d_name);
-    }
-    closedir(d);
-    return n;
-}
-
-static void free_names(char **names, int n) { for (int i = 0; i < n; i++) free(names[i]); free(names); }
-
-// Keep only the newest `keep` complete checkpoints.
-static void prune(const char *out, int keep) {
-    if (keep <= 0) return;
-    char **names;
-    int n = list_ckpts(out, &names);
-    // names are step_%08d(.tmp/.old): sort lexicographically = by step
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (strcmp(names[i], names[j]) > 0) { char *t = names[i]; names[i] = names[j]; names[j] = t; }
-    int complete = 0;
-    for (int i = n - 1; i >= 0; i--) {
-        char p[2048];
-        snprintf(p, sizeof p, "%s/%s", out, names[i]);
-        if (strchr(names[i], '.') || !ckpt_is_complete(p)) continue;
-        if (++complete > keep && rm_rf(p) != 0) fprintf(stderr, "moe: warning: could not remove old checkpoint %s\n", p);
-    }
-    free_names(names, n);
 }
 
 // metrics.jsonl lines with step <= last_step are kept (resume), later ones dropped.
@@ -92,7 +54,7 @@ static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, 
     char path[2048];
     ckpt_path(path, sizeof path, o->out, st->step);
     ckpt_save_dist(path, c, &m->t, ph, m1, m2, own, st, world);
-    if (world->rank == 0) prune(o->out, o->keep);
+    if (world->rank == 0) ckpt_prune(o->out, o->keep);
     comm_barrier(world);
     free(own);
     free(m1);
@@ -169,9 +131,8 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     // (every check that can fail comes before --force deletes anything)
     TrainState st = {0};
     int resuming = 0;
-    char **names;
-    int n_ck = list_ckpts(o->out, &names);
-    int has_metrics = file_exists(metrics_path);
+    char held[256];
+    int has_run = ckpt_run_present(o->out, held, sizeof held);
     // every rank decides the same from the same files; only rank 0 changes them
     comm_barrier(world);
     if (o->resume) {
@@ -190,23 +151,11 @@ int train_run(const ModelConfig *cfg_in, const TrainOptions *o, int model_explic
     if (ds.max_token >= c.vocab_size)
         DIE("the data's tokens (up to id %d, from %s) do not fit the model's vocab_size %d", ds.max_token, ds.source,
             c.vocab_size);
-    if (!o->resume && (n_ck > 0 || has_metrics) && !o->force) {
+    if (!o->resume && has_run && !o->force)
         DIE("'%s' already holds a training run (%s); pass --resume to continue it or --force to start over "
-            "(which deletes it)", o->out, n_ck ? names[0] : "metrics.jsonl");
-    } else if (!o->resume && o->force && rank0) {
-        for (int i = 0; i < n_ck; i++) {
-            char p[2048];
-            snprintf(p, sizeof p, "%s/%s", o->out, names[i]);
-            if (rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
-        }
-        const char *files[] = {"metrics.jsonl", "loss.png", "expert_load.png"};
-        for (int i = 0; i < 3; i++) {
-            char p[2048];
-            snprintf(p, sizeof p, "%s/%s", o->out, files[i]);
-            remove(p);
-        }
-    }
-    free_names(names, n_ck);
+            "(which deletes it)", o->out, held);
+    else if (!o->resume && o->force && rank0)
+        ckpt_run_clear(o->out);
     if (rank0) mkdir_p(o->out);
     comm_barrier(world);
 

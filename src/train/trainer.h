@@ -1,7 +1,7 @@
 // trainer.h — `moe train`: the training loop (micro-batches, clipping, AdamW, schedule),
 // progress lines, metrics.jsonl, periodic eval and checkpoints, resume, end-of-run report.
 #pragma once
-#include "model/config.h"
+#include "core/config.h"
 #include "parallel/comm.h"
 #include "train/options.h"
 

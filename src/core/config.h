@@ -1,4 +1,4 @@
-// config.h — the model's shape and MoE options, named presets, validation, FLOP/memory figures.
+// config.h (core: every layer reads it) — the model's shape and MoE options, named presets, validation, FLOP/memory figures.
 // Must not hold: training options (train/options.h), anything about files or devices.
 #pragma once
 #include <stddef.h>

@@ -1,6 +1,6 @@
 // config.c — named model presets, validation with messages that name the numbers, and
 // parameter / FLOP counts used by `moe info` and the MFU figure.
-#include "model/config.h"
+#include "core/config.h"
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

@@ -1,8 +1,7 @@
-// moe.c — the `moe` command line: subcommands train | sample | eval | info, one option table
+// main.c — the `moe` command line: subcommands train | sample | eval | info, one option table
 // shared by flags (--d-model 128) and JSON config files ({"d_model": 128}). Argument parsing and
 // dispatch only: the work is done in train/, model/ and data/.
 #include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -10,7 +9,7 @@
 #include <cjson/cJSON.h>
 #include "core/common.h"
 #include "data/data.h"
-#include "model/config.h"
+#include "core/config.h"
 #include "model/model.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
@@ -497,29 +496,11 @@ static void init_from_prepare(State *s, const Comm *world) {
             ds.max_token, c.vocab_size);
     data_close(&ds);
     if (!world || world->rank == 0) {
-        char p[2048];
-        DIR *d = opendir(o->out);
-        int held = 0;
-        snprintf(p, sizeof p, "%s/metrics.jsonl", o->out);
-        held = file_exists(p);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (strncmp(e->d_name, "step_", 5) != 0) continue;
-            if (!o->force)
-                DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
-                    "deletes it)", o->out, e->d_name);
-            snprintf(p, sizeof p, "%s/%s", o->out, e->d_name);
-            if (rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
-        }
-        if (d) closedir(d);
-        if (held && !o->force)
-            DIE("'%s' already holds a training run (metrics.jsonl); pass --force to start over from --init-from "
-                "(which deletes it)", o->out);
-        const char *files[] = {"metrics.jsonl", "loss.png", "expert_load.png"};
-        for (int i = 0; i < 3; i++) {
-            snprintf(p, sizeof p, "%s/%s", o->out, files[i]);
-            remove(p);
-        }
+        char p[2048], what[256];
+        if (ckpt_run_present(o->out, what, sizeof what) && !o->force)
+            DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
+                "deletes it)", o->out, what);
+        ckpt_run_clear(o->out);
         mkdir_p(o->out);
         ParamTable t;
         params_build(&t, &c);
