@@ -66,7 +66,6 @@ void dist_moments_set(Dist *d, const Model *m, const float *m1_local, const floa
 int dist_owned(const Dist *d, const ParamSpec *s);
 // Mean over the DP group of a per-rank value (e.g. each rank's mean loss over equal token counts).
 double dist_mean_dp(const Dist *d, double v);
-int dist_rank0(const Dist *d);
 // Replica check (seed checklist): replicated tensors (router, norms, embeddings) bitwise equal on
 // every rank; TP shards equal across DP; expert shards equal across EDP and different across EP.
 // Returns the number of violations (identical on every rank); prints one line per failing kind.

@@ -1,0 +1,40 @@
+// step.h — one optimizer step of training: the schedule's actions (each micro-batch's forward and
+// backward), then the gradient reduction, the global norm, clipping and AdamW. The trainer calls
+// step_run once per step; a pipeline schedule changes the action list, not this contract.
+// Must not hold: setup, evaluation, checkpoints, printing (train/trainer.c).
+#pragma once
+#include <stdint.h>
+#include "data/data.h"
+#include "model/model.h"
+#include "train/dist.h"
+#include "train/options.h"
+#include "train/schedule.h"
+
+// What a step needs, fixed for the run.
+typedef struct {
+    Model *m;
+    Dist *dist;
+    const Dataset *ds;
+    const TrainOptions *o;
+    Schedule sched;            // this rank's actions (micro-batches = o->grad_accum)
+    int T;                     // tokens per sequence
+    int Bm, Bl;                // sequences of a global micro-batch; this DP rank's share
+    int dp_rank;
+    int32_t *x, *y;            // (Bl, T) host tokens and targets of the micro-batch being run
+} StepCtx;
+
+// What a step measured (identical on every rank).
+typedef struct {
+    double loss, aux, z;       // means over the step's tokens / layers and micro-batches
+    double gnorm;              // global gradient norm before clipping
+    float lr;
+    int skipped;               // non-finite loss or norm: no update
+    int64_t dropped;           // assignments dropped by capacity, all layers and micro-batches
+    int64_t *counts;           // (L, E) assignments per expert, summed over micro-batches (caller's array)
+} StepStats;
+
+void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainOptions *o, int dp, int dp_rank);
+void step_free(StepCtx *s);
+// Runs step `step` (0-based) starting at data position seq_pos (global sequences); fills *r
+// (r->counts must hold L*E values).
+void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r);
