@@ -18,7 +18,6 @@ void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_b
     d->mm.sl = (ParamSlicing){mesh->s.tp, mesh->me.tp, mesh->s.ep, mesh->me.ep, mesh->s.etp, mesh->me.etp};
 }
 
-
 static const Comm *group_of(const Dist *d, ReduceGroup g) {
     if (!d->mesh) return NULL;
     return g == RED_DP ? d->mesh->dp : g == RED_EDP ? d->mesh->edp : d->mesh->stage;
