@@ -1,41 +1,107 @@
-// test_schedule.c — the step's action lists (train/schedule.h): the sequential schedule is the order
-// the trainer always ran (F0 B0 F1 B1 ...), and schedule_check refuses every malformed list a new
-// schedule could produce (a missing, repeated or early backward, a micro-batch out of range, a wrong
-// max_live), naming the violation.
+// test_schedule.c — the step's action lists (train/schedule.h):
+//  - sequential is the order the trainer always ran (F0 B0 F1 B1 ...);
+//  - 1f1b and interleaved lists are well formed for every stage (schedule_check), have the textbook
+//    shape (1f1b: p-s-1 warm-up forwards, then alternating, then the cool-down; at most min(m, p-s)
+//    live), and run without deadlock on the model clock with the textbook bubble: (p-1)/(m+p-1) for
+//    1f1b and (p-1)/(v m+p-1) interleaved when a forward and a backward take equal time;
+//  - schedule_check refuses every malformed list a new schedule could produce, naming the violation;
+//  - impossible inputs (1f1b with m < p, interleaved with m % p != 0) are refused with the numbers.
 #include <string.h>
 #include "train/schedule.h"
 #include "test_util.h"
 
-static const char *check_list(const Action *a, int n, int micro, int max_live) {
-    Schedule s = {(Action *)a, n, micro, max_live};
+static const char *check_list(Action *a, int n, int micro, int max_live) {
+    Schedule s = {a, n, micro, 1, 0, 1, max_live};
     return schedule_check(&s);
 }
 
 int main(void) {
     for (int m = 1; m <= 8; m++) {
         Schedule s;
-        schedule_sequential(&s, m);
+        EXPECT(schedule_build(&s, SCHED_SEQUENTIAL, 1, 0, 1, m) == NULL, "sequential m %d", m);
         EXPECT(s.n == 2 * m, "m %d: %d actions", m, s.n);
         for (int i = 0; i < s.n; i++)
-            EXPECT(s.a[i].micro == i / 2 && s.a[i].kind == (i % 2 ? ACT_BACKWARD : ACT_FORWARD),
-                   "m %d: action %d is (%d, micro %d)", m, i, s.a[i].kind, s.a[i].micro);
+            EXPECT(s.a[i].micro == i / 2 && s.a[i].kind == (i % 2 ? ACT_BACKWARD : ACT_FORWARD) && s.a[i].slot == 0,
+                   "m %d: action %d is (%d, micro %d, slot %d)", m, i, s.a[i].kind, s.a[i].micro, s.a[i].slot);
         EXPECT(s.max_live == 1, "m %d: max_live %d", m, s.max_live);
         EXPECT(schedule_check(&s) == NULL, "m %d: %s", m, schedule_check(&s));
         EXPECT(schedule_last_backward(&s) == s.n - 1, "m %d: last backward at %d", m, schedule_last_backward(&s));
+        EXPECT(schedule_bubble(SCHED_SEQUENTIAL, 1, 1, m, 1, 2) == 0, "sequential has no bubble");
         schedule_free(&s);
     }
-    // an all-forwards-first list (what a pipeline's warm-up looks like) is valid with max_live = m
-    Action ffbb[] = {{ACT_FORWARD, 0}, {ACT_FORWARD, 1}, {ACT_BACKWARD, 0}, {ACT_BACKWARD, 1}};
+    // 1f1b: shape, well-formedness, bubble
+    for (int p = 1; p <= 8; p++)
+        for (int m = p; m <= p + 9; m++) {
+            for (int st = 0; st < p; st++) {
+                Schedule s;
+                const char *e = schedule_build(&s, SCHED_1F1B, p, st, 1, m);
+                EXPECT(e == NULL, "1f1b p %d s %d m %d: %s", p, st, m, e);
+                if (e) continue;
+                EXPECT(schedule_check(&s) == NULL, "1f1b p %d s %d m %d: %s", p, st, m, schedule_check(&s));
+                int w = p - st - 1 < m ? p - st - 1 : m, ok = 1;
+                for (int i = 0; i < w; i++) ok &= s.a[i].kind == ACT_FORWARD && s.a[i].micro == i;
+                for (int i = w, f = w, b = 0; i < s.n; i++) {
+                    int steady = i < w + 2 * (m - w);
+                    ActionKind want = steady ? ((i - w) % 2 ? ACT_BACKWARD : ACT_FORWARD) : ACT_BACKWARD;
+                    ok &= s.a[i].kind == want && s.a[i].micro == (want == ACT_FORWARD ? f++ : b++);
+                }
+                EXPECT(ok, "1f1b p %d s %d m %d: not warm-up / one-forward-one-backward / cool-down", p, st, m);
+                int live = p - st < m ? p - st : m;
+                EXPECT(s.max_live == live, "1f1b p %d s %d m %d: max_live %d, want %d", p, st, m, s.max_live, live);
+                schedule_free(&s);
+            }
+            double b = schedule_bubble(SCHED_1F1B, p, 1, m, 1, 1), th = schedule_bubble_theory(SCHED_1F1B, p, 1, m);
+            EXPECT_NEAR(b, th, 1e-12, "1f1b bubble (tf = tb) vs (p-1)/(m+p-1)");
+            double b2 = schedule_bubble(SCHED_1F1B, p, 1, m, 1, 2);
+            EXPECT_NEAR(b2, th, 1e-12, "1f1b bubble (tb = 2 tf) vs (p-1)/(m+p-1)");
+        }
+    // interleaved
+    for (int p = 2; p <= 4; p++)
+        for (int v = 2; v <= 3; v++)
+            for (int m = p; m <= 4 * p; m += p) {
+                for (int st = 0; st < p; st++) {
+                    Schedule s;
+                    const char *e = schedule_build(&s, SCHED_INTERLEAVED, p, st, v, m);
+                    EXPECT(e == NULL, "interleaved p %d v %d s %d m %d: %s", p, v, st, m, e);
+                    if (e) continue;
+                    EXPECT(schedule_check(&s) == NULL, "interleaved p %d v %d s %d m %d: %s", p, v, st, m,
+                           schedule_check(&s));
+                    // the first chunk's forwards come in micro-batch order, the last backward is on chunk 0
+                    EXPECT(s.a[0].kind == ACT_FORWARD && s.a[0].micro == 0 && s.a[0].chunk == 0, "first action");
+                    const Action *lb = &s.a[schedule_last_backward(&s)];
+                    EXPECT(lb->chunk == 0 && lb->micro == m - 1, "last backward (chunk %d micro %d)", lb->chunk, lb->micro);
+                    schedule_free(&s);
+                }
+                double b = schedule_bubble(SCHED_INTERLEAVED, p, v, m, 1, 1);
+                double th = schedule_bubble_theory(SCHED_INTERLEAVED, p, v, m);
+                EXPECT(b >= 0, "interleaved p %d v %d m %d deadlocks", p, v, m);
+                EXPECT_NEAR(b, th, 1e-12, "interleaved bubble vs (p-1)/(v m+p-1)");
+                EXPECT(b < schedule_bubble(SCHED_1F1B, p, 1, m, 1, 1), "interleaved p %d v %d m %d: bubble %.3f not "
+                       "below 1f1b's", p, v, m, b);
+            }
+    // refusals
+    Schedule s;
+    const char *e = schedule_build(&s, SCHED_1F1B, 4, 0, 1, 3);
+    EXPECT(e && strstr(e, "--grad-accum 3") && strstr(e, "--pp 4"), "1f1b m < p: %s", e ? e : "accepted");
+    e = schedule_build(&s, SCHED_INTERLEAVED, 2, 0, 2, 3);
+    EXPECT(e && strstr(e, "multiple of --pp 2"), "interleaved m %% p: %s", e ? e : "accepted");
+    e = schedule_build(&s, SCHED_INTERLEAVED, 2, 0, 1, 4);
+    EXPECT(e && strstr(e, "--vpp"), "interleaved vpp 1: %s", e ? e : "accepted");
+    // an all-forwards-first list is valid with max_live = m (slots 0, 1)
+    Action ffbb[] = {{ACT_FORWARD, 0, 0, 0}, {ACT_FORWARD, 1, 0, 1}, {ACT_BACKWARD, 0, 0, 0}, {ACT_BACKWARD, 1, 0, 1}};
     EXPECT(check_list(ffbb, 4, 2, 2) == NULL, "F0 F1 B0 B1: %s", check_list(ffbb, 4, 2, 2));
     const char *bad = check_list(ffbb, 4, 2, 1);
-    EXPECT(bad && strstr(bad, "max_live"), "F0 F1 B0 B1 with max_live 1: %s", bad ? bad : "accepted");
-    Action early[] = {{ACT_BACKWARD, 0}, {ACT_FORWARD, 0}};
+    EXPECT(bad && strstr(bad, "slot"), "F0 F1 B0 B1 with max_live 1: %s", bad ? bad : "accepted");
+    Action shared[] = {{ACT_FORWARD, 0, 0, 0}, {ACT_FORWARD, 1, 0, 0}, {ACT_BACKWARD, 0, 0, 0}, {ACT_BACKWARD, 1, 0, 0}};
+    bad = check_list(shared, 4, 2, 2);
+    EXPECT(bad && strstr(bad, "held"), "two live micro-batches in one slot: %s", bad ? bad : "accepted");
+    Action early[] = {{ACT_BACKWARD, 0, 0, 0}, {ACT_FORWARD, 0, 0, 0}};
     bad = check_list(early, 2, 1, 1);
     EXPECT(bad && strstr(bad, "before its forward"), "B0 F0: %s", bad ? bad : "accepted");
-    Action twice[] = {{ACT_FORWARD, 0}, {ACT_FORWARD, 0}};
+    Action twice[] = {{ACT_FORWARD, 0, 0, 0}, {ACT_FORWARD, 0, 0, 0}};
     bad = check_list(twice, 2, 1, 1);
     EXPECT(bad && strstr(bad, "two forwards"), "F0 F0: %s", bad ? bad : "accepted");
-    Action range[] = {{ACT_FORWARD, 0}, {ACT_BACKWARD, 2}};
+    Action range[] = {{ACT_FORWARD, 0, 0, 0}, {ACT_BACKWARD, 2, 0, 0}};
     bad = check_list(range, 2, 1, 1);
     EXPECT(bad && strstr(bad, "outside"), "B2 of one micro-batch: %s", bad ? bad : "accepted");
     bad = check_list(ffbb, 3, 2, 2);

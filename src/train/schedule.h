@@ -1,32 +1,51 @@
 // schedule.h — what one training step runs on this rank, as a list of actions: the forward and the
-// backward of each micro-batch, in the order a schedule chooses. The list is computed once from the
-// schedule's inputs and is the thing train/step.c runs; a new schedule is a new list, not new loop code.
-// Today: `sequential` (F0 B0 F1 B1 ...: each micro-batch's backward right after its forward, so one set
-// of activations is live at a time). The pipeline schedules (1F1B, interleaved) produce their lists
-// from (stages, virtual stages, micro-batches, this rank's stage).
+// backward of each micro-batch on each of this rank's model chunks, in the order a schedule chooses.
+// The list is computed once from (stages, virtual stages, micro-batches, this rank's stage) and is
+// the thing train/step.c runs; a new schedule is a new list, not new loop code.
+//   sequential   one stage: F0 B0 F1 B1 ... (one set of activations live at a time)
+//   1f1b         PP stages: warm-up forwards, then one forward one backward, then the cool-down
+//                backwards (PipeDream-flush / Megatron); stage s holds at most min(m, p-s) live
+//   interleaved  1F1B over v chunks per rank (virtual stage c*p + s on rank s), forwards in groups
+//                of p micro-batches per chunk (Megatron's order); needs m % p == 0
+// Each action carries the activation slot it uses: the lowest free one at its forward, freed at its
+// backward; max_live slots in all.
 // Must not hold: running the actions (train/step.c), the model, communication.
 #pragma once
 
 typedef enum { ACT_FORWARD = 0, ACT_BACKWARD = 1 } ActionKind;
+typedef enum { SCHED_SEQUENTIAL = 0, SCHED_1F1B = 1, SCHED_INTERLEAVED = 2 } ScheduleKind;
 
 typedef struct {
     ActionKind kind;
     int micro;                 // micro-batch index in [0, micro_batches)
+    int chunk;                 // this rank's model chunk in [0, vpp): virtual stage chunk * stages + stage
+    int slot;                  // activation slot in [0, max_live)
 } Action;
 
 typedef struct {
     Action *a;
     int n;
     int micro_batches;
-    int max_live;              // most micro-batches whose activations are held at once
+    int stages, stage, vpp;    // pipeline stages, this rank's stage, chunks per rank
+    int max_live;              // activation slots: most (chunk, micro-batch) pairs held at once
 } Schedule;
 
-// F0 B0 F1 B1 ... F(m-1) B(m-1).
-void schedule_sequential(Schedule *s, int micro_batches);
+// The list of `kind` for this stage; NULL, or a static message naming the numbers when the schedule
+// cannot run them (1f1b: micro-batches < stages; interleaved: micro-batches not a multiple of
+// stages, vpp < 2 or stages < 2). Sequential takes stages = vpp = 1.
+const char *schedule_build(Schedule *s, ScheduleKind kind, int stages, int stage, int vpp, int micro_batches);
 void schedule_free(Schedule *s);
-// NULL when every micro-batch has exactly one forward and one backward, the backward after the
-// forward, and max_live is the most forwards not yet matched by their backward; else a static
-// message naming the first violation.
+// NULL when the list is well formed: every (chunk, micro-batch) has exactly one forward and one
+// backward, the backward after the forward, slots in range and never held twice, max_live the most
+// held at once; else a static message naming the first violation.
 const char *schedule_check(const Schedule *s);
 // Index of the last backward in the list (the one that finishes the step's gradients), or -1.
 int schedule_last_backward(const Schedule *s);
+
+// Runs every stage's list of `kind` on a model clock: a forward of one chunk takes tf, a backward tb,
+// messages are instant, a forward of virtual stage k waits for k-1's forward of that micro-batch and a
+// backward for k+1's backward (sends never block, receives wait: as train/step.c runs them). Returns
+// the bubble fraction (idle time / step time, the mean over stages), or -1 if the lists deadlock.
+double schedule_bubble(ScheduleKind kind, int stages, int vpp, int micro_batches, double tf, double tb);
+// The textbook bubble: (p-1)/(m+p-1) for 1f1b (equal tf, tb), (p-1)/(v*m+p-1) interleaved, 0 sequential.
+double schedule_bubble_theory(ScheduleKind kind, int stages, int vpp, int micro_batches);

@@ -22,9 +22,9 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     s->Bm = o->batch / o->grad_accum;
     s->Bl = s->Bm / dp;
     s->dp_rank = dp_rank;
-    schedule_sequential(&s->sched, o->grad_accum);
-    const char *bad = schedule_check(&s->sched);
-    if (bad) DIE("internal error: the step's schedule is malformed: %s", bad);
+    const char *bad = schedule_build(&s->sched, SCHED_SEQUENTIAL, 1, 0, 1, o->grad_accum);
+    if (!bad) bad = schedule_check(&s->sched);
+    if (bad) DIE("the step's schedule: %s", bad);
     s->x = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
     s->y = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
 }
