@@ -25,7 +25,8 @@ void train_options_default(TrainOptions *o) {
     o->keep = 2;
     o->sample_tokens = 200;
     o->plots = 1;
-    o->tp = o->ep = o->etp = o->pp = 1;
+    o->tp = o->ep = o->etp = o->pp = o->vpp = 1;
+    o->pp_schedule = SCHED_1F1B;
     o->zero = 0;
     o->overlap = 1;
     o->bucket_mb = 25.0f;
@@ -58,6 +59,11 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->zero < 0 || o->zero > 2) BAD("--zero must be 0, 1 or 2 (got %d)", o->zero);
     if (o->overlap < 0 || o->overlap > 1) BAD("--overlap must be 0 or 1 (got %d)", o->overlap);
     if (!(o->bucket_mb > 0)) BAD("--bucket-mb must be > 0 (got %g)", o->bucket_mb);
+    if (o->vpp < 1) BAD("--vpp must be >= 1 (got %d)", o->vpp);
+    if (o->vpp > 1 && o->pp_schedule != SCHED_INTERLEAVED)
+        BAD("--vpp %d needs --pp-schedule interleaved (1f1b runs one chunk per rank)", o->vpp);
+    if (o->pp_schedule == SCHED_INTERLEAVED && o->vpp < 2)
+        BAD("--pp-schedule interleaved needs --vpp >= 2 model chunks per rank (got %d)", o->vpp);
     if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
 #undef BAD
     return NULL;

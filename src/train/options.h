@@ -3,6 +3,7 @@
 #pragma once
 #include <stdint.h>
 #include "core/config.h"
+#include "train/schedule.h"
 
 typedef struct {
     int steps;              // optimizer steps in the run (--resume continues up to this)
@@ -27,6 +28,9 @@ typedef struct {
     int resume, force;
     // parallel layout (world size from the launcher; DP = world / (TP * PP))
     int tp, ep, etp, pp;
+    int vpp;                // model chunks per pipeline rank (interleaved schedule)
+    ScheduleKind pp_schedule;   // 1f1b | interleaved (sequential when pp == 1)
+    char pp_layers[256];    // "" = even split; else one layer count per virtual stage
     int zero;               // 0: replicated optimizer; 1: moments sharded; 2: + reduced gradients sharded
     int overlap;            // 1: reduce gradient buckets during backward (non-blocking)
     float bucket_mb;        // gradient bucket size cap (MB)
