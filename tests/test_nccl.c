@@ -12,6 +12,7 @@
 #include "core/common.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "parallel/comm_impl.h"   // a group's device ops, called directly (the barrier)
 #include "test_util.h"
 
 static const Backend *be;

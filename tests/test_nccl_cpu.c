@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 #include "parallel/comm.h"
+#include "parallel/comm_impl.h"   // the bounded wait, the ops tables: tested here
 #include "test_util.h"
 
 typedef struct { double t; int pauses, yields; } FakeClock;
