@@ -6,9 +6,10 @@
 //
 // Streams: the compute backend enqueues on one stream, the legacy default stream. Every operation
 // here runs on one communication stream (non-blocking, high priority), shared by all groups so
-// every rank issues its NCCL calls in one order. Before an operation the communication stream waits for an event recorded on the compute
-// stream (so it sees the finished inputs); after it, an event recorded on the communication stream
-// is what the compute stream waits for (blocking forms at once, non-blocking forms at comm_wait).
+// every rank issues its NCCL calls in one order. Before an operation the communication stream
+// waits for an event recorded on the compute stream (so it sees the finished inputs); after it, an
+// event recorded on the communication stream is what the compute stream waits for (blocking forms
+// at once, non-blocking forms at comm_wait).
 // No host synchronisation anywhere on that path.
 //
 // Failures: the communicators are non-blocking (ncclConfig_t.blocking = 0), so no NCCL call can
