@@ -113,7 +113,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
 int main(int argc, char **argv) {
     Comm *world = comm_world_init(&argc, &argv);
     if (argc < 4) DIE("usage: mpi_moe TP EP ETP");
-    MeshShape s = {world->size, atoi(argv[1]), 0, 1, atoi(argv[2]), atoi(argv[3]), 0};
+    MeshShape s = {comm_size(world), atoi(argv[1]), 0, 1, atoi(argv[2]), atoi(argv[3]), 0};
     ModelConfig c;
     config_preset(&c, "tiny");
     c.n_experts = 4;
@@ -130,6 +130,6 @@ int main(int argc, char **argv) {
     comm_allreduce(world, &f, 1, CT_I64);
     mesh_free(&mesh);
     comm_world_finalize();
-    if (world->rank == 0) printf("mpi_moe: %lld failures over all ranks\n", (long long)f);
+    if (comm_rank(world) == 0) printf("mpi_moe: %lld failures over all ranks\n", (long long)f);
     return f ? 1 : 0;
 }

@@ -12,6 +12,7 @@
 #include "core/common.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "parallel/comm_impl.h"   // a group's device ops, called directly (the barrier)
 #include "test_util.h"
 
 static const Backend *be;
@@ -36,7 +37,7 @@ static float *pattern(size_t n, int rank, int salt) {
     EXPECT(!memcmp(h, _g, bytes), "[rank %d] group %s: %s differs from the host ops", R, c->name, what); free(_g); } while (0)
 
 static void ops_on(const Comm *c) {
-    int S = c->size, me = c->rank;
+    int S = comm_size(c), me = comm_rank(c);
     // allreduce, three types
     {
         size_t n = 1000;
@@ -157,7 +158,7 @@ static void ops_on(const Comm *c) {
 
 int main(int argc, char **argv) {
     Comm *w = comm_world_init(&argc, &argv);
-    R = w->rank;
+    R = comm_rank(w);
     if (!comm_have_nccl()) { if (R == 0) printf("SKIP: built without NCCL\n"); comm_world_finalize(); return 77; }
     if (!backend_cuda_available()) { if (R == 0) printf("SKIP: no CUDA GPU\n"); comm_world_finalize(); return 77; }
     be = backend_cuda();
@@ -173,11 +174,11 @@ int main(int argc, char **argv) {
         printf("stall: the collective completed (MOE_NCCL_TEST_STALL_S unset?)\n");
         return 2;
     }
-    Comm *par = comm_split(w, w->rank % 2, w->rank, "parity");
-    comm_dev_enable_split(w, par, w->rank % 2, w->rank);
-    Comm *rev = comm_split(w, 0, w->size - w->rank, "reverse");
-    comm_dev_enable_split(w, rev, 0, w->size - w->rank);
-    EXPECT(rev->rank == w->size - 1 - w->rank, "reverse group rank %d", rev->rank);
+    Comm *par = comm_split(w, comm_rank(w) % 2, comm_rank(w), "parity");
+    comm_dev_enable_split(w, par, comm_rank(w) % 2, comm_rank(w));
+    Comm *rev = comm_split(w, 0, comm_size(w) - comm_rank(w), "reverse");
+    comm_dev_enable_split(w, rev, 0, comm_size(w) - comm_rank(w));
+    EXPECT(comm_rank(rev) == comm_size(w) - 1 - comm_rank(w), "reverse group rank %d", comm_rank(rev));
     double t1 = now_seconds();
     const Comm *groups[] = {w, par, rev};
     for (int g = 0; g < 3; g++) ops_on(groups[g]);
@@ -186,7 +187,7 @@ int main(int argc, char **argv) {
     comm_free(rev);
     comm_dev_disable(w);
     EXPECT(w->dops == NULL, "world's device ops detached");
-    if (R == 0) printf("test_nccl: %d ranks, local rank %d, NCCL setup %.2f s, ops on 3 groups %.2f s\n", w->size,
+    if (R == 0) printf("test_nccl: %d ranks, local rank %d, NCCL setup %.2f s, ops on 3 groups %.2f s\n", comm_size(w),
                        comm_local_rank(), t1 - t0, t2 - t1);
     int64_t f = t_failures;
     comm_allreduce(w, &f, 1, CT_I64);

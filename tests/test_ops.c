@@ -24,8 +24,8 @@
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
-#include "moe/router.h"
 #include "ops/ops.h"
+#include "router_ref.h"
 #include "test_util.h"
 #include "test_runs.h"
 

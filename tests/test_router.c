@@ -1,6 +1,7 @@
-// test_router.c — properties of the router (softmax/top-k), the dispatch plan (priority order,
-// capacity drops), the aux/z losses and their gradients, and the MoE layer's combine, each
-// against a brute-force or double-precision computation written here.
+// test_router.c — properties of the router's host reference (router_ref.h: softmax/top-k, the
+// dispatch plan's priority order and capacity drops, router_budget across ranks, the aux/z losses
+// and their gradients) and of the MoE layer's routing and combine, each against a brute-force or
+// double-precision computation written here.
 //
 // Tolerances (each stated where used): probabilities and weights are float32 softmaxes of O(1)
 // logits, so they carry ~1e-7 relative rounding; 2e-6 is used. The MoE output chains three
@@ -13,7 +14,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "moe/moe.h"
-#include "moe/router.h"
+#include "router_ref.h"
 #include "test_util.h"
 
 static Rng R;

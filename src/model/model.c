@@ -20,9 +20,6 @@ static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
     w->w2 = P(m, base, PR_W2, l, m->e0);
 }
 
-static int gsize(const Comm *c) { return c ? c->size : 1; }
-static int grank(const Comm *c) { return c ? c->rank : 0; }
-
 void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT, const ModelMesh *mesh) {
     memset(m, 0, sizeof *m);
     const char *bad = config_validate(c);
@@ -125,13 +122,13 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd);
         // row-parallel o_proj: partial sums over the TP ranks' heads
         be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 0);
-        if (gsize(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, a->x_mid, (size_t)N * d, CT_F32);
+        if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, a->x_mid, (size_t)N * d, CT_F32);
         be->axpy(a->x_mid, a->res_in, 1.0f, (size_t)N * d);
         be->rmsnorm_fwd(a->xn2, a->rstd2, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1), N, d, c->norm_eps);
         MoeWeights w;
         layer_weights(m, m->params, l, &w);
         moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0,
-                    (int64_t)grank(m->mesh.dp) * N);
+                    (int64_t)comm_rank(m->mesh.dp) * N);
         be->copy(out, a->x_mid, (size_t)N * d * F);
         be->axpy(out, a->moe_out, 1.0f, (size_t)N * d);
         m->aux += a->moe.aux / c->n_layers;
@@ -213,7 +210,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         be->matmul_bwd(m->dxn, P(m, g, PR_WK, l, -1), m->dk, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd);
         be->matmul_bwd(m->dxn, P(m, g, PR_WV, l, -1), m->dv, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd);
         // column-parallel q/k/v: each TP rank holds part of dxn1
-        if (gsize(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
+        if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_ATTN_NORM, l, -1), m->dxn, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1),
                         a->rstd1, N, d);
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);

@@ -1,6 +1,10 @@
 // model.h — the Mixtral-style MoE transformer on a Backend: parameters and gradients as flat
 // buffers laid out by the parameter table, activations for one micro-batch, forward, backward.
-// Must not hold: optimizer, data, files, or communication.
+// On a mesh the forward and backward include the collectives that are part of the math (the
+// attention output's and its input gradient's all-reduce over TP; the MoE layer's exchanges),
+// through the comm API (parallel/comm.h), a layer below: model/ knows nothing of MPI, NCCL or CUDA.
+// Must not hold: optimizer, data, files, MPI/NCCL/CUDA calls, or the gradient reductions across
+// DP/EDP (train/dist.c).
 #pragma once
 #include <stdint.h>
 #include "core/config.h"

@@ -81,22 +81,14 @@ void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, vo
         fn(s->offset + (size_t)r * s->shape[1] + s->split_start, s->loffset + (size_t)r * s->lshape[1],
            (size_t)s->lshape[1], ctx);
 }
-typedef struct { const float *src; float *dst; int add; } CopyCtx;
+typedef struct { const float *src; float *dst; } CopyCtx;
 static void run_f2l(size_t f, size_t l, size_t n, void *p) {
     CopyCtx *c = p;
     memcpy(c->dst + l, c->src + f, n * sizeof(float));
 }
-static void run_l2f(size_t f, size_t l, size_t n, void *p) {
-    CopyCtx *c = p;
-    for (size_t i = 0; i < n; i++) c->dst[f + i] += c->src[l + i];
-}
 void params_full_to_local(const ParamTable *t, const float *full, float *local) {
-    CopyCtx c = {full, local, 0};
+    CopyCtx c = {full, local};
     for (int i = 0; i < t->n; i++) params_slice_runs(&t->p[i], run_f2l, &c);
-}
-void params_local_to_full(const ParamTable *t, const float *local, float *full) {
-    CopyCtx c = {local, full, 1};
-    for (int i = 0; i < t->n; i++) params_slice_runs(&t->p[i], run_l2f, &c);
 }
 
 void params_build(ParamTable *t, const ModelConfig *c) {

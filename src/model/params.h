@@ -56,10 +56,8 @@ void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing 
 // The slice of tensor s as contiguous runs: fn(full_index, local_index, count, ctx) per run
 // (full_index into a full flat buffer, local_index into this rank's).
 void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, void *), void *ctx);
-// Copy between a full flat buffer and this rank's local buffer.
+// Copy this rank's slices of a full flat buffer into its local buffer.
 void params_full_to_local(const ParamTable *t, const float *full, float *local);
-// Adds this rank's slices into full (which the caller zeroed); replicas must then be counted once.
-void params_local_to_full(const ParamTable *t, const float *local, float *full);
 void params_free(ParamTable *t);
 int params_find(const ParamTable *t, const char *name);  // index or -1
 // Index of a role in a layer (expert = -1 for non-expert roles).

@@ -8,8 +8,8 @@
 void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, int El, int d) {
     memset(x, 0, sizeof *x);
     x->be = be; x->ep = ep; x->etp = etp;
-    x->EP = ep ? ep->size : 1;
-    x->ETP = etp ? etp->size : 1;
+    x->EP = comm_size(ep);
+    x->ETP = comm_size(etp);
     x->El = El; x->d = d;
     x->sc = xcalloc(x->EP, sizeof(size_t)); x->sd = xcalloc(x->EP, sizeof(size_t));
     x->rc = xcalloc(x->EP, sizeof(size_t)); x->rd = xcalloc(x->EP, sizeof(size_t));

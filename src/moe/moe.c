@@ -9,8 +9,6 @@
 #include "core/rng.h"
 
 #define F sizeof(float)
-static int csize(const Comm *c) { return c ? c->size : 1; }
-static int crank(const Comm *c) { return c ? c->rank : 0; }
 
 // (Re)allocates *p to hold `need` bytes unless it already does (contents are not kept).
 static void grow(const Backend *be, float **p, size_t *cap, size_t need) {
@@ -88,7 +86,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     memset(m, 0, sizeof *m);
     m->be = be;
     if (cm) m->cm = *cm;
-    int TP = csize(m->cm.tp), EP = csize(m->cm.ep), ETP = csize(m->cm.etp), S = csize(m->cm.stage);
+    int TP = comm_size(m->cm.tp), EP = comm_size(m->cm.ep), ETP = comm_size(m->cm.etp), S = comm_size(m->cm.stage);
     m->maxN = maxN; m->d = c->d_model; m->fl = c->d_ff / ETP; m->E = c->n_experts; m->El = c->n_experts / EP;
     m->k = c->top_k;
     size_t Ns = (size_t)(maxN + TP - 1) / TP, d = m->d, E = m->E, k = m->k, R = Ns * k;
@@ -164,7 +162,7 @@ static void slice_of(int N, int TP, int r, int *s0, int *n) {
 
 // Gather every TP rank's slice (Ns_r, d) into full (N, d).
 static void tp_gather(const MoeLayer *m, const float *slice, float *full) {
-    int TP = csize(m->cm.tp);
+    int TP = comm_size(m->cm.tp);
     size_t *cnt = xmalloc(sizeof(size_t) * TP * 2), *dsp = cnt + TP;
     for (int r = 0; r < TP; r++) {
         int s0, n;
@@ -180,10 +178,10 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
                  uint64_t noise_seed, int64_t row0) {
     const Backend *be = m->be;
     CHECK(N <= m->maxN, "moe_forward: %d tokens > %d allocated", N, m->maxN);
-    int d = m->d, fl = m->fl, E = m->E, El = m->El, k = m->k, TP = csize(m->cm.tp);
-    int S = csize(m->cm.stage), me = crank(m->cm.stage);
+    int d = m->d, fl = m->fl, E = m->E, El = m->El, k = m->k, TP = comm_size(m->cm.tp);
+    int S = comm_size(m->cm.stage), me = comm_rank(m->cm.stage);
     m->N = N;
-    slice_of(N, TP, crank(m->cm.tp), &m->s0, &m->Ns);
+    slice_of(N, TP, comm_rank(m->cm.tp), &m->s0, &m->Ns);
     int Ns = m->Ns;
     const float *xin = x + (size_t)m->s0 * d;
     if (m->noise) {
@@ -295,7 +293,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     int d = m->d, fl = m->fl, E = m->E, El = m->El, k = m->k, M = m->plan.M, Ns = m->Ns, Rg = m->x.Rg;
-    int TP = csize(m->cm.tp);
+    int TP = comm_size(m->cm.tp);
     const float *xin = m->noise ? m->xj : x + (size_t)m->s0 * d;
     const float *dys_in = dy + (size_t)m->s0 * d;
     // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)

@@ -1,35 +1,12 @@
-// router.c — softmax/top-k, dispatch plan with capacity drops, aux and z losses with gradients.
+// router.c — the capacity budgets of a mesh and the plan's release (see router.h).
+// Must not hold: the router's math on a Backend (moe.c, ops/), its host reference (tests/router_ref.h).
 #include "moe/router.h"
-#include <math.h>
+#include <stdlib.h>
 #include <string.h>
-#include "core/common.h"
-#include "ops/ops.h"
-
-void router_topk(const float *logits, int N, int E, int k, int renorm, float *probs, float *lse,
-                 int32_t *idx, float *w) {
-    // the float32 reference is the cpu backend's op (the MoE layer calls it through the Backend)
-    backend_cpu()->router_topk(probs, lse, idx, w, NULL, logits, N, E, k, renorm);
-}
-
-void plan_alloc(DispatchPlan *p, int N, int E, int k) {
-    memset(p, 0, sizeof *p);
-    p->off = xcalloc(E + 1, sizeof *p->off);
-    p->counts = xcalloc(E, sizeof *p->counts);
-    p->row_tok = xcalloc((size_t)N * k, sizeof *p->row_tok);
-    p->row_slot = xcalloc((size_t)N * k, sizeof *p->row_slot);
-    p->slot_row = xcalloc((size_t)N * k, sizeof *p->slot_row);
-    p->N = N; p->E = E; p->k = k;
-}
 
 void plan_free(DispatchPlan *p) {
     free(p->off); free(p->counts); free(p->row_tok); free(p->row_slot); free(p->slot_row);
     memset(p, 0, sizeof *p);
-}
-
-void router_slot_counts(const int32_t *idx, int N, int E, int k, int64_t *cnt) {
-    memset(cnt, 0, sizeof(int64_t) * k * E);
-    for (int t = 0; t < N; t++)
-        for (int j = 0; j < k; j++) cnt[(size_t)j * E + idx[(size_t)t * k + j]]++;
 }
 
 void router_budget(const int64_t *all, int S, int me, int E, int k, int64_t capacity, int64_t *budget) {
@@ -44,78 +21,4 @@ void router_budget(const int64_t *all, int S, int me, int E, int k, int64_t capa
             for (int s = 0; s < S; s++) before += all[((size_t)s * k + j) * E + e];
         }
     }
-}
-
-void plan_build(DispatchPlan *p, const int32_t *idx, int N, int E, int k, int capacity) {
-    if (capacity < 0) { plan_build_budget(p, idx, N, E, k, NULL); return; }
-    int64_t *cnt = xmalloc(sizeof(int64_t) * k * E), *budget = xmalloc(sizeof(int64_t) * k * E);
-    router_slot_counts(idx, N, E, k, cnt);
-    router_budget(cnt, 1, 0, E, k, capacity, budget);
-    plan_build_budget(p, idx, N, E, k, budget);
-    free(cnt);
-    free(budget);
-}
-
-void plan_build_budget(DispatchPlan *p, const int32_t *idx, int N, int E, int k, const int64_t *budget) {
-    CHECK(N <= p->N && E == p->E && k == p->k, "plan_build: plan sized for N=%d E=%d k=%d, got N=%d E=%d k=%d",
-          p->N, p->E, p->k, N, E, k);
-    memset(p->counts, 0, sizeof(int64_t) * E);
-    for (int i = 0; i < N * k; i++) p->counts[idx[i]]++;
-    p->off[0] = 0;
-    for (int e = 0; e < E; e++) {
-        int64_t kept = p->counts[e];
-        if (budget) { kept = 0; for (int j = 0; j < k; j++) kept += budget[(size_t)j * E + e]; }
-        p->off[e + 1] = p->off[e] + kept;
-    }
-    p->M = (int)p->off[E];
-    p->dropped = N * k - p->M;
-    int64_t *fill = xcalloc(E, sizeof *fill), *used = xcalloc((size_t)k * E, sizeof *used);
-    for (int j = 0; j < k; j++)
-        for (int t = 0; t < N; t++) {
-            int e = idx[(size_t)t * k + j];
-            if (!budget || used[(size_t)j * E + e] < budget[(size_t)j * E + e]) {
-                int64_t pos = p->off[e] + fill[e]++;
-                used[(size_t)j * E + e]++;
-                p->row_tok[pos] = t;
-                p->row_slot[pos] = j;
-                p->slot_row[(size_t)t * k + j] = (int32_t)pos;
-            } else {
-                p->slot_row[(size_t)t * k + j] = -1;
-            }
-        }
-    free(fill);
-    free(used);
-}
-
-void router_losses(const float *probs, const float *lse, const int64_t *counts, int N, int E,
-                   double *aux, double *z) {
-    double a = 0, zz = 0;
-    for (int e = 0; e < E; e++) {
-        double P = 0;
-        for (int t = 0; t < N; t++) P += probs[(size_t)t * E + e];
-        a += ((double)counts[e] / N) * (P / N);
-    }
-    for (int t = 0; t < N; t++) zz += (double)lse[t] * lse[t];
-    *aux = N ? E * a : 0;
-    *z = N ? zz / N : 0;
-}
-
-void router_backward(float *dlogits, const float *dw, const float *probs, const float *lse,
-                     const int32_t *idx, const float *w, const int64_t *counts, int N, int E, int k,
-                     int renorm, float aux_scale, float z_scale) {
-    // aux = E * sum_e (counts_e / N) * (sum_t p_te / N): d/dp_te = E * counts_e / N^2
-    float *aux_dp = xmalloc(sizeof(float) * E);
-    for (int e = 0; e < E; e++) aux_dp[e] = N ? aux_scale * (float)E * ((float)counts[e] / N) / N : 0;
-    router_backward_ex(dlogits, dw, probs, lse, idx, w, N, E, k, renorm, aux_dp, N ? 2.0f * z_scale / N : 0);
-    free(aux_dp);
-}
-
-void router_backward_ex(float *dlogits, const float *dw, const float *probs, const float *lse,
-                        const int32_t *idx, const float *w, int N, int E, int k, int renorm,
-                        const float *aux_dp, float z_dl) {
-    // the cpu backend's router_bwd, reading dw[t,j] through an identity plan (slot (t,j) -> row t*k+j)
-    int32_t *ident = xmalloc(sizeof(int32_t) * ((size_t)N * k + 1));
-    for (int i = 0; i < N * k; i++) ident[i] = i;
-    backend_cpu()->router_bwd(dlogits, dw, ident, probs, lse, idx, w, aux_dp, z_dl, N, E, k, renorm);
-    free(ident);
 }

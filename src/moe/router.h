@@ -1,20 +1,16 @@
-// router.h — the router's host-side math: softmax + top-k (+ renormalisation), the dispatch plan
-// (per-expert counts, sorted order, capacity drops), the aux/z losses and their exact gradients.
-// Pure functions on host arrays; the MoE layer (moe.c) moves data to and from the backend.
+// router.h — the dispatch plan's order and host form, and the capacity budgets of a mesh: what the
+// MoE layer (moe.c) needs on the host. The router's math itself (softmax/top-k, the plan's rows,
+// the aux/z gradients) runs on the backend (ops.h); its host reference is tests/router_ref.h.
+// Must not hold: calls to a Backend; the host reference (tests/).
 #pragma once
 #include <stdint.h>
-#include "core/config.h"
-
-// probs (N,E) = softmax(logits); lse (N) = logsumexp(logits); idx/w (N,k): top-k experts by
-// probability, descending (ties: lower expert index first); w renormalised to sum 1 if renorm.
-void router_topk(const float *logits, int N, int E, int k, int renorm, float *probs, float *lse,
-                 int32_t *idx, float *w);
 
 // Dispatch plan. Assignments (token t, slot j) are ordered by expert, and within an expert by
 // priority: slot 0 of every token (in token order), then slot 1, ... (GShard/DeepSpeed: first
 // choices win). In capacity mode each expert keeps its first `capacity` assignments in that
 // order and drops the rest (the token still gets its other experts; a token whose every choice
-// dropped passes through the residual only).
+// dropped passes through the residual only). The MoE layer fills off, M and dropped (its rows are
+// on the backend: ops.h plan_counts / plan_rows); the host reference fills every field.
 typedef struct {
     int N, E, k;
     int64_t *off;          // (E+1) row offsets of kept assignments per expert
@@ -26,37 +22,11 @@ typedef struct {
     int dropped;           // dropped assignments
 } DispatchPlan;
 
-// The MoE layer builds its plan on the backend (ops.h plan_counts / plan_rows, from the counts and
-// router_budget's budgets); plan_build* are the host reference those ops are tested against
-// (tests/test_ops.c), themselves checked against a brute force (tests/test_router.c).
-void plan_alloc(DispatchPlan *p, int N, int E, int k);
+// Frees the plan's arrays (any of them may be NULL) and zeroes it.
 void plan_free(DispatchPlan *p);
-// capacity < 0: dropless.
-void plan_build(DispatchPlan *p, const int32_t *idx, int N, int E, int k, int capacity);
-// General form: budget (k, E) = how many of this process's slot-j assignments to expert e are kept
-// (the first ones in token order); NULL = keep all. plan_build computes it for one process;
-// a mesh computes it from every rank's counts (router_budget) so drops match one process.
-void plan_build_budget(DispatchPlan *p, const int32_t *idx, int N, int E, int k, const int64_t *budget);
-// cnt (k, E): this process's slot-j assignments to expert e.
-void router_slot_counts(const int32_t *idx, int N, int E, int k, int64_t *cnt);
-// all (S, k, E): every rank's slot counts in global token order (rank s holds earlier tokens than
-// s+1). For rank `me`: budget[j][e] = clamp(capacity - (all slot<j assignments to e)
-// - (slot-j assignments to e on ranks before me), 0, mine).
+// all (S, k, E): every rank's slot counts (this process's slot-j assignments to expert e) in
+// global token order (rank s holds earlier tokens than s+1). For rank `me`: budget (k, E) = how
+// many of its slot-j assignments to e are kept (the first ones in token order):
+// budget[j][e] = clamp(capacity - (all slot<j assignments to e) - (slot-j assignments to e on ranks
+// before me), 0, mine). One process: S = 1, me = 0.
 void router_budget(const int64_t *all, int S, int me, int E, int k, int64_t capacity, int64_t *budget);
-
-// Losses of one layer over the N tokens: aux = E * sum_i (counts_i / N) * mean_t probs[t,i]
-// (so balanced routing gives k, as in HF Mixtral), z = mean_t lse_t^2.
-void router_losses(const float *probs, const float *lse, const int64_t *counts, int N, int E,
-                   double *aux, double *z);
-
-// dlogits (N,E) = d/dlogits of [ sum_{t,j} dw[t,j] * w[t,j]  +  aux_scale * aux  +  z_scale * z ]
-// where dw (N,k) is the gradient flowing into the combine weights.
-void router_backward(float *dlogits, const float *dw, const float *probs, const float *lse,
-                     const int32_t *idx, const float *w, const int64_t *counts, int N, int E, int k,
-                     int renorm, float aux_scale, float z_scale);
-// General form: aux_dp (E) = d(aux term)/d probs[t,e] (the same for every token), and the z term
-// contributes z_dl * lse_t * probs[t,e] to dlogits[t,e]. router_backward computes both for one
-// process; a mesh uses global counts and the global token count.
-void router_backward_ex(float *dlogits, const float *dw, const float *probs, const float *lse,
-                        const int32_t *idx, const float *w, int N, int E, int k, int renorm,
-                        const float *aux_dp, float z_dl);

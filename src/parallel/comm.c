@@ -1,5 +1,7 @@
 // comm.c — the comm API's wrappers (host and device variants), the `self` backend (size-1
-// groups: copies only) and the bounded wait.
+// groups: copies only) and the bounded wait. It calls neither comm_world.c nor comm_nccl.c (see
+// comm_impl.h).
+// Must not hold: MPI or NCCL calls (the backends' files).
 #include "parallel/comm.h"
 #include <errno.h>
 #include <math.h>
@@ -7,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 #include "core/common.h"
+#include "parallel/comm_impl.h"
 
 size_t comm_type_size(CommType t) {
     switch (t) {
@@ -52,6 +55,9 @@ const CommOps comm_self_ops = {
 static const Comm self_comm = {.rank = 0, .size = 1, .name = "self", .ops = &comm_self_ops};
 static const Comm *C(const Comm *c) { return c ? c : &self_comm; }
 
+int comm_size(const Comm *c) { return C(c)->size; }
+int comm_rank(const Comm *c) { return C(c)->rank; }
+
 void comm_allreduce(const Comm *c, void *buf, size_t n, CommType t) { C(c)->ops->allreduce(C(c), buf, n, t); }
 void comm_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
     C(c)->ops->allgather(C(c), send, recv, n, t);
@@ -69,10 +75,6 @@ void comm_alltoallv(const Comm *c, const void *send, const size_t *sc, const siz
 }
 void comm_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) { C(c)->ops->bcast(C(c), buf, n, t, root); }
 void comm_barrier(const Comm *c) { C(c)->ops->barrier(C(c)); }
-CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t) { return C(c)->ops->iallreduce(C(c), buf, n, t); }
-CommReq *comm_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
-    return C(c)->ops->ireduce_scatter(C(c), send, recv, counts, t);
-}
 
 // device variants: the group's device ops when attached, else its host ops
 static const CommOps *D(const Comm *c) { return C(c)->dops ? C(c)->dops : C(c)->ops; }
@@ -98,11 +100,10 @@ CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
 CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
     return D(c)->ireduce_scatter(C(c), send, recv, counts, t);
 }
-int comm_dev_due(const Comm *c) { return c && (c->size > 1 || (c->dops && comm_nccl_forced())); }
 
-int comm_test(CommReq *r) { return r->ops ? ((const CommOps *)r->ops)->test(r) : 1; }
+int comm_test(CommReq *r) { return r->ops ? r->ops->test(r) : 1; }
 void comm_wait(CommReq *r) {
-    if (r->ops) ((const CommOps *)r->ops)->wait(r);
+    if (r->ops) r->ops->wait(r);
     else free(r);
 }
 

@@ -1,11 +1,13 @@
 // comm.h — the communication API: collectives over a process group, with `self` (size-1, no
 // library) and `mpi` backends over host buffers, and an `nccl` backend over device buffers
-// (comm_nccl.c). Nothing above src/parallel/ calls MPI or NCCL directly.
+// (comm_nccl.c). Nothing above src/parallel/ calls MPI or NCCL directly: the model, the MoE layer
+// and the trainer reach other ranks only through this API.
 // Host variants (comm_allreduce, ...) take host pointers. Device variants (comm_dev_*) take the
 // compute backend's buffers: with the cuda backend and a mesh on several GPUs (mesh_enable_device)
 // they run over NCCL, ordered against the compute stream on the GPU; otherwise they are the host
 // calls (the cpu backend's buffers are host memory).
-// Must not hold: knowledge of tensors, experts or the model.
+// Must not hold: knowledge of tensors, experts or the model; the backends' hooks (the ops tables,
+// the bounded wait, shutdown and abort: comm_impl.h, for src/parallel/comm*.c and their tests).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -14,37 +16,13 @@ extern "C" {   // callable from the CUDA backend's .cu files (comm_local_rank)
 #endif
 
 typedef enum { CT_F32, CT_F64, CT_I32, CT_I64, CT_U8 } CommType;
-size_t comm_type_size(CommType t);
 
 typedef struct Comm Comm;
-typedef struct CommReq CommReq;
+typedef struct CommOps CommOps;   // a backend's collectives (comm_impl.h)
+typedef struct CommReq CommReq;   // a pending non-blocking operation
 
-typedef struct {
-    void (*allreduce)(const Comm *c, void *buf, size_t n, CommType t);                 // sum, in place
-    void (*allgather)(const Comm *c, const void *send, void *recv, size_t n, CommType t); // recv: size*n
-    // recv gets counts[i] elements from rank i at displs[i]; send may be recv + displs[rank] (in place)
-    void (*allgatherv)(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
-                       const size_t *displs, CommType t);
-    // sum over ranks of send (sum(counts) elements); rank i keeps its counts[i] block
-    void (*reduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
-    void (*alltoallv)(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
-                      const size_t *rcounts, const size_t *rdispls, CommType t);
-    void (*bcast)(const Comm *c, void *buf, size_t n, CommType t, int root);
-    void (*barrier)(const Comm *c);
-    // non-blocking allreduce (sum, in place); progress with test, finish with wait (frees req)
-    CommReq *(*iallreduce)(const Comm *c, void *buf, size_t n, CommType t);
-    // non-blocking reduce_scatter (send and recv must not overlap)
-    CommReq *(*ireduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
-    int (*test)(CommReq *r);
-    void (*wait)(CommReq *r);
-} CommOps;
-
-// A pending non-blocking operation: ops == NULL means already complete.
-struct CommReq {
-    const void *ops;               // the backend's CommOps
-    void *impl;                    // backend request (MPI_Request*)
-};
-
+// A group. Callers read rank and size (comm_rank/comm_size also take NULL) and name; the other
+// fields are the backends'.
 struct Comm {
     int rank, size;
     char name[16];            // "world", "tp", "dp", "ep", "etp", "edp", "stage"
@@ -53,6 +31,10 @@ struct Comm {
     const CommOps *dops;      // device-buffer ops (nccl), NULL: the comm_dev_* calls use ops
     void *dhandle;            // their group handle (the NCCL communicator)
 };
+
+// A group's size and this process's rank in it; NULL is a group of one (size 1, rank 0).
+int comm_size(const Comm *c);
+int comm_rank(const Comm *c);
 
 // Convenience wrappers (a NULL comm acts as a size-1 group).
 void comm_allreduce(const Comm *c, void *buf, size_t n, CommType t);
@@ -64,8 +46,8 @@ void comm_alltoallv(const Comm *c, const void *send, const size_t *scounts, cons
                     const size_t *rcounts, const size_t *rdispls, CommType t);
 void comm_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 void comm_barrier(const Comm *c);
-CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
-CommReq *comm_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+// A non-blocking operation (comm_dev_iallreduce, ...): test polls it (1: done), wait finishes it
+// and frees the request.
 int comm_test(CommReq *r);
 void comm_wait(CommReq *r);
 
@@ -76,9 +58,6 @@ void comm_world_finalize(void);
 // A sub-group of the world: ranks with the same color form a group, ordered by key.
 Comm *comm_split(const Comm *world, int color, int key, const char *name);
 void comm_free(Comm *c);
-int comm_have_mpi(void);      // built with MPI
-// MPI_Abort every rank when MPI is running (the DIE hook's action); returns otherwise.
-void comm_world_abort(void);
 // This process's rank among the processes on its node (which GPU it takes): from the launcher
 // (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID, MV2_COMM_WORLD_LOCAL_RANK,
 // PMI_LOCAL_RANK), else from an MPI_COMM_TYPE_SHARED split of the world (collective: every
@@ -104,16 +83,16 @@ void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 // The buffers must not be touched by compute work enqueued before the wait.
 CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
 CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
-// 1 if a device collective over c must run: c has more than one rank, or c has device ops and
-// MOE_FORCE_NCCL=1 (tests then run the NCCL path on one GPU, groups of one included). Groups of
-// one are otherwise a backend copy (or nothing) at the caller.
-int comm_dev_due(const Comm *c);
 
 // ---- the nccl backend (comm_nccl.c) ----
 int comm_have_nccl(void);     // built with NCCL (and CUDA)
 // MOE_FORCE_NCCL=1: build the NCCL communicators even for one process (testing). Dies on a value
 // other than 0/1, or on 1 in a build without NCCL.
 int comm_nccl_forced(void);
+// 1 if a device collective over c must run: c has more than one rank, or c has device ops and
+// MOE_FORCE_NCCL=1 (tests then run the NCCL path on one GPU, groups of one included). Groups of
+// one are otherwise a backend copy (or nothing) at the caller.
+int comm_dev_due(const Comm *c);
 // Attach NCCL to world: rank 0's ncclUniqueId is broadcast over world's host ops, then
 // ncclCommInitRank. The current CUDA device must be this rank's GPU (comm_local_rank() % ngpus),
 // else it dies naming both. Collective over world.
@@ -122,29 +101,9 @@ void comm_dev_enable_world(Comm *world);
 // with the same color and key (same ranks, same order). Collective over world, in the same order
 // on every rank.
 void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key);
-// Destroy c's device communicator (collective over c); c keeps its host ops.
+// Destroy c's device communicator (collective over c; nothing without one); c keeps its host ops.
 void comm_dev_disable(Comm *c);
-// The CUDA stream the compute backend enqueues on (default NULL: the legacy default stream).
-void comm_dev_set_stream(void *cuda_stream);
-// Destroy what is left (communicators, streams, the watchdog); comm_world_finalize calls it.
-void comm_nccl_shutdown(void);
 
-// ---- bounded waits (every host wait of the nccl backend; unit-tested with a fake clock) ----
-enum { COMM_POLL_DONE = 0, COMM_POLL_PENDING = 1, COMM_POLL_ERROR = 2, COMM_POLL_TIMEOUT = 3 };
-typedef struct {
-    double (*now)(void *ctx);                 // seconds
-    void (*pause)(void *ctx, double seconds);   // 0: yield
-    void *ctx;
-} CommClock;
-// Calls poll(ctx) until it returns DONE or ERROR (returned), or until timeout_s has passed since
-// the first call (TIMEOUT); poll is always called at least once. Backs off from yielding to 1 ms
-// sleeps. clock NULL: the real clock.
-int comm_poll_until(int (*poll)(void *ctx), void *ctx, double timeout_s, const CommClock *clock);
-// MOE_NCCL_TIMEOUT_S parsed: NULL and *out set, or a static message naming the problem.
-const char *comm_parse_timeout(const char *s, double *out);
-// How long any NCCL operation may take before every rank is ended: MOE_NCCL_TIMEOUT_S seconds
-// (default 300; dies on a bad value).
-double comm_timeout_s(void);
 #ifdef __cplusplus
 }
 #endif

@@ -1,12 +1,15 @@
 // comm_nccl.c — the `nccl` backend of the comm API: the device ops (Comm.dops) of a group, over
-// NCCL, for the compute backend's GPU buffers. Compiled to stubs without MOE_HAVE_NCCL.
+// NCCL, for the compute backend's GPU buffers; and when a device collective is due (comm_dev_due,
+// MOE_FORCE_NCCL). Compiled to stubs without MOE_HAVE_NCCL.
+// The world (comm_world.c) ends this backend (comm_dev_disable, comm_nccl_shutdown); this backend
+// asks the world for the node-local rank and for the abort of every rank (comm_impl.h: intended).
 //
-// Streams: the compute backend enqueues on one stream (the legacy default stream unless
-// comm_dev_set_stream says otherwise). Every operation here runs on one communication stream
-// (non-blocking, high priority), shared by all groups so every rank issues its NCCL calls in one
-// order. Before an operation the communication stream waits for an event recorded on the compute
-// stream (so it sees the finished inputs); after it, an event recorded on the communication stream
-// is what the compute stream waits for (blocking forms at once, non-blocking forms at comm_wait).
+// Streams: the compute backend enqueues on one stream, the legacy default stream. Every operation
+// here runs on one communication stream (non-blocking, high priority), shared by all groups so
+// every rank issues its NCCL calls in one order. Before an operation the communication stream
+// waits for an event recorded on the compute stream (so it sees the finished inputs); after it, an
+// event recorded on the communication stream is what the compute stream waits for (blocking forms
+// at once, non-blocking forms at comm_wait).
 // No host synchronisation anywhere on that path.
 //
 // Failures: the communicators are non-blocking (ncclConfig_t.blocking = 0), so no NCCL call can
@@ -15,9 +18,11 @@
 // event); an error, or an operation not done MOE_NCCL_TIMEOUT_S seconds (default 300) after it was
 // enqueued, ends this rank with one message, ncclCommAbort on every communicator and MPI_Abort,
 // which ends every rank: a dead or hung rank never leaves the others waiting for ever.
+// Must not hold: MPI calls (comm_world.c), knowledge of what the buffers hold.
 #include "parallel/comm.h"
 #include <string.h>
 #include "core/common.h"
+#include "parallel/comm_impl.h"
 
 int comm_nccl_forced(void) {
     static int v = -1;
@@ -31,6 +36,8 @@ int comm_nccl_forced(void) {
     return v = 1;
 }
 
+int comm_dev_due(const Comm *c) { return c && (c->size > 1 || (c->dops && comm_nccl_forced())); }
+
 #ifndef MOE_HAVE_NCCL
 
 int comm_have_nccl(void) { return 0; }
@@ -40,7 +47,6 @@ static void no_nccl(void) {
 void comm_dev_enable_world(Comm *world) { no_nccl(); }
 void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key) { no_nccl(); }
 void comm_dev_disable(Comm *c) { c->dops = NULL; c->dhandle = NULL; }
-void comm_dev_set_stream(void *cuda_stream) {}
 void comm_nccl_shutdown(void) {}
 
 #else
@@ -245,7 +251,7 @@ static void begin(void) {
     }
 }
 // Mark the end of the operation just enqueued; the watchdog watches it. refs: 1 + holders.
-static Ev *end(const Comm *c, const char *op, int refs) {
+static Ev *end_event(const Comm *c, const char *op, int refs) {
     Ev *e = ev_get(refs + 1);
     e->t0 = now_s();
     e->op = op;
@@ -259,7 +265,7 @@ static Ev *end(const Comm *c, const char *op, int refs) {
     return e;
 }
 // The compute stream waits for a finished blocking operation.
-static void join(const Comm *c, const char *op) { CUDA_OK(cudaStreamWaitEvent(G.compute, end(c, op, 0)->e, 0)); }
+static void join(const Comm *c, const char *op) { CUDA_OK(cudaStreamWaitEvent(G.compute, end_event(c, op, 0)->e, 0)); }
 
 #define ES(t) comm_type_size(t)
 #define AT(p, i, t) ((char *)(p) + (size_t)(i) * ES(t))
@@ -356,7 +362,7 @@ static void n_barrier(const Comm *c) {
     if (!one) CUDA_OK(cudaMalloc((void **)&one, sizeof(float)));
     begin();
     q_allreduce(c, one, 1, CT_F32);
-    Ev *e = end(c, "barrier", 1);
+    Ev *e = end_event(c, "barrier", 1);
     EvPoll p = {e->e};
     int w = comm_poll_until(poll_event, &p, G.timeout, NULL);
     if (w == COMM_POLL_TIMEOUT) fatal("barrier on group %s did not complete within %g s (MOE_NCCL_TIMEOUT_S)", c->name, G.timeout);
@@ -374,12 +380,12 @@ static CommReq *req_of(Ev *e) {
 static CommReq *n_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     begin();
     if (n) q_allreduce(c, buf, n, t);
-    return req_of(end(c, "iallreduce", 1));
+    return req_of(end_event(c, "iallreduce", 1));
 }
 static CommReq *n_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
     begin();
     q_reduce_scatter(c, send, recv, counts, t);
-    return req_of(end(c, "ireduce_scatter", 1));
+    return req_of(end_event(c, "ireduce_scatter", 1));
 }
 static int n_test(CommReq *r) {
     cudaError_t q = cudaEventQuery(((Ev *)r->impl)->e);
@@ -400,8 +406,6 @@ static const CommOps nccl_ops = {
 };
 
 // ---- setup
-
-void comm_dev_set_stream(void *cuda_stream) { G.compute = (cudaStream_t)cuda_stream; }
 
 static void setup(int world_rank) {
     if (G.ready) return;
@@ -425,7 +429,7 @@ static void setup(int world_rank) {
         DIE("local rank %d is on GPU %d but must use GPU %d (local rank %% %d GPUs): the CUDA backend has to call "
             "cudaSetDevice(comm_local_rank() %% ngpus) before it allocates", comm_local_rank(), cur, want, n);
     G.dev = cur;
-    if (!G.compute) G.compute = cudaStreamLegacy;   // where the cuda backend enqueues
+    G.compute = cudaStreamLegacy;   // where the cuda backend enqueues
     int lo, hi;
     CUDA_OK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CUDA_OK(cudaStreamCreateWithPriority(&G.comm, cudaStreamNonBlocking, hi));

@@ -1,12 +1,15 @@
 // comm_world.c — the world group and sub-groups: the `mpi` backend when built with MPI and
-// launched with more than one process, otherwise `self`. Errors on any rank abort every rank
-// (MPI_Abort through the DIE hook), so a failure never leaves the others waiting.
+// launched with more than one process, otherwise `self`; the process's node-local rank. Errors on
+// any rank abort every rank (MPI_Abort through the DIE hook, and comm_world_abort for the nccl
+// backend), so a failure never leaves the others waiting. The world outlives the device backend it
+// was given (mesh_enable_device), so it ends it: comm_free detaches a group's device communicator
+// and comm_world_finalize shuts the nccl backend down before MPI (comm_impl.h: intended).
+// Must not hold: NCCL or CUDA calls (comm_nccl.c).
 #include <limits.h>
 #include <string.h>
 #include "core/common.h"
 #include "parallel/comm.h"
-
-extern const CommOps comm_self_ops;
+#include "parallel/comm_impl.h"
 
 #ifdef MOE_HAVE_MPI
 #include <mpi.h>
@@ -154,7 +157,6 @@ void comm_free(Comm *c) {
     if (c->handle) { MPI_Comm_free((MPI_Comm *)c->handle); free(c->handle); }
     free(c);
 }
-int comm_have_mpi(void) { return 1; }
 
 static int mpi_running(void) {
     int init = 0, fin = 0;
@@ -197,7 +199,6 @@ void comm_free(Comm *c) {
     if (c && c->dops) comm_dev_disable(c);
     free(c);
 }
-int comm_have_mpi(void) { return 0; }
 #endif
 
 int comm_local_rank(void) {

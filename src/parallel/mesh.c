@@ -60,15 +60,16 @@ static void group_of(const MeshShape *s, int r, int g, int *color, int *key) {
 
 void mesh_init(Mesh *m, const MeshShape *s, Comm *world) {
     memset(m, 0, sizeof *m);
-    CHECK(world->size == s->world, "mesh for %d ranks, but %d processes were launched", s->world, world->size);
+    CHECK(comm_size(world) == s->world, "mesh for %d ranks, but %d processes were launched", s->world,
+          comm_size(world));
     m->s = *s;
-    m->rank = world->rank;
-    m->me = mesh_coord(s, world->rank);
+    m->rank = comm_rank(world);
+    m->me = mesh_coord(s, m->rank);
     m->world = world;
     Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage};
     for (int g = 0; g < G_N; g++) {
         int color, key;
-        group_of(s, world->rank, g, &color, &key);
+        group_of(s, m->rank, g, &color, &key);
         *slots[g] = comm_split(world, color, key, gname[g]);
     }
 }
@@ -86,7 +87,7 @@ void mesh_enable_device(Mesh *m) {
 void mesh_free(Mesh *m) {
     Comm *cs[] = {m->tp, m->dp, m->pp, m->ep, m->etp, m->edp, m->stage};
     for (int i = 0; i < 7; i++) comm_free(cs[i]);
-    if (m->world && m->world->dops) comm_dev_disable(m->world);
+    if (m->world) comm_dev_disable(m->world);   // nothing without a device communicator
     memset(m, 0, sizeof *m);
 }
 
