@@ -22,8 +22,6 @@ static const Comm *group_of(const Dist *d, ReduceGroup g) {
     if (!d->mesh) return NULL;
     return g == RED_DP ? d->mesh->dp : g == RED_EDP ? d->mesh->edp : d->mesh->stage;
 }
-static int gsz(const Comm *c) { return c ? c->size : 1; }
-static int grk(const Comm *c) { return c ? c->rank : 0; }
 
 static int layer_key(const ParamSpec *s, int L) {
     if (s->role == PR_EMBED) return -1;
@@ -108,7 +106,7 @@ void dist_attach(Dist *d, Model *m) {
             b->g = g;
             b->layer = key;
             const Comm *c = group_of(d, g);
-            int S = d->zero ? gsz(c) : 1, r = d->zero ? grk(c) : 0;
+            int S = d->zero ? comm_size(c) : 1, r = d->zero ? comm_rank(c) : 0;
             b->s0 = b->n * r / S;
             b->s1 = b->n * (r + 1) / S;
             b->moff = d->mom_n;
@@ -152,8 +150,8 @@ static void start_bucket(Dist *d, Model *m, GradBucket *b) {
     if (!comm_dev_due(c)) return;
     float *g = m->grads + b->off;
     if (d->zero == 2) {
-        size_t *cnt = xmalloc(sizeof(size_t) * gsz(c));
-        shard_counts(b, gsz(c), cnt);
+        size_t *cnt = xmalloc(sizeof(size_t) * comm_size(c));
+        shard_counts(b, comm_size(c), cnt);
         b->req = comm_dev_ireduce_scatter(c, g, b->tmp, cnt, CT_F32);
         free(cnt);
     } else {
@@ -221,7 +219,7 @@ double dist_grad_norm(const Dist *d, const Model *m) {
 // or host memory
 static int gather_bucket(const Dist *d, const GradBucket *b, float *buf, int dev) {
     const Comm *c = group_of(d, b->g);
-    int S = gsz(c);
+    int S = comm_size(c);
     if (!d->zero || (dev ? !comm_dev_due(c) : S == 1)) return 0;
     size_t *cnt = xmalloc(sizeof(size_t) * S * 2), *dsp = cnt + S;
     shard_counts(b, S, cnt);
@@ -289,7 +287,7 @@ static uint32_t crc_of(const float *p, size_t n) { return (uint32_t)crc32(0L, (c
 
 // 1 if all ranks of c hold the same value v, else 0
 static int all_same(const Comm *c, uint32_t v) {
-    int n = c ? c->size : 1;
+    int n = comm_size(c);
     int64_t *all = xmalloc(sizeof(int64_t) * n), mine = v;
     comm_allgather(c, &mine, all, 1, CT_I64);
     int same = 1;
@@ -320,7 +318,7 @@ int dist_check_replicas(const Dist *d, const Model *m, FILE *out) {
     if (!all_same(me->edp, ex)) { bad++; if (out) fprintf(out, "replica check: expert shards differ across EDP replicas\n"); }
     if (me->s.ep > 1) {
         // every pair of EP ranks must hold different expert weights
-        int n = me->ep->size;
+        int n = comm_size(me->ep);
         int64_t *all = xmalloc(sizeof(int64_t) * n), mine = ex;
         comm_allgather(me->ep, &mine, all, 1, CT_I64);
         for (int i = 0; i < n; i++)

@@ -72,7 +72,7 @@ static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, 
     char path[2048];
     ckpt_path(path, sizeof path, o->out, st->step);
     ckpt_save_dist(path, c, &m->t, ph, m1, m2, own, st, world);
-    if (world->rank == 0) ckpt_prune(o->out, o->keep);
+    if (comm_rank(world) == 0) ckpt_prune(o->out, o->keep);
     comm_barrier(world);
     free(own);
     free(m1);
@@ -105,25 +105,25 @@ static const Backend *choose_backend(const TrainOptions *o, const Comm *world, i
                                      int *bf16_shadow) {
     // several ranks on one machine share its cores: unless told otherwise, each takes its share
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (world->size > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0) {
+    if (comm_size(world) > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0) {
         int t = omp_get_num_procs() / atoi(local);
         omp_set_num_threads(t > 0 ? t : 1);
     }
     // several processes on GPUs talk through NCCL (the comm API's device ops); MOE_FORCE_NCCL=1
     // takes that path with one process too (tests on one GPU)
     int force_nccl = comm_nccl_forced();
-    if (!comm_have_nccl() && world->size > 1 && !strcmp(o->device, "cuda"))
+    if (!comm_have_nccl() && comm_size(world) > 1 && !strcmp(o->device, "cuda"))
         DIE("--device cuda with %d processes: multi-GPU runs need the NCCL backend, and this moe was built without "
             "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device cpu",
-            world->size);
+            comm_size(world));
     const Backend *be = backend_by_name(o->device);
     int on_gpu = be != backend_cpu();
-    if (world->size > 1 && on_gpu && !comm_have_nccl())
+    if (comm_size(world) > 1 && on_gpu && !comm_have_nccl())
         DIE("--device %s with %d processes: multi-GPU runs need the NCCL backend, and this moe was built without "
             "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device cpu",
-            be->name, world->size);
+            be->name, comm_size(world));
     if (force_nccl && !on_gpu) DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
-    *meshed = world->size > 1 || force_nccl;
+    *meshed = comm_size(world) > 1 || force_nccl;
     // MOE_PROFILE=1: time every op (serialised) and print where a step's time goes at the end
     *profile = getenv("MOE_PROFILE") && atoi(getenv("MOE_PROFILE")) > 0;
     if (*profile) be = backend_profiled(be);
@@ -211,7 +211,7 @@ static void print_header(const Run *r, const MeshShape *shape) {
            r->ds.n_train, r->ds.n_val, o->seq_len);
     fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n", o->steps,
            o->batch, o->grad_accum, o->batch / o->grad_accum, o->seq_len, o->lr, r->be->name);
-    if (r->world->size > 1) mesh_print(shape, out);
+    if (comm_size(r->world) > 1) mesh_print(shape, out);
 }
 
 // Validates everything, then builds the run: data, output directory, mesh, model, parameters.
@@ -220,12 +220,12 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->o = o;
     r->c = *cfg_in;
     r->world = world;
-    r->rank0 = world->rank == 0;
+    r->rank0 = comm_rank(world) == 0;
     const char *bad = config_validate(&r->c);
     if (bad) DIE("invalid model config: %s", bad);
     bad = train_options_validate(o, &r->c);
     if (bad) DIE("%s", bad);
-    resolve_mesh(o, &r->c, world->size);
+    resolve_mesh(o, &r->c, comm_size(world));
     int meshed, bf16_shadow;
     r->be = choose_backend(o, world, &meshed, &r->profile, &bf16_shadow);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
@@ -235,7 +235,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
 
-    MeshShape shape = resolve_mesh(o, &r->c, world->size);
+    MeshShape shape = resolve_mesh(o, &r->c, comm_size(world));
     mesh_init(&r->mesh, &shape, world);
     if (meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
     dist_init(&r->dist, meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
@@ -308,7 +308,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt) {
     double el_s = now_seconds() - r->t_start;
     fmt_eta(eta, sizeof eta, el_s / (step + 1 - r->first) * (o->steps - step - 1));
     char wait[48] = "";
-    if (r->world->size > 1) snprintf(wait, sizeof wait, " | grad wait %.1fms", 1e3 * r->dist.wait_s);
+    if (comm_size(r->world) > 1) snprintf(wait, sizeof wait, " | grad wait %.1fms", 1e3 * r->dist.wait_s);
     printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
            (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, s->aux, s->z, s->lr, s->gnorm, tps,
@@ -360,7 +360,7 @@ static void run_close(Run *r) {
         int bad = dist_check_replicas(&r->dist, &r->m, r->rank0 ? stderr : NULL);
         if (bad) DIE("replica check failed (%d violations)", bad);
         fprintf(r->out, "replica check: ok (router and dense replicas bitwise equal on %d ranks; experts equal across "
-                        "EDP, distinct across EP)\n", r->world->size);
+                        "EDP, distinct across EP)\n", comm_size(r->world));
     }
     if (r->profile && r->rank0) backend_profile_report(stdout, o->steps - r->first - 1);
     fprintf(r->out, "\n");
