@@ -207,16 +207,7 @@ void backend_profile_report(FILE *f, int steps);
 const Backend *backend_cuda(void);
 const Backend *backend_cuda_fp32(void);
 int backend_cuda_available(void);
-// The fused expert ops (grouped_swiglu_fwd/_bwd, grouped_matmul_bwd2) as the plain ops of `be` that
-// their contracts name, in that order: what a backend with nothing to fuse puts in its table.
-void backend_grouped_swiglu_fwd_plain(const Backend *be, float *h1, float *h3, float *act, const float *inp,
-                                      const float *w1, const float *w3, const int64_t *off, int G, int K, int O);
-void backend_grouped_swiglu_bwd_plain(const Backend *be, float *dh1, float *dh3, float *dw, const float *dout,
-                                      const float *act, const float *h1, const float *h3, const float *w,
-                                      const int64_t *off, int G, int K, int O);
-void backend_grouped_matmul_bwd2_plain(const Backend *be, float *dinp, float *dwa, float *dwb, const float *douta,
-                                       const float *doutb, const float *inp, const float *wa, const float *wb,
-                                       const int64_t *off, int G, int K, int O, int accumulate);
+// The fused expert ops as plain ops of a Backend (for backends with nothing to fuse): ops/plain.h.
 // 1 when "cuda"'s grouped GEMMs (forward, dinp, dw, the fused SwiGLU ops) run our Hopper kernel
 // (src/ops/cuda/cuda_grouped.cu: an sm_90 GPU, a build with sm_90a code, MOE_GROUPED_GEMM not
 // 'cublas'), 0 when they go through cuBLAS. Where a group count or shape is outside what the kernel

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "core/common.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/plain.h"
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
 static void cpu_free(void *p) { free(p); }
