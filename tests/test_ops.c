@@ -603,8 +603,8 @@ static void test_rows(void) {
             }
         memcpy(acc, pre, rows * C * sizeof(float));
         oracle_scatter_add_rows(acc, src, idx, with_scale ? scale : NULL, n, C);
-        check_arr(with_scale ? "oracle scatter_add_rows (scale)" : "oracle scatter_add_rows (scale NULL)", acc, ref, mag,
-                  rows * C, FWD_RTOL, 1e-30);
+        check_arr(with_scale ? "oracle scatter_add_rows (scale)" : "oracle scatter_add_rows (scale NULL)", acc, ref,
+                  mag, rows * C, FWD_RTOL, 1e-30);
     }
     // the combine backward built from these ops (as moe.c did): dsrc = scale * gather(dacc),
     // dscale = row_dot(gather(dacc), src)
