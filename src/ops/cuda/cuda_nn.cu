@@ -1,13 +1,17 @@
-// cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding,
-// RMSNorm, RoPE, SwiGLU, row gather/scatter, cross-entropy, elementwise ops. Attention is in
-// cuda_attention*.cu, GEMMs in cuda_gemm.cu, sums of squares and AdamW in cuda_optim.cu.
+// cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding
+// (forward, backward), row gather, the MoE combine (combine_rows) and its backward
+// (gather_dot_scale), the router (softmax, top-k and the sums over rows: router_topk; its backward:
+// router_bwd), RMSNorm, RoPE, SwiGLU, cross-entropy, and the elementwise mul and axpy. Attention is
+// in cuda_attention*.cu, GEMMs in cuda_gemm.cu and cuda_grouped.cu, the dispatch plan in
+// cuda_plan.cu, the optimizer's sums of squares and AdamW in cuda_optim.cu.
 //
-// Determinism: no float atomics. Every sum that feeds a result has a fixed order: per-row block sums
-// use a fixed shuffle tree, column sums (rmsnorm dw) a fixed two-pass chunking, and the
-// embedding backward's scatter-add adds the rows of one destination element in index order,
-// like the cpu reference, and combine_rows sums each output row's slots in slot
-// order in one thread's registers. This file is built with -fmad=false (see
-// CMakeLists.txt), so the elementwise arithmetic rounds exactly like the cpu code's.
+// Determinism: no float atomics. Every sum that feeds a result has a fixed order: per-row block and
+// warp sums (RMSNorm, cross-entropy, the router's softmax, gather_dot_scale) use a fixed shuffle
+// tree, column sums (rmsnorm dw, the router's sums over rows) a fixed two-pass chunking, the
+// embedding backward's scatter-add adds the rows of one destination element in index order, like
+// the cpu reference, and combine_rows sums each output row's slots in slot order in one thread's
+// registers. This file is built with -fmad=false (see CMakeLists.txt), so the elementwise
+// arithmetic rounds exactly like the cpu code's.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <cuda_bf16.h>
