@@ -30,6 +30,21 @@ __device__ __forceinline__ void load_kv_tile(float *Ks, float *Vs, const float *
     }
 }
 
+// acc (this lane's head dims lane, lane+32, ...) += x_j * row j of S (rows of ld floats) for the
+// tile's rows j = 0..jn-1 in order, x_j being lane j's x: the forward's P V and dq's dS K.
+__device__ __forceinline__ void tile_rows_axpy(float *acc, float x, const float *S, int ld, int jn, int lane,
+                                               int hd) {
+    for (int j = 0; j < jn; j++) {
+        float xj = __shfl_sync(0xffffffffu, x, j);
+        const float *sr = S + j * ld;
+#pragma unroll
+        for (int r = 0; r < ATT_MAXR; r++) {
+            int i = lane + 32 * r;
+            if (i < hd) acc[r] += xj * sr[i];
+        }
+    }
+}
+
 // Forward. Grid (ceil(T/ATT_WARPS), H, B). Shared: Ks, Vs [ATT_KT][hd+1] (padded: lane j reads
 // row j without bank conflicts), Qs [ATT_WARPS][hd].
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, float *lse, const float *q,
@@ -68,15 +83,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
         int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
 #pragma unroll
         for (int r = 0; r < ATT_MAXR; r++) o[r] *= corr;
-        for (int j = 0; j < jn; j++) {
-            float pj = __shfl_sync(0xffffffffu, p, j);
-            const float *vr = Vs + j * ld;
-#pragma unroll
-            for (int r = 0; r < ATT_MAXR; r++) {
-                int i = lane + 32 * r;
-                if (i < hd) o[r] += pj * vr[i];
-            }
-        }
+        tile_rows_axpy(o, p, Vs, ld, jn, lane, hd);
         m = mn;
     }
     if (t >= T) return;
@@ -152,15 +159,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, 
             ds = p * (dp - Dt) * sc;
         }
         int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
-        for (int j = 0; j < jn; j++) {
-            float dsj = __shfl_sync(0xffffffffu, ds, j);
-            const float *kr = Ks + j * ld;
-#pragma unroll
-            for (int r = 0; r < ATT_MAXR; r++) {
-                int i = lane + 32 * r;
-                if (i < hd) acc[r] += dsj * kr[i];
-            }
-        }
+        tile_rows_axpy(acc, ds, Ks, ld, jn, lane, hd);
     }
     if (t >= T) return;
 #pragma unroll
