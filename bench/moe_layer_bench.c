@@ -87,11 +87,11 @@ static double median(double *v, int n) {
 }
 
 // ---------------------------------------------------------------- the timing wrapper
-enum { C_ROUTER, C_XFER, C_GATHER, C_COPY, C_GEMM_F, C_GEMM_B, C_SWIGLU, C_SCATTER, C_COMBINE, C_ZERO, C_OTHER, C_UNPERM, C_RKERN, NC };
+enum { C_ROUTER, C_XFER, C_GATHER, C_COPY, C_GEMM_F, C_GEMM_B, C_SWIGLU, C_COMBINE, C_ZERO, C_OTHER, C_UNPERM, C_RKERN, NC };
 static const char *cname[NC] = {
     "router GEMM fwd+bwd (fp32, O=E)", "host<->device copies (router out, plan, aux)", "permute: gather rows",
     "exchange copies (EP>1 or ETP>1 only)", "expert GEMMs fwd (3, incl. bf16 conversion)", "expert GEMMs bwd (6, incl. conversion)",
-    "SwiGLU fwd+bwd", "un-permute: scatter-add rows", "combine weights: scale_rows, row_dot", "zero fills",
+    "SwiGLU fwd+bwd", "combine backward: gather_dot_scale", "zero fills",
     "axpy / mul", "combine + un-permute: combine_rows", "router softmax/top-k/sums + router bwd"};
 static const Backend *RB;   // the real backend
 static Backend PB;          // the wrapper
@@ -147,9 +147,6 @@ static void w_sb(float *d1, float *d3, const float *g, const float *a, const flo
 static void w_gather(float *o, const float *i, const int32_t *idx, int n, int C) {
     WRAP(C_GATHER, RB->gather_rows(o, i, idx, n, C));
 }
-static void w_scatter(float *o, const float *i, const int32_t *idx, const float *s, int n, int C) {
-    WRAP(C_SCATTER, RB->scatter_add_rows(o, i, idx, s, n, C));
-}
 static void w_combine_rows(float *o, const float *r, const int32_t *sr, const float *w, int N, int k, int C, int a) {
     WRAP(C_UNPERM, RB->combine_rows(o, r, sr, w, N, k, C, a));
 }
@@ -171,8 +168,6 @@ static void w_plan_rows(int32_t *s, int32_t *t, float *sc, const int32_t *r, con
                         const int32_t *kp, const int32_t *f, int N, int E, int k) {
     WRAP(C_RKERN, RB->plan_rows(s, t, sc, r, i, w, kp, f, N, E, k));
 }
-static void w_scale_rows(float *x, const float *s, int n, int C) { WRAP(C_COMBINE, RB->scale_rows(x, s, n, C)); }
-static void w_row_dot(float *d, const float *a, const float *b, int n, int C) { WRAP(C_COMBINE, RB->row_dot(d, a, b, n, C)); }
 static void w_mul(float *o, const float *a, const float *b, size_t n) { WRAP(C_OTHER, RB->mul(o, a, b, n)); }
 static void w_axpy(float *y, const float *x, float a, size_t n) { WRAP(C_OTHER, RB->axpy(y, x, a, n)); }
 
@@ -182,8 +177,7 @@ static const Backend *wrap_backend(const Backend *real) {
     PB.to_device = w_to_device; PB.to_host = w_to_host; PB.copy = w_copy; PB.zero = w_zero;
     PB.matmul_fwd = w_mf; PB.matmul_bwd = w_mb; PB.grouped_matmul_fwd = w_gf; PB.grouped_matmul_bwd = w_gb;
     PB.grouped_swiglu_fwd = w_gsf; PB.grouped_swiglu_bwd = w_gsb; PB.grouped_matmul_bwd2 = w_gb2;
-    PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.scatter_add_rows = w_scatter;
-    PB.scale_rows = w_scale_rows; PB.row_dot = w_row_dot; PB.mul = w_mul; PB.axpy = w_axpy;
+    PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.mul = w_mul; PB.axpy = w_axpy;
     PB.combine_rows = w_combine_rows; PB.router_topk = w_router_topk; PB.router_bwd = w_router_bwd;
     PB.plan_counts = w_plan_counts; PB.gather_dot_scale = w_gds; PB.plan_rows = w_plan_rows;
     CK(cudaEventCreate(&g_e0));
@@ -451,8 +445,8 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
            flops / ms / 1e9, load);
     if (prof) {
         printf(",\"profile_wall_ms\":%.2f,\"host_ms\":%.2f", pwall, pwall - pdev);
-        const char *key[NC] = {"router_gemm", "xfer", "gather", "copy", "gemm_fwd", "gemm_bwd", "swiglu", "scatter",
-                               "combine", "zero", "other", "combine_rows", "router_kernels"};
+        const char *key[NC] = {"router_gemm", "xfer", "gather", "copy", "gemm_fwd", "gemm_bwd", "swiglu", "combine",
+                               "zero", "other", "combine_rows", "router_kernels"};
         for (int i = 0; i < NC; i++) printf(",\"%s_ms\":%.3f", key[i], pms[i]);
     }
     if (gemms)

@@ -228,7 +228,8 @@ def main():
     ap.add_argument("moe", help="path of the moe binary (build/moe)")
     ap.add_argument("--workdir", help="directory for the files (default: a new temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    ap.add_argument("--moe-device", default="cpu", help="moe --device (cpu; a GPU backend uses --tol)")
+    ap.add_argument("--moe-device", default="cpu",
+                    help="moe --device for every train/eval (default cpu; cuda, cuda-fp32: see --tol)")
     ap.add_argument("--hf-device", default="cpu", help="torch device for transformers (default cpu)")
     ap.add_argument("--tol", type=float, default=None,
                     help="relative tolerance of every check (default 1e-4 fp32; e.g. 3e-2 for a bf16 backend)")
@@ -246,9 +247,11 @@ def main():
     torch.manual_seed(0)
     work = a.workdir or tempfile.mkdtemp(prefix="verify_hf_")
     os.makedirs(work, exist_ok=True)
-    print(f"verify_hf: moe {moe}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"work dir {work}")
-    dev = ["--device", a.moe_device] if a.moe_device != "cpu" else []
+    print(f"verify_hf: moe {moe} (--device {a.moe_device}), torch {torch.__version__}, transformers "
+          f"{transformers.__version__}, work dir {work}")
+    # every moe command that runs a backend (train, eval) names it: left out, moe picks cuda where a GPU
+    # is present, and a "cpu" check would silently run the CUDA backend (export runs none)
+    dev = ["--device", a.moe_device]
     tab = Table()
     f = ARCH["intermediate_size"]
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include "core/common.h"
 #include "ops/ops.h"
+#include "ops/plain.h"
 
 // float32 -> bf16 (round to nearest even; NaN stays NaN, overflow goes to inf) -> float32
 static inline float bf16_round(float f) {

@@ -14,11 +14,11 @@
 // Error measure, per element: |gpu - cpu| / (|cpu| + rms(cpu)); the rms term keeps elements that
 // cancel to ~0 from dividing by ~0. The table at the end prints the worst value per op.
 // Bands (why): both sides are float32 (eps 6e-8).
-//   BAND_ELEM 1e-6  elementwise ops, copies, gathers, scatter-adds: the same operations in the same
+//   BAND_ELEM 1e-6  elementwise ops, copies, gathers, scatter-adds (embedding backward): the same operations in the same
 //                   order (cuda_nn.cu is built without FMA contraction); only expf/sqrt/pow may
 //                   differ by an ulp or two between glibc and CUDA.
 //   BAND_SUM  1e-5  GEMMs (cuBLAS sums in another order and in tiles), attention (online softmax,
-//                   tiled sums), RMSNorm/cross-entropy/row_dot (tree instead of serial sums):
+//                   tiled sums), RMSNorm/cross-entropy/gather_dot_scale's dot (tree instead of serial sums):
 //                   reordering a float32 sum of n terms moves it by <~ sqrt(n) eps relative to
 //                   the terms' magnitude, ~1e-6 here; any wrong index, term or factor is O(1).
 //   BAND_ATT_BWD 5e-5  attention backward: p = exp(q.k sc - lse) is recomputed from a float32
@@ -62,6 +62,7 @@
 #include "test_util.h"
 #include "bf16_ref.h"
 #include "test_runs.h"
+#include "cpu_oracle.h"
 
 #define BAND_ELEM 1e-6
 #define BAND_SUM 1e-5
@@ -159,6 +160,12 @@ static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, 
     float *a = dget(a_d, n), *b = dget(b_d, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
     free(a); free(b);
+}
+// the device array a_d against a host reference, bit for bit
+static void cmp_exact_host(const char *what, const float *a_d, const float *ref, size_t n) {
+    float *a = dget(a_d, n);
+    EXPECT(memcmp(a, ref, n * sizeof(float)) == 0, "%s: not the same bits", what);
+    free(a);
 }
 
 // ---------------------------------------------------------------- memory
@@ -431,6 +438,23 @@ static void test_embedding(int V, int N, int C) {
     free(tab); free(tok); free(ref); free(dout); free(pre);
 }
 
+// <a, b> over C as gather_dot_scale_k sums it (cuda_nn.cu: one warp per row; lane l adds the
+// products of columns l, l+32, ... in double, then the lanes' sums meet in a butterfly, lane l
+// adding lane l^o's for o = 16, 8, 4, 2, 1; lane 0's sum, rounded to float). The products of two
+// floats are exact in double, so only this order decides the bits.
+static float warp_order_dot(const float *a, const float *b, int C) {
+    double v[32], nv[32];
+    for (int l = 0; l < 32; l++) {
+        v[l] = 0;
+        for (int c = l; c < C; c += 32) v[l] += (double)a[c] * b[c];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+        memcpy(v, nv, sizeof v);
+    }
+    return (float)v[0];
+}
+
 static void test_rows(int nsrc, int n, int C) {
     float *inp = hrand((size_t)nsrc * C, 1.0f), *inpd = dputf(inp, (size_t)nsrc * C);
     int32_t *idx = hidx(n, nsrc), *idxd = dput(idx, n * sizeof(int32_t));
@@ -439,44 +463,26 @@ static void test_rows(int nsrc, int n, int C) {
     cpu->gather_rows(ref, inp, idx, n, C);
     gpu->gather_rows(od, inpd, idxd, n, C);
     cmp("gather_rows", "out", od, ref, (size_t)n * C, BAND_ELEM);
-    // scatter-add (n rows into nsrc rows: repeated destinations), scale NULL and not
-    float *src = hrand((size_t)n * C, 1.0f), *srcd = dputf(src, (size_t)n * C);
-    float *sc = hrand(n, 1.0f), *scd = dputf(sc, n), *pre = hrand((size_t)nsrc * C, 1.0f);
-    for (int s = 0; s < 2; s++) {
-        float *o = hcopy(pre, (size_t)nsrc * C), *o_d = dputf(pre, (size_t)nsrc * C), *o_d2 = dputf(pre, (size_t)nsrc * C);
-        cpu->scatter_add_rows(o, src, idx, s ? sc : NULL, n, C);
-        gpu->scatter_add_rows(o_d, srcd, idxd, s ? scd : NULL, n, C);
-        gpu->scatter_add_rows(o_d2, srcd, idxd, s ? scd : NULL, n, C);
-        cmp("scatter_add_rows", s ? "scaled (accumulate)" : "unscaled (accumulate)", o_d, o, (size_t)nsrc * C, BAND_ELEM);
-        cmp_exact_dev("scatter_add_rows (two runs on the same inputs)", o_d, o_d2, (size_t)nsrc * C);
-        gpu->free(o_d); gpu->free(o_d2); free(o);
-    }
-    // scale_rows (in place), row_dot
-    float *x = hcopy(src, (size_t)n * C), *xd = dputf(src, (size_t)n * C);
-    cpu->scale_rows(x, sc, n, C);
-    gpu->scale_rows(xd, scd, n, C);
-    cmp("scale_rows", "x", xd, x, (size_t)n * C, BAND_ELEM);
-    float *b = hrand((size_t)n * C, 1.0f), *bd = dputf(b, (size_t)n * C), *dot = hnew(n), *dotd = dnan(n);
-    cpu->row_dot(dot, src, b, n, C);
-    gpu->row_dot(dotd, srcd, bd, n, C);
-    cmp("row_dot", "dot", dotd, dot, n, BAND_SUM);
-    // the fused gather + row_dot + scale_rows: against the cpu's in the bands, and bit for bit
-    // against this backend's three ops (gather of inp through idx, dot with b, scale by sc)
-    float *fo = dnan((size_t)n * C), *fdt = dnan(n), *go = dnan((size_t)n * C), *gdt = dnan(n);
+    // the fused gather + row_dot + scale_rows (the combine's backward): against the cpu's in the
+    // bands, and bit for bit against host references of what the kernel computes: out = the
+    // gathered rows scaled (cpu_oracle.h scale_rows: one float product each), dot = the gathered
+    // row's dot with b in the kernel's order (warp_order_dot)
+    float *sc = hrand(n, 1.0f), *scd = dputf(sc, n);
+    float *b = hrand((size_t)n * C, 1.0f), *bd = dputf(b, (size_t)n * C);
+    float *fo = dnan((size_t)n * C), *fdt = dnan(n);
     float *ho = hnew((size_t)n * C), *hdt = hnew(n);
     cpu->gather_dot_scale(ho, hdt, inp, idx, b, sc, n, C);
     gpu->gather_dot_scale(fo, fdt, inpd, idxd, bd, scd, n, C);
     cmp("gather_dot_scale", "out", fo, ho, (size_t)n * C, BAND_ELEM);
     cmp("gather_dot_scale", "dot", fdt, hdt, n, BAND_SUM);
-    gpu->gather_rows(go, inpd, idxd, n, C);
-    gpu->row_dot(gdt, go, bd, n, C);
-    gpu->scale_rows(go, scd, n, C);
-    cmp_exact_dev("gather_dot_scale out = gather_rows + scale_rows", fo, go, (size_t)n * C);
-    cmp_exact_dev("gather_dot_scale dot = gather_rows + row_dot", fdt, gdt, n);
-    gpu->free(fo); gpu->free(fdt); gpu->free(go); gpu->free(gdt); free(ho); free(hdt);
-    gpu->free(inpd); gpu->free(idxd); gpu->free(od); gpu->free(srcd); gpu->free(scd); gpu->free(xd); gpu->free(bd);
-    gpu->free(dotd);
-    free(inp); free(idx); free(ref); free(src); free(sc); free(pre); free(x); free(b); free(dot);
+    float *xo = hcopy(ref, (size_t)n * C), *xdt = hnew(n);
+    oracle_scale_rows(xo, sc, n, C);
+    for (int i = 0; i < n; i++) xdt[i] = warp_order_dot(ref + (size_t)i * C, b + (size_t)i * C, C);
+    cmp_exact_host("gather_dot_scale out = gather_rows + scale_rows", fo, xo, (size_t)n * C);
+    cmp_exact_host("gather_dot_scale dot = gather_rows + the warp-order dot", fdt, xdt, n);
+    gpu->free(fo); gpu->free(fdt); free(ho); free(hdt); free(xo); free(xdt);
+    gpu->free(inpd); gpu->free(idxd); gpu->free(od); gpu->free(scd); gpu->free(bd);
+    free(inp); free(idx); free(ref); free(sc); free(b);
 }
 
 // combine_rows (the MoE combine / un-permute): N output rows from M rows through slot_row (N,k),
@@ -852,7 +858,7 @@ static void test_cross_entropy(int N, int V, float sd) {
     free(x); free(t); free(loss);
 }
 
-// ---------------------------------------------------------------- elementwise, sumsq, adamw
+// ---------------------------------------------------------------- elementwise; sumsq, adamw of one tensor
 static void test_elementwise(size_t n) {
     float *a = hrand(n, 1.0f), *b = hrand(n, 1.0f), *ad = dputf(a, n), *bd = dputf(b, n);
     float *o = hnew(n), *od = dnan(n);
@@ -867,16 +873,24 @@ static void test_elementwise(size_t n) {
     cpu->axpy(y, a, 0.37f, n);
     gpu->axpy(yd, ad, 0.37f, n);
     cmp("axpy", "y", yd, y, n, BAND_ELEM);
-    cpu->scale(y, -1.7f, n);
-    gpu->scale(yd, -1.7f, n);
-    cmp("scale", "x", yd, y, n, BAND_ELEM);
     gpu->free(ad); gpu->free(bd); gpu->free(od); gpu->free(a2d); gpu->free(yd);
     free(a); free(b); free(o); free(a2); free(y);
 }
 
+// A run list of one run (0, n) on the gpu: what a single-tensor sumsq / adamw was.
+static OptRuns *one_run(size_t n, int decay) {
+    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0};
+    return gpu->runs_create(&r, 1);
+}
+
+// sumsq_runs over one tensor against the cpu's sum (cpu_oracle.h) within BAND_SUMSQ; two runs alike.
 static void test_sumsq(size_t n) {
     float *x = hrand(n, 1.0f), *xd = dputf(x, n);
-    double r = cpu->sumsq(x, n), g1 = gpu->sumsq(xd, n), g2 = gpu->sumsq(xd, n);
+    OptRuns *h = one_run(n, 0);
+    double r = oracle_sumsq(x, n), g1 = NAN, g2 = NAN;
+    gpu->sumsq_runs(&g1, 1, xd, h);
+    gpu->sumsq_runs(&g2, 1, xd, h);
+    gpu->runs_free(h);
     double e = n ? fabs(g1 - r) / r : fabs(g1);
     OpRow *row = row_for("sumsq", BAND_SUMSQ);
     if (e > row->worst) row->worst = e;
@@ -887,12 +901,15 @@ static void test_sumsq(size_t n) {
     free(x);
 }
 
+// adamw_runs over one tensor (gscale 1) against the cpu's adamw (cpu_oracle.h) within BAND_ELEM.
 static void test_adamw(size_t n, float wd, int t) {
     float *p = hrand(n, 1.0f), *g = hrand(n, 0.1f), *m = hrand(n, 0.01f), *v = hnew(n);
     for (size_t i = 0; i < n; i++) v[i] = 1e-4f * fabsf(rng_normal(&R));
     float *pd = dputf(p, n), *gd = dputf(g, n), *md = dputf(m, n), *vd = dputf(v, n);
-    cpu->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
-    gpu->adamw(pd, gd, md, vd, n, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
+    OptRuns *h = one_run(n, 1);
+    oracle_adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
+    gpu->adamw_runs(pd, gd, md, vd, h, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
+    gpu->runs_free(h);
     cmp("adamw", "p", pd, p, n, BAND_ELEM);
     cmp("adamw", "m", md, m, n, BAND_ELEM);
     cmp("adamw", "v", vd, v, n, BAND_ELEM);
@@ -935,12 +952,13 @@ static void test_sumsq_runs(size_t N, size_t maxlen, int ncls, int shift) {
     free(runs);
 }
 
-// adamw_runs: against the cpu's adamw_runs within BAND_ELEM (the same float operations; sqrt and
-// division are correctly rounded on both sides), and bitwise against this backend's own unfused
-// sequence, scale() on each run's gradient then adamw() per run (what the trainer ran before: one
-// device function does the update in both, and g * gscale is rounded alone (__fmul_rn) exactly as
-// scale() stores it); elements outside every run and g itself bitwise unchanged. mirror: see
-// test_gen_runs; shift: the four buffers one float past a 16-byte boundary (the scalar path only).
+// adamw_runs: against the cpu's adamw_runs within BAND_ELEM, and bitwise against the unfused
+// sequence on the host, scale() on each run's gradient then adamw() per run (cpu_oracle.h: what the
+// trainer ran before; the kernel rounds g * gscale alone (__fmul_rn) exactly as scale() stores it,
+// then does the same float operations, without contraction, with c1 and c2 computed on the host,
+// and sqrt and division are correctly rounded on both sides); elements outside every run and g
+// itself bitwise unchanged. mirror: see test_gen_runs; shift: the four buffers one float past a
+// 16-byte boundary (the scalar path only).
 static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mirror, int shift) {
     enum { CAP = 16384 };
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
@@ -952,15 +970,15 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
     float *base[4];
     float *pd = dputf_shift(p, N, shift, &base[0]), *gd = dputf_shift(g, N, shift, &base[1]);
     float *md = dputf_shift(m, M, shift, &base[2]), *vd = dputf_shift(v, M, shift, &base[3]);
-    float *p2 = dputf(p, N), *g2 = dputf(g, N), *m2 = dputf(m, M), *v2 = dputf(v, M);
+    float *p2 = hcopy(p, N), *g2 = hcopy(g, N), *m2 = hcopy(m, M), *v2 = hcopy(v, M);
     OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
     float *g0 = hcopy(g, N);
     cpu->adamw_runs(p, g, m, v, hc, gscale, lr, b1, b2, eps, wd, t);
     gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t);
     for (int r = 0; r < nr; r++) {
-        if (gscale != 1.0f) gpu->scale(g2 + runs[r].off, gscale, (size_t)runs[r].n);
-        gpu->adamw(p2 + runs[r].off, g2 + runs[r].off, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr, b1,
-                   b2, eps, runs[r].decay ? wd : 0.0f, t);
+        if (gscale != 1.0f) oracle_scale(g2 + runs[r].off, gscale, (size_t)runs[r].n);
+        oracle_adamw(p2 + runs[r].off, g2 + runs[r].off, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr,
+                     b1, b2, eps, runs[r].decay ? wd : 0.0f, t);
     }
     cmp("adamw_runs", "p", pd, p, N, BAND_ELEM);
     cmp("adamw_runs", "m", md, m, M, BAND_ELEM);
@@ -969,16 +987,17 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
     const char *nm[4] = {"p", "m", "v", "g"};
     for (int k = 0; k < 4; k++) {
         size_t n = k == 0 || k == 3 ? N : M;
-        float *a = dget(fused[k], n), *b = unfused[k] ? dget(unfused[k], n) : hcopy(g0, n);
+        float *a = dget(fused[k], n);
+        const float *b = unfused[k] ? unfused[k] : g0;
         EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "adamw_runs N=%zu gscale %g mirror %d shift %d: %s differs "
                "bitwise from %s", N, gscale, mirror, shift, nm[k],
-               k == 3 ? "the input (g must stay unscaled)" : "scale() then adamw() per run");
-        free(a); free(b);
+               k == 3 ? "the input (g must stay unscaled)" : "scale() then adamw() per run (cpu_oracle.h)");
+        free(a);
     }
     cpu->runs_free(hc);
     gpu->runs_free(hg);
     for (int k = 0; k < 4; k++) gpu->free(base[k]);
-    gpu->free(p2); gpu->free(g2); gpu->free(m2); gpu->free(v2);
+    free(p2); free(g2); free(m2); free(v2);
     free(p); free(g); free(m); free(v); free(g0); free(runs);
 }
 

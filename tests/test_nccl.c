@@ -140,7 +140,7 @@ static void ops_on(const Comm *c) {
         be->zero(x, n * 4);
         be->axpy(x, y, 3.0f, n);                       // x = 3
         comm_dev_allreduce(c, x, n, CT_F32);           // x = 3 S
-        be->scale(x, 0.5f, n);                         // x = 1.5 S
+        be->axpy(x, x, -0.5f, n);                      // x = 1.5 S
         CommReq *q = comm_dev_iallreduce(c, x, n, CT_F32);   // x = 1.5 S^2, while y is worked on
         for (int k = 0; k < 20; k++) be->axpy(y, y, 1.0f, n);   // y = 2^20
         comm_wait(q);

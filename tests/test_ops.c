@@ -28,6 +28,7 @@
 #include "router_ref.h"
 #include "test_util.h"
 #include "test_runs.h"
+#include "cpu_oracle.h"
 
 #define FWD_RTOL 1e-5
 #define FD_H 1e-2f
@@ -556,7 +557,10 @@ static void test_swiglu(void) {
     free(d11); free(d31);
 }
 
-// ---------------------------------------------------------------- gather / scatter / scale_rows / row_dot / mul
+// ---------------------------------------------------------------- gather, gather_dot_scale, mul, axpy
+// scatter_add_rows, scale_rows, row_dot and scale are cpu_oracle.h's (no longer Backend ops): they
+// are checked here against double references too, since gather_dot_scale and adamw_runs are
+// checked bit for bit against compositions of them.
 typedef struct { float *inp, *scale, *out; const float *pre, *dout; const int32_t *idx; int n, rows, C; } RowCtx;
 static double gather_loss(void *p) {
     RowCtx *c = p;
@@ -566,7 +570,7 @@ static double gather_loss(void *p) {
 static double scatter_loss(void *p) {
     RowCtx *c = p;
     memcpy(c->out, c->pre, (size_t)c->rows * c->C * sizeof(float));
-    be->scatter_add_rows(c->out, c->inp, c->idx, c->scale, c->n, c->C);
+    oracle_scatter_add_rows(c->out, c->inp, c->idx, c->scale, c->n, c->C);
     return dot_d(c->dout, c->out, (size_t)c->rows * c->C);
 }
 static void test_rows(void) {
@@ -582,7 +586,7 @@ static void test_rows(void) {
     be->gather_rows(out, inp, idx, n, C);
     check_exact("gather_rows", out, want, n * C);
     float *g = fnew(rows * C);
-    be->scatter_add_rows(g, dout, idx, NULL, n, C);
+    oracle_scatter_add_rows(g, dout, idx, NULL, n, C);
     RowCtx gc = {inp, NULL, out, NULL, dout, idx, n, rows, C};
     fd_check("gather_rows backward (scatter_add_rows)", gather_loss, &gc, inp, rows * C, g);
 
@@ -598,18 +602,18 @@ static void test_rows(void) {
                 ref[idx[i] * C + c] += t; mag[idx[i] * C + c] += fabs(t);
             }
         memcpy(acc, pre, rows * C * sizeof(float));
-        be->scatter_add_rows(acc, src, idx, with_scale ? scale : NULL, n, C);
-        check_arr(with_scale ? "scatter_add_rows (scale)" : "scatter_add_rows (scale NULL)", acc, ref, mag,
-                  rows * C, FWD_RTOL, 1e-30);
+        oracle_scatter_add_rows(acc, src, idx, with_scale ? scale : NULL, n, C);
+        check_arr(with_scale ? "oracle scatter_add_rows (scale)" : "oracle scatter_add_rows (scale NULL)", acc, ref,
+                  mag, rows * C, FWD_RTOL, 1e-30);
     }
-    // the combine backward built from these ops (as moe.c does): dsrc = scale * gather(dacc),
+    // the combine backward built from these ops (as moe.c did): dsrc = scale * gather(dacc),
     // dscale = row_dot(gather(dacc), src)
     float *gd = fnew(n * C), *dsrc = fnew(n * C), *dscale = fnew(n);
     be->gather_rows(gd, dacc, idx, n, C);
     fill_nan(dscale, n);
-    be->row_dot(dscale, gd, src, n, C);
+    oracle_row_dot(dscale, gd, src, n, C);
     memcpy(dsrc, gd, n * C * sizeof(float));
-    be->scale_rows(dsrc, scale, n, C);
+    oracle_scale_rows(dsrc, scale, n, C);
     // ... and the fused op moe.c calls: the same floats, bit for bit
     float *fo = fnew(n * C), *fd = fnew(n);
     fill_nan(fo, n * C);
@@ -627,8 +631,8 @@ static void test_rows(void) {
     fill_normal(x, n * C, 1);
     double *xr = dnew(n * C);
     for (int i = 0; i < n; i++) for (int c = 0; c < C; c++) xr[i * C + c] = (double)x[i * C + c] * scale[i];
-    be->scale_rows(x, scale, n, C);
-    check_arr("scale_rows", x, xr, NULL, n * C, FWD_RTOL, 1e-30);
+    oracle_scale_rows(x, scale, n, C);
+    check_arr("oracle scale_rows", x, xr, NULL, n * C, FWD_RTOL, 1e-30);
 
     // row_dot over rows of CD
     float *a = fnew(n * CD), *b = fnew(n * CD), *dot = fnew(n);
@@ -639,10 +643,10 @@ static void test_rows(void) {
         for (int c = 0; c < CD; c++) { double t = (double)a[i * CD + c] * b[i * CD + c]; dref[i] += t; dmag[i] += fabs(t); }
     }
     fill_nan(dot, n);
-    be->row_dot(dot, a, b, n, CD);
-    check_arr("row_dot", dot, dref, dmag, n, FWD_RTOL, 1e-30);
+    oracle_row_dot(dot, a, b, n, CD);
+    check_arr("oracle row_dot", dot, dref, dmag, n, FWD_RTOL, 1e-30);
 
-    // mul (and aliased out == a), axpy, scale
+    // mul (and aliased out == a), axpy, oracle scale
     size_t m = n * CD;
     float *o = fnew(m), *a2 = fcopy(a, m);
     double *mr = dnew(m), *ar = dnew(m), *sr = dnew(m);
@@ -659,8 +663,8 @@ static void test_rows(void) {
     check_arr("axpy", y, ar, amag, m, FWD_RTOL, 1e-30);
     for (size_t i = 0; i < m; i++) sr[i] = (double)a[i] * -1.7f;
     float *s2 = fcopy(a, m);
-    be->scale(s2, -1.7f, m);
-    check_arr("scale", s2, sr, NULL, m, FWD_RTOL, 1e-30);
+    oracle_scale(s2, -1.7f, m);
+    check_arr("oracle scale", s2, sr, NULL, m, FWD_RTOL, 1e-30);
 
     free(inp); free(out); free(want); free(dout); free(g); free(src); free(scale); free(pre); free(acc); free(dacc);
     free(ref); free(mag); free(gd); free(dsrc); free(dscale); free(x); free(xr); free(a); free(b); free(dot);
@@ -736,8 +740,8 @@ static void test_combine_rows(int N, int k, int C, int M) {
         for (int j = 0; j < k; j++)
             if (sr[(size_t)t * k + j] >= 0) { tok[n] = t; rr[n] = sr[(size_t)t * k + j]; sc[n] = w[(size_t)t * k + j]; n++; }
     be->gather_rows(gd, dout, tok, n, C);
-    be->scale_rows(gd, sc, n, C);
-    be->scatter_add_rows(drows, gd, rr, NULL, n, C);
+    oracle_scale_rows(gd, sc, n, C);
+    oracle_scatter_add_rows(drows, gd, rr, NULL, n, C);
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) {
             int32_t r = sr[(size_t)t * k + j];
@@ -762,7 +766,7 @@ static void test_combine_rows(int N, int k, int C, int M) {
         int Mk = 0;   // kept rows: slot i -> row perm[i] compacted
         for (int i = 0; i < N * k; i++) sr2[i] = sr[i] < 0 ? -1 : 0;
         for (int i = 0; i < N * k; i++) if (sr2[perm[i]] == 0) { sr2[perm[i]] = Mk; rowtok[Mk] = perm[i] / k; rowsc[Mk] = w[perm[i]]; Mk++; }
-        be->scatter_add_rows(y_old, rows2, rowtok, rowsc, Mk, C);
+        oracle_scatter_add_rows(y_old, rows2, rowtok, rowsc, Mk, C);
         fill_nan(out, (size_t)N * C);
         be->combine_rows(out, rows2, sr2, w, N, k, C, 0);
         double *r2 = dnew((size_t)N * C), *m2 = dnew((size_t)N * C);
@@ -931,7 +935,15 @@ static void test_cross_entropy(void) {
     free(lg); free(losses); free(gref); free(gmag); free(lg2);
 }
 
-// ---------------------------------------------------------------- sumsq, adamw
+// ---------------------------------------------------------------- sumsq, adamw of one tensor
+// A run list of one run (0, n): what a single-tensor sumsq / adamw was.
+static OptRuns *one_run(size_t n, int decay) {
+    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0};
+    return be->runs_create(&r, 1);
+}
+
+// sumsq_runs of one tensor against a double sum in reverse order (1e-12 relative), and bitwise the
+// cpu's chunked sum (cpu_oracle.h, the reference the GPU test compares with).
 static void test_sumsq(void) {
     size_t sizes[] = {0, 1, 7, 40000};   // 40000 spans several of the kernel's chunks
     for (int s = 0; s < 4; s++) {
@@ -940,10 +952,14 @@ static void test_sumsq(void) {
         fill_normal(x, n, 2);
         double ref = 0;
         for (size_t i = n; i-- > 0;) ref += (double)x[i] * x[i];   // reverse order: independent
-        double got = be->sumsq(x, n);
+        OptRuns *h = one_run(n, 0);
+        double got = NAN, want = oracle_sumsq(x, n);
+        be->sumsq_runs(&got, 1, x, h);
+        be->runs_free(h);
         char lab[64];
         snprintf(lab, sizeof lab, "sumsq n=%zu (double accumulator)", n);
         EXPECT_NEAR(got, ref, 1e-12 * ref, lab);
+        EXPECT(memcmp(&got, &want, sizeof got) == 0, "%s: %.17g, cpu_oracle.h sumsq %.17g", lab, got, want);
         free(x);
     }
 }
@@ -967,7 +983,9 @@ static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
         mm[i] = fabs((double)b1 * m[i]) + fabs((1 - (double)b1) * g[i]);
         vm[i] = fabs((double)b2 * v[i]) + fabs((1 - (double)b2) * (double)g[i] * g[i]);
     }
-    be->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, t);
+    OptRuns *h = one_run(n, 1);
+    be->adamw_runs(p, g, m, v, h, 1.0f, lr, b1, b2, eps, wd, t);
+    be->runs_free(h);
     char lab[96];
     snprintf(lab, sizeof lab, "adamw p (t=%d wd=%g%s%s)", t, wd, zero_state ? " fresh" : "", zero_grad ? " g=0" : "");
     check_arr(lab, p, pr, pm, n, FWD_RTOL, 1e-30);
@@ -983,7 +1001,7 @@ static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
 
 // Per class: a double sum in reverse order (independent of the op's order), to 1e-12 relative
 // (double accumulation of <= 50000 terms: ~n * 1e-16); and bitwise the per-run sumsq() values added
-// in list order, which is what keeps the trainer's gradient norm unchanged on the cpu.
+// in list order (cpu_oracle.h), which is what keeps the trainer's gradient norm unchanged on the cpu.
 static void test_sumsq_runs(size_t N, int maxlen, int ncls) {
     OptRun runs[4096];
     size_t mt;
@@ -996,7 +1014,7 @@ static void test_sumsq_runs(size_t N, int maxlen, int ncls) {
     be->sumsq_runs(got, ncls, x, h);
     for (int i = nr; i-- > 0;)
         for (int64_t j = runs[i].n; j-- > 0;) ref[runs[i].cls] += (double)x[runs[i].off + j] * x[runs[i].off + j];
-    for (int i = 0; i < nr; i++) seq[runs[i].cls] += be->sumsq(x + runs[i].off, (size_t)runs[i].n);
+    for (int i = 0; i < nr; i++) seq[runs[i].cls] += oracle_sumsq(x + runs[i].off, (size_t)runs[i].n);
     char lab[96];
     for (int c = 0; c < ncls; c++) {
         snprintf(lab, sizeof lab, "sumsq_runs N=%zu %d runs class %d", N, nr, c);
@@ -1046,9 +1064,9 @@ static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
         }
         // the unfused sequence
         float *gs = g2 + runs[r].off;
-        if (gscale != 1.0f) be->scale(gs, gscale, (size_t)runs[r].n);
-        be->adamw(p2 + runs[r].off, gs, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr, b1, b2, eps,
-                  runs[r].decay ? wd : 0.0f, t);
+        if (gscale != 1.0f) oracle_scale(gs, gscale, (size_t)runs[r].n);
+        oracle_adamw(p2 + runs[r].off, gs, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr, b1, b2, eps,
+                     runs[r].decay ? wd : 0.0f, t);
     }
     OptRuns *h = be->runs_create(runs, nr);
     be->adamw_runs(p, g, m, v, h, gscale, lr, b1, b2, eps, wd, t);

@@ -118,9 +118,6 @@ struct Backend {
 
     // out[i] = inp[idx[i]] (rows of C); bwd: dinp[idx[i]] += dout[i]
     void (*gather_rows)(float *out, const float *inp, const int32_t *idx, int n, int C);
-    // out[idx[i]] += scale[i] * inp[i] (rows of C); scale may be NULL (= 1). Serial over i
-    // for a deterministic sum order.
-    void (*scatter_add_rows)(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
     // The MoE combine / un-permute as a gather (deterministic, one pass, no atomics): for each of N
     // output rows t, out[t] = (accumulate ? out[t] : 0) + sum over j = 0..k-1, in that order, of
     // (w ? w[t*k+j] : 1) * rows[slot_row[t*k+j]], skipping slot_row < 0 (dropped slots); rows of C.
@@ -141,12 +138,9 @@ struct Backend {
     void (*router_bwd)(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                        const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
                        int E, int k, int renorm);
-    // x[i] *= scale[i] for rows of C
-    void (*scale_rows)(float *x, const float *scale, int n, int C);
-    // dot[i] = <a[i], b[i]> over rows of C
-    void (*row_dot)(float *dot, const float *a, const float *b, int n, int C);
-    // The three above in one pass (the MoE backward's combine): g = inp[idx[i]]; dot[i] = <g, b[i]>;
-    // out[i] = scale[i] * g. The same floats as gather_rows, row_dot, scale_rows in that order.
+    // The MoE backward's combine in one pass, over n rows of C: g = inp[idx[i]]; dot[i] = <g, b[i]>
+    // (the products and their sum in double, then rounded to float); out[i] = scale[i] * g (one float
+    // product per element).
     void (*gather_dot_scale)(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                              const float *scale, int n, int C);
 
@@ -160,24 +154,19 @@ struct Backend {
     void (*mul)(float *out, const float *a, const float *b, size_t n);
     // y += a * x
     void (*axpy)(float *y, const float *x, float a, size_t n);
-    void (*scale)(float *x, float a, size_t n);
-    double (*sumsq)(const float *x, size_t n);        // sum of squares (double accumulator)
-    // AdamW on n elements: decoupled decay wd (0 for norms), bias-corrected at step t (1-based).
-    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                  float eps, float wd, int t);
 
-    // Multi-tensor forms of sumsq and adamw over a run list (the optimizer step in one launch).
-    // runs_create copies `n` host runs (runs of n = 0 allowed); runs_free releases the copy.
+    // The optimizer step over a run list (one launch per op): the sum of squares of the gradients
+    // and AdamW. runs_create copies `n` host runs (runs of n = 0 allowed); runs_free releases the copy.
     OptRuns *(*runs_create)(const OptRun *runs, int n);
     void (*runs_free)(OptRuns *r);
     // out (HOST, ncls doubles; overwritten) [c] = sum over the runs of class c of sum x[off..off+n)^2,
-    // in double. The cpu adds the runs' sumsq() values in list order (so it equals calling sumsq per
-    // run); other backends sum in a fixed order of their own (same inputs, same bits), with one
-    // device-to-host copy per call.
+    // in double. The cpu sums each run in chunks of 2^14 elements (each in order, then the chunks'
+    // sums in order) and adds the runs in list order; other backends sum in a fixed order of their own
+    // (same inputs, same bits), with one device-to-host copy per call.
     void (*sumsq_runs)(double *out, int ncls, const float *x, const OptRuns *r);
-    // adamw() on every run: p + off, g + off, m + moff, v + moff, n elements, weight decay wd where
-    // decay is set, else 0; each gradient element is first multiplied by gscale and rounded to
-    // float (g is read only: the result is bitwise that of scale(g, gscale) then adamw()).
+    // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
+    // where decay is set, else 0; bias-corrected at step t (1-based). Each gradient element is first
+    // multiplied by gscale and rounded to float (g is read only), then the update runs on that.
     void (*adamw_runs)(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
                        float b1, float b2, float eps, float wd, int t);
 };
@@ -207,16 +196,7 @@ void backend_profile_report(FILE *f, int steps);
 const Backend *backend_cuda(void);
 const Backend *backend_cuda_fp32(void);
 int backend_cuda_available(void);
-// The fused expert ops (grouped_swiglu_fwd/_bwd, grouped_matmul_bwd2) as the plain ops of `be` that
-// their contracts name, in that order: what a backend with nothing to fuse puts in its table.
-void backend_grouped_swiglu_fwd_plain(const Backend *be, float *h1, float *h3, float *act, const float *inp,
-                                      const float *w1, const float *w3, const int64_t *off, int G, int K, int O);
-void backend_grouped_swiglu_bwd_plain(const Backend *be, float *dh1, float *dh3, float *dw, const float *dout,
-                                      const float *act, const float *h1, const float *h3, const float *w,
-                                      const int64_t *off, int G, int K, int O);
-void backend_grouped_matmul_bwd2_plain(const Backend *be, float *dinp, float *dwa, float *dwb, const float *douta,
-                                       const float *doutb, const float *inp, const float *wa, const float *wb,
-                                       const int64_t *off, int G, int K, int O, int accumulate);
+// The fused expert ops as plain ops of a Backend (for backends with nothing to fuse): ops/plain.h.
 // 1 when "cuda"'s grouped GEMMs (forward, dinp, dw, the fused SwiGLU ops) run our Hopper kernel
 // (src/ops/cuda/cuda_grouped.cu: an sm_90 GPU, a build with sm_90a code, MOE_GROUPED_GEMM not
 // 'cublas'), 0 when they go through cuBLAS. Where a group count or shape is outside what the kernel

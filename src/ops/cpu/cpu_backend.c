@@ -6,6 +6,7 @@
 #include <string.h>
 #include "core/common.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/plain.h"
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
 static void cpu_free(void *p) { free(p); }
@@ -87,13 +88,11 @@ const Backend *backend_cpu(void) {
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
         .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
-        .gather_rows = cpu_gather_rows, .scatter_add_rows = cpu_scatter_add_rows, .row_dot = cpu_row_dot,
-        .gather_dot_scale = cpu_gather_dot_scale,
+        .gather_rows = cpu_gather_rows, .gather_dot_scale = cpu_gather_dot_scale,
         .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,
         .plan_counts = cpu_plan_counts, .plan_rows = cpu_plan_rows, .router_bwd = cpu_router_bwd,
-        .scale_rows = cpu_scale_rows,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,
-        .mul = cpu_mul, .axpy = cpu_axpy, .scale = cpu_scale, .sumsq = cpu_sumsq, .adamw = cpu_adamw,
+        .mul = cpu_mul, .axpy = cpu_axpy,
         .runs_create = cpu_runs_create, .runs_free = cpu_runs_free, .sumsq_runs = cpu_sumsq_runs,
         .adamw_runs = cpu_adamw_runs,
         .bf16_shadow = cpu_bf16_shadow,

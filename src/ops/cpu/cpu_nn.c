@@ -1,7 +1,8 @@
-// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE, causal GQA attention,
-// SwiGLU, row gather/scatter, cross-entropy, AdamW and reductions. OpenMP over independent
-// rows only; every sum is taken in a fixed order (results do not depend on thread count
-// except inside BLAS).
+// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE, causal GQA attention, SwiGLU,
+// row gather and combine, cross-entropy, elementwise ops, and the optimizer's runs (sum of squares,
+// AdamW). OpenMP over independent rows only; every sum is taken in a fixed order (results do not
+// depend on thread count except inside BLAS).
+// Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,15 +179,6 @@ void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, in
     for (int i = 0; i < n; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, sizeof(float) * C);
 }
 
-void cpu_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C) {
-    for (int i = 0; i < n; i++) {
-        float s = scale ? scale[i] : 1.0f;
-        float *o = out + (size_t)idx[i] * C;
-        const float *x = inp + (size_t)i * C;
-        for (int c = 0; c < C; c++) o[c] += s * x[c];
-    }
-}
-
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                       int accumulate) {
     // parallel over output rows; each row sums its slots in order j = 0..k-1 (the cuda kernel
@@ -202,21 +194,6 @@ void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, co
             const float *x = rows + (size_t)r * C;
             for (int c = 0; c < C; c++) o[c] += s * x[c];
         }
-    }
-}
-
-void cpu_scale_rows(float *x, const float *scale, int n, int C) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++)
-        for (int c = 0; c < C; c++) x[(size_t)i * C + c] *= scale[i];
-}
-
-void cpu_row_dot(float *dot, const float *a, const float *b, int n, int C) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        double s = 0;
-        for (int c = 0; c < C; c++) s += (double)a[(size_t)i * C + c] * b[(size_t)i * C + c];
-        dot[i] = (float)s;
     }
 }
 
@@ -270,13 +247,9 @@ void cpu_axpy(float *y, const float *x, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-void cpu_scale(float *x, float a, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) x[i] *= a;
-}
-
-double cpu_sumsq(const float *x, size_t n) {
-    // fixed chunks summed in order: the result does not depend on the thread count
+// The sum of squares of one run: fixed chunks summed in order, so the result does not depend on the
+// thread count.
+static double sumsq(const float *x, size_t n) {
     enum { CHUNK = 1 << 14 };
     size_t nc = (n + CHUNK - 1) / CHUNK;
     double *part = malloc(sizeof(double) * (nc ? nc : 1));
@@ -308,12 +281,6 @@ static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, f
     }
 }
 
-void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-               float eps, float wd, int t) {
-    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
-    adamw_span(p, g, m, v, n, 1.0f, lr, b1, b2, eps, wd, c1, c2);
-}
-
 // The run list on the cpu: a plain host copy.
 struct OptRuns { int n; OptRun r[]; };
 
@@ -331,7 +298,7 @@ void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
     for (int i = 0; i < r->n; i++) {
         const OptRun *u = &r->r[i];
         CHECK(u->cls >= 0 && u->cls < ncls, "sumsq_runs: run %d has class %d, not in [0, %d)", i, (int)u->cls, ncls);
-        if (u->n > 0) out[u->cls] += cpu_sumsq(x + u->off, (size_t)u->n);
+        if (u->n > 0) out[u->cls] += sumsq(x + u->off, (size_t)u->n);
     }
 }
 

@@ -19,7 +19,6 @@ void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                     int accumulate);
 void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
-void cpu_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                       int accumulate);
 void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
@@ -32,16 +31,10 @@ void cpu_gather_dot_scale(float *out, float *dot, const float *inp, const int32_
 void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                     const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
                     int E, int k, int renorm);
-void cpu_scale_rows(float *x, const float *scale, int n, int C);
-void cpu_row_dot(float *dot, const float *a, const float *b, int n, int C);
 void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cpu_mul(float *out, const float *a, const float *b, size_t n);
 void cpu_axpy(float *y, const float *x, float a, size_t n);
-void cpu_scale(float *x, float a, size_t n);
-double cpu_sumsq(const float *x, size_t n);
-void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-               float eps, float wd, int t);
 OptRuns *cpu_runs_create(const OptRun *runs, int n);
 void cpu_runs_free(OptRuns *r);
 void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);

@@ -16,6 +16,35 @@
 #define ATT_KT 32       // keys (or queries) per shared-memory tile: one per lane
 #define ATT_MAXR 8      // head dims per lane: hd <= 256
 
+// The forward's and dq's key tile: keys u0 .. min(u0 + ATT_KT - 1, tmax) of kv head kh in sequence b,
+// their k and v rows into Ks, Vs [ATT_KT][hd+1] (padded rows), the block's threads striding over
+// the tile's elements. The caller synchronises before (the previous tile is used up) and after.
+__device__ __forceinline__ void load_kv_tile(float *Ks, float *Vs, const float *k, const float *v, int b, int T,
+                                             int KV, int kh, int hd, int u0, int tmax) {
+    int ld = hd + 1, nk = tmax + 1 - u0 < ATT_KT ? tmax + 1 - u0 : ATT_KT;
+    for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
+        int j = e / hd, i = e % hd;
+        size_t gi = (((size_t)b * T + u0 + j) * KV + kh) * hd + i;
+        Ks[j * ld + i] = ld_f(k + gi);
+        Vs[j * ld + i] = ld_f(v + gi);
+    }
+}
+
+// acc (this lane's head dims lane, lane+32, ...) += x_j * row j of S (rows of ld floats) for the
+// tile's rows j = 0..jn-1 in order, x_j being lane j's x: the forward's P V and dq's dS K.
+__device__ __forceinline__ void tile_rows_axpy(float *acc, float x, const float *S, int ld, int jn, int lane,
+                                               int hd) {
+    for (int j = 0; j < jn; j++) {
+        float xj = __shfl_sync(0xffffffffu, x, j);
+        const float *sr = S + j * ld;
+#pragma unroll
+        for (int r = 0; r < ATT_MAXR; r++) {
+            int i = lane + 32 * r;
+            if (i < hd) acc[r] += xj * sr[i];
+        }
+    }
+}
+
 // Forward. Grid (ceil(T/ATT_WARPS), H, B). Shared: Ks, Vs [ATT_KT][hd+1] (padded: lane j reads
 // row j without bank conflicts), Qs [ATT_WARPS][hd].
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, float *lse, const float *q,
@@ -36,13 +65,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
     for (int r = 0; r < ATT_MAXR; r++) o[r] = 0.0f;
     for (int u0 = 0; u0 <= tmax; u0 += ATT_KT) {
         __syncthreads();   // previous tile fully used (and Qs written, on the first pass)
-        int nk = tmax + 1 - u0 < ATT_KT ? tmax + 1 - u0 : ATT_KT;
-        for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
-            int j = e / hd, i = e % hd;
-            size_t gi = (((size_t)b * T + u0 + j) * KV + kh) * hd + i;
-            Ks[j * ld + i] = ld_f(k + gi);
-            Vs[j * ld + i] = ld_f(v + gi);
-        }
+        load_kv_tile(Ks, Vs, k, v, b, T, KV, kh, hd, u0, tmax);
         __syncthreads();
         if (t >= T || u0 > t) continue;   // warp-uniform
         int u = u0 + lane;
@@ -60,15 +83,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
         int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
 #pragma unroll
         for (int r = 0; r < ATT_MAXR; r++) o[r] *= corr;
-        for (int j = 0; j < jn; j++) {
-            float pj = __shfl_sync(0xffffffffu, p, j);
-            const float *vr = Vs + j * ld;
-#pragma unroll
-            for (int r = 0; r < ATT_MAXR; r++) {
-                int i = lane + 32 * r;
-                if (i < hd) o[r] += pj * vr[i];
-            }
-        }
+        tile_rows_axpy(o, p, Vs, ld, jn, lane, hd);
         m = mn;
     }
     if (t >= T) return;
@@ -131,13 +146,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, 
     for (int r = 0; r < ATT_MAXR; r++) acc[r] = 0.0f;
     for (int u0 = 0; u0 <= tmax; u0 += ATT_KT) {
         __syncthreads();
-        int nk = tmax + 1 - u0 < ATT_KT ? tmax + 1 - u0 : ATT_KT;
-        for (int e = threadIdx.x; e < nk * hd; e += blockDim.x) {
-            int j = e / hd, i = e % hd;
-            size_t gi = (((size_t)b * T + u0 + j) * KV + kh) * hd + i;
-            Ks[j * ld + i] = ld_f(k + gi);
-            Vs[j * ld + i] = ld_f(v + gi);
-        }
+        load_kv_tile(Ks, Vs, k, v, b, T, KV, kh, hd, u0, tmax);
         __syncthreads();
         if (t >= T || u0 > t) continue;
         int u = u0 + lane;
@@ -150,15 +159,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, 
             ds = p * (dp - Dt) * sc;
         }
         int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
-        for (int j = 0; j < jn; j++) {
-            float dsj = __shfl_sync(0xffffffffu, ds, j);
-            const float *kr = Ks + j * ld;
-#pragma unroll
-            for (int r = 0; r < ATT_MAXR; r++) {
-                int i = lane + 32 * r;
-                if (i < hd) acc[r] += dsj * kr[i];
-            }
-        }
+        tile_rows_axpy(acc, ds, Ks, ld, jn, lane, hd);
     }
     if (t >= T) return;
 #pragma unroll

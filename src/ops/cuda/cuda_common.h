@@ -94,7 +94,7 @@ __device__ __forceinline__ float block_max_f(float v) {
     return m;
 }
 
-// Entry points of cuda_nn.cu and cuda_optim.cu (same contracts as ops.h).
+// Entry points of cuda_nn.cu, cuda_plan.cu and cuda_optim.cu (same contracts as ops.h).
 extern "C" {
 void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C);
 void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
@@ -107,7 +107,6 @@ void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                      int accumulate);
 void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
-void cuda_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C);
 void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                        int accumulate);
 void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
@@ -115,22 +114,17 @@ void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *
 void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                      const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
                      int E, int k, int renorm);
-void cuda_scale_rows(float *x, const float *scale, int n, int C);
-// cuda_plan.cu
-void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
-void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
-                    const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k);
-void cuda_row_dot(float *dot, const float *a, const float *b, int n, int C);
 void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                            const float *scale, int n, int C);
 void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);
 void cuda_axpy(float *y, const float *x, float a, size_t n);
-void cuda_scale(float *x, float a, size_t n);
-double cuda_sumsq(const float *x, size_t n);
-void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                float eps, float wd, int t);
+// cuda_plan.cu
+void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
+void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
+                    const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k);
+// cuda_optim.cu
 OptRuns *cuda_runs_create(const OptRun *runs, int n);
 void cuda_runs_free(OptRuns *r);
 void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);

@@ -16,6 +16,7 @@
 // Must not hold: any knowledge of the model or of layers.
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
+#include "ops/plain.h"
 
 typedef __nv_bfloat16 bf16;
 

@@ -118,16 +118,22 @@ __device__ __forceinline__ void wgmma_n256(float *d, uint64_t da, uint64_t db, i
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-// Tile t of the list: group g, its first row m0 (from A's first row), the group's end row and the
-// first column n0. Tiles of a group run rows fastest, so CTAs side by side share B's columns.
-__device__ __forceinline__ void gg_tile(const GGArgs &a, int t, int &m0, int &mend, int &n0, int &g) {
-    int lo = 0, hi = a.G - 1;   // the last group whose first tile is <= t (empty groups before it skipped)
+// The group that tile t belongs to: the last group whose first tile is <= t (a binary search over
+// tstart; empty groups before it, which share their successor's first tile, are skipped).
+__device__ __forceinline__ int gg_group_of_tile(const GGArgs &a, int t) {
+    int lo = 0, hi = a.G - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) >> 1;
         if (a.tstart[mid] <= t) lo = mid;
         else hi = mid - 1;
     }
-    g = lo;
+    return lo;
+}
+
+// Tile t of the list: group g, its first row m0 (from A's first row), the group's end row and the
+// first column n0. Tiles of a group run rows fastest, so CTAs side by side share B's columns.
+__device__ __forceinline__ void gg_tile(const GGArgs &a, int t, int &m0, int &mend, int &n0, int &g) {
+    g = gg_group_of_tile(a, t);
     int mt = (a.rstart[g + 1] - a.rstart[g] + GG_BM - 1) / GG_BM, local = t - a.tstart[g];
     m0 = a.rstart[g] + (local % mt) * GG_BM;
     mend = a.rstart[g + 1];
@@ -137,13 +143,7 @@ __device__ __forceinline__ void gg_tile(const GGArgs &a, int t, int &m0, int &me
 // Tile t of a weight-gradient launch (EPI_DW): group g, C's first row m0 and column n0, and the
 // group's token rows [r0, rend) that the tile sums over.
 __device__ __forceinline__ void gg_tile_dw(const GGArgs &a, int t, int &m0, int &n0, int &r0, int &rend, int &g) {
-    int lo = 0, hi = a.G - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (a.tstart[mid] <= t) lo = mid;
-        else hi = mid - 1;
-    }
-    g = lo;
+    g = gg_group_of_tile(a, t);
     int mt = (a.M + GG_BM - 1) / GG_BM, nt = (a.N + GG_BN - 1) / GG_BN, local = t - a.tstart[g];
     m0 = (a.nfast ? local / nt : local % mt) * GG_BM;
     n0 = (a.nfast ? local % nt : local / mt) * GG_BN;

@@ -1,19 +1,23 @@
-// cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding,
-// RMSNorm, RoPE, SwiGLU, row gather/scatter, cross-entropy, elementwise ops. Attention is in
-// cuda_attention*.cu, GEMMs in cuda_gemm.cu, sums of squares and AdamW in cuda_optim.cu.
+// cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding
+// (forward, backward), row gather, the MoE combine (combine_rows) and its backward
+// (gather_dot_scale), the router (softmax, top-k and the sums over rows: router_topk; its backward:
+// router_bwd), RMSNorm, RoPE, SwiGLU, cross-entropy, and the elementwise mul and axpy. Attention is
+// in cuda_attention*.cu, GEMMs in cuda_gemm.cu and cuda_grouped.cu, the dispatch plan in
+// cuda_plan.cu, the optimizer's sums of squares and AdamW in cuda_optim.cu.
 //
-// Determinism: no float atomics. Every sum that feeds a result has a fixed order: per-row block sums
-// use a fixed shuffle tree, column sums (rmsnorm dw) a fixed two-pass chunking, and the
-// scatter-adds (embedding backward, scatter_add_rows) add the rows of one destination element
-// in index order, like the cpu reference, and combine_rows sums each output row's slots in slot
-// order in one thread's registers. This file is built with -fmad=false (see
-// CMakeLists.txt), so the elementwise arithmetic rounds exactly like the cpu code's.
+// Determinism: no float atomics. Every sum that feeds a result has a fixed order: per-row block and
+// warp sums (RMSNorm, cross-entropy, the router's softmax, gather_dot_scale) use a fixed shuffle
+// tree, column sums (rmsnorm dw, the router's sums over rows) a fixed two-pass chunking, the
+// embedding backward's scatter-add adds the rows of one destination element in index order, like
+// the cpu reference, and combine_rows sums each output row's slots in slot order in one thread's
+// registers. This file is built with -fmad=false (see CMakeLists.txt), so the elementwise
+// arithmetic rounds exactly like the cpu code's.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 
-// ---------------------------------------------------------------- rows: gather, scatter-add
+// ---------------------------------------------------------------- rows: gather, embedding backward, combine
 
 __global__ void gather_rows_k(float *out, const float *inp, const int32_t *idx, int C) {
     size_t i = blockIdx.x;
@@ -39,56 +43,43 @@ extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *id
     KCHECK("gather_rows");
 }
 
-// out[idx[i]] += scale[i] * inp[i], deterministic without atomics: blockIdx.y picks a partition
-// of the destination rows (idx % P), blockIdx.x a range of columns; each thread owns one column
-// of the destination rows of its partition and walks i = 0..n-1 in order, so every destination
-// element receives its rows in index order (as the cpu reference does) and no two threads ever
-// touch the same element. Each block reads all n indices (cheap, staged through shared memory)
-// but only the rows of its partition.
-// (The MoE layer's combine and un-permute use combine_rows below instead: one pass over an
-// inverse index list.)
+// Embedding backward: dtable[tokens[i]] += dout[i], deterministic without atomics: blockIdx.y picks
+// a partition of the destination rows (token % P), blockIdx.x a range of columns; each thread owns
+// one column of the destination rows of its partition and walks i = 0..n-1 in order, so every
+// destination element receives its rows in index order (as the cpu reference does) and no two
+// threads ever touch the same element. Each block reads all n indices (cheap, staged through shared
+// memory) but only the rows of its partition.
 #define SCAT_TILE 256
 #define SCAT_COLS 128
-__global__ void scatter_add_rows_k(float *out, const float *inp, const int32_t *idx, const float *scale, int n,
-                                   int C) {
+__global__ void embedding_bwd_k(float *out, const float *inp, const int32_t *idx, int n, int C) {
     __shared__ int32_t sidx[SCAT_TILE];
-    __shared__ float ssc[SCAT_TILE];
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned P = gridDim.y, part = blockIdx.y;
     for (int i0 = 0; i0 < n; i0 += SCAT_TILE) {
         int nt = n - i0 < SCAT_TILE ? n - i0 : SCAT_TILE;
         __syncthreads();
-        for (int j = threadIdx.x; j < nt; j += blockDim.x) {
-            sidx[j] = idx[i0 + j];
-            ssc[j] = scale ? scale[i0 + j] : 1.0f;
-        }
+        for (int j = threadIdx.x; j < nt; j += blockDim.x) sidx[j] = idx[i0 + j];
         __syncthreads();
         if (c < C)
             for (int j = 0; j < nt; j++) {
                 unsigned r = (unsigned)sidx[j];
                 if (r % P != part) continue;
                 float *o = out + (size_t)r * C + c;
-                st_f(o, ld_f(o) + ssc[j] * ld_f(inp + (size_t)(i0 + j) * C + c));
+                st_f(o, ld_f(o) + ld_f(inp + (size_t)(i0 + j) * C + c));
             }
     }
 }
 
-static void scatter_launch(float *out, const float *inp, const int32_t *idx, const float *scale, int n, int C,
-                           const char *name) {
-    if (n <= 0 || C <= 0) return;
+extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C) {
+    if (N <= 0 || C <= 0) return;
     unsigned cb = cdiv_u(C, SCAT_COLS);
     // enough partitions to fill the GPU (~4 blocks per SM); more only costs index reads
     unsigned P = cb >= 512 ? 1 : 512 / cb;
     if (P > 64) P = 64;
-    if ((int)P > n) P = n;
+    if ((int)P > N) P = N;
     dim3 grid(cb, P);
-    scatter_add_rows_k<<<grid, SCAT_COLS>>>(out, inp, idx, scale, n, C);
-    KCHECK(name);
-}
-
-extern "C" void cuda_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n,
-                                      int C) {
-    scatter_launch(out, inp, idx, scale, n, C, "scatter_add_rows");
+    embedding_bwd_k<<<grid, SCAT_COLS>>>(dtable, dout, tokens, N, C);
+    KCHECK("embedding_bwd");
 }
 
 // combine_rows: one thread block per output row t (blockIdx.x) and range of columns (blockIdx.y);
@@ -161,6 +152,32 @@ extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *
     else
         combine_rows_k<<<grid, th>>>(out, rows, slot_row, w, k, C, accumulate);
     KCHECK("combine_rows");
+}
+
+// The combine's backward (ops.h gather_dot_scale): a warp per row; lane l sums the products of
+// columns l, l+32, ... in double, then the lanes' sums meet in warp_sum_d's fixed butterfly; each
+// out element is one float product.
+__global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                   const float *scale, int n, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (row >= n) return;
+    const float *g = inp + (size_t)idx[row] * C, *y = b + (size_t)row * C;
+    float *o = out + (size_t)row * C, sc = scale[row];
+    double s = 0;
+    for (int c = lane; c < C; c += 32) {
+        float v = ld_f(g + c);
+        s += (double)v * ld_f(y + c);
+        st_f(o + c, v * sc);
+    }
+    s = warp_sum_d(s);
+    if (lane == 0) dot[row] = (float)s;
+}
+
+extern "C" void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                      const float *scale, int n, int C) {
+    if (n <= 0) return;
+    gather_dot_scale_k<<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
+    KCHECK("gather_dot_scale");
 }
 
 // ---------------------------------------------------------------- router: softmax + top-k, sums, backward
@@ -306,63 +323,6 @@ extern "C" void cuda_router_bwd(float *dlogits, const float *rowdot, const int32
     router_bwd_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS, sizeof(float) * RT_WARPS * E>>>(
         dlogits, rowdot, slot_row, probs, lse, idx, w, aux_dp, z_dl, N, E, k, renorm);
     KCHECK("router_bwd");
-}
-
-extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C) {
-    scatter_launch(dtable, dout, tokens, NULL, N, C, "embedding_bwd");
-}
-
-__global__ void scale_rows_k(float *x, const float *scale, size_t n, int C) {
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        st_f(x + e, ld_f(x + e) * scale[e / C]);
-}
-
-extern "C" void cuda_scale_rows(float *x, const float *scale, int n, int C) {
-    size_t ne = (size_t)(n > 0 ? n : 0) * (C > 0 ? C : 0);
-    if (!ne) return;
-    scale_rows_k<<<ew_grid(ne, 256), 256>>>(x, scale, ne, C);
-    KCHECK("scale_rows");
-}
-
-// One warp per row, double accumulation.
-__global__ void row_dot_k(float *dot, const float *a, const float *b, int n, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= n) return;
-    const float *x = a + (size_t)row * C, *y = b + (size_t)row * C;
-    double s = 0;
-    for (int c = lane; c < C; c += 32) s += (double)ld_f(x + c) * ld_f(y + c);
-    s = warp_sum_d(s);
-    if (lane == 0) dot[row] = (float)s;
-}
-
-// gather_rows + row_dot + scale_rows in one pass: a warp per row, row_dot_k's sum order, scale_rows_k's product
-__global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                                   const float *scale, int n, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= n) return;
-    const float *g = inp + (size_t)idx[row] * C, *y = b + (size_t)row * C;
-    float *o = out + (size_t)row * C, sc = scale[row];
-    double s = 0;
-    for (int c = lane; c < C; c += 32) {
-        float v = ld_f(g + c);
-        s += (double)v * ld_f(y + c);
-        st_f(o + c, v * sc);
-    }
-    s = warp_sum_d(s);
-    if (lane == 0) dot[row] = (float)s;
-}
-
-extern "C" void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                                      const float *scale, int n, int C) {
-    if (n <= 0) return;
-    gather_dot_scale_k<<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
-    KCHECK("gather_dot_scale");
-}
-
-extern "C" void cuda_row_dot(float *dot, const float *a, const float *b, int n, int C) {
-    if (n <= 0) return;
-    row_dot_k<<<cdiv_u(n, 8), 256>>>(dot, a, b, n, C);
-    KCHECK("row_dot");
 }
 
 // ---------------------------------------------------------------- RMSNorm
@@ -555,9 +515,6 @@ __global__ void mul_k(float *out, const float *a, const float *b, size_t n) {
 __global__ void axpy_k(float *y, const float *x, float a, size_t n) {
     GRID_STRIDE(i, n) st_f(y + i, ld_f(y + i) + a * ld_f(x + i));
 }
-__global__ void scale_k(float *x, float a, size_t n) {
-    GRID_STRIDE(i, n) st_f(x + i, ld_f(x + i) * a);
-}
 
 extern "C" void cuda_mul(float *out, const float *a, const float *b, size_t n) {
     cuda_bf16_shadow_write(out, n * sizeof(float));
@@ -570,10 +527,4 @@ extern "C" void cuda_axpy(float *y, const float *x, float a, size_t n) {
     if (!n) return;
     axpy_k<<<ew_grid(n, 256), 256>>>(y, x, a, n);
     KCHECK("axpy");
-}
-extern "C" void cuda_scale(float *x, float a, size_t n) {
-    cuda_bf16_shadow_write(x, n * sizeof(float));
-    if (!n) return;
-    scale_k<<<ew_grid(n, 256), 256>>>(x, a, n);
-    KCHECK("scale");
 }

@@ -1,48 +1,16 @@
-// cuda_optim.cu — the optimizer's kernels of the cuda backend (contracts in ops/ops.h): sum of
-// squares (sumsq, and per class over a run list: sumsq_runs) and AdamW (per tensor: adamw, and over a
-// run list in one launch: adamw_runs, which also writes the GEMMs' bf16 copy of the weights,
-// ops.h bf16_shadow). Deterministic: double sums in fixed orders; one integer counter picks the
-// block that finishes sumsq_runs (no float atomics). Built with -fmad=false (CMakeLists.txt), so
-// AdamW's arithmetic rounds exactly like the cpu reference's.
+// cuda_optim.cu — the optimizer's kernels of the cuda backend (contracts in ops/ops.h), each over a
+// run list in one launch: sum of squares per class (sumsq_runs) and AdamW (adamw_runs, which also
+// writes the GEMMs' bf16 copy of the weights, ops.h bf16_shadow). Deterministic: double sums in
+// fixed orders; one integer counter picks the block that finishes sumsq_runs (no float atomics).
+// Built with -fmad=false (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu
+// reference's.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 
-// Sum of squares, deterministic: pass 1 = G blocks (G a function of n only), each a fixed
-// grid-stride set of elements summed in double and reduced by a fixed tree; pass 2 = one block
-// over the G partials in a fixed order.
-#define SUMSQ_BLOCKS 1024
-#define SUMSQ_THREADS 256
-__global__ void sumsq_part_k(double *part, const float *x, size_t n) {
-    double s = 0;
-    GRID_STRIDE(i, n) { double v = ld_f(x + i); s += v * v; }
-    s = block_sum_d(s);
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-__global__ void __launch_bounds__(1024) sumsq_final_k(double *out, const double *part, int G) {
-    double s = 0;
-    for (int i = threadIdx.x; i < G; i += blockDim.x) s += part[i];
-    s = block_sum_d(s);
-    if (threadIdx.x == 0) *out = s;
-}
-
-extern "C" double cuda_sumsq(const float *x, size_t n) {
-    if (!n) return 0.0;
-    size_t g = (n + SUMSQ_THREADS - 1) / SUMSQ_THREADS;
-    int G = g > SUMSQ_BLOCKS ? SUMSQ_BLOCKS : (int)g;
-    double *ws = (double *)cuda_workspace((size_t)(G + 1) * sizeof(double));
-    sumsq_part_k<<<G, SUMSQ_THREADS>>>(ws + 1, x, n);
-    KCHECK("sumsq (pass 1)");
-    sumsq_final_k<<<1, 1024>>>(ws, ws + 1, G);
-    KCHECK("sumsq (pass 2)");
-    double r = 0;
-    CUDA_CHECK(cudaMemcpy(&r, ws, sizeof r, cudaMemcpyDeviceToHost));
-    return r;
-}
-
-// One AdamW element (shared by adamw and adamw_runs, so both round alike): the gradient is g * gs
-// rounded to float (__fmul_rn: never contracted; gs = 1 gives g exactly), then the cpu's operations.
+// One AdamW element (adamw_runs' scalar and float4 paths alike): the gradient is g * gs rounded to
+// float (__fmul_rn: never contracted; gs = 1 gives g exactly), then the cpu's operations.
 __device__ __forceinline__ void adamw_reg(float &p, float g, float &m, float &v, float gs, float lr, float b1,
                                           float b2, float eps, float wd, float c1, float c2) {
     float gi = __fmul_rn(g, gs);
@@ -54,7 +22,7 @@ __device__ __forceinline__ void adamw_reg(float &p, float g, float &m, float &v,
 }
 __device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, float *v, float gs, float lr,
                                            float b1, float b2, float eps, float wd, float c1, float c2,
-                                           __nv_bfloat16 *pb = NULL) {
+                                           __nv_bfloat16 *pb) {
     float pi = *p, mi = *m, vi = *v;
     adamw_reg(pi, *g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2);
     if (pb) *pb = __float2bfloat16_rn(pi);   // the bf16 copy of the weights (ops.h bf16_shadow)
@@ -66,7 +34,7 @@ __device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, f
 // store: the compiler cannot move loads of one element above stores of another, which may alias).
 __device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m, float4 *v, float gs, float lr,
                                            float b1, float b2, float eps, float wd, float c1, float c2,
-                                           uint2 *pb = NULL) {
+                                           uint2 *pb) {
     float4 P = *p, G = *g, M = *m, V = *v;
     adamw_reg(P.x, G.x, M.x, V.x, gs, lr, b1, b2, eps, wd, c1, c2);
     adamw_reg(P.y, G.y, M.y, V.y, gs, lr, b1, b2, eps, wd, c1, c2);
@@ -81,20 +49,6 @@ __device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m
     *p = P;
     *m = M;
     *v = V;
-}
-
-__global__ void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                        float eps, float wd, float c1, float c2) {
-    GRID_STRIDE(i, n) adamw_elem(p + i, g + i, m + i, v + i, 1.0f, lr, b1, b2, eps, wd, c1, c2);
-}
-
-extern "C" void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                           float eps, float wd, int t) {
-    if (!n) return;
-    cuda_bf16_shadow_write(p, n * sizeof(float));
-    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
-    adamw_k<<<ew_grid(n, 256), 256>>>(p, g, m, v, n, lr, b1, b2, eps, wd, c1, c2);
-    KCHECK("adamw");
 }
 
 // ---------------------------------------------------------------- multi-tensor runs: sumsq, AdamW
