@@ -44,12 +44,18 @@ static CommReq *self_ireduce_scatter(const Comm *c, const void *send, void *recv
     self_reduce_scatter(c, send, recv, counts, t);
     return xcalloc(1, sizeof(CommReq));
 }
+static CommReq *self_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
+    DIE("internal error: point-to-point send on the group '%s' of one rank", c->name);
+}
+static CommReq *self_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
+    DIE("internal error: point-to-point receive on the group '%s' of one rank", c->name);
+}
 static int self_test(CommReq *r) { return 1; }
 static void self_wait(CommReq *r) { free(r); }
 
 const CommOps comm_self_ops = {
     self_allreduce, self_allgather, self_allgatherv, self_reduce_scatter, self_alltoallv, self_bcast, self_barrier,
-    self_iallreduce, self_ireduce_scatter, self_test, self_wait,
+    self_iallreduce, self_ireduce_scatter, self_isend, self_irecv, self_test, self_wait,
 };
 
 static const Comm self_comm = {.rank = 0, .size = 1, .name = "self", .ops = &comm_self_ops};
@@ -99,6 +105,19 @@ CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
 }
 CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
     return D(c)->ireduce_scatter(C(c), send, recv, counts, t);
+}
+
+CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
+    return C(c)->ops->isend(C(c), buf, n, t, peer, tag);
+}
+CommReq *comm_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
+    return C(c)->ops->irecv(C(c), buf, n, t, peer, tag);
+}
+CommReq *comm_dev_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
+    return D(c)->isend(C(c), buf, n, t, peer, tag);
+}
+CommReq *comm_dev_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
+    return D(c)->irecv(C(c), buf, n, t, peer, tag);
 }
 
 int comm_test(CommReq *r) { return r->ops ? r->ops->test(r) : 1; }

@@ -50,6 +50,11 @@ void comm_barrier(const Comm *c);
 // and frees the request.
 int comm_test(CommReq *r);
 void comm_wait(CommReq *r);
+// Point-to-point (pipeline stages): start sending n elements of buf to rank peer of c, or receiving
+// them from it; messages between two ranks with the same tag arrive in the order they were sent.
+// Finish with comm_wait; buf must not be touched before. Host buffers; a group of one has no peer.
+CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag);
+CommReq *comm_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);
 
 // The world: MPI when launched under mpirun/srun with more than one process (and built with MPI),
 // else self. comm_world_init may be called with NULL argc/argv. finalize is safe to call always.
@@ -83,6 +88,10 @@ void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 // The buffers must not be touched by compute work enqueued before the wait.
 CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
 CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+// Point-to-point over backend buffers (the host forms above without device ops). The nccl backend
+// does not carry them yet: with device ops attached they die naming this.
+CommReq *comm_dev_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag);
+CommReq *comm_dev_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);
 
 // ---- the nccl backend (comm_nccl.c) ----
 int comm_have_nccl(void);     // built with NCCL (and CUDA)

@@ -387,6 +387,16 @@ static CommReq *n_ireduce_scatter(const Comm *c, const void *send, void *recv, c
     q_reduce_scatter(c, send, recv, counts, t);
     return req_of(end_event(c, "ireduce_scatter", 1));
 }
+// Pipeline point-to-point over NCCL is not built yet (one stream would serialise a stage's sends
+// behind its receives; it needs grouped send/receive pairs, measured on several GPUs).
+static CommReq *n_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
+    fatal("point-to-point send on group %s: the nccl backend does not carry pipeline stages yet", c->name);
+    return NULL;
+}
+static CommReq *n_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
+    fatal("point-to-point receive on group %s: the nccl backend does not carry pipeline stages yet", c->name);
+    return NULL;
+}
 static int n_test(CommReq *r) {
     cudaError_t q = cudaEventQuery(((Ev *)r->impl)->e);
     if (q == cudaErrorNotReady) return 0;
@@ -402,7 +412,7 @@ static void n_wait(CommReq *r) {
 
 static const CommOps nccl_ops = {
     n_allreduce, n_allgather, n_allgatherv, n_reduce_scatter, n_alltoallv, n_bcast, n_barrier,
-    n_iallreduce, n_ireduce_scatter, n_test, n_wait,
+    n_iallreduce, n_ireduce_scatter, n_isend, n_irecv, n_test, n_wait,
 };
 
 // ---- setup

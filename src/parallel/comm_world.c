@@ -82,6 +82,20 @@ static CommReq *m_ireduce_scatter(const Comm *c, const void *send, void *recv, c
     MPI_CHECK(MPI_Ireduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
     return r;
 }
+static CommReq *m_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
+    CommReq *r = xcalloc(1, sizeof *r);
+    r->ops = &mpi_ops;
+    r->impl = xmalloc(sizeof(MPI_Request));
+    MPI_CHECK(MPI_Isend(buf, ci(n), mt(t), peer, tag, MC(c), (MPI_Request *)r->impl));
+    return r;
+}
+static CommReq *m_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
+    CommReq *r = xcalloc(1, sizeof *r);
+    r->ops = &mpi_ops;
+    r->impl = xmalloc(sizeof(MPI_Request));
+    MPI_CHECK(MPI_Irecv(buf, ci(n), mt(t), peer, tag, MC(c), (MPI_Request *)r->impl));
+    return r;
+}
 static int m_test(CommReq *r) {
     int flag = 0;
     MPI_CHECK(MPI_Test((MPI_Request *)r->impl, &flag, MPI_STATUS_IGNORE));
@@ -94,7 +108,7 @@ static void m_wait(CommReq *r) {
 }
 static const CommOps mpi_ops = {
     m_allreduce, m_allgather, m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
-    m_iallreduce, m_ireduce_scatter, m_test, m_wait,
+    m_iallreduce, m_ireduce_scatter, m_isend, m_irecv, m_test, m_wait,
 };
 
 static int mpi_started = 0;
