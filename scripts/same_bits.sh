@@ -9,7 +9,7 @@
 #
 # RUNS (default: all): one (one process: capacity dispatch, jitter, grad-accum 2, clipping),
 # mesh4 (4 ranks: tp2 x dp2 x ep2, zero2, small buckets), mesh8 (8 ranks: tp2 x dp4 x ep2 x etp2,
-# zero1, no overlap), resume (one process, saved at step 3 and resumed to 6), text (one process on
+# zero1, no overlap), resume (one process, HF aux form, saved at step 3 and resumed to 6), text (one process on
 # ../shared/data/tinyshakespeare.txt, where present: byte tokens, the sample from a validation window).
 # Extra flags for every run (e.g. --device cuda) come from SAME_BITS_FLAGS.
 set -u
@@ -58,7 +58,7 @@ for r in $RUNS; do
     one) F="--dispatch capacity --capacity-factor 0.8 --jitter 0.05 --grad-accum 2 --grad-clip 0.5"; NP=1 ;;
     mesh4) F="--tp 2 --ep 2 --zero 2 --bucket-mb 0.01 --check-replicas"; NP=4 ;;
     mesh8) F="--tp 2 --ep 2 --etp 2 --zero 1 --overlap 0 --grad-accum 2 --check-replicas"; NP=8 ;;
-    resume) F="--dispatch capacity --jitter 0.05"; NP=1 ;;
+    resume) F="--dispatch capacity --jitter 0.05 --aux-form hf"; NP=1 ;;
     text) [ -f "$TEXT" ] || { echo "skip: text ($TEXT absent)"; continue; }
           F="--data $TEXT --vocab-size 256"; NP=1 ;;
     *) echo "unknown run '$r'"; exit 2 ;;

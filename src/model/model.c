@@ -20,6 +20,80 @@ static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
     w->w2 = P(m, base, PR_W2, l, m->e0);
 }
 
+// Does this rank hold layer l (in one of its chunks)?
+static int holds_layer(const Model *m, int l) {
+    for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return 1;
+    return 0;
+}
+static int holds_last(const Model *m) { return m->chunk[m->nchunks - 1].last; }
+
+static void slot_alloc(Model *m, ModelSlot *s) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim,
+           V = c->vocab_size;
+    s->la = xcalloc(c->n_layers, sizeof *s->la);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!holds_layer(m, l)) continue;
+        LayerActs *a = &s->la[l];
+        a->res_in = be->alloc(N * d * F);
+        a->xn1 = be->alloc(N * d * F);
+        a->rstd1 = be->alloc(N * F);
+        a->q = be->alloc(N * qd * F);
+        a->k = be->alloc(N * kvd * F);
+        a->v = be->alloc(N * kvd * F);
+        a->att = be->alloc(N * qd * F);
+        a->lse = be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
+        a->x_mid = be->alloc(N * d * F);
+        a->xn2 = be->alloc(N * d * F);
+        a->rstd2 = be->alloc(N * F);
+        a->moe_out = be->alloc(N * d * F);
+        MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage};
+        moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+    }
+    s->res_final = be->alloc(N * d * F);
+    s->xn_f = be->alloc(N * d * F);
+    s->rstd_f = be->alloc(N * F);
+    s->logits = holds_last(m) ? be->alloc(N * V * F) : NULL;   // the largest activation: last stage only
+    s->losses = be->alloc(N * F);
+    s->tokens = be->alloc(N * sizeof(int32_t));
+    s->targets = be->alloc(N * sizeof(int32_t));
+}
+
+static void slot_free(Model *m, ModelSlot *s) {
+    const Backend *be = m->be;
+    for (int l = 0; l < m->c.n_layers; l++) {
+        if (!holds_layer(m, l)) continue;
+        LayerActs *a = &s->la[l];
+        float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
+                         a->rstd2, a->moe_out};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+        moe_layer_free(&a->moe);
+    }
+    free(s->la);
+    void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
+}
+
+// This rank's chunks: virtual stages k = c * PP + pp_rank of the split (one chunk of every layer
+// without one).
+static void find_chunks(Model *m) {
+    const StageSplit *ps = m->mesh.sl.pp_split;
+    int L = m->c.n_layers;
+    if (!ps || ps->pp * ps->vpp == 1) {
+        m->nchunks = 1;
+        m->chunk[0] = (ModelChunk){0, L, 1, 1};
+        return;
+    }
+    int S = ps->pp * ps->vpp;
+    CHECK(ps->vpp <= MODEL_MAX_CHUNKS, "--vpp %d: at most %d chunks per rank", ps->vpp, MODEL_MAX_CHUNKS);
+    m->nchunks = ps->vpp;
+    for (int c = 0; c < ps->vpp; c++) {
+        int k = c * ps->pp + m->mesh.sl.pp_rank;
+        m->chunk[c] = (ModelChunk){ps->first[k], ps->first[k + 1], k == 0, k == S - 1};
+    }
+}
+
 void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT, const ModelMesh *mesh) {
     memset(m, 0, sizeof *m);
     const char *bad = config_validate(c);
@@ -28,43 +102,19 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->c = *c;
     m->be = be;
     if (mesh) m->mesh = *mesh;
-    else m->mesh.sl = (ParamSlicing){1, 0, 1, 0, 1, 0};
+    else m->mesh.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, NULL, 0};
     const ParamSlicing *sl = &m->mesh.sl;
     params_build_local(&m->t, c, sl);
+    find_chunks(m);
     m->Hl = c->n_heads / sl->tp;
     m->KVl = c->n_kv_heads / sl->tp;
     m->El = c->n_experts / sl->ep;
     m->e0 = sl->ep_rank * m->El;
     m->maxB = maxB; m->maxT = maxT; m->maxN = maxB * maxT;
-    size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim,
-           kvd = (size_t)m->KVl * c->head_dim, V = c->vocab_size;
+    size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim;
     m->params = be->alloc(m->t.ltotal * F);
     m->grads = be->alloc(m->t.ltotal * F);
-    m->la = xcalloc(c->n_layers, sizeof *m->la);
-    for (int l = 0; l < c->n_layers; l++) {
-        LayerActs *a = &m->la[l];
-        a->res_in = be->alloc(N * d * F);
-        a->xn1 = be->alloc(N * d * F);
-        a->rstd1 = be->alloc(N * F);
-        a->q = be->alloc(N * qd * F);
-        a->k = be->alloc(N * kvd * F);
-        a->v = be->alloc(N * kvd * F);
-        a->att = be->alloc(N * qd * F);
-        a->lse = be->alloc((size_t)maxB * m->Hl * maxT * F);
-        a->x_mid = be->alloc(N * d * F);
-        a->xn2 = be->alloc(N * d * F);
-        a->rstd2 = be->alloc(N * F);
-        a->moe_out = be->alloc(N * d * F);
-        MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage};
-        moe_layer_init(&a->moe, be, c, m->maxN, &cm);
-    }
-    m->res_final = be->alloc(N * d * F);
-    m->xn_f = be->alloc(N * d * F);
-    m->rstd_f = be->alloc(N * F);
-    m->logits = be->alloc(N * V * F);
-    m->losses = be->alloc(N * F);
-    m->tokens = be->alloc(N * sizeof(int32_t));
-    m->targets = be->alloc(N * sizeof(int32_t));
+    model_set_slots(m, 1);
     m->dres = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
     m->dq = be->alloc(N * qd * F);
@@ -73,23 +123,49 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->datt = be->alloc(N * qd * F);
     moe_scratch_init(&m->ms, be, c, m->maxN);
     m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+    m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
+    m->hf_pe = m->hf_fe + c->n_experts;
 }
+
+void model_set_slots(Model *m, int n) {
+    CHECK(n >= 1, "model_set_slots: %d slots", n);
+    for (int i = n; i < m->nslots; i++) slot_free(m, &m->slots[i]);
+    m->slots = xrealloc(m->slots, sizeof(ModelSlot) * (size_t)n);
+    for (int i = m->nslots; i < n; i++) slot_alloc(m, &m->slots[i]);
+    m->nslots = n;
+    model_use(m, 0, 0);
+}
+
+void model_use(Model *m, int chunk, int slot) {
+    CHECK(chunk >= 0 && chunk < m->nchunks && slot >= 0 && slot < m->nslots, "model_use: chunk %d of %d, slot %d of %d",
+          chunk, m->nchunks, slot, m->nslots);
+    m->cur = chunk;
+    m->cur_slot = slot;
+    ModelSlot *s = &m->slots[slot];
+    m->la = s->la;
+    m->res_final = s->res_final;
+    m->xn_f = s->xn_f;
+    m->rstd_f = s->rstd_f;
+    m->logits = s->logits;
+    m->losses = s->losses;
+    m->tokens = s->tokens;
+    m->targets = s->targets;
+    m->B = s->B;
+    m->T = s->T;
+}
+
+float *model_stage_in(const Model *m) { return m->la[m->chunk[m->cur].l0].res_in; }
+float *model_stage_out(const Model *m) { return m->res_final; }
 
 void model_free(Model *m) {
     const Backend *be = m->be;
-    for (int l = 0; l < m->c.n_layers; l++) {
-        LayerActs *a = &m->la[l];
-        float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
-                         a->rstd2, a->moe_out};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
-        moe_layer_free(&a->moe);
-    }
-    free(m->la);
-    void *bufs[] = {m->params, m->grads, m->res_final, m->xn_f, m->rstd_f, m->logits, m->losses, m->tokens,
-                    m->targets, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt};
+    for (int i = 0; i < m->nslots; i++) slot_free(m, &m->slots[i]);
+    free(m->slots);
+    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
+    free(m->hf_fe);
     params_free(&m->t);
     memset(m, 0, sizeof *m);
 }
@@ -98,21 +174,25 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
                      uint64_t noise_seed) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
+    const ModelChunk *ch = &m->chunk[m->cur];
     CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d",
           B, T, m->maxB, m->maxT);
     int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, V = c->vocab_size;
     int qd = H * hd, kvd = KV * hd, E = c->n_experts;
-    m->B = B; m->T = T;
-    for (int i = 0; i < N; i++)
-        CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
-    be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
-    float *x = m->la[0].res_in;
-    be->embedding_fwd(x, m->tokens, P(m, m->params, PR_EMBED, -1, -1), N, d);
-    m->aux = m->z = 0;
-    m->dropped = 0;
-    for (int l = 0; l < c->n_layers; l++) {
+    m->B = m->slots[m->cur_slot].B = B;
+    m->T = m->slots[m->cur_slot].T = T;
+    if (ch->first) {
+        for (int i = 0; i < N; i++)
+            CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
+        be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
+        be->embedding_fwd(m->la[0].res_in, m->tokens, P(m, m->params, PR_EMBED, -1, -1), N, d);
+        m->aux = m->z = 0;
+        m->dropped = 0;
+        memset(m->hf_fe, 0, sizeof(double) * E * 2);
+    }
+    for (int l = ch->l0; l < ch->l1; l++) {
         LayerActs *a = &m->la[l];
-        float *out = l + 1 < c->n_layers ? m->la[l + 1].res_in : m->res_final;
+        float *out = l + 1 < ch->l1 ? m->la[l + 1].res_in : m->res_final;
         be->rmsnorm_fwd(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
         be->matmul_fwd(a->q, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd, 0);
         be->matmul_fwd(a->k, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd, 0);
@@ -135,20 +215,21 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         m->z += a->moe.z / c->n_layers;
         m->dropped += a->moe.dropped;
         memcpy(m->expert_counts + (size_t)l * E, a->moe.counts, sizeof(int64_t) * E);
+        // aux_form hf: the sums over layers, in layer order (carried from stage to stage)
+        for (int e = 0; e < E; e++) { m->hf_fe[e] += a->moe.counts[e]; m->hf_pe[e] += a->moe.psum[e]; }
     }
+    if (!ch->last) return 0;
     if (c->aux_form == AUX_HF) {
         // HF Mixtral: one loss over all layers' tokens, E * sum_i F_i * Pbar_i, F_i = all layers'
         // assignments to i / (L * Ng), Pbar_i = all layers' probability mass on i / (L * Ng);
-        // its gradient on layer l's probs is E * F_i / (L * Ng): give every layer f_i = F_i
-        int L = c->n_layers;
-        double LN = (double)L * m->la[0].moe.Ng, a = 0;
+        // its gradient on layer l's probs is E * F_i / (L * Ng): give every layer f_i = F_i (this
+        // chunk's here; earlier chunks' in their backward, from hf_fe)
+        double LN = (double)c->n_layers * m->la[ch->l0].moe.Ng, a = 0;
         for (int e = 0; e < E; e++) {
-            double fe = 0, pe = 0;
-            for (int l = 0; l < L; l++) { fe += m->la[l].moe.counts[e]; pe += m->la[l].moe.psum[e]; }
-            fe /= LN;
-            pe /= LN;
+            double fe = m->hf_fe[e] / LN, pe = m->hf_pe[e] / LN;
             a += fe * pe;
-            for (int l = 0; l < L; l++) m->la[l].moe.aux_f[e] = fe;
+            m->hf_fe[e] = fe;
+            for (int l = ch->l0; l < ch->l1; l++) m->la[l].moe.aux_f[e] = fe;
         }
         m->aux = E * a;
     }
@@ -174,15 +255,20 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim;
     int V = c->vocab_size, qd = H * hd, kvd = KV * hd, L = c->n_layers;
     float *g = m->grads;
-    // LM head and final norm (m->logits holds dlogits)
-    be->zero(m->dxn, (size_t)N * d * F);
-    be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
-                   N, d, V);
-    be->zero(m->dres, (size_t)N * d * F);
-    be->rmsnorm_bwd(m->dres, P(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
-                    P(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
-    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L);
-    for (int l = L - 1; l >= 0; l--) {
+    const ModelChunk *ch = &m->chunk[m->cur];
+    if (ch->last) {
+        // LM head and final norm (m->logits holds dlogits)
+        be->zero(m->dxn, (size_t)N * d * F);
+        be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
+                       N, d, V);
+        be->zero(m->dres, (size_t)N * d * F);
+        be->rmsnorm_bwd(m->dres, P(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
+                        P(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
+        if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L);
+    } else if (c->aux_form == AUX_HF) {
+        for (int l = ch->l0; l < ch->l1; l++) memcpy(m->la[l].moe.aux_f, m->hf_fe, sizeof(double) * c->n_experts);
+    }
+    for (int l = ch->l1 - 1; l >= ch->l0; l--) {
         LayerActs *a = &m->la[l];
         // MoE block: out = x_mid + moe(norm(x_mid))
         MoeWeights w;
@@ -215,6 +301,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
                         a->rstd1, N, d);
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);
     }
+    if (!ch->first) return;
     be->embedding_bwd(P(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);
 }

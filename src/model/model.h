@@ -1,5 +1,10 @@
 // model.h — the Mixtral-style MoE transformer on a Backend: parameters and gradients as flat
-// buffers laid out by the parameter table, activations for one micro-batch, forward, backward.
+// buffers laid out by the parameter table, activations of live micro-batches (slots), forward,
+// backward. With pipeline stages a rank holds chunks of layers (its virtual stages, ModelMesh.sl)
+// and the forward and backward run the current chunk only: the embedding on the first virtual
+// stage, the final norm, LM head and loss on the last; between stages the caller moves the residual
+// stream (model_stage_in / model_stage_out, m->dres) and the router statistics carried along (aux,
+// z, dropped, hf_fe/hf_pe).
 // On a mesh the forward and backward include the collectives that are part of the math (the
 // attention output's and its input gradient's all-reduce over TP; the MoE layer's exchanges),
 // through the comm API (parallel/comm.h), a layer below: model/ knows nothing of MPI, NCCL or CUDA.
@@ -31,6 +36,19 @@ typedef struct {
     MoeLayer moe;
 } LayerActs;
 
+// A chunk: the layers [l0, l1) of one virtual stage; first: it embeds the tokens; last: it holds the
+// final norm, the LM head and the loss.
+typedef struct { int l0, l1, first, last; } ModelChunk;
+#define MODEL_MAX_CHUNKS 16
+
+// The activations of one micro-batch on this rank's layers (la[l] allocated for held layers only).
+typedef struct {
+    LayerActs *la;
+    float *res_final, *xn_f, *rstd_f, *logits, *losses;
+    int32_t *tokens, *targets;
+    int B, T;
+} ModelSlot;
+
 typedef struct {
     ModelConfig c;
     ModelMesh mesh;
@@ -39,9 +57,14 @@ typedef struct {
     const Backend *be;
     float *params, *grads;         // flat, t.total elements each (backend memory)
     int maxB, maxT, maxN;
+    ModelChunk chunk[MODEL_MAX_CHUNKS];
+    int nchunks, cur;              // this rank's chunks (one without pipeline stages); the current one
+    ModelSlot *slots;
+    int nslots, cur_slot;
+    // the current slot's activations (model_use sets these views)
     LayerActs *la;                 // (L)
-    float *res_final, *xn_f, *rstd_f;   // (N,d) (N,d) (N)
-    float *logits;                 // (N,V); after a training forward: dlogits
+    float *res_final, *xn_f, *rstd_f;   // (N,d) (N,d) (N); res_final: the chunk's output
+    float *logits;                 // (N,V) (on the last stage); after a training forward: dlogits
     float *losses;                 // (N) per-token cross-entropy
     int32_t *tokens, *targets;     // (N)
     // backward scratch
@@ -51,26 +74,43 @@ typedef struct {
     // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
     void (*grads_ready)(void *ctx, int layer);
     void *grads_ready_ctx;
-    // results of the last forward
+    // results of the last forward. On a chunk that is not the first, aux, z, dropped, hf_fe and
+    // hf_pe come in from the previous stage (the caller sets them) and the forward adds its layers';
+    // the last chunk's forward leaves them complete (hf_fe then holds HF's final F_i, which the
+    // backward of every earlier chunk needs: the caller sets it there before model_backward).
     int B, T;
     double aux, z;                 // mean over layers of the per-layer router losses (global)
-    int64_t *expert_counts;        // (L,E) assignments per expert before capacity drops (global)
+    int64_t *expert_counts;        // (L,E) assignments per expert before capacity drops (global; rows
+                                   // of the current chunk's layers written by its forward)
     int64_t dropped;               // assignments dropped by capacity, all layers (global)
+    double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
 } Model;
 
 // Allocates parameters, gradients and activations for micro-batches up to maxB x maxT (per DP
 // rank). mesh may be NULL (one process).
+// One slot; chunks from mesh->sl.pp_split (NULL: one chunk of every layer).
 void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT, const ModelMesh *mesh);
 void model_free(Model *m);
+// Activations for n live micro-batches (n >= 1; the pipeline schedule's max_live).
+void model_set_slots(Model *m, int n);
+// Selects the chunk the next forward/backward runs and the slot holding its micro-batch.
+void model_use(Model *m, int chunk, int slot);
+// The current chunk's input (its first layer's residual stream: the caller fills it on a chunk that
+// is not the first) and output (the caller sends it on a chunk that is not the last). (N,d)
+float *model_stage_in(const Model *m);
+float *model_stage_out(const Model *m);
 
-// Forward over tokens (B,T) (host). targets (host) may be NULL: logits only.
+// Forward of the current chunk over tokens (B,T) (host; read on the first chunk). targets (host; read
+// on the last chunk) may be NULL: logits only.
 // dloss != 0 (training): m->logits is overwritten with dlogits for a loss scaled by dloss per token,
 // ready for model_backward. noise_seed != 0 enables router jitter. Returns the mean cross-entropy
-// of this rank's tokens (0 when targets is NULL).
+// of this rank's tokens (0 when targets is NULL or the chunk is not the last).
 double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float dloss,
                      uint64_t noise_seed);
 // Accumulates into m->grads the gradient of  dloss * sum_t ce_t + aux_scale * aux + z_scale * z
-// (aux and z are the layer means) for the last forward (which must have had dloss != 0).
+// (aux and z are the layer means) for the current slot's forward (which must have had dloss != 0),
+// over the current chunk's layers: on a chunk that is not the last, m->dres must hold the gradient
+// of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
 
 // Row of logits (V floats, host) at position (b, t) of the last forward.

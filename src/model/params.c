@@ -47,6 +47,12 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
     }
     default: break;
     }
+    const StageSplit *ps = sl->pp_split;
+    if (ps && ps->pp > 1) {
+        if (s->role == PR_EMBED) held = sl->pp_rank == 0;
+        else if (s->role == PR_FINAL_NORM || s->role == PR_LM_HEAD) held = sl->pp_rank == ps->pp - 1;
+        else held = held && stages_of_layer(ps, s->layer) % ps->pp == sl->pp_rank;
+    }
     if (!held) { s->lshape[0] = s->lshape[1] = 0; s->lnumel = 0; return; }
     if (parts > 1) {
         int64_t len = s->shape[dim] / parts;
@@ -59,7 +65,7 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
 
 void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
     params_build(t, c);
-    ParamSlicing one = {1, 0, 1, 0, 1, 0};
+    ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0};
     if (!sl) sl = &one;
     t->ltotal = 0;
     for (int i = 0; i < t->n; i++) {

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "core/config.h"
+#include "parallel/stages.h"
 
 typedef enum {
     PR_EMBED, PR_ATTN_NORM, PR_WQ, PR_WK, PR_WV, PR_WO, PR_FFN_NORM, PR_ROUTER,
@@ -43,15 +44,22 @@ typedef struct {
     size_t ltotal;        // elements of this rank's flat buffer
 } ParamTable;
 
-// The slicing of a mesh, as the table needs it (from parallel/mesh.h's MeshShape/MeshCoord).
-typedef struct { int tp, tp_rank, ep, ep_rank, etp, etp_rank; } ParamSlicing;
+// The slicing of a mesh, as the table needs it (from parallel/mesh.h's MeshShape/MeshCoord), and
+// the pipeline stage: a rank holds the layers of its virtual stages (pp_split NULL: every layer),
+// the embedding on stage 0, the final norm and the LM head on the last stage.
+typedef struct {
+    int tp, tp_rank, ep, ep_rank, etp, etp_rank;
+    const StageSplit *pp_split;
+    int pp_rank;
+} ParamSlicing;
 
 // Order: embed; per layer: attn_norm, q, k, v, o, ffn_norm, router, w1[0..E), w3[0..E), w2[0..E);
 // final norm; lm_head. So each layer's expert w1 block is one contiguous (E, f, d) array.
 void params_build(ParamTable *t, const ModelConfig *c);
 // The same table with local slices: q/k/v rows and o columns split over TP (whole heads), each EP
 // rank holds experts [ep_rank*E/EP, +E/EP), each ETP rank rows of w1/w3 and columns of w2 (along
-// f). Embeddings, norms and the router are replicated. sl == NULL: one process.
+// f). Embeddings, norms and the router are replicated. With pipeline stages, tensors of another
+// stage are not held (lnumel 0). sl == NULL: one process.
 void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl);
 // The slice of tensor s as contiguous runs: fn(full_index, local_index, count, ctx) per run
 // (full_index into a full flat buffer, local_index into this rank's).
