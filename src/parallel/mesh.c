@@ -11,7 +11,6 @@ const char *mesh_shape_resolve(MeshShape *s, const ModelConfig *c) {
     if (s->pp < 1) BAD("--pp must be >= 1 (got %d)", s->pp);
     if (s->ep < 1) BAD("--ep must be >= 1 (got %d)", s->ep);
     if (s->etp < 1) BAD("--etp must be >= 1 (got %d)", s->etp);
-    if (s->pp != 1) BAD("--pp %d: pipeline parallelism is not implemented yet (use --pp 1)", s->pp);
     if (s->world % (s->tp * s->pp))
         BAD("world size %d is not divisible by tp %d x pp %d", s->world, s->tp, s->pp);
     s->dp = s->world / (s->tp * s->pp);

@@ -180,9 +180,13 @@ void dist_arm(Dist *d, Model *m) {
     m->grads_ready_ctx = &hook_ctx;
 }
 
-void dist_finish_grads(Dist *d, Model *m) {
+void dist_disarm(Model *m) {
     m->grads_ready = NULL;
     m->grads_ready_ctx = NULL;
+}
+
+void dist_finish_grads(Dist *d, Model *m) {
+    dist_disarm(m);
     double t0 = now_seconds();
     for (int i = 0; i < d->nb; i++) if (!d->b[i].started) start_bucket(d, m, &d->b[i]);
     for (int i = 0; i < d->nb; i++) {
@@ -212,6 +216,7 @@ double dist_grad_norm(const Dist *d, const Model *m) {
         comm_allreduce(d->mesh->tp, &cls[1], 1, CT_F64);
         comm_allreduce(d->mesh->etp, &cls[2], 1, CT_F64);
         comm_allreduce(d->mesh->ep, &cls[2], 1, CT_F64);
+        if (d->mesh->s.pp > 1) comm_allreduce(d->mesh->pp, cls, 3, CT_F64);   // each stage holds its own tensors
     }
     return sqrt(cls[0] + cls[1] + cls[2]);
 }
@@ -271,9 +276,8 @@ int dist_owned(const Dist *d, const ParamSpec *s) {
     if (!s->lnumel) return 0;
     if (!d->mesh) return 1;
     // each slice has one owner: replicated tensors stage rank 0, TP shards DP rank 0, expert
-    // shards EDP rank 0 (of pipeline stage 0)
+    // shards EDP rank 0 (of the pipeline stage that holds the tensor)
     const MeshCoord *me = &d->mesh->me;
-    if (me->pp != 0) return 0;
     return s->expert >= 0 ? me->edp == 0 : s->split_dim >= 0 ? me->dp == 0 : me->stage == 0;
 }
 
@@ -314,7 +318,7 @@ int dist_check_replicas(const Dist *d, const Model *m, FILE *out) {
     free(ph);
     int bad = 0;
     const Mesh *me = d->mesh;
-    if (!all_same(me->world, rep)) { bad++; if (out) fprintf(out, "replica check: replicated tensors (router, norms, embeddings) differ across ranks\n"); }
+    if (!all_same(me->stage, rep)) { bad++; if (out) fprintf(out, "replica check: replicated tensors (router, norms, embeddings) differ across ranks\n"); }
     if (!all_same(me->dp, tp)) { bad++; if (out) fprintf(out, "replica check: TP shards differ across DP ranks\n"); }
     if (!all_same(me->edp, ex)) { bad++; if (out) fprintf(out, "replica check: expert shards differ across EDP replicas\n"); }
     if (me->s.ep > 1) {

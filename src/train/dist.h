@@ -45,12 +45,15 @@ void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_b
 // Lay the buckets and allocate the moments for this model (after model_init).
 void dist_attach(Dist *d, Model *m);
 void dist_free(Dist *d);
-// Arms the overlap hook on the model for the coming backward (the last micro-batch of a step).
+// Arms the overlap hook on the model for the coming backward (the last micro-batch of a step, on
+// each of the rank's chunks), and disarms it after (a chunk's earlier backwards must not start the
+// reductions of its layers).
 void dist_arm(Dist *d, Model *m);
+void dist_disarm(Model *m);
 // Starts what is not yet started, waits for every bucket; grads then hold the reduced values
 // (ZeRO-2: only on this rank's shards).
 void dist_finish_grads(Dist *d, Model *m);
-// Global L2 norm of the reduced gradients, identical on every rank.
+// Global L2 norm of the reduced gradients (all pipeline stages), identical on every rank.
 double dist_grad_norm(const Dist *d, const Model *m);
 // Clip by `scale` (1 = none), AdamW on this rank's shards, then all-gather the updated parameters.
 // The clip is folded into the update (g * scale rounded to float, as a separate scaling pass would

@@ -12,7 +12,7 @@ static uint64_t noise_seed(uint64_t seed, int step, int micro) {
     return h ? h : 1;
 }
 
-void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainOptions *o, int dp, int dp_rank) {
+void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainOptions *o, const Mesh *mesh) {
     memset(s, 0, sizeof *s);
     s->m = m;
     s->dist = dist;
@@ -20,42 +20,73 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     s->o = o;
     s->T = o->seq_len;
     s->Bm = o->batch / o->grad_accum;
-    s->Bl = s->Bm / dp;
-    s->dp_rank = dp_rank;
-    const char *bad = schedule_build(&s->sched, SCHED_SEQUENTIAL, 1, 0, 1, o->grad_accum);
+    s->Bl = s->Bm / mesh->s.dp;
+    s->dp_rank = mesh->me.dp;
+    int pp = mesh->s.pp;
+    const char *bad = schedule_build(&s->sched, pp > 1 ? o->pp_schedule : SCHED_SEQUENTIAL, pp, mesh->me.pp,
+                                     pp > 1 ? o->vpp : 1, o->grad_accum);
     if (!bad) bad = schedule_check(&s->sched);
-    if (bad) DIE("the step's schedule: %s", bad);
+    if (bad) DIE("%s", bad);
+    model_set_slots(m, s->sched.max_live);
+    pipe_init(&s->pipe, m, pp > 1 ? mesh->pp : NULL, s->sched.vpp);
+    // arm the gradient reductions before each chunk's last backward
+    s->arm_at = xcalloc((size_t)s->sched.n + 1, sizeof(int));
+    for (int c = 0; c < s->sched.vpp; c++)
+        for (int i = s->sched.n - 1; i >= 0; i--)
+            if (s->sched.a[i].kind == ACT_BACKWARD && s->sched.a[i].chunk == c) { s->arm_at[i] = 1; break; }
     s->x = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
     s->y = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
 }
 
 void step_free(StepCtx *s) {
+    pipe_free(&s->pipe);
+    free(s->arm_at);
     schedule_free(&s->sched);
     free(s->x);
     free(s->y);
 }
 
-// The forward of micro-batch g: its tokens (the data position continues from the checkpoint's, so a
-// resume with another --batch neither skips nor repeats sequences), the loss scaled for the step's
-// mean, the router statistics added to r.
-static void micro_forward(StepCtx *s, int step, uint64_t seq_pos, int g, StepStats *r) {
+// The forward of micro-batch g on chunk c: its tokens (the data position continues from the
+// checkpoint's, so a resume with another --batch neither skips nor repeats sequences), the loss
+// scaled for the step's mean; the loss and router statistics (carried through the stages, complete
+// on the last virtual stage) and this chunk's expert load added to r.
+static void micro_forward(StepCtx *s, int step, uint64_t seq_pos, const Action *a, StepStats *r) {
     Model *m = s->m;
     const ModelConfig *c = &m->c;
-    int G = s->sched.micro_batches, LE = c->n_layers * c->n_experts;
+    int G = s->sched.micro_batches, g = a->micro, E = c->n_experts;
     data_train_batch(s->ds, seq_pos + (uint64_t)g * s->Bm + (uint64_t)s->dp_rank * s->Bl, s->Bl, s->x, s->y);
     uint64_t ns = c->jitter > 0 ? noise_seed(s->o->seed, step, g) : 0;
     float dloss = 1.0f / ((float)(s->Bm * s->T) * G);
-    r->loss += dist_mean_dp(s->dist, model_forward(m, s->x, s->y, s->Bl, s->T, dloss, ns)) / G;
-    r->aux += m->aux / G;
-    r->z += m->z / G;
-    r->dropped += m->dropped;
-    for (int i = 0; i < LE; i++) r->counts[i] += m->expert_counts[i];
+    double loss = pipe_forward(&s->pipe, a->chunk, a->slot, s->x, s->y, s->Bl, s->T, dloss, ns);
+    if (pipe_last(&s->pipe, a->chunk)) {
+        r->loss += dist_mean_dp(s->dist, loss) / G;
+        r->aux += m->aux / G;
+        r->z += m->z / G;
+        r->dropped += m->dropped;
+    }
+    const ModelChunk *ch = &m->chunk[a->chunk];
+    for (size_t i = (size_t)ch->l0 * E; i < (size_t)ch->l1 * E; i++) r->counts[i] += m->expert_counts[i];
 }
 
-static void micro_backward(StepCtx *s, int last) {
+static void micro_backward(StepCtx *s, const Action *a, int arm) {
     int G = s->sched.micro_batches;
-    if (last) dist_arm(s->dist, s->m);   // the last backward finishes the gradients: reduce as they are
-    model_backward(s->m, s->m->c.aux_coef / G, s->m->c.z_coef / G);
+    if (arm) dist_arm(s->dist, s->m);   // the chunk's gradients are final after this one: reduce as they are
+    pipe_backward(&s->pipe, a->chunk, a->slot, s->m->c.aux_coef / G, s->m->c.z_coef / G);
+    if (arm) dist_disarm(s->m);
+}
+
+// With pipeline stages: the loss and router statistics from the last stage, the expert load of every
+// stage's layers, to every rank.
+static void gather_stages(StepCtx *s, StepStats *r) {
+    const Comm *pp = s->pipe.pp;
+    if (comm_size(pp) <= 1) return;
+    double v[4] = {r->loss, r->aux, r->z, (double)r->dropped};
+    comm_bcast(pp, v, 4, CT_F64, comm_size(pp) - 1);
+    r->loss = v[0];
+    r->aux = v[1];
+    r->z = v[2];
+    r->dropped = (int64_t)v[3];
+    comm_allreduce(pp, r->counts, (size_t)s->m->c.n_layers * s->m->c.n_experts, CT_I64);
 }
 
 // Reduce, norm, clip, AdamW (skipped when the loss or the norm is not finite).
@@ -77,11 +108,14 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     r->counts = counts;
     memset(counts, 0, sizeof(int64_t) * m->c.n_layers * m->c.n_experts);
     m->be->zero(m->grads, m->t.ltotal * sizeof(float));
-    int last = schedule_last_backward(&s->sched);
+    s->pipe.idle_s = 0;
     for (int i = 0; i < s->sched.n; i++) {
         const Action *a = &s->sched.a[i];
-        if (a->kind == ACT_FORWARD) micro_forward(s, step, seq_pos, a->micro, r);
-        else micro_backward(s, i == last);
+        if (a->kind == ACT_FORWARD) micro_forward(s, step, seq_pos, a, r);
+        else micro_backward(s, a, s->arm_at[i]);
     }
+    pipe_flush(&s->pipe);
+    r->idle_s = s->pipe.idle_s;
+    gather_stages(s, r);
     update(s, step, r);
 }

@@ -8,6 +8,7 @@
 #include "model/model.h"
 #include "train/dist.h"
 #include "train/options.h"
+#include "train/pipe.h"
 #include "train/schedule.h"
 
 // What a step needs, fixed for the run.
@@ -17,6 +18,8 @@ typedef struct {
     const Dataset *ds;
     const TrainOptions *o;
     Schedule sched;            // this rank's actions (micro-batches = o->grad_accum)
+    Pipe pipe;                 // the moves between pipeline stages
+    int *arm_at;               // (actions) 1: the last backward of its chunk (gradients final after it)
     int T;                     // tokens per sequence
     int Bm, Bl;                // sequences of a global micro-batch; this DP rank's share
     int dp_rank;
@@ -31,9 +34,12 @@ typedef struct {
     int skipped;               // non-finite loss or norm: no update
     int64_t dropped;           // assignments dropped by capacity, all layers and micro-batches
     int64_t *counts;           // (L, E) assignments per expert, summed over micro-batches (caller's array)
+    double idle_s;             // this rank's time waiting for other stages (the pipeline bubble)
 } StepStats;
 
-void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainOptions *o, int dp, int dp_rank);
+// The schedule: sequential without pipeline stages, else o->pp_schedule over the mesh's pp group
+// (this rank's stage, o->vpp chunks); the model gets the schedule's activation slots.
+void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainOptions *o, const Mesh *mesh);
 void step_free(StepCtx *s);
 // Runs step `step` (0-based) starting at data position seq_pos (global sequences); fills *r
 // (r->counts must hold L*E values).

@@ -18,6 +18,7 @@
 #include "train/plot.h"
 #include "train/step.h"
 #include "parallel/mesh.h"
+#include "parallel/stages.h"
 
 // Everything a run holds from run_open to run_close.
 typedef struct {
@@ -28,6 +29,7 @@ typedef struct {
     const Backend *be;
     Dataset ds;
     Mesh mesh;
+    StageSplit split;          // the layers of each pipeline stage
     Dist dist;
     Model m;
     StepCtx step;
@@ -87,14 +89,25 @@ static void fmt_eta(char *buf, size_t n, double s) {
     else snprintf(buf, n, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
-// The mesh for this config, or DIE naming the numbers (before any allocation).
-static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int world) {
+// The mesh and the pipeline's stage split for this config, or DIE naming the numbers (before any
+// allocation or file is touched).
+static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int world, StageSplit *split) {
     MeshShape ms = {world, o->tp, 0, o->pp, o->ep, o->etp, 0};
     const char *bad = mesh_shape_resolve(&ms, c);
     if (bad) DIE("impossible mesh: %s", bad);
     if (o->batch % (o->grad_accum * ms.dp))
         DIE("impossible mesh: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an equal "
             "share of every micro-batch)", o->batch, o->grad_accum, ms.dp);
+    if (o->pp == 1 && (o->vpp > 1 || o->pp_layers[0]))
+        DIE("--vpp and --pp-layers split the layers between pipeline stages: they need --pp > 1");
+    bad = stages_split(split, c->n_layers, o->pp, o->pp > 1 ? o->vpp : 1, o->pp_layers);
+    if (bad) DIE("impossible pipeline: %s", bad);
+    if (o->pp > 1) {
+        Schedule sc;
+        bad = schedule_build(&sc, o->pp_schedule, o->pp, 0, o->vpp, o->grad_accum);
+        if (bad) DIE("impossible pipeline: %s", bad);
+        schedule_free(&sc);
+    }
     return ms;
 }
 
@@ -123,6 +136,9 @@ static const Backend *choose_backend(const TrainOptions *o, const Comm *world, i
             "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device cpu",
             be->name, comm_size(world));
     if (force_nccl && !on_gpu) DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
+    if (o->pp > 1 && on_gpu)
+        DIE("--pp %d with --device %s: pipeline stages run on the cpu backend for now (the NCCL backend does not "
+            "carry stage-to-stage sends yet)", o->pp, be->name);
     *meshed = comm_size(world) > 1 || force_nccl;
     // MOE_PROFILE=1: time every op (serialised) and print where a step's time goes at the end
     *profile = getenv("MOE_PROFILE") && atoi(getenv("MOE_PROFILE")) > 0;
@@ -225,7 +241,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     if (bad) DIE("invalid model config: %s", bad);
     bad = train_options_validate(o, &r->c);
     if (bad) DIE("%s", bad);
-    resolve_mesh(o, &r->c, comm_size(world));
+    resolve_mesh(o, &r->c, comm_size(world), &r->split);
     int meshed, bf16_shadow;
     r->be = choose_backend(o, world, &meshed, &r->profile, &bf16_shadow);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
@@ -235,15 +251,16 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
 
-    MeshShape shape = resolve_mesh(o, &r->c, comm_size(world));
+    MeshShape shape = resolve_mesh(o, &r->c, comm_size(world), &r->split);
     mesh_init(&r->mesh, &shape, world);
     if (meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
     dist_init(&r->dist, meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
+    if (shape.pp > 1) r->dist.mm.sl.pp_split = &r->split;
     int Bl = o->batch / o->grad_accum / shape.dp;
     model_init(&r->m, &r->c, r->be, Bl, o->seq_len, meshed ? &r->dist.mm : NULL);
     dist_attach(&r->dist, &r->m);
     load_or_init(r, resuming, latest);
-    step_init(&r->step, &r->m, &r->dist, &r->ds, o, shape.dp, r->mesh.me.dp);
+    step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");
     if (!r->out) DIE("cannot open /dev/null");

@@ -1,0 +1,107 @@
+// pipe.c — one pipeline action with its messages (see pipe.h).
+#include "train/pipe.h"
+#include <string.h>
+#include "core/common.h"
+
+// Tags: messages into virtual stage k: 4k (activations), 4k+1 (carry); gradients into k: 4k+2, 4k+3.
+enum { TAG_ACT = 0, TAG_CARRY = 1, TAG_GRAD = 2, TAG_HF = 3 };
+
+void pipe_init(Pipe *p, Model *m, const Comm *pp, int vpp) {
+    memset(p, 0, sizeof *p);
+    p->m = m;
+    p->pp = pp;
+    p->stages = comm_size(pp);
+    p->stage = comm_rank(pp);
+    p->vpp = vpp;
+    p->ncarry = 3 + 2 * m->c.n_experts;
+    p->carry = xcalloc((size_t)m->nslots * (p->ncarry + m->c.n_experts), sizeof(double));
+    p->sreq = xcalloc((size_t)m->nslots * 4, sizeof(CommReq *));
+}
+
+static void wait_slot(Pipe *p, int slot) {
+    for (int i = 0; i < 4; i++) {
+        CommReq **r = &p->sreq[slot * 4 + i];
+        if (*r) { comm_wait(*r); *r = NULL; }
+    }
+}
+
+void pipe_flush(Pipe *p) {
+    for (int s = 0; s < p->m->nslots; s++) wait_slot(p, s);
+}
+
+void pipe_free(Pipe *p) {
+    pipe_flush(p);
+    free(p->carry);
+    free(p->sreq);
+    memset(p, 0, sizeof *p);
+}
+
+static int vstage(const Pipe *p, int chunk) { return chunk * p->stages + p->stage; }
+int pipe_first(const Pipe *p, int chunk) { return p->m->chunk[chunk].first; }
+int pipe_last(const Pipe *p, int chunk) { return p->m->chunk[chunk].last; }
+
+// Receives n elements from virtual stage k's rank into buf, waiting (counted as idle time).
+static void recv_wait(Pipe *p, void *buf, size_t n, CommType t, int from_vs, int tag, int dev) {
+    double t0 = now_seconds();
+    int peer = from_vs % p->stages;
+    CommReq *r = dev ? comm_dev_irecv(p->pp, buf, n, t, peer, tag) : comm_irecv(p->pp, buf, n, t, peer, tag);
+    comm_wait(r);
+    p->idle_s += now_seconds() - t0;
+}
+
+double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_t *y, int B, int T, float dloss,
+                    uint64_t noise_seed) {
+    Model *m = p->m;
+    int E = m->c.n_experts, k = vstage(p, chunk);
+    size_t nd = (size_t)B * T * m->c.d_model;
+    wait_slot(p, slot);   // the slot's buffers are ours again
+    model_use(m, chunk, slot);
+    double *carry = p->carry + (size_t)slot * (p->ncarry + E);
+    if (!pipe_first(p, chunk)) {
+        recv_wait(p, model_stage_in(m), nd, CT_F32, k - 1, 4 * k + TAG_ACT, 1);
+        recv_wait(p, carry, p->ncarry, CT_F64, k - 1, 4 * k + TAG_CARRY, 0);
+        m->aux = carry[0];
+        m->z = carry[1];
+        m->dropped = (int64_t)carry[2];
+        memcpy(m->hf_fe, carry + 3, sizeof(double) * 2 * E);   // hf_fe then hf_pe
+    }
+    double loss = model_forward(m, x, y, B, T, dloss, noise_seed);
+    if (!pipe_last(p, chunk)) {
+        carry[0] = m->aux;
+        carry[1] = m->z;
+        carry[2] = (double)m->dropped;
+        memcpy(carry + 3, m->hf_fe, sizeof(double) * 2 * E);
+        int to = (k + 1) % p->stages;
+        p->sreq[slot * 4 + 0] = comm_dev_isend(p->pp, model_stage_out(m), nd, CT_F32, to, 4 * (k + 1) + TAG_ACT);
+        p->sreq[slot * 4 + 1] = comm_isend(p->pp, carry, p->ncarry, CT_F64, to, 4 * (k + 1) + TAG_CARRY);
+    }
+    return loss;
+}
+
+void pipe_backward(Pipe *p, int chunk, int slot, float aux_scale, float z_scale) {
+    Model *m = p->m;
+    int E = m->c.n_experts, k = vstage(p, chunk), hf = m->c.aux_form == AUX_HF;
+    model_use(m, chunk, slot);
+    size_t nd = (size_t)m->B * m->T * m->c.d_model;
+    if (!pipe_last(p, chunk)) {
+        recv_wait(p, m->dres, nd, CT_F32, k + 1, 4 * k + TAG_GRAD, 1);
+        if (hf) recv_wait(p, m->hf_fe, E, CT_F64, k + 1, 4 * k + TAG_HF, 0);
+    }
+    model_backward(m, aux_scale, z_scale);
+    if (!pipe_first(p, chunk)) {
+        // the gradient of the chunk's input leaves from the slot's input buffer (dead after this backward)
+        float *g = model_stage_in(m);
+        m->be->copy(g, m->dres, nd * sizeof(float));
+        int to = (k - 1) % p->stages, slot4 = slot * 4;
+        if (p->sreq[slot4 + 2]) { comm_wait(p->sreq[slot4 + 2]); p->sreq[slot4 + 2] = NULL; }
+        p->sreq[slot4 + 2] = comm_dev_isend(p->pp, g, nd, CT_F32, to, 4 * (k - 1) + TAG_GRAD);
+        if (hf) {
+            double *back = p->carry + (size_t)slot * (p->ncarry + E) + p->ncarry;
+            // HF's final F_i of this micro-batch: its layers' aux_f (per slot; m->hf_fe may belong to
+            // a later forward by now)
+            memcpy(back, m->la[m->chunk[chunk].l0].moe.aux_f, sizeof(double) * E);
+            if (p->sreq[slot4 + 3]) { comm_wait(p->sreq[slot4 + 3]); p->sreq[slot4 + 3] = NULL; }
+            p->sreq[slot4 + 3] = comm_isend(p->pp, back, E, CT_F64, to, 4 * (k - 1) + TAG_HF);
+        }
+    }
+}
