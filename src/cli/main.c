@@ -203,12 +203,9 @@ static void apply_preset(State *s, const char *name) {
 }
 
 static void apply_config_file(State *s, const char *path, int cmd) {
-    size_t len;
-    char *txt = read_file(path, &len);
-    if (!txt) DIE("--config: cannot read '%s' (%s)", path, strerror(errno));
-    cJSON *j = cJSON_Parse(txt);
-    if (!j || !cJSON_IsObject(j)) DIE("--config %s: not a JSON object (error near byte %ld)", path,
-                                      j ? 0L : (long)(cJSON_GetErrorPtr() - txt));
+    long at = 0;
+    cJSON *j = json_read_file("--config", NULL, path, &at);
+    if (!cJSON_IsObject(j)) DIE("--config %s: not a JSON object (error near byte %ld)", path, j ? 0L : at);
     char from[1100];
     snprintf(from, sizeof from, "config %s:", path);
     cJSON *pr = cJSON_GetObjectItem(j, "preset");
@@ -235,7 +232,6 @@ static void apply_config_file(State *s, const char *path, int cmd) {
         set_opt(s, i, val, from);
     }
     cJSON_Delete(j);
-    free(txt);
 }
 
 static void usage(FILE *f, int cmd) {
