@@ -56,7 +56,7 @@ static const Opt opts[] = {
     {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary)"},
     {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
     {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
-    {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL, "cpu | cuda | auto (default: cuda when a GPU is present)"},
+    {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL, "cpu | cuda (bf16 GEMMs) | cuda-fp32 | auto (default: cuda when a GPU is present)"},
     // model
     {"vocab-size", O_INT, MO(vocab_size), C_TRAIN | C_INFO, "vocabulary size"},
     {"d-model", O_INT, MO(d_model), C_TRAIN | C_INFO, "model width d"},
