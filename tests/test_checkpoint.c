@@ -18,6 +18,7 @@
 #include "core/config.h"
 #include "model/config_json.h"
 #include "model/params.h"
+#include "core/safetensors.h"
 #include "train/checkpoint.h"
 #include "test_util.h"
 #include "test_death.h"
@@ -58,13 +59,27 @@ typedef struct {
     float *p, *m, *v;
     TrainState *st;
     int config_only;
-    const char *st_path;   // safetensors_read_into instead
+    const char *st_path;   // read_with_reader instead
     const char *suffix;
 } LoadArgs;
 
+// The tensors of t, named "<name><suffix>", from a safetensors file with the one-tensor reader;
+// returns how many tensors the file holds besides them.
+static int read_with_reader(const char *path, const ParamTable *t, float *flat, const char *suffix) {
+    StFile *f = safetensors_open(path);
+    char nm[256];
+    for (int i = 0; i < t->n; i++) {
+        snprintf(nm, sizeof nm, "%s%s", t->p[i].name, suffix ? suffix : "");
+        safetensors_read(f, nm, t->p[i].ndim, t->p[i].shape, flat + t->p[i].offset);
+    }
+    int extra = safetensors_count(f) - t->n;
+    safetensors_close(f);
+    return extra;
+}
+
 static void do_load(void *arg) {
     LoadArgs *a = arg;
-    if (a->st_path) { safetensors_read_into(a->st_path, a->t, a->p, a->suffix); return; }
+    if (a->st_path) { read_with_reader(a->st_path, a->t, a->p, a->suffix); return; }
     if (a->config_only) { ModelConfig c; ckpt_load_config(a->dir, &c); return; }
     ckpt_load(a->dir, a->t, a->p, a->m, a->v, a->st);
 }
@@ -556,7 +571,7 @@ static void test_reader(void) {
     write_st(f, "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F16\",\"shape\":[2,3],\"data_offsets\":[0,12]},"
                 "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[12,20]},"
                 "\"c\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[20,24]}}", data, sizeof data);
-    int extra = safetensors_read_into(f, &t, out, NULL);
+    int extra = read_with_reader(f, &t, out, NULL);
     EXPECT(extra == 1, "one extra tensor (got %d)", extra);
     const float want[10] = {1.0f, -2.0f, 5.9604644775390625e-08f, 65504.0f, -0.0f, 0.333251953125f, 1.0f, -3.0f, 3.140625f, 0.0f};
     EXPECT(memcmp(out, want, sizeof want) == 0, "F16/BF16 conversion: %g %g %g %g %g %g | %g %g %g %g", out[0], out[1],
@@ -597,7 +612,11 @@ static void test_reader(void) {
     StTensor ts[2] = {{"a", 2, {2, 3}, want}, {"b", 1, {4}, want + 6}};
     safetensors_write(f, ts, 2, "{\"note\":\"hi\"}");
     memset(out, 0, sizeof out);
-    EXPECT(safetensors_read_into(f, &t, out, "") == 0 && memcmp(out, want, sizeof want) == 0, "writer -> reader");
+    EXPECT(read_with_reader(f, &t, out, "") == 0 && memcmp(out, want, sizeof want) == 0, "writer -> reader");
+    StFile *sf = safetensors_open(f);
+    EXPECT(safetensors_count(sf) == 2 && !strcmp(safetensors_name(sf, 0), "a") && !strcmp(safetensors_name(sf, 1), "b") &&
+           safetensors_name(sf, 2) == NULL, "tensor names in header order");
+    safetensors_close(sf);
 }
 
 int main(void) {

@@ -46,6 +46,13 @@ for c in sample eval info; do
   if "$MOE" $c --help >"$OUT_FILE" 2>"$ERR_FILE" && grep -q -- '--ckpt' "$OUT_FILE"; then pass "moe $c --help"
   else fail "moe $c --help"; show_output; fi
 done
+for c in train sample eval; do   # --device names every value ops/backend.c backend_by_name accepts
+  line=$("$MOE" $c --help | grep -- '--device ')
+  miss=""
+  for v in cpu cuda cuda-fp32 auto; do echo "$line" | grep -qw -- "$v" || miss="$miss $v"; done
+  if [ -z "$miss" ]; then pass "moe $c --help: --device lists cpu, cuda, cuda-fp32, auto"
+  else fail "moe $c --help: --device lacks:$miss"; fi
+done
 "$MOE" >"$OUT_FILE" 2>"$ERR_FILE"
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -lt 126 ] && grep -q 'usage' "$ERR_FILE"; then pass "moe without a command: usage on stderr, exit $rc"

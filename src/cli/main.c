@@ -1,24 +1,22 @@
 // main.c — the `moe` command line: subcommands train | sample | eval | info, one option table
 // shared by flags (--d-model 128) and JSON config files ({"d_model": 128}). Argument parsing and
 // dispatch only: the work is done in train/, model/ and data/.
-#include <ctype.h>
 #include <errno.h>
-#include <math.h>
 #include <stddef.h>
 #include <string.h>
 #include <cjson/cJSON.h>
 #include "core/common.h"
-#include "data/data.h"
 #include "core/config.h"
+#include "data/data.h"
 #include "model/model.h"
-#include "model/params.h"
+#include "parallel/comm.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/hf.h"
+#include "train/info.h"
 #include "train/options.h"
+#include "train/pretrained.h"
 #include "train/trainer.h"
-#include "parallel/comm.h"
-#include "parallel/mesh.h"
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
 typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM } OptType;
@@ -58,7 +56,7 @@ static const Opt opts[] = {
     {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary)"},
     {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
     {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
-    {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL, "cpu | cuda | auto (default: cuda when a GPU is present)"},
+    {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL, "cpu | cuda (bf16 GEMMs) | cuda-fp32 | auto (default: cuda when a GPU is present)"},
     // model
     {"vocab-size", O_INT, MO(vocab_size), C_TRAIN | C_INFO, "vocabulary size"},
     {"d-model", O_INT, MO(d_model), C_TRAIN | C_INFO, "model width d"},
@@ -203,12 +201,9 @@ static void apply_preset(State *s, const char *name) {
 }
 
 static void apply_config_file(State *s, const char *path, int cmd) {
-    size_t len;
-    char *txt = read_file(path, &len);
-    if (!txt) DIE("--config: cannot read '%s' (%s)", path, strerror(errno));
-    cJSON *j = cJSON_Parse(txt);
-    if (!j || !cJSON_IsObject(j)) DIE("--config %s: not a JSON object (error near byte %ld)", path,
-                                      j ? 0L : (long)(cJSON_GetErrorPtr() - txt));
+    long at = 0;
+    cJSON *j = json_read_file("--config", NULL, path, &at);
+    if (!cJSON_IsObject(j)) DIE("--config %s: not a JSON object (error near byte %ld)", path, j ? 0L : at);
     char from[1100];
     snprintf(from, sizeof from, "config %s:", path);
     cJSON *pr = cJSON_GetObjectItem(j, "preset");
@@ -235,7 +230,6 @@ static void apply_config_file(State *s, const char *path, int cmd) {
         set_opt(s, i, val, from);
     }
     cJSON_Delete(j);
-    free(txt);
 }
 
 static void usage(FILE *f, int cmd) {
@@ -304,59 +298,18 @@ static void parse(State *s, int cmd, int argc, char **argv) {
     if (!s->set[hd] && s->model.n_heads > 0) s->model.head_dim = s->model.d_model / s->model.n_heads;
 }
 
-// DIR may be a checkpoint, a run directory holding checkpoints, or a Hugging Face model directory
-// (config.json + model.safetensors or model.safetensors.index.json, no state.json/checksums.json).
-static void resolve_ckpt(const char *dir, char *out, size_t n) {
-    if (!dir[0]) DIE("--ckpt is required");
-    if (!dir_exists(dir)) DIE("--ckpt: '%s' is not a directory", dir);
-    char p[2048];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    if (hf_is_model_dir(dir) || file_exists(p) || ckpt_is_complete(dir)) { snprintf(out, n, "%s", dir); return; }
-    if (ckpt_find_latest(dir, out, n) != 0)
-        DIE("--ckpt: no complete checkpoint in '%s' (nor is it a Hugging Face model directory)", dir);
-}
-
-static void load_config_any(const char *ck, ModelConfig *c) {
-    if (hf_is_model_dir(ck)) hf_load_config(ck, c);
-    else ckpt_load_config(ck, c);
-}
-
-// A Hugging Face directory has no state.json: its TrainState is step 0 with the given seed.
-static void load_model(Model *m, const char *ckpt, int B, int T, TrainState *st, uint64_t seed, const char *device) {
-    ModelConfig c;
-    load_config_any(ckpt, &c);
-    if (T > c.max_seq_len) T = c.max_seq_len;
-    model_init(m, &c, backend_by_name(device), B, T, NULL);
-    float *full = xmalloc(m->t.total * sizeof(float)), *local = xmalloc(m->t.ltotal * sizeof(float));
-    if (!hf_is_model_dir(ckpt)) {
-        ckpt_load(ckpt, &m->t, full, NULL, NULL, st);
-        params_full_to_local(&m->t, full, local);
-        m->be->to_device(m->params, local, m->t.ltotal * sizeof(float));
-        free(full);
-        free(local);
-        return;
-    }
-    hf_load_params(ckpt, &m->t, full);
-    params_full_to_local(&m->t, full, local);
-    m->be->to_device(m->params, local, m->t.ltotal * sizeof(float));
-    free(full);
-    free(local);
-    memset(st, 0, sizeof *st);
-    st->seed = seed;
-}
-
 static int cmd_sample(State *s) {
     char ck[2048];
-    resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+    pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
     if (s->cli.tokens < 0) DIE("--tokens must be >= 0 (got %d)", s->cli.tokens);
     if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
     Model m;
     TrainState st;
     ModelConfig c;
-    load_config_any(ck, &c);
+    pretrained_config(ck, &c);
     if (c.vocab_size < 256) DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
                                 c.vocab_size);
-    load_model(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st, s->train.seed, s->train.device);
+    pretrained_load(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st, s->train.seed, s->train.device);
     int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
     int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
     int len = 0;
@@ -377,18 +330,18 @@ static int opt_set(const State *s, const char *name) {
 
 static int cmd_eval(State *s) {
     char ck[2048];
-    resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+    pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
     if (s->cli.dump_grads && !s->cli.dump[0]) DIE("--dump-grads needs --dump FILE");
     int hf = hf_is_model_dir(ck);
     ModelConfig c;
-    load_config_any(ck, &c);
+    pretrained_config(ck, &c);
     TrainState st;
     int T = s->train.seq_len, B = s->train.batch;
     if (T < 1 || T > c.max_seq_len) DIE("--seq-len must be in 1..%d (got %d)", c.max_seq_len, T);
     if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
     if (s->train.eval_batches < 1) DIE("--eval-batches must be >= 1 (got %d)", s->train.eval_batches);
     Model m;
-    load_model(&m, ck, B, T, &st, s->train.seed, s->train.device);
+    pretrained_load(&m, ck, B, T, &st, s->train.seed, s->train.device);
     Dataset ds;
     data_open(&ds, s->train.data[0] ? s->train.data : NULL, st.seed, T);
     if (ds.max_token >= c.vocab_size)
@@ -425,7 +378,7 @@ static int cmd_eval(State *s) {
 
 static int cmd_export(State *s) {
     char ck[2048];
-    resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
+    pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
     if (hf_is_model_dir(ck)) DIE("--ckpt %s is already a Hugging Face model directory", ck);
     if (!opt_set(s, "out")) DIE("export: --out DIR is required (the Hugging Face model directory to write)");
     int linked = hf_export(ck, s->train.out, s->train.force);
@@ -480,47 +433,15 @@ static void init_from_config(State *s, ModelConfig *c) {
     if (bad) DIE("--init-from %s: invalid model config: %s", dir, bad);
 }
 
-// Rank 0 writes the imported weights as step 0 of the run in --out (zero AdamW moments); every
-// rank then continues that run as a resume from step 0, which is exactly a fresh start from them.
+// --init-from: the run in --out starts from the imported weights (saved as its step 0); every rank
+// then continues it as a resume from step 0.
 static void init_from_prepare(State *s, const Comm *world) {
     ModelConfig c;
     init_from_config(s, &c);
-    TrainOptions *o = &s->train;
-    const char *bad = train_options_validate(o, &c);
-    if (bad) DIE("%s", bad);
-    // the data first: a bad data file fails before the run directory is touched
-    Dataset ds;
-    data_open(&ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
-    if (ds.max_token >= c.vocab_size)
-        DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", s->cli.init_from, ds.source,
-            ds.max_token, c.vocab_size);
-    data_close(&ds);
-    if (!world || world->rank == 0) {
-        char p[2048], what[256];
-        if (ckpt_run_present(o->out, what, sizeof what) && !o->force)
-            DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
-                "deletes it)", o->out, what);
-        ckpt_run_clear(o->out);
-        mkdir_p(o->out);
-        ParamTable t;
-        params_build(&t, &c);
-        float *w = xmalloc(t.total * sizeof(float)), *zero = xcalloc(t.total, sizeof(float));
-        hf_load_params(s->cli.init_from, &t, w);
-        TrainState st;
-        memset(&st, 0, sizeof st);
-        st.seed = o->seed;
-        st.total_steps = o->steps;
-        ckpt_path(p, sizeof p, o->out, 0);
-        ckpt_save(p, &c, &t, w, zero, zero, &st);
-        free(w);
-        free(zero);
-        params_free(&t);
-        printf("initialised from %s: its weights are step 0 of this run (%s)\n", s->cli.init_from, p);
-    }
-    comm_barrier(world);
+    pretrained_start_run(s->cli.init_from, &c, &s->train, world);
     s->model = c;
-    o->resume = 1;
-    o->force = 0;
+    s->train.resume = 1;
+    s->train.force = 0;
     s->model_explicit = 0;
 }
 
@@ -528,85 +449,11 @@ static int cmd_info(State *s) {
     ModelConfig c = s->model;
     if (s->cli.ckpt[0]) {
         char ck[2048];
-        resolve_ckpt(s->cli.ckpt, ck, sizeof ck);
-        load_config_any(ck, &c);
+        pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
+        pretrained_config(ck, &c);
         printf("%s: %s\n", hf_is_model_dir(ck) ? "Hugging Face model" : "checkpoint", ck);
     }
-    const char *bad = config_validate(&c);
-    if (bad) DIE("invalid model config: %s", bad);
-    int T = s->train.seq_len, B = s->train.batch;
-    char b1[32], b2[32], b3[32];
-    size_t np = config_num_params(&c), na = config_num_active_params(&c);
-    fmt_count(b1, sizeof b1, (double)np);
-    fmt_count(b2, sizeof b2, (double)na);
-    printf("model: d %d, %d layers, %d heads (%d kv, head dim %d), %d experts top-%d (%s), f %d, vocab %d, "
-           "max seq %d\n", c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_experts, c.top_k,
-           c.renormalize ? "renormalised" : "not renormalised", c.d_ff, c.vocab_size, c.max_seq_len);
-    printf("dispatch: %s", c.dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
-    if (c.dispatch == DISPATCH_CAPACITY) printf(" (factor %g: %d slots per expert for %d tokens)", c.capacity_factor,
-                                                 capacity_for(&c, B * T), B * T);
-    printf("; aux coef %g, z coef %g, jitter %g\n", c.aux_coef, c.z_coef, c.jitter);
-    printf("parameters: %s total, %s active per token (%zu / %zu)\n", b1, b2, np, na);
-    ParamTable t;
-    params_build(&t, &c);
-    double dense = 0, expert = 0;
-    for (int i = 0; i < t.n; i++) *(t.p[i].expert >= 0 ? &expert : &dense) += t.p[i].numel;
-    fmt_count(b1, sizeof b1, dense);
-    fmt_count(b2, sizeof b2, expert);
-    printf("  tensors: %d (%s dense params reduced over DP, %s expert params reduced over EDP)\n", t.n, b1, b2);
-    double fl = config_flops_per_token(&c, T);
-    fmt_count(b1, sizeof b1, fl);
-    printf("training FLOPs per token at seq %d: %s (6 x active params + attention)\n", T, b1);
-    // memory, float32 cpu backend: params + grads + two AdamW moments
-    double state = 16.0 * np;
-    size_t N = (size_t)B * T, d = c.d_model, qd = (size_t)c.n_heads * c.head_dim, kvd = (size_t)c.n_kv_heads * c.head_dim;
-    size_t Rk = N * c.top_k, f = c.d_ff;
-    double acts = 4.0 * c.n_layers * (N * (6 * d + 2 * qd + 2 * kvd + c.n_experts + 2) + Rk * (2 * d + 3 * f) +
-                                     (size_t)B * c.n_heads * T) +
-                  4.0 * N * (2 * d + c.vocab_size);
-    fmt_bytes(b1, sizeof b1, state);
-    fmt_bytes(b2, sizeof b2, acts);
-    fmt_bytes(b3, sizeof b3, state + acts);
-    printf("memory (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n", b1, B, T, b2,
-           b3);
-    // cuda: the same float32 buffers on the GPU, plus the bf16 copy of the weights the GEMMs read
-    // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
-    // activations into (the largest: a layer's expert rows, both operands of a backward GEMM; and
-    // the attention's q, k, v, dout)
-    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * (f + d), (double)N * (2 * qd + 2 * kvd));
-    fmt_bytes(b1, sizeof b1, shadow);
-    fmt_bytes(b2, sizeof b2, scratch);
-    fmt_bytes(b3, sizeof b3, state + acts + shadow + scratch);
-    printf("memory (cuda, the same float32 buffers + bf16 weights %s + bf16 operand scratch %s): %s plus the CUDA "
-           "context\n", b1, b2, b3);
-    params_free(&t);
-    if (s->cli.world > 0 || s->train.tp > 1 || s->train.ep > 1 || s->train.etp > 1) {
-        MeshShape ms = {s->cli.world > 0 ? s->cli.world : s->train.tp * s->train.ep * s->train.etp, s->train.tp, 0,
-                        s->train.pp, s->train.ep, s->train.etp, 0};
-        bad = mesh_shape_resolve(&ms, &c);
-        if (bad) DIE("impossible mesh: %s", bad);
-        mesh_print(&ms, stdout);
-        // per-rank memory (rank 0; every rank holds the same amount by symmetry)
-        ParamSlicing sl = {ms.tp, 0, ms.ep, 0, ms.etp, 0};
-        ParamTable lt;
-        params_build_local(&lt, &c, &sl);
-        double mom = 0;
-        for (int i = 0; i < lt.n; i++) {
-            const ParamSpec *p = &lt.p[i];
-            int group = p->reduce == RED_DP ? ms.dp : p->reduce == RED_EDP ? ms.edp : ms.tp * ms.dp;
-            mom += 2.0 * p->lnumel / (s->train.zero ? group : 1);
-        }
-        char a1[32], a2[32], a3[32];
-        fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
-        fmt_bytes(a2, sizeof a2, 4.0 * mom);
-        fmt_bytes(a3, sizeof a3, 4.0 * (2.0 * lt.ltotal + mom));
-        printf("per rank (zero %d, float32): params %s, grads %s, AdamW moments %s; total %s\n", s->train.zero, a1, a1,
-               a2, a3);
-        if (s->train.zero == 2)
-            printf("  (zero 2 reduces each bucket straight into this rank's shard; the gradient accumulation buffer "
-                   "stays whole, so its memory is as zero 1)\n");
-        params_free(&lt);
-    }
+    info_print(&c, &s->train, s->cli.world);
     return 0;
 }
 

@@ -1,7 +1,10 @@
-// common.c — error exit, checked allocation and IO, clocks and formatting helpers.
+// common.c — error exit, checked allocation and IO (files, JSON files, paths, directory fsync), clocks and
+// formatting helpers.
 #define _POSIX_C_SOURCE 200809L
 #include "core/common.h"
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -85,6 +88,52 @@ char *read_file(const char *path, size_t *len) {
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+cJSON *json_read_file(const char *who, const char *dir, const char *name, long *err_at) {
+    char p[4096];
+    if (dir) join_path(p, sizeof p, dir, name);
+    size_t len;
+    char *txt = read_file(dir ? p : name, &len);
+    if (!txt && dir) DIE("%s: cannot read %s (%s)", who, name, strerror(errno));
+    if (!txt) DIE("%s: cannot read '%s' (%s)", who, name, strerror(errno));
+    cJSON *j = cJSON_ParseWithLength(txt, len);
+    if (!j && err_at) *err_at = (long)(cJSON_GetErrorPtr() - txt);
+    free(txt);
+    return j;
+}
+
+void json_write_file(const char *path, const cJSON *j) {
+    char *s = cJSON_Print(j);
+    if (!s) DIE("out of memory formatting '%s'", path);
+    FILE *f = xfopen(path, "wb");
+    xfwrite(s, 1, strlen(s), f, path);
+    xfwrite("\n", 1, 1, f, path);
+    xfclose(f, path);
+    cJSON_free(s);
+}
+
+void join_path(char *buf, size_t n, const char *dir, const char *name) {
+    int k = snprintf(buf, n, "%s/%s", dir, name);
+    if (k < 0 || (size_t)k >= n) DIE("path too long: '%s/%s'", dir, name);
+}
+
+void path_parent(char *buf, size_t n, const char *path) {
+    const char *s = strrchr(path, '/');
+    if (!s) { snprintf(buf, n, "."); return; }
+    if (s == path) { snprintf(buf, n, "/"); return; }
+    size_t k = (size_t)(s - path);
+    if (k >= n) DIE("path too long: '%s'", path);
+    memcpy(buf, path, k);
+    buf[k] = 0;
+}
+
+void fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) DIE("cannot open directory '%s' (%s)", path, strerror(errno));
+    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
+        DIE("cannot fsync directory '%s' (%s)", path, strerror(errno));
+    close(fd);
 }
 
 double now_seconds(void) {

@@ -29,6 +29,22 @@ void xfclose(FILE *f, const char *path);  // fflush + fsync + fclose for files o
 // Returns NULL (errno set) if it cannot be opened/read.
 char *read_file(const char *path, size_t *len);
 
+// JSON files (cJSON). json_read_file reads dir/name (dir NULL: name is the path) and parses it;
+// returns NULL if the text is not JSON (*err_at, if given: the byte offset where parsing failed) and
+// dies "<who>: cannot read <name> (<errno text>)" if the file cannot be read (with dir NULL, the
+// path is quoted: "<who>: cannot read '<path>' (...)"). json_write_file writes j indented, with a
+// final newline, fsynced. Free the result with cJSON_Delete.
+struct cJSON;
+struct cJSON *json_read_file(const char *who, const char *dir, const char *name, long *err_at);
+void json_write_file(const char *path, const struct cJSON *j);
+
+// Paths: "dir/name" into buf (dies "path too long: 'dir/name'" if it does not fit); the directory
+// holding path ("." for a bare name, "/" for a top-level one; dies if it does not fit).
+void join_path(char *buf, size_t n, const char *dir, const char *name);
+void path_parent(char *buf, size_t n, const char *path);
+// fsync a directory (after creating, renaming or removing entries in it); dies naming it.
+void fsync_dir(const char *path);
+
 double now_seconds(void);             // monotonic clock
 int file_exists(const char *path);
 int dir_exists(const char *path);

@@ -2,7 +2,7 @@
 // optimizer.safetensors (AdamW moments, "<name>.exp_avg" / "<name>.exp_avg_sq"), config.json
 // (HF MixtralConfig keys + ours), state.json (step, data position, seed), checksums.json (crc32 of
 // every other file). Written into "<dir>.tmp", each file fsynced, then renamed into place.
-// Must not hold: training logic.
+// Must not hold: training logic, or the safetensors format itself (core/safetensors.c).
 #pragma once
 #include <stdint.h>
 #include "core/config.h"
@@ -27,6 +27,9 @@ void ckpt_save(const char *dir, const ModelConfig *c, const ParamTable *t, const
 // the ranks pwrite into them; ckpt_commit writes config.json, state.json and checksums.json and
 // renames dir.tmp into place. with_opt: write optimizer.safetensors.
 void ckpt_begin(const char *dir, const ParamTable *t, int with_opt, uint64_t *model_start, uint64_t *opt_start);
+// Where the ranks write between ckpt_begin and ckpt_commit: file `name` ("model.safetensors",
+// "optimizer.safetensors") of the save of dir in progress.
+void ckpt_begin_path(char *buf, size_t n, const char *dir, const char *name);
 void ckpt_commit(const char *dir, const ModelConfig *c, const TrainState *st);
 
 // Read config.json of a checkpoint (verifying checksums of all files first). Dies with a clear
@@ -54,28 +57,6 @@ int ckpt_run_present(const char *out, char *what, size_t n);
 void ckpt_run_clear(const char *out);
 // Keeps the newest `keep` complete checkpoints of out (0: all); warns about any it cannot remove.
 void ckpt_prune(const char *out, int keep);
-
-// Generic safetensors (F32 only on write; F32/F16/BF16 on read, converted to float):
-typedef struct { char name[128]; int ndim; int64_t shape[4]; const float *data; } StTensor;
-void safetensors_write(const char *path, const StTensor *ts, int n, const char *metadata_json);
-// Read every tensor of t, named "<spec name><suffix>" (suffix may be NULL or ""), from a safetensors
-// file into flat (laid out by t). F32, BF16 and F16 are accepted (converted to float). Dies naming the
-// file and tensor on a missing tensor, another dtype, a shape different from the table's, or data
-// offsets outside the file. Returns how many tensors in the file were not read (ignored).
-int safetensors_read_into(const char *path, const ParamTable *t, float *flat, const char *suffix);
-
-// One tensor at a time (sharded HF models, other layouts). safetensors_open dies naming the file on
-// a malformed header (truncated, not JSON, offsets outside the data); safetensors_read dies naming
-// the file and tensor on a missing tensor, a dtype other than F32/BF16/F16, or another shape.
-typedef struct StFile StFile;
-StFile *safetensors_open(const char *path);
-void safetensors_close(StFile *f);
-const char *safetensors_path(const StFile *f);
-int safetensors_count(const StFile *f);                  // tensors (the __metadata__ entry excluded)
-const char *safetensors_name(const StFile *f, int i);    // i-th tensor in header order
-// ndim of tensor name (its shape into shape[0..ndim), up to 8; its dtype string), or -1 if absent.
-int safetensors_shape(const StFile *f, const char *name, int64_t *shape, const char **dtype);
-void safetensors_read(const StFile *f, const char *name, int ndim, const int64_t *shape, float *dst);
 
 // Check checksums.json of a checkpoint against every file it lists (ckpt_load_config and ckpt_load
 // do this first). Dies with "... is not a complete checkpoint" when checksums.json is missing and

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "core/common.h"
+#include "core/safetensors.h"
 
 typedef struct { int fd; const char *path; const float *src; uint64_t base; } WriteCtx;
 
@@ -35,14 +36,11 @@ void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, 
     uint64_t starts[2] = {0, 0};
     if (world->rank == 0) ckpt_begin(dir, t, m != NULL, &starts[0], &starts[1]);
     comm_bcast(world, starts, 2, CT_I64, 0);
-    char tmp[4096], p[4200];
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/') n--;
-    snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)n, dir);
-    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+    char p[4200];
+    ckpt_begin_path(p, sizeof p, dir, "model.safetensors");
     write_slices(p, t, own, params, starts[0]);
     if (m) {
-        snprintf(p, sizeof p, "%s/optimizer.safetensors", tmp);
+        ckpt_begin_path(p, sizeof p, dir, "optimizer.safetensors");
         write_slices(p, t, own, m, starts[1]);
         write_slices(p, t, own, v, starts[1] + 4 * (uint64_t)t->total);
     }
@@ -78,12 +76,12 @@ void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *
     if (world->rank == 0) ckpt_verify(dir);
     comm_barrier(world);
     char p[4200];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    join_path(p, sizeof p, dir, "model.safetensors");
     StFile *f = safetensors_open(p);
     read_slices(f, t, "", params);
     safetensors_close(f);
     if (m) {
-        snprintf(p, sizeof p, "%s/optimizer.safetensors", dir);
+        join_path(p, sizeof p, dir, "optimizer.safetensors");
         f = safetensors_open(p);
         read_slices(f, t, ".exp_avg", m);
         read_slices(f, t, ".exp_avg_sq", v);

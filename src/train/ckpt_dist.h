@@ -1,6 +1,7 @@
 // ckpt_dist.h — checkpoints on a mesh: every rank writes only the slices it owns straight into the
 // checkpoint's files (pwrite at offsets from the parameter table) and reads only the tensors it
-// holds, so a run saved on one mesh resumes on any other. Must not hold: file formats (checkpoint.c).
+// holds, so a run saved on one mesh resumes on any other. Must not hold: file formats (core/safetensors.c,
+// checkpoint.c).
 #pragma once
 #include "model/params.h"
 #include "parallel/comm.h"

@@ -4,7 +4,7 @@
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
-#include "train/checkpoint.h"
+#include "core/safetensors.h"
 #include <cjson/cJSON.h>
 
 void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r, const Dist *dist) {

@@ -7,13 +7,13 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "core/common.h"
+#include "core/safetensors.h"
 #include "model/config_json.h"
 #include "train/checkpoint.h"
 
@@ -21,14 +21,9 @@
 #define SINGLE "model.safetensors"
 #define INDEX "model.safetensors.index.json"
 
-static void join(char *buf, size_t n, const char *dir, const char *name) {
-    int k = snprintf(buf, n, "%s/%s", dir, name);
-    if (k < 0 || (size_t)k >= n) DIE("path too long: '%s/%s'", dir, name);
-}
-
 static int has(const char *dir, const char *name) {
     char p[HF_PATH];
-    join(p, sizeof p, dir, name);
+    join_path(p, sizeof p, dir, name);
     return file_exists(p);
 }
 
@@ -38,13 +33,9 @@ int hf_is_model_dir(const char *dir) {
 }
 
 static cJSON *read_json(const char *dir, const char *name) {
-    char p[HF_PATH];
-    join(p, sizeof p, dir, name);
-    size_t len;
-    char *txt = read_file(p, &len);
-    if (!txt) DIE("HF model %s: cannot read %s (%s)", dir, name, strerror(errno));
-    cJSON *j = cJSON_ParseWithLength(txt, len);
-    free(txt);
+    char who[HF_PATH + 16];
+    snprintf(who, sizeof who, "HF model %s", dir);
+    cJSON *j = json_read_file(who, dir, name, NULL);
     if (!cJSON_IsObject(j)) DIE("HF model %s: %s is not a JSON object", dir, name);
     return j;
 }
@@ -84,7 +75,7 @@ static void src_open(Src *s, const char *dir) {
     s->dir = dir;
     char p[HF_PATH];
     if (has(dir, SINGLE)) {   // transformers' own order: the single file first
-        join(p, sizeof p, dir, SINGLE);
+        join_path(p, sizeof p, dir, SINGLE);
         s->listing = SINGLE;
         s->nf = 1;
         s->f = xcalloc(1, sizeof *s->f);
@@ -120,7 +111,7 @@ static void src_open(Src *s, const char *dir) {
         int k = 0;
         while (k < s->nf && strcmp(fname[k], fn) != 0) k++;
         if (k == s->nf) {
-            join(p, sizeof p, dir, fn);
+            join_path(p, sizeof p, dir, fn);
             if (!file_exists(p)) DIE("HF model %s: %s maps tensor %s to %s, which does not exist", dir, INDEX, it->string, fn);
             fname[k] = fn;
             s->f[k] = safetensors_open(p);
@@ -214,13 +205,6 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
 // ---------------------------------------------------------------------------------------------
 // export
 
-static void fsync_dir(const char *p) {
-    int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) DIE("cannot open directory '%s' (%s)", p, strerror(errno));
-    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) DIE("cannot fsync directory '%s' (%s)", p, strerror(errno));
-    close(fd);
-}
-
 static void copy_file(const char *from, const char *to) {
     FILE *in = fopen(from, "rb");
     if (!in) DIE("cannot open '%s' (%s)", from, strerror(errno));
@@ -284,30 +268,20 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
     if (rm_rf(tmp) != 0) DIE("cannot remove '%s' (%s)", tmp, strerror(errno));
     mkdir_p(tmp);
 
-    join(src, sizeof src, ckpt, SINGLE);
-    join(q, sizeof q, tmp, SINGLE);
+    join_path(src, sizeof src, ckpt, SINGLE);
+    join_path(q, sizeof q, tmp, SINGLE);
     int linked = link(src, q) == 0;   // our checkpoints are never modified in place
     if (!linked) copy_file(src, q);
     cJSON *j = config_to_json(&c);
-    char *txt = cJSON_Print(j);
+    join_path(q, sizeof q, tmp, "config.json");
+    json_write_file(q, j);
     cJSON_Delete(j);
-    if (!txt) DIE("out of memory formatting config.json");
-    join(q, sizeof q, tmp, "config.json");
-    FILE *f = xfopen(q, "wb");
-    xfwrite(txt, 1, strlen(txt), f, q);
-    xfwrite("\n", 1, 1, f, q);
-    xfclose(f, q);
-    cJSON_free(txt);
     fsync_dir(tmp);
 
     if (lstat(out, &st) == 0 && rm_rf(out) != 0) DIE("cannot remove '%s' (%s)", out, strerror(errno));
     if (rename(tmp, out) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, out, strerror(errno));
     char par[HF_PATH];
-    snprintf(par, sizeof par, "%s", out);
-    char *sl = strrchr(par, '/');
-    if (!sl) snprintf(par, sizeof par, ".");
-    else if (sl == par) par[1] = 0;
-    else *sl = 0;
+    path_parent(par, sizeof par, out);
     fsync_dir(par);
     return linked;
 }

@@ -1,7 +1,8 @@
 // hf.h — Hugging Face model directories (what transformers' save_pretrained writes and
 // from_pretrained reads for MixtralForCausalLM): reading one (config.json + model.safetensors, or
 // shards listed in model.safetensors.index.json; F32/BF16/F16 tensors) and exporting one of our
-// checkpoints as one. Must not hold: training logic (the CLI wires --init-from into a run).
+// checkpoints as one. Must not hold: training logic (train/pretrained.c starts a run from one) or
+// the safetensors format (core/safetensors.c).
 #pragma once
 #include "core/config.h"
 #include "model/params.h"

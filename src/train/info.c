@@ -1,0 +1,84 @@
+// info.c — `moe info`'s figures for a model config and a training layout (see info.h).
+#include "train/info.h"
+#include <math.h>
+#include <stdio.h>
+#include "core/common.h"
+#include "model/params.h"
+#include "parallel/mesh.h"
+
+void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
+    const char *bad = config_validate(c);
+    if (bad) DIE("invalid model config: %s", bad);
+    int T = o->seq_len, B = o->batch;
+    char b1[32], b2[32], b3[32];
+    size_t np = config_num_params(c), na = config_num_active_params(c);
+    fmt_count(b1, sizeof b1, (double)np);
+    fmt_count(b2, sizeof b2, (double)na);
+    printf("model: d %d, %d layers, %d heads (%d kv, head dim %d), %d experts top-%d (%s), f %d, vocab %d, "
+           "max seq %d\n", c->d_model, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->n_experts, c->top_k,
+           c->renormalize ? "renormalised" : "not renormalised", c->d_ff, c->vocab_size, c->max_seq_len);
+    printf("dispatch: %s", c->dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
+    if (c->dispatch == DISPATCH_CAPACITY) printf(" (factor %g: %d slots per expert for %d tokens)", c->capacity_factor,
+                                                 capacity_for(c, B * T), B * T);
+    printf("; aux coef %g, z coef %g, jitter %g\n", c->aux_coef, c->z_coef, c->jitter);
+    printf("parameters: %s total, %s active per token (%zu / %zu)\n", b1, b2, np, na);
+    ParamTable t;
+    params_build(&t, c);
+    double dense = 0, expert = 0;
+    for (int i = 0; i < t.n; i++) *(t.p[i].expert >= 0 ? &expert : &dense) += t.p[i].numel;
+    fmt_count(b1, sizeof b1, dense);
+    fmt_count(b2, sizeof b2, expert);
+    printf("  tensors: %d (%s dense params reduced over DP, %s expert params reduced over EDP)\n", t.n, b1, b2);
+    double fl = config_flops_per_token(c, T);
+    fmt_count(b1, sizeof b1, fl);
+    printf("training FLOPs per token at seq %d: %s (6 x active params + attention)\n", T, b1);
+    // memory, float32 cpu backend: params + grads + two AdamW moments
+    double state = 16.0 * np;
+    size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t Rk = N * c->top_k, f = c->d_ff;
+    double acts = 4.0 * c->n_layers * (N * (6 * d + 2 * qd + 2 * kvd + c->n_experts + 2) + Rk * (2 * d + 3 * f) +
+                                     (size_t)B * c->n_heads * T) +
+                  4.0 * N * (2 * d + c->vocab_size);
+    fmt_bytes(b1, sizeof b1, state);
+    fmt_bytes(b2, sizeof b2, acts);
+    fmt_bytes(b3, sizeof b3, state + acts);
+    printf("memory (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n", b1, B, T, b2,
+           b3);
+    // cuda: the same float32 buffers on the GPU, plus the bf16 copy of the weights the GEMMs read
+    // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
+    // activations into (the largest: a layer's expert rows, both operands of a backward GEMM; and
+    // the attention's q, k, v, dout)
+    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * (f + d), (double)N * (2 * qd + 2 * kvd));
+    fmt_bytes(b1, sizeof b1, shadow);
+    fmt_bytes(b2, sizeof b2, scratch);
+    fmt_bytes(b3, sizeof b3, state + acts + shadow + scratch);
+    printf("memory (cuda, the same float32 buffers + bf16 weights %s + bf16 operand scratch %s): %s plus the CUDA "
+           "context\n", b1, b2, b3);
+    params_free(&t);
+    if (world > 0 || o->tp > 1 || o->ep > 1 || o->etp > 1) {
+        MeshShape ms = {world > 0 ? world : o->tp * o->ep * o->etp, o->tp, 0, o->pp, o->ep, o->etp, 0};
+        bad = mesh_shape_resolve(&ms, c);
+        if (bad) DIE("impossible mesh: %s", bad);
+        mesh_print(&ms, stdout);
+        // per-rank memory (rank 0; every rank holds the same amount by symmetry)
+        ParamSlicing sl = {ms.tp, 0, ms.ep, 0, ms.etp, 0};
+        ParamTable lt;
+        params_build_local(&lt, c, &sl);
+        double mom = 0;
+        for (int i = 0; i < lt.n; i++) {
+            const ParamSpec *p = &lt.p[i];
+            int group = p->reduce == RED_DP ? ms.dp : p->reduce == RED_EDP ? ms.edp : ms.tp * ms.dp;
+            mom += 2.0 * p->lnumel / (o->zero ? group : 1);
+        }
+        char a1[32], a2[32], a3[32];
+        fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
+        fmt_bytes(a2, sizeof a2, 4.0 * mom);
+        fmt_bytes(a3, sizeof a3, 4.0 * (2.0 * lt.ltotal + mom));
+        printf("per rank (zero %d, float32): params %s, grads %s, AdamW moments %s; total %s\n", o->zero, a1, a1, a2,
+               a3);
+        if (o->zero == 2)
+            printf("  (zero 2 reduces each bucket straight into this rank's shard; the gradient accumulation buffer "
+                   "stays whole, so its memory is as zero 1)\n");
+        params_free(&lt);
+    }
+}
