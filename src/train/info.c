@@ -61,7 +61,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
         if (bad) DIE("impossible mesh: %s", bad);
         mesh_print(&ms, stdout);
         // per-rank memory (rank 0; every rank holds the same amount by symmetry)
-        ParamSlicing sl = {ms.tp, 0, ms.ep, 0, ms.etp, 0};
+        ParamSlicing sl = {ms.tp, 0, ms.ep, 0, ms.etp, 0, NULL, 0};
         ParamTable lt;
         params_build_local(&lt, c, &sl);
         double mom = 0;
