@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # same_bits.sh — does a refactor keep every result bit for bit? Runs the same training runs with two
 # moe binaries and compares, byte for byte: each metrics.jsonl line without its timing fields
-# (tokens_per_s, tflops, step_time_s, grad_wait_s, bubble fields), every checkpoint's model.safetensors,
+# (tokens_per_s, tflops, step_time_s, grad_wait_s, pp_idle_s, bubble_frac), every checkpoint's model.safetensors,
 # optimizer.safetensors, config.json and state.json, and the end-of-run report without its timing
 # line. Exit 0 when everything is identical.
 #
@@ -33,7 +33,7 @@ run() {   # run BIN DIR NP FLAGS...
 }
 
 strip_metrics() {   # metrics.jsonl without the fields that time things
-  sed -E 's/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_s|bubble_frac)":[^,}]*,?//g' "$1"
+  sed -E 's/"pp_idle_s":\[[^]]*\],?//; s/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_frac)":[^,}]*,?//g' "$1"
 }
 
 report() { grep -vE 'trained steps|tok/s' "$1/out.txt" | sed "s|$1|RUN|g"; }   # out.txt less timings and its path

@@ -19,7 +19,7 @@
 #include "train/trainer.h"
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
-typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM } OptType;
+typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -107,7 +107,12 @@ static const Opt opts[] = {
     {"tp", O_INT, TO(tp), C_TRAIN | C_INFO, "tensor parallel size (attention heads split)"},
     {"ep", O_INT, TO(ep), C_TRAIN | C_INFO, "expert parallel size (carved out of the data-parallel ranks)"},
     {"etp", O_INT, TO(etp), C_TRAIN | C_INFO, "expert tensor parallel size (each expert's f split)"},
-    {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (1 only, for now)"},
+    {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (the layers split between them; cpu backend)"},
+    {"pp-schedule", O_SCHEDULE, TO(pp_schedule), C_TRAIN | C_INFO,
+     "1f1b | interleaved (pipeline schedule; micro-batches = --grad-accum, >= --pp)"},
+    {"vpp", O_INT, TO(vpp), C_TRAIN | C_INFO, "model chunks per pipeline rank (interleaved schedule)"},
+    {"pp-layers", O_STR, TO(pp_layers), C_TRAIN | C_INFO,
+     "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split)"},
     {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
     {"overlap", O_INT, TO(overlap), C_TRAIN, "1: reduce gradient buckets while backward runs"},
     {"bucket-mb", O_FLOAT, TO(bucket_mb), C_TRAIN, "gradient bucket size cap in MB"},
@@ -174,6 +179,11 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
         if (!strcmp(val, "layer")) *(AuxForm *)p = AUX_LAYER;
         else if (!strcmp(val, "hf")) *(AuxForm *)p = AUX_HF;
         else DIE("%s --%s: '%s' is not one of layer, hf", from, o->name, val);
+        break;
+    case O_SCHEDULE:
+        if (!strcmp(val, "1f1b")) *(ScheduleKind *)p = SCHED_1F1B;
+        else if (!strcmp(val, "interleaved")) *(ScheduleKind *)p = SCHED_INTERLEAVED;
+        else DIE("%s --%s: '%s' is not one of 1f1b, interleaved", from, o->name, val);
         break;
     case O_DISPATCH:
         if (!strcmp(val, "dropless")) *(DispatchMode *)p = DISPATCH_DROPLESS;
@@ -248,7 +258,7 @@ static void usage(FILE *f, int cmd) {
     for (int i = 0; i < N_OPTS; i++) {
         if (!(opts[i].cmds & cmd)) continue;
         const char *arg = opts[i].type == O_FLAG ? "" : opts[i].type == O_STR ? " S" : opts[i].type == O_FLOAT ? " X"
-                        : opts[i].type == O_DISPATCH || opts[i].type == O_AUXFORM ? " MODE" : " N";
+                        : opts[i].type == O_DISPATCH || opts[i].type == O_AUXFORM || opts[i].type == O_SCHEDULE ? " MODE" : " N";
         char left[64];
         snprintf(left, sizeof left, "--%s%s", opts[i].name, arg);
         fprintf(f, "  %-22s %s\n", left, opts[i].help);
@@ -315,10 +325,13 @@ static int cmd_sample(State *s) {
     int len = 0;
     for (int i = 0; i < plen; i++) ctx[len++] = (unsigned char)s->cli.prompt[i];
     if (len == 0) ctx[len++] = '\n';
-    sample_tokens(&m, ctx, &len, cap, s->cli.tokens, s->cli.temperature, s->train.seed);
+    Pipe one;   // the model alone: one stage
+    pipe_init(&one, &m, NULL, 1);
+    sample_tokens(&one, ctx, &len, cap, s->cli.tokens, s->cli.temperature, s->train.seed);
     print_tokens(stdout, ctx, len, c.vocab_size);
     printf("\n");
     free(ctx);
+    pipe_free(&one);
     model_free(&m);
     return 0;
 }
@@ -349,7 +362,10 @@ static int cmd_eval(State *s) {
     if (hf) printf("Hugging Face model %s, data %s\n", ck, ds.source);
     else printf("checkpoint %s (step %lld), data %s\n", ck, (long long)st.step, ds.source);
     EvalResult r;
-    evaluate(&m, &ds, B, s->train.eval_batches, 1, &r, NULL);
+    Pipe one;   // the model alone: one stage
+    pipe_init(&one, &m, NULL, 1);
+    evaluate(&one, &ds, B, s->train.eval_batches, 1, &r, NULL);
+    pipe_free(&one);
     eval_print(&r, &ds, &c);
     if (s->cli.dump[0]) {
         float aux_coef = opt_set(s, "aux-coef") ? s->model.aux_coef : c.aux_coef;

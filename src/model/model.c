@@ -20,8 +20,7 @@ static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
     w->w2 = P(m, base, PR_W2, l, m->e0);
 }
 
-// Does this rank hold layer l (in one of its chunks)?
-static int holds_layer(const Model *m, int l) {
+int model_holds_layer(const Model *m, int l) {
     for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return 1;
     return 0;
 }
@@ -34,7 +33,7 @@ static void slot_alloc(Model *m, ModelSlot *s) {
            V = c->vocab_size;
     s->la = xcalloc(c->n_layers, sizeof *s->la);
     for (int l = 0; l < c->n_layers; l++) {
-        if (!holds_layer(m, l)) continue;
+        if (!model_holds_layer(m, l)) continue;
         LayerActs *a = &s->la[l];
         a->res_in = be->alloc(N * d * F);
         a->xn1 = be->alloc(N * d * F);
@@ -63,7 +62,7 @@ static void slot_alloc(Model *m, ModelSlot *s) {
 static void slot_free(Model *m, ModelSlot *s) {
     const Backend *be = m->be;
     for (int l = 0; l < m->c.n_layers; l++) {
-        if (!holds_layer(m, l)) continue;
+        if (!model_holds_layer(m, l)) continue;
         LayerActs *a = &s->la[l];
         float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
                          a->rstd2, a->moe_out};

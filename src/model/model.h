@@ -99,6 +99,8 @@ void model_use(Model *m, int chunk, int slot);
 // is not the first) and output (the caller sends it on a chunk that is not the last). (N,d)
 float *model_stage_in(const Model *m);
 float *model_stage_out(const Model *m);
+// Does this rank hold layer l (in one of its chunks)?
+int model_holds_layer(const Model *m, int l);
 
 // Forward of the current chunk over tokens (B,T) (host; read on the first chunk). targets (host; read
 // on the last chunk) may be NULL: logits only.

@@ -7,7 +7,8 @@
 #include "core/safetensors.h"
 #include <cjson/cJSON.h>
 
-void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r, const Dist *dist) {
+void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r, const Dist *dist) {
+    Model *m = p->m;
     memset(r, 0, sizeof *r);
     const Mesh *mesh = dist ? dist->mesh : NULL;
     int DP = mesh ? mesh->s.dp : 1, dp_rank = mesh ? mesh->me.dp : 0;
@@ -18,13 +19,14 @@ void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds,
     float *losses = xmalloc((size_t)N * sizeof(float));
     r->n_kinds = want_kinds ? ds->n_kinds : 0;
     // the routing per kind below reads each layer's choices on the host
-    for (int l = 0; r->n_kinds && l < L; l++) m->la[l].moe.host_router_out = 1;
+    model_use(m, 0, 0);
+    for (int l = 0; r->n_kinds && l < L; l++) if (model_holds_layer(m, l)) m->la[l].moe.host_router_out = 1;
     if (r->n_kinds) r->kind_expert = xcalloc((size_t)r->n_kinds * L * E, sizeof(int64_t));
     double sum = 0;
     for (int b = 0; b < n_batches; b++) {
         data_val_batch(ds, (uint64_t)b * B + (uint64_t)dp_rank * Bl, Bl, x, y, kinds);
-        model_forward(m, x, y, Bl, T, 0, 0);
-        m->be->to_host(losses, m->losses, (size_t)N * sizeof(float));
+        pipe_forward_all(p, x, y, Bl, T);
+        pipe_losses(p, losses, N);
         for (int i = 0; i < N; i++) {
             sum += losses[i];
             if (r->n_kinds) { r->kind_loss[kinds[i]] += losses[i]; r->kind_tokens[kinds[i]]++; }
@@ -32,6 +34,7 @@ void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds,
         // routing of the tokens of my MoE slice (the expert choice at position i routes input token
         // i; it is counted under the kind of target i, the same line except at line starts)
         for (int l = 0; r->n_kinds && l < L; l++) {
+            if (!model_holds_layer(m, l)) continue;
             const MoeLayer *ml = &m->la[l].moe;
             for (int i = 0; i < ml->Ns; i++)
                 for (int j = 0; j < k; j++)
@@ -47,8 +50,9 @@ void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds,
         r->tokens = (int64_t)v[1];
         for (int kd = 0; kd < DATA_MAX_KINDS; kd++) { r->kind_loss[kd] = v[2 + kd]; r->kind_tokens[kd] = (int64_t)v[2 + DATA_MAX_KINDS + kd]; }
         if (r->n_kinds) comm_allreduce(mesh->stage, r->kind_expert, (size_t)r->n_kinds * L * E, CT_I64);
+        if (r->n_kinds && mesh->s.pp > 1) comm_allreduce(mesh->pp, r->kind_expert, (size_t)r->n_kinds * L * E, CT_I64);
     }
-    for (int l = 0; l < L; l++) m->la[l].moe.host_router_out = 0;
+    for (int l = 0; l < L; l++) if (model_holds_layer(m, l)) m->la[l].moe.host_router_out = 0;
     r->loss = r->tokens ? sum / r->tokens : 0;
     for (int kd = 0; kd < r->n_kinds; kd++)
         if (r->kind_tokens[kd]) r->kind_loss[kd] /= r->kind_tokens[kd];
@@ -81,7 +85,8 @@ void eval_print(const EvalResult *r, const Dataset *ds, const ModelConfig *c) {
     }
 }
 
-void sample_tokens(Model *m, int32_t *ctx, int *len, int cap, int n, float temperature, uint64_t seed) {
+void sample_tokens(Pipe *p, int32_t *ctx, int *len, int cap, int n, float temperature, uint64_t seed) {
+    Model *m = p->m;
     int V = m->c.vocab_size;
     float *row = xmalloc((size_t)V * sizeof(float));
     Rng r;
@@ -89,8 +94,8 @@ void sample_tokens(Model *m, int32_t *ctx, int *len, int cap, int n, float tempe
     for (int s = 0; s < n && *len < cap; s++) {
         int T = *len < m->maxT ? *len : m->maxT;
         const int32_t *win = ctx + *len - T;
-        model_forward(m, win, NULL, 1, T, 0, 0);
-        model_logits_row(m, 0, T - 1, row);
+        pipe_forward_all(p, win, NULL, 1, T);
+        pipe_logits_row(p, 0, T - 1, row);
         int next = 0;
         if (temperature <= 0) {
             for (int v = 1; v < V; v++) if (row[v] > row[next]) next = v;

@@ -7,6 +7,7 @@
 #include "data/data.h"
 #include "model/model.h"
 #include "train/dist.h"
+#include "train/pipe.h"
 
 typedef struct {
     double loss;                               // mean cross-entropy over evaluated target tokens
@@ -20,13 +21,14 @@ typedef struct {
 // Evaluates n_batches micro-batches of B sequences (global; each DP rank takes its share) from the
 // validation set (from index 0). With want_kinds, fills the per-kind tables (kind_expert malloc'd;
 // free with eval_result_free). Results are global. dist may be NULL (one process).
-void evaluate(Model *m, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r, const Dist *dist);
+// The model runs through p (its pipeline stages; a Pipe of one stage for a model alone).
+void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, EvalResult *r, const Dist *dist);
 void eval_result_free(EvalResult *r);
 void eval_print(const EvalResult *r, const Dataset *ds, const ModelConfig *c);
 
 // Appends n sampled tokens to the prompt (ctx of *len tokens, capacity cap); temperature 0 = greedy.
 // Uses only the last maxT tokens as context.
-void sample_tokens(Model *m, int32_t *ctx, int *len, int cap, int n, float temperature, uint64_t seed);
+void sample_tokens(Pipe *p, int32_t *ctx, int *len, int cap, int n, float temperature, uint64_t seed);
 // Prints tokens as text (vocab 256: bytes with escapes for non-printables; else ids).
 void print_tokens(FILE *f, const int32_t *tok, int n, int vocab);
 

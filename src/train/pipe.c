@@ -105,3 +105,18 @@ void pipe_backward(Pipe *p, int chunk, int slot, float aux_scale, float z_scale)
         }
     }
 }
+
+void pipe_forward_all(Pipe *p, const int32_t *x, const int32_t *y, int B, int T) {
+    for (int c = 0; c < p->vpp; c++) pipe_forward(p, c, 0, x, y, B, T, 0, 0);
+    pipe_flush(p);
+}
+
+void pipe_losses(Pipe *p, float *out, int N) {
+    if (p->m->losses && pipe_last(p, p->vpp - 1)) p->m->be->to_host(out, p->m->losses, (size_t)N * sizeof(float));
+    if (p->stages > 1) comm_bcast(p->pp, out, (size_t)N, CT_F32, p->stages - 1);
+}
+
+void pipe_logits_row(Pipe *p, int b, int t, float *out) {
+    if (pipe_last(p, p->vpp - 1)) model_logits_row(p->m, b, t, out);
+    if (p->stages > 1) comm_bcast(p->pp, out, (size_t)p->m->c.vocab_size, CT_F32, p->stages - 1);
+}

@@ -35,3 +35,10 @@ double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_
 void pipe_backward(Pipe *p, int chunk, int slot, float aux_scale, float z_scale);
 // Waits for every send in flight.
 void pipe_flush(Pipe *p);
+
+// Forward only (evaluation, sampling): one micro-batch through every chunk of every stage, in slot 0.
+void pipe_forward_all(Pipe *p, const int32_t *x, const int32_t *y, int B, int T);
+// After it, on every rank: the per-token losses (N floats, host) / the logits row at (b, t) (V floats),
+// from the last stage.
+void pipe_losses(Pipe *p, float *out, int N);
+void pipe_logits_row(Pipe *p, int b, int t, float *out);

@@ -31,6 +31,7 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     pipe_init(&s->pipe, m, pp > 1 ? mesh->pp : NULL, s->sched.vpp);
     // arm the gradient reductions before each chunk's last backward
     s->arm_at = xcalloc((size_t)s->sched.n + 1, sizeof(int));
+    s->stage_idle = xcalloc((size_t)pp, sizeof(double));
     for (int c = 0; c < s->sched.vpp; c++)
         for (int i = s->sched.n - 1; i >= 0; i--)
             if (s->sched.a[i].kind == ACT_BACKWARD && s->sched.a[i].chunk == c) { s->arm_at[i] = 1; break; }
@@ -41,6 +42,7 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
 void step_free(StepCtx *s) {
     pipe_free(&s->pipe);
     free(s->arm_at);
+    free(s->stage_idle);
     schedule_free(&s->sched);
     free(s->x);
     free(s->y);
@@ -76,10 +78,14 @@ static void micro_backward(StepCtx *s, const Action *a, int arm) {
 }
 
 // With pipeline stages: the loss and router statistics from the last stage, the expert load of every
-// stage's layers, to every rank.
+// stage's layers and every stage's idle time, to every rank.
 static void gather_stages(StepCtx *s, StepStats *r) {
     const Comm *pp = s->pipe.pp;
+    r->stages = comm_size(pp);
+    r->stage_idle = s->stage_idle;
+    s->stage_idle[0] = s->pipe.idle_s;
     if (comm_size(pp) <= 1) return;
+    comm_allgather(pp, &s->pipe.idle_s, s->stage_idle, 1, CT_F64);
     double v[4] = {r->loss, r->aux, r->z, (double)r->dropped};
     comm_bcast(pp, v, 4, CT_F64, comm_size(pp) - 1);
     r->loss = v[0];
@@ -115,7 +121,6 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
         else micro_backward(s, a, s->arm_at[i]);
     }
     pipe_flush(&s->pipe);
-    r->idle_s = s->pipe.idle_s;
     gather_stages(s, r);
     update(s, step, r);
 }

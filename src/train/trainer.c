@@ -310,6 +310,13 @@ static void run_record(Run *r, int step, const StepStats *s, double dt) {
     cJSON_AddNumberToObject(j, "load_max_over_mean", worst);
     cJSON_AddNumberToObject(j, "dropped", (double)s->dropped);
     cJSON_AddBoolToObject(j, "skipped", s->skipped);
+    double bubble = 0;
+    if (s->stages > 1) {   // the pipeline's idle time: per stage, and its mean share of the step
+        cJSON *pi = cJSON_AddArrayToObject(j, "pp_idle_s");
+        for (int k = 0; k < s->stages; k++) { cJSON_AddItemToArray(pi, cJSON_CreateNumber(s->stage_idle[k])); bubble += s->stage_idle[k]; }
+        bubble /= s->stages * dt;
+        cJSON_AddNumberToObject(j, "bubble_frac", bubble);
+    }
     cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
     for (int l = 0; l < L; l++) {
         cJSON *row = cJSON_CreateArray();
@@ -324,8 +331,9 @@ static void run_record(Run *r, int step, const StepStats *s, double dt) {
     char eta[32];
     double el_s = now_seconds() - r->t_start;
     fmt_eta(eta, sizeof eta, el_s / (step + 1 - r->first) * (o->steps - step - 1));
-    char wait[48] = "";
+    char wait[80] = "";
     if (comm_size(r->world) > 1) snprintf(wait, sizeof wait, " | grad wait %.1fms", 1e3 * r->dist.wait_s);
+    if (s->stages > 1) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | bubble %.0f%%", 100 * bubble);
     printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
            (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, s->aux, s->z, s->lr, s->gnorm, tps,
@@ -336,7 +344,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt) {
 // The validation loss, into metrics.jsonl and the progress.
 static void run_evaluate(Run *r, int step) {
     EvalResult ev;
-    evaluate(&r->m, &r->ds, r->step.Bm, r->o->eval_batches, 0, &ev, &r->dist);
+    evaluate(&r->step.pipe, &r->ds, r->step.Bm, r->o->eval_batches, 0, &ev, &r->dist);
     if (r->mf) { fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss); fflush(r->mf); }
     if (!r->o->quiet) fprintf(r->out, "  eval: val loss %.4f\n", ev.loss);
 }
@@ -358,7 +366,7 @@ static void run_sample(Run *r) {
         free(y);
     }
     int plen = len;
-    sample_tokens(&r->m, ctx, &len, cap, o->sample_tokens, 0.8f, o->seed);
+    sample_tokens(&r->step.pipe, ctx, &len, cap, o->sample_tokens, 0.8f, o->seed);
     fprintf(r->out, "sample (temperature 0.8):\n---\n");
     print_tokens(r->out, ctx, plen, r->c.vocab_size);
     fprintf(r->out, "|");
@@ -385,7 +393,7 @@ static void run_close(Run *r) {
         fprintf(r->out, "trained steps %d..%d in %.1fs (%.0f tokens/s)\n", r->first + 1, o->steps, wall,
                 (o->steps - r->first) * (double)o->batch * o->seq_len / wall);
     EvalResult ev;
-    evaluate(&r->m, &r->ds, r->step.Bm, o->eval_batches, 1, &ev, &r->dist);
+    evaluate(&r->step.pipe, &r->ds, r->step.Bm, o->eval_batches, 1, &ev, &r->dist);
     if (r->rank0) eval_print(&ev, &r->ds, &r->c);
     eval_result_free(&ev);
     if (o->sample_tokens > 0) run_sample(r);
