@@ -3,6 +3,9 @@
 #include <string.h>
 #include "core/common.h"
 
+// A backward's outgoing gradient (backend memory) and HF fractions, with their sends.
+struct PipeSendBuf { float *g; double *hf; CommReq *req[2]; };
+
 // Tags: messages into virtual stage k: 4k (activations), 4k+1 (carry); gradients into k: 4k+2, 4k+3.
 enum { TAG_ACT = 0, TAG_CARRY = 1, TAG_GRAD = 2, TAG_HF = 3 };
 
@@ -14,23 +17,37 @@ void pipe_init(Pipe *p, Model *m, const Comm *pp, int vpp) {
     p->stage = comm_rank(pp);
     p->vpp = vpp;
     p->ncarry = 3 + 2 * m->c.n_experts;
-    p->carry = xcalloc((size_t)m->nslots * (p->ncarry + m->c.n_experts), sizeof(double));
-    p->sreq = xcalloc((size_t)m->nslots * 4, sizeof(CommReq *));
+    p->carry = xcalloc((size_t)m->nslots * p->ncarry, sizeof(double));
+    p->sreq = xcalloc((size_t)m->nslots * 2, sizeof(CommReq *));
 }
 
-static void wait_slot(Pipe *p, int slot) {
-    for (int i = 0; i < 4; i++) {
-        CommReq **r = &p->sreq[slot * 4 + i];
-        if (*r) { comm_wait(*r); *r = NULL; }
+static void finish(CommReq **r) { if (*r) { comm_wait(*r); *r = NULL; } }
+static void wait_slot(Pipe *p, int slot) { finish(&p->sreq[slot * 2]); finish(&p->sreq[slot * 2 + 1]); }
+
+// A send buffer whose sends have completed (polled), or a new one.
+static struct PipeSendBuf *free_buf(Pipe *p) {
+    for (int i = 0; i < p->npool; i++) {
+        struct PipeSendBuf *b = &p->pool[i];
+        for (int j = 0; j < 2; j++) if (b->req[j] && comm_test(b->req[j])) finish(&b->req[j]);
+        if (!b->req[0] && !b->req[1]) return b;
     }
+    p->pool = xrealloc(p->pool, sizeof *p->pool * (size_t)(p->npool + 1));
+    struct PipeSendBuf *b = &p->pool[p->npool++];
+    memset(b, 0, sizeof *b);
+    b->g = p->m->be->alloc((size_t)p->m->maxN * p->m->c.d_model * sizeof(float));
+    b->hf = xcalloc((size_t)p->m->c.n_experts, sizeof(double));
+    return b;
 }
 
 void pipe_flush(Pipe *p) {
     for (int s = 0; s < p->m->nslots; s++) wait_slot(p, s);
+    for (int i = 0; i < p->npool; i++) { finish(&p->pool[i].req[0]); finish(&p->pool[i].req[1]); }
 }
 
 void pipe_free(Pipe *p) {
     pipe_flush(p);
+    for (int i = 0; i < p->npool; i++) { p->m->be->free(p->pool[i].g); free(p->pool[i].hf); }
+    free(p->pool);
     free(p->carry);
     free(p->sreq);
     memset(p, 0, sizeof *p);
@@ -54,9 +71,9 @@ double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_
     Model *m = p->m;
     int E = m->c.n_experts, k = vstage(p, chunk);
     size_t nd = (size_t)B * T * m->c.d_model;
-    wait_slot(p, slot);   // the slot's buffers are ours again
+    wait_slot(p, slot);   // received already (the slot's last backward came after the receiver's)
     model_use(m, chunk, slot);
-    double *carry = p->carry + (size_t)slot * (p->ncarry + E);
+    double *carry = p->carry + (size_t)slot * p->ncarry;
     if (!pipe_first(p, chunk)) {
         recv_wait(p, model_stage_in(m), nd, CT_F32, k - 1, 4 * k + TAG_ACT, 1);
         recv_wait(p, carry, p->ncarry, CT_F64, k - 1, 4 * k + TAG_CARRY, 0);
@@ -72,8 +89,8 @@ double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_
         carry[2] = (double)m->dropped;
         memcpy(carry + 3, m->hf_fe, sizeof(double) * 2 * E);
         int to = (k + 1) % p->stages;
-        p->sreq[slot * 4 + 0] = comm_dev_isend(p->pp, model_stage_out(m), nd, CT_F32, to, 4 * (k + 1) + TAG_ACT);
-        p->sreq[slot * 4 + 1] = comm_isend(p->pp, carry, p->ncarry, CT_F64, to, 4 * (k + 1) + TAG_CARRY);
+        p->sreq[slot * 2] = comm_dev_isend(p->pp, model_stage_out(m), nd, CT_F32, to, 4 * (k + 1) + TAG_ACT);
+        p->sreq[slot * 2 + 1] = comm_isend(p->pp, carry, p->ncarry, CT_F64, to, 4 * (k + 1) + TAG_CARRY);
     }
     return loss;
 }
@@ -89,19 +106,15 @@ void pipe_backward(Pipe *p, int chunk, int slot, float aux_scale, float z_scale)
     }
     model_backward(m, aux_scale, z_scale);
     if (!pipe_first(p, chunk)) {
-        // the gradient of the chunk's input leaves from the slot's input buffer (dead after this backward)
-        float *g = model_stage_in(m);
-        m->be->copy(g, m->dres, nd * sizeof(float));
-        int to = (k - 1) % p->stages, slot4 = slot * 4;
-        if (p->sreq[slot4 + 2]) { comm_wait(p->sreq[slot4 + 2]); p->sreq[slot4 + 2] = NULL; }
-        p->sreq[slot4 + 2] = comm_dev_isend(p->pp, g, nd, CT_F32, to, 4 * (k - 1) + TAG_GRAD);
+        struct PipeSendBuf *b = free_buf(p);
+        int to = (k - 1) % p->stages;
+        m->be->copy(b->g, m->dres, nd * sizeof(float));
+        b->req[0] = comm_dev_isend(p->pp, b->g, nd, CT_F32, to, 4 * (k - 1) + TAG_GRAD);
         if (hf) {
-            double *back = p->carry + (size_t)slot * (p->ncarry + E) + p->ncarry;
             // HF's final F_i of this micro-batch: its layers' aux_f (per slot; m->hf_fe may belong to
             // a later forward by now)
-            memcpy(back, m->la[m->chunk[chunk].l0].moe.aux_f, sizeof(double) * E);
-            if (p->sreq[slot4 + 3]) { comm_wait(p->sreq[slot4 + 3]); p->sreq[slot4 + 3] = NULL; }
-            p->sreq[slot4 + 3] = comm_isend(p->pp, back, E, CT_F64, to, 4 * (k - 1) + TAG_HF);
+            memcpy(b->hf, m->la[m->chunk[chunk].l0].moe.aux_f, sizeof(double) * E);
+            b->req[1] = comm_isend(p->pp, b->hf, E, CT_F64, to, 4 * (k - 1) + TAG_HF);
         }
     }
 }

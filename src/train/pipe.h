@@ -3,8 +3,11 @@
 // the neighbouring virtual stage and the send of its output. Forward: the residual stream (N,d) and
 // the router statistics carried along (aux, z, dropped, HF's per-expert sums), to virtual stage k+1;
 // backward: the gradient of the chunk's input (N,d) and, for the HF aux form, the final per-expert
-// fractions, to k-1. Sends are non-blocking (waited for before their slot is reused); receives wait,
-// and that wait is the stage's idle time (the bubble). Without stages an action is the model's alone.
+// fractions, to k-1. Sends are non-blocking; receives wait, and that wait is the stage's idle time (the
+// bubble). A forward's output leaves from its slot (whose next use comes after the micro-batch's
+// backward, so after the receiver took it); a backward's gradient leaves from a pool of send buffers
+// (its slot may be taken by the next forward before the previous stage receives it: waiting there
+// deadlocks the interleaved schedule). Without stages an action is the model's alone.
 // Must not hold: the order of the actions (train/schedule.c), the optimizer step (train/step.c).
 #pragma once
 #include "model/model.h"
@@ -15,8 +18,10 @@ typedef struct {
     const Comm *pp;            // the pipeline group (rank = stage); NULL: one stage
     int stages, stage, vpp;
     int ncarry;                // doubles carried forward: aux, z, dropped, hf_fe[E], hf_pe[E]
-    double *carry;             // (slots, ncarry) the forward's outgoing carry; then (slots, E) the backward's
-    CommReq **sreq;            // (slots, 4) sends in flight from each slot
+    double *carry;             // (slots, ncarry) the forward's outgoing carry
+    CommReq **sreq;            // (slots, 2) the forward's sends in flight from each slot
+    struct PipeSendBuf *pool;  // the backward's send buffers (grown while all are in flight)
+    int npool;
     double idle_s;             // time spent waiting for receives since the last pipe_flush
 } Pipe;
 
