@@ -17,20 +17,13 @@ extern "C" {   // callable from the CUDA backend's .cu files (comm_local_rank)
 
 typedef enum { CT_F32, CT_F64, CT_I32, CT_I64, CT_U8 } CommType;
 
-typedef struct Comm Comm;
+typedef struct Comm Comm;         // a process group (opaque: comm_size, comm_rank; comm_impl.h)
 typedef struct CommOps CommOps;   // a backend's collectives (comm_impl.h)
 typedef struct CommReq CommReq;   // a pending non-blocking operation
 
 // A group. Callers read rank and size (comm_rank/comm_size also take NULL) and name; the other
 // fields are the backends'.
-struct Comm {
-    int rank, size;
-    char name[16];            // "world", "tp", "dp", "ep", "etp", "edp", "stage"
-    const CommOps *ops;
-    void *handle;             // backend's group handle (MPI_Comm*), NULL for self
-    const CommOps *dops;      // device-buffer ops (nccl), NULL: the comm_dev_* calls use ops
-    void *dhandle;            // their group handle (the NCCL communicator)
-};
+
 
 // A group's size and this process's rank in it; NULL is a group of one (size 1, rank 0).
 int comm_size(const Comm *c);

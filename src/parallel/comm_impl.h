@@ -35,6 +35,16 @@ struct CommOps {
     void (*wait)(CommReq *r);
 };
 
+// A process group: its ranks, the host ops and, once a device backend is attached, the device ops.
+struct Comm {
+    int rank, size;
+    char name[16];            // "world", "tp", "dp", "ep", "etp", "edp", "stage"
+    const CommOps *ops;
+    void *handle;             // backend's group handle (MPI_Comm*), NULL for self
+    const CommOps *dops;      // device-buffer ops (nccl), NULL: the comm_dev_* calls use ops
+    void *dhandle;            // their group handle (the NCCL communicator)
+};
+
 // A pending non-blocking operation: ops == NULL means already complete.
 struct CommReq {
     const CommOps *ops;            // the backend's

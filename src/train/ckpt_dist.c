@@ -34,7 +34,7 @@ static void write_slices(const char *path, const ParamTable *t, const unsigned c
 void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params, const float *m,
                     const float *v, const unsigned char *own, const TrainState *st, const Comm *world) {
     uint64_t starts[2] = {0, 0};
-    if (world->rank == 0) ckpt_begin(dir, t, m != NULL, &starts[0], &starts[1]);
+    if (comm_rank(world) == 0) ckpt_begin(dir, t, m != NULL, &starts[0], &starts[1]);
     comm_bcast(world, starts, 2, CT_I64, 0);
     char p[4200];
     ckpt_begin_path(p, sizeof p, dir, "model.safetensors");
@@ -45,7 +45,7 @@ void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, 
         write_slices(p, t, own, v, starts[1] + 4 * (uint64_t)t->total);
     }
     comm_barrier(world);   // every slice is on disk (each rank fsynced its writes)
-    if (world->rank == 0) ckpt_commit(dir, c, st);
+    if (comm_rank(world) == 0) ckpt_commit(dir, c, st);
     comm_barrier(world);
 }
 
@@ -73,7 +73,7 @@ static void read_slices(const StFile *f, const ParamTable *t, const char *suffix
 
 void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st,
                     const Comm *world) {
-    if (world->rank == 0) ckpt_verify(dir);
+    if (comm_rank(world) == 0) ckpt_verify(dir);
     comm_barrier(world);
     char p[4200];
     join_path(p, sizeof p, dir, "model.safetensors");

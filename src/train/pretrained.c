@@ -53,7 +53,7 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
         DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", hf_dir, ds.source,
             ds.max_token, c->vocab_size);
     data_close(&ds);
-    if (!world || world->rank == 0) {
+    if (comm_rank(world) == 0) {
         char p[2048], what[256];
         if (ckpt_run_present(o->out, what, sizeof what) && !o->force)
             DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
