@@ -21,10 +21,6 @@ typedef struct Comm Comm;         // a process group (opaque: comm_size, comm_ra
 typedef struct CommOps CommOps;   // a backend's collectives (comm_impl.h)
 typedef struct CommReq CommReq;   // a pending non-blocking operation
 
-// A group. Callers read rank and size (comm_rank/comm_size also take NULL) and name; the other
-// fields are the backends'.
-
-
 // A group's size and this process's rank in it; NULL is a group of one (size 1, rank 0).
 int comm_size(const Comm *c);
 int comm_rank(const Comm *c);
