@@ -150,6 +150,16 @@ for E in "--n-experts 8 --top-k 1 --seq-len 2|experts with no tokens (2 tokens p
   else fail "pp2: $label: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
 done
 
+# ---- moe info --pp: each stage's share and the bubble (bytes: the stages' parameters add up to the model's)
+if "$MOE" info --pp 2 --grad-accum 4 --n-layers 4 --d-model 32 --d-ff 48 --n-heads 4 --n-kv-heads 2 > "$TMP/info.txt" 2>&1; then
+  sum=$("$MOE" info --pp 2 --grad-accum 4 --n-layers 4 --d-model 32 --d-ff 48 --n-heads 4 --n-kv-heads 2 --world 2 | grep -c 'stage [01]: ')
+  if grep -q 'bubble (p-1)/(m+p-1) = 20.0% (simulated with backward = 2 x forward: 20.0%)' "$TMP/info.txt" &&
+     grep -q 'stage 0: layers 0-1 + embedding: .*(2 live micro-batches)' "$TMP/info.txt" &&
+     grep -q 'stage 1: layers 2-3 + final norm, LM head: .*(1 live micro-batches)' "$TMP/info.txt" && [ "$sum" = 2 ]; then
+    pass "moe info --pp 2: stages' layers, live micro-batches (2, 1) and the bubble (20.0%, theory and simulation)"
+  else fail "moe info --pp 2"; tail -4 "$TMP/info.txt"; fi
+else fail "moe info --pp 2 failed"; tail -3 "$TMP/info.txt"; fi
+
 # ---- bad input: one clear message on every rank, non-zero exit, bounded time, nothing written
 pp_fail() {   # pp_fail PHRASE NP FLAGS...
   local phrase="$1" np="$2"; shift 2

@@ -81,7 +81,7 @@ static const Opt opts[] = {
     // training
     {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
     {"batch", O_INT, TO(batch), C_TRAIN | C_EVAL | C_INFO, "global batch in sequences per step"},
-    {"grad-accum", O_INT, TO(grad_accum), C_TRAIN, "micro-batches per step"},
+    {"grad-accum", O_INT, TO(grad_accum), C_TRAIN | C_INFO, "micro-batches per step (info: of the pipeline)"},
     {"seq-len", O_INT, TO(seq_len), C_TRAIN | C_EVAL | C_INFO, "tokens per sequence T"},
     {"lr", O_FLOAT, TO(lr), C_TRAIN, "peak learning rate"},
     {"min-lr-frac", O_FLOAT, TO(min_lr_frac), C_TRAIN, "final lr as a fraction of --lr (cosine)"},

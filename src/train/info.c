@@ -4,7 +4,72 @@
 #include <stdio.h>
 #include "core/common.h"
 #include "model/params.h"
+#include <string.h>
 #include "parallel/mesh.h"
+#include "parallel/stages.h"
+#include "train/schedule.h"
+
+// Activation bytes of one layer for a micro-batch of B sequences of T tokens (float32 buffers the
+// forward keeps for the backward), and of the final norm and LM head.
+static double acts_layer(const ModelConfig *c, size_t B, size_t T) {
+    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t Rk = N * c->top_k, f = c->d_ff;
+    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + c->n_experts + 2) + Rk * (2 * d + 3 * f) + B * c->n_heads * T);
+}
+static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
+
+// With pipeline stages: each stage's layers, parameters, optimizer state and peak activations (the
+// schedule's live micro-batches), and the bubble.
+static void print_stages(const ModelConfig *c, const TrainOptions *o, const MeshShape *ms) {
+    StageSplit sp;
+    int vpp = o->pp_schedule == SCHED_INTERLEAVED ? o->vpp : 1;
+    const char *bad = stages_split(&sp, c->n_layers, ms->pp, vpp, o->pp_layers);
+    if (bad) DIE("impossible pipeline: %s", bad);
+    int m = o->grad_accum, Bl = o->batch / m / ms->dp;
+    ScheduleKind k = o->pp_schedule;
+    Schedule sc;
+    bad = schedule_build(&sc, k, ms->pp, 0, vpp, m);
+    if (bad) DIE("impossible pipeline: %s", bad);
+    schedule_free(&sc);
+    double th = schedule_bubble_theory(k, ms->pp, vpp, m), sim = schedule_bubble(k, ms->pp, vpp, m, 1, 2);
+    printf("pipeline: %d stages x %d chunks, %s, %d micro-batches of %d sequences per DP rank; bubble %s = %.1f%% "
+           "(simulated with backward = 2 x forward: %.1f%%)\n", ms->pp, vpp,
+           k == SCHED_INTERLEAVED ? "interleaved 1F1B" : "1F1B", m, Bl,
+           k == SCHED_INTERLEAVED ? "(p-1)/(v m+p-1)" : "(p-1)/(m+p-1)", 100 * th, 100 * sim);
+    for (int s = 0; s < ms->pp; s++) {
+        ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, &sp, s};
+        ParamTable lt;
+        params_build_local(&lt, c, &sl);
+        double mom = 0;
+        for (int i = 0; i < lt.n; i++) {
+            const ParamSpec *p = &lt.p[i];
+            int group = p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
+            mom += 2.0 * p->lnumel / (o->zero ? group : 1);
+        }
+        schedule_build(&sc, k, ms->pp, s, vpp, m);
+        int layers = 0;
+        char what[160] = "";
+        for (int ch = 0; ch < vpp; ch++) {
+            int v = ch * ms->pp + s;
+            layers += sp.first[v + 1] - sp.first[v];
+            size_t w = strlen(what);
+            if (sp.first[v + 1] - sp.first[v] == 1) snprintf(what + w, sizeof what - w, "%s%d", ch ? "," : "", sp.first[v]);
+            else snprintf(what + w, sizeof what - w, "%s%d-%d", ch ? "," : "", sp.first[v], sp.first[v + 1] - 1);
+        }
+        double acts = sc.max_live * (layers * acts_layer(c, (size_t)Bl, (size_t)o->seq_len) +
+                                     (s == ms->pp - 1 ? acts_head(c, (size_t)Bl * o->seq_len) : 0));
+        char a1[32], a2[32], a3[32], a4[32];
+        fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
+        fmt_bytes(a2, sizeof a2, 4.0 * mom);
+        fmt_bytes(a3, sizeof a3, acts);
+        fmt_bytes(a4, sizeof a4, 8.0 * lt.ltotal + 4.0 * mom + acts);
+        printf("  stage %d: layers %s%s%s: params %s, grads %s, AdamW %s, activations %s (%d live micro-batches); "
+               "%s per rank\n", s, what, s == 0 ? " + embedding" : "", s == ms->pp - 1 ? " + final norm, LM head" : "",
+               a1, a1, a2, a3, sc.max_live, a4);
+        schedule_free(&sc);
+        params_free(&lt);
+    }
+}
 
 void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     const char *bad = config_validate(c);
@@ -36,9 +101,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     double state = 16.0 * np;
     size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t Rk = N * c->top_k, f = c->d_ff;
-    double acts = 4.0 * c->n_layers * (N * (6 * d + 2 * qd + 2 * kvd + c->n_experts + 2) + Rk * (2 * d + 3 * f) +
-                                     (size_t)B * c->n_heads * T) +
-                  4.0 * N * (2 * d + c->vocab_size);
+    double acts = c->n_layers * acts_layer(c, (size_t)B, (size_t)T) + acts_head(c, N);
     fmt_bytes(b1, sizeof b1, state);
     fmt_bytes(b2, sizeof b2, acts);
     fmt_bytes(b3, sizeof b3, state + acts);
@@ -55,8 +118,8 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     printf("memory (cuda, the same float32 buffers + bf16 weights %s + bf16 operand scratch %s): %s plus the CUDA "
            "context\n", b1, b2, b3);
     params_free(&t);
-    if (world > 0 || o->tp > 1 || o->ep > 1 || o->etp > 1) {
-        MeshShape ms = {world > 0 ? world : o->tp * o->ep * o->etp, o->tp, 0, o->pp, o->ep, o->etp, 0};
+    if (world > 0 || o->tp > 1 || o->ep > 1 || o->etp > 1 || o->pp > 1) {
+        MeshShape ms = {world > 0 ? world : o->tp * o->ep * o->etp * o->pp, o->tp, 0, o->pp, o->ep, o->etp, 0};
         bad = mesh_shape_resolve(&ms, c);
         if (bad) DIE("impossible mesh: %s", bad);
         mesh_print(&ms, stdout);
@@ -80,5 +143,6 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
             printf("  (zero 2 reduces each bucket straight into this rank's shard; the gradient accumulation buffer "
                    "stays whole, so its memory is as zero 1)\n");
         params_free(&lt);
+        if (ms.pp > 1) print_stages(c, o, &ms);
     }
 }
