@@ -31,7 +31,7 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     pipe_init(&s->pipe, m, pp > 1 ? mesh->pp : NULL, s->sched.vpp);
     // arm the gradient reductions before each chunk's last backward
     s->arm_at = xcalloc((size_t)s->sched.n + 1, sizeof(int));
-    s->stage_idle = xcalloc((size_t)pp, sizeof(double));
+    s->stage_idle = xcalloc((size_t)pp * 2, sizeof(double));
     for (int c = 0; c < s->sched.vpp; c++)
         for (int i = s->sched.n - 1; i >= 0; i--)
             if (s->sched.a[i].kind == ACT_BACKWARD && s->sched.a[i].chunk == c) { s->arm_at[i] = 1; break; }
@@ -79,13 +79,15 @@ static void micro_backward(StepCtx *s, const Action *a, int arm) {
 
 // With pipeline stages: the loss and router statistics from the last stage, the expert load of every
 // stage's layers and every stage's idle time, to every rank.
-static void gather_stages(StepCtx *s, StepStats *r) {
+static void gather_stages(StepCtx *s, StepStats *r, double span) {
     const Comm *pp = s->pipe.pp;
     r->stages = comm_size(pp);
     r->stage_idle = s->stage_idle;
-    s->stage_idle[0] = s->pipe.idle_s;
+    double mine[2] = {s->pipe.idle_s, span};
+    s->stage_idle[0] = mine[0];
+    s->stage_idle[1] = mine[1];
     if (comm_size(pp) <= 1) return;
-    comm_allgather(pp, &s->pipe.idle_s, s->stage_idle, 1, CT_F64);
+    comm_allgather(pp, mine, s->stage_idle, 2, CT_F64);
     double v[4] = {r->loss, r->aux, r->z, (double)r->dropped};
     comm_bcast(pp, v, 4, CT_F64, comm_size(pp) - 1);
     r->loss = v[0];
@@ -115,12 +117,13 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     memset(counts, 0, sizeof(int64_t) * m->c.n_layers * m->c.n_experts);
     m->be->zero(m->grads, m->t.ltotal * sizeof(float));
     s->pipe.idle_s = 0;
+    double t0 = now_seconds();
     for (int i = 0; i < s->sched.n; i++) {
         const Action *a = &s->sched.a[i];
         if (a->kind == ACT_FORWARD) micro_forward(s, step, seq_pos, a, r);
         else micro_backward(s, a, s->arm_at[i]);
     }
     pipe_flush(&s->pipe);
-    gather_stages(s, r);
+    gather_stages(s, r, now_seconds() - t0);
     update(s, step, r);
 }

@@ -312,9 +312,17 @@ static void run_record(Run *r, int step, const StepStats *s, double dt) {
     cJSON_AddBoolToObject(j, "skipped", s->skipped);
     double bubble = 0;
     if (s->stages > 1) {   // the pipeline's idle time: per stage, and its mean share of the step
+        // the bubble as the schedule's theory counts it: 1 - the stages' busy time over stages x the
+        // pipeline's span (the longest stage's schedule; a stage done early idles until then; the
+        // reduction and the optimizer after it are no part of the pipeline)
         cJSON *pi = cJSON_AddArrayToObject(j, "pp_idle_s");
-        for (int k = 0; k < s->stages; k++) { cJSON_AddItemToArray(pi, cJSON_CreateNumber(s->stage_idle[k])); bubble += s->stage_idle[k]; }
-        bubble /= s->stages * dt;
+        double span = 0, busy = 0;
+        for (int k = 0; k < s->stages; k++) {
+            cJSON_AddItemToArray(pi, cJSON_CreateNumber(s->stage_idle[2 * k]));
+            busy += s->stage_idle[2 * k + 1] - s->stage_idle[2 * k];
+            if (s->stage_idle[2 * k + 1] > span) span = s->stage_idle[2 * k + 1];
+        }
+        bubble = span > 0 ? 1 - busy / (span * s->stages) : 0;
         cJSON_AddNumberToObject(j, "bubble_frac", bubble);
     }
     cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
