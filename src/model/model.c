@@ -20,6 +20,13 @@ static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
     w->w2 = P(m, base, PR_W2, l, m->e0);
 }
 
+// Wall time for the MoE timing, after the backend's queued work (only while timing: 0 otherwise).
+static double moe_clock(const Model *m) {
+    if (!m->moe_timing) return 0;
+    m->be->sync();
+    return now_seconds();
+}
+
 int model_holds_layer(const Model *m, int l) {
     for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return 1;
     return 0;
@@ -123,6 +130,9 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     moe_scratch_init(&m->ms, be, c, m->maxN);
     m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
+    m->moe_overlap = xmalloc(sizeof(int) * (size_t)c->n_layers);
+    m->moe_time = xcalloc((size_t)c->n_layers, sizeof(double));
+    for (int l = 0; l < c->n_layers; l++) m->moe_overlap[l] = 1;
     m->hf_pe = m->hf_fe + c->n_experts;
 }
 
@@ -153,6 +163,11 @@ void model_use(Model *m, int chunk, int slot) {
     m->T = s->T;
 }
 
+void model_set_overlap(Model *m, int l, int r) {
+    CHECK(l >= 0 && l < m->c.n_layers && r >= 1 && r <= MOE_MAX_OVERLAP, "model_set_overlap: layer %d, r %d", l, r);
+    m->moe_overlap[l] = r;
+}
+
 float *model_stage_in(const Model *m) { return m->la[m->chunk[m->cur].l0].res_in; }
 float *model_stage_out(const Model *m) { return m->res_final; }
 
@@ -165,6 +180,8 @@ void model_free(Model *m) {
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
     free(m->hf_fe);
+    free(m->moe_overlap);
+    free(m->moe_time);
     params_free(&m->t);
     memset(m, 0, sizeof *m);
 }
@@ -206,8 +223,11 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         be->rmsnorm_fwd(a->xn2, a->rstd2, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1), N, d, c->norm_eps);
         MoeWeights w;
         layer_weights(m, m->params, l, &w);
+        a->moe.overlap = m->moe_overlap[l];
+        double t0 = moe_clock(m);
         moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0,
                     (int64_t)comm_rank(m->mesh.dp) * N);
+        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         be->copy(out, a->x_mid, (size_t)N * d * F);
         be->axpy(out, a->moe_out, 1.0f, (size_t)N * d);
         m->aux += a->moe.aux / c->n_layers;
@@ -278,7 +298,9 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.w3 = P(m, g, PR_W3, l, m->e0);
         gw.w2 = P(m, g, PR_W2, l, m->e0);
         be->zero(m->dxn, (size_t)N * d * F);
+        double t0 = moe_clock(m);
         moe_backward(&a->moe, &m->ms, m->dxn, m->dres, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
+        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         be->rmsnorm_bwd(m->dres, P(m, g, PR_FFN_NORM, l, -1), m->dxn, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1),
                         a->rstd2, N, d);
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))

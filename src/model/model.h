@@ -84,6 +84,9 @@ typedef struct {
                                    // of the current chunk's layers written by its forward)
     int64_t dropped;               // assignments dropped by capacity, all layers (global)
     double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
+    int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
+    int moe_timing;                // 1: time each MoE layer's forward + backward (synchronised) into moe_time
+    double *moe_time;              // (L) seconds, added up until the caller resets them
 } Model;
 
 // Allocates parameters, gradients and activations for micro-batches up to maxB x maxT (per DP
@@ -101,6 +104,8 @@ float *model_stage_in(const Model *m);
 float *model_stage_out(const Model *m);
 // Does this rank hold layer l (in one of its chunks)?
 int model_holds_layer(const Model *m, int l);
+// The pipelined exchange's overlap degree of layer l's MoE (1 = none; moe.h) for the next forwards.
+void model_set_overlap(Model *m, int l, int r);
 
 // Forward of the current chunk over tokens (B,T) (host; read on the first chunk). targets (host; read
 // on the last chunk) may be NULL: logits only.

@@ -115,52 +115,80 @@ void exchange_plan(Exchange *x, const int64_t *kept) {
 
 static void scale_counts(const size_t *c, size_t *out, int n, size_t by) { for (int i = 0; i < n; i++) out[i] = c[i] * by; }
 
-const float *exchange_dispatch(Exchange *x, const float *rows, float *out) {
-    if (x->local) return rows;
-    int EP = x->EP, ETP = x->ETP;
+// The counts of my rows as element counts (x d) into a, b, c, e: send counts, send displacements,
+// receive counts, receive displacements of the EP all-to-all (forward direction; swapped back).
+static void ep_counts(const Exchange *x, int back, size_t *a, size_t *b, size_t *c, size_t *e) {
     size_t d = x->d;
-    size_t *a = xmalloc(sizeof(size_t) * (EP > ETP ? EP : ETP) * 4), *b = a + (EP > ETP ? EP : ETP),
-           *c = b + (EP > ETP ? EP : ETP), *e = c + (EP > ETP ? EP : ETP);
+    scale_counts(back ? x->rc : x->sc, a, x->EP, d); scale_counts(back ? x->rd : x->sd, b, x->EP, d);
+    scale_counts(back ? x->sc : x->rc, c, x->EP, d); scale_counts(back ? x->sd : x->rd, e, x->EP, d);
+}
+
+void exchange_dispatch_start(Exchange *x, const float *rows) {
+    if (x->local) return;
     // rows are backend buffers: the comm API's device variants (NCCL on GPUs); groups of one are
     // a backend copy (unless a test forces the NCCL path: comm_dev_due)
     if (comm_dev_due(x->ep)) {
-        scale_counts(x->sc, a, EP, d); scale_counts(x->sd, b, EP, d);
-        scale_counts(x->rc, c, EP, d); scale_counts(x->rd, e, EP, d);
-        comm_dev_alltoallv(x->ep, rows, a, b, x->raw_ep, c, e, CT_F32);
+        size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
+        ep_counts(x, 0, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
+        x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP, CT_F32);
+        free(a);
     } else {
-        x->be->copy(x->raw_ep, rows, sizeof(float) * (size_t)x->M * d);
+        x->be->copy(x->raw_ep, rows, sizeof(float) * (size_t)x->M * x->d);
     }
+}
+
+const float *exchange_dispatch_finish(Exchange *x, const float *rows, float *out) {
+    if (x->local) return rows;
+    if (x->req) { comm_wait(x->req); x->req = NULL; }
+    int ETP = x->ETP;
+    size_t d = x->d;
     if (comm_dev_due(x->etp)) {
-        scale_counts(x->gc, a, ETP, d); scale_counts(x->gd, b, ETP, d);
-        comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, b, CT_F32);
+        size_t *a = xmalloc(sizeof(size_t) * ETP * 2);
+        scale_counts(x->gc, a, ETP, d); scale_counts(x->gd, a + ETP, ETP, d);
+        comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, a + ETP, CT_F32);
+        free(a);
     } else {
         x->be->copy(x->raw, x->raw_ep, sizeof(float) * (size_t)x->R * d);
     }
     x->be->gather_rows(out, x->raw, x->perm, x->Rg, x->d);
-    free(a);
     return out;
 }
 
-const float *exchange_combine(Exchange *x, const float *partial, float *rows) {
-    if (x->local) return partial;
-    int EP = x->EP, ETP = x->ETP;
+const float *exchange_dispatch(Exchange *x, const float *rows, float *out) {
+    exchange_dispatch_start(x, rows);
+    return exchange_dispatch_finish(x, rows, out);
+}
+
+void exchange_combine_start(Exchange *x, const float *partial, float *rows) {
+    if (x->local) return;
+    int ETP = x->ETP;
     size_t d = x->d;
-    size_t *a = xmalloc(sizeof(size_t) * (EP > ETP ? EP : ETP) * 4), *b = a + (EP > ETP ? EP : ETP),
-           *c = b + (EP > ETP ? EP : ETP), *e = c + (EP > ETP ? EP : ETP);
     x->be->gather_rows(x->raw, partial, x->iperm, x->Rg, x->d);
     if (comm_dev_due(x->etp)) {
+        size_t *a = xmalloc(sizeof(size_t) * ETP);
         scale_counts(x->gc, a, ETP, d);
         comm_dev_reduce_scatter(x->etp, x->raw, x->raw_ep, a, CT_F32);
+        free(a);
     } else {
         x->be->copy(x->raw_ep, x->raw, sizeof(float) * (size_t)x->R * d);
     }
     if (comm_dev_due(x->ep)) {
-        scale_counts(x->rc, a, EP, d); scale_counts(x->rd, b, EP, d);
-        scale_counts(x->sc, c, EP, d); scale_counts(x->sd, e, EP, d);
-        comm_dev_alltoallv(x->ep, x->raw_ep, a, b, rows, c, e, CT_F32);
+        size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
+        ep_counts(x, 1, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
+        x->req = comm_dev_ialltoallv(x->ep, x->raw_ep, a, a + x->EP, rows, a + 2 * x->EP, a + 3 * x->EP, CT_F32);
+        free(a);
     } else {
         x->be->copy(rows, x->raw_ep, sizeof(float) * (size_t)x->M * d);
     }
-    free(a);
+}
+
+const float *exchange_combine_finish(Exchange *x, const float *partial, float *rows) {
+    if (x->local) return partial;
+    if (x->req) { comm_wait(x->req); x->req = NULL; }
     return rows;
+}
+
+const float *exchange_combine(Exchange *x, const float *partial, float *rows) {
+    exchange_combine_start(x, partial, rows);
+    return exchange_combine_finish(x, partial, rows);
 }

@@ -26,6 +26,7 @@ typedef struct {
     int32_t *perm, *iperm;       // device copies of perm and its inverse (not local)
     float *raw_ep, *raw;         // (R,d), (Rg,d) staging (device; not local)
     size_t cap_R, cap_Rg, cap_idx;
+    CommReq *req;                // the EP all-to-all in flight (between a _start and its _finish)
 } Exchange;
 
 void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, int El, int d);
@@ -40,3 +41,12 @@ const float *exchange_dispatch(Exchange *x, const float *rows, float *out);
 // partial (Rg,d) expert-major -> (M,d) back in my order, summed over the ETP group: written to rows
 // and rows returned; when local, partial itself is returned (rows untouched, may be NULL).
 const float *exchange_combine(Exchange *x, const float *partial, float *rows);
+// The same in two halves, so that compute runs while the EP all-to-all is in flight (the pipelined
+// exchange): _start begins it (non-blocking; the ETP gather / reduce-scatter stay blocking, in
+// _finish for the dispatch and in _start for the combine), _finish waits and returns what the whole
+// call returns. Between them rows / the staging buffers must not be touched. Every rank of the group
+// starts and finishes in the same order.
+void exchange_dispatch_start(Exchange *x, const float *rows);
+const float *exchange_dispatch_finish(Exchange *x, const float *rows, float *out);
+void exchange_combine_start(Exchange *x, const float *partial, float *rows);
+const float *exchange_combine_finish(Exchange *x, const float *partial, float *rows);

@@ -119,6 +119,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->kf_d = m->rank + R;
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->El, m->d);
+    m->overlap = m->r = 1;
 }
 
 void moe_layer_free(MoeLayer *m) {
@@ -130,6 +131,9 @@ void moe_layer_free(MoeLayer *m) {
                    m->xg, m->h1, m->h3, m->act, m->yg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) be->free(dev[i]);
     exchange_free(&m->x);
+    for (int i = 0; i < MOE_MAX_OVERLAP; i++) if (m->xc[i].be) exchange_free(&m->xc[i]);
+    void *chunked[] = {m->cidx, m->xsc, m->ysc};   // icidx shares cidx's block
+    for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++) if (chunked[i]) be->free(chunked[i]);
     memset(m, 0, sizeof *m);
 }
 
@@ -148,7 +152,7 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
 
 void moe_scratch_free(MoeScratch *s) {
     void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
-                   s->dxg};
+                   s->dxg, s->dysc, s->dxsc};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
     free(s->aux_dp_h);
     memset(s, 0, sizeof *s);
@@ -172,6 +176,61 @@ static void tp_gather(const MoeLayer *m, const float *slice, float *full) {
     }
     comm_dev_allgatherv(m->cm.tp, slice, (size_t)m->Ns * m->d, full, cnt, dsp, CT_F32);
     free(cnt);
+}
+
+// The chunks of the pipelined exchange: chunk i takes rows [kept[e] i/r, kept[e] (i+1)/r) of each
+// expert's block (off[e] = plan.off[e]), so every chunk is expert-sorted too; its routes (collective
+// over EP/ETP, every rank in the same order), the chunk-major order of my rows (cidx) and its inverse.
+static void plan_chunks(MoeLayer *m, const int64_t *kept) {
+    const Backend *be = m->be;
+    int r = m->r, E = m->E, M = m->plan.M;
+    int32_t *ci = xmalloc(sizeof(int32_t) * (size_t)(M ? M : 1) * 2), *ici = ci + (M ? M : 1);
+    int64_t *kc = xmalloc(sizeof(int64_t) * E), p = 0;
+    m->gstart[0] = 0;
+    for (int i = 0; i < r; i++) {
+        m->cstart[i] = p;
+        for (int e = 0; e < E; e++) {
+            int64_t lo = m->plan.off[e] + kept[e] * i / r, hi = m->plan.off[e] + kept[e] * (i + 1) / r;
+            for (int64_t row = lo; row < hi; row++) { ci[p] = (int32_t)row; ici[row] = (int32_t)p; p++; }
+            kc[e] = hi - lo;
+        }
+        if (!m->xc[i].be) exchange_init(&m->xc[i], be, m->cm.ep, m->cm.etp, m->El, m->d);
+        exchange_plan(&m->xc[i], kc);
+        m->gstart[i + 1] = m->gstart[i] + m->xc[i].Rg;
+    }
+    m->cstart[r] = p;
+    if (!m->cidx) {   // R rows at most: both maps in one block, and the chunk-major row buffers
+        m->cidx = be->alloc(sizeof(int32_t) * (size_t)(m->Rmax ? m->Rmax : 1) * 2);
+        m->icidx = m->cidx + (m->Rmax ? m->Rmax : 1);
+        m->xsc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * F);
+        m->ysc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * F);
+    }
+    be->to_device(m->cidx, ci, sizeof(int32_t) * M);
+    be->to_device(m->icidx, ici, sizeof(int32_t) * M);
+    free(ci);
+    free(kc);
+}
+
+// The experts over r chunks, pipelined: chunk i+1's dispatch and chunk i's combine are in flight
+// while chunk i's GEMMs run. xs (M,d) my rows in expert order -> ys (M,d) their outputs.
+static void experts_chunked(MoeLayer *m, const MoeWeights *w) {
+    const Backend *be = m->be;
+    int r = m->r, d = m->d, fl = m->fl, El = m->El, M = m->plan.M;
+    be->gather_rows(m->xsc, m->xs, m->cidx, M, d);
+    exchange_dispatch_start(&m->xc[0], m->xsc);
+    for (int i = 0; i < r; i++) {
+        size_t g = (size_t)m->gstart[i];
+        float *xg = m->xg + g * d, *yg = m->yg + g * d;
+        exchange_dispatch_finish(&m->xc[i], m->xsc + m->cstart[i] * d, xg);
+        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], m->xsc + m->cstart[i + 1] * d);
+        be->grouped_swiglu_fwd(m->h1 + g * fl, m->h3 + g * fl, m->act + g * fl, xg, w->w1, w->w3, m->xc[i].off, El,
+                               d, fl);
+        be->grouped_matmul_fwd(yg, m->act + g * fl, w->w2, m->xc[i].off, El, fl, d);
+        exchange_combine_start(&m->xc[i], yg, m->ysc + m->cstart[i] * d);
+    }
+    for (int i = 0; i < r; i++) exchange_combine_finish(&m->xc[i], NULL, m->ysc + m->cstart[i] * d);
+    be->gather_rows(m->ys, m->ysc, m->icidx, M, d);
+    m->ysp = m->ys;
 }
 
 void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
@@ -275,18 +334,57 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     int64_t *kept = xmalloc(sizeof(int64_t) * E);
     for (int e = 0; e < E; e++) kept[e] = m->plan.off[e + 1] - m->plan.off[e];
     exchange_plan(&m->x, kept);
+    // the pipelined exchange where there is an exchange to overlap (EP/ETP > 1, or forced NCCL)
+    m->r = m->x.local ? 1 : m->overlap;
+    if (m->r > 1) plan_chunks(m, kept);
     free(kept);
-    int Rg = m->x.Rg;
+    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->x.Rg;
     expert_buffers(m, Rg);
     if (!m->x.local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
-    m->xgp = exchange_dispatch(&m->x, m->xs, m->xg);
-    be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, w->w1, w->w3, m->x.off, El, d, fl);
-    be->grouped_matmul_fwd(m->yg, m->act, w->w2, m->x.off, El, fl, d);
-    m->ysp = exchange_combine(&m->x, m->yg, m->ys);
+    if (m->r > 1) {
+        m->xgp = m->xg;
+        experts_chunked(m, w);
+    } else {
+        m->xgp = exchange_dispatch(&m->x, m->xs, m->xg);
+        be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, w->w1, w->w3, m->x.off, El, d, fl);
+        be->grouped_matmul_fwd(m->yg, m->act, w->w2, m->x.off, El, fl, d);
+        m->ysp = exchange_combine(&m->x, m->yg, m->ys);
+    }
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
     float *yout = TP > 1 ? m->yslice : y;
     be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
     if (TP > 1) tp_gather(m, m->yslice, y);
+}
+
+// The experts' backward over the forward's r chunks, pipelined as the forward (chunk i+1's dy
+// dispatch and chunk i's dx combine in flight during chunk i's GEMMs); the weight gradients add up
+// chunk by chunk. s->dys (M,d) in my row order -> the returned dxs (M,d).
+static const float *experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeights *w, MoeGrads *gw) {
+    const Backend *be = m->be;
+    int r = m->r, d = m->d, fl = m->fl, El = m->El, M = m->plan.M;
+    size_t need = (size_t)(m->Rmax ? m->Rmax : 1) * d * F;
+    if (need > s->cap_c) {
+        if (s->dysc) be->free(s->dysc);
+        if (s->dxsc) be->free(s->dxsc);
+        s->dysc = be->alloc(need);
+        s->dxsc = be->alloc(need);
+        s->cap_c = need;
+    }
+    be->gather_rows(s->dysc, s->dys, m->cidx, M, d);
+    exchange_dispatch_start(&m->xc[0], s->dysc);
+    for (int i = 0; i < r; i++) {
+        size_t g = (size_t)m->gstart[i];
+        float *dyg = s->dyg + g * d, *dxg = s->dxg + g * d, *dh1 = s->dh1 + g * fl, *dh3 = s->dh3 + g * fl;
+        exchange_dispatch_finish(&m->xc[i], s->dysc + m->cstart[i] * d, dyg);
+        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], s->dysc + m->cstart[i + 1] * d);
+        be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, m->act + g * fl, m->h1 + g * fl, m->h3 + g * fl, w->w2,
+                               m->xc[i].off, El, fl, d);
+        be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, m->xg + g * d, w->w1, w->w3, m->xc[i].off, El, d, fl, 0);
+        exchange_combine_start(&m->xc[i], dxg, s->dxsc + m->cstart[i] * d);
+    }
+    for (int i = 0; i < r; i++) exchange_combine_finish(&m->xc[i], NULL, s->dxsc + m->cstart[i] * d);
+    be->gather_rows(s->dxs, s->dxsc, m->icidx, M, d);
+    return s->dxs;
 }
 
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
@@ -299,15 +397,21 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
     be->gather_dot_scale(s->dys, s->rowdot, dys_in, m->rowtok, m->ysp, m->rowscale, M, d);
     // to the experts (same routes as the forward), expert backward, and back
+    if (m->r > 1) Rg = (int)m->gstart[m->r];
     scratch_buffers(s, Rg, M, d, fl, m->x.local);
-    const float *dyg = exchange_dispatch(&m->x, s->dys, s->dyg);
-    // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
-    // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
-    // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
-    // in one call (grouped_matmul_bwd2). The weight gradients always accumulate (ops.h).
-    be->grouped_swiglu_bwd(s->dh1, s->dh3, g->w2, dyg, m->act, m->h1, m->h3, w->w2, m->x.off, El, fl, d);
-    be->grouped_matmul_bwd2(s->dxg, g->w1, g->w3, s->dh1, s->dh3, m->xgp, w->w1, w->w3, m->x.off, El, d, fl, 0);
-    const float *dxs = exchange_combine(&m->x, s->dxg, s->dxs);
+    const float *dxs;
+    if (m->r > 1) {
+        dxs = experts_bwd_chunked(m, s, w, g);
+    } else {
+        const float *dyg = exchange_dispatch(&m->x, s->dys, s->dyg);
+        // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
+        // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
+        // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
+        // in one call (grouped_matmul_bwd2). The weight gradients always accumulate (ops.h).
+        be->grouped_swiglu_bwd(s->dh1, s->dh3, g->w2, dyg, m->act, m->h1, m->h3, w->w2, m->x.off, El, fl, d);
+        be->grouped_matmul_bwd2(s->dxg, g->w1, g->w3, s->dh1, s->dh3, m->xgp, w->w1, w->w3, m->x.off, El, d, fl, 0);
+        dxs = exchange_combine(&m->x, s->dxg, s->dxs);
+    }
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)
     float *dxin = s->dxj;
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);

@@ -17,6 +17,11 @@ typedef struct {
     const Comm *tp, *ep, *etp, *stage;   // NULL = a group of one
 } MoeComms;
 
+// The pipelined exchange (Tutel's overlap degree r): the rows each rank sends are split into r chunks
+// (chunk i: rows [n*i/r, n*(i+1)/r) of each expert's block), and chunk i's expert GEMMs run while
+// chunk i+1's dispatch all-to-all and chunk i-1's combine all-to-all are in flight.
+#define MOE_MAX_OVERLAP 8
+
 typedef struct {
     // local blocks: w1 and w3 (El, fl, d), w2 (El, d, fl); El = E/EP experts, fl = f/ETP
     const float *router;   // (E, d)
@@ -67,6 +72,15 @@ typedef struct {
     float *wdev;                   // (Ns,k) combine weight of assignment (t,j) (the router's w, in rt_d)
     int Rmax;                      // Ns*k rows allocated on the token side
     float *yslice;                 // (Ns,d) my slice of the output (TP > 1)
+    // the pipelined exchange: overlap is what the next forward uses (1 <= overlap <= MOE_MAX_OVERLAP,
+    // a power of two; set by the caller), r what the last forward used (1 where the exchange is local:
+    // nothing to overlap)
+    int overlap, r;
+    Exchange xc[MOE_MAX_OVERLAP];  // chunk i's routes (r > 1)
+    int64_t cstart[MOE_MAX_OVERLAP + 1];   // chunk i's rows [cstart[i], cstart[i+1]) of the chunk-major order
+    int64_t gstart[MOE_MAX_OVERLAP + 1];   // chunk i's expert-side rows in xg, h1, h3, act, yg
+    int32_t *cidx, *icidx;         // (M) chunk-major position -> my row, and back (device)
+    float *xsc, *ysc;              // (M,d) my rows, and their outputs, chunk-major
     // expert side (device, grown to the rows received)
     Exchange x;
     float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d); xg only when the exchange is not local
@@ -80,7 +94,8 @@ typedef struct {
     float *dys, *dxs, *dxj, *dlogits, *rowdot, *dxfull;   // device, token side (dxs: not local only)
     float *aux_dp;                                         // device (E): d aux term / d probs[t,e]
     float *dyg, *dh1, *dh3, *dxg;                         // device, expert side (grown; dyg: not local)
-    size_t cap_d, cap_f, cap_dyg, cap_dxs;
+    float *dysc, *dxsc;                                    // device, token side chunk-major (r > 1)
+    size_t cap_d, cap_f, cap_dyg, cap_dxs, cap_c;
     float *aux_dp_h;                                       // host (E)
 } MoeScratch;
 
@@ -91,6 +106,10 @@ void moe_scratch_free(MoeScratch *s);
 
 // y (N,d) = MoE(x). noise_seed != 0 and c->jitter > 0: jitter, drawn per token from
 // (noise_seed, row0 + row) so it does not depend on the mesh (row0: global index of x's row 0).
+// With m->overlap = r > 1 and a non-local exchange, the exchange and the experts are pipelined over r
+// chunks: the forward is the same bits as r = 1 (every row's GEMMs are the same), the weight
+// gradients differ by round-off (each expert's reduction over its rows is split into r partial sums).
+// Every rank of the EP/ETP groups must use the same r.
 void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
                  uint64_t noise_seed, int64_t row0);
 // dx (N,d) += d/dx; grads += d/dweights (local shards; the router's is this rank's share). The loss

@@ -44,6 +44,11 @@ static CommReq *self_ireduce_scatter(const Comm *c, const void *send, void *recv
     self_reduce_scatter(c, send, recv, counts, t);
     return xcalloc(1, sizeof(CommReq));
 }
+static CommReq *self_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                                const size_t *rc, const size_t *rd, CommType t) {
+    self_alltoallv(c, send, sc, sd, recv, rc, rd, t);
+    return xcalloc(1, sizeof(CommReq));
+}
 static CommReq *self_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
     DIE("internal error: point-to-point send on the group '%s' of one rank", c->name);
 }
@@ -55,7 +60,7 @@ static void self_wait(CommReq *r) { free(r); }
 
 const CommOps comm_self_ops = {
     self_allreduce, self_allgather, self_allgatherv, self_reduce_scatter, self_alltoallv, self_bcast, self_barrier,
-    self_iallreduce, self_ireduce_scatter, self_isend, self_irecv, self_test, self_wait,
+    self_iallreduce, self_ireduce_scatter, self_ialltoallv, self_isend, self_irecv, self_test, self_wait,
 };
 
 static const Comm self_comm = {.rank = 0, .size = 1, .name = "self", .ops = &comm_self_ops};
@@ -107,6 +112,10 @@ CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, c
     return D(c)->ireduce_scatter(C(c), send, recv, counts, t);
 }
 
+CommReq *comm_dev_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                             const size_t *rc, const size_t *rd, CommType t) {
+    return D(c)->ialltoallv(C(c), send, sc, sd, recv, rc, rd, t);
+}
 CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
     return C(c)->ops->isend(C(c), buf, n, t, peer, tag);
 }

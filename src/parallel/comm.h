@@ -77,6 +77,10 @@ void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 // The buffers must not be touched by compute work enqueued before the wait.
 CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
 CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+// Non-blocking all-to-all-v (the MoE layer's pipelined exchange): in flight while compute goes on;
+// send and recv must not overlap; the count arrays may be reused at once.
+CommReq *comm_dev_ialltoallv(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                             void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
 // Point-to-point over backend buffers (the host forms above without device ops). The nccl backend
 // does not carry them yet: with device ops attached they die naming this.
 CommReq *comm_dev_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag);

@@ -28,6 +28,9 @@ struct CommOps {
     CommReq *(*iallreduce)(const Comm *c, void *buf, size_t n, CommType t);
     // non-blocking reduce_scatter (send and recv must not overlap)
     CommReq *(*ireduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+    // non-blocking alltoallv (send and recv must not overlap; the count arrays may be freed at once)
+    CommReq *(*ialltoallv)(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                           void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
     // point-to-point: n elements to / from rank peer of the group, matched by (peer, tag) in order
     CommReq *(*isend)(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag);
     CommReq *(*irecv)(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);

@@ -332,9 +332,8 @@ static void n_reduce_scatter(const Comm *c, const void *send, void *recv, const 
     q_reduce_scatter(c, send, recv, counts, t);
     join(c, "reduce_scatter");
 }
-static void n_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+static void q_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                         const size_t *rc, const size_t *rd, CommType t) {
-    begin();
     // every pair that exchanges rows, self included (NCCL copies to self within the group)
     NCCL_OK(c, ncclGroupStart());
     for (int p = 0; p < c->size; p++) {
@@ -342,6 +341,11 @@ static void n_alltoallv(const Comm *c, const void *send, const size_t *sc, const
         if (rc[p]) NCCL_OK(c, ncclRecv(AT(recv, rd[p], t), rc[p], nt(t), p, NC(c), G.comm));
     }
     NCCL_OK(c, ncclGroupEnd());
+}
+static void n_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                        const size_t *rc, const size_t *rd, CommType t) {
+    begin();
+    q_alltoallv(c, send, sc, sd, recv, rc, rd, t);
     join(c, "alltoallv");
 }
 static void n_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
@@ -387,6 +391,12 @@ static CommReq *n_ireduce_scatter(const Comm *c, const void *send, void *recv, c
     q_reduce_scatter(c, send, recv, counts, t);
     return req_of(end_event(c, "ireduce_scatter", 1));
 }
+static CommReq *n_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                             const size_t *rc, const size_t *rd, CommType t) {
+    begin();
+    q_alltoallv(c, send, sc, sd, recv, rc, rd, t);
+    return req_of(end_event(c, "ialltoallv", 1));
+}
 // Pipeline point-to-point over NCCL is not built yet (one stream would serialise a stage's sends
 // behind its receives; it needs grouped send/receive pairs, measured on several GPUs).
 static CommReq *n_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
@@ -412,7 +422,7 @@ static void n_wait(CommReq *r) {
 
 static const CommOps nccl_ops = {
     n_allreduce, n_allgather, n_allgatherv, n_reduce_scatter, n_alltoallv, n_bcast, n_barrier,
-    n_iallreduce, n_ireduce_scatter, n_isend, n_irecv, n_test, n_wait,
+    n_iallreduce, n_ireduce_scatter, n_ialltoallv, n_isend, n_irecv, n_test, n_wait,
 };
 
 // ---- setup

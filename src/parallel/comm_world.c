@@ -82,6 +82,17 @@ static CommReq *m_ireduce_scatter(const Comm *c, const void *send, void *recv, c
     MPI_CHECK(MPI_Ireduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
     return r;
 }
+static CommReq *m_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
+                             const size_t *rc, const size_t *rd, CommType t) {
+    CommReq *r = xcalloc(1, sizeof *r);
+    r->ops = &mpi_ops;
+    int n = c->size;
+    r->impl = xmalloc(sizeof(MPI_Request) + sizeof(int) * 4 * n);   // the counts live until completion
+    int *a = (int *)((MPI_Request *)r->impl + 1), *b = a + n, *x = b + n, *y = x + n;
+    for (int i = 0; i < n; i++) { a[i] = ci(sc[i]); b[i] = ci(sd[i]); x[i] = ci(rc[i]); y[i] = ci(rd[i]); }
+    MPI_CHECK(MPI_Ialltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c), (MPI_Request *)r->impl));
+    return r;
+}
 static CommReq *m_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
     CommReq *r = xcalloc(1, sizeof *r);
     r->ops = &mpi_ops;
@@ -108,7 +119,7 @@ static void m_wait(CommReq *r) {
 }
 static const CommOps mpi_ops = {
     m_allreduce, m_allgather, m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
-    m_iallreduce, m_ireduce_scatter, m_isend, m_irecv, m_test, m_wait,
+    m_iallreduce, m_ireduce_scatter, m_ialltoallv, m_isend, m_irecv, m_test, m_wait,
 };
 
 static int mpi_started = 0;

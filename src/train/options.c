@@ -30,6 +30,8 @@ void train_options_default(TrainOptions *o) {
     o->zero = 0;
     o->overlap = 1;
     o->bucket_mb = 25.0f;
+    o->a2a_overlap = 1;
+    o->a2a_retune = 0.25f;
     snprintf(o->out, sizeof o->out, "runs/default");
 }
 
@@ -59,6 +61,9 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->zero < 0 || o->zero > 2) BAD("--zero must be 0, 1 or 2 (got %d)", o->zero);
     if (o->overlap < 0 || o->overlap > 1) BAD("--overlap must be 0 or 1 (got %d)", o->overlap);
     if (!(o->bucket_mb > 0)) BAD("--bucket-mb must be > 0 (got %g)", o->bucket_mb);
+    if (o->a2a_overlap != 0 && o->a2a_overlap != 1 && o->a2a_overlap != 2 && o->a2a_overlap != 4 && o->a2a_overlap != 8)
+        BAD("--a2a-overlap must be auto, 1, 2, 4 or 8 (got %d)", o->a2a_overlap);
+    if (!(o->a2a_retune > 0 && o->a2a_retune <= 10)) BAD("--a2a-retune must be in (0, 10] (got %g)", o->a2a_retune);
     if (o->vpp < 1) BAD("--vpp must be >= 1 (got %d)", o->vpp);
     if (o->vpp > 1 && o->pp_schedule != SCHED_INTERLEAVED)
         BAD("--vpp %d needs --pp-schedule interleaved (1f1b runs one chunk per rank)", o->vpp);

@@ -34,6 +34,8 @@ typedef struct {
     int zero;               // 0: replicated optimizer; 1: moments sharded; 2: + reduced gradients sharded
     int overlap;            // 1: reduce gradient buckets during backward (non-blocking)
     float bucket_mb;        // gradient bucket size cap (MB)
+    int a2a_overlap;        // the MoE exchange pipelined over this many chunks (1, 2, 4, 8); 0 = auto
+    float a2a_retune;       // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
     char device[16];        // cpu | cuda | "" (auto)

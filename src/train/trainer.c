@@ -17,6 +17,7 @@
 #include "train/dist.h"
 #include "train/plot.h"
 #include "train/step.h"
+#include "train/tune.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
 
@@ -39,6 +40,7 @@ typedef struct {
     FILE *mf;                  // metrics.jsonl (rank 0)
     char metrics_path[2048];
     int64_t *counts;           // (L, E) the last step's expert load
+    Tuner *tune;               // (L) --a2a-overlap auto: each MoE layer's overlap degree, measured
     double t_start, flops_tok;
 } Run;
 
@@ -261,6 +263,13 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     dist_attach(&r->dist, &r->m);
     load_or_init(r, resuming, latest);
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
+    for (int l = 0; l < r->c.n_layers && o->a2a_overlap > 0; l++) model_set_overlap(&r->m, l, o->a2a_overlap);
+    if (o->a2a_overlap == 0) {
+        // auto: measure 1, 2, 4, 8 per layer where there is an exchange to overlap (else only 1)
+        int cand[] = {1, 2, 4, 8}, n = meshed && (shape.ep > 1 || shape.etp > 1 || comm_nccl_forced()) ? 4 : 1;
+        r->tune = xmalloc(sizeof(Tuner) * (size_t)r->c.n_layers);
+        for (int l = 0; l < r->c.n_layers; l++) tuner_init(&r->tune[l], cand, n, 2, 0.05, o->a2a_retune);
+    }
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");
     if (!r->out) DIE("cannot open /dev/null");
@@ -280,8 +289,41 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->t_start = now_seconds();
 }
 
+// --a2a-overlap auto, before a step: each layer's overlap degree from its tuner, timing while any tunes.
+static void tune_before(Run *r) {
+    if (!r->tune) return;
+    r->m.moe_timing = 0;
+    for (int l = 0; l < r->c.n_layers; l++) {
+        model_set_overlap(&r->m, l, tuner_current(&r->tune[l]));
+        r->m.moe_timing |= r->tune[l].tuning;
+    }
+}
+
+// After a step: each layer's MoE time (the slowest rank's: every rank then feeds its tuners the same
+// numbers and makes the same choice) and load. Returns 1 when some layer's tuner settled.
+static int tune_after(Run *r, const StepStats *s) {
+    if (!r->tune) return 0;
+    int L = r->c.n_layers, E = r->c.n_experts, settled = 0;
+    double *t = r->m.moe_time;
+    if (r->m.moe_timing) {   // the max over ranks (the comm API reduces by sum: gather, then take it)
+        int n = comm_size(r->world);
+        double *all = xmalloc(sizeof(double) * (size_t)L * n);
+        comm_allgather(r->world, t, all, (size_t)L, CT_F64);
+        for (int l = 0; l < L; l++)
+            for (int q = 0; q < n; q++) if (all[(size_t)q * L + l] > t[l]) t[l] = all[(size_t)q * L + l];
+        free(all);
+    }
+    for (int l = 0; l < L; l++) {
+        int64_t mx = 0, tot = 0;
+        for (int e = 0; e < E; e++) { tot += s->counts[l * E + e]; if (s->counts[l * E + e] > mx) mx = s->counts[l * E + e]; }
+        settled |= tuner_observe(&r->tune[l], r->m.moe_timing ? t[l] : -1, tot ? (double)mx * E / tot : 1);
+        t[l] = 0;
+    }
+    return settled;
+}
+
 // One metrics.jsonl line and (unless --quiet) one progress line for the step just run.
-static void run_record(Run *r, int step, const StepStats *s, double dt) {
+static void run_record(Run *r, int step, const StepStats *s, double dt, int tuned) {
     const TrainOptions *o = r->o;
     int L = r->c.n_layers, E = r->c.n_experts;
     double tps = o->batch * o->seq_len / dt;
@@ -325,6 +367,26 @@ static void run_record(Run *r, int step, const StepStats *s, double dt) {
         bubble = span > 0 ? 1 - busy / (span * s->stages) : 0;
         cJSON_AddNumberToObject(j, "bubble_frac", bubble);
     }
+    if (r->tune || o->a2a_overlap > 1) {   // the pipelined exchange: each layer's overlap degree
+        cJSON *ov = cJSON_AddArrayToObject(j, "a2a_overlap");
+        for (int l = 0; l < L; l++) cJSON_AddItemToArray(ov, cJSON_CreateNumber(r->m.moe_overlap[l]));
+    }
+    if (tuned) {   // a tuning ended: what each candidate took (per layer; -1: not measured) and the choice
+        cJSON *tt = cJSON_AddArrayToObject(j, "a2a_tuned");
+        for (int l = 0; l < L; l++) {
+            const Tuner *t = &r->tune[l];
+            cJSON *row = cJSON_CreateObject();
+            cJSON *cs = cJSON_AddArrayToObject(row, "candidates");
+            cJSON *ts = cJSON_AddArrayToObject(row, "seconds");
+            for (int i = 0; i < t->n; i++) {
+                cJSON_AddItemToArray(cs, cJSON_CreateNumber(t->cand[i]));
+                cJSON_AddItemToArray(ts, cJSON_CreateNumber(t->mean[i]));
+            }
+            cJSON_AddNumberToObject(row, "choice", tuner_current(t));
+            cJSON_AddNumberToObject(row, "tunings", t->tunings);
+            cJSON_AddItemToArray(tt, row);
+        }
+    }
     cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
     for (int l = 0; l < L; l++) {
         cJSON *row = cJSON_CreateArray();
@@ -339,9 +401,14 @@ static void run_record(Run *r, int step, const StepStats *s, double dt) {
     char eta[32];
     double el_s = now_seconds() - r->t_start;
     fmt_eta(eta, sizeof eta, el_s / (step + 1 - r->first) * (o->steps - step - 1));
-    char wait[80] = "";
+    char wait[128] = "";
     if (comm_size(r->world) > 1) snprintf(wait, sizeof wait, " | grad wait %.1fms", 1e3 * r->dist.wait_s);
     if (s->stages > 1) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | bubble %.0f%%", 100 * bubble);
+    if (r->tune && L <= 8) {
+        snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | a2a r");
+        for (int l = 0; l < L; l++)
+            snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "%s%d", l ? "," : " ", r->m.moe_overlap[l]);
+    }
     printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
            (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, s->aux, s->z, s->lr, s->gnorm, tps,
@@ -411,6 +478,7 @@ static void run_close(Run *r) {
     if (r->rank0 && o->plots && plot_run(o->out) == 0)
         fprintf(r->out, "plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
     free(r->counts);
+    free(r->tune);
     step_free(&r->step);
     dist_free(&r->dist);
     model_free(&r->m);
@@ -426,12 +494,14 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
     for (int step = r.first; step < o->steps; step++) {
         if (r.profile && step == r.first + 1) backend_profile_reset();   // the first step warms up
         double t0 = now_seconds();
+        tune_before(&r);
         step_run(&r.step, step, r.st.seq_pos, &s);
+        int tuned = tune_after(&r, &s);
         r.st.step = step + 1;
         r.st.seq_pos += (uint64_t)o->batch;
         r.st.total_steps = o->steps;
         r.st.tokens_seen += (double)o->batch * o->seq_len;
-        run_record(&r, step, &s, now_seconds() - t0);
+        run_record(&r, step, &s, now_seconds() - t0, tuned);
         int last = step + 1 == o->steps;
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) run_evaluate(&r, step);
         if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0))

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# test_overlap.sh — the pipelined MoE exchange (Tutel's overlap degree, --a2a-overlap r) trains the
+# same model as one process and as r = 1. Under mpirun (oversubscribed), each layout and r against the
+# single-process run of the same command line, with the mesh tests' tolerances: per-step loss and aux
+# 1e-6 relative, grad norm 1e-5, final parameters 1e-3 of each tensor's largest magnitude, expert load
+# and drops exactly equal (routing is decided before the exchange, so r cannot change it).
+# What r changes: each expert's weight-gradient sum over its rows is split into r partial sums
+# (round-off), and on the cpu backend OpenBLAS picks its kernels by matrix size (a chunk's group may be
+# one row: gemv), so even the forward differs from r = 1 at round-off: the step-1 loss is checked
+# against r = 1 on the same mesh at 1e-7 relative (seen ~1e-9). Also: more chunks than rows, experts
+# with no rows, `auto` (the selector measures 1, 2, 4, 8 per layer and logs its choice), bad values.
+set -u
+. "$(dirname "$0")/lib.sh"
+command -v mpirun >/dev/null || { skip "mpirun not installed"; finish; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+CKPT_DIFF="${CKPT_DIFF:-$(dirname "$MOE")/ckpt_diff}"
+MPI="timeout 300 mpirun --oversubscribe"
+BASE="--steps 4 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 16 --eval-batches 1 --eval-every 0
+      --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2"
+
+maxrel() { paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / (a > 1e-12 ? a : 1e-12);
+  if (r > m) m = r } END { printf "%.3e\n", m + 0 }'; }
+
+close() {   # close REF RUN LABEL
+  local ref="$1" run="$2" label="$3" k ok=1 worst=""
+  for k in loss aux_loss grad_norm; do
+    field "$k" "$ref/metrics.jsonl" > "$TMP/a"; field "$k" "$run/metrics.jsonl" > "$TMP/b"
+    local n; n=$(wc -l < "$TMP/b")
+    [ "$n" -eq "$(wc -l < "$TMP/a")" ] && [ "$n" -gt 0 ] || { fail "$label: $k: $n steps vs $(wc -l < "$TMP/a")"; ok=0; continue; }
+    local r tol=1e-6; r=$(maxrel "$TMP/a" "$TMP/b")
+    [ "$k" = grad_norm ] && tol=1e-5
+    fcmp "$r" "<=" "$tol" || { fail "$label: $k differs by $r relative (tolerance $tol)"; ok=0; }
+    worst="$worst $k $r"
+  done
+  for k in expert_load dropped; do
+    grep -o "\"$k\":[^a-z]*" "$ref/metrics.jsonl" > "$TMP/a"; grep -o "\"$k\":[^a-z]*" "$run/metrics.jsonl" > "$TMP/b"
+    cmp -s "$TMP/a" "$TMP/b" || { fail "$label: $k differs"; ok=0; }
+  done
+  local pd; pd=$("$CKPT_DIFF" "$ref" "$run" 1e-3) || { fail "$label: final parameters: $pd"; ok=0; }
+  [ $ok = 1 ] && pass "$label matches one process (${worst# }; params ${pd#max relative difference })"
+}
+first_loss() { field loss "$1/metrics.jsonl" | head -1; }
+mesh() { local d="$1" np="$2"; shift 2; rm -rf "$d"; mkdir -p "$d"; $MPI -np "$np" "$MOE" train --out "$d" $BASE "$@" > "$d/out.txt" 2>&1 < /dev/null; }
+
+for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05"; do
+  m="${mode%% *}"
+  "$MOE" train --out "$TMP/ref_$m" $BASE --dispatch $mode > /dev/null 2>&1 < /dev/null || fail "reference ($m)"
+  while IFS='|' read -r np flags label; do
+    mesh "$TMP/r1" "$np" --dispatch $mode $flags --a2a-overlap 1 || { fail "$m $label r 1: mpirun failed"; continue; }
+    for r in 2 8; do
+      if mesh "$TMP/run" "$np" --dispatch $mode $flags --a2a-overlap $r; then
+        close "$TMP/ref_$m" "$TMP/run" "$m: $label, r $r"
+        grep -q "\"a2a_overlap\":\[$r,$r\]" "$TMP/run/metrics.jsonl" || fail "$m: $label, r $r: metrics.jsonl does not log the overlap"
+        d=$(paste <(first_loss "$TMP/r1") <(first_loss "$TMP/run") | awk '{ d = $1 - $2; if (d < 0) d = -d; printf "%.3e", d / $1 }')
+        fcmp "$d" "<=" 1e-7 && pass "$m: $label, r $r: step-1 loss equal to r 1 on the same mesh ($d relative)" ||
+          fail "$m: $label, r $r: step-1 loss differs from r 1 by $d"
+      else fail "$m: $label, r $r: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
+    done
+  done <<< "2|--ep 2|ep2
+4|--ep 4|ep4
+4|--ep 2|dp4+ep2
+4|--ep 2 --etp 2|ep2+etp2
+4|--tp 2 --ep 2|tp2+ep2"
+done
+if mesh "$TMP/run" 4 --ep 4 --a2a-overlap 4; then close "$TMP/ref_dropless" "$TMP/run" "dropless: ep4, r 4"; else fail "ep4 r 4: mpirun failed"; fi
+if mesh "$TMP/run" 4 --ep 2 --zero 2 --a2a-overlap 2 --bucket-mb 0.01; then close "$TMP/ref_dropless" "$TMP/run" "dropless: dp4+ep2 zero2, r 2"; else fail "zero2 r 2: mpirun failed"; fi
+
+# more chunks than rows, and experts with no rows: 2 tokens per sequence, 8 experts top-1, r 8
+E="--seq-len 2 --n-experts 8 --top-k 1"
+"$MOE" train --out "$TMP/ref_e" $BASE $E > /dev/null 2>&1 < /dev/null
+if mesh "$TMP/run" 4 --ep 4 $E --a2a-overlap 8; then close "$TMP/ref_e" "$TMP/run" "ep4, r 8 with 2-token sequences and 8 experts (empty chunks and experts)"
+else fail "empty chunks: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
+
+# auto: every layer measures 1, 2, 4, 8 (a warm-up and 2 trials each), settles, logs; results as r = 1
+if mesh "$TMP/run" 2 --ep 2 --a2a-overlap auto --steps 14; then
+  "$MOE" train --out "$TMP/ref14" $BASE --steps 14 > /dev/null 2>&1 < /dev/null
+  close "$TMP/ref14" "$TMP/run" "ep2, --a2a-overlap auto"
+  seq_r=$(grep -o '"a2a_overlap":\[[0-9]*' "$TMP/run/metrics.jsonl" | cut -d[ -f2 | head -12 | tr '\n' ' ')
+  tuned=$(grep -c '"a2a_tuned"' "$TMP/run/metrics.jsonl")
+  if [ "$seq_r" = "1 1 1 2 2 2 4 4 4 8 8 8 " ] && [ "$tuned" -ge 1 ] && grep -q '"a2a_tuned":\[{"candidates":\[1,2,4,8\],"seconds":\[' "$TMP/run/metrics.jsonl"; then
+    pass "auto tried r 1, 2, 4, 8 (a warm-up and two trials each), settled and logged the measured seconds and choice"
+  else fail "auto: tried '$seq_r', tuned lines $tuned"; fi
+else fail "auto: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
+# auto where there is nothing to overlap (one process): stays at r 1, measures nothing
+if "$MOE" train --out "$TMP/one" $BASE --a2a-overlap auto > "$TMP/one.txt" 2>&1 < /dev/null && \
+   ! grep -q '"a2a_overlap":\[[2-9]' "$TMP/one/metrics.jsonl" && cmp -s <(field loss "$TMP/one/metrics.jsonl") <(field loss "$TMP/ref_dropless/metrics.jsonl"); then
+  pass "auto on one process: r 1 throughout, losses identical to the plain run"
+else fail "auto on one process"; fi
+
+# bad values: one message on every rank, non-zero exit, nothing written
+for v in 3 0 16 x; do
+  rm -rf "$TMP/bad"
+  timeout 60 mpirun --oversubscribe -np 2 "$MOE" train --out "$TMP/bad" $BASE --ep 2 --a2a-overlap $v > "$TMP/bad.txt" 2>&1 < /dev/null
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "moe: error: .*a2a-overlap" "$TMP/bad.txt" && [ ! -e "$TMP/bad" ]; then
+    pass "--a2a-overlap $v refused: $(grep -m1 'moe: error' "$TMP/bad.txt" | cut -c1-90)"
+  else fail "--a2a-overlap $v: exit $rc"; tail -2 "$TMP/bad.txt"; fi
+done
+finish
