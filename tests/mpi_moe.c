@@ -62,7 +62,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     for (int e = 0; e < El; e++)
         for (int j = 0; j < d; j++)
             memcpy(l2 + ((size_t)e * d + j) * fl, w2 + ((size_t)(e0 + e) * d + j) * f + f0, sizeof(float) * fl);
-    MoeComms cm = {mesh->tp, mesh->ep, mesh->etp, mesh->stage};
+    MoeComms cm = {mesh->tp, mesh->ep, mesh->etp, mesh->stage, NULL, NULL};
     MoeLayer ml;
     MoeScratch ms;
     moe_layer_init(&ml, be, &c, Nl, &cm);
@@ -113,7 +113,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
 int main(int argc, char **argv) {
     Comm *world = comm_world_init(&argc, &argv);
     if (argc < 4) DIE("usage: mpi_moe TP EP ETP");
-    MeshShape s = {comm_size(world), atoi(argv[1]), 0, 1, atoi(argv[2]), atoi(argv[3]), 0};
+    MeshShape s = {comm_size(world), atoi(argv[1]), 0, 1, atoi(argv[2]), atoi(argv[3]), 0, 0};
     ModelConfig c;
     config_preset(&c, "tiny");
     c.n_experts = 4;

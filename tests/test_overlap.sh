@@ -8,7 +8,8 @@
 # (round-off), and on the cpu backend OpenBLAS picks its kernels by matrix size (a chunk's group may be
 # one row: gemv), so even the forward differs from r = 1 at round-off: the step-1 loss is checked
 # against r = 1 on the same mesh at 1e-7 relative (seen ~1e-9). Also: more chunks than rows, experts
-# with no rows, `auto` (the selector measures 1, 2, 4, 8 per layer and logs its choice), bad values.
+# with no rows, `auto` (the selector measures 1, 2, 4, 8 per layer and logs its choice), bad values; the
+# two-level all-to-all (--a2a-hier G, nodes simulated on one host) byte-identical to the flat one.
 set -u
 . "$(dirname "$0")/lib.sh"
 command -v mpirun >/dev/null || { skip "mpirun not installed"; finish; }
@@ -87,6 +88,28 @@ if "$MOE" train --out "$TMP/one" $BASE --a2a-overlap auto > "$TMP/one.txt" 2>&1 
    ! grep -q '"a2a_overlap":\[[2-9]' "$TMP/one/metrics.jsonl" && cmp -s <(field loss "$TMP/one/metrics.jsonl") <(field loss "$TMP/ref_dropless/metrics.jsonl"); then
   pass "auto on one process: r 1 throughout, losses identical to the plain run"
 else fail "auto on one process"; fi
+
+# the two-level all-to-all (--a2a-hier G: nodes of G EP ranks, simulated on one host): the same bytes
+# arrive in the same places as the flat all-to-all, so checkpoints are byte-identical to --a2a-hier off
+hier() {   # hier NP FLAGS... LABEL(last)
+  local np="$1"; shift; local label="${*: -1}"; set -- "${@:1:$(($#-1))}"
+  mesh "$TMP/flat" "$np" "$@" --a2a-hier off && mesh "$TMP/hier" "$np" "$@" || { fail "$label: mpirun failed"; tail -3 "$TMP/flat/out.txt" "$TMP/hier/out.txt"; return; }
+  if grep -q "epx" "$TMP/hier/out.txt" && cmp -s "$TMP/flat/step_00000004/model.safetensors" "$TMP/hier/step_00000004/model.safetensors" &&
+     cmp -s "$TMP/flat/step_00000004/optimizer.safetensors" "$TMP/hier/step_00000004/optimizer.safetensors" &&
+     cmp -s <(field loss "$TMP/flat/metrics.jsonl") <(field loss "$TMP/hier/metrics.jsonl"); then
+    pass "$label: losses and checkpoints byte-identical to the flat all-to-all"
+  else fail "$label: differs from the flat all-to-all (or no epn/epx groups)"; fi
+}
+hier 4 --ep 4 --a2a-hier 2 "ep4, --a2a-hier 2 (2 nodes of 2)"
+hier 8 --ep 8 --n-experts 8 --a2a-hier 2 --dispatch capacity --capacity-factor 0.8 "ep8, 8 experts, capacity, --a2a-hier 2 (4 nodes of 2)"
+hier 8 --ep 4 --a2a-hier 2 --a2a-overlap 2 "dp8+ep4 (edp2), --a2a-hier 2 with --a2a-overlap 2 (vs flat r 2)"
+hier 4 --ep 2 --etp 2 --a2a-hier 2 "ep2+etp2, --a2a-hier 2 (one node of 2: the inter-node phase is a group of one)"
+if mesh "$TMP/run" 4 --ep 4 && ! grep -q "epx" "$TMP/run/out.txt"; then pass "--a2a-hier auto on one host: flat (no epn/epx groups)"; else fail "--a2a-hier auto on one host"; fi
+rm -rf "$TMP/bad"
+timeout 60 mpirun --oversubscribe -np 4 "$MOE" train --out "$TMP/bad" $BASE --ep 4 --a2a-hier 3 > "$TMP/bad.txt" 2>&1 < /dev/null
+if [ $? -ne 0 ] && grep -q "moe: error: .*--a2a-hier 3: the ep 4 ranks do not split into nodes of 3 ranks" "$TMP/bad.txt" && [ ! -e "$TMP/bad" ]; then
+  pass "--a2a-hier 3 with ep 4 refused on every rank, nothing written"
+else fail "--a2a-hier 3 with ep 4"; tail -2 "$TMP/bad.txt"; fi
 
 # bad values: one message on every rank, non-zero exit, nothing written
 for v in 3 0 16 x; do

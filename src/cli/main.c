@@ -19,7 +19,7 @@
 #include "train/trainer.h"
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
-typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT } OptType;
+typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -115,6 +115,8 @@ static const Opt opts[] = {
      "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split)"},
     {"a2a-overlap", O_AUTO_INT, TO(a2a_overlap), C_TRAIN,
      "auto | 1 | 2 | 4 | 8: the MoE all-to-all pipelined with the experts over this many chunks (1: off)"},
+    {"a2a-hier", O_HIER, TO(a2a_hier), C_TRAIN | C_INFO,
+     "auto | off | G: the EP all-to-all in two levels over nodes of G EP ranks (auto: when the EP group spans nodes)"},
     {"a2a-retune", O_FLOAT, TO(a2a_retune), C_TRAIN,
      "--a2a-overlap auto: re-measure a layer when its load (busiest expert / mean) moves by this fraction (0.25)"},
     {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
@@ -189,6 +191,15 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
         long v = strtol(val, &end, 10);
         if (!*val || *end || errno || v < 1 || v > 2147483647L)
             DIE("%s --%s: '%s' is not auto or a positive integer", from, o->name, val);
+        *(int *)p = (int)v;
+        break;
+    }
+    case O_HIER: {   // "auto" = -1, "off" = 0, else a positive integer
+        if (!strcmp(val, "auto")) { *(int *)p = -1; break; }
+        if (!strcmp(val, "off")) { *(int *)p = 0; break; }
+        long v = strtol(val, &end, 10);
+        if (!*val || *end || errno || v < 1 || v > 2147483647L)
+            DIE("%s --%s: '%s' is not auto, off or a positive integer", from, o->name, val);
         *(int *)p = (int)v;
         break;
     }
@@ -271,7 +282,7 @@ static void usage(FILE *f, int cmd) {
         if (!(opts[i].cmds & cmd)) continue;
         const char *arg = opts[i].type == O_FLAG ? "" : opts[i].type == O_STR ? " S" : opts[i].type == O_FLOAT ? " X"
                         : opts[i].type == O_DISPATCH || opts[i].type == O_AUXFORM || opts[i].type == O_SCHEDULE ? " MODE"
-                        : opts[i].type == O_AUTO_INT ? " N|auto" : " N";
+                        : opts[i].type == O_AUTO_INT ? " N|auto" : opts[i].type == O_HIER ? " G|auto|off" : " N";
         char left[64];
         snprintf(left, sizeof left, "--%s%s", opts[i].name, arg);
         fprintf(f, "  %-22s %s\n", left, opts[i].help);

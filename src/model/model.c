@@ -54,7 +54,7 @@ static void slot_alloc(Model *m, ModelSlot *s) {
         a->xn2 = be->alloc(N * d * F);
         a->rstd2 = be->alloc(N * F);
         a->moe_out = be->alloc(N * d * F);
-        MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage};
+        MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
     }
     s->res_final = be->alloc(N * d * F);

@@ -23,6 +23,7 @@
 typedef struct {
     const Comm *tp, *dp, *ep, *etp, *edp, *stage;
     ParamSlicing sl;
+    const Comm *epn, *epx;         // the MoE's two-level all-to-all (NULL: flat)
 } ModelMesh;
 
 typedef struct {

@@ -5,9 +5,11 @@
 
 #define F sizeof(float)
 
-void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, int El, int d) {
+void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, const Comm *epn,
+                   const Comm *epx, int El, int d) {
     memset(x, 0, sizeof *x);
     x->be = be; x->ep = ep; x->etp = etp;
+    if (epn && epx && comm_size(epn) > 1 && comm_size(epx) >= 1) { x->epn = epn; x->epx = epx; }
     x->EP = comm_size(ep);
     x->ETP = comm_size(etp);
     x->El = El; x->d = d;
@@ -22,6 +24,9 @@ void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *e
 void exchange_free(Exchange *x) {
     free(x->sc); free(x->sd); free(x->rc); free(x->rd); free(x->rcnt); free(x->gcnt); free(x->gc); free(x->gd);
     free(x->off); free(x->perm_h);
+    for (int k = 0; k < 2; k++) { free(x->hp[k].c1); free(x->hp[k].pre); }
+    float *hs[] = {x->h_s1, x->h_r1, x->h_s2};
+    for (int i = 0; i < 3; i++) if (hs[i]) x->be->free(hs[i]);
     if (x->perm) x->be->free(x->perm);
     if (x->iperm) x->be->free(x->iperm);
     if (x->raw_ep) x->be->free(x->raw_ep);
@@ -35,6 +40,109 @@ static void grow(const Backend *be, void **p, size_t *cap, size_t need) {
     *cap = need > *cap * 2 ? need : *cap * 2;
     if (*cap == 0) *cap = 1;
     *p = be->alloc(*cap);
+}
+
+static void scale_counts(const size_t *c, size_t *out, int n, size_t by) { for (int i = 0; i < n; i++) out[i] = c[i] * by; }
+
+// The two-level plan of one direction: S[q] rows of mine go to EP rank q from row SD[q]; R[q] rows
+// come from q to row RD[q]; CN[i][q] = what my node's local rank i sends to q (S all-gathered over epn).
+static void hier_plan(HierPlan *h, int n, int G, int me, const size_t *S, const size_t *SD, const size_t *R,
+                      const size_t *RD, const int64_t *CN) {
+    int A = n / G, loc = me % G;
+    free(h->c1);
+    free(h->pre);
+    h->c1 = xcalloc((size_t)(4 * G + 4 * A), sizeof(size_t));
+    h->d1 = h->c1 + G; h->r1 = h->d1 + G; h->e1 = h->r1 + G;
+    h->c2 = h->e1 + G; h->d2 = h->c2 + A; h->r2 = h->d2 + A; h->e2 = h->r2 + A;
+    h->pre = xmalloc(sizeof(int64_t) * 3 * (size_t)n * 2);
+    h->mid = h->pre + 3 * (size_t)n;
+    h->npre = h->nmid = 0;
+    size_t pos = 0;
+    for (int j = 0; j < G; j++) {   // phase 1: to local rank j, what goes to (b, j) for every node b
+        h->d1[j] = pos;
+        for (int b = 0; b < A; b++) {
+            int q = b * G + j;
+            int64_t *t = h->pre + 3 * h->npre++;
+            t[0] = (int64_t)SD[q]; t[1] = (int64_t)pos; t[2] = (int64_t)S[q];
+            pos += S[q];
+        }
+        h->c1[j] = pos - h->d1[j];
+    }
+    h->rows1s = pos;
+    pos = 0;
+    for (int i = 0; i < G; i++) {   // from local rank i: its blocks for (b, loc), node by node
+        h->e1[i] = pos;
+        for (int b = 0; b < A; b++) pos += (size_t)CN[(size_t)i * n + b * G + loc];
+        h->r1[i] = pos - h->e1[i];
+    }
+    h->rows1r = pos;
+    pos = 0;
+    for (int B = 0; B < A; B++) {   // phase 2: to node B (its rank of my local index), from each local i
+        h->d2[B] = pos;
+        for (int i = 0; i < G; i++) {
+            size_t src = h->e1[i];
+            for (int b = 0; b < B; b++) src += (size_t)CN[(size_t)i * n + b * G + loc];
+            int64_t *t = h->mid + 3 * h->nmid++;
+            t[0] = (int64_t)src; t[1] = (int64_t)pos; t[2] = CN[(size_t)i * n + B * G + loc];
+            pos += (size_t)t[2];
+        }
+        h->c2[B] = pos - h->d2[B];
+    }
+    h->rows2s = pos;
+    for (int a = 0; a < A; a++) {   // from node a: its local ranks' rows for me, in source-rank order
+        h->r2[a] = 0;
+        for (int i = 0; i < G; i++) h->r2[a] += R[a * G + i];
+        h->e2[a] = RD[a * G];
+    }
+}
+
+// Both directions' plans (counts all-gathered within the node), and the staging they need.
+static void hier_plans(Exchange *x) {
+    int n = x->EP, G = comm_size(x->epn), me = comm_rank(x->ep);
+    int64_t *mine = xmalloc(sizeof(int64_t) * n * 2), *cn = xmalloc(sizeof(int64_t) * (size_t)n * G * 2);
+    for (int q = 0; q < n; q++) { mine[q] = (int64_t)x->sc[q]; mine[n + q] = (int64_t)x->rc[q]; }
+    comm_allgather(x->epn, mine, cn, (size_t)n * 2, CT_I64);
+    int64_t *cs = xmalloc(sizeof(int64_t) * (size_t)n * G * 2), *cr = cs + (size_t)n * G;
+    for (int i = 0; i < G; i++)
+        for (int q = 0; q < n; q++) { cs[(size_t)i * n + q] = cn[(size_t)i * 2 * n + q]; cr[(size_t)i * n + q] = cn[(size_t)i * 2 * n + n + q]; }
+    hier_plan(&x->hp[0], n, G, me, x->sc, x->sd, x->rc, x->rd, cs);
+    hier_plan(&x->hp[1], n, G, me, x->rc, x->rd, x->sc, x->sd, cr);
+    size_t need = 0;
+    for (int k = 0; k < 2; k++) {
+        size_t m = x->hp[k].rows1s > x->hp[k].rows1r ? x->hp[k].rows1s : x->hp[k].rows1r;
+        if (x->hp[k].rows2s > m) m = x->hp[k].rows2s;
+        if (m > need) need = m;
+    }
+    need = (need ? need : 1) * x->d * sizeof(float);
+    if (need > x->cap_h) {
+        float **hs[] = {&x->h_s1, &x->h_r1, &x->h_s2};
+        for (int i = 0; i < 3; i++) { if (*hs[i]) x->be->free(*hs[i]); *hs[i] = x->be->alloc(need); }
+        x->cap_h = need;
+    }
+    free(mine); free(cn); free(cs);
+}
+
+// The two-level all-to-all of direction k (0: dispatch, 1: combine): send -> recv, as the flat one.
+static void hier_a2a(Exchange *x, int k, const float *send, float *recv) {
+    const HierPlan *h = &x->hp[k];
+    const Backend *be = x->be;
+    size_t d = x->d, G = (size_t)comm_size(x->epn), A = (size_t)comm_size(x->epx);
+    for (int i = 0; i < h->npre; i++) {
+        const int64_t *t = h->pre + 3 * i;
+        if (t[2]) be->copy(x->h_s1 + t[1] * d, send + t[0] * d, sizeof(float) * t[2] * d);
+    }
+    size_t *a = xmalloc(sizeof(size_t) * 4 * (G > A ? G : A));
+    scale_counts(h->c1, a, (int)G, d); scale_counts(h->d1, a + G, (int)G, d);
+    scale_counts(h->r1, a + 2 * G, (int)G, d); scale_counts(h->e1, a + 3 * G, (int)G, d);
+    comm_dev_alltoallv(x->epn, x->h_s1, a, a + G, x->h_r1, a + 2 * G, a + 3 * G, CT_F32);
+    for (int i = 0; i < h->nmid; i++) {
+        const int64_t *t = h->mid + 3 * i;
+        if (t[2]) be->copy(x->h_s2 + t[1] * d, x->h_r1 + t[0] * d, sizeof(float) * t[2] * d);
+    }
+    scale_counts(h->c2, a, (int)A, d); scale_counts(h->d2, a + A, (int)A, d);
+    scale_counts(h->r2, a + 2 * A, (int)A, d); scale_counts(h->e2, a + 3 * A, (int)A, d);
+    comm_dev_alltoallv(x->epx, x->h_s2, a, a + A, recv, a + 2 * A, a + 3 * A, CT_F32);
+    free(a);
 }
 
 void exchange_plan(Exchange *x, const int64_t *kept) {
@@ -109,11 +217,11 @@ void exchange_plan(Exchange *x, const int64_t *kept) {
     x->be->to_device(x->perm, x->perm_h, sizeof(int32_t) * x->Rg);
     x->be->to_device(x->iperm, ip, sizeof(int32_t) * x->Rg);
     free(ip);
+    if (x->epn) hier_plans(x);
     grow(x->be, (void **)&x->raw_ep, &x->cap_R, F * (size_t)(x->R ? x->R : 1) * x->d);
     grow(x->be, (void **)&x->raw, &x->cap_Rg, F * (size_t)(x->Rg ? x->Rg : 1) * x->d);
 }
 
-static void scale_counts(const size_t *c, size_t *out, int n, size_t by) { for (int i = 0; i < n; i++) out[i] = c[i] * by; }
 
 // The counts of my rows as element counts (x d) into a, b, c, e: send counts, send displacements,
 // receive counts, receive displacements of the EP all-to-all (forward direction; swapped back).
@@ -127,7 +235,9 @@ void exchange_dispatch_start(Exchange *x, const float *rows) {
     if (x->local) return;
     // rows are backend buffers: the comm API's device variants (NCCL on GPUs); groups of one are
     // a backend copy (unless a test forces the NCCL path: comm_dev_due)
-    if (comm_dev_due(x->ep)) {
+    if (x->epn) {
+        hier_a2a(x, 0, rows, x->raw_ep);
+    } else if (comm_dev_due(x->ep)) {
         size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
         ep_counts(x, 0, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
         x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP, CT_F32);
@@ -172,7 +282,9 @@ void exchange_combine_start(Exchange *x, const float *partial, float *rows) {
     } else {
         x->be->copy(x->raw_ep, x->raw, sizeof(float) * (size_t)x->R * d);
     }
-    if (comm_dev_due(x->ep)) {
+    if (x->epn) {
+        hier_a2a(x, 1, x->raw_ep, rows);
+    } else if (comm_dev_due(x->ep)) {
         size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
         ep_counts(x, 1, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
         x->req = comm_dev_ialltoallv(x->ep, x->raw_ep, a, a + x->EP, rows, a + 2 * x->EP, a + 3 * x->EP, CT_F32);

@@ -5,15 +5,35 @@
 // collectives not forced on groups of one: comm_dev_due) it is the identity: `local` is set, the
 // expert-major order is the sender's own (off = its per-expert offsets), and dispatch/combine
 // return their input instead of copying it.
+// Two-level all-to-all (Tutel's 2D hierarchical all-to-all; epn/epx given): the EP ranks form nodes
+// of G = size(epn) consecutive ranks; a rank first sends, within its node, to local rank j everything
+// bound for local index j on any node (blocks reordered node-major: the "transpose"), then the ranks of
+// equal local index exchange between nodes. The same bytes arrive in the same places as the flat
+// all-to-all, so results are bitwise equal; it is blocking (the pipelined exchange then overlaps
+// nothing across it).
 // Must not hold: routing decisions or expert math.
 #pragma once
 #include <stdint.h>
 #include "ops/ops.h"
 #include "parallel/comm.h"
 
+// One direction of the two-level all-to-all, in rows: the block copies before phase 1 (my rows into
+// node-local order) and between the phases (into node order), and both phases' counts/displacements.
+typedef struct {
+    size_t *c1, *d1, *r1, *e1;     // (G) phase 1 within the node (epn)
+    size_t *c2, *d2, *r2, *e2;     // (A) phase 2 between nodes (epx)
+    int64_t *pre, *mid;            // (src row, dst row, rows) triples: npre, nmid of them
+    int npre, nmid;
+    size_t rows1s, rows1r, rows2s; // staging rows
+} HierPlan;
+
 typedef struct {
     const Backend *be;
     const Comm *ep, *etp;
+    const Comm *epn, *epx;       // two-level all-to-all: my node's EP ranks, my local index's (NULL: flat)
+    HierPlan hp[2];              // its plans, dispatch [0] and combine [1]
+    float *h_s1, *h_r1, *h_s2;   // its staging (device)
+    size_t cap_h;
     int EP, ETP, El, d;
     size_t *sc, *sd, *rc, *rd;   // (EP) rows sent to / received from each EP peer, and displacements
     int64_t *rcnt;               // (EP, El) rows received from EP peer q for local expert le
@@ -29,7 +49,9 @@ typedef struct {
     CommReq *req;                // the EP all-to-all in flight (between a _start and its _finish)
 } Exchange;
 
-void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, int El, int d);
+// epn, epx: the two-level all-to-all's groups (both NULL: the flat all-to-all).
+void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, const Comm *epn,
+                   const Comm *epx, int El, int d);
 void exchange_free(Exchange *x);
 // From my kept rows per expert (E = EP*El counts, rows sorted by expert): sizes, counts and the
 // expert-major permutation. Collective over ep and etp. Sets `local`.

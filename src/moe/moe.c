@@ -118,7 +118,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->rank = (int32_t *)(m->rowscale + R);
     m->kf_d = m->rank + R;
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
-    exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->El, m->d);
+    exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
     m->overlap = m->r = 1;
 }
 
@@ -194,7 +194,7 @@ static void plan_chunks(MoeLayer *m, const int64_t *kept) {
             for (int64_t row = lo; row < hi; row++) { ci[p] = (int32_t)row; ici[row] = (int32_t)p; p++; }
             kc[e] = hi - lo;
         }
-        if (!m->xc[i].be) exchange_init(&m->xc[i], be, m->cm.ep, m->cm.etp, m->El, m->d);
+        if (!m->xc[i].be) exchange_init(&m->xc[i], be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
         exchange_plan(&m->xc[i], kc);
         m->gstart[i + 1] = m->gstart[i] + m->xc[i].Rg;
     }

@@ -15,6 +15,7 @@
 
 typedef struct {
     const Comm *tp, *ep, *etp, *stage;   // NULL = a group of one
+    const Comm *epn, *epx;               // the two-level all-to-all's groups (NULL: flat; exchange.h)
 } MoeComms;
 
 // The pipelined exchange (Tutel's overlap degree r): the rows each rank sends are split into r chunks

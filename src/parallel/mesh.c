@@ -18,6 +18,9 @@ const char *mesh_shape_resolve(MeshShape *s, const ModelConfig *c) {
     if (stage % (s->ep * s->etp))
         BAD("tp %d x dp %d = %d ranks per stage is not divisible by ep %d x etp %d", s->tp, s->dp, stage, s->ep, s->etp);
     s->edp = stage / (s->ep * s->etp);
+    if (s->hier < 0) BAD("--a2a-hier must be off, auto or >= 1 (got %d)", s->hier);
+    if (s->hier > 1 && s->ep % s->hier)
+        BAD("--a2a-hier %d: the ep %d ranks do not split into nodes of %d ranks", s->hier, s->ep, s->hier);
     if (c) {
         if (c->n_experts % s->ep) BAD("n_experts %d is not divisible by ep %d", c->n_experts, s->ep);
         if (c->n_heads % s->tp) BAD("n_heads %d is not divisible by tp %d", c->n_heads, s->tp);
@@ -41,8 +44,10 @@ MeshCoord mesh_coord(const MeshShape *s, int r) {
 }
 
 // color/key of rank r for each group kind
-enum { G_TP, G_DP, G_PP, G_EP, G_ETP, G_EDP, G_STAGE, G_N };
-static const char *gname[G_N] = {"tp", "dp", "pp", "ep", "etp", "edp", "stage"};
+enum { G_TP, G_DP, G_PP, G_EP, G_ETP, G_EDP, G_STAGE, G_EPN, G_EPX, G_N };
+static const char *gname[G_N] = {"tp", "dp", "pp", "ep", "etp", "edp", "stage", "epn", "epx"};
+// The two-level all-to-all's groups exist only with hier > 1.
+static int group_used(const MeshShape *s, int g) { return (g != G_EPN && g != G_EPX) || s->hier > 1; }
 static void group_of(const MeshShape *s, int r, int g, int *color, int *key) {
     MeshCoord m = mesh_coord(s, r);
     int S = s->tp * s->dp;
@@ -53,6 +58,8 @@ static void group_of(const MeshShape *s, int r, int g, int *color, int *key) {
     case G_EP: *color = m.pp * S + m.edp * s->etp + m.etp; *key = m.ep; break;
     case G_ETP: *color = m.pp * S + m.edp * s->ep + m.ep; *key = m.etp; break;
     case G_EDP: *color = m.pp * S + m.ep * s->etp + m.etp; *key = m.edp; break;
+    case G_EPN: *color = (m.pp * S + m.edp * s->etp + m.etp) * s->ep + m.ep / s->hier; *key = m.ep % s->hier; break;
+    case G_EPX: *color = (m.pp * S + m.edp * s->etp + m.etp) * s->ep + m.ep % s->hier; *key = m.ep / s->hier; break;
     default: *color = m.pp; *key = m.stage; break;
     }
 }
@@ -65,8 +72,9 @@ void mesh_init(Mesh *m, const MeshShape *s, Comm *world) {
     m->rank = comm_rank(world);
     m->me = mesh_coord(s, m->rank);
     m->world = world;
-    Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage};
+    Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage, &m->epn, &m->epx};
     for (int g = 0; g < G_N; g++) {
+        if (!group_used(s, g)) continue;
         int color, key;
         group_of(s, m->rank, g, &color, &key);
         *slots[g] = comm_split(world, color, key, gname[g]);
@@ -75,8 +83,9 @@ void mesh_init(Mesh *m, const MeshShape *s, Comm *world) {
 
 void mesh_enable_device(Mesh *m) {
     comm_dev_enable_world(m->world);
-    Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage};
+    Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage, &m->epn, &m->epx};
     for (int g = 0; g < G_N; g++) {   // the same order on every rank (ncclCommSplit is collective)
+        if (!group_used(&m->s, g)) continue;
         int color, key;
         group_of(&m->s, m->rank, g, &color, &key);
         comm_dev_enable_split(m->world, *slots[g], color, key);
@@ -84,8 +93,8 @@ void mesh_enable_device(Mesh *m) {
 }
 
 void mesh_free(Mesh *m) {
-    Comm *cs[] = {m->tp, m->dp, m->pp, m->ep, m->etp, m->edp, m->stage};
-    for (int i = 0; i < 7; i++) comm_free(cs[i]);
+    Comm *cs[] = {m->tp, m->dp, m->pp, m->ep, m->etp, m->edp, m->stage, m->epn, m->epx};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) if (cs[i]) comm_free(cs[i]);
     if (m->world) comm_dev_disable(m->world);   // nothing without a device communicator
     memset(m, 0, sizeof *m);
 }
@@ -94,7 +103,7 @@ void mesh_print(const MeshShape *s, FILE *f) {
     fprintf(f, "mesh: world %d = pp %d x dp %d x tp %d; experts: ep %d x etp %d x edp %d per stage\n", s->world, s->pp,
             s->dp, s->tp, s->ep, s->etp, s->edp);
     for (int g = 0; g < G_N; g++) {
-        if (g == G_PP && s->pp == 1) continue;
+        if ((g == G_PP && s->pp == 1) || !group_used(s, g)) continue;
         fprintf(f, "  %-5s:", gname[g]);
         int *seen = xcalloc(s->world, sizeof(int));
         int shown = 0;
@@ -123,6 +132,8 @@ void mesh_print(const MeshShape *s, FILE *f) {
                              "dense gradients all-reduced (each DP rank reads its share of the batch)",
                              "pipeline stages", "experts split: tokens exchanged by all-to-all",
                              "each expert's f dimension split", "expert gradients all-reduced (replicas)",
-                             "router statistics and router gradients"};
-    for (int g = 0; g < G_N; g++) if (g != G_PP) fprintf(f, "  %-5s = %s\n", gname[g], what[g]);
+                             "router statistics and router gradients",
+                             "two-level all-to-all: the EP ranks of one node (gather and transpose)",
+                             "two-level all-to-all: one EP rank per node (between nodes)"};
+    for (int g = 0; g < G_N; g++) if (g != G_PP && group_used(s, g)) fprintf(f, "  %-5s = %s\n", gname[g], what[g]);
 }

@@ -15,6 +15,7 @@ void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_b
     if (!mesh) return;
     d->mm.tp = mesh->tp; d->mm.dp = mesh->dp; d->mm.ep = mesh->ep; d->mm.etp = mesh->etp;
     d->mm.edp = mesh->edp; d->mm.stage = mesh->stage;
+    d->mm.epn = mesh->epn; d->mm.epx = mesh->epx;
     d->mm.sl = (ParamSlicing){mesh->s.tp, mesh->me.tp, mesh->s.ep, mesh->me.ep, mesh->s.etp, mesh->me.etp, NULL,
                               mesh->me.pp};
 }

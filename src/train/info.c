@@ -119,7 +119,8 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
            "context\n", b1, b2, b3);
     params_free(&t);
     if (world > 0 || o->tp > 1 || o->ep > 1 || o->etp > 1 || o->pp > 1) {
-        MeshShape ms = {world > 0 ? world : o->tp * o->ep * o->etp * o->pp, o->tp, 0, o->pp, o->ep, o->etp, 0};
+        MeshShape ms = {world > 0 ? world : o->tp * o->ep * o->etp * o->pp, o->tp, 0, o->pp, o->ep, o->etp, 0,
+                        o->a2a_hier > 1 ? o->a2a_hier : 0};
         bad = mesh_shape_resolve(&ms, c);
         if (bad) DIE("impossible mesh: %s", bad);
         mesh_print(&ms, stdout);

@@ -5,6 +5,7 @@
 // mesh; losses are means over the step's tokens, aux and z means over layers and micro-batches.
 #include "train/trainer.h"
 #include <omp.h>
+#include <unistd.h>
 #include <math.h>
 #include <string.h>
 #include <cjson/cJSON.h>
@@ -94,7 +95,7 @@ static void fmt_eta(char *buf, size_t n, double s) {
 // The mesh and the pipeline's stage split for this config, or DIE naming the numbers (before any
 // allocation or file is touched).
 static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int world, StageSplit *split) {
-    MeshShape ms = {world, o->tp, 0, o->pp, o->ep, o->etp, 0};
+    MeshShape ms = {world, o->tp, 0, o->pp, o->ep, o->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
     const char *bad = mesh_shape_resolve(&ms, c);
     if (bad) DIE("impossible mesh: %s", bad);
     if (o->batch % (o->grad_accum * ms.dp))
@@ -111,6 +112,35 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
         schedule_free(&sc);
     }
     return ms;
+}
+
+// --a2a-hier auto: the node size G when every EP group spans several nodes as consecutive blocks of
+// G ranks (hostnames all-gathered over the world; every rank then takes the same G), else 0 (flat).
+static int auto_hier(const Comm *world, MeshShape *ms) {
+    int n = comm_size(world), me = comm_rank(world);
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = host; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    int64_t mine = (int64_t)(h >> 1), *node = xmalloc(sizeof(int64_t) * n), *g = xmalloc(sizeof(int64_t) * n);
+    comm_allgather(world, &mine, node, 1, CT_I64);
+    // my EP group's members in ep order
+    MeshCoord c = mesh_coord(ms, me);
+    int *mem = xmalloc(sizeof(int) * ms->ep), cnt = 0;
+    for (int q = 0; q < n; q++) {
+        MeshCoord d = mesh_coord(ms, q);
+        if (d.pp == c.pp && d.edp == c.edp && d.etp == c.etp) mem[d.ep] = q, cnt++;
+    }
+    int G = 1;
+    while (G < ms->ep && node[mem[G]] == node[mem[0]]) G++;
+    int ok = cnt == ms->ep && G < ms->ep && ms->ep % G == 0;
+    for (int q = 0; ok && q < ms->ep; q++) ok = node[mem[q]] == node[mem[(q / G) * G]] && (q % G || q == 0 || node[mem[q]] != node[mem[q - 1]]);
+    int64_t want = ok ? G : 0;
+    comm_allgather(world, &want, g, 1, CT_I64);
+    for (int q = 1; q < n; q++) if (g[q] != g[0]) want = 0;
+    int res = (int)(want == g[0] ? g[0] : 0);
+    free(node); free(g); free(mem);
+    return res;
 }
 
 // The backend and the environment's switches, checked before anything is touched. Returns the
@@ -254,6 +284,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
 
     MeshShape shape = resolve_mesh(o, &r->c, comm_size(world), &r->split);
+    if (o->a2a_hier < 0 && shape.ep > 1) shape.hier = auto_hier(world, &shape);
     mesh_init(&r->mesh, &shape, world);
     if (meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
     dist_init(&r->dist, meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
