@@ -29,6 +29,7 @@ for r in (2, 4):
           'bitwise' if a[0]['loss'] == b[0]['loss'] else 'DIFFERS', a[0]['loss'], b[0]['loss'],
           max(abs(x['loss'] - y['loss']) / x['loss'] for x, y in zip(a[1:], b[1:]))))
 P
-S="--device cuda --steps 30 --quiet --sample-tokens 0 --plots 0 --eval-every 0 --eval-batches 1 --save-every -1 --preset small --batch 32 --seq-len 512"
-for rep in 1 2; do for r in 1 4; do t plain_r${r}_$rep $B/moe train --out $W/p$r $S --a2a-overlap $r; grep "trained steps" $W/plain_r${r}_$rep.log; done; done
+S="--device cuda --steps 12 --quiet --sample-tokens 0 --plots 0 --eval-every 0 --eval-batches 1 --save-every -1 --force --preset peers-ref --batch 4 --seq-len 2048"
+R="${REPS:-2}"
+for rep in $(seq $R); do for r in 1 4; do t plain_r${r}_$rep $B/moe train --out $W/p$r $S --a2a-overlap $r; grep "trained steps" $W/plain_r${r}_$rep.log; done; done
 for r in 1 4; do t forced_r$r env MOE_FORCE_NCCL=1 $B/moe train --out $W/f$r $S --a2a-overlap $r; grep "trained steps" $W/forced_r$r.log; done
