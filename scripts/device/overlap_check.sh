@@ -17,7 +17,7 @@ t ops $B/test_cuda_ops; tail -1 $W/ops.log; grep -m8 FAIL $W/ops.log
 t model $B/test_cuda_model; tail -1 $W/model.log
 t nccl $B/test_nccl; tail -1 $W/nccl.log
 t same env SAME_BITS_FLAGS="--device cuda" bash scripts/same_bits.sh $G/base/moe $B/moe one resume; tail -1 $W/same.log
-F="--device cuda --steps 6 --quiet --sample-tokens 0 --plots 0 --eval-every 0 --eval-batches 1 --save-every -1 --preset small --batch 16 --seq-len 256"
+F="--device cuda --steps 6 --force --quiet --sample-tokens 0 --plots 0 --eval-every 0 --eval-batches 1 --save-every -1 --preset small --batch 16 --seq-len 256"
 for r in 1 2 4; do t nccl_r$r env MOE_FORCE_NCCL=1 $B/moe train --out $W/n$r $F --a2a-overlap $r; done
 python3 - <<'P'
 import json
