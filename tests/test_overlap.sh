@@ -9,7 +9,8 @@
 # one row: gemv), so even the forward differs from r = 1 at round-off: the step-1 loss is checked
 # against r = 1 on the same mesh at 1e-7 relative (seen ~1e-9). Also: more chunks than rows, experts
 # with no rows, `auto` (the selector measures 1, 2, 4, 8 per layer and logs its choice), bad values; the
-# two-level all-to-all (--a2a-hier G, nodes simulated on one host) byte-identical to the flat one.
+# two-level all-to-all (--a2a-hier G, nodes simulated on one host) byte-identical to the flat one; the
+# gathered expert mode (--expert-mode) on ETP meshes, and auto over both knobs.
 set -u
 . "$(dirname "$0")/lib.sh"
 command -v mpirun >/dev/null || { skip "mpirun not installed"; finish; }
@@ -88,6 +89,26 @@ if "$MOE" train --out "$TMP/one" $BASE --a2a-overlap auto > "$TMP/one.txt" 2>&1 
    ! grep -q '"a2a_overlap":\[[2-9]' "$TMP/one/metrics.jsonl" && cmp -s <(field loss "$TMP/one/metrics.jsonl") <(field loss "$TMP/ref_dropless/metrics.jsonl"); then
   pass "auto on one process: r 1 throughout, losses identical to the plain run"
 else fail "auto on one process"; fi
+
+# switchable expert sharding (--expert-mode): with ETP > 1, sharded (today's ETP) or gathered (whole
+# experts gathered per layer, own tokens, weight gradients reduce-scattered back): one process's model
+# at the mesh tolerances either way
+for L in "4|--ep 2 --etp 2|ep2+etp2|dropless" "4|--ep 2 --etp 2|ep2+etp2|capacity --capacity-factor 0.8 --jitter 0.05" \
+         "4|--etp 2|edp2+etp2|dropless"; do
+  IFS='|' read -r np flags label mode <<< "$L"
+  if mesh "$TMP/run" "$np" $flags --dispatch $mode --expert-mode gathered --check-replicas; then
+    close "$TMP/ref_${mode%% *}" "$TMP/run" "${mode%% *}: $label, --expert-mode gathered"
+    grep -q '"expert_mode":\["gathered","gathered"\]' "$TMP/run/metrics.jsonl" || fail "$label gathered: metrics.jsonl does not log the mode"
+  else fail "$label gathered: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
+done
+# auto over both knobs on ep2+etp2: r 1, 2, 4, 8 sharded and the gathered mode, each measured (16 steps
+# to try all five: at lr 3e-3 in both runs, so that round-off drift stays in the 6-step runs' regime)
+if mesh "$TMP/run" 4 --ep 2 --etp 2 --a2a-overlap auto --expert-mode auto --steps 16 --lr 3e-3; then
+  "$MOE" train --out "$TMP/ref16" $BASE --steps 16 --lr 3e-3 > /dev/null 2>&1 < /dev/null
+  close "$TMP/ref16" "$TMP/run" "ep2+etp2, --a2a-overlap auto --expert-mode auto"
+  grep -q '"candidates":\[1,2,4,8,1\],"seconds":\[[^]]*\],"modes":\["sharded","sharded","sharded","sharded","gathered"\]' "$TMP/run/metrics.jsonl" &&
+    pass "auto measured r 1, 2, 4, 8 sharded and the gathered mode per layer, and logged them" || fail "auto over both knobs: not logged"
+else fail "auto over both knobs: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
 
 # the two-level all-to-all (--a2a-hier G: nodes of G EP ranks, simulated on one host): the same bytes
 # arrive in the same places as the flat all-to-all, so checkpoints are byte-identical to --a2a-hier off

@@ -19,7 +19,8 @@
 #include "train/trainer.h"
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
-typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER } OptType;
+typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER,
+               O_EXPERTMODE } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -117,6 +118,9 @@ static const Opt opts[] = {
      "auto | 1 | 2 | 4 | 8: the MoE all-to-all pipelined with the experts over this many chunks (1: off)"},
     {"a2a-hier", O_HIER, TO(a2a_hier), C_TRAIN | C_INFO,
      "auto | off | G: the EP all-to-all in two levels over nodes of G EP ranks (auto: when the EP group spans nodes)"},
+    {"expert-mode", O_EXPERTMODE, TO(expert_mode), C_TRAIN,
+     "sharded | gathered | auto: with --etp > 1, each rank computes its f slice for the group's tokens, or whole "
+     "experts (slices gathered per layer) for its own tokens"},
     {"a2a-retune", O_FLOAT, TO(a2a_retune), C_TRAIN,
      "--a2a-overlap auto: re-measure a layer when its load (busiest expert / mean) moves by this fraction (0.25)"},
     {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
@@ -203,6 +207,12 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
         *(int *)p = (int)v;
         break;
     }
+    case O_EXPERTMODE:
+        if (!strcmp(val, "sharded")) *(int *)p = 0;
+        else if (!strcmp(val, "gathered")) *(int *)p = 1;
+        else if (!strcmp(val, "auto")) *(int *)p = -1;
+        else DIE("%s --%s: '%s' is not one of sharded, gathered, auto", from, o->name, val);
+        break;
     case O_SCHEDULE:
         if (!strcmp(val, "1f1b")) *(ScheduleKind *)p = SCHED_1F1B;
         else if (!strcmp(val, "interleaved")) *(ScheduleKind *)p = SCHED_INTERLEAVED;
@@ -282,7 +292,8 @@ static void usage(FILE *f, int cmd) {
         if (!(opts[i].cmds & cmd)) continue;
         const char *arg = opts[i].type == O_FLAG ? "" : opts[i].type == O_STR ? " S" : opts[i].type == O_FLOAT ? " X"
                         : opts[i].type == O_DISPATCH || opts[i].type == O_AUXFORM || opts[i].type == O_SCHEDULE ? " MODE"
-                        : opts[i].type == O_AUTO_INT ? " N|auto" : opts[i].type == O_HIER ? " G|auto|off" : " N";
+                        : opts[i].type == O_AUTO_INT ? " N|auto" : opts[i].type == O_HIER ? " G|auto|off"
+                        : opts[i].type == O_EXPERTMODE ? " MODE" : " N";
         char left[64];
         snprintf(left, sizeof left, "--%s%s", opts[i].name, arg);
         fprintf(f, "  %-22s %s\n", left, opts[i].help);

@@ -132,6 +132,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
     m->moe_overlap = xmalloc(sizeof(int) * (size_t)c->n_layers);
     m->moe_time = xcalloc((size_t)c->n_layers, sizeof(double));
+    m->moe_mode = xcalloc((size_t)c->n_layers, sizeof(int));
     for (int l = 0; l < c->n_layers; l++) m->moe_overlap[l] = 1;
     m->hf_pe = m->hf_fe + c->n_experts;
 }
@@ -168,6 +169,12 @@ void model_set_overlap(Model *m, int l, int r) {
     m->moe_overlap[l] = r;
 }
 
+void model_set_expert_mode(Model *m, int l, int mode) {
+    CHECK(l >= 0 && l < m->c.n_layers && (mode == MOE_SHARDED || mode == MOE_GATHERED), "model_set_expert_mode: %d %d", l,
+          mode);
+    m->moe_mode[l] = mode;
+}
+
 float *model_stage_in(const Model *m) { return m->la[m->chunk[m->cur].l0].res_in; }
 float *model_stage_out(const Model *m) { return m->res_final; }
 
@@ -182,6 +189,7 @@ void model_free(Model *m) {
     free(m->hf_fe);
     free(m->moe_overlap);
     free(m->moe_time);
+    free(m->moe_mode);
     params_free(&m->t);
     memset(m, 0, sizeof *m);
 }
@@ -224,6 +232,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         MoeWeights w;
         layer_weights(m, m->params, l, &w);
         a->moe.overlap = m->moe_overlap[l];
+        a->moe.mode = m->moe_mode[l];
         double t0 = moe_clock(m);
         moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0,
                     (int64_t)comm_rank(m->mesh.dp) * N);

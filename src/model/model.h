@@ -86,6 +86,7 @@ typedef struct {
     int64_t dropped;               // assignments dropped by capacity, all layers (global)
     double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
     int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
+    int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int moe_timing;                // 1: time each MoE layer's forward + backward (synchronised) into moe_time
     double *moe_time;              // (L) seconds, added up until the caller resets them
 } Model;
@@ -107,6 +108,8 @@ float *model_stage_out(const Model *m);
 int model_holds_layer(const Model *m, int l);
 // The pipelined exchange's overlap degree of layer l's MoE (1 = none; moe.h) for the next forwards.
 void model_set_overlap(Model *m, int l, int r);
+// Layer l's expert mode (moe.h: MOE_SHARDED or MOE_GATHERED; only matters with ETP > 1).
+void model_set_expert_mode(Model *m, int l, int mode);
 
 // Forward of the current chunk over tokens (B,T) (host; read on the first chunk). targets (host; read
 // on the last chunk) may be NULL: logits only.

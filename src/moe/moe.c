@@ -22,9 +22,9 @@ static void grow(const Backend *be, float **p, size_t *cap, size_t need) {
 // GEMMs read the gathered rows xs directly).
 static void expert_buffers(MoeLayer *m, int Rg) {
     const Backend *be = m->be;
-    size_t nd = (size_t)(Rg ? Rg : 1) * m->d * F, nf = (size_t)(Rg ? Rg : 1) * m->fl * F;
+    size_t nd = (size_t)(Rg ? Rg : 1) * m->d * F, nf = (size_t)(Rg ? Rg : 1) * m->fu * F;
     grow(be, &m->yg, &m->cap_d, nd);
-    if (!m->x.local) grow(be, &m->xg, &m->cap_xg, nd);
+    if (!m->xu->local) grow(be, &m->xg, &m->cap_xg, nd);
     if (nf > m->cap_f) {
         float **bf[] = {&m->h1, &m->h3, &m->act};
         for (int i = 0; i < 3; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
@@ -120,6 +120,8 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
     m->overlap = m->r = 1;
+    m->xu = &m->x;
+    m->fu = m->fl;
 }
 
 void moe_layer_free(MoeLayer *m) {
@@ -132,6 +134,9 @@ void moe_layer_free(MoeLayer *m) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) be->free(dev[i]);
     exchange_free(&m->x);
     for (int i = 0; i < MOE_MAX_OVERLAP; i++) if (m->xc[i].be) exchange_free(&m->xc[i]);
+    if (m->xe.be) exchange_free(&m->xe);
+    void *gath[] = {m->wfull, m->wstage, m->widx};
+    for (size_t i = 0; i < sizeof gath / sizeof gath[0]; i++) if (gath[i]) be->free(gath[i]);
     void *chunked[] = {m->cidx, m->xsc, m->ysc};   // icidx shares cidx's block
     for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++) if (chunked[i]) be->free(chunked[i]);
     memset(m, 0, sizeof *m);
@@ -152,7 +157,7 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
 
 void moe_scratch_free(MoeScratch *s) {
     void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
-                   s->dxg, s->dysc, s->dxsc};
+                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
     free(s->aux_dp_h);
     memset(s, 0, sizeof *s);
@@ -175,6 +180,85 @@ static void tp_gather(const MoeLayer *m, const float *slice, float *full) {
         dsp[r] = (size_t)s0 * m->d;
     }
     comm_dev_allgatherv(m->cm.tp, slice, (size_t)m->Ns * m->d, full, cnt, dsp, CT_F32);
+    free(cnt);
+}
+
+// ---- the gathered expert mode: whole experts from the ETP slices, and the gradients back
+// Row maps (built once): w1/w3 whole row e*f + p*fl + i is rank p's row e*fl + i (rows of d); w2 whole
+// row (e*d + r)*S + p (rows of fl) is rank p's row e*d + r; the inverses map back to rank-major order.
+static void gathered_setup(MoeLayer *m) {
+    if (m->wfull) return;
+    const Backend *be = m->be;
+    int S = comm_size(m->cm.etp), El = m->El, fl = m->fl, f = fl * S, d = m->d;
+    size_t n13 = (size_t)El * f, n2 = (size_t)El * d * S, w = (size_t)El * f * d;
+    m->wfull = be->alloc(3 * w * F);
+    m->wstage = be->alloc(w * F);
+    int32_t *ix = xmalloc(sizeof(int32_t) * 2 * (n13 + n2));
+    int32_t *i13 = ix, *i2 = ix + n13, *v13 = i2 + n2, *v2 = v13 + n13;
+    for (int p = 0; p < S; p++)
+        for (int e = 0; e < El; e++) {
+            for (int i = 0; i < fl; i++) {
+                int32_t whole = e * f + p * fl + i, part = (p * El + e) * fl + i;
+                i13[whole] = part;
+                v13[part] = whole;
+            }
+            for (int r = 0; r < d; r++) {
+                int32_t whole = (e * d + r) * S + p, part = (p * El + e) * d + r;
+                i2[whole] = part;
+                v2[part] = whole;
+            }
+        }
+    m->widx = be->alloc(sizeof(int32_t) * 2 * (n13 + n2));
+    be->to_device(m->widx, ix, sizeof(int32_t) * 2 * (n13 + n2));
+    free(ix);
+    exchange_init(&m->xe, be, m->cm.ep, NULL, m->cm.epn, m->cm.epx, El, d);
+}
+
+// The layer's slices all-gathered over ETP into whole experts (m->wfull: w1, w3, w2), into *wf.
+static void gather_experts(MoeLayer *m, const MoeWeights *w, MoeWeights *wf) {
+    const Backend *be = m->be;
+    int S = comm_size(m->cm.etp), El = m->El, fl = m->fl, f = fl * S, d = m->d;
+    size_t n13 = (size_t)El * f, n2 = (size_t)El * d * S, ws = (size_t)El * fl * d;
+    float *w1 = m->wfull, *w3 = w1 + (size_t)El * f * d, *w2 = w3 + (size_t)El * f * d;
+    const float *src[3] = {w->w1, w->w3, w->w2};
+    float *dst[3] = {w1, w3, w2};
+    for (int t = 0; t < 3; t++) {
+        comm_dev_allgather(m->cm.etp, src[t], m->wstage, ws, CT_F32);
+        if (t < 2) be->gather_rows(dst[t], m->wstage, m->widx, (int)n13, d);
+        else be->gather_rows(dst[t], m->wstage, m->widx + n13, (int)n2, fl);
+    }
+    *wf = (MoeWeights){w->router, w1, w3, w2};
+}
+
+// Gathered mode's backward: whole-expert gradients (zeroed) for the grouped ops to add into.
+static void gathered_grads(MoeLayer *m, MoeScratch *s, MoeGrads *gf) {
+    const Backend *be = m->be;
+    size_t w = (size_t)m->El * m->fu * m->d;
+    if (w * F > s->cap_g) {
+        float **b[] = {&s->gfull, &s->gstage, &s->gslice};
+        size_t n[] = {3 * w, w, w};
+        for (int i = 0; i < 3; i++) { if (*b[i]) be->free(*b[i]); *b[i] = be->alloc(n[i] * F); }
+        s->cap_g = w * F;
+    }
+    be->zero(s->gfull, 3 * w * F);
+    *gf = (MoeGrads){NULL, s->gfull, s->gfull + w, s->gfull + 2 * w};
+}
+
+// ... and their sum over the ETP group, each rank's slice added into its gradients.
+static void scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads *g) {
+    const Backend *be = m->be;
+    int S = comm_size(m->cm.etp), El = m->El, fl = m->fl, f = fl * S, d = m->d;
+    size_t n13 = (size_t)El * f, n2 = (size_t)El * d * S, ws = (size_t)El * fl * d;
+    size_t *cnt = xmalloc(sizeof(size_t) * S);
+    for (int p = 0; p < S; p++) cnt[p] = ws;
+    const float *whole[3] = {gf->w1, gf->w3, gf->w2};
+    float *mine[3] = {g->w1, g->w3, g->w2};
+    for (int t = 0; t < 3; t++) {
+        if (t < 2) be->gather_rows(s->gstage, whole[t], m->widx + n13 + n2, (int)n13, d);
+        else be->gather_rows(s->gstage, whole[t], m->widx + 2 * n13 + n2, (int)n2, fl);
+        comm_dev_reduce_scatter(m->cm.etp, s->gstage, s->gslice, cnt, CT_F32);
+        be->axpy(mine[t], s->gslice, 1.0f, ws);
+    }
     free(cnt);
 }
 
@@ -333,22 +417,33 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     be->gather_rows(m->xs, xin, m->rowtok, M, d);
     int64_t *kept = xmalloc(sizeof(int64_t) * E);
     for (int e = 0; e < E; e++) kept[e] = m->plan.off[e + 1] - m->plan.off[e];
-    exchange_plan(&m->x, kept);
+    // sharded (ETP slices, tokens gathered over ETP) or gathered (whole experts, my tokens: EP only)
+    m->gathered = m->mode == MOE_GATHERED && comm_size(m->cm.etp) > 1;
+    MoeWeights wf;
+    const MoeWeights *wu = w;
+    if (m->gathered) {
+        gathered_setup(m);
+        gather_experts(m, w, &wf);
+        wu = &wf;
+    }
+    m->xu = m->gathered ? &m->xe : &m->x;
+    m->fu = m->gathered ? fl * comm_size(m->cm.etp) : fl;
+    exchange_plan(m->xu, kept);
     // the pipelined exchange where there is an exchange to overlap (EP/ETP > 1, or forced NCCL)
-    m->r = m->x.local ? 1 : m->overlap;
+    m->r = m->xu->local || m->gathered ? 1 : m->overlap;
     if (m->r > 1) plan_chunks(m, kept);
     free(kept);
-    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->x.Rg;
+    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg, fu = m->fu;
     expert_buffers(m, Rg);
-    if (!m->x.local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
+    if (!m->xu->local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
     if (m->r > 1) {
         m->xgp = m->xg;
         experts_chunked(m, w);
     } else {
-        m->xgp = exchange_dispatch(&m->x, m->xs, m->xg);
-        be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, w->w1, w->w3, m->x.off, El, d, fl);
-        be->grouped_matmul_fwd(m->yg, m->act, w->w2, m->x.off, El, fl, d);
-        m->ysp = exchange_combine(&m->x, m->yg, m->ys);
+        m->xgp = exchange_dispatch(m->xu, m->xs, m->xg);
+        be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
+        be->grouped_matmul_fwd(m->yg, m->act, wu->w2, m->xu->off, El, fu, d);
+        m->ysp = exchange_combine(m->xu, m->yg, m->ys);
     }
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
     float *yout = TP > 1 ? m->yslice : y;
@@ -390,28 +485,41 @@ static const float *experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWei
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
     const Backend *be = m->be;
-    int d = m->d, fl = m->fl, E = m->E, El = m->El, k = m->k, M = m->plan.M, Ns = m->Ns, Rg = m->x.Rg;
+    int d = m->d, fu = m->fu, E = m->E, El = m->El, k = m->k, M = m->plan.M, Ns = m->Ns, Rg = m->xu->Rg;
     int TP = comm_size(m->cm.tp);
+    // gathered: the forward's whole experts, and whole-expert gradients reduce-scattered at the end
+    MoeWeights wf;
+    MoeGrads gf, *gu = g;
+    const MoeWeights *wu = w;
+    if (m->gathered) {
+        size_t wn = (size_t)El * fu * d;
+        wf = (MoeWeights){w->router, m->wfull, m->wfull + wn, m->wfull + 2 * wn};
+        wu = &wf;
+        gathered_grads(m, s, &gf);
+        gu = &gf;
+    }
     const float *xin = m->noise ? m->xj : x + (size_t)m->s0 * d;
     const float *dys_in = dy + (size_t)m->s0 * d;
     // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
     be->gather_dot_scale(s->dys, s->rowdot, dys_in, m->rowtok, m->ysp, m->rowscale, M, d);
     // to the experts (same routes as the forward), expert backward, and back
     if (m->r > 1) Rg = (int)m->gstart[m->r];
-    scratch_buffers(s, Rg, M, d, fl, m->x.local);
+    scratch_buffers(s, Rg, M, d, fu, m->xu->local);
     const float *dxs;
     if (m->r > 1) {
         dxs = experts_bwd_chunked(m, s, w, g);
     } else {
-        const float *dyg = exchange_dispatch(&m->x, s->dys, s->dyg);
+        const float *dyg = exchange_dispatch(m->xu, s->dys, s->dyg);
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
         // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
         // in one call (grouped_matmul_bwd2). The weight gradients always accumulate (ops.h).
-        be->grouped_swiglu_bwd(s->dh1, s->dh3, g->w2, dyg, m->act, m->h1, m->h3, w->w2, m->x.off, El, fl, d);
-        be->grouped_matmul_bwd2(s->dxg, g->w1, g->w3, s->dh1, s->dh3, m->xgp, w->w1, w->w3, m->x.off, El, d, fl, 0);
-        dxs = exchange_combine(&m->x, s->dxg, s->dxs);
+        be->grouped_swiglu_bwd(s->dh1, s->dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu, d);
+        be->grouped_matmul_bwd2(s->dxg, gu->w1, gu->w3, s->dh1, s->dh3, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu,
+                                0);
+        dxs = exchange_combine(m->xu, s->dxg, s->dxs);
     }
+    if (m->gathered) scatter_grads(m, s, &gf, g);
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)
     float *dxin = s->dxj;
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);

@@ -23,6 +23,14 @@ typedef struct {
 // chunk i+1's dispatch all-to-all and chunk i-1's combine all-to-all are in flight.
 #define MOE_MAX_OVERLAP 8
 
+// Where each rank's expert slices are along f (ETP > 1), Tutel's switchable parallelism: `sharded`
+// (tokens all-gathered over ETP, each rank computes its f slice for all of them, outputs
+// reduce-scattered) or `gathered` (the layer's slices all-gathered into whole experts for the layer,
+// each rank computes its own tokens, the weight gradients reduce-scattered back into the slices: no
+// parameter moves between steps). The same model either way, to round-off (the f sums are split
+// differently). Gathered runs the exchange unchunked (r = 1).
+enum { MOE_SHARDED = 0, MOE_GATHERED = 1 };
+
 typedef struct {
     // local blocks: w1 and w3 (El, fl, d), w2 (El, d, fl); El = E/EP experts, fl = f/ETP
     const float *router;   // (E, d)
@@ -77,6 +85,13 @@ typedef struct {
     // a power of two; set by the caller), r what the last forward used (1 where the exchange is local:
     // nothing to overlap)
     int overlap, r;
+    int mode, gathered;            // MOE_SHARDED / MOE_GATHERED for the next forward; what the last one did
+    Exchange *xu;                  // the last forward's routes: &x, or &xe (gathered: EP only)
+    int fu;                        // its expert width: fl, or f (gathered)
+    Exchange xe;                   // the EP-only routes of the gathered mode
+    float *wfull;                  // gathered: w1, w3 (El, f, d) and w2 (El, d, f) whole, for this layer
+    float *wstage;                 // their all-gather landing (rank-major)
+    int32_t *widx;                 // the gathers' row maps: w1/w3 (El f), w2 (El d ETP), and their inverses
     Exchange xc[MOE_MAX_OVERLAP];  // chunk i's routes (r > 1)
     int64_t cstart[MOE_MAX_OVERLAP + 1];   // chunk i's rows [cstart[i], cstart[i+1]) of the chunk-major order
     int64_t gstart[MOE_MAX_OVERLAP + 1];   // chunk i's expert-side rows in xg, h1, h3, act, yg
@@ -96,6 +111,8 @@ typedef struct {
     float *aux_dp;                                         // device (E): d aux term / d probs[t,e]
     float *dyg, *dh1, *dh3, *dxg;                         // device, expert side (grown; dyg: not local)
     float *dysc, *dxsc;                                    // device, token side chunk-major (r > 1)
+    float *gfull, *gstage, *gslice;                        // gathered mode: whole-expert gradients, staging
+    size_t cap_g;
     size_t cap_d, cap_f, cap_dyg, cap_dxs, cap_c;
     float *aux_dp_h;                                       // host (E)
 } MoeScratch;

@@ -33,6 +33,7 @@ void train_options_default(TrainOptions *o) {
     o->a2a_overlap = 1;
     o->a2a_retune = 0.25f;
     o->a2a_hier = -1;
+    o->expert_mode = 0;
     snprintf(o->out, sizeof o->out, "runs/default");
 }
 

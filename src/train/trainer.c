@@ -41,7 +41,8 @@ typedef struct {
     FILE *mf;                  // metrics.jsonl (rank 0)
     char metrics_path[2048];
     int64_t *counts;           // (L, E) the last step's expert load
-    Tuner *tune;               // (L) --a2a-overlap auto: each MoE layer's overlap degree, measured
+    Tuner *tune;               // (L) --a2a-overlap / --expert-mode auto: each MoE layer's setting, measured
+                               // (a candidate is r + 16 x expert mode)
     double t_start, flops_tok;
 } Run;
 
@@ -294,10 +295,21 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     dist_attach(&r->dist, &r->m);
     load_or_init(r, resuming, latest);
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
-    for (int l = 0; l < r->c.n_layers && o->a2a_overlap > 0; l++) model_set_overlap(&r->m, l, o->a2a_overlap);
-    if (o->a2a_overlap == 0) {
-        // auto: measure 1, 2, 4, 8 per layer where there is an exchange to overlap (else only 1)
-        int cand[] = {1, 2, 4, 8}, n = meshed && (shape.ep > 1 || shape.etp > 1 || comm_nccl_forced()) ? 4 : 1;
+    for (int l = 0; l < r->c.n_layers; l++) {
+        if (o->a2a_overlap > 0) model_set_overlap(&r->m, l, o->a2a_overlap);
+        if (o->expert_mode > 0) model_set_expert_mode(&r->m, l, MOE_GATHERED);
+    }
+    if (o->a2a_overlap == 0 || o->expert_mode < 0) {
+        // auto: measure, per layer, r = 1, 2, 4, 8 where there is an exchange to overlap (sharded; the
+        // gathered mode runs unchunked) and the gathered mode where the experts are sliced (ETP > 1)
+        int cand[TUNE_MAX], n = 0, exch = meshed && (shape.ep > 1 || shape.etp > 1 || comm_nccl_forced());
+        int modes = o->expert_mode < 0 && shape.etp > 1 ? 2 : 1, mode0 = o->expert_mode > 0 ? MOE_GATHERED : MOE_SHARDED;
+        for (int md = 0; md < modes; md++) {
+            int mode = modes == 2 ? md : mode0;
+            if (mode == MOE_GATHERED) { cand[n++] = 1 + 16 * mode; continue; }
+            if (o->a2a_overlap > 0) cand[n++] = o->a2a_overlap;
+            else for (int rr = 1; rr <= (exch ? 8 : 1); rr *= 2) cand[n++] = rr;
+        }
         r->tune = xmalloc(sizeof(Tuner) * (size_t)r->c.n_layers);
         for (int l = 0; l < r->c.n_layers; l++) tuner_init(&r->tune[l], cand, n, 2, 0.05, o->a2a_retune);
     }
@@ -325,7 +337,9 @@ static void tune_before(Run *r) {
     if (!r->tune) return;
     r->m.moe_timing = 0;
     for (int l = 0; l < r->c.n_layers; l++) {
-        model_set_overlap(&r->m, l, tuner_current(&r->tune[l]));
+        int cand = tuner_current(&r->tune[l]);
+        model_set_overlap(&r->m, l, cand % 16);
+        model_set_expert_mode(&r->m, l, cand / 16);
         r->m.moe_timing |= r->tune[l].tuning;
     }
 }
@@ -402,6 +416,11 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
         cJSON *ov = cJSON_AddArrayToObject(j, "a2a_overlap");
         for (int l = 0; l < L; l++) cJSON_AddItemToArray(ov, cJSON_CreateNumber(r->m.moe_overlap[l]));
     }
+    if (r->mesh.s.etp > 1 && o->expert_mode != 0) {   // sharded or gathered experts, per layer
+        cJSON *em = cJSON_AddArrayToObject(j, "expert_mode");
+        for (int l = 0; l < L; l++)
+            cJSON_AddItemToArray(em, cJSON_CreateString(r->m.moe_mode[l] == MOE_GATHERED ? "gathered" : "sharded"));
+    }
     if (tuned) {   // a tuning ended: what each candidate took (per layer; -1: not measured) and the choice
         cJSON *tt = cJSON_AddArrayToObject(j, "a2a_tuned");
         for (int l = 0; l < L; l++) {
@@ -409,11 +428,14 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
             cJSON *row = cJSON_CreateObject();
             cJSON *cs = cJSON_AddArrayToObject(row, "candidates");
             cJSON *ts = cJSON_AddArrayToObject(row, "seconds");
+            cJSON *ms = cJSON_AddArrayToObject(row, "modes");
             for (int i = 0; i < t->n; i++) {
-                cJSON_AddItemToArray(cs, cJSON_CreateNumber(t->cand[i]));
+                cJSON_AddItemToArray(cs, cJSON_CreateNumber(t->cand[i] % 16));
+                cJSON_AddItemToArray(ms, cJSON_CreateString(t->cand[i] / 16 ? "gathered" : "sharded"));
                 cJSON_AddItemToArray(ts, cJSON_CreateNumber(t->mean[i]));
             }
-            cJSON_AddNumberToObject(row, "choice", tuner_current(t));
+            cJSON_AddNumberToObject(row, "choice", tuner_current(t) % 16);
+            cJSON_AddStringToObject(row, "choice_mode", tuner_current(t) / 16 ? "gathered" : "sharded");
             cJSON_AddNumberToObject(row, "tunings", t->tunings);
             cJSON_AddItemToArray(tt, row);
         }
@@ -438,7 +460,8 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     if (r->tune && L <= 8) {
         snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | a2a r");
         for (int l = 0; l < L; l++)
-            snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "%s%d", l ? "," : " ", r->m.moe_overlap[l]);
+            snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "%s%d%s", l ? "," : " ", r->m.moe_overlap[l],
+                     r->m.moe_mode[l] == MOE_GATHERED ? "g" : "");
     }
     printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
