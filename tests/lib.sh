@@ -16,6 +16,8 @@
 #                               metrics.jsonl, one per line, as printed (strings, for exact comparison)
 #   mean / mean_last N / mean_first N   arithmetic mean of numbers on stdin (all, last N, first N)
 #   fcmp A OP B                 float comparison with awk (OP one of < <= > >= ==); exit status 0 if true
+#   maxrel A B                  largest relative difference between two files of numbers
+#   mesh_close REF RUN LABEL    a mesh run against the one-process reference, at the mesh tolerances
 #   finish                      print "<script>: N passed, N failed, N skipped (Ts)"; exit 1 on any FAIL
 # Output of a failing command is shown (trimmed) under its FAIL line.
 
@@ -136,6 +138,36 @@ fcmp() { awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN {
   a += 0; b += 0
   r = (op == "<") ? a < b : (op == "<=") ? a <= b : (op == ">") ? a > b : (op == ">=") ? a >= b : (op == "==") ? a == b : 0
   exit !r }'; }
+
+# Largest relative difference between two columns of numbers (files A and B).
+maxrel() { paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / (a > 1e-12 ? a : 1e-12);
+  if (r > m) m = r } END { printf "%.3e\n", m + 0 }'; }
+
+# mesh_close REF RUN LABEL: the run (a mesh layout) trained the same model as the reference (one
+# process), with the mesh tolerances (tests/test_mesh.sh says why): per-step loss, aux and z loss
+# 1e-6 relative, grad norm 1e-5; expert load and drops exactly equal; final parameters 1e-3 of each
+# tensor's largest magnitude (CKPT_DIFF); and, unless NO_REPLICA_CHECK=1, "replica check: ok" in
+# RUN/out.txt. One PASS line with the largest differences, or FAIL lines naming what differs.
+mesh_close() {
+  local ref="$1" run="$2" label="$3" k ok=1 worst=""
+  for k in loss aux_loss z_loss grad_norm; do
+    field "$k" "$ref/metrics.jsonl" > "$TMP/.a"; field "$k" "$run/metrics.jsonl" > "$TMP/.b"
+    local n; n=$(wc -l < "$TMP/.b")
+    [ "$n" -eq "$(wc -l < "$TMP/.a")" ] && [ "$n" -gt 0 ] || { fail "$label: $k: $n steps vs $(wc -l < "$TMP/.a")"; ok=0; continue; }
+    local r tol=1e-6; r=$(maxrel "$TMP/.a" "$TMP/.b")
+    [ "$k" = grad_norm ] && tol=1e-5
+    fcmp "$r" "<=" "$tol" || { fail "$label: $k differs by $r relative (tolerance $tol)"; ok=0; }
+    worst="$worst $k $r"
+  done
+  for k in expert_load dropped; do
+    grep -o "\"$k\":[^a-z]*" "$ref/metrics.jsonl" > "$TMP/.a"; grep -o "\"$k\":[^a-z]*" "$run/metrics.jsonl" > "$TMP/.b"
+    cmp -s "$TMP/.a" "$TMP/.b" || { fail "$label: $k differs"; ok=0; }
+  done
+  local pd; pd=$("$CKPT_DIFF" "$ref" "$run" 1e-3) || { fail "$label: final parameters: $pd"; ok=0; }
+  [ "${NO_REPLICA_CHECK:-0}" = 1 ] || grep -q "replica check: ok" "$run/out.txt" || { fail "$label: replica check did not pass"; ok=0; }
+  [ $ok = 1 ] && pass "$label matches one process (${worst# }; params ${pd#max relative difference })"
+  return 0
+}
 
 finish() {
   local dt=$(($(date +%s) - T_START))

@@ -25,29 +25,6 @@ MPI="timeout 300 mpirun --oversubscribe"   # (each call reads </dev/null: mpirun
 BASE="--steps 6 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --eval-batches 1 --eval-every 0
       --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2"
 
-# max relative difference between two columns of numbers
-maxrel() { paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / (a > 1e-12 ? a : 1e-12);
-  if (r > m) m = r } END { printf "%.3e\n", m + 0 }'; }
-
-compare() {   # compare REF RUN LABEL
-  local ref="$1" run="$2" label="$3" k ok=1
-  for k in loss aux_loss grad_norm; do
-    field "$k" "$ref/metrics.jsonl" > "$TMP/a"; field "$k" "$run/metrics.jsonl" > "$TMP/b"
-    local n; n=$(wc -l < "$TMP/b")
-    [ "$n" -eq "$(wc -l < "$TMP/a")" ] && [ "$n" -gt 0 ] || { fail "$label: $k: $n steps vs $(wc -l < "$TMP/a")"; ok=0; continue; }
-    local r tol=1e-6; r=$(maxrel "$TMP/a" "$TMP/b")
-    [ "$k" = grad_norm ] && tol=1e-5
-    fcmp "$r" "<=" "$tol" || { fail "$label: $k differs by $r relative (tolerance $tol)"; ok=0; }
-  done
-  for k in expert_load dropped; do
-    grep -o "\"$k\":[^a-z]*" "$ref/metrics.jsonl" > "$TMP/a"; grep -o "\"$k\":[^a-z]*" "$run/metrics.jsonl" > "$TMP/b"
-    cmp -s "$TMP/a" "$TMP/b" || { fail "$label: $k differs"; ok=0; }
-  done
-  local pd; pd=$("$CKPT_DIFF" "$ref" "$run" 1e-3) || { fail "$label: final parameters: $pd"; ok=0; }
-  grep -q "replica check: ok" "$run/out.txt" || { fail "$label: replica check did not pass"; ok=0; }
-  [ $ok = 1 ] && pass "$label matches one process (loss/aux <= 1e-6, gnorm <= 1e-5, counts exact, params: ${pd#max relative difference })"
-}
-
 # layouts: "ranks|flags|label"
 LAYOUTS="2|--tp 1|dp2
 2|--tp 2|tp2
@@ -77,7 +54,7 @@ for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --grad-accu
       run="$TMP/run"
       rm -rf "$run"; mkdir -p "$run"
       if $MPI -np "$np" "$MOE" train --out "$run" $BASE --dispatch $mode $flags --check-replicas > "$run/out.txt" 2>&1 < /dev/null; then
-        compare "$r2" "$run" "${mode%% *}: $label"
+        mesh_close "$r2" "$run" "${mode%% *}: $label"
       else
         fail "${mode%% *}: $label: mpirun failed"; tail -5 "$run/out.txt"
       fi
@@ -90,7 +67,7 @@ U="--seq-len 25 --batch 4 --grad-accum 2"
 "$MOE" train --out "$TMP/ru" $BASE $U > /dev/null 2>&1
 rm -rf "$TMP/run"; mkdir -p "$TMP/run"
 if $MPI -np 4 "$MOE" train --out "$TMP/run" $BASE $U --tp 2 --ep 2 --check-replicas > "$TMP/run/out.txt" 2>&1 < /dev/null; then
-  compare "$TMP/ru" "$TMP/run" "uneven TP slices (odd tokens per rank)"
+  mesh_close "$TMP/ru" "$TMP/run" "uneven TP slices (odd tokens per rank)"
 else fail "uneven TP slices: mpirun failed"; fi
 
 # resharding resume: saved on 8 ranks (tp2, ep2, etp2, zero 2), resumed on 2 ranks (ep2, zero 1)
@@ -108,7 +85,7 @@ for target in "2|--ep 2 --zero 1" "1|"; do
   if [ "$np" = 1 ]; then cmd=("$MOE"); else cmd=($MPI -np "$np" "$MOE"); fi
   if "${cmd[@]}" train --out "$d" $R $flags --resume --check-replicas > "$d/out.txt" 2>&1 < /dev/null; then
     [ "$np" = 1 ] && echo "replica check: ok" >> "$d/out.txt"
-    compare "$TMP/full" "$d" "saved on 8 ranks (tp2 ep2 etp2 zero2), resumed on $np ${flags:-process}"
+    mesh_close "$TMP/full" "$d" "saved on 8 ranks (tp2 ep2 etp2 zero2), resumed on $np ${flags:-process}"
   else fail "resume on $np ranks failed"; tail -5 "$d/out.txt"; fi
 done
 

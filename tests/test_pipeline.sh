@@ -32,8 +32,6 @@ BASE="--steps 5 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 16 --ev
       --n-layers 4 --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2
       --grad-accum 4"
 
-maxrel() { paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / (a > 1e-12 ? a : 1e-12);
-  if (r > m) m = r } END { printf "%.3e\n", m + 0 }'; }
 strip() { sed -E 's/"pp_idle_s":\[[^]]*\],?//; s/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_frac|grad_norm)":[^,}]*,?//g' "$1" | grep '"loss"'; }
 
 # exact REF RUN LABEL: the bitwise promise of stages alone
@@ -48,27 +46,6 @@ exact() {
   local r; r=$(maxrel "$TMP/a" "$TMP/b")
   fcmp "$r" "<=" 1e-12 || { fail "$label: grad norm differs by $r relative (round-off allows 1e-12)"; ok=0; }
   [ $ok = 1 ] && pass "$label: losses, aux, z, load and checkpoints bitwise equal to one process (grad norm $r relative)"
-}
-
-# close REF RUN LABEL: stages composed with TP/DP/EP (the mesh tests' tolerances)
-close() {
-  local ref="$1" run="$2" label="$3" k ok=1 worst=""
-  for k in loss aux_loss z_loss grad_norm; do
-    field "$k" "$ref/metrics.jsonl" > "$TMP/a"; field "$k" "$run/metrics.jsonl" > "$TMP/b"
-    local n; n=$(wc -l < "$TMP/b")
-    [ "$n" -eq "$(wc -l < "$TMP/a")" ] && [ "$n" -gt 0 ] || { fail "$label: $k: $n steps vs $(wc -l < "$TMP/a")"; ok=0; continue; }
-    local r tol=1e-6; r=$(maxrel "$TMP/a" "$TMP/b")
-    [ "$k" = grad_norm ] && tol=1e-5
-    fcmp "$r" "<=" "$tol" || { fail "$label: $k differs by $r relative (tolerance $tol)"; ok=0; }
-    worst="$worst $k $r"
-  done
-  for k in expert_load dropped; do
-    grep -o "\"$k\":[^a-z]*" "$ref/metrics.jsonl" > "$TMP/a"; grep -o "\"$k\":[^a-z]*" "$run/metrics.jsonl" > "$TMP/b"
-    cmp -s "$TMP/a" "$TMP/b" || { fail "$label: $k differs"; ok=0; }
-  done
-  local pd; pd=$("$CKPT_DIFF" "$ref" "$run" 1e-3) || { fail "$label: final parameters: $pd"; ok=0; }
-  grep -q "replica check: ok" "$run/out.txt" || { fail "$label: replica check did not pass"; ok=0; }
-  [ $ok = 1 ] && pass "$label matches one process (${worst# }; params ${pd#max relative difference })"
 }
 
 one() {   # one DIR FLAGS...: the single-process reference
@@ -113,12 +90,12 @@ for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --aux-form 
            "8|--pp 2 --tp 2 --ep 2 --zero 2 --bucket-mb 0.01|pp2+tp2+dp2+ep2 zero2 (8 ranks)"; do
     IFS='|' read -r np flags label <<< "$L"
     case "$label" in *"8 ranks"*) [ "$m" = capacity ] && continue ;; esac   # the widest layout once
-    if mesh "$TMP/run" "$np" --dispatch $mode $flags --check-replicas; then close "$TMP/refc_$m" "$TMP/run" "$m: $label"
+    if mesh "$TMP/run" "$np" --dispatch $mode $flags --check-replicas; then mesh_close "$TMP/refc_$m" "$TMP/run" "$m: $label"
     else fail "$m: $label: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
   done
 done
 if mesh "$TMP/run" 4 --pp 2 --tp 1 --ep 2 --zero 1 --overlap 0 --pp-schedule interleaved --vpp 2 --check-replicas; then
-  close "$TMP/refc_dropless" "$TMP/run" "dropless: interleaved pp2 vpp2 + dp2 + ep2, zero1, overlap off"
+  mesh_close "$TMP/refc_dropless" "$TMP/run" "dropless: interleaved pp2 vpp2 + dp2 + ep2, zero1, overlap off"
 else fail "interleaved + mesh: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
 
 # ---- resharding: save at pp2+ep2 (4 ranks), resume at pp1 and pp4; save at pp1, resume at pp2+tp2
@@ -134,7 +111,7 @@ resume_from() {   # resume_from SAVED NP FLAGS LABEL
   local ok=0
   if [ "$np" = 1 ]; then "$MOE" train --out "$d" $BASE $R --resume > "$d/out.txt" 2>&1 < /dev/null && ok=1 && echo "replica check: ok" >> "$d/out.txt"
   else $MPI -np "$np" "$MOE" train --out "$d" $BASE $R $flags --resume --check-replicas > "$d/out.txt" 2>&1 < /dev/null && ok=1; fi
-  if [ $ok = 1 ]; then close "$TMP/full" "$d" "$label"; else fail "$label: resume failed"; tail -4 "$d/out.txt"; fi
+  if [ $ok = 1 ]; then mesh_close "$TMP/full" "$d" "$label"; else fail "$label: resume failed"; tail -4 "$d/out.txt"; fi
 }
 resume_from "$TMP/s_pp2" 1 "" "saved at pp2+ep2, resumed on one process"
 resume_from "$TMP/s_pp2" 4 "--pp 4" "saved at pp2+ep2, resumed at pp4"
