@@ -11,7 +11,8 @@
 #include "test_util.h"
 
 static const char *check_list(Action *a, int n, int micro, int max_live) {
-    Schedule s = {a, n, micro, 1, 0, 1, max_live};
+    int live = max_live;
+    Schedule s = {a, n, micro, 1, 0, 1, max_live, &live};
     return schedule_check(&s);
 }
 
@@ -66,6 +67,11 @@ int main(void) {
                     if (e) continue;
                     EXPECT(schedule_check(&s) == NULL, "interleaved p %d v %d s %d m %d: %s", p, v, st, m,
                            schedule_check(&s));
+                    // per-chunk slots: no chunk needs more than the rank's most live, together at least that many
+                    int sum = 0, most = 0;
+                    for (int c = 0; c < v; c++) { sum += s.live[c]; if (s.live[c] > most) most = s.live[c]; }
+                    EXPECT(most <= s.max_live && sum >= s.max_live, "interleaved p %d v %d s %d m %d: live per chunk "
+                           "(max %d, sum %d) vs max_live %d", p, v, st, m, most, sum, s.max_live);
                     // the first chunk's forwards come in micro-batch order, the last backward is on chunk 0
                     EXPECT(s.a[0].kind == ACT_FORWARD && s.a[0].micro == 0 && s.a[0].chunk == 0, "first action");
                     const Action *lb = &s.a[schedule_last_backward(&s)];

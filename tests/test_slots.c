@@ -41,7 +41,7 @@ static void run(const Backend *be, const ModelConfig *c, const float *params, co
                 double *loss) {
     Model m;
     model_init(&m, c, be, B, T, NULL);
-    model_set_slots(&m, nslots);
+    model_set_slots(&m, 0, nslots);
     size_t P = m.t.ltotal;
     be->to_device(m.params, params, P * sizeof(float));
     be->zero(m.grads, P * sizeof(float));

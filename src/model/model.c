@@ -27,20 +27,25 @@ static double moe_clock(const Model *m) {
     return now_seconds();
 }
 
-int model_holds_layer(const Model *m, int l) {
-    for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return 1;
-    return 0;
+static int chunk_of(const Model *m, int l) {
+    for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return k;
+    return -1;
 }
-static int holds_last(const Model *m) { return m->chunk[m->nchunks - 1].last; }
+int model_holds_layer(const Model *m, int l) { return chunk_of(m, l) >= 0; }
+MoeLayer *model_moe(Model *m, int l, int slot) {
+    int k = chunk_of(m, l);
+    CHECK(k >= 0 && slot >= 0 && slot < m->nslots[k], "model_moe: layer %d slot %d not held", l, slot);
+    return &m->slots[k][slot].la[l].moe;
+}
 
-static void slot_alloc(Model *m, ModelSlot *s) {
+static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
+    const ModelChunk *ch = &m->chunk[chunk];
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim,
            V = c->vocab_size;
     s->la = xcalloc(c->n_layers, sizeof *s->la);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (!model_holds_layer(m, l)) continue;
+    for (int l = ch->l0; l < ch->l1; l++) {
         LayerActs *a = &s->la[l];
         a->res_in = be->alloc(N * d * F);
         a->xn1 = be->alloc(N * d * F);
@@ -60,16 +65,15 @@ static void slot_alloc(Model *m, ModelSlot *s) {
     s->res_final = be->alloc(N * d * F);
     s->xn_f = be->alloc(N * d * F);
     s->rstd_f = be->alloc(N * F);
-    s->logits = holds_last(m) ? be->alloc(N * V * F) : NULL;   // the largest activation: last stage only
+    s->logits = ch->last ? be->alloc(N * V * F) : NULL;   // the largest activation: the last stage's only
     s->losses = be->alloc(N * F);
     s->tokens = be->alloc(N * sizeof(int32_t));
     s->targets = be->alloc(N * sizeof(int32_t));
 }
 
-static void slot_free(Model *m, ModelSlot *s) {
+static void slot_free(Model *m, ModelSlot *s, int chunk) {
     const Backend *be = m->be;
-    for (int l = 0; l < m->c.n_layers; l++) {
-        if (!model_holds_layer(m, l)) continue;
+    for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
         LayerActs *a = &s->la[l];
         float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
                          a->rstd2, a->moe_out};
@@ -120,7 +124,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim;
     m->params = be->alloc(m->t.ltotal * F);
     m->grads = be->alloc(m->t.ltotal * F);
-    model_set_slots(m, 1);
+    for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
     m->dq = be->alloc(N * qd * F);
@@ -137,21 +141,21 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->hf_pe = m->hf_fe + c->n_experts;
 }
 
-void model_set_slots(Model *m, int n) {
-    CHECK(n >= 1, "model_set_slots: %d slots", n);
-    for (int i = n; i < m->nslots; i++) slot_free(m, &m->slots[i]);
-    m->slots = xrealloc(m->slots, sizeof(ModelSlot) * (size_t)n);
-    for (int i = m->nslots; i < n; i++) slot_alloc(m, &m->slots[i]);
-    m->nslots = n;
+void model_set_slots(Model *m, int chunk, int n) {
+    CHECK(n >= 1 && chunk >= 0 && chunk < m->nchunks, "model_set_slots: chunk %d, %d slots", chunk, n);
+    for (int i = n; i < m->nslots[chunk]; i++) slot_free(m, &m->slots[chunk][i], chunk);
+    m->slots[chunk] = xrealloc(m->slots[chunk], sizeof(ModelSlot) * (size_t)n);
+    for (int i = m->nslots[chunk]; i < n; i++) slot_alloc(m, &m->slots[chunk][i], chunk);
+    m->nslots[chunk] = n;
     model_use(m, 0, 0);
 }
 
 void model_use(Model *m, int chunk, int slot) {
-    CHECK(chunk >= 0 && chunk < m->nchunks && slot >= 0 && slot < m->nslots, "model_use: chunk %d of %d, slot %d of %d",
-          chunk, m->nchunks, slot, m->nslots);
+    CHECK(chunk >= 0 && chunk < m->nchunks && slot >= 0 && slot < m->nslots[chunk],
+          "model_use: chunk %d of %d, slot %d of %d", chunk, m->nchunks, slot, m->nslots[chunk < 0 ? 0 : chunk]);
     m->cur = chunk;
     m->cur_slot = slot;
-    ModelSlot *s = &m->slots[slot];
+    ModelSlot *s = &m->slots[chunk][slot];
     m->la = s->la;
     m->res_final = s->res_final;
     m->xn_f = s->xn_f;
@@ -180,8 +184,10 @@ float *model_stage_out(const Model *m) { return m->res_final; }
 
 void model_free(Model *m) {
     const Backend *be = m->be;
-    for (int i = 0; i < m->nslots; i++) slot_free(m, &m->slots[i]);
-    free(m->slots);
+    for (int k = 0; k < m->nchunks; k++) {
+        for (int i = 0; i < m->nslots[k]; i++) slot_free(m, &m->slots[k][i], k);
+        free(m->slots[k]);
+    }
     void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
@@ -203,8 +209,8 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
           B, T, m->maxB, m->maxT);
     int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, V = c->vocab_size;
     int qd = H * hd, kvd = KV * hd, E = c->n_experts;
-    m->B = m->slots[m->cur_slot].B = B;
-    m->T = m->slots[m->cur_slot].T = T;
+    m->B = m->slots[m->cur][m->cur_slot].B = B;
+    m->T = m->slots[m->cur][m->cur_slot].T = T;
     if (ch->first) {
         for (int i = 0; i < N; i++)
             CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);

@@ -42,7 +42,8 @@ typedef struct {
 typedef struct { int l0, l1, first, last; } ModelChunk;
 #define MODEL_MAX_CHUNKS 16
 
-// The activations of one micro-batch on this rank's layers (la[l] allocated for held layers only).
+// The activations of one micro-batch on one chunk (la[l] allocated for the chunk's layers only; the
+// logits on the last virtual stage, tokens kept for the embedding's backward on the first).
 typedef struct {
     LayerActs *la;
     float *res_final, *xn_f, *rstd_f, *logits, *losses;
@@ -60,8 +61,8 @@ typedef struct {
     int maxB, maxT, maxN;
     ModelChunk chunk[MODEL_MAX_CHUNKS];
     int nchunks, cur;              // this rank's chunks (one without pipeline stages); the current one
-    ModelSlot *slots;
-    int nslots, cur_slot;
+    ModelSlot *slots[MODEL_MAX_CHUNKS];   // each chunk's slots (its live micro-batches)
+    int nslots[MODEL_MAX_CHUNKS], cur_slot;
     // the current slot's activations (model_use sets these views)
     LayerActs *la;                 // (L)
     float *res_final, *xn_f, *rstd_f;   // (N,d) (N,d) (N); res_final: the chunk's output
@@ -96,8 +97,8 @@ typedef struct {
 // One slot; chunks from mesh->sl.pp_split (NULL: one chunk of every layer).
 void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT, const ModelMesh *mesh);
 void model_free(Model *m);
-// Activations for n live micro-batches (n >= 1; the pipeline schedule's max_live).
-void model_set_slots(Model *m, int n);
+// Activations for n live micro-batches of chunk c (n >= 1; the pipeline schedule's live[c]).
+void model_set_slots(Model *m, int chunk, int n);
 // Selects the chunk the next forward/backward runs and the slot holding its micro-batch.
 void model_use(Model *m, int chunk, int slot);
 // The current chunk's input (its first layer's residual stream: the caller fills it on a chunk that
@@ -106,6 +107,8 @@ float *model_stage_in(const Model *m);
 float *model_stage_out(const Model *m);
 // Does this rank hold layer l (in one of its chunks)?
 int model_holds_layer(const Model *m, int l);
+// Layer l's MoE state in its chunk's slot (l held by this rank).
+MoeLayer *model_moe(Model *m, int l, int slot);
 // The pipelined exchange's overlap degree of layer l's MoE (1 = none; moe.h) for the next forwards.
 void model_set_overlap(Model *m, int l, int r);
 // Layer l's expert mode (moe.h: MOE_SHARDED or MOE_GATHERED; only matters with ETP > 1).

@@ -19,8 +19,7 @@ void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, 
     float *losses = xmalloc((size_t)N * sizeof(float));
     r->n_kinds = want_kinds ? ds->n_kinds : 0;
     // the routing per kind below reads each layer's choices on the host
-    model_use(m, 0, 0);
-    for (int l = 0; r->n_kinds && l < L; l++) if (model_holds_layer(m, l)) m->la[l].moe.host_router_out = 1;
+    for (int l = 0; r->n_kinds && l < L; l++) if (model_holds_layer(m, l)) model_moe(m, l, 0)->host_router_out = 1;
     if (r->n_kinds) r->kind_expert = xcalloc((size_t)r->n_kinds * L * E, sizeof(int64_t));
     double sum = 0;
     for (int b = 0; b < n_batches; b++) {
@@ -35,7 +34,7 @@ void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, 
         // i; it is counted under the kind of target i, the same line except at line starts)
         for (int l = 0; r->n_kinds && l < L; l++) {
             if (!model_holds_layer(m, l)) continue;
-            const MoeLayer *ml = &m->la[l].moe;
+            const MoeLayer *ml = model_moe(m, l, 0);
             for (int i = 0; i < ml->Ns; i++)
                 for (int j = 0; j < k; j++)
                     r->kind_expert[((size_t)kinds[ml->s0 + i] * L + l) * E + ml->idx_h[(size_t)i * k + j]]++;
@@ -52,7 +51,7 @@ void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, 
         if (r->n_kinds) comm_allreduce(mesh->stage, r->kind_expert, (size_t)r->n_kinds * L * E, CT_I64);
         if (r->n_kinds && mesh->s.pp > 1) comm_allreduce(mesh->pp, r->kind_expert, (size_t)r->n_kinds * L * E, CT_I64);
     }
-    for (int l = 0; l < L; l++) if (model_holds_layer(m, l)) m->la[l].moe.host_router_out = 0;
+    for (int l = 0; l < L; l++) if (model_holds_layer(m, l)) model_moe(m, l, 0)->host_router_out = 0;
     r->loss = r->tokens ? sum / r->tokens : 0;
     for (int kd = 0; kd < r->n_kinds; kd++)
         if (r->kind_tokens[kd]) r->kind_loss[kd] /= r->kind_tokens[kd];

@@ -47,25 +47,30 @@ static void print_stages(const ModelConfig *c, const TrainOptions *o, const Mesh
             mom += 2.0 * p->lnumel / (o->zero ? group : 1);
         }
         schedule_build(&sc, k, ms->pp, s, vpp, m);
-        int layers = 0;
         char what[160] = "";
         for (int ch = 0; ch < vpp; ch++) {
             int v = ch * ms->pp + s;
-            layers += sp.first[v + 1] - sp.first[v];
             size_t w = strlen(what);
             if (sp.first[v + 1] - sp.first[v] == 1) snprintf(what + w, sizeof what - w, "%s%d", ch ? "," : "", sp.first[v]);
             else snprintf(what + w, sizeof what - w, "%s%d-%d", ch ? "," : "", sp.first[v], sp.first[v + 1] - 1);
         }
-        double acts = sc.max_live * (layers * acts_layer(c, (size_t)Bl, (size_t)o->seq_len) +
-                                     (s == ms->pp - 1 ? acts_head(c, (size_t)Bl * o->seq_len) : 0));
+        // each chunk's live micro-batches x its layers (+ the head's on the last virtual stage)
+        double acts = 0;
+        for (int ch = 0; ch < vpp; ch++) {
+            int v = ch * ms->pp + s;
+            acts += sc.live[ch] * ((sp.first[v + 1] - sp.first[v]) * acts_layer(c, (size_t)Bl, (size_t)o->seq_len) +
+                                   (v == ms->pp * vpp - 1 ? acts_head(c, (size_t)Bl * o->seq_len) : 0));
+        }
         char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
         fmt_bytes(a2, sizeof a2, 4.0 * mom);
         fmt_bytes(a3, sizeof a3, acts);
         fmt_bytes(a4, sizeof a4, 8.0 * lt.ltotal + 4.0 * mom + acts);
-        printf("  stage %d: layers %s%s%s: params %s, grads %s, AdamW %s, activations %s (%d live micro-batches); "
+        char lv[64] = "";
+        for (int ch = 0; ch < vpp; ch++) snprintf(lv + strlen(lv), sizeof lv - strlen(lv), "%s%d", ch ? "+" : "", sc.live[ch]);
+        printf("  stage %d: layers %s%s%s: params %s, grads %s, AdamW %s, activations %s (%s live micro-batches); "
                "%s per rank\n", s, what, s == 0 ? " + embedding" : "", s == ms->pp - 1 ? " + final norm, LM head" : "",
-               a1, a1, a2, a3, sc.max_live, a4);
+               a1, a1, a2, a3, lv, a4);
         schedule_free(&sc);
         params_free(&lt);
     }

@@ -17,12 +17,15 @@ void pipe_init(Pipe *p, Model *m, const Comm *pp, int vpp) {
     p->stage = comm_rank(pp);
     p->vpp = vpp;
     p->ncarry = 3 + 2 * m->c.n_experts;
-    p->carry = xcalloc((size_t)m->nslots * p->ncarry, sizeof(double));
-    p->sreq = xcalloc((size_t)m->nslots * 2, sizeof(CommReq *));
+    p->soff[0] = 0;
+    for (int c = 0; c < m->nchunks; c++) p->soff[c + 1] = p->soff[c] + m->nslots[c];
+    p->carry = xcalloc((size_t)p->soff[m->nchunks] * p->ncarry, sizeof(double));
+    p->sreq = xcalloc((size_t)p->soff[m->nchunks] * 2, sizeof(CommReq *));
 }
 
 static void finish(CommReq **r) { if (*r) { comm_wait(*r); *r = NULL; } }
-static void wait_slot(Pipe *p, int slot) { finish(&p->sreq[slot * 2]); finish(&p->sreq[slot * 2 + 1]); }
+// (i: a chunk-slot index, soff[chunk] + slot)
+static void wait_slot(Pipe *p, int i) { finish(&p->sreq[i * 2]); finish(&p->sreq[i * 2 + 1]); }
 
 // A send buffer whose sends have completed (polled), or a new one.
 static struct PipeSendBuf *free_buf(Pipe *p) {
@@ -40,7 +43,7 @@ static struct PipeSendBuf *free_buf(Pipe *p) {
 }
 
 void pipe_flush(Pipe *p) {
-    for (int s = 0; s < p->m->nslots; s++) wait_slot(p, s);
+    for (int i = 0; i < p->soff[p->m->nchunks]; i++) wait_slot(p, i);
     for (int i = 0; i < p->npool; i++) { finish(&p->pool[i].req[0]); finish(&p->pool[i].req[1]); }
 }
 
@@ -71,9 +74,10 @@ double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_
     Model *m = p->m;
     int E = m->c.n_experts, k = vstage(p, chunk);
     size_t nd = (size_t)B * T * m->c.d_model;
-    wait_slot(p, slot);   // received already (the slot's last backward came after the receiver's)
+    int cs = p->soff[chunk] + slot;
+    wait_slot(p, cs);   // received already (the slot's last backward came after the receiver's)
     model_use(m, chunk, slot);
-    double *carry = p->carry + (size_t)slot * p->ncarry;
+    double *carry = p->carry + (size_t)cs * p->ncarry;
     if (!pipe_first(p, chunk)) {
         recv_wait(p, model_stage_in(m), nd, CT_F32, k - 1, 4 * k + TAG_ACT, 1);
         recv_wait(p, carry, p->ncarry, CT_F64, k - 1, 4 * k + TAG_CARRY, 0);
@@ -89,8 +93,8 @@ double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_
         carry[2] = (double)m->dropped;
         memcpy(carry + 3, m->hf_fe, sizeof(double) * 2 * E);
         int to = (k + 1) % p->stages;
-        p->sreq[slot * 2] = comm_dev_isend(p->pp, model_stage_out(m), nd, CT_F32, to, 4 * (k + 1) + TAG_ACT);
-        p->sreq[slot * 2 + 1] = comm_isend(p->pp, carry, p->ncarry, CT_F64, to, 4 * (k + 1) + TAG_CARRY);
+        p->sreq[cs * 2] = comm_dev_isend(p->pp, model_stage_out(m), nd, CT_F32, to, 4 * (k + 1) + TAG_ACT);
+        p->sreq[cs * 2 + 1] = comm_isend(p->pp, carry, p->ncarry, CT_F64, to, 4 * (k + 1) + TAG_CARRY);
     }
     return loss;
 }

@@ -18,14 +18,16 @@ typedef struct {
     const Comm *pp;            // the pipeline group (rank = stage); NULL: one stage
     int stages, stage, vpp;
     int ncarry;                // doubles carried forward: aux, z, dropped, hf_fe[E], hf_pe[E]
-    double *carry;             // (slots, ncarry) the forward's outgoing carry
-    CommReq **sreq;            // (slots, 2) the forward's sends in flight from each slot
+    double *carry;             // (chunk-slots, ncarry) the forward's outgoing carry
+    CommReq **sreq;            // (chunk-slots, 2) the forward's sends in flight from each chunk's slot
+    int soff[MODEL_MAX_CHUNKS + 1];   // chunk c's slots are [soff[c], soff[c+1]) of those
     struct PipeSendBuf *pool;  // the backward's send buffers (grown while all are in flight)
     int npool;
     double idle_s;             // time spent waiting for receives since the last pipe_flush
 } Pipe;
 
-// stages = the pp group's size (vpp chunks per rank, as the model's split); slots = the model's.
+// stages = the pp group's size (vpp chunks per rank, as the model's split); slots = the model's
+// (set them before pipe_init).
 void pipe_init(Pipe *p, Model *m, const Comm *pp, int vpp);
 void pipe_free(Pipe *p);
 // Is chunk c of this rank the model's first / last virtual stage?

@@ -19,30 +19,35 @@ static void task(const Schedule *s, int k, int backward, int *micro, int *chunk)
     *micro = (k / (p * v)) * p + k % p;
 }
 
-// Slots: the lowest free one at each forward, freed by the backward of the same (chunk, micro).
+// Slots, per chunk: the lowest free one of the chunk at each forward, freed by the backward of the
+// same (chunk, micro). The lowest-free rule makes a chunk's slot count its most live at once.
 static void assign_slots(Schedule *s) {
-    int cap = s->n, *held = xmalloc(sizeof(int) * (size_t)cap + 1), nheld = 0;   // held[slot] = key or -1
-    int *slot_of = xmalloc(sizeof(int) * (size_t)s->micro_batches * s->vpp + 1);
+    int M = s->micro_batches, V = s->vpp;
+    int *held = xmalloc(sizeof(int) * (size_t)V * M + 1), *nheld = xcalloc((size_t)V, sizeof(int));
+    int *slot_of = xmalloc(sizeof(int) * (size_t)M * V + 1), live = 0;
+    s->live = xcalloc((size_t)V, sizeof(int));
     s->max_live = 0;
     for (int i = 0; i < s->n; i++) {
         Action *a = &s->a[i];
-        int key = a->chunk * s->micro_batches + a->micro;
+        int key = a->chunk * M + a->micro, *h = held + (size_t)a->chunk * M, *nh = &nheld[a->chunk];
         if (a->kind == ACT_FORWARD) {
             int k = 0;
-            while (k < nheld && held[k] >= 0) k++;
-            if (k == nheld) held[nheld++] = -1;
-            held[k] = key;
+            while (k < *nh && h[k] >= 0) k++;
+            if (k == *nh) h[(*nh)++] = -1;
+            h[k] = key;
             slot_of[key] = k;
             a->slot = k;
-            if (nheld > s->max_live) s->max_live = nheld;
+            if (*nh > s->live[a->chunk]) s->live[a->chunk] = *nh;
+            if (++live > s->max_live) s->max_live = live;
         } else {
             a->slot = slot_of[key];
-            held[a->slot] = -1;
-            while (nheld > 0 && held[nheld - 1] < 0) nheld--;
+            h[a->slot] = -1;
+            while (*nh > 0 && h[*nh - 1] < 0) (*nh)--;
+            live--;
         }
     }
-    // max_live counts slots in use, which the lowest-free rule keeps equal to the most held at once
     free(held);
+    free(nheld);
     free(slot_of);
 }
 
@@ -93,31 +98,36 @@ const char *schedule_build(Schedule *s, ScheduleKind kind, int stages, int stage
     return NULL;
 }
 
-void schedule_free(Schedule *s) { free(s->a); s->a = NULL; s->n = 0; }
+void schedule_free(Schedule *s) { free(s->a); free(s->live); s->a = NULL; s->live = NULL; s->n = 0; }
 
 const char *schedule_check(const Schedule *s) {
     int M = s->micro_batches, V = s->vpp, live = 0, most = 0;
     if (M < 1 || V < 1) return "a schedule needs at least one micro-batch and one chunk";
     if (s->n != 2 * M * V) return "a schedule has one forward and one backward per micro-batch and chunk";
+    int cap = 0;
+    for (int c = 0; c < V; c++) if (s->live && s->live[c] > cap) cap = s->live[c];
     char *seen = xcalloc((size_t)M * V * 2, 1);            // [chunk][micro][kind]
-    int *slot_key = xmalloc(sizeof(int) * (size_t)(s->max_live > 0 ? s->max_live : 1));
-    for (int k = 0; k < s->max_live; k++) slot_key[k] = -1;
-    const char *bad = NULL;
+    int *slot_key = xmalloc(sizeof(int) * (size_t)V * (cap > 0 ? cap : 1));   // [chunk][slot]
+    for (int k = 0; k < V * (cap > 0 ? cap : 1); k++) slot_key[k] = -1;
+    const char *bad = s->live ? NULL : "a schedule has no slot counts";
     for (int i = 0; i < s->n && !bad; i++) {
         const Action *a = &s->a[i];
         int key = a->chunk * M + a->micro;
         if (a->micro < 0 || a->micro >= M || a->chunk < 0 || a->chunk >= V)
             bad = "an action names a micro-batch or chunk outside the step";
-        else if (a->slot < 0 || a->slot >= s->max_live) bad = "an action's slot is outside [0, max_live)";
+        else if (a->slot < 0 || a->slot >= s->live[a->chunk]) bad = "an action's slot is outside its chunk's [0, live)";
         else if (seen[key * 2 + a->kind]) bad = "a micro-batch has two forwards or two backwards on one chunk";
         else if (a->kind == ACT_BACKWARD && !seen[key * 2]) bad = "a backward comes before its forward";
-        else if (a->kind == ACT_FORWARD && slot_key[a->slot] >= 0) bad = "a forward takes a slot that is held";
-        else if (a->kind == ACT_BACKWARD && slot_key[a->slot] != key) bad = "a backward names another slot than its forward";
         else {
-            seen[key * 2 + a->kind] = 1;
-            slot_key[a->slot] = a->kind == ACT_FORWARD ? key : -1;
-            live += a->kind == ACT_FORWARD ? 1 : -1;
-            if (live > most) most = live;
+            int *sk = &slot_key[a->chunk * cap + a->slot];
+            if (a->kind == ACT_FORWARD && *sk >= 0) bad = "a forward takes a slot that is held";
+            else if (a->kind == ACT_BACKWARD && *sk != key) bad = "a backward names another slot than its forward";
+            else {
+                seen[key * 2 + a->kind] = 1;
+                *sk = a->kind == ACT_FORWARD ? key : -1;
+                live += a->kind == ACT_FORWARD ? 1 : -1;
+                if (live > most) most = live;
+            }
         }
     }
     free(seen);

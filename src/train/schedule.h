@@ -7,8 +7,9 @@
 //                backwards (PipeDream-flush / Megatron); stage s holds at most min(m, p-s) live
 //   interleaved  1F1B over v chunks per rank (virtual stage c*p + s on rank s), forwards in groups
 //                of p micro-batches per chunk (Megatron's order); needs m % p == 0
-// Each action carries the activation slot it uses: the lowest free one at its forward, freed at its
-// backward; max_live slots in all.
+// Each action carries the activation slot it uses among its chunk's: the lowest free one of that
+// chunk at its forward, freed at its backward; chunk c needs live[c] slots (max_live: the most
+// micro-batch-chunks held at once over all chunks).
 // Must not hold: running the actions (train/step.c), the model, communication.
 #pragma once
 
@@ -19,7 +20,7 @@ typedef struct {
     ActionKind kind;
     int micro;                 // micro-batch index in [0, micro_batches)
     int chunk;                 // this rank's model chunk in [0, vpp): virtual stage chunk * stages + stage
-    int slot;                  // activation slot in [0, max_live)
+    int slot;                  // activation slot of its chunk, in [0, live[chunk])
 } Action;
 
 typedef struct {
@@ -27,7 +28,8 @@ typedef struct {
     int n;
     int micro_batches;
     int stages, stage, vpp;    // pipeline stages, this rank's stage, chunks per rank
-    int max_live;              // activation slots: most (chunk, micro-batch) pairs held at once
+    int max_live;              // most (chunk, micro-batch) pairs held at once
+    int *live;                 // (vpp) slots each chunk needs
 } Schedule;
 
 // The list of `kind` for this stage; NULL, or a static message naming the numbers when the schedule
@@ -36,8 +38,8 @@ typedef struct {
 const char *schedule_build(Schedule *s, ScheduleKind kind, int stages, int stage, int vpp, int micro_batches);
 void schedule_free(Schedule *s);
 // NULL when the list is well formed: every (chunk, micro-batch) has exactly one forward and one
-// backward, the backward after the forward, slots in range and never held twice, max_live the most
-// held at once; else a static message naming the first violation.
+// backward, the backward after the forward, slots in range of their chunk's live count and never held
+// twice, max_live the most held at once; else a static message naming the first violation.
 const char *schedule_check(const Schedule *s);
 // Index of the last backward in the list (the one that finishes the step's gradients), or -1.
 int schedule_last_backward(const Schedule *s);

@@ -27,7 +27,7 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
                                      pp > 1 ? o->vpp : 1, o->grad_accum);
     if (!bad) bad = schedule_check(&s->sched);
     if (bad) DIE("%s", bad);
-    model_set_slots(m, s->sched.max_live);
+    for (int c = 0; c < s->sched.vpp; c++) model_set_slots(m, c, s->sched.live[c]);
     pipe_init(&s->pipe, m, pp > 1 ? mesh->pp : NULL, s->sched.vpp);
     // arm the gradient reductions before each chunk's last backward
     s->arm_at = xcalloc((size_t)s->sched.n + 1, sizeof(int));
