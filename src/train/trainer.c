@@ -98,6 +98,11 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
     if (o->batch % (o->grad_accum * ms.dp))
         DIE("impossible mesh: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an equal "
             "share of every micro-batch)", o->batch, o->grad_accum, ms.dp);
+    int64_t Bl = o->batch / o->grad_accum / ms.dp;
+    if (Bl * o->seq_len > config_max_tokens(c))
+        DIE("--batch %d / (--grad-accum %d x dp %d) x --seq-len %d = %lld tokens per micro-batch on a rank; this model "
+            "takes at most %lld", o->batch, o->grad_accum, ms.dp, o->seq_len, (long long)(Bl * o->seq_len),
+            (long long)config_max_tokens(c));
     if (o->pp == 1 && (o->vpp > 1 || o->pp_layers[0]))
         DIE("--vpp and --pp-layers split the layers between pipeline stages: they need --pp > 1");
     bad = stages_split(split, c->n_layers, o->pp, o->pp > 1 ? o->vpp : 1, o->pp_layers);
