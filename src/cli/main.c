@@ -426,9 +426,9 @@ static int cmd_export(State *s) {
     pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
     if (hf_is_model_dir(ck)) DIE("--ckpt %s is already a Hugging Face model directory", ck);
     if (!opt_set(s, "out")) DIE("export: --out DIR is required (the Hugging Face model directory to write)");
-    int linked = hf_export(ck, s->train.out, s->train.force);
+    int cloned = hf_export(ck, s->train.out, s->train.force);
     printf("exported %s -> %s\n", ck, s->train.out);
-    printf("  model.safetensors  (%s; HF Mixtral names and shapes, F32)\n", linked ? "hard link" : "copy");
+    printf("  model.safetensors  (%s; HF Mixtral names and shapes, F32)\n", cloned ? "copy-on-write clone" : "copy");
     printf("  config.json        (MixtralConfig keys; ours under \"moe_c\")\n");
     printf("load with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\", dtype=torch.float32)\n", s->train.out);
     return 0;

@@ -72,8 +72,18 @@ void xfclose(FILE *f, const char *path) {
 }
 
 char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; anything but a regular file is refused
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int e = fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : ENODEV;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) { int e = errno; close(fd); errno = e; return NULL; }
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap + 1);
     for (;;) {
@@ -90,15 +100,46 @@ char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
+// The first key that appears twice in one object of j (anywhere in the tree), or NULL.
+static const char *json_dup_key(const cJSON *j) {
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
+        if (cJSON_IsObject(j) && a->string)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (b->string && strcmp(a->string, b->string) == 0) return a->string;
+        const char *d = json_dup_key(a);
+        if (d) return d;
+    }
+    return NULL;
+}
+
 cJSON *json_read_file(const char *who, const char *dir, const char *name, long *err_at) {
     char p[4096];
     if (dir) join_path(p, sizeof p, dir, name);
+    const char *path = dir ? p : name;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        DIE("%s: '%s' is not a regular file", who, path);
     size_t len;
-    char *txt = read_file(dir ? p : name, &len);
+    char *txt = read_file(path, &len);
     if (!txt && dir) DIE("%s: cannot read %s (%s)", who, name, strerror(errno));
     if (!txt) DIE("%s: cannot read '%s' (%s)", who, name, strerror(errno));
-    cJSON *j = cJSON_ParseWithLength(txt, len);
-    if (!j && err_at) *err_at = (long)(cJSON_GetErrorPtr() - txt);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
+    if (j) {   // one JSON value and nothing after it but blanks
+        while (end < txt + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+        if (end < txt + len) { cJSON_Delete(j); j = NULL; }
+    } else {
+        end = cJSON_GetErrorPtr();
+    }
+    if (!j && err_at) *err_at = end ? (long)(end - txt) : 0;
+    const char *dup = json_dup_key(j);
+    if (dup) {
+        char key[80];
+        snprintf(key, sizeof key, "%s", dup);
+        cJSON_Delete(j);
+        free(txt);
+        DIE("%s: %s%s%s has the key \"%s\" twice", who, dir ? "" : "'", name, dir ? "" : "'", key);
+    }
     free(txt);
     return j;
 }

@@ -202,10 +202,11 @@ StFile *safetensors_open(const char *path_in) {
     StFile *r = xcalloc(1, sizeof *r);
     r->path = xstrdup(path_in);
     const char *path = r->path;
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    r->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);   // a FIFO must not block the open
     if (r->fd < 0) DIE("cannot open '%s' (%s)", path, strerror(errno));
     struct stat st;
     if (fstat(r->fd, &st) != 0) DIE("cannot stat '%s' (%s)", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) DIE("'%s' is not a regular file", path);
     r->size = (uint64_t)st.st_size;
     if (r->size < 8) DIE("'%s' is not a safetensors file (only %llu bytes)", path, (unsigned long long)r->size);
     unsigned char le[8];

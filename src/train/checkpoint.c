@@ -357,6 +357,12 @@ void ckpt_load_config(const char *dir, ModelConfig *c) {
     *c = cfg;
 }
 
+void ckpt_check_tensors(const char *dir, const StFile *f, const char *path, const ParamTable *t, int optimizer) {
+    static const char *const none[] = {""}, *const sfx[] = {".exp_avg", ".exp_avg_sq"};
+    if (optimizer) check_no_extra(f, path, t, sfx, 2, dir);
+    else check_no_extra(f, path, t, none, 1, dir);
+}
+
 void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st) {
     ckpt_verify(dir);
     char p[CK_PATH];
@@ -364,8 +370,7 @@ void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, fl
 
     join_path(p, sizeof p, dir, "model.safetensors");
     StFile *f = safetensors_open(p);
-    static const char *const none[] = {""};
-    check_no_extra(f, p, t, none, 1, dir);
+    ckpt_check_tensors(dir, f, p, t, 0);
     read_table(f, t, params, "");
     safetensors_close(f);
 
@@ -373,8 +378,7 @@ void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, fl
         join_path(p, sizeof p, dir, "optimizer.safetensors");
         if (!file_exists(p)) DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it", dir);
         f = safetensors_open(p);
-        static const char *const sfx[] = {".exp_avg", ".exp_avg_sq"};
-        check_no_extra(f, p, t, sfx, 2, dir);
+        ckpt_check_tensors(dir, f, p, t, 1);
         if (m) read_table(f, t, m, ".exp_avg");
         if (v) read_table(f, t, v, ".exp_avg_sq");
         safetensors_close(f);
