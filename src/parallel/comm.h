@@ -46,7 +46,8 @@ CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int pe
 CommReq *comm_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);
 
 // The world: MPI when launched under mpirun/srun with more than one process (and built with MPI),
-// else self. comm_world_init may be called with NULL argc/argv. finalize is safe to call always.
+// else self. comm_world_init may be called with NULL argc/argv. finalize is safe to call always; it
+// frees the world (the Comm comm_world_init returned must not be used after it).
 Comm *comm_world_init(int *argc, char ***argv);
 void comm_world_finalize(void);
 // A sub-group of the world: ranks with the same color form a group, ordered by key.

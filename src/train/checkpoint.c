@@ -269,6 +269,10 @@ static void read_state(const char *dir, TrainState *st) {
         int64_t i = 0;
         int uns = k == 1 || k == 2;
         if (json_int(it, uns, &u, &i)) DIE("checkpoint %s: state.json: \"%s\" is not a valid integer", dir, keys[k]);
+        // steps are ints in the trainer (--steps): a step outside 0..INT_MAX would wrap
+        if ((k == 0 || k == 3) && (i < 0 || i > INT32_MAX))
+            DIE("checkpoint %s: state.json: \"%s\" is out of range (%lld; must be in 0..%d)", dir, keys[k], (long long)i,
+                INT32_MAX);
         if (k == 0) s.step = i;
         else if (k == 1) s.seq_pos = u;
         else if (k == 2) s.seed = u;
