@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "data/data.h"
 #include "model/model.h"
+#include "parallel/agree.h"
 #include "parallel/comm.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -442,6 +443,8 @@ static const char *const INIT_OVERRIDABLE[] = {"aux-coef", "z-coef", "aux-form",
 static void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
     switch (o->type) {
     case O_FLOAT: snprintf(buf, n, "%g", *(const float *)p); break;
+    case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
+    case O_STR: snprintf(buf, n, "'%s'", (const char *)p); break;
     case O_DISPATCH: snprintf(buf, n, "%s", *(const DispatchMode *)p == DISPATCH_CAPACITY ? "capacity" : "dropless"); break;
     default: snprintf(buf, n, "%d", *(const int *)p); break;
     }
@@ -503,6 +506,36 @@ static int cmd_info(State *s) {
     return 0;
 }
 
+// Every rank of an MPI job must train the same thing: each hashes its resolved training options
+// (model, training, mesh, paths) and the environment switches that change results, and the ranks
+// compare before anything is read or written (parallel/agree.h; the data's contents are compared
+// once loaded, in the trainer).
+static void agree_options(State *s, const Comm *world) {
+    static const char *const envs[] = {"MOE_BF16_SHADOW", "MOE_GROUPED_GEMM", "MOE_FORCE_NCCL"};
+    enum { NENV = sizeof envs / sizeof *envs };
+    AgreeItem items[N_OPTS + NENV];
+    char names[N_OPTS + NENV][40];
+    int n = 0;
+    for (int i = 0; i < N_OPTS; i++) {
+        const Opt *o = &opts[i];
+        if (!(o->cmds & C_TRAIN) || !strcmp(o->name, "preset") || !strcmp(o->name, "config")) continue;
+        const void *p = opt_ptr(s, o);   // (preset and config files are in the values they set)
+        snprintf(names[n], sizeof names[n], "--%s", o->name);
+        items[n].name = names[n];
+        items[n].hash = hash_bytes(p, o->type == O_STR ? strlen(p) : o->size, 0);
+        fmt_opt(items[n].shown, sizeof items[n].shown, o, p);
+        n++;
+    }
+    for (int i = 0; i < NENV; i++) {
+        const char *v = getenv(envs[i]);
+        items[n].name = envs[i];
+        items[n].hash = v ? hash_bytes(v, strlen(v), 1) : 0;
+        snprintf(items[n].shown, sizeof items[n].shown, "%s", v ? v : "(unset)");
+        n++;
+    }
+    comm_agree(world, "options", items, n);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout, 0);
@@ -524,6 +557,7 @@ int main(int argc, char **argv) {
     if (cmd == C_EXPORT) return cmd_export(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
     Comm *world = comm_world_init(&argc, &argv);
+    agree_options(&s, world);
     if (s.cli.init_from[0]) init_from_prepare(&s, world);
     int rc = train_run(&s.model, &s.train, s.model_explicit, world);
     comm_world_finalize();

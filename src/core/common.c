@@ -200,6 +200,21 @@ void mkdir_p(const char *path) {
     if (!dir_exists(tmp)) DIE("'%s' exists and is not a directory", tmp);
 }
 
+uint64_t hash_bytes(const void *p, size_t n, uint64_t h) {
+    const unsigned char *b = p;
+    h ^= 0x9E3779B97F4A7C15ull + n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {   // 8 bytes at a time: multiply, xor-shift (splitmix64's mixer)
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    for (; i < n; i++) { h = (h ^ b[i]) * 0x94D049BB133111EBull; h ^= h >> 29; }
+    h ^= h >> 33;
+    return h * 0xFF51AFD7ED558CCDull;
+}
+
 void fmt_bytes(char *buf, size_t n, double b) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int i = 0;

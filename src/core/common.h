@@ -50,6 +50,9 @@ int file_exists(const char *path);
 int dir_exists(const char *path);
 void mkdir_p(const char *path);       // dies on failure
 
+// A 64-bit hash of n bytes, continuing from h (start with 0): for identity checks, not security.
+uint64_t hash_bytes(const void *p, size_t n, uint64_t h);
+
 // Format helpers
 void fmt_bytes(char *buf, size_t n, double bytes);   // "1.23 GiB"
 void fmt_count(char *buf, size_t n, double count);   // "1.23M"

@@ -17,6 +17,7 @@
 #include "train/dist.h"
 #include "train/plot.h"
 #include "train/step.h"
+#include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
 
@@ -235,6 +236,14 @@ static void print_header(const Run *r, const MeshShape *shape) {
     if (comm_size(r->world) > 1) mesh_print(shape, out);
 }
 
+// The ranks read the same tokens (the options agree already: main.c; here the files' contents).
+static void agree_data(const Dataset *ds, const Comm *world) {
+    if (comm_size(world) == 1) return;
+    AgreeItem it = {"--data contents", hash_bytes(ds->tokens, ds->n_tokens * sizeof(int32_t), ds->n_tokens), ""};
+    snprintf(it.shown, sizeof it.shown, "%zu tokens, hash %016llx", ds->n_tokens, (unsigned long long)it.hash);
+    comm_agree(world, "data", &it, 1);
+}
+
 // Validates everything, then builds the run: data, output directory, mesh, model, parameters.
 static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit, Comm *world) {
     memset(r, 0, sizeof *r);
@@ -253,6 +262,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
 
     // data first: a bad data file must fail before anything in the output directory is touched
     data_open(&r->ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
+    agree_data(&r->ds, world);
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
 
