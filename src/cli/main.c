@@ -554,6 +554,7 @@ int main(int argc, char **argv) {
     s.cli.tokens = 200;
     s.cli.temperature = 0.8f;
     parse(&s, cmd, argc - 2, argv + 2);
+    signals_init(cmd == C_TRAIN);   // train: SIGTERM/SIGINT checkpoint and exit MOE_EXIT_PREEMPTED
     if (cmd == C_EXPORT) return cmd_export(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
     Comm *world = comm_world_init(&argc, &argv);

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,6 +30,29 @@ void moe_die(const char *file, int line, const char *fmt, ...) {
     if (die_hook) die_hook();
     exit(1);
 }
+
+static volatile sig_atomic_t preempt_sig;
+static void on_preempt(int sig) {
+    preempt_sig = sig;
+    signal(sig, SIG_DFL);   // a second one ends the process
+}
+void signals_init(int preemptible) {
+    signal(SIGXFSZ, SIG_IGN);
+    if (!preemptible) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_preempt;
+    sa.sa_flags = SA_RESTART;   // IO in progress continues; the loop checks the flag between steps
+    sigemptyset(&sa.sa_mask);
+    const int sigs[2] = {SIGTERM, SIGINT};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old;
+        // a signal ignored when we started stays ignored (a shell's background job ignores SIGINT)
+        if (sigaction(sigs[i], NULL, &old) != 0 || (old.sa_handler != SIG_IGN && sigaction(sigs[i], &sa, NULL) != 0))
+            DIE("cannot install the SIGTERM/SIGINT handlers (%s)", strerror(errno));
+    }
+}
+int preempt_signal(void) { return preempt_sig; }
 
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);

@@ -14,6 +14,13 @@ void moe_die(const char *file, int line, const char *fmt, ...) __attribute__((no
 // Called by DIE after printing (e.g. MPI_Abort so every rank ends); rank >= 0 tags messages.
 void moe_set_die_hook(void (*hook)(void), int rank);
 
+// Signals: SIGXFSZ ignored (a file-size limit makes writes fail with EFBIG, reported by the checked
+// IO calls, instead of killing the process); with preemptible, the first SIGTERM or SIGINT is only
+// recorded (preempt_signal() then returns it; a second one ends the process as usual).
+void signals_init(int preemptible);
+int preempt_signal(void);   // 0, or the signal that asked this process to stop
+#define MOE_EXIT_PREEMPTED 75   // exit status after a preemption's checkpoint (EX_TEMPFAIL: --resume)
+
 void *xmalloc(size_t n);              // dies naming the byte count on failure
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);

@@ -5,6 +5,7 @@
 // mesh; losses are means over the step's tokens, aux and z means over layers and micro-batches.
 #include "train/trainer.h"
 #include <omp.h>
+#include <signal.h>
 #include <math.h>
 #include <string.h>
 #include <cjson/cJSON.h>
@@ -41,6 +42,7 @@ typedef struct {
     char metrics_path[2048];
     int64_t *counts;           // (L, E) the last step's expert load
     double t_start, flops_tok;
+    int preempted;             // the signal that stopped the run (its checkpoint written), or 0
 } Run;
 
 // metrics.jsonl lines with step <= last_step are kept (resume), later ones dropped.
@@ -395,6 +397,14 @@ static void run_sample(Run *r) {
 static void run_close(Run *r) {
     const TrainOptions *o = r->o;
     if (r->mf) xfclose(r->mf, r->metrics_path);
+    if (r->preempted) {   // a scheduler wants the cores back: no report, only where to continue
+        char latest[2048];
+        if (r->rank0 && ckpt_find_latest(o->out, latest, sizeof latest) == 0)
+            fprintf(stderr, "moe: preempted by %s after step %lld: checkpoint %s written; continue with the same "
+                            "command and --resume (exit status %d)\n", r->preempted == SIGINT ? "SIGINT" : "SIGTERM",
+                    (long long)r->st.step, latest, MOE_EXIT_PREEMPTED);
+        goto free_all;
+    }
     double wall = now_seconds() - r->t_start;
     if (o->check_replicas) {
         int bad = dist_check_replicas(&r->dist, &r->m, r->rank0 ? stderr : NULL);
@@ -417,6 +427,7 @@ static void run_close(Run *r) {
     fprintf(r->out, "metrics: %s\n", r->metrics_path);
     if (r->rank0 && o->plots && plot_run(o->out) == 0)
         fprintf(r->out, "plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
+free_all:
     free(r->counts);
     step_free(&r->step);
     dist_free(&r->dist);
@@ -441,9 +452,17 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         run_record(&r, step, &s, now_seconds() - t0);
         int last = step + 1 == o->steps;
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) run_evaluate(&r, step);
-        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0))
-            save(&r.dist, o, &r.c, &r.m, &r.st, world);
+        int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0);
+        if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world);
+        // SIGTERM / SIGINT: every rank stops after the same step (the flag is summed over the ranks)
+        int stop = preempt_signal() != 0;
+        if (comm_size(world) > 1) comm_allreduce(world, &stop, 1, CT_I32);
+        if (stop && !last) {
+            if (!saved) save(&r.dist, o, &r.c, &r.m, &r.st, world);
+            r.preempted = preempt_signal() ? preempt_signal() : SIGTERM;
+            break;
+        }
     }
     run_close(&r);
-    return 0;
+    return r.preempted ? MOE_EXIT_PREEMPTED : 0;
 }
