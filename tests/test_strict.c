@@ -3,7 +3,8 @@
 // bytes after the header JSON, trailing data, overlapping / gapped / non-zero-based offsets,
 // duplicate names, a non-object or non-string __metadata__; each dies with one message naming the
 // file, and a well-formed file still opens); the world communicator is freed at exit (10: measured
-// with mallinfo2, so it fails in a plain build too, not only under LeakSanitizer).
+// with mallinfo2, so it fails in a plain build too, not only under LeakSanitizer); and what the fuzz
+// targets found: a shard's largest id overflowed the vocabulary rounding.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include "core/common.h"
 #include "core/safetensors.h"
+#include "data/data.h"
 #include "model/params.h"
 #include "parallel/comm.h"
 #include "train/checkpoint.h"
@@ -116,6 +118,24 @@ int main(void) {
     st_bad("meta_not_object", "{\"__metadata__\":[1]," A_B "}", 0, 0, 12, "__metadata__");
     st_bad("meta_not_string", "{\"__metadata__\":{\"format\":1}," A_B "}", 0, 0, 12, "__metadata__");
     st_bad("unknown_dtype", "{\"a\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", 0, 0, 8, "dtype");
+
+    printf("-- a uint32 shard holding the largest id the loader keeps\n");
+    {   // its vocabulary (rounded up to 64) is computed without overflowing (found by fuzz_shard)
+        char sp[512];
+        snprintf(sp, sizeof sp, "%s/maxid.bin", root);
+        int32_t hdr[256] = {20240801, 7, 41};
+        uint32_t tok[41];
+        for (int i = 0; i < 41; i++) tok[i] = (uint32_t)i;
+        tok[0] = 2147483583u;
+        FILE *fp = xfopen(sp, "wb");
+        xfwrite(hdr, 4, 256, fp, sp);
+        xfwrite(tok, 4, 41, fp, sp);
+        xfclose(fp, sp);
+        Dataset ds;
+        data_open(&ds, sp, 1, 4);
+        EXPECT(ds.vocab_size == 2147483584, "vocab of max id 2147483583: %d", ds.vocab_size);
+        data_close(&ds);
+    }
 
     printf("-- the world communicator is freed at exit\n");
     struct mallinfo2 before = mallinfo2();

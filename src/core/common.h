@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-// Print "moe: error: <msg>" (file:line in debug builds) and exit(1).
+// Print "moe: error: <msg>" (file:line with MOE_DEBUG set), flush every stream and _exit(1).
 void moe_die(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
 #define DIE(...) moe_die(__FILE__, __LINE__, __VA_ARGS__)
 #define CHECK(cond, ...) do { if (!(cond)) DIE(__VA_ARGS__); } while (0)

@@ -209,7 +209,9 @@ static void load_shards(Dataset *ds, const char *pattern) {
     for (size_t i = 0; i < n; i++) if (tokens[i] > max_id) max_id = tokens[i];
     ds->tokens = tokens ? tokens : xmalloc(sizeof(int32_t));
     ds->n_tokens = n;
-    ds->vocab_size = (max_id + 1 + VOCAB_ROUND - 1) / VOCAB_ROUND * VOCAB_ROUND;
+    // in 64 bits: the largest id the loader keeps (INT32_MAX - 64) rounds up to a vocabulary that fits an
+    // int, but max_id + 64 does not (found by tests/fuzz/fuzz_shard.c)
+    ds->vocab_size = (int)(((int64_t)max_id + VOCAB_ROUND) / VOCAB_ROUND * VOCAB_ROUND);
     snprintf(ds->source, sizeof ds->source, "shards:%s (%zu file%s)", pattern, g.gl_pathc, g.gl_pathc == 1 ? "" : "s");
     globfree(&g);
 }
