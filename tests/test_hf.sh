@@ -77,7 +77,7 @@ run_ok "--init-from with flags equal to the HF config" \
 run_ok "train a capacity-dispatch run" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 1 --out cap --dispatch capacity
 run_ok "train a run without renormalisation" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 1 --out norenorm --renormalize 0
 
-# broken HF directories (copies: the export's model.safetensors is a hard link into run/)
+# broken HF directories (copies of the export)
 mkdir -p bad_trunc bad_sw bad_tie bad_shape bad_rope
 for d in bad_trunc bad_sw bad_tie bad_shape bad_rope; do cp hf/config.json hf/model.safetensors "$d/"; done
 truncate -s 100 bad_trunc/model.safetensors

@@ -1,7 +1,9 @@
 // main.c — the `moe` command line: subcommands train | sample | eval | info, one option table
 // shared by flags (--d-model 128) and JSON config files ({"d_model": 128}). Argument parsing and
 // dispatch only: the work is done in train/, model/ and data/.
+#include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 #include <cjson/cJSON.h>
@@ -9,6 +11,7 @@
 #include "core/config.h"
 #include "data/data.h"
 #include "model/model.h"
+#include "parallel/agree.h"
 #include "parallel/comm.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -149,12 +152,23 @@ static void *opt_ptr(State *s, const Opt *o) {
     return base + o->off;
 }
 
+// Options naming a file or directory: an empty value is a mistake, never "the default".
+static int is_path_opt(const char *name) {
+    static const char *const paths[] = {"data", "out", "ckpt", "config", "init-from", "dump"};
+    for (size_t k = 0; k < sizeof paths / sizeof *paths; k++) if (!strcmp(name, paths[k])) return 1;
+    return 0;
+}
+
 // Parse value text into the option; `from` names the source for messages.
 static void set_opt(State *s, int i, const char *val, const char *from) {
     const Opt *o = &opts[i];
     void *p = opt_ptr(s, o);
     char *end;
     errno = 0;
+    // numbers: no leading blanks (strtol/strtof would skip them), finite, in range
+    int numeric = o->type == O_INT || o->type == O_FLOAT || o->type == O_U64;
+    if (numeric && isspace((unsigned char)*val))
+        DIE("%s --%s: '%s' is not a%s number", from, o->name, val, o->type == O_FLOAT ? "" : "n integer");
     switch (o->type) {
     case O_INT: {
         long v = strtol(val, &end, 10);
@@ -166,17 +180,21 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
     case O_FLOAT: {
         float v = strtof(val, &end);
         if (!*val || *end || errno) DIE("%s --%s: '%s' is not a number", from, o->name, val);
+        if (!isfinite(v)) DIE("%s --%s: '%s' is not a finite number", from, o->name, val);
         *(float *)p = v;
         break;
     }
     case O_U64: {
-        if (!*val || *val == '-') DIE("%s --%s: '%s' is not a non-negative integer", from, o->name, val);
+        if (!*val || *val == '-' || *val == '+') DIE("%s --%s: '%s' is not a non-negative integer", from, o->name, val);
         unsigned long long v = strtoull(val, &end, 10);
         if (*end || errno) DIE("%s --%s: '%s' is not a non-negative integer", from, o->name, val);
         *(uint64_t *)p = v;
         break;
     }
     case O_STR:
+        if (!*val && is_path_opt(o->name))
+            DIE("%s --%s: the path is empty%s", from, o->name, !strcmp(o->name, "data") ? " (leave --data out for the "
+                "embedded corpus)" : "");
         if (strlen(val) >= o->size) DIE("%s --%s: value is too long (max %zu bytes)", from, o->name, o->size - 1);
         strcpy((char *)p, val);
         break;
@@ -261,14 +279,23 @@ static void apply_config_file(State *s, const char *path, int cmd) {
         if (i == -2) continue;   // an option of another subcommand: allowed in a shared file
         char buf[64];
         const char *val;
+        OptType ty = opts[i].type;
+        double d = it->valuedouble;
         if (cJSON_IsString(it)) val = it->valuestring;
-        else if (cJSON_IsBool(it)) val = cJSON_IsTrue(it) ? "1" : "0";
-        else if (cJSON_IsNumber(it)) {
-            if (opts[i].type == O_FLOAT) snprintf(buf, sizeof buf, "%.9g", it->valuedouble);
-            else if (it->valuedouble != (double)(long long)it->valuedouble)
-                DIE("%s \"%s\" must be an integer (got %g)", from, it->string, it->valuedouble);
-            else snprintf(buf, sizeof buf, "%lld", (long long)it->valuedouble);
+        else if (cJSON_IsBool(it) && ty == O_FLAG) val = cJSON_IsTrue(it) ? "1" : "0";
+        else if (cJSON_IsNumber(it) && ty == O_FLOAT) {
+            if (!isfinite(d)) DIE("%s \"%s\" is not a finite number", from, it->string);
+            snprintf(buf, sizeof buf, "%.9g", d);
             val = buf;
+        } else if (cJSON_IsNumber(it) && (ty == O_INT || ty == O_U64 || ty == O_FLAG)) {
+            // integers: exact in a double (|d| <= 2^53) before any conversion; set_opt checks the range
+            if (!(d == floor(d) && fabs(d) <= 9007199254740992.0))
+                DIE("%s \"%s\" must be an integer (got %g)", from, it->string, d);
+            snprintf(buf, sizeof buf, "%.0f", d);
+            val = buf;
+        } else if (cJSON_IsNumber(it) || cJSON_IsBool(it)) {
+            DIE("%s \"%s\" must be %s", from, it->string, ty == O_FLOAT ? "a number" : ty == O_INT || ty == O_U64
+                ? "an integer" : ty == O_FLAG ? "true or false" : "a string");
         } else DIE("%s \"%s\" has a value of the wrong type", from, it->string);
         set_opt(s, i, val, from);
     }
@@ -346,7 +373,7 @@ static void parse(State *s, int cmd, int argc, char **argv) {
 static int cmd_sample(State *s) {
     char ck[2048];
     pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
-    if (s->cli.tokens < 0) DIE("--tokens must be >= 0 (got %d)", s->cli.tokens);
+    if (s->cli.tokens < 0 || s->cli.tokens > (1 << 20)) DIE("--tokens must be in 0..1048576 (got %d)", s->cli.tokens);
     if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
     Model m;
     TrainState st;
@@ -387,6 +414,9 @@ static int cmd_eval(State *s) {
     int T = s->train.seq_len, B = s->train.batch;
     if (T < 1 || T > c.max_seq_len) DIE("--seq-len must be in 1..%d (got %d)", c.max_seq_len, T);
     if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
+    if ((int64_t)B * T > config_max_tokens(&c))
+        DIE("--batch %d x --seq-len %d = %lld tokens per micro-batch; this model takes at most %lld", B, T,
+            (long long)B * T, (long long)config_max_tokens(&c));
     if (s->train.eval_batches < 1) DIE("--eval-batches must be >= 1 (got %d)", s->train.eval_batches);
     Model m;
     pretrained_load(&m, ck, B, T, &st, s->train.seed, s->train.device);
@@ -432,9 +462,9 @@ static int cmd_export(State *s) {
     pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
     if (hf_is_model_dir(ck)) DIE("--ckpt %s is already a Hugging Face model directory", ck);
     if (!opt_set(s, "out")) DIE("export: --out DIR is required (the Hugging Face model directory to write)");
-    int linked = hf_export(ck, s->train.out, s->train.force);
+    int cloned = hf_export(ck, s->train.out, s->train.force);
     printf("exported %s -> %s\n", ck, s->train.out);
-    printf("  model.safetensors  (%s; HF Mixtral names and shapes, F32)\n", linked ? "hard link" : "copy");
+    printf("  model.safetensors  (%s; HF Mixtral names and shapes, F32)\n", cloned ? "copy-on-write clone" : "copy");
     printf("  config.json        (MixtralConfig keys; ours under \"moe_c\")\n");
     printf("load with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\", dtype=torch.float32)\n", s->train.out);
     return 0;
@@ -448,6 +478,8 @@ static const char *const INIT_OVERRIDABLE[] = {"aux-coef", "z-coef", "aux-form",
 static void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
     switch (o->type) {
     case O_FLOAT: snprintf(buf, n, "%g", *(const float *)p); break;
+    case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
+    case O_STR: snprintf(buf, n, "'%s'", (const char *)p); break;
     case O_DISPATCH: snprintf(buf, n, "%s", *(const DispatchMode *)p == DISPATCH_CAPACITY ? "capacity" : "dropless"); break;
     default: snprintf(buf, n, "%d", *(const int *)p); break;
     }
@@ -498,6 +530,7 @@ static void init_from_prepare(State *s, const Comm *world) {
 
 static int cmd_info(State *s) {
     ModelConfig c = s->model;
+    if (opt_set(s, "world") && s->cli.world < 1) DIE("--world must be >= 1 (got %d)", s->cli.world);
     if (s->cli.ckpt[0]) {
         char ck[2048];
         pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
@@ -506,6 +539,36 @@ static int cmd_info(State *s) {
     }
     info_print(&c, &s->train, s->cli.world);
     return 0;
+}
+
+// Every rank of an MPI job must train the same thing: each hashes its resolved training options
+// (model, training, mesh, paths) and the environment switches that change results, and the ranks
+// compare before anything is read or written (parallel/agree.h; the data's contents are compared
+// once loaded, in the trainer).
+static void agree_options(State *s, const Comm *world) {
+    static const char *const envs[] = {"MOE_BF16_SHADOW", "MOE_GROUPED_GEMM", "MOE_FORCE_NCCL"};
+    enum { NENV = sizeof envs / sizeof *envs };
+    AgreeItem items[N_OPTS + NENV];
+    char names[N_OPTS + NENV][40];
+    int n = 0;
+    for (int i = 0; i < N_OPTS; i++) {
+        const Opt *o = &opts[i];
+        if (!(o->cmds & C_TRAIN) || !strcmp(o->name, "preset") || !strcmp(o->name, "config")) continue;
+        const void *p = opt_ptr(s, o);   // (preset and config files are in the values they set)
+        snprintf(names[n], sizeof names[n], "--%s", o->name);
+        items[n].name = names[n];
+        items[n].hash = hash_bytes(p, o->type == O_STR ? strlen(p) : o->size, 0);
+        fmt_opt(items[n].shown, sizeof items[n].shown, o, p);
+        n++;
+    }
+    for (int i = 0; i < NENV; i++) {
+        const char *v = getenv(envs[i]);
+        items[n].name = envs[i];
+        items[n].hash = v ? hash_bytes(v, strlen(v), 1) : 0;
+        snprintf(items[n].shown, sizeof items[n].shown, "%s", v ? v : "(unset)");
+        n++;
+    }
+    comm_agree(world, "options", items, n);
 }
 
 int main(int argc, char **argv) {
@@ -526,9 +589,11 @@ int main(int argc, char **argv) {
     s.cli.tokens = 200;
     s.cli.temperature = 0.8f;
     parse(&s, cmd, argc - 2, argv + 2);
+    signals_init(cmd == C_TRAIN);   // train: SIGTERM/SIGINT checkpoint and exit MOE_EXIT_PREEMPTED
     if (cmd == C_EXPORT) return cmd_export(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
     Comm *world = comm_world_init(&argc, &argv);
+    agree_options(&s, world);
     if (s.cli.init_from[0]) init_from_prepare(&s, world);
     int rc = train_run(&s.model, &s.train, s.model_explicit, world);
     comm_world_finalize();

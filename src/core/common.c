@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -27,8 +28,34 @@ void moe_die(const char *file, int line, const char *fmt, ...) {
     fprintf(stderr, "\n");
     fflush(stderr);
     if (die_hook) die_hook();
-    exit(1);
+    // every stream flushed, then out without exit's handlers: an error ends the process at once,
+    // and LeakSanitizer (whose check runs at exit) does not count what the abandoned work held
+    fflush(NULL);
+    _exit(1);
 }
+
+static volatile sig_atomic_t preempt_sig;
+static void on_preempt(int sig) {
+    preempt_sig = sig;
+    signal(sig, SIG_DFL);   // a second one ends the process
+}
+void signals_init(int preemptible) {
+    signal(SIGXFSZ, SIG_IGN);
+    if (!preemptible) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_preempt;
+    sa.sa_flags = SA_RESTART;   // IO in progress continues; the loop checks the flag between steps
+    sigemptyset(&sa.sa_mask);
+    const int sigs[2] = {SIGTERM, SIGINT};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old;
+        // a signal ignored when we started stays ignored (a shell's background job ignores SIGINT)
+        if (sigaction(sigs[i], NULL, &old) != 0 || (old.sa_handler != SIG_IGN && sigaction(sigs[i], &sa, NULL) != 0))
+            DIE("cannot install the SIGTERM/SIGINT handlers (%s)", strerror(errno));
+    }
+}
+int preempt_signal(void) { return preempt_sig; }
 
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
@@ -72,8 +99,18 @@ void xfclose(FILE *f, const char *path) {
 }
 
 char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; anything but a regular file is refused
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int e = fstat(fd, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? EISDIR : ENODEV;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) { int e = errno; close(fd); errno = e; return NULL; }
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap + 1);
     for (;;) {
@@ -90,15 +127,46 @@ char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
+// The first key that appears twice in one object of j (anywhere in the tree), or NULL.
+static const char *json_dup_key(const cJSON *j) {
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
+        if (cJSON_IsObject(j) && a->string)
+            for (const cJSON *b = a->next; b; b = b->next)
+                if (b->string && strcmp(a->string, b->string) == 0) return a->string;
+        const char *d = json_dup_key(a);
+        if (d) return d;
+    }
+    return NULL;
+}
+
 cJSON *json_read_file(const char *who, const char *dir, const char *name, long *err_at) {
     char p[4096];
     if (dir) join_path(p, sizeof p, dir, name);
+    const char *path = dir ? p : name;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        DIE("%s: '%s' is not a regular file", who, path);
     size_t len;
-    char *txt = read_file(dir ? p : name, &len);
+    char *txt = read_file(path, &len);
     if (!txt && dir) DIE("%s: cannot read %s (%s)", who, name, strerror(errno));
     if (!txt) DIE("%s: cannot read '%s' (%s)", who, name, strerror(errno));
-    cJSON *j = cJSON_ParseWithLength(txt, len);
-    if (!j && err_at) *err_at = (long)(cJSON_GetErrorPtr() - txt);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
+    if (j) {   // one JSON value and nothing after it but blanks
+        while (end < txt + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
+        if (end < txt + len) { cJSON_Delete(j); j = NULL; }
+    } else {
+        end = cJSON_GetErrorPtr();
+    }
+    if (!j && err_at) *err_at = end ? (long)(end - txt) : 0;
+    const char *dup = json_dup_key(j);
+    if (dup) {
+        char key[80];
+        snprintf(key, sizeof key, "%s", dup);
+        cJSON_Delete(j);
+        free(txt);
+        DIE("%s: %s%s%s has the key \"%s\" twice", who, dir ? "" : "'", name, dir ? "" : "'", key);
+    }
     free(txt);
     return j;
 }
@@ -157,6 +225,21 @@ void mkdir_p(const char *path) {
     }
     if (mkdir(tmp, 0755) != 0 && errno != EEXIST) DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
     if (!dir_exists(tmp)) DIE("'%s' exists and is not a directory", tmp);
+}
+
+uint64_t hash_bytes(const void *p, size_t n, uint64_t h) {
+    const unsigned char *b = p;
+    h ^= 0x9E3779B97F4A7C15ull + n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {   // 8 bytes at a time: multiply, xor-shift (splitmix64's mixer)
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+    }
+    for (; i < n; i++) { h = (h ^ b[i]) * 0x94D049BB133111EBull; h ^= h >> 29; }
+    h ^= h >> 33;
+    return h * 0xFF51AFD7ED558CCDull;
 }
 
 void fmt_bytes(char *buf, size_t n, double b) {

@@ -6,13 +6,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-// Print "moe: error: <msg>" (file:line in debug builds) and exit(1).
+// Print "moe: error: <msg>" (file:line with MOE_DEBUG set), flush every stream and _exit(1).
 void moe_die(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
 #define DIE(...) moe_die(__FILE__, __LINE__, __VA_ARGS__)
 #define CHECK(cond, ...) do { if (!(cond)) DIE(__VA_ARGS__); } while (0)
 
 // Called by DIE after printing (e.g. MPI_Abort so every rank ends); rank >= 0 tags messages.
 void moe_set_die_hook(void (*hook)(void), int rank);
+
+// Signals: SIGXFSZ ignored (a file-size limit makes writes fail with EFBIG, reported by the checked
+// IO calls, instead of killing the process); with preemptible, the first SIGTERM or SIGINT is only
+// recorded (preempt_signal() then returns it; a second one ends the process as usual).
+void signals_init(int preemptible);
+int preempt_signal(void);   // 0, or the signal that asked this process to stop
+#define MOE_EXIT_PREEMPTED 75   // exit status after a preemption's checkpoint (EX_TEMPFAIL: --resume)
 
 void *xmalloc(size_t n);              // dies naming the byte count on failure
 void *xcalloc(size_t n, size_t size);
@@ -49,6 +56,9 @@ double now_seconds(void);             // monotonic clock
 int file_exists(const char *path);
 int dir_exists(const char *path);
 void mkdir_p(const char *path);       // dies on failure
+
+// A 64-bit hash of n bytes, continuing from h (start with 0): for identity checks, not security.
+uint64_t hash_bytes(const void *p, size_t n, uint64_t h);
 
 // Format helpers
 void fmt_bytes(char *buf, size_t n, double bytes);   // "1.23 GiB"

@@ -67,14 +67,20 @@ const char *config_validate(const ModelConfig *c) {
     if (c->n_experts < 1) BAD("n_experts must be >= 1 (got %d)", c->n_experts);
     if (c->top_k < 1 || c->top_k > c->n_experts)
         BAD("top_k must be in 1..n_experts=%d (got %d)", c->n_experts, c->top_k);
-    if (c->max_seq_len < 2) BAD("max_seq_len must be >= 2 (got %d)", c->max_seq_len);
-    if (!(c->rope_theta > 0)) BAD("rope_theta must be > 0 (got %g)", c->rope_theta);
-    if (!(c->norm_eps > 0)) BAD("norm_eps must be > 0 (got %g)", c->norm_eps);
-    if (!(c->init_std > 0)) BAD("init_std must be > 0 (got %g)", c->init_std);
+    if (c->max_seq_len < 2 || c->max_seq_len > MOE_MAX_SEQ_LEN)
+        BAD("max_seq_len must be in 2..%d (got %d)", MOE_MAX_SEQ_LEN, c->max_seq_len);
+    // floats: finite and in range (the negated comparisons also refuse NaN)
+    if (!(c->rope_theta > 0 && c->rope_theta <= 1e12f)) BAD("rope_theta must be in (0, 1e+12] (got %g)", c->rope_theta);
+    if (!(c->norm_eps > 0 && c->norm_eps <= 1)) BAD("norm_eps must be in (0, 1] (got %g)", c->norm_eps);
+    if (!(c->init_std > 0 && c->init_std <= 10)) BAD("init_std must be in (0, 10] (got %g)", c->init_std);
+    if (c->renormalize != 0 && c->renormalize != 1) BAD("renormalize must be 0 or 1 (got %d)", c->renormalize);
     if (!(c->jitter >= 0 && c->jitter < 1)) BAD("jitter must be in [0, 1) (got %g)", c->jitter);
-    if (!(c->aux_coef >= 0)) BAD("aux_coef must be >= 0 (got %g)", c->aux_coef);
-    if (!(c->z_coef >= 0)) BAD("z_coef must be >= 0 (got %g)", c->z_coef);
+    if (!(c->aux_coef >= 0 && c->aux_coef <= 100)) BAD("aux_coef must be in [0, 100] (got %g)", c->aux_coef);
+    if (!(c->z_coef >= 0 && c->z_coef <= 100)) BAD("z_coef must be in [0, 100] (got %g)", c->z_coef);
+    if (c->aux_form != AUX_LAYER && c->aux_form != AUX_HF) BAD("unknown aux form %d", (int)c->aux_form);
     if (c->dispatch != DISPATCH_DROPLESS && c->dispatch != DISPATCH_CAPACITY) BAD("unknown dispatch mode %d", (int)c->dispatch);
+    // any finite factor: capacity_for caps the slots at the tokens (a factor >= E / k drops nothing)
+    if (!isfinite(c->capacity_factor)) BAD("capacity_factor must be finite (got %g)", c->capacity_factor);
     if (c->dispatch == DISPATCH_CAPACITY && !(c->capacity_factor > 0))
         BAD("capacity_factor must be > 0 (got %g)", c->capacity_factor);
 #undef BAD
@@ -103,7 +109,15 @@ double config_flops_per_token(const ModelConfig *c, int T) {
     return 3 * fwd;
 }
 
-int capacity_for(const ModelConfig *c, int n_tokens) {
-    double cap = ceil((double)c->capacity_factor * n_tokens * c->top_k / c->n_experts);
-    return cap < 1 ? 1 : (int)cap;
+int64_t capacity_for(const ModelConfig *c, int64_t n_tokens) {
+    double cap = ceil((double)c->capacity_factor * (double)n_tokens * c->top_k / c->n_experts);
+    // an expert gets at most one assignment per token: more slots than tokens change nothing (and
+    // a huge factor must not wrap the integer)
+    if (!(cap < (double)n_tokens)) cap = (double)n_tokens;
+    return cap < 1 ? 1 : (int64_t)cap;
+}
+
+int64_t config_max_tokens(const ModelConfig *c) {
+    int64_t wide = c->n_experts > c->top_k ? c->n_experts : c->top_k;
+    return INT32_MAX / (wide > 1 ? wide : 1);
 }

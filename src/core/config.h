@@ -46,4 +46,10 @@ size_t config_num_active_params(const ModelConfig *c);   // per token (k of E ex
 // Training FLOPs per token (forward + backward = 3x forward) at sequence length T.
 double config_flops_per_token(const ModelConfig *c, int T);
 
-int capacity_for(const ModelConfig *c, int n_tokens);    // capacity mode: slots per expert
+// Capacity mode: slots per expert for a micro-batch of n_tokens, ceil(cf * n * k / E), at most n.
+int64_t capacity_for(const ModelConfig *c, int64_t n_tokens);
+// The most tokens one micro-batch of a rank may hold (B x T): the model's int-indexed token
+// arrays (N x E router logits, N x k assignments) stay below 2^31.
+int64_t config_max_tokens(const ModelConfig *c);
+// Longest max_seq_len config_validate accepts (2^24).
+#define MOE_MAX_SEQ_LEN (1 << 24)

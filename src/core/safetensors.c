@@ -152,7 +152,7 @@ typedef struct {
 static int dtype_size(const char *dt) {
     static const struct { const char *n; int s; } t[] = {
         {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
-        {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+        {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) if (strcmp(t[i].n, dt) == 0) return t[i].s;
     return 0;
 }
@@ -192,9 +192,40 @@ static void st_entry(const StFile *r, const cJSON *it, StEntry *e) {
         DIE("'%s' is corrupt: tensor %s has data_offsets outside the data section (%llu bytes)", r->path, nm,
             (unsigned long long)r->data_size);
     int sz = dtype_size(e->dtype);
-    if (sz && (e->numel > UINT64_MAX / (uint64_t)sz || e->numel * (uint64_t)sz != e->end - e->begin))
+    if (!sz) DIE("'%s' is corrupt: tensor %s has an unknown dtype \"%s\"", r->path, nm, e->dtype);
+    if ((e->numel > UINT64_MAX / (uint64_t)sz || e->numel * (uint64_t)sz != e->end - e->begin))
         DIE("'%s' is corrupt: tensor %s has %llu bytes of data; %s with that shape needs %llu", r->path, nm,
             (unsigned long long)(e->end - e->begin), e->dtype, (unsigned long long)(e->numel * (uint64_t)sz));
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const StEntry *)a)->name, ((const StEntry *)b)->name);
+}
+static int by_offset(const void *a, const void *b) {
+    const StEntry *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+// The format's layout rules: every name once; the tensors' byte ranges, in offset order, start at 0,
+// follow each other without gap or overlap, and end exactly where the file does. (Sorts es.)
+static void st_check_layout(const StFile *r, StEntry *es, int n) {
+    qsort(es, (size_t)n, sizeof *es, by_name);
+    for (int i = 1; i < n; i++)
+        if (strcmp(es[i].name, es[i - 1].name) == 0) DIE("'%s' is corrupt: tensor %s is in its header twice", r->path, es[i].name);
+    qsort(es, (size_t)n, sizeof *es, by_offset);
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (es[i].begin < at)
+            DIE("'%s' is corrupt: tensors %s and %s overlap in the data section", r->path, es[i - 1].name, es[i].name);
+        if (es[i].begin > at)
+            DIE("'%s' is corrupt: a gap of %llu bytes before tensor %s in the data section", r->path,
+                (unsigned long long)(es[i].begin - at), es[i].name);
+        at = es[i].end;
+    }
+    if (at != r->data_size)
+        DIE("'%s' is corrupt: its tensors cover %llu bytes of the %llu-byte data section (header length or file size "
+            "wrong)", r->path, (unsigned long long)at, (unsigned long long)r->data_size);
 }
 
 StFile *safetensors_open(const char *path_in) {
@@ -202,10 +233,11 @@ StFile *safetensors_open(const char *path_in) {
     StFile *r = xcalloc(1, sizeof *r);
     r->path = xstrdup(path_in);
     const char *path = r->path;
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    r->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);   // a FIFO must not block the open
     if (r->fd < 0) DIE("cannot open '%s' (%s)", path, strerror(errno));
     struct stat st;
     if (fstat(r->fd, &st) != 0) DIE("cannot stat '%s' (%s)", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) DIE("'%s' is not a regular file", path);
     r->size = (uint64_t)st.st_size;
     if (r->size < 8) DIE("'%s' is not a safetensors file (only %llu bytes)", path, (unsigned long long)r->size);
     unsigned char le[8];
@@ -218,18 +250,28 @@ StFile *safetensors_open(const char *path_in) {
     if (N > ST_MAX_HEADER) DIE("'%s' is corrupt: header length %llu exceeds the 100 MiB limit", path, (unsigned long long)N);
     char *hb = xmalloc((size_t)N);
     pread_full(r->fd, hb, (size_t)N, 8, path);
-    r->hdr = cJSON_ParseWithLength(hb, (size_t)N);
-    free(hb);
+    const char *jend = NULL;
+    r->hdr = cJSON_ParseWithLengthOpts(hb, (size_t)N, &jend, 0);
     if (!cJSON_IsObject(r->hdr)) DIE("'%s' is corrupt: its header is not a JSON object", path);
+    for (; jend < hb + N; jend++)   // the format pads the header with spaces, and nothing else
+        if (*jend != ' ') DIE("'%s' is corrupt: its header has bytes after its JSON object", path);
+    free(hb);
     r->data_start = 8 + N;
     r->data_size = r->size - r->data_start;
+    int cap = cJSON_GetArraySize(r->hdr);
+    StEntry *es = xcalloc((size_t)cap + 1, sizeof *es);
     for (const cJSON *it = r->hdr->child; it; it = it->next) {
         if (!it->string) DIE("'%s' is corrupt: header entry without a name", path);
-        if (strcmp(it->string, "__metadata__") == 0) continue;
-        StEntry e;
-        st_entry(r, it, &e);
-        r->n++;
+        if (strcmp(it->string, "__metadata__") == 0) {
+            int ok = cJSON_IsObject(it);
+            for (const cJSON *m = ok ? it->child : NULL; m; m = m->next) ok &= cJSON_IsString(m);
+            if (!ok) DIE("'%s' is corrupt: __metadata__ is not an object of strings", path);
+            continue;
+        }
+        st_entry(r, it, &es[r->n++]);
     }
+    st_check_layout(r, es, r->n);
+    free(es);
     r->names = xcalloc((size_t)r->n + 1, sizeof *r->names);
     int i = 0;
     for (const cJSON *it = r->hdr->child; it; it = it->next)

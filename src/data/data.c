@@ -108,6 +108,7 @@ static void load_text(Dataset *ds, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) DIE("cannot open text file '%s' (%s)", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) DIE("'%s' is a directory, not a text file", path);
+    if (!S_ISREG(st.st_mode)) DIE("'%s' is not a regular file (a FIFO or device would be read forever)", path);
     size_t len = 0;
     char *buf = read_file(path, &len);
     if (!buf) DIE("cannot read text file '%s' (%s)", path, strerror(errno));
@@ -127,8 +128,10 @@ static void load_text(Dataset *ds, const char *path) {
 // and magic 20240801 version 7 with uint32 tokens. The form is decided per file.
 
 static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
+    struct stat st;   // before opening: opening a FIFO would wait for a writer
+    if (stat(path, &st) != 0) DIE("cannot stat shard '%s' (%s)", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) DIE("shard '%s' is not a regular file", path);
     FILE *f = xfopen(path, "rb");
-    struct stat st;
     if (fstat(fileno(f), &st) != 0) DIE("cannot stat shard '%s' (%s)", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) DIE("shard '%s' is not a regular file", path);
     long long size = (long long)st.st_size;
@@ -206,7 +209,9 @@ static void load_shards(Dataset *ds, const char *pattern) {
     for (size_t i = 0; i < n; i++) if (tokens[i] > max_id) max_id = tokens[i];
     ds->tokens = tokens ? tokens : xmalloc(sizeof(int32_t));
     ds->n_tokens = n;
-    ds->vocab_size = (max_id + 1 + VOCAB_ROUND - 1) / VOCAB_ROUND * VOCAB_ROUND;
+    // in 64 bits: the largest id the loader keeps (INT32_MAX - 64) rounds up to a vocabulary that fits an
+    // int, but max_id + 64 does not (found by tests/fuzz/fuzz_shard.c)
+    ds->vocab_size = (int)(((int64_t)max_id + VOCAB_ROUND) / VOCAB_ROUND * VOCAB_ROUND);
     snprintf(ds->source, sizeof ds->source, "shards:%s (%zu file%s)", pattern, g.gl_pathc, g.gl_pathc == 1 ? "" : "s");
     globfree(&g);
 }

@@ -108,6 +108,9 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     memset(m, 0, sizeof *m);
     const char *bad = config_validate(c);
     if (bad) DIE("invalid model config: %s", bad);
+    CHECK(maxB >= 1 && maxT >= 1 && (int64_t)maxB * maxT <= config_max_tokens(c),
+          "a micro-batch of %d x %d tokens exceeds the model's limit of %lld", maxB, maxT,
+          (long long)config_max_tokens(c));
     CHECK(maxT <= c->max_seq_len, "sequence length %d exceeds the model's max_seq_len %d", maxT, c->max_seq_len);
     m->c = *c;
     m->be = be;

@@ -116,6 +116,8 @@ CommReq *comm_dev_ialltoallv(const Comm *c, const void *send, const size_t *sc, 
                              const size_t *rc, const size_t *rd, CommType t) {
     return D(c)->ialltoallv(C(c), send, sc, sd, recv, rc, rd, t);
 }
+CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t) { return C(c)->ops->iallreduce(C(c), buf, n, t); }
+
 CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
     return C(c)->ops->isend(C(c), buf, n, t, peer, tag);
 }
@@ -160,24 +162,36 @@ int comm_poll_until(int (*poll)(void *ctx), void *ctx, double timeout_s, const C
     }
 }
 
-const char *comm_parse_timeout(const char *s, double *out) {
+// s parsed as the seconds of environment variable var (default def for the message)
+static const char *parse_timeout(const char *var, double def, const char *s, double *out) {
     static char msg[160];
     char *end = NULL;
     double v = s ? strtod(s, &end) : NAN;
     if (!s || !*s || end == s || *end || !isfinite(v) || v <= 0 || v > 1e7) {
-        snprintf(msg, sizeof msg, "MOE_NCCL_TIMEOUT_S='%.40s': must be a number of seconds > 0 (default 300)",
-                 s ? s : "");
+        snprintf(msg, sizeof msg, "%s='%.40s': must be a number of seconds > 0 (default %g)", var, s ? s : "", def);
         return msg;
     }
     *out = v;
     return NULL;
 }
 
-double comm_timeout_s(void) {
-    const char *s = getenv("MOE_NCCL_TIMEOUT_S");
-    double v = 300;
+const char *comm_parse_timeout(const char *s, double *out) { return parse_timeout("MOE_NCCL_TIMEOUT_S", 300, s, out); }
+
+static double env_timeout(const char *var, double def) {
+    const char *s = getenv(var);
+    double v = def;
     if (!s) return v;
-    const char *bad = comm_parse_timeout(s, &v);
+    const char *bad = parse_timeout(var, def, s, &v);
     if (bad) DIE("%s", bad);
     return v;
+}
+
+double comm_timeout_s(void) { return env_timeout("MOE_NCCL_TIMEOUT_S", 300); }
+double comm_host_timeout_s(void) { return env_timeout("MOE_COMM_TIMEOUT_S", 600); }
+
+static int req_done(void *r) { return comm_test(r) ? COMM_POLL_DONE : COMM_POLL_PENDING; }
+int comm_wait_for(CommReq *r, double timeout_s) {
+    if (comm_poll_until(req_done, r, timeout_s, NULL) != COMM_POLL_DONE) return -1;
+    comm_wait(r);
+    return 0;
 }

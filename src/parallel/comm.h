@@ -39,6 +39,13 @@ void comm_barrier(const Comm *c);
 // and frees the request.
 int comm_test(CommReq *r);
 void comm_wait(CommReq *r);
+// Host non-blocking all-reduce (sum, in place), and a wait bounded in time: 0 when done (the request
+// freed), -1 after timeout_s seconds (the request still pending: the caller ends the job).
+CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
+int comm_wait_for(CommReq *r, double timeout_s);
+// How long a host collective that guards the job (the ranks' start-up agreement) may wait for the
+// other ranks: MOE_COMM_TIMEOUT_S seconds (default 600; dies on a bad value).
+double comm_host_timeout_s(void);
 // Point-to-point (pipeline stages): start sending n elements of buf to rank peer of c, or receiving
 // them from it; messages between two ranks with the same tag arrive in the order they were sent.
 // Finish with comm_wait; buf must not be touched before. Host buffers; a group of one has no peer.
@@ -46,7 +53,8 @@ CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int pe
 CommReq *comm_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);
 
 // The world: MPI when launched under mpirun/srun with more than one process (and built with MPI),
-// else self. comm_world_init may be called with NULL argc/argv. finalize is safe to call always.
+// else self. comm_world_init may be called with NULL argc/argv. finalize is safe to call always; it
+// frees the world (the Comm comm_world_init returned must not be used after it).
 Comm *comm_world_init(int *argc, char ***argv);
 void comm_world_finalize(void);
 // A sub-group of the world: ranks with the same color form a group, ordered by key.

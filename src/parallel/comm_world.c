@@ -123,6 +123,7 @@ static const CommOps mpi_ops = {
 };
 
 static int mpi_started = 0;
+static Comm *the_world;   // freed by comm_world_finalize
 static void abort_all(void) {
     int fin = 0;
     MPI_Finalized(&fin);
@@ -138,7 +139,7 @@ static int launched_by_mpi(void) {
 }
 
 Comm *comm_world_init(int *argc, char ***argv) {
-    Comm *w = xcalloc(1, sizeof *w);
+    Comm *w = the_world = xcalloc(1, sizeof *w);
     snprintf(w->name, sizeof w->name, "world");
     if (!launched_by_mpi()) { w->ops = &comm_self_ops; w->size = 1; return w; }
     MPI_CHECK(MPI_Init(argc, argv));
@@ -157,8 +158,12 @@ Comm *comm_world_init(int *argc, char ***argv) {
 void comm_world_finalize(void) {
     int fin = 0;
     comm_nccl_shutdown();   // NCCL communicators go before MPI
-    if (!mpi_started) return;
     MPI_Finalized(&fin);
+    if (the_world && the_world->handle && !fin) MPI_Comm_free((MPI_Comm *)the_world->handle);
+    if (the_world) free(the_world->handle);
+    free(the_world);
+    the_world = NULL;
+    if (!mpi_started) return;
     if (!fin) MPI_Finalize();
 }
 
@@ -178,6 +183,7 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
 
 void comm_free(Comm *c) {
     if (!c) return;
+    if (c == the_world) the_world = NULL;   // freed here, not again at finalize
     if (c->dops) comm_dev_disable(c);
     if (c->handle) { MPI_Comm_free((MPI_Comm *)c->handle); free(c->handle); }
     free(c);
@@ -201,16 +207,22 @@ static int node_rank_mpi(void) {
 
 #else  // built without MPI: one process
 
+static Comm *the_world;   // freed by comm_world_finalize
+
 Comm *comm_world_init(int *argc, char ***argv) {
     const char *s = getenv("OMPI_COMM_WORLD_SIZE");
     if (s && atoi(s) > 1) DIE("this moe was built without MPI; it cannot run as %s processes", s);
-    Comm *w = xcalloc(1, sizeof *w);
+    Comm *w = the_world = xcalloc(1, sizeof *w);
     snprintf(w->name, sizeof w->name, "world");
     w->ops = &comm_self_ops;
     w->size = 1;
     return w;
 }
-void comm_world_finalize(void) { comm_nccl_shutdown(); }
+void comm_world_finalize(void) {
+    comm_nccl_shutdown();
+    free(the_world);
+    the_world = NULL;
+}
 void comm_world_abort(void) {}
 static int node_rank_mpi(void) { return -1; }
 Comm *comm_split(const Comm *world, int color, int key, const char *name) {
@@ -221,6 +233,7 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
     return c;
 }
 void comm_free(Comm *c) {
+    if (c && c == the_world) the_world = NULL;   // freed here, not again at finalize
     if (c && c->dops) comm_dev_disable(c);
     free(c);
 }

@@ -11,13 +11,15 @@ const char *mesh_shape_resolve(MeshShape *s, const ModelConfig *c) {
     if (s->pp < 1) BAD("--pp must be >= 1 (got %d)", s->pp);
     if (s->ep < 1) BAD("--ep must be >= 1 (got %d)", s->ep);
     if (s->etp < 1) BAD("--etp must be >= 1 (got %d)", s->etp);
-    if (s->world % (s->tp * s->pp))
+    // products in 64 bits: a factor up to INT_MAX must not wrap (to 0: a division by zero)
+    long long tpp = (long long)s->tp * s->pp, eetp = (long long)s->ep * s->etp;
+    if (s->world % tpp)
         BAD("world size %d is not divisible by tp %d x pp %d", s->world, s->tp, s->pp);
-    s->dp = s->world / (s->tp * s->pp);
+    s->dp = (int)(s->world / tpp);
     int stage = s->tp * s->dp;
-    if (stage % (s->ep * s->etp))
+    if (stage % eetp)
         BAD("tp %d x dp %d = %d ranks per stage is not divisible by ep %d x etp %d", s->tp, s->dp, stage, s->ep, s->etp);
-    s->edp = stage / (s->ep * s->etp);
+    s->edp = (int)(stage / eetp);
     if (s->hier < 0) BAD("--a2a-hier must be off, auto or >= 1 (got %d)", s->hier);
     if (s->hier > 1 && s->ep % s->hier)
         BAD("--a2a-hier %d: the ep %d ranks do not split into nodes of %d ranks", s->hier, s->ep, s->hier);

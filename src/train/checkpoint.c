@@ -269,6 +269,10 @@ static void read_state(const char *dir, TrainState *st) {
         int64_t i = 0;
         int uns = k == 1 || k == 2;
         if (json_int(it, uns, &u, &i)) DIE("checkpoint %s: state.json: \"%s\" is not a valid integer", dir, keys[k]);
+        // steps are ints in the trainer (--steps): a step outside 0..INT_MAX would wrap
+        if ((k == 0 || k == 3) && (i < 0 || i > INT32_MAX))
+            DIE("checkpoint %s: state.json: \"%s\" is out of range (%lld; must be in 0..%d)", dir, keys[k], (long long)i,
+                INT32_MAX);
         if (k == 0) s.step = i;
         else if (k == 1) s.seq_pos = u;
         else if (k == 2) s.seed = u;
@@ -357,6 +361,12 @@ void ckpt_load_config(const char *dir, ModelConfig *c) {
     *c = cfg;
 }
 
+void ckpt_check_tensors(const char *dir, const StFile *f, const char *path, const ParamTable *t, int optimizer) {
+    static const char *const none[] = {""}, *const sfx[] = {".exp_avg", ".exp_avg_sq"};
+    if (optimizer) check_no_extra(f, path, t, sfx, 2, dir);
+    else check_no_extra(f, path, t, none, 1, dir);
+}
+
 void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st) {
     ckpt_verify(dir);
     char p[CK_PATH];
@@ -364,8 +374,7 @@ void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, fl
 
     join_path(p, sizeof p, dir, "model.safetensors");
     StFile *f = safetensors_open(p);
-    static const char *const none[] = {""};
-    check_no_extra(f, p, t, none, 1, dir);
+    ckpt_check_tensors(dir, f, p, t, 0);
     read_table(f, t, params, "");
     safetensors_close(f);
 
@@ -373,8 +382,7 @@ void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, fl
         join_path(p, sizeof p, dir, "optimizer.safetensors");
         if (!file_exists(p)) DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it", dir);
         f = safetensors_open(p);
-        static const char *const sfx[] = {".exp_avg", ".exp_avg_sq"};
-        check_no_extra(f, p, t, sfx, 2, dir);
+        ckpt_check_tensors(dir, f, p, t, 1);
         if (m) read_table(f, t, m, ".exp_avg");
         if (v) read_table(f, t, v, ".exp_avg_sq");
         safetensors_close(f);

@@ -6,6 +6,7 @@
 #pragma once
 #include <stdint.h>
 #include "core/config.h"
+#include "core/safetensors.h"
 #include "model/params.h"
 
 typedef struct {
@@ -38,6 +39,11 @@ void ckpt_load_config(const char *dir, ModelConfig *c);
 // Load tensors into flat buffers laid out by t (built from the same config). m, v may be NULL
 // (skip optimizer). st may be NULL. Dies naming the tensor on a missing tensor or shape mismatch.
 void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st);
+
+// Every tensor of f (the file at path of checkpoint dir) must be one of t's, named as in
+// model.safetensors (optimizer 0) or optimizer.safetensors (1: "<name>.exp_avg" / ".exp_avg_sq");
+// dies naming the first that is not (ckpt_load and the sliced load both check this).
+void ckpt_check_tensors(const char *dir, const StFile *f, const char *path, const ParamTable *t, int optimizer);
 
 // state.json alone (no checksum pass: ckpt_verify first).
 void ckpt_load_state(const char *dir, TrainState *st);

@@ -73,9 +73,21 @@ static void read_slices(const StFile *f, const ParamTable *t, const char *suffix
 
 void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st,
                     const Comm *world) {
-    if (comm_rank(world) == 0) ckpt_verify(dir);
-    comm_barrier(world);
     char p[4200];
+    if (comm_rank(world) == 0) {   // what ckpt_load checks, once: checksums, state, no tensor but the table's
+        ckpt_verify(dir);
+        TrainState check;
+        ckpt_load_state(dir, &check);
+        for (int k = 0; k < 1 + (m != NULL); k++) {
+            join_path(p, sizeof p, dir, k ? "optimizer.safetensors" : "model.safetensors");
+            if (k && !file_exists(p))
+                DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it", dir);
+            StFile *f = safetensors_open(p);
+            ckpt_check_tensors(dir, f, p, t, k);
+            safetensors_close(f);
+        }
+    }
+    comm_barrier(world);
     join_path(p, sizeof p, dir, "model.safetensors");
     StFile *f = safetensors_open(p);
     read_slices(f, t, "", params);

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "core/common.h"
@@ -205,10 +207,16 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
 // ---------------------------------------------------------------------------------------------
 // export
 
-static void copy_file(const char *from, const char *to) {
+// Returns 1 if the copy is a copy-on-write clone (FICLONE), 0 if the bytes were copied.
+static int copy_file(const char *from, const char *to) {
     FILE *in = fopen(from, "rb");
     if (!in) DIE("cannot open '%s' (%s)", from, strerror(errno));
     FILE *out = xfopen(to, "wb");
+    if (ioctl(fileno(out), FICLONE, fileno(in)) == 0) {
+        fclose(in);
+        xfclose(out, to);
+        return 1;
+    }
     enum { CH = 1 << 20 };
     char *buf = xmalloc(CH);
     size_t got;
@@ -217,6 +225,7 @@ static void copy_file(const char *from, const char *to) {
     fclose(in);
     free(buf);
     xfclose(out, to);
+    return 0;
 }
 
 static int dir_is_empty(const char *p) {
@@ -264,14 +273,16 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
                 DIE("--out: '%s' exists and is not a Hugging Face model directory; not replacing it", out);
         }
     }
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
-    if (rm_rf(tmp) != 0) DIE("cannot remove '%s' (%s)", tmp, strerror(errno));
-    mkdir_p(tmp);
+    // a fresh temporary directory beside out (nothing that exists is removed or reused)
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", out);
+    if (!mkdtemp(tmp)) DIE("cannot create a temporary directory '%s' (%s)", tmp, strerror(errno));
+    if (chmod(tmp, 0755) != 0) DIE("cannot chmod '%s' (%s)", tmp, strerror(errno));
 
+    // a copy, never a hard link: rewriting the exported file must not change the checkpoint (a
+    // copy-on-write clone where the filesystem has them, else the bytes)
     join_path(src, sizeof src, ckpt, SINGLE);
     join_path(q, sizeof q, tmp, SINGLE);
-    int linked = link(src, q) == 0;   // our checkpoints are never modified in place
-    if (!linked) copy_file(src, q);
+    int cloned = copy_file(src, q);
     cJSON *j = config_to_json(&c);
     join_path(q, sizeof q, tmp, "config.json");
     json_write_file(q, j);
@@ -283,5 +294,5 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
     char par[HF_PATH];
     path_parent(par, sizeof par, out);
     fsync_dir(par);
-    return linked;
+    return cloned;
 }

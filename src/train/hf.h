@@ -26,9 +26,10 @@ void hf_load_config(const char *dir, ModelConfig *c);
 void hf_load_params(const char *dir, const ParamTable *t, float *params);
 
 // Writes out_dir as a transformers-loadable MixtralForCausalLM directory from our checkpoint
-// ckpt_dir (verified first): model.safetensors (already HF names, shapes, F32: hard-linked, or
-// copied across filesystems) and config.json (ours: MixtralConfig keys + "moe_c"). Refuses a
+// ckpt_dir (verified first): model.safetensors (already HF names, shapes, F32: copied, as a
+// copy-on-write clone where the filesystem can; never a hard link) and config.json (ours: MixtralConfig keys + "moe_c"). Refuses a
 // checkpoint whose options make it non-Mixtral (capacity dispatch, no renormalisation). An
 // existing out_dir is replaced only with force and only if it is empty or an HF model directory.
-// Written into out_dir.tmp and renamed into place. Returns 1 if model.safetensors was hard-linked.
+// Written into a fresh out_dir.tmp.XXXXXX and renamed into place. Returns 1 if model.safetensors
+// is a copy-on-write clone, 0 if its bytes were copied.
 int hf_export(const char *ckpt_dir, const char *out_dir, int force);

@@ -79,6 +79,8 @@ static void print_stages(const ModelConfig *c, const TrainOptions *o, const Mesh
 void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     const char *bad = config_validate(c);
     if (bad) DIE("invalid model config: %s", bad);
+    bad = train_options_validate(o, c);   // the batch, sequence and mesh figures info shows
+    if (bad) DIE("%s", bad);
     int T = o->seq_len, B = o->batch;
     char b1[32], b2[32], b3[32];
     size_t np = config_num_params(c), na = config_num_active_params(c);
@@ -88,8 +90,8 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
            "max seq %d\n", c->d_model, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->n_experts, c->top_k,
            c->renormalize ? "renormalised" : "not renormalised", c->d_ff, c->vocab_size, c->max_seq_len);
     printf("dispatch: %s", c->dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
-    if (c->dispatch == DISPATCH_CAPACITY) printf(" (factor %g: %d slots per expert for %d tokens)", c->capacity_factor,
-                                                 capacity_for(c, B * T), B * T);
+    if (c->dispatch == DISPATCH_CAPACITY) printf(" (factor %g: %lld slots per expert for %lld tokens)", c->capacity_factor,
+                                                 (long long)capacity_for(c, (int64_t)B * T), (long long)B * T);
     printf("; aux coef %g, z coef %g, jitter %g\n", c->aux_coef, c->z_coef, c->jitter);
     printf("parameters: %s total, %s active per token (%zu / %zu)\n", b1, b2, np, na);
     ParamTable t;
@@ -124,7 +126,10 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
            "context\n", b1, b2, b3);
     params_free(&t);
     if (world > 0 || o->tp > 1 || o->ep > 1 || o->etp > 1 || o->pp > 1) {
-        MeshShape ms = {world > 0 ? world : o->tp * o->ep * o->etp * o->pp, o->tp, 0, o->pp, o->ep, o->etp, 0,
+        long long ranks = (long long)o->tp * o->ep * o->etp * o->pp;   // the smallest world for the layout
+        if (world <= 0 && ranks > 1 << 30)
+            DIE("impossible mesh: tp %d x ep %d x etp %d x pp %d = %lld ranks", o->tp, o->ep, o->etp, o->pp, ranks);
+        MeshShape ms = {world > 0 ? world : (int)ranks, o->tp, 0, o->pp, o->ep, o->etp, 0,
                         o->a2a_hier > 1 ? o->a2a_hier : 0};
         bad = mesh_shape_resolve(&ms, c);
         if (bad) DIE("impossible mesh: %s", bad);

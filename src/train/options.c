@@ -46,14 +46,16 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->batch % o->grad_accum) BAD("--batch %d is not divisible by --grad-accum %d", o->batch, o->grad_accum);
     if (o->seq_len < 1) BAD("--seq-len must be >= 1 (got %d)", o->seq_len);
     if (o->seq_len > c->max_seq_len) BAD("--seq-len %d exceeds the model's max_seq_len %d", o->seq_len, c->max_seq_len);
-    if (!(o->lr > 0)) BAD("--lr must be > 0 (got %g)", o->lr);
+    // floats: finite and in range (the negated comparisons also refuse NaN)
+    if (!(o->lr > 0 && o->lr <= 10)) BAD("--lr must be in (0, 10] (got %g)", o->lr);
     if (!(o->min_lr_frac >= 0 && o->min_lr_frac <= 1)) BAD("--min-lr-frac must be in [0, 1] (got %g)", o->min_lr_frac);
     if (o->warmup < 0) BAD("--warmup must be >= 0 (got %d)", o->warmup);
-    if (!(o->weight_decay >= 0)) BAD("--weight-decay must be >= 0 (got %g)", o->weight_decay);
+    if (!(o->weight_decay >= 0 && isfinite(o->weight_decay)))
+        BAD("--weight-decay must be >= 0 and finite (got %g)", o->weight_decay);
     if (!(o->beta1 >= 0 && o->beta1 < 1)) BAD("--beta1 must be in [0, 1) (got %g)", o->beta1);
     if (!(o->beta2 >= 0 && o->beta2 < 1)) BAD("--beta2 must be in [0, 1) (got %g)", o->beta2);
-    if (!(o->adam_eps > 0)) BAD("--adam-eps must be > 0 (got %g)", o->adam_eps);
-    if (!(o->grad_clip >= 0)) BAD("--grad-clip must be >= 0 (got %g)", o->grad_clip);
+    if (!(o->adam_eps > 0 && o->adam_eps <= 1)) BAD("--adam-eps must be in (0, 1] (got %g)", o->adam_eps);
+    if (!(o->grad_clip >= 0 && isfinite(o->grad_clip))) BAD("--grad-clip must be >= 0 and finite (got %g)", o->grad_clip);
     if (o->eval_every < 0) BAD("--eval-every must be >= 0 (got %d)", o->eval_every);
     if (o->eval_batches < 1) BAD("--eval-batches must be >= 1 (got %d)", o->eval_batches);
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
@@ -62,7 +64,7 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (!o->out[0]) BAD("--out must not be empty");
     if (o->zero < 0 || o->zero > 2) BAD("--zero must be 0, 1 or 2 (got %d)", o->zero);
     if (o->overlap < 0 || o->overlap > 1) BAD("--overlap must be 0 or 1 (got %d)", o->overlap);
-    if (!(o->bucket_mb > 0)) BAD("--bucket-mb must be > 0 (got %g)", o->bucket_mb);
+    if (!(o->bucket_mb > 0 && o->bucket_mb <= 1048576)) BAD("--bucket-mb must be in (0, 1048576] (got %g)", o->bucket_mb);
     if (o->a2a_overlap != 0 && o->a2a_overlap != 1 && o->a2a_overlap != 2 && o->a2a_overlap != 4 && o->a2a_overlap != 8)
         BAD("--a2a-overlap must be auto, 1, 2, 4 or 8 (got %d)", o->a2a_overlap);
     if (o->a2a_hier < -1) BAD("--a2a-hier must be auto, off or a rank count >= 1 (got %d)", o->a2a_hier);

@@ -58,12 +58,13 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
         if (ckpt_run_present(o->out, what, sizeof what) && !o->force)
             DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
                 "deletes it)", o->out, what);
-        ckpt_run_clear(o->out);
-        mkdir_p(o->out);
+        // the weights are read (and so checked) before --force deletes anything or --out is created
         ParamTable t;
         params_build(&t, c);
         float *w = xmalloc(t.total * sizeof(float)), *zero = xcalloc(t.total, sizeof(float));
         hf_load_params(hf_dir, &t, w);
+        ckpt_run_clear(o->out);
+        mkdir_p(o->out);
         TrainState st;
         memset(&st, 0, sizeof st);
         st.seed = o->seed;

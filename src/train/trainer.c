@@ -6,6 +6,7 @@
 #include "train/trainer.h"
 #include <omp.h>
 #include <unistd.h>
+#include <signal.h>
 #include <math.h>
 #include <string.h>
 #include <cjson/cJSON.h>
@@ -19,6 +20,7 @@
 #include "train/plot.h"
 #include "train/step.h"
 #include "train/tune.h"
+#include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
 
@@ -44,6 +46,7 @@ typedef struct {
     Tuner *tune;               // (L) --a2a-overlap / --expert-mode auto: each MoE layer's setting, measured
                                // (a candidate is r + 16 x expert mode)
     double t_start, flops_tok;
+    int preempted;             // the signal that stopped the run (its checkpoint written), or 0
 } Run;
 
 // metrics.jsonl lines with step <= last_step are kept (resume), later ones dropped.
@@ -102,6 +105,11 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
     if (o->batch % (o->grad_accum * ms.dp))
         DIE("impossible mesh: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an equal "
             "share of every micro-batch)", o->batch, o->grad_accum, ms.dp);
+    int64_t Bl = o->batch / o->grad_accum / ms.dp;
+    if (Bl * o->seq_len > config_max_tokens(c))
+        DIE("--batch %d / (--grad-accum %d x dp %d) x --seq-len %d = %lld tokens per micro-batch on a rank; this model "
+            "takes at most %lld", o->batch, o->grad_accum, ms.dp, o->seq_len, (long long)(Bl * o->seq_len),
+            (long long)config_max_tokens(c));
     if (o->pp == 1 && (o->vpp > 1 || o->pp_layers[0]))
         DIE("--vpp and --pp-layers split the layers between pipeline stages: they need --pp > 1");
     bad = stages_split(split, c->n_layers, o->pp, o->pp > 1 ? o->vpp : 1, o->pp_layers);
@@ -263,6 +271,14 @@ static void print_header(const Run *r, const MeshShape *shape) {
     if (comm_size(r->world) > 1) mesh_print(shape, out);
 }
 
+// The ranks read the same tokens (the options agree already: main.c; here the files' contents).
+static void agree_data(const Dataset *ds, const Comm *world) {
+    if (comm_size(world) == 1) return;
+    AgreeItem it = {"--data contents", hash_bytes(ds->tokens, ds->n_tokens * sizeof(int32_t), ds->n_tokens), ""};
+    snprintf(it.shown, sizeof it.shown, "%zu tokens, hash %016llx", ds->n_tokens, (unsigned long long)it.hash);
+    comm_agree(world, "data", &it, 1);
+}
+
 // Validates everything, then builds the run: data, output directory, mesh, model, parameters.
 static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit, Comm *world) {
     memset(r, 0, sizeof *r);
@@ -281,6 +297,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
 
     // data first: a bad data file must fail before anything in the output directory is touched
     data_open(&r->ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
+    agree_data(&r->ds, world);
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
 
@@ -509,6 +526,14 @@ static void run_sample(Run *r) {
 static void run_close(Run *r) {
     const TrainOptions *o = r->o;
     if (r->mf) xfclose(r->mf, r->metrics_path);
+    if (r->preempted) {   // a scheduler wants the cores back: no report, only where to continue
+        char latest[2048];
+        if (r->rank0 && ckpt_find_latest(o->out, latest, sizeof latest) == 0)
+            fprintf(stderr, "moe: preempted by %s after step %lld: checkpoint %s written; continue with the same "
+                            "command and --resume (exit status %d)\n", r->preempted == SIGINT ? "SIGINT" : "SIGTERM",
+                    (long long)r->st.step, latest, MOE_EXIT_PREEMPTED);
+        goto free_all;
+    }
     double wall = now_seconds() - r->t_start;
     if (o->check_replicas) {
         int bad = dist_check_replicas(&r->dist, &r->m, r->rank0 ? stderr : NULL);
@@ -531,6 +556,7 @@ static void run_close(Run *r) {
     fprintf(r->out, "metrics: %s\n", r->metrics_path);
     if (r->rank0 && o->plots && plot_run(o->out) == 0)
         fprintf(r->out, "plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
+free_all:
     free(r->counts);
     free(r->tune);
     step_free(&r->step);
@@ -558,9 +584,17 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         run_record(&r, step, &s, now_seconds() - t0, tuned);
         int last = step + 1 == o->steps;
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) run_evaluate(&r, step);
-        if ((o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0))
-            save(&r.dist, o, &r.c, &r.m, &r.st, world);
+        int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0);
+        if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world);
+        // SIGTERM / SIGINT: every rank stops after the same step (the flag is summed over the ranks)
+        int stop = preempt_signal() != 0;
+        if (comm_size(world) > 1) comm_allreduce(world, &stop, 1, CT_I32);
+        if (stop && !last) {
+            if (!saved) save(&r.dist, o, &r.c, &r.m, &r.st, world);
+            r.preempted = preempt_signal() ? preempt_signal() : SIGTERM;
+            break;
+        }
     }
     run_close(&r);
-    return 0;
+    return r.preempted ? MOE_EXIT_PREEMPTED : 0;
 }
