@@ -13,6 +13,7 @@ t() { local name=$1; shift; local t0=$SECONDS; "$@" > $W/$name.log 2>&1; echo "=
 t ops $B/test_cuda_ops; tail -1 $W/ops.log; grep -m8 FAIL $W/ops.log
 t model $B/test_cuda_model; tail -1 $W/model.log; grep -m8 FAIL $W/model.log
 t nccl $B/test_nccl; tail -1 $W/nccl.log
+[ -x $B/test_slots ] && { t slots $B/test_slots; tail -2 $W/slots.log; grep -m5 FAIL $W/slots.log; }
 for dev in cuda cuda-fp32; do
   t same_$dev env SAME_BITS_FLAGS="--device $dev" bash scripts/same_bits.sh $G/base/moe $B/moe one resume; cat $W/same_$dev.log
 done
