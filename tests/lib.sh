@@ -16,6 +16,7 @@
 #                               metrics.jsonl, one per line, as printed (strings, for exact comparison)
 #   mean / mean_last N / mean_first N   arithmetic mean of numbers on stdin (all, last N, first N)
 #   fcmp A OP B                 float comparison with awk (OP one of < <= > >= ==); exit status 0 if true
+#   mpi_tests                   the mpirun tests' environment (MPI, CKPT_DIFF); skips without mpirun
 #   maxrel A B                  largest relative difference between two files of numbers
 #   mesh_close REF RUN LABEL    a mesh run against the one-process reference, at the mesh tolerances
 #   finish                      print "<script>: N passed, N failed, N skipped (Ts)"; exit 1 on any FAIL
@@ -138,6 +139,17 @@ fcmp() { awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN {
   a += 0; b += 0
   r = (op == "<") ? a < b : (op == "<=") ? a <= b : (op == ">") ? a > b : (op == ">=") ? a >= b : (op == "==") ? a == b : 0
   exit !r }'; }
+
+# mpi_tests: the setting of the mpirun tests (skips the script where mpirun is missing): root allowed,
+# one OpenMP thread per rank, ranks oversubscribed on the 2-core machine, MPI (the launcher, bounded
+# in time) and CKPT_DIFF.
+mpi_tests() {
+  command -v mpirun >/dev/null || { skip "mpirun not installed"; finish; }
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+  export OMPI_MCA_rmaps_base_oversubscribe=1
+  CKPT_DIFF="${CKPT_DIFF:-$(dirname "$MOE")/ckpt_diff}"
+  MPI="timeout 300 mpirun --oversubscribe"
+}
 
 # Largest relative difference between two columns of numbers (files A and B).
 maxrel() { paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; r = d / (a > 1e-12 ? a : 1e-12);

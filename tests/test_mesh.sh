@@ -16,11 +16,7 @@
 #     equal across DP, expert shards equal across EDP and distinct across EP.
 set -u
 . "$(dirname "$0")/lib.sh"
-command -v mpirun >/dev/null || { skip "mpirun not installed"; finish; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
-CKPT_DIFF="${CKPT_DIFF:-$(dirname "$MOE")/ckpt_diff}"
-MPI="timeout 300 mpirun --oversubscribe"   # (each call reads </dev/null: mpirun forwards stdin)
+mpi_tests   # (each call reads </dev/null: mpirun forwards stdin)
 
 BASE="--steps 6 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --eval-batches 1 --eval-every 0
       --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2"

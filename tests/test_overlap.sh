@@ -13,11 +13,7 @@
 # gathered expert mode (--expert-mode) on ETP meshes, and auto over both knobs.
 set -u
 . "$(dirname "$0")/lib.sh"
-command -v mpirun >/dev/null || { skip "mpirun not installed"; finish; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
-CKPT_DIFF="${CKPT_DIFF:-$(dirname "$MOE")/ckpt_diff}"
-MPI="timeout 300 mpirun --oversubscribe"
+mpi_tests
 export NO_REPLICA_CHECK=1   # (these runs do not pass --check-replicas; test_mesh.sh and test_pipeline.sh do)
 BASE="--steps 4 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 16 --eval-batches 1 --eval-every 0
       --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2"
