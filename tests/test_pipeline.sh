@@ -90,6 +90,9 @@ for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --aux-form 
     else fail "$m: $label: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
   done
 done
+if mesh "$TMP/run" 4 --pp 2 --ep 2 --a2a-overlap 2 --check-replicas; then
+  mesh_close "$TMP/refc_dropless" "$TMP/run" "dropless: pp2+dp2+ep2 with the pipelined exchange (--a2a-overlap 2)"
+else fail "pp2 + a2a-overlap: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
 if mesh "$TMP/run" 4 --pp 2 --tp 1 --ep 2 --zero 1 --overlap 0 --pp-schedule interleaved --vpp 2 --check-replicas; then
   mesh_close "$TMP/refc_dropless" "$TMP/run" "dropless: interleaved pp2 vpp2 + dp2 + ep2, zero1, overlap off"
 else fail "interleaved + mesh: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
