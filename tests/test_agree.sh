@@ -69,4 +69,12 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $dt -lt 60 ] && grep -q 'moe: error:.*d
 then pass "a rank stuck before the start-up check: the job ends in ${dt}s naming the timeout"
 else fail "a stuck rank: exit $rc after ${dt}s"; tail -5 out.txt; fi
 
+# every blocking MPI call is watched (comm_world.c): rank 0 waits in a barrier the other rank never
+# reaches; with MOE_COMM_TIMEOUT_S=2 the job ends within seconds, naming the barrier
+t0=$(date +%s)
+MOE_COMM_TIMEOUT_S=2 timeout 60 mpirun --oversubscribe -x MOE_COMM_TIMEOUT_S -np 2 "$STALL" barrier > "$TMP/wd.txt" 2>&1 < /dev/null
+rc=$?; dt=$(( $(date +%s) - t0 ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $dt -lt 30 ] && grep -q "moe: error: \[rank 0\] MPI barrier on group world did not complete within 2 s (MOE_COMM_TIMEOUT_S)" "$TMP/wd.txt"; then
+  pass "a barrier one rank never reaches ends the job in ${dt}s, naming it (MPI watchdog)"
+else fail "MPI watchdog: exit $rc after ${dt}s"; tail -3 "$TMP/wd.txt"; fi
 finish

@@ -4,9 +4,14 @@
 // backend), so a failure never leaves the others waiting. The world outlives the device backend it
 // was given (mesh_enable_device), so it ends it: comm_free detaches a group's device communicator
 // and comm_world_finalize shuts the nccl backend down before MPI (comm_impl.h: intended).
+// Every blocking MPI call is watched: one that outlasts MOE_COMM_TIMEOUT_S (a peer died, hangs or
+// runs something else) prints one line naming the operation and group and ends this process, and
+// with it the job (the launcher ends the others), so no rank waits forever.
 // Must not hold: NCCL or CUDA calls (comm_nccl.c).
 #include <limits.h>
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 #include "core/common.h"
 #include "parallel/comm.h"
 #include "parallel/comm_impl.h"
@@ -32,11 +37,61 @@ static int ci(size_t n) {
 }
 #define MC(c) (*(MPI_Comm *)(c)->handle)
 
+// ---- the watchdog of blocking calls (one at a time: the ops are called from one thread)
+static struct {
+    pthread_mutex_t mu;
+    int on, rank;
+    double limit, deadline;   // deadline 0: nothing in flight
+    const char *op;
+    char group[16];
+} W = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void watch_begin(const Comm *c, const char *op) {
+    if (!W.on) return;
+    pthread_mutex_lock(&W.mu);
+    W.deadline = now_seconds() + W.limit;
+    W.op = op;
+    snprintf(W.group, sizeof W.group, "%s", c->name);
+    pthread_mutex_unlock(&W.mu);
+}
+static void watch_end(void) {
+    if (!W.on) return;
+    pthread_mutex_lock(&W.mu);
+    W.deadline = 0;
+    pthread_mutex_unlock(&W.mu);
+}
+static void *watchdog(void *arg) {
+    (void)arg;
+    for (;;) {
+        usleep(200000);
+        pthread_mutex_lock(&W.mu);
+        int late = W.deadline > 0 && now_seconds() > W.deadline;
+        char what[64];
+        snprintf(what, sizeof what, "%s on group %s", W.op ? W.op : "?", W.group);
+        pthread_mutex_unlock(&W.mu);
+        if (!late) continue;
+        fprintf(stderr, "moe: error: [rank %d] MPI %s did not complete within %g s (MOE_COMM_TIMEOUT_S): another "
+                "rank died, hangs, or runs something else\n", W.rank, what, W.limit);
+        fflush(NULL);
+        _exit(1);   // the launcher then ends every rank
+    }
+    return NULL;
+}
+static void watch_start(int rank) {
+    W.limit = comm_host_timeout_s();
+    W.rank = rank;
+    pthread_t th;
+    if (pthread_create(&th, NULL, watchdog, NULL) != 0) DIE("cannot start the MPI watchdog thread");
+    pthread_detach(th);
+    W.on = 1;
+}
+#define WATCHED(c, op, call) do { watch_begin(c, op); MPI_CHECK(call); watch_end(); } while (0)
+
 static void m_allreduce(const Comm *c, void *buf, size_t n, CommType t) {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c)));
+    WATCHED(c, "allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c)));
 }
 static void m_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
-    MPI_CHECK(MPI_Allgather(send, ci(n), mt(t), recv, ci(n), mt(t), MC(c)));
+    WATCHED(c, "allgather", MPI_Allgather(send, ci(n), mt(t), recv, ci(n), mt(t), MC(c)));
 }
 static int *ints(const size_t *a, int n) {
     int *r = xmalloc(sizeof(int) * n);
@@ -47,24 +102,24 @@ static void m_allgatherv(const Comm *c, const void *send, size_t n, void *recv, 
                          const size_t *displs, CommType t) {
     int *rc = ints(counts, c->size), *rd = ints(displs, c->size);
     int in_place = send == (const char *)recv + displs[c->rank] * comm_type_size(t);
-    MPI_CHECK(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
+    WATCHED(c, "allgatherv", MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
     free(rc); free(rd);
 }
 static void m_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
     int *rc = ints(counts, c->size);
-    MPI_CHECK(MPI_Reduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c)));
+    WATCHED(c, "reduce_scatter", MPI_Reduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c)));
     free(rc);
 }
 static void m_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                         const size_t *rc, const size_t *rd, CommType t) {
     int *a = ints(sc, c->size), *b = ints(sd, c->size), *x = ints(rc, c->size), *y = ints(rd, c->size);
-    MPI_CHECK(MPI_Alltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c)));
+    WATCHED(c, "alltoallv", MPI_Alltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c)));
     free(a); free(b); free(x); free(y);
 }
 static void m_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
-    MPI_CHECK(MPI_Bcast(buf, ci(n), mt(t), root, MC(c)));
+    WATCHED(c, "bcast", MPI_Bcast(buf, ci(n), mt(t), root, MC(c)));
 }
-static void m_barrier(const Comm *c) { MPI_CHECK(MPI_Barrier(MC(c))); }
+static void m_barrier(const Comm *c) { WATCHED(c, "barrier", MPI_Barrier(MC(c))); }
 static const CommOps mpi_ops;
 static CommReq *m_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     CommReq *r = xcalloc(1, sizeof *r);
@@ -113,7 +168,8 @@ static int m_test(CommReq *r) {
     return flag;
 }
 static void m_wait(CommReq *r) {
-    MPI_CHECK(MPI_Wait((MPI_Request *)r->impl, MPI_STATUS_IGNORE));
+    static const Comm pending = {.name = "(request)"};
+    WATCHED(&pending, "wait", MPI_Wait((MPI_Request *)r->impl, MPI_STATUS_IGNORE));
     free(r->impl);
     free(r);
 }
@@ -152,6 +208,7 @@ Comm *comm_world_init(int *argc, char ***argv) {
     w->handle = h;
     w->ops = &mpi_ops;
     moe_set_die_hook(abort_all, w->size > 1 ? w->rank : -1);
+    if (w->size > 1) watch_start(w->rank);
     return w;
 }
 
@@ -172,7 +229,7 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
     snprintf(c->name, sizeof c->name, "%s", name);
     if (world->ops != &mpi_ops) { c->ops = &comm_self_ops; c->size = 1; return c; }
     MPI_Comm *h = xmalloc(sizeof *h);
-    MPI_CHECK(MPI_Comm_split(MC(world), color, key, h));
+    WATCHED(world, "split", MPI_Comm_split(MC(world), color, key, h));
     MPI_CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(*h, &c->rank));
     MPI_CHECK(MPI_Comm_size(*h, &c->size));
