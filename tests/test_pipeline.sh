@@ -150,6 +150,8 @@ pp_fail() {   # pp_fail PHRASE NP FLAGS...
 pp_fail "n_layers 4 is not divisible by --pp 3" 3 --pp 3
 pp_fail "--pp-layers '1,2' sums to 3 layers; the model has n_layers 4" 2 --pp 2 --pp-layers 1,2
 pp_fail "--pp-layers '4' has 1 entries; --pp 2 x --vpp 1 needs 2" 2 --pp 2 --pp-layers 4
+pp_fail "--pp-layers ' 1,3' is not a comma-separated list of layer counts" 2 --pp 2 --pp-layers " 1,3"
+pp_fail "--pp-layers '1,,3' is not a comma-separated list of layer counts" 2 --pp 2 --pp-layers 1,,3
 pp_fail "needs at least as many micro-batches (--grad-accum 2) as pipeline stages (--pp 4)" 4 --pp 4 --grad-accum 2
 pp_fail "world size 3 is not divisible by tp 1 x pp 2" 3 --pp 2
 pp_fail "micro-batches (--grad-accum 3) to be a multiple of --pp 2" 2 --pp 2 --pp-schedule interleaved --vpp 2 --grad-accum 3 --batch 15

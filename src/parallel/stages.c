@@ -30,7 +30,7 @@ const char *stages_split(StageSplit *s, int L, int pp, int vpp, const char *list
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || (*end && *end != ',')) BAD("--pp-layers '%s' is not a comma-separated list of layer counts", list);
+        if (end == p || errno || (*end && *end != ',') || (*p != '-' && (*p < '0' || *p > '9'))) BAD("--pp-layers '%s' is not a comma-separated list of layer counts", list);
         if (v < 1 || v > L) BAD("--pp-layers '%s': every stage needs at least one layer and at most n_layers %d", list, L);
         if (k == S) BAD("--pp-layers '%s' has more than --pp %d x --vpp %d = %d entries", list, pp, vpp, S);
         s->first[k++] = sum;
