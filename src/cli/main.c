@@ -232,19 +232,13 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
         else if (!strcmp(val, "hf")) *(AuxForm *)p = AUX_HF;
         else DIE("%s --%s: '%s' is not one of layer, hf", from, o->name, val);
         break;
-    case O_ALLINT: {   // "all" = 0, else a positive integer
-        if (!strcmp(val, "all")) { *(int *)p = 0; break; }
-        long v = strtol(val, &end, 10);
-        if (!*val || *end || errno || v < 1 || v > 2147483647L)
-            DIE("%s --%s: '%s' is not all or a positive integer", from, o->name, val);
-        *(int *)p = (int)v;
-        break;
-    }
+    case O_ALLINT:       // "all" = 0, else a positive integer
     case O_AUTO_INT: {   // "auto" = 0, else a positive integer
-        if (!strcmp(val, "auto")) { *(int *)p = 0; break; }
+        const char *word = o->type == O_ALLINT ? "all" : "auto";
+        if (!strcmp(val, word)) { *(int *)p = 0; break; }
         long v = strtol(val, &end, 10);
         if (!*val || *end || errno || v < 1 || v > 2147483647L)
-            DIE("%s --%s: '%s' is not auto or a positive integer", from, o->name, val);
+            DIE("%s --%s: '%s' is not %s or a positive integer", from, o->name, val, word);
         *(int *)p = (int)v;
         break;
     }
