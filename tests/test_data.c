@@ -157,11 +157,39 @@ static void test_synth(void) {
     free(t1); free(t2); free(t3); free(k1); free(k2);
 }
 
+// Is window w a training window of the split? (every10: all but w % 10 == 9; tail: the first n_train)
+static int is_train_window(const Dataset *ds, size_t w) {
+    return ds->split == DATA_SPLIT_EVERY10 ? w % 10 != 9 : w < ds->n_train;
+}
+
+// The held-out tail: training windows tile [0, val_start) from 0 as far as they fit, validation windows
+// tile [val_start, n_tokens) as far as they fit, val_start = n_tokens - ceil(n_tokens * val_frac).
+static void check_tail(const Dataset *ds) {
+    size_t T = (size_t)ds->T, held = ds->n_tokens - ds->val_start;
+    EXPECT(ds->split == DATA_SPLIT_TAIL && ds->val_tokens == ds->tokens, "not a tail split");
+    EXPECT((double)held >= ds->n_tokens * ds->val_frac - 1e-6 && (double)held < ds->n_tokens * ds->val_frac + 1,
+           "held out %zu of %zu tokens at val_frac %g", held, ds->n_tokens, ds->val_frac);
+    EXPECT(ds->n_train >= 1 && ds->n_train * T + 1 <= ds->val_start && (ds->n_train + 1) * T + 1 > ds->val_start,
+           "training windows %zu do not tile [0, %zu) at T=%zu", ds->n_train, ds->val_start, T);
+    EXPECT(ds->n_val >= 1 && ds->n_val * T + 1 <= held && (ds->n_val + 1) * T + 1 > held,
+           "validation windows %zu do not tile the %zu held-out tokens at T=%zu", ds->n_val, held, T);
+    size_t bad = 0;
+    for (size_t i = 0; i < ds->n_train; i++) bad += ds->train_idx[i] != i;
+    for (size_t i = 0; i < ds->n_val; i++) bad += ds->val_off[i] != ds->val_start + i * T;
+    EXPECT(bad == 0, "tail split: %zu windows out of place", bad);
+}
+
 // Split invariants and epoch coverage for any open dataset.
 static void check_split(const Dataset *ds, int n_epochs) {
-    EXPECT(ds->n_windows == (ds->n_tokens - 1) / (size_t)ds->T, "n_windows %zu", ds->n_windows);
+    if (ds->split == DATA_SPLIT_EVERY10)
+        EXPECT(ds->n_windows == (ds->n_tokens - 1) / (size_t)ds->T, "n_windows %zu", ds->n_windows);
+    else check_tail(ds);
     EXPECT(ds->n_train + ds->n_val == ds->n_windows && ds->n_val >= 1, "train %zu val %zu windows %zu",
            ds->n_train, ds->n_val, ds->n_windows);
+    if (ds->split != DATA_SPLIT_EVERY10) {   // (every10's own checks below are the window-index ones)
+        EXPECT(ds->val_start + (ds->n_val - 1) * (size_t)ds->T + (size_t)ds->T < ds->n_tokens, "last val window overruns");
+        goto epochs;
+    }
     uint8_t *mark = xcalloc(ds->n_windows, 1);
     size_t bad = 0;
     for (size_t i = 0; i < ds->n_train; i++) {
@@ -170,7 +198,8 @@ static void check_split(const Dataset *ds, int n_epochs) {
         if (w < ds->n_windows) mark[w] |= 1;
     }
     for (size_t i = 0; i < ds->n_val; i++) {
-        size_t w = ds->val_idx[i];
+        size_t w = ds->val_off[i] / (size_t)ds->T;
+        bad += ds->val_off[i] % (size_t)ds->T != 0;
         bad += w >= ds->n_windows || w % 10 != 9 || (w < ds->n_windows && (mark[w] & 1));
         if (w < ds->n_windows) mark[w] |= 2;
     }
@@ -179,6 +208,8 @@ static void check_split(const Dataset *ds, int n_epochs) {
     EXPECT(bad == 0 && uncovered == 0, "split: %zu bad indices, %zu windows not in exactly one set", bad, uncovered);
     // last window must fit: tokens [w*T, w*T+T]
     EXPECT((ds->n_windows - 1) * (size_t)ds->T + (size_t)ds->T < ds->n_tokens, "last window overruns");
+    free(mark);
+epochs:;
 
     uint32_t *seen = xcalloc(ds->n_windows, sizeof(uint32_t));
     size_t *first = xmalloc(ds->n_train * sizeof(size_t));
@@ -193,14 +224,21 @@ static void check_split(const Dataset *ds, int n_epochs) {
             ascending += w == ds->train_idx[i];
         }
         size_t wrong = 0;
-        for (size_t w = 0; w < ds->n_windows; w++) wrong += seen[w] != (w % 10 == 9 ? 0u : 1u);
+        for (size_t w = 0; w < ds->n_windows; w++) wrong += seen[w] != (is_train_window(ds, w) ? 1u : 0u);
         EXPECT(wrong == 0, "epoch %d: %zu windows not visited exactly once", e, wrong);
         if (ds->n_train >= 100) {
             EXPECT(ascending < ds->n_train / 10, "epoch %d looks unshuffled (%zu in place)", e, ascending);
             if (e) EXPECT(same_as_e0 < ds->n_train / 10, "epoch %d repeats epoch 0's order (%zu same)", e, same_as_e0);
         }
     }
-    free(seen); free(first); free(mark);
+    free(seen); free(first);
+}
+
+typedef struct { const Dataset *ds; uint64_t i0; int n; } ValArgs;
+static void do_val_past(void *p) {
+    ValArgs *a = p;
+    int32_t *x = xmalloc((size_t)a->n * a->ds->T * 4), *y = xmalloc((size_t)a->n * a->ds->T * 4);
+    data_val_batch(a->ds, a->i0, a->n, x, y, NULL);
 }
 
 // Batch rows equal the tokens of the window data_train_window names; random access by s0.
@@ -232,18 +270,21 @@ static void check_batches(const Dataset *ds) {
         }
         EXPECT(ok, "single-row batches depend on call history at s0=%llu", (unsigned long long)s0);
     }
-    // validation: wraps around, kinds are the targets' labels
+    // validation: the last windows of the set, kinds are the targets' labels; a read past the end dies
+    // (it never wraps around to the first windows)
     int nv = ds->n_val < 4 ? (int)ds->n_val : 4;
     uint8_t *kinds = xmalloc(sz);
-    data_val_batch(ds, ds->n_val - (uint64_t)nv / 2, nv, in, tg, kinds);
+    data_val_batch(ds, ds->n_val - (uint64_t)nv, nv, in, tg, kinds);
     int ok = 1;
     for (int r = 0; r < nv; r++) {
-        size_t w = ds->val_idx[(ds->n_val - (size_t)nv / 2 + (size_t)r) % ds->n_val];
-        ok &= memcmp(in + (size_t)r * T, ds->tokens + w * T, (size_t)T * 4) == 0;
-        ok &= memcmp(tg + (size_t)r * T, ds->tokens + w * T + 1, (size_t)T * 4) == 0;
-        for (int t = 0; t < T; t++) ok &= kinds[(size_t)r * T + t] == (ds->kinds ? ds->kinds[w * T + 1 + t] : 0);
+        size_t off = ds->val_off[ds->n_val - (size_t)nv + (size_t)r];
+        ok &= memcmp(in + (size_t)r * T, ds->val_tokens + off, (size_t)T * 4) == 0;
+        ok &= memcmp(tg + (size_t)r * T, ds->val_tokens + off + 1, (size_t)T * 4) == 0;
+        for (int t = 0; t < T; t++) ok &= kinds[(size_t)r * T + t] == (ds->kinds ? ds->kinds[off + 1 + t] : 0);
     }
-    EXPECT(ok, "val batch (wrapping) does not match the val windows");
+    EXPECT(ok, "val batch does not match the val windows");
+    ValArgs va = {ds, ds->n_val - (uint64_t)nv / 2, nv};
+    if (nv >= 2) expect_death_msg("val batch past the end", do_val_past, &va, "the validation set has", NULL, 0);
     free(in8); free(tg8); free(in); free(tg); free(kinds);
 }
 
@@ -313,7 +354,8 @@ static void test_text(void) {
         data_close(&ds);
         free(raw);
     }
-    // UTF-8 text passes the binary check; exactly 10 windows (10*T+1 tokens) is enough
+    // UTF-8 text passes the binary check; 10*T+1 tokens is enough for the default tail (0.1: ceil(8.1) = 9
+    // held-out tokens, one window of T+1; 72 before it: 8 training windows)
     const char *u = "h\xc3\xa9llo w\xc3\xb6rld \xe2\x9c\x93 \xf0\x9f\x98\x80\n";
     size_t ul = strlen(u), T = 8, n = 10 * T + 1;
     char *buf = xmalloc(n);
@@ -321,8 +363,8 @@ static void test_text(void) {
     const char *p = write_bytes("utf8.txt", buf, n);
     Dataset ds;
     data_open(&ds, p, 1, (int)T);
-    EXPECT(ds.n_windows == 10 && ds.n_train == 9 && ds.n_val == 1 && ds.val_idx[0] == 9, "10-window split: %zu/%zu/%zu",
-           ds.n_windows, ds.n_train, ds.n_val);
+    EXPECT(ds.n_windows == 9 && ds.n_train == 8 && ds.n_val == 1 && ds.val_start == 72 && ds.val_off[0] == 72,
+           "81-token split: %zu/%zu/%zu from %zu", ds.n_windows, ds.n_train, ds.n_val, ds.val_start);
     check_split(&ds, 2);
     data_close(&ds);
     free(buf);
@@ -419,6 +461,58 @@ static void test_bad_text(void) {
     expect_death("T = 0", NULL, 0, "T must be");
 }
 
+// The split is the data's, not T's: the held-out tokens are the same at T = 8, 16, 64; --val-frac moves
+// the boundary; --val-data validates on its own file and trains on all of --data; the embedded corpus
+// refuses both (its split is every10).
+typedef struct { const char *path, *val; double frac; } SplitArgs;
+static void do_open_split(void *p) {
+    SplitArgs *a = p;
+    Dataset ds;
+    data_open_split(&ds, a->path, a->val, a->frac, 1, 8);
+}
+static void test_split_options(void) {
+    size_t n = 5000;
+    char *buf = xmalloc(n);
+    for (size_t i = 0; i < n; i++) buf[i] = (char)('a' + (i * 7) % 26);
+    const char *p = write_bytes("split.txt", buf, n);
+    const char *v = write_bytes("val.txt", buf, 700);
+    int Ts[3] = {8, 16, 64};
+    for (int k = 0; k < 3; k++) {
+        Dataset ds;
+        data_open(&ds, p, 1, Ts[k]);
+        EXPECT(ds.val_start == 4500, "T=%d: held-out tail starts at %zu, not 4500", Ts[k], ds.val_start);
+        check_split(&ds, 1);
+        check_batches(&ds);
+        data_close(&ds);
+    }
+    Dataset ds;
+    data_open_split(&ds, p, NULL, 0.25, 1, 16);
+    EXPECT(ds.val_start == 3750, "--val-frac 0.25: tail from %zu, not 3750", ds.val_start);
+    check_split(&ds, 1);
+    data_close(&ds);
+    data_open_split(&ds, p, v, DATA_VAL_FRAC, 1, 16);
+    EXPECT(ds.split == DATA_SPLIT_FILE && ds.n_train == (n - 1) / 16 && ds.n_val == 699 / 16,
+           "--val-data: %zu train (want %zu), %zu val (want %d)", ds.n_train, (n - 1) / 16, ds.n_val, 699 / 16);
+    int32_t x[16], y[16];
+    data_val_batch(&ds, 2, 1, x, y, NULL);
+    int ok = 1;
+    for (int t = 0; t < 16; t++) ok &= x[t] == (unsigned char)buf[32 + t] && y[t] == (unsigned char)buf[33 + t];
+    EXPECT(ok, "--val-data: window 2 does not read the validation file's tokens 32..48");
+    char desc[512];
+    data_split_desc(&ds, desc, sizeof desc);
+    EXPECT(strstr(desc, "val.txt") != NULL, "split description '%s' does not name the file", desc);
+    data_close(&ds);
+    SplitArgs a = {NULL, NULL, 0.2};
+    expect_death_msg("--val-frac on the embedded corpus", do_open_split, &a, "every 10th window", NULL, 0);
+    SplitArgs b = {NULL, v, DATA_VAL_FRAC};
+    expect_death_msg("--val-data without --data", do_open_split, &b, "--val-data needs --data", NULL, 0);
+    SplitArgs c = {p, NULL, 0.7};
+    expect_death_msg("--val-frac 0.7", do_open_split, &c, "--val-frac must be in (0, 0.5]", NULL, 0);
+    SplitArgs d = {p, NULL, 0.001};
+    expect_death_msg("a tail shorter than a window", do_open_split, &d, "--val-frac 0.001", NULL, 0);
+    free(buf);
+}
+
 int main(void) {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/moe_test_data_XXXXXX");
     CHECK(mkdtemp(tmp_dir), "mkdtemp: %s", strerror(errno));
@@ -427,6 +521,7 @@ int main(void) {
     test_text();
     test_shards();
     test_bad_text();
+    test_split_options();
     for (int i = n_made - 1; i >= 0; i--)
         if (file_exists(made_files[i]) && unlink(made_files[i]) != 0) fprintf(stderr, "cannot remove %s\n", made_files[i]);
     if (rmdir(tmp_dir) != 0) fprintf(stderr, "cannot remove %s (%s)\n", tmp_dir, strerror(errno));

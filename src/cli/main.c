@@ -2,6 +2,7 @@
 // shared by flags (--d-model 128) and JSON config files ({"d_model": 128}). Argument parsing and
 // dispatch only: the work is done in train/, model/ and data/.
 #include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -23,7 +24,7 @@
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
 typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER,
-               O_EXPERTMODE } OptType;
+               O_EXPERTMODE, O_ALLINT } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -42,22 +43,24 @@ typedef struct {
     Where where;
     size_t off, size;
     int cmds;
-    const char *help;
+    const char *help;      // per command where the commands differ (a name may have one entry per command);
+                           // --help appends "(default: X)" from the defaults unless the text says "default"
 } Opt;
 
 #define MO(f) W_MODEL, offsetof(ModelConfig, f), sizeof(((ModelConfig *)0)->f)
 #define TO(f) W_TRAIN, offsetof(TrainOptions, f), sizeof(((TrainOptions *)0)->f)
 #define CO(f) W_CLI, offsetof(CliOptions, f), sizeof(((CliOptions *)0)->f)
 static const Opt opts[] = {
-    {"preset", O_STR, CO(preset), C_TRAIN | C_INFO, "named model size (tiny, small, mixtral-8x7b, olmoe-1b-7b, ...)"},
+    {"preset", O_STR, CO(preset), C_TRAIN | C_INFO, "named model size: tiny, small, mixtral-8x7b, mixtral-8x22b, olmoe-1b-7b, peers-ref (default: tiny)"},
     {"config", O_STR, CO(config), C_TRAIN | C_INFO, "JSON file of options (keys as flags, '-' or '_'); flags override it"},
     {"ckpt", O_STR, CO(ckpt), C_SAMPLE | C_EVAL | C_INFO | C_EXPORT,
-     "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory"},
+     "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory "
+     "(required for sample, eval, export; info: default none)"},
     {"init-from", O_STR, CO(init_from), C_TRAIN,
-     "start from a Hugging Face Mixtral model directory (its config.json is the model config)"},
-    {"dump", O_STR, CO(dump), C_EVAL, "write the first batch's tokens, logits, losses, router logits to this .safetensors"},
+     "start from a Hugging Face Mixtral model directory (its config.json is the model config; default: none)"},
+    {"dump", O_STR, CO(dump), C_EVAL, "write the first batch's tokens, logits, losses, router logits to this .safetensors (default: none)"},
     {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL, "with --dump: also every tensor's gradient after one backward"},
-    {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary)"},
+    {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary; default: empty, a newline)"},
     {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
     {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
     {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL, "cpu | cuda (bf16 GEMMs) | cuda-fp32 | auto (default: cuda when a GPU is present)"},
@@ -84,9 +87,12 @@ static const Opt opts[] = {
     {"capacity-factor", O_FLOAT, MO(capacity_factor), C_TRAIN | C_INFO, "capacity = ceil(cf * tokens * k / E)"},
     // training
     {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
-    {"batch", O_INT, TO(batch), C_TRAIN | C_EVAL | C_INFO, "global batch in sequences per step"},
+    {"batch", O_INT, TO(batch), C_TRAIN | C_INFO, "global batch in sequences per step"},
+    {"batch", O_INT, TO(batch), C_EVAL,
+     "sequences per evaluation batch (default: the run's micro-batch, --batch / --grad-accum, from its run.json; else 16)"},
     {"grad-accum", O_INT, TO(grad_accum), C_TRAIN | C_INFO, "micro-batches per step (info: of the pipeline)"},
-    {"seq-len", O_INT, TO(seq_len), C_TRAIN | C_EVAL | C_INFO, "tokens per sequence T"},
+    {"seq-len", O_INT, TO(seq_len), C_TRAIN | C_INFO, "tokens per sequence T"},
+    {"seq-len", O_INT, TO(seq_len), C_EVAL, "tokens per sequence T (default: the run's, from its run.json; else 64)"},
     {"lr", O_FLOAT, TO(lr), C_TRAIN, "peak learning rate"},
     {"min-lr-frac", O_FLOAT, TO(min_lr_frac), C_TRAIN, "final lr as a fraction of --lr (cosine)"},
     {"warmup", O_INT, TO(warmup), C_TRAIN, "linear warmup steps"},
@@ -95,17 +101,33 @@ static const Opt opts[] = {
     {"beta2", O_FLOAT, TO(beta2), C_TRAIN, "AdamW beta2"},
     {"adam-eps", O_FLOAT, TO(adam_eps), C_TRAIN, "AdamW epsilon"},
     {"grad-clip", O_FLOAT, TO(grad_clip), C_TRAIN, "global gradient-norm clip (0 = off)"},
-    {"seed", O_U64, TO(seed), C_TRAIN | C_SAMPLE | C_EVAL, "seed for init, data order, jitter, sampling"},
+    {"seed", O_U64, TO(seed), C_TRAIN, "seed for init, data order, jitter, the end-of-run sample (and the embedded corpus)"},
+    {"seed", O_U64, TO(seed), C_SAMPLE, "seed of the sampler's random draws"},
+    {"seed", O_U64, TO(seed), C_EVAL,
+     "the embedded corpus's seed for a Hugging Face model (a checkpoint of ours uses the seed it was trained with)"},
     {"eval-every", O_INT, TO(eval_every), C_TRAIN, "steps between validation evaluations"},
-    {"eval-batches", O_INT, TO(eval_batches), C_TRAIN | C_EVAL, "validation micro-batches per evaluation"},
+    {"eval-batches", O_ALLINT, TO(eval_batches), C_TRAIN,
+     "validation micro-batches per evaluation, or all (a request beyond the set is clipped to it, and says so)"},
+    {"eval-batches", O_ALLINT, TO(eval_batches), C_EVAL,
+     "validation batches, or all; clipped to the set (default: the run's, from run.json beside the checkpoint; else 8)"},
     {"save-every", O_INT, TO(save_every), C_TRAIN, "steps between checkpoints (0 = at the end only, -1 = never)"},
     {"keep", O_INT, TO(keep), C_TRAIN, "checkpoints kept (0 = all)"},
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
     {"check-replicas", O_FLAG, TO(check_replicas), C_TRAIN, "at the end, check router/dense replicas are bitwise equal on every rank"},
-    {"out", O_STR, TO(out), C_TRAIN | C_EXPORT, "run directory (checkpoints, metrics.jsonl, plots); export: the HF directory"},
-    {"data", O_STR, TO(data), C_TRAIN | C_EVAL, "text file (bytes) or llm.c .bin shards (glob); default: embedded corpus"},
+    {"out", O_STR, TO(out), C_TRAIN, "run directory (checkpoints, metrics.jsonl, run.json, plots)"},
+    {"out", O_STR, TO(out), C_EXPORT, "the Hugging Face model directory to write (required; no default)"},
+    {"data", O_STR, TO(data), C_TRAIN,
+     "text file (bytes) or llm.c .bin shards (glob) (default: the embedded corpus; --resume: the run's)"},
+    {"data", O_STR, TO(data), C_EVAL,
+     "text file or llm.c .bin shards (glob) (default: the run's, from its run.json; else the embedded corpus)"},
+    {"val-frac", O_FLOAT, TO(val_frac), C_TRAIN,
+     "the last fraction of --data held out for validation, in (0, 0.5] (the embedded corpus: every 10th window)"},
+    {"val-frac", O_FLOAT, TO(val_frac), C_EVAL, "the held-out fraction of --data (default: the run's; else 0.1)"},
+    {"val-data", O_STR, TO(val_data), C_TRAIN,
+     "a separate validation file (text or shards); then all of --data trains (default: none: --data's tail)"},
+    {"val-data", O_STR, TO(val_data), C_EVAL, "a separate validation file (default: the run's; else none)"},
     {"resume", O_FLAG, TO(resume), C_TRAIN, "continue from the newest complete checkpoint in --out"},
     // parallel layout
     {"tp", O_INT, TO(tp), C_TRAIN | C_INFO, "tensor parallel size (attention heads split)"},
@@ -129,8 +151,10 @@ static const Opt opts[] = {
     {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
     {"overlap", O_INT, TO(overlap), C_TRAIN, "1: reduce gradient buckets while backward runs"},
     {"bucket-mb", O_FLOAT, TO(bucket_mb), C_TRAIN, "gradient bucket size cap in MB"},
-    {"world", O_INT, CO(world), C_INFO, "number of processes to show the mesh for"},
-    {"force", O_FLAG, TO(force), C_TRAIN | C_EXPORT, "start over in --out, deleting the run there (export: replace it)"},
+    {"world", O_INT, CO(world), C_INFO, "number of processes to show the mesh and per-rank memory for (default: none: the whole model; with "
+     "--tp/--ep/--etp/--pp alone the smallest world that holds them)"},
+    {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
+    {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
 };
 #define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
 
@@ -154,7 +178,7 @@ static void *opt_ptr(State *s, const Opt *o) {
 
 // Options naming a file or directory: an empty value is a mistake, never "the default".
 static int is_path_opt(const char *name) {
-    static const char *const paths[] = {"data", "out", "ckpt", "config", "init-from", "dump"};
+    static const char *const paths[] = {"data", "val-data", "out", "ckpt", "config", "init-from", "dump"};
     for (size_t k = 0; k < sizeof paths / sizeof *paths; k++) if (!strcmp(name, paths[k])) return 1;
     return 0;
 }
@@ -208,11 +232,13 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
         else if (!strcmp(val, "hf")) *(AuxForm *)p = AUX_HF;
         else DIE("%s --%s: '%s' is not one of layer, hf", from, o->name, val);
         break;
+    case O_ALLINT:       // "all" = 0, else a positive integer
     case O_AUTO_INT: {   // "auto" = 0, else a positive integer
-        if (!strcmp(val, "auto")) { *(int *)p = 0; break; }
+        const char *word = o->type == O_ALLINT ? "all" : "auto";
+        if (!strcmp(val, word)) { *(int *)p = 0; break; }
         long v = strtol(val, &end, 10);
         if (!*val || *end || errno || v < 1 || v > 2147483647L)
-            DIE("%s --%s: '%s' is not auto or a positive integer", from, o->name, val);
+            DIE("%s --%s: '%s' is not %s or a positive integer", from, o->name, val, word);
         *(int *)p = (int)v;
         break;
     }
@@ -246,13 +272,24 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
     if (o->where == W_MODEL) s->model_explicit = 1;
 }
 
+// The entry of name for cmd; -2: the name exists but not for cmd; -1: no such option.
+// A value from the run record (who names it): as set_opt, except that an empty path there means none.
+static void set_recorded(State *s, int i, const char *val, const char *who) {
+    if (opts[i].type == O_STR && !*val) { *(char *)opt_ptr(s, &opts[i]) = 0; s->set[i] = 1; return; }
+    set_opt(s, i, val, who);
+}
+
 static int find_opt(const char *name, int cmd) {
+    int found = -1;
     for (int i = 0; i < N_OPTS; i++) {
         const char *a = opts[i].name, *b = name;
         while (*a && (*a == *b || (*a == '-' && *b == '_'))) { a++; b++; }
-        if (!*a && !*b) return (opts[i].cmds & cmd) ? i : -2;
+        if (!*a && !*b) {
+            if (opts[i].cmds & cmd) return i;
+            found = -2;
+        }
     }
-    return -1;
+    return found;
 }
 
 static void apply_preset(State *s, const char *name) {
@@ -302,6 +339,36 @@ static void apply_config_file(State *s, const char *path, int cmd) {
     cJSON_Delete(j);
 }
 
+// The option's value as text that set_opt reads back exactly (the run record, --help's defaults,
+// the override messages).
+static void opt_text(char *buf, size_t n, const Opt *o, const void *p) {
+    int v = o->type == O_INT || o->type == O_FLAG || o->type == O_AUTO_INT || o->type == O_HIER ||
+            o->type == O_EXPERTMODE || o->type == O_ALLINT ? *(const int *)p : 0;
+    switch (o->type) {
+    case O_FLOAT: snprintf(buf, n, "%.9g", *(const float *)p); break;
+    case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
+    case O_STR: snprintf(buf, n, "%s", (const char *)p); break;
+    case O_FLAG: snprintf(buf, n, "%s", v ? "true" : "false"); break;
+    case O_DISPATCH: snprintf(buf, n, "%s", *(const DispatchMode *)p == DISPATCH_CAPACITY ? "capacity" : "dropless"); break;
+    case O_AUXFORM: snprintf(buf, n, "%s", *(const AuxForm *)p == AUX_HF ? "hf" : "layer"); break;
+    case O_SCHEDULE: snprintf(buf, n, "%s", *(const ScheduleKind *)p == SCHED_INTERLEAVED ? "interleaved" : "1f1b"); break;
+    case O_AUTO_INT: if (v == 0) snprintf(buf, n, "auto"); else snprintf(buf, n, "%d", v); break;
+    case O_ALLINT: if (v == 0) snprintf(buf, n, "all"); else snprintf(buf, n, "%d", v); break;
+    case O_HIER: if (v <= 0) snprintf(buf, n, "%s", v < 0 ? "auto" : "off"); else snprintf(buf, n, "%d", v); break;
+    case O_EXPERTMODE: snprintf(buf, n, "%s", v < 0 ? "auto" : v ? "gathered" : "sharded"); break;
+    case O_INT: snprintf(buf, n, "%d", v); break;
+    }
+}
+
+// Every option at its default: the tiny preset, train_options_default, the CLI's own.
+static void state_defaults(State *s) {
+    memset(s, 0, sizeof *s);
+    config_preset(&s->model, "tiny");
+    train_options_default(&s->train);
+    s->cli.tokens = 200;
+    s->cli.temperature = 0.8f;
+}
+
 static void usage(FILE *f, int cmd) {
     if (!cmd) {
         fprintf(f, "moe — train Mixture-of-Experts transformers in C\n\n"
@@ -314,16 +381,24 @@ static void usage(FILE *f, int cmd) {
                    "  export   write a checkpoint as a Hugging Face model directory (MixtralForCausalLM)\n");
         return;
     }
-    fprintf(f, "usage: moe %s [options]\n\noptions:\n", cmd_name(cmd));
+    static State d;   // the defaults, shown per option
+    state_defaults(&d);
+    d.model.head_dim = 0;   // (follows d-model / n-heads: said in its help)
+    fprintf(f, "usage: moe %s [options]\n\noptions (model options default to the tiny preset's values):\n",
+            cmd_name(cmd));
     for (int i = 0; i < N_OPTS; i++) {
-        if (!(opts[i].cmds & cmd)) continue;
-        const char *arg = opts[i].type == O_FLAG ? "" : opts[i].type == O_STR ? " S" : opts[i].type == O_FLOAT ? " X"
-                        : opts[i].type == O_DISPATCH || opts[i].type == O_AUXFORM || opts[i].type == O_SCHEDULE ? " MODE"
-                        : opts[i].type == O_AUTO_INT ? " N|auto" : opts[i].type == O_HIER ? " G|auto|off"
-                        : opts[i].type == O_EXPERTMODE ? " MODE" : " N";
-        char left[64];
-        snprintf(left, sizeof left, "--%s%s", opts[i].name, arg);
-        fprintf(f, "  %-22s %s\n", left, opts[i].help);
+        const Opt *o = &opts[i];
+        if (!(o->cmds & cmd)) continue;
+        const char *arg = o->type == O_FLAG ? "" : o->type == O_STR ? " S" : o->type == O_FLOAT ? " X"
+                        : o->type == O_DISPATCH ? " dropless|capacity" : o->type == O_AUXFORM ? " layer|hf"
+                        : o->type == O_SCHEDULE ? " 1f1b|interleaved" : o->type == O_AUTO_INT ? " auto|1|2|4|8"
+                        : o->type == O_HIER ? " auto|off|G" : o->type == O_EXPERTMODE ? " sharded|gathered|auto"
+                        : o->type == O_ALLINT ? " N|all" : " N";
+        char left[64], def[1100];
+        snprintf(left, sizeof left, "--%s%s", o->name, arg);
+        opt_text(def, sizeof def, o, opt_ptr(&d, o));
+        if (strstr(o->help, "default")) fprintf(f, "  %-22s %s\n", left, o->help);
+        else fprintf(f, "  %-22s %s (default: %s)\n", left, o->help, o->type == O_FLAG ? "off" : def[0] ? def : "none");
     }
     fprintf(f, "  %-22s %s\n", "--help", "this text");
 }
@@ -398,9 +473,41 @@ static int cmd_sample(State *s) {
     return 0;
 }
 
-static int opt_set(const State *s, const char *name) {
-    for (int i = 0; i < N_OPTS; i++) if (!strcmp(opts[i].name, name)) return s->set[i];
+static int opt_set(const State *s, const char *name) {   // (any command's entry of that name)
+    for (int i = 0; i < N_OPTS; i++) if (!strcmp(opts[i].name, name) && s->set[i]) return 1;
     return 0;
+}
+
+// The run's record beside a checkpoint of ours (its run directory's run.json): the options `moe eval`
+// takes from it unless given: T, the batch (the run's micro-batch), the data and its split, the
+// evaluation batches. from: where the values came from, for the output.
+static void eval_defaults(State *s, const char *ck, int hf, char *from, size_t n) {
+    char run[2100];
+    path_parent(run, sizeof run, ck);
+    cJSON *rec = hf ? NULL : run_record_read(run);
+    if (!rec) {
+        snprintf(from, n, "%s; pass --seq-len, --batch and --data to match the training run",
+                 hf ? "a Hugging Face model: the built-in defaults" : "no run.json beside the checkpoint: the built-in defaults");
+        return;
+    }
+    cJSON *o = cJSON_GetObjectItem(rec, "options");
+    static const char *const names[] = {"seq-len", "data", "val-data", "val-frac", "eval-batches"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        int i = find_opt(names[k], C_EVAL);
+        cJSON *v = cJSON_GetObjectItem(o, names[k]);
+        if (s->set[i] || !cJSON_IsString(v)) continue;
+        char who[2300];
+        snprintf(who, sizeof who, "%s/%s:", run, RUN_RECORD);
+        set_recorded(s, i, v->valuestring, who);
+        s->set[i] = 0;   // (still "not given": the record is not the user)
+    }
+    if (!opt_set(s, "batch")) {   // the run's micro-batch: what its evaluations ran
+        cJSON *b = cJSON_GetObjectItem(o, "batch"), *g = cJSON_GetObjectItem(o, "grad-accum");
+        int B = cJSON_IsString(b) ? atoi(b->valuestring) : 0, G = cJSON_IsString(g) ? atoi(g->valuestring) : 1;
+        if (B > 0 && G > 0 && B % G == 0) s->train.batch = B / G;
+    }
+    snprintf(from, n, "the options not given are the run's: %s/%s", run, RUN_RECORD);
+    cJSON_Delete(rec);
 }
 
 static int cmd_eval(State *s) {
@@ -411,26 +518,36 @@ static int cmd_eval(State *s) {
     ModelConfig c;
     pretrained_config(ck, &c);
     TrainState st;
+    char from[2200];
+    eval_defaults(s, ck, hf, from, sizeof from);
     int T = s->train.seq_len, B = s->train.batch;
     if (T < 1 || T > c.max_seq_len) DIE("--seq-len must be in 1..%d (got %d)", c.max_seq_len, T);
     if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
     if ((int64_t)B * T > config_max_tokens(&c))
         DIE("--batch %d x --seq-len %d = %lld tokens per micro-batch; this model takes at most %lld", B, T,
             (long long)B * T, (long long)config_max_tokens(&c));
-    if (s->train.eval_batches < 1) DIE("--eval-batches must be >= 1 (got %d)", s->train.eval_batches);
+    if (s->train.eval_batches < 0) DIE("--eval-batches must be all or >= 1 (got %d)", s->train.eval_batches);
+    if (s->train.val_data[0] && !s->train.data[0]) DIE("--val-data needs --data (the embedded corpus holds out its own windows)");
     Model m;
     pretrained_load(&m, ck, B, T, &st, s->train.seed, s->train.device);
     Dataset ds;
-    data_open(&ds, s->train.data[0] ? s->train.data : NULL, st.seed, T);
+    data_open_split(&ds, s->train.data[0] ? s->train.data : NULL, s->train.val_data[0] ? s->train.val_data : NULL,
+                    s->train.val_frac, st.seed, T);
     if (ds.max_token >= c.vocab_size)
         DIE("the data's vocabulary does not fit the model: token %d, vocab_size %d", ds.max_token, c.vocab_size);
     if (hf) printf("Hugging Face model %s, data %s\n", ck, ds.source);
     else printf("checkpoint %s (step %lld), data %s\n", ck, (long long)st.step, ds.source);
+    char desc[600], note[300];
+    data_split_desc(&ds, desc, sizeof desc);
     EvalResult r;
     Pipe one;   // the model alone: one stage
     pipe_init(&one, &m, NULL, 1);
     evaluate(&one, &ds, B, s->train.eval_batches, 1, &r, NULL);
     pipe_free(&one);
+    printf("T %d, batch %d, %d of the %d batches of the validation set (%zu windows); %s\n(%s)\n", T, B, r.batches,
+           r.available, ds.n_val, desc, from);
+    eval_clip_note(note, sizeof note, &r, s->train.eval_batches, B);
+    if (note[0]) printf("note: %s\n", note);
     eval_print(&r, &ds, &c);
     if (s->cli.dump[0]) {
         float aux_coef = opt_set(s, "aux-coef") ? s->model.aux_coef : c.aux_coef;
@@ -441,7 +558,7 @@ static int cmd_eval(State *s) {
         cJSON_AddStringToObject(meta, "val_loss", b);
         snprintf(b, sizeof b, "%lld", (long long)r.tokens);
         cJSON_AddStringToObject(meta, "val_tokens", b);
-        snprintf(b, sizeof b, "%d", s->train.eval_batches);
+        snprintf(b, sizeof b, "%d", r.batches);
         cJSON_AddStringToObject(meta, "eval_batches", b);
         cJSON_AddStringToObject(meta, "model", ck);
         cJSON_AddStringToObject(meta, "data", ds.source);
@@ -485,6 +602,26 @@ static void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
     }
 }
 
+// The first model option given (flag or config file) whose value differs from c's, or -1; the names
+// in allow are not compared but copied into c. a, b (64 bytes): the given and c's values.
+static int model_conflict(const State *s, ModelConfig *c, const char *const *allow, size_t n_allow, char *a, char *b) {
+    for (int i = 0; i < N_OPTS; i++) {
+        const Opt *o = &opts[i];
+        if (o->where != W_MODEL || !s->set[i]) continue;
+        int over = 0;
+        for (size_t k = 0; k < n_allow; k++) over |= !strcmp(o->name, allow[k]);
+        const void *mine = (const char *)&s->model + o->off;
+        void *theirs = (char *)c + o->off;
+        if (over) { memcpy(theirs, mine, o->size); continue; }
+        if (memcmp(mine, theirs, o->size) != 0) {
+            fmt_opt(a, 64, o, mine);
+            fmt_opt(b, 64, o, theirs);
+            return i;
+        }
+    }
+    return -1;
+}
+
 static void init_from_config(State *s, ModelConfig *c) {
     const char *dir = s->cli.init_from;
     if (s->cli.preset[0]) DIE("--init-from and --preset: the model config comes from %s/config.json", dir);
@@ -495,23 +632,11 @@ static void init_from_config(State *s, ModelConfig *c) {
         DIE("--init-from: '%s' is not a Hugging Face model directory (config.json plus model.safetensors or "
             "model.safetensors.index.json; our own checkpoints continue with --resume)", dir);
     hf_load_config(dir, c);
-    for (int i = 0; i < N_OPTS; i++) {
-        const Opt *o = &opts[i];
-        if (o->where != W_MODEL || !s->set[i]) continue;
-        int over = 0;
-        for (size_t k = 0; k < sizeof INIT_OVERRIDABLE / sizeof *INIT_OVERRIDABLE; k++)
-            over |= !strcmp(o->name, INIT_OVERRIDABLE[k]);
-        const void *mine = (const char *)&s->model + o->off;
-        void *theirs = (char *)c + o->off;
-        if (over) { memcpy(theirs, mine, o->size); continue; }
-        if (memcmp(mine, theirs, o->size) != 0) {
-            char a[64], b[64];
-            fmt_opt(a, sizeof a, o, mine);
-            fmt_opt(b, sizeof b, o, theirs);
-            DIE("--init-from %s: --%s %s contradicts its config.json (%s); drop the flag (only %s may be changed)",
-                dir, o->name, a, b, "--aux-coef, --z-coef, --jitter, --dispatch, --capacity-factor, --max-seq-len");
-        }
-    }
+    char a[64], b[64];
+    int i = model_conflict(s, c, INIT_OVERRIDABLE, sizeof INIT_OVERRIDABLE / sizeof *INIT_OVERRIDABLE, a, b);
+    if (i >= 0)
+        DIE("--init-from %s: --%s %s contradicts its config.json (%s); drop the flag (only %s may be changed)",
+            dir, opts[i].name, a, b, "--aux-coef, --z-coef, --jitter, --dispatch, --capacity-factor, --max-seq-len");
     const char *bad = config_validate(c);
     if (bad) DIE("--init-from %s: invalid model config: %s", dir, bad);
 }
@@ -571,6 +696,138 @@ static void agree_options(State *s, const Comm *world) {
     comm_agree(world, "options", items, n);
 }
 
+// What a --resume takes from the run record when not given: the data and its split, the batch, the
+// schedule, evaluation and saving. Not remembered: the mesh, the device and this invocation's paths
+// (a run may resume on another layout), and the model (the checkpoint's config.json holds it).
+static const char *const REMEMBERED[] = {"data", "val-data", "val-frac", "seq-len", "batch", "grad-accum", "steps",
+    "lr", "min-lr-frac", "warmup", "weight-decay", "beta1", "beta2", "adam-eps", "grad-clip", "seed", "eval-every",
+    "eval-batches", "save-every", "keep", "sample-tokens", "plots"};
+
+static int remembered(const char *name) {
+    for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++) if (!strcmp(name, REMEMBERED[k])) return 1;
+    return 0;
+}
+
+// The command line as a shell would take it back (arguments quoted where needed); malloc'd.
+static char *command_line(int argc, char **argv) {
+    size_t n = 1;
+    for (int a = 0; a < argc; a++) n += 4 * strlen(argv[a]) + 3;
+    char *buf = xmalloc(n), *p = buf;
+    for (int a = 0; a < argc; a++) {
+        const char *w = argv[a];
+        int plain = *w != 0;
+        for (const char *q = w; *q; q++) plain &= isalnum((unsigned char)*q) || strchr("_./=:,+-@%", *q) != NULL;
+        if (a) *p++ = ' ';
+        if (plain) { strcpy(p, w); p += strlen(w); continue; }
+        *p++ = '\'';
+        for (const char *q = w; *q; q++) {
+            if (*q == '\'') { memcpy(p, "'\\''", 4); p += 4; } else *p++ = *q;
+        }
+        *p++ = '\'';
+    }
+    *p = 0;
+    return buf;
+}
+
+// A path option's value as recorded: absolute where it names an existing file (so `moe eval` and
+// --resume find it from any directory), as given otherwise (a shard pattern).
+static void record_path(char *buf, size_t n, const char *v) {
+    char *abs = v[0] ? realpath(v, NULL) : NULL;
+    snprintf(buf, n, "%s", abs ? abs : v);
+    free(abs);
+}
+
+// --resume: the run record of --out gives every remembered option the user did not set; each one set
+// to another value than the record's is an override, printed (rank 0) and returned in *overrides
+// for the record. A model option that contradicts the checkpoint's config is refused by name.
+// Returns the previous record (NULL: none, a run of an older moe).
+static cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
+    *overrides = cJSON_CreateObject();
+    char latest[2048];
+    if (ckpt_find_latest(s->train.out, latest, sizeof latest) == 0) {
+        ModelConfig saved;
+        ckpt_load_config(latest, &saved);
+        char a[64], b[64];
+        int i = model_conflict(s, &saved, NULL, 0, a, b);
+        if (i >= 0)
+            DIE("--resume: the model options given differ from the checkpoint's config (%s/config.json): --%s %s, the "
+                "checkpoint's %s; drop --%s to continue that model", latest, opts[i].name, a, b, opts[i].name);
+    }
+    cJSON *prev = run_record_read(s->train.out);
+    if (!prev) {
+        if (rank0) printf("--resume: %s has no %s (a run of an older moe): the options are as given\n", s->train.out,
+                          RUN_RECORD);
+        return NULL;
+    }
+    cJSON *rec = cJSON_GetObjectItem(prev, "options");
+    char applied[4096] = "";
+    for (int i = 0; i < N_OPTS; i++) {
+        const Opt *o = &opts[i];
+        cJSON *v = cJSON_GetObjectItem(rec, o->name);
+        if (!(o->cmds & C_TRAIN) || !remembered(o->name) || !cJSON_IsString(v)) continue;
+        char now[1100], was[1100];
+        opt_text(now, sizeof now, o, opt_ptr(s, o));
+        if (is_path_opt(o->name)) record_path(now, sizeof now, now);
+        snprintf(was, sizeof was, "%s", v->valuestring);
+        if (!strcmp(now, was)) continue;
+        if (s->set[i]) {   // an override (floats shown short, recorded exactly)
+            char a[64], b[64];
+            if (o->type == O_FLOAT) { snprintf(a, sizeof a, "%g", strtof(now, NULL)); snprintf(b, sizeof b, "%g", strtof(was, NULL)); }
+            if (rank0) printf("--resume: --%s %s overrides the run's %s (%s/%s)\n", o->name,
+                              o->type == O_FLOAT ? a : now[0] ? now : "''", o->type == O_FLOAT ? b : was[0] ? was : "''",
+                              s->train.out, RUN_RECORD);
+            cJSON *ov = cJSON_AddObjectToObject(*overrides, o->name);
+            cJSON_AddStringToObject(ov, "recorded", was);
+            cJSON_AddStringToObject(ov, "now", now);
+            continue;
+        }
+        char who[1200];
+        snprintf(who, sizeof who, "%s/%s:", s->train.out, RUN_RECORD);
+        set_recorded(s, i, was, who);
+        size_t l = strlen(applied);
+        snprintf(applied + l, sizeof applied - l, " --%s %s", o->name, was[0] ? was : "''");
+    }
+    if (rank0 && applied[0]) printf("--resume: the run's options (%s/%s):%s\n", s->train.out, RUN_RECORD, applied);
+    return prev;
+}
+
+// The run record: the resolved options (as text set_opt reads back), the command line that started
+// the run, and each resume's command line and overrides. On a resume the model options are the
+// previous record's (the checkpoint's config holds the model; the flags may not change it).
+static char *record_build(State *s, const cJSON *prev, cJSON *overrides, int argc, char **argv) {
+    char *cl = command_line(argc, argv);
+    cJSON *j = cJSON_CreateObject(), *o = cJSON_CreateObject();
+    const cJSON *po = prev ? cJSON_GetObjectItem(prev, "options") : NULL;
+    const cJSON *pcl = prev ? cJSON_GetObjectItem(prev, "command_line") : NULL;
+    cJSON_AddStringToObject(j, "command_line", cJSON_IsString(pcl) ? pcl->valuestring : cl);
+    for (int i = 0; i < N_OPTS; i++) {
+        const Opt *op = &opts[i];
+        if (!(op->cmds & C_TRAIN) || !strcmp(op->name, "preset") || !strcmp(op->name, "config") ||
+            !strcmp(op->name, "resume") || !strcmp(op->name, "force") || !strcmp(op->name, "init-from")) continue;
+        const cJSON *pv = po ? cJSON_GetObjectItem(po, op->name) : NULL;
+        char v[1100];
+        opt_text(v, sizeof v, op, opt_ptr(s, op));
+        if (is_path_opt(op->name)) record_path(v, sizeof v, v);
+        cJSON_AddStringToObject(o, op->name, op->where == W_MODEL && cJSON_IsString(pv) ? pv->valuestring : v);
+    }
+    cJSON_AddItemToObject(j, "options", o);
+    const cJSON *pr = prev ? cJSON_GetObjectItem(prev, "resumes") : NULL;
+    cJSON *rs = cJSON_IsArray(pr) ? cJSON_Duplicate(pr, 1) : cJSON_CreateArray();
+    if (s->train.resume && prev) {
+        cJSON *one = cJSON_CreateObject();
+        cJSON_AddStringToObject(one, "command_line", cl);
+        cJSON_AddItemToObject(one, "overrides", overrides);
+        cJSON_AddItemToArray(rs, one);
+    } else {
+        cJSON_Delete(overrides);
+    }
+    cJSON_AddItemToObject(j, "resumes", rs);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    free(cl);
+    return text;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout, 0);
@@ -584,18 +841,22 @@ int main(int argc, char **argv) {
         return 2;
     }
     static State s;
-    config_preset(&s.model, "tiny");
-    train_options_default(&s.train);
-    s.cli.tokens = 200;
-    s.cli.temperature = 0.8f;
+    state_defaults(&s);
     parse(&s, cmd, argc - 2, argv + 2);
     signals_init(cmd == C_TRAIN);   // train: SIGTERM/SIGINT checkpoint and exit MOE_EXIT_PREEMPTED
     if (cmd == C_EXPORT) return cmd_export(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
+    int targc = argc;
+    char **targv = argv;   // (the command line as given, for the record: MPI may rewrite argv)
     Comm *world = comm_world_init(&argc, &argv);
+    cJSON *overrides = NULL, *prev = s.train.resume ? resume_apply(&s, comm_rank(world) == 0, &overrides) : NULL;
+    if (!overrides) overrides = cJSON_CreateObject();
     agree_options(&s, world);
     if (s.cli.init_from[0]) init_from_prepare(&s, world);
-    int rc = train_run(&s.model, &s.train, s.model_explicit, world);
+    char *record = record_build(&s, prev, overrides, targc, targv);
+    cJSON_Delete(prev);
+    int rc = train_run(&s.model, &s.train, s.model_explicit, record, world);
+    free(record);
     comm_world_finalize();
     return rc;
 }

@@ -1,10 +1,11 @@
 // data.c — loading token streams (synthetic corpus, text files as bytes, llm.c .bin shards),
-// the train/val window split, per-epoch shuffles, and the deterministic batch readers.
+// the train/val split (held-out tail, a --val-data file, or every 10th window of the embedded corpus), per-epoch shuffles, and the deterministic batch readers.
 #define _POSIX_C_SOURCE 200809L
 #include "data/data.h"
 #include "core/common.h"
 #include "core/rng.h"
 #include <errno.h>
+#include <math.h>
 #include <glob.h>
 #include <pthread.h>
 #include <string.h>
@@ -234,45 +235,127 @@ static void load_synthetic(Dataset *ds, uint64_t seed, int T) {
     snprintf(ds->source, sizeof ds->source, "synthetic(seed=%llu)", (unsigned long long)seed);
 }
 
-void data_open(Dataset *ds, const char *path, uint64_t seed, int T) {
-    memset(ds, 0, sizeof *ds);
-    CHECK(T >= 1, "data: sequence length T must be >= 1 (got %d)", T);
+// Loads the tokens of path (NULL: the synthetic corpus) into ds, with max_token.
+static void load_source(Dataset *ds, const char *path, uint64_t seed, int T) {
     size_t plen = path ? strlen(path) : 0;
     if (!path) load_synthetic(ds, seed, T);
     else if ((plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?[")) load_shards(ds, path);
     else load_text(ds, path);
-
     ds->max_token = -1;
     for (size_t i = 0; i < ds->n_tokens; i++) if (ds->tokens[i] > ds->max_token) ds->max_token = ds->tokens[i];
+}
+
+// The held-out tail of n tokens: ceil(n * f) (f is a decimal the user typed, read as a float: rounded
+// back to 6 digits so that 0.1 holds out 8 of 80 tokens, not 9).
+static size_t tail_tokens(size_t n, double f) {
+    double fd = round(f * 1e6) / 1e6;
+    return (size_t)ceil((double)n * fd - 1e-9);
+}
+static size_t windows_in(size_t n, int T) { return n >= (size_t)T + 1 ? (n - 1) / (size_t)T : 0; }
+static int tail_fits(size_t n, double f, int T) {
+    size_t held = tail_tokens(n, f);
+    return held <= n && windows_in(held, T) >= 1 && windows_in(n - held, T) >= 1;
+}
+
+void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed, int T) {
+    memset(ds, 0, sizeof *ds);
+    CHECK(T >= 1, "data: sequence length T must be >= 1 (got %d)", T);
+    if (!path && val_path) DIE("--val-data needs --data: the embedded corpus holds out its own windows");
+    if (!(val_frac > 0 && val_frac <= 0.5)) DIE("--val-frac must be in (0, 0.5] (got %g)", val_frac);
+    if (!path && fabs(val_frac - DATA_VAL_FRAC) > 1e-6)
+        DIE("--val-frac %g: the embedded corpus holds out every 10th window (its split is fixed); --val-frac "
+            "applies to --data files", val_frac);
+    load_source(ds, path, seed, T);
     ds->T = T;
     ds->seed = seed;
-    size_t need = (size_t)MIN_WINDOWS * (size_t)T + 1;
-    if (ds->n_tokens < need)
-        DIE("%s has %zu tokens, too few for T=%d: need at least %zu (%d windows of T+1 tokens at stride T, "
-            "so that one is a validation window)", path ? path : "the synthetic corpus", ds->n_tokens, T, need,
-            MIN_WINDOWS);
-    ds->n_windows = (ds->n_tokens - 1) / (size_t)T;
-    ds->n_val = ds->n_windows / 10;
-    ds->n_train = ds->n_windows - ds->n_val;
+    ds->val_frac = val_frac;
+    size_t first_val = 0, val_avail = 0;   // tail / file: where the validation windows start, tokens they tile
+    if (!path) {
+        ds->split = DATA_SPLIT_EVERY10;
+        size_t need = (size_t)MIN_WINDOWS * (size_t)T + 1;
+        if (ds->n_tokens < need)
+            DIE("the synthetic corpus has %zu tokens, too few for T=%d: need at least %zu (%d windows of T+1 tokens "
+                "at stride T, so that one is a validation window)", ds->n_tokens, T, need, MIN_WINDOWS);
+        ds->n_windows = (ds->n_tokens - 1) / (size_t)T;
+        ds->n_val = ds->n_windows / 10;
+        ds->n_train = ds->n_windows - ds->n_val;
+        ds->val_tokens = ds->tokens;
+        ds->val_kinds = ds->kinds;
+    } else if (val_path) {
+        ds->split = DATA_SPLIT_FILE;
+        Dataset v;
+        memset(&v, 0, sizeof v);
+        load_source(&v, val_path, seed, T);
+        snprintf(ds->val_source, sizeof ds->val_source, "%s", v.source);
+        if (v.max_token > ds->max_token) ds->max_token = v.max_token;
+        if (v.vocab_size > ds->vocab_size) ds->vocab_size = v.vocab_size;
+        ds->own_val = v.tokens;
+        ds->val_tokens = v.tokens;
+        val_avail = v.n_tokens;
+        if (windows_in(ds->n_tokens, T) < 1)
+            DIE("%s has %zu tokens, too few for T=%d: need at least %d (one window of T+1 tokens)", path,
+                ds->n_tokens, T, T + 1);
+        if (windows_in(val_avail, T) < 1)
+            DIE("--val-data %s has %zu tokens, too few for T=%d: need at least %d (one window of T+1 tokens)",
+                val_path, val_avail, T, T + 1);
+        ds->n_train = windows_in(ds->n_tokens, T);
+    } else {
+        ds->split = DATA_SPLIT_TAIL;
+        if (!tail_fits(ds->n_tokens, val_frac, T)) {
+            size_t need = (size_t)T + 1;
+            while (!tail_fits(need, val_frac, T)) need++;
+            DIE("%s has %zu tokens, too few for T=%d: need at least %zu (a window of T+1 tokens before the held-out "
+                "tail, and one in it: --val-frac %g)", path, ds->n_tokens, T, need, val_frac);
+        }
+        size_t held = tail_tokens(ds->n_tokens, val_frac);
+        ds->val_start = first_val = ds->n_tokens - held;
+        ds->val_tokens = ds->tokens;
+        val_avail = held;
+        ds->n_train = windows_in(ds->val_start, T);
+    }
+    if (ds->split != DATA_SPLIT_EVERY10) {
+        ds->n_val = windows_in(val_avail, T);
+        ds->n_windows = ds->n_train + ds->n_val;
+    }
     CHECK(ds->n_train <= UINT32_MAX, "data: %zu training windows is more than this loader supports (2^32 - 1)",
           ds->n_train);
     ds->train_idx = xmalloc(ds->n_train * sizeof(size_t));
-    ds->val_idx = xmalloc(ds->n_val * sizeof(size_t));
+    ds->val_off = xmalloc(ds->n_val * sizeof(size_t));
     size_t nt = 0, nv = 0;
-    for (size_t w = 0; w < ds->n_windows; w++) {
-        if (w % 10 == 9) ds->val_idx[nv++] = w;
-        else ds->train_idx[nt++] = w;
+    if (ds->split == DATA_SPLIT_EVERY10) {
+        for (size_t w = 0; w < ds->n_windows; w++) {
+            if (w % 10 == 9) ds->val_off[nv++] = w * (size_t)T;
+            else ds->train_idx[nt++] = w;
+        }
+    } else {
+        for (size_t w = 0; w < ds->n_train; w++) ds->train_idx[w] = w;
+        for (size_t i = 0; i < ds->n_val; i++) ds->val_off[i] = first_val + i * (size_t)T;
     }
     ds->perm_cache = xcalloc(1, sizeof *ds->perm_cache);
     int rc = pthread_mutex_init(&ds->perm_cache->lock, NULL);
     CHECK(rc == 0, "data: cannot create a mutex (%s)", strerror(rc));
 }
 
+void data_open(Dataset *ds, const char *path, uint64_t seed, int T) {
+    data_open_split(ds, path, NULL, DATA_VAL_FRAC, seed, T);
+}
+
+void data_split_desc(const Dataset *ds, char *buf, size_t n) {
+    if (ds->split == DATA_SPLIT_EVERY10)
+        snprintf(buf, n, "validation: every 10th window of %d+1 tokens (the embedded corpus)", ds->T);
+    else if (ds->split == DATA_SPLIT_FILE)
+        snprintf(buf, n, "validation: --val-data %s, %zu windows; all of --data trains", ds->val_source, ds->n_val);
+    else
+        snprintf(buf, n, "validation: the held-out tail, the last %g%% of the tokens (%zu from token %zu)",
+                 100 * round(ds->val_frac * 1e6) / 1e6, ds->n_tokens - ds->val_start, ds->val_start);
+}
+
 void data_close(Dataset *ds) {
     free(ds->tokens);
     free(ds->kinds);
     free(ds->train_idx);
-    free(ds->val_idx);
+    free(ds->val_off);
+    free(ds->own_val);
     if (ds->perm_cache) {
         pthread_mutex_destroy(&ds->perm_cache->lock);
         free(ds->perm_cache->perm[0]);
@@ -306,12 +389,17 @@ void data_train_batch(const Dataset *ds, uint64_t s0, int n, int32_t *inputs, in
 
 void data_val_batch(const Dataset *ds, uint64_t i0, int n, int32_t *inputs, int32_t *targets, uint8_t *kinds) {
     CHECK(n >= 0, "data_val_batch: negative batch size %d", n);
+    CHECK(i0 <= ds->n_val && (uint64_t)n <= ds->n_val - i0,
+          "data: validation sequences %llu..%llu requested, the validation set has %zu", (unsigned long long)i0,
+          (unsigned long long)(i0 + (uint64_t)n), ds->n_val);
     size_t T = (size_t)ds->T;
     for (int r = 0; r < n; r++) {
-        size_t w = ds->val_idx[(i0 + (uint64_t)r) % ds->n_val];
-        copy_window(ds, w, inputs + (size_t)r * T, targets + (size_t)r * T);
+        size_t off = ds->val_off[i0 + (uint64_t)r];
+        const int32_t *src = ds->val_tokens + off;
+        memcpy(inputs + (size_t)r * T, src, T * sizeof(int32_t));
+        memcpy(targets + (size_t)r * T, src + 1, T * sizeof(int32_t));
         if (!kinds) continue;
-        if (ds->kinds) memcpy(kinds + (size_t)r * T, ds->kinds + w * T + 1, T);
+        if (ds->val_kinds) memcpy(kinds + (size_t)r * T, ds->val_kinds + off + 1, T);
         else memset(kinds + (size_t)r * T, 0, T);
     }
 }

@@ -1,8 +1,16 @@
 // data.h — token sources (embedded synthetic corpus, any text file as bytes, llm.c .bin shards),
 // the train/val split, and deterministic batches. Must not hold: anything about the model.
 //
-// Split: the token stream is cut into windows of T+1 tokens (stride T). Every 10th window
-// (index % 10 == 9) is validation, the rest training. Training windows are visited in a
+// Split (data_open_split), fixed by the data, not by T, except for the embedded corpus:
+//   text files and shards ("tail"): the last ceil(n_tokens * val_frac) tokens are held out; training
+//     windows of T+1 tokens at stride T tile the tokens before them from 0, validation windows tile
+//     the held-out tail from its first token (a window never crosses the boundary).
+//   --val-data FILE ("file"): all of --data trains, FILE's windows (from 0, stride T) validate.
+//   the embedded synthetic corpus ("every10"): windows of T+1 at stride T; every 10th window
+//     (index % 10 == 9) is validation. Its lines are independent draws, so an interleaved split
+//     holds nothing out that the training windows contain beyond chance repeats; it stays as it was
+//     so that runs on it keep their training windows and per-kind tables.
+// Training windows are visited in a
 // seeded random permutation per epoch (epoch e: Fisher-Yates over train_idx with an Rng seeded by
 // seed ^ (e * 0x9E3779B97F4A7C15)); the global sequence counter s picks window
 // train_idx[perm_{s / n_train}[s % n_train]], so the data position is one integer and a resumed
@@ -13,6 +21,9 @@
 #include <stdint.h>
 
 #define DATA_MAX_KINDS 8
+#define DATA_VAL_FRAC 0.1        // default held-out fraction of a --data source (--val-frac)
+
+typedef enum { DATA_SPLIT_EVERY10, DATA_SPLIT_TAIL, DATA_SPLIT_FILE } DataSplit;
 
 typedef struct {
     // the whole token stream
@@ -28,9 +39,16 @@ typedef struct {
     // split
     int T;
     uint64_t seed;
-    size_t n_windows, n_train, n_val;
-    size_t *train_idx;       // window indices that are training windows (ascending)
-    size_t *val_idx;         // window indices that are validation windows
+    DataSplit split;
+    double val_frac;         // tail: the held-out fraction
+    size_t val_start;        // tail: the first held-out token (tokens before it train)
+    char val_source[256];    // file: the validation source ("text:path", ...); else ""
+    size_t n_windows, n_train, n_val;   // n_windows = n_train + n_val
+    size_t *train_idx;       // training windows (ascending): window w reads tokens [w*T, w*T+T]
+    const int32_t *val_tokens;          // the stream validation windows read (tokens, or --val-data's)
+    const uint8_t *val_kinds;           // its kind labels, or NULL
+    size_t *val_off;         // token offset in val_tokens of each validation window (ascending)
+    int32_t *own_val;        // private: --val-data's tokens (freed by data_close)
     struct DataPermCache *perm_cache;  // private to data.c: cached per-epoch permutations (+ lock)
 } Dataset;
 
@@ -40,15 +58,23 @@ typedef struct {
 // words (magic, version, token count, rest unused), then the tokens, little-endian.
 // Otherwise: any file, bytes as tokens (vocab 256).
 // Dies with a clear message on a missing/empty/unreadable/malformed file or too little data for T.
-void data_open(Dataset *ds, const char *path, uint64_t seed, int T);
+void data_open(Dataset *ds, const char *path, uint64_t seed, int T);   // the default split (val_frac 0.1)
+// The same with the split chosen: val_path (NULL: none) is a separate validation source, loaded as
+// path is (text or shards); otherwise val_frac in (0, 0.5] of a --data source is held out as its
+// tail. The embedded corpus (path NULL) takes neither (its split is every10; val_frac must be the
+// default). Dies naming the option when a region is too short for one window of T+1 tokens.
+void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed, int T);
+// One line describing the split ("held out: the last 10% (111540 tokens)", ...) into buf.
+void data_split_desc(const Dataset *ds, char *buf, size_t n);
 void data_close(Dataset *ds);
 
 // Training sequences s0 .. s0+n-1 of the global sequence counter: inputs/targets (n, T).
 void data_train_batch(const Dataset *ds, uint64_t s0, int n, int32_t *inputs, int32_t *targets);
 // The window index (into the token stream, tokens [w*T, w*T+T]) that training sequence s reads.
 size_t data_train_window(const Dataset *ds, uint64_t s);
-// Validation sequences i0 .. i0+n-1 (wrapping around the val set). kinds (n, T) of the
-// target tokens may be NULL (filled with 0 when the dataset has no kind labels).
+// Validation sequences i0 .. i0+n-1, within the val set (i0 + n <= n_val: it never wraps; dies
+// otherwise). kinds (n, T) of the target tokens may be NULL (filled with 0 when the dataset has
+// no kind labels).
 void data_val_batch(const Dataset *ds, uint64_t i0, int n, int32_t *inputs, int32_t *targets, uint8_t *kinds);
 
 // The synthetic corpus on its own (for tests / moe eval): n_bytes of text from seed,

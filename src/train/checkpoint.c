@@ -157,7 +157,7 @@ int ckpt_find_latest(const char *out_dir, char *buf, size_t n) {
     return 0;
 }
 
-static const char *const run_files[] = {"metrics.jsonl", "loss.png", "expert_load.png"};
+static const char *const run_files[] = {"metrics.jsonl", "loss.png", "expert_load.png", RUN_RECORD};
 
 int ckpt_run_present(const char *out, char *what, size_t n) {
     char **names, p[CK_PATH];
@@ -495,4 +495,28 @@ void ckpt_commit(const char *dir_in, const ModelConfig *c, const TrainState *st)
     fsync_dir(par);
     remove_tree(old);
     fsync_dir(par);
+}
+
+void run_record_write(const char *out, const char *text) {
+    char p[CK_PATH], tmp[CK_PATH + 8];
+    join_path(p, sizeof p, out, RUN_RECORD);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    FILE *f = xfopen(tmp, "w");
+    xfwrite(text, 1, strlen(text), f, tmp);
+    xfwrite("\n", 1, 1, f, tmp);
+    xfclose(f, tmp);
+    if (rename(tmp, p) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, p, strerror(errno));
+    fsync_dir(out);
+}
+
+struct cJSON *run_record_read(const char *dir) {
+    char p[CK_PATH];
+    join_path(p, sizeof p, dir, RUN_RECORD);
+    if (!file_exists(p)) return NULL;
+    long at = 0;
+    cJSON *j = json_read_file("run record", NULL, p, &at);
+    if (!cJSON_IsObject(j) || !cJSON_IsObject(cJSON_GetObjectItem(j, "options")))
+        DIE("'%s' is not a run record (a JSON object with \"options\"; error near byte %ld); delete it to go on "
+            "without one", p, j ? 0L : at);
+    return j;
 }

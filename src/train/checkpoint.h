@@ -61,6 +61,14 @@ int ckpt_run_present(const char *out, char *what, size_t n);
 // Deletes the run in out (every step_* entry, metrics.jsonl, the plots); dies naming what it could
 // not remove. Callers validate everything that can fail first.
 void ckpt_run_clear(const char *out);
+// The run record OUT/run.json (written by `moe train`, rank 0): the resolved options, the command
+// line and the resumes with their overrides. run_record_write replaces it atomically (tmp, fsync,
+// rename); run_record_read gives it parsed (cJSON object with an "options" object), NULL when dir
+// holds none, and dies naming the file when it is not one.
+#define RUN_RECORD "run.json"
+struct cJSON;
+void run_record_write(const char *out, const char *text);
+struct cJSON *run_record_read(const char *dir);
 // Keeps the newest `keep` complete checkpoints of out (0: all); warns about any it cannot remove.
 void ckpt_prune(const char *out, int keep);
 

@@ -21,8 +21,10 @@ void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, 
     // the routing per kind below reads each layer's choices on the host
     for (int l = 0; r->n_kinds && l < L; l++) if (model_holds_layer(m, l)) model_moe(m, l, 0)->host_router_out = 1;
     if (r->n_kinds) r->kind_expert = xcalloc((size_t)r->n_kinds * L * E, sizeof(int64_t));
+    r->available = eval_batches_available(ds, B);
+    r->batches = n_batches <= 0 || n_batches > r->available ? r->available : n_batches;
     double sum = 0;
-    for (int b = 0; b < n_batches; b++) {
+    for (int b = 0; b < r->batches; b++) {
         data_val_batch(ds, (uint64_t)b * B + (uint64_t)dp_rank * Bl, Bl, x, y, kinds);
         pipe_forward_all(p, x, y, Bl, T);
         pipe_losses(p, losses, N);
@@ -59,6 +61,21 @@ void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, 
 }
 
 void eval_result_free(EvalResult *r) { free(r->kind_expert); r->kind_expert = NULL; }
+
+int eval_batches_available(const Dataset *ds, int B) {
+    size_t n = B > 0 ? ds->n_val / (size_t)B : 0;
+    if (n < 1)
+        DIE("the validation set holds %zu windows of %d+1 tokens, fewer than one evaluation batch of %d sequences; "
+            "lower the batch%s", ds->n_val, ds->T, B, ds->split == DATA_SPLIT_TAIL ? ", raise --val-frac or pass "
+            "--val-data FILE" : ds->split == DATA_SPLIT_FILE ? " or pass a longer --val-data file" : "");
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+void eval_clip_note(char *buf, size_t n, const EvalResult *r, int requested, int B) {
+    if (requested <= 0 || r->batches >= requested) { if (n) buf[0] = 0; return; }
+    snprintf(buf, n, "--eval-batches %d exceeds the validation set (%d whole batches of %d sequences): evaluated %d",
+             requested, r->available, B, r->batches);
+}
 
 void eval_print(const EvalResult *r, const Dataset *ds, const ModelConfig *c) {
     printf("val loss %.4f (perplexity %.2f) over %lld tokens\n", r->loss, exp(r->loss), (long long)r->tokens);

@@ -21,6 +21,7 @@ void train_options_default(TrainOptions *o) {
     o->seed = 1;
     o->eval_every = 100;
     o->eval_batches = 8;
+    o->val_frac = 0.1f;
     o->save_every = 0;
     o->keep = 2;
     o->sample_tokens = 200;
@@ -57,7 +58,9 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (!(o->adam_eps > 0 && o->adam_eps <= 1)) BAD("--adam-eps must be in (0, 1] (got %g)", o->adam_eps);
     if (!(o->grad_clip >= 0 && isfinite(o->grad_clip))) BAD("--grad-clip must be >= 0 and finite (got %g)", o->grad_clip);
     if (o->eval_every < 0) BAD("--eval-every must be >= 0 (got %d)", o->eval_every);
-    if (o->eval_batches < 1) BAD("--eval-batches must be >= 1 (got %d)", o->eval_batches);
+    if (o->eval_batches < 0) BAD("--eval-batches must be all or >= 1 (got %d)", o->eval_batches);
+    if (!(o->val_frac > 0 && o->val_frac <= 0.5)) BAD("--val-frac must be in (0, 0.5] (got %g)", o->val_frac);
+    if (o->val_data[0] && !o->data[0]) BAD("--val-data needs --data (the embedded corpus holds out its own windows)");
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (o->sample_tokens < 0) BAD("--sample-tokens must be >= 0 (got %d)", o->sample_tokens);

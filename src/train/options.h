@@ -18,7 +18,7 @@ typedef struct {
     float grad_clip;        // global-norm clip; 0 = off
     uint64_t seed;          // init, data order, jitter
     int eval_every;         // steps between val-loss evaluations (0 = only at the end)
-    int eval_batches;       // val micro-batches per evaluation
+    int eval_batches;       // val micro-batches per evaluation (0 = the whole validation set)
     int save_every;         // steps between checkpoints (0 = only at the end, -1 = never: benchmarks)
     int keep;               // checkpoints kept (older ones removed); 0 = keep all
     int sample_tokens;      // tokens sampled at the end of the run (0 = none)
@@ -40,6 +40,8 @@ typedef struct {
     float a2a_retune;       // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
+    char val_data[1024];    // "" = the held-out tail of --data (val_frac); else the validation file
+    float val_frac;         // the fraction of --data held out as its tail (default 0.1)
     char device[16];        // cpu | cuda | "" (auto)
 } TrainOptions;
 

@@ -48,7 +48,8 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
     if (bad) DIE("%s", bad);
     // the data first: a bad data file fails before the run directory is touched
     Dataset ds;
-    data_open(&ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
+    data_open_split(&ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac, o->seed,
+                    o->seq_len);
     if (ds.max_token >= c->vocab_size)
         DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", hf_dir, ds.source,
             ds.max_token, c->vocab_size);

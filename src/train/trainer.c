@@ -266,6 +266,15 @@ static void print_header(const Run *r, const MeshShape *shape) {
            c->d_ff, c->vocab_size, c->dispatch == DISPATCH_CAPACITY ? "capacity dispatch" : "dropless dispatch");
     fprintf(out, "data: %s, %zu tokens, %zu train / %zu val windows of %d\n", r->ds.source, r->ds.n_tokens,
            r->ds.n_train, r->ds.n_val, o->seq_len);
+    char desc[512];
+    if (r->ds.split != DATA_SPLIT_EVERY10) {   // (the embedded corpus's header stays as it always was)
+        data_split_desc(&r->ds, desc, sizeof desc);
+        fprintf(out, "  %s\n", desc);
+    }
+    int avail = eval_batches_available(&r->ds, o->batch / o->grad_accum);
+    if (o->eval_batches > avail)
+        fprintf(out, "  note: --eval-batches %d exceeds the validation set (%d whole batches of %d sequences): each "
+                "evaluation takes those %d\n", o->eval_batches, avail, o->batch / o->grad_accum, avail);
     fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n", o->steps,
            o->batch, o->grad_accum, o->batch / o->grad_accum, o->seq_len, o->lr, r->be->name);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
@@ -274,7 +283,9 @@ static void print_header(const Run *r, const MeshShape *shape) {
 // The ranks read the same tokens (the options agree already: main.c; here the files' contents).
 static void agree_data(const Dataset *ds, const Comm *world) {
     if (comm_size(world) == 1) return;
-    AgreeItem it = {"--data contents", hash_bytes(ds->tokens, ds->n_tokens * sizeof(int32_t), ds->n_tokens), ""};
+    uint64_t h = hash_bytes(ds->tokens, ds->n_tokens * sizeof(int32_t), ds->n_tokens);
+    if (ds->own_val) h = hash_bytes(ds->own_val, (ds->n_val * (size_t)ds->T + 1) * sizeof(int32_t), h);   // --val-data
+    AgreeItem it = {"--data contents", h, ""};
     snprintf(it.shown, sizeof it.shown, "%zu tokens, hash %016llx", ds->n_tokens, (unsigned long long)it.hash);
     comm_agree(world, "data", &it, 1);
 }
@@ -296,8 +307,10 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
 
     // data first: a bad data file must fail before anything in the output directory is touched
-    data_open(&r->ds, o->data[0] ? o->data : NULL, o->seed, o->seq_len);
+    data_open_split(&r->ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac, o->seed,
+                    o->seq_len);
     agree_data(&r->ds, world);
+    eval_batches_available(&r->ds, o->batch / o->grad_accum);   // one evaluation batch at least, or stop here
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
 
@@ -567,9 +580,10 @@ free_all:
     mesh_free(&r->mesh);
 }
 
-int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit, Comm *world) {
+int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit, const char *record, Comm *world) {
     Run r;
     run_open(&r, cfg, o, model_explicit, world);
+    if (record && r.rank0) run_record_write(o->out, record);   // the directory is ready (cleared by --force)
     StepStats s = {.counts = r.counts};
     for (int step = r.first; step < o->steps; step++) {
         if (r.profile && step == r.first + 1) backend_profile_reset();   // the first step warms up

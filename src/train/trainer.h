@@ -7,5 +7,6 @@
 
 // model_explicit: the user set model options (a preset, config file or model flag); on --resume
 // they must then match the checkpoint's config. Returns the process exit code.
-// world: the process group (size 1 for one process); the mesh comes from o->tp/ep/etp/pp.
-int train_run(const ModelConfig *c, const TrainOptions *o, int model_explicit, Comm *world);
+// record: the run record (JSON text) rank 0 writes to OUT/run.json once the directory is ready (NULL:
+// none). world: the process group (size 1 for one process); the mesh comes from o->tp/ep/etp/pp.
+int train_run(const ModelConfig *c, const TrainOptions *o, int model_explicit, const char *record, Comm *world);
