@@ -16,6 +16,7 @@
 #                               metrics.jsonl, one per line, as printed (strings, for exact comparison)
 #   mean / mean_last N / mean_first N   arithmetic mean of numbers on stdin (all, last N, first N)
 #   fcmp A OP B                 float comparison with awk (OP one of < <= > >= ==); exit status 0 if true
+#   small_fixture               cd to $W; SMALL, MODEL, EVAL option arrays for small, fast runs
 #   mpi_tests                   the mpirun tests' environment (MPI, CKPT_DIFF); skips without mpirun
 #   maxrel A B                  largest relative difference between two files of numbers
 #   mesh_close REF RUN LABEL    a mesh run against the one-process reference, at the mesh tolerances
@@ -139,6 +140,16 @@ fcmp() { awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN {
   a += 0; b += 0
   r = (op == "<") ? a < b : (op == "<=") ? a <= b : (op == ">") ? a > b : (op == ">=") ? a >= b : (op == "==") ? a == b : 0
   exit !r }'; }
+
+# small_fixture: the bad-input tests' setting: work in $W (under $TMP), and the option sets of a small,
+# fast run: SMALL (training), MODEL (a tiny model), EVAL (eval's batch).
+small_fixture() {
+  W="$TMP/w"
+  mkdir -p "$W" && cd "$W" || exit 1
+  SMALL=(--batch 4 --seq-len 16 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet)
+  MODEL=(--d-model 32 --n-heads 2 --n-kv-heads 1 --d-ff 48 --n-layers 1)
+  EVAL=(--batch 4 --seq-len 16 --eval-batches 1)
+}
 
 # mpi_tests: the setting of the mpirun tests (skips the script where mpirun is missing): root allowed,
 # one OpenMP thread per rank, ranks oversubscribed on the 2-core machine, MPI (the launcher, bounded

@@ -9,11 +9,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 
-W="$TMP/w"
-mkdir -p "$W" && cd "$W" || exit 1
-SMALL=(--batch 4 --seq-len 16 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet)
-MODEL=(--d-model 32 --n-heads 2 --n-kv-heads 1 --d-ff 48 --n-layers 1)
-EVAL=(--batch 4 --seq-len 16 --eval-batches 1)
+small_fixture
 
 # crc32 of a file as 8 hex digits (the CRC in a gzip trailer is the zlib crc32 checksums.json uses)
 crc32() { gzip -c <"$1" | tail -c 8 | od -An -tx4 -N4 | tr -d ' \n'; }

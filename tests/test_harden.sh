@@ -9,11 +9,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 
-W="$TMP/w"
-mkdir -p "$W" && cd "$W" || exit 1
-SMALL=(--batch 4 --seq-len 16 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet)
-MODEL=(--d-model 32 --n-heads 2 --n-kv-heads 1 --d-ff 48 --n-layers 1)
-EVAL=(--batch 4 --seq-len 16 --eval-batches 1)
+small_fixture
 
 run_ok "fixture: a run with checkpoints at steps 2 and 4" \
   "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 4 --save-every 2 --keep 0 --out run
