@@ -184,6 +184,30 @@ static int is_path_opt(const char *name) {
 }
 
 // Parse value text into the option; `from` names the source for messages.
+// The options whose values are words (and, for some, also a positive integer): each word's value
+// (the enums are int-sized), and what --help shows.
+typedef struct {
+    OptType type;
+    const char *usage;
+    int int_ok;
+    int n;
+    const char *w[3];
+    int v[3];
+} WordSet;
+static const WordSet word_sets[] = {
+    {O_DISPATCH, "dropless|capacity", 0, 2, {"dropless", "capacity"}, {DISPATCH_DROPLESS, DISPATCH_CAPACITY}},
+    {O_AUXFORM, "layer|hf", 0, 2, {"layer", "hf"}, {AUX_LAYER, AUX_HF}},
+    {O_SCHEDULE, "1f1b|interleaved", 0, 2, {"1f1b", "interleaved"}, {SCHED_1F1B, SCHED_INTERLEAVED}},
+    {O_EXPERTMODE, "sharded|gathered|auto", 0, 3, {"sharded", "gathered", "auto"}, {0, 1, -1}},
+    {O_AUTO_INT, "auto|1|2|4|8", 1, 1, {"auto"}, {0}},
+    {O_ALLINT, "N|all", 1, 1, {"all"}, {0}},
+    {O_HIER, "auto|off|G", 1, 2, {"auto", "off"}, {-1, 0}},
+};
+static const WordSet *word_set(OptType t) {
+    for (size_t k = 0; k < sizeof word_sets / sizeof word_sets[0]; k++) if (word_sets[k].type == t) return &word_sets[k];
+    return NULL;
+}
+
 static void set_opt(State *s, int i, const char *val, const char *from) {
     const Opt *o = &opts[i];
     void *p = opt_ptr(s, o);
@@ -227,47 +251,20 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
         else if (!strcmp(val, "0") || !strcmp(val, "false")) *(int *)p = 0;
         else DIE("%s --%s: '%s' is not true/false", from, o->name, val);
         break;
-    case O_AUXFORM:
-        if (!strcmp(val, "layer")) *(AuxForm *)p = AUX_LAYER;
-        else if (!strcmp(val, "hf")) *(AuxForm *)p = AUX_HF;
-        else DIE("%s --%s: '%s' is not one of layer, hf", from, o->name, val);
-        break;
-    case O_ALLINT:       // "all" = 0, else a positive integer
-    case O_AUTO_INT: {   // "auto" = 0, else a positive integer
-        const char *word = o->type == O_ALLINT ? "all" : "auto";
-        if (!strcmp(val, word)) { *(int *)p = 0; break; }
+    default: {   // a word of the option's set (or, where the set allows, a positive integer)
+        const WordSet *ws = word_set(o->type);
+        for (int k = 0; k < ws->n; k++)
+            if (!strcmp(val, ws->w[k])) { *(int *)p = ws->v[k]; goto parsed; }
         long v = strtol(val, &end, 10);
-        if (!*val || *end || errno || v < 1 || v > 2147483647L)
-            DIE("%s --%s: '%s' is not %s or a positive integer", from, o->name, val, word);
-        *(int *)p = (int)v;
-        break;
+        if (ws->int_ok && *val && !*end && !errno && v >= 1 && v <= 2147483647L) { *(int *)p = (int)v; break; }
+        char list[128] = "";
+        for (int k = 0; k < ws->n; k++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? ", " : "", ws->w[k]);
+        if (ws->int_ok) DIE("%s --%s: '%s' is not %s or a positive integer", from, o->name, val, list);
+        DIE("%s --%s: '%s' is not one of %s", from, o->name, val, list);
     }
-    case O_HIER: {   // "auto" = -1, "off" = 0, else a positive integer
-        if (!strcmp(val, "auto")) { *(int *)p = -1; break; }
-        if (!strcmp(val, "off")) { *(int *)p = 0; break; }
-        long v = strtol(val, &end, 10);
-        if (!*val || *end || errno || v < 1 || v > 2147483647L)
-            DIE("%s --%s: '%s' is not auto, off or a positive integer", from, o->name, val);
-        *(int *)p = (int)v;
-        break;
     }
-    case O_EXPERTMODE:
-        if (!strcmp(val, "sharded")) *(int *)p = 0;
-        else if (!strcmp(val, "gathered")) *(int *)p = 1;
-        else if (!strcmp(val, "auto")) *(int *)p = -1;
-        else DIE("%s --%s: '%s' is not one of sharded, gathered, auto", from, o->name, val);
-        break;
-    case O_SCHEDULE:
-        if (!strcmp(val, "1f1b")) *(ScheduleKind *)p = SCHED_1F1B;
-        else if (!strcmp(val, "interleaved")) *(ScheduleKind *)p = SCHED_INTERLEAVED;
-        else DIE("%s --%s: '%s' is not one of 1f1b, interleaved", from, o->name, val);
-        break;
-    case O_DISPATCH:
-        if (!strcmp(val, "dropless")) *(DispatchMode *)p = DISPATCH_DROPLESS;
-        else if (!strcmp(val, "capacity")) *(DispatchMode *)p = DISPATCH_CAPACITY;
-        else DIE("%s --%s: '%s' is not one of dropless, capacity", from, o->name, val);
-        break;
-    }
+parsed:
     s->set[i] = 1;
     if (o->where == W_MODEL) s->model_explicit = 1;
 }
@@ -342,21 +339,16 @@ static void apply_config_file(State *s, const char *path, int cmd) {
 // The option's value as text that set_opt reads back exactly (the run record, --help's defaults,
 // the override messages).
 static void opt_text(char *buf, size_t n, const Opt *o, const void *p) {
-    int v = o->type == O_INT || o->type == O_FLAG || o->type == O_AUTO_INT || o->type == O_HIER ||
-            o->type == O_EXPERTMODE || o->type == O_ALLINT ? *(const int *)p : 0;
+    const WordSet *ws = word_set(o->type);
+    int v = ws || o->type == O_INT || o->type == O_FLAG ? *(const int *)p : 0;
+    for (int k = 0; ws && k < ws->n; k++)
+        if (v == ws->v[k]) { snprintf(buf, n, "%s", ws->w[k]); return; }
     switch (o->type) {
     case O_FLOAT: snprintf(buf, n, "%.9g", *(const float *)p); break;
     case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
     case O_STR: snprintf(buf, n, "%s", (const char *)p); break;
     case O_FLAG: snprintf(buf, n, "%s", v ? "true" : "false"); break;
-    case O_DISPATCH: snprintf(buf, n, "%s", *(const DispatchMode *)p == DISPATCH_CAPACITY ? "capacity" : "dropless"); break;
-    case O_AUXFORM: snprintf(buf, n, "%s", *(const AuxForm *)p == AUX_HF ? "hf" : "layer"); break;
-    case O_SCHEDULE: snprintf(buf, n, "%s", *(const ScheduleKind *)p == SCHED_INTERLEAVED ? "interleaved" : "1f1b"); break;
-    case O_AUTO_INT: if (v == 0) snprintf(buf, n, "auto"); else snprintf(buf, n, "%d", v); break;
-    case O_ALLINT: if (v == 0) snprintf(buf, n, "all"); else snprintf(buf, n, "%d", v); break;
-    case O_HIER: if (v <= 0) snprintf(buf, n, "%s", v < 0 ? "auto" : "off"); else snprintf(buf, n, "%d", v); break;
-    case O_EXPERTMODE: snprintf(buf, n, "%s", v < 0 ? "auto" : v ? "gathered" : "sharded"); break;
-    case O_INT: snprintf(buf, n, "%d", v); break;
+    default: snprintf(buf, n, "%d", v); break;
     }
 }
 
@@ -389,13 +381,10 @@ static void usage(FILE *f, int cmd) {
     for (int i = 0; i < N_OPTS; i++) {
         const Opt *o = &opts[i];
         if (!(o->cmds & cmd)) continue;
-        const char *arg = o->type == O_FLAG ? "" : o->type == O_STR ? " S" : o->type == O_FLOAT ? " X"
-                        : o->type == O_DISPATCH ? " dropless|capacity" : o->type == O_AUXFORM ? " layer|hf"
-                        : o->type == O_SCHEDULE ? " 1f1b|interleaved" : o->type == O_AUTO_INT ? " auto|1|2|4|8"
-                        : o->type == O_HIER ? " auto|off|G" : o->type == O_EXPERTMODE ? " sharded|gathered|auto"
-                        : o->type == O_ALLINT ? " N|all" : " N";
+        const WordSet *ws = word_set(o->type);
+        const char *arg = o->type == O_FLAG ? "" : o->type == O_STR ? "S" : o->type == O_FLOAT ? "X" : ws ? ws->usage : "N";
         char left[64], def[1100];
-        snprintf(left, sizeof left, "--%s%s", o->name, arg);
+        snprintf(left, sizeof left, "--%s%s%s", o->name, *arg ? " " : "", arg);
         opt_text(def, sizeof def, o, opt_ptr(&d, o));
         if (strstr(o->help, "default")) fprintf(f, "  %-22s %s\n", left, o->help);
         else fprintf(f, "  %-22s %s (default: %s)\n", left, o->help, o->type == O_FLAG ? "off" : def[0] ? def : "none");
