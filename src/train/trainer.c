@@ -19,7 +19,7 @@
 #include "train/dist.h"
 #include "train/plot.h"
 #include "train/step.h"
-#include "train/tune.h"
+#include "train/adapt.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
@@ -43,8 +43,7 @@ typedef struct {
     FILE *mf;                  // metrics.jsonl (rank 0)
     char metrics_path[2048];
     int64_t *counts;           // (L, E) the last step's expert load
-    Tuner *tune;               // (L) --a2a-overlap / --expert-mode auto: each MoE layer's setting, measured
-                               // (a candidate is r + 16 x expert mode)
+    Adapt adapt;               // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
     double t_start, flops_tok;
     int preempted;             // the signal that stopped the run (its checkpoint written), or 0
 } Run;
@@ -121,35 +120,6 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
         schedule_free(&sc);
     }
     return ms;
-}
-
-// --a2a-hier auto: the node size G when every EP group spans several nodes as consecutive blocks of
-// G ranks (hostnames all-gathered over the world; every rank then takes the same G), else 0 (flat).
-static int auto_hier(const Comm *world, MeshShape *ms) {
-    int n = comm_size(world), me = comm_rank(world);
-    char host[256] = "";
-    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "?");
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = host; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
-    int64_t mine = (int64_t)(h >> 1), *node = xmalloc(sizeof(int64_t) * n), *g = xmalloc(sizeof(int64_t) * n);
-    comm_allgather(world, &mine, node, 1, CT_I64);
-    // my EP group's members in ep order
-    MeshCoord c = mesh_coord(ms, me);
-    int *mem = xmalloc(sizeof(int) * ms->ep), cnt = 0;
-    for (int q = 0; q < n; q++) {
-        MeshCoord d = mesh_coord(ms, q);
-        if (d.pp == c.pp && d.edp == c.edp && d.etp == c.etp) mem[d.ep] = q, cnt++;
-    }
-    int G = 1;
-    while (G < ms->ep && node[mem[G]] == node[mem[0]]) G++;
-    int ok = cnt == ms->ep && G < ms->ep && ms->ep % G == 0;
-    for (int q = 0; ok && q < ms->ep; q++) ok = node[mem[q]] == node[mem[(q / G) * G]] && (q % G || q == 0 || node[mem[q]] != node[mem[q - 1]]);
-    int64_t want = ok ? G : 0;
-    comm_allgather(world, &want, g, 1, CT_I64);
-    for (int q = 1; q < n; q++) if (g[q] != g[0]) want = 0;
-    int res = (int)(want == g[0] ? g[0] : 0);
-    free(node); free(g); free(mem);
-    return res;
 }
 
 // The backend and the environment's switches, checked before anything is touched. Returns the
@@ -315,7 +285,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
 
     MeshShape shape = resolve_mesh(o, &r->c, comm_size(world), &r->split);
-    if (o->a2a_hier < 0 && shape.ep > 1) shape.hier = auto_hier(world, &shape);
+    if (o->a2a_hier < 0 && shape.ep > 1) shape.hier = adapt_hier(world, &shape);
     mesh_init(&r->mesh, &shape, world);
     if (meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
     dist_init(&r->dist, meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
@@ -325,24 +295,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     dist_attach(&r->dist, &r->m);
     load_or_init(r, resuming, latest);
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
-    for (int l = 0; l < r->c.n_layers; l++) {
-        if (o->a2a_overlap > 0) model_set_overlap(&r->m, l, o->a2a_overlap);
-        if (o->expert_mode > 0) model_set_expert_mode(&r->m, l, MOE_GATHERED);
-    }
-    if (o->a2a_overlap == 0 || o->expert_mode < 0) {
-        // auto: measure, per layer, r = 1, 2, 4, 8 where there is an exchange to overlap (sharded; the
-        // gathered mode runs unchunked) and the gathered mode where the experts are sliced (ETP > 1)
-        int cand[TUNE_MAX], n = 0, exch = meshed && (shape.ep > 1 || shape.etp > 1 || comm_nccl_forced());
-        int modes = o->expert_mode < 0 && shape.etp > 1 ? 2 : 1, mode0 = o->expert_mode > 0 ? MOE_GATHERED : MOE_SHARDED;
-        for (int md = 0; md < modes; md++) {
-            int mode = modes == 2 ? md : mode0;
-            if (mode == MOE_GATHERED) { cand[n++] = 1 + 16 * mode; continue; }
-            if (o->a2a_overlap > 0) cand[n++] = o->a2a_overlap;
-            else for (int rr = 1; rr <= (exch ? 8 : 1); rr *= 2) cand[n++] = rr;
-        }
-        r->tune = xmalloc(sizeof(Tuner) * (size_t)r->c.n_layers);
-        for (int l = 0; l < r->c.n_layers; l++) tuner_init(&r->tune[l], cand, n, 2, 0.05, o->a2a_retune);
-    }
+    adapt_init(&r->adapt, o, &shape, meshed, &r->m);
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");
     if (!r->out) DIE("cannot open /dev/null");
@@ -360,41 +313,6 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->dist.bf16_shadow = bf16_shadow;
     if (r->dist.bf16_shadow) r->be->bf16_shadow(r->m.params, r->m.t.ltotal);
     r->t_start = now_seconds();
-}
-
-// --a2a-overlap auto, before a step: each layer's overlap degree from its tuner, timing while any tunes.
-static void tune_before(Run *r) {
-    if (!r->tune) return;
-    r->m.moe_timing = 0;
-    for (int l = 0; l < r->c.n_layers; l++) {
-        int cand = tuner_current(&r->tune[l]);
-        model_set_overlap(&r->m, l, cand % 16);
-        model_set_expert_mode(&r->m, l, cand / 16);
-        r->m.moe_timing |= r->tune[l].tuning;
-    }
-}
-
-// After a step: each layer's MoE time (the slowest rank's: every rank then feeds its tuners the same
-// numbers and makes the same choice) and load. Returns 1 when some layer's tuner settled.
-static int tune_after(Run *r, const StepStats *s) {
-    if (!r->tune) return 0;
-    int L = r->c.n_layers, E = r->c.n_experts, settled = 0;
-    double *t = r->m.moe_time;
-    if (r->m.moe_timing) {   // the max over ranks (the comm API reduces by sum: gather, then take it)
-        int n = comm_size(r->world);
-        double *all = xmalloc(sizeof(double) * (size_t)L * n);
-        comm_allgather(r->world, t, all, (size_t)L, CT_F64);
-        for (int l = 0; l < L; l++)
-            for (int q = 0; q < n; q++) if (all[(size_t)q * L + l] > t[l]) t[l] = all[(size_t)q * L + l];
-        free(all);
-    }
-    for (int l = 0; l < L; l++) {
-        int64_t mx = 0, tot = 0;
-        for (int e = 0; e < E; e++) { tot += s->counts[l * E + e]; if (s->counts[l * E + e] > mx) mx = s->counts[l * E + e]; }
-        settled |= tuner_observe(&r->tune[l], r->m.moe_timing ? t[l] : -1, tot ? (double)mx * E / tot : 1);
-        t[l] = 0;
-    }
-    return settled;
 }
 
 // One metrics.jsonl line and (unless --quiet) one progress line for the step just run.
@@ -442,34 +360,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
         bubble = span > 0 ? 1 - busy / (span * s->stages) : 0;
         cJSON_AddNumberToObject(j, "bubble_frac", bubble);
     }
-    if (r->tune || o->a2a_overlap > 1) {   // the pipelined exchange: each layer's overlap degree
-        cJSON *ov = cJSON_AddArrayToObject(j, "a2a_overlap");
-        for (int l = 0; l < L; l++) cJSON_AddItemToArray(ov, cJSON_CreateNumber(r->m.moe_overlap[l]));
-    }
-    if (r->mesh.s.etp > 1 && o->expert_mode != 0) {   // sharded or gathered experts, per layer
-        cJSON *em = cJSON_AddArrayToObject(j, "expert_mode");
-        for (int l = 0; l < L; l++)
-            cJSON_AddItemToArray(em, cJSON_CreateString(r->m.moe_mode[l] == MOE_GATHERED ? "gathered" : "sharded"));
-    }
-    if (tuned) {   // a tuning ended: what each candidate took (per layer; -1: not measured) and the choice
-        cJSON *tt = cJSON_AddArrayToObject(j, "a2a_tuned");
-        for (int l = 0; l < L; l++) {
-            const Tuner *t = &r->tune[l];
-            cJSON *row = cJSON_CreateObject();
-            cJSON *cs = cJSON_AddArrayToObject(row, "candidates");
-            cJSON *ts = cJSON_AddArrayToObject(row, "seconds");
-            cJSON *ms = cJSON_AddArrayToObject(row, "modes");
-            for (int i = 0; i < t->n; i++) {
-                cJSON_AddItemToArray(cs, cJSON_CreateNumber(t->cand[i] % 16));
-                cJSON_AddItemToArray(ms, cJSON_CreateString(t->cand[i] / 16 ? "gathered" : "sharded"));
-                cJSON_AddItemToArray(ts, cJSON_CreateNumber(t->mean[i]));
-            }
-            cJSON_AddNumberToObject(row, "choice", tuner_current(t) % 16);
-            cJSON_AddStringToObject(row, "choice_mode", tuner_current(t) / 16 ? "gathered" : "sharded");
-            cJSON_AddNumberToObject(row, "tunings", t->tunings);
-            cJSON_AddItemToArray(tt, row);
-        }
-    }
+    adapt_record(&r->adapt, &r->m, j, tuned);
     cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
     for (int l = 0; l < L; l++) {
         cJSON *row = cJSON_CreateArray();
@@ -487,12 +378,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     char wait[128] = "";
     if (comm_size(r->world) > 1) snprintf(wait, sizeof wait, " | grad wait %.1fms", 1e3 * r->dist.wait_s);
     if (s->stages > 1) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | bubble %.0f%%", 100 * bubble);
-    if (r->tune && L <= 8) {
-        snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | a2a r");
-        for (int l = 0; l < L; l++)
-            snprintf(wait + strlen(wait), sizeof wait - strlen(wait), "%s%d%s", l ? "," : " ", r->m.moe_overlap[l],
-                     r->m.moe_mode[l] == MOE_GATHERED ? "g" : "");
-    }
+    adapt_progress(&r->adapt, &r->m, wait + strlen(wait), sizeof wait - strlen(wait));
     printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
            (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, s->aux, s->z, s->lr, s->gnorm, tps,
@@ -571,7 +457,7 @@ static void run_close(Run *r) {
         fprintf(r->out, "plots: %s/loss.png %s/expert_load.png\n", o->out, o->out);
 free_all:
     free(r->counts);
-    free(r->tune);
+    adapt_free(&r->adapt);
     step_free(&r->step);
     dist_free(&r->dist);
     model_free(&r->m);
@@ -588,9 +474,9 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
     for (int step = r.first; step < o->steps; step++) {
         if (r.profile && step == r.first + 1) backend_profile_reset();   // the first step warms up
         double t0 = now_seconds();
-        tune_before(&r);
+        adapt_before(&r.adapt, &r.m);
         step_run(&r.step, step, r.st.seq_pos, &s);
-        int tuned = tune_after(&r, &s);
+        int tuned = adapt_after(&r.adapt, &r.m, s.counts, world);
         r.st.step = step + 1;
         r.st.seq_pos += (uint64_t)o->batch;
         r.st.total_steps = o->steps;
