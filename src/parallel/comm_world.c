@@ -60,7 +60,7 @@ static void watch_end(void) {
     W.deadline = 0;
     pthread_mutex_unlock(&W.mu);
 }
-static void *watchdog(void *arg) {
+static void *mpi_watchdog(void *arg) {
     (void)arg;
     for (;;) {
         usleep(200000);
@@ -81,7 +81,7 @@ static void watch_start(int rank) {
     W.limit = comm_host_timeout_s();
     W.rank = rank;
     pthread_t th;
-    if (pthread_create(&th, NULL, watchdog, NULL) != 0) DIE("cannot start the MPI watchdog thread");
+    if (pthread_create(&th, NULL, mpi_watchdog, NULL) != 0) DIE("cannot start the MPI watchdog thread");
     pthread_detach(th);
     W.on = 1;
 }
