@@ -9,13 +9,19 @@
 #include "parallel/stages.h"
 #include "train/schedule.h"
 
-// Activation bytes of one layer for a micro-batch of B sequences of T tokens (float32 buffers the
-// forward keeps for the backward), and of the final norm and LM head.
-static double acts_layer(const ModelConfig *c, size_t B, size_t T) {
-    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t Rk = N * c->top_k, f = c->d_ff;
-    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + c->n_experts + 2) + Rk * (2 * d + 3 * f) + B * c->n_heads * T);
+// Activation bytes of one layer on one rank of a mesh (ms; NULL: one process) running B sequences of T
+// tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms, its
+// heads (TP), its slice of the router's rows (N/TP) and their dispatched copies, and the expert rows it
+// computes (its ETP group's, k per routed token: the mean over a balanced load).
+static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
+           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
+    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
+    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + 2) + Ns * (c->n_experts + 2 * c->top_k * d) + Re * (2 * d + 3 * fl) +
+                  B * (c->n_heads / tp) * T);
 }
+// ... and of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
 
 // With pipeline stages: each stage's layers, parameters, optimizer state and peak activations (the
@@ -58,7 +64,7 @@ static void print_stages(const ModelConfig *c, const TrainOptions *o, const Mesh
         double acts = 0;
         for (int ch = 0; ch < vpp; ch++) {
             int v = ch * ms->pp + s;
-            acts += sc.live[ch] * ((sp.first[v + 1] - sp.first[v]) * acts_layer(c, (size_t)Bl, (size_t)o->seq_len) +
+            acts += sc.live[ch] * ((sp.first[v + 1] - sp.first[v]) * acts_layer(c, ms, (size_t)Bl, (size_t)o->seq_len) +
                                    (v == ms->pp * vpp - 1 ? acts_head(c, (size_t)Bl * o->seq_len) : 0));
         }
         char a1[32], a2[32], a3[32], a4[32];
@@ -108,12 +114,12 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     double state = 16.0 * np;
     size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t Rk = N * c->top_k, f = c->d_ff;
-    double acts = c->n_layers * acts_layer(c, (size_t)B, (size_t)T) + acts_head(c, N);
+    double acts = c->n_layers * acts_layer(c, NULL, (size_t)B, (size_t)T) + acts_head(c, N);
     fmt_bytes(b1, sizeof b1, state);
     fmt_bytes(b2, sizeof b2, acts);
     fmt_bytes(b3, sizeof b3, state + acts);
-    printf("memory (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n", b1, B, T, b2,
-           b3);
+    printf("memory, whole model (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
+           b1, B, T, b2, b3);
     // cuda: the same float32 buffers on the GPU, plus the bf16 copy of the weights the GEMMs read
     // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
     // activations into (the largest: a layer's expert rows, both operands of a backward GEMM; and
@@ -144,12 +150,18 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
             int group = p->reduce == RED_DP ? ms.dp : p->reduce == RED_EDP ? ms.edp : ms.tp * ms.dp;
             mom += 2.0 * p->lnumel / (o->zero ? group : 1);
         }
-        char a1[32], a2[32], a3[32];
+        // activations: one micro-batch (pipeline stages: printed per stage below)
+        int Bl = o->batch / (o->grad_accum > 0 ? o->grad_accum : 1) / ms.dp;
+        double ra = ms.pp > 1 ? 0 : c->n_layers * acts_layer(c, &ms, (size_t)Bl, (size_t)T) +
+                                    acts_head(c, (size_t)Bl * T);
+        char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
         fmt_bytes(a2, sizeof a2, 4.0 * mom);
-        fmt_bytes(a3, sizeof a3, 4.0 * (2.0 * lt.ltotal + mom));
-        printf("per rank (zero %d, float32): params %s, grads %s, AdamW moments %s; total %s\n", o->zero, a1, a1, a2,
-               a3);
+        fmt_bytes(a3, sizeof a3, ra);
+        fmt_bytes(a4, sizeof a4, 4.0 * (2.0 * lt.ltotal + mom) + ra);
+        if (ms.pp == 1)   // (with stages: per stage, below)
+            printf("per rank (zero %d, float32): params %s, grads %s, AdamW moments %s, activations %s (a micro-batch "
+                   "of %d x %d); total %s\n", o->zero, a1, a1, a2, a3, Bl, T, a4);
         if (o->zero == 2)
             printf("  (zero 2 reduces each bucket straight into this rank's shard; the gradient accumulation buffer "
                    "stays whole, so its memory is as zero 1)\n");
