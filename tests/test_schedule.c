@@ -26,7 +26,7 @@ int main(void) {
                    "m %d: action %d is (%d, micro %d, slot %d)", m, i, s.a[i].kind, s.a[i].micro, s.a[i].slot);
         EXPECT(s.max_live == 1, "m %d: max_live %d", m, s.max_live);
         EXPECT(schedule_check(&s) == NULL, "m %d: %s", m, schedule_check(&s));
-        EXPECT(schedule_last_backward(&s) == s.n - 1, "m %d: last backward at %d", m, schedule_last_backward(&s));
+        EXPECT(schedule_last_backward(&s, 0) == s.n - 1, "m %d: last backward at %d", m, schedule_last_backward(&s, 0));
         EXPECT(schedule_bubble(SCHED_SEQUENTIAL, 1, 1, m, 1, 2) == 0, "sequential has no bubble");
         schedule_free(&s);
     }
@@ -74,8 +74,13 @@ int main(void) {
                            "(max %d, sum %d) vs max_live %d", p, v, st, m, most, sum, s.max_live);
                     // the first chunk's forwards come in micro-batch order, the last backward is on chunk 0
                     EXPECT(s.a[0].kind == ACT_FORWARD && s.a[0].micro == 0 && s.a[0].chunk == 0, "first action");
-                    const Action *lb = &s.a[schedule_last_backward(&s)];
-                    EXPECT(lb->chunk == 0 && lb->micro == m - 1, "last backward (chunk %d micro %d)", lb->chunk, lb->micro);
+                    int i0 = schedule_last_backward(&s, 0);
+                    const Action *lb = &s.a[i0];
+                    EXPECT(i0 == s.n - 1 && lb->chunk == 0 && lb->micro == m - 1, "last backward (index %d of %d, "
+                           "chunk %d micro %d)", i0, s.n, lb->chunk, lb->micro);
+                    for (int c = 1; c < v; c++)
+                        EXPECT(schedule_last_backward(&s, c) >= 0 && schedule_last_backward(&s, c) < i0,
+                               "chunk %d's last backward before chunk 0's", c);
                     schedule_free(&s);
                 }
                 double b = schedule_bubble(SCHED_INTERLEAVED, p, v, m, 1, 1);

@@ -136,9 +136,9 @@ const char *schedule_check(const Schedule *s) {
     return bad;
 }
 
-int schedule_last_backward(const Schedule *s) {
+int schedule_last_backward(const Schedule *s, int chunk) {
     for (int i = s->n - 1; i >= 0; i--)
-        if (s->a[i].kind == ACT_BACKWARD) return i;
+        if (s->a[i].kind == ACT_BACKWARD && s->a[i].chunk == chunk) return i;
     return -1;
 }
 

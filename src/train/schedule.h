@@ -41,8 +41,8 @@ void schedule_free(Schedule *s);
 // backward, the backward after the forward, slots in range of their chunk's live count and never held
 // twice, max_live the most held at once; else a static message naming the first violation.
 const char *schedule_check(const Schedule *s);
-// Index of the last backward in the list (the one that finishes the step's gradients), or -1.
-int schedule_last_backward(const Schedule *s);
+// Index of chunk's last backward in the list (after it that chunk's gradients are final), or -1.
+int schedule_last_backward(const Schedule *s, int chunk);
 
 // Runs every stage's list of `kind` on a model clock: a forward of one chunk takes tf, a backward tb,
 // messages are instant, a forward of virtual stage k waits for k-1's forward of that micro-batch and a

@@ -32,9 +32,7 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     // arm the gradient reductions before each chunk's last backward
     s->arm_at = xcalloc((size_t)s->sched.n + 1, sizeof(int));
     s->stage_idle = xcalloc((size_t)pp * 2, sizeof(double));
-    for (int c = 0; c < s->sched.vpp; c++)
-        for (int i = s->sched.n - 1; i >= 0; i--)
-            if (s->sched.a[i].kind == ACT_BACKWARD && s->sched.a[i].chunk == c) { s->arm_at[i] = 1; break; }
+    for (int c = 0; c < s->sched.vpp; c++) s->arm_at[schedule_last_backward(&s->sched, c)] = 1;
     s->x = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
     s->y = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
 }

@@ -5,7 +5,6 @@
 // mesh; losses are means over the step's tokens, aux and z means over layers and micro-batches.
 #include "train/trainer.h"
 #include <omp.h>
-#include <unistd.h>
 #include <signal.h>
 #include <math.h>
 #include <string.h>
