@@ -56,9 +56,9 @@ int main(int argc, char **argv) {
     float *tf = xmalloc(sizeof(float) * iters), *tb = xmalloc(sizeof(float) * iters);
     for (int it = -3; it < iters; it++) {
         CK(cudaEventRecord(e0, 0));
-        be->attention_fwd(o, l, q, k, v, B, T, H, KV, hd);
+        be->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
         CK(cudaEventRecord(e1, 0));
-        be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd);
+        be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T);
         CK(cudaEventRecord(e2, 0));
         CK(cudaEventSynchronize(e2));
         if (it >= 0) {

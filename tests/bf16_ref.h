@@ -97,14 +97,14 @@ static inline double bfr_dot(const float *a, const float *b, int n) {
     return s;
 }
 static void bfr_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                              int H, int KV, int hd) {
-    if (!bfr_att_tc(hd)) { backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
+                              int H, int KV, int hd, int t0, int t1) {
+    if (!bfr_att_tc(hd)) { backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1); return; }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     float *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *s = xmalloc(sizeof(double) * T), *acc = xmalloc(sizeof(double) * hd), sc = 1.0 / sqrt((double)hd);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
+            for (int t = t0; t < t1; t++) {
                 const float *qt = qr + (((size_t)b * T + t) * H + h) * hd;
                 double m = -INFINITY, l = 0;
                 for (int u = 0; u <= t; u++) {
@@ -125,15 +125,19 @@ static void bfr_attention_fwd(float *out, float *lse, const float *q, const floa
     free(s); free(acc); free(qr); free(kr); free(vr);
 }
 static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                              const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) {
-    if (!bfr_att_tc(hd)) { backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd); return; }
+                              const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                              int t0, int t1) {
+    if (!bfr_att_tc(hd)) {
+        backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+        return;
+    }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     float *gr = bf16_copy(dout, nq), *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *aq = xcalloc(nq, sizeof(double)), *ak = xcalloc(nk, sizeof(double)), *av = xcalloc(nk, sizeof(double));
     double sc = 1.0 / sqrt((double)hd);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
+            for (int t = t0; t < t1; t++) {
                 size_t qi = (((size_t)b * T + t) * H + h) * hd;
                 double D = bfr_dot(gr + qi, out + qi, hd), L = lse[((size_t)b * H + h) * T + t];
                 for (int u = 0; u <= t; u++) {

@@ -778,8 +778,8 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     float *qd = dputf(q, nq), *kd = dputf(k, nk), *vd = dputf(v, nk);
     const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;   // bf16_ref.h rounds as the kernels do
     float *o = hnew(nq), *l = hnew(nl), *od = dnan(nq), *ld = dnan(nl);
-    ref->attention_fwd(o, l, q, k, v, B, T, H, KV, hd);
-    gpu->attention_fwd(od, ld, qd, kd, vd, B, T, H, KV, hd);
+    ref->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
+    gpu->attention_fwd(od, ld, qd, kd, vd, B, T, H, KV, hd, 0, T);
     double bf = tc ? BAND_BF16_ELEM : BAND_SUM, bb = tc ? BAND_BF16_ELEM : BAND_ATT_BWD, nb = tc ? BAND_ATT_TC_NORM : 0;
     const char *path = tc ? " [tensor cores]" : "";
     char what[128];
@@ -790,7 +790,7 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     float *o32 = NULL, *l32 = NULL;
     if (tc) {   // against the plain float32 forward
         o32 = hnew(nq); l32 = hnew(nl);
-        cpu->attention_fwd(o32, l32, q, k, v, B, T, H, KV, hd);
+        cpu->attention_fwd(o32, l32, q, k, v, B, T, H, KV, hd, 0, T);
         snprintf(what, sizeof what, "out vs float32 B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
         cmp_n("attention_fwd (bf16 vs float32)", what, od, o32, nq, BAND_BF16_ELEM, BAND_BF16_NORM);
     }
@@ -800,8 +800,8 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     for (int p = 0; p < 2; p++) {
         float *dq = p ? hcopy(pq, nq) : hnew(nq), *dk = p ? hcopy(pk, nk) : hnew(nk), *dv = p ? hcopy(pv, nk) : hnew(nk);
         float *dqd = dputf(dq, nq), *dkd = dputf(dk, nk), *dvd = dputf(dv, nk);
-        ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd);
-        gpu->attention_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd);
+        ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T);
+        gpu->attention_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T);
         const char *acc = p ? " (accumulate)" : "";
         snprintf(what, sizeof what, "dq%s T%d H%d KV%d hd%d%s", acc, T, H, KV, hd, path);
         cmp_n("attention_bwd", what, dqd, dq, nq, bb, nb);
@@ -811,7 +811,7 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         cmp_n("attention_bwd", what, dvd, dv, nk, bb, nb);
         if (tc && !p) {   // against the plain float32 backward (from the float32 forward)
             float *eq = hnew(nq), *ek = hnew(nk), *ev = hnew(nk);
-            cpu->attention_bwd(eq, ek, ev, g, o32, l32, q, k, v, B, T, H, KV, hd);
+            cpu->attention_bwd(eq, ek, ev, g, o32, l32, q, k, v, B, T, H, KV, hd, 0, T);
             snprintf(what, sizeof what, "dq/dk/dv vs float32 T%d H%d KV%d hd%d", T, H, KV, hd);
             cmp_n("attention_bwd (bf16 vs float32)", what, dqd, eq, nq, INFINITY, BAND_BF16_NORM);
             cmp_n("attention_bwd (bf16 vs float32)", what, dkd, ek, nk, INFINITY, BAND_BF16_NORM);
@@ -822,12 +822,12 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     }
     if (tc) {   // deterministic: a second run gives the same bits
         float *od2 = dnan(nq), *ld2 = dnan(nl);
-        gpu->attention_fwd(od2, ld2, qd, kd, vd, B, T, H, KV, hd);
+        gpu->attention_fwd(od2, ld2, qd, kd, vd, B, T, H, KV, hd, 0, T);
         cmp_exact_dev("attention_fwd (tensor cores; two runs on the same inputs)", od, od2, nq);
         float *a1 = dputf(pq, nq), *a2 = dputf(pq, nq), *b1 = dputf(pk, nk), *b2 = dputf(pk, nk);
         float *c1 = dputf(pv, nk), *c2 = dputf(pv, nk);
-        gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd);
-        gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd);
+        gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T);
+        gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T);
         cmp_exact_dev("attention_bwd dq (tensor cores; two runs on the same inputs)", a1, a2, nq);
         cmp_exact_dev("attention_bwd dk (tensor cores; two runs on the same inputs)", b1, b2, nk);
         cmp_exact_dev("attention_bwd dv (tensor cores; two runs on the same inputs)", c1, c2, nk);
@@ -840,6 +840,65 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
 }
 
 // ---------------------------------------------------------------- cross-entropy
+// Query rows in n chunks [T*j/n, T*(j+1)/n) (AMPipe): the forward over the chunks is the same bits
+// as one call and leaves later rows unwritten; the backward over the chunks in reverse (the block
+// schedule's order) gives dq's bits of one call and dk/dv within the op's band of the reference run
+// over the same chunks.
+static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
+    int tc = gpu_bf16 && (hd == 32 || hd == 64 || hd == 128);
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
+    const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;
+    float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f), *g = hrand(nq, 1.0f);
+    float *qd = dputf(q, nq), *kd = dputf(k, nk), *vd = dputf(v, nk), *gd = dputf(g, nq);
+    float *o1 = dnan(nq), *l1 = dnan(nl), *on = dnan(nq), *ln = dnan(nl);
+    gpu->attention_fwd(o1, l1, qd, kd, vd, B, T, H, KV, hd, 0, T);
+    char what[160];
+    const char *path = tc ? " [tensor cores]" : "";
+    for (int j = 0; j < n; j++) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n;
+        if (t0 == t1) continue;
+        gpu->attention_fwd(on, ln, qd, kd, vd, B, T, H, KV, hd, t0, t1);
+        if (j + 1 < n) {
+            float *oh = dget(on, nq), *lh = dget(ln, nl);
+            int bad = 0;
+            for (int b = 0; b < B; b++)
+                for (int t = t1; t < T; t++)
+                    for (int h = 0; h < H; h++)
+                        bad += !isnan(oh[(((size_t)b * T + t) * H + h) * hd]) + !isnan(lh[((size_t)b * H + h) * T + t]);
+            EXPECT(bad == 0, "attention_fwd rows [%d,%d) of T %d%s: %d later values written", t0, t1, T, path, bad);
+            free(oh); free(lh);
+        }
+    }
+    snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (out) B%d T%d H%d KV%d hd%d%s", n, B, T, H,
+             KV, hd, path);
+    cmp_exact_dev(what, on, o1, nq);
+    snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (lse) T%d hd%d%s", n, T, hd, path);
+    cmp_exact_dev(what, ln, l1, nl);
+    float *o = dget(o1, nq), *l = dget(l1, nl);
+    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk);
+    float *dq1 = dputf(dq, nq), *dqn = dputf(dq, nq), *dk1 = dputf(dk, nk), *dkn = dputf(dk, nk);
+    float *dv1 = dputf(dv, nk), *dvn = dputf(dv, nk);
+    gpu->attention_bwd(dq1, dk1, dv1, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, 0, T);
+    for (int j = n - 1; j >= 0; j--) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n;
+        if (t0 == t1) continue;
+        gpu->attention_bwd(dqn, dkn, dvn, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, t0, t1);
+        ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1);
+    }
+    snprintf(what, sizeof what, "attention_bwd over %d chunks == one call (dq) T%d hd%d%s", n, T, hd, path);
+    cmp_exact_dev(what, dqn, dq1, nq);
+    double bb = tc ? BAND_BF16_ELEM : BAND_ATT_BWD, nb = tc ? BAND_ATT_TC_NORM : 0;
+    snprintf(what, sizeof what, "dk over %d chunks T%d H%d KV%d hd%d%s", n, T, H, KV, hd, path);
+    cmp_n("attention_bwd (chunks)", what, dkn, dk, nk, bb, nb);
+    snprintf(what, sizeof what, "dv over %d chunks T%d H%d KV%d hd%d%s", n, T, H, KV, hd, path);
+    cmp_n("attention_bwd (chunks)", what, dvn, dv, nk, bb, nb);
+    snprintf(what, sizeof what, "dq over %d chunks T%d H%d KV%d hd%d%s", n, T, H, KV, hd, path);
+    cmp_n("attention_bwd (chunks)", what, dqn, dq, nq, bb, nb);
+    float *dev[] = {qd, kd, vd, gd, o1, l1, on, ln, dq1, dqn, dk1, dkn, dv1, dvn};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
+    free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
+}
+
 static void test_cross_entropy(int N, int V, float sd) {
     float *x = hrand((size_t)N * V, sd);
     int32_t *t = hidx(N, V), *td = dput(t, N * sizeof(int32_t));
@@ -1069,6 +1128,10 @@ static void run_suite(const Backend *be, int big) {
     test_attention(1, 97, 6, 2, 64);      // 3 query heads per kv head
     if (big) test_attention(2, 300, 4, 4, 128);
     if (big) test_attention(1, 513, 2, 1, 32);
+    test_attention_chunks(2, 130, 4, 2, 128, 2);   // chunks not on 64-row blocks
+    test_attention_chunks(1, 97, 6, 2, 64, 4);     // uneven
+    test_attention_chunks(2, 37, 4, 2, 40, 3);     // the float32 kernels (hd 40)
+    if (big) test_attention_chunks(1, 300, 4, 4, 128, 4);
     test_cross_entropy(37, 13, 1.0f);
     test_cross_entropy(20, 5000, 3.0f);
     if (big) test_cross_entropy(9, 32000, 10.0f);

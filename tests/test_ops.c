@@ -449,7 +449,7 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
 typedef struct { float *q, *k, *v, *out, *lse; const float *dout; int B, T, H, KV, hd; } AttCtx;
 static double att_loss(void *p) {
     AttCtx *c = p;
-    be->attention_fwd(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->KV, c->hd);
+    be->attention_fwd(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->KV, c->hd, 0, c->T);
     return dot_d(c->dout, c->out, (size_t)c->B * c->T * c->H * c->hd);
 }
 static void test_attention(int B, int T, int H, int KV, int hd) {
@@ -491,7 +491,7 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
             }
         }
     fill_nan(out, nq); fill_nan(lse, nl);
-    be->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd);
+    be->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, 0, T);
     snprintf(lab, sizeof lab, "attention_fwd out B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
     check_arr(lab, out, ref, mag, nq, FWD_RTOL, 1e-30);
     snprintf(lab, sizeof lab, "attention_fwd lse B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
@@ -499,7 +499,7 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
 
     float *out0 = fcopy(out, nq), *lse0 = fcopy(lse, nl);
     float *dq0 = fnew(nq), *dk0 = fnew(nk), *dv0 = fnew(nk);
-    be->attention_bwd(dq0, dk0, dv0, dout, out0, lse0, q, k, v, B, T, H, KV, hd);
+    be->attention_bwd(dq0, dk0, dv0, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T);
     AttCtx c = {q, k, v, out, lse, dout, B, T, H, KV, hd};
     snprintf(lab, sizeof lab, "attention_bwd dq B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
     fd_check(lab, att_loss, &c, q, nq, dq0);
@@ -510,13 +510,62 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     float *pq = fnew(nq), *pk = fnew(nk), *pv = fnew(nk);
     fill_normal(pq, nq, 1); fill_normal(pk, nk, 1); fill_normal(pv, nk, 1);
     float *dq1 = fcopy(pq, nq), *dk1 = fcopy(pk, nk), *dv1 = fcopy(pv, nk);
-    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd);
+    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T);
     check_accum("attention_bwd dq", dq1, pq, dq0, nq);
     check_accum("attention_bwd dk", dk1, pk, dk0, nk);
     check_accum("attention_bwd dv", dv1, pv, dv0, nk);
     free(q); free(k); free(v); free(out); free(lse); free(dout); free(ref); free(mag); free(lref); free(lmag);
     free(S); free(out0); free(lse0); free(dq0); free(dk0); free(dv0); free(pq); free(pk); free(pv);
     free(dq1); free(dk1); free(dv1);
+}
+
+// Query rows in chunks (AMPipe): chunk j = rows [T*j/n, T*(j+1)/n). The forward over the chunks is
+// the same bits as one call and leaves the rows outside its chunk untouched; the backward over the
+// chunks (in reverse, as the block schedule runs them) gives the same dq bits (each row's sum is
+// the one call's) and dk/dv to float32 round-off (each key's sum is split by chunk).
+static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
+    char lab[128];
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
+    float *q = fnew(nq), *k = fnew(nk), *v = fnew(nk), *dout = fnew(nq);
+    fill_normal(q, nq, 1); fill_normal(k, nk, 1); fill_normal(v, nk, 1); fill_normal(dout, nq, 1);
+    float *o1 = fnew(nq), *l1 = fnew(nl), *on = fnew(nq), *ln = fnew(nl);
+    be->attention_fwd(o1, l1, q, k, v, B, T, H, KV, hd, 0, T);
+    fill_nan(on, nq); fill_nan(ln, nl);
+    for (int j = 0; j < n; j++) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n;
+        if (t0 == t1) continue;
+        be->attention_fwd(on, ln, q, k, v, B, T, H, KV, hd, t0, t1);
+        int bad = 0;   // rows of later chunks are still unwritten (NaN)
+        for (int b = 0; b < B; b++)
+            for (int t = t1; t < T; t++)
+                for (int h = 0; h < H; h++) bad += !isnan(on[(((size_t)b * T + t) * H + h) * hd]) + !isnan(ln[((size_t)b * H + h) * T + t]);
+        snprintf(lab, sizeof lab, "attention_fwd rows [%d,%d) leave the later rows untouched (T=%d)", t0, t1, T);
+        EXPECT(bad == 0, "%s: %d values written", lab, bad);
+    }
+    snprintf(lab, sizeof lab, "attention_fwd over %d chunks == one call: out B=%d T=%d H=%d KV=%d hd=%d", n, B, T, H, KV, hd);
+    check_exact(lab, on, o1, nq);
+    snprintf(lab, sizeof lab, "attention_fwd over %d chunks == one call: lse T=%d", n, T);
+    check_exact(lab, ln, l1, nl);
+    float *dq1 = fnew(nq), *dk1 = fnew(nk), *dv1 = fnew(nk), *dqn = fnew(nq), *dkn = fnew(nk), *dvn = fnew(nk);
+    be->attention_bwd(dq1, dk1, dv1, dout, o1, l1, q, k, v, B, T, H, KV, hd, 0, T);
+    for (int j = n - 1; j >= 0; j--) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n;
+        if (t0 < t1) be->attention_bwd(dqn, dkn, dvn, dout, o1, l1, q, k, v, B, T, H, KV, hd, t0, t1);
+    }
+    snprintf(lab, sizeof lab, "attention_bwd over %d chunks == one call: dq T=%d", n, T);
+    check_exact(lab, dqn, dq1, nq);
+    double *r = dnew(nk), *mg = dnew(nk);
+    float *got[2] = {dkn, dvn}, *want[2] = {dk1, dv1};
+    for (int w = 0; w < 2; w++) {
+        double rms = 0;   // scale: the sums cancel, so a key's error is relative to the typical term
+        for (size_t i = 0; i < nk; i++) rms += (double)want[w][i] * want[w][i];
+        rms = sqrt(rms / nk);
+        for (size_t i = 0; i < nk; i++) { r[i] = want[w][i]; mg[i] = fabs(want[w][i]) + rms; }
+        snprintf(lab, sizeof lab, "attention_bwd over %d chunks ~ one call: %s T=%d (round-off)", n, w ? "dv" : "dk", T);
+        check_arr(lab, got[w], r, mg, nk, 1e-5, 1e-30);
+    }
+    free(q); free(k); free(v); free(dout); free(o1); free(l1); free(on); free(ln);
+    free(dq1); free(dk1); free(dv1); free(dqn); free(dkn); free(dvn); free(r); free(mg);
 }
 
 // ---------------------------------------------------------------- swiglu
@@ -1102,6 +1151,9 @@ int main(void) {
     test_attention(1, 6, 3, 3, 8);    // MHA
     test_attention(1, 4, 2, 1, 6);    // MQA
     test_attention(2, 1, 2, 1, 4);    // T = 1: out = v
+    test_attention_chunks(2, 12, 4, 2, 8, 2);
+    test_attention_chunks(2, 13, 4, 2, 8, 4);   // uneven chunks
+    test_attention_chunks(1, 5, 2, 1, 4, 5);    // one row each
     test_swiglu();
     test_rows();
     test_combine_rows(9, 3, 5, 20);

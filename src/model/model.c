@@ -232,7 +232,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         be->matmul_fwd(a->v, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd, 0);
         be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
         be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
-        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd);
+        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
         // row-parallel o_proj: partial sums over the TP ranks' heads
         be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 0);
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, a->x_mid, (size_t)N * d, CT_F32);
@@ -327,7 +327,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
         be->zero(m->dv, (size_t)N * kvd * F);
-        be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd);
+        be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
         be->zero(m->dxn, (size_t)N * d * F);

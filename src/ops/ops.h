@@ -104,11 +104,16 @@ struct Backend {
 
     // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd), out (B*T, H, hd).
     // lse (B, H, T): per-row log-sum-exp of the scaled scores, saved for backward.
+    // The query rows t in [t0, t1) of every sequence only (0 <= t0 < t1 <= T; AMPipe's sequence
+    // chunks): fwd writes those rows of out and lse (the others untouched) and reads keys/values
+    // 0..t1-1; each row is the same bits as in the call over [0, T). bwd adds those rows' share:
+    // dq rows [t0, t1) and dk/dv rows 0..t1-1 (+=; over chunks the same sums as one call, to
+    // round-off: the order of the additions differs). bwd reads out/lse/dout rows [t0, t1) only.
     void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
-                          int B, int T, int H, int KV, int hd);
+                          int B, int T, int H, int KV, int hd, int t0, int t1);
     void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
                           const float *lse, const float *q, const float *k, const float *v,
-                          int B, int T, int H, int KV, int hd);
+                          int B, int T, int H, int KV, int hd, int t0, int t1);
 
     // out = silu(h1) * h3, elementwise over n; bwd writes (accumulate 0) or adds (accumulate 1) the
     // gradients into dh1, dh3 (all n elements of both).

@@ -36,8 +36,8 @@ static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, i
 static void w_rms_b(float *di, float *dw, const float *d, const float *i, const float *w, const float *r, int N, int C) { T0; in->rmsnorm_bwd(di, dw, d, i, w, r, N, C); T1(P_NORM); }
 static void w_rope_f(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_fwd(x, B, T, nh, hd, th); T1(P_ROPE); }
 static void w_rope_b(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_bwd(x, B, T, nh, hd, th); T1(P_ROPE); }
-static void w_att_f(float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd); T1(P_ATT_F); }
-static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd); T1(P_ATT_B); }
+static void w_att_f(float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_F); }
+static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_B); }
 static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in->swiglu_fwd(o, a, b, n); T1(P_SWIGLU); }
 static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n, int ac) { T0; in->swiglu_bwd(da, db, d, a, b, n, ac); T1(P_SWIGLU); }
 static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }

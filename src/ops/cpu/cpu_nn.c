@@ -81,7 +81,7 @@ void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x,
 void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(dx, B, T, nh, hd, theta, -1); }
 
 void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                       int B, int T, int H, int KV, int hd) {
+                       int B, int T, int H, int KV, int hd, int t0, int t1) {
     float sc = 1.0f / sqrtf((float)hd);
     int rep = H / KV;
 #pragma omp parallel
@@ -91,7 +91,7 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
                 int kh = h / rep;
-                for (int t = 0; t < T; t++) {
+                for (int t = t0; t < t1; t++) {
                     const float *qt = q + (((size_t)b * T + t) * H + h) * hd;
                     float mx = -INFINITY;
                     for (int u = 0; u <= t; u++) {
@@ -119,7 +119,8 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
 }
 
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd) {
+                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                       int t0, int t1) {
     float sc = 1.0f / sqrtf((float)hd);
     int rep = H / KV;
     // parallel over (b, kv head): the heads sharing a kv head accumulate dk/dv in a fixed order
@@ -130,7 +131,7 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < KV; kh++)
                 for (int h = kh * rep; h < (kh + 1) * rep; h++)
-                    for (int t = 0; t < T; t++) {
+                    for (int t = t0; t < t1; t++) {
                         size_t qi = (((size_t)b * T + t) * H + h) * hd;
                         const float *qt = q + qi, *go = dout + qi, *ot = out + qi;
                         float L = lse[((size_t)b * H + h) * T + t];

@@ -12,9 +12,10 @@ void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp
 void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
 void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                       int B, int T, int H, int KV, int hd);
+                       int B, int T, int H, int KV, int hd, int t0, int t1);
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd);
+                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                       int t0, int t1);
 void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                     int accumulate);

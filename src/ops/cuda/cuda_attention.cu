@@ -4,7 +4,9 @@
 // the forward, the saved log-sum-exp in the backward. Each lane owns head dimensions
 // lane, lane+32, ... (hd <= 32 * ATT_MAXR); in a tile, lane j scores key (or query) j of the tile.
 // Deterministic: every output element is written by one warp, summing in a fixed order.
-// Layouts (as ops.h): q/out (B*T, H, hd), k/v (B*T, KV, hd), lse (B, H, T).
+// Layouts (as ops.h): q/out (B*T, H, hd), k/v (B*T, KV, hd), lse (B, H, T). A call covers the
+// query rows [t0, t1) of each sequence (ops.h): the grids span those rows (and, for dk/dv, the keys
+// 0..t1-1); a row's tiles start at key 0 as over [0, T), so the forward's rows are the same bits.
 // Backend "cuda" runs cuda_attention_tc.cu (tensor cores) and falls back to these kernels for
 // head dims it does not take; "cuda-fp32" always runs these.
 // Must not hold: any knowledge of the model.
@@ -49,16 +51,16 @@ __device__ __forceinline__ void tile_rows_axpy(float *acc, float x, const float 
 // row j without bank conflicts), Qs [ATT_WARPS][hd].
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, float *lse, const float *q,
                                                                   const float *k, const float *v, int T, int H,
-                                                                  int KV, int hd, float sc) {
+                                                                  int KV, int hd, float sc, int t0, int t1) {
     extern __shared__ float sm[];
     int ld = hd + 1;
     float *Ks = sm, *Vs = Ks + ATT_KT * ld, *Qs = Vs + ATT_KT * ld;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int tb = blockIdx.x * ATT_WARPS, t = tb + w;
-    int tmax = tb + ATT_WARPS - 1 < T - 1 ? tb + ATT_WARPS - 1 : T - 1;
+    int tb = t0 + blockIdx.x * ATT_WARPS, t = tb + w;
+    int tmax = tb + ATT_WARPS - 1 < t1 - 1 ? tb + ATT_WARPS - 1 : t1 - 1;
     const float *qt = q + (((size_t)b * T + t) * H + h) * hd;
-    if (t < T)
+    if (t < t1)
         for (int i = lane; i < hd; i += 32) Qs[w * hd + i] = ld_f(qt + i);
     float m = -INFINITY, l = 0.0f, o[ATT_MAXR];
 #pragma unroll
@@ -67,7 +69,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
         __syncthreads();   // previous tile fully used (and Qs written, on the first pass)
         load_kv_tile(Ks, Vs, k, v, b, T, KV, kh, hd, u0, tmax);
         __syncthreads();
-        if (t >= T || u0 > t) continue;   // warp-uniform
+        if (t >= t1 || u0 > t) continue;   // warp-uniform
         int u = u0 + lane;
         float s = -INFINITY;
         if (u <= t) {
@@ -86,7 +88,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
         tile_rows_axpy(o, p, Vs, ld, jn, lane, hd);
         m = mn;
     }
-    if (t >= T) return;
+    if (t >= t1) return;
     float inv = 1.0f / l;
     float *ot = out + (((size_t)b * T + t) * H + h) * hd;
 #pragma unroll
@@ -102,10 +104,11 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
 // rounding and ds = p (dp - D) does not turn dout's rounding error into a gradient (it would where
 // dp ~ D, e.g. the first query row, whose gradient is exactly 0).
 __global__ void attention_rowdot_k(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
-                                   int rnd) {
-    size_t row = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b*T + t)*H + h
-    int lane = threadIdx.x & 31;
-    if (row >= (size_t)B * T * H) return;
+                                   int rnd, int t0, int t1) {
+    size_t cr = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b*(t1-t0) + t-t0)*H + h
+    int lane = threadIdx.x & 31, Tc = t1 - t0;
+    if (cr >= (size_t)B * Tc * H) return;
+    size_t bc = cr / H, row = (((bc / Tc) * T + t0 + bc % Tc)) * H + cr % H;   // (b*T + t)*H + h
     const float *g = dout + row * hd, *o = out + row * hd;
     float s = 0.0f;
     for (int i = lane; i < hd; i += 32) {
@@ -126,17 +129,17 @@ __global__ void attention_rowdot_k(float *D, const float *dout, const float *out
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, const float *dout, const float *lse,
                                                                      const float *Dg, const float *q, const float *k,
                                                                      const float *v, int T, int H, int KV, int hd,
-                                                                     float sc) {
+                                                                     float sc, int t0, int t1) {
     extern __shared__ float sm[];
     int ld = hd + 1;
     float *Ks = sm, *Vs = Ks + ATT_KT * ld, *Qs = Vs + ATT_KT * ld, *Gs = Qs + ATT_WARPS * hd;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int tb = blockIdx.x * ATT_WARPS, t = tb + w;
-    int tmax = tb + ATT_WARPS - 1 < T - 1 ? tb + ATT_WARPS - 1 : T - 1;
+    int tb = t0 + blockIdx.x * ATT_WARPS, t = tb + w;
+    int tmax = tb + ATT_WARPS - 1 < t1 - 1 ? tb + ATT_WARPS - 1 : t1 - 1;
     size_t qi = (((size_t)b * T + t) * H + h) * hd;
     float L = 0.0f, Dt = 0.0f;
-    if (t < T) {
+    if (t < t1) {
         for (int i = lane; i < hd; i += 32) { Qs[w * hd + i] = ld_f(q + qi + i); Gs[w * hd + i] = ld_f(dout + qi + i); }
         L = lse[((size_t)b * H + h) * T + t];
         Dt = Dg[((size_t)b * H + h) * T + t];
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, 
         __syncthreads();
         load_kv_tile(Ks, Vs, k, v, b, T, KV, kh, hd, u0, tmax);
         __syncthreads();
-        if (t >= T || u0 > t) continue;
+        if (t >= t1 || u0 > t) continue;
         int u = u0 + lane;
         float ds = 0.0f;
         if (u <= t) {
@@ -161,7 +164,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, 
         int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
         tile_rows_axpy(acc, ds, Ks, ld, jn, lane, hd);
     }
-    if (t >= T) return;
+    if (t >= t1) return;
 #pragma unroll
     for (int r = 0; r < ATT_MAXR; r++) {
         int i = lane + 32 * r;
@@ -169,15 +172,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, 
     }
 }
 
-// dk, dv: one warp per key row u of kv head kh, over the query heads of its group and tiles of
-// query rows t >= u. dv_u += sum p dout_t; dk_u += sum ds q_t.
-// Grid (ceil(T/ATT_WARPS), KV, B). Shared: Qs, Gs [ATT_KT][hd+1], Ls, Ds [ATT_KT],
+// dk, dv: one warp per key row u < t1 of kv head kh, over the query heads of its group and tiles of
+// query rows t >= max(u, t0), t < t1. dv_u += sum p dout_t; dk_u += sum ds q_t.
+// Grid (ceil(t1/ATT_WARPS), KV, B). Shared: Qs, Gs [ATT_KT][hd+1], Ls, Ds [ATT_KT],
 // Kb, Vb [ATT_WARPS][hd].
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk, float *dv, const float *dout,
                                                                        const float *lse, const float *Dg,
                                                                        const float *q, const float *k,
                                                                        const float *v, int T, int H, int KV, int hd,
-                                                                       float sc) {
+                                                                       float sc, int qa, int qb) {
     extern __shared__ float sm[];
     int ld = hd + 1;
     float *Qs = sm, *Gs = Qs + ATT_KT * ld, *Ls = Gs + ATT_KT * ld, *Ds = Ls + ATT_KT, *Kb = Ds + ATT_KT,
@@ -186,15 +189,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk
     int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
     int ub = blockIdx.x * ATT_WARPS, u = ub + w;
     size_t ki = (((size_t)b * T + u) * KV + kh) * hd;
-    if (u < T)
+    if (u < qb)
         for (int i = lane; i < hd; i += 32) { Kb[w * hd + i] = ld_f(k + ki + i); Vb[w * hd + i] = ld_f(v + ki + i); }
     float dka[ATT_MAXR], dva[ATT_MAXR];
 #pragma unroll
     for (int r = 0; r < ATT_MAXR; r++) dka[r] = dva[r] = 0.0f;
     for (int h = kh * rep; h < (kh + 1) * rep; h++)
-        for (int t0 = ub; t0 < T; t0 += ATT_KT) {
+        for (int t0 = ub > qa ? ub : qa; t0 < qb; t0 += ATT_KT) {
             __syncthreads();
-            int nq = T - t0 < ATT_KT ? T - t0 : ATT_KT;
+            int nq = qb - t0 < ATT_KT ? qb - t0 : ATT_KT;
             for (int e = threadIdx.x; e < nq * hd; e += blockDim.x) {
                 int j = e / hd, i = e % hd;
                 size_t gi = (((size_t)b * T + t0 + j) * H + h) * hd + i;
@@ -206,7 +209,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk
                 Ds[j] = Dg[((size_t)b * H + h) * T + t0 + j];
             }
             __syncthreads();
-            if (u >= T || t0 + nq - 1 < u) continue;   // warp-uniform: no query of this tile sees key u
+            if (u >= qb || t0 + nq - 1 < u) continue;   // warp-uniform: no query of this tile sees key u
             int t = t0 + lane;
             float p = 0.0f, ds = 0.0f;
             if (lane < nq && t >= u) {
@@ -227,7 +230,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk
                 }
             }
         }
-    if (u >= T) return;
+    if (u >= qb) return;
 #pragma unroll
     for (int r = 0; r < ATT_MAXR; r++) {
         int i = lane + 32 * r;
@@ -238,7 +241,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk
     }
 }
 
-static void att_check(int B, int T, int H, int KV, int hd) {
+static void att_check(int B, int T, int H, int KV, int hd, int t0, int t1) {
+    if (t0 < 0 || t1 > T || t0 >= t1) DIE("cuda attention: query rows [%d, %d) outside [0, %d)", t0, t1, T);
     if (hd > 32 * ATT_MAXR)
         DIE("cuda attention: head_dim %d > %d is not supported by this kernel yet", hd, 32 * ATT_MAXR);
     if (KV <= 0 || H % KV) DIE("cuda attention: n_heads %d is not a multiple of n_kv_heads %d", H, KV);
@@ -251,40 +255,40 @@ static void att_smem(const void *fn, size_t bytes) {
 }
 
 extern "C" void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
-                                      int round_dout) {
-    size_t rows = (size_t)B * T * H;
-    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd, round_dout);
+                                      int round_dout, int t0, int t1) {
+    size_t rows = (size_t)B * (t1 - t0) * H;
+    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd, round_dout, t0, t1);
     KCHECK("attention_bwd (rowdot)");
 }
 
 extern "C" void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                                   int B, int T, int H, int KV, int hd) {
+                                   int B, int T, int H, int KV, int hd, int t0, int t1) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    att_check(B, T, H, KV, hd);
+    att_check(B, T, H, KV, hd, t0, t1);
     size_t smem = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)ATT_WARPS * hd);
     att_smem((const void *)attention_fwd_k, smem);
-    dim3 grid(cdiv_u(T, ATT_WARPS), H, B);
-    attention_fwd_k<<<grid, ATT_WARPS * 32, smem>>>(out, lse, q, k, v, T, H, KV, hd, 1.0f / sqrtf((float)hd));
+    dim3 grid(cdiv_u(t1 - t0, ATT_WARPS), H, B);
+    attention_fwd_k<<<grid, ATT_WARPS * 32, smem>>>(out, lse, q, k, v, T, H, KV, hd, 1.0f / sqrtf((float)hd), t0, t1);
     KCHECK("attention_fwd");
 }
 
 extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                   int H, int KV, int hd) {
+                                   int H, int KV, int hd, int t0, int t1) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    att_check(B, T, H, KV, hd);
+    att_check(B, T, H, KV, hd, t0, t1);
     float sc = 1.0f / sqrtf((float)hd);
     size_t rows = (size_t)B * T * H;
     float *D = (float *)cuda_workspace(rows * sizeof(float));
-    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 0);
+    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 0, t0, t1);
     size_t smem_q = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dq_k, smem_q);
-    dim3 gq(cdiv_u(T, ATT_WARPS), H, B);
-    attention_bwd_dq_k<<<gq, ATT_WARPS * 32, smem_q>>>(dq, dout, lse, D, q, k, v, T, H, KV, hd, sc);
+    dim3 gq(cdiv_u(t1 - t0, ATT_WARPS), H, B);
+    attention_bwd_dq_k<<<gq, ATT_WARPS * 32, smem_q>>>(dq, dout, lse, D, q, k, v, T, H, KV, hd, sc, t0, t1);
     KCHECK("attention_bwd (dq)");
     size_t smem_kv = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + 2 * ATT_KT + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dkdv_k, smem_kv);
-    dim3 gk(cdiv_u(T, ATT_WARPS), KV, B);
-    attention_bwd_dkdv_k<<<gk, ATT_WARPS * 32, smem_kv>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, hd, sc);
+    dim3 gk(cdiv_u(t1, ATT_WARPS), KV, B);
+    attention_bwd_dkdv_k<<<gk, ATT_WARPS * 32, smem_kv>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, hd, sc, t0, t1);
     KCHECK("attention_bwd (dkdv)");
 }

@@ -5,6 +5,7 @@
 // into shared memory with cp.async; scores, softmax, the log-sum-exp and every accumulator stay
 // float32; P (forward) and dS (backward) are rounded to bf16 as the A operand of the second
 // product, as in FlashAttention-2.
+// Every call covers the query rows [t0, t1) of each sequence (ops.h; AMPipe's chunks).
 // Kernels: forward (64 query rows per block, 16 per warp, 64-key tiles, online softmax in base 2);
 // backward dq (per 64-query block over 32-key tiles) and dk/dv (per 64-key block over the query
 // heads of its group and 32-query tiles), so that every output element is written by one thread
@@ -110,27 +111,30 @@ __device__ __forceinline__ void p_times(float (*out)[4], float (*p)[4], const bf
     }
 }
 
-// Forward. Grid (ceil(T/64), H, B), the query blocks with the most keys first.
+// Forward over the query rows [qa, qb) of each sequence (keys 0..qb-1: rows from qb on are never
+// staged, they may be unconverted). Grid (ceil((qb-qa)/64), H, B), the query blocks with the most
+// keys first. A row's key tiles start at 0 whatever qa is: the same bits as over [0, T).
 template <int HD>
 __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
-                                                           const bf16s *v, int T, int H, int KV, float sl) {
+                                                           const bf16s *v, int T, int H, int KV, float sl, int qa,
+                                                           int qb) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Ks = Qs + TC_BM * LD, *Vs = Ks + TC_BN * LD;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
+    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
     const bf16s *qg = q + ((size_t)b * T * H + h) * HD;
     const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
-    stage<HD, TC_BM>(Qs, qg, q0, min(TC_BM, T - q0), (size_t)H * HD);
+    stage<HD, TC_BM>(Qs, qg, q0, min(TC_BM, qb - q0), (size_t)H * HD);
     int r0 = q0 + w * 16 + g, r1 = r0 + 8;
     float o[NT][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    for (int k0 = 0; k0 < q0 + TC_BM && k0 < T; k0 += TC_BN) {
+    for (int k0 = 0; k0 < q0 + TC_BM && k0 < qb; k0 += TC_BN) {
         __syncthreads();   // the previous tile is used up (and Qs is staged, the first time)
-        stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
-        stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, T - k0), (size_t)KV * HD);
+        stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, qb - k0), (size_t)KV * HD);
+        stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, qb - k0), (size_t)KV * HD);
         stage_wait();
         __syncthreads();
         float s[NJ][4];
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                s[j][e] = key <= row && key < T ? s[j][e] * sl : -INFINITY;
+                s[j][e] = key <= row && key < qb ? s[j][e] * sl : -INFINITY;
             }
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
@@ -184,25 +188,26 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
     float i0 = 1.0f / l0, i1 = 1.0f / l1;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        if (r0 < T) *(float2 *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[n][0] * i0, o[n][1] * i0);
-        if (r1 < T) *(float2 *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[n][2] * i1, o[n][3] * i1);
+        if (r0 < qb) *(float2 *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[n][0] * i0, o[n][1] * i0);
+        if (r1 < qb) *(float2 *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[n][2] * i1, o[n][3] * i1);
     }
     if (t == 0) {
-        if (r0 < T) lse[((size_t)b * H + h) * T + r0] = (m0 + log2f(l0)) * TC_LN2;
-        if (r1 < T) lse[((size_t)b * H + h) * T + r1] = (m1 + log2f(l1)) * TC_LN2;
+        if (r0 < qb) lse[((size_t)b * H + h) * T + r0] = (m0 + log2f(l0)) * TC_LN2;
+        if (r1 < qb) lse[((size_t)b * H + h) * T + r1] = (m1 + log2f(l1)) * TC_LN2;
     }
 }
 
-// dst (rows r0, r1 of a (T, heads, HD) tensor at base) += acc, float2 per fragment pair
+// dst (rows r0, r1 of a (T, heads, HD) tensor at base; rows from `end` on skipped) += acc, float2
+// per fragment pair
 template <int HD>
-__device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, int r1, int T, size_t stride, int t) {
+__device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, int r1, int end, size_t stride, int t) {
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
-        if (r0 < T) {
+        if (r0 < end) {
             float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t), x = *p;
             *p = make_float2(x.x + acc[n][0], x.y + acc[n][1]);
         }
-        if (r1 < T) {
+        if (r1 < end) {
             float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t), x = *p;
             *p = make_float2(x.x + acc[n][2], x.y + acc[n][3]);
         }
@@ -210,32 +215,33 @@ __device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, i
 }
 
 // dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
-// dp = dout . v. Grid (ceil(T/64), H, B).
+// dp = dout . v, for the query rows t in [qa, qb). Grid (ceil((qb-qa)/64), H, B).
 template <int HD>
 __global__ void __launch_bounds__(TC_THREADS, 4) att_tc_dq_k(float *dq, const bf16s *dout, const float *lse,
                                                           const float *Dg, const bf16s *q, const bf16s *k,
-                                                          const bf16s *v, int T, int H, int KV, float sl, float sc) {
+                                                          const bf16s *v, int T, int H, int KV, float sl, float sc,
+                                                          int qa, int qb) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BK / 8;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + TC_BK * LD;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
+    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
     size_t qoff = ((size_t)b * T * H + h) * HD;
-    stage<HD, TC_BM>(Qs, q + qoff, q0, min(TC_BM, T - q0), (size_t)H * HD);
-    stage<HD, TC_BM>(Gs, dout + qoff, q0, min(TC_BM, T - q0), (size_t)H * HD);
+    stage<HD, TC_BM>(Qs, q + qoff, q0, min(TC_BM, qb - q0), (size_t)H * HD);
+    stage<HD, TC_BM>(Gs, dout + qoff, q0, min(TC_BM, qb - q0), (size_t)H * HD);
     const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
     int r0 = q0 + w * 16 + g, r1 = r0 + 8;
     size_t lrow = ((size_t)b * H + h) * T;
-    float L0 = r0 < T ? lse[lrow + r0] * TC_LOG2E : 0.0f, L1 = r1 < T ? lse[lrow + r1] * TC_LOG2E : 0.0f;
-    float D0 = r0 < T ? Dg[lrow + r0] : 0.0f, D1 = r1 < T ? Dg[lrow + r1] : 0.0f;
+    float L0 = r0 < qb ? lse[lrow + r0] * TC_LOG2E : 0.0f, L1 = r1 < qb ? lse[lrow + r1] * TC_LOG2E : 0.0f;
+    float D0 = r0 < qb ? Dg[lrow + r0] : 0.0f, D1 = r1 < qb ? Dg[lrow + r1] : 0.0f;
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int k0 = 0; k0 < q0 + TC_BM && k0 < T; k0 += TC_BK) {
+    for (int k0 = 0; k0 < q0 + TC_BM && k0 < qb; k0 += TC_BK) {
         __syncthreads();
-        stage<HD, TC_BK>(Ks, kg, k0, min(TC_BK, T - k0), (size_t)KV * HD);
-        stage<HD, TC_BK>(Vs, vg, k0, min(TC_BK, T - k0), (size_t)KV * HD);
+        stage<HD, TC_BK>(Ks, kg, k0, min(TC_BK, qb - k0), (size_t)KV * HD);
+        stage<HD, TC_BK>(Vs, vg, k0, min(TC_BK, qb - k0), (size_t)KV * HD);
         stage_wait();
         __syncthreads();
         float s[NJ][4], dp[NJ][4];
@@ -250,20 +256,21 @@ __global__ void __launch_bounds__(TC_THREADS, 4) att_tc_dq_k(float *dq, const bf
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                float p = key <= row && key < T ? exp2f(s[j][e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
+                float p = key <= row && key < qb ? exp2f(s[j][e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
                 s[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1)) * sc;
             }
         p_times<HD, NJ>(acc, s, Ks, lane);
     }
-    add_rows<HD>(dq + qoff, acc, r0, r1, T, (size_t)H * HD, t);
+    add_rows<HD>(dq + qoff, acc, r0, r1, qb, (size_t)H * HD, t);
 }
 
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the
-// queries t >= u. Grid (ceil(T/64), KV, B); key blocks with the most queries first.
+// queries t >= u, t in [qa, qb), for the keys u < qb. Grid (ceil(qb/64), KV, B).
 template <int HD>
 __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse,
                                                             const float *Dg, const bf16s *q, const bf16s *k,
-                                                            const bf16s *v, int T, int H, int KV, float sl, float sc) {
+                                                            const bf16s *v, int T, int H, int KV, float sl, float sc,
+                                                            int qa, int qb) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BQ / 8;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Ks = sm, *Vs = Ks + TC_BM * LD, *Qs = Vs + TC_BM * LD, *Gs = Qs + TC_BQ * LD;
@@ -272,8 +279,8 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
     int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
     int k0 = blockIdx.x * TC_BM;
     size_t koff = ((size_t)b * T * KV + kh) * HD;
-    stage<HD, TC_BM>(Ks, k + koff, k0, min(TC_BM, T - k0), (size_t)KV * HD);
-    stage<HD, TC_BM>(Vs, v + koff, k0, min(TC_BM, T - k0), (size_t)KV * HD);
+    stage<HD, TC_BM>(Ks, k + koff, k0, min(TC_BM, qb - k0), (size_t)KV * HD);
+    stage<HD, TC_BM>(Vs, v + koff, k0, min(TC_BM, qb - k0), (size_t)KV * HD);
     int u0 = k0 + w * 16 + g, u1 = u0 + 8, wfirst = k0 + w * 16;
     float dka[NT][4], dva[NT][4];
 #pragma unroll
@@ -282,9 +289,9 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
         for (int e = 0; e < 4; e++) dka[n][e] = dva[n][e] = 0.0f;
     for (int h = kh * rep; h < (kh + 1) * rep; h++) {
         size_t qoff = ((size_t)b * T * H + h) * HD, lrow = ((size_t)b * H + h) * T;
-        for (int t0 = k0; t0 < T; t0 += TC_BQ) {
+        for (int t0 = max(k0, qa); t0 < qb; t0 += TC_BQ) {
             __syncthreads();
-            int nq = min(TC_BQ, T - t0);
+            int nq = min(TC_BQ, qb - t0);
             stage<HD, TC_BQ>(Qs, q + qoff, t0, nq, (size_t)H * HD);
             stage<HD, TC_BQ>(Gs, dout + qoff, t0, nq, (size_t)H * HD);
             for (int j = threadIdx.x; j < TC_BQ; j += TC_THREADS) {
@@ -306,7 +313,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u1;
-                    float p = qt >= key && qt < T ? exp2f(s[j][e] * sl - Ls[c]) : 0.0f;
+                    float p = qt >= key && qt < qb ? exp2f(s[j][e] * sl - Ls[c]) : 0.0f;
                     s[j][e] = p;
                     dp[j][e] = p * (dp[j][e] - Ds[c]) * sc;
                 }
@@ -314,8 +321,8 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
             p_times<HD, NJ>(dka, dp, Qs, lane);
         }
     }
-    add_rows<HD>(dk + koff, dka, u0, u1, T, (size_t)KV * HD, t);
-    add_rows<HD>(dv + koff, dva, u0, u1, T, (size_t)KV * HD, t);
+    add_rows<HD>(dk + koff, dka, u0, u1, qb, (size_t)KV * HD, t);
+    add_rows<HD>(dv + koff, dva, u0, u1, qb, (size_t)KV * HD, t);
 }
 
 static size_t smem_fwd(int hd) { return sizeof(bf16s) * (size_t)(TC_BM + 2 * TC_BN) * (hd + 8); }
@@ -338,6 +345,24 @@ static int tc_ok(int B, int hd, int KV, int H) {
 
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
+// dst = bf16(src) for the rows [ta, tb) of each of B sequences of T rows of `width` floats (the
+// rest of dst untouched): a chunk's queries, or the keys/values its queries read.
+__global__ void f32_to_bf16_rows_k(bf16s *dst, const float *src, int T, int ta, int tb, int width, size_t n) {
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        size_t per = (size_t)(tb - ta) * width, b = e / per, r = e % per;
+        size_t gi = (b * T + ta) * width + r;
+        __nv_bfloat16 h = __float2bfloat16_rn(src[gi]);
+        dst[gi] = *(bf16s *)&h;
+    }
+}
+static void to_bf16_rows(bf16s *dst, const float *src, int B, int T, int ta, int tb, int width) {
+    size_t n = (size_t)B * (tb - ta) * width;
+    if (!n) return;
+    size_t blocks = cdiv_u(n, 256);
+    f32_to_bf16_rows_k<<<blocks < 4096 ? blocks : 4096, 256>>>(dst, src, T, ta, tb, width, n);
+    KCHECK("attention (bf16 rows)");
+}
+
 // The workspace as float D[nd] (may be 0) then bf16 copies of `cnt` tensors of n[i] elements.
 static void ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) {
     size_t total = al256(nd * sizeof(float));
@@ -349,62 +374,77 @@ static void ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) 
 
 template <int HD>
 static void fwd_launch(float *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
-                       int KV) {
+                       int KV, int t0, int t1) {
     size_t sm = smem_fwd(HD);
     smem_opt_in((const void *)att_tc_fwd_k<HD>, sm);
-    dim3 grid(cdiv_u(T, TC_BM), H, B);
-    att_tc_fwd_k<HD><<<grid, TC_THREADS, sm>>>(out, lse, q, k, v, T, H, KV, TC_LOG2E / sqrtf((float)HD));
+    dim3 grid(cdiv_u(t1 - t0, TC_BM), H, B);
+    att_tc_fwd_k<HD><<<grid, TC_THREADS, sm>>>(out, lse, q, k, v, T, H, KV, TC_LOG2E / sqrtf((float)HD), t0, t1);
     KCHECK("attention_fwd (tensor cores)");
 }
 
 template <int HD>
 static void bwd_launch(float *dq, float *dk, float *dv, const bf16s *dout, const float *lse, const float *D,
-                       const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H, int KV) {
+                       const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H, int KV, int t0, int t1) {
     float sc = 1.0f / sqrtf((float)HD), sl = sc * TC_LOG2E;
     size_t s1 = smem_dq(HD), s2 = smem_dkdv(HD);
     smem_opt_in((const void *)att_tc_dq_k<HD>, s1);
     smem_opt_in((const void *)att_tc_dkdv_k<HD>, s2);
-    dim3 gq(cdiv_u(T, TC_BM), H, B), gk(cdiv_u(T, TC_BM), KV, B);
-    att_tc_dq_k<HD><<<gq, TC_THREADS, s1>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc);
+    dim3 gq(cdiv_u(t1 - t0, TC_BM), H, B), gk(cdiv_u(t1, TC_BM), KV, B);
+    att_tc_dq_k<HD><<<gq, TC_THREADS, s1>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
     KCHECK("attention_bwd (tensor cores, dq)");
-    att_tc_dkdv_k<HD><<<gk, TC_THREADS, s2>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc);
+    att_tc_dkdv_k<HD><<<gk, TC_THREADS, s2>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
     KCHECK("attention_bwd (tensor cores, dk/dv)");
 }
 
-// q, k, v (and dout) are rounded to bf16 once, into the workspace, then staged from there.
+// The rows a call reads (its queries [t0, t1) of q and dout, keys/values 0..t1-1) are rounded to
+// bf16 once per call, into the workspace (the layout of the whole tensors), then staged from there.
+static void to_bf16_range(bf16s *dst, const float *src, int B, int T, int ta, int tb, int width) {
+    if (ta == 0 && tb == T) cuda_f32_to_bf16(dst, src, (size_t)B * T * width);
+    else to_bf16_rows(dst, src, B, T, ta, tb, width);
+}
+
+static void range_check(int T, int t0, int t1) {
+    if (t0 < 0 || t1 > T || t0 >= t1) DIE("cuda attention: query rows [%d, %d) outside [0, %d)", t0, t1, T);
+}
+
 extern "C" void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                      int T, int H, int KV, int hd) {
+                                      int T, int H, int KV, int hd, int t0, int t1) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    if (!tc_ok(B, hd, KV, H) || !aligned16(out)) { cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd); return; }
+    if (!tc_ok(B, hd, KV, H) || !aligned16(out)) {
+        cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+        return;
+    }
+    range_check(T, t0, t1);
     size_t n[3] = {(size_t)B * T * H * hd, (size_t)B * T * KV * hd, (size_t)B * T * KV * hd};
     bf16s *p[3];
     ws_carve(0, n, 3, NULL, p);
-    cuda_f32_to_bf16(p[0], q, n[0]);
-    cuda_f32_to_bf16(p[1], k, n[1]);
-    cuda_f32_to_bf16(p[2], v, n[2]);
-    if (hd == 32) fwd_launch<32>(out, lse, p[0], p[1], p[2], B, T, H, KV);
-    else if (hd == 64) fwd_launch<64>(out, lse, p[0], p[1], p[2], B, T, H, KV);
-    else fwd_launch<128>(out, lse, p[0], p[1], p[2], B, T, H, KV);
+    to_bf16_range(p[0], q, B, T, t0, t1, H * hd);
+    to_bf16_range(p[1], k, B, T, 0, t1, KV * hd);
+    to_bf16_range(p[2], v, B, T, 0, t1, KV * hd);
+    if (hd == 32) fwd_launch<32>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
+    else if (hd == 64) fwd_launch<64>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
+    else fwd_launch<128>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
 }
 
 extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                       const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                      int H, int KV, int hd) {
+                                      int H, int KV, int hd, int t0, int t1) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_ok(B, hd, KV, H) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv)) {
-        cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd);
+        cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
         return;
     }
+    range_check(T, t0, t1);
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, n[4] = {nq, nk, nk, nq};
     float *D;
     bf16s *p[4];
     ws_carve((size_t)B * T * H, n, 4, &D, p);
-    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 1);
-    cuda_f32_to_bf16(p[0], q, nq);
-    cuda_f32_to_bf16(p[1], k, nk);
-    cuda_f32_to_bf16(p[2], v, nk);
-    cuda_f32_to_bf16(p[3], dout, nq);
-    if (hd == 32) bwd_launch<32>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV);
-    else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV);
-    else bwd_launch<128>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV);
+    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 1, t0, t1);
+    to_bf16_range(p[0], q, B, T, t0, t1, H * hd);
+    to_bf16_range(p[1], k, B, T, 0, t1, KV * hd);
+    to_bf16_range(p[2], v, B, T, 0, t1, KV * hd);
+    to_bf16_range(p[3], dout, B, T, t0, t1, H * hd);
+    if (hd == 32) bwd_launch<32>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
+    else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
+    else bwd_launch<128>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
 }

@@ -174,17 +174,20 @@ int cuda_grouped_swiglu_fwd(float *h1, float *h3, float *act, const void *x, con
 int cuda_grouped_swiglu_bwd(float *dh1, float *dh3, const float *h1, const float *h3, const void *dout,
                             const void *w, const int64_t *off, int G, int K, int O);
 // cuda_attention.cu
+// (query rows [t0, t1) of each sequence: ops.h)
 void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                        int B, int T, int H, int KV, int hd);
+                        int B, int T, int H, int KV, int hd, int t0, int t1);
 void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd);
-// D[b,h,t] = <dout, out> per query row (layouts as ops.h; D is (B, H, T)); round_dout: dout
-// rounded to bf16 first (the tensor-core backward)
+                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                        int t0, int t1);
+// D[b,h,t] = <dout, out> per query row t in [t0, t1) (layouts as ops.h; D is (B, H, T));
+// round_dout: dout rounded to bf16 first (the tensor-core backward)
 void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
-                           int round_dout);
+                           int round_dout, int t0, int t1);
 // cuda_attention_tc.cu: the same two ops on tensor cores (bf16 operands), backend "cuda"
 void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v,
-                           int B, int T, int H, int KV, int hd);
+                           int B, int T, int H, int KV, int hd, int t0, int t1);
 void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                           const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd);
+                           const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                           int t0, int t1);
 }
