@@ -382,7 +382,11 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         float *out = l + 1 < ch->l1 ? m->la[l + 1].res_in : m->res_final;
         int n = dloss != 0 ? m->ampipe[l] : 1;
         CHECK(n <= N, "--ampipe %d: a micro-batch of %d tokens has fewer rows than chunks", n, N);
+        // the states a layer's forwards do not use lose their memory: whole-batch rows while chunked,
+        // the chunks' states while not (--ampipe auto tries both)
         if (n > 1 && a->nmc != n) chunk_moes(m, a, n);
+        if (n > 1) moe_layer_trim(&a->moe);
+        else if (a->nmc) chunk_moes(m, a, 1);
         layer_forward(m, l, out, B, T, n, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0);
         m->aux += a->moe.aux / c->n_layers;
         m->z += a->moe.z / c->n_layers;

@@ -108,7 +108,8 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
         m->noise = be->alloc(Ns * d * F);
         m->xj = be->alloc(Ns * d * F);
     }
-    m->xs = be->alloc(R * d * F);
+    // xs (R,d), my kept rows: allocated by the first moe_start (a layer whose forward runs in AMPipe
+    // chunks never needs its whole-batch rows)
     // the plan arrays in one block: rowtok, slotrow, rowscale, rank (R 4-byte elements each), keep
     // and first (k*E each)
     m->plan_d = be->alloc((4 * (R ? R : 1) + 2 * k * E) * 4);
@@ -140,6 +141,14 @@ void moe_layer_free(MoeLayer *m) {
     void *chunked[] = {m->cidx, m->xsc, m->ysc};   // icidx shares cidx's block
     for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++) if (chunked[i]) be->free(chunked[i]);
     memset(m, 0, sizeof *m);
+}
+
+void moe_layer_trim(MoeLayer *m) {
+    float **bufs[] = {&m->xs, &m->ys, &m->xg, &m->yg, &m->h1, &m->h3, &m->act, &m->xsc, &m->ysc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (*bufs[i]) { m->be->free(*bufs[i]); *bufs[i] = NULL; }
+    if (m->cidx) { m->be->free(m->cidx); m->cidx = m->icidx = NULL; }
+    m->cap_d = m->cap_f = m->cap_xg = m->cap_ys = 0;
 }
 
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN) {
@@ -455,6 +464,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
         m->dropped = 0;
     }
     int M = m->plan.M, R = m->Rmax;
+    if (!m->xs) m->xs = be->alloc((size_t)(R ? R : 1) * d * F);
     be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
     be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d, m->kf_d + (size_t)k * E, Ns,
                   E, k);

@@ -125,6 +125,10 @@ typedef struct {
 
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);
 void moe_layer_free(MoeLayer *m);
+// Frees the buffers a forward grows (token rows, expert-side activations; the next forward grows
+// them again): a layer whose forwards move to AMPipe chunks (their own states) drops its whole-batch
+// ones. Not between a forward and its backward.
+void moe_layer_trim(MoeLayer *m);
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN);
 void moe_scratch_free(MoeScratch *s);
 
