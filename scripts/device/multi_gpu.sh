@@ -17,6 +17,7 @@ export OMPI_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_si
 MPI="timeout 200 mpirun -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS"
 t() { local name=$1; shift; local t0=$SECONDS; "$@" > $W/$name.log 2>&1; echo "== $name rc=$? $((SECONDS-t0))s"; }
 date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m | head -4
+[ "${PERF_ONLY:-0}" = 1 ] || {
 t nccl2 $MPI $B/test_nccl; grep -v "^ *$" $W/nccl2.log | tail -4
 S="--device cuda --steps 20 --batch 16 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 128 --d-ff 256
    --n-experts 8 --top-k 2 --lr 1e-3 --warmup 2 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 --save-every -1 --force"
@@ -34,6 +35,7 @@ for p in ('dp2', 'ep2', 'ep2a'):
         print(f"{p}: {len(b)} steps, max relative loss difference vs one GPU {r:.2e}; step 1 {abs(a[0]-b[0])/a[0]:.2e}")
     except Exception as e: print(p, 'no metrics', e)
 P
+}
 python3 scripts/device/random_shard.py $W/rand.bin
 P="--data $W/rand.bin --preset peers-ref --device cuda --batch 8 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --steps 10 --ep 2"
