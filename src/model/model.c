@@ -426,6 +426,35 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     return s / N;
 }
 
+// The backward of the rows [r0, r1) between the MoE and attention: the FFN norm (into dres: the
+// gradient of x_mid) and o_proj (datt), from m->dxn (the MoE input's gradient) and m->dres.
+static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    float *g = m->grads;
+    size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
+    be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
+                    P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)n, (int)d);
+    be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), m->dres + r0 * d, a->att + r0 * qd,
+                   P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d);
+}
+
+// Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
+// those rows, dk/dv of the keys they read (+=).
+static void attn_bwd_rows(const Model *m, LayerActs *a, int T, int r0, int r1) {
+    const ModelConfig *c = &m->c;
+    int H = m->Hl, KV = m->KVl, hd = c->head_dim;
+    size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
+    for (int r = r0; r < r1;) {
+        int b = r / T, t = r % T, nb = 1, te = T;
+        if (t == 0 && r1 - r >= T) nb = (r1 - r) / T;
+        else te = t + (r1 - r) < T ? t + (r1 - r) : T;
+        m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, a->att + b * qs,
+                             a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te);
+        r += nb * (te - t);
+    }
+}
+
 void model_backward(Model *m, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
@@ -448,7 +477,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     for (int l = ch->l1 - 1; l >= ch->l0; l--) {
         LayerActs *a = &m->la[l];
         // MoE block: out = x_mid + moe(norm(x_mid)); with AMPipe chunks (the forward's MoE states
-        // a->mc) chunk by chunk in reverse, each with its rows of the norm and of o_proj
+        // a->mc) chunk by chunk in reverse, each with its rows of the norm, o_proj and attention
         MoeWeights w;
         MoeGrads gw;
         layer_weights(m, m->params, l, &w);
@@ -458,25 +487,34 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.w2 = P(m, g, PR_W2, l, m->e0);
         int n = a->nrun;
         be->zero(m->datt, (size_t)N * qd * F);
-        double t0 = moe_clock(m);
-        for (int j = n - 1; j >= 0; j--) {
-            size_t r0 = (size_t)N * j / n, nr = (size_t)N * (j + 1) / n - r0;
-            MoeLayer *ml = n > 1 ? &a->mc[j] : &a->moe;
-            if (n > 1) moe_loss_from(ml, &a->moe);
-            be->zero(m->dxn + r0 * d, nr * d * F);
-            moe_backward(ml, &m->ms, m->dxn + r0 * d, m->dres + r0 * d, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L,
-                         z_scale / L);
-            be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
-                            P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)nr, d);
-            be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), m->dres + r0 * d, a->att + r0 * qd,
-                           P(m, m->params, PR_WO, l, -1), (int)nr, qd, d);
-        }
-        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
-        // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
         be->zero(m->dv, (size_t)N * kvd * F);
-        be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
+        double t0 = moe_clock(m);
+        if (n == 1) {
+            be->zero(m->dxn, (size_t)N * d * F);
+            moe_backward(&a->moe, &m->ms, m->dxn, m->dres, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
+            block_mid_bwd(m, a, l, 0, N);
+        } else {
+            // AMPipe, chunks in reverse: chunk j-1's dy travels while chunk j's attention backward runs
+            CHECK(n <= AMPIPE_MAX && a->nmc == n, "layer %d: backward of %d chunks, %d states", l, n, a->nmc);
+            int R[AMPIPE_MAX + 1] = {0};
+            for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
+            for (int j = 0; j < n; j++) moe_loss_from(&a->mc[j], &a->moe);
+            moe_backward_start(&a->mc[n - 1], &m->ms, m->dres + (size_t)R[n - 1] * d);
+            for (int j = n - 1; j >= 0; j--) {
+                size_t r0 = R[j];
+                be->zero(m->dxn + r0 * d, (size_t)(R[j + 1] - R[j]) * d * F);
+                moe_backward_finish(&a->mc[j], &m->ms, m->dxn + r0 * d, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L,
+                                    z_scale / L);
+                block_mid_bwd(m, a, l, R[j], R[j + 1]);
+                if (j > 0) moe_backward_start(&a->mc[j - 1], &m->ms, m->dres + (size_t)R[j - 1] * d);
+                attn_bwd_rows(m, a, T, R[j], R[j + 1]);
+            }
+        }
+        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
+        // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
+        if (n == 1) attn_bwd_rows(m, a, T, 0, N);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
         be->zero(m->dxn, (size_t)N * d * F);

@@ -553,10 +553,27 @@ static const float *experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWei
     return s->dxs;
 }
 
+void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy) {
+    const Backend *be = m->be;
+    int d = m->d, M = m->plan.M, Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
+    // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
+    be->gather_dot_scale(s->dys, s->rowdot, dy + (size_t)m->s0 * d, m->rowtok, m->ysp, m->rowscale, M, d);
+    scratch_buffers(s, Rg, M, d, m->fu, m->xu->local);
+    // with early_dispatch the unchunked dispatch of dys is in flight until moe_backward_finish
+    m->started = m->early_dispatch && m->r == 1 && !m->xu->local;
+    if (m->started) exchange_dispatch_start(m->xu, s->dys);
+}
+
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
+    moe_backward_start(m, s, dy);
+    moe_backward_finish(m, s, dx, x, w, g, c, aux_scale, z_scale);
+}
+
+void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w, MoeGrads *g,
+                         const ModelConfig *c, float aux_scale, float z_scale) {
     const Backend *be = m->be;
-    int d = m->d, fu = m->fu, E = m->E, El = m->El, k = m->k, M = m->plan.M, Ns = m->Ns, Rg = m->xu->Rg;
+    int d = m->d, fu = m->fu, E = m->E, El = m->El, k = m->k, Ns = m->Ns;
     int TP = comm_size(m->cm.tp);
     // gathered: the forward's whole experts, and whole-expert gradients reduce-scattered at the end
     MoeWeights wf;
@@ -570,17 +587,13 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
         gu = &gf;
     }
     const float *xin = m->noise ? m->xj : x + (size_t)m->s0 * d;
-    const float *dys_in = dy + (size_t)m->s0 * d;
-    // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
-    be->gather_dot_scale(s->dys, s->rowdot, dys_in, m->rowtok, m->ysp, m->rowscale, M, d);
     // to the experts (same routes as the forward), expert backward, and back
-    if (m->r > 1) Rg = (int)m->gstart[m->r];
-    scratch_buffers(s, Rg, M, d, fu, m->xu->local);
     const float *dxs;
     if (m->r > 1) {
         dxs = experts_bwd_chunked(m, s, w, g);
     } else {
-        const float *dyg = exchange_dispatch(m->xu, s->dys, s->dyg);
+        const float *dyg = m->started ? exchange_dispatch_finish(m->xu, s->dys, s->dyg) : exchange_dispatch(m->xu, s->dys, s->dyg);
+        m->started = 0;
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
         // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3

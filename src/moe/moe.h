@@ -90,8 +90,9 @@ typedef struct {
     int mode, gathered;            // MOE_SHARDED / MOE_GATHERED for the next forward; what the last one did
     const float *xin;              // moe_route's input rows (my slice, jittered), for moe_start
     MoeWeights wu;                 // the experts the last forward used (whole ones when gathered)
-    int early_dispatch;            // 1: moe_start leaves an unchunked dispatch in flight (AMPipe)
-    int started;                   // such a dispatch is in flight (until moe_finish)
+    int early_dispatch;            // 1: moe_start / moe_backward_start leave an unchunked dispatch in
+                                   // flight (AMPipe)
+    int started;                   // such a dispatch is in flight (until moe_finish / _backward_finish)
     Exchange *xu;                  // the last forward's routes: &x, or &xe (gathered: EP only)
     int fu;                        // its expert width: fl, or f (gathered)
     Exchange xe;                   // the EP-only routes of the gathered mode
@@ -163,3 +164,9 @@ void moe_loss_from(MoeLayer *part, const MoeLayer *whole);
 // this differentiates is <dy, y> + aux_scale * aux + z_scale * z of the last forward.
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale);
+// The same in two parts (AMPipe's backward: a chunk's dy travels while another chunk's attention
+// backward runs): _start (the combine's backward into s, and with m->early_dispatch the dispatch of
+// dy started), _finish (the experts, the way back, the router). Nothing may use s in between.
+void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy);
+void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w, MoeGrads *g,
+                         const ModelConfig *c, float aux_scale, float z_scale);
