@@ -126,8 +126,10 @@ void model_set_expert_mode(Model *m, int l, int mode);
 // routers of all chunks run first (a token's drop depends on every earlier token's routing), then
 // the budgets of the whole micro-batch (exactly n = 1's drops), then the chunks' exchanges, each
 // chunk's dispatch in flight during the previous chunk's experts. The aux and z losses are the whole
-// micro-batch's. Backward: each chunk's MoE, norm and o_proj in reverse, then attention at once.
-// Forward bits equal n = 1's; the weight gradients differ by round-off (sums split by chunk).
+// micro-batch's. Backward: the chunks in reverse, chunk j-1's dy dispatch in flight while chunk j's
+// attention backward runs (its query rows; dk/dv add up over the chunks). Each attention row is n = 1's
+// bits; the GEMM libraries pick kernels by row count and the weight and key/value gradients' sums are
+// split by chunk, so n > 1 equals n = 1 to round-off (tests/test_ampipe.sh).
 // n in 1, 2, 4, 8 (AMPIPE_MAX), per layer; evaluation forwards run unchunked. With moe_timing the
 // layer's time covers the block from attention on (the chunks interleave attention and MoE).
 #define AMPIPE_MAX 8
