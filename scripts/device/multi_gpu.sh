@@ -17,6 +17,13 @@ export OMPI_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_si
 MPI="timeout 200 mpirun -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS"
 t() { local name=$1; shift; local t0=$SECONDS; "$@" > $W/$name.log 2>&1; echo "== $name rc=$? $((SECONDS-t0))s"; }
 date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m | head -4
+if [ "${DIAG:-0}" = 1 ]; then
+  S="--device cuda --steps 6 --batch 16 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 128 --d-ff 256 --n-experts 8 --top-k 2 --lr 1e-3 --warmup 2 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 --save-every -1 --force"
+  for f in "--ampipe 2" "--ampipe 2 --a2a-overlap 2" "--ampipe 2 --overlap 0"; do
+    MOE_NCCL_TIMEOUT_S=20 MOE_COMM_TIMEOUT_S=20 timeout 60 mpirun -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS -x MOE_NCCL_TIMEOUT_S -x MOE_COMM_TIMEOUT_S $B/moe train $S --ep 2 $f --out $W/d > ${OUT:-$W}/diag_${f// /_}.log 2>&1; echo "== $f rc=$?"; tail -3 ${OUT:-$W}/diag_${f// /_}.log
+  done
+  exit 0
+fi
 [ "${PERF_ONLY:-0}" = 1 ] || {
 t nccl2 $MPI $B/test_nccl; grep -v "^ *$" $W/nccl2.log | tail -4
 S="--device cuda --steps 20 --batch 16 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 128 --d-ff 256
