@@ -317,8 +317,8 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     MoeScratch s;
     moe_layer_init(&m, be, &c, T, NULL);
     moe_scratch_init(&s, be, &c, T);
-    MoeWeights w = {wr, w1, w3, w2};
-    MoeGrads g = {gr, g1, g3, g2};
+    MoeWeights w = {.router = wr, .w1 = w1, .w3 = w3, .w2 = w2};
+    MoeGrads g = {.router = gr, .w1 = g1, .w3 = g3, .w2 = g2};
     cudaEvent_t a, z;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&z));

@@ -30,6 +30,7 @@ typedef struct {
     float *res_in;                 // (N,d) layer input (residual stream)
     float *xn1, *rstd1;            // (N,d) (N)
     float *q, *k, *v;              // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE
+    float *qraw, *kraw, *rstdq, *rstdk;   // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
     float *att, *lse;              // (N,H*hd) (B,H,T)
     float *x_mid;                  // (N,d) after the attention residual
     float *xn2, *rstd2;            // (N,d) (N)
@@ -71,6 +72,8 @@ typedef struct {
     int32_t *tokens, *targets;     // (N)
     // backward scratch
     float *dres, *dxn, *dq, *dk, *dv, *datt;
+    float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
+    float *ones;                   // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
     MoeScratch ms;
     // optional: called during model_backward as soon as a group of gradients is final:
     // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding

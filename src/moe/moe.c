@@ -119,6 +119,20 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->kf_d = m->rank + R;
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
+    m->fs = c->n_shared_experts * c->shared_d_ff;
+    if (m->fs) {
+        size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * F;
+        m->sh_h1 = be->alloc(nf);
+        m->sh_h3 = be->alloc(nf);
+        m->sh_act = be->alloc(nf);
+        m->sh_y = be->alloc((Ns ? Ns : 1) * d * F);
+        m->sh_g = be->alloc((Ns ? Ns : 1) * F);
+        m->ident = be->alloc((Ns ? Ns : 1) * sizeof(int32_t));
+        int32_t *id = xmalloc((Ns ? Ns : 1) * sizeof(int32_t));
+        for (size_t i = 0; i < Ns; i++) id[i] = (int32_t)i;
+        be->to_device(m->ident, id, Ns * sizeof(int32_t));
+        free(id);
+    }
     m->overlap = m->r = 1;
     m->xu = &m->x;
     m->fu = m->fl;
@@ -130,7 +144,7 @@ void moe_layer_free(MoeLayer *m) {
     free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f);
     plan_free(&m->plan);
     void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
-                   m->xg, m->h1, m->h3, m->act, m->yg};
+                   m->xg, m->h1, m->h3, m->act, m->yg, m->sh_h1, m->sh_h3, m->sh_act, m->sh_y, m->sh_g, m->ident};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) be->free(dev[i]);
     exchange_free(&m->x);
     for (int i = 0; i < MOE_MAX_OVERLAP; i++) if (m->xc[i].be) exchange_free(&m->xc[i]);
@@ -153,14 +167,56 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     s->rowdot = be->alloc(R * F);
     s->aux_dp = be->alloc(E * F);
     s->aux_dp_h = xcalloc(E, F);
+    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    if (fs) {
+        s->sh_dy = be->alloc(N * d * F);
+        s->sh_dact = be->alloc(N * fs * F);
+        s->sh_dh1 = be->alloc(N * fs * F);
+        s->sh_dh3 = be->alloc(N * fs * F);
+        s->sh_dg = be->alloc(N * F);
+    }
 }
 
 void moe_scratch_free(MoeScratch *s) {
     void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
-                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice};
+                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice, s->sh_dy, s->sh_dact, s->sh_dh1,
+                   s->sh_dh3, s->sh_dg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
     free(s->aux_dp_h);
     memset(s, 0, sizeof *s);
+}
+
+// ---- the shared expert (Qwen2-MoE) on my slice x (Ns,d), added into y (Ns,d):
+// y += g * (silu(x W1^T) * (x W3^T)) W2^T, g = sigmoid(x w_gate) per token (1 without a gate)
+static void shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w) {
+    const Backend *be = m->be;
+    int Ns = m->Ns, d = m->d, fs = m->fs;
+    be->matmul_fwd(m->sh_h1, x, w->sh_w1, Ns, d, fs, 0);
+    be->matmul_fwd(m->sh_h3, x, w->sh_w3, Ns, d, fs, 0);
+    be->swiglu_fwd(m->sh_act, m->sh_h1, m->sh_h3, (size_t)Ns * fs);
+    if (!w->sh_gate) { be->matmul_fwd(y, m->sh_act, w->sh_w2, Ns, fs, d, 1); return; }
+    be->matmul_fwd(m->sh_y, m->sh_act, w->sh_w2, Ns, fs, d, 0);
+    be->matmul_fwd(m->sh_g, x, w->sh_gate, Ns, d, 1, 0);
+    be->sigmoid_fwd(m->sh_g, m->sh_g, (size_t)Ns);
+    be->combine_rows(y, m->sh_y, m->ident, m->sh_g, Ns, 1, d, 1);
+}
+// Its backward for dy (Ns,d): dx (Ns,d) += d/dx, the weights' gradients += (this rank's tokens).
+static void shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x,
+                            const MoeWeights *w, MoeGrads *g) {
+    const Backend *be = m->be;
+    int Ns = m->Ns, d = m->d, fs = m->fs;
+    const float *dys = dy;
+    if (w->sh_gate) {   // d(sh_y) = g dy; dg = <dy, sh_y>; d(gate logit) = dg g (1 - g)
+        be->gather_dot_scale(s->sh_dy, s->sh_dg, dy, m->ident, m->sh_y, m->sh_g, Ns, d);
+        be->sigmoid_bwd(s->sh_dg, s->sh_dg, m->sh_g, (size_t)Ns);
+        be->matmul_bwd(dx, g->sh_gate, s->sh_dg, x, w->sh_gate, Ns, d, 1);
+        dys = s->sh_dy;
+    }
+    be->zero(s->sh_dact, (size_t)Ns * fs * F);
+    be->matmul_bwd(s->sh_dact, g->sh_w2, dys, m->sh_act, w->sh_w2, Ns, fs, d);
+    be->swiglu_bwd(s->sh_dh1, s->sh_dh3, s->sh_dact, m->sh_h1, m->sh_h3, (size_t)Ns * fs, 0);
+    be->matmul_bwd(dx, g->sh_w1, s->sh_dh1, x, w->sh_w1, Ns, d, fs);
+    be->matmul_bwd(dx, g->sh_w3, s->sh_dh3, x, w->sh_w3, Ns, d, fs);
 }
 
 // Slice of N rows for TP rank r of TP: [N*r/TP, N*(r+1)/TP)
@@ -227,7 +283,7 @@ static void gather_experts(MoeLayer *m, const MoeWeights *w, MoeWeights *wf) {
         if (t < 2) be->gather_rows(dst[t], m->wstage, m->widx, (int)n13, d);
         else be->gather_rows(dst[t], m->wstage, m->widx + n13, (int)n2, fl);
     }
-    *wf = (MoeWeights){w->router, w1, w3, w2};
+    *wf = (MoeWeights){.router = w->router, .w1 = w1, .w3 = w3, .w2 = w2};
 }
 
 // Gathered mode's backward: whole-expert gradients (zeroed) for the grouped ops to add into.
@@ -241,7 +297,7 @@ static void gathered_grads(MoeLayer *m, MoeScratch *s, MoeGrads *gf) {
         s->cap_g = w * F;
     }
     be->zero(s->gfull, 3 * w * F);
-    *gf = (MoeGrads){NULL, s->gfull, s->gfull + w, s->gfull + 2 * w};
+    *gf = (MoeGrads){.router = NULL, .w1 = s->gfull, .w3 = s->gfull + w, .w2 = s->gfull + 2 * w};
 }
 
 // ... and their sum over the ETP group, each rank's slice added into its gradients.
@@ -448,6 +504,7 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
     float *yout = TP > 1 ? m->yslice : y;
     be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
+    if (m->fs) shared_forward(m, yout, x + (size_t)m->s0 * d, w);   // the un-jittered input
     if (TP > 1) tp_gather(m, m->yslice, y);
 }
 
@@ -493,7 +550,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     const MoeWeights *wu = w;
     if (m->gathered) {
         size_t wn = (size_t)El * fu * d;
-        wf = (MoeWeights){w->router, m->wfull, m->wfull + wn, m->wfull + 2 * wn};
+        wf = (MoeWeights){.router = w->router, .w1 = m->wfull, .w3 = m->wfull + wn, .w2 = m->wfull + 2 * wn};
         wu = &wf;
         gathered_grads(m, s, &gf);
         gu = &gf;
@@ -532,6 +589,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
                    (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);
+    if (m->fs) shared_backward(m, s, dxin, dys_in, x + (size_t)m->s0 * d, w, g);
     // every TP rank needs the whole dx
     if (TP > 1) {
         tp_gather(m, dxin, s->dxfull);

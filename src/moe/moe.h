@@ -1,6 +1,7 @@
 // moe.h — one MoE FFN layer on a Backend and a mesh: optional jitter, router, top-k, dispatch plan
 // (capacity or dropless, with global drop decisions), token exchange to the expert owners (EP, ETP),
-// grouped SwiGLU experts, weighted combine; and its backward.
+// grouped SwiGLU experts, weighted combine, [+ a shared expert, optionally sigmoid-gated]; and its
+// backward.
 // The input x (N,d) is the same on every TP rank; each TP rank routes its own slice of the N rows,
 // so the stage group (TP x DP ranks) covers each token of the micro-batch exactly once, and the
 // output is all-gathered over TP. Router statistics (aux, z, capacity) are global over the stage.
@@ -35,8 +36,11 @@ typedef struct {
     // local blocks: w1 and w3 (El, fl, d), w2 (El, d, fl); El = E/EP experts, fl = f/ETP
     const float *router;   // (E, d)
     const float *w1, *w3, *w2;
+    // the shared expert (config n_shared_experts > 0): sh_w1, sh_w3 (fs, d), sh_w2 (d, fs); its gate (1, d)
+    // when config shared_gate (else NULL). Replicated on every rank; each TP rank runs its token slice.
+    const float *sh_w1, *sh_w3, *sh_w2, *sh_gate;
 } MoeWeights;
-typedef struct { float *router, *w1, *w3, *w2; } MoeGrads;
+typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; } MoeGrads;
 
 // Saved state of one layer's forward (one per layer: backward needs it).
 typedef struct {
@@ -102,6 +106,11 @@ typedef struct {
     float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d); xg only when the exchange is not local
     const float *xgp;              // the expert GEMMs' input rows: xg, or xs when local
     size_t cap_d, cap_f, cap_xg, cap_ys;
+    // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T
+    int fs;                        // its width (n_shared_experts * shared_d_ff; 0: none)
+    float *sh_h1, *sh_h3, *sh_act; // (Ns,fs) each
+    float *sh_y, *sh_g;            // (Ns,d) its output before the gate; (Ns) the gate, sigmoid applied
+    int32_t *ident;                // (Ns) 0, 1, 2, ...: the gate as a one-slot combine
 } MoeLayer;
 
 // Scratch shared by all layers' backward passes.
@@ -115,6 +124,7 @@ typedef struct {
     size_t cap_g;
     size_t cap_d, cap_f, cap_dyg, cap_dxs, cap_c;
     float *aux_dp_h;                                       // host (E)
+    float *sh_dy, *sh_dact, *sh_dh1, *sh_dh3, *sh_dg;      // the shared expert's backward (N rows)
 } MoeScratch;
 
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);

@@ -152,6 +152,10 @@ struct Backend {
 
     // out = a * b elementwise (out may alias a)
     void (*mul)(float *out, const float *a, const float *b, size_t n);
+    // out = 1 / (1 + exp(-inp)) elementwise (out may alias inp); bwd WRITES dinp = dout * out * (1 - out)
+    // from the forward's output (Qwen2-MoE's shared-expert gate)
+    void (*sigmoid_fwd)(float *out, const float *inp, size_t n);
+    void (*sigmoid_bwd)(float *dinp, const float *dout, const float *out, size_t n);
     // y += a * x
     void (*axpy)(float *y, const float *x, float a, size_t n);
 

@@ -34,6 +34,8 @@ void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row
 void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cpu_mul(float *out, const float *a, const float *b, size_t n);
+void cpu_sigmoid_fwd(float *out, const float *inp, size_t n);
+void cpu_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);
 void cpu_axpy(float *y, const float *x, float a, size_t n);
 OptRuns *cpu_runs_create(const OptRun *runs, int n);
 void cpu_runs_free(OptRuns *r);

@@ -119,6 +119,8 @@ void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32
 void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);
+void cuda_sigmoid_fwd(float *out, const float *inp, size_t n);
+void cuda_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);
 void cuda_axpy(float *y, const float *x, float a, size_t n);
 // cuda_plan.cu
 void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);

@@ -522,6 +522,27 @@ extern "C" void cuda_mul(float *out, const float *a, const float *b, size_t n) {
     mul_k<<<ew_grid(n, 256), 256>>>(out, a, b, n);
     KCHECK("mul");
 }
+__global__ void sigmoid_k(float *out, const float *inp, size_t n) {
+    GRID_STRIDE(i, n) st_f(out + i, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-ld_f(inp + i)))));
+}
+__global__ void sigmoid_bwd_k(float *dinp, const float *dout, const float *out, size_t n) {
+    GRID_STRIDE(i, n) {
+        float s = ld_f(out + i);
+        st_f(dinp + i, __fmul_rn(ld_f(dout + i), __fmul_rn(s, __fsub_rn(1.0f, s))));
+    }
+}
+extern "C" void cuda_sigmoid_fwd(float *out, const float *inp, size_t n) {
+    cuda_bf16_shadow_write(out, n * sizeof(float));
+    if (!n) return;
+    sigmoid_k<<<ew_grid(n, 256), 256>>>(out, inp, n);
+    KCHECK("sigmoid_fwd");
+}
+extern "C" void cuda_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n) {
+    cuda_bf16_shadow_write(dinp, n * sizeof(float));
+    if (!n) return;
+    sigmoid_bwd_k<<<ew_grid(n, 256), 256>>>(dinp, dout, out, n);
+    KCHECK("sigmoid_bwd");
+}
 extern "C" void cuda_axpy(float *y, const float *x, float a, size_t n) {
     cuda_bf16_shadow_write(y, n * sizeof(float));
     if (!n) return;
