@@ -57,7 +57,8 @@ static const Opt opts[] = {
      "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory "
      "(required for sample, eval, export; info: default none)"},
     {"init-from", O_STR, CO(init_from), C_TRAIN,
-     "start from a Hugging Face Mixtral model directory (its config.json is the model config; default: none)"},
+     "start from a Hugging Face model directory: Mixtral, OLMoE, Qwen2-MoE or Qwen3-MoE (its config.json is the model "
+     "config; default: none)"},
     {"dump", O_STR, CO(dump), C_EVAL, "write the first batch's tokens, logits, losses, router logits to this .safetensors (default: none)"},
     {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL, "with --dump: also every tensor's gradient after one backward"},
     {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary; default: empty, a newline)"},
@@ -389,7 +390,7 @@ static void usage(FILE *f, int cmd) {
                    "  sample   generate text from a checkpoint\n"
                    "  eval     validation loss of a checkpoint (per kind of line on the embedded corpus)\n"
                    "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n"
-                   "  export   write a checkpoint as a Hugging Face model directory (MixtralForCausalLM)\n");
+                   "  export   write a checkpoint as a Hugging Face model directory (of the family it was trained as)\n");
         return;
     }
     static State d;   // the defaults, shown per option
@@ -591,8 +592,11 @@ static int cmd_export(State *s) {
     if (!opt_set(s, "out")) DIE("export: --out DIR is required (the Hugging Face model directory to write)");
     int cloned = hf_export(ck, s->train.out, s->train.force);
     printf("exported %s -> %s\n", ck, s->train.out);
-    printf("  model.safetensors  (%s; HF Mixtral names and shapes, F32)\n", cloned ? "copy-on-write clone" : "copy");
-    printf("  config.json        (MixtralConfig keys; ours under \"moe_c\")\n");
+    ModelConfig c;
+    pretrained_config(ck, &c);
+    printf("  model.safetensors  (%s; %s names and shapes, F32)\n", cloned ? "copy-on-write clone" : "copy",
+           config_family_arch(c.family));
+    printf("  config.json        (%s's config keys; ours under \"moe_c\")\n", config_family_arch(c.family));
     printf("load with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\", dtype=torch.float32)\n", s->train.out);
     return 0;
 }
