@@ -580,13 +580,13 @@ static void test_router(int N, int E, int k, int renorm) {
     float *p = hnew((size_t)N * E), *l = hnew(N), *w = hnew((size_t)N * k);
     int32_t *ix = xcalloc((size_t)N * k, sizeof(int32_t)), *ixg = xcalloc((size_t)N * k, sizeof(int32_t));
     double *sm = xcalloc(E + 1, sizeof(double)), *smg = xcalloc(E + 1, sizeof(double)), *smg2 = xcalloc(E + 1, sizeof(double));
-    cpu->router_topk(p, l, ix, w, sm, lg, N, E, k, renorm);
+    cpu->router_topk(p, l, ix, w, sm, lg, NULL, N, E, k, renorm);
     float *pd = dnan((size_t)N * E), *ld = dnan(N), *wd = dnan((size_t)N * k);
     float *pd2 = dnan((size_t)N * E), *ld2 = dnan(N), *wd2 = dnan((size_t)N * k);
     int32_t *ixd = gpu->alloc(sizeof(int32_t) * N * k), *ixd2 = gpu->alloc(sizeof(int32_t) * N * k);
     double *smd = gpu->alloc(sizeof(double) * (E + 1)), *smd2 = gpu->alloc(sizeof(double) * (E + 1));
-    gpu->router_topk(pd, ld, ixd, wd, smd, lgd, N, E, k, renorm);
-    gpu->router_topk(pd2, ld2, ixd2, wd2, smd2, lgd, N, E, k, renorm);
+    gpu->router_topk(pd, ld, ixd, wd, smd, lgd, NULL, N, E, k, renorm);
+    gpu->router_topk(pd2, ld2, ixd2, wd2, smd2, lgd, NULL, N, E, k, renorm);
     char what[64];
     snprintf(what, sizeof what, "N %d E %d k %d renorm %d", N, E, k, renorm);
     cmp("router_topk", what, pd, p, (size_t)N * E, BAND_ELEM);

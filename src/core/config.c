@@ -130,6 +130,9 @@ const char *config_validate(const ModelConfig *c) {
     if (c->balance != BALANCE_AUX && c->balance != BALANCE_AUX_FREE) BAD("unknown balance mode %d", c->balance);
     if (!(c->bias_rate >= 0 && c->bias_rate <= 1)) BAD("bias_rate must be in [0, 1] (got %g)", c->bias_rate);
     if (c->aux_scope < AUX_SCOPE_MICRO || c->aux_scope > AUX_SCOPE_GLOBAL) BAD("unknown aux scope %d", c->aux_scope);
+    if (c->aux_scope != AUX_SCOPE_MICRO && c->aux_form == AUX_HF)
+        BAD("aux_scope %s applies to the per-layer aux loss: it needs aux_form layer (HF's form is one loss over all "
+            "layers' micro-batch statistics)", c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
 #undef BAD
     return NULL;
 }

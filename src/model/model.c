@@ -19,6 +19,7 @@ static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
     w->w1 = P(m, base, PR_W1, l, m->e0);
     w->w3 = P(m, base, PR_W3, l, m->e0);
     w->w2 = P(m, base, PR_W2, l, m->e0);
+    if (m->c.balance == BALANCE_AUX_FREE) w->route_bias = P(m, base, PR_ROUTE_BIAS, l, -1);
     if (m->c.n_shared_experts) {
         w->sh_w1 = P(m, base, PR_SH_W1, l, -1);
         w->sh_w3 = P(m, base, PR_SH_W3, l, -1);
@@ -116,6 +117,8 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         }
         MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+        a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts;   // aux scope global: the step's sums
+        a->moe.run_tokens = m->scope_tokens + l;
     }
     s->res_final = be->alloc(N * d * F);
     s->xn_f = be->alloc(N * d * F);
@@ -182,6 +185,8 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim;
     m->params = be->alloc(m->t.ltotal * F);
     m->grads = be->alloc(m->t.ltotal * F);
+    m->scope_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+    m->scope_tokens = xcalloc((size_t)c->n_layers, sizeof(int64_t));
     for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
@@ -261,6 +266,8 @@ void model_free(Model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
+    free(m->scope_counts);
+    free(m->scope_tokens);
     free(m->hf_fe);
     free(m->moe_overlap);
     free(m->moe_time);
@@ -310,6 +317,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         MoeWeights w;
         layer_weights(m, m->params, l, &w);
         a->moe.overlap = m->moe_overlap[l];
+        a->moe.seq_len = T;
         a->moe.mode = m->moe_mode[l];
         double t0 = moe_clock(m);
         moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0,
@@ -419,6 +427,11 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     if (!ch->first) return;
     be->embedding_bwd(P(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);
+}
+
+void model_scope_reset(Model *m) {
+    memset(m->scope_counts, 0, sizeof(int64_t) * (size_t)m->c.n_layers * m->c.n_experts);
+    memset(m->scope_tokens, 0, sizeof(int64_t) * (size_t)m->c.n_layers);
 }
 
 void model_logits_row(const Model *m, int b, int t, float *out) {

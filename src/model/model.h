@@ -89,6 +89,7 @@ typedef struct {
                                    // of the current chunk's layers written by its forward)
     int64_t dropped;               // assignments dropped by capacity, all layers (global)
     double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
+    int64_t *scope_counts, *scope_tokens;   // (L,E) (L) aux scope global: the step's counts and tokens so far
     int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int moe_timing;                // 1: time each MoE layer's forward + backward (synchronised) into moe_time
@@ -129,6 +130,9 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 // over the current chunk's layers: on a chunk that is not the last, m->dres must hold the gradient
 // of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
+
+// aux scope global: start a new step's running statistics (the trainer calls it before each step).
+void model_scope_reset(Model *m);
 
 // Row of logits (V floats, host) at position (b, t) of the last forward.
 void model_logits_row(const Model *m, int b, int t, float *out);

@@ -145,6 +145,11 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
         add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1, SPLIT_REPL);
         add(t, &cap, NM("model.layers.%d.%s.gate.weight", l, moe), E, d, PR_ROUTER, l, -1, SPLIT_REPL);
         t->p[t->n - 1].reduce = RED_STAGE;
+        if (c->balance == BALANCE_AUX_FREE) {
+            add(t, &cap, NM("model.layers.%d.%s.gate.e_score_correction_bias", l, moe), E, 0, PR_ROUTE_BIAS, l, -1,
+                SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+        }
         if (fs) {
             add(t, &cap, NM("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), fs, d, PR_SH_W1, l, -1, SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
@@ -200,7 +205,7 @@ void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64
             if (!s->lnumel) continue;
             if (s->numel > cap) { cap = s->numel; full = xrealloc(full, cap * sizeof(float)); }
             if (s->ndim == 1) {   // norms 1, biases 0 (as transformers' _init_weights)
-                float one = s->role == PR_BQ || s->role == PR_BK || s->role == PR_BV ? 0.0f : 1.0f;
+                float one = s->role == PR_BQ || s->role == PR_BK || s->role == PR_BV || s->role == PR_ROUTE_BIAS ? 0.0f : 1.0f;
                 for (size_t j = 0; j < s->numel; j++) full[j] = one;
             } else {
                 Rng r;

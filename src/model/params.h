@@ -12,7 +12,10 @@ typedef enum {
     PR_W1, PR_W3, PR_W2, PR_FINAL_NORM, PR_LM_HEAD,
     // family options (config.h): q/k/v biases, QK-norm weights, the shared expert (w1 = gate_proj,
     // w3 = up_proj, w2 = down_proj) and its sigmoid gate
-    PR_BQ, PR_BK, PR_BV, PR_QNORM, PR_KNORM, PR_SH_W1, PR_SH_W3, PR_SH_W2, PR_SH_GATE
+    PR_BQ, PR_BK, PR_BV, PR_QNORM, PR_KNORM, PR_SH_W1, PR_SH_W3, PR_SH_W2, PR_SH_GATE,
+    // balance aux-free: the per-expert routing bias (E), DeepSeek-V3's gate.e_score_correction_bias; no
+    // gradient (AdamW leaves it as it is), moved by the step's load (train/step.c), kept in checkpoints
+    PR_ROUTE_BIAS
 } ParamRole;
 
 // Gradient reduction group: dense tensors over DP (their TP shards stay distinct); the router over
@@ -57,7 +60,7 @@ typedef struct {
 } ParamSlicing;
 
 // Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm],
-// ffn_norm, router, [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E); final norm; lm_head.
+// ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E); final norm; lm_head.
 // So each layer's expert w1 block is one contiguous (E, f, d) array. Names are the family's
 // (config.h ModelFamily): Mixtral's block_sparse_moe.experts.E.w1/w3/w2, or mlp.gate and
 // mlp.experts.E.gate_proj/up_proj/down_proj (OLMoE, Qwen2-MoE, Qwen3-MoE).

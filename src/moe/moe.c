@@ -141,7 +141,8 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
     free(m->rt_h); free(m->kf_h);
-    free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f);
+    free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f); free(m->seq_f); free(m->seq_st);
+    if (m->seq_dp) be->free(m->seq_dp);
     plan_free(&m->plan);
     void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
                    m->xg, m->h1, m->h3, m->act, m->yg, m->sh_h1, m->sh_h3, m->sh_act, m->sh_y, m->sh_g, m->ident};
@@ -217,6 +218,42 @@ static void shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *
     be->swiglu_bwd(s->sh_dh1, s->sh_dh3, s->sh_dact, m->sh_h1, m->sh_h3, (size_t)Ns * fs, 0);
     be->matmul_bwd(dx, g->sh_w1, s->sh_dh1, x, w->sh_w1, Ns, d, fs);
     be->matmul_bwd(dx, g->sh_w3, s->sh_dh3, x, w->sh_w3, Ns, d, fs);
+}
+
+// ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,
+// summed over the stage), aux = mean over the sequences of E sum_i (cnt_si / T) (psum_si / T)
+static void seq_stats(MoeLayer *m, int64_t row0) {
+    int T = m->seq_len, E = m->E, k = m->k;
+    CHECK(T >= 1 && m->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d", (long long)m->Ng, T);
+    int S = (int)(m->Ng / T);
+    if (S > m->seq_cap) {
+        free(m->seq_f);
+        free(m->seq_st);
+        if (m->seq_dp) m->be->free(m->seq_dp);
+        m->seq_f = xmalloc(sizeof(double) * (size_t)S * E);
+        m->seq_st = xmalloc(sizeof(double) * (size_t)S * 2 * E);
+        m->seq_dp = m->be->alloc(sizeof(float) * (size_t)(S + 2) * E);   // my rows span at most S + 2 segments
+        m->seq_cap = S;
+    }
+    m->nseq = S;
+    memset(m->seq_st, 0, sizeof(double) * (size_t)S * 2 * E);
+    for (int i = 0; i < m->Ns; i++) {
+        double *st = m->seq_st + (size_t)((row0 + m->s0 + i) / T) * 2 * E;
+        for (int j = 0; j < k; j++) st[m->idx_h[(size_t)i * k + j]] += 1;
+        for (int e = 0; e < E; e++) st[E + e] += m->probs_h[(size_t)i * E + e];
+    }
+    comm_allreduce(m->cm.stage, m->seq_st, (size_t)S * 2 * E, CT_F64);
+    double aux = 0;
+    for (int s = 0; s < S; s++) {
+        double a = 0;
+        for (int e = 0; e < E; e++) {
+            double f = m->seq_st[(size_t)s * 2 * E + e] / T;
+            m->seq_f[(size_t)s * E + e] = f;
+            a += f * (m->seq_st[(size_t)s * 2 * E + E + e] / T);
+        }
+        aux += E * a;
+    }
+    m->aux = aux / S;
 }
 
 // Slice of N rows for TP rank r of TP: [N*r/TP, N*(r+1)/TP)
@@ -380,6 +417,7 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     int d = m->d, fl = m->fl, E = m->E, El = m->El, k = m->k, TP = comm_size(m->cm.tp);
     int S = comm_size(m->cm.stage), me = comm_rank(m->cm.stage);
     m->N = N;
+    m->row0 = row0;
     slice_of(N, TP, comm_rank(m->cm.tp), &m->s0, &m->Ns);
     int Ns = m->Ns;
     const float *xin = x + (size_t)m->s0 * d;
@@ -402,10 +440,11 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     // sums, idx and w to the host (and of logits and probs when asked: host_router_out)
     rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
-    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, Ns, E, k, c->renormalize);
+    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E, k, c->renormalize);
     be->plan_counts(m->cnt, m->rank, m->idx, Ns, E, k);
     RtLayout rl = rt_layout(Ns, E, k);
-    be->to_host(m->rt_h, m->rt_d, m->host_router_out ? rl.copy : rl.idx);
+    // (the sequence scope reads each row's choices and probabilities)
+    be->to_host(m->rt_h, m->rt_d, m->host_router_out || c->aux_scope == AUX_SCOPE_SEQ ? rl.copy : rl.idx);
     // global statistics over the stage: slot counts of every rank (+ its token count), prob sums, lse^2
     size_t per = (size_t)k * E + 1;
     int64_t *mine = xmalloc(sizeof(int64_t) * per);
@@ -433,6 +472,19 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     }
     m->aux = E * a;
     m->z = ps[E] / m->Ng;
+    m->aux_scope = c->aux_scope;
+    if (c->aux_scope == AUX_SCOPE_GLOBAL && m->run_counts) {   // f_i over the step's micro-batches so far
+        *m->run_tokens += m->Ng;
+        a = 0;
+        for (int e = 0; e < E; e++) {
+            m->run_counts[e] += m->counts[e];
+            m->aux_f[e] = (double)m->run_counts[e] / (double)*m->run_tokens;
+            a += m->aux_f[e] * (ps[e] / m->Ng);
+        }
+        m->aux = E * a;
+    } else if (c->aux_scope == AUX_SCOPE_SEQ) {
+        seq_stats(m, row0);
+    }
     free(ps);
     // dispatch plan over my slice (router.h's order; capacity decided globally: same drops as one
     // process): the host turns the counts into keep (k,E: the first keep[j,e] of slot j's
@@ -583,10 +635,35 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
     double Ng = (double)m->Ng;
-    for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
-    be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
-    be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
-                   (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
+    if (m->aux_scope == AUX_SCOPE_SEQ) {
+        // per segment of my rows within one sequence s: d aux / d probs[t,e] = E cnt_se / (T^2 S) = E f_se / (T S)
+        int T = m->seq_len, S = m->nseq, nseg = 0;
+        int64_t g0 = m->row0 + m->s0;
+        float *dp = xmalloc(sizeof(float) * (size_t)(S + 2) * E);
+        int *segs = xmalloc(sizeof(int) * (size_t)(S + 3));
+        for (int i = 0; i < Ns; i++) {
+            if (i && (g0 + i) % T) continue;
+            int sq = (int)((g0 + i) / T);
+            for (int e = 0; e < E; e++)
+                dp[(size_t)nseg * E + e] = (float)(aux_scale * E * m->seq_f[(size_t)sq * E + e] / ((double)T * S));
+            segs[nseg++] = i;
+        }
+        segs[nseg] = Ns;
+        be->to_device(m->seq_dp, dp, sizeof(float) * (size_t)nseg * E);
+        for (int q = 0; q < nseg; q++) {
+            int o = segs[q], n = segs[q + 1] - o;
+            be->router_bwd(s->dlogits + (size_t)o * E, s->rowdot, m->slotrow + (size_t)o * k, m->probs + (size_t)o * E,
+                           m->lse + o, m->idx + (size_t)o * k, m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E,
+                           (float)(2.0 * z_scale / Ng), n, E, k, c->renormalize);
+        }
+        free(dp);
+        free(segs);
+    } else {
+        for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
+        be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
+        be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
+                       (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
+    }
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);
     if (m->fs) shared_backward(m, s, dxin, dys_in, x + (size_t)m->s0 * d, w, g);

@@ -39,6 +39,7 @@ typedef struct {
     // the shared expert (config n_shared_experts > 0): sh_w1, sh_w3 (fs, d), sh_w2 (d, fs); its gate (1, d)
     // when config shared_gate (else NULL). Replicated on every rank; each TP rank runs its token slice.
     const float *sh_w1, *sh_w3, *sh_w2, *sh_gate;
+    const float *route_bias;  // (E) balance aux-free: added to the probabilities for the top-k choice (else NULL)
 } MoeWeights;
 typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; } MoeGrads;
 
@@ -48,6 +49,7 @@ typedef struct {
     MoeComms cm;
     int maxN, d, fl, E, El, k;
     int N, s0, Ns;                 // tokens of the last forward, my slice [s0, s0+Ns)
+    int64_t row0;                  // the global index of the forward's row 0 (moe_forward's row0)
     // router side (host): copies of the router's device outputs, made by one copy per forward
     // into rt_h (the pointers below point into it, at offsets that depend on Ns): sums_h and the
     // slot counts always; idx_h, logits_h and probs_h only while host_router_out is set
@@ -111,6 +113,16 @@ typedef struct {
     float *sh_h1, *sh_h3, *sh_act; // (Ns,fs) each
     float *sh_y, *sh_g;            // (Ns,d) its output before the gate; (Ns) the gate, sigmoid applied
     int32_t *ident;                // (Ns) 0, 1, 2, ...: the gate as a one-slot combine
+    // aux scopes (config.h AuxScope). global: the step's running sums of this layer's counts and tokens
+    // (the model's, shared by the layer's slots; zeroed at each step), f_i = their ratio at this forward.
+    // sequence: seq_len T set by the caller; seq_f (S,E) each global sequence's counts / T, S sequences
+    int aux_scope;
+    int64_t *run_counts, *run_tokens;
+    int seq_len, nseq;
+    double *seq_f;                 // (nseq, E) host
+    double *seq_st;                // (nseq, 2E) host scratch: per-sequence counts and probability sums
+    float *seq_dp;                 // (nseq, E) device: the backward's per-sequence aux coefficients
+    int seq_cap;
 } MoeLayer;
 
 // Scratch shared by all layers' backward passes.
@@ -132,6 +144,9 @@ void moe_layer_free(MoeLayer *m);
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN);
 void moe_scratch_free(MoeScratch *s);
 
+// aux = E * sum_i f_i P_i per layer over the scope's tokens (micro-batch: the stage's tokens of this
+// micro-batch; sequence: each sequence's, averaged over the micro-batch's sequences; global: f_i over the
+// step's micro-batches so far, P_i over this one).
 // y (N,d) = MoE(x). noise_seed != 0 and c->jitter > 0: jitter, drawn per token from
 // (noise_seed, row0 + row) so it does not depend on the mesh (row0: global index of x's row 0).
 // With m->overlap = r > 1 and a non-local exchange, the exchange and the experts are pipelined over r

@@ -42,7 +42,7 @@ static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in-
 static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n, int ac) { T0; in->swiglu_bwd(da, db, d, a, b, n, ac); T1(P_SWIGLU); }
 static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }
 static void w_combine(float *o, const float *r, const int32_t *s, const float *w, int N, int k, int C, int a) { T0; in->combine_rows(o, r, s, w, N, k, C, a); T1(P_ROWS); }
-static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, int N, int E, int k, int r) { T0; in->router_topk(p, l, i, w, s, lg, N, E, k, r); T1(P_ROUTER); }
+static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, const float *b, int N, int E, int k, int r) { T0; in->router_topk(p, l, i, w, s, lg, b, N, E, k, r); T1(P_ROUTER); }
 static void w_rbwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l, const int32_t *i, const float *w, const float *a, float z, int N, int E, int k, int r) { T0; in->router_bwd(dl, rd, sr, p, l, i, w, a, z, N, E, k, r); T1(P_ROUTER); }
 static void w_ce_fb(float *l, float *lg, const int32_t *t, int N, int V, float d) { T0; in->cross_entropy_fwd_bwd(l, lg, t, N, V, d); T1(P_CE); }
 static void w_ce_f(float *l, const float *lg, const int32_t *t, int N, int V) { T0; in->cross_entropy_fwd(l, lg, t, N, V); T1(P_CE); }

@@ -167,6 +167,7 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
             fused_name(nm, sizeof nm, p->layer, p->role == PR_W2);
             w[i].fused = src_find(&s, nm);
         }
+        if (w[i].src < 0 && w[i].fused < 0 && p->role == PR_ROUTE_BIAS) continue;   // aux-free's bias: starts at 0
         if (w[i].src < 0 && w[i].fused < 0)
             DIE("HF model %s: tensor %s is missing (not in %s)", dir, p->name, s.listing);
         s.t[w[i].src >= 0 ? w[i].src : w[i].fused].used = 1;
@@ -185,6 +186,7 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
         const ParamSpec *p = &t->p[i];
         float *dst = params + p->offset;
         if (w[i].src >= 0) { src_read(&s, w[i].src, p->ndim, p->shape, dst); continue; }
+        if (w[i].fused < 0) { memset(dst, 0, p->numel * sizeof(float)); continue; }   // the routing bias
         int down = p->role == PR_W2;
         int64_t E = 0, f = down ? p->shape[1] : p->shape[0], d = down ? p->shape[0] : p->shape[1];
         for (int j = 0; j < t->n; j++) E += t->p[j].layer == p->layer && t->p[j].role == p->role;
