@@ -89,6 +89,15 @@ qwen2_moe|Qwen2MoeForCausalLM|--family qwen2_moe --qkv-bias 1 --n-shared-experts
 qwen3_moe|Qwen3MoeForCausalLM|--family qwen3_moe --qk-norm head --head-dim 12|[12]
 F
 
+# ---- aux-free balancing does balance: with the aux loss off, the routing bias alone keeps the busiest
+# expert's load nearer the mean than no balancing at all (the same seed, data and steps)
+AF=(--steps 60 --quiet --sample-tokens 0 --plots 0 --batch 8 --seq-len 32 --eval-batches 1 --eval-every 0 --aux-coef 0 --device cpu)
+"$MOE" train --out "$W/af0" "${AF[@]}" > /dev/null 2>&1; "$MOE" train --out "$W/af1" "${AF[@]}" --balance aux-free --bias-rate 0.01 > /dev/null 2>&1
+l0=$(field load_max_over_mean "$W/af0/metrics.jsonl" | mean_last 20); l1=$(field load_max_over_mean "$W/af1/metrics.jsonl" | mean_last 20)
+check "aux-free bias balances the load without an aux loss (busiest/mean over the last 20 steps: $l1 vs $l0 unbalanced)" fcmp "$l1" "<" "$(awk -v a="$l0" 'BEGIN { print 1 + (a - 1) * 0.7 }')"
+check "aux-free: the routing bias is in the checkpoint" grep -q "e_score_correction_bias" "$(ls -d "$W"/af1/step_* | tail -1)/model.safetensors"
+run_fail "aux-free balancing adds a per-expert bias to the routing scores" "$MOE" export --ckpt "$W/af1" --out "$W/af1_hf"
+
 # ---- bad configs: one message, nothing touched
 bad() {   # bad NAME SED-EXPR: a copy of the qwen2_moe export with config.json edited
   rm -rf "$W/$1"; cp -r "$W/hf_qwen2_moe" "$W/$1"; sed -i "$2" "$W/$1/config.json"

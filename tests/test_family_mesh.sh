@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # test_family_mesh.sh — the families' options (config.h: q/k/v biases, a sigmoid-gated shared expert,
-# QK-norm full-width and per head) train the same model on a mesh as in one process, at test_mesh.sh's
+# QK-norm full-width and per head) and the balancing methods (aux-free routing bias, which the final
+# parameters compare as a table tensor; sequence and global aux scopes) train the same model on a mesh as
+# in one process, at test_mesh.sh's
 # tolerances (lib.sh mesh_close), and the one form that cannot be split (OLMoE's full-width QK-norm over
 # TP) is refused with one message. Tiny models, 4 steps: the point is the new terms' TP slices (biases
 # split with their heads, per-head norm weights and the shared expert reduced over the stage) and their
@@ -19,7 +21,12 @@ OL="--family olmoe --qk-norm full --renormalize 0"
 CASES="$Q2|4|--tp 2 --ep 2|qwen2_moe (biases, gated shared expert): tp2+dp2+ep2
 $Q2 --dispatch capacity --capacity-factor 0.8 --jitter 0.05|2|--tp 2|qwen2_moe capacity+jitter: tp2
 $Q3|4|--tp 2 --ep 2 --zero 1|qwen3_moe (per-head qk-norm): tp2+dp2+ep2 zero1
-$OL|4|--ep 2 --etp 2|olmoe (full qk-norm): dp4+ep2+etp2"
+$OL|4|--ep 2 --etp 2|olmoe (full qk-norm): dp4+ep2+etp2
+--balance aux-free --bias-rate 0.01|4|--tp 2 --ep 2 --zero 2|balance aux-free (routing bias): tp2+dp2+ep2 zero2
+--balance aux-free --bias-rate 0.01 --grad-accum 4|2|--pp 2|balance aux-free: pp2 (1f1b)
+--aux-scope sequence --seq-len 25 --batch 4 --grad-accum 2|4|--tp 2 --ep 2|aux scope sequence, sequences cut by TP slices: tp2+dp2+ep2
+--aux-scope global --grad-accum 2|4|--tp 2 --ep 2 --zero 1|aux scope global (2 micro-batches): tp2+dp2+ep2 zero1
+--aux-scope global --grad-accum 4 $Q2|2|--pp 2|aux scope global + qwen2_moe: pp2 (1f1b, 4 micro-batches)"
 
 i=0
 while IFS='|' read -r fam np flags label; do
