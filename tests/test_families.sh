@@ -89,6 +89,37 @@ qwen2_moe|Qwen2MoeForCausalLM|--family qwen2_moe --qkv-bias 1 --n-shared-experts
 qwen3_moe|Qwen3MoeForCausalLM|--family qwen3_moe --qk-norm head --head-dim 12|[12]
 F
 
+# ---- a config.json as the published models write it (their key sets, no "moe_c"), with our weights:
+# the same model (the same loss) as our own config.json says
+plain() {   # plain DIR JSON
+  rm -rf "$2"; cp -r "$1" "$2"; printf '%s\n' "$3" > "$2/config.json"
+}
+plain "$W/hf_olmoe" "$W/pl_olmoe" '{"architectures":["OlmoeForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+ "clip_qkv":null,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,"intermediate_size":24,
+ "max_position_embeddings":256,"model_type":"olmoe","norm_topk_prob":false,"num_attention_heads":4,"num_experts":4,
+ "num_experts_per_tok":2,"num_hidden_layers":2,"num_key_value_heads":2,"output_router_logits":false,"pad_token_id":1,
+ "rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000.0,"router_aux_loss_coef":0.01,"tie_word_embeddings":false,
+ "torch_dtype":"bfloat16","use_cache":true,"vocab_size":256}'
+plain "$W/hf_qwen3_moe" "$W/pl_qwen3_moe" '{"architectures":["Qwen3MoeForCausalLM"],"attention_bias":false,
+ "attention_dropout":0.0,"decoder_sparse_step":1,"head_dim":12,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,
+ "intermediate_size":96,"max_position_embeddings":256,"max_window_layers":2,"mlp_only_layers":[],"model_type":"qwen3_moe",
+ "moe_intermediate_size":24,"norm_topk_prob":true,"num_attention_heads":4,"num_experts":4,"num_experts_per_tok":2,
+ "num_hidden_layers":2,"num_key_value_heads":2,"output_router_logits":false,"rms_norm_eps":1e-05,"rope_scaling":null,
+ "rope_theta":10000.0,"router_aux_loss_coef":0.001,"sliding_window":null,"tie_word_embeddings":false,
+ "torch_dtype":"bfloat16","use_cache":true,"use_sliding_window":false,"vocab_size":256}'
+plain "$W/hf_qwen2_moe" "$W/pl_qwen2_moe" '{"architectures":["Qwen2MoeForCausalLM"],"attention_dropout":0.0,
+ "decoder_sparse_step":1,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,"intermediate_size":40,
+ "max_position_embeddings":256,"max_window_layers":2,"model_type":"qwen2_moe","moe_intermediate_size":24,
+ "norm_topk_prob":false,"num_attention_heads":4,"num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":2,
+ "num_key_value_heads":2,"output_router_logits":false,"rms_norm_eps":1e-05,"rope_theta":10000.0,
+ "router_aux_loss_coef":0.001,"shared_expert_intermediate_size":40,"sliding_window":256,"tie_word_embeddings":false,
+ "torch_dtype":"bfloat16","use_cache":true,"use_sliding_window":false,"vocab_size":256}'
+for fam in olmoe qwen2_moe qwen3_moe; do
+  a=$("$MOE" eval --ckpt "$W/hf_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  b=$("$MOE" eval --ckpt "$W/pl_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  check "$fam: a published-style config.json (no moe_c) reads as the same model ($b)" [ -n "$a" ] && [ "$a" = "$b" ]
+done
+
 # ---- aux-free balancing does balance: with the aux loss off, the routing bias alone keeps the busiest
 # expert's load nearer the mean than no balancing at all (the same seed, data and steps)
 AF=(--steps 60 --quiet --sample-tokens 0 --plots 0 --batch 8 --seq-len 32 --eval-batches 1 --eval-every 0 --aux-coef 0 --device cpu)
