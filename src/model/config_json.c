@@ -198,7 +198,7 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         {"shared_expert_intermediate_size", 1 << FAM_QWEN2_MOE}, {"qkv_bias", 1 << FAM_QWEN2_MOE},
         {"clip_qkv", 1 << FAM_OLMOE}, {"norm_topk_prob", ~(1 << FAM_MIXTRAL)},
         {"moe_intermediate_size", (1 << FAM_QWEN2_MOE) | (1 << FAM_QWEN3_MOE)},
-        {"num_local_experts", 1 << FAM_MIXTRAL}, {"num_experts", ~(1 << FAM_MIXTRAL)},
+        {"num_experts", ~(1 << FAM_MIXTRAL)},
         {"n_shared_experts", 0}, {"first_k_dense_replace", 0}, {"q_lora_rank", 0}};
     for (size_t q = 0; q < sizeof foreign / sizeof foreign[0]; q++)
         if (item(j, foreign[q].key) && !(foreign[q].fams & (1 << c.family)))
@@ -211,7 +211,7 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         get_int(&e, j, "num_hidden_layers", 1, &c.n_layers) ||
         get_int(&e, j, "num_attention_heads", 1, &c.n_heads) ||
         get_int(&e, j, "num_key_value_heads", 1, &c.n_kv_heads) ||
-        get_int(&e, j, mix ? "num_local_experts" : "num_experts", 1, &c.n_experts) ||
+        get_int(&e, j, mix || !item(j, "num_experts") ? "num_local_experts" : "num_experts", 1, &c.n_experts) ||
         get_int(&e, j, "num_experts_per_tok", 1, &c.top_k) ||
         get_int(&e, j, "max_position_embeddings", 1, &c.max_seq_len) ||
         get_float(&e, j, "rms_norm_eps", 1, &c.norm_eps))
@@ -245,6 +245,11 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
             return fail(&e, "key \"rope_scaling\" is set; RoPE scaling is not supported");
     }
     if (c.n_heads <= 0) return fail(&e, "key \"num_attention_heads\" must be positive (got %d)", c.n_heads);
+    // transformers 5 writes Qwen3-MoE's expert count under both names: they must agree
+    int nle = c.n_experts;
+    if (!mix && get_int(&e, j, "num_local_experts", 0, &nle)) return -1;
+    if (nle != c.n_experts)
+        return fail(&e, "keys \"num_experts\" (%d) and \"num_local_experts\" (%d) contradict each other", c.n_experts, nle);
     c.head_dim = c.d_model / c.n_heads;   // HF default when head_dim is absent or null
     c.aux_coef = c.family == FAM_OLMOE ? 0.01f : 0.001f;   // HF config defaults
     c.init_std = 0.02f;
