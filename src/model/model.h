@@ -30,6 +30,7 @@ typedef struct {
     float *res_in;                 // (N,d) layer input (residual stream)
     float *xn1, *rstd1;            // (N,d) (N)
     float *q, *k, *v;              // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE
+    float *qraw, *kraw, *rstdq, *rstdk;   // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
     float *att, *lse;              // (N,H*hd) (B,H,T)
     float *x_mid;                  // (N,d) after the attention residual
     float *xn2, *rstd2;            // (N,d) (N)
@@ -74,6 +75,8 @@ typedef struct {
     int32_t *tokens, *targets;     // (N)
     // backward scratch
     float *dres, *dxn, *dq, *dk, *dv, *datt;
+    float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
+    float *ones;                   // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
     MoeScratch ms;
     // optional: called during model_backward as soon as a group of gradients is final:
     // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
@@ -89,6 +92,7 @@ typedef struct {
                                    // of the current chunk's layers written by its forward)
     int64_t dropped;               // assignments dropped by capacity, all layers (global)
     double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
+    int64_t *scope_counts, *scope_tokens;   // (L,E) (L) aux scope global: the step's counts and tokens so far
     int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int *ampipe;                   // (L) each layer's AMPipe chunks in training forwards (1 = none)
@@ -147,6 +151,9 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 // over the current chunk's layers: on a chunk that is not the last, m->dres must hold the gradient
 // of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
+
+// aux scope global: start a new step's running statistics (the trainer calls it before each step).
+void model_scope_reset(Model *m);
 
 // Row of logits (V floats, host) at position (b, t) of the last forward.
 void model_logits_row(const Model *m, int b, int t, float *out);
