@@ -134,6 +134,9 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     fmt_bytes(b3, sizeof b3, state + acts + shadow + scratch);
     printf("memory (cuda, the same float32 buffers + bf16 weights %s + bf16 operand scratch %s): %s plus the CUDA "
            "context\n", b1, b2, b3);
+    if (o->ampipe != 1)   // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
+        printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE rows, "
+               "N/n each, in place of the whole micro-batch's)\n", o->ampipe ? "n" : "auto");
     params_free(&t);
     if (world > 0 || o->tp > 1 || o->ep > 1 || o->etp > 1 || o->pp > 1) {
         long long ranks = (long long)o->tp * o->ep * o->etp * o->pp;   // the smallest world for the layout
