@@ -1,0 +1,37 @@
+// moe_impl.h — inside src/moe only: what moe.c (the layer's forward/backward schedule) and
+// moe_experts.c (its expert-side variants) share. Must not be included outside src/moe.
+#pragma once
+#include "moe/moe.h"
+
+#define F sizeof(float)
+
+// (Re)allocates *p to hold `need` bytes unless it already does (contents are not kept).
+static inline void moe_grow(const Backend *be, float **p, size_t *cap, size_t need) {
+    if (*p && need <= *cap) return;
+    if (*p) be->free(*p);
+    *p = be->alloc(need);
+    *cap = need;
+}
+
+// --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and
+// fill them again before the backward (the forward's SwiGLU GEMMs on the kept inputs, wu: the experts
+// the forward used).
+void moe_rc_rows(MoeLayer *m, size_t nf);
+void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu);
+// The shared expert on my slice x (Ns,d), added into y; its backward (dx += , its gradients +=).
+void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w);
+void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
+                         MoeGrads *g);
+// --aux-scope sequence: the per-sequence statistics of the last route (row0: global index of row 0).
+void moe_seq_stats(MoeLayer *m, int64_t row0);
+// The gathered expert mode: row maps and routes (once), the layer's whole experts into *wf, whole-
+// expert gradient buffers (zeroed) into *gf, and their sum over ETP added into each rank's slices g.
+void moe_gathered_setup(MoeLayer *m);
+void moe_gather_experts(MoeLayer *m, const MoeWeights *w, MoeWeights *wf);
+void moe_gathered_grads(MoeLayer *m, MoeScratch *s, MoeGrads *gf);
+void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads *g);
+// The pipelined exchange (r = m->r > 1): the chunks' routes and row maps from the kept rows per
+// expert; the experts forward over the chunks (xs -> ys); their backward (s->dys -> the returned dxs).
+void moe_plan_chunks(MoeLayer *m, const int64_t *kept);
+void moe_experts_chunked(MoeLayer *m, const MoeWeights *w);
+const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeights *w, MoeGrads *gw);
