@@ -354,19 +354,30 @@ static void attn_rows(const Model *m, LayerActs *a, int T, int r0, int r1) {
     }
 }
 
-// The attention block's output rows [r0, r1) and the MoE's input: x_mid = res_in + o_proj(att)
-// (all-reduced over TP), xn2 = norm(x_mid).
-static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
-    const Backend *be = m->be;
+// The attention block's output rows [r0, r1) and the MoE's input, in two parts around the TP
+// all-reduce of the row-parallel o_proj's partial sums (over the TP ranks' heads): oproj_rows starts
+// it (nonblocking: returned in flight; else done; NULL without TP), resid_norm_rows finishes it and adds
+// x_mid = res_in + that, xn2 = norm(x_mid). attn_out_rows: the two with a blocking all-reduce.
+static CommReq *oproj_rows(Model *m, LayerActs *a, int l, int r0, int r1, int nonblocking) {
     const ModelConfig *c = &m->c;
     size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
+    m->be->matmul_fwd(a->x_mid + r0 * d, a->att + r0 * qd, P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d, 0);
+    if (comm_size(m->mesh.tp) == 1) return NULL;
+    if (nonblocking) return comm_dev_iallreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);
+    comm_dev_allreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);
+    return NULL;
+}
+static void resid_norm_rows(Model *m, LayerActs *a, int l, int r0, int r1, CommReq *ar) {
+    const ModelConfig *c = &m->c;
+    size_t d = c->d_model, n = (size_t)(r1 - r0);
     float *xm = a->x_mid + r0 * d;
-    // row-parallel o_proj: partial sums over the TP ranks' heads
-    be->matmul_fwd(xm, a->att + r0 * qd, P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d, 0);
-    if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, xm, n * d, CT_F32);
-    be->axpy(xm, a->res_in + r0 * d, 1.0f, n * d);
-    be->rmsnorm_fwd(a->xn2 + r0 * d, a->rstd2 + r0, xm, P(m, m->params, PR_FFN_NORM, l, -1), (int)n, (int)d,
-                    c->norm_eps);
+    if (ar) comm_wait(ar);
+    m->be->axpy(xm, a->res_in + r0 * d, 1.0f, n * d);
+    m->be->rmsnorm_fwd(a->xn2 + r0 * d, a->rstd2 + r0, xm, P(m, m->params, PR_FFN_NORM, l, -1), (int)n, (int)d,
+                       c->norm_eps);
+}
+static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
+    resid_norm_rows(m, a, l, r0, r1, oproj_rows(m, a, l, r0, r1, 0));
 }
 
 // The block's output rows [r0, r1): out = x_mid + moe_out.
@@ -436,7 +447,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     }
     CHECK(a->nmc == n, "layer %d: %d AMPipe chunk states for %d chunks", l, a->nmc, n);
     MoeLayer *mc = a->mc, *part[AMPIPE_MAX];
-    int R[AMPIPE_MAX + 1];
+    int R[AMPIPE_MAX + 1] = {0};
     for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
     for (int j = 0; j < n; j++) {
         part[j] = &mc[j];
@@ -446,13 +457,18 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     }
     int cap = c->dispatch == DISPATCH_CAPACITY;
     int64_t *budget = cap ? xmalloc(sizeof(int64_t) * n * c->top_k * c->n_experts) : NULL;
+    attn_rows(m, a, T, R[0], R[1]);
+    CommReq *ar = oproj_rows(m, a, l, R[0], R[1], 1);
     for (int j = 0; j < n; j++) {
-        attn_rows(m, a, T, R[j], R[j + 1]);   // (dropless: chunk j-1's dispatch is in flight)
-        attn_out_rows(m, a, l, R[j], R[j + 1]);
+        // chunk j's TP all-reduce (and, dropless, chunk j-1's dispatch) in flight during chunk j+1's attention
+        if (j + 1 < n) attn_rows(m, a, T, R[j + 1], R[j + 2]);
+        resid_norm_rows(m, a, l, R[j], R[j + 1], ar);
         moe_route(&mc[j], a->xn2 + (size_t)R[j] * d, R[j + 1] - R[j], &w, c, seed, row0 + R[j]);
-        if (cap) continue;
-        moe_start(&mc[j], &w, c, NULL);
-        if (j > 0) { moe_finish(&mc[j - 1], a->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, out, R[j - 1], R[j]); }
+        if (!cap) {
+            moe_start(&mc[j], &w, c, NULL);
+            if (j > 0) { moe_finish(&mc[j - 1], a->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, out, R[j - 1], R[j]); }
+        }
+        if (j + 1 < n) ar = oproj_rows(m, a, l, R[j + 1], R[j + 2], 1);
     }
     if (cap) {   // every chunk routed: the whole micro-batch's budgets, then the exchanges pipelined
         chunk_budgets(m, a, n, budget);
