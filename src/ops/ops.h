@@ -101,6 +101,17 @@ struct Backend {
     // bwd applies the inverse rotation to the gradient in place.
     void (*rope_fwd)(float *x, int B, int T, int nh, int hd, float theta);
     void (*rope_bwd)(float *dx, int B, int T, int nh, int hd, float theta);
+    // The same over the rows t in [t0, t1) of B sequences: x (B*(t1-t0), nh, hd), row i = b*(t1-t0)
+    // + (t - t0) at position t (0 <= t0 < t1); inverse 1 = rope_bwd's rotation. Each row is the same
+    // bits as in rope_fwd / rope_bwd over [0, T) (the KV-cached sampler rotates one position at a time).
+    void (*rope_rows)(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
+
+    // Dropout in place on x, the rows t in [t0, t1) of B sequences of length T in (b, t) order (row i =
+    // b*(t1-t0) + (t - t0)) of C features: element (g, c) of global token g = row0 + b*T + t is zeroed
+    // with probability p, else scaled by 1/(1-p). The mask is a pure function of (seed, g, c)
+    // (dropout_keep below: a counter-based hash, no RNG state), so it is the same on any mesh and for any
+    // split of the rows. Backward applies the same call to the gradient. 0 <= p < 1.
+    void (*dropout)(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 
     // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd), out (B*T, H, hd).
     // lse (B, H, T): per-row log-sum-exp of the scaled scores, saved for backward.
@@ -175,6 +186,24 @@ struct Backend {
     void (*adamw_runs)(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
                        float b1, float b2, float eps, float wd, int t);
 };
+
+// The dropout mask: element (g, c) is kept iff the top 24 bits of the hash of (seed, g, c) are >= p * 2^24
+// (the threshold rounded to nearest). A splitmix64-style mix: every backend computes the same bits.
+#ifdef __CUDACC__
+#define MOE_HD __host__ __device__
+#else
+#define MOE_HD
+#endif
+static inline MOE_HD uint64_t dropout_hash(uint64_t seed, int64_t g, int c) {
+    uint64_t z = seed ^ ((uint64_t)g * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uint32_t)c * 0xD1B54A32D192ED03ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline MOE_HD uint32_t dropout_threshold(float p) { return (uint32_t)((double)p * 16777216.0 + 0.5); }
+static inline MOE_HD int dropout_keep(uint64_t seed, int64_t g, int c, uint32_t thr) {
+    return (uint32_t)(dropout_hash(seed, g, c) >> 40) >= thr;
+}
 
 const Backend *backend_cpu(void);
 // "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming

@@ -410,8 +410,11 @@ static void run_sample(Run *r) {
         free(y);
     }
     int plen = len;
-    sample_tokens(&r->step.pipe, ctx, &len, cap, o->sample_tokens, 0.8f, o->seed);
-    fprintf(r->out, "sample (temperature 0.8):\n---\n");
+    SampleOptions so = {0.8f, 0, 1.0f, o->seq_len, 1, o->seed};
+    SampleStats ss;
+    sample_tokens(&r->step.pipe, ctx, &len, cap, o->sample_tokens, &so, &ss);
+    fprintf(r->out, "sample (temperature 0.8, window %d, %d tokens at %.0f tokens/s%s):\n---\n", o->seq_len, ss.tokens,
+            ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0, ss.cached ? ", KV cache" : "");
     print_tokens(r->out, ctx, plen, r->c.vocab_size);
     fprintf(r->out, "|");
     print_tokens(r->out, ctx + plen, len - plen, r->c.vocab_size);

@@ -59,11 +59,12 @@ void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp
 }
 
 // HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd). dir = +1 forward, -1 inverse.
-static void rope(float *x, int B, int T, int nh, int hd, float theta, int dir) {
-    int half = hd / 2;
+// x holds the rows t in [t0, t1) of B sequences (row i: position t0 + i % (t1 - t0)).
+static void rope(float *x, int B, int t0, int t1, int nh, int hd, float theta, int dir) {
+    int half = hd / 2, n = t1 - t0;
 #pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        int pos = bt % T;
+    for (int bt = 0; bt < B * n; bt++) {
+        int pos = t0 + bt % n;
         for (int j = 0; j < half; j++) {
             double freq = pow((double)theta, -2.0 * j / hd);
             double ang = pos * freq;
@@ -77,8 +78,11 @@ static void rope(float *x, int B, int T, int nh, int hd, float theta, int dir) {
         }
     }
 }
-void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x, B, T, nh, hd, theta, 1); }
-void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(dx, B, T, nh, hd, theta, -1); }
+void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x, B, 0, T, nh, hd, theta, 1); }
+void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(dx, B, 0, T, nh, hd, theta, -1); }
+void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
+    rope(x, B, t0, t1, nh, hd, theta, inverse ? -1 : 1);
+}
 
 void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                        int B, int T, int H, int KV, int hd, int t0, int t1) {
@@ -311,5 +315,18 @@ void cpu_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns 
         if (u->n > 0)
             adamw_span(p + u->off, g + u->off, m + u->moff, v + u->moff, (size_t)u->n, gscale, lr, b1, b2, eps,
                        u->decay ? wd : 0.0f, c1, c2);
+    }
+}
+
+void cpu_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0) {
+    if (p <= 0) return;
+    int n = t1 - t0;
+    uint32_t thr = dropout_threshold(p);
+    float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B * n; i++) {
+        int64_t g = row0 + (int64_t)(i / n) * T + t0 + i % n;
+        float *r = x + (size_t)i * C;
+        for (int c = 0; c < C; c++) r[c] = dropout_keep(seed, g, c, thr) ? r[c] * scale : 0.0f;
     }
 }
