@@ -121,6 +121,10 @@ static const Opt opts[] = {
      "validation batches, or all; clipped to the set (default: the run's, from run.json beside the checkpoint; else 8)"},
     {"save-every", O_INT, TO(save_every), C_TRAIN, "steps between checkpoints (0 = at the end only, -1 = never)"},
     {"keep", O_INT, TO(keep), C_TRAIN, "checkpoints kept (0 = all)"},
+    {"keep-best", O_FLAG, TO(keep_best), C_TRAIN,
+     "also keep the checkpoint of the lowest validation loss in OUT/best (never pruned; replaced atomically)"},
+    {"dropout", O_FLOAT, TO(dropout), C_TRAIN,
+     "dropout probability in training, in [0, 1): on the attention output and the MoE output before each residual add"},
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
@@ -734,7 +738,7 @@ static void agree_options(State *s, const Comm *world) {
 // (a run may resume on another layout), and the model (the checkpoint's config.json holds it).
 static const char *const REMEMBERED[] = {"data", "val-data", "val-frac", "seq-len", "batch", "grad-accum", "steps",
     "lr", "min-lr-frac", "warmup", "weight-decay", "beta1", "beta2", "adam-eps", "grad-clip", "seed", "eval-every",
-    "eval-batches", "save-every", "keep", "sample-tokens", "plots"};
+    "eval-batches", "save-every", "keep", "keep-best", "dropout", "sample-tokens", "plots"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++) if (!strcmp(name, REMEMBERED[k])) return 1;
