@@ -27,6 +27,15 @@ static double moe_clock(const Model *m) {
     return now_seconds();
 }
 
+// Residual-branch dropout of layer l's site (0 attention, 1 MoE) on x (N,d) of the current slot's
+// micro-batch (see model.h), forward or (the same mask and scale) backward; nothing without a seed.
+static void drop_site(const Model *m, float *x, int l, int site, uint64_t seed) {
+    if (!seed || !(m->dropout > 0)) return;
+    int B = m->B, T = m->T;
+    m->be->dropout(x, B, T, 0, T, m->c.d_model, m->dropout, dropout_hash(seed, l, site),
+                   (int64_t)comm_rank(m->mesh.dp) * B * T);
+}
+
 static int chunk_of(const Model *m, int l) {
     for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return k;
     return -1;
@@ -191,8 +200,8 @@ void model_free(Model *m) {
         for (int i = 0; i < m->nslots[k]; i++) slot_free(m, &m->slots[k][i], k);
         free(m->slots[k]);
     }
-    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->ddrop};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
     free(m->hf_fe);
@@ -214,6 +223,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     int qd = H * hd, kvd = KV * hd, E = c->n_experts;
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
+    uint64_t ds = m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 ? m->drop_seed : 0;
     if (ch->first) {
         for (int i = 0; i < N; i++)
             CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
@@ -236,6 +246,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         // row-parallel o_proj: partial sums over the TP ranks' heads
         be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 0);
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, a->x_mid, (size_t)N * d, CT_F32);
+        drop_site(m, a->x_mid, l, 0, ds);
         be->axpy(a->x_mid, a->res_in, 1.0f, (size_t)N * d);
         be->rmsnorm_fwd(a->xn2, a->rstd2, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1), N, d, c->norm_eps);
         MoeWeights w;
@@ -246,6 +257,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0,
                     (int64_t)comm_rank(m->mesh.dp) * N);
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
+        drop_site(m, a->moe_out, l, 1, ds);
         be->copy(out, a->x_mid, (size_t)N * d * F);
         be->axpy(out, a->moe_out, 1.0f, (size_t)N * d);
         m->aux += a->moe.aux / c->n_layers;
@@ -293,6 +305,8 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     int V = c->vocab_size, qd = H * hd, kvd = KV * hd, L = c->n_layers;
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
+    uint64_t ds = m->slots[m->cur][m->cur_slot].drop_seed;
+    if (ds && !m->ddrop) m->ddrop = be->alloc((size_t)m->maxN * d * F);
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
         be->zero(m->dxn, (size_t)N * d * F);
@@ -317,13 +331,17 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.w2 = P(m, g, PR_W2, l, m->e0);
         be->zero(m->dxn, (size_t)N * d * F);
         double t0 = moe_clock(m);
-        moe_backward(&a->moe, &m->ms, m->dxn, m->dres, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
+        const float *dy = m->dres;   // the MoE output's gradient: dres, through the dropout's mask
+        if (ds) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 1, ds); dy = m->ddrop; }
+        moe_backward(&a->moe, &m->ms, m->dxn, dy, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         be->rmsnorm_bwd(m->dres, P(m, g, PR_FFN_NORM, l, -1), m->dxn, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1),
                         a->rstd2, N, d);
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))
         be->zero(m->datt, (size_t)N * qd * F);
-        be->matmul_bwd(m->datt, P(m, g, PR_WO, l, -1), m->dres, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d);
+        dy = m->dres;   // the attention output's gradient, through its mask
+        if (ds) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 0, ds); dy = m->ddrop; }
+        be->matmul_bwd(m->datt, P(m, g, PR_WO, l, -1), dy, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d);
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
         be->zero(m->dv, (size_t)N * kvd * F);

@@ -49,6 +49,7 @@ typedef struct {
     float *res_final, *xn_f, *rstd_f, *logits, *losses;
     int32_t *tokens, *targets;
     int B, T;
+    uint64_t drop_seed;            // the dropout seed of the forward held here (its backward's mask)
 } ModelSlot;
 
 typedef struct {
@@ -71,6 +72,14 @@ typedef struct {
     int32_t *tokens, *targets;     // (N)
     // backward scratch
     float *dres, *dxn, *dq, *dk, *dv, *datt;
+    float *ddrop;                  // (N,d) a residual branch's masked gradient (allocated at the first dropout)
+    // Dropout (training only): the caller sets dropout (p, kept for the backwards) and drop_seed (a function
+    // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed
+    // in its slot for the backward. Layer l's sites use the seed dropout_hash(drop_seed, l, site) (site 0: the attention
+    // output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual add, over the
+    // global token index (dp rank * N + b * T + t: the same mask on any mesh).
+    float dropout;
+    uint64_t drop_seed;
     MoeScratch ms;
     // optional: called during model_backward as soon as a group of gradients is final:
     // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
