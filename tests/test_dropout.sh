@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# test_dropout.sh — --dropout:
+#   (1) --dropout 0 is the run without the flag, bit for bit (metrics' losses and the checkpoint's
+#       tensors): no op runs at 0;
+#   (2) --dropout 0.2 changes the training losses (the mask is applied) but not the evaluation: the
+#       run's final val loss equals `moe eval` on its checkpoint (evaluation never drops);
+#   (3) the mask is a function of (seed, step, micro-batch, layer, site, global token, feature), not of
+#       the rank: dropout runs on DP, TP, EP, TP+EP and pipeline meshes match one process at the mesh
+#       tolerances (tests/test_mesh.sh says why those).
+set -u
+. "$(dirname "$0")/lib.sh"
+small_fixture
+BASE=(--steps 6 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --eval-batches 1 --eval-every 0
+      --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --n-layers 2 --lr 1e-2 --warmup 2)
+losses() { field loss "$1/metrics.jsonl"; }
+
+run_ok "no --dropout" "$MOE" train "${BASE[@]}" --out none || finish
+run_ok "--dropout 0" "$MOE" train "${BASE[@]}" --out zero --dropout 0 || finish
+cmp -s <(losses none) <(losses zero) && cmp -s none/step_00000006/model.safetensors zero/step_00000006/model.safetensors &&
+  pass "--dropout 0 = no dropout, bit for bit (losses and parameters)" || fail "--dropout 0 differs from no dropout"
+
+run_ok "--dropout 0.2" "$MOE" train "${BASE[@]}" --out d --dropout 0.2 --sample-tokens 20 || finish
+final=$(grep -o '^val loss [0-9.]*' "$OUT_FILE" | cut -d' ' -f3)
+cmp -s <(losses none | tail -5) <(losses d | tail -5) && fail "--dropout 0.2 did not change the losses" ||
+  pass "--dropout 0.2 changes the training losses"
+run_ok "moe eval of the dropout run" "$MOE" eval --ckpt d
+ev=$(grep -o '^val loss [0-9.]*' "$OUT_FILE" | cut -d' ' -f3)
+[ -n "$ev" ] && [ "$ev" = "$final" ] && pass "the run's val loss $final = moe eval's (evaluation does not drop)" ||
+  fail "the run's val loss '$final' != moe eval's '$ev'"
+
+mpi_tests
+ref="$TMP/ref"
+"$MOE" train "${BASE[@]}" --out "$ref" --dropout 0.2 --grad-accum 2 > /dev/null 2>&1 < /dev/null || { fail "reference run"; finish; }
+while IFS='|' read -r np flags label; do
+  run="$TMP/run"
+  rm -rf "$run"; mkdir -p "$run"
+  if $MPI -np "$np" "$MOE" train "${BASE[@]}" --out "$run" --dropout 0.2 --grad-accum 2 $flags --check-replicas \
+       > "$run/out.txt" 2>&1 < /dev/null; then
+    mesh_close "$ref" "$run" "dropout 0.2: $label"
+  else
+    fail "dropout 0.2: $label: mpirun failed"; tail -5 "$run/out.txt"
+  fi
+done <<< "2|--tp 1|dp2
+2|--tp 2|tp2
+4|--tp 2 --ep 2|tp2+dp2+ep2
+4|--ep 2 --etp 2|dp4+ep2+etp2
+2|--pp 2|pp2 (1f1b)"
+finish
