@@ -673,6 +673,25 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     gpu->free(xd); gpu->free(gd); free(x); free(g);
 }
 
+// rope_rows (the KV-cached decode's RoPE at a position offset) and dropout (the residual branches' mask:
+// the same hash on the GPU, so the same zeros and scale as the cpu)
+static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, int t0, int t1) {
+    size_t n = (size_t)B * (t1 - t0) * nh * hd;
+    for (int inv = 0; inv < 2; inv++) {
+        float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+        cpu->rope_rows(x, B, t0, t1, nh, hd, theta, inv);
+        gpu->rope_rows(xd, B, t0, t1, nh, hd, theta, inv);
+        cmp("rope_rows", inv ? "inverse" : "x", xd, x, n, BAND_ELEM);
+        gpu->free(xd); free(x);
+    }
+    int C = nh * hd;
+    float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    cpu->dropout(x, B, T, t0, t1, C, 0.3f, 12345, 77);
+    gpu->dropout(xd, B, T, t0, t1, C, 0.3f, 12345, 77);
+    cmp("dropout", "x", xd, x, n, BAND_ELEM);
+    gpu->free(xd); free(x);
+}
+
 static void test_swiglu(size_t n) {
     float *h1 = hrand(n, 2.0f), *h3 = hrand(n, 1.0f), *h1d = dputf(h1, n), *h3d = dputf(h3, n);
     float *o = hnew(n), *od = dnan(n);
@@ -1115,6 +1134,8 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_rmsnorm(200, 1000);
     test_rope(2, 19, 3, 24, 10000.0f);
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);
+    test_rope_rows_dropout(2, 19, 3, 24, 10000.0f, 5, 12);
+    test_rope_rows_dropout(1, 40, 2, 32, 10000.0f, 39, 40);
     test_swiglu(10007);
     if (gpu_bf16) test_bf16_shadow();
     test_attention(2, 70, 4, 2, 24);
