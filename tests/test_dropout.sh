@@ -4,9 +4,9 @@
 #       tensors): no op runs at 0;
 #   (2) --dropout 0.2 changes the training losses (the mask is applied) but not the evaluation: the
 #       run's final val loss equals `moe eval` on its checkpoint (evaluation never drops);
-#   (3) the mask is a function of (seed, step, micro-batch, layer, site, global token, feature), not of
-#       the rank: dropout runs on DP, TP, EP, TP+EP and pipeline meshes match one process at the mesh
-#       tolerances (tests/test_mesh.sh says why those).
+#   (3) the masks are functions of (seed, step, micro-batch, layer, site, global token, feature / global
+#       head and key), not of the rank: runs with --dropout and --attn-dropout on DP, TP (heads split), EP,
+#       TP+EP and pipeline meshes match one process at the mesh tolerances (tests/test_mesh.sh says why).
 set -u
 . "$(dirname "$0")/lib.sh"
 small_fixture
@@ -15,9 +15,9 @@ BASE=(--steps 6 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --ev
 losses() { field loss "$1/metrics.jsonl"; }
 
 run_ok "no --dropout" "$MOE" train "${BASE[@]}" --out none || finish
-run_ok "--dropout 0" "$MOE" train "${BASE[@]}" --out zero --dropout 0 || finish
+run_ok "--dropout 0 --attn-dropout 0" "$MOE" train "${BASE[@]}" --out zero --dropout 0 --attn-dropout 0 || finish
 cmp -s <(losses none) <(losses zero) && cmp -s none/step_00000006/model.safetensors zero/step_00000006/model.safetensors &&
-  pass "--dropout 0 = no dropout, bit for bit (losses and parameters)" || fail "--dropout 0 differs from no dropout"
+  pass "--dropout 0 --attn-dropout 0 = no dropout, bit for bit (losses and parameters)" || fail "--dropout 0 differs from no dropout"
 
 run_ok "--dropout 0.2" "$MOE" train "${BASE[@]}" --out d --dropout 0.2 --sample-tokens 20 || finish
 final=$(grep -o '^val loss [0-9.]*' "$OUT_FILE" | cut -d' ' -f3)
@@ -30,15 +30,16 @@ ev=$(grep -o '^val loss [0-9.]*' "$OUT_FILE" | cut -d' ' -f3)
 
 mpi_tests
 ref="$TMP/ref"
-"$MOE" train "${BASE[@]}" --out "$ref" --dropout 0.2 --grad-accum 2 > /dev/null 2>&1 < /dev/null || { fail "reference run"; finish; }
+DROP=(--dropout 0.2 --attn-dropout 0.1)
+"$MOE" train "${BASE[@]}" --out "$ref" "${DROP[@]}" --grad-accum 2 > /dev/null 2>&1 < /dev/null || { fail "reference run"; finish; }
 while IFS='|' read -r np flags label; do
   run="$TMP/run"
   rm -rf "$run"; mkdir -p "$run"
-  if $MPI -np "$np" "$MOE" train "${BASE[@]}" --out "$run" --dropout 0.2 --grad-accum 2 $flags --check-replicas \
+  if $MPI -np "$np" "$MOE" train "${BASE[@]}" --out "$run" "${DROP[@]}" --grad-accum 2 $flags --check-replicas \
        > "$run/out.txt" 2>&1 < /dev/null; then
-    mesh_close "$ref" "$run" "dropout 0.2: $label"
+    mesh_close "$ref" "$run" "dropout 0.2 + attention dropout 0.1: $label"
   else
-    fail "dropout 0.2: $label: mpirun failed"; tail -5 "$run/out.txt"
+    fail "dropouts: $label: mpirun failed"; tail -5 "$run/out.txt"
   fi
 done <<< "2|--tp 1|dp2
 2|--tp 2|tp2

@@ -40,7 +40,7 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     Model m;
     model_init(&m, &c, backend_cpu(), B, T, NULL);
     m.dropout = g_dropout;
-    m.drop_seed = g_dropout > 0 ? 781 : 0;   // (a mask under which no perturbation flips routing)
+    m.drop_seed = g_dropout > 0 || c.attention_dropout > 0 ? 781 : 0;   // (a mask under which no perturbation flips routing)
     for (int l = 0; l < c.n_layers; l++) m.la[l].moe.host_router_out = 1;   // total_loss reads idx_h
     params_init(&m.t, &c, m.params, 7);
     // larger router weights so routing is decisive and probs are not all ~1/E
@@ -125,6 +125,11 @@ int main(void) {
     check_config("aux form hf (all layers)", c7, 0);
     g_dropout = 0.3f;   // the masked, rescaled branches: the same mask in the backward as in the forward
     check_config("residual dropout 0.3", c, 0);
+    g_dropout = 0;
+    ModelConfig c8 = c; c8.attention_dropout = 0.1f;   // the probabilities' mask (at 0.3 the g direction curves: 6.6e-2 at h 1e-2, 5.9e-3 at h 3e-3)
+    check_config("attention dropout 0.1", c8, 0);
+    ModelConfig c9 = c4; c9.attention_dropout = 0.2f; g_dropout = 0.1f;
+    check_config("both dropouts, GQA 4/2", c9, 0);
     g_dropout = 0;
     return test_done("test_gradcheck");
 }

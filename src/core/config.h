@@ -31,6 +31,7 @@ typedef struct {
     AuxForm aux_form;
     DispatchMode dispatch;
     float capacity_factor;  // capacity mode: capacity = ceil(cf * tokens * k / E)
+    float attention_dropout;  // dropout on the attention probabilities in training (HF attention_dropout)
 } ModelConfig;
 
 // Fills *c with the named preset; returns 0 on success, -1 if the name is unknown.

@@ -223,7 +223,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     int qd = H * hd, kvd = KV * hd, E = c->n_experts;
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
-    uint64_t ds = m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 ? m->drop_seed : 0;
+    uint64_t ds = m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
     if (ch->first) {
         for (int i = 0; i < N; i++)
             CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
@@ -242,7 +242,11 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         be->matmul_fwd(a->v, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd, 0);
         be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
         be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
-        be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
+        if (ds && c->attention_dropout > 0)   // site 2: the attention probabilities (global heads, tokens)
+            be->attention_drop_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T, c->attention_dropout,
+                                   dropout_hash(ds, l, 2), (int64_t)comm_rank(m->mesh.dp) * N, comm_rank(m->mesh.tp) * H);
+        else
+            be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
         // row-parallel o_proj: partial sums over the TP ranks' heads
         be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 0);
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, a->x_mid, (size_t)N * d, CT_F32);
@@ -306,7 +310,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
     uint64_t ds = m->slots[m->cur][m->cur_slot].drop_seed;
-    if (ds && !m->ddrop) m->ddrop = be->alloc((size_t)m->maxN * d * F);
+    if (ds && m->dropout > 0 && !m->ddrop) m->ddrop = be->alloc((size_t)m->maxN * d * F);
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
         be->zero(m->dxn, (size_t)N * d * F);
@@ -332,7 +336,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         be->zero(m->dxn, (size_t)N * d * F);
         double t0 = moe_clock(m);
         const float *dy = m->dres;   // the MoE output's gradient: dres, through the dropout's mask
-        if (ds) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 1, ds); dy = m->ddrop; }
+        if (ds && m->dropout > 0) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 1, ds); dy = m->ddrop; }
         moe_backward(&a->moe, &m->ms, m->dxn, dy, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         be->rmsnorm_bwd(m->dres, P(m, g, PR_FFN_NORM, l, -1), m->dxn, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1),
@@ -340,12 +344,17 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))
         be->zero(m->datt, (size_t)N * qd * F);
         dy = m->dres;   // the attention output's gradient, through its mask
-        if (ds) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 0, ds); dy = m->ddrop; }
+        if (ds && m->dropout > 0) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 0, ds); dy = m->ddrop; }
         be->matmul_bwd(m->datt, P(m, g, PR_WO, l, -1), dy, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d);
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
         be->zero(m->dv, (size_t)N * kvd * F);
-        be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
+        if (ds && c->attention_dropout > 0)
+            be->attention_drop_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T,
+                                   c->attention_dropout, dropout_hash(ds, l, 2), (int64_t)comm_rank(m->mesh.dp) * N,
+                                   comm_rank(m->mesh.tp) * H);
+        else
+            be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
         be->zero(m->dxn, (size_t)N * d * F);

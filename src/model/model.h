@@ -77,7 +77,8 @@ typedef struct {
     // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed
     // in its slot for the backward. Layer l's sites use the seed dropout_hash(drop_seed, l, site) (site 0: the attention
     // output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual add, over the
-    // global token index (dp rank * N + b * T + t: the same mask on any mesh).
+    // global token index (dp rank * N + b * T + t: the same mask on any mesh); site 2, with the config's
+    // attention_dropout > 0, the attention probabilities (attention_drop_fwd/bwd: global heads).
     float dropout;
     uint64_t drop_seed;
     MoeScratch ms;

@@ -126,6 +126,18 @@ struct Backend {
                           const float *lse, const float *q, const float *k, const float *v,
                           int B, int T, int H, int KV, int hd, int t0, int t1);
 
+    // The same with dropout on the attention probabilities (training; HF Mixtral's attention_dropout):
+    // out = (P * Z) V, Z[row, u] = 0 with probability p, else 1/(1-p), for query row t of sequence b of
+    // head h (this rank's; global head h0 + h) and key u: kept iff dropout_keep(dropout_hash(seed, -1 -
+    // (h0 + h), 0), row0 + b*T + t, u, .) (a function of the global token, head and key: the same on any
+    // mesh). lse stays the undropped softmax's; bwd uses the same mask. p = 0 gives attention_fwd/bwd's bits.
+    // Optional: NULL where a backend has none (cpu only for now; the trainer refuses attention dropout there).
+    void (*attention_drop_fwd)(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                               int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+    void (*attention_drop_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                               const float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+                               int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+
     // out = silu(h1) * h3, elementwise over n; bwd writes (accumulate 0) or adds (accumulate 1) the
     // gradients into dh1, dh3 (all n elements of both).
     void (*swiglu_fwd)(float *out, const float *h1, const float *h3, size_t n);

@@ -290,6 +290,13 @@ static void agree_data(const Dataset *ds, const Comm *world) {
     comm_agree(world, "data", &it, 1);
 }
 
+// Attention-probability dropout needs the backend's attention_drop_* ops (the cpu's, for now).
+static void check_attn_dropout(const Run *r) {
+    if (r->c.attention_dropout > 0 && !r->be->attention_drop_fwd)
+        DIE("attention dropout (--attn-dropout / attention_dropout %g) runs on the cpu backend only for now, not on "
+            "--device %s; use --dropout (the residual branches) there", r->c.attention_dropout, r->be->name);
+}
+
 // Validates everything, then builds the run: data, output directory, mesh, model, parameters.
 static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit, Comm *world) {
     memset(r, 0, sizeof *r);
@@ -304,6 +311,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     resolve_mesh(o, &r->c, comm_size(world), &r->split);
     int meshed, bf16_shadow;
     r->be = choose_backend(o, world, &meshed, &r->profile, &bf16_shadow);
+    check_attn_dropout(r);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
 
     // data first: a bad data file must fail before anything in the output directory is touched
@@ -313,6 +321,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     eval_batches_available(&r->ds, o->batch / o->grad_accum);   // one evaluation batch at least, or stop here
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
+    check_attn_dropout(r);   // (a resumed model's config is the checkpoint's)
     if (r->rank0) {   // the log: everything printed from here on, appended (a resume continues it)
         char log[2100];
         join_path(log, sizeof log, o->out, RUN_LOG);

@@ -87,6 +87,7 @@ const Backend *backend_cpu(void) {
         .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd, .rope_rows = cpu_rope_rows, .dropout = cpu_dropout,
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
+        .attention_drop_fwd = cpu_attention_drop_fwd, .attention_drop_bwd = cpu_attention_drop_bwd,
         .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
         .gather_rows = cpu_gather_rows, .gather_dot_scale = cpu_gather_dot_scale,
         .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,

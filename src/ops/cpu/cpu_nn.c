@@ -84,10 +84,16 @@ void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta,
     rope(x, B, t0, t1, nh, hd, theta, inverse ? -1 : 1);
 }
 
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                       int B, int T, int H, int KV, int hd, int t0, int t1) {
+// The attention-probability dropout's mask (attention_drop_fwd in ops.h): query row t of sequence b, head
+// h of this rank (global head h0 + h), key u: kept iff dropout_keep(head seed, global token, u).
+static inline uint64_t head_seed(uint64_t seed, int h) { return dropout_hash(seed, -1 - (int64_t)h, 0); }
+
+static void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+                     int KV, int hd, int t0, int t1, float pd, uint64_t seed, int64_t row0, int h0) {
     float sc = 1.0f / sqrtf((float)hd);
-    int rep = H / KV;
+    int rep = H / KV, drop = pd > 0;
+    uint32_t thr = drop ? dropout_threshold(pd) : 0;
+    float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;
 #pragma omp parallel
     {
         float *s = malloc(sizeof(float) * T);
@@ -110,9 +116,12 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
                     float inv = (float)(1.0 / sum);
                     float *o = out + (((size_t)b * T + t) * H + h) * hd;
                     for (int i = 0; i < hd; i++) o[i] = 0;
+                    uint64_t hs = drop ? head_seed(seed, h0 + h) : 0;
+                    int64_t g = row0 + (int64_t)b * T + t;
                     for (int u = 0; u <= t; u++) {
                         const float *vu = v + (((size_t)b * T + u) * KV + kh) * hd;
                         float p = s[u] * inv;
+                        if (drop) p = dropout_keep(hs, g, u, thr) ? p * dsc : 0.0f;
                         for (int i = 0; i < hd; i++) o[i] += p * vu[i];
                     }
                     lse[((size_t)b * H + h) * T + t] = mx + (float)log(sum);
@@ -122,11 +131,24 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
     }
 }
 
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                       int t0, int t1) {
+void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                       int B, int T, int H, int KV, int hd, int t0, int t1) {
+    attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0);
+}
+void cpu_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                            int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
+    attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
+}
+
+// With dropout (pd > 0): out = (P * Z) V, Z the mask scaled by 1/(1-p); dV += (P * Z)^T dout, dP' = Z * (dout
+// V^T), dS = P * (dP' - D) with D = rowsum(dout * out) (= sum_u P dP', as without dropout).
+static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                     const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0,
+                     int t1, float pd, uint64_t seed, int64_t row0, int h0) {
     float sc = 1.0f / sqrtf((float)hd);
-    int rep = H / KV;
+    int rep = H / KV, drop = pd > 0;
+    uint32_t thr = drop ? dropout_threshold(pd) : 0;
+    float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;
     // parallel over (b, kv head): the heads sharing a kv head accumulate dk/dv in a fixed order
 #pragma omp parallel
     {
@@ -139,6 +161,8 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                         size_t qi = (((size_t)b * T + t) * H + h) * hd;
                         const float *qt = q + qi, *go = dout + qi, *ot = out + qi;
                         float L = lse[((size_t)b * H + h) * T + t];
+                        uint64_t hs = drop ? head_seed(seed, h0 + h) : 0;
+                        int64_t g = row0 + (int64_t)b * T + t;
                         float D = 0;
                         for (int i = 0; i < hd; i++) D += go[i] * ot[i];
                         float *dqt = dq + qi;
@@ -147,17 +171,33 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                             const float *ku = k + ki, *vu = v + ki;
                             float a = 0, dp = 0;
                             for (int i = 0; i < hd; i++) { a += qt[i] * ku[i]; dp += go[i] * vu[i]; }
-                            float pr = expf(a * sc - L);
+                            float pr = expf(a * sc - L), pv = pr;
+                            if (drop) {
+                                float z = dropout_keep(hs, g, u, thr) ? dsc : 0.0f;
+                                dp *= z;
+                                pv = pr * z;
+                            }
                             float ds = pr * (dp - D) * sc;
                             float *dku = dk + ki, *dvu = dv + ki;
                             for (int i = 0; i < hd; i++) {
                                 dqt[i] += ds * ku[i];
                                 dku[i] += ds * qt[i];
-                                dvu[i] += pr * go[i];
+                                dvu[i] += pv * go[i];
                             }
                         }
                     }
     }
+}
+
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                       int t0, int t1) {
+    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0);
+}
+void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                            const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                            int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
+    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
 }
 
 void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n) {
