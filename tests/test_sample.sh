@@ -36,6 +36,25 @@ run_ok "sample --top-k 1 --temperature 0.8" "$MOE" sample --ckpt r --seed 9 --pr
 run_ok "sample --temperature 0" "$MOE" sample --ckpt r --prompt 'hello' --tokens 60 --temperature 0 && cp "$OUT_FILE" g.txt
 cmp -s k1.txt g.txt && pass "top-k 1 = greedy" || fail "top-k 1 differs from greedy"
 
+# the end-of-run sample on a mesh (TP + EP: the cached decode's TP all-reduce and MoE exchange; pipeline
+# stages: the uncached sampler) writes what one process writes
+sample_block() { sed -n '/^sample (/,/^---$/p' "$1" | tail -n +2; }
+run_ok "one process, end-of-run sample" "$MOE" train "${MODEL[@]}" --n-kv-heads 2 --n-layers 2 --steps 3 --sample-tokens 40 --out m1 --quiet --plots 0 \
+  --seq-len 24 --batch 4 && sample_block "$OUT_FILE" > s1.txt
+if command -v mpirun > /dev/null; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  for lay in "4|--tp 2 --ep 2|tp2+ep2" "2|--pp 2 --grad-accum 2|pp2"; do
+    IFS='|' read -r np flags label <<< "$lay"
+    OMP_NUM_THREADS=1 timeout 300 mpirun --oversubscribe -np "$np" "$MOE" train "${MODEL[@]}" --n-kv-heads 2 --n-layers 2 --steps 3 --sample-tokens 40 \
+      --out "m$np" --quiet --plots 0 --seq-len 24 --batch 4 $flags > mesh.txt 2>&1 < /dev/null
+    sample_block mesh.txt > s2.txt
+    [ -s s1.txt ] && cmp -s s1.txt s2.txt && pass "$label: the end-of-run sample equals one process's" ||
+      { fail "$label: the end-of-run sample differs from one process's"; tail -5 mesh.txt; }
+  done
+else
+  skip "mpirun not installed: the mesh samples"
+fi
+
 run_fail "--top-p must be in (0, 1]" "$MOE" sample --ckpt r --top-p 0
 run_fail "--top-k must be >= 0" "$MOE" sample --ckpt r --top-k -1
 run_fail "--kv-cache must be 0 or 1" "$MOE" sample --ckpt r --kv-cache 2

@@ -1,6 +1,6 @@
-// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE, causal GQA attention, SwiGLU,
-// row gather and combine, cross-entropy, elementwise ops, and the optimizer's runs (sum of squares,
-// AdamW). OpenMP over independent rows only; every sum is taken in a fixed order (results do not
+// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE (also over a row range), causal GQA
+// attention (with optional dropout on its probabilities), SwiGLU, row gather and combine, cross-entropy,
+// elementwise ops (dropout among them), and the optimizer's runs (sum of squares, AdamW). OpenMP over independent rows only; every sum is taken in a fixed order (results do not
 // depend on thread count except inside BLAS).
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
