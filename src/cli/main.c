@@ -156,6 +156,9 @@ static const Opt opts[] = {
      "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split)"},
     {"a2a-overlap", O_AUTO_INT, TO(a2a_overlap), C_TRAIN,
      "the MoE all-to-all pipelined with the experts over this many chunks (1: off; auto: measured per layer)"},
+    {"ampipe", O_AUTO_INT, TO(ampipe), C_TRAIN,
+     "AMPipe: each block from attention on in this many chunks of the micro-batch, so a chunk's attention "
+     "runs while another's all-to-all is in flight (1: off; auto: measured per layer with --a2a-overlap)"},
     {"a2a-hier", O_HIER, TO(a2a_hier), C_TRAIN | C_INFO,
      "the EP all-to-all in two levels over nodes of G EP ranks (auto: when the EP group spans hosts)"},
     {"expert-mode", O_EXPERTMODE, TO(expert_mode), C_TRAIN,

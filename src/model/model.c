@@ -27,13 +27,30 @@ static double moe_clock(const Model *m) {
     return now_seconds();
 }
 
-// Residual-branch dropout of layer l's site (0 attention, 1 MoE) on x (N,d) of the current slot's
-// micro-batch (see model.h), forward or (the same mask and scale) backward; nothing without a seed.
-static void drop_site(const Model *m, float *x, int l, int site, uint64_t seed) {
+// The dropout seed of the current slot's forward (0: none; see model.h).
+static uint64_t slot_drop_seed(const Model *m) { return m->slots[m->cur][m->cur_slot].drop_seed; }
+
+// Residual-branch dropout of layer l's site (0 attention, 1 MoE) on the rows [r0, r1) of the current
+// micro-batch's (N,d) activations (x: row r0), forward or (the same mask and scale) backward; the
+// micro-batch's rows as one sequence of N, so row r is global token dp rank * N + r on any split.
+static void drop_rows(const Model *m, float *x, int l, int site, int r0, int r1) {
+    uint64_t seed = slot_drop_seed(m);
     if (!seed || !(m->dropout > 0)) return;
-    int B = m->B, T = m->T;
-    m->be->dropout(x, B, T, 0, T, m->c.d_model, m->dropout, dropout_hash(seed, l, site),
-                   (int64_t)comm_rank(m->mesh.dp) * B * T);
+    int N = m->B * m->T;
+    m->be->dropout(x, 1, N, r0, r1, m->c.d_model, m->dropout, dropout_hash(seed, l, site),
+                   (int64_t)comm_rank(m->mesh.dp) * N);
+}
+
+// The gradient reaching a dropped branch over rows [r0, r1): dres's rows, or with residual dropout a
+// copy of them through the site's mask (in ddrop, at the same rows).
+static const float *dropped_rows(Model *m, int l, int site, int r0, int r1) {
+    size_t d = m->c.d_model;
+    if (!slot_drop_seed(m) || !(m->dropout > 0)) return m->dres + (size_t)r0 * d;
+    if (!m->ddrop) m->ddrop = m->be->alloc((size_t)m->maxN * d * F);
+    float *x = m->ddrop + (size_t)r0 * d;
+    m->be->copy(x, m->dres + (size_t)r0 * d, (size_t)(r1 - r0) * d * F);
+    drop_rows(m, x, l, site, r0, r1);
+    return x;
 }
 
 static int chunk_of(const Model *m, int l) {
@@ -47,6 +64,20 @@ MoeLayer *model_moe(Model *m, int l, int slot) {
     return &m->slots[k][slot].la[l].moe;
 }
 
+// AMPipe's per-chunk MoE states of one layer's activations: n of them, for chunks of up to
+// ceil(maxN / n) rows (none for n = 1).
+static void chunk_moes(Model *m, LayerActs *a, int n) {
+    for (int i = 0; i < a->nmc; i++) moe_layer_free(&a->mc[i]);
+    free(a->mc);
+    a->mc = NULL;
+    a->nmc = 0;
+    if (n <= 1) return;
+    MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
+    a->mc = xcalloc(n, sizeof *a->mc);
+    for (int i = 0; i < n; i++) moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
+    a->nmc = n;
+}
+
 static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     const ModelChunk *ch = &m->chunk[chunk];
     const Backend *be = m->be;
@@ -54,6 +85,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim,
            V = c->vocab_size;
     s->la = xcalloc(c->n_layers, sizeof *s->la);
+    MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
     for (int l = ch->l0; l < ch->l1; l++) {
         LayerActs *a = &s->la[l];
         a->res_in = be->alloc(N * d * F);
@@ -68,7 +100,6 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->xn2 = be->alloc(N * d * F);
         a->rstd2 = be->alloc(N * F);
         a->moe_out = be->alloc(N * d * F);
-        MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
     }
     s->res_final = be->alloc(N * d * F);
@@ -88,6 +119,7 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
                          a->rstd2, a->moe_out};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
         moe_layer_free(&a->moe);
+        chunk_moes(m, a, 1);
     }
     free(s->la);
     void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets};
@@ -149,7 +181,8 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->moe_overlap = xmalloc(sizeof(int) * (size_t)c->n_layers);
     m->moe_time = xcalloc((size_t)c->n_layers, sizeof(double));
     m->moe_mode = xcalloc((size_t)c->n_layers, sizeof(int));
-    for (int l = 0; l < c->n_layers; l++) m->moe_overlap[l] = 1;
+    m->ampipe = xmalloc(sizeof(int) * (size_t)c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) m->moe_overlap[l] = m->ampipe[l] = 1;
     m->hf_pe = m->hf_fe + c->n_experts;
 }
 
@@ -191,6 +224,12 @@ void model_set_expert_mode(Model *m, int l, int mode) {
     m->moe_mode[l] = mode;
 }
 
+void model_set_ampipe(Model *m, int l, int n) {
+    CHECK(l >= 0 && l < m->c.n_layers && (n == 1 || n == 2 || n == 4 || n == 8),
+          "model_set_ampipe: layer %d, %d chunks (1, 2, 4 or 8)", l, n);
+    m->ampipe[l] = n;
+}
+
 float *model_stage_in(const Model *m) { return m->la[m->chunk[m->cur].l0].res_in; }
 float *model_stage_out(const Model *m) { return m->res_final; }
 
@@ -206,10 +245,153 @@ void model_free(Model *m) {
     free(m->expert_counts);
     free(m->hf_fe);
     free(m->moe_overlap);
+    free(m->ampipe);
     free(m->moe_time);
     free(m->moe_mode);
     params_free(&m->t);
     memset(m, 0, sizeof *m);
+}
+
+// Attention forward for the rows [r0, r1) of the (b, t) order: one call per run of whole sequences,
+// one per piece of a sequence (query rows [t, te) of sequence b). With attention dropout (a seed and the
+// config's attention_dropout): layer l's mask (site 2) over global tokens and global heads.
+static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
+    const ModelConfig *c = &m->c;
+    int H = m->Hl, KV = m->KVl, hd = c->head_dim;
+    size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
+    uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0;
+    int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
+    for (int r = r0; r < r1;) {
+        int b = r / T, t = r % T, nb = 1, te = T;
+        if (t == 0 && r1 - r >= T) nb = (r1 - r) / T;
+        else te = t + (r1 - r) < T ? t + (r1 - r) : T;
+        if (ds)
+            m->be->attention_drop_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb,
+                                      T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
+                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
+        else
+            m->be->attention_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T,
+                                 H, KV, hd, t, te);
+        r += nb * (te - t);
+    }
+}
+
+// The attention block's output rows [r0, r1) and the MoE's input: x_mid = res_in + o_proj(att)
+// (all-reduced over TP), xn2 = norm(x_mid).
+static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
+    float *xm = a->x_mid + r0 * d;
+    // row-parallel o_proj: partial sums over the TP ranks' heads
+    be->matmul_fwd(xm, a->att + r0 * qd, P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d, 0);
+    if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, xm, n * d, CT_F32);
+    drop_rows(m, xm, l, 0, r0, r1);
+    be->axpy(xm, a->res_in + r0 * d, 1.0f, n * d);
+    be->rmsnorm_fwd(a->xn2 + r0 * d, a->rstd2 + r0, xm, P(m, m->params, PR_FFN_NORM, l, -1), (int)n, (int)d,
+                    c->norm_eps);
+}
+
+// The block's output rows [r0, r1): out = x_mid + moe_out.
+static void out_rows(const Model *m, const LayerActs *a, int l, float *out, int r0, int r1) {
+    size_t d = m->c.d_model, n = (size_t)(r1 - r0);
+    drop_rows(m, a->moe_out + r0 * d, l, 1, r0, r1);
+    m->be->copy(out + r0 * d, a->x_mid + r0 * d, n * d * F);
+    m->be->axpy(out + r0 * d, a->moe_out + r0 * d, 1.0f, n * d);
+}
+
+// The capacity budgets of AMPipe's chunks (all routed): n = 1's drops. The micro-batch's tokens in
+// global order are (DP rank, row); chunk j's rows on stage rank s = dp TP + tp are the tp-th slice of
+// rows [R_j, R_j+1): segments ordered (dp, j, tp), each a run of consecutive tokens, so a prefix of
+// the global order meets each segment in a prefix of it. router_budget over the segments gives
+// each of mine its kept count; budget: (n, k, E).
+static void chunk_budgets(const Model *m, LayerActs *a, int n, int64_t *budget) {
+    const ModelConfig *c = &m->c;
+    int E = c->n_experts, k = c->top_k, TP = comm_size(m->mesh.tp), S = comm_size(a->mc[0].cm.stage);
+    int me = comm_rank(a->mc[0].cm.stage), DP = S / TP, Sg = S * n;
+    size_t ke = (size_t)k * E;
+    int64_t *per = xmalloc(sizeof(int64_t) * S * ke), *all = xmalloc(sizeof(int64_t) * Sg * ke), Ng = 0;
+    for (int j = 0; j < n; j++) {
+        moe_slot_counts(&a->mc[j], per);
+        Ng += a->mc[j].Ng;
+        for (int dp = 0; dp < DP; dp++)
+            for (int tp = 0; tp < TP; tp++)
+                memcpy(all + ((size_t)(dp * n + j) * TP + tp) * ke, per + (size_t)(dp * TP + tp) * ke,
+                       sizeof(int64_t) * ke);
+    }
+    int64_t cap = capacity_for(c, Ng);
+    for (int j = 0; j < n; j++)
+        router_budget(all, Sg, ((me / TP) * n + j) * TP + me % TP, E, k, cap, budget + (size_t)j * ke);
+    free(per);
+    free(all);
+}
+
+// One block forward over the micro-batch (B, T): attention from the normed input, then the MoE; in n
+// AMPipe chunks when n > 1 (model.h), chunk j's exchange in flight during chunk j+1's attention.
+static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint64_t seed) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    LayerActs *a = &m->la[l];
+    int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, qd = H * hd, kvd = KV * hd;
+    int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * N;
+    be->rmsnorm_fwd(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
+    be->matmul_fwd(a->q, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd, 0);
+    be->matmul_fwd(a->k, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd, 0);
+    be->matmul_fwd(a->v, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd, 0);
+    be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
+    be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
+    MoeWeights w;
+    layer_weights(m, m->params, l, &w);
+    double t0 = moe_clock(m);   // (with moe_timing: the block from attention on)
+    a->nrun = n;
+    if (n == 1) {
+        attn_rows(m, a, l, T, 0, N);
+        attn_out_rows(m, a, l, 0, N);
+        a->moe.overlap = m->moe_overlap[l];
+        a->moe.mode = m->moe_mode[l];
+        moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, seed, row0);
+        out_rows(m, a, l, out, 0, N);
+        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
+        return;
+    }
+    CHECK(a->nmc == n, "layer %d: %d AMPipe chunk states for %d chunks", l, a->nmc, n);
+    MoeLayer *mc = a->mc, *part[AMPIPE_MAX];
+    int R[AMPIPE_MAX + 1];
+    for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
+    for (int j = 0; j < n; j++) {
+        part[j] = &mc[j];
+        mc[j].overlap = m->moe_overlap[l];
+        mc[j].mode = m->moe_mode[l];
+        mc[j].early_dispatch = 1;
+    }
+    int cap = c->dispatch == DISPATCH_CAPACITY;
+    int64_t *budget = cap ? xmalloc(sizeof(int64_t) * n * c->top_k * c->n_experts) : NULL;
+    for (int j = 0; j < n; j++) {
+        attn_rows(m, a, l, T, R[j], R[j + 1]);   // (dropless: chunk j-1's dispatch is in flight)
+        attn_out_rows(m, a, l, R[j], R[j + 1]);
+        moe_route(&mc[j], a->xn2 + (size_t)R[j] * d, R[j + 1] - R[j], &w, c, seed, row0 + R[j]);
+        if (cap) continue;
+        moe_start(&mc[j], &w, c, NULL);
+        if (j > 0) { moe_finish(&mc[j - 1], a->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, l, out, R[j - 1], R[j]); }
+    }
+    if (cap) {   // every chunk routed: the whole micro-batch's budgets, then the exchanges pipelined
+        chunk_budgets(m, a, n, budget);
+        size_t ke = (size_t)c->top_k * c->n_experts;
+        moe_start(&mc[0], &w, c, budget);
+        for (int j = 0; j < n; j++) {
+            if (j + 1 < n) moe_start(&mc[j + 1], &w, c, budget + (j + 1) * ke);
+            moe_finish(&mc[j], a->moe_out + (size_t)R[j] * d, &w);
+            out_rows(m, a, l, out, R[j], R[j + 1]);
+        }
+        free(budget);
+    } else {
+        moe_finish(&mc[n - 1], a->moe_out + (size_t)R[n - 1] * d, &w);
+        out_rows(m, a, l, out, R[n - 1], N);
+    }
+    moe_stats_merge(part, n, &a->moe);
+    a->moe.dropped = 0;
+    for (int j = 0; j < n; j++) a->moe.dropped += mc[j].dropped;
+    if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
 }
 
 double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float dloss,
@@ -219,11 +401,10 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     const ModelChunk *ch = &m->chunk[m->cur];
     CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d",
           B, T, m->maxB, m->maxT);
-    int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, V = c->vocab_size;
-    int qd = H * hd, kvd = KV * hd, E = c->n_experts;
+    int N = B * T, d = c->d_model, V = c->vocab_size, E = c->n_experts;
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
-    uint64_t ds = m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
+    m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
     if (ch->first) {
         for (int i = 0; i < N; i++)
             CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
@@ -236,34 +417,10 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     for (int l = ch->l0; l < ch->l1; l++) {
         LayerActs *a = &m->la[l];
         float *out = l + 1 < ch->l1 ? m->la[l + 1].res_in : m->res_final;
-        be->rmsnorm_fwd(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
-        be->matmul_fwd(a->q, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd, 0);
-        be->matmul_fwd(a->k, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd, 0);
-        be->matmul_fwd(a->v, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd, 0);
-        be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
-        be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
-        if (ds && c->attention_dropout > 0)   // site 2: the attention probabilities (global heads, tokens)
-            be->attention_drop_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T, c->attention_dropout,
-                                   dropout_hash(ds, l, 2), (int64_t)comm_rank(m->mesh.dp) * N, comm_rank(m->mesh.tp) * H);
-        else
-            be->attention_fwd(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
-        // row-parallel o_proj: partial sums over the TP ranks' heads
-        be->matmul_fwd(a->x_mid, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d, 0);
-        if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, a->x_mid, (size_t)N * d, CT_F32);
-        drop_site(m, a->x_mid, l, 0, ds);
-        be->axpy(a->x_mid, a->res_in, 1.0f, (size_t)N * d);
-        be->rmsnorm_fwd(a->xn2, a->rstd2, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1), N, d, c->norm_eps);
-        MoeWeights w;
-        layer_weights(m, m->params, l, &w);
-        a->moe.overlap = m->moe_overlap[l];
-        a->moe.mode = m->moe_mode[l];
-        double t0 = moe_clock(m);
-        moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0,
-                    (int64_t)comm_rank(m->mesh.dp) * N);
-        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
-        drop_site(m, a->moe_out, l, 1, ds);
-        be->copy(out, a->x_mid, (size_t)N * d * F);
-        be->axpy(out, a->moe_out, 1.0f, (size_t)N * d);
+        int n = dloss != 0 ? m->ampipe[l] : 1;
+        CHECK(n <= N, "--ampipe %d: a micro-batch of %d tokens has fewer rows than chunks", n, N);
+        if (n > 1 && a->nmc != n) chunk_moes(m, a, n);
+        layer_forward(m, l, out, B, T, n, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0);
         m->aux += a->moe.aux / c->n_layers;
         m->z += a->moe.z / c->n_layers;
         m->dropped += a->moe.dropped;
@@ -309,8 +466,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     int V = c->vocab_size, qd = H * hd, kvd = KV * hd, L = c->n_layers;
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
-    uint64_t ds = m->slots[m->cur][m->cur_slot].drop_seed;
-    if (ds && m->dropout > 0 && !m->ddrop) m->ddrop = be->alloc((size_t)m->maxN * d * F);
+    uint64_t ds = slot_drop_seed(m);
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
         be->zero(m->dxn, (size_t)N * d * F);
@@ -325,7 +481,8 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     }
     for (int l = ch->l1 - 1; l >= ch->l0; l--) {
         LayerActs *a = &m->la[l];
-        // MoE block: out = x_mid + moe(norm(x_mid))
+        // MoE block: out = x_mid + moe(norm(x_mid)); with AMPipe chunks (the forward's MoE states
+        // a->mc) chunk by chunk in reverse, each with its rows of the norm and of o_proj
         MoeWeights w;
         MoeGrads gw;
         layer_weights(m, m->params, l, &w);
@@ -333,19 +490,25 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.w1 = P(m, g, PR_W1, l, m->e0);
         gw.w3 = P(m, g, PR_W3, l, m->e0);
         gw.w2 = P(m, g, PR_W2, l, m->e0);
-        be->zero(m->dxn, (size_t)N * d * F);
-        double t0 = moe_clock(m);
-        const float *dy = m->dres;   // the MoE output's gradient: dres, through the dropout's mask
-        if (ds && m->dropout > 0) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 1, ds); dy = m->ddrop; }
-        moe_backward(&a->moe, &m->ms, m->dxn, dy, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
-        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
-        be->rmsnorm_bwd(m->dres, P(m, g, PR_FFN_NORM, l, -1), m->dxn, a->x_mid, P(m, m->params, PR_FFN_NORM, l, -1),
-                        a->rstd2, N, d);
-        // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))
+        int n = a->nrun;
         be->zero(m->datt, (size_t)N * qd * F);
-        dy = m->dres;   // the attention output's gradient, through its mask
-        if (ds && m->dropout > 0) { be->copy(m->ddrop, m->dres, (size_t)N * d * F); drop_site(m, m->ddrop, l, 0, ds); dy = m->ddrop; }
-        be->matmul_bwd(m->datt, P(m, g, PR_WO, l, -1), dy, a->att, P(m, m->params, PR_WO, l, -1), N, qd, d);
+        double t0 = moe_clock(m);
+        for (int j = n - 1; j >= 0; j--) {
+            size_t r0 = (size_t)N * j / n, nr = (size_t)N * (j + 1) / n - r0;
+            MoeLayer *ml = n > 1 ? &a->mc[j] : &a->moe;
+            if (n > 1) moe_loss_from(ml, &a->moe);
+            be->zero(m->dxn + r0 * d, nr * d * F);
+            // the branches' gradients through their dropout masks (ddrop: a masked copy of dres's rows)
+            const float *dy = dropped_rows(m, l, 1, (int)r0, (int)(r0 + nr));
+            moe_backward(ml, &m->ms, m->dxn + r0 * d, dy, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L, z_scale / L);
+            be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
+                            P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)nr, d);
+            dy = dropped_rows(m, l, 0, (int)r0, (int)(r0 + nr));
+            be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), dy, a->att + r0 * qd,
+                           P(m, m->params, PR_WO, l, -1), (int)nr, qd, d);
+        }
+        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
+        // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
         be->zero(m->dv, (size_t)N * kvd * F);

@@ -34,7 +34,10 @@ typedef struct {
     float *x_mid;                  // (N,d) after the attention residual
     float *xn2, *rstd2;            // (N,d) (N)
     float *moe_out;                // (N,d)
-    MoeLayer moe;
+    MoeLayer moe;                  // the layer's MoE state (its statistics: merged over the chunks)
+    MoeLayer *mc;                  // (nmc) AMPipe: each chunk's MoE state (rows [R_j, R_j+1))
+    int nmc;
+    int nrun;                      // the chunks the last forward ran (1: unchunked, state in moe)
 } LayerActs;
 
 // A chunk: the layers [l0, l1) of one virtual stage; first: it embeds the tokens; last: it holds the
@@ -98,7 +101,9 @@ typedef struct {
     double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
     int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
-    int moe_timing;                // 1: time each MoE layer's forward + backward (synchronised) into moe_time
+    int *ampipe;                   // (L) each layer's AMPipe chunks in training forwards (1 = none)
+    int moe_timing;                // 1: time each block's forward from attention on and its MoE's backward
+                                   // (synchronised) into moe_time
     double *moe_time;              // (L) seconds, added up until the caller resets them
 } Model;
 
@@ -123,6 +128,20 @@ MoeLayer *model_moe(Model *m, int l, int slot);
 void model_set_overlap(Model *m, int l, int r);
 // Layer l's expert mode (moe.h: MOE_SHARDED or MOE_GATHERED; only matters with ETP > 1).
 void model_set_expert_mode(Model *m, int l, int mode);
+// AMPipe: the training forwards (dloss != 0) run each block from attention on in n chunks of the
+// micro-batch's rows (chunk j: rows [R_j, R_j+1), R_j = N j / n of the (b, t) order: pieces of
+// sequences), so that chunk j's MoE exchange is in flight while chunk j+1's attention runs. Chunk j's
+// attention is its query rows against every key before them (the same bits as unchunked). Dropless:
+// each chunk is routed, planned and dispatched before the next chunk's attention. Capacity: the
+// routers of all chunks run first (a token's drop depends on every earlier token's routing), then
+// the budgets of the whole micro-batch (exactly n = 1's drops), then the chunks' exchanges, each
+// chunk's dispatch in flight during the previous chunk's experts. The aux and z losses are the whole
+// micro-batch's. Backward: each chunk's MoE, norm and o_proj in reverse, then attention at once.
+// Forward bits equal n = 1's; the weight gradients differ by round-off (sums split by chunk).
+// n in 1, 2, 4, 8 (AMPIPE_MAX), per layer; evaluation forwards run unchunked. With moe_timing the
+// layer's time covers the block from attention on (the chunks interleave attention and MoE).
+#define AMPIPE_MAX 8
+void model_set_ampipe(Model *m, int l, int n);
 
 // Forward of the current chunk over tokens (B,T) (host; read on the first chunk). targets (host; read
 // on the last chunk) may be NULL: logits only.

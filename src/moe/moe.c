@@ -317,12 +317,12 @@ static void experts_chunked(MoeLayer *m, const MoeWeights *w) {
     m->ysp = m->ys;
 }
 
-void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
-                 uint64_t noise_seed, int64_t row0) {
+void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const ModelConfig *c, uint64_t noise_seed,
+               int64_t row0) {
     const Backend *be = m->be;
     CHECK(N <= m->maxN, "moe_forward: %d tokens > %d allocated", N, m->maxN);
-    int d = m->d, fl = m->fl, E = m->E, El = m->El, k = m->k, TP = comm_size(m->cm.tp);
-    int S = comm_size(m->cm.stage), me = comm_rank(m->cm.stage);
+    int d = m->d, E = m->E, k = m->k, TP = comm_size(m->cm.tp);
+    int S = comm_size(m->cm.stage);
     m->N = N;
     slice_of(N, TP, comm_rank(m->cm.tp), &m->s0, &m->Ns);
     int Ns = m->Ns;
@@ -357,12 +357,10 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     mine[per - 1] = Ns;
     comm_allgather(m->cm.stage, mine, m->cnt_all, per, CT_I64);
     free(mine);
-    int64_t *slots = xmalloc(sizeof(int64_t) * S * k * E);   // (S,k,E) without the token counts
     m->Ng = 0;
     memset(m->counts, 0, sizeof(int64_t) * E);
     for (int s = 0; s < S; s++) {
         const int64_t *cs = m->cnt_all + (size_t)s * per;
-        memcpy(slots + (size_t)s * k * E, cs, sizeof(int64_t) * k * E);
         m->Ng += cs[per - 1];
         for (int j = 0; j < k; j++) for (int e = 0; e < E; e++) m->counts[e] += cs[(size_t)j * E + e];
     }
@@ -377,16 +375,64 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     }
     m->aux = E * a;
     m->z = ps[E] / m->Ng;
+    m->Nl = m->Ng;
     free(ps);
+    m->xin = xin;
+}
+
+void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
+    int E = whole->E;
+    double lse2 = 0, a = 0;
+    whole->Ng = 0;
+    whole->dropped = 0;
+    memset(whole->counts, 0, sizeof(int64_t) * E);
+    memset(whole->psum, 0, sizeof(double) * E);
+    for (int i = 0; i < n; i++) {
+        const MoeLayer *p = part[i];
+        whole->Ng += p->Ng;
+        lse2 += p->z * (double)p->Ng;
+        for (int e = 0; e < E; e++) { whole->counts[e] += p->counts[e]; whole->psum[e] += p->psum[e]; }
+    }
+    for (int e = 0; e < E; e++) {
+        a += ((double)whole->counts[e] / whole->Ng) * (whole->psum[e] / whole->Ng);
+        whole->aux_f[e] = (double)whole->counts[e] / whole->Ng;
+    }
+    whole->aux = E * a;
+    whole->z = lse2 / whole->Ng;
+    whole->Nl = whole->Ng;
+    for (int i = 0; i < n; i++) moe_loss_from(part[i], whole);
+}
+
+void moe_loss_from(MoeLayer *part, const MoeLayer *whole) {
+    memcpy(part->aux_f, whole->aux_f, sizeof(double) * whole->E);
+    part->Nl = whole->Nl;
+}
+
+void moe_slot_counts(const MoeLayer *m, int64_t *out) {
+    int k = m->k, E = m->E;
+    size_t per = (size_t)k * E + 1;
+    for (int s = 0; s < comm_size(m->cm.stage); s++)
+        memcpy(out + (size_t)s * k * E, m->cnt_all + (size_t)s * per, sizeof(int64_t) * k * E);
+}
+
+void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int64_t *budget) {
+    const Backend *be = m->be;
+    int d = m->d, fl = m->fl, E = m->E, k = m->k, Ns = m->Ns;
+    int S = comm_size(m->cm.stage), me = comm_rank(m->cm.stage);
+    const float *xin = m->xin;
     // dispatch plan over my slice (router.h's order; capacity decided globally: same drops as one
     // process): the host turns the counts into keep (k,E: the first keep[j,e] of slot j's
     // assignments to e in token order stay) and first (their first row), the backend writes the rows
     int32_t *keep = m->kf_h, *first = keep + (size_t)k * E;
-    if (c->dispatch == DISPATCH_CAPACITY) {
-        int64_t *budget = xmalloc(sizeof(int64_t) * k * E);
-        router_budget(slots, S, me, E, k, capacity_for(c, (int)m->Ng), budget);
+    if (c->dispatch == DISPATCH_CAPACITY && budget) {
         for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = (int32_t)budget[q];
-        free(budget);
+    } else if (c->dispatch == DISPATCH_CAPACITY) {
+        int64_t *slots = xmalloc(sizeof(int64_t) * S * k * E), *bud = xmalloc(sizeof(int64_t) * k * E);
+        moe_slot_counts(m, slots);
+        router_budget(slots, S, me, E, k, capacity_for(c, (int)m->Ng), bud);
+        for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = (int32_t)bud[q];
+        free(slots);
+        free(bud);
     } else {
         for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = m->cnt_h[q];
     }
@@ -408,7 +454,6 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     } else {
         m->dropped = 0;
     }
-    free(slots);
     int M = m->plan.M, R = m->Rmax;
     be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
     be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d, m->kf_d + (size_t)k * E, Ns,
@@ -419,12 +464,10 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     for (int e = 0; e < E; e++) kept[e] = m->plan.off[e + 1] - m->plan.off[e];
     // sharded (ETP slices, tokens gathered over ETP) or gathered (whole experts, my tokens: EP only)
     m->gathered = m->mode == MOE_GATHERED && comm_size(m->cm.etp) > 1;
-    MoeWeights wf;
-    const MoeWeights *wu = w;
+    MoeWeights wf = *w;
     if (m->gathered) {
         gathered_setup(m);
         gather_experts(m, w, &wf);
-        wu = &wf;
     }
     m->xu = m->gathered ? &m->xe : &m->x;
     m->fu = m->gathered ? fl * comm_size(m->cm.etp) : fl;
@@ -433,14 +476,25 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     m->r = m->xu->local || m->gathered ? 1 : m->overlap;
     if (m->r > 1) plan_chunks(m, kept);
     free(kept);
-    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg, fu = m->fu;
+    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
     expert_buffers(m, Rg);
     if (!m->xu->local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
+    m->wu = wf;
+    // with early_dispatch (AMPipe) the unchunked dispatch is in flight until moe_finish
+    m->started = m->early_dispatch && m->r == 1 && !m->xu->local;
+    if (m->started) exchange_dispatch_start(m->xu, m->xs);
+}
+
+void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
+    const Backend *be = m->be;
+    int d = m->d, El = m->El, k = m->k, Ns = m->Ns, fu = m->fu, TP = comm_size(m->cm.tp);
+    const MoeWeights *wu = &m->wu;
     if (m->r > 1) {
         m->xgp = m->xg;
         experts_chunked(m, w);
     } else {
-        m->xgp = exchange_dispatch(m->xu, m->xs, m->xg);
+        m->xgp = m->started ? exchange_dispatch_finish(m->xu, m->xs, m->xg) : exchange_dispatch(m->xu, m->xs, m->xg);
+        m->started = 0;
         be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
         be->grouped_matmul_fwd(m->yg, m->act, wu->w2, m->xu->off, El, fu, d);
         m->ysp = exchange_combine(m->xu, m->yg, m->ys);
@@ -449,6 +503,13 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
     float *yout = TP > 1 ? m->yslice : y;
     be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
     if (TP > 1) tp_gather(m, m->yslice, y);
+}
+
+void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
+                 uint64_t noise_seed, int64_t row0) {
+    moe_route(m, x, N, w, c, noise_seed, row0);
+    moe_start(m, w, c, NULL);
+    moe_finish(m, y, w);
 }
 
 // The experts' backward over the forward's r chunks, pipelined as the forward (chunk i+1's dy
@@ -525,7 +586,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
-    double Ng = (double)m->Ng;
+    double Ng = (double)m->Nl;
     for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
     be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
     be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,

@@ -58,6 +58,8 @@ typedef struct {
     int64_t *cnt_all;              // (S, k, E) + S token counts: every stage rank's slot counts
     int64_t *counts;               // (E) global assignments per expert (before drops)
     int64_t Ng;                    // global tokens of the micro-batch (over the stage)
+    int64_t Nl;                    // tokens the aux and z losses average over: Ng, or with AMPipe
+                                   // chunks the whole micro-batch's (moe_stats_merge)
     int64_t dropped;               // global dropped assignments
     double aux, z;                 // this layer's global losses
     double *psum;                  // (E) global sum over tokens of the router probabilities
@@ -86,6 +88,10 @@ typedef struct {
     // nothing to overlap)
     int overlap, r;
     int mode, gathered;            // MOE_SHARDED / MOE_GATHERED for the next forward; what the last one did
+    const float *xin;              // moe_route's input rows (my slice, jittered), for moe_start
+    MoeWeights wu;                 // the experts the last forward used (whole ones when gathered)
+    int early_dispatch;            // 1: moe_start leaves an unchunked dispatch in flight (AMPipe)
+    int started;                   // such a dispatch is in flight (until moe_finish)
     Exchange *xu;                  // the last forward's routes: &x, or &xe (gathered: EP only)
     int fu;                        // its expert width: fl, or f (gathered)
     Exchange xe;                   // the EP-only routes of the gathered mode
@@ -130,6 +136,25 @@ void moe_scratch_free(MoeScratch *s);
 // Every rank of the EP/ETP groups must use the same r.
 void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
                  uint64_t noise_seed, int64_t row0);
+// The forward in three parts, for a schedule that runs other work between them (AMPipe: the next
+// sequence chunk's attention while this chunk's tokens travel): moe_route (jitter, router, top-k,
+// the stage's statistics: counts, psum, aux, z), moe_start (the dispatch plan — capacity drops from
+// `budget` (k,E), the kept slot-j assignments to e of my slice, when given, else decided over the
+// stage as moe_forward does — the permute, and with m->early_dispatch the dispatch all-to-all
+// started), moe_finish (the experts, the combine, y (N,d)). x must stay untouched until moe_start,
+// and the layer's exchange groups see every rank's calls in the same order.
+void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const ModelConfig *c, uint64_t noise_seed,
+               int64_t row0);
+void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int64_t *budget);
+void moe_finish(MoeLayer *m, float *y, const MoeWeights *w);
+// Every stage rank's slot counts of the last moe_route, (S,k,E) in stage-rank order.
+void moe_slot_counts(const MoeLayer *m, int64_t *out);
+// The router statistics of n parts of one micro-batch (AMPipe's chunks, routed) added up into whole
+// (counts, psum, Ng, aux, z, aux_f: as if routed at once; dropped and the per-part values untouched),
+// and the parts' loss coefficients set from it (moe_loss_from: aux_f and Nl), so that their backward
+// differentiates the whole micro-batch's aux and z.
+void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole);
+void moe_loss_from(MoeLayer *part, const MoeLayer *whole);
 // dx (N,d) += d/dx; grads += d/dweights (local shards; the router's is this rank's share). The loss
 // this differentiates is <dy, y> + aux_scale * aux + z_scale * z of the last forward.
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,

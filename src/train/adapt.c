@@ -4,28 +4,41 @@
 #include <unistd.h>
 #include "core/common.h"
 
+// A tuner candidate: r + 16 x expert mode + 256 x AMPipe chunks (only when > 1).
+static int cand_r(int c) { return c % 16; }
+static int cand_mode(int c) { return c / 16 % 16; }
+static int cand_n(int c) { return c >= 256 ? c / 256 : 1; }
+
 void adapt_init(Adapt *a, const TrainOptions *o, const MeshShape *shape, int meshed, Model *m) {
     memset(a, 0, sizeof *a);
     for (int l = 0; l < m->c.n_layers; l++) {
         if (o->a2a_overlap > 0) model_set_overlap(m, l, o->a2a_overlap);
         if (o->expert_mode > 0) model_set_expert_mode(m, l, MOE_GATHERED);
+        if (o->ampipe > 0) model_set_ampipe(m, l, o->ampipe);
     }
-    if (o->a2a_overlap == 0 || o->expert_mode < 0) {
-        // auto: measure, per layer, r = 1, 2, 4, 8 where there is an exchange to overlap (sharded; the
-        // gathered mode runs unchunked) and the gathered mode where the experts are sliced (ETP > 1)
-        int cand[TUNE_MAX], n = 0, exch = meshed && (shape->ep > 1 || shape->etp > 1 || comm_nccl_forced());
+    // auto: measure, per layer, r = 1, 2, 4, 8 where there is an exchange to overlap (sharded; the
+    // gathered mode runs unchunked), the gathered mode where the experts are sliced (ETP > 1), and
+    // AMPipe's n = 1, 2, 4 where there is an exchange for the attention to hide (with each r)
+    int exch = meshed && (shape->ep > 1 || shape->etp > 1 || comm_nccl_forced());
+    int ns[3] = {o->ampipe > 0 ? o->ampipe : 1, 2, 4}, nn = o->ampipe == 0 && exch ? 3 : 1;
+    if (o->a2a_overlap == 0 || o->expert_mode < 0 || nn > 1) {
+        int cand[TUNE_MAX], n = 0;
         int modes = o->expert_mode < 0 && shape->etp > 1 ? 2 : 1, mode0 = o->expert_mode > 0 ? MOE_GATHERED : MOE_SHARDED;
-        for (int md = 0; md < modes; md++) {
-            int mode = modes == 2 ? md : mode0;
-            if (mode == MOE_GATHERED) { cand[n++] = 1 + 16 * mode; continue; }
-            if (o->a2a_overlap > 0) cand[n++] = o->a2a_overlap;
-            else for (int rr = 1; rr <= (exch ? 8 : 1); rr *= 2) cand[n++] = rr;
+        for (int in = 0; in < nn; in++) {
+            int np = ns[in] > 1 ? 256 * ns[in] : 0;
+            for (int md = 0; md < modes; md++) {
+                int mode = modes == 2 ? md : mode0;
+                if (mode == MOE_GATHERED) { cand[n++] = 1 + 16 * mode + np; continue; }
+                if (o->a2a_overlap > 0) cand[n++] = o->a2a_overlap + np;
+                else for (int rr = 1; rr <= (exch ? 8 : 1); rr *= 2) cand[n++] = rr + np;
+            }
         }
         a->tune = xmalloc(sizeof(Tuner) * (size_t)m->c.n_layers);
         for (int l = 0; l < m->c.n_layers; l++) tuner_init(&a->tune[l], cand, n, 2, 0.05, o->a2a_retune);
     }
     a->log_overlap = a->tune || o->a2a_overlap > 1;
     a->log_mode = shape->etp > 1 && o->expert_mode != 0;
+    a->log_ampipe = nn > 1 || o->ampipe > 1;
 }
 
 void adapt_free(Adapt *a) { free(a->tune); a->tune = NULL; }
@@ -36,8 +49,9 @@ void adapt_before(Adapt *a, Model *m) {
     m->moe_timing = 0;
     for (int l = 0; l < m->c.n_layers; l++) {
         int cand = tuner_current(&a->tune[l]);
-        model_set_overlap(m, l, cand % 16);
-        model_set_expert_mode(m, l, cand / 16);
+        model_set_overlap(m, l, cand_r(cand));
+        model_set_expert_mode(m, l, cand_mode(cand));
+        model_set_ampipe(m, l, cand_n(cand));
         m->moe_timing |= a->tune[l].tuning;
     }
 }
@@ -76,6 +90,10 @@ void adapt_record(const Adapt *a, const Model *m, cJSON *line, int tuned) {
         for (int l = 0; l < L; l++)
             cJSON_AddItemToArray(em, cJSON_CreateString(m->moe_mode[l] == MOE_GATHERED ? "gathered" : "sharded"));
     }
+    if (a->log_ampipe) {   // AMPipe's chunks, per layer
+        cJSON *ap = cJSON_AddArrayToObject(line, "ampipe");
+        for (int l = 0; l < L; l++) cJSON_AddItemToArray(ap, cJSON_CreateNumber(m->ampipe[l]));
+    }
     if (tuned) {   // a tuning ended: what each candidate took (per layer; -1: not measured) and the choice
         cJSON *tt = cJSON_AddArrayToObject(line, "a2a_tuned");
         for (int l = 0; l < L; l++) {
@@ -84,13 +102,16 @@ void adapt_record(const Adapt *a, const Model *m, cJSON *line, int tuned) {
             cJSON *cs = cJSON_AddArrayToObject(row, "candidates");
             cJSON *ts = cJSON_AddArrayToObject(row, "seconds");
             cJSON *ms = cJSON_AddArrayToObject(row, "modes");
+            cJSON *as = a->log_ampipe ? cJSON_AddArrayToObject(row, "ampipe") : NULL;
             for (int i = 0; i < t->n; i++) {
-                cJSON_AddItemToArray(cs, cJSON_CreateNumber(t->cand[i] % 16));
-                cJSON_AddItemToArray(ms, cJSON_CreateString(t->cand[i] / 16 ? "gathered" : "sharded"));
+                cJSON_AddItemToArray(cs, cJSON_CreateNumber(cand_r(t->cand[i])));
+                cJSON_AddItemToArray(ms, cJSON_CreateString(cand_mode(t->cand[i]) ? "gathered" : "sharded"));
+                if (as) cJSON_AddItemToArray(as, cJSON_CreateNumber(cand_n(t->cand[i])));
                 cJSON_AddItemToArray(ts, cJSON_CreateNumber(t->mean[i]));
             }
-            cJSON_AddNumberToObject(row, "choice", tuner_current(t) % 16);
-            cJSON_AddStringToObject(row, "choice_mode", tuner_current(t) / 16 ? "gathered" : "sharded");
+            cJSON_AddNumberToObject(row, "choice", cand_r(tuner_current(t)));
+            cJSON_AddStringToObject(row, "choice_mode", cand_mode(tuner_current(t)) ? "gathered" : "sharded");
+            if (as) cJSON_AddNumberToObject(row, "choice_ampipe", cand_n(tuner_current(t)));
             cJSON_AddNumberToObject(row, "tunings", t->tunings);
             cJSON_AddItemToArray(tt, row);
         }
@@ -104,6 +125,8 @@ void adapt_progress(const Adapt *a, const Model *m, char *buf, size_t n) {
         for (int l = 0; l < L; l++)
             snprintf(buf + strlen(buf), n - strlen(buf), "%s%d%s", l ? "," : " ", m->moe_overlap[l],
                      m->moe_mode[l] == MOE_GATHERED ? "g" : "");
+        if (a->log_ampipe)
+            for (int l = 0; l < L; l++) snprintf(buf + strlen(buf), n - strlen(buf), "%s%d", l ? "," : " n ", m->ampipe[l]);
     }
 }
 
