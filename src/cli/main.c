@@ -89,7 +89,7 @@ static const Opt opts[] = {
     {"init-std", O_FLOAT, MO(init_std), C_TRAIN | C_INFO, "init standard deviation of linear weights"},
     {"renormalize", O_INT, MO(renormalize), C_TRAIN | C_INFO, "1: renormalise top-k weights (Mixtral); 0: raw (OLMoE)"},
     {"attn-dropout", O_FLOAT, MO(attention_dropout), C_TRAIN | C_INFO,
-     "dropout on the attention probabilities in training, in [0, 1) (HF attention_dropout; cpu backend only for now)"},
+     "dropout on the attention probabilities in training, in [0, 1) (HF attention_dropout; on cuda through the float32 attention kernels)"},
     {"jitter", O_FLOAT, MO(jitter), C_TRAIN | C_INFO, "router input jitter j: x *= U(1-j, 1+j) in training"},
     {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO | C_EVAL, "load-balancing loss coefficient (eval: of --dump-grads)"},
     {"z-coef", O_FLOAT, MO(z_coef), C_TRAIN | C_INFO | C_EVAL, "router z-loss coefficient (eval: of --dump-grads)"},

@@ -131,7 +131,8 @@ struct Backend {
     // head h (this rank's; global head h0 + h) and key u: kept iff dropout_keep(dropout_hash(seed, -1 -
     // (h0 + h), 0), row0 + b*T + t, u, .) (a function of the global token, head and key: the same on any
     // mesh). lse stays the undropped softmax's; bwd uses the same mask. p = 0 gives attention_fwd/bwd's bits.
-    // Optional: NULL where a backend has none (cpu only for now; the trainer refuses attention dropout there).
+    // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda and
+    // cuda-fp32 run their float32 attention kernels for it (not the tensor-core ones).
     void (*attention_drop_fwd)(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                                int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
     void (*attention_drop_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,

@@ -290,11 +290,11 @@ static void agree_data(const Dataset *ds, const Comm *world) {
     comm_agree(world, "data", &it, 1);
 }
 
-// Attention-probability dropout needs the backend's attention_drop_* ops (the cpu's, for now).
+// Attention-probability dropout needs the backend's attention_drop_* ops (every backend of ours has them).
 static void check_attn_dropout(const Run *r) {
     if (r->c.attention_dropout > 0 && !r->be->attention_drop_fwd)
-        DIE("attention dropout (--attn-dropout / attention_dropout %g) runs on the cpu backend only for now, not on "
-            "--device %s; use --dropout (the residual branches) there", r->c.attention_dropout, r->be->name);
+        DIE("attention dropout (--attn-dropout / attention_dropout %g) is not implemented on --device %s; use "
+            "--dropout (the residual branches) there", r->c.attention_dropout, r->be->name);
 }
 
 // Validates everything, then builds the run: data, output directory, mesh, model, parameters.
