@@ -785,11 +785,6 @@ static void record_path(char *buf, size_t n, const char *v) {
 // Returns the previous record (NULL: none, a run of an older moe).
 static cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     *overrides = cJSON_CreateObject();
-    if (rank0 && dir_exists(s->train.out)) {   // the run's log continues here, with the lines below
-        char log[2100];
-        join_path(log, sizeof log, s->train.out, RUN_LOG);
-        stdout_tee(log);
-    }
     char latest[2048];
     if (ckpt_find_latest(s->train.out, latest, sizeof latest) == 0) {
         ModelConfig saved;

@@ -79,8 +79,6 @@ void stdout_tee(const char *path) {
     if (!registered++) atexit(stdout_tee_end);
 }
 
-int stdout_tee_active(void) { return tee_file >= 0; }
-
 void stdout_tee_end(void) {
     if (tee_file < 0) return;
     fflush(stdout);

@@ -70,7 +70,6 @@ void fmt_count(char *buf, size_t n, double count);   // "1.23M"
 // when it cannot be opened. One tee at a time.
 void stdout_tee(const char *path);
 void stdout_tee_end(void);
-int stdout_tee_active(void);
 
 // Remove a directory tree (no symlinks followed). Returns 0 on success.
 int rm_rf(const char *path);

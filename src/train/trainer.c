@@ -322,8 +322,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
     check_attn_dropout(r);   // (a resumed model's config is the checkpoint's)
-    if (r->rank0 && !stdout_tee_active()) {   // the log: everything printed from here on, appended (a --resume
-                                              // started it already, for its option lines: cli/main.c)
+    if (r->rank0) {   // the log: everything printed from here on, appended (a resume continues it)
         char log[2100];
         join_path(log, sizeof log, o->out, RUN_LOG);
         stdout_tee(log);
