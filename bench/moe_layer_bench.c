@@ -150,9 +150,10 @@ static void w_gather(float *o, const float *i, const int32_t *idx, int n, int C)
 static void w_combine_rows(float *o, const float *r, const int32_t *sr, const float *w, int N, int k, int C, int a) {
     WRAP(C_UNPERM, RB->combine_rows(o, r, sr, w, N, k, C, a));
 }
-static void w_router_topk(float *p, float *l, int32_t *ix, float *w, double *sm, const float *lg, int N, int E, int k,
+static void w_router_topk(float *p, float *l, int32_t *ix, float *w, double *sm, const float *lg, const float *b, int N,
+                          int E, int k,
                           int rn) {
-    WRAP(C_RKERN, RB->router_topk(p, l, ix, w, sm, lg, N, E, k, rn));
+    WRAP(C_RKERN, RB->router_topk(p, l, ix, w, sm, lg, b, N, E, k, rn));
 }
 static void w_router_bwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l, const int32_t *ix,
                          const float *w, const float *ad, float zd, int N, int E, int k, int rn) {
@@ -317,8 +318,8 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     MoeScratch s;
     moe_layer_init(&m, be, &c, T, NULL);
     moe_scratch_init(&s, be, &c, T);
-    MoeWeights w = {wr, w1, w3, w2};
-    MoeGrads g = {gr, g1, g3, g2};
+    MoeWeights w = {.router = wr, .w1 = w1, .w3 = w3, .w2 = w2};
+    MoeGrads g = {.router = gr, .w1 = g1, .w3 = g3, .w2 = g2};
     cudaEvent_t a, z;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&z));

@@ -106,10 +106,10 @@ def write_shard(path, tokens, uint32):
 
 
 def val_windows(tokens, n_seq):
-    """moe.c's split: windows of T+1 tokens at stride T, every 10th (w % 10 == 9) is validation."""
-    n_windows = (len(tokens) - 1) // T
-    val = [w for w in range(n_windows) if w % 10 == 9]
-    return torch.tensor([tokens[val[i % len(val)] * T: val[i % len(val)] * T + T + 1] for i in range(n_seq)])
+    """moe.c's split of a token shard (src/data/data.h, "tail"): the last ceil(0.1 n) tokens are held out and
+    validation windows of T+1 tokens tile them at stride T from their first token."""
+    first = len(tokens) - math.ceil(len(tokens) * 0.1)
+    return torch.tensor([tokens[first + i * T: first + i * T + T + 1] for i in range(n_seq)])
 
 
 def load_dump(path):

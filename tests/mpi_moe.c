@@ -47,8 +47,8 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     float *yr = xcalloc((size_t)N * d, 4), *dxr = xcalloc((size_t)N * d, 4);
     float *gr = xcalloc((size_t)E * d, 4), *g1 = xcalloc((size_t)E * f * d, 4), *g3 = xcalloc((size_t)E * f * d, 4),
           *g2 = xcalloc((size_t)E * d * f, 4);
-    MoeWeights W = {wr, w1, w3, w2};
-    MoeGrads GR = {gr, g1, g3, g2};
+    MoeWeights W = {.router = wr, .w1 = w1, .w3 = w3, .w2 = w2};
+    MoeGrads GR = {.router = gr, .w1 = g1, .w3 = g3, .w2 = g2};
     moe_forward(&ref, yr, x, N, &W, &c, 0, 0);
     moe_backward(&ref, &rs, dxr, dy, x, &W, &GR, &c, 0.3f, 0.05f);
     // the mesh: my DP share of the tokens, my experts, my f slice
@@ -70,8 +70,8 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     float *y = xcalloc((size_t)Nl * d, 4), *dx = xcalloc((size_t)Nl * d, 4);
     float *hr = xcalloc((size_t)E * d, 4), *h1 = xcalloc((size_t)El * fl * d, 4), *h3 = xcalloc((size_t)El * fl * d, 4),
           *h2 = xcalloc((size_t)El * d * fl, 4);
-    MoeWeights LW = {wr, l1, l3, l2};
-    MoeGrads LG = {hr, h1, h3, h2};
+    MoeWeights LW = {.router = wr, .w1 = l1, .w3 = l3, .w2 = l2};
+    MoeGrads LG = {.router = hr, .w1 = h1, .w3 = h3, .w2 = h2};
     size_t row0 = (size_t)mesh->me.dp * Nl;
     moe_forward(&ml, y, x + row0 * d, Nl, &LW, &c, 0, (int64_t)row0);
     moe_backward(&ml, &ms, dx, dy + row0 * d, x + row0 * d, &LW, &LG, &c, 0.3f, 0.05f);

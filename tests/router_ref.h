@@ -18,7 +18,7 @@
 static inline void router_topk(const float *logits, int N, int E, int k, int renorm, float *probs, float *lse,
                                int32_t *idx, float *w) {
     // the float32 reference is the cpu backend's op (the MoE layer calls it through the Backend)
-    backend_cpu()->router_topk(probs, lse, idx, w, NULL, logits, N, E, k, renorm);
+    backend_cpu()->router_topk(probs, lse, idx, w, NULL, logits, NULL, N, E, k, renorm);
 }
 
 static inline void plan_alloc(DispatchPlan *p, int N, int E, int k) {

@@ -52,6 +52,18 @@ for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05"; do
 4|--pp 2 --ep 2|pp2+ep2"
 done
 
+# the model families' options inside the chunks (Qwen2-MoE: q/k/v biases, a gated shared expert beside
+# each chunk's combine; Qwen3-MoE: per-head QK-norm; aux-free routing bias): tp2+ep2, n 2, against one
+# process at n 1
+for fam in "--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 24 --shared-gate 1 --renormalize 0|qwen2-moe" \
+           "--family qwen3_moe --qk-norm head --head-dim 12 --balance aux-free --bias-rate 0.01|qwen3-moe, aux-free"; do
+  run "$TMP/ref_f" 1 ${fam%%|*} || fail "${fam##*|}: reference"
+  if run "$TMP/run" 4 --tp 2 --ep 2 ${fam%%|*} --ampipe 2; then mesh_close "$TMP/ref_f" "$TMP/run" "${fam##*|}: tp2+ep2, n 2"
+  else fail "${fam##*|}: n 2 failed"; tail -4 "$TMP/run/out.txt"; fi
+done
+if run "$TMP/run" 1 --ampipe 2 --aux-scope sequence; then fail "--ampipe 2 with --aux-scope sequence accepted"
+else grep -q -- "--aux-scope sequence" "$TMP/run/out.txt" && pass "--ampipe 2 with --aux-scope sequence: refused by name (not yet composed)" || fail "aux-scope refusal unclear"; fi
+
 # with the pipelined exchange too (r 2: chunk j's exchange itself in two pieces)
 if run "$TMP/run" 2 --ep 2 --ampipe 2 --a2a-overlap 2; then mesh_close "$TMP/ref_dropless" "$TMP/run" "dropless: ep2, n 2 with r 2"
 else fail "n 2 r 2: failed"; tail -4 "$TMP/run/out.txt"; fi

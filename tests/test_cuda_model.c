@@ -192,6 +192,11 @@ int main(void) {
     c2.n_kv_heads = 1; c2.top_k = 1;
     ModelConfig c3 = c;
     c3.top_k = 4; c3.head_dim = 64; c3.n_heads = 2; c3.n_kv_heads = 2; c3.d_model = 128;
+    // the families' options and balancing (config.h)
+    ModelConfig f1 = c; f1.family = FAM_OLMOE; f1.qk_norm = QK_NORM_FULL; f1.renormalize = 0;
+    ModelConfig f2 = c; f2.family = FAM_QWEN2_MOE; f2.qkv_bias = 1; f2.n_shared_experts = 1; f2.shared_d_ff = 80;
+    f2.shared_gate = 1; f2.aux_scope = AUX_SCOPE_SEQ;
+    ModelConfig f3 = c; f3.family = FAM_QWEN3_MOE; f3.qk_norm = QK_NORM_HEAD; f3.head_dim = 32; f3.balance = BALANCE_AUX_FREE;
     // MOE_TEST_BACKEND=cuda or cuda-fp32: that backend only (default: both)
     const char *only = getenv("MOE_TEST_BACKEND");
     for (int bf = 0; bf < 2; bf++) {
@@ -202,6 +207,9 @@ int main(void) {
         check_config("dropless renorm k=2 GQA 4/2", c, 2, 40, 0, gpu, ref, f32);
         check_config("capacity 0.75 k=1 jitter MQA", c2, 3, 33, 12345, gpu, ref, f32);
         check_config("dropless k=E hd=64", c3, 1, 64, 0, gpu, ref, f32);
+        check_config("olmoe: qk-norm full", f1, 2, 40, 0, gpu, ref, f32);
+        check_config("qwen2_moe: bias, gated shared, seq aux", f2, 2, 40, 0, gpu, ref, f32);
+        check_config("qwen3_moe: qk-norm head, aux-free", f3, 2, 40, 0, gpu, ref, f32);
         printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name, ref->name,
                worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
     }

@@ -575,20 +575,24 @@ static void test_plan(int N, int E, int k) {
     free(idx); free(w); free(cnt); free(rank); free(kf); free(g); free(sr); free(rt); free(rs); free(rsg);
 }
 
-static void test_router(int N, int E, int k, int renorm) {
+static void test_router_b(int N, int E, int k, int renorm, int with_bias);
+static void test_router(int N, int E, int k, int renorm) { test_router_b(N, E, k, renorm, 0); }
+// with_bias: the aux-free routing bias (choice only; ops.h), values of the size of the probabilities
+static void test_router_b(int N, int E, int k, int renorm, int with_bias) {
     float *lg = hrand((size_t)N * E, 2.0f), *lgd = dputf(lg, (size_t)N * E);
+    float *bias = with_bias ? hrand(E, 0.3f) : NULL, *biasd = with_bias ? dputf(bias, E) : NULL;
     float *p = hnew((size_t)N * E), *l = hnew(N), *w = hnew((size_t)N * k);
     int32_t *ix = xcalloc((size_t)N * k, sizeof(int32_t)), *ixg = xcalloc((size_t)N * k, sizeof(int32_t));
     double *sm = xcalloc(E + 1, sizeof(double)), *smg = xcalloc(E + 1, sizeof(double)), *smg2 = xcalloc(E + 1, sizeof(double));
-    cpu->router_topk(p, l, ix, w, sm, lg, N, E, k, renorm);
+    cpu->router_topk(p, l, ix, w, sm, lg, bias, N, E, k, renorm);
     float *pd = dnan((size_t)N * E), *ld = dnan(N), *wd = dnan((size_t)N * k);
     float *pd2 = dnan((size_t)N * E), *ld2 = dnan(N), *wd2 = dnan((size_t)N * k);
     int32_t *ixd = gpu->alloc(sizeof(int32_t) * N * k), *ixd2 = gpu->alloc(sizeof(int32_t) * N * k);
     double *smd = gpu->alloc(sizeof(double) * (E + 1)), *smd2 = gpu->alloc(sizeof(double) * (E + 1));
-    gpu->router_topk(pd, ld, ixd, wd, smd, lgd, N, E, k, renorm);
-    gpu->router_topk(pd2, ld2, ixd2, wd2, smd2, lgd, N, E, k, renorm);
+    gpu->router_topk(pd, ld, ixd, wd, smd, lgd, biasd, N, E, k, renorm);
+    gpu->router_topk(pd2, ld2, ixd2, wd2, smd2, lgd, biasd, N, E, k, renorm);
     char what[64];
-    snprintf(what, sizeof what, "N %d E %d k %d renorm %d", N, E, k, renorm);
+    snprintf(what, sizeof what, "N %d E %d k %d renorm %d%s", N, E, k, renorm, with_bias ? " bias" : "");
     cmp("router_topk", what, pd, p, (size_t)N * E, BAND_ELEM);
     cmp("router_topk", what, ld, l, N, BAND_ELEM);
     cmp("router_topk", what, wd, w, (size_t)N * k, BAND_ELEM);
@@ -600,8 +604,9 @@ static void test_router(int N, int E, int k, int renorm) {
     for (int i = 0; i < N * k; i++) {
         if (ixg[i] == ix[i]) continue;
         diff++;
-        float a = p[(size_t)(i / k) * E + ix[i]], b = ixg[i] >= 0 && ixg[i] < E ? p[(size_t)(i / k) * E + ixg[i]] : -1.0f;
-        far += !(fabsf(a - b) <= 1e-6f * a);
+        float a = p[(size_t)(i / k) * E + ix[i]] + (bias ? bias[ix[i]] : 0.0f),
+              b = ixg[i] >= 0 && ixg[i] < E ? p[(size_t)(i / k) * E + ixg[i]] + (bias ? bias[ixg[i]] : 0.0f) : -1.0f;
+        far += !(fabsf(a - b) <= 1e-6f * fabsf(a) + (bias ? 1e-6f : 0.0f));
     }
     EXPECT(far == 0, "router_topk %s: %d of %d choices differ from the cpu's (%d of them not near-ties)", what, diff,
            N * k, far);
@@ -633,6 +638,7 @@ static void test_router(int N, int E, int k, int renorm) {
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu->free(dv[i]);
     free(lg); free(p); free(l); free(w); free(ix); free(ixg); free(sm); free(smg); free(smg2); free(sr); free(rd);
     free(aux); free(dl);
+    if (bias) { free(bias); gpu->free(biasd); }
 }
 
 // ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
@@ -977,6 +983,15 @@ static void test_elementwise(size_t n) {
     cpu->axpy(y, a, 0.37f, n);
     gpu->axpy(yd, ad, 0.37f, n);
     cmp("axpy", "y", yd, y, n, BAND_ELEM);
+    float *sg = hnew(n), *sgd = dnan(n), *ds = hnew(n), *dsd = dnan(n);   // sigmoid and its backward
+    cpu->sigmoid_fwd(sg, a, n);
+    gpu->sigmoid_fwd(sgd, ad, n);
+    cmp("sigmoid_fwd", "out", sgd, sg, n, BAND_ELEM);
+    cpu->sigmoid_bwd(ds, b, sg, n);
+    float *sgc = dputf(sg, n);
+    gpu->sigmoid_bwd(dsd, bd, sgc, n);
+    cmp("sigmoid_bwd", "dinp", dsd, ds, n, BAND_ELEM);
+    gpu->free(sgd); gpu->free(dsd); gpu->free(sgc); free(sg); free(ds);
     gpu->free(ad); gpu->free(bd); gpu->free(od); gpu->free(a2d); gpu->free(yd);
     free(a); free(b); free(o); free(a2); free(y);
 }
@@ -1155,6 +1170,8 @@ static void run_suite(const Backend *be, int big) {
     test_router(70, 100, 5, 1);           // E over 64: lanes hold 3-4 experts
     test_router(3, 3, 3, 0);              // k = E
     test_router(1, 1, 1, 1);
+    test_router_b(300, 64, 8, 0, 1);     // the aux-free bias (choice only)
+    test_router_b(257, 100, 5, 1, 1);
     if (big) test_router(16384, 64, 8, 1);   // the sums over 256 chunks of rows
     test_rmsnorm(37, 96);
     if (big) test_rmsnorm(200, 1000);

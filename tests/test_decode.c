@@ -3,7 +3,8 @@
 // per call, the cache's rows beyond the position never read) equal model_forward's logits of the same
 // prefix to float round-off (1e-4 of the logits' scale; different GEMM shapes round differently; 2e-2
 // on "cuda", whose GEMMs round their operands to bf16), and
-// rope_rows over a row range is the same bits as rope_fwd's rows. On cpu; on cuda and cuda-fp32 where a
+// rope_rows over a row range is the same bits as rope_fwd's rows. For Mixtral and the families' options
+// (QK-norm, biases, shared expert, routing bias). On cpu; on cuda and cuda-fp32 where a
 // GPU is present (the lead's device check: build/test_decode on the GPU machine), else those skip.
 // Not here: the sampling policy (tests/test_sample.sh: cached and uncached sampling, token for token).
 #include <string.h>
@@ -55,14 +56,15 @@ static void check_rope(const Backend *be) {
     free(x); free(y); free(xh); free(yh);
 }
 
-static void check_backend(const Backend *be) {
-    check_rope(be);
-    ModelConfig c;
-    config(&c);
+static void check_model(const Backend *be, const ModelConfig *cfg, const char *label) {
+    ModelConfig c = *cfg;
     Model m;
     model_init(&m, &c, be, 1, T, NULL);
     float *params = xmalloc(m.t.ltotal * sizeof(float));
     params_init(&m.t, &c, params, 11);
+    Rng pr;   // every tensor moved off its init (biases 0, norms 1, routing bias 0 would hide a missing term)
+    rng_seed(&pr, 13);
+    for (size_t i = 0; i < m.t.ltotal; i++) params[i] += 0.05f * (float)rng_normal(&pr);
     be->to_device(m.params, params, m.t.ltotal * sizeof(float));
     int32_t tok[T];
     Rng r;
@@ -91,9 +93,9 @@ static void check_backend(const Backend *be) {
     }
     // bf16 GEMM operands ("cuda"): a round-off upstream can move a bf16 rounding, so a looser band
     double tol = (strcmp(be->name, "cuda") ? 1e-4 : 2e-2) * scale;
-    EXPECT(worst <= tol, "%s: cached logits differ from the training forward's by %.3g (scale %.3g)", be->name,
-           worst, scale);
-    printf("%s: cached vs uncached logits: max |diff| %.3g (logit scale %.3g)\n", be->name, worst, scale);
+    EXPECT(worst <= tol, "%s, %s: cached logits differ from the training forward's by %.3g (scale %.3g)", be->name,
+           label, worst, scale);
+    printf("%s, %s: cached vs uncached logits: max |diff| %.3g (logit scale %.3g)\n", be->name, label, worst, scale);
     // a cache restarted at 0 gives the same logits again (the sampler's re-prefill after a slide)
     kc.len = 0;
     model_decode(&m, &kc, tok, T, got);
@@ -103,6 +105,22 @@ static void check_backend(const Backend *be) {
     kv_free(&kc, &m);
     free(ref); free(got); free(params);
     model_free(&m);
+}
+
+// Mixtral, and the families' options the decode repeats (QK-norm full and per head, q/k/v biases with
+// a gated shared expert, the aux-free routing bias).
+static void check_backend(const Backend *be) {
+    check_rope(be);
+    ModelConfig c;
+    config(&c);
+    check_model(be, &c, "mixtral");
+    ModelConfig f1 = c; f1.family = FAM_OLMOE; f1.qk_norm = QK_NORM_FULL; f1.renormalize = 0;
+    check_model(be, &f1, "olmoe qk-norm full");
+    ModelConfig f2 = c; f2.family = FAM_QWEN3_MOE; f2.qk_norm = QK_NORM_HEAD; f2.head_dim = 6;
+    check_model(be, &f2, "qwen3_moe qk-norm per head, hd 6");
+    ModelConfig f3 = c; f3.family = FAM_QWEN2_MOE; f3.qkv_bias = 1; f3.n_shared_experts = 1; f3.shared_d_ff = 40;
+    f3.shared_gate = 1; f3.renormalize = 0; f3.balance = BALANCE_AUX_FREE;
+    check_model(be, &f3, "qwen2_moe biases, gated shared expert, aux-free bias");
 }
 
 int main(void) {

@@ -894,7 +894,7 @@ static void test_router_ops(int N, int E, int k, int renorm) {
     double *sums = dnew(E + 1), *sref = dnew(E + 1), *smag = dnew(E + 1), *pd = dnew(E);
     fill_nan(p1, (size_t)N * E); fill_nan(l1, N); fill_nan(w1, (size_t)N * k);
     for (int i = 0; i < E + 1; i++) sums[i] = NAN;
-    be->router_topk(p1, l1, i1, w1, sums, lg, N, E, k, renorm);
+    be->router_topk(p1, l1, i1, w1, sums, lg, NULL, N, E, k, renorm);
     char name[96];
     snprintf(name, sizeof name, "router_topk N=%d E=%d k=%d renorm=%d", N, E, k, renorm);
     int badp = 0, badi = 0, badw = 0;

@@ -569,7 +569,7 @@ static void moe_ref(const Case *K, double *y, double *mag, int32_t *idx, int *ke
 typedef struct { MoeLayer m; MoeScratch s; Case *K; float *y; const float *dy; float as, zs; } MoeRun;
 static double moe_loss(MoeRun *r) {
     Case *K = r->K;
-    MoeWeights W = {K->wr, K->w1, K->w3, K->w2};
+    MoeWeights W = {.router = K->wr, .w1 = K->w1, .w3 = K->w3, .w2 = K->w2};
     moe_forward(&r->m, r->y, K->x, K->N, &W, &K->c, 0, 0);
     return dot_dd(r->dy, r->y, (size_t)K->N * K->c.d_model) + r->as * r->m.aux + r->zs * r->m.z;
 }
@@ -634,8 +634,8 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
         g1[q] = fnew(nw[q]);
         memcpy(g1[q], pre[q], nw[q] * sizeof(float));
     }
-    MoeWeights W = {K->wr, K->w1, K->w3, K->w2};
-    MoeGrads G0 = {g0[1], g0[2], g0[3], g0[4]}, G1 = {g1[1], g1[2], g1[3], g1[4]};
+    MoeWeights W = {.router = K->wr, .w1 = K->w1, .w3 = K->w3, .w2 = K->w2};
+    MoeGrads G0 = {.router = g0[1], .w1 = g0[2], .w3 = g0[3], .w2 = g0[4]}, G1 = {.router = g1[1], .w1 = g1[2], .w3 = g1[3], .w2 = g1[4]};
     moe_backward(&r.m, &r.s, g0[0], dy, K->x, &W, &G0, &K->c, r.as, r.zs);
     moe_backward(&r.m, &r.s, g1[0], dy, K->x, &W, &G1, &K->c, r.as, r.zs);
     for (int q = 0; q < 5; q++) {
@@ -767,7 +767,7 @@ static void test_moe(void) {
         MoeComms cm = {0};
         moe_layer_init(&m, backend_cpu(), &K.c, 4, &cm);
         float y[32];
-        MoeWeights W = {K.wr, K.w1, K.w3, K.w2};
+        MoeWeights W = {.router = K.wr, .w1 = K.w1, .w3 = K.w3, .w2 = K.w2};
         moe_forward(&m, y, K.x, 4, &W, &K.c, 0, 0);
         const int32_t sr[8] = {0, 3, 1, 4, -1, -1, 2, -1};
         EXPECT(!memcmp(m.slotrow, sr, sizeof sr) && m.plan.M == 5, "hand-made moe case: plan");

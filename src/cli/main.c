@@ -24,7 +24,7 @@
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
 typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER,
-               O_EXPERTMODE, O_ALLINT } OptType;
+               O_EXPERTMODE, O_ALLINT, O_FAMILY, O_QKNORM, O_BALANCE, O_AUXSCOPE } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -59,7 +59,8 @@ static const Opt opts[] = {
      "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory "
      "(required for sample, eval, export; info: default none)"},
     {"init-from", O_STR, CO(init_from), C_TRAIN,
-     "start from a Hugging Face Mixtral model directory (its config.json is the model config; default: none)"},
+     "start from a Hugging Face model directory: Mixtral, OLMoE, Qwen2-MoE or Qwen3-MoE (its config.json is the model "
+     "config; default: none)"},
     {"dump", O_STR, CO(dump), C_EVAL, "write the first batch's tokens, logits, losses, router logits to this .safetensors (default: none)"},
     {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL, "with --dump: also every tensor's gradient after one backward"},
     {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary; default: empty, a newline)"},
@@ -96,6 +97,19 @@ static const Opt opts[] = {
     {"aux-form", O_AUXFORM, MO(aux_form), C_TRAIN | C_INFO, "layer: per-layer aux loss, averaged; hf: HF Mixtral's one loss over all layers"},
     {"dispatch", O_DISPATCH, MO(dispatch), C_TRAIN | C_INFO, "dropless | capacity"},
     {"capacity-factor", O_FLOAT, MO(capacity_factor), C_TRAIN | C_INFO, "capacity = ceil(cf * tokens * k / E)"},
+    {"family", O_FAMILY, MO(family), C_TRAIN | C_INFO,
+     "the transformers architecture (tensor names, config.json, export): Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE"},
+    {"qk-norm", O_QKNORM, MO(qk_norm), C_TRAIN | C_INFO,
+     "RMSNorm on q and k before RoPE: full (OLMoE: over all heads) or head (Qwen3-MoE: per head)"},
+    {"qkv-bias", O_INT, MO(qkv_bias), C_TRAIN | C_INFO, "1: q, k, v projections with biases (Qwen2-MoE)"},
+    {"n-shared-experts", O_INT, MO(n_shared_experts), C_TRAIN | C_INFO, "shared experts every token passes through (Qwen2-MoE: 1)"},
+    {"shared-d-ff", O_INT, MO(shared_d_ff), C_TRAIN | C_INFO, "each shared expert's hidden size"},
+    {"shared-gate", O_INT, MO(shared_gate), C_TRAIN | C_INFO, "1: the shared experts' output scaled by a sigmoid gate per token (Qwen2-MoE)"},
+    {"balance", O_BALANCE, MO(balance), C_TRAIN | C_INFO,
+     "aux: the load-balancing loss; aux-free: also DeepSeek-V3's per-expert routing bias (top-k choice only)"},
+    {"bias-rate", O_FLOAT, MO(bias_rate), C_TRAIN | C_INFO, "aux-free: the bias update per step, rate * sign(mean load - load)"},
+    {"aux-scope", O_AUXSCOPE, MO(aux_scope), C_TRAIN | C_INFO,
+     "the tokens the aux loss's statistics are over: each micro-batch, each sequence, or the step's global batch"},
     // training
     {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
     {"batch", O_INT, TO(batch), C_TRAIN | C_INFO, "global batch in sequences per step"},
@@ -209,8 +223,8 @@ typedef struct {
     const char *usage;
     int int_ok;
     int n;
-    const char *w[3];
-    int v[3];
+    const char *w[4];
+    int v[4];
 } WordSet;
 static const WordSet word_sets[] = {
     {O_DISPATCH, "dropless|capacity", 0, 2, {"dropless", "capacity"}, {DISPATCH_DROPLESS, DISPATCH_CAPACITY}},
@@ -220,6 +234,12 @@ static const WordSet word_sets[] = {
     {O_AUTO_INT, "auto|1|2|4|8", 1, 1, {"auto"}, {0}},
     {O_ALLINT, "N|all", 1, 1, {"all"}, {0}},
     {O_HIER, "auto|off|G", 1, 2, {"auto", "off"}, {-1, 0}},
+    {O_FAMILY, "mixtral|olmoe|qwen2_moe|qwen3_moe", 0, 4, {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe"},
+     {FAM_MIXTRAL, FAM_OLMOE, FAM_QWEN2_MOE, FAM_QWEN3_MOE}},
+    {O_QKNORM, "none|full|head", 0, 3, {"none", "full", "head"}, {QK_NORM_NONE, QK_NORM_FULL, QK_NORM_HEAD}},
+    {O_BALANCE, "aux|aux-free", 0, 2, {"aux", "aux-free"}, {BALANCE_AUX, BALANCE_AUX_FREE}},
+    {O_AUXSCOPE, "micro-batch|sequence|global", 0, 3, {"micro-batch", "sequence", "global"},
+     {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
 };
 static const WordSet *word_set(OptType t) {
     for (size_t k = 0; k < sizeof word_sets / sizeof word_sets[0]; k++) if (word_sets[k].type == t) return &word_sets[k];
@@ -390,7 +410,7 @@ static void usage(FILE *f, int cmd) {
                    "  sample   generate text from a checkpoint\n"
                    "  eval     validation loss of a checkpoint (per kind of line on the embedded corpus)\n"
                    "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n"
-                   "  export   write a checkpoint as a Hugging Face model directory (MixtralForCausalLM)\n");
+                   "  export   write a checkpoint as a Hugging Face model directory (of the family it was trained as)\n");
         return;
     }
     static State d;   // the defaults, shown per option
@@ -449,9 +469,11 @@ static void parse(State *s, int cmd, int argc, char **argv) {
         if (!strcmp(name, "preset") || !strcmp(name, "config")) { s->set[i] = 1; continue; }
         set_opt(s, i, val, cmd_name(cmd));
     }
-    // head_dim follows d_model / n_heads unless given
-    int hd = find_opt("head-dim", C_TRAIN);
-    if (!s->set[hd] && s->model.n_heads > 0) s->model.head_dim = s->model.d_model / s->model.n_heads;
+    // head_dim follows d_model / n_heads unless given (a preset's own head_dim, e.g. qwen3-moe-30b-a3b's
+    // 128 with d / H = 64, stays unless d_model or n_heads is changed)
+    int hd = find_opt("head-dim", C_TRAIN), dm = find_opt("d-model", C_TRAIN), nh = find_opt("n-heads", C_TRAIN);
+    if (!s->set[hd] && (s->set[dm] || s->set[nh]) && s->model.n_heads > 0)
+        s->model.head_dim = s->model.d_model / s->model.n_heads;
 }
 
 static int opt_set(const State *s, const char *name) {   // (any command's entry of that name)
@@ -623,8 +645,11 @@ static int cmd_export(State *s) {
     if (!opt_set(s, "out")) DIE("export: --out DIR is required (the Hugging Face model directory to write)");
     int cloned = hf_export(ck, s->train.out, s->train.force);
     printf("exported %s -> %s\n", ck, s->train.out);
-    printf("  model.safetensors  (%s; HF Mixtral names and shapes, F32)\n", cloned ? "copy-on-write clone" : "copy");
-    printf("  config.json        (MixtralConfig keys; ours under \"moe_c\")\n");
+    ModelConfig c;
+    pretrained_config(ck, &c);
+    printf("  model.safetensors  (%s; %s names and shapes, F32)\n", cloned ? "copy-on-write clone" : "copy",
+           config_family_arch(c.family));
+    printf("  config.json        (%s's config keys; ours under \"moe_c\")\n", config_family_arch(c.family));
     printf("load with: transformers.AutoModelForCausalLM.from_pretrained(\"%s\", dtype=torch.float32)\n", s->train.out);
     return 0;
 }
@@ -632,7 +657,8 @@ static int cmd_export(State *s) {
 // --init-from HF_DIR: the model config comes from HF_DIR/config.json. Model options given as flags or
 // in --config must agree with it, except the training-only router options, which may be changed.
 static const char *const INIT_OVERRIDABLE[] = {"aux-coef", "z-coef", "aux-form", "jitter", "dispatch",
-                                               "capacity-factor", "max-seq-len", "init-std"};
+                                               "capacity-factor", "max-seq-len", "init-std", "balance",
+                                               "bias-rate", "aux-scope"};
 
 static void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
     switch (o->type) {
@@ -678,7 +704,8 @@ static void init_from_config(State *s, ModelConfig *c) {
     int i = model_conflict(s, c, INIT_OVERRIDABLE, sizeof INIT_OVERRIDABLE / sizeof *INIT_OVERRIDABLE, a, b);
     if (i >= 0)
         DIE("--init-from %s: --%s %s contradicts its config.json (%s); drop the flag (only %s may be changed)",
-            dir, opts[i].name, a, b, "--aux-coef, --z-coef, --jitter, --dispatch, --capacity-factor, --max-seq-len");
+            dir, opts[i].name, a, b, "--aux-coef, --z-coef, --aux-form, --jitter, --dispatch, --capacity-factor, --max-seq-len, --init-std, --balance, "
+            "--bias-rate, --aux-scope");
     const char *bad = config_validate(c);
     if (bad) DIE("--init-from %s: invalid model config: %s", dir, bad);
 }

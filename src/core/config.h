@@ -8,6 +8,20 @@ typedef enum { DISPATCH_DROPLESS = 0, DISPATCH_CAPACITY = 1 } DispatchMode;
 // AUX_LAYER: per layer E * sum_i f_i P_i, averaged over layers (Switch/GShard).
 // AUX_HF: HF Mixtral's load_balancing_loss_func: one E * sum_i F_i Pbar_i over all layers' tokens.
 typedef enum { AUX_LAYER = 0, AUX_HF = 1 } AuxForm;
+// The transformers architecture a model is (its tensor names and config.json keys; params.c,
+// config_json.c). Each family has its own options below; config_validate refuses an option the
+// family lacks.
+typedef enum { FAM_MIXTRAL = 0, FAM_OLMOE = 1, FAM_QWEN2_MOE = 2, FAM_QWEN3_MOE = 3 } ModelFamily;
+// QK-norm: RMSNorm on the q and k projections before RoPE. FULL (OLMoE): over the whole q (H*hd) and
+// k (KV*hd) rows, weights (H*hd) and (KV*hd); HEAD (Qwen3-MoE): over each head's hd, weights (hd).
+typedef enum { QK_NORM_NONE = 0, QK_NORM_FULL = 1, QK_NORM_HEAD = 2 } QkNorm;
+// Load balancing: the aux loss alone, or DeepSeek-V3's aux-loss-free per-expert bias (added to the
+// routing scores for the top-k choice only; the aux loss still applies with its coefficient).
+typedef enum { BALANCE_AUX = 0, BALANCE_AUX_FREE = 1 } BalanceMode;
+// Over which tokens the aux loss's f_i and P_i are taken: each micro-batch (of the stage: every rank's
+// tokens of that micro-batch), each sequence (averaged over the sequences), or the whole global batch
+// of the step (f_i from every micro-batch's counts).
+typedef enum { AUX_SCOPE_MICRO = 0, AUX_SCOPE_SEQ = 1, AUX_SCOPE_GLOBAL = 2 } AuxScope;
 
 typedef struct {
     int vocab_size;       // V
@@ -31,8 +45,20 @@ typedef struct {
     AuxForm aux_form;
     DispatchMode dispatch;
     float capacity_factor;  // capacity mode: capacity = ceil(cf * tokens * k / E)
+    // families beyond Mixtral (zero: Mixtral)
+    int family;           // ModelFamily
+    int qk_norm;          // QkNorm
+    int qkv_bias;         // 1: q, k, v projections have biases (Qwen2-MoE)
+    int n_shared_experts; // shared experts every token passes through (one SwiGLU MLP of width n * shared_d_ff)
+    int shared_d_ff;      // each shared expert's hidden size
+    int shared_gate;      // 1: the shared output scaled by sigmoid(x . w_gate) per token (Qwen2-MoE)
+    int balance;          // BalanceMode
+    float bias_rate;      // aux-free: the bias moves by bias_rate * sign(mean load - load) per step
+    int aux_scope;        // AuxScope
     float attention_dropout;  // dropout on the attention probabilities in training (HF attention_dropout)
 } ModelConfig;
+const char *config_family_name(int family);        // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe" (model_type)
+const char *config_family_arch(int family);        // "MixtralForCausalLM", ...
 
 // Fills *c with the named preset; returns 0 on success, -1 if the name is unknown.
 int config_preset(ModelConfig *c, const char *name);

@@ -1,4 +1,5 @@
-// config_json.c — ModelConfig <-> HF MixtralConfig-style JSON (plus our MoE options under "moe_c").
+// config_json.c — ModelConfig <-> the family's HF config.json (MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
+// Qwen3MoeConfig keys; plus our MoE options under "moe_c").
 #include "model/config_json.h"
 #include <limits.h>
 #include <math.h>
@@ -39,26 +40,48 @@ static void add_f(cJSON *o, const char *key, float x) {
 }
 static void add_i(cJSON *o, const char *key, int x) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber((double)x)); }
 
+static const char *const scope_names[] = {"micro-batch", "sequence", "global"};
+
 cJSON *config_to_json(const ModelConfig *c) {
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_CreateArray();
-    cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM"));
+    int fam = c->family, mix = fam == FAM_MIXTRAL, qwen = fam == FAM_QWEN2_MOE || fam == FAM_QWEN3_MOE;
+    cJSON_AddItemToArray(arch, cJSON_CreateString(config_family_arch(fam)));
     cJSON_AddItemToObject(j, "architectures", arch);
-    cJSON_AddStringToObject(j, "model_type", "mixtral");
+    cJSON_AddStringToObject(j, "model_type", config_family_name(fam));
     add_i(j, "vocab_size", c->vocab_size);
     add_i(j, "hidden_size", c->d_model);
-    add_i(j, "intermediate_size", c->d_ff);
+    // the experts' hidden size: Mixtral's and OLMoE's intermediate_size; Qwen's moe_intermediate_size (their
+    // intermediate_size is the dense MLP of layers that have no experts, which ours do not have)
+    if (qwen) {
+        add_i(j, "moe_intermediate_size", c->d_ff);
+        add_i(j, "intermediate_size", c->n_shared_experts ? c->n_shared_experts * c->shared_d_ff : c->d_ff);
+    } else {
+        add_i(j, "intermediate_size", c->d_ff);
+    }
     add_i(j, "num_hidden_layers", c->n_layers);
     add_i(j, "num_attention_heads", c->n_heads);
     add_i(j, "num_key_value_heads", c->n_kv_heads);
     add_i(j, "head_dim", c->head_dim);
-    add_i(j, "num_local_experts", c->n_experts);
+    add_i(j, mix ? "num_local_experts" : "num_experts", c->n_experts);
     add_i(j, "num_experts_per_tok", c->top_k);
     add_i(j, "max_position_embeddings", c->max_seq_len);
     add_f(j, "rope_theta", c->rope_theta);
     add_f(j, "rms_norm_eps", c->norm_eps);
     add_f(j, "router_aux_loss_coef", c->aux_coef);
-    add_f(j, "router_jitter_noise", c->jitter);
+    if (mix) add_f(j, "router_jitter_noise", c->jitter);
+    else cJSON_AddBoolToObject(j, "norm_topk_prob", c->renormalize != 0);
+    if (fam == FAM_QWEN2_MOE) {
+        add_i(j, "shared_expert_intermediate_size", c->n_shared_experts * c->shared_d_ff);
+        cJSON_AddBoolToObject(j, "qkv_bias", c->qkv_bias != 0);
+    }
+    if (qwen) {
+        add_i(j, "decoder_sparse_step", 1);
+        cJSON_AddItemToObject(j, "mlp_only_layers", cJSON_CreateArray());
+        cJSON_AddBoolToObject(j, "use_sliding_window", 0);
+    }
+    if (fam == FAM_OLMOE) cJSON_AddNullToObject(j, "clip_qkv");
+    if (!mix && fam != FAM_QWEN2_MOE) cJSON_AddBoolToObject(j, "attention_bias", 0);
     add_f(j, "initializer_range", c->init_std);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNullToObject(j, "sliding_window");
@@ -73,7 +96,12 @@ cJSON *config_to_json(const ModelConfig *c) {
     cJSON_AddStringToObject(m, "dispatch", c->dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
     cJSON_AddStringToObject(m, "aux_form", c->aux_form == AUX_HF ? "hf" : "layer");
     add_f(m, "capacity_factor", c->capacity_factor);
-    cJSON_AddBoolToObject(m, "mixtral_compatible", c->dispatch != DISPATCH_CAPACITY && c->renormalize != 0);
+    cJSON_AddStringToObject(m, "balance", c->balance == BALANCE_AUX_FREE ? "aux-free" : "aux");
+    add_f(m, "bias_rate", c->bias_rate);
+    cJSON_AddStringToObject(m, "aux_scope", scope_names[c->aux_scope >= 0 && c->aux_scope < 3 ? c->aux_scope : 0]);
+    int same = c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX && (!mix || c->renormalize != 0);
+    if (mix) cJSON_AddBoolToObject(m, "mixtral_compatible", same);
+    cJSON_AddBoolToObject(m, "hf_compatible", same);
     cJSON_AddItemToObject(j, "moe_c", m);
     return j;
 }
@@ -138,18 +166,52 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     ModelConfig c;
     memset(&c, 0, sizeof c);
 
+    // the family: "architectures" (what from_pretrained builds), else "model_type"; both present must agree
+    c.family = -1;
+    const cJSON *ar = item(j, "architectures");
+    if (ar) {
+        if (!cJSON_IsArray(ar) || cJSON_GetArraySize(ar) != 1 || !cJSON_IsString(cJSON_GetArrayItem(ar, 0)))
+            return fail(&e, "key \"architectures\" must be a list of one name");
+        const char *an = cJSON_GetArrayItem(ar, 0)->valuestring;
+        for (int f = FAM_MIXTRAL; f <= FAM_QWEN3_MOE; f++) if (!strcmp(an, config_family_arch(f))) c.family = f;
+        if (c.family < 0)
+            return fail(&e, "architecture \"%s\" is not supported (supported: MixtralForCausalLM, OlmoeForCausalLM, "
+                        "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)", an);
+    }
     const cJSON *mt = item(j, "model_type");
-    if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "mixtral") != 0))
-        return fail(&e, "key \"model_type\" is %s%s%s, expected \"mixtral\"", cJSON_IsString(mt) ? "\"" : "",
-                    cJSON_IsString(mt) ? mt->valuestring : "not a string", cJSON_IsString(mt) ? "\"" : "");
+    if (mt) {
+        int f = -1;
+        for (int k = FAM_MIXTRAL; k <= FAM_QWEN3_MOE; k++)
+            if (cJSON_IsString(mt) && !strcmp(mt->valuestring, config_family_name(k))) f = k;
+        if (f < 0 || (c.family >= 0 && f != c.family))
+            return fail(&e, "key \"model_type\" is %s%s%s, expected \"%s\"%s%s", cJSON_IsString(mt) ? "\"" : "",
+                        cJSON_IsString(mt) ? mt->valuestring : "not a string", cJSON_IsString(mt) ? "\"" : "",
+                        config_family_name(c.family >= 0 ? c.family : FAM_MIXTRAL),
+                        c.family >= 0 ? " (architectures says " : "", c.family >= 0 ? config_family_arch(c.family) : "");
+        if (c.family < 0) c.family = f;
+    }
+    if (c.family < 0) c.family = FAM_MIXTRAL;   // neither: a Mixtral config (ours before families)
+    int mix = c.family == FAM_MIXTRAL, qwen = c.family == FAM_QWEN2_MOE || c.family == FAM_QWEN3_MOE;
+    const char *fam = config_family_name(c.family);
+    // keys of another family's options: refused rather than ignored (the model would silently differ)
+    static const struct { const char *key; int fams; } foreign[] = {   // fams: bit f = family f has it
+        {"shared_expert_intermediate_size", 1 << FAM_QWEN2_MOE}, {"qkv_bias", 1 << FAM_QWEN2_MOE},
+        {"clip_qkv", 1 << FAM_OLMOE}, {"norm_topk_prob", ~(1 << FAM_MIXTRAL)},
+        {"moe_intermediate_size", (1 << FAM_QWEN2_MOE) | (1 << FAM_QWEN3_MOE)},
+        {"num_experts", ~(1 << FAM_MIXTRAL)},
+        {"n_shared_experts", 0}, {"first_k_dense_replace", 0}, {"q_lora_rank", 0}};
+    for (size_t q = 0; q < sizeof foreign / sizeof foreign[0]; q++)
+        if (item(j, foreign[q].key) && !(foreign[q].fams & (1 << c.family)))
+            return fail(&e, "key \"%s\" is not an option of %s (%s has no such option)", foreign[q].key,
+                        config_family_arch(c.family), fam);
 
     if (get_int(&e, j, "vocab_size", 1, &c.vocab_size) ||
         get_int(&e, j, "hidden_size", 1, &c.d_model) ||
-        get_int(&e, j, "intermediate_size", 1, &c.d_ff) ||
+        get_int(&e, j, qwen ? "moe_intermediate_size" : "intermediate_size", 1, &c.d_ff) ||
         get_int(&e, j, "num_hidden_layers", 1, &c.n_layers) ||
         get_int(&e, j, "num_attention_heads", 1, &c.n_heads) ||
         get_int(&e, j, "num_key_value_heads", 1, &c.n_kv_heads) ||
-        get_int(&e, j, "num_local_experts", 1, &c.n_experts) ||
+        get_int(&e, j, mix || !item(j, "num_experts") ? "num_local_experts" : "num_experts", 1, &c.n_experts) ||
         get_int(&e, j, "num_experts_per_tok", 1, &c.top_k) ||
         get_int(&e, j, "max_position_embeddings", 1, &c.max_seq_len) ||
         get_float(&e, j, "rms_norm_eps", 1, &c.norm_eps))
@@ -183,8 +245,13 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
             return fail(&e, "key \"rope_scaling\" is set; RoPE scaling is not supported");
     }
     if (c.n_heads <= 0) return fail(&e, "key \"num_attention_heads\" must be positive (got %d)", c.n_heads);
+    // transformers 5 writes Qwen3-MoE's expert count under both names: they must agree
+    int nle = c.n_experts;
+    if (!mix && get_int(&e, j, "num_local_experts", 0, &nle)) return -1;
+    if (nle != c.n_experts)
+        return fail(&e, "keys \"num_experts\" (%d) and \"num_local_experts\" (%d) contradict each other", c.n_experts, nle);
     c.head_dim = c.d_model / c.n_heads;   // HF default when head_dim is absent or null
-    c.aux_coef = 0.001f;                  // HF MixtralConfig defaults
+    c.aux_coef = c.family == FAM_OLMOE ? 0.01f : 0.001f;   // HF config defaults
     c.init_std = 0.02f;
     c.jitter = 0.0f;
     if (get_int(&e, j, "head_dim", 0, &c.head_dim) ||
@@ -192,6 +259,35 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         get_float(&e, j, "initializer_range", 0, &c.init_std) ||
         get_float(&e, j, "router_jitter_noise", 0, &c.jitter))
         return -1;
+    // OLMoE and Qwen2-MoE compute head_dim = hidden_size / num_attention_heads whatever the key says
+    if ((c.family == FAM_OLMOE || c.family == FAM_QWEN2_MOE) && c.head_dim * c.n_heads != c.d_model)
+        return fail(&e, "key \"head_dim\" is %d, but %s's heads are hidden_size / num_attention_heads = %d / %d wide",
+                    c.head_dim, config_family_arch(c.family), c.d_model, c.n_heads);
+    // the families' options (config.h): fixed by the architecture, or read from their keys
+    c.renormalize = mix;                  // norm_topk_prob: HF's default is false in all three
+    if (!mix && get_bool(&e, j, "norm_topk_prob", 0, &c.renormalize)) return -1;
+    c.qk_norm = c.family == FAM_OLMOE ? QK_NORM_FULL : c.family == FAM_QWEN3_MOE ? QK_NORM_HEAD : QK_NORM_NONE;
+    if (c.family == FAM_QWEN2_MOE) {
+        c.qkv_bias = 1;                   // transformers 4.x: always; 5.x: "qkv_bias", default true
+        c.n_shared_experts = 1;
+        c.shared_gate = 1;
+        if (get_bool(&e, j, "qkv_bias", 0, &c.qkv_bias) ||
+            get_int(&e, j, "shared_expert_intermediate_size", 1, &c.shared_d_ff))
+            return -1;
+        if (c.shared_d_ff < 1)
+            return fail(&e, "key \"shared_expert_intermediate_size\" must be >= 1 (got %d)", c.shared_d_ff);
+    }
+    if (c.family == FAM_OLMOE && item(j, "clip_qkv"))
+        return fail(&e, "key \"clip_qkv\" is set; clipping q, k, v is not supported");
+    if (qwen) {   // every layer an MoE layer
+        int step = 1;
+        if (get_int(&e, j, "decoder_sparse_step", 0, &step)) return -1;
+        if (step != 1)
+            return fail(&e, "key \"decoder_sparse_step\" is %d; only every layer being an MoE layer (1) is supported", step);
+        const cJSON *mo = item(j, "mlp_only_layers");
+        if (mo && (!cJSON_IsArray(mo) || cJSON_GetArraySize(mo) > 0))
+            return fail(&e, "key \"mlp_only_layers\" is not empty; dense MLP layers are not supported");
+    }
 
     int tie = 0;
     if (get_bool(&e, j, "tie_word_embeddings", 0, &tie)) return -1;
@@ -200,7 +296,15 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
         return fail(&e, "key \"hidden_act\" must be \"silu\"");
     const cJSON *sw = item(j, "sliding_window");
-    if (sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c.max_seq_len))
+    int use_sw = 1;   // Qwen: the window applies only with use_sliding_window
+    if (qwen && get_bool(&e, j, "use_sliding_window", 0, &use_sw)) return -1;
+    if (qwen && !item(j, "use_sliding_window")) use_sw = 0;
+    const cJSON *lt = item(j, "layer_types");
+    for (const cJSON *it = lt && cJSON_IsArray(lt) ? lt->child : NULL; it; it = it->next)
+        if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention") != 0)
+            return fail(&e, "key \"layer_types\" names a layer that is not \"full_attention\"; sliding-window attention is "
+                        "not supported");
+    if (use_sw && sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c.max_seq_len))
         return fail(&e, "key \"sliding_window\" is set; sliding-window attention is not supported");
     float drop = 0;   // (HF's integer 0 is a float here: get_float takes it)
     if (get_float(&e, j, "attention_dropout", 0, &drop)) return -1;
@@ -214,9 +318,10 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         if (b) return fail(&e, "key \"%s\" is true; biases are not supported", no_bias[i]);
     }
 
-    // Ours. Absent (a plain HF config): Mixtral semantics.
-    c.renormalize = 1;
+    // Ours. Absent (a plain HF config): the family's semantics.
+    int hf_renorm = c.renormalize;
     c.z_coef = 0.0f;
+    c.bias_rate = 0.001f;
     c.dispatch = DISPATCH_DROPLESS;
     c.capacity_factor = 1.25f;
     c.aux_form = AUX_HF;                  // a plain HF config trains with HF's aux loss
@@ -240,6 +345,22 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         if (af && !(cJSON_IsString(af) && (!strcmp(af->valuestring, "layer") || !strcmp(af->valuestring, "hf"))))
             return fail(&e, "key \"aux_form\" must be \"layer\" or \"hf\"");
         if (af && !strcmp(af->valuestring, "hf")) c.aux_form = AUX_HF;
+        const cJSON *ba = item(m, "balance");   // optional: absent = "aux"
+        if (ba && !(cJSON_IsString(ba) && (!strcmp(ba->valuestring, "aux") || !strcmp(ba->valuestring, "aux-free"))))
+            return fail(&e, "key \"balance\" must be \"aux\" or \"aux-free\"");
+        c.balance = ba && !strcmp(ba->valuestring, "aux-free") ? BALANCE_AUX_FREE : BALANCE_AUX;
+        if (get_float(&e, m, "bias_rate", 0, &c.bias_rate)) return -1;
+        const cJSON *sc = item(m, "aux_scope");   // optional: absent = "micro-batch"
+        c.aux_scope = -1;
+        for (int k = 0; k < 3; k++) if (!sc || (cJSON_IsString(sc) && !strcmp(sc->valuestring, scope_names[k]))) {
+            c.aux_scope = sc ? k : AUX_SCOPE_MICRO;
+            break;
+        }
+        if (c.aux_scope < 0) return fail(&e, "key \"aux_scope\" must be \"micro-batch\", \"sequence\" or \"global\"");
+        e.prefix = "";
+        if (!mix && item(j, "norm_topk_prob") && c.renormalize != hf_renorm)
+            return fail(&e, "keys \"norm_topk_prob\" (%s) and \"moe_c\": \"renormalize\" (%s) contradict each other",
+                        hf_renorm ? "true" : "false", c.renormalize ? "true" : "false");
     }
     *out = c;
     return 0;

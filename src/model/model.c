@@ -14,10 +14,60 @@ static float *P(const Model *m, float *base, ParamRole role, int layer, int expe
 }
 
 static void layer_weights(const Model *m, float *base, int l, MoeWeights *w) {
+    memset(w, 0, sizeof *w);
     w->router = P(m, base, PR_ROUTER, l, -1);
     w->w1 = P(m, base, PR_W1, l, m->e0);
     w->w3 = P(m, base, PR_W3, l, m->e0);
     w->w2 = P(m, base, PR_W2, l, m->e0);
+    if (m->c.balance == BALANCE_AUX_FREE) w->route_bias = P(m, base, PR_ROUTE_BIAS, l, -1);
+    if (m->c.n_shared_experts) {
+        w->sh_w1 = P(m, base, PR_SH_W1, l, -1);
+        w->sh_w3 = P(m, base, PR_SH_W3, l, -1);
+        w->sh_w2 = P(m, base, PR_SH_W2, l, -1);
+        if (m->c.shared_gate) w->sh_gate = P(m, base, PR_SH_GATE, l, -1);
+    }
+}
+
+// ---- family options around the q/k/v projections (config.h): biases, then QK-norm, then RoPE
+// The biases: q += 1 bias^T as a GEMM with K = 1 over the ones vector (every backend has it).
+static void qkv_bias_fwd(Model *m, int l, float *q, float *k, float *v, int N) {
+    int qd = m->Hl * m->c.head_dim, kvd = m->KVl * m->c.head_dim;
+    m->be->matmul_fwd(q, m->ones, P(m, m->params, PR_BQ, l, -1), N, 1, qd, 1);
+    m->be->matmul_fwd(k, m->ones, P(m, m->params, PR_BK, l, -1), N, 1, kvd, 1);
+    m->be->matmul_fwd(v, m->ones, P(m, m->params, PR_BV, l, -1), N, 1, kvd, 1);
+}
+static void qkv_bias_bwd(Model *m, int l, const float *dq, const float *dk, const float *dv, int N) {
+    int qd = m->Hl * m->c.head_dim, kvd = m->KVl * m->c.head_dim;
+    float *g = m->grads, *p = m->params;
+    m->be->matmul_bwd(NULL, P(m, g, PR_BQ, l, -1), dq, m->ones, P(m, p, PR_BQ, l, -1), N, 1, qd);
+    m->be->matmul_bwd(NULL, P(m, g, PR_BK, l, -1), dk, m->ones, P(m, p, PR_BK, l, -1), N, 1, kvd);
+    m->be->matmul_bwd(NULL, P(m, g, PR_BV, l, -1), dv, m->ones, P(m, p, PR_BV, l, -1), N, 1, kvd);
+}
+// QK-norm as RMSNorm rows: full (OLMoE) rows of H*hd / KV*hd (one process in TP: mesh.c), per head
+// (Qwen3-MoE) rows of hd.
+static void qk_rows(const Model *m, int N, int heads, int *rows, int *C) {
+    int full = m->c.qk_norm == QK_NORM_FULL;
+    *rows = full ? N : N * heads;
+    *C = full ? heads * m->c.head_dim : m->c.head_dim;
+}
+static void qk_norm_fwd(Model *m, LayerActs *a, int l, int N) {
+    int r, C;
+    qk_rows(m, N, m->Hl, &r, &C);
+    m->be->rmsnorm_fwd(a->q, a->rstdq, a->qraw, P(m, m->params, PR_QNORM, l, -1), r, C, m->c.norm_eps);
+    qk_rows(m, N, m->KVl, &r, &C);
+    m->be->rmsnorm_fwd(a->k, a->rstdk, a->kraw, P(m, m->params, PR_KNORM, l, -1), r, C, m->c.norm_eps);
+}
+// dq, dk (after RoPE's backward) -> m->dq2, m->dk2 (before the norms); the norm weights' gradients.
+static void qk_norm_bwd(Model *m, LayerActs *a, int l, int N) {
+    int r, C;
+    qk_rows(m, N, m->Hl, &r, &C);
+    m->be->zero(m->dq2, (size_t)r * C * F);
+    m->be->rmsnorm_bwd(m->dq2, P(m, m->grads, PR_QNORM, l, -1), m->dq, a->qraw, P(m, m->params, PR_QNORM, l, -1),
+                       a->rstdq, r, C);
+    qk_rows(m, N, m->KVl, &r, &C);
+    m->be->zero(m->dk2, (size_t)r * C * F);
+    m->be->rmsnorm_bwd(m->dk2, P(m, m->grads, PR_KNORM, l, -1), m->dk, a->kraw, P(m, m->params, PR_KNORM, l, -1),
+                       a->rstdk, r, C);
 }
 
 // Wall time for the MoE timing, after the backend's queued work (only while timing: 0 otherwise).
@@ -42,12 +92,13 @@ static void drop_rows(const Model *m, float *x, int l, int site, int r0, int r1)
 }
 
 // The gradient reaching a dropped branch over rows [r0, r1): dres's rows, or with residual dropout a
-// copy of them through the site's mask (in ddrop, at the same rows).
+// copy of them through the site's mask (in ddrop: the site's half, at the same rows).
 static const float *dropped_rows(Model *m, int l, int site, int r0, int r1) {
     size_t d = m->c.d_model;
     if (!slot_drop_seed(m) || !(m->dropout > 0)) return m->dres + (size_t)r0 * d;
-    if (!m->ddrop) m->ddrop = m->be->alloc((size_t)m->maxN * d * F);
-    float *x = m->ddrop + (size_t)r0 * d;
+    if (!m->ddrop) m->ddrop = m->be->alloc((size_t)2 * m->maxN * d * F);
+    // a half per site: AMPipe's backward keeps a chunk's MoE dy in flight while the o_proj rows are masked
+    float *x = m->ddrop + ((size_t)(site == 0) * m->maxN + (size_t)r0) * d;
     m->be->copy(x, m->dres + (size_t)r0 * d, (size_t)(r1 - r0) * d * F);
     drop_rows(m, x, l, site, r0, r1);
     return x;
@@ -100,7 +151,15 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->xn2 = be->alloc(N * d * F);
         a->rstd2 = be->alloc(N * F);
         a->moe_out = be->alloc(N * d * F);
+        if (c->qk_norm) {
+            a->qraw = be->alloc(N * qd * F);
+            a->kraw = be->alloc(N * kvd * F);
+            a->rstdq = be->alloc(N * m->Hl * F);
+            a->rstdk = be->alloc(N * m->KVl * F);
+        }
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+        a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts;   // aux scope global: the step's sums
+        a->moe.run_tokens = m->scope_tokens + l;
     }
     s->res_final = be->alloc(N * d * F);
     s->xn_f = be->alloc(N * d * F);
@@ -116,8 +175,8 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
     for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
         LayerActs *a = &s->la[l];
         float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
-                         a->rstd2, a->moe_out};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
+                         a->rstd2, a->moe_out, a->qraw, a->kraw, a->rstdq, a->rstdk};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
         moe_layer_free(&a->moe);
         chunk_moes(m, a, 1);
     }
@@ -168,6 +227,8 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim;
     m->params = be->alloc(m->t.ltotal * F);
     m->grads = be->alloc(m->t.ltotal * F);
+    m->scope_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+    m->scope_tokens = xcalloc((size_t)c->n_layers, sizeof(int64_t));
     for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
@@ -175,6 +236,17 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->dk = be->alloc(N * kvd * F);
     m->dv = be->alloc(N * kvd * F);
     m->datt = be->alloc(N * qd * F);
+    if (c->qk_norm) {
+        m->dq2 = be->alloc(N * qd * F);
+        m->dk2 = be->alloc(N * kvd * F);
+    }
+    if (c->qkv_bias) {
+        float *one = xmalloc(N * F);
+        for (size_t i = 0; i < N; i++) one[i] = 1.0f;
+        m->ones = be->alloc(N * F);
+        be->to_device(m->ones, one, N * F);
+        free(one);
+    }
     moe_scratch_init(&m->ms, be, c, m->maxN);
     m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
@@ -239,10 +311,12 @@ void model_free(Model *m) {
         for (int i = 0; i < m->nslots[k]; i++) slot_free(m, &m->slots[k][i], k);
         free(m->slots[k]);
     }
-    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->ddrop};
+    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones, m->ddrop};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
+    free(m->scope_counts);
+    free(m->scope_tokens);
     free(m->hf_fe);
     free(m->moe_overlap);
     free(m->ampipe);
@@ -335,9 +409,12 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, qd = H * hd, kvd = KV * hd;
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * N;
     be->rmsnorm_fwd(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
-    be->matmul_fwd(a->q, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd, 0);
-    be->matmul_fwd(a->k, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd, 0);
+    float *qp = c->qk_norm ? a->qraw : a->q, *kp = c->qk_norm ? a->kraw : a->k;
+    be->matmul_fwd(qp, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd, 0);
+    be->matmul_fwd(kp, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd, 0);
     be->matmul_fwd(a->v, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd, 0);
+    if (c->qkv_bias) qkv_bias_fwd(m, l, qp, kp, a->v, N);
+    if (c->qk_norm) qk_norm_fwd(m, a, l, N);
     be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
     be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
     MoeWeights w;
@@ -349,6 +426,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
         attn_out_rows(m, a, l, 0, N);
         a->moe.overlap = m->moe_overlap[l];
         a->moe.mode = m->moe_mode[l];
+        a->moe.seq_len = T;
         moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, seed, row0);
         out_rows(m, a, l, out, 0, N);
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
@@ -419,7 +497,11 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         float *out = l + 1 < ch->l1 ? m->la[l + 1].res_in : m->res_final;
         int n = dloss != 0 ? m->ampipe[l] : 1;
         CHECK(n <= N, "--ampipe %d: a micro-batch of %d tokens has fewer rows than chunks", n, N);
+        // the states a layer's forwards do not use lose their memory: whole-batch rows while chunked,
+        // the chunks' states while not (--ampipe auto tries both)
         if (n > 1 && a->nmc != n) chunk_moes(m, a, n);
+        if (n > 1) moe_layer_trim(&a->moe);
+        else if (a->nmc) chunk_moes(m, a, 1);
         layer_forward(m, l, out, B, T, n, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0);
         m->aux += a->moe.aux / c->n_layers;
         m->z += a->moe.z / c->n_layers;
@@ -459,6 +541,43 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     return s / N;
 }
 
+// The backward of the rows [r0, r1) between the MoE and attention: the FFN norm (into dres: the
+// gradient of x_mid) and o_proj (datt), from m->dxn (the MoE input's gradient) and m->dres.
+static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    float *g = m->grads;
+    size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
+    be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
+                    P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)n, (int)d);
+    be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), dropped_rows(m, l, 0, r0, r1), a->att + r0 * qd,
+                   P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d);
+}
+
+// Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
+// those rows, dk/dv of the keys they read (+=).
+static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
+    const ModelConfig *c = &m->c;
+    int H = m->Hl, KV = m->KVl, hd = c->head_dim;
+    size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
+    uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0;   // (the forward's mask: attn_rows)
+    int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
+    for (int r = r0; r < r1;) {
+        int b = r / T, t = r % T, nb = 1, te = T;
+        if (t == 0 && r1 - r >= T) nb = (r1 - r) / T;
+        else te = t + (r1 - r) < T ? t + (r1 - r) : T;
+        if (ds)
+            m->be->attention_drop_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs,
+                                      a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks,
+                                      nb, T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
+                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
+        else
+            m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, a->att + b * qs,
+                                 a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te);
+        r += nb * (te - t);
+    }
+}
+
 void model_backward(Model *m, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
@@ -466,7 +585,6 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     int V = c->vocab_size, qd = H * hd, kvd = KV * hd, L = c->n_layers;
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
-    uint64_t ds = slot_drop_seed(m);
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
         be->zero(m->dxn, (size_t)N * d * F);
@@ -482,7 +600,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     for (int l = ch->l1 - 1; l >= ch->l0; l--) {
         LayerActs *a = &m->la[l];
         // MoE block: out = x_mid + moe(norm(x_mid)); with AMPipe chunks (the forward's MoE states
-        // a->mc) chunk by chunk in reverse, each with its rows of the norm and of o_proj
+        // a->mc) chunk by chunk in reverse, each with its rows of the norm, o_proj and attention
         MoeWeights w;
         MoeGrads gw;
         layer_weights(m, m->params, l, &w);
@@ -490,39 +608,50 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.w1 = P(m, g, PR_W1, l, m->e0);
         gw.w3 = P(m, g, PR_W3, l, m->e0);
         gw.w2 = P(m, g, PR_W2, l, m->e0);
+        gw.sh_w1 = w.sh_w1 ? P(m, g, PR_SH_W1, l, -1) : NULL;
+        gw.sh_w3 = w.sh_w1 ? P(m, g, PR_SH_W3, l, -1) : NULL;
+        gw.sh_w2 = w.sh_w1 ? P(m, g, PR_SH_W2, l, -1) : NULL;
+        gw.sh_gate = w.sh_gate ? P(m, g, PR_SH_GATE, l, -1) : NULL;
         int n = a->nrun;
         be->zero(m->datt, (size_t)N * qd * F);
-        double t0 = moe_clock(m);
-        for (int j = n - 1; j >= 0; j--) {
-            size_t r0 = (size_t)N * j / n, nr = (size_t)N * (j + 1) / n - r0;
-            MoeLayer *ml = n > 1 ? &a->mc[j] : &a->moe;
-            if (n > 1) moe_loss_from(ml, &a->moe);
-            be->zero(m->dxn + r0 * d, nr * d * F);
-            // the branches' gradients through their dropout masks (ddrop: a masked copy of dres's rows)
-            const float *dy = dropped_rows(m, l, 1, (int)r0, (int)(r0 + nr));
-            moe_backward(ml, &m->ms, m->dxn + r0 * d, dy, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L, z_scale / L);
-            be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
-                            P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)nr, d);
-            dy = dropped_rows(m, l, 0, (int)r0, (int)(r0 + nr));
-            be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), dy, a->att + r0 * qd,
-                           P(m, m->params, PR_WO, l, -1), (int)nr, qd, d);
-        }
-        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
-        // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v))
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
         be->zero(m->dv, (size_t)N * kvd * F);
-        if (ds && c->attention_dropout > 0)
-            be->attention_drop_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T,
-                                   c->attention_dropout, dropout_hash(ds, l, 2), (int64_t)comm_rank(m->mesh.dp) * N,
-                                   comm_rank(m->mesh.tp) * H);
-        else
-            be->attention_bwd(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, hd, 0, T);
+        double t0 = moe_clock(m);
+        if (n == 1) {
+            be->zero(m->dxn, (size_t)N * d * F);
+            // the MoE output's gradient through its dropout mask (dres itself without dropout)
+            moe_backward(&a->moe, &m->ms, m->dxn, dropped_rows(m, l, 1, 0, N), a->xn2, &w, &gw, c, aux_scale / L,
+                         z_scale / L);
+            block_mid_bwd(m, a, l, 0, N);
+        } else {
+            // AMPipe, chunks in reverse: chunk j-1's dy travels while chunk j's attention backward runs
+            CHECK(n <= AMPIPE_MAX && a->nmc == n, "layer %d: backward of %d chunks, %d states", l, n, a->nmc);
+            int R[AMPIPE_MAX + 1] = {0};
+            for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
+            for (int j = 0; j < n; j++) moe_loss_from(&a->mc[j], &a->moe);
+            moe_backward_start(&a->mc[n - 1], &m->ms, dropped_rows(m, l, 1, R[n - 1], N));
+            for (int j = n - 1; j >= 0; j--) {
+                size_t r0 = R[j];
+                be->zero(m->dxn + r0 * d, (size_t)(R[j + 1] - R[j]) * d * F);
+                moe_backward_finish(&a->mc[j], &m->ms, m->dxn + r0 * d, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L,
+                                    z_scale / L);
+                block_mid_bwd(m, a, l, R[j], R[j + 1]);
+                if (j > 0) moe_backward_start(&a->mc[j - 1], &m->ms, dropped_rows(m, l, 1, R[j - 1], R[j]));
+                attn_bwd_rows(m, a, l, T, R[j], R[j + 1]);
+            }
+        }
+        if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
+        // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
+        if (n == 1) attn_bwd_rows(m, a, l, T, 0, N);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
+        const float *dqp = m->dq, *dkp = m->dk;
+        if (c->qk_norm) { qk_norm_bwd(m, a, l, N); dqp = m->dq2; dkp = m->dk2; }
+        if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, m->dv, N);
         be->zero(m->dxn, (size_t)N * d * F);
-        be->matmul_bwd(m->dxn, P(m, g, PR_WQ, l, -1), m->dq, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd);
-        be->matmul_bwd(m->dxn, P(m, g, PR_WK, l, -1), m->dk, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd);
+        be->matmul_bwd(m->dxn, P(m, g, PR_WQ, l, -1), dqp, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd);
+        be->matmul_bwd(m->dxn, P(m, g, PR_WK, l, -1), dkp, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd);
         be->matmul_bwd(m->dxn, P(m, g, PR_WV, l, -1), m->dv, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd);
         // column-parallel q/k/v: each TP rank holds part of dxn1
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
@@ -533,6 +662,11 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     if (!ch->first) return;
     be->embedding_bwd(P(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);
+}
+
+void model_scope_reset(Model *m) {
+    memset(m->scope_counts, 0, sizeof(int64_t) * (size_t)m->c.n_layers * m->c.n_experts);
+    memset(m->scope_tokens, 0, sizeof(int64_t) * (size_t)m->c.n_layers);
 }
 
 void model_logits_row(const Model *m, int b, int t, float *out) {

@@ -30,6 +30,7 @@ typedef struct {
     float *res_in;                 // (N,d) layer input (residual stream)
     float *xn1, *rstd1;            // (N,d) (N)
     float *q, *k, *v;              // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE
+    float *qraw, *kraw, *rstdq, *rstdk;   // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
     float *att, *lse;              // (N,H*hd) (B,H,T)
     float *x_mid;                  // (N,d) after the attention residual
     float *xn2, *rstd2;            // (N,d) (N)
@@ -75,7 +76,9 @@ typedef struct {
     int32_t *tokens, *targets;     // (N)
     // backward scratch
     float *dres, *dxn, *dq, *dk, *dv, *datt;
-    float *ddrop;                  // (N,d) a residual branch's masked gradient (allocated at the first dropout)
+    float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
+    float *ones;                   // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
+    float *ddrop;                  // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
     // Dropout (training only): the caller sets dropout (p, kept for the backwards) and drop_seed (a function
     // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed
     // in its slot for the backward. Layer l's sites use the seed dropout_hash(drop_seed, l, site) (site 0: the attention
@@ -99,6 +102,7 @@ typedef struct {
                                    // of the current chunk's layers written by its forward)
     int64_t dropped;               // assignments dropped by capacity, all layers (global)
     double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
+    int64_t *scope_counts, *scope_tokens;   // (L,E) (L) aux scope global: the step's counts and tokens so far
     int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int *ampipe;                   // (L) each layer's AMPipe chunks in training forwards (1 = none)
@@ -136,8 +140,10 @@ void model_set_expert_mode(Model *m, int l, int mode);
 // routers of all chunks run first (a token's drop depends on every earlier token's routing), then
 // the budgets of the whole micro-batch (exactly n = 1's drops), then the chunks' exchanges, each
 // chunk's dispatch in flight during the previous chunk's experts. The aux and z losses are the whole
-// micro-batch's. Backward: each chunk's MoE, norm and o_proj in reverse, then attention at once.
-// Forward bits equal n = 1's; the weight gradients differ by round-off (sums split by chunk).
+// micro-batch's. Backward: the chunks in reverse, chunk j-1's dy dispatch in flight while chunk j's
+// attention backward runs (its query rows; dk/dv add up over the chunks). Each attention row is n = 1's
+// bits; the GEMM libraries pick kernels by row count and the weight and key/value gradients' sums are
+// split by chunk, so n > 1 equals n = 1 to round-off (tests/test_ampipe.sh).
 // n in 1, 2, 4, 8 (AMPIPE_MAX), per layer; evaluation forwards run unchunked. With moe_timing the
 // layer's time covers the block from attention on (the chunks interleave attention and MoE).
 #define AMPIPE_MAX 8
@@ -155,6 +161,9 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 // over the current chunk's layers: on a chunk that is not the last, m->dres must hold the gradient
 // of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
+
+// aux scope global: start a new step's running statistics (the trainer calls it before each step).
+void model_scope_reset(Model *m);
 
 // Row of logits (V floats, host) at position (b, t) of the last forward.
 void model_logits_row(const Model *m, int b, int t, float *out);

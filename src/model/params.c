@@ -1,4 +1,4 @@
-// params.c — builds the parameter table from a config (HF Mixtral names, shapes, offsets,
+// params.c — builds the parameter table from a config (the family's HF names, shapes, offsets,
 // split and reduction metadata) and initialises the flat parameter buffer from a seed.
 #include "model/params.h"
 #include <math.h>
@@ -37,7 +37,7 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
     s->split_start = 0;
     int held = 1, parts = 1, part = 0, dim = -1;
     switch (s->role) {
-    case PR_WQ: case PR_WK: case PR_WV: parts = sl->tp; part = sl->tp_rank; dim = 0; break;
+    case PR_WQ: case PR_WK: case PR_WV: case PR_BQ: case PR_BK: case PR_BV: parts = sl->tp; part = sl->tp_rank; dim = 0; break;
     case PR_WO: parts = sl->tp; part = sl->tp_rank; dim = 1; break;
     case PR_W1: case PR_W3: case PR_W2: {
         int El = c->n_experts / sl->ep;
@@ -114,25 +114,60 @@ void params_build(ParamTable *t, const ModelConfig *c) {
 static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
     int cap = 0;
     int64_t V = c->vocab_size, d = c->d_model, qd = (int64_t)c->n_heads * c->head_dim,
-            kvd = (int64_t)c->n_kv_heads * c->head_dim, f = c->d_ff, E = c->n_experts;
+            kvd = (int64_t)c->n_kv_heads * c->head_dim, f = c->d_ff, E = c->n_experts, hd = c->head_dim,
+            fs = (int64_t)c->n_shared_experts * c->shared_d_ff;
+    int mix = c->family == FAM_MIXTRAL;
+    const char *moe = mix ? "block_sparse_moe" : "mlp";
+    const char *ew[3] = {mix ? "w1" : "gate_proj", mix ? "w3" : "up_proj", mix ? "w2" : "down_proj"};
     char nm[96];
     add(t, &cap, "model.embed_tokens.weight", V, d, PR_EMBED, -1, -1, SPLIT_VOCAB);
     for (int l = 0; l < c->n_layers; l++) {
 #define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
         add(t, &cap, NM("model.layers.%d.input_layernorm.weight", l), d, 0, PR_ATTN_NORM, l, -1, SPLIT_REPL);
-        add(t, &cap, NM("model.layers.%d.self_attn.q_proj.weight", l), qd, d, PR_WQ, l, -1, SPLIT_COL);
-        add(t, &cap, NM("model.layers.%d.self_attn.k_proj.weight", l), kvd, d, PR_WK, l, -1, SPLIT_COL);
-        add(t, &cap, NM("model.layers.%d.self_attn.v_proj.weight", l), kvd, d, PR_WV, l, -1, SPLIT_COL);
+        const char *qkv[3] = {"q", "k", "v"};
+        int64_t rows[3] = {qd, kvd, kvd};
+        ParamRole rw[3] = {PR_WQ, PR_WK, PR_WV}, rb[3] = {PR_BQ, PR_BK, PR_BV};
+        for (int i = 0; i < 3; i++) {
+            add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.weight", l, qkv[i]), rows[i], d, rw[i], l, -1, SPLIT_COL);
+            if (c->qkv_bias) {
+                add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.bias", l, qkv[i]), rows[i], 0, rb[i], l, -1, SPLIT_COL);
+                t->p[t->n - 1].decay = 0;
+            }
+        }
         add(t, &cap, NM("model.layers.%d.self_attn.o_proj.weight", l), d, qd, PR_WO, l, -1, SPLIT_ROW);
+        if (c->qk_norm) {
+            int full = c->qk_norm == QK_NORM_FULL;
+            add(t, &cap, NM("model.layers.%d.self_attn.q_norm.weight", l), full ? qd : hd, 0, PR_QNORM, l, -1, SPLIT_REPL);
+            if (!full) t->p[t->n - 1].reduce = RED_STAGE;
+            add(t, &cap, NM("model.layers.%d.self_attn.k_norm.weight", l), full ? kvd : hd, 0, PR_KNORM, l, -1, SPLIT_REPL);
+            if (!full) t->p[t->n - 1].reduce = RED_STAGE;
+        }
         add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1, SPLIT_REPL);
-        add(t, &cap, NM("model.layers.%d.block_sparse_moe.gate.weight", l), E, d, PR_ROUTER, l, -1, SPLIT_REPL);
+        add(t, &cap, NM("model.layers.%d.%s.gate.weight", l, moe), E, d, PR_ROUTER, l, -1, SPLIT_REPL);
         t->p[t->n - 1].reduce = RED_STAGE;
+        if (c->balance == BALANCE_AUX_FREE) {
+            add(t, &cap, NM("model.layers.%d.%s.gate.e_score_correction_bias", l, moe), E, 0, PR_ROUTE_BIAS, l, -1,
+                SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+        }
+        if (fs) {
+            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), fs, d, PR_SH_W1, l, -1, SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.up_proj.weight", l), fs, d, PR_SH_W3, l, -1, SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.down_proj.weight", l), d, fs, PR_SH_W2, l, -1, SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+            if (c->shared_gate) {
+                add(t, &cap, NM("model.layers.%d.mlp.shared_expert_gate.weight", l), 1, d, PR_SH_GATE, l, -1, SPLIT_REPL);
+                t->p[t->n - 1].reduce = RED_STAGE;
+            }
+        }
         for (int e = 0; e < E; e++)
-            add(t, &cap, NM("model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e), f, d, PR_W1, l, e, SPLIT_COL);
+            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[0]), f, d, PR_W1, l, e, SPLIT_COL);
         for (int e = 0; e < E; e++)
-            add(t, &cap, NM("model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e), f, d, PR_W3, l, e, SPLIT_COL);
+            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[1]), f, d, PR_W3, l, e, SPLIT_COL);
         for (int e = 0; e < E; e++)
-            add(t, &cap, NM("model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e), d, f, PR_W2, l, e, SPLIT_ROW);
+            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[2]), d, f, PR_W2, l, e, SPLIT_ROW);
 #undef NM
     }
     add(t, &cap, "model.norm.weight", d, 0, PR_FINAL_NORM, -1, -1, SPLIT_REPL);
@@ -169,12 +204,13 @@ void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64
             const ParamSpec *s = &t->p[i];
             if (!s->lnumel) continue;
             if (s->numel > cap) { cap = s->numel; full = xrealloc(full, cap * sizeof(float)); }
-            if (s->ndim == 1) {
-                for (size_t j = 0; j < s->numel; j++) full[j] = 1.0f;
+            if (s->ndim == 1) {   // norms 1, biases 0 (as transformers' _init_weights)
+                float one = s->role == PR_BQ || s->role == PR_BK || s->role == PR_BV || s->role == PR_ROUTE_BIAS ? 0.0f : 1.0f;
+                for (size_t j = 0; j < s->numel; j++) full[j] = one;
             } else {
                 Rng r;
                 rng_seed(&r, seed * 0x100000001B3ull + (uint64_t)i + 1);
-                float std = c->init_std * ((s->role == PR_WO || s->role == PR_W2) ? out_scale : 1.0f);
+                float std = c->init_std * ((s->role == PR_WO || s->role == PR_W2 || s->role == PR_SH_W2) ? out_scale : 1.0f);
                 for (size_t j = 0; j < s->numel; j++) full[j] = std * rng_normal(&r);
             }
             ParamSpec one = *s;          // the tensor alone, as if it were the whole buffer

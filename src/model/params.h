@@ -9,7 +9,13 @@
 
 typedef enum {
     PR_EMBED, PR_ATTN_NORM, PR_WQ, PR_WK, PR_WV, PR_WO, PR_FFN_NORM, PR_ROUTER,
-    PR_W1, PR_W3, PR_W2, PR_FINAL_NORM, PR_LM_HEAD
+    PR_W1, PR_W3, PR_W2, PR_FINAL_NORM, PR_LM_HEAD,
+    // family options (config.h): q/k/v biases, QK-norm weights, the shared expert (w1 = gate_proj,
+    // w3 = up_proj, w2 = down_proj) and its sigmoid gate
+    PR_BQ, PR_BK, PR_BV, PR_QNORM, PR_KNORM, PR_SH_W1, PR_SH_W3, PR_SH_W2, PR_SH_GATE,
+    // balance aux-free: the per-expert routing bias (E), DeepSeek-V3's gate.e_score_correction_bias; no
+    // gradient (AdamW leaves it as it is), moved by the step's load (train/step.c), kept in checkpoints
+    PR_ROUTE_BIAS
 } ParamRole;
 
 // Gradient reduction group: dense tensors over DP (their TP shards stay distinct); the router over
@@ -53,8 +59,14 @@ typedef struct {
     int pp_rank;
 } ParamSlicing;
 
-// Order: embed; per layer: attn_norm, q, k, v, o, ffn_norm, router, w1[0..E), w3[0..E), w2[0..E);
-// final norm; lm_head. So each layer's expert w1 block is one contiguous (E, f, d) array.
+// Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm],
+// ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E); final norm; lm_head.
+// So each layer's expert w1 block is one contiguous (E, f, d) array. Names are the family's
+// (config.h ModelFamily): Mixtral's block_sparse_moe.experts.E.w1/w3/w2, or mlp.gate and
+// mlp.experts.E.gate_proj/up_proj/down_proj (OLMoE, Qwen2-MoE, Qwen3-MoE).
+// Reduction: QK-norm weights of the per-head form and the shared expert (which, like the router, sees
+// each TP rank's token slice) are reduced over the stage; full-width QK-norm weights (one process in
+// TP) and the biases (split over TP with their projections' rows) over DP.
 void params_build(ParamTable *t, const ModelConfig *c);
 // The same table with local slices: q/k/v rows and o columns split over TP (whole heads), each EP
 // rank holds experts [ep_rank*E/EP, +E/EP), each ETP rank rows of w1/w3 and columns of w2 (along

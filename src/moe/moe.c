@@ -108,7 +108,8 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
         m->noise = be->alloc(Ns * d * F);
         m->xj = be->alloc(Ns * d * F);
     }
-    m->xs = be->alloc(R * d * F);
+    // xs (R,d), my kept rows: allocated by the first moe_start (a layer whose forward runs in AMPipe
+    // chunks never needs its whole-batch rows)
     // the plan arrays in one block: rowtok, slotrow, rowscale, rank (R 4-byte elements each), keep
     // and first (k*E each)
     m->plan_d = be->alloc((4 * (R ? R : 1) + 2 * k * E) * 4);
@@ -119,6 +120,20 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->kf_d = m->rank + R;
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
+    m->fs = c->n_shared_experts * c->shared_d_ff;
+    if (m->fs) {
+        size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * F;
+        m->sh_h1 = be->alloc(nf);
+        m->sh_h3 = be->alloc(nf);
+        m->sh_act = be->alloc(nf);
+        m->sh_y = be->alloc((Ns ? Ns : 1) * d * F);
+        m->sh_g = be->alloc((Ns ? Ns : 1) * F);
+        m->ident = be->alloc((Ns ? Ns : 1) * sizeof(int32_t));
+        int32_t *id = xmalloc((Ns ? Ns : 1) * sizeof(int32_t));
+        for (size_t i = 0; i < Ns; i++) id[i] = (int32_t)i;
+        be->to_device(m->ident, id, Ns * sizeof(int32_t));
+        free(id);
+    }
     m->overlap = m->r = 1;
     m->xu = &m->x;
     m->fu = m->fl;
@@ -127,10 +142,11 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
     free(m->rt_h); free(m->kf_h);
-    free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f);
+    free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f); free(m->seq_f); free(m->seq_st);
+    if (m->seq_dp) be->free(m->seq_dp);
     plan_free(&m->plan);
     void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
-                   m->xg, m->h1, m->h3, m->act, m->yg};
+                   m->xg, m->h1, m->h3, m->act, m->yg, m->sh_h1, m->sh_h3, m->sh_act, m->sh_y, m->sh_g, m->ident};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) be->free(dev[i]);
     exchange_free(&m->x);
     for (int i = 0; i < MOE_MAX_OVERLAP; i++) if (m->xc[i].be) exchange_free(&m->xc[i]);
@@ -140,6 +156,14 @@ void moe_layer_free(MoeLayer *m) {
     void *chunked[] = {m->cidx, m->xsc, m->ysc};   // icidx shares cidx's block
     for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++) if (chunked[i]) be->free(chunked[i]);
     memset(m, 0, sizeof *m);
+}
+
+void moe_layer_trim(MoeLayer *m) {
+    float **bufs[] = {&m->xs, &m->ys, &m->xg, &m->yg, &m->h1, &m->h3, &m->act, &m->xsc, &m->ysc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (*bufs[i]) { m->be->free(*bufs[i]); *bufs[i] = NULL; }
+    if (m->cidx) { m->be->free(m->cidx); m->cidx = m->icidx = NULL; }
+    m->cap_d = m->cap_f = m->cap_xg = m->cap_ys = 0;
 }
 
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN) {
@@ -153,14 +177,92 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     s->rowdot = be->alloc(R * F);
     s->aux_dp = be->alloc(E * F);
     s->aux_dp_h = xcalloc(E, F);
+    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    if (fs) {
+        s->sh_dy = be->alloc(N * d * F);
+        s->sh_dact = be->alloc(N * fs * F);
+        s->sh_dh1 = be->alloc(N * fs * F);
+        s->sh_dh3 = be->alloc(N * fs * F);
+        s->sh_dg = be->alloc(N * F);
+    }
 }
 
 void moe_scratch_free(MoeScratch *s) {
     void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
-                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice};
+                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice, s->sh_dy, s->sh_dact, s->sh_dh1,
+                   s->sh_dh3, s->sh_dg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
     free(s->aux_dp_h);
     memset(s, 0, sizeof *s);
+}
+
+// ---- the shared expert (Qwen2-MoE) on my slice x (Ns,d), added into y (Ns,d):
+// y += g * (silu(x W1^T) * (x W3^T)) W2^T, g = sigmoid(x w_gate) per token (1 without a gate)
+static void shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w) {
+    const Backend *be = m->be;
+    int Ns = m->Ns, d = m->d, fs = m->fs;
+    be->matmul_fwd(m->sh_h1, x, w->sh_w1, Ns, d, fs, 0);
+    be->matmul_fwd(m->sh_h3, x, w->sh_w3, Ns, d, fs, 0);
+    be->swiglu_fwd(m->sh_act, m->sh_h1, m->sh_h3, (size_t)Ns * fs);
+    if (!w->sh_gate) { be->matmul_fwd(y, m->sh_act, w->sh_w2, Ns, fs, d, 1); return; }
+    be->matmul_fwd(m->sh_y, m->sh_act, w->sh_w2, Ns, fs, d, 0);
+    be->matmul_fwd(m->sh_g, x, w->sh_gate, Ns, d, 1, 0);
+    be->sigmoid_fwd(m->sh_g, m->sh_g, (size_t)Ns);
+    be->combine_rows(y, m->sh_y, m->ident, m->sh_g, Ns, 1, d, 1);
+}
+// Its backward for dy (Ns,d): dx (Ns,d) += d/dx, the weights' gradients += (this rank's tokens).
+static void shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x,
+                            const MoeWeights *w, MoeGrads *g) {
+    const Backend *be = m->be;
+    int Ns = m->Ns, d = m->d, fs = m->fs;
+    const float *dys = dy;
+    if (w->sh_gate) {   // d(sh_y) = g dy; dg = <dy, sh_y>; d(gate logit) = dg g (1 - g)
+        be->gather_dot_scale(s->sh_dy, s->sh_dg, dy, m->ident, m->sh_y, m->sh_g, Ns, d);
+        be->sigmoid_bwd(s->sh_dg, s->sh_dg, m->sh_g, (size_t)Ns);
+        be->matmul_bwd(dx, g->sh_gate, s->sh_dg, x, w->sh_gate, Ns, d, 1);
+        dys = s->sh_dy;
+    }
+    be->zero(s->sh_dact, (size_t)Ns * fs * F);
+    be->matmul_bwd(s->sh_dact, g->sh_w2, dys, m->sh_act, w->sh_w2, Ns, fs, d);
+    be->swiglu_bwd(s->sh_dh1, s->sh_dh3, s->sh_dact, m->sh_h1, m->sh_h3, (size_t)Ns * fs, 0);
+    be->matmul_bwd(dx, g->sh_w1, s->sh_dh1, x, w->sh_w1, Ns, d, fs);
+    be->matmul_bwd(dx, g->sh_w3, s->sh_dh3, x, w->sh_w3, Ns, d, fs);
+}
+
+// ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,
+// summed over the stage), aux = mean over the sequences of E sum_i (cnt_si / T) (psum_si / T)
+static void seq_stats(MoeLayer *m, int64_t row0) {
+    int T = m->seq_len, E = m->E, k = m->k;
+    CHECK(T >= 1 && m->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d", (long long)m->Ng, T);
+    int S = (int)(m->Ng / T);
+    if (S > m->seq_cap) {
+        free(m->seq_f);
+        free(m->seq_st);
+        if (m->seq_dp) m->be->free(m->seq_dp);
+        m->seq_f = xmalloc(sizeof(double) * (size_t)S * E);
+        m->seq_st = xmalloc(sizeof(double) * (size_t)S * 2 * E);
+        m->seq_dp = m->be->alloc(sizeof(float) * (size_t)(S + 2) * E);   // my rows span at most S + 2 segments
+        m->seq_cap = S;
+    }
+    m->nseq = S;
+    memset(m->seq_st, 0, sizeof(double) * (size_t)S * 2 * E);
+    for (int i = 0; i < m->Ns; i++) {
+        double *st = m->seq_st + (size_t)((row0 + m->s0 + i) / T) * 2 * E;
+        for (int j = 0; j < k; j++) st[m->idx_h[(size_t)i * k + j]] += 1;
+        for (int e = 0; e < E; e++) st[E + e] += m->probs_h[(size_t)i * E + e];
+    }
+    comm_allreduce(m->cm.stage, m->seq_st, (size_t)S * 2 * E, CT_F64);
+    double aux = 0;
+    for (int s = 0; s < S; s++) {
+        double a = 0;
+        for (int e = 0; e < E; e++) {
+            double f = m->seq_st[(size_t)s * 2 * E + e] / T;
+            m->seq_f[(size_t)s * E + e] = f;
+            a += f * (m->seq_st[(size_t)s * 2 * E + E + e] / T);
+        }
+        aux += E * a;
+    }
+    m->aux = aux / S;
 }
 
 // Slice of N rows for TP rank r of TP: [N*r/TP, N*(r+1)/TP)
@@ -227,7 +329,7 @@ static void gather_experts(MoeLayer *m, const MoeWeights *w, MoeWeights *wf) {
         if (t < 2) be->gather_rows(dst[t], m->wstage, m->widx, (int)n13, d);
         else be->gather_rows(dst[t], m->wstage, m->widx + n13, (int)n2, fl);
     }
-    *wf = (MoeWeights){w->router, w1, w3, w2};
+    *wf = (MoeWeights){.router = w->router, .w1 = w1, .w3 = w3, .w2 = w2};
 }
 
 // Gathered mode's backward: whole-expert gradients (zeroed) for the grouped ops to add into.
@@ -241,7 +343,7 @@ static void gathered_grads(MoeLayer *m, MoeScratch *s, MoeGrads *gf) {
         s->cap_g = w * F;
     }
     be->zero(s->gfull, 3 * w * F);
-    *gf = (MoeGrads){NULL, s->gfull, s->gfull + w, s->gfull + 2 * w};
+    *gf = (MoeGrads){.router = NULL, .w1 = s->gfull, .w3 = s->gfull + w, .w2 = s->gfull + 2 * w};
 }
 
 // ... and their sum over the ETP group, each rank's slice added into its gradients.
@@ -324,6 +426,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     int d = m->d, E = m->E, k = m->k, TP = comm_size(m->cm.tp);
     int S = comm_size(m->cm.stage);
     m->N = N;
+    m->row0 = row0;
     slice_of(N, TP, comm_rank(m->cm.tp), &m->s0, &m->Ns);
     int Ns = m->Ns;
     const float *xin = x + (size_t)m->s0 * d;
@@ -346,10 +449,11 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     // sums, idx and w to the host (and of logits and probs when asked: host_router_out)
     rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
-    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, Ns, E, k, c->renormalize);
+    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E, k, c->renormalize);
     be->plan_counts(m->cnt, m->rank, m->idx, Ns, E, k);
     RtLayout rl = rt_layout(Ns, E, k);
-    be->to_host(m->rt_h, m->rt_d, m->host_router_out ? rl.copy : rl.idx);
+    // (the sequence scope reads each row's choices and probabilities)
+    be->to_host(m->rt_h, m->rt_d, m->host_router_out || c->aux_scope == AUX_SCOPE_SEQ ? rl.copy : rl.idx);
     // global statistics over the stage: slot counts of every rank (+ its token count), prob sums, lse^2
     size_t per = (size_t)k * E + 1;
     int64_t *mine = xmalloc(sizeof(int64_t) * per);
@@ -376,6 +480,20 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     m->aux = E * a;
     m->z = ps[E] / m->Ng;
     m->Nl = m->Ng;
+    m->xraw = x + (size_t)m->s0 * d;
+    m->aux_scope = c->aux_scope;
+    if (c->aux_scope == AUX_SCOPE_GLOBAL && m->run_counts) {   // f_i over the step's micro-batches so far
+        *m->run_tokens += m->Ng;
+        a = 0;
+        for (int e = 0; e < E; e++) {
+            m->run_counts[e] += m->counts[e];
+            m->aux_f[e] = (double)m->run_counts[e] / (double)*m->run_tokens;
+            a += m->aux_f[e] * (ps[e] / m->Ng);
+        }
+        m->aux = E * a;
+    } else if (c->aux_scope == AUX_SCOPE_SEQ) {
+        seq_stats(m, row0);
+    }
     free(ps);
     m->xin = xin;
 }
@@ -455,6 +573,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
         m->dropped = 0;
     }
     int M = m->plan.M, R = m->Rmax;
+    if (!m->xs) m->xs = be->alloc((size_t)(R ? R : 1) * d * F);
     be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
     be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d, m->kf_d + (size_t)k * E, Ns,
                   E, k);
@@ -502,6 +621,7 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
     float *yout = TP > 1 ? m->yslice : y;
     be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
+    if (m->fs) shared_forward(m, yout, m->xraw, w);   // the un-jittered input
     if (TP > 1) tp_gather(m, m->yslice, y);
 }
 
@@ -543,10 +663,28 @@ static const float *experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWei
     return s->dxs;
 }
 
+void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy) {
+    const Backend *be = m->be;
+    int d = m->d, M = m->plan.M, Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
+    // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
+    m->dyb = dy + (size_t)m->s0 * d;
+    be->gather_dot_scale(s->dys, s->rowdot, m->dyb, m->rowtok, m->ysp, m->rowscale, M, d);
+    scratch_buffers(s, Rg, M, d, m->fu, m->xu->local);
+    // with early_dispatch the unchunked dispatch of dys is in flight until moe_backward_finish
+    m->started = m->early_dispatch && m->r == 1 && !m->xu->local;
+    if (m->started) exchange_dispatch_start(m->xu, s->dys);
+}
+
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
+    moe_backward_start(m, s, dy);
+    moe_backward_finish(m, s, dx, x, w, g, c, aux_scale, z_scale);
+}
+
+void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w, MoeGrads *g,
+                         const ModelConfig *c, float aux_scale, float z_scale) {
     const Backend *be = m->be;
-    int d = m->d, fu = m->fu, E = m->E, El = m->El, k = m->k, M = m->plan.M, Ns = m->Ns, Rg = m->xu->Rg;
+    int d = m->d, fu = m->fu, E = m->E, El = m->El, k = m->k, Ns = m->Ns;
     int TP = comm_size(m->cm.tp);
     // gathered: the forward's whole experts, and whole-expert gradients reduce-scattered at the end
     MoeWeights wf;
@@ -554,23 +692,19 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     const MoeWeights *wu = w;
     if (m->gathered) {
         size_t wn = (size_t)El * fu * d;
-        wf = (MoeWeights){w->router, m->wfull, m->wfull + wn, m->wfull + 2 * wn};
+        wf = (MoeWeights){.router = w->router, .w1 = m->wfull, .w3 = m->wfull + wn, .w2 = m->wfull + 2 * wn};
         wu = &wf;
         gathered_grads(m, s, &gf);
         gu = &gf;
     }
     const float *xin = m->noise ? m->xj : x + (size_t)m->s0 * d;
-    const float *dys_in = dy + (size_t)m->s0 * d;
-    // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
-    be->gather_dot_scale(s->dys, s->rowdot, dys_in, m->rowtok, m->ysp, m->rowscale, M, d);
     // to the experts (same routes as the forward), expert backward, and back
-    if (m->r > 1) Rg = (int)m->gstart[m->r];
-    scratch_buffers(s, Rg, M, d, fu, m->xu->local);
     const float *dxs;
     if (m->r > 1) {
         dxs = experts_bwd_chunked(m, s, w, g);
     } else {
-        const float *dyg = exchange_dispatch(m->xu, s->dys, s->dyg);
+        const float *dyg = m->started ? exchange_dispatch_finish(m->xu, s->dys, s->dyg) : exchange_dispatch(m->xu, s->dys, s->dyg);
+        m->started = 0;
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
         // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
@@ -587,12 +721,38 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
     double Ng = (double)m->Nl;
-    for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
-    be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
-    be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
-                   (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
+    if (m->aux_scope == AUX_SCOPE_SEQ) {
+        // per segment of my rows within one sequence s: d aux / d probs[t,e] = E cnt_se / (T^2 S) = E f_se / (T S)
+        int T = m->seq_len, S = m->nseq, nseg = 0;
+        int64_t g0 = m->row0 + m->s0;
+        float *dp = xmalloc(sizeof(float) * (size_t)(S + 2) * E);
+        int *segs = xmalloc(sizeof(int) * (size_t)(S + 3));
+        for (int i = 0; i < Ns; i++) {
+            if (i && (g0 + i) % T) continue;
+            int sq = (int)((g0 + i) / T);
+            for (int e = 0; e < E; e++)
+                dp[(size_t)nseg * E + e] = (float)(aux_scale * E * m->seq_f[(size_t)sq * E + e] / ((double)T * S));
+            segs[nseg++] = i;
+        }
+        segs[nseg] = Ns;
+        be->to_device(m->seq_dp, dp, sizeof(float) * (size_t)nseg * E);
+        for (int q = 0; q < nseg; q++) {
+            int o = segs[q], n = segs[q + 1] - o;
+            be->router_bwd(s->dlogits + (size_t)o * E, s->rowdot, m->slotrow + (size_t)o * k, m->probs + (size_t)o * E,
+                           m->lse + o, m->idx + (size_t)o * k, m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E,
+                           (float)(2.0 * z_scale / Ng), n, E, k, c->renormalize);
+        }
+        free(dp);
+        free(segs);
+    } else {
+        for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
+        be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
+        be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
+                       (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
+    }
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);
+    if (m->fs) shared_backward(m, s, dxin, m->dyb, x + (size_t)m->s0 * d, w, g);
     // every TP rank needs the whole dx
     if (TP > 1) {
         tp_gather(m, dxin, s->dxfull);

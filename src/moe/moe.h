@@ -1,6 +1,7 @@
 // moe.h — one MoE FFN layer on a Backend and a mesh: optional jitter, router, top-k, dispatch plan
 // (capacity or dropless, with global drop decisions), token exchange to the expert owners (EP, ETP),
-// grouped SwiGLU experts, weighted combine; and its backward.
+// grouped SwiGLU experts, weighted combine, [+ a shared expert, optionally sigmoid-gated]; and its
+// backward.
 // The input x (N,d) is the same on every TP rank; each TP rank routes its own slice of the N rows,
 // so the stage group (TP x DP ranks) covers each token of the micro-batch exactly once, and the
 // output is all-gathered over TP. Router statistics (aux, z, capacity) are global over the stage.
@@ -35,8 +36,12 @@ typedef struct {
     // local blocks: w1 and w3 (El, fl, d), w2 (El, d, fl); El = E/EP experts, fl = f/ETP
     const float *router;   // (E, d)
     const float *w1, *w3, *w2;
+    // the shared expert (config n_shared_experts > 0): sh_w1, sh_w3 (fs, d), sh_w2 (d, fs); its gate (1, d)
+    // when config shared_gate (else NULL). Replicated on every rank; each TP rank runs its token slice.
+    const float *sh_w1, *sh_w3, *sh_w2, *sh_gate;
+    const float *route_bias;  // (E) balance aux-free: added to the probabilities for the top-k choice (else NULL)
 } MoeWeights;
-typedef struct { float *router, *w1, *w3, *w2; } MoeGrads;
+typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; } MoeGrads;
 
 // Saved state of one layer's forward (one per layer: backward needs it).
 typedef struct {
@@ -44,6 +49,7 @@ typedef struct {
     MoeComms cm;
     int maxN, d, fl, E, El, k;
     int N, s0, Ns;                 // tokens of the last forward, my slice [s0, s0+Ns)
+    int64_t row0;                  // the global index of the forward's row 0 (moe_forward's row0)
     // router side (host): copies of the router's device outputs, made by one copy per forward
     // into rt_h (the pointers below point into it, at offsets that depend on Ns): sums_h and the
     // slot counts always; idx_h, logits_h and probs_h only while host_router_out is set
@@ -89,9 +95,12 @@ typedef struct {
     int overlap, r;
     int mode, gathered;            // MOE_SHARDED / MOE_GATHERED for the next forward; what the last one did
     const float *xin;              // moe_route's input rows (my slice, jittered), for moe_start
+    const float *xraw;             // ... and un-jittered (the shared expert's input), for moe_finish
+    const float *dyb;              // moe_backward_start's dy rows (my slice), for _finish
     MoeWeights wu;                 // the experts the last forward used (whole ones when gathered)
-    int early_dispatch;            // 1: moe_start leaves an unchunked dispatch in flight (AMPipe)
-    int started;                   // such a dispatch is in flight (until moe_finish)
+    int early_dispatch;            // 1: moe_start / moe_backward_start leave an unchunked dispatch in
+                                   // flight (AMPipe)
+    int started;                   // such a dispatch is in flight (until moe_finish / _backward_finish)
     Exchange *xu;                  // the last forward's routes: &x, or &xe (gathered: EP only)
     int fu;                        // its expert width: fl, or f (gathered)
     Exchange xe;                   // the EP-only routes of the gathered mode
@@ -108,6 +117,21 @@ typedef struct {
     float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d); xg only when the exchange is not local
     const float *xgp;              // the expert GEMMs' input rows: xg, or xs when local
     size_t cap_d, cap_f, cap_xg, cap_ys;
+    // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T
+    int fs;                        // its width (n_shared_experts * shared_d_ff; 0: none)
+    float *sh_h1, *sh_h3, *sh_act; // (Ns,fs) each
+    float *sh_y, *sh_g;            // (Ns,d) its output before the gate; (Ns) the gate, sigmoid applied
+    int32_t *ident;                // (Ns) 0, 1, 2, ...: the gate as a one-slot combine
+    // aux scopes (config.h AuxScope). global: the step's running sums of this layer's counts and tokens
+    // (the model's, shared by the layer's slots; zeroed at each step), f_i = their ratio at this forward.
+    // sequence: seq_len T set by the caller; seq_f (S,E) each global sequence's counts / T, S sequences
+    int aux_scope;
+    int64_t *run_counts, *run_tokens;
+    int seq_len, nseq;
+    double *seq_f;                 // (nseq, E) host
+    double *seq_st;                // (nseq, 2E) host scratch: per-sequence counts and probability sums
+    float *seq_dp;                 // (nseq, E) device: the backward's per-sequence aux coefficients
+    int seq_cap;
 } MoeLayer;
 
 // Scratch shared by all layers' backward passes.
@@ -121,13 +145,21 @@ typedef struct {
     size_t cap_g;
     size_t cap_d, cap_f, cap_dyg, cap_dxs, cap_c;
     float *aux_dp_h;                                       // host (E)
+    float *sh_dy, *sh_dact, *sh_dh1, *sh_dh3, *sh_dg;      // the shared expert's backward (N rows)
 } MoeScratch;
 
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);
 void moe_layer_free(MoeLayer *m);
+// Frees the buffers a forward grows (token rows, expert-side activations; the next forward grows
+// them again): a layer whose forwards move to AMPipe chunks (their own states) drops its whole-batch
+// ones. Not between a forward and its backward.
+void moe_layer_trim(MoeLayer *m);
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN);
 void moe_scratch_free(MoeScratch *s);
 
+// aux = E * sum_i f_i P_i per layer over the scope's tokens (micro-batch: the stage's tokens of this
+// micro-batch; sequence: each sequence's, averaged over the micro-batch's sequences; global: f_i over the
+// step's micro-batches so far, P_i over this one).
 // y (N,d) = MoE(x). noise_seed != 0 and c->jitter > 0: jitter, drawn per token from
 // (noise_seed, row0 + row) so it does not depend on the mesh (row0: global index of x's row 0).
 // With m->overlap = r > 1 and a non-local exchange, the exchange and the experts are pipelined over r
@@ -159,3 +191,9 @@ void moe_loss_from(MoeLayer *part, const MoeLayer *whole);
 // this differentiates is <dy, y> + aux_scale * aux + z_scale * z of the last forward.
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale);
+// The same in two parts (AMPipe's backward: a chunk's dy travels while another chunk's attention
+// backward runs): _start (the combine's backward into s, and with m->early_dispatch the dispatch of
+// dy started), _finish (the experts, the way back, the router). Nothing may use s in between.
+void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy);
+void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w, MoeGrads *g,
+                         const ModelConfig *c, float aux_scale, float z_scale);

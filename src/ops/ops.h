@@ -157,9 +157,11 @@ struct Backend {
     // lse (N) = logsumexp (the sum of exponentials in double); idx/w (N,k): the k experts of highest
     // probability, descending (ties: the lower expert first), w = their probabilities, renormalised
     // to sum 1 when renorm; sums (E+1, double): sum over the rows of probs[:,e] (e < E) and of lse^2
-    // (e = E), each in a fixed order (deterministic; the cpu sums rows in order).
-    void (*router_topk)(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
-                        int E, int k, int renorm);
+    // (e = E), each in a fixed order (deterministic; the cpu sums rows in order). bias (E, device; NULL:
+    // none): DeepSeek-V3's aux-free routing bias: the k chosen are those of highest probs + bias (ties: the
+    // lower expert), w their probabilities (renormalised as above): the bias changes the choice only.
+    void (*router_topk)(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
+                        const float *bias, int N, int E, int k, int renorm);
     // Its backward: dlogits (N,E) = d/dlogits of sum_{t,j} dw[t,j] w[t,j] + sum_{t,e} aux_dp[e] probs[t,e]
     // + z_dl/2 sum_t lse_t^2, where dw[t,j] = rowdot[slot_row[t,j]] (0 where slot_row < 0): the
     // gradient reaching each combine weight, read through the dispatch plan. aux_dp (E) is a device
@@ -181,6 +183,10 @@ struct Backend {
 
     // out = a * b elementwise (out may alias a)
     void (*mul)(float *out, const float *a, const float *b, size_t n);
+    // out = 1 / (1 + exp(-inp)) elementwise (out may alias inp); bwd WRITES dinp = dout * out * (1 - out)
+    // from the forward's output (Qwen2-MoE's shared-expert gate)
+    void (*sigmoid_fwd)(float *out, const float *inp, size_t n);
+    void (*sigmoid_bwd)(float *dinp, const float *dout, const float *out, size_t n);
     // y += a * x
     void (*axpy)(float *y, const float *x, float a, size_t n);
 

@@ -44,12 +44,14 @@ static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in-
 static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n, int ac) { T0; in->swiglu_bwd(da, db, d, a, b, n, ac); T1(P_SWIGLU); }
 static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }
 static void w_combine(float *o, const float *r, const int32_t *s, const float *w, int N, int k, int C, int a) { T0; in->combine_rows(o, r, s, w, N, k, C, a); T1(P_ROWS); }
-static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, int N, int E, int k, int r) { T0; in->router_topk(p, l, i, w, s, lg, N, E, k, r); T1(P_ROUTER); }
+static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, const float *b, int N, int E, int k, int r) { T0; in->router_topk(p, l, i, w, s, lg, b, N, E, k, r); T1(P_ROUTER); }
 static void w_rbwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l, const int32_t *i, const float *w, const float *a, float z, int N, int E, int k, int r) { T0; in->router_bwd(dl, rd, sr, p, l, i, w, a, z, N, E, k, r); T1(P_ROUTER); }
 static void w_ce_fb(float *l, float *lg, const int32_t *t, int N, int V, float d) { T0; in->cross_entropy_fwd_bwd(l, lg, t, N, V, d); T1(P_CE); }
 static void w_ce_f(float *l, const float *lg, const int32_t *t, int N, int V) { T0; in->cross_entropy_fwd(l, lg, t, N, V); T1(P_CE); }
 static void w_mul(float *o, const float *a, const float *b, size_t n) { T0; in->mul(o, a, b, n); T1(P_ELEM); }
 static void w_axpy(float *y, const float *x, float a, size_t n) { T0; in->axpy(y, x, a, n); T1(P_ELEM); }
+static void w_sig_f(float *o, const float *x, size_t n) { T0; in->sigmoid_fwd(o, x, n); T1(P_ELEM); }
+static void w_sig_b(float *d, const float *g, const float *o, size_t n) { T0; in->sigmoid_bwd(d, g, o, n); T1(P_ELEM); }
 static void w_pcnt(int32_t *c, int32_t *r, const int32_t *i, int N, int E, int k) { T0; in->plan_counts(c, r, i, N, E, k); T1(P_ROUTER); }
 static void w_prows(int32_t *s, int32_t *t, float *sc, const int32_t *r, const int32_t *i, const float *w, const int32_t *kp, const int32_t *f, int N, int E, int k) { T0; in->plan_rows(s, t, sc, r, i, w, kp, f, N, E, k); T1(P_ROUTER); }
 static void w_gds(float *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C) { T0; in->gather_dot_scale(o, d, i, x, b, s, n, C); T1(P_ROWS); }
@@ -68,7 +70,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd;
     pb.plan_counts = w_pcnt; pb.gather_dot_scale = w_gds; pb.plan_rows = w_prows;
     pb.cross_entropy_fwd_bwd = w_ce_fb; pb.cross_entropy_fwd = w_ce_f; pb.mul = w_mul;
-    pb.axpy = w_axpy; pb.sumsq_runs = w_sumsq_runs; pb.adamw_runs = w_adamw_runs;
+    pb.axpy = w_axpy; pb.sigmoid_fwd = w_sig_f; pb.sigmoid_bwd = w_sig_b; pb.sumsq_runs = w_sumsq_runs; pb.adamw_runs = w_adamw_runs;
     return &pb;
 }
 

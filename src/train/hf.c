@@ -167,6 +167,7 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
             fused_name(nm, sizeof nm, p->layer, p->role == PR_W2);
             w[i].fused = src_find(&s, nm);
         }
+        if (w[i].src < 0 && w[i].fused < 0 && p->role == PR_ROUTE_BIAS) continue;   // aux-free's bias: starts at 0
         if (w[i].src < 0 && w[i].fused < 0)
             DIE("HF model %s: tensor %s is missing (not in %s)", dir, p->name, s.listing);
         s.t[w[i].src >= 0 ? w[i].src : w[i].fused].used = 1;
@@ -185,6 +186,7 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
         const ParamSpec *p = &t->p[i];
         float *dst = params + p->offset;
         if (w[i].src >= 0) { src_read(&s, w[i].src, p->ndim, p->shape, dst); continue; }
+        if (w[i].fused < 0) { memset(dst, 0, p->numel * sizeof(float)); continue; }   // the routing bias
         int down = p->role == PR_W2;
         int64_t E = 0, f = down ? p->shape[1] : p->shape[0], d = down ? p->shape[0] : p->shape[1];
         for (int j = 0; j < t->n; j++) E += t->p[j].layer == p->layer && t->p[j].role == p->role;
@@ -241,12 +243,17 @@ static int dir_is_empty(const char *p) {
 int hf_export(const char *ckpt, const char *out_in, int force) {
     ModelConfig c;
     ckpt_load_config(ckpt, &c);   // verifies every file's checksum
-    if (c.dispatch == DISPATCH_CAPACITY || !c.renormalize)
-        DIE("checkpoint %s is not a Mixtral model (%s%s%s): transformers' MixtralForCausalLM would compute "
-            "something else; only dropless dispatch with renormalised top-k weights can be exported", ckpt,
-            c.dispatch == DISPATCH_CAPACITY ? "capacity dispatch drops tokens" : "",
-            c.dispatch == DISPATCH_CAPACITY && !c.renormalize ? ", " : "",
-            !c.renormalize ? "top-k weights are not renormalised" : "");
+    // what transformers' class of the family computes: dropless, its top-k weighting (Mixtral always
+    // renormalises; the others follow norm_topk_prob, written from ours), no routing bias
+    int mix = c.family == FAM_MIXTRAL, unnorm = mix && !c.renormalize, cap = c.dispatch == DISPATCH_CAPACITY,
+        bias = c.balance == BALANCE_AUX_FREE;
+    if (cap || unnorm || bias)
+        DIE("checkpoint %s is not a %s model (%s%s%s%s%s): transformers' %s would compute something else; only "
+            "dropless dispatch%s without a routing bias can be exported", ckpt, mix ? "Mixtral" : config_family_name(c.family),
+            cap ? "capacity dispatch drops tokens" : "", cap && (unnorm || bias) ? ", " : "",
+            unnorm ? "top-k weights are not renormalised" : "", unnorm && bias ? ", " : "",
+            bias ? "aux-free balancing adds a per-expert bias to the routing scores" : "",
+            config_family_arch(c.family), mix ? " with renormalised top-k weights" : "");
     // every tensor present with the config's shape and nothing else (the HF loader would say less)
     ParamTable t;
     params_build(&t, &c);

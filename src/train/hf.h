@@ -11,7 +11,8 @@
 // model.safetensors.index.json, and not one of our checkpoints (no state.json / checksums.json)?
 int hf_is_model_dir(const char *dir);
 
-// Model config from dir/config.json (a MixtralConfig; our "moe_c" keys if present). Dies with a
+// Model config from dir/config.json (Mixtral, OLMoE, Qwen2-MoE or Qwen3-MoE: the family from its
+// "architectures"; our "moe_c" keys if present). Dies with a
 // message naming the directory and the key on anything our model cannot represent (sliding window,
 // tied embeddings, RoPE scaling, another activation, another model type, ...).
 void hf_load_config(const char *dir, ModelConfig *c);
@@ -25,10 +26,12 @@ void hf_load_config(const char *dir, ModelConfig *c);
 // Reads only: no file is modified.
 void hf_load_params(const char *dir, const ParamTable *t, float *params);
 
-// Writes out_dir as a transformers-loadable MixtralForCausalLM directory from our checkpoint
-// ckpt_dir (verified first): model.safetensors (already HF names, shapes, F32: copied, as a
-// copy-on-write clone where the filesystem can; never a hard link) and config.json (ours: MixtralConfig keys + "moe_c"). Refuses a
-// checkpoint whose options make it non-Mixtral (capacity dispatch, no renormalisation). An
+// Writes out_dir as a transformers-loadable directory of the checkpoint's family (MixtralForCausalLM,
+// OlmoeForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM) from our checkpoint ckpt_dir (verified
+// first): model.safetensors (already the family's HF names, shapes, F32: copied, as a copy-on-write
+// clone where the filesystem can; never a hard link) and config.json (the family's config keys +
+// "moe_c"). Refuses a checkpoint whose options transformers' class cannot compute (capacity dispatch,
+// Mixtral without renormalisation, an aux-free routing bias). An
 // existing out_dir is replaced only with force and only if it is empty or an HF model directory.
 // Written into a fresh out_dir.tmp.XXXXXX and renamed into place. Returns 1 if model.safetensors
 // is a copy-on-write clone, 0 if its bytes were copied.

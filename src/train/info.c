@@ -18,8 +18,12 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
     size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
            kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
-    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + 2) + Ns * (c->n_experts + 2 * c->top_k * d) + Re * (2 * d + 3 * fl) +
-                  B * (c->n_heads / tp) * T);
+    // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's rows (h1, h3,
+    // act of its width, its output and gate) on the router's slice
+    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
+    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + 2 * c->top_k * d) + Re * (2 * d + 3 * fl) +
+                  B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + d + 1) : 0));
 }
 // ... and of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }

@@ -112,6 +112,33 @@ static void update(StepCtx *s, int step, StepStats *r) {
     dist_adamw(s->dist, s->m, clip, r->lr, o->beta1, o->beta2, o->adam_eps, o->weight_decay, step + 1);
 }
 
+// balance aux-free (DeepSeek-V3): after the update, each held layer's routing bias moves by
+// rate * sign(mean load - load) per expert, from the step's global counts (the same on every rank, so
+// every replica of the bias stays equal). No gradient reaches it: AdamW left it as it was.
+static void route_bias_step(StepCtx *s, const StepStats *r) {
+    Model *m = s->m;
+    int E = m->c.n_experts;
+    float rate = m->c.bias_rate;
+    float *b = xmalloc(sizeof(float) * E);
+    for (int l = 0; l < m->c.n_layers; l++) {
+        int i = params_index(&m->t, PR_ROUTE_BIAS, l, -1);
+        if (i < 0 || !m->t.p[i].lnumel) continue;
+        float *dev = m->params + m->t.p[i].loffset;
+        const int64_t *cnt = r->counts + (size_t)l * E;
+        int64_t tot = 0;
+        for (int e = 0; e < E; e++) tot += cnt[e];
+        m->be->to_host(b, dev, sizeof(float) * E);
+        for (int e = 0; e < E; e++) {
+            int64_t err = tot - (int64_t)E * cnt[e];   // E (mean - load): its sign
+            b[e] += err > 0 ? rate : err < 0 ? -rate : 0.0f;
+        }
+        m->be->to_device(dev, b, sizeof(float) * E);
+    }
+    free(b);
+    // to_device dropped the GEMMs' bf16 copy of the weights (ops.h): make it again where one is kept
+    if (s->dist->bf16_shadow) m->be->bf16_shadow(m->params, m->t.ltotal);
+}
+
 void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     Model *m = s->m;
     int64_t *counts = r->counts;
@@ -119,6 +146,7 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     r->counts = counts;
     memset(counts, 0, sizeof(int64_t) * m->c.n_layers * m->c.n_experts);
     m->be->zero(m->grads, m->t.ltotal * sizeof(float));
+    model_scope_reset(m);
     s->pipe.idle_s = 0;
     double t0 = now_seconds();
     for (int i = 0; i < s->sched.n; i++) {
@@ -129,4 +157,5 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     pipe_flush(&s->pipe);
     gather_stages(s, r, now_seconds() - t0);
     update(s, step, r);
+    if (m->c.balance == BALANCE_AUX_FREE && !r->skipped) route_bias_step(s, r);
 }

@@ -93,7 +93,7 @@ const Backend *backend_cpu(void) {
         .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,
         .plan_counts = cpu_plan_counts, .plan_rows = cpu_plan_rows, .router_bwd = cpu_router_bwd,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,
-        .mul = cpu_mul, .axpy = cpu_axpy,
+        .mul = cpu_mul, .axpy = cpu_axpy, .sigmoid_fwd = cpu_sigmoid_fwd, .sigmoid_bwd = cpu_sigmoid_bwd,
         .runs_create = cpu_runs_create, .runs_free = cpu_runs_free, .sumsq_runs = cpu_sumsq_runs,
         .adamw_runs = cpu_adamw_runs,
         .bf16_shadow = cpu_bf16_shadow,

@@ -282,6 +282,16 @@ void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targ
     }
 }
 
+void cpu_sigmoid_fwd(float *out, const float *inp, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = 1.0f / (1.0f + expf(-inp[i]));
+}
+
+void cpu_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dinp[i] = dout[i] * (out[i] * (1.0f - out[i]));
+}
+
 void cpu_mul(float *out, const float *a, const float *b, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] * b[i];

@@ -29,7 +29,7 @@ void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, 
 void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                       int accumulate);
-void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
+void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias, int N,
                      int E, int k, int renorm);
 void cpu_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
 void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
@@ -42,6 +42,8 @@ void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row
 void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cpu_mul(float *out, const float *a, const float *b, size_t n);
+void cpu_sigmoid_fwd(float *out, const float *inp, size_t n);
+void cpu_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);
 void cpu_axpy(float *y, const float *x, float a, size_t n);
 OptRuns *cpu_runs_create(const OptRun *runs, int n);
 void cpu_runs_free(OptRuns *r);

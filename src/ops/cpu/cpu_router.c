@@ -9,7 +9,7 @@
 #include <string.h>
 #include "ops/cpu/cpu_ops.h"
 
-void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
+void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias, int N,
                      int E, int k, int renorm) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
@@ -29,7 +29,8 @@ void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *s
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int m = 0; m < j; m++) taken |= ix[m] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                float se = bias ? p[e] + bias[e] : p[e];
+                if (!taken && (best < 0 || se > (bias ? p[best] + bias[best] : p[best]))) best = e;
             }
             ix[j] = best;
             wt[j] = p[best];

@@ -154,6 +154,8 @@ static void fill_common(Backend *be) {
     be->cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd;
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
     be->mul = cuda_mul;
+    be->sigmoid_fwd = cuda_sigmoid_fwd;
+    be->sigmoid_bwd = cuda_sigmoid_bwd;
     be->axpy = cuda_axpy;
     be->runs_create = cuda_runs_create;
     be->runs_free = cuda_runs_free;

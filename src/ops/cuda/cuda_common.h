@@ -116,7 +116,7 @@ void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1,
 void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
 void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                        int accumulate);
-void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, int N,
+void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias, int N,
                       int E, int k, int renorm);
 void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                      const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
@@ -126,6 +126,8 @@ void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32
 void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);
+void cuda_sigmoid_fwd(float *out, const float *inp, size_t n);
+void cuda_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);
 void cuda_axpy(float *y, const float *x, float a, size_t n);
 // cuda_plan.cu
 void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);

@@ -188,8 +188,8 @@ extern "C" void cuda_gather_dot_scale(float *out, float *dot, const float *inp, 
 // index), then a butterfly argmax over (p, then lower index), which is a total order, so every
 // lane ends with the same winner: the cpu's selection.
 #define RT_WARPS 8
-__global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits, int N, int E,
-                              int k, int renorm) {
+__global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits, const float *bias,
+                              int N, int E, int k, int renorm) {
     int row = blockIdx.x * RT_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= N) return;   // warp-uniform
     const float *x = logits + (size_t)row * E;
@@ -208,17 +208,18 @@ __global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, 
     int32_t *ix = idx + (size_t)row * k;
     float *wt = w + (size_t)row * k;
     for (int j = 0; j < k; j++) {
-        float bp = 0.0f;
+        // choose by the score bs = p (+ the aux-free bias: cpu's __fadd_rn order), weigh by p
+        float bp = 0.0f, bs = 0.0f;
         int be = -1, i = 0;
         for (int e = lane; e < E; e += 32, i++) {
             if (taken >> i & 1u) continue;
-            float v = p[e];
-            if (be < 0 || v > bp) { bp = v; be = e; }
+            float v = p[e], sv = bias ? __fadd_rn(v, bias[e]) : v;
+            if (be < 0 || sv > bs) { bp = v; bs = sv; be = e; }
         }
         for (int o = 16; o > 0; o >>= 1) {
-            float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            float op = __shfl_xor_sync(0xffffffffu, bp, o), os = __shfl_xor_sync(0xffffffffu, bs, o);
             int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe >= 0 && (be < 0 || op > bp || (op == bp && oe < be))) { bp = op; be = oe; }
+            if (oe >= 0 && (be < 0 || os > bs || (os == bs && oe < be))) { bp = op; bs = os; be = oe; }
         }
         if ((be & 31) == lane) taken |= 1u << (be >> 5);
         if (lane == 0) { ix[j] = be; wt[j] = bp; }
@@ -257,14 +258,14 @@ __global__ void router_sums_fin_k(double *sums, const double *part, int E, int P
     sums[e] = a;
 }
 
-extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
+extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias,
                                  int N, int E, int k, int renorm) {
     CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E, "router_topk on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
     if (N <= 0) {
         if (sums) CUDA_CHECK(cudaMemset(sums, 0, sizeof(double) * (E + 1)));
         return;
     }
-    router_topk_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS>>>(probs, lse, idx, w, logits, N, E, k, renorm);
+    router_topk_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS>>>(probs, lse, idx, w, logits, bias, N, E, k, renorm);
     KCHECK("router_topk");
     if (!sums) return;
     int P = N / 64;
@@ -549,6 +550,27 @@ extern "C" void cuda_mul(float *out, const float *a, const float *b, size_t n) {
     if (!n) return;
     mul_k<<<ew_grid(n, 256), 256>>>(out, a, b, n);
     KCHECK("mul");
+}
+__global__ void sigmoid_k(float *out, const float *inp, size_t n) {
+    GRID_STRIDE(i, n) st_f(out + i, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-ld_f(inp + i)))));
+}
+__global__ void sigmoid_bwd_k(float *dinp, const float *dout, const float *out, size_t n) {
+    GRID_STRIDE(i, n) {
+        float s = ld_f(out + i);
+        st_f(dinp + i, __fmul_rn(ld_f(dout + i), __fmul_rn(s, __fsub_rn(1.0f, s))));
+    }
+}
+extern "C" void cuda_sigmoid_fwd(float *out, const float *inp, size_t n) {
+    cuda_bf16_shadow_write(out, n * sizeof(float));
+    if (!n) return;
+    sigmoid_k<<<ew_grid(n, 256), 256>>>(out, inp, n);
+    KCHECK("sigmoid_fwd");
+}
+extern "C" void cuda_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n) {
+    cuda_bf16_shadow_write(dinp, n * sizeof(float));
+    if (!n) return;
+    sigmoid_bwd_k<<<ew_grid(n, 256), 256>>>(dinp, dout, out, n);
+    KCHECK("sigmoid_bwd");
 }
 extern "C" void cuda_axpy(float *y, const float *x, float a, size_t n) {
     cuda_bf16_shadow_write(y, n * sizeof(float));

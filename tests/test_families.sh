@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# test_families.sh — the model families beyond Mixtral (OLMoE, Qwen2-MoE, Qwen3-MoE) without transformers:
+#   - `moe info --preset` parameter counts equal the sums over the HF checkpoints' tensor shapes, computed
+#     here from each published config.json (independently of src/), and round to the published totals;
+#   - each family trains, exports to its own architecture with exactly the tensor names (and the QK-norm
+#     shapes) transformers' modeling code defines, evaluates to the same loss from the export, and
+#     continues from it with --init-from;
+#   - bad configs (an unknown architecture, keys that contradict each other, a family option on a family
+#     that lacks it) give one message, a non-zero exit, and touch nothing.
+set -u
+. "$(dirname "$0")/lib.sh"
+small_fixture
+
+# ---- presets: parameters from the HF config shapes (config.json of each published model)
+# count V d L H KV hd f E k shared_f qk(0 none|1 full|2 head) bias  -> "total active"
+count() {
+  awk -v V="$1" -v d="$2" -v L="$3" -v H="$4" -v KV="$5" -v hd="$6" -v f="$7" -v E="$8" -v k="$9" -v sf="${10}" \
+      -v qk="${11}" -v b="${12}" 'BEGIN {
+    attn = d * H * hd + 2 * d * KV * hd + H * hd * d + 2 * d          # q k v o, two RMSNorms
+    if (qk == 1) attn += (H + KV) * hd; if (qk == 2) attn += 2 * hd     # q_norm, k_norm
+    if (b) attn += (H + 2 * KV) * hd                                     # q/k/v biases
+    shared = sf ? 3 * d * sf + d : 0                                     # shared expert + its gate
+    expert = 3 * d * f
+    per = attn + E * d + shared                                          # + the router
+    printf "%.0f %.0f\n", 2 * V * d + d + L * (per + E * expert), 2 * V * d + d + L * (per + k * expert) }'
+}
+preset_counts() { "$MOE" info --preset "$1" | sed -n 's/.*(\([0-9]*\) \/ \([0-9]*\)).*/\1 \2/p'; }
+# published: allenai/OLMoE-1B-7B-0924 "6.9B total, 1.3B active" (the paper: 6.92B / 1.28B);
+# Qwen/Qwen1.5-MoE-A2.7B "14.3B parameters, 2.7B activated"; Qwen/Qwen3-30B-A3B "30.5B, 3.3B activated"
+while read -r name pub_t pub_a shapes; do
+  want=$(count $shapes); got=$(preset_counts "$name")
+  t=${got% *}; a=${got#* }
+  # the published figure is ours rounded or truncated to its digits (Qwen3-30B-A3B's "3.3B activated" is
+  # the shapes' 3.353B truncated)
+  agrees() { awk -v x="$1" -v p="$2" 'BEGIN { n = split(p, a, "."); dg = n > 1 ? length(a[2]) : 0; s = 10 ^ dg; x /= 1e9
+    r = int(x * s + 0.5) / s; t = int(x * s) / s; exit !(r == p + 0 || t == p + 0) }'; }
+  if [ "$got" = "$want" ] && agrees "$t" "$pub_t" && agrees "$a" "$pub_a"; then
+    pass "preset $name: $t total / $a active = the HF shapes' sum (published ${pub_t}B / ${pub_a}B)"
+  else fail "preset $name: moe info says '$got', the HF shapes give '$want' (published ${pub_t}B / ${pub_a}B)"; fi
+done <<'P'
+olmoe-1b-7b 6.92 1.28 50304 2048 16 16 16 128 1024 64 8 0 1 0
+qwen2-moe-a2.7b 14.3 2.7 151936 2048 24 16 16 128 1408 60 4 5632 0 1
+qwen3-moe-30b-a3b 30.5 3.3 151936 2048 48 32 4 128 768 128 8 0 2 0
+P
+
+# ---- each family: train, export, names, eval equality, --init-from
+# the tensor names of a safetensors file, sorted
+st_names() { local n; n=$(od -An -t u8 -N8 "$1" | tr -d ' '); dd if="$1" bs=1 skip=8 count="$n" 2>/dev/null |
+  grep -o '"[a-z_]*\.[a-z0-9_.]*"' | tr -d '"' | sort; }
+st_shape() { local n; n=$(od -An -t u8 -N8 "$1" | tr -d ' '); dd if="$1" bs=1 skip=8 count="$n" 2>/dev/null |
+  grep -o "\"$2\":{[^}]*}" | grep -o '"shape":\[[0-9,]*\]' | cut -d: -f2; }
+# the names transformers' modeling code gives a model of L layers, E experts (family's rules)
+hf_names() {   # hf_names FAMILY L E
+  local fam="$1" L="$2" E="$3" l e p
+  { echo model.embed_tokens.weight; echo model.norm.weight; echo lm_head.weight
+  for ((l = 0; l < L; l++)); do
+    p="model.layers.$l"
+    echo "$p.input_layernorm.weight"; echo "$p.post_attention_layernorm.weight"
+    for x in q k v o; do echo "$p.self_attn.${x}_proj.weight"; done
+    echo "$p.mlp.gate.weight"
+    for ((e = 0; e < E; e++)); do for x in gate up down; do echo "$p.mlp.experts.$e.${x}_proj.weight"; done; done
+    case "$fam" in
+      olmoe|qwen3_moe) echo "$p.self_attn.q_norm.weight"; echo "$p.self_attn.k_norm.weight" ;;
+      qwen2_moe) for x in q k v; do echo "$p.self_attn.${x}_proj.bias"; done
+                 for x in gate up down; do echo "$p.mlp.shared_expert.${x}_proj.weight"; done
+                 echo "$p.mlp.shared_expert_gate.weight" ;;
+    esac
+  done; } | sort
+}
+M=(--d-model 32 --n-heads 4 --n-kv-heads 2 --d-ff 24 --n-layers 2 --n-experts 4)
+EV=(--batch 4 --seq-len 16 --eval-batches 2 --device cpu)
+while IFS='|' read -r fam arch flags qshape; do
+  run="$W/r_$fam"; hf="$W/hf_$fam"
+  "$MOE" train --out "$run" "${SMALL[@]}" "${M[@]}" --steps 3 --device cpu $flags >"$OUT_FILE" 2>"$ERR_FILE" ||
+    { fail "$fam: training"; show_output; continue; }
+  run_ok "$fam: export" "$MOE" export --ckpt "$run" --out "$hf" || continue
+  check "$fam: config.json says $arch" grep -q "\"architectures\":.*\"$arch\"" "$hf/config.json"
+  if diff <(st_names "$hf/model.safetensors") <(hf_names "$fam" 2 4) > "$TMP/names.diff"; then
+    pass "$fam: exported tensors are exactly transformers' names ($(st_names "$hf/model.safetensors" | wc -l))"
+  else fail "$fam: tensor names differ from transformers'"; head -8 "$TMP/names.diff"; fi
+  [ -n "$qshape" ] && check "$fam: q_norm shape $qshape" [ "$(st_shape "$hf/model.safetensors" model.layers.1.self_attn.q_norm.weight)" = "$qshape" ]
+  a=$("$MOE" eval --ckpt "$run" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  b=$("$MOE" eval --ckpt "$hf" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  check "$fam: the export evaluates as the checkpoint ($a)" [ -n "$a" ] && [ "$a" = "$b" ]
+  run_ok "$fam: --init-from the export trains" "$MOE" train --init-from "$hf" --out "$W/i_$fam" "${SMALL[@]}" --steps 1 --device cpu
+done <<'F'
+olmoe|OlmoeForCausalLM|--family olmoe --qk-norm full --renormalize 0|[32]
+qwen2_moe|Qwen2MoeForCausalLM|--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1 --renormalize 0|
+qwen3_moe|Qwen3MoeForCausalLM|--family qwen3_moe --qk-norm head --head-dim 12|[12]
+F
+
+# ---- a config.json as the published models write it (their key sets, no "moe_c"), with our weights:
+# the same model (the same loss) as our own config.json says
+plain() {   # plain DIR JSON
+  rm -rf "$2"; cp -r "$1" "$2"; printf '%s\n' "$3" > "$2/config.json"
+}
+plain "$W/hf_olmoe" "$W/pl_olmoe" '{"architectures":["OlmoeForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
+ "clip_qkv":null,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,"intermediate_size":24,
+ "max_position_embeddings":256,"model_type":"olmoe","norm_topk_prob":false,"num_attention_heads":4,"num_experts":4,
+ "num_experts_per_tok":2,"num_hidden_layers":2,"num_key_value_heads":2,"output_router_logits":false,"pad_token_id":1,
+ "rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000.0,"router_aux_loss_coef":0.01,"tie_word_embeddings":false,
+ "torch_dtype":"bfloat16","use_cache":true,"vocab_size":256}'
+plain "$W/hf_qwen3_moe" "$W/pl_qwen3_moe" '{"architectures":["Qwen3MoeForCausalLM"],"attention_bias":false,
+ "attention_dropout":0.0,"decoder_sparse_step":1,"head_dim":12,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,
+ "intermediate_size":96,"max_position_embeddings":256,"max_window_layers":2,"mlp_only_layers":[],"model_type":"qwen3_moe",
+ "moe_intermediate_size":24,"norm_topk_prob":true,"num_attention_heads":4,"num_experts":4,"num_experts_per_tok":2,
+ "num_hidden_layers":2,"num_key_value_heads":2,"output_router_logits":false,"rms_norm_eps":1e-05,"rope_scaling":null,
+ "rope_theta":10000.0,"router_aux_loss_coef":0.001,"sliding_window":null,"tie_word_embeddings":false,
+ "torch_dtype":"bfloat16","use_cache":true,"use_sliding_window":false,"vocab_size":256}'
+plain "$W/hf_qwen2_moe" "$W/pl_qwen2_moe" '{"architectures":["Qwen2MoeForCausalLM"],"attention_dropout":0.0,
+ "decoder_sparse_step":1,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,"intermediate_size":40,
+ "max_position_embeddings":256,"max_window_layers":2,"model_type":"qwen2_moe","moe_intermediate_size":24,
+ "norm_topk_prob":false,"num_attention_heads":4,"num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":2,
+ "num_key_value_heads":2,"output_router_logits":false,"rms_norm_eps":1e-05,"rope_theta":10000.0,
+ "router_aux_loss_coef":0.001,"shared_expert_intermediate_size":40,"sliding_window":256,"tie_word_embeddings":false,
+ "torch_dtype":"bfloat16","use_cache":true,"use_sliding_window":false,"vocab_size":256}'
+for fam in olmoe qwen2_moe qwen3_moe; do
+  a=$("$MOE" eval --ckpt "$W/hf_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  b=$("$MOE" eval --ckpt "$W/pl_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  check "$fam: a published-style config.json (no moe_c) reads as the same model ($b)" [ -n "$a" ] && [ "$a" = "$b" ]
+done
+
+# ---- aux-free balancing does balance: with the aux loss off, the routing bias alone keeps the busiest
+# expert's load nearer the mean than no balancing at all (the same seed, data and steps)
+AF=(--steps 60 --quiet --sample-tokens 0 --plots 0 --batch 8 --seq-len 32 --eval-batches 1 --eval-every 0 --aux-coef 0 --device cpu)
+"$MOE" train --out "$W/af0" "${AF[@]}" > /dev/null 2>&1; "$MOE" train --out "$W/af1" "${AF[@]}" --balance aux-free --bias-rate 0.01 > /dev/null 2>&1
+l0=$(field load_max_over_mean "$W/af0/metrics.jsonl" | mean_last 20); l1=$(field load_max_over_mean "$W/af1/metrics.jsonl" | mean_last 20)
+check "aux-free bias balances the load without an aux loss (busiest/mean over the last 20 steps: $l1 vs $l0 unbalanced)" fcmp "$l1" "<" "$(awk -v a="$l0" 'BEGIN { print 1 + (a - 1) * 0.7 }')"
+check "aux-free: the routing bias is in the checkpoint" grep -q "e_score_correction_bias" "$(ls -d "$W"/af1/step_* | tail -1)/model.safetensors"
+run_fail "aux-free balancing adds a per-expert bias to the routing scores" "$MOE" export --ckpt "$W/af1" --out "$W/af1_hf"
+
+# ---- bad configs: one message, nothing touched
+bad() {   # bad NAME SED-EXPR: a copy of the qwen2_moe export with config.json edited
+  rm -rf "$W/$1"; cp -r "$W/hf_qwen2_moe" "$W/$1"; sed -i "$2" "$W/$1/config.json"
+}
+bad unk 's/"Qwen2MoeForCausalLM"/"DeepseekV3ForCausalLM"/'
+bad mt 's/"model_type":[^,]*/"model_type":"olmoe"/'
+bad renorm 's/"norm_topk_prob":[^,]*/"norm_topk_prob":true/'
+bad hd 's/"head_dim":[^,]*/"head_dim":16/'
+bad step 's/"decoder_sparse_step":[^,]*/"decoder_sparse_step":2/'
+cp -r "$W/hf_olmoe" "$W/olbias"; sed -i 's/"vocab_size"/"qkv_bias":true,"vocab_size"/' "$W/olbias/config.json"
+cp -r "$W/hf_qwen3_moe" "$W/q3sh"; sed -i 's/"vocab_size"/"shared_expert_intermediate_size":64,"vocab_size"/' "$W/q3sh/config.json"
+GUARD="$W/unk $W/mt $W/renorm $W/hd $W/step $W/olbias $W/q3sh"
+run_fail 'architecture "DeepseekV3ForCausalLM" is not supported' "$MOE" eval --ckpt "$W/unk" "${EV[@]}"
+run_fail 'architecture "DeepseekV3ForCausalLM" is not supported' "$MOE" train --init-from "$W/unk" --out "$W/new" "${SMALL[@]}"
+run_fail 'key "model_type" is "olmoe", expected "qwen2_moe"' "$MOE" eval --ckpt "$W/mt" "${EV[@]}"
+run_fail 'keys "norm_topk_prob" (true) and "moe_c": "renormalize" (false) contradict each other' "$MOE" eval --ckpt "$W/renorm" "${EV[@]}"
+run_fail "key \"head_dim\" is 16, but Qwen2MoeForCausalLM's heads are hidden_size / num_attention_heads = 32 / 4 wide" \
+  "$MOE" eval --ckpt "$W/hd" "${EV[@]}"
+run_fail 'only every layer being an MoE layer (1) is supported' "$MOE" train --init-from "$W/step" --out "$W/new" "${SMALL[@]}"
+run_fail 'key "qkv_bias" is not an option of OlmoeForCausalLM' "$MOE" eval --ckpt "$W/olbias" "${EV[@]}"
+run_fail 'key "shared_expert_intermediate_size" is not an option of Qwen3MoeForCausalLM' "$MOE" eval --ckpt "$W/q3sh" "${EV[@]}"
+check "nothing written for the refused --init-from" [ ! -e "$W/new" ]
+GUARD="$W"
+run_fail "family mixtral has qk_norm none, not head" "$MOE" train --out "$W/new" "${SMALL[@]}" --qk-norm head
+run_fail "family olmoe has no shared experts" "$MOE" train --out "$W/new" "${SMALL[@]}" --family olmoe --qk-norm full --n-shared-experts 1 --shared-d-ff 8
+run_fail "family qwen3_moe has no q/k/v biases" "$MOE" info --family qwen3_moe --qk-norm head --qkv-bias 1
+finish
