@@ -74,6 +74,18 @@ run "$TMP/ref_e" 1 $E
 if run "$TMP/run" 4 --ep 4 $E --ampipe 8; then mesh_close "$TMP/ref_e" "$TMP/run" "ep4, n 8 with 1-row chunks and 8 experts (experts with no rows in a chunk)"
 else fail "empty experts: failed"; tail -4 "$TMP/run/out.txt"; fi
 
+# memory: a chunked layer's MoE states replace its whole-batch ones (moe_layer_trim), so the process's
+# peak memory does not grow with n (a model whose activations dominate: 2 layers, B 8 x T 256, f 512)
+if [ -x /usr/bin/time ]; then
+  M="--steps 2 --batch 8 --seq-len 256 --grad-accum 1 --n-layers 2 --d-model 128 --n-heads 4 --n-kv-heads 2 --d-ff 512
+     --n-experts 8 --vocab-size 256 --save-every -1"
+  for n in 1 2 4; do /usr/bin/time -f "%M" -o "$TMP/rss$n" "$MOE" train --out "$TMP/m$n" $BASE $M --ampipe $n > /dev/null 2>&1; done
+  r2=$(awk -v a="$(cat "$TMP/rss1")" -v b="$(cat "$TMP/rss2")" 'BEGIN { printf "%.3f", b / a }')
+  r4=$(awk -v a="$(cat "$TMP/rss1")" -v b="$(cat "$TMP/rss4")" 'BEGIN { printf "%.3f", b / a }')
+  fcmp "$r2" "<=" 1.05 && fcmp "$r4" "<=" 1.05 && pass "peak memory at n 2 and n 4 is ${r2}x and ${r4}x n 1's ($(cat "$TMP/rss1") KB)" ||
+    fail "peak memory grows with n: n 2 ${r2}x, n 4 ${r4}x n 1's"
+else skip "/usr/bin/time not installed: peak memory not measured"; fi
+
 # more chunks than rows: one clear error
 if run "$TMP/run" 1 --batch 1 --seq-len 4 --grad-accum 1 --ampipe 8; then fail "8 chunks of a 4-token micro-batch accepted"
 elif grep -q "fewer rows than chunks" "$TMP/run/out.txt"; then pass "8 chunks of a 4-token micro-batch: one clear error"

@@ -4,6 +4,7 @@
 #       tensors): no op runs at 0;
 #   (2) --dropout 0.2 changes the training losses (the mask is applied) but not the evaluation: the
 #       run's final val loss equals `moe eval` on its checkpoint (evaluation never drops);
+#   (2b) with --recompute full (attention output and expert rows recomputed in backward) the same bits;
 #   (3) the masks are functions of (seed, step, micro-batch, layer, site, global token, feature / global
 #       head and key), not of the rank or the chunking: runs with --dropout and --attn-dropout on DP, TP
 #       (heads split), EP, TP+EP and pipeline meshes, and with AMPipe's row chunks, match one unchunked
@@ -28,6 +29,14 @@ run_ok "moe eval of the dropout run" "$MOE" eval --ckpt d
 ev=$(grep -o '^val loss [0-9.]*' "$OUT_FILE" | cut -d' ' -f3)
 [ -n "$ev" ] && [ "$ev" = "$final" ] && pass "the run's val loss $final = moe eval's (evaluation does not drop)" ||
   fail "the run's val loss '$final' != moe eval's '$ev'"
+
+# --recompute full recomputes the attention output (with its dropout mask: the same hash of the slot's
+# seed) and the experts' rows in the backward: the same bits as keeping them
+run_ok "dropouts, activations kept" "$MOE" train "${BASE[@]}" --out keep --dropout 0.2 --attn-dropout 0.1 || finish
+run_ok "dropouts, --recompute full" "$MOE" train "${BASE[@]}" --out rc --dropout 0.2 --attn-dropout 0.1 --recompute full || finish
+cmp -s <(losses keep) <(losses rc) && cmp -s keep/step_00000006/model.safetensors rc/step_00000006/model.safetensors &&
+  pass "--recompute full with both dropouts = keeping the activations, bit for bit" ||
+  fail "--recompute full with dropout differs from keeping the activations"
 
 mpi_tests
 ref="$TMP/ref"

@@ -6,7 +6,9 @@
 #   1. the GPU suites (test_cuda_ops carries the attention over query ranges: chunks vs one call);
 #   2. a small model on cuda and cuda-fp32 at n = 1, 2, 4 (and n = 2 through NCCL on one GPU:
 #      MOE_FORCE_NCCL=1, where the dispatch is left in flight on the comm stream): per-step losses;
-#   3. the cost of chunking where there is no all-to-all to hide: PEERS.md's reference model
+#   3. --recompute: full against none on the small model (bitwise), the reference model's peak memory and
+#      tokens/s at none and moe;
+#   4. the cost of chunking where there is no all-to-all to hide: PEERS.md's reference model
 #      (--preset peers-ref, B 4 x T 2048) at n = 1, 2, 4, 1 (tokens/s, the run average of 12 steps).
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W
@@ -33,6 +35,23 @@ done
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 12"
+# --recompute on the GPU: the same bits as keeping the activations (small model), and the reference
+# model's memory and speed with the experts' rows recomputed
+for dev in cuda cuda-fp32; do
+  for rc in none full; do
+    $B/moe train --device $dev $S --recompute $rc --out $W/rc_${dev}_$rc > $W/s.log 2>&1 || tail -3 $W/s.log
+  done
+  cmp -s <(grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*' $W/rc_${dev}_none/metrics.jsonl) \
+         <(grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*' $W/rc_${dev}_full/metrics.jsonl) &&
+    echo "$dev --recompute full: losses bitwise equal to none" || echo "$dev --recompute full: losses DIFFER from none"
+done
+for rc in none moe; do
+  echo "-- peers-ref, --recompute $rc"
+  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
+  mp=$!
+  timeout 150 stdbuf -oL $B/moe train $P --recompute $rc --out $W/run 2>&1 | grep -E "^step 12/|trained"
+  kill $mp; echo "   peak GPU memory used (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
+done
 for n in 1 2 4 1; do
   echo "-- peers-ref, --ampipe $n"
   timeout 150 stdbuf -oL $B/moe train $P --ampipe $n --out $W/run 2>&1 | grep -E "^step (4|8|12)/|trained"

@@ -24,7 +24,7 @@
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
 typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER,
-               O_EXPERTMODE, O_ALLINT, O_FAMILY, O_QKNORM, O_BALANCE, O_AUXSCOPE } OptType;
+               O_EXPERTMODE, O_ALLINT, O_FAMILY, O_QKNORM, O_BALANCE, O_AUXSCOPE, O_RECOMPUTE } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -170,7 +170,10 @@ static const Opt opts[] = {
      "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split)"},
     {"a2a-overlap", O_AUTO_INT, TO(a2a_overlap), C_TRAIN,
      "the MoE all-to-all pipelined with the experts over this many chunks (1: off; auto: measured per layer)"},
-    {"ampipe", O_AUTO_INT, TO(ampipe), C_TRAIN,
+    {"recompute", O_RECOMPUTE, TO(recompute), C_TRAIN | C_INFO,
+     "activations not kept but computed again in backward: attn (attention output), moe (the experts' SwiGLU "
+     "rows, the largest), full (both); the same gradients bit for bit, less memory, more compute"},
+    {"ampipe", O_AUTO_INT, TO(ampipe), C_TRAIN | C_INFO,
      "AMPipe: each block from attention on in this many chunks of the micro-batch, so a chunk's attention "
      "runs while another's all-to-all is in flight (1: off; auto: measured per layer with --a2a-overlap)"},
     {"a2a-hier", O_HIER, TO(a2a_hier), C_TRAIN | C_INFO,
@@ -238,6 +241,8 @@ static const WordSet word_sets[] = {
      {FAM_MIXTRAL, FAM_OLMOE, FAM_QWEN2_MOE, FAM_QWEN3_MOE}},
     {O_QKNORM, "none|full|head", 0, 3, {"none", "full", "head"}, {QK_NORM_NONE, QK_NORM_FULL, QK_NORM_HEAD}},
     {O_BALANCE, "aux|aux-free", 0, 2, {"aux", "aux-free"}, {BALANCE_AUX, BALANCE_AUX_FREE}},
+    {O_RECOMPUTE, "none|attn|moe|full", 0, 4, {"none", "attn", "moe", "full"},
+     {RECOMPUTE_NONE, RECOMPUTE_ATTN, RECOMPUTE_MOE, RECOMPUTE_FULL}},
     {O_AUXSCOPE, "micro-batch|sequence|global", 0, 3, {"micro-batch", "sequence", "global"},
      {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
 };

@@ -125,8 +125,43 @@ static void chunk_moes(Model *m, LayerActs *a, int n) {
     if (n <= 1) return;
     MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
     a->mc = xcalloc(n, sizeof *a->mc);
-    for (int i = 0; i < n; i++) moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
+    for (int i = 0; i < n; i++) {
+        moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
+        if (m->recompute & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
+    }
     a->nmc = n;
+}
+
+// One layer's activations under m->recompute: attention output and lse its own or the shared ones;
+// its MoE states' SwiGLU rows kept or shared.
+static void layer_recompute(Model *m, LayerActs *a) {
+    const Backend *be = m->be;
+    int attn = (m->recompute & RECOMPUTE_ATTN) != 0;
+    if (attn && !a->att_shared) {
+        be->free(a->att);
+        be->free(a->lse);
+        a->att = m->att_rc;
+        a->lse = m->lse_rc;
+    } else if (!attn && a->att_shared) {
+        a->att = be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * F);
+        a->lse = be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
+    }
+    a->att_shared = attn;
+    MoeRecompute *rc = m->recompute & RECOMPUTE_MOE ? &m->rc : NULL;
+    moe_set_recompute(&a->moe, rc);
+    for (int i = 0; i < a->nmc; i++) moe_set_recompute(&a->mc[i], rc);
+}
+
+void model_set_recompute(Model *m, int mode) {
+    CHECK(mode >= RECOMPUTE_NONE && mode <= RECOMPUTE_FULL, "model_set_recompute: %d", mode);
+    m->recompute = mode;
+    if ((mode & RECOMPUTE_ATTN) && !m->att_rc) {
+        m->att_rc = m->be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * F);
+        m->lse_rc = m->be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
+    }
+    for (int k = 0; k < m->nchunks; k++)
+        for (int i = 0; i < m->nslots[k]; i++)
+            for (int l = m->chunk[k].l0; l < m->chunk[k].l1; l++) layer_recompute(m, &m->slots[k][i].la[l]);
 }
 
 static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
@@ -158,6 +193,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
             a->rstdk = be->alloc(N * m->KVl * F);
         }
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+        if (m->recompute) layer_recompute(m, a);
         a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts;   // aux scope global: the step's sums
         a->moe.run_tokens = m->scope_tokens + l;
     }
@@ -174,6 +210,7 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
     const Backend *be = m->be;
     for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
         LayerActs *a = &s->la[l];
+        if (a->att_shared) a->att = a->lse = NULL;   // the model's (--recompute attn)
         float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
                          a->rstd2, a->moe_out, a->qraw, a->kraw, a->rstdq, a->rstdk};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
@@ -253,6 +290,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->moe_overlap = xmalloc(sizeof(int) * (size_t)c->n_layers);
     m->moe_time = xcalloc((size_t)c->n_layers, sizeof(double));
     m->moe_mode = xcalloc((size_t)c->n_layers, sizeof(int));
+    m->rc.be = be;
     m->ampipe = xmalloc(sizeof(int) * (size_t)c->n_layers);
     for (int l = 0; l < c->n_layers; l++) m->moe_overlap[l] = m->ampipe[l] = 1;
     m->hf_pe = m->hf_fe + c->n_experts;
@@ -311,7 +349,8 @@ void model_free(Model *m) {
         for (int i = 0; i < m->nslots[k]; i++) slot_free(m, &m->slots[k][i], k);
         free(m->slots[k]);
     }
-    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones, m->ddrop};
+    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones,
+                    m->att_rc, m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act, m->ddrop};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
@@ -613,6 +652,8 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.sh_w2 = w.sh_w1 ? P(m, g, PR_SH_W2, l, -1) : NULL;
         gw.sh_gate = w.sh_gate ? P(m, g, PR_SH_GATE, l, -1) : NULL;
         int n = a->nrun;
+        // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
+        if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
         be->zero(m->datt, (size_t)N * qd * F);
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);

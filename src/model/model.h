@@ -36,6 +36,7 @@ typedef struct {
     float *xn2, *rstd2;            // (N,d) (N)
     float *moe_out;                // (N,d)
     MoeLayer moe;                  // the layer's MoE state (its statistics: merged over the chunks)
+    int att_shared;                // att and lse are the model's shared ones (--recompute attn)
     MoeLayer *mc;                  // (nmc) AMPipe: each chunk's MoE state (rows [R_j, R_j+1))
     int nmc;
     int nrun;                      // the chunks the last forward ran (1: unchunked, state in moe)
@@ -106,6 +107,9 @@ typedef struct {
     int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int *ampipe;                   // (L) each layer's AMPipe chunks in training forwards (1 = none)
+    int recompute;                 // RECOMPUTE_* bits (model_set_recompute)
+    MoeRecompute rc;               // --recompute moe: every layer's experts' SwiGLU rows, shared
+    float *att_rc, *lse_rc;        // --recompute attn: every layer's attention output and lse, shared
     int moe_timing;                // 1: time each block's forward from attention on and its MoE's backward
                                    // (synchronised) into moe_time
     double *moe_time;              // (L) seconds, added up until the caller resets them
@@ -132,6 +136,13 @@ MoeLayer *model_moe(Model *m, int l, int slot);
 void model_set_overlap(Model *m, int l, int r);
 // Layer l's expert mode (moe.h: MOE_SHARDED or MOE_GATHERED; only matters with ETP > 1).
 void model_set_expert_mode(Model *m, int l, int mode);
+// Activation recomputation: RECOMPUTE_MOE drops the experts' SwiGLU rows (h1, h3, act; moe.h
+// MoeRecompute), RECOMPUTE_ATTN the attention output and its log-sum-exp, from what each layer keeps;
+// the backward computes them again from the kept inputs (q, k, v; the expert rows) with the same
+// kernels, so the gradients are the same bits as keeping them. Memory: one layer's worth instead of
+// every layer's; time: those forwards once more. Set before forwards, not between one and its backward.
+enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN = 1, RECOMPUTE_MOE = 2, RECOMPUTE_FULL = 3 };
+void model_set_recompute(Model *m, int mode);
 // AMPipe: the training forwards (dloss != 0) run each block from attention on in n chunks of the
 // micro-batch's rows (chunk j: rows [R_j, R_j+1), R_j = N j / n of the (b, t) order: pieces of
 // sequences), so that chunk j's MoE exchange is in flight while chunk j+1's attention runs. Chunk j's

@@ -18,6 +18,8 @@ static void grow(const Backend *be, float **p, size_t *cap, size_t need) {
     *cap = need;
 }
 
+static void rc_rows(MoeLayer *m, size_t nf);
+
 // Make sure the expert-side buffers hold Rg rows (xg only when the exchange is not local: then the
 // GEMMs read the gathered rows xs directly).
 static void expert_buffers(MoeLayer *m, int Rg) {
@@ -25,10 +27,41 @@ static void expert_buffers(MoeLayer *m, int Rg) {
     size_t nd = (size_t)(Rg ? Rg : 1) * m->d * F, nf = (size_t)(Rg ? Rg : 1) * m->fu * F;
     grow(be, &m->yg, &m->cap_d, nd);
     if (!m->xu->local) grow(be, &m->xg, &m->cap_xg, nd);
+    if (m->rc) { rc_rows(m, nf); return; }
     if (nf > m->cap_f) {
         float **bf[] = {&m->h1, &m->h3, &m->act};
         for (int i = 0; i < 3; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
         m->cap_f = nf;
+    }
+}
+
+// Recomputation (m->rc): the layer's h1, h3, act are the shared buffers, grown to nf bytes each.
+static void rc_rows(MoeLayer *m, size_t nf) {
+    MoeRecompute *rc = m->rc;
+    if (nf > rc->cap) {
+        float **bf[] = {&rc->h1, &rc->h3, &rc->act};
+        for (int i = 0; i < 3; i++) { if (*bf[i]) rc->be->free(*bf[i]); *bf[i] = rc->be->alloc(nf); }
+        rc->cap = nf;
+    }
+    m->h1 = rc->h1;
+    m->h3 = rc->h3;
+    m->act = rc->act;
+}
+
+// ... and their contents again, before the backward: the forward's SwiGLU GEMMs on the kept inputs
+// (the expert rows and weights it used: the same kernels on the same operands, the same bits).
+static void rc_recompute(MoeLayer *m, const MoeWeights *wu) {
+    int r = m->r, d = m->d, fu = m->fu, El = m->El;
+    int Rg = r > 1 ? (int)m->gstart[r] : m->xu->Rg;
+    rc_rows(m, (size_t)(Rg ? Rg : 1) * fu * F);
+    if (r == 1) {
+        m->be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
+        return;
+    }
+    for (int i = 0; i < r; i++) {
+        size_t g = (size_t)m->gstart[i];
+        m->be->grouped_swiglu_fwd(m->h1 + g * fu, m->h3 + g * fu, m->act + g * fu, m->xg + g * d, wu->w1, wu->w3,
+                                  m->xc[i].off, El, d, fu);
     }
 }
 
@@ -141,6 +174,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
 
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
+    if (m->rc) m->h1 = m->h3 = m->act = NULL;   // the shared buffers (MoeRecompute) are not the layer's
     free(m->rt_h); free(m->kf_h);
     free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f); free(m->seq_f); free(m->seq_st);
     if (m->seq_dp) be->free(m->seq_dp);
@@ -158,7 +192,20 @@ void moe_layer_free(MoeLayer *m) {
     memset(m, 0, sizeof *m);
 }
 
+void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
+    if (rc == m->rc) return;
+    if (!m->rc) {   // its own rows go; the shared ones are pointed at by the next forward
+        float **bf[] = {&m->h1, &m->h3, &m->act};
+        for (int i = 0; i < 3; i++) if (*bf[i]) { m->be->free(*bf[i]); *bf[i] = NULL; }
+    } else {
+        m->h1 = m->h3 = m->act = NULL;
+    }
+    m->cap_f = 0;
+    m->rc = rc;
+}
+
 void moe_layer_trim(MoeLayer *m) {
+    if (m->rc) m->h1 = m->h3 = m->act = NULL;
     float **bufs[] = {&m->xs, &m->ys, &m->xg, &m->yg, &m->h1, &m->h3, &m->act, &m->xsc, &m->ysc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (*bufs[i]) { m->be->free(*bufs[i]); *bufs[i] = NULL; }
@@ -698,6 +745,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         gu = &gf;
     }
     const float *xin = m->noise ? m->xj : x + (size_t)m->s0 * d;
+    if (m->rc) rc_recompute(m, wu);
     // to the experts (same routes as the forward), expert backward, and back
     const float *dxs;
     if (m->r > 1) {

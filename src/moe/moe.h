@@ -43,6 +43,13 @@ typedef struct {
 } MoeWeights;
 typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; } MoeGrads;
 
+// Activation recomputation (--recompute moe): the experts' SwiGLU rows (h1, h3, act: the largest
+// activations, 3 f floats per routed token) are not kept per layer. Every layer's forward writes them
+// into these shared buffers and its backward computes them again there from what it keeps (the expert
+// input rows, the weights it used): the same kernels on the same operands, so the same bits as keeping
+// them. Owned by the caller (one per model); a layer points at it (MoeLayer.rc).
+typedef struct { const Backend *be; float *h1, *h3, *act; size_t cap; } MoeRecompute;
+
 // Saved state of one layer's forward (one per layer: backward needs it).
 typedef struct {
     const Backend *be;
@@ -112,6 +119,7 @@ typedef struct {
     int64_t gstart[MOE_MAX_OVERLAP + 1];   // chunk i's expert-side rows in xg, h1, h3, act, yg
     int32_t *cidx, *icidx;         // (M) chunk-major position -> my row, and back (device)
     float *xsc, *ysc;              // (M,d) my rows, and their outputs, chunk-major
+    MoeRecompute *rc;              // NULL: h1, h3, act kept per layer; else the shared ones, recomputed
     // expert side (device, grown to the rows received)
     Exchange x;
     float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d); xg only when the exchange is not local
@@ -154,6 +162,9 @@ void moe_layer_free(MoeLayer *m);
 // them again): a layer whose forwards move to AMPipe chunks (their own states) drops its whole-batch
 // ones. Not between a forward and its backward.
 void moe_layer_trim(MoeLayer *m);
+// Recomputation on (rc: the shared buffers) or off (NULL) for the next forwards; the layer's own rows
+// are freed when it turns on. Not between a forward and its backward.
+void moe_set_recompute(MoeLayer *m, MoeRecompute *rc);
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN);
 void moe_scratch_free(MoeScratch *s);
 

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include "core/common.h"
+#include "model/model.h"
 #include "model/params.h"
 #include <string.h>
 #include "parallel/mesh.h"
@@ -13,6 +14,17 @@
 // tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms, its
 // heads (TP), its slice of the router's rows (N/TP) and their dispatched copies, and the expert rows it
 // computes (its ETP group's, k per routed token: the mean over a balanced load).
+// The part of it --recompute drops (rc: RECOMPUTE_* bits): the experts' SwiGLU rows (moe), the
+// attention output and lse (attn). One layer's worth stays (the shared buffers).
+static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t N = B * T, qd = (size_t)c->n_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
+    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
+    return 4.0 * ((rc & RECOMPUTE_MOE ? Re * 3 * fl : 0) + (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0));
+}
+// L layers' activations under --recompute rc.
+static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc);
+
 static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
     size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
@@ -24,6 +36,9 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
     size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
     return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + 2 * c->top_k * d) + Re * (2 * d + 3 * fl) +
                   B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + d + 1) : 0));
+}
+static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc) {
+    return L * acts_layer(c, ms, B, T) - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
 }
 // ... and of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
@@ -64,13 +79,17 @@ static void print_stages(const ModelConfig *c, const TrainOptions *o, const Mesh
             if (sp.first[v + 1] - sp.first[v] == 1) snprintf(what + w, sizeof what - w, "%s%d", ch ? "," : "", sp.first[v]);
             else snprintf(what + w, sizeof what - w, "%s%d-%d", ch ? "," : "", sp.first[v], sp.first[v + 1] - 1);
         }
-        // each chunk's live micro-batches x its layers (+ the head's on the last virtual stage)
+        // each chunk's live micro-batches x its layers (+ the head's on the last virtual stage); with
+        // --recompute every (micro-batch, layer) but one drops its rows (the rank's shared buffers)
         double acts = 0;
+        int inst = 0;
         for (int ch = 0; ch < vpp; ch++) {
             int v = ch * ms->pp + s;
-            acts += sc.live[ch] * ((sp.first[v + 1] - sp.first[v]) * acts_layer(c, ms, (size_t)Bl, (size_t)o->seq_len) +
+            inst += sc.live[ch] * (sp.first[v + 1] - sp.first[v]);
+            acts += sc.live[ch] * (acts_layers(c, ms, (size_t)Bl, (size_t)o->seq_len, sp.first[v + 1] - sp.first[v], 0) +
                                    (v == ms->pp * vpp - 1 ? acts_head(c, (size_t)Bl * o->seq_len) : 0));
         }
+        if (inst > 1) acts -= (inst - 1) * acts_dropped(c, ms, (size_t)Bl, (size_t)o->seq_len, o->recompute);
         char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
         fmt_bytes(a2, sizeof a2, 4.0 * mom);
@@ -118,7 +137,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     double state = 16.0 * np;
     size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t Rk = N * c->top_k, f = c->d_ff;
-    double acts = c->n_layers * acts_layer(c, NULL, (size_t)B, (size_t)T) + acts_head(c, N);
+    double acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N);
     fmt_bytes(b1, sizeof b1, state);
     fmt_bytes(b2, sizeof b2, acts);
     fmt_bytes(b3, sizeof b3, state + acts);
@@ -134,6 +153,9 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     fmt_bytes(b3, sizeof b3, state + acts + shadow + scratch);
     printf("memory (cuda, the same float32 buffers + bf16 weights %s + bf16 operand scratch %s): %s plus the CUDA "
            "context\n", b1, b2, b3);
+    if (o->ampipe != 1)   // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
+        printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE rows, "
+               "N/n each, in place of the whole micro-batch's)\n", o->ampipe ? "n" : "auto");
     params_free(&t);
     if (world > 0 || o->tp > 1 || o->ep > 1 || o->etp > 1 || o->pp > 1) {
         long long ranks = (long long)o->tp * o->ep * o->etp * o->pp;   // the smallest world for the layout
@@ -156,7 +178,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
         }
         // activations: one micro-batch (pipeline stages: printed per stage below)
         int Bl = o->batch / (o->grad_accum > 0 ? o->grad_accum : 1) / ms.dp;
-        double ra = ms.pp > 1 ? 0 : c->n_layers * acts_layer(c, &ms, (size_t)Bl, (size_t)T) +
+        double ra = ms.pp > 1 ? 0 : acts_layers(c, &ms, (size_t)Bl, (size_t)T, c->n_layers, o->recompute) +
                                     acts_head(c, (size_t)Bl * T);
         char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);

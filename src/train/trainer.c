@@ -341,6 +341,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     best_recorded(r);
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     adapt_init(&r->adapt, o, &shape, meshed, &r->m);
+    if (o->recompute) model_set_recompute(&r->m, o->recompute);
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");
     if (!r->out) DIE("cannot open /dev/null");
