@@ -154,7 +154,7 @@ static Raw *table_raw(const ParamTable *t, const float *flat, const char *dtype)
 
 typedef struct { const char *dir; const ParamTable *t; float *p; const char *shard; int T; } Args;
 
-static void do_params(void *a) { Args *x = a; hf_load_params(x->dir, x->t, x->p); }
+static void do_params(void *a) { Args *x = a; hf_load_params(x->dir, x->t, x->p, 0); }
 static void do_config(void *a) { Args *x = a; ModelConfig c; hf_load_config(x->dir, &c); }
 static void do_data(void *a) { Args *x = a; Dataset ds; data_open(&ds, x->shard, 1, x->T); }
 
@@ -191,7 +191,7 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
     EXPECT(lc.vocab_size == c->vocab_size && lc.d_model == c->d_model && lc.head_dim == 4 && lc.rope_theta == 10000.0f &&
            lc.aux_coef == 0.02f && lc.renormalize == 1 && lc.z_coef == 0 && lc.dispatch == DISPATCH_DROPLESS,
            "single: config (rope_parameters, head_dim null -> d/H, Mixtral semantics)");
-    hf_load_params(d, t, got);
+    hf_load_params(d, t, got, 0);
     EXPECT(memcmp(got, w, t->total * sizeof(float)) == 0, "single: every tensor bit-exact");
 
     // sharded: three BF16 shards and an index (transformers' names), in a different tensor order
@@ -223,7 +223,7 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
     free(js);
     EXPECT(hf_is_model_dir(d), "sharded: is an HF model dir (index only)");
     memset(got, 0, t->total * sizeof(float));
-    hf_load_params(d, t, got);
+    hf_load_params(d, t, got, 0);
     EXPECT(memcmp(got, w, t->total * sizeof(float)) == 0, "sharded BF16: every tensor bit-exact");
 
     // sharded faults (the index is the listing)
@@ -255,7 +255,7 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
     cJSON_Delete(j);
     write_text(p, idx_ok);
     memset(got, 0, t->total * sizeof(float));
-    hf_load_params(d, t, got);
+    hf_load_params(d, t, got, 0);
     EXPECT(memcmp(got, w, t->total * sizeof(float)) == 0, "sharded: loads again once the index is restored");
     free(idx_ok);
 
@@ -304,7 +304,7 @@ static void test_fused(const ParamTable *t, const ModelConfig *c, const float *w
     path2(p, sizeof p, d, "model.safetensors");
     raw_write(p, r, n);
     float *got = xcalloc(t->total, sizeof(float));
-    hf_load_params(d, t, got);
+    hf_load_params(d, t, got, 0);
     EXPECT(memcmp(got, w, t->total * sizeof(float)) == 0, "fused expert layout: every tensor bit-exact");
     free(got); free(gu); free(dn); free(r);
 }

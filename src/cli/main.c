@@ -170,6 +170,9 @@ static const Opt opts[] = {
      "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split)"},
     {"a2a-overlap", O_AUTO_INT, TO(a2a_overlap), C_TRAIN,
      "the MoE all-to-all pipelined with the experts over this many chunks (1: off; auto: measured per layer)"},
+    {"upcycle", O_INT, TO(upcycle), C_TRAIN,
+     "with --init-from a dense LlamaForCausalLM/MistralForCausalLM: each MLP copied into this many experts "
+     "(top-k from --top-k, default 2; routers initialised as new): at step 0 the model computes the dense one"},
     {"recompute", O_RECOMPUTE, TO(recompute), C_TRAIN | C_INFO,
      "activations not kept but computed again in backward: attn (attention output), moe (the experts' SwiGLU "
      "rows, the largest), full (both); the same gradients bit for bit, less memory, more compute"},
@@ -704,7 +707,13 @@ static void init_from_config(State *s, ModelConfig *c) {
     if (!hf_is_model_dir(dir))
         DIE("--init-from: '%s' is not a Hugging Face model directory (config.json plus model.safetensors or "
             "model.safetensors.index.json; our own checkpoints continue with --resume)", dir);
-    hf_load_config(dir, c);
+    if (s->train.upcycle) {   // E from --upcycle, k from --top-k (given or Mixtral's 2)
+        hf_load_config_upcycle(dir, s->train.upcycle, opt_set(s, "top-k") ? s->model.top_k : 2, c);
+        s->model.top_k = c->top_k;
+        s->model.n_experts = c->n_experts;
+    } else {
+        hf_load_config(dir, c);
+    }
     char a[64], b[64];
     int i = model_conflict(s, c, INIT_OVERRIDABLE, sizeof INIT_OVERRIDABLE / sizeof *INIT_OVERRIDABLE, a, b);
     if (i >= 0)
@@ -920,6 +929,9 @@ int main(int argc, char **argv) {
     signals_init(cmd == C_TRAIN);   // train: SIGTERM/SIGINT checkpoint and exit MOE_EXIT_PREEMPTED
     if (cmd == C_EXPORT) return cmd_export(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
+    if (s.train.upcycle && !s.cli.init_from[0])
+        DIE("--upcycle %d: it turns a dense model's MLPs into experts; pass the dense model with --init-from DIR",
+            s.train.upcycle);
     int targc = argc;
     char **targv = argv;   // (the command line as given, for the record: MPI may rewrite argv)
     Comm *world = comm_world_init(&argc, &argv);

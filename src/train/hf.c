@@ -54,6 +54,42 @@ void hf_load_config(const char *dir, ModelConfig *c) {
     *c = cfg;
 }
 
+void hf_load_config_upcycle(const char *dir, int E, int k, ModelConfig *c) {
+    if (!dir_exists(dir)) DIE("HF model %s: not a directory", dir);
+    if (E < 2 || k < 1 || k > E) DIE("--upcycle %d with --top-k %d: need 2 <= experts and 1 <= top-k <= experts", E, k);
+    cJSON *j = read_json(dir, "config.json");
+    const cJSON *ar = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const char *an = cJSON_IsArray(ar) && cJSON_GetArraySize(ar) == 1 && cJSON_IsString(cJSON_GetArrayItem(ar, 0))
+                         ? cJSON_GetArrayItem(ar, 0)->valuestring : "(none)";
+    if (strcmp(an, "LlamaForCausalLM") != 0 && strcmp(an, "MistralForCausalLM") != 0)
+        DIE("HF model %s: --upcycle reads a dense LlamaForCausalLM or MistralForCausalLM; its architecture is %s", dir, an);
+    // what the dense model has and Mixtral has not: refused when on, dropped when off
+    static const char *const flags[] = {"attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, flags[i]);
+        if (f && !cJSON_IsFalse(f)) DIE("HF model %s: --upcycle: %s is on (Mixtral's projections have no bias)", dir, flags[i]);
+        cJSON_DeleteItemFromObjectCaseSensitive(j, flags[i]);
+    }
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(j, "pretraining_tp");
+    if (tp && !(cJSON_IsNumber(tp) && tp->valuedouble == 1))
+        DIE("HF model %s: --upcycle: pretraining_tp is not 1", dir);
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "pretraining_tp");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "architectures");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "model_type");
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("MixtralForCausalLM"));
+    cJSON_AddStringToObject(j, "model_type", "mixtral");
+    cJSON_AddNumberToObject(j, "num_local_experts", E);
+    cJSON_AddNumberToObject(j, "num_experts_per_tok", k);
+    char err[256];
+    ModelConfig cfg;
+    if (config_from_json(j, &cfg, err, sizeof err) != 0) DIE("HF model %s: config.json (upcycled): %s", dir, err);
+    cJSON_Delete(j);
+    const char *bad = config_validate(&cfg);
+    if (bad) DIE("HF model %s: config.json (upcycled): this model cannot be represented: %s", dir, bad);
+    *c = cfg;
+}
+
 // ---------------------------------------------------------------------------------------------
 // the tensors of a model directory: name -> file
 
@@ -149,7 +185,7 @@ static void fused_name(char *buf, size_t n, int layer, int down) {
     snprintf(buf, n, "model.layers.%d.mlp.experts.%s", layer, down ? "down_proj" : "gate_up_proj");
 }
 
-void hf_load_params(const char *dir, const ParamTable *t, float *params) {
+void hf_load_params(const char *dir, const ParamTable *t, float *params, int upcycle) {
     Src s;
     src_open(&s, dir);
     Where *w = xcalloc((size_t)t->n, sizeof *w);
@@ -163,6 +199,13 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
             snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate.weight", p->layer);
             w[i].src = src_find(&s, nm);
         }
+        if (w[i].src < 0 && upcycle && (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2)) {
+            // every expert a copy of the dense MLP: w1 = gate_proj, w3 = up_proj, w2 = down_proj
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.%s.weight", p->layer,
+                     p->role == PR_W1 ? "gate_proj" : p->role == PR_W3 ? "up_proj" : "down_proj");
+            w[i].src = src_find(&s, nm);
+        }
+        if (w[i].src < 0 && upcycle && p->role == PR_ROUTER) continue;   // the caller's initialisation stays
         if (w[i].src < 0 && (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2)) {
             fused_name(nm, sizeof nm, p->layer, p->role == PR_W2);
             w[i].fused = src_find(&s, nm);
@@ -186,7 +229,10 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params) {
         const ParamSpec *p = &t->p[i];
         float *dst = params + p->offset;
         if (w[i].src >= 0) { src_read(&s, w[i].src, p->ndim, p->shape, dst); continue; }
-        if (w[i].fused < 0) { memset(dst, 0, p->numel * sizeof(float)); continue; }   // the routing bias
+        if (w[i].fused < 0) {   // the routing bias starts at 0; an upcycled router keeps the caller's values
+            if (p->role == PR_ROUTE_BIAS) memset(dst, 0, p->numel * sizeof(float));
+            continue;
+        }
         int down = p->role == PR_W2;
         int64_t E = 0, f = down ? p->shape[1] : p->shape[0], d = down ? p->shape[0] : p->shape[1];
         for (int j = 0; j < t->n; j++) E += t->p[j].layer == p->layer && t->p[j].role == p->role;

@@ -17,14 +17,20 @@ int hf_is_model_dir(const char *dir);
 // tied embeddings, RoPE scaling, another activation, another model type, ...).
 void hf_load_config(const char *dir, ModelConfig *c);
 
+// --upcycle E: the config of a dense LlamaForCausalLM or MistralForCausalLM directory as the Mixtral
+// model whose every MLP becomes E experts, top-k of them per token (renormalised: with identical
+// experts the MoE output is the MLP's, to rounding). Refuses other architectures, q/k/v/o or MLP biases.
+void hf_load_config_upcycle(const char *dir, int E, int k, ModelConfig *c);
+
 // Every tensor of the table t (built from hf_load_config's config) into the full flat buffer
 // `params` (t->total floats, laid out by ParamSpec.offset), converted to float. Reads the single
 // model.safetensors or the shards named by model.safetensors.index.json; Mixtral's per-expert
 // names (block_sparse_moe.experts.E.w1/w2/w3) or transformers' fused in-memory layout
 // (mlp.gate, mlp.experts.gate_up_proj / down_proj). Dies naming the file and the tensor on a
 // missing tensor, a tensor the config does not have, a shape mismatch or an unreadable dtype.
-// Reads only: no file is modified.
-void hf_load_params(const char *dir, const ParamTable *t, float *params);
+// Reads only: no file is modified. upcycle: the experts of layer l are copies of the dense model's
+// mlp.gate_proj / up_proj / down_proj, and the routers (absent) keep what `params` held.
+void hf_load_params(const char *dir, const ParamTable *t, float *params, int upcycle);
 
 // Writes out_dir as a transformers-loadable directory of the checkpoint's family (MixtralForCausalLM,
 // OlmoeForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM) from our checkpoint ckpt_dir (verified

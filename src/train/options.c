@@ -74,6 +74,8 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
         BAD("--a2a-overlap must be auto, 1, 2, 4 or 8 (got %d)", o->a2a_overlap);
     if (o->ampipe != 0 && o->ampipe != 1 && o->ampipe != 2 && o->ampipe != 4 && o->ampipe != 8)
         BAD("--ampipe must be auto, 1, 2, 4 or 8 (got %d)", o->ampipe);
+    if (o->upcycle < 0 || o->upcycle == 1 || o->upcycle > 1 << 16)
+        BAD("--upcycle must be 0 (off) or the experts per layer, at least 2 (got %d)", o->upcycle);
     if (o->ampipe != 1 && c->aux_scope != AUX_SCOPE_MICRO)
         BAD("--ampipe %s with --aux-scope %s: the scoped aux losses are not yet computed over AMPipe's chunks "
             "(use --ampipe 1)", o->ampipe ? "n > 1" : "auto", c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");

@@ -31,7 +31,7 @@ void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *
     model_init(m, &c, backend_by_name(device), maxB, maxT, NULL);
     float *full = xmalloc(m->t.total * sizeof(float)), *local = xmalloc(m->t.ltotal * sizeof(float));
     int hf = hf_is_model_dir(dir);
-    if (hf) hf_load_params(dir, &m->t, full);
+    if (hf) hf_load_params(dir, &m->t, full, 0);
     else ckpt_load(dir, &m->t, full, NULL, NULL, st);
     params_full_to_local(&m->t, full, local);
     m->be->to_device(m->params, local, m->t.ltotal * sizeof(float));
@@ -63,7 +63,8 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
         ParamTable t;
         params_build(&t, c);
         float *w = xmalloc(t.total * sizeof(float)), *zero = xcalloc(t.total, sizeof(float));
-        hf_load_params(hf_dir, &t, w);
+        if (o->upcycle) params_init(&t, c, w, o->seed);   // the routers' initialisation (the rest is read)
+        hf_load_params(hf_dir, &t, w, o->upcycle > 0);
         ckpt_run_clear(o->out);
         mkdir_p(o->out);
         TrainState st;
