@@ -679,6 +679,25 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     gpu->free(xd); gpu->free(gd); free(x); free(g);
 }
 
+// rope_rows (the KV-cached decode's RoPE at a position offset) and dropout (the residual branches' mask:
+// the same hash on the GPU, so the same zeros and scale as the cpu)
+static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, int t0, int t1) {
+    size_t n = (size_t)B * (t1 - t0) * nh * hd;
+    for (int inv = 0; inv < 2; inv++) {
+        float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+        cpu->rope_rows(x, B, t0, t1, nh, hd, theta, inv);
+        gpu->rope_rows(xd, B, t0, t1, nh, hd, theta, inv);
+        cmp("rope_rows", inv ? "inverse" : "x", xd, x, n, BAND_ELEM);
+        gpu->free(xd); free(x);
+    }
+    int C = nh * hd;
+    float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    cpu->dropout(x, B, T, t0, t1, C, 0.3f, 12345, 77);
+    gpu->dropout(xd, B, T, t0, t1, C, 0.3f, 12345, 77);
+    cmp("dropout", "x", xd, x, n, BAND_ELEM);
+    gpu->free(xd); free(x);
+}
+
 static void test_swiglu(size_t n) {
     float *h1 = hrand(n, 2.0f), *h3 = hrand(n, 1.0f), *h1d = dputf(h1, n), *h3d = dputf(h3, n);
     float *o = hnew(n), *od = dnan(n);
@@ -850,6 +869,32 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
 // as one call and leaves later rows unwritten; the backward over the chunks in reverse (the block
 // schedule's order) gives dq's bits of one call and dk/dv within the op's band of the reference run
 // over the same chunks.
+// Dropout on the attention probabilities (float32 kernels on both backends): the cpu's mask (the same
+// hash), the same sums to float32 rounding, forward and backward, over a row range too.
+static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p, int t0, int t1) {
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
+    float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f), *g = hrand(nq, 1.0f);
+    float *qd = dputf(q, nq), *kd = dputf(k, nk), *vd = dputf(v, nk), *gd = dputf(g, nq);
+    float *o = hnew(nq), *l = hnew(nl), *od = dputf(o, nq), *ld = dputf(l, nl);
+    uint64_t seed = 4242;
+    cpu->attention_drop_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
+    gpu->attention_drop_fwd(od, ld, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
+    char what[128];
+    snprintf(what, sizeof what, "out p%g B%d T%d [%d,%d) H%d KV%d hd%d", p, B, T, t0, t1, H, KV, hd);
+    cmp("attention_drop_fwd", what, od, o, nq, BAND_SUM);
+    cmp("attention_drop_fwd", "lse", ld, l, nl, BAND_SUM);
+    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = dputf(dq, nq), *dkd = dputf(dk, nk), *dvd = dputf(dv, nk);
+    float *oc = dputf(o, nq), *lc = dputf(l, nl);
+    cpu->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
+    gpu->attention_drop_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
+    cmp("attention_drop_bwd", "dq", dqd, dq, nq, BAND_ATT_BWD);
+    cmp("attention_drop_bwd", "dk", dkd, dk, nk, BAND_ATT_BWD);
+    cmp("attention_drop_bwd", "dv", dvd, dv, nk, BAND_ATT_BWD);
+    float *ptrs[] = {qd, kd, vd, gd, od, ld, dqd, dkd, dvd, oc, lc};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) gpu->free(ptrs[i]);
+    free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
+}
+
 static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     int tc = gpu_bf16 && (hd == 32 || hd == 64 || hd == 128);
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
@@ -1132,6 +1177,8 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_rmsnorm(200, 1000);
     test_rope(2, 19, 3, 24, 10000.0f);
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);
+    test_rope_rows_dropout(2, 19, 3, 24, 10000.0f, 5, 12);
+    test_rope_rows_dropout(1, 40, 2, 32, 10000.0f, 39, 40);
     test_swiglu(10007);
     if (gpu_bf16) test_bf16_shadow();
     test_attention(2, 70, 4, 2, 24);
@@ -1143,6 +1190,8 @@ static void run_suite(const Backend *be, int big) {
     test_attention(1, 2, 2, 1, 32);       // tensor-core path: two rows (the first one's dq is 0)
     test_attention(2, 130, 4, 2, 128);    // T over two 64-row blocks, a partial third
     test_attention(1, 97, 6, 2, 64);      // 3 query heads per kv head
+    test_attention_dropout(2, 45, 4, 2, 16, 0.2f, 0, 45);
+    test_attention_dropout(1, 70, 6, 2, 64, 0.5f, 33, 70);
     if (big) test_attention(2, 300, 4, 4, 128);
     if (big) test_attention(1, 513, 2, 1, 32);
     test_attention_chunks(2, 130, 4, 2, 128, 2);   // chunks not on 64-row blocks

@@ -391,7 +391,7 @@ static void test_configs(const ModelConfig *c) {
     config_death("rope scaling (4.x)", c, "\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}", "RoPE scaling is not supported");
     config_death("activation", c, "\"hidden_act\":\"gelu\"", "\"hidden_act\" must be \"silu\"");
     config_death("model type", c, "\"model_type\":\"llama\"", "expected \"mixtral\"");
-    config_death("attention dropout", c, "\"attention_dropout\":0.1", "attention dropout is not supported");
+    config_death("attention dropout out of range", c, "\"attention_dropout\":1.5", "\"attention_dropout\" is 1.5; it must be in [0, 1)");
     config_death("quantized", c, "\"quantization_config\":{\"quant_method\":\"gptq\"}", "quantized models are not supported");
     config_death("no rope theta", c, "\"rope_parameters\":{\"rope_type\":\"default\"}", "rope_theta");
     config_death("bad head split", c, "\"num_key_value_heads\":3", "n_heads=4 is not divisible by n_kv_heads=3");
@@ -402,9 +402,14 @@ static void test_configs(const ModelConfig *c) {
     write_config(d, c, "\"rope_theta\":500.0");
     hf_load_config(d, &lc);
     EXPECT(lc.rope_theta == 10000.0f, "rope_parameters.rope_theta wins over rope_theta (%g)", lc.rope_theta);
+    // HF's attention_dropout is the model's attention-probability dropout (moe train --attn-dropout)
+    mkdir_in(d, sizeof d, "cfg");
+    write_config(d, c, "\"attention_dropout\":0.125");
+    hf_load_config(d, &lc);
+    EXPECT(lc.attention_dropout == 0.125f, "attention_dropout 0.125 read as %g", lc.attention_dropout);
     // our own config.json (what moe export writes) reads back exactly, floats as floats
     ModelConfig o = *c;
-    o.z_coef = 0.001f; o.jitter = 0.0f; o.rope_theta = 5000.0f;
+    o.z_coef = 0.001f; o.jitter = 0.0f; o.rope_theta = 5000.0f; o.attention_dropout = 0.25f;
     cJSON *j = config_to_json(&o);
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);

@@ -1135,6 +1135,47 @@ static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
     free(p2); free(g2); free(m2); free(v2); free(pr); free(pm); free(mr); free(mm); free(vr); free(vm);
 }
 
+// dropout: about p of the elements zeroed (within 4 sigma), the others scaled by exactly 1/(1-p); the mask
+// a function of the global token and feature only: one call over B sequences equals calls over row
+// chunks [t0, t1) and over single sequences at their own row0 (how DP ranks and sequence chunks call it).
+static void test_dropout(void) {
+    enum { B = 3, T = 20, C = 50 };
+    float p = 0.25f, sc = 1.0f / (1.0f - p);
+    size_t n = (size_t)B * T * C;
+    float *x = malloc(n * sizeof(float)), *a = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = (float)(rng_uniform(&R) + 0.5);   // never 0
+    memcpy(a, x, n * sizeof(float));
+    be->dropout(a, B, T, 0, T, C, p, 99, 1000);
+    size_t zeros = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) { if (a[i] == 0) zeros++; else if (a[i] != x[i] * sc) bad++; }
+    double sd = sqrt(n * p * (1 - p));
+    EXPECT(fabs(zeros - n * p) <= 4 * sd, "dropout p=%g: %zu of %zu zeroed (expected %.0f +- %.0f)", p, zeros, n, n * p, 4 * sd);
+    EXPECT(bad == 0, "dropout: %zu kept elements not scaled by exactly 1/(1-p)", bad);
+    // sequence chunks [0, 7) and [7, T): rows of each chunk in (b, t) order
+    int cut = 7;
+    for (int part = 0; part < 2; part++) {
+        int t0 = part ? cut : 0, t1 = part ? T : cut, k = t1 - t0;
+        for (int b = 0; b < B; b++) memcpy(y + (size_t)b * k * C, x + ((size_t)b * T + t0) * C, (size_t)k * C * sizeof(float));
+        be->dropout(y, B, T, t0, t1, C, p, 99, 1000);
+        int same = 1;
+        for (int b = 0; b < B; b++)
+            same &= !memcmp(y + (size_t)b * k * C, a + ((size_t)b * T + t0) * C, (size_t)k * C * sizeof(float));
+        EXPECT(same, "dropout over rows [%d, %d) differs from the call over [0, %d)", t0, t1, T);
+    }
+    // each sequence alone at its global row0 (a DP rank's share)
+    int same = 1;
+    for (int b = 0; b < B; b++) {
+        memcpy(y, x + (size_t)b * T * C, (size_t)T * C * sizeof(float));
+        be->dropout(y, 1, T, 0, T, C, p, 99, 1000 + (int64_t)b * T);
+        same &= !memcmp(y, a + (size_t)b * T * C, (size_t)T * C * sizeof(float));
+    }
+    EXPECT(same, "dropout of one sequence at row0 + b*T differs from the call over all sequences");
+    memcpy(y, x, n * sizeof(float));
+    be->dropout(y, B, T, 0, T, C, p, 98, 1000);
+    EXPECT(memcmp(y, a, n * sizeof(float)) != 0, "dropout: another seed gave the same mask");
+    free(x); free(a); free(y);
+}
+
 int main(void) {
     be = backend_cpu();
     rng_seed(&R, 20240607);
@@ -1147,6 +1188,7 @@ int main(void) {
     test_rmsnorm();
     test_rope(2, 5, 3, 8, 10000.0f);
     test_rope(1, 7, 2, 4, 100.0f);
+    test_dropout();
     test_attention(2, 5, 4, 2, 4);    // GQA
     test_attention(1, 6, 3, 3, 8);    // MHA
     test_attention(1, 4, 2, 1, 6);    // MQA

@@ -35,6 +35,8 @@ typedef struct {
     int dump_grads;
     int world;            // moe info: the world size to lay the mesh out for
     float temperature;
+    int top_k, window, kv_cache;   // sample
+    float top_p;
 } CliOptions;
 
 typedef struct {
@@ -63,7 +65,14 @@ static const Opt opts[] = {
     {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL, "with --dump: also every tensor's gradient after one backward"},
     {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary; default: empty, a newline)"},
     {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
+    {"max-new-tokens", O_INT, CO(tokens), C_SAMPLE, "the same as --tokens"},
     {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
+    {"top-k", O_INT, CO(top_k), C_SAMPLE, "draw from the k most likely tokens only (0 = all)"},
+    {"top-p", O_FLOAT, CO(top_p), C_SAMPLE, "then from the smallest set of most likely tokens holding this probability, in (0, 1] (1 = all)"},
+    {"window", O_INT, CO(window), C_SAMPLE,
+     "context positions; past them the context slides to its last half (default: the run's --seq-len from its "
+     "run.json; else min(max_seq_len, 256))"},
+    {"kv-cache", O_INT, CO(kv_cache), C_SAMPLE, "1: decode with a KV cache; 0: run the whole context again for each token"},
     {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL, "cpu | cuda (bf16 GEMMs) | cuda-fp32 | auto (default: cuda when a GPU is present)"},
     // model
     {"vocab-size", O_INT, MO(vocab_size), C_TRAIN | C_INFO, "vocabulary size"},
@@ -80,6 +89,8 @@ static const Opt opts[] = {
     {"norm-eps", O_FLOAT, MO(norm_eps), C_TRAIN | C_INFO, "RMSNorm epsilon"},
     {"init-std", O_FLOAT, MO(init_std), C_TRAIN | C_INFO, "init standard deviation of linear weights"},
     {"renormalize", O_INT, MO(renormalize), C_TRAIN | C_INFO, "1: renormalise top-k weights (Mixtral); 0: raw (OLMoE)"},
+    {"attn-dropout", O_FLOAT, MO(attention_dropout), C_TRAIN | C_INFO,
+     "dropout on the attention probabilities in training, in [0, 1) (HF attention_dropout; on cuda through the float32 attention kernels)"},
     {"jitter", O_FLOAT, MO(jitter), C_TRAIN | C_INFO, "router input jitter j: x *= U(1-j, 1+j) in training"},
     {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO | C_EVAL, "load-balancing loss coefficient (eval: of --dump-grads)"},
     {"z-coef", O_FLOAT, MO(z_coef), C_TRAIN | C_INFO | C_EVAL, "router z-loss coefficient (eval: of --dump-grads)"},
@@ -126,6 +137,10 @@ static const Opt opts[] = {
      "validation batches, or all; clipped to the set (default: the run's, from run.json beside the checkpoint; else 8)"},
     {"save-every", O_INT, TO(save_every), C_TRAIN, "steps between checkpoints (0 = at the end only, -1 = never)"},
     {"keep", O_INT, TO(keep), C_TRAIN, "checkpoints kept (0 = all)"},
+    {"keep-best", O_FLAG, TO(keep_best), C_TRAIN,
+     "also keep the checkpoint of the lowest validation loss in OUT/best (never pruned; replaced atomically)"},
+    {"dropout", O_FLOAT, TO(dropout), C_TRAIN,
+     "dropout probability in training, in [0, 1): on the attention output and the MoE output before each residual add"},
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
@@ -390,6 +405,8 @@ static void state_defaults(State *s) {
     train_options_default(&s->train);
     s->cli.tokens = 200;
     s->cli.temperature = 0.8f;
+    s->cli.top_p = 1.0f;
+    s->cli.kv_cache = 1;
 }
 
 static void usage(FILE *f, int cmd) {
@@ -467,34 +484,6 @@ static void parse(State *s, int cmd, int argc, char **argv) {
         s->model.head_dim = s->model.d_model / s->model.n_heads;
 }
 
-static int cmd_sample(State *s) {
-    char ck[2048];
-    pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
-    if (s->cli.tokens < 0 || s->cli.tokens > (1 << 20)) DIE("--tokens must be in 0..1048576 (got %d)", s->cli.tokens);
-    if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
-    Model m;
-    TrainState st;
-    ModelConfig c;
-    pretrained_config(ck, &c);
-    if (c.vocab_size < 256) DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
-                                c.vocab_size);
-    pretrained_load(&m, ck, 1, c.max_seq_len < 256 ? c.max_seq_len : 256, &st, s->train.seed, s->train.device);
-    int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
-    int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
-    int len = 0;
-    for (int i = 0; i < plen; i++) ctx[len++] = (unsigned char)s->cli.prompt[i];
-    if (len == 0) ctx[len++] = '\n';
-    Pipe one;   // the model alone: one stage
-    pipe_init(&one, &m, NULL, 1);
-    sample_tokens(&one, ctx, &len, cap, s->cli.tokens, s->cli.temperature, s->train.seed);
-    print_tokens(stdout, ctx, len, c.vocab_size);
-    printf("\n");
-    free(ctx);
-    pipe_free(&one);
-    model_free(&m);
-    return 0;
-}
-
 static int opt_set(const State *s, const char *name) {   // (any command's entry of that name)
     for (int i = 0; i < N_OPTS; i++) if (!strcmp(opts[i].name, name) && s->set[i]) return 1;
     return 0;
@@ -530,6 +519,67 @@ static void eval_defaults(State *s, const char *ck, int hf, char *from, size_t n
     }
     snprintf(from, n, "the options not given are the run's: %s/%s", run, RUN_RECORD);
     cJSON_Delete(rec);
+}
+
+// The sampling window: --window, else the training length the run recorded (run.json beside the
+// checkpoint), else min(max_seq_len, 256); from: where it came from, for the output.
+static int sample_window(const State *s, const char *ck, const ModelConfig *c, char *from, size_t n) {
+    int W = s->cli.window;
+    snprintf(from, n, "--window");
+    if (!W) {
+        char run[2100];
+        path_parent(run, sizeof run, ck);
+        cJSON *rec = hf_is_model_dir(ck) ? NULL : run_record_read(run);
+        cJSON *t = rec ? cJSON_GetObjectItem(cJSON_GetObjectItem(rec, "options"), "seq-len") : NULL;
+        if (cJSON_IsString(t)) W = atoi(t->valuestring);
+        if (W > 0) snprintf(from, n, "the run's --seq-len, %s/%s", run, RUN_RECORD);
+        cJSON_Delete(rec);
+    }
+    if (W <= 0) {
+        W = c->max_seq_len < 256 ? c->max_seq_len : 256;
+        snprintf(from, n, "no training length recorded: min(max_seq_len, 256)");
+    }
+    if (W < 1 || W > c->max_seq_len) DIE("--window must be in 1..%d (the model's max_seq_len; got %d)", c->max_seq_len, W);
+    return W;
+}
+
+static int cmd_sample(State *s) {
+    char ck[2048];
+    pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
+    if (s->cli.tokens < 0 || s->cli.tokens > (1 << 20)) DIE("--tokens must be in 0..1048576 (got %d)", s->cli.tokens);
+    if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
+    if (s->cli.top_k < 0) DIE("--top-k must be >= 0 (got %d)", s->cli.top_k);
+    if (!(s->cli.top_p > 0 && s->cli.top_p <= 1)) DIE("--top-p must be in (0, 1] (got %g)", s->cli.top_p);
+    if (s->cli.window < 0) DIE("--window must be >= 1 (got %d)", s->cli.window);
+    if (s->cli.kv_cache != 0 && s->cli.kv_cache != 1) DIE("--kv-cache must be 0 or 1 (got %d)", s->cli.kv_cache);
+    Model m;
+    TrainState st;
+    ModelConfig c;
+    pretrained_config(ck, &c);
+    if (c.vocab_size < 256) DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
+                                c.vocab_size);
+    char from[2300];
+    int W = sample_window(s, ck, &c, from, sizeof from);
+    pretrained_load(&m, ck, 1, W, &st, s->train.seed, s->train.device);
+    int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
+    int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
+    int len = 0;
+    for (int i = 0; i < plen; i++) ctx[len++] = (unsigned char)s->cli.prompt[i];
+    if (len == 0) ctx[len++] = '\n';
+    Pipe one;   // the model alone: one stage
+    pipe_init(&one, &m, NULL, 1);
+    SampleOptions so = {s->cli.temperature, s->cli.top_k, s->cli.top_p, W, s->cli.kv_cache, s->train.seed};
+    SampleStats ss;
+    sample_tokens(&one, ctx, &len, cap, s->cli.tokens, &so, &ss);
+    print_tokens(stdout, ctx, len, c.vocab_size);
+    printf("\n");
+    fprintf(stderr, "sampled %d tokens in %.3f s (%.1f tokens/s; %s, window %d: %s; %d prefill%s)\n", ss.tokens,
+            ss.seconds, ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0, ss.cached ? "KV cache" : "no cache", W, from,
+            ss.prefills, ss.prefills == 1 ? "" : "s");
+    free(ctx);
+    pipe_free(&one);
+    model_free(&m);
+    return 0;
 }
 
 static int cmd_eval(State *s) {
@@ -734,7 +784,7 @@ static void agree_options(State *s, const Comm *world) {
 // (a run may resume on another layout), and the model (the checkpoint's config.json holds it).
 static const char *const REMEMBERED[] = {"data", "val-data", "val-frac", "seq-len", "batch", "grad-accum", "steps",
     "lr", "min-lr-frac", "warmup", "weight-decay", "beta1", "beta2", "adam-eps", "grad-clip", "seed", "eval-every",
-    "eval-batches", "save-every", "keep", "sample-tokens", "plots"};
+    "eval-batches", "save-every", "keep", "keep-best", "dropout", "sample-tokens", "plots"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++) if (!strcmp(name, REMEMBERED[k])) return 1;

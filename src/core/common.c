@@ -1,9 +1,10 @@
-// common.c — error exit, checked allocation and IO (files, JSON files, paths, directory fsync), clocks and
-// formatting helpers.
+// common.c — error exit, checked allocation and IO (files, JSON files, paths, directory fsync, the stdout
+// tee of the run log), clocks and formatting helpers.
 #define _POSIX_C_SOURCE 200809L
 #include "core/common.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -31,7 +32,69 @@ void moe_die(const char *file, int line, const char *fmt, ...) {
     // every stream flushed, then out without exit's handlers: an error ends the process at once,
     // and LeakSanitizer (whose check runs at exit) does not count what the abandoned work held
     fflush(NULL);
+    stdout_tee_end();
     _exit(1);
+}
+
+static int tee_orig = -1, tee_file = -1, tee_read = -1, tee_on;
+static char tee_path[4096];
+static pthread_t tee_thread;
+
+static void write_all(int fd, const char *p, ssize_t n) {   // best effort: a full disk must not stop the run
+    while (n > 0) {
+        ssize_t w = write(fd, p, (size_t)n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        p += w;
+        n -= w;
+    }
+}
+
+static void *tee_main(void *arg) {
+    (void)arg;
+    char buf[1 << 16];
+    for (;;) {
+        ssize_t n = read(tee_read, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        write_all(tee_orig, buf, n);
+        // the file is opened at the first output, so a run that dies before printing leaves none behind
+        if (tee_file < 0) tee_file = open(tee_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (tee_file >= 0) write_all(tee_file, buf, n);
+    }
+    return NULL;
+}
+
+void stdout_tee(const char *path) {
+    CHECK(!tee_on, "stdout_tee: a tee is already running");
+    fflush(stdout);
+    char dir[4096];
+    path_parent(dir, sizeof dir, path);
+    if (strlen(path) >= sizeof tee_path) DIE("log path too long: '%s'", path);
+    if (access(file_exists(path) ? path : dir, W_OK) != 0) DIE("cannot write the log '%s' (%s)", path, strerror(errno));
+    snprintf(tee_path, sizeof tee_path, "%s", path);
+    int p[2];
+    if (pipe(p) != 0) DIE("cannot create a pipe for the log (%s)", strerror(errno));
+    tee_orig = dup(STDOUT_FILENO);
+    if (tee_orig < 0 || dup2(p[1], STDOUT_FILENO) < 0) DIE("cannot redirect stdout for the log (%s)", strerror(errno));
+    close(p[1]);
+    tee_read = p[0];
+    tee_on = 1;
+    if (pthread_create(&tee_thread, NULL, tee_main, NULL) != 0) DIE("cannot start the log thread");
+    static int registered;
+    if (!registered++) atexit(stdout_tee_end);
+}
+
+void stdout_tee_end(void) {
+    if (!tee_on) return;
+    fflush(stdout);
+    dup2(tee_orig, STDOUT_FILENO);   // closes the pipe's last write end: the thread reads to its end
+    pthread_join(tee_thread, NULL);
+    close(tee_read);
+    if (tee_file >= 0) close(tee_file);
+    close(tee_orig);
+    tee_file = tee_read = tee_orig = -1;
+    tee_on = 0;
 }
 
 static volatile sig_atomic_t preempt_sig;

@@ -64,5 +64,13 @@ uint64_t hash_bytes(const void *p, size_t n, uint64_t h);
 void fmt_bytes(char *buf, size_t n, double bytes);   // "1.23 GiB"
 void fmt_count(char *buf, size_t n, double count);   // "1.23M"
 
+// A copy of everything this process writes to stdout, appended to the file at path (created 0644 at the
+// first output, so nothing is written when nothing is printed): stdout becomes a pipe that a thread
+// copies to the original stdout and to the file. stdout_tee_end (also run at exit and by DIE) flushes,
+// restores stdout and closes the file. Dies naming the file when it (or its directory) is not writable.
+// One tee at a time.
+void stdout_tee(const char *path);
+void stdout_tee_end(void);
+
 // Remove a directory tree (no symlinks followed). Returns 0 on success.
 int rm_rf(const char *path);

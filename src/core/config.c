@@ -96,6 +96,8 @@ const char *config_validate(const ModelConfig *c) {
     if (!(c->init_std > 0 && c->init_std <= 10)) BAD("init_std must be in (0, 10] (got %g)", c->init_std);
     if (c->renormalize != 0 && c->renormalize != 1) BAD("renormalize must be 0 or 1 (got %d)", c->renormalize);
     if (!(c->jitter >= 0 && c->jitter < 1)) BAD("jitter must be in [0, 1) (got %g)", c->jitter);
+    if (!(c->attention_dropout >= 0 && c->attention_dropout < 1))
+        BAD("attention_dropout must be in [0, 1) (got %g)", c->attention_dropout);
     if (!(c->aux_coef >= 0 && c->aux_coef <= 100)) BAD("aux_coef must be in [0, 100] (got %g)", c->aux_coef);
     if (!(c->z_coef >= 0 && c->z_coef <= 100)) BAD("z_coef must be in [0, 100] (got %g)", c->z_coef);
     if (c->aux_form != AUX_LAYER && c->aux_form != AUX_HF) BAD("unknown aux form %d", (int)c->aux_form);

@@ -55,6 +55,7 @@ typedef struct {
     int balance;          // BalanceMode
     float bias_rate;      // aux-free: the bias moves by bias_rate * sign(mean load - load) per step
     int aux_scope;        // AuxScope
+    float attention_dropout;  // dropout on the attention probabilities in training (HF attention_dropout)
 } ModelConfig;
 const char *config_family_name(int family);        // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe" (model_type)
 const char *config_family_arch(int family);        // "MixtralForCausalLM", ...

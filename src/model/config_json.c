@@ -85,7 +85,7 @@ cJSON *config_to_json(const ModelConfig *c) {
     add_f(j, "initializer_range", c->init_std);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNullToObject(j, "sliding_window");
-    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    add_f(j, "attention_dropout", c->attention_dropout);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", 0);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
 
@@ -306,9 +306,10 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
                         "not supported");
     if (use_sw && sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c.max_seq_len))
         return fail(&e, "key \"sliding_window\" is set; sliding-window attention is not supported");
-    float drop = 0;
+    float drop = 0;   // (HF's integer 0 is a float here: get_float takes it)
     if (get_float(&e, j, "attention_dropout", 0, &drop)) return -1;
-    if (drop != 0) return fail(&e, "key \"attention_dropout\" is %g; attention dropout is not supported", drop);
+    if (!(drop >= 0 && drop < 1)) return fail(&e, "key \"attention_dropout\" is %g; it must be in [0, 1)", drop);
+    c.attention_dropout = drop;
     if (item(j, "quantization_config")) return fail(&e, "key \"quantization_config\" is set; quantized models are not supported");
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
     for (int i = 0; i < 2; i++) {

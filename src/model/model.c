@@ -77,6 +77,33 @@ static double moe_clock(const Model *m) {
     return now_seconds();
 }
 
+// The dropout seed of the current slot's forward (0: none; see model.h).
+static uint64_t slot_drop_seed(const Model *m) { return m->slots[m->cur][m->cur_slot].drop_seed; }
+
+// Residual-branch dropout of layer l's site (0 attention, 1 MoE) on the rows [r0, r1) of the current
+// micro-batch's (N,d) activations (x: row r0), forward or (the same mask and scale) backward; the
+// micro-batch's rows as one sequence of N, so row r is global token dp rank * N + r on any split.
+static void drop_rows(const Model *m, float *x, int l, int site, int r0, int r1) {
+    uint64_t seed = slot_drop_seed(m);
+    if (!seed || !(m->dropout > 0)) return;
+    int N = m->B * m->T;
+    m->be->dropout(x, 1, N, r0, r1, m->c.d_model, m->dropout, dropout_hash(seed, l, site),
+                   (int64_t)comm_rank(m->mesh.dp) * N);
+}
+
+// The gradient reaching a dropped branch over rows [r0, r1): dres's rows, or with residual dropout a
+// copy of them through the site's mask (in ddrop: the site's half, at the same rows).
+static const float *dropped_rows(Model *m, int l, int site, int r0, int r1) {
+    size_t d = m->c.d_model;
+    if (!slot_drop_seed(m) || !(m->dropout > 0)) return m->dres + (size_t)r0 * d;
+    if (!m->ddrop) m->ddrop = m->be->alloc((size_t)2 * m->maxN * d * F);
+    // a half per site: AMPipe's backward keeps a chunk's MoE dy in flight while the o_proj rows are masked
+    float *x = m->ddrop + ((size_t)(site == 0) * m->maxN + (size_t)r0) * d;
+    m->be->copy(x, m->dres + (size_t)r0 * d, (size_t)(r1 - r0) * d * F);
+    drop_rows(m, x, l, site, r0, r1);
+    return x;
+}
+
 static int chunk_of(const Model *m, int l) {
     for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return k;
     return -1;
@@ -323,7 +350,7 @@ void model_free(Model *m) {
         free(m->slots[k]);
     }
     void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones,
-                    m->att_rc, m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act};
+                    m->att_rc, m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act, m->ddrop};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
@@ -339,17 +366,25 @@ void model_free(Model *m) {
 }
 
 // Attention forward for the rows [r0, r1) of the (b, t) order: one call per run of whole sequences,
-// one per piece of a sequence (query rows [t, te) of sequence b).
-static void attn_rows(const Model *m, LayerActs *a, int T, int r0, int r1) {
+// one per piece of a sequence (query rows [t, te) of sequence b). With attention dropout (a seed and the
+// config's attention_dropout): layer l's mask (site 2) over global tokens and global heads.
+static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
+    uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0;
+    int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
     for (int r = r0; r < r1;) {
         int b = r / T, t = r % T, nb = 1, te = T;
         if (t == 0 && r1 - r >= T) nb = (r1 - r) / T;
         else te = t + (r1 - r) < T ? t + (r1 - r) : T;
-        m->be->attention_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H,
-                             KV, hd, t, te);
+        if (ds)
+            m->be->attention_drop_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb,
+                                      T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
+                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
+        else
+            m->be->attention_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T,
+                                 H, KV, hd, t, te);
         r += nb * (te - t);
     }
 }
@@ -372,6 +407,7 @@ static void resid_norm_rows(Model *m, LayerActs *a, int l, int r0, int r1, CommR
     size_t d = c->d_model, n = (size_t)(r1 - r0);
     float *xm = a->x_mid + r0 * d;
     if (ar) comm_wait(ar);
+    drop_rows(m, xm, l, 0, r0, r1);
     m->be->axpy(xm, a->res_in + r0 * d, 1.0f, n * d);
     m->be->rmsnorm_fwd(a->xn2 + r0 * d, a->rstd2 + r0, xm, P(m, m->params, PR_FFN_NORM, l, -1), (int)n, (int)d,
                        c->norm_eps);
@@ -381,8 +417,9 @@ static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
 }
 
 // The block's output rows [r0, r1): out = x_mid + moe_out.
-static void out_rows(const Model *m, const LayerActs *a, float *out, int r0, int r1) {
+static void out_rows(const Model *m, const LayerActs *a, int l, float *out, int r0, int r1) {
     size_t d = m->c.d_model, n = (size_t)(r1 - r0);
+    drop_rows(m, a->moe_out + r0 * d, l, 1, r0, r1);
     m->be->copy(out + r0 * d, a->x_mid + r0 * d, n * d * F);
     m->be->axpy(out + r0 * d, a->moe_out + r0 * d, 1.0f, n * d);
 }
@@ -435,13 +472,13 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     double t0 = moe_clock(m);   // (with moe_timing: the block from attention on)
     a->nrun = n;
     if (n == 1) {
-        attn_rows(m, a, T, 0, N);
+        attn_rows(m, a, l, T, 0, N);
         attn_out_rows(m, a, l, 0, N);
         a->moe.overlap = m->moe_overlap[l];
         a->moe.mode = m->moe_mode[l];
         a->moe.seq_len = T;
         moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, seed, row0);
-        out_rows(m, a, out, 0, N);
+        out_rows(m, a, l, out, 0, N);
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         return;
     }
@@ -457,16 +494,16 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     }
     int cap = c->dispatch == DISPATCH_CAPACITY;
     int64_t *budget = cap ? xmalloc(sizeof(int64_t) * n * c->top_k * c->n_experts) : NULL;
-    attn_rows(m, a, T, R[0], R[1]);
+    attn_rows(m, a, l, T, R[0], R[1]);
     CommReq *ar = oproj_rows(m, a, l, R[0], R[1], 1);
     for (int j = 0; j < n; j++) {
         // chunk j's TP all-reduce (and, dropless, chunk j-1's dispatch) in flight during chunk j+1's attention
-        if (j + 1 < n) attn_rows(m, a, T, R[j + 1], R[j + 2]);
+        if (j + 1 < n) attn_rows(m, a, l, T, R[j + 1], R[j + 2]);
         resid_norm_rows(m, a, l, R[j], R[j + 1], ar);
         moe_route(&mc[j], a->xn2 + (size_t)R[j] * d, R[j + 1] - R[j], &w, c, seed, row0 + R[j]);
         if (!cap) {
             moe_start(&mc[j], &w, c, NULL);
-            if (j > 0) { moe_finish(&mc[j - 1], a->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, out, R[j - 1], R[j]); }
+            if (j > 0) { moe_finish(&mc[j - 1], a->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, l, out, R[j - 1], R[j]); }
         }
         if (j + 1 < n) ar = oproj_rows(m, a, l, R[j + 1], R[j + 2], 1);
     }
@@ -477,12 +514,12 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
         for (int j = 0; j < n; j++) {
             if (j + 1 < n) moe_start(&mc[j + 1], &w, c, budget + (j + 1) * ke);
             moe_finish(&mc[j], a->moe_out + (size_t)R[j] * d, &w);
-            out_rows(m, a, out, R[j], R[j + 1]);
+            out_rows(m, a, l, out, R[j], R[j + 1]);
         }
         free(budget);
     } else {
         moe_finish(&mc[n - 1], a->moe_out + (size_t)R[n - 1] * d, &w);
-        out_rows(m, a, out, R[n - 1], N);
+        out_rows(m, a, l, out, R[n - 1], N);
     }
     moe_stats_merge(part, n, &a->moe);
     a->moe.dropped = 0;
@@ -500,6 +537,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     int N = B * T, d = c->d_model, V = c->vocab_size, E = c->n_experts;
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
+    m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
     if (ch->first) {
         for (int i = 0; i < N; i++)
             CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
@@ -567,22 +605,30 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
     size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
     be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
                     P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)n, (int)d);
-    be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), m->dres + r0 * d, a->att + r0 * qd,
+    be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), dropped_rows(m, l, 0, r0, r1), a->att + r0 * qd,
                    P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d);
 }
 
 // Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
 // those rows, dk/dv of the keys they read (+=).
-static void attn_bwd_rows(const Model *m, LayerActs *a, int T, int r0, int r1) {
+static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
+    uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0;   // (the forward's mask: attn_rows)
+    int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
     for (int r = r0; r < r1;) {
         int b = r / T, t = r % T, nb = 1, te = T;
         if (t == 0 && r1 - r >= T) nb = (r1 - r) / T;
         else te = t + (r1 - r) < T ? t + (r1 - r) : T;
-        m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, a->att + b * qs,
-                             a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te);
+        if (ds)
+            m->be->attention_drop_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs,
+                                      a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks,
+                                      nb, T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
+                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
+        else
+            m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, a->att + b * qs,
+                                 a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te);
         r += nb * (te - t);
     }
 }
@@ -623,7 +669,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.sh_gate = w.sh_gate ? P(m, g, PR_SH_GATE, l, -1) : NULL;
         int n = a->nrun;
         // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
-        if (a->att_shared) attn_rows(m, a, T, 0, N);
+        if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
         be->zero(m->datt, (size_t)N * qd * F);
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
@@ -631,7 +677,9 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         double t0 = moe_clock(m);
         if (n == 1) {
             be->zero(m->dxn, (size_t)N * d * F);
-            moe_backward(&a->moe, &m->ms, m->dxn, m->dres, a->xn2, &w, &gw, c, aux_scale / L, z_scale / L);
+            // the MoE output's gradient through its dropout mask (dres itself without dropout)
+            moe_backward(&a->moe, &m->ms, m->dxn, dropped_rows(m, l, 1, 0, N), a->xn2, &w, &gw, c, aux_scale / L,
+                         z_scale / L);
             block_mid_bwd(m, a, l, 0, N);
         } else {
             // AMPipe, chunks in reverse: chunk j-1's dy travels while chunk j's attention backward runs
@@ -639,20 +687,20 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
             int R[AMPIPE_MAX + 1] = {0};
             for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
             for (int j = 0; j < n; j++) moe_loss_from(&a->mc[j], &a->moe);
-            moe_backward_start(&a->mc[n - 1], &m->ms, m->dres + (size_t)R[n - 1] * d);
+            moe_backward_start(&a->mc[n - 1], &m->ms, dropped_rows(m, l, 1, R[n - 1], N));
             for (int j = n - 1; j >= 0; j--) {
                 size_t r0 = R[j];
                 be->zero(m->dxn + r0 * d, (size_t)(R[j + 1] - R[j]) * d * F);
                 moe_backward_finish(&a->mc[j], &m->ms, m->dxn + r0 * d, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L,
                                     z_scale / L);
                 block_mid_bwd(m, a, l, R[j], R[j + 1]);
-                if (j > 0) moe_backward_start(&a->mc[j - 1], &m->ms, m->dres + (size_t)R[j - 1] * d);
-                attn_bwd_rows(m, a, T, R[j], R[j + 1]);
+                if (j > 0) moe_backward_start(&a->mc[j - 1], &m->ms, dropped_rows(m, l, 1, R[j - 1], R[j]));
+                attn_bwd_rows(m, a, l, T, R[j], R[j + 1]);
             }
         }
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
-        if (n == 1) attn_bwd_rows(m, a, T, 0, N);
+        if (n == 1) attn_bwd_rows(m, a, l, T, 0, N);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
         const float *dqp = m->dq, *dkp = m->dk;

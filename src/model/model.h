@@ -54,6 +54,7 @@ typedef struct {
     float *res_final, *xn_f, *rstd_f, *logits, *losses;
     int32_t *tokens, *targets;
     int B, T;
+    uint64_t drop_seed;            // the dropout seed of the forward held here (its backward's mask)
 } ModelSlot;
 
 typedef struct {
@@ -78,6 +79,15 @@ typedef struct {
     float *dres, *dxn, *dq, *dk, *dv, *datt;
     float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
     float *ones;                   // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
+    float *ddrop;                  // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
+    // Dropout (training only): the caller sets dropout (p, kept for the backwards) and drop_seed (a function
+    // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed
+    // in its slot for the backward. Layer l's sites use the seed dropout_hash(drop_seed, l, site) (site 0: the attention
+    // output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual add, over the
+    // global token index (dp rank * N + b * T + t: the same mask on any mesh); site 2, with the config's
+    // attention_dropout > 0, the attention probabilities (attention_drop_fwd/bwd: global heads).
+    float dropout;
+    uint64_t drop_seed;
     MoeScratch ms;
     // optional: called during model_backward as soon as a group of gradients is final:
     // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding

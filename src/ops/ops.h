@@ -101,6 +101,17 @@ struct Backend {
     // bwd applies the inverse rotation to the gradient in place.
     void (*rope_fwd)(float *x, int B, int T, int nh, int hd, float theta);
     void (*rope_bwd)(float *dx, int B, int T, int nh, int hd, float theta);
+    // The same over the rows t in [t0, t1) of B sequences: x (B*(t1-t0), nh, hd), row i = b*(t1-t0)
+    // + (t - t0) at position t (0 <= t0 < t1); inverse 1 = rope_bwd's rotation. Each row is the same
+    // bits as in rope_fwd / rope_bwd over [0, T) (the KV-cached sampler rotates one position at a time).
+    void (*rope_rows)(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
+
+    // Dropout in place on x, the rows t in [t0, t1) of B sequences of length T in (b, t) order (row i =
+    // b*(t1-t0) + (t - t0)) of C features: element (g, c) of global token g = row0 + b*T + t is zeroed
+    // with probability p, else scaled by 1/(1-p). The mask is a pure function of (seed, g, c)
+    // (dropout_keep below: a counter-based hash, no RNG state), so it is the same on any mesh and for any
+    // split of the rows. Backward applies the same call to the gradient. 0 <= p < 1.
+    void (*dropout)(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 
     // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd), out (B*T, H, hd).
     // lse (B, H, T): per-row log-sum-exp of the scaled scores, saved for backward.
@@ -114,6 +125,19 @@ struct Backend {
     void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
                           const float *lse, const float *q, const float *k, const float *v,
                           int B, int T, int H, int KV, int hd, int t0, int t1);
+
+    // The same with dropout on the attention probabilities (training; HF Mixtral's attention_dropout):
+    // out = (P * Z) V, Z[row, u] = 0 with probability p, else 1/(1-p), for query row t of sequence b of
+    // head h (this rank's; global head h0 + h) and key u: kept iff dropout_keep(dropout_hash(seed, -1 -
+    // (h0 + h), 0), row0 + b*T + t, u, .) (a function of the global token, head and key: the same on any
+    // mesh). lse stays the undropped softmax's; bwd uses the same mask. p = 0 gives attention_fwd/bwd's bits.
+    // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda and
+    // cuda-fp32 run their float32 attention kernels for it (not the tensor-core ones).
+    void (*attention_drop_fwd)(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                               int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+    void (*attention_drop_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                               const float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+                               int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
 
     // out = silu(h1) * h3, elementwise over n; bwd writes (accumulate 0) or adds (accumulate 1) the
     // gradients into dh1, dh3 (all n elements of both).
@@ -181,6 +205,24 @@ struct Backend {
     void (*adamw_runs)(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
                        float b1, float b2, float eps, float wd, int t);
 };
+
+// The dropout mask: element (g, c) is kept iff the top 24 bits of the hash of (seed, g, c) are >= p * 2^24
+// (the threshold rounded to nearest). A splitmix64-style mix: every backend computes the same bits.
+#ifdef __CUDACC__
+#define MOE_HD __host__ __device__
+#else
+#define MOE_HD
+#endif
+static inline MOE_HD uint64_t dropout_hash(uint64_t seed, int64_t g, int c) {
+    uint64_t z = seed ^ ((uint64_t)g * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uint32_t)c * 0xD1B54A32D192ED03ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline MOE_HD uint32_t dropout_threshold(float p) { return (uint32_t)((double)p * 16777216.0 + 0.5); }
+static inline MOE_HD int dropout_keep(uint64_t seed, int64_t g, int c, uint32_t thr) {
+    return (uint32_t)(dropout_hash(seed, g, c) >> 40) >= thr;
+}
 
 const Backend *backend_cpu(void);
 // "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming

@@ -36,6 +36,8 @@ static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, i
 static void w_rms_b(float *di, float *dw, const float *d, const float *i, const float *w, const float *r, int N, int C) { T0; in->rmsnorm_bwd(di, dw, d, i, w, r, N, C); T1(P_NORM); }
 static void w_rope_f(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_fwd(x, B, T, nh, hd, th); T1(P_ROPE); }
 static void w_rope_b(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_bwd(x, B, T, nh, hd, th); T1(P_ROPE); }
+static void w_rope_r(float *x, int B, int t0, int t1, int nh, int hd, float th, int inv) { T0; in->rope_rows(x, B, t0, t1, nh, hd, th, inv); T1(P_ROPE); }
+static void w_drop(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t s, int64_t r0) { T0; in->dropout(x, B, T, t0, t1, C, p, s, r0); T1(P_ELEM); }
 static void w_att_f(float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_F); }
 static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_B); }
 static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in->swiglu_fwd(o, a, b, n); T1(P_SWIGLU); }
@@ -63,7 +65,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.matmul_fwd = w_mm_f; pb.matmul_bwd = w_mm_b; pb.grouped_matmul_fwd = w_gmm_f; pb.grouped_matmul_bwd = w_gmm_b;
     pb.grouped_swiglu_fwd = w_gsw_f; pb.grouped_swiglu_bwd = w_gsw_b; pb.grouped_matmul_bwd2 = w_gmm_b2;
     pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b;
-    pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
+    pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
     pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather;
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd;
     pb.plan_counts = w_pcnt; pb.gather_dot_scale = w_gds; pb.plan_rows = w_prows;

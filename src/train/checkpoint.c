@@ -157,7 +157,7 @@ int ckpt_find_latest(const char *out_dir, char *buf, size_t n) {
     return 0;
 }
 
-static const char *const run_files[] = {"metrics.jsonl", "loss.png", "expert_load.png", RUN_RECORD};
+static const char *const run_files[] = {"metrics.jsonl", "loss.png", "expert_load.png", RUN_RECORD, RUN_LOG};
 
 int ckpt_run_present(const char *out, char *what, size_t n) {
     char **names, p[CK_PATH];
@@ -179,6 +179,11 @@ void ckpt_run_clear(const char *out) {
         if (rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
     }
     free_names(names, nn);
+    static const char *const dirs[] = {RUN_BEST, RUN_BEST ".tmp", RUN_BEST ".old"};
+    for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
+        join_path(p, sizeof p, out, dirs[i]);
+        if (dir_exists(p) && rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
+    }
     for (size_t i = 0; i < sizeof run_files / sizeof run_files[0]; i++) {
         join_path(p, sizeof p, out, run_files[i]);
         remove(p);

@@ -64,6 +64,7 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->val_data[0] && !o->data[0]) BAD("--val-data needs --data (the embedded corpus holds out its own windows)");
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
+    if (!(o->dropout >= 0 && o->dropout < 1)) BAD("--dropout must be in [0, 1) (got %g)", o->dropout);
     if (o->sample_tokens < 0) BAD("--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
     if (!o->out[0]) BAD("--out must not be empty");
     if (o->zero < 0 || o->zero > 2) BAD("--zero must be 0, 1 or 2 (got %d)", o->zero);

@@ -21,6 +21,8 @@ typedef struct {
     int eval_batches;       // val micro-batches per evaluation (0 = the whole validation set)
     int save_every;         // steps between checkpoints (0 = only at the end, -1 = never: benchmarks)
     int keep;               // checkpoints kept (older ones removed); 0 = keep all
+    int keep_best;          // 1: OUT/best holds the checkpoint of the lowest validation loss (never pruned)
+    float dropout;          // residual-branch dropout probability in training (0 = none: no op runs)
     int sample_tokens;      // tokens sampled at the end of the run (0 = none)
     int plots;              // write loss.png / expert_load.png
     int quiet;              // no per-step progress lines (metrics.jsonl still written)

@@ -57,7 +57,12 @@ static void micro_forward(StepCtx *s, int step, uint64_t seq_pos, const Action *
     data_train_batch(s->ds, seq_pos + (uint64_t)g * s->Bm + (uint64_t)s->dp_rank * s->Bl, s->Bl, s->x, s->y);
     uint64_t ns = c->jitter > 0 ? noise_seed(s->o->seed, step, g) : 0;
     float dloss = 1.0f / ((float)(s->Bm * s->T) * G);
+    // dropout: a function of (seed, step, micro-batch) like the jitter; the seed cleared after the forward (its
+    // slot keeps it for the backward), so evaluation and sampling never drop
+    m->dropout = s->o->dropout;
+    m->drop_seed = s->o->dropout > 0 || c->attention_dropout > 0 ? noise_seed(s->o->seed ^ 0xD50Full, step, g) : 0;
     double loss = pipe_forward(&s->pipe, a->chunk, a->slot, s->x, s->y, s->Bl, s->T, dloss, ns);
+    m->drop_seed = 0;
     if (pipe_last(&s->pipe, a->chunk)) {
         r->loss += dist_mean_dp(s->dist, loss) / G;
         r->aux += m->aux / G;

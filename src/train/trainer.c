@@ -45,7 +45,36 @@ typedef struct {
     Adapt adapt;               // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
     double t_start, flops_tok;
     int preempted;             // the signal that stopped the run (its checkpoint written), or 0
+    double best_loss;          // --keep-best: the validation loss of OUT/best (HUGE_VAL: none yet)
+    int64_t best_step;
 } Run;
+
+// --keep-best on resume: OUT/best's step (its state.json) and that step's val_loss in metrics.jsonl
+// at or before the resumed checkpoint's step (rank 0 may be truncating the file: it is replaced by a
+// rename, and either version holds those lines). A best saved after the checkpoint resumed from
+// counts as none: the next evaluation replaces it.
+static void best_recorded(Run *r) {
+    r->best_loss = HUGE_VAL;
+    r->best_step = -1;
+    char dir[2100];
+    join_path(dir, sizeof dir, r->o->out, RUN_BEST);
+    if (!ckpt_is_complete(dir)) return;
+    TrainState st;
+    ckpt_load_state(dir, &st);
+    size_t len;
+    char *buf = read_file(r->metrics_path, &len);
+    if (!buf) return;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL, *v = j ? cJSON_GetObjectItem(j, "val_loss") : NULL;
+        if (cJSON_IsNumber(s) && cJSON_IsNumber(v) && s->valuedouble == (double)st.step && st.step <= r->st.step) {
+            r->best_loss = v->valuedouble;
+            r->best_step = st.step;
+        }
+        cJSON_Delete(j);
+    }
+    free(buf);
+}
 
 // metrics.jsonl lines with step <= last_step are kept (resume), later ones dropped.
 static void truncate_metrics(const char *path, int64_t last_step) {
@@ -68,8 +97,9 @@ static void truncate_metrics(const char *path, int64_t last_step) {
 
 // Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered first);
 // rank 0 creates and commits the directory.
+// dir NULL: the step's checkpoint (then the old ones pruned); else that directory (OUT/best).
 static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m, const TrainState *st,
-                 const Comm *world) {
+                 const Comm *world, const char *dir) {
     size_t P = m->t.ltotal;
     float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
     dist_moments_get(dist, m, m1, m2);
@@ -77,9 +107,10 @@ static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, 
     unsigned char *own = xmalloc((size_t)m->t.n + 1);
     for (int i = 0; i < m->t.n; i++) own[i] = (unsigned char)dist_owned(dist, &m->t.p[i]);
     char path[2048];
-    ckpt_path(path, sizeof path, o->out, st->step);
+    if (dir) snprintf(path, sizeof path, "%s", dir);
+    else ckpt_path(path, sizeof path, o->out, st->step);
     ckpt_save_dist(path, c, &m->t, ph, m1, m2, own, st, world);
-    if (comm_rank(world) == 0) ckpt_prune(o->out, o->keep);
+    if (comm_rank(world) == 0 && !dir) ckpt_prune(o->out, o->keep);
     comm_barrier(world);
     free(own);
     free(m1);
@@ -259,6 +290,13 @@ static void agree_data(const Dataset *ds, const Comm *world) {
     comm_agree(world, "data", &it, 1);
 }
 
+// Attention-probability dropout needs the backend's attention_drop_* ops (every backend of ours has them).
+static void check_attn_dropout(const Run *r) {
+    if (r->c.attention_dropout > 0 && !r->be->attention_drop_fwd)
+        DIE("attention dropout (--attn-dropout / attention_dropout %g) is not implemented on --device %s; use "
+            "--dropout (the residual branches) there", r->c.attention_dropout, r->be->name);
+}
+
 // Validates everything, then builds the run: data, output directory, mesh, model, parameters.
 static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit, Comm *world) {
     memset(r, 0, sizeof *r);
@@ -273,6 +311,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     resolve_mesh(o, &r->c, comm_size(world), &r->split);
     int meshed, bf16_shadow;
     r->be = choose_backend(o, world, &meshed, &r->profile, &bf16_shadow);
+    check_attn_dropout(r);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
 
     // data first: a bad data file must fail before anything in the output directory is touched
@@ -282,6 +321,12 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     eval_batches_available(&r->ds, o->batch / o->grad_accum);   // one evaluation batch at least, or stop here
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
+    check_attn_dropout(r);   // (a resumed model's config is the checkpoint's)
+    if (r->rank0) {   // the log: everything printed from here on, appended (a resume continues it)
+        char log[2100];
+        join_path(log, sizeof log, o->out, RUN_LOG);
+        stdout_tee(log);
+    }
 
     MeshShape shape = resolve_mesh(o, &r->c, comm_size(world), &r->split);
     if (o->a2a_hier < 0 && shape.ep > 1) shape.hier = adapt_hier(world, &shape);
@@ -293,6 +338,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     model_init(&r->m, &r->c, r->be, Bl, o->seq_len, meshed ? &r->dist.mm : NULL);
     dist_attach(&r->dist, &r->m);
     load_or_init(r, resuming, latest);
+    best_recorded(r);
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     adapt_init(&r->adapt, o, &shape, meshed, &r->m);
     if (o->recompute) model_set_recompute(&r->m, o->recompute);
@@ -392,6 +438,14 @@ static void run_evaluate(Run *r, int step) {
     evaluate(&r->step.pipe, &r->ds, r->step.Bm, r->o->eval_batches, 0, &ev, &r->dist);
     if (r->mf) { fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss); fflush(r->mf); }
     if (!r->o->quiet) fprintf(r->out, "  eval: val loss %.4f\n", ev.loss);
+    if (r->o->keep_best && ev.loss < r->best_loss) {   // the same on every rank: ev.loss is global
+        char dir[2100];
+        join_path(dir, sizeof dir, r->o->out, RUN_BEST);
+        save(&r->dist, r->o, &r->c, &r->m, &r->st, r->world, dir);   // (r->st.step is step + 1 already)
+        if (!r->o->quiet) fprintf(r->out, "  best: %s (step %d, val loss %.4f)\n", dir, step + 1, ev.loss);
+        r->best_loss = ev.loss;
+        r->best_step = step + 1;
+    }
 }
 
 // The sample printed at the end of a run: a prompt of the synthetic corpus, or the first 16 tokens
@@ -411,8 +465,11 @@ static void run_sample(Run *r) {
         free(y);
     }
     int plen = len;
-    sample_tokens(&r->step.pipe, ctx, &len, cap, o->sample_tokens, 0.8f, o->seed);
-    fprintf(r->out, "sample (temperature 0.8):\n---\n");
+    SampleOptions so = {0.8f, 0, 1.0f, o->seq_len, 1, o->seed};
+    SampleStats ss;
+    sample_tokens(&r->step.pipe, ctx, &len, cap, o->sample_tokens, &so, &ss);
+    fprintf(r->out, "sample (temperature 0.8, window %d, %d tokens at %.0f tokens/s%s):\n---\n", o->seq_len, ss.tokens,
+            ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0, ss.cached ? ", KV cache" : "");
     print_tokens(r->out, ctx, plen, r->c.vocab_size);
     fprintf(r->out, "|");
     print_tokens(r->out, ctx + plen, len - plen, r->c.vocab_size);
@@ -464,6 +521,7 @@ free_all:
     data_close(&r->ds);
     if (!r->rank0) fclose(r->out);
     mesh_free(&r->mesh);
+    if (r->rank0) stdout_tee_end();
 }
 
 int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit, const char *record, Comm *world) {
@@ -485,12 +543,12 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         int last = step + 1 == o->steps;
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) run_evaluate(&r, step);
         int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0);
-        if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world);
+        if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
         // SIGTERM / SIGINT: every rank stops after the same step (the flag is summed over the ranks)
         int stop = preempt_signal() != 0;
         if (comm_size(world) > 1) comm_allreduce(world, &stop, 1, CT_I32);
         if (stop && !last) {
-            if (!saved) save(&r.dist, o, &r.c, &r.m, &r.st, world);
+            if (!saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
             r.preempted = preempt_signal() ? preempt_signal() : SIGTERM;
             break;
         }

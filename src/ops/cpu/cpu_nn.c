@@ -1,6 +1,6 @@
-// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE, causal GQA attention, SwiGLU,
-// row gather and combine, cross-entropy, elementwise ops, and the optimizer's runs (sum of squares,
-// AdamW). OpenMP over independent rows only; every sum is taken in a fixed order (results do not
+// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE (also over a row range), causal GQA
+// attention (with optional dropout on its probabilities), SwiGLU, row gather and combine, cross-entropy,
+// elementwise ops (dropout among them), and the optimizer's runs (sum of squares, AdamW). OpenMP over independent rows only; every sum is taken in a fixed order (results do not
 // depend on thread count except inside BLAS).
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
@@ -59,11 +59,12 @@ void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp
 }
 
 // HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd). dir = +1 forward, -1 inverse.
-static void rope(float *x, int B, int T, int nh, int hd, float theta, int dir) {
-    int half = hd / 2;
+// x holds the rows t in [t0, t1) of B sequences (row i: position t0 + i % (t1 - t0)).
+static void rope(float *x, int B, int t0, int t1, int nh, int hd, float theta, int dir) {
+    int half = hd / 2, n = t1 - t0;
 #pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        int pos = bt % T;
+    for (int bt = 0; bt < B * n; bt++) {
+        int pos = t0 + bt % n;
         for (int j = 0; j < half; j++) {
             double freq = pow((double)theta, -2.0 * j / hd);
             double ang = pos * freq;
@@ -77,13 +78,22 @@ static void rope(float *x, int B, int T, int nh, int hd, float theta, int dir) {
         }
     }
 }
-void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x, B, T, nh, hd, theta, 1); }
-void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(dx, B, T, nh, hd, theta, -1); }
+void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x, B, 0, T, nh, hd, theta, 1); }
+void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(dx, B, 0, T, nh, hd, theta, -1); }
+void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
+    rope(x, B, t0, t1, nh, hd, theta, inverse ? -1 : 1);
+}
 
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                       int B, int T, int H, int KV, int hd, int t0, int t1) {
+// The attention-probability dropout's mask (attention_drop_fwd in ops.h): query row t of sequence b, head
+// h of this rank (global head h0 + h), key u: kept iff dropout_keep(head seed, global token, u).
+static inline uint64_t head_seed(uint64_t seed, int h) { return dropout_hash(seed, -1 - (int64_t)h, 0); }
+
+static void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+                     int KV, int hd, int t0, int t1, float pd, uint64_t seed, int64_t row0, int h0) {
     float sc = 1.0f / sqrtf((float)hd);
-    int rep = H / KV;
+    int rep = H / KV, drop = pd > 0;
+    uint32_t thr = drop ? dropout_threshold(pd) : 0;
+    float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;
 #pragma omp parallel
     {
         float *s = malloc(sizeof(float) * T);
@@ -106,9 +116,12 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
                     float inv = (float)(1.0 / sum);
                     float *o = out + (((size_t)b * T + t) * H + h) * hd;
                     for (int i = 0; i < hd; i++) o[i] = 0;
+                    uint64_t hs = drop ? head_seed(seed, h0 + h) : 0;
+                    int64_t g = row0 + (int64_t)b * T + t;
                     for (int u = 0; u <= t; u++) {
                         const float *vu = v + (((size_t)b * T + u) * KV + kh) * hd;
                         float p = s[u] * inv;
+                        if (drop) p = dropout_keep(hs, g, u, thr) ? p * dsc : 0.0f;
                         for (int i = 0; i < hd; i++) o[i] += p * vu[i];
                     }
                     lse[((size_t)b * H + h) * T + t] = mx + (float)log(sum);
@@ -118,11 +131,24 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
     }
 }
 
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                       int t0, int t1) {
+void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                       int B, int T, int H, int KV, int hd, int t0, int t1) {
+    attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0);
+}
+void cpu_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                            int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
+    attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
+}
+
+// With dropout (pd > 0): out = (P * Z) V, Z the mask scaled by 1/(1-p); dV += (P * Z)^T dout, dP' = Z * (dout
+// V^T), dS = P * (dP' - D) with D = rowsum(dout * out) (= sum_u P dP', as without dropout).
+static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                     const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0,
+                     int t1, float pd, uint64_t seed, int64_t row0, int h0) {
     float sc = 1.0f / sqrtf((float)hd);
-    int rep = H / KV;
+    int rep = H / KV, drop = pd > 0;
+    uint32_t thr = drop ? dropout_threshold(pd) : 0;
+    float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;
     // parallel over (b, kv head): the heads sharing a kv head accumulate dk/dv in a fixed order
 #pragma omp parallel
     {
@@ -135,6 +161,8 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                         size_t qi = (((size_t)b * T + t) * H + h) * hd;
                         const float *qt = q + qi, *go = dout + qi, *ot = out + qi;
                         float L = lse[((size_t)b * H + h) * T + t];
+                        uint64_t hs = drop ? head_seed(seed, h0 + h) : 0;
+                        int64_t g = row0 + (int64_t)b * T + t;
                         float D = 0;
                         for (int i = 0; i < hd; i++) D += go[i] * ot[i];
                         float *dqt = dq + qi;
@@ -143,17 +171,33 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                             const float *ku = k + ki, *vu = v + ki;
                             float a = 0, dp = 0;
                             for (int i = 0; i < hd; i++) { a += qt[i] * ku[i]; dp += go[i] * vu[i]; }
-                            float pr = expf(a * sc - L);
+                            float pr = expf(a * sc - L), pv = pr;
+                            if (drop) {
+                                float z = dropout_keep(hs, g, u, thr) ? dsc : 0.0f;
+                                dp *= z;
+                                pv = pr * z;
+                            }
                             float ds = pr * (dp - D) * sc;
                             float *dku = dk + ki, *dvu = dv + ki;
                             for (int i = 0; i < hd; i++) {
                                 dqt[i] += ds * ku[i];
                                 dku[i] += ds * qt[i];
-                                dvu[i] += pr * go[i];
+                                dvu[i] += pv * go[i];
                             }
                         }
                     }
     }
+}
+
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                       int t0, int t1) {
+    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0);
+}
+void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                            const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                            int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
+    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
 }
 
 void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n) {
@@ -321,5 +365,18 @@ void cpu_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns 
         if (u->n > 0)
             adamw_span(p + u->off, g + u->off, m + u->moff, v + u->moff, (size_t)u->n, gscale, lr, b1, b2, eps,
                        u->decay ? wd : 0.0f, c1, c2);
+    }
+}
+
+void cpu_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0) {
+    if (p <= 0) return;
+    int n = t1 - t0;
+    uint32_t thr = dropout_threshold(p);
+    float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < B * n; i++) {
+        int64_t g = row0 + (int64_t)(i / n) * T + t0 + i % n;
+        float *r = x + (size_t)i * C;
+        for (int c = 0; c < C; c++) r[c] = dropout_keep(seed, g, c, thr) ? r[c] * scale : 0.0f;
     }
 }

@@ -8,7 +8,8 @@
 // query rows [t0, t1) of each sequence (ops.h): the grids span those rows (and, for dk/dv, the keys
 // 0..t1-1); a row's tiles start at key 0 as over [0, T), so the forward's rows are the same bits.
 // Backend "cuda" runs cuda_attention_tc.cu (tensor cores) and falls back to these kernels for
-// head dims it does not take; "cuda-fp32" always runs these.
+// head dims it does not take; "cuda-fp32" always runs these. Dropout on the probabilities
+// (attention_drop_fwd/bwd, both backends) runs here only.
 // Must not hold: any knowledge of the model.
 #include <cuda_bf16.h>
 #include <math.h>
@@ -17,6 +18,15 @@
 #define ATT_WARPS 8     // query (forward, dq) or key (dk/dv) rows per block
 #define ATT_KT 32       // keys (or queries) per shared-memory tile: one per lane
 #define ATT_MAXR 8      // head dims per lane: hd <= 256
+
+// Dropout on the probabilities (attention_drop_fwd/bwd, ops.h): thr 0 = none (the kernels' plain
+// path); else key u of query row t of sequence b, head h is kept iff dropout_keep(head seed of global
+// head h0 + h, row0 + b*T + t, u, thr), and kept probabilities are scaled by sc.
+typedef struct { uint32_t thr; float sc; uint64_t seed; int64_t row0; int h0; } AttDrop;
+__device__ __forceinline__ float att_drop_z(const AttDrop &dr, int b, int T, int t, int h, int u) {
+    uint64_t hs = dropout_hash(dr.seed, -1 - (int64_t)(dr.h0 + h), 0);
+    return dropout_keep(hs, dr.row0 + (int64_t)b * T + t, u, dr.thr) ? dr.sc : 0.0f;
+}
 
 // The forward's and dq's key tile: keys u0 .. min(u0 + ATT_KT - 1, tmax) of kv head kh in sequence b,
 // their k and v rows into Ks, Vs [ATT_KT][hd+1] (padded rows), the block's threads striding over
@@ -51,7 +61,8 @@ __device__ __forceinline__ void tile_rows_axpy(float *acc, float x, const float 
 // row j without bank conflicts), Qs [ATT_WARPS][hd].
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, float *lse, const float *q,
                                                                   const float *k, const float *v, int T, int H,
-                                                                  int KV, int hd, float sc, int t0, int t1) {
+                                                                  int KV, int hd, float sc, int t0, int t1,
+                                                                  AttDrop dr) {
     extern __shared__ float sm[];
     int ld = hd + 1;
     float *Ks = sm, *Vs = Ks + ATT_KT * ld, *Qs = Vs + ATT_KT * ld;
@@ -85,7 +96,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
         int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
 #pragma unroll
         for (int r = 0; r < ATT_MAXR; r++) o[r] *= corr;
-        tile_rows_axpy(o, p, Vs, ld, jn, lane, hd);
+        // with dropout: the normaliser l sums every p, the output only the kept ones (scaled)
+        float pv = dr.thr && u <= t ? p * att_drop_z(dr, b, T, t, h, u) : p;
+        tile_rows_axpy(o, pv, Vs, ld, jn, lane, hd);
         m = mn;
     }
     if (t >= t1) return;
@@ -129,7 +142,7 @@ __global__ void attention_rowdot_k(float *D, const float *dout, const float *out
 __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, const float *dout, const float *lse,
                                                                      const float *Dg, const float *q, const float *k,
                                                                      const float *v, int T, int H, int KV, int hd,
-                                                                     float sc, int t0, int t1) {
+                                                                     float sc, int t0, int t1, AttDrop dr) {
     extern __shared__ float sm[];
     int ld = hd + 1;
     float *Ks = sm, *Vs = Ks + ATT_KT * ld, *Qs = Vs + ATT_KT * ld, *Gs = Qs + ATT_WARPS * hd;
@@ -159,6 +172,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dq_k(float *dq, 
             const float *kr = Ks + lane * ld, *vr = Vs + lane * ld, *qr = Qs + w * hd, *gr = Gs + w * hd;
             for (int i = 0; i < hd; i++) { a += qr[i] * kr[i]; dp += gr[i] * vr[i]; }
             float p = expf(a * sc - L);
+            if (dr.thr) dp *= att_drop_z(dr, b, T, t, h, u);
             ds = p * (dp - Dt) * sc;
         }
         int jn = t - u0 + 1 < ATT_KT ? t - u0 + 1 : ATT_KT;
@@ -180,7 +194,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk
                                                                        const float *lse, const float *Dg,
                                                                        const float *q, const float *k,
                                                                        const float *v, int T, int H, int KV, int hd,
-                                                                       float sc, int qa, int qb) {
+                                                                       float sc, int qa, int qb, AttDrop dr) {
     extern __shared__ float sm[];
     int ld = hd + 1;
     float *Qs = sm, *Gs = Qs + ATT_KT * ld, *Ls = Gs + ATT_KT * ld, *Ds = Ls + ATT_KT, *Kb = Ds + ATT_KT,
@@ -217,7 +231,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_bwd_dkdv_k(float *dk
                 const float *qr = Qs + lane * ld, *gr = Gs + lane * ld, *kr = Kb + w * hd, *vr = Vb + w * hd;
                 for (int i = 0; i < hd; i++) { a += qr[i] * kr[i]; dp += gr[i] * vr[i]; }
                 p = expf(a * sc - Ls[lane]);
-                ds = p * (dp - Ds[lane]) * sc;
+                if (dr.thr) {   // dv takes the kept probabilities, ds the masked dp
+                    float z = att_drop_z(dr, b, T, t, h, u);
+                    dp *= z;
+                    ds = p * (dp - Ds[lane]) * sc;
+                    p *= z;
+                } else {
+                    ds = p * (dp - Ds[lane]) * sc;
+                }
             }
             int j0 = u - t0 > 0 ? u - t0 : 0;   // queries before u contribute 0
             for (int j = j0; j < nq; j++) {
@@ -261,20 +282,37 @@ extern "C" void cuda_attention_rowdot(float *D, const float *dout, const float *
     KCHECK("attention_bwd (rowdot)");
 }
 
-extern "C" void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                                   int B, int T, int H, int KV, int hd, int t0, int t1) {
+static void att_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+                    int KV, int hd, int t0, int t1, AttDrop dr) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     att_check(B, T, H, KV, hd, t0, t1);
     size_t smem = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)ATT_WARPS * hd);
     att_smem((const void *)attention_fwd_k, smem);
     dim3 grid(cdiv_u(t1 - t0, ATT_WARPS), H, B);
-    attention_fwd_k<<<grid, ATT_WARPS * 32, smem>>>(out, lse, q, k, v, T, H, KV, hd, 1.0f / sqrtf((float)hd), t0, t1);
+    attention_fwd_k<<<grid, ATT_WARPS * 32, smem>>>(out, lse, q, k, v, T, H, KV, hd, 1.0f / sqrtf((float)hd), t0, t1,
+                                                    dr);
     KCHECK("attention_fwd");
 }
 
-extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                   const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                   int H, int KV, int hd, int t0, int t1) {
+static AttDrop att_drop(float p, uint64_t seed, int64_t row0, int h0) {
+    AttDrop dr = {p > 0 ? dropout_threshold(p) : 0u, p > 0 ? 1.0f / (1.0f - p) : 1.0f, seed, row0, h0};
+    return dr;
+}
+
+extern "C" void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                                   int B, int T, int H, int KV, int hd, int t0, int t1) {
+    att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0));
+}
+
+extern "C" void cuda_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                        int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
+                                        int64_t row0, int h0) {
+    att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0));
+}
+
+static void att_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                    const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1,
+                    AttDrop dr) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     att_check(B, T, H, KV, hd, t0, t1);
     float sc = 1.0f / sqrtf((float)hd);
@@ -284,11 +322,24 @@ extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float 
     size_t smem_q = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dq_k, smem_q);
     dim3 gq(cdiv_u(t1 - t0, ATT_WARPS), H, B);
-    attention_bwd_dq_k<<<gq, ATT_WARPS * 32, smem_q>>>(dq, dout, lse, D, q, k, v, T, H, KV, hd, sc, t0, t1);
+    attention_bwd_dq_k<<<gq, ATT_WARPS * 32, smem_q>>>(dq, dout, lse, D, q, k, v, T, H, KV, hd, sc, t0, t1, dr);
     KCHECK("attention_bwd (dq)");
     size_t smem_kv = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + 2 * ATT_KT + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dkdv_k, smem_kv);
     dim3 gk(cdiv_u(t1, ATT_WARPS), KV, B);
-    attention_bwd_dkdv_k<<<gk, ATT_WARPS * 32, smem_kv>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, hd, sc, t0, t1);
+    attention_bwd_dkdv_k<<<gk, ATT_WARPS * 32, smem_kv>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, hd, sc, t0, t1, dr);
     KCHECK("attention_bwd (dkdv)");
+}
+
+extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                   const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                   int H, int KV, int hd, int t0, int t1) {
+    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0));
+}
+
+extern "C" void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                        const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                        int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                                        int h0) {
+    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0));
 }

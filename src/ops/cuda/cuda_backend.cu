@@ -136,6 +136,10 @@ static void fill_common(Backend *be) {
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;
     be->rope_fwd = cuda_rope_fwd;
     be->rope_bwd = cuda_rope_bwd;
+    be->rope_rows = cuda_rope_rows;
+    be->dropout = cuda_dropout;
+    be->attention_drop_fwd = cuda_attention_drop_fwd;   // (float32 kernels on both backends)
+    be->attention_drop_bwd = cuda_attention_drop_bwd;
     be->attention_fwd = cuda_attention_fwd;
     be->attention_bwd = cuda_attention_bwd;
     be->swiglu_fwd = cuda_swiglu_fwd;

@@ -403,11 +403,12 @@ extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, cons
 // HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd), computed in double exactly
 // as the cpu reference does. One thread per (row bt, pair j), looping over the heads.
 // Later: a precomputed (T, hd/2) cos/sin table.
-__global__ void rope_k(float *x, int BT, int T, int nh, int hd, float theta, int dir) {
+// Rows of x: positions t0 + bt % T (rope_rows: the rows [t0, t0 + T) of each sequence).
+__global__ void rope_k(float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0) {
     int half = hd / 2;
     size_t n = (size_t)BT * half;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        int bt = (int)(e / half), j = (int)(e % half), pos = bt % T;
+        int bt = (int)(e / half), j = (int)(e % half), pos = t0 + bt % T;
         double freq = pow((double)theta, -2.0 * j / hd);
         double ang = pos * freq;
         float c = (float)cos(ang), s = (float)(dir * sin(ang));
@@ -423,15 +424,42 @@ __global__ void rope_k(float *x, int BT, int T, int nh, int hd, float theta, int
 extern "C" void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) {
     size_t n = (size_t)B * T * (hd / 2);
     if (!n || nh <= 0) return;
-    rope_k<<<ew_grid(n, 256), 256>>>(x, B * T, T, nh, hd, theta, 1);
+    rope_k<<<ew_grid(n, 256), 256>>>(x, B * T, T, nh, hd, theta, 1, 0);
     KCHECK("rope_fwd");
 }
 
 extern "C" void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) {
     size_t n = (size_t)B * T * (hd / 2);
     if (!n || nh <= 0) return;
-    rope_k<<<ew_grid(n, 256), 256>>>(dx, B * T, T, nh, hd, theta, -1);
+    rope_k<<<ew_grid(n, 256), 256>>>(dx, B * T, T, nh, hd, theta, -1, 0);
     KCHECK("rope_bwd");
+}
+
+extern "C" void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
+    size_t n = (size_t)B * (t1 - t0) * (hd / 2);
+    if (!n || nh <= 0) return;
+    rope_k<<<ew_grid(n, 256), 256>>>(x, B * (t1 - t0), t1 - t0, nh, hd, theta, inverse ? -1 : 1, t0);
+    KCHECK("rope_rows");
+}
+
+// ---------------------------------------------------------------- dropout (ops.h: the mask of dropout_keep)
+
+__global__ void dropout_k(float *x, int B, int T, int t0, int n, int C, uint32_t thr, float scale, uint64_t seed,
+                          int64_t row0) {
+    GRID_STRIDE(e, (size_t)B * n * C) {
+        int c = (int)(e % C);
+        size_t i = e / C;
+        int b = (int)(i / n), t = t0 + (int)(i % n);
+        int64_t g = row0 + (int64_t)b * T + t;
+        st_f(x + e, dropout_keep(seed, g, c, thr) ? ld_f(x + e) * scale : 0.0f);
+    }
+}
+
+extern "C" void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0) {
+    size_t n = (size_t)B * (t1 - t0) * C;
+    if (!n || p <= 0) return;
+    dropout_k<<<ew_grid(n, 256), 256>>>(x, B, T, t0, t1 - t0, C, dropout_threshold(p), 1.0f / (1.0f - p), seed, row0);
+    KCHECK("dropout");
 }
 
 // ---------------------------------------------------------------- SwiGLU

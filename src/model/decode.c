@@ -1,0 +1,135 @@
+// decode.c — KV-cached forward for sampling (see decode.h). The same ops as model.c's forward, on the
+// new rows only; model.c stays the training forward/backward.
+#include "model/decode.h"
+#include <string.h>
+#include "core/common.h"
+
+#define F sizeof(float)
+
+static float *W_(const Model *m, ParamRole role, int layer, int expert) {
+    int i = params_index(&m->t, role, layer, expert);
+    CHECK(i >= 0, "parameter role %d layer %d expert %d missing from the table", (int)role, layer, expert);
+    return m->params + m->t.p[i].loffset;
+}
+
+// The MoE weights of layer l (as model.c's layer_weights: the routing bias and the shared expert where
+// the config has them).
+static void moe_weights(const Model *m, int l, MoeWeights *w) {
+    memset(w, 0, sizeof *w);
+    w->router = W_(m, PR_ROUTER, l, -1);
+    w->w1 = W_(m, PR_W1, l, m->e0);
+    w->w3 = W_(m, PR_W3, l, m->e0);
+    w->w2 = W_(m, PR_W2, l, m->e0);
+    if (m->c.balance == BALANCE_AUX_FREE) w->route_bias = W_(m, PR_ROUTE_BIAS, l, -1);
+    if (m->c.n_shared_experts) {
+        w->sh_w1 = W_(m, PR_SH_W1, l, -1);
+        w->sh_w3 = W_(m, PR_SH_W3, l, -1);
+        w->sh_w2 = W_(m, PR_SH_W2, l, -1);
+        if (m->c.shared_gate) w->sh_gate = W_(m, PR_SH_GATE, l, -1);
+    }
+}
+
+// QK-norm rows (as model.c): full rows of heads*hd (OLMoE), or per head rows of hd (Qwen3-MoE).
+static void qk_rows(const Model *m, int n, int heads, int *rows, int *C) {
+    int full = m->c.qk_norm == QK_NORM_FULL;
+    *rows = full ? n : n * heads;
+    *C = full ? heads * m->c.head_dim : m->c.head_dim;
+}
+
+int model_decode_supported(const Model *m) {
+    return m->nchunks == 1 && m->chunk[0].l0 == 0 && m->chunk[0].l1 == m->c.n_layers && m->chunk[0].first &&
+           m->chunk[0].last;
+}
+
+void kv_init(KvCache *kc, const Model *m, int W) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    CHECK(model_decode_supported(m), "the KV cache needs every layer on this rank (no pipeline stages)");
+    CHECK(W >= 1 && W <= m->maxN && W <= c->max_seq_len, "KV cache of %d positions: the model takes 1..%d", W,
+          m->maxN < c->max_seq_len ? m->maxN : c->max_seq_len);
+    memset(kc, 0, sizeof *kc);
+    size_t L = c->n_layers, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim;
+    kc->W = W;
+    kc->k = xcalloc(L, sizeof(float *));
+    kc->v = xcalloc(L, sizeof(float *));
+    for (size_t l = 0; l < L; l++) { kc->k[l] = be->alloc(W * kvd * F); kc->v[l] = be->alloc(W * kvd * F); }
+    kc->q = be->alloc(W * qd * F);
+    kc->att = be->alloc(W * qd * F);
+    kc->lse = be->alloc((size_t)m->Hl * W * F);
+    kc->x = be->alloc(W * d * F);
+    kc->xn = be->alloc(W * d * F);
+    kc->xmid = be->alloc(W * d * F);
+    kc->mo = be->alloc(W * d * F);
+    kc->rstd = be->alloc(W * F);
+    if (c->qk_norm) {   // the projections before their norms, and the norms' rstd
+        kc->qraw = be->alloc(W * qd * F);
+        kc->kraw = be->alloc(W * kvd * F);
+        kc->rstdqk = be->alloc(W * (size_t)(m->Hl > m->KVl ? m->Hl : m->KVl) * F);
+    }
+    kc->logits = be->alloc((size_t)c->vocab_size * F);
+}
+
+void kv_free(KvCache *kc, const Model *m) {
+    const Backend *be = m->be;
+    for (int l = 0; l < m->c.n_layers; l++) { be->free(kc->k[l]); be->free(kc->v[l]); }
+    free(kc->k);
+    free(kc->v);
+    float *bufs[] = {kc->q, kc->att, kc->lse, kc->x, kc->xn, kc->xmid, kc->mo, kc->rstd, kc->logits, kc->qraw, kc->kraw,
+                     kc->rstdqk};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) if (bufs[i]) be->free(bufs[i]);
+    memset(kc, 0, sizeof *kc);
+}
+
+void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *out) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    int t0 = kc->len, t1 = kc->len + n, W = kc->W;
+    CHECK(n >= 1 && t1 <= W, "model_decode: positions %d..%d beyond the cache's %d", t0, t1 - 1, W);
+    int d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, V = c->vocab_size, qd = H * hd, kvd = KV * hd;
+    for (int i = 0; i < n; i++)
+        CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d is outside the vocabulary (%d)", tokens[i], V);
+    be->to_device(m->tokens, tokens, (size_t)n * sizeof(int32_t));
+    be->embedding_fwd(kc->x, m->tokens, W_(m, PR_EMBED, -1, -1), n, d);
+    for (int l = 0; l < c->n_layers; l++) {
+        float *q = kc->q + (size_t)t0 * qd, *k = kc->k[l] + (size_t)t0 * kvd, *v = kc->v[l] + (size_t)t0 * kvd;
+        be->rmsnorm_fwd(kc->xn, kc->rstd, kc->x, W_(m, PR_ATTN_NORM, l, -1), n, d, c->norm_eps);
+        // the families' options as model.c's forward: biases, then QK-norm, then RoPE
+        float *qp = c->qk_norm ? kc->qraw : q, *kp = c->qk_norm ? kc->kraw : k;
+        be->matmul_fwd(qp, kc->xn, W_(m, PR_WQ, l, -1), n, d, qd, 0);
+        be->matmul_fwd(kp, kc->xn, W_(m, PR_WK, l, -1), n, d, kvd, 0);
+        be->matmul_fwd(v, kc->xn, W_(m, PR_WV, l, -1), n, d, kvd, 0);
+        if (c->qkv_bias) {   // + 1 bias^T over the model's ones vector (maxN >= W rows)
+            be->matmul_fwd(qp, m->ones, W_(m, PR_BQ, l, -1), n, 1, qd, 1);
+            be->matmul_fwd(kp, m->ones, W_(m, PR_BK, l, -1), n, 1, kvd, 1);
+            be->matmul_fwd(v, m->ones, W_(m, PR_BV, l, -1), n, 1, kvd, 1);
+        }
+        if (c->qk_norm) {
+            int r, C;
+            qk_rows(m, n, H, &r, &C);
+            be->rmsnorm_fwd(q, kc->rstdqk, qp, W_(m, PR_QNORM, l, -1), r, C, c->norm_eps);
+            qk_rows(m, n, KV, &r, &C);
+            be->rmsnorm_fwd(k, kc->rstdqk, kp, W_(m, PR_KNORM, l, -1), r, C, c->norm_eps);
+        }
+        be->rope_rows(q, 1, t0, t1, H, hd, c->rope_theta, 0);
+        be->rope_rows(k, 1, t0, t1, KV, hd, c->rope_theta, 0);
+        be->attention_fwd(kc->att, kc->lse, kc->q, kc->k[l], kc->v[l], 1, W, H, KV, hd, t0, t1);
+        be->matmul_fwd(kc->xmid, kc->att + (size_t)t0 * qd, W_(m, PR_WO, l, -1), n, qd, d, 0);
+        if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, kc->xmid, (size_t)n * d, CT_F32);
+        be->axpy(kc->xmid, kc->x, 1.0f, (size_t)n * d);
+        be->rmsnorm_fwd(kc->xn, kc->rstd, kc->xmid, W_(m, PR_FFN_NORM, l, -1), n, d, c->norm_eps);
+        MoeWeights w;
+        moe_weights(m, l, &w);
+        MoeLayer *ml = model_moe(m, l, 0);
+        ml->overlap = m->moe_overlap[l];
+        ml->mode = m->moe_mode[l];
+        ml->seq_len = n;   // (the rows of one call: the sequence-scope statistics are not used here)
+        moe_forward(ml, kc->mo, kc->xn, n, &w, c, 0, (int64_t)comm_rank(m->mesh.dp) * n);
+        be->copy(kc->x, kc->xmid, (size_t)n * d * F);
+        be->axpy(kc->x, kc->mo, 1.0f, (size_t)n * d);
+    }
+    float *last = kc->x + (size_t)(n - 1) * d;
+    be->rmsnorm_fwd(kc->xn, kc->rstd, last, W_(m, PR_FINAL_NORM, -1, -1), 1, d, c->norm_eps);
+    be->matmul_fwd(kc->logits, kc->xn, W_(m, PR_LM_HEAD, -1, -1), 1, d, V, 0);
+    be->to_host(out, kc->logits, (size_t)V * F);
+    kc->len = t1;
+}

@@ -1,0 +1,29 @@
+// decode.h — KV-cached inference: the model's forward one position (or a prompt) at a time over a
+// cache of every layer's keys and values, for sampling. Each call runs the same ops as model_forward
+// on the new rows only: q/k/v of the new positions (with the families' biases and QK-norm), RoPE at their positions (rope_rows), attention of
+// the query rows [t0, t1) against the cached keys 0..t1-1 (attention_fwd's row range over the cache,
+// laid out (1, W, ...)), o_proj (+ the TP all-reduce), the MoE layer on the new rows, and the final
+// norm and LM head on the last row only. Dropout and jitter never run here.
+// Must not hold: the sampling policy (train/evaluate.c: window, temperature, top-k/top-p), files.
+#pragma once
+#include <stdint.h>
+#include "model/model.h"
+
+typedef struct {
+    int W, len;                    // positions the cache holds (its window), positions filled
+    float **k, **v;                // per layer (W, KVl*hd): keys after RoPE, values
+    float *q, *att, *lse;          // (W, Hl*hd) (W, Hl*hd) (Hl, W): attention_fwd's layout, B = 1, T = W
+    float *x, *xn, *xmid, *mo;     // (W, d): the residual stream of the rows of one call, norm, mid, MoE out
+    float *rstd, *logits;          // (W) (V)
+    float *qraw, *kraw, *rstdqk;   // QK-norm (families): q, k before their norms, the norms' rstd (else NULL)
+} KvCache;
+
+// 1 when m can decode with a cache: one chunk holding every layer (no pipeline stages).
+int model_decode_supported(const Model *m);
+// A cache of W positions (1 <= W <= the model's maxB * maxT rows and <= max_seq_len), empty.
+void kv_init(KvCache *kc, const Model *m, int W);
+void kv_free(KvCache *kc, const Model *m);
+// Runs tokens[0..n) (host) at positions kc->len .. kc->len + n - 1 (kc->len + n <= W), appending their
+// keys and values; writes the logits of the last of them into out (V floats, host). Collective over
+// the model's mesh like model_forward (every rank decodes the same tokens).
+void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *out);
