@@ -41,14 +41,15 @@ K=K
 rm -rf $K
 kept=0
 for t in 1 2 3 4 5 6; do
-  if ls $K/step_*/checksums.json >/dev/null 2>&1; then how=--resume; else how=--force; fi
+  if ls $K/step_*[0-9]/checksums.json >/dev/null 2>&1; then how=--resume; else how=--force; fi
   "$MOE" train "${F[@]}" --save-every 1 --out $K $how >/dev/null 2>&1 &
   pid=$!
   sleep "0.$((RANDOM % 9 + 1))"
   kill -9 $pid 2>/dev/null
   wait $pid 2>/dev/null
   ls -d $K/step_*.tmp >/dev/null 2>&1 && kept=$((kept + 1))
-  if [ -d $K ] && ls -d $K/step_* >/dev/null 2>&1; then
+  # (a kill during the first save leaves only a .tmp: no complete checkpoint to load yet)
+  if [ -d $K ] && ls -d $K/step_*[0-9]/checksums.json >/dev/null 2>&1; then
     if ! "$MOE" eval --ckpt $K --batch 8 --seq-len 64 --eval-batches 1 >/dev/null 2>"$K.err"; then
       fail "kill -9 #$t: the newest complete checkpoint does not load"; cat "$K.err"; break
     fi

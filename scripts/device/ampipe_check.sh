@@ -3,7 +3,8 @@
 # .git/info/exclude):  cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu &&
 #   (the random token shard is written on the device: scripts/device/random_shard.py needs numpy)
 # then run `bash scripts/device/ampipe_check.sh` with carry [".gpu"] (about 6 minutes):
-#   1. the GPU suites (test_cuda_ops carries the attention over query ranges: chunks vs one call);
+#   1. the GPU suites (test_cuda_ops carries the attention over query ranges: chunks vs one call, and
+#      the dropout kernels; test_decode the KV-cached decode on cuda and cuda-fp32);
 #   2. a small model on cuda and cuda-fp32 at n = 1, 2, 4 (and n = 2 through NCCL on one GPU:
 #      MOE_FORCE_NCCL=1, where the dispatch is left in flight on the comm stream): per-step losses;
 #   3. --recompute: full against none on the small model (bitwise), the reference model's peak memory and
@@ -18,6 +19,7 @@ t() { local name=$1; shift; local t0=$SECONDS; "$@" > $W/$name.log 2>&1; echo "=
 date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t ops timeout 250 $B/test_cuda_ops; grep -E "checks" $W/ops.log; grep -m8 FAIL $W/ops.log; grep -i "chunks" $W/ops.log | head -4
 t model timeout 150 $B/test_cuda_model; grep -E "checks" $W/model.log; grep -m5 FAIL $W/model.log
+t decode timeout 150 $B/test_decode; grep -E "checks" $W/decode.log; grep -m5 FAIL $W/decode.log
 S="--steps 4 --batch 8 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 128 --d-ff 256 --n-experts 8
    --top-k 2 --lr 1e-3 --warmup 1 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 --save-every -1 --force"
 for dev in cuda cuda-fp32; do
