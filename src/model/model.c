@@ -365,6 +365,17 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+// The piece of the rows [r, r1) of the (b, t) order that one attention call covers: nb whole
+// sequences from b (t = 0, te = T), or the query rows [t, te) of sequence b.
+static void row_piece(int T, int r, int r1, int *b, int *t, int *nb, int *te) {
+    *b = r / T;
+    *t = r % T;
+    *nb = 1;
+    *te = T;
+    if (*t == 0 && r1 - r >= T) *nb = (r1 - r) / T;
+    else *te = *t + (r1 - r) < T ? *t + (r1 - r) : T;
+}
+
 // Attention forward for the rows [r0, r1) of the (b, t) order: one call per run of whole sequences,
 // one per piece of a sequence (query rows [t, te) of sequence b). With attention dropout (a seed and the
 // config's attention_dropout): layer l's mask (site 2) over global tokens and global heads.
@@ -374,10 +385,8 @@ static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
     uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0;
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
-    for (int r = r0; r < r1;) {
-        int b = r / T, t = r % T, nb = 1, te = T;
-        if (t == 0 && r1 - r >= T) nb = (r1 - r) / T;
-        else te = t + (r1 - r) < T ? t + (r1 - r) : T;
+    for (int r = r0, b, t, nb, te; r < r1; r += nb * (te - t)) {
+        row_piece(T, r, r1, &b, &t, &nb, &te);
         if (ds)
             m->be->attention_drop_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb,
                                       T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
@@ -385,7 +394,6 @@ static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1
         else
             m->be->attention_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T,
                                  H, KV, hd, t, te);
-        r += nb * (te - t);
     }
 }
 
@@ -617,10 +625,8 @@ static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, in
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
     uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0;   // (the forward's mask: attn_rows)
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
-    for (int r = r0; r < r1;) {
-        int b = r / T, t = r % T, nb = 1, te = T;
-        if (t == 0 && r1 - r >= T) nb = (r1 - r) / T;
-        else te = t + (r1 - r) < T ? t + (r1 - r) : T;
+    for (int r = r0, b, t, nb, te; r < r1; r += nb * (te - t)) {
+        row_piece(T, r, r1, &b, &t, &nb, &te);
         if (ds)
             m->be->attention_drop_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs,
                                       a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks,
@@ -629,7 +635,6 @@ static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, in
         else
             m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, a->att + b * qs,
                                  a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te);
-        r += nb * (te - t);
     }
 }
 
