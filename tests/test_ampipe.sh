@@ -61,6 +61,14 @@ for fam in "--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 2
   if run "$TMP/run" 4 --tp 2 --ep 2 ${fam%%|*} --ampipe 2; then mesh_close "$TMP/ref_f" "$TMP/run" "${fam##*|}: tp2+ep2, n 2"
   else fail "${fam##*|}: n 2 failed"; tail -4 "$TMP/run/out.txt"; fi
 done
+# the global-batch aux loss (the step's running counts) over the chunks: once per micro-batch
+run "$TMP/ref_g" 1 --aux-scope global --aux-form layer || fail "aux-scope global: reference"
+for L in "1||one process" "4|--tp 2 --ep 2|tp2+ep2"; do
+  IFS='|' read -r np flags label <<< "$L"
+  if run "$TMP/run" "$np" $flags --aux-scope global --aux-form layer --ampipe 2; then
+    mesh_close "$TMP/ref_g" "$TMP/run" "--aux-scope global: $label, n 2"
+  else fail "aux-scope global $label n 2: failed"; tail -3 "$TMP/run/out.txt"; fi
+done
 if run "$TMP/run" 1 --ampipe 2 --aux-scope sequence; then fail "--ampipe 2 with --aux-scope sequence accepted"
 else grep -q -- "--aux-scope sequence" "$TMP/run/out.txt" && pass "--ampipe 2 with --aux-scope sequence: refused by name (not yet composed)" || fail "aux-scope refusal unclear"; fi
 

@@ -320,6 +320,17 @@ void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
         whole->aux_f[e] = (double)whole->counts[e] / whole->Ng;
     }
     whole->aux = E * a;
+    whole->aux_scope = part[0]->aux_scope;
+    if (whole->aux_scope == AUX_SCOPE_GLOBAL && whole->run_counts) {   // f_i over the step's micro-batches so far
+        *whole->run_tokens += whole->Ng;
+        a = 0;
+        for (int e = 0; e < E; e++) {
+            whole->run_counts[e] += whole->counts[e];
+            whole->aux_f[e] = (double)whole->run_counts[e] / (double)*whole->run_tokens;
+            a += whole->aux_f[e] * (whole->psum[e] / whole->Ng);
+        }
+        whole->aux = E * a;
+    }
     whole->z = lse2 / whole->Ng;
     whole->Nl = whole->Ng;
     for (int i = 0; i < n; i++) moe_loss_from(part[i], whole);

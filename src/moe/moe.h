@@ -193,7 +193,8 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w);
 // Every stage rank's slot counts of the last moe_route, (S,k,E) in stage-rank order.
 void moe_slot_counts(const MoeLayer *m, int64_t *out);
 // The router statistics of n parts of one micro-batch (AMPipe's chunks, routed) added up into whole
-// (counts, psum, Ng, aux, z, aux_f: as if routed at once; dropped and the per-part values untouched),
+// (counts, psum, Ng, aux, z, aux_f: as if routed at once — with --aux-scope global, whole's running
+// step counts take the micro-batch once; dropped and the per-part values untouched),
 // and the parts' loss coefficients set from it (moe_loss_from: aux_f and Nl), so that their backward
 // differentiates the whole micro-batch's aux and z.
 void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole);
