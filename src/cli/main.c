@@ -172,7 +172,8 @@ static const Opt opts[] = {
      "the MoE all-to-all pipelined with the experts over this many chunks (1: off; auto: measured per layer)"},
     {"upcycle", O_INT, TO(upcycle), C_TRAIN,
      "with --init-from a dense LlamaForCausalLM/MistralForCausalLM: each MLP copied into this many experts "
-     "(top-k from --top-k, default 2; routers initialised as new): at step 0 the model computes the dense one"},
+     "(top-k: --top-k, else 2; routers initialised as new): at step 0 the model computes the dense one "
+     "(default: 0, off)"},
     {"recompute", O_RECOMPUTE, TO(recompute), C_TRAIN | C_INFO,
      "activations not kept but computed again in backward: attn (attention output), moe (the experts' SwiGLU "
      "rows, the largest), full (both); the same gradients bit for bit, less memory, more compute"},
