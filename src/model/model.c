@@ -499,6 +499,8 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
         mc[j].overlap = m->moe_overlap[l];
         mc[j].mode = m->moe_mode[l];
         mc[j].early_dispatch = 1;
+        mc[j].chunk_part = 1;
+        mc[j].seq_len = T;
     }
     int cap = c->dispatch == DISPATCH_CAPACITY;
     int64_t *budget = cap ? xmalloc(sizeof(int64_t) * n * c->top_k * c->n_experts) : NULL;

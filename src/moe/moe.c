@@ -295,7 +295,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
             a += m->aux_f[e] * (ps[e] / m->Ng);
         }
         m->aux = E * a;
-    } else if (c->aux_scope == AUX_SCOPE_SEQ) {
+    } else if (c->aux_scope == AUX_SCOPE_SEQ && !m->chunk_part) {   // (a chunk's: moe_stats_merge)
         moe_seq_stats(m, row0);
     }
     free(ps);
@@ -331,6 +331,16 @@ void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
         }
         whole->aux = E * a;
     }
+    if (whole->aux_scope == AUX_SCOPE_SEQ) {   // the sequences the chunks cut, whole again
+        int T = part[0]->seq_len;
+        CHECK(T >= 1 && whole->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d",
+              (long long)whole->Ng, T);
+        whole->seq_len = T;
+        moe_seq_alloc(whole, (int)(whole->Ng / T));
+        memset(whole->seq_st, 0, sizeof(double) * (size_t)whole->nseq * 2 * E);
+        for (int i = 0; i < n; i++) moe_seq_add(part[i], T, whole->seq_st);
+        moe_seq_finish(whole, T);
+    }
     whole->z = lse2 / whole->Ng;
     whole->Nl = whole->Ng;
     for (int i = 0; i < n; i++) moe_loss_from(part[i], whole);
@@ -338,6 +348,10 @@ void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
 
 void moe_loss_from(MoeLayer *part, const MoeLayer *whole) {
     memcpy(part->aux_f, whole->aux_f, sizeof(double) * whole->E);
+    if (whole->aux_scope == AUX_SCOPE_SEQ) {   // each sequence's f, for the part's rows of it
+        moe_seq_alloc(part, whole->nseq);
+        memcpy(part->seq_f, whole->seq_f, sizeof(double) * (size_t)whole->nseq * whole->E);
+    }
     part->Nl = whole->Nl;
 }
 

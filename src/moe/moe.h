@@ -105,6 +105,7 @@ typedef struct {
     const float *xraw;             // ... and un-jittered (the shared expert's input), for moe_finish
     const float *dyb;              // moe_backward_start's dy rows (my slice), for _finish
     MoeWeights wu;                 // the experts the last forward used (whole ones when gathered)
+    int chunk_part;                // 1: an AMPipe chunk's state (per-sequence statistics: moe_stats_merge)
     int early_dispatch;            // 1: moe_start / moe_backward_start leave an unchunked dispatch in
                                    // flight (AMPipe)
     int started;                   // such a dispatch is in flight (until moe_finish / _backward_finish)

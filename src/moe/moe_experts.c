@@ -73,10 +73,8 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
 
 // ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,
 // summed over the stage), aux = mean over the sequences of E sum_i (cnt_si / T) (psum_si / T)
-void moe_seq_stats(MoeLayer *m, int64_t row0) {
-    int T = m->seq_len, E = m->E, k = m->k;
-    CHECK(T >= 1 && m->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d", (long long)m->Ng, T);
-    int S = (int)(m->Ng / T);
+void moe_seq_alloc(MoeLayer *m, int S) {
+    int E = m->E;
     if (S > m->seq_cap) {
         free(m->seq_f);
         free(m->seq_st);
@@ -87,12 +85,19 @@ void moe_seq_stats(MoeLayer *m, int64_t row0) {
         m->seq_cap = S;
     }
     m->nseq = S;
-    memset(m->seq_st, 0, sizeof(double) * (size_t)S * 2 * E);
+}
+
+void moe_seq_add(const MoeLayer *m, int T, double *st) {
+    int E = m->E, k = m->k;
     for (int i = 0; i < m->Ns; i++) {
-        double *st = m->seq_st + (size_t)((row0 + m->s0 + i) / T) * 2 * E;
-        for (int j = 0; j < k; j++) st[m->idx_h[(size_t)i * k + j]] += 1;
-        for (int e = 0; e < E; e++) st[E + e] += m->probs_h[(size_t)i * E + e];
+        double *sq = st + (size_t)((m->row0 + m->s0 + i) / T) * 2 * E;
+        for (int j = 0; j < k; j++) sq[m->idx_h[(size_t)i * k + j]] += 1;
+        for (int e = 0; e < E; e++) sq[E + e] += m->probs_h[(size_t)i * E + e];
     }
+}
+
+void moe_seq_finish(MoeLayer *m, int T) {
+    int S = m->nseq, E = m->E;
     comm_allreduce(m->cm.stage, m->seq_st, (size_t)S * 2 * E, CT_F64);
     double aux = 0;
     for (int s = 0; s < S; s++) {
@@ -105,6 +110,16 @@ void moe_seq_stats(MoeLayer *m, int64_t row0) {
         aux += E * a;
     }
     m->aux = aux / S;
+}
+
+void moe_seq_stats(MoeLayer *m, int64_t row0) {
+    int T = m->seq_len;
+    (void)row0;   // (m->row0: set by moe_route)
+    CHECK(T >= 1 && m->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d", (long long)m->Ng, T);
+    moe_seq_alloc(m, (int)(m->Ng / T));
+    memset(m->seq_st, 0, sizeof(double) * (size_t)m->nseq * 2 * m->E);
+    moe_seq_add(m, T, m->seq_st);
+    moe_seq_finish(m, T);
 }
 
 // ---- the gathered expert mode: whole experts from the ETP slices, and the gradients back

@@ -76,9 +76,6 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
         BAD("--ampipe must be auto, 1, 2, 4 or 8 (got %d)", o->ampipe);
     if (o->upcycle < 0 || o->upcycle == 1 || o->upcycle > 1 << 16)
         BAD("--upcycle must be 0 (off) or the experts per layer, at least 2 (got %d)", o->upcycle);
-    if (o->ampipe != 1 && c->aux_scope == AUX_SCOPE_SEQ)
-        BAD("--ampipe %s with --aux-scope sequence: the per-sequence aux loss is not yet computed over AMPipe's "
-            "chunks, which cut sequences (use --ampipe 1, or --aux-scope global)", o->ampipe ? "n > 1" : "auto");
     if (o->a2a_hier < -1) BAD("--a2a-hier must be auto, off or a rank count >= 1 (got %d)", o->a2a_hier);
     if (!(o->a2a_retune > 0 && o->a2a_retune <= 10)) BAD("--a2a-retune must be in (0, 10] (got %g)", o->a2a_retune);
     if (o->vpp < 1) BAD("--vpp must be >= 1 (got %d)", o->vpp);
