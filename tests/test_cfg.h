@@ -4,6 +4,22 @@
 #include <string.h>
 #include "core/config.h"
 
+// The tiny preset at d 32, GQA 4/2 (head dim 8), f 48, 4 experts top-2, vocab 64 (the model tests of
+// slots and decoding), with the given layers and context.
+static inline void test_tiny_cfg(ModelConfig *c, int n_layers, int max_seq_len) {
+    config_preset(c, "tiny");
+    c->n_layers = n_layers;
+    c->d_model = 32;
+    c->n_heads = 4;
+    c->n_kv_heads = 2;
+    c->head_dim = 8;
+    c->d_ff = 48;
+    c->n_experts = 4;
+    c->top_k = 2;
+    c->vocab_size = 64;
+    c->max_seq_len = max_seq_len;
+}
+
 static inline ModelConfig test_small_cfg(void) {
     ModelConfig c;
     memset(&c, 0, sizeof c);

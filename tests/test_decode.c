@@ -11,22 +11,14 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "model/decode.h"
+#include "test_cfg.h"
 #include "test_util.h"
 
 enum { T = 24, PROMPT = 5, V = 64 };
 
 static void config(ModelConfig *c) {
-    config_preset(c, "tiny");
-    c->n_layers = 2;
-    c->d_model = 32;
-    c->n_heads = 4;
-    c->n_kv_heads = 2;
-    c->head_dim = 8;
-    c->d_ff = 48;
-    c->n_experts = 4;
-    c->top_k = 2;
-    c->vocab_size = V;
-    c->max_seq_len = 32;
+    _Static_assert(V == 64, "V is test_tiny_cfg's vocabulary");
+    test_tiny_cfg(c, 2, 32);
     c->dispatch = DISPATCH_DROPLESS;
 }
 

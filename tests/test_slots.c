@@ -12,23 +12,12 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "parallel/stages.h"
+#include "test_cfg.h"
 #include "test_util.h"
 
 enum { B = 2, T = 8, M = 3 };
 
-static void config(ModelConfig *c) {
-    config_preset(c, "tiny");
-    c->n_layers = 4;
-    c->d_model = 32;
-    c->n_heads = 4;
-    c->n_kv_heads = 2;
-    c->head_dim = 8;
-    c->d_ff = 48;
-    c->n_experts = 4;
-    c->top_k = 2;
-    c->vocab_size = 64;
-    c->max_seq_len = T;
-}
+static void config(ModelConfig *c) { test_tiny_cfg(c, 4, T); }
 
 static void tokens(int32_t *x, int32_t *y, int micro) {
     Rng r;

@@ -115,6 +115,11 @@ MoeLayer *model_moe(Model *m, int l, int slot) {
     return &m->slots[k][slot].la[l].moe;
 }
 
+// AMPipe's chunk boundaries: chunk j = rows [R[j], R[j+1]) of N, R[j] = N j / n (R: n + 1 entries).
+static void chunk_rows(int N, int n, int *R) {
+    for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
+}
+
 // AMPipe's per-chunk MoE states of one layer's activations: n of them, for chunks of up to
 // ceil(maxN / n) rows (none for n = 1).
 static void chunk_moes(Model *m, LayerActs *a, int n) {
@@ -493,7 +498,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     CHECK(a->nmc == n, "layer %d: %d AMPipe chunk states for %d chunks", l, a->nmc, n);
     MoeLayer *mc = a->mc, *part[AMPIPE_MAX];
     int R[AMPIPE_MAX + 1] = {0};
-    for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
+    chunk_rows(N, n, R);
     for (int j = 0; j < n; j++) {
         part[j] = &mc[j];
         mc[j].overlap = m->moe_overlap[l];
@@ -692,7 +697,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
             // AMPipe, chunks in reverse: chunk j-1's dy travels while chunk j's attention backward runs
             CHECK(n <= AMPIPE_MAX && a->nmc == n, "layer %d: backward of %d chunks, %d states", l, n, a->nmc);
             int R[AMPIPE_MAX + 1] = {0};
-            for (int j = 0; j <= n; j++) R[j] = (int)((int64_t)N * j / n);
+            chunk_rows(N, n, R);
             for (int j = 0; j < n; j++) moe_loss_from(&a->mc[j], &a->moe);
             moe_backward_start(&a->mc[n - 1], &m->ms, dropped_rows(m, l, 1, R[n - 1], N));
             for (int j = n - 1; j >= 0; j--) {

@@ -296,7 +296,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
         }
         m->aux = E * a;
     } else if (c->aux_scope == AUX_SCOPE_SEQ && !m->chunk_part) {   // (a chunk's: moe_stats_merge)
-        moe_seq_stats(m, row0);
+        moe_seq_stats(m);
     }
     free(ps);
     m->xin = xin;

@@ -112,9 +112,8 @@ void moe_seq_finish(MoeLayer *m, int T) {
     m->aux = aux / S;
 }
 
-void moe_seq_stats(MoeLayer *m, int64_t row0) {
+void moe_seq_stats(MoeLayer *m) {
     int T = m->seq_len;
-    (void)row0;   // (m->row0: set by moe_route)
     CHECK(T >= 1 && m->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d", (long long)m->Ng, T);
     moe_seq_alloc(m, (int)(m->Ng / T));
     memset(m->seq_st, 0, sizeof(double) * (size_t)m->nseq * 2 * m->E);

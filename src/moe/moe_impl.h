@@ -22,11 +22,11 @@ void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu);
 void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w);
 void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                          MoeGrads *g);
-// --aux-scope sequence: the per-sequence statistics of the last route (row0: global index of row 0);
+// --aux-scope sequence: the per-sequence statistics of the last route (rows by m->row0 + m->s0 + i);
 // in parts: room for S sequences (seq_f, seq_st, seq_dp; nseq = S), my rows' counts and probability
 // sums added into st (S, 2E) by global sequence (row / T), and st (m->seq_st) summed over the stage
 // into seq_f and the aux loss.
-void moe_seq_stats(MoeLayer *m, int64_t row0);
+void moe_seq_stats(MoeLayer *m);
 void moe_seq_alloc(MoeLayer *m, int S);
 void moe_seq_add(const MoeLayer *m, int T, double *st);
 void moe_seq_finish(MoeLayer *m, int T);

@@ -42,16 +42,20 @@ static cJSON *read_json(const char *dir, const char *name) {
     return j;
 }
 
-void hf_load_config(const char *dir, ModelConfig *c) {
-    if (!dir_exists(dir)) DIE("HF model %s: not a directory", dir);
-    cJSON *j = read_json(dir, "config.json");
+// The model config of config.json's object j (consumed); what: how messages name it.
+static void config_of(const char *dir, cJSON *j, const char *what, ModelConfig *c) {
     char err[256];
     ModelConfig cfg;
-    if (config_from_json(j, &cfg, err, sizeof err) != 0) DIE("HF model %s: config.json: %s", dir, err);
+    if (config_from_json(j, &cfg, err, sizeof err) != 0) DIE("HF model %s: %s: %s", dir, what, err);
     cJSON_Delete(j);
     const char *bad = config_validate(&cfg);
-    if (bad) DIE("HF model %s: config.json: this model cannot be represented: %s", dir, bad);
+    if (bad) DIE("HF model %s: %s: this model cannot be represented: %s", dir, what, bad);
     *c = cfg;
+}
+
+void hf_load_config(const char *dir, ModelConfig *c) {
+    if (!dir_exists(dir)) DIE("HF model %s: not a directory", dir);
+    config_of(dir, read_json(dir, "config.json"), "config.json", c);
 }
 
 void hf_load_config_upcycle(const char *dir, int E, int k, ModelConfig *c) {
@@ -81,13 +85,7 @@ void hf_load_config_upcycle(const char *dir, int E, int k, ModelConfig *c) {
     cJSON_AddStringToObject(j, "model_type", "mixtral");
     cJSON_AddNumberToObject(j, "num_local_experts", E);
     cJSON_AddNumberToObject(j, "num_experts_per_tok", k);
-    char err[256];
-    ModelConfig cfg;
-    if (config_from_json(j, &cfg, err, sizeof err) != 0) DIE("HF model %s: config.json (upcycled): %s", dir, err);
-    cJSON_Delete(j);
-    const char *bad = config_validate(&cfg);
-    if (bad) DIE("HF model %s: config.json (upcycled): this model cannot be represented: %s", dir, bad);
-    *c = cfg;
+    config_of(dir, j, "config.json (upcycled)", c);
 }
 
 // ---------------------------------------------------------------------------------------------
