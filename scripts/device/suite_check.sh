@@ -1,0 +1,51 @@
+#!/bin/bash
+# Device recipe (kind nvidia-h200): the whole tree's GPU tests in one call. Prepare here:
+#   cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu
+# then run `bash scripts/device/suite_check.sh` with carry [".gpu"] (about 9 minutes). Progress goes to
+# $OUT/suite.txt as it is made (a call that runs past its limit still returns it):
+#   1. the GPU suites: test_cuda_ops, test_cuda_model, test_decode, test_slots;
+#   2. --recompute full against none on a small model, cuda and cuda-fp32 (losses bitwise equal);
+#      the reference model's peak memory and tokens/s at --recompute none and moe;
+#   3. compute-sanitizer: memcheck on the op suite (both CUDA backends, small shapes) and on test_decode,
+#      racecheck on the op suite (cuda); each bounded, skipped when the call's time is spent.
+cd "$(dirname "$0")/../.."
+G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/suite.txt; : > $R
+. scripts/device/libs.sh && device_libs $G $B/moe
+export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0
+BUDGET=${BUDGET:-560}
+say() { echo "$*" | tee -a $R; }
+t() { local name=$1 lim=$2; shift 2; local left=$((BUDGET-SECONDS)); [ $left -lt 20 ] && { say "== $name skipped (time)"; return; }
+      [ $lim -gt $left ] && lim=$left; local t0=$SECONDS; timeout $lim "$@" > $W/$name.log 2>&1; say "== $name rc=$? $((SECONDS-t0))s"; }
+say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+t ops 200 $B/test_cuda_ops;     grep -E "checks" $W/ops.log | tee -a $R; grep -m8 FAIL $W/ops.log | tee -a $R
+t model 120 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R
+t decode 90 $B/test_decode;     grep -E "checks" $W/decode.log | tee -a $R; grep -m5 FAIL $W/decode.log | tee -a $R
+t slots 90 $B/test_slots;       grep -E "checks" $W/slots.log | tee -a $R; grep -m5 FAIL $W/slots.log | tee -a $R
+S="--steps 4 --batch 8 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 128 --d-ff 256 --n-experts 8
+   --top-k 2 --lr 1e-3 --warmup 1 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 --save-every -1 --force"
+for dev in cuda cuda-fp32; do
+  for rc in none full; do
+    $B/moe train --device $dev $S --recompute $rc --out $W/rc_${dev}_$rc > $W/s.log 2>&1 || tail -3 $W/s.log | tee -a $R
+  done
+  L() { grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*' $1/metrics.jsonl; }
+  cmp -s <(L $W/rc_${dev}_none) <(L $W/rc_${dev}_full) && say "$dev --recompute full: losses bitwise equal to none ($(L $W/rc_${dev}_full | wc -l) steps)" \
+    || { say "$dev --recompute full: losses DIFFER from none"; paste <(L $W/rc_${dev}_none) <(L $W/rc_${dev}_full) | tee -a $R; }
+done
+[ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
+P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
+   --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 12"
+for rc in none moe; do
+  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
+  mp=$!
+  t ref_$rc 120 stdbuf -oL $B/moe train $P --recompute $rc --out $W/run
+  kill $mp; grep -E "^step 12/|trained|memory" $W/ref_$rc.log | tee -a $R
+  say "   peers-ref --recompute $rc: peak GPU memory used (nvidia-smi) $(sort -n $W/mem.txt | tail -1) MiB"
+done
+for be in cuda cuda-fp32; do
+  t mem_$be 110 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=$be compute-sanitizer --tool memcheck $B/test_cuda_ops
+  grep -E "ERROR SUMMARY|checks" $W/mem_$be.log | tail -2 | tee -a $R; grep -m3 -B2 -A8 "Invalid\|out of bounds" $W/mem_$be.log | head -30 | tee -a $R
+done
+t mem_decode 80 compute-sanitizer --tool memcheck $B/test_decode; grep -E "ERROR SUMMARY|checks" $W/mem_decode.log | tail -2 | tee -a $R
+t race_cuda 150 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool racecheck $B/test_cuda_ops
+grep -E "RACECHECK SUMMARY|ERROR SUMMARY|checks" $W/race_cuda.log | tail -2 | tee -a $R; grep -m3 -A6 "hazard" $W/race_cuda.log | head -20 | tee -a $R
+say "$(date -u) done"
