@@ -1,7 +1,8 @@
 // moe_layer_bench.c — times one MoE layer's forward + backward through the MoeLayer API
-// (moe_forward + moe_backward, src/moe/moe.c) on a CUDA backend, on the three shapes of
-// ../shared/docs/PEERS.md, so that it can be run beside ../shared/bench/torch_moe_peer.py in the
-// same device call. Built as `moe_bench_layer` when CUDA is on. Not a test.
+// (moe_forward + moe_backward, src/moe/moe.c) on a CUDA backend, on the shapes of
+// ../shared/docs/PEERS.md and issue 17's (qwen2: Qwen2-MoE's routed experts; e256: 256 experts top-8),
+// so that it can be run beside ../shared/bench/torch_moe_peer.py (bench/torch_moe_peer_cases.py for
+// the other shapes) in the same device call. Built as `moe_bench_layer` when CUDA is on. Not a test.
 //
 // Per case: random inputs (x ~ N(0,1), router ~ N(0, 0.02^2) as the peer: roughly balanced
 // routing; expert weights ~ N(0, 0.02^2); dy ~ N(0,1)), dropless top-k with renormalisation, no
@@ -19,7 +20,7 @@
 // output, as the backend; timed before and after the backend, for drift; bf16 output; 4 streams);
 // and fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts internally).
 //
-//   moe_bench_layer [--cases mixtral,olmoe,small,ref] [--iters 10] [--warmup 3] [--device cuda]
+//   moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,e256] [--iters 10] [--warmup 3] [--device cuda]
 //                   [--profile 1] [--gemm 1] [--router-std 0.02 (sharper routing: larger)]
 //                   [--shadow 1 (the GEMMs read the weights' bf16 copy, as in moe train; 0: convert per call)]
 // Values are not checked here (tests/test_cuda_ops.c and test_cuda_model.c do that).
@@ -473,7 +474,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("moe_bench_layer [--cases mixtral,olmoe,small] [--iters 10] [--warmup 3] [--device cuda|cuda-fp32] "
+            printf("moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,e256] [--iters 10] [--warmup 3] [--device cuda|cuda-fp32] "
                    "[--profile 0|1] [--gemm 0|1] [--router-std 0.02] [--shadow 1|0]\n");
             return 0;
         }
@@ -495,7 +496,9 @@ int main(int argc, char **argv) {
     CHECK(real != backend_cpu(), "moe_bench_layer times a CUDA backend (--device cuda or cuda-fp32)");
     const Case all[] = {{"mixtral", 16384, 4096, 14336, 8, 2}, {"olmoe", 16384, 2048, 1024, 64, 8},
                         {"small", 8192, 1024, 2816, 8, 2},
-                        {"ref", 8192, 2048, 5632, 8, 2}};   // the PEERS.md full-step model's MoE layer (batch 4 x 2048)
+                        {"ref", 8192, 2048, 5632, 8, 2},    // the PEERS.md full-step model's MoE layer (batch 4 x 2048)
+                        {"qwen2", 16384, 2048, 1408, 60, 4},  // Qwen2-MoE's routed experts (issue 17; no shared expert)
+                        {"e256", 16384, 2048, 512, 256, 8}};  // fine-grained: 256 experts, top-8
     struct cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
     printf("moe_bench_layer: %s, %d SMs, backend %s; FLOPs = 3 x 2 x T*k x 3*d*f (PEERS.md)\n", p.name,
@@ -509,7 +512,7 @@ int main(int argc, char **argv) {
         run_case(&all[i], real, warm, iters, prof, gemms);
         ran++;
     }
-    CHECK(ran > 0, "--cases %s: none of mixtral, olmoe, small, ref", cases);
+    CHECK(ran > 0, "--cases %s: none of mixtral, olmoe, small, ref, qwen2, e256", cases);
     free(g_pool);
     free(g_pool_bf);
     return 0;

@@ -1148,9 +1148,13 @@ static void run_suite(const Backend *be, int big) {
     if (big) {
         const int64_t c8[8] = {300, 129, 0, 511, 64, 1, 256, 200};
         test_grouped(512, 768, 8, c8);
-        int64_t c130[130];   // more groups than the kernel takes in one launch: the cuBLAS loop
-        for (int g = 0; g < 130; g++) c130[g] = g % 4;
-        test_grouped(24, 16, 130, c130);
+        // fine-grained experts: 256 groups (the most one launch of the Hopper kernel takes), ragged
+        // and some empty; 260: more than one launch takes, the cuBLAS loop
+        int64_t c260[260];
+        for (int g = 0; g < 260; g++) c260[g] = (g * 7) % 5;
+        test_grouped(24, 16, 256, c260);
+        test_grouped_fused(64, 72, 256, c260);
+        test_grouped(24, 16, 260, c260);
     }
     test_embedding(50, 300, 96);
     if (big) test_embedding(7, 1000, 300);

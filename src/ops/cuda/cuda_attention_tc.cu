@@ -36,7 +36,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     c.b = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
     return c.u;
 }
-__device__ __forceinline__ uint32_t ld32(const bf16s *p) { return *(const uint32_t *)p; }
 
 // c += A B (m16n8k16, bf16 in, fp32 accumulate)
 __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -74,20 +73,35 @@ __device__ __forceinline__ void stage(bf16s *s, const bf16s *g, int row0, int nv
 }
 __device__ __forceinline__ void stage_wait(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-// acc[NJ] (16 rows x 8 NJ columns) += A (16 x HD, rows r of sa) * B^T where B is the row-major
+// Four 8x8 bf16 matrices: lane i gives the address of one row of matrix i / 8; lane l then holds
+// row l / 4, columns 2 (l % 4), +1 of each (r0..r3 in matrix order), the A and B fragment layouts.
+__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16s *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(a)
+                 : "memory");
+}
+
+// acc[NJ] (16 rows x 8 NJ columns) += A (16 x HD, rows of sa) * B^T where B is the row-major
 // tile sb (NJ*8 rows x HD): the "scores" product of rows of two tiles along the head dimension.
+// Fragments through ldmatrix: A's four 8x8 blocks (rows 0-7 / 8-15 x columns 0-7 / 8-15 of the
+// k-step), B's as (columns j, k 0-7), (j, k 8-15), (j + 1, k 0-7), (j + 1, k 8-15). NJ is even.
 template <int HD, int NJ>
 __device__ __forceinline__ void rows_dot(float (*acc)[4], const bf16s *sa, const bf16s *sb, int lane) {
     constexpr int LD = HD + 8;
-    int g = lane >> 2, t = lane & 3;
+    const bf16s *pa = sa + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+    const bf16s *pb = sb + ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
-        const bf16s *a = sa + g * LD + kk * 16 + 2 * t;
-        uint32_t a0 = ld32(a), a1 = ld32(a + 8 * LD), a2 = ld32(a + 8), a3 = ld32(a + 8 * LD + 8);
+        uint32_t a0, a1, a2, a3;
+        ldsm_x4(a0, a1, a2, a3, pa + kk * 16);
 #pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            const bf16s *bp = sb + (j * 8 + g) * LD + kk * 16 + 2 * t;
-            mma_bf16(acc[j], a0, a1, a2, a3, ld32(bp), ld32(bp + 8));
+        for (int j = 0; j < NJ; j += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(b0, b1, b2, b3, pb + j * 8 * LD + kk * 16);
+            mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+            mma_bf16(acc[j + 1], a0, a1, a2, a3, b2, b3);
         }
     }
 }
@@ -118,37 +132,50 @@ template <int HD>
 __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
                                                            const bf16s *v, int T, int H, int KV, float sl, int qa,
                                                            int qb) {
-    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8;
+    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8, TILE = TC_BN * LD;
     extern __shared__ __align__(16) bf16s sm[];
-    bf16s *Qs = sm, *Ks = Qs + TC_BM * LD, *Vs = Ks + TC_BN * LD;
+    bf16s *Qs = sm, *Ks = Qs + TC_BM * LD, *Vs = Ks + 2 * TILE;   // K, V: two tiles each (double-buffered)
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
     int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
     const bf16s *qg = q + ((size_t)b * T * H + h) * HD;
     const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
+    int kend = min(q0 + TC_BM, qb), ntile = (kend + TC_BN - 1) / TC_BN;
     stage<HD, TC_BM>(Qs, qg, q0, min(TC_BM, qb - q0), (size_t)H * HD);
+    stage<HD, TC_BN>(Ks, kg, 0, min(TC_BN, qb), (size_t)KV * HD);
+    stage<HD, TC_BN>(Vs, vg, 0, min(TC_BN, qb), (size_t)KV * HD);
     int r0 = q0 + w * 16 + g, r1 = r0 + 8;
     float o[NT][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
     for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    for (int k0 = 0; k0 < q0 + TC_BM && k0 < qb; k0 += TC_BN) {
-        __syncthreads();   // the previous tile is used up (and Qs is staged, the first time)
-        stage<HD, TC_BN>(Ks, kg, k0, min(TC_BN, qb - k0), (size_t)KV * HD);
-        stage<HD, TC_BN>(Vs, vg, k0, min(TC_BN, qb - k0), (size_t)KV * HD);
-        stage_wait();
-        __syncthreads();
+    for (int it = 0; it < ntile; it++) {
+        int k0 = it * TC_BN, cur = it & 1;
+        stage_wait();      // tile it (and Qs, the first time)
+        __syncthreads();   // ... visible to all; every warp is done with tile it - 1's buffers
+        if (it + 1 < ntile) {   // tile it + 1 loads while this one is used
+            int k1 = k0 + TC_BN;
+            stage<HD, TC_BN>(Ks + (cur ^ 1) * TILE, kg, k1, min(TC_BN, qb - k1), (size_t)KV * HD);
+            stage<HD, TC_BN>(Vs + (cur ^ 1) * TILE, vg, k1, min(TC_BN, qb - k1), (size_t)KV * HD);
+        }
         float s[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        rows_dot<HD, NJ>(s, Qs + w * 16 * LD, Ks, lane);
+        rows_dot<HD, NJ>(s, Qs + w * 16 * LD, Ks + cur * TILE, lane);
+        if (k0 + TC_BN > q0 || k0 + TC_BN > qb) {   // the diagonal tile or the last keys: mask
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                    s[j][e] = key <= row && key < qb ? s[j][e] * sl : -INFINITY;
+                }
+        } else {   // every key precedes every row of the block
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] *= sl;
+        }
         float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                s[j][e] = key <= row && key < qb ? s[j][e] * sl : -INFINITY;
-            }
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
@@ -179,7 +206,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
             o[n][0] *= c0; o[n][1] *= c0;
             o[n][2] *= c1; o[n][3] *= c1;
         }
-        p_times<HD, NJ>(o, s, Vs, lane);
+        p_times<HD, NJ>(o, s, Vs + cur * TILE, lane);
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -217,20 +244,23 @@ __device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, i
 // dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
 // dp = dout . v, for the query rows t in [qa, qb). Grid (ceil((qb-qa)/64), H, B).
 template <int HD>
-__global__ void __launch_bounds__(TC_THREADS, 4) att_tc_dq_k(float *dq, const bf16s *dout, const float *lse,
+__global__ void __launch_bounds__(TC_THREADS, 3) att_tc_dq_k(float *dq, const bf16s *dout, const float *lse,
                                                           const float *Dg, const bf16s *q, const bf16s *k,
                                                           const bf16s *v, int T, int H, int KV, float sl, float sc,
                                                           int qa, int qb) {
-    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BK / 8;
+    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BK / 8, TILE = TC_BK * LD;
     extern __shared__ __align__(16) bf16s sm[];
-    bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + TC_BK * LD;
+    bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + 2 * TILE;   // K, V double-buffered
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
     int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
     size_t qoff = ((size_t)b * T * H + h) * HD;
+    const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
+    int kend = min(q0 + TC_BM, qb), ntile = (kend + TC_BK - 1) / TC_BK;
     stage<HD, TC_BM>(Qs, q + qoff, q0, min(TC_BM, qb - q0), (size_t)H * HD);
     stage<HD, TC_BM>(Gs, dout + qoff, q0, min(TC_BM, qb - q0), (size_t)H * HD);
-    const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
+    stage<HD, TC_BK>(Ks, kg, 0, min(TC_BK, qb), (size_t)KV * HD);
+    stage<HD, TC_BK>(Vs, vg, 0, min(TC_BK, qb), (size_t)KV * HD);
     int r0 = q0 + w * 16 + g, r1 = r0 + 8;
     size_t lrow = ((size_t)b * H + h) * T;
     float L0 = r0 < qb ? lse[lrow + r0] * TC_LOG2E : 0.0f, L1 = r1 < qb ? lse[lrow + r1] * TC_LOG2E : 0.0f;
@@ -238,30 +268,58 @@ __global__ void __launch_bounds__(TC_THREADS, 4) att_tc_dq_k(float *dq, const bf
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int k0 = 0; k0 < q0 + TC_BM && k0 < qb; k0 += TC_BK) {
-        __syncthreads();
-        stage<HD, TC_BK>(Ks, kg, k0, min(TC_BK, qb - k0), (size_t)KV * HD);
-        stage<HD, TC_BK>(Vs, vg, k0, min(TC_BK, qb - k0), (size_t)KV * HD);
+    for (int it = 0; it < ntile; it++) {
+        int k0 = it * TC_BK, cur = it & 1;
         stage_wait();
         __syncthreads();
+        if (it + 1 < ntile) {
+            int k1 = k0 + TC_BK;
+            stage<HD, TC_BK>(Ks + (cur ^ 1) * TILE, kg, k1, min(TC_BK, qb - k1), (size_t)KV * HD);
+            stage<HD, TC_BK>(Vs + (cur ^ 1) * TILE, vg, k1, min(TC_BK, qb - k1), (size_t)KV * HD);
+        }
+        const bf16s *Kc = Ks + cur * TILE;
         float s[NJ][4], dp[NJ][4];
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-        rows_dot<HD, NJ>(s, Qs + w * 16 * LD, Ks, lane);
-        rows_dot<HD, NJ>(dp, Gs + w * 16 * LD, Vs, lane);
+        rows_dot<HD, NJ>(s, Qs + w * 16 * LD, Kc, lane);
+        rows_dot<HD, NJ>(dp, Gs + w * 16 * LD, Vs + cur * TILE, lane);
+        int mask = k0 + TC_BK > q0 || k0 + TC_BK > qb;   // the diagonal or the last keys
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                float p = key <= row && key < qb ? exp2f(s[j][e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
+                float p = !mask || (key <= row && key < qb) ? exp2f(s[j][e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
                 s[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1)) * sc;
             }
-        p_times<HD, NJ>(acc, s, Ks, lane);
+        p_times<HD, NJ>(acc, s, Kc, lane);
     }
     add_rows<HD>(dq + qoff, acc, r0, r1, qb, (size_t)H * HD, t);
+}
+
+// The dk/dv kernel's query tiles: for each query head h0, h0 + 1, ... of the group in order, the
+// rows [tstart, qb) in steps of TC_BQ (per tiles a head); dkdv_load stages tile i's Q and dout
+// (cp.async) and its lse (times log2 e) and D (plain stores) into buffer buf.
+struct DkdvTiles {
+    const bf16s *q, *dout;
+    const float *lse, *Dg;
+    bf16s *Qs, *Gs;
+    float *Ls, *Ds;
+    int T, H, h0, b, tstart, per, qb;
+};
+template <int HD>
+__device__ __forceinline__ void dkdv_load(const DkdvTiles *d, int i, int buf) {
+    constexpr int TILE = TC_BQ * (HD + 8);
+    int h = d->h0 + i / d->per, t0 = d->tstart + (i % d->per) * TC_BQ, nq = min(TC_BQ, d->qb - t0);
+    size_t qoff = ((size_t)d->b * d->T * d->H + h) * HD, lrow = ((size_t)d->b * d->H + h) * d->T;
+    stage<HD, TC_BQ>(d->Qs + buf * TILE, d->q + qoff, t0, nq, (size_t)d->H * HD);
+    stage<HD, TC_BQ>(d->Gs + buf * TILE, d->dout + qoff, t0, nq, (size_t)d->H * HD);
+    for (int j = threadIdx.x; j < TC_BQ; j += TC_THREADS) {
+        d->Ls[buf * TC_BQ + j] = j < nq ? d->lse[lrow + t0 + j] * TC_LOG2E : 0.0f;
+        d->Ds[buf * TC_BQ + j] = j < nq ? d->Dg[lrow + t0 + j] : 0.0f;
+    }
 }
 
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the
@@ -271,10 +329,11 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
                                                             const float *Dg, const bf16s *q, const bf16s *k,
                                                             const bf16s *v, int T, int H, int KV, float sl, float sc,
                                                             int qa, int qb) {
-    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BQ / 8;
+    constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BQ / 8, TILE = TC_BQ * LD;
     extern __shared__ __align__(16) bf16s sm[];
-    bf16s *Ks = sm, *Vs = Ks + TC_BM * LD, *Qs = Vs + TC_BM * LD, *Gs = Qs + TC_BQ * LD;
-    float *Ls = (float *)(Gs + TC_BQ * LD), *Ds = Ls + TC_BQ;
+    // K, V of the block; Q, dout, lse, D of a query tile, double-buffered
+    bf16s *Ks = sm, *Vs = Ks + TC_BM * LD, *Qs = Vs + TC_BM * LD, *Gs = Qs + 2 * TILE;
+    float *Ls = (float *)(Gs + 2 * TILE), *Ds = Ls + 2 * TC_BQ;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
     int k0 = blockIdx.x * TC_BM;
@@ -287,48 +346,46 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
     for (int n = 0; n < NT; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) dka[n][e] = dva[n][e] = 0.0f;
-    for (int h = kh * rep; h < (kh + 1) * rep; h++) {
-        size_t qoff = ((size_t)b * T * H + h) * HD, lrow = ((size_t)b * H + h) * T;
-        for (int t0 = max(k0, qa); t0 < qb; t0 += TC_BQ) {
-            __syncthreads();
-            int nq = min(TC_BQ, qb - t0);
-            stage<HD, TC_BQ>(Qs, q + qoff, t0, nq, (size_t)H * HD);
-            stage<HD, TC_BQ>(Gs, dout + qoff, t0, nq, (size_t)H * HD);
-            for (int j = threadIdx.x; j < TC_BQ; j += TC_THREADS) {
-                Ls[j] = j < nq ? lse[lrow + t0 + j] * TC_LOG2E : 0.0f;
-                Ds[j] = j < nq ? Dg[lrow + t0 + j] : 0.0f;
+    // the query tiles: for each query head of the group in order, [max(k0, qa), qb) in steps of TC_BQ
+    int tstart = max(k0, qa), per = (qb - tstart + TC_BQ - 1) / TC_BQ, ntile = rep * per;
+    DkdvTiles d = {q, dout, lse, Dg, Qs, Gs, Ls, Ds, T, H, kh * rep, b, tstart, per, qb};
+    if (ntile > 0) dkdv_load<HD>(&d, 0, 0);
+    for (int i = 0; i < ntile; i++) {
+        int cur = i & 1, t0 = tstart + (i % per) * TC_BQ;
+        stage_wait();      // tile i (and K, V, the first time)
+        __syncthreads();   // ... and its lse, D visible to all; tile i - 1's buffers are used up
+        if (i + 1 < ntile) dkdv_load<HD>(&d, i + 1, cur ^ 1);
+        if (t0 + TC_BQ - 1 < wfirst) continue;   // warp-uniform: every query precedes this warp's keys
+        const bf16s *Qc = Qs + cur * TILE, *Gc = Gs + cur * TILE;
+        const float *Lc = Ls + cur * TC_BQ, *Dc = Ds + cur * TC_BQ;
+        float s[NJ][4], dp[NJ][4];
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+        rows_dot<HD, NJ>(s, Ks + w * 16 * LD, Qc, lane);    // s^T: keys x queries
+        rows_dot<HD, NJ>(dp, Vs + w * 16 * LD, Gc, lane);   // dp^T
+        int mask = t0 < k0 + TC_BM || t0 + TC_BQ > qb;     // the diagonal or the last queries
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u1;
+                float p = !mask || (qt >= key && qt < qb) ? exp2f(s[j][e] * sl - Lc[c]) : 0.0f;
+                s[j][e] = p;
+                dp[j][e] = p * (dp[j][e] - Dc[c]) * sc;
             }
-            stage_wait();
-            __syncthreads();
-            if (t0 + TC_BQ - 1 < wfirst) continue;   // warp-uniform: every query precedes this warp's keys
-            float s[NJ][4], dp[NJ][4];
-#pragma unroll
-            for (int j = 0; j < NJ; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-            rows_dot<HD, NJ>(s, Ks + w * 16 * LD, Qs, lane);    // s^T: keys x queries
-            rows_dot<HD, NJ>(dp, Vs + w * 16 * LD, Gs, lane);   // dp^T
-#pragma unroll
-            for (int j = 0; j < NJ; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u1;
-                    float p = qt >= key && qt < qb ? exp2f(s[j][e] * sl - Ls[c]) : 0.0f;
-                    s[j][e] = p;
-                    dp[j][e] = p * (dp[j][e] - Ds[c]) * sc;
-                }
-            p_times<HD, NJ>(dva, s, Gs, lane);
-            p_times<HD, NJ>(dka, dp, Qs, lane);
-        }
+        p_times<HD, NJ>(dva, s, Gc, lane);
+        p_times<HD, NJ>(dka, dp, Qc, lane);
     }
     add_rows<HD>(dk + koff, dka, u0, u1, qb, (size_t)KV * HD, t);
     add_rows<HD>(dv + koff, dva, u0, u1, qb, (size_t)KV * HD, t);
 }
 
-static size_t smem_fwd(int hd) { return sizeof(bf16s) * (size_t)(TC_BM + 2 * TC_BN) * (hd + 8); }
-static size_t smem_dq(int hd) { return sizeof(bf16s) * (size_t)(2 * TC_BM + 2 * TC_BK) * (hd + 8); }
+static size_t smem_fwd(int hd) { return sizeof(bf16s) * (size_t)(TC_BM + 4 * TC_BN) * (hd + 8); }
+static size_t smem_dq(int hd) { return sizeof(bf16s) * (size_t)(2 * TC_BM + 4 * TC_BK) * (hd + 8); }
 static size_t smem_dkdv(int hd) {
-    return sizeof(bf16s) * (size_t)(2 * TC_BM + 2 * TC_BQ) * (hd + 8) + sizeof(float) * 2 * TC_BQ;
+    return sizeof(bf16s) * (size_t)(2 * TC_BM + 4 * TC_BQ) * (hd + 8) + sizeof(float) * 4 * TC_BQ;
 }
 
 static void smem_opt_in(const void *fn, size_t bytes) {

@@ -28,7 +28,7 @@ typedef __nv_bfloat16 bf16;
 #define GG_BN 256
 #define GG_BK 64
 #define GG_ST 4
-#define GG_MAXG 128
+#define GG_MAXG 256   // groups per launch: GGArgs (~2.2 KB) and the four tensor maps stay within 4 KB of kernel parameters
 #define GG_THREADS 384
 #define GG_A_BYTES (GG_BM * GG_BK * 2)
 #define GG_B_BYTES (GG_BN * GG_BK * 2)
