@@ -3,7 +3,7 @@
 # Prepare here: cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu &&
 #   cp build/moe_bench_attention .gpu/bin/ && cp ../shared/bench/torch_moe_peer.py .gpu/
 #   (optionally an older build's bench as .gpu/bin/moe_bench_attention_old: timed beside the new one)
-# then `bash scripts/device/attn_check.sh` with carry [".gpu"] (about 5 minutes); progress in $OUT/attn.txt:
+# then `bash scripts/device/attn_check.sh` with carry [".gpu"] (about 2 minutes; LAYER=0 leaves out 3.); progress in $OUT/attn.txt:
 #   1. test_cuda_ops (the attention kernels against the cpu, chunks against one call; 256 groups);
 #   2. attention fwd/bwd on the reference shape: ours (old, new, new) and torch SDPA in the same call;
 #      ncu's per-kernel durations (--clock-control none);
@@ -32,11 +32,12 @@ for v in old new; do
   [ -x $b ] && t ncu_$v 90 ncu --clock-control none -k regex:'att_tc|rowdot|bf16' --metrics gpu__time_duration.sum $b --device cuda --iters 1
   [ -f $W/ncu_$v.log ] && say "$v kernels (us): $(grep -E '^  [a-z_]|gpu__time_duration' $W/ncu_$v.log | paste - - | awk '{n=$1; sub(/\(.*/,"",n); print n, $NF}' | tail -8 | tr '\n' ';')"
 done
-for mode in auto cublas; do
+if [ "${LAYER:-1}" = 1 ]; then for mode in auto cublas; do
   MOE_GROUPED_GEMM=$mode t layer_$mode 150 $B/moe_bench_layer --cases qwen2,e256 --iters 10 --warmup 3
   say "layer $mode: $(grep -E '^== |layer fwd' $W/layer_$mode.log | tr '\n' ' ')"
 done
 t peer 150 python3 bench/torch_moe_peer_cases.py $G/torch_moe_peer.py qwen2,e256; grep case $W/peer.log | tee -a $R
+fi
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 12"
