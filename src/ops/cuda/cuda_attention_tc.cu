@@ -521,6 +521,7 @@ extern "C" void cuda_attention_fwd_tc(float *out, float *lse, const float *q, co
     to_bf16_range(p[0], q, B, T, t0, t1, H * hd);
     to_bf16_range(p[1], k, B, T, 0, t1, KV * hd);
     to_bf16_range(p[2], v, B, T, 0, t1, KV * hd);
+    if (cuda_attention_fwd_wg(out, lse, p[0], p[1], p[2], B, T, H, KV, hd, t0, t1)) return;   // Hopper, head dim 128
     if (hd == 32) fwd_launch<32>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
     else if (hd == 64) fwd_launch<64>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
     else fwd_launch<128>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);

@@ -193,6 +193,10 @@ void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, cons
 // round_dout: dout rounded to bf16 first (the tensor-core backward)
 void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
                            int round_dout, int t0, int t1);
+// cuda_attention_wg.cu: the forward on Hopper's wgmma from the bf16 copies of q, k, v (head dim 128;
+// returns 0 where it does not run)
+int cuda_attention_fwd_wg(float *out, float *lse, const unsigned short *q, const unsigned short *k,
+                          const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
 // cuda_attention_tc.cu: the same two ops on tensor cores (bf16 operands), backend "cuda"
 void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v,
                            int B, int T, int H, int KV, int hd, int t0, int t1);

@@ -21,6 +21,7 @@
 #include <limits.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -49,8 +50,6 @@ struct GGArgs {
 };
 
 // ---------------------------------------------------------------- PTX wrappers
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
@@ -73,19 +72,6 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
-__device__ __forceinline__ void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets
-// (PTX ISA, "Matrix Descriptor Format"; K-major: lbo unused, sbo = 1024 between 8-row groups;
-// N-major: lbo = between 64-column blocks, sbo = 1024 between 8-row groups along K).
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
-           (1ull << 62);
-}
-
 template <int TA, int TB>
 __device__ __forceinline__ void wgmma_n256(float *d, uint64_t da, uint64_t db, int scale_d) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"

@@ -1,0 +1,209 @@
+// cuda_attention_wg.cu — causal grouped-query attention on Hopper's warpgroup MMA (wgmma, sm_90a),
+// head dim 128, for backend "cuda" (cuda_attention_tc.cu calls it on the bf16 copies it makes, and
+// keeps its mma.sync kernels for other head dims and GPUs). Same contract and the same roundings
+// as those kernels (ops.h; bf16 operands, P rounded to bf16 for the second product, fp32
+// accumulation, softmax and log-sum-exp), computed by wgmma instead of mma.sync.
+// Forward: a block of 2 warpgroups holds 128 query rows (64 each: wgmma's M); per 64-key tile,
+// S = Q K^T (m64n64k16, both operands from shared memory) then O += P V (m64n128k16, P from
+// registers, V N-major from shared memory). Tiles are staged with cp.async into the 128-byte-
+// swizzled layout of cuda_wgmma.cuh (two 64-column blocks per 128-wide row), the next K/V tile
+// loading while the current one is used; only tiles crossing the diagonal or the last key are
+// masked; a warpgroup skips the tiles entirely above its rows.
+// Fragment layout of a wgmma accumulator (as mma.sync's C per warp): warp w of the warpgroup holds
+// rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j + {0, 1}] ({2, 3} for + 8).
+// Must not hold: any knowledge of the model.
+#include <cuda_bf16.h>
+#include <math.h>
+#include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_wgmma.cuh"
+
+#define WG_HD 128        // head dim
+#define WG_BM 128        // query rows per block: 2 warpgroups of 64
+#define WG_BN 64         // keys per tile
+#define WG_THREADS 256
+#define WG_LOG2E 1.4426950408889634f
+#define WG_LN2 0.6931471805599453f
+// shared memory: Q (2 column blocks x 128 rows x 128 B), then K and V, each 2 buffers x 2 column
+// blocks x 64 rows x 128 B; +1024 for the alignment of the base
+#define WG_Q_BYTES (2 * WG_BM * 128)
+#define WG_KV_TILE (2 * WG_BN * 128)
+#define WG_SMEM_FWD (WG_Q_BYTES + 4 * WG_KV_TILE + 1024)
+
+typedef unsigned short bf16s;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// D (64 x 64: 32 per thread) = [D +] A (64 x 16) B (16 x 64), both from shared memory, K-major
+__device__ __forceinline__ void wgmma_n64_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D (64 x 128: 64 per thread) += A (64 x 16, from registers: each warp's 16 rows as the
+// mma.m16n8k16 A fragment) B (16 x 128, shared memory, N-major)
+__device__ __forceinline__ void wgmma_n128_rs(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    union { __nv_bfloat162 b; uint32_t u; } c;
+    c.b = __floats2bfloat162_rn(lo, hi);
+    return c.u;
+}
+
+// Stage ROWS rows (row0.., rows `stride` elements apart; rows from nvalid on zero-filled) of 128
+// bf16 into the swizzled tile at dst: column block a (elements 64a..64a+63) at dst + a ROWS 128,
+// the 16-byte chunk c of row r at chunk c ^ (r % 8). Completes at cp.async.wait_group.
+template <int ROWS>
+__device__ __forceinline__ void stage_sw(uint32_t dst, const bf16s *g, int row0, int nvalid, size_t stride) {
+    for (int e = threadIdx.x; e < ROWS * 16; e += WG_THREADS) {
+        int r = e >> 4, c16 = e & 15, blk = c16 >> 3, c = c16 & 7;
+        const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c16 * 8 : g;
+        uint32_t d = dst + blk * ROWS * 128 + r * 128 + ((c ^ (r & 7)) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(r < nvalid ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+// the staged tiles are complete and visible to wgmma (the async proxy) and to every thread
+__device__ __forceinline__ void stage_done(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+}
+#endif
+
+// Query rows [qa, qb) of each sequence, keys 0..qb-1 (rows from qb on are never read as data: they
+// are zero-filled). Grid (ceil((qb-qa)/128), H, B), the blocks with the most keys first.
+__global__ void __launch_bounds__(WG_THREADS) att_wg_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
+                                                            const bf16s *v, int T, int H, int KV, float sl, int qa,
+                                                            int qb) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sQ + WG_Q_BYTES, sV = sK + 2 * WG_KV_TILE;
+    int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_BM;
+    const bf16s *qg = q + ((size_t)b * T * H + h) * WG_HD;
+    const bf16s *kg = k + ((size_t)b * T * KV + kh) * WG_HD, *vg = v + ((size_t)b * T * KV + kh) * WG_HD;
+    int kend = min(q0 + WG_BM, qb), ntile = (kend + WG_BN - 1) / WG_BN;
+    stage_sw<WG_BM>(sQ, qg, q0, min(WG_BM, qb - q0), (size_t)H * WG_HD);
+    stage_sw<WG_BN>(sK, kg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
+    stage_sw<WG_BN>(sV, vg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
+    int wrow = q0 + wg * 64;                     // this warpgroup's first row
+    int r0 = wrow + w * 16 + (lane >> 2), r1 = r0 + 8;
+    float o[64], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.0f;
+    for (int it = 0; it < ntile; it++) {
+        int k0 = it * WG_BN, cur = it & 1;
+        stage_done();   // tile it (and Q, the first time); every warpgroup is done with tile it - 1
+        if (it + 1 < ntile) {
+            int k1 = k0 + WG_BN;
+            stage_sw<WG_BN>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
+            stage_sw<WG_BN>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
+        }
+        if (k0 > wrow + 63) continue;   // warpgroup-uniform: every key follows every row of mine
+        float s[32];
+        uint32_t qa0 = sQ + wg * 64 * 128, kb0 = sK + cur * WG_KV_TILE, vb0 = sV + cur * WG_KV_TILE;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_HD / 16; kk++) {
+            uint32_t off = 32 * (kk & 3);   // the k-step within its 64-column block
+            wgmma_n64_ss(s, desc_sw128(qa0 + (kk >> 2) * WG_BM * 128 + off, 16, 1024),
+                         desc_sw128(kb0 + (kk >> 2) * WG_BN * 128 + off, 16, 1024), kk);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (k0 + WG_BN > wrow || k0 + WG_BN > qb) {   // the diagonal or the last keys: mask
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                    s[4 * j + e] = key <= row && key < qb ? s[4 * j + e] * sl : -INFINITY;
+                }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) s[i] *= sl;
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // finite: key 0 <= row is in the first tile, so the running max is finite from then on
+        float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);   // 0 on the first tile
+        m0 = mx0;
+        m1 = mx1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s[4 * j] = exp2f(s[4 * j] - mx0);
+            s[4 * j + 1] = exp2f(s[4 * j + 1] - mx0);
+            s[4 * j + 2] = exp2f(s[4 * j + 2] - mx1);
+            s[4 * j + 3] = exp2f(s[4 * j + 3] - mx1);
+            ps0 += s[4 * j] + s[4 * j + 1];
+            ps1 += s[4 * j + 2] + s[4 * j + 3];
+        }
+        l0 = l0 * c0 + ps0;   // this thread's columns only; the quad's sum is taken at the end
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int n = 0; n < 16; n++) {
+            o[4 * n] *= c0; o[4 * n + 1] *= c0;
+            o[4 * n + 2] *= c1; o[4 * n + 3] *= c1;
+        }
+        uint32_t pf[WG_BN / 16][4];   // P as A fragments: keys 16 kk .. 16 kk + 15 are s columns 2 kk, 2 kk + 1
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) pf[kk][i] = pack2(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; kk++)
+            wgmma_n128_rs(o, pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3], desc_sw128(vb0 + 2048 * kk, WG_BN * 128, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();   // V's buffer is reloaded two tiles on
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+    for (int n = 0; n < 16; n++) {
+        if (r0 < qb)
+            *(float2 *)(out + (((size_t)b * T + r0) * H + h) * WG_HD + n * 8 + 2 * t) = make_float2(o[4 * n] * i0, o[4 * n + 1] * i0);
+        if (r1 < qb)
+            *(float2 *)(out + (((size_t)b * T + r1) * H + h) * WG_HD + n * 8 + 2 * t) = make_float2(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
+    }
+    if (t == 0) {
+        if (r0 < qb) lse[((size_t)b * H + h) * T + r0] = (m0 + log2f(l0)) * WG_LN2;
+        if (r1 < qb) lse[((size_t)b * H + h) * T + r1] = (m1 + log2f(l1)) * WG_LN2;
+    }
+#endif
+}
+
+// Forward on the bf16 copies (layouts of ops.h); 0 where this path does not run (head dim other
+// than 128, no sm_90a code or GPU: the caller uses its mma.sync kernels).
+extern "C" int cuda_attention_fwd_wg(float *out, float *lse, const unsigned short *q, const unsigned short *k,
+                                     const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1) {
+    if (hd != WG_HD || !backend_cuda_grouped_kernel()) return 0;
+    static int opted = 0;
+    if (!opted) {
+        CUDA_CHECK(cudaFuncSetAttribute(att_wg_fwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_FWD));
+        opted = 1;
+    }
+    dim3 grid(cdiv_u(t1 - t0, WG_BM), H, B);
+    att_wg_fwd_k<<<grid, WG_THREADS, WG_SMEM_FWD>>>(out, lse, q, k, v, T, H, KV, WG_LOG2E / sqrtf((float)WG_HD), t0, t1);
+    KCHECK("attention_fwd (wgmma)");
+    return 1;
+}
