@@ -36,7 +36,7 @@ strip_metrics() {   # metrics.jsonl without the fields that time things
   sed -E 's/"pp_idle_s":\[[^]]*\],?//; s/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_frac)":[^,}]*,?//g' "$1"
 }
 
-report() { grep -vE 'trained steps|tok/s' "$1/out.txt" | sed "s|$1|RUN|g"; }   # out.txt less timings and its path
+report() { grep -vE 'trained steps|tok/s|tokens/s' "$1/out.txt" | sed "s|$1|RUN|g"; }   # out.txt less timings and its path
 
 compare() {   # compare NAME A B
   local name="$1" a="$2" b="$3" ok=1 f

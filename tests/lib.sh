@@ -20,6 +20,8 @@
 #   mpi_tests                   the mpirun tests' environment (MPI, CKPT_DIFF); skips without mpirun
 #   maxrel A B                  largest relative difference between two files of numbers
 #   mesh_close REF RUN LABEL    a mesh run against the one-process reference, at the mesh tolerances
+#   sample_block FILE           the end-of-run sample in a run's output: the text between the two "---"
+#                               lines under "sample (...)", with the "---" lines
 #   finish                      print "<script>: N passed, N failed, N skipped (Ts)"; exit 1 on any FAIL
 # Output of a failing command is shown (trimmed) under its FAIL line.
 
@@ -191,6 +193,8 @@ mesh_close() {
   [ $ok = 1 ] && pass "$label matches one process (${worst# }; params ${pd#max relative difference })"
   return 0
 }
+
+sample_block() { awk '/^sample \(/ { f = 1; next } f { print; if ($0 == "---" && ++n == 2) exit }' "$1"; }
 
 finish() {
   local dt=$(($(date +%s) - T_START))

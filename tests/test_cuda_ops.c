@@ -666,6 +666,77 @@ static void test_rmsnorm(int N, int C) {
     free(x); free(w); free(y); free(r); free(g); free(pdx); free(pdw);
 }
 
+// The row split by columns over ranks (rmsnorm_part, rmsnorm_fwd_part, rmsnorm_bwd_part): this rank's C of
+// Ctot columns, the whole rows' sums made of this part plus a stand-in for the other ranks' (as the TP
+// all-reduce adds them). rmsnorm_part against the cpu's in BAND_SUMSQ relative to the sum of |terms| (both
+// sum in double, in another order); given the same whole sums, fwd_part's out/rstd and bwd_part's dinp are
+// elementwise (BAND_ELEM), bwd_part's dw the column sums of rmsnorm_bwd (BAND_SUM). With C = Ctot the three
+// give the GPU's own rmsnorm_fwd / rmsnorm_bwd bits (ops.h): checked exactly.
+static void test_rmsnorm_part(int N, int C, int Ctot) {
+    float *x = hrand((size_t)N * C, 2.0f), *w = hrand(C, 1.0f), *g = hrand((size_t)N * C, 1.0f), eps = 1e-5f;
+    float *xd = dputf(x, (size_t)N * C), *wd = dputf(w, C), *gd = dputf(g, (size_t)N * C);
+    double *pc = xcalloc(N, sizeof(double)), *pg = xcalloc(N, sizeof(double)), *ss = xcalloc(N, sizeof(double)),
+           *dot = xcalloc(N, sizeof(double));
+    double *pdd = gpu->alloc(N * sizeof(double));
+    OpRow *row = row_for("rmsnorm_part", BAND_SUMSQ);
+    for (int pass = 0; pass < 2; pass++) {   // the sum of squares, then the backward's dot
+        const float *a = pass ? g : x, *ad = pass ? gd : xd, *wp = pass ? w : NULL, *wpd = pass ? wd : NULL;
+        cpu->rmsnorm_part(pc, a, wp, x, N, C);
+        gpu->rmsnorm_part(pdd, ad, wpd, xd, N, C);
+        gpu->to_host(pg, pdd, N * sizeof(double));
+        for (int i = 0; i < N; i++) {
+            double mag = 0;
+            for (int c = 0; c < C; c++)
+                mag += fabs((double)a[(size_t)i * C + c] * (wp ? wp[c] : 1) * x[(size_t)i * C + c]);
+            double e = fabs(pg[i] - pc[i]) / (mag + 1e-300);
+            if (!(e <= row->worst)) row->worst = isnan(e) ? INFINITY : e;
+            row->bad += !(e <= BAND_SUMSQ);
+            EXPECT(e <= BAND_SUMSQ, "rmsnorm_part (%s) N=%d C=%d row %d: cuda %.17g cpu %.17g", pass ? "dot" : "sumsq",
+                   N, C, i, pg[i], pc[i]);
+            // the whole row: this part and the other ranks' (Ctot - C columns of the same scale)
+            double other = pass ? 0.3 * sqrt((double)(Ctot - C)) * rng_normal(&R)
+                                : 4.0 * (Ctot - C) * (1 + 0.1 * rng_normal(&R));
+            (pass ? dot : ss)[i] = pc[i] + (Ctot > C ? other : 0);
+        }
+    }
+    double *ssd = dput(ss, N * sizeof(double)), *dotd = dput(dot, N * sizeof(double));
+    float *y = hnew((size_t)N * C), *r = hnew(N), *yd = dnan((size_t)N * C), *rd = dnan(N);
+    cpu->rmsnorm_fwd_part(y, r, x, w, ss, N, C, Ctot, eps);
+    gpu->rmsnorm_fwd_part(yd, rd, xd, wd, ssd, N, C, Ctot, eps);
+    cmp("rmsnorm_fwd_part", "out", yd, y, (size_t)N * C, BAND_ELEM);
+    cmp("rmsnorm_fwd_part", "rstd", rd, r, N, BAND_ELEM);
+    float *rdc = dputf(r, N);   // both backwards get the cpu rstd
+    float *pdx = hrand((size_t)N * C, 1.0f), *pdw = hrand(C, 1.0f);
+    for (int p = 0; p < 3; p++) {   // zeroed, pre-filled, pre-filled with dw = NULL
+        float *dx = p ? hcopy(pdx, (size_t)N * C) : hnew((size_t)N * C), *dw = p ? hcopy(pdw, C) : hnew(C);
+        float *dxd = dputf(dx, (size_t)N * C), *dwd = dputf(dw, C);
+        cpu->rmsnorm_bwd_part(dx, p == 2 ? NULL : dw, g, x, w, r, dot, N, C, Ctot);
+        gpu->rmsnorm_bwd_part(dxd, p == 2 ? NULL : dwd, gd, xd, wd, rdc, dotd, N, C, Ctot);
+        cmp("rmsnorm_bwd_part", p ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * C, BAND_ELEM);
+        cmp("rmsnorm_bwd_part", p == 2 ? "dw untouched when NULL" : p ? "dw (accumulate)" : "dw", dwd, dw, C, BAND_SUM);
+        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+    }
+    if (Ctot == C) {   // one part: the GPU's rmsnorm_fwd / rmsnorm_bwd bits
+        float *y2 = dnan((size_t)N * C), *r2 = dnan(N), *dx1 = gpu->alloc((size_t)N * C * sizeof(float)),
+              *dx2 = gpu->alloc((size_t)N * C * sizeof(float)), *dw1 = gpu->alloc(C * sizeof(float)),
+              *dw2 = gpu->alloc(C * sizeof(float));
+        gpu->rmsnorm_part(ssd, xd, NULL, xd, N, C);
+        gpu->rmsnorm_fwd_part(yd, rd, xd, wd, ssd, N, C, C, eps);
+        gpu->rmsnorm_fwd(y2, r2, xd, wd, N, C, eps);
+        cmp_exact_dev("rmsnorm_fwd_part, one part: rmsnorm_fwd's out", yd, y2, (size_t)N * C);
+        cmp_exact_dev("rmsnorm_fwd_part, one part: rmsnorm_fwd's rstd", rd, r2, N);
+        gpu->rmsnorm_part(dotd, gd, wd, xd, N, C);
+        gpu->rmsnorm_bwd_part(dx1, dw1, gd, xd, wd, rd, dotd, N, C, C);
+        gpu->rmsnorm_bwd(dx2, dw2, gd, xd, wd, r2, N, C);
+        cmp_exact_dev("rmsnorm_bwd_part, one part: rmsnorm_bwd's dinp", dx1, dx2, (size_t)N * C);
+        cmp_exact_dev("rmsnorm_bwd_part, one part: rmsnorm_bwd's dw", dw1, dw2, C);
+        gpu->free(y2); gpu->free(r2); gpu->free(dx1); gpu->free(dx2); gpu->free(dw1); gpu->free(dw2);
+    }
+    gpu->free(xd); gpu->free(wd); gpu->free(gd); gpu->free(pdd); gpu->free(ssd); gpu->free(dotd); gpu->free(yd);
+    gpu->free(rd); gpu->free(rdc);
+    free(x); free(w); free(g); free(pc); free(pg); free(ss); free(dot); free(y); free(r); free(pdx); free(pdw);
+}
+
 static void test_rope(int B, int T, int nh, int hd, float theta) {
     size_t n = (size_t)B * T * nh * hd;
     float *x = hrand(n, 1.0f), *xd = dputf(x, n);
@@ -1179,6 +1250,10 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_router(16384, 64, 8, 1);   // the sums over 256 chunks of rows
     test_rmsnorm(37, 96);
     if (big) test_rmsnorm(200, 1000);
+    test_rmsnorm_part(37, 48, 96);        // one of two TP ranks' q columns
+    test_rmsnorm_part(5, 300, 1200);      // C over a block's 256 threads, one of four
+    test_rmsnorm_part(37, 96, 96);        // one part: rmsnorm_fwd / rmsnorm_bwd's bits
+    if (big) test_rmsnorm_part(300, 1024, 2048);   // OLMoE's q row (16 x 128) over tp 2
     test_rope(2, 19, 3, 24, 10000.0f);
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);
     test_rope_rows_dropout(2, 19, 3, 24, 10000.0f, 5, 12);

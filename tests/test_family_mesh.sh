@@ -2,11 +2,13 @@
 # test_family_mesh.sh — the families' options (config.h: q/k/v biases, a sigmoid-gated shared expert,
 # QK-norm full-width and per head) and the balancing methods (aux-free routing bias, which the final
 # parameters compare as a table tensor; sequence and global aux scopes) train the same model on a mesh as
-# in one process, at test_mesh.sh's
-# tolerances (lib.sh mesh_close), and the one form that cannot be split (OLMoE's full-width QK-norm over
-# TP) is refused with one message. Tiny models, 4 steps: the point is the new terms' TP slices (biases
-# split with their heads, per-head norm weights and the shared expert reduced over the stage) and their
-# EP/DP reductions, not the rest of the mesh matrix (test_mesh.sh).
+# in one process, at test_mesh.sh's tolerances (lib.sh mesh_close). Tiny models, 4 steps: the point is
+# the new terms' TP slices (biases split with their heads, per-head norm weights and the shared expert
+# reduced over the stage) and their EP/DP reductions, not the rest of the mesh matrix (test_mesh.sh).
+# OLMoE's full-width QK-norm over TP (its row sums all-reduced over the TP ranks, its weight sliced with
+# the heads): tp2 (with the end-of-run sample, the KV-cached decode's split norm, equal to one process's),
+# tp2+dp2+ep2, dp2+tp2 zero2, and that run's step-2 checkpoint resumed in one process (the sliced norm
+# weights and their AdamW moments gathered back) to the same final model.
 set -u
 . "$(dirname "$0")/lib.sh"
 mpi_tests
@@ -22,6 +24,9 @@ CASES="$Q2|4|--tp 2 --ep 2|qwen2_moe (biases, gated shared expert): tp2+dp2+ep2
 $Q2 --dispatch capacity --capacity-factor 0.8 --jitter 0.05|2|--tp 2|qwen2_moe capacity+jitter: tp2
 $Q3|4|--tp 2 --ep 2 --zero 1|qwen3_moe (per-head qk-norm): tp2+dp2+ep2 zero1
 $OL|4|--ep 2 --etp 2|olmoe (full qk-norm): dp4+ep2+etp2
+$OL --sample-tokens 24|2|--tp 2|olmoe (full qk-norm split over TP): tp2
+$OL|4|--tp 2 --ep 2|olmoe (full qk-norm split over TP): tp2+dp2+ep2
+$OL|4|--tp 2 --zero 2 --save-every 2 --keep 0|olmoe (full qk-norm split over TP): dp2+tp2 zero2
 --balance aux-free --bias-rate 0.01|4|--tp 2 --ep 2 --zero 2|balance aux-free (routing bias): tp2+dp2+ep2 zero2
 --balance aux-free --bias-rate 0.01 --grad-accum 4|2|--pp 2|balance aux-free: pp2 (1f1b)
 --aux-scope sequence --seq-len 25 --batch 4 --grad-accum 2|4|--tp 2 --ep 2|aux scope sequence, sequences cut by TP slices: tp2+dp2+ep2
@@ -39,11 +44,21 @@ while IFS='|' read -r fam np flags label; do
   else fail "$label: mpirun failed"; tail -5 "$run/out.txt"; fi
 done <<< "$CASES"
 
-# OLMoE's full-width QK-norm over TP: refused before anything starts
-rm -rf "$TMP/bad"
-timeout 120 mpirun --oversubscribe -np 2 "$MOE" train --out "$TMP/bad" $BASE $OL --tp 2 > "$TMP/bad.txt" 2>&1 < /dev/null
-rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "moe: error: .*qk_norm full .* tp must be 1 (got 2)" "$TMP/bad.txt" && [ ! -e "$TMP/bad" ]; then
-  pass "olmoe qk-norm full with --tp 2 refused, nothing written"
-else fail "olmoe qk-norm full with --tp 2: exit $rc"; tail -3 "$TMP/bad.txt"; fi
+# the end-of-run sample of OLMoE at tp2 (the cached decode with the norm's TP all-reduce) is one process's
+i=$(grep -n -- "--sample-tokens 24|" <<< "$CASES" | cut -d: -f1)
+sample_block "$TMP/ref$i.txt" > "$TMP/s1.txt"; sample_block "$TMP/run$i/out.txt" > "$TMP/s2.txt"
+if [ "$(wc -l < "$TMP/s1.txt")" -ge 3 ] && cmp -s "$TMP/s1.txt" "$TMP/s2.txt"; then
+  pass "olmoe tp2: the end-of-run sample (24 tokens, KV cache) equals one process's"
+else fail "olmoe tp2: the end-of-run sample differs from one process's"; diff "$TMP/s1.txt" "$TMP/s2.txt" | head -6; fi
+
+# OLMoE saved at dp2+tp2 zero2 after 2 of 4 steps (q_norm/k_norm sliced with the heads), resumed in one process
+z=$(grep -n "zero 2 --save-every" <<< "$CASES" | cut -d: -f1)
+d="$TMP/resume1"; rm -rf "$d"; mkdir -p "$d"
+if cp -r "$TMP/run$z/step_00000002" "$d/" 2>/dev/null; then
+  head -n "$(grep -n '"step":2,' "$TMP/run$z/metrics.jsonl" | head -1 | cut -d: -f1)" "$TMP/run$z/metrics.jsonl" > "$d/metrics.jsonl"
+  if "$MOE" train --out "$d" $BASE $OL --resume > "$d/out.txt" 2>&1 < /dev/null; then
+    echo "replica check: ok" >> "$d/out.txt"   # (one process: nothing to compare)
+    mesh_close "$TMP/ref$z" "$d" "olmoe saved at dp2+tp2 zero2 (step 2), resumed in one process"
+  else fail "olmoe: resume in one process failed"; tail -5 "$d/out.txt"; fi
+else fail "olmoe dp2+tp2 zero2: no step-2 checkpoint"; fi
 finish

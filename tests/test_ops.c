@@ -398,6 +398,113 @@ static void test_rmsnorm(void) {
     free(dx0); free(dw0); free(rstd0); free(px); free(pw); free(dx1); free(dw1);
 }
 
+// The row split by columns over ranks (rmsnorm_part, rmsnorm_fwd_part, rmsnorm_bwd_part; OLMoE's full-width
+// QK-norm under TP): the columns [0, C0) and [C0, C) as two ranks' (N, C0) and (N, C - C0) blocks, the
+// parts added as the TP all-reduce adds them, against rmsnorm_fwd / rmsnorm_bwd over the whole rows.
+// Bands: the parts are the row's sums in double (checked to 1e-12 relative of sum |terms| against a sum
+// here); the whole sum is then the same as one pass to double round-off (~1e-16), so rstd, a float rounded
+// from it, is the same float or one ulp away, and out = x rstd w, dx = rstd g w - k x (k = dot/C rstd^3,
+// the same) and dw = sum g x rstd move by at most a few float ulps of their terms: 4e-7 relative to the
+// terms' magnitudes (|x r w|; |r g w| + |k x|, as dx may cancel; sum |g x r|). A part missing its other
+// half, a wrong Ctot or a local mean moves them by O(1). With C0 = C (one rank) the ops give rmsnorm_fwd /
+// rmsnorm_bwd's bits (ops.h): checked exactly.
+#define SPLIT_RTOL 4e-7
+static void cols(float *dst, const float *src, int N, int C, int c0, int c1) {   // columns [c0, c1) of (N, C)
+    for (int n = 0; n < N; n++)
+        memcpy(dst + (size_t)n * (c1 - c0), src + (size_t)n * C + c0, sizeof(float) * (c1 - c0));
+}
+static void test_rmsnorm_split(int N, int C, int C0) {
+    const float eps = 1e-5f;
+    int C1 = C - C0, Cs[2] = {C0, C1}, off[2] = {0, C0};
+    float *x = fnew(N * C), *w = fnew(C), *dout = fnew(N * C), *out = fnew(N * C), *rstd = fnew(N);
+    fill_normal(x, N * C, 1); fill_normal(dout, N * C, 1);
+    for (int c = 0; c < C; c++) w[c] = 1.0f + 0.3f * rng_normal(&R);
+    for (int c = 0; c < C; c++) x[C + c] *= 1e-3f;   // a small row: eps matters in its rstd
+    float *dx = fnew(N * C), *dw = fnew(C);
+    be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
+    be->rmsnorm_bwd(dx, dw, dout, x, w, rstd, N, C);
+    // each part's blocks: x, dout, w, out, rstd, dx, dw
+    float *px[2], *pg[2], *pw[2], *po[2], *pr[2], *pdx[2], *pdw[2];
+    double *ss = dnew(N), *dot = dnew(N), *part = dnew(N);
+    for (int k = 0; k < 2; k++) {
+        px[k] = fnew(N * Cs[k]); pg[k] = fnew(N * Cs[k]); po[k] = fnew(N * Cs[k]); pdx[k] = fnew(N * Cs[k]);
+        pr[k] = fnew(N); pdw[k] = fnew(Cs[k]); pw[k] = fcopy(w + off[k], Cs[k]);
+        cols(px[k], x, N, C, off[k], off[k] + Cs[k]);
+        cols(pg[k], dout, N, C, off[k], off[k] + Cs[k]);
+        for (int pass = 0; pass < 2; pass++) {   // the sum of squares, then the backward's dot
+            for (int n = 0; n < N; n++) part[n] = NAN;
+            if (!pass) be->rmsnorm_part(part, px[k], NULL, px[k], N, Cs[k]);
+            else be->rmsnorm_part(part, pg[k], pw[k], px[k], N, Cs[k]);
+            for (int n = 0; n < N; n++) {
+                double ref = 0, mag = 0;
+                for (int c = 0; c < Cs[k]; c++) {
+                    double xv = px[k][n * Cs[k] + c], t = pass ? (double)pg[k][n * Cs[k] + c] * pw[k][c] * xv : xv * xv;
+                    ref += t; mag += fabs(t);
+                }
+                EXPECT(fabs(part[n] - ref) <= 1e-12 * mag, "rmsnorm_part (%s) part %d row %d: %.17g, ref %.17g",
+                       pass ? "dot" : "sum of squares", k, n, part[n], ref);
+                (pass ? dot : ss)[n] += part[n];   // the TP all-reduce
+            }
+        }
+    }
+    double *ref = dnew(N * C), *mag = dnew(N * C);
+    for (int k = 0; k < 2; k++) {
+        fill_nan(po[k], N * Cs[k]); fill_nan(pr[k], N);
+        be->rmsnorm_fwd_part(po[k], pr[k], px[k], pw[k], ss, N, Cs[k], C, eps);
+        for (int n = 0; n < N; n++) for (int c = 0; c < Cs[k]; c++) {
+            ref[n * Cs[k] + c] = out[n * C + off[k] + c];
+            mag[n * Cs[k] + c] = fabs((double)x[n * C + off[k] + c] * rstd[n] * w[off[k] + c]);
+        }
+        check_arr(k ? "rmsnorm_fwd_part out (part 1)" : "rmsnorm_fwd_part out (part 0)", po[k], ref, mag, N * Cs[k],
+                  SPLIT_RTOL, 1e-30);
+        for (int n = 0; n < N; n++) ref[n] = rstd[n];
+        check_arr("rmsnorm_fwd_part rstd", pr[k], ref, NULL, N, SPLIT_RTOL, 0);
+        be->rmsnorm_bwd_part(pdx[k], pdw[k], pg[k], px[k], pw[k], pr[k], dot, N, Cs[k], C);
+        for (int n = 0; n < N; n++) {
+            double r = pr[k][n], kk = dot[n] / C * r * r * r;
+            for (int c = 0; c < Cs[k]; c++) {
+                size_t i = (size_t)n * Cs[k] + c;
+                ref[i] = dx[n * C + off[k] + c];
+                mag[i] = fabs(r * pg[k][i] * pw[k][c]) + fabs(kk * px[k][i]);
+            }
+        }
+        check_arr("rmsnorm_bwd_part dinp", pdx[k], ref, mag, N * Cs[k], SPLIT_RTOL, 1e-30);
+        for (int c = 0; c < Cs[k]; c++) {
+            ref[c] = dw[off[k] + c];
+            mag[c] = 0;
+            for (int n = 0; n < N; n++) mag[c] += fabs((double)pg[k][n * Cs[k] + c] * px[k][n * Cs[k] + c] * pr[k][n]);
+        }
+        check_arr("rmsnorm_bwd_part dw", pdw[k], ref, mag, Cs[k], SPLIT_RTOL, 1e-30);
+        // accumulates (+=), and without dw
+        float *pre = fnew(N * Cs[k]), *prw = fnew(Cs[k]);
+        fill_normal(pre, N * Cs[k], 1); fill_normal(prw, Cs[k], 1);
+        float *dx1 = fcopy(pre, N * Cs[k]), *dw1 = fcopy(prw, Cs[k]);
+        be->rmsnorm_bwd_part(dx1, dw1, pg[k], px[k], pw[k], pr[k], dot, N, Cs[k], C);
+        check_accum("rmsnorm_bwd_part dinp", dx1, pre, pdx[k], N * Cs[k]);
+        check_accum("rmsnorm_bwd_part dw", dw1, prw, pdw[k], Cs[k]);
+        memcpy(dx1, pre, sizeof(float) * N * Cs[k]);
+        be->rmsnorm_bwd_part(dx1, NULL, pg[k], px[k], pw[k], pr[k], dot, N, Cs[k], C);
+        check_accum("rmsnorm_bwd_part dinp (dw NULL)", dx1, pre, pdx[k], N * Cs[k]);
+        free(pre); free(prw); free(dx1); free(dw1);
+    }
+    // one rank (C0 = C): rmsnorm_fwd / rmsnorm_bwd's bits
+    float *o1 = fnew(N * C), *r1 = fnew(N), *dx1 = fnew(N * C), *dw1 = fnew(C);
+    be->rmsnorm_part(ss, x, NULL, x, N, C);
+    be->rmsnorm_fwd_part(o1, r1, x, w, ss, N, C, C, eps);
+    be->rmsnorm_part(dot, dout, w, x, N, C);
+    be->rmsnorm_bwd_part(dx1, dw1, dout, x, w, r1, dot, N, C, C);
+    check_exact("rmsnorm_fwd_part, one part: rmsnorm_fwd's out", o1, out, N * C);
+    check_exact("rmsnorm_fwd_part, one part: rmsnorm_fwd's rstd", r1, rstd, N);
+    check_exact("rmsnorm_bwd_part, one part: rmsnorm_bwd's dinp", dx1, dx, N * C);
+    check_exact("rmsnorm_bwd_part, one part: rmsnorm_bwd's dw", dw1, dw, C);
+    free(o1); free(r1); free(dx1); free(dw1);
+    for (int k = 0; k < 2; k++) {
+        free(px[k]); free(pg[k]); free(pw[k]); free(po[k]); free(pr[k]); free(pdx[k]); free(pdw[k]);
+    }
+    free(x); free(w); free(dout); free(out); free(rstd); free(dx); free(dw); free(ss); free(dot); free(part);
+    free(ref); free(mag);
+}
+
 // ---------------------------------------------------------------- rope
 typedef struct { float *x, *tmp; const float *dout; int B, T, nh, hd; float theta; } RopeCtx;
 static double rope_loss(void *p) {
@@ -1186,6 +1293,8 @@ int main(void) {
     test_grouped_matmul();
     test_embedding();
     test_rmsnorm();
+    test_rmsnorm_split(6, 48, 24);    // two ranks' halves (tp 2: H*hd = 48 of 2 x 24)
+    test_rmsnorm_split(3, 40, 8);     // unequal parts
     test_rope(2, 5, 3, 8, 10000.0f);
     test_rope(1, 7, 2, 4, 100.0f);
     test_dropout();

@@ -29,13 +29,6 @@ static void moe_weights(const Model *m, int l, MoeWeights *w) {
     }
 }
 
-// QK-norm rows (as model.c): full rows of heads*hd (OLMoE), or per head rows of hd (Qwen3-MoE).
-static void qk_rows(const Model *m, int n, int heads, int *rows, int *C) {
-    int full = m->c.qk_norm == QK_NORM_FULL;
-    *rows = full ? n : n * heads;
-    *C = full ? heads * m->c.head_dim : m->c.head_dim;
-}
-
 int model_decode_supported(const Model *m) {
     return m->nchunks == 1 && m->chunk[0].l0 == 0 && m->chunk[0].l1 == m->c.n_layers && m->chunk[0].first &&
            m->chunk[0].last;
@@ -103,13 +96,8 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
             be->matmul_fwd(kp, m->ones, W_(m, PR_BK, l, -1), n, 1, kvd, 1);
             be->matmul_fwd(v, m->ones, W_(m, PR_BV, l, -1), n, 1, kvd, 1);
         }
-        if (c->qk_norm) {
-            int r, C;
-            qk_rows(m, n, H, &r, &C);
-            be->rmsnorm_fwd(q, kc->rstdqk, qp, W_(m, PR_QNORM, l, -1), r, C, c->norm_eps);
-            qk_rows(m, n, KV, &r, &C);
-            be->rmsnorm_fwd(k, kc->rstdqk, kp, W_(m, PR_KNORM, l, -1), r, C, c->norm_eps);
-        }
+        // (the full-width form over TP sums its rows over the TP ranks, which all decode the same rows)
+        if (c->qk_norm) model_qk_norm_fwd(m, l, q, k, kc->rstdqk, kc->rstdqk, qp, kp, n);
         be->rope_rows(q, 1, t0, t1, H, hd, c->rope_theta, 0);
         be->rope_rows(k, 1, t0, t1, KV, hd, c->rope_theta, 0);
         be->attention_fwd(kc->att, kc->lse, kc->q, kc->k[l], kc->v[l], 1, W, H, KV, hd, t0, t1);

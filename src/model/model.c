@@ -43,31 +43,64 @@ static void qkv_bias_bwd(Model *m, int l, const float *dq, const float *dk, cons
     m->be->matmul_bwd(NULL, P(m, g, PR_BK, l, -1), dk, m->ones, P(m, p, PR_BK, l, -1), N, 1, kvd);
     m->be->matmul_bwd(NULL, P(m, g, PR_BV, l, -1), dv, m->ones, P(m, p, PR_BV, l, -1), N, 1, kvd);
 }
-// QK-norm as RMSNorm rows: full (OLMoE) rows of H*hd / KV*hd (one process in TP: mesh.c), per head
-// (Qwen3-MoE) rows of hd.
+// QK-norm as RMSNorm rows: full (OLMoE) rows of H*hd / KV*hd, per head (Qwen3-MoE) rows of hd.
 static void qk_rows(const Model *m, int N, int heads, int *rows, int *C) {
     int full = m->c.qk_norm == QK_NORM_FULL;
     *rows = full ? N : N * heads;
     *C = full ? heads * m->c.head_dim : m->c.head_dim;
 }
-static void qk_norm_fwd(Model *m, LayerActs *a, int l, int N) {
+// The full form over TP: each rank holds its heads' columns of a row (Hl*hd of H*hd; its slice of the
+// weight, params.c), so the row sums (the forward's sum of squares, the backward's dot) are taken in
+// parts, q's and k's added over the TP ranks in one all-reduce of 2N doubles, and applied on each rank.
+// With one TP rank the plain rmsnorm ops (the same bits).
+static int qk_split(const Model *m) { return m->c.qk_norm == QK_NORM_FULL && comm_size(m->mesh.tp) > 1; }
+
+void model_qk_norm_fwd(Model *m, int l, float *q, float *k, float *rstdq, float *rstdk, const float *qraw,
+                       const float *kraw, int N) {
+    const Backend *be = m->be;
+    const float *wq = P(m, m->params, PR_QNORM, l, -1), *wk = P(m, m->params, PR_KNORM, l, -1);
+    float eps = m->c.norm_eps;
     int r, C;
+    if (qk_split(m)) {
+        int hd = m->c.head_dim, Cq = m->Hl * hd, Ck = m->KVl * hd;
+        be->rmsnorm_part(m->qk_sums, qraw, NULL, qraw, N, Cq);
+        be->rmsnorm_part(m->qk_sums + N, kraw, NULL, kraw, N, Ck);
+        comm_dev_allreduce(m->mesh.tp, m->qk_sums, (size_t)2 * N, CT_F64);
+        be->rmsnorm_fwd_part(q, rstdq, qraw, wq, m->qk_sums, N, Cq, m->c.n_heads * hd, eps);
+        be->rmsnorm_fwd_part(k, rstdk, kraw, wk, m->qk_sums + N, N, Ck, m->c.n_kv_heads * hd, eps);
+        return;
+    }
     qk_rows(m, N, m->Hl, &r, &C);
-    m->be->rmsnorm_fwd(a->q, a->rstdq, a->qraw, P(m, m->params, PR_QNORM, l, -1), r, C, m->c.norm_eps);
+    be->rmsnorm_fwd(q, rstdq, qraw, wq, r, C, eps);
     qk_rows(m, N, m->KVl, &r, &C);
-    m->be->rmsnorm_fwd(a->k, a->rstdk, a->kraw, P(m, m->params, PR_KNORM, l, -1), r, C, m->c.norm_eps);
+    be->rmsnorm_fwd(k, rstdk, kraw, wk, r, C, eps);
+}
+static void qk_norm_fwd(Model *m, LayerActs *a, int l, int N) {
+    model_qk_norm_fwd(m, l, a->q, a->k, a->rstdq, a->rstdk, a->qraw, a->kraw, N);
 }
 // dq, dk (after RoPE's backward) -> m->dq2, m->dk2 (before the norms); the norm weights' gradients.
 static void qk_norm_bwd(Model *m, LayerActs *a, int l, int N) {
+    const Backend *be = m->be;
+    float *gq = P(m, m->grads, PR_QNORM, l, -1), *gk = P(m, m->grads, PR_KNORM, l, -1);
+    const float *wq = P(m, m->params, PR_QNORM, l, -1), *wk = P(m, m->params, PR_KNORM, l, -1);
     int r, C;
     qk_rows(m, N, m->Hl, &r, &C);
-    m->be->zero(m->dq2, (size_t)r * C * F);
-    m->be->rmsnorm_bwd(m->dq2, P(m, m->grads, PR_QNORM, l, -1), m->dq, a->qraw, P(m, m->params, PR_QNORM, l, -1),
-                       a->rstdq, r, C);
+    be->zero(m->dq2, (size_t)r * C * F);
+    int Ck = m->KVl * m->c.head_dim;
+    if (qk_split(m)) {   // (full rows: r = N, C = Hl*hd)
+        be->zero(m->dk2, (size_t)N * Ck * F);
+        be->rmsnorm_part(m->qk_sums, m->dq, wq, a->qraw, N, C);
+        be->rmsnorm_part(m->qk_sums + N, m->dk, wk, a->kraw, N, Ck);
+        comm_dev_allreduce(m->mesh.tp, m->qk_sums, (size_t)2 * N, CT_F64);
+        be->rmsnorm_bwd_part(m->dq2, gq, m->dq, a->qraw, wq, a->rstdq, m->qk_sums, N, C, m->c.n_heads * m->c.head_dim);
+        be->rmsnorm_bwd_part(m->dk2, gk, m->dk, a->kraw, wk, a->rstdk, m->qk_sums + N, N, Ck,
+                             m->c.n_kv_heads * m->c.head_dim);
+        return;
+    }
+    be->rmsnorm_bwd(m->dq2, gq, m->dq, a->qraw, wq, a->rstdq, r, C);
     qk_rows(m, N, m->KVl, &r, &C);
-    m->be->zero(m->dk2, (size_t)r * C * F);
-    m->be->rmsnorm_bwd(m->dk2, P(m, m->grads, PR_KNORM, l, -1), m->dk, a->kraw, P(m, m->params, PR_KNORM, l, -1),
-                       a->rstdk, r, C);
+    be->zero(m->dk2, (size_t)r * C * F);
+    be->rmsnorm_bwd(m->dk2, gk, m->dk, a->kraw, wk, a->rstdk, r, C);
 }
 
 // Wall time for the MoE timing, after the backend's queued work (only while timing: 0 otherwise).
@@ -282,6 +315,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
         m->dq2 = be->alloc(N * qd * F);
         m->dk2 = be->alloc(N * kvd * F);
     }
+    if (qk_split(m)) m->qk_sums = be->alloc(2 * N * sizeof(double));
     if (c->qkv_bias) {
         float *one = xmalloc(N * F);
         for (size_t i = 0; i < N; i++) one[i] = 1.0f;
@@ -355,7 +389,7 @@ void model_free(Model *m) {
         free(m->slots[k]);
     }
     void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones,
-                    m->att_rc, m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act, m->ddrop};
+                    m->qk_sums, m->att_rc, m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act, m->ddrop};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);

@@ -6,8 +6,9 @@
 // stream (model_stage_in / model_stage_out, m->dres) and the router statistics carried along (aux,
 // z, dropped, hf_fe/hf_pe).
 // On a mesh the forward and backward include the collectives that are part of the math (the
-// attention output's and its input gradient's all-reduce over TP; the MoE layer's exchanges),
-// through the comm API (parallel/comm.h), a layer below: model/ knows nothing of MPI, NCCL or CUDA.
+// attention output's and its input gradient's all-reduce over TP, the full-width QK-norm's row sums over
+// TP; the MoE layer's exchanges), through the comm API (parallel/comm.h), a layer below: model/ knows
+// nothing of MPI, NCCL or CUDA.
 // Must not hold: optimizer, data, files, MPI/NCCL/CUDA calls, or the gradient reductions across
 // DP/EDP (train/dist.c).
 #pragma once
@@ -79,6 +80,7 @@ typedef struct {
     float *dres, *dxn, *dq, *dk, *dv, *datt;
     float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
     float *ones;                   // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
+    double *qk_sums;               // (2, maxN) full-width QK-norm over TP: q's and k's row sums, all-reduced
     float *ddrop;                  // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
     // Dropout (training only): the caller sets dropout (p, kept for the backwards) and drop_seed (a function
     // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed
@@ -172,6 +174,12 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 // over the current chunk's layers: on a chunk that is not the last, m->dres must hold the gradient
 // of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
+
+// QK-norm of layer l over n rows (the config has one): q, k and their rstd from the projections qraw,
+// kraw (this rank's heads). The full-width form over TP ranks adds its rows' sums over the TP group (a
+// collective: every TP rank calls it). The forward's and the KV-cached decode's (decode.c) one code.
+void model_qk_norm_fwd(Model *m, int l, float *q, float *k, float *rstdq, float *rstdk, const float *qraw,
+                       const float *kraw, int n);
 
 // aux scope global: start a new step's running statistics (the trainer calls it before each step).
 void model_scope_reset(Model *m);

@@ -39,6 +39,11 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
     switch (s->role) {
     case PR_WQ: case PR_WK: case PR_WV: case PR_BQ: case PR_BK: case PR_BV: parts = sl->tp; part = sl->tp_rank; dim = 0; break;
     case PR_WO: parts = sl->tp; part = sl->tp_rank; dim = 1; break;
+    // QK-norm: the full-width weight (OLMoE) spans every head's columns: sliced with q/k's rows (this
+    // rank's heads); the per-head one (hd) is replicated
+    case PR_QNORM: case PR_KNORM:
+        if (c->qk_norm == QK_NORM_FULL) { parts = sl->tp; part = sl->tp_rank; dim = 0; }
+        break;
     case PR_W1: case PR_W3: case PR_W2: {
         int El = c->n_experts / sl->ep;
         held = s->expert / El == sl->ep_rank;
@@ -135,11 +140,12 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
             }
         }
         add(t, &cap, NM("model.layers.%d.self_attn.o_proj.weight", l), d, qd, PR_WO, l, -1, SPLIT_ROW);
-        if (c->qk_norm) {
+        if (c->qk_norm) {   // full width: split with the heads, reduced over DP; per head: replicated, over the stage
             int full = c->qk_norm == QK_NORM_FULL;
-            add(t, &cap, NM("model.layers.%d.self_attn.q_norm.weight", l), full ? qd : hd, 0, PR_QNORM, l, -1, SPLIT_REPL);
+            TpSplit sp = full ? SPLIT_COL : SPLIT_REPL;
+            add(t, &cap, NM("model.layers.%d.self_attn.q_norm.weight", l), full ? qd : hd, 0, PR_QNORM, l, -1, sp);
             if (!full) t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.self_attn.k_norm.weight", l), full ? kvd : hd, 0, PR_KNORM, l, -1, SPLIT_REPL);
+            add(t, &cap, NM("model.layers.%d.self_attn.k_norm.weight", l), full ? kvd : hd, 0, PR_KNORM, l, -1, sp);
             if (!full) t->p[t->n - 1].reduce = RED_STAGE;
         }
         add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1, SPLIT_REPL);

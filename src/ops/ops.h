@@ -96,6 +96,23 @@ struct Backend {
     void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
     void (*rmsnorm_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                         const float *rstd, int N, int C);
+    // RMSNorm over rows whose Ctot columns lie on several ranks, each holding C of them (OLMoE's
+    // full-width QK-norm under tensor parallelism). The row sums are taken in parts, the caller adds
+    // the parts over the ranks (an all-reduce), then each rank applies the whole sum to its columns.
+    // rmsnorm_part: part (N, double; overwritten) [i] = sum over c < C of a[i,c] * (w ? w[c] : 1) *
+    // b[i,c], the products and the sum in double: the forward's sum of squares (a = b = inp, w NULL)
+    // or the backward's dot (a = dout, w, b = inp).
+    void (*rmsnorm_part)(double *part, const float *a, const float *w, const float *b, int N, int C);
+    // Forward given the rows' whole sums of squares ss (N, double): rstd = 1/sqrt(ss/Ctot + eps),
+    // out = inp * rstd * w over this rank's C columns.
+    void (*rmsnorm_fwd_part)(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N,
+                             int C, int Ctot, float eps);
+    // Backward given the rows' whole dots dot (N, double) = sum over all Ctot columns of dout*w*inp:
+    // dinp += rstd * dout * w - inp * rstd^3 * dot / Ctot; dw (C; may be NULL) += sum over the rows of
+    // dout * inp * rstd. With C = Ctot (one rank's part is the whole sum) the three give rmsnorm_fwd /
+    // rmsnorm_bwd's bits: the same sums in the same order, the same float operations.
+    void (*rmsnorm_bwd_part)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                             const float *rstd, const double *dot, int N, int C, int Ctot);
 
     // In place on x (B*T, nh, hd): HF rotate_half RoPE at positions 0..T-1 of each sequence.
     // bwd applies the inverse rotation to the gradient in place.

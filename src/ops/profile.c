@@ -34,6 +34,9 @@ static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) {
 static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) { T0; in->embedding_bwd(d, o, t, N, C); T1(P_EMB); }
 static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd(o, r, i, w, N, C, e); T1(P_NORM); }
 static void w_rms_b(float *di, float *dw, const float *d, const float *i, const float *w, const float *r, int N, int C) { T0; in->rmsnorm_bwd(di, dw, d, i, w, r, N, C); T1(P_NORM); }
+static void w_rms_p(double *p, const float *a, const float *w, const float *b, int N, int C) { T0; in->rmsnorm_part(p, a, w, b, N, C); T1(P_NORM); }
+static void w_rms_fp(float *o, float *r, const float *i, const float *w, const double *s, int N, int C, int Ct, float e) { T0; in->rmsnorm_fwd_part(o, r, i, w, s, N, C, Ct, e); T1(P_NORM); }
+static void w_rms_bp(float *di, float *dw, const float *d, const float *i, const float *w, const float *r, const double *dt, int N, int C, int Ct) { T0; in->rmsnorm_bwd_part(di, dw, d, i, w, r, dt, N, C, Ct); T1(P_NORM); }
 static void w_rope_f(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_fwd(x, B, T, nh, hd, th); T1(P_ROPE); }
 static void w_rope_b(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_bwd(x, B, T, nh, hd, th); T1(P_ROPE); }
 static void w_rope_r(float *x, int B, int t0, int t1, int nh, int hd, float th, int inv) { T0; in->rope_rows(x, B, t0, t1, nh, hd, th, inv); T1(P_ROPE); }
@@ -65,6 +68,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.matmul_fwd = w_mm_f; pb.matmul_bwd = w_mm_b; pb.grouped_matmul_fwd = w_gmm_f; pb.grouped_matmul_bwd = w_gmm_b;
     pb.grouped_swiglu_fwd = w_gsw_f; pb.grouped_swiglu_bwd = w_gsw_b; pb.grouped_matmul_bwd2 = w_gmm_b2;
     pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b;
+    pb.rmsnorm_part = w_rms_p; pb.rmsnorm_fwd_part = w_rms_fp; pb.rmsnorm_bwd_part = w_rms_bp;
     pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
     pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather;
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd;

@@ -28,9 +28,6 @@ const char *mesh_shape_resolve(MeshShape *s, const ModelConfig *c) {
         if (c->n_heads % s->tp) BAD("n_heads %d is not divisible by tp %d", c->n_heads, s->tp);
         if (c->n_kv_heads % s->tp) BAD("n_kv_heads %d is not divisible by tp %d", c->n_kv_heads, s->tp);
         if (c->d_ff % s->etp) BAD("d_ff %d is not divisible by etp %d", c->d_ff, s->etp);
-        if (c->qk_norm == QK_NORM_FULL && s->tp > 1)
-            BAD("qk_norm full (OLMoE: one RMSNorm over every head's q and k) is not split over tensor parallel ranks: "
-                "tp must be 1 (got %d); use --ep and data parallel ranks instead", s->tp);
     }
 #undef BAD
     return NULL;

@@ -85,6 +85,8 @@ const Backend *backend_cpu(void) {
         .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
         .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
         .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
+        .rmsnorm_part = cpu_rmsnorm_part, .rmsnorm_fwd_part = cpu_rmsnorm_fwd_part,
+        .rmsnorm_bwd_part = cpu_rmsnorm_bwd_part,
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd, .rope_rows = cpu_rope_rows, .dropout = cpu_dropout,
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
         .attention_drop_fwd = cpu_attention_drop_fwd, .attention_drop_bwd = cpu_attention_drop_bwd,

@@ -1,7 +1,9 @@
-// cpu_nn.c — float32 reference kernels: embedding, RMSNorm, RoPE (also over a row range), causal GQA
-// attention (with optional dropout on its probabilities), SwiGLU, row gather and combine, cross-entropy,
-// elementwise ops (dropout among them), and the optimizer's runs (sum of squares, AdamW). OpenMP over independent rows only; every sum is taken in a fixed order (results do not
-// depend on thread count except inside BLAS).
+// cpu_nn.c — float32 reference kernels: embedding, RMSNorm (also over rows whose columns are split
+// across ranks: partial sums, then the norm given the whole sums), RoPE (also over a row range), causal
+// GQA attention (with optional dropout on its probabilities), SwiGLU, row gather and combine,
+// cross-entropy, elementwise ops (dropout among them), and the optimizer's runs (sum of squares, AdamW).
+// OpenMP over independent rows only; every sum is taken in a fixed order (results do not depend on
+// thread count except inside BLAS).
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <stdlib.h>
@@ -35,6 +37,16 @@ void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, 
     }
 }
 
+// dw[c] += sum over the rows, in order, of dout * inp * rstd (in double)
+static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * C + c] * inp[(size_t)i * C + c] * rstd[i];
+        dw[c] += (float)s;
+    }
+}
+
 void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                      const float *rstd, int N, int C) {
     // y = x r w, r = (mean(x^2) + eps)^-1/2 ; dx = r (g w) - x r^3 mean(g w x)
@@ -48,14 +60,45 @@ void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp
         float *dx = dinp + (size_t)i * C;
         for (int c = 0; c < C; c++) dx[c] += r * g[c] * w[c] - k * x[c];
     }
-    if (dw) {
+    if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
+}
+
+// The row split over ranks (ops.h): partial row sums, then the forward / backward given the whole sums,
+// in rmsnorm_fwd / rmsnorm_bwd's operations (one rank's part: their bits).
+void cpu_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
-        for (int c = 0; c < C; c++) {
-            double s = 0;
-            for (int i = 0; i < N; i++) s += (double)dout[(size_t)i * C + c] * inp[(size_t)i * C + c] * rstd[i];
-            dw[c] += (float)s;
-        }
+    for (int i = 0; i < N; i++) {
+        const float *x = a + (size_t)i * C, *y = b + (size_t)i * C;
+        double s = 0;
+        if (w) for (int c = 0; c < C; c++) s += (double)x[c] * w[c] * y[c];
+        else for (int c = 0; c < C; c++) s += (double)x[c] * y[c];
+        part[i] = s;
     }
+}
+
+void cpu_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N, int C,
+                          int Ctot, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float r = (float)(1.0 / sqrt(ss[i] / Ctot + eps));
+        rstd[i] = r;
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] * r * w[c];
+    }
+}
+
+void cpu_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                          const float *rstd, const double *dot, int N, int C, int Ctot) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C, *g = dout + (size_t)i * C;
+        float r = rstd[i];
+        float k = (float)(dot[i] / Ctot) * r * r * r;
+        float *dx = dinp + (size_t)i * C;
+        for (int c = 0; c < C; c++) dx[c] += r * g[c] * w[c] - k * x[c];
+    }
+    if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
 }
 
 // HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd). dir = +1 forward, -1 inverse.

@@ -9,6 +9,11 @@ void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, 
 void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
 void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                      const float *rstd, int N, int C);
+void cpu_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N, int C);
+void cpu_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N, int C,
+                          int Ctot, float eps);
+void cpu_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                          const float *rstd, const double *dot, int N, int C, int Ctot);
 void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
 void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);

@@ -134,6 +134,9 @@ static void fill_common(Backend *be) {
     be->embedding_bwd = cuda_embedding_bwd;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;
+    be->rmsnorm_part = cuda_rmsnorm_part;
+    be->rmsnorm_fwd_part = cuda_rmsnorm_fwd_part;
+    be->rmsnorm_bwd_part = cuda_rmsnorm_bwd_part;
     be->rope_fwd = cuda_rope_fwd;
     be->rope_bwd = cuda_rope_bwd;
     be->rope_rows = cuda_rope_rows;

@@ -1,8 +1,9 @@
 // cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding
 // (forward, backward), row gather, the MoE combine (combine_rows) and its backward
 // (gather_dot_scale), the router (softmax, top-k and the sums over rows: router_topk; its backward:
-// router_bwd), RMSNorm, RoPE, SwiGLU, cross-entropy, and the elementwise mul and axpy. Attention is
-// in cuda_attention*.cu, GEMMs in cuda_gemm.cu and cuda_grouped.cu, the dispatch plan in
+// router_bwd), RMSNorm (also over rows whose columns are split across ranks: rmsnorm_part and the
+// norm given the whole sums), RoPE, SwiGLU, cross-entropy, and the elementwise mul and axpy.
+// Attention is in cuda_attention*.cu, GEMMs in cuda_gemm.cu and cuda_grouped.cu, the dispatch plan in
 // cuda_plan.cu, the optimizer's sums of squares and AdamW in cuda_optim.cu.
 //
 // Determinism: no float atomics. Every sum that feeds a result has a fixed order: per-row block and
@@ -382,20 +383,75 @@ __global__ void rmsnorm_bwd_dw_sum_k(float *dw, const double *part, int nch, int
     dw[c] += (float)s;
 }
 
+static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+    int nch = (N + RMS_ROWS - 1) / RMS_ROWS;
+    double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
+    dim3 grid(cdiv_u(C, 128), nch);
+    rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C);
+    KCHECK("rmsnorm_bwd (dw pass 1)");
+    rmsnorm_bwd_dw_sum_k<<<cdiv_u(C, 128), 128>>>(dw, part, nch, C);
+    KCHECK("rmsnorm_bwd (dw pass 2)");
+}
+
 extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
     rmsnorm_bwd_dx_k<<<N, row_threads(C)>>>(dinp, dout, inp, w, rstd, C);
     KCHECK("rmsnorm_bwd (dx)");
-    if (dw) {
-        int nch = (N + RMS_ROWS - 1) / RMS_ROWS;
-        double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
-        dim3 grid(cdiv_u(C, 128), nch);
-        rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C);
-        KCHECK("rmsnorm_bwd (dw pass 1)");
-        rmsnorm_bwd_dw_sum_k<<<cdiv_u(C, 128), 128>>>(dw, part, nch, C);
-        KCHECK("rmsnorm_bwd (dw pass 2)");
-    }
+    if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
+}
+
+// RMSNorm over rows split by columns across ranks (ops.h rmsnorm_part / _fwd_part / _bwd_part): the
+// same per-row block sums and elementwise operations as the kernels above, so that one rank's part
+// (C = Ctot) gives their bits; the dw passes are rmsnorm_bwd's.
+__global__ void rmsnorm_part_k(double *part, const float *a, const float *w, const float *b, int C) {
+    size_t i = blockIdx.x;
+    const float *x = a + i * C, *y = b + i * C;
+    double s = 0;
+    if (w) for (int c = threadIdx.x; c < C; c += blockDim.x) s += (double)ld_f(x + c) * w[c] * ld_f(y + c);
+    else for (int c = threadIdx.x; c < C; c += blockDim.x) { double v = ld_f(x + c); s += v * ld_f(y + c); }
+    s = block_sum_d(s);
+    if (threadIdx.x == 0) part[i] = s;
+}
+__global__ void rmsnorm_fwd_part_k(float *out, float *rstd, const float *inp, const float *w, const double *ss,
+                                   int C, int Ctot, float eps) {
+    size_t i = blockIdx.x;
+    const float *x = inp + i * C;
+    float r = (float)(1.0 / sqrt(ss[i] / Ctot + eps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    float *o = out + i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(o + c, ld_f(x + c) * r * w[c]);
+}
+__global__ void rmsnorm_bwd_part_dx_k(float *dinp, const float *dout, const float *inp, const float *w,
+                                      const float *rstd, const double *dot, int C, int Ctot) {
+    size_t i = blockIdx.x;
+    const float *x = inp + i * C, *g = dout + i * C;
+    float r = rstd[i];
+    float k = (float)(dot[i] / Ctot) * r * r * r;
+    float *dx = dinp + i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        st_f(dx + c, ld_f(dx + c) + (r * ld_f(g + c) * w[c] - k * ld_f(x + c)));
+}
+
+extern "C" void cuda_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N, int C) {
+    if (N <= 0) return;
+    rmsnorm_part_k<<<N, row_threads(C)>>>(part, a, w, b, C);
+    KCHECK("rmsnorm_part");
+}
+
+extern "C" void cuda_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss,
+                                      int N, int C, int Ctot, float eps) {
+    if (N <= 0) return;
+    rmsnorm_fwd_part_k<<<N, row_threads(C)>>>(out, rstd, inp, w, ss, C, Ctot, eps);
+    KCHECK("rmsnorm_fwd_part");
+}
+
+extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                                      const float *rstd, const double *dot, int N, int C, int Ctot) {
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_bwd_part_dx_k<<<N, row_threads(C)>>>(dinp, dout, inp, w, rstd, dot, C, Ctot);
+    KCHECK("rmsnorm_bwd_part (dx)");
+    if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
 }
 
 // ---------------------------------------------------------------- RoPE
