@@ -905,7 +905,11 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         cmp_n("attention_bwd", what, dkd, dk, nk, bb, nb);
         snprintf(what, sizeof what, "dv%s T%d H%d KV%d hd%d%s", acc, T, H, KV, hd, path);
         cmp_n("attention_bwd", what, dvd, dv, nk, bb, nb);
-        if (tc && !p) {   // against the plain float32 backward (from the float32 forward)
+        // against the plain float32 backward (from the float32 forward). Not at T < 16: BAND_BF16_NORM's
+        // random-walk argument needs many keys per row; with two keys ds = p (dp - D) holds
+        // p1 p2 (dp1 - dp2), whose bf16 error relative to itself is 2^-8 |dp| / |dp1 - dp2|, as large
+        // as the draw makes it (measured 1.7e-2 on one draw). The T 2 case keeps the bf16_ref.h check.
+        if (tc && !p && T >= 16) {
             float *eq = hnew(nq), *ek = hnew(nk), *ev = hnew(nk);
             cpu->attention_bwd(eq, ek, ev, g, o32, l32, q, k, v, B, T, H, KV, hd, 0, T);
             snprintf(what, sizeof what, "dq/dk/dv vs float32 T%d H%d KV%d hd%d", T, H, KV, hd);

@@ -29,8 +29,8 @@ done
 t sdpa 90 python3 bench/torch_attention_peer.py; say "sdpa: $(grep impl $W/sdpa.log)"
 for v in old new; do
   b=$B/moe_bench_attention; [ $v = old ] && b=$B/moe_bench_attention_old
-  [ -x $b ] && t ncu_$v 90 ncu --clock-control none -k regex:'att_tc|rowdot|bf16' --metrics gpu__time_duration.sum $b --device cuda --iters 1
-  [ -f $W/ncu_$v.log ] && say "$v kernels (us): $(grep -E '^  [a-z_]|gpu__time_duration' $W/ncu_$v.log | paste - - | awk '{n=$1; sub(/\(.*/,"",n); print n, $NF}' | tail -8 | tr '\n' ';')"
+  [ -x $b ] && t ncu_$v 90 ncu --clock-control none -k regex:'att_|rowdot|bf16' --metrics gpu__time_duration.sum $b --device cuda --iters 1
+  [ -f $W/ncu_$v.log ] && say "$v kernels (us): $(grep -E '^  [a-z_]|gpu__time_duration' $W/ncu_$v.log | paste - - | awk '{n=$1; sub(/\(.*/,"",n); print n, $NF}' | tail -9 | tr '\n' ';')"
 done
 if [ "${LAYER:-1}" = 1 ]; then for mode in auto cublas; do
   MOE_GROUPED_GEMM=$mode t layer_$mode 150 $B/moe_bench_layer --cases qwen2,e256 --iters 10 --warmup 3

@@ -545,6 +545,7 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
     to_bf16_range(p[1], k, B, T, 0, t1, KV * hd);
     to_bf16_range(p[2], v, B, T, 0, t1, KV * hd);
     to_bf16_range(p[3], dout, B, T, t0, t1, H * hd);
+    if (cuda_attention_bwd_wg(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, hd, t0, t1)) return;
     if (hd == 32) bwd_launch<32>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
     else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
     else bwd_launch<128>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);

@@ -28,6 +28,8 @@
 #define WG_Q_BYTES (2 * WG_BM * 128)
 #define WG_KV_TILE (2 * WG_BN * 128)
 #define WG_SMEM_FWD (WG_Q_BYTES + 4 * WG_KV_TILE + 1024)
+#define WG_SMEM_DQ (6 * WG_KV_TILE + 1024)                        // Q, dout; K, V double-buffered
+#define WG_SMEM_DKDV (6 * WG_KV_TILE + 4 * 64 * 4 + 1024)         // K, V; Q, dout double-buffered; lse, D
 
 typedef unsigned short bf16s;
 
@@ -57,10 +59,11 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 // Stage ROWS rows (row0.., rows `stride` elements apart; rows from nvalid on zero-filled) of 128
 // bf16 into the swizzled tile at dst: column block a (elements 64a..64a+63) at dst + a ROWS 128,
-// the 16-byte chunk c of row r at chunk c ^ (r % 8). Completes at cp.async.wait_group.
-template <int ROWS>
+// the 16-byte chunk c of row r at chunk c ^ (r % 8); the block's NTH threads share the copies.
+// Completes at stage_done.
+template <int ROWS, int NTH>
 __device__ __forceinline__ void stage_sw(uint32_t dst, const bf16s *g, int row0, int nvalid, size_t stride) {
-    for (int e = threadIdx.x; e < ROWS * 16; e += WG_THREADS) {
+    for (int e = threadIdx.x; e < ROWS * 16; e += NTH) {
         int r = e >> 4, c16 = e & 15, blk = c16 >> 3, c = c16 & 7;
         const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c16 * 8 : g;
         uint32_t d = dst + blk * ROWS * 128 + r * 128 + ((c ^ (r & 7)) << 4);
@@ -90,9 +93,9 @@ __global__ void __launch_bounds__(WG_THREADS) att_wg_fwd_k(float *out, float *ls
     const bf16s *qg = q + ((size_t)b * T * H + h) * WG_HD;
     const bf16s *kg = k + ((size_t)b * T * KV + kh) * WG_HD, *vg = v + ((size_t)b * T * KV + kh) * WG_HD;
     int kend = min(q0 + WG_BM, qb), ntile = (kend + WG_BN - 1) / WG_BN;
-    stage_sw<WG_BM>(sQ, qg, q0, min(WG_BM, qb - q0), (size_t)H * WG_HD);
-    stage_sw<WG_BN>(sK, kg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
-    stage_sw<WG_BN>(sV, vg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
+    stage_sw<WG_BM, WG_THREADS>(sQ, qg, q0, min(WG_BM, qb - q0), (size_t)H * WG_HD);
+    stage_sw<WG_BN, WG_THREADS>(sK, kg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
+    stage_sw<WG_BN, WG_THREADS>(sV, vg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
     int wrow = q0 + wg * 64;                     // this warpgroup's first row
     int r0 = wrow + w * 16 + (lane >> 2), r1 = r0 + 8;
     float o[64], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -103,8 +106,8 @@ __global__ void __launch_bounds__(WG_THREADS) att_wg_fwd_k(float *out, float *ls
         stage_done();   // tile it (and Q, the first time); every warpgroup is done with tile it - 1
         if (it + 1 < ntile) {
             int k1 = k0 + WG_BN;
-            stage_sw<WG_BN>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
-            stage_sw<WG_BN>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
+            stage_sw<WG_BN, WG_THREADS>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
+            stage_sw<WG_BN, WG_THREADS>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
         }
         if (k0 > wrow + 63) continue;   // warpgroup-uniform: every key follows every row of mine
         float s[32];
@@ -192,6 +195,179 @@ __global__ void __launch_bounds__(WG_THREADS) att_wg_fwd_k(float *out, float *ls
 #endif
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// dst (rows r0, r0 + 8 of a (T, heads, 128) tensor at base; rows from `end` on skipped) += the
+// accumulator d (columns 8 n + 2 (lane % 4) (+ 1) in d[4 n + {0, 1}], row r0 + 8 in {2, 3})
+__device__ __forceinline__ void wg_add_rows(float *base, const float *d, int r0, int end, size_t stride, int t) {
+#pragma unroll
+    for (int n = 0; n < 16; n++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            int r = r0 + 8 * hh;
+            if (r >= end) continue;
+            float2 *p = (float2 *)(base + (size_t)r * stride + n * 8 + 2 * t), x = *p;
+            *p = make_float2(x.x + d[4 * n + 2 * hh], x.y + d[4 * n + 2 * hh + 1]);
+        }
+}
+
+// A fragments (keys or queries 16 kk .. 16 kk + 15 = accumulator columns 2 kk, 2 kk + 1) from a
+// 64 x 64 accumulator, rounded to bf16
+__device__ __forceinline__ void wg_frags(uint32_t (*f)[4], const float *a) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) f[kk][i] = pack2(a[8 * kk + 2 * i], a[8 * kk + 2 * i + 1]);
+}
+
+// S (64 x 64) = A B^T over the head dimension: A's 64 rows at sa, B's 64 rows at sb, both tiles of
+// `arows` / `brows` rows in the swizzled layout (their 64-column blocks arows x 128 B apart)
+__device__ __forceinline__ void wg_scores(float *s, uint32_t sa, int arows, uint32_t sb, int brows) {
+#pragma unroll
+    for (int kk = 0; kk < WG_HD / 16; kk++)
+        wgmma_n64_ss(s, desc_sw128(sa + (kk >> 2) * arows * 128 + 32 * (kk & 3), 16, 1024),
+                     desc_sw128(sb + (kk >> 2) * brows * 128 + 32 * (kk & 3), 16, 1024), kk);
+}
+
+// acc (64 x 128) += F (64 x 64, A fragments) X where X is a 64-row tile at sx read N-major
+__device__ __forceinline__ void wg_times(float *acc, uint32_t (*f)[4], uint32_t sx) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wgmma_n128_rs(acc, f[kk][0], f[kk][1], f[kk][2], f[kk][3], desc_sw128(sx + 2048 * kk, 64 * 128, 1024));
+}
+#endif
+
+// dq += sum over keys u <= t of ds_tu k_u (ds = p (dp - D) sc, p = exp2(s sl - lse log2 e),
+// dp = dout . v) for the query rows t in [qa, qb): one warpgroup per 64 queries, 64-key tiles
+// double-buffered. Grid (ceil((qb-qa)/64), H, B), the most keys first.
+__global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout, const float *lse, const float *Dg,
+                                                    const bf16s *q, const bf16s *k, const bf16s *v, int T, int H,
+                                                    int KV, float sl, float sc, int qa, int qb) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    // Q, dout (64 rows each), then K and V: 2 buffers of 64 rows each
+    uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sG = sQ + WG_KV_TILE, sK = sG + WG_KV_TILE, sV = sK + 2 * WG_KV_TILE;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * 64;
+    size_t qoff = ((size_t)b * T * H + h) * WG_HD;
+    const bf16s *kg = k + ((size_t)b * T * KV + kh) * WG_HD, *vg = v + ((size_t)b * T * KV + kh) * WG_HD;
+    int kend = min(q0 + 64, qb), ntile = (kend + 63) / 64;
+    stage_sw<64, 128>(sQ, q + qoff, q0, min(64, qb - q0), (size_t)H * WG_HD);
+    stage_sw<64, 128>(sG, dout + qoff, q0, min(64, qb - q0), (size_t)H * WG_HD);
+    stage_sw<64, 128>(sK, kg, 0, min(64, qb), (size_t)KV * WG_HD);
+    stage_sw<64, 128>(sV, vg, 0, min(64, qb), (size_t)KV * WG_HD);
+    int r0 = q0 + w * 16 + (lane >> 2), r1 = r0 + 8;
+    size_t lrow = ((size_t)b * H + h) * T;
+    float L0 = r0 < qb ? lse[lrow + r0] * WG_LOG2E : 0.0f, L1 = r1 < qb ? lse[lrow + r1] * WG_LOG2E : 0.0f;
+    float D0 = r0 < qb ? Dg[lrow + r0] : 0.0f, D1 = r1 < qb ? Dg[lrow + r1] : 0.0f;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int it = 0; it < ntile; it++) {
+        int k0 = it * 64, cur = it & 1;
+        stage_done();
+        if (it + 1 < ntile) {
+            int k1 = k0 + 64;
+            stage_sw<64, 128>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
+            stage_sw<64, 128>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
+        }
+        uint32_t kb = sK + cur * WG_KV_TILE, vb = sV + cur * WG_KV_TILE;
+        float s[32], dp[32];
+        wgmma_fence();
+        wg_scores(s, sQ, 64, kb, 64);
+        wg_scores(dp, sG, 64, vb, 64);
+        wgmma_commit();
+        wgmma_wait<0>();
+        int mask = k0 + 64 > q0 || k0 + 64 > qb;   // the diagonal or the last keys
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                float p = !mask || (key <= row && key < qb) ? exp2f(s[4 * j + e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
+                s[4 * j + e] = p * (dp[4 * j + e] - (e < 2 ? D0 : D1)) * sc;
+            }
+        uint32_t f[4][4];
+        wg_frags(f, s);
+        wgmma_fence();
+        wg_times(acc, f, kb);
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    wg_add_rows(dq + qoff, acc, r0, qb, (size_t)H * WG_HD, t);
+#endif
+}
+
+// dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the queries
+// t >= u, t in [qa, qb), for the keys u < qb: one warpgroup per 64 keys (S^T and dP^T with the keys
+// as rows), the query tiles of 64 double-buffered. Grid (ceil(qb/64), KV, B).
+__global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse,
+                                                      const float *Dg, const bf16s *q, const bf16s *k, const bf16s *v,
+                                                      int T, int H, int KV, float sl, float sc, int qa, int qb) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    // K, V (64 rows each), then Q and dout: 2 buffers of 64 rows each, then lse and D: 2 x 64 each
+    uint32_t sK = (smem_u32(wg_smem) + 1023) & ~1023u, sV = sK + WG_KV_TILE, sQ = sV + WG_KV_TILE, sG = sQ + 2 * WG_KV_TILE;
+    float *Ls = (float *)(wg_smem + (sG + 2 * WG_KV_TILE - smem_u32(wg_smem))), *Ds = Ls + 128;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+    int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
+    int k0 = blockIdx.x * 64;
+    size_t koff = ((size_t)b * T * KV + kh) * WG_HD;
+    stage_sw<64, 128>(sK, k + koff, k0, min(64, qb - k0), (size_t)KV * WG_HD);
+    stage_sw<64, 128>(sV, v + koff, k0, min(64, qb - k0), (size_t)KV * WG_HD);
+    int u0 = k0 + w * 16 + (lane >> 2);
+    float dka[64], dva[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) dka[i] = dva[i] = 0.0f;
+    // the query tiles: for each query head of the group in order, [max(k0, qa), qb) in steps of 64
+    int tstart = max(k0, qa), per = (qb - tstart + 63) / 64, ntile = rep * per;
+    for (int i = -1; i < ntile; i++) {
+        if (i >= 0) {
+            stage_done();   // tile i and its lse, D; tile i - 1's buffers are used up
+        }
+        if (i + 1 < ntile) {   // tile i + 1 loads while tile i is used
+            int n = i + 1, buf = n & 1, hq = kh * rep + n / per, t1 = tstart + (n % per) * 64, nq = min(64, qb - t1);
+            size_t qoff = ((size_t)b * T * H + hq) * WG_HD, lrow = ((size_t)b * H + hq) * T;
+            stage_sw<64, 128>(sQ + buf * WG_KV_TILE, q + qoff, t1, nq, (size_t)H * WG_HD);
+            stage_sw<64, 128>(sG + buf * WG_KV_TILE, dout + qoff, t1, nq, (size_t)H * WG_HD);
+            for (int j = threadIdx.x; j < 64; j += 128) {
+                Ls[buf * 64 + j] = j < nq ? lse[lrow + t1 + j] * WG_LOG2E : 0.0f;
+                Ds[buf * 64 + j] = j < nq ? Dg[lrow + t1 + j] : 0.0f;
+            }
+        }
+        if (i < 0) continue;
+        int cur = i & 1, t0 = tstart + (i % per) * 64;
+        uint32_t qb_ = sQ + cur * WG_KV_TILE, gb = sG + cur * WG_KV_TILE;
+        const float *Lc = Ls + cur * 64, *Dc = Ds + cur * 64;
+        float s[32], dp[32];
+        wgmma_fence();
+        wg_scores(s, sK, 64, qb_, 64);    // s^T: keys x queries
+        wg_scores(dp, sV, 64, gb, 64);    // dp^T
+        wgmma_commit();
+        wgmma_wait<0>();
+        int mask = t0 < k0 + 64 || t0 + 64 > qb;   // the diagonal or the last queries
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u0 + 8;
+                float p = !mask || (qt >= key && qt < qb) ? exp2f(s[4 * j + e] * sl - Lc[c]) : 0.0f;
+                s[4 * j + e] = p;
+                dp[4 * j + e] = p * (dp[4 * j + e] - Dc[c]) * sc;
+            }
+        uint32_t fp[4][4], fd[4][4];
+        wg_frags(fp, s);
+        wg_frags(fd, dp);
+        wgmma_fence();
+        wg_times(dva, fp, gb);
+        wg_times(dka, fd, qb_);
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    wg_add_rows(dk + koff, dka, u0, qb, (size_t)KV * WG_HD, t);
+    wg_add_rows(dv + koff, dva, u0, qb, (size_t)KV * WG_HD, t);
+#endif
+}
+
 // Forward on the bf16 copies (layouts of ops.h); 0 where this path does not run (head dim other
 // than 128, no sm_90a code or GPU: the caller uses its mma.sync kernels).
 extern "C" int cuda_attention_fwd_wg(float *out, float *lse, const unsigned short *q, const unsigned short *k,
@@ -205,5 +381,26 @@ extern "C" int cuda_attention_fwd_wg(float *out, float *lse, const unsigned shor
     dim3 grid(cdiv_u(t1 - t0, WG_BM), H, B);
     att_wg_fwd_k<<<grid, WG_THREADS, WG_SMEM_FWD>>>(out, lse, q, k, v, T, H, KV, WG_LOG2E / sqrtf((float)WG_HD), t0, t1);
     KCHECK("attention_fwd (wgmma)");
+    return 1;
+}
+
+// Backward on the bf16 copies (dout rounded too), D = rowsum(bf16(dout) * out) given; 0 where this
+// path does not run.
+extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsigned short *dout, const float *lse,
+                                     const float *D, const unsigned short *q, const unsigned short *k,
+                                     const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1) {
+    if (hd != WG_HD || !backend_cuda_grouped_kernel()) return 0;
+    static int opted = 0;
+    if (!opted) {
+        CUDA_CHECK(cudaFuncSetAttribute(att_wg_dq_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQ));
+        CUDA_CHECK(cudaFuncSetAttribute(att_wg_dkdv_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DKDV));
+        opted = 1;
+    }
+    float sc = 1.0f / sqrtf((float)WG_HD), sl = sc * WG_LOG2E;
+    dim3 gq(cdiv_u(t1 - t0, 64), H, B), gk(cdiv_u(t1, 64), KV, B);
+    att_wg_dq_k<<<gq, 128, WG_SMEM_DQ>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
+    KCHECK("attention_bwd (wgmma, dq)");
+    att_wg_dkdv_k<<<gk, 128, WG_SMEM_DKDV>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
+    KCHECK("attention_bwd (wgmma, dk/dv)");
     return 1;
 }

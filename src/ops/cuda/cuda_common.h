@@ -198,10 +198,13 @@ void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, cons
 // round_dout: dout rounded to bf16 first (the tensor-core backward)
 void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
                            int round_dout, int t0, int t1);
-// cuda_attention_wg.cu: the forward on Hopper's wgmma from the bf16 copies of q, k, v (head dim 128;
-// returns 0 where it does not run)
+// cuda_attention_wg.cu: the forward and backward on Hopper's wgmma from the bf16 copies of q, k, v
+// (and dout; head dim 128; 0 where they do not run)
 int cuda_attention_fwd_wg(float *out, float *lse, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
+int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsigned short *dout, const float *lse, const float *D,
+                          const unsigned short *q, const unsigned short *k, const unsigned short *v, int B, int T,
+                          int H, int KV, int hd, int t0, int t1);
 // cuda_attention_tc.cu: the same two ops on tensor cores (bf16 operands), backend "cuda"
 void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v,
                            int B, int T, int H, int KV, int hd, int t0, int t1);
