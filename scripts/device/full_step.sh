@@ -1,45 +1,74 @@
 #!/bin/bash
-# Device recipe (kind nvidia-h200): everything docs/PERFORMANCE.md's tables come from, ours and the
-# peers in one call. Prepare here (ignored folders, listed in .git/info/exclude):
-#   cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu && cp build/moe_bench_attention .gpu/bin/
-#   mkdir -p .gpu/src && cp scripts/verify_hf.py .gpu/src/ && python3 scripts/device/random_shard.py .gpu/rand32k.bin
-#   mkdir -p .bench && cp ../shared/bench/torch_{moe,train}_peer.py bench/torch_attention_peer.py .bench/
-# then run `bash scripts/device/full_step.sh` with carry [".gpu", ".bench"] (about 5 minutes).
+# Device recipe (kind nvidia-h200): what docs/PERFORMANCE.md's full-step tables come from, ours and the
+# peers in one call. Prepare here (.gpu is an ignored folder, listed in .git/info/exclude):
+#   cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu && cp build/moe_bench_attention .gpu/bin/ &&
+#   cp ../shared/bench/torch_{moe,train}_peer.py .gpu/
+# then run `bash scripts/device/full_step.sh` with carry [".gpu"] (about 8 minutes; PARTS selects, default
+# "tests attn layer step profile"). Progress in $OUT/step.txt as it is made (a call that runs past its
+# limit still returns it).
+#   tests:   test_cuda_ops, test_cuda_model
+#   attn:    attention fwd/bwd on the reference shape, ours and torch SDPA (flash)
+#   layer:   the MoE layer on PEERS.md's shapes and the families' (qwen2, e256), ours and torch._grouped_mm
+#   step:    the reference model's full step on uniform random tokens: ours, the compiled peer in mixed
+#            precision (autocast, float32 master weights and moments), the compiled peer in pure bf16, ours
+#            again; tokens/s and peak memory
+#   profile: MOE_PROFILE=1 (ops serialised and timed alone)
 cd "$(dirname "$0")/../.."
-G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W
+G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/step.txt; : > $R
 . scripts/device/libs.sh && device_libs $G $B/moe
 export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-t() { local name=$1; shift; local t0=$SECONDS; "$@" > $W/$name.log 2>&1; echo "== $name rc=$? $((SECONDS-t0))s"; }
-date -u; nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-# correctness first: both CUDA backends against the cpu reference
-t ops timeout 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log; grep -m5 FAIL $W/ops.log
-t model timeout 120 $B/test_cuda_model; grep -E "worst|checks" $W/model.log; grep -m5 FAIL $W/model.log
-t hf timeout 200 python3 $G/src/verify_hf.py $B/moe --moe-device cuda --tol 3e-2; grep -E "PASS|FAIL|worst|passed" $W/hf.log | tail -4
-# attention: ours and SDPA (flash), the reference model's shape
-$B/moe_bench_attention; python3 .bench/torch_attention_peer.py 2>&1 | grep impl
-# the MoE layer: ours and torch._grouped_mm on PEERS.md's shapes, plus the reference model's layer
-t layer timeout 200 $B/moe_bench_layer --cases mixtral,olmoe,small,ref --iters 10 --warmup 3 --gemm 0
-grep -E "^== |layer fwd|^  (expert|SwiGLU|zero|host)" $W/layer.log
-timeout 200 python3 .bench/torch_moe_peer.py 2>&1 | grep -v Warning | grep -E "grouped|case|{" | head -12
-# the full step of the PEERS.md model on uniform random tokens (as the peer), ours twice around the peer
+BUDGET=${BUDGET:-570}; PARTS=${PARTS:-tests attn layer step profile}
+say() { echo "$*" | tee -a $R; }
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+t() { local name=$1 lim=$2; shift 2; local left=$((BUDGET-SECONDS)); [ $left -lt 20 ] && { say "== $name skipped (time)"; return 1; }
+      [ $lim -gt $left ] && lim=$left; local t0=$SECONDS; timeout $lim "$@" > $W/$name.log 2>&1; say "== $name rc=$? $((SECONDS-t0))s"; }
+say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader) commit $(git rev-parse --short HEAD 2>/dev/null)"
+if has tests; then
+  t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m5 FAIL $W/ops.log | tee -a $R
+  t model 120 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R
+fi
+if has attn; then
+  t att 60 $B/moe_bench_attention --device cuda --iters 20; say "ours: $(cat $W/att.log)"
+  t sdpa 90 python3 bench/torch_attention_peer.py; say "sdpa: $(grep impl $W/sdpa.log)"
+fi
+if has layer; then
+  t layer 200 $B/moe_bench_layer --cases mixtral,olmoe,small,ref,qwen2,e256 --iters 10 --warmup 3
+  grep -E "^== |layer fwd" $W/layer.log | tee -a $R
+  t peer_layer 200 python3 bench/torch_moe_peer_cases.py $G/torch_moe_peer.py mixtral,olmoe,small,ref,qwen2,e256
+  grep case $W/peer_layer.log | tee -a $R
+fi
+[ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 12"
 ours() {
   ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
   local mp=$!
-  env MOE_BF16_SHADOW=${1:-1} timeout 150 stdbuf -oL $B/moe train $P --out $W/run 2>&1 | grep -E "^step (4|8|12)/|trained"
-  kill $mp; echo "   peak GPU memory used (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
+  t ours$1 150 stdbuf -oL $B/moe train $P $2 --out $W/run
+  kill $mp; grep -E "^step (4|8|12)/|trained" $W/ours$1.log | tee -a $R
+  say "   peak GPU memory used (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
 }
-echo "-- ours"; ours
-echo "-- peer (torch.compile)"; timeout 300 python3 -c "
-import runpy, torch
-m = runpy.run_path('.bench/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
-def run():
+peer() {   # $1: compiled (pure bf16) or amp (mixed precision)
+  t peer_$1 240 python3 -c "
+import runpy, torch, sys
+m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
+def bf16():
     mod = m['Model'](c).cuda().to(torch.bfloat16)
     return m['time_steps'](torch.compile(mod), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
-m['report']('torch_grouped_mm_compiled', run)" 2>&1 | grep impl
-echo "-- ours, MOE_BF16_SHADOW=0 (weights converted per GEMM)"; ours 0
-echo "-- ours again"; ours
-echo "-- where the time goes (MOE_PROFILE=1: ops serialised, 3 steps after the first + the final eval's forward)"
-MOE_PROFILE=1 timeout 150 stdbuf -oL $B/moe train ${P/--steps 12/--steps 4} --out $W/prof 2>&1 | grep -E "^profile|^  [a-z].*calls"
-date -u
+def amp():
+    mod = m['Model'](c).cuda()
+    return m['time_steps'](m['AMP'](torch.compile(mod)), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
+m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_grouped_mm_compiled_amp', bf16 if '$1' == 'compiled' else amp)"
+  grep impl $W/peer_$1.log | tee -a $R
+}
+if has step; then
+  say "-- ours"; ours 1
+  say "-- peer, mixed precision"; peer amp
+  say "-- peer, pure bf16"; peer compiled
+  say "-- ours again"; ours 2
+  [ -n "$EXTRA" ] && { say "-- ours $EXTRA"; ours 3 "$EXTRA"; }
+fi
+if has profile; then
+  t prof 150 env MOE_PROFILE=1 stdbuf -oL $B/moe train ${P/--steps 12/--steps 4} --out $W/prof
+  grep -E "^profile|^  [a-z].*calls" $W/prof.log | tee -a $R
+fi
+say "$(date -u) done"
