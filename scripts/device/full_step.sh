@@ -22,7 +22,7 @@ say() { echo "$*" | tee -a $R; }
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 t() { local name=$1 lim=$2; shift 2; local left=$((BUDGET-SECONDS)); [ $left -lt 20 ] && { say "== $name skipped (time)"; return 1; }
       [ $lim -gt $left ] && lim=$left; local t0=$SECONDS; timeout $lim "$@" > $W/$name.log 2>&1; say "== $name rc=$? $((SECONDS-t0))s"; }
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader) commit $(git rev-parse --short HEAD 2>/dev/null)"
+say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"
 if has tests; then
   t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m5 FAIL $W/ops.log | tee -a $R
   t model 120 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R
