@@ -24,6 +24,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_attention_softmax.cuh"
 
 #define TC_THREADS 128   // 4 warps
 #define TC_BM 64         // query rows per block (fwd, dq); keys per block (dk/dv): 16 per warp
@@ -31,7 +32,6 @@
 #define TC_BK 32         // keys per tile (dq: fewer registers, 4 blocks per SM)
 #define TC_BQ 32         // queries per tile (dk/dv)
 #define TC_LOG2E 1.4426950408889634f
-#define TC_LN2 0.6931471805599453f
 
 typedef unsigned short bf16s;   // bf16 bits in shared memory
 
@@ -198,70 +198,15 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
         rows_dot_rg<HD, NJ, RG>(s, Qs + w * 16 * RG * LD, Ks + cur * TILE, lane);
         int mask = k0 + TC_BN > q0 || k0 + TC_BN > qb;   // the diagonal tiles or the last keys
 #pragma unroll
-        for (int r = 0; r < RG; r++) {
-            int r0 = wr + 16 * r, r1 = r0 + 8;
-#pragma unroll
-            for (int j = 0; j < NJ; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                    s[r][j][e] = !mask || (key <= row && key < qb) ? s[r][j][e] * sl : -INFINITY;
-                }
-            float mx0 = m[r][0], mx1 = m[r][1];
-#pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                mx0 = fmaxf(mx0, fmaxf(s[r][j][0], s[r][j][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[r][j][2], s[r][j][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            // finite: key 0 <= row is in the first tile, so the running max is finite from then on
-            float c0 = exp2f(m[r][0] - mx0), c1 = exp2f(m[r][1] - mx1);   // 0 on the first tile
-            m[r][0] = mx0;
-            m[r][1] = mx1;
-            float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                s[r][j][0] = exp2f(s[r][j][0] - mx0);
-                s[r][j][1] = exp2f(s[r][j][1] - mx0);
-                s[r][j][2] = exp2f(s[r][j][2] - mx1);
-                s[r][j][3] = exp2f(s[r][j][3] - mx1);
-                ps0 += s[r][j][0] + s[r][j][1];
-                ps1 += s[r][j][2] + s[r][j][3];
-            }
-            l[r][0] = l[r][0] * c0 + ps0;   // this thread's columns only; the quad's sum is taken at the end
-            l[r][1] = l[r][1] * c1 + ps1;
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                o[r][n][0] *= c0; o[r][n][1] *= c0;
-                o[r][n][2] *= c1; o[r][n][3] *= c1;
-            }
-        }
+        for (int r = 0; r < RG; r++)
+            softmax_tile<NJ, NT>(&s[r][0][0], &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], mask, k0, wr + 16 * r,
+                                 wr + 16 * r + 8, qb, t, sl);
         p_times_rg<HD, NJ, RG>(o, s, Vs + cur * TILE, lane);
     }
 #pragma unroll
-    for (int r = 0; r < RG; r++) {
-        int r0 = wr + 16 * r, r1 = r0 + 8;
-        float l0 = l[r][0], l1 = l[r][1];
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-        float i0 = 1.0f / l0, i1 = 1.0f / l1;
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            if (r0 < qb)
-                *(float2 *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[r][n][0] * i0, o[r][n][1] * i0);
-            if (r1 < qb)
-                *(float2 *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[r][n][2] * i1, o[r][n][3] * i1);
-        }
-        if (t == 0) {
-            if (r0 < qb) lse[((size_t)b * H + h) * T + r0] = (m[r][0] + log2f(l0)) * TC_LN2;
-            if (r1 < qb) lse[((size_t)b * H + h) * T + r1] = (m[r][1] + log2f(l1)) * TC_LN2;
-        }
-    }
+    for (int r = 0; r < RG; r++)
+        softmax_store<NT>(out, lse, &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], wr + 16 * r, wr + 16 * r + 8, qb, b,
+                          T, H, h, t);
 }
 
 // dst (rows r0, r1 of a (T, heads, HD) tensor at base; rows from `end` on skipped) += acc, float2

@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_attention_softmax.cuh"
 #include "ops/cuda/cuda_wgmma.cuh"
 
 #define WG_HD 128        // head dim
@@ -27,7 +28,6 @@
 #define WG_BN 64         // keys per tile
 #define WG_THREADS 256
 #define WG_LOG2E 1.4426950408889634f
-#define WG_LN2 0.6931471805599453f
 // shared memory: Q (2 column blocks x 128 rows x 128 B), then K and V, each 2 buffers x 2 column
 // blocks x 64 rows x 128 B; +1024 for the alignment of the base
 #define WG_Q_BYTES (2 * WG_BM * 128)
@@ -84,122 +84,6 @@ __device__ __forceinline__ void stage_done(void) {
 }
 #endif
 
-// Query rows [qa, qb) of each sequence, keys 0..qb-1 (rows from qb on are never read as data: they
-// are zero-filled). Grid (ceil((qb-qa)/128), H, B), the blocks with the most keys first.
-__global__ void __launch_bounds__(WG_THREADS) att_wg_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
-                                                            const bf16s *v, int T, int H, int KV, float sl, int qa,
-                                                            int qb) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char wg_smem[];
-    uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sQ + WG_Q_BYTES, sV = sK + 2 * WG_KV_TILE;
-    int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_BM;
-    const bf16s *qg = q + ((size_t)b * T * H + h) * WG_HD;
-    const bf16s *kg = k + ((size_t)b * T * KV + kh) * WG_HD, *vg = v + ((size_t)b * T * KV + kh) * WG_HD;
-    int kend = min(q0 + WG_BM, qb), ntile = (kend + WG_BN - 1) / WG_BN;
-    stage_sw<WG_BM, WG_THREADS>(sQ, qg, q0, min(WG_BM, qb - q0), (size_t)H * WG_HD);
-    stage_sw<WG_BN, WG_THREADS>(sK, kg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
-    stage_sw<WG_BN, WG_THREADS>(sV, vg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
-    int wrow = q0 + wg * 64;                     // this warpgroup's first row
-    int r0 = wrow + w * 16 + (lane >> 2), r1 = r0 + 8;
-    float o[64], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.0f;
-    for (int it = 0; it < ntile; it++) {
-        int k0 = it * WG_BN, cur = it & 1;
-        stage_done();   // tile it (and Q, the first time); every warpgroup is done with tile it - 1
-        if (it + 1 < ntile) {
-            int k1 = k0 + WG_BN;
-            stage_sw<WG_BN, WG_THREADS>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
-            stage_sw<WG_BN, WG_THREADS>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
-        }
-        if (k0 > wrow + 63) continue;   // warpgroup-uniform: every key follows every row of mine
-        float s[32];
-        uint32_t qa0 = sQ + wg * 64 * 128, kb0 = sK + cur * WG_KV_TILE, vb0 = sV + cur * WG_KV_TILE;
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < WG_HD / 16; kk++) {
-            uint32_t off = 32 * (kk & 3);   // the k-step within its 64-column block
-            wgmma_n64_ss(s, desc_sw128(qa0 + (kk >> 2) * WG_BM * 128 + off, 16, 1024),
-                         desc_sw128(kb0 + (kk >> 2) * WG_BN * 128 + off, 16, 1024), kk);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        if (k0 + WG_BN > wrow || k0 + WG_BN > qb) {   // the diagonal or the last keys: mask
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                    s[4 * j + e] = key <= row && key < qb ? s[4 * j + e] * sl : -INFINITY;
-                }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; i++) s[i] *= sl;
-        }
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // finite: key 0 <= row is in the first tile, so the running max is finite from then on
-        float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);   // 0 on the first tile
-        m0 = mx0;
-        m1 = mx1;
-        float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            s[4 * j] = exp2f(s[4 * j] - mx0);
-            s[4 * j + 1] = exp2f(s[4 * j + 1] - mx0);
-            s[4 * j + 2] = exp2f(s[4 * j + 2] - mx1);
-            s[4 * j + 3] = exp2f(s[4 * j + 3] - mx1);
-            ps0 += s[4 * j] + s[4 * j + 1];
-            ps1 += s[4 * j + 2] + s[4 * j + 3];
-        }
-        l0 = l0 * c0 + ps0;   // this thread's columns only; the quad's sum is taken at the end
-        l1 = l1 * c1 + ps1;
-#pragma unroll
-        for (int n = 0; n < 16; n++) {
-            o[4 * n] *= c0; o[4 * n + 1] *= c0;
-            o[4 * n + 2] *= c1; o[4 * n + 3] *= c1;
-        }
-        uint32_t pf[WG_BN / 16][4];   // P as A fragments: keys 16 kk .. 16 kk + 15 are s columns 2 kk, 2 kk + 1
-#pragma unroll
-        for (int kk = 0; kk < WG_BN / 16; kk++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) pf[kk][i] = pack2(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < WG_BN / 16; kk++)
-            wgmma_n128_rs(o, pf[kk][0], pf[kk][1], pf[kk][2], pf[kk][3], desc_sw128(vb0 + 2048 * kk, WG_BN * 128, 1024));
-        wgmma_commit();
-        wgmma_wait<0>();   // V's buffer is reloaded two tiles on
-    }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    float i0 = 1.0f / l0, i1 = 1.0f / l1;
-#pragma unroll
-    for (int n = 0; n < 16; n++) {
-        if (r0 < qb)
-            *(float2 *)(out + (((size_t)b * T + r0) * H + h) * WG_HD + n * 8 + 2 * t) = make_float2(o[4 * n] * i0, o[4 * n + 1] * i0);
-        if (r1 < qb)
-            *(float2 *)(out + (((size_t)b * T + r1) * H + h) * WG_HD + n * 8 + 2 * t) = make_float2(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
-    }
-    if (t == 0) {
-        if (r0 < qb) lse[((size_t)b * H + h) * T + r0] = (m0 + log2f(l0)) * WG_LN2;
-        if (r1 < qb) lse[((size_t)b * H + h) * T + r1] = (m1 + log2f(l1)) * WG_LN2;
-    }
-#endif
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // dst (rows r0, r0 + 8 of a (T, heads, 128) tensor at base; rows from `end` on skipped) += the
 // accumulator d (columns 8 n + 2 (lane % 4) (+ 1) in d[4 n + {0, 1}], row r0 + 8 in {2, 3})
@@ -239,6 +123,57 @@ __device__ __forceinline__ void wg_times(float *acc, uint32_t (*f)[4], uint32_t 
     for (int kk = 0; kk < 4; kk++) wgmma_n128_rs(acc, f[kk][0], f[kk][1], f[kk][2], f[kk][3], desc_sw128(sx + 2048 * kk, 64 * 128, 1024));
 }
 #endif
+
+// Query rows [qa, qb) of each sequence, keys 0..qb-1 (rows from qb on are never read as data: they
+// are zero-filled). Grid (ceil((qb-qa)/128), H, B), the blocks with the most keys first.
+__global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
+                                                            const bf16s *v, int T, int H, int KV, float sl, int qa,
+                                                            int qb) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sQ + WG_Q_BYTES, sV = sK + 2 * WG_KV_TILE;
+    int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_BM;
+    const bf16s *qg = q + ((size_t)b * T * H + h) * WG_HD;
+    const bf16s *kg = k + ((size_t)b * T * KV + kh) * WG_HD, *vg = v + ((size_t)b * T * KV + kh) * WG_HD;
+    int kend = min(q0 + WG_BM, qb), ntile = (kend + WG_BN - 1) / WG_BN;
+    stage_sw<WG_BM, WG_THREADS>(sQ, qg, q0, min(WG_BM, qb - q0), (size_t)H * WG_HD);
+    stage_sw<WG_BN, WG_THREADS>(sK, kg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
+    stage_sw<WG_BN, WG_THREADS>(sV, vg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
+    int wrow = q0 + wg * 64;                     // this warpgroup's first row
+    int r0 = wrow + w * 16 + (lane >> 2), r1 = r0 + 8;
+    float o[64], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.0f;
+    for (int it = 0; it < ntile; it++) {
+        int k0 = it * WG_BN, cur = it & 1;
+        stage_done();   // tile it (and Q, the first time); every warpgroup is done with tile it - 1
+        if (it + 1 < ntile) {
+            int k1 = k0 + WG_BN;
+            stage_sw<WG_BN, WG_THREADS>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
+            stage_sw<WG_BN, WG_THREADS>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
+        }
+        if (k0 > wrow + 63) continue;   // warpgroup-uniform: every key follows every row of mine
+        float s[32];
+        uint32_t qa0 = sQ + wg * 64 * 128, kb0 = sK + cur * WG_KV_TILE, vb0 = sV + cur * WG_KV_TILE;
+        wgmma_fence();
+        wg_scores(s, qa0, WG_BM, kb0, WG_BN);
+        wgmma_commit();
+        wgmma_wait<0>();
+        softmax_tile<WG_BN / 8, WG_HD / 8>(s, o, m0, m1, l0, l1, k0 + WG_BN > wrow || k0 + WG_BN > qb, k0, r0, r1, qb, t,
+                                           sl);   // mask: the diagonal or the last keys
+        uint32_t pf[4][4];   // P as A fragments
+        wg_frags(pf, s);
+        wgmma_fence();
+        wg_times(o, pf, vb0);
+        wgmma_commit();
+        wgmma_wait<0>();   // V's buffer is reloaded two tiles on
+    }
+    softmax_store<WG_HD / 8>(out, lse, o, m0, m1, l0, l1, r0, r1, qb, b, T, H, h, t);
+#endif
+}
+
 
 // dq += sum over keys u <= t of ds_tu k_u (ds = p (dp - D) sc, p = exp2(s sl - lse log2 e),
 // dp = dout . v) for the query rows t in [qa, qb): one warpgroup per 64 queries over 64-key tiles. Grid (ceil((qb-qa)/64), H, B), the most keys first.

@@ -1,0 +1,84 @@
+// cuda_attention_softmax.cuh — the online softmax of the tensor-core attention forwards
+// (cuda_attention_tc.cu's mma.sync kernel, cuda_attention_wg.cu's wgmma kernel): both hold a
+// thread's share of 16-row score and output fragments in the same layout (mma.sync's C fragment,
+// which is also wgmma's accumulator layout per warp): s[4 j + e] is row (e < 2 ? r0 : r1),
+// column 8 j + 2 t + (e & 1) (t = lane % 4); o[4 n + e] likewise over the head dimension.
+// Device code only.
+#pragma once
+#include <math.h>
+
+// One key tile (keys k0 + column): scores scaled by sl (base 2), masked to -inf where the key
+// follows the row or is past qb (only when mask: the tiles crossing the diagonal or the last key),
+// the running maxima m and this thread's row sums l updated, o rescaled; s becomes exp2(s - m), P.
+template <int NJ, int NT>
+__device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, float &m1, float &l0, float &l1, int mask,
+                                             int k0, int r0, int r1, int qb, int t, float sl) {
+    if (mask) {
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                s[4 * j + e] = key <= row && key < qb ? s[4 * j + e] * sl : -INFINITY;
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4 * NJ; i++) s[i] *= sl;
+    }
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // finite: key 0 <= row is in the first tile, so the running max is finite from then on
+    float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);   // 0 on the first tile
+    m0 = mx0;
+    m1 = mx1;
+    float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        s[4 * j] = exp2f(s[4 * j] - mx0);
+        s[4 * j + 1] = exp2f(s[4 * j + 1] - mx0);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - mx1);
+        s[4 * j + 3] = exp2f(s[4 * j + 3] - mx1);
+        ps0 += s[4 * j] + s[4 * j + 1];
+        ps1 += s[4 * j + 2] + s[4 * j + 3];
+    }
+    l0 = l0 * c0 + ps0;   // this thread's columns only; the quad's sum is taken at the end
+    l1 = l1 * c1 + ps1;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        o[4 * n] *= c0; o[4 * n + 1] *= c0;
+        o[4 * n + 2] *= c1; o[4 * n + 3] *= c1;
+    }
+}
+
+// The rows r0, r1 (from qb on skipped) of out (B, T, H, 8 NT) for head h of sequence b: o over the
+// quad's row sum, and lse (B, H, T) = ln of the sum of exp.
+template <int NT>
+__device__ __forceinline__ void softmax_store(float *out, float *lse, const float *o, float m0, float m1, float l0,
+                                              float l1, int r0, int r1, int qb, int b, int T, int H, int h, int t) {
+    constexpr int HD = 8 * NT;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float i0 = 1.0f / l0, i1 = 1.0f / l1;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (r0 < qb)
+            *(float2 *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[4 * n] * i0, o[4 * n + 1] * i0);
+        if (r1 < qb)
+            *(float2 *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
+    }
+    if (t == 0) {
+        const float ln2 = 0.6931471805599453f;
+        if (r0 < qb) lse[((size_t)b * H + h) * T + r0] = (m0 + log2f(l0)) * ln2;
+        if (r1 < qb) lse[((size_t)b * H + h) * T + r1] = (m1 + log2f(l1)) * ln2;
+    }
+}
