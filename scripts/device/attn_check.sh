@@ -15,9 +15,6 @@ G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/attn.txt; : > $R
 . scripts/device/libs.sh && device_libs $G $B/moe
 export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0
 BUDGET=${BUDGET:-560}
-say() { echo "$*" | tee -a $R; }
-t() { local name=$1 lim=$2; shift 2; local left=$((BUDGET-SECONDS)); [ $left -lt 20 ] && { say "== $name skipped (time)"; return; }
-      [ $lim -gt $left ] && lim=$left; local t0=$SECONDS; timeout $lim "$@" > $W/$name.log 2>&1; say "== $name rc=$? $((SECONDS-t0))s"; }
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m12 FAIL $W/ops.log | tee -a $R
 grep -E "^ *attention|grouped" $W/ops.log | head -12 | tee -a $R

@@ -18,10 +18,7 @@ G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/step.txt; : > $R
 . scripts/device/libs.sh && device_libs $G $B/moe
 export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-570}; PARTS=${PARTS:-tests attn layer step profile}
-say() { echo "$*" | tee -a $R; }
 has() { [[ " $PARTS " == *" $1 "* ]]; }
-t() { local name=$1 lim=$2; shift 2; local left=$((BUDGET-SECONDS)); [ $left -lt 20 ] && { say "== $name skipped (time)"; return 1; }
-      [ $lim -gt $left ] && lim=$left; local t0=$SECONDS; timeout $lim "$@" > $W/$name.log 2>&1; say "== $name rc=$? $((SECONDS-t0))s"; }
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"
 if has tests; then
   t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m5 FAIL $W/ops.log | tee -a $R

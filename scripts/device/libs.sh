@@ -11,3 +11,16 @@ device_libs() {
   done
   return 0
 }
+
+# The bounded recipes' steps (suite_check.sh, attn_check.sh, full_step.sh): `say TEXT` prints and
+# appends to $R (the progress file under $OUT); `t NAME LIMIT CMD...` runs CMD into $W/NAME.log under
+# LIMIT seconds and what is left of $BUDGET (counted by $SECONDS), skipped (status 1) when under 20 s
+# are left, and says how it ended.
+say() { echo "$*" | tee -a "$R"; }
+t() {
+  local name=$1 lim=$2; shift 2
+  local left=$((BUDGET - SECONDS))
+  [ $left -lt 20 ] && { say "== $name skipped (time)"; return 1; }
+  [ $lim -gt $left ] && lim=$left
+  local t0=$SECONDS; timeout $lim "$@" > "$W/$name.log" 2>&1; say "== $name rc=$? $((SECONDS - t0))s"
+}
