@@ -134,6 +134,8 @@ run_fail "n_heads=4 is not divisible by n_kv_heads=3" "${T[@]}" --n-heads 4 --n-
 run_fail "capacity_factor must be > 0 (got 0)" "${T[@]}" --dispatch capacity --capacity-factor 0
 run_fail "capacity_factor must be > 0 (got -1)" "${T[@]}" --dispatch capacity --capacity-factor -1
 run_fail "'foo' is not one of dropless, capacity" "${T[@]}" --dispatch foo
+run_fail "--precision: 'fp16' is not one of mixed, bf16" "${T[@]}" --precision fp16
+run_fail "--bf16-rounding: 'up' is not one of stochastic, nearest" "${T[@]}" --precision bf16 --bf16-rounding up
 run_fail "--seq-len 300 exceeds the model's max_seq_len 256" "${T[@]}" --seq-len 300
 run_fail "--seq-len 32 exceeds the model's max_seq_len 16" "${T[@]}" --max-seq-len 16 --seq-len 32
 run_fail "--batch 6 is not divisible by --grad-accum 4" "${T[@]}" --batch 6 --grad-accum 4

@@ -837,10 +837,10 @@ static void test_bf16_shadow(void) {
     // AdamW over the buffer (one run) with the copy registered: the copy must follow the update
     float *g = hrand(nw, 1.0f), *m0 = hrand(nw, 0.1f), *v0 = hnew(nw);
     float *gd = dputf(g, nw), *m = dputf(m0, nw), *v = dputf(v0, nw);
-    OptRun run = {0, 0, (int64_t)nw, 1, 0};
+    OptRun run = {0, 0, (int64_t)nw, 1, 0, 0, 0, 0, 0};
     OptRuns *rr = gpu->runs_create(&run, 1);
     gpu->bf16_shadow(wd, nw);
-    gpu->adamw_runs(wd, gd, m, v, rr, 1.0f, 0.05f, 0.9f, 0.95f, 1e-8f, 0.1f, 1);
+    gpu->adamw_runs(wd, gd, m, v, rr, 1.0f, 0.05f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, OPT_MIXED, 0);
     gemm_set(a, wd, 8, xd, dyd, N, K, O, G, off);
     gpu->bf16_shadow(NULL, 0);
     gemm_set(b, wd, 8, xd, dyd, N, K, O, G, off);
@@ -1073,7 +1073,7 @@ static void test_elementwise(size_t n) {
 
 // A run list of one run (0, n) on the gpu: what a single-tensor sumsq / adamw was.
 static OptRuns *one_run(size_t n, int decay) {
-    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0};
+    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0, 0, 0, 0, 0};
     return gpu->runs_create(&r, 1);
 }
 
@@ -1102,7 +1102,7 @@ static void test_adamw(size_t n, float wd, int t) {
     float *pd = dputf(p, n), *gd = dputf(g, n), *md = dputf(m, n), *vd = dputf(v, n);
     OptRuns *h = one_run(n, 1);
     oracle_adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
-    gpu->adamw_runs(pd, gd, md, vd, h, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
+    gpu->adamw_runs(pd, gd, md, vd, h, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t, OPT_MIXED, 0);
     gpu->runs_free(h);
     cmp("adamw", "p", pd, p, n, BAND_ELEM);
     cmp("adamw", "m", md, m, n, BAND_ELEM);
@@ -1167,8 +1167,8 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
     float *p2 = hcopy(p, N), *g2 = hcopy(g, N), *m2 = hcopy(m, M), *v2 = hcopy(v, M);
     OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
     float *g0 = hcopy(g, N);
-    cpu->adamw_runs(p, g, m, v, hc, gscale, lr, b1, b2, eps, wd, t);
-    gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t);
+    cpu->adamw_runs(p, g, m, v, hc, gscale, lr, b1, b2, eps, wd, t, OPT_MIXED, 0);
+    gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t, OPT_MIXED, 0);
     for (int r = 0; r < nr; r++) {
         if (gscale != 1.0f) oracle_scale(g2 + runs[r].off, gscale, (size_t)runs[r].n);
         oracle_adamw(p2 + runs[r].off, g2 + runs[r].off, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr,
@@ -1193,6 +1193,79 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
     for (int k = 0; k < 4; k++) gpu->free(base[k]);
     free(p2); free(g2); free(m2); free(v2);
     free(p); free(g); free(m); free(v); free(g0); free(runs);
+}
+
+// adamw_runs under the bf16 policy (ops.h OPT_BF16_NEAREST / OPT_BF16_STOCHASTIC): bf16 moments, the
+// weights rounded to bf16 values. The float32 arithmetic is the cpu's (-fmad=false, c1/c2 on the host,
+// correctly rounded sqrt and division) and the roundings are integer operations of ops.h, so the gpu's p,
+// m and v must equal the cpu backend's BIT FOR BIT. The runs carry random global indices (column
+// blocks too: test_gen_global) and the steps t differ, so a kernel hashing another index (the position
+// in the tile space, the local offset, i without the run's start) or another t or seed gives other
+// stochastic roundings, and one that skips a rounding leaves bits below bf16 in p, m or v: caught by
+// the bitwise comparison and by the check that every p, m, v is a bf16 value. Elements outside the runs
+// and g stay unchanged. Also: the cuda backend's bf16 weight copy (bf16_shadow) follows the update.
+static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, int mirror, int shift, int prec) {
+    enum { CAP = 16384 };
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const uint64_t seed = 0x1234567ull + (uint64_t)t;
+    OptRun *runs = xmalloc(sizeof(OptRun) * CAP);
+    size_t M;
+    int nr = test_gen_runs(&R, runs, CAP, N, maxlen, 1, mirror, &M);
+    test_gen_global(&R, runs, nr);
+    float *p = hrand(N, 1.0f), *g = hrand(N, 0.1f);
+    uint16_t *m = xmalloc(sizeof(uint16_t) * (M + 1)), *v = xmalloc(sizeof(uint16_t) * (M + 1));
+    for (size_t i = 0; i < N; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));   // the policy's weights: bf16 values
+    for (size_t i = 0; i < M; i++) {
+        m[i] = bf16_rn_bits(0.01f * (float)rng_normal(&R));
+        v[i] = bf16_rn_bits(1e-4f * fabsf((float)rng_normal(&R)));
+    }
+    float *base[2];
+    float *pd = dputf_shift(p, N, shift, &base[0]), *gd = dputf_shift(g, N, shift, &base[1]);
+    uint16_t *md = gpu->alloc(sizeof(uint16_t) * (M + 1)), *vd = gpu->alloc(sizeof(uint16_t) * (M + 1));
+    gpu->to_device(md, m, sizeof(uint16_t) * M);
+    gpu->to_device(vd, v, sizeof(uint16_t) * M);
+    float *p0 = hcopy(p, N), *g0 = hcopy(g, N);
+    OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
+    if (!shift) gpu->bf16_shadow(pd, N);   // (a no-op on cuda-fp32)
+    cpu->adamw_runs(p, g, m, v, hc, gscale, lr, b1, b2, eps, wd, t, prec, seed);
+    gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t, prec, seed);
+    float *pg = dget(pd, N), *gg = dget(gd, N);
+    uint16_t *mg = xmalloc(sizeof(uint16_t) * (M + 1)), *vg = xmalloc(sizeof(uint16_t) * (M + 1));
+    gpu->to_host(mg, md, sizeof(uint16_t) * M);
+    gpu->to_host(vg, vd, sizeof(uint16_t) * M);
+    const char *pn = prec == OPT_BF16_STOCHASTIC ? "stochastic" : "nearest";
+    size_t dp = 0, dm = 0, dv = 0, nb = 0, moved = 0;
+    for (size_t i = 0; i < N; i++) {
+        dp += f32_bits(pg[i]) != f32_bits(p[i]);
+        nb += (f32_bits(pg[i]) & 0xffffu) != 0;
+        moved += f32_bits(p[i]) != f32_bits(p0[i]);
+    }
+    for (size_t i = 0; i < M; i++) { dm += mg[i] != m[i]; dv += vg[i] != v[i]; }
+    EXPECT(dp == 0 && dm == 0 && dv == 0, "adamw_runs bf16 %s N=%zu t %d mirror %d shift %d: %zu weights, %zu m, %zu v "
+           "differ bitwise from the cpu's", pn, N, t, mirror, shift, dp, dm, dv);
+    EXPECT(nb == 0, "adamw_runs bf16 %s N=%zu: %zu weights are not bf16 values", pn, N, nb);
+    EXPECT(moved > 0, "adamw_runs bf16 %s N=%zu: no weight moved (the test says nothing)", pn, N);
+    EXPECT(memcmp(gg, g0, sizeof(float) * N) == 0, "adamw_runs bf16 %s N=%zu: g changed", pn, N);
+    if (!shift) {   // the GEMMs' copy of the weights (cuda) followed the update: a GEMM reading it gives the
+                    // bits of one converting p (exact: p holds bf16 values)
+        int K = 16, O = (int)(N / 16), Nr = 4;
+        float *x = hrand((size_t)Nr * K, 1.0f), *xd = dputf(x, (size_t)Nr * K);
+        float *o1 = gpu->alloc(sizeof(float) * (size_t)Nr * O), *o2 = gpu->alloc(sizeof(float) * (size_t)Nr * O);
+        gpu->matmul_fwd(o1, xd, pd, Nr, K, O, 0);
+        gpu->bf16_shadow(NULL, 0);
+        gpu->matmul_fwd(o2, xd, pd, Nr, K, O, 0);
+        float *a1 = dget(o1, (size_t)Nr * O), *a2 = dget(o2, (size_t)Nr * O);
+        EXPECT(memcmp(a1, a2, sizeof(float) * (size_t)Nr * O) == 0,
+               "adamw_runs bf16 %s N=%zu: a GEMM through the bf16 weight copy differs from one converting p", pn, N);
+        gpu->free(xd); gpu->free(o1); gpu->free(o2);
+        free(x); free(a1); free(a2);
+    }
+    printf("adamw_runs bf16 %-10s N=%-7zu t=%d mirror %d shift %d: %zu runs, %zu weights moved, p/m/v bitwise equal "
+           "to the cpu: %s\n", pn, N, t, mirror, shift, (size_t)nr, moved, dp + dm + dv ? "NO" : "yes");
+    cpu->runs_free(hc);
+    gpu->runs_free(hg);
+    gpu->free(base[0]); gpu->free(base[1]); gpu->free(md); gpu->free(vd);
+    free(p); free(g); free(m); free(v); free(p0); free(g0); free(pg); free(gg); free(mg); free(vg); free(runs);
 }
 
 // The whole suite on one backend; prints its table.
@@ -1298,6 +1371,10 @@ static void run_suite(const Backend *be, int big) {
     test_adamw_runs(3000, 40, 0.37f, 1, 1, 0);        // every run on the float4 path (head, body, tail)
     test_adamw_runs(200000, 30000, 1.0f, 3, 1, 0);
     test_adamw_runs(20000, 3000, 0.5f, 2, 1, 1);      // unaligned buffers: the scalar path
+    test_adamw_runs_bf16(3000, 40, 0.37f, 1, 0, 0, OPT_BF16_STOCHASTIC);
+    test_adamw_runs_bf16(200000, 30000, 1.0f, 7, 1, 0, OPT_BF16_STOCHASTIC);
+    test_adamw_runs_bf16(20000, 3000, 0.5f, 2, 1, 1, OPT_BF16_STOCHASTIC);   // unaligned buffers
+    test_adamw_runs_bf16(20000, 3000, 1.0f, 3, 0, 0, OPT_BF16_NEAREST);
     if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 0, 0);
     if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 1, 0);
     printf("\nbackend %s%s\n%-34s %12s %8s %12s %8s  %s\n", be->name, t_failures == fails0 ? "" : " (FAILURES)", "op",

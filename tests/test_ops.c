@@ -1094,7 +1094,7 @@ static void test_cross_entropy(void) {
 // ---------------------------------------------------------------- sumsq, adamw of one tensor
 // A run list of one run (0, n): what a single-tensor sumsq / adamw was.
 static OptRuns *one_run(size_t n, int decay) {
-    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0};
+    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0, 0, 0, 0, 0};
     return be->runs_create(&r, 1);
 }
 
@@ -1140,7 +1140,7 @@ static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
         vm[i] = fabs((double)b2 * v[i]) + fabs((1 - (double)b2) * (double)g[i] * g[i]);
     }
     OptRuns *h = one_run(n, 1);
-    be->adamw_runs(p, g, m, v, h, 1.0f, lr, b1, b2, eps, wd, t);
+    be->adamw_runs(p, g, m, v, h, 1.0f, lr, b1, b2, eps, wd, t, OPT_MIXED, 0);
     be->runs_free(h);
     char lab[96];
     snprintf(lab, sizeof lab, "adamw p (t=%d wd=%g%s%s)", t, wd, zero_state ? " fresh" : "", zero_grad ? " g=0" : "");
@@ -1190,6 +1190,134 @@ static void test_sumsq_runs(size_t N, int maxlen, int ncls) {
 // float: that rounding is the op's contract), FWD_RTOL; elements outside every run and g itself
 // bitwise unchanged; and bitwise equal to scale() on each run's gradient then adamw() per run (the
 // unfused sequence the trainer ran before, so its results are unchanged).
+// ---------------------------------------------------------------- the bf16 policy (ops.h OPT_BF16_*)
+// The rounding of weights through the cpu's adamw_runs with lr 0 (the pre-rounding value is p itself):
+// x lies between two bf16 neighbours lo < hi at fraction q. Stochastic: the mean over n draws (n elements of
+// one call: their global indices pick the bits; and one element over n steps t) is x within 4 standard
+// errors (hi - lo) sqrt(q (1 - q) / n), both neighbours occur, nothing else; nearest: always the nearer one.
+// Also the integer roundings themselves: nearest even on ties, exact bf16 values kept, NaN kept.
+static double sr_mean(float x, int prec, int over_t, int n, int *others, float lo, float hi) {
+    float *p = fnew((size_t)n), *g = fnew((size_t)n);
+    uint16_t *m = calloc((size_t)n, 2), *v = calloc((size_t)n, 2);
+    double sum = 0;
+    *others = 0;
+    if (!over_t) {
+        OptRun r = {0, 0, n, 0, 0, 12345, 0, 0, 0};
+        OptRuns *h = be->runs_create(&r, 1);
+        for (int i = 0; i < n; i++) p[i] = x;
+        be->adamw_runs(p, g, m, v, h, 1.0f, 0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 3, prec, 42);
+        for (int i = 0; i < n; i++) { sum += p[i]; *others += p[i] != lo && p[i] != hi; }
+        be->runs_free(h);
+    } else {
+        OptRun r = {0, 0, 1, 0, 0, 777, 0, 0, 0};
+        OptRuns *h = be->runs_create(&r, 1);
+        for (int t = 1; t <= n; t++) {
+            p[0] = x;
+            be->adamw_runs(p, g, m, v, h, 1.0f, 0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, t, prec, 42);
+            sum += p[0];
+            *others += p[0] != lo && p[0] != hi;
+        }
+        be->runs_free(h);
+    }
+    free(p); free(g); free(m); free(v);
+    return sum / n;
+}
+
+static void test_bf16_rounding(void) {
+    const float los[3] = {1.0f, -3.140625f, 6.103515625e-05f};
+    const double qs[3] = {0.3, 0.9, 0.015625};
+    const int n = 20000;
+    for (int k = 0; k < 3; k++) {
+        float lo = los[k], hi = f32_of_bits(f32_bits(lo) + 0x10000u);   // the next bf16 away from zero
+        float x = f32_of_bits(f32_bits(lo) + (uint32_t)(qs[k] * 65536));
+        double q = ((double)x - lo) / ((double)hi - lo), se = fabs((double)hi - lo) * sqrt(q * (1 - q) / n);
+        for (int over_t = 0; over_t < 2; over_t++) {
+            int others;
+            double mean = sr_mean(x, OPT_BF16_STOCHASTIC, over_t, n, &others, lo, hi);
+            EXPECT(fabs(mean - x) <= 4 * se && others == 0, "bf16 stochastic rounding of %.9g (between %.9g and %.9g, "
+                   "over %s): mean %.9g, %.2f standard errors off; %d values not a neighbour", x, lo, hi,
+                   over_t ? "steps t" : "elements", mean, (mean - x) / se, others);
+            double mn = sr_mean(x, OPT_BF16_NEAREST, over_t, n, &others, lo, hi);
+            float near = q < 0.5 ? lo : hi;
+            EXPECT(mn == near, "bf16 nearest rounding of %.9g over %s: mean %.9g, want always %.9g", x,
+                   over_t ? "steps t" : "elements", mn, near);
+            printf("bf16 rounding of %.9g (q %.4f) over %-8s: stochastic mean off by %+.2f standard errors (se %.3g); "
+                   "nearest always %.9g\n", x, q, over_t ? "steps t" : "elements", (mean - x) / se, se, mn);
+        }
+    }
+    // the integer operations: ties to even, bf16 values unchanged by either, NaN stays NaN
+    EXPECT(bf16_rn_bits(f32_of_bits(0x3f808000u)) == 0x3f80 && bf16_rn_bits(f32_of_bits(0x3f818000u)) == 0x3f82,
+           "bf16_rn_bits: ties must go to even");
+    int kept = 1;
+    for (uint32_t r = 0; r < 65536; r += 257) kept &= bf16_sr_bits(1.5f, r) == 0x3fc0 && bf16_sr_bits(-2.0f, r) == 0xc000;
+    EXPECT(kept, "bf16_sr_bits: a bf16 value must stay itself for any random bits");
+    EXPECT(isnan(bf16_to_f32(bf16_rn_bits(NAN))) && isnan(bf16_to_f32(bf16_sr_bits(NAN, 0xffff))),
+           "bf16 roundings: NaN must stay NaN");
+}
+
+// adamw_runs under the bf16 policy on the cpu against a reference built here: the float32 update of
+// cpu_oracle.h's oracle_adamw on the widened moments, then the moments rounded to nearest even and each
+// weight rounded with the bits of bf16_sr_rand(seed, t, its global index), that index walked element by
+// element through the run's column layout (not optrun_gidx's division), so a wrong index, t or seed, or
+// a missing rounding, shows; bit for bit. Every p, m, v a bf16 value; g and elements outside the runs
+// unchanged.
+static void test_adamw_runs_bf16(size_t N, int maxlen, float gscale, int t, int prec) {
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const uint64_t seed = 99 + (uint64_t)t;
+    OptRun runs[4096];
+    size_t M;
+    int nr = test_gen_runs(&R, runs, 4096, N, (size_t)maxlen, 1, 0, &M);
+    test_gen_global(&R, runs, nr);
+    float *p = fnew(N), *g = fnew(N), *pr = fnew(N), *mf = fnew(M + 1), *vf = fnew(M + 1);
+    uint16_t *m = calloc(M + 1, 2), *v = calloc(M + 1, 2), *mr = calloc(M + 1, 2), *vr = calloc(M + 1, 2);
+    fill_normal(p, N, 1);
+    fill_normal(g, N, 0.1f);
+    for (size_t i = 0; i < N; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
+    for (size_t i = 0; i < M; i++) {
+        m[i] = bf16_rn_bits(0.05f * rng_normal(&R));
+        v[i] = bf16_rn_bits(0.01f * fabsf(rng_normal(&R)));
+    }
+    float *g0 = fnew(N);
+    memcpy(g0, g, N * sizeof(float));
+    memcpy(pr, p, N * sizeof(float));
+    for (size_t i = 0; i < M; i++) { mf[i] = bf16_to_f32(m[i]); vf[i] = bf16_to_f32(v[i]); }
+    for (int r = 0; r < nr; r++) {
+        const OptRun *u = &runs[r];
+        if (!u->n) continue;
+        float *gs = fnew((size_t)u->n);
+        memcpy(gs, g + u->off, sizeof(float) * (size_t)u->n);
+        if (gscale != 1.0f) oracle_scale(gs, gscale, (size_t)u->n);
+        oracle_adamw(pr + u->off, gs, mf + u->moff, vf + u->moff, (size_t)u->n, lr, b1, b2, eps, u->decay ? wd : 0.0f, t);
+        int64_t gi = u->gidx, col = u->col0;
+        for (int64_t i = 0; i < u->n; i++) {
+            mr[u->moff + i] = bf16_rn_bits(mf[u->moff + i]);
+            vr[u->moff + i] = bf16_rn_bits(vf[u->moff + i]);
+            float x = pr[u->off + i];
+            pr[u->off + i] = bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(seed, t, gi))
+                                                                     : bf16_rn_bits(x));
+            gi++;
+            if (u->lcols && ++col == u->lcols) { col = 0; gi += u->gcols - u->lcols; }
+        }
+        free(gs);
+    }
+    // elements outside the runs keep their moments (the reference left them as they were)
+    for (size_t i = 0; i < M; i++) if (mr[i] == 0 && vr[i] == 0) { mr[i] = m[i]; vr[i] = v[i]; }
+    OptRuns *h = be->runs_create(runs, nr);
+    be->adamw_runs(p, g, m, v, h, gscale, lr, b1, b2, eps, wd, t, prec, seed);
+    be->runs_free(h);
+    char lab[128];
+    snprintf(lab, sizeof lab, "adamw_runs bf16 %s p (N=%zu, %d runs, t=%d)",
+             prec == OPT_BF16_STOCHASTIC ? "stochastic" : "nearest", N, nr, t);
+    check_exact(lab, p, pr, N);
+    size_t nb = 0, dm = 0;
+    for (size_t i = 0; i < N; i++) nb += (f32_bits(p[i]) & 0xffffu) != 0;
+    for (size_t i = 0; i < M; i++) dm += m[i] != mr[i] || v[i] != vr[i];
+    EXPECT(nb == 0, "%s: %zu weights are not bf16 values", lab, nb);
+    EXPECT(dm == 0, "%s: %zu moments differ from the reference", lab, dm);
+    check_exact("adamw_runs bf16 leaves g unchanged", g, g0, N);
+    free(p); free(g); free(pr); free(mf); free(vf); free(m); free(v); free(mr); free(vr); free(g0);
+}
+
 static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     OptRun runs[4096];
@@ -1225,7 +1353,7 @@ static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
                      runs[r].decay ? wd : 0.0f, t);
     }
     OptRuns *h = be->runs_create(runs, nr);
-    be->adamw_runs(p, g, m, v, h, gscale, lr, b1, b2, eps, wd, t);
+    be->adamw_runs(p, g, m, v, h, gscale, lr, b1, b2, eps, wd, t, OPT_MIXED, 0);
     be->runs_free(h);
     char lab[96];
     snprintf(lab, sizeof lab, "adamw_runs p (N=%zu, %d runs, gscale %g, t=%d)", N, nr, gscale, t);
@@ -1328,5 +1456,9 @@ int main(void) {
     test_adamw_runs(3000, 200, 0.37f, 1);
     test_adamw_runs(3000, 200, 1.0f, 4);   // no clipping: g exactly
     test_adamw_runs(20000, 5000, 1e-3f, 2);
+    test_bf16_rounding();
+    test_adamw_runs_bf16(3000, 200, 0.37f, 1, OPT_BF16_STOCHASTIC);
+    test_adamw_runs_bf16(20000, 5000, 1.0f, 5, OPT_BF16_STOCHASTIC);
+    test_adamw_runs_bf16(3000, 200, 1.0f, 2, OPT_BF16_NEAREST);
     return test_done("test_ops");
 }

@@ -19,7 +19,8 @@ static inline int test_gen_runs(Rng *R, OptRun *r, int cap, size_t N, size_t max
         if (len > N - o) len = N - o;
         if (k % 3 != 0) {
             CHECK(n < cap, "test_gen_runs: more than %d runs", cap);
-            r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(R, 2), (int32_t)rng_below(R, (uint32_t)ncls)};
+            r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(R, 2), (int32_t)rng_below(R, (uint32_t)ncls),
+                              (int64_t)o, 0, 0, 0};
         }
         o += len;
     }
@@ -31,4 +32,17 @@ static inline int test_gen_runs(Rng *R, OptRun *r, int cap, size_t N, size_t max
     for (int i = 0; i < n; i++) { r[i].moff = mirror ? r[i].off : (int64_t)m; m += (size_t)r[i].n; }
     *mtotal = mirror ? N : m;
     return n;
+}
+
+// The bf16 policy's global indices (OptRun gidx, gcols, lcols, col0) at random, as a mesh's slices give
+// them: half the runs contiguous at a random global offset, half a piece of a column block (local rows
+// of lcols elements inside global rows of gcols, starting at column col0). Leaves the rest as it is.
+static inline void test_gen_global(Rng *R, OptRun *r, int n) {
+    for (int i = 0; i < n; i++) {
+        r[i].gidx = (int64_t)rng_below(R, 1u << 30);
+        if (rng_below(R, 2)) { r[i].lcols = 0; r[i].gcols = 0; r[i].col0 = 0; continue; }
+        r[i].lcols = 1 + (int32_t)rng_below(R, 64);
+        r[i].gcols = r[i].lcols * (1 + (int64_t)rng_below(R, 4)) + (int64_t)rng_below(R, 3);
+        r[i].col0 = (int32_t)rng_below(R, (uint32_t)r[i].lcols);
+    }
 }

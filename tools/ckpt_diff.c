@@ -1,15 +1,76 @@
 // ckpt_diff.c — test tool: compare the model tensors of two checkpoints (same config).
 // usage: ckpt_diff A B [TOL]  prints the worst tensor's max|a-b| / max|a| and exits 1 if it
 // exceeds TOL (default 0: report only). Used by the mesh tests to compare final parameters.
+// ckpt_diff --bf16 A: counts the weights and AdamW moments of A that are not bf16 values (low 16 bits
+// of the float32 not zero); exits 1 if any (tests/test_precision.sh: --precision bf16's checkpoints).
+// ckpt_diff --changed A B MAXFRAC: how many weights of two bf16-policy checkpoints differ at all (in
+// total, and in the worst tensor of 256 elements or more); exits 1 if that tensor's fraction exceeds
+// MAXFRAC. A stochastic rounding decision flipped by a last-bit difference (mesh summation orders)
+// changes a few scattered weights by one bf16 step; a wrong hash index, gradient or update changes
+// most of a tensor (tests/test_precision.sh).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "core/common.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
 
+static size_t not_bf16(const float *x, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        k += (u & 0xffffu) != 0;
+    }
+    return k;
+}
+
+static int bf16_check(const char *dir) {
+    char a[2048];
+    if (ckpt_find_latest(dir, a, sizeof a) != 0) snprintf(a, sizeof a, "%s", dir);
+    ModelConfig c;
+    ckpt_load_config(a, &c);
+    ParamTable t;
+    params_build(&t, &c);
+    float *p = xmalloc(t.total * sizeof(float) * 3), *m = p + t.total, *v = m + t.total;
+    ckpt_load(a, &t, p, m, v, NULL);
+    size_t bp = not_bf16(p, t.total), bm = not_bf16(m, t.total) + not_bf16(v, t.total);
+    printf("not bf16 values: %zu of %zu weights, %zu of %zu AdamW moments\n", bp, t.total, bm, 2 * t.total);
+    return bp || bm;
+}
+
+static int changed_check(const char *da, const char *db, double maxfrac) {
+    char a[2048], b[2048];
+    if (ckpt_find_latest(da, a, sizeof a) != 0) snprintf(a, sizeof a, "%s", da);
+    if (ckpt_find_latest(db, b, sizeof b) != 0) snprintf(b, sizeof b, "%s", db);
+    ModelConfig c;
+    ckpt_load_config(a, &c);
+    ParamTable t;
+    params_build(&t, &c);
+    float *pa = xmalloc(t.total * sizeof(float)), *pb = xmalloc(t.total * sizeof(float));
+    ckpt_load(a, &t, pa, NULL, NULL, NULL);
+    ckpt_load(b, &t, pb, NULL, NULL, NULL);
+    size_t nd = 0;
+    double worst = 0;
+    int wi = -1;
+    for (int i = 0; i < t.n; i++) {
+        const ParamSpec *s = &t.p[i];
+        size_t k = 0;
+        for (size_t j = 0; j < s->numel; j++) k += memcmp(&pa[s->offset + j], &pb[s->offset + j], 4) != 0;
+        nd += k;
+        double f = (double)k / (double)(s->numel ? s->numel : 1);
+        if (s->numel >= 256 && f > worst) { worst = f; wi = i; }
+    }
+    printf("changed weights: %zu of %zu (%.3g%%); worst tensor %.3g%% (%s)\n", nd, t.total,
+           100.0 * (double)nd / (double)(t.total ? t.total : 1), 100 * worst, wi >= 0 ? t.p[wi].name : "none");
+    return worst > maxfrac;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: ckpt_diff A B [TOL]\n"); return 2; }
+    if (argc == 5 && !strcmp(argv[1], "--changed")) return changed_check(argv[2], argv[3], atof(argv[4]));
+    if (argc == 3 && !strcmp(argv[1], "--bf16")) return bf16_check(argv[2]);
+    if (argc < 3) { fprintf(stderr, "usage: ckpt_diff A B [TOL] | ckpt_diff --bf16 A | ckpt_diff --changed A B MAXFRAC\n"); return 2; }
     double tol = argc > 3 ? atof(argv[3]) : 0;
     char a[2048], b[2048];
     if (ckpt_find_latest(argv[1], a, sizeof a) != 0) snprintf(a, sizeof a, "%s", argv[1]);

@@ -24,7 +24,8 @@
 
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
 typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER,
-               O_EXPERTMODE, O_ALLINT, O_FAMILY, O_QKNORM, O_BALANCE, O_AUXSCOPE, O_RECOMPUTE } OptType;
+               O_EXPERTMODE, O_ALLINT, O_FAMILY, O_QKNORM, O_BALANCE, O_AUXSCOPE, O_RECOMPUTE, O_PRECISION,
+               O_ROUNDING } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -187,6 +188,13 @@ static const Opt opts[] = {
      "gathered per layer) for its own tokens (gathered); auto: measured per layer"},
     {"a2a-retune", O_FLOAT, TO(a2a_retune), C_TRAIN,
      "auto modes: re-measure a layer when its load (busiest expert / mean) moves by this fraction"},
+    {"precision", O_PRECISION, TO(precision), C_TRAIN | C_INFO,
+     "mixed: float32 weights and AdamW moments (bf16 GEMM operands on --device cuda); bf16: AdamW moments "
+     "stored in bf16 (half their memory) and every weight rounded to a bf16 value after each update (still "
+     "held in the float32 buffer); checkpoints stay float32"},
+    {"bf16-rounding", O_ROUNDING, TO(bf16_rounding), C_TRAIN,
+     "--precision bf16: how each updated weight is rounded to bf16: stochastic (unbiased, seeded by --seed: "
+     "reproducible) or nearest (round to nearest even)"},
     {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
     {"overlap", O_INT, TO(overlap), C_TRAIN, "1: reduce gradient buckets while backward runs"},
     {"bucket-mb", O_FLOAT, TO(bucket_mb), C_TRAIN, "gradient bucket size cap in MB"},
@@ -249,6 +257,8 @@ static const WordSet word_sets[] = {
      {RECOMPUTE_NONE, RECOMPUTE_ATTN, RECOMPUTE_MOE, RECOMPUTE_FULL}},
     {O_AUXSCOPE, "micro-batch|sequence|global", 0, 3, {"micro-batch", "sequence", "global"},
      {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
+    {O_PRECISION, "mixed|bf16", 0, 2, {"mixed", "bf16"}, {PREC_MIXED, PREC_BF16}},
+    {O_ROUNDING, "stochastic|nearest", 0, 2, {"stochastic", "nearest"}, {ROUND_STOCHASTIC, ROUND_NEAREST}},
 };
 static const WordSet *word_set(OptType t) {
     for (size_t k = 0; k < sizeof word_sets / sizeof word_sets[0]; k++) if (word_sets[k].type == t) return &word_sets[k];
@@ -785,7 +795,8 @@ static void agree_options(State *s, const Comm *world) {
 // (a run may resume on another layout), and the model (the checkpoint's config.json holds it).
 static const char *const REMEMBERED[] = {"data", "val-data", "val-frac", "seq-len", "batch", "grad-accum", "steps",
     "lr", "min-lr-frac", "warmup", "weight-decay", "beta1", "beta2", "adam-eps", "grad-clip", "seed", "eval-every",
-    "eval-batches", "save-every", "keep", "keep-best", "dropout", "sample-tokens", "plots"};
+    "eval-batches", "save-every", "keep", "keep-best", "dropout", "sample-tokens", "plots", "precision",
+    "bf16-rounding"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++) if (!strcmp(name, REMEMBERED[k])) return 1;

@@ -11,12 +11,70 @@
 #include <stdio.h>
 #include <stdint.h>
 
+#include <string.h>
+
 typedef struct Backend Backend;
+
+#ifdef __CUDACC__
+#define MOE_HD __host__ __device__
+#else
+#define MOE_HD
+#endif
 
 // Multi-tensor optimizer runs (sumsq_runs, adamw_runs): run i covers elements [off, off+n) of the
 // flat parameter/gradient buffers and [moff, moff+n) of the moment buffers; decay: weight decay
 // applies to it; cls: the class (0 <= cls < ncls) its sum of squares is added to.
-typedef struct { int64_t off, moff, n; int32_t decay, cls; } OptRun;
+// gidx, gcols, lcols, col0: each element's GLOBAL index (into the one-process full flat buffer), which
+// adamw_runs' stochastic rounding hashes, so that every mesh rounds an element alike (optrun_gidx).
+// Where the run lies in a column block of a tensor (TP/ETP column splits) its elements are not
+// consecutive globally: lcols (> 0) is the local row length, gcols the global one, col0 the column of
+// the run's first element in its local row, gidx that element's global index. lcols = 0: gidx + i.
+typedef struct { int64_t off, moff, n; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0; } OptRun;
+static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lcols, int32_t col0, int64_t i) {
+    if (lcols <= 0) return gidx + i;
+    int64_t c = col0 + i;
+    return gidx - col0 + (c / lcols) * gcols + c % lcols;
+}
+
+// The precision policy of adamw_runs (--precision, --bf16-rounding):
+//   OPT_MIXED: float32 moments (m, v are float *) and float32 weights (the mixed policy, as always).
+//   OPT_BF16_NEAREST, OPT_BF16_STOCHASTIC: m, v are bf16 (uint16_t *, the top half of a float32); the
+//   update reads them to float32, computes as OPT_MIXED, stores the moments rounded to nearest even,
+//   and the new weight (still in the float32 buffer p) rounded to a bf16 value: to nearest even, or
+//   stochastically (bf16_round_sr with bf16_sr_bits(seed, t, global index): unbiased, deterministic).
+enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2 };
+
+// bf16 <-> float32 bit operations shared by every backend (integer arithmetic: the same bits on any
+// device). NaN stays NaN (quiet); an overflow rounds to infinity as the hardware conversion does.
+static inline MOE_HD uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static inline MOE_HD float f32_of_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+static inline MOE_HD uint16_t bf16_rn_bits(float x) {   // round to nearest even
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// Stochastic: rounds up (away from zero) with probability (the 16 bits dropped) / 2^16, so the
+// expected value is x; r16: 16 random bits.
+static inline MOE_HD uint16_t bf16_sr_bits(float x, uint32_t r16) {
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7fffffffu) >= 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x7fffffffu) > 0x7f800000u ? 0x40 : 0));
+    return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
+}
+static inline MOE_HD float bf16_to_f32(uint16_t b) { return f32_of_bits((uint32_t)b << 16); }
+// The random bits of stochastic rounding for the element of global index gi at step t: a counter-based
+// hash (the dropout hash's splitmix64 mix, other constants), so any backend and any mesh draws the same.
+static inline MOE_HD uint32_t bf16_sr_rand(uint64_t seed, int t, int64_t gi) {
+    uint64_t z = seed ^ 0x5851F42D4C957F2Dull ^ ((uint64_t)gi * 0x9E3779B97F4A7C15ull) ^
+                 ((uint64_t)(uint32_t)t * 0xC2B2AE3D27D4EB4Full);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 48);
+}
+// The weight rounding of the bf16 policy (prec OPT_BF16_*), as a float holding the bf16 value.
+static inline MOE_HD float bf16_round_weight(float x, int prec, uint64_t seed, int t, int64_t gi) {
+    return bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(seed, t, gi)) : bf16_rn_bits(x));
+}
 // A backend's own copy of a run list (runs_create), laid out as its kernels want it (on cuda: in
 // device memory with a per-tile index). A run list does not change between steps: create it once.
 typedef struct OptRuns OptRuns;
@@ -219,17 +277,16 @@ struct Backend {
     // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
     // where decay is set, else 0; bias-corrected at step t (1-based). Each gradient element is first
     // multiplied by gscale and rounded to float (g is read only), then the update runs on that.
-    void (*adamw_runs)(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
-                       float b1, float b2, float eps, float wd, int t);
+    // prec (OPT_* above): OPT_MIXED, m and v are float32; OPT_BF16_*: they are bf16 (uint16_t), stored
+    // rounded to nearest even, and each new weight is rounded to bf16 (nearest, or stochastically with
+    // the bits of bf16_sr_rand(seed, t, the element's global index: optrun_gidx)). The float32
+    // arithmetic is the same in every policy, so every backend gives the cpu's bits.
+    void (*adamw_runs)(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
+                       float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 };
 
 // The dropout mask: element (g, c) is kept iff the top 24 bits of the hash of (seed, g, c) are >= p * 2^24
 // (the threshold rounded to nearest). A splitmix64-style mix: every backend computes the same bits.
-#ifdef __CUDACC__
-#define MOE_HD __host__ __device__
-#else
-#define MOE_HD
-#endif
 static inline MOE_HD uint64_t dropout_hash(uint64_t seed, int64_t g, int c) {
     uint64_t z = seed ^ ((uint64_t)g * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uint32_t)c * 0xD1B54A32D192ED03ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -59,7 +59,7 @@ static void w_pcnt(int32_t *c, int32_t *r, const int32_t *i, int N, int E, int k
 static void w_prows(int32_t *s, int32_t *t, float *sc, const int32_t *r, const int32_t *i, const float *w, const int32_t *kp, const int32_t *f, int N, int E, int k) { T0; in->plan_rows(s, t, sc, r, i, w, kp, f, N, E, k); T1(P_ROUTER); }
 static void w_gds(float *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C) { T0; in->gather_dot_scale(o, d, i, x, b, s, n, C); T1(P_ROWS); }
 static void w_sumsq_runs(double *o, int nc, const float *x, const OptRuns *r) { T0; in->sumsq_runs(o, nc, x, r); T1(P_SUMSQ); }
-static void w_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gs, float lr, float b1, float b2, float e, float wd, int t) { T0; in->adamw_runs(p, g, m, v, r, gs, lr, b1, b2, e, wd, t); T1(P_ADAMW); }
+static void w_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gs, float lr, float b1, float b2, float e, float wd, int t, int prec, uint64_t seed) { T0; in->adamw_runs(p, g, m, v, r, gs, lr, b1, b2, e, wd, t, prec, seed); T1(P_ADAMW); }
 
 const Backend *backend_profiled(const Backend *inner) {
     in = inner;

@@ -35,9 +35,27 @@ static int layer_key(const ParamSpec *s, int L) {
 static int norm_class(const ParamSpec *s) { return s->expert >= 0 ? 2 : s->split_dim >= 0 ? 1 : 0; }
 
 typedef struct { OptRun *r; int n, cap; } RunList;
-static void run_add(RunList *l, size_t off, size_t moff, size_t n, int decay, int cls) {
+static OptRun *run_add(RunList *l, size_t off, size_t moff, size_t n, int decay, int cls) {
     if (l->n == l->cap) { l->cap = l->cap ? 2 * l->cap : 64; l->r = xrealloc(l->r, sizeof(OptRun) * l->cap); }
-    l->r[l->n++] = (OptRun){(int64_t)off, (int64_t)moff, (int64_t)n, decay, cls};
+    l->r[l->n] = (OptRun){(int64_t)off, (int64_t)moff, (int64_t)n, decay, cls, 0, 0, 0, 0};
+    return &l->r[l->n++];
+}
+
+// Where the run starting at local element a of tensor s lies in the full model (OptRun's gidx, gcols,
+// lcols, col0: the global index that the bf16 policy's stochastic rounding hashes), by the slicing of
+// params_slice_runs: a block of columns (TP/ETP column splits) is one piece per row.
+static void run_global(OptRun *r, const ParamSpec *s, size_t a) {
+    size_t j = a - s->loffset;
+    if (s->split_dim == 1 && s->lshape[1] != s->shape[1]) {
+        int64_t lc = s->lshape[1];
+        r->lcols = (int32_t)lc;
+        r->col0 = (int32_t)((int64_t)j % lc);
+        r->gcols = s->shape[1];
+        r->gidx = (int64_t)s->offset + ((int64_t)j / lc) * s->shape[1] + s->split_start + r->col0;
+        return;
+    }
+    size_t start = s->split_dim == 0 ? (size_t)s->split_start * (s->ndim == 2 ? (size_t)s->shape[1] : 1) : 0;
+    r->gidx = (int64_t)(s->offset + start + j);
 }
 
 // The AdamW runs of bucket b: the pieces of its tensors inside the part this rank updates, in table
@@ -47,7 +65,7 @@ static void bucket_runs(const GradBucket *b, const ParamTable *tb, RunList *l) {
     for (int i = 0; i < tb->n; i++) {
         const ParamSpec *s = &tb->p[i];
         size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
-        if (a < e) run_add(l, a, b->moff + (a - lo), e - a, s->decay, 0);
+        if (a < e) run_global(run_add(l, a, b->moff + (a - lo), e - a, s->decay, 0), s, a);
     }
 }
 
@@ -117,8 +135,9 @@ void dist_attach(Dist *d, Model *m) {
         }
     }
     d->be = m->be;
-    d->m1 = m->be->alloc(sizeof(float) * (d->mom_n ? d->mom_n : 1));
-    d->m2 = m->be->alloc(sizeof(float) * (d->mom_n ? d->mom_n : 1));
+    size_t es = dist_moment_bytes(d);
+    d->m1 = m->be->alloc(es * (d->mom_n ? d->mom_n : 1));
+    d->m2 = m->be->alloc(es * (d->mom_n ? d->mom_n : 1));
     build_runs(d, m);
 }
 
@@ -237,15 +256,24 @@ static int gather_bucket(const Dist *d, const GradBucket *b, float *buf, int dev
     return 1;
 }
 
+void dist_set_precision(Dist *d, int prec, uint64_t seed) {
+    CHECK(!d->m1, "dist_set_precision after dist_attach");
+    d->prec = prec;
+    d->seed = seed;
+}
+
+size_t dist_moment_bytes(const Dist *d) { return d->prec == OPT_MIXED ? sizeof(float) : sizeof(uint16_t); }
+
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t) {
     if (!d->zero) {
-        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, d->opt_all, scale, lr, b1, b2, eps, wd, t);
+        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, d->opt_all, scale, lr, b1, b2, eps, wd, t, d->prec,
+                          d->seed);
         return;
     }
     int gathered = 0;
     for (int k = 0; k < d->nb; k++) {
         GradBucket *b = &d->b[k];
-        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, b->opt, scale, lr, b1, b2, eps, wd, t);
+        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, b->opt, scale, lr, b1, b2, eps, wd, t, d->prec, d->seed);
         gathered |= gather_bucket(d, b, m->params, 1);
     }
     // the collectives wrote other ranks' shards into params behind the backend's back: refresh the
@@ -253,23 +281,42 @@ void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, fl
     if (gathered && d->bf16_shadow) m->be->bf16_shadow(m->params, m->t.ltotal);
 }
 
+// A shard of moments to host float32 (bf16 policy: widened, exact) and back (bf16: rounded to nearest
+// even, which keeps a bf16 value; a float32 checkpoint's moments are rounded once).
+static void moment_to_host(const Dist *d, float *dst, const void *src, size_t n) {
+    if (d->prec == OPT_MIXED) { d->be->to_host(dst, src, sizeof(float) * n); return; }
+    uint16_t *h = xmalloc(sizeof(uint16_t) * n + 1);
+    d->be->to_host(h, src, sizeof(uint16_t) * n);
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
+    free(h);
+}
+static void moment_to_device(const Dist *d, void *dst, const float *src, size_t n) {
+    if (d->prec == OPT_MIXED) { d->be->to_device(dst, src, sizeof(float) * n); return; }
+    uint16_t *h = xmalloc(sizeof(uint16_t) * n + 1);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_rn_bits(src[i]);
+    d->be->to_device(dst, h, sizeof(uint16_t) * n);
+    free(h);
+}
+
 void dist_moments_get(const Dist *d, const Model *m, float *m1, float *m2) {
     memset(m1, 0, sizeof(float) * m->t.ltotal);
     memset(m2, 0, sizeof(float) * m->t.ltotal);
+    size_t es = dist_moment_bytes(d);
     for (int k = 0; k < d->nb; k++) {
         const GradBucket *b = &d->b[k];
-        d->be->to_host(m1 + b->off + b->s0, d->m1 + b->moff, sizeof(float) * (b->s1 - b->s0));
-        d->be->to_host(m2 + b->off + b->s0, d->m2 + b->moff, sizeof(float) * (b->s1 - b->s0));
+        moment_to_host(d, m1 + b->off + b->s0, (char *)d->m1 + es * b->moff, b->s1 - b->s0);
+        moment_to_host(d, m2 + b->off + b->s0, (char *)d->m2 + es * b->moff, b->s1 - b->s0);
         gather_bucket(d, b, m1, 0);
         gather_bucket(d, b, m2, 0);
     }
 }
 
 void dist_moments_set(Dist *d, const Model *m, const float *m1, const float *m2) {
+    size_t es = dist_moment_bytes(d);
     for (int k = 0; k < d->nb; k++) {
         const GradBucket *b = &d->b[k];
-        d->be->to_device(d->m1 + b->moff, m1 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
-        d->be->to_device(d->m2 + b->moff, m2 + b->off + b->s0, sizeof(float) * (b->s1 - b->s0));
+        moment_to_device(d, (char *)d->m1 + es * b->moff, m1 + b->off + b->s0, b->s1 - b->s0);
+        moment_to_device(d, (char *)d->m2 + es * b->moff, m2 + b->off + b->s0, b->s1 - b->s0);
     }
 }
 

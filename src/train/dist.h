@@ -30,7 +30,10 @@ typedef struct {
     GradBucket *b;
     int nb;
     const Backend *be;
-    float *m1, *m2;            // AdamW moments of the elements this rank updates (backend memory)
+    void *m1, *m2;             // AdamW moments of the elements this rank updates (backend memory): float32,
+                               // or bf16 (uint16_t) under the bf16 policy (prec)
+    int prec;                  // adamw_runs' precision policy (ops.h OPT_*), set before dist_attach
+    uint64_t seed;             // its stochastic rounding's seed
     size_t mom_n;
     OptRuns *opt_all;          // ZeRO 0: the AdamW runs of every bucket (one launch per step)
     OptRuns *norm_runs;        // the grad-norm runs: one per tensor (ZeRO-2: per tensor and bucket shard)
@@ -42,6 +45,10 @@ typedef struct {
 
 // zero: 0, 1 or 2; overlap: start bucket reductions during backward; bucket_bytes: bucket size cap.
 void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_bytes);
+// The precision policy (ops.h OPT_MIXED, OPT_BF16_NEAREST, OPT_BF16_STOCHASTIC) and the seed of its
+// stochastic rounding, before dist_attach (default: OPT_MIXED). Bytes per moment element: 4 or 2.
+void dist_set_precision(Dist *d, int prec, uint64_t seed);
+size_t dist_moment_bytes(const Dist *d);
 // Lay the buckets and allocate the moments for this model (after model_init).
 void dist_attach(Dist *d, Model *m);
 void dist_free(Dist *d);
@@ -61,7 +68,8 @@ double dist_grad_norm(const Dist *d, const Model *m);
 // One multi-tensor launch per step (ZeRO 0), or per bucket followed by its gather (ZeRO 1/2).
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t);
 // Moments in the local flat layout, in host memory (every rank's shards gathered), and back
-// (keeps my shards).
+// (keeps my shards). Always float32 here: bf16 moments are widened (exact) and rounded back to
+// nearest even (so a checkpoint stays float32 on disk in every policy).
 void dist_moments_get(const Dist *d, const Model *m, float *m1_local, float *m2_local);
 void dist_moments_set(Dist *d, const Model *m, const float *m1_local, const float *m2_local);
 // Does this rank write tensor s's slice into checkpoints? (Every slice of the full model has

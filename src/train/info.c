@@ -42,6 +42,8 @@ static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, s
 }
 // ... and of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
+// Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
+static double moment_bytes(const TrainOptions *o) { return o->precision == PREC_BF16 ? 2.0 : 4.0; }
 
 // With pipeline stages: each stage's layers, parameters, optimizer state and peak activations (the
 // schedule's live micro-batches), and the bubble.
@@ -92,9 +94,9 @@ static void print_stages(const ModelConfig *c, const TrainOptions *o, const Mesh
         if (inst > 1) acts -= (inst - 1) * acts_dropped(c, ms, (size_t)Bl, (size_t)o->seq_len, o->recompute);
         char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
-        fmt_bytes(a2, sizeof a2, 4.0 * mom);
+        fmt_bytes(a2, sizeof a2, moment_bytes(o) * mom);
         fmt_bytes(a3, sizeof a3, acts);
-        fmt_bytes(a4, sizeof a4, 8.0 * lt.ltotal + 4.0 * mom + acts);
+        fmt_bytes(a4, sizeof a4, 8.0 * lt.ltotal + moment_bytes(o) * mom + acts);
         char lv[64] = "";
         for (int ch = 0; ch < vpp; ch++) snprintf(lv + strlen(lv), sizeof lv - strlen(lv), "%s%d", ch ? "+" : "", sc.live[ch]);
         printf("  stage %d: layers %s%s%s: params %s, grads %s, AdamW %s, activations %s (%s live micro-batches); "
@@ -133,16 +135,17 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     double fl = config_flops_per_token(c, T);
     fmt_count(b1, sizeof b1, fl);
     printf("training FLOPs per token at seq %d: %s (6 x active params + attention)\n", T, b1);
-    // memory, float32 cpu backend: params + grads + two AdamW moments
-    double state = 16.0 * np;
+    // memory, float32 cpu backend: params + grads + two AdamW moments (bf16 under --precision bf16; the
+    // weights stay in their float32 buffer, holding bf16 values)
+    double state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t Rk = N * c->top_k, f = c->d_ff;
     double acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N);
     fmt_bytes(b1, sizeof b1, state);
     fmt_bytes(b2, sizeof b2, acts);
     fmt_bytes(b3, sizeof b3, state + acts);
-    printf("memory, whole model (cpu, float32): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
-           b1, B, T, b2, b3);
+    printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
+           o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, b3);
     // cuda: the same float32 buffers on the GPU, plus the bf16 copy of the weights the GEMMs read
     // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
     // activations into (the largest: a layer's expert rows, both operands of a backward GEMM; and
@@ -182,12 +185,13 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
                                     acts_head(c, (size_t)Bl * T);
         char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
-        fmt_bytes(a2, sizeof a2, 4.0 * mom);
+        fmt_bytes(a2, sizeof a2, moment_bytes(o) * mom);
         fmt_bytes(a3, sizeof a3, ra);
-        fmt_bytes(a4, sizeof a4, 4.0 * (2.0 * lt.ltotal + mom) + ra);
+        fmt_bytes(a4, sizeof a4, 8.0 * lt.ltotal + moment_bytes(o) * mom + ra);
         if (ms.pp == 1)   // (with stages: per stage, below)
-            printf("per rank (zero %d, float32): params %s, grads %s, AdamW moments %s, activations %s (a micro-batch "
-                   "of %d x %d); total %s\n", o->zero, a1, a1, a2, a3, Bl, T, a4);
+            printf("per rank (zero %d, %s): params %s, grads %s, AdamW moments %s, activations %s (a micro-batch "
+                   "of %d x %d); total %s\n", o->zero, o->precision == PREC_BF16 ? "float32, moments bf16" : "float32",
+                   a1, a1, a2, a3, Bl, T, a4);
         if (o->zero == 2)
             printf("  (zero 2 reduces each bucket straight into this rank's shard; the gradient accumulation buffer "
                    "stays whole, so its memory is as zero 1)\n");

@@ -42,6 +42,9 @@ typedef struct {
     int ampipe;             // AMPipe: each block from attention on in this many chunks (1, 2, 4, 8); 0 = auto
     int a2a_hier;           // the EP all-to-all two-level over nodes of this many EP ranks: -1 auto, 0 off
     int expert_mode;        // MoE layers with ETP > 1: 0 sharded, 1 gathered, -1 auto (measured)
+    int precision;          // PREC_MIXED: float32 weights and AdamW moments (bf16 GEMM operands on cuda);
+                            // PREC_BF16: bf16 moments, weights rounded to bf16 values after every update
+    int bf16_rounding;      // PREC_BF16's weight rounding: ROUND_STOCHASTIC or ROUND_NEAREST
     float a2a_retune;       // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
@@ -49,6 +52,9 @@ typedef struct {
     float val_frac;         // the fraction of --data held out as its tail (default 0.1)
     char device[16];        // cpu | cuda | "" (auto)
 } TrainOptions;
+
+enum { PREC_MIXED = 0, PREC_BF16 = 1 };
+enum { ROUND_STOCHASTIC = 0, ROUND_NEAREST = 1 };
 
 void train_options_default(TrainOptions *o);
 // NULL if valid, else a static message naming the option and value.

@@ -71,6 +71,7 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
         memset(&st, 0, sizeof st);
         st.seed = o->seed;
         st.total_steps = o->steps;
+        st.precision = o->precision;   // (the weights are rounded to bf16 when the run loads them)
         ckpt_path(p, sizeof p, o->out, 0);
         ckpt_save(p, c, &t, w, zero, zero, &st);
         free(w);

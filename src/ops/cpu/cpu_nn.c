@@ -400,14 +400,37 @@ void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
     }
 }
 
-void cpu_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
-                    float b1, float b2, float eps, float wd, int t) {
+// The bf16 policy (ops.h OPT_BF16_*): bf16 moments read to float32, the same float operations as
+// adamw_span, the moments stored rounded to nearest even, the weight rounded to bf16 (nearest or
+// stochastic, hashed on the element's global index).
+static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, const OptRun *u, float gs, float lr,
+                            float b1, float b2, float eps, float wd, float c1, float c2, int t, int prec,
+                            uint64_t seed) {
+    int64_t n = u->n;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * gs;
+        float mi = b1 * bf16_to_f32(m[i]) + (1.0f - b1) * gi;
+        float vi = b2 * bf16_to_f32(v[i]) + (1.0f - b2) * gi * gi;
+        m[i] = bf16_rn_bits(mi);
+        v[i] = bf16_rn_bits(vi);
+        float pi = p[i] - lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p[i]);
+        p[i] = bf16_round_weight(pi, prec, seed, t, optrun_gidx(u->gidx, u->gcols, u->lcols, u->col0, i));
+    }
+}
+
+void cpu_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
+                    float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed) {
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
     for (int i = 0; i < r->n; i++) {
         const OptRun *u = &r->r[i];
-        if (u->n > 0)
-            adamw_span(p + u->off, g + u->off, m + u->moff, v + u->moff, (size_t)u->n, gscale, lr, b1, b2, eps,
-                       u->decay ? wd : 0.0f, c1, c2);
+        if (u->n <= 0) continue;
+        if (prec == OPT_MIXED)
+            adamw_span(p + u->off, g + u->off, (float *)m + u->moff, (float *)v + u->moff, (size_t)u->n, gscale, lr,
+                       b1, b2, eps, u->decay ? wd : 0.0f, c1, c2);
+        else
+            adamw_span_bf16(p + u->off, g + u->off, (uint16_t *)m + u->moff, (uint16_t *)v + u->moff, u, gscale, lr,
+                            b1, b2, eps, u->decay ? wd : 0.0f, c1, c2, t, prec, seed);
     }
 }
 

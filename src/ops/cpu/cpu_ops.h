@@ -53,5 +53,5 @@ void cpu_axpy(float *y, const float *x, float a, size_t n);
 OptRuns *cpu_runs_create(const OptRun *runs, int n);
 void cpu_runs_free(OptRuns *r);
 void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
-void cpu_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
-                    float b1, float b2, float eps, float wd, int t);
+void cpu_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
+                    float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);

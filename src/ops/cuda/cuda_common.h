@@ -142,8 +142,8 @@ void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const
 OptRuns *cuda_runs_create(const OptRun *runs, int n);
 void cuda_runs_free(OptRuns *r);
 void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
-void cuda_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale, float lr,
-                     float b1, float b2, float eps, float wd, int t);
+void cuda_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
+                     float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 // cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
 // dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned)
 // the bf16 copy of the weights (ops.h bf16_shadow): register/refresh; the copy of p's buffer if p is

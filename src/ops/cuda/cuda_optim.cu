@@ -1,6 +1,8 @@
 // cuda_optim.cu — the optimizer's kernels of the cuda backend (contracts in ops/ops.h), each over a
 // run list in one launch: sum of squares per class (sumsq_runs) and AdamW (adamw_runs, which also
-// writes the GEMMs' bf16 copy of the weights, ops.h bf16_shadow). Deterministic: double sums in
+// writes the GEMMs' bf16 copy of the weights, ops.h bf16_shadow; under the bf16 policy, OPT_BF16_*, a
+// scalar kernel over bf16 moments that rounds the weights with ops.h's integer roundings and hash, so
+// the cpu's bits). Deterministic: double sums in
 // fixed orders; one integer counter picks the block that finishes sumsq_runs (no float atomics).
 // Built with -fmad=false (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu
 // reference's.
@@ -65,7 +67,7 @@ __device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m
 #define RUN_THREADS 256
 #define RUN_SUM_BLOCKS 1024     // sumsq_runs: fixed, so the summation order depends on the runs only
 #define RUN_MAX_CLS 16
-typedef struct { int64_t off, moff, n, pos; int32_t decay, cls; } DevRun;
+typedef struct { int64_t off, moff, n, pos; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0; } DevRun;
 struct OptRuns {
     DevRun *runs;               // device
     int32_t *tile_run;          // device, ntiles
@@ -86,7 +88,8 @@ extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
         if (!runs[i].n) continue;
         if (runs[i].off + runs[i].n > r->end) r->end = runs[i].off + runs[i].n;
         DevRun *d = &h[r->nruns++];
-        *d = (DevRun){runs[i].off, runs[i].moff, runs[i].n, pos, runs[i].decay, runs[i].cls};
+        *d = (DevRun){runs[i].off, runs[i].moff, runs[i].n, pos, runs[i].decay, runs[i].cls, runs[i].gidx, runs[i].gcols,
+                      runs[i].lcols, runs[i].col0};
         pos += runs[i].n;
     }
     r->total = pos;
@@ -150,16 +153,57 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const floa
 #undef PB
 }
 
-extern "C" void cuda_adamw_runs(float *p, const float *g, float *m, float *v, const OptRuns *r, float gscale,
-                                float lr, float b1, float b2, float eps, float wd, int t) {
+// The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values; the same tiles and
+// pieces as adamw_runs_k, one element per thread and step (the float32 operations of adamw_reg, so the
+// cpu's bits). Two bf16 moments share a 32-bit word, so neighbouring threads store neighbouring halves.
+__global__ void __launch_bounds__(RUN_THREADS) adamw_runs_bf16_k(float *p, const float *g, uint16_t *m,
+                                                                 uint16_t *v, const DevRun *runs,
+                                                                 const int32_t *tile_run, int64_t total,
+                                                                 int64_t ntiles, float gs, float lr, float b1,
+                                                                 float b2, float eps, float wd, float c1, float c2,
+                                                                 int t, int prec, uint64_t seed,
+                                                                 __nv_bfloat16 *pb) {
+    for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
+        int64_t s = tl * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
+        for (int r = tile_run[tl]; s < e; r++) {
+            DevRun u = runs[r];
+            int64_t re = min(e, u.pos + u.n), po = u.off - u.pos, mo = u.moff - u.pos;
+            float w = u.decay ? wd : 0.0f;
+#pragma unroll 4
+            for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) {
+                float pi = p[po + i], mi = bf16_to_f32(m[mo + i]), vi = bf16_to_f32(v[mo + i]);
+                adamw_reg(pi, g[po + i], mi, vi, gs, lr, b1, b2, eps, w, c1, c2);
+                m[mo + i] = bf16_rn_bits(mi);
+                v[mo + i] = bf16_rn_bits(vi);
+                uint16_t pw = prec == OPT_BF16_STOCHASTIC
+                                  ? bf16_sr_bits(pi, bf16_sr_rand(seed, t, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0,
+                                                                                        i - u.pos)))
+                                  : bf16_rn_bits(pi);
+                p[po + i] = bf16_to_f32(pw);
+                if (pb) pb[po + i] = __ushort_as_bfloat16(pw);   // the weights' bf16 copy: the same bits
+            }
+            s = re;
+        }
+    }
+}
+
+extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, const OptRuns *r, float gscale,
+                                float lr, float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed) {
     if (!r->ntiles) return;
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
+    float *m = (float *)m_, *v = (float *)v_;
     unsigned grid = r->ntiles < 65535 ? (unsigned)r->ntiles : 65535u;
     int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
     // the weights' bf16 copy (ops.h bf16_shadow), when p is its buffer: written with the update, so it
     // stays current; any other p that overlaps it drops it
     __nv_bfloat16 *pb = (__nv_bfloat16 *)cuda_bf16_shadow_for(p);
     if (!pb) cuda_bf16_shadow_write(p, (size_t)r->end * sizeof(float));
+    if (prec != OPT_MIXED) {
+        adamw_runs_bf16_k<<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run, r->total,
+                                                 r->ntiles, gscale, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, pb);
+        KCHECK("adamw_runs (bf16)");
+        return;
+    }
     adamw_runs_k<<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, gscale, lr, b1,
                                         b2, eps, wd, c1, c2, pb);
     KCHECK("adamw_runs");
