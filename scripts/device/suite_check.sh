@@ -31,7 +31,7 @@ done
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 12"
-for rc in ${REF:-none moe}; do   # REF="": no reference-model runs
+for rc in ${REF-none moe}; do   # REF="": no reference-model runs
   ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
   mp=$!
   t ref_$rc 120 stdbuf -oL $B/moe train $P --recompute $rc --out $W/run

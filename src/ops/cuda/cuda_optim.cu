@@ -1,9 +1,9 @@
 // cuda_optim.cu — the optimizer's kernels of the cuda backend (contracts in ops/ops.h), each over a
 // run list in one launch: sum of squares per class (sumsq_runs) and AdamW (adamw_runs, which also
 // writes the GEMMs' bf16 copy of the weights, ops.h bf16_shadow; under the bf16 policy, OPT_BF16_*, a
-// scalar kernel over bf16 moments that rounds the weights with ops.h's integer roundings and hash, so
-// the cpu's bits). Deterministic: double sums in
-// fixed orders; one integer counter picks the block that finishes sumsq_runs (no float atomics).
+// kernel of the same shape over bf16 moments that rounds the weights with ops.h's integer roundings
+// and hash, so the cpu's bits). Deterministic: double sums in fixed orders; one integer counter picks
+// the block that finishes sumsq_runs (no float atomics).
 // Built with -fmad=false (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu
 // reference's.
 // Must not hold: any knowledge of the model or of layers.
@@ -153,38 +153,92 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const floa
 #undef PB
 }
 
-// The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values; the same tiles and
-// pieces as adamw_runs_k, one element per thread and step (the float32 operations of adamw_reg, so the
-// cpu's bits). Two bf16 moments share a 32-bit word, so neighbouring threads store neighbouring halves.
+// The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values (the float32
+// operations of adamw_reg, then ops.h's integer roundings and hash: the cpu's bits). Element i of run u
+// (its position i - u.pos in the run gives the global index of the stochastic rounding's hash).
+__device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v, float gs, float lr,
+                                                   float b1, float b2, float eps, float wd, float c1, float c2, int t,
+                                                   int prec, uint64_t seed, const DevRun &u, int64_t i) {
+    float mi = bf16_to_f32(m), vi = bf16_to_f32(v);
+    adamw_reg(p, g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2);
+    m = bf16_rn_bits(mi);
+    v = bf16_rn_bits(vi);
+    uint16_t pw = prec == OPT_BF16_STOCHASTIC
+                      ? bf16_sr_bits(p, bf16_sr_rand(seed, t, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
+                      : bf16_rn_bits(p);
+    p = bf16_to_f32(pw);
+    return pw;
+}
+__device__ __forceinline__ void adamw_bf16_elem(float *p, const float *g, uint16_t *m, uint16_t *v, float gs, float lr,
+                                                float b1, float b2, float eps, float wd, float c1, float c2, int t,
+                                                int prec, uint64_t seed, const DevRun &u, int64_t i,
+                                                __nv_bfloat16 *pb) {
+    float pi = *p;
+    uint16_t mi = *m, vi = *v;
+    uint16_t pw = adamw_bf16_reg(pi, *g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i);
+    *p = pi;
+    *m = mi;
+    *v = vi;
+    if (pb) *pb = __ushort_as_bfloat16(pw);   // the weights' bf16 copy: the same bits
+}
+// Four consecutive elements (i .. i + 3 of run u): 16-byte weight and gradient accesses, 8-byte moment
+// and bf16-copy accesses, all loads before the stores.
+__device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint2 *m, uint2 *v, float gs, float lr,
+                                                float b1, float b2, float eps, float wd, float c1, float c2, int t,
+                                                int prec, uint64_t seed, const DevRun &u, int64_t i, uint2 *pb) {
+    float4 P = *p, G = *g;
+    uint2 M = *m, V = *v;
+    uint16_t mh[4] = {(uint16_t)M.x, (uint16_t)(M.x >> 16), (uint16_t)M.y, (uint16_t)(M.y >> 16)};
+    uint16_t vh[4] = {(uint16_t)V.x, (uint16_t)(V.x >> 16), (uint16_t)V.y, (uint16_t)(V.y >> 16)};
+    uint16_t w0 = adamw_bf16_reg(P.x, G.x, mh[0], vh[0], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i);
+    uint16_t w1 = adamw_bf16_reg(P.y, G.y, mh[1], vh[1], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 1);
+    uint16_t w2 = adamw_bf16_reg(P.z, G.z, mh[2], vh[2], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 2);
+    uint16_t w3 = adamw_bf16_reg(P.w, G.w, mh[3], vh[3], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 3);
+    *p = P;
+    *m = make_uint2(mh[0] | ((uint32_t)mh[1] << 16), mh[2] | ((uint32_t)mh[3] << 16));
+    *v = make_uint2(vh[0] | ((uint32_t)vh[1] << 16), vh[2] | ((uint32_t)vh[3] << 16));
+    if (pb) *pb = make_uint2(w0 | ((uint32_t)w1 << 16), w2 | ((uint32_t)w3 << 16));
+}
+
+// The same tiles and pieces as adamw_runs_k, and the same vector path where a piece's parameter and
+// moment offsets agree mod 4 and the buffers are aligned (p, g 16 bytes; m, v 8 bytes).
 __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_bf16_k(float *p, const float *g, uint16_t *m,
                                                                  uint16_t *v, const DevRun *runs,
                                                                  const int32_t *tile_run, int64_t total,
-                                                                 int64_t ntiles, float gs, float lr, float b1,
-                                                                 float b2, float eps, float wd, float c1, float c2,
-                                                                 int t, int prec, uint64_t seed,
+                                                                 int64_t ntiles, int vec, float gs, float lr,
+                                                                 float b1, float b2, float eps, float wd, float c1,
+                                                                 float c2, int t, int prec, uint64_t seed,
                                                                  __nv_bfloat16 *pb) {
+#define PB(i) (pb ? pb + (i) : NULL)
+#define ELEM(i) adamw_bf16_elem(p + po + (i), g + po + (i), m + mo + (i), v + mo + (i), gs, lr, b1, b2, eps, w, c1, c2, \
+                                t, prec, seed, u, (i), PB(po + (i)))
     for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
         int64_t s = tl * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
         for (int r = tile_run[tl]; s < e; r++) {
             DevRun u = runs[r];
             int64_t re = min(e, u.pos + u.n), po = u.off - u.pos, mo = u.moff - u.pos;
             float w = u.decay ? wd : 0.0f;
+            if (vec && ((po - mo) & 3) == 0) {
+                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
+                if (threadIdx.x < head) ELEM(s + threadIdx.x);
+                float4 *P = (float4 *)(p + po + vs);
+                const float4 *G = (const float4 *)(g + po + vs);
+                uint2 *M = (uint2 *)(m + mo + vs), *V = (uint2 *)(v + mo + vs);
+                uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL;
+                for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
+                    adamw_bf16_vec4(P + j, G + j, M + j, V + j, gs, lr, b1, b2, eps, w, c1, c2, t, prec, seed, u,
+                                    vs + 4 * j, Pb ? Pb + j : NULL);
+                int64_t ts = vs + 4 * nv;
+                if (threadIdx.x < re - ts) ELEM(ts + threadIdx.x);
+            } else {
 #pragma unroll 4
-            for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) {
-                float pi = p[po + i], mi = bf16_to_f32(m[mo + i]), vi = bf16_to_f32(v[mo + i]);
-                adamw_reg(pi, g[po + i], mi, vi, gs, lr, b1, b2, eps, w, c1, c2);
-                m[mo + i] = bf16_rn_bits(mi);
-                v[mo + i] = bf16_rn_bits(vi);
-                uint16_t pw = prec == OPT_BF16_STOCHASTIC
-                                  ? bf16_sr_bits(pi, bf16_sr_rand(seed, t, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0,
-                                                                                        i - u.pos)))
-                                  : bf16_rn_bits(pi);
-                p[po + i] = bf16_to_f32(pw);
-                if (pb) pb[po + i] = __ushort_as_bfloat16(pw);   // the weights' bf16 copy: the same bits
+                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) ELEM(i);
             }
             s = re;
         }
     }
+#undef ELEM
+#undef PB
 }
 
 extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, const OptRuns *r, float gscale,
@@ -199,8 +253,9 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
     __nv_bfloat16 *pb = (__nv_bfloat16 *)cuda_bf16_shadow_for(p);
     if (!pb) cuda_bf16_shadow_write(p, (size_t)r->end * sizeof(float));
     if (prec != OPT_MIXED) {
+        int vb = (((uintptr_t)p | (uintptr_t)g) & 15) == 0 && (((uintptr_t)m_ | (uintptr_t)v_) & 7) == 0;
         adamw_runs_bf16_k<<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run, r->total,
-                                                 r->ntiles, gscale, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, pb);
+                                                 r->ntiles, vb, gscale, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, pb);
         KCHECK("adamw_runs (bf16)");
         return;
     }
