@@ -949,6 +949,8 @@ int main(int argc, char **argv) {
     Comm *world = comm_world_init(&argc, &argv);
     cJSON *overrides = NULL, *prev = s.train.resume ? resume_apply(&s, comm_rank(world) == 0, &overrides) : NULL;
     if (!overrides) overrides = cJSON_CreateObject();
+    if (opt_set(&s, "bf16-rounding") && s.train.precision != PREC_BF16)   // (after --resume took the run's precision)
+        DIE("--bf16-rounding rounds the weights of --precision bf16; this run's precision is mixed");
     agree_options(&s, world);
     if (s.cli.init_from[0]) init_from_prepare(&s, world);
     char *record = record_build(&s, prev, overrides, targc, targv);

@@ -13,21 +13,28 @@
 #include <time.h>
 #include <unistd.h>
 
+static void write_all(int fd, const char *p, ssize_t n);
 static void (*die_hook)(void);
 static int die_rank = -1;
 void moe_set_die_hook(void (*hook)(void), int rank) { die_hook = hook; die_rank = rank; }
 
 void moe_die(const char *file, int line, const char *fmt, ...) {
     fflush(stdout);
+    // the whole line in one write: stderr is unbuffered, and under MPI another rank's or mpirun's own
+    // output must not land between the prefix and the message
+    char msg[4096];
+    int n = die_rank >= 0 ? snprintf(msg, sizeof msg, "moe: error: [rank %d] ", die_rank)
+                          : snprintf(msg, sizeof msg, "moe: error: ");
     va_list ap;
     va_start(ap, fmt);
-    if (die_rank >= 0) fprintf(stderr, "moe: error: [rank %d] ", die_rank);
-    else fprintf(stderr, "moe: error: ");
-    vfprintf(stderr, fmt, ap);
+    n += vsnprintf(msg + n, sizeof msg - n, fmt, ap);
     va_end(ap);
-    if (getenv("MOE_DEBUG")) fprintf(stderr, " [%s:%d]", file, line);
-    fprintf(stderr, "\n");
+    if (n < (int)sizeof msg && getenv("MOE_DEBUG")) n += snprintf(msg + n, sizeof msg - n, " [%s:%d]", file, line);
+    if (n > (int)sizeof msg - 2) n = (int)sizeof msg - 2;   // (a longer message is cut, its line kept)
+    msg[n++] = '\n';
+    msg[n] = 0;
     fflush(stderr);
+    write_all(STDERR_FILENO, msg, n);
     if (die_hook) die_hook();
     // every stream flushed, then out without exit's handlers: an error ends the process at once,
     // and LeakSanitizer (whose check runs at exit) does not count what the abandoned work held
