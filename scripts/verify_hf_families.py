@@ -6,6 +6,7 @@ files and shapes without them).
 
     python3 scripts/verify_hf_families.py build/moe [--moe-device cpu|cuda-fp32|cuda] [--tol T]
                                           [--families olmoe,qwen2_moe,qwen3_moe] [--keep]
+                                          [--train-launch "mpirun -np 2" --train-args "--tp 2"]
 
 Needs torch, transformers (5.x: the fused in-memory expert layout is handled; 4.x's per-expert modules too)
 and safetensors. For each family:
@@ -15,7 +16,8 @@ and safetensors. For each family:
      against transformers' (relative L2), and every tensor's gradient of the mean cross-entropy.
   2. `moe train --init-from HF_DIR` trains a few steps, `moe export` writes the family's directory,
      transformers loads it (its class, no missing/unexpected/mismatched keys, float32) and reproduces moe.c's
-     validation loss over the same windows.
+     validation loss over the same windows. With --train-launch/--train-args that training runs on a mesh
+     (e.g. OLMoE's full-width QK-norm split over TP ranks); the export and the evaluation stay one process.
 Every moe command that runs a backend is given --device explicitly. Prints a PASS/FAIL table; exit 0 only if
 every check passes.
 """
@@ -100,7 +102,7 @@ def router_probs(x):
     return torch.softmax(x, dim=-1)
 
 
-def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks):
+def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(), train_args=()):
     cfg_name, cls_name, extra = FAMILIES[fam]
     cfg = make_config(cfg_name, dict(COMMON, **extra))
     torch.manual_seed(1)
@@ -161,9 +163,10 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks):
 
     # ---- 2. train from it, export, transformers reproduces the validation loss
     run_dir = os.path.join(work, f"{fam}_run")
-    run([moe, "train", "--init-from", hf1, "--data", data32, "--out", run_dir, "--steps", str(steps), "--batch", str(B),
-         "--seq-len", str(T), "--lr", "3e-3", "--warmup", "2", "--eval-every", "0", "--eval-batches", str(EVAL_BATCHES),
-         "--plots", "0", "--sample-tokens", "0", "--quiet", "--force"] + dev, os.path.join(work, f"{fam}_train.log"))
+    run(list(launch) + [moe, "train", "--init-from", hf1, "--data", data32, "--out", run_dir, "--steps", str(steps),
+         "--batch", str(B), "--seq-len", str(T), "--lr", "3e-3", "--warmup", "2", "--eval-every", "0", "--eval-batches",
+         str(EVAL_BATCHES), "--plots", "0", "--sample-tokens", "0", "--quiet", "--force"] + dev + list(train_args),
+        os.path.join(work, f"{fam}_train.log"))
     hf2 = os.path.join(work, f"{fam}_exported")
     run([moe, "export", "--ckpt", run_dir, "--out", hf2], os.path.join(work, f"{fam}_export.log"))
     d2 = os.path.join(work, f"{fam}_dump2.safetensors")
@@ -196,6 +199,8 @@ def main():
     ap.add_argument("--tol", type=float, default=None, help="default 1e-4 (float32); e.g. 3e-2 for --moe-device cuda")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--train-launch", default="", help='part 2\'s training under a launcher, e.g. "mpirun -np 2"')
+    ap.add_argument("--train-args", default="", help='more flags for part 2\'s training, e.g. "--tp 2"')
     a = ap.parse_args()
     moe = os.path.abspath(a.moe)
     tol = a.tol if a.tol is not None else 1e-4
@@ -211,7 +216,8 @@ def main():
     tab = Table()
     for fam in a.families.split(","):
         try:
-            check_family(tab, fam, moe, work, ["--device", a.moe_device], tol, a.hf_device, a.steps, toks)
+            check_family(tab, fam, moe, work, ["--device", a.moe_device], tol, a.hf_device, a.steps, toks,
+                         a.train_launch.split(), a.train_args.split())
         except SystemExit:   # a moe command failed (verify_hf.run printed its log)
             tab.add(f"{fam}: moe commands ran", math.inf, tol, ok=False)
         except Exception as e:   # one family's failure must not hide the others' results
