@@ -26,9 +26,29 @@ static size_t not_bf16(const float *x, size_t n) {
     return k;
 }
 
+// A checkpoint argument: a checkpoint directory, or a run directory (its newest complete checkpoint).
+static void ckpt_dir(const char *arg, char *out, size_t n) {
+    if (ckpt_find_latest(arg, out, n) != 0) snprintf(out, n, "%s", arg);
+}
+
+// The weights of checkpoints A and B (both configs read; A's gives the table) into *pa, *pb.
+static void load_pair(const char *A, const char *B, ParamTable *t, float **pa, float **pb) {
+    char a[2048], b[2048];
+    ckpt_dir(A, a, sizeof a);
+    ckpt_dir(B, b, sizeof b);
+    ModelConfig ca, cb;
+    ckpt_load_config(a, &ca);
+    ckpt_load_config(b, &cb);
+    params_build(t, &ca);
+    *pa = xmalloc(t->total * sizeof(float));
+    *pb = xmalloc(t->total * sizeof(float));
+    ckpt_load(a, t, *pa, NULL, NULL, NULL);
+    ckpt_load(b, t, *pb, NULL, NULL, NULL);
+}
+
 static int bf16_check(const char *dir) {
     char a[2048];
-    if (ckpt_find_latest(dir, a, sizeof a) != 0) snprintf(a, sizeof a, "%s", dir);
+    ckpt_dir(dir, a, sizeof a);
     ModelConfig c;
     ckpt_load_config(a, &c);
     ParamTable t;
@@ -41,16 +61,9 @@ static int bf16_check(const char *dir) {
 }
 
 static int changed_check(const char *da, const char *db, double maxfrac) {
-    char a[2048], b[2048];
-    if (ckpt_find_latest(da, a, sizeof a) != 0) snprintf(a, sizeof a, "%s", da);
-    if (ckpt_find_latest(db, b, sizeof b) != 0) snprintf(b, sizeof b, "%s", db);
-    ModelConfig c;
-    ckpt_load_config(a, &c);
     ParamTable t;
-    params_build(&t, &c);
-    float *pa = xmalloc(t.total * sizeof(float)), *pb = xmalloc(t.total * sizeof(float));
-    ckpt_load(a, &t, pa, NULL, NULL, NULL);
-    ckpt_load(b, &t, pb, NULL, NULL, NULL);
+    float *pa, *pb;
+    load_pair(da, db, &t, &pa, &pb);
     size_t nd = 0;
     double worst = 0;
     int wi = -1;
@@ -72,17 +85,9 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--bf16")) return bf16_check(argv[2]);
     if (argc < 3) { fprintf(stderr, "usage: ckpt_diff A B [TOL] | ckpt_diff --bf16 A | ckpt_diff --changed A B MAXFRAC\n"); return 2; }
     double tol = argc > 3 ? atof(argv[3]) : 0;
-    char a[2048], b[2048];
-    if (ckpt_find_latest(argv[1], a, sizeof a) != 0) snprintf(a, sizeof a, "%s", argv[1]);
-    if (ckpt_find_latest(argv[2], b, sizeof b) != 0) snprintf(b, sizeof b, "%s", argv[2]);
-    ModelConfig ca, cb;
-    ckpt_load_config(a, &ca);
-    ckpt_load_config(b, &cb);
     ParamTable t;
-    params_build(&t, &ca);
-    float *pa = xmalloc(t.total * sizeof(float)), *pb = xmalloc(t.total * sizeof(float));
-    ckpt_load(a, &t, pa, NULL, NULL, NULL);
-    ckpt_load(b, &t, pb, NULL, NULL, NULL);
+    float *pa, *pb;
+    load_pair(argv[1], argv[2], &t, &pa, &pb);
     double worst = 0;
     int wi = 0;
     for (int i = 0; i < t.n; i++) {

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #endif
 #include "train/checkpoint.h"
+#include "train/options.h"
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -236,7 +237,7 @@ static void write_state(const char *path, const TrainState *st) {
     cJSON_AddStringToObject(j, "seed", s);
     add_i64(j, "total_steps", st->total_steps);
     add_exact_double(j, "tokens_seen", st->tokens_seen);
-    if (st->precision == 1) cJSON_AddStringToObject(j, "precision", "bf16");   // (mixed: absent, as always)
+    if (st->precision == PREC_BF16) cJSON_AddStringToObject(j, "precision", "bf16");   // (mixed: absent, as always)
     json_write_file(path, j);
     cJSON_Delete(j);
 }
@@ -290,7 +291,7 @@ static void read_state(const char *dir, TrainState *st) {
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "precision");
     if (pr && !(cJSON_IsString(pr) && (!strcmp(pr->valuestring, "bf16") || !strcmp(pr->valuestring, "mixed"))))
         DIE("checkpoint %s: state.json: \"precision\" is not \"mixed\" or \"bf16\"", dir);
-    s.precision = pr && !strcmp(pr->valuestring, "bf16");
+    s.precision = pr && !strcmp(pr->valuestring, "bf16") ? PREC_BF16 : PREC_MIXED;
     cJSON_Delete(j);
     *st = s;
 }
