@@ -1,9 +1,9 @@
 // cuda_optim.cu — the optimizer's kernels of the cuda backend (contracts in ops/ops.h), each over a
 // run list in one launch: sum of squares per class (sumsq_runs) and AdamW (adamw_runs, which also
 // writes the GEMMs' bf16 copy of the weights, ops.h bf16_shadow; under the bf16 policy, OPT_BF16_*, a
-// kernel of the same shape over bf16 moments that rounds the weights with ops.h's integer roundings
-// and hash, so the cpu's bits). Deterministic: double sums in fixed orders; one integer counter picks
-// the block that finishes sumsq_runs (no float atomics).
+// kernel through the same run loop over bf16 moments that rounds the weights with ops.h's integer
+// roundings and hash, so the cpu's bits). Deterministic: double sums in fixed orders; one integer
+// counter picks the block that finishes sumsq_runs (no float atomics).
 // Built with -fmad=false (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu
 // reference's.
 // Must not hold: any knowledge of the model or of layers.
@@ -115,42 +115,57 @@ extern "C" void cuda_runs_free(OptRuns *r) {
     free(r);
 }
 
-__global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const float *g, float *m, float *v,
-                                                            const DevRun *runs, const int32_t *tile_run,
-                                                            int64_t total, int64_t ntiles, int vec, float gs,
-                                                            float lr, float b1, float b2, float eps, float wd,
-                                                            float c1, float c2, __nv_bfloat16 *pb) {
-#define PB(i) (pb ? pb + (i) : NULL)
-    for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        int64_t s = t * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
-        for (int r = tile_run[t]; s < e; r++) {
+// AdamW over the run list: the tiles and pieces above, each piece through the vector path (scalar head,
+// float4 weights and gradients, MV moments, scalar tail) where its parameter and moment offsets agree
+// mod 4 and vec says the buffers are aligned, else element by element. elem(p, g, m, v, w, u, i, pb)
+// updates element i of run u, vec4(P, G, M, V, w, u, i, Pb) elements i .. i + 3 (w: wd where the run
+// decays, else 0; pb, Pb: the weights' bf16 copy or NULL). MT is the moments' element type (float, or
+// uint16_t holding bf16 bits), MV four of them (float4, uint2).
+template <typename MT, typename MV, typename Elem, typename Vec4>
+__device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m, MT *v, const DevRun *runs,
+                                                const int32_t *tile_run, int64_t total, int64_t ntiles, int vec,
+                                                float wd, __nv_bfloat16 *pb, Elem elem, Vec4 vec4) {
+#define ELEM(i) elem(p + po + (i), g + po + (i), m + mo + (i), v + mo + (i), w, u, (i), pb ? pb + (po + (i)) : NULL)
+    for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
+        int64_t s = tl * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
+        for (int r = tile_run[tl]; s < e; r++) {
             DevRun u = runs[r];
             int64_t re = min(e, u.pos + u.n), po = u.off - u.pos, mo = u.moff - u.pos;
             float w = u.decay ? wd : 0.0f;
             if (vec && ((po - mo) & 3) == 0) {
                 int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
-                if (threadIdx.x < head)
-                    adamw_elem(p + po + s + threadIdx.x, g + po + s + threadIdx.x, m + mo + s + threadIdx.x,
-                               v + mo + s + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2, PB(po + s + threadIdx.x));
-                float4 *P = (float4 *)(p + po + vs), *M = (float4 *)(m + mo + vs), *V = (float4 *)(v + mo + vs);
+                if (threadIdx.x < head) ELEM(s + threadIdx.x);
+                float4 *P = (float4 *)(p + po + vs);
                 const float4 *G = (const float4 *)(g + po + vs);
+                MV *M = (MV *)(m + mo + vs), *V = (MV *)(v + mo + vs);
                 uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL;   // p + po + vs is 16-byte aligned: 8 here
                 for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
-                    adamw_vec4(P + j, G + j, M + j, V + j, gs, lr, b1, b2, eps, w, c1, c2, Pb ? Pb + j : NULL);
+                    vec4(P + j, G + j, M + j, V + j, w, u, vs + 4 * j, Pb ? Pb + j : NULL);
                 int64_t ts = vs + 4 * nv;
-                if (threadIdx.x < re - ts)
-                    adamw_elem(p + po + ts + threadIdx.x, g + po + ts + threadIdx.x, m + mo + ts + threadIdx.x,
-                               v + mo + ts + threadIdx.x, gs, lr, b1, b2, eps, w, c1, c2, PB(po + ts + threadIdx.x));
+                if (threadIdx.x < re - ts) ELEM(ts + threadIdx.x);
             } else {
 #pragma unroll 4
-                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS)
-                    adamw_elem(p + po + i, g + po + i, m + mo + i, v + mo + i, gs, lr, b1, b2, eps, w, c1, c2,
-                               PB(po + i));
+                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) ELEM(i);
             }
             s = re;
         }
     }
-#undef PB
+#undef ELEM
+}
+
+__global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const float *g, float *m, float *v,
+                                                            const DevRun *runs, const int32_t *tile_run,
+                                                            int64_t total, int64_t ntiles, int vec, float gs,
+                                                            float lr, float b1, float b2, float eps, float wd,
+                                                            float c1, float c2, __nv_bfloat16 *pb) {
+    adamw_runs_loop<float, float4>(
+        p, g, m, v, runs, tile_run, total, ntiles, vec, wd, pb,
+        [=](float *p, const float *g, float *m, float *v, float w, const DevRun &, int64_t, __nv_bfloat16 *pb) {
+            adamw_elem(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, pb);
+        },
+        [=](float4 *p, const float4 *g, float4 *m, float4 *v, float w, const DevRun &, int64_t, uint2 *pb) {
+            adamw_vec4(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, pb);
+        });
 }
 
 // The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values (the float32
@@ -200,8 +215,7 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint
     if (pb) *pb = make_uint2(w0 | ((uint32_t)w1 << 16), w2 | ((uint32_t)w3 << 16));
 }
 
-// The same tiles and pieces as adamw_runs_k, and the same vector path where a piece's parameter and
-// moment offsets agree mod 4 and the buffers are aligned (p, g 16 bytes; m, v 8 bytes).
+// adamw_runs_loop's tiles, pieces and vector path over bf16 moments (aligned: p, g 16 bytes; m, v 8 bytes).
 __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_bf16_k(float *p, const float *g, uint16_t *m,
                                                                  uint16_t *v, const DevRun *runs,
                                                                  const int32_t *tile_run, int64_t total,
@@ -209,36 +223,13 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_bf16_k(float *p, const
                                                                  float b1, float b2, float eps, float wd, float c1,
                                                                  float c2, int t, int prec, uint64_t seed,
                                                                  __nv_bfloat16 *pb) {
-#define PB(i) (pb ? pb + (i) : NULL)
-#define ELEM(i) adamw_bf16_elem(p + po + (i), g + po + (i), m + mo + (i), v + mo + (i), gs, lr, b1, b2, eps, w, c1, c2, \
-                                t, prec, seed, u, (i), PB(po + (i)))
-    for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
-        int64_t s = tl * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
-        for (int r = tile_run[tl]; s < e; r++) {
-            DevRun u = runs[r];
-            int64_t re = min(e, u.pos + u.n), po = u.off - u.pos, mo = u.moff - u.pos;
-            float w = u.decay ? wd : 0.0f;
-            if (vec && ((po - mo) & 3) == 0) {
-                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
-                if (threadIdx.x < head) ELEM(s + threadIdx.x);
-                float4 *P = (float4 *)(p + po + vs);
-                const float4 *G = (const float4 *)(g + po + vs);
-                uint2 *M = (uint2 *)(m + mo + vs), *V = (uint2 *)(v + mo + vs);
-                uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL;
-                for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
-                    adamw_bf16_vec4(P + j, G + j, M + j, V + j, gs, lr, b1, b2, eps, w, c1, c2, t, prec, seed, u,
-                                    vs + 4 * j, Pb ? Pb + j : NULL);
-                int64_t ts = vs + 4 * nv;
-                if (threadIdx.x < re - ts) ELEM(ts + threadIdx.x);
-            } else {
-#pragma unroll 4
-                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) ELEM(i);
-            }
-            s = re;
-        }
-    }
-#undef ELEM
-#undef PB
+    adamw_runs_loop<uint16_t, uint2>(
+        p, g, m, v, runs, tile_run, total, ntiles, vec, wd, pb,
+        [=](float *p, const float *g, uint16_t *m, uint16_t *v, float w, const DevRun &u, int64_t i,
+            __nv_bfloat16 *pb) { adamw_bf16_elem(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, t, prec, seed, u, i, pb); },
+        [=](float4 *p, const float4 *g, uint2 *m, uint2 *v, float w, const DevRun &u, int64_t i, uint2 *pb) {
+            adamw_bf16_vec4(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, t, prec, seed, u, i, pb);
+        });
 }
 
 extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, const OptRuns *r, float gscale,
