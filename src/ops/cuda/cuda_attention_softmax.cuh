@@ -1,11 +1,56 @@
-// cuda_attention_softmax.cuh — the online softmax of the tensor-core attention forwards
-// (cuda_attention_tc.cu's mma.sync kernel, cuda_attention_wg.cu's wgmma kernel): both hold a
-// thread's share of 16-row score and output fragments in the same layout (mma.sync's C fragment,
-// which is also wgmma's accumulator layout per warp): s[4 j + e] is row (e < 2 ? r0 : r1),
-// column 8 j + 2 t + (e & 1) (t = lane % 4); o[4 n + e] likewise over the head dimension.
+// cuda_attention_softmax.cuh — what the tensor-core attention kernels of cuda_attention_tc.cu
+// (mma.sync) and cuda_attention_wg.cu (wgmma) share: the forwards' online softmax, a forward or dq
+// block's place in the grid, the bf16 packing of A fragments, and adding accumulators into rows.
+// Both hold a thread's share of 16-row score and output fragments in the same layout (mma.sync's C
+// fragment, which is also wgmma's accumulator layout per warp): s[4 j + e] is row (e < 2 ? r0 : r1),
+// r1 = r0 + 8, column 8 j + 2 t + (e & 1) (t = lane % 4); o[4 n + e] likewise over the head dimension.
 // Device code only.
 #pragma once
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_bf16.h>
+
+// The place of a forward or dq kernel's block, grid (ceil((qb - qa) / BM), H, B): sequence b =
+// blockIdx.z, query head h = blockIdx.y (K/V head h / (H / KV)), the query rows from q0 (BM per
+// block, the blocks with the most keys first), whose keys 0 .. min(q0 + BM, qb) - 1 make ntile tiles
+// of BN; qoff, koff: the offsets of row 0 of head h in (B, T, H, HD) and of its K/V head in (B, T, KV, HD).
+struct AttQBlock {
+    int b, h, q0, ntile;
+    size_t qoff, koff;
+};
+template <int HD, int BM, int BN>
+__device__ __forceinline__ AttQBlock att_qblock(int T, int H, int KV, int qa, int qb) {
+    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
+    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * BM;
+    return {b, h, q0, (min(q0 + BM, qb) + BN - 1) / BN, ((size_t)b * T * H + h) * HD, ((size_t)b * T * KV + kh) * HD};
+}
+
+// Two floats rounded to bf16 (round to nearest even) in one 32-bit register, lo in the low half: the
+// register layout of an mma A fragment's pair of columns.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    union { __nv_bfloat162 b; uint32_t u; } c;
+    c.b = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
+    return c.u;
+}
+
+// Rows r0, r0 + 8 of a (T, heads, 8 NT) float tensor at base (rows `stride` elements apart; rows from
+// `end` on skipped) += the thread's accumulator d (the layout above), a float2 per fragment pair.
+template <int NT>
+__device__ __forceinline__ void add_rows(float *base, const float *d, int r0, int end, size_t stride, int t) {
+    int r1 = r0 + 8;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        if (r0 < end) {
+            float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t), x = *p;
+            *p = make_float2(x.x + d[4 * n], x.y + d[4 * n + 1]);
+        }
+        if (r1 < end) {
+            float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t), x = *p;
+            *p = make_float2(x.x + d[4 * n + 2], x.y + d[4 * n + 3]);
+        }
+    }
+}
 
 // One key tile (keys k0 + column): scores scaled by sl (base 2), masked to -inf where the key
 // follows the row or is past qb (only when mask: the tiles crossing the diagonal or the last key),

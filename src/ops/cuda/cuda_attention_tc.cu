@@ -35,12 +35,6 @@
 
 typedef unsigned short bf16s;   // bf16 bits in shared memory
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    union { __nv_bfloat162 b; uint32_t u; } c;
-    c.b = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
-    return c.u;
-}
-
 // c += A B (m16n8k16, bf16 in, fp32 accumulate)
 __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
@@ -50,16 +44,22 @@ __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uin
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Four transposed 8x8 bf16 matrices: lane i gives the address of row (i & 15) of a 16-row block,
-// columns c0 + 8 * (i >> 4); r0, r1 are then the B fragment (k = rows) of columns c0..c0+7, and
-// r2, r3 that of c0+8..c0+15.
-__device__ __forceinline__ void ldsm_x4_t(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16s *p) {
+// Four 8x8 bf16 matrices from shared memory (ldmatrix .x4): lane i gives the address of one row of
+// matrix i / 8; lane l then holds row l / 4, columns 2 (l % 4), +1 of each (r0..r3 in matrix order),
+// the A and B fragment layouts. TRANS (ldsm_x4<true>: .trans) transposes each matrix: with lane i at
+// row (i & 15) of a 16-row block, columns c0 + 8 * (i >> 4), r0, r1 are then the B fragment (k = rows)
+// of columns c0..c0+7, and r2, r3 that of c0+8..c0+15.
+#define LDSM_X4(TR) asm volatile("ldmatrix.sync.aligned.m8n8.x4" TR ".shared.b16 {%0,%1,%2,%3}, [%4];\n" \
+                                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)                           \
+                                 : "r"(a)                                                             \
+                                 : "memory")
+template <bool TRANS = false>
+__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16s *p) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(a)
-                 : "memory");
+    if constexpr (TRANS) LDSM_X4(".trans");
+    else LDSM_X4("");
 }
+#undef LDSM_X4
 
 // Stage ROWS rows of a (T, heads, HD) bf16 tensor (g points at row 0 of one head; rows `stride`
 // elements apart) into s[ROWS][HD + 8] with 16-byte cp.async copies; rows from nvalid on are
@@ -76,16 +76,6 @@ __device__ __forceinline__ void stage(bf16s *s, const bf16s *g, int row0, int nv
     asm volatile("cp.async.commit_group;\n" ::);
 }
 __device__ __forceinline__ void stage_wait(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// Four 8x8 bf16 matrices: lane i gives the address of one row of matrix i / 8; lane l then holds
-// row l / 4, columns 2 (l % 4), +1 of each (r0..r3 in matrix order), the A and B fragment layouts.
-__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16s *p) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(a)
-                 : "memory");
-}
 
 // acc[r][NJ] (RG groups of 16 rows x 8 NJ columns) += A (RG x 16 rows of sa, x HD) * B^T where B
 // is the row-major tile sb (NJ*8 rows x HD): the "scores" product of rows of two tiles along the
@@ -137,7 +127,7 @@ __device__ __forceinline__ void p_times_rg(float (*out)[HD / 8][4], float (*p)[N
 #pragma unroll
         for (int n = 0; n < HD / 8; n += 2) {
             uint32_t b0, b1, b2, b3;
-            ldsm_x4_t(b0, b1, b2, b3, sb + (kk * 16 + (lane & 15)) * LD + n * 8 + (lane >> 4) * 8);
+            ldsm_x4<true>(b0, b1, b2, b3, sb + (kk * 16 + (lane & 15)) * LD + n * 8 + (lane >> 4) * 8);
 #pragma unroll
             for (int r = 0; r < RG; r++) {
                 mma_bf16(out[r][n], a[r][0], a[r][1], a[r][2], a[r][3], b0, b1);
@@ -164,11 +154,9 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Ks = Qs + BM * LD, *Vs = Ks + 2 * TILE;   // K, V: two tiles each (double-buffered)
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * BM;
-    const bf16s *qg = q + ((size_t)b * T * H + h) * HD;
-    const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
-    int kend = min(q0 + BM, qb), ntile = (kend + TC_BN - 1) / TC_BN;
+    AttQBlock blk = att_qblock<HD, BM, TC_BN>(T, H, KV, qa, qb);
+    int b = blk.b, h = blk.h, q0 = blk.q0, ntile = blk.ntile;
+    const bf16s *qg = q + blk.qoff, *kg = k + blk.koff, *vg = v + blk.koff;
     stage<HD, BM>(Qs, qg, q0, min(BM, qb - q0), (size_t)H * HD);
     stage<HD, TC_BN>(Ks, kg, 0, min(TC_BN, qb), (size_t)KV * HD);
     stage<HD, TC_BN>(Vs, vg, 0, min(TC_BN, qb), (size_t)KV * HD);
@@ -209,23 +197,6 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *ls
                           T, H, h, t);
 }
 
-// dst (rows r0, r1 of a (T, heads, HD) tensor at base; rows from `end` on skipped) += acc, float2
-// per fragment pair
-template <int HD>
-__device__ __forceinline__ void add_rows(float *base, float (*acc)[4], int r0, int r1, int end, size_t stride, int t) {
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-        if (r0 < end) {
-            float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t), x = *p;
-            *p = make_float2(x.x + acc[n][0], x.y + acc[n][1]);
-        }
-        if (r1 < end) {
-            float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t), x = *p;
-            *p = make_float2(x.x + acc[n][2], x.y + acc[n][3]);
-        }
-    }
-}
-
 // dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
 // dp = dout . v, for the query rows t in [qa, qb). Grid (ceil((qb-qa)/64), H, B).
 template <int HD>
@@ -237,11 +208,10 @@ __global__ void __launch_bounds__(TC_THREADS, 3) att_tc_dq_k(float *dq, const bf
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + 2 * TILE;   // K, V double-buffered
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_BM;
-    size_t qoff = ((size_t)b * T * H + h) * HD;
-    const bf16s *kg = k + ((size_t)b * T * KV + kh) * HD, *vg = v + ((size_t)b * T * KV + kh) * HD;
-    int kend = min(q0 + TC_BM, qb), ntile = (kend + TC_BK - 1) / TC_BK;
+    AttQBlock blk = att_qblock<HD, TC_BM, TC_BK>(T, H, KV, qa, qb);
+    int b = blk.b, h = blk.h, q0 = blk.q0, ntile = blk.ntile;
+    size_t qoff = blk.qoff;
+    const bf16s *kg = k + blk.koff, *vg = v + blk.koff;
     stage<HD, TC_BM>(Qs, q + qoff, q0, min(TC_BM, qb - q0), (size_t)H * HD);
     stage<HD, TC_BM>(Gs, dout + qoff, q0, min(TC_BM, qb - q0), (size_t)H * HD);
     stage<HD, TC_BK>(Ks, kg, 0, min(TC_BK, qb), (size_t)KV * HD);
@@ -281,7 +251,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3) att_tc_dq_k(float *dq, const bf
             }
         p_times<HD, NJ>(acc, s, Kc, lane);
     }
-    add_rows<HD>(dq + qoff, acc, r0, r1, qb, (size_t)H * HD, t);
+    add_rows<NT>(dq + qoff, &acc[0][0], r0, qb, (size_t)H * HD, t);
 }
 
 // The dk/dv kernel's query tiles: for each query head h0, h0 + 1, ... of the group in order, the
@@ -363,8 +333,8 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
         p_times<HD, NJ>(dva, s, Gc, lane);
         p_times<HD, NJ>(dka, dp, Qc, lane);
     }
-    add_rows<HD>(dk + koff, dka, u0, u1, qb, (size_t)KV * HD, t);
-    add_rows<HD>(dv + koff, dva, u0, u1, qb, (size_t)KV * HD, t);
+    add_rows<NT>(dk + koff, &dka[0][0], u0, qb, (size_t)KV * HD, t);
+    add_rows<NT>(dv + koff, &dva[0][0], u0, qb, (size_t)KV * HD, t);
 }
 
 static size_t smem_fwd(int hd, int rg) { return sizeof(bf16s) * (size_t)(TC_BM * rg + 4 * TC_BN) * (hd + 8); }

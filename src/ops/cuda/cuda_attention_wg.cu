@@ -56,12 +56,6 @@ __device__ __forceinline__ void wgmma_n128_rs(float *d, uint32_t a0, uint32_t a1
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
 }
 
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    union { __nv_bfloat162 b; uint32_t u; } c;
-    c.b = __floats2bfloat162_rn(lo, hi);
-    return c.u;
-}
-
 // Stage ROWS rows (row0.., rows `stride` elements apart; rows from nvalid on zero-filled) of 128
 // bf16 into the swizzled tile at dst: column block a (elements 64a..64a+63) at dst + a ROWS 128,
 // the 16-byte chunk c of row r at chunk c ^ (r % 8); the block's NTH threads share the copies.
@@ -85,27 +79,13 @@ __device__ __forceinline__ void stage_done(void) {
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// dst (rows r0, r0 + 8 of a (T, heads, 128) tensor at base; rows from `end` on skipped) += the
-// accumulator d (columns 8 n + 2 (lane % 4) (+ 1) in d[4 n + {0, 1}], row r0 + 8 in {2, 3})
-__device__ __forceinline__ void wg_add_rows(float *base, const float *d, int r0, int end, size_t stride, int t) {
-#pragma unroll
-    for (int n = 0; n < 16; n++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            int r = r0 + 8 * hh;
-            if (r >= end) continue;
-            float2 *p = (float2 *)(base + (size_t)r * stride + n * 8 + 2 * t), x = *p;
-            *p = make_float2(x.x + d[4 * n + 2 * hh], x.y + d[4 * n + 2 * hh + 1]);
-        }
-}
-
 // A fragments (keys or queries 16 kk .. 16 kk + 15 = accumulator columns 2 kk, 2 kk + 1) from a
 // 64 x 64 accumulator, rounded to bf16
 __device__ __forceinline__ void wg_frags(uint32_t (*f)[4], const float *a) {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) f[kk][i] = pack2(a[8 * kk + 2 * i], a[8 * kk + 2 * i + 1]);
+        for (int i = 0; i < 4; i++) f[kk][i] = pack_bf16(a[8 * kk + 2 * i], a[8 * kk + 2 * i + 1]);
 }
 
 // S (64 x 64) = A B^T over the head dimension: A's 64 rows at sa, B's 64 rows at sb, both tiles of
@@ -133,11 +113,9 @@ __global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(float *out, float 
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sQ + WG_Q_BYTES, sV = sK + 2 * WG_KV_TILE;
     int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_BM;
-    const bf16s *qg = q + ((size_t)b * T * H + h) * WG_HD;
-    const bf16s *kg = k + ((size_t)b * T * KV + kh) * WG_HD, *vg = v + ((size_t)b * T * KV + kh) * WG_HD;
-    int kend = min(q0 + WG_BM, qb), ntile = (kend + WG_BN - 1) / WG_BN;
+    AttQBlock blk = att_qblock<WG_HD, WG_BM, WG_BN>(T, H, KV, qa, qb);
+    int b = blk.b, h = blk.h, q0 = blk.q0, ntile = blk.ntile;
+    const bf16s *qg = q + blk.qoff, *kg = k + blk.koff, *vg = v + blk.koff;
     stage_sw<WG_BM, WG_THREADS>(sQ, qg, q0, min(WG_BM, qb - q0), (size_t)H * WG_HD);
     stage_sw<WG_BN, WG_THREADS>(sK, kg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
     stage_sw<WG_BN, WG_THREADS>(sV, vg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
@@ -186,11 +164,10 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
     // against double-buffered K and V, 2 blocks); the next V loads during dS K, the next K after it
     uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sG = sQ + WG_KV_TILE, sK = sG + WG_KV_TILE, sV = sK + WG_KV_TILE;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * 64;
-    size_t qoff = ((size_t)b * T * H + h) * WG_HD;
-    const bf16s *kg = k + ((size_t)b * T * KV + kh) * WG_HD, *vg = v + ((size_t)b * T * KV + kh) * WG_HD;
-    int kend = min(q0 + 64, qb), ntile = (kend + 63) / 64;
+    AttQBlock blk = att_qblock<WG_HD, 64, 64>(T, H, KV, qa, qb);
+    int b = blk.b, h = blk.h, q0 = blk.q0, ntile = blk.ntile;
+    size_t qoff = blk.qoff;
+    const bf16s *kg = k + blk.koff, *vg = v + blk.koff;
     stage_sw<64, 128>(sQ, q + qoff, q0, min(64, qb - q0), (size_t)H * WG_HD);
     stage_sw<64, 128>(sG, dout + qoff, q0, min(64, qb - q0), (size_t)H * WG_HD);
     stage_sw<64, 128>(sK, kg, 0, min(64, qb), (size_t)KV * WG_HD);
@@ -235,7 +212,7 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
             stage_sw<64, 128>(sK, kg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
         }
     }
-    wg_add_rows(dq + qoff, acc, r0, qb, (size_t)H * WG_HD, t);
+    add_rows<WG_HD / 8>(dq + qoff, acc, r0, qb, (size_t)H * WG_HD, t);
 #endif
 }
 
@@ -311,8 +288,8 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const
         wgmma_commit();
         wgmma_wait<0>();
     }
-    wg_add_rows(dk + koff, dka, u0, qb, (size_t)KV * WG_HD, t);
-    wg_add_rows(dv + koff, dva, u0, qb, (size_t)KV * WG_HD, t);
+    add_rows<WG_HD / 8>(dk + koff, dka, u0, qb, (size_t)KV * WG_HD, t);
+    add_rows<WG_HD / 8>(dv + koff, dva, u0, qb, (size_t)KV * WG_HD, t);
 #endif
 }
 
