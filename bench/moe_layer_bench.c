@@ -129,15 +129,18 @@ static void w_gb(float *di, float *dw, const float *g, const float *i, const flo
                  int K, int O, int a) {
     WRAP(C_GEMM_B, RB->grouped_matmul_bwd(di, dw, g, i, w, off, G, K, O, a));
 }
-static void w_gsf(float *h1, float *h3, float *a, const float *i, const float *w1, const float *w3, const int64_t *off,
+static void w_gsf(void *h1, void *h3, void *a, const float *i, const float *w1, const float *w3, const int64_t *off,
                   int G, int K, int O) {
     WRAP(C_GEMM_F, RB->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O));
 }
-static void w_gsb(float *d1, float *d3, float *dw, const float *g, const float *a, const float *h1, const float *h3,
+static void w_gsb(void *d1, void *d3, float *dw, const float *g, const void *a, const void *h1, const void *h3,
                   const float *w, const int64_t *off, int G, int K, int O) {
     WRAP(C_GEMM_B, RB->grouped_swiglu_bwd(d1, d3, dw, g, a, h1, h3, w, off, G, K, O));
 }
-static void w_gb2(float *di, float *dwa, float *dwb, const float *ga, const float *gb, const float *i, const float *wa,
+static void w_gdown(float *o, const void *a, const float *w, const int64_t *off, int G, int K, int O) {
+    WRAP(C_GEMM_F, RB->grouped_down_fwd(o, a, w, off, G, K, O));
+}
+static void w_gb2(float *di, float *dwa, float *dwb, const void *ga, const void *gb, const float *i, const float *wa,
                   const float *wb, const int64_t *off, int G, int K, int O, int a) {
     WRAP(C_GEMM_B, RB->grouped_matmul_bwd2(di, dwa, dwb, ga, gb, i, wa, wb, off, G, K, O, a));
 }
@@ -179,6 +182,7 @@ static const Backend *wrap_backend(const Backend *real) {
     PB.to_device = w_to_device; PB.to_host = w_to_host; PB.copy = w_copy; PB.zero = w_zero;
     PB.matmul_fwd = w_mf; PB.matmul_bwd = w_mb; PB.grouped_matmul_fwd = w_gf; PB.grouped_matmul_bwd = w_gb;
     PB.grouped_swiglu_fwd = w_gsf; PB.grouped_swiglu_bwd = w_gsb; PB.grouped_matmul_bwd2 = w_gb2;
+    PB.grouped_down_fwd = w_gdown;
     PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.mul = w_mul; PB.axpy = w_axpy;
     PB.combine_rows = w_combine_rows; PB.router_topk = w_router_topk; PB.router_bwd = w_router_bwd;
     PB.plan_counts = w_plan_counts; PB.gather_dot_scale = w_gds; PB.plan_rows = w_plan_rows;

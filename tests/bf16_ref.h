@@ -67,18 +67,34 @@ static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const flo
 }
 
 static const Backend *backend_cpu_bf16ref(void);
-static void bfr_grouped_swiglu_fwd(float *h1, float *h3, float *act, const float *inp, const float *w1, const float *w3,
+// The experts' hidden rows as "cuda" keeps them (bf16, ops.h hid_elem): each value rounded once from
+// the float32 the composition computes; here they stay float arrays holding bf16 values.
+static inline void bf16_round_rows(float *x, const int64_t *off, int G, int C) {
+    if (G <= 0) return;
+    for (size_t i = (size_t)off[0] * C; i < (size_t)off[G] * C; i++) x[i] = bf16_round(x[i]);
+}
+
+static void bfr_grouped_swiglu_fwd(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
                                    const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cpu_bf16ref(), h1, h3, act, inp, w1, w3, off, G, K, O);
+    bf16_round_rows(h1, off, G, O);
+    bf16_round_rows(h3, off, G, O);
+    bf16_round_rows(act, off, G, O);
 }
 
-static void bfr_grouped_swiglu_bwd(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
-                                   const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+static void bfr_grouped_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O) {
+    backend_grouped_down_fwd_plain(backend_cpu_bf16ref(), out, act, w, off, G, K, O);
+}
+
+static void bfr_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                    int O) {
     backend_grouped_swiglu_bwd_plain(backend_cpu_bf16ref(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
+    bf16_round_rows(dh1, off, G, K);
+    bf16_round_rows(dh3, off, G, K);
 }
 
-static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const float *da, const float *db, const float *inp,
+static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const float *inp,
                              const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int accumulate) {
     backend_grouped_matmul_bwd2_plain(backend_cpu_bf16ref(), dinp, dwa, dwb, da, db, inp, wa, wb, off, G, K, O,
                                       accumulate);
@@ -157,7 +173,8 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     free(aq); free(ak); free(av); free(gr); free(qr); free(kr); free(vr);
 }
 
-// The cpu backend with the cuda backend's bf16 GEMMs and attention (name "cpu-bf16ref").
+// The cpu backend with the cuda backend's bf16 GEMMs, bf16 expert hidden rows (float arrays of bf16 values)
+// and attention (name "cpu-bf16ref").
 static inline const Backend *backend_cpu_bf16ref(void) {
     static Backend b;
     if (!b.name) {
@@ -169,6 +186,7 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.grouped_matmul_bwd = bfr_grouped_bwd;
         b.grouped_swiglu_fwd = bfr_grouped_swiglu_fwd;
         b.grouped_swiglu_bwd = bfr_grouped_swiglu_bwd;
+        b.grouped_down_fwd = bfr_grouped_down_fwd;
         b.grouped_matmul_bwd2 = bfr_grouped_bwd2;
         b.attention_fwd = bfr_attention_fwd;
         b.attention_bwd = bfr_attention_bwd;

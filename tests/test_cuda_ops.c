@@ -333,11 +333,87 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     free(x); free(w); free(rr); free(rf); free(dout); free(pdx); free(pdw); free(off);
 }
 
-// The fused expert ops over the groups (the experts' w1/w3 with SwiGLU, w2's backward into it, the
-// w1/w3 backward pair), K = d, O = f. Each output against the reference backend's composition of
-// plain ops (ops.h), GPU outputs NaN-poisoned; and bit for bit against the GPU backend's own plain
-// ops on the same inputs (the fused epilogues do cuda_nn.cu's SwiGLU arithmetic, the dinp pair's
-// kernel sums both products in one pass, so that one is compared in the bands only).
+// The experts' hidden rows on the device (ops.h hid_elem: float32, or bf16 on "cuda"). hid_put rounds
+// to nearest even (callers hand it bf16 values where the test needs them exact); hid_nan poisons.
+static void *hid_put(const float *h, size_t n) {
+    if (gpu->hid_elem == sizeof(float)) return dputf(h, n);
+    uint16_t *b = xcalloc(n ? n : 1, 2);
+    for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
+    void *d = dput(b, n * 2);
+    free(b);
+    return d;
+}
+static void *hid_nan(size_t n) {
+    float *h = hnew(n);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    void *d = hid_put(h, n);
+    free(h);
+    return d;
+}
+static float *hid_get(const void *d, size_t n) {
+    float *h = hnew(n);
+    if (gpu->hid_elem == sizeof(float)) { gpu->to_host(h, d, n * sizeof(float)); return h; }
+    uint16_t *b = xcalloc(n ? n : 1, 2);
+    gpu->to_host(b, d, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
+    free(b);
+    return h;
+}
+// the values x rounded as the hidden format stores them (in place)
+static void hid_round(float *x, size_t n) {
+    if (gpu->hid_elem != sizeof(float))
+        for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+// Hidden rows written by the GPU against the reference backend's (ref_r: bf16_ref.h rounds them as
+// "cuda" does) and the float32 cpu's (ref_f). float32 rows: cmp_gemm. bf16 rows: both sides round
+// (to nearest even) sums that differ only in their order, so a value is the reference's or, where
+// the two sums straddle a rounding boundary, its neighbour (one bf16 ulp, up to 2^-7 relative): at
+// most BAND_HID_FLIP of the values may differ, each by one ulp. Rounding by truncation instead would
+// move about half of them; a wrong row or index O(1). Against float32: the bf16 bands.
+#define BAND_HID_FLIP 2e-2
+static void cmp_hid(const char *op, int bf, const char *what, const void *got_d, const float *ref_r, const float *ref_f,
+                    size_t n) {
+    if (gpu->hid_elem == sizeof(float)) { cmp_gemm(op, bf, what, got_d, ref_r, ref_f, n); return; }
+    char name[48];
+    snprintf(name, sizeof name, "%s bf16 rows (flips)", op);
+    OpRow *r = row_for(name, BAND_HID_FLIP);
+    float *got = hid_get(got_d, n);
+    size_t flips = 0, far = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t a = bf16_rn_bits(got[i]), b = bf16_rn_bits(ref_r[i]);
+        if (a == b) continue;
+        flips++;
+        int adjacent = (a ^ b) < 0x8000 && (a > b ? a - b : b - a) == 1 && !isnan(got[i]);
+        if (!adjacent && !far++) first = i;
+    }
+    double frac = n ? (double)flips / n : 0;
+    if (frac > r->worst) r->worst = frac;
+    r->bad += far > 0 || frac > BAND_HID_FLIP;
+    EXPECT(far == 0, "%s %s: %zu values more than one bf16 ulp from the reference; first [%zu] cuda %.9g ref %.9g", op,
+           what, far, first, far ? got[first] : 0.0, far ? ref_r[first] : 0.0);
+    EXPECT(frac <= BAND_HID_FLIP, "%s %s: %zu of %zu values one ulp off (%.3g > %.0e)", op, what, flips, n, frac,
+           BAND_HID_FLIP);
+    float *gd = dputf(got, n);   // cmp_n reads a float32 device array
+    snprintf(name, sizeof name, "%s bf16 (vs fp32)", op);
+    cmp_n(name, what, gd, ref_f, n, BAND_BF16_ELEM, BAND_BF16_NORM);
+    gpu->free(gd);
+    free(got);
+}
+// hidden rows got_d bit for bit against the float32 device rows f_d rounded as the hidden format stores them
+static void cmp_exact_hid(const char *what, const void *got_d, const float *f_d, size_t n) {
+    float *a = hid_get(got_d, n), *b = dget(f_d, n);
+    hid_round(b, n);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
+    free(a); free(b);
+}
+
+// The fused expert ops over the groups (the experts' w1/w3 with SwiGLU, w2 forward from the hidden rows,
+// w2's backward into the SwiGLU, the w1/w3 backward pair), K = d, O = f. Each output against the
+// reference backend's composition of plain ops (ops.h; bf16_ref.h rounds the hidden rows as "cuda"
+// stores them), GPU outputs NaN-poisoned; and bit for bit against the GPU backend's own plain ops on
+// the same inputs, their float32 results rounded to the hidden format (the fused epilogues do
+// cuda_nn.cu's SwiGLU arithmetic on the GEMM's float32 sums; the dinp pair's kernel sums both products
+// in one pass, so that one is compared in the bands only).
 static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     int bf = gemm_is_bf16(1, O);
     const Backend *ref = bf ? backend_cpu_bf16ref() : cpu;
@@ -348,45 +424,68 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     float *x = hrand(nx, 1.0f), *w1 = hrand(nw, 0.5f), *w3 = hrand(nw, 0.5f), *w2 = hrand(nw, 0.5f);
     float *xd = dputf(x, nx), *w1d = dputf(w1, nw), *w3d = dputf(w3, nw), *w2d = dputf(w2, nw);
     // forward: h1, h3, act
-    float *r[3], *f[3], *o[3];
-    for (int i = 0; i < 3; i++) { r[i] = hnew(nh); f[i] = hnew(nh); o[i] = dnan(nh); }
+    float *r[3], *f[3];
+    void *o[3];
+    for (int i = 0; i < 3; i++) { r[i] = hnew(nh); f[i] = hnew(nh); o[i] = hid_nan(nh); }
     ref->grouped_swiglu_fwd(r[0], r[1], r[2], x, w1, w3, off, G, K, O);
     cpu->grouped_swiglu_fwd(f[0], f[1], f[2], x, w1, w3, off, G, K, O);
     gpu->grouped_swiglu_fwd(o[0], o[1], o[2], xd, w1d, w3d, off, G, K, O);
     const char *fn[3] = {"h1", "h3", "act"};
     for (int i = 0; i < 3; i++) {
         snprintf(what, sizeof what, "%s G%d rows %zu K%d O%d", fn[i], G, n, K, O);
-        cmp_gemm("grouped_swiglu_fwd", bf, what, o[i], r[i], f[i], nh);
+        cmp_hid("grouped_swiglu_fwd", bf, what, o[i], r[i], f[i], nh);
     }
-    float *plain = dnan(nh);
-    gpu->swiglu_fwd(plain, o[0], o[1], nh);
-    snprintf(what, sizeof what, "grouped_swiglu_fwd: act = swiglu_fwd(its h1, h3) G%d K%d O%d", G, K, O);
-    cmp_exact_dev(what, o[2], plain, nh);
+    float *ph1 = dnan(nh), *ph3 = dnan(nh), *pact = dnan(nh);
+    gpu->grouped_matmul_fwd(ph1, xd, w1d, off, G, K, O);
+    gpu->grouped_matmul_fwd(ph3, xd, w3d, off, G, K, O);
+    gpu->swiglu_fwd(pact, ph1, ph3, nh);
+    float *pf[3] = {ph1, ph3, pact};
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "grouped_swiglu_fwd: %s = plain GEMMs + swiglu_fwd G%d K%d O%d", fn[i], G, K, O);
+        cmp_exact_hid(what, o[i], pf[i], nh);
+    }
+    // w2's forward from the hidden rows: act (rows, O) in, (rows, K) out; the reference's act (on
+    // "cuda" bf16 values) on every side, so the plain GEMM on its float32 copy sees the same operand
+    void *actd = hid_put(r[2], nh);
+    float *actf = dputf(r[2], nh), *yd = dnan(nx), *yp = dnan(nx), *yr = hnew(nx), *yf = hnew(nx);
+    gpu->grouped_down_fwd(yd, actd, w2d, off, G, O, K);
+    gpu->grouped_matmul_fwd(yp, actf, w2d, off, G, O, K);
+    ref->grouped_down_fwd(yr, r[2], w2, off, G, O, K);
+    cpu->grouped_down_fwd(yf, r[2], w2, off, G, O, K);
+    snprintf(what, sizeof what, "out G%d rows %zu K%d O%d", G, n, O, K);
+    cmp_gemm("grouped_down_fwd", bf, what, yd, yr, yf, nx);
+    snprintf(what, sizeof what, "grouped_down_fwd = grouped_matmul_fwd G%d K%d O%d", G, O, K);
+    cmp_exact_dev(what, yd, yp, nx);
     // w2's backward into the SwiGLU: dout (rows, K), W2 (G, K, O); dh1, dh3 (rows, O); dw2 accumulates.
     // Every side gets the reference's h1, h3, act (the GPU's own differ in the last bits, and act
     // rounded to bf16 for dw would then differ by a bf16 ulp in places: measured 1.1e-4 on one element)
     float *dy = hrand(nx, 1.0f), *dyd = dputf(dy, nx), *pdw = hrand(nw, 1.0f);
-    for (int i = 0; i < 3; i++) gpu->to_device(o[i], r[i], nh * sizeof(float));
+    for (int i = 0; i < 3; i++) { gpu->free(o[i]); o[i] = hid_put(r[i], nh); }
     float *d1 = hnew(nh), *d3 = hnew(nh), *d1f = hnew(nh), *d3f = hnew(nh), *dw = hcopy(pdw, nw), *dwf = hcopy(pdw, nw);
-    float *d1d = dnan(nh), *d3d = dnan(nh), *dwd = dputf(pdw, nw);
+    float *dwd = dputf(pdw, nw);
+    void *d1d = hid_nan(nh), *d3d = hid_nan(nh);
     ref->grouped_swiglu_bwd(d1, d3, dw, dy, r[2], r[0], r[1], w2, off, G, O, K);
     cpu->grouped_swiglu_bwd(d1f, d3f, dwf, dy, r[2], r[0], r[1], w2, off, G, O, K);
     gpu->grouped_swiglu_bwd(d1d, d3d, dwd, dyd, o[2], o[0], o[1], w2d, off, G, O, K);
     snprintf(what, sizeof what, "dh1 G%d rows %zu K%d O%d", G, n, O, K);
-    cmp_gemm("grouped_swiglu_bwd", bf, what, d1d, d1, d1f, nh);
+    cmp_hid("grouped_swiglu_bwd", bf, what, d1d, d1, d1f, nh);
     snprintf(what, sizeof what, "dh3 G%d rows %zu K%d O%d", G, n, O, K);
-    cmp_gemm("grouped_swiglu_bwd", bf, what, d3d, d3, d3f, nh);
+    cmp_hid("grouped_swiglu_bwd", bf, what, d3d, d3, d3f, nh);
     snprintf(what, sizeof what, "dw (accumulate) G%d rows %zu K%d O%d", G, n, O, K);
     cmp_gemm("grouped_swiglu_bwd", bf, what, dwd, dw, dwf, nw);
-    float *dact = dnan(nh), *p1 = dnan(nh), *p3 = dnan(nh);
-    gpu->grouped_matmul_bwd(dact, NULL, dyd, o[2], w2d, off, G, O, K, 0);
-    gpu->swiglu_bwd(p1, p3, dact, o[0], o[1], nh, 0);
+    float *h1f = dputf(r[0], nh), *h3f = dputf(r[1], nh), *dact = dnan(nh), *p1 = dnan(nh), *p3 = dnan(nh);
+    gpu->grouped_matmul_bwd(dact, NULL, dyd, actf, w2d, off, G, O, K, 0);
+    gpu->swiglu_bwd(p1, p3, dact, h1f, h3f, nh, 0);
     snprintf(what, sizeof what, "grouped_swiglu_bwd: dh1 = plain GEMM + swiglu_bwd G%d K%d O%d", G, O, K);
-    cmp_exact_dev(what, d1d, p1, nh);
+    cmp_exact_hid(what, d1d, p1, nh);
     snprintf(what, sizeof what, "grouped_swiglu_bwd: dh3 = plain GEMM + swiglu_bwd G%d K%d O%d", G, O, K);
-    cmp_exact_dev(what, d3d, p3, nh);
-    // the w1/w3 pair's backward: dinp [+]= dh1 W1 + dh3 W3, dw1, dw3 accumulate
-    float *ga = hrand(nh, 1.0f), *gb = hrand(nh, 1.0f), *gad = dputf(ga, nh), *gbd = dputf(gb, nh);
+    cmp_exact_hid(what, d3d, p3, nh);
+    // the w1/w3 pair's backward: dinp [+]= dh1 W1 + dh3 W3, dw1, dw3 accumulate; dh1, dh3 hidden rows
+    // (values the hidden format holds exactly, so every side reads the same)
+    float *ga = hrand(nh, 1.0f), *gb = hrand(nh, 1.0f);
+    hid_round(ga, nh);
+    hid_round(gb, nh);
+    void *gad = hid_put(ga, nh), *gbd = hid_put(gb, nh);
     float *pdx = hrand(nx, 1.0f);
     for (int acc = 1; acc >= 0; acc--) {
         float *dx = hcopy(pdx, nx), *dwa = hcopy(pdw, nw), *dwb = hcopy(pdw, nw);
@@ -406,11 +505,12 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
         free(dx); free(dwa); free(dwb); free(dxf); free(dwaf); free(dwbf);
     }
     for (int i = 0; i < 3; i++) { free(r[i]); free(f[i]); gpu->free(o[i]); }
-    gpu->free(plain); gpu->free(dact); gpu->free(p1); gpu->free(p3);
+    gpu->free(ph1); gpu->free(ph3); gpu->free(pact); gpu->free(actd); gpu->free(actf); gpu->free(yd); gpu->free(yp);
+    gpu->free(h1f); gpu->free(h3f); gpu->free(dact); gpu->free(p1); gpu->free(p3);
     gpu->free(xd); gpu->free(w1d); gpu->free(w3d); gpu->free(w2d); gpu->free(dyd); gpu->free(d1d); gpu->free(d3d);
     gpu->free(dwd); gpu->free(gad); gpu->free(gbd);
     free(x); free(w1); free(w3); free(w2); free(dy); free(pdw); free(d1); free(d3); free(d1f); free(d3f); free(dw);
-    free(dwf); free(ga); free(gb); free(pdx); free(off);
+    free(dwf); free(ga); free(gb); free(pdx); free(off); free(yr); free(yf);
 }
 
 // ---------------------------------------------------------------- embedding, rows

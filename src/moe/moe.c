@@ -14,12 +14,12 @@
 // GEMMs read the gathered rows xs directly).
 static void expert_buffers(MoeLayer *m, int Rg) {
     const Backend *be = m->be;
-    size_t nd = (size_t)(Rg ? Rg : 1) * m->d * F, nf = (size_t)(Rg ? Rg : 1) * m->fu * F;
+    size_t nd = (size_t)(Rg ? Rg : 1) * m->d * F, nf = (size_t)(Rg ? Rg : 1) * m->fu * be->hid_elem;
     moe_grow(be, &m->yg, &m->cap_d, nd);
     if (!m->xu->local) moe_grow(be, &m->xg, &m->cap_xg, nd);
     if (m->rc) { moe_rc_rows(m, nf); return; }
     if (nf > m->cap_f) {
-        float **bf[] = {&m->h1, &m->h3, &m->act};
+        void **bf[] = {&m->h1, &m->h3, &m->act};
         for (int i = 0; i < 3; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
         m->cap_f = nf;
     }
@@ -27,14 +27,14 @@ static void expert_buffers(MoeLayer *m, int Rg) {
 
 static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int local) {
     const Backend *be = s->be;
-    size_t nd = (size_t)(Rg ? Rg : 1) * d * F, nf = (size_t)(Rg ? Rg : 1) * fl * F;
+    size_t nd = (size_t)(Rg ? Rg : 1) * d * F, nf = (size_t)(Rg ? Rg : 1) * fl * be->hid_elem;
     moe_grow(be, &s->dxg, &s->cap_d, nd);
     if (!local) {
         moe_grow(be, &s->dyg, &s->cap_dyg, nd);
         moe_grow(be, &s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
     }
     if (nf > s->cap_f) {
-        float **bf[] = {&s->dh1, &s->dh3};
+        void **bf[] = {&s->dh1, &s->dh3};
         for (int i = 0; i < 2; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
         s->cap_f = nf;
     }
@@ -155,7 +155,7 @@ void moe_layer_free(MoeLayer *m) {
 void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
     if (rc == m->rc) return;
     if (!m->rc) {   // its own rows go; the shared ones are pointed at by the next forward
-        float **bf[] = {&m->h1, &m->h3, &m->act};
+        void **bf[] = {&m->h1, &m->h3, &m->act};
         for (int i = 0; i < 3; i++) if (*bf[i]) { m->be->free(*bf[i]); *bf[i] = NULL; }
     } else {
         m->h1 = m->h3 = m->act = NULL;
@@ -166,9 +166,12 @@ void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
 
 void moe_layer_trim(MoeLayer *m) {
     if (m->rc) m->h1 = m->h3 = m->act = NULL;
-    float **bufs[] = {&m->xs, &m->ys, &m->xg, &m->yg, &m->h1, &m->h3, &m->act, &m->xsc, &m->ysc};
+    float **bufs[] = {&m->xs, &m->ys, &m->xg, &m->yg, &m->xsc, &m->ysc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (*bufs[i]) { m->be->free(*bufs[i]); *bufs[i] = NULL; }
+    void **hid[] = {&m->h1, &m->h3, &m->act};
+    for (size_t i = 0; i < 3; i++)
+        if (*hid[i]) { m->be->free(*hid[i]); *hid[i] = NULL; }
     if (m->cidx) { m->be->free(m->cidx); m->cidx = m->icidx = NULL; }
     m->cap_d = m->cap_f = m->cap_xg = m->cap_ys = 0;
 }
@@ -444,7 +447,7 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
         m->xgp = m->started ? exchange_dispatch_finish(m->xu, m->xs, m->xg) : exchange_dispatch(m->xu, m->xs, m->xg);
         m->started = 0;
         be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
-        be->grouped_matmul_fwd(m->yg, m->act, wu->w2, m->xu->off, El, fu, d);
+        be->grouped_down_fwd(m->yg, m->act, wu->w2, m->xu->off, El, fu, d);
         m->ysp = exchange_combine(m->xu, m->yg, m->ys);
     }
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)

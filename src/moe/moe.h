@@ -44,11 +44,11 @@ typedef struct {
 typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; } MoeGrads;
 
 // Activation recomputation (--recompute moe): the experts' SwiGLU rows (h1, h3, act: the largest
-// activations, 3 f floats per routed token) are not kept per layer. Every layer's forward writes them
+// activations, 3 f values per routed token, in the backend's hidden format) are not kept per layer. Every layer's forward writes them
 // into these shared buffers and its backward computes them again there from what it keeps (the expert
 // input rows, the weights it used): the same kernels on the same operands, so the same bits as keeping
 // them. Owned by the caller (one per model); a layer points at it (MoeLayer.rc).
-typedef struct { const Backend *be; float *h1, *h3, *act; size_t cap; } MoeRecompute;
+typedef struct { const Backend *be; void *h1, *h3, *act; size_t cap; } MoeRecompute;
 
 // Saved state of one layer's forward (one per layer: backward needs it).
 typedef struct {
@@ -123,7 +123,8 @@ typedef struct {
     MoeRecompute *rc;              // NULL: h1, h3, act kept per layer; else the shared ones, recomputed
     // expert side (device, grown to the rows received)
     Exchange x;
-    float *xg, *h1, *h3, *act, *yg;  // (Rg,d) (Rg,fl) x3 (Rg,d); xg only when the exchange is not local
+    float *xg, *yg;                // (Rg,d) each; xg only when the exchange is not local
+    void *h1, *h3, *act;           // (Rg,fl) each, in the backend's hidden format (ops.h hid_elem)
     const float *xgp;              // the expert GEMMs' input rows: xg, or xs when local
     size_t cap_d, cap_f, cap_xg, cap_ys;
     // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T
@@ -148,7 +149,8 @@ typedef struct {
     const Backend *be;
     float *dys, *dxs, *dxj, *dlogits, *rowdot, *dxfull;   // device, token side (dxs: not local only)
     float *aux_dp;                                         // device (E): d aux term / d probs[t,e]
-    float *dyg, *dh1, *dh3, *dxg;                         // device, expert side (grown; dyg: not local)
+    float *dyg, *dxg;                                     // device, expert side (grown; dyg: not local)
+    void *dh1, *dh3;                                      // ... (Rg,fl), in the hidden format (ops.h)
     float *dysc, *dxsc;                                    // device, token side chunk-major (r > 1)
     float *gfull, *gstage, *gslice;                        // gathered mode: whole-expert gradients, staging
     size_t cap_g;

@@ -11,7 +11,7 @@
 void moe_rc_rows(MoeLayer *m, size_t nf) {
     MoeRecompute *rc = m->rc;
     if (nf > rc->cap) {
-        float **bf[] = {&rc->h1, &rc->h3, &rc->act};
+        void **bf[] = {&rc->h1, &rc->h3, &rc->act};
         for (int i = 0; i < 3; i++) { if (*bf[i]) rc->be->free(*bf[i]); *bf[i] = rc->be->alloc(nf); }
         rc->cap = nf;
     }
@@ -25,15 +25,16 @@ void moe_rc_rows(MoeLayer *m, size_t nf) {
 void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu) {
     int r = m->r, d = m->d, fu = m->fu, El = m->El;
     int Rg = r > 1 ? (int)m->gstart[r] : m->xu->Rg;
-    moe_rc_rows(m, (size_t)(Rg ? Rg : 1) * fu * F);
+    const Backend *be = m->be;
+    moe_rc_rows(m, (size_t)(Rg ? Rg : 1) * fu * be->hid_elem);
     if (r == 1) {
-        m->be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
+        be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
         return;
     }
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
-        m->be->grouped_swiglu_fwd(m->h1 + g * fu, m->h3 + g * fu, m->act + g * fu, m->xg + g * d, wu->w1, wu->w3,
-                                  m->xc[i].off, El, d, fu);
+        be->grouped_swiglu_fwd(hid_at(be, m->h1, g * fu), hid_at(be, m->h3, g * fu), hid_at(be, m->act, g * fu),
+                               m->xg + g * d, wu->w1, wu->w3, m->xc[i].off, El, d, fu);
     }
 }
 
@@ -245,9 +246,10 @@ void moe_experts_chunked(MoeLayer *m, const MoeWeights *w) {
         float *xg = m->xg + g * d, *yg = m->yg + g * d;
         exchange_dispatch_finish(&m->xc[i], m->xsc + m->cstart[i] * d, xg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], m->xsc + m->cstart[i + 1] * d);
-        be->grouped_swiglu_fwd(m->h1 + g * fl, m->h3 + g * fl, m->act + g * fl, xg, w->w1, w->w3, m->xc[i].off, El,
-                               d, fl);
-        be->grouped_matmul_fwd(yg, m->act + g * fl, w->w2, m->xc[i].off, El, fl, d);
+        void *act = hid_at(be, m->act, g * fl);
+        be->grouped_swiglu_fwd(hid_at(be, m->h1, g * fl), hid_at(be, m->h3, g * fl), act, xg, w->w1, w->w3,
+                               m->xc[i].off, El, d, fl);
+        be->grouped_down_fwd(yg, act, w->w2, m->xc[i].off, El, fl, d);
         exchange_combine_start(&m->xc[i], yg, m->ysc + m->cstart[i] * d);
     }
     for (int i = 0; i < r; i++) exchange_combine_finish(&m->xc[i], NULL, m->ysc + m->cstart[i] * d);
@@ -273,11 +275,12 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
     exchange_dispatch_start(&m->xc[0], s->dysc);
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
-        float *dyg = s->dyg + g * d, *dxg = s->dxg + g * d, *dh1 = s->dh1 + g * fl, *dh3 = s->dh3 + g * fl;
+        float *dyg = s->dyg + g * d, *dxg = s->dxg + g * d;
+        void *dh1 = hid_at(be, s->dh1, g * fl), *dh3 = hid_at(be, s->dh3, g * fl);
         exchange_dispatch_finish(&m->xc[i], s->dysc + m->cstart[i] * d, dyg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], s->dysc + m->cstart[i + 1] * d);
-        be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, m->act + g * fl, m->h1 + g * fl, m->h3 + g * fl, w->w2,
-                               m->xc[i].off, El, fl, d);
+        be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
+                               hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d);
         be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, m->xg + g * d, w->w1, w->w3, m->xc[i].off, El, d, fl, 0);
         exchange_combine_start(&m->xc[i], dxg, s->dxsc + m->cstart[i] * d);
     }

@@ -90,6 +90,13 @@ struct Backend {
     void (*zero)(void *p, size_t bytes);
     void (*sync)(void);
 
+    // The format of the experts' hidden rows (h1, h3, act and their gradients dh1, dh3: the `void *`
+    // buffers of the fused expert ops below): hid_elem bytes per element. 4: float32 (cpu, cuda-fp32);
+    // 2: bf16 (cuda), rounded to nearest even from the float32 the GEMM epilogue computes: act is the
+    // down projection's bf16 operand either way, h1 and h3 are what the SwiGLU backward reads (saved
+    // for it: the largest activations of a MoE layer), dh1 and dh3 the w1/w3 backward's operands.
+    size_t hid_elem;
+
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
     // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the
     // copy instead of converting the weight on every call; adamw_runs on p keeps it current. Any
@@ -117,20 +124,26 @@ struct Backend {
     // The experts' up-projection with SwiGLU: h1 = inp W1^T and h3 = inp W3^T (grouped_matmul_fwd
     // each), then act = silu(h1) * h3 (swiglu_fwd) over the groups' rows (O columns). A backend may
     // read inp once and compute act in the GEMMs' epilogue (the same floats as swiglu_fwd).
-    void (*grouped_swiglu_fwd)(float *h1, float *h3, float *act, const float *inp, const float *w1, const float *w3,
+    // h1, h3, act in the hidden format (hid_elem).
+    void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
                                const int64_t *off, int G, int K, int O);
+    // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden format.
+    void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
     // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)),
     // never stored; dw += dout^T act (always accumulates; may be NULL); dh1, dh3 = swiglu_bwd(dact,
     // h1, h3) written (not added) over the groups' rows (K columns). The same floats as
-    // grouped_matmul_bwd(dact, dw, dout, act, w, ..., 0) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0).
-    void (*grouped_swiglu_bwd)(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
-                               const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+    // grouped_matmul_bwd(dact, dw, dout, act, w, ..., 0) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0)
+    // (in the hidden format: dact float32, each dh1, dh3 rounded from that float32 result once).
+    // dh1, dh3, act, h1, h3 in the hidden format.
+    void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+                               const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                int O);
     // Their backward: dinp = douta Wa + doutb Wb, written or added as `accumulate` says (as
     // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (always). The same sums as
     // grouped_matmul_bwd(dinp, dwa, douta, ..., accumulate) then (dinp, dwb, doutb, ..., 1); a backend
-    // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL.
-    void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
+    // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL. douta, doutb
+    // (dh1, dh3) in the hidden format.
+    void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                 const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                 int K, int O, int accumulate);
 
@@ -308,12 +321,14 @@ const Backend *backend_profiled(const Backend *inner);
 void backend_profile_reset(void);
 void backend_profile_report(FILE *f, int steps);
 // The CUDA backends (src/ops/cuda/, float32 buffers on the first GPU; parameters, activations,
-// gradients and optimizer state are float32 in both):
+// gradients and optimizer state are float32 in both, but for "cuda"'s bf16 expert hidden rows):
 //   backend_cuda()      "cuda": GEMMs on tensor cores with bf16 operands and fp32 accumulation
 //                       (each float32 operand rounded to bf16, round to nearest even, into scratch
 //                       the backend owns; outputs and *_bwd accumulation stay float32). Every
 //                       grouped_matmul; matmul only when O > MOE_GEMM_FP32_MAX_O: narrower ones
-//                       (the router, O = E) are memory-bound anyway and stay float32.
+//                       (the router, O = E) are memory-bound anyway and stay float32. The experts'
+//                       hidden rows are bf16 (hid_elem 2): the fused expert ops write and read them
+//                       so, without conversion passes.
 //   backend_cuda_fp32() "cuda-fp32": every op in float32 (cuBLAS SGEMM without TF32), matching the
 //                       cpu reference to float32 rounding.
 // The other ops are the same float32 kernels in both. backend_cuda*() die with a clear message

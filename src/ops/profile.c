@@ -27,9 +27,10 @@ static void w_mm_f(float *o, const float *i, const float *w, int N, int K, int O
 static void w_mm_b(float *di, float *dw, const float *d, const float *i, const float *w, int N, int K, int O) { T0; in->matmul_bwd(di, dw, d, i, w, N, K, O); T1(P_MATMUL_B); }
 static void w_gmm_f(float *o, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_fwd(o, i, w, off, G, K, O); T1(P_GMM_F); }
 static void w_gmm_b(float *di, float *dw, const float *d, const float *i, const float *w, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd(di, dw, d, i, w, off, G, K, O, a); T1(P_GMM_B); }
-static void w_gsw_f(float *h1, float *h3, float *a, const float *i, const float *w1, const float *w3, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O); T1(P_GMM_F); }
-static void w_gsw_b(float *d1, float *d3, float *dw, const float *d, const float *a, const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_bwd(d1, d3, dw, d, a, h1, h3, w, off, G, K, O); T1(P_GMM_B); }
-static void w_gmm_b2(float *di, float *dwa, float *dwb, const float *da, const float *db, const float *i, const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd2(di, dwa, dwb, da, db, i, wa, wb, off, G, K, O, a); T1(P_GMM_B); }
+static void w_gsw_f(void *h1, void *h3, void *a, const float *i, const float *w1, const float *w3, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O); T1(P_GMM_F); }
+static void w_gsw_b(void *d1, void *d3, float *dw, const float *d, const void *a, const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_bwd(d1, d3, dw, d, a, h1, h3, w, off, G, K, O); T1(P_GMM_B); }
+static void w_gdown(float *o, const void *a, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_down_fwd(o, a, w, off, G, K, O); T1(P_GMM_F); }
+static void w_gmm_b2(float *di, float *dwa, float *dwb, const void *da, const void *db, const float *i, const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd2(di, dwa, dwb, da, db, i, wa, wb, off, G, K, O, a); T1(P_GMM_B); }
 static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) { T0; in->embedding_fwd(o, t, tb, N, C); T1(P_EMB); }
 static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) { T0; in->embedding_bwd(d, o, t, N, C); T1(P_EMB); }
 static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd(o, r, i, w, N, C, e); T1(P_NORM); }
@@ -67,6 +68,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.to_device = w_to_device; pb.to_host = w_to_host; pb.copy = w_copy; pb.zero = w_zero;
     pb.matmul_fwd = w_mm_f; pb.matmul_bwd = w_mm_b; pb.grouped_matmul_fwd = w_gmm_f; pb.grouped_matmul_bwd = w_gmm_b;
     pb.grouped_swiglu_fwd = w_gsw_f; pb.grouped_swiglu_bwd = w_gsw_b; pb.grouped_matmul_bwd2 = w_gmm_b2;
+    pb.grouped_down_fwd = w_gdown;
     pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b;
     pb.rmsnorm_part = w_rms_p; pb.rmsnorm_fwd_part = w_rms_fp; pb.rmsnorm_bwd_part = w_rms_bp;
     pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;

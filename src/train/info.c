@@ -14,13 +14,20 @@
 // tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms, its
 // heads (TP), its slice of the router's rows (N/TP) and their dispatched copies, and the expert rows it
 // computes (its ETP group's, k per routed token: the mean over a balanced load).
+// The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the part of it a backend with bf16
+// hidden rows halves (ops.h hid_elem).
+static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t Ns = (B * T + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
+    return 4.0 * Re * 3 * fl;
+}
 // The part of it --recompute drops (rc: RECOMPUTE_* bits): the experts' SwiGLU rows (moe), the
 // attention output and lse (attn). One layer's worth stays (the shared buffers).
 static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
-    size_t N = B * T, qd = (size_t)c->n_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
-    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
-    return 4.0 * ((rc & RECOMPUTE_MOE ? Re * 3 * fl : 0) + (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0));
+    int tp = ms ? ms->tp : 1;
+    size_t N = B * T, qd = (size_t)c->n_heads * c->head_dim / tp;
+    return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T) : 0) +
+           4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
 }
 // L layers' activations under --recompute rc.
 static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc);
@@ -139,23 +146,27 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     // weights stay in their float32 buffer, holding bf16 values)
     double state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
-    size_t Rk = N * c->top_k, f = c->d_ff;
+    size_t Rk = N * c->top_k;
     double acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N);
     fmt_bytes(b1, sizeof b1, state);
     fmt_bytes(b2, sizeof b2, acts);
     fmt_bytes(b3, sizeof b3, state + acts);
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, b3);
-    // cuda: the same float32 buffers on the GPU, plus the bf16 copy of the weights the GEMMs read
-    // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
-    // activations into (the largest: a layer's expert rows, both operands of a backward GEMM; and
-    // the attention's q, k, v, dout)
-    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * (f + d), (double)N * (2 * qd + 2 * kvd));
-    fmt_bytes(b1, sizeof b1, shadow);
-    fmt_bytes(b2, sizeof b2, scratch);
-    fmt_bytes(b3, sizeof b3, state + acts + shadow + scratch);
-    printf("memory (cuda, the same float32 buffers + bf16 weights %s + bf16 operand scratch %s): %s plus the CUDA "
-           "context\n", b1, b2, b3);
+    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act) in bf16 (ops.h hid_elem:
+    // half of their bytes in every layer that keeps them: one under --recompute moe), plus the bf16 copy
+    // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
+    // attention ops convert activations into (the largest: a layer's expert input rows or their
+    // gradient; the attention's q, k, v, dout)
+    double hid = 0.5 * acts_hidden(c, NULL, (size_t)B, (size_t)T) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers);
+    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * (2 * qd + 2 * kvd));
+    fmt_bytes(b1, sizeof b1, hid);
+    fmt_bytes(b2, sizeof b2, shadow);
+    fmt_bytes(b3, sizeof b3, scratch);
+    char b4[32];
+    fmt_bytes(b4, sizeof b4, state + acts - hid + shadow + scratch);
+    printf("memory (cuda, the same buffers - bf16 expert hidden rows %s + bf16 weights %s + bf16 operand scratch %s): "
+           "%s plus the CUDA context\n", b1, b2, b3, b4);
     if (o->ampipe != 1)   // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE rows, "
                "N/n each, in place of the whole micro-batch's)\n", o->ampipe ? "n" : "auto");

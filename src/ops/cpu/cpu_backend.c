@@ -56,18 +56,23 @@ static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
     }
 }
 
-static void cpu_grouped_swiglu_fwd(float *h1, float *h3, float *act, const float *inp, const float *w1,
+static void cpu_grouped_swiglu_fwd(void *h1, void *h3, void *act, const float *inp, const float *w1,
                                    const float *w3, const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cpu(), h1, h3, act, inp, w1, w3, off, G, K, O);
 }
 
-static void cpu_grouped_swiglu_bwd(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
-                                   const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+static void cpu_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                    int O) {
     backend_grouped_swiglu_bwd_plain(backend_cpu(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
 }
 
-static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
+static void cpu_grouped_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
+                                 int O) {
+    backend_grouped_down_fwd_plain(backend_cpu(), out, act, w, off, G, K, O);
+}
+
+static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                     const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                     int K, int O, int accumulate) {
     backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
@@ -81,7 +86,8 @@ const Backend *backend_cpu(void) {
         .to_device = cpu_copy, .to_host = cpu_copy, .copy = cpu_copy, .zero = cpu_zero, .sync = cpu_sync,
         .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
         .grouped_matmul_fwd = cpu_grouped_matmul_fwd, .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
-        .grouped_swiglu_fwd = cpu_grouped_swiglu_fwd,
+        .hid_elem = sizeof(float), .grouped_swiglu_fwd = cpu_grouped_swiglu_fwd,
+        .grouped_down_fwd = cpu_grouped_down_fwd,
         .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
         .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
         .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,

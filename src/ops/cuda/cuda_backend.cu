@@ -190,7 +190,9 @@ static void cuda_init(void) {
     g_be_bf16.matmul_bwd = cuda_matmul_bwd_bf16;
     g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
     g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
+    g_be_bf16.hid_elem = 2;   // bf16
     g_be_bf16.grouped_swiglu_fwd = cuda_grouped_swiglu_fwd_bf16;
+    g_be_bf16.grouped_down_fwd = cuda_grouped_down_fwd_bf16;
     g_be_bf16.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_bf16;
     g_be_bf16.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_bf16;
     g_be_bf16.bf16_shadow = cuda_bf16_shadow;
@@ -202,7 +204,9 @@ static void cuda_init(void) {
     g_be_f32.matmul_bwd = cuda_matmul_bwd_f32;
     g_be_f32.grouped_matmul_fwd = cuda_grouped_matmul_fwd_f32;
     g_be_f32.grouped_matmul_bwd = cuda_grouped_matmul_bwd_f32;
+    g_be_f32.hid_elem = sizeof(float);
     g_be_f32.grouped_swiglu_fwd = cuda_grouped_swiglu_fwd_f32;
+    g_be_f32.grouped_down_fwd = cuda_grouped_down_fwd_f32;
     g_be_f32.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_f32;
     g_be_f32.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_f32;
     g_be_f32.bf16_shadow = cuda_bf16_shadow_none;

@@ -116,6 +116,11 @@ void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout,
                              const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
                              int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
 void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
+// The same in the hidden format of "cuda" (bf16, ops.h hid_elem; the fused ops' fallback where our grouped
+// kernel does not run): h1, h3 and act = silu(h1) h3 of float32 h1f, h3f, each rounded to bf16; and dh1, dh3
+// (bf16, overwritten) from float32 dout and bf16 h1, h3.
+void cuda_swiglu_fwd_hid(void *h1, void *h3, void *act, const float *h1f, const float *h3f, size_t n);
+void cuda_swiglu_bwd_hid(void *dh1, void *dh3, const float *dout, const void *h1, const void *h3, size_t n);
 void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                      int accumulate);
 void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
@@ -163,29 +168,31 @@ void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                   const int64_t *off, int G, int K, int O, int accumulate);
-void cuda_grouped_swiglu_fwd_f32(float *h1, float *h3, float *act, const float *inp, const float *w1, const float *w3,
+void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
                                  const int64_t *off, int G, int K, int O);
-void cuda_grouped_swiglu_bwd_f32(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
-                                 const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
+void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+                                 const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                  int O);
-void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
+void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                   const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                   int O, int accumulate);
-void cuda_grouped_swiglu_fwd_bf16(float *h1, float *h3, float *act, const float *inp, const float *w1,
+void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const float *inp, const float *w1,
                                   const float *w3, const int64_t *off, int G, int K, int O);
-void cuda_grouped_swiglu_bwd_bf16(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
-                                  const float *h1, const float *h3, const float *w, const int64_t *off, int G, int K,
+void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
+void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+                                  const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                   int O);
-void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const float *douta, const float *doutb,
+void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                    const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                    int O, int accumulate);
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
 int cuda_grouped_gemm_dw(float *dw, const void *dout, const void *x, const int64_t *off, int G, int K, int O);
-int cuda_grouped_swiglu_fwd(float *h1, float *h3, float *act, const void *x, const void *w1, const void *w3,
+int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
                             const int64_t *off, int G, int K, int O);
-int cuda_grouped_swiglu_bwd(float *dh1, float *dh3, const float *h1, const float *h3, const void *dout,
+int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,
                             const void *w, const int64_t *off, int G, int K, int O);
 // cuda_attention.cu
 // (query rows [t0, t1) of each sequence: ops.h)

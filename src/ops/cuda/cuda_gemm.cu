@@ -245,21 +245,26 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
     }
 }
 
-// The fused expert ops (ops.h grouped_swiglu_*, grouped_matmul_bwd2) as their plain ops: float32
-// has no conversion to share.
-extern "C" void cuda_grouped_swiglu_fwd_f32(float *h1, float *h3, float *act, const float *inp, const float *w1,
+// The fused expert ops (ops.h grouped_swiglu_*, grouped_down_fwd, grouped_matmul_bwd2) as their plain
+// ops: float32 (hidden rows float32, hid_elem 4) has no conversion to share.
+extern "C" void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const float *inp, const float *w1,
                                             const float *w3, const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cuda_fp32(), h1, h3, act, inp, w1, w3, off, G, K, O);
 }
 
-extern "C" void cuda_grouped_swiglu_bwd_f32(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
-                                            const float *h1, const float *h3, const float *w, const int64_t *off,
+extern "C" void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G,
+                                          int K, int O) {
+    backend_grouped_down_fwd_plain(backend_cuda_fp32(), out, act, w, off, G, K, O);
+}
+
+extern "C" void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+                                            const void *h1, const void *h3, const float *w, const int64_t *off,
                                             int G, int K, int O) {
     backend_grouped_swiglu_bwd_plain(backend_cuda_fp32(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
 }
 
-extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const float *douta,
-                                             const float *doutb, const float *inp, const float *wa, const float *wb,
+extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta,
+                                             const void *doutb, const float *inp, const float *wa, const float *wb,
                                              const int64_t *off, int G, int K, int O, int accumulate) {
     backend_grouped_matmul_bwd2_plain(backend_cuda_fp32(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
                                       accumulate);
@@ -306,30 +311,29 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
 // in one launch, or where it cannot run one cublasGemmEx per non-empty group. Any counts (zeros
 // anywhere, all zero) are fine.
 
-// out rows of the groups = x W_g^T from bf16 operands (xb: the groups' rows from off[0])
-static void gfwd(float *out, const bf16 *xb, const bf16 *wb, const int64_t *off, int G, int K, int O) {
-    int64_t base = off[0];
-    if (cuda_grouped_gemm(out + base * O, O, 0.0f, xb, wb, NULL, NULL, 0, off, G, K, 0, O)) return;
+// the groups' output rows = x W_g^T from bf16 operands (xb, out0: the groups' rows from off[0])
+static void gfwd(float *out0, const bf16 *xb, const bf16 *wb, const int64_t *off, int G, int K, int O) {
+    if (cuda_grouped_gemm(out0, O, 0.0f, xb, wb, NULL, NULL, 0, off, G, K, 0, O)) return;
     for (int g = 0; g < G; g++) {
-        int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
+        int64_t r0 = off[g] - off[0], n = off[g + 1] - off[g];
         if (n <= 0) continue;
         gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O, (int)n, K, wb + (size_t)g * O * K, K, xb + r0 * K, K, 0.0f,
-                  out + (base + r0) * O, O);
+                  out0 + r0 * O, O);
     }
 }
 
-// dinp rows = beta dinp + ga W_a [+ gb W_b] (gb NULL: one product); the pair in one kernel pass
-static void gdinp(float *dinp, float beta, const bf16 *ga, const bf16 *wa, const bf16 *gb, const bf16 *wb,
+// the groups' dinp rows = beta dinp + ga W_a [+ gb W_b] (gb NULL: one product; dinp0: row off[0]);
+// the pair in one kernel pass
+static void gdinp(float *dinp0, float beta, const bf16 *ga, const bf16 *wa, const bf16 *gb, const bf16 *wb,
                   const int64_t *off, int G, int K, int O) {
-    int64_t base = off[0];
-    if (cuda_grouped_gemm(dinp + base * K, K, beta, ga, wa, gb, wb, 1, off, G, O, gb ? O : 0, K)) return;
+    if (cuda_grouped_gemm(dinp0, K, beta, ga, wa, gb, wb, 1, off, G, O, gb ? O : 0, K)) return;
     for (int h = 0; h < (gb ? 2 : 1); h++)
         for (int g = 0; g < G; g++) {
-            int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
+            int64_t r0 = off[g] - off[0], n = off[g + 1] - off[g];
             if (n <= 0) continue;
             // dinp_g^T (K,n) = W_g^T (K,O) . dout_g^T (O,n) + beta dinp_g^T
             gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, (int)n, O, (h ? wb : wa) + (size_t)g * O * K, K,
-                      (h ? gb : ga) + r0 * O, O, h ? 1.0f : beta, dinp + (base + r0) * K, K);
+                      (h ? gb : ga) + r0 * O, O, h ? 1.0f : beta, dinp0 + r0 * K, K);
         }
 }
 
@@ -354,13 +358,15 @@ static const bf16 *weights_bf16(bf16 *dst, const float *w, size_t n) {
     return dst;
 }
 
-// rows of the groups, or 0 after handling an empty call (nothing to do / K = 0 zeros)
-static int64_t fwd_rows(float *const *outs, int nout, const int64_t *off, int G, int K, int O) {
+// rows of the groups, or 0 after handling an empty call (nothing to do / K = 0 zeros); outputs of
+// elem bytes per value (a bf16 zero is all zero bits, as a float32 one)
+static int64_t fwd_rows(void *const *outs, int nout, size_t elem, const int64_t *off, int G, int K, int O) {
     if (G <= 0 || O <= 0) return 0;
     int64_t rows = off[G] - off[0];
     if (rows <= 0) return 0;
     if (K <= 0) {   // empty sums: the written rows are zeros (as the cpu's GEMM with K = 0)
-        for (int i = 0; i < nout; i++) CUDA_CHECK(cudaMemset(outs[i] + off[0] * O, 0, sizeof(float) * (size_t)rows * O));
+        for (int i = 0; i < nout; i++)
+            CUDA_CHECK(cudaMemset((char *)outs[i] + off[0] * O * elem, 0, elem * (size_t)rows * O));
         return 0;
     }
     return rows;
@@ -368,64 +374,93 @@ static int64_t fwd_rows(float *const *outs, int nout, const int64_t *off, int G,
 
 extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G,
                                              int K, int O) {
-    int64_t rows = fwd_rows(&out, 1, off, G, K, O);
+    void *o = out;
+    int64_t rows = fwd_rows(&o, 1, sizeof(float), off, G, K, O);
     if (!rows) return;
     size_t nw = (size_t)G * O * K, sz[2] = {(size_t)rows * K, shadow_of(w, nw) ? 0 : nw};
     bf16 *p[2];
     bf16_scratch_v(2, sz, p);
     to_bf16(p[0], inp + off[0] * K, (size_t)rows * K);
-    gfwd(out, p[0], weights_bf16(p[1], w, nw), off, G, K, O);
+    gfwd(out + off[0] * O, p[0], weights_bf16(p[1], w, nw), off, G, K, O);
 }
 
-// the experts' up-projection: the input converted once; h1, h3 and act = silu(h1) h3 from one kernel
-// (the SwiGLU in its epilogue), or two GEMM sets and swiglu_fwd where it cannot run
-extern "C" void cuda_grouped_swiglu_fwd_bf16(float *h1, float *h3, float *act, const float *inp, const float *w1,
-                                             const float *w3, const int64_t *off, int G, int K, int O) {
-    float *outs[3] = {h1, h3, act};
-    int64_t rows = fwd_rows(outs, 3, off, G, K, O);
+// the experts' down-projection: its input rows are bf16 already (the hidden format), no conversion
+extern "C" void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G,
+                                           int K, int O) {
+    void *o = out;
+    int64_t rows = fwd_rows(&o, 1, sizeof(float), off, G, K, O);
     if (!rows) return;
-    size_t nw = (size_t)G * O * K;
+    size_t nw = (size_t)G * O * K, sz[1] = {shadow_of(w, nw) ? 0 : nw};
+    bf16 *p[1];
+    bf16_scratch_v(1, sz, p);
+    gfwd(out + off[0] * O, (const bf16 *)act + off[0] * K, weights_bf16(p[0], w, nw), off, G, K, O);
+}
+
+// the experts' up-projection: the input converted once; h1, h3 and act = silu(h1) h3 (bf16) from one
+// kernel (the SwiGLU in its epilogue), or where it cannot run two GEMM sets into float32 scratch and
+// swiglu_fwd writing the three rows in bf16
+extern "C" void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const float *inp, const float *w1,
+                                             const float *w3, const int64_t *off, int G, int K, int O) {
+    void *outs[3] = {h1, h3, act};
+    int64_t rows = fwd_rows(outs, 3, sizeof(bf16), off, G, K, O);
+    if (!rows) return;
+    size_t nw = (size_t)G * O * K, nh = (size_t)rows * O;
     size_t sz[3] = {(size_t)rows * K, shadow_of(w1, nw) ? 0 : nw, shadow_of(w3, nw) ? 0 : nw};
     bf16 *p[3];
     bf16_scratch_v(3, sz, p);
     to_bf16(p[0], inp + off[0] * K, (size_t)rows * K);
     const bf16 *b1 = weights_bf16(p[1], w1, nw), *b3 = weights_bf16(p[2], w3, nw);
     if (cuda_grouped_swiglu_fwd(h1, h3, act, p[0], b1, b3, off, G, K, O)) return;
-    gfwd(h1, p[0], b1, off, G, K, O);
-    gfwd(h3, p[0], b3, off, G, K, O);
+    // where it cannot run: the operands again beside two float32 row blocks (2 bf16 slots per value;
+    // growing the scratch may have moved it)
+    size_t sf[5] = {sz[0], sz[1], sz[2], 2 * nh, 2 * nh};
+    bf16 *q[5];
+    bf16_scratch_v(5, sf, q);
+    to_bf16(q[0], inp + off[0] * K, (size_t)rows * K);
+    b1 = weights_bf16(q[1], w1, nw);
+    b3 = weights_bf16(q[2], w3, nw);
+    float *f1 = (float *)q[3], *f3 = (float *)q[4];
+    gfwd(f1, q[0], b1, off, G, K, O);
+    gfwd(f3, q[0], b3, off, G, K, O);
     size_t b = (size_t)off[0] * O;
-    cuda_swiglu_fwd(act + b, h1 + b, h3 + b, (size_t)rows * O);
+    cuda_swiglu_fwd_hid((bf16 *)h1 + b, (bf16 *)h3 + b, (bf16 *)act + b, f1, f3, nh);
 }
 
 // the down-projection's backward into the SwiGLU: dout converted once for dact and dw; dact only in
-// the kernel's registers (dh1, dh3 from its epilogue), or through dh1 and swiglu_bwd where it
-// cannot run (swiglu_bwd reads each element's dout before writing its dh1)
-extern "C" void cuda_grouped_swiglu_bwd_bf16(float *dh1, float *dh3, float *dw, const float *dout, const float *act,
-                                             const float *h1, const float *h3, const float *w, const int64_t *off,
+// the kernel's registers (dh1, dh3 from its epilogue), or where it cannot run through float32 scratch
+// and swiglu_bwd; act (the dw operand), h1, h3, dh1, dh3 bf16 (the hidden format)
+extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+                                             const void *h1, const void *h3, const float *w, const int64_t *off,
                                              int G, int K, int O) {
     if (G <= 0 || K <= 0) return;
     int64_t rows = off[G] - off[0], base = off[0];
     if (rows <= 0) return;
     size_t n = (size_t)rows * K, b = (size_t)base * K;
+    bf16 *d1 = (bf16 *)dh1 + b, *d3 = (bf16 *)dh3 + b;
     if (O <= 0) {   // dact = 0: dh1 = dh3 = 0 (0 * finite); dw has no elements
-        CUDA_CHECK(cudaMemset(dh1 + b, 0, sizeof(float) * n));
-        CUDA_CHECK(cudaMemset(dh3 + b, 0, sizeof(float) * n));
+        CUDA_CHECK(cudaMemset(d1, 0, sizeof(bf16) * n));
+        CUDA_CHECK(cudaMemset(d3, 0, sizeof(bf16) * n));
         return;
     }
     size_t nw = (size_t)G * O * K;
-    size_t sz[3] = {(size_t)rows * O, shadow_of(w, nw) ? 0 : nw, dw ? n : 0};
-    bf16 *p[3];
-    bf16_scratch_v(3, sz, p);
+    size_t sz[2] = {(size_t)rows * O, shadow_of(w, nw) ? 0 : nw};
+    bf16 *p[2];
+    bf16_scratch_v(2, sz, p);
     to_bf16(p[0], dout + base * O, (size_t)rows * O);
     const bf16 *wb = weights_bf16(p[1], w, nw);
     if (!cuda_grouped_swiglu_bwd(dh1, dh3, h1, h3, p[0], wb, off, G, K, O)) {
-        gdinp(dh1, 0.0f, p[0], wb, NULL, NULL, off, G, K, O);
-        cuda_swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, n, 0);
+        // the operands again beside a float32 dact block (growing the scratch may have moved it)
+        size_t sf[3] = {sz[0], sz[1], 2 * n};
+        bf16 *q[3];
+        bf16_scratch_v(3, sf, q);
+        to_bf16(q[0], dout + base * O, (size_t)rows * O);
+        p[0] = q[0];
+        wb = weights_bf16(q[1], w, nw);
+        float *dact = (float *)q[2];
+        gdinp(dact, 0.0f, q[0], wb, NULL, NULL, off, G, K, O);
+        cuda_swiglu_bwd_hid(d1, d3, dact, (const bf16 *)h1 + b, (const bf16 *)h3 + b, n);
     }
-    if (dw) {
-        to_bf16(p[2], act + b, n);
-        gdw(dw, p[0], p[2], off, G, K, O);
-    }
+    if (dw) gdw(dw, p[0], (const bf16 *)act + b, off, G, K, O);
 }
 
 // rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros)
@@ -451,31 +486,32 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
     bf16 *p[3];
     bf16_scratch_v(3, sz, p);
     to_bf16(p[0], dout + base * O, (size_t)rows * O);
-    if (dinp) gdinp(dinp, accumulate ? 1.0f : 0.0f, p[0], weights_bf16(p[1], w, nw), NULL, NULL, off, G, K, O);
+    if (dinp)
+        gdinp(dinp + base * K, accumulate ? 1.0f : 0.0f, p[0], weights_bf16(p[1], w, nw), NULL, NULL, off, G, K, O);
     if (dw) {
         to_bf16(p[2], inp + base * K, (size_t)rows * K);
         gdw(dw, p[0], p[2], off, G, K, O);
     }
 }
 
-// the pair's backward: dinp [+]= douta Wa + doutb Wb in one pass, the input converted once for dwa, dwb
-extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const float *douta,
-                                              const float *doutb, const float *inp, const float *wa, const float *wb,
+// the pair's backward: dinp [+]= douta Wa + doutb Wb in one pass, the input converted once for dwa, dwb;
+// douta, doutb (dh1, dh3) bf16 already (the hidden format)
+extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta,
+                                              const void *doutb, const float *inp, const float *wa, const float *wb,
                                               const int64_t *off, int G, int K, int O, int accumulate) {
     int64_t rows = bwd_rows(dinp, dinp || dwa || dwb, off, G, K, O, accumulate);
     if (!rows) return;
     int64_t base = off[0];
-    size_t nw = (size_t)G * O * K, ng = (size_t)rows * O;
-    size_t sz[5] = {ng, ng, dwa || dwb ? (size_t)rows * K : 0, dinp && !shadow_of(wa, nw) ? nw : 0,
+    size_t nw = (size_t)G * O * K;
+    size_t sz[3] = {dwa || dwb ? (size_t)rows * K : 0, dinp && !shadow_of(wa, nw) ? nw : 0,
                     dinp && !shadow_of(wb, nw) ? nw : 0};
-    bf16 *p[5];
-    bf16_scratch_v(5, sz, p);
-    to_bf16(p[0], douta + base * O, ng);
-    to_bf16(p[1], doutb + base * O, ng);
+    bf16 *p[3];
+    bf16_scratch_v(3, sz, p);
+    const bf16 *ga = (const bf16 *)douta + base * O, *gb = (const bf16 *)doutb + base * O;
     if (dinp)
-        gdinp(dinp, accumulate ? 1.0f : 0.0f, p[0], weights_bf16(p[3], wa, nw), p[1], weights_bf16(p[4], wb, nw), off,
-              G, K, O);
-    if (dwa || dwb) to_bf16(p[2], inp + base * K, (size_t)rows * K);
-    if (dwa) gdw(dwa, p[0], p[2], off, G, K, O);
-    if (dwb) gdw(dwb, p[1], p[2], off, G, K, O);
+        gdinp(dinp + base * K, accumulate ? 1.0f : 0.0f, ga, weights_bf16(p[1], wa, nw), gb,
+              weights_bf16(p[2], wb, nw), off, G, K, O);
+    if (dwa || dwb) to_bf16(p[0], inp + base * K, (size_t)rows * K);
+    if (dwa) gdw(dwa, ga, p[0], off, G, K, O);
+    if (dwb) gdw(dwb, gb, p[0], off, G, K, O);
 }

@@ -1,6 +1,7 @@
 // cuda_grouped.cu — the expert GEMMs on Hopper (sm_90a): one persistent launch over all groups,
 // TMA tile loads into a 4-stage shared-memory ring, wgmma (m64n256k16, bf16 in, fp32 accumulate)
-// by two consumer warpgroups, a producer warpgroup issuing the loads, fp32 output.
+// by two consumer warpgroups, a producer warpgroup issuing the loads, fp32 output (bf16 for the
+// experts' hidden rows, ops.h hid_elem).
 //   C_g (rows [off[g], off[g+1]) of C, N columns) = beta * C_g + A_g . op(B_g) [+ A2_g . op(B2_g)]
 //   A: the rows of all groups, row-major (rows, K) bf16 (K contiguous);
 //   B: per group either (N, K) row-major (K-major: the forward, out = x W^T) or (K, N) row-major
@@ -12,7 +13,8 @@
 // results do not depend on the grid, the group sizes around it or the weights' address.
 // The weight gradients (cuda_grouped_gemm_dw) run the same pipeline with both operands MN-major and
 // the reduction over each group's own rows; the experts' SwiGLU rides in the epilogues
-// (cuda_grouped_swiglu_fwd: h1, h3, act; cuda_grouped_swiglu_bwd: dh1, dh3 from dact in registers).
+// (cuda_grouped_swiglu_fwd: h1, h3, act; cuda_grouped_swiglu_bwd: dh1, dh3 from dact in registers; both
+// write and read those rows in bf16, rounded to nearest even from the float32 they compute).
 // cuda_grouped_gemm returns 0 where it cannot run (no sm_90a code or GPU, shapes or alignments it
 // does not take, MOE_GROUPED_GEMM=cublas); the caller then uses cuBLAS.
 // Must not hold: any knowledge of the model.
@@ -36,8 +38,9 @@ typedef __nv_bfloat16 bf16;
 #define GG_SMEM (GG_ST * (GG_A_BYTES + GG_B_BYTES) + 1024 + 2 * GG_ST * 8)
 
 struct GGArgs {
-    float *C, *C2, *C3;          // outputs: C (EPI_PLAIN); h1, h3, act (EPI_SWIGLU_FWD); dh1, dh3 (EPI_SWIGLU_BWD)
-    const float *H1, *H3;        // EPI_SWIGLU_BWD: the forward's h1, h3 (ld ldc)
+    float *C;                    // output (EPI_PLAIN, EPI_DW)
+    bf16 *O1, *O2, *O3;          // outputs, bf16: h1, h3, act (EPI_SWIGLU_FWD); dh1, dh3 (EPI_SWIGLU_BWD)
+    const bf16 *H1, *H3;         // EPI_SWIGLU_BWD: the forward's h1, h3 (ld ldc)
     int bn;                      // columns per tile: 256, or 128 of each of two weights (EPI_SWIGLU_FWD)
     int M;                       // EPI_DW: rows of each group's C (its weight gradient is (M, N))
     int nfast;                   // EPI_DW: tiles of a group run columns fastest (else rows)
@@ -276,9 +279,9 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                     long long o = (long long)row * a.ldc + col;
                     float x0 = acc[4 * j + 2 * h], x1 = acc[4 * j + 2 * h + 1];
                     float y0 = acc[64 + 4 * j + 2 * h], y1 = acc[64 + 4 * j + 2 * h + 1];
-                    *(float2 *)(a.C + o) = make_float2(x0, x1);
-                    *(float2 *)(a.C2 + o) = make_float2(y0, y1);
-                    *(float2 *)(a.C3 + o) = make_float2(silu_mul(x0, y0), silu_mul(x1, y1));
+                    *(__nv_bfloat162 *)(a.O1 + o) = __floats2bfloat162_rn(x0, x1);
+                    *(__nv_bfloat162 *)(a.O2 + o) = __floats2bfloat162_rn(y0, y1);
+                    *(__nv_bfloat162 *)(a.O3 + o) = __floats2bfloat162_rn(silu_mul(x0, y0), silu_mul(x1, y1));
                 }
             continue;
         }
@@ -298,8 +301,8 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                     o1[j][h] = o3[j][h] = make_float2(0.0f, 0.0f);
                     if (row >= mend || col >= a.N) continue;
                     if (EPI == EPI_SWIGLU_BWD) {
-                        o1[j][h] = *(const float2 *)(a.H1 + o);
-                        o3[j][h] = *(const float2 *)(a.H3 + o);
+                        o1[j][h] = __bfloat1622float2(*(const __nv_bfloat162 *)(a.H1 + o));
+                        o3[j][h] = __bfloat1622float2(*(const __nv_bfloat162 *)(a.H3 + o));
                     } else if (a.beta != 0.0f) {
                         o1[j][h] = *(const float2 *)(Cb + o);
                     }
@@ -316,8 +319,8 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                         float2 d1, d3;
                         swiglu_grad(v.x, o1[j][h].x, o3[j][h].x, &d1.x, &d3.x);
                         swiglu_grad(v.y, o1[j][h].y, o3[j][h].y, &d1.y, &d3.y);
-                        *(float2 *)(a.C + o) = d1;
-                        *(float2 *)(a.C2 + o) = d3;
+                        *(__nv_bfloat162 *)(a.O1 + o) = __float22bfloat162_rn(d1);
+                        *(__nv_bfloat162 *)(a.O2 + o) = __float22bfloat162_rn(d3);
                     } else {
                         if (a.beta != 0.0f) {
                             v.x += a.beta * o1[j][h].x;
@@ -399,7 +402,7 @@ static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols,
 
 // The tile list and shape fields of a for one launch, or 0 where the kernel does not take the call
 // (then nothing is written). al: the OR of every operand address (16-byte alignment for TMA) and
-// output address (8 bytes for float2 stores). K (K2): the reduction lengths; N: output columns;
+// output address (8 bytes for float2 stores, 4 for the bf16 pairs of the SwiGLU epilogues). K (K2): the reduction lengths; N: output columns;
 // bn: columns per tile; nmajor_b: B is (K, N) per group.
 static int gg_setup(GGArgs *a, uintptr_t al, const int64_t *off, int G, int K, int K2, int N, long long ldc, int bn,
                     int nmajor_b) {
@@ -469,17 +472,17 @@ extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void
 }
 
 // The experts' up-projection with SwiGLU in the epilogue: per group h1 = x W1^T, h3 = x W3^T,
-// act = silu(h1) h3 (rows of x from off[0]; outputs (rows, O) from their row off[0]). x (rows, K),
+// act = silu(h1) h3 (rows of x from off[0]; outputs (rows, O) bf16 from their row off[0]). x (rows, K),
 // W1, W3 (G, O, K) bf16. 1 when queued, 0 when not taken (nothing written).
-extern "C" int cuda_grouped_swiglu_fwd(float *h1, float *h3, float *act, const void *x, const void *w1, const void *w3,
+extern "C" int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
                                        const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
-    uintptr_t al = (uintptr_t)x | (uintptr_t)w1 | (uintptr_t)w3 | (((uintptr_t)h1 | (uintptr_t)h3 | (uintptr_t)act) & 7);
+    uintptr_t al = (uintptr_t)x | (uintptr_t)w1 | (uintptr_t)w3 | (((uintptr_t)h1 | (uintptr_t)h3 | (uintptr_t)act) & 3);
     if (!gg_setup(a, al, off, G, K, 0, O, O, GG_BN / 2, 0)) return 0;
     int64_t base = off[0], rows = off[G] - off[0];
-    a->C = h1 + base * O;
-    a->C2 = h3 + base * O;
-    a->C3 = act + base * O;
+    a->O1 = (bf16 *)h1 + base * O;
+    a->O2 = (bf16 *)h3 + base * O;
+    a->O3 = (bf16 *)act + base * O;
     CUtensorMap ta, tb, tb2;
     tmap_2d(&ta, (const bf16 *)x, (uint64_t)rows, (uint64_t)K, GG_BM);
     tmap_b(&tb, w1, G, K, O, 0, GG_BN / 2);
@@ -491,19 +494,19 @@ extern "C" int cuda_grouped_swiglu_fwd(float *h1, float *h3, float *act, const v
 }
 
 // The down-projection's dinp into the SwiGLU backward: dact = dout W_g (dout (rows, O), W (G, O, K)
-// bf16; never stored), then dh1, dh3 (rows, K) = swiglu_bwd(dact, h1, h3), overwritten. 1 when
-// queued, 0 when not taken (nothing written).
-extern "C" int cuda_grouped_swiglu_bwd(float *dh1, float *dh3, const float *h1, const float *h3, const void *dout,
+// bf16; never stored), then dh1, dh3 (rows, K) = swiglu_bwd(dact, h1, h3), overwritten; h1, h3, dh1,
+// dh3 bf16. 1 when queued, 0 when not taken (nothing written).
+extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,
                                        const void *w, const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
     uintptr_t al = (uintptr_t)dout | (uintptr_t)w |
-                   (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 7);
+                   (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 3);
     if (!gg_setup(a, al, off, G, O, 0, K, K, GG_BN, 1)) return 0;
     int64_t base = off[0], rows = off[G] - off[0];
-    a->C = dh1 + base * K;
-    a->C2 = dh3 + base * K;
-    a->H1 = h1 + base * K;
-    a->H3 = h3 + base * K;
+    a->O1 = (bf16 *)dh1 + base * K;
+    a->O2 = (bf16 *)dh3 + base * K;
+    a->H1 = (const bf16 *)h1 + base * K;
+    a->H3 = (const bf16 *)h3 + base * K;
     CUtensorMap ta, tb;
     tmap_2d(&ta, (const bf16 *)dout, (uint64_t)rows, (uint64_t)O, GG_BM);
     tmap_b(&tb, w, G, O, K, 1, GG_BN);

@@ -520,35 +520,59 @@ extern "C" void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, floa
 
 // ---------------------------------------------------------------- SwiGLU
 
-__global__ void swiglu_fwd_k(float *out, const float *h1, const float *h3, size_t n) {
+// element loads and stores of float32 or bf16 (round to nearest even) rows
+__device__ __forceinline__ float ld_h(const float *p) { return ld_f(p); }
+__device__ __forceinline__ float ld_h(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st_h(float *p, float x) { st_f(p, x); }
+__device__ __forceinline__ void st_h(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
+
+// out = silu(h1) h3; with h1o, h3o (the hidden format's fallback) also h1, h3 stored again as D
+template <typename D>
+__global__ void swiglu_fwd_k(D *out, D *h1o, D *h3o, const float *h1, const float *h3, size_t n) {
     GRID_STRIDE(i, n) {
-        float a = ld_f(h1 + i), sg = 1.0f / (1.0f + expf(-a));
-        st_f(out + i, a * sg * ld_f(h3 + i));
+        float a = ld_f(h1 + i), sg = 1.0f / (1.0f + expf(-a)), b = ld_f(h3 + i);
+        st_h(out + i, a * sg * b);
+        if (h1o) { st_h(h1o + i, a); st_h(h3o + i, b); }
     }
 }
 
 // accumulate 0: dh1/dh3 are only written (not read), 1: read and added to
-template <int ACC>
-__global__ void swiglu_bwd_k(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n) {
+template <int ACC, typename H>
+__global__ void swiglu_bwd_k(H *dh1, H *dh3, const float *dout, const H *h1, const H *h3, size_t n) {
     GRID_STRIDE(i, n) {
-        float a = ld_f(h1 + i), sg = 1.0f / (1.0f + expf(-a)), silu = a * sg, g = ld_f(dout + i);
-        float g1 = g * ld_f(h3 + i) * sg * (1.0f + a * (1.0f - sg)), g3 = g * silu;
-        st_f(dh1 + i, ACC ? ld_f(dh1 + i) + g1 : g1);
-        st_f(dh3 + i, ACC ? ld_f(dh3 + i) + g3 : g3);
+        float a = ld_h(h1 + i), sg = 1.0f / (1.0f + expf(-a)), silu = a * sg, g = ld_f(dout + i);
+        float g1 = g * ld_h(h3 + i) * sg * (1.0f + a * (1.0f - sg)), g3 = g * silu;
+        st_h(dh1 + i, ACC ? ld_h(dh1 + i) + g1 : g1);
+        st_h(dh3 + i, ACC ? ld_h(dh3 + i) + g3 : g3);
     }
 }
 
 extern "C" void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n) {
     if (!n) return;
-    swiglu_fwd_k<<<ew_grid(n, 256), 256>>>(out, h1, h3, n);
+    swiglu_fwd_k<float><<<ew_grid(n, 256), 256>>>(out, NULL, NULL, h1, h3, n);
     KCHECK("swiglu_fwd");
+}
+
+extern "C" void cuda_swiglu_fwd_hid(void *h1, void *h3, void *act, const float *h1f, const float *h3f, size_t n) {
+    if (!n) return;
+    typedef __nv_bfloat16 bf16;
+    swiglu_fwd_k<bf16><<<ew_grid(n, 256), 256>>>((bf16 *)act, (bf16 *)h1, (bf16 *)h3, h1f, h3f, n);
+    KCHECK("swiglu_fwd (bf16 rows)");
+}
+
+extern "C" void cuda_swiglu_bwd_hid(void *dh1, void *dh3, const float *dout, const void *h1, const void *h3, size_t n) {
+    if (!n) return;
+    typedef __nv_bfloat16 bf16;
+    swiglu_bwd_k<0, bf16><<<ew_grid(n, 256), 256>>>((bf16 *)dh1, (bf16 *)dh3, dout, (const bf16 *)h1,
+                                                    (const bf16 *)h3, n);
+    KCHECK("swiglu_bwd (bf16 rows)");
 }
 
 extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                                 int accumulate) {
     if (!n) return;
-    if (accumulate) swiglu_bwd_k<1><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
-    else swiglu_bwd_k<0><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
+    if (accumulate) swiglu_bwd_k<1, float><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
+    else swiglu_bwd_k<0, float><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
     KCHECK("swiglu_bwd");
 }
 
