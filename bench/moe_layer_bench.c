@@ -1,6 +1,7 @@
 // moe_layer_bench.c — times one MoE layer's forward + backward through the MoeLayer API
 // (moe_forward + moe_backward, src/moe/moe.c) on a CUDA backend, on the shapes of
-// ../shared/docs/PEERS.md and issue 17's (qwen2: Qwen2-MoE's routed experts; e256: 256 experts top-8),
+// ../shared/docs/PEERS.md and issue 17's (qwen2: Qwen2-MoE's routed experts; qwen2s: with its gated shared
+// expert of 5632; e256: 256 experts top-8),
 // so that it can be run beside ../shared/bench/torch_moe_peer.py (bench/torch_moe_peer_cases.py for
 // the other shapes) in the same device call. Built as `moe_bench_layer` when CUDA is on. Not a test.
 //
@@ -8,19 +9,19 @@
 // routing; expert weights ~ N(0, 0.02^2); dy ~ N(0,1)), dropless top-k with renormalisation, no
 // jitter; `--warmup` untimed iterations, then `--iters` iterations each timed with CUDA events
 // (synchronised after each, as the peer), median reported; TFLOP/s with the PEERS.md count
-// (3 passes x 2 x T*k x 3*d*f: the expert GEMMs only).
+// (3 passes x 2 x T*k x 3*d*f: the expert GEMMs only; + 3 x 2 x T x 3*d*fs with a shared expert).
 // Then (--profile 1) one more iteration through a timing wrapper of the Backend that records
 // events around every op and synchronises after each: device time per class of op, and the host
 // time between them (slot counts, the dispatch plan and its staging, launch overheads: what moe.c
 // still does on the host) as wall time minus device time.
 // Then (--gemm 1) the expert GEMMs alone (the 9 GEMM sets of a forward + backward: h1, h3, y;
 // dact/dw2, dxg/dw1, dxg/dw3, over the same groups) straight through cuBLAS, in variants that say
-// what the backend's GEMM time is made of: the backend's own grouped GEMMs on the layer's float32
-// buffers (conversion + GEMMs, as moe.c calls them); bf16 operands already converted (fp32
+// what the backend's GEMM time is made of: the backend's own expert ops on the layer's buffers
+// (conversion + GEMMs, as moe.c calls them); bf16 operands already converted (fp32
 // output, as the backend; timed before and after the backend, for drift; bf16 output; 4 streams);
 // and fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts internally).
 //
-//   moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,e256] [--iters 10] [--warmup 3] [--device cuda]
+//   moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,qwen2s,e256] [--iters 10] [--warmup 3] [--device cuda]
 //                   [--profile 1] [--gemm 1] [--router-std 0.02 (sharper routing: larger)]
 //                   [--shadow 1 (the GEMMs read the weights' bf16 copy, as in moe train; 0: convert per call)]
 // Values are not checked here (tests/test_cuda_ops.c and test_cuda_model.c do that).
@@ -256,8 +257,8 @@ static void expert_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int
         }
 }
 
-// The same 9 sets through the backend's grouped GEMMs on the layer's float32 buffers, as moe.c
-// calls them (on "cuda": bf16 conversion of the operands + the cuBLAS loop).
+// The same 9 sets through the backend's expert ops on the layer's buffers, as moe.c calls them (on
+// "cuda": the bf16 conversion of the float32 operands, our grouped kernel, the hidden rows in bf16).
 typedef struct { MoeLayer *m; MoeScratch *s; const MoeWeights *w; MoeGrads *g; } Lctx;
 static void backend_gemms(const Lctx *l) {
     MoeLayer *m = l->m;
@@ -265,10 +266,9 @@ static void backend_gemms(const Lctx *l) {
     int d = m->d, f = m->fl, El = m->El;
     const int64_t *off = m->x.off;
     const float *dyg = m->x.local ? s->dys : s->dyg;   // the local exchange passes rows through
-    RB->grouped_matmul_fwd(m->h1, m->xgp, l->w->w1, off, El, d, f);
-    RB->grouped_matmul_fwd(m->h3, m->xgp, l->w->w3, off, El, d, f);
-    RB->grouped_matmul_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_matmul_bwd(s->dh1, l->g->w2, dyg, m->act, l->w->w2, off, El, f, d, 0);   // dact
+    RB->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, l->w->w1, l->w->w3, off, El, d, f);
+    RB->grouped_down_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
+    RB->grouped_swiglu_bwd(s->dh1, s->dh3, l->g->w2, dyg, m->act, m->h1, m->h3, l->w->w2, off, El, f, d);
     RB->grouped_matmul_bwd2(s->dxg, l->g->w1, l->g->w3, s->dh1, s->dh3, m->xgp, l->w->w1, l->w->w3, off, El, d, f, 0);
 }
 
@@ -297,34 +297,45 @@ static double time_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int
 }
 
 // ---------------------------------------------------------------- one case
-typedef struct { const char *name; int T, d, f, E, k; } Case;
+typedef struct { const char *name; int T, d, f, E, k, fs; } Case;   // fs: a gated shared expert's width (0: none)
 
 static float g_router_std = 0.02f;   // --router-std: larger values give sharper, less balanced routing
 static int g_shadow = 1;             // --shadow: the weights' bf16 copy (ops.h bf16_shadow), as moe train keeps it
 
 static void run_case(const Case *cs, const Backend *real, int warm, int iters, int prof, int gemms) {
-    int T = cs->T, d = cs->d, f = cs->f, E = cs->E, k = cs->k;
+    int T = cs->T, d = cs->d, f = cs->f, E = cs->E, k = cs->k, fs = cs->fs;
     ModelConfig c;
     config_preset(&c, "tiny");
     c.d_model = d; c.d_ff = f; c.n_experts = E; c.top_k = k; c.renormalize = 1; c.jitter = 0;
     c.dispatch = DISPATCH_DROPLESS;
+    c.n_shared_experts = fs > 0;
+    c.shared_d_ff = fs;
     const Backend *be = wrap_backend(real);
-    double flops = 3.0 * 2.0 * T * k * 3.0 * d * f;
-    size_t F = sizeof(float), Nd = (size_t)T * d, W = (size_t)E * f * d;
+    double rflops = 3.0 * 2.0 * T * k * 3.0 * d * f, flops = rflops + 3.0 * 2.0 * T * 3.0 * d * fs;
+    size_t F = sizeof(float), Nd = (size_t)T * d, W = (size_t)E * f * d, Ws = (size_t)fs * d;
     float *x = be->alloc(Nd * F), *dy = be->alloc(Nd * F), *y = be->alloc(Nd * F), *dx = be->alloc(Nd * F);
-    // the router and the three expert weights in one buffer, as in the trainer's parameter buffer, so
-    // that --shadow 1 (the default, as `moe train`) gives the GEMMs the bf16 copy AdamW keeps there
-    float *wall = be->alloc(((size_t)E * d + 3 * W) * F), *wr = wall, *w1 = wr + (size_t)E * d, *w3 = w1 + W, *w2 = w3 + W;
+    // the router, the three expert weights and the shared expert's (with its gate) in one buffer, as in
+    // the trainer's parameter buffer, so that --shadow 1 (the default, as `moe train`) gives the GEMMs
+    // the bf16 copy AdamW keeps there
+    size_t nall = (size_t)E * d + 3 * W + 3 * Ws + (fs ? d : 0);
+    float *wall = be->alloc(nall * F), *wr = wall, *w1 = wr + (size_t)E * d, *w3 = w1 + W, *w2 = w3 + W;
+    float *s1 = w2 + W, *s3 = s1 + Ws, *s2 = s3 + Ws, *sg = s2 + Ws;
     float *gr = be->alloc((size_t)E * d * F), *g1 = be->alloc(W * F), *g3 = be->alloc(W * F), *g2 = be->alloc(W * F);
+    float *gs = be->alloc((3 * Ws + d) * F);
     fill(x, Nd, 1.0f, 0, 1); fill(dy, Nd, 1.0f, 0, 2); fill(wr, (size_t)E * d, g_router_std, 0, 3);
     fill(w1, W, 0.02f, 0, 4); fill(w3, W, 0.02f, 0, 5); fill(w2, W, 0.02f, 0, 6);
-    if (g_shadow) be->bf16_shadow(wall, (size_t)E * d + 3 * W);
+    if (fs) fill(s1, 3 * Ws + d, 0.02f, 0, 7);
+    if (g_shadow) be->bf16_shadow(wall, nall);
     MoeLayer m;
     MoeScratch s;
     moe_layer_init(&m, be, &c, T, NULL);
     moe_scratch_init(&s, be, &c, T);
     MoeWeights w = {.router = wr, .w1 = w1, .w3 = w3, .w2 = w2};
     MoeGrads g = {.router = gr, .w1 = g1, .w3 = g3, .w2 = g2};
+    if (fs) {
+        w.sh_w1 = s1; w.sh_w3 = s3; w.sh_w2 = s2; w.sh_gate = sg;
+        g.sh_w1 = gs; g.sh_w3 = gs + Ws; g.sh_w2 = gs + 2 * Ws; g.sh_gate = gs + 3 * Ws;
+    }
     cudaEvent_t a, z;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&z));
@@ -354,8 +365,8 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     double load = (double)cmax / ((double)T * k / E);
     size_t fr = 0, tot = 0;
     CK(cudaMemGetInfo(&fr, &tot));
-    printf("\n== %s: T %d d %d f %d E %d k %d, backend %s | load max/mean %.3f | GPU memory in use %.1f GiB\n",
-           cs->name, T, d, f, E, k, real->name, load, (double)(tot - fr) / (1 << 30));
+    printf("\n== %s: T %d d %d f %d E %d k %d shared %d, backend %s | load max/mean %.3f | GPU memory in use %.1f GiB\n",
+           cs->name, T, d, f, E, k, fs, real->name, load, (double)(tot - fr) / (1 << 30));
     printf("layer fwd+bwd: median %.2f ms (min %.2f, max %.2f, %d iters after %d warm-up in %.1f s) = %.1f TFLOP/s "
            "(%.1f%% of 775)\n", ms, tmin, tmax, iters, warm, twarm, flops / ms / 1e9, flops / ms / 1e9 / 7.75);
 
@@ -389,7 +400,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     double gv[NV] = {0};
     const char *gname[NV] = {"bf16 in, fp32 out, 1 stream (= backend minus conversion)", "bf16 in, bf16 out, 1 stream",
                              "bf16 in, fp32 out, 4 streams", "fp32 in, COMPUTE_32F_FAST_16BF, fp32 out",
-                             "bf16 in, bf16 out, 4 streams", "the backend (fp32 in: conversion + bf16 GEMMs)",
+                             "bf16 in, bf16 out, 4 streams", "the backend's expert ops (as moe.c calls them)",
                              "bf16 in, fp32 out, 1 stream, again (drift)"};
     if (gemms) {
         be->bf16_shadow(NULL, 0);   // the GEMM variants below time the conversions they name
@@ -428,14 +439,18 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
         gv[1] = time_gemms(&one, &b16, m.x.off, m.El, d, f, gw, gi, NULL);
         gv[2] = time_gemms(&gc, &bb, m.x.off, m.El, d, f, gw, gi, NULL);
         gv[4] = time_gemms(&gc, &b16, m.x.off, m.El, d, f, gw, gi, NULL);
-        // fp32 operands: the layer's own buffers
-        Gbufs b32 = {m.xgp, w1, w2, m.act, m.x.local ? s.dys : s.dyg, m.h1, m.yg, g1, CUDA_R_32F, CUDA_R_32F,
+        // fp32 operands: the layer's float32 buffers and a float32 stand-in for the hidden rows
+        void *H32;
+        CK(cudaMalloc(&H32, R * f * 4));
+        fill(H32, R * f, 1, 0, 16);
+        Gbufs b32 = {m.xgp, w1, w2, H32, m.x.local ? s.dys : s.dyg, OF, m.yg, g1, CUDA_R_32F, CUDA_R_32F,
                      CUBLAS_COMPUTE_32F_FAST_16BF};
         gv[3] = time_gemms(&one, &b32, m.x.off, m.El, d, f, gw, gi, NULL);
+        cudaFree(H32);
         printf("expert GEMMs alone (9 grouped sets of fwd+bwd, cuBLAS loop over %d groups, median of %d):\n", m.El, gi);
         int order[NV] = {0, 5, 6, 1, 2, 4, 3};
         for (int j = 0; j < NV; j++)
-            printf("  %-58s %8.2f ms %7.1f TFLOP/s\n", gname[order[j]], gv[order[j]], flops / gv[order[j]] / 1e9);
+            printf("  %-58s %8.2f ms %7.1f TFLOP/s\n", gname[order[j]], gv[order[j]], rflops / gv[order[j]] / 1e9);
         cudaFree(X); cudaFree(W1); cudaFree(W2); cudaFree(H); cudaFree(dY); cudaFree(OF); cudaFree(OD); cudaFree(OW);
         for (int i = 0; i < 4; i++) {
             cublasDestroy(gc.h[i]);
@@ -446,8 +461,8 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
         cublasDestroy(h0);
     }
     // one JSON line per case (for docs/PERFORMANCE.md)
-    printf("{\"case\":\"%s\",\"impl\":\"moe.c %s\",\"T\":%d,\"d\":%d,\"f\":%d,\"E\":%d,\"k\":%d,\"ms_fwd_bwd\":%.2f,"
-           "\"expert_tflops\":%.1f,\"load_max_over_mean\":%.3f", cs->name, real->name, T, d, f, E, k, ms,
+    printf("{\"case\":\"%s\",\"impl\":\"moe.c %s\",\"T\":%d,\"d\":%d,\"f\":%d,\"E\":%d,\"k\":%d,\"fs\":%d,"
+           "\"ms_fwd_bwd\":%.2f,\"expert_tflops\":%.1f,\"load_max_over_mean\":%.3f", cs->name, real->name, T, d, f, E, k, fs, ms,
            flops / ms / 1e9, load);
     if (prof) {
         printf(",\"profile_wall_ms\":%.2f,\"host_ms\":%.2f", pwall, pwall - pdev);
@@ -468,7 +483,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     CK(cudaEventDestroy(g_e1));
     moe_scratch_free(&s);
     moe_layer_free(&m);
-    void *bufs[] = {x, dy, y, dx, wall, gr, g1, g3, g2};
+    void *bufs[] = {x, dy, y, dx, wall, gr, g1, g3, g2, gs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(bufs[i]);
 }
 
@@ -478,7 +493,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            printf("moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,e256] [--iters 10] [--warmup 3] [--device cuda|cuda-fp32] "
+            printf("moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,qwen2s,e256] [--iters 10] [--warmup 3] [--device cuda|cuda-fp32] "
                    "[--profile 0|1] [--gemm 0|1] [--router-std 0.02] [--shadow 1|0]\n");
             return 0;
         }
@@ -498,25 +513,28 @@ int main(int argc, char **argv) {
     if (!backend_cuda_available()) DIE("moe_bench_layer needs a CUDA GPU");
     const Backend *real = backend_by_name(dev);
     CHECK(real != backend_cpu(), "moe_bench_layer times a CUDA backend (--device cuda or cuda-fp32)");
-    const Case all[] = {{"mixtral", 16384, 4096, 14336, 8, 2}, {"olmoe", 16384, 2048, 1024, 64, 8},
-                        {"small", 8192, 1024, 2816, 8, 2},
-                        {"ref", 8192, 2048, 5632, 8, 2},    // the PEERS.md full-step model's MoE layer (batch 4 x 2048)
-                        {"qwen2", 16384, 2048, 1408, 60, 4},  // Qwen2-MoE's routed experts (issue 17; no shared expert)
-                        {"e256", 16384, 2048, 512, 256, 8}};  // fine-grained: 256 experts, top-8
+    const Case all[] = {{"mixtral", 16384, 4096, 14336, 8, 2, 0}, {"olmoe", 16384, 2048, 1024, 64, 8, 0},
+                        {"small", 8192, 1024, 2816, 8, 2, 0},
+                        {"ref", 8192, 2048, 5632, 8, 2, 0},    // the PEERS.md full-step model's MoE layer (batch 4 x 2048)
+                        {"qwen2", 16384, 2048, 1408, 60, 4, 0},  // Qwen2-MoE's routed experts (issue 17; no shared expert)
+                        {"qwen2s", 16384, 2048, 1408, 60, 4, 5632},  // ... and its gated shared expert
+                        {"e256", 16384, 2048, 512, 256, 8, 0}};  // fine-grained: 256 experts, top-8
     struct cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
-    printf("moe_bench_layer: %s, %d SMs, backend %s; FLOPs = 3 x 2 x T*k x 3*d*f (PEERS.md)\n", p.name,
+    printf("moe_bench_layer: %s, %d SMs, backend %s; FLOPs = 3 x 2 x T*k x 3*d*f (PEERS.md) [+ 3 x 2 x T x 3*d*fs]\n", p.name,
            p.multiProcessorCount, real->name);
     pool_init();
     int ran = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-        const char *q = strstr(cases, all[i].name);
         size_t L = strlen(all[i].name);
-        if (!q || (q != cases && q[-1] != ',') || (q[L] && q[L] != ',')) continue;
+        int named = 0;   // a whole item of the comma list
+        for (const char *q = cases; !named && (q = strstr(q, all[i].name)); q++)
+            named = (q == cases || q[-1] == ',') && (!q[L] || q[L] == ',');
+        if (!named) continue;
         run_case(&all[i], real, warm, iters, prof, gemms);
         ran++;
     }
-    CHECK(ran > 0, "--cases %s: none of mixtral, olmoe, small, ref, qwen2, e256", cases);
+    CHECK(ran > 0, "--cases %s: none of mixtral, olmoe, small, ref, qwen2, qwen2s, e256", cases);
     free(g_pool);
     free(g_pool_bf);
     return 0;

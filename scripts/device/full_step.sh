@@ -8,7 +8,8 @@
 # limit still returns it).
 #   tests:   test_cuda_ops, test_cuda_model
 #   attn:    attention fwd/bwd on the reference shape, ours and torch SDPA (flash)
-#   layer:   the MoE layer on PEERS.md's shapes and the families' (qwen2, e256), ours and torch._grouped_mm
+#   layer:   the MoE layer on PEERS.md's shapes and the families' (qwen2, qwen2s: with its shared expert, e256),
+#            ours and torch._grouped_mm
 #   step:    the reference model's full step on uniform random tokens: ours, the compiled peer in mixed
 #            precision (autocast, float32 master weights and moments), the compiled peer in pure bf16, ours
 #            again; tokens/s and peak memory
@@ -29,9 +30,9 @@ if has attn; then
   t sdpa 90 python3 bench/torch_attention_peer.py; say "sdpa: $(grep impl $W/sdpa.log)"
 fi
 if has layer; then
-  t layer 200 $B/moe_bench_layer --cases mixtral,olmoe,small,ref,qwen2,e256 --iters 10 --warmup 3
+  t layer 200 $B/moe_bench_layer --cases mixtral,olmoe,small,ref,qwen2,qwen2s,e256 --iters 10 --warmup 3
   grep -E "^== |layer fwd" $W/layer.log | tee -a $R
-  t peer_layer 200 python3 bench/torch_moe_peer_cases.py $G/torch_moe_peer.py mixtral,olmoe,small,ref,qwen2,e256
+  t peer_layer 200 python3 bench/torch_moe_peer_cases.py $G/torch_moe_peer.py mixtral,olmoe,small,ref,qwen2,qwen2s,e256
   grep case $W/peer_layer.log | tee -a $R
 fi
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin

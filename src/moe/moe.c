@@ -115,7 +115,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
     m->fs = c->n_shared_experts * c->shared_d_ff;
     if (m->fs) {
-        size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * F;
+        size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * be->hid_elem;
         m->sh_h1 = be->alloc(nf);
         m->sh_h3 = be->alloc(nf);
         m->sh_act = be->alloc(nf);
@@ -190,16 +190,15 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     if (fs) {
         s->sh_dy = be->alloc(N * d * F);
-        s->sh_dact = be->alloc(N * fs * F);
-        s->sh_dh1 = be->alloc(N * fs * F);
-        s->sh_dh3 = be->alloc(N * fs * F);
+        s->sh_dh1 = be->alloc(N * fs * be->hid_elem);
+        s->sh_dh3 = be->alloc(N * fs * be->hid_elem);
         s->sh_dg = be->alloc(N * F);
     }
 }
 
 void moe_scratch_free(MoeScratch *s) {
     void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
-                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice, s->sh_dy, s->sh_dact, s->sh_dh1,
+                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice, s->sh_dy, s->sh_dh1,
                    s->sh_dh3, s->sh_dg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
     free(s->aux_dp_h);

@@ -129,7 +129,8 @@ typedef struct {
     size_t cap_d, cap_f, cap_xg, cap_ys;
     // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T
     int fs;                        // its width (n_shared_experts * shared_d_ff; 0: none)
-    float *sh_h1, *sh_h3, *sh_act; // (Ns,fs) each
+    void *sh_h1, *sh_h3, *sh_act;  // (Ns,fs) each, in the hidden format (ops.h hid_elem)
+    int64_t sh_off[2];             // {0, Ns}: the shared expert as one group of the fused expert ops
     float *sh_y, *sh_g;            // (Ns,d) its output before the gate; (Ns) the gate, sigmoid applied
     int32_t *ident;                // (Ns) 0, 1, 2, ...: the gate as a one-slot combine
     // aux scopes (config.h AuxScope). global: the step's running sums of this layer's counts and tokens
@@ -156,7 +157,8 @@ typedef struct {
     size_t cap_g;
     size_t cap_d, cap_f, cap_dyg, cap_dxs, cap_c;
     float *aux_dp_h;                                       // host (E)
-    float *sh_dy, *sh_dact, *sh_dh1, *sh_dh3, *sh_dg;      // the shared expert's backward (N rows)
+    float *sh_dy, *sh_dg;                                  // the shared expert's backward (N rows) ...
+    void *sh_dh1, *sh_dh3;                                 // ... (N,fs) in the hidden format
 } MoeScratch;
 
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);

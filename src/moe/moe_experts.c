@@ -39,15 +39,17 @@ void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu) {
 }
 
 // ---- the shared expert (Qwen2-MoE) on my slice x (Ns,d), added into y (Ns,d):
-// y += g * (silu(x W1^T) * (x W3^T)) W2^T, g = sigmoid(x w_gate) per token (1 without a gate)
+// y += g * (silu(x W1^T) * (x W3^T)) W2^T, g = sigmoid(x w_gate) per token (1 without a gate).
+// Its SwiGLU runs as one group of the routed experts' fused ops (ops.h: the GEMM epilogue computes
+// it; its rows in the hidden format); on the cpu the same sums as plain matmuls.
 void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w) {
     const Backend *be = m->be;
     int Ns = m->Ns, d = m->d, fs = m->fs;
-    be->matmul_fwd(m->sh_h1, x, w->sh_w1, Ns, d, fs, 0);
-    be->matmul_fwd(m->sh_h3, x, w->sh_w3, Ns, d, fs, 0);
-    be->swiglu_fwd(m->sh_act, m->sh_h1, m->sh_h3, (size_t)Ns * fs);
-    if (!w->sh_gate) { be->matmul_fwd(y, m->sh_act, w->sh_w2, Ns, fs, d, 1); return; }
-    be->matmul_fwd(m->sh_y, m->sh_act, w->sh_w2, Ns, fs, d, 0);
+    m->sh_off[0] = 0;
+    m->sh_off[1] = Ns;
+    be->grouped_swiglu_fwd(m->sh_h1, m->sh_h3, m->sh_act, x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs);
+    be->grouped_down_fwd(m->sh_y, m->sh_act, w->sh_w2, m->sh_off, 1, fs, d);
+    if (!w->sh_gate) { be->combine_rows(y, m->sh_y, m->ident, NULL, Ns, 1, d, 1); return; }
     be->matmul_fwd(m->sh_g, x, w->sh_gate, Ns, d, 1, 0);
     be->sigmoid_fwd(m->sh_g, m->sh_g, (size_t)Ns);
     be->combine_rows(y, m->sh_y, m->ident, m->sh_g, Ns, 1, d, 1);
@@ -65,11 +67,9 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
         be->matmul_bwd(dx, g->sh_gate, s->sh_dg, x, w->sh_gate, Ns, d, 1);
         dys = s->sh_dy;
     }
-    be->zero(s->sh_dact, (size_t)Ns * fs * F);
-    be->matmul_bwd(s->sh_dact, g->sh_w2, dys, m->sh_act, w->sh_w2, Ns, fs, d);
-    be->swiglu_bwd(s->sh_dh1, s->sh_dh3, s->sh_dact, m->sh_h1, m->sh_h3, (size_t)Ns * fs, 0);
-    be->matmul_bwd(dx, g->sh_w1, s->sh_dh1, x, w->sh_w1, Ns, d, fs);
-    be->matmul_bwd(dx, g->sh_w3, s->sh_dh3, x, w->sh_w3, Ns, d, fs);
+    be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, dys, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2, m->sh_off, 1,
+                           fs, d);
+    be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs, 1);
 }
 
 // ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,

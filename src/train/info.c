@@ -14,19 +14,19 @@
 // tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms, its
 // heads (TP), its slice of the router's rows (N/TP) and their dispatched copies, and the expert rows it
 // computes (its ETP group's, k per routed token: the mean over a balanced load).
-// The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the part of it a backend with bf16
-// hidden rows halves (ops.h hid_elem).
-static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+// The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
+// the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h hid_elem) halves them.
+static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int shared) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
     size_t Ns = (B * T + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
-    return 4.0 * Re * 3 * fl;
+    return shared ? 4.0 * Ns * 3 * c->n_shared_experts * c->shared_d_ff : 4.0 * Re * 3 * fl;
 }
 // The part of it --recompute drops (rc: RECOMPUTE_* bits): the experts' SwiGLU rows (moe), the
 // attention output and lse (attn). One layer's worth stays (the shared buffers).
 static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1;
     size_t N = B * T, qd = (size_t)c->n_heads * c->head_dim / tp;
-    return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T) : 0) +
+    return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T, 0) : 0) +
            4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
 }
 // L layers' activations under --recompute rc.
@@ -154,11 +154,13 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, b3);
     // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act) in bf16 (ops.h hid_elem:
-    // half of their bytes in every layer that keeps them: one under --recompute moe), plus the bf16 copy
+    // half of their bytes in every layer that keeps them: the routed ones in one under --recompute moe,
+    // the shared expert's in all), plus the bf16 copy
     // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
     // attention ops convert activations into (the largest: a layer's expert input rows or their
     // gradient; the attention's q, k, v, dout)
-    double hid = 0.5 * acts_hidden(c, NULL, (size_t)B, (size_t)T) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers);
+    double hid = 0.5 * (acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers) +
+                        acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) * c->n_layers);
     double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * (2 * qd + 2 * kvd));
     fmt_bytes(b1, sizeof b1, hid);
     fmt_bytes(b2, sizeof b2, shadow);
