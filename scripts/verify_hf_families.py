@@ -134,14 +134,28 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
     tab.add(f"{fam} 1 random model: loss, rel", abs(float(meta["loss"]) - o.loss.item()) / o.loss.item(), tol,
             note=f"moe {float(meta['loss']):.7f} hf {o.loss.item():.7f}")
     L = COMMON["num_hidden_layers"]
+    touched = set()   # (layer, expert) whose tokens differ from transformers' by a top-k choice
     if o.router_logits is not None:
-        worst = 0.0
+        worst, flips, rows = 0.0, 0, 0
+        k = cfg.num_experts_per_tok
         for l in range(L):
             ours = torch.softmax(dump[f"router_logits.{l}"].float(), dim=-1)
             theirs = router_probs(o.router_logits[l].detach().cpu())
             theirs = theirs.reshape(B, T + 1, -1)[:, :T].reshape(ours.shape) if theirs.numel() != ours.numel() else theirs.reshape(ours.shape)
             worst = max(worst, rel(ours, theirs))
+            # the top-k choice is discrete: where two probabilities are closer than the precision of the
+            # run (bf16 operands: ~1e-2 of a logit), the two sides may pick different experts for a token
+            a = ours.topk(k, dim=-1).indices.sort(-1).values
+            b = theirs.topk(k, dim=-1).indices.sort(-1).values
+            for r in (a != b).any(-1).nonzero().flatten().tolist():
+                flips += 1
+                touched.update((l, e) for e in set(a[r].tolist()) ^ set(b[r].tolist()))
+            rows += a.shape[0]
         tab.add(f"{fam} 1 random model: router probabilities, rel L2 (max layer)", worst, tol)
+        # float32 runs must make every choice alike; bf16 ones may flip a few near-ties (at most 2%)
+        allowed = 0.0 if tol < 1e-3 else 0.02
+        tab.add(f"{fam} 1 random model: top-k choices unlike transformers', fraction of {rows}", flips / rows, allowed,
+                note=f"{flips} tokens; experts touched (layer, expert): {sorted(touched)}" if flips else "")
     # gradients of transformers' loss over the T+1 window = the mean cross-entropy of our T targets
     params = dict(m1.named_parameters())
     lines = []
@@ -155,11 +169,22 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
             tab.add(f"{fam} 1 grad shape {name}", math.inf, tol, ok=False)
             continue
         lines.append((name, rel(g, gh), gh.norm().item()))
+    # a flipped choice moves a whole token between two experts: their weights' gradients and the layer's
+    # router gradient then differ by that token's share (a discrete jump, not a rounding error), so those
+    # tensors are listed but not held to the band; every other tensor is
+    def flipped(name):
+        p = name.split(".")
+        return len(p) > 4 and p[3] == "mlp" and p[2].isdigit() and (
+            (p[4] == "gate" and any(l == int(p[2]) for l, _ in touched)) or
+            (p[4] == "experts" and len(p) > 5 and p[5].isdigit() and (int(p[2]), int(p[5])) in touched))
     print(f"\n{fam}: per-tensor gradient ||g_moe - g_hf|| / ||g_hf|| ({len(lines)} tensors)")
     for name, r, n in lines:
-        print(f"  {name:<60} {r:9.2e}  (||g_hf|| {n:.3e})")
-    name, r, _ = max(lines, key=lambda x: x[1])
-    tab.add(f"{fam} 1 random model: grad, max over {len(lines)} tensors", r, tol, note=name)
+        print(f"  {name:<60} {r:9.2e}  (||g_hf|| {n:.3e}){'  [a top-k choice flipped]' if flipped(name) else ''}")
+    held = [x for x in lines if not flipped(x[0])]
+    name, r, _ = max(held, key=lambda x: x[1])
+    nf = len(lines) - len(held)
+    tab.add(f"{fam} 1 random model: grad, max over {len(held)} tensors" + (f" ({nf} apart: flipped choices)" if nf else ""),
+            r, tol, note=name)
 
     # ---- 2. train from it, export, transformers reproduces the validation loss
     run_dir = os.path.join(work, f"{fam}_run")
