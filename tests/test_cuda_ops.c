@@ -550,14 +550,17 @@ static void test_embedding(int V, int N, int C) {
 }
 
 // <a, b> over C as gather_dot_scale_k sums it (cuda_nn.cu: one warp per row; lane l adds the
-// products of columns l, l+32, ... in double, then the lanes' sums meet in a butterfly, lane l
-// adding lane l^o's for o = 16, 8, 4, 2, 1; lane 0's sum, rounded to float). The products of two
-// floats are exact in double, so only this order decides the bits.
+// products of columns l, l+32, ... in double, or where the rows go as float4 (C % 4 == 0: the
+// device buffers here are aligned) the 4 columns of float4 l, l+32, ... in column order; then the
+// lanes' sums meet in a butterfly, lane l adding lane l^o's for o = 16, 8, 4, 2, 1; lane 0's sum,
+// rounded to float). The products of two floats are exact in double, so only this order decides the bits.
 static float warp_order_dot(const float *a, const float *b, int C) {
     double v[32], nv[32];
+    int w = C % 4 == 0 ? 4 : 1;   // columns per lane step
     for (int l = 0; l < 32; l++) {
         v[l] = 0;
-        for (int c = l; c < C; c += 32) v[l] += (double)a[c] * b[c];
+        for (int c = l * w; c < C; c += 32 * w)
+            for (int j = 0; j < w; j++) v[l] += (double)a[c + j] * b[c + j];
     }
     for (int o = 16; o > 0; o >>= 1) {
         for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];

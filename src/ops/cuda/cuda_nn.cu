@@ -20,11 +20,13 @@
 
 // ---------------------------------------------------------------- rows: gather, embedding backward, combine
 
-__global__ void gather_rows_k(float *out, const float *inp, const int32_t *idx, int C) {
+// one block per row; T = float4 where the rows allow it (C % 4 == 0, 16-byte aligned), C in units of T
+template <typename T>
+__global__ void gather_rows_k(T *out, const T *inp, const int32_t *idx, int C) {
     size_t i = blockIdx.x;
-    const float *src = inp + (size_t)idx[i] * C;
-    float *dst = out + i * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(dst + c, ld_f(src + c));
+    const T *src = inp + (size_t)idx[i] * C;
+    T *dst = out + i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
 }
 
 static int row_threads(int C) {
@@ -32,15 +34,27 @@ static int row_threads(int C) {
     return t > 256 ? 256 : t < 32 ? 32 : t;
 }
 
+// rows of C floats may move as float4: C % 4 == 0 and every pointer 16-byte aligned
+static int rows_vec4(int C, const void *a, const void *b) {
+    return C % 4 == 0 && ((uintptr_t)a % 16) == 0 && ((uintptr_t)b % 16) == 0;
+}
+
+static void gather(float *out, const float *inp, const int32_t *idx, int n, int C) {
+    if (rows_vec4(C, out, inp))
+        gather_rows_k<float4><<<n, row_threads(C / 4)>>>((float4 *)out, (const float4 *)inp, idx, C / 4);
+    else
+        gather_rows_k<float><<<n, row_threads(C)>>>(out, inp, idx, C);
+}
+
 extern "C" void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    gather_rows_k<<<N, row_threads(C)>>>(out, table, tokens, C);
+    gather(out, table, tokens, N, C);
     KCHECK("embedding_fwd");
 }
 
 extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C) {
     if (n <= 0 || C <= 0) return;
-    gather_rows_k<<<n, row_threads(C)>>>(out, inp, idx, C);
+    gather(out, inp, idx, n, C);
     KCHECK("gather_rows");
 }
 
@@ -156,8 +170,10 @@ extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *
 }
 
 // The combine's backward (ops.h gather_dot_scale): a warp per row; lane l sums the products of
-// columns l, l+32, ... in double, then the lanes' sums meet in warp_sum_d's fixed butterfly; each
-// out element is one float product.
+// columns l, l+32, ... in double (with float4 rows, VEC: the 4 columns of float4 l, l+32, ..., in
+// column order), then the lanes' sums meet in warp_sum_d's fixed butterfly; each out element is one
+// float product.
+template <int VEC>
 __global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                    const float *scale, int n, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -165,10 +181,21 @@ __global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, con
     const float *g = inp + (size_t)idx[row] * C, *y = b + (size_t)row * C;
     float *o = out + (size_t)row * C, sc = scale[row];
     double s = 0;
-    for (int c = lane; c < C; c += 32) {
-        float v = ld_f(g + c);
-        s += (double)v * ld_f(y + c);
-        st_f(o + c, v * sc);
+    if (VEC) {
+        for (int c = lane; c < C / 4; c += 32) {
+            float4 v = ((const float4 *)g)[c], w = ((const float4 *)y)[c];
+            s += (double)v.x * w.x;
+            s += (double)v.y * w.y;
+            s += (double)v.z * w.z;
+            s += (double)v.w * w.w;
+            ((float4 *)o)[c] = make_float4(v.x * sc, v.y * sc, v.z * sc, v.w * sc);
+        }
+    } else {
+        for (int c = lane; c < C; c += 32) {
+            float v = ld_f(g + c);
+            s += (double)v * ld_f(y + c);
+            st_f(o + c, v * sc);
+        }
     }
     s = warp_sum_d(s);
     if (lane == 0) dot[row] = (float)s;
@@ -177,7 +204,10 @@ __global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, con
 extern "C" void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                       const float *scale, int n, int C) {
     if (n <= 0) return;
-    gather_dot_scale_k<<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
+    if (rows_vec4(C, out, inp) && rows_vec4(C, b, b))
+        gather_dot_scale_k<1><<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
+    else
+        gather_dot_scale_k<0><<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
     KCHECK("gather_dot_scale");
 }
 
