@@ -13,7 +13,7 @@
 #   step:    the reference model's full step on uniform random tokens: ours, the compiled peer in mixed
 #            precision (autocast, float32 master weights and moments), the compiled peer in pure bf16, ours
 #            again; tokens/s and peak memory
-#   profile: MOE_PROFILE=1 (ops serialised and timed alone)
+#   profile: MOE_PROFILE=1 (ops serialised and timed alone; with EXTRA also a run with those flags)
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/step.txt; : > $R
 . scripts/device/libs.sh && device_libs $G $B/moe
@@ -68,5 +68,10 @@ fi
 if has profile; then
   t prof 150 env MOE_PROFILE=1 stdbuf -oL $B/moe train ${P/--steps 12/--steps 4} --out $W/prof
   grep -E "^profile|^  [a-z].*calls" $W/prof.log | tee -a $R
+  if [ -n "$EXTRA" ]; then
+    say "-- profile, ours $EXTRA"
+    t prof3 150 env MOE_PROFILE=1 stdbuf -oL $B/moe train ${P/--steps 12/--steps 4} $EXTRA --out $W/prof
+    grep -E "^profile|^  [a-z].*calls" $W/prof3.log | tee -a $R
+  fi
 fi
 say "$(date -u) done"
