@@ -3,13 +3,16 @@
 // to the same experts (so whole EP ranks receive zero tokens and experts get zero rows), k = 1 with
 // all tokens on expert 0, and ordinary random routing; dropless and capacity. Each rank compares its
 // rows of y and dx, and its slices of the weight gradients (summed over their replica groups),
-// with one process's values. usage: mpi_moe TP EP ETP
+// with one process's values; then the same with the experts' hidden rows in bf16 (hid_bf16.h: the GPU
+// backend's format, so src/moe's addressing of it runs here), also through the pipelined exchange (r 2).
+// usage: mpi_moe TP EP ETP
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
 #include "moe/moe.h"
 #include "parallel/mesh.h"
 #include "test_util.h"
+#include "hid_bf16.h"
 
 static void fill(float *p, size_t n, Rng *r, float s) { for (size_t i = 0; i < n; i++) p[i] = s * rng_normal(r); }
 
@@ -23,7 +26,7 @@ static double relerr(const float *a, const float *b, size_t n) {
     return md / (mx > 0 ? mx : 1);
 }
 
-static void run_case(const Mesh *mesh, const char *label, int k, int rig, DispatchMode mode) {
+static void run_case(const Mesh *mesh, const char *label, int k, int rig, DispatchMode mode, const Backend *be, int ov) {
     ModelConfig c;
     config_preset(&c, "tiny");
     c.d_model = 8; c.d_ff = 12; c.n_experts = 4; c.top_k = k; c.dispatch = mode; c.capacity_factor = 0.7f;
@@ -38,7 +41,6 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     fill(x, (size_t)N * d, &r, 1); fill(dy, (size_t)N * d, &r, 1);
     fill(wr, (size_t)E * d, &r, rig ? 0.0f : 1.0f);   // rig: all-zero router -> ties -> experts 0..k-1
     fill(w1, (size_t)E * f * d, &r, 0.3f); fill(w3, (size_t)E * f * d, &r, 0.3f); fill(w2, (size_t)E * d * f, &r, 0.3f);
-    const Backend *be = backend_cpu();
     // one process, all N tokens
     MoeLayer ref;
     MoeScratch rs;
@@ -67,6 +69,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     MoeScratch ms;
     moe_layer_init(&ml, be, &c, Nl, &cm);
     moe_scratch_init(&ms, be, &c, Nl);
+    ml.overlap = ov;   // the pipelined exchange's chunks (where the exchange is not local)
     float *y = xcalloc((size_t)Nl * d, 4), *dx = xcalloc((size_t)Nl * d, 4);
     float *hr = xcalloc((size_t)E * d, 4), *h1 = xcalloc((size_t)El * fl * d, 4), *h3 = xcalloc((size_t)El * fl * d, 4),
           *h2 = xcalloc((size_t)El * d * fl, 4);
@@ -121,11 +124,15 @@ int main(int argc, char **argv) {
     if (bad) DIE("%s", bad);
     Mesh mesh;
     mesh_init(&mesh, &s, world);
-    run_case(&mesh, "random routing, dropless, k=2", 2, 0, DISPATCH_DROPLESS);
-    run_case(&mesh, "random routing, capacity, k=2", 2, 0, DISPATCH_CAPACITY);
-    run_case(&mesh, "all tokens on experts 0,1, k=2", 2, 1, DISPATCH_DROPLESS);
-    run_case(&mesh, "all tokens on expert 0, k=1", 1, 1, DISPATCH_DROPLESS);
-    run_case(&mesh, "all on expert 0, capacity, k=1", 1, 1, DISPATCH_CAPACITY);
+    const Backend *cpu = backend_cpu(), *hid = backend_cpu_hid_bf16();
+    run_case(&mesh, "random routing, dropless, k=2", 2, 0, DISPATCH_DROPLESS, cpu, 1);
+    run_case(&mesh, "random routing, capacity, k=2", 2, 0, DISPATCH_CAPACITY, cpu, 1);
+    run_case(&mesh, "all tokens on experts 0,1, k=2", 2, 1, DISPATCH_DROPLESS, cpu, 1);
+    run_case(&mesh, "all tokens on expert 0, k=1", 1, 1, DISPATCH_DROPLESS, cpu, 1);
+    run_case(&mesh, "all on expert 0, capacity, k=1", 1, 1, DISPATCH_CAPACITY, cpu, 1);
+    run_case(&mesh, "bf16 hidden rows, random, k=2", 2, 0, DISPATCH_DROPLESS, hid, 1);
+    run_case(&mesh, "bf16 hidden rows, random, k=2, r 2", 2, 0, DISPATCH_DROPLESS, hid, 2);
+    run_case(&mesh, "bf16 hidden rows, capacity, r 2", 2, 0, DISPATCH_CAPACITY, hid, 2);
     int64_t f = t_failures;
     comm_allreduce(world, &f, 1, CT_I64);
     mesh_free(&mesh);

@@ -86,7 +86,8 @@ for target in "2|--ep 2 --zero 1" "1|"; do
 done
 
 # the MoE layer alone on a mesh vs one process, in the edge cases: all tokens routed to the same
-# experts (whole EP ranks receive zero rows, experts get none), k = 1 on one expert, capacity drops
+# experts (whole EP ranks receive zero rows, experts get none), k = 1 on one expert, capacity drops;
+# and the experts' hidden rows in bf16 (the GPU's format, tests/hid_bf16.h), also through the pipelined exchange
 MPI_MOE="$(dirname "$MOE")/mpi_moe"
 for L in "2|1 2 1" "4|2 2 1" "4|1 2 2" "4|1 4 1" "8|2 2 2"; do
   np="${L%%|*}"; args="${L#*|}"

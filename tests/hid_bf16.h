@@ -1,0 +1,68 @@
+// hid_bf16.h — for the cpu tests: the cpu backend with the experts' hidden rows in bf16 (ops.h hid_elem 2),
+// as the "cuda" backend keeps them, so that src/moe's handling of that format (buffer sizes, the per-chunk
+// offsets of moe_impl.h hid_at, the shared expert's rows) runs in CI without a GPU. The fused expert ops
+// widen their bf16 inputs to float32, run the cpu's plain composition (plain.h) and round each hidden
+// output once to nearest even, as the GPU's epilogues do; every other op is the cpu's.
+// Must not hold: tests (those are in mpi_moe.c).
+#pragma once
+#include <stdint.h>
+#include <stdlib.h>
+#include "core/common.h"
+#include "ops/ops.h"
+#include "ops/plain.h"
+
+// rows [off[0], off[G]) of C values: bf16 -> a float32 array of off[G] rows (the rows before off[0] zero)
+static inline float *hb_widen(const void *h, const int64_t *off, int G, int C) {
+    size_t n = G > 0 ? (size_t)off[G] * C : 0;
+    float *f = xcalloc(n ? n : 1, sizeof(float));
+    for (size_t i = G > 0 ? (size_t)off[0] * C : 0; i < n; i++) f[i] = bf16_to_f32(((const uint16_t *)h)[i]);
+    return f;
+}
+static inline float *hb_new(const int64_t *off, int G, int C) {
+    return xcalloc(G > 0 && off[G] ? (size_t)off[G] * C : 1, sizeof(float));
+}
+static inline void hb_round(void *h, const float *f, const int64_t *off, int G, int C) {
+    if (G <= 0) return;
+    for (size_t i = (size_t)off[0] * C; i < (size_t)off[G] * C; i++) ((uint16_t *)h)[i] = bf16_rn_bits(f[i]);
+}
+
+static void hb_swiglu_fwd(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
+                          const int64_t *off, int G, int K, int O) {
+    float *a = hb_new(off, G, O), *b = hb_new(off, G, O), *c = hb_new(off, G, O);
+    backend_grouped_swiglu_fwd_plain(backend_cpu(), a, b, c, inp, w1, w3, off, G, K, O);
+    hb_round(h1, a, off, G, O); hb_round(h3, b, off, G, O); hb_round(act, c, off, G, O);
+    free(a); free(b); free(c);
+}
+static void hb_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O) {
+    float *a = hb_widen(act, off, G, K);
+    backend_cpu()->grouped_matmul_fwd(out, a, w, off, G, K, O);
+    free(a);
+}
+static void hb_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act, const void *h1,
+                          const void *h3, const float *w, const int64_t *off, int G, int K, int O) {
+    float *a = hb_widen(act, off, G, K), *b = hb_widen(h1, off, G, K), *c = hb_widen(h3, off, G, K);
+    float *d1 = hb_new(off, G, K), *d3 = hb_new(off, G, K);
+    backend_grouped_swiglu_bwd_plain(backend_cpu(), d1, d3, dw, dout, a, b, c, w, off, G, K, O);
+    hb_round(dh1, d1, off, G, K); hb_round(dh3, d3, off, G, K);
+    free(a); free(b); free(c); free(d1); free(d3);
+}
+static void hb_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const float *inp,
+                    const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int accumulate) {
+    float *a = hb_widen(da, off, G, O), *b = hb_widen(db, off, G, O);
+    backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, a, b, inp, wa, wb, off, G, K, O, accumulate);
+    free(a); free(b);
+}
+
+static inline const Backend *backend_cpu_hid_bf16(void) {
+    static Backend b;
+    if (!b.name) {
+        b = *backend_cpu();
+        b.name = "cpu-hid-bf16";
+        b.hid_elem = 2;
+        b.grouped_swiglu_fwd = hb_swiglu_fwd;
+        b.grouped_down_fwd = hb_down_fwd;
+        b.grouped_swiglu_bwd = hb_swiglu_bwd;
+        b.grouped_matmul_bwd2 = hb_bwd2;
+    }
+    return &b;
+}
