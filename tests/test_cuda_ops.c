@@ -96,10 +96,13 @@ static void *dput(const void *h, size_t bytes) {
     return d;
 }
 static float *dputf(const float *h, size_t n) { return dput(h, n * sizeof(float)); }
-static float *dnan(size_t n) {
+static float *hnan(size_t n) {
     float *h = hnew(n);
     for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dputf(h, n);
+    return h;
+}
+static float *dnan(size_t n) {
+    float *h = hnan(n), *d = dputf(h, n);
     free(h);
     return d;
 }
@@ -344,8 +347,7 @@ static void *hid_put(const float *h, size_t n) {
     return d;
 }
 static void *hid_nan(size_t n) {
-    float *h = hnew(n);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *h = hnan(n);
     void *d = hid_put(h, n);
     free(h);
     return d;
