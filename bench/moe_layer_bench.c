@@ -135,8 +135,8 @@ static void w_gsf(void *h1, void *h3, void *a, const float *i, const float *w1, 
     WRAP(C_GEMM_F, RB->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O));
 }
 static void w_gsb(void *d1, void *d3, float *dw, const float *g, const void *a, const void *h1, const void *h3,
-                  const float *w, const int64_t *off, int G, int K, int O) {
-    WRAP(C_GEMM_B, RB->grouped_swiglu_bwd(d1, d3, dw, g, a, h1, h3, w, off, G, K, O));
+                  const float *w, const int64_t *off, int G, int K, int O, int fl) {
+    WRAP(C_GEMM_B, RB->grouped_swiglu_bwd(d1, d3, dw, g, a, h1, h3, w, off, G, K, O, fl));
 }
 static void w_gdown(float *o, const void *a, const float *w, const int64_t *off, int G, int K, int O) {
     WRAP(C_GEMM_F, RB->grouped_down_fwd(o, a, w, off, G, K, O));
@@ -268,7 +268,7 @@ static void backend_gemms(const Lctx *l) {
     const float *dyg = m->x.local ? s->dys : s->dyg;   // the local exchange passes rows through
     RB->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, l->w->w1, l->w->w3, off, El, d, f);
     RB->grouped_down_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_swiglu_bwd(s->dh1, s->dh3, l->g->w2, dyg, m->act, m->h1, m->h3, l->w->w2, off, El, f, d);
+    RB->grouped_swiglu_bwd(s->dh1, s->dh3, l->g->w2, dyg, m->act, m->h1, m->h3, l->w->w2, off, El, f, d, 0);
     RB->grouped_matmul_bwd2(s->dxg, l->g->w1, l->g->w3, s->dh1, s->dh3, m->xgp, l->w->w1, l->w->w3, off, El, d, f, 0);
 }
 

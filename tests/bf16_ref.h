@@ -88,8 +88,8 @@ static void bfr_grouped_down_fwd(float *out, const void *act, const float *w, co
 
 static void bfr_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                    const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                   int O) {
-    backend_grouped_swiglu_bwd_plain(backend_cpu_bf16ref(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
+                                   int O, int flags) {
+    backend_grouped_swiglu_bwd_plain(backend_cpu_bf16ref(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
     bf16_round_rows(dh1, off, G, K);
     bf16_round_rows(dh3, off, G, K);
 }

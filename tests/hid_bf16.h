@@ -39,10 +39,10 @@ static void hb_down_fwd(float *out, const void *act, const float *w, const int64
     free(a);
 }
 static void hb_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act, const void *h1,
-                          const void *h3, const float *w, const int64_t *off, int G, int K, int O) {
+                          const void *h3, const float *w, const int64_t *off, int G, int K, int O, int flags) {
     float *a = hb_widen(act, off, G, K), *b = hb_widen(h1, off, G, K), *c = hb_widen(h3, off, G, K);
     float *d1 = hb_new(off, G, K), *d3 = hb_new(off, G, K);
-    backend_grouped_swiglu_bwd_plain(backend_cpu(), d1, d3, dw, dout, a, b, c, w, off, G, K, O);
+    backend_grouped_swiglu_bwd_plain(backend_cpu(), d1, d3, dw, dout, a, b, c, w, off, G, K, O, flags);
     hb_round(dh1, d1, off, G, K); hb_round(dh3, d3, off, G, K);
     free(a); free(b); free(c); free(d1); free(d3);
 }

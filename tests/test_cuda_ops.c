@@ -477,9 +477,9 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     float *d1 = hnew(nh), *d3 = hnew(nh), *d1f = hnew(nh), *d3f = hnew(nh), *dw = hcopy(pdw, nw), *dwf = hcopy(pdw, nw);
     float *dwd = dputf(pdw, nw);
     void *d1d = hid_nan(nh), *d3d = hid_nan(nh);
-    ref->grouped_swiglu_bwd(d1, d3, dw, dy, r[2], r[0], r[1], w2, off, G, O, K);
-    cpu->grouped_swiglu_bwd(d1f, d3f, dwf, dy, r[2], r[0], r[1], w2, off, G, O, K);
-    gpu->grouped_swiglu_bwd(d1d, d3d, dwd, dyd, o[2], o[0], o[1], w2d, off, G, O, K);
+    ref->grouped_swiglu_bwd(d1, d3, dw, dy, r[2], r[0], r[1], w2, off, G, O, K, 0);
+    cpu->grouped_swiglu_bwd(d1f, d3f, dwf, dy, r[2], r[0], r[1], w2, off, G, O, K, 0);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwd, dyd, o[2], o[0], o[1], w2d, off, G, O, K, 0);
     snprintf(what, sizeof what, "dh1 G%d rows %zu K%d O%d", G, n, O, K);
     cmp_hid("grouped_swiglu_bwd", bf, what, d1d, d1, d1f, nh);
     snprintf(what, sizeof what, "dh3 G%d rows %zu K%d O%d", G, n, O, K);
@@ -493,6 +493,12 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     cmp_exact_hid(what, d1d, p1, nh);
     snprintf(what, sizeof what, "grouped_swiglu_bwd: dh3 = plain GEMM + swiglu_bwd G%d K%d O%d", G, O, K);
     cmp_exact_hid(what, d3d, p3, nh);
+    // GM_DW_WRITE: dw written over NaN = added into zeros, bit for bit (blocks of 0-row groups: zeros)
+    float *zw = hnew(nw), *dwz = dputf(zw, nw), *dwn = dnan(nw);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwz, dyd, o[2], o[0], o[1], w2d, off, G, O, K, 0);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwn, dyd, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE);
+    snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_WRITE = into zeros G%d K%d O%d", G, O, K);
+    cmp_exact_dev(what, dwn, dwz, nw);
     // the w1/w3 pair's backward: dinp [+]= dh1 W1 + dh3 W3, dw1, dw3 accumulate; dh1, dh3 hidden rows
     // (values the hidden format holds exactly, so every side reads the same)
     float *ga = hrand(nh, 1.0f), *gb = hrand(nh, 1.0f);
@@ -514,12 +520,23 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
         cmp_gemm("grouped_matmul_bwd2", bf, what, dwad, dwa, dwaf, nw);
         snprintf(what, sizeof what, "dwb (%s) G%d rows %zu K%d O%d", tag, G, n, K, O);
         cmp_gemm("grouped_matmul_bwd2", bf, what, dwbd, dwb, dwbf, nw);
+        if (!acc) {   // GM_DW_WRITE over NaN = added into zeros, bit for bit
+            float *za = dputf(zw, nw), *zb = dputf(zw, nw), *na = dnan(nw), *nb = dnan(nw), *xz = dnan(nx);
+            gpu->grouped_matmul_bwd2(xz, za, zb, gad, gbd, xd, w1d, w3d, off, G, K, O, 0);
+            gpu->grouped_matmul_bwd2(xz, na, nb, gad, gbd, xd, w1d, w3d, off, G, K, O, GM_DW_WRITE);
+            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwa) G%d K%d O%d", G, K, O);
+            cmp_exact_dev(what, na, za, nw);
+            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwb) G%d K%d O%d", G, K, O);
+            cmp_exact_dev(what, nb, zb, nw);
+            gpu->free(za); gpu->free(zb); gpu->free(na); gpu->free(nb); gpu->free(xz);
+        }
         gpu->free(dxd); gpu->free(dwad); gpu->free(dwbd);
         free(dx); free(dwa); free(dwb); free(dxf); free(dwaf); free(dwbf);
     }
     for (int i = 0; i < 3; i++) { free(r[i]); free(f[i]); gpu->free(o[i]); }
     gpu->free(ph1); gpu->free(ph3); gpu->free(pact); gpu->free(actd); gpu->free(actf); gpu->free(yd); gpu->free(yp);
-    gpu->free(h1f); gpu->free(h3f); gpu->free(dact); gpu->free(p1); gpu->free(p3);
+    gpu->free(h1f); gpu->free(h3f); gpu->free(dact); gpu->free(p1); gpu->free(p3); gpu->free(dwz); gpu->free(dwn);
+    free(zw);
     gpu->free(xd); gpu->free(w1d); gpu->free(w3d); gpu->free(w2d); gpu->free(dyd); gpu->free(d1d); gpu->free(d3d);
     gpu->free(dwd); gpu->free(gad); gpu->free(gbd);
     free(x); free(w1); free(w3); free(w2); free(dy); free(pdw); free(d1); free(d3); free(d1f); free(d3f); free(dw);

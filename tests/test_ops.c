@@ -293,6 +293,19 @@ static void test_grouped_matmul(void) {
     fill_nan(dx1, nx);
     be->grouped_matmul_bwd(dx1, NULL, dout, x, w, off, G, K, O, 0);
     check_overwrite("grouped_matmul_bwd dinp (dw NULL)", dx1, dx0, nx);
+    // GM_DW_WRITE: dw written over NaN, the same bits as added into zeros (dw0: the 0-row groups'
+    // blocks zeros); dinp as GM_ACC_DINP says; with no rows at all every block zeros
+    fill_nan(dw1, nw);
+    memcpy(dx1, px, nx * sizeof(float));
+    be->grouped_matmul_bwd(dx1, dw1, dout, x, w, off, G, K, O, GM_ACC_DINP | GM_DW_WRITE);
+    check_overwrite("grouped_matmul_bwd dw (GM_DW_WRITE)", dw1, dw0, nw);
+    check_accum("grouped_matmul_bwd dinp (GM_DW_WRITE)", dx1, px, dx0, nx);
+    const int64_t none[G + 1] = {0};
+    float *zw = fnew(nw);
+    fill_nan(dw1, nw);
+    be->grouped_matmul_bwd(NULL, dw1, dout, x, w, none, G, K, O, GM_DW_WRITE);
+    check_overwrite("grouped_matmul_bwd dw (GM_DW_WRITE, no rows)", dw1, zw, nw);
+    free(zw);
     // groups over rows [L, L + N) of buffers of L + N + L rows: with accumulate 0 those rows are
     // written, the L rows on either side keep their values (bitwise); with O = 0 (empty sums) the
     // written rows are zeros

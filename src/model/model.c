@@ -382,6 +382,43 @@ void model_set_ampipe(Model *m, int l, int n) {
 float *model_stage_in(const Model *m) { return m->la[m->chunk[m->cur].l0].res_in; }
 float *model_stage_out(const Model *m) { return m->res_final; }
 
+static int routed_expert(const ParamSpec *p) {
+    return p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2;
+}
+
+void model_zero_grads(Model *m) {
+    const ParamTable *t = &m->t;
+    if (!m->dw_fresh) {   // once: the ranges of every tensor but the routed experts', adjacent ones merged
+        m->dw_fresh = xcalloc((size_t)m->c.n_layers, 1);
+        m->zr_off = xmalloc(sizeof(size_t) * (t->n + 1));
+        m->zr_n = xmalloc(sizeof(size_t) * (t->n + 1));
+        for (int i = 0; i < t->n; i++) {
+            const ParamSpec *p = &t->p[i];
+            if (!p->lnumel || routed_expert(p)) continue;
+            if (m->nzr && m->zr_off[m->nzr - 1] + m->zr_n[m->nzr - 1] == p->loffset) {
+                m->zr_n[m->nzr - 1] += p->lnumel;
+            } else {
+                m->zr_off[m->nzr] = p->loffset;
+                m->zr_n[m->nzr++] = p->lnumel;
+            }
+        }
+    }
+    for (int i = 0; i < m->nzr; i++) m->be->zero(m->grads + m->zr_off[i], m->zr_n[i] * sizeof(float));
+    for (int i = 0; i < t->n; i++)
+        if (t->p[i].lnumel && routed_expert(&t->p[i])) m->dw_fresh[t->p[i].layer] = 1;
+}
+
+void model_grads_settle(Model *m) {
+    if (!m->dw_fresh) return;
+    const ParamTable *t = &m->t;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        if (p->lnumel && routed_expert(p) && m->dw_fresh[p->layer])
+            m->be->zero(m->grads + p->loffset, p->lnumel * sizeof(float));
+    }
+    memset(m->dw_fresh, 0, (size_t)m->c.n_layers);
+}
+
 void model_free(Model *m) {
     const Backend *be = m->be;
     for (int k = 0; k < m->nchunks; k++) {
@@ -400,6 +437,9 @@ void model_free(Model *m) {
     free(m->ampipe);
     free(m->moe_time);
     free(m->moe_mode);
+    free(m->zr_off);
+    free(m->zr_n);
+    free(m->dw_fresh);
     params_free(&m->t);
     memset(m, 0, sizeof *m);
 }
@@ -713,6 +753,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.sh_w3 = w.sh_w1 ? P(m, g, PR_SH_W3, l, -1) : NULL;
         gw.sh_w2 = w.sh_w1 ? P(m, g, PR_SH_W2, l, -1) : NULL;
         gw.sh_gate = w.sh_gate ? P(m, g, PR_SH_GATE, l, -1) : NULL;
+        gw.fresh = m->dw_fresh ? m->dw_fresh[l] : 0;   // (moe clears it at its first expert write)
         int n = a->nrun;
         // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
         if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
@@ -744,6 +785,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
                 attn_bwd_rows(m, a, l, T, R[j], R[j + 1]);
             }
         }
+        if (m->dw_fresh) m->dw_fresh[l] = 0;   // the layer's expert gradients are written now
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
         if (n == 1) attn_bwd_rows(m, a, l, T, 0, N);

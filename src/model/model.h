@@ -95,6 +95,11 @@ typedef struct {
     // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
     void (*grads_ready)(void *ctx, int layer);
     void *grads_ready_ctx;
+    // model_zero_grads: the ranges it zeroes (every tensor but the routed experts' weights), and per layer
+    // whether those weights' gradients are still unwritten this step (their first backward writes them)
+    size_t *zr_off, *zr_n;
+    int nzr;
+    uint8_t *dw_fresh;             // (n_layers)
     // results of the last forward. On a chunk that is not the first, aux, z, dropped, hf_fe and
     // hf_pe come in from the previous stage (the caller sets them) and the forward adds its layers';
     // the last chunk's forward leaves them complete (hf_fe then holds HF's final F_i, which the
@@ -174,6 +179,14 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 // over the current chunk's layers: on a chunk that is not the last, m->dres must hold the gradient
 // of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
+// The gradient buffer for a new step: zeroes every tensor but the routed experts' weights (w1, w3, w2:
+// most of a MoE model's gradient bytes), which each layer's first expert backward of the step writes
+// instead of adding to (ops.h GM_DW_WRITE: the same bits as adding into zeros, without the zero fill
+// and the read of the zeros). model_grads_settle, after the step's last backward, zeroes those of a
+// layer whose backward did not run (none, in the schedules there are; a guard). A caller that zeroes
+// m->grads itself (be->zero) gets the plain accumulating backward.
+void model_zero_grads(Model *m);
+void model_grads_settle(Model *m);
 
 // QK-norm of layer l over n rows (the config has one): q, k and their rstd from the projections qraw,
 // kraw (this rank's heads). The full-width form over TP ranks adds its rows' sums over the TP group (a

@@ -509,13 +509,16 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
         // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
-        // in one call (grouped_matmul_bwd2). The weight gradients always accumulate (ops.h).
-        be->grouped_swiglu_bwd(s->dh1, s->dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu, d);
+        // in one call (grouped_matmul_bwd2). The weight gradients accumulate, or are written where they
+        // hold nothing yet this step (g->fresh: ops.h GM_DW_WRITE).
+        int dwf = gu->fresh ? GM_DW_WRITE : 0;
+        be->grouped_swiglu_bwd(s->dh1, s->dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu, d, dwf);
         be->grouped_matmul_bwd2(s->dxg, gu->w1, gu->w3, s->dh1, s->dh3, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu,
-                                0);
+                                dwf);
         dxs = exchange_combine(m->xu, s->dxg, s->dxs);
     }
     if (m->gathered) moe_scatter_grads(m, s, &gf, g);
+    g->fresh = 0;   // the expert gradients hold this backward's share now
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)
     float *dxin = s->dxj;
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);

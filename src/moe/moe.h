@@ -41,7 +41,9 @@ typedef struct {
     const float *sh_w1, *sh_w3, *sh_w2, *sh_gate;
     const float *route_bias;  // (E) balance aux-free: added to the probabilities for the top-k choice (else NULL)
 } MoeWeights;
-typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; } MoeGrads;
+// fresh: w1, w3, w2 hold no gradient yet this step (not even zeros): the layer's first expert backward
+// writes them (ops.h GM_DW_WRITE) and clears fresh; 0: it adds into them.
+typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; int fresh; } MoeGrads;
 
 // Activation recomputation (--recompute moe): the experts' SwiGLU rows (h1, h3, act: the largest
 // activations, 3 f values per routed token, in the backend's hidden format) are not kept per layer. Every layer's forward writes them

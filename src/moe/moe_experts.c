@@ -68,7 +68,7 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
         dys = s->sh_dy;
     }
     be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, dys, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2, m->sh_off, 1,
-                           fs, d);
+                           fs, d, 0);
     be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs, 1);
 }
 
@@ -196,7 +196,8 @@ void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads 
         if (t < 2) be->gather_rows(s->gstage, whole[t], m->widx + n13 + n2, (int)n13, d);
         else be->gather_rows(s->gstage, whole[t], m->widx + 2 * n13 + n2, (int)n2, fl);
         comm_dev_reduce_scatter(m->cm.etp, s->gstage, s->gslice, cnt, CT_F32);
-        be->axpy(mine[t], s->gslice, 1.0f, ws);
+        if (g->fresh) be->copy(mine[t], s->gslice, ws * F);   // nothing there yet this step (MoeGrads.fresh)
+        else be->axpy(mine[t], s->gslice, 1.0f, ws);
     }
     free(cnt);
 }
@@ -279,9 +280,11 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         void *dh1 = hid_at(be, s->dh1, g * fl), *dh3 = hid_at(be, s->dh3, g * fl);
         exchange_dispatch_finish(&m->xc[i], s->dysc + m->cstart[i] * d, dyg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], s->dysc + m->cstart[i + 1] * d);
+        int dwf = i == 0 && gw->fresh ? GM_DW_WRITE : 0;   // the first chunk writes unwritten gradients
         be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
-                               hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d);
-        be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, m->xg + g * d, w->w1, w->w3, m->xc[i].off, El, d, fl, 0);
+                               hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d, dwf);
+        be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, m->xg + g * d, w->w1, w->w3, m->xc[i].off, El, d, fl,
+                                dwf);
         exchange_combine_start(&m->xc[i], dxg, s->dxsc + m->cstart[i] * d);
     }
     for (int i = 0; i < r; i++) exchange_combine_finish(&m->xc[i], NULL, s->dxsc + m->cstart[i] * d);

@@ -44,6 +44,11 @@ static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lc
 //   stochastically (bf16_round_sr with bf16_sr_bits(seed, t, global index): unbiased, deterministic).
 enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2 };
 
+// The `accumulate` flags of the grouped backward ops (grouped_matmul_bwd, grouped_matmul_bwd2; flags of
+// grouped_swiglu_bwd): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
+// blocks (every group's, zeros where a group has no rows) instead of adding into them.
+enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2 };
+
 // bf16 <-> float32 bit operations shared by every backend (integer arithmetic: the same bits on any
 // device). NaN stays NaN (quiet); an overflow rounds to infinity as the hardware conversion does.
 static inline MOE_HD uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -114,11 +119,12 @@ struct Backend {
     // off is a HOST array of G+1 entries.
     void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G,
                                int K, int O);
-    // Its backward: dinp_g = dout_g @ W_g, written (accumulate 0) or added (accumulate 1) into
-    // dinp; dw_g += dout_g^T @ inp_g ALWAYS accumulates (a parameter gradient, summed over
-    // micro-batches), whatever `accumulate` says. The groups partition rows [off[0], off[G]), so with
-    // accumulate 0 every row of dinp in that range is written (zeros where O = 0) and no row outside
-    // it is touched. dinp or dw may be NULL.
+    // Its backward: dinp_g = dout_g @ W_g, written (accumulate 0) or added (GM_ACC_DINP) into dinp;
+    // dw_g += dout_g^T @ inp_g (a parameter gradient, summed over micro-batches), or with GM_DW_WRITE
+    // written instead: every group's block of dw, zeros for a group without rows (the same bits as
+    // adding into zeros; the first write of a step needs no zero fill before it). The groups partition
+    // rows [off[0], off[G]), so with accumulate 0 every row of dinp in that range is written (zeros
+    // where O = 0) and no row outside it is touched. dinp or dw may be NULL.
     void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
                                const float *w, const int64_t *off, int G, int K, int O, int accumulate);
     // The experts' up-projection with SwiGLU: h1 = inp W1^T and h3 = inp W3^T (grouped_matmul_fwd
@@ -130,17 +136,19 @@ struct Backend {
     // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden format.
     void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
     // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)),
-    // never stored; dw += dout^T act (always accumulates; may be NULL); dh1, dh3 = swiglu_bwd(dact,
+    // never stored; dw += dout^T act (may be NULL; written as grouped_matmul_bwd's with flags
+    // GM_DW_WRITE); dh1, dh3 = swiglu_bwd(dact,
     // h1, h3) written (not added) over the groups' rows (K columns). The same floats as
-    // grouped_matmul_bwd(dact, dw, dout, act, w, ..., 0) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0)
+    // grouped_matmul_bwd(dact, dw, dout, act, w, ..., flags) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0)
     // (in the hidden format: dact float32, each dh1, dh3 rounded from that float32 result once).
     // dh1, dh3, act, h1, h3 in the hidden format.
     void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                               int O);
+                               int O, int flags);
     // Their backward: dinp = douta Wa + doutb Wb, written or added as `accumulate` says (as
-    // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (always). The same sums as
-    // grouped_matmul_bwd(dinp, dwa, douta, ..., accumulate) then (dinp, dwb, doutb, ..., 1); a backend
+    // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (or written: GM_DW_WRITE). The same
+    // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., accumulate) then (dinp, dwb, doutb, ...,
+    // GM_ACC_DINP | (accumulate & GM_DW_WRITE)); a backend
     // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL. douta, doutb
     // (dh1, dh3) in the hidden format.
     void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,

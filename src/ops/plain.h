@@ -24,11 +24,11 @@ static inline void backend_grouped_swiglu_fwd_plain(const Backend *be, void *h1v
 static inline void backend_grouped_swiglu_bwd_plain(const Backend *be, void *dh1v, void *dh3v, float *dw,
                                                     const float *dout, const void *act, const void *h1v,
                                                     const void *h3v, const float *w, const int64_t *off, int G, int K,
-                                                    int O) {
+                                                    int O, int flags) {
     if (G <= 0) return;
     float *dh1 = (float *)dh1v, *dh3 = (float *)dh3v;
     const float *h1 = (const float *)h1v, *h3 = (const float *)h3v;
-    be->grouped_matmul_bwd(dh1, dw, dout, (const float *)act, w, off, G, K, O, 0);
+    be->grouped_matmul_bwd(dh1, dw, dout, (const float *)act, w, off, G, K, O, flags & GM_DW_WRITE);
     size_t b = (size_t)off[0] * K;
     be->swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * K, 0);
 }
@@ -43,5 +43,6 @@ static inline void backend_grouped_matmul_bwd2_plain(const Backend *be, float *d
                                                      const float *wa, const float *wb, const int64_t *off, int G,
                                                      int K, int O, int accumulate) {
     be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, inp, wa, off, G, K, O, accumulate);
-    be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, inp, wb, off, G, K, O, 1);
+    be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, inp, wb, off, G, K, O,
+                           GM_ACC_DINP | (accumulate & GM_DW_WRITE));
 }

@@ -145,7 +145,7 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     memset(r, 0, sizeof *r);
     r->counts = counts;
     memset(counts, 0, sizeof(int64_t) * m->c.n_layers * m->c.n_experts);
-    m->be->zero(m->grads, m->t.ltotal * sizeof(float));
+    model_zero_grads(m);   // (the routed experts' gradients: written by their first backward instead)
     model_scope_reset(m);
     s->pipe.idle_s = 0;
     double t0 = now_seconds();
@@ -155,6 +155,7 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
         else micro_backward(s, a, s->arm_at[i]);
     }
     pipe_flush(&s->pipe);
+    model_grads_settle(m);
     gather_stages(s, r, now_seconds() - t0);
     update(s, step, r);
     if (m->c.balance == BALANCE_AUX_FREE && !r->skipped) route_bias_step(s, r);

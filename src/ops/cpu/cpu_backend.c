@@ -24,19 +24,28 @@ void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, 
 
 // dinp (N,K) = dout @ W [+ dinp if acc_dinp]; dw += dout^T @ inp. With O = 0 the overwritten dinp
 // is zeros (an empty sum), as cpu_matmul_fwd with K = 0.
+// flags (ops.h): GM_ACC_DINP adds into dinp, GM_DW_WRITE writes dw (zeros without rows)
 static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
-                   int acc_dinp) {
-    if (N <= 0 || K <= 0) return;
-    if (O <= 0) { if (dinp && !acc_dinp) memset(dinp, 0, sizeof(float) * (size_t)N * K); return; }
+                   int flags) {
+    if (K <= 0 || O <= 0) {   // dw has no elements; dinp's sums are empty
+        if (dinp && N > 0 && K > 0 && !(flags & GM_ACC_DINP)) memset(dinp, 0, sizeof(float) * (size_t)N * K);
+        return;
+    }
+    if (N <= 0) {
+        if (dw && (flags & GM_DW_WRITE)) memset(dw, 0, sizeof(float) * (size_t)O * K);
+        return;
+    }
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, O, 1.0f, dout, O, w, K, acc_dinp ? 1.0f : 0.0f,
-                    dinp, K);
-    if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, K, N, 1.0f, dout, O, inp, K, 1.0f, dw, K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, K, O, 1.0f, dout, O, w, K,
+                    flags & GM_ACC_DINP ? 1.0f : 0.0f, dinp, K);
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, K, N, 1.0f, dout, O, inp, K,
+                    flags & GM_DW_WRITE ? 0.0f : 1.0f, dw, K);
 }
 
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                     int N, int K, int O) {
-    mm_bwd(dinp, dw, dout, inp, w, N, K, O, 1);
+    mm_bwd(dinp, dw, dout, inp, w, N, K, O, GM_ACC_DINP);
 }
 
 static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
@@ -63,8 +72,8 @@ static void cpu_grouped_swiglu_fwd(void *h1, void *h3, void *act, const float *i
 
 static void cpu_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                    const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                   int O) {
-    backend_grouped_swiglu_bwd_plain(backend_cpu(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
+                                   int O, int flags) {
+    backend_grouped_swiglu_bwd_plain(backend_cpu(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
 }
 
 static void cpu_grouped_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K,

@@ -173,7 +173,7 @@ void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const float *inp
 void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                  const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                 int O);
+                                 int O, int flags);
 void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                   const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                   int O, int accumulate);
@@ -182,14 +182,15 @@ void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const float *in
 void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                  int O);
+                                  int O, int flags);
 void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                    const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                    int O, int accumulate);
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
-int cuda_grouped_gemm_dw(float *dw, const void *dout, const void *x, const int64_t *off, int G, int K, int O);
+int cuda_grouped_gemm_dw(float *dw, float beta, const void *dout, const void *x, const int64_t *off, int G, int K,
+                         int O);
 int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
                             const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,

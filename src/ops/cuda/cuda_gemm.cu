@@ -204,25 +204,30 @@ extern "C" void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w
 }
 
 // dinp = dout W [+ dinp when acc_dinp]; dw += dout^T inp. With O = 0 an overwritten dinp is zeros.
+// flags (ops.h): GM_ACC_DINP adds into dinp, GM_DW_WRITE writes dw (zeros without rows)
 static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
-                       int acc_dinp) {
-    if (N <= 0 || K <= 0) return;
-    if (O <= 0) {
-        if (dinp && !acc_dinp) CUDA_CHECK(cudaMemset(dinp, 0, sizeof(float) * (size_t)N * K));
+                       int flags) {
+    if (K <= 0 || O <= 0) {   // dw has no elements; dinp's sums are empty
+        if (dinp && N > 0 && K > 0 && !(flags & GM_ACC_DINP))
+            CUDA_CHECK(cudaMemset(dinp, 0, sizeof(float) * (size_t)N * K));
         return;
     }
-    const float one = 1.0f, bi = acc_dinp ? 1.0f : 0.0f;
+    if (N <= 0) {
+        if (dw && (flags & GM_DW_WRITE)) CUDA_CHECK(cudaMemset(dw, 0, sizeof(float) * (size_t)O * K));
+        return;
+    }
+    const float one = 1.0f, bi = flags & GM_ACC_DINP ? 1.0f : 0.0f, bw = flags & GM_DW_WRITE ? 0.0f : 1.0f;
     // dinp^T (K,N) [+]= W^T (K,O) . dout^T (O,N)
     if (dinp)
         CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, &one, w, K, dout, O, &bi, dinp, K));
-    // dw^T (K,O) += inp^T (K,N) . dout (N,O)
+    // dw^T (K,O) [+]= inp^T (K,N) . dout (N,O)
     if (dw)
-        CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, &one, inp, K, dout, O, &one, dw, K));
+        CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, &one, inp, K, dout, O, &bw, dw, K));
 }
 
 extern "C" void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
                                     int K, int O) {
-    mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, 1);
+    mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, GM_ACC_DINP);
 }
 
 // One GEMM per non-empty group (off is a host array).
@@ -237,11 +242,11 @@ extern "C" void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const 
 
 extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp,
                                             const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
-    for (int g = 0; g < G; g++) {
+    for (int g = 0; g < G; g++) {   // (a group without rows: only GM_DW_WRITE's zeros)
         int64_t r0 = off[g], n = off[g + 1] - off[g];
-        if (n <= 0) continue;
+        if (n <= 0 && !(dw && (accumulate & GM_DW_WRITE))) continue;
         mm_bwd_f32(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
-                   w + (size_t)g * O * K, (int)n, K, O, accumulate);
+                   w + (size_t)g * O * K, (int)(n > 0 ? n : 0), K, O, accumulate);
     }
 }
 
@@ -259,8 +264,8 @@ extern "C" void cuda_grouped_down_fwd_f32(float *out, const void *act, const flo
 
 extern "C" void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                             const void *h1, const void *h3, const float *w, const int64_t *off,
-                                            int G, int K, int O) {
-    backend_grouped_swiglu_bwd_plain(backend_cuda_fp32(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O);
+                                            int G, int K, int O, int flags) {
+    backend_grouped_swiglu_bwd_plain(backend_cuda_fp32(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
 }
 
 extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta,
@@ -337,16 +342,25 @@ static void gdinp(float *dinp0, float beta, const bf16 *ga, const bf16 *wa, cons
         }
 }
 
-// dw_g += dout_g^T x_g for every non-empty group (our kernel, or cuBLAS per group)
-static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O) {
-    if (cuda_grouped_gemm_dw(dw, gb, xb, off, G, K, O)) return;
+// GM_DW_WRITE's zeros: the dw blocks (O x K each) of the groups without rows (all G: every group)
+static void dw_zero_empty(float *dw, const int64_t *off, int G, int K, int O, int all) {
+    size_t blk = (size_t)O * K;
+    for (int g = 0; g < G; g++)
+        if (all || off[g + 1] <= off[g]) CUDA_CHECK(cudaMemset(dw + g * blk, 0, sizeof(float) * blk));
+}
+
+// dw_g += dout_g^T x_g (write: =) for every non-empty group (our kernel, or cuBLAS per group); with
+// write, the other groups' blocks are zeroed
+static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O, int write) {
+    if (write) dw_zero_empty(dw, off, G, K, O, 0);
+    if (cuda_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, gb, xb, off, G, K, O)) return;
     int64_t base = off[0];
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
         if (n <= 0) continue;
-        // dw_g^T (K,O) += inp_g^T (K,n) . dout_g (n,O)
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, 1.0f, dw + (size_t)g * O * K,
-                  K);
+        // dw_g^T (K,O) [+]= inp_g^T (K,n) . dout_g (n,O)
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, write ? 0.0f : 1.0f,
+                  dw + (size_t)g * O * K, K);
     }
 }
 
@@ -431,10 +445,14 @@ extern "C" void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, cons
 // and swiglu_bwd; act (the dw operand), h1, h3, dh1, dh3 bf16 (the hidden format)
 extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                              const void *h1, const void *h3, const float *w, const int64_t *off,
-                                             int G, int K, int O) {
+                                             int G, int K, int O, int flags) {
     if (G <= 0 || K <= 0) return;
     int64_t rows = off[G] - off[0], base = off[0];
-    if (rows <= 0) return;
+    int write = dw && (flags & GM_DW_WRITE) && O > 0;
+    if (rows <= 0) {
+        if (write) dw_zero_empty(dw, off, G, K, O, 1);
+        return;
+    }
     size_t n = (size_t)rows * K, b = (size_t)base * K;
     bf16 *d1 = (bf16 *)dh1 + b, *d3 = (bf16 *)dh3 + b;
     if (O <= 0) {   // dact = 0: dh1 = dh3 = 0 (0 * finite); dw has no elements
@@ -460,25 +478,34 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
         gdinp(dact, 0.0f, q[0], wb, NULL, NULL, off, G, K, O);
         cuda_swiglu_bwd_hid(d1, d3, dact, (const bf16 *)h1 + b, (const bf16 *)h3 + b, n);
     }
-    if (dw) gdw(dw, p[0], (const bf16 *)act + b, off, G, K, O);
+    if (dw) gdw(dw, p[0], (const bf16 *)act + b, off, G, K, O, write);
 }
 
-// rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros)
-static int64_t bwd_rows(float *dinp, int any, const int64_t *off, int G, int K, int O, int accumulate) {
+// rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros; no rows:
+// GM_DW_WRITE's zeros in the G blocks of each of the dws)
+static int64_t bwd_rows(float *dinp, float *const *dws, int ndw, const int64_t *off, int G, int K, int O,
+                        int accumulate) {
+    int any = dinp != NULL;
+    for (int i = 0; i < ndw; i++) any |= dws[i] != NULL;
     if (G <= 0 || K <= 0 || !any) return 0;
     int64_t rows = off[G] - off[0];
-    if (rows <= 0) return 0;
+    if (rows <= 0) {
+        for (int i = 0; i < ndw; i++)
+            if (dws[i] && (accumulate & GM_DW_WRITE) && O > 0) dw_zero_empty(dws[i], off, G, K, O, 1);
+        return 0;
+    }
     if (O <= 0) {   // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
-        if (dinp && !accumulate) CUDA_CHECK(cudaMemset(dinp + off[0] * K, 0, sizeof(float) * (size_t)rows * K));
+        if (dinp && !(accumulate & GM_ACC_DINP))
+            CUDA_CHECK(cudaMemset(dinp + off[0] * K, 0, sizeof(float) * (size_t)rows * K));
         return 0;
     }
     return rows;
 }
 
-// dinp with beta = accumulate (0: written, never read); dw with beta = 1 always (ops.h).
+// dinp with beta = GM_ACC_DINP (0: written, never read); dw with beta 1, or 0 with GM_DW_WRITE (ops.h).
 extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
                                              const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
-    int64_t rows = bwd_rows(dinp, dinp || dw, off, G, K, O, accumulate);
+    int64_t rows = bwd_rows(dinp, &dw, 1, off, G, K, O, accumulate);
     if (!rows) return;
     int64_t base = off[0];
     size_t nw = (size_t)G * O * K;
@@ -487,10 +514,11 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
     bf16_scratch_v(3, sz, p);
     to_bf16(p[0], dout + base * O, (size_t)rows * O);
     if (dinp)
-        gdinp(dinp + base * K, accumulate ? 1.0f : 0.0f, p[0], weights_bf16(p[1], w, nw), NULL, NULL, off, G, K, O);
+        gdinp(dinp + base * K, accumulate & GM_ACC_DINP ? 1.0f : 0.0f, p[0], weights_bf16(p[1], w, nw), NULL, NULL,
+              off, G, K, O);
     if (dw) {
         to_bf16(p[2], inp + base * K, (size_t)rows * K);
-        gdw(dw, p[0], p[2], off, G, K, O);
+        gdw(dw, p[0], p[2], off, G, K, O, accumulate & GM_DW_WRITE);
     }
 }
 
@@ -499,7 +527,8 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
 extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta,
                                               const void *doutb, const float *inp, const float *wa, const float *wb,
                                               const int64_t *off, int G, int K, int O, int accumulate) {
-    int64_t rows = bwd_rows(dinp, dinp || dwa || dwb, off, G, K, O, accumulate);
+    float *dws[2] = {dwa, dwb};
+    int64_t rows = bwd_rows(dinp, dws, 2, off, G, K, O, accumulate);
     if (!rows) return;
     int64_t base = off[0];
     size_t nw = (size_t)G * O * K;
@@ -509,9 +538,9 @@ extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dw
     bf16_scratch_v(3, sz, p);
     const bf16 *ga = (const bf16 *)douta + base * O, *gb = (const bf16 *)doutb + base * O;
     if (dinp)
-        gdinp(dinp + base * K, accumulate ? 1.0f : 0.0f, ga, weights_bf16(p[1], wa, nw), gb,
+        gdinp(dinp + base * K, accumulate & GM_ACC_DINP ? 1.0f : 0.0f, ga, weights_bf16(p[1], wa, nw), gb,
               weights_bf16(p[2], wb, nw), off, G, K, O);
     if (dwa || dwb) to_bf16(p[0], inp + base * K, (size_t)rows * K);
-    if (dwa) gdw(dwa, ga, p[0], off, G, K, O);
-    if (dwb) gdw(dwb, gb, p[0], off, G, K, O);
+    if (dwa) gdw(dwa, ga, p[0], off, G, K, O, accumulate & GM_DW_WRITE);
+    if (dwb) gdw(dwb, gb, p[0], off, G, K, O, accumulate & GM_DW_WRITE);
 }

@@ -517,10 +517,10 @@ extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, con
 }
 
 // The weight gradients: dw_g (O, K) += dout_g^T x_g over each group's rows (dout (rows, O), x (rows,
-// K) bf16, rows from off[0]; dw (G, O, K) float32). Groups without rows are not touched. 1 when
-// queued, 0 when not taken (nothing written).
-extern "C" int cuda_grouped_gemm_dw(float *dw, const void *dout, const void *x, const int64_t *off, int G, int K,
-                                    int O) {
+// K) bf16, rows from off[0]; dw (G, O, K) float32), or dw_g = ... with beta 0. Groups without rows are not
+// touched. 1 when queued, 0 when not taken (nothing written).
+extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, const void *dout, const void *x, const int64_t *off, int G,
+                                    int K, int O) {
     GGArgs *a = &g_args;
     if (!gg_init()) return 0;
     int64_t rows = off[G] - off[0];
@@ -531,7 +531,7 @@ extern "C" int cuda_grouped_gemm_dw(float *dw, const void *dout, const void *x, 
     memset(a, 0, sizeof *a);
     a->C = dw;
     a->ldc = K;
-    a->beta = 1.0f;
+    a->beta = beta;
     a->G = G;
     a->M = O;
     a->N = K;
