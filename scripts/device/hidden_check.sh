@@ -23,16 +23,7 @@ grep -E "ERROR SUMMARY|checks" $W/mem.log | tail -2 | tee -a $R
 F="--device cuda --steps 6 --force --quiet --sample-tokens 0 --plots 0 --eval-every 0 --eval-batches 1 --save-every -1
    --preset small --batch 16 --seq-len 256"
 for r in 1 2 4; do t nccl_r$r 60 env MOE_FORCE_NCCL=1 $B/moe train --out $W/n$r $F --a2a-overlap $r; done
-python3 - <<'P' | tee -a $R
-import json
-def L(p): return [json.loads(l) for l in open(p + '/metrics.jsonl') if '"loss"' in l]
-a = L('/tmp/w/n1')
-for r in (2, 4):
-    b = L('/tmp/w/n%d' % r)
-    print('cuda, MOE_FORCE_NCCL, --a2a-overlap %d vs 1: step-1 loss %s (%r vs %r); later steps max rel %.2e' % (r,
-          'bitwise' if a[0]['loss'] == b[0]['loss'] else 'DIFFERS', a[0]['loss'], b[0]['loss'],
-          max(abs(x['loss'] - y['loss']) / x['loss'] for x, y in zip(a[1:], b[1:]))))
-P
+python3 scripts/device/chunk_losses.py "cuda, MOE_FORCE_NCCL, --a2a-overlap" $W/n1 $W/n2 $W/n4 | tee -a $R
 for d in cuda-fp32 cuda; do
   tol=1e-4; [ $d = cuda ] && tol=3e-2
   t fam_$d 70 python3 scripts/verify_hf_families.py $B/moe --moe-device $d --tol $tol

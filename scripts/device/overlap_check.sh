@@ -19,16 +19,7 @@ t nccl $B/test_nccl; tail -1 $W/nccl.log
 t same env SAME_BITS_FLAGS="--device cuda" bash scripts/same_bits.sh $G/base/moe $B/moe one resume; tail -1 $W/same.log
 F="--device cuda --steps 6 --force --quiet --sample-tokens 0 --plots 0 --eval-every 0 --eval-batches 1 --save-every -1 --preset small --batch 16 --seq-len 256"
 for r in 1 2 4; do t nccl_r$r env MOE_FORCE_NCCL=1 $B/moe train --out $W/n$r $F --a2a-overlap $r; done
-python3 - <<'P'
-import json
-def L(p): return [json.loads(l) for l in open(p + '/metrics.jsonl') if '"loss"' in l]
-a = L('/tmp/w/n1')
-for r in (2, 4):
-    b = L('/tmp/w/n%d' % r)
-    print('MOE_FORCE_NCCL r %d vs r 1: step-1 loss %s (%r vs %r); max later loss rel %.2e' % (r,
-          'bitwise' if a[0]['loss'] == b[0]['loss'] else 'DIFFERS', a[0]['loss'], b[0]['loss'],
-          max(abs(x['loss'] - y['loss']) / x['loss'] for x, y in zip(a[1:], b[1:]))))
-P
+python3 scripts/device/chunk_losses.py "MOE_FORCE_NCCL" $W/n1 $W/n2 $W/n4
 S="--device cuda --steps 12 --quiet --sample-tokens 0 --plots 0 --eval-every 0 --eval-batches 1 --save-every -1 --force --preset peers-ref --batch 4 --seq-len 2048"
 R="${REPS:-2}"
 for rep in $(seq $R); do for r in 1 4; do t plain_r${r}_$rep $B/moe train --out $W/p$r $S --a2a-overlap $r; grep "trained steps" $W/plain_r${r}_$rep.log; done; done
