@@ -13,9 +13,6 @@ static inline void moe_grow(const Backend *be, float **p, size_t *cap, size_t ne
     *cap = need;
 }
 
-// Element i of a buffer in the backend's hidden format (ops.h hid_elem): the experts' h1, h3, act, dh1, dh3.
-static inline void *hid_at(const Backend *be, void *p, size_t i) { return (char *)p + i * be->hid_elem; }
-
 // --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and
 // fill them again before the backward (the forward's SwiGLU GEMMs on the kept inputs, wu: the experts
 // the forward used).

@@ -306,6 +306,9 @@ struct Backend {
                        float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 };
 
+// Element i of a buffer in the backend's hidden format (hid_elem): the experts' h1, h3, act, dh1, dh3.
+static inline void *hid_at(const Backend *be, void *p, size_t i) { return (char *)p + i * be->hid_elem; }
+
 // The dropout mask: element (g, c) is kept iff the top 24 bits of the hash of (seed, g, c) are >= p * 2^24
 // (the threshold rounded to nearest). A splitmix64-style mix: every backend computes the same bits.
 static inline MOE_HD uint64_t dropout_hash(uint64_t seed, int64_t g, int c) {
