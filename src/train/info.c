@@ -10,10 +10,27 @@
 #include "parallel/stages.h"
 #include "train/schedule.h"
 
+// The MoE exchange is local (no copies of the rows: the experts read the dispatched rows xs and the
+// combine their outputs yg in place) when the rank's EP and ETP groups are of one.
+static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && ms->etp == 1); }
+
 // Activation bytes of one layer on one rank of a mesh (ms; NULL: one process) running B sequences of T
 // tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms, its
-// heads (TP), its slice of the router's rows (N/TP) and their dispatched copies, and the expert rows it
-// computes (its ETP group's, k per routed token: the mean over a balanced load).
+// heads (TP), its slice of the router's rows (N/TP) and their dispatched copies (xs; ys and the expert
+// side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
+// routed token: the mean over a balanced load: yg and the SwiGLU rows).
+static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
+    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
+           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
+    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp, k = c->top_k;
+    // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's rows (h1, h3,
+    // act of its width, its output and gate) on the router's slice
+    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
+    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
+                  Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + d + 1) : 0));
+}
 // The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
 // the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h hid_elem) halves them.
 static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int shared) {
@@ -21,7 +38,7 @@ static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, s
     size_t Ns = (B * T + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
     return shared ? 4.0 * Ns * 3 * c->n_shared_experts * c->shared_d_ff : 4.0 * Re * 3 * fl;
 }
-// The part of it --recompute drops (rc: RECOMPUTE_* bits): the experts' SwiGLU rows (moe), the
+// The part of a layer's activations --recompute drops (rc: RECOMPUTE_* bits): the experts' SwiGLU rows (moe), the
 // attention output and lse (attn). One layer's worth stays (the shared buffers).
 static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1;
@@ -30,24 +47,26 @@ static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, 
            4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
 }
 // L layers' activations under --recompute rc.
-static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc);
-
-static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
-    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
-           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
-    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
-    // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's rows (h1, h3,
-    // act of its width, its output and gate) on the router's slice
-    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
-    size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
-    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + 2 * c->top_k * d) + Re * (2 * d + 3 * fl) +
-                  B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + d + 1) : 0));
-}
 static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc) {
     return L * acts_layer(c, ms, B, T) - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
 }
-// ... and of the final norm and LM head.
+// The backward's scratch on one rank (one set, whatever the layers), hidden rows of hb bytes a value (ops.h
+// hid_elem): the model's gradients of the residual stream, the norms' outputs, q, k, v and the attention
+// output (and of q, k before QK-norm); the MoE layer's (moe.h MoeScratch, sized for the whole micro-batch):
+// dy rows, dx (token side, whole and jittered), dlogits, the expert side's dxg and dh1, dh3 (and dy, dx copies
+// where the exchange is not local), the shared expert's.
+static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
+    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
+           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp, R = N * c->top_k;
+    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
+    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    double model = 4.0 * N * (2 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
+    double moe = 4.0 * (R * d + 2 * N * d + N * c->n_experts + R + Re * d + (lo ? 0 : Re * d + R * d)) +
+                 hb * 2 * Re * fl + (fs ? 4.0 * N * (d + 1) + hb * 2 * N * fs : 0);
+    return model + moe;
+}
+// The activations of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return o->precision == PREC_BF16 ? 2.0 : 4.0; }
@@ -99,6 +118,7 @@ static void print_stages(const ModelConfig *c, const TrainOptions *o, const Mesh
                                    (v == ms->pp * vpp - 1 ? acts_head(c, (size_t)Bl * o->seq_len) : 0));
         }
         if (inst > 1) acts -= (inst - 1) * acts_dropped(c, ms, (size_t)Bl, (size_t)o->seq_len, o->recompute);
+        acts += acts_scratch(c, ms, (size_t)Bl, (size_t)o->seq_len, 4);   // the backward's, once
         char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
         fmt_bytes(a2, sizeof a2, moment_bytes(o) * mom);
@@ -147,7 +167,8 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     double state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     size_t Rk = N * c->top_k;
-    double acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N);
+    double scr32 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 4), scr16 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 2);
+    double acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N) + scr32;
     fmt_bytes(b1, sizeof b1, state);
     fmt_bytes(b2, sizeof b2, acts);
     fmt_bytes(b3, sizeof b3, state + acts);
@@ -155,12 +176,12 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, b3);
     // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act) in bf16 (ops.h hid_elem:
     // half of their bytes in every layer that keeps them: the routed ones in one under --recompute moe,
-    // the shared expert's in all), plus the bf16 copy
+    // the shared expert's in all; and the backward's dh1, dh3), plus the bf16 copy
     // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
     // attention ops convert activations into (the largest: a layer's expert input rows or their
     // gradient; the attention's q, k, v, dout)
     double hid = 0.5 * (acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers) +
-                        acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) * c->n_layers);
+                        acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) * c->n_layers) + (scr32 - scr16);
     double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * (2 * qd + 2 * kvd));
     fmt_bytes(b1, sizeof b1, hid);
     fmt_bytes(b2, sizeof b2, shadow);
@@ -195,7 +216,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
         // activations: one micro-batch (pipeline stages: printed per stage below)
         int Bl = o->batch / (o->grad_accum > 0 ? o->grad_accum : 1) / ms.dp;
         double ra = ms.pp > 1 ? 0 : acts_layers(c, &ms, (size_t)Bl, (size_t)T, c->n_layers, o->recompute) +
-                                    acts_head(c, (size_t)Bl * T);
+                                    acts_head(c, (size_t)Bl * T) + acts_scratch(c, &ms, (size_t)Bl, (size_t)T, 4);
         char a1[32], a2[32], a3[32], a4[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
         fmt_bytes(a2, sizeof a2, moment_bytes(o) * mom);
