@@ -359,37 +359,104 @@ extern "C" void cuda_router_bwd(float *dlogits, const float *rowdot, const int32
 
 // ---------------------------------------------------------------- RMSNorm
 
+// The row sums of the RMSNorm kernels (the forward's sum of squares, the backward's dot, the _part
+// kernels'): sum over c of a[c] (* w[c]) * b[c] in double, thread t adding columns t, t + blockDim, ...
+// (VEC, float4 rows: the 4 columns of float4 t, t + blockDim, ..., in column order), then block_sum_d.
+// Every kernel below sums through it, so a rank's part with C = Ctot gives the whole row's bits.
+template <int VEC>
+__device__ __forceinline__ double row_dot(const float *a, const float *w, const float *b, int C) {
+    double s = 0;
+    if (VEC) {
+        const float4 *a4 = (const float4 *)a, *b4 = (const float4 *)b, *w4 = (const float4 *)w;
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 x = a4[c], y = b4[c];
+            if (w) {
+                float4 v = w4[c];
+                s += (double)x.x * v.x * y.x; s += (double)x.y * v.y * y.y;
+                s += (double)x.z * v.z * y.z; s += (double)x.w * v.w * y.w;
+            } else {
+                s += (double)x.x * y.x; s += (double)x.y * y.y; s += (double)x.z * y.z; s += (double)x.w * y.w;
+            }
+        }
+    } else if (w) {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) s += (double)ld_f(a + c) * w[c] * ld_f(b + c);
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) { double v = ld_f(a + c); s += v * ld_f(b + c); }
+    }
+    return block_sum_d(s);
+}
+// out = x r w over a row (VEC: float4)
+template <int VEC>
+__device__ __forceinline__ void row_scale(float *o, const float *x, float r, const float *w, int C) {
+    if (VEC) {
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 v = ((const float4 *)x)[c], s = ((const float4 *)w)[c];
+            ((float4 *)o)[c] = make_float4(v.x * r * s.x, v.y * r * s.y, v.z * r * s.z, v.w * r * s.w);
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(o + c, ld_f(x + c) * r * w[c]);
+    }
+}
+// dx += r g w - k x over a row (VEC: float4)
+template <int VEC>
+__device__ __forceinline__ void row_dx(float *dx, const float *g, const float *x, float r, float k, const float *w,
+                                       int C) {
+    if (VEC) {
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 d = ((float4 *)dx)[c], u = ((const float4 *)g)[c], v = ((const float4 *)x)[c],
+                   s = ((const float4 *)w)[c];
+            d.x = d.x + (r * u.x * s.x - k * v.x); d.y = d.y + (r * u.y * s.y - k * v.y);
+            d.z = d.z + (r * u.z * s.z - k * v.z); d.w = d.w + (r * u.w * s.w - k * v.w);
+            ((float4 *)dx)[c] = d;
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            st_f(dx + c, ld_f(dx + c) + (r * ld_f(g + c) * w[c] - k * ld_f(x + c)));
+    }
+}
+// the rows may go as float4: C % 4 == 0 and every row pointer's base 16-byte aligned
+static int rms_vec(int C, const void *a, const void *b, const void *c, const void *d) {
+    return C % 4 == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16);
+}
+// A kernel K<VD, VE>: VD, the row sum on float4 rows (decided by the summed operands alone, and the block
+// size with it: the sum's order depends on both, and a part with C = Ctot must meet the whole row's);
+// VE, the elementwise pass on float4 rows (any block size).
+#define RMS_LAUNCH(K, N, C, vd, ve, ...)                                                     \
+    do {                                                                                     \
+        int th_ = (vd) ? row_threads((C) / 4) : row_threads(C);                              \
+        if (vd && ve) K<1, 1><<<N, th_>>>(__VA_ARGS__);                                      \
+        else if (vd) K<1, 0><<<N, th_>>>(__VA_ARGS__);                                       \
+        else if (ve) K<0, 1><<<N, th_>>>(__VA_ARGS__);                                       \
+        else K<0, 0><<<N, th_>>>(__VA_ARGS__);                                               \
+    } while (0)
+
+template <int VD, int VE>
 __global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *w, int C, float eps) {
     size_t i = blockIdx.x;
     const float *x = inp + i * C;
-    double ss = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) { double v = ld_f(x + c); ss += v * v; }
-    ss = block_sum_d(ss);
+    double ss = row_dot<VD>(x, NULL, x, C);
     float r = (float)(1.0 / sqrt(ss / C + eps));
     if (threadIdx.x == 0) rstd[i] = r;
-    float *o = out + i * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(o + c, ld_f(x + c) * r * w[c]);
+    row_scale<VE>(out + i * C, x, r, w, C);
 }
 
 extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     if (N <= 0) return;
-    rmsnorm_fwd_k<<<N, row_threads(C)>>>(out, rstd, inp, w, C, eps);
+    RMS_LAUNCH(rmsnorm_fwd_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL), out, rstd, inp, w,
+               C, eps);
     KCHECK("rmsnorm_fwd");
 }
 
 // dx = r (g w) - x r^3 mean(g w x), one block per row
+template <int VD, int VE>
 __global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
                                  int C) {
     size_t i = blockIdx.x;
     const float *x = inp + i * C, *g = dout + i * C;
     float r = rstd[i];
-    double dot = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dot += (double)ld_f(g + c) * w[c] * ld_f(x + c);
-    dot = block_sum_d(dot);
+    double dot = row_dot<VD>(g, w, x, C);
     float k = (float)(dot / C) * r * r * r;
-    float *dx = dinp + i * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        st_f(dx + c, ld_f(dx + c) + (r * ld_f(g + c) * w[c] - k * ld_f(x + c)));
+    row_dx<VE>(dinp + i * C, g, x, r, k, w, C);
 }
 
 // dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of RMS_ROWS rows per column into
@@ -426,7 +493,8 @@ static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const flo
 extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    rmsnorm_bwd_dx_k<<<N, row_threads(C)>>>(dinp, dout, inp, w, rstd, C);
+    RMS_LAUNCH(rmsnorm_bwd_dx_k, N, C, rms_vec(C, dout, w, inp, NULL), rms_vec(C, dinp, dout, inp, w), dinp, dout, inp,
+               w, rstd, C);
     KCHECK("rmsnorm_bwd (dx)");
     if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
 }
@@ -434,52 +502,47 @@ extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, cons
 // RMSNorm over rows split by columns across ranks (ops.h rmsnorm_part / _fwd_part / _bwd_part): the
 // same per-row block sums and elementwise operations as the kernels above, so that one rank's part
 // (C = Ctot) gives their bits; the dw passes are rmsnorm_bwd's.
+template <int VD, int VE>
 __global__ void rmsnorm_part_k(double *part, const float *a, const float *w, const float *b, int C) {
     size_t i = blockIdx.x;
-    const float *x = a + i * C, *y = b + i * C;
-    double s = 0;
-    if (w) for (int c = threadIdx.x; c < C; c += blockDim.x) s += (double)ld_f(x + c) * w[c] * ld_f(y + c);
-    else for (int c = threadIdx.x; c < C; c += blockDim.x) { double v = ld_f(x + c); s += v * ld_f(y + c); }
-    s = block_sum_d(s);
+    double s = row_dot<VD>(a + i * C, w, b + i * C, C);
     if (threadIdx.x == 0) part[i] = s;
 }
+template <int VD, int VE>
 __global__ void rmsnorm_fwd_part_k(float *out, float *rstd, const float *inp, const float *w, const double *ss,
                                    int C, int Ctot, float eps) {
     size_t i = blockIdx.x;
-    const float *x = inp + i * C;
     float r = (float)(1.0 / sqrt(ss[i] / Ctot + eps));
     if (threadIdx.x == 0) rstd[i] = r;
-    float *o = out + i * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(o + c, ld_f(x + c) * r * w[c]);
+    row_scale<VE>(out + i * C, inp + i * C, r, w, C);
 }
+template <int VD, int VE>
 __global__ void rmsnorm_bwd_part_dx_k(float *dinp, const float *dout, const float *inp, const float *w,
                                       const float *rstd, const double *dot, int C, int Ctot) {
     size_t i = blockIdx.x;
-    const float *x = inp + i * C, *g = dout + i * C;
     float r = rstd[i];
     float k = (float)(dot[i] / Ctot) * r * r * r;
-    float *dx = dinp + i * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        st_f(dx + c, ld_f(dx + c) + (r * ld_f(g + c) * w[c] - k * ld_f(x + c)));
+    row_dx<VE>(dinp + i * C, dout + i * C, inp + i * C, r, k, w, C);
 }
 
 extern "C" void cuda_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N, int C) {
     if (N <= 0) return;
-    rmsnorm_part_k<<<N, row_threads(C)>>>(part, a, w, b, C);
+    RMS_LAUNCH(rmsnorm_part_k, N, C, rms_vec(C, a, w, b, NULL), 0, part, a, w, b, C);
     KCHECK("rmsnorm_part");
 }
 
 extern "C" void cuda_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss,
                                       int N, int C, int Ctot, float eps) {
     if (N <= 0) return;
-    rmsnorm_fwd_part_k<<<N, row_threads(C)>>>(out, rstd, inp, w, ss, C, Ctot, eps);
+    RMS_LAUNCH(rmsnorm_fwd_part_k, N, C, 0, rms_vec(C, out, inp, w, NULL), out, rstd, inp, w, ss, C, Ctot, eps);
     KCHECK("rmsnorm_fwd_part");
 }
 
 extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                       const float *rstd, const double *dot, int N, int C, int Ctot) {
     if (N <= 0 || C <= 0) return;
-    rmsnorm_bwd_part_dx_k<<<N, row_threads(C)>>>(dinp, dout, inp, w, rstd, dot, C, Ctot);
+    RMS_LAUNCH(rmsnorm_bwd_part_dx_k, N, C, 0, rms_vec(C, dinp, dout, inp, w), dinp, dout, inp, w, rstd, dot, C,
+               Ctot);
     KCHECK("rmsnorm_bwd_part (dx)");
     if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
 }
