@@ -11,11 +11,7 @@
 #   4. the reference model's full step (tokens/s);
 #   5. compute-sanitizer memcheck and racecheck on the op suite (small shapes, cuda).
 cd "$(dirname "$0")/../.."
-G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/attn.txt; : > $R
-. scripts/device/libs.sh && device_libs $G $B/moe
-export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0
-BUDGET=${BUDGET:-560}
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+. scripts/device/libs.sh && recipe_start attn 560
 t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m12 FAIL $W/ops.log | tee -a $R
 grep -E "^ *attention|grouped" $W/ops.log | head -12 | tee -a $R
 t model 100 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R

@@ -15,12 +15,9 @@
 #            again; tokens/s and peak memory
 #   profile: MOE_PROFILE=1 (ops serialised and timed alone; with EXTRA also a run with those flags)
 cd "$(dirname "$0")/../.."
-G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/step.txt; : > $R
-. scripts/device/libs.sh && device_libs $G $B/moe
-export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-570}; PARTS=${PARTS:-tests attn layer step profile}
+. scripts/device/libs.sh && recipe_start step 570
+PARTS=${PARTS:-tests attn layer step profile}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"
 if has tests; then
   t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m5 FAIL $W/ops.log | tee -a $R
   t model 120 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R

@@ -11,11 +11,7 @@
 #   4. the reference model's step under both policies and MOE_PROFILE=1 of each, with the compiled peers
 #      (full_step.sh PARTS="step profile" EXTRA="--precision bf16")
 cd "$(dirname "$0")/../.."
-G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/hidden.txt; : > $R
-. scripts/device/libs.sh && device_libs $G $B/moe
-export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-300}
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+. scripts/device/libs.sh && recipe_start hidden 300
 t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m8 FAIL $W/ops.log | tee -a $R
 t model 120 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R
 t mem 110 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops

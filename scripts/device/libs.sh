@@ -24,3 +24,14 @@ t() {
   [ $lim -gt $left ] && lim=$left
   local t0=$SECONDS; timeout $lim "$@" > "$W/$name.log" 2>&1; say "== $name rc=$? $((SECONDS - t0))s"
 }
+
+# The bounded recipes' start (`recipe_start NAME BUDGET_DEFAULT`, from the repository root): G (.gpu), B
+# (its bin), W (/tmp/w), R ($OUT/NAME.txt, emptied), the libraries (device_libs), the thread, NCCL and
+# Python settings, BUDGET (seconds, unless set), and the device's name, driver and power limit as the first line.
+recipe_start() {
+  G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/$1.txt; : > $R
+  device_libs $G $B/moe
+  export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+  BUDGET=${BUDGET:-$2}
+  say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
+}

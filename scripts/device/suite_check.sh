@@ -9,11 +9,7 @@
 #   3. compute-sanitizer: memcheck on the op suite (both CUDA backends, small shapes) and on test_decode,
 #      racecheck on the op suite (cuda); each bounded, skipped when the call's time is spent.
 cd "$(dirname "$0")/../.."
-G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/suite.txt; : > $R
-. scripts/device/libs.sh && device_libs $G $B/moe
-export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0
-BUDGET=${BUDGET:-560}
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+. scripts/device/libs.sh && recipe_start suite 560
 t ops 200 $B/test_cuda_ops;     grep -E "checks" $W/ops.log | tee -a $R; grep -m8 FAIL $W/ops.log | tee -a $R
 t model 120 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R
 t decode 90 $B/test_decode;     grep -E "checks" $W/decode.log | tee -a $R; grep -m5 FAIL $W/decode.log | tee -a $R

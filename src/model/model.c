@@ -404,8 +404,7 @@ void model_zero_grads(Model *m) {
         }
     }
     for (int i = 0; i < m->nzr; i++) m->be->zero(m->grads + m->zr_off[i], m->zr_n[i] * sizeof(float));
-    for (int i = 0; i < t->n; i++)
-        if (t->p[i].lnumel && routed_expert(&t->p[i])) m->dw_fresh[t->p[i].layer] = 1;
+    memset(m->dw_fresh, 1, (size_t)m->c.n_layers);   // (a layer this rank does not hold has no tensors to write)
 }
 
 void model_grads_settle(Model *m) {

@@ -46,10 +46,11 @@ typedef struct {
 typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; int fresh; } MoeGrads;
 
 // Activation recomputation (--recompute moe): the experts' SwiGLU rows (h1, h3, act: the largest
-// activations, 3 f values per routed token, in the backend's hidden format) are not kept per layer. Every layer's forward writes them
-// into these shared buffers and its backward computes them again there from what it keeps (the expert
-// input rows, the weights it used): the same kernels on the same operands, so the same bits as keeping
-// them. Owned by the caller (one per model); a layer points at it (MoeLayer.rc).
+// activations, 3 f values per routed token, in the backend's hidden format) are not kept per layer.
+// Every layer's forward writes them into these shared buffers and its backward computes them again
+// there from what it keeps (the expert input rows, the weights it used): the same kernels on the same
+// operands, so the same bits as keeping them. Owned by the caller (one per model); a layer points at
+// it (MoeLayer.rc).
 typedef struct { const Backend *be; void *h1, *h3, *act; size_t cap; } MoeRecompute;
 
 // Saved state of one layer's forward (one per layer: backward needs it).
