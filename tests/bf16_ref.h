@@ -173,6 +173,15 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     free(aq); free(ak); free(av); free(gr); free(qr); free(kr); free(vr);
 }
 
+static void bfr_matmul_fwd_multi(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+                                 const int *O) {
+    backend_matmul_fwd_multi_plain(backend_cpu_bf16ref(), n, out, inp, w, N, K, O);
+}
+static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+                                 const float *const *w, int N, int K, const int *O) {
+    backend_matmul_bwd_multi_plain(backend_cpu_bf16ref(), n, dinp, dw, dout, inp, w, N, K, O);
+}
+
 // The cpu backend with the cuda backend's bf16 GEMMs, bf16 expert hidden rows (float arrays of bf16 values)
 // and attention (name "cpu-bf16ref").
 static inline const Backend *backend_cpu_bf16ref(void) {
@@ -182,6 +191,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.name = "cpu-bf16ref";
         b.matmul_fwd = bfr_matmul_fwd;
         b.matmul_bwd = bfr_matmul_bwd;
+        b.matmul_fwd_multi = bfr_matmul_fwd_multi;   // the singles above, in order
+        b.matmul_bwd_multi = bfr_matmul_bwd_multi;
         b.grouped_matmul_fwd = bfr_grouped_fwd;
         b.grouped_matmul_bwd = bfr_grouped_bwd;
         b.grouped_swiglu_fwd = bfr_grouped_swiglu_fwd;

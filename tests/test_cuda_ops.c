@@ -261,6 +261,46 @@ static void test_matmul(int N, int K, int O, int shift) {
     free(x); free(w); free(acc); free(dout); free(pdx); free(pdw);
 }
 
+// matmul_fwd_multi / matmul_bwd_multi: the same bits as the single ops called in order (the input converted
+// once instead of per product), whatever mix of float32 (O <= MOE_GEMM_FP32_MAX_O) and bf16 products.
+static void test_matmul_multi(int N, int K, const int *O) {
+    float *x = hrand((size_t)N * K, 1.0f), *xd = dputf(x, (size_t)N * K);
+    float *w[3], *wd[3], *outm[3], *outs[3], *dout[3], *doutd[3], *dwm[3], *dws[3];
+    for (int i = 0; i < 3; i++) {
+        w[i] = hrand((size_t)O[i] * K, 0.5f);
+        wd[i] = dputf(w[i], (size_t)O[i] * K);
+        outm[i] = dnan((size_t)N * O[i]);
+        outs[i] = dnan((size_t)N * O[i]);
+        dout[i] = hrand((size_t)N * O[i], 1.0f);
+        doutd[i] = dputf(dout[i], (size_t)N * O[i]);
+        float *pre = hrand((size_t)O[i] * K, 1.0f);
+        dwm[i] = dputf(pre, (size_t)O[i] * K);
+        dws[i] = dputf(pre, (size_t)O[i] * K);
+        free(pre);
+    }
+    char what[96];
+    gpu->matmul_fwd_multi(3, outm, xd, (const float *const *)wd, N, K, O);
+    for (int i = 0; i < 3; i++) gpu->matmul_fwd(outs[i], xd, wd[i], N, K, O[i], 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "matmul_fwd_multi out[%d] N%d K%d O%d vs matmul_fwd", i, N, K, O[i]);
+        cmp_exact_dev(what, outm[i], outs[i], (size_t)N * O[i]);
+    }
+    float *pdx = hrand((size_t)N * K, 1.0f), *dxm = dputf(pdx, (size_t)N * K), *dxs = dputf(pdx, (size_t)N * K);
+    gpu->matmul_bwd_multi(3, dxm, dwm, (const float *const *)doutd, xd, (const float *const *)wd, N, K, O);
+    for (int i = 0; i < 3; i++) gpu->matmul_bwd(dxs, dws[i], doutd[i], xd, wd[i], N, K, O[i]);
+    snprintf(what, sizeof what, "matmul_bwd_multi dinp N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0], O[1], O[2]);
+    cmp_exact_dev(what, dxm, dxs, (size_t)N * K);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "matmul_bwd_multi dw[%d] N%d K%d O%d vs matmul_bwd", i, N, K, O[i]);
+        cmp_exact_dev(what, dwm[i], dws[i], (size_t)O[i] * K);
+    }
+    for (int i = 0; i < 3; i++) {
+        gpu->free(wd[i]); gpu->free(outm[i]); gpu->free(outs[i]); gpu->free(doutd[i]); gpu->free(dwm[i]); gpu->free(dws[i]);
+        free(w[i]); free(dout[i]);
+    }
+    gpu->free(xd); gpu->free(dxm); gpu->free(dxs); free(x); free(pdx);
+}
+
 // G groups with the given row counts (zeros anywhere, all zero).
 static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     int bf = gemm_is_bf16(1, O);
@@ -1415,6 +1455,9 @@ static void run_suite(const Backend *be, int big) {
     test_matmul(3, 5, 65, 0);        // the first O in bf16; K and N under a vector width
     test_matmul(5, 0, 7, 0);         // K = 0: overwrite gives zeros, accumulate leaves out
     test_matmul(5, 0, 70, 0);
+    test_matmul_multi(37, 70, (const int[3]){100, 72, 72});   // q, k, v shapes: all bf16 on "cuda"
+    test_matmul_multi(29, 40, (const int[3]){96, 16, 80});    // a float32 product between bf16 ones
+    if (big) test_matmul_multi(512, 256, (const int[3]){256, 128, 128});
     const int64_t c6[6] = {7, 0, 13, 1, 40, 0}, c4[4] = {0, 0, 0, 0}, c3[3] = {0, 33, 0};
     test_grouped(70, 45, 6, c6);     // empty groups, first and last
     if (big) test_grouped(96, 192, 6, c6);

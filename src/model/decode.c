@@ -88,14 +88,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         be->rmsnorm_fwd(kc->xn, kc->rstd, kc->x, W_(m, PR_ATTN_NORM, l, -1), n, d, c->norm_eps);
         // the families' options as model.c's forward: biases, then QK-norm, then RoPE
         float *qp = c->qk_norm ? kc->qraw : q, *kp = c->qk_norm ? kc->kraw : k;
-        be->matmul_fwd(qp, kc->xn, W_(m, PR_WQ, l, -1), n, d, qd, 0);
-        be->matmul_fwd(kp, kc->xn, W_(m, PR_WK, l, -1), n, d, kvd, 0);
-        be->matmul_fwd(v, kc->xn, W_(m, PR_WV, l, -1), n, d, kvd, 0);
-        if (c->qkv_bias) {   // + 1 bias^T over the model's ones vector (maxN >= W rows)
-            be->matmul_fwd(qp, m->ones, W_(m, PR_BQ, l, -1), n, 1, qd, 1);
-            be->matmul_fwd(kp, m->ones, W_(m, PR_BK, l, -1), n, 1, kvd, 1);
-            be->matmul_fwd(v, m->ones, W_(m, PR_BV, l, -1), n, 1, kvd, 1);
-        }
+        model_qkv_fwd(m, l, qp, kp, v, kc->xn, n);   // + the biases over the model's ones vector (maxN >= W rows)
         // (the full-width form over TP sums its rows over the TP ranks, which all decode the same rows)
         if (c->qk_norm) model_qk_norm_fwd(m, l, q, k, kc->rstdqk, kc->rstdqk, qp, kp, n);
         be->rope_rows(q, 1, t0, t1, H, hd, c->rope_theta, 0);

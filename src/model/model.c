@@ -43,6 +43,15 @@ static void qkv_bias_bwd(Model *m, int l, const float *dq, const float *dk, cons
     m->be->matmul_bwd(NULL, P(m, g, PR_BK, l, -1), dk, m->ones, P(m, p, PR_BK, l, -1), N, 1, kvd);
     m->be->matmul_bwd(NULL, P(m, g, PR_BV, l, -1), dv, m->ones, P(m, p, PR_BV, l, -1), N, 1, kvd);
 }
+void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const float *xn, int n) {
+    int qd = m->Hl * m->c.head_dim, kvd = m->KVl * m->c.head_dim;
+    float *out[3] = {q, k, v};
+    const float *w[3] = {P(m, m->params, PR_WQ, l, -1), P(m, m->params, PR_WK, l, -1), P(m, m->params, PR_WV, l, -1)};
+    int O[3] = {qd, kvd, kvd};
+    m->be->matmul_fwd_multi(3, out, xn, w, n, m->c.d_model, O);
+    if (m->c.qkv_bias) qkv_bias_fwd(m, l, q, k, v, n);
+}
+
 // QK-norm as RMSNorm rows: full (OLMoE) rows of H*hd / KV*hd, per head (Qwen3-MoE) rows of hd.
 static void qk_rows(const Model *m, int N, int heads, int *rows, int *C) {
     int full = m->c.qk_norm == QK_NORM_FULL;
@@ -542,14 +551,11 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     LayerActs *a = &m->la[l];
-    int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim, qd = H * hd, kvd = KV * hd;
+    int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim;
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * N;
     be->rmsnorm_fwd(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
     float *qp = c->qk_norm ? a->qraw : a->q, *kp = c->qk_norm ? a->kraw : a->k;
-    be->matmul_fwd(qp, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd, 0);
-    be->matmul_fwd(kp, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd, 0);
-    be->matmul_fwd(a->v, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd, 0);
-    if (c->qkv_bias) qkv_bias_fwd(m, l, qp, kp, a->v, N);
+    model_qkv_fwd(m, l, qp, kp, a->v, a->xn1, N);
     if (c->qk_norm) qk_norm_fwd(m, a, l, N);
     be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
     be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
@@ -794,9 +800,14 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         if (c->qk_norm) { qk_norm_bwd(m, a, l, N); dqp = m->dq2; dkp = m->dk2; }
         if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, m->dv, N);
         be->zero(m->dxn, (size_t)N * d * F);
-        be->matmul_bwd(m->dxn, P(m, g, PR_WQ, l, -1), dqp, a->xn1, P(m, m->params, PR_WQ, l, -1), N, d, qd);
-        be->matmul_bwd(m->dxn, P(m, g, PR_WK, l, -1), dkp, a->xn1, P(m, m->params, PR_WK, l, -1), N, d, kvd);
-        be->matmul_bwd(m->dxn, P(m, g, PR_WV, l, -1), m->dv, a->xn1, P(m, m->params, PR_WV, l, -1), N, d, kvd);
+        {   // the q, k, v projections' backward over one input (converted once)
+            float *dw[3] = {P(m, g, PR_WQ, l, -1), P(m, g, PR_WK, l, -1), P(m, g, PR_WV, l, -1)};
+            const float *dout[3] = {dqp, dkp, m->dv};
+            const float *w[3] = {P(m, m->params, PR_WQ, l, -1), P(m, m->params, PR_WK, l, -1),
+                                 P(m, m->params, PR_WV, l, -1)};
+            int O[3] = {qd, kvd, kvd};
+            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, w, N, d, O);
+        }
         // column-parallel q/k/v: each TP rank holds part of dxn1
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_ATTN_NORM, l, -1), m->dxn, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1),

@@ -188,6 +188,10 @@ void model_backward(Model *m, float aux_scale, float z_scale);
 void model_zero_grads(Model *m);
 void model_grads_settle(Model *m);
 
+// The q, k, v projections of layer l over n rows of the normed input xn (this rank's heads), with the
+// family's biases: the forward's and the KV-cached decode's one code.
+void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const float *xn, int n);
+
 // QK-norm of layer l over n rows (the config has one): q, k and their rstd from the projections qraw,
 // kraw (this rank's heads). The full-width form over TP ranks adds its rows' sums over the TP group (a
 // collective: every TP rank calls it). The forward's and the KV-cached decode's (decode.c) one code.

@@ -49,6 +49,9 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2 };
 // blocks (every group's, zeros where a group has no rows) instead of adding into them.
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2 };
 
+// The most products of one input that matmul_fwd_multi / matmul_bwd_multi take (q, k, v).
+#define MM_MULTI 3
+
 // bf16 <-> float32 bit operations shared by every backend (integer arithmetic: the same bits on any
 // device). NaN stays NaN (quiet); an overflow rounds to infinity as the hardware conversion does.
 static inline MOE_HD uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -115,6 +118,14 @@ struct Backend {
     // dinp (N,K) += dout (N,O) @ W ; dw (O,K) += dout^T @ inp. dinp or dw may be NULL.
     void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                        int N, int K, int O);
+    // Several products of one input (the q/k/v projections; n <= MM_MULTI): out[i] (N,O[i]) = inp @ W[i]^T,
+    // overwritten; the same bits as n matmul_fwd calls in order (the bf16 backend converts inp once).
+    void (*matmul_fwd_multi)(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+                             const int *O);
+    // Their backward: for i = 0.. in order, dinp (N,K) += dout[i] @ W[i] and dw[i] += dout[i]^T @ inp; the
+    // same bits as n matmul_bwd calls in order (dinp and dw[i] not NULL; inp converted once).
+    void (*matmul_bwd_multi)(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+                             const float *const *w, int N, int K, const int *O);
     // Grouped over G groups: group g has rows [off[g], off[g+1]) of inp/out and weight w + g*O*K.
     // off is a HOST array of G+1 entries.
     void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G,

@@ -1,5 +1,5 @@
-// plain.h — the fused expert ops of ops.h (grouped_swiglu_fwd/_bwd, grouped_down_fwd,
-// grouped_matmul_bwd2) as the plain ops of a Backend that their contracts name, in that order: what a
+// plain.h — the fused ops of ops.h (grouped_swiglu_fwd/_bwd, grouped_down_fwd, grouped_matmul_bwd2,
+// matmul_fwd_multi/_bwd_multi) as the plain ops of a Backend that their contracts name, in that order: what a
 // backend with nothing to fuse puts in its table (cpu, cuda-fp32: float32 hidden rows, hid_elem 4, so
 // the `void *` rows are float *) and what the tests' reference backends compose. Header
 // only (static inline), so that a backend can use it without linking against the file that picks
@@ -45,4 +45,15 @@ static inline void backend_grouped_matmul_bwd2_plain(const Backend *be, float *d
     be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, inp, wa, off, G, K, O, accumulate);
     be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, inp, wb, off, G, K, O,
                            GM_ACC_DINP | (accumulate & GM_DW_WRITE));
+}
+
+static inline void backend_matmul_fwd_multi_plain(const Backend *be, int n, float *const *out, const float *inp,
+                                                  const float *const *w, int N, int K, const int *O) {
+    for (int i = 0; i < n; i++) be->matmul_fwd(out[i], inp, w[i], N, K, O[i], 0);
+}
+
+static inline void backend_matmul_bwd_multi_plain(const Backend *be, int n, float *dinp, float *const *dw,
+                                                  const float *const *dout, const float *inp, const float *const *w,
+                                                  int N, int K, const int *O) {
+    for (int i = 0; i < n; i++) be->matmul_bwd(dinp, dw[i], dout[i], inp, w[i], N, K, O[i]);
 }

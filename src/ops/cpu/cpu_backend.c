@@ -88,12 +88,23 @@ static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const v
                                       accumulate);
 }
 
+static void cpu_matmul_fwd_multi(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+                                 const int *O) {
+    backend_matmul_fwd_multi_plain(backend_cpu(), n, out, inp, w, N, K, O);
+}
+
+static void cpu_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+                                 const float *const *w, int N, int K, const int *O) {
+    backend_matmul_bwd_multi_plain(backend_cpu(), n, dinp, dw, dout, inp, w, N, K, O);
+}
+
 const Backend *backend_cpu(void) {
     static const Backend be = {
         .name = "cpu",
         .alloc = cpu_alloc, .free = cpu_free,
         .to_device = cpu_copy, .to_host = cpu_copy, .copy = cpu_copy, .zero = cpu_zero, .sync = cpu_sync,
         .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
+        .matmul_fwd_multi = cpu_matmul_fwd_multi, .matmul_bwd_multi = cpu_matmul_bwd_multi,
         .grouped_matmul_fwd = cpu_grouped_matmul_fwd, .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
         .hid_elem = sizeof(float), .grouped_swiglu_fwd = cpu_grouped_swiglu_fwd,
         .grouped_down_fwd = cpu_grouped_down_fwd,

@@ -188,6 +188,8 @@ static void cuda_init(void) {
     g_be_bf16.name = "cuda";
     g_be_bf16.matmul_fwd = cuda_matmul_fwd_bf16;
     g_be_bf16.matmul_bwd = cuda_matmul_bwd_bf16;
+    g_be_bf16.matmul_fwd_multi = cuda_matmul_fwd_multi_bf16;
+    g_be_bf16.matmul_bwd_multi = cuda_matmul_bwd_multi_bf16;
     g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
     g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
     g_be_bf16.hid_elem = 2;   // bf16
@@ -202,6 +204,8 @@ static void cuda_init(void) {
     g_be_f32.name = "cuda-fp32";
     g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;
     g_be_f32.matmul_bwd = cuda_matmul_bwd_f32;
+    g_be_f32.matmul_fwd_multi = cuda_matmul_fwd_multi_f32;
+    g_be_f32.matmul_bwd_multi = cuda_matmul_bwd_multi_f32;
     g_be_f32.grouped_matmul_fwd = cuda_grouped_matmul_fwd_f32;
     g_be_f32.grouped_matmul_bwd = cuda_grouped_matmul_bwd_f32;
     g_be_f32.hid_elem = sizeof(float);

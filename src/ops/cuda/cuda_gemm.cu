@@ -275,6 +275,16 @@ extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb
                                       accumulate);
 }
 
+extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const float *inp, const float *const *w, int N,
+                                          int K, const int *O) {
+    backend_matmul_fwd_multi_plain(backend_cuda_fp32(), n, out, inp, w, N, K, O);
+}
+
+extern "C" void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout,
+                                          const float *inp, const float *const *w, int N, int K, const int *O) {
+    backend_matmul_bwd_multi_plain(backend_cuda_fp32(), n, dinp, dw, dout, inp, w, N, K, O);
+}
+
 // ---------------------------------------------------------------- bf16 GEMMs (fp32 accumulation)
 
 extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
@@ -308,6 +318,65 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
     if (dw) {
         to_bf16(xb, inp, (size_t)N * K);
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, 1.0f, dw, K);
+    }
+}
+
+// Several products of one input (ops.h matmul_fwd_multi / _bwd_multi): inp converted once, then each
+// product exactly as matmul_fwd / matmul_bwd (the same scratch slots at the same 256-byte alignment, the
+// same GEMM calls in the same order: the same bits); narrow ones (O <= MOE_GEMM_FP32_MAX_O) float32.
+static int mm_bf16_path(int N, int K, int O) { return N > 0 && K > 0 && O > MOE_GEMM_FP32_MAX_O; }
+
+extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const float *inp, const float *const *w, int N,
+                                           int K, const int *O) {
+    size_t wmax = 0;
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        if (!mm_bf16_path(N, K, O[i])) continue;
+        any = 1;
+        if (!shadow_of(w[i], (size_t)O[i] * K) && (size_t)O[i] * K > wmax) wmax = (size_t)O[i] * K;
+    }
+    bf16 *xb = NULL, *wb = NULL;
+    if (any) {
+        bf16_scratch((size_t)N * K, wmax, 0, &xb, &wb, NULL);
+        to_bf16(xb, inp, (size_t)N * K);
+    }
+    for (int i = 0; i < n; i++) {
+        if (!mm_bf16_path(N, K, O[i])) {
+            cuda_matmul_fwd_f32(out[i], inp, w[i], N, K, O[i], 0);
+            continue;
+        }
+        const bf16 *ws = shadow_of(w[i], (size_t)O[i] * K);
+        if (!ws) to_bf16(wb, w[i], (size_t)O[i] * K);
+        gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O[i], N, K, ws ? ws : wb, K, xb, K, 0.0f, out[i], O[i]);
+    }
+}
+
+extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout,
+                                           const float *inp, const float *const *w, int N, int K, const int *O) {
+    size_t gmax = 0, wmax = 0;
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        if (!mm_bf16_path(N, K, O[i])) continue;
+        any = 1;
+        if ((size_t)N * O[i] > gmax) gmax = (size_t)N * O[i];
+        if (!shadow_of(w[i], (size_t)O[i] * K) && (size_t)O[i] * K > wmax) wmax = (size_t)O[i] * K;
+    }
+    bf16 *gb = NULL, *wb = NULL, *xb = NULL;
+    if (any) {
+        bf16_scratch(gmax, wmax, (size_t)N * K, &gb, &wb, &xb);
+        to_bf16(xb, inp, (size_t)N * K);
+    }
+    for (int i = 0; i < n; i++) {
+        if (N <= 0 || K <= 0 || O[i] <= 0) continue;   // as matmul_bwd: nothing to do
+        if (!mm_bf16_path(N, K, O[i])) {
+            cuda_matmul_bwd_f32(dinp, dw[i], dout[i], inp, w[i], N, K, O[i]);
+            continue;
+        }
+        const bf16 *ws = shadow_of(w[i], (size_t)O[i] * K);
+        to_bf16(gb, dout[i], (size_t)N * O[i]);
+        if (!ws) to_bf16(wb, w[i], (size_t)O[i] * K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O[i], ws ? ws : wb, K, gb, O[i], 1.0f, dinp, K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O[i], N, xb, K, gb, O[i], 1.0f, dw[i], K);
     }
 }
 

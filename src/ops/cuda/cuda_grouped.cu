@@ -157,6 +157,18 @@ __device__ __forceinline__ void swiglu_grad(float g, float a, float h3, float *g
     *g3 = __fmul_rn(g, silu);
 }
 
+// EPI_SWIGLU_BWD's operands from the forward: h1 and h3 as raw bf16 pairs at (row, col) of a thread's
+// fragment (zeros outside the group's rows or past N)
+__device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGArgs &a, int row, int col, int mend) {
+    u1 = u3 = 0;
+    if (row >= mend || col >= a.N) return;
+    long long o = (long long)row * a.ldc + col;
+    u1 = *(const uint32_t *)(a.H1 + o);
+    u3 = *(const uint32_t *)(a.H3 + o);
+}
+__device__ __forceinline__ float2 bf2_f2(uint32_t u) { return __bfloat1622float2(*(const __nv_bfloat162 *)&u); }
+#define GG_HB 8   // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue
+
 // NMAJ: B is N-major (K, N) per group (else K-major (N, K)). EPI: the epilogue (above).
 template <int NMAJ, int EPI>
 __global__ void __launch_bounds__(GG_THREADS, 1)
@@ -265,10 +277,38 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
             prev = s;
             if (++s == GG_ST) { s = 0; ph ^= 1; }
         }
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(empty + 8 * prev);
         // accumulator fragment: rows wq*16 + lane/4 (+8), columns 8j + 2*(lane%4) (+1)
         int r = m0 + c * 64 + wq * 16 + lane / 4, cb = n0 + 2 * (lane % 4);
+        if (EPI == EPI_SWIGLU_BWD) {
+            // dh1, dh3 from dact (acc) and the forward's h1, h3, GG_HB column groups in flight: the first
+            // GG_HB go out before the last MMAs are waited for, the next as a slot is used up (before:
+            // all loads of 4 groups, then their stores, one memory round trip per 4 groups)
+            uint32_t u1[GG_HB][2], u3[GG_HB][2];
+#pragma unroll
+            for (int j = 0; j < GG_HB; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) gg_load_h(u1[j][h], u3[j][h], a, r + 8 * h, cb + 8 * j, mend);
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(empty + 8 * prev);
+#pragma unroll
+            for (int j = 0; j < GG_BN / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = r + 8 * h, col = cb + 8 * j;
+                    float2 h1 = bf2_f2(u1[j % GG_HB][h]), h3 = bf2_f2(u3[j % GG_HB][h]);
+                    if (j + GG_HB < GG_BN / 8) gg_load_h(u1[j % GG_HB][h], u3[j % GG_HB][h], a, row, col + 8 * GG_HB, mend);
+                    if (row >= mend || col >= a.N) continue;
+                    long long o = (long long)row * a.ldc + col;
+                    float2 d1, d3;
+                    swiglu_grad(acc[4 * j + 2 * h], h1.x, h3.x, &d1.x, &d3.x);
+                    swiglu_grad(acc[4 * j + 2 * h + 1], h1.y, h3.y, &d1.y, &d3.y);
+                    *(__nv_bfloat162 *)(a.O1 + o) = __float22bfloat162_rn(d1);
+                    *(__nv_bfloat162 *)(a.O2 + o) = __float22bfloat162_rn(d3);
+                }
+            continue;
+        }
+        wgmma_wait<0>();
+        if (lane == 0) mbar_arrive(empty + 8 * prev);
         if (EPI == EPI_SWIGLU_FWD) {
 #pragma unroll
             for (int j = 0; j < 16; j++)
@@ -285,27 +325,20 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 }
             continue;
         }
-        // EPI_PLAIN with beta reads C, EPI_SWIGLU_BWD reads h1 and h3: a few column groups at a
-        // time, all loads before the stores (one memory round trip per group instead of one per
-        // value; measured: a beta = 1 GEMM loading before each store took 2.6x as long)
-        const int CH = EPI == EPI_SWIGLU_BWD ? 4 : 8;
+        // EPI_PLAIN with beta reads C: a few column groups at a time, all loads before the stores (one
+        // memory round trip per group instead of one per value; measured: a beta = 1 GEMM loading
+        // before each store took 2.6x as long)
+        const int CH = 8;
 #pragma unroll
         for (int j0 = 0; j0 < GG_BN / 8; j0 += CH) {
-            float2 o1[CH][2], o3[CH][2];
+            float2 cv[CH][2];
 #pragma unroll
             for (int j = 0; j < CH; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int row = r + 8 * h, col = cb + 8 * (j0 + j);
-                    long long o = (long long)row * a.ldc + col;
-                    o1[j][h] = o3[j][h] = make_float2(0.0f, 0.0f);
-                    if (row >= mend || col >= a.N) continue;
-                    if (EPI == EPI_SWIGLU_BWD) {
-                        o1[j][h] = __bfloat1622float2(*(const __nv_bfloat162 *)(a.H1 + o));
-                        o3[j][h] = __bfloat1622float2(*(const __nv_bfloat162 *)(a.H3 + o));
-                    } else if (a.beta != 0.0f) {
-                        o1[j][h] = *(const float2 *)(Cb + o);
-                    }
+                    cv[j][h] = make_float2(0.0f, 0.0f);
+                    if (row < mend && col < a.N && a.beta != 0.0f) cv[j][h] = *(const float2 *)(Cb + (long long)row * a.ldc + col);
                 }
 #pragma unroll
             for (int j = 0; j < CH; j++)
@@ -313,21 +346,12 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 for (int h = 0; h < 2; h++) {
                     int row = r + 8 * h, col = cb + 8 * (j0 + j);
                     if (row >= mend || col >= a.N) continue;
-                    long long o = (long long)row * a.ldc + col;
                     float2 v = make_float2(acc[4 * (j0 + j) + 2 * h], acc[4 * (j0 + j) + 2 * h + 1]);
-                    if (EPI == EPI_SWIGLU_BWD) {
-                        float2 d1, d3;
-                        swiglu_grad(v.x, o1[j][h].x, o3[j][h].x, &d1.x, &d3.x);
-                        swiglu_grad(v.y, o1[j][h].y, o3[j][h].y, &d1.y, &d3.y);
-                        *(__nv_bfloat162 *)(a.O1 + o) = __float22bfloat162_rn(d1);
-                        *(__nv_bfloat162 *)(a.O2 + o) = __float22bfloat162_rn(d3);
-                    } else {
-                        if (a.beta != 0.0f) {
-                            v.x += a.beta * o1[j][h].x;
-                            v.y += a.beta * o1[j][h].y;
-                        }
-                        *(float2 *)(Cb + o) = v;
+                    if (a.beta != 0.0f) {
+                        v.x += a.beta * cv[j][h].x;
+                        v.y += a.beta * cv[j][h].y;
                     }
+                    *(float2 *)(Cb + (long long)row * a.ldc + col) = v;
                 }
         }
     }
