@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_swiglu.cuh"
 #include "ops/cuda/cuda_wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -143,19 +144,12 @@ __device__ __forceinline__ void gg_tile_dw(const GGArgs &a, int t, int &m0, int 
 // Epilogues. EPI_PLAIN: C = acc + beta C. EPI_SWIGLU_FWD (B = 128 rows of W1 then 128 of W3, so a
 // thread holds h1 and h3 of the same elements in acc[j] and acc[j + 64]): h1, h3 and
 // act = silu(h1) h3. EPI_SWIGLU_BWD (acc = dact = dout W2): dh1, dh3 from dact and the forward's h1,
-// h3. The SwiGLU arithmetic is cuda_nn.cu's, operation for operation and without contraction
-// (__f*_rn), so the fused results are the unfused ops' bits.
+// h3. The SwiGLU arithmetic is cuda_swiglu.cuh's, which cuda_nn.cu's plain kernels use too, so the
+// fused results are the unfused ops' bits.
 // EPI_DW: C_g (M, N) += dout_g^T x_g: A is dout (rows, M) read M-major, B is x (rows, N) N-major,
 // the reduction runs over the group's own rows (the last step's rows past the group are zeroed in
 // shared memory: they belong to the next group).
 enum { EPI_PLAIN, EPI_SWIGLU_FWD, EPI_SWIGLU_BWD, EPI_DW };
-__device__ __forceinline__ float sigm(float a) { return 1.0f / __fadd_rn(1.0f, expf(-a)); }
-__device__ __forceinline__ float silu_mul(float a, float h3) { return __fmul_rn(__fmul_rn(a, sigm(a)), h3); }
-__device__ __forceinline__ void swiglu_grad(float g, float a, float h3, float *g1, float *g3) {
-    float sg = sigm(a), silu = __fmul_rn(a, sg);
-    *g1 = __fmul_rn(__fmul_rn(__fmul_rn(g, h3), sg), __fadd_rn(1.0f, __fmul_rn(a, __fsub_rn(1.0f, sg))));
-    *g3 = __fmul_rn(g, silu);
-}
 
 // EPI_SWIGLU_BWD's operands from the forward: h1 and h3 as raw bf16 pairs at (row, col) of a thread's
 // fragment (zeros outside the group's rows or past N)
@@ -321,7 +315,7 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                     float y0 = acc[64 + 4 * j + 2 * h], y1 = acc[64 + 4 * j + 2 * h + 1];
                     *(__nv_bfloat162 *)(a.O1 + o) = __floats2bfloat162_rn(x0, x1);
                     *(__nv_bfloat162 *)(a.O2 + o) = __floats2bfloat162_rn(y0, y1);
-                    *(__nv_bfloat162 *)(a.O3 + o) = __floats2bfloat162_rn(silu_mul(x0, y0), silu_mul(x1, y1));
+                    *(__nv_bfloat162 *)(a.O3 + o) = __floats2bfloat162_rn(swiglu_silu_mul(x0, y0), swiglu_silu_mul(x1, y1));
                 }
             continue;
         }

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_swiglu.cuh"
 
 // ---------------------------------------------------------------- rows: gather, embedding backward, combine
 
@@ -623,8 +624,8 @@ __device__ __forceinline__ void st_h(__nv_bfloat16 *p, float x) { *p = __float2b
 template <typename D>
 __global__ void swiglu_fwd_k(D *out, D *h1o, D *h3o, const float *h1, const float *h3, size_t n) {
     GRID_STRIDE(i, n) {
-        float a = ld_f(h1 + i), sg = 1.0f / (1.0f + expf(-a)), b = ld_f(h3 + i);
-        st_h(out + i, a * sg * b);
+        float a = ld_f(h1 + i), b = ld_f(h3 + i);
+        st_h(out + i, swiglu_silu_mul(a, b));
         if (h1o) { st_h(h1o + i, a); st_h(h3o + i, b); }
     }
 }
@@ -633,8 +634,8 @@ __global__ void swiglu_fwd_k(D *out, D *h1o, D *h3o, const float *h1, const floa
 template <int ACC, typename H>
 __global__ void swiglu_bwd_k(H *dh1, H *dh3, const float *dout, const H *h1, const H *h3, size_t n) {
     GRID_STRIDE(i, n) {
-        float a = ld_h(h1 + i), sg = 1.0f / (1.0f + expf(-a)), silu = a * sg, g = ld_f(dout + i);
-        float g1 = g * ld_h(h3 + i) * sg * (1.0f + a * (1.0f - sg)), g3 = g * silu;
+        float g1, g3;
+        swiglu_grad(ld_f(dout + i), ld_h(h1 + i), ld_h(h3 + i), &g1, &g3);
         st_h(dh1 + i, ACC ? ld_h(dh1 + i) + g1 : g1);
         st_h(dh3 + i, ACC ? ld_h(dh3 + i) + g3 : g3);
     }
