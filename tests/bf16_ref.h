@@ -59,10 +59,10 @@ static void bfr_grouped_fwd(float *out, const float *inp, const float *w, const 
 }
 
 static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                            const int64_t *off, int G, int K, int O, int accumulate) {
+                            const int64_t *off, int G, int K, int O, int flags) {
     size_t rows = G > 0 ? (size_t)off[G] : 0;
     float *gr = bf16_copy(dout, rows * O), *xr = bf16_copy(inp, rows * K), *wr = bf16_copy(w, (size_t)G * O * K);
-    backend_cpu()->grouped_matmul_bwd(dinp, dw, gr, xr, wr, off, G, K, O, accumulate);
+    backend_cpu()->grouped_matmul_bwd(dinp, dw, gr, xr, wr, off, G, K, O, flags);
     free(gr); free(xr); free(wr);
 }
 
@@ -95,9 +95,9 @@ static void bfr_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float 
 }
 
 static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const float *inp,
-                             const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int accumulate) {
+                             const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int flags) {
     backend_grouped_matmul_bwd2_plain(backend_cpu_bf16ref(), dinp, dwa, dwb, da, db, inp, wa, wb, off, G, K, O,
-                                      accumulate);
+                                      flags);
 }
 
 // Attention as the tensor-core kernels of the cuda backend compute it (head dims 32, 64, 128;

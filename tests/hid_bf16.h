@@ -47,9 +47,9 @@ static void hb_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, co
     free(a); free(b); free(c); free(d1); free(d3);
 }
 static void hb_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const float *inp,
-                    const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int accumulate) {
+                    const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int flags) {
     float *a = hb_widen(da, off, G, O), *b = hb_widen(db, off, G, O);
-    backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, a, b, inp, wa, wb, off, G, K, O, accumulate);
+    backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, a, b, inp, wa, wb, off, G, K, O, flags);
     free(a); free(b);
 }
 

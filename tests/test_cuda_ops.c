@@ -6,8 +6,8 @@
 // Method: the same host inputs go to both backends; forward outputs on the GPU are poisoned with
 // NaN before every run, so an element the kernel never writes fails. Every *_bwd runs twice per
 // backend: on zeroed gradient buffers (checks the gradient itself) and on buffers pre-filled with
-// the same random values (checks that it accumulates: += , not =). Those with an `accumulate`
-// argument (grouped_matmul_bwd's dinp, swiglu_bwd) run a third time with accumulate 0: the cpu's
+// the same random values (checks that it accumulates: += , not =). Those that can overwrite
+// (grouped_matmul_bwd's dinp without GM_ACC_DINP, swiglu_bwd with accumulate 0) run a third time so: the cpu's
 // buffers pre-filled with random values, the GPU's poisoned with NaN, so a value read back or left
 // behind on either side fails the same band.
 //

@@ -508,7 +508,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         m->started = 0;
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
-        // first write of each buffer overwrites every row it holds (accumulate 0); dxg = dh1 W1 + dh3 W3
+        // first write of each buffer overwrites every row it holds (flags without GM_ACC_DINP); dxg = dh1 W1 + dh3 W3
         // in one call (grouped_matmul_bwd2). The weight gradients accumulate, or are written where they
         // hold nothing yet this step (g->fresh: ops.h GM_DW_WRITE).
         int dwf = gu->fresh ? GM_DW_WRITE : 0;

@@ -4,8 +4,8 @@
 //
 // Conventions: row-major; a Linear weight W is (out, in) and y = x W^T (HF layout).
 // Every *_bwd ACCUMULATES (+=) into its gradient outputs, except where an `accumulate` argument
-// says otherwise (0 = overwrite, 1 = +=: grouped_matmul_bwd's dinp, swiglu_bwd); gradient pointers
-// may be NULL where noted.
+// (0 = overwrite, 1 = +=: swiglu_bwd) or the grouped ops' `flags` (GM_* below) say otherwise; gradient
+// pointers may be NULL where noted.
 #pragma once
 #include <stddef.h>
 #include <stdio.h>
@@ -44,8 +44,7 @@ static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lc
 //   stochastically (bf16_round_sr with bf16_sr_bits(seed, t, global index): unbiased, deterministic).
 enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2 };
 
-// The `accumulate` flags of the grouped backward ops (grouped_matmul_bwd, grouped_matmul_bwd2; flags of
-// grouped_swiglu_bwd): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
+// The `flags` of the grouped backward ops (grouped_matmul_bwd, grouped_matmul_bwd2, grouped_swiglu_bwd): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
 // blocks (every group's, zeros where a group has no rows) instead of adding into them.
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2 };
 
@@ -130,14 +129,14 @@ struct Backend {
     // off is a HOST array of G+1 entries.
     void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G,
                                int K, int O);
-    // Its backward: dinp_g = dout_g @ W_g, written (accumulate 0) or added (GM_ACC_DINP) into dinp;
+    // Its backward: dinp_g = dout_g @ W_g, written (flags 0) or added (GM_ACC_DINP) into dinp;
     // dw_g += dout_g^T @ inp_g (a parameter gradient, summed over micro-batches), or with GM_DW_WRITE
     // written instead: every group's block of dw, zeros for a group without rows (the same bits as
     // adding into zeros; the first write of a step needs no zero fill before it). The groups partition
-    // rows [off[0], off[G]), so with accumulate 0 every row of dinp in that range is written (zeros
+    // rows [off[0], off[G]), so without GM_ACC_DINP every row of dinp in that range is written (zeros
     // where O = 0) and no row outside it is touched. dinp or dw may be NULL.
     void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
-                               const float *w, const int64_t *off, int G, int K, int O, int accumulate);
+                               const float *w, const int64_t *off, int G, int K, int O, int flags);
     // The experts' up-projection with SwiGLU: h1 = inp W1^T and h3 = inp W3^T (grouped_matmul_fwd
     // each), then act = silu(h1) * h3 (swiglu_fwd) over the groups' rows (O columns). A backend may
     // read inp once and compute act in the GEMMs' epilogue (the same floats as swiglu_fwd).
@@ -156,15 +155,15 @@ struct Backend {
     void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
                                const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                int O, int flags);
-    // Their backward: dinp = douta Wa + doutb Wb, written or added as `accumulate` says (as
+    // Their backward: dinp = douta Wa + doutb Wb, written or added as `flags` say (as
     // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (or written: GM_DW_WRITE). The same
-    // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., accumulate) then (dinp, dwb, doutb, ...,
-    // GM_ACC_DINP | (accumulate & GM_DW_WRITE)); a backend
+    // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., flags) then (dinp, dwb, doutb, ...,
+    // GM_ACC_DINP | (flags & GM_DW_WRITE)); a backend
     // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL. douta, doutb
     // (dh1, dh3) in the hidden format.
     void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                 const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
-                                int K, int O, int accumulate);
+                                int K, int O, int flags);
 
     // The dispatch plan (moe/router.h's order: by expert, then slot j, then token) in two steps
     // around the host's capacity decision, so that only counts cross to the host. plan_counts:

@@ -41,10 +41,10 @@ static inline void backend_grouped_down_fwd_plain(const Backend *be, float *out,
 static inline void backend_grouped_matmul_bwd2_plain(const Backend *be, float *dinp, float *dwa, float *dwb,
                                                      const void *douta, const void *doutb, const float *inp,
                                                      const float *wa, const float *wb, const int64_t *off, int G,
-                                                     int K, int O, int accumulate) {
-    be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, inp, wa, off, G, K, O, accumulate);
+                                                     int K, int O, int flags) {
+    be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, inp, wa, off, G, K, O, flags);
     be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, inp, wb, off, G, K, O,
-                           GM_ACC_DINP | (accumulate & GM_DW_WRITE));
+                           GM_ACC_DINP | (flags & GM_DW_WRITE));
 }
 
 static inline void backend_matmul_fwd_multi_plain(const Backend *be, int n, float *const *out, const float *inp,

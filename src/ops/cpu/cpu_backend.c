@@ -57,11 +57,11 @@ static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w,
 }
 
 static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                   const int64_t *off, int G, int K, int O, int accumulate) {
+                                   const int64_t *off, int G, int K, int O, int flags) {
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         mm_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
-               w + (size_t)g * O * K, (int)n, K, O, accumulate);
+               w + (size_t)g * O * K, (int)n, K, O, flags);
     }
 }
 
@@ -83,9 +83,9 @@ static void cpu_grouped_down_fwd(float *out, const void *act, const float *w, co
 
 static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                     const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
-                                    int K, int O, int accumulate) {
+                                    int K, int O, int flags) {
     backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
-                                      accumulate);
+                                      flags);
 }
 
 static void cpu_matmul_fwd_multi(int n, float *const *out, const float *inp, const float *const *w, int N, int K,

@@ -162,7 +162,7 @@ void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, in
 void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
 void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                 const int64_t *off, int G, int K, int O, int accumulate);
+                                 const int64_t *off, int G, int K, int O, int flags);
 void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
 void cuda_matmul_fwd_multi_f32(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
@@ -175,7 +175,7 @@ void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const floa
                                 const float *const *w, int N, int K, const int *O);
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                  const int64_t *off, int G, int K, int O, int accumulate);
+                                  const int64_t *off, int G, int K, int O, int flags);
 void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
                                  const int64_t *off, int G, int K, int O);
 void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
@@ -184,7 +184,7 @@ void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const float *d
                                  int O, int flags);
 void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                   const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
-                                  int O, int accumulate);
+                                  int O, int flags);
 void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const float *inp, const float *w1,
                                   const float *w3, const int64_t *off, int G, int K, int O);
 void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
@@ -193,7 +193,7 @@ void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const float *
                                   int O, int flags);
 void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                    const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
-                                   int O, int accumulate);
+                                   int O, int flags);
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);

@@ -241,12 +241,12 @@ extern "C" void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const 
 }
 
 extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp,
-                                            const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
+                                            const float *w, const int64_t *off, int G, int K, int O, int flags) {
     for (int g = 0; g < G; g++) {   // (a group without rows: only GM_DW_WRITE's zeros)
         int64_t r0 = off[g], n = off[g + 1] - off[g];
-        if (n <= 0 && !(dw && (accumulate & GM_DW_WRITE))) continue;
+        if (n <= 0 && !(dw && (flags & GM_DW_WRITE))) continue;
         mm_bwd_f32(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
-                   w + (size_t)g * O * K, (int)(n > 0 ? n : 0), K, O, accumulate);
+                   w + (size_t)g * O * K, (int)(n > 0 ? n : 0), K, O, flags);
     }
 }
 
@@ -270,9 +270,9 @@ extern "C" void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, con
 
 extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta,
                                              const void *doutb, const float *inp, const float *wa, const float *wb,
-                                             const int64_t *off, int G, int K, int O, int accumulate) {
+                                             const int64_t *off, int G, int K, int O, int flags) {
     backend_grouped_matmul_bwd2_plain(backend_cuda_fp32(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
-                                      accumulate);
+                                      flags);
 }
 
 extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const float *inp, const float *const *w, int N,
@@ -553,18 +553,18 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
 // rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros; no rows:
 // GM_DW_WRITE's zeros in the G blocks of each of the dws)
 static int64_t bwd_rows(float *dinp, float *const *dws, int ndw, const int64_t *off, int G, int K, int O,
-                        int accumulate) {
+                        int flags) {
     int any = dinp != NULL;
     for (int i = 0; i < ndw; i++) any |= dws[i] != NULL;
     if (G <= 0 || K <= 0 || !any) return 0;
     int64_t rows = off[G] - off[0];
     if (rows <= 0) {
         for (int i = 0; i < ndw; i++)
-            if (dws[i] && (accumulate & GM_DW_WRITE) && O > 0) dw_zero_empty(dws[i], off, G, K, O, 1);
+            if (dws[i] && (flags & GM_DW_WRITE) && O > 0) dw_zero_empty(dws[i], off, G, K, O, 1);
         return 0;
     }
     if (O <= 0) {   // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
-        if (dinp && !(accumulate & GM_ACC_DINP))
+        if (dinp && !(flags & GM_ACC_DINP))
             CUDA_CHECK(cudaMemset(dinp + off[0] * K, 0, sizeof(float) * (size_t)rows * K));
         return 0;
     }
@@ -573,8 +573,8 @@ static int64_t bwd_rows(float *dinp, float *const *dws, int ndw, const int64_t *
 
 // dinp with beta = GM_ACC_DINP (0: written, never read); dw with beta 1, or 0 with GM_DW_WRITE (ops.h).
 extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
-                                             const float *w, const int64_t *off, int G, int K, int O, int accumulate) {
-    int64_t rows = bwd_rows(dinp, &dw, 1, off, G, K, O, accumulate);
+                                             const float *w, const int64_t *off, int G, int K, int O, int flags) {
+    int64_t rows = bwd_rows(dinp, &dw, 1, off, G, K, O, flags);
     if (!rows) return;
     int64_t base = off[0];
     size_t nw = (size_t)G * O * K;
@@ -583,11 +583,11 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
     bf16_scratch_v(3, sz, p);
     to_bf16(p[0], dout + base * O, (size_t)rows * O);
     if (dinp)
-        gdinp(dinp + base * K, accumulate & GM_ACC_DINP ? 1.0f : 0.0f, p[0], weights_bf16(p[1], w, nw), NULL, NULL,
+        gdinp(dinp + base * K, flags & GM_ACC_DINP ? 1.0f : 0.0f, p[0], weights_bf16(p[1], w, nw), NULL, NULL,
               off, G, K, O);
     if (dw) {
         to_bf16(p[2], inp + base * K, (size_t)rows * K);
-        gdw(dw, p[0], p[2], off, G, K, O, accumulate & GM_DW_WRITE);
+        gdw(dw, p[0], p[2], off, G, K, O, flags & GM_DW_WRITE);
     }
 }
 
@@ -595,9 +595,9 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
 // douta, doutb (dh1, dh3) bf16 already (the hidden format)
 extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta,
                                               const void *doutb, const float *inp, const float *wa, const float *wb,
-                                              const int64_t *off, int G, int K, int O, int accumulate) {
+                                              const int64_t *off, int G, int K, int O, int flags) {
     float *dws[2] = {dwa, dwb};
-    int64_t rows = bwd_rows(dinp, dws, 2, off, G, K, O, accumulate);
+    int64_t rows = bwd_rows(dinp, dws, 2, off, G, K, O, flags);
     if (!rows) return;
     int64_t base = off[0];
     size_t nw = (size_t)G * O * K;
@@ -607,9 +607,9 @@ extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dw
     bf16_scratch_v(3, sz, p);
     const bf16 *ga = (const bf16 *)douta + base * O, *gb = (const bf16 *)doutb + base * O;
     if (dinp)
-        gdinp(dinp + base * K, accumulate & GM_ACC_DINP ? 1.0f : 0.0f, ga, weights_bf16(p[1], wa, nw), gb,
+        gdinp(dinp + base * K, flags & GM_ACC_DINP ? 1.0f : 0.0f, ga, weights_bf16(p[1], wa, nw), gb,
               weights_bf16(p[2], wb, nw), off, G, K, O);
     if (dwa || dwb) to_bf16(p[0], inp + base * K, (size_t)rows * K);
-    if (dwa) gdw(dwa, ga, p[0], off, G, K, O, accumulate & GM_DW_WRITE);
-    if (dwb) gdw(dwb, gb, p[0], off, G, K, O, accumulate & GM_DW_WRITE);
+    if (dwa) gdw(dwa, ga, p[0], off, G, K, O, flags & GM_DW_WRITE);
+    if (dwb) gdw(dwb, gb, p[0], off, G, K, O, flags & GM_DW_WRITE);
 }
