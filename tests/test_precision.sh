@@ -55,6 +55,21 @@ if "$CKPT_DIFF" --bf16 X/$S6 > "$TMP/.c"; then fail "a --precision mixed run's w
 else pass "a mixed run's weights are not bf16 values ($(cat "$TMP/.c"))"; fi
 grep -q '"precision"' X/$S6/state.json && fail "a mixed checkpoint's state.json names a precision (it must stay as before)"
 
+# ---- --bf16-rounding none: bf16 moments, the weights left float32 (so step 1 is mixed's, bit for bit)
+run_ok "bf16 none run" "$MOE" train "${BASE[@]}" --precision bf16 --bf16-rounding none --out NR < /dev/null
+"$CKPT_DIFF" --bf16 NR/$S6 > "$TMP/.c"
+if grep -q 'not bf16 values: [1-9][0-9]* of [0-9]* weights, 0 of' "$TMP/.c"; then
+  pass "bf16 none: every moment is a bf16 value, the weights are not ($(cat "$TMP/.c"))"
+else fail "bf16 none: want bf16 moments and float32 weights: $(cat "$TMP/.c")"; fi
+check "bf16 none: step 1's loss is the mixed run's, bit for bit (the initial weights are not rounded)" \
+  test "$(field loss NR/metrics.jsonl | head -1)" = "$(field loss X/metrics.jsonl | head -1)"
+if cmp -s <(field loss NR/metrics.jsonl) <(field loss X/metrics.jsonl); then
+  fail "bf16 none trains the mixed run's losses (its moments are not bf16?)"
+else pass "bf16 none: later losses differ from mixed (the bf16 moments)"; fi
+cp -r NR NR2 && rm -rf NR2/$S6
+run_ok "bf16 none: --resume from step 3" "$MOE" train "${BASE[@]}" --precision bf16 --bf16-rounding none --out NR2 --resume < /dev/null
+check "bf16 none resume: the step-6 checkpoint is byte-identical to the uninterrupted run's" same_ckpt NR NR2 $S6
+
 # ---- resume: 3 + 3 steps byte-identical to 6
 cp -r A B && rm -rf B/$S6
 run_ok "bf16: --resume from step 3" "$MOE" train "${BASE[@]}" --precision bf16 --out B --resume < /dev/null

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device recipe (kind nvidia-h200): --precision mixed vs bf16 (stochastic, nearest) on one GPU, not CI.
+# Device recipe (kind nvidia-h200): --precision mixed vs bf16 (stochastic, nearest, none) on one GPU, not CI.
 # Prepare here: cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu (an ignored folder),
 # then run `bash scripts/device/precision_check.sh` with carry [".gpu"] (about 3 x 2-3 minutes).
 # Each setting trains the small preset (d 256, 4 layers, 8 experts top-2) for STEPS (default 2000)
@@ -27,7 +27,7 @@ if [ "${OPS:-1}" = 1 ]; then   # OPS=0: the op suite ran in this call already
 fi
 S="--preset small --steps $STEPS --batch 16 --seq-len 256 --lr 1e-3 --warmup 100 --eval-every 250 --eval-batches 16
    --sample-tokens 0 --plots 0 --save-every 0 --keep 1 --quiet --device cuda --force $D"
-for p in "mixed" "bf16 --bf16-rounding stochastic" "bf16 --bf16-rounding nearest"; do
+for p in "mixed" "bf16 --bf16-rounding stochastic" "bf16 --bf16-rounding nearest" "bf16 --bf16-rounding none"; do
   name=$(echo $p | awk '{ print $1 ($3 ? "_" $3 : "") }')
   t0=$SECONDS
   timeout ${RUN_LIMIT:-200} $B/moe train $S --precision $p --out $W/$name > $W/$name.log 2>&1; rc=$?
@@ -37,6 +37,6 @@ for p in "mixed" "bf16 --bf16-rounding stochastic" "bf16 --bf16-rounding nearest
   tps=$(grep -o '"tokens_per_s":[0-9.e+]*' $W/$name/metrics.jsonl | tail -50 | cut -d: -f2 | awk '{ s += $1 } END { if (NR) printf "%.0f", s / NR }')
   log "$name rc=$rc $((SECONDS - t0))s: train loss (last 50) $tl | val $vl | tokens/s $tps"
   [ $rc = 0 ] || tail -5 $W/$name.log | tee -a $R
-  case $name in bf16*) log "  $($B/ckpt_diff --bf16 $W/$name)";; esac
+  case $name in bf16_none) ;; bf16*) log "  $($B/ckpt_diff --bf16 $W/$name)";; esac
 done
 grep -h "memory" $W/mixed.log $W/bf16_stochastic.log 2>/dev/null | head -4 | tee -a $R

@@ -194,7 +194,8 @@ static const Opt opts[] = {
      "held in the float32 buffer); checkpoints stay float32"},
     {"bf16-rounding", O_ROUNDING, TO(bf16_rounding), C_TRAIN,
      "--precision bf16: how each updated weight is rounded to bf16: stochastic (unbiased, seeded by --seed: "
-     "reproducible) or nearest (round to nearest even)"},
+     "reproducible), nearest (round to nearest even), or none (the weights stay float32: only the moments are "
+     "bf16)"},
     {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
     {"overlap", O_INT, TO(overlap), C_TRAIN, "1: reduce gradient buckets while backward runs"},
     {"bucket-mb", O_FLOAT, TO(bucket_mb), C_TRAIN, "gradient bucket size cap in MB"},
@@ -258,7 +259,8 @@ static const WordSet word_sets[] = {
     {O_AUXSCOPE, "micro-batch|sequence|global", 0, 3, {"micro-batch", "sequence", "global"},
      {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
     {O_PRECISION, "mixed|bf16", 0, 2, {"mixed", "bf16"}, {PREC_MIXED, PREC_BF16}},
-    {O_ROUNDING, "stochastic|nearest", 0, 2, {"stochastic", "nearest"}, {ROUND_STOCHASTIC, ROUND_NEAREST}},
+    {O_ROUNDING, "stochastic|nearest|none", 0, 3, {"stochastic", "nearest", "none"},
+     {ROUND_STOCHASTIC, ROUND_NEAREST, ROUND_NONE}},
 };
 static const WordSet *word_set(OptType t) {
     for (size_t k = 0; k < sizeof word_sets / sizeof word_sets[0]; k++) if (word_sets[k].type == t) return &word_sets[k];

@@ -42,7 +42,8 @@ static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lc
 //   update reads them to float32, computes as OPT_MIXED, stores the moments rounded to nearest even,
 //   and the new weight (still in the float32 buffer p) rounded to a bf16 value: to nearest even, or
 //   stochastically (bf16_round_sr with bf16_sr_bits(seed, t, global index): unbiased, deterministic).
-enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2 };
+//   OPT_BF16_MOMENTS: bf16 moments as above, the new weight left as its float32 value (not rounded).
+enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MOMENTS = 3 };
 
 // The `flags` of the grouped backward ops (grouped_matmul_bwd, grouped_matmul_bwd2, grouped_swiglu_bwd): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
 // blocks (every group's, zeros where a group has no rows) instead of adding into them.
@@ -78,8 +79,10 @@ static inline MOE_HD uint32_t bf16_sr_rand(uint64_t seed, int t, int64_t gi) {
     z ^= z >> 31;
     return (uint32_t)(z >> 48);
 }
-// The weight rounding of the bf16 policy (prec OPT_BF16_*), as a float holding the bf16 value.
+// The weight rounding of the bf16 policy (prec OPT_BF16_*), as a float holding the bf16 value (x itself
+// under OPT_BF16_MOMENTS).
 static inline MOE_HD float bf16_round_weight(float x, int prec, uint64_t seed, int t, int64_t gi) {
+    if (prec == OPT_BF16_MOMENTS) return x;
     return bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(seed, t, gi)) : bf16_rn_bits(x));
 }
 // A backend's own copy of a run list (runs_create), laid out as its kernels want it (on cuda: in
@@ -310,7 +313,7 @@ struct Backend {
     // multiplied by gscale and rounded to float (g is read only), then the update runs on that.
     // prec (OPT_* above): OPT_MIXED, m and v are float32; OPT_BF16_*: they are bf16 (uint16_t), stored
     // rounded to nearest even, and each new weight is rounded to bf16 (nearest, or stochastically with
-    // the bits of bf16_sr_rand(seed, t, the element's global index: optrun_gidx)). The float32
+    // the bits of bf16_sr_rand(seed, t, the element's global index: optrun_gidx); OPT_BF16_MOMENTS: not). The float32
     // arithmetic is the same in every policy, so every backend gives the cpu's bits.
     void (*adamw_runs)(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                        float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);

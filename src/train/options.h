@@ -44,7 +44,7 @@ typedef struct {
     int expert_mode;        // MoE layers with ETP > 1: 0 sharded, 1 gathered, -1 auto (measured)
     int precision;          // PREC_MIXED: float32 weights and AdamW moments (bf16 GEMM operands on cuda);
                             // PREC_BF16: bf16 moments, weights rounded to bf16 values after every update
-    int bf16_rounding;      // PREC_BF16's weight rounding: ROUND_STOCHASTIC or ROUND_NEAREST
+    int bf16_rounding;      // PREC_BF16's weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST or ROUND_NONE
     float a2a_retune;       // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
@@ -54,7 +54,7 @@ typedef struct {
 } TrainOptions;
 
 enum { PREC_MIXED = 0, PREC_BF16 = 1 };
-enum { ROUND_STOCHASTIC = 0, ROUND_NEAREST = 1 };
+enum { ROUND_STOCHASTIC = 0, ROUND_NEAREST = 1, ROUND_NONE = 2 };
 
 void train_options_default(TrainOptions *o);
 // NULL if valid, else a static message naming the option and value.

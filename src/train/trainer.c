@@ -230,7 +230,8 @@ static int prepare_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
 }
 
 // --precision bf16: every weight is a bf16 value from step 0 (the initialisation, a float32 checkpoint
-// or --init-from's import rounded once, to nearest even); AdamW keeps them so (ops.h OPT_BF16_*).
+// or --init-from's import rounded once, to nearest even); AdamW keeps them so (ops.h OPT_BF16_*). Not
+// with --bf16-rounding none: the weights stay float32, only the moments are bf16.
 static void round_bf16(float *p, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
 }
@@ -240,11 +241,11 @@ static void round_bf16(float *p, size_t n) {
 static void load_or_init(Run *r, int resuming, const char *latest) {
     Model *m = &r->m;
     size_t P = m->t.ltotal;
-    int bf16 = r->o->precision == PREC_BF16;
+    int bf16 = r->o->precision == PREC_BF16, wround = bf16 && r->o->bf16_rounding != ROUND_NONE;
     if (resuming) {
         float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
         ckpt_load_dist(latest, &m->t, ph, m1, m2, &r->st, r->world);
-        if (bf16) round_bf16(ph, P);   // (a bf16 checkpoint's weights are bf16 values: unchanged)
+        if (wround) round_bf16(ph, P);   // (a bf16 checkpoint's weights are bf16 values: unchanged)
         r->be->to_device(m->params, ph, P * sizeof(float));
         dist_moments_set(&r->dist, m, m1, m2);   // bf16 moments: rounded to nearest (a bf16 run's: unchanged)
         free(m1);
@@ -256,11 +257,13 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
         if (r->rank0 && r->st.precision != r->o->precision)
             printf("note: the checkpoint was trained with --precision %s; continuing with --precision %s (%s)\n",
                    r->st.precision == PREC_BF16 ? "bf16" : "mixed", bf16 ? "bf16" : "mixed",
-                   bf16 ? "its weights and AdamW moments rounded to bf16, to nearest" : "its bf16 values as float32");
+                   !bf16 ? "its bf16 values as float32"
+                   : wround ? "its weights and AdamW moments rounded to bf16, to nearest"
+                            : "its AdamW moments rounded to bf16, to nearest");
     } else {
         float *ph = xmalloc(P * sizeof(float) + 1);
         params_init(&m->t, &r->c, ph, r->o->seed);
-        if (bf16) round_bf16(ph, P);
+        if (wround) round_bf16(ph, P);
         r->be->to_device(m->params, ph, P * sizeof(float));
         free(ph);
         r->st.seed = r->o->seed;
@@ -348,8 +351,10 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     if (meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
     dist_init(&r->dist, meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     // the precision policy (ops.h OPT_*); stochastic rounding's bits: a hash of the seed, step and element
-    dist_set_precision(&r->dist, o->precision != PREC_BF16 ? OPT_MIXED
-                                 : o->bf16_rounding == ROUND_NEAREST ? OPT_BF16_NEAREST : OPT_BF16_STOCHASTIC,
+    dist_set_precision(&r->dist, o->precision != PREC_BF16          ? OPT_MIXED
+                                 : o->bf16_rounding == ROUND_NEAREST ? OPT_BF16_NEAREST
+                                 : o->bf16_rounding == ROUND_NONE    ? OPT_BF16_MOMENTS
+                                                                     : OPT_BF16_STOCHASTIC,
                        o->seed);
     if (shape.pp > 1) r->dist.mm.sl.pp_split = &r->split;
     int Bl = o->batch / o->grad_accum / shape.dp;

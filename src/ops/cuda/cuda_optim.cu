@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const floa
         });
 }
 
-// The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values (the float32
+// The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values but under
+// OPT_BF16_MOMENTS (the float32
 // operations of adamw_reg, then ops.h's integer roundings and hash: the cpu's bits). Element i of run u
 // (its position i - u.pos in the run gives the global index of the stochastic rounding's hash).
 __device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v, float gs, float lr,
@@ -181,7 +182,7 @@ __device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &
     uint16_t pw = prec == OPT_BF16_STOCHASTIC
                       ? bf16_sr_bits(p, bf16_sr_rand(seed, t, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
                       : bf16_rn_bits(p);
-    p = bf16_to_f32(pw);
+    if (prec != OPT_BF16_MOMENTS) p = bf16_to_f32(pw);   // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
     return pw;
 }
 __device__ __forceinline__ void adamw_bf16_elem(float *p, const float *g, uint16_t *m, uint16_t *v, float gs, float lr,
