@@ -161,7 +161,8 @@ __device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGAr
     u3 = *(const uint32_t *)(a.H3 + o);
 }
 __device__ __forceinline__ float2 bf2_f2(uint32_t u) { return __bfloat1622float2(*(const __nv_bfloat162 *)&u); }
-#define GG_HB 8   // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue
+#define GG_HB 8   // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas
+                  // allocates for the launch bound, 168 registers, not the consumers' setmaxnreg 232)
 
 // NMAJ: B is N-major (K, N) per group (else K-major (N, K)). EPI: the epilogue (above).
 template <int NMAJ, int EPI>
