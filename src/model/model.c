@@ -43,12 +43,21 @@ static void qkv_bias_bwd(Model *m, int l, const float *dq, const float *dk, cons
     m->be->matmul_bwd(NULL, P(m, g, PR_BK, l, -1), dk, m->ones, P(m, p, PR_BK, l, -1), N, 1, kvd);
     m->be->matmul_bwd(NULL, P(m, g, PR_BV, l, -1), dv, m->ones, P(m, p, PR_BV, l, -1), N, 1, kvd);
 }
+// The q, k, v projections of layer l as the multi-product ops take them: the tensors at base (the
+// weights or their gradients) and their widths (this rank's heads).
+static void qkv_tensors(const Model *m, float *base, int l, float *t[3], int O[3]) {
+    t[0] = P(m, base, PR_WQ, l, -1);
+    t[1] = P(m, base, PR_WK, l, -1);
+    t[2] = P(m, base, PR_WV, l, -1);
+    O[0] = m->Hl * m->c.head_dim;
+    O[1] = O[2] = m->KVl * m->c.head_dim;
+}
+
 void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const float *xn, int n) {
-    int qd = m->Hl * m->c.head_dim, kvd = m->KVl * m->c.head_dim;
-    float *out[3] = {q, k, v};
-    const float *w[3] = {P(m, m->params, PR_WQ, l, -1), P(m, m->params, PR_WK, l, -1), P(m, m->params, PR_WV, l, -1)};
-    int O[3] = {qd, kvd, kvd};
-    m->be->matmul_fwd_multi(3, out, xn, w, n, m->c.d_model, O);
+    float *out[3] = {q, k, v}, *w[3];
+    int O[3];
+    qkv_tensors(m, m->params, l, w, O);
+    m->be->matmul_fwd_multi(3, out, xn, (const float *const *)w, n, m->c.d_model, O);
     if (m->c.qkv_bias) qkv_bias_fwd(m, l, q, k, v, n);
 }
 
@@ -801,12 +810,12 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, m->dv, N);
         be->zero(m->dxn, (size_t)N * d * F);
         {   // the q, k, v projections' backward over one input (converted once)
-            float *dw[3] = {P(m, g, PR_WQ, l, -1), P(m, g, PR_WK, l, -1), P(m, g, PR_WV, l, -1)};
             const float *dout[3] = {dqp, dkp, m->dv};
-            const float *w[3] = {P(m, m->params, PR_WQ, l, -1), P(m, m->params, PR_WK, l, -1),
-                                 P(m, m->params, PR_WV, l, -1)};
-            int O[3] = {qd, kvd, kvd};
-            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, w, N, d, O);
+            float *dw[3], *w[3];
+            int O[3];
+            qkv_tensors(m, g, l, dw, O);
+            qkv_tensors(m, m->params, l, w, O);
+            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, (const float *const *)w, N, d, O);
         }
         // column-parallel q/k/v: each TP rank holds part of dxn1
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
