@@ -185,22 +185,25 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
         float s[32], dp[32];
         wgmma_fence();
         wg_scores(s, sQ, 64, sK, 64);
+        wgmma_commit();
         wg_scores(dp, sG, 64, sV, 64);
         wgmma_commit();
-        wgmma_wait<0>();
-        if (it + 1 < ntile) {   // V is used up (every warp has waited for its products)
-            __syncthreads();
-            stage_sw<64, 128>(sV, vg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
-        }
+        wgmma_wait<1>();   // S is done: P while dP's MMAs run
         int mask = k0 + 64 > q0 || k0 + 64 > qb;   // the diagonal or the last keys
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                float p = !mask || (key <= row && key < qb) ? exp2f(s[4 * j + e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
-                s[4 * j + e] = p * (dp[4 * j + e] - (e < 2 ? D0 : D1)) * sc;
+                s[4 * j + e] = !mask || (key <= row && key < qb) ? exp2f(s[4 * j + e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
             }
+        wgmma_wait<0>();
+        if (it + 1 < ntile) {   // V is used up (every warp has waited for its products)
+            __syncthreads();
+            stage_sw<64, 128>(sV, vg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
+        }
+#pragma unroll
+        for (int j = 0; j < 32; j++) s[j] = s[j] * (dp[j] - (j & 2 ? D1 : D0)) * sc;
         uint32_t f[4][4];
         wg_frags(f, s);
         wgmma_fence();
@@ -263,24 +266,34 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const
         int cur = i & 1, t0 = tstart + (i % per) * 64;
         uint32_t qb_ = sQ + cur * WG_KV_TILE, gb = sG + cur * WG_KV_TILE;
         const float *Lc = Ls + cur * 64, *Dc = Ds + cur * 64;
-        float s[32], dp[32];
+        // S^T and dP^T as two MMA groups: P^T from S^T while dP^T's MMAs run (P^T in its own registers:
+        // written over S^T, the compiler copied S^T's accumulators between its wgmmas and ptxas then
+        // serialised them; issuing dV's MMAs before dS^T measured the same, 0.957 ms)
+        float s[32], dp[32], pr[32];
         wgmma_fence();
         wg_scores(s, sK, 64, qb_, 64);    // s^T: keys x queries
+        wgmma_commit();
         wg_scores(dp, sV, 64, gb, 64);    // dp^T
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<1>();
         int mask = t0 < k0 + 64 || t0 + 64 > qb;   // the diagonal or the last queries
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u0 + 8;
-                float p = !mask || (qt >= key && qt < qb) ? exp2f(s[4 * j + e] * sl - Lc[c] * WG_LOG2E) : 0.0f;
-                s[4 * j + e] = p;
-                dp[4 * j + e] = p * (dp[4 * j + e] - Dc[c]) * sc;
+                pr[4 * j + e] = !mask || (qt >= key && qt < qb) ? exp2f(s[4 * j + e] * sl - Lc[c] * WG_LOG2E) : 0.0f;
+            }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = j * 8 + 2 * t + (e & 1);
+                dp[4 * j + e] = pr[4 * j + e] * (dp[4 * j + e] - Dc[c]) * sc;
             }
         uint32_t fp[4][4], fd[4][4];
-        wg_frags(fp, s);
+        wg_frags(fp, pr);
         wg_frags(fd, dp);
         wgmma_fence();
         wg_times(dva, fp, gb);
