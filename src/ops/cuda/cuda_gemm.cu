@@ -287,17 +287,35 @@ extern "C" void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, 
 
 // ---------------------------------------------------------------- bf16 GEMMs (fp32 accumulation)
 
+// One product from bf16 operands, the weight from its copy or converted into wb: out = beta out + x W^T
+// (xb: the input, N x K).
+static void mm_fwd_one(float *out, const bf16 *xb, const float *w, bf16 *wb, int N, int K, int O, float beta) {
+    const bf16 *ws = shadow_of(w, (size_t)O * K);
+    if (!ws) to_bf16(wb, w, (size_t)O * K);
+    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, ws ? ws : wb, K, xb, K, beta, out, O);
+}
+
+// One product's backward from bf16 dout (gb, N x O) and input (xb, N x K; read only for dw): dinp += dout W,
+// dw += dout^T x (either may be NULL), the weight from its copy or converted into wb.
+static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, const bf16 *xb, const float *w, bf16 *wb, int N, int K,
+                       int O) {
+    if (dinp) {
+        const bf16 *ws = shadow_of(w, (size_t)O * K);
+        if (!ws) to_bf16(wb, w, (size_t)O * K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O, 1.0f, dinp, K);
+    }
+    if (dw) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, 1.0f, dw, K);
+}
+
 extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
     if (N <= 0 || O <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) {
         cuda_matmul_fwd_f32(out, inp, w, N, K, O, accumulate);
         return;
     }
-    const bf16 *ws = shadow_of(w, (size_t)O * K);
     bf16 *xb, *wb;
-    bf16_scratch((size_t)N * K, ws ? 0 : (size_t)O * K, 0, &xb, &wb, NULL);
+    bf16_scratch((size_t)N * K, shadow_of(w, (size_t)O * K) ? 0 : (size_t)O * K, 0, &xb, &wb, NULL);
     to_bf16(xb, inp, (size_t)N * K);
-    if (!ws) to_bf16(wb, w, (size_t)O * K);
-    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, ws ? ws : wb, K, xb, K, accumulate ? 1.0f : 0.0f, out, O);
+    mm_fwd_one(out, xb, w, wb, N, K, O, accumulate ? 1.0f : 0.0f);
 }
 
 extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
@@ -307,23 +325,17 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
         cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O);
         return;
     }
-    const bf16 *ws = dinp ? shadow_of(w, (size_t)O * K) : NULL;
     bf16 *gb, *wb, *xb;
-    bf16_scratch((size_t)N * O, dinp && !ws ? (size_t)O * K : 0, dw ? (size_t)N * K : 0, &gb, &wb, &xb);
+    bf16_scratch((size_t)N * O, dinp && !shadow_of(w, (size_t)O * K) ? (size_t)O * K : 0, dw ? (size_t)N * K : 0,
+                 &gb, &wb, &xb);
     to_bf16(gb, dout, (size_t)N * O);
-    if (dinp) {
-        if (!ws) to_bf16(wb, w, (size_t)O * K);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O, 1.0f, dinp, K);
-    }
-    if (dw) {
-        to_bf16(xb, inp, (size_t)N * K);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, 1.0f, dw, K);
-    }
+    if (dw) to_bf16(xb, inp, (size_t)N * K);
+    mm_bwd_one(dinp, dw, gb, xb, w, wb, N, K, O);
 }
 
 // Several products of one input (ops.h matmul_fwd_multi / _bwd_multi): inp converted once, then each
-// product exactly as matmul_fwd / matmul_bwd (the same scratch slots at the same 256-byte alignment, the
-// same GEMM calls in the same order: the same bits); narrow ones (O <= MOE_GEMM_FP32_MAX_O) float32.
+// product through the single ops' mm_fwd_one / mm_bwd_one (the same GEMM calls in the same order: the
+// same bits); narrow ones (O <= MOE_GEMM_FP32_MAX_O) float32.
 static int mm_bf16_path(int N, int K, int O) { return N > 0 && K > 0 && O > MOE_GEMM_FP32_MAX_O; }
 
 extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const float *inp, const float *const *w, int N,
@@ -345,9 +357,7 @@ extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const float
             cuda_matmul_fwd_f32(out[i], inp, w[i], N, K, O[i], 0);
             continue;
         }
-        const bf16 *ws = shadow_of(w[i], (size_t)O[i] * K);
-        if (!ws) to_bf16(wb, w[i], (size_t)O[i] * K);
-        gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O[i], N, K, ws ? ws : wb, K, xb, K, 0.0f, out[i], O[i]);
+        mm_fwd_one(out[i], xb, w[i], wb, N, K, O[i], 0.0f);
     }
 }
 
@@ -372,11 +382,8 @@ extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw,
             cuda_matmul_bwd_f32(dinp, dw[i], dout[i], inp, w[i], N, K, O[i]);
             continue;
         }
-        const bf16 *ws = shadow_of(w[i], (size_t)O[i] * K);
         to_bf16(gb, dout[i], (size_t)N * O[i]);
-        if (!ws) to_bf16(wb, w[i], (size_t)O[i] * K);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O[i], ws ? ws : wb, K, gb, O[i], 1.0f, dinp, K);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O[i], N, xb, K, gb, O[i], 1.0f, dw[i], K);
+        mm_bwd_one(dinp, dw[i], gb, xb, w[i], wb, N, K, O[i]);
     }
 }
 
