@@ -839,6 +839,29 @@ static void test_rmsnorm(int N, int C) {
     free(x); free(w); free(y); free(r); free(g); free(pdx); free(pdw);
 }
 
+// add_rmsnorm_fwd: x += res, out = norm(x): against the cpu within the norm's band, and bit for bit the
+// GPU's own axpy then rmsnorm_fwd (ops.h); shift 1 puts res off 16 bytes (the add's scalar path while the
+// norm's rows stay float4).
+static void test_add_rmsnorm(int N, int C, int shift) {
+    size_t n = (size_t)N * C;
+    float *x = hrand(n, 2.0f), *res = hrand(n, 1.0f), *w = hrand(C, 1.0f), eps = 1e-5f, *rbase;
+    float *xd = dputf(x, n), *x2d = dputf(x, n), *resd = dputf_shift(res, n, shift, &rbase), *wd = dputf(w, C);
+    float *y = hnew(n), *r = hnew(N), *yd = dnan(n), *rd = dnan(N), *y2d = dnan(n), *r2d = dnan(N);
+    cpu->add_rmsnorm_fwd(x, y, r, res, w, N, C, eps);
+    gpu->add_rmsnorm_fwd(xd, yd, rd, resd, wd, N, C, eps);
+    cmp("add_rmsnorm_fwd", "x", xd, x, n, BAND_ELEM);
+    cmp("add_rmsnorm_fwd", "out", yd, y, n, BAND_SUM);
+    cmp("add_rmsnorm_fwd", "rstd", rd, r, N, BAND_SUM);
+    gpu->axpy(x2d, resd, 1.0f, n);
+    gpu->rmsnorm_fwd(y2d, r2d, x2d, wd, N, C, eps);
+    cmp_exact_dev("add_rmsnorm_fwd: axpy's x", xd, x2d, n);
+    cmp_exact_dev("add_rmsnorm_fwd: rmsnorm_fwd's out", yd, y2d, n);
+    cmp_exact_dev("add_rmsnorm_fwd: rmsnorm_fwd's rstd", rd, r2d, N);
+    gpu->free(xd); gpu->free(x2d); gpu->free(rbase); gpu->free(wd); gpu->free(yd); gpu->free(rd); gpu->free(y2d);
+    gpu->free(r2d);
+    free(x); free(res); free(w); free(y); free(r);
+}
+
 // The row split by columns over ranks (rmsnorm_part, rmsnorm_fwd_part, rmsnorm_bwd_part): this rank's C of
 // Ctot columns, the whole rows' sums made of this part plus a stand-in for the other ranks' (as the TP
 // all-reduce adds them). rmsnorm_part against the cpu's in BAND_SUMSQ relative to the sum of |terms| (both
@@ -1231,6 +1254,21 @@ static void test_elementwise(size_t n) {
     cpu->axpy(y, a, 0.37f, n);
     gpu->axpy(yd, ad, 0.37f, n);
     cmp("axpy", "y", yd, y, n, BAND_ELEM);
+    // add: the cpu's sums, bit for bit copy then axpy (ops.h), aligned (float4 and the tail) and not
+    for (int s = 0; s < 2; s++) {
+        size_t m = n - s;
+        float *sd = dnan(m), *s2d = dnan(m), *sh = hnew(m);
+        cpu->add(sh, a + s, b, m);
+        gpu->add(sd, ad + s, bd, m);
+        cmp("add", s ? "out (unaligned a)" : "out", sd, sh, m, BAND_ELEM);
+        gpu->copy(s2d, ad + s, m * sizeof(float));
+        gpu->axpy(s2d, bd, 1.0f, m);
+        cmp_exact_dev("add: copy then axpy's bits", sd, s2d, m);
+        gpu->add(s2d, ad + s, s2d, m);   // out aliasing b
+        cpu->add(sh, a + s, sh, m);
+        cmp("add", "out == b (in place)", s2d, sh, m, BAND_ELEM);
+        gpu->free(sd); gpu->free(s2d); free(sh);
+    }
     float *sg = hnew(n), *sgd = dnan(n), *ds = hnew(n), *dsd = dnan(n);   // sigmoid and its backward
     cpu->sigmoid_fwd(sg, a, n);
     gpu->sigmoid_fwd(sgd, ad, n);
@@ -1503,7 +1541,11 @@ static void run_suite(const Backend *be, int big) {
     test_router_b(257, 100, 5, 1, 1);
     if (big) test_router(16384, 64, 8, 1);   // the sums over 256 chunks of rows
     test_rmsnorm(37, 96);
+    test_add_rmsnorm(37, 96, 0);
+    test_add_rmsnorm(37, 96, 1);
+    test_add_rmsnorm(9, 33, 0);   // rows off 16 bytes: the scalar paths
     if (big) test_rmsnorm(200, 1000);
+    if (big) test_add_rmsnorm(200, 2048, 0);
     test_rmsnorm_part(37, 48, 96);        // one of two TP ranks' q columns
     test_rmsnorm_part(5, 300, 1200);      // C over a block's 256 threads, one of four
     test_rmsnorm_part(37, 96, 96);        // one part: rmsnorm_fwd / rmsnorm_bwd's bits

@@ -96,8 +96,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         be->attention_fwd(kc->att, kc->lse, kc->q, kc->k[l], kc->v[l], 1, W, H, KV, hd, t0, t1);
         be->matmul_fwd(kc->xmid, kc->att + (size_t)t0 * qd, W_(m, PR_WO, l, -1), n, qd, d, 0);
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, kc->xmid, (size_t)n * d, CT_F32);
-        be->axpy(kc->xmid, kc->x, 1.0f, (size_t)n * d);
-        be->rmsnorm_fwd(kc->xn, kc->rstd, kc->xmid, W_(m, PR_FFN_NORM, l, -1), n, d, c->norm_eps);
+        be->add_rmsnorm_fwd(kc->xmid, kc->xn, kc->rstd, kc->x, W_(m, PR_FFN_NORM, l, -1), n, d, c->norm_eps);
         MoeWeights w;
         moe_weights(m, l, &w);
         MoeLayer *ml = model_moe(m, l, 0);
@@ -105,8 +104,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         ml->mode = m->moe_mode[l];
         ml->seq_len = n;   // (the rows of one call: the sequence-scope statistics are not used here)
         moe_forward(ml, kc->mo, kc->xn, n, &w, c, 0, (int64_t)comm_rank(m->mesh.dp) * n);
-        be->copy(kc->x, kc->xmid, (size_t)n * d * F);
-        be->axpy(kc->x, kc->mo, 1.0f, (size_t)n * d);
+        be->add(kc->x, kc->xmid, kc->mo, (size_t)n * d);
     }
     float *last = kc->x + (size_t)(n - 1) * d;
     be->rmsnorm_fwd(kc->xn, kc->rstd, last, W_(m, PR_FINAL_NORM, -1, -1), 1, d, c->norm_eps);

@@ -512,9 +512,8 @@ static void resid_norm_rows(Model *m, LayerActs *a, int l, int r0, int r1, CommR
     float *xm = a->x_mid + r0 * d;
     if (ar) comm_wait(ar);
     drop_rows(m, xm, l, 0, r0, r1);
-    m->be->axpy(xm, a->res_in + r0 * d, 1.0f, n * d);
-    m->be->rmsnorm_fwd(a->xn2 + r0 * d, a->rstd2 + r0, xm, P(m, m->params, PR_FFN_NORM, l, -1), (int)n, (int)d,
-                       c->norm_eps);
+    m->be->add_rmsnorm_fwd(xm, a->xn2 + r0 * d, a->rstd2 + r0, a->res_in + r0 * d, P(m, m->params, PR_FFN_NORM, l, -1),
+                           (int)n, (int)d, c->norm_eps);
 }
 static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
     resid_norm_rows(m, a, l, r0, r1, oproj_rows(m, a, l, r0, r1, 0));
@@ -524,8 +523,7 @@ static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
 static void out_rows(const Model *m, const LayerActs *a, int l, float *out, int r0, int r1) {
     size_t d = m->c.d_model, n = (size_t)(r1 - r0);
     drop_rows(m, a->moe_out + r0 * d, l, 1, r0, r1);
-    m->be->copy(out + r0 * d, a->x_mid + r0 * d, n * d * F);
-    m->be->axpy(out + r0 * d, a->moe_out + r0 * d, 1.0f, n * d);
+    m->be->add(out + r0 * d, a->x_mid + r0 * d, a->moe_out + r0 * d, n * d);
 }
 
 // The capacity budgets of AMPipe's chunks (all routed): n = 1's drops. The micro-batch's tokens in

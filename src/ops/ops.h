@@ -186,6 +186,10 @@ struct Backend {
 
     // out = inp * rstd * w, rstd (N) saved for backward
     void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+    // The residual add before a norm in one pass: x += res (N, C), then rmsnorm_fwd(out, rstd, x, w, ...);
+    // the same bits as axpy(x, res, 1, N C) then rmsnorm_fwd (a backend may read x once).
+    void (*add_rmsnorm_fwd)(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
+                            float eps);
     void (*rmsnorm_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                         const float *rstd, int N, int C);
     // RMSNorm over rows whose Ctot columns lie on several ranks, each holding C of them (OLMoE's
@@ -298,6 +302,8 @@ struct Backend {
     void (*sigmoid_bwd)(float *dinp, const float *dout, const float *out, size_t n);
     // y += a * x
     void (*axpy)(float *y, const float *x, float a, size_t n);
+    // out = a + b elementwise (out may alias a or b): the same bits as copy(out, a) then axpy(out, b, 1, n)
+    void (*add)(float *out, const float *a, const float *b, size_t n);
 
     // The optimizer step over a run list (one launch per op): the sum of squares of the gradients
     // and AdamW. runs_create copies `n` host runs (runs of n = 0 allowed); runs_free releases the copy.

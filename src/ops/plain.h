@@ -1,5 +1,5 @@
 // plain.h — the fused ops of ops.h (grouped_swiglu_fwd/_bwd, grouped_down_fwd, grouped_matmul_bwd2,
-// matmul_fwd_multi/_bwd_multi) as the plain ops of a Backend that their contracts name, in that order: what a
+// matmul_fwd_multi/_bwd_multi, add_rmsnorm_fwd) as the plain ops of a Backend that their contracts name, in that order: what a
 // backend with nothing to fuse puts in its table (cpu, cuda-fp32: float32 hidden rows, hid_elem 4, so
 // the `void *` rows are float *) and what the tests' reference backends compose. Header
 // only (static inline), so that a backend can use it without linking against the file that picks
@@ -45,6 +45,12 @@ static inline void backend_grouped_matmul_bwd2_plain(const Backend *be, float *d
     be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, inp, wa, off, G, K, O, flags);
     be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, inp, wb, off, G, K, O,
                            GM_ACC_DINP | (flags & GM_DW_WRITE));
+}
+
+static inline void backend_add_rmsnorm_fwd_plain(const Backend *be, float *x, float *out, float *rstd,
+                                                 const float *res, const float *w, int N, int C, float eps) {
+    be->axpy(x, res, 1.0f, (size_t)N * C);
+    be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
 }
 
 static inline void backend_matmul_fwd_multi_plain(const Backend *be, int n, float *const *out, const float *inp,

@@ -36,6 +36,7 @@ static void w_gmm_b2(float *di, float *dwa, float *dwb, const void *da, const vo
 static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) { T0; in->embedding_fwd(o, t, tb, N, C); T1(P_EMB); }
 static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) { T0; in->embedding_bwd(d, o, t, N, C); T1(P_EMB); }
 static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd(o, r, i, w, N, C, e); T1(P_NORM); }
+static void w_arms_f(float *x, float *o, float *r, const float *res, const float *w, int N, int C, float e) { T0; in->add_rmsnorm_fwd(x, o, r, res, w, N, C, e); T1(P_NORM); }
 static void w_rms_b(float *di, float *dw, const float *d, const float *i, const float *w, const float *r, int N, int C) { T0; in->rmsnorm_bwd(di, dw, d, i, w, r, N, C); T1(P_NORM); }
 static void w_rms_p(double *p, const float *a, const float *w, const float *b, int N, int C) { T0; in->rmsnorm_part(p, a, w, b, N, C); T1(P_NORM); }
 static void w_rms_fp(float *o, float *r, const float *i, const float *w, const double *s, int N, int C, int Ct, float e) { T0; in->rmsnorm_fwd_part(o, r, i, w, s, N, C, Ct, e); T1(P_NORM); }
@@ -56,6 +57,7 @@ static void w_ce_fb(float *l, float *lg, const int32_t *t, int N, int V, float d
 static void w_ce_f(float *l, const float *lg, const int32_t *t, int N, int V) { T0; in->cross_entropy_fwd(l, lg, t, N, V); T1(P_CE); }
 static void w_mul(float *o, const float *a, const float *b, size_t n) { T0; in->mul(o, a, b, n); T1(P_ELEM); }
 static void w_axpy(float *y, const float *x, float a, size_t n) { T0; in->axpy(y, x, a, n); T1(P_ELEM); }
+static void w_add(float *o, const float *a, const float *b, size_t n) { T0; in->add(o, a, b, n); T1(P_ELEM); }
 static void w_sig_f(float *o, const float *x, size_t n) { T0; in->sigmoid_fwd(o, x, n); T1(P_ELEM); }
 static void w_sig_b(float *d, const float *g, const float *o, size_t n) { T0; in->sigmoid_bwd(d, g, o, n); T1(P_ELEM); }
 static void w_pcnt(int32_t *c, int32_t *r, const int32_t *i, int N, int E, int k) { T0; in->plan_counts(c, r, i, N, E, k); T1(P_ROUTER); }
@@ -71,14 +73,14 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.matmul_fwd = w_mm_f; pb.matmul_bwd = w_mm_b; pb.matmul_fwd_multi = w_mm_fm; pb.matmul_bwd_multi = w_mm_bm; pb.grouped_matmul_fwd = w_gmm_f; pb.grouped_matmul_bwd = w_gmm_b;
     pb.grouped_swiglu_fwd = w_gsw_f; pb.grouped_swiglu_bwd = w_gsw_b; pb.grouped_matmul_bwd2 = w_gmm_b2;
     pb.grouped_down_fwd = w_gdown;
-    pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b;
+    pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b; pb.add_rmsnorm_fwd = w_arms_f;
     pb.rmsnorm_part = w_rms_p; pb.rmsnorm_fwd_part = w_rms_fp; pb.rmsnorm_bwd_part = w_rms_bp;
     pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
     pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather;
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd;
     pb.plan_counts = w_pcnt; pb.gather_dot_scale = w_gds; pb.plan_rows = w_prows;
     pb.cross_entropy_fwd_bwd = w_ce_fb; pb.cross_entropy_fwd = w_ce_f; pb.mul = w_mul;
-    pb.axpy = w_axpy; pb.sigmoid_fwd = w_sig_f; pb.sigmoid_bwd = w_sig_b; pb.sumsq_runs = w_sumsq_runs; pb.adamw_runs = w_adamw_runs;
+    pb.axpy = w_axpy; pb.add = w_add; pb.sigmoid_fwd = w_sig_f; pb.sigmoid_bwd = w_sig_b; pb.sumsq_runs = w_sumsq_runs; pb.adamw_runs = w_adamw_runs;
     return &pb;
 }
 

@@ -88,6 +88,11 @@ static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const v
                                       flags);
 }
 
+static void cpu_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
+                                float eps) {
+    backend_add_rmsnorm_fwd_plain(backend_cpu(), x, out, rstd, res, w, N, C, eps);
+}
+
 static void cpu_matmul_fwd_multi(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
                                  const int *O) {
     backend_matmul_fwd_multi_plain(backend_cpu(), n, out, inp, w, N, K, O);
@@ -110,7 +115,7 @@ const Backend *backend_cpu(void) {
         .grouped_down_fwd = cpu_grouped_down_fwd,
         .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
         .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
-        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd,
+        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd, .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
         .rmsnorm_part = cpu_rmsnorm_part, .rmsnorm_fwd_part = cpu_rmsnorm_fwd_part,
         .rmsnorm_bwd_part = cpu_rmsnorm_bwd_part,
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd, .rope_rows = cpu_rope_rows, .dropout = cpu_dropout,
@@ -121,7 +126,7 @@ const Backend *backend_cpu(void) {
         .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,
         .plan_counts = cpu_plan_counts, .plan_rows = cpu_plan_rows, .router_bwd = cpu_router_bwd,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,
-        .mul = cpu_mul, .axpy = cpu_axpy, .sigmoid_fwd = cpu_sigmoid_fwd, .sigmoid_bwd = cpu_sigmoid_bwd,
+        .mul = cpu_mul, .axpy = cpu_axpy, .add = cpu_add, .sigmoid_fwd = cpu_sigmoid_fwd, .sigmoid_bwd = cpu_sigmoid_bwd,
         .runs_create = cpu_runs_create, .runs_free = cpu_runs_free, .sumsq_runs = cpu_sumsq_runs,
         .adamw_runs = cpu_adamw_runs,
         .bf16_shadow = cpu_bf16_shadow,

@@ -345,6 +345,11 @@ void cpu_axpy(float *y, const float *x, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+void cpu_add(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
 // The sum of squares of one run: fixed chunks summed in order, so the result does not depend on the
 // thread count.
 static double sumsq(const float *x, size_t n) {

@@ -50,6 +50,7 @@ void cpu_mul(float *out, const float *a, const float *b, size_t n);
 void cpu_sigmoid_fwd(float *out, const float *inp, size_t n);
 void cpu_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);
 void cpu_axpy(float *y, const float *x, float a, size_t n);
+void cpu_add(float *out, const float *a, const float *b, size_t n);
 OptRuns *cpu_runs_create(const OptRun *runs, int n);
 void cpu_runs_free(OptRuns *r);
 void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);

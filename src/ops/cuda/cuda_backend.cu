@@ -133,6 +133,7 @@ static void fill_common(Backend *be) {
     be->embedding_fwd = cuda_embedding_fwd;
     be->embedding_bwd = cuda_embedding_bwd;
     be->rmsnorm_fwd = cuda_rmsnorm_fwd;
+    be->add_rmsnorm_fwd = cuda_add_rmsnorm_fwd;
     be->rmsnorm_bwd = cuda_rmsnorm_bwd;
     be->rmsnorm_part = cuda_rmsnorm_part;
     be->rmsnorm_fwd_part = cuda_rmsnorm_fwd_part;
@@ -160,6 +161,7 @@ static void fill_common(Backend *be) {
     be->sigmoid_fwd = cuda_sigmoid_fwd;
     be->sigmoid_bwd = cuda_sigmoid_bwd;
     be->axpy = cuda_axpy;
+    be->add = cuda_add;
     be->runs_create = cuda_runs_create;
     be->runs_free = cuda_runs_free;
     be->sumsq_runs = cuda_sumsq_runs;

@@ -99,6 +99,7 @@ extern "C" {
 void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C);
 void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
 void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C, float eps);
 void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                       const float *rstd, int N, int C);
 void cuda_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N, int C);
@@ -139,6 +140,7 @@ void cuda_mul(float *out, const float *a, const float *b, size_t n);
 void cuda_sigmoid_fwd(float *out, const float *inp, size_t n);
 void cuda_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);
 void cuda_axpy(float *y, const float *x, float a, size_t n);
+void cuda_add(float *out, const float *a, const float *b, size_t n);
 // cuda_plan.cu
 void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
 void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,

@@ -448,6 +448,39 @@ extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, cons
     KCHECK("rmsnorm_fwd");
 }
 
+// x += res over a row, then rmsnorm_fwd_k on it: the block size and the sum's order are rmsnorm_fwd's for
+// x (VD from x alone), the add is axpy's (x + 1 res, one rounding); the row goes back to memory before the
+// norm reads it (its pieces are not the threads' own where VD differs from the add's width).
+template <int VD, int VE>
+__global__ void add_rmsnorm_fwd_k(float *xg, float *out, float *rstd, const float *res, const float *w, int C,
+                                  float eps, int va) {
+    size_t i = blockIdx.x;
+    float *x = xg + i * C;
+    const float *y = res + i * C;
+    if (va) {
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 u = ((const float4 *)x)[c], v = ((const float4 *)y)[c];
+            ((float4 *)x)[c] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) x[c] = x[c] + y[c];
+    }
+    __syncthreads();
+    double ss = row_dot<VD>(x, NULL, x, C);
+    float r = (float)(1.0 / sqrt(ss / C + eps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    row_scale<VE>(out + i * C, x, r, w, C);
+}
+
+extern "C" void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
+                                     float eps) {
+    cuda_bf16_shadow_write(x, (size_t)N * C * sizeof(float));
+    if (N <= 0) return;
+    RMS_LAUNCH(add_rmsnorm_fwd_k, N, C, rms_vec(C, x, NULL, x, NULL), rms_vec(C, out, x, w, NULL), x, out, rstd, res,
+               w, C, eps, rms_vec(C, x, res, NULL, NULL));
+    KCHECK("add_rmsnorm_fwd");
+}
+
 // dx = r (g w) - x r^3 mean(g w x), one block per row
 template <int VD, int VE>
 __global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
@@ -745,6 +778,24 @@ extern "C" void cuda_sigmoid_bwd(float *dinp, const float *dout, const float *ou
     if (!n) return;
     sigmoid_bwd_k<<<ew_grid(n, 256), 256>>>(dinp, dout, out, n);
     KCHECK("sigmoid_bwd");
+}
+__global__ void add_k(float *out, const float *a, const float *b, size_t n) {
+    GRID_STRIDE(i, n / 4) {
+        float4 u = ((const float4 *)a)[i], v = ((const float4 *)b)[i];
+        ((float4 *)out)[i] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+    }
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;   // the last n % 4
+    if (t < n % 4) out[n / 4 * 4 + t] = a[n / 4 * 4 + t] + b[n / 4 * 4 + t];
+}
+__global__ void add1_k(float *out, const float *a, const float *b, size_t n) {
+    GRID_STRIDE(i, n) st_f(out + i, ld_f(a + i) + ld_f(b + i));
+}
+extern "C" void cuda_add(float *out, const float *a, const float *b, size_t n) {
+    cuda_bf16_shadow_write(out, n * sizeof(float));
+    if (!n) return;
+    if (((uintptr_t)out | (uintptr_t)a | (uintptr_t)b) % 16) add1_k<<<ew_grid(n, 256), 256>>>(out, a, b, n);
+    else add_k<<<ew_grid(n / 4 + 1, 256), 256>>>(out, a, b, n);
+    KCHECK("add");
 }
 extern "C" void cuda_axpy(float *y, const float *x, float a, size_t n) {
     cuda_bf16_shadow_write(y, n * sizeof(float));
