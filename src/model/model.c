@@ -241,7 +241,6 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->x_mid = be->alloc(N * d * F);
         a->xn2 = be->alloc(N * d * F);
         a->rstd2 = be->alloc(N * F);
-        a->moe_out = be->alloc(N * d * F);
         if (c->qk_norm) {
             a->qraw = be->alloc(N * qd * F);
             a->kraw = be->alloc(N * kvd * F);
@@ -268,7 +267,7 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
         LayerActs *a = &s->la[l];
         if (a->att_shared) a->att = a->lse = NULL;   // the model's (--recompute attn)
         float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
-                         a->rstd2, a->moe_out, a->qraw, a->kraw, a->rstdq, a->rstdk};
+                         a->rstd2, a->qraw, a->kraw, a->rstdq, a->rstdk};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
         moe_layer_free(&a->moe);
         chunk_moes(m, a, 1);
@@ -324,6 +323,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->scope_tokens = xcalloc((size_t)c->n_layers, sizeof(int64_t));
     for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
+    m->moe_out = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
     m->dq = be->alloc(N * qd * F);
     m->dk = be->alloc(N * kvd * F);
@@ -442,7 +442,7 @@ void model_free(Model *m) {
         for (int i = 0; i < m->nslots[k]; i++) slot_free(m, &m->slots[k][i], k);
         free(m->slots[k]);
     }
-    void *bufs[] = {m->params, m->grads, m->dres, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones,
+    void *bufs[] = {m->params, m->grads, m->dres, m->moe_out, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones,
                     m->qk_sums, m->att_rc, m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act, m->ddrop};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
@@ -522,8 +522,8 @@ static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
 // The block's output rows [r0, r1): out = x_mid + moe_out.
 static void out_rows(const Model *m, const LayerActs *a, int l, float *out, int r0, int r1) {
     size_t d = m->c.d_model, n = (size_t)(r1 - r0);
-    drop_rows(m, a->moe_out + r0 * d, l, 1, r0, r1);
-    m->be->add(out + r0 * d, a->x_mid + r0 * d, a->moe_out + r0 * d, n * d);
+    drop_rows(m, m->moe_out + r0 * d, l, 1, r0, r1);
+    m->be->add(out + r0 * d, a->x_mid + r0 * d, m->moe_out + r0 * d, n * d);
 }
 
 // The capacity budgets of AMPipe's chunks (all routed): n = 1's drops. The micro-batch's tokens in
@@ -576,7 +576,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
         a->moe.overlap = m->moe_overlap[l];
         a->moe.mode = m->moe_mode[l];
         a->moe.seq_len = T;
-        moe_forward(&a->moe, a->moe_out, a->xn2, N, &w, c, seed, row0);
+        moe_forward(&a->moe, m->moe_out, a->xn2, N, &w, c, seed, row0);
         out_rows(m, a, l, out, 0, N);
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         return;
@@ -604,7 +604,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
         moe_route(&mc[j], a->xn2 + (size_t)R[j] * d, R[j + 1] - R[j], &w, c, seed, row0 + R[j]);
         if (!cap) {
             moe_start(&mc[j], &w, c, NULL);
-            if (j > 0) { moe_finish(&mc[j - 1], a->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, l, out, R[j - 1], R[j]); }
+            if (j > 0) { moe_finish(&mc[j - 1], m->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, l, out, R[j - 1], R[j]); }
         }
         if (j + 1 < n) ar = oproj_rows(m, a, l, R[j + 1], R[j + 2], 1);
     }
@@ -614,12 +614,12 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
         moe_start(&mc[0], &w, c, budget);
         for (int j = 0; j < n; j++) {
             if (j + 1 < n) moe_start(&mc[j + 1], &w, c, budget + (j + 1) * ke);
-            moe_finish(&mc[j], a->moe_out + (size_t)R[j] * d, &w);
+            moe_finish(&mc[j], m->moe_out + (size_t)R[j] * d, &w);
             out_rows(m, a, l, out, R[j], R[j + 1]);
         }
         free(budget);
     } else {
-        moe_finish(&mc[n - 1], a->moe_out + (size_t)R[n - 1] * d, &w);
+        moe_finish(&mc[n - 1], m->moe_out + (size_t)R[n - 1] * d, &w);
         out_rows(m, a, l, out, R[n - 1], N);
     }
     moe_stats_merge(part, n, &a->moe);

@@ -35,7 +35,6 @@ typedef struct {
     float *att, *lse;              // (N,H*hd) (B,H,T)
     float *x_mid;                  // (N,d) after the attention residual
     float *xn2, *rstd2;            // (N,d) (N)
-    float *moe_out;                // (N,d)
     MoeLayer moe;                  // the layer's MoE state (its statistics: merged over the chunks)
     int att_shared;                // att and lse are the model's shared ones (--recompute attn)
     MoeLayer *mc;                  // (nmc) AMPipe: each chunk's MoE state (rows [R_j, R_j+1))
@@ -78,6 +77,8 @@ typedef struct {
     int32_t *tokens, *targets;     // (N)
     // backward scratch
     float *dres, *dxn, *dq, *dk, *dv, *datt;
+    float *moe_out;                // (maxN,d) a block's MoE output until it joins the residual stream (forward
+                                   // only: one for every layer and slot)
     float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
     float *ones;                   // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
     double *qk_sums;               // (2, maxN) full-width QK-norm over TP: q's and k's row sums, all-reduced

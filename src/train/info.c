@@ -15,7 +15,8 @@
 static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && ms->etp == 1); }
 
 // Activation bytes of one layer on one rank of a mesh (ms; NULL: one process) running B sequences of T
-// tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms, its
+// tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms (not the MoE
+// output: the model's one buffer, acts_scratch), its
 // heads (TP), its slice of the router's rows (N/TP) and their dispatched copies (xs; ys and the expert
 // side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
 // routed token: the mean over a balanced load: yg and the SwiGLU rows).
@@ -28,7 +29,7 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
     // act of its width, its output and gate) on the router's slice
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
-    return 4.0 * (N * (6 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
+    return 4.0 * (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
                   Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + d + 1) : 0));
 }
 // The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
@@ -52,7 +53,7 @@ static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, s
 }
 // The backward's scratch on one rank (one set, whatever the layers), hidden rows of hb bytes a value (ops.h
 // hid_elem): the model's gradients of the residual stream, the norms' outputs, q, k, v and the attention
-// output (and of q, k before QK-norm); the MoE layer's (moe.h MoeScratch, sized for the whole micro-batch):
+// output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE layer's (moe.h MoeScratch, sized for the whole micro-batch):
 // dy rows, dx (token side, whole and jittered), dlogits, the expert side's dxg and dh1, dh3 (and dy, dx copies
 // where the exchange is not local), the shared expert's.
 static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
@@ -61,7 +62,7 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
            kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp, R = N * c->top_k;
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
-    double model = 4.0 * N * (2 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
+    double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
     double moe = 4.0 * (R * d + 2 * N * d + N * c->n_experts + R + Re * d + (lo ? 0 : Re * d + R * d)) +
                  hb * 2 * Re * fl + (fs ? 4.0 * N * (d + 1) + hb * 2 * N * fs : 0);
     return model + moe;
