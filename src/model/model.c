@@ -775,8 +775,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         be->zero(m->dv, (size_t)N * kvd * F);
         double t0 = moe_clock(m);
         if (n == 1) {
-            be->zero(m->dxn, (size_t)N * d * F);
-            // the MoE output's gradient through its dropout mask (dres itself without dropout)
+            // the MoE output's gradient through its dropout mask (dres itself without dropout); it writes dxn
             moe_backward(&a->moe, &m->ms, m->dxn, dropped_rows(m, l, 1, 0, N), a->xn2, &w, &gw, c, aux_scale / L,
                          z_scale / L);
             block_mid_bwd(m, a, l, 0, N);
@@ -789,7 +788,6 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
             moe_backward_start(&a->mc[n - 1], &m->ms, dropped_rows(m, l, 1, R[n - 1], N));
             for (int j = n - 1; j >= 0; j--) {
                 size_t r0 = R[j];
-                be->zero(m->dxn + r0 * d, (size_t)(R[j + 1] - R[j]) * d * F);
                 moe_backward_finish(&a->mc[j], &m->ms, m->dxn + r0 * d, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L,
                                     z_scale / L);
                 block_mid_bwd(m, a, l, R[j], R[j + 1]);

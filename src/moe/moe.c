@@ -182,7 +182,6 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     size_t N = maxN, d = c->d_model, E = c->n_experts, R = N * c->top_k;
     s->dys = be->alloc(R * d * F);
     s->dxj = be->alloc(N * d * F);
-    s->dxfull = be->alloc(N * d * F);
     s->dlogits = be->alloc(N * E * F);
     s->rowdot = be->alloc(R * F);
     s->aux_dp = be->alloc(E * F);
@@ -197,7 +196,7 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
 }
 
 void moe_scratch_free(MoeScratch *s) {
-    void *dev[] = {s->dys, s->dxs, s->dxj, s->dxfull, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
+    void *dev[] = {s->dys, s->dxs, s->dxj, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
                    s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice, s->sh_dy, s->sh_dh1,
                    s->sh_dh3, s->sh_dg};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
@@ -519,8 +518,9 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     }
     if (m->gathered) moe_scatter_grads(m, s, &gf, g);
     g->fresh = 0;   // the expert gradients hold this backward's share now
-    // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order)
-    float *dxin = s->dxj;
+    // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order); without TP my
+    // slice is the whole dx, which this writes in place
+    float *dxin = TP > 1 ? s->dxj : dx;
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
@@ -557,11 +557,5 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);
     if (m->fs) moe_shared_backward(m, s, dxin, m->dyb, x + (size_t)m->s0 * d, w, g);
-    // every TP rank needs the whole dx
-    if (TP > 1) {
-        tp_gather(m, dxin, s->dxfull);
-        be->axpy(dx, s->dxfull, 1.0f, (size_t)m->N * d);
-    } else {
-        be->axpy(dx, dxin, 1.0f, (size_t)Ns * d);
-    }
+    if (TP > 1) tp_gather(m, dxin, dx);   // every TP rank needs the whole dx
 }

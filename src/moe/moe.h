@@ -151,7 +151,7 @@ typedef struct {
 // Scratch shared by all layers' backward passes.
 typedef struct {
     const Backend *be;
-    float *dys, *dxs, *dxj, *dlogits, *rowdot, *dxfull;   // device, token side (dxs: not local only)
+    float *dys, *dxs, *dxj, *dlogits, *rowdot;   // device, token side (dxs: not local only; dxj: TP > 1)
     float *aux_dp;                                         // device (E): d aux term / d probs[t,e]
     float *dyg, *dxg;                                     // device, expert side (grown; dyg: not local)
     void *dh1, *dh3;                                      // ... (Rg,fl), in the hidden format (ops.h)
@@ -207,7 +207,7 @@ void moe_slot_counts(const MoeLayer *m, int64_t *out);
 // differentiates the whole micro-batch's aux and z.
 void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole);
 void moe_loss_from(MoeLayer *part, const MoeLayer *whole);
-// dx (N,d) += d/dx; grads += d/dweights (local shards; the router's is this rank's share). The loss
+// dx (N,d) = d/dx (written, whatever it held); grads += d/dweights (local shards; the router's is this rank's share). The loss
 // this differentiates is <dy, y> + aux_scale * aux + z_scale * z of the last forward.
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale);

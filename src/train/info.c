@@ -54,7 +54,7 @@ static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, s
 // The backward's scratch on one rank (one set, whatever the layers), hidden rows of hb bytes a value (ops.h
 // hid_elem): the model's gradients of the residual stream, the norms' outputs, q, k, v and the attention
 // output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE layer's (moe.h MoeScratch, sized for the whole micro-batch):
-// dy rows, dx (token side, whole and jittered), dlogits, the expert side's dxg and dh1, dh3 (and dy, dx copies
+// dy rows, dx (token side, my slice of the jittered input: TP; counted always), dlogits, the expert side's dxg and dh1, dh3 (and dy, dx copies
 // where the exchange is not local), the shared expert's.
 static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
@@ -63,7 +63,7 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
-    double moe = 4.0 * (R * d + 2 * N * d + N * c->n_experts + R + Re * d + (lo ? 0 : Re * d + R * d)) +
+    double moe = 4.0 * (R * d + N * d + N * c->n_experts + R + Re * d + (lo ? 0 : Re * d + R * d)) +
                  hb * 2 * Re * fl + (fs ? 4.0 * N * (d + 1) + hb * 2 * N * fs : 0);
     return model + moe;
 }
