@@ -120,8 +120,8 @@ static void w_zero(void *p, size_t b) { WRAP(C_ZERO, RB->zero(p, b)); }
 static void w_mf(float *o, const float *i, const float *w, int N, int K, int O, int a) {
     WRAP(C_ROUTER, RB->matmul_fwd(o, i, w, N, K, O, a));
 }
-static void w_mb(float *di, float *dw, const float *g, const float *i, const float *w, int N, int K, int O) {
-    WRAP(C_ROUTER, RB->matmul_bwd(di, dw, g, i, w, N, K, O));
+static void w_mb(float *di, float *dw, const float *g, const float *i, const float *w, int N, int K, int O, int f) {
+    WRAP(C_ROUTER, RB->matmul_bwd(di, dw, g, i, w, N, K, O, f));
 }
 static void w_gf(float *o, const float *i, const float *w, const int64_t *off, int G, int K, int O) {
     WRAP(C_GEMM_F, RB->grouped_matmul_fwd(o, i, w, off, G, K, O));

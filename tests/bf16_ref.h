@@ -43,11 +43,11 @@ static void bfr_matmul_fwd(float *out, const float *inp, const float *w, int N, 
 }
 
 static void bfr_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,
-                           int O) {
+                           int O, int flags) {
     const Backend *c = backend_cpu();
-    if (N <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) { c->matmul_bwd(dinp, dw, dout, inp, w, N, K, O); return; }
+    if (N <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) { c->matmul_bwd(dinp, dw, dout, inp, w, N, K, O, flags); return; }
     float *gr = bf16_copy(dout, (size_t)N * O), *wr = bf16_copy(w, (size_t)O * K), *xr = bf16_copy(inp, (size_t)N * K);
-    c->matmul_bwd(dinp, dw, gr, xr, wr, N, K, O);
+    c->matmul_bwd(dinp, dw, gr, xr, wr, N, K, O, flags);
     free(gr); free(wr); free(xr);
 }
 
@@ -178,8 +178,8 @@ static void bfr_matmul_fwd_multi(int n, float *const *out, const float *inp, con
     backend_matmul_fwd_multi_plain(backend_cpu_bf16ref(), n, out, inp, w, N, K, O);
 }
 static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
-                                 const float *const *w, int N, int K, const int *O) {
-    backend_matmul_bwd_multi_plain(backend_cpu_bf16ref(), n, dinp, dw, dout, inp, w, N, K, O);
+                                 const float *const *w, int N, int K, const int *O, int flags) {
+    backend_matmul_bwd_multi_plain(backend_cpu_bf16ref(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
 
 // The cpu backend with the cuda backend's bf16 GEMMs, bf16 expert hidden rows (float arrays of bf16 values)

@@ -217,7 +217,7 @@ static void test_matmul(int N, int K, int O) {
 
     // backward
     float *dx0 = fnew(nx), *dw0 = fnew(nw);
-    be->matmul_bwd(dx0, dw0, dout, x, w, N, K, O);
+    be->matmul_bwd(dx0, dw0, dout, x, w, N, K, O, GM_ACC_DINP);
     MatCtx c = {x, w, out, dout, N, K, O, NULL, 0};
     snprintf(lab, sizeof lab, "matmul_bwd dinp N=%d K=%d O=%d", N, K, O);
     fd_check(lab, matmul_loss, &c, x, nx, dx0);
@@ -226,15 +226,22 @@ static void test_matmul(int N, int K, int O) {
     float *px = fnew(nx), *pw = fnew(nw);
     fill_normal(px, nx, 1); fill_normal(pw, nw, 1);
     float *dx1 = fcopy(px, nx), *dw1 = fcopy(pw, nw);
-    be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O);
+    be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O, GM_ACC_DINP);
     check_accum("matmul_bwd dinp", dx1, px, dx0, nx);
     check_accum("matmul_bwd dw", dw1, pw, dw0, nw);
+    // dinp written (flags 0) over NaN: the sums added into zeros, bit for bit; dw still added
+    fill_nan(dx1, nx);
+    memcpy(dw1, pw, nw * sizeof(float));
+    be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O, 0);
+    EXPECT(!memcmp(dx1, dx0, nx * sizeof(float)), "matmul_bwd N=%d K=%d O=%d: dinp written (flags 0) differs from "
+           "the sums added into zeros", N, K, O);
+    check_accum("matmul_bwd dw (dinp written)", dw1, pw, dw0, nw);
     // NULL gradient pointers
     memcpy(dx1, px, nx * sizeof(float));
-    be->matmul_bwd(dx1, NULL, dout, x, w, N, K, O);
+    be->matmul_bwd(dx1, NULL, dout, x, w, N, K, O, GM_ACC_DINP);
     check_accum("matmul_bwd dinp (dw NULL)", dx1, px, dx0, nx);
     memcpy(dw1, pw, nw * sizeof(float));
-    be->matmul_bwd(NULL, dw1, dout, x, w, N, K, O);
+    be->matmul_bwd(NULL, dw1, dout, x, w, N, K, O, GM_ACC_DINP);
     check_accum("matmul_bwd dw (dinp NULL)", dw1, pw, dw0, nw);
     free(x); free(w); free(out); free(pre); free(dout); free(ref); free(mag);
     free(dx0); free(dw0); free(px); free(pw); free(dx1); free(dw1);

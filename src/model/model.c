@@ -39,9 +39,9 @@ static void qkv_bias_fwd(Model *m, int l, float *q, float *k, float *v, int N) {
 static void qkv_bias_bwd(Model *m, int l, const float *dq, const float *dk, const float *dv, int N) {
     int qd = m->Hl * m->c.head_dim, kvd = m->KVl * m->c.head_dim;
     float *g = m->grads, *p = m->params;
-    m->be->matmul_bwd(NULL, P(m, g, PR_BQ, l, -1), dq, m->ones, P(m, p, PR_BQ, l, -1), N, 1, qd);
-    m->be->matmul_bwd(NULL, P(m, g, PR_BK, l, -1), dk, m->ones, P(m, p, PR_BK, l, -1), N, 1, kvd);
-    m->be->matmul_bwd(NULL, P(m, g, PR_BV, l, -1), dv, m->ones, P(m, p, PR_BV, l, -1), N, 1, kvd);
+    m->be->matmul_bwd(NULL, P(m, g, PR_BQ, l, -1), dq, m->ones, P(m, p, PR_BQ, l, -1), N, 1, qd, 0);
+    m->be->matmul_bwd(NULL, P(m, g, PR_BK, l, -1), dk, m->ones, P(m, p, PR_BK, l, -1), N, 1, kvd, 0);
+    m->be->matmul_bwd(NULL, P(m, g, PR_BV, l, -1), dv, m->ones, P(m, p, PR_BV, l, -1), N, 1, kvd, 0);
 }
 // The q, k, v projections of layer l as the multi-product ops take them: the tensors at base (the
 // weights or their gradients) and their widths (this rank's heads).
@@ -707,7 +707,7 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
     be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
                     P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)n, (int)d);
     be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), dropped_rows(m, l, 0, r0, r1), a->att + r0 * qd,
-                   P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d);
+                   P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d, 0);   // (written: datt's rows [r0, r1))
 }
 
 // Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
@@ -740,9 +740,8 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     const ModelChunk *ch = &m->chunk[m->cur];
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
-        be->zero(m->dxn, (size_t)N * d * F);
         be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
-                       N, d, V);
+                       N, d, V, 0);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
                         P(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
@@ -769,7 +768,6 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         int n = a->nrun;
         // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
         if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
-        be->zero(m->datt, (size_t)N * qd * F);
         be->zero(m->dq, (size_t)N * qd * F);
         be->zero(m->dk, (size_t)N * kvd * F);
         be->zero(m->dv, (size_t)N * kvd * F);
@@ -804,14 +802,13 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         const float *dqp = m->dq, *dkp = m->dk;
         if (c->qk_norm) { qk_norm_bwd(m, a, l, N); dqp = m->dq2; dkp = m->dk2; }
         if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, m->dv, N);
-        be->zero(m->dxn, (size_t)N * d * F);
-        {   // the q, k, v projections' backward over one input (converted once)
+        {   // the q, k, v projections' backward over one input (converted once), written into dxn
             const float *dout[3] = {dqp, dkp, m->dv};
             float *dw[3], *w[3];
             int O[3];
             qkv_tensors(m, g, l, dw, O);
             qkv_tensors(m, m->params, l, w, O);
-            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, (const float *const *)w, N, d, O);
+            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, (const float *const *)w, N, d, O, 0);
         }
         // column-parallel q/k/v: each TP rank holds part of dxn1
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);

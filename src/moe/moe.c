@@ -554,7 +554,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
                        (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
     }
-    be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E);
+    be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E, GM_ACC_DINP);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);
     if (m->fs) moe_shared_backward(m, s, dxin, m->dyb, x + (size_t)m->s0 * d, w, g);
     if (TP > 1) tp_gather(m, dxin, dx);   // every TP rank needs the whole dx

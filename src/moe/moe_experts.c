@@ -64,7 +64,7 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
     if (w->sh_gate) {   // d(sh_y) = g dy; dg = <dy, sh_y>; d(gate logit) = dg g (1 - g)
         be->gather_dot_scale(s->sh_dy, s->sh_dg, dy, m->ident, m->sh_y, m->sh_g, Ns, d);
         be->sigmoid_bwd(s->sh_dg, s->sh_dg, m->sh_g, (size_t)Ns);
-        be->matmul_bwd(dx, g->sh_gate, s->sh_dg, x, w->sh_gate, Ns, d, 1);
+        be->matmul_bwd(dx, g->sh_gate, s->sh_dg, x, w->sh_gate, Ns, d, 1, GM_ACC_DINP);
         dys = s->sh_dy;
     }
     be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, dys, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2, m->sh_off, 1,

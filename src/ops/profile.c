@@ -24,9 +24,9 @@ static void w_to_host(void *d, const void *s, size_t n) { T0; in->to_host(d, s, 
 static void w_copy(void *d, const void *s, size_t n) { T0; in->copy(d, s, n); T1(P_COPY); }
 static void w_zero(void *p, size_t n) { T0; in->zero(p, n); T1(P_COPY); }
 static void w_mm_f(float *o, const float *i, const float *w, int N, int K, int O, int a) { T0; in->matmul_fwd(o, i, w, N, K, O, a); T1(P_MATMUL_F); }
-static void w_mm_b(float *di, float *dw, const float *d, const float *i, const float *w, int N, int K, int O) { T0; in->matmul_bwd(di, dw, d, i, w, N, K, O); T1(P_MATMUL_B); }
+static void w_mm_b(float *di, float *dw, const float *d, const float *i, const float *w, int N, int K, int O, int f) { T0; in->matmul_bwd(di, dw, d, i, w, N, K, O, f); T1(P_MATMUL_B); }
 static void w_mm_fm(int n, float *const *o, const float *i, const float *const *w, int N, int K, const int *O) { T0; in->matmul_fwd_multi(n, o, i, w, N, K, O); T1(P_MATMUL_F); }
-static void w_mm_bm(int n, float *di, float *const *dw, const float *const *d, const float *i, const float *const *w, int N, int K, const int *O) { T0; in->matmul_bwd_multi(n, di, dw, d, i, w, N, K, O); T1(P_MATMUL_B); }
+static void w_mm_bm(int n, float *di, float *const *dw, const float *const *d, const float *i, const float *const *w, int N, int K, const int *O, int f) { T0; in->matmul_bwd_multi(n, di, dw, d, i, w, N, K, O, f); T1(P_MATMUL_B); }
 static void w_gmm_f(float *o, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_fwd(o, i, w, off, G, K, O); T1(P_GMM_F); }
 static void w_gmm_b(float *di, float *dw, const float *d, const float *i, const float *w, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd(di, dw, d, i, w, off, G, K, O, a); T1(P_GMM_B); }
 static void w_gsw_f(void *h1, void *h3, void *a, const float *i, const float *w1, const float *w3, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O); T1(P_GMM_F); }

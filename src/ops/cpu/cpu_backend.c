@@ -44,8 +44,8 @@ static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, 
 }
 
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                    int N, int K, int O) {
-    mm_bwd(dinp, dw, dout, inp, w, N, K, O, GM_ACC_DINP);
+                    int N, int K, int O, int flags) {
+    mm_bwd(dinp, dw, dout, inp, w, N, K, O, flags & GM_ACC_DINP);
 }
 
 static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
@@ -99,8 +99,8 @@ static void cpu_matmul_fwd_multi(int n, float *const *out, const float *inp, con
 }
 
 static void cpu_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
-                                 const float *const *w, int N, int K, const int *O) {
-    backend_matmul_bwd_multi_plain(backend_cpu(), n, dinp, dw, dout, inp, w, N, K, O);
+                                 const float *const *w, int N, int K, const int *O, int flags) {
+    backend_matmul_bwd_multi_plain(backend_cpu(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
 
 const Backend *backend_cpu(void) {

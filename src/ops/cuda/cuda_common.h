@@ -161,20 +161,22 @@ void cuda_bf16_shadow_write(const void *ptr, size_t bytes);
 void cuda_bf16_shadow_freed(const void *p);
 void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
 void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
-void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
+void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
+                         int flags);
 void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const int64_t *off, int G, int K, int O, int flags);
 void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
-void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O);
+void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
+                          int flags);
 void cuda_matmul_fwd_multi_f32(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
                                const int *O);
 void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
-                               const float *const *w, int N, int K, const int *O);
+                               const float *const *w, int N, int K, const int *O, int flags);
 void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
                                 const int *O);
 void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
-                                const float *const *w, int N, int K, const int *O);
+                                const float *const *w, int N, int K, const int *O, int flags);
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                   const int64_t *off, int G, int K, int O, int flags);

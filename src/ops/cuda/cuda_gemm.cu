@@ -226,8 +226,8 @@ static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *i
 }
 
 extern "C" void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
-                                    int K, int O) {
-    mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, GM_ACC_DINP);
+                                    int K, int O, int flags) {
+    mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags & GM_ACC_DINP);
 }
 
 // One GEMM per non-empty group (off is a host array).
@@ -281,8 +281,9 @@ extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const float 
 }
 
 extern "C" void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout,
-                                          const float *inp, const float *const *w, int N, int K, const int *O) {
-    backend_matmul_bwd_multi_plain(backend_cuda_fp32(), n, dinp, dw, dout, inp, w, N, K, O);
+                                          const float *inp, const float *const *w, int N, int K, const int *O,
+                                          int flags) {
+    backend_matmul_bwd_multi_plain(backend_cuda_fp32(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
 
 // ---------------------------------------------------------------- bf16 GEMMs (fp32 accumulation)
@@ -295,14 +296,14 @@ static void mm_fwd_one(float *out, const bf16 *xb, const float *w, bf16 *wb, int
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, ws ? ws : wb, K, xb, K, beta, out, O);
 }
 
-// One product's backward from bf16 dout (gb, N x O) and input (xb, N x K; read only for dw): dinp += dout W,
-// dw += dout^T x (either may be NULL), the weight from its copy or converted into wb.
+// One product's backward from bf16 dout (gb, N x O) and input (xb, N x K; read only for dw): dinp = dout W
+// (+ dinp with GM_ACC_DINP), dw += dout^T x (either may be NULL), the weight from its copy or converted into wb.
 static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, const bf16 *xb, const float *w, bf16 *wb, int N, int K,
-                       int O) {
+                       int O, int flags) {
     if (dinp) {
         const bf16 *ws = shadow_of(w, (size_t)O * K);
         if (!ws) to_bf16(wb, w, (size_t)O * K);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O, 1.0f, dinp, K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O, flags & GM_ACC_DINP ? 1.0f : 0.0f, dinp, K);
     }
     if (dw) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, 1.0f, dw, K);
 }
@@ -319,10 +320,13 @@ extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *
 }
 
 extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                     int N, int K, int O) {
-    if (N <= 0 || K <= 0 || O <= 0 || (!dinp && !dw)) return;
+                                     int N, int K, int O, int flags) {
+    if (N <= 0 || K <= 0 || O <= 0 || (!dinp && !dw)) {
+        if (O <= 0 || N <= 0) cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags);   // (an empty dinp sum)
+        return;
+    }
     if (O <= MOE_GEMM_FP32_MAX_O) {
-        cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O);
+        cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags);
         return;
     }
     bf16 *gb, *wb, *xb;
@@ -330,7 +334,7 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
                  &gb, &wb, &xb);
     to_bf16(gb, dout, (size_t)N * O);
     if (dw) to_bf16(xb, inp, (size_t)N * K);
-    mm_bwd_one(dinp, dw, gb, xb, w, wb, N, K, O);
+    mm_bwd_one(dinp, dw, gb, xb, w, wb, N, K, O, flags);
 }
 
 // Several products of one input (ops.h matmul_fwd_multi / _bwd_multi): inp converted once, then each
@@ -362,7 +366,8 @@ extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const float
 }
 
 extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout,
-                                           const float *inp, const float *const *w, int N, int K, const int *O) {
+                                           const float *inp, const float *const *w, int N, int K, const int *O,
+                                           int flags) {
     size_t gmax = 0, wmax = 0;
     int any = 0;
     for (int i = 0; i < n; i++) {
@@ -377,13 +382,13 @@ extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw,
         to_bf16(xb, inp, (size_t)N * K);
     }
     for (int i = 0; i < n; i++) {
-        if (N <= 0 || K <= 0 || O[i] <= 0) continue;   // as matmul_bwd: nothing to do
-        if (!mm_bf16_path(N, K, O[i])) {
-            cuda_matmul_bwd_f32(dinp, dw[i], dout[i], inp, w[i], N, K, O[i]);
+        int fl = i ? GM_ACC_DINP : flags;
+        if (!mm_bf16_path(N, K, O[i])) {   // (also the empty products: matmul_bwd's zeros or nothing)
+            cuda_matmul_bwd_f32(dinp, dw[i], dout[i], inp, w[i], N, K, O[i], fl);
             continue;
         }
         to_bf16(gb, dout[i], (size_t)N * O[i]);
-        mm_bwd_one(dinp, dw[i], gb, xb, w[i], wb, N, K, O[i]);
+        mm_bwd_one(dinp, dw[i], gb, xb, w[i], wb, N, K, O[i], fl);
     }
 }
 
