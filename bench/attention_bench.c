@@ -58,7 +58,7 @@ int main(int argc, char **argv) {
         CK(cudaEventRecord(e0, 0));
         be->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
         CK(cudaEventRecord(e1, 0));
-        be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T);
+        be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T, 0);   // (written, as the model calls it)
         CK(cudaEventRecord(e2, 0));
         CK(cudaEventSynchronize(e2));
         if (it >= 0) {

@@ -142,12 +142,19 @@ static void bfr_attention_fwd(float *out, float *lse, const float *q, const floa
 }
 static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                               const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                              int t0, int t1) {
+                              int t0, int t1, int flags) {
     if (!bfr_att_tc(hd)) {
-        backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+        backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
+    for (int b = 0; b < B; b++) {   // the rows written (ops.h ATT_ADD_*): zeros, then the sums added
+        if (!(flags & ATT_ADD_DQ)) memset(dq + ((size_t)b * T + t0) * H * hd, 0, sizeof(float) * (size_t)(t1 - t0) * H * hd);
+        if (!(flags & ATT_ADD_DKV)) {
+            memset(dk + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
+            memset(dv + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
+        }
+    }
     float *gr = bf16_copy(dout, nq), *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *aq = xcalloc(nq, sizeof(double)), *ak = xcalloc(nk, sizeof(double)), *av = xcalloc(nk, sizeof(double));
     double sc = 1.0 / sqrt((double)hd);

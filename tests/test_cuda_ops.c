@@ -1107,12 +1107,25 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     // backward from the cpu's out and lse on both sides
     float *oc = dputf(o, nq), *lc = dputf(l, nl), *g = hrand(nq, 1.0f), *gd = dputf(g, nq);
     float *pq = hrand(nq, 1.0f), *pk = hrand(nk, 1.0f), *pv = hrand(nk, 1.0f);
-    for (int p = 0; p < 2; p++) {
+    // p 0: added into zeros, 1: added into pre-filled buffers, 2: written (flags 0) over them (NaN on the GPU)
+    for (int p = 0; p < 3; p++) {
+        int fl = p == 2 ? 0 : ATT_ADD_DQ | ATT_ADD_DKV;
         float *dq = p ? hcopy(pq, nq) : hnew(nq), *dk = p ? hcopy(pk, nk) : hnew(nk), *dv = p ? hcopy(pv, nk) : hnew(nk);
-        float *dqd = dputf(dq, nq), *dkd = dputf(dk, nk), *dvd = dputf(dv, nk);
-        ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T);
-        gpu->attention_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T);
-        const char *acc = p ? " (accumulate)" : "";
+        float *dqd = p == 2 ? dnan(nq) : dputf(dq, nq), *dkd = p == 2 ? dnan(nk) : dputf(dk, nk);
+        float *dvd = p == 2 ? dnan(nk) : dputf(dv, nk);
+        ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T, fl);
+        gpu->attention_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, fl);
+        if (p == 2) {   // the bits of adding into zeros
+            float *zq = dputf(pq, nq), *zk = dputf(pk, nk), *zv = dputf(pv, nk);
+            gpu->zero(zq, nq * sizeof(float)); gpu->zero(zk, nk * sizeof(float)); gpu->zero(zv, nk * sizeof(float));
+            gpu->attention_bwd(zq, zk, zv, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
+            snprintf(what, sizeof what, "attention_bwd written == added into zeros T%d H%d KV%d hd%d%s", T, H, KV, hd, path);
+            cmp_exact_dev(what, dqd, zq, nq);
+            cmp_exact_dev(what, dkd, zk, nk);
+            cmp_exact_dev(what, dvd, zv, nk);
+            gpu->free(zq); gpu->free(zk); gpu->free(zv);
+        }
+        const char *acc = p == 2 ? " (written)" : p ? " (accumulate)" : "";
         snprintf(what, sizeof what, "dq%s T%d H%d KV%d hd%d%s", acc, T, H, KV, hd, path);
         cmp_n("attention_bwd", what, dqd, dq, nq, bb, nb);
         snprintf(what, sizeof what, "dk%s T%d H%d KV%d hd%d%s", acc, T, H, KV, hd, path);
@@ -1125,7 +1138,7 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         // as the draw makes it (measured 1.7e-2 on one draw). The T 2 case keeps the bf16_ref.h check.
         if (tc && !p && T >= 16) {
             float *eq = hnew(nq), *ek = hnew(nk), *ev = hnew(nk);
-            cpu->attention_bwd(eq, ek, ev, g, o32, l32, q, k, v, B, T, H, KV, hd, 0, T);
+            cpu->attention_bwd(eq, ek, ev, g, o32, l32, q, k, v, B, T, H, KV, hd, 0, T, 0);
             snprintf(what, sizeof what, "dq/dk/dv vs float32 T%d H%d KV%d hd%d", T, H, KV, hd);
             cmp_n("attention_bwd (bf16 vs float32)", what, dqd, eq, nq, INFINITY, BAND_BF16_NORM);
             cmp_n("attention_bwd (bf16 vs float32)", what, dkd, ek, nk, INFINITY, BAND_BF16_NORM);
@@ -1140,8 +1153,8 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         cmp_exact_dev("attention_fwd (tensor cores; two runs on the same inputs)", od, od2, nq);
         float *a1 = dputf(pq, nq), *a2 = dputf(pq, nq), *b1 = dputf(pk, nk), *b2 = dputf(pk, nk);
         float *c1 = dputf(pv, nk), *c2 = dputf(pv, nk);
-        gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T);
-        gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T);
+        gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
+        gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
         cmp_exact_dev("attention_bwd dq (tensor cores; two runs on the same inputs)", a1, a2, nq);
         cmp_exact_dev("attention_bwd dk (tensor cores; two runs on the same inputs)", b1, b2, nk);
         cmp_exact_dev("attention_bwd dv (tensor cores; two runs on the same inputs)", c1, c2, nk);
@@ -1172,10 +1185,17 @@ static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p,
     snprintf(what, sizeof what, "out p%g B%d T%d [%d,%d) H%d KV%d hd%d", p, B, T, t0, t1, H, KV, hd);
     cmp("attention_drop_fwd", what, od, o, nq, BAND_SUM);
     cmp("attention_drop_fwd", "lse", ld, l, nl, BAND_SUM);
-    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = dputf(dq, nq), *dkd = dputf(dk, nk), *dvd = dputf(dv, nk);
+    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = dputf(dq, nq), *dkd = dnan(nk), *dvd = dnan(nk);
     float *oc = dputf(o, nq), *lc = dputf(l, nl);
-    cpu->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
-    gpu->attention_drop_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
+    // dq added into (zeros), dk and dv written (over NaN on the GPU: rows from t1 on are left, both zero here)
+    cpu->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2, ATT_ADD_DQ);
+    gpu->attention_drop_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2, ATT_ADD_DQ);
+    if (t1 < T) {   // the rows past t1 are not the op's: zero them on the GPU as the host's are
+        for (int b = 0; b < B; b++) {
+            gpu->zero(dkd + ((size_t)b * T + t1) * KV * hd, (size_t)(T - t1) * KV * hd * sizeof(float));
+            gpu->zero(dvd + ((size_t)b * T + t1) * KV * hd, (size_t)(T - t1) * KV * hd * sizeof(float));
+        }
+    }
     cmp("attention_drop_bwd", "dq", dqd, dq, nq, BAND_ATT_BWD);
     cmp("attention_drop_bwd", "dk", dkd, dk, nk, BAND_ATT_BWD);
     cmp("attention_drop_bwd", "dv", dvd, dv, nk, BAND_ATT_BWD);
@@ -1215,15 +1235,18 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (lse) T%d hd%d%s", n, T, hd, path);
     cmp_exact_dev(what, ln, l1, nl);
     float *o = dget(o1, nq), *l = dget(l1, nl);
+    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the last
+    // rows: it reads every key) and added into by the others; over NaN on the GPU
     float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk);
-    float *dq1 = dputf(dq, nq), *dqn = dputf(dq, nq), *dk1 = dputf(dk, nk), *dkn = dputf(dk, nk);
-    float *dv1 = dputf(dv, nk), *dvn = dputf(dv, nk);
-    gpu->attention_bwd(dq1, dk1, dv1, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, 0, T);
-    for (int j = n - 1; j >= 0; j--) {
-        int t0 = T * j / n, t1 = T * (j + 1) / n;
+    float *dq1 = dnan(nq), *dqn = dnan(nq), *dk1 = dnan(nk), *dkn = dnan(nk);
+    float *dv1 = dnan(nk), *dvn = dnan(nk);
+    gpu->attention_bwd(dq1, dk1, dv1, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, 0, T, 0);
+    for (int j = n - 1, first = 1; j >= 0; j--) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n, fl = first ? 0 : ATT_ADD_DKV;
         if (t0 == t1) continue;
-        gpu->attention_bwd(dqn, dkn, dvn, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, t0, t1);
-        ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1);
+        first = 0;
+        gpu->attention_bwd(dqn, dkn, dvn, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, t0, t1, fl);
+        ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, fl);
     }
     snprintf(what, sizeof what, "attention_bwd over %d chunks == one call (dq) T%d hd%d%s", n, T, hd, path);
     cmp_exact_dev(what, dqn, dq1, nq);

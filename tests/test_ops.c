@@ -626,7 +626,7 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
 
     float *out0 = fcopy(out, nq), *lse0 = fcopy(lse, nl);
     float *dq0 = fnew(nq), *dk0 = fnew(nk), *dv0 = fnew(nk);
-    be->attention_bwd(dq0, dk0, dv0, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T);
+    be->attention_bwd(dq0, dk0, dv0, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
     AttCtx c = {q, k, v, out, lse, dout, B, T, H, KV, hd};
     snprintf(lab, sizeof lab, "attention_bwd dq B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
     fd_check(lab, att_loss, &c, q, nq, dq0);
@@ -637,10 +637,19 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     float *pq = fnew(nq), *pk = fnew(nk), *pv = fnew(nk);
     fill_normal(pq, nq, 1); fill_normal(pk, nk, 1); fill_normal(pv, nk, 1);
     float *dq1 = fcopy(pq, nq), *dk1 = fcopy(pk, nk), *dv1 = fcopy(pv, nk);
-    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T);
+    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
     check_accum("attention_bwd dq", dq1, pq, dq0, nq);
     check_accum("attention_bwd dk", dk1, pk, dk0, nk);
     check_accum("attention_bwd dv", dv1, pv, dv0, nk);
+    // written (flags 0) over NaN: the bits of adding into zeros
+    fill_nan(dq1, nq); fill_nan(dk1, nk); fill_nan(dv1, nk);
+    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T, 0);
+    snprintf(lab, sizeof lab, "attention_bwd written (flags 0) == added into zeros: dq T=%d", T);
+    check_exact(lab, dq1, dq0, nq);
+    snprintf(lab, sizeof lab, "attention_bwd written (flags 0) == added into zeros: dk T=%d", T);
+    check_exact(lab, dk1, dk0, nk);
+    snprintf(lab, sizeof lab, "attention_bwd written (flags 0) == added into zeros: dv T=%d", T);
+    check_exact(lab, dv1, dv0, nk);
     free(q); free(k); free(v); free(out); free(lse); free(dout); free(ref); free(mag); free(lref); free(lmag);
     free(S); free(out0); free(lse0); free(dq0); free(dk0); free(dv0); free(pq); free(pk); free(pv);
     free(dq1); free(dk1); free(dv1);
@@ -673,11 +682,15 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     check_exact(lab, on, o1, nq);
     snprintf(lab, sizeof lab, "attention_fwd over %d chunks == one call: lse T=%d", n, T);
     check_exact(lab, ln, l1, nl);
+    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the last
+    // rows, which read every key) and added into by the others; over NaN
     float *dq1 = fnew(nq), *dk1 = fnew(nk), *dv1 = fnew(nk), *dqn = fnew(nq), *dkn = fnew(nk), *dvn = fnew(nk);
-    be->attention_bwd(dq1, dk1, dv1, dout, o1, l1, q, k, v, B, T, H, KV, hd, 0, T);
-    for (int j = n - 1; j >= 0; j--) {
+    fill_nan(dq1, nq); fill_nan(dk1, nk); fill_nan(dv1, nk); fill_nan(dqn, nq); fill_nan(dkn, nk); fill_nan(dvn, nk);
+    be->attention_bwd(dq1, dk1, dv1, dout, o1, l1, q, k, v, B, T, H, KV, hd, 0, T, 0);
+    for (int j = n - 1, first = 1; j >= 0; j--) {
         int t0 = T * j / n, t1 = T * (j + 1) / n;
-        if (t0 < t1) be->attention_bwd(dqn, dkn, dvn, dout, o1, l1, q, k, v, B, T, H, KV, hd, t0, t1);
+        if (t0 < t1) be->attention_bwd(dqn, dkn, dvn, dout, o1, l1, q, k, v, B, T, H, KV, hd, t0, t1, first ? 0 : ATT_ADD_DKV);
+        if (t0 < t1) first = 0;
     }
     snprintf(lab, sizeof lab, "attention_bwd over %d chunks == one call: dq T=%d", n, T);
     check_exact(lab, dqn, dq1, nq);

@@ -711,8 +711,10 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
 }
 
 // Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
-// those rows, dk/dv of the keys they read (+=).
-static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
+// those rows (written: each query row is in one piece), dk/dv of the keys they read: written by the first
+// piece of a sequence this layer's backward meets (seen[b] 0; the pieces come in reverse row order, so
+// that one holds the sequence's last rows and reads all of its keys), added into by the later ones.
+static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1, unsigned char *seen) {
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
@@ -720,14 +722,17 @@ static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, in
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
     for (int r = r0, b, t, nb, te; r < r1; r += nb * (te - t)) {
         row_piece(T, r, r1, &b, &t, &nb, &te);
+        int fl = seen[b] ? ATT_ADD_DKV : 0;   // (a piece of several sequences holds them whole: none seen)
+        memset(seen + b, 1, (size_t)nb);
         if (ds)
             m->be->attention_drop_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs,
                                       a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks,
                                       nb, T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
-                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
+                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H, fl);
         else
             m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, a->att + b * qs,
-                                 a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te);
+                                 a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te,
+                                 fl);
     }
 }
 
@@ -735,9 +740,10 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     int B = m->B, T = m->T, N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim;
-    int V = c->vocab_size, qd = H * hd, kvd = KV * hd, L = c->n_layers;
+    int V = c->vocab_size, L = c->n_layers;
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
+    unsigned char *seen = xcalloc((size_t)B, 1);   // attn_bwd_rows: the sequences whose dk, dv are written
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
         be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
@@ -768,9 +774,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         int n = a->nrun;
         // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
         if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
-        be->zero(m->dq, (size_t)N * qd * F);
-        be->zero(m->dk, (size_t)N * kvd * F);
-        be->zero(m->dv, (size_t)N * kvd * F);
+        memset(seen, 0, (size_t)B);   // dq, dk, dv: written by the attention backward (attn_bwd_rows)
         double t0 = moe_clock(m);
         if (n == 1) {
             // the MoE output's gradient through its dropout mask (dres itself without dropout); it writes dxn
@@ -790,13 +794,13 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
                                     z_scale / L);
                 block_mid_bwd(m, a, l, R[j], R[j + 1]);
                 if (j > 0) moe_backward_start(&a->mc[j - 1], &m->ms, dropped_rows(m, l, 1, R[j - 1], R[j]));
-                attn_bwd_rows(m, a, l, T, R[j], R[j + 1]);
+                attn_bwd_rows(m, a, l, T, R[j], R[j + 1], seen);
             }
         }
         if (m->dw_fresh) m->dw_fresh[l] = 0;   // the layer's expert gradients are written now
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
-        if (n == 1) attn_bwd_rows(m, a, l, T, 0, N);
+        if (n == 1) attn_bwd_rows(m, a, l, T, 0, N, seen);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
         const float *dqp = m->dq, *dkp = m->dk;
@@ -816,6 +820,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
                         a->rstd1, N, d);
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);
     }
+    free(seen);
     if (!ch->first) return;
     be->embedding_bwd(P(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);

@@ -50,6 +50,9 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 // blocks (every group's, zeros where a group has no rows) instead of adding into them.
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2 };
 
+// attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
+enum { ATT_ADD_DQ = 1, ATT_ADD_DKV = 2 };
+
 // The most products of one input that matmul_fwd_multi / matmul_bwd_multi take (q, k, v).
 #define MM_MULTI 3
 
@@ -236,11 +239,13 @@ struct Backend {
     // 0..t1-1; each row is the same bits as in the call over [0, T). bwd adds those rows' share:
     // dq rows [t0, t1) and dk/dv rows 0..t1-1 (+=; over chunks the same sums as one call, to
     // round-off: the order of the additions differs). bwd reads out/lse/dout rows [t0, t1) only.
+    // bwd's flags (ATT_ADD_* below): without ATT_ADD_DQ the dq rows are written instead of added into,
+    // without ATT_ADD_DKV the dk/dv rows 0..t1-1 (the bits of adding into zeros).
     void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
                           int B, int T, int H, int KV, int hd, int t0, int t1);
     void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
                           const float *lse, const float *q, const float *k, const float *v,
-                          int B, int T, int H, int KV, int hd, int t0, int t1);
+                          int B, int T, int H, int KV, int hd, int t0, int t1, int flags);
 
     // The same with dropout on the attention probabilities (training; HF Mixtral's attention_dropout):
     // out = (P * Z) V, Z[row, u] = 0 with probability p, else 1/(1-p), for query row t of sequence b of
@@ -253,7 +258,8 @@ struct Backend {
                                int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
     void (*attention_drop_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                const float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
-                               int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+                               int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0,
+                               int flags);
 
     // out = silu(h1) * h3, elementwise over n; bwd writes (accumulate 0) or adds (accumulate 1) the
     // gradients into dh1, dh3 (all n elements of both).

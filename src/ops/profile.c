@@ -46,7 +46,7 @@ static void w_rope_b(float *x, int B, int T, int nh, int hd, float th) { T0; in-
 static void w_rope_r(float *x, int B, int t0, int t1, int nh, int hd, float th, int inv) { T0; in->rope_rows(x, B, t0, t1, nh, hd, th, inv); T1(P_ROPE); }
 static void w_drop(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t s, int64_t r0) { T0; in->dropout(x, B, T, t0, t1, C, p, s, r0); T1(P_ELEM); }
 static void w_att_f(float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_F); }
-static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_B); }
+static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1, int f) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, t0, t1, f); T1(P_ATT_B); }
 static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in->swiglu_fwd(o, a, b, n); T1(P_SWIGLU); }
 static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n, int ac) { T0; in->swiglu_bwd(da, db, d, a, b, n, ac); T1(P_SWIGLU); }
 static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }

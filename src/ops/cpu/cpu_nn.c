@@ -187,8 +187,15 @@ void cpu_attention_drop_fwd(float *out, float *lse, const float *q, const float 
 // V^T), dS = P * (dP' - D) with D = rowsum(dout * out) (= sum_u P dP', as without dropout).
 static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                      const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0,
-                     int t1, float pd, uint64_t seed, int64_t row0, int h0) {
+                     int t1, float pd, uint64_t seed, int64_t row0, int h0, int flags) {
     float sc = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < B; b++) {   // the rows written (flags): zeros, then the sums added as always
+        if (!(flags & ATT_ADD_DQ)) memset(dq + ((size_t)b * T + t0) * H * hd, 0, sizeof(float) * (size_t)(t1 - t0) * H * hd);
+        if (!(flags & ATT_ADD_DKV)) {
+            memset(dk + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
+            memset(dv + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
+        }
+    }
     int rep = H / KV, drop = pd > 0;
     uint32_t thr = drop ? dropout_threshold(pd) : 0;
     float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;
@@ -234,13 +241,13 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
 
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                       int t0, int t1) {
-    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0);
+                       int t0, int t1, int flags) {
+    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0, flags);
 }
 void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                            int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
-    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
+                            int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags) {
+    attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0, flags);
 }
 
 void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n) {

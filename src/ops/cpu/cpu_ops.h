@@ -23,12 +23,12 @@ void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, c
                        int B, int T, int H, int KV, int hd, int t0, int t1);
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                       int t0, int t1);
+                       int t0, int t1, int flags);
 void cpu_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                             int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
 void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                            int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+                            int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags);
 void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                     int accumulate);

@@ -310,11 +310,23 @@ extern "C" void cuda_attention_drop_fwd(float *out, float *lse, const float *q, 
     att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0));
 }
 
+extern "C" void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0,
+                                         int t1, int flags) {
+    size_t qrow = sizeof(float) * H * hd, krow = sizeof(float) * KV * hd;
+    if (!(flags & ATT_ADD_DQ))   // rows [t0, t1) of each sequence
+        CUDA_CHECK(cudaMemset2D((char *)dq + t0 * qrow, T * qrow, 0, (t1 - t0) * qrow, B));
+    if (!(flags & ATT_ADD_DKV)) {   // rows [0, t1)
+        CUDA_CHECK(cudaMemset2D(dk, T * krow, 0, t1 * krow, B));
+        CUDA_CHECK(cudaMemset2D(dv, T * krow, 0, t1 * krow, B));
+    }
+}
+
 static void att_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                     const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1,
-                    AttDrop dr) {
+                    AttDrop dr, int flags) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     att_check(B, T, H, KV, hd, t0, t1);
+    cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // (these kernels add)
     float sc = 1.0f / sqrtf((float)hd);
     size_t rows = (size_t)B * T * H;
     float *D = (float *)cuda_workspace(rows * sizeof(float));
@@ -333,13 +345,13 @@ static void att_bwd(float *dq, float *dk, float *dv, const float *dout, const fl
 
 extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                    const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                   int H, int KV, int hd, int t0, int t1) {
-    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0));
+                                   int H, int KV, int hd, int t0, int t1, int flags) {
+    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0), flags);
 }
 
 extern "C" void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                         const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                         int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
-                                        int h0) {
-    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0));
+                                        int h0, int flags) {
+    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0), flags);
 }

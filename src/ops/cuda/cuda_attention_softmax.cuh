@@ -35,19 +35,21 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Rows r0, r0 + 8 of a (T, heads, 8 NT) float tensor at base (rows `stride` elements apart; rows from
-// `end` on skipped) += the thread's accumulator d (the layout above), a float2 per fragment pair.
+// `end` on skipped) += the thread's accumulator d (the layout above), a float2 per fragment pair; with
+// add 0 written instead (no read).
 template <int NT>
-__device__ __forceinline__ void add_rows(float *base, const float *d, int r0, int end, size_t stride, int t) {
+__device__ __forceinline__ void add_rows(float *base, const float *d, int r0, int end, size_t stride, int t,
+                                         int add = 1) {
     int r1 = r0 + 8;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
         if (r0 < end) {
-            float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t), x = *p;
-            *p = make_float2(x.x + d[4 * n], x.y + d[4 * n + 1]);
+            float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t), x = add ? *p : make_float2(0.0f, 0.0f);
+            *p = add ? make_float2(x.x + d[4 * n], x.y + d[4 * n + 1]) : make_float2(d[4 * n], d[4 * n + 1]);
         }
         if (r1 < end) {
-            float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t), x = *p;
-            *p = make_float2(x.x + d[4 * n + 2], x.y + d[4 * n + 3]);
+            float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t), x = add ? *p : make_float2(0.0f, 0.0f);
+            *p = add ? make_float2(x.x + d[4 * n + 2], x.y + d[4 * n + 3]) : make_float2(d[4 * n + 2], d[4 * n + 3]);
         }
     }
 }

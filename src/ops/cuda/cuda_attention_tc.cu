@@ -444,10 +444,10 @@ extern "C" void cuda_attention_fwd_tc(float *out, float *lse, const float *q, co
 
 extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out,
                                       const float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                      int H, int KV, int hd, int t0, int t1) {
+                                      int H, int KV, int hd, int t0, int t1, int flags) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_ok(B, hd, KV, H) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv)) {
-        cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+        cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
     range_check(T, t0, t1);
@@ -460,7 +460,8 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
     to_bf16_range(p[1], k, B, T, 0, t1, KV * hd);
     to_bf16_range(p[2], v, B, T, 0, t1, KV * hd);
     to_bf16_range(p[3], dout, B, T, t0, t1, H * hd);
-    if (cuda_attention_bwd_wg(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, hd, t0, t1)) return;
+    if (cuda_attention_bwd_wg(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, hd, t0, t1, flags)) return;
+    cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // (these kernels add)
     if (hd == 32) bwd_launch<32>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
     else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
     else bwd_launch<128>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(float *out, float 
 // dp = dout . v) for the query rows t in [qa, qb): one warpgroup per 64 queries over 64-key tiles. Grid (ceil((qb-qa)/64), H, B), the most keys first.
 __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout, const float *lse, const float *Dg,
                                                     const bf16s *q, const bf16s *k, const bf16s *v, int T, int H,
-                                                    int KV, float sl, float sc, int qa, int qb) {
+                                                    int KV, float sl, float sc, int qa, int qb, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     // Q, dout, K, V (64 rows each): one buffer each, so that 3 blocks fit an SM (measured: 396 -> 357 us
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
             stage_sw<64, 128>(sK, kg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
         }
     }
-    add_rows<WG_HD / 8>(dq + qoff, acc, r0, qb, (size_t)H * WG_HD, t);
+    add_rows<WG_HD / 8>(dq + qoff, acc, r0, qb, (size_t)H * WG_HD, t, add);
 #endif
 }
 
@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
 // as rows), the query tiles of 64 double-buffered. Grid (ceil(qb/64), KV, B).
 __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse,
                                                       const float *Dg, const bf16s *q, const bf16s *k, const bf16s *v,
-                                                      int T, int H, int KV, float sl, float sc, int qa, int qb) {
+                                                      int T, int H, int KV, float sl, float sc, int qa, int qb,
+                                                      int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     // K, V (64 rows each), then Q and dout: 2 buffers of 64 rows each, then lse and D: 2 x 64 each
@@ -301,8 +302,8 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const
         wgmma_commit();
         wgmma_wait<0>();
     }
-    add_rows<WG_HD / 8>(dk + koff, dka, u0, qb, (size_t)KV * WG_HD, t);
-    add_rows<WG_HD / 8>(dv + koff, dva, u0, qb, (size_t)KV * WG_HD, t);
+    add_rows<WG_HD / 8>(dk + koff, dka, u0, qb, (size_t)KV * WG_HD, t, add);
+    add_rows<WG_HD / 8>(dv + koff, dva, u0, qb, (size_t)KV * WG_HD, t, add);
 #endif
 }
 
@@ -326,7 +327,8 @@ extern "C" int cuda_attention_fwd_wg(float *out, float *lse, const unsigned shor
 // path does not run.
 extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsigned short *dout, const float *lse,
                                      const float *D, const unsigned short *q, const unsigned short *k,
-                                     const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1) {
+                                     const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1,
+                                     int flags) {
     if (hd != WG_HD || !backend_cuda_grouped_kernel()) return 0;
     static int opted = 0;
     if (!opted) {
@@ -336,9 +338,10 @@ extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsi
     }
     float sc = 1.0f / sqrtf((float)WG_HD), sl = sc * WG_LOG2E;
     dim3 gq(cdiv_u(t1 - t0, 64), H, B), gk(cdiv_u(t1, 64), KV, B);
-    att_wg_dq_k<<<gq, 128, WG_SMEM_DQ>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
+    att_wg_dq_k<<<gq, 128, WG_SMEM_DQ>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, flags & ATT_ADD_DQ);
     KCHECK("attention_bwd (wgmma, dq)");
-    att_wg_dkdv_k<<<gk, 128, WG_SMEM_DKDV>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
+    att_wg_dkdv_k<<<gk, 128, WG_SMEM_DKDV>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1,
+                                              flags & ATT_ADD_DKV);
     KCHECK("attention_bwd (wgmma, dk/dv)");
     return 1;
 }

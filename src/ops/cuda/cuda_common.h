@@ -115,7 +115,7 @@ void cuda_attention_drop_fwd(float *out, float *lse, const float *q, const float
                              int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
 void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                              const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                             int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+                             int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags);
 void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 // The same in the hidden format of "cuda" (bf16, ops.h hid_elem; the fused ops' fallback where our grouped
 // kernel does not run): h1, h3 and act = silu(h1) h3 of float32 h1f, h3f, each rounded to bf16; and dh1, dh3
@@ -213,7 +213,10 @@ void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, 
                         int B, int T, int H, int KV, int hd, int t0, int t1);
 void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                         const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                        int t0, int t1);
+                        int t0, int t1, int flags);
+// The rows attention_bwd writes under `flags` (ops.h ATT_ADD_*) set to zeros, for kernels that add.
+void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
+                              int flags);
 // D[b,h,t] = <dout, out> per query row t in [t0, t1) (layouts as ops.h; D is (B, H, T));
 // round_dout: dout rounded to bf16 first (the tensor-core backward)
 void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
@@ -224,11 +227,11 @@ int cuda_attention_fwd_wg(float *out, float *lse, const unsigned short *q, const
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
 int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsigned short *dout, const float *lse, const float *D,
                           const unsigned short *q, const unsigned short *k, const unsigned short *v, int B, int T,
-                          int H, int KV, int hd, int t0, int t1);
+                          int H, int KV, int hd, int t0, int t1, int flags);
 // cuda_attention_tc.cu: the same two ops on tensor cores (bf16 operands), backend "cuda"
 void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v,
                            int B, int T, int H, int KV, int hd, int t0, int t1);
 void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                            const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
-                           int t0, int t1);
+                           int t0, int t1, int flags);
 }
