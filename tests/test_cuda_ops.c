@@ -240,16 +240,17 @@ static void test_matmul(int N, int K, int O, int shift) {
         gpu->free(od); free(rr); free(rf);
     }
     // backward: dinp and dw, each on zeroed and pre-filled buffers (added into), and each alone (other NULL);
-    // pre 2: dinp written (flags 0) over pre-filled buffers (NaN on the GPU)
+    // pre 2: dinp and dw written (flags GM_DW_WRITE) over pre-filled buffers (NaN on the GPU)
     float *dout = hrand((size_t)N * O, 1.0f), *pdx = hrand((size_t)N * K, 1.0f), *pdw = hrand((size_t)O * K, 1.0f);
     float *doutd = dputf(dout, (size_t)N * O);
     for (int pre = 0; pre < 3; pre++)
         for (int which = 0; which < 3; which++) {   // 0 both, 1 dinp only, 2 dw only
-            int fl = pre == 2 ? 0 : GM_ACC_DINP;
+            int fl = pre == 2 ? GM_DW_WRITE : GM_ACC_DINP;
             float *dx = pre ? hcopy(pdx, (size_t)N * K) : hnew((size_t)N * K);
             float *dw = pre ? hcopy(pdw, (size_t)O * K) : hnew((size_t)O * K);
             float *dxf = hcopy(dx, (size_t)N * K), *dwf = hcopy(dw, (size_t)O * K);
-            float *dxd = pre == 2 ? dnan((size_t)N * K) : dputf(dx, (size_t)N * K), *dwd = dputf(dw, (size_t)O * K);
+            float *dxd = pre == 2 ? dnan((size_t)N * K) : dputf(dx, (size_t)N * K);
+            float *dwd = pre == 2 ? dnan((size_t)O * K) : dputf(dw, (size_t)O * K);
             ref->matmul_bwd(which != 2 ? dx : NULL, which != 1 ? dw : NULL, dout, x, w, N, K, O, fl);
             cpu->matmul_bwd(which != 2 ? dxf : NULL, which != 1 ? dwf : NULL, dout, x, w, N, K, O, fl);
             gpu->matmul_bwd(which != 2 ? dxd : NULL, which != 1 ? dwd : NULL, doutd, xd, wd, N, K, O, fl);
@@ -257,9 +258,13 @@ static void test_matmul(int N, int K, int O, int shift) {
                 gpu->free(dxd);
                 dxd = dputf(dx, (size_t)N * K);
             }
+            if (pre == 2 && which == 1) {   // dw NULL: likewise
+                gpu->free(dwd);
+                dwd = dputf(dw, (size_t)O * K);
+            }
             snprintf(what, sizeof what, "dinp%s N%d K%d O%d", pre == 2 ? " (written)" : pre ? " (accumulate)" : "", N, K, O);
             cmp_gemm("matmul_bwd", bf, what, dxd, dx, dxf, (size_t)N * K);
-            snprintf(what, sizeof what, "dw%s N%d K%d O%d", pre ? " (accumulate)" : "", N, K, O);
+            snprintf(what, sizeof what, "dw%s N%d K%d O%d", pre == 2 ? " (written)" : pre ? " (accumulate)" : "", N, K, O);
             cmp_gemm("matmul_bwd", bf, what, dwd, dw, dwf, (size_t)O * K);
             gpu->free(dxd); gpu->free(dwd); free(dx); free(dw); free(dxf); free(dwf);
         }
@@ -296,17 +301,25 @@ static void test_matmul_multi(int N, int K, const int *O) {
     for (int i = 0; i < 3; i++) gpu->matmul_bwd(dxs, dws[i], doutd[i], xd, wd[i], N, K, O[i], GM_ACC_DINP);
     snprintf(what, sizeof what, "matmul_bwd_multi dinp N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0], O[1], O[2]);
     cmp_exact_dev(what, dxm, dxs, (size_t)N * K);
-    {   // dinp written (flags 0) over NaN: the single ops' bits, the first written, the others added
+    {   // dinp and dw written (GM_DW_WRITE) over NaN: the single ops' bits, dinp's first product written
         float *dxw = dnan((size_t)N * K), *dxw1 = dnan((size_t)N * K);
-        float *dwx[3];
-        for (int i = 0; i < 3; i++) dwx[i] = dnan((size_t)O[i] * K);   // (dw added into NaN: not compared)
-        gpu->matmul_bwd_multi(3, dxw, dwx, (const float *const *)doutd, xd, (const float *const *)wd, N, K, O, 0);
-        for (int i = 0; i < 3; i++) gpu->matmul_bwd(dxw1, dwx[i], doutd[i], xd, wd[i], N, K, O[i], i ? GM_ACC_DINP : 0);
-        snprintf(what, sizeof what, "matmul_bwd_multi dinp written N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0], O[1],
-                 O[2]);
+        float *dwx[3], *dwx1[3];
+        for (int i = 0; i < 3; i++) { dwx[i] = dnan((size_t)O[i] * K); dwx1[i] = dnan((size_t)O[i] * K); }
+        gpu->matmul_bwd_multi(3, dxw, dwx, (const float *const *)doutd, xd, (const float *const *)wd, N, K, O,
+                              GM_DW_WRITE);
+        for (int i = 0; i < 3; i++)
+            gpu->matmul_bwd(dxw1, dwx1[i], doutd[i], xd, wd[i], N, K, O[i], GM_DW_WRITE | (i ? GM_ACC_DINP : 0));
+        snprintf(what, sizeof what, "matmul_bwd_multi dinp, dw written N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0],
+                 O[1], O[2]);
         cmp_exact_dev(what, dxw, dxw1, (size_t)N * K);
+        for (int i = 0; i < 3; i++) cmp_exact_dev(what, dwx[i], dwx1[i], (size_t)O[i] * K);
+        for (int i = 0; i < 3; i++) {   // and the bits of adding into zeros (the accumulating run above from pre)
+            gpu->zero(dwx1[i], (size_t)O[i] * K * sizeof(float));
+            gpu->matmul_bwd(NULL, dwx1[i], doutd[i], xd, wd[i], N, K, O[i], 0);
+            cmp_exact_dev("matmul_bwd dw written == added into zeros", dwx[i], dwx1[i], (size_t)O[i] * K);
+        }
         gpu->free(dxw); gpu->free(dxw1);
-        for (int i = 0; i < 3; i++) gpu->free(dwx[i]);
+        for (int i = 0; i < 3; i++) { gpu->free(dwx[i]); gpu->free(dwx1[i]); }
     }
     for (int i = 0; i < 3; i++) {
         snprintf(what, sizeof what, "matmul_bwd_multi dw[%d] N%d K%d O%d vs matmul_bwd", i, N, K, O[i]);

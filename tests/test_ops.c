@@ -236,6 +236,13 @@ static void test_matmul(int N, int K, int O) {
     EXPECT(!memcmp(dx1, dx0, nx * sizeof(float)), "matmul_bwd N=%d K=%d O=%d: dinp written (flags 0) differs from "
            "the sums added into zeros", N, K, O);
     check_accum("matmul_bwd dw (dinp written)", dw1, pw, dw0, nw);
+    // dw written (GM_DW_WRITE) over NaN: the same bits as adding into zeros
+    fill_nan(dw1, nw);
+    memcpy(dx1, px, nx * sizeof(float));
+    be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O, GM_ACC_DINP | GM_DW_WRITE);
+    EXPECT(!memcmp(dw1, dw0, nw * sizeof(float)), "matmul_bwd N=%d K=%d O=%d: dw written (GM_DW_WRITE) differs from "
+           "the sums added into zeros", N, K, O);
+    check_accum("matmul_bwd dinp (dw written)", dx1, px, dx0, nx);
     // NULL gradient pointers
     memcpy(dx1, px, nx * sizeof(float));
     be->matmul_bwd(dx1, NULL, dout, x, w, N, K, O, GM_ACC_DINP);

@@ -400,19 +400,39 @@ void model_set_ampipe(Model *m, int l, int n) {
 float *model_stage_in(const Model *m) { return m->la[m->chunk[m->cur].l0].res_in; }
 float *model_stage_out(const Model *m) { return m->res_final; }
 
-static int routed_expert(const ParamSpec *p) {
-    return p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2;
+// The dw_fresh bit of a tensor whose first backward of the step writes its gradient (model.h DW_FRESH_*;
+// the LM head's: head_fresh), 0 for the tensors model_zero_grads zeroes.
+static int fresh_bit(const ParamSpec *p) {
+    switch (p->role) {
+    case PR_W1: case PR_W3: case PR_W2: return DW_FRESH_EXPERTS;
+    case PR_WQ: case PR_WK: case PR_WV: return DW_FRESH_QKV;
+    case PR_WO: return DW_FRESH_O;
+    case PR_LM_HEAD: return DW_FRESH_HEAD;
+    default: return 0;
+    }
+}
+// That tensor's gradient is still unwritten this step.
+static int still_fresh(const Model *m, const ParamSpec *p) {
+    int b = fresh_bit(p);
+    return b && (b == DW_FRESH_HEAD ? m->head_fresh : m->dw_fresh[p->layer] & b);
+}
+// The flags of a dense matmul_bwd into layer l's tensor of bit b (GM_DW_WRITE while fresh; bits cleared).
+static int dw_write(Model *m, int l, int b) {
+    uint8_t *f = b == DW_FRESH_HEAD ? &m->head_fresh : m->dw_fresh ? &m->dw_fresh[l] : NULL;
+    if (!f || !(*f & b)) return 0;
+    *f &= (uint8_t)~b;
+    return GM_DW_WRITE;
 }
 
 void model_zero_grads(Model *m) {
     const ParamTable *t = &m->t;
-    if (!m->dw_fresh) {   // once: the ranges of every tensor but the routed experts', adjacent ones merged
+    if (!m->dw_fresh) {   // once: the ranges of every tensor not written by its first backward, adjacent ones merged
         m->dw_fresh = xcalloc((size_t)m->c.n_layers, 1);
         m->zr_off = xmalloc(sizeof(size_t) * (t->n + 1));
         m->zr_n = xmalloc(sizeof(size_t) * (t->n + 1));
         for (int i = 0; i < t->n; i++) {
             const ParamSpec *p = &t->p[i];
-            if (!p->lnumel || routed_expert(p)) continue;
+            if (!p->lnumel || fresh_bit(p)) continue;
             if (m->nzr && m->zr_off[m->nzr - 1] + m->zr_n[m->nzr - 1] == p->loffset) {
                 m->zr_n[m->nzr - 1] += p->lnumel;
             } else {
@@ -422,7 +442,9 @@ void model_zero_grads(Model *m) {
         }
     }
     for (int i = 0; i < m->nzr; i++) m->be->zero(m->grads + m->zr_off[i], m->zr_n[i] * sizeof(float));
-    memset(m->dw_fresh, 1, (size_t)m->c.n_layers);   // (a layer this rank does not hold has no tensors to write)
+    // (a layer this rank does not hold has no tensors to write)
+    memset(m->dw_fresh, DW_FRESH_EXPERTS | DW_FRESH_QKV | DW_FRESH_O, (size_t)m->c.n_layers);
+    m->head_fresh = DW_FRESH_HEAD;
 }
 
 void model_grads_settle(Model *m) {
@@ -430,10 +452,10 @@ void model_grads_settle(Model *m) {
     const ParamTable *t = &m->t;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
-        if (p->lnumel && routed_expert(p) && m->dw_fresh[p->layer])
-            m->be->zero(m->grads + p->loffset, p->lnumel * sizeof(float));
+        if (p->lnumel && still_fresh(m, p)) m->be->zero(m->grads + p->loffset, p->lnumel * sizeof(float));
     }
     memset(m->dw_fresh, 0, (size_t)m->c.n_layers);
+    m->head_fresh = 0;
 }
 
 void model_free(Model *m) {
@@ -707,7 +729,8 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
     be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
                     P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)n, (int)d);
     be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), dropped_rows(m, l, 0, r0, r1), a->att + r0 * qd,
-                   P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d, 0);   // (written: datt's rows [r0, r1))
+                   P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d,
+                   dw_write(m, l, DW_FRESH_O));   // (datt's rows [r0, r1) written; dw_o written by the first call)
 }
 
 // Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
@@ -747,7 +770,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
         be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
-                       N, d, V, 0);
+                       N, d, V, dw_write(m, -1, DW_FRESH_HEAD));
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
                         P(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
@@ -770,7 +793,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.sh_w3 = w.sh_w1 ? P(m, g, PR_SH_W3, l, -1) : NULL;
         gw.sh_w2 = w.sh_w1 ? P(m, g, PR_SH_W2, l, -1) : NULL;
         gw.sh_gate = w.sh_gate ? P(m, g, PR_SH_GATE, l, -1) : NULL;
-        gw.fresh = m->dw_fresh ? m->dw_fresh[l] : 0;   // (moe clears it at its first expert write)
+        gw.fresh = m->dw_fresh ? m->dw_fresh[l] & DW_FRESH_EXPERTS : 0;   // (moe clears it at its first expert write)
         int n = a->nrun;
         // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
         if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
@@ -797,7 +820,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
                 attn_bwd_rows(m, a, l, T, R[j], R[j + 1], seen);
             }
         }
-        if (m->dw_fresh) m->dw_fresh[l] = 0;   // the layer's expert gradients are written now
+        if (m->dw_fresh) m->dw_fresh[l] &= (uint8_t)~DW_FRESH_EXPERTS;   // the layer's expert gradients are written now
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
         if (n == 1) attn_bwd_rows(m, a, l, T, 0, N, seen);
@@ -812,7 +835,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
             int O[3];
             qkv_tensors(m, g, l, dw, O);
             qkv_tensors(m, m->params, l, w, O);
-            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, (const float *const *)w, N, d, O, 0);
+            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, (const float *const *)w, N, d, O, dw_write(m, l, DW_FRESH_QKV));
         }
         // column-parallel q/k/v: each TP rank holds part of dxn1
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);

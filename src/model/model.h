@@ -96,11 +96,13 @@ typedef struct {
     // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
     void (*grads_ready)(void *ctx, int layer);
     void *grads_ready_ctx;
-    // model_zero_grads: the ranges it zeroes (every tensor but the routed experts' weights), and per layer
-    // whether those weights' gradients are still unwritten this step (their first backward writes them)
+    // model_zero_grads: the ranges it zeroes (every tensor but those whose first backward of the step writes
+    // them: the routed experts', the q/k/v and o projections', the LM head's), and per layer which of those
+    // are still unwritten this step (DW_FRESH_* bits; the LM head's: head_fresh)
     size_t *zr_off, *zr_n;
     int nzr;
     uint8_t *dw_fresh;             // (n_layers)
+    uint8_t head_fresh;
     // results of the last forward. On a chunk that is not the first, aux, z, dropped, hf_fe and
     // hf_pe come in from the previous stage (the caller sets them) and the forward adds its layers';
     // the last chunk's forward leaves them complete (hf_fe then holds HF's final F_i, which the
@@ -181,11 +183,12 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 // of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
 // The gradient buffer for a new step: zeroes every tensor but the routed experts' weights (w1, w3, w2:
-// most of a MoE model's gradient bytes), which each layer's first expert backward of the step writes
-// instead of adding to (ops.h GM_DW_WRITE: the same bits as adding into zeros, without the zero fill
-// and the read of the zeros). model_grads_settle, after the step's last backward, zeroes those of a
+// most of a MoE model's gradient bytes), the attention's q/k/v and o projections and the LM head, which
+// each layer's (the last chunk's) first backward of the step writes instead of adding to (ops.h
+// GM_DW_WRITE: the same bits as adding into zeros, without the zero fill and the read of the zeros). model_grads_settle, after the step's last backward, zeroes those of a
 // layer whose backward did not run (none, in the schedules there are; a guard). A caller that zeroes
 // m->grads itself (be->zero) gets the plain accumulating backward.
+enum { DW_FRESH_EXPERTS = 1, DW_FRESH_QKV = 2, DW_FRESH_O = 4, DW_FRESH_HEAD = 8 };
 void model_zero_grads(Model *m);
 void model_grads_settle(Model *m);
 

@@ -45,8 +45,8 @@ static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lc
 //   OPT_BF16_MOMENTS: bf16 moments as above, the new weight left as its float32 value (not rounded).
 enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MOMENTS = 3 };
 
-// The `flags` of the backward ops (grouped_matmul_bwd, grouped_matmul_bwd2, grouped_swiglu_bwd; matmul_bwd and
-// matmul_bwd_multi take GM_ACC_DINP only): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
+// The `flags` of the backward ops (grouped_matmul_bwd, grouped_matmul_bwd2, grouped_swiglu_bwd, matmul_bwd,
+// matmul_bwd_multi): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
 // blocks (every group's, zeros where a group has no rows) instead of adding into them.
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2 };
 
@@ -121,8 +121,8 @@ struct Backend {
 
     // out (N,O) = inp (N,K) @ W(O,K)^T [+ out if accumulate]
     void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
-    // dinp (N,K) = dout (N,O) @ W, written (flags 0) or added (GM_ACC_DINP); dw (O,K) += dout^T @ inp.
-    // dinp or dw may be NULL.
+    // dinp (N,K) = dout (N,O) @ W, written (flags 0) or added (GM_ACC_DINP); dw (O,K) += dout^T @ inp, or
+    // written with GM_DW_WRITE. dinp or dw may be NULL.
     void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                        int N, int K, int O, int flags);
     // Several products of one input (the q/k/v projections; n <= MM_MULTI): out[i] (N,O[i]) = inp @ W[i]^T,
@@ -130,8 +130,8 @@ struct Backend {
     void (*matmul_fwd_multi)(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
                              const int *O);
     // Their backward: for i = 0.. in order, dinp (N,K) = dout[i] @ W[i] (product 0 as `flags` say, the others
-    // added) and dw[i] += dout[i]^T @ inp; the same bits as n matmul_bwd calls in order (flags, then
-    // GM_ACC_DINP; dinp and dw[i] not NULL; inp converted once).
+    // added) and dw[i] += dout[i]^T @ inp (each written with GM_DW_WRITE); the same bits as n matmul_bwd calls
+    // in order (flags, then GM_ACC_DINP | (flags & GM_DW_WRITE); dinp and dw[i] not NULL; inp converted once).
     void (*matmul_bwd_multi)(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
                              const float *const *w, int N, int K, const int *O, int flags);
     // Grouped over G groups: group g has rows [off[g], off[g+1]) of inp/out and weight w + g*O*K.

@@ -61,5 +61,6 @@ static inline void backend_matmul_fwd_multi_plain(const Backend *be, int n, floa
 static inline void backend_matmul_bwd_multi_plain(const Backend *be, int n, float *dinp, float *const *dw,
                                                   const float *const *dout, const float *inp, const float *const *w,
                                                   int N, int K, const int *O, int flags) {
-    for (int i = 0; i < n; i++) be->matmul_bwd(dinp, dw[i], dout[i], inp, w[i], N, K, O[i], i ? GM_ACC_DINP : flags);
+    for (int i = 0; i < n; i++)
+        be->matmul_bwd(dinp, dw[i], dout[i], inp, w[i], N, K, O[i], i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags);
 }

@@ -45,7 +45,7 @@ static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, 
 
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                     int N, int K, int O, int flags) {
-    mm_bwd(dinp, dw, dout, inp, w, N, K, O, flags & GM_ACC_DINP);
+    mm_bwd(dinp, dw, dout, inp, w, N, K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
 }
 
 static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,

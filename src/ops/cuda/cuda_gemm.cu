@@ -227,7 +227,7 @@ static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *i
 
 extern "C" void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
                                     int K, int O, int flags) {
-    mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags & GM_ACC_DINP);
+    mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
 }
 
 // One GEMM per non-empty group (off is a host array).
@@ -297,7 +297,8 @@ static void mm_fwd_one(float *out, const bf16 *xb, const float *w, bf16 *wb, int
 }
 
 // One product's backward from bf16 dout (gb, N x O) and input (xb, N x K; read only for dw): dinp = dout W
-// (+ dinp with GM_ACC_DINP), dw += dout^T x (either may be NULL), the weight from its copy or converted into wb.
+// (+ dinp with GM_ACC_DINP), dw += dout^T x (written with GM_DW_WRITE; either may be NULL), the weight from its
+// copy or converted into wb.
 static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, const bf16 *xb, const float *w, bf16 *wb, int N, int K,
                        int O, int flags) {
     if (dinp) {
@@ -305,7 +306,7 @@ static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, const bf16 *xb, c
         if (!ws) to_bf16(wb, w, (size_t)O * K);
         gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O, flags & GM_ACC_DINP ? 1.0f : 0.0f, dinp, K);
     }
-    if (dw) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, 1.0f, dw, K);
+    if (dw) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, flags & GM_DW_WRITE ? 0.0f : 1.0f, dw, K);
 }
 
 extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
@@ -322,7 +323,7 @@ extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *
 extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                      int N, int K, int O, int flags) {
     if (N <= 0 || K <= 0 || O <= 0 || (!dinp && !dw)) {
-        if (O <= 0 || N <= 0) cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags);   // (an empty dinp sum)
+        if (O <= 0 || N <= 0) cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags);   // (empty sums: zeros if written)
         return;
     }
     if (O <= MOE_GEMM_FP32_MAX_O) {
@@ -382,7 +383,7 @@ extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw,
         to_bf16(xb, inp, (size_t)N * K);
     }
     for (int i = 0; i < n; i++) {
-        int fl = i ? GM_ACC_DINP : flags;
+        int fl = i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags;
         if (!mm_bf16_path(N, K, O[i])) {   // (also the empty products: matmul_bwd's zeros or nothing)
             cuda_matmul_bwd_f32(dinp, dw[i], dout[i], inp, w[i], N, K, O[i], fl);
             continue;
