@@ -13,6 +13,7 @@
 #include "core/common.h"
 #include "ops/ops.h"
 #include "ops/plain.h"
+#include "ops/cpu/cpu_ops.h"
 
 // float32 -> bf16 (round to nearest even; NaN stays NaN, overflow goes to inf) -> float32
 static inline float bf16_round(float f) {
@@ -148,13 +149,7 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
         return;
     }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
-    for (int b = 0; b < B; b++) {   // the rows written (ops.h ATT_ADD_*): zeros, then the sums added
-        if (!(flags & ATT_ADD_DQ)) memset(dq + ((size_t)b * T + t0) * H * hd, 0, sizeof(float) * (size_t)(t1 - t0) * H * hd);
-        if (!(flags & ATT_ADD_DKV)) {
-            memset(dk + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
-            memset(dv + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
-        }
-    }
+    cpu_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // the rows written: zeros, then the sums added
     float *gr = bf16_copy(dout, nq), *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *aq = xcalloc(nq, sizeof(double)), *ak = xcalloc(nk, sizeof(double)), *av = xcalloc(nk, sizeof(double));
     double sc = 1.0 / sqrt((double)hd);

@@ -343,6 +343,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     }
     moe_scratch_init(&m->ms, be, c, m->maxN);
     m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+    m->kv_seen = xcalloc((size_t)maxB, 1);
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
     m->moe_overlap = xmalloc(sizeof(int) * (size_t)c->n_layers);
     m->moe_time = xcalloc((size_t)c->n_layers, sizeof(double));
@@ -469,6 +470,7 @@ void model_free(Model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
+    free(m->kv_seen);
     free(m->scope_counts);
     free(m->scope_tokens);
     free(m->hf_fe);
@@ -737,7 +739,8 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
 // those rows (written: each query row is in one piece), dk/dv of the keys they read: written by the first
 // piece of a sequence this layer's backward meets (seen[b] 0; the pieces come in reverse row order, so
 // that one holds the sequence's last rows and reads all of its keys), added into by the later ones.
-static void attn_bwd_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1, unsigned char *seen) {
+static void attn_bwd_rows(Model *m, LayerActs *a, int l, int T, int r0, int r1) {
+    uint8_t *seen = m->kv_seen;
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
@@ -766,7 +769,6 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     int V = c->vocab_size, L = c->n_layers;
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
-    unsigned char *seen = xcalloc((size_t)B, 1);   // attn_bwd_rows: the sequences whose dk, dv are written
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
         be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
@@ -797,7 +799,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         int n = a->nrun;
         // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
         if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
-        memset(seen, 0, (size_t)B);   // dq, dk, dv: written by the attention backward (attn_bwd_rows)
+        memset(m->kv_seen, 0, (size_t)B);   // dq, dk, dv: written by the attention backward (attn_bwd_rows)
         double t0 = moe_clock(m);
         if (n == 1) {
             // the MoE output's gradient through its dropout mask (dres itself without dropout); it writes dxn
@@ -817,13 +819,13 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
                                     z_scale / L);
                 block_mid_bwd(m, a, l, R[j], R[j + 1]);
                 if (j > 0) moe_backward_start(&a->mc[j - 1], &m->ms, dropped_rows(m, l, 1, R[j - 1], R[j]));
-                attn_bwd_rows(m, a, l, T, R[j], R[j + 1], seen);
+                attn_bwd_rows(m, a, l, T, R[j], R[j + 1]);
             }
         }
         if (m->dw_fresh) m->dw_fresh[l] &= (uint8_t)~DW_FRESH_EXPERTS;   // the layer's expert gradients are written now
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
-        if (n == 1) attn_bwd_rows(m, a, l, T, 0, N, seen);
+        if (n == 1) attn_bwd_rows(m, a, l, T, 0, N);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
         const float *dqp = m->dq, *dkp = m->dk;
@@ -843,7 +845,6 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
                         a->rstd1, N, d);
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);
     }
-    free(seen);
     if (!ch->first) return;
     be->embedding_bwd(P(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);

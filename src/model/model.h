@@ -103,6 +103,7 @@ typedef struct {
     int nzr;
     uint8_t *dw_fresh;             // (n_layers)
     uint8_t head_fresh;
+    uint8_t *kv_seen;              // (maxB) model_backward: the sequences whose dk, dv this layer wrote
     // results of the last forward. On a chunk that is not the first, aux, z, dropped, hf_fe and
     // hf_pe come in from the previous stage (the caller sets them) and the forward adds its layers';
     // the last chunk's forward leaves them complete (hf_fe then holds HF's final F_i, which the

@@ -185,17 +185,22 @@ void cpu_attention_drop_fwd(float *out, float *lse, const float *q, const float 
 
 // With dropout (pd > 0): out = (P * Z) V, Z the mask scaled by 1/(1-p); dV += (P * Z)^T dout, dP' = Z * (dout
 // V^T), dS = P * (dP' - D) with D = rowsum(dout * out) (= sum_u P dP', as without dropout).
-static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                     const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0,
-                     int t1, float pd, uint64_t seed, int64_t row0, int h0, int flags) {
-    float sc = 1.0f / sqrtf((float)hd);
-    for (int b = 0; b < B; b++) {   // the rows written (flags): zeros, then the sums added as always
+void cpu_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
+                             int flags) {
+    for (int b = 0; b < B; b++) {
         if (!(flags & ATT_ADD_DQ)) memset(dq + ((size_t)b * T + t0) * H * hd, 0, sizeof(float) * (size_t)(t1 - t0) * H * hd);
         if (!(flags & ATT_ADD_DKV)) {
             memset(dk + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
             memset(dv + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
         }
     }
+}
+
+static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                     const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0,
+                     int t1, float pd, uint64_t seed, int64_t row0, int h0, int flags) {
+    float sc = 1.0f / sqrtf((float)hd);
+    cpu_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // the rows written: zeros, then the sums added
     int rep = H / KV, drop = pd > 0;
     uint32_t thr = drop ? dropout_threshold(pd) : 0;
     float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;

@@ -21,6 +21,9 @@ void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta,
 void cpu_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                        int B, int T, int H, int KV, int hd, int t0, int t1);
+// The rows attention_bwd writes under `flags` (ops.h ATT_ADD_*) set to zeros (host memory).
+void cpu_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
+                             int flags);
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
                        int t0, int t1, int flags);
