@@ -130,18 +130,18 @@ static void w_gb(float *di, float *dw, const float *g, const float *i, const flo
                  int K, int O, int a) {
     WRAP(C_GEMM_B, RB->grouped_matmul_bwd(di, dw, g, i, w, off, G, K, O, a));
 }
-static void w_gsf(void *h1, void *h3, void *a, const float *i, const float *w1, const float *w3, const int64_t *off,
+static void w_gsf(void *h1, void *h3, void *a, const void *i, const float *w1, const float *w3, const int64_t *off,
                   int G, int K, int O) {
     WRAP(C_GEMM_F, RB->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O));
 }
-static void w_gsb(void *d1, void *d3, float *dw, const float *g, const void *a, const void *h1, const void *h3,
+static void w_gsb(void *d1, void *d3, float *dw, const void *g, const void *a, const void *h1, const void *h3,
                   const float *w, const int64_t *off, int G, int K, int O, int fl) {
     WRAP(C_GEMM_B, RB->grouped_swiglu_bwd(d1, d3, dw, g, a, h1, h3, w, off, G, K, O, fl));
 }
 static void w_gdown(float *o, const void *a, const float *w, const int64_t *off, int G, int K, int O) {
     WRAP(C_GEMM_F, RB->grouped_down_fwd(o, a, w, off, G, K, O));
 }
-static void w_gb2(float *di, float *dwa, float *dwb, const void *ga, const void *gb, const float *i, const float *wa,
+static void w_gb2(float *di, float *dwa, float *dwb, const void *ga, const void *gb, const void *i, const float *wa,
                   const float *wb, const int64_t *off, int G, int K, int O, int a) {
     WRAP(C_GEMM_B, RB->grouped_matmul_bwd2(di, dwa, dwb, ga, gb, i, wa, wb, off, G, K, O, a));
 }
@@ -164,8 +164,12 @@ static void w_router_bwd(float *dl, const float *rd, const int32_t *sr, const fl
                          const float *w, const float *ad, float zd, int N, int E, int k, int rn) {
     WRAP(C_RKERN, RB->router_bwd(dl, rd, sr, p, l, ix, w, ad, zd, N, E, k, rn));
 }
-static void w_gds(float *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C) {
-    WRAP(C_COMBINE, RB->gather_dot_scale(o, d, i, x, b, s, n, C));
+static void w_gds(void *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C,
+                  int h) {
+    WRAP(C_COMBINE, RB->gather_dot_scale(o, d, i, x, b, s, n, C, h));
+}
+static void w_gather_h(void *o, const void *i, int h, const int32_t *idx, int n, int C) {
+    WRAP(C_GATHER, RB->gather_rows_hid(o, i, h, idx, n, C));
 }
 static void w_plan_counts(int32_t *c, int32_t *r, const int32_t *i, int N, int E, int k) {
     WRAP(C_RKERN, RB->plan_counts(c, r, i, N, E, k));
@@ -184,7 +188,7 @@ static const Backend *wrap_backend(const Backend *real) {
     PB.matmul_fwd = w_mf; PB.matmul_bwd = w_mb; PB.grouped_matmul_fwd = w_gf; PB.grouped_matmul_bwd = w_gb;
     PB.grouped_swiglu_fwd = w_gsf; PB.grouped_swiglu_bwd = w_gsb; PB.grouped_matmul_bwd2 = w_gb2;
     PB.grouped_down_fwd = w_gdown;
-    PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.mul = w_mul; PB.axpy = w_axpy;
+    PB.swiglu_fwd = w_sf; PB.swiglu_bwd = w_sb; PB.gather_rows = w_gather; PB.gather_rows_hid = w_gather_h; PB.mul = w_mul; PB.axpy = w_axpy;
     PB.combine_rows = w_combine_rows; PB.router_topk = w_router_topk; PB.router_bwd = w_router_bwd;
     PB.plan_counts = w_plan_counts; PB.gather_dot_scale = w_gds; PB.plan_rows = w_plan_rows;
     CK(cudaEventCreate(&g_e0));
@@ -258,14 +262,14 @@ static void expert_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int
 }
 
 // The same 9 sets through the backend's expert ops on the layer's buffers, as moe.c calls them (on
-// "cuda": the bf16 conversion of the float32 operands, our grouped kernel, the hidden rows in bf16).
+// "cuda": the dispatched rows and hidden rows in bf16, our grouped kernel).
 typedef struct { MoeLayer *m; MoeScratch *s; const MoeWeights *w; MoeGrads *g; } Lctx;
 static void backend_gemms(const Lctx *l) {
     MoeLayer *m = l->m;
     MoeScratch *s = l->s;
     int d = m->d, f = m->fl, El = m->El;
     const int64_t *off = m->x.off;
-    const float *dyg = m->x.local ? s->dys : s->dyg;   // the local exchange passes rows through
+    const void *dyg = m->x.local ? s->dys : s->dyg;   // the local exchange passes rows through
     RB->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, l->w->w1, l->w->w3, off, El, d, f);
     RB->grouped_down_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
     RB->grouped_swiglu_bwd(s->dh1, s->dh3, l->g->w2, dyg, m->act, m->h1, m->h3, l->w->w2, off, El, f, d, 0);

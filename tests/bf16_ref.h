@@ -75,7 +75,7 @@ static inline void bf16_round_rows(float *x, const int64_t *off, int G, int C) {
     for (size_t i = (size_t)off[0] * C; i < (size_t)off[G] * C; i++) x[i] = bf16_round(x[i]);
 }
 
-static void bfr_grouped_swiglu_fwd(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
+static void bfr_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
                                    const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cpu_bf16ref(), h1, h3, act, inp, w1, w3, off, G, K, O);
     bf16_round_rows(h1, off, G, O);
@@ -87,7 +87,7 @@ static void bfr_grouped_down_fwd(float *out, const void *act, const float *w, co
     backend_grouped_down_fwd_plain(backend_cpu_bf16ref(), out, act, w, off, G, K, O);
 }
 
-static void bfr_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+static void bfr_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                    const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                    int O, int flags) {
     backend_grouped_swiglu_bwd_plain(backend_cpu_bf16ref(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
@@ -95,10 +95,24 @@ static void bfr_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float 
     bf16_round_rows(dh3, off, G, K);
 }
 
-static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const float *inp,
+static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const void *inp,
                              const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int flags) {
     backend_grouped_matmul_bwd2_plain(backend_cpu_bf16ref(), dinp, dwa, dwb, da, db, inp, wa, wb, off, G, K, O,
                                       flags);
+}
+
+// The rows sent to the experts as "cuda" writes them: bf16 values (rounded from float32 once; rows of
+// the hidden format copied as they are).
+static void bfr_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
+    backend_cpu()->gather_rows(out, inp, idx, n, C);
+    if (!from_hid)
+        for (size_t i = 0; i < (size_t)n * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
+}
+static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                 const float *scale, int n, int C, int hid) {
+    backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
+    if (hid)
+        for (size_t i = 0; i < (size_t)n * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
 }
 
 // Attention as the tensor-core kernels of the cuda backend compute it (head dims 32, 64, 128;
@@ -184,8 +198,8 @@ static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const flo
     backend_matmul_bwd_multi_plain(backend_cpu_bf16ref(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
 
-// The cpu backend with the cuda backend's bf16 GEMMs, bf16 expert hidden rows (float arrays of bf16 values)
-// and attention (name "cpu-bf16ref").
+// The cpu backend with the cuda backend's bf16 GEMMs, bf16 expert hidden and dispatched rows (float arrays
+// of bf16 values) and attention (name "cpu-bf16ref").
 static inline const Backend *backend_cpu_bf16ref(void) {
     static Backend b;
     if (!b.name) {
@@ -201,6 +215,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.grouped_swiglu_bwd = bfr_grouped_swiglu_bwd;
         b.grouped_down_fwd = bfr_grouped_down_fwd;
         b.grouped_matmul_bwd2 = bfr_grouped_bwd2;
+        b.gather_rows_hid = bfr_gather_rows_hid;
+        b.gather_dot_scale = bfr_gather_dot_scale;
         b.attention_fwd = bfr_attention_fwd;
         b.attention_bwd = bfr_attention_bwd;
     }

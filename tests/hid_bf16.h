@@ -1,8 +1,9 @@
 // hid_bf16.h — for the cpu tests: the cpu backend with the experts' hidden rows in bf16 (ops.h hid_elem 2),
 // as the "cuda" backend keeps them, so that src/moe's handling of that format (buffer sizes, the per-chunk
-// offsets of moe_impl.h hid_at, the shared expert's rows) runs in CI without a GPU. The fused expert ops
-// widen their bf16 inputs to float32, run the cpu's plain composition (plain.h) and round each hidden
-// output once to nearest even, as the GPU's epilogues do; every other op is the cpu's.
+// offsets of moe_impl.h hid_at, the shared expert's rows, the dispatched rows through the exchange as
+// CT_BF16) runs in CI without a GPU. The fused expert ops widen their bf16 inputs to float32, run the
+// cpu's plain composition (plain.h) and round each hidden output once to nearest even, as the GPU's
+// epilogues do; gather_rows_hid and gather_dot_scale round into bf16 rows; every other op is the cpu's.
 // Must not hold: tests (those are in mpi_moe.c).
 #pragma once
 #include <stdint.h>
@@ -26,31 +27,48 @@ static inline void hb_round(void *h, const float *f, const int64_t *off, int G, 
     for (size_t i = (size_t)off[0] * C; i < (size_t)off[G] * C; i++) ((uint16_t *)h)[i] = bf16_rn_bits(f[i]);
 }
 
-static void hb_swiglu_fwd(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
+static void hb_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
                           const int64_t *off, int G, int K, int O) {
-    float *a = hb_new(off, G, O), *b = hb_new(off, G, O), *c = hb_new(off, G, O);
-    backend_grouped_swiglu_fwd_plain(backend_cpu(), a, b, c, inp, w1, w3, off, G, K, O);
+    float *a = hb_new(off, G, O), *b = hb_new(off, G, O), *c = hb_new(off, G, O), *x = hb_widen(inp, off, G, K);
+    backend_grouped_swiglu_fwd_plain(backend_cpu(), a, b, c, x, w1, w3, off, G, K, O);
     hb_round(h1, a, off, G, O); hb_round(h3, b, off, G, O); hb_round(act, c, off, G, O);
-    free(a); free(b); free(c);
+    free(a); free(b); free(c); free(x);
 }
 static void hb_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O) {
     float *a = hb_widen(act, off, G, K);
     backend_cpu()->grouped_matmul_fwd(out, a, w, off, G, K, O);
     free(a);
 }
-static void hb_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act, const void *h1,
+static void hb_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act, const void *h1,
                           const void *h3, const float *w, const int64_t *off, int G, int K, int O, int flags) {
     float *a = hb_widen(act, off, G, K), *b = hb_widen(h1, off, G, K), *c = hb_widen(h3, off, G, K);
-    float *d1 = hb_new(off, G, K), *d3 = hb_new(off, G, K);
-    backend_grouped_swiglu_bwd_plain(backend_cpu(), d1, d3, dw, dout, a, b, c, w, off, G, K, O, flags);
+    float *d1 = hb_new(off, G, K), *d3 = hb_new(off, G, K), *g = hb_widen(dout, off, G, O);
+    backend_grouped_swiglu_bwd_plain(backend_cpu(), d1, d3, dw, g, a, b, c, w, off, G, K, O, flags);
     hb_round(dh1, d1, off, G, K); hb_round(dh3, d3, off, G, K);
-    free(a); free(b); free(c); free(d1); free(d3);
+    free(a); free(b); free(c); free(d1); free(d3); free(g);
 }
-static void hb_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const float *inp,
+static void hb_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const void *inp,
                     const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int flags) {
-    float *a = hb_widen(da, off, G, O), *b = hb_widen(db, off, G, O);
-    backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, a, b, inp, wa, wb, off, G, K, O, flags);
-    free(a); free(b);
+    float *a = hb_widen(da, off, G, O), *b = hb_widen(db, off, G, O), *x = hb_widen(inp, off, G, K);
+    backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, a, b, x, wa, wb, off, G, K, O, flags);
+    free(a); free(b); free(x);
+}
+// the rows sent to the experts: rounded from float32, or bf16 rows copied
+static void hb_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
+    uint16_t *o = out;
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++) {
+            size_t src = (size_t)idx[i] * C + c, dst = (size_t)i * C + c;
+            o[dst] = from_hid ? ((const uint16_t *)inp)[src] : bf16_rn_bits(((const float *)inp)[src]);
+        }
+}
+static void hb_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                const float *scale, int n, int C, int hid) {
+    if (!hid) { backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0); return; }
+    float *f = xmalloc(sizeof(float) * (n > 0 && C > 0 ? (size_t)n * C : 1));
+    backend_cpu()->gather_dot_scale(f, dot, inp, idx, b, scale, n, C, 0);
+    for (size_t i = 0; i < (size_t)n * C; i++) ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+    free(f);
 }
 
 static inline const Backend *backend_cpu_hid_bf16(void) {
@@ -63,6 +81,8 @@ static inline const Backend *backend_cpu_hid_bf16(void) {
         b.grouped_down_fwd = hb_down_fwd;
         b.grouped_swiglu_bwd = hb_swiglu_bwd;
         b.grouped_matmul_bwd2 = hb_bwd2;
+        b.gather_rows_hid = hb_gather_rows_hid;
+        b.gather_dot_scale = hb_gather_dot_scale;
     }
     return &b;
 }

@@ -3,8 +3,9 @@
 // to the same experts (so whole EP ranks receive zero tokens and experts get zero rows), k = 1 with
 // all tokens on expert 0, and ordinary random routing; dropless and capacity. Each rank compares its
 // rows of y and dx, and its slices of the weight gradients (summed over their replica groups),
-// with one process's values; then the same with the experts' hidden rows in bf16 (hid_bf16.h: the GPU
-// backend's format, so src/moe's addressing of it runs here), also through the pipelined exchange (r 2).
+// with one process's values; then the same with the experts' hidden rows and the rows sent to them in bf16
+// (hid_bf16.h: the GPU backend's format, so src/moe's addressing of it and the exchange's CT_BF16 rows run
+// here), also through the pipelined exchange (r 2).
 // usage: mpi_moe TP EP ETP
 #include <string.h>
 #include "core/common.h"

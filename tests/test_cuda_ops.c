@@ -505,7 +505,11 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     for (int g = 0; g < G; g++) off[g + 1] = off[g] + cnt[g];
     size_t n = (size_t)off[G], nx = n * K, nh = n * O, nw = (size_t)G * O * K;
     char what[96];
+    // the input rows in the hidden format (ops.h: the rows sent to the experts), values it holds exactly,
+    // so that every side reads the same
     float *x = hrand(nx, 1.0f), *w1 = hrand(nw, 0.5f), *w3 = hrand(nw, 0.5f), *w2 = hrand(nw, 0.5f);
+    hid_round(x, nx);
+    void *xh = hid_put(x, nx);
     float *xd = dputf(x, nx), *w1d = dputf(w1, nw), *w3d = dputf(w3, nw), *w2d = dputf(w2, nw);
     // forward: h1, h3, act
     float *r[3], *f[3];
@@ -513,7 +517,7 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     for (int i = 0; i < 3; i++) { r[i] = hnew(nh); f[i] = hnew(nh); o[i] = hid_nan(nh); }
     ref->grouped_swiglu_fwd(r[0], r[1], r[2], x, w1, w3, off, G, K, O);
     cpu->grouped_swiglu_fwd(f[0], f[1], f[2], x, w1, w3, off, G, K, O);
-    gpu->grouped_swiglu_fwd(o[0], o[1], o[2], xd, w1d, w3d, off, G, K, O);
+    gpu->grouped_swiglu_fwd(o[0], o[1], o[2], xh, w1d, w3d, off, G, K, O);
     const char *fn[3] = {"h1", "h3", "act"};
     for (int i = 0; i < 3; i++) {
         snprintf(what, sizeof what, "%s G%d rows %zu K%d O%d", fn[i], G, n, K, O);
@@ -543,14 +547,17 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     // w2's backward into the SwiGLU: dout (rows, K), W2 (G, K, O); dh1, dh3 (rows, O); dw2 accumulates.
     // Every side gets the reference's h1, h3, act (the GPU's own differ in the last bits, and act
     // rounded to bf16 for dw would then differ by a bf16 ulp in places: measured 1.1e-4 on one element)
-    float *dy = hrand(nx, 1.0f), *dyd = dputf(dy, nx), *pdw = hrand(nw, 1.0f);
+    float *dy = hrand(nx, 1.0f), *pdw = hrand(nw, 1.0f);
+    hid_round(dy, nx);   // (dout in the hidden format, as x)
+    float *dyd = dputf(dy, nx);
+    void *dyh = hid_put(dy, nx);
     for (int i = 0; i < 3; i++) { gpu->free(o[i]); o[i] = hid_put(r[i], nh); }
     float *d1 = hnew(nh), *d3 = hnew(nh), *d1f = hnew(nh), *d3f = hnew(nh), *dw = hcopy(pdw, nw), *dwf = hcopy(pdw, nw);
     float *dwd = dputf(pdw, nw);
     void *d1d = hid_nan(nh), *d3d = hid_nan(nh);
     ref->grouped_swiglu_bwd(d1, d3, dw, dy, r[2], r[0], r[1], w2, off, G, O, K, 0);
     cpu->grouped_swiglu_bwd(d1f, d3f, dwf, dy, r[2], r[0], r[1], w2, off, G, O, K, 0);
-    gpu->grouped_swiglu_bwd(d1d, d3d, dwd, dyd, o[2], o[0], o[1], w2d, off, G, O, K, 0);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwd, dyh, o[2], o[0], o[1], w2d, off, G, O, K, 0);
     snprintf(what, sizeof what, "dh1 G%d rows %zu K%d O%d", G, n, O, K);
     cmp_hid("grouped_swiglu_bwd", bf, what, d1d, d1, d1f, nh);
     snprintf(what, sizeof what, "dh3 G%d rows %zu K%d O%d", G, n, O, K);
@@ -566,8 +573,8 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     cmp_exact_hid(what, d3d, p3, nh);
     // GM_DW_WRITE: dw written over NaN = added into zeros, bit for bit (blocks of 0-row groups: zeros)
     float *zw = hnew(nw), *dwz = dputf(zw, nw), *dwn = dnan(nw);
-    gpu->grouped_swiglu_bwd(d1d, d3d, dwz, dyd, o[2], o[0], o[1], w2d, off, G, O, K, 0);
-    gpu->grouped_swiglu_bwd(d1d, d3d, dwn, dyd, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwz, dyh, o[2], o[0], o[1], w2d, off, G, O, K, 0);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwn, dyh, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE);
     snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_WRITE = into zeros G%d K%d O%d", G, O, K);
     cmp_exact_dev(what, dwn, dwz, nw);
     // the w1/w3 pair's backward: dinp [+]= dh1 W1 + dh3 W3, dw1, dw3 accumulate; dh1, dh3 hidden rows
@@ -581,7 +588,7 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
         float *dx = hcopy(pdx, nx), *dwa = hcopy(pdw, nw), *dwb = hcopy(pdw, nw);
         float *dxf = hcopy(dx, nx), *dwaf = hcopy(dwa, nw), *dwbf = hcopy(dwb, nw);
         float *dxd = acc ? dputf(dx, nx) : dnan(nx), *dwad = dputf(dwa, nw), *dwbd = dputf(dwb, nw);
-        gpu->grouped_matmul_bwd2(dxd, dwad, dwbd, gad, gbd, xd, w1d, w3d, off, G, K, O, acc);
+        gpu->grouped_matmul_bwd2(dxd, dwad, dwbd, gad, gbd, xh, w1d, w3d, off, G, K, O, acc);
         ref->grouped_matmul_bwd2(dx, dwa, dwb, ga, gb, x, w1, w3, off, G, K, O, acc);
         cpu->grouped_matmul_bwd2(dxf, dwaf, dwbf, ga, gb, x, w1, w3, off, G, K, O, acc);
         const char *tag = acc ? "accumulate" : "overwrite";
@@ -593,8 +600,8 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
         cmp_gemm("grouped_matmul_bwd2", bf, what, dwbd, dwb, dwbf, nw);
         if (!acc) {   // GM_DW_WRITE over NaN = added into zeros, bit for bit
             float *za = dputf(zw, nw), *zb = dputf(zw, nw), *na = dnan(nw), *nb = dnan(nw), *xz = dnan(nx);
-            gpu->grouped_matmul_bwd2(xz, za, zb, gad, gbd, xd, w1d, w3d, off, G, K, O, 0);
-            gpu->grouped_matmul_bwd2(xz, na, nb, gad, gbd, xd, w1d, w3d, off, G, K, O, GM_DW_WRITE);
+            gpu->grouped_matmul_bwd2(xz, za, zb, gad, gbd, xh, w1d, w3d, off, G, K, O, 0);
+            gpu->grouped_matmul_bwd2(xz, na, nb, gad, gbd, xh, w1d, w3d, off, G, K, O, GM_DW_WRITE);
             snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwa) G%d K%d O%d", G, K, O);
             cmp_exact_dev(what, na, za, nw);
             snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwb) G%d K%d O%d", G, K, O);
@@ -609,7 +616,7 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     gpu->free(h1f); gpu->free(h3f); gpu->free(dact); gpu->free(p1); gpu->free(p3); gpu->free(dwz); gpu->free(dwn);
     free(zw);
     gpu->free(xd); gpu->free(w1d); gpu->free(w3d); gpu->free(w2d); gpu->free(dyd); gpu->free(d1d); gpu->free(d3d);
-    gpu->free(dwd); gpu->free(gad); gpu->free(gbd);
+    gpu->free(dwd); gpu->free(gad); gpu->free(gbd); gpu->free(xh); gpu->free(dyh);
     free(x); free(w1); free(w3); free(w2); free(dy); free(pdw); free(d1); free(d3); free(d1f); free(d3f); free(dw);
     free(dwf); free(ga); free(gb); free(pdx); free(off); free(yr); free(yf);
 }
@@ -675,8 +682,8 @@ static void test_rows(int nsrc, int n, int C) {
     float *b = hrand((size_t)n * C, 1.0f), *bd = dputf(b, (size_t)n * C);
     float *fo = dnan((size_t)n * C), *fdt = dnan(n);
     float *ho = hnew((size_t)n * C), *hdt = hnew(n);
-    cpu->gather_dot_scale(ho, hdt, inp, idx, b, sc, n, C);
-    gpu->gather_dot_scale(fo, fdt, inpd, idxd, bd, scd, n, C);
+    cpu->gather_dot_scale(ho, hdt, inp, idx, b, sc, n, C, 0);
+    gpu->gather_dot_scale(fo, fdt, inpd, idxd, bd, scd, n, C, 0);
     cmp("gather_dot_scale", "out", fo, ho, (size_t)n * C, BAND_ELEM);
     cmp("gather_dot_scale", "dot", fdt, hdt, n, BAND_SUM);
     float *xo = hcopy(ref, (size_t)n * C), *xdt = hnew(n);
@@ -684,6 +691,34 @@ static void test_rows(int nsrc, int n, int C) {
     for (int i = 0; i < n; i++) xdt[i] = warp_order_dot(ref + (size_t)i * C, b + (size_t)i * C, C);
     cmp_exact_host("gather_dot_scale out = gather_rows + scale_rows", fo, xo, (size_t)n * C);
     cmp_exact_host("gather_dot_scale dot = gather_rows + the warp-order dot", fdt, xdt, n);
+    // into the hidden format (the rows sent to the experts): out = those products rounded once (bf16 on
+    // "cuda"), the dot unchanged; gather_rows_hid from float32 = the gathered rows rounded, and from rows
+    // of the format (values it holds exactly) = copied; unwritten rows poisoned, bit for bit
+    void *hd = hid_nan((size_t)n * C);
+    float *hdt2 = dnan(n);
+    gpu->gather_dot_scale(hd, hdt2, inpd, idxd, bd, scd, n, C, 1);
+    float *got = hid_get(hd, (size_t)n * C), *want = hcopy(xo, (size_t)n * C);
+    hid_round(want, (size_t)n * C);
+    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0, "gather_dot_scale (hidden format) C%d: not the rounded products", C);
+    cmp_exact_dev("gather_dot_scale (hidden format): dot", hdt2, fdt, n);
+    free(got);
+    gpu->free(hd);
+    hd = hid_nan((size_t)n * C);
+    gpu->gather_rows_hid(hd, inpd, 0, idxd, n, C);
+    got = hid_get(hd, (size_t)n * C);
+    memcpy(want, ref, sizeof(float) * n * C);
+    hid_round(want, (size_t)n * C);
+    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0, "gather_rows_hid (from float32) C%d: not the rounded rows", C);
+    free(got);
+    float *src = hcopy(inp, (size_t)nsrc * C);
+    hid_round(src, (size_t)nsrc * C);
+    void *srcd = hid_put(src, (size_t)nsrc * C), *hd2 = hid_nan((size_t)n * C);
+    gpu->gather_rows_hid(hd2, srcd, 1, idxd, n, C);
+    got = hid_get(hd2, (size_t)n * C);
+    for (int i = 0; i < n; i++) memcpy(want + (size_t)i * C, src + (size_t)idx[i] * C, sizeof(float) * C);
+    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0, "gather_rows_hid (hidden rows) C%d: not the rows copied", C);
+    free(got); free(want); free(src);
+    gpu->free(hd); gpu->free(hd2); gpu->free(srcd); gpu->free(hdt2);
     gpu->free(fo); gpu->free(fdt); free(ho); free(hdt); free(xo); free(xdt);
     gpu->free(inpd); gpu->free(idxd); gpu->free(od); gpu->free(scd); gpu->free(bd);
     free(inp); free(idx); free(ref); free(sc); free(b);
@@ -1577,6 +1612,7 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_embedding(7, 1000, 300);
     test_rows(40, 500, 300);
     test_rows(1000, 77, 13);
+    test_rows(64, 200, 256);   // (bf16 rows of 16-byte pieces)
     test_combine(300, 8, 256, 2400, 0);   // the vectorised kernel (C % 4 == 0, aligned), k = one unroll
     test_combine(97, 10, 300, 500, 0);    // k over the unroll width
     test_combine(50, 2, 13, 90, 0);       // C % 4 != 0: scalar kernel

@@ -814,9 +814,21 @@ static void test_rows(void) {
     float *fo = fnew(n * C), *fd = fnew(n);
     fill_nan(fo, n * C);
     fill_nan(fd, n);
-    be->gather_dot_scale(fo, fd, dacc, idx, src, scale, n, C);
+    be->gather_dot_scale(fo, fd, dacc, idx, src, scale, n, C, 0);
     EXPECT(!memcmp(fo, dsrc, sizeof(float) * n * C) && !memcmp(fd, dscale, sizeof(float) * n),
            "gather_dot_scale differs from gather_rows + row_dot + scale_rows");
+    // into the hidden format, float32 on the cpu (hid_elem 4): the same floats; gather_rows_hid from float32
+    // or from rows of the format: gather_rows
+    fill_nan(fo, n * C);
+    fill_nan(fd, n);
+    be->gather_dot_scale(fo, fd, dacc, idx, src, scale, n, C, 1);
+    EXPECT(be->hid_elem == sizeof(float) && !memcmp(fo, dsrc, sizeof(float) * n * C) &&
+           !memcmp(fd, dscale, sizeof(float) * n), "gather_dot_scale into the (float32) hidden format differs");
+    for (int h = 0; h < 2; h++) {
+        fill_nan(fo, n * C);
+        be->gather_rows_hid(fo, dacc, h, idx, n, C);
+        EXPECT(!memcmp(fo, gd, sizeof(float) * n * C), "gather_rows_hid (from_hid %d) differs from gather_rows", h);
+    }
     free(fo); free(fd);
     RowCtx sc = {src, scale, acc, pre, dacc, idx, n, rows, C};
     fd_check("scatter_add_rows backward dinp (gather + scale_rows)", scatter_loss, &sc, src, n * C, dsrc);

@@ -13,6 +13,8 @@ void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *e
     x->EP = comm_size(ep);
     x->ETP = comm_size(etp);
     x->El = El; x->d = d;
+    x->he = be->hid_elem;
+    x->ht = be->hid_elem == 2 ? CT_BF16 : CT_F32;
     x->sc = xcalloc(x->EP, sizeof(size_t)); x->sd = xcalloc(x->EP, sizeof(size_t));
     x->rc = xcalloc(x->EP, sizeof(size_t)); x->rd = xcalloc(x->EP, sizeof(size_t));
     x->rcnt = xcalloc((size_t)x->EP * El, sizeof(int64_t));
@@ -25,7 +27,7 @@ void exchange_free(Exchange *x) {
     free(x->sc); free(x->sd); free(x->rc); free(x->rd); free(x->rcnt); free(x->gcnt); free(x->gc); free(x->gd);
     free(x->off); free(x->perm_h);
     for (int k = 0; k < 2; k++) { free(x->hp[k].c1); free(x->hp[k].pre); }
-    float *hs[] = {x->h_s1, x->h_r1, x->h_s2};
+    void *hs[] = {x->h_s1, x->h_r1, x->h_s2};
     for (int i = 0; i < 3; i++) if (hs[i]) x->be->free(hs[i]);
     if (x->perm) x->be->free(x->perm);
     if (x->iperm) x->be->free(x->iperm);
@@ -115,33 +117,36 @@ static void hier_plans(Exchange *x) {
     }
     need = (need ? need : 1) * x->d * sizeof(float);
     if (need > x->cap_h) {
-        float **hs[] = {&x->h_s1, &x->h_r1, &x->h_s2};
+        void **hs[] = {&x->h_s1, &x->h_r1, &x->h_s2};
         for (int i = 0; i < 3; i++) { if (*hs[i]) x->be->free(*hs[i]); *hs[i] = x->be->alloc(need); }
         x->cap_h = need;
     }
     free(mine); free(cn); free(cs);
 }
 
-// The two-level all-to-all of direction k (0: dispatch, 1: combine): send -> recv, as the flat one.
-static void hier_a2a(Exchange *x, int k, const float *send, float *recv) {
+// The two-level all-to-all of direction k (0: dispatch, rows in the hidden format; 1: combine, float32):
+// send -> recv, as the flat one.
+static void hier_a2a(Exchange *x, int k, const void *send, void *recv) {
     const HierPlan *h = &x->hp[k];
     const Backend *be = x->be;
     size_t d = x->d, G = (size_t)comm_size(x->epn), A = (size_t)comm_size(x->epx);
+    size_t row = d * (k ? F : x->he);
+    CommType ct = k ? CT_F32 : x->ht;
     for (int i = 0; i < h->npre; i++) {
         const int64_t *t = h->pre + 3 * i;
-        if (t[2]) be->copy(x->h_s1 + t[1] * d, send + t[0] * d, sizeof(float) * t[2] * d);
+        if (t[2]) be->copy((char *)x->h_s1 + t[1] * row, (const char *)send + t[0] * row, row * t[2]);
     }
     size_t *a = xmalloc(sizeof(size_t) * 4 * (G > A ? G : A));
     scale_counts(h->c1, a, (int)G, d); scale_counts(h->d1, a + G, (int)G, d);
     scale_counts(h->r1, a + 2 * G, (int)G, d); scale_counts(h->e1, a + 3 * G, (int)G, d);
-    comm_dev_alltoallv(x->epn, x->h_s1, a, a + G, x->h_r1, a + 2 * G, a + 3 * G, CT_F32);
+    comm_dev_alltoallv(x->epn, x->h_s1, a, a + G, x->h_r1, a + 2 * G, a + 3 * G, ct);
     for (int i = 0; i < h->nmid; i++) {
         const int64_t *t = h->mid + 3 * i;
-        if (t[2]) be->copy(x->h_s2 + t[1] * d, x->h_r1 + t[0] * d, sizeof(float) * t[2] * d);
+        if (t[2]) be->copy((char *)x->h_s2 + t[1] * row, (const char *)x->h_r1 + t[0] * row, row * t[2]);
     }
     scale_counts(h->c2, a, (int)A, d); scale_counts(h->d2, a + A, (int)A, d);
     scale_counts(h->r2, a + 2 * A, (int)A, d); scale_counts(h->e2, a + 3 * A, (int)A, d);
-    comm_dev_alltoallv(x->epx, x->h_s2, a, a + A, recv, a + 2 * A, a + 3 * A, CT_F32);
+    comm_dev_alltoallv(x->epx, x->h_s2, a, a + A, recv, a + 2 * A, a + 3 * A, ct);
     free(a);
 }
 
@@ -231,7 +236,7 @@ static void ep_counts(const Exchange *x, int back, size_t *a, size_t *b, size_t 
     scale_counts(back ? x->sc : x->rc, c, x->EP, d); scale_counts(back ? x->sd : x->rd, e, x->EP, d);
 }
 
-void exchange_dispatch_start(Exchange *x, const float *rows) {
+void exchange_dispatch_start(Exchange *x, const void *rows) {
     if (x->local) return;
     // rows are backend buffers: the comm API's device variants (NCCL on GPUs); groups of one are
     // a backend copy (unless a test forces the NCCL path: comm_dev_due)
@@ -240,14 +245,14 @@ void exchange_dispatch_start(Exchange *x, const float *rows) {
     } else if (comm_dev_due(x->ep)) {
         size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
         ep_counts(x, 0, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
-        x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP, CT_F32);
+        x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP, x->ht);
         free(a);
     } else {
-        x->be->copy(x->raw_ep, rows, sizeof(float) * (size_t)x->M * x->d);
+        x->be->copy(x->raw_ep, rows, x->he * (size_t)x->M * x->d);
     }
 }
 
-const float *exchange_dispatch_finish(Exchange *x, const float *rows, float *out) {
+const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out) {
     if (x->local) return rows;
     if (x->req) { comm_wait(x->req); x->req = NULL; }
     int ETP = x->ETP;
@@ -255,16 +260,16 @@ const float *exchange_dispatch_finish(Exchange *x, const float *rows, float *out
     if (comm_dev_due(x->etp)) {
         size_t *a = xmalloc(sizeof(size_t) * ETP * 2);
         scale_counts(x->gc, a, ETP, d); scale_counts(x->gd, a + ETP, ETP, d);
-        comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, a + ETP, CT_F32);
+        comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, a + ETP, x->ht);
         free(a);
     } else {
-        x->be->copy(x->raw, x->raw_ep, sizeof(float) * (size_t)x->R * d);
+        x->be->copy(x->raw, x->raw_ep, x->he * (size_t)x->R * d);
     }
-    x->be->gather_rows(out, x->raw, x->perm, x->Rg, x->d);
+    x->be->gather_rows_hid(out, x->raw, 1, x->perm, x->Rg, x->d);
     return out;
 }
 
-const float *exchange_dispatch(Exchange *x, const float *rows, float *out) {
+const void *exchange_dispatch(Exchange *x, const void *rows, void *out) {
     exchange_dispatch_start(x, rows);
     return exchange_dispatch_finish(x, rows, out);
 }
@@ -273,7 +278,7 @@ void exchange_combine_start(Exchange *x, const float *partial, float *rows) {
     if (x->local) return;
     int ETP = x->ETP;
     size_t d = x->d;
-    x->be->gather_rows(x->raw, partial, x->iperm, x->Rg, x->d);
+    x->be->gather_rows((float *)x->raw, partial, x->iperm, x->Rg, x->d);
     if (comm_dev_due(x->etp)) {
         size_t *a = xmalloc(sizeof(size_t) * ETP);
         scale_counts(x->gc, a, ETP, d);

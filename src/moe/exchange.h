@@ -32,9 +32,11 @@ typedef struct {
     const Comm *ep, *etp;
     const Comm *epn, *epx;       // two-level all-to-all: my node's EP ranks, my local index's (NULL: flat)
     HierPlan hp[2];              // its plans, dispatch [0] and combine [1]
-    float *h_s1, *h_r1, *h_s2;   // its staging (device)
+    void *h_s1, *h_r1, *h_s2;    // its staging (device)
     size_t cap_h;
     int EP, ETP, El, d;
+    size_t he;                   // bytes of a dispatched value (the backend's hidden format, hid_elem)
+    CommType ht;                 // and its comm type (CT_BF16 or CT_F32)
     size_t *sc, *sd, *rc, *rd;   // (EP) rows sent to / received from each EP peer, and displacements
     int64_t *rcnt;               // (EP, El) rows received from EP peer q for local expert le
     int64_t *gcnt;               // (ETP, EP, El) the same for every ETP peer (after the gather)
@@ -44,7 +46,7 @@ typedef struct {
     int64_t *off;                // (El+1) expert-major offsets over the Rg rows
     int32_t *perm_h;             // (Rg) expert-major row i is gathered row perm_h[i] (not local)
     int32_t *perm, *iperm;       // device copies of perm and its inverse (not local)
-    float *raw_ep, *raw;         // (R,d), (Rg,d) staging (device; not local)
+    void *raw_ep, *raw;          // (R,d), (Rg,d) staging (device; not local): the hidden format or float32
     size_t cap_R, cap_Rg, cap_idx;
     CommReq *req;                // the EP all-to-all in flight (between a _start and its _finish)
 } Exchange;
@@ -58,8 +60,9 @@ void exchange_free(Exchange *x);
 void exchange_plan(Exchange *x, const int64_t *kept_per_expert);
 // rows (M,d) in my expert order -> (Rg,d) expert-major on the owners: written to out (which must
 // hold Rg rows) and out returned; when local, nothing is written (out may be NULL) and rows itself
-// is returned (Rg = M, the same order).
-const float *exchange_dispatch(Exchange *x, const float *rows, float *out);
+// is returned (Rg = M, the same order). Dispatched rows are in the backend's hidden format (ops.h
+// hid_elem: bf16 on "cuda", sent as CT_BF16), combined ones float32.
+const void *exchange_dispatch(Exchange *x, const void *rows, void *out);
 // partial (Rg,d) expert-major -> (M,d) back in my order, summed over the ETP group: written to rows
 // and rows returned; when local, partial itself is returned (rows untouched, may be NULL).
 const float *exchange_combine(Exchange *x, const float *partial, float *rows);
@@ -68,7 +71,7 @@ const float *exchange_combine(Exchange *x, const float *partial, float *rows);
 // _finish for the dispatch and in _start for the combine), _finish waits and returns what the whole
 // call returns. Between them rows / the staging buffers must not be touched. Every rank of the group
 // starts and finishes in the same order.
-void exchange_dispatch_start(Exchange *x, const float *rows);
-const float *exchange_dispatch_finish(Exchange *x, const float *rows, float *out);
+void exchange_dispatch_start(Exchange *x, const void *rows);
+const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out);
 void exchange_combine_start(Exchange *x, const float *partial, float *rows);
 const float *exchange_combine_finish(Exchange *x, const float *partial, float *rows);

@@ -14,9 +14,9 @@
 // GEMMs read the gathered rows xs directly).
 static void expert_buffers(MoeLayer *m, int Rg) {
     const Backend *be = m->be;
-    size_t nd = (size_t)(Rg ? Rg : 1) * m->d * F, nf = (size_t)(Rg ? Rg : 1) * m->fu * be->hid_elem;
-    moe_grow(be, &m->yg, &m->cap_d, nd);
-    if (!m->xu->local) moe_grow(be, &m->xg, &m->cap_xg, nd);
+    size_t rows = Rg ? Rg : 1, nf = rows * m->fu * be->hid_elem;
+    m->yg = moe_grown(be, m->yg, &m->cap_d, rows * m->d * F);
+    if (!m->xu->local) m->xg = moe_grown(be, m->xg, &m->cap_xg, rows * m->d * be->hid_elem);
     if (m->rc) { moe_rc_rows(m, nf); return; }
     if (nf > m->cap_f) {
         void **bf[] = {&m->h1, &m->h3, &m->act};
@@ -27,11 +27,11 @@ static void expert_buffers(MoeLayer *m, int Rg) {
 
 static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int local) {
     const Backend *be = s->be;
-    size_t nd = (size_t)(Rg ? Rg : 1) * d * F, nf = (size_t)(Rg ? Rg : 1) * fl * be->hid_elem;
-    moe_grow(be, &s->dxg, &s->cap_d, nd);
+    size_t rows = Rg ? Rg : 1, nf = rows * fl * be->hid_elem;
+    s->dxg = moe_grown(be, s->dxg, &s->cap_d, rows * d * F);
     if (!local) {
-        moe_grow(be, &s->dyg, &s->cap_dyg, nd);
-        moe_grow(be, &s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
+        s->dyg = moe_grown(be, s->dyg, &s->cap_dyg, rows * d * be->hid_elem);
+        s->dxs = moe_grown(be, s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
     }
     if (nf > s->cap_f) {
         void **bf[] = {&s->dh1, &s->dh3};
@@ -119,6 +119,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
         m->sh_h1 = be->alloc(nf);
         m->sh_h3 = be->alloc(nf);
         m->sh_act = be->alloc(nf);
+        m->sh_x = be->alloc((Ns ? Ns : 1) * d * be->hid_elem);
         m->sh_y = be->alloc((Ns ? Ns : 1) * d * F);
         m->sh_g = be->alloc((Ns ? Ns : 1) * F);
         m->ident = be->alloc((Ns ? Ns : 1) * sizeof(int32_t));
@@ -140,7 +141,7 @@ void moe_layer_free(MoeLayer *m) {
     if (m->seq_dp) be->free(m->seq_dp);
     plan_free(&m->plan);
     void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
-                   m->xg, m->h1, m->h3, m->act, m->yg, m->sh_h1, m->sh_h3, m->sh_act, m->sh_y, m->sh_g, m->ident};
+                   m->xg, m->h1, m->h3, m->act, m->yg, m->sh_h1, m->sh_h3, m->sh_act, m->sh_x, m->sh_y, m->sh_g, m->ident};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) be->free(dev[i]);
     exchange_free(&m->x);
     for (int i = 0; i < MOE_MAX_OVERLAP; i++) if (m->xc[i].be) exchange_free(&m->xc[i]);
@@ -166,12 +167,11 @@ void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
 
 void moe_layer_trim(MoeLayer *m) {
     if (m->rc) m->h1 = m->h3 = m->act = NULL;
-    float **bufs[] = {&m->xs, &m->ys, &m->xg, &m->yg, &m->xsc, &m->ysc};
+    void *bufs[] = {m->xs, m->ys, m->xg, m->yg, m->xsc, m->ysc, m->h1, m->h3, m->act};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (*bufs[i]) { m->be->free(*bufs[i]); *bufs[i] = NULL; }
-    void **hid[] = {&m->h1, &m->h3, &m->act};
-    for (size_t i = 0; i < 3; i++)
-        if (*hid[i]) { m->be->free(*hid[i]); *hid[i] = NULL; }
+        if (bufs[i]) m->be->free(bufs[i]);
+    m->xs = m->xg = m->xsc = m->h1 = m->h3 = m->act = NULL;
+    m->ys = m->yg = m->ysc = NULL;
     if (m->cidx) { m->be->free(m->cidx); m->cidx = m->icidx = NULL; }
     m->cap_d = m->cap_f = m->cap_xg = m->cap_ys = 0;
 }
@@ -180,7 +180,7 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     memset(s, 0, sizeof *s);
     s->be = be;
     size_t N = maxN, d = c->d_model, E = c->n_experts, R = N * c->top_k;
-    s->dys = be->alloc(R * d * F);
+    s->dys = be->alloc(R * d * be->hid_elem);
     s->dxj = be->alloc(N * d * F);
     s->dlogits = be->alloc(N * E * F);
     s->rowdot = be->alloc(R * F);
@@ -188,7 +188,7 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     s->aux_dp_h = xcalloc(E, F);
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     if (fs) {
-        s->sh_dy = be->alloc(N * d * F);
+        s->sh_dy = be->alloc(N * d * be->hid_elem);
         s->sh_dh1 = be->alloc(N * fs * be->hid_elem);
         s->sh_dh3 = be->alloc(N * fs * be->hid_elem);
         s->sh_dg = be->alloc(N * F);
@@ -403,12 +403,12 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
         m->dropped = 0;
     }
     int M = m->plan.M, R = m->Rmax;
-    if (!m->xs) m->xs = be->alloc((size_t)(R ? R : 1) * d * F);
+    if (!m->xs) m->xs = be->alloc((size_t)(R ? R : 1) * d * be->hid_elem);
     be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
     be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d, m->kf_d + (size_t)k * E, Ns,
                   E, k);
     // permute, send to the expert owners, experts, and back
-    be->gather_rows(m->xs, xin, m->rowtok, M, d);
+    be->gather_rows_hid(m->xs, xin, 0, m->rowtok, M, d);
     int64_t *kept = xmalloc(sizeof(int64_t) * E);
     for (int e = 0; e < E; e++) kept[e] = m->plan.off[e + 1] - m->plan.off[e];
     // sharded (ETP slices, tokens gathered over ETP) or gathered (whole experts, my tokens: EP only)
@@ -467,7 +467,7 @@ void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy) {
     int d = m->d, M = m->plan.M, Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
     // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
     m->dyb = dy + (size_t)m->s0 * d;
-    be->gather_dot_scale(s->dys, s->rowdot, m->dyb, m->rowtok, m->ysp, m->rowscale, M, d);
+    be->gather_dot_scale(s->dys, s->rowdot, m->dyb, m->rowtok, m->ysp, m->rowscale, M, d, 1);
     scratch_buffers(s, Rg, M, d, m->fu, m->xu->local);
     // with early_dispatch the unchunked dispatch of dys is in flight until moe_backward_finish
     m->started = m->early_dispatch && m->r == 1 && !m->xu->local;
@@ -503,7 +503,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     if (m->r > 1) {
         dxs = moe_experts_bwd_chunked(m, s, w, g);
     } else {
-        const float *dyg = m->started ? exchange_dispatch_finish(m->xu, s->dys, s->dyg) : exchange_dispatch(m->xu, s->dys, s->dyg);
+        const void *dyg = m->started ? exchange_dispatch_finish(m->xu, s->dys, s->dyg) : exchange_dispatch(m->xu, s->dys, s->dyg);
         m->started = 0;
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the

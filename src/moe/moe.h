@@ -87,8 +87,9 @@ typedef struct {
     int32_t *idx;                  // (Ns,k) top-k experts
     double *sums;                  // (E+1)
     int32_t *cnt, *cnt_h;          // (k,E) slot counts of my rows (plan_counts), and the host copy
-    float *xs, *ys;                // (Ns*k,d) my kept rows, and their expert outputs back (ys: only
-                                   // when the exchange is not local; allocated on first use)
+    void *xs;                      // (Ns*k,d) my kept rows, in the hidden format (ops.h hid_elem)
+    float *ys;                     // (Ns*k,d) their expert outputs back (only when the exchange is not
+                                   // local; allocated on first use)
     const float *ysp;              // the expert outputs in my row order: ys, or yg when local
     int32_t *rowtok;               // (Ns*k) token (in my slice) of each row        } one device block,
     int32_t *slotrow;              // (Ns*k) row of assignment (t,j), or -1         } (plan_d)
@@ -122,17 +123,20 @@ typedef struct {
     int64_t cstart[MOE_MAX_OVERLAP + 1];   // chunk i's rows [cstart[i], cstart[i+1]) of the chunk-major order
     int64_t gstart[MOE_MAX_OVERLAP + 1];   // chunk i's expert-side rows in xg, h1, h3, act, yg
     int32_t *cidx, *icidx;         // (M) chunk-major position -> my row, and back (device)
-    float *xsc, *ysc;              // (M,d) my rows, and their outputs, chunk-major
+    void *xsc;                     // (M,d) my rows, chunk-major (hidden format)
+    float *ysc;                    // (M,d) their outputs, chunk-major
     MoeRecompute *rc;              // NULL: h1, h3, act kept per layer; else the shared ones, recomputed
     // expert side (device, grown to the rows received)
     Exchange x;
-    float *xg, *yg;                // (Rg,d) each; xg only when the exchange is not local
+    void *xg;                      // (Rg,d) the rows received (hidden format; only when the exchange is not local)
+    float *yg;                     // (Rg,d) the experts' outputs
     void *h1, *h3, *act;           // (Rg,fl) each, in the backend's hidden format (ops.h hid_elem)
-    const float *xgp;              // the expert GEMMs' input rows: xg, or xs when local
+    const void *xgp;               // the expert GEMMs' input rows: xg, or xs when local (hidden format)
     size_t cap_d, cap_f, cap_xg, cap_ys;
     // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T
     int fs;                        // its width (n_shared_experts * shared_d_ff; 0: none)
     void *sh_h1, *sh_h3, *sh_act;  // (Ns,fs) each, in the hidden format (ops.h hid_elem)
+    void *sh_x;                    // (Ns,d) its input rows in the hidden format (as the routed experts')
     int64_t sh_off[2];             // {0, Ns}: the shared expert as one group of the fused expert ops
     float *sh_y, *sh_g;            // (Ns,d) its output before the gate; (Ns) the gate, sigmoid applied
     int32_t *ident;                // (Ns) 0, 1, 2, ...: the gate as a one-slot combine
@@ -151,16 +155,20 @@ typedef struct {
 // Scratch shared by all layers' backward passes.
 typedef struct {
     const Backend *be;
-    float *dys, *dxs, *dxj, *dlogits, *rowdot;   // device, token side (dxs: not local only; dxj: TP > 1)
+    void *dys;                                             // device, token side, hidden format: to the experts
+    float *dxs, *dxj, *dlogits, *rowdot;                   // device, token side (dxs: not local only; dxj: TP > 1)
     float *aux_dp;                                         // device (E): d aux term / d probs[t,e]
-    float *dyg, *dxg;                                     // device, expert side (grown; dyg: not local)
+    void *dyg;                                             // device, expert side, hidden format (grown; not local)
+    float *dxg;                                            // device, expert side (grown)
     void *dh1, *dh3;                                      // ... (Rg,fl), in the hidden format (ops.h)
-    float *dysc, *dxsc;                                    // device, token side chunk-major (r > 1)
+    void *dysc;                                            // device, token side chunk-major (r > 1), hidden format
+    float *dxsc;                                           // ... float32
     float *gfull, *gstage, *gslice;                        // gathered mode: whole-expert gradients, staging
     size_t cap_g;
     size_t cap_d, cap_f, cap_dyg, cap_dxs, cap_c;
     float *aux_dp_h;                                       // host (E)
-    float *sh_dy, *sh_dg;                                  // the shared expert's backward (N rows) ...
+    void *sh_dy;                                           // the shared expert's backward (N rows): dy (hidden format),
+    float *sh_dg;                                          // ... the gate's gradient
     void *sh_dh1, *sh_dh3;                                 // ... (N,fs) in the hidden format
 } MoeScratch;
 

@@ -34,20 +34,21 @@ void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu) {
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
         be->grouped_swiglu_fwd(hid_at(be, m->h1, g * fu), hid_at(be, m->h3, g * fu), hid_at(be, m->act, g * fu),
-                               m->xg + g * d, wu->w1, wu->w3, m->xc[i].off, El, d, fu);
+                               hid_at(be, m->xg, g * d), wu->w1, wu->w3, m->xc[i].off, El, d, fu);
     }
 }
 
 // ---- the shared expert (Qwen2-MoE) on my slice x (Ns,d), added into y (Ns,d):
 // y += g * (silu(x W1^T) * (x W3^T)) W2^T, g = sigmoid(x w_gate) per token (1 without a gate).
 // Its SwiGLU runs as one group of the routed experts' fused ops (ops.h: the GEMM epilogue computes
-// it; its rows in the hidden format); on the cpu the same sums as plain matmuls.
+// it; its rows, the input's too, in the hidden format); on the cpu the same sums as plain matmuls.
 void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w) {
     const Backend *be = m->be;
     int Ns = m->Ns, d = m->d, fs = m->fs;
     m->sh_off[0] = 0;
     m->sh_off[1] = Ns;
-    be->grouped_swiglu_fwd(m->sh_h1, m->sh_h3, m->sh_act, x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs);
+    be->gather_rows_hid(m->sh_x, x, 0, m->ident, Ns, d);
+    be->grouped_swiglu_fwd(m->sh_h1, m->sh_h3, m->sh_act, m->sh_x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs);
     be->grouped_down_fwd(m->sh_y, m->sh_act, w->sh_w2, m->sh_off, 1, fs, d);
     if (!w->sh_gate) { be->combine_rows(y, m->sh_y, m->ident, NULL, Ns, 1, d, 1); return; }
     be->matmul_fwd(m->sh_g, x, w->sh_gate, Ns, d, 1, 0);
@@ -60,16 +61,17 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
                             const MoeWeights *w, MoeGrads *g) {
     const Backend *be = m->be;
     int Ns = m->Ns, d = m->d, fs = m->fs;
-    const float *dys = dy;
     if (w->sh_gate) {   // d(sh_y) = g dy; dg = <dy, sh_y>; d(gate logit) = dg g (1 - g)
-        be->gather_dot_scale(s->sh_dy, s->sh_dg, dy, m->ident, m->sh_y, m->sh_g, Ns, d);
+        be->gather_dot_scale(s->sh_dy, s->sh_dg, dy, m->ident, m->sh_y, m->sh_g, Ns, d, 1);
         be->sigmoid_bwd(s->sh_dg, s->sh_dg, m->sh_g, (size_t)Ns);
         be->matmul_bwd(dx, g->sh_gate, s->sh_dg, x, w->sh_gate, Ns, d, 1, GM_ACC_DINP);
-        dys = s->sh_dy;
+    } else {
+        be->gather_rows_hid(s->sh_dy, dy, 0, m->ident, Ns, d);
     }
-    be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, dys, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2, m->sh_off, 1,
-                           fs, d, 0);
-    be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs, 1);
+    be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, s->sh_dy, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2,
+                           m->sh_off, 1, fs, d, 0);
+    be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, m->sh_x, w->sh_w1, w->sh_w3, m->sh_off, 1,
+                            d, fs, 1);
 }
 
 // ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,
@@ -226,7 +228,7 @@ void moe_plan_chunks(MoeLayer *m, const int64_t *kept) {
     if (!m->cidx) {   // R rows at most: both maps in one block, and the chunk-major row buffers
         m->cidx = be->alloc(sizeof(int32_t) * (size_t)(m->Rmax ? m->Rmax : 1) * 2);
         m->icidx = m->cidx + (m->Rmax ? m->Rmax : 1);
-        m->xsc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * F);
+        m->xsc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * be->hid_elem);
         m->ysc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * F);
     }
     be->to_device(m->cidx, ci, sizeof(int32_t) * M);
@@ -240,13 +242,14 @@ void moe_plan_chunks(MoeLayer *m, const int64_t *kept) {
 void moe_experts_chunked(MoeLayer *m, const MoeWeights *w) {
     const Backend *be = m->be;
     int r = m->r, d = m->d, fl = m->fl, El = m->El, M = m->plan.M;
-    be->gather_rows(m->xsc, m->xs, m->cidx, M, d);
+    be->gather_rows_hid(m->xsc, m->xs, 1, m->cidx, M, d);
     exchange_dispatch_start(&m->xc[0], m->xsc);
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
-        float *xg = m->xg + g * d, *yg = m->yg + g * d;
-        exchange_dispatch_finish(&m->xc[i], m->xsc + m->cstart[i] * d, xg);
-        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], m->xsc + m->cstart[i + 1] * d);
+        void *xg = hid_at(be, m->xg, g * d);
+        float *yg = m->yg + g * d;
+        exchange_dispatch_finish(&m->xc[i], hid_at(be, m->xsc, m->cstart[i] * d), xg);
+        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, m->xsc, m->cstart[i + 1] * d));
         void *act = hid_at(be, m->act, g * fl);
         be->grouped_swiglu_fwd(hid_at(be, m->h1, g * fl), hid_at(be, m->h3, g * fl), act, xg, w->w1, w->w3,
                                m->xc[i].off, El, d, fl);
@@ -264,7 +267,7 @@ void moe_experts_chunked(MoeLayer *m, const MoeWeights *w) {
 const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeights *w, MoeGrads *gw) {
     const Backend *be = m->be;
     int r = m->r, d = m->d, fl = m->fl, El = m->El, M = m->plan.M;
-    size_t need = (size_t)(m->Rmax ? m->Rmax : 1) * d * F;
+    size_t need = (size_t)(m->Rmax ? m->Rmax : 1) * d * F;   // (dysc, in the hidden format, needs at most this)
     if (need > s->cap_c) {
         if (s->dysc) be->free(s->dysc);
         if (s->dxsc) be->free(s->dxsc);
@@ -272,19 +275,20 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         s->dxsc = be->alloc(need);
         s->cap_c = need;
     }
-    be->gather_rows(s->dysc, s->dys, m->cidx, M, d);
+    be->gather_rows_hid(s->dysc, s->dys, 1, m->cidx, M, d);
     exchange_dispatch_start(&m->xc[0], s->dysc);
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
-        float *dyg = s->dyg + g * d, *dxg = s->dxg + g * d;
+        void *dyg = hid_at(be, s->dyg, g * d);
+        float *dxg = s->dxg + g * d;
         void *dh1 = hid_at(be, s->dh1, g * fl), *dh3 = hid_at(be, s->dh3, g * fl);
-        exchange_dispatch_finish(&m->xc[i], s->dysc + m->cstart[i] * d, dyg);
-        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], s->dysc + m->cstart[i + 1] * d);
+        exchange_dispatch_finish(&m->xc[i], hid_at(be, s->dysc, m->cstart[i] * d), dyg);
+        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d));
         int dwf = i == 0 && gw->fresh ? GM_DW_WRITE : 0;   // the first chunk writes unwritten gradients
         be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
                                hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d, dwf);
-        be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, m->xg + g * d, w->w1, w->w3, m->xc[i].off, El, d, fl,
-                                dwf);
+        be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, hid_at(be, m->xg, g * d), w->w1, w->w3, m->xc[i].off,
+                                El, d, fl, dwf);
         exchange_combine_start(&m->xc[i], dxg, s->dxsc + m->cstart[i] * d);
     }
     for (int i = 0; i < r; i++) exchange_combine_finish(&m->xc[i], NULL, s->dxsc + m->cstart[i] * d);

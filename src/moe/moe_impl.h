@@ -5,12 +5,12 @@
 
 #define F sizeof(float)
 
-// (Re)allocates *p to hold `need` bytes unless it already does (contents are not kept).
-static inline void moe_grow(const Backend *be, float **p, size_t *cap, size_t need) {
-    if (*p && need <= *cap) return;
-    if (*p) be->free(*p);
-    *p = be->alloc(need);
+// p, or p reallocated to hold `need` bytes where it does not (contents are not kept): p = moe_grown(...).
+static inline void *moe_grown(const Backend *be, void *p, size_t *cap, size_t need) {
+    if (p && need <= *cap) return p;
+    if (p) be->free(p);
     *cap = need;
+    return be->alloc(need);
 }
 
 // --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and

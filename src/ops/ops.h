@@ -109,6 +109,10 @@ struct Backend {
     // 2: bf16 (cuda), rounded to nearest even from the float32 the GEMM epilogue computes: act is the
     // down projection's bf16 operand either way, h1 and h3 are what the SwiGLU backward reads (saved
     // for it: the largest activations of a MoE layer), dh1 and dh3 the w1/w3 backward's operands.
+    // The rows sent to the experts are in this format too: the dispatched inputs (the up-projection's
+    // operand, saved for its weight gradients) and output gradients (the down-projection backward's
+    // operand), written so by gather_rows_hid and gather_dot_scale; the rows coming back (the experts'
+    // outputs, the input gradients) are float32.
     size_t hid_elem;
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
@@ -149,8 +153,8 @@ struct Backend {
     // The experts' up-projection with SwiGLU: h1 = inp W1^T and h3 = inp W3^T (grouped_matmul_fwd
     // each), then act = silu(h1) * h3 (swiglu_fwd) over the groups' rows (O columns). A backend may
     // read inp once and compute act in the GEMMs' epilogue (the same floats as swiglu_fwd).
-    // h1, h3, act in the hidden format (hid_elem).
-    void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
+    // inp, h1, h3, act in the hidden format (hid_elem).
+    void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
                                const int64_t *off, int G, int K, int O);
     // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden format.
     void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
@@ -160,8 +164,8 @@ struct Backend {
     // h1, h3) written (not added) over the groups' rows (K columns). The same floats as
     // grouped_matmul_bwd(dact, dw, dout, act, w, ..., flags) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0)
     // (in the hidden format: dact float32, each dh1, dh3 rounded from that float32 result once).
-    // dh1, dh3, act, h1, h3 in the hidden format.
-    void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+    // dh1, dh3, dout, act, h1, h3 in the hidden format.
+    void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                int O, int flags);
     // Their backward: dinp = douta Wa + doutb Wb, written or added as `flags` say (as
@@ -169,9 +173,9 @@ struct Backend {
     // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., flags) then (dinp, dwb, doutb, ...,
     // GM_ACC_DINP | (flags & GM_DW_WRITE)); a backend
     // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL. douta, doutb
-    // (dh1, dh3) in the hidden format.
+    // (dh1, dh3) and inp in the hidden format.
     void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
-                                const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
+                                const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                 int K, int O, int flags);
 
     // The dispatch plan (moe/router.h's order: by expert, then slot j, then token) in two steps
@@ -269,6 +273,9 @@ struct Backend {
 
     // out[i] = inp[idx[i]] (rows of C); bwd: dinp[idx[i]] += dout[i]
     void (*gather_rows)(float *out, const float *inp, const int32_t *idx, int n, int C);
+    // The same into rows of the hidden format (hid_elem): inp float32 (from_hid 0: each value rounded to
+    // the format, nearest even) or in the hidden format already (from_hid 1: copied).
+    void (*gather_rows_hid)(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
     // The MoE combine / un-permute as a gather (deterministic, one pass, no atomics): for each of N
     // output rows t, out[t] = (accumulate ? out[t] : 0) + sum over j = 0..k-1, in that order, of
     // (w ? w[t*k+j] : 1) * rows[slot_row[t*k+j]], skipping slot_row < 0 (dropped slots); rows of C.
@@ -293,9 +300,9 @@ struct Backend {
                        int E, int k, int renorm);
     // The MoE backward's combine in one pass, over n rows of C: g = inp[idx[i]]; dot[i] = <g, b[i]>
     // (the products and their sum in double, then rounded to float); out[i] = scale[i] * g (one float
-    // product per element).
-    void (*gather_dot_scale)(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                             const float *scale, int n, int C);
+    // product per element), float32 (hid 0) or rounded to the hidden format (hid 1).
+    void (*gather_dot_scale)(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                             const float *scale, int n, int C, int hid);
 
     // Cross-entropy over V: losses (N) = logsumexp(logits) - logits[target].
     // Then logits is OVERWRITTEN with dlogits = (softmax - onehot) * dloss (dloss per row, same for all).
@@ -334,7 +341,8 @@ struct Backend {
                        float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 };
 
-// Element i of a buffer in the backend's hidden format (hid_elem): the experts' h1, h3, act, dh1, dh3.
+// Element i of a buffer in the backend's hidden format (hid_elem): the experts' h1, h3, act, dh1, dh3
+// and the rows sent to them.
 static inline void *hid_at(const Backend *be, void *p, size_t i) { return (char *)p + i * be->hid_elem; }
 
 // The dropout mask: element (g, c) is kept iff the top 24 bits of the hash of (seed, g, c) are >= p * 2^24
@@ -360,14 +368,14 @@ const Backend *backend_profiled(const Backend *inner);
 void backend_profile_reset(void);
 void backend_profile_report(FILE *f, int steps);
 // The CUDA backends (src/ops/cuda/, float32 buffers on the first GPU; parameters, activations,
-// gradients and optimizer state are float32 in both, but for "cuda"'s bf16 expert hidden rows):
+// gradients and optimizer state are float32 in both, but for "cuda"'s bf16 expert rows):
 //   backend_cuda()      "cuda": GEMMs on tensor cores with bf16 operands and fp32 accumulation
 //                       (each float32 operand rounded to bf16, round to nearest even, into scratch
 //                       the backend owns; outputs and *_bwd accumulation stay float32). Every
 //                       grouped_matmul; matmul only when O > MOE_GEMM_FP32_MAX_O: narrower ones
 //                       (the router, O = E) are memory-bound anyway and stay float32. The experts'
-//                       hidden rows are bf16 (hid_elem 2): the fused expert ops write and read them
-//                       so, without conversion passes.
+//                       hidden rows and the rows sent to them are bf16 (hid_elem 2): the fused
+//                       expert ops write and read them so, without conversion passes.
 //   backend_cuda_fp32() "cuda-fp32": every op in float32 (cuBLAS SGEMM without TF32), matching the
 //                       cpu reference to float32 rounding.
 // The other ops are the same float32 kernels in both. backend_cuda*() die with a clear message

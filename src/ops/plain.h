@@ -10,10 +10,11 @@
 #include "ops/ops.h"
 
 static inline void backend_grouped_swiglu_fwd_plain(const Backend *be, void *h1v, void *h3v, void *actv,
-                                                    const float *inp, const float *w1, const float *w3,
+                                                    const void *inpv, const float *w1, const float *w3,
                                                     const int64_t *off, int G, int K, int O) {
     if (G <= 0) return;
     float *h1 = (float *)h1v, *h3 = (float *)h3v, *act = (float *)actv;
+    const float *inp = (const float *)inpv;
     be->grouped_matmul_fwd(h1, inp, w1, off, G, K, O);
     be->grouped_matmul_fwd(h3, inp, w3, off, G, K, O);
     size_t b = (size_t)off[0] * O;
@@ -22,13 +23,13 @@ static inline void backend_grouped_swiglu_fwd_plain(const Backend *be, void *h1v
 
 // dact goes through dh1 (swiglu_bwd reads each element's dout before it writes that dh1)
 static inline void backend_grouped_swiglu_bwd_plain(const Backend *be, void *dh1v, void *dh3v, float *dw,
-                                                    const float *dout, const void *act, const void *h1v,
+                                                    const void *dout, const void *act, const void *h1v,
                                                     const void *h3v, const float *w, const int64_t *off, int G, int K,
                                                     int O, int flags) {
     if (G <= 0) return;
     float *dh1 = (float *)dh1v, *dh3 = (float *)dh3v;
     const float *h1 = (const float *)h1v, *h3 = (const float *)h3v;
-    be->grouped_matmul_bwd(dh1, dw, dout, (const float *)act, w, off, G, K, O, flags & GM_DW_WRITE);
+    be->grouped_matmul_bwd(dh1, dw, (const float *)dout, (const float *)act, w, off, G, K, O, flags & GM_DW_WRITE);
     size_t b = (size_t)off[0] * K;
     be->swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * K, 0);
 }
@@ -39,11 +40,11 @@ static inline void backend_grouped_down_fwd_plain(const Backend *be, float *out,
 }
 
 static inline void backend_grouped_matmul_bwd2_plain(const Backend *be, float *dinp, float *dwa, float *dwb,
-                                                     const void *douta, const void *doutb, const float *inp,
+                                                     const void *douta, const void *doutb, const void *inp,
                                                      const float *wa, const float *wb, const int64_t *off, int G,
                                                      int K, int O, int flags) {
-    be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, inp, wa, off, G, K, O, flags);
-    be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, inp, wb, off, G, K, O,
+    be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, (const float *)inp, wa, off, G, K, O, flags);
+    be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, (const float *)inp, wb, off, G, K, O,
                            GM_ACC_DINP | (flags & GM_DW_WRITE));
 }
 

@@ -29,10 +29,10 @@ static void w_mm_fm(int n, float *const *o, const float *i, const float *const *
 static void w_mm_bm(int n, float *di, float *const *dw, const float *const *d, const float *i, const float *const *w, int N, int K, const int *O, int f) { T0; in->matmul_bwd_multi(n, di, dw, d, i, w, N, K, O, f); T1(P_MATMUL_B); }
 static void w_gmm_f(float *o, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_fwd(o, i, w, off, G, K, O); T1(P_GMM_F); }
 static void w_gmm_b(float *di, float *dw, const float *d, const float *i, const float *w, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd(di, dw, d, i, w, off, G, K, O, a); T1(P_GMM_B); }
-static void w_gsw_f(void *h1, void *h3, void *a, const float *i, const float *w1, const float *w3, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O); T1(P_GMM_F); }
-static void w_gsw_b(void *d1, void *d3, float *dw, const float *d, const void *a, const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K, int O, int fl) { T0; in->grouped_swiglu_bwd(d1, d3, dw, d, a, h1, h3, w, off, G, K, O, fl); T1(P_GMM_B); }
+static void w_gsw_f(void *h1, void *h3, void *a, const void *i, const float *w1, const float *w3, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O); T1(P_GMM_F); }
+static void w_gsw_b(void *d1, void *d3, float *dw, const void *d, const void *a, const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K, int O, int fl) { T0; in->grouped_swiglu_bwd(d1, d3, dw, d, a, h1, h3, w, off, G, K, O, fl); T1(P_GMM_B); }
 static void w_gdown(float *o, const void *a, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_down_fwd(o, a, w, off, G, K, O); T1(P_GMM_F); }
-static void w_gmm_b2(float *di, float *dwa, float *dwb, const void *da, const void *db, const float *i, const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd2(di, dwa, dwb, da, db, i, wa, wb, off, G, K, O, a); T1(P_GMM_B); }
+static void w_gmm_b2(float *di, float *dwa, float *dwb, const void *da, const void *db, const void *i, const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd2(di, dwa, dwb, da, db, i, wa, wb, off, G, K, O, a); T1(P_GMM_B); }
 static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) { T0; in->embedding_fwd(o, t, tb, N, C); T1(P_EMB); }
 static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) { T0; in->embedding_bwd(d, o, t, N, C); T1(P_EMB); }
 static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd(o, r, i, w, N, C, e); T1(P_NORM); }
@@ -50,6 +50,7 @@ static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float
 static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in->swiglu_fwd(o, a, b, n); T1(P_SWIGLU); }
 static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n, int ac) { T0; in->swiglu_bwd(da, db, d, a, b, n, ac); T1(P_SWIGLU); }
 static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }
+static void w_gather_h(void *o, const void *i, int h, const int32_t *x, int n, int C) { T0; in->gather_rows_hid(o, i, h, x, n, C); T1(P_ROWS); }
 static void w_combine(float *o, const float *r, const int32_t *s, const float *w, int N, int k, int C, int a) { T0; in->combine_rows(o, r, s, w, N, k, C, a); T1(P_ROWS); }
 static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, const float *b, int N, int E, int k, int r) { T0; in->router_topk(p, l, i, w, s, lg, b, N, E, k, r); T1(P_ROUTER); }
 static void w_rbwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l, const int32_t *i, const float *w, const float *a, float z, int N, int E, int k, int r) { T0; in->router_bwd(dl, rd, sr, p, l, i, w, a, z, N, E, k, r); T1(P_ROUTER); }
@@ -62,7 +63,7 @@ static void w_sig_f(float *o, const float *x, size_t n) { T0; in->sigmoid_fwd(o,
 static void w_sig_b(float *d, const float *g, const float *o, size_t n) { T0; in->sigmoid_bwd(d, g, o, n); T1(P_ELEM); }
 static void w_pcnt(int32_t *c, int32_t *r, const int32_t *i, int N, int E, int k) { T0; in->plan_counts(c, r, i, N, E, k); T1(P_ROUTER); }
 static void w_prows(int32_t *s, int32_t *t, float *sc, const int32_t *r, const int32_t *i, const float *w, const int32_t *kp, const int32_t *f, int N, int E, int k) { T0; in->plan_rows(s, t, sc, r, i, w, kp, f, N, E, k); T1(P_ROUTER); }
-static void w_gds(float *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C) { T0; in->gather_dot_scale(o, d, i, x, b, s, n, C); T1(P_ROWS); }
+static void w_gds(void *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n, int C, int h) { T0; in->gather_dot_scale(o, d, i, x, b, s, n, C, h); T1(P_ROWS); }
 static void w_sumsq_runs(double *o, int nc, const float *x, const OptRuns *r) { T0; in->sumsq_runs(o, nc, x, r); T1(P_SUMSQ); }
 static void w_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gs, float lr, float b1, float b2, float e, float wd, int t, int prec, uint64_t seed) { T0; in->adamw_runs(p, g, m, v, r, gs, lr, b1, b2, e, wd, t, prec, seed); T1(P_ADAMW); }
 
@@ -76,7 +77,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b; pb.add_rmsnorm_fwd = w_arms_f;
     pb.rmsnorm_part = w_rms_p; pb.rmsnorm_fwd_part = w_rms_fp; pb.rmsnorm_bwd_part = w_rms_bp;
     pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
-    pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather;
+    pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather; pb.gather_rows_hid = w_gather_h;
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd;
     pb.plan_counts = w_pcnt; pb.gather_dot_scale = w_gds; pb.plan_rows = w_prows;
     pb.cross_entropy_fwd_bwd = w_ce_fb; pb.cross_entropy_fwd = w_ce_f; pb.mul = w_mul;

@@ -15,6 +15,7 @@ size_t comm_type_size(CommType t) {
     switch (t) {
     case CT_F32: case CT_I32: return 4;
     case CT_F64: case CT_I64: return 8;
+    case CT_BF16: return 2;
     default: return 1;
     }
 }
@@ -69,7 +70,13 @@ static const Comm *C(const Comm *c) { return c ? c : &self_comm; }
 int comm_size(const Comm *c) { return C(c)->size; }
 int comm_rank(const Comm *c) { return C(c)->rank; }
 
-void comm_allreduce(const Comm *c, void *buf, size_t n, CommType t) { C(c)->ops->allreduce(C(c), buf, n, t); }
+// the type of a reduction (CT_BF16 is moved only: comm.h)
+static CommType red(CommType t) {
+    if (t == CT_BF16) DIE("internal error: a reduction over CT_BF16 values (moved only)");
+    return t;
+}
+
+void comm_allreduce(const Comm *c, void *buf, size_t n, CommType t) { C(c)->ops->allreduce(C(c), buf, n, red(t)); }
 void comm_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
     C(c)->ops->allgather(C(c), send, recv, n, t);
 }
@@ -78,7 +85,7 @@ void comm_allgatherv(const Comm *c, const void *send, size_t n, void *recv, cons
     C(c)->ops->allgatherv(C(c), send, n, recv, counts, displs, t);
 }
 void comm_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
-    C(c)->ops->reduce_scatter(C(c), send, recv, counts, t);
+    C(c)->ops->reduce_scatter(C(c), send, recv, counts, red(t));
 }
 void comm_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                     const size_t *rc, const size_t *rd, CommType t) {
@@ -89,7 +96,7 @@ void comm_barrier(const Comm *c) { C(c)->ops->barrier(C(c)); }
 
 // device variants: the group's device ops when attached, else its host ops
 static const CommOps *D(const Comm *c) { return C(c)->dops ? C(c)->dops : C(c)->ops; }
-void comm_dev_allreduce(const Comm *c, void *buf, size_t n, CommType t) { D(c)->allreduce(C(c), buf, n, t); }
+void comm_dev_allreduce(const Comm *c, void *buf, size_t n, CommType t) { D(c)->allreduce(C(c), buf, n, red(t)); }
 void comm_dev_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
     D(c)->allgather(C(c), send, recv, n, t);
 }
@@ -98,7 +105,7 @@ void comm_dev_allgatherv(const Comm *c, const void *send, size_t n, void *recv, 
     D(c)->allgatherv(C(c), send, n, recv, counts, displs, t);
 }
 void comm_dev_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
-    D(c)->reduce_scatter(C(c), send, recv, counts, t);
+    D(c)->reduce_scatter(C(c), send, recv, counts, red(t));
 }
 void comm_dev_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                         const size_t *rc, const size_t *rd, CommType t) {
@@ -106,17 +113,17 @@ void comm_dev_alltoallv(const Comm *c, const void *send, const size_t *sc, const
 }
 void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) { D(c)->bcast(C(c), buf, n, t, root); }
 CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
-    return D(c)->iallreduce(C(c), buf, n, t);
+    return D(c)->iallreduce(C(c), buf, n, red(t));
 }
 CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
-    return D(c)->ireduce_scatter(C(c), send, recv, counts, t);
+    return D(c)->ireduce_scatter(C(c), send, recv, counts, red(t));
 }
 
 CommReq *comm_dev_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                              const size_t *rc, const size_t *rd, CommType t) {
     return D(c)->ialltoallv(C(c), send, sc, sd, recv, rc, rd, t);
 }
-CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t) { return C(c)->ops->iallreduce(C(c), buf, n, t); }
+CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t) { return C(c)->ops->iallreduce(C(c), buf, n, red(t)); }
 
 CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
     return C(c)->ops->isend(C(c), buf, n, t, peer, tag);

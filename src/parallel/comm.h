@@ -15,7 +15,9 @@
 extern "C" {   // callable from the CUDA backend's .cu files (comm_local_rank)
 #endif
 
-typedef enum { CT_F32, CT_F64, CT_I32, CT_I64, CT_U8 } CommType;
+// CT_BF16: 2-byte values (the bf16 rows the MoE dispatch sends), moved only: all-to-all, gathers, broadcast,
+// send/recv; the reductions refuse it.
+typedef enum { CT_F32, CT_F64, CT_I32, CT_I64, CT_U8, CT_BF16 } CommType;
 
 typedef struct Comm Comm;         // a process group (opaque: comm_size, comm_rank; comm_impl.h)
 typedef struct CommOps CommOps;   // a backend's collectives (comm_impl.h)

@@ -166,6 +166,7 @@ static ncclDataType_t nt(CommType t) {
     case CT_F64: return ncclFloat64;
     case CT_I32: return ncclInt32;
     case CT_I64: return ncclInt64;
+    case CT_BF16: return ncclBfloat16;   // moved only (comm.h)
     default: return ncclUint8;
     }
 }

@@ -28,6 +28,7 @@ static MPI_Datatype mt(CommType t) {
     case CT_F64: return MPI_DOUBLE;
     case CT_I32: return MPI_INT32_T;
     case CT_I64: return MPI_INT64_T;
+    case CT_BF16: return MPI_UINT16_T;   // moved only (comm.h)
     default: return MPI_UINT8_T;
     }
 }

@@ -19,18 +19,25 @@ static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && m
 // output: the model's one buffer, acts_scratch), its
 // heads (TP), its slice of the router's rows (N/TP) and their dispatched copies (xs; ys and the expert
 // side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
-// routed token: the mean over a balanced load: yg and the SwiGLU rows).
+// routed token: the mean over a balanced load: yg and the SwiGLU rows); the shared expert's rows (h1, h3,
+// act of its width, its input rows, its output and gate) on the router's slice.
 static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
     size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
            kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp, k = c->top_k;
-    // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's rows (h1, h3,
-    // act of its width, its output and gate) on the router's slice
+    // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
     return 4.0 * (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
-                  Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + d + 1) : 0));
+                  Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
+}
+// The rows of one layer sent to the experts and kept for the backward (xs; xg where the exchange is not
+// local; the shared expert's input rows), as float32: a backend with bf16 rows (ops.h hid_elem) halves them.
+static double acts_sent(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t Ns = (B * T + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
+    return 4.0 * (Ns * c->top_k * d + (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
 }
 // The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
 // the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h hid_elem) halves them.
@@ -51,10 +58,11 @@ static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, 
 static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc) {
     return L * acts_layer(c, ms, B, T) - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
 }
-// The backward's scratch on one rank (one set, whatever the layers), hidden rows of hb bytes a value (ops.h
-// hid_elem): the model's gradients of the residual stream, the norms' outputs, q, k, v and the attention
-// output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE layer's (moe.h MoeScratch, sized for the whole micro-batch):
-// dy rows, dx (token side, my slice of the jittered input: TP; counted always), dlogits, the expert side's dxg and dh1, dh3 (and dy, dx copies
+// The backward's scratch on one rank (one set, whatever the layers), rows in the hidden format of hb bytes a
+// value (ops.h hid_elem): the model's gradients of the residual stream, the norms' outputs, q, k, v and the
+// attention output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE layer's
+// (moe.h MoeScratch, sized for the whole micro-batch): dy rows (hidden format), dx (token side, my slice of
+// the jittered input: TP; counted always), dlogits, the expert side's dxg and dh1, dh3 (and the dy, dx copies
 // where the exchange is not local), the shared expert's.
 static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
@@ -63,8 +71,8 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
-    double moe = 4.0 * (R * d + N * d + N * c->n_experts + R + Re * d + (lo ? 0 : Re * d + R * d)) +
-                 hb * 2 * Re * fl + (fs ? 4.0 * N * (d + 1) + hb * 2 * N * fs : 0);
+    double moe = 4.0 * (N * d + N * c->n_experts + R + Re * d + (lo ? 0 : R * d)) + hb * (R * d + (lo ? 0 : Re * d)) +
+                 hb * 2 * Re * fl + (fs ? 4.0 * N + hb * N * (d + 2 * fs) : 0);
     return model + moe;
 }
 // The activations of the final norm and LM head.
@@ -175,21 +183,22 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     fmt_bytes(b3, sizeof b3, state + acts);
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, b3);
-    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act) in bf16 (ops.h hid_elem:
-    // half of their bytes in every layer that keeps them: the routed ones in one under --recompute moe,
-    // the shared expert's in all; and the backward's dh1, dh3), plus the bf16 copy
+    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act) and the rows sent to them
+    // in bf16 (ops.h hid_elem: half of their bytes in every layer that keeps them: the routed SwiGLU rows in
+    // one under --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy
     // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
     // attention ops convert activations into (the largest: a layer's expert input rows or their
     // gradient; the attention's q, k, v, dout)
     double hid = 0.5 * (acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers) +
-                        acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) * c->n_layers) + (scr32 - scr16);
+                        (acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) + acts_sent(c, NULL, (size_t)B, (size_t)T)) *
+                            c->n_layers) + (scr32 - scr16);
     double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * (2 * qd + 2 * kvd));
     fmt_bytes(b1, sizeof b1, hid);
     fmt_bytes(b2, sizeof b2, shadow);
     fmt_bytes(b3, sizeof b3, scratch);
     char b4[32];
     fmt_bytes(b4, sizeof b4, state + acts - hid + shadow + scratch);
-    printf("memory (cuda, the same buffers - bf16 expert hidden rows %s + bf16 weights %s + bf16 operand scratch %s): "
+    printf("memory (cuda, the same buffers - bf16 expert rows %s + bf16 weights %s + bf16 operand scratch %s): "
            "%s plus the CUDA context\n", b1, b2, b3, b4);
     if (o->ampipe != 1)   // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE rows, "

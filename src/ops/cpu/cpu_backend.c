@@ -65,12 +65,12 @@ static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
     }
 }
 
-static void cpu_grouped_swiglu_fwd(void *h1, void *h3, void *act, const float *inp, const float *w1,
+static void cpu_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                    const float *w3, const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cpu(), h1, h3, act, inp, w1, w3, off, G, K, O);
 }
 
-static void cpu_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+static void cpu_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                    const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                    int O, int flags) {
     backend_grouped_swiglu_bwd_plain(backend_cpu(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
@@ -82,7 +82,7 @@ static void cpu_grouped_down_fwd(float *out, const void *act, const float *w, co
 }
 
 static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
-                                    const float *inp, const float *wa, const float *wb, const int64_t *off, int G,
+                                    const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                     int K, int O, int flags) {
     backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
                                       flags);
@@ -122,7 +122,7 @@ const Backend *backend_cpu(void) {
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
         .attention_drop_fwd = cpu_attention_drop_fwd, .attention_drop_bwd = cpu_attention_drop_bwd,
         .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
-        .gather_rows = cpu_gather_rows, .gather_dot_scale = cpu_gather_dot_scale,
+        .gather_rows = cpu_gather_rows, .gather_rows_hid = cpu_gather_rows_hid, .gather_dot_scale = cpu_gather_dot_scale,
         .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,
         .plan_counts = cpu_plan_counts, .plan_rows = cpu_plan_rows, .router_bwd = cpu_router_bwd,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,

@@ -36,6 +36,7 @@ void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                     int accumulate);
 void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
+void cpu_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                       int accumulate);
 void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias, int N,
@@ -43,8 +44,8 @@ void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *s
 void cpu_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
 void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
                    const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k);
-void cpu_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                          const float *scale, int n, int C);
+void cpu_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                          const float *scale, int n, int C, int hid);
 void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                     const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
                     int E, int k, int renorm);

@@ -152,7 +152,6 @@ static void fill_common(Backend *be) {
     be->combine_rows = cuda_combine_rows;
     be->router_topk = cuda_router_topk;
     be->router_bwd = cuda_router_bwd;
-    be->gather_dot_scale = cuda_gather_dot_scale;
     be->plan_counts = cuda_plan_counts;
     be->plan_rows = cuda_plan_rows;
     be->cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd;
@@ -199,6 +198,8 @@ static void cuda_init(void) {
     g_be_bf16.grouped_down_fwd = cuda_grouped_down_fwd_bf16;
     g_be_bf16.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_bf16;
     g_be_bf16.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_bf16;
+    g_be_bf16.gather_rows_hid = cuda_gather_rows_hid_bf16;
+    g_be_bf16.gather_dot_scale = cuda_gather_dot_scale_bf16;
     g_be_bf16.bf16_shadow = cuda_bf16_shadow;
     g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
     g_be_bf16.attention_bwd = cuda_attention_bwd_tc;
@@ -215,6 +216,8 @@ static void cuda_init(void) {
     g_be_f32.grouped_down_fwd = cuda_grouped_down_fwd_f32;
     g_be_f32.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_f32;
     g_be_f32.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_f32;
+    g_be_f32.gather_rows_hid = cuda_gather_rows_hid_f32;
+    g_be_f32.gather_dot_scale = cuda_gather_dot_scale_f32;
     g_be_f32.bf16_shadow = cuda_bf16_shadow_none;
 }
 

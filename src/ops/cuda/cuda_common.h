@@ -132,8 +132,12 @@ void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *
 void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                      const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
                      int E, int k, int renorm);
-void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                           const float *scale, int n, int C);
+void cuda_gather_dot_scale_bf16(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                const float *scale, int n, int C, int hid);
+void cuda_gather_dot_scale_f32(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                               const float *scale, int n, int C, int hid);
+void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
+void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);
@@ -180,23 +184,23 @@ void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const floa
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                   const int64_t *off, int G, int K, int O, int flags);
-void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const float *inp, const float *w1, const float *w3,
+void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
                                  const int64_t *off, int G, int K, int O);
 void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
-void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                  const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                  int O, int flags);
 void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
-                                  const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
+                                  const void *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                   int O, int flags);
-void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const float *inp, const float *w1,
+void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                   const float *w3, const int64_t *off, int G, int K, int O);
 void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
-void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
                                   int O, int flags);
 void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
-                                   const float *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
+                                   const void *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
                                    int O, int flags);
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,

@@ -252,7 +252,7 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
 
 // The fused expert ops (ops.h grouped_swiglu_*, grouped_down_fwd, grouped_matmul_bwd2) as their plain
 // ops: float32 (hidden rows float32, hid_elem 4) has no conversion to share.
-extern "C" void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const float *inp, const float *w1,
+extern "C" void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                             const float *w3, const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cuda_fp32(), h1, h3, act, inp, w1, w3, off, G, K, O);
 }
@@ -262,14 +262,14 @@ extern "C" void cuda_grouped_down_fwd_f32(float *out, const void *act, const flo
     backend_grouped_down_fwd_plain(backend_cuda_fp32(), out, act, w, off, G, K, O);
 }
 
-extern "C" void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+extern "C" void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                             const void *h1, const void *h3, const float *w, const int64_t *off,
                                             int G, int K, int O, int flags) {
     backend_grouped_swiglu_bwd_plain(backend_cuda_fp32(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
 }
 
 extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta,
-                                             const void *doutb, const float *inp, const float *wa, const float *wb,
+                                             const void *doutb, const void *inp, const float *wa, const float *wb,
                                              const int64_t *off, int G, int K, int O, int flags) {
     backend_grouped_matmul_bwd2_plain(backend_cuda_fp32(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
                                       flags);
@@ -492,40 +492,39 @@ extern "C" void cuda_grouped_down_fwd_bf16(float *out, const void *act, const fl
     gfwd(out + off[0] * O, (const bf16 *)act + off[0] * K, weights_bf16(p[0], w, nw), off, G, K, O);
 }
 
-// the experts' up-projection: the input converted once; h1, h3 and act = silu(h1) h3 (bf16) from one
-// kernel (the SwiGLU in its epilogue), or where it cannot run two GEMM sets into float32 scratch and
-// swiglu_fwd writing the three rows in bf16
-extern "C" void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const float *inp, const float *w1,
+// the experts' up-projection: the input rows bf16 already (the hidden format); h1, h3 and act = silu(h1) h3
+// (bf16) from one kernel (the SwiGLU in its epilogue), or where it cannot run two GEMM sets into float32
+// scratch and swiglu_fwd writing the three rows in bf16
+extern "C" void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                              const float *w3, const int64_t *off, int G, int K, int O) {
     void *outs[3] = {h1, h3, act};
     int64_t rows = fwd_rows(outs, 3, sizeof(bf16), off, G, K, O);
     if (!rows) return;
     size_t nw = (size_t)G * O * K, nh = (size_t)rows * O;
-    size_t sz[3] = {(size_t)rows * K, shadow_of(w1, nw) ? 0 : nw, shadow_of(w3, nw) ? 0 : nw};
-    bf16 *p[3];
-    bf16_scratch_v(3, sz, p);
-    to_bf16(p[0], inp + off[0] * K, (size_t)rows * K);
-    const bf16 *b1 = weights_bf16(p[1], w1, nw), *b3 = weights_bf16(p[2], w3, nw);
-    if (cuda_grouped_swiglu_fwd(h1, h3, act, p[0], b1, b3, off, G, K, O)) return;
-    // where it cannot run: the operands again beside two float32 row blocks (2 bf16 slots per value;
-    // growing the scratch may have moved it)
-    size_t sf[5] = {sz[0], sz[1], sz[2], 2 * nh, 2 * nh};
-    bf16 *q[5];
-    bf16_scratch_v(5, sf, q);
-    to_bf16(q[0], inp + off[0] * K, (size_t)rows * K);
-    b1 = weights_bf16(q[1], w1, nw);
-    b3 = weights_bf16(q[2], w3, nw);
-    float *f1 = (float *)q[3], *f3 = (float *)q[4];
-    gfwd(f1, q[0], b1, off, G, K, O);
-    gfwd(f3, q[0], b3, off, G, K, O);
+    const bf16 *x = (const bf16 *)inp + off[0] * K;
+    size_t sz[2] = {shadow_of(w1, nw) ? 0 : nw, shadow_of(w3, nw) ? 0 : nw};
+    bf16 *p[2];
+    bf16_scratch_v(2, sz, p);
+    const bf16 *b1 = weights_bf16(p[0], w1, nw), *b3 = weights_bf16(p[1], w3, nw);
+    if (cuda_grouped_swiglu_fwd(h1, h3, act, x, b1, b3, off, G, K, O)) return;
+    // where it cannot run: the weights again beside two float32 row blocks (2 bf16 slots per value;
+    // growing the scratch may have moved them)
+    size_t sf[4] = {sz[0], sz[1], 2 * nh, 2 * nh};
+    bf16 *q[4];
+    bf16_scratch_v(4, sf, q);
+    b1 = weights_bf16(q[0], w1, nw);
+    b3 = weights_bf16(q[1], w3, nw);
+    float *f1 = (float *)q[2], *f3 = (float *)q[3];
+    gfwd(f1, x, b1, off, G, K, O);
+    gfwd(f3, x, b3, off, G, K, O);
     size_t b = (size_t)off[0] * O;
     cuda_swiglu_fwd_hid((bf16 *)h1 + b, (bf16 *)h3 + b, (bf16 *)act + b, f1, f3, nh);
 }
 
-// the down-projection's backward into the SwiGLU: dout converted once for dact and dw; dact only in
-// the kernel's registers (dh1, dh3 from its epilogue), or where it cannot run through float32 scratch
-// and swiglu_bwd; act (the dw operand), h1, h3, dh1, dh3 bf16 (the hidden format)
-extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const float *dout, const void *act,
+// the down-projection's backward into the SwiGLU: dact only in the kernel's registers (dh1, dh3 from its
+// epilogue), or where it cannot run through float32 scratch and swiglu_bwd; dout (the dact and dw operand),
+// act (the dw operand), h1, h3, dh1, dh3 bf16 (the hidden format)
+extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                              const void *h1, const void *h3, const float *w, const int64_t *off,
                                              int G, int K, int O, int flags) {
     if (G <= 0 || K <= 0) return;
@@ -543,24 +542,22 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
         return;
     }
     size_t nw = (size_t)G * O * K;
-    size_t sz[2] = {(size_t)rows * O, shadow_of(w, nw) ? 0 : nw};
-    bf16 *p[2];
-    bf16_scratch_v(2, sz, p);
-    to_bf16(p[0], dout + base * O, (size_t)rows * O);
-    const bf16 *wb = weights_bf16(p[1], w, nw);
-    if (!cuda_grouped_swiglu_bwd(dh1, dh3, h1, h3, p[0], wb, off, G, K, O)) {
-        // the operands again beside a float32 dact block (growing the scratch may have moved it)
-        size_t sf[3] = {sz[0], sz[1], 2 * n};
-        bf16 *q[3];
-        bf16_scratch_v(3, sf, q);
-        to_bf16(q[0], dout + base * O, (size_t)rows * O);
-        p[0] = q[0];
-        wb = weights_bf16(q[1], w, nw);
-        float *dact = (float *)q[2];
-        gdinp(dact, 0.0f, q[0], wb, NULL, NULL, off, G, K, O);
+    const bf16 *g = (const bf16 *)dout + base * O;
+    size_t sz[1] = {shadow_of(w, nw) ? 0 : nw};
+    bf16 *p[1];
+    bf16_scratch_v(1, sz, p);
+    const bf16 *wb = weights_bf16(p[0], w, nw);
+    if (!cuda_grouped_swiglu_bwd(dh1, dh3, h1, h3, g, wb, off, G, K, O)) {
+        // the weights again beside a float32 dact block (growing the scratch may have moved them)
+        size_t sf[2] = {sz[0], 2 * n};
+        bf16 *q[2];
+        bf16_scratch_v(2, sf, q);
+        wb = weights_bf16(q[0], w, nw);
+        float *dact = (float *)q[1];
+        gdinp(dact, 0.0f, g, wb, NULL, NULL, off, G, K, O);
         cuda_swiglu_bwd_hid(d1, d3, dact, (const bf16 *)h1 + b, (const bf16 *)h3 + b, n);
     }
-    if (dw) gdw(dw, p[0], (const bf16 *)act + b, off, G, K, O, write);
+    if (dw) gdw(dw, g, (const bf16 *)act + b, off, G, K, O, write);
 }
 
 // rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros; no rows:
@@ -604,25 +601,24 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
     }
 }
 
-// the pair's backward: dinp [+]= douta Wa + doutb Wb in one pass, the input converted once for dwa, dwb;
-// douta, doutb (dh1, dh3) bf16 already (the hidden format)
+// the pair's backward: dinp [+]= douta Wa + doutb Wb in one pass; douta, doutb (dh1, dh3) and inp (the dw
+// operand) bf16 already (the hidden format)
 extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta,
-                                              const void *doutb, const float *inp, const float *wa, const float *wb,
+                                              const void *doutb, const void *inp, const float *wa, const float *wb,
                                               const int64_t *off, int G, int K, int O, int flags) {
     float *dws[2] = {dwa, dwb};
     int64_t rows = bwd_rows(dinp, dws, 2, off, G, K, O, flags);
     if (!rows) return;
     int64_t base = off[0];
     size_t nw = (size_t)G * O * K;
-    size_t sz[3] = {dwa || dwb ? (size_t)rows * K : 0, dinp && !shadow_of(wa, nw) ? nw : 0,
-                    dinp && !shadow_of(wb, nw) ? nw : 0};
-    bf16 *p[3];
-    bf16_scratch_v(3, sz, p);
+    size_t sz[2] = {dinp && !shadow_of(wa, nw) ? nw : 0, dinp && !shadow_of(wb, nw) ? nw : 0};
+    bf16 *p[2];
+    bf16_scratch_v(2, sz, p);
     const bf16 *ga = (const bf16 *)douta + base * O, *gb = (const bf16 *)doutb + base * O;
+    const bf16 *x = (const bf16 *)inp + base * K;
     if (dinp)
-        gdinp(dinp + base * K, flags & GM_ACC_DINP ? 1.0f : 0.0f, ga, weights_bf16(p[1], wa, nw), gb,
-              weights_bf16(p[2], wb, nw), off, G, K, O);
-    if (dwa || dwb) to_bf16(p[0], inp + base * K, (size_t)rows * K);
-    if (dwa) gdw(dwa, ga, p[0], off, G, K, O, flags & GM_DW_WRITE);
-    if (dwb) gdw(dwb, gb, p[0], off, G, K, O, flags & GM_DW_WRITE);
+        gdinp(dinp + base * K, flags & GM_ACC_DINP ? 1.0f : 0.0f, ga, weights_bf16(p[0], wa, nw), gb,
+              weights_bf16(p[1], wb, nw), off, G, K, O);
+    if (dwa) gdw(dwa, ga, x, off, G, K, O, flags & GM_DW_WRITE);
+    if (dwb) gdw(dwb, gb, x, off, G, K, O, flags & GM_DW_WRITE);
 }

@@ -59,6 +59,52 @@ extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *id
     KCHECK("gather_rows");
 }
 
+// rows of float32 into bf16 rows (round to nearest even, as cuda_f32_to_bf16): one block per row; VEC: 4
+// floats (16 B) in, 4 bf16 (8 B) out per step (C % 4 == 0, input 16-byte and output 8-byte aligned)
+template <int VEC>
+__global__ void gather_rows_bf16_k(__nv_bfloat16 *out, const float *inp, const int32_t *idx, int C) {
+    size_t i = blockIdx.x;
+    const float *src = inp + (size_t)idx[i] * C;
+    __nv_bfloat16 *dst = out + i * C;
+    if (VEC) {
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 v = ((const float4 *)src)[c];
+            __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+            uint2 o;
+            o.x = *reinterpret_cast<uint32_t *>(&a);
+            o.y = *reinterpret_cast<uint32_t *>(&b);
+            ((uint2 *)dst)[c] = o;
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = __float2bfloat16_rn(src[c]);
+    }
+}
+
+// ops.h gather_rows_hid for "cuda" (bf16 hidden rows): from float32 rounded, or bf16 rows copied (as 16-,
+// 4- or 2-byte pieces, whichever the row length and the pointers allow)
+extern "C" void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
+    if (n <= 0 || C <= 0) return;
+    if (!from_hid) {
+        if (C % 4 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 8 == 0)
+            gather_rows_bf16_k<1><<<n, row_threads(C / 4)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
+        else
+            gather_rows_bf16_k<0><<<n, row_threads(C)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
+    } else if (C % 8 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 16 == 0) {
+        gather_rows_k<float4><<<n, row_threads(C / 8)>>>((float4 *)out, (const float4 *)inp, idx, C / 8);
+    } else if (C % 2 == 0 && (uintptr_t)inp % 4 == 0 && (uintptr_t)out % 4 == 0) {
+        gather_rows_k<float><<<n, row_threads(C / 2)>>>((float *)out, (const float *)inp, idx, C / 2);
+    } else {
+        gather_rows_k<uint16_t><<<n, row_threads(C)>>>((uint16_t *)out, (const uint16_t *)inp, idx, C);
+    }
+    KCHECK("gather_rows_hid");
+}
+
+// "cuda-fp32" (float32 hidden rows): a float32 gather either way
+extern "C" void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
+    (void)from_hid;
+    cuda_gather_rows((float *)out, (const float *)inp, idx, n, C);
+}
+
 // Embedding backward: dtable[tokens[i]] += dout[i], deterministic without atomics: blockIdx.y picks
 // a partition of the destination rows (token % P), blockIdx.x a range of columns; each thread owns
 // one column of the destination rows of its partition and walks i = 0..n-1 in order, so every
@@ -174,13 +220,28 @@ extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *
 // columns l, l+32, ... in double (with float4 rows, VEC: the 4 columns of float4 l, l+32, ..., in
 // column order), then the lanes' sums meet in warp_sum_d's fixed butterfly; each out element is one
 // float product.
-template <int VEC>
-__global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+// one output value or four (consecutive, 16-byte float32 / 8-byte bf16 aligned), float32 or rounded to bf16
+__device__ __forceinline__ void store1(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store1(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store4(float *p, float a, float b, float c, float d) {
+    *(float4 *)p = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void store4(__nv_bfloat16 *p, float a, float b, float c, float d) {
+    __nv_bfloat162 x = __floats2bfloat162_rn(a, b), y = __floats2bfloat162_rn(c, d);
+    uint2 o;
+    o.x = *reinterpret_cast<uint32_t *>(&x);
+    o.y = *reinterpret_cast<uint32_t *>(&y);
+    *(uint2 *)p = o;
+}
+
+template <int VEC, typename OT>
+__global__ void gather_dot_scale_k(OT *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                    const float *scale, int n, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
     if (row >= n) return;
     const float *g = inp + (size_t)idx[row] * C, *y = b + (size_t)row * C;
-    float *o = out + (size_t)row * C, sc = scale[row];
+    OT *o = out + (size_t)row * C;
+    float sc = scale[row];
     double s = 0;
     if (VEC) {
         for (int c = lane; c < C / 4; c += 32) {
@@ -189,27 +250,43 @@ __global__ void gather_dot_scale_k(float *out, float *dot, const float *inp, con
             s += (double)v.y * w.y;
             s += (double)v.z * w.z;
             s += (double)v.w * w.w;
-            ((float4 *)o)[c] = make_float4(v.x * sc, v.y * sc, v.z * sc, v.w * sc);
+            store4(o + 4 * c, v.x * sc, v.y * sc, v.z * sc, v.w * sc);
         }
     } else {
         for (int c = lane; c < C; c += 32) {
             float v = ld_f(g + c);
             s += (double)v * ld_f(y + c);
-            st_f(o + c, v * sc);
+            store1(o + c, v * sc);
         }
     }
     s = warp_sum_d(s);
     if (lane == 0) dot[row] = (float)s;
 }
 
-extern "C" void cuda_gather_dot_scale(float *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                                      const float *scale, int n, int C) {
+// out: float32, or bf16 rounded to nearest even from the same float product (hid, "cuda" only)
+static void gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                             const float *scale, int n, int C, int bf) {
     if (n <= 0) return;
-    if (rows_vec4(C, out, inp) && rows_vec4(C, b, b))
-        gather_dot_scale_k<1><<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
+    int vec = rows_vec4(C, inp, inp) && rows_vec4(C, b, b) && (uintptr_t)out % (bf ? 8 : 16) == 0;
+    unsigned grid = cdiv_u(n, 8);
+    if (bf && vec)
+        gather_dot_scale_k<1, __nv_bfloat16><<<grid, 256>>>((__nv_bfloat16 *)out, dot, inp, idx, b, scale, n, C);
+    else if (bf)
+        gather_dot_scale_k<0, __nv_bfloat16><<<grid, 256>>>((__nv_bfloat16 *)out, dot, inp, idx, b, scale, n, C);
+    else if (vec)
+        gather_dot_scale_k<1, float><<<grid, 256>>>((float *)out, dot, inp, idx, b, scale, n, C);
     else
-        gather_dot_scale_k<0><<<cdiv_u(n, 8), 256>>>(out, dot, inp, idx, b, scale, n, C);
+        gather_dot_scale_k<0, float><<<grid, 256>>>((float *)out, dot, inp, idx, b, scale, n, C);
     KCHECK("gather_dot_scale");
+}
+extern "C" void cuda_gather_dot_scale_bf16(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                           const float *scale, int n, int C, int hid) {
+    gather_dot_scale(out, dot, inp, idx, b, scale, n, C, hid);
+}
+extern "C" void cuda_gather_dot_scale_f32(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
+                                          const float *scale, int n, int C, int hid) {
+    (void)hid;   // float32 hidden rows
+    gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
 }
 
 // ---------------------------------------------------------------- router: softmax + top-k, sums, backward
