@@ -98,6 +98,8 @@ struct Backend {
     // memory (device buffers; on cpu, host memory)
     void *(*alloc)(size_t bytes);                     // zeroed
     void (*free)(void *p);
+    // to_device: src may be reused once it returns; dst holds the bytes for every op called after it (on
+    // cuda a small copy is enqueued, not waited for). to_host returns with the bytes, after every op before it.
     void (*to_device)(void *dst, const void *src, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);   // device to device

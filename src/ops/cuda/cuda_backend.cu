@@ -3,7 +3,7 @@
 // and attention, the GEMMs' bf16 copy of the weights) and "cuda-fp32" (all float32); they differ
 // only there (cuda_gemm.cu, cuda_attention_tc.cu).
 // Everything runs on the legacy default stream, so ops are ordered as they are called and a
-// to_host copy waits for the kernels before it. Must not hold: kernels (cuda_nn.cu, cuda_optim.cu,
+// to_host copy waits for the kernels before it (a small to_device does not: it is staged and enqueued). Must not hold: kernels (cuda_nn.cu, cuda_optim.cu,
 // cuda_attention*.cu, cuda_gemm.cu) or any knowledge of the model.
 #include <stdlib.h>
 #include <string.h>
@@ -93,9 +93,40 @@ extern "C" void *cuda_workspace(size_t bytes) {
     return g_ws;
 }
 
+// Small host-to-device copies (up to UP_SLOT bytes: the MoE layer's plan and router coefficients, a few
+// a layer) do not wait for the GPU: the bytes go into one slot of a pinned ring and the copy is enqueued
+// on the stream, after the kernels before it and before the ones after it; a slot is written again only
+// after the event behind its last copy (UP_SLOTS copies later). A pageable cudaMemcpy would drain the
+// stream first and leave the GPU idle while the host launches again (docs/PERFORMANCE.md). Larger
+// copies are synchronous.
+#define UP_SLOT ((size_t)64 << 10)
+#define UP_SLOTS 64
+static struct {
+    char *ring;
+    cudaEvent_t ev[UP_SLOTS];
+    int used[UP_SLOTS], next;
+} g_up;
+
+static int upload_async(void *dst, const void *src, size_t bytes) {
+    if (bytes > UP_SLOT) return 0;
+    if (!g_up.ring) {
+        CUDA_CHECK(cudaHostAlloc((void **)&g_up.ring, UP_SLOT * UP_SLOTS, cudaHostAllocDefault));
+        for (int i = 0; i < UP_SLOTS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&g_up.ev[i], cudaEventDisableTiming));
+    }
+    int s = g_up.next;
+    g_up.next = (s + 1) % UP_SLOTS;
+    if (g_up.used[s]) CUDA_CHECK(cudaEventSynchronize(g_up.ev[s]));
+    char *slot = g_up.ring + (size_t)s * UP_SLOT;
+    memcpy(slot, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, 0));
+    CUDA_CHECK(cudaEventRecord(g_up.ev[s], 0));
+    g_up.used[s] = 1;
+    return 1;
+}
+
 static void cuda_to_device(void *dst, const void *src, size_t bytes) {
     cuda_bf16_shadow_write(dst, bytes);
-    if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (bytes && !upload_async(dst, src, bytes)) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 static void cuda_to_host(void *dst, const void *src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
