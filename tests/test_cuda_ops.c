@@ -272,6 +272,36 @@ static void test_matmul(int N, int K, int O, int shift) {
     free(x); free(w); free(acc); free(dout); free(pdx); free(pdw);
 }
 
+// The narrow weight gradient (O <= MOE_GEMM_FP32_MAX_O: the router's; cuda_gemm.cu dw_narrow, both backends)
+// bit for bit against a host oracle of its order: per chunk of 128 rows an fmaf chain in row order, the
+// chunks' sums added in chunk order, then added to dw (or written over NaN with GM_DW_WRITE).
+static void test_dw_narrow(int N, int K, int O) {
+    size_t nk = (size_t)N * K, ok = (size_t)O * K;
+    float *x = hrand(nk, 1.0f), *dout = hrand((size_t)N * O, 1.0f), *pre = hrand(ok, 1.0f), *w = hrand(ok, 0.5f);
+    float *ww = hnew(ok), *wa = hnew(ok);
+    for (int o = 0; o < O; o++)
+        for (int k = 0; k < K; k++) {
+            float sum = 0.0f;
+            for (int n0 = 0; n0 < N; n0 += 128) {
+                float p = 0.0f;
+                for (int n = n0; n < N && n < n0 + 128; n++) p = fmaf(dout[(size_t)n * O + o], x[(size_t)n * K + k], p);
+                sum = n0 ? sum + p : p;
+            }
+            ww[(size_t)o * K + k] = sum;
+            wa[(size_t)o * K + k] = pre[(size_t)o * K + k] + sum;
+        }
+    float *xd = dputf(x, nk), *dd = dputf(dout, (size_t)N * O), *wd = dputf(w, ok), *dwn = dnan(ok), *dwa = dputf(pre, ok);
+    gpu->matmul_bwd(NULL, dwn, dd, xd, wd, N, K, O, GM_DW_WRITE);
+    gpu->matmul_bwd(NULL, dwa, dd, xd, wd, N, K, O, 0);
+    char what[96];
+    snprintf(what, sizeof what, "matmul_bwd narrow dw (written) = the oracle's order N%d K%d O%d", N, K, O);
+    cmp_exact_host(what, dwn, ww, ok);
+    snprintf(what, sizeof what, "matmul_bwd narrow dw (accumulate) = the oracle's order N%d K%d O%d", N, K, O);
+    cmp_exact_host(what, dwa, wa, ok);
+    gpu->free(xd); gpu->free(dd); gpu->free(wd); gpu->free(dwn); gpu->free(dwa);
+    free(x); free(dout); free(pre); free(w); free(ww); free(wa);
+}
+
 // matmul_fwd_multi / matmul_bwd_multi: the same bits as the single ops called in order (the input converted
 // once instead of per product), whatever mix of float32 (O <= MOE_GEMM_FP32_MAX_O) and bf16 products.
 static void test_matmul_multi(int N, int K, const int *O) {
@@ -1581,6 +1611,11 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_matmul(256, 512, 384, 0);
     test_matmul(1, 1, 1, 0);
     test_matmul(3, 5, 65, 0);        // the first O in bf16; K and N under a vector width
+    test_matmul(1000, 96, 8, 0);     // a router's shape: several chunks of the narrow dw
+    test_dw_narrow(1000, 300, 8);
+    test_dw_narrow(129, 130, 64);    // the widest narrow O; a chunk of one row, a partial column block
+    test_dw_narrow(203, 130, 13);
+    test_dw_narrow(7, 5, 3);
     test_matmul(5, 0, 7, 0);         // K = 0: overwrite gives zeros, accumulate leaves out
     test_matmul(5, 0, 70, 0);
     test_matmul_multi(37, 70, (const int[3]){100, 72, 72});   // q, k, v shapes: all bf16 on "cuda"
