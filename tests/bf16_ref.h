@@ -108,6 +108,10 @@ static void bfr_gather_rows_hid(void *out, const void *inp, int from_hid, const 
     if (!from_hid)
         for (size_t i = 0; i < (size_t)n * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
 }
+static void bfr_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    backend_cpu()->rmsnorm_fwd(out, rstd, inp, w, N, C, eps);
+    for (size_t i = 0; i < (size_t)N * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
+}
 static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                  const float *scale, int n, int C, int hid) {
     backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
@@ -189,11 +193,11 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     free(aq); free(ak); free(av); free(gr); free(qr); free(kr); free(vr);
 }
 
-static void bfr_matmul_fwd_multi(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+static void bfr_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                                  const int *O) {
     backend_matmul_fwd_multi_plain(backend_cpu_bf16ref(), n, out, inp, w, N, K, O);
 }
-static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
                                  const float *const *w, int N, int K, const int *O, int flags) {
     backend_matmul_bwd_multi_plain(backend_cpu_bf16ref(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
@@ -216,6 +220,7 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.grouped_down_fwd = bfr_grouped_down_fwd;
         b.grouped_matmul_bwd2 = bfr_grouped_bwd2;
         b.gather_rows_hid = bfr_gather_rows_hid;
+        b.rmsnorm_fwd_hid = bfr_rmsnorm_fwd_hid;
         b.gather_dot_scale = bfr_gather_dot_scale;
         b.attention_fwd = bfr_attention_fwd;
         b.attention_bwd = bfr_attention_bwd;

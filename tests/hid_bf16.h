@@ -3,7 +3,8 @@
 // offsets of moe_impl.h hid_at, the shared expert's rows, the dispatched rows through the exchange as
 // CT_BF16) runs in CI without a GPU. The fused expert ops widen their bf16 inputs to float32, run the
 // cpu's plain composition (plain.h) and round each hidden output once to nearest even, as the GPU's
-// epilogues do; gather_rows_hid and gather_dot_scale round into bf16 rows; every other op is the cpu's.
+// epilogues do; gather_rows_hid, gather_dot_scale and rmsnorm_fwd_hid round into bf16 rows, the q/k/v
+// products widen theirs; every other op is the cpu's.
 // Must not hold: tests (those are in mpi_moe.c).
 #pragma once
 #include <stdint.h>
@@ -53,6 +54,30 @@ static void hb_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const v
     backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, a, b, x, wa, wb, off, G, K, O, flags);
     free(a); free(b); free(x);
 }
+// the attention norm's output, rounded; the q/k/v products on its widened values
+static void hb_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    float *f = xmalloc(sizeof(float) * (N > 0 && C > 0 ? (size_t)N * C : 1));
+    backend_cpu()->rmsnorm_fwd(f, rstd, inp, w, N, C, eps);
+    for (size_t i = 0; i < (size_t)N * C; i++) ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+    free(f);
+}
+static float *hb_widen_n(const void *h, size_t n) {
+    float *f = xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(((const uint16_t *)h)[i]);
+    return f;
+}
+static void hb_mm_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
+                            const int *O) {
+    float *x = hb_widen_n(inp, N > 0 && K > 0 ? (size_t)N * K : 0);
+    backend_matmul_fwd_multi_plain(backend_cpu(), n, out, x, w, N, K, O);
+    free(x);
+}
+static void hb_mm_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
+                            const float *const *w, int N, int K, const int *O, int flags) {
+    float *x = hb_widen_n(inp, N > 0 && K > 0 ? (size_t)N * K : 0);
+    backend_matmul_bwd_multi_plain(backend_cpu(), n, dinp, dw, dout, x, w, N, K, O, flags);
+    free(x);
+}
 // the rows sent to the experts: rounded from float32, or bf16 rows copied
 static void hb_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
     uint16_t *o = out;
@@ -82,6 +107,9 @@ static inline const Backend *backend_cpu_hid_bf16(void) {
         b.grouped_swiglu_bwd = hb_swiglu_bwd;
         b.grouped_matmul_bwd2 = hb_bwd2;
         b.gather_rows_hid = hb_gather_rows_hid;
+        b.rmsnorm_fwd_hid = hb_rmsnorm_fwd_hid;
+        b.matmul_fwd_multi = hb_mm_fwd_multi;
+        b.matmul_bwd_multi = hb_mm_bwd_multi;
         b.gather_dot_scale = hb_gather_dot_scale;
     }
     return &b;

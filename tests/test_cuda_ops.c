@@ -197,6 +197,37 @@ static void test_memory(void) {
     free(h); free(x); free(y); free(z);
 }
 
+// The experts' hidden rows on the device (ops.h hid_elem: float32, or bf16 on "cuda"). hid_put rounds
+// to nearest even (callers hand it bf16 values where the test needs them exact); hid_nan poisons.
+static void *hid_put(const float *h, size_t n) {
+    if (gpu->hid_elem == sizeof(float)) return dputf(h, n);
+    uint16_t *b = xcalloc(n ? n : 1, 2);
+    for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
+    void *d = dput(b, n * 2);
+    free(b);
+    return d;
+}
+static void *hid_nan(size_t n) {
+    float *h = hnan(n);
+    void *d = hid_put(h, n);
+    free(h);
+    return d;
+}
+static float *hid_get(const void *d, size_t n) {
+    float *h = hnew(n);
+    if (gpu->hid_elem == sizeof(float)) { gpu->to_host(h, d, n * sizeof(float)); return h; }
+    uint16_t *b = xcalloc(n ? n : 1, 2);
+    gpu->to_host(b, d, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
+    free(b);
+    return h;
+}
+// the values x rounded as the hidden format stores them (in place)
+static void hid_round(float *x, size_t n) {
+    if (gpu->hid_elem != sizeof(float))
+        for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
 // ---------------------------------------------------------------- GEMMs
 // On "cuda", a GEMM that runs in bf16 is compared with bf16_ref.h (same rounded operands) in
 // BAND_BF16_REF, and with the float32 cpu in the bf16 bands; its table rows say "bf16".
@@ -302,10 +333,14 @@ static void test_dw_narrow(int N, int K, int O) {
     free(x); free(dout); free(pre); free(w); free(ww); free(wa);
 }
 
-// matmul_fwd_multi / matmul_bwd_multi: the same bits as the single ops called in order (the input converted
-// once instead of per product), whatever mix of float32 (O <= MOE_GEMM_FP32_MAX_O) and bf16 products.
+// matmul_fwd_multi / matmul_bwd_multi: the same bits as the single ops called in order on the input's
+// values (the multi ops take it in the hidden format: values it holds exactly here, float32 for the single
+// ops), whatever mix of float32 (O <= MOE_GEMM_FP32_MAX_O) and bf16 products.
 static void test_matmul_multi(int N, int K, const int *O) {
-    float *x = hrand((size_t)N * K, 1.0f), *xd = dputf(x, (size_t)N * K);
+    float *x = hrand((size_t)N * K, 1.0f);
+    hid_round(x, (size_t)N * K);
+    float *xd = dputf(x, (size_t)N * K);
+    void *xh = hid_put(x, (size_t)N * K);
     float *w[3], *wd[3], *outm[3], *outs[3], *dout[3], *doutd[3], *dwm[3], *dws[3];
     for (int i = 0; i < 3; i++) {
         w[i] = hrand((size_t)O[i] * K, 0.5f);
@@ -320,14 +355,14 @@ static void test_matmul_multi(int N, int K, const int *O) {
         free(pre);
     }
     char what[96];
-    gpu->matmul_fwd_multi(3, outm, xd, (const float *const *)wd, N, K, O);
+    gpu->matmul_fwd_multi(3, outm, xh, (const float *const *)wd, N, K, O);
     for (int i = 0; i < 3; i++) gpu->matmul_fwd(outs[i], xd, wd[i], N, K, O[i], 0);
     for (int i = 0; i < 3; i++) {
         snprintf(what, sizeof what, "matmul_fwd_multi out[%d] N%d K%d O%d vs matmul_fwd", i, N, K, O[i]);
         cmp_exact_dev(what, outm[i], outs[i], (size_t)N * O[i]);
     }
     float *pdx = hrand((size_t)N * K, 1.0f), *dxm = dputf(pdx, (size_t)N * K), *dxs = dputf(pdx, (size_t)N * K);
-    gpu->matmul_bwd_multi(3, dxm, dwm, (const float *const *)doutd, xd, (const float *const *)wd, N, K, O, GM_ACC_DINP);
+    gpu->matmul_bwd_multi(3, dxm, dwm, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O, GM_ACC_DINP);
     for (int i = 0; i < 3; i++) gpu->matmul_bwd(dxs, dws[i], doutd[i], xd, wd[i], N, K, O[i], GM_ACC_DINP);
     snprintf(what, sizeof what, "matmul_bwd_multi dinp N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0], O[1], O[2]);
     cmp_exact_dev(what, dxm, dxs, (size_t)N * K);
@@ -335,7 +370,7 @@ static void test_matmul_multi(int N, int K, const int *O) {
         float *dxw = dnan((size_t)N * K), *dxw1 = dnan((size_t)N * K);
         float *dwx[3], *dwx1[3];
         for (int i = 0; i < 3; i++) { dwx[i] = dnan((size_t)O[i] * K); dwx1[i] = dnan((size_t)O[i] * K); }
-        gpu->matmul_bwd_multi(3, dxw, dwx, (const float *const *)doutd, xd, (const float *const *)wd, N, K, O,
+        gpu->matmul_bwd_multi(3, dxw, dwx, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O,
                               GM_DW_WRITE);
         for (int i = 0; i < 3; i++)
             gpu->matmul_bwd(dxw1, dwx1[i], doutd[i], xd, wd[i], N, K, O[i], GM_DW_WRITE | (i ? GM_ACC_DINP : 0));
@@ -359,7 +394,7 @@ static void test_matmul_multi(int N, int K, const int *O) {
         gpu->free(wd[i]); gpu->free(outm[i]); gpu->free(outs[i]); gpu->free(doutd[i]); gpu->free(dwm[i]); gpu->free(dws[i]);
         free(w[i]); free(dout[i]);
     }
-    gpu->free(xd); gpu->free(dxm); gpu->free(dxs); free(x); free(pdx);
+    gpu->free(xd); gpu->free(xh); gpu->free(dxm); gpu->free(dxs); free(x); free(pdx);
 }
 
 // G groups with the given row counts (zeros anywhere, all zero).
@@ -437,36 +472,6 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     free(x); free(w); free(rr); free(rf); free(dout); free(pdx); free(pdw); free(off);
 }
 
-// The experts' hidden rows on the device (ops.h hid_elem: float32, or bf16 on "cuda"). hid_put rounds
-// to nearest even (callers hand it bf16 values where the test needs them exact); hid_nan poisons.
-static void *hid_put(const float *h, size_t n) {
-    if (gpu->hid_elem == sizeof(float)) return dputf(h, n);
-    uint16_t *b = xcalloc(n ? n : 1, 2);
-    for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
-    void *d = dput(b, n * 2);
-    free(b);
-    return d;
-}
-static void *hid_nan(size_t n) {
-    float *h = hnan(n);
-    void *d = hid_put(h, n);
-    free(h);
-    return d;
-}
-static float *hid_get(const void *d, size_t n) {
-    float *h = hnew(n);
-    if (gpu->hid_elem == sizeof(float)) { gpu->to_host(h, d, n * sizeof(float)); return h; }
-    uint16_t *b = xcalloc(n ? n : 1, 2);
-    gpu->to_host(b, d, n * 2);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
-    free(b);
-    return h;
-}
-// the values x rounded as the hidden format stores them (in place)
-static void hid_round(float *x, size_t n) {
-    if (gpu->hid_elem != sizeof(float))
-        for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
-}
 // Hidden rows written by the GPU against the reference backend's (ref_r: bf16_ref.h rounds them as
 // "cuda" does) and the float32 cpu's (ref_f). float32 rows: cmp_gemm. bf16 rows: both sides round (to
 // nearest even) sums that differ only in their order, by BAND_BF16_REF of the element's scale (|ref|
@@ -919,6 +924,14 @@ static void test_rmsnorm(int N, int C) {
     gpu->rmsnorm_fwd(yd, rd, xd, wd, N, C, eps);
     cmp("rmsnorm_fwd", "out", yd, y, (size_t)N * C, BAND_SUM);
     cmp("rmsnorm_fwd", "rstd", rd, r, N, BAND_SUM);
+    {   // into the hidden format: rmsnorm_fwd's values rounded once, the same rstd; unwritten values poisoned
+        void *yh = hid_nan((size_t)N * C);
+        float *rh = dnan(N);
+        gpu->rmsnorm_fwd_hid(yh, rh, xd, wd, N, C, eps);
+        cmp_exact_hid("rmsnorm_fwd_hid = rmsnorm_fwd rounded", yh, yd, (size_t)N * C);
+        cmp_exact_dev("rmsnorm_fwd_hid rstd = rmsnorm_fwd's", rh, rd, N);
+        gpu->free(yh); gpu->free(rh);
+    }
     float *rdc = dputf(r, N);   // both backwards get the cpu rstd
     float *g = hrand((size_t)N * C, 1.0f), *gd = dputf(g, (size_t)N * C);
     float *pdx = hrand((size_t)N * C, 1.0f), *pdw = hrand(C, 1.0f);

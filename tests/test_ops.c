@@ -404,6 +404,14 @@ static void test_rmsnorm(void) {
     be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
     check_arr("rmsnorm_fwd out", out, ref, NULL, N * C, FWD_RTOL, 1e-30);
     check_arr("rmsnorm_fwd rstd", rstd, rref, NULL, N, FWD_RTOL, 0);
+    {   // into the (float32) hidden format: the same bits
+        float *oh = fnew(N * C), *rh = fnew(N);
+        fill_nan(oh, N * C); fill_nan(rh, N);
+        be->rmsnorm_fwd_hid(oh, rh, x, w, N, C, eps);
+        EXPECT(be->hid_elem == sizeof(float) && !memcmp(oh, out, sizeof(float) * N * C) &&
+               !memcmp(rh, rstd, sizeof(float) * N), "rmsnorm_fwd_hid differs from rmsnorm_fwd");
+        free(oh); free(rh);
+    }
 
     float *dx0 = fnew(N * C), *dw0 = fnew(C);
     be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);

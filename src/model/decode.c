@@ -85,7 +85,8 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
     be->embedding_fwd(kc->x, m->tokens, W_(m, PR_EMBED, -1, -1), n, d);
     for (int l = 0; l < c->n_layers; l++) {
         float *q = kc->q + (size_t)t0 * qd, *k = kc->k[l] + (size_t)t0 * kvd, *v = kc->v[l] + (size_t)t0 * kvd;
-        be->rmsnorm_fwd(kc->xn, kc->rstd, kc->x, W_(m, PR_ATTN_NORM, l, -1), n, d, c->norm_eps);
+        // (kc->xn holds the attention norm's output in the hidden format here, the FFN norm's float32 below)
+        be->rmsnorm_fwd_hid(kc->xn, kc->rstd, kc->x, W_(m, PR_ATTN_NORM, l, -1), n, d, c->norm_eps);
         // the families' options as model.c's forward: biases, then QK-norm, then RoPE
         float *qp = c->qk_norm ? kc->qraw : q, *kp = c->qk_norm ? kc->kraw : k;
         model_qkv_fwd(m, l, qp, kp, v, kc->xn, n);   // + the biases over the model's ones vector (maxN >= W rows)

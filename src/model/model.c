@@ -53,7 +53,7 @@ static void qkv_tensors(const Model *m, float *base, int l, float *t[3], int O[3
     O[1] = O[2] = m->KVl * m->c.head_dim;
 }
 
-void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const float *xn, int n) {
+void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n) {
     float *out[3] = {q, k, v}, *w[3];
     int O[3];
     qkv_tensors(m, m->params, l, w, O);
@@ -231,7 +231,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     for (int l = ch->l0; l < ch->l1; l++) {
         LayerActs *a = &s->la[l];
         a->res_in = be->alloc(N * d * F);
-        a->xn1 = be->alloc(N * d * F);
+        a->xn1 = be->alloc(N * d * be->hid_elem);
         a->rstd1 = be->alloc(N * F);
         a->q = be->alloc(N * qd * F);
         a->k = be->alloc(N * kvd * F);
@@ -266,8 +266,8 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
     for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
         LayerActs *a = &s->la[l];
         if (a->att_shared) a->att = a->lse = NULL;   // the model's (--recompute attn)
-        float *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
-                         a->rstd2, a->qraw, a->kraw, a->rstdq, a->rstdk};
+        void *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
+                        a->rstd2, a->qraw, a->kraw, a->rstdq, a->rstdk};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
         moe_layer_free(&a->moe);
         chunk_moes(m, a, 1);
@@ -584,7 +584,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     LayerActs *a = &m->la[l];
     int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim;
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * N;
-    be->rmsnorm_fwd(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
+    be->rmsnorm_fwd_hid(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
     float *qp = c->qk_norm ? a->qraw : a->q, *kp = c->qk_norm ? a->kraw : a->k;
     model_qkv_fwd(m, l, qp, kp, a->v, a->xn1, N);
     if (c->qk_norm) qk_norm_fwd(m, a, l, N);

@@ -29,7 +29,8 @@ typedef struct {
 
 typedef struct {
     float *res_in;                 // (N,d) layer input (residual stream)
-    float *xn1, *rstd1;            // (N,d) (N)
+    void *xn1;                     // (N,d) the attention norm's output, in the hidden format (ops.h hid_elem)
+    float *rstd1;                  // (N)
     float *q, *k, *v;              // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE
     float *qraw, *kraw, *rstdq, *rstdk;   // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
     float *att, *lse;              // (N,H*hd) (B,H,T)
@@ -195,7 +196,7 @@ void model_grads_settle(Model *m);
 
 // The q, k, v projections of layer l over n rows of the normed input xn (this rank's heads), with the
 // family's biases: the forward's and the KV-cached decode's one code.
-void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const float *xn, int n);
+void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n);
 
 // QK-norm of layer l over n rows (the config has one): q, k and their rstd from the projections qraw,
 // kraw (this rank's heads). The full-width form over TP ranks adds its rows' sums over the TP group (a

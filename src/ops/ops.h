@@ -114,7 +114,8 @@ struct Backend {
     // The rows sent to the experts are in this format too: the dispatched inputs (the up-projection's
     // operand, saved for its weight gradients) and output gradients (the down-projection backward's
     // operand), written so by gather_rows_hid and gather_dot_scale; the rows coming back (the experts'
-    // outputs, the input gradients) are float32.
+    // outputs, the input gradients) are float32. And the attention norm's output, the q/k/v projections'
+    // input (rmsnorm_fwd_hid, matmul_*_multi).
     size_t hid_elem;
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
@@ -132,13 +133,15 @@ struct Backend {
     void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                        int N, int K, int O, int flags);
     // Several products of one input (the q/k/v projections; n <= MM_MULTI): out[i] (N,O[i]) = inp @ W[i]^T,
-    // overwritten; the same bits as n matmul_fwd calls in order (the bf16 backend converts inp once).
-    void (*matmul_fwd_multi)(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+    // overwritten; the same bits as n matmul_fwd calls in order on inp's values. inp is in the hidden format
+    // (hid_elem: written so by rmsnorm_fwd_hid; the bf16 GEMMs' operand as it is).
+    void (*matmul_fwd_multi)(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                              const int *O);
     // Their backward: for i = 0.. in order, dinp (N,K) = dout[i] @ W[i] (product 0 as `flags` say, the others
     // added) and dw[i] += dout[i]^T @ inp (each written with GM_DW_WRITE); the same bits as n matmul_bwd calls
-    // in order (flags, then GM_ACC_DINP | (flags & GM_DW_WRITE); dinp and dw[i] not NULL; inp converted once).
-    void (*matmul_bwd_multi)(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+    // in order (flags, then GM_ACC_DINP | (flags & GM_DW_WRITE); dinp and dw[i] not NULL) on inp's values; inp
+    // in the hidden format.
+    void (*matmul_bwd_multi)(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
                              const float *const *w, int N, int K, const int *O, int flags);
     // Grouped over G groups: group g has rows [off[g], off[g+1]) of inp/out and weight w + g*O*K.
     // off is a HOST array of G+1 entries.
@@ -198,6 +201,8 @@ struct Backend {
 
     // out = inp * rstd * w, rstd (N) saved for backward
     void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+    // The same with out in the hidden format (hid_elem): each value rounded once (the q/k/v projections' input).
+    void (*rmsnorm_fwd_hid)(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
     // The residual add before a norm in one pass: x += res (N, C), then rmsnorm_fwd(out, rstd, x, w, ...);
     // the same bits as axpy(x, res, 1, N C) then rmsnorm_fwd (a backend may read x once).
     void (*add_rmsnorm_fwd)(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,

@@ -54,14 +54,15 @@ static inline void backend_add_rmsnorm_fwd_plain(const Backend *be, float *x, fl
     be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
 }
 
-static inline void backend_matmul_fwd_multi_plain(const Backend *be, int n, float *const *out, const float *inp,
+static inline void backend_matmul_fwd_multi_plain(const Backend *be, int n, float *const *out, const void *inp,
                                                   const float *const *w, int N, int K, const int *O) {
-    for (int i = 0; i < n; i++) be->matmul_fwd(out[i], inp, w[i], N, K, O[i], 0);
+    for (int i = 0; i < n; i++) be->matmul_fwd(out[i], (const float *)inp, w[i], N, K, O[i], 0);
 }
 
 static inline void backend_matmul_bwd_multi_plain(const Backend *be, int n, float *dinp, float *const *dw,
-                                                  const float *const *dout, const float *inp, const float *const *w,
+                                                  const float *const *dout, const void *inp, const float *const *w,
                                                   int N, int K, const int *O, int flags) {
     for (int i = 0; i < n; i++)
-        be->matmul_bwd(dinp, dw[i], dout[i], inp, w[i], N, K, O[i], i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags);
+        be->matmul_bwd(dinp, dw[i], dout[i], (const float *)inp, w[i], N, K, O[i],
+                       i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags);
 }

@@ -25,8 +25,8 @@ static void w_copy(void *d, const void *s, size_t n) { T0; in->copy(d, s, n); T1
 static void w_zero(void *p, size_t n) { T0; in->zero(p, n); T1(P_COPY); }
 static void w_mm_f(float *o, const float *i, const float *w, int N, int K, int O, int a) { T0; in->matmul_fwd(o, i, w, N, K, O, a); T1(P_MATMUL_F); }
 static void w_mm_b(float *di, float *dw, const float *d, const float *i, const float *w, int N, int K, int O, int f) { T0; in->matmul_bwd(di, dw, d, i, w, N, K, O, f); T1(P_MATMUL_B); }
-static void w_mm_fm(int n, float *const *o, const float *i, const float *const *w, int N, int K, const int *O) { T0; in->matmul_fwd_multi(n, o, i, w, N, K, O); T1(P_MATMUL_F); }
-static void w_mm_bm(int n, float *di, float *const *dw, const float *const *d, const float *i, const float *const *w, int N, int K, const int *O, int f) { T0; in->matmul_bwd_multi(n, di, dw, d, i, w, N, K, O, f); T1(P_MATMUL_B); }
+static void w_mm_fm(int n, float *const *o, const void *i, const float *const *w, int N, int K, const int *O) { T0; in->matmul_fwd_multi(n, o, i, w, N, K, O); T1(P_MATMUL_F); }
+static void w_mm_bm(int n, float *di, float *const *dw, const float *const *d, const void *i, const float *const *w, int N, int K, const int *O, int f) { T0; in->matmul_bwd_multi(n, di, dw, d, i, w, N, K, O, f); T1(P_MATMUL_B); }
 static void w_gmm_f(float *o, const float *i, const float *w, const int64_t *off, int G, int K, int O) { T0; in->grouped_matmul_fwd(o, i, w, off, G, K, O); T1(P_GMM_F); }
 static void w_gmm_b(float *di, float *dw, const float *d, const float *i, const float *w, const int64_t *off, int G, int K, int O, int a) { T0; in->grouped_matmul_bwd(di, dw, d, i, w, off, G, K, O, a); T1(P_GMM_B); }
 static void w_gsw_f(void *h1, void *h3, void *a, const void *i, const float *w1, const float *w3, const int64_t *off, int G, int K, int O) { T0; in->grouped_swiglu_fwd(h1, h3, a, i, w1, w3, off, G, K, O); T1(P_GMM_F); }
@@ -36,6 +36,7 @@ static void w_gmm_b2(float *di, float *dwa, float *dwb, const void *da, const vo
 static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) { T0; in->embedding_fwd(o, t, tb, N, C); T1(P_EMB); }
 static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) { T0; in->embedding_bwd(d, o, t, N, C); T1(P_EMB); }
 static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd(o, r, i, w, N, C, e); T1(P_NORM); }
+static void w_rms_fh(void *o, float *r, const float *i, const float *w, int N, int C, float e) { T0; in->rmsnorm_fwd_hid(o, r, i, w, N, C, e); T1(P_NORM); }
 static void w_arms_f(float *x, float *o, float *r, const float *res, const float *w, int N, int C, float e) { T0; in->add_rmsnorm_fwd(x, o, r, res, w, N, C, e); T1(P_NORM); }
 static void w_rms_b(float *di, float *dw, const float *d, const float *i, const float *w, const float *r, int N, int C) { T0; in->rmsnorm_bwd(di, dw, d, i, w, r, N, C); T1(P_NORM); }
 static void w_rms_p(double *p, const float *a, const float *w, const float *b, int N, int C) { T0; in->rmsnorm_part(p, a, w, b, N, C); T1(P_NORM); }
@@ -74,7 +75,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.matmul_fwd = w_mm_f; pb.matmul_bwd = w_mm_b; pb.matmul_fwd_multi = w_mm_fm; pb.matmul_bwd_multi = w_mm_bm; pb.grouped_matmul_fwd = w_gmm_f; pb.grouped_matmul_bwd = w_gmm_b;
     pb.grouped_swiglu_fwd = w_gsw_f; pb.grouped_swiglu_bwd = w_gsw_b; pb.grouped_matmul_bwd2 = w_gmm_b2;
     pb.grouped_down_fwd = w_gdown;
-    pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_bwd = w_rms_b; pb.add_rmsnorm_fwd = w_arms_f;
+    pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_fwd_hid = w_rms_fh; pb.rmsnorm_bwd = w_rms_b; pb.add_rmsnorm_fwd = w_arms_f;
     pb.rmsnorm_part = w_rms_p; pb.rmsnorm_fwd_part = w_rms_fp; pb.rmsnorm_bwd_part = w_rms_bp;
     pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
     pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather; pb.gather_rows_hid = w_gather_h;

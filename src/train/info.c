@@ -32,12 +32,13 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
     return 4.0 * (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
                   Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
 }
-// The rows of one layer sent to the experts and kept for the backward (xs; xg where the exchange is not
-// local; the shared expert's input rows), as float32: a backend with bf16 rows (ops.h hid_elem) halves them.
-static double acts_sent(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+// The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
+// norm's output xn1; the rows sent to the experts: xs, xg where the exchange is not local, the shared
+// expert's input), as float32: a backend with bf16 rows (ops.h hid_elem) halves them.
+static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
-    size_t Ns = (B * T + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
-    return 4.0 * (Ns * c->top_k * d + (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
+    size_t N = B * T, Ns = (N + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
+    return 4.0 * (N * d + Ns * c->top_k * d + (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
 }
 // The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
 // the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h hid_elem) halves them.
@@ -183,14 +184,15 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     fmt_bytes(b3, sizeof b3, state + acts);
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, b3);
-    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act) and the rows sent to them
-    // in bf16 (ops.h hid_elem: half of their bytes in every layer that keeps them: the routed SwiGLU rows in
-    // one under --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy
+    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act), the rows sent to them and
+    // the attention norm's output in bf16 (ops.h hid_elem: half of their bytes in every layer that keeps them:
+    // the routed SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1,
+    // dh3), plus the bf16 copy
     // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
     // attention ops convert activations into (the largest: a layer's expert input rows or their
     // gradient; the attention's q, k, v, dout)
     double hid = 0.5 * (acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers) +
-                        (acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) + acts_sent(c, NULL, (size_t)B, (size_t)T)) *
+                        (acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) + acts_hid_rows(c, NULL, (size_t)B, (size_t)T)) *
                             c->n_layers) + (scr32 - scr16);
     double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * (2 * qd + 2 * kvd));
     fmt_bytes(b1, sizeof b1, hid);

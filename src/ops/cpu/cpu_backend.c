@@ -88,17 +88,22 @@ static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const v
                                       flags);
 }
 
+// (the cpu's hidden format is float32)
+static void cpu_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    cpu_rmsnorm_fwd((float *)out, rstd, inp, w, N, C, eps);
+}
+
 static void cpu_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
                                 float eps) {
     backend_add_rmsnorm_fwd_plain(backend_cpu(), x, out, rstd, res, w, N, C, eps);
 }
 
-static void cpu_matmul_fwd_multi(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+static void cpu_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                                  const int *O) {
     backend_matmul_fwd_multi_plain(backend_cpu(), n, out, inp, w, N, K, O);
 }
 
-static void cpu_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+static void cpu_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
                                  const float *const *w, int N, int K, const int *O, int flags) {
     backend_matmul_bwd_multi_plain(backend_cpu(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
@@ -115,7 +120,7 @@ const Backend *backend_cpu(void) {
         .grouped_down_fwd = cpu_grouped_down_fwd,
         .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
         .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
-        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_bwd = cpu_rmsnorm_bwd, .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
+        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_fwd_hid = cpu_rmsnorm_fwd_hid, .rmsnorm_bwd = cpu_rmsnorm_bwd, .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
         .rmsnorm_part = cpu_rmsnorm_part, .rmsnorm_fwd_part = cpu_rmsnorm_fwd_part,
         .rmsnorm_bwd_part = cpu_rmsnorm_bwd_part,
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd, .rope_rows = cpu_rope_rows, .dropout = cpu_dropout,

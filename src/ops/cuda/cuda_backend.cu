@@ -230,6 +230,7 @@ static void cuda_init(void) {
     g_be_bf16.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_bf16;
     g_be_bf16.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_bf16;
     g_be_bf16.gather_rows_hid = cuda_gather_rows_hid_bf16;
+    g_be_bf16.rmsnorm_fwd_hid = cuda_rmsnorm_fwd_hid_bf16;
     g_be_bf16.gather_dot_scale = cuda_gather_dot_scale_bf16;
     g_be_bf16.bf16_shadow = cuda_bf16_shadow;
     g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
@@ -248,6 +249,7 @@ static void cuda_init(void) {
     g_be_f32.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_f32;
     g_be_f32.grouped_matmul_bwd2 = cuda_grouped_matmul_bwd2_f32;
     g_be_f32.gather_rows_hid = cuda_gather_rows_hid_f32;
+    g_be_f32.rmsnorm_fwd_hid = cuda_rmsnorm_fwd_hid_f32;
     g_be_f32.gather_dot_scale = cuda_gather_dot_scale_f32;
     g_be_f32.bf16_shadow = cuda_bf16_shadow_none;
 }

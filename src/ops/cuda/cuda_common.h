@@ -136,6 +136,8 @@ void cuda_gather_dot_scale_bf16(void *out, float *dot, const float *inp, const i
                                 const float *scale, int n, int C, int hid);
 void cuda_gather_dot_scale_f32(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                const float *scale, int n, int C, int hid);
+void cuda_rmsnorm_fwd_hid_bf16(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
 void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
@@ -173,13 +175,13 @@ void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, cons
 void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
                           int flags);
-void cuda_matmul_fwd_multi_f32(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+void cuda_matmul_fwd_multi_f32(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                                const int *O);
-void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
                                const float *const *w, int N, int K, const int *O, int flags);
-void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const float *inp, const float *const *w, int N, int K,
+void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                                 const int *O);
-void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout, const float *inp,
+void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
                                 const float *const *w, int N, int K, const int *O, int flags);
 void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,

@@ -331,13 +331,13 @@ extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb
                                       flags);
 }
 
-extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const float *inp, const float *const *w, int N,
+extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const void *inp, const float *const *w, int N,
                                           int K, const int *O) {
     backend_matmul_fwd_multi_plain(backend_cuda_fp32(), n, out, inp, w, N, K, O);
 }
 
 extern "C" void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout,
-                                          const float *inp, const float *const *w, int N, int K, const int *O,
+                                          const void *inp, const float *const *w, int N, int K, const int *O,
                                           int flags) {
     backend_matmul_bwd_multi_plain(backend_cuda_fp32(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
@@ -394,58 +394,68 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
     mm_bwd_one(dinp, dw, gb, xb, w, wb, N, K, O, flags);
 }
 
-// Several products of one input (ops.h matmul_fwd_multi / _bwd_multi): inp converted once, then each
-// product through the single ops' mm_fwd_one / mm_bwd_one (the same GEMM calls in the same order: the
-// same bits); narrow ones (O <= MOE_GEMM_FP32_MAX_O) float32.
+// Several products of one input (ops.h matmul_fwd_multi / _bwd_multi): inp is bf16 already (the hidden
+// format), each product through the single ops' mm_fwd_one / mm_bwd_one (the same GEMM calls in the same
+// order as the single ops on the same bf16 values); narrow ones (O <= MOE_GEMM_FP32_MAX_O) float32 on inp's
+// values widened.
 static int mm_bf16_path(int N, int K, int O) { return N > 0 && K > 0 && O > MOE_GEMM_FP32_MAX_O; }
 
-extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const float *inp, const float *const *w, int N,
+__global__ void bf16_to_f32_k(float *dst, const bf16 *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+}
+// inp's values as float32 for the narrow products (2 bf16 slots per value in the scratch slot xf), or
+// inp itself where no product is narrow or there is nothing to read
+static const float *narrow_inp(const void *inp, bf16 *xf, int any_narrow, int N, int K) {
+    if (!any_narrow || N <= 0 || K <= 0) return (const float *)inp;
+    size_t n = (size_t)N * K;
+    bf16_to_f32_k<<<ew_grid(n, 256), 256>>>((float *)xf, (const bf16 *)inp, n);
+    KCHECK("bf16_to_f32");
+    return (const float *)xf;
+}
+
+extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w, int N,
                                            int K, const int *O) {
     size_t wmax = 0;
-    int any = 0;
+    int narrow = 0;
     for (int i = 0; i < n; i++) {
-        if (!mm_bf16_path(N, K, O[i])) continue;
-        any = 1;
+        if (!mm_bf16_path(N, K, O[i])) { narrow = 1; continue; }
         if (!shadow_of(w[i], (size_t)O[i] * K) && (size_t)O[i] * K > wmax) wmax = (size_t)O[i] * K;
     }
-    bf16 *xb = NULL, *wb = NULL;
-    if (any) {
-        bf16_scratch((size_t)N * K, wmax, 0, &xb, &wb, NULL);
-        to_bf16(xb, inp, (size_t)N * K);
-    }
+    size_t sz[2] = {wmax, narrow && N > 0 && K > 0 ? 2 * (size_t)N * K : 0};
+    bf16 *p[2];
+    bf16_scratch_v(2, sz, p);
+    const float *xf = narrow_inp(inp, p[1], narrow, N, K);
     for (int i = 0; i < n; i++) {
         if (!mm_bf16_path(N, K, O[i])) {
-            cuda_matmul_fwd_f32(out[i], inp, w[i], N, K, O[i], 0);
+            cuda_matmul_fwd_f32(out[i], xf, w[i], N, K, O[i], 0);
             continue;
         }
-        mm_fwd_one(out[i], xb, w[i], wb, N, K, O[i], 0.0f);
+        mm_fwd_one(out[i], (const bf16 *)inp, w[i], p[0], N, K, O[i], 0.0f);
     }
 }
 
 extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout,
-                                           const float *inp, const float *const *w, int N, int K, const int *O,
+                                           const void *inp, const float *const *w, int N, int K, const int *O,
                                            int flags) {
     size_t gmax = 0, wmax = 0;
-    int any = 0;
+    int narrow = 0;
     for (int i = 0; i < n; i++) {
-        if (!mm_bf16_path(N, K, O[i])) continue;
-        any = 1;
+        if (!mm_bf16_path(N, K, O[i])) { narrow = 1; continue; }
         if ((size_t)N * O[i] > gmax) gmax = (size_t)N * O[i];
         if (!shadow_of(w[i], (size_t)O[i] * K) && (size_t)O[i] * K > wmax) wmax = (size_t)O[i] * K;
     }
-    bf16 *gb = NULL, *wb = NULL, *xb = NULL;
-    if (any) {
-        bf16_scratch(gmax, wmax, (size_t)N * K, &gb, &wb, &xb);
-        to_bf16(xb, inp, (size_t)N * K);
-    }
+    size_t sz[3] = {gmax, wmax, narrow && N > 0 && K > 0 ? 2 * (size_t)N * K : 0};
+    bf16 *p[3];
+    bf16_scratch_v(3, sz, p);
+    const float *xf = narrow_inp(inp, p[2], narrow, N, K);
     for (int i = 0; i < n; i++) {
         int fl = i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags;
         if (!mm_bf16_path(N, K, O[i])) {   // (also the empty products: matmul_bwd's zeros or nothing)
-            cuda_matmul_bwd_f32(dinp, dw[i], dout[i], inp, w[i], N, K, O[i], fl);
+            cuda_matmul_bwd_f32(dinp, dw[i], dout[i], xf, w[i], N, K, O[i], fl);
             continue;
         }
-        to_bf16(gb, dout[i], (size_t)N * O[i]);
-        mm_bwd_one(dinp, dw[i], gb, xb, w[i], wb, N, K, O[i], fl);
+        to_bf16(p[0], dout[i], (size_t)N * O[i]);
+        mm_bwd_one(dinp, dw[i], p[0], (const bf16 *)inp, w[i], p[1], N, K, O[i], fl);
     }
 }
 

@@ -463,16 +463,16 @@ __device__ __forceinline__ double row_dot(const float *a, const float *w, const 
     }
     return block_sum_d(s);
 }
-// out = x r w over a row (VEC: float4)
-template <int VEC>
-__device__ __forceinline__ void row_scale(float *o, const float *x, float r, const float *w, int C) {
+// out = x r w over a row (VEC: float4), float32 or each value rounded to bf16 (OT)
+template <int VEC, typename OT>
+__device__ __forceinline__ void row_scale(OT *o, const float *x, float r, const float *w, int C) {
     if (VEC) {
         for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
             float4 v = ((const float4 *)x)[c], s = ((const float4 *)w)[c];
-            ((float4 *)o)[c] = make_float4(v.x * r * s.x, v.y * r * s.y, v.z * r * s.z, v.w * r * s.w);
+            store4(o + 4 * c, v.x * r * s.x, v.y * r * s.y, v.z * r * s.z, v.w * r * s.w);
         }
     } else {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) st_f(o + c, ld_f(x + c) * r * w[c]);
+        for (int c = threadIdx.x; c < C; c += blockDim.x) store1(o + c, ld_f(x + c) * r * w[c]);
     }
 }
 // dx += r g w - k x over a row (VEC: float4)
@@ -508,14 +508,22 @@ static int rms_vec(int C, const void *a, const void *b, const void *c, const voi
         else K<0, 0><<<N, th_>>>(__VA_ARGS__);                                               \
     } while (0)
 
-template <int VD, int VE>
-__global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *w, int C, float eps) {
+// One row's norm (block i): the sum of squares, rstd, out = x r w (float32, or rounded to bf16)
+template <int VD, int VE, typename OT>
+__device__ __forceinline__ void rmsnorm_row(OT *out, float *rstd, const float *x, const float *w, int C, float eps) {
     size_t i = blockIdx.x;
-    const float *x = inp + i * C;
     double ss = row_dot<VD>(x, NULL, x, C);
     float r = (float)(1.0 / sqrt(ss / C + eps));
     if (threadIdx.x == 0) rstd[i] = r;
     row_scale<VE>(out + i * C, x, r, w, C);
+}
+template <int VD, int VE>
+__global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *w, int C, float eps) {
+    rmsnorm_row<VD, VE>(out, rstd, inp + (size_t)blockIdx.x * C, w, C, eps);
+}
+template <int VD, int VE>
+__global__ void rmsnorm_fwd_bf16_k(__nv_bfloat16 *out, float *rstd, const float *inp, const float *w, int C, float eps) {
+    rmsnorm_row<VD, VE>(out, rstd, inp + (size_t)blockIdx.x * C, w, C, eps);
 }
 
 extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
@@ -523,6 +531,20 @@ extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, cons
     RMS_LAUNCH(rmsnorm_fwd_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL), out, rstd, inp, w,
                C, eps);
     KCHECK("rmsnorm_fwd");
+}
+
+// ops.h rmsnorm_fwd_hid: "cuda" rounds each value of rmsnorm_fwd's to bf16 in the kernel (the same
+// floats); "cuda-fp32" (float32 hidden format) is rmsnorm_fwd
+extern "C" void cuda_rmsnorm_fwd_hid_bf16(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                                          float eps) {
+    if (N <= 0) return;
+    RMS_LAUNCH(rmsnorm_fwd_bf16_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL),
+               (__nv_bfloat16 *)out, rstd, inp, w, C, eps);
+    KCHECK("rmsnorm_fwd (bf16 out)");
+}
+extern "C" void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                                         float eps) {
+    cuda_rmsnorm_fwd((float *)out, rstd, inp, w, N, C, eps);
 }
 
 // x += res over a row, then rmsnorm_fwd_k on it: the block size and the sum's order are rmsnorm_fwd's for
@@ -543,10 +565,7 @@ __global__ void add_rmsnorm_fwd_k(float *xg, float *out, float *rstd, const floa
         for (int c = threadIdx.x; c < C; c += blockDim.x) x[c] = x[c] + y[c];
     }
     __syncthreads();
-    double ss = row_dot<VD>(x, NULL, x, C);
-    float r = (float)(1.0 / sqrt(ss / C + eps));
-    if (threadIdx.x == 0) rstd[i] = r;
-    row_scale<VE>(out + i * C, x, r, w, C);
+    rmsnorm_row<VD, VE>(out, rstd, x, w, C, eps);
 }
 
 extern "C" void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
