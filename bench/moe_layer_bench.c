@@ -443,14 +443,14 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
         gv[1] = time_gemms(&one, &b16, m.x.off, m.El, d, f, gw, gi, NULL);
         gv[2] = time_gemms(&gc, &bb, m.x.off, m.El, d, f, gw, gi, NULL);
         gv[4] = time_gemms(&gc, &b16, m.x.off, m.El, d, f, gw, gi, NULL);
-        // fp32 operands: the layer's float32 buffers and a float32 stand-in for the hidden rows
-        void *H32;
-        CK(cudaMalloc(&H32, R * f * 4));
-        fill(H32, R * f, 1, 0, 16);
-        Gbufs b32 = {m.xgp, w1, w2, H32, m.x.local ? s.dys : s.dyg, OF, m.yg, g1, CUDA_R_32F, CUDA_R_32F,
-                     CUBLAS_COMPUTE_32F_FAST_16BF};
+        // fp32 operands: float32 stand-ins for the dispatched and hidden rows (the layer keeps those in the
+        // hidden format, bf16 on "cuda"), the layer's float32 weights
+        void *H32, *X32, *D32;
+        CK(cudaMalloc(&H32, R * f * 4)); CK(cudaMalloc(&X32, R * d * 4)); CK(cudaMalloc(&D32, R * d * 4));
+        fill(H32, R * f, 1, 0, 16); fill(X32, R * d, 1, 0, 17); fill(D32, R * d, 1, 0, 18);
+        Gbufs b32 = {X32, w1, w2, H32, D32, OF, m.yg, g1, CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF};
         gv[3] = time_gemms(&one, &b32, m.x.off, m.El, d, f, gw, gi, NULL);
-        cudaFree(H32);
+        cudaFree(H32); cudaFree(X32); cudaFree(D32);
         printf("expert GEMMs alone (9 grouped sets of fwd+bwd, cuBLAS loop over %d groups, median of %d):\n", m.El, gi);
         int order[NV] = {0, 5, 6, 1, 2, 4, 3};
         for (int j = 0; j < NV; j++)
