@@ -172,7 +172,7 @@ static void cmp_exact_host(const char *what, const float *a_d, const float *ref,
 }
 
 // ---------------------------------------------------------------- memory
-static void test_memory(void) {
+static void test_memory(int big) {
     size_t n = (1 << 20) + 7;
     float *d = gpu->alloc(n * sizeof(float)), *h = dget(d, n);
     size_t nz = 0;
@@ -189,6 +189,37 @@ static void test_memory(void) {
     int ok = 1;
     for (size_t i = 0; i < n; i++) ok &= (i >= 5 && i < 105) ? z[i] == 0.0f : z[i] == x[i];
     EXPECT(ok, "zero: wrong range cleared");
+    // small copies (staged and enqueued on cuda: ops.h to_device): the source is free to change once the
+    // call returns, and each copy lands in order with the ops around it. 300 copies of one host word (more
+    // than the staging ring's slots), each followed by an op that reads the word (axpy into an accumulator),
+    // and a copy of 64 KiB + 4 bytes (the synchronous path) between them; 4 products of 8192^3 first (of
+    // 2048^3 under MOE_TEST_SMALL), so that the GPU is still busy while the host stages the copies: without
+    // the ring's wait for a slot's last copy the full suite fails here (checked: 87 of 300 words wrong)
+    {
+        int nc = 300, mn = big ? 8192 : 2048;
+        float *acc = gpu->alloc(sizeof(float) * nc), *word = gpu->alloc(sizeof(float) * nc), v = 0;
+        float *hb = xcalloc((64 << 10) / 4 + 1, sizeof(float)), *bigd = gpu->alloc((64 << 10) + 4);
+        size_t mm = (size_t)mn * mn;
+        float *ma = gpu->alloc(mm * sizeof(float)), *mb = gpu->alloc(mm * sizeof(float));
+        float *mc = gpu->alloc(mm * sizeof(float));
+        for (int r = 0; r < 2; r++) {
+            gpu->matmul_fwd(mc, ma, mb, mn, mn, mn, 0);
+            gpu->matmul_fwd(ma, mc, mb, mn, mn, mn, 0);
+        }
+        for (int i = 0; i < nc; i++) {
+            v = (float)(i + 1);
+            gpu->to_device(word + i, &v, sizeof v);
+            v = -1.0f;   // (the copy has its own bytes)
+            gpu->axpy(acc + i, word + i, 2.0f, 1);
+            if (i == nc / 2) gpu->to_device(bigd, hb, (64 << 10) + 4);
+        }
+        float *got = dget(acc, nc);
+        int bad = 0;
+        for (int i = 0; i < nc; i++) bad += got[i] != 2.0f * (float)(i + 1);
+        EXPECT(bad == 0, "to_device of small copies: %d of %d words wrong (a staged copy lost or reordered)", bad, nc);
+        gpu->free(acc); gpu->free(word); gpu->free(bigd); free(hb); free(got);
+        gpu->free(ma); gpu->free(mb); gpu->free(mc);
+    }
     gpu->sync();
     void *e = gpu->alloc(0);
     EXPECT(e != NULL, "alloc(0) returned NULL");
@@ -1618,7 +1649,7 @@ static void run_suite(const Backend *be, int big) {
     gpu_bf16 = be == backend_cuda();
     nrows = 0;
     int fails0 = t_failures;
-    test_memory();
+    test_memory(big);
     test_matmul(37, 70, 45, 0);      // O <= MOE_GEMM_FP32_MAX_O: float32 on both backends
     test_matmul(37, 70, 100, 1);     // bf16 on "cuda"; operands not 16-byte aligned (scalar conversion)
     if (big) test_matmul(256, 512, 384, 0);

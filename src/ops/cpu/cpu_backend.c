@@ -88,9 +88,13 @@ static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const v
                                       flags);
 }
 
-// (the cpu's hidden format is float32)
+// The ops into or from the hidden format: the cpu's is float32 (from_hid changes nothing)
 static void cpu_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     cpu_rmsnorm_fwd((float *)out, rstd, inp, w, N, C, eps);
+}
+static void cpu_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
+    (void)from_hid;
+    cpu_gather_rows((float *)out, (const float *)inp, idx, n, C);
 }
 
 static void cpu_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
@@ -120,14 +124,16 @@ const Backend *backend_cpu(void) {
         .grouped_down_fwd = cpu_grouped_down_fwd,
         .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
         .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
-        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_fwd_hid = cpu_rmsnorm_fwd_hid, .rmsnorm_bwd = cpu_rmsnorm_bwd, .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
+        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_fwd_hid = cpu_rmsnorm_fwd_hid, .rmsnorm_bwd = cpu_rmsnorm_bwd,
+        .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
         .rmsnorm_part = cpu_rmsnorm_part, .rmsnorm_fwd_part = cpu_rmsnorm_fwd_part,
         .rmsnorm_bwd_part = cpu_rmsnorm_bwd_part,
         .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd, .rope_rows = cpu_rope_rows, .dropout = cpu_dropout,
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
         .attention_drop_fwd = cpu_attention_drop_fwd, .attention_drop_bwd = cpu_attention_drop_bwd,
         .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
-        .gather_rows = cpu_gather_rows, .gather_rows_hid = cpu_gather_rows_hid, .gather_dot_scale = cpu_gather_dot_scale,
+        .gather_rows = cpu_gather_rows, .gather_rows_hid = cpu_gather_rows_hid,
+        .gather_dot_scale = cpu_gather_dot_scale,
         .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,
         .plan_counts = cpu_plan_counts, .plan_rows = cpu_plan_rows, .router_bwd = cpu_router_bwd,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,

@@ -279,12 +279,6 @@ void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, in
     for (int i = 0; i < n; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, sizeof(float) * C);
 }
 
-// (the cpu's hidden format is float32: from_hid changes nothing)
-void cpu_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
-    (void)from_hid;
-    cpu_gather_rows((float *)out, (const float *)inp, idx, n, C);
-}
-
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                       int accumulate) {
     // parallel over output rows; each row sums its slots in order j = 0..k-1 (the cuda kernel

@@ -36,7 +36,6 @@ void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                     int accumulate);
 void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
-void cpu_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
                       int accumulate);
 void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias, int N,
