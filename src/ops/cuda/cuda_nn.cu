@@ -691,8 +691,23 @@ __global__ void rope_k(float *x, int BT, int T, int nh, int hd, float theta, int
         double freq = pow((double)theta, -2.0 * j / hd);
         double ang = pos * freq;
         float c = (float)cos(ang), s = (float)(dir * sin(ang));
-        for (int h = 0; h < nh; h++) {
-            float *p = x + ((size_t)bt * nh + h) * hd;
+        float *row = x + (size_t)bt * nh * hd;
+        int h = 0;
+        for (; h + 4 <= nh; h += 4) {   // four heads' loads in flight before their stores
+            float x1[4], x2[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                x1[u] = ld_f(row + (size_t)(h + u) * hd + j);
+                x2[u] = ld_f(row + (size_t)(h + u) * hd + j + half);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                st_f(row + (size_t)(h + u) * hd + j, x1[u] * c - x2[u] * s);
+                st_f(row + (size_t)(h + u) * hd + j + half, x2[u] * c + x1[u] * s);
+            }
+        }
+        for (; h < nh; h++) {
+            float *p = row + (size_t)h * hd;
             float x1 = ld_f(p + j), x2 = ld_f(p + j + half);
             st_f(p + j, x1 * c - x2 * s);
             st_f(p + j + half, x2 * c + x1 * s);
