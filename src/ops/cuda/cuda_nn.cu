@@ -59,6 +59,20 @@ extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *id
     KCHECK("gather_rows");
 }
 
+// one output value or four (consecutive, 16-byte float32 / 8-byte bf16 aligned), float32 or rounded to bf16
+__device__ __forceinline__ void store1(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store1(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store4(float *p, float a, float b, float c, float d) {
+    *(float4 *)p = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void store4(__nv_bfloat16 *p, float a, float b, float c, float d) {
+    __nv_bfloat162 x = __floats2bfloat162_rn(a, b), y = __floats2bfloat162_rn(c, d);
+    uint2 o;
+    o.x = *reinterpret_cast<uint32_t *>(&x);
+    o.y = *reinterpret_cast<uint32_t *>(&y);
+    *(uint2 *)p = o;
+}
+
 // rows of float32 into bf16 rows (round to nearest even, as cuda_f32_to_bf16): one block per row; VEC: 4
 // floats (16 B) in, 4 bf16 (8 B) out per step (C % 4 == 0, input 16-byte and output 8-byte aligned)
 template <int VEC>
@@ -69,14 +83,10 @@ __global__ void gather_rows_bf16_k(__nv_bfloat16 *out, const float *inp, const i
     if (VEC) {
         for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
             float4 v = ((const float4 *)src)[c];
-            __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-            uint2 o;
-            o.x = *reinterpret_cast<uint32_t *>(&a);
-            o.y = *reinterpret_cast<uint32_t *>(&b);
-            ((uint2 *)dst)[c] = o;
+            store4(dst + 4 * c, v.x, v.y, v.z, v.w);
         }
     } else {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = __float2bfloat16_rn(src[c]);
+        for (int c = threadIdx.x; c < C; c += blockDim.x) store1(dst + c, src[c]);
     }
 }
 
@@ -220,20 +230,6 @@ extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *
 // columns l, l+32, ... in double (with float4 rows, VEC: the 4 columns of float4 l, l+32, ..., in
 // column order), then the lanes' sums meet in warp_sum_d's fixed butterfly; each out element is one
 // float product.
-// one output value or four (consecutive, 16-byte float32 / 8-byte bf16 aligned), float32 or rounded to bf16
-__device__ __forceinline__ void store1(float *p, float v) { *p = v; }
-__device__ __forceinline__ void store1(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store4(float *p, float a, float b, float c, float d) {
-    *(float4 *)p = make_float4(a, b, c, d);
-}
-__device__ __forceinline__ void store4(__nv_bfloat16 *p, float a, float b, float c, float d) {
-    __nv_bfloat162 x = __floats2bfloat162_rn(a, b), y = __floats2bfloat162_rn(c, d);
-    uint2 o;
-    o.x = *reinterpret_cast<uint32_t *>(&x);
-    o.y = *reinterpret_cast<uint32_t *>(&y);
-    *(uint2 *)p = o;
-}
-
 template <int VEC, typename OT>
 __global__ void gather_dot_scale_k(OT *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                    const float *scale, int n, int C) {
