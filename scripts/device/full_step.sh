@@ -14,6 +14,8 @@
 #            precision (autocast, float32 master weights and moments), the compiled peer in pure bf16, ours
 #            again; tokens/s and peak memory
 #   profile: MOE_PROFILE=1 (ops serialised and timed alone; with EXTRA also a run with those flags)
+#   trace:   7 steps under the CUPTI tracer (pack_libs.sh builds it): each step's wall, GPU busy and idle
+#            time, the idle gaps and the kernel time by name (scripts/device/gputrace.py; not by default)
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start step 570
 PARTS=${PARTS:-tests attn layer step profile}
@@ -70,5 +72,11 @@ if has profile; then
     t prof3 150 env MOE_PROFILE=1 stdbuf -oL $B/moe train ${P/--steps 12/--steps 4} $EXTRA --out $W/prof
     grep -E "^profile|^  [a-z].*calls" $W/prof3.log | tee -a $R
   fi
+fi
+if has trace; then
+  t trace 150 env GPUTRACE_OUT=$W/trace.txt LD_PRELOAD=$G/lib/libgputrace.so $B/moe train ${P/--steps 12/--steps 7} \
+    --out $W/trace
+  python3 scripts/device/gputrace.py $W/trace.txt --skip 3 --top 45 > $W/gaps.txt 2>&1
+  cp $W/gaps.txt ${OUT:-$W}/gaps.txt; head -12 $W/gaps.txt | tee -a $R
 fi
 say "$(date -u) done"

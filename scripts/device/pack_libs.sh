@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # pack_libs.sh DIR — for runs on the lent GPU machine: copy build/moe's shared libraries that its
 # image lacks (OpenBLAS, cJSON, gomp, gfortran, quadmath, Open MPI and its libs, zlib; not libc,
-# CUDA or NCCL, which the machine has) and the test binaries into DIR/lib and DIR/bin. DIR should
-# be an ignored folder (add it to .git/info/exclude) named in the device call's `carry`.
+# CUDA or NCCL, which the machine has) and the test binaries into DIR/lib and DIR/bin, and builds the
+# CUPTI step tracer (gputrace.c) into DIR/lib with the toolkit's libcupti beside it (full_step.sh's
+# `trace` part). DIR should be an ignored folder (add it to .git/info/exclude) named in the device call's
+# `carry`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=${1:?usage: scripts/device/pack_libs.sh DIR}
@@ -13,4 +15,10 @@ done
 for b in moe test_cuda_ops test_cuda_model test_nccl test_slots test_decode ckpt_diff moe_bench_layer; do
   [ -x "build/$b" ] && cp "build/$b" "$D/bin/"
 done
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+if [ -f "$CUDA/include/cupti.h" ]; then
+  CUPTI=$(dirname "$(find "$CUDA/" -name 'libcupti.so*' 2>/dev/null | head -1)")
+  gcc -O2 -Wall -shared -fPIC -I"$CUDA/include" scripts/device/gputrace.c -o "$D/lib/libgputrace.so" -L"$CUPTI" -lcupti
+  cp -L "$(ls "$CUPTI"/libcupti.so.* | head -1)" "$D/lib/"
+fi
 du -sh "$D"
