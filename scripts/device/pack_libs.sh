@@ -17,8 +17,8 @@ for b in moe test_cuda_ops test_cuda_model test_nccl test_slots test_decode ckpt
 done
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 if [ -f "$CUDA/include/cupti.h" ]; then
-  CUPTI=$(dirname "$(find "$CUDA/" -name 'libcupti.so*' 2>/dev/null | head -1)")
+  CUPTI=$(dirname "$(find "$CUDA/" -name 'libcupti.so*' -print -quit 2>/dev/null)")
   gcc -O2 -Wall -shared -fPIC -I"$CUDA/include" scripts/device/gputrace.c -o "$D/lib/libgputrace.so" -L"$CUPTI" -lcupti
-  cp -L "$(ls "$CUPTI"/libcupti.so.* | head -1)" "$D/lib/"
+  for c in "$CUPTI"/libcupti.so.*; do cp -L "$c" "$D/lib/"; break; done
 fi
 du -sh "$D"
