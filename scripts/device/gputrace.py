@@ -26,7 +26,7 @@ def main():
     dev, api = [], []   # (start, end, label)
     for line in open(a.trace):
         p = line.split(" ", 3)
-        if len(p) < 4 and p[0] != "S":
+        if len(p) < 4:
             continue
         s, e = int(p[1]), int(p[2])
         if p[0] == "K":
@@ -54,7 +54,7 @@ def main():
     for i in range(max(1, a.skip), len(ends)):
         t0, t1 = ends[i - 1], ends[i]
         acts = [x for x in dev if x[1] > t0 and x[0] < t1]
-        busy, cur_s, cur_e, prev = 0, None, None, None
+        busy = 0
         ktime = sum(min(x[1], t1) - max(x[0], t0) for x in acts if not x[2].startswith("mem"))
         gaps = []
         last_end, last_name = t0, "(step start)"

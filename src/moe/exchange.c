@@ -13,8 +13,6 @@ void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *e
     x->EP = comm_size(ep);
     x->ETP = comm_size(etp);
     x->El = El; x->d = d;
-    x->he = be->hid_elem;
-    x->ht = be->hid_elem == 2 ? CT_BF16 : CT_F32;
     x->sc = xcalloc(x->EP, sizeof(size_t)); x->sd = xcalloc(x->EP, sizeof(size_t));
     x->rc = xcalloc(x->EP, sizeof(size_t)); x->rd = xcalloc(x->EP, sizeof(size_t));
     x->rcnt = xcalloc((size_t)x->EP * El, sizeof(int64_t));
@@ -43,6 +41,10 @@ static void grow(const Backend *be, void **p, size_t *cap, size_t need) {
     if (*cap == 0) *cap = 1;
     *p = be->alloc(*cap);
 }
+
+// The dispatched rows' values: the backend's hidden format (ops.h hid_elem), sent as CT_BF16 or CT_F32.
+static size_t hid_bytes(const Exchange *x) { return x->be->hid_elem; }
+static CommType hid_type(const Exchange *x) { return x->be->hid_elem == 2 ? CT_BF16 : CT_F32; }
 
 static void scale_counts(const size_t *c, size_t *out, int n, size_t by) { for (int i = 0; i < n; i++) out[i] = c[i] * by; }
 
@@ -130,8 +132,8 @@ static void hier_a2a(Exchange *x, int k, const void *send, void *recv) {
     const HierPlan *h = &x->hp[k];
     const Backend *be = x->be;
     size_t d = x->d, G = (size_t)comm_size(x->epn), A = (size_t)comm_size(x->epx);
-    size_t row = d * (k ? F : x->he);
-    CommType ct = k ? CT_F32 : x->ht;
+    size_t row = d * (k ? F : hid_bytes(x));
+    CommType ct = k ? CT_F32 : hid_type(x);
     for (int i = 0; i < h->npre; i++) {
         const int64_t *t = h->pre + 3 * i;
         if (t[2]) be->copy((char *)x->h_s1 + t[1] * row, (const char *)send + t[0] * row, row * t[2]);
@@ -245,10 +247,10 @@ void exchange_dispatch_start(Exchange *x, const void *rows) {
     } else if (comm_dev_due(x->ep)) {
         size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
         ep_counts(x, 0, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
-        x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP, x->ht);
+        x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP, hid_type(x));
         free(a);
     } else {
-        x->be->copy(x->raw_ep, rows, x->he * (size_t)x->M * x->d);
+        x->be->copy(x->raw_ep, rows, hid_bytes(x) * (size_t)x->M * x->d);
     }
 }
 
@@ -260,10 +262,10 @@ const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out) {
     if (comm_dev_due(x->etp)) {
         size_t *a = xmalloc(sizeof(size_t) * ETP * 2);
         scale_counts(x->gc, a, ETP, d); scale_counts(x->gd, a + ETP, ETP, d);
-        comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, a + ETP, x->ht);
+        comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, a + ETP, hid_type(x));
         free(a);
     } else {
-        x->be->copy(x->raw, x->raw_ep, x->he * (size_t)x->R * d);
+        x->be->copy(x->raw, x->raw_ep, hid_bytes(x) * (size_t)x->R * d);
     }
     x->be->gather_rows_hid(out, x->raw, 1, x->perm, x->Rg, x->d);
     return out;

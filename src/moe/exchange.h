@@ -35,8 +35,6 @@ typedef struct {
     void *h_s1, *h_r1, *h_s2;    // its staging (device)
     size_t cap_h;
     int EP, ETP, El, d;
-    size_t he;                   // bytes of a dispatched value (the backend's hidden format, hid_elem)
-    CommType ht;                 // and its comm type (CT_BF16 or CT_F32)
     size_t *sc, *sd, *rc, *rd;   // (EP) rows sent to / received from each EP peer, and displacements
     int64_t *rcnt;               // (EP, El) rows received from EP peer q for local expert le
     int64_t *gcnt;               // (ETP, EP, El) the same for every ETP peer (after the gather)
