@@ -139,8 +139,8 @@ else fail "moe info --pp 2 failed"; tail -3 "$TMP/info.txt"; fi
 # moe info --world N: a rank's memory, the whole model's apart; one rank holds what the whole model does
 w1=$("$MOE" info --world 1 2>&1)
 whole=$(echo "$w1" | grep -o 'activations for batch 16 x 64: [0-9.]* [KMG]iB' | awk '{print $(NF-1), $NF}')
-rank=$(echo "$w1" | grep -o 'activations [0-9.]* [KMG]iB (a micro-batch of 16 x 64)' | awk '{print $2, $3}')
-tp2=$("$MOE" info --world 4 --tp 2 --ep 2 2>&1 | grep -o 'activations [0-9.]* [KMG]iB (a micro-batch of 8 x 64)' | awk '{print $2}')
+rank=$(echo "$w1" | grep -o 'activations [0-9.]* [KMG]iB (a micro-batch of 16 x 64[;)]' | awk '{print $2, $3}')
+tp2=$("$MOE" info --world 4 --tp 2 --ep 2 2>&1 | grep -o 'activations [0-9.]* [KMG]iB (a micro-batch of 8 x 64[;)]' | awk '{print $2}')
 if [ -n "$whole" ] && [ "$whole" = "$rank" ] && [ -n "$tp2" ] && fcmp "$tp2" "<" "${rank% *}"; then
   pass "moe info --world: one rank's activations equal the whole model's ($rank); at tp2 x dp2 x ep2 a rank holds $tp2 MiB"
 else fail "moe info --world per-rank activations: whole '$whole', rank '$rank', tp2 '$tp2'"; fi

@@ -25,7 +25,7 @@
 enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_ALL = 31 };
 typedef enum { O_INT, O_FLOAT, O_U64, O_STR, O_FLAG, O_DISPATCH, O_AUXFORM, O_SCHEDULE, O_AUTO_INT, O_HIER,
                O_EXPERTMODE, O_ALLINT, O_FAMILY, O_QKNORM, O_BALANCE, O_AUXSCOPE, O_RECOMPUTE, O_PRECISION,
-               O_ROUNDING } OptType;
+               O_ROUNDING, O_GRADMEM } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
 typedef struct {
@@ -196,6 +196,10 @@ static const Opt opts[] = {
      "--precision bf16: how each updated weight is rounded to bf16: stochastic (unbiased, seeded by --seed: "
      "reproducible), nearest (round to nearest even), or none (the weights stay float32: only the moments are "
      "bf16)"},
+    {"grad-memory", O_GRADMEM, TO(grad_memory), C_TRAIN | C_INFO,
+     "shared: with --grad-accum 1 and no --pp, each layer's expert gradients are written into the memory of the "
+     "next layer's activations (the last layer's: the logits), which its backward has read for the last time "
+     "by then: the same bits, about a layer's expert gradients less memory per layer; separate: their own"},
     {"zero", O_INT, TO(zero), C_TRAIN | C_INFO, "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
     {"overlap", O_INT, TO(overlap), C_TRAIN, "1: reduce gradient buckets while backward runs"},
     {"bucket-mb", O_FLOAT, TO(bucket_mb), C_TRAIN, "gradient bucket size cap in MB"},
@@ -259,6 +263,7 @@ static const WordSet word_sets[] = {
     {O_AUXSCOPE, "micro-batch|sequence|global", 0, 3, {"micro-batch", "sequence", "global"},
      {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
     {O_PRECISION, "mixed|bf16", 0, 2, {"mixed", "bf16"}, {PREC_MIXED, PREC_BF16}},
+    {O_GRADMEM, "shared|separate", 0, 2, {"shared", "separate"}, {GRADMEM_SHARED, GRADMEM_SEPARATE}},
     {O_ROUNDING, "stochastic|nearest|none", 0, 3, {"stochastic", "nearest", "none"},
      {ROUND_STOCHASTIC, ROUND_NEAREST, ROUND_NONE}},
 };

@@ -184,6 +184,7 @@ static void chunk_moes(Model *m, LayerActs *a, int n) {
     for (int i = 0; i < n; i++) {
         moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
         if (m->recompute & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
+        a->mc[i].arena = &a->arena;
     }
     a->nmc = n;
 }
@@ -194,13 +195,13 @@ static void layer_recompute(Model *m, LayerActs *a) {
     const Backend *be = m->be;
     int attn = (m->recompute & RECOMPUTE_ATTN) != 0;
     if (attn && !a->att_shared) {
-        be->free(a->att);
-        be->free(a->lse);
+        arena_free(&a->arena, be, a->att);
+        arena_free(&a->arena, be, a->lse);
         a->att = m->att_rc;
         a->lse = m->lse_rc;
     } else if (!attn && a->att_shared) {
-        a->att = be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * F);
-        a->lse = be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
+        a->att = arena_alloc(&a->arena, be, (size_t)m->maxN * m->Hl * m->c.head_dim * F);
+        a->lse = arena_alloc(&a->arena, be, (size_t)m->maxB * m->Hl * m->maxT * F);
     }
     a->att_shared = attn;
     MoeRecompute *rc = m->recompute & RECOMPUTE_MOE ? &m->rc : NULL;
@@ -220,6 +221,20 @@ void model_set_recompute(Model *m, int mode) {
             for (int l = m->chunk[k].l0; l < m->chunk[k].l1; l++) layer_recompute(m, &m->slots[k][i].la[l]);
 }
 
+// The bytes of layer l's routed-expert gradients (one contiguous block: params.h's order), 256-aligned,
+// lent to an arena (model_share_grads); none where this rank holds no experts of the layer.
+static Arena expert_grads_arena(const Model *m, int l) {
+    Arena a = {0};
+    int i = params_index(&m->t, PR_W1, l, m->e0), j = params_index(&m->t, PR_W2, l, m->e0 + m->El - 1);
+    if (i < 0 || j < 0 || !m->t.p[i].lnumel) return a;
+    char *b = (char *)(m->grads + m->t.p[i].loffset), *e = (char *)(m->grads + m->t.p[j].loffset + m->t.p[j].lnumel);
+    char *b2 = (char *)(((uintptr_t)b + 255) & ~(uintptr_t)255);
+    if (b2 >= e) return a;
+    a.base = b2;
+    a.cap = (size_t)(e - b2);
+    return a;
+}
+
 static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     const ModelChunk *ch = &m->chunk[chunk];
     const Backend *be = m->be;
@@ -230,32 +245,40 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
     for (int l = ch->l0; l < ch->l1; l++) {
         LayerActs *a = &s->la[l];
-        a->res_in = be->alloc(N * d * F);
-        a->xn1 = be->alloc(N * d * be->hid_elem);
-        a->rstd1 = be->alloc(N * F);
-        a->q = be->alloc(N * qd * F);
-        a->k = be->alloc(N * kvd * F);
-        a->v = be->alloc(N * kvd * F);
-        a->att = be->alloc(N * qd * F);
-        a->lse = be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
-        a->x_mid = be->alloc(N * d * F);
-        a->xn2 = be->alloc(N * d * F);
-        a->rstd2 = be->alloc(N * F);
+        Arena *A = &a->arena;
+        if (m->share_grads && l > ch->l0) *A = expert_grads_arena(m, l - 1);
+        a->res_in = arena_alloc(A, be, N * d * F);
+        a->xn1 = arena_alloc(A, be, N * d * be->hid_elem);
+        a->rstd1 = arena_alloc(A, be, N * F);
+        a->q = arena_alloc(A, be, N * qd * F);
+        a->k = arena_alloc(A, be, N * kvd * F);
+        a->v = arena_alloc(A, be, N * kvd * F);
+        if (!(m->recompute & RECOMPUTE_ATTN)) {   // (else the model's shared ones: layer_recompute below)
+            a->att = arena_alloc(A, be, N * qd * F);
+            a->lse = arena_alloc(A, be, (size_t)m->maxB * m->Hl * m->maxT * F);
+        }
+        a->x_mid = arena_alloc(A, be, N * d * F);
+        a->xn2 = arena_alloc(A, be, N * d * F);
+        a->rstd2 = arena_alloc(A, be, N * F);
         if (c->qk_norm) {
-            a->qraw = be->alloc(N * qd * F);
-            a->kraw = be->alloc(N * kvd * F);
-            a->rstdq = be->alloc(N * m->Hl * F);
-            a->rstdk = be->alloc(N * m->KVl * F);
+            a->qraw = arena_alloc(A, be, N * qd * F);
+            a->kraw = arena_alloc(A, be, N * kvd * F);
+            a->rstdq = arena_alloc(A, be, N * m->Hl * F);
+            a->rstdk = arena_alloc(A, be, N * m->KVl * F);
         }
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
         if (m->recompute) layer_recompute(m, a);
+        A->mark = A->used;   // the MoE's rows from here (again after each change of AMPipe chunks)
+        a->moe.arena = A;
         a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts;   // aux scope global: the step's sums
         a->moe.run_tokens = m->scope_tokens + l;
     }
-    s->res_final = be->alloc(N * d * F);
-    s->xn_f = be->alloc(N * d * F);
+    Arena *H = &s->head;
+    *H = m->share_grads && ch->last ? expert_grads_arena(m, ch->l1 - 1) : (Arena){0};
+    s->logits = ch->last ? arena_alloc(H, be, N * V * F) : NULL;   // the largest activation: the last stage's only
+    s->res_final = arena_alloc(H, be, N * d * F);
+    s->xn_f = arena_alloc(H, be, N * d * F);
     s->rstd_f = be->alloc(N * F);
-    s->logits = ch->last ? be->alloc(N * V * F) : NULL;   // the largest activation: the last stage's only
     s->losses = be->alloc(N * F);
     s->tokens = be->alloc(N * sizeof(int32_t));
     s->targets = be->alloc(N * sizeof(int32_t));
@@ -268,13 +291,14 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
         if (a->att_shared) a->att = a->lse = NULL;   // the model's (--recompute attn)
         void *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
                         a->rstd2, a->qraw, a->kraw, a->rstdq, a->rstdk};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&a->arena, be, bufs[i]);
         moe_layer_free(&a->moe);
         chunk_moes(m, a, 1);
     }
     free(s->la);
     void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&s->head, be, bufs[i]);
+    s->head = (Arena){0};
 }
 
 // This rank's chunks: virtual stages k = c * PP + pp_rank of the split (one chunk of every layer
@@ -354,7 +378,18 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->hf_pe = m->hf_fe + c->n_experts;
 }
 
+void model_share_grads(Model *m, int on) {
+    CHECK(!on || (m->nchunks == 1 && m->nslots[0] == 1), "model_share_grads: %d chunks, %d slots (one of each)",
+          m->nchunks, m->nslots[0]);
+    if (m->share_grads == !!on) return;
+    slot_free(m, &m->slots[0][0], 0);
+    m->share_grads = !!on;
+    slot_alloc(m, &m->slots[0][0], 0);
+    model_use(m, 0, 0);
+}
+
 void model_set_slots(Model *m, int chunk, int n) {
+    CHECK(!m->share_grads || n == 1, "model_set_slots: %d slots with the gradients' memory shared", n);
     CHECK(n >= 1 && chunk >= 0 && chunk < m->nchunks, "model_set_slots: chunk %d, %d slots", chunk, n);
     for (int i = n; i < m->nslots[chunk]; i++) slot_free(m, &m->slots[chunk][i], chunk);
     m->slots[chunk] = xrealloc(m->slots[chunk], sizeof(ModelSlot) * (size_t)n);
@@ -679,9 +714,17 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         CHECK(n <= N, "--ampipe %d: a micro-batch of %d tokens has fewer rows than chunks", n, N);
         // the states a layer's forwards do not use lose their memory: whole-batch rows while chunked,
         // the chunks' states while not (--ampipe auto tries both)
-        if (n > 1 && a->nmc != n) chunk_moes(m, a, n);
-        if (n > 1) moe_layer_trim(&a->moe);
-        else if (a->nmc) chunk_moes(m, a, 1);
+        // (a change frees every MoE row in the layer's lent memory: its next rows are carved from the mark again)
+        if (n > 1 && a->nmc != n) {
+            chunk_moes(m, a, n);
+            moe_layer_trim(&a->moe);
+            arena_reset(&a->arena);
+        } else if (n > 1) {
+            moe_layer_trim(&a->moe);
+        } else if (a->nmc) {
+            chunk_moes(m, a, 1);
+            arena_reset(&a->arena);
+        }
         layer_forward(m, l, out, B, T, n, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0);
         m->aux += a->moe.aux / c->n_layers;
         m->z += a->moe.z / c->n_layers;

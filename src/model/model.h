@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "model/params.h"
 #include "moe/moe.h"
+#include "ops/arena.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 
@@ -41,6 +42,7 @@ typedef struct {
     MoeLayer *mc;                  // (nmc) AMPipe: each chunk's MoE state (rows [R_j, R_j+1))
     int nmc;
     int nrun;                      // the chunks the last forward ran (1: unchunked, state in moe)
+    Arena arena;                   // model_share_grads: the previous layer's expert gradients, lent (else none)
 } LayerActs;
 
 // A chunk: the layers [l0, l1) of one virtual stage; first: it embeds the tokens; last: it holds the
@@ -56,6 +58,7 @@ typedef struct {
     int32_t *tokens, *targets;
     int B, T;
     uint64_t drop_seed;            // the dropout seed of the forward held here (its backward's mask)
+    Arena head;                    // model_share_grads: the last layer's expert gradients, lent to the logits
 } ModelSlot;
 
 typedef struct {
@@ -119,6 +122,7 @@ typedef struct {
     int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int *ampipe;                   // (L) each layer's AMPipe chunks in training forwards (1 = none)
+    int share_grads;               // model_share_grads
     int recompute;                 // RECOMPUTE_* bits (model_set_recompute)
     MoeRecompute rc;               // --recompute moe: every layer's experts' SwiGLU rows, shared
     float *att_rc, *lse_rc;        // --recompute attn: every layer's attention output and lse, shared
@@ -134,6 +138,15 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
 void model_free(Model *m);
 // Activations for n live micro-batches of chunk c (n >= 1; the pipeline schedule's live[c]).
 void model_set_slots(Model *m, int chunk, int n);
+// Gradient memory shared with activations (on = 1; 0: separate, as model_init leaves it), for a caller
+// that runs one forward and its backward per step on one chunk of one slot (no gradient accumulation, no
+// pipeline stages: refused otherwise): layer l's routed-expert gradients (written by its backward, ops.h
+// GM_DW_WRITE, after layer l+1's backward read its activations for the last time) hold layer l+1's
+// activations, as many as fit in that order (the norms' and attention's, then its MoE's kept rows), and
+// the last layer's hold the logits; they are overwritten by the next forward, so they are read before it
+// (the norm, the update). The same bits as separate memory; less memory by about a layer's expert
+// gradients per layer. Set before forwards (it allocates the slot again).
+void model_share_grads(Model *m, int on);
 // Selects the chunk the next forward/backward runs and the slot holding its micro-batch.
 void model_use(Model *m, int chunk, int slot);
 // The current chunk's input (its first layer's residual stream: the caller fills it on a chunk that

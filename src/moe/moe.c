@@ -15,23 +15,24 @@
 static void expert_buffers(MoeLayer *m, int Rg) {
     const Backend *be = m->be;
     size_t rows = Rg ? Rg : 1, nf = rows * m->fu * be->hid_elem;
-    m->yg = moe_grown(be, m->yg, &m->cap_d, rows * m->d * F);
-    if (!m->xu->local) m->xg = moe_grown(be, m->xg, &m->cap_xg, rows * m->d * be->hid_elem);
-    if (m->rc) { moe_rc_rows(m, nf); return; }
-    if (nf > m->cap_f) {
+    // (the SwiGLU rows first: the largest, they take a lent arena's room before the outputs)
+    if (m->rc) moe_rc_rows(m, nf);
+    else if (nf > m->cap_f) {
         void **bf[] = {&m->h1, &m->h3, &m->act};
-        for (int i = 0; i < 3; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
+        for (int i = 0; i < 3; i++) { arena_free(m->arena, be, *bf[i]); *bf[i] = arena_alloc(m->arena, be, nf); }
         m->cap_f = nf;
     }
+    m->yg = moe_grown(be, m->arena, m->yg, &m->cap_d, rows * m->d * F);
+    if (!m->xu->local) m->xg = moe_grown(be, m->arena, m->xg, &m->cap_xg, rows * m->d * be->hid_elem);
 }
 
 static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int local) {
     const Backend *be = s->be;
     size_t rows = Rg ? Rg : 1, nf = rows * fl * be->hid_elem;
-    s->dxg = moe_grown(be, s->dxg, &s->cap_d, rows * d * F);
+    s->dxg = moe_grown(be, NULL, s->dxg, &s->cap_d, rows * d * F);
     if (!local) {
-        s->dyg = moe_grown(be, s->dyg, &s->cap_dyg, rows * d * be->hid_elem);
-        s->dxs = moe_grown(be, s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
+        s->dyg = moe_grown(be, NULL, s->dyg, &s->cap_dyg, rows * d * be->hid_elem);
+        s->dxs = moe_grown(be, NULL, s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
     }
     if (nf > s->cap_f) {
         void **bf[] = {&s->dh1, &s->dh3};
@@ -142,7 +143,7 @@ void moe_layer_free(MoeLayer *m) {
     plan_free(&m->plan);
     void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
                    m->xg, m->h1, m->h3, m->act, m->yg, m->sh_h1, m->sh_h3, m->sh_act, m->sh_x, m->sh_y, m->sh_g, m->ident};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) be->free(dev[i]);
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) arena_free(m->arena, be, dev[i]);
     exchange_free(&m->x);
     for (int i = 0; i < MOE_MAX_OVERLAP; i++) if (m->xc[i].be) exchange_free(&m->xc[i]);
     if (m->xe.be) exchange_free(&m->xe);
@@ -157,7 +158,7 @@ void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
     if (rc == m->rc) return;
     if (!m->rc) {   // its own rows go; the shared ones are pointed at by the next forward
         void **bf[] = {&m->h1, &m->h3, &m->act};
-        for (int i = 0; i < 3; i++) if (*bf[i]) { m->be->free(*bf[i]); *bf[i] = NULL; }
+        for (int i = 0; i < 3; i++) { arena_free(m->arena, m->be, *bf[i]); *bf[i] = NULL; }
     } else {
         m->h1 = m->h3 = m->act = NULL;
     }
@@ -168,8 +169,7 @@ void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
 void moe_layer_trim(MoeLayer *m) {
     if (m->rc) m->h1 = m->h3 = m->act = NULL;
     void *bufs[] = {m->xs, m->ys, m->xg, m->yg, m->xsc, m->ysc, m->h1, m->h3, m->act};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) m->be->free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(m->arena, m->be, bufs[i]);
     m->xs = m->xg = m->xsc = m->h1 = m->h3 = m->act = NULL;
     m->ys = m->yg = m->ysc = NULL;
     if (m->cidx) { m->be->free(m->cidx); m->cidx = m->icidx = NULL; }
@@ -403,7 +403,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
         m->dropped = 0;
     }
     int M = m->plan.M, R = m->Rmax;
-    if (!m->xs) m->xs = be->alloc((size_t)(R ? R : 1) * d * be->hid_elem);
+    if (!m->xs) m->xs = arena_alloc(m->arena, be, (size_t)(R ? R : 1) * d * be->hid_elem);
     be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
     be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d, m->kf_d + (size_t)k * E, Ns,
                   E, k);
@@ -427,7 +427,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
     free(kept);
     int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
     expert_buffers(m, Rg);
-    if (!m->xu->local && !m->ys) m->ys = be->alloc((size_t)(R ? R : 1) * d * F);
+    if (!m->xu->local && !m->ys) m->ys = arena_alloc(m->arena, be, (size_t)(R ? R : 1) * d * F);
     m->wu = wf;
     // with early_dispatch (AMPipe) the unchunked dispatch is in flight until moe_finish
     m->started = m->early_dispatch && m->r == 1 && !m->xu->local;

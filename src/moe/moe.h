@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "moe/exchange.h"
 #include "moe/router.h"
+#include "ops/arena.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 
@@ -126,6 +127,8 @@ typedef struct {
     void *xsc;                     // (M,d) my rows, chunk-major (hidden format)
     float *ysc;                    // (M,d) their outputs, chunk-major
     MoeRecompute *rc;              // NULL: h1, h3, act kept per layer; else the shared ones, recomputed
+    Arena *arena;                  // NULL, or memory lent for the kept rows (xs, ys, xg, yg, h1, h3, act): the
+                                   // caller's (model.h model_share_grads), which resets it after moe_layer_trim
     // expert side (device, grown to the rows received)
     Exchange x;
     void *xg;                      // (Rg,d) the rows received (hidden format; only when the exchange is not local)

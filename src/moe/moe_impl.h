@@ -5,12 +5,13 @@
 
 #define F sizeof(float)
 
-// p, or p reallocated to hold `need` bytes where it does not (contents are not kept): p = moe_grown(...).
-static inline void *moe_grown(const Backend *be, void *p, size_t *cap, size_t need) {
+// p, or p reallocated to hold `need` bytes where it does not (contents are not kept): p = moe_grown(...);
+// from the arena a where one is lent (ops/arena.h; NULL: the backend's).
+static inline void *moe_grown(const Backend *be, Arena *a, void *p, size_t *cap, size_t need) {
     if (p && need <= *cap) return p;
-    if (p) be->free(p);
+    arena_free(a, be, p);
     *cap = need;
-    return be->alloc(need);
+    return arena_alloc(a, be, need);
 }
 
 // --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and

@@ -78,6 +78,20 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
 }
 // The activations of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
+// --grad-memory shared (with --grad-accum 1 and no --pp: model.h model_share_grads): the activation bytes that
+// live in the expert gradients' memory on one rank (about: a buffer that does not fit whole goes to the
+// allocator, where this counts the part that would fit): each layer's but the first, up to the previous
+// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows (the
+// halves of acts_hidden and acts_hid_rows a layer keeps).
+static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T, int hid) {
+    int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
+    if (o->grad_memory != GRADMEM_SHARED || o->grad_accum != 1 || pp > 1) return 0;
+    double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
+    double la = acts_layer(c, ms, B, T) - acts_dropped(c, ms, B, T, o->recompute);
+    if (hid) la -= 0.5 * ((o->recompute & RECOMPUTE_MOE ? 0 : acts_hidden(c, ms, B, T, 0)) + acts_hidden(c, ms, B, T, 1) +
+                          acts_hid_rows(c, ms, B, T));
+    return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g);
+}
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return o->precision == PREC_BF16 ? 2.0 : 4.0; }
 
@@ -179,11 +193,16 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     size_t Rk = N * c->top_k;
     double scr32 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 4), scr16 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 2);
     double acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N) + scr32;
+    // (--grad-memory shared: part of the activations in the expert gradients' memory)
+    double lent32 = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0), lent16 = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 1);
+    char bl[32];
     fmt_bytes(b1, sizeof b1, state);
     fmt_bytes(b2, sizeof b2, acts);
-    fmt_bytes(b3, sizeof b3, state + acts);
-    printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s, total %s\n",
-           o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, b3);
+    fmt_bytes(b3, sizeof b3, state + acts - lent32);
+    fmt_bytes(bl, sizeof bl, lent32);
+    printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s (%s of them in the "
+           "expert gradients' memory), total %s\n",
+           o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, bl, b3);
     // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act), the rows sent to them and
     // the attention norm's output in bf16 (ops.h hid_elem: half of their bytes in every layer that keeps them:
     // the routed SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1,
@@ -199,9 +218,10 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     fmt_bytes(b2, sizeof b2, shadow);
     fmt_bytes(b3, sizeof b3, scratch);
     char b4[32];
-    fmt_bytes(b4, sizeof b4, state + acts - hid + shadow + scratch);
-    printf("memory (cuda, the same buffers - bf16 expert rows %s + bf16 weights %s + bf16 operand scratch %s): "
-           "%s plus the CUDA context\n", b1, b2, b3, b4);
+    fmt_bytes(b4, sizeof b4, state + acts - hid + shadow + scratch - lent16);
+    fmt_bytes(bl, sizeof bl, lent16);
+    printf("memory (cuda, the same buffers - bf16 expert rows %s + bf16 weights %s + bf16 operand scratch %s, %s of the "
+           "activations in the expert gradients' memory): %s plus the CUDA context\n", b1, b2, b3, bl, b4);
     if (o->ampipe != 1)   // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE rows, "
                "N/n each, in place of the whole micro-batch's)\n", o->ampipe ? "n" : "auto");
@@ -229,15 +249,17 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
         int Bl = o->batch / (o->grad_accum > 0 ? o->grad_accum : 1) / ms.dp;
         double ra = ms.pp > 1 ? 0 : acts_layers(c, &ms, (size_t)Bl, (size_t)T, c->n_layers, o->recompute) +
                                     acts_head(c, (size_t)Bl * T) + acts_scratch(c, &ms, (size_t)Bl, (size_t)T, 4);
-        char a1[32], a2[32], a3[32], a4[32];
+        double rl = acts_lent(c, &ms, o, (size_t)Bl, (size_t)T, 0);
+        char a1[32], a2[32], a3[32], a4[32], a5[32];
         fmt_bytes(a1, sizeof a1, 4.0 * lt.ltotal);
         fmt_bytes(a2, sizeof a2, moment_bytes(o) * mom);
         fmt_bytes(a3, sizeof a3, ra);
-        fmt_bytes(a4, sizeof a4, 8.0 * lt.ltotal + moment_bytes(o) * mom + ra);
+        fmt_bytes(a4, sizeof a4, 8.0 * lt.ltotal + moment_bytes(o) * mom + ra - rl);
+        fmt_bytes(a5, sizeof a5, rl);
         if (ms.pp == 1)   // (with stages: per stage, below)
             printf("per rank (zero %d, %s): params %s, grads %s, AdamW moments %s, activations %s (a micro-batch "
-                   "of %d x %d); total %s\n", o->zero, o->precision == PREC_BF16 ? "float32, moments bf16" : "float32",
-                   a1, a1, a2, a3, Bl, T, a4);
+                   "of %d x %d; %s of them in the expert gradients' memory); total %s\n", o->zero,
+                   o->precision == PREC_BF16 ? "float32, moments bf16" : "float32", a1, a1, a2, a3, Bl, T, a5, a4);
         if (o->zero == 2)
             printf("  (zero 2 reduces each bucket straight into this rank's shard; the gradient accumulation buffer "
                    "stays whole, so its memory is as zero 1)\n");

@@ -44,6 +44,8 @@ typedef struct {
     int expert_mode;        // MoE layers with ETP > 1: 0 sharded, 1 gathered, -1 auto (measured)
     int precision;          // PREC_MIXED: float32 weights and AdamW moments (bf16 GEMM operands on cuda);
                             // PREC_BF16: bf16 moments, weights rounded to bf16 values after every update
+    int grad_memory;        // GRADMEM_SHARED: with --grad-accum 1 and no --pp, the expert gradients share memory
+                            // with the next layer's activations (model.h model_share_grads); GRADMEM_SEPARATE
     int bf16_rounding;      // PREC_BF16's weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST or ROUND_NONE
     float a2a_retune;       // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
@@ -54,6 +56,7 @@ typedef struct {
 } TrainOptions;
 
 enum { PREC_MIXED = 0, PREC_BF16 = 1 };
+enum { GRADMEM_SHARED = 0, GRADMEM_SEPARATE = 1 };
 enum { ROUND_STOCHASTIC = 0, ROUND_NEAREST = 1, ROUND_NONE = 2 };
 
 void train_options_default(TrainOptions *o);

@@ -28,6 +28,8 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     if (!bad) bad = schedule_check(&s->sched);
     if (bad) DIE("%s", bad);
     for (int c = 0; c < s->sched.vpp; c++) model_set_slots(m, c, s->sched.live[c]);
+    // one forward and its backward per step: the expert gradients in the next layer's activations
+    if (o->grad_memory == GRADMEM_SHARED && pp == 1 && o->grad_accum == 1) model_share_grads(m, 1);
     pipe_init(&s->pipe, m, pp > 1 ? mesh->pp : NULL, s->sched.vpp);
     // arm the gradient reductions before each chunk's last backward
     s->arm_at = xcalloc((size_t)s->sched.n + 1, sizeof(int));

@@ -362,9 +362,9 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     dist_attach(&r->dist, &r->m);
     load_or_init(r, resuming, latest);
     best_recorded(r);
+    if (o->recompute) model_set_recompute(&r->m, o->recompute);   // (before step_init's slots: they keep no dropped buffer)
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     adapt_init(&r->adapt, o, &shape, meshed, &r->m);
-    if (o->recompute) model_set_recompute(&r->m, o->recompute);
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");
     if (!r->out) DIE("cannot open /dev/null");
