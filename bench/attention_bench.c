@@ -23,6 +23,15 @@ static float *drand(const Backend *be, size_t n, Rng *r) {
     return d;
 }
 
+// q, k, v as the model hands them to the attention: in the backend's hidden format (ops.h to_hid)
+static void *drand_hid(const Backend *be, size_t n, Rng *r) {
+    float *f = drand(be, n, r);
+    void *h = be->alloc(n * be->hid_elem);
+    be->to_hid(h, f, n);
+    be->free(f);
+    return h;
+}
+
 static int cmp_f(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
@@ -48,7 +57,8 @@ int main(int argc, char **argv) {
     Rng r;
     rng_seed(&r, 1);
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
-    float *q = drand(be, nq, &r), *k = drand(be, nk, &r), *v = drand(be, nk, &r), *g = drand(be, nq, &r);
+    void *q = drand_hid(be, nq, &r), *k = drand_hid(be, nk, &r), *v = drand_hid(be, nk, &r);
+    float *g = drand(be, nq, &r);
     float *o = be->alloc(nq * 4), *l = be->alloc((size_t)B * H * T * 4);
     float *dq = be->alloc(nq * 4), *dk = be->alloc(nk * 4), *dv = be->alloc(nk * 4);
     cudaEvent_t e0, e1, e2;

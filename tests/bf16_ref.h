@@ -112,6 +112,14 @@ static void bfr_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const 
     backend_cpu()->rmsnorm_fwd(out, rstd, inp, w, N, C, eps);
     for (size_t i = 0; i < (size_t)N * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
 }
+// the attention's q, k, v: RoPE's values (v's as they are) rounded once, kept as float arrays of bf16 values
+static void bfr_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+    backend_cpu()->rope_fwd_hid(out, inp, B, T, nh, hd, theta);
+    for (size_t i = 0; i < (size_t)B * T * nh * hd; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
+}
+static void bfr_to_hid(void *out, const float *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) ((float *)out)[i] = bf16_round(inp[i]);
+}
 static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                  const float *scale, int n, int C, int hid) {
     backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
@@ -131,8 +139,20 @@ static inline double bfr_dot(const float *a, const float *b, int n) {
     for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
     return s;
 }
-static void bfr_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                              int H, int KV, int hd, int t0, int t1) {
+// out: each value rounded once, as the GPU stores it (its hidden format; float arrays of bf16 values here)
+static void bfr_round_rows(float *out, int B, int T, int H, int hd, int t0, int t1) {
+    for (int b = 0; b < B; b++)
+        for (size_t i = ((size_t)b * T + t0) * H * hd; i < ((size_t)b * T + t1) * H * hd; i++) out[i] = bf16_round(out[i]);
+}
+static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                int H, int KV, int hd, int t0, int t1);
+static void bfr_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
+                              int KV, int hd, int t0, int t1) {
+    bfr_attention_fwd_f(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+    bfr_round_rows(out, B, T, H, hd, t0, t1);
+}
+static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                int H, int KV, int hd, int t0, int t1) {
     if (!bfr_att_tc(hd)) { backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1); return; }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     float *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
@@ -159,9 +179,10 @@ static void bfr_attention_fwd(float *out, float *lse, const float *q, const floa
             }
     free(s); free(acc); free(qr); free(kr); free(vr);
 }
-static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                              const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out_, const float *lse,
+                              const void *q_, const void *k_, const void *v_, int B, int T, int H, int KV, int hd,
                               int t0, int t1, int flags) {
+    const float *q = q_, *k = k_, *v = v_, *out = out_;   // (this backend's hidden format is float32)
     if (!bfr_att_tc(hd)) {
         backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
         return;
@@ -202,8 +223,8 @@ static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const flo
     backend_matmul_bwd_multi_plain(backend_cpu_bf16ref(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
 
-// The cpu backend with the cuda backend's bf16 GEMMs, bf16 expert hidden and dispatched rows (float arrays
-// of bf16 values) and attention (name "cpu-bf16ref").
+// The cpu backend with the cuda backend's bf16 GEMMs, bf16 expert hidden and dispatched rows and attention
+// q, k, v and output (float arrays of bf16 values) and attention (name "cpu-bf16ref").
 static inline const Backend *backend_cpu_bf16ref(void) {
     static Backend b;
     if (!b.name) {
@@ -224,6 +245,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.gather_dot_scale = bfr_gather_dot_scale;
         b.attention_fwd = bfr_attention_fwd;
         b.attention_bwd = bfr_attention_bwd;
+        b.rope_fwd_hid = bfr_rope_fwd_hid;
+        b.to_hid = bfr_to_hid;
     }
     return &b;
 }

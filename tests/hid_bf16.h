@@ -3,12 +3,14 @@
 // offsets of moe_impl.h hid_at, the shared expert's rows, the dispatched rows through the exchange as
 // CT_BF16) runs in CI without a GPU. The fused expert ops widen their bf16 inputs to float32, run the
 // cpu's plain composition (plain.h) and round each hidden output once to nearest even, as the GPU's
-// epilogues do; gather_rows_hid, gather_dot_scale and rmsnorm_fwd_hid round into bf16 rows, the q/k/v
-// products widen theirs; every other op is the cpu's.
+// epilogues do; gather_rows_hid, gather_dot_scale, rmsnorm_fwd_hid, rope_fwd_hid and to_hid round into bf16
+// rows (and the attention its output), the q/k/v and o products and the attention widen theirs; every other
+// op is the cpu's.
 // Must not hold: tests (those are in mpi_moe.c).
 #pragma once
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "core/common.h"
 #include "ops/ops.h"
 #include "ops/plain.h"
@@ -96,6 +98,70 @@ static void hb_gather_dot_scale(void *out, float *dot, const float *inp, const i
     free(f);
 }
 
+// the attention's q, k, v in bf16: RoPE's values (and v's) rounded once; the attention ops widen them
+static void hb_round_n(void *out, const float *f, size_t n) {
+    for (size_t i = 0; i < n; i++) ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+}
+static void hb_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+    size_t n = (size_t)B * T * nh * hd;
+    float *f = xmalloc(sizeof(float) * (n ? n : 1));
+    memcpy(f, inp, sizeof(float) * n);
+    backend_cpu()->rope_fwd(f, B, T, nh, hd, theta);
+    hb_round_n(out, f, n);
+    free(f);
+}
+static void hb_to_hid(void *out, const float *inp, size_t n) { hb_round_n(out, inp, n); }
+typedef struct { float *q, *k, *v; } HbQkv;
+static HbQkv hb_qkv(const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd) {
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
+    HbQkv w = {hb_widen_n(q, nq), hb_widen_n(k, nk), hb_widen_n(v, nk)};
+    return w;
+}
+static void hb_qkv_free(HbQkv *w) { free(w->q); free(w->k); free(w->v); }
+// the output: the float32 result's rows [t0, t1) of each sequence rounded into out (the others untouched)
+static void hb_out_rows(void *out, const float *f, int B, int T, int H, int hd, int t0, int t1) {
+    for (int b = 0; b < B; b++)
+        for (size_t i = ((size_t)b * T + t0) * H * hd; i < ((size_t)b * T + t1) * H * hd; i++)
+            ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+}
+static void hb_att_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H, int KV,
+                       int hd, int t0, int t1) {
+    HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
+    float *o = xcalloc((size_t)B * T * H * hd + 1, sizeof(float));
+    backend_cpu()->attention_fwd(o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1);
+    hb_out_rows(out, o, B, T, H, hd, t0, t1);
+    free(o);
+    hb_qkv_free(&w);
+}
+static void hb_att_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                       const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int t0, int t1,
+                       int flags) {
+    HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
+    float *o = hb_widen_n(out, (size_t)B * T * H * hd);
+    backend_cpu()->attention_bwd(dq, dk, dv, dout, o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, flags);
+    free(o);
+    hb_qkv_free(&w);
+}
+static void hb_att_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
+                            int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
+    HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
+    float *o = xcalloc((size_t)B * T * H * hd + 1, sizeof(float));
+    backend_cpu()->attention_drop_fwd(o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
+    hb_out_rows(out, o, B, T, H, hd, t0, t1);
+    free(o);
+    hb_qkv_free(&w);
+}
+static void hb_att_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                            const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int t0,
+                            int t1, float p, uint64_t seed, int64_t row0, int h0, int flags) {
+    HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
+    float *o = hb_widen_n(out, (size_t)B * T * H * hd);
+    backend_cpu()->attention_drop_bwd(dq, dk, dv, dout, o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0,
+                                      h0, flags);
+    free(o);
+    hb_qkv_free(&w);
+}
+
 static inline const Backend *backend_cpu_hid_bf16(void) {
     static Backend b;
     if (!b.name) {
@@ -111,6 +177,12 @@ static inline const Backend *backend_cpu_hid_bf16(void) {
         b.matmul_fwd_multi = hb_mm_fwd_multi;
         b.matmul_bwd_multi = hb_mm_bwd_multi;
         b.gather_dot_scale = hb_gather_dot_scale;
+        b.rope_fwd_hid = hb_rope_fwd_hid;
+        b.to_hid = hb_to_hid;
+        b.attention_fwd = hb_att_fwd;
+        b.attention_bwd = hb_att_bwd;
+        b.attention_drop_fwd = hb_att_drop_fwd;
+        b.attention_drop_bwd = hb_att_drop_bwd;
     }
     return &b;
 }

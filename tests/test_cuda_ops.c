@@ -259,6 +259,26 @@ static void hid_round(float *x, size_t n) {
         for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
 }
 
+// q, k, v and out as the attention takes them (ops.h: the hidden format): x rounded in place as stored, then put
+static void *att_put(float *x, size_t n) {
+    hid_round(x, n);
+    return hid_put(x, n);
+}
+// the attention's output (hidden format) as a device float32 array, for the comparisons
+static float *att_out(const void *d, size_t n) {
+    float *h = hid_get(d, n), *f = dputf(h, n);
+    free(h);
+    return f;
+}
+// two hidden-format device arrays bit for bit
+static void cmp_exact_hid2(const char *what, const void *a_d, const void *b_d, size_t n) {
+    float *a = hid_get(a_d, n), *b = hid_get(b_d, n);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
+    free(a); free(b);
+}
+// The attention output's element band: the float32 path's band, or (bf16 out) one rounding on top of it
+static double att_out_band(double f32_band) { return gpu->hid_elem == sizeof(float) ? f32_band : BAND_BF16_ELEM; }
+
 // ---------------------------------------------------------------- GEMMs
 // On "cuda", a GEMM that runs in bf16 is compared with bf16_ref.h (same rounded operands) in
 // BAND_BF16_REF, and with the float32 cpu in the bf16 bands; its table rows say "bf16".
@@ -1076,9 +1096,20 @@ static void test_rmsnorm_part(int N, int C, int Ctot) {
 static void test_rope(int B, int T, int nh, int hd, float theta) {
     size_t n = (size_t)B * T * nh * hd;
     float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    // out of place into the hidden format: rope_fwd's values, each rounded once (the bits of rope_fwd on a
+    // copy, then to_hid; to_hid the host's rounding to nearest even); the input untouched
+    void *xh = hid_nan(n), *xh2 = hid_nan(n);
+    gpu->rope_fwd_hid(xh, xd, B, T, nh, hd, theta);
+    cmp_exact_host("rope_fwd_hid: its input untouched", xd, x, n);
     cpu->rope_fwd(x, B, T, nh, hd, theta);
     gpu->rope_fwd(xd, B, T, nh, hd, theta);
     cmp("rope_fwd", "x", xd, x, n, BAND_ELEM);
+    gpu->to_hid(xh2, xd, n);
+    float *a = hid_get(xh, n), *b = hid_get(xh2, n), *r = dget(xd, n);
+    EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "rope_fwd_hid: not the bits of rope_fwd, then to_hid");
+    hid_round(r, n);
+    EXPECT(memcmp(b, r, n * sizeof(float)) == 0, "to_hid: not the host's rounding to nearest even");
+    gpu->free(xh); gpu->free(xh2); free(a); free(b); free(r);
     float *g = hrand(n, 1.0f), *gd = dputf(g, n);
     cpu->rope_bwd(g, B, T, nh, hd, theta);
     gpu->rope_bwd(gd, B, T, nh, hd, theta);
@@ -1207,12 +1238,14 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     int tc = gpu_bf16 && (hd == 32 || hd == 64 || hd == 128);
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f);
-    float *qd = dputf(q, nq), *kd = dputf(k, nk), *vd = dputf(v, nk);
+    void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
     const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;   // bf16_ref.h rounds as the kernels do
-    float *o = hnew(nq), *l = hnew(nl), *od = dnan(nq), *ld = dnan(nl);
+    float *o = hnew(nq), *l = hnew(nl), *ld = dnan(nl);
+    void *oh = hid_nan(nq);
     ref->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
-    gpu->attention_fwd(od, ld, qd, kd, vd, B, T, H, KV, hd, 0, T);
-    double bf = tc ? BAND_BF16_ELEM : BAND_SUM, bb = tc ? BAND_BF16_ELEM : BAND_ATT_BWD, nb = tc ? BAND_ATT_TC_NORM : 0;
+    gpu->attention_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, 0, T);
+    float *od = att_out(oh, nq);
+    double bf = att_out_band(BAND_SUM), bb = tc ? BAND_BF16_ELEM : BAND_ATT_BWD, nb = tc ? BAND_ATT_TC_NORM : 0;
     const char *path = tc ? " [tensor cores]" : "";
     char what[128];
     snprintf(what, sizeof what, "out B%d T%d H%d KV%d hd%d%s", B, T, H, KV, hd, path);
@@ -1226,8 +1259,9 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         snprintf(what, sizeof what, "out vs float32 B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
         cmp_n("attention_fwd (bf16 vs float32)", what, od, o32, nq, BAND_BF16_ELEM, BAND_BF16_NORM);
     }
-    // backward from the cpu's out and lse on both sides
-    float *oc = dputf(o, nq), *lc = dputf(l, nl), *g = hrand(nq, 1.0f), *gd = dputf(g, nq);
+    // backward from the cpu's out (as stored: rounded where the format is bf16) and lse on both sides
+    void *oc = att_put(o, nq);
+    float *lc = dputf(l, nl), *g = hrand(nq, 1.0f), *gd = dputf(g, nq);
     float *pq = hrand(nq, 1.0f), *pk = hrand(nk, 1.0f), *pv = hrand(nk, 1.0f);
     // p 0: added into zeros, 1: added into pre-filled buffers, 2: written (flags 0) over them (NaN on the GPU)
     for (int p = 0; p < 3; p++) {
@@ -1270,9 +1304,10 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         gpu->free(dqd); gpu->free(dkd); gpu->free(dvd); free(dq); free(dk); free(dv);
     }
     if (tc) {   // deterministic: a second run gives the same bits
-        float *od2 = dnan(nq), *ld2 = dnan(nl);
+        void *od2 = hid_nan(nq);
+        float *ld2 = dnan(nl);
         gpu->attention_fwd(od2, ld2, qd, kd, vd, B, T, H, KV, hd, 0, T);
-        cmp_exact_dev("attention_fwd (tensor cores; two runs on the same inputs)", od, od2, nq);
+        cmp_exact_hid2("attention_fwd (tensor cores; two runs on the same inputs)", oh, od2, nq);
         float *a1 = dputf(pq, nq), *a2 = dputf(pq, nq), *b1 = dputf(pk, nk), *b2 = dputf(pk, nk);
         float *c1 = dputf(pv, nk), *c2 = dputf(pv, nk);
         gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
@@ -1284,7 +1319,8 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         gpu->free(c1); gpu->free(c2);
         free(o32); free(l32);
     }
-    gpu->free(gd);
+    void *dev[] = {gd, qd, kd, vd, oh, od, ld, oc, lc};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
     free(q); free(k); free(v); free(o); free(l); free(g); free(pq); free(pk); free(pv);
 }
 
@@ -1298,17 +1334,21 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
 static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p, int t0, int t1) {
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f), *g = hrand(nq, 1.0f);
-    float *qd = dputf(q, nq), *kd = dputf(k, nk), *vd = dputf(v, nk), *gd = dputf(g, nq);
-    float *o = hnew(nq), *l = hnew(nl), *od = dputf(o, nq), *ld = dputf(l, nl);
+    void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
+    float *gd = dputf(g, nq);
+    float *o = hnew(nq), *l = hnew(nl), *ld = dputf(l, nl);
+    void *oh = hid_put(o, nq);   // (zeros: the rows outside [t0, t1) stay so on both sides)
     uint64_t seed = 4242;
     cpu->attention_drop_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
-    gpu->attention_drop_fwd(od, ld, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
+    gpu->attention_drop_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
     char what[128];
     snprintf(what, sizeof what, "out p%g B%d T%d [%d,%d) H%d KV%d hd%d", p, B, T, t0, t1, H, KV, hd);
-    cmp("attention_drop_fwd", what, od, o, nq, BAND_SUM);
+    float *od = att_out(oh, nq);
+    cmp("attention_drop_fwd", what, od, o, nq, att_out_band(BAND_SUM));
     cmp("attention_drop_fwd", "lse", ld, l, nl, BAND_SUM);
     float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = dputf(dq, nq), *dkd = dnan(nk), *dvd = dnan(nk);
-    float *oc = dputf(o, nq), *lc = dputf(l, nl);
+    void *oc = att_put(o, nq);
+    float *lc = dputf(l, nl);
     // dq added into (zeros), dk and dv written (over NaN on the GPU: rows from t1 on are left, both zero here)
     cpu->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2, ATT_ADD_DQ);
     gpu->attention_drop_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2, ATT_ADD_DQ);
@@ -1321,7 +1361,7 @@ static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p,
     cmp("attention_drop_bwd", "dq", dqd, dq, nq, BAND_ATT_BWD);
     cmp("attention_drop_bwd", "dk", dkd, dk, nk, BAND_ATT_BWD);
     cmp("attention_drop_bwd", "dv", dvd, dv, nk, BAND_ATT_BWD);
-    float *ptrs[] = {qd, kd, vd, gd, od, ld, dqd, dkd, dvd, oc, lc};
+    void *ptrs[] = {qd, kd, vd, gd, oh, od, ld, dqd, dkd, dvd, oc, lc};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) gpu->free(ptrs[i]);
     free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
 }
@@ -1331,8 +1371,10 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f), *g = hrand(nq, 1.0f);
-    float *qd = dputf(q, nq), *kd = dputf(k, nk), *vd = dputf(v, nk), *gd = dputf(g, nq);
-    float *o1 = dnan(nq), *l1 = dnan(nl), *on = dnan(nq), *ln = dnan(nl);
+    void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
+    float *gd = dputf(g, nq);
+    void *o1 = hid_nan(nq), *on = hid_nan(nq);
+    float *l1 = dnan(nl), *ln = dnan(nl);
     gpu->attention_fwd(o1, l1, qd, kd, vd, B, T, H, KV, hd, 0, T);
     char what[160];
     const char *path = tc ? " [tensor cores]" : "";
@@ -1341,7 +1383,7 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
         if (t0 == t1) continue;
         gpu->attention_fwd(on, ln, qd, kd, vd, B, T, H, KV, hd, t0, t1);
         if (j + 1 < n) {
-            float *oh = dget(on, nq), *lh = dget(ln, nl);
+            float *oh = hid_get(on, nq), *lh = dget(ln, nl);
             int bad = 0;
             for (int b = 0; b < B; b++)
                 for (int t = t1; t < T; t++)
@@ -1353,10 +1395,10 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     }
     snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (out) B%d T%d H%d KV%d hd%d%s", n, B, T, H,
              KV, hd, path);
-    cmp_exact_dev(what, on, o1, nq);
+    cmp_exact_hid2(what, on, o1, nq);
     snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (lse) T%d hd%d%s", n, T, hd, path);
     cmp_exact_dev(what, ln, l1, nl);
-    float *o = dget(o1, nq), *l = dget(l1, nl);
+    float *o = hid_get(o1, nq), *l = dget(l1, nl);
     // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the last
     // rows: it reads every key) and added into by the others; over NaN on the GPU
     float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk);
@@ -1379,7 +1421,7 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     cmp_n("attention_bwd (chunks)", what, dvn, dv, nk, bb, nb);
     snprintf(what, sizeof what, "dq over %d chunks T%d H%d KV%d hd%d%s", n, T, H, KV, hd, path);
     cmp_n("attention_bwd (chunks)", what, dqn, dq, nq, bb, nb);
-    float *dev[] = {qd, kd, vd, gd, o1, l1, on, ln, dq1, dqn, dk1, dkn, dv1, dvn};
+    void *dev[] = {qd, kd, vd, gd, o1, l1, on, ln, dq1, dqn, dk1, dkn, dv1, dvn};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
     free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
 }

@@ -12,7 +12,7 @@
 #            ours and torch._grouped_mm
 #   step:    the reference model's full step on uniform random tokens: ours, the compiled peer in mixed
 #            precision (autocast, float32 master weights and moments), the compiled peer in pure bf16, ours
-#            again; tokens/s and peak memory
+#            again; tokens/s and peak memory (nvidia-smi for both; the peer's report adds torch's allocator peak)
 #   profile: MOE_PROFILE=1 (ops serialised and timed alone; with EXTRA also a run with those flags)
 #   trace:   7 steps under the CUPTI tracer (pack_libs.sh builds it): each step's wall, GPU busy and idle
 #            time, the idle gaps and the kernel time by name (scripts/device/gputrace.py; not by default)
@@ -44,7 +44,9 @@ ours() {
   kill $mp; grep -E "^step (4|8|12)/|trained" $W/ours$1.log | tee -a $R
   say "   peak GPU memory used (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
 }
-peer() {   # $1: compiled (pure bf16) or amp (mixed precision)
+peer() {   # $1: compiled (pure bf16) or amp (mixed precision); its peak by nvidia-smi too (ours' basis)
+  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/pmem.txt 2>/dev/null &
+  local mp=$!
   t peer_$1 240 python3 -c "
 import runpy, torch, sys
 m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
@@ -55,7 +57,8 @@ def amp():
     mod = m['Model'](c).cuda()
     return m['time_steps'](m['AMP'](torch.compile(mod)), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
 m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_grouped_mm_compiled_amp', bf16 if '$1' == 'compiled' else amp)"
-  grep impl $W/peer_$1.log | tee -a $R
+  kill $mp; grep impl $W/peer_$1.log | tee -a $R
+  say "   peer's peak GPU memory used (nvidia-smi, as ours): $(sort -n $W/pmem.txt | tail -1) MiB"
 }
 if has step; then
   say "-- ours"; ours 1

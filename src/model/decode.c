@@ -43,11 +43,12 @@ void kv_init(KvCache *kc, const Model *m, int W) {
     memset(kc, 0, sizeof *kc);
     size_t L = c->n_layers, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim;
     kc->W = W;
-    kc->k = xcalloc(L, sizeof(float *));
-    kc->v = xcalloc(L, sizeof(float *));
-    for (size_t l = 0; l < L; l++) { kc->k[l] = be->alloc(W * kvd * F); kc->v[l] = be->alloc(W * kvd * F); }
-    kc->q = be->alloc(W * qd * F);
-    kc->att = be->alloc(W * qd * F);
+    size_t hb = be->hid_elem;
+    kc->k = xcalloc(L, sizeof(void *));
+    kc->v = xcalloc(L, sizeof(void *));
+    for (size_t l = 0; l < L; l++) { kc->k[l] = be->alloc(W * kvd * hb); kc->v[l] = be->alloc(W * kvd * hb); }
+    kc->q = be->alloc(W * qd * hb);
+    kc->att = be->alloc(W * qd * hb);
     kc->lse = be->alloc((size_t)m->Hl * W * F);
     kc->x = be->alloc(W * d * F);
     kc->xn = be->alloc(W * d * F);
@@ -67,8 +68,8 @@ void kv_free(KvCache *kc, const Model *m) {
     for (int l = 0; l < m->c.n_layers; l++) { be->free(kc->k[l]); be->free(kc->v[l]); }
     free(kc->k);
     free(kc->v);
-    float *bufs[] = {kc->q, kc->att, kc->lse, kc->x, kc->xn, kc->xmid, kc->mo, kc->rstd, kc->logits, kc->qraw, kc->kraw,
-                     kc->rstdqk};
+    void *bufs[] = {kc->q, kc->att, kc->lse, kc->x, kc->xn, kc->xmid, kc->mo, kc->rstd, kc->logits, kc->qraw, kc->kraw,
+                    kc->rstdqk};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) if (bufs[i]) be->free(bufs[i]);
     memset(kc, 0, sizeof *kc);
 }
@@ -84,7 +85,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
     be->to_device(m->tokens, tokens, (size_t)n * sizeof(int32_t));
     be->embedding_fwd(kc->x, m->tokens, W_(m, PR_EMBED, -1, -1), n, d);
     for (int l = 0; l < c->n_layers; l++) {
-        float *q = kc->q + (size_t)t0 * qd, *k = kc->k[l] + (size_t)t0 * kvd, *v = kc->v[l] + (size_t)t0 * kvd;
+        float *q = m->dq, *k = m->dk, *v = m->dv;   // the new rows in float32 (the backward's scratch, maxN >= W rows)
         // (kc->xn holds the attention norm's output in the hidden format here, the FFN norm's float32 below)
         be->rmsnorm_fwd_hid(kc->xn, kc->rstd, kc->x, W_(m, PR_ATTN_NORM, l, -1), n, d, c->norm_eps);
         // the families' options as model.c's forward: biases, then QK-norm, then RoPE
@@ -94,8 +95,12 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         if (c->qk_norm) model_qk_norm_fwd(m, l, q, k, kc->rstdqk, kc->rstdqk, qp, kp, n);
         be->rope_rows(q, 1, t0, t1, H, hd, c->rope_theta, 0);
         be->rope_rows(k, 1, t0, t1, KV, hd, c->rope_theta, 0);
+        be->to_hid(hid_at(be, kc->q, (size_t)t0 * qd), q, (size_t)n * qd);
+        be->to_hid(hid_at(be, kc->k[l], (size_t)t0 * kvd), k, (size_t)n * kvd);
+        be->to_hid(hid_at(be, kc->v[l], (size_t)t0 * kvd), v, (size_t)n * kvd);
         be->attention_fwd(kc->att, kc->lse, kc->q, kc->k[l], kc->v[l], 1, W, H, KV, hd, t0, t1);
-        be->matmul_fwd(kc->xmid, kc->att + (size_t)t0 * qd, W_(m, PR_WO, l, -1), n, qd, d, 0);
+        float *wo = W_(m, PR_WO, l, -1);
+        be->matmul_fwd_multi(1, &kc->xmid, hid_at(be, kc->att, (size_t)t0 * qd), (const float *const *)&wo, n, qd, &d);
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, kc->xmid, (size_t)n * d, CT_F32);
         be->add_rmsnorm_fwd(kc->xmid, kc->xn, kc->rstd, kc->x, W_(m, PR_FFN_NORM, l, -1), n, d, c->norm_eps);
         MoeWeights w;

@@ -1,6 +1,8 @@
 // decode.h — KV-cached inference: the model's forward one position (or a prompt) at a time over a
 // cache of every layer's keys and values, for sampling. Each call runs the same ops as model_forward
-// on the new rows only: q/k/v of the new positions (with the families' biases and QK-norm), RoPE at their positions (rope_rows), attention of
+// on the new rows only: q/k/v of the new positions (with the families' biases and QK-norm; float32 in the
+// model's backward scratch dq/dk/dv), RoPE at their positions (rope_rows), rounded into the cache's hidden
+// format (to_hid: the bits of the training forward's rope_fwd_hid), attention of
 // the query rows [t0, t1) against the cached keys 0..t1-1 (attention_fwd's row range over the cache,
 // laid out (1, W, ...)), o_proj (+ the TP all-reduce), the MoE layer on the new rows, and the final
 // norm and LM head on the last row only. Dropout and jitter never run here.
@@ -11,8 +13,9 @@
 
 typedef struct {
     int W, len;                    // positions the cache holds (its window), positions filled
-    float **k, **v;                // per layer (W, KVl*hd): keys after RoPE, values
-    float *q, *att, *lse;          // (W, Hl*hd) (W, Hl*hd) (Hl, W): attention_fwd's layout, B = 1, T = W
+    void **k, **v;                 // per layer (W, KVl*hd): keys after RoPE, values, in the hidden format (ops.h)
+    void *q, *att;                 // (W, Hl*hd) queries after RoPE, the attention output: in the hidden format
+    float *lse;                    // (Hl, W): attention_fwd's layout, B = 1, T = W
     float *x, *xn, *xmid, *mo;     // (W, d): the residual stream of the rows of one call, norm, mid, MoE out
     float *rstd, *logits;          // (W) (V)
     float *qraw, *kraw, *rstdqk;   // QK-norm (families): q, k before their norms, the norms' rstd (else NULL)

@@ -93,9 +93,6 @@ void model_qk_norm_fwd(Model *m, int l, float *q, float *k, float *rstdq, float 
     qk_rows(m, N, m->KVl, &r, &C);
     be->rmsnorm_fwd(k, rstdk, kraw, wk, r, C, eps);
 }
-static void qk_norm_fwd(Model *m, LayerActs *a, int l, int N) {
-    model_qk_norm_fwd(m, l, a->q, a->k, a->rstdq, a->rstdk, a->qraw, a->kraw, N);
-}
 // dq, dk (after RoPE's backward) -> m->dq2, m->dk2 (before the norms); the norm weights' gradients.
 static void qk_norm_bwd(Model *m, LayerActs *a, int l, int N) {
     const Backend *be = m->be;
@@ -200,7 +197,7 @@ static void layer_recompute(Model *m, LayerActs *a) {
         a->att = m->att_rc;
         a->lse = m->lse_rc;
     } else if (!attn && a->att_shared) {
-        a->att = arena_alloc(&a->arena, be, (size_t)m->maxN * m->Hl * m->c.head_dim * F);
+        a->att = arena_alloc(&a->arena, be, (size_t)m->maxN * m->Hl * m->c.head_dim * be->hid_elem);
         a->lse = arena_alloc(&a->arena, be, (size_t)m->maxB * m->Hl * m->maxT * F);
     }
     a->att_shared = attn;
@@ -213,7 +210,7 @@ void model_set_recompute(Model *m, int mode) {
     CHECK(mode >= RECOMPUTE_NONE && mode <= RECOMPUTE_FULL, "model_set_recompute: %d", mode);
     m->recompute = mode;
     if ((mode & RECOMPUTE_ATTN) && !m->att_rc) {
-        m->att_rc = m->be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * F);
+        m->att_rc = m->be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * m->be->hid_elem);
         m->lse_rc = m->be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
     }
     for (int k = 0; k < m->nchunks; k++)
@@ -250,11 +247,11 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->res_in = arena_alloc(A, be, N * d * F);
         a->xn1 = arena_alloc(A, be, N * d * be->hid_elem);
         a->rstd1 = arena_alloc(A, be, N * F);
-        a->q = arena_alloc(A, be, N * qd * F);
-        a->k = arena_alloc(A, be, N * kvd * F);
-        a->v = arena_alloc(A, be, N * kvd * F);
+        a->q = arena_alloc(A, be, N * qd * be->hid_elem);
+        a->k = arena_alloc(A, be, N * kvd * be->hid_elem);
+        a->v = arena_alloc(A, be, N * kvd * be->hid_elem);
         if (!(m->recompute & RECOMPUTE_ATTN)) {   // (else the model's shared ones: layer_recompute below)
-            a->att = arena_alloc(A, be, N * qd * F);
+            a->att = arena_alloc(A, be, N * qd * be->hid_elem);
             a->lse = arena_alloc(A, be, (size_t)m->maxB * m->Hl * m->maxT * F);
         }
         a->x_mid = arena_alloc(A, be, N * d * F);
@@ -288,7 +285,7 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
     const Backend *be = m->be;
     for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
         LayerActs *a = &s->la[l];
-        if (a->att_shared) a->att = a->lse = NULL;   // the model's (--recompute attn)
+        if (a->att_shared) { a->att = NULL; a->lse = NULL; }   // the model's (--recompute attn)
         void *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
                         a->rstd2, a->qraw, a->kraw, a->rstdq, a->rstdk};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&a->arena, be, bufs[i]);
@@ -534,6 +531,7 @@ static void row_piece(int T, int r, int r1, int *b, int *t, int *nb, int *te) {
 // Attention forward for the rows [r0, r1) of the (b, t) order: one call per run of whole sequences,
 // one per piece of a sequence (query rows [t, te) of sequence b). With attention dropout (a seed and the
 // config's attention_dropout): layer l's mask (site 2) over global tokens and global heads.
+#define HQ(p, i) hid_at(m->be, (p), (i))   // element i of a buffer in the hidden format (q, k, v)
 static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
@@ -543,12 +541,12 @@ static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1
     for (int r = r0, b, t, nb, te; r < r1; r += nb * (te - t)) {
         row_piece(T, r, r1, &b, &t, &nb, &te);
         if (ds)
-            m->be->attention_drop_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb,
-                                      T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
-                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
+            m->be->attention_drop_fwd(HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
+                                      HQ(a->v, b * ks), nb, T, H, KV, hd, t, te, c->attention_dropout,
+                                      dropout_hash(ds, l, 2), row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
         else
-            m->be->attention_fwd(a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T,
-                                 H, KV, hd, t, te);
+            m->be->attention_fwd(HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks), HQ(a->v, b * ks),
+                                 nb, T, H, KV, hd, t, te);
     }
 }
 
@@ -559,7 +557,9 @@ static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1
 static CommReq *oproj_rows(Model *m, LayerActs *a, int l, int r0, int r1, int nonblocking) {
     const ModelConfig *c = &m->c;
     size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
-    m->be->matmul_fwd(a->x_mid + r0 * d, a->att + r0 * qd, P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d, 0);
+    float *xm = a->x_mid + r0 * d, *wo = P(m, m->params, PR_WO, l, -1);
+    int O = (int)d;
+    m->be->matmul_fwd_multi(1, &xm, hid_at(m->be, a->att, r0 * qd), (const float *const *)&wo, (int)n, (int)qd, &O);
     if (comm_size(m->mesh.tp) == 1) return NULL;
     if (nonblocking) return comm_dev_iallreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);
     comm_dev_allreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);
@@ -620,11 +620,15 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     int N = B * T, d = c->d_model, H = m->Hl, KV = m->KVl, hd = c->head_dim;
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * N;
     be->rmsnorm_fwd_hid(a->xn1, a->rstd1, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1), N, d, c->norm_eps);
-    float *qp = c->qk_norm ? a->qraw : a->q, *kp = c->qk_norm ? a->kraw : a->k;
-    model_qkv_fwd(m, l, qp, kp, a->v, a->xn1, N);
-    if (c->qk_norm) qk_norm_fwd(m, a, l, N);
-    be->rope_fwd(a->q, B, T, H, hd, c->rope_theta);
-    be->rope_fwd(a->k, B, T, KV, hd, c->rope_theta);
+    // q, k, v in float32 (the backward's dq, dk, dv, free until then), then rounded into the layer's: q and k
+    // by RoPE out of place, v as it is
+    float *q32 = m->dq, *k32 = m->dk, *v32 = m->dv;
+    float *qp = c->qk_norm ? a->qraw : q32, *kp = c->qk_norm ? a->kraw : k32;
+    model_qkv_fwd(m, l, qp, kp, v32, a->xn1, N);
+    if (c->qk_norm) model_qk_norm_fwd(m, l, q32, k32, a->rstdq, a->rstdk, a->qraw, a->kraw, N);
+    be->rope_fwd_hid(a->q, q32, B, T, H, hd, c->rope_theta);
+    be->rope_fwd_hid(a->k, k32, B, T, KV, hd, c->rope_theta);
+    be->to_hid(a->v, v32, (size_t)N * KV * hd);
     MoeWeights w;
     layer_weights(m, m->params, l, &w);
     double t0 = moe_clock(m);   // (with moe_timing: the block from attention on)
@@ -773,9 +777,12 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
     size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
     be->rmsnorm_bwd(m->dres + r0 * d, P(m, g, PR_FFN_NORM, l, -1), m->dxn + r0 * d, a->x_mid + r0 * d,
                     P(m, m->params, PR_FFN_NORM, l, -1), a->rstd2 + r0, (int)n, (int)d);
-    be->matmul_bwd(m->datt + r0 * qd, P(m, g, PR_WO, l, -1), dropped_rows(m, l, 0, r0, r1), a->att + r0 * qd,
-                   P(m, m->params, PR_WO, l, -1), (int)n, (int)qd, (int)d,
-                   dw_write(m, l, DW_FRESH_O));   // (datt's rows [r0, r1) written; dw_o written by the first call)
+    float *dwo = P(m, g, PR_WO, l, -1), *wo = P(m, m->params, PR_WO, l, -1);
+    const float *dout = dropped_rows(m, l, 0, r0, r1);
+    int O = (int)d;
+    be->matmul_bwd_multi(1, m->datt + r0 * qd, &dwo, &dout, hid_at(be, a->att, r0 * qd), (const float *const *)&wo,
+                         (int)n, (int)qd, &O,
+                         dw_write(m, l, DW_FRESH_O));   // (datt's rows [r0, r1) written; dw_o written by the first call)
 }
 
 // Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
@@ -795,13 +802,13 @@ static void attn_bwd_rows(Model *m, LayerActs *a, int l, int T, int r0, int r1) 
         memset(seen + b, 1, (size_t)nb);
         if (ds)
             m->be->attention_drop_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs,
-                                      a->att + b * qs, a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks,
-                                      nb, T, H, KV, hd, t, te, c->attention_dropout, dropout_hash(ds, l, 2),
-                                      row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H, fl);
+                                      HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
+                                      HQ(a->v, b * ks), nb, T, H, KV, hd, t, te, c->attention_dropout,
+                                      dropout_hash(ds, l, 2), row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H, fl);
         else
-            m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, a->att + b * qs,
-                                 a->lse + b * ls, a->q + b * qs, a->k + b * ks, a->v + b * ks, nb, T, H, KV, hd, t, te,
-                                 fl);
+            m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, HQ(a->att, b * qs),
+                                 a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks), HQ(a->v, b * ks), nb, T, H, KV,
+                                 hd, t, te, fl);
     }
 }
 

@@ -32,9 +32,10 @@ typedef struct {
     float *res_in;                 // (N,d) layer input (residual stream)
     void *xn1;                     // (N,d) the attention norm's output, in the hidden format (ops.h hid_elem)
     float *rstd1;                  // (N)
-    float *q, *k, *v;              // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE
+    void *q, *k, *v;               // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE, in the hidden format (ops.h hid_elem)
     float *qraw, *kraw, *rstdq, *rstdk;   // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
-    float *att, *lse;              // (N,H*hd) (B,H,T)
+    void *att;                     // (N,H*hd) the attention output, in the hidden format (ops.h hid_elem)
+    float *lse;                    // (B,H,T)
     float *x_mid;                  // (N,d) after the attention residual
     float *xn2, *rstd2;            // (N,d) (N)
     MoeLayer moe;                  // the layer's MoE state (its statistics: merged over the chunks)
@@ -80,7 +81,8 @@ typedef struct {
     float *losses;                 // (N) per-token cross-entropy
     int32_t *tokens, *targets;     // (N)
     // backward scratch
-    float *dres, *dxn, *dq, *dk, *dv, *datt;
+    float *dres, *dxn, *dq, *dk, *dv, *datt;   // (dq, dk, dv: in a forward, its float32 q, k, v before RoPE rounds
+                                               // them into the layer's; rows (N,H*hd) (N,KV*hd) (N,KV*hd))
     float *moe_out;                // (maxN,d) a block's MoE output until it joins the residual stream (forward
                                    // only: one for every layer and slot)
     float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
@@ -125,7 +127,8 @@ typedef struct {
     int share_grads;               // model_share_grads
     int recompute;                 // RECOMPUTE_* bits (model_set_recompute)
     MoeRecompute rc;               // --recompute moe: every layer's experts' SwiGLU rows, shared
-    float *att_rc, *lse_rc;        // --recompute attn: every layer's attention output and lse, shared
+    void *att_rc;                  // --recompute attn: every layer's attention output (hidden format) and lse,
+    float *lse_rc;                 // shared
     int moe_timing;                // 1: time each block's forward from attention on and its MoE's backward
                                    // (synchronised) into moe_time
     double *moe_time;              // (L) seconds, added up until the caller resets them

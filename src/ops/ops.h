@@ -115,7 +115,8 @@ struct Backend {
     // operand, saved for its weight gradients) and output gradients (the down-projection backward's
     // operand), written so by gather_rows_hid and gather_dot_scale; the rows coming back (the experts'
     // outputs, the input gradients) are float32. And the attention norm's output, the q/k/v projections'
-    // input (rmsnorm_fwd_hid, matmul_*_multi).
+    // input (rmsnorm_fwd_hid, matmul_*_multi), and the attention's q, k, v after RoPE (rope_fwd_hid, to_hid)
+    // and its output (attention_fwd; o_proj's input through matmul_*_multi).
     size_t hid_elem;
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
@@ -235,6 +236,11 @@ struct Backend {
     // + (t - t0) at position t (0 <= t0 < t1); inverse 1 = rope_bwd's rotation. Each row is the same
     // bits as in rope_fwd / rope_bwd over [0, T) (the KV-cached sampler rotates one position at a time).
     void (*rope_rows)(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
+    // Out of place into the hidden format (hid_elem): out = rope_fwd's values of inp, each rounded once (the
+    // attention's q and k, kept for its backward in that format). inp is not changed.
+    void (*rope_fwd_hid)(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+    // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is float32).
+    void (*to_hid)(void *out, const float *inp, size_t n);
 
     // Dropout in place on x, the rows t in [t0, t1) of B sequences of length T in (b, t) order (row i =
     // b*(t1-t0) + (t - t0)) of C features: element (g, c) of global token g = row0 + b*T + t is zeroed
@@ -243,7 +249,9 @@ struct Backend {
     // split of the rows. Backward applies the same call to the gradient. 0 <= p < 1.
     void (*dropout)(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 
-    // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd), out (B*T, H, hd).
+    // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd) in the hidden format (hid_elem: written so by
+    // rope_fwd_hid and to_hid; the tensor cores' operands as they are), out (B*T, H, hd) too (each value the
+    // float32 result rounded once: o_proj's operand as it is; the backward's D = rowsum(dout * out) from it).
     // lse (B, H, T): per-row log-sum-exp of the scaled scores, saved for backward.
     // The query rows t in [t0, t1) of every sequence only (0 <= t0 < t1 <= T; AMPipe's sequence
     // chunks): fwd writes those rows of out and lse (the others untouched) and reads keys/values
@@ -252,10 +260,10 @@ struct Backend {
     // round-off: the order of the additions differs). bwd reads out/lse/dout rows [t0, t1) only.
     // bwd's flags (ATT_ADD_* below): without ATT_ADD_DQ the dq rows are written instead of added into,
     // without ATT_ADD_DKV the dk/dv rows 0..t1-1 (the bits of adding into zeros).
-    void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
+    void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v,
                           int B, int T, int H, int KV, int hd, int t0, int t1);
-    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                          const float *lse, const float *q, const float *k, const float *v,
+    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                          const float *lse, const void *q, const void *k, const void *v,
                           int B, int T, int H, int KV, int hd, int t0, int t1, int flags);
 
     // The same with dropout on the attention probabilities (training; HF Mixtral's attention_dropout):
@@ -265,10 +273,10 @@ struct Backend {
     // mesh). lse stays the undropped softmax's; bwd uses the same mask. p = 0 gives attention_fwd/bwd's bits.
     // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda and
     // cuda-fp32 run their float32 attention kernels for it (not the tensor-core ones).
-    void (*attention_drop_fwd)(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+    void (*attention_drop_fwd)(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                                int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
-    void (*attention_drop_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                               const float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+    void (*attention_drop_bwd)(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                               const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
                                int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0,
                                int flags);
 

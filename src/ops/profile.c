@@ -46,8 +46,10 @@ static void w_rope_f(float *x, int B, int T, int nh, int hd, float th) { T0; in-
 static void w_rope_b(float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_bwd(x, B, T, nh, hd, th); T1(P_ROPE); }
 static void w_rope_r(float *x, int B, int t0, int t1, int nh, int hd, float th, int inv) { T0; in->rope_rows(x, B, t0, t1, nh, hd, th, inv); T1(P_ROPE); }
 static void w_drop(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t s, int64_t r0) { T0; in->dropout(x, B, T, t0, t1, C, p, s, r0); T1(P_ELEM); }
-static void w_att_f(float *o, float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_F); }
-static void w_att_b(float *dq, float *dk, float *dv, const float *d, const float *o, const float *l, const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0, int t1, int f) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, t0, t1, f); T1(P_ATT_B); }
+static void w_rope_fh(void *o, const float *x, int B, int T, int nh, int hd, float th) { T0; in->rope_fwd_hid(o, x, B, T, nh, hd, th); T1(P_ROPE); }
+static void w_to_hid(void *o, const float *x, size_t n) { T0; in->to_hid(o, x, n); T1(P_ELEM); }
+static void w_att_f(void *o, float *l, const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int t0, int t1) { T0; in->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1); T1(P_ATT_F); }
+static void w_att_b(float *dq, float *dk, float *dv, const float *d, const void *o, const float *l, const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int t0, int t1, int f) { T0; in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, t0, t1, f); T1(P_ATT_B); }
 static void w_sw_f(float *o, const float *a, const float *b, size_t n) { T0; in->swiglu_fwd(o, a, b, n); T1(P_SWIGLU); }
 static void w_sw_b(float *da, float *db, const float *d, const float *a, const float *b, size_t n, int ac) { T0; in->swiglu_bwd(da, db, d, a, b, n, ac); T1(P_SWIGLU); }
 static void w_gather(float *o, const float *i, const int32_t *x, int n, int C) { T0; in->gather_rows(o, i, x, n, C); T1(P_ROWS); }
@@ -77,7 +79,7 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.grouped_down_fwd = w_gdown;
     pb.embedding_fwd = w_emb_f; pb.embedding_bwd = w_emb_b; pb.rmsnorm_fwd = w_rms_f; pb.rmsnorm_fwd_hid = w_rms_fh; pb.rmsnorm_bwd = w_rms_b; pb.add_rmsnorm_fwd = w_arms_f;
     pb.rmsnorm_part = w_rms_p; pb.rmsnorm_fwd_part = w_rms_fp; pb.rmsnorm_bwd_part = w_rms_bp;
-    pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
+    pb.rope_fwd = w_rope_f; pb.rope_bwd = w_rope_b; pb.rope_rows = w_rope_r; pb.rope_fwd_hid = w_rope_fh; pb.to_hid = w_to_hid; pb.dropout = w_drop; pb.attention_fwd = w_att_f; pb.attention_bwd = w_att_b;
     pb.swiglu_fwd = w_sw_f; pb.swiglu_bwd = w_sw_b; pb.gather_rows = w_gather; pb.gather_rows_hid = w_gather_h;
     pb.combine_rows = w_combine; pb.router_topk = w_rtopk; pb.router_bwd = w_rbwd;
     pb.plan_counts = w_pcnt; pb.gather_dot_scale = w_gds; pb.plan_rows = w_prows;

@@ -33,12 +33,15 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
                   Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
 }
 // The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
-// norm's output xn1; the rows sent to the experts: xs, xg where the exchange is not local, the shared
-// expert's input), as float32: a backend with bf16 rows (ops.h hid_elem) halves them.
-static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+// norm's output xn1; q, k, v after RoPE and the attention output, unless --recompute attn (rc) drops it; the
+// rows sent to the experts: xs, xg where the exchange is not local, the shared expert's input), as float32:
+// a backend with bf16 rows (ops.h hid_elem) halves them.
+static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
     size_t N = B * T, Ns = (N + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
-    return 4.0 * (N * d + Ns * c->top_k * d + (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
+    size_t qd = (size_t)c->n_heads / tp * c->head_dim, qkv = qd + (size_t)2 * c->n_kv_heads / tp * c->head_dim;
+    return 4.0 * (N * d + N * (qkv + (rc & RECOMPUTE_ATTN ? 0 : qd)) + Ns * c->top_k * d +
+                  (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
 }
 // The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
 // the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h hid_elem) halves them.
@@ -89,7 +92,7 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
     double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
     double la = acts_layer(c, ms, B, T) - acts_dropped(c, ms, B, T, o->recompute);
     if (hid) la -= 0.5 * ((o->recompute & RECOMPUTE_MOE ? 0 : acts_hidden(c, ms, B, T, 0)) + acts_hidden(c, ms, B, T, 1) +
-                          acts_hid_rows(c, ms, B, T));
+                          acts_hid_rows(c, ms, B, T, o->recompute));
     return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g);
 }
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
@@ -189,7 +192,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     // memory, float32 cpu backend: params + grads + two AdamW moments (bf16 under --precision bf16; the
     // weights stay in their float32 buffer, holding bf16 values)
     double state = (8.0 + 2 * moment_bytes(o)) * np;
-    size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim;
     size_t Rk = N * c->top_k;
     double scr32 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 4), scr16 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 2);
     double acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N) + scr32;
@@ -203,24 +206,24 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s (%s of them in the "
            "expert gradients' memory), total %s\n",
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, B, T, b2, bl, b3);
-    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act), the rows sent to them and
-    // the attention norm's output in bf16 (ops.h hid_elem: half of their bytes in every layer that keeps them:
-    // the routed SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1,
-    // dh3), plus the bf16 copy
+    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act), the rows sent to them, the
+    // attention norm's output and the attention's q, k, v and output in bf16 (ops.h hid_elem: half of their
+    // bytes in every layer that keeps them: the routed SwiGLU rows in one under --recompute moe, the rest in all;
+    // and the backward's dy rows, dh1, dh3), plus the bf16 copy
     // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
     // attention ops convert activations into (the largest: a layer's expert input rows or their
-    // gradient; the attention's q, k, v, dout)
+    // gradient; the attention backward's dout)
     double hid = 0.5 * (acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers) +
-                        (acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) + acts_hid_rows(c, NULL, (size_t)B, (size_t)T)) *
+                        (acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) + acts_hid_rows(c, NULL, (size_t)B, (size_t)T, o->recompute)) *
                             c->n_layers) + (scr32 - scr16);
-    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * (2 * qd + 2 * kvd));
+    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * qd);
     fmt_bytes(b1, sizeof b1, hid);
     fmt_bytes(b2, sizeof b2, shadow);
     fmt_bytes(b3, sizeof b3, scratch);
     char b4[32];
     fmt_bytes(b4, sizeof b4, state + acts - hid + shadow + scratch - lent16);
     fmt_bytes(bl, sizeof bl, lent16);
-    printf("memory (cuda, the same buffers - bf16 expert rows %s + bf16 weights %s + bf16 operand scratch %s, %s of the "
+    printf("memory (cuda, the same buffers - bf16 rows %s + bf16 weights %s + bf16 operand scratch %s, %s of the "
            "activations in the expert gradients' memory): %s plus the CUDA context\n", b1, b2, b3, bl, b4);
     if (o->ampipe != 1)   // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE rows, "

@@ -126,6 +126,14 @@ void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(d
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
     rope(x, B, t0, t1, nh, hd, theta, inverse ? -1 : 1);
 }
+// (float32 is the cpu's hidden format: a copy, then rope_fwd's rotation on it)
+void cpu_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+    if (out != inp) memcpy(out, inp, sizeof(float) * (size_t)B * T * nh * hd);
+    rope(out, B, 0, T, nh, hd, theta, 1);
+}
+void cpu_to_hid(void *out, const float *inp, size_t n) {
+    if (out != inp) memcpy(out, inp, sizeof(float) * n);
+}
 
 // The attention-probability dropout's mask (attention_drop_fwd in ops.h): query row t of sequence b, head
 // h of this rank (global head h0 + h), key u: kept iff dropout_keep(head seed, global token, u).
@@ -174,11 +182,11 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
     }
 }
 
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+void cpu_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
                        int B, int T, int H, int KV, int hd, int t0, int t1) {
     attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0);
 }
-void cpu_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+void cpu_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                             int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
     attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
 }
@@ -244,13 +252,13 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
     }
 }
 
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                       const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                        int t0, int t1, int flags) {
     attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0, flags);
 }
-void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                            const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                            const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                             int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags) {
     attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0, flags);
 }

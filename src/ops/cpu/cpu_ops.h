@@ -18,19 +18,21 @@ void cpu_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float
 void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
 void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
+void cpu_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cpu_to_hid(void *out, const float *inp, size_t n);
 void cpu_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+void cpu_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
                        int B, int T, int H, int KV, int hd, int t0, int t1);
 // The rows attention_bwd writes under `flags` (ops.h ATT_ADD_*) set to zeros (host memory).
 void cpu_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
                              int flags);
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                       const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                        int t0, int t1, int flags);
-void cpu_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+void cpu_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                             int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
-void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                            const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                            const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                             int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags);
 void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,

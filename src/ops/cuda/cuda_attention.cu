@@ -116,18 +116,22 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
 // the tensor-core backward rounds it for dp = dout . v, so that D = sum_u p_u dp_u holds to float32
 // rounding and ds = p (dp - D) does not turn dout's rounding error into a gradient (it would where
 // dp ~ D, e.g. the first query row, whose gradient is exactly 0).
-__global__ void attention_rowdot_k(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
+__device__ __forceinline__ float ld_out(const float *p) { return ld_f(p); }
+__device__ __forceinline__ float ld_out(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+template <typename TO>
+__global__ void attention_rowdot_k(float *D, const float *dout, const TO *out, int B, int T, int H, int hd,
                                    int rnd, int t0, int t1) {
     size_t cr = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b*(t1-t0) + t-t0)*H + h
     int lane = threadIdx.x & 31, Tc = t1 - t0;
     if (cr >= (size_t)B * Tc * H) return;
     size_t bc = cr / H, row = (((bc / Tc) * T + t0 + bc % Tc)) * H + cr % H;   // (b*T + t)*H + h
-    const float *g = dout + row * hd, *o = out + row * hd;
+    const float *g = dout + row * hd;
+    const TO *o = out + row * hd;
     float s = 0.0f;
     for (int i = lane; i < hd; i += 32) {
         float gi = ld_f(g + i);
         if (rnd) gi = __bfloat162float(__float2bfloat16_rn(gi));
-        s += gi * ld_f(o + i);
+        s += gi * ld_out(o + i);
     }
     s = warp_sum_f(s);
     int h = (int)(row % H);
@@ -275,10 +279,13 @@ static void att_smem(const void *fn, size_t bytes) {
     if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-extern "C" void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
-                                      int round_dout, int t0, int t1) {
+extern "C" void cuda_attention_rowdot(float *D, const float *dout, const void *out, int out_bf16, int B, int T, int H,
+                                      int hd, int round_dout, int t0, int t1) {
     size_t rows = (size_t)B * (t1 - t0) * H;
-    attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, out, B, T, H, hd, round_dout, t0, t1);
+    if (out_bf16)
+        attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, (const __nv_bfloat16 *)out, B, T, H, hd, round_dout, t0, t1);
+    else
+        attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, (const float *)out, B, T, H, hd, round_dout, t0, t1);
     KCHECK("attention_bwd (rowdot)");
 }
 
@@ -299,15 +306,16 @@ static AttDrop att_drop(float p, uint64_t seed, int64_t row0, int h0) {
     return dr;
 }
 
-extern "C" void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+#define FP(x) ((const float *)(x))
+extern "C" void cuda_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
                                    int B, int T, int H, int KV, int hd, int t0, int t1) {
-    att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0));
+    att_fwd((float *)out, lse, FP(q), FP(k), FP(v), B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0));
 }
 
-extern "C" void cuda_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+extern "C" void cuda_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                                         int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
                                         int64_t row0, int h0) {
-    att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0));
+    att_fwd((float *)out, lse, FP(q), FP(k), FP(v), B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0));
 }
 
 extern "C" void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0,
@@ -330,7 +338,7 @@ static void att_bwd(float *dq, float *dk, float *dv, const float *dout, const fl
     float sc = 1.0f / sqrtf((float)hd);
     size_t rows = (size_t)B * T * H;
     float *D = (float *)cuda_workspace(rows * sizeof(float));
-    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 0, t0, t1);
+    cuda_attention_rowdot(D, dout, out, 0, B, T, H, hd, 0, t0, t1);
     size_t smem_q = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dq_k, smem_q);
     dim3 gq(cdiv_u(t1 - t0, ATT_WARPS), H, B);
@@ -343,15 +351,16 @@ static void att_bwd(float *dq, float *dk, float *dv, const float *dout, const fl
     KCHECK("attention_bwd (dkdv)");
 }
 
-extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                   const float *lse, const float *q, const float *k, const float *v, int B, int T,
+extern "C" void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                   const float *lse, const void *q, const void *k, const void *v, int B, int T,
                                    int H, int KV, int hd, int t0, int t1, int flags) {
-    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0), flags);
+    att_bwd(dq, dk, dv, dout, FP(out), lse, FP(q), FP(k), FP(v), B, T, H, KV, hd, t0, t1, att_drop(0, 0, 0, 0), flags);
 }
 
-extern "C" void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                        const float *lse, const float *q, const float *k, const float *v, int B, int T,
+extern "C" void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                        const float *lse, const void *q, const void *k, const void *v, int B, int T,
                                         int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
                                         int h0, int flags) {
-    att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0), flags);
+    att_bwd(dq, dk, dv, dout, FP(out), lse, FP(q), FP(k), FP(v), B, T, H, KV, hd, t0, t1, att_drop(p, seed, row0, h0),
+            flags);
 }

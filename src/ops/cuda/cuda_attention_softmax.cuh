@@ -105,10 +105,10 @@ __device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, floa
     }
 }
 
-// The rows r0, r1 (from qb on skipped) of out (B, T, H, 8 NT) for head h of sequence b: o over the
+// The rows r0, r1 (from qb on skipped) of out (B, T, H, 8 NT; bf16) for head h of sequence b: o over the
 // quad's row sum, and lse (B, H, T) = ln of the sum of exp.
 template <int NT>
-__device__ __forceinline__ void softmax_store(float *out, float *lse, const float *o, float m0, float m1, float l0,
+__device__ __forceinline__ void softmax_store(unsigned short *out, float *lse, const float *o, float m0, float m1, float l0,
                                               float l1, int r0, int r1, int qb, int b, int T, int H, int h, int t) {
     constexpr int HD = 8 * NT;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -118,10 +118,10 @@ __device__ __forceinline__ void softmax_store(float *out, float *lse, const floa
     float i0 = 1.0f / l0, i1 = 1.0f / l1;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        if (r0 < qb)
-            *(float2 *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[4 * n] * i0, o[4 * n + 1] * i0);
+        if (r0 < qb)   // (two bf16 values, each the float32 result rounded once)
+            *(uint32_t *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = pack_bf16(o[4 * n] * i0, o[4 * n + 1] * i0);
         if (r1 < qb)
-            *(float2 *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = make_float2(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
+            *(uint32_t *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = pack_bf16(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
     }
     if (t == 0) {
         const float ln2 = 0.6931471805599453f;

@@ -147,7 +147,7 @@ __device__ __forceinline__ void p_times(float (*out)[4], float (*p)[4], const bf
 // the query blocks with the most keys first. A row's key tiles start at 0 whatever qa is: the same
 // bits as over [0, T).
 template <int HD, int RG>
-__global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
+__global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(bf16s *out, float *lse, const bf16s *q, const bf16s *k,
                                                            const bf16s *v, int T, int H, int KV, float sl, int qa,
                                                            int qb) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8, TILE = TC_BN * LD, BM = TC_BM * RG;
@@ -387,7 +387,7 @@ static void ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) 
 // Query rows per warp in the forward: 32 (two row groups) for head dim 128, where every K/V fragment
 // feeding two products halves the shared-memory reads per product; 16 for the smaller head dims.
 template <int HD>
-static void fwd_launch(float *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
+static void fwd_launch(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
                        int KV, int t0, int t1) {
     constexpr int RG = HD == 128 ? 2 : 1;
     size_t sm = smem_fwd(HD, RG);
@@ -411,8 +411,8 @@ static void bwd_launch(float *dq, float *dk, float *dv, const bf16s *dout, const
     KCHECK("attention_bwd (tensor cores, dk/dv)");
 }
 
-// The rows a call reads (its queries [t0, t1) of q and dout, keys/values 0..t1-1) are rounded to
-// bf16 once per call, into the workspace (the layout of the whole tensors), then staged from there.
+// dout's rows the backward reads (its queries [t0, t1)) are rounded to bf16 once per call, into the
+// workspace (the layout of the whole tensor), then staged from there; q, k, v come in bf16 (the hidden format).
 static void to_bf16_range(bf16s *dst, const float *src, int B, int T, int ta, int tb, int width) {
     if (ta == 0 && tb == T) cuda_f32_to_bf16(dst, src, (size_t)B * T * width);
     else to_bf16_rows(dst, src, B, T, ta, tb, width);
@@ -422,47 +422,88 @@ static void range_check(int T, int t0, int t1) {
     if (t0 < 0 || t1 > T || t0 >= t1) DIE("cuda attention: query rows [%d, %d) outside [0, %d)", t0, t1, T);
 }
 
-extern "C" void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+// The float32 kernels' inputs where the tensor cores do not run (head dims but 32/64/128, dropout): q, k, v
+// (and the backward's out) widened from bf16 into a buffer of their own (not the workspace: the float32
+// backward takes its D there), and room for the forward's float32 out, rounded into the caller's after.
+typedef struct { const float *q, *k, *v; float *out; } Wide;
+static Wide widen(const void *q, const void *k, const void *v, const void *out, int B, int T, int H, int KV, int hd) {
+    static float *buf;
+    static size_t cap;
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, need = (2 * nq + 2 * nk) * sizeof(float);
+    if (need > cap) {
+        if (buf) CUDA_CHECK(cudaFree(buf));
+        CUDA_CHECK(cudaMalloc(&buf, need));
+        cap = need;
+    }
+    cuda_bf16_to_f32(buf, q, nq);
+    cuda_bf16_to_f32(buf + nq, k, nk);
+    cuda_bf16_to_f32(buf + nq + nk, v, nk);
+    if (out) cuda_bf16_to_f32(buf + nq + 2 * nk, out, nq);
+    Wide w = {buf, buf + nq, buf + nq + nk, buf + nq + 2 * nk};
+    return w;
+}
+// the rows [t0, t1) of each sequence the float32 forward wrote, rounded into out (bf16)
+static void narrow_out(void *out, const float *o, int B, int T, int H, int hd, int t0, int t1) {
+    to_bf16_range((bf16s *)out, o, B, T, t0, t1, H * hd);
+}
+
+extern "C" void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                                       int T, int H, int KV, int hd, int t0, int t1) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_ok(B, hd, KV, H) || !aligned16(out)) {
-        cuda_attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+        Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
+        cuda_attention_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1);
+        narrow_out(out, w.out, B, T, H, hd, t0, t1);
         return;
     }
     range_check(T, t0, t1);
-    size_t n[3] = {(size_t)B * T * H * hd, (size_t)B * T * KV * hd, (size_t)B * T * KV * hd};
-    bf16s *p[3];
-    ws_carve(0, n, 3, NULL, p);
-    to_bf16_range(p[0], q, B, T, t0, t1, H * hd);
-    to_bf16_range(p[1], k, B, T, 0, t1, KV * hd);
-    to_bf16_range(p[2], v, B, T, 0, t1, KV * hd);
-    if (cuda_attention_fwd_wg(out, lse, p[0], p[1], p[2], B, T, H, KV, hd, t0, t1)) return;   // Hopper, head dim 128
-    if (hd == 32) fwd_launch<32>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
-    else if (hd == 64) fwd_launch<64>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
-    else fwd_launch<128>(out, lse, p[0], p[1], p[2], B, T, H, KV, t0, t1);
+    const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
+    bf16s *ob = (bf16s *)out;
+    if (cuda_attention_fwd_wg(ob, lse, qb, kb, vb, B, T, H, KV, hd, t0, t1)) return;   // Hopper, head dim 128
+    if (hd == 32) fwd_launch<32>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
+    else if (hd == 64) fwd_launch<64>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
+    else fwd_launch<128>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
 }
 
-extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                                      const float *lse, const float *q, const float *k, const float *v, int B, int T,
+extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                      const float *lse, const void *q, const void *k, const void *v, int B, int T,
                                       int H, int KV, int hd, int t0, int t1, int flags) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_ok(B, hd, KV, H) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv)) {
-        cuda_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
+        Wide w = widen(q, k, v, out, B, T, H, KV, hd);
+        cuda_attention_bwd(dq, dk, dv, dout, w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
     range_check(T, t0, t1);
-    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, n[4] = {nq, nk, nk, nq};
+    size_t n[1] = {(size_t)B * T * H * hd};
     float *D;
-    bf16s *p[4];
-    ws_carve((size_t)B * T * H, n, 4, &D, p);
-    cuda_attention_rowdot(D, dout, out, B, T, H, hd, 1, t0, t1);
-    to_bf16_range(p[0], q, B, T, t0, t1, H * hd);
-    to_bf16_range(p[1], k, B, T, 0, t1, KV * hd);
-    to_bf16_range(p[2], v, B, T, 0, t1, KV * hd);
-    to_bf16_range(p[3], dout, B, T, t0, t1, H * hd);
-    if (cuda_attention_bwd_wg(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, hd, t0, t1, flags)) return;
+    bf16s *p[1];
+    ws_carve((size_t)B * T * H, n, 1, &D, p);
+    cuda_attention_rowdot(D, dout, out, 1, B, T, H, hd, 1, t0, t1);
+    to_bf16_range(p[0], dout, B, T, t0, t1, H * hd);
+    const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
+    if (cuda_attention_bwd_wg(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, hd, t0, t1, flags)) return;
     cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // (these kernels add)
-    if (hd == 32) bwd_launch<32>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
-    else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
-    else bwd_launch<128>(dq, dk, dv, p[3], lse, D, p[0], p[1], p[2], B, T, H, KV, t0, t1);
+    if (hd == 32) bwd_launch<32>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
+    else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
+    else bwd_launch<128>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
+}
+
+// With dropout on the probabilities: the float32 kernels (both backends), on q, k, v (out) widened.
+extern "C" void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k, const void *v,
+                                             int B, int T, int H, int KV, int hd, int t0, int t1, float p,
+                                             uint64_t seed, int64_t row0, int h0) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
+    cuda_attention_drop_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
+    narrow_out(out, w.out, B, T, H, hd, t0, t1);
+}
+extern "C" void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                             const float *lse, const void *q, const void *k, const void *v, int B,
+                                             int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
+                                             int64_t row0, int h0, int flags) {
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    Wide w = widen(q, k, v, out, B, T, H, KV, hd);
+    cuda_attention_drop_bwd(dq, dk, dv, dout, w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0,
+                            flags);
 }

@@ -106,7 +106,7 @@ __device__ __forceinline__ void wg_times(float *acc, uint32_t (*f)[4], uint32_t 
 
 // Query rows [qa, qb) of each sequence, keys 0..qb-1 (rows from qb on are never read as data: they
 // are zero-filled). Grid (ceil((qb-qa)/128), H, B), the blocks with the most keys first.
-__global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(float *out, float *lse, const bf16s *q, const bf16s *k,
+__global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(bf16s *out, float *lse, const bf16s *q, const bf16s *k,
                                                             const bf16s *v, int T, int H, int KV, float sl, int qa,
                                                             int qb) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const
 
 // Forward on the bf16 copies (layouts of ops.h); 0 where this path does not run (head dim other
 // than 128, no sm_90a code or GPU: the caller uses its mma.sync kernels).
-extern "C" int cuda_attention_fwd_wg(float *out, float *lse, const unsigned short *q, const unsigned short *k,
+extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                                      const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1) {
     if (hd != WG_HD || !backend_cuda_grouped_kernel()) return 0;
     static int opted = 0;

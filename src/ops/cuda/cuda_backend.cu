@@ -172,6 +172,8 @@ static void fill_common(Backend *be) {
     be->rope_fwd = cuda_rope_fwd;
     be->rope_bwd = cuda_rope_bwd;
     be->rope_rows = cuda_rope_rows;
+    be->rope_fwd_hid = cuda_rope_fwd_f32;
+    be->to_hid = cuda_to_hid_f32;
     be->dropout = cuda_dropout;
     be->attention_drop_fwd = cuda_attention_drop_fwd;   // (float32 kernels on both backends)
     be->attention_drop_bwd = cuda_attention_drop_bwd;
@@ -235,6 +237,10 @@ static void cuda_init(void) {
     g_be_bf16.bf16_shadow = cuda_bf16_shadow;
     g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
     g_be_bf16.attention_bwd = cuda_attention_bwd_tc;
+    g_be_bf16.attention_drop_fwd = cuda_attention_drop_fwd_bf16;
+    g_be_bf16.attention_drop_bwd = cuda_attention_drop_bwd_bf16;
+    g_be_bf16.rope_fwd_hid = cuda_rope_fwd_bf16;
+    g_be_bf16.to_hid = cuda_to_hid_bf16;
     fill_common(&g_be_f32);
     g_be_f32.name = "cuda-fp32";
     g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;

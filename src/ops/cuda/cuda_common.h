@@ -110,11 +110,16 @@ void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const floa
 void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
 void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
+// rope_fwd_hid / to_hid (ops.h) of the float32 backend ("cuda-fp32": a copy) and of "cuda" (bf16)
+void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cuda_to_hid_f32(void *out, const float *inp, size_t n);
+void cuda_to_hid_bf16(void *out, const float *inp, size_t n);
 void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
-void cuda_attention_drop_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+void cuda_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                              int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
-void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                             const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                             const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                              int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags);
 void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 // The same in the hidden format of "cuda" (bf16, ops.h hid_elem; the fused ops' fallback where our grouped
@@ -158,14 +163,16 @@ void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
 void cuda_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                      float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 // cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
-// dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned)
 // the bf16 copy of the weights (ops.h bf16_shadow): register/refresh; the copy of p's buffer if p is
 // the registered start and current (else NULL); a backend write or free that may touch the range
 void cuda_bf16_shadow(const float *p, size_t n);
 void *cuda_bf16_shadow_for(const float *p);
 void cuda_bf16_shadow_write(const void *ptr, size_t bytes);
 void cuda_bf16_shadow_freed(const void *p);
+// dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned);
+// and back (exact)
 void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
+void cuda_bf16_to_f32(float *dst, const void *src, size_t n);
 void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
                          int flags);
@@ -214,30 +221,37 @@ int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const 
 int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,
                             const void *w, const int64_t *off, int G, int K, int O);
 // cuda_attention.cu
-// (query rows [t0, t1) of each sequence: ops.h)
-void cuda_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+// (query rows [t0, t1) of each sequence: ops.h; q, k, v float32: the float32 backend's hidden format)
+void cuda_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
                         int B, int T, int H, int KV, int hd, int t0, int t1);
-void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                        const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                        const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                         int t0, int t1, int flags);
 // The rows attention_bwd writes under `flags` (ops.h ATT_ADD_*) set to zeros, for kernels that add.
 void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
                               int flags);
 // D[b,h,t] = <dout, out> per query row t in [t0, t1) (layouts as ops.h; D is (B, H, T));
-// round_dout: dout rounded to bf16 first (the tensor-core backward)
-void cuda_attention_rowdot(float *D, const float *dout, const float *out, int B, int T, int H, int hd,
+// round_dout: dout rounded to bf16 first (the tensor-core backward); out float32 or (out_bf16) bf16
+void cuda_attention_rowdot(float *D, const float *dout, const void *out, int out_bf16, int B, int T, int H, int hd,
                            int round_dout, int t0, int t1);
 // cuda_attention_wg.cu: the forward and backward on Hopper's wgmma from the bf16 copies of q, k, v
 // (and dout; head dim 128; 0 where they do not run)
-int cuda_attention_fwd_wg(float *out, float *lse, const unsigned short *q, const unsigned short *k,
+int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
 int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsigned short *dout, const float *lse, const float *D,
                           const unsigned short *q, const unsigned short *k, const unsigned short *v, int B, int T,
                           int H, int KV, int hd, int t0, int t1, int flags);
-// cuda_attention_tc.cu: the same two ops on tensor cores (bf16 operands), backend "cuda"
-void cuda_attention_fwd_tc(float *out, float *lse, const float *q, const float *k, const float *v,
+// cuda_attention_tc.cu: the same ops for backend "cuda" (q, k, v, out bf16: its hidden format): on tensor
+// cores (head dims 32, 64, 128), else (and with dropout) the float32 kernels on q, k, v (out) widened
+void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v,
                            int B, int T, int H, int KV, int hd, int t0, int t1);
-void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                           const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                           const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                            int t0, int t1, int flags);
+void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                                  int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                  const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
+                                  int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0,
+                                  int flags);
 }

@@ -403,13 +403,16 @@ static int mm_bf16_path(int N, int K, int O) { return N > 0 && K > 0 && O > MOE_
 __global__ void bf16_to_f32_k(float *dst, const bf16 *src, size_t n) {
     GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
 }
+extern "C" void cuda_bf16_to_f32(float *dst, const void *src, size_t n) {
+    if (!n) return;
+    bf16_to_f32_k<<<ew_grid(n, 256), 256>>>(dst, (const bf16 *)src, n);
+    KCHECK("bf16_to_f32");
+}
 // inp's values as float32 for the narrow products (2 bf16 slots per value in the scratch slot xf), or
 // inp itself where no product is narrow or there is nothing to read
 static const float *narrow_inp(const void *inp, bf16 *xf, int any_narrow, int N, int K) {
     if (!any_narrow || N <= 0 || K <= 0) return (const float *)inp;
-    size_t n = (size_t)N * K;
-    bf16_to_f32_k<<<ew_grid(n, 256), 256>>>((float *)xf, (const bf16 *)inp, n);
-    KCHECK("bf16_to_f32");
+    cuda_bf16_to_f32((float *)xf, inp, (size_t)N * K);
     return (const float *)xf;
 }
 

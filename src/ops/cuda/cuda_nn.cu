@@ -678,8 +678,10 @@ extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout,
 // HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd), computed in double exactly
 // as the cpu reference does. One thread per (row bt, pair j), looping over the heads.
 // Later: a precomputed (T, hd/2) cos/sin table.
-// Rows of x: positions t0 + bt % T (rope_rows: the rows [t0, t0 + T) of each sequence).
-__global__ void rope_k(float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0) {
+// Rows of x: positions t0 + bt % T (rope_rows: the rows [t0, t0 + T) of each sequence). out = x (in place,
+// float) or another buffer of the same layout (rope_fwd_hid: float32 or bf16, each value stored by store1).
+template <typename TO>
+__global__ void rope_k(TO *out, const float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0) {
     int half = hd / 2;
     size_t n = (size_t)BT * half;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -687,50 +689,61 @@ __global__ void rope_k(float *x, int BT, int T, int nh, int hd, float theta, int
         double freq = pow((double)theta, -2.0 * j / hd);
         double ang = pos * freq;
         float c = (float)cos(ang), s = (float)(dir * sin(ang));
-        float *row = x + (size_t)bt * nh * hd;
-        int h = 0;
-        for (; h + 4 <= nh; h += 4) {   // four heads' loads in flight before their stores
+        const float *row = x + (size_t)bt * nh * hd;
+        TO *orow = out + (size_t)bt * nh * hd;
+        for (int h = 0; h < nh; h += 4) {   // four heads' loads in flight before their stores
+            int m = nh - h < 4 ? nh - h : 4;
             float x1[4], x2[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                x1[u] = ld_f(row + (size_t)(h + u) * hd + j);
-                x2[u] = ld_f(row + (size_t)(h + u) * hd + j + half);
-            }
+            for (int u = 0; u < 4; u++)
+                if (u < m) {
+                    x1[u] = ld_f(row + (size_t)(h + u) * hd + j);
+                    x2[u] = ld_f(row + (size_t)(h + u) * hd + j + half);
+                }
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                st_f(row + (size_t)(h + u) * hd + j, x1[u] * c - x2[u] * s);
-                st_f(row + (size_t)(h + u) * hd + j + half, x2[u] * c + x1[u] * s);
-            }
-        }
-        for (; h < nh; h++) {
-            float *p = row + (size_t)h * hd;
-            float x1 = ld_f(p + j), x2 = ld_f(p + j + half);
-            st_f(p + j, x1 * c - x2 * s);
-            st_f(p + j + half, x2 * c + x1 * s);
+            for (int u = 0; u < 4; u++)
+                if (u < m) {
+                    store1(orow + (size_t)(h + u) * hd + j, x1[u] * c - x2[u] * s);
+                    store1(orow + (size_t)(h + u) * hd + j + half, x2[u] * c + x1[u] * s);
+                }
         }
     }
 }
 
-extern "C" void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) {
-    size_t n = (size_t)B * T * (hd / 2);
+template <typename TO>
+static void rope_launch(TO *out, const float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0,
+                        const char *what) {
+    size_t n = (size_t)BT * (hd / 2);
     if (!n || nh <= 0) return;
-    rope_k<<<ew_grid(n, 256), 256>>>(x, B * T, T, nh, hd, theta, 1, 0);
-    KCHECK("rope_fwd");
+    rope_k<TO><<<ew_grid(n, 256), 256>>>(out, x, BT, T, nh, hd, theta, dir, t0);
+    KCHECK(what);
+}
+
+extern "C" void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) {
+    rope_launch(x, x, B * T, T, nh, hd, theta, 1, 0, "rope_fwd");
 }
 
 extern "C" void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) {
-    size_t n = (size_t)B * T * (hd / 2);
-    if (!n || nh <= 0) return;
-    rope_k<<<ew_grid(n, 256), 256>>>(dx, B * T, T, nh, hd, theta, -1, 0);
-    KCHECK("rope_bwd");
+    rope_launch(dx, dx, B * T, T, nh, hd, theta, -1, 0, "rope_bwd");
 }
 
 extern "C" void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
-    size_t n = (size_t)B * (t1 - t0) * (hd / 2);
-    if (!n || nh <= 0) return;
-    rope_k<<<ew_grid(n, 256), 256>>>(x, B * (t1 - t0), t1 - t0, nh, hd, theta, inverse ? -1 : 1, t0);
-    KCHECK("rope_rows");
+    rope_launch(x, x, B * (t1 - t0), t1 - t0, nh, hd, theta, inverse ? -1 : 1, t0, "rope_rows");
 }
+
+extern "C" void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+    rope_launch((float *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (float32)");
+}
+
+extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+    rope_launch((__nv_bfloat16 *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (bf16)");
+}
+
+extern "C" void cuda_to_hid_f32(void *out, const float *inp, size_t n) {
+    if (n && out != inp) CUDA_CHECK(cudaMemcpyAsync(out, inp, n * sizeof(float), cudaMemcpyDeviceToDevice));
+}
+
+extern "C" void cuda_to_hid_bf16(void *out, const float *inp, size_t n) { cuda_f32_to_bf16(out, inp, n); }
 
 // ---------------------------------------------------------------- dropout (ops.h: the mask of dropout_keep)
 
