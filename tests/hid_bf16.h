@@ -15,6 +15,10 @@
 #include "ops/ops.h"
 #include "ops/plain.h"
 
+// n float32 values rounded to bf16 (nearest even) into out
+static inline void hb_round_n(void *out, const float *f, size_t n) {
+    for (size_t i = 0; i < n; i++) ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+}
 // rows [off[0], off[G]) of C values: bf16 -> a float32 array of off[G] rows (the rows before off[0] zero)
 static inline float *hb_widen(const void *h, const int64_t *off, int G, int C) {
     size_t n = G > 0 ? (size_t)off[G] * C : 0;
@@ -27,7 +31,8 @@ static inline float *hb_new(const int64_t *off, int G, int C) {
 }
 static inline void hb_round(void *h, const float *f, const int64_t *off, int G, int C) {
     if (G <= 0) return;
-    for (size_t i = (size_t)off[0] * C; i < (size_t)off[G] * C; i++) ((uint16_t *)h)[i] = bf16_rn_bits(f[i]);
+    size_t a = (size_t)off[0] * C;
+    hb_round_n((uint16_t *)h + a, f + a, (size_t)off[G] * C - a);
 }
 
 static void hb_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
@@ -60,7 +65,7 @@ static void hb_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const v
 static void hb_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     float *f = xmalloc(sizeof(float) * (N > 0 && C > 0 ? (size_t)N * C : 1));
     backend_cpu()->rmsnorm_fwd(f, rstd, inp, w, N, C, eps);
-    for (size_t i = 0; i < (size_t)N * C; i++) ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+    hb_round_n(out, f, (size_t)N * C);
     free(f);
 }
 static float *hb_widen_n(const void *h, size_t n) {
@@ -94,14 +99,11 @@ static void hb_gather_dot_scale(void *out, float *dot, const float *inp, const i
     if (!hid) { backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0); return; }
     float *f = xmalloc(sizeof(float) * (n > 0 && C > 0 ? (size_t)n * C : 1));
     backend_cpu()->gather_dot_scale(f, dot, inp, idx, b, scale, n, C, 0);
-    for (size_t i = 0; i < (size_t)n * C; i++) ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+    hb_round_n(out, f, (size_t)n * C);
     free(f);
 }
 
 // the attention's q, k, v in bf16: RoPE's values (and v's) rounded once; the attention ops widen them
-static void hb_round_n(void *out, const float *f, size_t n) {
-    for (size_t i = 0; i < n; i++) ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
-}
 static void hb_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
     size_t n = (size_t)B * T * nh * hd;
     float *f = xmalloc(sizeof(float) * (n ? n : 1));
@@ -120,9 +122,10 @@ static HbQkv hb_qkv(const void *q, const void *k, const void *v, int B, int T, i
 static void hb_qkv_free(HbQkv *w) { free(w->q); free(w->k); free(w->v); }
 // the output: the float32 result's rows [t0, t1) of each sequence rounded into out (the others untouched)
 static void hb_out_rows(void *out, const float *f, int B, int T, int H, int hd, int t0, int t1) {
-    for (int b = 0; b < B; b++)
-        for (size_t i = ((size_t)b * T + t0) * H * hd; i < ((size_t)b * T + t1) * H * hd; i++)
-            ((uint16_t *)out)[i] = bf16_rn_bits(f[i]);
+    for (int b = 0; b < B; b++) {
+        size_t a = ((size_t)b * T + t0) * H * hd;
+        hb_round_n((uint16_t *)out + a, f + a, (size_t)(t1 - t0) * H * hd);
+    }
 }
 static void hb_att_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H, int KV,
                        int hd, int t0, int t1) {

@@ -81,18 +81,22 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
 }
 // The activations of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
+// The bytes a backend with bf16 rows (ops.h hid_elem 2) saves in one layer that keeps its activations under
+// --recompute rc: half of the SwiGLU rows it keeps (the routed ones unless rc drops them) and of acts_hid_rows.
+static double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
+    return 0.5 * ((rc & RECOMPUTE_MOE ? 0 : acts_hidden(c, ms, B, T, 0)) + acts_hidden(c, ms, B, T, 1) +
+                  acts_hid_rows(c, ms, B, T, rc));
+}
 // --grad-memory shared (with --grad-accum 1 and no --pp: model.h model_share_grads): the activation bytes that
 // live in the expert gradients' memory on one rank (about: a buffer that does not fit whole goes to the
 // allocator, where this counts the part that would fit): each layer's but the first, up to the previous
-// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows (the
-// halves of acts_hidden and acts_hid_rows a layer keeps).
+// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows.
 static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T, int hid) {
     int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
     if (o->grad_memory != GRADMEM_SHARED || o->grad_accum != 1 || pp > 1) return 0;
     double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
     double la = acts_layer(c, ms, B, T) - acts_dropped(c, ms, B, T, o->recompute);
-    if (hid) la -= 0.5 * ((o->recompute & RECOMPUTE_MOE ? 0 : acts_hidden(c, ms, B, T, 0)) + acts_hidden(c, ms, B, T, 1) +
-                          acts_hid_rows(c, ms, B, T, o->recompute));
+    if (hid) la -= acts_hid_saved(c, ms, B, T, o->recompute);
     return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g);
 }
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
@@ -213,9 +217,9 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
     // attention ops convert activations into (the largest: a layer's expert input rows or their
     // gradient; the attention backward's dout)
-    double hid = 0.5 * (acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) * (o->recompute & RECOMPUTE_MOE ? 1 : c->n_layers) +
-                        (acts_hidden(c, NULL, (size_t)B, (size_t)T, 1) + acts_hid_rows(c, NULL, (size_t)B, (size_t)T, o->recompute)) *
-                            c->n_layers) + (scr32 - scr16);
+    double hid = c->n_layers * acts_hid_saved(c, NULL, (size_t)B, (size_t)T, o->recompute) +
+                 (o->recompute & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) : 0) +
+                 (scr32 - scr16);   // (under --recompute moe the one shared copy of the routed rows)
     double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * qd);
     fmt_bytes(b1, sizeof b1, hid);
     fmt_bytes(b2, sizeof b2, shadow);
