@@ -29,6 +29,11 @@ static inline float bf16_round(float f) {
     return f;
 }
 
+// x[0..n) rounded in place (a float array of bf16 values after)
+static inline void bf16_round_n(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+
 static inline float *bf16_copy(const float *x, size_t n) {
     float *y = xmalloc((n ? n : 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) y[i] = bf16_round(x[i]);
@@ -71,8 +76,7 @@ static const Backend *backend_cpu_bf16ref(void);
 // The experts' hidden rows as "cuda" keeps them (bf16, ops.h hid_elem): each value rounded once from
 // the float32 the composition computes; here they stay float arrays holding bf16 values.
 static inline void bf16_round_rows(float *x, const int64_t *off, int G, int C) {
-    if (G <= 0) return;
-    for (size_t i = (size_t)off[0] * C; i < (size_t)off[G] * C; i++) x[i] = bf16_round(x[i]);
+    if (G > 0) bf16_round_n(x + (size_t)off[0] * C, (size_t)(off[G] - off[0]) * C);
 }
 
 static void bfr_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
@@ -105,26 +109,25 @@ static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const void *da
 // the hidden format copied as they are).
 static void bfr_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
     backend_cpu()->gather_rows(out, inp, idx, n, C);
-    if (!from_hid)
-        for (size_t i = 0; i < (size_t)n * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
+    if (!from_hid) bf16_round_n(out, (size_t)n * C);
 }
 static void bfr_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
     backend_cpu()->rmsnorm_fwd(out, rstd, inp, w, N, C, eps);
-    for (size_t i = 0; i < (size_t)N * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
+    bf16_round_n(out, (size_t)N * C);
 }
 // the attention's q, k, v: RoPE's values (v's as they are) rounded once, kept as float arrays of bf16 values
 static void bfr_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
     backend_cpu()->rope_fwd_hid(out, inp, B, T, nh, hd, theta);
-    for (size_t i = 0; i < (size_t)B * T * nh * hd; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
+    bf16_round_n(out, (size_t)B * T * nh * hd);
 }
 static void bfr_to_hid(void *out, const float *inp, size_t n) {
-    for (size_t i = 0; i < n; i++) ((float *)out)[i] = bf16_round(inp[i]);
+    memmove(out, inp, n * sizeof(float));
+    bf16_round_n(out, n);
 }
 static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                  const float *scale, int n, int C, int hid) {
     backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
-    if (hid)
-        for (size_t i = 0; i < (size_t)n * C; i++) ((float *)out)[i] = bf16_round(((float *)out)[i]);
+    if (hid) bf16_round_n(out, (size_t)n * C);
 }
 
 // Attention as the tensor-core kernels of the cuda backend compute it (head dims 32, 64, 128;
@@ -142,7 +145,7 @@ static inline double bfr_dot(const float *a, const float *b, int n) {
 // out: each value rounded once, as the GPU stores it (its hidden format; float arrays of bf16 values here)
 static void bfr_round_rows(float *out, int B, int T, int H, int hd, int t0, int t1) {
     for (int b = 0; b < B; b++)
-        for (size_t i = ((size_t)b * T + t0) * H * hd; i < ((size_t)b * T + t1) * H * hd; i++) out[i] = bf16_round(out[i]);
+        bf16_round_n(out + ((size_t)b * T + t0) * H * hd, (size_t)(t1 - t0) * H * hd);
 }
 static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                                 int H, int KV, int hd, int t0, int t1);

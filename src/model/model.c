@@ -531,7 +531,7 @@ static void row_piece(int T, int r, int r1, int *b, int *t, int *nb, int *te) {
 // Attention forward for the rows [r0, r1) of the (b, t) order: one call per run of whole sequences,
 // one per piece of a sequence (query rows [t, te) of sequence b). With attention dropout (a seed and the
 // config's attention_dropout): layer l's mask (site 2) over global tokens and global heads.
-#define HQ(p, i) hid_at(m->be, (p), (i))   // element i of a buffer in the hidden format (q, k, v)
+#define HQ(p, i) hid_at(m->be, (p), (i))   // element i of a buffer in the hidden format (q, k, v, att)
 static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
@@ -559,7 +559,7 @@ static CommReq *oproj_rows(Model *m, LayerActs *a, int l, int r0, int r1, int no
     size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
     float *xm = a->x_mid + r0 * d, *wo = P(m, m->params, PR_WO, l, -1);
     int O = (int)d;
-    m->be->matmul_fwd_multi(1, &xm, hid_at(m->be, a->att, r0 * qd), (const float *const *)&wo, (int)n, (int)qd, &O);
+    m->be->matmul_fwd_multi(1, &xm, HQ(a->att, r0 * qd), (const float *const *)&wo, (int)n, (int)qd, &O);
     if (comm_size(m->mesh.tp) == 1) return NULL;
     if (nonblocking) return comm_dev_iallreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);
     comm_dev_allreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);
@@ -780,7 +780,7 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
     float *dwo = P(m, g, PR_WO, l, -1), *wo = P(m, m->params, PR_WO, l, -1);
     const float *dout = dropped_rows(m, l, 0, r0, r1);
     int O = (int)d;
-    be->matmul_bwd_multi(1, m->datt + r0 * qd, &dwo, &dout, hid_at(be, a->att, r0 * qd), (const float *const *)&wo,
+    be->matmul_bwd_multi(1, m->datt + r0 * qd, &dwo, &dout, HQ(a->att, r0 * qd), (const float *const *)&wo,
                          (int)n, (int)qd, &O,
                          dw_write(m, l, DW_FRESH_O));   // (datt's rows [r0, r1) written; dw_o written by the first call)
 }

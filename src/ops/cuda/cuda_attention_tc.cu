@@ -442,10 +442,6 @@ static Wide widen(const void *q, const void *k, const void *v, const void *out, 
     Wide w = {buf, buf + nq, buf + nq + nk, buf + nq + 2 * nk};
     return w;
 }
-// the rows [t0, t1) of each sequence the float32 forward wrote, rounded into out (bf16)
-static void narrow_out(void *out, const float *o, int B, int T, int H, int hd, int t0, int t1) {
-    to_bf16_range((bf16s *)out, o, B, T, t0, t1, H * hd);
-}
 
 extern "C" void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                                       int T, int H, int KV, int hd, int t0, int t1) {
@@ -453,7 +449,7 @@ extern "C" void cuda_attention_fwd_tc(void *out, float *lse, const void *q, cons
     if (!tc_ok(B, hd, KV, H) || !aligned16(out)) {
         Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
         cuda_attention_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1);
-        narrow_out(out, w.out, B, T, H, hd, t0, t1);
+        to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd);   // the rows it wrote
         return;
     }
     range_check(T, t0, t1);
@@ -496,7 +492,7 @@ extern "C" void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *
     if (B <= 0 || T <= 0 || H <= 0) return;
     Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
     cuda_attention_drop_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
-    narrow_out(out, w.out, B, T, H, hd, t0, t1);
+    to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd);   // the rows it wrote
 }
 extern "C" void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const void *out,
                                              const float *lse, const void *q, const void *k, const void *v, int B,

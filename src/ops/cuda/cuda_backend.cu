@@ -135,6 +135,8 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
     cuda_bf16_shadow_write(dst, bytes);
     if (bytes && dst != src) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
+// to_hid where the hidden format is float32 (cuda-fp32): a copy
+static void cuda_to_hid_f32(void *out, const float *inp, size_t n) { cuda_copy(out, inp, n * sizeof(float)); }
 static void cuda_zero(void *p, size_t bytes) {
     cuda_bf16_shadow_write(p, bytes);
     if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
@@ -240,7 +242,7 @@ static void cuda_init(void) {
     g_be_bf16.attention_drop_fwd = cuda_attention_drop_fwd_bf16;
     g_be_bf16.attention_drop_bwd = cuda_attention_drop_bwd_bf16;
     g_be_bf16.rope_fwd_hid = cuda_rope_fwd_bf16;
-    g_be_bf16.to_hid = cuda_to_hid_bf16;
+    g_be_bf16.to_hid = cuda_f32_to_bf16;
     fill_common(&g_be_f32);
     g_be_f32.name = "cuda-fp32";
     g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;

@@ -739,12 +739,6 @@ extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, in
     rope_launch((__nv_bfloat16 *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (bf16)");
 }
 
-extern "C" void cuda_to_hid_f32(void *out, const float *inp, size_t n) {
-    if (n && out != inp) CUDA_CHECK(cudaMemcpyAsync(out, inp, n * sizeof(float), cudaMemcpyDeviceToDevice));
-}
-
-extern "C" void cuda_to_hid_bf16(void *out, const float *inp, size_t n) { cuda_f32_to_bf16(out, inp, n); }
-
 // ---------------------------------------------------------------- dropout (ops.h: the mask of dropout_keep)
 
 __global__ void dropout_k(float *x, int B, int T, int t0, int n, int C, uint32_t thr, float scale, uint64_t seed,
