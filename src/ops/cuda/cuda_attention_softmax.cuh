@@ -11,18 +11,32 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 
-// The place of a forward or dq kernel's block, grid (ceil((qb - qa) / BM), H, B): sequence b =
-// blockIdx.z, query head h = blockIdx.y (K/V head h / (H / KV)), the query rows from q0 (BM per
-// block, the blocks with the most keys first), whose keys 0 .. min(q0 + BM, qb) - 1 make ntile tiles
+// The place of a forward or dq kernel's block, grid (ceil((qb - qa) / BM), H, B) (att_place): sequence
+// b, query head h (K/V head h / (H / KV)), the query rows from q0 (BM per block, the blocks with the
+// most keys first), whose keys 0 .. min(q0 + BM, qb) - 1 make ntile tiles
 // of BN; qoff, koff: the offsets of row 0 of head h in (B, T, H, HD) and of its K/V head in (B, T, KV, HD).
 struct AttQBlock {
     int b, h, q0, ntile;
     size_t qoff, koff;
 };
+// A block of grid (nblk, heads, B) as (position along the sequence, head, sequence) with the position
+// slowest in the order the blocks are dispatched (x fastest, then y, then z): the blocks of one
+// position, whose work is alike, run together, and the callers put the longest positions first, so the
+// last wave holds the shortest blocks (with the position fastest, blocks of every length were spread
+// over the waves and the longest of the last ones ran alone: SMs busy 82% of a dk/dv kernel, ncu).
+struct AttPlace {
+    int pos, head, b;
+};
+__device__ __forceinline__ AttPlace att_place(void) {
+    int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), nhb = gridDim.y * gridDim.z;
+    int rest = lin % nhb;
+    return {lin / nhb, rest % (int)gridDim.y, rest / (int)gridDim.y};
+}
 template <int HD, int BM, int BN>
 __device__ __forceinline__ AttQBlock att_qblock(int T, int H, int KV, int qa, int qb) {
-    int b = blockIdx.z, h = blockIdx.y, kh = h / (H / KV);
-    int q0 = qa + ((int)gridDim.x - 1 - (int)blockIdx.x) * BM;
+    AttPlace pl = att_place();
+    int b = pl.b, h = pl.head, kh = h / (H / KV);
+    int q0 = qa + ((int)gridDim.x - 1 - pl.pos) * BM;
     return {b, h, q0, (min(q0 + BM, qb) + BN - 1) / BN, ((size_t)b * T * H + h) * HD, ((size_t)b * T * KV + kh) * HD};
 }
 

@@ -290,8 +290,9 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
     bf16s *Ks = sm, *Vs = Ks + TC_BM * LD, *Qs = Vs + TC_BM * LD, *Gs = Qs + 2 * TILE;
     float *Ls = (float *)(Gs + 2 * TILE), *Ds = Ls + 2 * TC_BQ;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
-    int k0 = blockIdx.x * TC_BM;
+    AttPlace pl = att_place();   // the keys from k0 (the most query tiles first)
+    int b = pl.b, kh = pl.head, rep = H / KV;
+    int k0 = pl.pos * TC_BM;
     size_t koff = ((size_t)b * T * KV + kh) * HD;
     stage<HD, TC_BM>(Ks, k + koff, k0, min(TC_BM, qb - k0), (size_t)KV * HD);
     stage<HD, TC_BM>(Vs, v + koff, k0, min(TC_BM, qb - k0), (size_t)KV * HD);

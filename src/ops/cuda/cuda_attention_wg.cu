@@ -233,8 +233,9 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const
     uint32_t sL = sG + 2 * WG_KV_TILE, sD = sL + 128 * 4;
     const float *Ls = (const float *)(wg_smem + (sL - smem_u32(wg_smem))), *Ds = Ls + 128;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-    int b = blockIdx.z, kh = blockIdx.y, rep = H / KV;
-    int k0 = blockIdx.x * 64;
+    AttPlace pl = att_place();   // the keys from k0 (the most query tiles first)
+    int b = pl.b, kh = pl.head, rep = H / KV;
+    int k0 = pl.pos * 64;
     size_t koff = ((size_t)b * T * KV + kh) * WG_HD;
     stage_sw<64, 128>(sK, k + koff, k0, min(64, qb - k0), (size_t)KV * WG_HD);
     stage_sw<64, 128>(sV, v + koff, k0, min(64, qb - k0), (size_t)KV * WG_HD);
