@@ -112,15 +112,16 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attention_fwd_k(float *out, fl
     if (lane == 0) lse[((size_t)b * H + h) * T + t] = m + logf(l);
 }
 
-// D[b,h,t] = <dout, out> of each query row: one warp per row. rnd: dout rounded to bf16 first, as
-// the tensor-core backward rounds it for dp = dout . v, so that D = sum_u p_u dp_u holds to float32
-// rounding and ds = p (dp - D) does not turn dout's rounding error into a gradient (it would where
-// dp ~ D, e.g. the first query row, whose gradient is exactly 0).
+// D[b,h,t] = <dout, out> of each query row: one warp per row. gout: dout rounded to bf16 first (and
+// stored there, the tensor-core backward's operand: one pass over dout for both), so that
+// D = sum_u p_u dp_u holds to float32 rounding where dp = dout . v comes from the rounded dout, and
+// ds = p (dp - D) does not turn dout's rounding error into a gradient (it would where dp ~ D, e.g. the
+// first query row, whose gradient is exactly 0). NULL: dout as it is.
 __device__ __forceinline__ float ld_out(const float *p) { return ld_f(p); }
 __device__ __forceinline__ float ld_out(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 template <typename TO>
-__global__ void attention_rowdot_k(float *D, const float *dout, const TO *out, int B, int T, int H, int hd,
-                                   int rnd, int t0, int t1) {
+__global__ void attention_rowdot_k(float *D, __nv_bfloat16 *gout, const float *dout, const TO *out, int B, int T,
+                                   int H, int hd, int t0, int t1) {
     size_t cr = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);   // (b*(t1-t0) + t-t0)*H + h
     int lane = threadIdx.x & 31, Tc = t1 - t0;
     if (cr >= (size_t)B * Tc * H) return;
@@ -130,7 +131,11 @@ __global__ void attention_rowdot_k(float *D, const float *dout, const TO *out, i
     float s = 0.0f;
     for (int i = lane; i < hd; i += 32) {
         float gi = ld_f(g + i);
-        if (rnd) gi = __bfloat162float(__float2bfloat16_rn(gi));
+        if (gout) {
+            __nv_bfloat16 r = __float2bfloat16_rn(gi);
+            gout[row * hd + i] = r;
+            gi = __bfloat162float(r);
+        }
         s += gi * ld_out(o + i);
     }
     s = warp_sum_f(s);
@@ -279,13 +284,14 @@ static void att_smem(const void *fn, size_t bytes) {
     if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-extern "C" void cuda_attention_rowdot(float *D, const float *dout, const void *out, int out_bf16, int B, int T, int H,
-                                      int hd, int round_dout, int t0, int t1) {
+extern "C" void cuda_attention_rowdot(float *D, void *gout, const float *dout, const void *out, int out_bf16, int B,
+                                      int T, int H, int hd, int t0, int t1) {
     size_t rows = (size_t)B * (t1 - t0) * H;
+    __nv_bfloat16 *g = (__nv_bfloat16 *)gout;
     if (out_bf16)
-        attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, (const __nv_bfloat16 *)out, B, T, H, hd, round_dout, t0, t1);
+        attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, g, dout, (const __nv_bfloat16 *)out, B, T, H, hd, t0, t1);
     else
-        attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, dout, (const float *)out, B, T, H, hd, round_dout, t0, t1);
+        attention_rowdot_k<<<cdiv_u(rows, 8), 256>>>(D, g, dout, (const float *)out, B, T, H, hd, t0, t1);
     KCHECK("attention_bwd (rowdot)");
 }
 
@@ -338,7 +344,7 @@ static void att_bwd(float *dq, float *dk, float *dv, const float *dout, const fl
     float sc = 1.0f / sqrtf((float)hd);
     size_t rows = (size_t)B * T * H;
     float *D = (float *)cuda_workspace(rows * sizeof(float));
-    cuda_attention_rowdot(D, dout, out, 0, B, T, H, hd, 0, t0, t1);
+    cuda_attention_rowdot(D, NULL, dout, out, 0, B, T, H, hd, t0, t1);
     size_t smem_q = sizeof(float) * ((size_t)2 * ATT_KT * (hd + 1) + (size_t)2 * ATT_WARPS * hd);
     att_smem((const void *)attention_bwd_dq_k, smem_q);
     dim3 gq(cdiv_u(t1 - t0, ATT_WARPS), H, B);

@@ -412,8 +412,8 @@ static void bwd_launch(float *dq, float *dk, float *dv, const bf16s *dout, const
     KCHECK("attention_bwd (tensor cores, dk/dv)");
 }
 
-// dout's rows the backward reads (its queries [t0, t1)) are rounded to bf16 once per call, into the
-// workspace (the layout of the whole tensor), then staged from there; q, k, v come in bf16 (the hidden format).
+// The rows [ta, tb) of each sequence rounded to bf16 (the float32 kernels' output into the caller's bf16
+// out). (The backward's dout is rounded into the workspace by the rowdot kernel; q, k, v come in bf16.)
 static void to_bf16_range(bf16s *dst, const float *src, int B, int T, int ta, int tb, int width) {
     if (ta == 0 && tb == T) cuda_f32_to_bf16(dst, src, (size_t)B * T * width);
     else to_bf16_rows(dst, src, B, T, ta, tb, width);
@@ -476,8 +476,7 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
     float *D;
     bf16s *p[1];
     ws_carve((size_t)B * T * H, n, 1, &D, p);
-    cuda_attention_rowdot(D, dout, out, 1, B, T, H, hd, 1, t0, t1);
-    to_bf16_range(p[0], dout, B, T, t0, t1, H * hd);
+    cuda_attention_rowdot(D, p[0], dout, out, 1, B, T, H, hd, t0, t1);   // and dout's rows in bf16 into p[0]
     const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
     if (cuda_attention_bwd_wg(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, hd, t0, t1, flags)) return;
     cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // (these kernels add)

@@ -228,10 +228,11 @@ void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, cons
 // The rows attention_bwd writes under `flags` (ops.h ATT_ADD_*) set to zeros, for kernels that add.
 void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
                               int flags);
-// D[b,h,t] = <dout, out> per query row t in [t0, t1) (layouts as ops.h; D is (B, H, T));
-// round_dout: dout rounded to bf16 first (the tensor-core backward); out float32 or (out_bf16) bf16
-void cuda_attention_rowdot(float *D, const float *dout, const void *out, int out_bf16, int B, int T, int H, int hd,
-                           int round_dout, int t0, int t1);
+// D[b,h,t] = <dout, out> per query row t in [t0, t1) (layouts as ops.h; D is (B, H, T)); gout (bf16,
+// dout's layout) or NULL: dout rounded to bf16 first and those rows stored there (the tensor-core
+// backward's operand); out float32 or (out_bf16) bf16
+void cuda_attention_rowdot(float *D, void *gout, const float *dout, const void *out, int out_bf16, int B, int T, int H,
+                           int hd, int t0, int t1);
 // cuda_attention_wg.cu: the forward and backward on Hopper's wgmma from the bf16 copies of q, k, v
 // (and dout; head dim 128; 0 where they do not run)
 int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
