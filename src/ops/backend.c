@@ -1,5 +1,8 @@
-// backend.c — choosing a Backend by name (--device). Must not hold: ops or compositions of ops (the
-// plain forms of the fused ops are ops/plain.h, which the backends include without this file).
+// backend.c — choosing a Backend by name (--device), and the size of the cuda attention backward's dS
+// scratch (ops.h attention_ds_bytes: the rule the kernels and moe info share, CUDA or not). Must not
+// hold: ops or compositions of ops (the plain forms of the fused ops are ops/plain.h, which the backends
+// include without this file).
+#include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
 #include "ops/ops.h"
@@ -13,4 +16,20 @@ const Backend *backend_by_name(const char *name) {
         return name[4] ? backend_cuda_fp32() : backend_cuda();
     }
     DIE("--device %s: unknown device (cpu, cuda = bf16 tensor-core GEMMs, cuda-fp32, auto)", name);
+}
+
+// ops.h. Query tiles of 64 rows from t0 (m = 0 .. nq - 1); tile m reads the key tiles 0 .. a + m, where
+// a = ceil(t0 / 64), of 64 x 64 bf16 each (cuda_attention_wg.cu lays them out in this order).
+size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1) {
+    static long long cap_mb = -1;
+    if (cap_mb < 0) {
+        const char *e = getenv("MOE_ATTN_DS_MB");
+        char *end = NULL;
+        cap_mb = e && *e ? strtoll(e, &end, 10) : 1024;
+        if (cap_mb < 0 || (end && *end)) DIE("MOE_ATTN_DS_MB=%s: expected a whole number of MiB (0: none)", e);
+    }
+    if (hd != 128 || B <= 0 || H <= 0 || t1 <= t0 || t1 > T) return 0;
+    size_t nq = (size_t)(t1 - t0 + 63) / 64, a = (size_t)(t0 + 63) / 64;
+    size_t bytes = (size_t)B * H * (nq * (a + 1) + nq * (nq - 1) / 2) * 64 * 64 * 2;
+    return bytes <= (size_t)cap_mb << 20 ? bytes : 0;
 }

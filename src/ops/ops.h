@@ -406,3 +406,8 @@ int backend_cuda_available(void);
 // 'cublas'), 0 when they go through cuBLAS. Where a group count or shape is outside what the kernel
 // takes, that call uses cuBLAS anyway.
 int backend_cuda_grouped_kernel(void);
+// "cuda"'s attention backward at head dim 128 (Hopper): the bytes of the scratch that carries dS from
+// the dk/dv kernel to the dq kernel (bf16, the causal triangle of 64 x 64 tiles of the queries [t0, t1)
+// of each sequence and head), or 0 where the dq kernel computes dS again instead: other head dims, or
+// more than MOE_ATTN_DS_MB MiB (default 1024; 0: always again). The backend and moe info both use it.
+size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1);

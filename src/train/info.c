@@ -215,12 +215,14 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     // bytes in every layer that keeps them: the routed SwiGLU rows in one under --recompute moe, the rest in all;
     // and the backward's dy rows, dh1, dh3), plus the bf16 copy
     // of the weights the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and
-    // attention ops convert activations into (the largest: a layer's expert input rows or their
-    // gradient; the attention backward's dout)
+    // attention ops convert activations into (below)
     double hid = c->n_layers * acts_hid_saved(c, NULL, (size_t)B, (size_t)T, o->recompute) +
                  (o->recompute & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) : 0) +
                  (scr32 - scr16);   // (under --recompute moe the one shared copy of the routed rows)
-    double shadow = 2.0 * np, scratch = 2.0 * fmax((double)Rk * d, (double)N * qd);
+    // (the workspace: the larger of a layer's bf16 expert rows and the attention backward's D, bf16 dout
+    // and, at head dim 128, its dS: ops.h attention_ds_bytes)
+    double att_ws = 4.0 * B * c->n_heads * T + 2.0 * N * qd + (double)attention_ds_bytes(B, T, c->n_heads, c->head_dim, 0, T);
+    double shadow = 2.0 * np, scratch = fmax(2.0 * Rk * d, att_ws);
     fmt_bytes(b1, sizeof b1, hid);
     fmt_bytes(b2, sizeof b2, shadow);
     fmt_bytes(b3, sizeof b3, scratch);

@@ -34,7 +34,8 @@
 #define WG_KV_TILE (2 * WG_BN * 128)
 #define WG_SMEM_FWD (WG_Q_BYTES + 4 * WG_KV_TILE + 1024)
 #define WG_SMEM_DQ (4 * WG_KV_TILE + 1024)                        // Q, dout, K, V
-#define WG_SMEM_DKDV (6 * WG_KV_TILE + 4 * 64 * 4 + 1024)         // K, V; Q, dout double-buffered; lse, D
+#define WG_SMEM_DKDV (6 * WG_KV_TILE + 4 * 64 * 4 + 8192 + 1024)  // K, V; Q, dout double-buffered; lse, D; dS^T
+#define WG_SMEM_DQS (2 * 8192 + 2 * WG_KV_TILE + 1024)            // dS^T, K double-buffered
 
 typedef unsigned short bf16s;
 
@@ -54,6 +55,15 @@ __device__ __forceinline__ void wgmma_n128_rs(float *d, uint32_t a0, uint32_t a1
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+
+// D (64 x 128) += A (64 x 16) B (16 x 128), both from shared memory and both M/N-major (transposed):
+// A's 16 rows of K hold 64 contiguous M values, B's 16 rows 128 N values (two 64-column blocks)
+__device__ __forceinline__ void wgmma_n128_ss_t(float *d, uint64_t da, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db));
 }
 
 // Stage ROWS rows (row0.., rows `stride` elements apart; rows from nvalid on zero-filled) of 128
@@ -219,19 +229,29 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
 #endif
 }
 
+// The dS scratch (ops.h attention_ds_bytes): for each sequence b and query head h, the query tiles m of
+// 64 rows from qa, each followed by its key tiles j = 0 .. a + m (a = ceil(qa / 64)), a 64 x 64 bf16
+// tile each holding dS^T (the keys as rows, 64 queries of 128 bytes a row, the 16-byte chunks swizzled
+// as stage_sw lays them out, so the dq kernel copies it as it is). nt: the tiles of one (b, h).
+__device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int a, size_t nt) {
+    return ((size_t)b * H + h) * nt + (size_t)m * (a + 1) + (size_t)m * (m - 1) / 2 + j;
+}
+
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the queries
 // t >= u, t in [qa, qb), for the keys u < qb: one warpgroup per 64 keys (S^T and dP^T with the keys
-// as rows), the query tiles of 64 double-buffered. Grid (ceil(qb/64), KV, B).
-__global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse,
-                                                      const float *Dg, const bf16s *q, const bf16s *k, const bf16s *v,
-                                                      int T, int H, int KV, float sl, float sc, int qa, int qb,
-                                                      int add) {
+// as rows), the query tiles of 64 from qa double-buffered. Grid (ceil(qb/64), KV, B). ds (or NULL):
+// each tile's dS^T stored there for att_wg_dqs_k (the layout above; a = ceil(qa / 64), nt tiles per head).
+__global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s *ds, const bf16s *dout,
+                                                      const float *lse, const float *Dg, const bf16s *q,
+                                                      const bf16s *k, const bf16s *v, int T, int H, int KV, float sl,
+                                                      float sc, int qa, int qb, int a, size_t nt, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     // K, V (64 rows each), then Q and dout: 2 buffers of 64 rows each, then lse and D: 2 x 64 each
     uint32_t sK = (smem_u32(wg_smem) + 1023) & ~1023u, sV = sK + WG_KV_TILE, sQ = sV + WG_KV_TILE, sG = sQ + 2 * WG_KV_TILE;
     uint32_t sL = sG + 2 * WG_KV_TILE, sD = sL + 128 * 4;
     const float *Ls = (const float *)(wg_smem + (sL - smem_u32(wg_smem))), *Ds = Ls + 128;
+    unsigned char *Ss = (unsigned char *)(Ds + 128);   // dS^T's tile on its way out (8 KB; ds only)
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     AttPlace pl = att_place();   // the keys from k0 (the most query tiles first)
     int b = pl.b, kh = pl.head, rep = H / KV;
@@ -243,8 +263,10 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const
     float dka[64], dva[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) dka[i] = dva[i] = 0.0f;
-    // the query tiles: for each query head of the group in order, [max(k0, qa), qb) in steps of 64
-    int tstart = max(k0, qa), per = (qb - tstart + 63) / 64, ntile = rep * per;
+    // the query tiles: for each query head of the group in order, those of [qa, qb) in steps of 64 from the
+    // one holding max(k0, qa) (whose tile index is max(0, j - a): a tile ahead of the keys reads nothing)
+    int m0 = max(0, k0 / 64 - a), tstart = qa + 64 * m0, per = (qb - tstart + 63) / 64,
+        ntile = rep * per;
     for (int i = -1; i < ntile; i++) {
         if (i >= 0) {
             stage_done();   // tile i and its lse, D; tile i - 1's buffers are used up
@@ -301,10 +323,67 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, const
         wg_times(dva, fp, gb);
         wg_times(dka, fd, qb_);
         wgmma_commit();
+        if (ds) {   // dS^T in bf16 (the A fragments' bits: rows u0 - k0 (+ 8), queries 16 kk + 8 (e / 2) + 2 t)
+            // into shared memory in the tile's layout (conflict-free: the 8 rows of a warp's store fall in 8
+            // chunks), then out in 16-byte pieces, whole lines (stored from the fragments directly, each
+            // warp store wrote 16 bytes in each of 8 lines: the dk/dv kernel took 472 us instead of 336)
+            int hq = kh * rep + i / per, r = w * 16 + (lane >> 2);
+            uint4 *tile = (uint4 *)(ds + ds_tile(b, hq, H, (t0 - qa) / 64, k0 / 64, a, nt) * 4096);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int row = r + 8 * (e & 1), c16 = 2 * kk + (e >> 1);
+                    *(uint32_t *)(Ss + row * 128 + ((c16 ^ (row & 7)) << 4) + 4 * t) = fd[kk][e];
+                }
+            __syncthreads();   // (the tile is read again only after the next step's first barrier)
+#pragma unroll
+            for (int c = threadIdx.x; c < 512; c += 128) tile[c] = *(const uint4 *)(Ss + 16 * c);
+        }
         wgmma_wait<0>();
     }
     add_rows<WG_HD / 8>(dk + koff, dka, u0, qb, (size_t)KV * WG_HD, t, add);
     add_rows<WG_HD / 8>(dv + koff, dva, u0, qb, (size_t)KV * WG_HD, t, add);
+#endif
+}
+
+// dq += sum over the key tiles j <= a + m of dS (tile (m, j), from att_wg_dkdv_k) K_j for the query tile m
+// of 64 rows (the query rows [qa, qb)): one warpgroup per tile, dS^T (M-major) and K (N-major) both staged
+// as they are stored, double-buffered. Grid (ceil((qb - qa) / 64), H, B), the most keys first.
+__global__ void __launch_bounds__(128) att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV,
+                                                     int qa, int qb, int a, size_t nt, int add) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    // 2 buffers of dS^T (8 KB each), then 2 of K (16 KB each)
+    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + 2 * 8192;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+    AttQBlock blk = att_qblock<WG_HD, 64, 64>(T, H, KV, qa, qb);
+    int q0 = blk.q0, ntile = blk.ntile;
+    const bf16s *kg = k + blk.koff, *dg = ds + ds_tile(blk.b, blk.h, H, (q0 - qa) / 64, 0, a, nt) * 4096;
+    // key tile n (its dS^T, copied as it is stored, and K) into buffer n % 2, one commit group
+    auto load = [&](int n) {
+        const char *src = (const char *)(dg + (size_t)n * 4096);
+        uint32_t dst = sD + (n & 1) * 8192;
+        for (int e = threadIdx.x; e < 512; e += 128)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16), "l"(src + e * 16));
+        stage_sw<64, 128>(sK + (n & 1) * WG_KV_TILE, kg, n * 64, min(64, qb - n * 64), (size_t)KV * WG_HD);
+    };
+    load(0);
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    for (int it = 0; it < ntile; it++) {
+        stage_done();   // tile it; every warp is done with tile it - 1, whose buffers tile it + 1 takes
+        if (it + 1 < ntile) load(it + 1);
+        uint32_t d0 = sD + (it & 1) * 8192, k0 = sK + (it & 1) * WG_KV_TILE;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wgmma_n128_ss_t(acc, desc_sw128(d0 + 2048 * kk, 8192, 1024), desc_sw128(k0 + 2048 * kk, 64 * 128, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    add_rows<WG_HD / 8>(dq + blk.qoff, acc, q0 + w * 16 + (lane >> 2), qb, (size_t)H * WG_HD, t, add);
 #endif
 }
 
@@ -325,24 +404,36 @@ extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsi
 }
 
 // Backward on the bf16 copies (dout rounded too), D = rowsum(bf16(dout) * out) given; 0 where this
-// path does not run.
-extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsigned short *dout, const float *lse,
-                                     const float *D, const unsigned short *q, const unsigned short *k,
-                                     const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1,
-                                     int flags) {
+// path does not run. ds: scratch of attention_ds_bytes(B, T, H, hd, t0, t1) bytes, where that is not 0
+// (the dk/dv kernel stores dS there, and dq is its product with K: 5 matrix products instead of 7), or
+// NULL (the dq kernel computes S, dP and dS again).
+extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout,
+                                     const float *lse, const float *D, const unsigned short *q,
+                                     const unsigned short *k, const unsigned short *v, int B, int T, int H, int KV,
+                                     int hd, int t0, int t1, int flags) {
     if (hd != WG_HD || !backend_cuda_grouped_kernel()) return 0;
     static int opted = 0;
     if (!opted) {
         CUDA_CHECK(cudaFuncSetAttribute(att_wg_dq_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQ));
         CUDA_CHECK(cudaFuncSetAttribute(att_wg_dkdv_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DKDV));
+        CUDA_CHECK(cudaFuncSetAttribute(att_wg_dqs_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQS));
         opted = 1;
     }
     float sc = 1.0f / sqrtf((float)WG_HD), sl = sc * WG_LOG2E;
-    dim3 gq(cdiv_u(t1 - t0, 64), H, B), gk(cdiv_u(t1, 64), KV, B);
-    att_wg_dq_k<<<gq, 128, WG_SMEM_DQ>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, flags & ATT_ADD_DQ);
-    KCHECK("attention_bwd (wgmma, dq)");
-    att_wg_dkdv_k<<<gk, 128, WG_SMEM_DKDV>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1,
+    int nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64;
+    size_t nt = (size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2;   // dS tiles per head (ds_tile)
+    dim3 gq(nq, H, B), gk(cdiv_u(t1, 64), KV, B);
+    bf16s *dsb = (bf16s *)ds;
+    if (!dsb) {
+        att_wg_dq_k<<<gq, 128, WG_SMEM_DQ>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, flags & ATT_ADD_DQ);
+        KCHECK("attention_bwd (wgmma, dq)");
+    }
+    att_wg_dkdv_k<<<gk, 128, WG_SMEM_DKDV>>>(dk, dv, dsb, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, a, nt,
                                               flags & ATT_ADD_DKV);
     KCHECK("attention_bwd (wgmma, dk/dv)");
+    if (dsb) {
+        att_wg_dqs_k<<<gq, 128, WG_SMEM_DQS>>>(dq, dsb, k, T, H, KV, t0, t1, a, nt, flags & ATT_ADD_DQ);
+        KCHECK("attention_bwd (wgmma, dq from dS)");
+    }
     return 1;
 }

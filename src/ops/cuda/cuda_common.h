@@ -234,12 +234,12 @@ void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int
 void cuda_attention_rowdot(float *D, void *gout, const float *dout, const void *out, int out_bf16, int B, int T, int H,
                            int hd, int t0, int t1);
 // cuda_attention_wg.cu: the forward and backward on Hopper's wgmma from the bf16 copies of q, k, v
-// (and dout; head dim 128; 0 where they do not run)
+// (and dout; head dim 128; 0 where they do not run); the backward's ds: ops.h attention_ds_bytes of scratch or NULL
 int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
-int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, const unsigned short *dout, const float *lse, const float *D,
-                          const unsigned short *q, const unsigned short *k, const unsigned short *v, int B, int T,
-                          int H, int KV, int hd, int t0, int t1, int flags);
+int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout, const float *lse,
+                          const float *D, const unsigned short *q, const unsigned short *k, const unsigned short *v,
+                          int B, int T, int H, int KV, int hd, int t0, int t1, int flags);
 // cuda_attention_tc.cu: the same ops for backend "cuda" (q, k, v, out bf16: its hidden format): on tensor
 // cores (head dims 32, 64, 128), else (and with dropout) the float32 kernels on q, k, v (out) widened
 void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v,
