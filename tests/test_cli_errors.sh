@@ -194,5 +194,18 @@ run_fail "vocab_size 100" "${T[@]}" --vocab-size 100 --force
 # So is a bad value of an environment switch the trainer reads (MOE_BF16_SHADOW: 0 or 1).
 run_fail "MOE_BF16_SHADOW must be 0" env MOE_BF16_SHADOW=yes "${T[@]}" --force
 run_fail "MOE_GROUPED_GEMM must be auto" env MOE_GROUPED_GEMM=cutlass "${T[@]}" --force
+run_fail "MOE_ATTN_DS_MB must be a whole number" env MOE_ATTN_DS_MB=lots "${T[@]}" --force
+run_fail "MOE_ATTN_DS_MB must be a whole number" env MOE_ATTN_DS_MB=-1 "$MOE" info --preset peers-ref
+# The cuda memory line counts the attention backward's dS scratch (ops.h attention_ds_bytes): batch 4 x 2048,
+# 16 heads of 128: 32 query tiles of 64 rows, tile m reading m + 1 key tiles of 64 x 64 bf16, so
+# 4 * 16 * 528 * 8 KiB = 264 MiB, with D (0.5 MiB) and the bf16 dout (32 MiB): 296.50 MiB, above the 64 MiB
+# of a layer's bf16 expert rows (2 x 16384 x 2048 bytes), which is all that is left with MOE_ATTN_DS_MB=0
+# (and with a cap below 264).
+for cap in "" 264 263 0; do
+  want="296.50 MiB"; [ "$cap" = 263 ] || [ "$cap" = 0 ] && want="64.00 MiB"
+  if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 >"$OUT_FILE" 2>"$ERR_FILE" &&
+     grep -q "bf16 operand scratch $want" "$OUT_FILE"; then pass "moe info: attention dS scratch, MOE_ATTN_DS_MB='$cap'"
+  else fail "moe info: attention dS scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
+done
 
 finish

@@ -26,7 +26,9 @@ size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1) {
         const char *e = getenv("MOE_ATTN_DS_MB");
         char *end = NULL;
         cap_mb = e && *e ? strtoll(e, &end, 10) : 1024;
-        if (cap_mb < 0 || (end && *end)) DIE("MOE_ATTN_DS_MB=%s: expected a whole number of MiB (0: none)", e);
+        if (cap_mb < 0 || cap_mb > (1ll << 40) || (end && *end))
+            DIE("MOE_ATTN_DS_MB must be a whole number of MiB (default 1024; 0: the attention backward computes dS "
+                "twice instead of keeping it), not '%s'", e);
     }
     if (hd != 128 || B <= 0 || H <= 0 || t1 <= t0 || t1 > T) return 0;
     size_t nq = (size_t)(t1 - t0 + 63) / 64, a = (size_t)(t0 + 63) / 64;

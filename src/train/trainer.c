@@ -193,6 +193,7 @@ static const Backend *choose_backend(const TrainOptions *o, const Comm *world, i
     const char *ggv = getenv("MOE_GROUPED_GEMM");
     if (ggv && *ggv && strcmp(ggv, "auto") && strcmp(ggv, "cublas"))
         DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", ggv);
+    (void)attention_ds_bytes(1, 64, 1, 128, 0, 64);   // reads MOE_ATTN_DS_MB now: a bad value dies here
     return be;
 }
 
