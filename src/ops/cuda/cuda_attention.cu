@@ -129,14 +129,26 @@ __global__ void attention_rowdot_k(float *D, __nv_bfloat16 *gout, const float *d
     const float *g = dout + row * hd;
     const TO *o = out + row * hd;
     float s = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-        float gi = ld_f(g + i);
-        if (gout) {
-            __nv_bfloat16 r = __float2bfloat16_rn(gi);
-            gout[row * hd + i] = r;
-            gi = __bfloat162float(r);
+    for (int i0 = lane; i0 < hd; i0 += 128) {   // elements lane, lane + 32, ... in order; 4 loads in flight
+        float gv[4], ov[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = i0 + 32 * u;
+            gv[u] = i < hd ? ld_f(g + i) : 0.0f;
+            ov[u] = i < hd ? ld_out(o + i) : 0.0f;
         }
-        s += gi * ld_out(o + i);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = i0 + 32 * u;
+            if (i >= hd) break;
+            float gi = gv[u];
+            if (gout) {
+                __nv_bfloat16 r = __float2bfloat16_rn(gi);
+                gout[row * hd + i] = r;
+                gi = __bfloat162float(r);
+            }
+            s += gi * ov[u];
+        }
     }
     s = warp_sum_f(s);
     int h = (int)(row % H);
