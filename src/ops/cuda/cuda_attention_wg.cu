@@ -9,11 +9,13 @@
 // swizzled layout of cuda_wgmma.cuh (two 64-column blocks per 128-wide row), the next K/V tile
 // loading while the current one is used; only tiles crossing the diagonal or the last key are
 // masked; a warpgroup skips the tiles entirely above its rows.
-// Backward (D = rowsum(bf16(dout) out) given): a dq kernel (one warpgroup per 64 queries: S = Q K^T and
-// dP = dout V^T from shared memory, dQ += dS K with dS from registers) and a dk/dv kernel (one
-// warpgroup per 64 keys over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then
-// dV += P^T dout and dK += dS^T Q from registers), each output written by one thread in a fixed
-// order: deterministic, no atomics, as the mma.sync kernels.
+// Backward (D = rowsum(bf16(dout) out) given): a dk/dv kernel (one warpgroup per 64 keys over the
+// group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q from
+// registers) that also stores dS (bf16) in a scratch, then a dq kernel of one product, dQ = dS K (both
+// operands from shared memory); without the scratch (ops.h attention_ds_bytes: over its cap) a dq
+// kernel that computes S = Q K^T, dP = dout V^T and dS again (one warpgroup per 64 queries, dQ += dS K
+// with dS from registers). Each output is written by one thread in a fixed order: deterministic, no
+// atomics, as the mma.sync kernels.
 // Fragment layout of a wgmma accumulator (as mma.sync's C per warp): warp w of the warpgroup holds
 // rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j + {0, 1}] ({2, 3} for + 8).
 // Must not hold: any knowledge of the model.
@@ -35,7 +37,7 @@
 #define WG_SMEM_FWD (WG_Q_BYTES + 4 * WG_KV_TILE + 1024)
 #define WG_SMEM_DQ (4 * WG_KV_TILE + 1024)                        // Q, dout, K, V
 #define WG_SMEM_DKDV (6 * WG_KV_TILE + 4 * 64 * 4 + 8192 + 1024)  // K, V; Q, dout double-buffered; lse, D; dS^T
-#define WG_SMEM_DQS (2 * 8192 + 2 * WG_KV_TILE + 1024)            // dS^T, K double-buffered
+#define WG_SMEM_DQS (2 * 16384 + 2 * WG_KV_TILE + 1024)           // 2 x dS^T, K double-buffered
 
 typedef unsigned short bf16s;
 
@@ -347,26 +349,31 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s
 #endif
 }
 
-// dq += sum over the key tiles j <= a + m of dS (tile (m, j), from att_wg_dkdv_k) K_j for the query tile m
-// of 64 rows (the query rows [qa, qb)): one warpgroup per tile, dS^T (M-major) and K (N-major) both staged
-// as they are stored, double-buffered. Grid (ceil((qb - qa) / 64), H, B), the most keys first.
-__global__ void __launch_bounds__(128) att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV,
+// dq += sum over the key tiles j <= a + m of dS (tile (m, j), from att_wg_dkdv_k) K_j for the query tiles m
+// of 64 rows (the query rows [qa, qb)): a block of two warpgroups takes two tiles m, m + 1 of one head,
+// which read the same K tiles (staged once for both: from L2 the kernel read dS once and K twice as many
+// bytes), dS^T (M-major) and K (N-major) staged as they are stored, double-buffered. Grid
+// (ceil((qb - qa) / 128), H, B), the most keys first.
+__global__ void __launch_bounds__(256) att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV,
                                                      int qa, int qb, int a, size_t nt, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
-    // 2 buffers of dS^T (8 KB each), then 2 of K (16 KB each)
-    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + 2 * 8192;
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-    AttQBlock blk = att_qblock<WG_HD, 64, 64>(T, H, KV, qa, qb);
-    int q0 = blk.q0, ntile = blk.ntile;
-    const bf16s *kg = k + blk.koff, *dg = ds + ds_tile(blk.b, blk.h, H, (q0 - qa) / 64, 0, a, nt) * 4096;
-    // key tile n (its dS^T, copied as it is stored, and K) into buffer n % 2, one commit group
+    // 2 buffers of (dS^T of each warpgroup's tile: 2 x 8 KB), then 2 of K (16 KB)
+    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + 2 * 16384;
+    int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
+    AttQBlock blk = att_qblock<WG_HD, 128, 64>(T, H, KV, qa, qb);
+    int q0 = blk.q0, ntile = blk.ntile, qw = q0 + 64 * wg;   // this warpgroup's rows from qw (none past qb)
+    int nw = qw < qb ? (min(qw + 64, qb) + 63) / 64 : 0;     // and its key tiles
+    const bf16s *kg = k + blk.koff, *dg = nw ? ds + ds_tile(blk.b, blk.h, H, (qw - qa) / 64, 0, a, nt) * 4096 : ds;
+    // key tile n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % 2, one commit group
     auto load = [&](int n) {
-        const char *src = (const char *)(dg + (size_t)n * 4096);
-        uint32_t dst = sD + (n & 1) * 8192;
-        for (int e = threadIdx.x; e < 512; e += 128)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16), "l"(src + e * 16));
-        stage_sw<64, 128>(sK + (n & 1) * WG_KV_TILE, kg, n * 64, min(64, qb - n * 64), (size_t)KV * WG_HD);
+        if (n < nw) {
+            const char *src = (const char *)(dg + (size_t)n * 4096);
+            uint32_t dst = sD + (n & 1) * 16384 + wg * 8192;
+            for (int e = threadIdx.x & 127; e < 512; e += 128)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16), "l"(src + e * 16));
+        }
+        stage_sw<64, 256>(sK + (n & 1) * WG_KV_TILE, kg, n * 64, min(64, qb - n * 64), (size_t)KV * WG_HD);
     };
     load(0);
     float acc[64];
@@ -375,7 +382,8 @@ __global__ void __launch_bounds__(128) att_wg_dqs_k(float *dq, const bf16s *ds, 
     for (int it = 0; it < ntile; it++) {
         stage_done();   // tile it; every warp is done with tile it - 1, whose buffers tile it + 1 takes
         if (it + 1 < ntile) load(it + 1);
-        uint32_t d0 = sD + (it & 1) * 8192, k0 = sK + (it & 1) * WG_KV_TILE;
+        if (it >= nw) continue;   // warpgroup-uniform: the lower tile has one key tile fewer
+        uint32_t d0 = sD + (it & 1) * 16384 + wg * 8192, k0 = sK + (it & 1) * WG_KV_TILE;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
@@ -383,7 +391,7 @@ __global__ void __launch_bounds__(128) att_wg_dqs_k(float *dq, const bf16s *ds, 
         wgmma_commit();
         wgmma_wait<0>();
     }
-    add_rows<WG_HD / 8>(dq + blk.qoff, acc, q0 + w * 16 + (lane >> 2), qb, (size_t)H * WG_HD, t, add);
+    if (nw) add_rows<WG_HD / 8>(dq + blk.qoff, acc, qw + w * 16 + (lane >> 2), qb, (size_t)H * WG_HD, t, add);
 #endif
 }
 
@@ -432,7 +440,8 @@ extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, 
                                               flags & ATT_ADD_DKV);
     KCHECK("attention_bwd (wgmma, dk/dv)");
     if (dsb) {
-        att_wg_dqs_k<<<gq, 128, WG_SMEM_DQS>>>(dq, dsb, k, T, H, KV, t0, t1, a, nt, flags & ATT_ADD_DQ);
+        dim3 g2(cdiv_u(t1 - t0, 128), H, B);
+        att_wg_dqs_k<<<g2, 256, WG_SMEM_DQS>>>(dq, dsb, k, T, H, KV, t0, t1, a, nt, flags & ATT_ADD_DQ);
         KCHECK("attention_bwd (wgmma, dq from dS)");
     }
     return 1;
