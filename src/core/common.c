@@ -161,6 +161,16 @@ void xfread(void *p, size_t size, size_t n, FILE *f, const char *path) {
     if (n && fread(p, size, n, f) != n)
         DIE("cannot read '%s' (%s)", path, feof(f) ? "file is truncated" : strerror(errno));
 }
+void xpread(int fd, void *buf, size_t n, uint64_t off, const char *path) {
+    char *b = buf;
+    while (n) {
+        ssize_t r = pread(fd, b, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) DIE("cannot read '%s' (%s)", path, strerror(errno));
+        if (r == 0) DIE("cannot read '%s' (file is truncated)", path);
+        b += r; n -= (size_t)r; off += (uint64_t)r;
+    }
+}
 void xfclose(FILE *f, const char *path) {
     if (fflush(f) != 0) DIE("cannot write '%s' (%s)", path, strerror(errno));
     if (fsync(fileno(f)) != 0 && errno != EINVAL && errno != EROFS)

@@ -32,6 +32,11 @@ void xfwrite(const void *p, size_t size, size_t n, FILE *f, const char *path);
 void xfread(void *p, size_t size, size_t n, FILE *f, const char *path);
 void xfclose(FILE *f, const char *path);  // fflush + fsync + fclose for files opened for writing
 
+// n bytes at offset off of the open file fd into buf (pread, retried on EINTR); dies naming path when the
+// file ends early or a read fails. Readers that must leave nothing behind on a refused input (a DIE that
+// returns, as in the fuzz targets) use a descriptor and this rather than stdio.
+void xpread(int fd, void *buf, size_t n, uint64_t off, const char *path);
+
 // Read a whole file into a malloc'd buffer (NUL-terminated); *len gets the byte count.
 // Returns NULL (errno set) if it cannot be opened/read.
 char *read_file(const char *path, size_t *len);

@@ -25,17 +25,6 @@ static void check_little_endian(void) {
     if (b != 1) DIE("safetensors IO needs a little-endian host");
 }
 
-static void pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path) {
-    char *b = buf;
-    while (n) {
-        ssize_t r = pread(fd, b, n, (off_t)off);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) DIE("cannot read '%s' (%s)", path, strerror(errno));
-        if (r == 0) DIE("cannot read '%s' (file is truncated)", path);
-        b += r; n -= (size_t)r; off += (uint64_t)r;
-    }
-}
-
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
     size_t k = 0;
     k += (size_t)snprintf(buf + k, n - k, "[");
@@ -241,7 +230,7 @@ StFile *safetensors_open(const char *path_in) {
     r->size = (uint64_t)st.st_size;
     if (r->size < 8) DIE("'%s' is not a safetensors file (only %llu bytes)", path, (unsigned long long)r->size);
     unsigned char le[8];
-    pread_full(r->fd, le, 8, 0, path);
+    xpread(r->fd, le, 8, 0, path);
     uint64_t N = 0;
     for (int b = 0; b < 8; b++) N |= (uint64_t)le[b] << (8 * b);
     if (N < 2 || N > r->size - 8)
@@ -249,7 +238,7 @@ StFile *safetensors_open(const char *path_in) {
             (unsigned long long)N, (unsigned long long)r->size);
     if (N > ST_MAX_HEADER) DIE("'%s' is corrupt: header length %llu exceeds the 100 MiB limit", path, (unsigned long long)N);
     char *hb = xmalloc((size_t)N);
-    pread_full(r->fd, hb, (size_t)N, 8, path);
+    xpread(r->fd, hb, (size_t)N, 8, path);
     const char *jend = NULL;
     r->hdr = cJSON_ParseWithLengthOpts(hb, (size_t)N, &jend, 0);
     if (!cJSON_IsObject(r->hdr)) DIE("'%s' is corrupt: its header is not a JSON object", path);
@@ -327,12 +316,12 @@ void safetensors_read(const StFile *r, const char *name, int ndim, const int64_t
         DIE("'%s': tensor %s has shape %s, config expects %s", r->path, name, a, b);
     }
     uint64_t off = r->data_start + e.begin;
-    if (kind == 0) { pread_full(r->fd, dst, (size_t)e.numel * sizeof(float), off, r->path); return; }
+    if (kind == 0) { xpread(r->fd, dst, (size_t)e.numel * sizeof(float), off, r->path); return; }
     enum { CH = 1 << 16 };
     uint16_t *tmp = xmalloc(CH * sizeof *tmp);
     for (uint64_t i = 0; i < e.numel; i += CH) {
         size_t c = (size_t)(e.numel - i < CH ? e.numel - i : CH);
-        pread_full(r->fd, tmp, c * 2, off + 2 * i, r->path);
+        xpread(r->fd, tmp, c * 2, off + 2 * i, r->path);
         for (size_t j = 0; j < c; j++) dst[i + j] = kind == 1 ? bf16_to_float(tmp[j]) : half_to_float(tmp[j]);
     }
     free(tmp);
