@@ -1473,8 +1473,27 @@ static void test_dropout(void) {
     free(x); free(a); free(y);
 }
 
+// ops.h attention_ds_bytes against a count of what the dq kernel reads: for each query tile of 64 rows
+// from t0 (the last one partial), every key tile of 64 up to the tile's last possible row t0 + 64 m + 63,
+// 8 KiB each, per sequence and head; 0 at other head dims and for empty ranges. (The default cap, 1024
+// MiB, is above every case here; moe info's use of it is checked in test_cli_errors.sh.)
+static void test_attention_ds_bytes(void) {
+    int cases[][4] = {{1, 64, 0, 64}, {2, 130, 0, 130}, {2, 130, 65, 130}, {1, 2048, 1024, 2048}, {3, 97, 33, 70},
+                      {1, 5, 0, 5}, {4, 2048, 0, 2048}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int B = cases[c][0], T = cases[c][1], t0 = cases[c][2], t1 = cases[c][3], H = 3;
+        size_t tiles = 0;
+        for (int q0 = t0; q0 < t1; q0 += 64) tiles += (size_t)((q0 + 63) / 64 + 1);
+        size_t want = (size_t)B * H * tiles * 64 * 64 * 2, got = attention_ds_bytes(B, T, H, 128, t0, t1);
+        EXPECT(got == want, "attention_ds_bytes(B %d, T %d, [%d, %d)): %zu, want %zu", B, T, t0, t1, got, want);
+    }
+    EXPECT(attention_ds_bytes(2, 130, 3, 64, 0, 130) == 0, "attention_ds_bytes at head dim 64: not 0");
+    EXPECT(attention_ds_bytes(2, 130, 3, 128, 40, 40) == 0, "attention_ds_bytes of an empty range: not 0");
+}
+
 int main(void) {
     be = backend_cpu();
+    test_attention_ds_bytes();
     rng_seed(&R, 20240607);
     test_memory();
     test_matmul(7, 33, 9);
