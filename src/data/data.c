@@ -171,31 +171,23 @@ static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
         DIE("shard '%s' size mismatch: %lld bytes, expected %lld (%d-byte header + %d bytes x %lld tokens)",
             path, size, expected, SHARD_HEADER_BYTES, tb, n);
     *tokens = xrealloc(*tokens, (n_have + (size_t)n) * sizeof(int32_t));
-    enum { CHUNK = 1 << 16 };
-    for (size_t done = 0; done < (size_t)n;) {
-        size_t m = (size_t)n - done < CHUNK ? (size_t)n - done : CHUNK;
-        int32_t *dst = *tokens + n_have + done;
-        uint64_t off = SHARD_HEADER_BYTES + (uint64_t)tb * done;
-        if (tb == 2) {   // the m uint16 into the upper half of dst's 4m bytes, then widened in place from the
-                         // front (dst[i]'s bytes end below element i + 1's source; read by memcpy: no aliasing)
-            const unsigned char *b16 = (const unsigned char *)dst + 2 * m;
-            xpread(fd, (void *)b16, 2 * m, off, path);
-            for (size_t i = 0; i < m; i++) {
-                uint16_t v;
-                memcpy(&v, b16 + 2 * i, 2);
-                dst[i] = v;
-            }
-        } else {
-            uint32_t *b32 = (uint32_t *)dst;
-            xpread(fd, b32, 4 * m, off, path);
-            for (size_t i = 0; i < m; i++) {
-                // the loader keeps int32 ids and the vocabulary is rounded up to a multiple of 64
-                if (b32[i] > (uint32_t)(INT32_MAX - VOCAB_ROUND))
-                    DIE("shard '%s': token %u at position %zu is too large (ids must be below %d)", path,
-                        (unsigned)b32[i], done + i, INT32_MAX - VOCAB_ROUND + 1);
-            }
+    int32_t *dst = *tokens + n_have;
+    if (tb == 2) {   // the n uint16 into the upper half of dst's 4n bytes, then widened in place from the front
+                     // (dst[i]'s bytes end below element i + 1's source; read by memcpy: no aliasing)
+        unsigned char *b16 = (unsigned char *)dst + 2 * (size_t)n;
+        xpread(fd, b16, 2 * (size_t)n, SHARD_HEADER_BYTES, path);
+        for (size_t i = 0; i < (size_t)n; i++) {
+            uint16_t v;
+            memcpy(&v, b16 + 2 * i, 2);
+            dst[i] = v;
         }
-        done += m;
+    } else {
+        uint32_t *b32 = (uint32_t *)dst;
+        xpread(fd, b32, 4 * (size_t)n, SHARD_HEADER_BYTES, path);
+        for (size_t i = 0; i < (size_t)n; i++)   // the loader keeps int32 ids; the vocabulary is rounded up to 64
+            if (b32[i] > (uint32_t)(INT32_MAX - VOCAB_ROUND))
+                DIE("shard '%s': token %u at position %zu is too large (ids must be below %d)", path, (unsigned)b32[i],
+                    i, INT32_MAX - VOCAB_ROUND + 1);
     }
     if (close(fd) != 0) DIE("cannot close shard '%s' (%s)", path, strerror(errno));
     return (size_t)n;
