@@ -1230,6 +1230,104 @@ static void test_bf16_shadow(void) {
     free(w); free(x); free(dy); free(g); free(m0); free(v0); free(w2); free(ref); free(wr); free(xr);
 }
 
+// ops.h alloc_bf16_params: a parameter buffer whose holes keep their weights in the bf16 copy alone.
+// Hole A spans whole 2 MiB pages (their float32 memory is not there), hole B lies inside one page (its
+// float32 memory is there, poisoned). What must hold: to_device then to_host gives back the bf16 values
+// bit for bit, across the holes' edges too; adamw_runs (nearest and stochastic) over runs inside and
+// outside the holes gives the cpu's weights and moments bit for bit (the holes' read and written in the
+// copy alone: their float32 memory is NaN or absent, so an update reading it shows); grouped and plain
+// GEMMs taking a weight in a hole give the bits of the same GEMM on an ordinary buffer of the cpu's
+// updated weights; bf16_shadow(p, n) after a write outside the holes refreshes that part and leaves the
+// holes; the float32 memory at a hole's edge reads NaN (the poison).
+static void test_bf16_params(int prec) {
+    const size_t N = 2500000, A0 = 300008, A1 = A0 + 1300000, B0 = 2000000, B1 = B0 + 40000;
+    const size_t hole[4] = {A0, A1, B0, B1};
+    const int K = 64, O = 96, G = 3, Nr = 40, t = 3;
+    const int64_t goff[4] = {0, 7, 7, Nr};
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    const uint64_t seed = 99;
+    float *w = hrand(N, 0.5f);
+    for (size_t i = 0; i < N; i++) w[i] = bf16_to_f32(bf16_rn_bits(w[i]));
+    float *pd = gpu->alloc_bf16_params(N, hole, 2);
+    gpu->to_device(pd, w, N * sizeof(float));
+    gpu->bf16_shadow(pd, N);
+    float *back = dget(pd, N), *part = xmalloc(sizeof(float) * 200);
+    gpu->to_host(part, pd + A0 - 100, sizeof(float) * 200);
+    EXPECT(memcmp(back, w, N * sizeof(float)) == 0 && memcmp(part, w + A0 - 100, 200 * sizeof(float)) == 0,
+           "alloc_bf16_params: to_device then to_host does not give the bf16 values back bit for bit");
+    float edge[4];   // hole B's first floats: backed float32 memory the buffer never writes (NaN)
+    float *ed = gpu->alloc(sizeof edge);
+    gpu->copy(ed, pd + B0, sizeof edge);
+    gpu->to_host(edge, ed, sizeof edge);
+    EXPECT(isnan(edge[0]) && isnan(edge[3]), "alloc_bf16_params: a hole's float32 memory is not poisoned (%g)", edge[0]);
+    // runs: pieces before, inside and after each hole (a run never crosses a hole's edge)
+    const size_t cut[] = {0, 1000, A0, A0 + 5, A0 + 700003, A1, B0, B0 + 17, B1, N - 3, N};
+    enum { NR = sizeof cut / sizeof cut[0] - 1 };
+    OptRun runs[NR];
+    for (int r = 0; r < NR; r++)
+        runs[r] = (OptRun){(int64_t)cut[r], (int64_t)cut[r], (int64_t)(cut[r + 1] - cut[r]), r % 2, 0,
+                           (int64_t)cut[r] * 3 + 1, 0, 0, 0};
+    float *g = hrand(N, 0.1f), *p = hcopy(w, N);
+    uint16_t *m = xmalloc(sizeof(uint16_t) * N), *v = xmalloc(sizeof(uint16_t) * N);
+    for (size_t i = 0; i < N; i++) {
+        m[i] = bf16_rn_bits(0.01f * (float)rng_normal(&R));
+        v[i] = bf16_rn_bits(1e-4f * fabsf((float)rng_normal(&R)));
+    }
+    float *gd = dputf(g, N);
+    uint16_t *md = gpu->alloc(sizeof(uint16_t) * N), *vd = gpu->alloc(sizeof(uint16_t) * N);
+    gpu->to_device(md, m, sizeof(uint16_t) * N);
+    gpu->to_device(vd, v, sizeof(uint16_t) * N);
+    OptRuns *hc = cpu->runs_create(runs, NR), *hg = gpu->runs_create(runs, NR);
+    cpu->adamw_runs(p, g, m, v, hc, 1.0f, lr, b1, b2, eps, wd, t, prec, seed);
+    gpu->adamw_runs(pd, gd, md, vd, hg, 1.0f, lr, b1, b2, eps, wd, t, prec, seed);
+    float *pg = dget(pd, N);
+    uint16_t *mg = xmalloc(sizeof(uint16_t) * N), *vg = xmalloc(sizeof(uint16_t) * N);
+    gpu->to_host(mg, md, sizeof(uint16_t) * N);
+    gpu->to_host(vg, vd, sizeof(uint16_t) * N);
+    size_t dp = 0, dm = 0, moved = 0;
+    for (size_t i = 0; i < N; i++) {
+        dp += f32_bits(pg[i]) != f32_bits(p[i]);
+        dm += mg[i] != m[i] || vg[i] != v[i];
+        moved += i >= A0 && i < A1 && f32_bits(p[i]) != f32_bits(w[i]);
+    }
+    const char *pn = prec == OPT_BF16_STOCHASTIC ? "stochastic" : "nearest";
+    EXPECT(dp == 0 && dm == 0, "alloc_bf16_params: adamw_runs bf16 %s: %zu weights, %zu moments differ bitwise from "
+           "the cpu's", pn, dp, dm);
+    EXPECT(moved > (A1 - A0) / 2, "alloc_bf16_params: only %zu weights in hole A moved", moved);
+    // GEMMs on weights in the holes (read from the copy) against the same GEMMs on an ordinary buffer of the
+    // cpu's updated weights (converted per call)
+    float *x = hrand((size_t)Nr * K, 1.0f), *xd = dputf(x, (size_t)Nr * K), *qd = dputf(p, N);
+    float *o1 = dnan((size_t)Nr * O), *o2 = dnan((size_t)Nr * O), *o3 = dnan((size_t)Nr * O), *o4 = dnan((size_t)Nr * O);
+    size_t wa = 600000, wb = B0 + 8;   // (wa: in a page of hole A with no float32 memory)
+    gpu->grouped_matmul_fwd(o1, xd, pd + wa, goff, G, K, O);
+    gpu->grouped_matmul_fwd(o2, xd, qd + wa, goff, G, K, O);
+    gpu->matmul_fwd(o3, xd, pd + wb, Nr, K, O, 0);
+    gpu->matmul_fwd(o4, xd, qd + wb, Nr, K, O, 0);
+    cmp_exact_dev("alloc_bf16_params: grouped_fwd, weights in hole A vs an ordinary buffer", o1, o2, (size_t)Nr * O);
+    cmp_exact_dev("alloc_bf16_params: matmul_fwd, weights in hole B vs an ordinary buffer", o3, o4, (size_t)Nr * O);
+    // a write outside the holes, then bf16_shadow(p, n): that part refreshed, the holes as they were
+    float *w2 = hrand(1000, 0.5f);
+    gpu->to_device(pd, w2, sizeof(float) * 1000);
+    gpu->bf16_shadow(pd, N);
+    memcpy(p, w2, sizeof(float) * 1000);
+    float *pg2 = dget(pd, N);
+    EXPECT(memcmp(pg2, p, N * sizeof(float)) == 0, "alloc_bf16_params: to_device outside the holes, then bf16_shadow: "
+           "the buffer is not the weights written");
+    gpu->to_device(qd, p, N * sizeof(float));
+    gpu->matmul_fwd(o3, xd, pd, Nr, K, O, 0);
+    gpu->matmul_fwd(o4, xd, qd, Nr, K, O, 0);
+    cmp_exact_dev("alloc_bf16_params: matmul_fwd outside the holes after bf16_shadow vs an ordinary buffer", o3, o4,
+                  (size_t)Nr * O);
+    printf("alloc_bf16_params %-10s: to_host/to_device exact, adamw_runs bitwise the cpu's (%zu weights moved in "
+           "hole A), GEMMs in the holes as on an ordinary buffer\n", pn, moved);
+    cpu->runs_free(hc);
+    gpu->runs_free(hg);
+    gpu->free(pd); gpu->free(gd); gpu->free(md); gpu->free(vd); gpu->free(ed); gpu->free(xd); gpu->free(qd);
+    gpu->free(o1); gpu->free(o2); gpu->free(o3); gpu->free(o4);
+    free(w); free(back); free(part); free(g); free(p); free(m); free(v); free(pg); free(mg); free(vg); free(x);
+    free(w2); free(pg2);
+}
+
 // ---------------------------------------------------------------- attention
 // On "cuda" with head dims 32/64/128 the tensor-core kernels run (cuda_attention_tc.cu). Checked
 // against bf16_ref.h's attention (same roundings; BAND_ATT_TC_NORM, BAND_BF16_ELEM) and, norm-wise,
@@ -1767,6 +1865,8 @@ static void run_suite(const Backend *be, int big) {
     test_rope_rows_dropout(1, 40, 2, 32, 10000.0f, 39, 40);
     test_swiglu(10007);
     if (gpu_bf16) test_bf16_shadow();
+    if (gpu_bf16) test_bf16_params(OPT_BF16_NEAREST);
+    if (gpu_bf16) test_bf16_params(OPT_BF16_STOCHASTIC);
     test_attention(2, 70, 4, 2, 24);
     test_attention(1, 33, 3, 3, 64);
     if (big) test_attention(2, 40, 8, 2, 128);

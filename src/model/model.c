@@ -385,6 +385,18 @@ void model_share_grads(Model *m, int on) {
     model_use(m, 0, 0);
 }
 
+int model_bf16_weights(Model *m) {
+    if (!m->be->alloc_bf16_params) return 0;
+    size_t *h = xmalloc(sizeof(size_t) * 2 * (m->c.n_layers + 1));
+    int nh = params_expert_ranges(&m->t, m->c.n_layers, m->e0, m->El, h);
+    if (nh) {
+        m->be->free(m->params);
+        m->params = m->be->alloc_bf16_params(m->t.ltotal, h, nh);
+    }
+    free(h);
+    return nh > 0;
+}
+
 void model_set_slots(Model *m, int chunk, int n) {
     CHECK(!m->share_grads || n == 1, "model_set_slots: %d slots with the gradients' memory shared", n);
     CHECK(n >= 1 && chunk >= 0 && chunk < m->nchunks, "model_set_slots: chunk %d, %d slots", chunk, n);

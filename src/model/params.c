@@ -195,6 +195,20 @@ int params_index(const ParamTable *t, ParamRole role, int layer, int expert) {
     return -1;
 }
 
+int params_expert_ranges(const ParamTable *t, int n_layers, int e0, int El, size_t *h) {
+    int nh = 0;
+    for (int l = 0; l < n_layers; l++) {
+        int i1 = params_index(t, PR_W1, l, e0), i3 = params_index(t, PR_W3, l, e0), i2 = params_index(t, PR_W2, l, e0),
+            ie = params_index(t, PR_W2, l, e0 + El - 1);
+        if (i1 < 0 || i3 < 0 || i2 < 0 || ie < 0 || !t->p[i1].lnumel) continue;
+        if (t->p[i1].loffset % 8 || t->p[i3].loffset % 8 || t->p[i2].loffset % 8) continue;
+        h[2 * nh] = t->p[i1].loffset;
+        h[2 * nh + 1] = t->p[ie].loffset + t->p[ie].lnumel;
+        nh++;
+    }
+    return nh;
+}
+
 void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64_t seed) {
     // Each tensor draws from its own stream (seed, tensor index) so init does not depend on
     // which other tensors exist, on the order they are filled, on the mesh (the full tensor is

@@ -17,10 +17,9 @@ static void expert_buffers(MoeLayer *m, int Rg) {
     size_t rows = Rg ? Rg : 1, nf = rows * m->fu * be->hid_elem;
     // (the SwiGLU rows first: the largest, they take a lent arena's room before the outputs)
     if (m->rc) moe_rc_rows(m, nf);
-    else if (nf > m->cap_f) {
-        void **bf[] = {&m->h1, &m->h3, &m->act};
-        for (int i = 0; i < 3; i++) { arena_free(m->arena, be, *bf[i]); *bf[i] = arena_alloc(m->arena, be, nf); }
-        m->cap_f = nf;
+    else {
+        void **const bf[] = {&m->h1, &m->h3, &m->act};
+        moe_grown_n(be, m->arena, bf, 3, &m->cap_f, nf);
     }
     m->yg = moe_grown(be, m->arena, m->yg, &m->cap_d, rows * m->d * F);
     if (!m->xu->local) m->xg = moe_grown(be, m->arena, m->xg, &m->cap_xg, rows * m->d * be->hid_elem);
@@ -34,11 +33,8 @@ static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int loc
         s->dyg = moe_grown(be, NULL, s->dyg, &s->cap_dyg, rows * d * be->hid_elem);
         s->dxs = moe_grown(be, NULL, s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
     }
-    if (nf > s->cap_f) {
-        void **bf[] = {&s->dh1, &s->dh3};
-        for (int i = 0; i < 2; i++) { if (*bf[i]) be->free(*bf[i]); *bf[i] = be->alloc(nf); }
-        s->cap_f = nf;
-    }
+    void **const bf[] = {&s->dh1, &s->dh3};
+    moe_grown_n(be, NULL, bf, 2, &s->cap_f, nf);
 }
 
 // The router block for Ns rows (byte offsets): sums (E+1 doubles), the plan's slot counts (k*E

@@ -13,6 +13,15 @@ static inline void *moe_grown(const Backend *be, Arena *a, void *p, size_t *cap,
     *cap = need;
     return arena_alloc(a, be, need);
 }
+// The same for n buffers *p[i] of one size that grow together (one capacity).
+static inline void moe_grown_n(const Backend *be, Arena *a, void **const *p, int n, size_t *cap, size_t need) {
+    if (need <= *cap) return;
+    for (int i = 0; i < n; i++) {
+        arena_free(a, be, *p[i]);
+        *p[i] = arena_alloc(a, be, need);
+    }
+    *cap = need;
+}
 
 // --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and
 // fill them again before the backward (the forward's SwiGLU GEMMs on the kept inputs, wu: the experts

@@ -18,9 +18,7 @@ const Backend *backend_by_name(const char *name) {
     DIE("--device %s: unknown device (cpu, cuda = bf16 tensor-core GEMMs, cuda-fp32, auto)", name);
 }
 
-// ops.h. Query tiles of 64 rows from t0 (m = 0 .. nq - 1); tile m reads the key tiles 0 .. a + m, where
-// a = ceil(t0 / 64), of 64 x 64 bf16 each (cuda_attention_wg.cu lays them out in this order).
-size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1) {
+long long attention_ds_cap_mb(void) {
     static long long cap_mb = -1;
     if (cap_mb < 0) {
         const char *e = getenv("MOE_ATTN_DS_MB");
@@ -30,6 +28,13 @@ size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1) {
             DIE("MOE_ATTN_DS_MB must be a whole number of MiB (default 1024; 0: the attention backward computes dS "
                 "twice instead of keeping it), not '%s'", e);
     }
+    return cap_mb;
+}
+
+// ops.h. Query tiles of 64 rows from t0 (m = 0 .. nq - 1); tile m reads the key tiles 0 .. a + m, where
+// a = ceil(t0 / 64), of 64 x 64 bf16 each (cuda_attention_wg.cu lays them out in this order).
+size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1) {
+    long long cap_mb = attention_ds_cap_mb();
     if (hd != 128 || B <= 0 || H <= 0 || t1 <= t0 || t1 > T) return 0;
     size_t nq = (size_t)(t1 - t0 + 63) / 64, a = (size_t)(t0 + 63) / 64;
     size_t bytes = (size_t)B * H * (nq * (a + 1) + nq * (nq - 1) / 2) * 64 * 64 * 2;

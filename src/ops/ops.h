@@ -126,6 +126,16 @@ struct Backend {
     // GEMMs convert again), and writes it cannot see (device collectives) must be followed by
     // bf16_shadow again. p = NULL drops it. Results are the same with or without it (bit for bit).
     void (*bf16_shadow)(const float *p, size_t n);
+    // The parameter buffer of the bf16 policy (every weight a bf16 value: OPT_BF16_NEAREST/STOCHASTIC) with
+    // holes (at least one): n floats, zeroed, registered as bf16_shadow(p, n) registers a buffer, whose element ranges
+    // [hole[2i], hole[2i+1]) (ascending, disjoint; the weights only the GEMMs read) keep their values in
+    // the bf16 copy alone. "cuda" leaves the float32 memory of the whole pages inside the holes out (2 bytes
+    // a parameter instead of 6; a kernel reading a hole as float32 faults, or reads NaN at its edges);
+    // adamw_runs on p reads and writes those weights in the copy, to_host widens them from it and to_device
+    // rounds them into it (to nearest even: exact for bf16 values), bf16_shadow(p, n) refreshes the rest,
+    // free releases it. Any other write into a hole dies, as does a GEMM weight across a hole's edge. One
+    // such buffer at a time. NULL where the backend keeps no bf16 copy (cpu, cuda-fp32): use alloc.
+    float *(*alloc_bf16_params)(size_t n, const size_t *hole, int nhole);
 
     // out (N,O) = inp (N,K) @ W(O,K)^T [+ out if accumulate]
     void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
@@ -411,3 +421,5 @@ int backend_cuda_grouped_kernel(void);
 // of each sequence and head), or 0 where the dq kernel computes dS again instead: other head dims, or
 // more than MOE_ATTN_DS_MB MiB (default 1024; 0: always again). The backend and moe info both use it.
 size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1);
+// That cap in MiB, read from the environment once (a bad value dies naming it: the trainer asks at its start).
+long long attention_ds_cap_mb(void);

@@ -223,14 +223,32 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     // and, at head dim 128, its dS: ops.h attention_ds_bytes)
     double att_ws = 4.0 * B * c->n_heads * T + 2.0 * N * qd + (double)attention_ds_bytes(B, T, c->n_heads, c->head_dim, 0, T);
     double shadow = 2.0 * np, scratch = fmax(2.0 * Rk * d, att_ws);
+    // --precision bf16 (rounded weights) in one process: the routed experts' weights in the bf16 copy alone
+    // (model_bf16_weights): the float32 buffer's whole 2 MiB pages inside each layer's block are not there
+    double alone = 0;
+    if (world <= 1 && o->tp <= 1 && o->ep <= 1 && o->etp <= 1 && o->pp <= 1 && o->precision == PREC_BF16 &&
+        o->bf16_rounding != ROUND_NONE) {
+        size_t *h = xmalloc(sizeof(size_t) * 2 * (c->n_layers + 1)), pg = (size_t)2 << 20;
+        int nh = params_expert_ranges(&t, c->n_layers, 0, c->n_experts, h);
+        for (int i = 0; i < nh; i++) {
+            size_t a = (4 * h[2 * i] + pg - 1) / pg, b = 4 * h[2 * i + 1] / pg;
+            if (b > a) alone += (double)(b - a) * pg;
+        }
+        free(h);
+    }
     fmt_bytes(b1, sizeof b1, hid);
     fmt_bytes(b2, sizeof b2, shadow);
     fmt_bytes(b3, sizeof b3, scratch);
-    char b4[32];
-    fmt_bytes(b4, sizeof b4, state + acts - hid + shadow + scratch - lent16);
+    char b4[32], b5[48] = "";
+    fmt_bytes(b4, sizeof b4, state + acts - hid + shadow + scratch - lent16 - alone);
     fmt_bytes(bl, sizeof bl, lent16);
-    printf("memory (cuda, the same buffers - bf16 rows %s + bf16 weights %s + bf16 operand scratch %s, %s of the "
-           "activations in the expert gradients' memory): %s plus the CUDA context\n", b1, b2, b3, bl, b4);
+    if (alone > 0) {
+        char a[32];
+        fmt_bytes(a, sizeof a, alone);
+        snprintf(b5, sizeof b5, " - float32 expert weights %s", a);
+    }
+    printf("memory (cuda, the same buffers - bf16 rows %s + bf16 weights %s%s + bf16 operand scratch %s, %s of the "
+           "activations in the expert gradients' memory): %s plus the CUDA context\n", b1, b2, b5, b3, bl, b4);
     if (o->ampipe != 1)   // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE rows, "
                "N/n each, in place of the whole micro-batch's)\n", o->ampipe ? "n" : "auto");

@@ -193,7 +193,7 @@ static const Backend *choose_backend(const TrainOptions *o, const Comm *world, i
     const char *ggv = getenv("MOE_GROUPED_GEMM");
     if (ggv && *ggv && strcmp(ggv, "auto") && strcmp(ggv, "cublas"))
         DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", ggv);
-    (void)attention_ds_bytes(1, 64, 1, 128, 0, 64);   // reads MOE_ATTN_DS_MB now: a bad value dies here
+    (void)attention_ds_cap_mb();   // MOE_ATTN_DS_MB: a bad value dies here, before anything is written
     return be;
 }
 
@@ -360,11 +360,17 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     if (shape.pp > 1) r->dist.mm.sl.pp_split = &r->split;
     int Bl = o->batch / o->grad_accum / shape.dp;
     model_init(&r->m, &r->c, r->be, Bl, o->seq_len, meshed ? &r->dist.mm : NULL);
+    // --precision bf16 (rounded weights) in one process with the GEMMs' bf16 copy: the routed experts'
+    // weights live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
+    if (!meshed && bf16_shadow && o->precision == PREC_BF16 && o->bf16_rounding != ROUND_NONE)
+        model_bf16_weights(&r->m);
+    if (o->recompute) model_set_recompute(&r->m, o->recompute);   // (before step_init's slots: they keep no dropped buffer)
+    // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
+    // the activations' own buffers are freed before the moments take their memory
+    step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     dist_attach(&r->dist, &r->m);
     load_or_init(r, resuming, latest);
     best_recorded(r);
-    if (o->recompute) model_set_recompute(&r->m, o->recompute);   // (before step_init's slots: they keep no dropped buffer)
-    step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     adapt_init(&r->adapt, o, &shape, meshed, &r->m);
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");

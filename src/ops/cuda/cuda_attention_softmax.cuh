@@ -40,14 +40,6 @@ __device__ __forceinline__ AttQBlock att_qblock(int T, int H, int KV, int qa, in
     return {b, h, q0, (min(q0 + BM, qb) + BN - 1) / BN, ((size_t)b * T * H + h) * HD, ((size_t)b * T * KV + kh) * HD};
 }
 
-// Two floats rounded to bf16 (round to nearest even) in one 32-bit register, lo in the low half: the
-// register layout of an mma A fragment's pair of columns.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    union { __nv_bfloat162 b; uint32_t u; } c;
-    c.b = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
-    return c.u;
-}
-
 // Rows r0, r0 + 8 of a (T, heads, 8 NT) float tensor at base (rows `stride` elements apart; rows from
 // `end` on skipped) += the thread's accumulator d (the layout above), a float2 per fragment pair; with
 // add 0 written instead (no read).

@@ -473,7 +473,7 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
     }
     range_check(T, t0, t1);
     // the workspace: D, dout in bf16, and the wgmma backward's dS (ops.h attention_ds_bytes; 0 where it does not run)
-    size_t nds = backend_cuda_grouped_kernel() ? attention_ds_bytes(B, T, H, hd, t0, t1) / sizeof(bf16s) : 0;
+    size_t nds = cuda_attention_wg_runs(hd) ? attention_ds_bytes(B, T, H, hd, t0, t1) / sizeof(bf16s) : 0;
     size_t n[2] = {(size_t)B * T * H * hd, nds};
     float *D;
     bf16s *p[2];

@@ -395,11 +395,14 @@ __global__ void __launch_bounds__(256) att_wg_dqs_k(float *dq, const bf16s *ds, 
 #endif
 }
 
-// Forward on the bf16 copies (layouts of ops.h); 0 where this path does not run (head dim other
-// than 128, no sm_90a code or GPU: the caller uses its mma.sync kernels).
+// Where the kernels here run: head dim 128 with sm_90a code on an sm_90 GPU (elsewhere the caller uses
+// its mma.sync kernels).
+extern "C" int cuda_attention_wg_runs(int hd) { return hd == WG_HD && backend_cuda_grouped_kernel(); }
+
+// Forward on the bf16 copies (layouts of ops.h); 0 where this path does not run (cuda_attention_wg_runs).
 extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                                      const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1) {
-    if (hd != WG_HD || !backend_cuda_grouped_kernel()) return 0;
+    if (!cuda_attention_wg_runs(hd)) return 0;
     static int opted = 0;
     if (!opted) {
         CUDA_CHECK(cudaFuncSetAttribute(att_wg_fwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_FWD));
@@ -419,7 +422,7 @@ extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, 
                                      const float *lse, const float *D, const unsigned short *q,
                                      const unsigned short *k, const unsigned short *v, int B, int T, int H, int KV,
                                      int hd, int t0, int t1, int flags) {
-    if (hd != WG_HD || !backend_cuda_grouped_kernel()) return 0;
+    if (!cuda_attention_wg_runs(hd)) return 0;
     static int opted = 0;
     if (!opted) {
         CUDA_CHECK(cudaFuncSetAttribute(att_wg_dq_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQ));

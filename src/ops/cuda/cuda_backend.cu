@@ -80,6 +80,7 @@ static void *cuda_alloc(size_t bytes) {
 }
 
 static void cuda_free(void *p) {
+    if (cuda_bf16_params_free(p)) return;
     cuda_bf16_shadow_freed(p);
     if (p) CUDA_CHECK(cudaFree(p));
 }
@@ -104,7 +105,7 @@ extern "C" void *cuda_workspace(size_t bytes) {
 static struct {
     char *ring;
     cudaEvent_t ev[UP_SLOTS];
-    int used[UP_SLOTS], next;
+    unsigned long long n;   // copies so far: the next takes slot n % UP_SLOTS, used before once n >= UP_SLOTS
 } g_up;
 
 static int upload_async(void *dst, const void *src, size_t bytes) {
@@ -113,22 +114,22 @@ static int upload_async(void *dst, const void *src, size_t bytes) {
         CUDA_CHECK(cudaHostAlloc((void **)&g_up.ring, UP_SLOT * UP_SLOTS, cudaHostAllocDefault));
         for (int i = 0; i < UP_SLOTS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&g_up.ev[i], cudaEventDisableTiming));
     }
-    int s = g_up.next;
-    g_up.next = (s + 1) % UP_SLOTS;
-    if (g_up.used[s]) CUDA_CHECK(cudaEventSynchronize(g_up.ev[s]));
+    int s = (int)(g_up.n % UP_SLOTS);
+    if (g_up.n++ >= UP_SLOTS) CUDA_CHECK(cudaEventSynchronize(g_up.ev[s]));
     char *slot = g_up.ring + (size_t)s * UP_SLOT;
     memcpy(slot, src, bytes);
     CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, 0));
     CUDA_CHECK(cudaEventRecord(g_up.ev[s], 0));
-    g_up.used[s] = 1;
     return 1;
 }
 
 static void cuda_to_device(void *dst, const void *src, size_t bytes) {
+    if (cuda_bf16_params_to_device(dst, src, bytes)) return;
     cuda_bf16_shadow_write(dst, bytes);
     if (bytes && !upload_async(dst, src, bytes)) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 static void cuda_to_host(void *dst, const void *src, size_t bytes) {
+    if (cuda_bf16_params_to_host(dst, src, bytes)) return;
     if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 static void cuda_copy(void *dst, const void *src, size_t bytes) {
@@ -237,6 +238,7 @@ static void cuda_init(void) {
     g_be_bf16.rmsnorm_fwd_hid = cuda_rmsnorm_fwd_hid_bf16;
     g_be_bf16.gather_dot_scale = cuda_gather_dot_scale_bf16;
     g_be_bf16.bf16_shadow = cuda_bf16_shadow;
+    g_be_bf16.alloc_bf16_params = cuda_alloc_bf16_params;
     g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
     g_be_bf16.attention_bwd = cuda_attention_bwd_tc;
     g_be_bf16.attention_drop_fwd = cuda_attention_drop_fwd_bf16;

@@ -4,6 +4,7 @@
 // handle. Must not hold: kernels, or any knowledge of the model.
 #pragma once
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -44,6 +45,13 @@ extern "C" void *cuda_workspace(size_t bytes);
 // has to change the storage type (fp32 accumulation stays).
 __device__ __forceinline__ float ld_f(const float *p) { return *p; }
 __device__ __forceinline__ void st_f(float *p, float v) { *p = v; }
+// Two floats rounded to bf16 (round to nearest even) in one 32-bit word, lo in the low half (the lower
+// address in memory; the register layout of an mma A fragment's pair of columns).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    union { __nv_bfloat162 b; uint32_t u; } c;
+    c.b = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
+    return c.u;
+}
 
 // A grid-stride loop over n elements: e takes this thread's indices.
 #define GRID_STRIDE(e, n) for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n); \
@@ -161,12 +169,23 @@ void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
 void cuda_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                      float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 // cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
-// the bf16 copy of the weights (ops.h bf16_shadow): register/refresh; the copy of p's buffer if p is
-// the registered start and current (else NULL); a backend write or free that may touch the range
+// cuda_weights.cu: the bf16 copy of the weights (ops.h bf16_shadow): register/refresh; the copy of p's
+// buffer if p is the registered start and current (else NULL); a weight's bf16 values in it (or NULL); a
+// backend write or free that may touch the range. The parameter buffer with holes (ops.h
+// alloc_bf16_params): alloc; free (1 if p was it); to_host / to_device over ranges meeting its holes (1 if
+// they did, and were copied); whether [off, off + n) lies in a hole (dies across a hole's edge); which
+// buffer with holes p is (0: none).
 void cuda_bf16_shadow(const float *p, size_t n);
 void *cuda_bf16_shadow_for(const float *p);
+const void *cuda_bf16_shadow_of(const float *w, size_t count);
 void cuda_bf16_shadow_write(const void *ptr, size_t bytes);
 void cuda_bf16_shadow_freed(const void *p);
+float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh);
+int cuda_bf16_params_free(const void *p);
+int cuda_bf16_params_to_host(void *dst, const void *src, size_t bytes);
+int cuda_bf16_params_to_device(void *dst, const void *src, size_t bytes);
+int cuda_bf16_in_hole(const float *p, size_t off, size_t n);
+unsigned cuda_bf16_holes_gen(const float *p);
 // dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned);
 // and back (exact)
 void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
@@ -234,7 +253,9 @@ void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int
 void cuda_attention_rowdot(float *D, void *gout, const float *dout, const void *out, int out_bf16, int B, int T, int H,
                            int hd, int t0, int t1);
 // cuda_attention_wg.cu: the forward and backward on Hopper's wgmma from the bf16 copies of q, k, v
-// (and dout; head dim 128; 0 where they do not run); the backward's ds: ops.h attention_ds_bytes of scratch or NULL
+// (and dout; head dim 128; 0 where they do not run: cuda_attention_wg_runs); the backward's ds: ops.h
+// attention_ds_bytes of scratch or NULL
+int cuda_attention_wg_runs(int hd);
 int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
 int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout, const float *lse,

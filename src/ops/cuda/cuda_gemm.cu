@@ -27,11 +27,7 @@ __global__ void f32_to_bf16_vec_k(bf16 *__restrict__ dst, const float *__restric
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
         float4 v = reinterpret_cast<const float4 *>(src)[i];
-        __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-        uint2 o;
-        o.x = *reinterpret_cast<uint32_t *>(&a);
-        o.y = *reinterpret_cast<uint32_t *>(&b);
-        reinterpret_cast<uint2 *>(dst)[i] = o;
+        reinterpret_cast<uint2 *>(dst)[i] = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
     }
 }
 __global__ void f32_to_bf16_k(bf16 *__restrict__ dst, const float *__restrict__ src, size_t n) {
@@ -106,78 +102,9 @@ static void bf16_scratch(size_t n0, size_t n1, size_t n2, bf16 **p0, bf16 **p1, 
     if (p2) *p2 = p[2];
 }
 
-// ---------------------------------------------------------------- bf16 copy of the weights
-// (ops.h bf16_shadow) The trainer registers its whole parameter buffer; the bf16 GEMMs then take a
-// weight's bf16 values from the copy instead of converting it on each call (each weight is used by
-// a forward and a backward GEMM per micro-batch), and adamw_runs writes the copy with the update.
-// `valid` drops on any write into the range the backend sees (cuda_bf16_shadow_write) and when the
-// buffer is freed; the GEMMs then convert as without the copy. Same bf16 values either way (round
-// to nearest even of the same floats), so results do not change.
-static struct {
-    const float *base;
-    size_t n, cap;
-    bf16 *mirror;
-    int valid;
-} g_sh;
-
-extern "C" void cuda_bf16_shadow(const float *p, size_t n) {
-    g_sh.valid = 0;
-    g_sh.base = n ? p : NULL;
-    g_sh.n = p ? n : 0;
-    if (!g_sh.base) return;
-    if (n > g_sh.cap) {
-        if (g_sh.mirror) CUDA_CHECK(cudaFree(g_sh.mirror));
-        g_sh.mirror = NULL;
-        g_sh.cap = 0;
-        cudaError_t e = cudaMalloc(&g_sh.mirror, n * sizeof(bf16));
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            size_t fr = 0, tot = 0;
-            cudaMemGetInfo(&fr, &tot);
-            char a[32], b[32];
-            fmt_bytes(a, sizeof a, (double)n * sizeof(bf16));
-            fmt_bytes(b, sizeof b, (double)fr);
-            DIE("%s:%d: cudaMalloc of the bf16 copy of the weights (%s) failed: %s; %s free on the GPU; hint: %s "
-                "(or use --device cuda-fp32, which keeps none)", __FILE__, __LINE__, a, cudaGetErrorString(e), b,
-                cuda_hint(e));
-        }
-        g_sh.cap = n;
-    }
-    to_bf16(g_sh.mirror, p, n);
-    g_sh.valid = 1;
-}
-
-// The copy of the whole registered buffer when p is its start and it is current (adamw_runs), else NULL.
-extern "C" void *cuda_bf16_shadow_for(const float *p) { return g_sh.valid && p == g_sh.base ? g_sh.mirror : NULL; }
-
-// A write of `bytes` at ptr by the backend: drops the copy if it overlaps the registered range.
-extern "C" void cuda_bf16_shadow_write(const void *ptr, size_t bytes) {
-    if (!g_sh.valid || !bytes) return;
-    uintptr_t a = (uintptr_t)ptr, b0 = (uintptr_t)g_sh.base, b1 = b0 + g_sh.n * sizeof(float);
-    if (a < b1 && a + bytes > b0) g_sh.valid = 0;
-}
-
-// The buffer at p is freed: forget it (and free the copy) if it is the registered one.
-extern "C" void cuda_bf16_shadow_freed(const void *p) {
-    if (!p || p != (const void *)g_sh.base) return;
-    g_sh.valid = 0;
-    g_sh.base = NULL;
-    g_sh.n = g_sh.cap = 0;
-    if (g_sh.mirror) CUDA_CHECK(cudaFree(g_sh.mirror));
-    g_sh.mirror = NULL;
-}
-
-// bf16 values of the weight [w, w + count) from the copy, or NULL (then the caller converts). Only
-// for weights at a multiple of 8 elements from the buffer's start, so that the bf16 pointer is 16-byte
-// aligned like the scratch the conversion would write: cuBLAS picks its kernel by alignment, and
-// another kernel would sum in another order (and a misaligned one runs slower).
-static const bf16 *shadow_of(const float *w, size_t count) {
-    uintptr_t a = (uintptr_t)w, b0 = (uintptr_t)g_sh.base;
-    if (!g_sh.valid || a < b0 || count > g_sh.n || (a - b0) % (8 * sizeof(float)) ||
-        (a - b0) / sizeof(float) > g_sh.n - count)
-        return NULL;
-    return g_sh.mirror + (w - g_sh.base);
-}
+// bf16 values of the weight [w, w + count) from the weights' bf16 copy (cuda_weights.cu), or NULL: then
+// the caller converts w.
+static const bf16 *shadow_of(const float *w, size_t count) { return (const bf16 *)cuda_bf16_shadow_of(w, count); }
 
 // C (m,n) col-major [fp32] = A op (m,k) . B op (k,n) [bf16] + beta C
 static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const bf16 *A, int lda,

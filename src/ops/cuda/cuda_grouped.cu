@@ -192,10 +192,6 @@ __device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, 
     }
     __syncwarp();   // the buffer is free for the next call
 }
-__device__ __forceinline__ uint32_t bf2_u(float x, float y) {
-    __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
-    return *(uint32_t *)&b;
-}
 #define GG_HB 8   // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas
                   // allocates for the launch bound, 168 registers, not the consumers' setmaxnreg 232)
 
@@ -353,18 +349,18 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         int e = 4 * (jb + jj) + 2 * h;
-                        v[jj][h] = bf2_u(swiglu_silu_mul(acc[e], acc[64 + e]), swiglu_silu_mul(acc[e + 1], acc[64 + e + 1]));
+                        v[jj][h] = pack_bf16(swiglu_silu_mul(acc[e], acc[64 + e]), swiglu_silu_mul(acc[e + 1], acc[64 + e + 1]));
                     }
                 gg_put_rows(a.O3 + o, a.ldc, mend - rw, nch, v, buf, lane);
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) v[jj][h] = bf2_u(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
+                    for (int h = 0; h < 2; h++) v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
                 gg_put_rows(a.O1 + o, a.ldc, mend - rw, nch, v, buf, lane);
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) v[jj][h] = bf2_u(acc[64 + 4 * (jb + jj) + 2 * h], acc[64 + 4 * (jb + jj) + 2 * h + 1]);
+                    for (int h = 0; h < 2; h++) v[jj][h] = pack_bf16(acc[64 + 4 * (jb + jj) + 2 * h], acc[64 + 4 * (jb + jj) + 2 * h + 1]);
                 gg_put_rows(a.O2 + o, a.ldc, mend - rw, nch, v, buf, lane);
             }
             continue;

@@ -66,11 +66,7 @@ __device__ __forceinline__ void store4(float *p, float a, float b, float c, floa
     *(float4 *)p = make_float4(a, b, c, d);
 }
 __device__ __forceinline__ void store4(__nv_bfloat16 *p, float a, float b, float c, float d) {
-    __nv_bfloat162 x = __floats2bfloat162_rn(a, b), y = __floats2bfloat162_rn(c, d);
-    uint2 o;
-    o.x = *reinterpret_cast<uint32_t *>(&x);
-    o.y = *reinterpret_cast<uint32_t *>(&y);
-    *(uint2 *)p = o;
+    *(uint2 *)p = make_uint2(pack_bf16(a, b), pack_bf16(c, d));
 }
 
 // rows of float32 into bf16 rows (round to nearest even, as cuda_f32_to_bf16): one block per row; VEC: 4

@@ -34,7 +34,9 @@ __device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, f
 }
 // Four consecutive elements through 16-byte loads and stores (all four loads issued before any
 // store: the compiler cannot move loads of one element above stores of another, which may alias).
-// (Streaming loads and stores here, __ldcs/__stcs, measured slower: 35.8 -> 36.9 ms a step, 21:45 UTC.)
+// (Streaming loads and stores here, __ldcs/__stcs, measured slower: 35.8 -> 36.9 ms a step, 21:45 UTC;
+// two groups of four loaded before either is stored, 80 registers instead of 60: AdamW 35.6 -> 36.1 ms
+// mixed, 29.9 -> 32.5 bf16, 2026-12-02: the bf16 kernel is bound by its arithmetic, not by loads in flight.)
 __device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m, float4 *v, float gs, float lr,
                                            float b1, float b2, float eps, float wd, float c1, float c2,
                                            uint2 *pb) {
@@ -43,12 +45,7 @@ __device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m
     adamw_reg(P.y, G.y, M.y, V.y, gs, lr, b1, b2, eps, wd, c1, c2);
     adamw_reg(P.z, G.z, M.z, V.z, gs, lr, b1, b2, eps, wd, c1, c2);
     adamw_reg(P.w, G.w, M.w, V.w, gs, lr, b1, b2, eps, wd, c1, c2);
-    if (pb) {   // four bf16 (8 bytes) of the weights' bf16 copy
-        union { __nv_bfloat162 h[2]; uint2 u; } c;
-        c.h[0] = __floats2bfloat162_rn(P.x, P.y);
-        c.h[1] = __floats2bfloat162_rn(P.z, P.w);
-        *pb = c.u;
-    }
+    if (pb) *pb = make_uint2(pack_bf16(P.x, P.y), pack_bf16(P.z, P.w));   // four bf16 of the weights' copy
     *p = P;
     *m = M;
     *v = V;
@@ -68,9 +65,13 @@ __device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m
 #define RUN_THREADS 256
 #define RUN_SUM_BLOCKS 1024     // sumsq_runs: fixed, so the summation order depends on the runs only
 #define RUN_MAX_CLS 16
-typedef struct { int64_t off, moff, n, pos; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0; } DevRun;
+// wb: the run's weights live in the bf16 copy alone (a hole of ops.h alloc_bf16_params): AdamW reads and
+// writes them there (set by cuda_adamw_runs for the buffer it is called on).
+typedef struct { int64_t off, moff, n, pos; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0, wb; } DevRun;
 struct OptRuns {
     DevRun *runs;               // device
+    DevRun *hruns;              // the same on the host (wb set for the buffer of wb_gen)
+    unsigned wb_gen;            // cuda_bf16_holes_gen of the buffer the wb flags are for (0: none)
     int32_t *tile_run;          // device, ntiles
     int nruns, ncls_min;        // ncls_min: 1 + the largest class
     int64_t total, ntiles;
@@ -90,7 +91,7 @@ extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
         if (runs[i].off + runs[i].n > r->end) r->end = runs[i].off + runs[i].n;
         DevRun *d = &h[r->nruns++];
         *d = (DevRun){runs[i].off, runs[i].moff, runs[i].n, pos, runs[i].decay, runs[i].cls, runs[i].gidx, runs[i].gcols,
-                      runs[i].lcols, runs[i].col0};
+                      runs[i].lcols, runs[i].col0, 0};
         pos += runs[i].n;
     }
     r->total = pos;
@@ -104,7 +105,7 @@ extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
     CUDA_CHECK(cudaMalloc(&r->tile_run, sizeof(int32_t) * (r->ntiles ? r->ntiles : 1)));
     if (r->nruns) CUDA_CHECK(cudaMemcpy(r->runs, h, sizeof(DevRun) * r->nruns, cudaMemcpyHostToDevice));
     if (r->ntiles) CUDA_CHECK(cudaMemcpy(r->tile_run, tr, sizeof(int32_t) * r->ntiles, cudaMemcpyHostToDevice));
-    free(h);
+    r->hruns = h;
     free(tr);
     return r;
 }
@@ -113,6 +114,7 @@ extern "C" void cuda_runs_free(OptRuns *r) {
     if (!r) return;
     CUDA_CHECK(cudaFree(r->runs));
     CUDA_CHECK(cudaFree(r->tile_run));
+    free(r->hruns);
     free(r);
 }
 
@@ -190,20 +192,28 @@ __device__ __forceinline__ void adamw_bf16_elem(float *p, const float *g, uint16
                                                 float b1, float b2, float eps, float wd, float c1, float c2, int t,
                                                 int prec, uint64_t seed, const DevRun &u, int64_t i,
                                                 __nv_bfloat16 *pb) {
-    float pi = *p;
+    float pi = u.wb ? __bfloat162float(*pb) : *p;   // (u.wb: the weight lives in the copy alone)
     uint16_t mi = *m, vi = *v;
     uint16_t pw = adamw_bf16_reg(pi, *g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i);
-    *p = pi;
+    if (!u.wb) *p = pi;
     *m = mi;
     *v = vi;
     if (pb) *pb = __ushort_as_bfloat16(pw);   // the weights' bf16 copy: the same bits
 }
 // Four consecutive elements (i .. i + 3 of run u): 16-byte weight and gradient accesses, 8-byte moment
-// and bf16-copy accesses, all loads before the stores.
+// and bf16-copy accesses, all loads before the stores. u.wb: the weights are read from the copy (8 bytes)
+// and written there alone.
 __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint2 *m, uint2 *v, float gs, float lr,
                                                 float b1, float b2, float eps, float wd, float c1, float c2, int t,
                                                 int prec, uint64_t seed, const DevRun &u, int64_t i, uint2 *pb) {
-    float4 P = *p, G = *g;
+    float4 P, G = *g;
+    if (u.wb) {
+        uint2 B = *pb;
+        P = make_float4(bf16_to_f32((uint16_t)B.x), bf16_to_f32((uint16_t)(B.x >> 16)), bf16_to_f32((uint16_t)B.y),
+                        bf16_to_f32((uint16_t)(B.y >> 16)));
+    } else {
+        P = *p;
+    }
     uint2 M = *m, V = *v;
     uint16_t mh[4] = {(uint16_t)M.x, (uint16_t)(M.x >> 16), (uint16_t)M.y, (uint16_t)(M.y >> 16)};
     uint16_t vh[4] = {(uint16_t)V.x, (uint16_t)(V.x >> 16), (uint16_t)V.y, (uint16_t)(V.y >> 16)};
@@ -211,7 +221,7 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint
     uint16_t w1 = adamw_bf16_reg(P.y, G.y, mh[1], vh[1], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 1);
     uint16_t w2 = adamw_bf16_reg(P.z, G.z, mh[2], vh[2], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 2);
     uint16_t w3 = adamw_bf16_reg(P.w, G.w, mh[3], vh[3], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 3);
-    *p = P;
+    if (!u.wb) *p = P;
     *m = make_uint2(mh[0] | ((uint32_t)mh[1] << 16), mh[2] | ((uint32_t)mh[3] << 16));
     *v = make_uint2(vh[0] | ((uint32_t)vh[1] << 16), vh[2] | ((uint32_t)vh[3] << 16));
     if (pb) *pb = make_uint2(w0 | ((uint32_t)w1 << 16), w2 | ((uint32_t)w3 << 16));
@@ -245,6 +255,18 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
     // stays current; any other p that overlaps it drops it
     __nv_bfloat16 *pb = (__nv_bfloat16 *)cuda_bf16_shadow_for(p);
     if (!pb) cuda_bf16_shadow_write(p, (size_t)r->end * sizeof(float));
+    // runs in the holes of a buffer from alloc_bf16_params update the copy alone: their flags, for this p
+    // (a cache inside the run list: the runs themselves do not change)
+    unsigned gen = cuda_bf16_holes_gen(p);
+    if (gen != r->wb_gen) {
+        OptRuns *w = (OptRuns *)r;
+        for (int i = 0; i < w->nruns; i++)
+            w->hruns[i].wb = gen ? cuda_bf16_in_hole(p, (size_t)w->hruns[i].off, (size_t)w->hruns[i].n) : 0;
+        if (w->nruns) CUDA_CHECK(cudaMemcpy(w->runs, w->hruns, sizeof(DevRun) * w->nruns, cudaMemcpyHostToDevice));
+        w->wb_gen = gen;
+    }
+    CHECK(!gen || prec == OPT_BF16_NEAREST || prec == OPT_BF16_STOCHASTIC, "adamw_runs: the parameter buffer keeps "
+          "weights in their bf16 copy alone (alloc_bf16_params), which only the bf16 policy's rounded weights allow");
     if (prec != OPT_MIXED) {
         int vb = (((uintptr_t)p | (uintptr_t)g) & 15) == 0 && (((uintptr_t)m_ | (uintptr_t)v_) & 7) == 0;
         adamw_runs_bf16_k<<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run, r->total,
