@@ -16,7 +16,6 @@
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start bf16w 570
 PARTS=${PARTS:-ops same mem ref peer}
-has() { [[ " $PARTS " == *" $1 "* ]]; }
 if has ops; then
   t ops 200 $B/test_cuda_ops; grep -E "checks|alloc_bf16_params" $W/ops.log | tee -a $R; grep -m8 FAIL $W/ops.log | tee -a $R
 fi
@@ -46,16 +45,5 @@ if has ref; then
   t ref_ns 80 env MOE_BF16_SHADOW=0 stdbuf -oL $B/moe train $P --steps 3 --out $W/run_ns
   grep -E "^step (1|2|3)/" $W/ref_ns.log | cut -c1-60 | tee -a $R
 fi
-if has peer; then
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/pmem.txt 2>/dev/null &
-  mp=$!
-  t peer 150 python3 -c "
-import runpy, torch
-m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
-def bf16():
-    mod = m['Model'](c).cuda().to(torch.bfloat16)
-    return m['time_steps'](torch.compile(mod), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
-m['report']('torch_grouped_mm_compiled', bf16)"
-  kill $mp; grep impl $W/peer.log | tee -a $R; say "   peer's peak (nvidia-smi): $(sort -n $W/pmem.txt | tail -1) MiB"
-fi
+has peer && peer_step compiled
 say "$(date -u) done"

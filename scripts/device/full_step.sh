@@ -19,7 +19,6 @@
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start step 570
 PARTS=${PARTS:-tests attn layer step profile}
-has() { [[ " $PARTS " == *" $1 "* ]]; }
 if has tests; then
   t ops 200 $B/test_cuda_ops; grep -E "checks" $W/ops.log | tee -a $R; grep -m5 FAIL $W/ops.log | tee -a $R
   t model 120 $B/test_cuda_model; grep -E "checks" $W/model.log | tee -a $R; grep -m5 FAIL $W/model.log | tee -a $R
@@ -44,26 +43,10 @@ ours() {
   kill $mp; grep -E "^step (4|8|12)/|trained" $W/ours$1.log | tee -a $R
   say "   peak GPU memory used (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
 }
-peer() {   # $1: compiled (pure bf16) or amp (mixed precision); its peak by nvidia-smi too (ours' basis)
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/pmem.txt 2>/dev/null &
-  local mp=$!
-  t peer_$1 240 python3 -c "
-import runpy, torch, sys
-m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
-def bf16():
-    mod = m['Model'](c).cuda().to(torch.bfloat16)
-    return m['time_steps'](torch.compile(mod), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
-def amp():
-    mod = m['Model'](c).cuda()
-    return m['time_steps'](m['AMP'](torch.compile(mod)), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
-m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_grouped_mm_compiled_amp', bf16 if '$1' == 'compiled' else amp)"
-  kill $mp; grep impl $W/peer_$1.log | tee -a $R
-  say "   peer's peak GPU memory used (nvidia-smi, as ours): $(sort -n $W/pmem.txt | tail -1) MiB"
-}
 if has step; then
   say "-- ours"; ours 1
-  say "-- peer, mixed precision"; peer amp
-  say "-- peer, pure bf16"; peer compiled
+  say "-- peer, mixed precision"; peer_step amp
+  say "-- peer, pure bf16"; peer_step compiled
   say "-- ours again"; ours 2
   [ -n "$EXTRA" ] && { say "-- ours $EXTRA"; ours 3 "$EXTRA"; }
 fi

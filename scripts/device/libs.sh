@@ -35,3 +35,26 @@ recipe_start() {
   BUDGET=${BUDGET:-$2}
   say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 }
+
+# `has PART`: PART is in $PARTS (the recipes' selection).
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+
+# `peer_step KIND` (compiled: pure bf16; amp: mixed precision, autocast with float32 master weights and moments):
+# PEERS.md's torch.compile peer of the reference model (.gpu/torch_train_peer.py) as the full-step tables run it,
+# its report line and its peak GPU memory by nvidia-smi (ours' basis) appended to $R.
+peer_step() {
+  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/pmem.txt 2>/dev/null &
+  local mp=$!
+  t peer_$1 240 python3 -c "
+import runpy, torch
+m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
+def bf16():
+    mod = m['Model'](c).cuda().to(torch.bfloat16)
+    return m['time_steps'](torch.compile(mod), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
+def amp():
+    mod = m['Model'](c).cuda()
+    return m['time_steps'](m['AMP'](torch.compile(mod)), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
+m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_grouped_mm_compiled_amp', bf16 if '$1' == 'compiled' else amp)"
+  kill $mp; grep impl $W/peer_$1.log | tee -a $R
+  say "   peer's peak GPU memory used (nvidia-smi, as ours): $(sort -n $W/pmem.txt | tail -1) MiB"
+}

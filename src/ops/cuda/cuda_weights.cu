@@ -171,13 +171,18 @@ static void *vm_fn(const char *name) {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
     CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
-    CHECK(q == cudaDriverEntryPointSuccess && fn, "the CUDA driver has no %s (virtual memory management)", name);
+    CHECK(q == cudaDriverEntryPointSuccess && fn, "the CUDA driver has no %s (virtual memory management, which "
+          "--precision bf16 uses to keep the experts' weights in bf16 alone): update the driver, or run with "
+          "MOE_BF16_SHADOW=0 (the weights in float32 memory)", name);
     return fn;
 }
 
 #define VM_CHECK(call) do { CUresult _r = (call); if (_r != CUDA_SUCCESS) \
     DIE("%s:%d: %s failed: CUresult %d; hint: %s", __FILE__, __LINE__, #call, (int)_r, \
-        _r == CUDA_ERROR_OUT_OF_MEMORY ? cuda_hint(cudaErrorMemoryAllocation) : cuda_hint(cudaErrorUnknown)); } while (0)
+        _r == CUDA_ERROR_OUT_OF_MEMORY ? cuda_hint(cudaErrorMemoryAllocation) \
+        : _r == CUDA_ERROR_NOT_SUPPORTED ? "this GPU or driver has no virtual memory management: MOE_BF16_SHADOW=0 " \
+                                           "keeps --precision bf16's weights in float32 memory instead" \
+        : cuda_hint(cudaErrorUnknown)); } while (0)
 
 static void vm_init(void) {
     if (g_vm.gran) return;
