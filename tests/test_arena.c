@@ -5,11 +5,16 @@
 // routed-expert gradient block and the logits inside the last layer's; the first layer's do not; a forward
 // and backward give the same gradients, bit for bit, as separate memory; more than one slot is refused.
 // On cpu (the other backends run the same model code; tests/test_grad_memory.sh covers them in training).
+// Also the same blocks of the weights, params_expert_ranges (the holes of the bf16 policy's parameter buffer,
+// ops.h alloc_bf16_params): every tensor lies wholly inside a range iff it is one of this rank's routed experts'
+// w1, w3, w2 in a layer whose three start at multiples of 8 elements; the ranges ascend, are disjoint and hold
+// nothing else (a norm, router or shared expert inside one would lose its float32 memory on cuda).
 #include <stdint.h>
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "model/params.h"
 #include "ops/arena.h"
 #include "test_cfg.h"
 #include "test_death.h"
@@ -95,8 +100,67 @@ static void two_slots(void *arg) {
     model_share_grads(&m, 1);
 }
 
+static void check_ranges(const char *what, const ModelConfig *c, const ParamSlicing *sl, int want) {
+    ParamTable t;
+    params_build_local(&t, c, sl);
+    int El = c->n_experts / sl->ep, e0 = sl->ep_rank * El;
+    size_t *h = xmalloc(sizeof(size_t) * 2 * (c->n_layers + 1));
+    int nh = params_expert_ranges(&t, c->n_layers, e0, El, h), bad = 0;
+    for (int r = 0; r < nh; r++) bad += h[2 * r] >= h[2 * r + 1] || (r && h[2 * r] < h[2 * r - 1]);
+    size_t *inside = xcalloc((size_t)nh + 1, sizeof(size_t));
+    for (int l = 0; l < c->n_layers; l++) {   // which layers qualify, from the table
+        int ok = 1;
+        for (int i = 0; i < t.n; i++) {
+            const ParamSpec *p = &t.p[i];
+            if (p->layer == l && p->expert == e0 && (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2))
+                ok &= p->loffset % 8 == 0;
+        }
+        for (int i = 0; i < t.n; i++) {
+            const ParamSpec *p = &t.p[i];
+            if (!p->lnumel) continue;
+            int routed = p->layer == l && p->expert >= e0 && p->expert < e0 + El &&
+                         (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2);
+            int in = -1;
+            for (int r = 0; r < nh; r++)
+                if (p->loffset >= h[2 * r] && p->loffset + p->lnumel <= h[2 * r + 1]) in = r;
+            if (p->layer == l || (l == 0 && p->layer < 0)) bad += (in >= 0) != (routed && ok);
+            if (in >= 0 && (p->layer == l || (l == 0 && p->layer < 0))) inside[in] += p->lnumel;
+        }
+    }
+    for (int r = 0; r < nh; r++) bad += inside[r] != h[2 * r + 1] - h[2 * r];   // nothing else in a range
+    EXPECT(nh == want && !bad, "params_expert_ranges, %s: %d ranges (want %d), %d misplaced tensors or ranges", what, nh,
+           want, bad);
+    free(h);
+    free(inside);
+    params_free(&t);
+}
+
+static void test_expert_ranges(void) {
+    ModelConfig c;
+    ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0}, ep1 = {1, 0, 2, 1, 1, 0, NULL, 0};
+    test_tiny_cfg(&c, 3, T);
+    check_ranges("tiny, 3 layers", &c, &one, 3);
+    check_ranges("tiny, expert-parallel rank 1 of 2", &c, &ep1, 3);
+    c.n_shared_experts = 1;   // Qwen2-MoE's shared expert and its gate: outside the ranges
+    c.shared_d_ff = 40;
+    c.shared_gate = 1;
+    check_ranges("tiny with a gated shared expert", &c, &one, 3);
+    test_tiny_cfg(&c, 3, T);   // d 12, 3 experts: the layers' offsets move by amounts that are not multiples of 8
+    c.d_model = 12; c.n_heads = 3; c.n_kv_heads = 3; c.head_dim = 4; c.d_ff = 20; c.vocab_size = 10; c.n_experts = 3;
+    ParamTable t;
+    params_build(&t, &c);
+    int want = 0;
+    for (int l = 0; l < 3; l++)
+        want += t.p[params_index(&t, PR_W1, l, 0)].loffset % 8 == 0 && t.p[params_index(&t, PR_W3, l, 0)].loffset % 8 == 0 &&
+                t.p[params_index(&t, PR_W2, l, 0)].loffset % 8 == 0;
+    params_free(&t);
+    EXPECT(want < 3, "d 12: every layer's experts still start at a multiple of 8 (the case says nothing)");
+    check_ranges("d 12 (some layers off the GEMMs' alignment)", &c, &one, want);
+}
+
 int main(void) {
     test_carving(backend_cpu());
+    test_expert_ranges();
     ModelConfig c;
     test_tiny_cfg(&c, 3, T);
     Model m;
