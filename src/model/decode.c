@@ -99,8 +99,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         be->to_hid(hid_at(be, kc->k[l], (size_t)t0 * kvd), k, (size_t)n * kvd);
         be->to_hid(hid_at(be, kc->v[l], (size_t)t0 * kvd), v, (size_t)n * kvd);
         be->attention_fwd(kc->att, kc->lse, kc->q, kc->k[l], kc->v[l], 1, W, H, KV, hd, t0, t1);
-        float *wo = W_(m, PR_WO, l, -1);
-        be->matmul_fwd_multi(1, &kc->xmid, hid_at(be, kc->att, (size_t)t0 * qd), (const float *const *)&wo, n, qd, &d);
+        model_oproj_fwd(m, l, kc->xmid, hid_at(be, kc->att, (size_t)t0 * qd), n);
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, kc->xmid, (size_t)n * d, CT_F32);
         be->add_rmsnorm_fwd(kc->xmid, kc->xn, kc->rstd, kc->x, W_(m, PR_FFN_NORM, l, -1), n, d, c->norm_eps);
         MoeWeights w;

@@ -61,6 +61,12 @@ void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn
     if (m->c.qkv_bias) qkv_bias_fwd(m, l, q, k, v, n);
 }
 
+void model_oproj_fwd(Model *m, int l, float *out, const void *att, int n) {
+    float *wo = P(m, m->params, PR_WO, l, -1);
+    int O = m->c.d_model;
+    m->be->matmul_fwd_multi(1, &out, att, (const float *const *)&wo, n, m->Hl * m->c.head_dim, &O);
+}
+
 // QK-norm as RMSNorm rows: full (OLMoE) rows of H*hd / KV*hd, per head (Qwen3-MoE) rows of hd.
 static void qk_rows(const Model *m, int N, int heads, int *rows, int *C) {
     int full = m->c.qk_norm == QK_NORM_FULL;
@@ -569,9 +575,7 @@ static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1
 static CommReq *oproj_rows(Model *m, LayerActs *a, int l, int r0, int r1, int nonblocking) {
     const ModelConfig *c = &m->c;
     size_t d = c->d_model, qd = (size_t)m->Hl * c->head_dim, n = (size_t)(r1 - r0);
-    float *xm = a->x_mid + r0 * d, *wo = P(m, m->params, PR_WO, l, -1);
-    int O = (int)d;
-    m->be->matmul_fwd_multi(1, &xm, HQ(a->att, r0 * qd), (const float *const *)&wo, (int)n, (int)qd, &O);
+    model_oproj_fwd(m, l, a->x_mid + r0 * d, HQ(a->att, r0 * qd), (int)n);
     if (comm_size(m->mesh.tp) == 1) return NULL;
     if (nonblocking) return comm_dev_iallreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);
     comm_dev_allreduce(m->mesh.tp, a->x_mid + r0 * d, n * d, CT_F32);

@@ -220,6 +220,9 @@ void model_grads_settle(Model *m);
 // The q, k, v projections of layer l over n rows of the normed input xn (this rank's heads), with the
 // family's biases: the forward's and the KV-cached decode's one code.
 void model_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n);
+// Layer l's o_proj over n rows: out (n, d) = att Wo^T, att in the hidden format (this rank's heads; the
+// tensor-parallel sum is the caller's): the forward's and the KV-cached decode's one call.
+void model_oproj_fwd(Model *m, int l, float *out, const void *att, int n);
 
 // QK-norm of layer l over n rows (the config has one): q, k and their rstd from the projections qraw,
 // kraw (this rank's heads). The full-width form over TP ranks adds its rows' sums over the TP group (a
