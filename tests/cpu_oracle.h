@@ -55,16 +55,21 @@ static inline double oracle_sumsq(const float *x, size_t n) {
     return s;
 }
 
-// AdamW on n elements: decoupled decay wd, bias-corrected at step t (1-based).
+// AdamW on n elements: decoupled decay wd, bias-corrected at step t (1-based), torch.optim.AdamW's
+// arrangement of the bias corrections: the step size lr / (1 - b1^t) and the denominator
+// sqrt(v) / sqrt(1 - b2^t) + eps, here with that square root's reciprocal as a factor (each scalar from
+// double rounded to float); the decay lr wd p subtracted with the step.
 static inline void oracle_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
                                 float eps, float wd, int t) {
-    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    float step = (float)(lr / (1.0 - pow(b1, t))), rs2 = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
+    float lwd = (float)((double)lr * wd);
     for (size_t i = 0; i < n; i++) {
         float gi = g[i];
         float mi = b1 * m[i] + (1.0f - b1) * gi;
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p[i]);
+        float den = sqrtf(vi) * rs2 + eps;
+        p[i] = p[i] - (step * (mi / den) + lwd * p[i]);
     }
 }

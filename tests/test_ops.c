@@ -1283,6 +1283,28 @@ static double sr_mean(float x, int prec, int over_t, int n, int *others, float l
     return sum / n;
 }
 
+// The stochastic rounding's random bits are even: over 2^22 consecutive global indices (one run starting at
+// 0, one across 2^32, where the index's high word enters) at two steps, the 4096 bins of their top 12 bits
+// pass a chi-square test at 6 standard deviations (the same mix without its last xorshift, the product's
+// top 16 bits, gave z 7-10 on such ranges).
+static void test_sr_bits_even(void) {
+    enum { N = 1 << 22, BINS = 4096 };
+    unsigned *cnt = calloc(BINS, sizeof(unsigned));
+    for (int c = 0; c < 2; c++) {
+        uint64_t key = bf16_sr_key(42 + c, 3 + c);
+        int64_t base = c ? ((int64_t)5 << 32) - N / 2 : 0;
+        memset(cnt, 0, BINS * sizeof(unsigned));
+        for (int64_t i = 0; i < N; i++) cnt[bf16_sr_rand(key, base + i) >> 4]++;
+        double e = (double)N / BINS, chi = 0;
+        for (int b = 0; b < BINS; b++) chi += (cnt[b] - e) * (cnt[b] - e) / e;
+        double z = (chi - (BINS - 1)) / sqrt(2.0 * (BINS - 1));
+        EXPECT(fabs(z) < 6, "bf16_sr_rand: 2^22 consecutive indices from %lld: chi-square %.0f over %d bins, z %.1f",
+               (long long)base, chi, BINS, z);
+        printf("bf16_sr_rand over 2^22 indices from %lld: chi-square z %+.2f\n", (long long)base, z);
+    }
+    free(cnt);
+}
+
 static void test_bf16_rounding(void) {
     const float los[3] = {1.0f, -3.140625f, 6.103515625e-05f};
     const double qs[3] = {0.3, 0.9, 0.015625};
@@ -1317,7 +1339,7 @@ static void test_bf16_rounding(void) {
 
 // adamw_runs under the bf16 policy on the cpu against a reference built here: the float32 update of
 // cpu_oracle.h's oracle_adamw on the widened moments, then the moments rounded to nearest even and each
-// weight rounded with the bits of bf16_sr_rand(seed, t, its global index), that index walked element by
+// weight rounded with the bits of bf16_sr_rand(bf16_sr_key(seed, t), its global index), that index walked element by
 // element through the run's column layout (not optrun_gidx's division), so a wrong index, t or seed, or
 // a missing rounding, shows; bit for bit. Every p, m, v a bf16 value; g and elements outside the runs
 // unchanged.
@@ -1354,7 +1376,7 @@ static void test_adamw_runs_bf16(size_t N, int maxlen, float gscale, int t, int 
             vr[u->moff + i] = bf16_rn_bits(vf[u->moff + i]);
             float x = pr[u->off + i];
             if (prec != OPT_BF16_MOMENTS)   // (OPT_BF16_MOMENTS: the float32 update stays)
-                pr[u->off + i] = bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(seed, t, gi))
+                pr[u->off + i] = bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(bf16_sr_key(seed, t), gi))
                                                                          : bf16_rn_bits(x));
             gi++;
             if (u->lcols && ++col == u->lcols) { col = 0; gi += u->gcols - u->lcols; }
@@ -1538,6 +1560,7 @@ int main(void) {
     test_adamw_runs(3000, 200, 1.0f, 4);   // no clipping: g exactly
     test_adamw_runs(20000, 5000, 1e-3f, 2);
     test_bf16_rounding();
+    test_sr_bits_even();
     test_adamw_runs_bf16(3000, 200, 0.37f, 1, OPT_BF16_STOCHASTIC);
     test_adamw_runs_bf16(20000, 5000, 1.0f, 5, OPT_BF16_STOCHASTIC);
     test_adamw_runs_bf16(3000, 200, 1.0f, 2, OPT_BF16_NEAREST);

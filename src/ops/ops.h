@@ -7,6 +7,7 @@
 // (0 = overwrite, 1 = +=: swiglu_bwd) or the grouped ops' `flags` (GM_* below) say otherwise; gradient
 // pointers may be NULL where noted.
 #pragma once
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -41,7 +42,8 @@ static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lc
 //   OPT_BF16_NEAREST, OPT_BF16_STOCHASTIC: m, v are bf16 (uint16_t *, the top half of a float32); the
 //   update reads them to float32, computes as OPT_MIXED, stores the moments rounded to nearest even,
 //   and the new weight (still in the float32 buffer p) rounded to a bf16 value: to nearest even, or
-//   stochastically (bf16_round_sr with bf16_sr_bits(seed, t, global index): unbiased, deterministic).
+//   stochastically (bf16_sr_bits with bf16_sr_rand(bf16_sr_key(seed, t), global index): unbiased,
+//   deterministic).
 //   OPT_BF16_MOMENTS: bf16 moments as above, the new weight left as its float32 value (not rounded).
 enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MOMENTS = 3 };
 
@@ -73,21 +75,55 @@ static inline MOE_HD uint16_t bf16_sr_bits(float x, uint32_t r16) {
     return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
 }
 static inline MOE_HD float bf16_to_f32(uint16_t b) { return f32_of_bits((uint32_t)b << 16); }
-// The random bits of stochastic rounding for the element of global index gi at step t: a counter-based
-// hash (the dropout hash's splitmix64 mix, other constants), so any backend and any mesh draws the same.
-static inline MOE_HD uint32_t bf16_sr_rand(uint64_t seed, int t, int64_t gi) {
-    uint64_t z = seed ^ 0x5851F42D4C957F2Dull ^ ((uint64_t)gi * 0x9E3779B97F4A7C15ull) ^
-                 ((uint64_t)(uint32_t)t * 0xC2B2AE3D27D4EB4Full);
+// The random bits of stochastic rounding for the element of global index gi at step t, counter-based (no
+// RNG state), so any backend and any mesh draws the same: bf16_sr_key(seed, t) once per step (the dropout
+// hash's splitmix64 mix, other constants), then per element one 32-bit mix of gi with that key (a
+// lowbias32's multiply-xorshift, its low 16 bits: without the last xorshift the top 16 bits of the product
+// were measurably uneven over 2^22 consecutive indices, chi-square z 7-10). 32-bit multiplies only: the
+// 64-bit mix per element cost the bf16 AdamW ~6 ms of a reference-model step (2026-12-02).
+static inline MOE_HD uint64_t bf16_sr_key(uint64_t seed, int t) {
+    uint64_t z = seed ^ 0x5851F42D4C957F2Dull ^ ((uint64_t)(uint32_t)t * 0xC2B2AE3D27D4EB4Full);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (uint32_t)(z >> 48);
+    return z ^ (z >> 31);
+}
+static inline MOE_HD uint32_t bf16_sr_rand(uint64_t key, int64_t gi) {
+    uint32_t x = (((uint32_t)gi ^ (uint32_t)key) + (uint32_t)((uint64_t)gi >> 32) * 0x9E3779B1u) ^ (uint32_t)(key >> 32);
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    return (x ^ (x >> 16)) & 0xFFFFu;
 }
 // The weight rounding of the bf16 policy (prec OPT_BF16_*), as a float holding the bf16 value (x itself
-// under OPT_BF16_MOMENTS).
-static inline MOE_HD float bf16_round_weight(float x, int prec, uint64_t seed, int t, int64_t gi) {
+// under OPT_BF16_MOMENTS); key: bf16_sr_key of the step.
+static inline MOE_HD float bf16_round_weight(float x, int prec, uint64_t key, int64_t gi) {
     if (prec == OPT_BF16_MOMENTS) return x;
-    return bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(seed, t, gi)) : bf16_rn_bits(x));
+    return bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(key, gi)) : bf16_rn_bits(x));
+}
+// One step of adamw_runs (below), its scalars computed once on the host from the call's arguments
+// (adamw_step), alike on every backend: step = lr / (1 - b1^t), rs2 = 1 / sqrt(1 - b2^t), lwd = lr wd, each
+// from double rounded to float (the bias corrections folded into two scalars, as torch's AdamW does, so an
+// element costs one division and one square root); key: the stochastic rounding's (bf16_sr_key).
+typedef struct { float gs, b1, b2, eps, step, rs2, lwd; int prec; uint64_t key; } AdamwStep;
+static inline AdamwStep adamw_step(float gs, float lr, float b1, float b2, float eps, float wd, int t, int prec,
+                                   uint64_t seed) {
+    double c1 = 1.0 - pow((double)b1, (double)t), c2 = 1.0 - pow((double)b2, (double)t);
+    AdamwStep s = {gs, b1, b2, eps, (float)(lr / c1), (float)(1.0 / sqrt(c2)), (float)((double)lr * wd), prec,
+                   bf16_sr_key(seed, t)};
+    return s;
+}
+// AdamW's float32 arithmetic on one element, every operation rounded and none contracted (the cuda
+// backend builds it with -fmad=false), so every backend gives the cpu's bits: the gradient g gs (gs = 1: g
+// exactly), the moments m, v (updated in place), the new weight p - (step (m / (sqrt(v) rs2 + eps)) + lwd p)
+// (lwd: s->lwd where the run decays, else 0).
+static inline MOE_HD float adamw_f32(float p, float g, float *m, float *v, const AdamwStep *s, float lwd) {
+    float gi = g * s->gs;
+    float mi = s->b1 * *m + (1.0f - s->b1) * gi;
+    float vi = s->b2 * *v + (1.0f - s->b2) * gi * gi;
+    *m = mi;
+    *v = vi;
+    return p - (s->step * (mi / (sqrtf(vi) * s->rs2 + s->eps)) + lwd * p);
 }
 // A backend's own copy of a run list (runs_create), laid out as its kernels want it (on cuda: in
 // device memory with a per-tile index). A run list does not change between steps: create it once.
@@ -356,12 +392,12 @@ struct Backend {
     // (same inputs, same bits), with one device-to-host copy per call.
     void (*sumsq_runs)(double *out, int ncls, const float *x, const OptRuns *r);
     // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
-    // where decay is set, else 0; bias-corrected at step t (1-based). Each gradient element is first
-    // multiplied by gscale and rounded to float (g is read only), then the update runs on that.
-    // prec (OPT_* above): OPT_MIXED, m and v are float32; OPT_BF16_*: they are bf16 (uint16_t), stored
-    // rounded to nearest even, and each new weight is rounded to bf16 (nearest, or stochastically with
-    // the bits of bf16_sr_rand(seed, t, the element's global index: optrun_gidx); OPT_BF16_MOMENTS: not). The float32
-    // arithmetic is the same in every policy, so every backend gives the cpu's bits.
+    // where decay is set, else 0; bias-corrected at step t (1-based). Each element is adamw_f32 above with
+    // adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed) (g is read only).
+    // prec (OPT_* above): OPT_MIXED, m and v are float32; OPT_BF16_*: they are bf16 (uint16_t), read to
+    // float32, stored rounded to nearest even, and each new weight is rounded to bf16 (bf16_round_weight
+    // with the element's global index, optrun_gidx); OPT_BF16_MOMENTS: not. The float32 arithmetic is the
+    // same in every policy, so every backend gives the cpu's bits.
     void (*adamw_runs)(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                        float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 };

@@ -391,19 +391,10 @@ static double sumsq(const float *x, size_t n) {
     return s;
 }
 
-// AdamW on n elements; each gradient element is g[i] * gs rounded to float (gs = 1: g[i] itself,
-// exactly), then the same float operations as always.
-static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, float gs, float lr, float b1,
-                       float b2, float eps, float wd, float c1, float c2) {
+// AdamW on n elements (ops.h adamw_f32: the same float operations on every backend).
+static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, const AdamwStep *s, float lwd) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i] * gs;
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p[i]);
-    }
+    for (size_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], g[i], &m[i], &v[i], s, lwd);
 }
 
 // The run list on the cpu: a plain host copy.
@@ -427,37 +418,32 @@ void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
     }
 }
 
-// The bf16 policy (ops.h OPT_BF16_*): bf16 moments read to float32, the same float operations as
-// adamw_span, the moments stored rounded to nearest even, the weight rounded to bf16 (nearest or
-// stochastic, hashed on the element's global index).
-static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, const OptRun *u, float gs, float lr,
-                            float b1, float b2, float eps, float wd, float c1, float c2, int t, int prec,
-                            uint64_t seed) {
+// The bf16 policy (ops.h OPT_BF16_*): bf16 moments read to float32, adamw_f32, the moments stored rounded
+// to nearest even, the weight rounded to bf16 (nearest or stochastic, hashed on the element's global index).
+static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, const OptRun *u, const AdamwStep *s,
+                            float lwd) {
     int64_t n = u->n;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * gs;
-        float mi = b1 * bf16_to_f32(m[i]) + (1.0f - b1) * gi;
-        float vi = b2 * bf16_to_f32(v[i]) + (1.0f - b2) * gi * gi;
+        float mi = bf16_to_f32(m[i]), vi = bf16_to_f32(v[i]);
+        float pi = adamw_f32(p[i], g[i], &mi, &vi, s, lwd);
         m[i] = bf16_rn_bits(mi);
         v[i] = bf16_rn_bits(vi);
-        float pi = p[i] - lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p[i]);
-        p[i] = bf16_round_weight(pi, prec, seed, t, optrun_gidx(u->gidx, u->gcols, u->lcols, u->col0, i));
+        p[i] = bf16_round_weight(pi, s->prec, s->key, optrun_gidx(u->gidx, u->gcols, u->lcols, u->col0, i));
     }
 }
 
 void cpu_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                     float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed) {
-    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    AdamwStep s = adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed);
     for (int i = 0; i < r->n; i++) {
         const OptRun *u = &r->r[i];
         if (u->n <= 0) continue;
+        float lwd = u->decay ? s.lwd : 0.0f;
         if (prec == OPT_MIXED)
-            adamw_span(p + u->off, g + u->off, (float *)m + u->moff, (float *)v + u->moff, (size_t)u->n, gscale, lr,
-                       b1, b2, eps, u->decay ? wd : 0.0f, c1, c2);
+            adamw_span(p + u->off, g + u->off, (float *)m + u->moff, (float *)v + u->moff, (size_t)u->n, &s, lwd);
         else
-            adamw_span_bf16(p + u->off, g + u->off, (uint16_t *)m + u->moff, (uint16_t *)v + u->moff, u, gscale, lr,
-                            b1, b2, eps, u->decay ? wd : 0.0f, c1, c2, t, prec, seed);
+            adamw_span_bf16(p + u->off, g + u->off, (uint16_t *)m + u->moff, (uint16_t *)v + u->moff, u, &s, lwd);
     }
 }
 

@@ -11,22 +11,10 @@
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 
-// One AdamW element (adamw_runs' scalar and float4 paths alike): the gradient is g * gs rounded to
-// float (__fmul_rn: never contracted; gs = 1 gives g exactly), then the cpu's operations.
-__device__ __forceinline__ void adamw_reg(float &p, float g, float &m, float &v, float gs, float lr, float b1,
-                                          float b2, float eps, float wd, float c1, float c2) {
-    float gi = __fmul_rn(g, gs);
-    float mi = b1 * m + (1.0f - b1) * gi;
-    float vi = b2 * v + (1.0f - b2) * gi * gi;
-    m = mi;
-    v = vi;
-    p -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * p);
-}
-__device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, float *v, float gs, float lr,
-                                           float b1, float b2, float eps, float wd, float c1, float c2,
-                                           __nv_bfloat16 *pb) {
-    float pi = *p, mi = *m, vi = *v;
-    adamw_reg(pi, *g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2);
+// One AdamW element (adamw_runs' scalar and float4 paths alike): ops.h adamw_f32, the cpu's operations.
+__device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, float *v, const AdamwStep &s,
+                                           float lwd, __nv_bfloat16 *pb) {
+    float mi = *m, vi = *v, pi = adamw_f32(*p, *g, &mi, &vi, &s, lwd);
     if (pb) *pb = __float2bfloat16_rn(pi);   // the bf16 copy of the weights (ops.h bf16_shadow)
     *p = pi;
     *m = mi;
@@ -37,14 +25,13 @@ __device__ __forceinline__ void adamw_elem(float *p, const float *g, float *m, f
 // (Streaming loads and stores here, __ldcs/__stcs, measured slower: 35.8 -> 36.9 ms a step, 21:45 UTC;
 // two groups of four loaded before either is stored, 80 registers instead of 60: AdamW 35.6 -> 36.1 ms
 // mixed, 29.9 -> 32.5 bf16, 2026-12-02: the bf16 kernel is bound by its arithmetic, not by loads in flight.)
-__device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m, float4 *v, float gs, float lr,
-                                           float b1, float b2, float eps, float wd, float c1, float c2,
-                                           uint2 *pb) {
+__device__ __forceinline__ void adamw_vec4(float4 *p, const float4 *g, float4 *m, float4 *v, const AdamwStep &s,
+                                           float lwd, uint2 *pb) {
     float4 P = *p, G = *g, M = *m, V = *v;
-    adamw_reg(P.x, G.x, M.x, V.x, gs, lr, b1, b2, eps, wd, c1, c2);
-    adamw_reg(P.y, G.y, M.y, V.y, gs, lr, b1, b2, eps, wd, c1, c2);
-    adamw_reg(P.z, G.z, M.z, V.z, gs, lr, b1, b2, eps, wd, c1, c2);
-    adamw_reg(P.w, G.w, M.w, V.w, gs, lr, b1, b2, eps, wd, c1, c2);
+    P.x = adamw_f32(P.x, G.x, &M.x, &V.x, &s, lwd);
+    P.y = adamw_f32(P.y, G.y, &M.y, &V.y, &s, lwd);
+    P.z = adamw_f32(P.z, G.z, &M.z, &V.z, &s, lwd);
+    P.w = adamw_f32(P.w, G.w, &M.w, &V.w, &s, lwd);
     if (pb) *pb = make_uint2(pack_bf16(P.x, P.y), pack_bf16(P.z, P.w));   // four bf16 of the weights' copy
     *p = P;
     *m = M;
@@ -122,19 +109,19 @@ extern "C" void cuda_runs_free(OptRuns *r) {
 // float4 weights and gradients, MV moments, scalar tail) where its parameter and moment offsets agree
 // mod 4 and vec says the buffers are aligned, else element by element. elem(p, g, m, v, w, u, i, pb)
 // updates element i of run u, vec4(P, G, M, V, w, u, i, Pb) elements i .. i + 3 (w: wd where the run
-// decays, else 0; pb, Pb: the weights' bf16 copy or NULL). MT is the moments' element type (float, or
+// decays, else 0: the AdamwStep's lwd; pb, Pb: the weights' bf16 copy or NULL). MT is the moments' element type (float, or
 // uint16_t holding bf16 bits), MV four of them (float4, uint2).
 template <typename MT, typename MV, typename Elem, typename Vec4>
 __device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m, MT *v, const DevRun *runs,
                                                 const int32_t *tile_run, int64_t total, int64_t ntiles, int vec,
-                                                float wd, __nv_bfloat16 *pb, Elem elem, Vec4 vec4) {
+                                                float lwd, __nv_bfloat16 *pb, Elem elem, Vec4 vec4) {
 #define ELEM(i) elem(p + po + (i), g + po + (i), m + mo + (i), v + mo + (i), w, u, (i), pb ? pb + (po + (i)) : NULL)
     for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
         int64_t s = tl * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
         for (int r = tile_run[tl]; s < e; r++) {
             DevRun u = runs[r];
             int64_t re = min(e, u.pos + u.n), po = u.off - u.pos, mo = u.moff - u.pos;
-            float w = u.decay ? wd : 0.0f;
+            float w = u.decay ? lwd : 0.0f;
             if (vec && ((po - mo) & 3) == 0) {
                 int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
                 if (threadIdx.x < head) ELEM(s + threadIdx.x);
@@ -158,43 +145,38 @@ __device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m,
 
 __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const float *g, float *m, float *v,
                                                             const DevRun *runs, const int32_t *tile_run,
-                                                            int64_t total, int64_t ntiles, int vec, float gs,
-                                                            float lr, float b1, float b2, float eps, float wd,
-                                                            float c1, float c2, __nv_bfloat16 *pb) {
+                                                            int64_t total, int64_t ntiles, int vec, AdamwStep s,
+                                                            __nv_bfloat16 *pb) {
     adamw_runs_loop<float, float4>(
-        p, g, m, v, runs, tile_run, total, ntiles, vec, wd, pb,
+        p, g, m, v, runs, tile_run, total, ntiles, vec, s.lwd, pb,
         [=](float *p, const float *g, float *m, float *v, float w, const DevRun &, int64_t, __nv_bfloat16 *pb) {
-            adamw_elem(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, pb);
+            adamw_elem(p, g, m, v, s, w, pb);
         },
         [=](float4 *p, const float4 *g, float4 *m, float4 *v, float w, const DevRun &, int64_t, uint2 *pb) {
-            adamw_vec4(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, pb);
+            adamw_vec4(p, g, m, v, s, w, pb);
         });
 }
 
 // The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values but under
-// OPT_BF16_MOMENTS (the float32
-// operations of adamw_reg, then ops.h's integer roundings and hash: the cpu's bits). Element i of run u
+// OPT_BF16_MOMENTS (adamw_f32, then ops.h's integer roundings and hash: the cpu's bits). Element i of run u
 // (its position i - u.pos in the run gives the global index of the stochastic rounding's hash).
-__device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v, float gs, float lr,
-                                                   float b1, float b2, float eps, float wd, float c1, float c2, int t,
-                                                   int prec, uint64_t seed, const DevRun &u, int64_t i) {
+__device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v, const AdamwStep &s,
+                                                   float lwd, const DevRun &u, int64_t i) {
     float mi = bf16_to_f32(m), vi = bf16_to_f32(v);
-    adamw_reg(p, g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2);
+    p = adamw_f32(p, g, &mi, &vi, &s, lwd);
     m = bf16_rn_bits(mi);
     v = bf16_rn_bits(vi);
-    uint16_t pw = prec == OPT_BF16_STOCHASTIC
-                      ? bf16_sr_bits(p, bf16_sr_rand(seed, t, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
+    uint16_t pw = s.prec == OPT_BF16_STOCHASTIC
+                      ? bf16_sr_bits(p, bf16_sr_rand(s.key, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
                       : bf16_rn_bits(p);
-    if (prec != OPT_BF16_MOMENTS) p = bf16_to_f32(pw);   // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
+    if (s.prec != OPT_BF16_MOMENTS) p = bf16_to_f32(pw);   // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
     return pw;
 }
-__device__ __forceinline__ void adamw_bf16_elem(float *p, const float *g, uint16_t *m, uint16_t *v, float gs, float lr,
-                                                float b1, float b2, float eps, float wd, float c1, float c2, int t,
-                                                int prec, uint64_t seed, const DevRun &u, int64_t i,
-                                                __nv_bfloat16 *pb) {
+__device__ __forceinline__ void adamw_bf16_elem(float *p, const float *g, uint16_t *m, uint16_t *v, const AdamwStep &s,
+                                                float lwd, const DevRun &u, int64_t i, __nv_bfloat16 *pb) {
     float pi = u.wb ? __bfloat162float(*pb) : *p;   // (u.wb: the weight lives in the copy alone)
     uint16_t mi = *m, vi = *v;
-    uint16_t pw = adamw_bf16_reg(pi, *g, mi, vi, gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i);
+    uint16_t pw = adamw_bf16_reg(pi, *g, mi, vi, s, lwd, u, i);
     if (!u.wb) *p = pi;
     *m = mi;
     *v = vi;
@@ -203,9 +185,8 @@ __device__ __forceinline__ void adamw_bf16_elem(float *p, const float *g, uint16
 // Four consecutive elements (i .. i + 3 of run u): 16-byte weight and gradient accesses, 8-byte moment
 // and bf16-copy accesses, all loads before the stores. u.wb: the weights are read from the copy (8 bytes)
 // and written there alone.
-__device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint2 *m, uint2 *v, float gs, float lr,
-                                                float b1, float b2, float eps, float wd, float c1, float c2, int t,
-                                                int prec, uint64_t seed, const DevRun &u, int64_t i, uint2 *pb) {
+__device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint2 *m, uint2 *v, const AdamwStep &s,
+                                                float lwd, const DevRun &u, int64_t i, uint2 *pb) {
     float4 P, G = *g;
     if (u.wb) {
         uint2 B = *pb;
@@ -217,10 +198,10 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint
     uint2 M = *m, V = *v;
     uint16_t mh[4] = {(uint16_t)M.x, (uint16_t)(M.x >> 16), (uint16_t)M.y, (uint16_t)(M.y >> 16)};
     uint16_t vh[4] = {(uint16_t)V.x, (uint16_t)(V.x >> 16), (uint16_t)V.y, (uint16_t)(V.y >> 16)};
-    uint16_t w0 = adamw_bf16_reg(P.x, G.x, mh[0], vh[0], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i);
-    uint16_t w1 = adamw_bf16_reg(P.y, G.y, mh[1], vh[1], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 1);
-    uint16_t w2 = adamw_bf16_reg(P.z, G.z, mh[2], vh[2], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 2);
-    uint16_t w3 = adamw_bf16_reg(P.w, G.w, mh[3], vh[3], gs, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, u, i + 3);
+    uint16_t w0 = adamw_bf16_reg(P.x, G.x, mh[0], vh[0], s, lwd, u, i);
+    uint16_t w1 = adamw_bf16_reg(P.y, G.y, mh[1], vh[1], s, lwd, u, i + 1);
+    uint16_t w2 = adamw_bf16_reg(P.z, G.z, mh[2], vh[2], s, lwd, u, i + 2);
+    uint16_t w3 = adamw_bf16_reg(P.w, G.w, mh[3], vh[3], s, lwd, u, i + 3);
     if (!u.wb) *p = P;
     *m = make_uint2(mh[0] | ((uint32_t)mh[1] << 16), mh[2] | ((uint32_t)mh[3] << 16));
     *v = make_uint2(vh[0] | ((uint32_t)vh[1] << 16), vh[2] | ((uint32_t)vh[3] << 16));
@@ -231,23 +212,21 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, const float4 *g, uint
 __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_bf16_k(float *p, const float *g, uint16_t *m,
                                                                  uint16_t *v, const DevRun *runs,
                                                                  const int32_t *tile_run, int64_t total,
-                                                                 int64_t ntiles, int vec, float gs, float lr,
-                                                                 float b1, float b2, float eps, float wd, float c1,
-                                                                 float c2, int t, int prec, uint64_t seed,
+                                                                 int64_t ntiles, int vec, AdamwStep s,
                                                                  __nv_bfloat16 *pb) {
     adamw_runs_loop<uint16_t, uint2>(
-        p, g, m, v, runs, tile_run, total, ntiles, vec, wd, pb,
+        p, g, m, v, runs, tile_run, total, ntiles, vec, s.lwd, pb,
         [=](float *p, const float *g, uint16_t *m, uint16_t *v, float w, const DevRun &u, int64_t i,
-            __nv_bfloat16 *pb) { adamw_bf16_elem(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, t, prec, seed, u, i, pb); },
+            __nv_bfloat16 *pb) { adamw_bf16_elem(p, g, m, v, s, w, u, i, pb); },
         [=](float4 *p, const float4 *g, uint2 *m, uint2 *v, float w, const DevRun &u, int64_t i, uint2 *pb) {
-            adamw_bf16_vec4(p, g, m, v, gs, lr, b1, b2, eps, w, c1, c2, t, prec, seed, u, i, pb);
+            adamw_bf16_vec4(p, g, m, v, s, w, u, i, pb);
         });
 }
 
 extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, const OptRuns *r, float gscale,
                                 float lr, float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed) {
     if (!r->ntiles) return;
-    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);   // on the host, as the cpu backend
+    AdamwStep s = adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed);   // on the host, as the cpu backend
     float *m = (float *)m_, *v = (float *)v_;
     unsigned grid = r->ntiles < 65535 ? (unsigned)r->ntiles : 65535u;
     int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
@@ -270,12 +249,11 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
     if (prec != OPT_MIXED) {
         int vb = (((uintptr_t)p | (uintptr_t)g) & 15) == 0 && (((uintptr_t)m_ | (uintptr_t)v_) & 7) == 0;
         adamw_runs_bf16_k<<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run, r->total,
-                                                 r->ntiles, vb, gscale, lr, b1, b2, eps, wd, c1, c2, t, prec, seed, pb);
+                                                 r->ntiles, vb, s, pb);
         KCHECK("adamw_runs (bf16)");
         return;
     }
-    adamw_runs_k<<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, gscale, lr, b1,
-                                        b2, eps, wd, c1, c2, pb);
+    adamw_runs_k<<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, s, pb);
     KCHECK("adamw_runs");
 }
 
