@@ -5,10 +5,11 @@
 // routed-expert gradient block and the logits inside the last layer's; the first layer's do not; a forward
 // and backward give the same gradients, bit for bit, as separate memory; more than one slot is refused.
 // On cpu (the other backends run the same model code; tests/test_grad_memory.sh covers them in training).
-// Also the same blocks of the weights, params_expert_ranges (the holes of the bf16 policy's parameter buffer,
-// ops.h alloc_bf16_params): every tensor lies wholly inside a range iff it is one of this rank's routed experts'
-// w1, w3, w2 in a layer whose three start at multiples of 8 elements; the ranges ascend, are disjoint and hold
-// nothing else (a norm, router or shared expert inside one would lose its float32 memory on cuda).
+// Also params_bf16_ranges (the holes of the bf16 policy's parameter buffer, ops.h alloc_bf16_params): every
+// tensor lies wholly inside a range iff it is one of this rank's routed experts' w1, w3, w2 in a layer whose
+// three start at multiples of 8 elements, or q, k, v, o or the LM head with more than MOE_GEMM_FP32_MAX_O
+// rows at a multiple of 8; any other tensor overlaps none (a norm, router, bias or shared expert inside one would lose its float32
+// memory on cuda); the ranges ascend, neither touch nor overlap (adjacent ones merged) and hold nothing else.
 #include <stdint.h>
 #include <string.h>
 #include "core/common.h"
@@ -100,16 +101,16 @@ static void two_slots(void *arg) {
     model_share_grads(&m, 1);
 }
 
-static void check_ranges(const char *what, const ModelConfig *c, const ParamSlicing *sl, int want) {
+static void check_ranges(const char *what, const ModelConfig *c, const ParamSlicing *sl, int want_layers) {
     ParamTable t;
     params_build_local(&t, c, sl);
-    int El = c->n_experts / sl->ep, e0 = sl->ep_rank * El;
-    size_t *h = xmalloc(sizeof(size_t) * 2 * (c->n_layers + 1));
-    int nh = params_expert_ranges(&t, c->n_layers, e0, El, h), bad = 0;
-    for (int r = 0; r < nh; r++) bad += h[2 * r] >= h[2 * r + 1] || (r && h[2 * r] < h[2 * r - 1]);
+    int El = c->n_experts / sl->ep, e0 = sl->ep_rank * El, layers = 0;
+    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(c->n_layers));
+    int nh = params_bf16_ranges(&t, c->n_layers, e0, El, MOE_GEMM_FP32_MAX_O, h), bad = 0, dense = 0, narrow = 0;
+    for (int r = 0; r < nh; r++) bad += h[2 * r] >= h[2 * r + 1] || (r && h[2 * r] <= h[2 * r - 1]);
     size_t *inside = xcalloc((size_t)nh + 1, sizeof(size_t));
-    for (int l = 0; l < c->n_layers; l++) {   // which layers qualify, from the table
-        int ok = 1;
+    for (int l = -1; l < c->n_layers; l++) {   // (-1: the tensors outside the layers)
+        int ok = l >= 0;   // the layer's experts start at multiples of 8 (from the table)
         for (int i = 0; i < t.n; i++) {
             const ParamSpec *p = &t.p[i];
             if (p->layer == l && p->expert == e0 && (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2))
@@ -117,34 +118,52 @@ static void check_ranges(const char *what, const ModelConfig *c, const ParamSlic
         }
         for (int i = 0; i < t.n; i++) {
             const ParamSpec *p = &t.p[i];
-            if (!p->lnumel) continue;
-            int routed = p->layer == l && p->expert >= e0 && p->expert < e0 + El &&
+            if (!p->lnumel || p->layer != l) continue;
+            int routed = p->expert >= e0 && p->expert < e0 + El &&
                          (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2);
-            int in = -1;
-            for (int r = 0; r < nh; r++)
+            int proj = p->role == PR_WQ || p->role == PR_WK || p->role == PR_WV || p->role == PR_WO || p->role == PR_LM_HEAD;
+            int want = (routed && ok) || (proj && p->lshape[0] > MOE_GEMM_FP32_MAX_O && p->loffset % 8 == 0);
+            dense += proj && want;
+            narrow += proj && !want;
+            int in = -1, touch = 0;
+            for (int r = 0; r < nh; r++) {
                 if (p->loffset >= h[2 * r] && p->loffset + p->lnumel <= h[2 * r + 1]) in = r;
-            if (p->layer == l || (l == 0 && p->layer < 0)) bad += (in >= 0) != (routed && ok);
-            if (in >= 0 && (p->layer == l || (l == 0 && p->layer < 0))) inside[in] += p->lnumel;
+                touch += p->loffset < h[2 * r + 1] && h[2 * r] < p->loffset + p->lnumel;
+            }
+            bad += (in >= 0) != want || (in < 0 && touch);
+            if (in >= 0) inside[in] += p->lnumel;
         }
+        layers += ok;
     }
     for (int r = 0; r < nh; r++) bad += inside[r] != h[2 * r + 1] - h[2 * r];   // nothing else in a range
-    EXPECT(nh == want && !bad, "params_expert_ranges, %s: %d ranges (want %d), %d misplaced tensors or ranges", what, nh,
-           want, bad);
+    EXPECT(layers == want_layers && !bad && dense > 0,
+           "params_bf16_ranges, %s: %d ranges, %d layers' experts among them (want %d), %d dense projections; %d "
+           "misplaced tensors or ranges", what, nh, layers, want_layers, dense, bad);
+    printf("params_bf16_ranges, %s: %d ranges, %d layers' experts, %d projections inside, %d outside\n", what, nh,
+           layers, dense, narrow);
     free(h);
     free(inside);
     params_free(&t);
 }
 
-static void test_expert_ranges(void) {
+static void test_bf16_ranges(void) {
     ModelConfig c;
     ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0}, ep1 = {1, 0, 2, 1, 1, 0, NULL, 0};
     test_tiny_cfg(&c, 3, T);
+    c.head_dim = 24;      // q 96 rows (inside), k and v 48 and o 32 (too narrow: float32 products)
+    c.vocab_size = 100;   // the LM head inside
     check_ranges("tiny, 3 layers", &c, &one, 3);
     check_ranges("tiny, expert-parallel rank 1 of 2", &c, &ep1, 3);
-    c.n_shared_experts = 1;   // Qwen2-MoE's shared expert and its gate: outside the ranges
+    c.n_shared_experts = 1;   // Qwen2-MoE's shared expert and its gate, and q/k/v biases: outside the ranges
     c.shared_d_ff = 40;
     c.shared_gate = 1;
-    check_ranges("tiny with a gated shared expert", &c, &one, 3);
+    c.qkv_bias = 1;
+    check_ranges("tiny with a gated shared expert and q/k/v biases", &c, &one, 3);
+    test_tiny_cfg(&c, 3, T);   // q, k, v, o all wide: adjacent tensors, one range (a touching pair shows)
+    c.d_model = 72;
+    c.head_dim = 40;
+    c.vocab_size = 100;
+    check_ranges("tiny with q, k, v, o all wide", &c, &one, 3);
     test_tiny_cfg(&c, 3, T);   // d 12, 3 experts: the layers' offsets move by amounts that are not multiples of 8
     c.d_model = 12; c.n_heads = 3; c.n_kv_heads = 3; c.head_dim = 4; c.d_ff = 20; c.vocab_size = 10; c.n_experts = 3;
     ParamTable t;
@@ -155,12 +174,13 @@ static void test_expert_ranges(void) {
                 t.p[params_index(&t, PR_W2, l, 0)].loffset % 8 == 0;
     params_free(&t);
     EXPECT(want < 3, "d 12: every layer's experts still start at a multiple of 8 (the case says nothing)");
+    c.vocab_size = 100;   // (the LM head, 100 rows, the only projection wide enough)
     check_ranges("d 12 (some layers off the GEMMs' alignment)", &c, &one, want);
 }
 
 int main(void) {
     test_carving(backend_cpu());
-    test_expert_ranges();
+    test_bf16_ranges();
     ModelConfig c;
     test_tiny_cfg(&c, 3, T);
     Model m;

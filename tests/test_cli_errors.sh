@@ -207,21 +207,24 @@ for cap in "" 264 263 0; do
      grep -q "bf16 operand scratch $want" "$OUT_FILE"; then pass "moe info: attention dS scratch, MOE_ATTN_DS_MB='$cap'"
   else fail "moe info: attention dS scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
 done
-# --precision bf16 in one process keeps the routed experts' weights in the bf16 copy alone (ops.h
-# alloc_bf16_params): the float32 buffer's whole 2 MiB pages inside each layer's expert block are not there.
-# A block is 8 experts x 3 x 5632 x 2048 floats = 1,107,296,256 bytes = exactly 528 pages, and layer 0's starts
-# at float 78,139,392 (embedding 32000 x 2048, two norms, q and o 2048^2, k and v 1024 x 2048, router 8 x 2048),
-# byte 312,557,568, not on a page: 527 whole pages a layer, 16 x 527 x 2 MiB = 16.47 GiB. Not in mixed
-# precision, and not across ranks (a collective writes the float32 buffer there).
+# --precision bf16 in one process keeps the weights only bf16 GEMMs read in the bf16 copy alone (ops.h
+# alloc_bf16_params, params.h params_bf16_ranges): the float32 buffer's whole 2 MiB pages inside each range are
+# not there. Floats: embedding 32000 x 2048; a layer 302,010,368 = two norms 2 x 2048, q and o 2048^2, k and v
+# 1024 x 2048, router 8 x 2048, experts 8 x 3 x 5632 x 2048 (bytes 1,208,041,472: 576 pages and 80 KiB).
+# q..o of layer l are one range of 48 MiB (24 pages) from byte 4 x (65,538,048 + l x 302,010,368), 8 KiB +
+# l x 80 KiB into a page (never 0 for l < 16): 23 whole pages; the expert block, 1,107,296,256 bytes = 528
+# pages, from byte 312,557,568 + l x 1,208,041,472, 80 KiB + l x 80 KiB into a page: 527. The LM head, 125
+# pages from byte 19,590,815,744 (1,318,912 into a page): 124. 16 x (23 + 527) + 124 = 8924 pages = 17.43 GiB.
+# Not in mixed precision, and not across ranks (a collective writes the float32 buffer there).
 if "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision bf16 >"$OUT_FILE" 2>"$ERR_FILE" &&
-   grep -q "bf16 weights 8.87 GiB - float32 expert weights 16.47 GiB + " "$OUT_FILE"; then
-  pass "moe info: --precision bf16 without the experts' float32 weights"
-else fail "moe info: --precision bf16 without the experts' float32 weights (want 16.47 GiB)"; show_output; fi
+   grep -q "bf16 weights 8.87 GiB - float32 GEMM weights 17.43 GiB + " "$OUT_FILE"; then
+  pass "moe info: --precision bf16 without the GEMM weights' float32 copies"
+else fail "moe info: --precision bf16 without the GEMM weights' float32 copies (want 17.43 GiB)"; show_output; fi
 if "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 >"$OUT_FILE" 2>"$ERR_FILE" &&
-   ! grep -q "float32 expert weights" "$OUT_FILE" &&
+   ! grep -q "float32 GEMM weights" "$OUT_FILE" &&
    "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision bf16 --ep 2 >"$OUT_FILE" 2>"$ERR_FILE" &&
-   ! grep -q "float32 expert weights" "$OUT_FILE"; then
-  pass "moe info: the experts' float32 weights kept in mixed precision and across ranks"
-else fail "moe info: the experts' float32 weights kept in mixed precision and across ranks"; show_output; fi
+   ! grep -q "float32 GEMM weights" "$OUT_FILE"; then
+  pass "moe info: the float32 weights kept in mixed precision and across ranks"
+else fail "moe info: the float32 weights kept in mixed precision and across ranks"; show_output; fi
 
 finish

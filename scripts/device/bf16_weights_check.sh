@@ -1,14 +1,15 @@
 #!/bin/bash
-# Device recipe (kind nvidia-h200): --precision bf16 with the routed experts' weights in the bf16 copy alone
+# Device recipe (kind nvidia-h200): --precision bf16 with the GEMMs' weights in the bf16 copy alone
 # (ops.h alloc_bf16_params, model_bf16_weights). Prepare here:
 #   cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu && cp ../shared/bench/torch_train_peer.py .gpu/
 # then run `bash scripts/device/bf16_weights_check.sh` with carry [".gpu"] (about 8 minutes; PARTS selects,
 # default "ops same mem ref peer"). Progress in $OUT/bf16w.txt as it is made.
 #   ops:  test_cuda_ops (its alloc_bf16_params checks among the rest)
 #   same: scripts/same_bits.sh on one process (one, resume, text) with --device cuda --precision bf16, nearest
-#         and stochastic rounding: the binary as it runs (the experts' weights in the copy alone; their float32
-#         memory NaN where it exists) against itself under MOE_BF16_SHADOW=0 (no copy: float32 weights
-#         converted per GEMM): every metrics line, checkpoint and report byte for byte
+#         and stochastic rounding, d 128 (q, o and the LM head are holes beside the experts): the binary as it
+#         runs (those weights in the copy alone; their float32 memory NaN where it exists) against itself
+#         under MOE_BF16_SHADOW=0 (no copy: float32 weights converted per GEMM): every metrics line,
+#         checkpoint and report byte for byte
 #   mem:  compute-sanitizer memcheck on a small --precision bf16 run (a kernel reading an unbacked page shows)
 #   ref:  the reference model under --precision bf16: tokens/s, peak memory (nvidia-smi), the end-of-run memory
 #         report; and its first steps under MOE_BF16_SHADOW=0 (the same losses)
@@ -22,7 +23,7 @@ fi
 if has same; then
   printf '#!/bin/sh\nMOE_BF16_SHADOW=0 exec %s "$@"\n' "$B/moe" > $W/moe_noshadow; chmod +x $W/moe_noshadow
   for rnd in nearest stochastic; do
-    t same_$rnd 150 env SAME_BITS_FLAGS="--device cuda --precision bf16 --bf16-rounding $rnd" \
+    t same_$rnd 150 env SAME_BITS_FLAGS="--device cuda --precision bf16 --bf16-rounding $rnd --d-model 128" \
       bash scripts/same_bits.sh $W/moe_noshadow $B/moe one resume text
     say "   same_bits ($rnd): $(tail -2 $W/same_$rnd.log | tr '\n' ' ')"
   done

@@ -393,8 +393,8 @@ void model_share_grads(Model *m, int on) {
 
 int model_bf16_weights(Model *m) {
     if (!m->be->alloc_bf16_params) return 0;
-    size_t *h = xmalloc(sizeof(size_t) * 2 * (m->c.n_layers + 1));
-    int nh = params_expert_ranges(&m->t, m->c.n_layers, m->e0, m->El, h);
+    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(m->c.n_layers));
+    int nh = params_bf16_ranges(&m->t, m->c.n_layers, m->e0, m->El, MOE_GEMM_FP32_MAX_O, h);
     if (nh) {
         m->be->free(m->params);
         m->params = m->be->alloc_bf16_params(m->t.ltotal, h, nh);

@@ -150,8 +150,9 @@ void model_set_slots(Model *m, int chunk, int n);
 // (the norm, the update). The same bits as separate memory; less memory by about a layer's expert
 // gradients per layer. Set before forwards (it allocates the slot again).
 void model_share_grads(Model *m, int on);
-// The bf16 policy's weight storage (ops.h alloc_bf16_params): the routed experts' weights, which only the
-// grouped GEMMs read, live in the backend's bf16 copy alone, without float32 memory (4 bytes a parameter
+// The bf16 policy's weight storage (ops.h alloc_bf16_params): the weights that only bf16 GEMMs read (the
+// routed experts', the attention projections' and the LM head's: params.h params_bf16_ranges) live in the
+// backend's bf16 copy alone, without float32 memory (4 bytes a parameter
 // less). Only for a caller whose weights are bf16 values (--precision bf16, rounded) and that writes the
 // parameters through to_device and adamw_runs alone (one process: no collective writes them). Call
 // before the parameters are written (they are allocated again, zeroed) and register the copy with

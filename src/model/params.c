@@ -195,16 +195,27 @@ int params_index(const ParamTable *t, ParamRole role, int layer, int expert) {
     return -1;
 }
 
-int params_expert_ranges(const ParamTable *t, int n_layers, int e0, int El, size_t *h) {
+// range [a, b) appended to h, or merged into the last one where it continues it
+static void add_range(size_t *h, int *nh, size_t a, size_t b) {
+    if (*nh && h[2 * *nh - 1] == a) h[2 * *nh - 1] = b;
+    else { h[2 * *nh] = a; h[2 * *nh + 1] = b; (*nh)++; }
+}
+
+int params_bf16_ranges(const ParamTable *t, int n_layers, int e0, int El, int64_t min_rows, size_t *h) {
     int nh = 0;
-    for (int l = 0; l < n_layers; l++) {
-        int i1 = params_index(t, PR_W1, l, e0), i3 = params_index(t, PR_W3, l, e0), i2 = params_index(t, PR_W2, l, e0),
+    for (int i = 0; i < t->n; i++) {   // table order: ascending offsets
+        const ParamSpec *p = &t->p[i];
+        if (!p->lnumel) continue;
+        if (p->role == PR_WQ || p->role == PR_WK || p->role == PR_WV || p->role == PR_WO || p->role == PR_LM_HEAD) {
+            if (p->lshape[0] > min_rows && p->loffset % 8 == 0) add_range(h, &nh, p->loffset, p->loffset + p->lnumel);
+            continue;
+        }
+        if (p->role != PR_W1 || p->expert != e0 || p->layer < 0 || p->layer >= n_layers) continue;
+        int l = p->layer, i3 = params_index(t, PR_W3, l, e0), i2 = params_index(t, PR_W2, l, e0),
             ie = params_index(t, PR_W2, l, e0 + El - 1);
-        if (i1 < 0 || i3 < 0 || i2 < 0 || ie < 0 || !t->p[i1].lnumel) continue;
-        if (t->p[i1].loffset % 8 || t->p[i3].loffset % 8 || t->p[i2].loffset % 8) continue;
-        h[2 * nh] = t->p[i1].loffset;
-        h[2 * nh + 1] = t->p[ie].loffset + t->p[ie].lnumel;
-        nh++;
+        if (i3 < 0 || i2 < 0 || ie < 0) continue;
+        if (p->loffset % 8 || t->p[i3].loffset % 8 || t->p[i2].loffset % 8) continue;
+        add_range(h, &nh, p->loffset, t->p[ie].loffset + t->p[ie].lnumel);
     }
     return nh;
 }

@@ -82,11 +82,16 @@ void params_free(ParamTable *t);
 int params_find(const ParamTable *t, const char *name);  // index or -1
 // Index of a role in a layer (expert = -1 for non-expert roles).
 int params_index(const ParamTable *t, ParamRole role, int layer, int expert);
-// Each layer's routed-expert weights (this rank's experts e0 .. e0+El-1: w1, w3, w2, one block in table
-// order) as element ranges [h[2i], h[2i+1]) of the local buffer, for the layers where w1, w3 and w2 each
-// start at a multiple of 8 elements (the bf16 GEMMs' alignment): the holes of the bf16 policy's parameter
-// buffer (ops.h alloc_bf16_params). h holds 2 n_layers entries; returns how many ranges.
-int params_expert_ranges(const ParamTable *t, int n_layers, int e0, int El, size_t *h);
+// The weights that only the bf16 GEMMs read, as element ranges [h[2i], h[2i+1]) of the local buffer,
+// ascending and disjoint (adjacent tensors merged): the holes of the bf16 policy's parameter buffer (ops.h
+// alloc_bf16_params). They are each layer's routed-expert block (this rank's experts e0 .. e0+El-1: w1, w3,
+// w2, one block in table order), where w1, w3 and w2 each start at a multiple of 8 elements (the grouped
+// GEMMs' alignment), and the dense projections q, k, v, o and the LM head that start at a multiple of 8
+// (the bf16 copy's alignment for cuBLAS) and whose local rows (the product's output width O) exceed
+// min_rows (ops.h MOE_GEMM_FP32_MAX_O: narrower products run in float32).
+// h holds params_bf16_ranges_max entries; returns how many ranges.
+int params_bf16_ranges(const ParamTable *t, int n_layers, int e0, int El, int64_t min_rows, size_t *h);
+static inline size_t params_bf16_ranges_max(int n_layers) { return 2 * (5 * (size_t)n_layers + 1); }
 
 // Deterministic init from seed into this rank's local buffer: norms = 1, linears ~ N(0, init_std),
 // o_proj/w2 scaled by 1/sqrt(2L). A slice gets exactly the values of the full tensor.

@@ -223,13 +223,14 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     // and, at head dim 128, its dS: ops.h attention_ds_bytes)
     double att_ws = 4.0 * B * c->n_heads * T + 2.0 * N * qd + (double)attention_ds_bytes(B, T, c->n_heads, c->head_dim, 0, T);
     double shadow = 2.0 * np, scratch = fmax(2.0 * Rk * d, att_ws);
-    // --precision bf16 (rounded weights) in one process: the routed experts' weights in the bf16 copy alone
-    // (model_bf16_weights): the float32 buffer's whole 2 MiB pages inside each layer's block are not there
+    // --precision bf16 (rounded weights) in one process: the weights only the bf16 GEMMs read (the routed
+    // experts', the attention projections', the LM head's) in the bf16 copy alone (model_bf16_weights): the
+    // float32 buffer's whole 2 MiB pages inside each of their ranges are not there
     double alone = 0;
     if (world <= 1 && o->tp <= 1 && o->ep <= 1 && o->etp <= 1 && o->pp <= 1 && o->precision == PREC_BF16 &&
         o->bf16_rounding != ROUND_NONE) {
-        size_t *h = xmalloc(sizeof(size_t) * 2 * (c->n_layers + 1)), pg = (size_t)2 << 20;
-        int nh = params_expert_ranges(&t, c->n_layers, 0, c->n_experts, h);
+        size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(c->n_layers)), pg = (size_t)2 << 20;
+        int nh = params_bf16_ranges(&t, c->n_layers, 0, c->n_experts, MOE_GEMM_FP32_MAX_O, h);
         for (int i = 0; i < nh; i++) {
             size_t a = (4 * h[2 * i] + pg - 1) / pg, b = 4 * h[2 * i + 1] / pg;
             if (b > a) alone += (double)(b - a) * pg;
@@ -245,7 +246,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     if (alone > 0) {
         char a[32];
         fmt_bytes(a, sizeof a, alone);
-        snprintf(b5, sizeof b5, " - float32 expert weights %s", a);
+        snprintf(b5, sizeof b5, " - float32 GEMM weights %s", a);
     }
     printf("memory (cuda, the same buffers - bf16 rows %s + bf16 weights %s%s + bf16 operand scratch %s, %s of the "
            "activations in the expert gradients' memory): %s plus the CUDA context\n", b1, b2, b5, b3, bl, b4);

@@ -172,7 +172,7 @@ static void *vm_fn(const char *name) {
     cudaDriverEntryPointQueryResult q;
     CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
     CHECK(q == cudaDriverEntryPointSuccess && fn, "the CUDA driver has no %s (virtual memory management, which "
-          "--precision bf16 uses to keep the experts' weights in bf16 alone): update the driver, or run with "
+          "--precision bf16 uses to keep the GEMMs' weights in bf16 alone): update the driver, or run with "
           "MOE_BF16_SHADOW=0 (the weights in float32 memory)", name);
     return fn;
 }
