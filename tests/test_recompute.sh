@@ -4,8 +4,10 @@
 # same kernels. Each mode against --recompute none on the same layout: metrics.jsonl without its timing
 # fields and the final checkpoint (model and optimizer) byte-identical. Layouts: one process (dropless,
 # and capacity with jitter), AMPipe n 2, and under mpirun tp2+ep2 with the pipelined exchange (r 2),
-# pp2 (several live micro-batches share the recomputed buffers) and ep2+etp2 in the gathered expert
-# mode. Also: peak memory falls (a model whose expert rows dominate), and bad values are refused.
+# tp2+ep2 with AMPipe n 2 (a chunk's moe_start grows the shared rows between the previous chunk's start and
+# its GEMMs: the chunks took their pointers at the start until 2026-12-02, a use after free that aborted
+# this run), pp2 (several live micro-batches share the recomputed buffers) and ep2+etp2 in the gathered
+# expert mode. Also: peak memory falls (a model whose expert rows dominate), and bad values are refused.
 set -u
 . "$(dirname "$0")/lib.sh"
 mpi_tests
@@ -38,6 +40,7 @@ done <<< "1||one process
 1|--dispatch capacity --capacity-factor 0.8 --jitter 0.05|one process, capacity with jitter
 1|--ampipe 2|one process, AMPipe n 2
 4|--tp 2 --ep 2 --a2a-overlap 2|tp2+ep2, r 2
+4|--tp 2 --ep 2 --ampipe 2|tp2+ep2, AMPipe n 2
 2|--pp 2 --grad-accum 4|pp2 (1f1b, 4 micro-batches)
 4|--ep 2 --etp 2 --expert-mode gathered|ep2+etp2 gathered"
 

@@ -434,6 +434,9 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
     const Backend *be = m->be;
     int d = m->d, El = m->El, k = m->k, Ns = m->Ns, fu = m->fu, TP = comm_size(m->cm.tp);
     const MoeWeights *wu = &m->wu;
+    // the shared rows again (--recompute moe): another state's moe_start (AMPipe's next chunk) may have grown,
+    // that is moved, them since ours
+    if (m->rc) moe_rc_rows(m, moe_rows_bytes(m));
     if (m->r > 1) {
         m->xgp = m->xg;
         moe_experts_chunked(m, w);

@@ -24,9 +24,8 @@ void moe_rc_rows(MoeLayer *m, size_t nf) {
 // (the expert rows and weights it used: the same kernels on the same operands, the same bits).
 void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu) {
     int r = m->r, d = m->d, fu = m->fu, El = m->El;
-    int Rg = r > 1 ? (int)m->gstart[r] : m->xu->Rg;
     const Backend *be = m->be;
-    moe_rc_rows(m, (size_t)(Rg ? Rg : 1) * fu * be->hid_elem);
+    moe_rc_rows(m, moe_rows_bytes(m));
     if (r == 1) {
         be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
         return;
