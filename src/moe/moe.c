@@ -14,7 +14,7 @@
 // GEMMs read the gathered rows xs directly).
 static void expert_buffers(MoeLayer *m, int Rg) {
     const Backend *be = m->be;
-    size_t rows = Rg ? Rg : 1, nf = rows * m->fu * be->hid_elem;
+    size_t rows = Rg ? Rg : 1, nf = moe_rows_bytes(m);
     // (the SwiGLU rows first: the largest, they take a lent arena's room before the outputs)
     if (m->rc) moe_rc_rows(m, nf);
     else {

@@ -23,17 +23,17 @@ static inline void moe_grown_n(const Backend *be, Arena *a, void **const *p, int
     *cap = need;
 }
 
+// The bytes of one of the last forward's SwiGLU row blocks (h1, h3 or act: its expert rows x fu, hidden format).
+static inline size_t moe_rows_bytes(const MoeLayer *m) {
+    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
+    return (size_t)(Rg ? Rg : 1) * m->fu * m->be->hid_elem;
+}
 // --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and
 // fill them again before the backward (the forward's SwiGLU GEMMs on the kept inputs, wu: the experts
 // the forward used).
 // (moe_finish points the layer at them again before its GEMMs: between its moe_start and moe_finish another
 // state's moe_start, AMPipe's next chunk, may have grown them.)
 void moe_rc_rows(MoeLayer *m, size_t nf);
-// The bytes of one of the last forward's SwiGLU row blocks (h1, h3 or act: its expert rows x fu, hidden format).
-static inline size_t moe_rows_bytes(const MoeLayer *m) {
-    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
-    return (size_t)(Rg ? Rg : 1) * m->fu * m->be->hid_elem;
-}
 void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu);
 // The shared expert on my slice x (Ns,d), added into y; its backward (dx += , its gradients +=).
 void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w);

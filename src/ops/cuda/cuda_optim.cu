@@ -108,9 +108,9 @@ extern "C" void cuda_runs_free(OptRuns *r) {
 // AdamW over the run list: the tiles and pieces above, each piece through the vector path (scalar head,
 // float4 weights and gradients, MV moments, scalar tail) where its parameter and moment offsets agree
 // mod 4 and vec says the buffers are aligned, else element by element. elem(p, g, m, v, w, u, i, pb)
-// updates element i of run u, vec4(P, G, M, V, w, u, i, Pb) elements i .. i + 3 (w: wd where the run
-// decays, else 0: the AdamwStep's lwd; pb, Pb: the weights' bf16 copy or NULL). MT is the moments' element type (float, or
-// uint16_t holding bf16 bits), MV four of them (float4, uint2).
+// updates element i of run u, vec4(P, G, M, V, w, u, i, Pb) elements i .. i + 3 (w: lwd, the step's lr wd,
+// where the run decays, else 0; pb, Pb: the weights' bf16 copy or NULL). MT is the moments' element type
+// (float, or uint16_t holding bf16 bits), MV four of them (float4, uint2).
 template <typename MT, typename MV, typename Elem, typename Vec4>
 __device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m, MT *v, const DevRun *runs,
                                                 const int32_t *tile_run, int64_t total, int64_t ntiles, int vec,
