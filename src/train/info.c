@@ -227,8 +227,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     // experts', the attention projections', the LM head's) in the bf16 copy alone (model_bf16_weights): the
     // float32 buffer's whole 2 MiB pages inside each of their ranges are not there
     double alone = 0;
-    if (world <= 1 && o->tp <= 1 && o->ep <= 1 && o->etp <= 1 && o->pp <= 1 && o->precision == PREC_BF16 &&
-        o->bf16_rounding != ROUND_NONE) {
+    if (train_bf16_weights_alone(o, world > 1 || o->tp > 1 || o->ep > 1 || o->etp > 1 || o->pp > 1)) {
         size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(c->n_layers)), pg = (size_t)2 << 20;
         int nh = params_bf16_ranges(&t, c->n_layers, 0, c->n_experts, MOE_GEMM_FP32_MAX_O, h);
         for (int i = 0; i < nh; i++) {

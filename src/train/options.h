@@ -63,5 +63,12 @@ void train_options_default(TrainOptions *o);
 // NULL if valid, else a static message naming the option and value.
 const char *train_options_validate(const TrainOptions *o, const ModelConfig *c);
 
+// Whether the weights only bf16 GEMMs read may live in the GEMMs' bf16 copy alone (model.h model_bf16_weights):
+// --precision bf16 with rounded weights, in one process (meshed 0: no collective writes the float32 buffer).
+// The trainer's choice and moe info's memory line both ask this.
+static inline int train_bf16_weights_alone(const TrainOptions *o, int meshed) {
+    return !meshed && o->precision == PREC_BF16 && o->bf16_rounding != ROUND_NONE;
+}
+
 // Learning rate at step (0-based): linear warmup to lr, then cosine to lr * min_lr_frac.
 float lr_at(const TrainOptions *o, int step);

@@ -362,8 +362,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     model_init(&r->m, &r->c, r->be, Bl, o->seq_len, meshed ? &r->dist.mm : NULL);
     // --precision bf16 (rounded weights) in one process with the GEMMs' bf16 copy: the weights only bf16
     // GEMMs read live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
-    if (!meshed && bf16_shadow && o->precision == PREC_BF16 && o->bf16_rounding != ROUND_NONE)
-        model_bf16_weights(&r->m);
+    if (bf16_shadow && train_bf16_weights_alone(o, meshed)) model_bf16_weights(&r->m);
     if (o->recompute) model_set_recompute(&r->m, o->recompute);   // (before step_init's slots: they keep no dropped buffer)
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
     // the activations' own buffers are freed before the moments take their memory

@@ -168,7 +168,6 @@ void cuda_runs_free(OptRuns *r);
 void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
 void cuda_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                      float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
-// cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
 // cuda_weights.cu: the bf16 copy of the weights (ops.h bf16_shadow): register/refresh; the copy of p's
 // buffer if p is the registered start and current (else NULL); a weight's bf16 values in it (or NULL); a
 // backend write or free that may touch the range. The parameter buffer with holes (ops.h
@@ -186,6 +185,7 @@ int cuda_bf16_params_to_host(void *dst, const void *src, size_t bytes);
 int cuda_bf16_params_to_device(void *dst, const void *src, size_t bytes);
 int cuda_bf16_in_hole(const float *p, size_t off, size_t n);
 unsigned cuda_bf16_holes_gen(const float *p);
+// cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
 // dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned);
 // and back (exact)
 void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
