@@ -4,6 +4,7 @@
 #   git worktree add /tmp/old <base> && cmake -S /tmp/old -B /tmp/old/b && cmake --build /tmp/old/b -j2 \
 #     --target moe moe_bench_layer && mkdir -p .gpu/old && cp /tmp/old/b/{moe,moe_bench_layer} .gpu/old/
 #   cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu       (the candidate, into .gpu/bin)
+#   rm -f .gpu/bin/{test_nccl,test_slots,test_decode,ckpt_diff}   (the carry holds 64 MiB; .gpu/lib takes ~46)
 # then run `bash scripts/device/ab_check.sh` with carry [".gpu"] (about 4 minutes with the defaults).
 # PARTS picks (default "suites layer step"): suites: the candidate's test_cuda_ops and test_cuda_model (a
 # failure stops the recipe); layer: moe_bench_layer on CASES (default ref,mixtral,olmoe), twice each; step:
