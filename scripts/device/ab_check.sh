@@ -40,11 +40,9 @@ if has step; then
   for pol in ${POLICIES:-mixed bf16}; do
     for v in new old; do
       d=$B; [ $v = old ] && d=$O
-      ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
-      mp=$!
+      mem_start
       t step_${pol}_$v 90 stdbuf -oL $d/moe train $P --precision $pol --out $W/run_${pol}_$v
-      kill $mp 2>/dev/null
-      say "step $pol $v: $(grep -E '^step +(4|8|12)/' $W/step_${pol}_$v.log | grep -o '[0-9]* tok/s' | tr '\n' ' ')| peak $(sort -n $W/mem.txt | tail -1) MiB"
+      say "step $pol $v: $(grep -E '^step +(4|8|12)/' $W/step_${pol}_$v.log | grep -o '[0-9]* tok/s' | tr '\n' ' ')| peak $(mem_peak) MiB"
     done
     L() { grep -E '^step +(1|2|3)/' $W/step_${pol}_$1.log | cut -d'|' -f2-4; }
     if [ -n "$(L new)" ] && cmp -s <(L new) <(L old); then say "step $pol: losses of steps 1-3 the same as the old binary's"

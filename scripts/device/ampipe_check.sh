@@ -49,10 +49,9 @@ for dev in cuda cuda-fp32; do
 done
 for rc in none moe; do
   echo "-- peers-ref, --recompute $rc"
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
-  mp=$!
+  mem_start
   timeout 150 stdbuf -oL $B/moe train $P --recompute $rc --out $W/run 2>&1 | grep -E "^step 12/|trained"
-  kill $mp; echo "   peak GPU memory used (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
+  echo "   peak GPU memory used (nvidia-smi): $(mem_peak) MiB"
 done
 for n in 1 2 4 1; do
   echo "-- peers-ref, --ampipe $n"

@@ -39,10 +39,9 @@ fi
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --precision bf16"
 if has ref; then
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
-  mp=$!; t ref 100 stdbuf -oL $B/moe train $P --steps 12 --out $W/run; kill $mp
+  mem_start; t ref 100 stdbuf -oL $B/moe train $P --steps 12 --out $W/run; peak=$(mem_peak)
   grep -E "^step (1|2|3|4|8|12)/|trained|memory" $W/ref.log | cut -c1-150 | tee -a $R
-  say "   peak (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
+  say "   peak (nvidia-smi): $peak MiB"
   t ref_ns 80 env MOE_BF16_SHADOW=0 stdbuf -oL $B/moe train $P --steps 3 --out $W/run_ns
   grep -E "^step (1|2|3)/" $W/ref_ns.log | cut -c1-60 | tee -a $R
 fi

@@ -37,11 +37,11 @@ fi
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 12"
 ours() {
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
-  local mp=$!
+  mem_start
   t ours$1 150 stdbuf -oL $B/moe train $P $2 --out $W/run
-  kill $mp; grep -E "^step (4|8|12)/|trained" $W/ours$1.log | tee -a $R
-  say "   peak GPU memory used (nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
+  local peak=$(mem_peak)
+  grep -E "^step (4|8|12)/|trained" $W/ours$1.log | tee -a $R
+  say "   peak GPU memory used (nvidia-smi): $peak MiB"
 }
 if has step; then
   say "-- ours"; ours 1

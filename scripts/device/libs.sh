@@ -36,6 +36,15 @@ recipe_start() {
   say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 }
 
+# `mem_start`, then `mem_peak`: the GPU memory in use (nvidia-smi, MiB; the fullest GPU's) sampled every 0.5 s
+# into $W/mem.txt between the two; mem_peak stops the sampling and prints the largest sample.
+mem_start() {
+  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1; sleep 0.5; done ) \
+    > $W/mem.txt 2>/dev/null &
+  MEM_PID=$!
+}
+mem_peak() { kill $MEM_PID 2>/dev/null; wait $MEM_PID 2>/dev/null; sort -n $W/mem.txt | tail -1; }
+
 # `has PART`: PART is in $PARTS (the recipes' selection).
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 
@@ -43,8 +52,7 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 # PEERS.md's torch.compile peer of the reference model (.gpu/torch_train_peer.py) as the full-step tables run it,
 # its report line and its peak GPU memory by nvidia-smi (ours' basis) appended to $R.
 peer_step() {
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/pmem.txt 2>/dev/null &
-  local mp=$!
+  mem_start
   t peer_$1 240 python3 -c "
 import runpy, torch
 m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
@@ -55,6 +63,7 @@ def amp():
     mod = m['Model'](c).cuda()
     return m['time_steps'](m['AMP'](torch.compile(mod)), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
 m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_grouped_mm_compiled_amp', bf16 if '$1' == 'compiled' else amp)"
-  kill $mp; grep impl $W/peer_$1.log | tee -a $R
-  say "   peer's peak GPU memory used (nvidia-smi, as ours): $(sort -n $W/pmem.txt | tail -1) MiB"
+  local peak=$(mem_peak)
+  grep impl $W/peer_$1.log | tee -a $R
+  say "   peer's peak GPU memory used (nvidia-smi, as ours): $peak MiB"
 }

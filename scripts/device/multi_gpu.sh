@@ -49,10 +49,9 @@ P="--data $W/rand.bin --preset peers-ref --device cuda --batch 8 --seq-len 2048 
 for f in "--a2a-overlap 1 --ampipe 1" "--a2a-overlap 2 --ampipe 1" "--a2a-overlap 4 --ampipe 1" "--a2a-overlap 1 --ampipe 2" \
          "--a2a-overlap 2 --ampipe 2" "--a2a-overlap 1 --ampipe 4" "--a2a-overlap 2 --ampipe auto --steps 16"; do
   echo "-- peers-ref dp2 x ep2 on 2 GPUs (global batch 8 x 2048): $f"
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
-  mp=$!
+  mem_start
   $MPI stdbuf -oL $B/moe train $P $f --out $W/p 2>&1 | grep -E "^step (8|16)/|trained|rror" | head -4
-  kill $mp; echo "   peak GPU memory (the larger GPU, nvidia-smi): $(sort -n $W/mem.txt | tail -1) MiB"
+  echo "   peak GPU memory (the larger GPU, nvidia-smi): $(mem_peak) MiB"
 done
 grep -o '"a2a_tuned".*' $W/p/metrics.jsonl | head -1 | cut -c1-600
 date -u

@@ -28,11 +28,10 @@ done
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 12"
 for rc in ${REF-none moe}; do   # REF="": no reference-model runs
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > $W/mem.txt 2>/dev/null &
-  mp=$!
+  mem_start
   t ref_$rc 120 stdbuf -oL $B/moe train $P --recompute $rc --out $W/run
-  kill $mp; grep -E "^step 12/|trained|memory" $W/ref_$rc.log | tee -a $R
-  say "   peers-ref --recompute $rc: peak GPU memory used (nvidia-smi) $(sort -n $W/mem.txt | tail -1) MiB"
+  peak=$(mem_peak); grep -E "^step 12/|trained|memory" $W/ref_$rc.log | tee -a $R
+  say "   peers-ref --recompute $rc: peak GPU memory used (nvidia-smi) $peak MiB"
 done
 for be in cuda cuda-fp32; do
   t mem_$be 110 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=$be compute-sanitizer --tool memcheck $B/test_cuda_ops
