@@ -151,6 +151,32 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
         EXPECT(bad == 0, "[%s] grad %s: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label, s->name,
                bad, s->lnumel, first, bad ? g1[s->loffset + first] : 0.0, bad ? mc.grads[s->loffset + first] : 0.0);
     }
+    // the bf16 policy's packed expert gradients (model_set_expert_grads OPTG_PACKED, written by a step's first
+    // backward): each routed-expert element the bf16 (nearest even) of the float32 gradient of the same GPU
+    // step above, bit for bit (the same accumulators, rounded), every other tensor the same bits
+    model_set_expert_grads(&mg, OPTG_PACKED);
+    model_zero_grads(&mg);
+    model_forward(&mg, x, y, B, T, dloss, noise_seed);
+    model_backward(&mg, aux, zc);
+    model_grads_settle(&mg);
+    gpu->to_host(g2, mg.grads, P * sizeof(float));
+    size_t pk_bad = 0, pk_n = 0, other_bad = 0;
+    for (int i = 0; i < mc.t.n; i++) {
+        const ParamSpec *s = &mc.t.p[i];
+        int64_t gb;
+        if (model_grad_format(&mg, s, &gb) != OPTG_PACKED) {
+            other_bad += memcmp(g2 + s->loffset, g1 + s->loffset, s->lnumel * sizeof(float)) != 0;
+            continue;
+        }
+        for (size_t j = 0; j < s->lnumel; j++, pk_n++) {
+            uint16_t h;
+            memcpy(&h, (const char *)(g2 + gb) + 2 * (s->loffset + j - (size_t)gb), 2);
+            pk_bad += h != bf16_rn_bits(g1[s->loffset + j]);
+        }
+    }
+    EXPECT(pk_n > 0 && pk_bad == 0, "[%s] packed expert gradients: %zu of %zu are not the bf16 of the float32 step's",
+           label, pk_bad, pk_n);
+    EXPECT(other_bad == 0, "[%s] packed expert gradients: %zu other tensors changed", label, other_bad);
     if (worst > worst_all) worst_all = worst;
     if (e_logits > worst_all) worst_all = e_logits;
     char vs32[160] = "";

@@ -164,6 +164,22 @@ static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, 
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
     free(a); free(b);
 }
+// ops.h GM_DW_BF16 on the device: pk_d (2n floats, NaN before the op) holds in its first 2n bytes the bf16
+// (nearest even) of ref_d's n floats (the same op's GM_DW_WRITE result), and its last n floats are NaN still
+static void cmp_packed_dev(const char *what, const float *pk_d, const float *ref_d, size_t n) {
+    float *pk = dget(pk_d, 2 * n), *ref = dget(ref_d, n);
+    size_t bad = 0, first = n, kept = 1;
+    for (size_t j = 0; j < n; j++) {
+        uint16_t h;
+        memcpy(&h, (const char *)pk + 2 * j, 2);
+        if (h != bf16_rn_bits(ref[j]) && bad++ == 0) first = j;
+        kept &= isnan(pk[n + j]) != 0;
+    }
+    EXPECT(bad == 0, "%s: %zu of %zu packed values are not the bf16 of the float32 write; first [%zu]", what, bad, n,
+           first);
+    EXPECT(kept, "%s: a write past the float32 blocks", what);
+    free(pk); free(ref);
+}
 // the device array a_d against a host reference, bit for bit
 static void cmp_exact_host(const char *what, const float *a_d, const float *ref, size_t n) {
     float *a = dget(a_d, n);
@@ -663,6 +679,11 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     gpu->grouped_swiglu_bwd(d1d, d3d, dwn, dyh, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE);
     snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_WRITE = into zeros G%d K%d O%d", G, O, K);
     cmp_exact_dev(what, dwn, dwz, nw);
+    float *dwp = dnan(2 * nw);   // GM_DW_BF16: the same floats rounded, packed
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwp, dyh, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE | GM_DW_BF16);
+    snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_BF16 = GM_DW_WRITE's rounded G%d K%d O%d", G, O, K);
+    cmp_packed_dev(what, dwp, dwn, nw);
+    gpu->free(dwp);
     // the w1/w3 pair's backward: dinp [+]= dh1 W1 + dh3 W3, dw1, dw3 accumulate; dh1, dh3 hidden rows
     // (values the hidden format holds exactly, so every side reads the same)
     float *ga = hrand(nh, 1.0f), *gb = hrand(nh, 1.0f);
@@ -692,6 +713,13 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
             cmp_exact_dev(what, na, za, nw);
             snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwb) G%d K%d O%d", G, K, O);
             cmp_exact_dev(what, nb, zb, nw);
+            float *pa = dnan(2 * nw), *pb = dnan(2 * nw);
+            gpu->grouped_matmul_bwd2(xz, pa, pb, gad, gbd, xh, w1d, w3d, off, G, K, O, GM_DW_WRITE | GM_DW_BF16);
+            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_BF16 = GM_DW_WRITE's rounded (dwa) G%d K%d O%d", G, K, O);
+            cmp_packed_dev(what, pa, na, nw);
+            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_BF16 = GM_DW_WRITE's rounded (dwb) G%d K%d O%d", G, K, O);
+            cmp_packed_dev(what, pb, nb, nw);
+            gpu->free(pa); gpu->free(pb);
             gpu->free(za); gpu->free(zb); gpu->free(na); gpu->free(nb); gpu->free(xz);
         }
         gpu->free(dxd); gpu->free(dwad); gpu->free(dwbd);
@@ -1204,7 +1232,7 @@ static void test_bf16_shadow(void) {
     // AdamW over the buffer (one run) with the copy registered: the copy must follow the update
     float *g = hrand(nw, 1.0f), *m0 = hrand(nw, 0.1f), *v0 = hnew(nw);
     float *gd = dputf(g, nw), *m = dputf(m0, nw), *v = dputf(v0, nw);
-    OptRun run = {0, 0, (int64_t)nw, 1, 0, 0, 0, 0, 0};
+    OptRun run = {0, 0, (int64_t)nw, 1, 0, 0, 0, 0, 0, OPTG_F32, 0};
     OptRuns *rr = gpu->runs_create(&run, 1);
     gpu->bf16_shadow(wd, nw);
     gpu->adamw_runs(wd, gd, m, v, rr, 1.0f, 0.05f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, OPT_MIXED, 0);
@@ -1266,7 +1294,7 @@ static void test_bf16_params(int prec) {
     OptRun runs[NR];
     for (int r = 0; r < NR; r++)
         runs[r] = (OptRun){(int64_t)cut[r], (int64_t)cut[r], (int64_t)(cut[r + 1] - cut[r]), r % 2, 0,
-                           (int64_t)cut[r] * 3 + 1, 0, 0, 0};
+                           (int64_t)cut[r] * 3 + 1, 0, 0, 0, OPTG_F32, 0};
     float *g = hrand(N, 0.1f), *p = hcopy(w, N);
     uint16_t *m = xmalloc(sizeof(uint16_t) * N), *v = xmalloc(sizeof(uint16_t) * N);
     for (size_t i = 0; i < N; i++) {
@@ -1587,7 +1615,7 @@ static void test_elementwise(size_t n) {
 
 // A run list of one run (0, n) on the gpu: what a single-tensor sumsq / adamw was.
 static OptRuns *one_run(size_t n, int decay) {
-    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0, 0, 0, 0, 0};
+    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0, 0, 0, 0, 0, OPTG_F32, 0};
     return gpu->runs_create(&r, 1);
 }
 
@@ -1718,6 +1746,56 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
 // stochastic roundings, and one that skips a rounding leaves bits below bf16 in p, m or v: caught by
 // the bitwise comparison and by the check that every p, m, v is a bf16 value. Elements outside the runs
 // and g stay unchanged. Also: the cuda backend's bf16 weight copy (bf16_shadow) follows the update.
+// The gradient formats (OptRun gbf, gb; test_runs.h test_gen_formats: float32, bf16 read rounded, packed bf16
+// blocks) on the device: adamw_runs (policy prec) bit for bit the cpu's on the same buffer, sumsq_runs the cpu's
+// within 1e-12 (its own order), and far from the unrounded gradients' sums (so the formats are seen).
+static void test_grad_formats(size_t N, size_t maxlen, int mirror, int shift, int prec) {
+    enum { CAP = 16384 };
+    OptRun *runs = xmalloc(sizeof(OptRun) * CAP);
+    size_t M;
+    int nr = test_gen_runs(&R, runs, CAP, N, maxlen, 3, mirror, &M);
+    test_gen_global(&R, runs, nr);
+    float *gf = hrand(N, 0.1f), *gx = hnew(N), *gr = hnew(N);
+    size_t changed = test_gen_formats(&R, runs, nr, gf, gx, gr, N);
+    size_t es = prec == OPT_MIXED ? 4 : 2;
+    float *p = hrand(N, 1.0f);
+    if (prec != OPT_MIXED) for (size_t i = 0; i < N; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
+    char *m = xcalloc(M + 1, es), *v = xcalloc(M + 1, es);
+    float *base[2];
+    float *pd = dputf_shift(p, N, shift, &base[0]), *gd = dputf_shift(gx, N, shift, &base[1]);
+    void *md = gpu->alloc(es * (M + 1)), *vd = gpu->alloc(es * (M + 1));
+    OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
+    for (int t = 1; t <= 2; t++) {
+        cpu->adamw_runs(p, gx, m, v, hc, 0.5f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, prec, 77);
+        gpu->adamw_runs(pd, gd, md, vd, hg, 0.5f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, prec, 77);
+    }
+    float *pg = dget(pd, N);
+    char *mg = xmalloc(es * (M + 1)), *vg = xmalloc(es * (M + 1));
+    gpu->to_host(mg, md, es * M);
+    gpu->to_host(vg, vd, es * M);
+    char lab[160];
+    snprintf(lab, sizeof lab, "grad formats N=%zu (%d runs, %zu values rounded) mirror %d shift %d prec %d", N, nr,
+             changed, mirror, shift, prec);
+    EXPECT(!memcmp(pg, p, sizeof(float) * N) && !memcmp(mg, m, es * M) && !memcmp(vg, v, es * M),
+           "%s: adamw_runs differs bitwise from the cpu's", lab);
+    double a[3], c[3], u[3];
+    gpu->sumsq_runs(a, 3, gd, hg);
+    cpu->sumsq_runs(c, 3, gx, hc);
+    OptRun *plain = xmalloc(sizeof(OptRun) * CAP);
+    for (int i = 0; i < nr; i++) { plain[i] = runs[i]; plain[i].gbf = OPTG_F32; plain[i].gb = 0; }
+    OptRuns *hp = cpu->runs_create(plain, nr);
+    cpu->sumsq_runs(u, 3, gf, hp);
+    int far = 0;
+    for (int k = 0; k < 3; k++) {
+        EXPECT(fabs(a[k] - c[k]) <= 1e-12 * c[k], "%s: sumsq_runs class %d: %.17g, the cpu's %.17g", lab, k, a[k], c[k]);
+        far |= fabs(u[k] - c[k]) > 1e-9 * c[k];
+    }
+    EXPECT(changed > 0 && far, "%s: the formats change no sum (the test sees nothing)", lab);
+    cpu->runs_free(hc); cpu->runs_free(hp); gpu->runs_free(hg);
+    gpu->free(base[0]); gpu->free(base[1]); gpu->free(md); gpu->free(vd);
+    free(runs); free(plain); free(gf); free(gx); free(gr); free(p); free(m); free(v); free(pg); free(mg); free(vg);
+}
+
 static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, int mirror, int shift, int prec) {
     enum { CAP = 16384 };
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
@@ -1907,6 +1985,10 @@ static void run_suite(const Backend *be, int big) {
     test_adamw_runs_bf16(20000, 3000, 1.0f, 3, 0, 0, OPT_BF16_NEAREST);
     test_adamw_runs_bf16(20000, 3000, 0.5f, 4, 1, 0, OPT_BF16_MOMENTS);
     test_adamw_runs_bf16(3000, 40, 1.0f, 2, 0, 1, OPT_BF16_MOMENTS);   // unaligned buffers
+    test_grad_formats(3000, 40, 0, 0, OPT_BF16_STOCHASTIC);
+    test_grad_formats(200000, 30000, 1, 0, OPT_BF16_STOCHASTIC);   // the 16-byte paths (packed: 8-byte loads)
+    test_grad_formats(20000, 3000, 1, 1, OPT_BF16_NEAREST);        // unaligned buffers: the scalar path
+    test_grad_formats(20000, 3000, 1, 0, OPT_MIXED);
     if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 0, 0);
     if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 1, 0);
     printf("\nbackend %s%s\n%-34s %12s %8s %12s %8s  %s\n", be->name, t_failures == fails0 ? "" : " (FAILURES)", "op",

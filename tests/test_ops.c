@@ -260,6 +260,21 @@ static double gmm_loss(void *p) {
     return dot_d(c->dout, c->out, (size_t)c->N * c->O);
 }
 
+// ops.h GM_DW_BF16's layout: element j of buf's first 2n bytes the bf16 (nearest even) of ref[j]; buf holds
+// 2n floats, and the n floats past the blocks are those of before (the same buffer before the op).
+static void check_packed(const char *what, const float *buf, const float *before, const float *ref, size_t n) {
+    size_t bad = 0, first = n, kept = 0;
+    for (size_t j = 0; j < n; j++) {
+        uint16_t h;
+        memcpy(&h, (const char *)buf + 2 * j, 2);
+        if (h != bf16_rn_bits(ref[j])) { bad++; if (first == n) first = j; }
+    }
+    if (!memcmp(buf + n, before + n, sizeof(float) * n)) kept = 1;
+    EXPECT(bad == 0, "%s: %zu of %zu packed values are not the bf16 of the float32 result; first [%zu]", what, bad,
+           n, first);
+    EXPECT(kept, "%s: a write past the float32 blocks", what);
+}
+
 static void test_grouped_matmul(void) {
     // groups 1 and 4 have 0 rows (one in the middle, one at the end)
     enum { G = 5, K = 6, O = 5 };
@@ -314,6 +329,29 @@ static void test_grouped_matmul(void) {
     be->grouped_matmul_bwd(dx1, dw1, dout, x, w, off, G, K, O, GM_ACC_DINP | GM_DW_WRITE);
     check_overwrite("grouped_matmul_bwd dw (GM_DW_WRITE)", dw1, dw0, nw);
     check_accum("grouped_matmul_bwd dinp (GM_DW_WRITE)", dx1, px, dx0, nx);
+    // GM_DW_BF16: the blocks as bf16 values (nearest even of GM_DW_WRITE's floats) packed from dw, the bytes
+    // past them as they were; dinp as without it. Also through the compositions that pass the flags on
+    // (plain.h: grouped_swiglu_bwd's dw, grouped_matmul_bwd2's second weight)
+    {
+        float *pk = fnew(2 * nw), *pk0 = fnew(2 * nw), *pk2 = fnew(2 * nw);
+        fill_nan(pk, 2 * nw);
+        memcpy(pk0, pk, 2 * nw * sizeof(float));
+        memcpy(dx1, px, nx * sizeof(float));
+        be->grouped_matmul_bwd(dx1, pk, dout, x, w, off, G, K, O, GM_ACC_DINP | GM_DW_WRITE | GM_DW_BF16);
+        check_packed("grouped_matmul_bwd dw (GM_DW_BF16)", pk, pk0, dw0, nw);
+        check_accum("grouped_matmul_bwd dinp (GM_DW_BF16)", dx1, px, dx0, nx);
+        fill_nan(pk, 2 * nw);
+        fill_nan(pk2, 2 * nw);
+        be->grouped_matmul_bwd2(dx1, pk, pk2, dout, dout, x, w, w, off, G, K, O, GM_DW_WRITE | GM_DW_BF16);
+        check_packed("grouped_matmul_bwd2 dwa (GM_DW_BF16)", pk, pk0, dw0, nw);
+        check_packed("grouped_matmul_bwd2 dwb (GM_DW_BF16)", pk2, pk0, dw0, nw);
+        float *h = fnew(nx), *d1 = fnew(nx), *d3 = fnew(nx);
+        fill_normal(h, nx, 1);
+        fill_nan(pk, 2 * nw);
+        be->grouped_swiglu_bwd(d1, d3, pk, dout, x, h, h, w, off, G, K, O, GM_DW_WRITE | GM_DW_BF16);
+        check_packed("grouped_swiglu_bwd dw (GM_DW_BF16)", pk, pk0, dw0, nw);
+        free(pk); free(pk0); free(pk2); free(h); free(d1); free(d3);
+    }
     const int64_t none[G + 1] = {0};
     float *zw = fnew(nw);
     fill_nan(dw1, nw);
@@ -1154,7 +1192,7 @@ static void test_cross_entropy(void) {
 // ---------------------------------------------------------------- sumsq, adamw of one tensor
 // A run list of one run (0, n): what a single-tensor sumsq / adamw was.
 static OptRuns *one_run(size_t n, int decay) {
-    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0, 0, 0, 0, 0};
+    OptRun r = {0, 0, (int64_t)n, (int32_t)decay, 0, 0, 0, 0, 0, OPTG_F32, 0};
     return be->runs_create(&r, 1);
 }
 
@@ -1262,14 +1300,14 @@ static double sr_mean(float x, int prec, int over_t, int n, int *others, float l
     double sum = 0;
     *others = 0;
     if (!over_t) {
-        OptRun r = {0, 0, n, 0, 0, 12345, 0, 0, 0};
+        OptRun r = {0, 0, n, 0, 0, 12345, 0, 0, 0, OPTG_F32, 0};
         OptRuns *h = be->runs_create(&r, 1);
         for (int i = 0; i < n; i++) p[i] = x;
         be->adamw_runs(p, g, m, v, h, 1.0f, 0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 3, prec, 42);
         for (int i = 0; i < n; i++) { sum += p[i]; *others += p[i] != lo && p[i] != hi; }
         be->runs_free(h);
     } else {
-        OptRun r = {0, 0, 1, 0, 0, 777, 0, 0, 0};
+        OptRun r = {0, 0, 1, 0, 0, 777, 0, 0, 0, OPTG_F32, 0};
         OptRuns *h = be->runs_create(&r, 1);
         for (int t = 1; t <= n; t++) {
             p[0] = x;
@@ -1400,6 +1438,50 @@ static void test_adamw_runs_bf16(size_t N, int maxlen, float gscale, int t, int 
     EXPECT(dm == 0, "%s: %zu moments differ from the reference", lab, dm);
     check_exact("adamw_runs bf16 leaves g unchanged", g, g0, N);
     free(p); free(g); free(pr); free(mf); free(vf); free(m); free(v); free(mr); free(vr); free(g0);
+}
+
+// The gradient formats (OptRun gbf: float32, bf16 read rounded, bf16 packed; test_gen_formats): sumsq_runs and
+// adamw_runs (policy prec) on the formatted buffer give, bit for bit, what they give on the rounded values
+// read as float32 (and sumsq differs from the unrounded gradients', so the rounding is seen); g unchanged.
+static void test_grad_formats(size_t N, int maxlen, int prec) {
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    OptRun runs[4096], plain[4096];
+    size_t M;
+    int nr = test_gen_runs(&R, runs, 4096, N, (size_t)maxlen, 3, 0, &M);
+    test_gen_global(&R, runs, nr);
+    float *gf = fnew(N), *gx = fnew(N), *gr = fnew(N), *g0 = fnew(N);
+    fill_normal(gf, N, 0.1f);
+    size_t changed = test_gen_formats(&R, runs, nr, gf, gx, gr, N);
+    memcpy(g0, gx, sizeof(float) * N);
+    for (int i = 0; i < nr; i++) { plain[i] = runs[i]; plain[i].gbf = OPTG_F32; plain[i].gb = 0; }
+    OptRuns *h = be->runs_create(runs, nr), *hp = be->runs_create(plain, nr);
+    double a[3], b[3], c[3];
+    be->sumsq_runs(a, 3, gx, h);
+    be->sumsq_runs(b, 3, gr, hp);
+    be->sumsq_runs(c, 3, gf, hp);
+    char lab[128];
+    snprintf(lab, sizeof lab, "grad formats N=%zu, %d runs (%zu elements rounded)", N, nr, changed);
+    EXPECT(changed > 0, "%s: no element changed by its rounding (the test sees nothing)", lab);
+    EXPECT(!memcmp(a, b, sizeof a), "%s: sumsq_runs %.17g %.17g %.17g, on the rounded float32 %.17g %.17g %.17g", lab,
+           a[0], a[1], a[2], b[0], b[1], b[2]);
+    EXPECT(memcmp(a, c, sizeof a), "%s: sumsq_runs the same as the unrounded gradients' (formats ignored?)", lab);
+    size_t es = prec == OPT_MIXED ? 4 : 2;
+    float *p1 = fnew(N), *p2 = fnew(N);
+    void *m1 = calloc(M + 1, es), *v1 = calloc(M + 1, es), *m2 = calloc(M + 1, es), *v2 = calloc(M + 1, es);
+    fill_normal(p1, N, 1);
+    if (prec != OPT_MIXED) for (size_t i = 0; i < N; i++) p1[i] = bf16_to_f32(bf16_rn_bits(p1[i]));
+    memcpy(p2, p1, sizeof(float) * N);
+    for (int t = 1; t <= 2; t++) {
+        be->adamw_runs(p1, gx, m1, v1, h, 0.37f, lr, b1, b2, eps, wd, t, prec, 7);
+        be->adamw_runs(p2, gr, m2, v2, hp, 0.37f, lr, b1, b2, eps, wd, t, prec, 7);
+    }
+    snprintf(lab + strlen(lab), sizeof lab - strlen(lab), ", adamw prec %d", prec);
+    check_exact(lab, p1, p2, N);
+    EXPECT(!memcmp(m1, m2, es * M) && !memcmp(v1, v2, es * M), "%s: the moments differ", lab);
+    EXPECT(!memcmp(gx, g0, sizeof(float) * N), "%s: g changed", lab);
+    be->runs_free(h);
+    be->runs_free(hp);
+    free(gf); free(gx); free(gr); free(g0); free(p1); free(p2); free(m1); free(v1); free(m2); free(v2);
 }
 
 static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
@@ -1565,5 +1647,8 @@ int main(void) {
     test_adamw_runs_bf16(20000, 5000, 1.0f, 5, OPT_BF16_STOCHASTIC);
     test_adamw_runs_bf16(3000, 200, 1.0f, 2, OPT_BF16_NEAREST);
     test_adamw_runs_bf16(3000, 200, 0.5f, 3, OPT_BF16_MOMENTS);
+    test_grad_formats(3000, 200, OPT_BF16_STOCHASTIC);
+    test_grad_formats(20000, 5000, OPT_BF16_NEAREST);
+    test_grad_formats(3000, 200, OPT_MIXED);
     return test_done("test_ops");
 }

@@ -56,6 +56,22 @@ if "$CKPT_DIFF" --bf16 X/$S6 > "$TMP/.c"; then fail "a --precision mixed run's w
 else pass "a mixed run's weights are not bf16 values ($(cat "$TMP/.c"))"; fi
 grep -q '"precision"' X/$S6/state.json && fail "a mixed checkpoint's state.json names a precision (it must stay as before)"
 
+# ---- --bf16-grads (default 1): the routed experts' gradients bf16 values, in one process written packed (ops.h
+# GM_DW_BF16); 0 keeps them float32. Step 1's loss is before any update (the same); its gradient norm is over the
+# rounded gradients (another sum, close to the float32 one's: the roundings' errors are unbiased); and the
+# weights trained differ. (The mesh runs below, which read the float32 sums rounded, OPTG_BF16, match this
+# process's packed ones.)
+run_ok "bf16 --bf16-grads 0 run" "$MOE" train "${BASE[@]}" --precision bf16 --bf16-grads 0 --out G0 < /dev/null
+check "bf16-grads: step 1's loss the same with float32 gradients" \
+  test "$(field loss G0/metrics.jsonl | head -1)" = "$(field loss A/metrics.jsonl | head -1)"
+field grad_norm G0/metrics.jsonl | head -1 > .g0; field grad_norm A/metrics.jsonl | head -1 > .g1
+r=$(maxrel .g0 .g1)
+if cmp -s .g0 .g1; then fail "bf16-grads: step 1's gradient norm is float32 gradients' bit for bit (not rounded?)"
+elif fcmp "$r" "<=" 1e-3; then pass "bf16-grads: step 1's gradient norm of the rounded gradients within $r of float32's"
+else fail "bf16-grads: step 1's gradient norm differs by $r relative from float32's (want a rounding's worth)"; fi
+if "$CKPT_DIFF" --changed A/$S6 G0/$S6 0.0001 > "$TMP/.c"; then fail "bf16-grads 0 trains the same weights as 1: $(cat "$TMP/.c")"
+else pass "bf16-grads 0 and 1 train different weights ($(cat "$TMP/.c"))"; fi
+
 # ---- --bf16-rounding none: bf16 moments, the weights left float32 (so step 1 is mixed's, bit for bit)
 run_ok "bf16 none run" "$MOE" train "${BASE[@]}" --precision bf16 --bf16-rounding none --out NR < /dev/null
 "$CKPT_DIFF" --bf16 NR/$S6 > "$TMP/.c"

@@ -1,6 +1,8 @@
 // test_runs.h — for the optimizer tests (test_ops.c, test_cuda_ops.c): a random multi-tensor run
 // list (ops.h OptRun) as the optimizer builds one. Must not hold: the tests themselves.
 #pragma once
+#include <math.h>
+#include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
 #include "ops/ops.h"
@@ -20,7 +22,7 @@ static inline int test_gen_runs(Rng *R, OptRun *r, int cap, size_t N, size_t max
         if (k % 3 != 0) {
             CHECK(n < cap, "test_gen_runs: more than %d runs", cap);
             r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(R, 2), (int32_t)rng_below(R, (uint32_t)ncls),
-                              (int64_t)o, 0, 0, 0};
+                              (int64_t)o, 0, 0, 0, OPTG_F32, 0};
         }
         o += len;
     }
@@ -45,4 +47,54 @@ static inline void test_gen_global(Rng *R, OptRun *r, int n) {
         r[i].gcols = r[i].lcols * (1 + (int64_t)rng_below(R, 4)) + (int64_t)rng_below(R, 3);
         r[i].col0 = (int32_t)rng_below(R, (uint32_t)r[i].lcols);
     }
+}
+
+// The gradient formats of the bf16 policy (OptRun gbf, gb) at random over the runs r[0..n) of [0, N): in
+// offset order each run float32, bf16 (read rounded) or packed, consecutive packed runs sharing a block
+// (gb its first element; nothing but packed runs inside a block's range, as the model's per-layer blocks).
+// From the float32 gradients gf: gx, what the ops read (gf, with each packed block's range poisoned (NaN)
+// and then its bf16 values packed from gb: the float32 reading of a packed element gives NaN or a wrong
+// value), and gr, what they must see (gf with every bf16 and packed run's elements rounded to bf16,
+// nearest even). Returns the number of elements whose rounding changed them.
+static inline size_t test_gen_formats(Rng *R, OptRun *r, int n, const float *gf, float *gx, float *gr, size_t N) {
+    int *ord = xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    for (int i = 0; i < n; i++) ord[i] = i;
+    for (int i = 1; i < n; i++)   // insertion sort by offset (runs are disjoint)
+        for (int j = i; j > 0 && r[ord[j]].off < r[ord[j - 1]].off; j--) { int t = ord[j]; ord[j] = ord[j - 1]; ord[j - 1] = t; }
+    memcpy(gx, gf, sizeof(float) * N);
+    memcpy(gr, gf, sizeof(float) * N);
+    int64_t gb = -1;
+    size_t changed = 0;
+    for (int k = 0; k < n; k++) {
+        OptRun *u = &r[ord[k]];
+        u->gbf = (int32_t)rng_below(R, 3);
+        u->gb = 0;
+        if (!u->n) { u->gbf = OPTG_F32; continue; }   // (an empty run reads nothing; it may share an offset)
+        if (u->gbf == OPTG_PACKED) {
+            if (gb < 0 || rng_below(R, 2)) gb = u->off;   // a new block, or the open one goes on
+            u->gb = gb;
+        } else {
+            gb = -1;
+        }
+        for (int64_t i = 0; i < u->n; i++) {
+            float b = u->gbf == OPTG_F32 ? gf[u->off + i] : bf16_to_f32(bf16_rn_bits(gf[u->off + i]));
+            changed += f32_bits(b) != f32_bits(gf[u->off + i]);
+            gr[u->off + i] = b;
+        }
+    }
+    // each block: [gb, end of its last run) poisoned, then packed (from gf: the packed half overlaps it)
+    for (int k = 0; k < n;) {
+        const OptRun *u = &r[ord[k]];
+        if (u->gbf != OPTG_PACKED) { k++; continue; }
+        int64_t b0 = u->gb, e = u->off + u->n;
+        while (++k < n && r[ord[k]].gbf == OPTG_PACKED && r[ord[k]].gb == b0)
+            e = r[ord[k]].off + r[ord[k]].n;
+        for (int64_t i = b0; i < e; i++) gx[i] = NAN;
+        for (int64_t i = b0; i < e; i++) {
+            uint16_t h = bf16_rn_bits(gf[i]);
+            memcpy((char *)(gx + b0) + 2 * (i - b0), &h, 2);
+        }
+    }
+    free(ord);
+    return changed;
 }

@@ -190,12 +190,17 @@ static const Opt opts[] = {
      "auto modes: re-measure a layer when its load (busiest expert / mean) moves by this fraction"},
     {"precision", O_PRECISION, TO(precision), C_TRAIN | C_INFO,
      "mixed: float32 weights and AdamW moments (bf16 GEMM operands on --device cuda); bf16: AdamW moments "
-     "stored in bf16 (half their memory) and every weight rounded to a bf16 value after each update (still "
-     "held in the float32 buffer); checkpoints stay float32"},
+     "stored in bf16 (half their memory), every weight rounded to a bf16 value after each update (on cuda "
+     "the GEMMs' weights kept in bf16 alone, in one process) and the experts' gradients in bf16 "
+     "(--bf16-grads); checkpoints stay float32"},
     {"bf16-rounding", O_ROUNDING, TO(bf16_rounding), C_TRAIN,
      "--precision bf16: how each updated weight is rounded to bf16: stochastic (unbiased, seeded by --seed: "
      "reproducible), nearest (round to nearest even), or none (the weights stay float32: only the moments are "
      "bf16)"},
+    {"bf16-grads", O_INT, TO(bf16_grads), C_TRAIN,
+     "--precision bf16: 1: the routed experts' weight gradients are bf16 values (rounded to nearest even once "
+     "summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in bf16: half their "
+     "bytes written and read); 0: float32"},
     {"grad-memory", O_GRADMEM, TO(grad_memory), C_TRAIN | C_INFO,
      "shared: with --grad-accum 1 and no --pp, each layer's expert gradients are written into the memory of the "
      "next layer's activations (the last layer's: the logits), which its backward has read for the last time "
@@ -803,7 +808,7 @@ static void agree_options(State *s, const Comm *world) {
 static const char *const REMEMBERED[] = {"data", "val-data", "val-frac", "seq-len", "batch", "grad-accum", "steps",
     "lr", "min-lr-frac", "warmup", "weight-decay", "beta1", "beta2", "adam-eps", "grad-clip", "seed", "eval-every",
     "eval-batches", "save-every", "keep", "keep-best", "dropout", "sample-tokens", "plots", "precision",
-    "bf16-rounding"};
+    "bf16-rounding", "bf16-grads"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++) if (!strcmp(name, REMEMBERED[k])) return 1;
@@ -958,6 +963,8 @@ int main(int argc, char **argv) {
     if (!overrides) overrides = cJSON_CreateObject();
     if (opt_set(&s, "bf16-rounding") && s.train.precision != PREC_BF16)   // (after --resume took the run's precision)
         DIE("--bf16-rounding rounds the weights of --precision bf16; this run's precision is mixed");
+    if (opt_set(&s, "bf16-grads") && s.train.precision != PREC_BF16)
+        DIE("--bf16-grads sets the gradients of --precision bf16; this run's precision is mixed");
     agree_options(&s, world);
     if (s.cli.init_from[0]) init_from_prepare(&s, world);
     char *record = record_build(&s, prev, overrides, targc, targv);

@@ -391,6 +391,23 @@ void model_share_grads(Model *m, int on) {
     model_use(m, 0, 0);
 }
 
+void model_set_expert_grads(Model *m, int gbf) {
+    CHECK(gbf == OPTG_F32 || gbf == OPTG_BF16 || gbf == OPTG_PACKED, "model_set_expert_grads: format %d", gbf);
+    m->expert_gbf = gbf;
+}
+
+int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb) {
+    *gb = 0;
+    int routed = s->expert >= 0 && (s->role == PR_W1 || s->role == PR_W3 || s->role == PR_W2);
+    if (!routed || m->expert_gbf == OPTG_F32) return OPTG_F32;
+    if (m->expert_gbf == OPTG_PACKED) {
+        int i = params_index(&m->t, s->role, s->layer, m->e0);
+        CHECK(i >= 0, "model_grad_format: layer %d holds no expert %d", s->layer, m->e0);
+        *gb = (int64_t)m->t.p[i].loffset;
+    }
+    return m->expert_gbf;
+}
+
 int model_bf16_weights(Model *m) {
     if (!m->be->alloc_bf16_params) return 0;
     size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(m->c.n_layers));
@@ -862,6 +879,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.sh_w2 = w.sh_w1 ? P(m, g, PR_SH_W2, l, -1) : NULL;
         gw.sh_gate = w.sh_gate ? P(m, g, PR_SH_GATE, l, -1) : NULL;
         gw.fresh = m->dw_fresh ? m->dw_fresh[l] & DW_FRESH_EXPERTS : 0;   // (moe clears it at its first expert write)
+        gw.packed = m->expert_gbf == OPTG_PACKED;
         int n = a->nrun;
         // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
         if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)

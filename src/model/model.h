@@ -125,6 +125,7 @@ typedef struct {
     int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int *ampipe;                   // (L) each layer's AMPipe chunks in training forwards (1 = none)
     int share_grads;               // model_share_grads
+    int expert_gbf;                // model_set_expert_grads (ops.h OPTG_*)
     int recompute;                 // RECOMPUTE_* bits (model_set_recompute)
     MoeRecompute rc;               // --recompute moe: every layer's experts' SwiGLU rows, shared
     void *att_rc;                  // --recompute attn: every layer's attention output (hidden format) and lse,
@@ -150,6 +151,16 @@ void model_set_slots(Model *m, int chunk, int n);
 // (the norm, the update). The same bits as separate memory; less memory by about a layer's expert
 // gradients per layer. Set before forwards (it allocates the slot again).
 void model_share_grads(Model *m, int on);
+// The format of the routed experts' weight gradients (the bf16 policy's: ops.h OptRun gbf): OPTG_F32 (as
+// model_init leaves it), OPTG_BF16 (float32 memory, read rounded to bf16 by the optimizer: a caller whose
+// gradients are summed over ranks first) or OPTG_PACKED (each layer's backward writes them as bf16, ops.h
+// GM_DW_BF16, packed from each weight kind's first expert of the layer: half the bytes written and read).
+// OPTG_PACKED needs every expert gradient written once a step (one micro-batch, one chunk: moe refuses
+// an accumulation), nothing reducing them, and readers that follow model_grad_format. Set before the
+// optimizer's runs are built (dist_attach).
+void model_set_expert_grads(Model *m, int gbf);
+// The format of tensor s's gradient (OptRun gbf) and, where packed, the element its block starts at (*gb).
+int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb);
 // The bf16 policy's weight storage (ops.h alloc_bf16_params): the weights that only bf16 GEMMs read (the
 // routed experts', the attention projections' and the LM head's: params.h params_bf16_ranges) live in the
 // backend's bf16 copy alone, without float32 memory (4 bytes a parameter

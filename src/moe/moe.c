@@ -479,6 +479,13 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
     moe_backward_finish(m, s, dx, x, w, g, c, aux_scale, z_scale);
 }
 
+int moe_dw_flags(const MoeGrads *g, int first) {
+    int w = first && g->fresh;
+    CHECK(w || !g->packed, "moe: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
+          "needs each written once a step: one micro-batch, one chunk)");
+    return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) : 0;
+}
+
 void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w, MoeGrads *g,
                          const ModelConfig *c, float aux_scale, float z_scale) {
     const Backend *be = m->be;
@@ -509,7 +516,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         // first write of each buffer overwrites every row it holds (flags without GM_ACC_DINP); dxg = dh1 W1 + dh3 W3
         // in one call (grouped_matmul_bwd2). The weight gradients accumulate, or are written where they
         // hold nothing yet this step (g->fresh: ops.h GM_DW_WRITE).
-        int dwf = gu->fresh ? GM_DW_WRITE : 0;
+        int dwf = moe_dw_flags(gu, 1);
         be->grouped_swiglu_bwd(s->dh1, s->dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu, d, dwf);
         be->grouped_matmul_bwd2(s->dxg, gu->w1, gu->w3, s->dh1, s->dh3, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu,
                                 dwf);

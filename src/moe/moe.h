@@ -43,8 +43,12 @@ typedef struct {
     const float *route_bias;  // (E) balance aux-free: added to the probabilities for the top-k choice (else NULL)
 } MoeWeights;
 // fresh: w1, w3, w2 hold no gradient yet this step (not even zeros): the layer's first expert backward
-// writes them (ops.h GM_DW_WRITE) and clears fresh; 0: it adds into them.
-typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; int fresh; } MoeGrads;
+// writes them (ops.h GM_DW_WRITE) and clears fresh; 0: it adds into them. packed: that write is in bf16
+// (ops.h GM_DW_BF16: model_set_expert_grads OPTG_PACKED), and an accumulation into them dies.
+typedef struct { float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate; int fresh, packed; } MoeGrads;
+// The flags of the experts' weight-gradient writes into g (GM_DW_WRITE / GM_DW_BF16 while fresh), first: the
+// first expert backward of the step into them (else an accumulation).
+int moe_dw_flags(const MoeGrads *g, int first);
 
 // Activation recomputation (--recompute moe): the experts' SwiGLU rows (h1, h3, act: the largest
 // activations, 3 f values per routed token, in the backend's hidden format) are not kept per layer.

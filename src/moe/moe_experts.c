@@ -191,6 +191,7 @@ void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads 
     size_t n13 = (size_t)El * f, n2 = (size_t)El * d * S, ws = (size_t)El * fl * d;
     size_t *cnt = xmalloc(sizeof(size_t) * S);
     for (int p = 0; p < S; p++) cnt[p] = ws;
+    CHECK(!g->packed, "moe: the gathered expert mode's gradients are summed over ETP: not packed in bf16");
     const float *whole[3] = {gf->w1, gf->w3, gf->w2};
     float *mine[3] = {g->w1, g->w3, g->w2};
     for (int t = 0; t < 3; t++) {
@@ -283,7 +284,7 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         void *dh1 = hid_at(be, s->dh1, g * fl), *dh3 = hid_at(be, s->dh3, g * fl);
         exchange_dispatch_finish(&m->xc[i], hid_at(be, s->dysc, m->cstart[i] * d), dyg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d));
-        int dwf = i == 0 && gw->fresh ? GM_DW_WRITE : 0;   // the first chunk writes unwritten gradients
+        int dwf = moe_dw_flags(gw, i == 0);   // the first chunk writes unwritten gradients
         be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
                                hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d, dwf);
         be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, hid_at(be, m->xg, g * d), w->w1, w->w3, m->xc[i].off,

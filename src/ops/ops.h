@@ -30,7 +30,11 @@ typedef struct Backend Backend;
 // Where the run lies in a column block of a tensor (TP/ETP column splits) its elements are not
 // consecutive globally: lcols (> 0) is the local row length, gcols the global one, col0 the column of
 // the run's first element in its local row, gidx that element's global index. lcols = 0: gidx + i.
-typedef struct { int64_t off, moff, n; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0; } OptRun;
+// gbf, the gradient's format (the bf16 policy's routed-expert gradients: optrun_g): OPTG_F32 (0) float32 as
+// stored; OPTG_BF16 float32 storage read rounded to bf16 (nearest even); OPTG_PACKED bf16 values packed from
+// element gb of the buffer (written so by the grouped ops' GM_DW_BF16): element e at ((uint16_t *)(g + gb))[e - gb].
+typedef struct { int64_t off, moff, n; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0, gbf; int64_t gb; } OptRun;
+enum { OPTG_F32 = 0, OPTG_BF16 = 1, OPTG_PACKED = 2 };
 static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lcols, int32_t col0, int64_t i) {
     if (lcols <= 0) return gidx + i;
     int64_t c = col0 + i;
@@ -49,8 +53,12 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 
 // The `flags` of the backward ops (grouped_matmul_bwd, grouped_matmul_bwd2, grouped_swiglu_bwd, matmul_bwd,
 // matmul_bwd_multi): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
-// blocks (every group's, zeros where a group has no rows) instead of adding into them.
-enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2 };
+// blocks (every group's, zeros where a group has no rows) instead of adding into them. GM_DW_BF16 (grouped ops,
+// with GM_DW_WRITE only): those blocks written as bf16 values packed from dw (each float32 result rounded to
+// nearest even; block g's element j at ((uint16_t *)dw)[g O K + j]; the rest of the float32 blocks' bytes are
+// scratch, nothing past them is written):
+// half the bytes of a float32 gradient, read back through OptRun's OPTG_PACKED.
+enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4 };
 
 // attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
 enum { ATT_ADD_DQ = 1, ATT_ADD_DKV = 2 };
@@ -75,6 +83,11 @@ static inline MOE_HD uint16_t bf16_sr_bits(float x, uint32_t r16) {
     return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
 }
 static inline MOE_HD float bf16_to_f32(uint16_t b) { return f32_of_bits((uint32_t)b << 16); }
+// Element i (0-based in the run) of run u's gradient, by its format (OptRun.gbf): g is the whole flat buffer.
+static inline MOE_HD float optrun_g(const float *g, int32_t gbf, int64_t gb, int64_t off, int64_t i) {
+    if (gbf == OPTG_PACKED) return bf16_to_f32(((const uint16_t *)(g + gb))[off + i - gb]);
+    return gbf == OPTG_BF16 ? bf16_to_f32(bf16_rn_bits(g[off + i])) : g[off + i];
+}
 // The random bits of stochastic rounding for the element of global index gi at step t, counter-based (no
 // RNG state), so any backend and any mesh draws the same: bf16_sr_key(seed, t) once per step (the dropout
 // hash's splitmix64 mix, other constants), then per element one 32-bit mix of gi with that key (a
@@ -386,14 +399,14 @@ struct Backend {
     // and AdamW. runs_create copies `n` host runs (runs of n = 0 allowed); runs_free releases the copy.
     OptRuns *(*runs_create)(const OptRun *runs, int n);
     void (*runs_free)(OptRuns *r);
-    // out (HOST, ncls doubles; overwritten) [c] = sum over the runs of class c of sum x[off..off+n)^2,
-    // in double. The cpu sums each run in chunks of 2^14 elements (each in order, then the chunks'
+    // out (HOST, ncls doubles; overwritten) [c] = sum over the runs of class c of sum x[off..off+n)^2
+    // (each element as its run's gbf reads it: optrun_g), in double. The cpu sums each run in chunks of 2^14 elements (each in order, then the chunks'
     // sums in order) and adds the runs in list order; other backends sum in a fixed order of their own
     // (same inputs, same bits), with one device-to-host copy per call.
     void (*sumsq_runs)(double *out, int ncls, const float *x, const OptRuns *r);
     // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
     // where decay is set, else 0; bias-corrected at step t (1-based). Each element is adamw_f32 above with
-    // adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed) (g is read only).
+    // adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed) (g is read only, as optrun_g reads it).
     // prec (OPT_* above): OPT_MIXED, m and v are float32; OPT_BF16_*: they are bf16 (uint16_t), read to
     // float32, stored rounded to nearest even, and each new weight is rounded to bf16 (bf16_round_weight
     // with the element's global index, optrun_gidx); OPT_BF16_MOMENTS: not. The float32 arithmetic is the

@@ -37,8 +37,13 @@ static int norm_class(const ParamSpec *s) { return s->expert >= 0 ? 2 : s->split
 typedef struct { OptRun *r; int n, cap; } RunList;
 static OptRun *run_add(RunList *l, size_t off, size_t moff, size_t n, int decay, int cls) {
     if (l->n == l->cap) { l->cap = l->cap ? 2 * l->cap : 64; l->r = xrealloc(l->r, sizeof(OptRun) * l->cap); }
-    l->r[l->n] = (OptRun){(int64_t)off, (int64_t)moff, (int64_t)n, decay, cls, 0, 0, 0, 0};
+    l->r[l->n] = (OptRun){(int64_t)off, (int64_t)moff, (int64_t)n, decay, cls, 0, 0, 0, 0, OPTG_F32, 0};
     return &l->r[l->n++];
+}
+// The format the run's gradient is read in (the model's: OptRun gbf, gb), for a run inside tensor s.
+static OptRun *run_format(OptRun *r, const Model *m, const ParamSpec *s) {
+    r->gbf = model_grad_format(m, s, &r->gb);
+    return r;
 }
 
 // Where the run starting at local element a of tensor s lies in the full model (OptRun's gidx, gcols,
@@ -60,12 +65,13 @@ static void run_global(OptRun *r, const ParamSpec *s, size_t a) {
 
 // The AdamW runs of bucket b: the pieces of its tensors inside the part this rank updates, in table
 // order; moments at b->moff + (offset - start of that part).
-static void bucket_runs(const GradBucket *b, const ParamTable *tb, RunList *l) {
+static void bucket_runs(const GradBucket *b, const Model *m, RunList *l) {
+    const ParamTable *tb = &m->t;
     size_t lo = b->off + b->s0, hi = b->off + b->s1;
     for (int i = 0; i < tb->n; i++) {
         const ParamSpec *s = &tb->p[i];
         size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
-        if (a < e) run_global(run_add(l, a, b->moff + (a - lo), e - a, s->decay, 0), s, a);
+        if (a < e) run_global(run_format(run_add(l, a, b->moff + (a - lo), e - a, s->decay, 0), m, s), s, a);
     }
 }
 
@@ -77,12 +83,12 @@ static void build_runs(Dist *d, Model *m) {
     const Backend *be = m->be;
     RunList l = {0};
     if (!d->zero) {
-        for (int k = 0; k < d->nb; k++) bucket_runs(&d->b[k], t, &l);
+        for (int k = 0; k < d->nb; k++) bucket_runs(&d->b[k], m, &l);
         d->opt_all = be->runs_create(l.r, l.n);
     } else {
         for (int k = 0; k < d->nb; k++) {
             l.n = 0;
-            bucket_runs(&d->b[k], t, &l);
+            bucket_runs(&d->b[k], m, &l);
             d->b[k].opt = be->runs_create(l.r, l.n);
         }
     }
@@ -90,13 +96,13 @@ static void build_runs(Dist *d, Model *m) {
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
         if (!s->lnumel) continue;
-        if (d->zero != 2) { run_add(&l, s->loffset, 0, s->lnumel, 0, norm_class(s)); continue; }
+        if (d->zero != 2) { run_format(run_add(&l, s->loffset, 0, s->lnumel, 0, norm_class(s)), m, s); continue; }
         // ZeRO-2: only my shard of each bucket holds reduced values; class = group * 3 + norm class
         for (int k = 0; k < d->nb; k++) {
             const GradBucket *b = &d->b[k];
             size_t lo = b->off + b->s0, hi = b->off + b->s1;
             size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
-            if (a < e) run_add(&l, a, 0, e - a, 0, (int)b->g * 3 + norm_class(s));
+            if (a < e) run_format(run_add(&l, a, 0, e - a, 0, (int)b->g * 3 + norm_class(s)), m, s);
         }
     }
     d->norm_ncls = d->zero == 2 ? 9 : 3;

@@ -33,6 +33,7 @@ void train_options_default(TrainOptions *o) {
     o->bucket_mb = 25.0f;
     o->a2a_overlap = 1;
     o->ampipe = 1;
+    o->bf16_grads = 1;
     o->a2a_retune = 0.25f;
     o->a2a_hier = -1;
     o->expert_mode = 0;
@@ -72,6 +73,7 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (!(o->bucket_mb > 0 && o->bucket_mb <= 1048576)) BAD("--bucket-mb must be in (0, 1048576] (got %g)", o->bucket_mb);
     if (o->a2a_overlap != 0 && o->a2a_overlap != 1 && o->a2a_overlap != 2 && o->a2a_overlap != 4 && o->a2a_overlap != 8)
         BAD("--a2a-overlap must be auto, 1, 2, 4 or 8 (got %d)", o->a2a_overlap);
+    if (o->bf16_grads != 0 && o->bf16_grads != 1) BAD("--bf16-grads must be 0 or 1 (got %d)", o->bf16_grads);
     if (o->ampipe != 0 && o->ampipe != 1 && o->ampipe != 2 && o->ampipe != 4 && o->ampipe != 8)
         BAD("--ampipe must be auto, 1, 2, 4 or 8 (got %d)", o->ampipe);
     if (o->upcycle < 0 || o->upcycle == 1 || o->upcycle > 1 << 16)

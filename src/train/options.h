@@ -47,6 +47,7 @@ typedef struct {
     int grad_memory;        // GRADMEM_SHARED: with --grad-accum 1 and no --pp, the expert gradients share memory
                             // with the next layer's activations (model.h model_share_grads); GRADMEM_SEPARATE
     int bf16_rounding;      // PREC_BF16's weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST or ROUND_NONE
+    int bf16_grads;         // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
     float a2a_retune;       // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
     char data[1024];        // "" = embedded synthetic corpus
@@ -68,6 +69,16 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c);
 // The trainer's choice and moe info's memory line both ask this.
 static inline int train_bf16_weights_alone(const TrainOptions *o, int meshed) {
     return !meshed && o->precision == PREC_BF16 && o->bf16_rounding != ROUND_NONE;
+}
+
+// The format of the routed experts' weight gradients (model.h model_set_expert_grads; ops.h OPTG_*):
+// float32 (OPTG_F32, 0) but under --precision bf16 with --bf16-grads 1, where they are bf16 values, rounded
+// to nearest even once they are whole: written so by the GEMMs and stored packed (OPTG_PACKED, 2) where
+// each is written once a step and nothing sums them (one process, one micro-batch, one chunk, no ZeRO),
+// else float32 memory read rounded by the optimizer (OPTG_BF16, 1: after the sum over ranks).
+static inline int train_expert_grads(const TrainOptions *o, int meshed) {
+    if (o->precision != PREC_BF16 || !o->bf16_grads) return 0;
+    return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? 2 : 1;
 }
 
 // Learning rate at step (0-based): linear warmup to lr, then cosine to lr * min_lr_frac.

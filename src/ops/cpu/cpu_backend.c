@@ -56,12 +56,25 @@ static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w,
     }
 }
 
+// flags as mm_bwd's, and GM_DW_BF16 (ops.h): the float32 blocks then packed into bf16 in place, in
+// ascending order (element j's two bytes land at or below float j's, which is read before)
 static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                    const int64_t *off, int G, int K, int O, int flags) {
+    CHECK(!(flags & GM_DW_BF16) || (flags & GM_DW_WRITE), "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE "
+          "(bf16 weight gradients are written once, never accumulated)");
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         mm_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
-               w + (size_t)g * O * K, (int)n, K, O, flags);
+               w + (size_t)g * O * K, (int)n, K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
+    }
+    if (dw && (flags & GM_DW_BF16) && G > 0 && K > 0 && O > 0) {
+        char *b = (char *)dw;   // (byte copies: the two views of one buffer)
+        for (size_t j = 0, n = (size_t)G * O * K; j < n; j++) {
+            float x;
+            memcpy(&x, b + 4 * j, 4);
+            uint16_t h = bf16_rn_bits(x);
+            memcpy(b + 2 * j, &h, 2);
+        }
     }
 }
 

@@ -374,15 +374,24 @@ void cpu_add(float *out, const float *a, const float *b, size_t n) {
 
 // The sum of squares of one run: fixed chunks summed in order, so the result does not depend on the
 // thread count.
-static double sumsq(const float *x, size_t n) {
+// The sum of squares of run u's gradient (g: the whole flat buffer), each element as u's format reads it.
+static double sumsq(const float *g, const OptRun *u) {
     enum { CHUNK = 1 << 14 };
-    size_t nc = (n + CHUNK - 1) / CHUNK;
-    double *part = malloc(sizeof(double) * (nc ? nc : 1));
+    size_t n = (size_t)u->n, nc = (n + CHUNK - 1) / CHUNK;
+    double *part = xmalloc(sizeof(double) * (nc ? nc : 1));
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < nc; c++) {
         double s = 0;
         size_t e = (c + 1) * CHUNK < n ? (c + 1) * CHUNK : n;
-        for (size_t i = c * CHUNK; i < e; i++) s += (double)x[i] * x[i];
+        if (u->gbf == OPTG_F32) {
+            const float *x = g + u->off;
+            for (size_t i = c * CHUNK; i < e; i++) s += (double)x[i] * x[i];
+        } else {
+            for (size_t i = c * CHUNK; i < e; i++) {
+                double x = optrun_g(g, u->gbf, u->gb, u->off, (int64_t)i);
+                s += x * x;
+            }
+        }
         part[c] = s;
     }
     double s = 0;
@@ -392,9 +401,17 @@ static double sumsq(const float *x, size_t n) {
 }
 
 // AdamW on n elements (ops.h adamw_f32: the same float operations on every backend).
-static void adamw_span(float *p, const float *g, float *m, float *v, size_t n, const AdamwStep *s, float lwd) {
+// (g: the whole flat buffer, read as u's format says; p, m, v: the run's first element)
+static void adamw_span(float *p, const float *g, float *m, float *v, const OptRun *u, const AdamwStep *s, float lwd) {
+    int64_t n = u->n;
+    if (u->gbf == OPTG_F32) {   // (the common case as a plain loop)
+        const float *gr = g + u->off;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], g[i], &m[i], &v[i], s, lwd);
+        for (int64_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], gr[i], &m[i], &v[i], s, lwd);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], optrun_g(g, u->gbf, u->gb, u->off, i), &m[i], &v[i], s, lwd);
 }
 
 // The run list on the cpu: a plain host copy.
@@ -414,7 +431,7 @@ void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
     for (int i = 0; i < r->n; i++) {
         const OptRun *u = &r->r[i];
         CHECK(u->cls >= 0 && u->cls < ncls, "sumsq_runs: run %d has class %d, not in [0, %d)", i, (int)u->cls, ncls);
-        if (u->n > 0) out[u->cls] += sumsq(x + u->off, (size_t)u->n);
+        if (u->n > 0) out[u->cls] += sumsq(x, u);
     }
 }
 
@@ -426,7 +443,7 @@ static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, 
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float mi = bf16_to_f32(m[i]), vi = bf16_to_f32(v[i]);
-        float pi = adamw_f32(p[i], g[i], &mi, &vi, s, lwd);
+        float pi = adamw_f32(p[i], optrun_g(g, u->gbf, u->gb, u->off, i), &mi, &vi, s, lwd);
         m[i] = bf16_rn_bits(mi);
         v[i] = bf16_rn_bits(vi);
         p[i] = bf16_round_weight(pi, s->prec, s->key, optrun_gidx(u->gidx, u->gcols, u->lcols, u->col0, i));
@@ -441,9 +458,9 @@ void cpu_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r
         if (u->n <= 0) continue;
         float lwd = u->decay ? s.lwd : 0.0f;
         if (prec == OPT_MIXED)
-            adamw_span(p + u->off, g + u->off, (float *)m + u->moff, (float *)v + u->moff, (size_t)u->n, &s, lwd);
+            adamw_span(p + u->off, g, (float *)m + u->moff, (float *)v + u->moff, u, &s, lwd);
         else
-            adamw_span_bf16(p + u->off, g + u->off, (uint16_t *)m + u->moff, (uint16_t *)v + u->moff, u, &s, lwd);
+            adamw_span_bf16(p + u->off, g, (uint16_t *)m + u->moff, (uint16_t *)v + u->moff, u, &s, lwd);
     }
 }
 

@@ -231,8 +231,9 @@ void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const vo
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
-int cuda_grouped_gemm_dw(float *dw, float beta, const void *dout, const void *x, const int64_t *off, int G, int K,
-                         int O);
+// (packed: the output as bf16 packed from dw, ops.h GM_DW_BF16; beta 0)
+int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x, const int64_t *off, int G,
+                         int K, int O);
 int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
                             const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,

@@ -223,13 +223,38 @@ extern "C" void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const 
     }
 }
 
+// The group's float32 block of a GM_DW_BF16 write where cuBLAS computes it (a buffer of its own: the GEMM
+// paths use the workspace and the bf16 scratch themselves), then packed into its bf16 block at dw (dw_pack);
+// without packing the block in dw itself.
+static float *g_dwblk;
+static size_t g_dwblk_cap;
+static float *dw_block(float *dw, int g, size_t blk, int packed) {
+    if (!packed) return dw + g * blk;
+    if (blk > g_dwblk_cap) {
+        if (g_dwblk) CUDA_CHECK(cudaFree(g_dwblk));
+        CUDA_CHECK(cudaMalloc(&g_dwblk, sizeof(float) * blk));
+        g_dwblk_cap = blk;
+    }
+    return g_dwblk;
+}
+static void dw_pack(float *dw, int g, size_t blk, const float *b, int packed) {
+    if (packed) cuda_f32_to_bf16((bf16 *)dw + g * blk, b, blk);
+}
+
+// (GM_DW_BF16: each group's block computed apart, then packed: dw_block, dw_pack)
 extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp,
                                             const float *w, const int64_t *off, int G, int K, int O, int flags) {
+    int packed = dw && (flags & GM_DW_BF16) && O > 0 && K > 0;
+    CHECK(!packed || (flags & GM_DW_WRITE), "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients "
+          "are written once, never accumulated)");
+    size_t blk = (size_t)O * K;
     for (int g = 0; g < G; g++) {   // (a group without rows: only GM_DW_WRITE's zeros)
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         if (n <= 0 && !(dw && (flags & GM_DW_WRITE))) continue;
-        mm_bwd_f32(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
-                   w + (size_t)g * O * K, (int)(n > 0 ? n : 0), K, O, flags);
+        float *b = dw ? dw_block(dw, g, blk, packed) : NULL;
+        mm_bwd_f32(dinp ? dinp + r0 * K : NULL, b, dout + r0 * O, inp + r0 * K, w + (size_t)g * O * K,
+                   (int)(n > 0 ? n : 0), K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
+        if (b) dw_pack(dw, g, blk, b, packed);
     }
 }
 
@@ -420,25 +445,31 @@ static void gdinp(float *dinp0, float beta, const bf16 *ga, const bf16 *wa, cons
         }
 }
 
-// GM_DW_WRITE's zeros: the dw blocks (O x K each) of the groups without rows (all G: every group)
-static void dw_zero_empty(float *dw, const int64_t *off, int G, int K, int O, int all) {
-    size_t blk = (size_t)O * K;
+// GM_DW_WRITE's zeros: the dw blocks (O x K each) of the groups without rows (all G: every group); packed:
+// bf16 blocks packed from dw (ops.h GM_DW_BF16; a bf16 zero is all zero bits)
+static void dw_zero_empty(float *dw, const int64_t *off, int G, int K, int O, int all, int packed) {
+    size_t blk = (size_t)O * K, es = packed ? sizeof(bf16) : sizeof(float);
     for (int g = 0; g < G; g++)
-        if (all || off[g + 1] <= off[g]) CUDA_CHECK(cudaMemset(dw + g * blk, 0, sizeof(float) * blk));
+        if (all || off[g + 1] <= off[g]) CUDA_CHECK(cudaMemset((char *)dw + g * blk * es, 0, es * blk));
 }
 
-// dw_g += dout_g^T x_g (write: =) for every non-empty group (our kernel, or cuBLAS per group); with
-// write, the other groups' blocks are zeroed
-static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O, int write) {
-    if (write) dw_zero_empty(dw, off, G, K, O, 0);
-    if (cuda_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, gb, xb, off, G, K, O)) return;
+// dw_g += dout_g^T x_g (flags GM_DW_WRITE: =; GM_DW_BF16: packed bf16) for every non-empty group (our kernel,
+// or cuBLAS per group); with write, the other groups' blocks are zeroed
+static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O, int flags) {
+    int write = flags & GM_DW_WRITE, packed = (flags & GM_DW_BF16) != 0;
+    CHECK(!packed || write, "grouped weight gradients: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients are written "
+          "once, never accumulated)");
+    if (write) dw_zero_empty(dw, off, G, K, O, 0, packed);
+    if (cuda_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, packed, gb, xb, off, G, K, O)) return;
     int64_t base = off[0];
+    size_t blk = (size_t)O * K;
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g] - base, n = off[g + 1] - off[g];
         if (n <= 0) continue;
         // dw_g^T (K,O) [+]= inp_g^T (K,n) . dout_g (n,O)
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, write ? 0.0f : 1.0f,
-                  dw + (size_t)g * O * K, K);
+        float *b = dw_block(dw, g, blk, packed);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, write ? 0.0f : 1.0f, b, K);
+        dw_pack(dw, g, blk, b, packed);
     }
 }
 
@@ -527,7 +558,7 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
     int64_t rows = off[G] - off[0], base = off[0];
     int write = dw && (flags & GM_DW_WRITE) && O > 0;
     if (rows <= 0) {
-        if (write) dw_zero_empty(dw, off, G, K, O, 1);
+        if (write) dw_zero_empty(dw, off, G, K, O, 1, (flags & GM_DW_BF16) != 0);
         return;
     }
     size_t n = (size_t)rows * K, b = (size_t)base * K;
@@ -553,7 +584,7 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
         gdinp(dact, 0.0f, g, wb, NULL, NULL, off, G, K, O);
         cuda_swiglu_bwd_hid(d1, d3, dact, (const bf16 *)h1 + b, (const bf16 *)h3 + b, n);
     }
-    if (dw) gdw(dw, g, (const bf16 *)act + b, off, G, K, O, write);
+    if (dw) gdw(dw, g, (const bf16 *)act + b, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
 }
 
 // rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros; no rows:
@@ -566,7 +597,7 @@ static int64_t bwd_rows(float *dinp, float *const *dws, int ndw, const int64_t *
     int64_t rows = off[G] - off[0];
     if (rows <= 0) {
         for (int i = 0; i < ndw; i++)
-            if (dws[i] && (flags & GM_DW_WRITE) && O > 0) dw_zero_empty(dws[i], off, G, K, O, 1);
+            if (dws[i] && (flags & GM_DW_WRITE) && O > 0) dw_zero_empty(dws[i], off, G, K, O, 1, (flags & GM_DW_BF16) != 0);
         return 0;
     }
     if (O <= 0) {   // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
@@ -593,7 +624,7 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
               off, G, K, O);
     if (dw) {
         to_bf16(p[2], inp + base * K, (size_t)rows * K);
-        gdw(dw, p[0], p[2], off, G, K, O, flags & GM_DW_WRITE);
+        gdw(dw, p[0], p[2], off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
     }
 }
 
@@ -615,6 +646,6 @@ extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dw
     if (dinp)
         gdinp(dinp + base * K, flags & GM_ACC_DINP ? 1.0f : 0.0f, ga, weights_bf16(p[0], wa, nw), gb,
               weights_bf16(p[1], wb, nw), off, G, K, O);
-    if (dwa) gdw(dwa, ga, x, off, G, K, O, flags & GM_DW_WRITE);
-    if (dwb) gdw(dwb, gb, x, off, G, K, O, flags & GM_DW_WRITE);
+    if (dwa) gdw(dwa, ga, x, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
+    if (dwb) gdw(dwb, gb, x, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
 }

@@ -44,6 +44,7 @@ typedef __nv_bfloat16 bf16;
 
 struct GGArgs {
     float *C;                    // output (EPI_PLAIN, EPI_DW)
+    bf16 *Cp;                    // EPI_DW with beta 0: the output as bf16 packed from C (ops.h GM_DW_BF16), else NULL
     bf16 *O1, *O2, *O3;          // outputs, bf16: h1, h3, act (EPI_SWIGLU_FWD); dh1, dh3 (EPI_SWIGLU_BWD)
     const bf16 *H1, *H3;         // EPI_SWIGLU_BWD: the forward's h1, h3 (ld ldc)
     int bn;                      // columns per tile: 256, or 128 of each of two weights (EPI_SWIGLU_FWD)
@@ -264,11 +265,13 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
     for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
         int m0, mend, n0, g, r0 = 0, rend = 0, KTt = KT;
         float *Cb = a.C;
+        bf16 *Cpb = NULL;
         if (EPI == EPI_DW) {
             gg_tile_dw(a, t, m0, n0, r0, rend, g);
             KTt = (rend - r0 + GG_BK - 1) / GG_BK;
             mend = a.M;
             Cb = a.C + (long long)g * a.M * a.N;
+            if (a.Cp) Cpb = a.Cp + (long long)g * a.M * a.N;
         } else {
             gg_tile(a, t, m0, mend, n0, g);
         }
@@ -365,6 +368,23 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
             }
             continue;
         }
+        if (EPI == EPI_DW && Cpb) {   // bf16, packed (beta 0): 64 columns at a time through the warp's staging
+            // buffer into 16-byte stores (the fragment's own 4-byte stores fill half a sector a row: measured no
+            // faster than the float32 ones, 2026-12-02)
+            const int rw = m0 + c * 64 + wq * 16;
+            const uint32_t buf = epi + (c * 4 + wq) * GG_EPI_BYTES;
+#pragma unroll
+            for (int jb = 0; jb < GG_BN / 8; jb += 8) {
+                int col0 = n0 + 8 * jb, nch = (a.N - col0) / 8;
+                uint32_t v[8][2];
+#pragma unroll
+                for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
+                if (col0 < a.N) gg_put_rows(Cpb + (long long)rw * a.ldc + col0, a.ldc, mend - rw, nch, v, buf, lane);
+            }
+            continue;
+        }
         // EPI_PLAIN with beta reads C: a few column groups at a time, all loads before the stores (one
         // memory round trip per group instead of one per value; measured: a beta = 1 GEMM loading
         // before each store took 2.6x as long)
@@ -445,7 +465,7 @@ static int gg_init(void) {
     CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
     CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0, EPI_SWIGLU_FWD>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM_STAGED));
     CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_SWIGLU_BWD>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_DW>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_DW>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM_STAGED));
     g_ready = 1;
     return 1;
 }
@@ -583,17 +603,19 @@ extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, con
 // The weight gradients: dw_g (O, K) += dout_g^T x_g over each group's rows (dout (rows, O), x (rows,
 // K) bf16, rows from off[0]; dw (G, O, K) float32), or dw_g = ... with beta 0. Groups without rows are not
 // touched. 1 when queued, 0 when not taken (nothing written).
-extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, const void *dout, const void *x, const int64_t *off, int G,
-                                    int K, int O) {
+extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x,
+                                    const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
     if (!gg_init()) return 0;
+    CHECK(!packed || beta == 0.0f, "grouped_gemm_dw: a packed bf16 output is written, never accumulated");
     int64_t rows = off[G] - off[0];
-    uintptr_t al = (uintptr_t)dout | (uintptr_t)x | ((uintptr_t)dw & 7);
+    uintptr_t al = (uintptr_t)dout | (uintptr_t)x | ((uintptr_t)dw & (packed ? 15 : 7));   // (packed: 16-byte stores)
     if (G < 1 || G > GG_MAXG || K <= 0 || O <= 0 || K % 8 || O % 8 || rows <= 0 || rows > INT_MAX - GG_BK ||
         (al & 15))
         return 0;
     memset(a, 0, sizeof *a);
     a->C = dw;
+    a->Cp = packed ? (bf16 *)dw : NULL;
     a->ldc = K;
     a->beta = beta;
     a->G = G;
@@ -619,7 +641,8 @@ extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, const void *dout, con
     tmap_2d(&ta, (const bf16 *)dout, (uint64_t)rows, (uint64_t)O, GG_BK);
     tmap_2d(&tb, (const bf16 *)x, (uint64_t)rows, (uint64_t)K, GG_BK);
     int grid = a->tiles < g_sms ? a->tiles : g_sms;
-    gg_kernel<1, EPI_DW><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta, tb, *a);
+    // (the packed output's staging buffers only where it is packed: the float32 one keeps L1 for itself)
+    gg_kernel<1, EPI_DW><<<grid, GG_THREADS, packed ? GG_SMEM_STAGED : GG_SMEM>>>(ta, tb, ta, tb, *a);
     KCHECK("grouped_gemm_dw (wgmma)");
     return 1;
 }
