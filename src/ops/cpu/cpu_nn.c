@@ -372,9 +372,8 @@ void cpu_add(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-// The sum of squares of one run: fixed chunks summed in order, so the result does not depend on the
-// thread count.
-// The sum of squares of run u's gradient (g: the whole flat buffer), each element as u's format reads it.
+// The sum of squares of run u's gradient (g: the whole flat buffer; each element as u's format reads it,
+// ops.h optrun_g): fixed chunks summed in order, so the result does not depend on the thread count.
 static double sumsq(const float *g, const OptRun *u) {
     enum { CHUNK = 1 << 14 };
     size_t n = (size_t)u->n, nc = (n + CHUNK - 1) / CHUNK;
@@ -400,8 +399,8 @@ static double sumsq(const float *g, const OptRun *u) {
     return s;
 }
 
-// AdamW on n elements (ops.h adamw_f32: the same float operations on every backend).
-// (g: the whole flat buffer, read as u's format says; p, m, v: the run's first element)
+// AdamW on run u's elements (ops.h adamw_f32: the same float operations on every backend); g: the whole flat
+// buffer, read as u's format says; p, m, v: at the run's first element.
 static void adamw_span(float *p, const float *g, float *m, float *v, const OptRun *u, const AdamwStep *s, float lwd) {
     int64_t n = u->n;
     if (u->gbf == OPTG_F32) {   // (the common case as a plain loop)

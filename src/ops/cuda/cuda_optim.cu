@@ -3,7 +3,9 @@
 // writes the GEMMs' bf16 copy of the weights, ops.h bf16_shadow; under the bf16 policy, OPT_BF16_*, a
 // kernel through the same run loop over bf16 moments that rounds the weights with ops.h's integer
 // roundings and hash, so the cpu's bits). Deterministic: double sums in fixed orders; one integer
-// counter picks the block that finishes sumsq_runs (no float atomics).
+// counter picks the block that finishes sumsq_runs (no float atomics). Each run's gradient is read in its
+// format (ops.h OptRun gbf: float32, rounded, packed bf16); a list of float32 runs alone takes kernels built
+// without the formats (FMT 0: the registers of before).
 // Built with -fmad=false (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu
 // reference's.
 // Must not hold: any knowledge of the model or of layers.
