@@ -29,6 +29,8 @@
 #include "test_util.h"
 #include "test_runs.h"
 #include "cpu_oracle.h"
+#include "test_death.h"
+#include "moe/moe.h"
 
 #define FWD_RTOL 1e-5
 #define FD_H 1e-2f
@@ -1484,6 +1486,31 @@ static void test_grad_formats(size_t N, int maxlen, int prec) {
     free(gf); free(gx); free(gr); free(g0); free(p1); free(p2); free(m1); free(v1); free(m2); free(v2);
 }
 
+// bf16 weight gradients are written once, never accumulated: the op refuses GM_DW_BF16 without GM_DW_WRITE,
+// and the MoE layer refuses an accumulating backward into packed gradients (one message, non-zero exit).
+static void die_packed_accumulate_op(void *arg) {
+    (void)arg;
+    float x[8] = {0}, w[8] = {0}, d[8] = {0}, dw[8] = {0};
+    const int64_t off[2] = {0, 2};
+    be->grouped_matmul_bwd(NULL, dw, d, x, w, off, 1, 2, 2, GM_DW_BF16);
+}
+static void die_packed_accumulate_moe(void *arg) {
+    (void)arg;
+    MoeGrads g = {.packed = 1, .fresh = 0};
+    moe_dw_flags(&g, 1);
+}
+static void test_packed_refusals(void) {
+    expect_death_msg("GM_DW_BF16 without GM_DW_WRITE", die_packed_accumulate_op, NULL, "GM_DW_BF16 without GM_DW_WRITE",
+                     "never accumulated", 1);
+    expect_death_msg("an accumulation into packed expert gradients", die_packed_accumulate_moe, NULL,
+                     "an accumulation into bf16 expert gradients", "written once a step", 1);
+    MoeGrads g = {.packed = 1, .fresh = 1};
+    EXPECT(moe_dw_flags(&g, 1) == (GM_DW_WRITE | GM_DW_BF16), "moe_dw_flags: packed and fresh gives %d",
+           moe_dw_flags(&g, 1));
+    MoeGrads f = {.packed = 0, .fresh = 0};
+    EXPECT(moe_dw_flags(&f, 1) == 0 && moe_dw_flags(&f, 0) == 0, "moe_dw_flags: an accumulation into float32 gives flags");
+}
+
 static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     OptRun runs[4096];
@@ -1650,5 +1677,6 @@ int main(void) {
     test_grad_formats(3000, 200, OPT_BF16_STOCHASTIC);
     test_grad_formats(20000, 5000, OPT_BF16_NEAREST);
     test_grad_formats(3000, 200, OPT_MIXED);
+    test_packed_refusals();
     return test_done("test_ops");
 }

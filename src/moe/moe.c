@@ -481,7 +481,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
 
 int moe_dw_flags(const MoeGrads *g, int first) {
     int w = first && g->fresh;
-    CHECK(w || !g->packed, "moe: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
+    CHECK(w || !g->packed, "moe_dw_flags: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
           "needs each written once a step: one micro-batch, one chunk)");
     return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) : 0;
 }

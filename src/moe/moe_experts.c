@@ -191,7 +191,7 @@ void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads 
     size_t n13 = (size_t)El * f, n2 = (size_t)El * d * S, ws = (size_t)El * fl * d;
     size_t *cnt = xmalloc(sizeof(size_t) * S);
     for (int p = 0; p < S; p++) cnt[p] = ws;
-    CHECK(!g->packed, "moe: the gathered expert mode's gradients are summed over ETP: not packed in bf16");
+    CHECK(!g->packed, "moe_scatter_grads: the gathered expert mode's gradients are summed over ETP: not packed in bf16");
     const float *whole[3] = {gf->w1, gf->w3, gf->w2};
     float *mine[3] = {g->w1, g->w3, g->w2};
     for (int t = 0; t < 3; t++) {
