@@ -7,7 +7,8 @@
 # which move each layer between chunked and unchunked MoE states and so carve its rows again; --recompute
 # full; Qwen2-MoE's shared expert and q/k/v biases; OLMoE's QK-norm), and under mpirun dp2 with ZeRO-2 and
 # overlapped gradient buckets (the reductions read the shared memory while the backward goes on), tp2+ep2
-# with the pipelined exchange (r 2) and ep2+etp2 gathered. Also: peak memory falls by about the lent
+# with the pipelined exchange (r 2) and ep2+etp2 gathered; and --precision bf16, whose expert gradients are
+# written packed in bf16 into the lent memory (options.h train_expert_grads). Also: peak memory falls by about the lent
 # gradients (a model whose expert gradients are large), and a bad value is refused.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -38,6 +39,8 @@ done <<< "1||one process
 1|--recompute full|--recompute full
 1|--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1|Qwen2-MoE: shared expert, q/k/v biases
 1|--family olmoe --qk-norm full --renormalize 0|OLMoE: QK-norm
+1|--precision bf16|bf16 with packed expert gradients (written into the lent memory's first half)
+1|--precision bf16 --recompute full --family qwen2_moe --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1|bf16 packed, recompute full, a shared expert
 2|--zero 2 --overlap 1 --bucket-mb 0.01|dp2, ZeRO-2, overlapped buckets
 4|--tp 2 --ep 2 --a2a-overlap 2|tp2+ep2, r 2
 4|--ep 2 --etp 2 --expert-mode gathered|ep2+etp2 gathered"

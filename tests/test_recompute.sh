@@ -3,7 +3,7 @@
 # keeping the activations, bit for bit: the backward computes them again from the kept inputs with the
 # same kernels. Each mode against --recompute none on the same layout: metrics.jsonl without its timing
 # fields and the final checkpoint (model and optimizer) byte-identical. Layouts: one process (dropless,
-# and capacity with jitter), AMPipe n 2, and under mpirun tp2+ep2 with the pipelined exchange (r 2),
+# and capacity with jitter), AMPipe n 2, --precision bf16 with one micro-batch (packed expert gradients), and under mpirun tp2+ep2 with the pipelined exchange (r 2),
 # tp2+ep2 with AMPipe n 2 (a chunk's moe_start grows the shared rows between the previous chunk's start and
 # its GEMMs: the chunks took their pointers at the start until 2026-12-02, a use after free that aborted
 # this run), pp2 (several live micro-batches share the recomputed buffers) and ep2+etp2 in the gathered
@@ -39,6 +39,7 @@ while IFS='|' read -r np flags label; do
 done <<< "1||one process
 1|--dispatch capacity --capacity-factor 0.8 --jitter 0.05|one process, capacity with jitter
 1|--ampipe 2|one process, AMPipe n 2
+1|--precision bf16 --grad-accum 1|one process, bf16 with packed expert gradients
 4|--tp 2 --ep 2 --a2a-overlap 2|tp2+ep2, r 2
 4|--tp 2 --ep 2 --ampipe 2|tp2+ep2, AMPipe n 2
 2|--pp 2 --grad-accum 4|pp2 (1f1b, 4 micro-batches)
