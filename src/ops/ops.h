@@ -56,8 +56,8 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 // blocks (every group's, zeros where a group has no rows) instead of adding into them. GM_DW_BF16 (grouped ops,
 // with GM_DW_WRITE only): those blocks written as bf16 values packed from dw (each float32 result rounded to
 // nearest even; block g's element j at ((uint16_t *)dw)[g O K + j]; the rest of the float32 blocks' bytes are
-// scratch, nothing past them is written):
-// half the bytes of a float32 gradient, read back through OptRun's OPTG_PACKED.
+// scratch, nothing past them is written): half the bytes of a float32 gradient, read back through OptRun's
+// OPTG_PACKED.
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4 };
 
 // attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
@@ -400,9 +400,9 @@ struct Backend {
     OptRuns *(*runs_create)(const OptRun *runs, int n);
     void (*runs_free)(OptRuns *r);
     // out (HOST, ncls doubles; overwritten) [c] = sum over the runs of class c of sum x[off..off+n)^2
-    // (each element as its run's gbf reads it: optrun_g), in double. The cpu sums each run in chunks of 2^14 elements (each in order, then the chunks'
-    // sums in order) and adds the runs in list order; other backends sum in a fixed order of their own
-    // (same inputs, same bits), with one device-to-host copy per call.
+    // (each element as its run's gbf reads it: optrun_g), in double. The cpu sums each run in chunks of
+    // 2^14 elements (each in order, then the chunks' sums in order) and adds the runs in list order; other
+    // backends sum in a fixed order of their own (same inputs, same bits), with one device-to-host copy per call.
     void (*sumsq_runs)(double *out, int ncls, const float *x, const OptRuns *r);
     // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
     // where decay is set, else 0; bias-corrected at step t (1-based). Each element is adamw_f32 above with
