@@ -3,6 +3,7 @@
 #pragma once
 #include <stdint.h>
 #include "core/config.h"
+#include "ops/ops.h"
 #include "train/schedule.h"
 
 typedef struct {
@@ -72,13 +73,13 @@ static inline int train_bf16_weights_alone(const TrainOptions *o, int meshed) {
 }
 
 // The format of the routed experts' weight gradients (model.h model_set_expert_grads; ops.h OPTG_*):
-// float32 (OPTG_F32, 0) but under --precision bf16 with --bf16-grads 1, where they are bf16 values, rounded
-// to nearest even once they are whole: written so by the GEMMs and stored packed (OPTG_PACKED, 2) where
+// float32 (OPTG_F32) but under --precision bf16 with --bf16-grads 1, where they are bf16 values, rounded
+// to nearest even once they are whole: written so by the GEMMs and stored packed (OPTG_PACKED) where
 // each is written once a step and nothing sums them (one process, one micro-batch, one chunk, no ZeRO),
-// else float32 memory read rounded by the optimizer (OPTG_BF16, 1: after the sum over ranks).
+// else float32 memory read rounded by the optimizer (OPTG_BF16: after the sum over ranks).
 static inline int train_expert_grads(const TrainOptions *o, int meshed) {
-    if (o->precision != PREC_BF16 || !o->bf16_grads) return 0;
-    return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? 2 : 1;
+    if (o->precision != PREC_BF16 || !o->bf16_grads) return OPTG_F32;
+    return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? OPTG_PACKED : OPTG_BF16;
 }
 
 // Learning rate at step (0-based): linear warmup to lr, then cosine to lr * min_lr_frac.

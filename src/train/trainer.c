@@ -363,7 +363,6 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     // --precision bf16 (rounded weights) in one process with the GEMMs' bf16 copy: the weights only bf16
     // GEMMs read live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
     if (bf16_shadow && train_bf16_weights_alone(o, meshed)) model_bf16_weights(&r->m);
-    _Static_assert(OPTG_BF16 == 1 && OPTG_PACKED == 2, "train_expert_grads returns ops.h's OPTG_* values");
     model_set_expert_grads(&r->m, train_expert_grads(o, meshed));   // (before dist_attach builds the runs)
     if (o->recompute) model_set_recompute(&r->m, o->recompute);   // (before step_init's slots: they keep no dropped buffer)
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
