@@ -13,7 +13,11 @@
 #include "core/rng.h"
 #include "ops/ops.h"
 
-#define CK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) DIE("%s: %s", #call, cudaGetErrorString(e_)); } while (0)
+#define CK(call) \
+    do { \
+        cudaError_t e_ = (call); \
+        if (e_ != cudaSuccess) DIE("%s: %s", #call, cudaGetErrorString(e_)); \
+    } while (0)
 
 static float *drand(const Backend *be, size_t n, Rng *r) {
     float *h = xmalloc(n * sizeof(float)), *d = be->alloc(n * sizeof(float));
@@ -62,13 +66,16 @@ int main(int argc, char **argv) {
     float *o = be->alloc(nq * 4), *l = be->alloc((size_t)B * H * T * 4);
     float *dq = be->alloc(nq * 4), *dk = be->alloc(nk * 4), *dv = be->alloc(nk * 4);
     cudaEvent_t e0, e1, e2;
-    CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1)); CK(cudaEventCreate(&e2));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventCreate(&e2));
     float *tf = xmalloc(sizeof(float) * iters), *tb = xmalloc(sizeof(float) * iters);
     for (int it = -3; it < iters; it++) {
         CK(cudaEventRecord(e0, 0));
         be->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
         CK(cudaEventRecord(e1, 0));
-        be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T, 0);   // (written, as the model calls it)
+        be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T,
+                          0); // (written, as the model calls it)
         CK(cudaEventRecord(e2, 0));
         CK(cudaEventSynchronize(e2));
         if (it >= 0) {
@@ -79,11 +86,20 @@ int main(int argc, char **argv) {
     qsort(tf, iters, sizeof(float), cmp_f);
     qsort(tb, iters, sizeof(float), cmp_f);
     double ff = 2.0 * B * H * (double)T * T * hd, fb = 2.5 * ff, mf = tf[iters / 2], mb = tb[iters / 2];
-    printf("{\"impl\": \"moe.c %s\", \"B\": %d, \"T\": %d, \"H\": %d, \"KV\": %d, \"hd\": %d, \"fwd_ms\": %.3f, "
-           "\"bwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f}\n",
-           be->name, B, T, H, KV, hd, mf, mb, ff / mf / 1e9, fb / mb / 1e9);
-    be->free(q); be->free(k); be->free(v); be->free(g); be->free(o); be->free(l);
-    be->free(dq); be->free(dk); be->free(dv);
-    free(tf); free(tb);
+    printf(
+        "{\"impl\": \"moe.c %s\", \"B\": %d, \"T\": %d, \"H\": %d, \"KV\": %d, \"hd\": %d, \"fwd_ms\": %.3f, "
+        "\"bwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f}\n",
+        be->name, B, T, H, KV, hd, mf, mb, ff / mf / 1e9, fb / mb / 1e9);
+    be->free(q);
+    be->free(k);
+    be->free(v);
+    be->free(g);
+    be->free(o);
+    be->free(l);
+    be->free(dq);
+    be->free(dk);
+    be->free(dv);
+    free(tf);
+    free(tb);
     return 0;
 }

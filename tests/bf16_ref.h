@@ -20,7 +20,7 @@ static inline float bf16_round(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7f800000u) == 0x7f800000u) {
-        if (u & 0x7fffffu) u |= 0x00400000u;   // quiet NaN
+        if (u & 0x7fffffu) u |= 0x00400000u; // quiet NaN
     } else {
         u += 0x7fffu + ((u >> 16) & 1u);
     }
@@ -40,36 +40,52 @@ static inline float *bf16_copy(const float *x, size_t n) {
     return y;
 }
 
-static void bfr_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
+static void bfr_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O,
+                           int accumulate) {
     const Backend *c = backend_cpu();
-    if (N <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) { c->matmul_fwd(out, inp, w, N, K, O, accumulate); return; }
+    if (N <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) {
+        c->matmul_fwd(out, inp, w, N, K, O, accumulate);
+        return;
+    }
     float *xr = bf16_copy(inp, (size_t)N * K), *wr = bf16_copy(w, (size_t)O * K);
     c->matmul_fwd(out, xr, wr, N, K, O, accumulate);
-    free(xr); free(wr);
+    free(xr);
+    free(wr);
 }
 
-static void bfr_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,
-                           int O, int flags) {
+static void bfr_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                           int K, int O, int flags) {
     const Backend *c = backend_cpu();
-    if (N <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) { c->matmul_bwd(dinp, dw, dout, inp, w, N, K, O, flags); return; }
-    float *gr = bf16_copy(dout, (size_t)N * O), *wr = bf16_copy(w, (size_t)O * K), *xr = bf16_copy(inp, (size_t)N * K);
+    if (N <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) {
+        c->matmul_bwd(dinp, dw, dout, inp, w, N, K, O, flags);
+        return;
+    }
+    float *gr = bf16_copy(dout, (size_t)N * O), *wr = bf16_copy(w, (size_t)O * K),
+          *xr = bf16_copy(inp, (size_t)N * K);
     c->matmul_bwd(dinp, dw, gr, xr, wr, N, K, O, flags);
-    free(gr); free(wr); free(xr);
+    free(gr);
+    free(wr);
+    free(xr);
 }
 
-static void bfr_grouped_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O) {
+static void bfr_grouped_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G, int K,
+                            int O) {
     size_t rows = G > 0 ? (size_t)off[G] : 0;
     float *xr = bf16_copy(inp, rows * K), *wr = bf16_copy(w, (size_t)G * O * K);
     backend_cpu()->grouped_matmul_fwd(out, xr, wr, off, G, K, O);
-    free(xr); free(wr);
+    free(xr);
+    free(wr);
 }
 
 static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                             const int64_t *off, int G, int K, int O, int flags) {
     size_t rows = G > 0 ? (size_t)off[G] : 0;
-    float *gr = bf16_copy(dout, rows * O), *xr = bf16_copy(inp, rows * K), *wr = bf16_copy(w, (size_t)G * O * K);
+    float *gr = bf16_copy(dout, rows * O), *xr = bf16_copy(inp, rows * K),
+          *wr = bf16_copy(w, (size_t)G * O * K);
     backend_cpu()->grouped_matmul_bwd(dinp, dw, gr, xr, wr, off, G, K, O, flags);
-    free(gr); free(xr); free(wr);
+    free(gr);
+    free(xr);
+    free(wr);
 }
 
 static const Backend *backend_cpu_bf16ref(void);
@@ -79,30 +95,33 @@ static inline void bf16_round_rows(float *x, const int64_t *off, int G, int C) {
     if (G > 0) bf16_round_n(x + (size_t)off[0] * C, (size_t)(off[G] - off[0]) * C);
 }
 
-static void bfr_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
-                                   const int64_t *off, int G, int K, int O) {
+static void bfr_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1,
+                                   const float *w3, const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cpu_bf16ref(), h1, h3, act, inp, w1, w3, off, G, K, O);
     bf16_round_rows(h1, off, G, O);
     bf16_round_rows(h3, off, G, O);
     bf16_round_rows(act, off, G, O);
 }
 
-static void bfr_grouped_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O) {
+static void bfr_grouped_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G,
+                                 int K, int O) {
     backend_grouped_down_fwd_plain(backend_cpu_bf16ref(), out, act, w, off, G, K, O);
 }
 
 static void bfr_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
-                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                   int O, int flags) {
-    backend_grouped_swiglu_bwd_plain(backend_cpu_bf16ref(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
+                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G,
+                                   int K, int O, int flags) {
+    backend_grouped_swiglu_bwd_plain(backend_cpu_bf16ref(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O,
+                                     flags);
     bf16_round_rows(dh1, off, G, K);
     bf16_round_rows(dh3, off, G, K);
 }
 
-static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const void *inp,
-                             const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int flags) {
-    backend_grouped_matmul_bwd2_plain(backend_cpu_bf16ref(), dinp, dwa, dwb, da, db, inp, wa, wb, off, G, K, O,
-                                      flags);
+static void bfr_grouped_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db,
+                             const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
+                             int K, int O, int flags) {
+    backend_grouped_matmul_bwd2_plain(backend_cpu_bf16ref(), dinp, dwa, dwb, da, db, inp, wa, wb, off, G, K,
+                                      O, flags);
 }
 
 // The rows sent to the experts as "cuda" writes them: bf16 values (rounded from float32 once; rows of
@@ -111,7 +130,8 @@ static void bfr_gather_rows_hid(void *out, const void *inp, int from_hid, const 
     backend_cpu()->gather_rows(out, inp, idx, n, C);
     if (!from_hid) bf16_round_n(out, (size_t)n * C);
 }
-static void bfr_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+static void bfr_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                                float eps) {
     backend_cpu()->rmsnorm_fwd(out, rstd, inp, w, N, C, eps);
     bf16_round_n(out, (size_t)N * C);
 }
@@ -144,19 +164,21 @@ static inline double bfr_dot(const float *a, const float *b, int n) {
 }
 // out: each value rounded once, as the GPU stores it (its hidden format; float arrays of bf16 values here)
 static void bfr_round_rows(float *out, int B, int T, int H, int hd, int t0, int t1) {
-    for (int b = 0; b < B; b++)
-        bf16_round_n(out + ((size_t)b * T + t0) * H * hd, (size_t)(t1 - t0) * H * hd);
+    for (int b = 0; b < B; b++) bf16_round_n(out + ((size_t)b * T + t0) * H * hd, (size_t)(t1 - t0) * H * hd);
 }
-static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                int H, int KV, int hd, int t0, int t1);
-static void bfr_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
-                              int KV, int hd, int t0, int t1) {
+static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                int T, int H, int KV, int hd, int t0, int t1);
+static void bfr_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                              int T, int H, int KV, int hd, int t0, int t1) {
     bfr_attention_fwd_f(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
     bfr_round_rows(out, B, T, H, hd, t0, t1);
 }
-static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                                int H, int KV, int hd, int t0, int t1) {
-    if (!bfr_att_tc(hd)) { backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1); return; }
+static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                int T, int H, int KV, int hd, int t0, int t1) {
+    if (!bfr_att_tc(hd)) {
+        backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+        return;
+    }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     float *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *s = xmalloc(sizeof(double) * T), *acc = xmalloc(sizeof(double) * hd), sc = 1.0 / sqrt((double)hd);
@@ -177,23 +199,30 @@ static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const fl
                     const float *vu = vr + (((size_t)b * T + u) * KV + h / (H / KV)) * hd;
                     for (int i = 0; i < hd; i++) acc[i] += pb * vu[i];
                 }
-                for (int i = 0; i < hd; i++) out[(((size_t)b * T + t) * H + h) * hd + i] = (float)(acc[i] / l);
+                for (int i = 0; i < hd; i++)
+                    out[(((size_t)b * T + t) * H + h) * hd + i] = (float)(acc[i] / l);
                 lse[((size_t)b * H + h) * T + t] = (float)(m + log(l));
             }
-    free(s); free(acc); free(qr); free(kr); free(vr);
+    free(s);
+    free(acc);
+    free(qr);
+    free(kr);
+    free(vr);
 }
-static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out_, const float *lse,
-                              const void *q_, const void *k_, const void *v_, int B, int T, int H, int KV, int hd,
-                              int t0, int t1, int flags) {
-    const float *q = q_, *k = k_, *v = v_, *out = out_;   // (this backend's hidden format is float32)
+static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out_,
+                              const float *lse, const void *q_, const void *k_, const void *v_, int B, int T,
+                              int H, int KV, int hd, int t0, int t1, int flags) {
+    const float *q = q_, *k = k_, *v = v_, *out = out_; // (this backend's hidden format is float32)
     if (!bfr_att_tc(hd)) {
         backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
-    cpu_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // the rows written: zeros, then the sums added
+    cpu_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1,
+                            flags); // the rows written: zeros, then the sums added
     float *gr = bf16_copy(dout, nq), *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
-    double *aq = xcalloc(nq, sizeof(double)), *ak = xcalloc(nk, sizeof(double)), *av = xcalloc(nk, sizeof(double));
+    double *aq = xcalloc(nq, sizeof(double)), *ak = xcalloc(nk, sizeof(double)),
+           *av = xcalloc(nk, sizeof(double));
     double sc = 1.0 / sqrt((double)hd);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
@@ -213,16 +242,26 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                 }
             }
     for (size_t i = 0; i < nq; i++) dq[i] += (float)aq[i];
-    for (size_t i = 0; i < nk; i++) { dk[i] += (float)ak[i]; dv[i] += (float)av[i]; }
-    free(aq); free(ak); free(av); free(gr); free(qr); free(kr); free(vr);
+    for (size_t i = 0; i < nk; i++) {
+        dk[i] += (float)ak[i];
+        dv[i] += (float)av[i];
+    }
+    free(aq);
+    free(ak);
+    free(av);
+    free(gr);
+    free(qr);
+    free(kr);
+    free(vr);
 }
 
-static void bfr_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
-                                 const int *O) {
+static void bfr_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
+                                 int K, const int *O) {
     backend_matmul_fwd_multi_plain(backend_cpu_bf16ref(), n, out, inp, w, N, K, O);
 }
-static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
-                                 const float *const *w, int N, int K, const int *O, int flags) {
+static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout,
+                                 const void *inp, const float *const *w, int N, int K, const int *O,
+                                 int flags) {
     backend_matmul_bwd_multi_plain(backend_cpu_bf16ref(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
 
@@ -235,7 +274,7 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.name = "cpu-bf16ref";
         b.matmul_fwd = bfr_matmul_fwd;
         b.matmul_bwd = bfr_matmul_bwd;
-        b.matmul_fwd_multi = bfr_matmul_fwd_multi;   // the singles above, in order
+        b.matmul_fwd_multi = bfr_matmul_fwd_multi; // the singles above, in order
         b.matmul_bwd_multi = bfr_matmul_bwd_multi;
         b.grouped_matmul_fwd = bfr_grouped_fwd;
         b.grouped_matmul_bwd = bfr_grouped_bwd;

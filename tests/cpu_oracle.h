@@ -11,8 +11,8 @@
 #include <stdint.h>
 
 // out[idx[i]] += scale[i] * inp[i] (rows of C), serially over i; scale may be NULL (= 1).
-static inline void oracle_scatter_add_rows(float *out, const float *inp, const int32_t *idx, const float *scale, int n,
-                                           int C) {
+static inline void oracle_scatter_add_rows(float *out, const float *inp, const int32_t *idx,
+                                           const float *scale, int n, int C) {
     for (int i = 0; i < n; i++) {
         float s = scale ? scale[i] : 1.0f;
         float *o = out + (size_t)idx[i] * C;
@@ -59,8 +59,8 @@ static inline double oracle_sumsq(const float *x, size_t n) {
 // arrangement of the bias corrections: the step size lr / (1 - b1^t) and the denominator
 // sqrt(v) / sqrt(1 - b2^t) + eps, here with that square root's reciprocal as a factor (each scalar from
 // double rounded to float); the decay lr wd p subtracted with the step.
-static inline void oracle_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1, float b2,
-                                float eps, float wd, int t) {
+static inline void oracle_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                                float b2, float eps, float wd, int t) {
     float step = (float)(lr / (1.0 - pow(b1, t))), rs2 = (float)(1.0 / sqrt(1.0 - pow(b2, t)));
     float lwd = (float)((double)lr * wd);
     for (size_t i = 0; i < n; i++) {

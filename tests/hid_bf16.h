@@ -37,32 +37,49 @@ static inline void hb_round(void *h, const float *f, const int64_t *off, int G, 
 
 static void hb_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
                           const int64_t *off, int G, int K, int O) {
-    float *a = hb_new(off, G, O), *b = hb_new(off, G, O), *c = hb_new(off, G, O), *x = hb_widen(inp, off, G, K);
+    float *a = hb_new(off, G, O), *b = hb_new(off, G, O), *c = hb_new(off, G, O),
+          *x = hb_widen(inp, off, G, K);
     backend_grouped_swiglu_fwd_plain(backend_cpu(), a, b, c, x, w1, w3, off, G, K, O);
-    hb_round(h1, a, off, G, O); hb_round(h3, b, off, G, O); hb_round(act, c, off, G, O);
-    free(a); free(b); free(c); free(x);
+    hb_round(h1, a, off, G, O);
+    hb_round(h3, b, off, G, O);
+    hb_round(act, c, off, G, O);
+    free(a);
+    free(b);
+    free(c);
+    free(x);
 }
-static void hb_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O) {
+static void hb_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
+                        int O) {
     float *a = hb_widen(act, off, G, K);
     backend_cpu()->grouped_matmul_fwd(out, a, w, off, G, K, O);
     free(a);
 }
 static void hb_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act, const void *h1,
-                          const void *h3, const float *w, const int64_t *off, int G, int K, int O, int flags) {
+                          const void *h3, const float *w, const int64_t *off, int G, int K, int O,
+                          int flags) {
     float *a = hb_widen(act, off, G, K), *b = hb_widen(h1, off, G, K), *c = hb_widen(h3, off, G, K);
     float *d1 = hb_new(off, G, K), *d3 = hb_new(off, G, K), *g = hb_widen(dout, off, G, O);
     backend_grouped_swiglu_bwd_plain(backend_cpu(), d1, d3, dw, g, a, b, c, w, off, G, K, O, flags);
-    hb_round(dh1, d1, off, G, K); hb_round(dh3, d3, off, G, K);
-    free(a); free(b); free(c); free(d1); free(d3); free(g);
+    hb_round(dh1, d1, off, G, K);
+    hb_round(dh3, d3, off, G, K);
+    free(a);
+    free(b);
+    free(c);
+    free(d1);
+    free(d3);
+    free(g);
 }
 static void hb_bwd2(float *dinp, float *dwa, float *dwb, const void *da, const void *db, const void *inp,
                     const float *wa, const float *wb, const int64_t *off, int G, int K, int O, int flags) {
     float *a = hb_widen(da, off, G, O), *b = hb_widen(db, off, G, O), *x = hb_widen(inp, off, G, K);
     backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, a, b, x, wa, wb, off, G, K, O, flags);
-    free(a); free(b); free(x);
+    free(a);
+    free(b);
+    free(x);
 }
 // the attention norm's output, rounded; the q/k/v products on its widened values
-static void hb_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+static void hb_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                               float eps) {
     float *f = xmalloc(sizeof(float) * (N > 0 && C > 0 ? (size_t)N * C : 1));
     backend_cpu()->rmsnorm_fwd(f, rstd, inp, w, N, C, eps);
     hb_round_n(out, f, (size_t)N * C);
@@ -96,7 +113,10 @@ static void hb_gather_rows_hid(void *out, const void *inp, int from_hid, const i
 }
 static void hb_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                 const float *scale, int n, int C, int hid) {
-    if (!hid) { backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0); return; }
+    if (!hid) {
+        backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
+        return;
+    }
     float *f = xmalloc(sizeof(float) * (n > 0 && C > 0 ? (size_t)n * C : 1));
     backend_cpu()->gather_dot_scale(f, dot, inp, idx, b, scale, n, C, 0);
     hb_round_n(out, f, (size_t)n * C);
@@ -113,13 +133,19 @@ static void hb_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, i
     free(f);
 }
 static void hb_to_hid(void *out, const float *inp, size_t n) { hb_round_n(out, inp, n); }
-typedef struct { float *q, *k, *v; } HbQkv;
+typedef struct {
+    float *q, *k, *v;
+} HbQkv;
 static HbQkv hb_qkv(const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd) {
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     HbQkv w = {hb_widen_n(q, nq), hb_widen_n(k, nk), hb_widen_n(v, nk)};
     return w;
 }
-static void hb_qkv_free(HbQkv *w) { free(w->q); free(w->k); free(w->v); }
+static void hb_qkv_free(HbQkv *w) {
+    free(w->q);
+    free(w->k);
+    free(w->v);
+}
 // the output: the float32 result's rows [t0, t1) of each sequence rounded into out (the others untouched)
 static void hb_out_rows(void *out, const float *f, int B, int T, int H, int hd, int t0, int t1) {
     for (int b = 0; b < B; b++) {
@@ -127,8 +153,8 @@ static void hb_out_rows(void *out, const float *f, int B, int T, int H, int hd, 
         hb_round_n((uint16_t *)out + a, f + a, (size_t)(t1 - t0) * H * hd);
     }
 }
-static void hb_att_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H, int KV,
-                       int hd, int t0, int t1) {
+static void hb_att_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                       int H, int KV, int hd, int t0, int t1) {
     HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
     float *o = xcalloc((size_t)B * T * H * hd + 1, sizeof(float));
     backend_cpu()->attention_fwd(o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1);
@@ -137,16 +163,17 @@ static void hb_att_fwd(void *out, float *lse, const void *q, const void *k, cons
     hb_qkv_free(&w);
 }
 static void hb_att_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
-                       const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int t0, int t1,
-                       int flags) {
+                       const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
+                       int t0, int t1, int flags) {
     HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
     float *o = hb_widen_n(out, (size_t)B * T * H * hd);
     backend_cpu()->attention_bwd(dq, dk, dv, dout, o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, flags);
     free(o);
     hb_qkv_free(&w);
 }
-static void hb_att_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
-                            int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
+static void hb_att_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                            int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                            int h0) {
     HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
     float *o = xcalloc((size_t)B * T * H * hd + 1, sizeof(float));
     backend_cpu()->attention_drop_fwd(o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
@@ -154,13 +181,14 @@ static void hb_att_drop_fwd(void *out, float *lse, const void *q, const void *k,
     free(o);
     hb_qkv_free(&w);
 }
-static void hb_att_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
-                            const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int t0,
-                            int t1, float p, uint64_t seed, int64_t row0, int h0, int flags) {
+static void hb_att_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                            int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                            int h0, int flags) {
     HbQkv w = hb_qkv(q, k, v, B, T, H, KV, hd);
     float *o = hb_widen_n(out, (size_t)B * T * H * hd);
-    backend_cpu()->attention_drop_bwd(dq, dk, dv, dout, o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0,
-                                      h0, flags);
+    backend_cpu()->attention_drop_bwd(dq, dk, dv, dout, o, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p,
+                                      seed, row0, h0, flags);
     free(o);
     hb_qkv_free(&w);
 }

@@ -15,7 +15,9 @@
 #include "test_util.h"
 #include "hid_bf16.h"
 
-static void fill(float *p, size_t n, Rng *r, float s) { for (size_t i = 0; i < n; i++) p[i] = s * rng_normal(r); }
+static void fill(float *p, size_t n, Rng *r, float s) {
+    for (size_t i = 0; i < n; i++) p[i] = s * rng_normal(r);
+}
 
 static double relerr(const float *a, const float *b, size_t n) {
     double mx = 0, md = 0;
@@ -27,29 +29,39 @@ static double relerr(const float *a, const float *b, size_t n) {
     return md / (mx > 0 ? mx : 1);
 }
 
-static void run_case(const Mesh *mesh, const char *label, int k, int rig, DispatchMode mode, const Backend *be, int ov) {
+static void run_case(const Mesh *mesh, const char *label, int k, int rig, DispatchMode mode,
+                     const Backend *be, int ov) {
     ModelConfig c;
     config_preset(&c, "tiny");
-    c.d_model = 8; c.d_ff = 12; c.n_experts = 4; c.top_k = k; c.dispatch = mode; c.capacity_factor = 0.7f;
-    const int Nl = 10;   // tokens per DP rank
+    c.d_model = 8;
+    c.d_ff = 12;
+    c.n_experts = 4;
+    c.top_k = k;
+    c.dispatch = mode;
+    c.capacity_factor = 0.7f;
+    const int Nl = 10; // tokens per DP rank
     int DP = mesh->s.dp, d = c.d_model, f = c.d_ff, E = c.n_experts, N = Nl * DP;
-    int EP = mesh->s.ep, ETP = mesh->s.etp, El = E / EP, fl = f / ETP, e0 = mesh->me.ep * El, f0 = mesh->me.etp * fl;
+    int EP = mesh->s.ep, ETP = mesh->s.etp, El = E / EP, fl = f / ETP, e0 = mesh->me.ep * El,
+        f0 = mesh->me.etp * fl;
     Rng r;
     rng_seed(&r, 99);
     float *x = xmalloc(sizeof(float) * N * d), *dy = xmalloc(sizeof(float) * N * d);
     float *wr = xmalloc(sizeof(float) * E * d), *w1 = xmalloc(sizeof(float) * E * f * d),
           *w3 = xmalloc(sizeof(float) * E * f * d), *w2 = xmalloc(sizeof(float) * E * d * f);
-    fill(x, (size_t)N * d, &r, 1); fill(dy, (size_t)N * d, &r, 1);
-    fill(wr, (size_t)E * d, &r, rig ? 0.0f : 1.0f);   // rig: all-zero router -> ties -> experts 0..k-1
-    fill(w1, (size_t)E * f * d, &r, 0.3f); fill(w3, (size_t)E * f * d, &r, 0.3f); fill(w2, (size_t)E * d * f, &r, 0.3f);
+    fill(x, (size_t)N * d, &r, 1);
+    fill(dy, (size_t)N * d, &r, 1);
+    fill(wr, (size_t)E * d, &r, rig ? 0.0f : 1.0f); // rig: all-zero router -> ties -> experts 0..k-1
+    fill(w1, (size_t)E * f * d, &r, 0.3f);
+    fill(w3, (size_t)E * f * d, &r, 0.3f);
+    fill(w2, (size_t)E * d * f, &r, 0.3f);
     // one process, all N tokens
     MoeLayer ref;
     MoeScratch rs;
     moe_layer_init(&ref, be, &c, N, NULL);
     moe_scratch_init(&rs, be, &c, N);
     float *yr = xcalloc((size_t)N * d, 4), *dxr = xcalloc((size_t)N * d, 4);
-    float *gr = xcalloc((size_t)E * d, 4), *g1 = xcalloc((size_t)E * f * d, 4), *g3 = xcalloc((size_t)E * f * d, 4),
-          *g2 = xcalloc((size_t)E * d * f, 4);
+    float *gr = xcalloc((size_t)E * d, 4), *g1 = xcalloc((size_t)E * f * d, 4),
+          *g3 = xcalloc((size_t)E * f * d, 4), *g2 = xcalloc((size_t)E * d * f, 4);
     MoeWeights W = {.router = wr, .w1 = w1, .w3 = w3, .w2 = w2};
     MoeGrads GR = {.router = gr, .w1 = g1, .w3 = g3, .w2 = g2};
     moe_forward(&ref, yr, x, N, &W, &c, 0, 0);
@@ -59,21 +71,24 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
           *l2 = xmalloc(sizeof(float) * El * d * fl);
     for (int e = 0; e < El; e++)
         for (int i = 0; i < fl; i++) {
-            memcpy(l1 + ((size_t)e * fl + i) * d, w1 + ((size_t)(e0 + e) * f + f0 + i) * d, sizeof(float) * d);
-            memcpy(l3 + ((size_t)e * fl + i) * d, w3 + ((size_t)(e0 + e) * f + f0 + i) * d, sizeof(float) * d);
+            memcpy(l1 + ((size_t)e * fl + i) * d, w1 + ((size_t)(e0 + e) * f + f0 + i) * d,
+                   sizeof(float) * d);
+            memcpy(l3 + ((size_t)e * fl + i) * d, w3 + ((size_t)(e0 + e) * f + f0 + i) * d,
+                   sizeof(float) * d);
         }
     for (int e = 0; e < El; e++)
         for (int j = 0; j < d; j++)
-            memcpy(l2 + ((size_t)e * d + j) * fl, w2 + ((size_t)(e0 + e) * d + j) * f + f0, sizeof(float) * fl);
+            memcpy(l2 + ((size_t)e * d + j) * fl, w2 + ((size_t)(e0 + e) * d + j) * f + f0,
+                   sizeof(float) * fl);
     MoeComms cm = {mesh->tp, mesh->ep, mesh->etp, mesh->stage, NULL, NULL};
     MoeLayer ml;
     MoeScratch ms;
     moe_layer_init(&ml, be, &c, Nl, &cm);
     moe_scratch_init(&ms, be, &c, Nl);
-    ml.overlap = ov;   // the pipelined exchange's chunks (where the exchange is not local)
+    ml.overlap = ov; // the pipelined exchange's chunks (where the exchange is not local)
     float *y = xcalloc((size_t)Nl * d, 4), *dx = xcalloc((size_t)Nl * d, 4);
-    float *hr = xcalloc((size_t)E * d, 4), *h1 = xcalloc((size_t)El * fl * d, 4), *h3 = xcalloc((size_t)El * fl * d, 4),
-          *h2 = xcalloc((size_t)El * d * fl, 4);
+    float *hr = xcalloc((size_t)E * d, 4), *h1 = xcalloc((size_t)El * fl * d, 4),
+          *h3 = xcalloc((size_t)El * fl * d, 4), *h2 = xcalloc((size_t)El * d * fl, 4);
     MoeWeights LW = {.router = wr, .w1 = l1, .w3 = l3, .w2 = l2};
     MoeGrads LG = {.router = hr, .w1 = h1, .w3 = h3, .w2 = h2};
     size_t row0 = (size_t)mesh->me.dp * Nl;
@@ -88,30 +103,61 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
           *s2 = xmalloc(sizeof(float) * El * d * fl);
     for (int e = 0; e < El; e++)
         for (int i = 0; i < fl; i++) {
-            memcpy(s1 + ((size_t)e * fl + i) * d, g1 + ((size_t)(e0 + e) * f + f0 + i) * d, sizeof(float) * d);
-            memcpy(s3 + ((size_t)e * fl + i) * d, g3 + ((size_t)(e0 + e) * f + f0 + i) * d, sizeof(float) * d);
+            memcpy(s1 + ((size_t)e * fl + i) * d, g1 + ((size_t)(e0 + e) * f + f0 + i) * d,
+                   sizeof(float) * d);
+            memcpy(s3 + ((size_t)e * fl + i) * d, g3 + ((size_t)(e0 + e) * f + f0 + i) * d,
+                   sizeof(float) * d);
         }
     for (int e = 0; e < El; e++)
         for (int j = 0; j < d; j++)
-            memcpy(s2 + ((size_t)e * d + j) * fl, g2 + ((size_t)(e0 + e) * d + j) * f + f0, sizeof(float) * fl);
+            memcpy(s2 + ((size_t)e * d + j) * fl, g2 + ((size_t)(e0 + e) * d + j) * f + f0,
+                   sizeof(float) * fl);
     // 1e-5: the same float32 math with rows summed in other orders (see test_mesh.sh)
     const double tol = 1e-5;
     double ey = relerr(yr + row0 * d, y, (size_t)Nl * d), edx = relerr(dxr + row0 * d, dx, (size_t)Nl * d);
     double er = relerr(gr, hr, (size_t)E * d), e1 = relerr(s1, h1, (size_t)El * fl * d),
            e3 = relerr(s3, h3, (size_t)El * fl * d), e2 = relerr(s2, h2, (size_t)El * d * fl);
     EXPECT(ey <= tol && edx <= tol && er <= tol && e1 <= tol && e3 <= tol && e2 <= tol,
-           "[%s] rank %d: y %.2e dx %.2e router %.2e w1 %.2e w3 %.2e w2 %.2e", label, mesh->rank, ey, edx, er, e1, e3, e2);
-    EXPECT(fabs(ml.aux - ref.aux) <= 1e-6 * fabs(ref.aux) + 1e-9 && fabs(ml.z - ref.z) <= 1e-6 * fabs(ref.z) + 1e-9,
+           "[%s] rank %d: y %.2e dx %.2e router %.2e w1 %.2e w3 %.2e w2 %.2e", label, mesh->rank, ey, edx, er,
+           e1, e3, e2);
+    EXPECT(fabs(ml.aux - ref.aux) <= 1e-6 * fabs(ref.aux) + 1e-9 &&
+               fabs(ml.z - ref.z) <= 1e-6 * fabs(ref.z) + 1e-9,
            "[%s] aux %.9g vs %.9g, z %.9g vs %.9g", label, ml.aux, ref.aux, ml.z, ref.z);
-    EXPECT(ml.dropped == ref.plan.dropped, "[%s] dropped %lld vs %d", label, (long long)ml.dropped, ref.plan.dropped);
+    EXPECT(ml.dropped == ref.plan.dropped, "[%s] dropped %lld vs %d", label, (long long)ml.dropped,
+           ref.plan.dropped);
     int64_t rows = ml.x.Rg, zero_ranks = rows == 0;
     comm_allreduce(mesh->world, &zero_ranks, 1, CT_I64);
     if (mesh->rank == 0)
         printf("%-34s ok=%d  ranks receiving no rows: %lld of %d, dropped %lld\n", label, t_failures == 0,
                (long long)zero_ranks, mesh->s.world, (long long)ml.dropped);
-    moe_layer_free(&ref); moe_layer_free(&ml); moe_scratch_free(&rs); moe_scratch_free(&ms);
-    free(x); free(dy); free(wr); free(w1); free(w3); free(w2); free(yr); free(dxr); free(gr); free(g1); free(g3); free(g2);
-    free(l1); free(l3); free(l2); free(y); free(dx); free(hr); free(h1); free(h3); free(h2); free(s1); free(s3); free(s2);
+    moe_layer_free(&ref);
+    moe_layer_free(&ml);
+    moe_scratch_free(&rs);
+    moe_scratch_free(&ms);
+    free(x);
+    free(dy);
+    free(wr);
+    free(w1);
+    free(w3);
+    free(w2);
+    free(yr);
+    free(dxr);
+    free(gr);
+    free(g1);
+    free(g3);
+    free(g2);
+    free(l1);
+    free(l3);
+    free(l2);
+    free(y);
+    free(dx);
+    free(hr);
+    free(h1);
+    free(h3);
+    free(h2);
+    free(s1);
+    free(s3);
+    free(s2);
 }
 
 int main(int argc, char **argv) {

@@ -28,7 +28,9 @@ static inline void plan_alloc(DispatchPlan *p, int N, int E, int k) {
     p->row_tok = xcalloc((size_t)N * k, sizeof *p->row_tok);
     p->row_slot = xcalloc((size_t)N * k, sizeof *p->row_slot);
     p->slot_row = xcalloc((size_t)N * k, sizeof *p->slot_row);
-    p->N = N; p->E = E; p->k = k;
+    p->N = N;
+    p->E = E;
+    p->k = k;
 }
 
 // cnt (k, E): this process's slot-j assignments to expert e.
@@ -41,15 +43,19 @@ static inline void router_slot_counts(const int32_t *idx, int N, int E, int k, i
 // General form: budget (k, E) = how many of this process's slot-j assignments to expert e are kept
 // (the first ones in token order); NULL = keep all. plan_build computes it for one process;
 // a mesh computes it from every rank's counts (router_budget) so drops match one process.
-static inline void plan_build_budget(DispatchPlan *p, const int32_t *idx, int N, int E, int k, const int64_t *budget) {
-    CHECK(N <= p->N && E == p->E && k == p->k, "plan_build: plan sized for N=%d E=%d k=%d, got N=%d E=%d k=%d",
-          p->N, p->E, p->k, N, E, k);
+static inline void plan_build_budget(DispatchPlan *p, const int32_t *idx, int N, int E, int k,
+                                     const int64_t *budget) {
+    CHECK(N <= p->N && E == p->E && k == p->k,
+          "plan_build: plan sized for N=%d E=%d k=%d, got N=%d E=%d k=%d", p->N, p->E, p->k, N, E, k);
     memset(p->counts, 0, sizeof(int64_t) * E);
     for (int i = 0; i < N * k; i++) p->counts[idx[i]]++;
     p->off[0] = 0;
     for (int e = 0; e < E; e++) {
         int64_t kept = p->counts[e];
-        if (budget) { kept = 0; for (int j = 0; j < k; j++) kept += budget[(size_t)j * E + e]; }
+        if (budget) {
+            kept = 0;
+            for (int j = 0; j < k; j++) kept += budget[(size_t)j * E + e];
+        }
         p->off[e + 1] = p->off[e] + kept;
     }
     p->M = (int)p->off[E];
@@ -74,7 +80,10 @@ static inline void plan_build_budget(DispatchPlan *p, const int32_t *idx, int N,
 
 // capacity < 0: dropless.
 static inline void plan_build(DispatchPlan *p, const int32_t *idx, int N, int E, int k, int capacity) {
-    if (capacity < 0) { plan_build_budget(p, idx, N, E, k, NULL); return; }
+    if (capacity < 0) {
+        plan_build_budget(p, idx, N, E, k, NULL);
+        return;
+    }
     int64_t *cnt = xmalloc(sizeof(int64_t) * k * E), *budget = xmalloc(sizeof(int64_t) * k * E);
     router_slot_counts(idx, N, E, k, cnt);
     router_budget(cnt, 1, 0, E, k, capacity, budget);
@@ -114,8 +123,8 @@ static inline void router_backward_ex(float *dlogits, const float *dw, const flo
 // dlogits (N,E) = d/dlogits of [ sum_{t,j} dw[t,j] * w[t,j]  +  aux_scale * aux  +  z_scale * z ]
 // where dw (N,k) is the gradient flowing into the combine weights.
 static inline void router_backward(float *dlogits, const float *dw, const float *probs, const float *lse,
-                                   const int32_t *idx, const float *w, const int64_t *counts, int N, int E, int k,
-                                   int renorm, float aux_scale, float z_scale) {
+                                   const int32_t *idx, const float *w, const int64_t *counts, int N, int E,
+                                   int k, int renorm, float aux_scale, float z_scale) {
     // aux = E * sum_e (counts_e / N) * (sum_t p_te / N): d/dp_te = E * counts_e / N^2
     float *aux_dp = xmalloc(sizeof(float) * E);
     for (int e = 0; e < E; e++) aux_dp[e] = N ? aux_scale * (float)E * ((float)counts[e] / N) / N : 0;

@@ -23,10 +23,24 @@ static inline void test_tiny_cfg(ModelConfig *c, int n_layers, int max_seq_len) 
 static inline ModelConfig test_small_cfg(void) {
     ModelConfig c;
     memset(&c, 0, sizeof c);
-    c.vocab_size = 32; c.d_model = 16; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 4;
-    c.d_ff = 24; c.n_experts = 4; c.top_k = 2; c.max_seq_len = 64;
-    c.rope_theta = 10000.0f; c.norm_eps = 1e-5f; c.init_std = 0.02f;
-    c.renormalize = 1; c.jitter = 0.0f; c.aux_coef = 0.01f; c.z_coef = 0.001f;
-    c.dispatch = DISPATCH_DROPLESS; c.capacity_factor = 1.25f;
+    c.vocab_size = 32;
+    c.d_model = 16;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 4;
+    c.d_ff = 24;
+    c.n_experts = 4;
+    c.top_k = 2;
+    c.max_seq_len = 64;
+    c.rope_theta = 10000.0f;
+    c.norm_eps = 1e-5f;
+    c.init_std = 0.02f;
+    c.renormalize = 1;
+    c.jitter = 0.0f;
+    c.aux_coef = 0.01f;
+    c.z_coef = 0.001f;
+    c.dispatch = DISPATCH_DROPLESS;
+    c.capacity_factor = 1.25f;
     return c;
 }

@@ -44,13 +44,14 @@
 #define LOSS_RTOL_BF16 1e-2
 #define LOSS_RTOL_BF16REF 1e-3
 
-static double g_rtol = MODEL_RTOL, g_norm = MODEL_RTOL;   // per-element and norm-wise tolerances of the pair
+static double g_rtol = MODEL_RTOL, g_norm = MODEL_RTOL; // per-element and norm-wise tolerances of the pair
 
 static double worst_all;
 
 // Worst per-element error of got against ref (n floats), relative to |ref| + rms(ref); *norm gets
 // the norm-wise ||got - ref|| / ||ref||.
-static double rel_err(const float *got, const float *ref, size_t n, size_t *bad_out, size_t *first, double *norm) {
+static double rel_err(const float *got, const float *ref, size_t n, size_t *bad_out, size_t *first,
+                      double *norm) {
     double rms = 0, dd = 0;
     for (size_t i = 0; i < n; i++) rms += (double)ref[i] * ref[i];
     double ss = rms;
@@ -60,7 +61,10 @@ static double rel_err(const float *got, const float *ref, size_t n, size_t *bad_
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-30);
         dd += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
-        if (!(e <= g_rtol)) { if (!bad) *first = i; bad++; }
+        if (!(e <= g_rtol)) {
+            if (!bad) *first = i;
+            bad++;
+        }
         if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
     }
     *bad_out = bad;
@@ -71,27 +75,33 @@ static double rel_err(const float *got, const float *ref, size_t n, size_t *bad_
 
 // gpu against ref (a cpu backend); fp32: when gpu is "cuda", the plain float32 cpu for the loose
 // bf16 check of the losses (NULL otherwise).
-static void check_config(const char *label, ModelConfig c, int B, int T, uint64_t noise_seed, const Backend *gpu,
-                         const Backend *cpu, const Backend *fp32) {
+static void check_config(const char *label, ModelConfig c, int B, int T, uint64_t noise_seed,
+                         const Backend *gpu, const Backend *cpu, const Backend *fp32) {
     Model mc, mg;
     model_init(&mc, &c, cpu, B, T, NULL);
     model_init(&mg, &c, gpu, B, T, NULL);
-    for (int l = 0; l < c.n_layers; l++) mc.la[l].moe.host_router_out = mg.la[l].moe.host_router_out = 1;   // idx_h
+    for (int l = 0; l < c.n_layers; l++)
+        mc.la[l].moe.host_router_out = mg.la[l].moe.host_router_out = 1; // idx_h
     CHECK(mc.t.ltotal == mg.t.ltotal, "parameter tables differ");
     size_t P = mc.t.ltotal, N = (size_t)B * T, V = c.vocab_size;
     Rng r;
     rng_seed(&r, 99);
-    params_init(&mc.t, &c, mc.params, 7);   // cpu buffers are host memory
+    params_init(&mc.t, &c, mc.params, 7); // cpu buffers are host memory
     for (int i = 0; i < mc.t.n; i++) {
         const ParamSpec *s = &mc.t.p[i];
         float *p = mc.params + s->loffset;
         // decisive routing (see the header), and norm weights that are not all 1
-        if (s->role == PR_ROUTER) for (size_t j = 0; j < s->lnumel; j++) p[j] *= 20.0f;
-        if (s->ndim == 1) for (size_t j = 0; j < s->lnumel; j++) p[j] += 0.2f * rng_normal(&r);
+        if (s->role == PR_ROUTER)
+            for (size_t j = 0; j < s->lnumel; j++) p[j] *= 20.0f;
+        if (s->ndim == 1)
+            for (size_t j = 0; j < s->lnumel; j++) p[j] += 0.2f * rng_normal(&r);
     }
     gpu->to_device(mg.params, mc.params, P * sizeof(float));
     int32_t *x = xmalloc(N * sizeof(int32_t)), *y = xmalloc(N * sizeof(int32_t));
-    for (size_t i = 0; i < N; i++) { x[i] = rng_below(&r, c.vocab_size); y[i] = rng_below(&r, c.vocab_size); }
+    for (size_t i = 0; i < N; i++) {
+        x[i] = rng_below(&r, c.vocab_size);
+        y[i] = rng_below(&r, c.vocab_size);
+    }
     const float aux = 0.3f, zc = 0.05f, dloss = 1.0f / N;
     int fails0 = t_failures;
     const int bf = fp32 != NULL;
@@ -110,8 +120,8 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     double e_logits = rel_err(lgts, mc.logits, N * V, &bad, &first, &nrm);
     EXPECT(nrm <= g_norm, "[%s] logits: norm-wise relative error %.3e > %.0e", label, nrm, g_norm);
     if (nrm > worst_norm) worst_norm = nrm;
-    EXPECT(bad == 0, "[%s] logits: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label, bad, N * V,
-           first, bad ? lgts[first] : 0.0, bad ? mc.logits[first] : 0.0);
+    EXPECT(bad == 0, "[%s] logits: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label, bad,
+           N * V, first, bad ? lgts[first] : 0.0, bad ? mc.logits[first] : 0.0);
 
     // training forward + backward, twice on the GPU (determinism)
     gpu->zero(mg.grads, P * sizeof(float));
@@ -125,10 +135,11 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
         model_backward(&mg, aux, zc);
         gpu->to_host(run ? g2 : g1, mg.grads, P * sizeof(float));
     }
-    EXPECT(memcmp(g1, g2, P * sizeof(float)) == 0, "[%s] two GPU steps on the same inputs gave different gradients",
-           label);
+    EXPECT(memcmp(g1, g2, P * sizeof(float)) == 0,
+           "[%s] two GPU steps on the same inputs gave different gradients", label);
     EXPECT(fabs(lg - lc) <= ltol * fabs(lc), "[%s] train loss: cuda %.9g cpu %.9g", label, lg, lc);
-    EXPECT(fabs(mg.aux - mc.aux) <= ltol * fabs(mc.aux) + 1e-9, "[%s] aux: cuda %.9g cpu %.9g", label, mg.aux, mc.aux);
+    EXPECT(fabs(mg.aux - mc.aux) <= ltol * fabs(mc.aux) + 1e-9, "[%s] aux: cuda %.9g cpu %.9g", label, mg.aux,
+           mc.aux);
     EXPECT(fabs(mg.z - mc.z) <= ztol * fabs(mc.z) + 1e-9, "[%s] z: cuda %.9g cpu %.9g", label, mg.z, mc.z);
     EXPECT(mg.dropped == mc.dropped, "[%s] dropped: cuda %lld cpu %lld", label, (long long)mg.dropped,
            (long long)mc.dropped);
@@ -145,15 +156,20 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
         const ParamSpec *s = &mc.t.p[i];
         if (!s->lnumel) continue;
         double e = rel_err(g1 + s->loffset, mc.grads + s->loffset, s->lnumel, &bad, &first, &nrm);
-        if (e > worst) { worst = e; worst_name = s->name; }
+        if (e > worst) {
+            worst = e;
+            worst_name = s->name;
+        }
         if (nrm > worst_norm) worst_norm = nrm;
-        EXPECT(nrm <= g_norm, "[%s] grad %s: norm-wise relative error %.3e > %.0e", label, s->name, nrm, g_norm);
-        EXPECT(bad == 0, "[%s] grad %s: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label, s->name,
-               bad, s->lnumel, first, bad ? g1[s->loffset + first] : 0.0, bad ? mc.grads[s->loffset + first] : 0.0);
+        EXPECT(nrm <= g_norm, "[%s] grad %s: norm-wise relative error %.3e > %.0e", label, s->name, nrm,
+               g_norm);
+        EXPECT(bad == 0, "[%s] grad %s: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label,
+               s->name, bad, s->lnumel, first, bad ? g1[s->loffset + first] : 0.0,
+               bad ? mc.grads[s->loffset + first] : 0.0);
     }
-    // the bf16 policy's packed expert gradients (model_set_expert_grads OPTG_PACKED, written by a step's first
-    // backward): each routed-expert element the bf16 (nearest even) of the float32 gradient of the same GPU
-    // step above, bit for bit (the same accumulators, rounded), every other tensor the same bits
+    // the bf16 policy's packed expert gradients (model_set_expert_grads OPTG_PACKED, written by a step's
+    // first backward): each routed-expert element the bf16 (nearest even) of the float32 gradient of the same
+    // GPU step above, bit for bit (the same accumulators, rounded), every other tensor the same bits
     model_set_expert_grads(&mg, OPTG_PACKED);
     model_zero_grads(&mg);
     model_forward(&mg, x, y, B, T, dloss, noise_seed);
@@ -174,8 +190,9 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
             pk_bad += h != bf16_rn_bits(g1[s->loffset + j]);
         }
     }
-    EXPECT(pk_n > 0 && pk_bad == 0, "[%s] packed expert gradients: %zu of %zu are not the bf16 of the float32 step's",
-           label, pk_bad, pk_n);
+    EXPECT(pk_n > 0 && pk_bad == 0,
+           "[%s] packed expert gradients: %zu of %zu are not the bf16 of the float32 step's", label, pk_bad,
+           pk_n);
     EXPECT(other_bad == 0, "[%s] packed expert gradients: %zu other tensors changed", label, other_bad);
     if (worst > worst_all) worst_all = worst;
     if (e_logits > worst_all) worst_all = e_logits;
@@ -191,38 +208,75 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
         double ft = model_forward(&mf, x, y, B, T, dloss, noise_seed);
         size_t same = 0, all = 0;
         for (int l = 0; l < c.n_layers; l++)
-            for (size_t i = 0; i < N * c.top_k; i++, all++) same += mg.la[l].moe.idx_h[i] == mf.la[l].moe.idx_h[i];
+            for (size_t i = 0; i < N * c.top_k; i++, all++)
+                same += mg.la[l].moe.idx_h[i] == mf.la[l].moe.idx_h[i];
         double re = fabs(le - fe) / fabs(fe), rt = fabs(lg - ft) / fabs(ft);
         EXPECT(re <= LOSS_RTOL_BF16 && rt <= LOSS_RTOL_BF16,
-               "[%s] bf16 vs float32 cpu: eval loss %.9g vs %.9g, train loss %.9g vs %.9g (rel > %.0e)", label, le, fe,
-               lg, ft, LOSS_RTOL_BF16);
-        snprintf(vs32, sizeof vs32, " | vs fp32 cpu: loss rel %.1e/%.1e, routing %zu/%zu same", re, rt, same, all);
+               "[%s] bf16 vs float32 cpu: eval loss %.9g vs %.9g, train loss %.9g vs %.9g (rel > %.0e)",
+               label, le, fe, lg, ft, LOSS_RTOL_BF16);
+        snprintf(vs32, sizeof vs32, " | vs fp32 cpu: loss rel %.1e/%.1e, routing %zu/%zu same", re, rt, same,
+                 all);
         model_free(&mf);
     }
-    printf("%-34s %-9s loss ref %.7f gpu %.7f (rel %.1e) | logits max rel %.2e | grads max rel %.2e (%s) | norm-wise %.2e%s | %s\n",
+    printf("%-34s %-9s loss ref %.7f gpu %.7f (rel %.1e) | logits max rel %.2e | grads max rel %.2e (%s) | "
+           "norm-wise %.2e%s | %s\n",
            label, gpu->name, lc, lg, fabs(lg - lc) / fabs(lc), e_logits, worst, worst_name, worst_norm, vs32,
            t_failures == fails0 ? "ok" : "FAIL");
-    free(x); free(y); free(lgts); free(g1); free(g2);
+    free(x);
+    free(y);
+    free(lgts);
+    free(g1);
+    free(g2);
     model_free(&mc);
     model_free(&mg);
 }
 
 int main(void) {
-    if (!backend_cuda_available()) TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
+    if (!backend_cuda_available())
+        TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
     ModelConfig c;
     config_preset(&c, "tiny");
-    c.vocab_size = 300; c.d_model = 96; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2; c.head_dim = 24;
-    c.d_ff = 64; c.n_experts = 4; c.top_k = 2; c.max_seq_len = 64; c.init_std = 0.1f;
+    c.vocab_size = 300;
+    c.d_model = 96;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 24;
+    c.d_ff = 64;
+    c.n_experts = 4;
+    c.top_k = 2;
+    c.max_seq_len = 64;
+    c.init_std = 0.1f;
     ModelConfig c2 = c;
-    c2.dispatch = DISPATCH_CAPACITY; c2.capacity_factor = 0.75f; c2.renormalize = 0; c2.jitter = 0.1f;
-    c2.n_kv_heads = 1; c2.top_k = 1;
+    c2.dispatch = DISPATCH_CAPACITY;
+    c2.capacity_factor = 0.75f;
+    c2.renormalize = 0;
+    c2.jitter = 0.1f;
+    c2.n_kv_heads = 1;
+    c2.top_k = 1;
     ModelConfig c3 = c;
-    c3.top_k = 4; c3.head_dim = 64; c3.n_heads = 2; c3.n_kv_heads = 2; c3.d_model = 128;
+    c3.top_k = 4;
+    c3.head_dim = 64;
+    c3.n_heads = 2;
+    c3.n_kv_heads = 2;
+    c3.d_model = 128;
     // the families' options and balancing (config.h)
-    ModelConfig f1 = c; f1.family = FAM_OLMOE; f1.qk_norm = QK_NORM_FULL; f1.renormalize = 0;
-    ModelConfig f2 = c; f2.family = FAM_QWEN2_MOE; f2.qkv_bias = 1; f2.n_shared_experts = 1; f2.shared_d_ff = 80;
-    f2.shared_gate = 1; f2.aux_scope = AUX_SCOPE_SEQ;
-    ModelConfig f3 = c; f3.family = FAM_QWEN3_MOE; f3.qk_norm = QK_NORM_HEAD; f3.head_dim = 32; f3.balance = BALANCE_AUX_FREE;
+    ModelConfig f1 = c;
+    f1.family = FAM_OLMOE;
+    f1.qk_norm = QK_NORM_FULL;
+    f1.renormalize = 0;
+    ModelConfig f2 = c;
+    f2.family = FAM_QWEN2_MOE;
+    f2.qkv_bias = 1;
+    f2.n_shared_experts = 1;
+    f2.shared_d_ff = 80;
+    f2.shared_gate = 1;
+    f2.aux_scope = AUX_SCOPE_SEQ;
+    ModelConfig f3 = c;
+    f3.family = FAM_QWEN3_MOE;
+    f3.qk_norm = QK_NORM_HEAD;
+    f3.head_dim = 32;
+    f3.balance = BALANCE_AUX_FREE;
     // MOE_TEST_BACKEND=cuda or cuda-fp32: that backend only (default: both)
     const char *only = getenv("MOE_TEST_BACKEND");
     for (int bf = 0; bf < 2; bf++) {
@@ -236,8 +290,8 @@ int main(void) {
         check_config("olmoe: qk-norm full", f1, 2, 40, 0, gpu, ref, f32);
         check_config("qwen2_moe: bias, gated shared, seq aux", f2, 2, 40, 0, gpu, ref, f32);
         check_config("qwen3_moe: qk-norm head, aux-free", f3, 2, 40, 0, gpu, ref, f32);
-        printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name, ref->name,
-               worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
+        printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name,
+               ref->name, worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
     }
     return test_done("test_cuda_model");
 }

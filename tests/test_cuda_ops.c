@@ -7,14 +7,15 @@
 // NaN before every run, so an element the kernel never writes fails. Every *_bwd runs twice per
 // backend: on zeroed gradient buffers (checks the gradient itself) and on buffers pre-filled with
 // the same random values (checks that it accumulates: += , not =). Those that can overwrite
-// (grouped_matmul_bwd's dinp without GM_ACC_DINP, swiglu_bwd with accumulate 0) run a third time so: the cpu's
-// buffers pre-filled with random values, the GPU's poisoned with NaN, so a value read back or left
+// (grouped_matmul_bwd's dinp without GM_ACC_DINP, swiglu_bwd with accumulate 0) run a third time so: the
+// cpu's buffers pre-filled with random values, the GPU's poisoned with NaN, so a value read back or left
 // behind on either side fails the same band.
 //
 // Error measure, per element: |gpu - cpu| / (|cpu| + rms(cpu)); the rms term keeps elements that
 // cancel to ~0 from dividing by ~0. The table at the end prints the worst value per op.
 // Bands (why): both sides are float32 (eps 6e-8).
-//   BAND_ELEM 1e-6  elementwise ops, copies, gathers, scatter-adds (embedding backward): the same operations in the same
+//   BAND_ELEM 1e-6  elementwise ops, copies, gathers, scatter-adds (embedding backward): the same operations
+//   in the same
 //                   order (cuda_nn.cu is built without FMA contraction); only expf/sqrt/pow may
 //                   differ by an ulp or two between glibc and CUDA.
 //   BAND_SUM  1e-5  GEMMs (cuBLAS sums in another order and in tiles), attention (online softmax,
@@ -75,7 +76,7 @@
 
 static Rng R;
 static const Backend *cpu, *gpu;
-static int gpu_bf16;   // gpu is "cuda": its bf16 GEMMs are checked against bf16_ref.h and the float32 cpu
+static int gpu_bf16; // gpu is "cuda": its bf16 GEMMs are checked against bf16_ref.h and the float32 cpu
 
 // ---------------------------------------------------------------- helpers
 static float *hnew(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
@@ -84,7 +85,11 @@ static float *hrand(size_t n, float sd) {
     for (size_t i = 0; i < n; i++) x[i] = sd * rng_normal(&R);
     return x;
 }
-static float *hcopy(const float *x, size_t n) { float *y = hnew(n); memcpy(y, x, n * sizeof(float)); return y; }
+static float *hcopy(const float *x, size_t n) {
+    float *y = hnew(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
 static int32_t *hidx(size_t n, int below) {
     int32_t *x = xcalloc(n ? n : 1, sizeof(int32_t));
     for (size_t i = 0; i < n; i++) x[i] = (int32_t)rng_below(&R, (uint32_t)below);
@@ -113,11 +118,16 @@ static float *dget(const float *d, size_t n) {
 }
 
 // Results per op, printed as a table at the end.
-typedef struct { char op[48]; double worst, band, norm, norm_band; int bad; } OpRow;
+typedef struct {
+    char op[48];
+    double worst, band, norm, norm_band;
+    int bad;
+} OpRow;
 static OpRow rows[64];
 static int nrows;
 static OpRow *row_for(const char *op, double band) {
-    for (int i = 0; i < nrows; i++) if (!strcmp(rows[i].op, op)) return &rows[i];
+    for (int i = 0; i < nrows; i++)
+        if (!strcmp(rows[i].op, op)) return &rows[i];
     CHECK(nrows < 64, "too many ops");
     OpRow *r = &rows[nrows++];
     snprintf(r->op, sizeof r->op, "%s", op);
@@ -127,8 +137,8 @@ static OpRow *row_for(const char *op, double band) {
 
 // Compares the device array got (n floats) with the host reference; frees nothing. norm_band > 0
 // also bounds ||got - ref|| / ||ref|| (the bf16 checks against the float32 reference).
-static void cmp_n(const char *op, const char *what, const float *got_d, const float *ref, size_t n, double band,
-                  double norm_band) {
+static void cmp_n(const char *op, const char *what, const float *got_d, const float *ref, size_t n,
+                  double band, double norm_band) {
     OpRow *r = row_for(op, band);
     float *got = dget(got_d, n);
     double rms = 0, dd = 0;
@@ -140,13 +150,16 @@ static void cmp_n(const char *op, const char *what, const float *got_d, const fl
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-30);
         dd += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
-        if (!(e <= band)) { if (!bad) first = i; bad++; }
+        if (!(e <= band)) {
+            if (!bad) first = i;
+            bad++;
+        }
         if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
     }
     if (worst > r->worst) r->worst = worst;
     r->bad += bad > 0;
-    EXPECT(bad == 0, "%s %s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g cpu %.9g", op, what, bad, n,
-           band, first, bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
+    EXPECT(bad == 0, "%s %s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g cpu %.9g", op, what,
+           bad, n, band, first, bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
     if (norm_band > 0 && n) {
         double e = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
         r->norm_band = norm_band;
@@ -156,13 +169,15 @@ static void cmp_n(const char *op, const char *what, const float *got_d, const fl
     }
     free(got);
 }
-static void cmp(const char *op, const char *what, const float *got_d, const float *ref, size_t n, double band) {
+static void cmp(const char *op, const char *what, const float *got_d, const float *ref, size_t n,
+                double band) {
     cmp_n(op, what, got_d, ref, n, band, 0);
 }
 static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, size_t n) {
     float *a = dget(a_d, n), *b = dget(b_d, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
-    free(a); free(b);
+    free(a);
+    free(b);
 }
 // ops.h GM_DW_BF16 on the device: pk_d (2n floats, NaN before the op) holds in its first 2n bytes the bf16
 // (nearest even) of ref_d's n floats (the same op's GM_DW_WRITE result), and its last n floats are NaN still
@@ -175,10 +190,11 @@ static void cmp_packed_dev(const char *what, const float *pk_d, const float *ref
         if (h != bf16_rn_bits(ref[j]) && bad++ == 0) first = j;
         kept &= isnan(pk[n + j]) != 0;
     }
-    EXPECT(bad == 0, "%s: %zu of %zu packed values are not the bf16 of the float32 write; first [%zu]", what, bad, n,
-           first);
+    EXPECT(bad == 0, "%s: %zu of %zu packed values are not the bf16 of the float32 write; first [%zu]", what,
+           bad, n, first);
     EXPECT(kept, "%s: a write past the float32 blocks", what);
-    free(pk); free(ref);
+    free(pk);
+    free(ref);
 }
 // the device array a_d against a host reference, bit for bit
 static void cmp_exact_host(const char *what, const float *a_d, const float *ref, size_t n) {
@@ -225,23 +241,34 @@ static void test_memory(int big) {
         for (int i = 0; i < nc; i++) {
             v = (float)(i + 1);
             gpu->to_device(word + i, &v, sizeof v);
-            v = -1.0f;   // (the copy has its own bytes)
+            v = -1.0f; // (the copy has its own bytes)
             gpu->axpy(acc + i, word + i, 2.0f, 1);
             if (i == nc / 2) gpu->to_device(bigd, hb, (64 << 10) + 4);
         }
         float *got = dget(acc, nc);
         int bad = 0;
         for (int i = 0; i < nc; i++) bad += got[i] != 2.0f * (float)(i + 1);
-        EXPECT(bad == 0, "to_device of small copies: %d of %d words wrong (a staged copy lost or reordered)", bad, nc);
-        gpu->free(acc); gpu->free(word); gpu->free(bigd); free(hb); free(got);
-        gpu->free(ma); gpu->free(mb); gpu->free(mc);
+        EXPECT(bad == 0, "to_device of small copies: %d of %d words wrong (a staged copy lost or reordered)",
+               bad, nc);
+        gpu->free(acc);
+        gpu->free(word);
+        gpu->free(bigd);
+        free(hb);
+        free(got);
+        gpu->free(ma);
+        gpu->free(mb);
+        gpu->free(mc);
     }
     gpu->sync();
     void *e = gpu->alloc(0);
     EXPECT(e != NULL, "alloc(0) returned NULL");
     gpu->free(e);
-    gpu->free(d); gpu->free(d2);
-    free(h); free(x); free(y); free(z);
+    gpu->free(d);
+    gpu->free(d2);
+    free(h);
+    free(x);
+    free(y);
+    free(z);
 }
 
 // The experts' hidden rows on the device (ops.h hid_elem: float32, or bf16 on "cuda"). hid_put rounds
@@ -262,7 +289,10 @@ static void *hid_nan(size_t n) {
 }
 static float *hid_get(const void *d, size_t n) {
     float *h = hnew(n);
-    if (gpu->hid_elem == sizeof(float)) { gpu->to_host(h, d, n * sizeof(float)); return h; }
+    if (gpu->hid_elem == sizeof(float)) {
+        gpu->to_host(h, d, n * sizeof(float));
+        return h;
+    }
     uint16_t *b = xcalloc(n ? n : 1, 2);
     gpu->to_host(b, d, n * 2);
     for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
@@ -275,7 +305,8 @@ static void hid_round(float *x, size_t n) {
         for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
 }
 
-// q, k, v and out as the attention takes them (ops.h: the hidden format): x rounded in place as stored, then put
+// q, k, v and out as the attention takes them (ops.h: the hidden format): x rounded in place as stored, then
+// put
 static void *att_put(float *x, size_t n) {
     hid_round(x, n);
     return hid_put(x, n);
@@ -290,10 +321,13 @@ static float *att_out(const void *d, size_t n) {
 static void cmp_exact_hid2(const char *what, const void *a_d, const void *b_d, size_t n) {
     float *a = hid_get(a_d, n), *b = hid_get(b_d, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
-    free(a); free(b);
+    free(a);
+    free(b);
 }
 // The attention output's element band: the float32 path's band, or (bf16 out) one rounding on top of it
-static double att_out_band(double f32_band) { return gpu->hid_elem == sizeof(float) ? f32_band : BAND_BF16_ELEM; }
+static double att_out_band(double f32_band) {
+    return gpu->hid_elem == sizeof(float) ? f32_band : BAND_BF16_ELEM;
+}
 
 // ---------------------------------------------------------------- GEMMs
 // On "cuda", a GEMM that runs in bf16 is compared with bf16_ref.h (same rounded operands) in
@@ -302,8 +336,8 @@ static int gemm_is_bf16(int grouped, int O) { return gpu_bf16 && (grouped || O >
 
 // Checks the device result od against the reference backend's (ref_r) and, for bf16, the float32
 // cpu's (ref_f) host results.
-static void cmp_gemm(const char *op, int bf, const char *what, const float *od, const float *ref_r, const float *ref_f,
-                     size_t n) {
+static void cmp_gemm(const char *op, int bf, const char *what, const float *od, const float *ref_r,
+                     const float *ref_f, size_t n) {
     char name[48];
     snprintf(name, sizeof name, "%s%s", op, bf ? " bf16 (vs rounded)" : "");
     cmp(name, what, od, ref_r, n, bf ? BAND_BF16_REF : BAND_SUM);
@@ -333,16 +367,20 @@ static void test_matmul(int N, int K, int O, int shift) {
         cpu->matmul_fwd(rf, x, w, N, K, O, a);
         float *od = a ? dputf(acc, (size_t)N * O) : dnan((size_t)N * O);
         gpu->matmul_fwd(od, xd, wd, N, K, O, a);
-        snprintf(what, sizeof what, "%s N%d K%d O%d%s", a ? "accumulate" : "overwrite", N, K, O, shift ? " unaligned" : "");
+        snprintf(what, sizeof what, "%s N%d K%d O%d%s", a ? "accumulate" : "overwrite", N, K, O,
+                 shift ? " unaligned" : "");
         cmp_gemm("matmul_fwd", bf, what, od, rr, rf, (size_t)N * O);
-        gpu->free(od); free(rr); free(rf);
+        gpu->free(od);
+        free(rr);
+        free(rf);
     }
     // backward: dinp and dw, each on zeroed and pre-filled buffers (added into), and each alone (other NULL);
     // pre 2: dinp and dw written (flags GM_DW_WRITE) over pre-filled buffers (NaN on the GPU)
-    float *dout = hrand((size_t)N * O, 1.0f), *pdx = hrand((size_t)N * K, 1.0f), *pdw = hrand((size_t)O * K, 1.0f);
+    float *dout = hrand((size_t)N * O, 1.0f), *pdx = hrand((size_t)N * K, 1.0f),
+          *pdw = hrand((size_t)O * K, 1.0f);
     float *doutd = dputf(dout, (size_t)N * O);
     for (int pre = 0; pre < 3; pre++)
-        for (int which = 0; which < 3; which++) {   // 0 both, 1 dinp only, 2 dw only
+        for (int which = 0; which < 3; which++) { // 0 both, 1 dinp only, 2 dw only
             int fl = pre == 2 ? GM_DW_WRITE : GM_ACC_DINP;
             float *dx = pre ? hcopy(pdx, (size_t)N * K) : hnew((size_t)N * K);
             float *dw = pre ? hcopy(pdw, (size_t)O * K) : hnew((size_t)O * K);
@@ -352,22 +390,42 @@ static void test_matmul(int N, int K, int O, int shift) {
             ref->matmul_bwd(which != 2 ? dx : NULL, which != 1 ? dw : NULL, dout, x, w, N, K, O, fl);
             cpu->matmul_bwd(which != 2 ? dxf : NULL, which != 1 ? dwf : NULL, dout, x, w, N, K, O, fl);
             gpu->matmul_bwd(which != 2 ? dxd : NULL, which != 1 ? dwd : NULL, doutd, xd, wd, N, K, O, fl);
-            if (pre == 2 && which == 2) {   // dinp NULL: nothing to compare for it (dxd holds NaN)
+            if (pre == 2 && which == 2) { // dinp NULL: nothing to compare for it (dxd holds NaN)
                 gpu->free(dxd);
                 dxd = dputf(dx, (size_t)N * K);
             }
-            if (pre == 2 && which == 1) {   // dw NULL: likewise
+            if (pre == 2 && which == 1) { // dw NULL: likewise
                 gpu->free(dwd);
                 dwd = dputf(dw, (size_t)O * K);
             }
-            snprintf(what, sizeof what, "dinp%s N%d K%d O%d", pre == 2 ? " (written)" : pre ? " (accumulate)" : "", N, K, O);
+            snprintf(what, sizeof what, "dinp%s N%d K%d O%d",
+                     pre == 2  ? " (written)"
+                         : pre ? " (accumulate)"
+                               : "",
+                     N, K, O);
             cmp_gemm("matmul_bwd", bf, what, dxd, dx, dxf, (size_t)N * K);
-            snprintf(what, sizeof what, "dw%s N%d K%d O%d", pre == 2 ? " (written)" : pre ? " (accumulate)" : "", N, K, O);
+            snprintf(what, sizeof what, "dw%s N%d K%d O%d",
+                     pre == 2  ? " (written)"
+                         : pre ? " (accumulate)"
+                               : "",
+                     N, K, O);
             cmp_gemm("matmul_bwd", bf, what, dwd, dw, dwf, (size_t)O * K);
-            gpu->free(dxd); gpu->free(dwd); free(dx); free(dw); free(dxf); free(dwf);
+            gpu->free(dxd);
+            gpu->free(dwd);
+            free(dx);
+            free(dw);
+            free(dxf);
+            free(dwf);
         }
-    gpu->free(xb); gpu->free(wb); gpu->free(doutd);
-    free(x); free(w); free(acc); free(dout); free(pdx); free(pdw);
+    gpu->free(xb);
+    gpu->free(wb);
+    gpu->free(doutd);
+    free(x);
+    free(w);
+    free(acc);
+    free(dout);
+    free(pdx);
+    free(pdw);
 }
 
 // The narrow weight gradient (O <= MOE_GEMM_FP32_MAX_O: the router's; cuda_gemm.cu dw_narrow, both backends)
@@ -375,29 +433,42 @@ static void test_matmul(int N, int K, int O, int shift) {
 // chunks' sums added in chunk order, then added to dw (or written over NaN with GM_DW_WRITE).
 static void test_dw_narrow(int N, int K, int O) {
     size_t nk = (size_t)N * K, ok = (size_t)O * K;
-    float *x = hrand(nk, 1.0f), *dout = hrand((size_t)N * O, 1.0f), *pre = hrand(ok, 1.0f), *w = hrand(ok, 0.5f);
+    float *x = hrand(nk, 1.0f), *dout = hrand((size_t)N * O, 1.0f), *pre = hrand(ok, 1.0f),
+          *w = hrand(ok, 0.5f);
     float *ww = hnew(ok), *wa = hnew(ok);
     for (int o = 0; o < O; o++)
         for (int k = 0; k < K; k++) {
             float sum = 0.0f;
             for (int n0 = 0; n0 < N; n0 += 128) {
                 float p = 0.0f;
-                for (int n = n0; n < N && n < n0 + 128; n++) p = fmaf(dout[(size_t)n * O + o], x[(size_t)n * K + k], p);
+                for (int n = n0; n < N && n < n0 + 128; n++)
+                    p = fmaf(dout[(size_t)n * O + o], x[(size_t)n * K + k], p);
                 sum = n0 ? sum + p : p;
             }
             ww[(size_t)o * K + k] = sum;
             wa[(size_t)o * K + k] = pre[(size_t)o * K + k] + sum;
         }
-    float *xd = dputf(x, nk), *dd = dputf(dout, (size_t)N * O), *wd = dputf(w, ok), *dwn = dnan(ok), *dwa = dputf(pre, ok);
+    float *xd = dputf(x, nk), *dd = dputf(dout, (size_t)N * O), *wd = dputf(w, ok), *dwn = dnan(ok),
+          *dwa = dputf(pre, ok);
     gpu->matmul_bwd(NULL, dwn, dd, xd, wd, N, K, O, GM_DW_WRITE);
     gpu->matmul_bwd(NULL, dwa, dd, xd, wd, N, K, O, 0);
     char what[96];
     snprintf(what, sizeof what, "matmul_bwd narrow dw (written) = the oracle's order N%d K%d O%d", N, K, O);
     cmp_exact_host(what, dwn, ww, ok);
-    snprintf(what, sizeof what, "matmul_bwd narrow dw (accumulate) = the oracle's order N%d K%d O%d", N, K, O);
+    snprintf(what, sizeof what, "matmul_bwd narrow dw (accumulate) = the oracle's order N%d K%d O%d", N, K,
+             O);
     cmp_exact_host(what, dwa, wa, ok);
-    gpu->free(xd); gpu->free(dd); gpu->free(wd); gpu->free(dwn); gpu->free(dwa);
-    free(x); free(dout); free(pre); free(w); free(ww); free(wa);
+    gpu->free(xd);
+    gpu->free(dd);
+    gpu->free(wd);
+    gpu->free(dwn);
+    gpu->free(dwa);
+    free(x);
+    free(dout);
+    free(pre);
+    free(w);
+    free(ww);
+    free(wa);
 }
 
 // matmul_fwd_multi / matmul_bwd_multi: the same bits as the single ops called in order on the input's
@@ -428,40 +499,63 @@ static void test_matmul_multi(int N, int K, const int *O) {
         snprintf(what, sizeof what, "matmul_fwd_multi out[%d] N%d K%d O%d vs matmul_fwd", i, N, K, O[i]);
         cmp_exact_dev(what, outm[i], outs[i], (size_t)N * O[i]);
     }
-    float *pdx = hrand((size_t)N * K, 1.0f), *dxm = dputf(pdx, (size_t)N * K), *dxs = dputf(pdx, (size_t)N * K);
-    gpu->matmul_bwd_multi(3, dxm, dwm, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O, GM_ACC_DINP);
+    float *pdx = hrand((size_t)N * K, 1.0f), *dxm = dputf(pdx, (size_t)N * K),
+          *dxs = dputf(pdx, (size_t)N * K);
+    gpu->matmul_bwd_multi(3, dxm, dwm, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O,
+                          GM_ACC_DINP);
     for (int i = 0; i < 3; i++) gpu->matmul_bwd(dxs, dws[i], doutd[i], xd, wd[i], N, K, O[i], GM_ACC_DINP);
-    snprintf(what, sizeof what, "matmul_bwd_multi dinp N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0], O[1], O[2]);
+    snprintf(what, sizeof what, "matmul_bwd_multi dinp N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0], O[1],
+             O[2]);
     cmp_exact_dev(what, dxm, dxs, (size_t)N * K);
-    {   // dinp and dw written (GM_DW_WRITE) over NaN: the single ops' bits, dinp's first product written
+    { // dinp and dw written (GM_DW_WRITE) over NaN: the single ops' bits, dinp's first product written
         float *dxw = dnan((size_t)N * K), *dxw1 = dnan((size_t)N * K);
         float *dwx[3], *dwx1[3];
-        for (int i = 0; i < 3; i++) { dwx[i] = dnan((size_t)O[i] * K); dwx1[i] = dnan((size_t)O[i] * K); }
+        for (int i = 0; i < 3; i++) {
+            dwx[i] = dnan((size_t)O[i] * K);
+            dwx1[i] = dnan((size_t)O[i] * K);
+        }
         gpu->matmul_bwd_multi(3, dxw, dwx, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O,
                               GM_DW_WRITE);
         for (int i = 0; i < 3; i++)
-            gpu->matmul_bwd(dxw1, dwx1[i], doutd[i], xd, wd[i], N, K, O[i], GM_DW_WRITE | (i ? GM_ACC_DINP : 0));
-        snprintf(what, sizeof what, "matmul_bwd_multi dinp, dw written N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0],
-                 O[1], O[2]);
+            gpu->matmul_bwd(dxw1, dwx1[i], doutd[i], xd, wd[i], N, K, O[i],
+                            GM_DW_WRITE | (i ? GM_ACC_DINP : 0));
+        snprintf(what, sizeof what, "matmul_bwd_multi dinp, dw written N%d K%d O%d,%d,%d vs matmul_bwd x3", N,
+                 K, O[0], O[1], O[2]);
         cmp_exact_dev(what, dxw, dxw1, (size_t)N * K);
         for (int i = 0; i < 3; i++) cmp_exact_dev(what, dwx[i], dwx1[i], (size_t)O[i] * K);
-        for (int i = 0; i < 3; i++) {   // and the bits of adding into zeros (the accumulating run above from pre)
+        for (int i = 0; i < 3;
+             i++) { // and the bits of adding into zeros (the accumulating run above from pre)
             gpu->zero(dwx1[i], (size_t)O[i] * K * sizeof(float));
             gpu->matmul_bwd(NULL, dwx1[i], doutd[i], xd, wd[i], N, K, O[i], 0);
             cmp_exact_dev("matmul_bwd dw written == added into zeros", dwx[i], dwx1[i], (size_t)O[i] * K);
         }
-        gpu->free(dxw); gpu->free(dxw1);
-        for (int i = 0; i < 3; i++) { gpu->free(dwx[i]); gpu->free(dwx1[i]); }
+        gpu->free(dxw);
+        gpu->free(dxw1);
+        for (int i = 0; i < 3; i++) {
+            gpu->free(dwx[i]);
+            gpu->free(dwx1[i]);
+        }
     }
     for (int i = 0; i < 3; i++) {
         snprintf(what, sizeof what, "matmul_bwd_multi dw[%d] N%d K%d O%d vs matmul_bwd", i, N, K, O[i]);
         cmp_exact_dev(what, dwm[i], dws[i], (size_t)O[i] * K);
     }
     for (int i = 0; i < 3; i++) {
-        gpu->free(wd[i]); gpu->free(outm[i]); gpu->free(outs[i]); gpu->free(doutd[i]); gpu->free(dwm[i]); gpu->free(dws[i]);
-        free(w[i]); free(dout[i]);
+        gpu->free(wd[i]);
+        gpu->free(outm[i]);
+        gpu->free(outs[i]);
+        gpu->free(doutd[i]);
+        gpu->free(dwm[i]);
+        gpu->free(dws[i]);
+        free(w[i]);
+        free(dout[i]);
     }
-    gpu->free(xd); gpu->free(xh); gpu->free(dxm); gpu->free(dxs); free(x); free(pdx);
+    gpu->free(xd);
+    gpu->free(xh);
+    gpu->free(dxm);
+    gpu->free(dxs);
+    free(x);
+    free(pdx);
 }
 
 // G groups with the given row counts (zeros anywhere, all zero).
@@ -513,30 +607,55 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
         cpu->grouped_matmul_bwd(dxf, dwf, dout, x, w, off, G, K, O, acc);
         const char *tag = mode == 0 ? "" : mode == 1 ? " (accumulate)" : " (overwrite, off[0] = 2)";
         snprintf(what, sizeof what, "dinp%s G%d rows %d K%d O%d", tag, G, n, K, O);
-        cmp_gemm("grouped_matmul_bwd", bf, what, mode < 2 ? dxd : dxd + (size_t)L * K, dx, dxf, (size_t)n * K);
+        cmp_gemm("grouped_matmul_bwd", bf, what, mode < 2 ? dxd : dxd + (size_t)L * K, dx, dxf,
+                 (size_t)n * K);
         if (mode == 2) {
             float *got = dget(dxd, nxs);
             int kept = memcmp(got, side, sizeof(float) * L * K) == 0 &&
-                       memcmp(got + (size_t)(L + n) * K, side + (size_t)(L + n) * K, sizeof(float) * L * K) == 0;
+                memcmp(got + (size_t)(L + n) * K, side + (size_t)(L + n) * K, sizeof(float) * L * K) == 0;
             EXPECT(kept, "grouped_matmul_bwd %s: a row outside [off[0], off[G]) changed", what);
             free(got);
         }
         snprintf(what, sizeof what, "dw%s G%d rows %d K%d O%d",
-                 mode == 0 ? "" : mode == 1 ? " (accumulate)" : " (accumulate; dinp overwritten)", G, n, K, O);
+                 mode == 0       ? ""
+                     : mode == 1 ? " (accumulate)"
+                                 : " (accumulate; dinp overwritten)",
+                 G, n, K, O);
         cmp_gemm("grouped_matmul_bwd", bf, what, dwd, dw, dwf, (size_t)G * O * K);
         // the weight blocks of empty groups: exactly what was there
         float *dwg = dget(dwd, (size_t)G * O * K);
         int same = 1;
         for (int g = 0; g < G; g++)
-            if (!cnt[g]) same &= memcmp(dwg + (size_t)g * O * K, dw + (size_t)g * O * K, sizeof(float) * O * K) == 0;
+            if (!cnt[g])
+                same &= memcmp(dwg + (size_t)g * O * K, dw + (size_t)g * O * K, sizeof(float) * O * K) == 0;
         EXPECT(same, "grouped_matmul_bwd %s: an empty group's dw block changed", what);
         free(dwg);
-        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw); free(dxf); free(dwf); free(dxs);
+        gpu->free(dxd);
+        gpu->free(dwd);
+        free(dx);
+        free(dw);
+        free(dxf);
+        free(dwf);
+        free(dxs);
     }
-    gpu->free(xsd); gpu->free(doutsd);
-    free(offs); free(side); free(xs); free(douts);
-    gpu->free(xd); gpu->free(wd); gpu->free(od); gpu->free(doutd);
-    free(x); free(w); free(rr); free(rf); free(dout); free(pdx); free(pdw); free(off);
+    gpu->free(xsd);
+    gpu->free(doutsd);
+    free(offs);
+    free(side);
+    free(xs);
+    free(douts);
+    gpu->free(xd);
+    gpu->free(wd);
+    gpu->free(od);
+    gpu->free(doutd);
+    free(x);
+    free(w);
+    free(rr);
+    free(rf);
+    free(dout);
+    free(pdx);
+    free(pdw);
+    free(off);
 }
 
 // Hidden rows written by the GPU against the reference backend's (ref_r: bf16_ref.h rounds them as
@@ -551,12 +670,15 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
 #define BAND_HID_FLIP 2e-2
 static double bf16_ulp(double v) {
     int ex;
-    frexp(v, &ex);   // v = m 2^ex, 0.5 <= |m| < 1: 8 significant bits
+    frexp(v, &ex); // v = m 2^ex, 0.5 <= |m| < 1: 8 significant bits
     return ldexp(1.0, ex - 8);
 }
-static void cmp_hid(const char *op, int bf, const char *what, const void *got_d, const float *ref_r, const float *ref_f,
-                    size_t n) {
-    if (gpu->hid_elem == sizeof(float)) { cmp_gemm(op, bf, what, got_d, ref_r, ref_f, n); return; }
+static void cmp_hid(const char *op, int bf, const char *what, const void *got_d, const float *ref_r,
+                    const float *ref_f, size_t n) {
+    if (gpu->hid_elem == sizeof(float)) {
+        cmp_gemm(op, bf, what, got_d, ref_r, ref_f, n);
+        return;
+    }
     char name[48];
     snprintf(name, sizeof name, "%s bf16 rows (flips)", op);
     OpRow *r = row_for(name, BAND_HID_FLIP);
@@ -575,11 +697,13 @@ static void cmp_hid(const char *op, int bf, const char *what, const void *got_d,
     double frac = n ? (double)flips / n : 0;
     if (frac > r->worst) r->worst = frac;
     r->bad += far > 0 || frac > BAND_HID_FLIP;
-    EXPECT(far == 0, "%s %s: %zu values more than one bf16 ulp + %.0e from the reference; first [%zu] cuda %.9g ref %.9g",
-           op, what, far, BAND_BF16_REF, first, far ? got[first] : 0.0, far ? ref_r[first] : 0.0);
-    EXPECT(frac <= BAND_HID_FLIP, "%s %s: %zu of %zu values off the reference (%.3g > %.0e)", op, what, flips, n, frac,
-           BAND_HID_FLIP);
-    float *gd = dputf(got, n);   // cmp_n reads a float32 device array
+    EXPECT(
+        far == 0,
+        "%s %s: %zu values more than one bf16 ulp + %.0e from the reference; first [%zu] cuda %.9g ref %.9g",
+        op, what, far, BAND_BF16_REF, first, far ? got[first] : 0.0, far ? ref_r[first] : 0.0);
+    EXPECT(frac <= BAND_HID_FLIP, "%s %s: %zu of %zu values off the reference (%.3g > %.0e)", op, what, flips,
+           n, frac, BAND_HID_FLIP);
+    float *gd = dputf(got, n); // cmp_n reads a float32 device array
     snprintf(name, sizeof name, "%s bf16 (vs fp32)", op);
     cmp_n(name, what, gd, ref_f, n, BAND_BF16_ELEM, BAND_BF16_NORM);
     gpu->free(gd);
@@ -590,7 +714,8 @@ static void cmp_exact_hid(const char *what, const void *got_d, const float *f_d,
     float *a = hid_get(got_d, n), *b = dget(f_d, n);
     hid_round(b, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
-    free(a); free(b);
+    free(a);
+    free(b);
 }
 
 // The fused expert ops over the groups (the experts' w1/w3 with SwiGLU, w2 forward from the hidden rows,
@@ -616,7 +741,11 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     // forward: h1, h3, act
     float *r[3], *f[3];
     void *o[3];
-    for (int i = 0; i < 3; i++) { r[i] = hnew(nh); f[i] = hnew(nh); o[i] = hid_nan(nh); }
+    for (int i = 0; i < 3; i++) {
+        r[i] = hnew(nh);
+        f[i] = hnew(nh);
+        o[i] = hid_nan(nh);
+    }
     ref->grouped_swiglu_fwd(r[0], r[1], r[2], x, w1, w3, off, G, K, O);
     cpu->grouped_swiglu_fwd(f[0], f[1], f[2], x, w1, w3, off, G, K, O);
     gpu->grouped_swiglu_fwd(o[0], o[1], o[2], xh, w1d, w3d, off, G, K, O);
@@ -631,7 +760,8 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     gpu->swiglu_fwd(pact, ph1, ph3, nh);
     float *pf[3] = {ph1, ph3, pact};
     for (int i = 0; i < 3; i++) {
-        snprintf(what, sizeof what, "grouped_swiglu_fwd: %s = plain GEMMs + swiglu_fwd G%d K%d O%d", fn[i], G, K, O);
+        snprintf(what, sizeof what, "grouped_swiglu_fwd: %s = plain GEMMs + swiglu_fwd G%d K%d O%d", fn[i], G,
+                 K, O);
         cmp_exact_hid(what, o[i], pf[i], nh);
     }
     // w2's forward from the hidden rows: act (rows, O) in, (rows, K) out; the reference's act (on
@@ -650,11 +780,15 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     // Every side gets the reference's h1, h3, act (the GPU's own differ in the last bits, and act
     // rounded to bf16 for dw would then differ by a bf16 ulp in places: measured 1.1e-4 on one element)
     float *dy = hrand(nx, 1.0f), *pdw = hrand(nw, 1.0f);
-    hid_round(dy, nx);   // (dout in the hidden format, as x)
+    hid_round(dy, nx); // (dout in the hidden format, as x)
     float *dyd = dputf(dy, nx);
     void *dyh = hid_put(dy, nx);
-    for (int i = 0; i < 3; i++) { gpu->free(o[i]); o[i] = hid_put(r[i], nh); }
-    float *d1 = hnew(nh), *d3 = hnew(nh), *d1f = hnew(nh), *d3f = hnew(nh), *dw = hcopy(pdw, nw), *dwf = hcopy(pdw, nw);
+    for (int i = 0; i < 3; i++) {
+        gpu->free(o[i]);
+        o[i] = hid_put(r[i], nh);
+    }
+    float *d1 = hnew(nh), *d3 = hnew(nh), *d1f = hnew(nh), *d3f = hnew(nh), *dw = hcopy(pdw, nw),
+          *dwf = hcopy(pdw, nw);
     float *dwd = dputf(pdw, nw);
     void *d1d = hid_nan(nh), *d3d = hid_nan(nh);
     ref->grouped_swiglu_bwd(d1, d3, dw, dy, r[2], r[0], r[1], w2, off, G, O, K, 0);
@@ -679,8 +813,9 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     gpu->grouped_swiglu_bwd(d1d, d3d, dwn, dyh, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE);
     snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_WRITE = into zeros G%d K%d O%d", G, O, K);
     cmp_exact_dev(what, dwn, dwz, nw);
-    float *dwp = dnan(2 * nw);   // GM_DW_BF16: the same floats rounded, packed
-    gpu->grouped_swiglu_bwd(d1d, d3d, dwp, dyh, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE | GM_DW_BF16);
+    float *dwp = dnan(2 * nw); // GM_DW_BF16: the same floats rounded, packed
+    gpu->grouped_swiglu_bwd(d1d, d3d, dwp, dyh, o[2], o[0], o[1], w2d, off, G, O, K,
+                            GM_DW_WRITE | GM_DW_BF16);
     snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_BF16 = GM_DW_WRITE's rounded G%d K%d O%d", G, O, K);
     cmp_packed_dev(what, dwp, dwn, nw);
     gpu->free(dwp);
@@ -705,47 +840,107 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
         cmp_gemm("grouped_matmul_bwd2", bf, what, dwad, dwa, dwaf, nw);
         snprintf(what, sizeof what, "dwb (%s) G%d rows %zu K%d O%d", tag, G, n, K, O);
         cmp_gemm("grouped_matmul_bwd2", bf, what, dwbd, dwb, dwbf, nw);
-        if (!acc) {   // GM_DW_WRITE over NaN = added into zeros, bit for bit
+        if (!acc) { // GM_DW_WRITE over NaN = added into zeros, bit for bit
             float *za = dputf(zw, nw), *zb = dputf(zw, nw), *na = dnan(nw), *nb = dnan(nw), *xz = dnan(nx);
             gpu->grouped_matmul_bwd2(xz, za, zb, gad, gbd, xh, w1d, w3d, off, G, K, O, 0);
             gpu->grouped_matmul_bwd2(xz, na, nb, gad, gbd, xh, w1d, w3d, off, G, K, O, GM_DW_WRITE);
-            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwa) G%d K%d O%d", G, K, O);
+            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwa) G%d K%d O%d", G,
+                     K, O);
             cmp_exact_dev(what, na, za, nw);
-            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwb) G%d K%d O%d", G, K, O);
+            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwb) G%d K%d O%d", G,
+                     K, O);
             cmp_exact_dev(what, nb, zb, nw);
             float *pa = dnan(2 * nw), *pb = dnan(2 * nw);
-            gpu->grouped_matmul_bwd2(xz, pa, pb, gad, gbd, xh, w1d, w3d, off, G, K, O, GM_DW_WRITE | GM_DW_BF16);
-            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_BF16 = GM_DW_WRITE's rounded (dwa) G%d K%d O%d", G, K, O);
+            gpu->grouped_matmul_bwd2(xz, pa, pb, gad, gbd, xh, w1d, w3d, off, G, K, O,
+                                     GM_DW_WRITE | GM_DW_BF16);
+            snprintf(what, sizeof what,
+                     "grouped_matmul_bwd2 GM_DW_BF16 = GM_DW_WRITE's rounded (dwa) G%d K%d O%d", G, K, O);
             cmp_packed_dev(what, pa, na, nw);
-            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_BF16 = GM_DW_WRITE's rounded (dwb) G%d K%d O%d", G, K, O);
+            snprintf(what, sizeof what,
+                     "grouped_matmul_bwd2 GM_DW_BF16 = GM_DW_WRITE's rounded (dwb) G%d K%d O%d", G, K, O);
             cmp_packed_dev(what, pb, nb, nw);
-            gpu->free(pa); gpu->free(pb);
-            gpu->free(za); gpu->free(zb); gpu->free(na); gpu->free(nb); gpu->free(xz);
+            gpu->free(pa);
+            gpu->free(pb);
+            gpu->free(za);
+            gpu->free(zb);
+            gpu->free(na);
+            gpu->free(nb);
+            gpu->free(xz);
         }
-        gpu->free(dxd); gpu->free(dwad); gpu->free(dwbd);
-        free(dx); free(dwa); free(dwb); free(dxf); free(dwaf); free(dwbf);
+        gpu->free(dxd);
+        gpu->free(dwad);
+        gpu->free(dwbd);
+        free(dx);
+        free(dwa);
+        free(dwb);
+        free(dxf);
+        free(dwaf);
+        free(dwbf);
     }
-    for (int i = 0; i < 3; i++) { free(r[i]); free(f[i]); gpu->free(o[i]); }
-    gpu->free(ph1); gpu->free(ph3); gpu->free(pact); gpu->free(actd); gpu->free(actf); gpu->free(yd); gpu->free(yp);
-    gpu->free(h1f); gpu->free(h3f); gpu->free(dact); gpu->free(p1); gpu->free(p3); gpu->free(dwz); gpu->free(dwn);
+    for (int i = 0; i < 3; i++) {
+        free(r[i]);
+        free(f[i]);
+        gpu->free(o[i]);
+    }
+    gpu->free(ph1);
+    gpu->free(ph3);
+    gpu->free(pact);
+    gpu->free(actd);
+    gpu->free(actf);
+    gpu->free(yd);
+    gpu->free(yp);
+    gpu->free(h1f);
+    gpu->free(h3f);
+    gpu->free(dact);
+    gpu->free(p1);
+    gpu->free(p3);
+    gpu->free(dwz);
+    gpu->free(dwn);
     free(zw);
-    gpu->free(xd); gpu->free(w1d); gpu->free(w3d); gpu->free(w2d); gpu->free(dyd); gpu->free(d1d); gpu->free(d3d);
-    gpu->free(dwd); gpu->free(gad); gpu->free(gbd); gpu->free(xh); gpu->free(dyh);
-    free(x); free(w1); free(w3); free(w2); free(dy); free(pdw); free(d1); free(d3); free(d1f); free(d3f); free(dw);
-    free(dwf); free(ga); free(gb); free(pdx); free(off); free(yr); free(yf);
+    gpu->free(xd);
+    gpu->free(w1d);
+    gpu->free(w3d);
+    gpu->free(w2d);
+    gpu->free(dyd);
+    gpu->free(d1d);
+    gpu->free(d3d);
+    gpu->free(dwd);
+    gpu->free(gad);
+    gpu->free(gbd);
+    gpu->free(xh);
+    gpu->free(dyh);
+    free(x);
+    free(w1);
+    free(w3);
+    free(w2);
+    free(dy);
+    free(pdw);
+    free(d1);
+    free(d3);
+    free(d1f);
+    free(d3f);
+    free(dw);
+    free(dwf);
+    free(ga);
+    free(gb);
+    free(pdx);
+    free(off);
+    free(yr);
+    free(yf);
 }
 
 // ---------------------------------------------------------------- embedding, rows
 static void test_embedding(int V, int N, int C) {
     float *tab = hrand((size_t)V * C, 1.0f);
-    int32_t *tok = hidx(N, V);   // N >> V: many repeats, so the backward's sum order matters
+    int32_t *tok = hidx(N, V); // N >> V: many repeats, so the backward's sum order matters
     float *tabd = dputf(tab, (size_t)V * C);
     int32_t *tokd = dput(tok, N * sizeof(int32_t));
     float *ref = hnew((size_t)N * C), *od = dnan((size_t)N * C);
     cpu->embedding_fwd(ref, tok, tab, N, C);
     gpu->embedding_fwd(od, tokd, tabd, N, C);
     cmp("embedding_fwd", "out", od, ref, (size_t)N * C, BAND_ELEM);
-    float *dout = hrand((size_t)N * C, 1.0f), *doutd = dputf(dout, (size_t)N * C), *pre = hrand((size_t)V * C, 1.0f);
+    float *dout = hrand((size_t)N * C, 1.0f), *doutd = dputf(dout, (size_t)N * C),
+          *pre = hrand((size_t)V * C, 1.0f);
     for (int p = 0; p < 2; p++) {
         float *dt = p ? hcopy(pre, (size_t)V * C) : hnew((size_t)V * C);
         float *dtd = dputf(dt, (size_t)V * C), *dtd2 = dputf(dt, (size_t)V * C);
@@ -754,10 +949,19 @@ static void test_embedding(int V, int N, int C) {
         gpu->embedding_bwd(dtd2, doutd, tokd, N, C);
         cmp("embedding_bwd", p ? "dtable (accumulate)" : "dtable", dtd, dt, (size_t)V * C, BAND_ELEM);
         cmp_exact_dev("embedding_bwd (two runs on the same inputs)", dtd, dtd2, (size_t)V * C);
-        gpu->free(dtd); gpu->free(dtd2); free(dt);
+        gpu->free(dtd);
+        gpu->free(dtd2);
+        free(dt);
     }
-    gpu->free(tabd); gpu->free(tokd); gpu->free(od); gpu->free(doutd);
-    free(tab); free(tok); free(ref); free(dout); free(pre);
+    gpu->free(tabd);
+    gpu->free(tokd);
+    gpu->free(od);
+    gpu->free(doutd);
+    free(tab);
+    free(tok);
+    free(ref);
+    free(dout);
+    free(pre);
 }
 
 // <a, b> over C as gather_dot_scale_k sums it (cuda_nn.cu: one warp per row; lane l adds the
@@ -767,7 +971,7 @@ static void test_embedding(int V, int N, int C) {
 // rounded to float). The products of two floats are exact in double, so only this order decides the bits.
 static float warp_order_dot(const float *a, const float *b, int C) {
     double v[32], nv[32];
-    int w = C % 4 == 0 ? 4 : 1;   // columns per lane step
+    int w = C % 4 == 0 ? 4 : 1; // columns per lane step
     for (int l = 0; l < 32; l++) {
         v[l] = 0;
         for (int c = l * w; c < C; c += 32 * w)
@@ -813,7 +1017,8 @@ static void test_rows(int nsrc, int n, int C) {
     gpu->gather_dot_scale(hd, hdt2, inpd, idxd, bd, scd, n, C, 1);
     float *got = hid_get(hd, (size_t)n * C), *want = hcopy(xo, (size_t)n * C);
     hid_round(want, (size_t)n * C);
-    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0, "gather_dot_scale (hidden format) C%d: not the rounded products", C);
+    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0,
+           "gather_dot_scale (hidden format) C%d: not the rounded products", C);
     cmp_exact_dev("gather_dot_scale (hidden format): dot", hdt2, fdt, n);
     free(got);
     gpu->free(hd);
@@ -822,7 +1027,8 @@ static void test_rows(int nsrc, int n, int C) {
     got = hid_get(hd, (size_t)n * C);
     memcpy(want, ref, sizeof(float) * n * C);
     hid_round(want, (size_t)n * C);
-    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0, "gather_rows_hid (from float32) C%d: not the rounded rows", C);
+    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0,
+           "gather_rows_hid (from float32) C%d: not the rounded rows", C);
     free(got);
     float *src = hcopy(inp, (size_t)nsrc * C);
     hid_round(src, (size_t)nsrc * C);
@@ -830,12 +1036,31 @@ static void test_rows(int nsrc, int n, int C) {
     gpu->gather_rows_hid(hd2, srcd, 1, idxd, n, C);
     got = hid_get(hd2, (size_t)n * C);
     for (int i = 0; i < n; i++) memcpy(want + (size_t)i * C, src + (size_t)idx[i] * C, sizeof(float) * C);
-    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0, "gather_rows_hid (hidden rows) C%d: not the rows copied", C);
-    free(got); free(want); free(src);
-    gpu->free(hd); gpu->free(hd2); gpu->free(srcd); gpu->free(hdt2);
-    gpu->free(fo); gpu->free(fdt); free(ho); free(hdt); free(xo); free(xdt);
-    gpu->free(inpd); gpu->free(idxd); gpu->free(od); gpu->free(scd); gpu->free(bd);
-    free(inp); free(idx); free(ref); free(sc); free(b);
+    EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0,
+           "gather_rows_hid (hidden rows) C%d: not the rows copied", C);
+    free(got);
+    free(want);
+    free(src);
+    gpu->free(hd);
+    gpu->free(hd2);
+    gpu->free(srcd);
+    gpu->free(hdt2);
+    gpu->free(fo);
+    gpu->free(fdt);
+    free(ho);
+    free(hdt);
+    free(xo);
+    free(xdt);
+    gpu->free(inpd);
+    gpu->free(idxd);
+    gpu->free(od);
+    gpu->free(scd);
+    gpu->free(bd);
+    free(inp);
+    free(idx);
+    free(ref);
+    free(sc);
+    free(b);
 }
 
 // combine_rows (the MoE combine / un-permute): N output rows from M rows through slot_row (N,k),
@@ -845,8 +1070,10 @@ static void test_rows(int nsrc, int n, int C) {
 static void test_combine(int N, int k, int C, int M, int shift) {
     int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
     for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
-    if (N > 1) for (int j = 0; j < k; j++) sr[k + j] = -1;
-    float *rows = hrand((size_t)M * C, 1.0f), *w = hrand((size_t)N * k, 1.0f), *pre = hrand((size_t)N * C, 1.0f);
+    if (N > 1)
+        for (int j = 0; j < k; j++) sr[k + j] = -1;
+    float *rows = hrand((size_t)M * C, 1.0f), *w = hrand((size_t)N * k, 1.0f),
+          *pre = hrand((size_t)N * C, 1.0f);
     float *rb, *ob, *ob2;
     float *rowsd = dputf_shift(rows, (size_t)M * C, shift, &rb), *wd = dputf(w, (size_t)N * k);
     int32_t *srd = dput(sr, (size_t)N * k * sizeof(int32_t));
@@ -865,10 +1092,18 @@ static void test_combine(int N, int k, int C, int M, int shift) {
                      ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite");
             cmp("combine_rows", what, od, o, (size_t)N * C, BAND_ELEM);
             cmp_exact_dev("combine_rows (two runs on the same inputs)", od, od2, (size_t)N * C);
-            gpu->free(ob); gpu->free(ob2); free(o);
+            gpu->free(ob);
+            gpu->free(ob2);
+            free(o);
         }
-    gpu->free(rb); gpu->free(wd); gpu->free(srd);
-    free(sr); free(rows); free(w); free(pre); free(nanh);
+    gpu->free(rb);
+    gpu->free(wd);
+    gpu->free(srd);
+    free(sr);
+    free(rows);
+    free(w);
+    free(pre);
+    free(nanh);
 }
 
 // router_topk / router_bwd against the cpu's. probs, lse, w: the same operations (expf/log may
@@ -889,7 +1124,7 @@ static void test_plan(int N, int E, int k) {
     int32_t *idx = xcalloc(nk, sizeof(int32_t));
     float *w = hnew(nk);
     for (size_t i = 0; i < nk; i++) {
-        idx[i] = (int32_t)(rng_u64(&pr) % (uint64_t)(E > 1 ? E - 1 : 1));   // expert E-1 stays empty
+        idx[i] = (int32_t)(rng_u64(&pr) % (uint64_t)(E > 1 ? E - 1 : 1)); // expert E-1 stays empty
         w[i] = rng_uniform(&pr);
     }
     int32_t *cnt = xcalloc(kE, 4), *rank = xcalloc(nk, 4), *kf = xcalloc(2 * kE, 4);
@@ -902,7 +1137,7 @@ static void test_plan(int N, int E, int k) {
     EXPECT(!memcmp(g, cnt, kE * 4), "plan_counts N %d E %d k %d: counts differ from the cpu's", N, E, k);
     gpu->to_host(g, rankd, nk * 4);
     EXPECT(!memcmp(g, rank, nk * 4), "plan_counts N %d E %d k %d: ranks differ from the cpu's", N, E, k);
-    for (size_t q = 0, o = 0; q < kE; q++) {   // keep about 3/4 of each (j, e); rows in (j, e) order
+    for (size_t q = 0, o = 0; q < kE; q++) { // keep about 3/4 of each (j, e); rows in (j, e) order
         kf[q] = cnt[q] - cnt[q] / 4;
         kf[kE + q] = (int32_t)o;
         o += kf[q];
@@ -913,7 +1148,7 @@ static void test_plan(int N, int E, int k) {
     int32_t *kfd = gpu->alloc(2 * kE * 4), *srd = gpu->alloc(nk * 4), *rtd = gpu->alloc(nk * 4);
     float *wd = dputf(w, nk), *rsd = dnan(nk);
     gpu->to_device(kfd, kf, 2 * kE * 4);
-    gpu->to_device(rtd, rt, nk * 4);   // rows past the kept ones: the same (unwritten) values on both
+    gpu->to_device(rtd, rt, nk * 4); // rows past the kept ones: the same (unwritten) values on both
     gpu->to_device(rsd, rs, nk * 4);
     gpu->plan_rows(srd, rtd, rsd, rankd, idxd, wd, kfd, kfd + kE, N, E, k);
     gpu->to_host(g, srd, nk * 4);
@@ -923,9 +1158,24 @@ static void test_plan(int N, int E, int k) {
     gpu->to_host(rsg, rsd, nk * 4);
     ok &= !memcmp(rsg, rs, nk * 4);
     EXPECT(ok, "plan_rows N %d E %d k %d: slot_row, row_tok or row_scale differ from the cpu's", N, E, k);
-    gpu->free(idxd); gpu->free(cntd); gpu->free(rankd); gpu->free(kfd); gpu->free(srd); gpu->free(rtd);
-    gpu->free(wd); gpu->free(rsd);
-    free(idx); free(w); free(cnt); free(rank); free(kf); free(g); free(sr); free(rt); free(rs); free(rsg);
+    gpu->free(idxd);
+    gpu->free(cntd);
+    gpu->free(rankd);
+    gpu->free(kfd);
+    gpu->free(srd);
+    gpu->free(rtd);
+    gpu->free(wd);
+    gpu->free(rsd);
+    free(idx);
+    free(w);
+    free(cnt);
+    free(rank);
+    free(kf);
+    free(g);
+    free(sr);
+    free(rt);
+    free(rs);
+    free(rsg);
 }
 
 static void test_router_b(int N, int E, int k, int renorm, int with_bias);
@@ -936,7 +1186,8 @@ static void test_router_b(int N, int E, int k, int renorm, int with_bias) {
     float *bias = with_bias ? hrand(E, 0.3f) : NULL, *biasd = with_bias ? dputf(bias, E) : NULL;
     float *p = hnew((size_t)N * E), *l = hnew(N), *w = hnew((size_t)N * k);
     int32_t *ix = xcalloc((size_t)N * k, sizeof(int32_t)), *ixg = xcalloc((size_t)N * k, sizeof(int32_t));
-    double *sm = xcalloc(E + 1, sizeof(double)), *smg = xcalloc(E + 1, sizeof(double)), *smg2 = xcalloc(E + 1, sizeof(double));
+    double *sm = xcalloc(E + 1, sizeof(double)), *smg = xcalloc(E + 1, sizeof(double)),
+           *smg2 = xcalloc(E + 1, sizeof(double));
     cpu->router_topk(p, l, ix, w, sm, lg, bias, N, E, k, renorm);
     float *pd = dnan((size_t)N * E), *ld = dnan(N), *wd = dnan((size_t)N * k);
     float *pd2 = dnan((size_t)N * E), *ld2 = dnan(N), *wd2 = dnan((size_t)N * k);
@@ -958,15 +1209,17 @@ static void test_router_b(int N, int E, int k, int renorm, int with_bias) {
         if (ixg[i] == ix[i]) continue;
         diff++;
         float a = p[(size_t)(i / k) * E + ix[i]] + (bias ? bias[ix[i]] : 0.0f),
-              b = ixg[i] >= 0 && ixg[i] < E ? p[(size_t)(i / k) * E + ixg[i]] + (bias ? bias[ixg[i]] : 0.0f) : -1.0f;
+              b = ixg[i] >= 0 && ixg[i] < E ? p[(size_t)(i / k) * E + ixg[i]] + (bias ? bias[ixg[i]] : 0.0f)
+                                            : -1.0f;
         far += !(fabsf(a - b) <= 1e-6f * fabsf(a) + (bias ? 1e-6f : 0.0f));
     }
-    EXPECT(far == 0, "router_topk %s: %d of %d choices differ from the cpu's (%d of them not near-ties)", what, diff,
-           N * k, far);
+    EXPECT(far == 0, "router_topk %s: %d of %d choices differ from the cpu's (%d of them not near-ties)",
+           what, diff, N * k, far);
     if (diff) printf("router_topk %s: %d near-tie choices differ from the cpu's\n", what, diff);
     gpu->to_host(smg, smd, sizeof(double) * (E + 1));
     gpu->to_host(smg2, smd2, sizeof(double) * (E + 1));
-    EXPECT(!memcmp(smg, smg2, sizeof(double) * (E + 1)), "router_topk %s: sums differ between two runs", what);
+    EXPECT(!memcmp(smg, smg2, sizeof(double) * (E + 1)), "router_topk %s: sums differ between two runs",
+           what);
     OpRow *row = row_for("router_topk sums", BAND_ELEM);
     for (int e = 0; e <= E; e++) {
         double err = fabs(smg[e] - sm[e]) / (fabs(sm[e]) + 1e-300);
@@ -980,18 +1233,34 @@ static void test_router_b(int N, int E, int k, int renorm, int with_bias) {
     for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
     float *rd = hrand(M, 1.0f), *aux = hrand(E, 0.1f), *dl = hnew((size_t)N * E);
     cpu->router_bwd(dl, rd, sr, p, l, ix, w, aux, 0.37f, N, E, k, renorm);
-    float *pc = dputf(p, (size_t)N * E), *lc = dputf(l, N), *wc = dputf(w, (size_t)N * k), *rdd = dputf(rd, M);
+    float *pc = dputf(p, (size_t)N * E), *lc = dputf(l, N), *wc = dputf(w, (size_t)N * k),
+          *rdd = dputf(rd, M);
     float *auxd = dputf(aux, E), *dld = dnan((size_t)N * E), *dld2 = dnan((size_t)N * E);
     int32_t *ixc = dput(ix, sizeof(int32_t) * N * k), *srd = dput(sr, sizeof(int32_t) * N * k);
     gpu->router_bwd(dld, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
     gpu->router_bwd(dld2, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
     cmp("router_bwd", what, dld, dl, (size_t)N * E, BAND_SUM);
     cmp_exact_dev("router_bwd (two runs on the same inputs)", dld, dld2, (size_t)N * E);
-    void *dv[] = {lgd, pd, ld, wd, pd2, ld2, wd2, ixd, ixd2, smd, smd2, pc, lc, wc, rdd, auxd, dld, dld2, ixc, srd};
+    void *dv[] = {lgd,  pd, ld, wd, pd2, ld2,  wd2, ixd,  ixd2, smd,
+                  smd2, pc, lc, wc, rdd, auxd, dld, dld2, ixc,  srd};
     for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++) gpu->free(dv[i]);
-    free(lg); free(p); free(l); free(w); free(ix); free(ixg); free(sm); free(smg); free(smg2); free(sr); free(rd);
-    free(aux); free(dl);
-    if (bias) { free(bias); gpu->free(biasd); }
+    free(lg);
+    free(p);
+    free(l);
+    free(w);
+    free(ix);
+    free(ixg);
+    free(sm);
+    free(smg);
+    free(smg2);
+    free(sr);
+    free(rd);
+    free(aux);
+    free(dl);
+    if (bias) {
+        free(bias);
+        gpu->free(biasd);
+    }
 }
 
 // ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
@@ -1003,28 +1272,47 @@ static void test_rmsnorm(int N, int C) {
     gpu->rmsnorm_fwd(yd, rd, xd, wd, N, C, eps);
     cmp("rmsnorm_fwd", "out", yd, y, (size_t)N * C, BAND_SUM);
     cmp("rmsnorm_fwd", "rstd", rd, r, N, BAND_SUM);
-    {   // into the hidden format: rmsnorm_fwd's values rounded once, the same rstd; unwritten values poisoned
+    { // into the hidden format: rmsnorm_fwd's values rounded once, the same rstd; unwritten values poisoned
         void *yh = hid_nan((size_t)N * C);
         float *rh = dnan(N);
         gpu->rmsnorm_fwd_hid(yh, rh, xd, wd, N, C, eps);
         cmp_exact_hid("rmsnorm_fwd_hid = rmsnorm_fwd rounded", yh, yd, (size_t)N * C);
         cmp_exact_dev("rmsnorm_fwd_hid rstd = rmsnorm_fwd's", rh, rd, N);
-        gpu->free(yh); gpu->free(rh);
+        gpu->free(yh);
+        gpu->free(rh);
     }
-    float *rdc = dputf(r, N);   // both backwards get the cpu rstd
+    float *rdc = dputf(r, N); // both backwards get the cpu rstd
     float *g = hrand((size_t)N * C, 1.0f), *gd = dputf(g, (size_t)N * C);
     float *pdx = hrand((size_t)N * C, 1.0f), *pdw = hrand(C, 1.0f);
-    for (int p = 0; p < 3; p++) {   // zeroed, pre-filled, pre-filled with dw = NULL
+    for (int p = 0; p < 3; p++) { // zeroed, pre-filled, pre-filled with dw = NULL
         float *dx = p ? hcopy(pdx, (size_t)N * C) : hnew((size_t)N * C), *dw = p ? hcopy(pdw, C) : hnew(C);
         float *dxd = dputf(dx, (size_t)N * C), *dwd = dputf(dw, C);
         cpu->rmsnorm_bwd(dx, p == 2 ? NULL : dw, g, x, w, r, N, C);
         gpu->rmsnorm_bwd(dxd, p == 2 ? NULL : dwd, gd, xd, wd, rdc, N, C);
         cmp("rmsnorm_bwd", p ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * C, BAND_SUM);
-        cmp("rmsnorm_bwd", p == 2 ? "dw untouched when NULL" : p ? "dw (accumulate)" : "dw", dwd, dw, C, BAND_SUM);
-        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+        cmp("rmsnorm_bwd",
+            p == 2  ? "dw untouched when NULL"
+                : p ? "dw (accumulate)"
+                    : "dw",
+            dwd, dw, C, BAND_SUM);
+        gpu->free(dxd);
+        gpu->free(dwd);
+        free(dx);
+        free(dw);
     }
-    gpu->free(xd); gpu->free(wd); gpu->free(yd); gpu->free(rd); gpu->free(rdc); gpu->free(gd);
-    free(x); free(w); free(y); free(r); free(g); free(pdx); free(pdw);
+    gpu->free(xd);
+    gpu->free(wd);
+    gpu->free(yd);
+    gpu->free(rd);
+    gpu->free(rdc);
+    gpu->free(gd);
+    free(x);
+    free(w);
+    free(y);
+    free(r);
+    free(g);
+    free(pdx);
+    free(pdw);
 }
 
 // add_rmsnorm_fwd: x += res, out = norm(x): against the cpu within the norm's band, and bit for bit the
@@ -1033,7 +1321,8 @@ static void test_rmsnorm(int N, int C) {
 static void test_add_rmsnorm(int N, int C, int shift) {
     size_t n = (size_t)N * C;
     float *x = hrand(n, 2.0f), *res = hrand(n, 1.0f), *w = hrand(C, 1.0f), eps = 1e-5f, *rbase;
-    float *xd = dputf(x, n), *x2d = dputf(x, n), *resd = dputf_shift(res, n, shift, &rbase), *wd = dputf(w, C);
+    float *xd = dputf(x, n), *x2d = dputf(x, n), *resd = dputf_shift(res, n, shift, &rbase),
+          *wd = dputf(w, C);
     float *y = hnew(n), *r = hnew(N), *yd = dnan(n), *rd = dnan(N), *y2d = dnan(n), *r2d = dnan(N);
     cpu->add_rmsnorm_fwd(x, y, r, res, w, N, C, eps);
     gpu->add_rmsnorm_fwd(xd, yd, rd, resd, wd, N, C, eps);
@@ -1045,9 +1334,19 @@ static void test_add_rmsnorm(int N, int C, int shift) {
     cmp_exact_dev("add_rmsnorm_fwd: axpy's x", xd, x2d, n);
     cmp_exact_dev("add_rmsnorm_fwd: rmsnorm_fwd's out", yd, y2d, n);
     cmp_exact_dev("add_rmsnorm_fwd: rmsnorm_fwd's rstd", rd, r2d, N);
-    gpu->free(xd); gpu->free(x2d); gpu->free(rbase); gpu->free(wd); gpu->free(yd); gpu->free(rd); gpu->free(y2d);
+    gpu->free(xd);
+    gpu->free(x2d);
+    gpu->free(rbase);
+    gpu->free(wd);
+    gpu->free(yd);
+    gpu->free(rd);
+    gpu->free(y2d);
     gpu->free(r2d);
-    free(x); free(res); free(w); free(y); free(r);
+    free(x);
+    free(res);
+    free(w);
+    free(y);
+    free(r);
 }
 
 // The row split by columns over ranks (rmsnorm_part, rmsnorm_fwd_part, rmsnorm_bwd_part): this rank's C of
@@ -1059,11 +1358,11 @@ static void test_add_rmsnorm(int N, int C, int shift) {
 static void test_rmsnorm_part(int N, int C, int Ctot) {
     float *x = hrand((size_t)N * C, 2.0f), *w = hrand(C, 1.0f), *g = hrand((size_t)N * C, 1.0f), eps = 1e-5f;
     float *xd = dputf(x, (size_t)N * C), *wd = dputf(w, C), *gd = dputf(g, (size_t)N * C);
-    double *pc = xcalloc(N, sizeof(double)), *pg = xcalloc(N, sizeof(double)), *ss = xcalloc(N, sizeof(double)),
-           *dot = xcalloc(N, sizeof(double));
+    double *pc = xcalloc(N, sizeof(double)), *pg = xcalloc(N, sizeof(double)),
+           *ss = xcalloc(N, sizeof(double)), *dot = xcalloc(N, sizeof(double));
     double *pdd = gpu->alloc(N * sizeof(double));
     OpRow *row = row_for("rmsnorm_part", BAND_SUMSQ);
-    for (int pass = 0; pass < 2; pass++) {   // the sum of squares, then the backward's dot
+    for (int pass = 0; pass < 2; pass++) { // the sum of squares, then the backward's dot
         const float *a = pass ? g : x, *ad = pass ? gd : xd, *wp = pass ? w : NULL, *wpd = pass ? wd : NULL;
         cpu->rmsnorm_part(pc, a, wp, x, N, C);
         gpu->rmsnorm_part(pdd, ad, wpd, xd, N, C);
@@ -1075,8 +1374,8 @@ static void test_rmsnorm_part(int N, int C, int Ctot) {
             double e = fabs(pg[i] - pc[i]) / (mag + 1e-300);
             if (!(e <= row->worst)) row->worst = isnan(e) ? INFINITY : e;
             row->bad += !(e <= BAND_SUMSQ);
-            EXPECT(e <= BAND_SUMSQ, "rmsnorm_part (%s) N=%d C=%d row %d: cuda %.17g cpu %.17g", pass ? "dot" : "sumsq",
-                   N, C, i, pg[i], pc[i]);
+            EXPECT(e <= BAND_SUMSQ, "rmsnorm_part (%s) N=%d C=%d row %d: cuda %.17g cpu %.17g",
+                   pass ? "dot" : "sumsq", N, C, i, pg[i], pc[i]);
             // the whole row: this part and the other ranks' (Ctot - C columns of the same scale)
             double other = pass ? 0.3 * sqrt((double)(Ctot - C)) * rng_normal(&R)
                                 : 4.0 * (Ctot - C) * (1 + 0.1 * rng_normal(&R));
@@ -1089,18 +1388,25 @@ static void test_rmsnorm_part(int N, int C, int Ctot) {
     gpu->rmsnorm_fwd_part(yd, rd, xd, wd, ssd, N, C, Ctot, eps);
     cmp("rmsnorm_fwd_part", "out", yd, y, (size_t)N * C, BAND_ELEM);
     cmp("rmsnorm_fwd_part", "rstd", rd, r, N, BAND_ELEM);
-    float *rdc = dputf(r, N);   // both backwards get the cpu rstd
+    float *rdc = dputf(r, N); // both backwards get the cpu rstd
     float *pdx = hrand((size_t)N * C, 1.0f), *pdw = hrand(C, 1.0f);
-    for (int p = 0; p < 3; p++) {   // zeroed, pre-filled, pre-filled with dw = NULL
+    for (int p = 0; p < 3; p++) { // zeroed, pre-filled, pre-filled with dw = NULL
         float *dx = p ? hcopy(pdx, (size_t)N * C) : hnew((size_t)N * C), *dw = p ? hcopy(pdw, C) : hnew(C);
         float *dxd = dputf(dx, (size_t)N * C), *dwd = dputf(dw, C);
         cpu->rmsnorm_bwd_part(dx, p == 2 ? NULL : dw, g, x, w, r, dot, N, C, Ctot);
         gpu->rmsnorm_bwd_part(dxd, p == 2 ? NULL : dwd, gd, xd, wd, rdc, dotd, N, C, Ctot);
         cmp("rmsnorm_bwd_part", p ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * C, BAND_ELEM);
-        cmp("rmsnorm_bwd_part", p == 2 ? "dw untouched when NULL" : p ? "dw (accumulate)" : "dw", dwd, dw, C, BAND_SUM);
-        gpu->free(dxd); gpu->free(dwd); free(dx); free(dw);
+        cmp("rmsnorm_bwd_part",
+            p == 2  ? "dw untouched when NULL"
+                : p ? "dw (accumulate)"
+                    : "dw",
+            dwd, dw, C, BAND_SUM);
+        gpu->free(dxd);
+        gpu->free(dwd);
+        free(dx);
+        free(dw);
     }
-    if (Ctot == C) {   // one part: the GPU's rmsnorm_fwd / rmsnorm_bwd bits
+    if (Ctot == C) { // one part: the GPU's rmsnorm_fwd / rmsnorm_bwd bits
         float *y2 = dnan((size_t)N * C), *r2 = dnan(N), *dx1 = gpu->alloc((size_t)N * C * sizeof(float)),
               *dx2 = gpu->alloc((size_t)N * C * sizeof(float)), *dw1 = gpu->alloc(C * sizeof(float)),
               *dw2 = gpu->alloc(C * sizeof(float));
@@ -1114,11 +1420,33 @@ static void test_rmsnorm_part(int N, int C, int Ctot) {
         gpu->rmsnorm_bwd(dx2, dw2, gd, xd, wd, r2, N, C);
         cmp_exact_dev("rmsnorm_bwd_part, one part: rmsnorm_bwd's dinp", dx1, dx2, (size_t)N * C);
         cmp_exact_dev("rmsnorm_bwd_part, one part: rmsnorm_bwd's dw", dw1, dw2, C);
-        gpu->free(y2); gpu->free(r2); gpu->free(dx1); gpu->free(dx2); gpu->free(dw1); gpu->free(dw2);
+        gpu->free(y2);
+        gpu->free(r2);
+        gpu->free(dx1);
+        gpu->free(dx2);
+        gpu->free(dw1);
+        gpu->free(dw2);
     }
-    gpu->free(xd); gpu->free(wd); gpu->free(gd); gpu->free(pdd); gpu->free(ssd); gpu->free(dotd); gpu->free(yd);
-    gpu->free(rd); gpu->free(rdc);
-    free(x); free(w); free(g); free(pc); free(pg); free(ss); free(dot); free(y); free(r); free(pdx); free(pdw);
+    gpu->free(xd);
+    gpu->free(wd);
+    gpu->free(gd);
+    gpu->free(pdd);
+    gpu->free(ssd);
+    gpu->free(dotd);
+    gpu->free(yd);
+    gpu->free(rd);
+    gpu->free(rdc);
+    free(x);
+    free(w);
+    free(g);
+    free(pc);
+    free(pg);
+    free(ss);
+    free(dot);
+    free(y);
+    free(r);
+    free(pdx);
+    free(pdw);
 }
 
 static void test_rope(int B, int T, int nh, int hd, float theta) {
@@ -1137,12 +1465,19 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "rope_fwd_hid: not the bits of rope_fwd, then to_hid");
     hid_round(r, n);
     EXPECT(memcmp(b, r, n * sizeof(float)) == 0, "to_hid: not the host's rounding to nearest even");
-    gpu->free(xh); gpu->free(xh2); free(a); free(b); free(r);
+    gpu->free(xh);
+    gpu->free(xh2);
+    free(a);
+    free(b);
+    free(r);
     float *g = hrand(n, 1.0f), *gd = dputf(g, n);
     cpu->rope_bwd(g, B, T, nh, hd, theta);
     gpu->rope_bwd(gd, B, T, nh, hd, theta);
     cmp("rope_bwd", "dx", gd, g, n, BAND_ELEM);
-    gpu->free(xd); gpu->free(gd); free(x); free(g);
+    gpu->free(xd);
+    gpu->free(gd);
+    free(x);
+    free(g);
 }
 
 // rope_rows (the KV-cached decode's RoPE at a position offset) and dropout (the residual branches' mask:
@@ -1154,14 +1489,16 @@ static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, in
         cpu->rope_rows(x, B, t0, t1, nh, hd, theta, inv);
         gpu->rope_rows(xd, B, t0, t1, nh, hd, theta, inv);
         cmp("rope_rows", inv ? "inverse" : "x", xd, x, n, BAND_ELEM);
-        gpu->free(xd); free(x);
+        gpu->free(xd);
+        free(x);
     }
     int C = nh * hd;
     float *x = hrand(n, 1.0f), *xd = dputf(x, n);
     cpu->dropout(x, B, T, t0, t1, C, 0.3f, 12345, 77);
     gpu->dropout(xd, B, T, t0, t1, C, 0.3f, 12345, 77);
     cmp("dropout", "x", xd, x, n, BAND_ELEM);
-    gpu->free(xd); free(x);
+    gpu->free(xd);
+    free(x);
 }
 
 static void test_swiglu(size_t n) {
@@ -1183,18 +1520,29 @@ static void test_swiglu(size_t n) {
         snprintf(w3, sizeof w3, "dh3%s", tag);
         cmp("swiglu_bwd", w1, d1d, d1, n, BAND_ELEM);
         cmp("swiglu_bwd", w3, d3d, d3, n, BAND_ELEM);
-        gpu->free(d1d); gpu->free(d3d); free(d1); free(d3);
+        gpu->free(d1d);
+        gpu->free(d3d);
+        free(d1);
+        free(d3);
     }
-    gpu->free(h1d); gpu->free(h3d); gpu->free(od); gpu->free(gd);
-    free(h1); free(h3); free(o); free(g); free(p1); free(p3);
+    gpu->free(h1d);
+    gpu->free(h3d);
+    gpu->free(od);
+    gpu->free(gd);
+    free(h1);
+    free(h3);
+    free(o);
+    free(g);
+    free(p1);
+    free(p3);
 }
 
 // ---------------------------------------------------------------- bf16 copy of the weights
 // ops.h bf16_shadow: GEMMs whose weight lies in the registered buffer read the kept bf16 copy; the
 // results must be the same bits as converting on each call, the copy must follow adamw_runs, and any
 // other write into the buffer (to_device here) must drop it: a stale copy would give other results.
-static void gemm_set(float *out[4], const float *wbuf, size_t wo, const float *x, const float *dy, int N, int K, int O,
-                     int G, const int64_t *off) {
+static void gemm_set(float *out[4], const float *wbuf, size_t wo, const float *x, const float *dy, int N,
+                     int K, int O, int G, const int64_t *off) {
     size_t nk = (size_t)N * K;
     gpu->matmul_fwd(out[0], x, wbuf + wo, N, K, O, 0);
     gpu->zero(out[1], nk * sizeof(float));
@@ -1205,8 +1553,9 @@ static void gemm_set(float *out[4], const float *wbuf, size_t wo, const float *x
 }
 // The same four GEMMs with the copy registered (a) and without (b), bit for bit; wo = 8: the weights
 // at 16-byte aligned bf16 offsets (the copy is used), wo = 5: misaligned (the GEMMs convert).
-static void shadow_pair(const char *when, float *a[4], float *b[4], float *wd, size_t nw, size_t wo, const float *xd,
-                        const float *dyd, int N, int K, int O, int G, const int64_t *off, const size_t *sz) {
+static void shadow_pair(const char *when, float *a[4], float *b[4], float *wd, size_t nw, size_t wo,
+                        const float *xd, const float *dyd, int N, int K, int O, int G, const int64_t *off,
+                        const size_t *sz) {
     const char *nm[4] = {"matmul_fwd", "matmul_bwd dinp", "grouped_fwd", "grouped_bwd dinp"};
     char what[128];
     gpu->bf16_shadow(wd, nw);
@@ -1226,7 +1575,10 @@ static void test_bf16_shadow(void) {
     float *wd = dputf(w, nw), *xd = dputf(x, nk), *dyd = dputf(dy, no);
     float *a[4], *b[4];
     size_t sz[4] = {no, nk, no, nk};
-    for (int i = 0; i < 4; i++) { a[i] = dnan(sz[i]); b[i] = dnan(sz[i]); }
+    for (int i = 0; i < 4; i++) {
+        a[i] = dnan(sz[i]);
+        b[i] = dnan(sz[i]);
+    }
     shadow_pair("through the copy vs converted", a, b, wd, nw, 8, xd, dyd, N, K, O, G, off, sz);
     shadow_pair("misaligned: converted either way", a, b, wd, nw, 5, xd, dyd, N, K, O, G, off, sz);
     // AdamW over the buffer (one run) with the copy registered: the copy must follow the update
@@ -1239,7 +1591,8 @@ static void test_bf16_shadow(void) {
     gemm_set(a, wd, 8, xd, dyd, N, K, O, G, off);
     gpu->bf16_shadow(NULL, 0);
     gemm_set(b, wd, 8, xd, dyd, N, K, O, G, off);
-    for (int i = 0; i < 4; i++) cmp_exact_dev("bf16_shadow: after adamw_runs, the copy vs converted", a[i], b[i], sz[i]);
+    for (int i = 0; i < 4; i++)
+        cmp_exact_dev("bf16_shadow: after adamw_runs, the copy vs converted", a[i], b[i], sz[i]);
     // a write the backend sees (new weights through to_device) drops the copy
     gpu->bf16_shadow(wd, nw);
     float *w2 = hrand(nw, 0.5f);
@@ -1247,15 +1600,34 @@ static void test_bf16_shadow(void) {
     gemm_set(a, wd, 8, xd, dyd, N, K, O, G, off);
     gpu->bf16_shadow(NULL, 0);
     gemm_set(b, wd, 8, xd, dyd, N, K, O, G, off);
-    for (int i = 0; i < 4; i++) cmp_exact_dev("bf16_shadow: after to_device into the buffer", a[i], b[i], sz[i]);
+    for (int i = 0; i < 4; i++)
+        cmp_exact_dev("bf16_shadow: after to_device into the buffer", a[i], b[i], sz[i]);
     // and the values are the bf16 GEMM's of the new weights: against the cpu on bf16 operands
     float *ref = hnew(no), *wr = bf16_copy(w2 + 8, (size_t)O * K), *xr = bf16_copy(x, nk);
     backend_cpu()->matmul_fwd(ref, xr, wr, N, K, O, 0);
-    cmp("bf16_shadow", "matmul_fwd after to_device vs the cpu on bf16 operands", a[0], ref, no, BAND_BF16_REF);
+    cmp("bf16_shadow", "matmul_fwd after to_device vs the cpu on bf16 operands", a[0], ref, no,
+        BAND_BF16_REF);
     gpu->runs_free(rr);
-    for (int i = 0; i < 4; i++) { gpu->free(a[i]); gpu->free(b[i]); }
-    gpu->free(wd); gpu->free(xd); gpu->free(dyd); gpu->free(gd); gpu->free(m); gpu->free(v);
-    free(w); free(x); free(dy); free(g); free(m0); free(v0); free(w2); free(ref); free(wr); free(xr);
+    for (int i = 0; i < 4; i++) {
+        gpu->free(a[i]);
+        gpu->free(b[i]);
+    }
+    gpu->free(wd);
+    gpu->free(xd);
+    gpu->free(dyd);
+    gpu->free(gd);
+    gpu->free(m);
+    gpu->free(v);
+    free(w);
+    free(x);
+    free(dy);
+    free(g);
+    free(m0);
+    free(v0);
+    free(w2);
+    free(ref);
+    free(wr);
+    free(xr);
 }
 
 // ops.h alloc_bf16_params: a parameter buffer whose holes keep their weights in the bf16 copy alone.
@@ -1283,18 +1655,28 @@ static void test_bf16_params(int prec) {
     gpu->to_host(part, pd + A0 - 100, sizeof(float) * 200);
     EXPECT(memcmp(back, w, N * sizeof(float)) == 0 && memcmp(part, w + A0 - 100, 200 * sizeof(float)) == 0,
            "alloc_bf16_params: to_device then to_host does not give the bf16 values back bit for bit");
-    float edge[4];   // hole B's first floats: backed float32 memory the buffer never writes (NaN)
+    float edge[4]; // hole B's first floats: backed float32 memory the buffer never writes (NaN)
     float *ed = gpu->alloc(sizeof edge);
     gpu->copy(ed, pd + B0, sizeof edge);
     gpu->to_host(edge, ed, sizeof edge);
-    EXPECT(isnan(edge[0]) && isnan(edge[3]), "alloc_bf16_params: a hole's float32 memory is not poisoned (%g)", edge[0]);
+    EXPECT(isnan(edge[0]) && isnan(edge[3]),
+           "alloc_bf16_params: a hole's float32 memory is not poisoned (%g)", edge[0]);
     // runs: pieces before, inside and after each hole (a run never crosses a hole's edge)
     const size_t cut[] = {0, 1000, A0, A0 + 5, A0 + 700003, A1, B0, B0 + 17, B1, N - 3, N};
     enum { NR = sizeof cut / sizeof cut[0] - 1 };
     OptRun runs[NR];
     for (int r = 0; r < NR; r++)
-        runs[r] = (OptRun){(int64_t)cut[r], (int64_t)cut[r], (int64_t)(cut[r + 1] - cut[r]), r % 2, 0,
-                           (int64_t)cut[r] * 3 + 1, 0, 0, 0, OPTG_F32, 0};
+        runs[r] = (OptRun){(int64_t)cut[r],
+                           (int64_t)cut[r],
+                           (int64_t)(cut[r + 1] - cut[r]),
+                           r % 2,
+                           0,
+                           (int64_t)cut[r] * 3 + 1,
+                           0,
+                           0,
+                           0,
+                           OPTG_F32,
+                           0};
     float *g = hrand(N, 0.1f), *p = hcopy(w, N);
     uint16_t *m = xmalloc(sizeof(uint16_t) * N), *v = xmalloc(sizeof(uint16_t) * N);
     for (size_t i = 0; i < N; i++) {
@@ -1319,41 +1701,69 @@ static void test_bf16_params(int prec) {
         moved += i >= A0 && i < A1 && f32_bits(p[i]) != f32_bits(w[i]);
     }
     const char *pn = prec == OPT_BF16_STOCHASTIC ? "stochastic" : "nearest";
-    EXPECT(dp == 0 && dm == 0, "alloc_bf16_params: adamw_runs bf16 %s: %zu weights, %zu moments differ bitwise from "
-           "the cpu's", pn, dp, dm);
+    EXPECT(dp == 0 && dm == 0,
+           "alloc_bf16_params: adamw_runs bf16 %s: %zu weights, %zu moments differ bitwise from "
+           "the cpu's",
+           pn, dp, dm);
     EXPECT(moved > (A1 - A0) / 2, "alloc_bf16_params: only %zu weights in hole A moved", moved);
     // GEMMs on weights in the holes (read from the copy) against the same GEMMs on an ordinary buffer of the
     // cpu's updated weights (converted per call)
     float *x = hrand((size_t)Nr * K, 1.0f), *xd = dputf(x, (size_t)Nr * K), *qd = dputf(p, N);
-    float *o1 = dnan((size_t)Nr * O), *o2 = dnan((size_t)Nr * O), *o3 = dnan((size_t)Nr * O), *o4 = dnan((size_t)Nr * O);
-    size_t wa = 600000, wb = B0 + 8;   // (wa: in a page of hole A with no float32 memory)
+    float *o1 = dnan((size_t)Nr * O), *o2 = dnan((size_t)Nr * O), *o3 = dnan((size_t)Nr * O),
+          *o4 = dnan((size_t)Nr * O);
+    size_t wa = 600000, wb = B0 + 8; // (wa: in a page of hole A with no float32 memory)
     gpu->grouped_matmul_fwd(o1, xd, pd + wa, goff, G, K, O);
     gpu->grouped_matmul_fwd(o2, xd, qd + wa, goff, G, K, O);
     gpu->matmul_fwd(o3, xd, pd + wb, Nr, K, O, 0);
     gpu->matmul_fwd(o4, xd, qd + wb, Nr, K, O, 0);
-    cmp_exact_dev("alloc_bf16_params: grouped_fwd, weights in hole A vs an ordinary buffer", o1, o2, (size_t)Nr * O);
-    cmp_exact_dev("alloc_bf16_params: matmul_fwd, weights in hole B vs an ordinary buffer", o3, o4, (size_t)Nr * O);
+    cmp_exact_dev("alloc_bf16_params: grouped_fwd, weights in hole A vs an ordinary buffer", o1, o2,
+                  (size_t)Nr * O);
+    cmp_exact_dev("alloc_bf16_params: matmul_fwd, weights in hole B vs an ordinary buffer", o3, o4,
+                  (size_t)Nr * O);
     // a write outside the holes, then bf16_shadow(p, n): that part refreshed, the holes as they were
     float *w2 = hrand(1000, 0.5f);
     gpu->to_device(pd, w2, sizeof(float) * 1000);
     gpu->bf16_shadow(pd, N);
     memcpy(p, w2, sizeof(float) * 1000);
     float *pg2 = dget(pd, N);
-    EXPECT(memcmp(pg2, p, N * sizeof(float)) == 0, "alloc_bf16_params: to_device outside the holes, then bf16_shadow: "
+    EXPECT(memcmp(pg2, p, N * sizeof(float)) == 0,
+           "alloc_bf16_params: to_device outside the holes, then bf16_shadow: "
            "the buffer is not the weights written");
     gpu->to_device(qd, p, N * sizeof(float));
     gpu->matmul_fwd(o3, xd, pd, Nr, K, O, 0);
     gpu->matmul_fwd(o4, xd, qd, Nr, K, O, 0);
-    cmp_exact_dev("alloc_bf16_params: matmul_fwd outside the holes after bf16_shadow vs an ordinary buffer", o3, o4,
-                  (size_t)Nr * O);
-    printf("alloc_bf16_params %-10s: to_host/to_device exact, adamw_runs bitwise the cpu's (%zu weights moved in "
-           "hole A), GEMMs in the holes as on an ordinary buffer\n", pn, moved);
+    cmp_exact_dev("alloc_bf16_params: matmul_fwd outside the holes after bf16_shadow vs an ordinary buffer",
+                  o3, o4, (size_t)Nr * O);
+    printf("alloc_bf16_params %-10s: to_host/to_device exact, adamw_runs bitwise the cpu's (%zu weights "
+           "moved in "
+           "hole A), GEMMs in the holes as on an ordinary buffer\n",
+           pn, moved);
     cpu->runs_free(hc);
     gpu->runs_free(hg);
-    gpu->free(pd); gpu->free(gd); gpu->free(md); gpu->free(vd); gpu->free(ed); gpu->free(xd); gpu->free(qd);
-    gpu->free(o1); gpu->free(o2); gpu->free(o3); gpu->free(o4);
-    free(w); free(back); free(part); free(g); free(p); free(m); free(v); free(pg); free(mg); free(vg); free(x);
-    free(w2); free(pg2);
+    gpu->free(pd);
+    gpu->free(gd);
+    gpu->free(md);
+    gpu->free(vd);
+    gpu->free(ed);
+    gpu->free(xd);
+    gpu->free(qd);
+    gpu->free(o1);
+    gpu->free(o2);
+    gpu->free(o3);
+    gpu->free(o4);
+    free(w);
+    free(back);
+    free(part);
+    free(g);
+    free(p);
+    free(m);
+    free(v);
+    free(pg);
+    free(mg);
+    free(vg);
+    free(x);
+    free(w2);
+    free(pg2);
 }
 
 // ---------------------------------------------------------------- attention
@@ -1365,13 +1775,14 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f);
     void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
-    const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;   // bf16_ref.h rounds as the kernels do
+    const Backend *ref = tc ? backend_cpu_bf16ref() : cpu; // bf16_ref.h rounds as the kernels do
     float *o = hnew(nq), *l = hnew(nl), *ld = dnan(nl);
     void *oh = hid_nan(nq);
     ref->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
     gpu->attention_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, 0, T);
     float *od = att_out(oh, nq);
-    double bf = att_out_band(BAND_SUM), bb = tc ? BAND_BF16_ELEM : BAND_ATT_BWD, nb = tc ? BAND_ATT_TC_NORM : 0;
+    double bf = att_out_band(BAND_SUM), bb = tc ? BAND_BF16_ELEM : BAND_ATT_BWD,
+           nb = tc ? BAND_ATT_TC_NORM : 0;
     const char *path = tc ? " [tensor cores]" : "";
     char what[128];
     snprintf(what, sizeof what, "out B%d T%d H%d KV%d hd%d%s", B, T, H, KV, hd, path);
@@ -1379,8 +1790,9 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     snprintf(what, sizeof what, "lse B%d T%d H%d KV%d hd%d%s", B, T, H, KV, hd, path);
     cmp("attention_fwd", what, ld, l, nl, BAND_SUM);
     float *o32 = NULL, *l32 = NULL;
-    if (tc) {   // against the plain float32 forward
-        o32 = hnew(nq); l32 = hnew(nl);
+    if (tc) { // against the plain float32 forward
+        o32 = hnew(nq);
+        l32 = hnew(nl);
         cpu->attention_fwd(o32, l32, q, k, v, B, T, H, KV, hd, 0, T);
         snprintf(what, sizeof what, "out vs float32 B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
         cmp_n("attention_fwd (bf16 vs float32)", what, od, o32, nq, BAND_BF16_ELEM, BAND_BF16_NORM);
@@ -1389,23 +1801,31 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     void *oc = att_put(o, nq);
     float *lc = dputf(l, nl), *g = hrand(nq, 1.0f), *gd = dputf(g, nq);
     float *pq = hrand(nq, 1.0f), *pk = hrand(nk, 1.0f), *pv = hrand(nk, 1.0f);
-    // p 0: added into zeros, 1: added into pre-filled buffers, 2: written (flags 0) over them (NaN on the GPU)
+    // p 0: added into zeros, 1: added into pre-filled buffers, 2: written (flags 0) over them (NaN on the
+    // GPU)
     for (int p = 0; p < 3; p++) {
         int fl = p == 2 ? 0 : ATT_ADD_DQ | ATT_ADD_DKV;
-        float *dq = p ? hcopy(pq, nq) : hnew(nq), *dk = p ? hcopy(pk, nk) : hnew(nk), *dv = p ? hcopy(pv, nk) : hnew(nk);
+        float *dq = p ? hcopy(pq, nq) : hnew(nq), *dk = p ? hcopy(pk, nk) : hnew(nk),
+              *dv = p ? hcopy(pv, nk) : hnew(nk);
         float *dqd = p == 2 ? dnan(nq) : dputf(dq, nq), *dkd = p == 2 ? dnan(nk) : dputf(dk, nk);
         float *dvd = p == 2 ? dnan(nk) : dputf(dv, nk);
         ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T, fl);
         gpu->attention_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, fl);
-        if (p == 2) {   // the bits of adding into zeros
+        if (p == 2) { // the bits of adding into zeros
             float *zq = dputf(pq, nq), *zk = dputf(pk, nk), *zv = dputf(pv, nk);
-            gpu->zero(zq, nq * sizeof(float)); gpu->zero(zk, nk * sizeof(float)); gpu->zero(zv, nk * sizeof(float));
-            gpu->attention_bwd(zq, zk, zv, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
-            snprintf(what, sizeof what, "attention_bwd written == added into zeros T%d H%d KV%d hd%d%s", T, H, KV, hd, path);
+            gpu->zero(zq, nq * sizeof(float));
+            gpu->zero(zk, nk * sizeof(float));
+            gpu->zero(zv, nk * sizeof(float));
+            gpu->attention_bwd(zq, zk, zv, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T,
+                               ATT_ADD_DQ | ATT_ADD_DKV);
+            snprintf(what, sizeof what, "attention_bwd written == added into zeros T%d H%d KV%d hd%d%s", T, H,
+                     KV, hd, path);
             cmp_exact_dev(what, dqd, zq, nq);
             cmp_exact_dev(what, dkd, zk, nk);
             cmp_exact_dev(what, dvd, zv, nk);
-            gpu->free(zq); gpu->free(zk); gpu->free(zv);
+            gpu->free(zq);
+            gpu->free(zk);
+            gpu->free(zv);
         }
         const char *acc = p == 2 ? " (written)" : p ? " (accumulate)" : "";
         snprintf(what, sizeof what, "dq%s T%d H%d KV%d hd%d%s", acc, T, H, KV, hd, path);
@@ -1425,29 +1845,53 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
             cmp_n("attention_bwd (bf16 vs float32)", what, dqd, eq, nq, INFINITY, BAND_BF16_NORM);
             cmp_n("attention_bwd (bf16 vs float32)", what, dkd, ek, nk, INFINITY, BAND_BF16_NORM);
             cmp_n("attention_bwd (bf16 vs float32)", what, dvd, ev, nk, INFINITY, BAND_BF16_NORM);
-            free(eq); free(ek); free(ev);
+            free(eq);
+            free(ek);
+            free(ev);
         }
-        gpu->free(dqd); gpu->free(dkd); gpu->free(dvd); free(dq); free(dk); free(dv);
+        gpu->free(dqd);
+        gpu->free(dkd);
+        gpu->free(dvd);
+        free(dq);
+        free(dk);
+        free(dv);
     }
-    if (tc) {   // deterministic: a second run gives the same bits
+    if (tc) { // deterministic: a second run gives the same bits
         void *od2 = hid_nan(nq);
         float *ld2 = dnan(nl);
         gpu->attention_fwd(od2, ld2, qd, kd, vd, B, T, H, KV, hd, 0, T);
         cmp_exact_hid2("attention_fwd (tensor cores; two runs on the same inputs)", oh, od2, nq);
         float *a1 = dputf(pq, nq), *a2 = dputf(pq, nq), *b1 = dputf(pk, nk), *b2 = dputf(pk, nk);
         float *c1 = dputf(pv, nk), *c2 = dputf(pv, nk);
-        gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
-        gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
+        gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T,
+                           ATT_ADD_DQ | ATT_ADD_DKV);
+        gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T,
+                           ATT_ADD_DQ | ATT_ADD_DKV);
         cmp_exact_dev("attention_bwd dq (tensor cores; two runs on the same inputs)", a1, a2, nq);
         cmp_exact_dev("attention_bwd dk (tensor cores; two runs on the same inputs)", b1, b2, nk);
         cmp_exact_dev("attention_bwd dv (tensor cores; two runs on the same inputs)", c1, c2, nk);
-        gpu->free(od2); gpu->free(ld2); gpu->free(a1); gpu->free(a2); gpu->free(b1); gpu->free(b2);
-        gpu->free(c1); gpu->free(c2);
-        free(o32); free(l32);
+        gpu->free(od2);
+        gpu->free(ld2);
+        gpu->free(a1);
+        gpu->free(a2);
+        gpu->free(b1);
+        gpu->free(b2);
+        gpu->free(c1);
+        gpu->free(c2);
+        free(o32);
+        free(l32);
     }
     void *dev[] = {gd, qd, kd, vd, oh, od, ld, oc, lc};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
-    free(q); free(k); free(v); free(o); free(l); free(g); free(pq); free(pk); free(pv);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+    free(l);
+    free(g);
+    free(pq);
+    free(pk);
+    free(pv);
 }
 
 // ---------------------------------------------------------------- cross-entropy
@@ -1463,7 +1907,7 @@ static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p,
     void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
     float *gd = dputf(g, nq);
     float *o = hnew(nq), *l = hnew(nl), *ld = dputf(l, nl);
-    void *oh = hid_put(o, nq);   // (zeros: the rows outside [t0, t1) stay so on both sides)
+    void *oh = hid_put(o, nq); // (zeros: the rows outside [t0, t1) stay so on both sides)
     uint64_t seed = 4242;
     cpu->attention_drop_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
     gpu->attention_drop_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
@@ -1472,13 +1916,17 @@ static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p,
     float *od = att_out(oh, nq);
     cmp("attention_drop_fwd", what, od, o, nq, att_out_band(BAND_SUM));
     cmp("attention_drop_fwd", "lse", ld, l, nl, BAND_SUM);
-    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = dputf(dq, nq), *dkd = dnan(nk), *dvd = dnan(nk);
+    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = dputf(dq, nq), *dkd = dnan(nk),
+          *dvd = dnan(nk);
     void *oc = att_put(o, nq);
     float *lc = dputf(l, nl);
-    // dq added into (zeros), dk and dv written (over NaN on the GPU: rows from t1 on are left, both zero here)
-    cpu->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2, ATT_ADD_DQ);
-    gpu->attention_drop_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2, ATT_ADD_DQ);
-    if (t1 < T) {   // the rows past t1 are not the op's: zero them on the GPU as the host's are
+    // dq added into (zeros), dk and dv written (over NaN on the GPU: rows from t1 on are left, both zero
+    // here)
+    cpu->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2,
+                            ATT_ADD_DQ);
+    gpu->attention_drop_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2,
+                            ATT_ADD_DQ);
+    if (t1 < T) { // the rows past t1 are not the op's: zero them on the GPU as the host's are
         for (int b = 0; b < B; b++) {
             gpu->zero(dkd + ((size_t)b * T + t1) * KV * hd, (size_t)(T - t1) * KV * hd * sizeof(float));
             gpu->zero(dvd + ((size_t)b * T + t1) * KV * hd, (size_t)(T - t1) * KV * hd * sizeof(float));
@@ -1489,7 +1937,15 @@ static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p,
     cmp("attention_drop_bwd", "dv", dvd, dv, nk, BAND_ATT_BWD);
     void *ptrs[] = {qd, kd, vd, gd, oh, od, ld, dqd, dkd, dvd, oc, lc};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) gpu->free(ptrs[i]);
-    free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
+    free(q);
+    free(k);
+    free(v);
+    free(g);
+    free(o);
+    free(l);
+    free(dq);
+    free(dk);
+    free(dv);
 }
 
 static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
@@ -1514,19 +1970,22 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
             for (int b = 0; b < B; b++)
                 for (int t = t1; t < T; t++)
                     for (int h = 0; h < H; h++)
-                        bad += !isnan(oh[(((size_t)b * T + t) * H + h) * hd]) + !isnan(lh[((size_t)b * H + h) * T + t]);
-            EXPECT(bad == 0, "attention_fwd rows [%d,%d) of T %d%s: %d later values written", t0, t1, T, path, bad);
-            free(oh); free(lh);
+                        bad += !isnan(oh[(((size_t)b * T + t) * H + h) * hd]) +
+                            !isnan(lh[((size_t)b * H + h) * T + t]);
+            EXPECT(bad == 0, "attention_fwd rows [%d,%d) of T %d%s: %d later values written", t0, t1, T, path,
+                   bad);
+            free(oh);
+            free(lh);
         }
     }
-    snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (out) B%d T%d H%d KV%d hd%d%s", n, B, T, H,
-             KV, hd, path);
+    snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (out) B%d T%d H%d KV%d hd%d%s", n,
+             B, T, H, KV, hd, path);
     cmp_exact_hid2(what, on, o1, nq);
     snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (lse) T%d hd%d%s", n, T, hd, path);
     cmp_exact_dev(what, ln, l1, nl);
     float *o = hid_get(o1, nq), *l = dget(l1, nl);
-    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the last
-    // rows: it reads every key) and added into by the others; over NaN on the GPU
+    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the
+    // last rows: it reads every key) and added into by the others; over NaN on the GPU
     float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk);
     float *dq1 = dnan(nq), *dqn = dnan(nq), *dk1 = dnan(nk), *dkn = dnan(nk);
     float *dv1 = dnan(nk), *dvn = dnan(nk);
@@ -1549,7 +2008,15 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     cmp_n("attention_bwd (chunks)", what, dqn, dq, nq, bb, nb);
     void *dev[] = {qd, kd, vd, gd, o1, l1, on, ln, dq1, dqn, dk1, dkn, dv1, dvn};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
-    free(q); free(k); free(v); free(g); free(o); free(l); free(dq); free(dk); free(dv);
+    free(q);
+    free(k);
+    free(v);
+    free(g);
+    free(o);
+    free(l);
+    free(dq);
+    free(dk);
+    free(dv);
 }
 
 static void test_cross_entropy(int N, int V, float sd) {
@@ -1566,8 +2033,13 @@ static void test_cross_entropy(int N, int V, float sd) {
     gpu->cross_entropy_fwd_bwd(lossd2, xd, td, N, V, dloss);
     cmp("cross_entropy_fwd_bwd", "losses", lossd2, loss, N, BAND_SUM);
     cmp("cross_entropy_fwd_bwd", "dlogits", xd, x, (size_t)N * V, BAND_SUM);
-    gpu->free(td); gpu->free(xd); gpu->free(lossd); gpu->free(lossd2);
-    free(x); free(t); free(loss);
+    gpu->free(td);
+    gpu->free(xd);
+    gpu->free(lossd);
+    gpu->free(lossd2);
+    free(x);
+    free(t);
+    free(loss);
 }
 
 // ---------------------------------------------------------------- elementwise; sumsq, adamw of one tensor
@@ -1577,7 +2049,7 @@ static void test_elementwise(size_t n) {
     cpu->mul(o, a, b, n);
     gpu->mul(od, ad, bd, n);
     cmp("mul", "out", od, o, n, BAND_ELEM);
-    float *a2 = hcopy(a, n), *a2d = dputf(a, n);   // out aliasing a
+    float *a2 = hcopy(a, n), *a2d = dputf(a, n); // out aliasing a
     cpu->mul(a2, a2, b, n);
     gpu->mul(a2d, a2d, bd, n);
     cmp("mul", "out == a (in place)", a2d, a2, n, BAND_ELEM);
@@ -1595,12 +2067,14 @@ static void test_elementwise(size_t n) {
         gpu->copy(s2d, ad + s, m * sizeof(float));
         gpu->axpy(s2d, bd, 1.0f, m);
         cmp_exact_dev("add: copy then axpy's bits", sd, s2d, m);
-        gpu->add(s2d, ad + s, s2d, m);   // out aliasing b
+        gpu->add(s2d, ad + s, s2d, m); // out aliasing b
         cpu->add(sh, a + s, sh, m);
         cmp("add", "out == b (in place)", s2d, sh, m, BAND_ELEM);
-        gpu->free(sd); gpu->free(s2d); free(sh);
+        gpu->free(sd);
+        gpu->free(s2d);
+        free(sh);
     }
-    float *sg = hnew(n), *sgd = dnan(n), *ds = hnew(n), *dsd = dnan(n);   // sigmoid and its backward
+    float *sg = hnew(n), *sgd = dnan(n), *ds = hnew(n), *dsd = dnan(n); // sigmoid and its backward
     cpu->sigmoid_fwd(sg, a, n);
     gpu->sigmoid_fwd(sgd, ad, n);
     cmp("sigmoid_fwd", "out", sgd, sg, n, BAND_ELEM);
@@ -1608,9 +2082,21 @@ static void test_elementwise(size_t n) {
     float *sgc = dputf(sg, n);
     gpu->sigmoid_bwd(dsd, bd, sgc, n);
     cmp("sigmoid_bwd", "dinp", dsd, ds, n, BAND_ELEM);
-    gpu->free(sgd); gpu->free(dsd); gpu->free(sgc); free(sg); free(ds);
-    gpu->free(ad); gpu->free(bd); gpu->free(od); gpu->free(a2d); gpu->free(yd);
-    free(a); free(b); free(o); free(a2); free(y);
+    gpu->free(sgd);
+    gpu->free(dsd);
+    gpu->free(sgc);
+    free(sg);
+    free(ds);
+    gpu->free(ad);
+    gpu->free(bd);
+    gpu->free(od);
+    gpu->free(a2d);
+    gpu->free(yd);
+    free(a);
+    free(b);
+    free(o);
+    free(a2);
+    free(y);
 }
 
 // A run list of one run (0, n) on the gpu: what a single-tensor sumsq / adamw was.
@@ -1649,8 +2135,14 @@ static void test_adamw(size_t n, float wd, int t) {
     cmp("adamw", "p", pd, p, n, BAND_ELEM);
     cmp("adamw", "m", md, m, n, BAND_ELEM);
     cmp("adamw", "v", vd, v, n, BAND_ELEM);
-    gpu->free(pd); gpu->free(gd); gpu->free(md); gpu->free(vd);
-    free(p); free(g); free(m); free(v);
+    gpu->free(pd);
+    gpu->free(gd);
+    gpu->free(md);
+    gpu->free(vd);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
 }
 
 // ---------------------------------------------------------------- multi-tensor runs (the optimizer step)
@@ -1677,9 +2169,10 @@ static void test_sumsq_runs(size_t N, size_t maxlen, int ncls, int shift) {
         double e = r[c] > 0 ? fabs(g1[c] - r[c]) / r[c] : fabs(g1[c]);
         if (!(e <= row->worst)) row->worst = isnan(e) ? INFINITY : e;
         row->bad += !(e <= BAND_SUMSQ);
-        EXPECT(e <= BAND_SUMSQ, "sumsq_runs N=%zu (%d runs) class %d: cuda %.17g cpu %.17g", N, nr, c, g1[c], r[c]);
-        EXPECT(memcmp(&g1[c], &g2[c], sizeof(double)) == 0, "sumsq_runs N=%zu class %d: two runs differ (%.17g vs %.17g)",
-               N, c, g1[c], g2[c]);
+        EXPECT(e <= BAND_SUMSQ, "sumsq_runs N=%zu (%d runs) class %d: cuda %.17g cpu %.17g", N, nr, c, g1[c],
+               r[c]);
+        EXPECT(memcmp(&g1[c], &g2[c], sizeof(double)) == 0,
+               "sumsq_runs N=%zu class %d: two runs differ (%.17g vs %.17g)", N, c, g1[c], g2[c]);
     }
     cpu->runs_free(hc);
     gpu->runs_free(hg);
@@ -1713,8 +2206,8 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
     gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t, OPT_MIXED, 0);
     for (int r = 0; r < nr; r++) {
         if (gscale != 1.0f) oracle_scale(g2 + runs[r].off, gscale, (size_t)runs[r].n);
-        oracle_adamw(p2 + runs[r].off, g2 + runs[r].off, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr,
-                     b1, b2, eps, runs[r].decay ? wd : 0.0f, t);
+        oracle_adamw(p2 + runs[r].off, g2 + runs[r].off, m2 + runs[r].moff, v2 + runs[r].moff,
+                     (size_t)runs[r].n, lr, b1, b2, eps, runs[r].decay ? wd : 0.0f, t);
     }
     cmp("adamw_runs", "p", pd, p, N, BAND_ELEM);
     cmp("adamw_runs", "m", md, m, M, BAND_ELEM);
@@ -1725,30 +2218,41 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
         size_t n = k == 0 || k == 3 ? N : M;
         float *a = dget(fused[k], n);
         const float *b = unfused[k] ? unfused[k] : g0;
-        EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "adamw_runs N=%zu gscale %g mirror %d shift %d: %s differs "
-               "bitwise from %s", N, gscale, mirror, shift, nm[k],
+        EXPECT(memcmp(a, b, n * sizeof(float)) == 0,
+               "adamw_runs N=%zu gscale %g mirror %d shift %d: %s differs "
+               "bitwise from %s",
+               N, gscale, mirror, shift, nm[k],
                k == 3 ? "the input (g must stay unscaled)" : "scale() then adamw() per run (cpu_oracle.h)");
         free(a);
     }
     cpu->runs_free(hc);
     gpu->runs_free(hg);
     for (int k = 0; k < 4; k++) gpu->free(base[k]);
-    free(p2); free(g2); free(m2); free(v2);
-    free(p); free(g); free(m); free(v); free(g0); free(runs);
+    free(p2);
+    free(g2);
+    free(m2);
+    free(v2);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(g0);
+    free(runs);
 }
 
 // adamw_runs under the bf16 policy (ops.h OPT_BF16_NEAREST / OPT_BF16_STOCHASTIC / OPT_BF16_MOMENTS): bf16
-// moments, the weights rounded to bf16 values (but under OPT_BF16_MOMENTS, whose weights leave the grid). The float32 arithmetic is the cpu's (-fmad=false, c1/c2 on the host,
-// correctly rounded sqrt and division) and the roundings are integer operations of ops.h, so the gpu's p,
-// m and v must equal the cpu backend's BIT FOR BIT. The runs carry random global indices (column
-// blocks too: test_gen_global) and the steps t differ, so a kernel hashing another index (the position
-// in the tile space, the local offset, i without the run's start) or another t or seed gives other
-// stochastic roundings, and one that skips a rounding leaves bits below bf16 in p, m or v: caught by
-// the bitwise comparison and by the check that every p, m, v is a bf16 value. Elements outside the runs
-// and g stay unchanged. Also: the cuda backend's bf16 weight copy (bf16_shadow) follows the update.
-// The gradient formats (OptRun gbf, gb; test_runs.h test_gen_formats: float32, bf16 read rounded, packed bf16
-// blocks) on the device: adamw_runs (policy prec) bit for bit the cpu's on the same buffer, sumsq_runs the cpu's
-// within 1e-12 (its own order), and far from the unrounded gradients' sums (so the formats are seen).
+// moments, the weights rounded to bf16 values (but under OPT_BF16_MOMENTS, whose weights leave the grid). The
+// float32 arithmetic is the cpu's (-fmad=false, c1/c2 on the host, correctly rounded sqrt and division) and
+// the roundings are integer operations of ops.h, so the gpu's p, m and v must equal the cpu backend's BIT FOR
+// BIT. The runs carry random global indices (column blocks too: test_gen_global) and the steps t differ, so a
+// kernel hashing another index (the position in the tile space, the local offset, i without the run's start)
+// or another t or seed gives other stochastic roundings, and one that skips a rounding leaves bits below bf16
+// in p, m or v: caught by the bitwise comparison and by the check that every p, m, v is a bf16 value.
+// Elements outside the runs and g stay unchanged. Also: the cuda backend's bf16 weight copy (bf16_shadow)
+// follows the update. The gradient formats (OptRun gbf, gb; test_runs.h test_gen_formats: float32, bf16 read
+// rounded, packed bf16 blocks) on the device: adamw_runs (policy prec) bit for bit the cpu's on the same
+// buffer, sumsq_runs the cpu's within 1e-12 (its own order), and far from the unrounded gradients' sums (so
+// the formats are seen).
 static void test_grad_formats(size_t N, size_t maxlen, int mirror, int shift, int prec) {
     enum { CAP = 16384 };
     OptRun *runs = xmalloc(sizeof(OptRun) * CAP);
@@ -1759,7 +2263,8 @@ static void test_grad_formats(size_t N, size_t maxlen, int mirror, int shift, in
     size_t changed = test_gen_formats(&R, runs, nr, gf, gx, gr, N);
     size_t es = prec == OPT_MIXED ? 4 : 2;
     float *p = hrand(N, 1.0f);
-    if (prec != OPT_MIXED) for (size_t i = 0; i < N; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
+    if (prec != OPT_MIXED)
+        for (size_t i = 0; i < N; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
     char *m = xcalloc(M + 1, es), *v = xcalloc(M + 1, es);
     float *base[2];
     float *pd = dputf_shift(p, N, shift, &base[0]), *gd = dputf_shift(gx, N, shift, &base[1]);
@@ -1774,29 +2279,50 @@ static void test_grad_formats(size_t N, size_t maxlen, int mirror, int shift, in
     gpu->to_host(mg, md, es * M);
     gpu->to_host(vg, vd, es * M);
     char lab[160];
-    snprintf(lab, sizeof lab, "grad formats N=%zu (%d runs, %zu values rounded) mirror %d shift %d prec %d", N, nr,
-             changed, mirror, shift, prec);
+    snprintf(lab, sizeof lab, "grad formats N=%zu (%d runs, %zu values rounded) mirror %d shift %d prec %d",
+             N, nr, changed, mirror, shift, prec);
     EXPECT(!memcmp(pg, p, sizeof(float) * N) && !memcmp(mg, m, es * M) && !memcmp(vg, v, es * M),
            "%s: adamw_runs differs bitwise from the cpu's", lab);
     double a[3], c[3], u[3];
     gpu->sumsq_runs(a, 3, gd, hg);
     cpu->sumsq_runs(c, 3, gx, hc);
     OptRun *plain = xmalloc(sizeof(OptRun) * CAP);
-    for (int i = 0; i < nr; i++) { plain[i] = runs[i]; plain[i].gbf = OPTG_F32; plain[i].gb = 0; }
+    for (int i = 0; i < nr; i++) {
+        plain[i] = runs[i];
+        plain[i].gbf = OPTG_F32;
+        plain[i].gb = 0;
+    }
     OptRuns *hp = cpu->runs_create(plain, nr);
     cpu->sumsq_runs(u, 3, gf, hp);
     int far = 0;
     for (int k = 0; k < 3; k++) {
-        EXPECT(fabs(a[k] - c[k]) <= 1e-12 * c[k], "%s: sumsq_runs class %d: %.17g, the cpu's %.17g", lab, k, a[k], c[k]);
+        EXPECT(fabs(a[k] - c[k]) <= 1e-12 * c[k], "%s: sumsq_runs class %d: %.17g, the cpu's %.17g", lab, k,
+               a[k], c[k]);
         far |= fabs(u[k] - c[k]) > 1e-9 * c[k];
     }
     EXPECT(changed > 0 && far, "%s: the formats change no sum (the test sees nothing)", lab);
-    cpu->runs_free(hc); cpu->runs_free(hp); gpu->runs_free(hg);
-    gpu->free(base[0]); gpu->free(base[1]); gpu->free(md); gpu->free(vd);
-    free(runs); free(plain); free(gf); free(gx); free(gr); free(p); free(m); free(v); free(pg); free(mg); free(vg);
+    cpu->runs_free(hc);
+    cpu->runs_free(hp);
+    gpu->runs_free(hg);
+    gpu->free(base[0]);
+    gpu->free(base[1]);
+    gpu->free(md);
+    gpu->free(vd);
+    free(runs);
+    free(plain);
+    free(gf);
+    free(gx);
+    free(gr);
+    free(p);
+    free(m);
+    free(v);
+    free(pg);
+    free(mg);
+    free(vg);
 }
 
-static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, int mirror, int shift, int prec) {
+static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, int mirror, int shift,
+                                 int prec) {
     enum { CAP = 16384 };
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     const uint64_t seed = 0x1234567ull + (uint64_t)t;
@@ -1806,7 +2332,8 @@ static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, i
     test_gen_global(&R, runs, nr);
     float *p = hrand(N, 1.0f), *g = hrand(N, 0.1f);
     uint16_t *m = xmalloc(sizeof(uint16_t) * (M + 1)), *v = xmalloc(sizeof(uint16_t) * (M + 1));
-    for (size_t i = 0; i < N; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));   // the policy's weights: bf16 values
+    for (size_t i = 0; i < N; i++)
+        p[i] = bf16_to_f32(bf16_rn_bits(p[i])); // the policy's weights: bf16 values
     for (size_t i = 0; i < M; i++) {
         m[i] = bf16_rn_bits(0.01f * (float)rng_normal(&R));
         v[i] = bf16_rn_bits(1e-4f * fabsf((float)rng_normal(&R)));
@@ -1818,47 +2345,76 @@ static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, i
     gpu->to_device(vd, v, sizeof(uint16_t) * M);
     float *p0 = hcopy(p, N), *g0 = hcopy(g, N);
     OptRuns *hc = cpu->runs_create(runs, nr), *hg = gpu->runs_create(runs, nr);
-    if (!shift) gpu->bf16_shadow(pd, N);   // (a no-op on cuda-fp32)
+    if (!shift) gpu->bf16_shadow(pd, N); // (a no-op on cuda-fp32)
     cpu->adamw_runs(p, g, m, v, hc, gscale, lr, b1, b2, eps, wd, t, prec, seed);
     gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t, prec, seed);
     float *pg = dget(pd, N), *gg = dget(gd, N);
     uint16_t *mg = xmalloc(sizeof(uint16_t) * (M + 1)), *vg = xmalloc(sizeof(uint16_t) * (M + 1));
     gpu->to_host(mg, md, sizeof(uint16_t) * M);
     gpu->to_host(vg, vd, sizeof(uint16_t) * M);
-    const char *pn = prec == OPT_BF16_STOCHASTIC ? "stochastic" : prec == OPT_BF16_NEAREST ? "nearest" : "none";
+    const char *pn = prec == OPT_BF16_STOCHASTIC ? "stochastic"
+        : prec == OPT_BF16_NEAREST               ? "nearest"
+                                                 : "none";
     size_t dp = 0, dm = 0, dv = 0, nb = 0, moved = 0;
     for (size_t i = 0; i < N; i++) {
         dp += f32_bits(pg[i]) != f32_bits(p[i]);
         nb += (f32_bits(pg[i]) & 0xffffu) != 0;
         moved += f32_bits(p[i]) != f32_bits(p0[i]);
     }
-    for (size_t i = 0; i < M; i++) { dm += mg[i] != m[i]; dv += vg[i] != v[i]; }
-    EXPECT(dp == 0 && dm == 0 && dv == 0, "adamw_runs bf16 %s N=%zu t %d mirror %d shift %d: %zu weights, %zu m, %zu v "
-           "differ bitwise from the cpu's", pn, N, t, mirror, shift, dp, dm, dv);
-    if (prec != OPT_BF16_MOMENTS) EXPECT(nb == 0, "adamw_runs bf16 %s N=%zu: %zu weights are not bf16 values", pn, N, nb);
+    for (size_t i = 0; i < M; i++) {
+        dm += mg[i] != m[i];
+        dv += vg[i] != v[i];
+    }
+    EXPECT(dp == 0 && dm == 0 && dv == 0,
+           "adamw_runs bf16 %s N=%zu t %d mirror %d shift %d: %zu weights, %zu m, %zu v "
+           "differ bitwise from the cpu's",
+           pn, N, t, mirror, shift, dp, dm, dv);
+    if (prec != OPT_BF16_MOMENTS)
+        EXPECT(nb == 0, "adamw_runs bf16 %s N=%zu: %zu weights are not bf16 values", pn, N, nb);
     else EXPECT(nb > 0, "adamw_runs bf16 none N=%zu: every weight is a bf16 value (rounded after all?)", N);
     EXPECT(moved > 0, "adamw_runs bf16 %s N=%zu: no weight moved (the test says nothing)", pn, N);
     EXPECT(memcmp(gg, g0, sizeof(float) * N) == 0, "adamw_runs bf16 %s N=%zu: g changed", pn, N);
-    if (!shift) {   // the GEMMs' copy of the weights (cuda) followed the update: a GEMM reading it gives the
-                    // bits of one converting p (exact: p holds bf16 values)
+    if (!shift) { // the GEMMs' copy of the weights (cuda) followed the update: a GEMM reading it gives the
+                  // bits of one converting p (exact: p holds bf16 values)
         int K = 16, O = (int)(N / 16), Nr = 4;
         float *x = hrand((size_t)Nr * K, 1.0f), *xd = dputf(x, (size_t)Nr * K);
-        float *o1 = gpu->alloc(sizeof(float) * (size_t)Nr * O), *o2 = gpu->alloc(sizeof(float) * (size_t)Nr * O);
+        float *o1 = gpu->alloc(sizeof(float) * (size_t)Nr * O),
+              *o2 = gpu->alloc(sizeof(float) * (size_t)Nr * O);
         gpu->matmul_fwd(o1, xd, pd, Nr, K, O, 0);
         gpu->bf16_shadow(NULL, 0);
         gpu->matmul_fwd(o2, xd, pd, Nr, K, O, 0);
         float *a1 = dget(o1, (size_t)Nr * O), *a2 = dget(o2, (size_t)Nr * O);
         EXPECT(memcmp(a1, a2, sizeof(float) * (size_t)Nr * O) == 0,
-               "adamw_runs bf16 %s N=%zu: a GEMM through the bf16 weight copy differs from one converting p", pn, N);
-        gpu->free(xd); gpu->free(o1); gpu->free(o2);
-        free(x); free(a1); free(a2);
+               "adamw_runs bf16 %s N=%zu: a GEMM through the bf16 weight copy differs from one converting p",
+               pn, N);
+        gpu->free(xd);
+        gpu->free(o1);
+        gpu->free(o2);
+        free(x);
+        free(a1);
+        free(a2);
     }
-    printf("adamw_runs bf16 %-10s N=%-7zu t=%d mirror %d shift %d: %zu runs, %zu weights moved, p/m/v bitwise equal "
-           "to the cpu: %s\n", pn, N, t, mirror, shift, (size_t)nr, moved, dp + dm + dv ? "NO" : "yes");
+    printf("adamw_runs bf16 %-10s N=%-7zu t=%d mirror %d shift %d: %zu runs, %zu weights moved, p/m/v "
+           "bitwise equal "
+           "to the cpu: %s\n",
+           pn, N, t, mirror, shift, (size_t)nr, moved, dp + dm + dv ? "NO" : "yes");
     cpu->runs_free(hc);
     gpu->runs_free(hg);
-    gpu->free(base[0]); gpu->free(base[1]); gpu->free(md); gpu->free(vd);
-    free(p); free(g); free(m); free(v); free(p0); free(g0); free(pg); free(gg); free(mg); free(vg); free(runs);
+    gpu->free(base[0]);
+    gpu->free(base[1]);
+    gpu->free(md);
+    gpu->free(vd);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(p0);
+    free(g0);
+    free(pg);
+    free(gg);
+    free(mg);
+    free(vg);
+    free(runs);
 }
 
 // The whole suite on one backend; prints its table.
@@ -1868,32 +2424,32 @@ static void run_suite(const Backend *be, int big) {
     nrows = 0;
     int fails0 = t_failures;
     test_memory(big);
-    test_matmul(37, 70, 45, 0);      // O <= MOE_GEMM_FP32_MAX_O: float32 on both backends
-    test_matmul(37, 70, 100, 1);     // bf16 on "cuda"; operands not 16-byte aligned (scalar conversion)
+    test_matmul(37, 70, 45, 0); // O <= MOE_GEMM_FP32_MAX_O: float32 on both backends
+    test_matmul(37, 70, 100, 1); // bf16 on "cuda"; operands not 16-byte aligned (scalar conversion)
     if (big) test_matmul(256, 512, 384, 0);
     test_matmul(1, 1, 1, 0);
-    test_matmul(3, 5, 65, 0);        // the first O in bf16; K and N under a vector width
-    test_matmul(1000, 96, 8, 0);     // a router's shape: several chunks of the narrow dw
+    test_matmul(3, 5, 65, 0); // the first O in bf16; K and N under a vector width
+    test_matmul(1000, 96, 8, 0); // a router's shape: several chunks of the narrow dw
     test_dw_narrow(1000, 300, 8);
-    test_dw_narrow(129, 130, 64);    // the widest narrow O; a chunk of one row, a partial column block
+    test_dw_narrow(129, 130, 64); // the widest narrow O; a chunk of one row, a partial column block
     test_dw_narrow(203, 130, 13);
     test_dw_narrow(7, 5, 3);
-    test_matmul(5, 0, 7, 0);         // K = 0: overwrite gives zeros, accumulate leaves out
+    test_matmul(5, 0, 7, 0); // K = 0: overwrite gives zeros, accumulate leaves out
     test_matmul(5, 0, 70, 0);
-    test_matmul_multi(37, 70, (const int[3]){100, 72, 72});   // q, k, v shapes: all bf16 on "cuda"
-    test_matmul_multi(29, 40, (const int[3]){96, 16, 80});    // a float32 product between bf16 ones
+    test_matmul_multi(37, 70, (const int[3]){100, 72, 72}); // q, k, v shapes: all bf16 on "cuda"
+    test_matmul_multi(29, 40, (const int[3]){96, 16, 80}); // a float32 product between bf16 ones
     if (big) test_matmul_multi(512, 256, (const int[3]){256, 128, 128});
     const int64_t c6[6] = {7, 0, 13, 1, 40, 0}, c4[4] = {0, 0, 0, 0}, c3[3] = {0, 33, 0};
-    test_grouped(70, 45, 6, c6);     // empty groups, first and last
+    test_grouped(70, 45, 6, c6); // empty groups, first and last
     if (big) test_grouped(96, 192, 6, c6);
-    test_grouped(64, 80, 4, c4);     // every group empty: nothing written, nothing changed
-    test_grouped(128, 96, 3, c3);    // one group
+    test_grouped(64, 80, 4, c4); // every group empty: nothing written, nothing changed
+    test_grouped(128, 96, 3, c3); // one group
     // shapes the Hopper kernel takes (K, O multiples of 8): K past a 64-wide k-step, O past a
     // 256-wide column tile, groups ending inside a 128-row tile, one row, an empty group
     const int64_t c5[5] = {130, 0, 1, 257, 64};
     test_grouped(200, 264, 5, c5);
-    test_grouped_fused(200, 264, 5, c5);  // the Hopper kernel's fused epilogues and dinp pair
-    test_grouped_fused(70, 45, 6, c6);    // shapes the kernel does not take: the cuBLAS loop
+    test_grouped_fused(200, 264, 5, c5); // the Hopper kernel's fused epilogues and dinp pair
+    test_grouped_fused(70, 45, 6, c6); // shapes the kernel does not take: the cuBLAS loop
     if (big) {
         const int64_t c8[8] = {300, 129, 0, 511, 64, 1, 256, 200};
         test_grouped(512, 768, 8, c8);
@@ -1909,34 +2465,34 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_embedding(7, 1000, 300);
     test_rows(40, 500, 300);
     test_rows(1000, 77, 13);
-    test_rows(64, 200, 256);   // (bf16 rows of 16-byte pieces)
-    test_combine(300, 8, 256, 2400, 0);   // the vectorised kernel (C % 4 == 0, aligned), k = one unroll
-    test_combine(97, 10, 300, 500, 0);    // k over the unroll width
-    test_combine(50, 2, 13, 90, 0);       // C % 4 != 0: scalar kernel
-    test_combine(40, 3, 64, 100, 1);      // unaligned buffers: scalar kernel
+    test_rows(64, 200, 256); // (bf16 rows of 16-byte pieces)
+    test_combine(300, 8, 256, 2400, 0); // the vectorised kernel (C % 4 == 0, aligned), k = one unroll
+    test_combine(97, 10, 300, 500, 0); // k over the unroll width
+    test_combine(50, 2, 13, 90, 0); // C % 4 != 0: scalar kernel
+    test_combine(40, 3, 64, 100, 1); // unaligned buffers: scalar kernel
     test_combine(33, 1, 8, 20, 0);
     if (big) test_combine(4096, 8, 1024, 8192, 0);
-    test_router(300, 64, 8, 0);           // olmoe's E and k
-    test_router(257, 8, 2, 1);            // mixtral's; N not a multiple of the 8 rows per block
-    test_plan(3000, 64, 8);               // several 1024-token chunks, olmoe's E and k
+    test_router(300, 64, 8, 0); // olmoe's E and k
+    test_router(257, 8, 2, 1); // mixtral's; N not a multiple of the 8 rows per block
+    test_plan(3000, 64, 8); // several 1024-token chunks, olmoe's E and k
     test_plan(257, 8, 2);
-    test_plan(5, 3, 3);                   // fewer tokens than a warp, k = E
-    test_router(70, 100, 5, 1);           // E over 64: lanes hold 3-4 experts
-    test_router(3, 3, 3, 0);              // k = E
+    test_plan(5, 3, 3); // fewer tokens than a warp, k = E
+    test_router(70, 100, 5, 1); // E over 64: lanes hold 3-4 experts
+    test_router(3, 3, 3, 0); // k = E
     test_router(1, 1, 1, 1);
-    test_router_b(300, 64, 8, 0, 1);     // the aux-free bias (choice only)
+    test_router_b(300, 64, 8, 0, 1); // the aux-free bias (choice only)
     test_router_b(257, 100, 5, 1, 1);
-    if (big) test_router(16384, 64, 8, 1);   // the sums over 256 chunks of rows
+    if (big) test_router(16384, 64, 8, 1); // the sums over 256 chunks of rows
     test_rmsnorm(37, 96);
     test_add_rmsnorm(37, 96, 0);
     test_add_rmsnorm(37, 96, 1);
-    test_add_rmsnorm(9, 33, 0);   // rows off 16 bytes: the scalar paths
+    test_add_rmsnorm(9, 33, 0); // rows off 16 bytes: the scalar paths
     if (big) test_rmsnorm(200, 1000);
     if (big) test_add_rmsnorm(200, 2048, 0);
-    test_rmsnorm_part(37, 48, 96);        // one of two TP ranks' q columns
-    test_rmsnorm_part(5, 300, 1200);      // C over a block's 256 threads, one of four
-    test_rmsnorm_part(37, 96, 96);        // one part: rmsnorm_fwd / rmsnorm_bwd's bits
-    if (big) test_rmsnorm_part(300, 1024, 2048);   // OLMoE's q row (16 x 128) over tp 2
+    test_rmsnorm_part(37, 48, 96); // one of two TP ranks' q columns
+    test_rmsnorm_part(5, 300, 1200); // C over a block's 256 threads, one of four
+    test_rmsnorm_part(37, 96, 96); // one part: rmsnorm_fwd / rmsnorm_bwd's bits
+    if (big) test_rmsnorm_part(300, 1024, 2048); // OLMoE's q row (16 x 128) over tp 2
     test_rope(2, 19, 3, 24, 10000.0f);
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);
     test_rope_rows_dropout(2, 19, 3, 24, 10000.0f, 5, 12);
@@ -1951,16 +2507,16 @@ static void run_suite(const Backend *be, int big) {
     test_attention(1, 5, 2, 1, 2);
     if (big) test_attention(1, 64, 2, 1, 256);
     if (big) test_attention(1, 200, 4, 1, 40);
-    test_attention(1, 2, 2, 1, 32);       // tensor-core path: two rows (the first one's dq is 0)
-    test_attention(2, 130, 4, 2, 128);    // T over two 64-row blocks, a partial third
-    test_attention(1, 97, 6, 2, 64);      // 3 query heads per kv head
+    test_attention(1, 2, 2, 1, 32); // tensor-core path: two rows (the first one's dq is 0)
+    test_attention(2, 130, 4, 2, 128); // T over two 64-row blocks, a partial third
+    test_attention(1, 97, 6, 2, 64); // 3 query heads per kv head
     test_attention_dropout(2, 45, 4, 2, 16, 0.2f, 0, 45);
     test_attention_dropout(1, 70, 6, 2, 64, 0.5f, 33, 70);
     if (big) test_attention(2, 300, 4, 4, 128);
     if (big) test_attention(1, 513, 2, 1, 32);
-    test_attention_chunks(2, 130, 4, 2, 128, 2);   // chunks not on 64-row blocks
-    test_attention_chunks(1, 97, 6, 2, 64, 4);     // uneven
-    test_attention_chunks(2, 37, 4, 2, 40, 3);     // the float32 kernels (hd 40)
+    test_attention_chunks(2, 130, 4, 2, 128, 2); // chunks not on 64-row blocks
+    test_attention_chunks(1, 97, 6, 2, 64, 4); // uneven
+    test_attention_chunks(2, 37, 4, 2, 40, 3); // the float32 kernels (hd 40)
     if (big) test_attention_chunks(1, 300, 4, 4, 128, 4);
     test_cross_entropy(37, 13, 1.0f);
     test_cross_entropy(20, 5000, 3.0f);
@@ -1971,28 +2527,29 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_sumsq(3000001);
     test_adamw(100003, 0.1f, 1);
     test_adamw(4097, 0.0f, 10);
-    test_sumsq_runs(3000, 40, 3, 0);      // many runs per tile
+    test_sumsq_runs(3000, 40, 3, 0); // many runs per tile
     test_sumsq_runs(200000, 30000, 9, 0); // runs across tiles; ZeRO-2's 9 classes
-    test_sumsq_runs(20000, 3000, 3, 1);   // x not 16-byte aligned: scalar loads only
-    if (big) test_sumsq_runs(9000001, 3000000, 3, 0);   // several tiles per block
+    test_sumsq_runs(20000, 3000, 3, 1); // x not 16-byte aligned: scalar loads only
+    if (big) test_sumsq_runs(9000001, 3000000, 3, 0); // several tiles per block
     test_adamw_runs(3000, 40, 0.37f, 1, 0, 0);
-    test_adamw_runs(3000, 40, 0.37f, 1, 1, 0);        // every run on the float4 path (head, body, tail)
+    test_adamw_runs(3000, 40, 0.37f, 1, 1, 0); // every run on the float4 path (head, body, tail)
     test_adamw_runs(200000, 30000, 1.0f, 3, 1, 0);
-    test_adamw_runs(20000, 3000, 0.5f, 2, 1, 1);      // unaligned buffers: the scalar path
+    test_adamw_runs(20000, 3000, 0.5f, 2, 1, 1); // unaligned buffers: the scalar path
     test_adamw_runs_bf16(3000, 40, 0.37f, 1, 0, 0, OPT_BF16_STOCHASTIC);
     test_adamw_runs_bf16(200000, 30000, 1.0f, 7, 1, 0, OPT_BF16_STOCHASTIC);
-    test_adamw_runs_bf16(20000, 3000, 0.5f, 2, 1, 1, OPT_BF16_STOCHASTIC);   // unaligned buffers
+    test_adamw_runs_bf16(20000, 3000, 0.5f, 2, 1, 1, OPT_BF16_STOCHASTIC); // unaligned buffers
     test_adamw_runs_bf16(20000, 3000, 1.0f, 3, 0, 0, OPT_BF16_NEAREST);
     test_adamw_runs_bf16(20000, 3000, 0.5f, 4, 1, 0, OPT_BF16_MOMENTS);
-    test_adamw_runs_bf16(3000, 40, 1.0f, 2, 0, 1, OPT_BF16_MOMENTS);   // unaligned buffers
+    test_adamw_runs_bf16(3000, 40, 1.0f, 2, 0, 1, OPT_BF16_MOMENTS); // unaligned buffers
     test_grad_formats(3000, 40, 0, 0, OPT_BF16_STOCHASTIC);
-    test_grad_formats(200000, 30000, 1, 0, OPT_BF16_STOCHASTIC);   // the 16-byte paths (packed: 8-byte loads)
-    test_grad_formats(20000, 3000, 1, 1, OPT_BF16_NEAREST);        // unaligned buffers: the scalar path
+    test_grad_formats(200000, 30000, 1, 0, OPT_BF16_STOCHASTIC); // the 16-byte paths (packed: 8-byte loads)
+    test_grad_formats(20000, 3000, 1, 1, OPT_BF16_NEAREST); // unaligned buffers: the scalar path
     test_grad_formats(20000, 3000, 1, 0, OPT_MIXED);
     if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 0, 0);
     if (big) test_adamw_runs(9000001, 3000000, 1e-3f, 2, 1, 0);
-    printf("\nbackend %s%s\n%-34s %12s %8s %12s %8s  %s\n", be->name, t_failures == fails0 ? "" : " (FAILURES)", "op",
-           "max rel err", "band", "norm-wise", "band", "status");
+    printf("\nbackend %s%s\n%-34s %12s %8s %12s %8s  %s\n", be->name,
+           t_failures == fails0 ? "" : " (FAILURES)", "op", "max rel err", "band", "norm-wise", "band",
+           "status");
     for (int i = 0; i < nrows; i++) {
         char nb[24] = "", nv[24] = "";
         if (rows[i].norm_band > 0) {
@@ -2009,7 +2566,8 @@ static void run_suite(const Backend *be, int big) {
 #include <cuda_runtime_api.h>
 static int cuda_device_cc(void) {
     int d = 0, a = 0, b = 0;
-    if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&a, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+    if (cudaGetDevice(&d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&a, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
         cudaDeviceGetAttribute(&b, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess)
         return 0;
     return a * 10 + b;
@@ -2019,9 +2577,10 @@ static int cuda_device_cc(void) { return 0; }
 #endif
 
 int main(void) {
-    if (!backend_cuda_available()) TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
+    if (!backend_cuda_available())
+        TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
     cpu = backend_cpu();
-    const char *seed = getenv("MOE_TEST_SEED");   // other random inputs: MOE_TEST_SEED=n
+    const char *seed = getenv("MOE_TEST_SEED"); // other random inputs: MOE_TEST_SEED=n
     rng_seed(&R, seed && *seed ? strtoull(seed, NULL, 10) : 20261129);
     // MOE_TEST_SMALL=1: small shapes only (for compute-sanitizer's racecheck/initcheck, which are slow)
     const char *sm = getenv("MOE_TEST_SMALL");

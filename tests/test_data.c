@@ -39,7 +39,9 @@ static const char *write_shard(const char *name, int magic, int version, int hea
                                const uint16_t *toks, size_t n_write, size_t extra) {
     const char *path = tmp_path(name);
     int32_t hdr[256] = {0};
-    hdr[0] = magic; hdr[1] = version; hdr[2] = header_count;
+    hdr[0] = magic;
+    hdr[1] = version;
+    hdr[2] = header_count;
     FILE *f = xfopen(path, "wb");
     xfwrite(hdr, sizeof hdr[0], 256, f, path);
     xfwrite(toks, sizeof toks[0], n_write, f, path);
@@ -49,7 +51,10 @@ static const char *write_shard(const char *name, int magic, int version, int hea
 }
 
 // Runs data_open in a child with stderr captured; expects a non-zero exit and `phrase` in the message.
-typedef struct { const char *path; int T; } OpenArgs;
+typedef struct {
+    const char *path;
+    int T;
+} OpenArgs;
 static void do_open(void *p) {
     OpenArgs *a = p;
     Dataset ds;
@@ -72,49 +77,59 @@ static int check_line(const char *l, int len, int kind) {
     *eq = 0;
     const char *rhs = eq + 1;
     switch (kind) {
-    case 0: {  // add
-        int x, y, z, n = 0;
-        *eq = '=';
-        if (sscanf(buf, "%d+%d=%d%n", &x, &y, &z, &n) != 3 || n != len - 1) return 0;
-        return x + y == z && x >= 0 && x < 1000 && y >= 0 && y < 1000;
-    }
-    case 1: case 3: case 5: {  // reverse, copy, upper
-        const char *pre = kind == 1 ? "rev:" : kind == 3 ? "copy:" : "upper:";
-        size_t pl = strlen(pre);
-        if (strncmp(buf, pre, pl) != 0) return 0;
-        const char *s = buf + pl;
-        size_t n = strlen(s);
-        if (n < 2 || n > 12 || strlen(rhs) != n) return 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!islower((unsigned char)s[i])) return 0;
-            char want = kind == 1 ? s[n - 1 - i] : kind == 3 ? s[i] : (char)toupper((unsigned char)s[i]);
-            if (rhs[i] != want) return 0;
+        case 0: { // add
+            int x, y, z, n = 0;
+            *eq = '=';
+            if (sscanf(buf, "%d+%d=%d%n", &x, &y, &z, &n) != 3 || n != len - 1) return 0;
+            return x + y == z && x >= 0 && x < 1000 && y >= 0 && y < 1000;
         }
-        return 1;
-    }
-    case 2: {  // sort
-        if (strncmp(buf, "sort:", 5) != 0) return 0;
-        snprintf(a, sizeof a, "%s", buf + 5);
-        size_t n = strlen(a);
-        if (n < 2 || n > 10 || strlen(rhs) != n) return 0;
-        for (size_t i = 0; i < n; i++) if (!isdigit((unsigned char)a[i])) return 0;
-        for (size_t i = 1; i < n; i++)  // insertion sort
-            for (size_t j = i; j > 0 && a[j - 1] > a[j]; j--) { char t = a[j]; a[j] = a[j - 1]; a[j - 1] = t; }
-        return strcmp(a, rhs) == 0;
-    }
-    case 4: {  // count
-        if (strncmp(buf, "count:", 6) != 0) return 0;
-        char *slash = strchr(buf, '/');
-        if (!slash || strlen(slash) != 2) return 0;
-        *slash = 0;
-        snprintf(b, sizeof b, "%s", buf + 6);
-        char c = slash[1];
-        int cnt = 0;
-        for (char *p = b; *p; p++) { if (*p < 'a' || *p > 'e') return 0; cnt += *p == c; }
-        char want[16];
-        snprintf(want, sizeof want, "%d", cnt);
-        return strcmp(want, rhs) == 0;
-    }
+        case 1:
+        case 3:
+        case 5: { // reverse, copy, upper
+            const char *pre = kind == 1 ? "rev:" : kind == 3 ? "copy:" : "upper:";
+            size_t pl = strlen(pre);
+            if (strncmp(buf, pre, pl) != 0) return 0;
+            const char *s = buf + pl;
+            size_t n = strlen(s);
+            if (n < 2 || n > 12 || strlen(rhs) != n) return 0;
+            for (size_t i = 0; i < n; i++) {
+                if (!islower((unsigned char)s[i])) return 0;
+                char want = kind == 1 ? s[n - 1 - i] : kind == 3 ? s[i] : (char)toupper((unsigned char)s[i]);
+                if (rhs[i] != want) return 0;
+            }
+            return 1;
+        }
+        case 2: { // sort
+            if (strncmp(buf, "sort:", 5) != 0) return 0;
+            snprintf(a, sizeof a, "%s", buf + 5);
+            size_t n = strlen(a);
+            if (n < 2 || n > 10 || strlen(rhs) != n) return 0;
+            for (size_t i = 0; i < n; i++)
+                if (!isdigit((unsigned char)a[i])) return 0;
+            for (size_t i = 1; i < n; i++) // insertion sort
+                for (size_t j = i; j > 0 && a[j - 1] > a[j]; j--) {
+                    char t = a[j];
+                    a[j] = a[j - 1];
+                    a[j - 1] = t;
+                }
+            return strcmp(a, rhs) == 0;
+        }
+        case 4: { // count
+            if (strncmp(buf, "count:", 6) != 0) return 0;
+            char *slash = strchr(buf, '/');
+            if (!slash || strlen(slash) != 2) return 0;
+            *slash = 0;
+            snprintf(b, sizeof b, "%s", buf + 6);
+            char c = slash[1];
+            int cnt = 0;
+            for (char *p = b; *p; p++) {
+                if (*p < 'a' || *p > 'e') return 0;
+                cnt += *p == c;
+            }
+            char want[16];
+            snprintf(want, sizeof want, "%d", cnt);
+            return strcmp(want, rhs) == 0;
+        }
     }
     return 0;
 }
@@ -148,16 +163,21 @@ static void test_synth(void) {
     }
     EXPECT(bad == 0, "%zu of %zu synthetic lines are malformed", bad, lines);
     for (int k = 0; k < nk; k++)
-        EXPECT(per_kind[k] > lines / (size_t)nk / 2, "kind %s has only %zu of %zu lines", names[k], per_kind[k], lines);
+        EXPECT(per_kind[k] > lines / (size_t)nk / 2, "kind %s has only %zu of %zu lines", names[k],
+               per_kind[k], lines);
     printf("synth: %zu lines, %d kinds:", lines, nk);
     for (int k = 0; k < nk; k++) printf(" %s=%zu", names[k], per_kind[k]);
     printf("\n");
-    for (size_t i = 0, nl = 0; i < n1 && nl < 6; i++) {   // a few sample lines
+    for (size_t i = 0, nl = 0; i < n1 && nl < 6; i++) { // a few sample lines
         if (i == 0 || t1[i - 1] == '\n') printf("  %s: ", names[k1[i]]);
         putchar(t1[i]);
         nl += t1[i] == '\n';
     }
-    free(t1); free(t2); free(t3); free(k1); free(k2);
+    free(t1);
+    free(t2);
+    free(t3);
+    free(k1);
+    free(k2);
 }
 
 // Is window w a training window of the split? (every10: all but w % 10 == 9; tail: the first n_train)
@@ -170,9 +190,11 @@ static int is_train_window(const Dataset *ds, size_t w) {
 static void check_tail(const Dataset *ds) {
     size_t T = (size_t)ds->T, held = ds->n_tokens - ds->val_start;
     EXPECT(ds->split == DATA_SPLIT_TAIL && ds->val_tokens == ds->tokens, "not a tail split");
-    EXPECT((double)held >= ds->n_tokens * ds->val_frac - 1e-6 && (double)held < ds->n_tokens * ds->val_frac + 1,
+    EXPECT((double)held >= ds->n_tokens * ds->val_frac - 1e-6 &&
+               (double)held < ds->n_tokens * ds->val_frac + 1,
            "held out %zu of %zu tokens at val_frac %g", held, ds->n_tokens, ds->val_frac);
-    EXPECT(ds->n_train >= 1 && ds->n_train * T + 1 <= ds->val_start && (ds->n_train + 1) * T + 1 > ds->val_start,
+    EXPECT(ds->n_train >= 1 && ds->n_train * T + 1 <= ds->val_start &&
+               (ds->n_train + 1) * T + 1 > ds->val_start,
            "training windows %zu do not tile [0, %zu) at T=%zu", ds->n_train, ds->val_start, T);
     EXPECT(ds->n_val >= 1 && ds->n_val * T + 1 <= held && (ds->n_val + 1) * T + 1 > held,
            "validation windows %zu do not tile the %zu held-out tokens at T=%zu", ds->n_val, held, T);
@@ -189,8 +211,9 @@ static void check_split(const Dataset *ds, int n_epochs) {
     else check_tail(ds);
     EXPECT(ds->n_train + ds->n_val == ds->n_windows && ds->n_val >= 1, "train %zu val %zu windows %zu",
            ds->n_train, ds->n_val, ds->n_windows);
-    if (ds->split != DATA_SPLIT_EVERY10) {   // (every10's own checks below are the window-index ones)
-        EXPECT(ds->val_start + (ds->n_val - 1) * (size_t)ds->T + (size_t)ds->T < ds->n_tokens, "last val window overruns");
+    if (ds->split != DATA_SPLIT_EVERY10) { // (every10's own checks below are the window-index ones)
+        EXPECT(ds->val_start + (ds->n_val - 1) * (size_t)ds->T + (size_t)ds->T < ds->n_tokens,
+               "last val window overruns");
         goto epochs;
     }
     uint8_t *mark = xcalloc(ds->n_windows, 1);
@@ -208,7 +231,8 @@ static void check_split(const Dataset *ds, int n_epochs) {
     }
     size_t uncovered = 0;
     for (size_t w = 0; w < ds->n_windows; w++) uncovered += mark[w] != 1 && mark[w] != 2;
-    EXPECT(bad == 0 && uncovered == 0, "split: %zu bad indices, %zu windows not in exactly one set", bad, uncovered);
+    EXPECT(bad == 0 && uncovered == 0, "split: %zu bad indices, %zu windows not in exactly one set", bad,
+           uncovered);
     // last window must fit: tokens [w*T, w*T+T]
     EXPECT((ds->n_windows - 1) * (size_t)ds->T + (size_t)ds->T < ds->n_tokens, "last window overruns");
     free(mark);
@@ -231,13 +255,20 @@ epochs:;
         EXPECT(wrong == 0, "epoch %d: %zu windows not visited exactly once", e, wrong);
         if (ds->n_train >= 100) {
             EXPECT(ascending < ds->n_train / 10, "epoch %d looks unshuffled (%zu in place)", e, ascending);
-            if (e) EXPECT(same_as_e0 < ds->n_train / 10, "epoch %d repeats epoch 0's order (%zu same)", e, same_as_e0);
+            if (e)
+                EXPECT(same_as_e0 < ds->n_train / 10, "epoch %d repeats epoch 0's order (%zu same)", e,
+                       same_as_e0);
         }
     }
-    free(seen); free(first);
+    free(seen);
+    free(first);
 }
 
-typedef struct { const Dataset *ds; uint64_t i0; int n; } ValArgs;
+typedef struct {
+    const Dataset *ds;
+    uint64_t i0;
+    int n;
+} ValArgs;
 static void do_val_past(void *p) {
     ValArgs *a = p;
     int32_t *x = xmalloc((size_t)a->n * a->ds->T * 4), *y = xmalloc((size_t)a->n * a->ds->T * 4);
@@ -249,7 +280,7 @@ static void check_batches(const Dataset *ds) {
     int T = ds->T;
     size_t sz = (size_t)16 * T;
     int32_t *in8 = xmalloc(sz * 4), *tg8 = xmalloc(sz * 4), *in = xmalloc(sz * 4), *tg = xmalloc(sz * 4);
-    uint64_t starts[3] = {0, 1000, ds->n_train - 4};   // the last one straddles epochs 0 and 1
+    uint64_t starts[3] = {0, 1000, ds->n_train - 4}; // the last one straddles epochs 0 and 1
     for (int k = 0; k < 3; k++) {
         uint64_t s0 = starts[k];
         data_train_batch(ds, s0, 8, in8, tg8);
@@ -262,14 +293,15 @@ static void check_batches(const Dataset *ds) {
         EXPECT(ok, "batch at s0=%llu does not match its windows' tokens", (unsigned long long)s0);
         data_train_batch(ds, s0 + 5, 3, in, tg);
         EXPECT(memcmp(in, in8 + 5 * (size_t)T, 3 * (size_t)T * 4) == 0 &&
-               memcmp(tg, tg8 + 5 * (size_t)T, 3 * (size_t)T * 4) == 0,
+                   memcmp(tg, tg8 + 5 * (size_t)T, 3 * (size_t)T * 4) == 0,
                "batch(s0+5, 3) != rows 5..7 of batch(s0, 8) at s0=%llu", (unsigned long long)s0);
         // row by row, in reverse order, with an unrelated far-away call in between
         ok = 1;
         for (int r = 7; r >= 0; r--) {
             data_train_batch(ds, 17 * (uint64_t)ds->n_train + 3, 1, in, tg);
             data_train_batch(ds, s0 + r, 1, in, tg);
-            ok &= memcmp(in, in8 + (size_t)r * T, (size_t)T * 4) == 0 && memcmp(tg, tg8 + (size_t)r * T, (size_t)T * 4) == 0;
+            ok &= memcmp(in, in8 + (size_t)r * T, (size_t)T * 4) == 0 &&
+                memcmp(tg, tg8 + (size_t)r * T, (size_t)T * 4) == 0;
         }
         EXPECT(ok, "single-row batches depend on call history at s0=%llu", (unsigned long long)s0);
     }
@@ -283,12 +315,18 @@ static void check_batches(const Dataset *ds) {
         size_t off = ds->val_off[ds->n_val - (size_t)nv + (size_t)r];
         ok &= memcmp(in + (size_t)r * T, ds->val_tokens + off, (size_t)T * 4) == 0;
         ok &= memcmp(tg + (size_t)r * T, ds->val_tokens + off + 1, (size_t)T * 4) == 0;
-        for (int t = 0; t < T; t++) ok &= kinds[(size_t)r * T + t] == (ds->kinds ? ds->kinds[off + 1 + t] : 0);
+        for (int t = 0; t < T; t++)
+            ok &= kinds[(size_t)r * T + t] == (ds->kinds ? ds->kinds[off + 1 + t] : 0);
     }
     EXPECT(ok, "val batch does not match the val windows");
     ValArgs va = {ds, ds->n_val - (uint64_t)nv / 2, nv};
-    if (nv >= 2) expect_death_msg("val batch past the end", do_val_past, &va, "the validation set has", NULL, 0);
-    free(in8); free(tg8); free(in); free(tg); free(kinds);
+    if (nv >= 2)
+        expect_death_msg("val batch past the end", do_val_past, &va, "the validation set has", NULL, 0);
+    free(in8);
+    free(tg8);
+    free(in);
+    free(tg);
+    free(kinds);
 }
 
 static void test_synthetic_dataset(void) {
@@ -300,21 +338,24 @@ static void test_synthetic_dataset(void) {
     printf("synthetic: %s, %zu tokens, %zu windows (%zu train, %zu val), vocab %d\n", a.source, a.n_tokens,
            a.n_windows, a.n_train, a.n_val, a.vocab_size);
     EXPECT(strcmp(a.source, "synthetic(seed=1)") == 0, "source '%s'", a.source);
-    EXPECT(a.n_tokens >= ((size_t)2 << 20) - 40 && a.n_tokens <= ((size_t)2 << 20), "n_tokens %zu", a.n_tokens);
+    EXPECT(a.n_tokens >= ((size_t)2 << 20) - 40 && a.n_tokens <= ((size_t)2 << 20), "n_tokens %zu",
+           a.n_tokens);
     EXPECT(a.vocab_size == 256 && a.kinds && a.n_kinds >= 4, "vocab %d n_kinds %d", a.vocab_size, a.n_kinds);
     EXPECT(a.n_tokens == b.n_tokens && memcmp(a.tokens, b.tokens, a.n_tokens * 4) == 0 &&
-           memcmp(a.kinds, b.kinds, a.n_tokens) == 0, "same seed, different corpus");
+               memcmp(a.kinds, b.kinds, a.n_tokens) == 0,
+           "same seed, different corpus");
     EXPECT(memcmp(a.tokens, c.tokens, 4096 * 4) != 0, "seeds 1 and 2 give the same corpus");
 
     size_t cnt[DATA_MAX_KINDS] = {0}, bad_tok = 0, bad_kind = 0;
     for (size_t i = 0; i < a.n_tokens; i++) {
         bad_tok += a.tokens[i] < 0 || a.tokens[i] >= a.vocab_size;
-        if (a.kinds[i] < a.n_kinds) cnt[a.kinds[i]]++; else bad_kind++;
+        if (a.kinds[i] < a.n_kinds) cnt[a.kinds[i]]++;
+        else bad_kind++;
     }
     EXPECT(bad_tok == 0 && bad_kind == 0, "%zu tokens out of range, %zu bad kind labels", bad_tok, bad_kind);
     for (int k = 0; k < a.n_kinds; k++)
-        EXPECT(cnt[k] > a.n_tokens / 20 && a.kind_names[k] && a.kind_names[k][0], "kind %d (%s) covers %zu tokens",
-               k, a.kind_names[k] ? a.kind_names[k] : "?", cnt[k]);
+        EXPECT(cnt[k] > a.n_tokens / 20 && a.kind_names[k] && a.kind_names[k][0],
+               "kind %d (%s) covers %zu tokens", k, a.kind_names[k] ? a.kind_names[k] : "?", cnt[k]);
 
     // same seed -> same batches (b is fresh: its first call is far away, a different history)
     size_t sz = (size_t)8 * T;
@@ -329,8 +370,13 @@ static void test_synthetic_dataset(void) {
 
     check_split(&a, 3);
     check_batches(&a);
-    free(ia); free(ta); free(ib); free(tb);
-    data_close(&a); data_close(&b); data_close(&c);
+    free(ia);
+    free(ta);
+    free(ib);
+    free(tb);
+    data_close(&a);
+    data_close(&b);
+    data_close(&c);
     EXPECT(a.tokens == NULL && a.perm_cache == NULL, "data_close leaves pointers");
 }
 
@@ -343,8 +389,8 @@ static void test_text(void) {
     } else {
         Dataset ds;
         data_open(&ds, gpl, 3, 64);
-        printf("text: %s, %zu tokens, %zu windows (%zu train, %zu val)\n", ds.source, ds.n_tokens, ds.n_windows,
-               ds.n_train, ds.n_val);
+        printf("text: %s, %zu tokens, %zu windows (%zu train, %zu val)\n", ds.source, ds.n_tokens,
+               ds.n_windows, ds.n_train, ds.n_val);
         int ok = ds.n_tokens == len;
         for (size_t i = 0; ok && i < len; i++) ok = ds.tokens[i] == (unsigned char)raw[i];
         EXPECT(ok, "text tokens differ from the file bytes");
@@ -385,7 +431,8 @@ static void test_shards(void) {
     for (size_t i = 0; ok && i < n; i++) ok = ds.tokens[i] == toks[i];
     EXPECT(ok, "shard round trip: tokens differ (%zu vs %zu)", ds.n_tokens, n);
     EXPECT(ds.vocab_size == 50304, "GPT-2 shard vocab %d, want 50304", ds.vocab_size);
-    EXPECT(strstr(ds.source, "shards:") == ds.source && strstr(ds.source, "(1 file)"), "source '%s'", ds.source);
+    EXPECT(strstr(ds.source, "shards:") == ds.source && strstr(ds.source, "(1 file)"), "source '%s'",
+           ds.source);
     printf("shard: %s, %zu tokens, vocab %d\n", ds.source, ds.n_tokens, ds.vocab_size);
     check_split(&ds, 2);
     check_batches(&ds);
@@ -393,7 +440,7 @@ static void test_shards(void) {
 
     // two shards through a glob, concatenated in sorted name order; vocab 1000 -> 1024
     for (size_t i = 0; i < n; i++) toks[i] = (uint16_t)((i * 31u) % 1000u);
-    write_shard("shard_001.bin", 20240520, 1, 2000, toks + 3000, 2000, 0);   // written first on purpose
+    write_shard("shard_001.bin", 20240520, 1, 2000, toks + 3000, 2000, 0); // written first on purpose
     write_shard("shard_000.bin", 20240520, 1, 3000, toks, 3000, 0);
     char pat[128];
     snprintf(pat, sizeof pat, "%s/shard_*.bin", tmp_dir);
@@ -447,7 +494,8 @@ static void test_bad_text(void) {
     p = write_bytes("garbage.dat", garbage, sizeof garbage);
     expect_death("random bytes", p, 8, "binary");
     // no NUL, but 50% control bytes -> over the 30% rule
-    for (size_t i = 0; i < sizeof garbage; i++) garbage[i] = (unsigned char)(i % 2 ? 'a' + i % 26 : 1 + i % 7);
+    for (size_t i = 0; i < sizeof garbage; i++)
+        garbage[i] = (unsigned char)(i % 2 ? 'a' + i % 26 : 1 + i % 7);
     p = write_bytes("controls.dat", garbage, sizeof garbage);
     expect_death("control bytes", p, 8, "not text");
     // 20% control bytes -> still text
@@ -458,7 +506,8 @@ static void test_bad_text(void) {
     EXPECT(ds.n_tokens == sizeof garbage, "mostly-text file: %zu tokens", ds.n_tokens);
     data_close(&ds);
 
-    p = write_bytes("short.txt", "0123456789012345678901234567890123456789012345678901234567890123456789012345678\n", 80);
+    p = write_bytes("short.txt",
+                    "0123456789012345678901234567890123456789012345678901234567890123456789012345678\n", 80);
     expect_death("too short for T", p, 8, "80 tokens");
     expect_death("too short for T (need)", p, 8, "need at least 81");
     expect_death("T = 0", NULL, 0, "T must be");
@@ -467,7 +516,10 @@ static void test_bad_text(void) {
 // The split is the data's, not T's: the held-out tokens are the same at T = 8, 16, 64; --val-frac moves
 // the boundary; --val-data validates on its own file and trains on all of --data; the embedded corpus
 // refuses both (its split is every10).
-typedef struct { const char *path, *val; double frac; } SplitArgs;
+typedef struct {
+    const char *path, *val;
+    double frac;
+} SplitArgs;
 static void do_open_split(void *p) {
     SplitArgs *a = p;
     Dataset ds;
@@ -495,11 +547,13 @@ static void test_split_options(void) {
     data_close(&ds);
     data_open_split(&ds, p, v, DATA_VAL_FRAC, 1, 16);
     EXPECT(ds.split == DATA_SPLIT_FILE && ds.n_train == (n - 1) / 16 && ds.n_val == 699 / 16,
-           "--val-data: %zu train (want %zu), %zu val (want %d)", ds.n_train, (n - 1) / 16, ds.n_val, 699 / 16);
+           "--val-data: %zu train (want %zu), %zu val (want %d)", ds.n_train, (n - 1) / 16, ds.n_val,
+           699 / 16);
     int32_t x[16], y[16];
     data_val_batch(&ds, 2, 1, x, y, NULL);
     int ok = 1;
-    for (int t = 0; t < 16; t++) ok &= x[t] == (unsigned char)buf[32 + t] && y[t] == (unsigned char)buf[33 + t];
+    for (int t = 0; t < 16; t++)
+        ok &= x[t] == (unsigned char)buf[32 + t] && y[t] == (unsigned char)buf[33 + t];
     EXPECT(ok, "--val-data: window 2 does not read the validation file's tokens 32..48");
     char desc[512];
     data_split_desc(&ds, desc, sizeof desc);
@@ -533,7 +587,10 @@ static void test_refused_shard_frees(void) {
     memset(probe, 1, 1 << 20);
     size_t b = malloc_in_use();
     free(probe);
-    if (b < a + (1 << 20)) { printf("refused shards: SKIP (mallinfo2 does not count this build's malloc)\n"); return; }
+    if (b < a + (1 << 20)) {
+        printf("refused shards: SKIP (mallinfo2 does not count this build's malloc)\n");
+        return;
+    }
     int32_t hdr[256] = {20240801, 7, 4};
     uint32_t toks[4] = {1, 2, 0xffffffffu, 3};
     char bytes[sizeof hdr + sizeof toks];
@@ -544,7 +601,7 @@ static void test_refused_shard_frees(void) {
     int err = dup(2), null = open("/dev/null", O_WRONLY);
     CHECK(err >= 0 && null >= 0 && dup2(null, 2) >= 0, "test: cannot silence stderr");
     moe_set_die_hook(die_back, -1);
-    static Dataset ds;   // (static: kept across the longjmp)
+    static Dataset ds; // (static: kept across the longjmp)
     static int refused;
     refused = 0;
     size_t before = malloc_in_use();
@@ -559,8 +616,10 @@ static void test_refused_shard_frees(void) {
     close(err);
     close(null);
     EXPECT(refused == 200, "refused shards: %d of 200 refused", refused);
-    EXPECT(after < before + (64 << 10), "refused shards: malloc holds %zu bytes more after 200 refusals", after - before);
-    printf("refused shards: 200 refusals, %zu bytes more held by malloc\n", after > before ? after - before : 0);
+    EXPECT(after < before + (64 << 10), "refused shards: malloc holds %zu bytes more after 200 refusals",
+           after - before);
+    printf("refused shards: 200 refusals, %zu bytes more held by malloc\n",
+           after > before ? after - before : 0);
 }
 
 int main(void) {
@@ -574,7 +633,8 @@ int main(void) {
     test_split_options();
     test_refused_shard_frees();
     for (int i = n_made - 1; i >= 0; i--)
-        if (file_exists(made_files[i]) && unlink(made_files[i]) != 0) fprintf(stderr, "cannot remove %s\n", made_files[i]);
+        if (file_exists(made_files[i]) && unlink(made_files[i]) != 0)
+            fprintf(stderr, "cannot remove %s\n", made_files[i]);
     if (rmdir(tmp_dir) != 0) fprintf(stderr, "cannot remove %s (%s)\n", tmp_dir, strerror(errno));
     return test_done("test_data");
 }

@@ -14,8 +14,8 @@
 
 // fn(arg) in a child: it must exit non-zero with p1 (and p2 unless NULL) in its stderr; with
 // one_line, the message must be exactly one "moe: error: ..." line.
-static inline void expect_death_msg(const char *what, void (*fn)(void *), void *arg, const char *p1, const char *p2,
-                             int one_line) {
+static inline void expect_death_msg(const char *what, void (*fn)(void *), void *arg, const char *p1,
+                                    const char *p2, int one_line) {
     int pfd[2];
     CHECK(pipe(pfd) == 0, "pipe: %s", strerror(errno));
     fflush(stdout);
@@ -43,7 +43,8 @@ static inline void expect_death_msg(const char *what, void (*fn)(void *), void *
     close(pfd[0]);
     int status = 0;
     CHECK(waitpid(pid, &status, 0) == pid, "waitpid: %s", strerror(errno));
-    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: child should exit non-zero (status %d)", what, status);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: child should exit non-zero (status %d)", what,
+           status);
     EXPECT(strstr(buf, p1) != NULL, "%s: message should contain \"%s\"; got: %s", what, p1, buf);
     if (p2) EXPECT(strstr(buf, p2) != NULL, "%s: message should contain \"%s\"; got: %s", what, p2, buf);
     if (one_line)
@@ -53,7 +54,12 @@ static inline void expect_death_msg(const char *what, void (*fn)(void *), void *
 }
 
 // Every file of a directory (up to 16), byte for byte.
-typedef struct { int n; char name[16][96]; char *data[16]; size_t len[16]; } Snap;
+typedef struct {
+    int n;
+    char name[16][96];
+    char *data[16];
+    size_t len[16];
+} Snap;
 
 static inline void snap_take(const char *dir, Snap *s) {
     memset(s, 0, sizeof *s);
@@ -69,7 +75,10 @@ static inline void snap_take(const char *dir, Snap *s) {
     }
     if (d) closedir(d);
 }
-static inline void snap_free(Snap *s) { for (int i = 0; i < s->n; i++) free(s->data[i]); memset(s, 0, sizeof *s); }
+static inline void snap_free(Snap *s) {
+    for (int i = 0; i < s->n; i++) free(s->data[i]);
+    memset(s, 0, sizeof *s);
+}
 // Is dir now byte for byte what a holds? (a is kept; free it with snap_free.)
 static inline int snap_same(const char *dir, const Snap *a) {
     Snap b;

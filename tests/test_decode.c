@@ -30,7 +30,8 @@ static void check_rope(const Backend *be) {
     Rng r;
     rng_seed(&r, 3);
     for (size_t i = 0; i < B * TT * row; i++) xh[i] = (float)(rng_uniform(&r) * 2 - 1);
-    for (int b = 0; b < B; b++) memcpy(yh + (size_t)b * n * row, xh + ((size_t)b * TT + t0) * row, n * row * sizeof(float));
+    for (int b = 0; b < B; b++)
+        memcpy(yh + (size_t)b * n * row, xh + ((size_t)b * TT + t0) * row, n * row * sizeof(float));
     float *xd = be->alloc(B * TT * row * sizeof(float)), *yd = be->alloc(B * n * row * sizeof(float));
     be->to_device(xd, xh, B * TT * row * sizeof(float));
     be->to_device(yd, yh, B * n * row * sizeof(float));
@@ -41,11 +42,17 @@ static void check_rope(const Backend *be) {
         be->to_host(y, yd, B * n * row * sizeof(float));
         int same = 1;
         for (int b = 0; b < B; b++)
-            same &= !memcmp(y + (size_t)b * n * row, x + ((size_t)b * TT + t0) * row, n * row * sizeof(float));
-        EXPECT(same, "%s: rope_rows(inverse %d) over rows [%d, %d) differs from rope over [0, %d)", be->name, inv, t0, t1, TT);
+            same &=
+                !memcmp(y + (size_t)b * n * row, x + ((size_t)b * TT + t0) * row, n * row * sizeof(float));
+        EXPECT(same, "%s: rope_rows(inverse %d) over rows [%d, %d) differs from rope over [0, %d)", be->name,
+               inv, t0, t1, TT);
     }
-    be->free(xd); be->free(yd);
-    free(x); free(y); free(xh); free(yh);
+    be->free(xd);
+    be->free(yd);
+    free(x);
+    free(y);
+    free(xh);
+    free(yh);
 }
 
 static void check_model(const Backend *be, const ModelConfig *cfg, const char *label) {
@@ -54,7 +61,7 @@ static void check_model(const Backend *be, const ModelConfig *cfg, const char *l
     model_init(&m, &c, be, 1, T, NULL);
     float *params = xmalloc(m.t.ltotal * sizeof(float));
     params_init(&m.t, &c, params, 11);
-    Rng pr;   // every tensor moved off its init (biases 0, norms 1, routing bias 0 would hide a missing term)
+    Rng pr; // every tensor moved off its init (biases 0, norms 1, routing bias 0 would hide a missing term)
     rng_seed(&pr, 13);
     for (size_t i = 0; i < m.t.ltotal; i++) params[i] += 0.05f * (float)rng_normal(&pr);
     be->to_device(m.params, params, m.t.ltotal * sizeof(float));
@@ -68,14 +75,15 @@ static void check_model(const Backend *be, const ModelConfig *cfg, const char *l
     for (int t = PROMPT - 1; t < T; t++) {
         model_forward(&m, tok, NULL, 1, t + 1, 0, 0);
         model_logits_row(&m, 0, t, ref + (size_t)t * V);
-        for (int v = 0; v < V; v++) if (fabs(ref[(size_t)t * V + v]) > scale) scale = fabs(ref[(size_t)t * V + v]);
+        for (int v = 0; v < V; v++)
+            if (fabs(ref[(size_t)t * V + v]) > scale) scale = fabs(ref[(size_t)t * V + v]);
     }
     EXPECT(model_decode_supported(&m), "%s: a one-chunk model must decode with a cache", be->name);
     KvCache kc;
     kv_init(&kc, &m, T);
     double worst = 0;
     for (int t = PROMPT - 1; t < T; t++) {
-        if (t == PROMPT - 1) model_decode(&m, &kc, tok, PROMPT, got);   // the prompt in one call
+        if (t == PROMPT - 1) model_decode(&m, &kc, tok, PROMPT, got); // the prompt in one call
         else model_decode(&m, &kc, tok + t, 1, got);
         EXPECT(kc.len == t + 1, "%s: cache holds %d positions after position %d", be->name, kc.len, t);
         for (int v = 0; v < V; v++) {
@@ -85,17 +93,23 @@ static void check_model(const Backend *be, const ModelConfig *cfg, const char *l
     }
     // bf16 GEMM operands ("cuda"): a round-off upstream can move a bf16 rounding, so a looser band
     double tol = (strcmp(be->name, "cuda") ? 1e-4 : 2e-2) * scale;
-    EXPECT(worst <= tol, "%s, %s: cached logits differ from the training forward's by %.3g (scale %.3g)", be->name,
-           label, worst, scale);
-    printf("%s, %s: cached vs uncached logits: max |diff| %.3g (logit scale %.3g)\n", be->name, label, worst, scale);
+    EXPECT(worst <= tol, "%s, %s: cached logits differ from the training forward's by %.3g (scale %.3g)",
+           be->name, label, worst, scale);
+    printf("%s, %s: cached vs uncached logits: max |diff| %.3g (logit scale %.3g)\n", be->name, label, worst,
+           scale);
     // a cache restarted at 0 gives the same logits again (the sampler's re-prefill after a slide)
     kc.len = 0;
     model_decode(&m, &kc, tok, T, got);
     double w2 = 0;
-    for (int v = 0; v < V; v++) { double d = fabs(got[v] - ref[(size_t)(T - 1) * V + v]); if (d > w2) w2 = d; }
+    for (int v = 0; v < V; v++) {
+        double d = fabs(got[v] - ref[(size_t)(T - 1) * V + v]);
+        if (d > w2) w2 = d;
+    }
     EXPECT(w2 <= tol, "%s: a re-prefill of %d positions differs by %.3g", be->name, T, w2);
     kv_free(&kc, &m);
-    free(ref); free(got); free(params);
+    free(ref);
+    free(got);
+    free(params);
     model_free(&m);
 }
 
@@ -106,12 +120,24 @@ static void check_backend(const Backend *be) {
     ModelConfig c;
     config(&c);
     check_model(be, &c, "mixtral");
-    ModelConfig f1 = c; f1.family = FAM_OLMOE; f1.qk_norm = QK_NORM_FULL; f1.renormalize = 0;
+    ModelConfig f1 = c;
+    f1.family = FAM_OLMOE;
+    f1.qk_norm = QK_NORM_FULL;
+    f1.renormalize = 0;
     check_model(be, &f1, "olmoe qk-norm full");
-    ModelConfig f2 = c; f2.family = FAM_QWEN3_MOE; f2.qk_norm = QK_NORM_HEAD; f2.head_dim = 6;
+    ModelConfig f2 = c;
+    f2.family = FAM_QWEN3_MOE;
+    f2.qk_norm = QK_NORM_HEAD;
+    f2.head_dim = 6;
     check_model(be, &f2, "qwen3_moe qk-norm per head, hd 6");
-    ModelConfig f3 = c; f3.family = FAM_QWEN2_MOE; f3.qkv_bias = 1; f3.n_shared_experts = 1; f3.shared_d_ff = 40;
-    f3.shared_gate = 1; f3.renormalize = 0; f3.balance = BALANCE_AUX_FREE;
+    ModelConfig f3 = c;
+    f3.family = FAM_QWEN2_MOE;
+    f3.qkv_bias = 1;
+    f3.n_shared_experts = 1;
+    f3.shared_d_ff = 40;
+    f3.shared_gate = 1;
+    f3.renormalize = 0;
+    f3.balance = BALANCE_AUX_FREE;
     check_model(be, &f3, "qwen2_moe biases, gated shared expert, aux-free bias");
 }
 

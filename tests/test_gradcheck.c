@@ -42,31 +42,41 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
     return ce + aux * m->aux + zc * m->z;
 }
 
-static float g_dropout;   // residual dropout of the next check_config (one fixed mask for every forward)
+static float g_dropout; // residual dropout of the next check_config (one fixed mask for every forward)
 
 static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
-    int fam = c.family != FAM_MIXTRAL || c.balance != BALANCE_AUX || c.aux_scope != AUX_SCOPE_MICRO;   // the new options
+    int fam = c.family != FAM_MIXTRAL || c.balance != BALANCE_AUX ||
+        c.aux_scope != AUX_SCOPE_MICRO; // the new options
     const int B = 2, T = 6;
     Model m;
     model_init(&m, &c, backend_cpu(), B, T, NULL);
     m.dropout = g_dropout;
-    m.drop_seed = g_dropout > 0 || c.attention_dropout > 0 ? 781 : 0;   // (a mask under which no perturbation flips routing)
-    for (int l = 0; l < c.n_layers; l++) m.la[l].moe.host_router_out = 1;   // total_loss reads idx_h
+    m.drop_seed = g_dropout > 0 || c.attention_dropout > 0
+        ? 781
+        : 0; // (a mask under which no perturbation flips routing)
+    for (int l = 0; l < c.n_layers; l++) m.la[l].moe.host_router_out = 1; // total_loss reads idx_h
     params_init(&m.t, &c, m.params, 7);
     // larger router weights so routing is decisive and probs are not all ~1/E
     for (int i = 0; i < m.t.n; i++)
         if (m.t.p[i].role == PR_ROUTER)
             for (size_t j = 0; j < m.t.p[i].numel; j++) m.params[m.t.p[i].offset + j] *= 25.0f;
-    Rng rb;   // the families: norm weights and biases away from 1 and 0 (their init): every term shows
+    Rng rb; // the families: norm weights and biases away from 1 and 0 (their init): every term shows
     rng_seed(&rb, 5);
     for (int i = 0; i < m.t.n; i++)
         if (fam && m.t.p[i].ndim == 1)
-            for (size_t j = 0; j < m.t.p[i].numel; j++) m.params[m.t.p[i].offset + j] += 0.3f * rng_normal(&rb);
+            for (size_t j = 0; j < m.t.p[i].numel; j++)
+                m.params[m.t.p[i].offset + j] += 0.3f * rng_normal(&rb);
     Rng r;
     rng_seed(&r, 11);
     int32_t x[B * T], y[B * T], x0[B * T], y0[B * T];
-    for (int i = 0; i < B * T; i++) { x[i] = rng_below(&r, c.vocab_size); y[i] = rng_below(&r, c.vocab_size); }
-    for (int i = 0; i < B * T; i++) { x0[i] = rng_below(&r, c.vocab_size); y0[i] = rng_below(&r, c.vocab_size); }
+    for (int i = 0; i < B * T; i++) {
+        x[i] = rng_below(&r, c.vocab_size);
+        y[i] = rng_below(&r, c.vocab_size);
+    }
+    for (int i = 0; i < B * T; i++) {
+        x0[i] = rng_below(&r, c.vocab_size);
+        y0[i] = rng_below(&r, c.vocab_size);
+    }
     g_x0 = x0;
     g_y0 = y0;
     if (c.balance == BALANCE_AUX_FREE) {
@@ -79,10 +89,12 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
         for (int i = 0; i < m.t.n; i++)
             if (m.t.p[i].role == PR_ROUTE_BIAS)
                 for (size_t j = 0; j < m.t.p[i].numel; j++)
-                    m.params[m.t.p[i].offset + j] = 0.3f * (float)((j * 3 + (size_t)m.t.p[i].layer) % c.n_experts) - 0.45f;
+                    m.params[m.t.p[i].offset + j] =
+                        0.3f * (float)((j * 3 + (size_t)m.t.p[i].layer) % c.n_experts) - 0.45f;
         model_forward(&m, x, y, B, T, 0, 0);
         int changed = 0;
-        for (int l = 0; l < c.n_layers; l++) changed |= memcmp(before + l * nk, m.la[l].moe.idx_h, sizeof(int32_t) * nk) != 0;
+        for (int l = 0; l < c.n_layers; l++)
+            changed |= memcmp(before + l * nk, m.la[l].moe.idx_h, sizeof(int32_t) * nk) != 0;
         EXPECT(changed, "[%s] the routing bias changed no top-k choice", label);
         free(before);
     }
@@ -119,28 +131,38 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
             }
             un = sqrt(un);
             double an = 0;
-            for (size_t j = 0; j < s->numel; j++) { u[j] /= un; an += (double)gi[j] * u[j]; }
+            for (size_t j = 0; j < s->numel; j++) {
+                u[j] /= un;
+                an += (double)gi[j] * u[j];
+            }
             for (size_t j = 0; j < s->numel; j++) p[j] = p0[j] + h * u[j];
             double lp = total_loss(&m, x, y, B, T, aux, zc, noise_seed, r1);
             for (size_t j = 0; j < s->numel; j++) p[j] = p0[j] - h * u[j];
             double lm = total_loss(&m, x, y, B, T, aux, zc, noise_seed, r2);
             memcpy(p, p0, s->numel * sizeof(float));
-            if (memcmp(r1, r0, rn * 4) || memcmp(r2, r0, rn * 4)) { skipped++; continue; }
+            if (memcmp(r1, r0, rn * 4) || memcmp(r2, r0, rn * 4)) {
+                skipped++;
+                continue;
+            }
             double fd = (lp - lm) / (2 * h);
             double tol = 1e-2 * gn + 3e-4;
             double err = fabs(fd - an);
             if (err / (gn + 1e-12) > worst && gn > 1e-3) worst = err / gn;
             checked++;
-            EXPECT(err <= tol, "[%s] %s dir %d: finite diff %.6g vs analytic %.6g (|g| %.3g)", label, s->name, dir,
-                   fd, an, gn);
+            EXPECT(err <= tol, "[%s] %s dir %d: finite diff %.6g vs analytic %.6g (|g| %.3g)", label, s->name,
+                   dir, fd, an, gn);
         }
         free(u);
         free(p0);
     }
-    printf("%-28s %d directions checked, %d skipped (routing flip), worst |fd-an|/|g| = %.2e\n", label, checked,
-           skipped, worst);
-    EXPECT(skipped <= checked / 10, "[%s] too many routing flips (%d of %d)", label, skipped, checked + skipped);
-    free(g); free(r0); free(r1); free(r2);
+    printf("%-28s %d directions checked, %d skipped (routing flip), worst |fd-an|/|g| = %.2e\n", label,
+           checked, skipped, worst);
+    EXPECT(skipped <= checked / 10, "[%s] too many routing flips (%d of %d)", label, skipped,
+           checked + skipped);
+    free(g);
+    free(r0);
+    free(r1);
+    free(r2);
     model_free(&m);
     return t_failures - fails_before;
 }
@@ -148,49 +170,92 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
 int main(void) {
     ModelConfig c;
     config_preset(&c, "tiny");
-    c.vocab_size = 13; c.d_model = 8; c.n_layers = 2; c.n_heads = 2; c.n_kv_heads = 1; c.head_dim = 4;
-    c.d_ff = 12; c.n_experts = 4; c.top_k = 2; c.max_seq_len = 16; c.init_std = 0.3f;
+    c.vocab_size = 13;
+    c.d_model = 8;
+    c.n_layers = 2;
+    c.n_heads = 2;
+    c.n_kv_heads = 1;
+    c.head_dim = 4;
+    c.d_ff = 12;
+    c.n_experts = 4;
+    c.top_k = 2;
+    c.max_seq_len = 16;
+    c.init_std = 0.3f;
     check_config("dropless renorm k=2", c, 0);
-    ModelConfig c2 = c; c2.renormalize = 0;
+    ModelConfig c2 = c;
+    c2.renormalize = 0;
     check_config("dropless no-renorm k=2", c2, 0);
-    ModelConfig c3 = c; c3.dispatch = DISPATCH_CAPACITY; c3.capacity_factor = 0.6f;
+    ModelConfig c3 = c;
+    c3.dispatch = DISPATCH_CAPACITY;
+    c3.capacity_factor = 0.6f;
     check_config("capacity cf=0.6 k=2", c3, 0);
-    ModelConfig c4 = c; c4.top_k = 1; c4.n_heads = 4; c4.n_kv_heads = 2; c4.head_dim = 2;
+    ModelConfig c4 = c;
+    c4.top_k = 1;
+    c4.n_heads = 4;
+    c4.n_kv_heads = 2;
+    c4.head_dim = 2;
     check_config("dropless k=1 GQA 4/2", c4, 0);
-    ModelConfig c5 = c; c5.top_k = 4;
+    ModelConfig c5 = c;
+    c5.top_k = 4;
     check_config("dropless k=E", c5, 0);
-    ModelConfig c6 = c; c6.jitter = 0.1f;
+    ModelConfig c6 = c;
+    c6.jitter = 0.1f;
     check_config("jitter 0.1", c6, 12345);
-    ModelConfig c7 = c; c7.aux_form = AUX_HF;
+    ModelConfig c7 = c;
+    c7.aux_form = AUX_HF;
     check_config("aux form hf (all layers)", c7, 0);
     // the families' options (config.h): QK-norm over the whole q/k rows (OLMoE), per head (Qwen3-MoE, with
     // head_dim != d / H), q/k/v biases and a sigmoid-gated shared expert (Qwen2-MoE)
-    ModelConfig f1 = c; f1.family = FAM_OLMOE; f1.qk_norm = QK_NORM_FULL; f1.renormalize = 0;
+    ModelConfig f1 = c;
+    f1.family = FAM_OLMOE;
+    f1.qk_norm = QK_NORM_FULL;
+    f1.renormalize = 0;
     check_config("olmoe: qk-norm full", f1, 0);
-    ModelConfig f2 = c; f2.family = FAM_QWEN3_MOE; f2.qk_norm = QK_NORM_HEAD; f2.n_heads = 4; f2.n_kv_heads = 2;
+    ModelConfig f2 = c;
+    f2.family = FAM_QWEN3_MOE;
+    f2.qk_norm = QK_NORM_HEAD;
+    f2.n_heads = 4;
+    f2.n_kv_heads = 2;
     f2.head_dim = 6;
     check_config("qwen3_moe: qk-norm per head", f2, 0);
-    ModelConfig f3 = c; f3.family = FAM_QWEN2_MOE; f3.qkv_bias = 1; f3.n_shared_experts = 1; f3.shared_d_ff = 10;
-    f3.shared_gate = 1; f3.renormalize = 0;
+    ModelConfig f3 = c;
+    f3.family = FAM_QWEN2_MOE;
+    f3.qkv_bias = 1;
+    f3.n_shared_experts = 1;
+    f3.shared_d_ff = 10;
+    f3.shared_gate = 1;
+    f3.renormalize = 0;
     check_config("qwen2_moe: bias + gated shared", f3, 0);
-    ModelConfig f4 = f3; f4.dispatch = DISPATCH_CAPACITY; f4.capacity_factor = 0.6f; f4.jitter = 0.1f;
+    ModelConfig f4 = f3;
+    f4.dispatch = DISPATCH_CAPACITY;
+    f4.capacity_factor = 0.6f;
+    f4.jitter = 0.1f;
     check_config("qwen2_moe: capacity + jitter", f4, 12345);
     // balancing: the aux-free routing bias (a choice-only term: its gradient is 0), and the aux loss over
     // each sequence (B = 2 sequences) and over the step's micro-batches so far (global)
-    ModelConfig b1 = c; b1.balance = BALANCE_AUX_FREE;
+    ModelConfig b1 = c;
+    b1.balance = BALANCE_AUX_FREE;
     check_config("balance aux-free", b1, 0);
-    ModelConfig b2 = c; b2.aux_scope = AUX_SCOPE_SEQ;
+    ModelConfig b2 = c;
+    b2.aux_scope = AUX_SCOPE_SEQ;
     check_config("aux scope sequence", b2, 0);
-    ModelConfig b3 = c; b3.aux_scope = AUX_SCOPE_GLOBAL;
+    ModelConfig b3 = c;
+    b3.aux_scope = AUX_SCOPE_GLOBAL;
     check_config("aux scope global (2nd micro)", b3, 0);
-    ModelConfig b4 = f3; b4.aux_scope = AUX_SCOPE_SEQ; b4.balance = BALANCE_AUX_FREE;
+    ModelConfig b4 = f3;
+    b4.aux_scope = AUX_SCOPE_SEQ;
+    b4.balance = BALANCE_AUX_FREE;
     check_config("qwen2_moe: seq scope + aux-free", b4, 0);
-    g_dropout = 0.3f;   // the masked, rescaled branches: the same mask in the backward as in the forward
+    g_dropout = 0.3f; // the masked, rescaled branches: the same mask in the backward as in the forward
     check_config("residual dropout 0.3", c, 0);
     g_dropout = 0;
-    ModelConfig c8 = c; c8.attention_dropout = 0.1f;   // the probabilities' mask (at 0.3 the g direction curves: 6.6e-2 at h 1e-2, 5.9e-3 at h 3e-3)
+    ModelConfig c8 = c;
+    c8.attention_dropout =
+        0.1f; // the probabilities' mask (at 0.3 the g direction curves: 6.6e-2 at h 1e-2, 5.9e-3 at h 3e-3)
     check_config("attention dropout 0.1", c8, 0);
-    ModelConfig c9 = c4; c9.attention_dropout = 0.1f; g_dropout = 0.2f;
+    ModelConfig c9 = c4;
+    c9.attention_dropout = 0.1f;
+    g_dropout = 0.2f;
     check_config("both dropouts, GQA 4/2, k=1", c9, 0);
     g_dropout = 0;
     return test_done("test_gradcheck");

@@ -17,10 +17,10 @@
 #include "core/rng.h"
 #include "data/data.h"
 #include "core/config.h"
-#include "model/config_json.h"
+#include "io/config_json.h"
 #include "model/params.h"
-#include "train/checkpoint.h"
-#include "train/hf.h"
+#include "io/checkpoint.h"
+#include "io/hf.h"
 #include "test_util.h"
 #include "test_death.h"
 #include "test_cfg.h"
@@ -31,7 +31,8 @@ static char root[256];
 
 static ModelConfig small_cfg(void) {
     ModelConfig c = test_small_cfg();
-    c.aux_coef = 0.02f; c.z_coef = 0.0f;
+    c.aux_coef = 0.02f;
+    c.z_coef = 0.0f;
     return c;
 }
 
@@ -65,22 +66,27 @@ static void write_text(const char *path, const char *s) {
 // or added by `patch` ("key": value text) when given.
 static void write_config(const char *dir, const ModelConfig *c, const char *patch) {
     char txt[4096], p[512];
-    snprintf(txt, sizeof txt,
-             "{\"architectures\":[\"MixtralForCausalLM\"],\"model_type\":\"mixtral\",\"dtype\":\"bfloat16\","
-             "\"vocab_size\":%d,\"hidden_size\":%d,\"intermediate_size\":%d,\"num_hidden_layers\":%d,"
-             "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":null,\"num_local_experts\":%d,"
-             "\"num_experts_per_tok\":%d,\"max_position_embeddings\":%d,\"rms_norm_eps\":1e-05,"
-             "\"rope_parameters\":{\"rope_theta\":10000.0,\"rope_type\":\"default\"},\"router_aux_loss_coef\":0.02,"
-             "\"router_jitter_noise\":0.0,\"sliding_window\":null,\"tie_word_embeddings\":false,"
-             "\"attention_dropout\":0.0,\"hidden_act\":\"silu\"%s%s}",
-             c->vocab_size, c->d_model, c->d_ff, c->n_layers, c->n_heads, c->n_kv_heads, c->n_experts, c->top_k,
-             c->max_seq_len, "", "");
+    snprintf(
+        txt, sizeof txt,
+        "{\"architectures\":[\"MixtralForCausalLM\"],\"model_type\":\"mixtral\",\"dtype\":\"bfloat16\","
+        "\"vocab_size\":%d,\"hidden_size\":%d,\"intermediate_size\":%d,\"num_hidden_layers\":%d,"
+        "\"num_attention_heads\":%d,\"num_key_value_heads\":%d,\"head_dim\":null,\"num_local_experts\":%d,"
+        "\"num_experts_per_tok\":%d,\"max_position_embeddings\":%d,\"rms_norm_eps\":1e-05,"
+        "\"rope_parameters\":{\"rope_theta\":10000.0,\"rope_type\":\"default\"},\"router_aux_loss_coef\":0."
+        "02,"
+        "\"router_jitter_noise\":0.0,\"sliding_window\":null,\"tie_word_embeddings\":false,"
+        "\"attention_dropout\":0.0,\"hidden_act\":\"silu\"%s%s}",
+        c->vocab_size, c->d_model, c->d_ff, c->n_layers, c->n_heads, c->n_kv_heads, c->n_experts, c->top_k,
+        c->max_seq_len, "", "");
     cJSON *j = cJSON_Parse(txt);
-    if (patch) {   // replace (or add) the patched keys
+    if (patch) { // replace (or add) the patched keys
         char pt[1024];
         snprintf(pt, sizeof pt, "{%s}", patch);
         cJSON *q = cJSON_Parse(pt);
-        if (!q) { fprintf(stderr, "bad patch %s\n", patch); exit(2); }
+        if (!q) {
+            fprintf(stderr, "bad patch %s\n", patch);
+            exit(2);
+        }
         for (cJSON *it = q->child; it; it = it->next) {
             cJSON_DeleteItemFromObjectCaseSensitive(j, it->string);
             cJSON_AddItemToObject(j, it->string, cJSON_Duplicate(it, 1));
@@ -96,9 +102,20 @@ static void write_config(const char *dir, const ModelConfig *c, const char *patc
 
 // ---- a raw safetensors writer: any dtype, any tensor set (the library writes F32 only) ----
 
-typedef struct { char name[128]; const char *dtype; int ndim; int64_t shape[4]; const float *data; } Raw;
+typedef struct {
+    char name[128];
+    const char *dtype;
+    int ndim;
+    int64_t shape[4];
+    const float *data;
+} Raw;
 
-static void put_bf16(FILE *f, float v) { uint32_t b; memcpy(&b, &v, 4); uint16_t h = (uint16_t)(b >> 16); fwrite(&h, 2, 1, f); }
+static void put_bf16(FILE *f, float v) {
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    uint16_t h = (uint16_t)(b >> 16);
+    fwrite(&h, 2, 1, f);
+}
 
 static void raw_write(const char *path, const Raw *ts, int n) {
     cJSON *h = cJSON_CreateObject();
@@ -106,7 +123,10 @@ static void raw_write(const char *path, const Raw *ts, int n) {
     for (int i = 0; i < n; i++) {
         uint64_t numel = 1;
         cJSON *shape = cJSON_CreateArray();
-        for (int d = 0; d < ts[i].ndim; d++) { numel *= (uint64_t)ts[i].shape[d]; cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)ts[i].shape[d])); }
+        for (int d = 0; d < ts[i].ndim; d++) {
+            numel *= (uint64_t)ts[i].shape[d];
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)ts[i].shape[d]));
+        }
         int sz = !strcmp(ts[i].dtype, "BF16") ? 2 : !strcmp(ts[i].dtype, "I64") ? 8 : 4;
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "dtype", ts[i].dtype);
@@ -130,8 +150,10 @@ static void raw_write(const char *path, const Raw *ts, int n) {
         for (int d = 0; d < ts[i].ndim; d++) numel *= (uint64_t)ts[i].shape[d];
         for (uint64_t j = 0; j < numel; j++) {
             if (!strcmp(ts[i].dtype, "BF16")) put_bf16(f, ts[i].data[j]);
-            else if (!strcmp(ts[i].dtype, "I64")) { int64_t v = (int64_t)ts[i].data[j]; fwrite(&v, 8, 1, f); }
-            else fwrite(&ts[i].data[j], 4, 1, f);
+            else if (!strcmp(ts[i].dtype, "I64")) {
+                int64_t v = (int64_t)ts[i].data[j];
+                fwrite(&v, 8, 1, f);
+            } else fwrite(&ts[i].data[j], 4, 1, f);
         }
     }
     fclose(f);
@@ -152,18 +174,36 @@ static Raw *table_raw(const ParamTable *t, const float *flat, const char *dtype)
 
 // ---- death tests (fork; stderr captured) and byte snapshots of a directory ----
 
-typedef struct { const char *dir; const ParamTable *t; float *p; const char *shard; int T; } Args;
+typedef struct {
+    const char *dir;
+    const ParamTable *t;
+    float *p;
+    const char *shard;
+    int T;
+} Args;
 
-static void do_params(void *a) { Args *x = a; hf_load_params(x->dir, x->t, x->p, 0); }
-static void do_config(void *a) { Args *x = a; ModelConfig c; hf_load_config(x->dir, &c); }
-static void do_data(void *a) { Args *x = a; Dataset ds; data_open(&ds, x->shard, 1, x->T); }
+static void do_params(void *a) {
+    Args *x = a;
+    hf_load_params(x->dir, x->t, x->p, 0);
+}
+static void do_config(void *a) {
+    Args *x = a;
+    ModelConfig c;
+    hf_load_config(x->dir, &c);
+}
+static void do_data(void *a) {
+    Args *x = a;
+    Dataset ds;
+    data_open(&ds, x->shard, 1, x->T);
+}
 
 static void expect_death(const char *what, void (*fn)(void *), void *arg, const char *p1, const char *p2) {
     expect_death_msg(what, fn, arg, p1, p2, 1);
 }
 
 // Dies as expected, and the directory is byte-for-byte what it was.
-static void params_death(const char *what, const char *dir, const ParamTable *t, const char *p1, const char *p2) {
+static void params_death(const char *what, const char *dir, const ParamTable *t, const char *p1,
+                         const char *p2) {
     Snap s;
     snap_take(dir, &s);
     float *p = xcalloc(t->total, sizeof(float));
@@ -188,8 +228,9 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
     EXPECT(hf_is_model_dir(d), "single: is an HF model dir");
     ModelConfig lc;
     hf_load_config(d, &lc);
-    EXPECT(lc.vocab_size == c->vocab_size && lc.d_model == c->d_model && lc.head_dim == 4 && lc.rope_theta == 10000.0f &&
-           lc.aux_coef == 0.02f && lc.renormalize == 1 && lc.z_coef == 0 && lc.dispatch == DISPATCH_DROPLESS,
+    EXPECT(lc.vocab_size == c->vocab_size && lc.d_model == c->d_model && lc.head_dim == 4 &&
+               lc.rope_theta == 10000.0f && lc.aux_coef == 0.02f && lc.renormalize == 1 && lc.z_coef == 0 &&
+               lc.dispatch == DISPATCH_DROPLESS,
            "single: config (rope_parameters, head_dim null -> d/H, Mixtral semantics)");
     hf_load_params(d, t, got, 0);
     EXPECT(memcmp(got, w, t->total * sizeof(float)) == 0, "single: every tensor bit-exact");
@@ -208,7 +249,7 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
         int lo = s * per, hi = lo + per < t->n ? lo + per : t->n;
         Raw *part = xcalloc((size_t)(hi - lo) + 1, sizeof *part);
         for (int i = lo; i < hi; i++) {
-            part[hi - 1 - i] = b[i];   // reversed within the shard
+            part[hi - 1 - i] = b[i]; // reversed within the shard
             cJSON_AddStringToObject(wm, b[i].name, fn);
         }
         path2(p, sizeof p, d, fn);
@@ -237,7 +278,7 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
     write_text(p, js);
     free(js);
     params_death("index names a missing shard", d, t, "model-00009-of-00009.safetensors", "lm_head.weight");
-    cJSON_ReplaceItemInObject(m, "lm_head.weight", cJSON_CreateString(fn1));   // not in shard 1
+    cJSON_ReplaceItemInObject(m, "lm_head.weight", cJSON_CreateString(fn1)); // not in shard 1
     js = cJSON_Print(j);
     write_text(p, js);
     free(js);
@@ -251,7 +292,8 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
     js = cJSON_Print(j);
     write_text(p, js);
     free(js);
-    params_death("index lacks a tensor", d, t, "tensor lm_head.weight is missing", "model.safetensors.index.json");
+    params_death("index lacks a tensor", d, t, "tensor lm_head.weight is missing",
+                 "model.safetensors.index.json");
     cJSON_Delete(j);
     write_text(p, idx_ok);
     memset(got, 0, t->total * sizeof(float));
@@ -272,41 +314,65 @@ static void test_fused(const ParamTable *t, const ModelConfig *c, const float *w
     int E = c->n_experts, f = c->d_ff, dm = c->d_model, L = c->n_layers;
     Raw *r = xcalloc((size_t)t->n + 8, sizeof *r);
     int n = 0;
-    float *gu = xmalloc(sizeof(float) * (size_t)L * E * 2 * f * dm), *dn = xmalloc(sizeof(float) * (size_t)L * E * dm * f);
+    float *gu = xmalloc(sizeof(float) * (size_t)L * E * 2 * f * dm),
+          *dn = xmalloc(sizeof(float) * (size_t)L * E * dm * f);
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
         const float *src = w + s->offset;
         size_t blk = (size_t)f * dm;
         if (s->role == PR_W1 || s->role == PR_W3) {
-            memcpy(gu + ((size_t)s->layer * E + s->expert) * 2 * blk + (s->role == PR_W3 ? blk : 0), src, blk * 4);
+            memcpy(gu + ((size_t)s->layer * E + s->expert) * 2 * blk + (s->role == PR_W3 ? blk : 0), src,
+                   blk * 4);
             continue;
         }
-        if (s->role == PR_W2) { memcpy(dn + ((size_t)s->layer * E + s->expert) * blk, src, blk * 4); continue; }
+        if (s->role == PR_W2) {
+            memcpy(dn + ((size_t)s->layer * E + s->expert) * blk, src, blk * 4);
+            continue;
+        }
         Raw *x = &r[n++];
-        if (s->role == PR_ROUTER) snprintf(x->name, sizeof x->name, "model.layers.%d.mlp.gate.weight", s->layer);
+        if (s->role == PR_ROUTER)
+            snprintf(x->name, sizeof x->name, "model.layers.%d.mlp.gate.weight", s->layer);
         else snprintf(x->name, sizeof x->name, "%s", s->name);
-        x->dtype = "F32"; x->ndim = s->ndim; x->shape[0] = s->shape[0]; x->shape[1] = s->shape[1]; x->data = src;
+        x->dtype = "F32";
+        x->ndim = s->ndim;
+        x->shape[0] = s->shape[0];
+        x->shape[1] = s->shape[1];
+        x->data = src;
     }
     for (int l = 0; l < L; l++) {
         Raw *x = &r[n++];
         snprintf(x->name, sizeof x->name, "model.layers.%d.mlp.experts.gate_up_proj", l);
-        x->dtype = "F32"; x->ndim = 3; x->shape[0] = E; x->shape[1] = 2 * f; x->shape[2] = dm;
+        x->dtype = "F32";
+        x->ndim = 3;
+        x->shape[0] = E;
+        x->shape[1] = 2 * f;
+        x->shape[2] = dm;
         x->data = gu + (size_t)l * E * 2 * f * dm;
         x = &r[n++];
         snprintf(x->name, sizeof x->name, "model.layers.%d.mlp.experts.down_proj", l);
-        x->dtype = "F32"; x->ndim = 3; x->shape[0] = E; x->shape[1] = dm; x->shape[2] = f;
+        x->dtype = "F32";
+        x->ndim = 3;
+        x->shape[0] = E;
+        x->shape[1] = dm;
+        x->shape[2] = f;
         x->data = dn + (size_t)l * E * dm * f;
     }
-    static const float inv[2] = {1, 0.5f};   // old checkpoints carry this buffer; it is ignored
+    static const float inv[2] = {1, 0.5f}; // old checkpoints carry this buffer; it is ignored
     Raw *x = &r[n++];
     snprintf(x->name, sizeof x->name, "model.layers.0.self_attn.rotary_emb.inv_freq");
-    x->dtype = "F32"; x->ndim = 1; x->shape[0] = 2; x->data = inv;
+    x->dtype = "F32";
+    x->ndim = 1;
+    x->shape[0] = 2;
+    x->data = inv;
     path2(p, sizeof p, d, "model.safetensors");
     raw_write(p, r, n);
     float *got = xcalloc(t->total, sizeof(float));
     hf_load_params(d, t, got, 0);
     EXPECT(memcmp(got, w, t->total * sizeof(float)) == 0, "fused expert layout: every tensor bit-exact");
-    free(got); free(gu); free(dn); free(r);
+    free(got);
+    free(gu);
+    free(dn);
+    free(r);
 }
 
 static void test_bad_files(const ParamTable *t, const ModelConfig *c, const float *w) {
@@ -336,7 +402,8 @@ static void test_bad_files(const ParamTable *t, const ModelConfig *c, const floa
     path2(p, sizeof p, d, "model.safetensors");
     raw_write(p, r, t->n);
     r[iv].dtype = "F32";
-    params_death("wrong dtype (I64)", d, t, "tensor model.layers.1.self_attn.v_proj.weight has dtype I64", "F32, BF16 and F16");
+    params_death("wrong dtype (I64)", d, t, "tensor model.layers.1.self_attn.v_proj.weight has dtype I64",
+                 "F32, BF16 and F16");
     // missing tensor
     mkdir_in(d, sizeof d, "missing");
     write_config(d, c, NULL);
@@ -345,7 +412,8 @@ static void test_bad_files(const ParamTable *t, const ModelConfig *c, const floa
     path2(p, sizeof p, d, "model.safetensors");
     raw_write(p, r, t->n - 1);
     r[iv] = keep;
-    params_death("missing tensor", d, t, "tensor model.layers.1.self_attn.v_proj.weight is missing", "model.safetensors");
+    params_death("missing tensor", d, t, "tensor model.layers.1.self_attn.v_proj.weight is missing",
+                 "model.safetensors");
     // shape mismatch: v_proj (8,16) stored as (16,8)
     mkdir_in(d, sizeof d, "shape");
     write_config(d, c, NULL);
@@ -355,7 +423,9 @@ static void test_bad_files(const ParamTable *t, const ModelConfig *c, const floa
     raw_write(p, r, t->n);
     r[iv].shape[0] = t->p[iv].shape[0];
     r[iv].shape[1] = t->p[iv].shape[1];
-    params_death("shape mismatch", d, t, "tensor model.layers.1.self_attn.v_proj.weight has shape [16,8], config expects [8,16]", NULL);
+    params_death("shape mismatch", d, t,
+                 "tensor model.layers.1.self_attn.v_proj.weight has shape [16,8], config expects [8,16]",
+                 NULL);
     // a tensor the config does not have (a third layer)
     mkdir_in(d, sizeof d, "extra");
     write_config(d, c, NULL);
@@ -363,7 +433,8 @@ static void test_bad_files(const ParamTable *t, const ModelConfig *c, const floa
     snprintf(r[t->n].name, sizeof r[t->n].name, "model.layers.2.self_attn.v_proj.weight");
     path2(p, sizeof p, d, "model.safetensors");
     raw_write(p, r, t->n + 1);
-    params_death("extra tensor", d, t, "has tensor model.layers.2.self_attn.v_proj.weight, which the config does not have", NULL);
+    params_death("extra tensor", d, t,
+                 "has tensor model.layers.2.self_attn.v_proj.weight, which the config does not have", NULL);
     // no weights at all, or only pytorch_model.bin
     mkdir_in(d, sizeof d, "noweights");
     write_config(d, c, NULL);
@@ -386,15 +457,20 @@ static void config_death(const char *what, const ModelConfig *c, const char *pat
 static void test_configs(const ModelConfig *c) {
     config_death("sliding window", c, "\"sliding_window\":16", "sliding-window attention is not supported");
     config_death("tied embeddings", c, "\"tie_word_embeddings\":true", "tied embeddings are not supported");
-    config_death("rope scaling (5.x)", c, "\"rope_parameters\":{\"rope_theta\":1e4,\"rope_type\":\"yarn\",\"factor\":4.0}",
+    config_death("rope scaling (5.x)", c,
+                 "\"rope_parameters\":{\"rope_theta\":1e4,\"rope_type\":\"yarn\",\"factor\":4.0}",
                  "rope_type \"yarn\" is not supported");
-    config_death("rope scaling (4.x)", c, "\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}", "RoPE scaling is not supported");
+    config_death("rope scaling (4.x)", c, "\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}",
+                 "RoPE scaling is not supported");
     config_death("activation", c, "\"hidden_act\":\"gelu\"", "\"hidden_act\" must be \"silu\"");
     config_death("model type", c, "\"model_type\":\"llama\"", "expected \"mixtral\"");
-    config_death("attention dropout out of range", c, "\"attention_dropout\":1.5", "\"attention_dropout\" is 1.5; it must be in [0, 1)");
-    config_death("quantized", c, "\"quantization_config\":{\"quant_method\":\"gptq\"}", "quantized models are not supported");
+    config_death("attention dropout out of range", c, "\"attention_dropout\":1.5",
+                 "\"attention_dropout\" is 1.5; it must be in [0, 1)");
+    config_death("quantized", c, "\"quantization_config\":{\"quant_method\":\"gptq\"}",
+                 "quantized models are not supported");
     config_death("no rope theta", c, "\"rope_parameters\":{\"rope_type\":\"default\"}", "rope_theta");
-    config_death("bad head split", c, "\"num_key_value_heads\":3", "n_heads=4 is not divisible by n_kv_heads=3");
+    config_death("bad head split", c, "\"num_key_value_heads\":3",
+                 "n_heads=4 is not divisible by n_kv_heads=3");
     // rope_parameters win over a legacy rope_theta; the legacy key alone works too
     char d[512];
     ModelConfig lc;
@@ -409,7 +485,10 @@ static void test_configs(const ModelConfig *c) {
     EXPECT(lc.attention_dropout == 0.125f, "attention_dropout 0.125 read as %g", lc.attention_dropout);
     // our own config.json (what moe export writes) reads back exactly, floats as floats
     ModelConfig o = *c;
-    o.z_coef = 0.001f; o.jitter = 0.0f; o.rope_theta = 5000.0f; o.attention_dropout = 0.25f;
+    o.z_coef = 0.001f;
+    o.jitter = 0.0f;
+    o.rope_theta = 5000.0f;
+    o.attention_dropout = 0.25f;
     cJSON *j = config_to_json(&o);
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);
@@ -418,21 +497,28 @@ static void test_configs(const ModelConfig *c) {
     cJSON *k = cJSON_Parse(txt);
     ModelConfig back;
     char err[256];
-    EXPECT(config_from_json(k, &back, err, sizeof err) == 0 && memcmp(&back, &o, sizeof o) == 0, "own config round trip %s", err);
+    EXPECT(config_from_json(k, &back, err, sizeof err) == 0 && memcmp(&back, &o, sizeof o) == 0,
+           "own config round trip %s", err);
     cJSON_Delete(k);
     free(txt);
 }
 
 // ---- llm.c shards: uint32 (20240801 v7) and uint16 (20240520 v1) ----
 
-static void write_shard(const char *path, int magic, int version, int count, const uint32_t *tok, int n, int bytes) {
+static void write_shard(const char *path, int magic, int version, int count, const uint32_t *tok, int n,
+                        int bytes) {
     int32_t hdr[256] = {0};
-    hdr[0] = magic; hdr[1] = version; hdr[2] = count;
+    hdr[0] = magic;
+    hdr[1] = version;
+    hdr[2] = count;
     FILE *f = fopen(path, "wb");
     fwrite(hdr, 4, 256, f);
     for (int i = 0; i < n; i++) {
         if (bytes == 4) fwrite(&tok[i], 4, 1, f);
-        else { uint16_t h = (uint16_t)tok[i]; fwrite(&h, 2, 1, f); }
+        else {
+            uint16_t h = (uint16_t)tok[i];
+            fwrite(&h, 2, 1, f);
+        }
     }
     fclose(f);
 }
@@ -442,7 +528,7 @@ static void test_shards(void) {
     mkdir_in(d, sizeof d, "shards");
     enum { N = 2000 };
     uint32_t *tok = xmalloc(N * sizeof *tok);
-    for (int i = 0; i < N; i++) tok[i] = (uint32_t)((i * 7919u) % 70001u);   // beyond uint16
+    for (int i = 0; i < N; i++) tok[i] = (uint32_t)((i * 7919u) % 70001u); // beyond uint16
     tok[N / 2] = 70000;
     path2(p, sizeof p, d, "a_32.bin");
     write_shard(p, 20240801, 7, N, tok, N, 4);
@@ -451,7 +537,8 @@ static void test_shards(void) {
     int same = ds.n_tokens == N;
     for (int i = 0; same && i < N; i++) same = ds.tokens[i] == (int32_t)tok[i];
     EXPECT(same, "uint32 shard: every token as written (ids beyond 65535)");
-    EXPECT(ds.max_token == 70000 && ds.vocab_size == 70016, "uint32 shard: max token %d, vocab %d", ds.max_token, ds.vocab_size);
+    EXPECT(ds.max_token == 70000 && ds.vocab_size == 70016, "uint32 shard: max token %d, vocab %d",
+           ds.max_token, ds.vocab_size);
     data_close(&ds);
     // a uint16 shard next to it: one stream, files in sorted order
     uint32_t small[N];
@@ -461,7 +548,8 @@ static void test_shards(void) {
     snprintf(pat, sizeof pat, "%s/*.bin", d);
     data_open(&ds, pat, 1, 16);
     same = ds.n_tokens == 2 * N;
-    for (int i = 0; same && i < N; i++) same = ds.tokens[i] == (int32_t)tok[i] && ds.tokens[N + i] == (int32_t)small[i];
+    for (int i = 0; same && i < N; i++)
+        same = ds.tokens[i] == (int32_t)tok[i] && ds.tokens[N + i] == (int32_t)small[i];
     EXPECT(same, "uint32 + uint16 shards concatenate in sorted order");
     data_close(&ds);
     Args a = {NULL, NULL, NULL, p, 16};
@@ -469,7 +557,7 @@ static void test_shards(void) {
     write_shard(p, 20240801, 1, N, tok, N, 4);
     expect_death("uint32 shard, wrong version", do_data, &a, "unsupported version 1", "20240801");
     path2(p, sizeof p, d, "bad_width.bin");
-    write_shard(p, 20240801, 7, N, tok, N, 2);   // uint16 payload under the uint32 magic
+    write_shard(p, 20240801, 7, N, tok, N, 2); // uint16 payload under the uint32 magic
     expect_death("uint32 shard, uint16 payload", do_data, &a, "is truncated: header says 2000 tokens", NULL);
     path2(p, sizeof p, d, "too_long.bin");
     write_shard(p, 20240520, 1, N / 2, small, N, 2);
@@ -477,13 +565,17 @@ static void test_shards(void) {
     path2(p, sizeof p, d, "huge_id.bin");
     tok[5] = 0xfffffff0u;
     write_shard(p, 20240801, 7, N, tok, N, 4);
-    expect_death("uint32 shard, id beyond int32", do_data, &a, "token 4294967280 at position 5 is too large", NULL);
+    expect_death("uint32 shard, id beyond int32", do_data, &a, "token 4294967280 at position 5 is too large",
+                 NULL);
     free(tok);
 }
 
 int main(void) {
     snprintf(root, sizeof root, "/tmp/test_hf_XXXXXX");
-    if (!mkdtemp(root)) { perror("mkdtemp"); return 1; }
+    if (!mkdtemp(root)) {
+        perror("mkdtemp");
+        return 1;
+    }
     ModelConfig c = small_cfg();
     ParamTable t;
     params_build(&t, &c);

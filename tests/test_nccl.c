@@ -12,11 +12,11 @@
 #include "core/common.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
-#include "parallel/comm_impl.h"   // a group's device ops, called directly (the barrier)
+#include "parallel/comm_impl.h" // a group's device ops, called directly (the barrier)
 #include "test_util.h"
 
 static const Backend *be;
-static int R;   // world rank, for messages
+static int R; // world rank, for messages
 
 static void *dev_from(const void *h, size_t bytes) {
     void *d = be->alloc(bytes ? bytes : 4);
@@ -33,8 +33,12 @@ static float *pattern(size_t n, int rank, int salt) {
     for (size_t i = 0; i < n; i++) a[i] = (float)((rank + 1) * 1000 + (int)(i % 997) * (salt + 1));
     return a;
 }
-#define SAME(h, d, bytes, what) do { void *_g = host_of(d, bytes); \
-    EXPECT(!memcmp(h, _g, bytes), "[rank %d] group %s: %s differs from the host ops", R, c->name, what); free(_g); } while (0)
+#define SAME(h, d, bytes, what) \
+    do { \
+        void *_g = host_of(d, bytes); \
+        EXPECT(!memcmp(h, _g, bytes), "[rank %d] group %s: %s differs from the host ops", R, c->name, what); \
+        free(_g); \
+    } while (0)
 
 static void ops_on(const Comm *c) {
     int S = comm_size(c), me = comm_rank(c);
@@ -55,7 +59,10 @@ static void ops_on(const Comm *c) {
         comm_dev_allreduce(c, di, 3, CT_I64);
         SAME(hd, dd, sizeof hd, "allreduce f64");
         SAME(hi, di, sizeof hi, "allreduce i64");
-        free(h); be->free(d); be->free(dd); be->free(di);
+        free(h);
+        be->free(d);
+        be->free(dd);
+        be->free(di);
     }
     // allgather
     {
@@ -65,16 +72,23 @@ static void ops_on(const Comm *c) {
         comm_allgather(c, s, h, n, CT_F32);
         comm_dev_allgather(c, ds, dr, n, CT_F32);
         SAME(h, dr, n * S * 4, "allgather");
-        free(s); free(h); be->free(ds); be->free(dr);
+        free(s);
+        free(h);
+        be->free(ds);
+        be->free(dr);
     }
     // allgatherv: unequal blocks (broadcasts), equal blocks (allgather), in place
     for (int kind = 0; kind < 3; kind++) {
         size_t *cnt = xmalloc(sizeof(size_t) * S * 2), *dsp = cnt + S, tot = 0;
-        for (int i = 0; i < S; i++) { cnt[i] = kind == 0 ? 5 + 3 * (size_t)i : 64; dsp[i] = tot; tot += cnt[i]; }
-        if (kind == 0 && S > 1) cnt[S - 1] = 0, tot -= 5 + 3 * (size_t)(S - 1);   // a rank with nothing
+        for (int i = 0; i < S; i++) {
+            cnt[i] = kind == 0 ? 5 + 3 * (size_t)i : 64;
+            dsp[i] = tot;
+            tot += cnt[i];
+        }
+        if (kind == 0 && S > 1) cnt[S - 1] = 0, tot -= 5 + 3 * (size_t)(S - 1); // a rank with nothing
         float *s = pattern(cnt[me], me, 2), *h = xcalloc(tot + 1, 4);
         float *dr = be->alloc((tot + 1) * 4), *ds;
-        if (kind == 2) {   // send is my block of recv
+        if (kind == 2) { // send is my block of recv
             memcpy(h + dsp[me], s, cnt[me] * 4);
             be->to_device(dr + dsp[me], s, cnt[me] * 4);
             comm_allgatherv(c, h + dsp[me], cnt[me], h, cnt, dsp, CT_F32);
@@ -85,13 +99,22 @@ static void ops_on(const Comm *c) {
             comm_dev_allgatherv(c, ds, cnt[me], dr, cnt, dsp, CT_F32);
             be->free(ds);
         }
-        SAME(h, dr, tot * 4, kind == 0 ? "allgatherv (unequal)" : kind == 1 ? "allgatherv (equal)" : "allgatherv (in place)");
-        free(cnt); free(s); free(h); be->free(dr);
+        SAME(h, dr, tot * 4,
+             kind == 0       ? "allgatherv (unequal)"
+                 : kind == 1 ? "allgatherv (equal)"
+                             : "allgatherv (in place)");
+        free(cnt);
+        free(s);
+        free(h);
+        be->free(dr);
     }
     // reduce_scatter and ireduce_scatter: unequal blocks (grouped reduces) and equal blocks
     for (int kind = 0; kind < 4; kind++) {
         size_t *cnt = xmalloc(sizeof(size_t) * S), tot = 0;
-        for (int i = 0; i < S; i++) { cnt[i] = kind % 2 == 0 ? 3 + 7 * (size_t)i : 50; tot += cnt[i]; }
+        for (int i = 0; i < S; i++) {
+            cnt[i] = kind % 2 == 0 ? 3 + 7 * (size_t)i : 50;
+            tot += cnt[i];
+        }
         float *s = pattern(tot, me, 3), *h = xcalloc(cnt[me] + 1, 4);
         float *ds = dev_from(s, tot * 4), *dr = be->alloc((cnt[me] + 1) * 4);
         comm_reduce_scatter(c, s, h, cnt, CT_F32);
@@ -103,23 +126,34 @@ static void ops_on(const Comm *c) {
             comm_wait(q);
         }
         SAME(h, dr, cnt[me] * 4, kind < 2 ? "reduce_scatter" : "ireduce_scatter");
-        free(cnt); free(s); free(h); be->free(ds); be->free(dr);
+        free(cnt);
+        free(s);
+        free(h);
+        be->free(ds);
+        be->free(dr);
     }
     // alltoallv: some pairs exchange nothing; self included
     {
-        size_t *sc = xmalloc(sizeof(size_t) * S * 4), *sd = sc + S, *rc = sd + S, *rd = rc + S, st = 0, rt = 0;
+        size_t *sc = xmalloc(sizeof(size_t) * S * 4), *sd = sc + S, *rc = sd + S, *rd = rc + S, st = 0,
+               rt = 0;
         for (int p = 0; p < S; p++) {
             sc[p] = (size_t)((me + 2 * p) % 5) * 11;
             rc[p] = (size_t)((p + 2 * me) % 5) * 11;
-            sd[p] = st; st += sc[p];
-            rd[p] = rt; rt += rc[p];
+            sd[p] = st;
+            st += sc[p];
+            rd[p] = rt;
+            rt += rc[p];
         }
         float *s = pattern(st, me, 4), *h = xcalloc(rt + 1, 4);
         float *ds = dev_from(s, st * 4), *dr = be->alloc((rt + 1) * 4);
         comm_alltoallv(c, s, sc, sd, h, rc, rd, CT_F32);
         comm_dev_alltoallv(c, ds, sc, sd, dr, rc, rd, CT_F32);
         SAME(h, dr, rt * 4, "alltoallv");
-        free(sc); free(s); free(h); be->free(ds); be->free(dr);
+        free(sc);
+        free(s);
+        free(h);
+        be->free(ds);
+        be->free(dr);
     }
     // bcast from the last rank
     {
@@ -128,30 +162,34 @@ static void ops_on(const Comm *c) {
         comm_bcast(c, h, n, CT_F32, S - 1);
         comm_dev_bcast(c, d, n, CT_F32, S - 1);
         SAME(h, d, n * 4, "bcast");
-        free(h); be->free(d);
+        free(h);
+        be->free(d);
     }
     // ordering with no host sync: kernel writes -> allreduce -> kernel reads; and an iallreduce
     // in flight while compute runs on another buffer
     {
-        size_t n = (size_t)8 << 20;   // 32 MiB
+        size_t n = (size_t)8 << 20; // 32 MiB
         float *x = be->alloc(n * 4), *y = be->alloc(n * 4), *ones = xmalloc(n * 4);
         for (size_t i = 0; i < n; i++) ones[i] = 1.0f;
         be->to_device(y, ones, n * 4);
         be->zero(x, n * 4);
-        be->axpy(x, y, 3.0f, n);                       // x = 3
-        comm_dev_allreduce(c, x, n, CT_F32);           // x = 3 S
-        be->axpy(x, x, -0.5f, n);                      // x = 1.5 S
-        CommReq *q = comm_dev_iallreduce(c, x, n, CT_F32);   // x = 1.5 S^2, while y is worked on
-        for (int k = 0; k < 20; k++) be->axpy(y, y, 1.0f, n);   // y = 2^20
+        be->axpy(x, y, 3.0f, n); // x = 3
+        comm_dev_allreduce(c, x, n, CT_F32); // x = 3 S
+        be->axpy(x, x, -0.5f, n); // x = 1.5 S
+        CommReq *q = comm_dev_iallreduce(c, x, n, CT_F32); // x = 1.5 S^2, while y is worked on
+        for (int k = 0; k < 20; k++) be->axpy(y, y, 1.0f, n); // y = 2^20
         comm_wait(q);
-        be->axpy(x, y, 1.0f, n);                       // x = 1.5 S^2 + 2^20
+        be->axpy(x, y, 1.0f, n); // x = 1.5 S^2 + 2^20
         float *hx = host_of(x, n * 4);
         float want = 1.5f * S * S + (float)(1 << 20);
         size_t bad = 0;
         for (size_t i = 0; i < n; i++) bad += hx[i] != want;
-        EXPECT(bad == 0, "[rank %d] group %s: stream ordering: %zu of %zu elements wrong (e.g. %g, want %g)", R,
-               c->name, bad, n, hx[0], want);
-        free(hx); free(ones); be->free(x); be->free(y);
+        EXPECT(bad == 0, "[rank %d] group %s: stream ordering: %zu of %zu elements wrong (e.g. %g, want %g)",
+               R, c->name, bad, n, hx[0], want);
+        free(hx);
+        free(ones);
+        be->free(x);
+        be->free(y);
     }
     c->dops->barrier(c);
 }
@@ -159,8 +197,16 @@ static void ops_on(const Comm *c) {
 int main(int argc, char **argv) {
     Comm *w = comm_world_init(&argc, &argv);
     R = comm_rank(w);
-    if (!comm_have_nccl()) { if (R == 0) printf("SKIP: built without NCCL\n"); comm_world_finalize(); return 77; }
-    if (!backend_cuda_available()) { if (R == 0) printf("SKIP: no CUDA GPU\n"); comm_world_finalize(); return 77; }
+    if (!comm_have_nccl()) {
+        if (R == 0) printf("SKIP: built without NCCL\n");
+        comm_world_finalize();
+        return 77;
+    }
+    if (!backend_cuda_available()) {
+        if (R == 0) printf("SKIP: no CUDA GPU\n");
+        comm_world_finalize();
+        return 77;
+    }
     be = backend_cuda();
     double t0 = now_seconds();
     comm_dev_enable_world(w);
@@ -187,8 +233,9 @@ int main(int argc, char **argv) {
     comm_free(rev);
     comm_dev_disable(w);
     EXPECT(w->dops == NULL, "world's device ops detached");
-    if (R == 0) printf("test_nccl: %d ranks, local rank %d, NCCL setup %.2f s, ops on 3 groups %.2f s\n", comm_size(w),
-                       comm_local_rank(), t1 - t0, t2 - t1);
+    if (R == 0)
+        printf("test_nccl: %d ranks, local rank %d, NCCL setup %.2f s, ops on 3 groups %.2f s\n",
+               comm_size(w), comm_local_rank(), t1 - t0, t2 - t1);
     int64_t f = t_failures;
     comm_allreduce(w, &f, 1, CT_I64);
     t_failures = (int)f;

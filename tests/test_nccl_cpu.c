@@ -5,19 +5,24 @@
 #include <string.h>
 #include <time.h>
 #include "parallel/comm.h"
-#include "parallel/comm_impl.h"   // the bounded wait, the ops tables: tested here
+#include "parallel/comm_impl.h" // the bounded wait, the ops tables: tested here
 #include "test_util.h"
 
-typedef struct { double t; int pauses, yields; } FakeClock;
+typedef struct {
+    double t;
+    int pauses, yields;
+} FakeClock;
 static double fake_now(void *ctx) { return ((FakeClock *)ctx)->t; }
 static void fake_pause(void *ctx, double s) {
     FakeClock *f = ctx;
     f->pauses++;
     if (s <= 0) f->yields++;
-    f->t += s > 0 ? s : 1e-6;   // a yield takes a microsecond
+    f->t += s > 0 ? s : 1e-6; // a yield takes a microsecond
 }
 
-typedef struct { int calls, done_after, result; } FakeOp;
+typedef struct {
+    int calls, done_after, result;
+} FakeOp;
 static int fake_poll(void *ctx) {
     FakeOp *o = ctx;
     o->calls++;
@@ -40,7 +45,8 @@ static void test_poll(void) {
     op = (FakeOp){0, 1 << 30, COMM_POLL_DONE};
     EXPECT(comm_poll_until(fake_poll, &op, 2.5, &clk) == COMM_POLL_TIMEOUT, "a stuck operation times out");
     EXPECT(fc.t - 100.0 >= 2.5, "timed out after %.6f s < 2.5", fc.t - 100.0);
-    EXPECT(fc.t - 100.0 <= 2.5 + 1.1e-3, "timed out after %.6f s, later than one pause past 2.5", fc.t - 100.0);
+    EXPECT(fc.t - 100.0 <= 2.5 + 1.1e-3, "timed out after %.6f s, later than one pause past 2.5",
+           fc.t - 100.0);
     // backs off: it yields first, then sleeps (a 2.5 s wait is not millions of polls)
     EXPECT(fc.yields == 200, "yields %d", fc.yields);
     EXPECT(op.calls < 5000, "%d polls for a 2.5 s wait", op.calls);
@@ -49,7 +55,8 @@ static void test_poll(void) {
     op = (FakeOp){0, 1, COMM_POLL_DONE};
     EXPECT(comm_poll_until(fake_poll, &op, 0, &clk) == COMM_POLL_DONE && op.calls == 1, "zero timeout, done");
     op = (FakeOp){0, 2, COMM_POLL_DONE};
-    EXPECT(comm_poll_until(fake_poll, &op, 0, &clk) == COMM_POLL_TIMEOUT && op.calls == 1, "zero timeout, pending");
+    EXPECT(comm_poll_until(fake_poll, &op, 0, &clk) == COMM_POLL_TIMEOUT && op.calls == 1,
+           "zero timeout, pending");
 
     // the real clock: a 50 ms timeout ends between 50 ms and a generous bound
     op = (FakeOp){0, 1 << 30, COMM_POLL_DONE};
@@ -95,11 +102,13 @@ static void test_fallback(void) {
     comm_allgatherv(w, a, 4, b, cnt, dsp, CT_F32);
     comm_dev_allgatherv(w, a, 4, c, cnt, dsp, CT_F32);
     EXPECT(!memcmp(b, c, sizeof b), "allgatherv");
-    memset(b, 0, sizeof b); memset(c, 0, sizeof c);
+    memset(b, 0, sizeof b);
+    memset(c, 0, sizeof c);
     comm_alltoallv(w, a, cnt2, dsp, b, cnt2, dsp2, CT_F32);
     comm_dev_alltoallv(w, a, cnt2, dsp, c, cnt2, dsp2, CT_F32);
     EXPECT(!memcmp(b, c, sizeof b) && c[2] == 2 && c[4] == 4, "alltoallv");
-    memset(b, 0, sizeof b); memset(c, 0, sizeof c);
+    memset(b, 0, sizeof b);
+    memset(c, 0, sizeof c);
     comm_reduce_scatter(w, a, b, cnt, CT_F32);
     comm_dev_reduce_scatter(w, a, c, cnt, CT_F32);
     EXPECT(!memcmp(b, c, sizeof b), "reduce_scatter");

@@ -44,9 +44,17 @@ static const Backend *be;
 
 static float *fnew(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
 static double *dnew(size_t n) { return xcalloc(n ? n : 1, sizeof(double)); }
-static void fill_normal(float *x, size_t n, float sd) { for (size_t i = 0; i < n; i++) x[i] = sd * rng_normal(&R); }
-static void fill_nan(float *x, size_t n) { for (size_t i = 0; i < n; i++) x[i] = NAN; }
-static float *fcopy(const float *x, size_t n) { float *y = fnew(n); memcpy(y, x, n * sizeof(float)); return y; }
+static void fill_normal(float *x, size_t n, float sd) {
+    for (size_t i = 0; i < n; i++) x[i] = sd * rng_normal(&R);
+}
+static void fill_nan(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+static float *fcopy(const float *x, size_t n) {
+    float *y = fnew(n);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
 
 // |got - ref| <= rtol * (mag ? mag : |ref|) + atol for every element (NaN fails).
 static void check_arr(const char *what, const float *got, const double *ref, const double *mag, size_t n,
@@ -55,15 +63,21 @@ static void check_arr(const char *what, const float *got, const double *ref, con
     double worst = 0;
     for (size_t i = 0; i < n; i++) {
         double tol = rtol * (mag ? mag[i] : fabs(ref[i])) + atol, err = fabs((double)got[i] - ref[i]);
-        if (!(err <= tol)) { if (!bad) first = i; bad++; }
-        else if (tol > 0 && err / tol > worst) worst = err / tol;
+        if (!(err <= tol)) {
+            if (!bad) first = i;
+            bad++;
+        } else if (tol > 0 && err / tol > worst) worst = err / tol;
     }
     EXPECT(bad == 0, "%s: %zu of %zu elements out of tolerance; first [%zu] got %.9g ref %.9g", what, bad, n,
            first, bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
 }
 static void check_exact(const char *what, const float *got, const float *ref, size_t n) {
     size_t bad = 0, first = 0;
-    for (size_t i = 0; i < n; i++) if (!(got[i] == ref[i])) { if (!bad) first = i; bad++; }
+    for (size_t i = 0; i < n; i++)
+        if (!(got[i] == ref[i])) {
+            if (!bad) first = i;
+            bad++;
+        }
     EXPECT(bad == 0, "%s: %zu of %zu elements differ; first [%zu] got %.9g want %.9g", what, bad, n, first,
            bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
 }
@@ -81,7 +95,8 @@ static void fd_check(const char *what, LossFn f, void *ctx, float *x, size_t n, 
     for (size_t i = 0; i < n; i++) rms += (double)an[i] * an[i];
     double norm = sqrt(rms);
     rms = sqrt(rms / (n ? n : 1));
-    size_t bad = 0, first = 0, ne = n <= FD_ELEMS ? n : FD_ELEMS, start = n <= FD_ELEMS ? 0 : rng_below(&R, (uint32_t)n);
+    size_t bad = 0, first = 0, ne = n <= FD_ELEMS ? n : FD_ELEMS,
+           start = n <= FD_ELEMS ? 0 : rng_below(&R, (uint32_t)n);
     double fd_first = 0;
     for (size_t s = 0; s < ne; s++) {
         size_t i = n <= FD_ELEMS ? s : (start + s * n / FD_ELEMS) % n;
@@ -93,17 +108,27 @@ static void fd_check(const char *what, LossFn f, void *ctx, float *x, size_t n, 
         x[i] = x0;
         double fd = (lp - lm) / ((double)xp - (double)xm);
         double tol = FD_RTOL * fabs(an[i]) + FD_RMS * rms + FD_ATOL, err = fabs(fd - an[i]);
-        if (!(err <= tol)) { if (!bad) { first = i; fd_first = fd; } bad++; }
+        if (!(err <= tol)) {
+            if (!bad) {
+                first = i;
+                fd_first = fd;
+            }
+            bad++;
+        }
     }
-    EXPECT(bad == 0, "%s: %zu of %zu elements disagree with finite differences; first [%zu] fd %.7g analytic %.7g",
+    EXPECT(bad == 0,
+           "%s: %zu of %zu elements disagree with finite differences; first [%zu] fd %.7g analytic %.7g",
            what, bad, ne, first, fd_first, bad ? an[first] : 0.0);
     if (n <= FD_ELEMS) return;
     float *x0 = fcopy(x, n), *u = fnew(n);
     for (int dir = 0; dir < 2; dir++) {
         double un = 0;
-        for (size_t i = 0; i < n; i++) { u[i] = dir == 0 && norm > 0 ? an[i] : rng_normal(&R); un += (double)u[i] * u[i]; }
+        for (size_t i = 0; i < n; i++) {
+            u[i] = dir == 0 && norm > 0 ? an[i] : rng_normal(&R);
+            un += (double)u[i] * u[i];
+        }
         un = sqrt(un);
-        double anu = 0;   // an . (xp - xm) / 2h: the directional derivative along the rounded step
+        double anu = 0; // an . (xp - xm) / 2h: the directional derivative along the rounded step
         for (size_t i = 0; i < n; i++) x[i] = x0[i] + FD_H * (float)(u[i] / un);
         for (size_t i = 0; i < n; i++) anu += (double)an[i] * x[i];
         double lp = f(ctx);
@@ -114,10 +139,12 @@ static void fd_check(const char *what, LossFn f, void *ctx, float *x, size_t n, 
         double fd = (lp - lm) / (2.0 * FD_H);
         anu /= 2.0 * FD_H;
         double tol = FD_RTOL * fabs(anu) + FD_RMS * norm + FD_ATOL;
-        EXPECT(fabs(fd - anu) <= tol, "%s: directional derivative (%s direction) fd %.7g analytic %.7g (|g| %.3g)",
-               what, dir == 0 ? "gradient" : "random", fd, anu, norm);
+        EXPECT(fabs(fd - anu) <= tol,
+               "%s: directional derivative (%s direction) fd %.7g analytic %.7g (|g| %.3g)", what,
+               dir == 0 ? "gradient" : "random", fd, anu, norm);
     }
-    free(x0); free(u);
+    free(x0);
+    free(u);
 }
 
 // g1 (bwd run on pre-filled buffers) == pre + g0 (bwd run on zeroed buffers)
@@ -133,7 +160,8 @@ static void check_accum(const char *what, const float *g1, const float *pre, con
     char buf[160];
     snprintf(buf, sizeof buf, "%s accumulates (+=)", what);
     check_arr(buf, g1, ref, mag, n, ACC_RTOL, 1e-30);
-    free(ref); free(mag);
+    free(ref);
+    free(mag);
 }
 // g1 (bwd with accumulate 0 on NaN-poisoned buffers) == g0 (bwd run on zeroed buffers, accumulating)
 static void check_overwrite(const char *what, const float *g1, const float *g0, size_t n) {
@@ -148,7 +176,8 @@ static void check_overwrite(const char *what, const float *g1, const float *g0, 
     char buf[160];
     snprintf(buf, sizeof buf, "%s overwrites (accumulate 0)", what);
     check_arr(buf, g1, ref, mag, n, ACC_RTOL, 1e-30);
-    free(ref); free(mag);
+    free(ref);
+    free(mag);
 }
 
 static double dot_d(const float *a, const float *b, size_t n) {
@@ -162,7 +191,7 @@ static void test_memory(void) {
     size_t n = 37;
     float *d = be->alloc(n * sizeof(float)), *h = fnew(n), *h2 = fnew(n);
     int zero = 1;
-    for (size_t i = 0; i < n; i++) zero &= d[i] == 0.0f;   // cpu: device memory is host memory
+    for (size_t i = 0; i < n; i++) zero &= d[i] == 0.0f; // cpu: device memory is host memory
     EXPECT(zero, "alloc returns zeroed memory");
     fill_normal(h, n, 1);
     be->to_device(d, h, n * sizeof(float));
@@ -176,12 +205,21 @@ static void test_memory(void) {
     be->to_host(h2, d2, n * sizeof(float));
     float *z = fnew(n);
     check_exact("zero", h2, z, n);
-    be->free(d); be->free(d2);
-    free(h); free(h2); free(z);
+    be->free(d);
+    be->free(d2);
+    free(h);
+    free(h2);
+    free(z);
 }
 
 // ---------------------------------------------------------------- matmul
-typedef struct { float *x, *w, *out; const float *dout; int N, K, O; const int64_t *off; int G; } MatCtx;
+typedef struct {
+    float *x, *w, *out;
+    const float *dout;
+    int N, K, O;
+    const int64_t *off;
+    int G;
+} MatCtx;
 static double matmul_loss(void *p) {
     MatCtx *c = p;
     be->matmul_fwd(c->out, c->x, c->w, c->N, c->K, c->O, 0);
@@ -193,7 +231,8 @@ static void matmul_ref(double *ref, double *mag, const float *x, const float *w,
             double s = 0, m = 0;
             for (int k = 0; k < K; k++) {
                 double t = (double)x[(size_t)n * K + k] * w[(size_t)o * K + k];
-                s += t; m += fabs(t);
+                s += t;
+                m += fabs(t);
             }
             ref[(size_t)n * O + o] = s;
             mag[(size_t)n * O + o] = m;
@@ -205,7 +244,10 @@ static void test_matmul(int N, int K, int O) {
     size_t nx = (size_t)N * K, nw = (size_t)O * K, no = (size_t)N * O;
     float *x = fnew(nx), *w = fnew(nw), *out = fnew(no), *pre = fnew(no), *dout = fnew(no);
     double *ref = dnew(no), *mag = dnew(no);
-    fill_normal(x, nx, 1); fill_normal(w, nw, 1); fill_normal(pre, no, 1); fill_normal(dout, no, 1);
+    fill_normal(x, nx, 1);
+    fill_normal(w, nw, 1);
+    fill_normal(pre, no, 1);
+    fill_normal(dout, no, 1);
     matmul_ref(ref, mag, x, w, N, K, O);
     fill_nan(out, no);
     be->matmul_fwd(out, x, w, N, K, O, 0);
@@ -213,7 +255,10 @@ static void test_matmul(int N, int K, int O) {
     check_arr(lab, out, ref, mag, no, FWD_RTOL, 1e-30);
     memcpy(out, pre, no * sizeof(float));
     be->matmul_fwd(out, x, w, N, K, O, 1);
-    for (size_t i = 0; i < no; i++) { ref[i] += pre[i]; mag[i] += fabs(pre[i]); }
+    for (size_t i = 0; i < no; i++) {
+        ref[i] += pre[i];
+        mag[i] += fabs(pre[i]);
+    }
     snprintf(lab, sizeof lab, "matmul_fwd accumulate N=%d K=%d O=%d", N, K, O);
     check_arr(lab, out, ref, mag, no, FWD_RTOL, 1e-30);
 
@@ -226,7 +271,8 @@ static void test_matmul(int N, int K, int O) {
     snprintf(lab, sizeof lab, "matmul_bwd dw N=%d K=%d O=%d", N, K, O);
     fd_check(lab, matmul_loss, &c, w, nw, dw0);
     float *px = fnew(nx), *pw = fnew(nw);
-    fill_normal(px, nx, 1); fill_normal(pw, nw, 1);
+    fill_normal(px, nx, 1);
+    fill_normal(pw, nw, 1);
     float *dx1 = fcopy(px, nx), *dw1 = fcopy(pw, nw);
     be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O, GM_ACC_DINP);
     check_accum("matmul_bwd dinp", dx1, px, dx0, nx);
@@ -235,15 +281,19 @@ static void test_matmul(int N, int K, int O) {
     fill_nan(dx1, nx);
     memcpy(dw1, pw, nw * sizeof(float));
     be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O, 0);
-    EXPECT(!memcmp(dx1, dx0, nx * sizeof(float)), "matmul_bwd N=%d K=%d O=%d: dinp written (flags 0) differs from "
-           "the sums added into zeros", N, K, O);
+    EXPECT(!memcmp(dx1, dx0, nx * sizeof(float)),
+           "matmul_bwd N=%d K=%d O=%d: dinp written (flags 0) differs from "
+           "the sums added into zeros",
+           N, K, O);
     check_accum("matmul_bwd dw (dinp written)", dw1, pw, dw0, nw);
     // dw written (GM_DW_WRITE) over NaN: the same bits as adding into zeros
     fill_nan(dw1, nw);
     memcpy(dx1, px, nx * sizeof(float));
     be->matmul_bwd(dx1, dw1, dout, x, w, N, K, O, GM_ACC_DINP | GM_DW_WRITE);
-    EXPECT(!memcmp(dw1, dw0, nw * sizeof(float)), "matmul_bwd N=%d K=%d O=%d: dw written (GM_DW_WRITE) differs from "
-           "the sums added into zeros", N, K, O);
+    EXPECT(!memcmp(dw1, dw0, nw * sizeof(float)),
+           "matmul_bwd N=%d K=%d O=%d: dw written (GM_DW_WRITE) differs from "
+           "the sums added into zeros",
+           N, K, O);
     check_accum("matmul_bwd dinp (dw written)", dx1, px, dx0, nx);
     // NULL gradient pointers
     memcpy(dx1, px, nx * sizeof(float));
@@ -252,8 +302,19 @@ static void test_matmul(int N, int K, int O) {
     memcpy(dw1, pw, nw * sizeof(float));
     be->matmul_bwd(NULL, dw1, dout, x, w, N, K, O, GM_ACC_DINP);
     check_accum("matmul_bwd dw (dinp NULL)", dw1, pw, dw0, nw);
-    free(x); free(w); free(out); free(pre); free(dout); free(ref); free(mag);
-    free(dx0); free(dw0); free(px); free(pw); free(dx1); free(dw1);
+    free(x);
+    free(w);
+    free(out);
+    free(pre);
+    free(dout);
+    free(ref);
+    free(mag);
+    free(dx0);
+    free(dw0);
+    free(px);
+    free(pw);
+    free(dx1);
+    free(dw1);
 }
 
 static double gmm_loss(void *p) {
@@ -264,16 +325,20 @@ static double gmm_loss(void *p) {
 
 // ops.h GM_DW_BF16's layout: element j of buf's first 2n bytes the bf16 (nearest even) of ref[j]; buf holds
 // 2n floats, and the n floats past the blocks are those of before (the same buffer before the op).
-static void check_packed(const char *what, const float *buf, const float *before, const float *ref, size_t n) {
+static void check_packed(const char *what, const float *buf, const float *before, const float *ref,
+                         size_t n) {
     size_t bad = 0, first = n, kept = 0;
     for (size_t j = 0; j < n; j++) {
         uint16_t h;
         memcpy(&h, (const char *)buf + 2 * j, 2);
-        if (h != bf16_rn_bits(ref[j])) { bad++; if (first == n) first = j; }
+        if (h != bf16_rn_bits(ref[j])) {
+            bad++;
+            if (first == n) first = j;
+        }
     }
     if (!memcmp(buf + n, before + n, sizeof(float) * n)) kept = 1;
-    EXPECT(bad == 0, "%s: %zu of %zu packed values are not the bf16 of the float32 result; first [%zu]", what, bad,
-           n, first);
+    EXPECT(bad == 0, "%s: %zu of %zu packed values are not the bf16 of the float32 result; first [%zu]", what,
+           bad, n, first);
     EXPECT(kept, "%s: a write past the float32 blocks", what);
 }
 
@@ -285,7 +350,9 @@ static void test_grouped_matmul(void) {
     size_t nx = (size_t)N * K, nw = (size_t)G * O * K, no = (size_t)N * O;
     float *x = fnew(nx), *w = fnew(nw), *out = fnew(no), *dout = fnew(no);
     double *ref = dnew(no), *mag = dnew(no);
-    fill_normal(x, nx, 1); fill_normal(w, nw, 1); fill_normal(dout, no, 1);
+    fill_normal(x, nx, 1);
+    fill_normal(w, nw, 1);
+    fill_normal(dout, no, 1);
     for (int g = 0; g < G; g++)
         matmul_ref(ref + off[g] * O, mag + off[g] * O, x + off[g] * K, w + (size_t)g * O * K,
                    (int)(off[g + 1] - off[g]), K, O);
@@ -304,7 +371,8 @@ static void test_grouped_matmul(void) {
             for (size_t i = 0; i < (size_t)O * K; i++) empty_zero &= dw0[(size_t)g * O * K + i] == 0.0f;
     EXPECT(empty_zero, "grouped_matmul_bwd: dw of a 0-row group must stay 0");
     float *px = fnew(nx), *pw = fnew(nw);
-    fill_normal(px, nx, 1); fill_normal(pw, nw, 1);
+    fill_normal(px, nx, 1);
+    fill_normal(pw, nw, 1);
     float *dx1 = fcopy(px, nx), *dw1 = fcopy(pw, nw);
     be->grouped_matmul_bwd(dx1, dw1, dout, x, w, off, G, K, O, 1);
     check_accum("grouped_matmul_bwd dinp", dx1, px, dx0, nx);
@@ -352,7 +420,12 @@ static void test_grouped_matmul(void) {
         fill_nan(pk, 2 * nw);
         be->grouped_swiglu_bwd(d1, d3, pk, dout, x, h, h, w, off, G, K, O, GM_DW_WRITE | GM_DW_BF16);
         check_packed("grouped_swiglu_bwd dw (GM_DW_BF16)", pk, pk0, dw0, nw);
-        free(pk); free(pk0); free(pk2); free(h); free(d1); free(d3);
+        free(pk);
+        free(pk0);
+        free(pk2);
+        free(h);
+        free(d1);
+        free(d3);
     }
     const int64_t none[G + 1] = {0};
     float *zw = fnew(nw);
@@ -368,7 +441,9 @@ static void test_grouped_matmul(void) {
     for (int g = 0; g <= G; g++) offs[g] = off[g] + L;
     size_t nxs = (size_t)(N + 2 * L) * K, nos = (size_t)(N + 2 * L) * O;
     float *xs = fnew(nxs), *douts = fnew(nos), *dxs = fnew(nxs), *side = fnew(nxs);
-    fill_normal(xs, nxs, 1); fill_normal(douts, nos, 1); fill_normal(side, nxs, 1);
+    fill_normal(xs, nxs, 1);
+    fill_normal(douts, nos, 1);
+    fill_normal(side, nxs, 1);
     memcpy(xs + (size_t)L * K, x, nx * sizeof(float));
     memcpy(douts + (size_t)L * O, dout, no * sizeof(float));
     for (int o0 = 0; o0 < 2; o0++) {
@@ -377,19 +452,38 @@ static void test_grouped_matmul(void) {
         be->grouped_matmul_bwd(dxs, NULL, douts, xs, w, offs, G, K, o0 ? 0 : O, 0);
         float *want = o0 ? fnew(nx) : dx0;
         check_overwrite(o0 ? "grouped_matmul_bwd dinp (O = 0, rows from off[0] = 2)"
-                           : "grouped_matmul_bwd dinp (rows from off[0] = 2)", dxs + (size_t)L * K, want, nx);
+                           : "grouped_matmul_bwd dinp (rows from off[0] = 2)",
+                        dxs + (size_t)L * K, want, nx);
         check_exact("grouped_matmul_bwd: rows before off[0] untouched", dxs, side, (size_t)L * K);
         check_exact("grouped_matmul_bwd: rows from off[G] untouched", dxs + (size_t)(L + N) * K,
                     side + (size_t)(L + N) * K, (size_t)L * K);
         if (o0) free(want);
     }
-    free(xs); free(douts); free(dxs); free(side);
-    free(x); free(w); free(out); free(dout); free(ref); free(mag);
-    free(dx0); free(dw0); free(px); free(pw); free(dx1); free(dw1);
+    free(xs);
+    free(douts);
+    free(dxs);
+    free(side);
+    free(x);
+    free(w);
+    free(out);
+    free(dout);
+    free(ref);
+    free(mag);
+    free(dx0);
+    free(dw0);
+    free(px);
+    free(pw);
+    free(dx1);
+    free(dw1);
 }
 
 // ---------------------------------------------------------------- embedding
-typedef struct { float *table, *out; const float *dout; const int32_t *tok; int N, C; } EmbCtx;
+typedef struct {
+    float *table, *out;
+    const float *dout;
+    const int32_t *tok;
+    int N, C;
+} EmbCtx;
 static double emb_loss(void *p) {
     EmbCtx *c = p;
     be->embedding_fwd(c->out, c->tok, c->table, c->N, c->C);
@@ -398,10 +492,11 @@ static double emb_loss(void *p) {
 static void test_embedding(void) {
     enum { V = 11, C = 6, N = 9 };
     int32_t tok[N];
-    for (int i = 0; i < N; i++) tok[i] = (int32_t)rng_below(&R, V - 2);   // rows V-2, V-1 unused
-    tok[5] = tok[0];                                                       // a repeated token
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)rng_below(&R, V - 2); // rows V-2, V-1 unused
+    tok[5] = tok[0]; // a repeated token
     float *table = fnew(V * C), *out = fnew(N * C), *dout = fnew(N * C), *want = fnew(N * C);
-    fill_normal(table, V * C, 1); fill_normal(dout, N * C, 1);
+    fill_normal(table, V * C, 1);
+    fill_normal(dout, N * C, 1);
     for (int i = 0; i < N; i++) memcpy(want + i * C, table + tok[i] * C, C * sizeof(float));
     fill_nan(out, N * C);
     be->embedding_fwd(out, tok, table, N, C);
@@ -416,11 +511,22 @@ static void test_embedding(void) {
     be->embedding_bwd(g1, dout, tok, N, C);
     check_accum("embedding_bwd", g1, pre, g0, V * C);
     check_exact("embedding_bwd leaves unused rows", g1 + (V - 2) * C, pre + (V - 2) * C, 2 * C);
-    free(table); free(out); free(dout); free(want); free(g0); free(pre); free(g1);
+    free(table);
+    free(out);
+    free(dout);
+    free(want);
+    free(g0);
+    free(pre);
+    free(g1);
 }
 
 // ---------------------------------------------------------------- rmsnorm
-typedef struct { float *x, *w, *out, *rstd; const float *dout; int N, C; float eps; } RmsCtx;
+typedef struct {
+    float *x, *w, *out, *rstd;
+    const float *dout;
+    int N, C;
+    float eps;
+} RmsCtx;
 static double rms_loss(void *p) {
     RmsCtx *c = p;
     be->rmsnorm_fwd(c->out, c->rstd, c->x, c->w, c->N, c->C, c->eps);
@@ -430,9 +536,11 @@ static void test_rmsnorm(void) {
     enum { N = 5, C = 24 };
     const float eps = 1e-5f;
     float *x = fnew(N * C), *w = fnew(C), *out = fnew(N * C), *rstd = fnew(N), *dout = fnew(N * C);
-    fill_normal(x, N * C, 1); fill_normal(dout, N * C, 1);
+    fill_normal(x, N * C, 1);
+    fill_normal(dout, N * C, 1);
     for (int c = 0; c < C; c++) w[c] = 1.0f + 0.3f * rng_normal(&R);
-    for (int c = 0; c < C; c++) x[2 * C + c] *= 0.3f;    // one smaller-norm row (still >> h, so FD stays accurate)
+    for (int c = 0; c < C; c++)
+        x[2 * C + c] *= 0.3f; // one smaller-norm row (still >> h, so FD stays accurate)
     double *ref = dnew(N * C), *rref = dnew(N);
     for (int n = 0; n < N; n++) {
         double ss = 0;
@@ -440,17 +548,21 @@ static void test_rmsnorm(void) {
         rref[n] = 1.0 / sqrt(ss / C + (double)eps);
         for (int c = 0; c < C; c++) ref[n * C + c] = x[n * C + c] * rref[n] * w[c];
     }
-    fill_nan(out, N * C); fill_nan(rstd, N);
+    fill_nan(out, N * C);
+    fill_nan(rstd, N);
     be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
     check_arr("rmsnorm_fwd out", out, ref, NULL, N * C, FWD_RTOL, 1e-30);
     check_arr("rmsnorm_fwd rstd", rstd, rref, NULL, N, FWD_RTOL, 0);
-    {   // into the (float32) hidden format: the same bits
+    { // into the (float32) hidden format: the same bits
         float *oh = fnew(N * C), *rh = fnew(N);
-        fill_nan(oh, N * C); fill_nan(rh, N);
+        fill_nan(oh, N * C);
+        fill_nan(rh, N);
         be->rmsnorm_fwd_hid(oh, rh, x, w, N, C, eps);
         EXPECT(be->hid_elem == sizeof(float) && !memcmp(oh, out, sizeof(float) * N * C) &&
-               !memcmp(rh, rstd, sizeof(float) * N), "rmsnorm_fwd_hid differs from rmsnorm_fwd");
-        free(oh); free(rh);
+                   !memcmp(rh, rstd, sizeof(float) * N),
+               "rmsnorm_fwd_hid differs from rmsnorm_fwd");
+        free(oh);
+        free(rh);
     }
 
     float *dx0 = fnew(N * C), *dw0 = fnew(C);
@@ -461,7 +573,8 @@ static void test_rmsnorm(void) {
     fd_check("rmsnorm_bwd dinp", rms_loss, &c, x, N * C, dx0);
     fd_check("rmsnorm_bwd dw", rms_loss, &c, w, C, dw0);
     float *px = fnew(N * C), *pw = fnew(C);
-    fill_normal(px, N * C, 1); fill_normal(pw, C, 1);
+    fill_normal(px, N * C, 1);
+    fill_normal(pw, C, 1);
     float *dx1 = fcopy(px, N * C), *dw1 = fcopy(pw, C);
     be->rmsnorm_bwd(dx1, dw1, dout, x, w, rstd0, N, C);
     check_accum("rmsnorm_bwd dinp", dx1, px, dx0, N * C);
@@ -469,8 +582,20 @@ static void test_rmsnorm(void) {
     memcpy(dx1, px, N * C * sizeof(float));
     be->rmsnorm_bwd(dx1, NULL, dout, x, w, rstd0, N, C);
     check_accum("rmsnorm_bwd dinp (dw NULL)", dx1, px, dx0, N * C);
-    free(x); free(w); free(out); free(rstd); free(dout); free(ref); free(rref);
-    free(dx0); free(dw0); free(rstd0); free(px); free(pw); free(dx1); free(dw1);
+    free(x);
+    free(w);
+    free(out);
+    free(rstd);
+    free(dout);
+    free(ref);
+    free(rref);
+    free(dx0);
+    free(dw0);
+    free(rstd0);
+    free(px);
+    free(pw);
+    free(dx1);
+    free(dw1);
 }
 
 // The row split by columns over ranks (rmsnorm_part, rmsnorm_fwd_part, rmsnorm_bwd_part; OLMoE's full-width
@@ -484,7 +609,7 @@ static void test_rmsnorm(void) {
 // half, a wrong Ctot or a local mean moves them by O(1). With C0 = C (one rank) the ops give rmsnorm_fwd /
 // rmsnorm_bwd's bits (ops.h): checked exactly.
 #define SPLIT_RTOL 4e-7
-static void cols(float *dst, const float *src, int N, int C, int c0, int c1) {   // columns [c0, c1) of (N, C)
+static void cols(float *dst, const float *src, int N, int C, int c0, int c1) { // columns [c0, c1) of (N, C)
     for (int n = 0; n < N; n++)
         memcpy(dst + (size_t)n * (c1 - c0), src + (size_t)n * C + c0, sizeof(float) * (c1 - c0));
 }
@@ -492,9 +617,10 @@ static void test_rmsnorm_split(int N, int C, int C0) {
     const float eps = 1e-5f;
     int C1 = C - C0, Cs[2] = {C0, C1}, off[2] = {0, C0};
     float *x = fnew(N * C), *w = fnew(C), *dout = fnew(N * C), *out = fnew(N * C), *rstd = fnew(N);
-    fill_normal(x, N * C, 1); fill_normal(dout, N * C, 1);
+    fill_normal(x, N * C, 1);
+    fill_normal(dout, N * C, 1);
     for (int c = 0; c < C; c++) w[c] = 1.0f + 0.3f * rng_normal(&R);
-    for (int c = 0; c < C; c++) x[C + c] *= 1e-3f;   // a small row: eps matters in its rstd
+    for (int c = 0; c < C; c++) x[C + c] *= 1e-3f; // a small row: eps matters in its rstd
     float *dx = fnew(N * C), *dw = fnew(C);
     be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
     be->rmsnorm_bwd(dx, dw, dout, x, w, rstd, N, C);
@@ -502,36 +628,46 @@ static void test_rmsnorm_split(int N, int C, int C0) {
     float *px[2], *pg[2], *pw[2], *po[2], *pr[2], *pdx[2], *pdw[2];
     double *ss = dnew(N), *dot = dnew(N), *part = dnew(N);
     for (int k = 0; k < 2; k++) {
-        px[k] = fnew(N * Cs[k]); pg[k] = fnew(N * Cs[k]); po[k] = fnew(N * Cs[k]); pdx[k] = fnew(N * Cs[k]);
-        pr[k] = fnew(N); pdw[k] = fnew(Cs[k]); pw[k] = fcopy(w + off[k], Cs[k]);
+        px[k] = fnew(N * Cs[k]);
+        pg[k] = fnew(N * Cs[k]);
+        po[k] = fnew(N * Cs[k]);
+        pdx[k] = fnew(N * Cs[k]);
+        pr[k] = fnew(N);
+        pdw[k] = fnew(Cs[k]);
+        pw[k] = fcopy(w + off[k], Cs[k]);
         cols(px[k], x, N, C, off[k], off[k] + Cs[k]);
         cols(pg[k], dout, N, C, off[k], off[k] + Cs[k]);
-        for (int pass = 0; pass < 2; pass++) {   // the sum of squares, then the backward's dot
+        for (int pass = 0; pass < 2; pass++) { // the sum of squares, then the backward's dot
             for (int n = 0; n < N; n++) part[n] = NAN;
             if (!pass) be->rmsnorm_part(part, px[k], NULL, px[k], N, Cs[k]);
             else be->rmsnorm_part(part, pg[k], pw[k], px[k], N, Cs[k]);
             for (int n = 0; n < N; n++) {
                 double ref = 0, mag = 0;
                 for (int c = 0; c < Cs[k]; c++) {
-                    double xv = px[k][n * Cs[k] + c], t = pass ? (double)pg[k][n * Cs[k] + c] * pw[k][c] * xv : xv * xv;
-                    ref += t; mag += fabs(t);
+                    double xv = px[k][n * Cs[k] + c],
+                           t = pass ? (double)pg[k][n * Cs[k] + c] * pw[k][c] * xv : xv * xv;
+                    ref += t;
+                    mag += fabs(t);
                 }
-                EXPECT(fabs(part[n] - ref) <= 1e-12 * mag, "rmsnorm_part (%s) part %d row %d: %.17g, ref %.17g",
-                       pass ? "dot" : "sum of squares", k, n, part[n], ref);
-                (pass ? dot : ss)[n] += part[n];   // the TP all-reduce
+                EXPECT(fabs(part[n] - ref) <= 1e-12 * mag,
+                       "rmsnorm_part (%s) part %d row %d: %.17g, ref %.17g", pass ? "dot" : "sum of squares",
+                       k, n, part[n], ref);
+                (pass ? dot : ss)[n] += part[n]; // the TP all-reduce
             }
         }
     }
     double *ref = dnew(N * C), *mag = dnew(N * C);
     for (int k = 0; k < 2; k++) {
-        fill_nan(po[k], N * Cs[k]); fill_nan(pr[k], N);
+        fill_nan(po[k], N * Cs[k]);
+        fill_nan(pr[k], N);
         be->rmsnorm_fwd_part(po[k], pr[k], px[k], pw[k], ss, N, Cs[k], C, eps);
-        for (int n = 0; n < N; n++) for (int c = 0; c < Cs[k]; c++) {
-            ref[n * Cs[k] + c] = out[n * C + off[k] + c];
-            mag[n * Cs[k] + c] = fabs((double)x[n * C + off[k] + c] * rstd[n] * w[off[k] + c]);
-        }
-        check_arr(k ? "rmsnorm_fwd_part out (part 1)" : "rmsnorm_fwd_part out (part 0)", po[k], ref, mag, N * Cs[k],
-                  SPLIT_RTOL, 1e-30);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < Cs[k]; c++) {
+                ref[n * Cs[k] + c] = out[n * C + off[k] + c];
+                mag[n * Cs[k] + c] = fabs((double)x[n * C + off[k] + c] * rstd[n] * w[off[k] + c]);
+            }
+        check_arr(k ? "rmsnorm_fwd_part out (part 1)" : "rmsnorm_fwd_part out (part 0)", po[k], ref, mag,
+                  N * Cs[k], SPLIT_RTOL, 1e-30);
         for (int n = 0; n < N; n++) ref[n] = rstd[n];
         check_arr("rmsnorm_fwd_part rstd", pr[k], ref, NULL, N, SPLIT_RTOL, 0);
         be->rmsnorm_bwd_part(pdx[k], pdw[k], pg[k], px[k], pw[k], pr[k], dot, N, Cs[k], C);
@@ -547,12 +683,14 @@ static void test_rmsnorm_split(int N, int C, int C0) {
         for (int c = 0; c < Cs[k]; c++) {
             ref[c] = dw[off[k] + c];
             mag[c] = 0;
-            for (int n = 0; n < N; n++) mag[c] += fabs((double)pg[k][n * Cs[k] + c] * px[k][n * Cs[k] + c] * pr[k][n]);
+            for (int n = 0; n < N; n++)
+                mag[c] += fabs((double)pg[k][n * Cs[k] + c] * px[k][n * Cs[k] + c] * pr[k][n]);
         }
         check_arr("rmsnorm_bwd_part dw", pdw[k], ref, mag, Cs[k], SPLIT_RTOL, 1e-30);
         // accumulates (+=), and without dw
         float *pre = fnew(N * Cs[k]), *prw = fnew(Cs[k]);
-        fill_normal(pre, N * Cs[k], 1); fill_normal(prw, Cs[k], 1);
+        fill_normal(pre, N * Cs[k], 1);
+        fill_normal(prw, Cs[k], 1);
         float *dx1 = fcopy(pre, N * Cs[k]), *dw1 = fcopy(prw, Cs[k]);
         be->rmsnorm_bwd_part(dx1, dw1, pg[k], px[k], pw[k], pr[k], dot, N, Cs[k], C);
         check_accum("rmsnorm_bwd_part dinp", dx1, pre, pdx[k], N * Cs[k]);
@@ -560,7 +698,10 @@ static void test_rmsnorm_split(int N, int C, int C0) {
         memcpy(dx1, pre, sizeof(float) * N * Cs[k]);
         be->rmsnorm_bwd_part(dx1, NULL, pg[k], px[k], pw[k], pr[k], dot, N, Cs[k], C);
         check_accum("rmsnorm_bwd_part dinp (dw NULL)", dx1, pre, pdx[k], N * Cs[k]);
-        free(pre); free(prw); free(dx1); free(dw1);
+        free(pre);
+        free(prw);
+        free(dx1);
+        free(dw1);
     }
     // one rank (C0 = C): rmsnorm_fwd / rmsnorm_bwd's bits
     float *o1 = fnew(N * C), *r1 = fnew(N), *dx1 = fnew(N * C), *dw1 = fnew(C);
@@ -572,16 +713,40 @@ static void test_rmsnorm_split(int N, int C, int C0) {
     check_exact("rmsnorm_fwd_part, one part: rmsnorm_fwd's rstd", r1, rstd, N);
     check_exact("rmsnorm_bwd_part, one part: rmsnorm_bwd's dinp", dx1, dx, N * C);
     check_exact("rmsnorm_bwd_part, one part: rmsnorm_bwd's dw", dw1, dw, C);
-    free(o1); free(r1); free(dx1); free(dw1);
+    free(o1);
+    free(r1);
+    free(dx1);
+    free(dw1);
     for (int k = 0; k < 2; k++) {
-        free(px[k]); free(pg[k]); free(pw[k]); free(po[k]); free(pr[k]); free(pdx[k]); free(pdw[k]);
+        free(px[k]);
+        free(pg[k]);
+        free(pw[k]);
+        free(po[k]);
+        free(pr[k]);
+        free(pdx[k]);
+        free(pdw[k]);
     }
-    free(x); free(w); free(dout); free(out); free(rstd); free(dx); free(dw); free(ss); free(dot); free(part);
-    free(ref); free(mag);
+    free(x);
+    free(w);
+    free(dout);
+    free(out);
+    free(rstd);
+    free(dx);
+    free(dw);
+    free(ss);
+    free(dot);
+    free(part);
+    free(ref);
+    free(mag);
 }
 
 // ---------------------------------------------------------------- rope
-typedef struct { float *x, *tmp; const float *dout; int B, T, nh, hd; float theta; } RopeCtx;
+typedef struct {
+    float *x, *tmp;
+    const float *dout;
+    int B, T, nh, hd;
+    float theta;
+} RopeCtx;
 static double rope_loss(void *p) {
     RopeCtx *c = p;
     size_t n = (size_t)c->B * c->T * c->nh * c->hd;
@@ -595,7 +760,8 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     int half = hd / 2;
     float *x = fnew(n), *y = fnew(n), *dout = fnew(n), *tmp = fnew(n);
     double *ref = dnew(n), *mag = dnew(n);
-    fill_normal(x, n, 1); fill_normal(dout, n, 1);
+    fill_normal(x, n, 1);
+    fill_normal(dout, n, 1);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int h = 0; h < nh; h++) {
@@ -615,7 +781,10 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     // rope_bwd is the exact inverse rotation
     be->rope_bwd(y, B, T, nh, hd, theta);
     double *xd = dnew(n), *one = dnew(n);
-    for (size_t i = 0; i < n; i++) { xd[i] = x[i]; one[i] = 1.0 + fabs(x[i]); }
+    for (size_t i = 0; i < n; i++) {
+        xd[i] = x[i];
+        one[i] = 1.0 + fabs(x[i]);
+    }
     snprintf(lab, sizeof lab, "rope_bwd(rope_fwd(x)) == x (1e-6) B=%d T=%d hd=%d", B, T, hd);
     check_arr(lab, y, xd, one, n, 1e-6, 0);
     // rope_bwd as the gradient (in place: it transforms dout, there is nothing to accumulate)
@@ -624,11 +793,23 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     RopeCtx c = {x, tmp, dout, B, T, nh, hd, theta};
     snprintf(lab, sizeof lab, "rope_bwd gradient B=%d T=%d nh=%d hd=%d", B, T, nh, hd);
     fd_check(lab, rope_loss, &c, x, n, g);
-    free(x); free(y); free(dout); free(tmp); free(ref); free(mag); free(xd); free(one); free(g);
+    free(x);
+    free(y);
+    free(dout);
+    free(tmp);
+    free(ref);
+    free(mag);
+    free(xd);
+    free(one);
+    free(g);
 }
 
 // ---------------------------------------------------------------- attention
-typedef struct { float *q, *k, *v, *out, *lse; const float *dout; int B, T, H, KV, hd; } AttCtx;
+typedef struct {
+    float *q, *k, *v, *out, *lse;
+    const float *dout;
+    int B, T, H, KV, hd;
+} AttCtx;
 static double att_loss(void *p) {
     AttCtx *c = p;
     be->attention_fwd(c->out, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->KV, c->hd, 0, c->T);
@@ -638,9 +819,12 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     char lab[128];
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     float *q = fnew(nq), *k = fnew(nk), *v = fnew(nk), *out = fnew(nq), *lse = fnew(nl), *dout = fnew(nq);
-    fill_normal(q, nq, 1); fill_normal(k, nk, 1); fill_normal(v, nk, 1); fill_normal(dout, nq, 1);
+    fill_normal(q, nq, 1);
+    fill_normal(k, nk, 1);
+    fill_normal(v, nk, 1);
+    fill_normal(dout, nq, 1);
     double *ref = dnew(nq), *mag = dnew(nq), *lref = dnew(nl), *lmag = dnew(nl);
-    double *S = dnew((size_t)T * T);   // the materialised causal (T, T) score matrix of one (b, h)
+    double *S = dnew((size_t)T * T); // the materialised causal (T, T) score matrix of one (b, h)
     double sc = 1.0 / sqrt((double)hd);
     int rep = H / KV;
     for (int b = 0; b < B; b++)
@@ -648,31 +832,40 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
             int kh = h / rep;
             for (int t = 0; t < T; t++)
                 for (int u = 0; u < T; u++) {
-                    if (u > t) { S[t * T + u] = -INFINITY; continue; }
+                    if (u > t) {
+                        S[t * T + u] = -INFINITY;
+                        continue;
+                    }
                     double a = 0;
                     for (int i = 0; i < hd; i++)
-                        a += (double)q[(((size_t)b * T + t) * H + h) * hd + i] * k[(((size_t)b * T + u) * KV + kh) * hd + i];
+                        a += (double)q[(((size_t)b * T + t) * H + h) * hd + i] *
+                            k[(((size_t)b * T + u) * KV + kh) * hd + i];
                     S[t * T + u] = a * sc;
                 }
             for (int t = 0; t < T; t++) {
                 double mx = -INFINITY, s = 0, smax = 0;
-                for (int u = 0; u < T; u++) if (S[t * T + u] > mx) mx = S[t * T + u];
-                for (int u = 0; u < T; u++) s += exp(S[t * T + u] - mx);   // exp(-inf) = 0: masked
-                for (int u = 0; u <= t; u++) if (fabs(S[t * T + u]) > smax) smax = fabs(S[t * T + u]);
+                for (int u = 0; u < T; u++)
+                    if (S[t * T + u] > mx) mx = S[t * T + u];
+                for (int u = 0; u < T; u++) s += exp(S[t * T + u] - mx); // exp(-inf) = 0: masked
+                for (int u = 0; u <= t; u++)
+                    if (fabs(S[t * T + u]) > smax) smax = fabs(S[t * T + u]);
                 lref[((size_t)b * H + h) * T + t] = mx + log(s);
                 lmag[((size_t)b * H + h) * T + t] = fabs(mx + log(s)) + smax;
                 for (int i = 0; i < hd; i++) {
                     double o = 0, m = 0;
                     for (int u = 0; u <= t; u++) {
-                        double pr = exp(S[t * T + u] - mx) / s, vv = v[(((size_t)b * T + u) * KV + kh) * hd + i];
-                        o += pr * vv; m += pr * fabs(vv);
+                        double pr = exp(S[t * T + u] - mx) / s,
+                               vv = v[(((size_t)b * T + u) * KV + kh) * hd + i];
+                        o += pr * vv;
+                        m += pr * fabs(vv);
                     }
                     ref[(((size_t)b * T + t) * H + h) * hd + i] = o;
                     mag[(((size_t)b * T + t) * H + h) * hd + i] = m;
                 }
             }
         }
-    fill_nan(out, nq); fill_nan(lse, nl);
+    fill_nan(out, nq);
+    fill_nan(lse, nl);
     be->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, 0, T);
     snprintf(lab, sizeof lab, "attention_fwd out B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
     check_arr(lab, out, ref, mag, nq, FWD_RTOL, 1e-30);
@@ -681,7 +874,8 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
 
     float *out0 = fcopy(out, nq), *lse0 = fcopy(lse, nl);
     float *dq0 = fnew(nq), *dk0 = fnew(nk), *dv0 = fnew(nk);
-    be->attention_bwd(dq0, dk0, dv0, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
+    be->attention_bwd(dq0, dk0, dv0, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T,
+                      ATT_ADD_DQ | ATT_ADD_DKV);
     AttCtx c = {q, k, v, out, lse, dout, B, T, H, KV, hd};
     snprintf(lab, sizeof lab, "attention_bwd dq B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
     fd_check(lab, att_loss, &c, q, nq, dq0);
@@ -690,14 +884,19 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     snprintf(lab, sizeof lab, "attention_bwd dv B=%d T=%d H=%d KV=%d hd=%d", B, T, H, KV, hd);
     fd_check(lab, att_loss, &c, v, nk, dv0);
     float *pq = fnew(nq), *pk = fnew(nk), *pv = fnew(nk);
-    fill_normal(pq, nq, 1); fill_normal(pk, nk, 1); fill_normal(pv, nk, 1);
+    fill_normal(pq, nq, 1);
+    fill_normal(pk, nk, 1);
+    fill_normal(pv, nk, 1);
     float *dq1 = fcopy(pq, nq), *dk1 = fcopy(pk, nk), *dv1 = fcopy(pv, nk);
-    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T, ATT_ADD_DQ | ATT_ADD_DKV);
+    be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T,
+                      ATT_ADD_DQ | ATT_ADD_DKV);
     check_accum("attention_bwd dq", dq1, pq, dq0, nq);
     check_accum("attention_bwd dk", dk1, pk, dk0, nk);
     check_accum("attention_bwd dv", dv1, pv, dv0, nk);
     // written (flags 0) over NaN: the bits of adding into zeros
-    fill_nan(dq1, nq); fill_nan(dk1, nk); fill_nan(dv1, nk);
+    fill_nan(dq1, nq);
+    fill_nan(dk1, nk);
+    fill_nan(dv1, nk);
     be->attention_bwd(dq1, dk1, dv1, dout, out0, lse0, q, k, v, B, T, H, KV, hd, 0, T, 0);
     snprintf(lab, sizeof lab, "attention_bwd written (flags 0) == added into zeros: dq T=%d", T);
     check_exact(lab, dq1, dq0, nq);
@@ -705,9 +904,28 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     check_exact(lab, dk1, dk0, nk);
     snprintf(lab, sizeof lab, "attention_bwd written (flags 0) == added into zeros: dv T=%d", T);
     check_exact(lab, dv1, dv0, nk);
-    free(q); free(k); free(v); free(out); free(lse); free(dout); free(ref); free(mag); free(lref); free(lmag);
-    free(S); free(out0); free(lse0); free(dq0); free(dk0); free(dv0); free(pq); free(pk); free(pv);
-    free(dq1); free(dk1); free(dv1);
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(lse);
+    free(dout);
+    free(ref);
+    free(mag);
+    free(lref);
+    free(lmag);
+    free(S);
+    free(out0);
+    free(lse0);
+    free(dq0);
+    free(dk0);
+    free(dv0);
+    free(pq);
+    free(pk);
+    free(pv);
+    free(dq1);
+    free(dk1);
+    free(dv1);
 }
 
 // Query rows in chunks (AMPipe): chunk j = rows [T*j/n, T*(j+1)/n). The forward over the chunks is
@@ -718,33 +936,49 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     char lab[128];
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     float *q = fnew(nq), *k = fnew(nk), *v = fnew(nk), *dout = fnew(nq);
-    fill_normal(q, nq, 1); fill_normal(k, nk, 1); fill_normal(v, nk, 1); fill_normal(dout, nq, 1);
+    fill_normal(q, nq, 1);
+    fill_normal(k, nk, 1);
+    fill_normal(v, nk, 1);
+    fill_normal(dout, nq, 1);
     float *o1 = fnew(nq), *l1 = fnew(nl), *on = fnew(nq), *ln = fnew(nl);
     be->attention_fwd(o1, l1, q, k, v, B, T, H, KV, hd, 0, T);
-    fill_nan(on, nq); fill_nan(ln, nl);
+    fill_nan(on, nq);
+    fill_nan(ln, nl);
     for (int j = 0; j < n; j++) {
         int t0 = T * j / n, t1 = T * (j + 1) / n;
         if (t0 == t1) continue;
         be->attention_fwd(on, ln, q, k, v, B, T, H, KV, hd, t0, t1);
-        int bad = 0;   // rows of later chunks are still unwritten (NaN)
+        int bad = 0; // rows of later chunks are still unwritten (NaN)
         for (int b = 0; b < B; b++)
             for (int t = t1; t < T; t++)
-                for (int h = 0; h < H; h++) bad += !isnan(on[(((size_t)b * T + t) * H + h) * hd]) + !isnan(ln[((size_t)b * H + h) * T + t]);
-        snprintf(lab, sizeof lab, "attention_fwd rows [%d,%d) leave the later rows untouched (T=%d)", t0, t1, T);
+                for (int h = 0; h < H; h++)
+                    bad += !isnan(on[(((size_t)b * T + t) * H + h) * hd]) +
+                        !isnan(ln[((size_t)b * H + h) * T + t]);
+        snprintf(lab, sizeof lab, "attention_fwd rows [%d,%d) leave the later rows untouched (T=%d)", t0, t1,
+                 T);
         EXPECT(bad == 0, "%s: %d values written", lab, bad);
     }
-    snprintf(lab, sizeof lab, "attention_fwd over %d chunks == one call: out B=%d T=%d H=%d KV=%d hd=%d", n, B, T, H, KV, hd);
+    snprintf(lab, sizeof lab, "attention_fwd over %d chunks == one call: out B=%d T=%d H=%d KV=%d hd=%d", n,
+             B, T, H, KV, hd);
     check_exact(lab, on, o1, nq);
     snprintf(lab, sizeof lab, "attention_fwd over %d chunks == one call: lse T=%d", n, T);
     check_exact(lab, ln, l1, nl);
-    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the last
-    // rows, which read every key) and added into by the others; over NaN
-    float *dq1 = fnew(nq), *dk1 = fnew(nk), *dv1 = fnew(nk), *dqn = fnew(nq), *dkn = fnew(nk), *dvn = fnew(nk);
-    fill_nan(dq1, nq); fill_nan(dk1, nk); fill_nan(dv1, nk); fill_nan(dqn, nq); fill_nan(dkn, nk); fill_nan(dvn, nk);
+    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the
+    // last rows, which read every key) and added into by the others; over NaN
+    float *dq1 = fnew(nq), *dk1 = fnew(nk), *dv1 = fnew(nk), *dqn = fnew(nq), *dkn = fnew(nk),
+          *dvn = fnew(nk);
+    fill_nan(dq1, nq);
+    fill_nan(dk1, nk);
+    fill_nan(dv1, nk);
+    fill_nan(dqn, nq);
+    fill_nan(dkn, nk);
+    fill_nan(dvn, nk);
     be->attention_bwd(dq1, dk1, dv1, dout, o1, l1, q, k, v, B, T, H, KV, hd, 0, T, 0);
     for (int j = n - 1, first = 1; j >= 0; j--) {
         int t0 = T * j / n, t1 = T * (j + 1) / n;
-        if (t0 < t1) be->attention_bwd(dqn, dkn, dvn, dout, o1, l1, q, k, v, B, T, H, KV, hd, t0, t1, first ? 0 : ATT_ADD_DKV);
+        if (t0 < t1)
+            be->attention_bwd(dqn, dkn, dvn, dout, o1, l1, q, k, v, B, T, H, KV, hd, t0, t1,
+                              first ? 0 : ATT_ADD_DKV);
         if (t0 < t1) first = 0;
     }
     snprintf(lab, sizeof lab, "attention_bwd over %d chunks == one call: dq T=%d", n, T);
@@ -752,19 +986,41 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     double *r = dnew(nk), *mg = dnew(nk);
     float *got[2] = {dkn, dvn}, *want[2] = {dk1, dv1};
     for (int w = 0; w < 2; w++) {
-        double rms = 0;   // scale: the sums cancel, so a key's error is relative to the typical term
+        double rms = 0; // scale: the sums cancel, so a key's error is relative to the typical term
         for (size_t i = 0; i < nk; i++) rms += (double)want[w][i] * want[w][i];
         rms = sqrt(rms / nk);
-        for (size_t i = 0; i < nk; i++) { r[i] = want[w][i]; mg[i] = fabs(want[w][i]) + rms; }
-        snprintf(lab, sizeof lab, "attention_bwd over %d chunks ~ one call: %s T=%d (round-off)", n, w ? "dv" : "dk", T);
+        for (size_t i = 0; i < nk; i++) {
+            r[i] = want[w][i];
+            mg[i] = fabs(want[w][i]) + rms;
+        }
+        snprintf(lab, sizeof lab, "attention_bwd over %d chunks ~ one call: %s T=%d (round-off)", n,
+                 w ? "dv" : "dk", T);
         check_arr(lab, got[w], r, mg, nk, 1e-5, 1e-30);
     }
-    free(q); free(k); free(v); free(dout); free(o1); free(l1); free(on); free(ln);
-    free(dq1); free(dk1); free(dv1); free(dqn); free(dkn); free(dvn); free(r); free(mg);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(o1);
+    free(l1);
+    free(on);
+    free(ln);
+    free(dq1);
+    free(dk1);
+    free(dv1);
+    free(dqn);
+    free(dkn);
+    free(dvn);
+    free(r);
+    free(mg);
 }
 
 // ---------------------------------------------------------------- swiglu
-typedef struct { float *h1, *h3, *out; const float *dout; size_t n; } SwiCtx;
+typedef struct {
+    float *h1, *h3, *out;
+    const float *dout;
+    size_t n;
+} SwiCtx;
 static double swi_loss(void *p) {
     SwiCtx *c = p;
     be->swiglu_fwd(c->out, c->h1, c->h3, c->n);
@@ -773,8 +1029,12 @@ static double swi_loss(void *p) {
 static void test_swiglu(void) {
     enum { n = 48 };
     float *h1 = fnew(n), *h3 = fnew(n), *out = fnew(n), *dout = fnew(n);
-    fill_normal(h1, n, 3); fill_normal(h3, n, 1); fill_normal(dout, n, 1);
-    h1[0] = 0; h1[1] = 20; h1[2] = -20;   // silu(0) = 0, saturated ends
+    fill_normal(h1, n, 3);
+    fill_normal(h3, n, 1);
+    fill_normal(dout, n, 1);
+    h1[0] = 0;
+    h1[1] = 20;
+    h1[2] = -20; // silu(0) = 0, saturated ends
     double *ref = dnew(n);
     for (int i = 0; i < n; i++) ref[i] = (double)h1[i] / (1.0 + exp(-(double)h1[i])) * h3[i];
     fill_nan(out, n);
@@ -786,26 +1046,42 @@ static void test_swiglu(void) {
     fd_check("swiglu_bwd dh1", swi_loss, &c, h1, n, d10);
     fd_check("swiglu_bwd dh3", swi_loss, &c, h3, n, d30);
     float *p1 = fnew(n), *p3 = fnew(n);
-    fill_normal(p1, n, 1); fill_normal(p3, n, 1);
+    fill_normal(p1, n, 1);
+    fill_normal(p3, n, 1);
     float *d11 = fcopy(p1, n), *d31 = fcopy(p3, n);
     be->swiglu_bwd(d11, d31, dout, h1, h3, n, 1);
     check_accum("swiglu_bwd dh1", d11, p1, d10, n);
     check_accum("swiglu_bwd dh3", d31, p3, d30, n);
     // accumulate 0 on NaN: the same values bitwise (x, not 0 + x: equal under ==, which ignores the
     // sign of a zero)
-    fill_nan(d11, n); fill_nan(d31, n);
+    fill_nan(d11, n);
+    fill_nan(d31, n);
     be->swiglu_bwd(d11, d31, dout, h1, h3, n, 0);
     check_exact("swiglu_bwd dh1 overwrites (accumulate 0)", d11, d10, n);
     check_exact("swiglu_bwd dh3 overwrites (accumulate 0)", d31, d30, n);
-    free(h1); free(h3); free(out); free(dout); free(ref); free(d10); free(d30); free(p1); free(p3);
-    free(d11); free(d31);
+    free(h1);
+    free(h3);
+    free(out);
+    free(dout);
+    free(ref);
+    free(d10);
+    free(d30);
+    free(p1);
+    free(p3);
+    free(d11);
+    free(d31);
 }
 
 // ---------------------------------------------------------------- gather, gather_dot_scale, mul, axpy
 // scatter_add_rows, scale_rows, row_dot and scale are cpu_oracle.h's (no longer Backend ops): they
 // are checked here against double references too, since gather_dot_scale and adamw_runs are
 // checked bit for bit against compositions of them.
-typedef struct { float *inp, *scale, *out; const float *pre, *dout; const int32_t *idx; int n, rows, C; } RowCtx;
+typedef struct {
+    float *inp, *scale, *out;
+    const float *pre, *dout;
+    const int32_t *idx;
+    int n, rows, C;
+} RowCtx;
 static double gather_loss(void *p) {
     RowCtx *c = p;
     be->gather_rows(c->out, c->inp, c->idx, c->n, c->C);
@@ -820,10 +1096,11 @@ static double scatter_loss(void *p) {
 static void test_rows(void) {
     enum { rows = 6, n = 10, C = 5, CD = 40 };
     int32_t idx[n];
-    for (int i = 0; i < n; i++) idx[i] = (int32_t)rng_below(&R, rows - 1);   // row rows-1 never hit
-    idx[7] = idx[2];                                                          // a repeated row
+    for (int i = 0; i < n; i++) idx[i] = (int32_t)rng_below(&R, rows - 1); // row rows-1 never hit
+    idx[7] = idx[2]; // a repeated row
     float *inp = fnew(rows * C), *out = fnew(n * C), *want = fnew(n * C), *dout = fnew(n * C);
-    fill_normal(inp, rows * C, 1); fill_normal(dout, n * C, 1);
+    fill_normal(inp, rows * C, 1);
+    fill_normal(dout, n * C, 1);
     // gather_rows; its backward is scatter_add_rows (dinp[idx[i]] += dout[i])
     for (int i = 0; i < n; i++) memcpy(want + i * C, inp + idx[i] * C, C * sizeof(float));
     fill_nan(out, n * C);
@@ -835,20 +1112,28 @@ static void test_rows(void) {
     fd_check("gather_rows backward (scatter_add_rows)", gather_loss, &gc, inp, rows * C, g);
 
     // scatter_add_rows with and without scale, into pre-filled rows
-    float *src = fnew(n * C), *scale = fnew(n), *pre = fnew(rows * C), *acc = fnew(rows * C), *dacc = fnew(rows * C);
-    fill_normal(src, n * C, 1); fill_normal(scale, n, 1); fill_normal(pre, rows * C, 1); fill_normal(dacc, rows * C, 1);
+    float *src = fnew(n * C), *scale = fnew(n), *pre = fnew(rows * C), *acc = fnew(rows * C),
+          *dacc = fnew(rows * C);
+    fill_normal(src, n * C, 1);
+    fill_normal(scale, n, 1);
+    fill_normal(pre, rows * C, 1);
+    fill_normal(dacc, rows * C, 1);
     double *ref = dnew(rows * C), *mag = dnew(rows * C);
     for (int with_scale = 0; with_scale < 2; with_scale++) {
-        for (int i = 0; i < rows * C; i++) { ref[i] = pre[i]; mag[i] = fabs(pre[i]); }
+        for (int i = 0; i < rows * C; i++) {
+            ref[i] = pre[i];
+            mag[i] = fabs(pre[i]);
+        }
         for (int i = 0; i < n; i++)
             for (int c = 0; c < C; c++) {
                 double t = (with_scale ? (double)scale[i] : 1.0) * src[i * C + c];
-                ref[idx[i] * C + c] += t; mag[idx[i] * C + c] += fabs(t);
+                ref[idx[i] * C + c] += t;
+                mag[idx[i] * C + c] += fabs(t);
             }
         memcpy(acc, pre, rows * C * sizeof(float));
         oracle_scatter_add_rows(acc, src, idx, with_scale ? scale : NULL, n, C);
-        check_arr(with_scale ? "oracle scatter_add_rows (scale)" : "oracle scatter_add_rows (scale NULL)", acc, ref,
-                  mag, rows * C, FWD_RTOL, 1e-30);
+        check_arr(with_scale ? "oracle scatter_add_rows (scale)" : "oracle scatter_add_rows (scale NULL)",
+                  acc, ref, mag, rows * C, FWD_RTOL, 1e-30);
     }
     // the combine backward built from these ops (as moe.c did): dsrc = scale * gather(dacc),
     // dscale = row_dot(gather(dacc), src)
@@ -871,13 +1156,16 @@ static void test_rows(void) {
     fill_nan(fd, n);
     be->gather_dot_scale(fo, fd, dacc, idx, src, scale, n, C, 1);
     EXPECT(be->hid_elem == sizeof(float) && !memcmp(fo, dsrc, sizeof(float) * n * C) &&
-           !memcmp(fd, dscale, sizeof(float) * n), "gather_dot_scale into the (float32) hidden format differs");
+               !memcmp(fd, dscale, sizeof(float) * n),
+           "gather_dot_scale into the (float32) hidden format differs");
     for (int h = 0; h < 2; h++) {
         fill_nan(fo, n * C);
         be->gather_rows_hid(fo, dacc, h, idx, n, C);
-        EXPECT(!memcmp(fo, gd, sizeof(float) * n * C), "gather_rows_hid (from_hid %d) differs from gather_rows", h);
+        EXPECT(!memcmp(fo, gd, sizeof(float) * n * C),
+               "gather_rows_hid (from_hid %d) differs from gather_rows", h);
     }
-    free(fo); free(fd);
+    free(fo);
+    free(fd);
     RowCtx sc = {src, scale, acc, pre, dacc, idx, n, rows, C};
     fd_check("scatter_add_rows backward dinp (gather + scale_rows)", scatter_loss, &sc, src, n * C, dsrc);
     fd_check("scatter_add_rows backward dscale (gather + row_dot)", scatter_loss, &sc, scale, n, dscale);
@@ -886,17 +1174,23 @@ static void test_rows(void) {
     float *x = fnew(n * C);
     fill_normal(x, n * C, 1);
     double *xr = dnew(n * C);
-    for (int i = 0; i < n; i++) for (int c = 0; c < C; c++) xr[i * C + c] = (double)x[i * C + c] * scale[i];
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < C; c++) xr[i * C + c] = (double)x[i * C + c] * scale[i];
     oracle_scale_rows(x, scale, n, C);
     check_arr("oracle scale_rows", x, xr, NULL, n * C, FWD_RTOL, 1e-30);
 
     // row_dot over rows of CD
     float *a = fnew(n * CD), *b = fnew(n * CD), *dot = fnew(n);
-    fill_normal(a, n * CD, 1); fill_normal(b, n * CD, 1);
+    fill_normal(a, n * CD, 1);
+    fill_normal(b, n * CD, 1);
     double dref[n], dmag[n];
     for (int i = 0; i < n; i++) {
         dref[i] = dmag[i] = 0;
-        for (int c = 0; c < CD; c++) { double t = (double)a[i * CD + c] * b[i * CD + c]; dref[i] += t; dmag[i] += fabs(t); }
+        for (int c = 0; c < CD; c++) {
+            double t = (double)a[i * CD + c] * b[i * CD + c];
+            dref[i] += t;
+            dmag[i] += fabs(t);
+        }
     }
     fill_nan(dot, n);
     oracle_row_dot(dot, a, b, n, CD);
@@ -913,7 +1207,10 @@ static void test_rows(void) {
     be->mul(a2, a2, b, m);
     check_arr("mul (out aliases a)", a2, mr, NULL, m, FWD_RTOL, 1e-30);
     double *amag = dnew(m);
-    for (size_t i = 0; i < m; i++) { ar[i] = (double)a[i] + 0.37 * (double)b[i]; amag[i] = fabs(a[i]) + fabs(0.37 * b[i]); }
+    for (size_t i = 0; i < m; i++) {
+        ar[i] = (double)a[i] + 0.37 * (double)b[i];
+        amag[i] = fabs(a[i]) + fabs(0.37 * b[i]);
+    }
     float *y = fcopy(a, m);
     be->axpy(y, b, 0.37f, m);
     check_arr("axpy", y, ar, amag, m, FWD_RTOL, 1e-30);
@@ -922,13 +1219,43 @@ static void test_rows(void) {
     oracle_scale(s2, -1.7f, m);
     check_arr("oracle scale", s2, sr, NULL, m, FWD_RTOL, 1e-30);
 
-    free(inp); free(out); free(want); free(dout); free(g); free(src); free(scale); free(pre); free(acc); free(dacc);
-    free(ref); free(mag); free(gd); free(dsrc); free(dscale); free(x); free(xr); free(a); free(b); free(dot);
-    free(o); free(a2); free(mr); free(ar); free(sr); free(amag); free(y); free(s2);
+    free(inp);
+    free(out);
+    free(want);
+    free(dout);
+    free(g);
+    free(src);
+    free(scale);
+    free(pre);
+    free(acc);
+    free(dacc);
+    free(ref);
+    free(mag);
+    free(gd);
+    free(dsrc);
+    free(dscale);
+    free(x);
+    free(xr);
+    free(a);
+    free(b);
+    free(dot);
+    free(o);
+    free(a2);
+    free(mr);
+    free(ar);
+    free(sr);
+    free(amag);
+    free(y);
+    free(s2);
 }
 
 // ---------------------------------------------------------------- cross-entropy
-typedef struct { float *logits, *losses; const int32_t *tg; int N, V; float dloss; } CeCtx;
+typedef struct {
+    float *logits, *losses;
+    const int32_t *tg;
+    int N, V;
+    float dloss;
+} CeCtx;
 static double ce_loss(void *p) {
     CeCtx *c = p;
     be->cross_entropy_fwd(c->losses, c->logits, c->tg, c->N, c->V);
@@ -940,7 +1267,12 @@ static double ce_loss(void *p) {
 // slots (-1) skipped. Against a double reference (FWD_RTOL of the terms' magnitudes), against the
 // contract's exact float order (bit for bit), against the scatter_add_rows formulation it replaces
 // (the MoE combine: every kept row once), and its gradients by finite differences.
-typedef struct { float *rows, *w, *out; const float *dout; const int32_t *sr; int N, k, C; } CombCtx;
+typedef struct {
+    float *rows, *w, *out;
+    const float *dout;
+    const int32_t *sr;
+    int N, k, C;
+} CombCtx;
 static double comb_loss(void *p) {
     CombCtx *c = p;
     be->combine_rows(c->out, c->rows, c->sr, c->w, c->N, c->k, c->C, 0);
@@ -951,9 +1283,13 @@ static void test_combine_rows(int N, int k, int C, int M) {
     // slot of token 1 dropped, some rows used twice (the op allows it), some rows unused
     int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
     for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 4) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
-    if (N > 1) for (int j = 0; j < k; j++) sr[k + j] = -1;
-    float *rows = fnew((size_t)M * C), *w = fnew((size_t)N * k), *pre = fnew((size_t)N * C), *out = fnew((size_t)N * C);
-    fill_normal(rows, (size_t)M * C, 1); fill_normal(w, (size_t)N * k, 1); fill_normal(pre, (size_t)N * C, 1);
+    if (N > 1)
+        for (int j = 0; j < k; j++) sr[k + j] = -1;
+    float *rows = fnew((size_t)M * C), *w = fnew((size_t)N * k), *pre = fnew((size_t)N * C),
+          *out = fnew((size_t)N * C);
+    fill_normal(rows, (size_t)M * C, 1);
+    fill_normal(w, (size_t)N * k, 1);
+    fill_normal(pre, (size_t)N * C, 1);
     double *ref = dnew((size_t)N * C), *mag = dnew((size_t)N * C);
     float *exact = fnew((size_t)N * C);
     char name[96];
@@ -970,7 +1306,8 @@ static void test_combine_rows(int N, int k, int C, int M) {
                         if (r < 0) continue;
                         float sc = ws ? w[(size_t)t * k + j] : 1.0f;
                         double term = (double)sc * rows[(size_t)r * C + c];
-                        ref[o] += term; mag[o] += fabs(term);
+                        ref[o] += term;
+                        mag[o] += fabs(term);
                         e += sc * rows[(size_t)r * C + c];
                     }
                     exact[o] = e;
@@ -994,7 +1331,12 @@ static void test_combine_rows(int N, int k, int C, int M) {
     int n = 0;
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++)
-            if (sr[(size_t)t * k + j] >= 0) { tok[n] = t; rr[n] = sr[(size_t)t * k + j]; sc[n] = w[(size_t)t * k + j]; n++; }
+            if (sr[(size_t)t * k + j] >= 0) {
+                tok[n] = t;
+                rr[n] = sr[(size_t)t * k + j];
+                sc[n] = w[(size_t)t * k + j];
+                n++;
+            }
     be->gather_rows(gd, dout, tok, n, C);
     oracle_scale_rows(gd, sc, n, C);
     oracle_scatter_add_rows(drows, gd, rr, NULL, n, C);
@@ -1002,7 +1344,8 @@ static void test_combine_rows(int N, int k, int C, int M) {
         for (int j = 0; j < k; j++) {
             int32_t r = sr[(size_t)t * k + j];
             double d = 0;
-            if (r >= 0) for (int c = 0; c < C; c++) d += (double)dout[(size_t)t * C + c] * rows[(size_t)r * C + c];
+            if (r >= 0)
+                for (int c = 0; c < C; c++) d += (double)dout[(size_t)t * C + c] * rows[(size_t)r * C + c];
             dw[(size_t)t * k + j] = (float)d;
         }
     CombCtx cc = {rows, w, out, dout, sr, N, k, C};
@@ -1013,15 +1356,26 @@ static void test_combine_rows(int N, int k, int C, int M) {
     // the MoE combine it replaces: rows sorted by expert, each kept slot its own row; the old path
     // zeroed y and scatter-added rows (rowtok, rowscale) in row order; the same sums in another order
     {
-        int32_t *perm = xcalloc((size_t)N * k, sizeof(int32_t)), *sr2 = xcalloc((size_t)N * k, sizeof(int32_t));
+        int32_t *perm = xcalloc((size_t)N * k, sizeof(int32_t)),
+                *sr2 = xcalloc((size_t)N * k, sizeof(int32_t));
         int32_t *rowtok = xcalloc((size_t)N * k, sizeof(int32_t));
         float *rowsc = fnew((size_t)N * k), *rows2 = fnew((size_t)N * k * C), *y_old = fnew((size_t)N * C);
         fill_normal(rows2, (size_t)N * k * C, 1);
         for (int i = 0; i < N * k; i++) perm[i] = i;
-        for (int i = N * k - 1; i > 0; i--) { int q = (int)rng_below(&R, (uint32_t)i + 1), tq = perm[i]; perm[i] = perm[q]; perm[q] = tq; }
-        int Mk = 0;   // kept rows: slot i -> row perm[i] compacted
+        for (int i = N * k - 1; i > 0; i--) {
+            int q = (int)rng_below(&R, (uint32_t)i + 1), tq = perm[i];
+            perm[i] = perm[q];
+            perm[q] = tq;
+        }
+        int Mk = 0; // kept rows: slot i -> row perm[i] compacted
         for (int i = 0; i < N * k; i++) sr2[i] = sr[i] < 0 ? -1 : 0;
-        for (int i = 0; i < N * k; i++) if (sr2[perm[i]] == 0) { sr2[perm[i]] = Mk; rowtok[Mk] = perm[i] / k; rowsc[Mk] = w[perm[i]]; Mk++; }
+        for (int i = 0; i < N * k; i++)
+            if (sr2[perm[i]] == 0) {
+                sr2[perm[i]] = Mk;
+                rowtok[Mk] = perm[i] / k;
+                rowsc[Mk] = w[perm[i]];
+                Mk++;
+            }
         oracle_scatter_add_rows(y_old, rows2, rowtok, rowsc, Mk, C);
         fill_nan(out, (size_t)N * C);
         be->combine_rows(out, rows2, sr2, w, N, k, C, 0);
@@ -1029,17 +1383,39 @@ static void test_combine_rows(int N, int k, int C, int M) {
         for (int i = 0; i < Mk; i++)
             for (int c = 0; c < C; c++) {
                 double term = (double)rowsc[i] * rows2[(size_t)i * C + c];
-                r2[(size_t)rowtok[i] * C + c] += term; m2[(size_t)rowtok[i] * C + c] += fabs(term);
+                r2[(size_t)rowtok[i] * C + c] += term;
+                m2[(size_t)rowtok[i] * C + c] += fabs(term);
             }
         snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d vs scatter_add_rows (MoE combine)", N, k, C);
         check_arr(name, out, r2, m2, (size_t)N * C, FWD_RTOL, 1e-30);
         double *yo = dnew((size_t)N * C);
         for (size_t i = 0; i < (size_t)N * C; i++) yo[i] = y_old[i];
         check_arr(name, out, yo, m2, (size_t)N * C, FWD_RTOL, 1e-30);
-        free(perm); free(sr2); free(rowtok); free(rowsc); free(rows2); free(y_old); free(r2); free(m2); free(yo);
+        free(perm);
+        free(sr2);
+        free(rowtok);
+        free(rowsc);
+        free(rows2);
+        free(y_old);
+        free(r2);
+        free(m2);
+        free(yo);
     }
-    free(sr); free(rows); free(w); free(pre); free(out); free(ref); free(mag); free(exact); free(dout); free(drows);
-    free(dw); free(tok); free(rr); free(sc); free(gd);
+    free(sr);
+    free(rows);
+    free(w);
+    free(pre);
+    free(out);
+    free(ref);
+    free(mag);
+    free(exact);
+    free(dout);
+    free(drows);
+    free(dw);
+    free(tok);
+    free(rr);
+    free(sc);
+    free(gd);
 }
 
 // router_topk against a double-precision reference (softmax, top-k by probability with ties to the
@@ -1055,7 +1431,7 @@ static void test_plan_ops(int N, int E, int k, int capacity) {
     float *w = fnew((size_t)N * k), *rs = fnew((size_t)N * k);
     int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t)), *rt = xcalloc((size_t)N * k, sizeof(int32_t));
     fill_normal(w, (size_t)N * k, 1);
-    for (int t = 0; t < N; t++)   // k distinct experts per token, from the first E - 1 (the last stays empty)
+    for (int t = 0; t < N; t++) // k distinct experts per token, from the first E - 1 (the last stays empty)
         for (int j = 0; j < k; j++) {
             int e, dup;
             do {
@@ -1083,14 +1459,27 @@ static void test_plan_ops(int N, int E, int k, int capacity) {
             first[q] = o;
             o += keep[q];
         }
-    for (int i = 0; i < N * k; i++) { rt[i] = -7; rs[i] = NAN; }
+    for (int i = 0; i < N * k; i++) {
+        rt[i] = -7;
+        rs[i] = NAN;
+    }
     be->plan_rows(sr, rt, rs, rank, idx, w, keep, first, N, E, k);
-    int ok = !memcmp(sr, p.slot_row, sizeof(int32_t) * N * k) && !memcmp(rt, p.row_tok, sizeof(int32_t) * p.M);
+    int ok =
+        !memcmp(sr, p.slot_row, sizeof(int32_t) * N * k) && !memcmp(rt, p.row_tok, sizeof(int32_t) * p.M);
     for (int r = 0; r < p.M; r++) ok &= rs[r] == w[(size_t)p.row_tok[r] * k + p.row_slot[r]];
-    EXPECT(ok, "plan_rows N=%d E=%d k=%d capacity %d: rows differ from plan_build_budget's (M %d)", N, E, k, capacity,
-           p.M);
+    EXPECT(ok, "plan_rows N=%d E=%d k=%d capacity %d: rows differ from plan_build_budget's (M %d)", N, E, k,
+           capacity, p.M);
     plan_free(&p);
-    free(idx); free(rank); free(cnt); free(kf); free(w); free(rs); free(sr); free(rt); free(c64); free(budget);
+    free(idx);
+    free(rank);
+    free(cnt);
+    free(kf);
+    free(w);
+    free(rs);
+    free(sr);
+    free(rt);
+    free(c64);
+    free(budget);
 }
 
 static void test_router_ops(int N, int E, int k, int renorm) {
@@ -1099,7 +1488,9 @@ static void test_router_ops(int N, int E, int k, int renorm) {
     float *p1 = fnew((size_t)N * E), *l1 = fnew(N), *w1 = fnew((size_t)N * k);
     int32_t *i1 = xcalloc((size_t)N * k, sizeof(int32_t));
     double *sums = dnew(E + 1), *sref = dnew(E + 1), *smag = dnew(E + 1), *pd = dnew(E);
-    fill_nan(p1, (size_t)N * E); fill_nan(l1, N); fill_nan(w1, (size_t)N * k);
+    fill_nan(p1, (size_t)N * E);
+    fill_nan(l1, N);
+    fill_nan(w1, (size_t)N * k);
     for (int i = 0; i < E + 1; i++) sums[i] = NAN;
     be->router_topk(p1, l1, i1, w1, sums, lg, NULL, N, E, k, renorm);
     char name[96];
@@ -1108,7 +1499,8 @@ static void test_router_ops(int N, int E, int k, int renorm) {
     for (int t = 0; t < N; t++) {
         const float *x = lg + (size_t)t * E;
         double mx = -INFINITY, z = 0;
-        for (int e = 0; e < E; e++) if (x[e] > mx) mx = x[e];
+        for (int e = 0; e < E; e++)
+            if (x[e] > mx) mx = x[e];
         for (int e = 0; e < E; e++) z += exp((double)x[e] - mx);
         for (int e = 0; e < E; e++) {
             pd[e] = exp((double)x[e] - mx) / z;
@@ -1130,11 +1522,15 @@ static void test_router_ops(int N, int E, int k, int renorm) {
             badw += !(fabs(w1[(size_t)t * k + j] - wr) <= 1e-6 * wr + 1e-12);
         }
     }
-    EXPECT(!badp && !badi && !badw, "%s: %d probs/lse, %d choices, %d weights off the double reference", name, badp,
-           badi, badw);
+    EXPECT(!badp && !badi && !badw, "%s: %d probs/lse, %d choices, %d weights off the double reference", name,
+           badp, badi, badw);
     for (int t = 0; t < N; t++) {
-        for (int e = 0; e < E; e++) { sref[e] += p1[(size_t)t * E + e]; smag[e] += p1[(size_t)t * E + e]; }
-        sref[E] += (double)l1[t] * l1[t]; smag[E] += (double)l1[t] * l1[t];
+        for (int e = 0; e < E; e++) {
+            sref[e] += p1[(size_t)t * E + e];
+            smag[e] += p1[(size_t)t * E + e];
+        }
+        sref[E] += (double)l1[t] * l1[t];
+        smag[E] += (double)l1[t] * l1[t];
     }
     int bad = 0;
     for (int e = 0; e <= E; e++) bad += !(fabs(sums[e] - sref[e]) <= 1e-12 * smag[e] + 1e-300);
@@ -1143,16 +1539,31 @@ static void test_router_ops(int N, int E, int k, int renorm) {
     int M = N * k;
     int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
     for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
-    float *rowdot = fnew(M), *dw = fnew((size_t)N * k), *aux = fnew(E), *d1 = fnew((size_t)N * E), *d2 = fnew((size_t)N * E);
-    fill_normal(rowdot, M, 1); fill_normal(aux, E, 0.1f);
+    float *rowdot = fnew(M), *dw = fnew((size_t)N * k), *aux = fnew(E), *d1 = fnew((size_t)N * E),
+          *d2 = fnew((size_t)N * E);
+    fill_normal(rowdot, M, 1);
+    fill_normal(aux, E, 0.1f);
     for (int i = 0; i < N * k; i++) dw[i] = sr[i] >= 0 ? rowdot[sr[i]] : 0.0f;
     router_backward_ex(d1, dw, p1, l1, i1, w1, N, E, k, renorm, aux, 0.37f);
     fill_nan(d2, (size_t)N * E);
     be->router_bwd(d2, rowdot, sr, p1, l1, i1, w1, aux, 0.37f, N, E, k, renorm);
     snprintf(name, sizeof name, "router_bwd N=%d E=%d k=%d renorm=%d vs router_backward_ex", N, E, k, renorm);
     check_exact(name, d2, d1, (size_t)N * E);
-    free(lg); free(p1); free(l1); free(w1); free(i1); free(sums); free(sref); free(smag); free(pd);
-    free(sr); free(rowdot); free(dw); free(aux); free(d1); free(d2);
+    free(lg);
+    free(p1);
+    free(l1);
+    free(w1);
+    free(i1);
+    free(sums);
+    free(sref);
+    free(smag);
+    free(pd);
+    free(sr);
+    free(rowdot);
+    free(dw);
+    free(aux);
+    free(d1);
+    free(d2);
 }
 
 static void test_cross_entropy(void) {
@@ -1160,14 +1571,16 @@ static void test_cross_entropy(void) {
     const float dloss = 0.37f;
     int32_t tg[N];
     for (int i = 0; i < N; i++) tg[i] = (int32_t)rng_below(&R, V);
-    tg[1] = 0; tg[2] = V - 1;
+    tg[1] = 0;
+    tg[2] = V - 1;
     float *lg = fnew(N * V), *losses = fnew(N);
     fill_normal(lg, N * V, 3);
-    lg[3 * V + tg[3]] = 30;   // a confident correct row (loss ~ 0)
+    lg[3 * V + tg[3]] = 30; // a confident correct row (loss ~ 0)
     double lref[N], lmag[N], *gref = dnew(N * V), *gmag = dnew(N * V);
     for (int i = 0; i < N; i++) {
         double mx = -INFINITY, s = 0;
-        for (int j = 0; j < V; j++) if (lg[i * V + j] > mx) mx = lg[i * V + j];
+        for (int j = 0; j < V; j++)
+            if (lg[i * V + j] > mx) mx = lg[i * V + j];
         for (int j = 0; j < V; j++) s += exp((double)lg[i * V + j] - mx);
         double l = mx + log(s);
         lref[i] = l - lg[i * V + tg[i]];
@@ -1185,10 +1598,15 @@ static void test_cross_entropy(void) {
     fill_nan(losses, N);
     be->cross_entropy_fwd_bwd(losses, lg2, tg, N, V, dloss);
     check_arr("cross_entropy_fwd_bwd losses", losses, lref, lmag, N, FWD_RTOL, 1e-30);
-    check_arr("cross_entropy_fwd_bwd dlogits vs (softmax - onehot) * dloss", lg2, gref, gmag, N * V, FWD_RTOL, 1e-12);
+    check_arr("cross_entropy_fwd_bwd dlogits vs (softmax - onehot) * dloss", lg2, gref, gmag, N * V, FWD_RTOL,
+              1e-12);
     CeCtx c = {lg, losses, tg, N, V, dloss};
     fd_check("cross_entropy_fwd_bwd dlogits vs finite differences", ce_loss, &c, lg, N * V, lg2);
-    free(lg); free(losses); free(gref); free(gmag); free(lg2);
+    free(lg);
+    free(losses);
+    free(gref);
+    free(gmag);
+    free(lg2);
 }
 
 // ---------------------------------------------------------------- sumsq, adamw of one tensor
@@ -1201,13 +1619,13 @@ static OptRuns *one_run(size_t n, int decay) {
 // sumsq_runs of one tensor against a double sum in reverse order (1e-12 relative), and bitwise the
 // cpu's chunked sum (cpu_oracle.h, the reference the GPU test compares with).
 static void test_sumsq(void) {
-    size_t sizes[] = {0, 1, 7, 40000};   // 40000 spans several of the kernel's chunks
+    size_t sizes[] = {0, 1, 7, 40000}; // 40000 spans several of the kernel's chunks
     for (int s = 0; s < 4; s++) {
         size_t n = sizes[s];
         float *x = fnew(n);
         fill_normal(x, n, 2);
         double ref = 0;
-        for (size_t i = n; i-- > 0;) ref += (double)x[i] * x[i];   // reverse order: independent
+        for (size_t i = n; i-- > 0;) ref += (double)x[i] * x[i]; // reverse order: independent
         OptRuns *h = one_run(n, 0);
         double got = NAN, want = oracle_sumsq(x, n);
         be->sumsq_runs(&got, 1, x, h);
@@ -1227,14 +1645,17 @@ static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
     fill_normal(p, n, 1);
     if (!zero_grad) fill_normal(g, n, 0.1f);
     if (!zero_grad) g[3] = 0;
-    if (!zero_state) { fill_normal(m, n, 0.05f); for (int i = 0; i < n; i++) v[i] = 0.01f * fabsf(rng_normal(&R)); }
+    if (!zero_state) {
+        fill_normal(m, n, 0.05f);
+        for (int i = 0; i < n; i++) v[i] = 0.01f * fabsf(rng_normal(&R));
+    }
     double pr[n], mr[n], vr[n], pm[n], mm[n], vm[n];
     double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
     for (int i = 0; i < n; i++) {
         mr[i] = (double)b1 * m[i] + (1 - (double)b1) * g[i];
         vr[i] = (double)b2 * v[i] + (1 - (double)b2) * (double)g[i] * g[i];
         double upd = (mr[i] / c1) / (sqrt(vr[i] / c2) + eps);
-        pr[i] = p[i] - lr * (upd + (double)wd * p[i]);   // decoupled decay on the old p
+        pr[i] = p[i] - lr * (upd + (double)wd * p[i]); // decoupled decay on the old p
         pm[i] = fabs(p[i]) + lr * (fabs(upd) + fabs((double)wd * p[i]));
         mm[i] = fabs((double)b1 * m[i]) + fabs((1 - (double)b1) * g[i]);
         vm[i] = fabs((double)b2 * v[i]) + fabs((1 - (double)b2) * (double)g[i] * g[i]);
@@ -1243,13 +1664,17 @@ static void test_adamw(int t, float wd, int zero_state, int zero_grad) {
     be->adamw_runs(p, g, m, v, h, 1.0f, lr, b1, b2, eps, wd, t, OPT_MIXED, 0);
     be->runs_free(h);
     char lab[96];
-    snprintf(lab, sizeof lab, "adamw p (t=%d wd=%g%s%s)", t, wd, zero_state ? " fresh" : "", zero_grad ? " g=0" : "");
+    snprintf(lab, sizeof lab, "adamw p (t=%d wd=%g%s%s)", t, wd, zero_state ? " fresh" : "",
+             zero_grad ? " g=0" : "");
     check_arr(lab, p, pr, pm, n, FWD_RTOL, 1e-30);
     snprintf(lab, sizeof lab, "adamw m (t=%d)", t);
     check_arr(lab, m, mr, mm, n, FWD_RTOL, 1e-30);
     snprintf(lab, sizeof lab, "adamw v (t=%d)", t);
     check_arr(lab, v, vr, vm, n, FWD_RTOL, 1e-30);
-    free(p); free(g); free(m); free(v);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
 }
 
 // ---------------------------------------------------------------- multi-tensor runs: sumsq_runs, adamw_runs
@@ -1269,19 +1694,21 @@ static void test_sumsq_runs(size_t N, int maxlen, int ncls) {
     for (int c = 0; c < 9; c++) got[c] = NAN, ref[c] = seq[c] = 0;
     be->sumsq_runs(got, ncls, x, h);
     for (int i = nr; i-- > 0;)
-        for (int64_t j = runs[i].n; j-- > 0;) ref[runs[i].cls] += (double)x[runs[i].off + j] * x[runs[i].off + j];
+        for (int64_t j = runs[i].n; j-- > 0;)
+            ref[runs[i].cls] += (double)x[runs[i].off + j] * x[runs[i].off + j];
     for (int i = 0; i < nr; i++) seq[runs[i].cls] += oracle_sumsq(x + runs[i].off, (size_t)runs[i].n);
     char lab[96];
     for (int c = 0; c < ncls; c++) {
         snprintf(lab, sizeof lab, "sumsq_runs N=%zu %d runs class %d", N, nr, c);
         EXPECT_NEAR(got[c], ref[c], 1e-12 * ref[c], lab);
-        EXPECT(memcmp(&got[c], &seq[c], sizeof(double)) == 0, "%s: %.17g, per-run sumsq in order %.17g", lab, got[c],
-               seq[c]);
+        EXPECT(memcmp(&got[c], &seq[c], sizeof(double)) == 0, "%s: %.17g, per-run sumsq in order %.17g", lab,
+               got[c], seq[c]);
     }
     be->runs_free(h);
-    OptRuns *e = be->runs_create(NULL, 0);   // an empty list: zeros
+    OptRuns *e = be->runs_create(NULL, 0); // an empty list: zeros
     be->sumsq_runs(got, 3, x, e);
-    EXPECT(got[0] == 0 && got[1] == 0 && got[2] == 0, "sumsq_runs of no runs: %g %g %g", got[0], got[1], got[2]);
+    EXPECT(got[0] == 0 && got[1] == 0 && got[2] == 0, "sumsq_runs of no runs: %g %g %g", got[0], got[1],
+           got[2]);
     be->runs_free(e);
     free(x);
 }
@@ -1306,7 +1733,10 @@ static double sr_mean(float x, int prec, int over_t, int n, int *others, float l
         OptRuns *h = be->runs_create(&r, 1);
         for (int i = 0; i < n; i++) p[i] = x;
         be->adamw_runs(p, g, m, v, h, 1.0f, 0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 3, prec, 42);
-        for (int i = 0; i < n; i++) { sum += p[i]; *others += p[i] != lo && p[i] != hi; }
+        for (int i = 0; i < n; i++) {
+            sum += p[i];
+            *others += p[i] != lo && p[i] != hi;
+        }
         be->runs_free(h);
     } else {
         OptRun r = {0, 0, 1, 0, 0, 777, 0, 0, 0, OPTG_F32, 0};
@@ -1319,7 +1749,10 @@ static double sr_mean(float x, int prec, int over_t, int n, int *others, float l
         }
         be->runs_free(h);
     }
-    free(p); free(g); free(m); free(v);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
     return sum / n;
 }
 
@@ -1338,7 +1771,8 @@ static void test_sr_bits_even(void) {
         double e = (double)N / BINS, chi = 0;
         for (int b = 0; b < BINS; b++) chi += (cnt[b] - e) * (cnt[b] - e) / e;
         double z = (chi - (BINS - 1)) / sqrt(2.0 * (BINS - 1));
-        EXPECT(fabs(z) < 6, "bf16_sr_rand: 2^22 consecutive indices from %lld: chi-square %.0f over %d bins, z %.1f",
+        EXPECT(fabs(z) < 6,
+               "bf16_sr_rand: 2^22 consecutive indices from %lld: chi-square %.0f over %d bins, z %.1f",
                (long long)base, chi, BINS, z);
         printf("bf16_sr_rand over 2^22 indices from %lld: chi-square z %+.2f\n", (long long)base, z);
     }
@@ -1350,28 +1784,33 @@ static void test_bf16_rounding(void) {
     const double qs[3] = {0.3, 0.9, 0.015625};
     const int n = 20000;
     for (int k = 0; k < 3; k++) {
-        float lo = los[k], hi = f32_of_bits(f32_bits(lo) + 0x10000u);   // the next bf16 away from zero
+        float lo = los[k], hi = f32_of_bits(f32_bits(lo) + 0x10000u); // the next bf16 away from zero
         float x = f32_of_bits(f32_bits(lo) + (uint32_t)(qs[k] * 65536));
         double q = ((double)x - lo) / ((double)hi - lo), se = fabs((double)hi - lo) * sqrt(q * (1 - q) / n);
         for (int over_t = 0; over_t < 2; over_t++) {
             int others;
             double mean = sr_mean(x, OPT_BF16_STOCHASTIC, over_t, n, &others, lo, hi);
-            EXPECT(fabs(mean - x) <= 4 * se && others == 0, "bf16 stochastic rounding of %.9g (between %.9g and %.9g, "
-                   "over %s): mean %.9g, %.2f standard errors off; %d values not a neighbour", x, lo, hi,
-                   over_t ? "steps t" : "elements", mean, (mean - x) / se, others);
+            EXPECT(fabs(mean - x) <= 4 * se && others == 0,
+                   "bf16 stochastic rounding of %.9g (between %.9g and %.9g, "
+                   "over %s): mean %.9g, %.2f standard errors off; %d values not a neighbour",
+                   x, lo, hi, over_t ? "steps t" : "elements", mean, (mean - x) / se, others);
             double mn = sr_mean(x, OPT_BF16_NEAREST, over_t, n, &others, lo, hi);
             float near = q < 0.5 ? lo : hi;
             EXPECT(mn == near, "bf16 nearest rounding of %.9g over %s: mean %.9g, want always %.9g", x,
                    over_t ? "steps t" : "elements", mn, near);
-            printf("bf16 rounding of %.9g (q %.4f) over %-8s: stochastic mean off by %+.2f standard errors (se %.3g); "
-                   "nearest always %.9g\n", x, q, over_t ? "steps t" : "elements", (mean - x) / se, se, mn);
+            printf("bf16 rounding of %.9g (q %.4f) over %-8s: stochastic mean off by %+.2f standard errors "
+                   "(se %.3g); "
+                   "nearest always %.9g\n",
+                   x, q, over_t ? "steps t" : "elements", (mean - x) / se, se, mn);
         }
     }
     // the integer operations: ties to even, bf16 values unchanged by either, NaN stays NaN
-    EXPECT(bf16_rn_bits(f32_of_bits(0x3f808000u)) == 0x3f80 && bf16_rn_bits(f32_of_bits(0x3f818000u)) == 0x3f82,
+    EXPECT(bf16_rn_bits(f32_of_bits(0x3f808000u)) == 0x3f80 &&
+               bf16_rn_bits(f32_of_bits(0x3f818000u)) == 0x3f82,
            "bf16_rn_bits: ties must go to even");
     int kept = 1;
-    for (uint32_t r = 0; r < 65536; r += 257) kept &= bf16_sr_bits(1.5f, r) == 0x3fc0 && bf16_sr_bits(-2.0f, r) == 0xc000;
+    for (uint32_t r = 0; r < 65536; r += 257)
+        kept &= bf16_sr_bits(1.5f, r) == 0x3fc0 && bf16_sr_bits(-2.0f, r) == 0xc000;
     EXPECT(kept, "bf16_sr_bits: a bf16 value must stay itself for any random bits");
     EXPECT(isnan(bf16_to_f32(bf16_rn_bits(NAN))) && isnan(bf16_to_f32(bf16_sr_bits(NAN, 0xffff))),
            "bf16 roundings: NaN must stay NaN");
@@ -1379,10 +1818,10 @@ static void test_bf16_rounding(void) {
 
 // adamw_runs under the bf16 policy on the cpu against a reference built here: the float32 update of
 // cpu_oracle.h's oracle_adamw on the widened moments, then the moments rounded to nearest even and each
-// weight rounded with the bits of bf16_sr_rand(bf16_sr_key(seed, t), its global index), that index walked element by
-// element through the run's column layout (not optrun_gidx's division), so a wrong index, t or seed, or
-// a missing rounding, shows; bit for bit. Every p, m, v a bf16 value; g and elements outside the runs
-// unchanged.
+// weight rounded with the bits of bf16_sr_rand(bf16_sr_key(seed, t), its global index), that index walked
+// element by element through the run's column layout (not optrun_gidx's division), so a wrong index, t or
+// seed, or a missing rounding, shows; bit for bit. Every p, m, v a bf16 value; g and elements outside the
+// runs unchanged.
 static void test_adamw_runs_bf16(size_t N, int maxlen, float gscale, int t, int prec) {
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     const uint64_t seed = 99 + (uint64_t)t;
@@ -1402,35 +1841,50 @@ static void test_adamw_runs_bf16(size_t N, int maxlen, float gscale, int t, int 
     float *g0 = fnew(N);
     memcpy(g0, g, N * sizeof(float));
     memcpy(pr, p, N * sizeof(float));
-    for (size_t i = 0; i < M; i++) { mf[i] = bf16_to_f32(m[i]); vf[i] = bf16_to_f32(v[i]); }
+    for (size_t i = 0; i < M; i++) {
+        mf[i] = bf16_to_f32(m[i]);
+        vf[i] = bf16_to_f32(v[i]);
+    }
     for (int r = 0; r < nr; r++) {
         const OptRun *u = &runs[r];
         if (!u->n) continue;
         float *gs = fnew((size_t)u->n);
         memcpy(gs, g + u->off, sizeof(float) * (size_t)u->n);
         if (gscale != 1.0f) oracle_scale(gs, gscale, (size_t)u->n);
-        oracle_adamw(pr + u->off, gs, mf + u->moff, vf + u->moff, (size_t)u->n, lr, b1, b2, eps, u->decay ? wd : 0.0f, t);
+        oracle_adamw(pr + u->off, gs, mf + u->moff, vf + u->moff, (size_t)u->n, lr, b1, b2, eps,
+                     u->decay ? wd : 0.0f, t);
         int64_t gi = u->gidx, col = u->col0;
         for (int64_t i = 0; i < u->n; i++) {
             mr[u->moff + i] = bf16_rn_bits(mf[u->moff + i]);
             vr[u->moff + i] = bf16_rn_bits(vf[u->moff + i]);
             float x = pr[u->off + i];
-            if (prec != OPT_BF16_MOMENTS)   // (OPT_BF16_MOMENTS: the float32 update stays)
-                pr[u->off + i] = bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(bf16_sr_key(seed, t), gi))
-                                                                         : bf16_rn_bits(x));
+            if (prec != OPT_BF16_MOMENTS) // (OPT_BF16_MOMENTS: the float32 update stays)
+                pr[u->off + i] = bf16_to_f32(prec == OPT_BF16_STOCHASTIC
+                                                 ? bf16_sr_bits(x, bf16_sr_rand(bf16_sr_key(seed, t), gi))
+                                                 : bf16_rn_bits(x));
             gi++;
-            if (u->lcols && ++col == u->lcols) { col = 0; gi += u->gcols - u->lcols; }
+            if (u->lcols && ++col == u->lcols) {
+                col = 0;
+                gi += u->gcols - u->lcols;
+            }
         }
         free(gs);
     }
     // elements outside the runs keep their moments (the reference left them as they were)
-    for (size_t i = 0; i < M; i++) if (mr[i] == 0 && vr[i] == 0) { mr[i] = m[i]; vr[i] = v[i]; }
+    for (size_t i = 0; i < M; i++)
+        if (mr[i] == 0 && vr[i] == 0) {
+            mr[i] = m[i];
+            vr[i] = v[i];
+        }
     OptRuns *h = be->runs_create(runs, nr);
     be->adamw_runs(p, g, m, v, h, gscale, lr, b1, b2, eps, wd, t, prec, seed);
     be->runs_free(h);
     char lab[128];
     snprintf(lab, sizeof lab, "adamw_runs bf16 %s p (N=%zu, %d runs, t=%d)",
-             prec == OPT_BF16_STOCHASTIC ? "stochastic" : prec == OPT_BF16_NEAREST ? "nearest" : "none", N, nr, t);
+             prec == OPT_BF16_STOCHASTIC    ? "stochastic"
+                 : prec == OPT_BF16_NEAREST ? "nearest"
+                                            : "none",
+             N, nr, t);
     check_exact(lab, p, pr, N);
     size_t nb = 0, dm = 0;
     for (size_t i = 0; i < N; i++) nb += (f32_bits(p[i]) & 0xffffu) != 0;
@@ -1439,12 +1893,22 @@ static void test_adamw_runs_bf16(size_t N, int maxlen, float gscale, int t, int 
     else EXPECT(nb > 0, "%s: every weight is a bf16 value (rounded after all?)", lab);
     EXPECT(dm == 0, "%s: %zu moments differ from the reference", lab, dm);
     check_exact("adamw_runs bf16 leaves g unchanged", g, g0, N);
-    free(p); free(g); free(pr); free(mf); free(vf); free(m); free(v); free(mr); free(vr); free(g0);
+    free(p);
+    free(g);
+    free(pr);
+    free(mf);
+    free(vf);
+    free(m);
+    free(v);
+    free(mr);
+    free(vr);
+    free(g0);
 }
 
-// The gradient formats (OptRun gbf: float32, bf16 read rounded, bf16 packed; test_gen_formats): sumsq_runs and
-// adamw_runs (policy prec) on the formatted buffer give, bit for bit, what they give on the rounded values
-// read as float32 (and sumsq differs from the unrounded gradients', so the rounding is seen); g unchanged.
+// The gradient formats (OptRun gbf: float32, bf16 read rounded, bf16 packed; test_gen_formats): sumsq_runs
+// and adamw_runs (policy prec) on the formatted buffer give, bit for bit, what they give on the rounded
+// values read as float32 (and sumsq differs from the unrounded gradients', so the rounding is seen); g
+// unchanged.
 static void test_grad_formats(size_t N, int maxlen, int prec) {
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
     OptRun runs[4096], plain[4096];
@@ -1455,7 +1919,11 @@ static void test_grad_formats(size_t N, int maxlen, int prec) {
     fill_normal(gf, N, 0.1f);
     size_t changed = test_gen_formats(&R, runs, nr, gf, gx, gr, N);
     memcpy(g0, gx, sizeof(float) * N);
-    for (int i = 0; i < nr; i++) { plain[i] = runs[i]; plain[i].gbf = OPTG_F32; plain[i].gb = 0; }
+    for (int i = 0; i < nr; i++) {
+        plain[i] = runs[i];
+        plain[i].gbf = OPTG_F32;
+        plain[i].gb = 0;
+    }
     OptRuns *h = be->runs_create(runs, nr), *hp = be->runs_create(plain, nr);
     double a[3], b[3], c[3];
     be->sumsq_runs(a, 3, gx, h);
@@ -1464,14 +1932,17 @@ static void test_grad_formats(size_t N, int maxlen, int prec) {
     char lab[128];
     snprintf(lab, sizeof lab, "grad formats N=%zu, %d runs (%zu elements rounded)", N, nr, changed);
     EXPECT(changed > 0, "%s: no element changed by its rounding (the test sees nothing)", lab);
-    EXPECT(!memcmp(a, b, sizeof a), "%s: sumsq_runs %.17g %.17g %.17g, on the rounded float32 %.17g %.17g %.17g", lab,
-           a[0], a[1], a[2], b[0], b[1], b[2]);
-    EXPECT(memcmp(a, c, sizeof a), "%s: sumsq_runs the same as the unrounded gradients' (formats ignored?)", lab);
+    EXPECT(!memcmp(a, b, sizeof a),
+           "%s: sumsq_runs %.17g %.17g %.17g, on the rounded float32 %.17g %.17g %.17g", lab, a[0], a[1],
+           a[2], b[0], b[1], b[2]);
+    EXPECT(memcmp(a, c, sizeof a), "%s: sumsq_runs the same as the unrounded gradients' (formats ignored?)",
+           lab);
     size_t es = prec == OPT_MIXED ? 4 : 2;
     float *p1 = fnew(N), *p2 = fnew(N);
     void *m1 = calloc(M + 1, es), *v1 = calloc(M + 1, es), *m2 = calloc(M + 1, es), *v2 = calloc(M + 1, es);
     fill_normal(p1, N, 1);
-    if (prec != OPT_MIXED) for (size_t i = 0; i < N; i++) p1[i] = bf16_to_f32(bf16_rn_bits(p1[i]));
+    if (prec != OPT_MIXED)
+        for (size_t i = 0; i < N; i++) p1[i] = bf16_to_f32(bf16_rn_bits(p1[i]));
     memcpy(p2, p1, sizeof(float) * N);
     for (int t = 1; t <= 2; t++) {
         be->adamw_runs(p1, gx, m1, v1, h, 0.37f, lr, b1, b2, eps, wd, t, prec, 7);
@@ -1483,7 +1954,16 @@ static void test_grad_formats(size_t N, int maxlen, int prec) {
     EXPECT(!memcmp(gx, g0, sizeof(float) * N), "%s: g changed", lab);
     be->runs_free(h);
     be->runs_free(hp);
-    free(gf); free(gx); free(gr); free(g0); free(p1); free(p2); free(m1); free(v1); free(m2); free(v2);
+    free(gf);
+    free(gx);
+    free(gr);
+    free(g0);
+    free(p1);
+    free(p2);
+    free(m1);
+    free(v1);
+    free(m2);
+    free(v2);
 }
 
 // bf16 weight gradients are written once, never accumulated: the op refuses GM_DW_BF16 without GM_DW_WRITE,
@@ -1500,15 +1980,16 @@ static void die_packed_accumulate_moe(void *arg) {
     moe_dw_flags(&g, 1);
 }
 static void test_packed_refusals(void) {
-    expect_death_msg("GM_DW_BF16 without GM_DW_WRITE", die_packed_accumulate_op, NULL, "GM_DW_BF16 without GM_DW_WRITE",
-                     "never accumulated", 1);
+    expect_death_msg("GM_DW_BF16 without GM_DW_WRITE", die_packed_accumulate_op, NULL,
+                     "GM_DW_BF16 without GM_DW_WRITE", "never accumulated", 1);
     expect_death_msg("an accumulation into packed expert gradients", die_packed_accumulate_moe, NULL,
                      "an accumulation into bf16 expert gradients", "written once a step", 1);
     MoeGrads g = {.packed = 1, .fresh = 1};
     EXPECT(moe_dw_flags(&g, 1) == (GM_DW_WRITE | GM_DW_BF16), "moe_dw_flags: packed and fresh gives %d",
            moe_dw_flags(&g, 1));
     MoeGrads f = {.packed = 0, .fresh = 0};
-    EXPECT(moe_dw_flags(&f, 1) == 0 && moe_dw_flags(&f, 0) == 0, "moe_dw_flags: an accumulation into float32 gives flags");
+    EXPECT(moe_dw_flags(&f, 1) == 0 && moe_dw_flags(&f, 0) == 0,
+           "moe_dw_flags: an accumulation into float32 gives flags");
 }
 
 static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
@@ -1524,7 +2005,7 @@ static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
     float *g0 = fcopy(g, N);
     float *p2 = fcopy(p, N), *g2 = fcopy(g, N), *m2 = fcopy(m, M), *v2 = fcopy(v, M);
     double *pr = dnew(N), *pm = dnew(N), *mr = dnew(M), *mm = dnew(M), *vr = dnew(M), *vm = dnew(M);
-    for (size_t i = 0; i < N; i++) pr[i] = p[i], pm[i] = 0;   // untouched: exactly itself
+    for (size_t i = 0; i < N; i++) pr[i] = p[i], pm[i] = 0; // untouched: exactly itself
     double c1 = 1 - pow(b1, t), c2 = 1 - pow(b2, t);
     for (int r = 0; r < nr; r++) {
         for (int64_t j = 0; j < runs[r].n; j++) {
@@ -1542,8 +2023,8 @@ static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
         // the unfused sequence
         float *gs = g2 + runs[r].off;
         if (gscale != 1.0f) oracle_scale(gs, gscale, (size_t)runs[r].n);
-        oracle_adamw(p2 + runs[r].off, gs, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr, b1, b2, eps,
-                     runs[r].decay ? wd : 0.0f, t);
+        oracle_adamw(p2 + runs[r].off, gs, m2 + runs[r].moff, v2 + runs[r].moff, (size_t)runs[r].n, lr, b1,
+                     b2, eps, runs[r].decay ? wd : 0.0f, t);
     }
     OptRuns *h = be->runs_create(runs, nr);
     be->adamw_runs(p, g, m, v, h, gscale, lr, b1, b2, eps, wd, t, OPT_MIXED, 0);
@@ -1559,8 +2040,21 @@ static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
     check_arr(lab, v, vr, vm, M, FWD_RTOL, 1e-30);
     check_exact(lab, v, v2, M);
     check_exact("adamw_runs leaves g unchanged", g, g0, N);
-    free(p); free(g); free(m); free(v); free(g0);
-    free(p2); free(g2); free(m2); free(v2); free(pr); free(pm); free(mr); free(mm); free(vr); free(vm);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(g0);
+    free(p2);
+    free(g2);
+    free(m2);
+    free(v2);
+    free(pr);
+    free(pm);
+    free(mr);
+    free(mm);
+    free(vr);
+    free(vm);
 }
 
 // dropout: about p of the elements zeroed (within 4 sigma), the others scaled by exactly 1/(1-p); the mask
@@ -1571,23 +2065,29 @@ static void test_dropout(void) {
     float p = 0.25f, sc = 1.0f / (1.0f - p);
     size_t n = (size_t)B * T * C;
     float *x = malloc(n * sizeof(float)), *a = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) x[i] = (float)(rng_uniform(&R) + 0.5);   // never 0
+    for (size_t i = 0; i < n; i++) x[i] = (float)(rng_uniform(&R) + 0.5); // never 0
     memcpy(a, x, n * sizeof(float));
     be->dropout(a, B, T, 0, T, C, p, 99, 1000);
     size_t zeros = 0, bad = 0;
-    for (size_t i = 0; i < n; i++) { if (a[i] == 0) zeros++; else if (a[i] != x[i] * sc) bad++; }
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] == 0) zeros++;
+        else if (a[i] != x[i] * sc) bad++;
+    }
     double sd = sqrt(n * p * (1 - p));
-    EXPECT(fabs(zeros - n * p) <= 4 * sd, "dropout p=%g: %zu of %zu zeroed (expected %.0f +- %.0f)", p, zeros, n, n * p, 4 * sd);
+    EXPECT(fabs(zeros - n * p) <= 4 * sd, "dropout p=%g: %zu of %zu zeroed (expected %.0f +- %.0f)", p, zeros,
+           n, n * p, 4 * sd);
     EXPECT(bad == 0, "dropout: %zu kept elements not scaled by exactly 1/(1-p)", bad);
     // sequence chunks [0, 7) and [7, T): rows of each chunk in (b, t) order
     int cut = 7;
     for (int part = 0; part < 2; part++) {
         int t0 = part ? cut : 0, t1 = part ? T : cut, k = t1 - t0;
-        for (int b = 0; b < B; b++) memcpy(y + (size_t)b * k * C, x + ((size_t)b * T + t0) * C, (size_t)k * C * sizeof(float));
+        for (int b = 0; b < B; b++)
+            memcpy(y + (size_t)b * k * C, x + ((size_t)b * T + t0) * C, (size_t)k * C * sizeof(float));
         be->dropout(y, B, T, t0, t1, C, p, 99, 1000);
         int same = 1;
         for (int b = 0; b < B; b++)
-            same &= !memcmp(y + (size_t)b * k * C, a + ((size_t)b * T + t0) * C, (size_t)k * C * sizeof(float));
+            same &=
+                !memcmp(y + (size_t)b * k * C, a + ((size_t)b * T + t0) * C, (size_t)k * C * sizeof(float));
         EXPECT(same, "dropout over rows [%d, %d) differs from the call over [0, %d)", t0, t1, T);
     }
     // each sequence alone at its global row0 (a DP rank's share)
@@ -1601,7 +2101,9 @@ static void test_dropout(void) {
     memcpy(y, x, n * sizeof(float));
     be->dropout(y, B, T, 0, T, C, p, 98, 1000);
     EXPECT(memcmp(y, a, n * sizeof(float)) != 0, "dropout: another seed gave the same mask");
-    free(x); free(a); free(y);
+    free(x);
+    free(a);
+    free(y);
 }
 
 // ops.h attention_ds_bytes against a count of what the dq kernel reads: for each query tile of 64 rows
@@ -1609,14 +2111,15 @@ static void test_dropout(void) {
 // 8 KiB each, per sequence and head; 0 at other head dims and for empty ranges. (The default cap, 1024
 // MiB, is above every case here; moe info's use of it is checked in test_cli_errors.sh.)
 static void test_attention_ds_bytes(void) {
-    int cases[][4] = {{1, 64, 0, 64}, {2, 130, 0, 130}, {2, 130, 65, 130}, {1, 2048, 1024, 2048}, {3, 97, 33, 70},
-                      {1, 5, 0, 5}, {4, 2048, 0, 2048}};
+    int cases[][4] = {{1, 64, 0, 64},  {2, 130, 0, 130}, {2, 130, 65, 130}, {1, 2048, 1024, 2048},
+                      {3, 97, 33, 70}, {1, 5, 0, 5},     {4, 2048, 0, 2048}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int B = cases[c][0], T = cases[c][1], t0 = cases[c][2], t1 = cases[c][3], H = 3;
         size_t tiles = 0;
         for (int q0 = t0; q0 < t1; q0 += 64) tiles += (size_t)((q0 + 63) / 64 + 1);
         size_t want = (size_t)B * H * tiles * 64 * 64 * 2, got = attention_ds_bytes(B, T, H, 128, t0, t1);
-        EXPECT(got == want, "attention_ds_bytes(B %d, T %d, [%d, %d)): %zu, want %zu", B, T, t0, t1, got, want);
+        EXPECT(got == want, "attention_ds_bytes(B %d, T %d, [%d, %d)): %zu, want %zu", B, T, t0, t1, got,
+               want);
     }
     EXPECT(attention_ds_bytes(2, 130, 3, 64, 0, 130) == 0, "attention_ds_bytes at head dim 64: not 0");
     EXPECT(attention_ds_bytes(2, 130, 3, 128, 40, 40) == 0, "attention_ds_bytes of an empty range: not 0");
@@ -1633,26 +2136,26 @@ int main(void) {
     test_grouped_matmul();
     test_embedding();
     test_rmsnorm();
-    test_rmsnorm_split(6, 48, 24);    // two ranks' halves (tp 2: H*hd = 48 of 2 x 24)
-    test_rmsnorm_split(3, 40, 8);     // unequal parts
+    test_rmsnorm_split(6, 48, 24); // two ranks' halves (tp 2: H*hd = 48 of 2 x 24)
+    test_rmsnorm_split(3, 40, 8); // unequal parts
     test_rope(2, 5, 3, 8, 10000.0f);
     test_rope(1, 7, 2, 4, 100.0f);
     test_dropout();
-    test_attention(2, 5, 4, 2, 4);    // GQA
-    test_attention(1, 6, 3, 3, 8);    // MHA
-    test_attention(1, 4, 2, 1, 6);    // MQA
-    test_attention(2, 1, 2, 1, 4);    // T = 1: out = v
+    test_attention(2, 5, 4, 2, 4); // GQA
+    test_attention(1, 6, 3, 3, 8); // MHA
+    test_attention(1, 4, 2, 1, 6); // MQA
+    test_attention(2, 1, 2, 1, 4); // T = 1: out = v
     test_attention_chunks(2, 12, 4, 2, 8, 2);
-    test_attention_chunks(2, 13, 4, 2, 8, 4);   // uneven chunks
-    test_attention_chunks(1, 5, 2, 1, 4, 5);    // one row each
+    test_attention_chunks(2, 13, 4, 2, 8, 4); // uneven chunks
+    test_attention_chunks(1, 5, 2, 1, 4, 5); // one row each
     test_swiglu();
     test_rows();
     test_combine_rows(9, 3, 5, 20);
-    test_combine_rows(6, 8, 33, 30);   // k = 8: the unrolled slot loop's width on the GPU
+    test_combine_rows(6, 8, 33, 30); // k = 8: the unrolled slot loop's width on the GPU
     test_combine_rows(4, 1, 7, 4);
     test_router_ops(37, 8, 2, 1);
     test_plan_ops(300, 8, 2, -1);
-    test_plan_ops(300, 8, 2, 40);     // capacity: drops
+    test_plan_ops(300, 8, 2, 40); // capacity: drops
     test_plan_ops(200, 64, 8, -1);
     test_plan_ops(200, 64, 8, 20);
     test_router_ops(20, 64, 8, 0);
@@ -1662,11 +2165,11 @@ int main(void) {
     test_adamw(1, 0.1f, 1, 0);
     test_adamw(5, 0.1f, 0, 0);
     test_adamw(3, 0.0f, 0, 0);
-    test_adamw(1, 0.1f, 1, 1);        // g = 0: pure decoupled decay
+    test_adamw(1, 0.1f, 1, 1); // g = 0: pure decoupled decay
     test_sumsq_runs(3000, 200, 3);
-    test_sumsq_runs(50000, 20000, 9);  // runs over several of sumsq's chunks; ZeRO-2's 9 classes
+    test_sumsq_runs(50000, 20000, 9); // runs over several of sumsq's chunks; ZeRO-2's 9 classes
     test_adamw_runs(3000, 200, 0.37f, 1);
-    test_adamw_runs(3000, 200, 1.0f, 4);   // no clipping: g exactly
+    test_adamw_runs(3000, 200, 1.0f, 4); // no clipping: g exactly
     test_adamw_runs(20000, 5000, 1e-3f, 2);
     test_bf16_rounding();
     test_sr_bits_even();

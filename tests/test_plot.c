@@ -80,13 +80,16 @@ static void check_png(const char *dir, const char *name, uint32_t min_w, uint32_
 
 // Synthetic run: loss decays, aux/z wiggle, expert 0 of each layer starts hot and evens out.
 // Steps from first to last (inclusive) every `every` of a `total`-step run; eval lines every `val_every`.
-static void write_metrics(FILE *f, int first, int last, int total, int every, int val_every, int L, int E, double phase) {
+static void write_metrics(FILE *f, int first, int last, int total, int every, int val_every, int L, int E,
+                          double phase) {
     for (int s = first; s <= last; s += every) {
         double t = (double)s / total;
-        fprintf(f, "{\"step\":%d,\"loss\":%.5f,\"aux_loss\":%.5f,\"z_loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.4f,"
-                   "\"tokens_per_s\":%.1f,\"phase\":\"train\",\"expert_load\":[",
-                s, 2.0 + 6.0 * exp(-4.0 * t) + 0.15 * sin(0.7 * s + phase), 1.0 + 0.3 * exp(-3.0 * t) + 0.02 * sin(0.3 * s),
-                0.05 * exp(-2.0 * t) + 0.002 * cos(0.5 * s), 3e-4 * (1 - t), 1.0 + 0.2 * sin(0.1 * s), 12345.0 + s);
+        fprintf(f,
+                "{\"step\":%d,\"loss\":%.5f,\"aux_loss\":%.5f,\"z_loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.4f,"
+                "\"tokens_per_s\":%.1f,\"phase\":\"train\",\"expert_load\":[",
+                s, 2.0 + 6.0 * exp(-4.0 * t) + 0.15 * sin(0.7 * s + phase),
+                1.0 + 0.3 * exp(-3.0 * t) + 0.02 * sin(0.3 * s), 0.05 * exp(-2.0 * t) + 0.002 * cos(0.5 * s),
+                3e-4 * (1 - t), 1.0 + 0.2 * sin(0.1 * s), 12345.0 + s);
         for (int l = 0; l < L; l++) {
             fprintf(f, "%s[", l ? "," : "");
             for (int e = 0; e < E; e++) {
@@ -102,7 +105,8 @@ static void write_metrics(FILE *f, int first, int last, int total, int every, in
 }
 
 int main(void) {
-    if (system("command -v gnuplot >/dev/null 2>&1") != 0) TEST_SKIP("gnuplot not installed (apt-get install gnuplot-nox)");
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0)
+        TEST_SKIP("gnuplot not installed (apt-get install gnuplot-nox)");
     const char *keep = getenv("TEST_PLOT_KEEP");
 
     // 1. 50 steps, 2 layers x 4 experts, val lines, a garbage line, an empty line, a non-object line.
@@ -120,7 +124,8 @@ int main(void) {
     check_png(dir1, "loss.png", 400, 300);
     check_png(dir1, "expert_load.png", 400, 300);
     EXPECT(!has_tmp_file(dir1), ".tmp file left in %s", dir1);
-    EXPECT(count_entries(dir1) == 3, "%s has %d entries, expected metrics.jsonl + 2 PNGs", dir1, count_entries(dir1));
+    EXPECT(count_entries(dir1) == 3, "%s has %d entries, expected metrics.jsonl + 2 PNGs", dir1,
+           count_entries(dir1));
     // Running again overwrites in place.
     EXPECT(plot_run(dir1) == 0, "second plot_run on %s failed", dir1);
     EXPECT(count_entries(dir1) == 3, "%s has %d entries after rerun", dir1, count_entries(dir1));
@@ -131,7 +136,7 @@ int main(void) {
     mpath = join(dir2, "metrics.jsonl");
     f = xfopen(mpath, "w");
     write_metrics(f, 0, 6000, 10000, 5, 500, 4, 8, 0.0);
-    write_metrics(f, 5000, 9995, 10000, 5, 500, 4, 8, 1.0);   // resumed from step 5000
+    write_metrics(f, 5000, 9995, 10000, 5, 500, 4, 8, 1.0); // resumed from step 5000
     xfclose(f, mpath);
     free(mpath);
     EXPECT(plot_run(dir2) == 0, "plot_run on %s failed", dir2);
@@ -158,7 +163,10 @@ int main(void) {
     EXPECT(plot_run("/tmp/test_plot_does_not_exist_dir") == -1, "plot_run on a missing dir should fail");
 
     if (keep) printf("kept: %s %s\n", dir1, dir2);
-    else { rm_dir(dir1); rm_dir(dir2); }
+    else {
+        rm_dir(dir1);
+        rm_dir(dir2);
+    }
     rm_dir(dir3);
     return test_done("test_plot");
 }

@@ -20,14 +20,17 @@
 static Rng R;
 
 static float *fnew(size_t n) { return xcalloc(n ? n : 1, sizeof(float)); }
-static void fill_normal(float *x, size_t n, float sd) { for (size_t i = 0; i < n; i++) x[i] = sd * rng_normal(&R); }
+static void fill_normal(float *x, size_t n, float sd) {
+    for (size_t i = 0; i < n; i++) x[i] = sd * rng_normal(&R);
+}
 static double dot_dd(const float *a, const float *b, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
     return s;
 }
 static int all_finite(const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) if (!isfinite(x[i])) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
     return 1;
 }
 
@@ -35,20 +38,27 @@ static int all_finite(const float *x, size_t n) {
 static void order_desc_f(const float *p, int E, int *ord) {
     for (int e = 0; e < E; e++) {
         int i = e;
-        while (i > 0 && p[ord[i - 1]] < p[e]) { ord[i] = ord[i - 1]; i--; }
+        while (i > 0 && p[ord[i - 1]] < p[e]) {
+            ord[i] = ord[i - 1];
+            i--;
+        }
         ord[i] = e;
     }
 }
 static void order_desc_d(const double *p, int E, int *ord) {
     for (int e = 0; e < E; e++) {
         int i = e;
-        while (i > 0 && p[ord[i - 1]] < p[e]) { ord[i] = ord[i - 1]; i--; }
+        while (i > 0 && p[ord[i - 1]] < p[e]) {
+            ord[i] = ord[i - 1];
+            i--;
+        }
         ord[i] = e;
     }
 }
 static void softmax_d(const float *x, int E, double *p, double *lse) {
     double mx = -INFINITY, s = 0;
-    for (int e = 0; e < E; e++) if (x[e] > mx) mx = x[e];
+    for (int e = 0; e < E; e++)
+        if (x[e] > mx) mx = x[e];
     for (int e = 0; e < E; e++) s += exp((double)x[e] - mx);
     for (int e = 0; e < E; e++) p[e] = exp((double)x[e] - mx) / s;
     *lse = mx + log(s);
@@ -68,7 +78,7 @@ static void check_topk(const char *label, const float *logits, int N, int E, int
         softmax_d(logits + t * E, E, pd, &l);
         for (int e = 0; e < E; e++) {
             s += p[e];
-            bad_p += !(fabs(p[e] - pd[e]) <= 2e-6 * pd[e] + 1e-30);   // float softmax: ~1e-7 relative
+            bad_p += !(fabs(p[e] - pd[e]) <= 2e-6 * pd[e] + 1e-30); // float softmax: ~1e-7 relative
         }
         bad_sum += !(fabs(s - 1.0) <= 1e-5);
         bad_lse += !(fabs(lse[t] - l) <= 2e-6 * (fabs(l) + 1));
@@ -81,17 +91,23 @@ static void check_topk(const char *label, const float *logits, int N, int E, int
             float wj = w[t * k + j];
             ws += wj;
             if (renorm) bad_w += !(fabs(wj - p[ord[j]] / S) <= 2e-6 * (p[ord[j]] / S));
-            else bad_w += !(wj == p[ord[j]]);   // without renormalisation: exactly the probs
+            else bad_w += !(wj == p[ord[j]]); // without renormalisation: exactly the probs
         }
         if (renorm) bad_wsum += !(fabs(ws - 1.0) <= 2e-6 * k);
     }
     EXPECT(!bad_p, "[%s] %d probs differ from a double softmax", label, bad_p);
     EXPECT(!bad_sum, "[%s] %d rows of probs do not sum to 1", label, bad_sum);
     EXPECT(!bad_lse, "[%s] %d lse differ from a double logsumexp", label, bad_lse);
-    EXPECT(!bad_idx, "[%s] %d top-k indices are not the k largest probs (desc, ties to lower index)", label, bad_idx);
+    EXPECT(!bad_idx, "[%s] %d top-k indices are not the k largest probs (desc, ties to lower index)", label,
+           bad_idx);
     EXPECT(!bad_w, "[%s] %d weights wrong (%s)", label, bad_w, renorm ? "p/sum of top-k p" : "== probs");
     EXPECT(!bad_wsum, "[%s] %d rows of renormalised weights do not sum to 1", label, bad_wsum);
-    free(probs); free(lse); free(w); free(idx); free(pd); free(ord);
+    free(probs);
+    free(lse);
+    free(w);
+    free(idx);
+    free(pd);
+    free(ord);
 }
 
 static void test_topk(void) {
@@ -113,16 +129,18 @@ static void test_topk(void) {
         }
     // exact ties: equal logits give bit-equal probs; the lower index must win
     const float tie[3][6] = {{1, 3, 3, 1, 3, 0}, {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f}, {-2, 7, -2, 7, 7, 7}};
-    const int32_t want3[3][3] = {{1, 2, 4}, {0, 1, 2}, {1, 3, 4}}, want4[3][4] = {{1, 2, 4, 0}, {0, 1, 2, 3}, {1, 3, 4, 5}};
+    const int32_t want3[3][3] = {{1, 2, 4}, {0, 1, 2}, {1, 3, 4}},
+                  want4[3][4] = {{1, 2, 4, 0}, {0, 1, 2, 3}, {1, 3, 4, 5}};
     float probs[18], lse[3], w[12];
     int32_t idx[12];
     router_topk(&tie[0][0], 3, 6, 3, 1, probs, lse, idx, w);
-    EXPECT(!memcmp(idx, want3, sizeof want3), "ties k=3: got %d %d %d | %d %d %d | %d %d %d", idx[0], idx[1], idx[2],
-           idx[3], idx[4], idx[5], idx[6], idx[7], idx[8]);
-    EXPECT(w[3] == w[4] && w[4] == w[5] && fabsf(w[3] - 1.0f / 3) < 1e-7f, "ties: equal weights 1/3, got %g %g %g", w[3], w[4], w[5]);
+    EXPECT(!memcmp(idx, want3, sizeof want3), "ties k=3: got %d %d %d | %d %d %d | %d %d %d", idx[0], idx[1],
+           idx[2], idx[3], idx[4], idx[5], idx[6], idx[7], idx[8]);
+    EXPECT(w[3] == w[4] && w[4] == w[5] && fabsf(w[3] - 1.0f / 3) < 1e-7f,
+           "ties: equal weights 1/3, got %g %g %g", w[3], w[4], w[5]);
     router_topk(&tie[0][0], 3, 6, 4, 0, probs, lse, idx, w);
-    EXPECT(!memcmp(idx, want4, sizeof want4), "ties k=4: got %d %d %d %d | %d %d %d %d | %d %d %d %d", idx[0], idx[1],
-           idx[2], idx[3], idx[4], idx[5], idx[6], idx[7], idx[8], idx[9], idx[10], idx[11]);
+    EXPECT(!memcmp(idx, want4, sizeof want4), "ties k=4: got %d %d %d %d | %d %d %d %d | %d %d %d %d", idx[0],
+           idx[1], idx[2], idx[3], idx[4], idx[5], idx[6], idx[7], idx[8], idx[9], idx[10], idx[11]);
     check_topk("topk ties", &tie[0][0], 3, 6, 4, 1);
     // k = E: every expert, a permutation sorted by prob; renormalised weights == probs
     float lg[2 * 5];
@@ -130,14 +148,20 @@ static void test_topk(void) {
     router_topk(lg, 2, 5, 5, 1, probs, lse, idx, w);
     int bad = 0;
     for (int t = 0; t < 2; t++)
-        for (int j = 0; j < 5; j++) bad += !(fabsf(w[t * 5 + j] - probs[t * 5 + idx[t * 5 + j]]) <= 2e-6f * probs[t * 5 + idx[t * 5 + j]]);
+        for (int j = 0; j < 5; j++)
+            bad += !(fabsf(w[t * 5 + j] - probs[t * 5 + idx[t * 5 + j]]) <=
+                     2e-6f * probs[t * 5 + idx[t * 5 + j]]);
     EXPECT(!bad, "k=E renorm: weights must equal probs (%d differ)", bad);
 }
 
 // ---------------------------------------------------------------- dispatch plan
 // Brute force, written independently of plan_build's loops: for each expert in turn, walk the
 // priority order (slot j outer, token t inner) and keep the first `cap`.
-typedef struct { int64_t counts[64], off[65]; int32_t rt[4096], rs[4096], sr[4096]; int M, dropped; } RefPlan;
+typedef struct {
+    int64_t counts[64], off[65];
+    int32_t rt[4096], rs[4096], sr[4096];
+    int M, dropped;
+} RefPlan;
 static void plan_ref(RefPlan *r, const int32_t *idx, int N, int E, int k, int cap) {
     r->M = 0;
     for (int e = 0; e < E; e++) {
@@ -148,7 +172,10 @@ static void plan_ref(RefPlan *r, const int32_t *idx, int N, int E, int k, int ca
                 if (idx[t * k + j] != e) continue;
                 r->counts[e]++;
                 if (cap < 0 || r->counts[e] <= cap) {
-                    r->rt[r->M] = t; r->rs[r->M] = j; r->sr[t * k + j] = r->M; r->M++;
+                    r->rt[r->M] = t;
+                    r->rs[r->M] = j;
+                    r->sr[t * k + j] = r->M;
+                    r->M++;
                 } else {
                     r->sr[t * k + j] = -1;
                 }
@@ -158,7 +185,8 @@ static void plan_ref(RefPlan *r, const int32_t *idx, int N, int E, int k, int ca
     r->dropped = N * k - r->M;
 }
 
-static int check_plan(const char *label, const DispatchPlan *p, const int32_t *idx, int N, int E, int k, int cap) {
+static int check_plan(const char *label, const DispatchPlan *p, const int32_t *idx, int N, int E, int k,
+                      int cap) {
     int f0 = t_failures;
     static RefPlan r;
     plan_ref(&r, idx, N, E, k, cap);
@@ -187,7 +215,10 @@ static int check_plan(const char *label, const DispatchPlan *p, const int32_t *i
     for (int e = 0; e < E; e++)
         for (int64_t rr = p->off[e]; rr < p->off[e + 1] && rr < p->M; rr++) {
             int t = p->row_tok[rr], j = p->row_slot[rr];
-            if (t < 0 || t >= N || j < 0 || j >= k) { bad_sort++; continue; }
+            if (t < 0 || t >= N || j < 0 || j >= k) {
+                bad_sort++;
+                continue;
+            }
             bad_sort += idx[t * k + j] != e;
             if (rr > p->off[e]) {
                 int t0 = p->row_tok[rr - 1], j0 = p->row_slot[rr - 1];
@@ -196,7 +227,8 @@ static int check_plan(const char *label, const DispatchPlan *p, const int32_t *i
             bad_inv += p->slot_row[t * k + j] != rr;
         }
     EXPECT(!bad_sort, "[%s] %d rows not in their expert's range", label, bad_sort);
-    EXPECT(!bad_prio, "[%s] %d rows out of priority order (slot 0 of all tokens, then slot 1, ...)", label, bad_prio);
+    EXPECT(!bad_prio, "[%s] %d rows out of priority order (slot 0 of all tokens, then slot 1, ...)", label,
+           bad_prio);
     EXPECT(!bad_inv, "[%s] %d rows where slot_row[row_tok, row_slot] != row", label, bad_inv);
     // slot_row -> row -> (tok, slot) is the identity; -1 exactly for the dropped ones, and those are the
     // last ones in priority order (every kept assignment of the expert comes before every dropped one)
@@ -213,17 +245,19 @@ static int check_plan(const char *label, const DispatchPlan *p, const int32_t *i
                     int tq = p->row_tok[q], jq = p->row_slot[q];
                     bad_first += !(jq < j || (jq == j && tq < t));
                 }
-                bad_first += p->off[e + 1] - p->off[e] != cap;   // dropped only when the expert is full
+                bad_first += p->off[e + 1] - p->off[e] != cap; // dropped only when the expert is full
                 continue;
             }
             bad_inv += rr >= p->M || p->row_tok[rr] != t || p->row_slot[rr] != j;
         }
     EXPECT(!bad_inv, "[%s] %d assignments where row_tok/row_slot[slot_row] != (t, j)", label, bad_inv);
     EXPECT(ndrop == p->dropped, "[%s] %d slot_row == -1 but dropped = %d", label, ndrop, p->dropped);
-    EXPECT(!bad_first, "[%s] %d violations: a dropped assignment precedes a kept one, or its expert is not full", label,
+    EXPECT(!bad_first,
+           "[%s] %d violations: a dropped assignment precedes a kept one, or its expert is not full", label,
            bad_first);
     // and exactly the brute force
-    EXPECT(!memcmp(p->row_tok, r.rt, sizeof(int32_t) * r.M) && !memcmp(p->row_slot, r.rs, sizeof(int32_t) * r.M) &&
+    EXPECT(!memcmp(p->row_tok, r.rt, sizeof(int32_t) * r.M) &&
+               !memcmp(p->row_slot, r.rs, sizeof(int32_t) * r.M) &&
                !memcmp(p->slot_row, r.sr, sizeof(int32_t) * N * k),
            "[%s] plan differs from the brute-force plan", label);
     return t_failures - f0;
@@ -236,9 +270,13 @@ static void random_idx(int32_t *idx, int N, int E, int k, int skew) {
     fill_normal(lg, N * E, 1);
     if (skew)
         for (int t = 0; t < N; t++)
-            for (int e = 0; e < E; e++) lg[t * E + e] += e == E - 1 && k < E ? -100.0f : 2.0f * (e == 0) + 1.0f * (e == 1);
+            for (int e = 0; e < E; e++)
+                lg[t * E + e] += e == E - 1 && k < E ? -100.0f : 2.0f * (e == 0) + 1.0f * (e == 1);
     router_topk(lg, N, E, k, 1, probs, lse, idx, w);
-    free(lg); free(probs); free(lse); free(w);
+    free(lg);
+    free(probs);
+    free(lse);
+    free(w);
 }
 
 static void test_plan(void) {
@@ -249,7 +287,7 @@ static void test_plan(void) {
             int E = Es[a], k = ks[b];
             if (k > E) continue;
             DispatchPlan p;
-            plan_alloc(&p, maxN, E, k);   // one plan reused for every build below (stale state must not leak)
+            plan_alloc(&p, maxN, E, k); // one plan reused for every build below (stale state must not leak)
             int32_t idx[40 * 8];
             for (int ni = 0; ni < 4; ni++)
                 for (int skew = 0; skew < 2; skew++) {
@@ -258,11 +296,13 @@ static void test_plan(void) {
                     int caps[] = {-1, 0, 1, 3, N * k / E, N * k};
                     for (int ci = 0; ci < 6; ci++) {
                         char lab[96];
-                        snprintf(lab, sizeof lab, "plan N=%d E=%d k=%d skew=%d cap=%d", N, E, k, skew, caps[ci]);
+                        snprintf(lab, sizeof lab, "plan N=%d E=%d k=%d skew=%d cap=%d", N, E, k, skew,
+                                 caps[ci]);
                         plan_build(&p, idx, N, E, k, caps[ci]);
                         check_plan(lab, &p, idx, N, E, k, caps[ci]);
-                        if (skew && k < E) EXPECT(p.off[E - 1] == p.off[E] && p.counts[E - 1] == 0,
-                                                  "[%s] expert E-1 has no tokens: off[e] == off[e+1]", lab);
+                        if (skew && k < E)
+                            EXPECT(p.off[E - 1] == p.off[E] && p.counts[E - 1] == 0,
+                                   "[%s] expert E-1 has no tokens: off[e] == off[e+1]", lab);
                     }
                 }
             plan_free(&p);
@@ -280,14 +320,15 @@ static void test_plan(void) {
         DispatchPlan p;
         plan_alloc(&p, 4, 3, 2);
         plan_build(&p, idx, 4, 3, 2, 2);
-        EXPECT(!memcmp(p.counts, counts, sizeof counts), "hand case counts %lld %lld %lld", (long long)p.counts[0],
-               (long long)p.counts[1], (long long)p.counts[2]);
+        EXPECT(!memcmp(p.counts, counts, sizeof counts), "hand case counts %lld %lld %lld",
+               (long long)p.counts[0], (long long)p.counts[1], (long long)p.counts[2]);
         EXPECT(!memcmp(p.off, off, sizeof off), "hand case off %lld %lld %lld %lld", (long long)p.off[0],
                (long long)p.off[1], (long long)p.off[2], (long long)p.off[3]);
         EXPECT(p.M == 5 && p.dropped == 3, "hand case M %d dropped %d (want 5, 3)", p.M, p.dropped);
         EXPECT(!memcmp(p.row_tok, rt, sizeof rt) && !memcmp(p.row_slot, rs, sizeof rs), "hand case rows");
-        EXPECT(!memcmp(p.slot_row, sr, sizeof sr), "hand case slot_row %d %d %d %d %d %d %d %d", p.slot_row[0],
-               p.slot_row[1], p.slot_row[2], p.slot_row[3], p.slot_row[4], p.slot_row[5], p.slot_row[6], p.slot_row[7]);
+        EXPECT(!memcmp(p.slot_row, sr, sizeof sr), "hand case slot_row %d %d %d %d %d %d %d %d",
+               p.slot_row[0], p.slot_row[1], p.slot_row[2], p.slot_row[3], p.slot_row[4], p.slot_row[5],
+               p.slot_row[6], p.slot_row[7]);
         check_plan("hand case", &p, idx, 4, 3, 2, 2);
         // dropless: everything kept, same order without the cut
         plan_build(&p, idx, 4, 3, 2, -1);
@@ -335,7 +376,8 @@ static void test_budget(void) {
                 int S = nS[sc];
                 const int *b = cuts[sc];
                 int64_t *all = xcalloc((size_t)S * k * E, sizeof(int64_t)), budget[k * E];
-                for (int r = 0; r < S; r++) router_slot_counts(idx + b[r] * k, b[r + 1] - b[r], E, k, all + (size_t)r * k * E);
+                for (int r = 0; r < S; r++)
+                    router_slot_counts(idx + b[r] * k, b[r + 1] - b[r], E, k, all + (size_t)r * k * E);
                 int bad = 0, kept = 0;
                 int64_t per_e[E] = {0};
                 for (int r = 0; r < S; r++) {
@@ -349,9 +391,13 @@ static void test_budget(void) {
                     }
                     for (int t = 0; t < n; t++)
                         for (int j = 0; j < k; j++) {
-                            int mine = p.slot_row[t * k + j] >= 0, single = one.slot_row[(b[r] + t) * k + j] >= 0;
+                            int mine = p.slot_row[t * k + j] >= 0,
+                                single = one.slot_row[(b[r] + t) * k + j] >= 0;
                             bad += mine != single;
-                            if (mine) { kept++; per_e[idx[(b[r] + t) * k + j]]++; }
+                            if (mine) {
+                                kept++;
+                                per_e[idx[(b[r] + t) * k + j]]++;
+                            }
                         }
                     plan_free(&p);
                 }
@@ -359,7 +405,8 @@ static void test_budget(void) {
                 for (int e = 0; e < E; e++) over += cap >= 0 && per_e[e] > cap;
                 EXPECT(!bad && kept == one.M && !over,
                        "budget S=%d cap=%d skew=%d: %d assignments kept/dropped differently from one process "
-                       "(kept %d vs %d, %d experts over capacity)", S, cap, skew, bad, kept, one.M, over);
+                       "(kept %d vs %d, %d experts over capacity)",
+                       S, cap, skew, bad, kept, one.M, over);
                 free(all);
             }
             plan_free(&one);
@@ -402,15 +449,25 @@ static void test_losses(void) {
             for (int t = 0; t < N; t++) P += probs[t * E + e];
             a += (double)counts[e] / N * P / N;
         }
-        for (int t = 0; t < N; t++) { softmax_d(lg + t * E, E, pd, &l); zz += l * l; }
+        for (int t = 0; t < N; t++) {
+            softmax_d(lg + t * E, E, pd, &l);
+            zz += l * l;
+        }
         EXPECT_NEAR(aux, E * a, 1e-12 * E * a, "aux vs its definition");
         EXPECT_NEAR(z, zz / N, 4e-6 * zz / N, "z vs mean squared logsumexp (double, from the logits)");
     }
 }
 
 // dlogits vs central differences of sum dw*w + aux_scale*aux + z_scale*z, counts (and idx) held fixed
-typedef struct { const float *lg; const float *dw; const int64_t *counts; const int32_t *idx0; int N, E, k, renorm;
-                 float as, zs; int flipped; } RbCtx;
+typedef struct {
+    const float *lg;
+    const float *dw;
+    const int64_t *counts;
+    const int32_t *idx0;
+    int N, E, k, renorm;
+    float as, zs;
+    int flipped;
+} RbCtx;
 static double rb_loss(RbCtx *c) {
     int N = c->N, E = c->E, k = c->k;
     float *probs = fnew(N * E), *lse = fnew(N), *w = fnew(N * k);
@@ -421,7 +478,10 @@ static double rb_loss(RbCtx *c) {
     router_losses(probs, lse, c->counts, N, E, &aux, &z);
     for (int i = 0; i < N * k; i++) L += (double)c->dw[i] * w[i];
     L += c->as * aux + c->zs * z;
-    free(probs); free(lse); free(w); free(idx);
+    free(probs);
+    free(lse);
+    free(w);
+    free(idx);
     return L;
 }
 
@@ -429,7 +489,7 @@ static void test_router_backward(void) {
     enum { N = 6, E = 5, k = 2 };
     const float h = 1e-2f;
     for (int renorm = 0; renorm < 2; renorm++)
-        for (int which = 0; which < 4; which++) {   // 0 aux only, 1 z only, 2 dw only, 3 all
+        for (int which = 0; which < 4; which++) { // 0 aux only, 1 z only, 2 dw only, 3 all
             float lg[N * E], probs[N * E], lse[N], w[N * k], dw[N * k], dl[N * E];
             int32_t idx[N * k];
             fill_normal(lg, N * E, 1.5f);
@@ -439,7 +499,7 @@ static void test_router_backward(void) {
             for (int i = 0; i < N * k; i++) counts[idx[i]]++;
             float as = which == 0 || which == 3 ? 0.7f : 0, zs = which == 1 || which == 3 ? 0.3f : 0;
             if (which < 2) memset(dw, 0, sizeof dw);
-            for (int i = 0; i < N * E; i++) dl[i] = NAN;   // every element must be written
+            for (int i = 0; i < N * E; i++) dl[i] = NAN; // every element must be written
             router_backward(dl, dw, probs, lse, idx, w, counts, N, E, k, renorm, as, zs);
             float lgp[N * E];
             memcpy(lgp, lg, sizeof lg);
@@ -457,19 +517,28 @@ static void test_router_backward(void) {
                 lgp[i] = xm;
                 double lm = rb_loss(&c);
                 lgp[i] = x0;
-                if (c.flipped && which >= 2) { skipped++; continue; }   // top-k changed: w not smooth here
+                if (c.flipped && which >= 2) {
+                    skipped++;
+                    continue;
+                } // top-k changed: w not smooth here
                 double fd = (lp - lm) / ((double)xp - xm);
                 // noise: float probs ~1e-7 relative in L ~ O(1) -> ~1e-5 after / 2h; truncation ~h^2
                 if (!(fabs(fd - dl[i]) <= 1e-2 * fabs(dl[i]) + 1e-3 * rms + 2e-5)) {
-                    if (first < 0) { first = i; fd_first = fd; }
+                    if (first < 0) {
+                        first = i;
+                        fd_first = fd;
+                    }
                     bad++;
                 }
             }
             const char *names[] = {"aux", "z", "dw.w", "all"};
-            EXPECT(!bad, "router_backward %s renorm=%d: %d of %d dlogits disagree with finite differences; first [%d] fd %.7g "
-                         "analytic %.7g", names[which], renorm, bad, N * E, first, fd_first, first >= 0 ? dl[first] : 0.0f);
-            EXPECT(skipped <= 4, "router_backward %s renorm=%d: %d elements skipped for top-k flips", names[which],
-                   renorm, skipped);
+            EXPECT(!bad,
+                   "router_backward %s renorm=%d: %d of %d dlogits disagree with finite differences; first "
+                   "[%d] fd %.7g "
+                   "analytic %.7g",
+                   names[which], renorm, bad, N * E, first, fd_first, first >= 0 ? dl[first] : 0.0f);
+            EXPECT(skipped <= 4, "router_backward %s renorm=%d: %d elements skipped for top-k flips",
+                   names[which], renorm, skipped);
         }
 }
 
@@ -484,19 +553,34 @@ typedef struct {
 static void case_init(Case *K, int N, int d, int f, int E, int k, int renorm, float cf, float router_sd) {
     memset(K, 0, sizeof *K);
     config_preset(&K->c, "tiny");
-    K->c.d_model = d; K->c.d_ff = f; K->c.n_experts = E; K->c.top_k = k; K->c.renormalize = renorm;
-    K->c.jitter = 0; K->c.dispatch = cf <= 0 ? DISPATCH_DROPLESS : DISPATCH_CAPACITY;
+    K->c.d_model = d;
+    K->c.d_ff = f;
+    K->c.n_experts = E;
+    K->c.top_k = k;
+    K->c.renormalize = renorm;
+    K->c.jitter = 0;
+    K->c.dispatch = cf <= 0 ? DISPATCH_DROPLESS : DISPATCH_CAPACITY;
     if (cf > 0) K->c.capacity_factor = cf;
-    K->N = N; K->cap = cf <= 0 ? -1 : capacity_for(&K->c, N);
-    K->x = fnew(N * d); K->wr = fnew(E * d);
-    K->w1 = fnew((size_t)E * f * d); K->w3 = fnew((size_t)E * f * d); K->w2 = fnew((size_t)E * d * f);
+    K->N = N;
+    K->cap = cf <= 0 ? -1 : capacity_for(&K->c, N);
+    K->x = fnew(N * d);
+    K->wr = fnew(E * d);
+    K->w1 = fnew((size_t)E * f * d);
+    K->w3 = fnew((size_t)E * f * d);
+    K->w2 = fnew((size_t)E * d * f);
     fill_normal(K->x, N * d, 1);
     fill_normal(K->wr, E * d, router_sd);
     fill_normal(K->w1, (size_t)E * f * d, 1.0f / sqrtf(d));
     fill_normal(K->w3, (size_t)E * f * d, 1.0f / sqrtf(d));
     fill_normal(K->w2, (size_t)E * d * f, 1.0f / sqrtf(f));
 }
-static void case_free(Case *K) { free(K->x); free(K->wr); free(K->w1); free(K->w3); free(K->w2); }
+static void case_free(Case *K) {
+    free(K->x);
+    free(K->wr);
+    free(K->w1);
+    free(K->w3);
+    free(K->w2);
+}
 // rig: feature 0 of every token is 1 and the router's column 0 is a per-expert bias
 static void case_bias(Case *K, const float *bias) {
     int d = K->c.d_model;
@@ -509,7 +593,8 @@ static void case_bias(Case *K, const float *bias) {
 // Also the aux and z losses over the N tokens, from the double probs and logsumexps.
 static void moe_ref(const Case *K, double *y, double *mag, int32_t *idx, int *kept, double *aux, double *z) {
     int N = K->N, d = K->c.d_model, f = K->c.d_ff, E = K->c.n_experts, k = K->c.top_k;
-    double *lg = xcalloc(E, sizeof(double)), *p = xcalloc(E, sizeof(double)), *wt = xcalloc((size_t)N * k, sizeof(double));
+    double *lg = xcalloc(E, sizeof(double)), *p = xcalloc(E, sizeof(double)),
+           *wt = xcalloc((size_t)N * k, sizeof(double));
     double *a = xcalloc(f, sizeof(double));
     int *ord = xcalloc(E, sizeof(int)), *fill = xcalloc(E, sizeof(int));
     double *P = xcalloc(E, sizeof(double)), zz = 0;
@@ -521,10 +606,16 @@ static void moe_ref(const Case *K, double *y, double *mag, int32_t *idx, int *ke
             if (lg[e] > mx) mx = lg[e];
         }
         for (int e = 0; e < E; e++) s += exp(lg[e] - mx);
-        for (int e = 0; e < E; e++) { p[e] = exp(lg[e] - mx) / s; P[e] += p[e]; }
+        for (int e = 0; e < E; e++) {
+            p[e] = exp(lg[e] - mx) / s;
+            P[e] += p[e];
+        }
         zz += (mx + log(s)) * (mx + log(s));
         order_desc_d(p, E, ord);
-        for (int j = 0; j < k; j++) { idx[t * k + j] = ord[j]; S += p[ord[j]]; }
+        for (int j = 0; j < k; j++) {
+            idx[t * k + j] = ord[j];
+            S += p[ord[j]];
+        }
         for (int j = 0; j < k; j++) wt[t * k + j] = K->c.renormalize ? p[ord[j]] / S : p[ord[j]];
     }
     *aux = 0;
@@ -563,10 +654,23 @@ static void moe_ref(const Case *K, double *y, double *mag, int32_t *idx, int *ke
                 }
         }
     }
-    free(lg); free(p); free(wt); free(a); free(ord); free(fill); free(P);
+    free(lg);
+    free(p);
+    free(wt);
+    free(a);
+    free(ord);
+    free(fill);
+    free(P);
 }
 
-typedef struct { MoeLayer m; MoeScratch s; Case *K; float *y; const float *dy; float as, zs; } MoeRun;
+typedef struct {
+    MoeLayer m;
+    MoeScratch s;
+    Case *K;
+    float *y;
+    const float *dy;
+    float as, zs;
+} MoeRun;
 static double moe_loss(MoeRun *r) {
     Case *K = r->K;
     MoeWeights W = {.router = K->wr, .w1 = K->w1, .w3 = K->w3, .w2 = K->w2};
@@ -580,14 +684,16 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
     const Backend *be = backend_cpu();
     MoeRun r;
     r.K = K;
-    MoeComms cm = {0};   // every group of one: a single process
+    MoeComms cm = {0}; // every group of one: a single process
     moe_layer_init(&r.m, be, &K->c, N, &cm);
-    r.m.host_router_out = 1;   // the checks below read the routing on the host (idx_h)
+    r.m.host_router_out = 1; // the checks below read the routing on the host (idx_h)
     moe_scratch_init(&r.s, be, &K->c, N);
     r.y = fnew(N * d);
     float *dy = fnew(N * d);
     fill_normal(dy, N * d, 1);
-    r.dy = dy; r.as = 0.2f; r.zs = 0.05f;
+    r.dy = dy;
+    r.as = 0.2f;
+    r.zs = 0.05f;
     for (int i = 0; i < N * d; i++) r.y[i] = NAN;
     double L0 = moe_loss(&r);
     // forward vs the direct per-token computation
@@ -602,12 +708,17 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
     EXPECT_NEAR(r.m.aux, aux, 1e-5 * aux, what);
     snprintf(what, sizeof what, "[%s] z loss of the layer vs mean lse^2 in double", label);
     EXPECT_NEAR(r.m.z, z, 1e-5 * z + 1e-9, what);
-    EXPECT(!memcmp(idx, r.m.idx_h, sizeof(int32_t) * N * k), "[%s] routing differs from the double-precision top-k", label);
+    EXPECT(!memcmp(idx, r.m.idx_h, sizeof(int32_t) * N * k),
+           "[%s] routing differs from the double-precision top-k", label);
     int bad = 0, first = -1, ndropped_tok = 0, bad_zero = 0;
     for (int i = 0; i < N * d; i++)
-        if (!(fabs(r.y[i] - yr[i]) <= 1e-4 * ym[i] + 1e-7)) { if (first < 0) first = i; bad++; }
-    EXPECT(!bad, "[%s] moe_forward y: %d of %d differ from sum_j w_j expert_j(x); first [%d] got %.8g want %.8g", label,
-           bad, N * d, first, first >= 0 ? r.y[first] : 0.0, first >= 0 ? yr[first] : 0.0);
+        if (!(fabs(r.y[i] - yr[i]) <= 1e-4 * ym[i] + 1e-7)) {
+            if (first < 0) first = i;
+            bad++;
+        }
+    EXPECT(!bad,
+           "[%s] moe_forward y: %d of %d differ from sum_j w_j expert_j(x); first [%d] got %.8g want %.8g",
+           label, bad, N * d, first, first >= 0 ? r.y[first] : 0.0, first >= 0 ? yr[first] : 0.0);
     for (int t = 0; t < N; t++) {
         int any = 0;
         for (int j = 0; j < k; j++) any |= kept[t * k + j];
@@ -616,11 +727,12 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
         for (int c = 0; c < d; c++) bad_zero += r.y[t * d + c] != 0.0f;
     }
     EXPECT(!bad_zero, "[%s] a token whose every choice is dropped must get y = 0 exactly", label);
-    if (expect_dropped_token) EXPECT(ndropped_tok > 0, "[%s] the case was built to fully drop a token", label);
+    if (expect_dropped_token)
+        EXPECT(ndropped_tok > 0, "[%s] the case was built to fully drop a token", label);
     int M = 0;
     for (int i = 0; i < N * k; i++) M += kept[i];
-    EXPECT(r.m.plan.M == M && r.m.dropped == N * k - M, "[%s] kept rows %d, dropped %lld; reference %d, %d", label,
-           r.m.plan.M, (long long)r.m.dropped, M, N * k - M);
+    EXPECT(r.m.plan.M == M && r.m.dropped == N * k - M, "[%s] kept rows %d, dropped %lld; reference %d, %d",
+           label, r.m.plan.M, (long long)r.m.dropped, M, N * k - M);
     EXPECT(isfinite(L0) && all_finite(r.y, N * d), "[%s] forward not finite", label);
 
     // backward: from zero buffers, then from pre-filled buffers: the weight gradients must add, dx is written
@@ -630,24 +742,28 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
     const char *pname[5] = {"dx", "router", "w1", "w3", "w2"};
     float *g0[5], *g1[5], *pre[5];
     for (int q = 0; q < 5; q++) {
-        g0[q] = fnew(nw[q]); pre[q] = fnew(nw[q]);
+        g0[q] = fnew(nw[q]);
+        pre[q] = fnew(nw[q]);
         fill_normal(pre[q], nw[q], 1);
         g1[q] = fnew(nw[q]);
         memcpy(g1[q], pre[q], nw[q] * sizeof(float));
     }
     MoeWeights W = {.router = K->wr, .w1 = K->w1, .w3 = K->w3, .w2 = K->w2};
-    MoeGrads G0 = {.router = g0[1], .w1 = g0[2], .w3 = g0[3], .w2 = g0[4]}, G1 = {.router = g1[1], .w1 = g1[2], .w3 = g1[3], .w2 = g1[4]};
+    MoeGrads G0 = {.router = g0[1], .w1 = g0[2], .w3 = g0[3], .w2 = g0[4]},
+             G1 = {.router = g1[1], .w1 = g1[2], .w3 = g1[3], .w2 = g1[4]};
     moe_backward(&r.m, &r.s, g0[0], dy, K->x, &W, &G0, &K->c, r.as, r.zs);
     moe_backward(&r.m, &r.s, g1[0], dy, K->x, &W, &G1, &K->c, r.as, r.zs);
     for (int q = 0; q < 5; q++) {
         EXPECT(all_finite(g0[q], nw[q]), "[%s] gradient %s not finite", label, pname[q]);
         int bad_acc = 0;
         if (q == 0) {
-            EXPECT(!memcmp(g1[0], g0[0], nw[0] * sizeof(float)), "[%s] moe_backward dx must be written (=), not added", label);
+            EXPECT(!memcmp(g1[0], g0[0], nw[0] * sizeof(float)),
+                   "[%s] moe_backward dx must be written (=), not added", label);
             continue;
         }
         for (size_t i = 0; i < nw[q]; i++)
-            bad_acc += !(fabs((double)g1[q][i] - ((double)pre[q][i] + g0[q][i])) <= 1e-5 * (fabs(pre[q][i]) + fabs(g0[q][i])) + 1e-7);
+            bad_acc += !(fabs((double)g1[q][i] - ((double)pre[q][i] + g0[q][i])) <=
+                         1e-5 * (fabs(pre[q][i]) + fabs(g0[q][i])) + 1e-7);
         EXPECT(!bad_acc, "[%s] moe_backward %s must accumulate (+=): %d elements", label, pname[q], bad_acc);
     }
     // experts with no kept rows get exactly zero weight gradient
@@ -673,29 +789,49 @@ static void check_moe(const char *label, Case *K, int expect_dropped_token) {
         gn = sqrt(gn);
         for (int dir = 0; dir < 2; dir++) {
             double un = 0, an = 0;
-            for (size_t i = 0; i < n; i++) { u[i] = dir == 0 && gn > 0 ? g0[q][i] : rng_normal(&R); un += (double)u[i] * u[i]; }
+            for (size_t i = 0; i < n; i++) {
+                u[i] = dir == 0 && gn > 0 ? g0[q][i] : rng_normal(&R);
+                un += (double)u[i] * u[i];
+            }
             un = sqrt(un);
             for (size_t i = 0; i < n; i++) p[i] = p0[i] + h * (float)(u[i] / un);
             for (size_t i = 0; i < n; i++) an += (double)g0[q][i] * p[i];
             double lp = moe_loss(&r);
-            int flip = memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) || memcmp(sr0, r.m.slotrow, sizeof(int32_t) * N * k);
+            int flip = memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) ||
+                memcmp(sr0, r.m.slotrow, sizeof(int32_t) * N * k);
             for (size_t i = 0; i < n; i++) p[i] = p0[i] - h * (float)(u[i] / un);
             for (size_t i = 0; i < n; i++) an -= (double)g0[q][i] * p[i];
             double lm = moe_loss(&r);
-            flip |= memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) || memcmp(sr0, r.m.slotrow, sizeof(int32_t) * N * k);
+            flip |= memcmp(idx0, r.m.idx_h, sizeof(int32_t) * N * k) ||
+                memcmp(sr0, r.m.slotrow, sizeof(int32_t) * N * k);
             memcpy(p, p0, n * sizeof(float));
-            if (flip) { skipped++; continue; }
+            if (flip) {
+                skipped++;
+                continue;
+            }
             double fd = (lp - lm) / (2.0 * h);
             an /= 2.0 * h;
             EXPECT(fabs(fd - an) <= 1e-2 * fabs(an) + 1e-3 * gn + 1e-4,
-                   "[%s] moe_backward %s (%s direction): finite diff %.7g vs analytic %.7g (|g| %.3g)", label, pname[q],
-                   dir ? "random" : "gradient", fd, an, gn);
+                   "[%s] moe_backward %s (%s direction): finite diff %.7g vs analytic %.7g (|g| %.3g)", label,
+                   pname[q], dir ? "random" : "gradient", fd, an, gn);
         }
-        free(p0); free(u);
+        free(p0);
+        free(u);
     }
     EXPECT(skipped <= 1, "[%s] %d directions skipped for routing flips", label, skipped);
-    for (int q = 0; q < 5; q++) { free(g0[q]); free(g1[q]); free(pre[q]); }
-    free(idx0); free(sr0); free(yr); free(ym); free(idx); free(kept); free(dy); free(r.y);
+    for (int q = 0; q < 5; q++) {
+        free(g0[q]);
+        free(g1[q]);
+        free(pre[q]);
+    }
+    free(idx0);
+    free(sr0);
+    free(yr);
+    free(ym);
+    free(idx);
+    free(kept);
+    free(dy);
+    free(r.y);
     moe_scratch_free(&r.s);
     moe_layer_free(&r.m);
 }

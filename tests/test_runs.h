@@ -21,17 +21,31 @@ static inline int test_gen_runs(Rng *R, OptRun *r, int cap, size_t N, size_t max
         if (len > N - o) len = N - o;
         if (k % 3 != 0) {
             CHECK(n < cap, "test_gen_runs: more than %d runs", cap);
-            r[n++] = (OptRun){(int64_t)o, 0, (int64_t)len, (int32_t)rng_below(R, 2), (int32_t)rng_below(R, (uint32_t)ncls),
-                              (int64_t)o, 0, 0, 0, OPTG_F32, 0};
+            r[n++] = (OptRun){(int64_t)o,
+                              0,
+                              (int64_t)len,
+                              (int32_t)rng_below(R, 2),
+                              (int32_t)rng_below(R, (uint32_t)ncls),
+                              (int64_t)o,
+                              0,
+                              0,
+                              0,
+                              OPTG_F32,
+                              0};
         }
         o += len;
     }
     for (int i = n - 1; i > 0; i--) {
         int j = (int)rng_below(R, (uint32_t)i + 1);
-        OptRun t = r[i]; r[i] = r[j]; r[j] = t;
+        OptRun t = r[i];
+        r[i] = r[j];
+        r[j] = t;
     }
     size_t m = 0;
-    for (int i = 0; i < n; i++) { r[i].moff = mirror ? r[i].off : (int64_t)m; m += (size_t)r[i].n; }
+    for (int i = 0; i < n; i++) {
+        r[i].moff = mirror ? r[i].off : (int64_t)m;
+        m += (size_t)r[i].n;
+    }
     *mtotal = mirror ? N : m;
     return n;
 }
@@ -42,7 +56,12 @@ static inline int test_gen_runs(Rng *R, OptRun *r, int cap, size_t N, size_t max
 static inline void test_gen_global(Rng *R, OptRun *r, int n) {
     for (int i = 0; i < n; i++) {
         r[i].gidx = (int64_t)rng_below(R, 1u << 30);
-        if (rng_below(R, 2)) { r[i].lcols = 0; r[i].gcols = 0; r[i].col0 = 0; continue; }
+        if (rng_below(R, 2)) {
+            r[i].lcols = 0;
+            r[i].gcols = 0;
+            r[i].col0 = 0;
+            continue;
+        }
         r[i].lcols = 1 + (int32_t)rng_below(R, 64);
         r[i].gcols = r[i].lcols * (1 + (int64_t)rng_below(R, 4)) + (int64_t)rng_below(R, 3);
         r[i].col0 = (int32_t)rng_below(R, (uint32_t)r[i].lcols);
@@ -56,11 +75,16 @@ static inline void test_gen_global(Rng *R, OptRun *r, int n) {
 // and then its bf16 values packed from gb: the float32 reading of a packed element gives NaN or a wrong
 // value), and gr, what they must see (gf with every bf16 and packed run's elements rounded to bf16,
 // nearest even). Returns the number of elements whose rounding changed them.
-static inline size_t test_gen_formats(Rng *R, OptRun *r, int n, const float *gf, float *gx, float *gr, size_t N) {
+static inline size_t test_gen_formats(Rng *R, OptRun *r, int n, const float *gf, float *gx, float *gr,
+                                      size_t N) {
     int *ord = xmalloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
     for (int i = 0; i < n; i++) ord[i] = i;
-    for (int i = 1; i < n; i++)   // insertion sort by offset (runs are disjoint)
-        for (int j = i; j > 0 && r[ord[j]].off < r[ord[j - 1]].off; j--) { int t = ord[j]; ord[j] = ord[j - 1]; ord[j - 1] = t; }
+    for (int i = 1; i < n; i++) // insertion sort by offset (runs are disjoint)
+        for (int j = i; j > 0 && r[ord[j]].off < r[ord[j - 1]].off; j--) {
+            int t = ord[j];
+            ord[j] = ord[j - 1];
+            ord[j - 1] = t;
+        }
     memcpy(gx, gf, sizeof(float) * N);
     memcpy(gr, gf, sizeof(float) * N);
     int64_t gb = -1;
@@ -69,9 +93,12 @@ static inline size_t test_gen_formats(Rng *R, OptRun *r, int n, const float *gf,
         OptRun *u = &r[ord[k]];
         u->gbf = (int32_t)rng_below(R, 3);
         u->gb = 0;
-        if (!u->n) { u->gbf = OPTG_F32; continue; }   // (an empty run reads nothing; it may share an offset)
+        if (!u->n) {
+            u->gbf = OPTG_F32;
+            continue;
+        } // (an empty run reads nothing; it may share an offset)
         if (u->gbf == OPTG_PACKED) {
-            if (gb < 0 || rng_below(R, 2)) gb = u->off;   // a new block, or the open one goes on
+            if (gb < 0 || rng_below(R, 2)) gb = u->off; // a new block, or the open one goes on
             u->gb = gb;
         } else {
             gb = -1;
@@ -85,10 +112,12 @@ static inline size_t test_gen_formats(Rng *R, OptRun *r, int n, const float *gf,
     // each block: [gb, end of its last run) poisoned, then packed (from gf: the packed half overlaps it)
     for (int k = 0; k < n;) {
         const OptRun *u = &r[ord[k]];
-        if (u->gbf != OPTG_PACKED) { k++; continue; }
+        if (u->gbf != OPTG_PACKED) {
+            k++;
+            continue;
+        }
         int64_t b0 = u->gb, e = u->off + u->n;
-        while (++k < n && r[ord[k]].gbf == OPTG_PACKED && r[ord[k]].gb == b0)
-            e = r[ord[k]].off + r[ord[k]].n;
+        while (++k < n && r[ord[k]].gbf == OPTG_PACKED && r[ord[k]].gb == b0) e = r[ord[k]].off + r[ord[k]].n;
         for (int64_t i = b0; i < e; i++) gx[i] = NAN;
         for (int64_t i = b0; i < e; i++) {
             uint16_t h = bf16_rn_bits(gf[i]);

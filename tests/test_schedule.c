@@ -22,11 +22,14 @@ int main(void) {
         EXPECT(schedule_build(&s, SCHED_SEQUENTIAL, 1, 0, 1, m) == NULL, "sequential m %d", m);
         EXPECT(s.n == 2 * m, "m %d: %d actions", m, s.n);
         for (int i = 0; i < s.n; i++)
-            EXPECT(s.a[i].micro == i / 2 && s.a[i].kind == (i % 2 ? ACT_BACKWARD : ACT_FORWARD) && s.a[i].slot == 0,
-                   "m %d: action %d is (%d, micro %d, slot %d)", m, i, s.a[i].kind, s.a[i].micro, s.a[i].slot);
+            EXPECT(s.a[i].micro == i / 2 && s.a[i].kind == (i % 2 ? ACT_BACKWARD : ACT_FORWARD) &&
+                       s.a[i].slot == 0,
+                   "m %d: action %d is (%d, micro %d, slot %d)", m, i, s.a[i].kind, s.a[i].micro,
+                   s.a[i].slot);
         EXPECT(s.max_live == 1, "m %d: max_live %d", m, s.max_live);
         EXPECT(schedule_check(&s) == NULL, "m %d: %s", m, schedule_check(&s));
-        EXPECT(schedule_last_backward(&s, 0) == s.n - 1, "m %d: last backward at %d", m, schedule_last_backward(&s, 0));
+        EXPECT(schedule_last_backward(&s, 0) == s.n - 1, "m %d: last backward at %d", m,
+               schedule_last_backward(&s, 0));
         EXPECT(schedule_bubble(SCHED_SEQUENTIAL, 1, 1, m, 1, 2) == 0, "sequential has no bubble");
         schedule_free(&s);
     }
@@ -46,12 +49,15 @@ int main(void) {
                     ActionKind want = steady ? ((i - w) % 2 ? ACT_BACKWARD : ACT_FORWARD) : ACT_BACKWARD;
                     ok &= s.a[i].kind == want && s.a[i].micro == (want == ACT_FORWARD ? f++ : b++);
                 }
-                EXPECT(ok, "1f1b p %d s %d m %d: not warm-up / one-forward-one-backward / cool-down", p, st, m);
+                EXPECT(ok, "1f1b p %d s %d m %d: not warm-up / one-forward-one-backward / cool-down", p, st,
+                       m);
                 int live = p - st < m ? p - st : m;
-                EXPECT(s.max_live == live, "1f1b p %d s %d m %d: max_live %d, want %d", p, st, m, s.max_live, live);
+                EXPECT(s.max_live == live, "1f1b p %d s %d m %d: max_live %d, want %d", p, st, m, s.max_live,
+                       live);
                 schedule_free(&s);
             }
-            double b = schedule_bubble(SCHED_1F1B, p, 1, m, 1, 1), th = schedule_bubble_theory(SCHED_1F1B, p, 1, m);
+            double b = schedule_bubble(SCHED_1F1B, p, 1, m, 1, 1),
+                   th = schedule_bubble_theory(SCHED_1F1B, p, 1, m);
             EXPECT_NEAR(b, th, 1e-12, "1f1b bubble (tf = tb) vs (p-1)/(m+p-1)");
             double b2 = schedule_bubble(SCHED_1F1B, p, 1, m, 1, 2);
             EXPECT_NEAR(b2, th, 1e-12, "1f1b bubble (tb = 2 tf) vs (p-1)/(m+p-1)");
@@ -67,17 +73,26 @@ int main(void) {
                     if (e) continue;
                     EXPECT(schedule_check(&s) == NULL, "interleaved p %d v %d s %d m %d: %s", p, v, st, m,
                            schedule_check(&s));
-                    // per-chunk slots: no chunk needs more than the rank's most live, together at least that many
+                    // per-chunk slots: no chunk needs more than the rank's most live, together at least that
+                    // many
                     int sum = 0, most = 0;
-                    for (int c = 0; c < v; c++) { sum += s.live[c]; if (s.live[c] > most) most = s.live[c]; }
-                    EXPECT(most <= s.max_live && sum >= s.max_live, "interleaved p %d v %d s %d m %d: live per chunk "
-                           "(max %d, sum %d) vs max_live %d", p, v, st, m, most, sum, s.max_live);
+                    for (int c = 0; c < v; c++) {
+                        sum += s.live[c];
+                        if (s.live[c] > most) most = s.live[c];
+                    }
+                    EXPECT(most <= s.max_live && sum >= s.max_live,
+                           "interleaved p %d v %d s %d m %d: live per chunk "
+                           "(max %d, sum %d) vs max_live %d",
+                           p, v, st, m, most, sum, s.max_live);
                     // the first chunk's forwards come in micro-batch order, the last backward is on chunk 0
-                    EXPECT(s.a[0].kind == ACT_FORWARD && s.a[0].micro == 0 && s.a[0].chunk == 0, "first action");
+                    EXPECT(s.a[0].kind == ACT_FORWARD && s.a[0].micro == 0 && s.a[0].chunk == 0,
+                           "first action");
                     int i0 = schedule_last_backward(&s, 0);
                     const Action *lb = &s.a[i0];
-                    EXPECT(i0 == s.n - 1 && lb->chunk == 0 && lb->micro == m - 1, "last backward (index %d of %d, "
-                           "chunk %d micro %d)", i0, s.n, lb->chunk, lb->micro);
+                    EXPECT(i0 == s.n - 1 && lb->chunk == 0 && lb->micro == m - 1,
+                           "last backward (index %d of %d, "
+                           "chunk %d micro %d)",
+                           i0, s.n, lb->chunk, lb->micro);
                     for (int c = 1; c < v; c++)
                         EXPECT(schedule_last_backward(&s, c) >= 0 && schedule_last_backward(&s, c) < i0,
                                "chunk %d's last backward before chunk 0's", c);
@@ -87,8 +102,10 @@ int main(void) {
                 double th = schedule_bubble_theory(SCHED_INTERLEAVED, p, v, m);
                 EXPECT(b >= 0, "interleaved p %d v %d m %d deadlocks", p, v, m);
                 EXPECT_NEAR(b, th, 1e-12, "interleaved bubble vs (p-1)/(v m+p-1)");
-                EXPECT(b < schedule_bubble(SCHED_1F1B, p, 1, m, 1, 1), "interleaved p %d v %d m %d: bubble %.3f not "
-                       "below 1f1b's", p, v, m, b);
+                EXPECT(b < schedule_bubble(SCHED_1F1B, p, 1, m, 1, 1),
+                       "interleaved p %d v %d m %d: bubble %.3f not "
+                       "below 1f1b's",
+                       p, v, m, b);
             }
     // refusals
     Schedule s;
@@ -99,11 +116,13 @@ int main(void) {
     e = schedule_build(&s, SCHED_INTERLEAVED, 2, 0, 1, 4);
     EXPECT(e && strstr(e, "--vpp"), "interleaved vpp 1: %s", e ? e : "accepted");
     // an all-forwards-first list is valid with max_live = m (slots 0, 1)
-    Action ffbb[] = {{ACT_FORWARD, 0, 0, 0}, {ACT_FORWARD, 1, 0, 1}, {ACT_BACKWARD, 0, 0, 0}, {ACT_BACKWARD, 1, 0, 1}};
+    Action ffbb[] = {
+        {ACT_FORWARD, 0, 0, 0}, {ACT_FORWARD, 1, 0, 1}, {ACT_BACKWARD, 0, 0, 0}, {ACT_BACKWARD, 1, 0, 1}};
     EXPECT(check_list(ffbb, 4, 2, 2) == NULL, "F0 F1 B0 B1: %s", check_list(ffbb, 4, 2, 2));
     const char *bad = check_list(ffbb, 4, 2, 1);
     EXPECT(bad && strstr(bad, "slot"), "F0 F1 B0 B1 with max_live 1: %s", bad ? bad : "accepted");
-    Action shared[] = {{ACT_FORWARD, 0, 0, 0}, {ACT_FORWARD, 1, 0, 0}, {ACT_BACKWARD, 0, 0, 0}, {ACT_BACKWARD, 1, 0, 0}};
+    Action shared[] = {
+        {ACT_FORWARD, 0, 0, 0}, {ACT_FORWARD, 1, 0, 0}, {ACT_BACKWARD, 0, 0, 0}, {ACT_BACKWARD, 1, 0, 0}};
     bad = check_list(shared, 4, 2, 2);
     EXPECT(bad && strstr(bad, "held"), "two live micro-batches in one slot: %s", bad ? bad : "accepted");
     Action early[] = {{ACT_BACKWARD, 0, 0, 0}, {ACT_FORWARD, 0, 0, 0}};
@@ -116,7 +135,8 @@ int main(void) {
     bad = check_list(range, 2, 1, 1);
     EXPECT(bad && strstr(bad, "outside"), "B2 of one micro-batch: %s", bad ? bad : "accepted");
     bad = check_list(ffbb, 3, 2, 2);
-    EXPECT(bad && strstr(bad, "one forward and one backward"), "a list missing B1: %s", bad ? bad : "accepted");
+    EXPECT(bad && strstr(bad, "one forward and one backward"), "a list missing B1: %s",
+           bad ? bad : "accepted");
     bad = check_list(ffbb, 0, 0, 0);
     EXPECT(bad != NULL, "no micro-batches accepted");
     return test_done("test_schedule");

@@ -22,12 +22,16 @@ static void config(ModelConfig *c) { test_tiny_cfg(c, 4, T); }
 static void tokens(int32_t *x, int32_t *y, int micro) {
     Rng r;
     rng_seed(&r, 100 + (uint64_t)micro);
-    for (int i = 0; i < B * T; i++) { x[i] = (int32_t)rng_below(&r, 64); y[i] = (int32_t)rng_below(&r, 64); }
+    for (int i = 0; i < B * T; i++) {
+        x[i] = (int32_t)rng_below(&r, 64);
+        y[i] = (int32_t)rng_below(&r, 64);
+    }
 }
 
-// Gradients (host, P floats) after running the actions "F0 F1 B0 ..." (kind, micro) with slot = micro % nslots.
-static void run(const Backend *be, const ModelConfig *c, const float *params, const char *order, int nslots, float *g,
-                double *loss) {
+// Gradients (host, P floats) after running the actions "F0 F1 B0 ..." (kind, micro) with slot = micro %
+// nslots.
+static void run(const Backend *be, const ModelConfig *c, const float *params, const char *order, int nslots,
+                float *g, double *loss) {
     Model m;
     model_init(&m, c, be, B, T, NULL);
     model_set_slots(&m, 0, nslots);
@@ -55,17 +59,20 @@ static void check_backend(const Backend *be) {
     ParamTable t;
     params_build(&t, &c);
     size_t P = t.total;
-    float *params = xmalloc(P * sizeof(float)), *g0 = xmalloc(P * sizeof(float)), *g1 = xmalloc(P * sizeof(float));
+    float *params = xmalloc(P * sizeof(float)), *g0 = xmalloc(P * sizeof(float)),
+          *g1 = xmalloc(P * sizeof(float));
     params_init(&t, &c, params, 5);
     double l0[M], l1[M];
     run(be, &c, params, "F0B0F1B1F2B2", 1, g0, l0);
     const char *orders[] = {"F0F1F2B0B1B2", "F0F1B0F2B1B2", "F0F1B0B1F2B2"};
     for (int o = 0; o < 3; o++) {
         run(be, &c, params, orders[o], M, g1, l1);
-        EXPECT(!memcmp(g0, g1, P * sizeof(float)), "%s: order %s in %d slots: gradients differ from the sequential order",
-               be->name, orders[o], M);
-        for (int i = 0; i < M; i++) EXPECT(l0[i] == l1[i], "%s: order %s: micro-batch %d's loss %.17g vs %.17g", be->name,
-                                           orders[o], i, l1[i], l0[i]);
+        EXPECT(!memcmp(g0, g1, P * sizeof(float)),
+               "%s: order %s in %d slots: gradients differ from the sequential order", be->name, orders[o],
+               M);
+        for (int i = 0; i < M; i++)
+            EXPECT(l0[i] == l1[i], "%s: order %s: micro-batch %d's loss %.17g vs %.17g", be->name, orders[o],
+                   i, l1[i], l0[i]);
     }
     // two virtual stages on one process: chunk 0 = layers [0,1) + embedding, chunk 1 = [1,4) + head,
     // the residual stream and the carried statistics handed over as pipe.c does
@@ -90,9 +97,12 @@ static void check_backend(const Backend *be) {
         double carry[3] = {m.aux, m.z, (double)m.dropped};
         model_use(&m, 1, 0);
         be->to_device(model_stage_in(&m), h, nd * sizeof(float));
-        m.aux = carry[0]; m.z = carry[1]; m.dropped = (int64_t)carry[2];
+        m.aux = carry[0];
+        m.z = carry[1];
+        m.dropped = (int64_t)carry[2];
         double l = model_forward(&m, x, y, B, T, 1.0f / (B * T * M), 0);
-        EXPECT(l == l0[micro], "%s: chunked micro-batch %d loss %.17g vs %.17g", be->name, micro, l, l0[micro]);
+        EXPECT(l == l0[micro], "%s: chunked micro-batch %d loss %.17g vs %.17g", be->name, micro, l,
+               l0[micro]);
         model_backward(&m, c.aux_coef / M, c.z_coef / M);
         be->to_host(h, m.dres, nd * sizeof(float));
         model_use(&m, 0, 0);
@@ -100,10 +110,13 @@ static void check_backend(const Backend *be) {
         model_backward(&m, c.aux_coef / M, c.z_coef / M);
     }
     be->to_host(g1, m.grads, P * sizeof(float));
-    EXPECT(!memcmp(g0, g1, P * sizeof(float)), "%s: two chunks run stage by stage: gradients differ from the whole model",
-           be->name);
+    EXPECT(!memcmp(g0, g1, P * sizeof(float)),
+           "%s: two chunks run stage by stage: gradients differ from the whole model", be->name);
     model_free(&m);
-    free(h); free(params); free(g0); free(g1);
+    free(h);
+    free(params);
+    free(g0);
+    free(g1);
     params_free(&t);
 }
 

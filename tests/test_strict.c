@@ -13,11 +13,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "core/common.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "data/data.h"
 #include "model/params.h"
 #include "parallel/comm.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 #include "test_util.h"
 #include "test_death.h"
 #include "test_cfg.h"
@@ -37,7 +37,7 @@ static void state_case(const char *name, int64_t step, const char *phrase) {
     float *w = xcalloc(t.total, sizeof(float));
     TrainState st = {.step = step, .seq_pos = 0, .seed = 1, .total_steps = 10, .tokens_seen = 0};
     snprintf(ck_dir, sizeof ck_dir, "%s/%s", root, name);
-    ckpt_save(ck_dir, &c, &t, w, NULL, NULL, &st);   // checksums match: only the range check can refuse it
+    ckpt_save(ck_dir, &c, &t, w, NULL, NULL, &st); // checksums match: only the range check can refuse it
     free(w);
     params_free(&t);
     if (phrase) {
@@ -45,7 +45,8 @@ static void state_case(const char *name, int64_t step, const char *phrase) {
     } else {
         TrainState got;
         ckpt_load_state(ck_dir, &got);
-        EXPECT(got.step == step, "%s: step %lld read back as %lld", name, (long long)step, (long long)got.step);
+        EXPECT(got.step == step, "%s: step %lld read back as %lld", name, (long long)step,
+               (long long)got.step);
     }
 }
 
@@ -72,12 +73,15 @@ static void open_st(void *arg) {
     safetensors_read(f, "a", 1, sh, x);
     safetensors_close(f);
 }
-static void st_bad(const char *name, const char *hdr, long delta, size_t pad, size_t data_len, const char *phrase) {
+static void st_bad(const char *name, const char *hdr, long delta, size_t pad, size_t data_len,
+                   const char *phrase) {
     write_st(name, hdr, delta, pad, data_len);
     expect_death_msg(name, open_st, NULL, "is corrupt", phrase, 1);
 }
 
-#define A_B "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}"
+#define A_B \
+    "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[1]," \
+    "\"data_offsets\":[8,12]}"
 
 int main(void) {
     snprintf(root, sizeof root, "/tmp/test_strict_%d", (int)getpid());
@@ -99,8 +103,10 @@ int main(void) {
     f = safetensors_open(st_path);
     EXPECT(safetensors_count(f) == 2, "good file with metadata: %d tensors", safetensors_count(f));
     safetensors_close(f);
-    write_st("good_empty_tensor", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}", 0, 0, 8);
+    write_st("good_empty_tensor",
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+             "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}}",
+             0, 0, 8);
     f = safetensors_open(st_path);
     EXPECT(safetensors_count(f) == 2, "good file with an empty tensor: %d tensors", safetensors_count(f));
     safetensors_close(f);
@@ -108,19 +114,27 @@ int main(void) {
     st_bad("hdr_len_minus_1", "{" A_B "}", -1, 3, 12, "data section");
     st_bad("trailing_bytes", "{" A_B "}", 0, 3, 13, "data section");
     st_bad("after_json", "{" A_B "}xy", 0, 0, 12, "after its JSON");
-    st_bad("overlap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-           "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 0, 0, 8, "overlap");
-    st_bad("gap", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-           "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", 0, 0, 16, "gap");
-    st_bad("not_from_0", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 0, 0, 12, "gap");
-    st_bad("dup_name", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-           "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 0, 0, 16, "twice");
+    st_bad("overlap",
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+           "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+           0, 0, 8, "overlap");
+    st_bad("gap",
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+           "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}",
+           0, 0, 16, "gap");
+    st_bad("not_from_0", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 0, 0, 12,
+           "gap");
+    st_bad("dup_name",
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+           "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+           0, 0, 16, "twice");
     st_bad("meta_not_object", "{\"__metadata__\":[1]," A_B "}", 0, 0, 12, "__metadata__");
     st_bad("meta_not_string", "{\"__metadata__\":{\"format\":1}," A_B "}", 0, 0, 12, "__metadata__");
-    st_bad("unknown_dtype", "{\"a\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", 0, 0, 8, "dtype");
+    st_bad("unknown_dtype", "{\"a\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,8]}}", 0, 0, 8,
+           "dtype");
 
     printf("-- a uint32 shard holding the largest id the loader keeps\n");
-    {   // its vocabulary (rounded up to 64) is computed without overflowing (found by fuzz_shard)
+    { // its vocabulary (rounded up to 64) is computed without overflowing (found by fuzz_shard)
         char sp[512];
         snprintf(sp, sizeof sp, "%s/maxid.bin", root);
         int32_t hdr[256] = {20240801, 7, 41};

@@ -6,12 +6,29 @@
 #include <stdlib.h>
 
 static int t_failures = 0, t_checks = 0;
-#define EXPECT(cond, ...) do { t_checks++; if (!(cond)) { t_failures++; \
-    fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); fprintf(stderr, __VA_ARGS__); \
-    fprintf(stderr, "\n"); } } while (0)
-#define EXPECT_NEAR(a, b, tol, what) do { double _a = (a), _b = (b); \
-    EXPECT(fabs(_a - _b) <= (tol), "%s: %.9g vs %.9g (|diff| %.3g > tol %.3g)", what, _a, _b, fabs(_a - _b), (double)(tol)); } while (0)
-#define TEST_SKIP(...) do { printf("SKIP: "); printf(__VA_ARGS__); printf("\n"); exit(77); } while (0)
+#define EXPECT(cond, ...) \
+    do { \
+        t_checks++; \
+        if (!(cond)) { \
+            t_failures++; \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__); \
+            fprintf(stderr, "\n"); \
+        } \
+    } while (0)
+#define EXPECT_NEAR(a, b, tol, what) \
+    do { \
+        double _a = (a), _b = (b); \
+        EXPECT(fabs(_a - _b) <= (tol), "%s: %.9g vs %.9g (|diff| %.3g > tol %.3g)", what, _a, _b, \
+               fabs(_a - _b), (double)(tol)); \
+    } while (0)
+#define TEST_SKIP(...) \
+    do { \
+        printf("SKIP: "); \
+        printf(__VA_ARGS__); \
+        printf("\n"); \
+        exit(77); \
+    } while (0)
 static inline int test_done(const char *name) {
     printf("%s: %d checks, %d failed\n", name, t_checks, t_failures);
     return t_failures ? 1 : 0;

@@ -14,7 +14,7 @@
 #include <string.h>
 #include "core/common.h"
 #include "model/params.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 static size_t not_bf16(const float *x, size_t n) {
     size_t k = 0;
@@ -73,17 +73,25 @@ static int changed_check(const char *da, const char *db, double maxfrac) {
         for (size_t j = 0; j < s->numel; j++) k += memcmp(&pa[s->offset + j], &pb[s->offset + j], 4) != 0;
         nd += k;
         double f = (double)k / (double)(s->numel ? s->numel : 1);
-        if (s->numel >= 256 && f > worst) { worst = f; wi = i; }
+        if (s->numel >= 256 && f > worst) {
+            worst = f;
+            wi = i;
+        }
     }
     printf("changed weights: %zu of %zu (%.3g%%); worst tensor %.3g%% (%s)\n", nd, t.total,
-           100.0 * (double)nd / (double)(t.total ? t.total : 1), 100 * worst, wi >= 0 ? t.p[wi].name : "none");
+           100.0 * (double)nd / (double)(t.total ? t.total : 1), 100 * worst,
+           wi >= 0 ? t.p[wi].name : "none");
     return worst > maxfrac;
 }
 
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--changed")) return changed_check(argv[2], argv[3], atof(argv[4]));
     if (argc == 3 && !strcmp(argv[1], "--bf16")) return bf16_check(argv[2]);
-    if (argc < 3) { fprintf(stderr, "usage: ckpt_diff A B [TOL] | ckpt_diff --bf16 A | ckpt_diff --changed A B MAXFRAC\n"); return 2; }
+    if (argc < 3) {
+        fprintf(stderr,
+                "usage: ckpt_diff A B [TOL] | ckpt_diff --bf16 A | ckpt_diff --changed A B MAXFRAC\n");
+        return 2;
+    }
     double tol = argc > 3 ? atof(argv[3]) : 0;
     ParamTable t;
     float *pa, *pb;
@@ -99,7 +107,10 @@ int main(int argc, char **argv) {
             if (fabs(x - y) > md || isnan(y)) md = isnan(y) ? INFINITY : fabs(x - y);
         }
         double r = md / (mx > 0 ? mx : 1);
-        if (r > worst) { worst = r; wi = i; }
+        if (r > worst) {
+            worst = r;
+            wi = i;
+        }
     }
     printf("max relative difference %.3e (%s)\n", worst, t.p[wi].name);
     return tol > 0 && worst > tol ? 1 : 0;

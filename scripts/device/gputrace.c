@@ -11,21 +11,24 @@
 
 static FILE *g_out;
 
-#define CK(call)                                                                               \
-    do {                                                                                       \
-        CUptiResult r_ = (call);                                                               \
-        if (r_ != CUPTI_SUCCESS) {                                                             \
-            const char *s_ = "?";                                                              \
-            cuptiGetResultString(r_, &s_);                                                     \
-            fprintf(stderr, "gputrace: %s failed: %s\n", #call, s_);                           \
-            exit(1);                                                                           \
-        }                                                                                      \
+#define CK(call) \
+    do { \
+        CUptiResult r_ = (call); \
+        if (r_ != CUPTI_SUCCESS) { \
+            const char *s_ = "?"; \
+            cuptiGetResultString(r_, &s_); \
+            fprintf(stderr, "gputrace: %s failed: %s\n", #call, s_); \
+            exit(1); \
+        } \
     } while (0)
 
 static void CUPTIAPI buf_requested(uint8_t **buf, size_t *size, size_t *max_records) {
     *size = 8u << 20;
     *buf = aligned_alloc(8, *size);
-    if (!*buf) { fprintf(stderr, "gputrace: out of memory\n"); exit(1); }
+    if (!*buf) {
+        fprintf(stderr, "gputrace: out of memory\n");
+        exit(1);
+    }
     *max_records = 0;
 }
 
@@ -34,32 +37,33 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
     CUpti_Activity *rec = NULL;
     while (cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
         switch (rec->kind) {
-        case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-            const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
-            fprintf(g_out, "K %llu %llu %s\n", (unsigned long long)k->start, (unsigned long long)k->end,
-                    k->name ? k->name : "?");
-            break;
-        }
-        case CUPTI_ACTIVITY_KIND_MEMCPY: {
-            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
-            fprintf(g_out, "C %llu %llu %llu %u\n", (unsigned long long)m->start, (unsigned long long)m->end,
-                    (unsigned long long)m->bytes, (unsigned)m->copyKind);
-            break;
-        }
-        case CUPTI_ACTIVITY_KIND_MEMSET: {
-            const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
-            fprintf(g_out, "S %llu %llu %llu\n", (unsigned long long)m->start, (unsigned long long)m->end,
-                    (unsigned long long)m->bytes);
-            break;
-        }
-        case CUPTI_ACTIVITY_KIND_RUNTIME: {
-            const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
-            const char *name = "?";
-            cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name);
-            fprintf(g_out, "A %llu %llu %s\n", (unsigned long long)a->start, (unsigned long long)a->end, name);
-            break;
-        }
-        default: break;
+            case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+                const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
+                fprintf(g_out, "K %llu %llu %s\n", (unsigned long long)k->start, (unsigned long long)k->end,
+                        k->name ? k->name : "?");
+                break;
+            }
+            case CUPTI_ACTIVITY_KIND_MEMCPY: {
+                const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
+                fprintf(g_out, "C %llu %llu %llu %u\n", (unsigned long long)m->start,
+                        (unsigned long long)m->end, (unsigned long long)m->bytes, (unsigned)m->copyKind);
+                break;
+            }
+            case CUPTI_ACTIVITY_KIND_MEMSET: {
+                const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
+                fprintf(g_out, "S %llu %llu %llu\n", (unsigned long long)m->start, (unsigned long long)m->end,
+                        (unsigned long long)m->bytes);
+                break;
+            }
+            case CUPTI_ACTIVITY_KIND_RUNTIME: {
+                const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
+                const char *name = "?";
+                cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name);
+                fprintf(g_out, "A %llu %llu %s\n", (unsigned long long)a->start, (unsigned long long)a->end,
+                        name);
+                break;
+            }
+            default: break;
         }
     }
     free(buf);
@@ -74,7 +78,10 @@ __attribute__((constructor)) static void start(void) {
     const char *path = getenv("GPUTRACE_OUT");
     if (!path) return;
     g_out = fopen(path, "w");
-    if (!g_out) { fprintf(stderr, "gputrace: cannot open %s\n", path); exit(1); }
+    if (!g_out) {
+        fprintf(stderr, "gputrace: cannot open %s\n", path);
+        exit(1);
+    }
     CK(cuptiActivityRegisterCallbacks(buf_requested, buf_completed));
     CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
     CK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));

@@ -16,7 +16,10 @@
 static void write_all(int fd, const char *p, ssize_t n);
 static void (*die_hook)(void);
 static int die_rank = -1;
-void moe_set_die_hook(void (*hook)(void), int rank) { die_hook = hook; die_rank = rank; }
+void moe_set_die_hook(void (*hook)(void), int rank) {
+    die_hook = hook;
+    die_rank = rank;
+}
 
 void moe_die(const char *file, int line, const char *fmt, ...) {
     fflush(stdout);
@@ -29,8 +32,9 @@ void moe_die(const char *file, int line, const char *fmt, ...) {
     va_start(ap, fmt);
     n += vsnprintf(msg + n, sizeof msg - n, fmt, ap);
     va_end(ap);
-    if (n < (int)sizeof msg && getenv("MOE_DEBUG")) n += snprintf(msg + n, sizeof msg - n, " [%s:%d]", file, line);
-    if (n > (int)sizeof msg - 2) n = (int)sizeof msg - 2;   // (a longer message is cut, its line kept)
+    if (n < (int)sizeof msg && getenv("MOE_DEBUG"))
+        n += snprintf(msg + n, sizeof msg - n, " [%s:%d]", file, line);
+    if (n > (int)sizeof msg - 2) n = (int)sizeof msg - 2; // (a longer message is cut, its line kept)
     msg[n++] = '\n';
     msg[n] = 0;
     fflush(stderr);
@@ -47,7 +51,7 @@ static int tee_orig = -1, tee_file = -1, tee_read = -1, tee_on;
 static char tee_path[4096];
 static pthread_t tee_thread;
 
-static void write_all(int fd, const char *p, ssize_t n) {   // best effort: a full disk must not stop the run
+static void write_all(int fd, const char *p, ssize_t n) { // best effort: a full disk must not stop the run
     while (n > 0) {
         ssize_t w = write(fd, p, (size_t)n);
         if (w < 0 && errno == EINTR) continue;
@@ -78,12 +82,14 @@ void stdout_tee(const char *path) {
     char dir[4096];
     path_parent(dir, sizeof dir, path);
     if (strlen(path) >= sizeof tee_path) DIE("log path too long: '%s'", path);
-    if (access(file_exists(path) ? path : dir, W_OK) != 0) DIE("cannot write the log '%s' (%s)", path, strerror(errno));
+    if (access(file_exists(path) ? path : dir, W_OK) != 0)
+        DIE("cannot write the log '%s' (%s)", path, strerror(errno));
     snprintf(tee_path, sizeof tee_path, "%s", path);
     int p[2];
     if (pipe(p) != 0) DIE("cannot create a pipe for the log (%s)", strerror(errno));
     tee_orig = dup(STDOUT_FILENO);
-    if (tee_orig < 0 || dup2(p[1], STDOUT_FILENO) < 0) DIE("cannot redirect stdout for the log (%s)", strerror(errno));
+    if (tee_orig < 0 || dup2(p[1], STDOUT_FILENO) < 0)
+        DIE("cannot redirect stdout for the log (%s)", strerror(errno));
     close(p[1]);
     tee_read = p[0];
     tee_on = 1;
@@ -95,7 +101,7 @@ void stdout_tee(const char *path) {
 void stdout_tee_end(void) {
     if (!tee_on) return;
     fflush(stdout);
-    dup2(tee_orig, STDOUT_FILENO);   // closes the pipe's last write end: the thread reads to its end
+    dup2(tee_orig, STDOUT_FILENO); // closes the pipe's last write end: the thread reads to its end
     pthread_join(tee_thread, NULL);
     close(tee_read);
     if (tee_file >= 0) close(tee_file);
@@ -107,7 +113,7 @@ void stdout_tee_end(void) {
 static volatile sig_atomic_t preempt_sig;
 static void on_preempt(int sig) {
     preempt_sig = sig;
-    signal(sig, SIG_DFL);   // a second one ends the process
+    signal(sig, SIG_DFL); // a second one ends the process
 }
 void signals_init(int preemptible) {
     signal(SIGXFSZ, SIG_IGN);
@@ -115,13 +121,14 @@ void signals_init(int preemptible) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_preempt;
-    sa.sa_flags = SA_RESTART;   // IO in progress continues; the loop checks the flag between steps
+    sa.sa_flags = SA_RESTART; // IO in progress continues; the loop checks the flag between steps
     sigemptyset(&sa.sa_mask);
     const int sigs[2] = {SIGTERM, SIGINT};
     for (int i = 0; i < 2; i++) {
         struct sigaction old;
         // a signal ignored when we started stays ignored (a shell's background job ignores SIGINT)
-        if (sigaction(sigs[i], NULL, &old) != 0 || (old.sa_handler != SIG_IGN && sigaction(sigs[i], &sa, NULL) != 0))
+        if (sigaction(sigs[i], NULL, &old) != 0 ||
+            (old.sa_handler != SIG_IGN && sigaction(sigs[i], &sa, NULL) != 0))
             DIE("cannot install the SIGTERM/SIGINT handlers (%s)", strerror(errno));
     }
 }
@@ -168,7 +175,9 @@ void xpread(int fd, void *buf, size_t n, uint64_t off, const char *path) {
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) DIE("cannot read '%s' (%s)", path, strerror(errno));
         if (r == 0) DIE("cannot read '%s' (file is truncated)", path);
-        b += r; n -= (size_t)r; off += (uint64_t)r;
+        b += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
     }
 }
 void xfclose(FILE *f, const char *path) {
@@ -190,18 +199,30 @@ char *read_file(const char *path, size_t *len) {
         return NULL;
     }
     FILE *f = fdopen(fd, "rb");
-    if (!f) { int e = errno; close(fd); errno = e; return NULL; }
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap + 1);
     for (;;) {
-        if (n == cap) { cap *= 2; buf = xrealloc(buf, cap + 1); }
+        if (n == cap) {
+            cap *= 2;
+            buf = xrealloc(buf, cap + 1);
+        }
         size_t got = fread(buf + n, 1, cap - n, f);
         n += got;
         if (got == 0) break;
     }
     int err = ferror(f);
     fclose(f);
-    if (err) { free(buf); errno = EIO; return NULL; }
+    if (err) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
@@ -224,17 +245,19 @@ cJSON *json_read_file(const char *who, const char *dir, const char *name, long *
     if (dir) join_path(p, sizeof p, dir, name);
     const char *path = dir ? p : name;
     struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        DIE("%s: '%s' is not a regular file", who, path);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) DIE("%s: '%s' is not a regular file", who, path);
     size_t len;
     char *txt = read_file(path, &len);
     if (!txt && dir) DIE("%s: cannot read %s (%s)", who, name, strerror(errno));
     if (!txt) DIE("%s: cannot read '%s' (%s)", who, name, strerror(errno));
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(txt, len, &end, 0);
-    if (j) {   // one JSON value and nothing after it but blanks
+    if (j) { // one JSON value and nothing after it but blanks
         while (end < txt + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r')) end++;
-        if (end < txt + len) { cJSON_Delete(j); j = NULL; }
+        if (end < txt + len) {
+            cJSON_Delete(j);
+            j = NULL;
+        }
     } else {
         end = cJSON_GetErrorPtr();
     }
@@ -268,8 +291,14 @@ void join_path(char *buf, size_t n, const char *dir, const char *name) {
 
 void path_parent(char *buf, size_t n, const char *path) {
     const char *s = strrchr(path, '/');
-    if (!s) { snprintf(buf, n, "."); return; }
-    if (s == path) { snprintf(buf, n, "/"); return; }
+    if (!s) {
+        snprintf(buf, n, ".");
+        return;
+    }
+    if (s == path) {
+        snprintf(buf, n, "/");
+        return;
+    }
     size_t k = (size_t)(s - path);
     if (k >= n) DIE("path too long: '%s'", path);
     memcpy(buf, path, k);
@@ -289,8 +318,14 @@ double now_seconds(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
-int file_exists(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISREG(st.st_mode); }
-int dir_exists(const char *path) { struct stat st; return stat(path, &st) == 0 && S_ISDIR(st.st_mode); }
+int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+int dir_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
 
 void mkdir_p(const char *path) {
     char tmp[4096];
@@ -300,10 +335,12 @@ void mkdir_p(const char *path) {
     for (char *p = tmp + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+            DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
         *p = '/';
     }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+        DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
     if (!dir_exists(tmp)) DIE("'%s' exists and is not a directory", tmp);
 }
 
@@ -311,13 +348,16 @@ uint64_t hash_bytes(const void *p, size_t n, uint64_t h) {
     const unsigned char *b = p;
     h ^= 0x9E3779B97F4A7C15ull + n;
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {   // 8 bytes at a time: multiply, xor-shift (splitmix64's mixer)
+    for (; i + 8 <= n; i += 8) { // 8 bytes at a time: multiply, xor-shift (splitmix64's mixer)
         uint64_t w;
         memcpy(&w, b + i, 8);
         h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
         h ^= h >> 31;
     }
-    for (; i < n; i++) { h = (h ^ b[i]) * 0x94D049BB133111EBull; h ^= h >> 29; }
+    for (; i < n; i++) {
+        h = (h ^ b[i]) * 0x94D049BB133111EBull;
+        h ^= h >> 29;
+    }
     h ^= h >> 33;
     return h * 0xFF51AFD7ED558CCDull;
 }
@@ -325,19 +365,27 @@ uint64_t hash_bytes(const void *p, size_t n, uint64_t h) {
 void fmt_bytes(char *buf, size_t n, double b) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int i = 0;
-    while (b >= 1024 && i < 4) { b /= 1024; i++; }
+    while (b >= 1024 && i < 4) {
+        b /= 1024;
+        i++;
+    }
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
 }
 void fmt_count(char *buf, size_t n, double c) {
     const char *u[] = {"", "K", "M", "B", "T"};
     int i = 0;
-    while (c >= 1000 && i < 4) { c /= 1000; i++; }
+    while (c >= 1000 && i < 4) {
+        c /= 1000;
+        i++;
+    }
     snprintf(buf, n, i ? "%.2f%s" : "%.0f%s", c, u[i]);
 }
 
 #include <ftw.h>
 static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
+    (void)sb;
+    (void)flag;
+    (void)ftw;
     return remove(p);
 }
 int rm_rf(const char *path) {

@@ -7,9 +7,13 @@
 #include <stdlib.h>
 
 // Print "moe: error: <msg>" (file:line with MOE_DEBUG set), flush every stream and _exit(1).
-void moe_die(const char *file, int line, const char *fmt, ...) __attribute__((noreturn, format(printf, 3, 4)));
+void moe_die(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
 #define DIE(...) moe_die(__FILE__, __LINE__, __VA_ARGS__)
-#define CHECK(cond, ...) do { if (!(cond)) DIE(__VA_ARGS__); } while (0)
+#define CHECK(cond, ...) \
+    do { \
+        if (!(cond)) DIE(__VA_ARGS__); \
+    } while (0)
 
 // Called by DIE after printing (e.g. MPI_Abort so every rank ends); rank >= 0 tags messages.
 void moe_set_die_hook(void (*hook)(void), int rank);
@@ -18,10 +22,10 @@ void moe_set_die_hook(void (*hook)(void), int rank);
 // IO calls, instead of killing the process); with preemptible, the first SIGTERM or SIGINT is only
 // recorded (preempt_signal() then returns it; a second one ends the process as usual).
 void signals_init(int preemptible);
-int preempt_signal(void);   // 0, or the signal that asked this process to stop
-#define MOE_EXIT_PREEMPTED 75   // exit status after a preemption's checkpoint (EX_TEMPFAIL: --resume)
+int preempt_signal(void); // 0, or the signal that asked this process to stop
+#define MOE_EXIT_PREEMPTED 75 // exit status after a preemption's checkpoint (EX_TEMPFAIL: --resume)
 
-void *xmalloc(size_t n);              // dies naming the byte count on failure
+void *xmalloc(size_t n); // dies naming the byte count on failure
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
@@ -30,7 +34,7 @@ char *xstrdup(const char *s);
 FILE *xfopen(const char *path, const char *mode);
 void xfwrite(const void *p, size_t size, size_t n, FILE *f, const char *path);
 void xfread(void *p, size_t size, size_t n, FILE *f, const char *path);
-void xfclose(FILE *f, const char *path);  // fflush + fsync + fclose for files opened for writing
+void xfclose(FILE *f, const char *path); // fflush + fsync + fclose for files opened for writing
 
 // n bytes at offset off of the open file fd into buf (pread, retried on EINTR); dies naming path when the
 // file ends early or a read fails. Readers that must leave nothing behind on a refused input (a DIE that
@@ -57,17 +61,17 @@ void path_parent(char *buf, size_t n, const char *path);
 // fsync a directory (after creating, renaming or removing entries in it); dies naming it.
 void fsync_dir(const char *path);
 
-double now_seconds(void);             // monotonic clock
+double now_seconds(void); // monotonic clock
 int file_exists(const char *path);
 int dir_exists(const char *path);
-void mkdir_p(const char *path);       // dies on failure
+void mkdir_p(const char *path); // dies on failure
 
 // A 64-bit hash of n bytes, continuing from h (start with 0): for identity checks, not security.
 uint64_t hash_bytes(const void *p, size_t n, uint64_t h);
 
 // Format helpers
-void fmt_bytes(char *buf, size_t n, double bytes);   // "1.23 GiB"
-void fmt_count(char *buf, size_t n, double count);   // "1.23M"
+void fmt_bytes(char *buf, size_t n, double bytes); // "1.23 GiB"
+void fmt_count(char *buf, size_t n, double count); // "1.23M"
 
 // A copy of everything this process writes to stdout, appended to the file at path (created 0644 at the
 // first output, so nothing is written when nothing is printed): stdout becomes a pipe that a thread

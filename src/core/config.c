@@ -16,14 +16,18 @@ static void base(ModelConfig *c) {
     c->z_coef = 0.001f;
     c->dispatch = DISPATCH_DROPLESS;
     c->capacity_factor = 1.25f;
-    c->bias_rate = 0.001f;   // DeepSeek-V3's bias update speed
+    c->bias_rate = 0.001f; // DeepSeek-V3's bias update speed
 }
 
 // Family shapes beyond Mixtral: qk (QkNorm), bias (q/k/v), shared (shared experts x hidden size, gated),
 // hd (0: d / H), eps (0: 1e-5).
 typedef struct {
-    const char *name; int V, d, L, H, KV, f, E, k, maxT; float theta; int renorm;
-    int family, qk, bias, n_shared, shared_f, hd; float eps;
+    const char *name;
+    int V, d, L, H, KV, f, E, k, maxT;
+    float theta;
+    int renorm;
+    int family, qk, bias, n_shared, shared_f, hd;
+    float eps;
 } Preset;
 static const Preset presets[] = {
     // byte-level, trains in minutes on 2 CPU cores
@@ -32,13 +36,16 @@ static const Preset presets[] = {
     // shapes of published models (for `moe info`; far too large for a CPU), from their config.json:
     // mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, allenai/OLMoE-1B-7B-0924, Qwen/Qwen1.5-MoE-A2.7B,
     // Qwen/Qwen3-30B-A3B
-    {"mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 8, 2, 32768, 1000000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0, 0},
-    {"mixtral-8x22b", 32768, 6144, 56, 48, 8, 16384, 8, 2, 65536, 1000000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0, 0},
-    {"olmoe-1b-7b", 50304, 2048, 16, 16, 16, 1024, 64, 8, 4096, 10000.0f, 0, FAM_OLMOE, QK_NORM_FULL, 0, 0, 0, 0, 1e-5f},
-    {"qwen2-moe-a2.7b", 151936, 2048, 24, 16, 16, 1408, 60, 4, 8192, 1000000.0f, 0, FAM_QWEN2_MOE, 0, 1, 1, 5632, 0,
-     1e-6f},
-    {"qwen3-moe-30b-a3b", 151936, 2048, 48, 32, 4, 768, 128, 8, 40960, 1000000.0f, 1, FAM_QWEN3_MOE, QK_NORM_HEAD, 0, 0,
-     0, 128, 1e-6f},
+    {"mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 8, 2, 32768, 1000000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0,
+     0},
+    {"mixtral-8x22b", 32768, 6144, 56, 48, 8, 16384, 8, 2, 65536, 1000000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0,
+     0},
+    {"olmoe-1b-7b", 50304, 2048, 16, 16, 16, 1024, 64, 8, 4096, 10000.0f, 0, FAM_OLMOE, QK_NORM_FULL, 0, 0, 0,
+     0, 1e-5f},
+    {"qwen2-moe-a2.7b", 151936, 2048, 24, 16, 16, 1408, 60, 4, 8192, 1000000.0f, 0, FAM_QWEN2_MOE, 0, 1, 1,
+     5632, 0, 1e-6f},
+    {"qwen3-moe-30b-a3b", 151936, 2048, 48, 32, 4, 768, 128, 8, 40960, 1000000.0f, 1, FAM_QWEN3_MOE,
+     QK_NORM_HEAD, 0, 0, 0, 128, 1e-6f},
     // the PEERS.md reference model
     {"peers-ref", 32000, 2048, 16, 16, 8, 5632, 8, 2, 2048, 10000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0, 0},
 };
@@ -48,11 +55,24 @@ int config_preset(ModelConfig *c, const char *name) {
         const Preset *p = &presets[i];
         if (strcmp(p->name, name) != 0) continue;
         base(c);
-        c->vocab_size = p->V; c->d_model = p->d; c->n_layers = p->L; c->n_heads = p->H;
-        c->n_kv_heads = p->KV; c->head_dim = p->hd ? p->hd : p->d / p->H; c->d_ff = p->f; c->n_experts = p->E;
-        c->top_k = p->k; c->max_seq_len = p->maxT; c->rope_theta = p->theta; c->renormalize = p->renorm;
-        c->family = p->family; c->qk_norm = p->qk; c->qkv_bias = p->bias; c->n_shared_experts = p->n_shared;
-        c->shared_d_ff = p->shared_f; c->shared_gate = p->n_shared > 0 && p->family == FAM_QWEN2_MOE;
+        c->vocab_size = p->V;
+        c->d_model = p->d;
+        c->n_layers = p->L;
+        c->n_heads = p->H;
+        c->n_kv_heads = p->KV;
+        c->head_dim = p->hd ? p->hd : p->d / p->H;
+        c->d_ff = p->f;
+        c->n_experts = p->E;
+        c->top_k = p->k;
+        c->max_seq_len = p->maxT;
+        c->rope_theta = p->theta;
+        c->renormalize = p->renorm;
+        c->family = p->family;
+        c->qk_norm = p->qk;
+        c->qkv_bias = p->bias;
+        c->n_shared_experts = p->n_shared;
+        c->shared_d_ff = p->shared_f;
+        c->shared_gate = p->n_shared > 0 && p->family == FAM_QWEN2_MOE;
         if (p->eps > 0) c->norm_eps = p->eps;
         return 0;
     }
@@ -60,7 +80,8 @@ int config_preset(ModelConfig *c, const char *name) {
 }
 
 const char *config_preset_names(void) {
-    return "tiny, small, mixtral-8x7b, mixtral-8x22b, olmoe-1b-7b, qwen2-moe-a2.7b, qwen3-moe-30b-a3b, peers-ref";
+    return "tiny, small, mixtral-8x7b, mixtral-8x22b, olmoe-1b-7b, qwen2-moe-a2.7b, qwen3-moe-30b-a3b, "
+           "peers-ref";
 }
 
 static const char *const fam_names[] = {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe"};
@@ -71,7 +92,11 @@ const char *config_family_arch(int f) { return f >= 0 && f < 4 ? fam_archs[f] : 
 
 const char *config_validate(const ModelConfig *c) {
     static char msg[256];
-#define BAD(...) do { snprintf(msg, sizeof msg, __VA_ARGS__); return msg; } while (0)
+#define BAD(...) \
+    do { \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        return msg; \
+    } while (0)
     if (c->vocab_size < 2) BAD("vocab_size must be >= 2 (got %d)", c->vocab_size);
     if (c->d_model < 1) BAD("d_model must be >= 1 (got %d)", c->d_model);
     if (c->n_layers < 1) BAD("n_layers must be >= 1 (got %d)", c->n_layers);
@@ -80,10 +105,8 @@ const char *config_validate(const ModelConfig *c) {
         BAD("n_kv_heads must be in 1..n_heads=%d (got %d)", c->n_heads, c->n_kv_heads);
     if (c->n_heads % c->n_kv_heads)
         BAD("n_heads=%d is not divisible by n_kv_heads=%d", c->n_heads, c->n_kv_heads);
-    if (c->d_model % c->n_heads)
-        BAD("d_model=%d is not divisible by n_heads=%d", c->d_model, c->n_heads);
-    if (c->head_dim < 2 || c->head_dim % 2)
-        BAD("head_dim must be even and >= 2 (got %d)", c->head_dim);
+    if (c->d_model % c->n_heads) BAD("d_model=%d is not divisible by n_heads=%d", c->d_model, c->n_heads);
+    if (c->head_dim < 2 || c->head_dim % 2) BAD("head_dim must be even and >= 2 (got %d)", c->head_dim);
     if (c->d_ff < 1) BAD("d_ff must be >= 1 (got %d)", c->d_ff);
     if (c->n_experts < 1) BAD("n_experts must be >= 1 (got %d)", c->n_experts);
     if (c->top_k < 1 || c->top_k > c->n_experts)
@@ -91,56 +114,73 @@ const char *config_validate(const ModelConfig *c) {
     if (c->max_seq_len < 2 || c->max_seq_len > MOE_MAX_SEQ_LEN)
         BAD("max_seq_len must be in 2..%d (got %d)", MOE_MAX_SEQ_LEN, c->max_seq_len);
     // floats: finite and in range (the negated comparisons also refuse NaN)
-    if (!(c->rope_theta > 0 && c->rope_theta <= 1e12f)) BAD("rope_theta must be in (0, 1e+12] (got %g)", c->rope_theta);
+    if (!(c->rope_theta > 0 && c->rope_theta <= 1e12f))
+        BAD("rope_theta must be in (0, 1e+12] (got %g)", c->rope_theta);
     if (!(c->norm_eps > 0 && c->norm_eps <= 1)) BAD("norm_eps must be in (0, 1] (got %g)", c->norm_eps);
     if (!(c->init_std > 0 && c->init_std <= 10)) BAD("init_std must be in (0, 10] (got %g)", c->init_std);
-    if (c->renormalize != 0 && c->renormalize != 1) BAD("renormalize must be 0 or 1 (got %d)", c->renormalize);
+    if (c->renormalize != 0 && c->renormalize != 1)
+        BAD("renormalize must be 0 or 1 (got %d)", c->renormalize);
     if (!(c->jitter >= 0 && c->jitter < 1)) BAD("jitter must be in [0, 1) (got %g)", c->jitter);
     if (!(c->attention_dropout >= 0 && c->attention_dropout < 1))
         BAD("attention_dropout must be in [0, 1) (got %g)", c->attention_dropout);
     if (!(c->aux_coef >= 0 && c->aux_coef <= 100)) BAD("aux_coef must be in [0, 100] (got %g)", c->aux_coef);
     if (!(c->z_coef >= 0 && c->z_coef <= 100)) BAD("z_coef must be in [0, 100] (got %g)", c->z_coef);
     if (c->aux_form != AUX_LAYER && c->aux_form != AUX_HF) BAD("unknown aux form %d", (int)c->aux_form);
-    if (c->dispatch != DISPATCH_DROPLESS && c->dispatch != DISPATCH_CAPACITY) BAD("unknown dispatch mode %d", (int)c->dispatch);
+    if (c->dispatch != DISPATCH_DROPLESS && c->dispatch != DISPATCH_CAPACITY)
+        BAD("unknown dispatch mode %d", (int)c->dispatch);
     // any finite factor: capacity_for caps the slots at the tokens (a factor >= E / k drops nothing)
     if (!isfinite(c->capacity_factor)) BAD("capacity_factor must be finite (got %g)", c->capacity_factor);
     if (c->dispatch == DISPATCH_CAPACITY && !(c->capacity_factor > 0))
         BAD("capacity_factor must be > 0 (got %g)", c->capacity_factor);
     // families: each option only where transformers' architecture has it
     if (c->family < FAM_MIXTRAL || c->family > FAM_QWEN3_MOE) BAD("unknown model family %d", c->family);
-    if (c->qk_norm < QK_NORM_NONE || c->qk_norm > QK_NORM_HEAD) BAD("qk_norm must be none, full or head (got %d)", c->qk_norm);
+    if (c->qk_norm < QK_NORM_NONE || c->qk_norm > QK_NORM_HEAD)
+        BAD("qk_norm must be none, full or head (got %d)", c->qk_norm);
     if (c->qkv_bias != 0 && c->qkv_bias != 1) BAD("qkv_bias must be 0 or 1 (got %d)", c->qkv_bias);
-    if (c->shared_gate != 0 && c->shared_gate != 1) BAD("shared_gate must be 0 or 1 (got %d)", c->shared_gate);
-    if (c->n_shared_experts < 0 || c->n_shared_experts > 64) BAD("n_shared_experts must be in 0..64 (got %d)", c->n_shared_experts);
+    if (c->shared_gate != 0 && c->shared_gate != 1)
+        BAD("shared_gate must be 0 or 1 (got %d)", c->shared_gate);
+    if (c->n_shared_experts < 0 || c->n_shared_experts > 64)
+        BAD("n_shared_experts must be in 0..64 (got %d)", c->n_shared_experts);
     if (c->n_shared_experts > 0 && c->shared_d_ff < 1)
         BAD("shared_d_ff must be >= 1 with %d shared experts (got %d)", c->n_shared_experts, c->shared_d_ff);
     if (c->n_shared_experts == 0 && (c->shared_d_ff != 0 || c->shared_gate))
         BAD("shared_d_ff / shared_gate are set but n_shared_experts is 0");
     const char *fam = config_family_name(c->family);
     static const char *const qkn[] = {"none", "full", "head"};
-    int want_qk = c->family == FAM_OLMOE ? QK_NORM_FULL : c->family == FAM_QWEN3_MOE ? QK_NORM_HEAD : QK_NORM_NONE;
+    int want_qk = c->family == FAM_OLMOE ? QK_NORM_FULL
+        : c->family == FAM_QWEN3_MOE     ? QK_NORM_HEAD
+                                         : QK_NORM_NONE;
     if (c->qk_norm != want_qk)
-        BAD("family %s has qk_norm %s, not %s (OLMoE: full, Qwen3-MoE: head, Mixtral and Qwen2-MoE: none)", fam,
-            qkn[want_qk], qkn[c->qk_norm]);
-    if (c->qkv_bias && c->family != FAM_QWEN2_MOE) BAD("family %s has no q/k/v biases (only qwen2_moe does)", fam);
-    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE) BAD("family %s has no shared experts (only qwen2_moe does)", fam);
+        BAD("family %s has qk_norm %s, not %s (OLMoE: full, Qwen3-MoE: head, Mixtral and Qwen2-MoE: none)",
+            fam, qkn[want_qk], qkn[c->qk_norm]);
+    if (c->qkv_bias && c->family != FAM_QWEN2_MOE)
+        BAD("family %s has no q/k/v biases (only qwen2_moe does)", fam);
+    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE)
+        BAD("family %s has no shared experts (only qwen2_moe does)", fam);
     if (c->family == FAM_QWEN2_MOE && !(c->n_shared_experts == 1 && c->shared_gate))
-        BAD("family qwen2_moe has exactly one shared expert with a sigmoid gate (got %d shared experts, gate %d)",
+        BAD("family qwen2_moe has exactly one shared expert with a sigmoid gate (got %d shared experts, gate "
+            "%d)",
             c->n_shared_experts, c->shared_gate);
     if ((c->family == FAM_OLMOE || c->family == FAM_QWEN2_MOE) && c->head_dim * c->n_heads != c->d_model)
-        BAD("family %s has head_dim = d_model / n_heads = %d (got %d)", fam, c->d_model / c->n_heads, c->head_dim);
-    if (c->balance != BALANCE_AUX && c->balance != BALANCE_AUX_FREE) BAD("unknown balance mode %d", c->balance);
+        BAD("family %s has head_dim = d_model / n_heads = %d (got %d)", fam, c->d_model / c->n_heads,
+            c->head_dim);
+    if (c->balance != BALANCE_AUX && c->balance != BALANCE_AUX_FREE)
+        BAD("unknown balance mode %d", c->balance);
     if (!(c->bias_rate >= 0 && c->bias_rate <= 1)) BAD("bias_rate must be in [0, 1] (got %g)", c->bias_rate);
-    if (c->aux_scope < AUX_SCOPE_MICRO || c->aux_scope > AUX_SCOPE_GLOBAL) BAD("unknown aux scope %d", c->aux_scope);
+    if (c->aux_scope < AUX_SCOPE_MICRO || c->aux_scope > AUX_SCOPE_GLOBAL)
+        BAD("unknown aux scope %d", c->aux_scope);
     if (c->aux_scope != AUX_SCOPE_MICRO && c->aux_form == AUX_HF)
-        BAD("aux_scope %s applies to the per-layer aux loss: it needs aux_form layer (HF's form is one loss over all "
-            "layers' micro-batch statistics)", c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
+        BAD("aux_scope %s applies to the per-layer aux loss: it needs aux_form layer (HF's form is one loss "
+            "over all "
+            "layers' micro-batch statistics)",
+            c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
 #undef BAD
     return NULL;
 }
 
 size_t config_num_params(const ModelConfig *c) {
-    size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff, E = c->n_experts;
+    size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff,
+           E = c->n_experts;
     size_t layer = 2 * d + d * H * hd * 2 + d * KV * hd * 2 + E * d + E * 3 * d * f;
     if (c->qk_norm == QK_NORM_FULL) layer += (H + KV) * hd;
     if (c->qk_norm == QK_NORM_HEAD) layer += 2 * hd;
@@ -157,8 +197,8 @@ size_t config_num_active_params(const ModelConfig *c) {
 double config_flops_per_token(const ModelConfig *c, int T) {
     double d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff;
     double E = c->n_experts, k = c->top_k, V = c->vocab_size;
-    double attn_proj = 2 * d * hd * (2 * H + 2 * KV);      // q, o + k, v
-    double attn_scores = 2 * 2 * H * hd * T / 2.0;          // QK^T and PV, causal half
+    double attn_proj = 2 * d * hd * (2 * H + 2 * KV); // q, o + k, v
+    double attn_scores = 2 * 2 * H * hd * T / 2.0; // QK^T and PV, causal half
     double router = 2 * d * E;
     double experts = k * 2 * 3 * d * f + 2 * 3 * d * (double)c->n_shared_experts * c->shared_d_ff;
     double fwd = c->n_layers * (attn_proj + attn_scores + router + experts) + 2 * d * V;

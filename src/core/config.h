@@ -1,5 +1,5 @@
-// config.h (core: every layer reads it) — the model's shape and MoE options, named presets, validation, FLOP/memory figures.
-// Must not hold: training options (train/options.h), anything about files or devices.
+// config.h (core: every layer reads it) — the model's shape and MoE options, named presets, validation,
+// FLOP/memory figures. Must not hold: training options (train/options.h), anything about files or devices.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -24,52 +24,53 @@ typedef enum { BALANCE_AUX = 0, BALANCE_AUX_FREE = 1 } BalanceMode;
 typedef enum { AUX_SCOPE_MICRO = 0, AUX_SCOPE_SEQ = 1, AUX_SCOPE_GLOBAL = 2 } AuxScope;
 
 typedef struct {
-    int vocab_size;       // V
-    int d_model;          // d
-    int n_layers;         // L
-    int n_heads;          // H
-    int n_kv_heads;       // KV (GQA: H % KV == 0)
-    int head_dim;         // hd (usually d / H)
-    int d_ff;             // f, per expert
-    int n_experts;        // E
-    int top_k;            // k
-    int max_seq_len;      // longest sequence positions are defined for
+    int vocab_size; // V
+    int d_model; // d
+    int n_layers; // L
+    int n_heads; // H
+    int n_kv_heads; // KV (GQA: H % KV == 0)
+    int head_dim; // hd (usually d / H)
+    int d_ff; // f, per expert
+    int n_experts; // E
+    int top_k; // k
+    int max_seq_len; // longest sequence positions are defined for
     float rope_theta;
     float norm_eps;
-    float init_std;       // normal(0, init_std) for linear weights; output projections scaled by 1/sqrt(2L)
+    float init_std; // normal(0, init_std) for linear weights; output projections scaled by 1/sqrt(2L)
     // MoE
-    int renormalize;      // 1: top-k weights renormalised to sum 1 (Mixtral); 0: raw softmax probs (OLMoE)
-    float jitter;         // multiplicative input jitter on the router input, U(1-j, 1+j); training only
-    float aux_coef;       // load-balancing loss coefficient (E * sum_i f_i P_i)
-    float z_coef;         // router z-loss coefficient (mean logsumexp^2)
+    int renormalize; // 1: top-k weights renormalised to sum 1 (Mixtral); 0: raw softmax probs (OLMoE)
+    float jitter; // multiplicative input jitter on the router input, U(1-j, 1+j); training only
+    float aux_coef; // load-balancing loss coefficient (E * sum_i f_i P_i)
+    float z_coef; // router z-loss coefficient (mean logsumexp^2)
     AuxForm aux_form;
     DispatchMode dispatch;
-    float capacity_factor;  // capacity mode: capacity = ceil(cf * tokens * k / E)
+    float capacity_factor; // capacity mode: capacity = ceil(cf * tokens * k / E)
     // families beyond Mixtral (zero: Mixtral)
-    int family;           // ModelFamily
-    int qk_norm;          // QkNorm
-    int qkv_bias;         // 1: q, k, v projections have biases (Qwen2-MoE)
-    int n_shared_experts; // shared experts every token passes through (one SwiGLU MLP of width n * shared_d_ff)
-    int shared_d_ff;      // each shared expert's hidden size
-    int shared_gate;      // 1: the shared output scaled by sigmoid(x . w_gate) per token (Qwen2-MoE)
-    int balance;          // BalanceMode
-    float bias_rate;      // aux-free: the bias moves by bias_rate * sign(mean load - load) per step
-    int aux_scope;        // AuxScope
-    float attention_dropout;  // dropout on the attention probabilities in training (HF attention_dropout)
+    int family; // ModelFamily
+    int qk_norm; // QkNorm
+    int qkv_bias; // 1: q, k, v projections have biases (Qwen2-MoE)
+    int n_shared_experts; // shared experts every token passes through (one SwiGLU MLP of width n *
+                          // shared_d_ff)
+    int shared_d_ff; // each shared expert's hidden size
+    int shared_gate; // 1: the shared output scaled by sigmoid(x . w_gate) per token (Qwen2-MoE)
+    int balance; // BalanceMode
+    float bias_rate; // aux-free: the bias moves by bias_rate * sign(mean load - load) per step
+    int aux_scope; // AuxScope
+    float attention_dropout; // dropout on the attention probabilities in training (HF attention_dropout)
 } ModelConfig;
-const char *config_family_name(int family);        // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe" (model_type)
-const char *config_family_arch(int family);        // "MixtralForCausalLM", ...
+const char *config_family_name(int family); // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe" (model_type)
+const char *config_family_arch(int family); // "MixtralForCausalLM", ...
 
 // Fills *c with the named preset; returns 0 on success, -1 if the name is unknown.
 int config_preset(ModelConfig *c, const char *name);
-const char *config_preset_names(void);   // "tiny, small, mixtral-8x7b, olmoe-1b-7b, ..."
+const char *config_preset_names(void); // "tiny, small, mixtral-8x7b, olmoe-1b-7b, ..."
 
 // Returns NULL if valid, else a static message naming the offending numbers.
 const char *config_validate(const ModelConfig *c);
 
 // Parameter counts.
-size_t config_num_params(const ModelConfig *c);          // all
-size_t config_num_active_params(const ModelConfig *c);   // per token (k of E experts)
+size_t config_num_params(const ModelConfig *c); // all
+size_t config_num_active_params(const ModelConfig *c); // per token (k of E experts)
 // Training FLOPs per token (forward + backward = 3x forward) at sequence length T.
 double config_flops_per_token(const ModelConfig *c, int T);
 

@@ -16,7 +16,12 @@ static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k
 uint64_t rng_u64(Rng *r) {
     uint64_t *s = r->s;
     uint64_t res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
     return res;
 }
 uint32_t rng_below(Rng *r, uint32_t n) { return (uint32_t)((rng_u64(r) >> 32) * (uint64_t)n >> 32); }

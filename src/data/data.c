@@ -1,5 +1,6 @@
 // data.c — loading token streams (synthetic corpus, text files as bytes, llm.c .bin shards),
-// the train/val split (held-out tail, a --val-data file, or every 10th window of the embedded corpus), per-epoch shuffles, and the deterministic batch readers.
+// the train/val split (held-out tail, a --val-data file, or every 10th window of the embedded corpus),
+// per-epoch shuffles, and the deterministic batch readers.
 #define _POSIX_C_SOURCE 200809L
 #include "data/data.h"
 #include "core/common.h"
@@ -13,12 +14,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SYNTH_BYTES ((size_t)2 << 20)          // 2 MiB of synthetic text by default
-#define MIN_WINDOWS 10                         // window 9 is the first validation window
-#define EPOCH_MIX 0x9E3779B97F4A7C15ull        // epoch e shuffles with seed ^ (e * EPOCH_MIX)
-#define SHARD_MAGIC 20240520                   // uint16 tokens
+#define SYNTH_BYTES ((size_t)2 << 20) // 2 MiB of synthetic text by default
+#define MIN_WINDOWS 10 // window 9 is the first validation window
+#define EPOCH_MIX 0x9E3779B97F4A7C15ull // epoch e shuffles with seed ^ (e * EPOCH_MIX)
+#define SHARD_MAGIC 20240520 // uint16 tokens
 #define SHARD_VERSION 1
-#define SHARD32_MAGIC 20240801                 // uint32 tokens (llm.c, vocabularies beyond 65536)
+#define SHARD32_MAGIC 20240801 // uint32 tokens (llm.c, vocabularies beyond 65536)
 #define SHARD32_VERSION 7
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
@@ -33,19 +34,21 @@
 
 struct DataPermCache {
     pthread_mutex_t lock;
-    uint32_t *perm[2];    // perm[i] holds the order of epoch epoch[i] (indices into train_idx)
+    uint32_t *perm[2]; // perm[i] holds the order of epoch epoch[i] (indices into train_idx)
     uint64_t epoch[2];
     int valid[2];
-    int last;             // slot used most recently
+    int last; // slot used most recently
 };
 
 static void make_perm(uint32_t *perm, size_t n, uint64_t seed, uint64_t epoch) {
     Rng r;
     rng_seed(&r, seed ^ (epoch * EPOCH_MIX));
     for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
-    for (size_t i = n - 1; i > 0; i--) {           // Fisher-Yates, n >= 1
+    for (size_t i = n - 1; i > 0; i--) { // Fisher-Yates, n >= 1
         size_t j = rng_below(&r, (uint32_t)(i + 1));
-        uint32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        uint32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
     }
 }
 
@@ -53,7 +56,10 @@ static void make_perm(uint32_t *perm, size_t n, uint64_t seed, uint64_t epoch) {
 static const uint32_t *perm_for_epoch(const Dataset *ds, uint64_t epoch) {
     struct DataPermCache *c = ds->perm_cache;
     for (int i = 0; i < 2; i++)
-        if (c->valid[i] && c->epoch[i] == epoch) { c->last = i; return c->perm[i]; }
+        if (c->valid[i] && c->epoch[i] == epoch) {
+            c->last = i;
+            return c->perm[i];
+        }
     int slot = 1 - c->last;
     if (!c->perm[slot]) c->perm[slot] = xmalloc(ds->n_train * sizeof(uint32_t));
     make_perm(c->perm[slot], ds->n_train, ds->seed, epoch);
@@ -88,10 +94,11 @@ static void check_text(const char *path, const unsigned char *b, size_t len) {
     for (size_t i = 0; i < n;) {
         unsigned c = b[i];
         if (c == 0)
-            DIE("'%s' looks binary (NUL byte at offset %zu); expected a text file, or an llm.c .bin shard", path, i);
+            DIE("'%s' looks binary (NUL byte at offset %zu); expected a text file, or an llm.c .bin shard",
+                path, i);
         if (c < 0x80) {
             int ok = (c >= 0x20 && c != 0x7F) || c == '\t' || c == '\n' || c == '\v' || c == '\f' ||
-                     c == '\r' || c == '\b' || c == 0x1B;
+                c == '\r' || c == '\b' || c == 0x1B;
             bad += !ok;
             i++;
             continue;
@@ -100,7 +107,10 @@ static void check_text(const char *path, const unsigned char *b, size_t len) {
         int ok = need > 0;
         for (int k = 1; ok && k <= need && i + k < n; k++) ok = (b[i + k] & 0xC0) == 0x80;
         if (ok) i += (size_t)need + 1;
-        else { bad++; i++; }
+        else {
+            bad++;
+            i++;
+        }
     }
     if (bad * 10 > n * 3)
         DIE("'%s' looks binary (%zu of its first %zu bytes are not text, over 30%%); expected a text file",
@@ -111,7 +121,8 @@ static void load_text(Dataset *ds, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) DIE("cannot open text file '%s' (%s)", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) DIE("'%s' is a directory, not a text file", path);
-    if (!S_ISREG(st.st_mode)) DIE("'%s' is not a regular file (a FIFO or device would be read forever)", path);
+    if (!S_ISREG(st.st_mode))
+        DIE("'%s' is not a regular file (a FIFO or device would be read forever)", path);
     size_t len = 0;
     char *buf = read_file(path, &len);
     if (!buf) DIE("cannot read text file '%s' (%s)", path, strerror(errno));
@@ -134,7 +145,7 @@ static void load_text(Dataset *ds, const char *path) {
 // no buffer or FILE of its own: a refused shard leaves nothing behind when DIE returns (the fuzz target;
 // stdio's FILE and a 256 KB staging buffer leaked 10 KB a refused input there, 4 GB in a minute of fuzzing).
 static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
-    struct stat st;   // before opening: opening a FIFO would wait for a writer
+    struct stat st; // before opening: opening a FIFO would wait for a writer
     if (stat(path, &st) != 0) DIE("cannot stat shard '%s' (%s)", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) DIE("shard '%s' is not a regular file", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -144,22 +155,24 @@ static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
     long long size = (long long)st.st_size;
     if (size == 0) DIE("shard '%s' is empty (0 bytes)", path);
     if (size < SHARD_HEADER_BYTES)
-        DIE("shard '%s' is truncated: %lld bytes, too small for the %d-byte header", path, size, SHARD_HEADER_BYTES);
+        DIE("shard '%s' is truncated: %lld bytes, too small for the %d-byte header", path, size,
+            SHARD_HEADER_BYTES);
     int32_t hdr[SHARD_HEADER_INTS];
     xpread(fd, hdr, sizeof hdr, 0, path);
-    int tb;   // bytes per token
+    int tb; // bytes per token
     if (hdr[0] == SHARD_MAGIC) {
         if (hdr[1] != SHARD_VERSION)
-            DIE("shard '%s' has unsupported version %d (magic %d expects version %d: uint16 tokens)", path, hdr[1],
-                SHARD_MAGIC, SHARD_VERSION);
+            DIE("shard '%s' has unsupported version %d (magic %d expects version %d: uint16 tokens)", path,
+                hdr[1], SHARD_MAGIC, SHARD_VERSION);
         tb = 2;
     } else if (hdr[0] == SHARD32_MAGIC) {
         if (hdr[1] != SHARD32_VERSION)
-            DIE("shard '%s' has unsupported version %d (magic %d expects version %d: uint32 tokens)", path, hdr[1],
-                SHARD32_MAGIC, SHARD32_VERSION);
+            DIE("shard '%s' has unsupported version %d (magic %d expects version %d: uint32 tokens)", path,
+                hdr[1], SHARD32_MAGIC, SHARD32_VERSION);
         tb = 4;
     } else {
-        DIE("shard '%s' has wrong magic %d (expected %d for uint16 or %d for uint32 tokens): not an llm.c token shard",
+        DIE("shard '%s' has wrong magic %d (expected %d for uint16 or %d for uint32 tokens): not an llm.c "
+            "token shard",
             path, hdr[0], SHARD_MAGIC, SHARD32_MAGIC);
     }
     if (hdr[2] < 0) DIE("shard '%s' header has a negative token count %d", path, hdr[2]);
@@ -172,8 +185,8 @@ static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
             path, size, expected, SHARD_HEADER_BYTES, tb, n);
     *tokens = xrealloc(*tokens, (n_have + (size_t)n) * sizeof(int32_t));
     int32_t *dst = *tokens + n_have;
-    if (tb == 2) {   // the n uint16 into the upper half of dst's 4n bytes, then widened in place from the front
-                     // (dst[i]'s bytes end below element i + 1's source; read by memcpy: no aliasing)
+    if (tb == 2) { // the n uint16 into the upper half of dst's 4n bytes, then widened in place from the front
+                   // (dst[i]'s bytes end below element i + 1's source; read by memcpy: no aliasing)
         unsigned char *b16 = (unsigned char *)dst + 2 * (size_t)n;
         xpread(fd, b16, 2 * (size_t)n, SHARD_HEADER_BYTES, path);
         for (size_t i = 0; i < (size_t)n; i++) {
@@ -184,10 +197,11 @@ static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
     } else {
         uint32_t *b32 = (uint32_t *)dst;
         xpread(fd, b32, 4 * (size_t)n, SHARD_HEADER_BYTES, path);
-        for (size_t i = 0; i < (size_t)n; i++)   // the loader keeps int32 ids; the vocabulary is rounded up to 64
+        for (size_t i = 0; i < (size_t)n;
+             i++) // the loader keeps int32 ids; the vocabulary is rounded up to 64
             if (b32[i] > (uint32_t)(INT32_MAX - VOCAB_ROUND))
-                DIE("shard '%s': token %u at position %zu is too large (ids must be below %d)", path, (unsigned)b32[i],
-                    i, INT32_MAX - VOCAB_ROUND + 1);
+                DIE("shard '%s': token %u at position %zu is too large (ids must be below %d)", path,
+                    (unsigned)b32[i], i, INT32_MAX - VOCAB_ROUND + 1);
     }
     if (close(fd) != 0) DIE("cannot close shard '%s' (%s)", path, strerror(errno));
     return (size_t)n;
@@ -208,13 +222,15 @@ static void load_shards(Dataset *ds, const char *pattern) {
     size_t n = 0;
     for (size_t i = 0; i < g.gl_pathc; i++) n += load_shard(g.gl_pathv[i], &ds->tokens, n);
     int max_id = 0;
-    for (size_t i = 0; i < n; i++) if (ds->tokens[i] > max_id) max_id = ds->tokens[i];
+    for (size_t i = 0; i < n; i++)
+        if (ds->tokens[i] > max_id) max_id = ds->tokens[i];
     if (!ds->tokens) ds->tokens = xmalloc(sizeof(int32_t));
     ds->n_tokens = n;
     // in 64 bits: the largest id the loader keeps (INT32_MAX - 64) rounds up to a vocabulary that fits an
     // int, but max_id + 64 does not (found by tests/fuzz/fuzz_shard.c)
     ds->vocab_size = (int)(((int64_t)max_id + VOCAB_ROUND) / VOCAB_ROUND * VOCAB_ROUND);
-    snprintf(ds->source, sizeof ds->source, "shards:%s (%zu file%s)", pattern, g.gl_pathc, g.gl_pathc == 1 ? "" : "s");
+    snprintf(ds->source, sizeof ds->source, "shards:%s (%zu file%s)", pattern, g.gl_pathc,
+             g.gl_pathc == 1 ? "" : "s");
     globfree(&g);
 }
 
@@ -222,7 +238,7 @@ static void load_shards(Dataset *ds, const char *pattern) {
 
 static void load_synthetic(Dataset *ds, uint64_t seed, int T) {
     size_t want = SYNTH_BYTES;
-    size_t need = (size_t)MIN_WINDOWS * (size_t)T + 64;   // synth_generate may stop 39 bytes short
+    size_t need = (size_t)MIN_WINDOWS * (size_t)T + 64; // synth_generate may stop 39 bytes short
     if (want < need) want = need;
     char *text = xmalloc(want);
     ds->kinds = xmalloc(want);
@@ -240,10 +256,12 @@ static void load_synthetic(Dataset *ds, uint64_t seed, int T) {
 static void load_source(Dataset *ds, const char *path, uint64_t seed, int T) {
     size_t plen = path ? strlen(path) : 0;
     if (!path) load_synthetic(ds, seed, T);
-    else if ((plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?[")) load_shards(ds, path);
+    else if ((plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?["))
+        load_shards(ds, path);
     else load_text(ds, path);
     ds->max_token = -1;
-    for (size_t i = 0; i < ds->n_tokens; i++) if (ds->tokens[i] > ds->max_token) ds->max_token = ds->tokens[i];
+    for (size_t i = 0; i < ds->n_tokens; i++)
+        if (ds->tokens[i] > ds->max_token) ds->max_token = ds->tokens[i];
 }
 
 // The held-out tail of n tokens: ceil(n * f) (f is a decimal the user typed, read as a float: rounded
@@ -258,25 +276,29 @@ static int tail_fits(size_t n, double f, int T) {
     return held <= n && windows_in(held, T) >= 1 && windows_in(n - held, T) >= 1;
 }
 
-void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed, int T) {
+void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed,
+                     int T) {
     memset(ds, 0, sizeof *ds);
     CHECK(T >= 1, "data: sequence length T must be >= 1 (got %d)", T);
     if (!path && val_path) DIE("--val-data needs --data: the embedded corpus holds out its own windows");
     if (!(val_frac > 0 && val_frac <= 0.5)) DIE("--val-frac must be in (0, 0.5] (got %g)", val_frac);
     if (!path && fabs(val_frac - DATA_VAL_FRAC) > 1e-6)
         DIE("--val-frac %g: the embedded corpus holds out every 10th window (its split is fixed); --val-frac "
-            "applies to --data files", val_frac);
+            "applies to --data files",
+            val_frac);
     load_source(ds, path, seed, T);
     ds->T = T;
     ds->seed = seed;
     ds->val_frac = val_frac;
-    size_t first_val = 0, val_avail = 0;   // tail / file: where the validation windows start, tokens they tile
+    size_t first_val = 0, val_avail = 0; // tail / file: where the validation windows start, tokens they tile
     if (!path) {
         ds->split = DATA_SPLIT_EVERY10;
         size_t need = (size_t)MIN_WINDOWS * (size_t)T + 1;
         if (ds->n_tokens < need)
-            DIE("the synthetic corpus has %zu tokens, too few for T=%d: need at least %zu (%d windows of T+1 tokens "
-                "at stride T, so that one is a validation window)", ds->n_tokens, T, need, MIN_WINDOWS);
+            DIE("the synthetic corpus has %zu tokens, too few for T=%d: need at least %zu (%d windows of T+1 "
+                "tokens "
+                "at stride T, so that one is a validation window)",
+                ds->n_tokens, T, need, MIN_WINDOWS);
         ds->n_windows = (ds->n_tokens - 1) / (size_t)T;
         ds->n_val = ds->n_windows / 10;
         ds->n_train = ds->n_windows - ds->n_val;
@@ -305,8 +327,10 @@ void data_open_split(Dataset *ds, const char *path, const char *val_path, double
         if (!tail_fits(ds->n_tokens, val_frac, T)) {
             size_t need = (size_t)T + 1;
             while (!tail_fits(need, val_frac, T)) need++;
-            DIE("%s has %zu tokens, too few for T=%d: need at least %zu (a window of T+1 tokens before the held-out "
-                "tail, and one in it: --val-frac %g)", path, ds->n_tokens, T, need, val_frac);
+            DIE("%s has %zu tokens, too few for T=%d: need at least %zu (a window of T+1 tokens before the "
+                "held-out "
+                "tail, and one in it: --val-frac %g)",
+                path, ds->n_tokens, T, need, val_frac);
         }
         size_t held = tail_tokens(ds->n_tokens, val_frac);
         ds->val_start = first_val = ds->n_tokens - held;
@@ -318,8 +342,8 @@ void data_open_split(Dataset *ds, const char *path, const char *val_path, double
         ds->n_val = windows_in(val_avail, T);
         ds->n_windows = ds->n_train + ds->n_val;
     }
-    CHECK(ds->n_train <= UINT32_MAX, "data: %zu training windows is more than this loader supports (2^32 - 1)",
-          ds->n_train);
+    CHECK(ds->n_train <= UINT32_MAX,
+          "data: %zu training windows is more than this loader supports (2^32 - 1)", ds->n_train);
     ds->train_idx = xmalloc(ds->n_train * sizeof(size_t));
     ds->val_off = xmalloc(ds->n_val * sizeof(size_t));
     size_t nt = 0, nv = 0;
@@ -345,7 +369,8 @@ void data_split_desc(const Dataset *ds, char *buf, size_t n) {
     if (ds->split == DATA_SPLIT_EVERY10)
         snprintf(buf, n, "validation: every 10th window of %d+1 tokens (the embedded corpus)", ds->T);
     else if (ds->split == DATA_SPLIT_FILE)
-        snprintf(buf, n, "validation: --val-data %s, %zu windows; all of --data trains", ds->val_source, ds->n_val);
+        snprintf(buf, n, "validation: --val-data %s, %zu windows; all of --data trains", ds->val_source,
+                 ds->n_val);
     else
         snprintf(buf, n, "validation: the held-out tail, the last %g%% of the tokens (%zu from token %zu)",
                  100 * round(ds->val_frac * 1e6) / 1e6, ds->n_tokens - ds->val_start, ds->val_start);
@@ -384,15 +409,17 @@ void data_train_batch(const Dataset *ds, uint64_t s0, int n, int32_t *inputs, in
     size_t T = (size_t)ds->T;
     lock_cache(ds);
     for (int r = 0; r < n; r++)
-        copy_window(ds, train_window_locked(ds, s0 + (uint64_t)r), inputs + (size_t)r * T, targets + (size_t)r * T);
+        copy_window(ds, train_window_locked(ds, s0 + (uint64_t)r), inputs + (size_t)r * T,
+                    targets + (size_t)r * T);
     unlock_cache(ds);
 }
 
-void data_val_batch(const Dataset *ds, uint64_t i0, int n, int32_t *inputs, int32_t *targets, uint8_t *kinds) {
+void data_val_batch(const Dataset *ds, uint64_t i0, int n, int32_t *inputs, int32_t *targets,
+                    uint8_t *kinds) {
     CHECK(n >= 0, "data_val_batch: negative batch size %d", n);
     CHECK(i0 <= ds->n_val && (uint64_t)n <= ds->n_val - i0,
-          "data: validation sequences %llu..%llu requested, the validation set has %zu", (unsigned long long)i0,
-          (unsigned long long)(i0 + (uint64_t)n), ds->n_val);
+          "data: validation sequences %llu..%llu requested, the validation set has %zu",
+          (unsigned long long)i0, (unsigned long long)(i0 + (uint64_t)n), ds->n_val);
     size_t T = (size_t)ds->T;
     for (int r = 0; r < n; r++) {
         size_t off = ds->val_off[i0 + (uint64_t)r];

@@ -21,35 +21,35 @@
 #include <stdint.h>
 
 #define DATA_MAX_KINDS 8
-#define DATA_VAL_FRAC 0.1        // default held-out fraction of a --data source (--val-frac)
+#define DATA_VAL_FRAC 0.1 // default held-out fraction of a --data source (--val-frac)
 
 typedef enum { DATA_SPLIT_EVERY10, DATA_SPLIT_TAIL, DATA_SPLIT_FILE } DataSplit;
 
 typedef struct {
     // the whole token stream
     int32_t *tokens;
-    uint8_t *kinds;          // per-token kind label (synthetic corpus only), else NULL
+    uint8_t *kinds; // per-token kind label (synthetic corpus only), else NULL
     size_t n_tokens;
-    int vocab_size;          // 256 for bytes; shards: max token id + 1 rounded up to a multiple of 64
-                             // (50304 for GPT-2 shards, which contain <|endoftext|> = 50256)
-    int max_token;           // largest token id in the stream (a model fits the data iff vocab > max_token)
-    int n_kinds;             // 0 unless synthetic
+    int vocab_size; // 256 for bytes; shards: max token id + 1 rounded up to a multiple of 64
+                    // (50304 for GPT-2 shards, which contain <|endoftext|> = 50256)
+    int max_token; // largest token id in the stream (a model fits the data iff vocab > max_token)
+    int n_kinds; // 0 unless synthetic
     const char *kind_names[DATA_MAX_KINDS];
-    char source[256];        // "synthetic(seed=1)", "text:path", "shards:pattern (n files)"
+    char source[256]; // "synthetic(seed=1)", "text:path", "shards:pattern (n files)"
     // split
     int T;
     uint64_t seed;
     DataSplit split;
-    double val_frac;         // tail: the held-out fraction
-    size_t val_start;        // tail: the first held-out token (tokens before it train)
-    char val_source[256];    // file: the validation source ("text:path", ...); else ""
-    size_t n_windows, n_train, n_val;   // n_windows = n_train + n_val
-    size_t *train_idx;       // training windows (ascending): window w reads tokens [w*T, w*T+T]
-    const int32_t *val_tokens;          // the stream validation windows read (tokens, or --val-data's)
-    const uint8_t *val_kinds;           // its kind labels, or NULL
-    size_t *val_off;         // token offset in val_tokens of each validation window (ascending)
-    int32_t *own_val;        // private: --val-data's tokens (freed by data_close)
-    struct DataPermCache *perm_cache;  // private to data.c: cached per-epoch permutations (+ lock)
+    double val_frac; // tail: the held-out fraction
+    size_t val_start; // tail: the first held-out token (tokens before it train)
+    char val_source[256]; // file: the validation source ("text:path", ...); else ""
+    size_t n_windows, n_train, n_val; // n_windows = n_train + n_val
+    size_t *train_idx; // training windows (ascending): window w reads tokens [w*T, w*T+T]
+    const int32_t *val_tokens; // the stream validation windows read (tokens, or --val-data's)
+    const uint8_t *val_kinds; // its kind labels, or NULL
+    size_t *val_off; // token offset in val_tokens of each validation window (ascending)
+    int32_t *own_val; // private: --val-data's tokens (freed by data_close)
+    struct DataPermCache *perm_cache; // private to data.c: cached per-epoch permutations (+ lock)
 } Dataset;
 
 // path == NULL: the embedded synthetic corpus generated from seed.
@@ -58,12 +58,13 @@ typedef struct {
 // words (magic, version, token count, rest unused), then the tokens, little-endian.
 // Otherwise: any file, bytes as tokens (vocab 256).
 // Dies with a clear message on a missing/empty/unreadable/malformed file or too little data for T.
-void data_open(Dataset *ds, const char *path, uint64_t seed, int T);   // the default split (val_frac 0.1)
+void data_open(Dataset *ds, const char *path, uint64_t seed, int T); // the default split (val_frac 0.1)
 // The same with the split chosen: val_path (NULL: none) is a separate validation source, loaded as
 // path is (text or shards); otherwise val_frac in (0, 0.5] of a --data source is held out as its
 // tail. The embedded corpus (path NULL) takes neither (its split is every10; val_frac must be the
 // default). Dies naming the option when a region is too short for one window of T+1 tokens.
-void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed, int T);
+void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed,
+                     int T);
 // One line describing the split ("held out: the last 10% (111540 tokens)", ...) into buf.
 void data_split_desc(const Dataset *ds, char *buf, size_t n);
 void data_close(Dataset *ds);
@@ -83,4 +84,4 @@ void data_val_batch(const Dataset *ds, uint64_t i0, int n, int32_t *inputs, int3
 // written: <= n_bytes and > n_bytes - 40; the output is a prefix-stable function of seed.
 // kinds may be NULL.
 size_t synth_generate(uint64_t seed, size_t n_bytes, char *text, uint8_t *kinds);
-int synth_kind_names(const char **names);   // names: room for DATA_MAX_KINDS; returns count
+int synth_kind_names(const char **names); // names: room for DATA_MAX_KINDS; returns count

@@ -18,8 +18,8 @@ enum { K_ADD, K_REVERSE, K_SORT, K_COPY, K_COUNT, K_UPPER, N_SYNTH_KINDS };
 static const char *const kind_names[N_SYNTH_KINDS] = {"add", "reverse", "sort", "copy", "count", "upper"};
 _Static_assert(N_SYNTH_KINDS <= DATA_MAX_KINDS, "too many synthetic kinds");
 
-#define SYNTH_MAX_LINE 40                      // every line, '\n' included, is shorter than this
-#define SYNTH_SALT 0x5EED0C0A9E5D17C3ull       // decorrelates the corpus from the epoch shuffles
+#define SYNTH_MAX_LINE 40 // every line, '\n' included, is shorter than this
+#define SYNTH_SALT 0x5EED0C0A9E5D17C3ull // decorrelates the corpus from the epoch shuffles
 
 int synth_kind_names(const char **names) {
     for (int k = 0; k < N_SYNTH_KINDS; k++) names[k] = kind_names[k];
@@ -42,54 +42,54 @@ static int make_line(Rng *r, int k, char *buf) {
     char s[16];
     int n = 0, len = 0;
     switch (k) {
-    case K_ADD: {
-        int a = rand_operand(r), b = rand_operand(r);
-        len = snprintf(buf, SYNTH_MAX_LINE, "%d+%d=%d\n", a, b, a + b);
-        break;
-    }
-    case K_REVERSE: {
-        n = rand_in(r, 2, 10);
-        rand_letters(r, s, n, 'a', 26);
-        len = snprintf(buf, SYNTH_MAX_LINE, "rev:%.*s=", n, s);
-        for (int i = n - 1; i >= 0; i--) buf[len++] = s[i];
-        buf[len++] = '\n';
-        break;
-    }
-    case K_SORT: {
-        n = rand_in(r, 2, 10);
-        rand_letters(r, s, n, '0', 10);
-        len = snprintf(buf, SYNTH_MAX_LINE, "sort:%.*s=", n, s);
-        int count[10] = {0};
-        for (int i = 0; i < n; i++) count[s[i] - '0']++;
-        for (int d = 0; d < 10; d++)
-            for (int c = 0; c < count[d]; c++) buf[len++] = (char)('0' + d);
-        buf[len++] = '\n';
-        break;
-    }
-    case K_COPY: {
-        n = rand_in(r, 2, 12);
-        rand_letters(r, s, n, 'a', 26);
-        len = snprintf(buf, SYNTH_MAX_LINE, "copy:%.*s=%.*s\n", n, s, n, s);
-        break;
-    }
-    case K_COUNT: {
-        n = rand_in(r, 3, 12);
-        rand_letters(r, s, n, 'a', 5);
-        char c = (char)('a' + (int)rng_below(r, 5));
-        int cnt = 0;
-        for (int i = 0; i < n; i++) cnt += s[i] == c;
-        len = snprintf(buf, SYNTH_MAX_LINE, "count:%.*s/%c=%d\n", n, s, c, cnt);
-        break;
-    }
-    case K_UPPER: {
-        n = rand_in(r, 2, 12);
-        rand_letters(r, s, n, 'a', 26);
-        len = snprintf(buf, SYNTH_MAX_LINE, "upper:%.*s=", n, s);
-        for (int i = 0; i < n; i++) buf[len++] = (char)(s[i] - 'a' + 'A');
-        buf[len++] = '\n';
-        break;
-    }
-    default: DIE("synth: bad kind %d", k);
+        case K_ADD: {
+            int a = rand_operand(r), b = rand_operand(r);
+            len = snprintf(buf, SYNTH_MAX_LINE, "%d+%d=%d\n", a, b, a + b);
+            break;
+        }
+        case K_REVERSE: {
+            n = rand_in(r, 2, 10);
+            rand_letters(r, s, n, 'a', 26);
+            len = snprintf(buf, SYNTH_MAX_LINE, "rev:%.*s=", n, s);
+            for (int i = n - 1; i >= 0; i--) buf[len++] = s[i];
+            buf[len++] = '\n';
+            break;
+        }
+        case K_SORT: {
+            n = rand_in(r, 2, 10);
+            rand_letters(r, s, n, '0', 10);
+            len = snprintf(buf, SYNTH_MAX_LINE, "sort:%.*s=", n, s);
+            int count[10] = {0};
+            for (int i = 0; i < n; i++) count[s[i] - '0']++;
+            for (int d = 0; d < 10; d++)
+                for (int c = 0; c < count[d]; c++) buf[len++] = (char)('0' + d);
+            buf[len++] = '\n';
+            break;
+        }
+        case K_COPY: {
+            n = rand_in(r, 2, 12);
+            rand_letters(r, s, n, 'a', 26);
+            len = snprintf(buf, SYNTH_MAX_LINE, "copy:%.*s=%.*s\n", n, s, n, s);
+            break;
+        }
+        case K_COUNT: {
+            n = rand_in(r, 3, 12);
+            rand_letters(r, s, n, 'a', 5);
+            char c = (char)('a' + (int)rng_below(r, 5));
+            int cnt = 0;
+            for (int i = 0; i < n; i++) cnt += s[i] == c;
+            len = snprintf(buf, SYNTH_MAX_LINE, "count:%.*s/%c=%d\n", n, s, c, cnt);
+            break;
+        }
+        case K_UPPER: {
+            n = rand_in(r, 2, 12);
+            rand_letters(r, s, n, 'a', 26);
+            len = snprintf(buf, SYNTH_MAX_LINE, "upper:%.*s=", n, s);
+            for (int i = 0; i < n; i++) buf[len++] = (char)(s[i] - 'a' + 'A');
+            buf[len++] = '\n';
+            break;
+        }
+        default: DIE("synth: bad kind %d", k);
     }
     CHECK(len > 0 && len < SYNTH_MAX_LINE, "synth: line of kind %s has length %d", kind_names[k], len);
     return len;

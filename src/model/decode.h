@@ -12,13 +12,13 @@
 #include "model/model.h"
 
 typedef struct {
-    int W, len;                    // positions the cache holds (its window), positions filled
-    void **k, **v;                 // per layer (W, KVl*hd): keys after RoPE, values, in the hidden format (ops.h)
-    void *q, *att;                 // (W, Hl*hd) queries after RoPE, the attention output: in the hidden format
-    float *lse;                    // (Hl, W): attention_fwd's layout, B = 1, T = W
-    float *x, *xn, *xmid, *mo;     // (W, d): the residual stream of the rows of one call, norm, mid, MoE out
-    float *rstd, *logits;          // (W) (V)
-    float *qraw, *kraw, *rstdqk;   // QK-norm (families): q, k before their norms, the norms' rstd (else NULL)
+    int W, len; // positions the cache holds (its window), positions filled
+    void **k, **v; // per layer (W, KVl*hd): keys after RoPE, values, in the hidden format (ops.h)
+    void *q, *att; // (W, Hl*hd) queries after RoPE, the attention output: in the hidden format
+    float *lse; // (Hl, W): attention_fwd's layout, B = 1, T = W
+    float *x, *xn, *xmid, *mo; // (W, d): the residual stream of the rows of one call, norm, mid, MoE out
+    float *rstd, *logits; // (W) (V)
+    float *qraw, *kraw, *rstdqk; // QK-norm (families): q, k before their norms, the norms' rstd (else NULL)
 } KvCache;
 
 // 1 when m can decode with a cache: one chunk holding every layer (no pipeline stages).

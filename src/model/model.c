@@ -108,12 +108,13 @@ static void qk_norm_bwd(Model *m, LayerActs *a, int l, int N) {
     qk_rows(m, N, m->Hl, &r, &C);
     be->zero(m->dq2, (size_t)r * C * F);
     int Ck = m->KVl * m->c.head_dim;
-    if (qk_split(m)) {   // (full rows: r = N, C = Hl*hd)
+    if (qk_split(m)) { // (full rows: r = N, C = Hl*hd)
         be->zero(m->dk2, (size_t)N * Ck * F);
         be->rmsnorm_part(m->qk_sums, m->dq, wq, a->qraw, N, C);
         be->rmsnorm_part(m->qk_sums + N, m->dk, wk, a->kraw, N, Ck);
         comm_dev_allreduce(m->mesh.tp, m->qk_sums, (size_t)2 * N, CT_F64);
-        be->rmsnorm_bwd_part(m->dq2, gq, m->dq, a->qraw, wq, a->rstdq, m->qk_sums, N, C, m->c.n_heads * m->c.head_dim);
+        be->rmsnorm_bwd_part(m->dq2, gq, m->dq, a->qraw, wq, a->rstdq, m->qk_sums, N, C,
+                             m->c.n_heads * m->c.head_dim);
         be->rmsnorm_bwd_part(m->dk2, gk, m->dk, a->kraw, wk, a->rstdk, m->qk_sums + N, N, Ck,
                              m->c.n_kv_heads * m->c.head_dim);
         return;
@@ -159,7 +160,8 @@ static const float *dropped_rows(Model *m, int l, int site, int r0, int r1) {
 }
 
 static int chunk_of(const Model *m, int l) {
-    for (int k = 0; k < m->nchunks; k++) if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return k;
+    for (int k = 0; k < m->nchunks; k++)
+        if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return k;
     return -1;
 }
 int model_holds_layer(const Model *m, int l) { return chunk_of(m, l) >= 0; }
@@ -230,7 +232,8 @@ static Arena expert_grads_arena(const Model *m, int l) {
     Arena a = {0};
     int i = params_index(&m->t, PR_W1, l, m->e0), j = params_index(&m->t, PR_W2, l, m->e0 + m->El - 1);
     if (i < 0 || j < 0 || !m->t.p[i].lnumel) return a;
-    char *b = (char *)(m->grads + m->t.p[i].loffset), *e = (char *)(m->grads + m->t.p[j].loffset + m->t.p[j].lnumel);
+    char *b = (char *)(m->grads + m->t.p[i].loffset),
+         *e = (char *)(m->grads + m->t.p[j].loffset + m->t.p[j].lnumel);
     char *b2 = (char *)(((uintptr_t)b + 255) & ~(uintptr_t)255);
     if (b2 >= e) return a;
     a.base = b2;
@@ -256,7 +259,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->q = arena_alloc(A, be, N * qd * be->hid_elem);
         a->k = arena_alloc(A, be, N * kvd * be->hid_elem);
         a->v = arena_alloc(A, be, N * kvd * be->hid_elem);
-        if (!(m->recompute & RECOMPUTE_ATTN)) {   // (else the model's shared ones: layer_recompute below)
+        if (!(m->recompute & RECOMPUTE_ATTN)) { // (else the model's shared ones: layer_recompute below)
             a->att = arena_alloc(A, be, N * qd * be->hid_elem);
             a->lse = arena_alloc(A, be, (size_t)m->maxB * m->Hl * m->maxT * F);
         }
@@ -271,14 +274,15 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         }
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
         if (m->recompute) layer_recompute(m, a);
-        A->mark = A->used;   // the MoE's rows from here (again after each change of AMPipe chunks)
+        A->mark = A->used; // the MoE's rows from here (again after each change of AMPipe chunks)
         a->moe.arena = A;
-        a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts;   // aux scope global: the step's sums
+        a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts; // aux scope global: the step's sums
         a->moe.run_tokens = m->scope_tokens + l;
     }
     Arena *H = &s->head;
     *H = m->share_grads && ch->last ? expert_grads_arena(m, ch->l1 - 1) : (Arena){0};
-    s->logits = ch->last ? arena_alloc(H, be, N * V * F) : NULL;   // the largest activation: the last stage's only
+    s->logits =
+        ch->last ? arena_alloc(H, be, N * V * F) : NULL; // the largest activation: the last stage's only
     s->res_final = arena_alloc(H, be, N * d * F);
     s->xn_f = arena_alloc(H, be, N * d * F);
     s->rstd_f = be->alloc(N * F);
@@ -291,9 +295,12 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
     const Backend *be = m->be;
     for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
         LayerActs *a = &s->la[l];
-        if (a->att_shared) { a->att = NULL; a->lse = NULL; }   // the model's (--recompute attn)
-        void *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q, a->k, a->v, a->att, a->lse, a->x_mid, a->xn2,
-                        a->rstd2, a->qraw, a->kraw, a->rstdq, a->rstdk};
+        if (a->att_shared) {
+            a->att = NULL;
+            a->lse = NULL;
+        } // the model's (--recompute attn)
+        void *bufs[] = {a->res_in, a->xn1, a->rstd1, a->q,    a->k,    a->v,     a->att,  a->lse,
+                        a->x_mid,  a->xn2, a->rstd2, a->qraw, a->kraw, a->rstdq, a->rstdk};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&a->arena, be, bufs[i]);
         moe_layer_free(&a->moe);
         chunk_moes(m, a, 1);
@@ -323,14 +330,16 @@ static void find_chunks(Model *m) {
     }
 }
 
-void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT, const ModelMesh *mesh) {
+void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT,
+                const ModelMesh *mesh) {
     memset(m, 0, sizeof *m);
     const char *bad = config_validate(c);
     if (bad) DIE("invalid model config: %s", bad);
     CHECK(maxB >= 1 && maxT >= 1 && (int64_t)maxB * maxT <= config_max_tokens(c),
           "a micro-batch of %d x %d tokens exceeds the model's limit of %lld", maxB, maxT,
           (long long)config_max_tokens(c));
-    CHECK(maxT <= c->max_seq_len, "sequence length %d exceeds the model's max_seq_len %d", maxT, c->max_seq_len);
+    CHECK(maxT <= c->max_seq_len, "sequence length %d exceeds the model's max_seq_len %d", maxT,
+          c->max_seq_len);
     m->c = *c;
     m->be = be;
     if (mesh) m->mesh = *mesh;
@@ -342,7 +351,9 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->KVl = c->n_kv_heads / sl->tp;
     m->El = c->n_experts / sl->ep;
     m->e0 = sl->ep_rank * m->El;
-    m->maxB = maxB; m->maxT = maxT; m->maxN = maxB * maxT;
+    m->maxB = maxB;
+    m->maxT = maxT;
+    m->maxN = maxB * maxT;
     size_t N = m->maxN, d = c->d_model, qd = (size_t)m->Hl * c->head_dim, kvd = (size_t)m->KVl * c->head_dim;
     m->params = be->alloc(m->t.ltotal * F);
     m->grads = be->alloc(m->t.ltotal * F);
@@ -382,8 +393,8 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
 }
 
 void model_share_grads(Model *m, int on) {
-    CHECK(!on || (m->nchunks == 1 && m->nslots[0] == 1), "model_share_grads: %d chunks, %d slots (one of each)",
-          m->nchunks, m->nslots[0]);
+    CHECK(!on || (m->nchunks == 1 && m->nslots[0] == 1),
+          "model_share_grads: %d chunks, %d slots (one of each)", m->nchunks, m->nslots[0]);
     if (m->share_grads == !!on) return;
     slot_free(m, &m->slots[0][0], 0);
     m->share_grads = !!on;
@@ -392,7 +403,8 @@ void model_share_grads(Model *m, int on) {
 }
 
 void model_set_expert_grads(Model *m, int gbf) {
-    CHECK(gbf == OPTG_F32 || gbf == OPTG_BF16 || gbf == OPTG_PACKED, "model_set_expert_grads: format %d", gbf);
+    CHECK(gbf == OPTG_F32 || gbf == OPTG_BF16 || gbf == OPTG_PACKED, "model_set_expert_grads: format %d",
+          gbf);
     m->expert_gbf = gbf;
 }
 
@@ -432,7 +444,8 @@ void model_set_slots(Model *m, int chunk, int n) {
 
 void model_use(Model *m, int chunk, int slot) {
     CHECK(chunk >= 0 && chunk < m->nchunks && slot >= 0 && slot < m->nslots[chunk],
-          "model_use: chunk %d of %d, slot %d of %d", chunk, m->nchunks, slot, m->nslots[chunk < 0 ? 0 : chunk]);
+          "model_use: chunk %d of %d, slot %d of %d", chunk, m->nchunks, slot,
+          m->nslots[chunk < 0 ? 0 : chunk]);
     m->cur = chunk;
     m->cur_slot = slot;
     ModelSlot *s = &m->slots[chunk][slot];
@@ -449,13 +462,14 @@ void model_use(Model *m, int chunk, int slot) {
 }
 
 void model_set_overlap(Model *m, int l, int r) {
-    CHECK(l >= 0 && l < m->c.n_layers && r >= 1 && r <= MOE_MAX_OVERLAP, "model_set_overlap: layer %d, r %d", l, r);
+    CHECK(l >= 0 && l < m->c.n_layers && r >= 1 && r <= MOE_MAX_OVERLAP, "model_set_overlap: layer %d, r %d",
+          l, r);
     m->moe_overlap[l] = r;
 }
 
 void model_set_expert_mode(Model *m, int l, int mode) {
-    CHECK(l >= 0 && l < m->c.n_layers && (mode == MOE_SHARDED || mode == MOE_GATHERED), "model_set_expert_mode: %d %d", l,
-          mode);
+    CHECK(l >= 0 && l < m->c.n_layers && (mode == MOE_SHARDED || mode == MOE_GATHERED),
+          "model_set_expert_mode: %d %d", l, mode);
     m->moe_mode[l] = mode;
 }
 
@@ -472,11 +486,15 @@ float *model_stage_out(const Model *m) { return m->res_final; }
 // the LM head's: head_fresh), 0 for the tensors model_zero_grads zeroes.
 static int fresh_bit(const ParamSpec *p) {
     switch (p->role) {
-    case PR_W1: case PR_W3: case PR_W2: return DW_FRESH_EXPERTS;
-    case PR_WQ: case PR_WK: case PR_WV: return DW_FRESH_QKV;
-    case PR_WO: return DW_FRESH_O;
-    case PR_LM_HEAD: return DW_FRESH_HEAD;
-    default: return 0;
+        case PR_W1:
+        case PR_W3:
+        case PR_W2: return DW_FRESH_EXPERTS;
+        case PR_WQ:
+        case PR_WK:
+        case PR_WV: return DW_FRESH_QKV;
+        case PR_WO: return DW_FRESH_O;
+        case PR_LM_HEAD: return DW_FRESH_HEAD;
+        default: return 0;
     }
 }
 // That tensor's gradient is still unwritten this step.
@@ -494,7 +512,8 @@ static int dw_write(Model *m, int l, int b) {
 
 void model_zero_grads(Model *m) {
     const ParamTable *t = &m->t;
-    if (!m->dw_fresh) {   // once: the ranges of every tensor not written by its first backward, adjacent ones merged
+    if (!m->dw_fresh) { // once: the ranges of every tensor not written by its first backward, adjacent ones
+                        // merged
         m->dw_fresh = xcalloc((size_t)m->c.n_layers, 1);
         m->zr_off = xmalloc(sizeof(size_t) * (t->n + 1));
         m->zr_n = xmalloc(sizeof(size_t) * (t->n + 1));
@@ -532,9 +551,11 @@ void model_free(Model *m) {
         for (int i = 0; i < m->nslots[k]; i++) slot_free(m, &m->slots[k][i], k);
         free(m->slots[k]);
     }
-    void *bufs[] = {m->params, m->grads, m->dres, m->moe_out, m->dxn, m->dq, m->dk, m->dv, m->datt, m->dq2, m->dk2, m->ones,
-                    m->qk_sums, m->att_rc, m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act, m->ddrop};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) if (bufs[i]) be->free(bufs[i]);
+    void *bufs[] = {m->params, m->grads, m->dres,  m->moe_out, m->dxn,  m->dq,      m->dk,
+                    m->dv,     m->datt,  m->dq2,   m->dk2,     m->ones, m->qk_sums, m->att_rc,
+                    m->lse_rc, m->rc.h1, m->rc.h3, m->rc.act,  m->ddrop};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     free(m->expert_counts);
     free(m->kv_seen);
@@ -566,7 +587,7 @@ static void row_piece(int T, int r, int r1, int *b, int *t, int *nb, int *te) {
 // Attention forward for the rows [r0, r1) of the (b, t) order: one call per run of whole sequences,
 // one per piece of a sequence (query rows [t, te) of sequence b). With attention dropout (a seed and the
 // config's attention_dropout): layer l's mask (site 2) over global tokens and global heads.
-#define HQ(p, i) hid_at(m->be, (p), (i))   // element i of a buffer in the hidden format (q, k, v, att)
+#define HQ(p, i) hid_at(m->be, (p), (i)) // element i of a buffer in the hidden format (q, k, v, att)
 static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1) {
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
@@ -578,10 +599,11 @@ static void attn_rows(const Model *m, LayerActs *a, int l, int T, int r0, int r1
         if (ds)
             m->be->attention_drop_fwd(HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
                                       HQ(a->v, b * ks), nb, T, H, KV, hd, t, te, c->attention_dropout,
-                                      dropout_hash(ds, l, 2), row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H);
+                                      dropout_hash(ds, l, 2), row0 + (int64_t)b * T,
+                                      comm_rank(m->mesh.tp) * H);
         else
-            m->be->attention_fwd(HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks), HQ(a->v, b * ks),
-                                 nb, T, H, KV, hd, t, te);
+            m->be->attention_fwd(HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
+                                 HQ(a->v, b * ks), nb, T, H, KV, hd, t, te);
     }
 }
 
@@ -604,8 +626,8 @@ static void resid_norm_rows(Model *m, LayerActs *a, int l, int r0, int r1, CommR
     float *xm = a->x_mid + r0 * d;
     if (ar) comm_wait(ar);
     drop_rows(m, xm, l, 0, r0, r1);
-    m->be->add_rmsnorm_fwd(xm, a->xn2 + r0 * d, a->rstd2 + r0, a->res_in + r0 * d, P(m, m->params, PR_FFN_NORM, l, -1),
-                           (int)n, (int)d, c->norm_eps);
+    m->be->add_rmsnorm_fwd(xm, a->xn2 + r0 * d, a->rstd2 + r0, a->res_in + r0 * d,
+                           P(m, m->params, PR_FFN_NORM, l, -1), (int)n, (int)d, c->norm_eps);
 }
 static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
     resid_norm_rows(m, a, l, r0, r1, oproj_rows(m, a, l, r0, r1, 0));
@@ -664,7 +686,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     be->to_hid(a->v, v32, (size_t)N * KV * hd);
     MoeWeights w;
     layer_weights(m, m->params, l, &w);
-    double t0 = moe_clock(m);   // (with moe_timing: the block from attention on)
+    double t0 = moe_clock(m); // (with moe_timing: the block from attention on)
     a->nrun = n;
     if (n == 1) {
         attn_rows(m, a, l, T, 0, N);
@@ -694,17 +716,21 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
     attn_rows(m, a, l, T, R[0], R[1]);
     CommReq *ar = oproj_rows(m, a, l, R[0], R[1], 1);
     for (int j = 0; j < n; j++) {
-        // chunk j's TP all-reduce (and, dropless, chunk j-1's dispatch) in flight during chunk j+1's attention
+        // chunk j's TP all-reduce (and, dropless, chunk j-1's dispatch) in flight during chunk j+1's
+        // attention
         if (j + 1 < n) attn_rows(m, a, l, T, R[j + 1], R[j + 2]);
         resid_norm_rows(m, a, l, R[j], R[j + 1], ar);
         moe_route(&mc[j], a->xn2 + (size_t)R[j] * d, R[j + 1] - R[j], &w, c, seed, row0 + R[j]);
         if (!cap) {
             moe_start(&mc[j], &w, c, NULL);
-            if (j > 0) { moe_finish(&mc[j - 1], m->moe_out + (size_t)R[j - 1] * d, &w); out_rows(m, a, l, out, R[j - 1], R[j]); }
+            if (j > 0) {
+                moe_finish(&mc[j - 1], m->moe_out + (size_t)R[j - 1] * d, &w);
+                out_rows(m, a, l, out, R[j - 1], R[j]);
+            }
         }
         if (j + 1 < n) ar = oproj_rows(m, a, l, R[j + 1], R[j + 2], 1);
     }
-    if (cap) {   // every chunk routed: the whole micro-batch's budgets, then the exchanges pipelined
+    if (cap) { // every chunk routed: the whole micro-batch's budgets, then the exchanges pipelined
         chunk_budgets(m, a, n, budget);
         size_t ke = (size_t)c->top_k * c->n_experts;
         moe_start(&mc[0], &w, c, budget);
@@ -729,15 +755,16 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     const ModelChunk *ch = &m->chunk[m->cur];
-    CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d",
-          B, T, m->maxB, m->maxT);
+    CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d", B,
+          T, m->maxB, m->maxT);
     int N = B * T, d = c->d_model, V = c->vocab_size, E = c->n_experts;
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
     m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
     if (ch->first) {
         for (int i = 0; i < N; i++)
-            CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)", tokens[i], i, V);
+            CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)",
+                  tokens[i], i, V);
         be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
         be->embedding_fwd(m->la[0].res_in, m->tokens, P(m, m->params, PR_EMBED, -1, -1), N, d);
         m->aux = m->z = 0;
@@ -751,7 +778,8 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         CHECK(n <= N, "--ampipe %d: a micro-batch of %d tokens has fewer rows than chunks", n, N);
         // the states a layer's forwards do not use lose their memory: whole-batch rows while chunked,
         // the chunks' states while not (--ampipe auto tries both)
-        // (a change frees every MoE row in the layer's lent memory: its next rows are carved from the mark again)
+        // (a change frees every MoE row in the layer's lent memory: its next rows are carved from the mark
+        // again)
         if (n > 1 && a->nmc != n) {
             chunk_moes(m, a, n);
             moe_layer_trim(&a->moe);
@@ -768,7 +796,10 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         m->dropped += a->moe.dropped;
         memcpy(m->expert_counts + (size_t)l * E, a->moe.counts, sizeof(int64_t) * E);
         // aux_form hf: the sums over layers, in layer order (carried from stage to stage)
-        for (int e = 0; e < E; e++) { m->hf_fe[e] += a->moe.counts[e]; m->hf_pe[e] += a->moe.psum[e]; }
+        for (int e = 0; e < E; e++) {
+            m->hf_fe[e] += a->moe.counts[e];
+            m->hf_pe[e] += a->moe.psum[e];
+        }
     }
     if (!ch->last) return 0;
     if (c->aux_form == AUX_HF) {
@@ -785,11 +816,13 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         }
         m->aux = E * a;
     }
-    be->rmsnorm_fwd(m->xn_f, m->rstd_f, m->res_final, P(m, m->params, PR_FINAL_NORM, -1, -1), N, d, c->norm_eps);
+    be->rmsnorm_fwd(m->xn_f, m->rstd_f, m->res_final, P(m, m->params, PR_FINAL_NORM, -1, -1), N, d,
+                    c->norm_eps);
     be->matmul_fwd(m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, 0);
     if (!targets) return 0;
     for (int i = 0; i < N; i++)
-        CHECK(targets[i] >= 0 && targets[i] < V, "target %d at position %d is outside the vocabulary (%d)", targets[i], i, V);
+        CHECK(targets[i] >= 0 && targets[i] < V, "target %d at position %d is outside the vocabulary (%d)",
+              targets[i], i, V);
     be->to_device(m->targets, targets, (size_t)N * sizeof(int32_t));
     if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss);
     else be->cross_entropy_fwd(m->losses, m->logits, m->targets, N, V);
@@ -813,9 +846,9 @@ static void block_mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
     float *dwo = P(m, g, PR_WO, l, -1), *wo = P(m, m->params, PR_WO, l, -1);
     const float *dout = dropped_rows(m, l, 0, r0, r1);
     int O = (int)d;
-    be->matmul_bwd_multi(1, m->datt + r0 * qd, &dwo, &dout, HQ(a->att, r0 * qd), (const float *const *)&wo,
-                         (int)n, (int)qd, &O,
-                         dw_write(m, l, DW_FRESH_O));   // (datt's rows [r0, r1) written; dw_o written by the first call)
+    be->matmul_bwd_multi(
+        1, m->datt + r0 * qd, &dwo, &dout, HQ(a->att, r0 * qd), (const float *const *)&wo, (int)n, (int)qd,
+        &O, dw_write(m, l, DW_FRESH_O)); // (datt's rows [r0, r1) written; dw_o written by the first call)
 }
 
 // Attention backward for the query rows [r0, r1) of the (b, t) order (pieces as attn_rows): dq of
@@ -827,21 +860,22 @@ static void attn_bwd_rows(Model *m, LayerActs *a, int l, int T, int r0, int r1) 
     const ModelConfig *c = &m->c;
     int H = m->Hl, KV = m->KVl, hd = c->head_dim;
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
-    uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0;   // (the forward's mask: attn_rows)
+    uint64_t ds = c->attention_dropout > 0 ? slot_drop_seed(m) : 0; // (the forward's mask: attn_rows)
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
     for (int r = r0, b, t, nb, te; r < r1; r += nb * (te - t)) {
         row_piece(T, r, r1, &b, &t, &nb, &te);
-        int fl = seen[b] ? ATT_ADD_DKV : 0;   // (a piece of several sequences holds them whole: none seen)
+        int fl = seen[b] ? ATT_ADD_DKV : 0; // (a piece of several sequences holds them whole: none seen)
         memset(seen + b, 1, (size_t)nb);
         if (ds)
             m->be->attention_drop_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs,
                                       HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
                                       HQ(a->v, b * ks), nb, T, H, KV, hd, t, te, c->attention_dropout,
-                                      dropout_hash(ds, l, 2), row0 + (int64_t)b * T, comm_rank(m->mesh.tp) * H, fl);
+                                      dropout_hash(ds, l, 2), row0 + (int64_t)b * T,
+                                      comm_rank(m->mesh.tp) * H, fl);
         else
-            m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs, HQ(a->att, b * qs),
-                                 a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks), HQ(a->v, b * ks), nb, T, H, KV,
-                                 hd, t, te, fl);
+            m->be->attention_bwd(m->dq + b * qs, m->dk + b * ks, m->dv + b * ks, m->datt + b * qs,
+                                 HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
+                                 HQ(a->v, b * ks), nb, T, H, KV, hd, t, te, fl);
     }
 }
 
@@ -854,14 +888,15 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     const ModelChunk *ch = &m->chunk[m->cur];
     if (ch->last) {
         // LM head and final norm (m->logits holds dlogits)
-        be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f, P(m, m->params, PR_LM_HEAD, -1, -1),
-                       N, d, V, dw_write(m, -1, DW_FRESH_HEAD));
+        be->matmul_bwd(m->dxn, P(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f,
+                       P(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, dw_write(m, -1, DW_FRESH_HEAD));
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, P(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
                         P(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L);
     } else if (c->aux_form == AUX_HF) {
-        for (int l = ch->l0; l < ch->l1; l++) memcpy(m->la[l].moe.aux_f, m->hf_fe, sizeof(double) * c->n_experts);
+        for (int l = ch->l0; l < ch->l1; l++)
+            memcpy(m->la[l].moe.aux_f, m->hf_fe, sizeof(double) * c->n_experts);
     }
     for (int l = ch->l1 - 1; l >= ch->l0; l--) {
         LayerActs *a = &m->la[l];
@@ -878,17 +913,20 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         gw.sh_w3 = w.sh_w1 ? P(m, g, PR_SH_W3, l, -1) : NULL;
         gw.sh_w2 = w.sh_w1 ? P(m, g, PR_SH_W2, l, -1) : NULL;
         gw.sh_gate = w.sh_gate ? P(m, g, PR_SH_GATE, l, -1) : NULL;
-        gw.fresh = m->dw_fresh ? m->dw_fresh[l] & DW_FRESH_EXPERTS : 0;   // (moe clears it at its first expert write)
+        gw.fresh =
+            m->dw_fresh ? m->dw_fresh[l] & DW_FRESH_EXPERTS : 0; // (moe clears it at its first expert write)
         gw.packed = m->expert_gbf == OPTG_PACKED;
         int n = a->nrun;
-        // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not)
-        if (a->att_shared) attn_rows(m, a, l, T, 0, N);   // (with attention dropout: the slot's seed, the same mask)
-        memset(m->kv_seen, 0, (size_t)B);   // dq, dk, dv: written by the attention backward (attn_bwd_rows)
+        // --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or
+        // not)
+        if (a->att_shared)
+            attn_rows(m, a, l, T, 0, N); // (with attention dropout: the slot's seed, the same mask)
+        memset(m->kv_seen, 0, (size_t)B); // dq, dk, dv: written by the attention backward (attn_bwd_rows)
         double t0 = moe_clock(m);
         if (n == 1) {
             // the MoE output's gradient through its dropout mask (dres itself without dropout); it writes dxn
-            moe_backward(&a->moe, &m->ms, m->dxn, dropped_rows(m, l, 1, 0, N), a->xn2, &w, &gw, c, aux_scale / L,
-                         z_scale / L);
+            moe_backward(&a->moe, &m->ms, m->dxn, dropped_rows(m, l, 1, 0, N), a->xn2, &w, &gw, c,
+                         aux_scale / L, z_scale / L);
             block_mid_bwd(m, a, l, 0, N);
         } else {
             // AMPipe, chunks in reverse: chunk j-1's dy travels while chunk j's attention backward runs
@@ -899,34 +937,40 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
             moe_backward_start(&a->mc[n - 1], &m->ms, dropped_rows(m, l, 1, R[n - 1], N));
             for (int j = n - 1; j >= 0; j--) {
                 size_t r0 = R[j];
-                moe_backward_finish(&a->mc[j], &m->ms, m->dxn + r0 * d, a->xn2 + r0 * d, &w, &gw, c, aux_scale / L,
-                                    z_scale / L);
+                moe_backward_finish(&a->mc[j], &m->ms, m->dxn + r0 * d, a->xn2 + r0 * d, &w, &gw, c,
+                                    aux_scale / L, z_scale / L);
                 block_mid_bwd(m, a, l, R[j], R[j + 1]);
                 if (j > 0) moe_backward_start(&a->mc[j - 1], &m->ms, dropped_rows(m, l, 1, R[j - 1], R[j]));
                 attn_bwd_rows(m, a, l, T, R[j], R[j + 1]);
             }
         }
-        if (m->dw_fresh) m->dw_fresh[l] &= (uint8_t)~DW_FRESH_EXPERTS;   // the layer's expert gradients are written now
+        if (m->dw_fresh)
+            m->dw_fresh[l] &= (uint8_t)~DW_FRESH_EXPERTS; // the layer's expert gradients are written now
         if (m->moe_timing) m->moe_time[l] += moe_clock(m) - t0;
         // attention block: x_mid = res_in + o(attn(rope(q), rope(k), v)) (n = 1: attention at once)
         if (n == 1) attn_bwd_rows(m, a, l, T, 0, N);
         be->rope_bwd(m->dq, B, T, H, hd, c->rope_theta);
         be->rope_bwd(m->dk, B, T, KV, hd, c->rope_theta);
         const float *dqp = m->dq, *dkp = m->dk;
-        if (c->qk_norm) { qk_norm_bwd(m, a, l, N); dqp = m->dq2; dkp = m->dk2; }
+        if (c->qk_norm) {
+            qk_norm_bwd(m, a, l, N);
+            dqp = m->dq2;
+            dkp = m->dk2;
+        }
         if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, m->dv, N);
-        {   // the q, k, v projections' backward over one input (converted once), written into dxn
+        { // the q, k, v projections' backward over one input (converted once), written into dxn
             const float *dout[3] = {dqp, dkp, m->dv};
             float *dw[3], *w[3];
             int O[3];
             qkv_tensors(m, g, l, dw, O);
             qkv_tensors(m, m->params, l, w, O);
-            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, (const float *const *)w, N, d, O, dw_write(m, l, DW_FRESH_QKV));
+            be->matmul_bwd_multi(3, m->dxn, dw, dout, a->xn1, (const float *const *)w, N, d, O,
+                                 dw_write(m, l, DW_FRESH_QKV));
         }
         // column-parallel q/k/v: each TP rank holds part of dxn1
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, m->dxn, (size_t)N * d, CT_F32);
-        be->rmsnorm_bwd(m->dres, P(m, g, PR_ATTN_NORM, l, -1), m->dxn, a->res_in, P(m, m->params, PR_ATTN_NORM, l, -1),
-                        a->rstd1, N, d);
+        be->rmsnorm_bwd(m->dres, P(m, g, PR_ATTN_NORM, l, -1), m->dxn, a->res_in,
+                        P(m, m->params, PR_ATTN_NORM, l, -1), a->rstd1, N, d);
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);
     }
     if (!ch->first) return;

@@ -25,30 +25,32 @@
 typedef struct {
     const Comm *tp, *dp, *ep, *etp, *edp, *stage;
     ParamSlicing sl;
-    const Comm *epn, *epx;         // the MoE's two-level all-to-all (NULL: flat)
+    const Comm *epn, *epx; // the MoE's two-level all-to-all (NULL: flat)
 } ModelMesh;
 
 typedef struct {
-    float *res_in;                 // (N,d) layer input (residual stream)
-    void *xn1;                     // (N,d) the attention norm's output, in the hidden format (ops.h hid_elem)
-    float *rstd1;                  // (N)
-    void *q, *k, *v;               // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE, in the hidden format (ops.h hid_elem)
-    float *qraw, *kraw, *rstdq, *rstdk;   // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
-    void *att;                     // (N,H*hd) the attention output, in the hidden format (ops.h hid_elem)
-    float *lse;                    // (B,H,T)
-    float *x_mid;                  // (N,d) after the attention residual
-    float *xn2, *rstd2;            // (N,d) (N)
-    MoeLayer moe;                  // the layer's MoE state (its statistics: merged over the chunks)
-    int att_shared;                // att and lse are the model's shared ones (--recompute attn)
-    MoeLayer *mc;                  // (nmc) AMPipe: each chunk's MoE state (rows [R_j, R_j+1))
+    float *res_in; // (N,d) layer input (residual stream)
+    void *xn1; // (N,d) the attention norm's output, in the hidden format (ops.h hid_elem)
+    float *rstd1; // (N)
+    void *q, *k, *v; // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE, in the hidden format (ops.h hid_elem)
+    float *qraw, *kraw, *rstdq, *rstdk; // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
+    void *att; // (N,H*hd) the attention output, in the hidden format (ops.h hid_elem)
+    float *lse; // (B,H,T)
+    float *x_mid; // (N,d) after the attention residual
+    float *xn2, *rstd2; // (N,d) (N)
+    MoeLayer moe; // the layer's MoE state (its statistics: merged over the chunks)
+    int att_shared; // att and lse are the model's shared ones (--recompute attn)
+    MoeLayer *mc; // (nmc) AMPipe: each chunk's MoE state (rows [R_j, R_j+1))
     int nmc;
-    int nrun;                      // the chunks the last forward ran (1: unchunked, state in moe)
-    Arena arena;                   // model_share_grads: the previous layer's expert gradients, lent (else none)
+    int nrun; // the chunks the last forward ran (1: unchunked, state in moe)
+    Arena arena; // model_share_grads: the previous layer's expert gradients, lent (else none)
 } LayerActs;
 
 // A chunk: the layers [l0, l1) of one virtual stage; first: it embeds the tokens; last: it holds the
 // final norm, the LM head and the loss.
-typedef struct { int l0, l1, first, last; } ModelChunk;
+typedef struct {
+    int l0, l1, first, last;
+} ModelChunk;
 #define MODEL_MAX_CHUNKS 16
 
 // The activations of one micro-batch on one chunk (la[l] allocated for the chunk's layers only; the
@@ -58,43 +60,44 @@ typedef struct {
     float *res_final, *xn_f, *rstd_f, *logits, *losses;
     int32_t *tokens, *targets;
     int B, T;
-    uint64_t drop_seed;            // the dropout seed of the forward held here (its backward's mask)
-    Arena head;                    // model_share_grads: the last layer's expert gradients, lent to the logits
+    uint64_t drop_seed; // the dropout seed of the forward held here (its backward's mask)
+    Arena head; // model_share_grads: the last layer's expert gradients, lent to the logits
 } ModelSlot;
 
 typedef struct {
     ModelConfig c;
     ModelMesh mesh;
-    int Hl, KVl, El, e0;           // local heads, kv heads, experts, first local expert
-    ParamTable t;                  // local slices (t.ltotal elements per flat buffer)
+    int Hl, KVl, El, e0; // local heads, kv heads, experts, first local expert
+    ParamTable t; // local slices (t.ltotal elements per flat buffer)
     const Backend *be;
-    float *params, *grads;         // flat, t.total elements each (backend memory)
+    float *params, *grads; // flat, t.total elements each (backend memory)
     int maxB, maxT, maxN;
     ModelChunk chunk[MODEL_MAX_CHUNKS];
-    int nchunks, cur;              // this rank's chunks (one without pipeline stages); the current one
-    ModelSlot *slots[MODEL_MAX_CHUNKS];   // each chunk's slots (its live micro-batches)
+    int nchunks, cur; // this rank's chunks (one without pipeline stages); the current one
+    ModelSlot *slots[MODEL_MAX_CHUNKS]; // each chunk's slots (its live micro-batches)
     int nslots[MODEL_MAX_CHUNKS], cur_slot;
     // the current slot's activations (model_use sets these views)
-    LayerActs *la;                 // (L)
-    float *res_final, *xn_f, *rstd_f;   // (N,d) (N,d) (N); res_final: the chunk's output
-    float *logits;                 // (N,V) (on the last stage); after a training forward: dlogits
-    float *losses;                 // (N) per-token cross-entropy
-    int32_t *tokens, *targets;     // (N)
+    LayerActs *la; // (L)
+    float *res_final, *xn_f, *rstd_f; // (N,d) (N,d) (N); res_final: the chunk's output
+    float *logits; // (N,V) (on the last stage); after a training forward: dlogits
+    float *losses; // (N) per-token cross-entropy
+    int32_t *tokens, *targets; // (N)
     // backward scratch
-    float *dres, *dxn, *dq, *dk, *dv, *datt;   // (dq, dk, dv: in a forward, its float32 q, k, v before RoPE rounds
-                                               // them into the layer's; rows (N,H*hd) (N,KV*hd) (N,KV*hd))
-    float *moe_out;                // (maxN,d) a block's MoE output until it joins the residual stream (forward
-                                   // only: one for every layer and slot)
-    float *dq2, *dk2;              // QK-norm: gradients of q, k before their norms
-    float *ones;                   // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
-    double *qk_sums;               // (2, maxN) full-width QK-norm over TP: q's and k's row sums, all-reduced
-    float *ddrop;                  // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
+    float *dres, *dxn, *dq, *dk, *dv,
+        *datt; // (dq, dk, dv: in a forward, its float32 q, k, v before RoPE rounds
+               // them into the layer's; rows (N,H*hd) (N,KV*hd) (N,KV*hd))
+    float *moe_out; // (maxN,d) a block's MoE output until it joins the residual stream (forward
+                    // only: one for every layer and slot)
+    float *dq2, *dk2; // QK-norm: gradients of q, k before their norms
+    float *ones; // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
+    double *qk_sums; // (2, maxN) full-width QK-norm over TP: q's and k's row sums, all-reduced
+    float *ddrop; // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
     // Dropout (training only): the caller sets dropout (p, kept for the backwards) and drop_seed (a function
     // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed
-    // in its slot for the backward. Layer l's sites use the seed dropout_hash(drop_seed, l, site) (site 0: the attention
-    // output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual add, over the
-    // global token index (dp rank * N + b * T + t: the same mask on any mesh); site 2, with the config's
-    // attention_dropout > 0, the attention probabilities (attention_drop_fwd/bwd: global heads).
+    // in its slot for the backward. Layer l's sites use the seed dropout_hash(drop_seed, l, site) (site 0:
+    // the attention output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual
+    // add, over the global token index (dp rank * N + b * T + t: the same mask on any mesh); site 2, with the
+    // config's attention_dropout > 0, the attention probabilities (attention_drop_fwd/bwd: global heads).
     float dropout;
     uint64_t drop_seed;
     MoeScratch ms;
@@ -107,32 +110,32 @@ typedef struct {
     // are still unwritten this step (DW_FRESH_* bits; the LM head's: head_fresh)
     size_t *zr_off, *zr_n;
     int nzr;
-    uint8_t *dw_fresh;             // (n_layers)
+    uint8_t *dw_fresh; // (n_layers)
     uint8_t head_fresh;
-    uint8_t *kv_seen;              // (maxB) model_backward: the sequences whose dk, dv this layer wrote
+    uint8_t *kv_seen; // (maxB) model_backward: the sequences whose dk, dv this layer wrote
     // results of the last forward. On a chunk that is not the first, aux, z, dropped, hf_fe and
     // hf_pe come in from the previous stage (the caller sets them) and the forward adds its layers';
     // the last chunk's forward leaves them complete (hf_fe then holds HF's final F_i, which the
     // backward of every earlier chunk needs: the caller sets it there before model_backward).
     int B, T;
-    double aux, z;                 // mean over layers of the per-layer router losses (global)
-    int64_t *expert_counts;        // (L,E) assignments per expert before capacity drops (global; rows
-                                   // of the current chunk's layers written by its forward)
-    int64_t dropped;               // assignments dropped by capacity, all layers (global)
-    double *hf_fe, *hf_pe;         // (E) aux_form hf: assignments and probability mass over the layers
-    int64_t *scope_counts, *scope_tokens;   // (L,E) (L) aux scope global: the step's counts and tokens so far
-    int *moe_overlap;              // (L) each MoE layer's overlap degree for the next forwards (moe.h)
-    int *moe_mode;                 // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
-    int *ampipe;                   // (L) each layer's AMPipe chunks in training forwards (1 = none)
-    int share_grads;               // model_share_grads
-    int expert_gbf;                // model_set_expert_grads (ops.h OPTG_*)
-    int recompute;                 // RECOMPUTE_* bits (model_set_recompute)
-    MoeRecompute rc;               // --recompute moe: every layer's experts' SwiGLU rows, shared
-    void *att_rc;                  // --recompute attn: every layer's attention output (hidden format) and lse,
-    float *lse_rc;                 // shared
-    int moe_timing;                // 1: time each block's forward from attention on and its MoE's backward
-                                   // (synchronised) into moe_time
-    double *moe_time;              // (L) seconds, added up until the caller resets them
+    double aux, z; // mean over layers of the per-layer router losses (global)
+    int64_t *expert_counts; // (L,E) assignments per expert before capacity drops (global; rows
+                            // of the current chunk's layers written by its forward)
+    int64_t dropped; // assignments dropped by capacity, all layers (global)
+    double *hf_fe, *hf_pe; // (E) aux_form hf: assignments and probability mass over the layers
+    int64_t *scope_counts, *scope_tokens; // (L,E) (L) aux scope global: the step's counts and tokens so far
+    int *moe_overlap; // (L) each MoE layer's overlap degree for the next forwards (moe.h)
+    int *moe_mode; // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
+    int *ampipe; // (L) each layer's AMPipe chunks in training forwards (1 = none)
+    int share_grads; // model_share_grads
+    int expert_gbf; // model_set_expert_grads (ops.h OPTG_*)
+    int recompute; // RECOMPUTE_* bits (model_set_recompute)
+    MoeRecompute rc; // --recompute moe: every layer's experts' SwiGLU rows, shared
+    void *att_rc; // --recompute attn: every layer's attention output (hidden format) and lse,
+    float *lse_rc; // shared
+    int moe_timing; // 1: time each block's forward from attention on and its MoE's backward
+                    // (synchronised) into moe_time
+    double *moe_time; // (L) seconds, added up until the caller resets them
 } Model;
 
 // Allocates parameters, gradients and activations for micro-batches up to maxB x maxT (per DP
@@ -222,9 +225,10 @@ void model_backward(Model *m, float aux_scale, float z_scale);
 // The gradient buffer for a new step: zeroes every tensor but the routed experts' weights (w1, w3, w2:
 // most of a MoE model's gradient bytes), the attention's q/k/v and o projections and the LM head, which
 // each layer's (the last chunk's) first backward of the step writes instead of adding to (ops.h
-// GM_DW_WRITE: the same bits as adding into zeros, without the zero fill and the read of the zeros). model_grads_settle, after the step's last backward, zeroes those of a
-// layer whose backward did not run (none, in the schedules there are; a guard). A caller that zeroes
-// m->grads itself (be->zero) gets the plain accumulating backward.
+// GM_DW_WRITE: the same bits as adding into zeros, without the zero fill and the read of the zeros).
+// model_grads_settle, after the step's last backward, zeroes those of a layer whose backward did not run
+// (none, in the schedules there are; a guard). A caller that zeroes m->grads itself (be->zero) gets the plain
+// accumulating backward.
 enum { DW_FRESH_EXPERTS = 1, DW_FRESH_QKV = 2, DW_FRESH_O = 4, DW_FRESH_HEAD = 8 };
 void model_zero_grads(Model *m);
 void model_grads_settle(Model *m);

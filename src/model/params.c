@@ -9,9 +9,12 @@
 
 static void params_build_tensors(ParamTable *t, const ModelConfig *c);
 
-static void add(ParamTable *t, int *cap, const char *name, int64_t r, int64_t c, ParamRole role,
-                int layer, int expert, TpSplit split) {
-    if (t->n == *cap) { *cap = *cap ? 2 * *cap : 64; t->p = xrealloc(t->p, (size_t)*cap * sizeof *t->p); }
+static void add(ParamTable *t, int *cap, const char *name, int64_t r, int64_t c, ParamRole role, int layer,
+                int expert, TpSplit split) {
+    if (t->n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        t->p = xrealloc(t->p, (size_t)*cap * sizeof *t->p);
+    }
     ParamSpec *s = &t->p[t->n++];
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", name);
@@ -37,20 +40,42 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
     s->split_start = 0;
     int held = 1, parts = 1, part = 0, dim = -1;
     switch (s->role) {
-    case PR_WQ: case PR_WK: case PR_WV: case PR_BQ: case PR_BK: case PR_BV: parts = sl->tp; part = sl->tp_rank; dim = 0; break;
-    case PR_WO: parts = sl->tp; part = sl->tp_rank; dim = 1; break;
-    // QK-norm: the full-width weight (OLMoE) spans every head's columns: sliced with q/k's rows (this
-    // rank's heads); the per-head one (hd) is replicated
-    case PR_QNORM: case PR_KNORM:
-        if (c->qk_norm == QK_NORM_FULL) { parts = sl->tp; part = sl->tp_rank; dim = 0; }
-        break;
-    case PR_W1: case PR_W3: case PR_W2: {
-        int El = c->n_experts / sl->ep;
-        held = s->expert / El == sl->ep_rank;
-        parts = sl->etp; part = sl->etp_rank; dim = s->role == PR_W2 ? 1 : 0;
-        break;
-    }
-    default: break;
+        case PR_WQ:
+        case PR_WK:
+        case PR_WV:
+        case PR_BQ:
+        case PR_BK:
+        case PR_BV:
+            parts = sl->tp;
+            part = sl->tp_rank;
+            dim = 0;
+            break;
+        case PR_WO:
+            parts = sl->tp;
+            part = sl->tp_rank;
+            dim = 1;
+            break;
+        // QK-norm: the full-width weight (OLMoE) spans every head's columns: sliced with q/k's rows (this
+        // rank's heads); the per-head one (hd) is replicated
+        case PR_QNORM:
+        case PR_KNORM:
+            if (c->qk_norm == QK_NORM_FULL) {
+                parts = sl->tp;
+                part = sl->tp_rank;
+                dim = 0;
+            }
+            break;
+        case PR_W1:
+        case PR_W3:
+        case PR_W2: {
+            int El = c->n_experts / sl->ep;
+            held = s->expert / El == sl->ep_rank;
+            parts = sl->etp;
+            part = sl->etp_rank;
+            dim = s->role == PR_W2 ? 1 : 0;
+            break;
+        }
+        default: break;
     }
     const StageSplit *ps = sl->pp_split;
     if (ps && ps->pp > 1) {
@@ -58,7 +83,11 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
         else if (s->role == PR_FINAL_NORM || s->role == PR_LM_HEAD) held = sl->pp_rank == ps->pp - 1;
         else held = held && stages_of_layer(ps, s->layer) % ps->pp == sl->pp_rank;
     }
-    if (!held) { s->lshape[0] = s->lshape[1] = 0; s->lnumel = 0; return; }
+    if (!held) {
+        s->lshape[0] = s->lshape[1] = 0;
+        s->lnumel = 0;
+        return;
+    }
     if (parts > 1) {
         int64_t len = s->shape[dim] / parts;
         s->lshape[dim] = len;
@@ -83,8 +112,9 @@ void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing 
 // Walk the local slice of s as (rows of contiguous runs): calls fn(full_index, local_index, run).
 void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, void *), void *ctx) {
     if (!s->lnumel) return;
-    if (s->split_dim != 1) {   // whole tensor or a block of rows: one contiguous run
-        size_t start = s->split_dim == 0 ? (size_t)s->split_start * (s->ndim == 2 ? (size_t)s->shape[1] : 1) : 0;
+    if (s->split_dim != 1) { // whole tensor or a block of rows: one contiguous run
+        size_t start =
+            s->split_dim == 0 ? (size_t)s->split_start * (s->ndim == 2 ? (size_t)s->shape[1] : 1) : 0;
         fn(s->offset + start, s->loffset, s->lnumel, ctx);
         return;
     }
@@ -92,7 +122,10 @@ void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, vo
         fn(s->offset + (size_t)r * s->shape[1] + s->split_start, s->loffset + (size_t)r * s->lshape[1],
            (size_t)s->lshape[1], ctx);
 }
-typedef struct { const float *src; float *dst; } CopyCtx;
+typedef struct {
+    const float *src;
+    float *dst;
+} CopyCtx;
 static void run_f2l(size_t f, size_t l, size_t n, void *p) {
     CopyCtx *c = p;
     memcpy(c->dst + l, c->src + f, n * sizeof(float));
@@ -105,7 +138,7 @@ void params_full_to_local(const ParamTable *t, const float *full, float *local) 
 void params_build(ParamTable *t, const ModelConfig *c) {
     memset(t, 0, sizeof *t);
     params_build_tensors(t, c);
-    for (int i = 0; i < t->n; i++) {   // one process: the local slice is the whole tensor
+    for (int i = 0; i < t->n; i++) { // one process: the local slice is the whole tensor
         ParamSpec *s = &t->p[i];
         s->lshape[0] = s->shape[0];
         s->lshape[1] = s->shape[1];
@@ -133,57 +166,74 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
         int64_t rows[3] = {qd, kvd, kvd};
         ParamRole rw[3] = {PR_WQ, PR_WK, PR_WV}, rb[3] = {PR_BQ, PR_BK, PR_BV};
         for (int i = 0; i < 3; i++) {
-            add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.weight", l, qkv[i]), rows[i], d, rw[i], l, -1, SPLIT_COL);
+            add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.weight", l, qkv[i]), rows[i], d, rw[i], l, -1,
+                SPLIT_COL);
             if (c->qkv_bias) {
-                add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.bias", l, qkv[i]), rows[i], 0, rb[i], l, -1, SPLIT_COL);
+                add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.bias", l, qkv[i]), rows[i], 0, rb[i], l,
+                    -1, SPLIT_COL);
                 t->p[t->n - 1].decay = 0;
             }
         }
         add(t, &cap, NM("model.layers.%d.self_attn.o_proj.weight", l), d, qd, PR_WO, l, -1, SPLIT_ROW);
-        if (c->qk_norm) {   // full width: split with the heads, reduced over DP; per head: replicated, over the stage
+        if (c->qk_norm) { // full width: split with the heads, reduced over DP; per head: replicated, over the
+                          // stage
             int full = c->qk_norm == QK_NORM_FULL;
             TpSplit sp = full ? SPLIT_COL : SPLIT_REPL;
-            add(t, &cap, NM("model.layers.%d.self_attn.q_norm.weight", l), full ? qd : hd, 0, PR_QNORM, l, -1, sp);
+            add(t, &cap, NM("model.layers.%d.self_attn.q_norm.weight", l), full ? qd : hd, 0, PR_QNORM, l, -1,
+                sp);
             if (!full) t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.self_attn.k_norm.weight", l), full ? kvd : hd, 0, PR_KNORM, l, -1, sp);
+            add(t, &cap, NM("model.layers.%d.self_attn.k_norm.weight", l), full ? kvd : hd, 0, PR_KNORM, l,
+                -1, sp);
             if (!full) t->p[t->n - 1].reduce = RED_STAGE;
         }
-        add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1, SPLIT_REPL);
+        add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1,
+            SPLIT_REPL);
         add(t, &cap, NM("model.layers.%d.%s.gate.weight", l, moe), E, d, PR_ROUTER, l, -1, SPLIT_REPL);
         t->p[t->n - 1].reduce = RED_STAGE;
         if (c->balance == BALANCE_AUX_FREE) {
-            add(t, &cap, NM("model.layers.%d.%s.gate.e_score_correction_bias", l, moe), E, 0, PR_ROUTE_BIAS, l, -1,
-                SPLIT_REPL);
+            add(t, &cap, NM("model.layers.%d.%s.gate.e_score_correction_bias", l, moe), E, 0, PR_ROUTE_BIAS,
+                l, -1, SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
         }
         if (fs) {
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), fs, d, PR_SH_W1, l, -1, SPLIT_REPL);
+            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), fs, d, PR_SH_W1, l, -1,
+                SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.up_proj.weight", l), fs, d, PR_SH_W3, l, -1, SPLIT_REPL);
+            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.up_proj.weight", l), fs, d, PR_SH_W3, l, -1,
+                SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.down_proj.weight", l), d, fs, PR_SH_W2, l, -1, SPLIT_REPL);
+            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.down_proj.weight", l), d, fs, PR_SH_W2, l, -1,
+                SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
             if (c->shared_gate) {
-                add(t, &cap, NM("model.layers.%d.mlp.shared_expert_gate.weight", l), 1, d, PR_SH_GATE, l, -1, SPLIT_REPL);
+                add(t, &cap, NM("model.layers.%d.mlp.shared_expert_gate.weight", l), 1, d, PR_SH_GATE, l, -1,
+                    SPLIT_REPL);
                 t->p[t->n - 1].reduce = RED_STAGE;
             }
         }
         for (int e = 0; e < E; e++)
-            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[0]), f, d, PR_W1, l, e, SPLIT_COL);
+            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[0]), f, d, PR_W1, l, e,
+                SPLIT_COL);
         for (int e = 0; e < E; e++)
-            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[1]), f, d, PR_W3, l, e, SPLIT_COL);
+            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[1]), f, d, PR_W3, l, e,
+                SPLIT_COL);
         for (int e = 0; e < E; e++)
-            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[2]), d, f, PR_W2, l, e, SPLIT_ROW);
+            add(t, &cap, NM("model.layers.%d.%s.experts.%d.%s.weight", l, moe, e, ew[2]), d, f, PR_W2, l, e,
+                SPLIT_ROW);
 #undef NM
     }
     add(t, &cap, "model.norm.weight", d, 0, PR_FINAL_NORM, -1, -1, SPLIT_REPL);
     add(t, &cap, "lm_head.weight", V, d, PR_LM_HEAD, -1, -1, SPLIT_VOCAB);
 }
 
-void params_free(ParamTable *t) { free(t->p); memset(t, 0, sizeof *t); }
+void params_free(ParamTable *t) {
+    free(t->p);
+    memset(t, 0, sizeof *t);
+}
 
 int params_find(const ParamTable *t, const char *name) {
-    for (int i = 0; i < t->n; i++) if (strcmp(t->p[i].name, name) == 0) return i;
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(t->p[i].name, name) == 0) return i;
     return -1;
 }
 
@@ -198,16 +248,22 @@ int params_index(const ParamTable *t, ParamRole role, int layer, int expert) {
 // range [a, b) appended to h, or merged into the last one where it continues it
 static void add_range(size_t *h, int *nh, size_t a, size_t b) {
     if (*nh && h[2 * *nh - 1] == a) h[2 * *nh - 1] = b;
-    else { h[2 * *nh] = a; h[2 * *nh + 1] = b; (*nh)++; }
+    else {
+        h[2 * *nh] = a;
+        h[2 * *nh + 1] = b;
+        (*nh)++;
+    }
 }
 
 int params_bf16_ranges(const ParamTable *t, int n_layers, int e0, int El, int64_t min_rows, size_t *h) {
     int nh = 0;
-    for (int i = 0; i < t->n; i++) {   // table order: ascending offsets
+    for (int i = 0; i < t->n; i++) { // table order: ascending offsets
         const ParamSpec *p = &t->p[i];
         if (!p->lnumel) continue;
-        if (p->role == PR_WQ || p->role == PR_WK || p->role == PR_WV || p->role == PR_WO || p->role == PR_LM_HEAD) {
-            if (p->lshape[0] > min_rows && p->loffset % 8 == 0) add_range(h, &nh, p->loffset, p->loffset + p->lnumel);
+        if (p->role == PR_WQ || p->role == PR_WK || p->role == PR_WV || p->role == PR_WO ||
+            p->role == PR_LM_HEAD) {
+            if (p->lshape[0] > min_rows && p->loffset % 8 == 0)
+                add_range(h, &nh, p->loffset, p->loffset + p->lnumel);
             continue;
         }
         if (p->role != PR_W1 || p->expert != e0 || p->layer < 0 || p->layer >= n_layers) continue;
@@ -234,17 +290,24 @@ void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64
         for (int i = 0; i < t->n; i++) {
             const ParamSpec *s = &t->p[i];
             if (!s->lnumel) continue;
-            if (s->numel > cap) { cap = s->numel; full = xrealloc(full, cap * sizeof(float)); }
-            if (s->ndim == 1) {   // norms 1, biases 0 (as transformers' _init_weights)
-                float one = s->role == PR_BQ || s->role == PR_BK || s->role == PR_BV || s->role == PR_ROUTE_BIAS ? 0.0f : 1.0f;
+            if (s->numel > cap) {
+                cap = s->numel;
+                full = xrealloc(full, cap * sizeof(float));
+            }
+            if (s->ndim == 1) { // norms 1, biases 0 (as transformers' _init_weights)
+                float one =
+                    s->role == PR_BQ || s->role == PR_BK || s->role == PR_BV || s->role == PR_ROUTE_BIAS
+                    ? 0.0f
+                    : 1.0f;
                 for (size_t j = 0; j < s->numel; j++) full[j] = one;
             } else {
                 Rng r;
                 rng_seed(&r, seed * 0x100000001B3ull + (uint64_t)i + 1);
-                float std = c->init_std * ((s->role == PR_WO || s->role == PR_W2 || s->role == PR_SH_W2) ? out_scale : 1.0f);
+                float std = c->init_std *
+                    ((s->role == PR_WO || s->role == PR_W2 || s->role == PR_SH_W2) ? out_scale : 1.0f);
                 for (size_t j = 0; j < s->numel; j++) full[j] = std * rng_normal(&r);
             }
-            ParamSpec one = *s;          // the tensor alone, as if it were the whole buffer
+            ParamSpec one = *s; // the tensor alone, as if it were the whole buffer
             one.offset = 0;
             one.loffset = 0;
             ParamTable tt = {&one, 1, s->numel, s->lnumel};

@@ -8,11 +8,30 @@
 #include "parallel/stages.h"
 
 typedef enum {
-    PR_EMBED, PR_ATTN_NORM, PR_WQ, PR_WK, PR_WV, PR_WO, PR_FFN_NORM, PR_ROUTER,
-    PR_W1, PR_W3, PR_W2, PR_FINAL_NORM, PR_LM_HEAD,
+    PR_EMBED,
+    PR_ATTN_NORM,
+    PR_WQ,
+    PR_WK,
+    PR_WV,
+    PR_WO,
+    PR_FFN_NORM,
+    PR_ROUTER,
+    PR_W1,
+    PR_W3,
+    PR_W2,
+    PR_FINAL_NORM,
+    PR_LM_HEAD,
     // family options (config.h): q/k/v biases, QK-norm weights, the shared expert (w1 = gate_proj,
     // w3 = up_proj, w2 = down_proj) and its sigmoid gate
-    PR_BQ, PR_BK, PR_BV, PR_QNORM, PR_KNORM, PR_SH_W1, PR_SH_W3, PR_SH_W2, PR_SH_GATE,
+    PR_BQ,
+    PR_BK,
+    PR_BV,
+    PR_QNORM,
+    PR_KNORM,
+    PR_SH_W1,
+    PR_SH_W3,
+    PR_SH_W2,
+    PR_SH_GATE,
     // balance aux-free: the per-expert routing bias (E), DeepSeek-V3's gate.e_score_correction_bias; no
     // gradient (AdamW leaves it as it is), moved by the step's load (train/step.c), kept in checkpoints
     PR_ROUTE_BIAS
@@ -21,33 +40,33 @@ typedef enum {
 // Gradient reduction group: dense tensors over DP (their TP shards stay distinct); the router over
 // the whole stage (TP ranks route different token slices); experts over EDP (their replicas).
 typedef enum { RED_DP = 0, RED_EDP = 1, RED_STAGE = 2 } ReduceGroup;
-typedef enum { SPLIT_REPL = 0, SPLIT_COL, SPLIT_ROW, SPLIT_VOCAB } TpSplit;  // how TP splits a dense tensor
+typedef enum { SPLIT_REPL = 0, SPLIT_COL, SPLIT_ROW, SPLIT_VOCAB } TpSplit; // how TP splits a dense tensor
 
 typedef struct {
-    char name[96];        // HF name, e.g. model.layers.3.block_sparse_moe.experts.5.w1.weight
+    char name[96]; // HF name, e.g. model.layers.3.block_sparse_moe.experts.5.w1.weight
     int ndim;
-    int64_t shape[2];     // full logical shape (row-major; Linear weights are (out, in))
-    size_t numel;         // full logical element count
-    size_t offset;        // element offset of the full tensor in a full flat buffer
+    int64_t shape[2]; // full logical shape (row-major; Linear weights are (out, in))
+    size_t numel; // full logical element count
+    size_t offset; // element offset of the full tensor in a full flat buffer
     // this rank's slice (equal to the full tensor in one process)
-    int64_t lshape[2];    // local shape; lnumel 0 when this rank does not hold the tensor
+    int64_t lshape[2]; // local shape; lnumel 0 when this rank does not hold the tensor
     size_t lnumel;
-    size_t loffset;       // element offset into this rank's flat buffer
-    int split_dim;        // -1: whole tensor; 0: a block of rows; 1: a block of columns
-    int64_t split_start;  // first row/column of the block
+    size_t loffset; // element offset into this rank's flat buffer
+    int split_dim; // -1: whole tensor; 0: a block of rows; 1: a block of columns
+    int64_t split_start; // first row/column of the block
     ParamRole role;
-    int layer;            // -1 for embed / final norm / lm_head
-    int expert;           // -1 unless an expert tensor
+    int layer; // -1 for embed / final norm / lm_head
+    int expert; // -1 unless an expert tensor
     ReduceGroup reduce;
-    TpSplit tp_split;     // for expert tensors: ETP splits along f (w1/w3 rows, w2 cols)
-    int decay;            // 1: weight decay applies (matrices); 0: norms
+    TpSplit tp_split; // for expert tensors: ETP splits along f (w1/w3 rows, w2 cols)
+    int decay; // 1: weight decay applies (matrices); 0: norms
 } ParamSpec;
 
 typedef struct {
     ParamSpec *p;
     int n;
-    size_t total;         // elements of the full model (a full flat buffer)
-    size_t ltotal;        // elements of this rank's flat buffer
+    size_t total; // elements of the full model (a full flat buffer)
+    size_t ltotal; // elements of this rank's flat buffer
 } ParamTable;
 
 // The slicing of a mesh, as the table needs it (from parallel/mesh.h's MeshShape/MeshCoord), and
@@ -60,8 +79,8 @@ typedef struct {
 } ParamSlicing;
 
 // Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm],
-// ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E); final norm; lm_head.
-// So each layer's expert w1 block is one contiguous (E, f, d) array. Names are the family's
+// ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E); final norm;
+// lm_head. So each layer's expert w1 block is one contiguous (E, f, d) array. Names are the family's
 // (config.h ModelFamily): Mixtral's block_sparse_moe.experts.E.w1/w3/w2, or mlp.gate and
 // mlp.experts.E.gate_proj/up_proj/down_proj (OLMoE, Qwen2-MoE, Qwen3-MoE).
 // Reduction: QK-norm weights of the per-head form and the shared expert (which, like the router, sees
@@ -79,7 +98,7 @@ void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, vo
 // Copy this rank's slices of a full flat buffer into its local buffer.
 void params_full_to_local(const ParamTable *t, const float *full, float *local);
 void params_free(ParamTable *t);
-int params_find(const ParamTable *t, const char *name);  // index or -1
+int params_find(const ParamTable *t, const char *name); // index or -1
 // Index of a role in a layer (expert = -1 for non-expert roles).
 int params_index(const ParamTable *t, ParamRole role, int layer, int expert);
 // The weights that only the bf16 GEMMs read, as element ranges [h[2i], h[2i+1]) of the local buffer,

@@ -8,25 +8,46 @@
 void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, const Comm *epn,
                    const Comm *epx, int El, int d) {
     memset(x, 0, sizeof *x);
-    x->be = be; x->ep = ep; x->etp = etp;
-    if (epn && epx && comm_size(epn) > 1 && comm_size(epx) >= 1) { x->epn = epn; x->epx = epx; }
+    x->be = be;
+    x->ep = ep;
+    x->etp = etp;
+    if (epn && epx && comm_size(epn) > 1 && comm_size(epx) >= 1) {
+        x->epn = epn;
+        x->epx = epx;
+    }
     x->EP = comm_size(ep);
     x->ETP = comm_size(etp);
-    x->El = El; x->d = d;
-    x->sc = xcalloc(x->EP, sizeof(size_t)); x->sd = xcalloc(x->EP, sizeof(size_t));
-    x->rc = xcalloc(x->EP, sizeof(size_t)); x->rd = xcalloc(x->EP, sizeof(size_t));
+    x->El = El;
+    x->d = d;
+    x->sc = xcalloc(x->EP, sizeof(size_t));
+    x->sd = xcalloc(x->EP, sizeof(size_t));
+    x->rc = xcalloc(x->EP, sizeof(size_t));
+    x->rd = xcalloc(x->EP, sizeof(size_t));
     x->rcnt = xcalloc((size_t)x->EP * El, sizeof(int64_t));
     x->gcnt = xcalloc((size_t)x->ETP * x->EP * El, sizeof(int64_t));
-    x->gc = xcalloc(x->ETP, sizeof(size_t)); x->gd = xcalloc(x->ETP, sizeof(size_t));
+    x->gc = xcalloc(x->ETP, sizeof(size_t));
+    x->gd = xcalloc(x->ETP, sizeof(size_t));
     x->off = xcalloc(El + 1, sizeof(int64_t));
 }
 
 void exchange_free(Exchange *x) {
-    free(x->sc); free(x->sd); free(x->rc); free(x->rd); free(x->rcnt); free(x->gcnt); free(x->gc); free(x->gd);
-    free(x->off); free(x->perm_h);
-    for (int k = 0; k < 2; k++) { free(x->hp[k].c1); free(x->hp[k].pre); }
+    free(x->sc);
+    free(x->sd);
+    free(x->rc);
+    free(x->rd);
+    free(x->rcnt);
+    free(x->gcnt);
+    free(x->gc);
+    free(x->gd);
+    free(x->off);
+    free(x->perm_h);
+    for (int k = 0; k < 2; k++) {
+        free(x->hp[k].c1);
+        free(x->hp[k].pre);
+    }
     void *hs[] = {x->h_s1, x->h_r1, x->h_s2};
-    for (int i = 0; i < 3; i++) if (hs[i]) x->be->free(hs[i]);
+    for (int i = 0; i < 3; i++)
+        if (hs[i]) x->be->free(hs[i]);
     if (x->perm) x->be->free(x->perm);
     if (x->iperm) x->be->free(x->iperm);
     if (x->raw_ep) x->be->free(x->raw_ep);
@@ -46,7 +67,9 @@ static void grow(const Backend *be, void **p, size_t *cap, size_t need) {
 static size_t hid_bytes(const Exchange *x) { return x->be->hid_elem; }
 static CommType hid_type(const Exchange *x) { return x->be->hid_elem == 2 ? CT_BF16 : CT_F32; }
 
-static void scale_counts(const size_t *c, size_t *out, int n, size_t by) { for (int i = 0; i < n; i++) out[i] = c[i] * by; }
+static void scale_counts(const size_t *c, size_t *out, int n, size_t by) {
+    for (int i = 0; i < n; i++) out[i] = c[i] * by;
+}
 
 // The two-level plan of one direction: S[q] rows of mine go to EP rank q from row SD[q]; R[q] rows
 // come from q to row RD[q]; CN[i][q] = what my node's local rank i sends to q (S all-gathered over epn).
@@ -56,44 +79,53 @@ static void hier_plan(HierPlan *h, int n, int G, int me, const size_t *S, const 
     free(h->c1);
     free(h->pre);
     h->c1 = xcalloc((size_t)(4 * G + 4 * A), sizeof(size_t));
-    h->d1 = h->c1 + G; h->r1 = h->d1 + G; h->e1 = h->r1 + G;
-    h->c2 = h->e1 + G; h->d2 = h->c2 + A; h->r2 = h->d2 + A; h->e2 = h->r2 + A;
+    h->d1 = h->c1 + G;
+    h->r1 = h->d1 + G;
+    h->e1 = h->r1 + G;
+    h->c2 = h->e1 + G;
+    h->d2 = h->c2 + A;
+    h->r2 = h->d2 + A;
+    h->e2 = h->r2 + A;
     h->pre = xmalloc(sizeof(int64_t) * 3 * (size_t)n * 2);
     h->mid = h->pre + 3 * (size_t)n;
     h->npre = h->nmid = 0;
     size_t pos = 0;
-    for (int j = 0; j < G; j++) {   // phase 1: to local rank j, what goes to (b, j) for every node b
+    for (int j = 0; j < G; j++) { // phase 1: to local rank j, what goes to (b, j) for every node b
         h->d1[j] = pos;
         for (int b = 0; b < A; b++) {
             int q = b * G + j;
             int64_t *t = h->pre + 3 * h->npre++;
-            t[0] = (int64_t)SD[q]; t[1] = (int64_t)pos; t[2] = (int64_t)S[q];
+            t[0] = (int64_t)SD[q];
+            t[1] = (int64_t)pos;
+            t[2] = (int64_t)S[q];
             pos += S[q];
         }
         h->c1[j] = pos - h->d1[j];
     }
     h->rows1s = pos;
     pos = 0;
-    for (int i = 0; i < G; i++) {   // from local rank i: its blocks for (b, loc), node by node
+    for (int i = 0; i < G; i++) { // from local rank i: its blocks for (b, loc), node by node
         h->e1[i] = pos;
         for (int b = 0; b < A; b++) pos += (size_t)CN[(size_t)i * n + b * G + loc];
         h->r1[i] = pos - h->e1[i];
     }
     h->rows1r = pos;
     pos = 0;
-    for (int B = 0; B < A; B++) {   // phase 2: to node B (its rank of my local index), from each local i
+    for (int B = 0; B < A; B++) { // phase 2: to node B (its rank of my local index), from each local i
         h->d2[B] = pos;
         for (int i = 0; i < G; i++) {
             size_t src = h->e1[i];
             for (int b = 0; b < B; b++) src += (size_t)CN[(size_t)i * n + b * G + loc];
             int64_t *t = h->mid + 3 * h->nmid++;
-            t[0] = (int64_t)src; t[1] = (int64_t)pos; t[2] = CN[(size_t)i * n + B * G + loc];
+            t[0] = (int64_t)src;
+            t[1] = (int64_t)pos;
+            t[2] = CN[(size_t)i * n + B * G + loc];
             pos += (size_t)t[2];
         }
         h->c2[B] = pos - h->d2[B];
     }
     h->rows2s = pos;
-    for (int a = 0; a < A; a++) {   // from node a: its local ranks' rows for me, in source-rank order
+    for (int a = 0; a < A; a++) { // from node a: its local ranks' rows for me, in source-rank order
         h->r2[a] = 0;
         for (int i = 0; i < G; i++) h->r2[a] += R[a * G + i];
         h->e2[a] = RD[a * G];
@@ -104,11 +136,17 @@ static void hier_plan(HierPlan *h, int n, int G, int me, const size_t *S, const 
 static void hier_plans(Exchange *x) {
     int n = x->EP, G = comm_size(x->epn), me = comm_rank(x->ep);
     int64_t *mine = xmalloc(sizeof(int64_t) * n * 2), *cn = xmalloc(sizeof(int64_t) * (size_t)n * G * 2);
-    for (int q = 0; q < n; q++) { mine[q] = (int64_t)x->sc[q]; mine[n + q] = (int64_t)x->rc[q]; }
+    for (int q = 0; q < n; q++) {
+        mine[q] = (int64_t)x->sc[q];
+        mine[n + q] = (int64_t)x->rc[q];
+    }
     comm_allgather(x->epn, mine, cn, (size_t)n * 2, CT_I64);
     int64_t *cs = xmalloc(sizeof(int64_t) * (size_t)n * G * 2), *cr = cs + (size_t)n * G;
     for (int i = 0; i < G; i++)
-        for (int q = 0; q < n; q++) { cs[(size_t)i * n + q] = cn[(size_t)i * 2 * n + q]; cr[(size_t)i * n + q] = cn[(size_t)i * 2 * n + n + q]; }
+        for (int q = 0; q < n; q++) {
+            cs[(size_t)i * n + q] = cn[(size_t)i * 2 * n + q];
+            cr[(size_t)i * n + q] = cn[(size_t)i * 2 * n + n + q];
+        }
     hier_plan(&x->hp[0], n, G, me, x->sc, x->sd, x->rc, x->rd, cs);
     hier_plan(&x->hp[1], n, G, me, x->rc, x->rd, x->sc, x->sd, cr);
     size_t need = 0;
@@ -120,10 +158,15 @@ static void hier_plans(Exchange *x) {
     need = (need ? need : 1) * x->d * sizeof(float);
     if (need > x->cap_h) {
         void **hs[] = {&x->h_s1, &x->h_r1, &x->h_s2};
-        for (int i = 0; i < 3; i++) { if (*hs[i]) x->be->free(*hs[i]); *hs[i] = x->be->alloc(need); }
+        for (int i = 0; i < 3; i++) {
+            if (*hs[i]) x->be->free(*hs[i]);
+            *hs[i] = x->be->alloc(need);
+        }
         x->cap_h = need;
     }
-    free(mine); free(cn); free(cs);
+    free(mine);
+    free(cn);
+    free(cs);
 }
 
 // The two-level all-to-all of direction k (0: dispatch, rows in the hidden format; 1: combine, float32):
@@ -139,15 +182,19 @@ static void hier_a2a(Exchange *x, int k, const void *send, void *recv) {
         if (t[2]) be->copy((char *)x->h_s1 + t[1] * row, (const char *)send + t[0] * row, row * t[2]);
     }
     size_t *a = xmalloc(sizeof(size_t) * 4 * (G > A ? G : A));
-    scale_counts(h->c1, a, (int)G, d); scale_counts(h->d1, a + G, (int)G, d);
-    scale_counts(h->r1, a + 2 * G, (int)G, d); scale_counts(h->e1, a + 3 * G, (int)G, d);
+    scale_counts(h->c1, a, (int)G, d);
+    scale_counts(h->d1, a + G, (int)G, d);
+    scale_counts(h->r1, a + 2 * G, (int)G, d);
+    scale_counts(h->e1, a + 3 * G, (int)G, d);
     comm_dev_alltoallv(x->epn, x->h_s1, a, a + G, x->h_r1, a + 2 * G, a + 3 * G, ct);
     for (int i = 0; i < h->nmid; i++) {
         const int64_t *t = h->mid + 3 * i;
         if (t[2]) be->copy((char *)x->h_s2 + t[1] * row, (const char *)x->h_r1 + t[0] * row, row * t[2]);
     }
-    scale_counts(h->c2, a, (int)A, d); scale_counts(h->d2, a + A, (int)A, d);
-    scale_counts(h->r2, a + 2 * A, (int)A, d); scale_counts(h->e2, a + 3 * A, (int)A, d);
+    scale_counts(h->c2, a, (int)A, d);
+    scale_counts(h->d2, a + A, (int)A, d);
+    scale_counts(h->r2, a + 2 * A, (int)A, d);
+    scale_counts(h->e2, a + 3 * A, (int)A, d);
     comm_dev_alltoallv(x->epx, x->h_s2, a, a + A, recv, a + 2 * A, a + 3 * A, ct);
     free(a);
 }
@@ -168,7 +215,7 @@ void exchange_plan(Exchange *x, const int64_t *kept) {
         return;
     }
     // what I send to each EP peer: the rows of its experts (contiguous: rows are expert-sorted)
-    int64_t *sendcnt = (int64_t *)kept;   // (EP*El), peer q owns experts [q*El, (q+1)*El)
+    int64_t *sendcnt = (int64_t *)kept; // (EP*El), peer q owns experts [q*El, (q+1)*El)
     size_t *one = xmalloc(sizeof(size_t) * EP), *disp = xmalloc(sizeof(size_t) * EP);
     x->M = 0;
     for (int q = 0; q < EP; q++) {
@@ -180,7 +227,8 @@ void exchange_plan(Exchange *x, const int64_t *kept) {
         x->M += (int)x->sc[q];
     }
     comm_alltoallv(x->ep, sendcnt, one, disp, x->rcnt, one, disp, CT_I64);
-    free(one); free(disp);
+    free(one);
+    free(disp);
     x->R = 0;
     for (int q = 0; q < EP; q++) {
         x->rd[q] = x->R;
@@ -234,8 +282,10 @@ void exchange_plan(Exchange *x, const int64_t *kept) {
 // receive counts, receive displacements of the EP all-to-all (forward direction; swapped back).
 static void ep_counts(const Exchange *x, int back, size_t *a, size_t *b, size_t *c, size_t *e) {
     size_t d = x->d;
-    scale_counts(back ? x->rc : x->sc, a, x->EP, d); scale_counts(back ? x->rd : x->sd, b, x->EP, d);
-    scale_counts(back ? x->sc : x->rc, c, x->EP, d); scale_counts(back ? x->sd : x->rd, e, x->EP, d);
+    scale_counts(back ? x->rc : x->sc, a, x->EP, d);
+    scale_counts(back ? x->rd : x->sd, b, x->EP, d);
+    scale_counts(back ? x->sc : x->rc, c, x->EP, d);
+    scale_counts(back ? x->sd : x->rd, e, x->EP, d);
 }
 
 void exchange_dispatch_start(Exchange *x, const void *rows) {
@@ -247,7 +297,8 @@ void exchange_dispatch_start(Exchange *x, const void *rows) {
     } else if (comm_dev_due(x->ep)) {
         size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
         ep_counts(x, 0, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
-        x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP, hid_type(x));
+        x->req = comm_dev_ialltoallv(x->ep, rows, a, a + x->EP, x->raw_ep, a + 2 * x->EP, a + 3 * x->EP,
+                                     hid_type(x));
         free(a);
     } else {
         x->be->copy(x->raw_ep, rows, hid_bytes(x) * (size_t)x->M * x->d);
@@ -256,12 +307,16 @@ void exchange_dispatch_start(Exchange *x, const void *rows) {
 
 const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out) {
     if (x->local) return rows;
-    if (x->req) { comm_wait(x->req); x->req = NULL; }
+    if (x->req) {
+        comm_wait(x->req);
+        x->req = NULL;
+    }
     int ETP = x->ETP;
     size_t d = x->d;
     if (comm_dev_due(x->etp)) {
         size_t *a = xmalloc(sizeof(size_t) * ETP * 2);
-        scale_counts(x->gc, a, ETP, d); scale_counts(x->gd, a + ETP, ETP, d);
+        scale_counts(x->gc, a, ETP, d);
+        scale_counts(x->gd, a + ETP, ETP, d);
         comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, a, a + ETP, hid_type(x));
         free(a);
     } else {
@@ -294,7 +349,8 @@ void exchange_combine_start(Exchange *x, const float *partial, float *rows) {
     } else if (comm_dev_due(x->ep)) {
         size_t *a = xmalloc(sizeof(size_t) * x->EP * 4);
         ep_counts(x, 1, a, a + x->EP, a + 2 * x->EP, a + 3 * x->EP);
-        x->req = comm_dev_ialltoallv(x->ep, x->raw_ep, a, a + x->EP, rows, a + 2 * x->EP, a + 3 * x->EP, CT_F32);
+        x->req =
+            comm_dev_ialltoallv(x->ep, x->raw_ep, a, a + x->EP, rows, a + 2 * x->EP, a + 3 * x->EP, CT_F32);
         free(a);
     } else {
         x->be->copy(rows, x->raw_ep, sizeof(float) * (size_t)x->M * d);
@@ -303,7 +359,10 @@ void exchange_combine_start(Exchange *x, const float *partial, float *rows) {
 
 const float *exchange_combine_finish(Exchange *x, const float *partial, float *rows) {
     if (x->local) return partial;
-    if (x->req) { comm_wait(x->req); x->req = NULL; }
+    if (x->req) {
+        comm_wait(x->req);
+        x->req = NULL;
+    }
     return rows;
 }
 

@@ -20,9 +20,9 @@
 // One direction of the two-level all-to-all, in rows: the block copies before phase 1 (my rows into
 // node-local order) and between the phases (into node order), and both phases' counts/displacements.
 typedef struct {
-    size_t *c1, *d1, *r1, *e1;     // (G) phase 1 within the node (epn)
-    size_t *c2, *d2, *r2, *e2;     // (A) phase 2 between nodes (epx)
-    int64_t *pre, *mid;            // (src row, dst row, rows) triples: npre, nmid of them
+    size_t *c1, *d1, *r1, *e1; // (G) phase 1 within the node (epn)
+    size_t *c2, *d2, *r2, *e2; // (A) phase 2 between nodes (epx)
+    int64_t *pre, *mid; // (src row, dst row, rows) triples: npre, nmid of them
     int npre, nmid;
     size_t rows1s, rows1r, rows2s; // staging rows
 } HierPlan;
@@ -30,23 +30,23 @@ typedef struct {
 typedef struct {
     const Backend *be;
     const Comm *ep, *etp;
-    const Comm *epn, *epx;       // two-level all-to-all: my node's EP ranks, my local index's (NULL: flat)
-    HierPlan hp[2];              // its plans, dispatch [0] and combine [1]
-    void *h_s1, *h_r1, *h_s2;    // its staging (device)
+    const Comm *epn, *epx; // two-level all-to-all: my node's EP ranks, my local index's (NULL: flat)
+    HierPlan hp[2]; // its plans, dispatch [0] and combine [1]
+    void *h_s1, *h_r1, *h_s2; // its staging (device)
     size_t cap_h;
     int EP, ETP, El, d;
-    size_t *sc, *sd, *rc, *rd;   // (EP) rows sent to / received from each EP peer, and displacements
-    int64_t *rcnt;               // (EP, El) rows received from EP peer q for local expert le
-    int64_t *gcnt;               // (ETP, EP, El) the same for every ETP peer (after the gather)
-    size_t *gc, *gd;             // (ETP) rows held by each ETP peer after the EP exchange
-    int local;                   // EP = ETP = 1 without forced device collectives (set by exchange_plan)
-    int M, R, Rg;                // rows I send; rows I receive; rows after the ETP gather
-    int64_t *off;                // (El+1) expert-major offsets over the Rg rows
-    int32_t *perm_h;             // (Rg) expert-major row i is gathered row perm_h[i] (not local)
-    int32_t *perm, *iperm;       // device copies of perm and its inverse (not local)
-    void *raw_ep, *raw;          // (R,d), (Rg,d) staging (device; not local): the hidden format or float32
+    size_t *sc, *sd, *rc, *rd; // (EP) rows sent to / received from each EP peer, and displacements
+    int64_t *rcnt; // (EP, El) rows received from EP peer q for local expert le
+    int64_t *gcnt; // (ETP, EP, El) the same for every ETP peer (after the gather)
+    size_t *gc, *gd; // (ETP) rows held by each ETP peer after the EP exchange
+    int local; // EP = ETP = 1 without forced device collectives (set by exchange_plan)
+    int M, R, Rg; // rows I send; rows I receive; rows after the ETP gather
+    int64_t *off; // (El+1) expert-major offsets over the Rg rows
+    int32_t *perm_h; // (Rg) expert-major row i is gathered row perm_h[i] (not local)
+    int32_t *perm, *iperm; // device copies of perm and its inverse (not local)
+    void *raw_ep, *raw; // (R,d), (Rg,d) staging (device; not local): the hidden format or float32
     size_t cap_R, cap_Rg, cap_idx;
-    CommReq *req;                // the EP all-to-all in flight (between a _start and its _finish)
+    CommReq *req; // the EP all-to-all in flight (between a _start and its _finish)
 } Exchange;
 
 // epn, epx: the two-level all-to-all's groups (both NULL: the flat all-to-all).

@@ -40,7 +40,9 @@ static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int loc
 // The router block for Ns rows (byte offsets): sums (E+1 doubles), the plan's slot counts (k*E
 // int32), idx, w, logits, probs (up to idx copied to the host in training, all of it with
 // host_router_out, in one copy), then lse (device only). 256-byte aligned sections.
-typedef struct { size_t cnt, idx, w, logits, probs, copy, lse, total; } RtLayout;
+typedef struct {
+    size_t cnt, idx, w, logits, probs, copy, lse, total;
+} RtLayout;
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 static RtLayout rt_layout(int Ns, int E, int k) {
     RtLayout L;
@@ -76,8 +78,13 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     memset(m, 0, sizeof *m);
     m->be = be;
     if (cm) m->cm = *cm;
-    int TP = comm_size(m->cm.tp), EP = comm_size(m->cm.ep), ETP = comm_size(m->cm.etp), S = comm_size(m->cm.stage);
-    m->maxN = maxN; m->d = c->d_model; m->fl = c->d_ff / ETP; m->E = c->n_experts; m->El = c->n_experts / EP;
+    int TP = comm_size(m->cm.tp), EP = comm_size(m->cm.ep), ETP = comm_size(m->cm.etp),
+        S = comm_size(m->cm.stage);
+    m->maxN = maxN;
+    m->d = c->d_model;
+    m->fl = c->d_ff / ETP;
+    m->E = c->n_experts;
+    m->El = c->n_experts / EP;
     m->k = c->top_k;
     size_t Ns = (size_t)(maxN + TP - 1) / TP, d = m->d, E = m->E, k = m->k, R = Ns * k;
     RtLayout L = rt_layout((int)Ns, (int)E, (int)k);
@@ -86,7 +93,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     rt_point(m, (int)Ns);
     m->Rmax = (int)R;
     m->kf_h = xcalloc(2 * k * E, sizeof(int32_t));
-    m->plan.off = xcalloc(E + 1, sizeof(int64_t));   // the plan's arrays live on the backend (plan_d)
+    m->plan.off = xcalloc(E + 1, sizeof(int64_t)); // the plan's arrays live on the backend (plan_d)
     m->plan.N = (int)Ns;
     m->plan.E = (int)E;
     m->plan.k = (int)k;
@@ -132,29 +139,42 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
 
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
-    if (m->rc) m->h1 = m->h3 = m->act = NULL;   // the shared buffers (MoeRecompute) are not the layer's
-    free(m->rt_h); free(m->kf_h);
-    free(m->cnt_all); free(m->counts); free(m->psum); free(m->aux_f); free(m->seq_f); free(m->seq_st);
+    if (m->rc) m->h1 = m->h3 = m->act = NULL; // the shared buffers (MoeRecompute) are not the layer's
+    free(m->rt_h);
+    free(m->kf_h);
+    free(m->cnt_all);
+    free(m->counts);
+    free(m->psum);
+    free(m->aux_f);
+    free(m->seq_f);
+    free(m->seq_st);
     if (m->seq_dp) be->free(m->seq_dp);
     plan_free(&m->plan);
-    void *dev[] = {m->noise, m->xj, m->rt_d, m->xs, m->ys, m->plan_d, m->yslice,
-                   m->xg, m->h1, m->h3, m->act, m->yg, m->sh_h1, m->sh_h3, m->sh_act, m->sh_x, m->sh_y, m->sh_g, m->ident};
+    void *dev[] = {m->noise,  m->xj,   m->rt_d, m->xs,   m->ys,   m->plan_d, m->yslice,
+                   m->xg,     m->h1,   m->h3,   m->act,  m->yg,   m->sh_h1,  m->sh_h3,
+                   m->sh_act, m->sh_x, m->sh_y, m->sh_g, m->ident};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) arena_free(m->arena, be, dev[i]);
     exchange_free(&m->x);
-    for (int i = 0; i < MOE_MAX_OVERLAP; i++) if (m->xc[i].be) exchange_free(&m->xc[i]);
+    for (int i = 0; i < MOE_MAX_OVERLAP; i++)
+        if (m->xc[i].be) exchange_free(&m->xc[i]);
     if (m->xe.be) exchange_free(&m->xe);
     void *gath[] = {m->wfull, m->wstage, m->widx};
-    for (size_t i = 0; i < sizeof gath / sizeof gath[0]; i++) if (gath[i]) be->free(gath[i]);
-    void *chunked[] = {m->cidx, m->xsc, m->ysc};   // icidx shares cidx's block
-    for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++) if (chunked[i]) be->free(chunked[i]);
+    for (size_t i = 0; i < sizeof gath / sizeof gath[0]; i++)
+        if (gath[i]) be->free(gath[i]);
+    void *chunked[] = {m->cidx, m->xsc, m->ysc}; // icidx shares cidx's block
+    for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++)
+        if (chunked[i]) be->free(chunked[i]);
     memset(m, 0, sizeof *m);
 }
 
 void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
     if (rc == m->rc) return;
-    if (!m->rc) {   // its own rows go; the shared ones are pointed at by the next forward
+    if (!m->rc) { // its own rows go; the shared ones are pointed at by the next forward
         void **bf[] = {&m->h1, &m->h3, &m->act};
-        for (int i = 0; i < 3; i++) { arena_free(m->arena, m->be, *bf[i]); *bf[i] = NULL; }
+        for (int i = 0; i < 3; i++) {
+            arena_free(m->arena, m->be, *bf[i]);
+            *bf[i] = NULL;
+        }
     } else {
         m->h1 = m->h3 = m->act = NULL;
     }
@@ -168,7 +188,10 @@ void moe_layer_trim(MoeLayer *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(m->arena, m->be, bufs[i]);
     m->xs = m->xg = m->xsc = m->h1 = m->h3 = m->act = NULL;
     m->ys = m->yg = m->ysc = NULL;
-    if (m->cidx) { m->be->free(m->cidx); m->cidx = m->icidx = NULL; }
+    if (m->cidx) {
+        m->be->free(m->cidx);
+        m->cidx = m->icidx = NULL;
+    }
     m->cap_d = m->cap_f = m->cap_xg = m->cap_ys = 0;
 }
 
@@ -192,10 +215,11 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
 }
 
 void moe_scratch_free(MoeScratch *s) {
-    void *dev[] = {s->dys, s->dxs, s->dxj, s->dlogits, s->rowdot, s->aux_dp, s->dyg, s->dh1, s->dh3,
-                   s->dxg, s->dysc, s->dxsc, s->gfull, s->gstage, s->gslice, s->sh_dy, s->sh_dh1,
-                   s->sh_dh3, s->sh_dg};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) if (dev[i]) s->be->free(dev[i]);
+    void *dev[] = {s->dys,    s->dxs,   s->dxj,    s->dlogits, s->rowdot, s->aux_dp, s->dyg,
+                   s->dh1,    s->dh3,   s->dxg,    s->dysc,    s->dxsc,   s->gfull,  s->gstage,
+                   s->gslice, s->sh_dy, s->sh_dh1, s->sh_dh3,  s->sh_dg};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) s->be->free(dev[i]);
     free(s->aux_dp_h);
     memset(s, 0, sizeof *s);
 }
@@ -220,8 +244,8 @@ static void tp_gather(const MoeLayer *m, const float *slice, float *full) {
     free(cnt);
 }
 
-void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const ModelConfig *c, uint64_t noise_seed,
-               int64_t row0) {
+void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
+               uint64_t noise_seed, int64_t row0) {
     const Backend *be = m->be;
     CHECK(N <= m->maxN, "moe_forward: %d tokens > %d allocated", N, m->maxN);
     int d = m->d, E = m->E, k = m->k, TP = comm_size(m->cm.tp);
@@ -239,7 +263,8 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
             Rng r;
             rng_seed(&r, noise_seed ^ ((uint64_t)(row0 + m->s0 + i) * 0x9E3779B97F4A7C15ull));
             for (int j = 0; j < d; j++)
-                nh[(size_t)i * d + j] = noise_seed ? 1.0f - c->jitter + 2.0f * c->jitter * rng_uniform(&r) : 1.0f;
+                nh[(size_t)i * d + j] =
+                    noise_seed ? 1.0f - c->jitter + 2.0f * c->jitter * rng_uniform(&r) : 1.0f;
         }
         be->to_device(m->noise, nh, n * F);
         free(nh);
@@ -250,7 +275,8 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     // sums, idx and w to the host (and of logits and probs when asked: host_router_out)
     rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
-    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E, k, c->renormalize);
+    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E, k,
+                    c->renormalize);
     be->plan_counts(m->cnt, m->rank, m->idx, Ns, E, k);
     RtLayout rl = rt_layout(Ns, E, k);
     // (the sequence scope reads each row's choices and probabilities)
@@ -267,7 +293,8 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     for (int s = 0; s < S; s++) {
         const int64_t *cs = m->cnt_all + (size_t)s * per;
         m->Ng += cs[per - 1];
-        for (int j = 0; j < k; j++) for (int e = 0; e < E; e++) m->counts[e] += cs[(size_t)j * E + e];
+        for (int j = 0; j < k; j++)
+            for (int e = 0; e < E; e++) m->counts[e] += cs[(size_t)j * E + e];
     }
     double *ps = xcalloc(E + 1, sizeof(double));
     memcpy(ps, m->sums_h, sizeof(double) * (E + 1));
@@ -283,7 +310,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     m->Nl = m->Ng;
     m->xraw = x + (size_t)m->s0 * d;
     m->aux_scope = c->aux_scope;
-    if (c->aux_scope == AUX_SCOPE_GLOBAL && m->run_counts) {   // f_i over the step's micro-batches so far
+    if (c->aux_scope == AUX_SCOPE_GLOBAL && m->run_counts) { // f_i over the step's micro-batches so far
         *m->run_tokens += m->Ng;
         a = 0;
         for (int e = 0; e < E; e++) {
@@ -292,7 +319,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
             a += m->aux_f[e] * (ps[e] / m->Ng);
         }
         m->aux = E * a;
-    } else if (c->aux_scope == AUX_SCOPE_SEQ && !m->chunk_part) {   // (a chunk's: moe_stats_merge)
+    } else if (c->aux_scope == AUX_SCOPE_SEQ && !m->chunk_part) { // (a chunk's: moe_stats_merge)
         moe_seq_stats(m);
     }
     free(ps);
@@ -310,7 +337,10 @@ void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
         const MoeLayer *p = part[i];
         whole->Ng += p->Ng;
         lse2 += p->z * (double)p->Ng;
-        for (int e = 0; e < E; e++) { whole->counts[e] += p->counts[e]; whole->psum[e] += p->psum[e]; }
+        for (int e = 0; e < E; e++) {
+            whole->counts[e] += p->counts[e];
+            whole->psum[e] += p->psum[e];
+        }
     }
     for (int e = 0; e < E; e++) {
         a += ((double)whole->counts[e] / whole->Ng) * (whole->psum[e] / whole->Ng);
@@ -318,7 +348,8 @@ void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
     }
     whole->aux = E * a;
     whole->aux_scope = part[0]->aux_scope;
-    if (whole->aux_scope == AUX_SCOPE_GLOBAL && whole->run_counts) {   // f_i over the step's micro-batches so far
+    if (whole->aux_scope == AUX_SCOPE_GLOBAL &&
+        whole->run_counts) { // f_i over the step's micro-batches so far
         *whole->run_tokens += whole->Ng;
         a = 0;
         for (int e = 0; e < E; e++) {
@@ -328,7 +359,7 @@ void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
         }
         whole->aux = E * a;
     }
-    if (whole->aux_scope == AUX_SCOPE_SEQ) {   // the sequences the chunks cut, whole again
+    if (whole->aux_scope == AUX_SCOPE_SEQ) { // the sequences the chunks cut, whole again
         int T = part[0]->seq_len;
         CHECK(T >= 1 && whole->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d",
               (long long)whole->Ng, T);
@@ -345,7 +376,7 @@ void moe_stats_merge(MoeLayer *const *part, int n, MoeLayer *whole) {
 
 void moe_loss_from(MoeLayer *part, const MoeLayer *whole) {
     memcpy(part->aux_f, whole->aux_f, sizeof(double) * whole->E);
-    if (whole->aux_scope == AUX_SCOPE_SEQ) {   // each sequence's f, for the part's rows of it
+    if (whole->aux_scope == AUX_SCOPE_SEQ) { // each sequence's f, for the part's rows of it
         moe_seq_alloc(part, whole->nseq);
         memcpy(part->seq_f, whole->seq_f, sizeof(double) * (size_t)whole->nseq * whole->E);
     }
@@ -401,8 +432,8 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
     int M = m->plan.M, R = m->Rmax;
     if (!m->xs) m->xs = arena_alloc(m->arena, be, (size_t)(R ? R : 1) * d * be->hid_elem);
     be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
-    be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d, m->kf_d + (size_t)k * E, Ns,
-                  E, k);
+    be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d,
+                  m->kf_d + (size_t)k * E, Ns, E, k);
     // permute, send to the expert owners, experts, and back
     be->gather_rows_hid(m->xs, xin, 0, m->rowtok, M, d);
     int64_t *kept = xmalloc(sizeof(int64_t) * E);
@@ -434,14 +465,15 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
     const Backend *be = m->be;
     int d = m->d, El = m->El, k = m->k, Ns = m->Ns, fu = m->fu, TP = comm_size(m->cm.tp);
     const MoeWeights *wu = &m->wu;
-    // the shared rows again (--recompute moe): another state's moe_start (AMPipe's next chunk) may have grown,
-    // that is moved, them since ours
+    // the shared rows again (--recompute moe): another state's moe_start (AMPipe's next chunk) may have
+    // grown, that is moved, them since ours
     if (m->rc) moe_rc_rows(m, moe_rows_bytes(m));
     if (m->r > 1) {
         m->xgp = m->xg;
         moe_experts_chunked(m, w);
     } else {
-        m->xgp = m->started ? exchange_dispatch_finish(m->xu, m->xs, m->xg) : exchange_dispatch(m->xu, m->xs, m->xg);
+        m->xgp = m->started ? exchange_dispatch_finish(m->xu, m->xs, m->xg)
+                            : exchange_dispatch(m->xu, m->xs, m->xg);
         m->started = 0;
         be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
         be->grouped_down_fwd(m->yg, m->act, wu->w2, m->xu->off, El, fu, d);
@@ -450,7 +482,7 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
     float *yout = TP > 1 ? m->yslice : y;
     be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
-    if (m->fs) moe_shared_forward(m, yout, m->xraw, w);   // the un-jittered input
+    if (m->fs) moe_shared_forward(m, yout, m->xraw, w); // the un-jittered input
     if (TP > 1) tp_gather(m, m->yslice, y);
 }
 
@@ -481,13 +513,14 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
 
 int moe_dw_flags(const MoeGrads *g, int first) {
     int w = first && g->fresh;
-    CHECK(w || !g->packed, "moe_dw_flags: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
+    CHECK(w || !g->packed,
+          "moe_dw_flags: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
           "needs each written once a step: one micro-batch, one chunk)");
     return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) : 0;
 }
 
-void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w, MoeGrads *g,
-                         const ModelConfig *c, float aux_scale, float z_scale) {
+void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w,
+                         MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     int d = m->d, fu = m->fu, E = m->E, El = m->El, k = m->k, Ns = m->Ns;
     int TP = comm_size(m->cm.tp);
@@ -509,30 +542,33 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     if (m->r > 1) {
         dxs = moe_experts_bwd_chunked(m, s, w, g);
     } else {
-        const void *dyg = m->started ? exchange_dispatch_finish(m->xu, s->dys, s->dyg) : exchange_dispatch(m->xu, s->dys, s->dyg);
+        const void *dyg = m->started ? exchange_dispatch_finish(m->xu, s->dys, s->dyg)
+                                     : exchange_dispatch(m->xu, s->dys, s->dyg);
         m->started = 0;
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the
-        // first write of each buffer overwrites every row it holds (flags without GM_ACC_DINP); dxg = dh1 W1 + dh3 W3
-        // in one call (grouped_matmul_bwd2). The weight gradients accumulate, or are written where they
-        // hold nothing yet this step (g->fresh: ops.h GM_DW_WRITE).
+        // first write of each buffer overwrites every row it holds (flags without GM_ACC_DINP); dxg = dh1 W1
+        // + dh3 W3 in one call (grouped_matmul_bwd2). The weight gradients accumulate, or are written where
+        // they hold nothing yet this step (g->fresh: ops.h GM_DW_WRITE).
         int dwf = moe_dw_flags(gu, 1);
-        be->grouped_swiglu_bwd(s->dh1, s->dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu, d, dwf);
-        be->grouped_matmul_bwd2(s->dxg, gu->w1, gu->w3, s->dh1, s->dh3, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu,
-                                dwf);
+        be->grouped_swiglu_bwd(s->dh1, s->dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu,
+                               d, dwf);
+        be->grouped_matmul_bwd2(s->dxg, gu->w1, gu->w3, s->dh1, s->dh3, m->xgp, wu->w1, wu->w3, m->xu->off,
+                                El, d, fu, dwf);
         dxs = exchange_combine(m->xu, s->dxg, s->dxs);
     }
     if (m->gathered) moe_scatter_grads(m, s, &gf, g);
-    g->fresh = 0;   // the expert gradients hold this backward's share now
-    // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order); without TP my
-    // slice is the whole dx, which this writes in place
+    g->fresh = 0; // the expert gradients hold this backward's share now
+    // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order); without TP
+    // my slice is the whole dx, which this writes in place
     float *dxin = TP > 1 ? s->dxj : dx;
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
     double Ng = (double)m->Nl;
     if (m->aux_scope == AUX_SCOPE_SEQ) {
-        // per segment of my rows within one sequence s: d aux / d probs[t,e] = E cnt_se / (T^2 S) = E f_se / (T S)
+        // per segment of my rows within one sequence s: d aux / d probs[t,e] = E cnt_se / (T^2 S) = E f_se /
+        // (T S)
         int T = m->seq_len, S = m->nseq, nseg = 0;
         int64_t g0 = m->row0 + m->s0;
         float *dp = xmalloc(sizeof(float) * (size_t)(S + 2) * E);
@@ -541,16 +577,18 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
             if (i && (g0 + i) % T) continue;
             int sq = (int)((g0 + i) / T);
             for (int e = 0; e < E; e++)
-                dp[(size_t)nseg * E + e] = (float)(aux_scale * E * m->seq_f[(size_t)sq * E + e] / ((double)T * S));
+                dp[(size_t)nseg * E + e] =
+                    (float)(aux_scale * E * m->seq_f[(size_t)sq * E + e] / ((double)T * S));
             segs[nseg++] = i;
         }
         segs[nseg] = Ns;
         be->to_device(m->seq_dp, dp, sizeof(float) * (size_t)nseg * E);
         for (int q = 0; q < nseg; q++) {
             int o = segs[q], n = segs[q + 1] - o;
-            be->router_bwd(s->dlogits + (size_t)o * E, s->rowdot, m->slotrow + (size_t)o * k, m->probs + (size_t)o * E,
-                           m->lse + o, m->idx + (size_t)o * k, m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E,
-                           (float)(2.0 * z_scale / Ng), n, E, k, c->renormalize);
+            be->router_bwd(s->dlogits + (size_t)o * E, s->rowdot, m->slotrow + (size_t)o * k,
+                           m->probs + (size_t)o * E, m->lse + o, m->idx + (size_t)o * k,
+                           m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E, (float)(2.0 * z_scale / Ng), n,
+                           E, k, c->renormalize);
         }
         free(dp);
         free(segs);
@@ -563,5 +601,5 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E, GM_ACC_DINP);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);
     if (m->fs) moe_shared_backward(m, s, dxin, m->dyb, x + (size_t)m->s0 * d, w, g);
-    if (TP > 1) tp_gather(m, dxin, dx);   // every TP rank needs the whole dx
+    if (TP > 1) tp_gather(m, dxin, dx); // every TP rank needs the whole dx
 }

@@ -12,7 +12,10 @@ void moe_rc_rows(MoeLayer *m, size_t nf) {
     MoeRecompute *rc = m->rc;
     if (nf > rc->cap) {
         void **bf[] = {&rc->h1, &rc->h3, &rc->act};
-        for (int i = 0; i < 3; i++) { if (*bf[i]) rc->be->free(*bf[i]); *bf[i] = rc->be->alloc(nf); }
+        for (int i = 0; i < 3; i++) {
+            if (*bf[i]) rc->be->free(*bf[i]);
+            *bf[i] = rc->be->alloc(nf);
+        }
         rc->cap = nf;
     }
     m->h1 = rc->h1;
@@ -32,8 +35,9 @@ void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu) {
     }
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
-        be->grouped_swiglu_fwd(hid_at(be, m->h1, g * fu), hid_at(be, m->h3, g * fu), hid_at(be, m->act, g * fu),
-                               hid_at(be, m->xg, g * d), wu->w1, wu->w3, m->xc[i].off, El, d, fu);
+        be->grouped_swiglu_fwd(hid_at(be, m->h1, g * fu), hid_at(be, m->h3, g * fu),
+                               hid_at(be, m->act, g * fu), hid_at(be, m->xg, g * d), wu->w1, wu->w3,
+                               m->xc[i].off, El, d, fu);
     }
 }
 
@@ -49,7 +53,10 @@ void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights 
     be->gather_rows_hid(m->sh_x, x, 0, m->ident, Ns, d);
     be->grouped_swiglu_fwd(m->sh_h1, m->sh_h3, m->sh_act, m->sh_x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs);
     be->grouped_down_fwd(m->sh_y, m->sh_act, w->sh_w2, m->sh_off, 1, fs, d);
-    if (!w->sh_gate) { be->combine_rows(y, m->sh_y, m->ident, NULL, Ns, 1, d, 1); return; }
+    if (!w->sh_gate) {
+        be->combine_rows(y, m->sh_y, m->ident, NULL, Ns, 1, d, 1);
+        return;
+    }
     be->matmul_fwd(m->sh_g, x, w->sh_gate, Ns, d, 1, 0);
     be->sigmoid_fwd(m->sh_g, m->sh_g, (size_t)Ns);
     be->combine_rows(y, m->sh_y, m->ident, m->sh_g, Ns, 1, d, 1);
@@ -57,10 +64,10 @@ void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights 
 
 // Its backward for dy (Ns,d): dx (Ns,d) += d/dx, the weights' gradients += (this rank's tokens).
 void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x,
-                            const MoeWeights *w, MoeGrads *g) {
+                         const MoeWeights *w, MoeGrads *g) {
     const Backend *be = m->be;
     int Ns = m->Ns, d = m->d, fs = m->fs;
-    if (w->sh_gate) {   // d(sh_y) = g dy; dg = <dy, sh_y>; d(gate logit) = dg g (1 - g)
+    if (w->sh_gate) { // d(sh_y) = g dy; dg = <dy, sh_y>; d(gate logit) = dg g (1 - g)
         be->gather_dot_scale(s->sh_dy, s->sh_dg, dy, m->ident, m->sh_y, m->sh_g, Ns, d, 1);
         be->sigmoid_bwd(s->sh_dg, s->sh_dg, m->sh_g, (size_t)Ns);
         be->matmul_bwd(dx, g->sh_gate, s->sh_dg, x, w->sh_gate, Ns, d, 1, GM_ACC_DINP);
@@ -69,8 +76,8 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
     }
     be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, s->sh_dy, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2,
                            m->sh_off, 1, fs, d, 0);
-    be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, m->sh_x, w->sh_w1, w->sh_w3, m->sh_off, 1,
-                            d, fs, 1);
+    be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, m->sh_x, w->sh_w1, w->sh_w3,
+                            m->sh_off, 1, d, fs, 1);
 }
 
 // ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,
@@ -83,7 +90,7 @@ void moe_seq_alloc(MoeLayer *m, int S) {
         if (m->seq_dp) m->be->free(m->seq_dp);
         m->seq_f = xmalloc(sizeof(double) * (size_t)S * E);
         m->seq_st = xmalloc(sizeof(double) * (size_t)S * 2 * E);
-        m->seq_dp = m->be->alloc(sizeof(float) * (size_t)(S + 2) * E);   // my rows span at most S + 2 segments
+        m->seq_dp = m->be->alloc(sizeof(float) * (size_t)(S + 2) * E); // my rows span at most S + 2 segments
         m->seq_cap = S;
     }
     m->nseq = S;
@@ -116,7 +123,8 @@ void moe_seq_finish(MoeLayer *m, int T) {
 
 void moe_seq_stats(MoeLayer *m) {
     int T = m->seq_len;
-    CHECK(T >= 1 && m->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d", (long long)m->Ng, T);
+    CHECK(T >= 1 && m->Ng % T == 0, "aux scope sequence: %lld tokens are not whole sequences of %d",
+          (long long)m->Ng, T);
     moe_seq_alloc(m, (int)(m->Ng / T));
     memset(m->seq_st, 0, sizeof(double) * (size_t)m->nseq * 2 * m->E);
     moe_seq_add(m, T, m->seq_st);
@@ -177,7 +185,10 @@ void moe_gathered_grads(MoeLayer *m, MoeScratch *s, MoeGrads *gf) {
     if (w * F > s->cap_g) {
         float **b[] = {&s->gfull, &s->gstage, &s->gslice};
         size_t n[] = {3 * w, w, w};
-        for (int i = 0; i < 3; i++) { if (*b[i]) be->free(*b[i]); *b[i] = be->alloc(n[i] * F); }
+        for (int i = 0; i < 3; i++) {
+            if (*b[i]) be->free(*b[i]);
+            *b[i] = be->alloc(n[i] * F);
+        }
         s->cap_g = w * F;
     }
     be->zero(s->gfull, 3 * w * F);
@@ -191,14 +202,15 @@ void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads 
     size_t n13 = (size_t)El * f, n2 = (size_t)El * d * S, ws = (size_t)El * fl * d;
     size_t *cnt = xmalloc(sizeof(size_t) * S);
     for (int p = 0; p < S; p++) cnt[p] = ws;
-    CHECK(!g->packed, "moe_scatter_grads: the gathered expert mode's gradients are summed over ETP: not packed in bf16");
+    CHECK(!g->packed,
+          "moe_scatter_grads: the gathered expert mode's gradients are summed over ETP: not packed in bf16");
     const float *whole[3] = {gf->w1, gf->w3, gf->w2};
     float *mine[3] = {g->w1, g->w3, g->w2};
     for (int t = 0; t < 3; t++) {
         if (t < 2) be->gather_rows(s->gstage, whole[t], m->widx + n13 + n2, (int)n13, d);
         else be->gather_rows(s->gstage, whole[t], m->widx + 2 * n13 + n2, (int)n2, fl);
         comm_dev_reduce_scatter(m->cm.etp, s->gstage, s->gslice, cnt, CT_F32);
-        if (g->fresh) be->copy(mine[t], s->gslice, ws * F);   // nothing there yet this step (MoeGrads.fresh)
+        if (g->fresh) be->copy(mine[t], s->gslice, ws * F); // nothing there yet this step (MoeGrads.fresh)
         else be->axpy(mine[t], s->gslice, 1.0f, ws);
     }
     free(cnt);
@@ -217,15 +229,20 @@ void moe_plan_chunks(MoeLayer *m, const int64_t *kept) {
         m->cstart[i] = p;
         for (int e = 0; e < E; e++) {
             int64_t lo = m->plan.off[e] + kept[e] * i / r, hi = m->plan.off[e] + kept[e] * (i + 1) / r;
-            for (int64_t row = lo; row < hi; row++) { ci[p] = (int32_t)row; ici[row] = (int32_t)p; p++; }
+            for (int64_t row = lo; row < hi; row++) {
+                ci[p] = (int32_t)row;
+                ici[row] = (int32_t)p;
+                p++;
+            }
             kc[e] = hi - lo;
         }
-        if (!m->xc[i].be) exchange_init(&m->xc[i], be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
+        if (!m->xc[i].be)
+            exchange_init(&m->xc[i], be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
         exchange_plan(&m->xc[i], kc);
         m->gstart[i + 1] = m->gstart[i] + m->xc[i].Rg;
     }
     m->cstart[r] = p;
-    if (!m->cidx) {   // R rows at most: both maps in one block, and the chunk-major row buffers
+    if (!m->cidx) { // R rows at most: both maps in one block, and the chunk-major row buffers
         m->cidx = be->alloc(sizeof(int32_t) * (size_t)(m->Rmax ? m->Rmax : 1) * 2);
         m->icidx = m->cidx + (m->Rmax ? m->Rmax : 1);
         m->xsc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * be->hid_elem);
@@ -267,7 +284,7 @@ void moe_experts_chunked(MoeLayer *m, const MoeWeights *w) {
 const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeights *w, MoeGrads *gw) {
     const Backend *be = m->be;
     int r = m->r, d = m->d, fl = m->fl, El = m->El, M = m->plan.M;
-    size_t need = (size_t)(m->Rmax ? m->Rmax : 1) * d * F;   // (dysc, in the hidden format, needs at most this)
+    size_t need = (size_t)(m->Rmax ? m->Rmax : 1) * d * F; // (dysc, in the hidden format, needs at most this)
     if (need > s->cap_c) {
         if (s->dysc) be->free(s->dysc);
         if (s->dxsc) be->free(s->dxsc);
@@ -284,11 +301,11 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         void *dh1 = hid_at(be, s->dh1, g * fl), *dh3 = hid_at(be, s->dh3, g * fl);
         exchange_dispatch_finish(&m->xc[i], hid_at(be, s->dysc, m->cstart[i] * d), dyg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d));
-        int dwf = moe_dw_flags(gw, i == 0);   // the first chunk writes unwritten gradients
+        int dwf = moe_dw_flags(gw, i == 0); // the first chunk writes unwritten gradients
         be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
                                hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d, dwf);
-        be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, hid_at(be, m->xg, g * d), w->w1, w->w3, m->xc[i].off,
-                                El, d, fl, dwf);
+        be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, hid_at(be, m->xg, g * d), w->w1, w->w3,
+                                m->xc[i].off, El, d, fl, dwf);
         exchange_combine_start(&m->xc[i], dxg, s->dxsc + m->cstart[i] * d);
     }
     for (int i = 0; i < r; i++) exchange_combine_finish(&m->xc[i], NULL, s->dxsc + m->cstart[i] * d);

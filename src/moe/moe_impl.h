@@ -14,7 +14,8 @@ static inline void *moe_grown(const Backend *be, Arena *a, void *p, size_t *cap,
     return arena_alloc(a, be, need);
 }
 // The same for n buffers *p[i] of one size that grow together (one capacity).
-static inline void moe_grown_n(const Backend *be, Arena *a, void **const *p, int n, size_t *cap, size_t need) {
+static inline void moe_grown_n(const Backend *be, Arena *a, void **const *p, int n, size_t *cap,
+                               size_t need) {
     if (need <= *cap) return;
     for (int i = 0; i < n; i++) {
         arena_free(a, be, *p[i]);
@@ -23,7 +24,8 @@ static inline void moe_grown_n(const Backend *be, Arena *a, void **const *p, int
     *cap = need;
 }
 
-// The bytes of one of the last forward's SwiGLU row blocks (h1, h3 or act: its expert rows x fu, hidden format).
+// The bytes of one of the last forward's SwiGLU row blocks (h1, h3 or act: its expert rows x fu, hidden
+// format).
 static inline size_t moe_rows_bytes(const MoeLayer *m) {
     int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
     return (size_t)(Rg ? Rg : 1) * m->fu * m->be->hid_elem;
@@ -37,8 +39,8 @@ void moe_rc_rows(MoeLayer *m, size_t nf);
 void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu);
 // The shared expert on my slice x (Ns,d), added into y; its backward (dx += , its gradients +=).
 void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w);
-void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
-                         MoeGrads *g);
+void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x,
+                         const MoeWeights *w, MoeGrads *g);
 // --aux-scope sequence: the per-sequence statistics of the last route (rows by m->row0 + m->s0 + i);
 // in parts: room for S sequences (seq_f, seq_st, seq_dp; nseq = S), my rows' counts and probability
 // sums added into st (S, 2E) by global sequence (row / T), and st (m->seq_st) summed over the stage

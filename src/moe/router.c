@@ -5,13 +5,17 @@
 #include <string.h>
 
 void plan_free(DispatchPlan *p) {
-    free(p->off); free(p->counts); free(p->row_tok); free(p->row_slot); free(p->slot_row);
+    free(p->off);
+    free(p->counts);
+    free(p->row_tok);
+    free(p->row_slot);
+    free(p->slot_row);
     memset(p, 0, sizeof *p);
 }
 
 void router_budget(const int64_t *all, int S, int me, int E, int k, int64_t capacity, int64_t *budget) {
     for (int e = 0; e < E; e++) {
-        int64_t before = 0;                     // assignments ranked ahead of mine
+        int64_t before = 0; // assignments ranked ahead of mine
         for (int j = 0; j < k; j++) {
             int64_t b = before;
             for (int s = 0; s < me; s++) b += all[((size_t)s * k + j) * E + e];

@@ -13,13 +13,13 @@
 // on the backend: ops.h plan_counts / plan_rows); the host reference fills every field.
 typedef struct {
     int N, E, k;
-    int64_t *off;          // (E+1) row offsets of kept assignments per expert
-    int64_t *counts;       // (E) assignments routed to each expert, before drops (for stats/aux)
-    int32_t *row_tok;      // (M) token of each kept row
-    int32_t *row_slot;     // (M) slot j of each kept row
-    int32_t *slot_row;     // (N*k) row of assignment (t,j), or -1 if dropped
-    int M;                 // kept rows
-    int dropped;           // dropped assignments
+    int64_t *off; // (E+1) row offsets of kept assignments per expert
+    int64_t *counts; // (E) assignments routed to each expert, before drops (for stats/aux)
+    int32_t *row_tok; // (M) token of each kept row
+    int32_t *row_slot; // (M) slot j of each kept row
+    int32_t *slot_row; // (N*k) row of assignment (t,j), or -1 if dropped
+    int M; // kept rows
+    int dropped; // dropped assignments
 } DispatchPlan;
 
 // Frees the plan's arrays (any of them may be NULL) and zeroes it.

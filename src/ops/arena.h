@@ -8,9 +8,9 @@
 #include "ops/ops.h"
 
 typedef struct {
-    char *base;        // NULL: nothing lent (every request goes to the backend)
-    size_t cap, used;  // bytes lent, bytes carved so far
-    size_t mark;       // arena_reset's point
+    char *base; // NULL: nothing lent (every request goes to the backend)
+    size_t cap, used; // bytes lent, bytes carved so far
+    size_t mark; // arena_reset's point
 } Arena;
 
 static inline int arena_owns(const Arena *a, const void *p) {

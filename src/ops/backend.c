@@ -8,11 +8,13 @@
 #include "ops/ops.h"
 
 const Backend *backend_by_name(const char *name) {
-    if (!name || !name[0] || !strcmp(name, "auto")) return backend_cuda_available() ? backend_cuda() : backend_cpu();
+    if (!name || !name[0] || !strcmp(name, "auto"))
+        return backend_cuda_available() ? backend_cuda() : backend_cpu();
     if (!strcmp(name, "cpu")) return backend_cpu();
     if (!strcmp(name, "cuda") || !strcmp(name, "cuda-fp32")) {
         if (!backend_cuda_available())
-            DIE("--device %s: no usable CUDA GPU here (or this moe was built without CUDA); use --device cpu", name);
+            DIE("--device %s: no usable CUDA GPU here (or this moe was built without CUDA); use --device cpu",
+                name);
         return name[4] ? backend_cuda_fp32() : backend_cuda();
     }
     DIE("--device %s: unknown device (cpu, cuda = bf16 tensor-core GEMMs, cuda-fp32, auto)", name);
@@ -25,8 +27,10 @@ long long attention_ds_cap_mb(void) {
         char *end = NULL;
         cap_mb = e && *e ? strtoll(e, &end, 10) : 1024;
         if (cap_mb < 0 || cap_mb > (1ll << 40) || (end && *end))
-            DIE("MOE_ATTN_DS_MB must be a whole number of MiB (default 1024; 0: the attention backward computes dS "
-                "twice instead of keeping it), not '%s'", e);
+            DIE("MOE_ATTN_DS_MB must be a whole number of MiB (default 1024; 0: the attention backward "
+                "computes dS "
+                "twice instead of keeping it), not '%s'",
+                e);
     }
     return cap_mb;
 }

@@ -1,5 +1,5 @@
-// cuda_stub.c — backend_cuda() and backend_cuda_fp32() for builds without CUDA (MOE_CUDA=OFF): reports "not available".
-// Must not hold: anything else (the real backend is src/ops/cuda/).
+// cuda_stub.c — backend_cuda() and backend_cuda_fp32() for builds without CUDA (MOE_CUDA=OFF): reports "not
+// available". Must not hold: anything else (the real backend is src/ops/cuda/).
 #include "core/common.h"
 #include "ops/ops.h"
 

@@ -13,14 +13,9 @@
 #include <stdint.h>
 
 #include <string.h>
+#include "ops/numerics.h"
 
 typedef struct Backend Backend;
-
-#ifdef __CUDACC__
-#define MOE_HD __host__ __device__
-#else
-#define MOE_HD
-#endif
 
 // Multi-tensor optimizer runs (sumsq_runs, adamw_runs): run i covers elements [off, off+n) of the
 // flat parameter/gradient buffers and [moff, moff+n) of the moment buffers; decay: weight decay
@@ -32,10 +27,18 @@ typedef struct Backend Backend;
 // the run's first element in its local row, gidx that element's global index. lcols = 0: gidx + i.
 // gbf, the gradient's format (the bf16 policy's routed-expert gradients: optrun_g): OPTG_F32 (0) float32 as
 // stored; OPTG_BF16 float32 storage read rounded to bf16 (nearest even); OPTG_PACKED bf16 values packed from
-// element gb of the buffer (written so by the grouped ops' GM_DW_BF16): element e at ((uint16_t *)(g + gb))[e - gb].
-typedef struct { int64_t off, moff, n; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0, gbf; int64_t gb; } OptRun;
+// element gb of the buffer (written so by the grouped ops' GM_DW_BF16): element e at ((uint16_t *)(g + gb))[e
+// - gb].
+typedef struct {
+    int64_t off, moff, n;
+    int32_t decay, cls;
+    int64_t gidx, gcols;
+    int32_t lcols, col0, gbf;
+    int64_t gb;
+} OptRun;
 enum { OPTG_F32 = 0, OPTG_BF16 = 1, OPTG_PACKED = 2 };
-static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lcols, int32_t col0, int64_t i) {
+static inline MOE_HD int64_t optrun_gidx(int64_t gidx, int64_t gcols, int32_t lcols, int32_t col0,
+                                         int64_t i) {
     if (lcols <= 0) return gidx + i;
     int64_t c = col0 + i;
     return gidx - col0 + (c / lcols) * gcols + c % lcols;
@@ -53,11 +56,11 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 
 // The `flags` of the backward ops (grouped_matmul_bwd, grouped_matmul_bwd2, grouped_swiglu_bwd, matmul_bwd,
 // matmul_bwd_multi): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
-// blocks (every group's, zeros where a group has no rows) instead of adding into them. GM_DW_BF16 (grouped ops,
-// with GM_DW_WRITE only): those blocks written as bf16 values packed from dw (each float32 result rounded to
-// nearest even; block g's element j at ((uint16_t *)dw)[g O K + j]; the rest of the float32 blocks' bytes are
-// scratch, nothing past them is written): half the bytes of a float32 gradient, read back through OptRun's
-// OPTG_PACKED.
+// blocks (every group's, zeros where a group has no rows) instead of adding into them. GM_DW_BF16 (grouped
+// ops, with GM_DW_WRITE only): those blocks written as bf16 values packed from dw (each float32 result
+// rounded to nearest even; block g's element j at ((uint16_t *)dw)[g O K + j]; the rest of the float32
+// blocks' bytes are scratch, nothing past them is written): half the bytes of a float32 gradient, read back
+// through OptRun's OPTG_PACKED.
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4 };
 
 // attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
@@ -66,63 +69,38 @@ enum { ATT_ADD_DQ = 1, ATT_ADD_DKV = 2 };
 // The most products of one input that matmul_fwd_multi / matmul_bwd_multi take (q, k, v).
 #define MM_MULTI 3
 
-// bf16 <-> float32 bit operations shared by every backend (integer arithmetic: the same bits on any
-// device). NaN stays NaN (quiet); an overflow rounds to infinity as the hardware conversion does.
-static inline MOE_HD uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static inline MOE_HD float f32_of_bits(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-static inline MOE_HD uint16_t bf16_rn_bits(float x) {   // round to nearest even
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-// Stochastic: rounds up (away from zero) with probability (the 16 bits dropped) / 2^16, so the
-// expected value is x; r16: 16 random bits.
-static inline MOE_HD uint16_t bf16_sr_bits(float x, uint32_t r16) {
-    uint32_t u = f32_bits(x);
-    if ((u & 0x7fffffffu) >= 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x7fffffffu) > 0x7f800000u ? 0x40 : 0));
-    return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
-}
-static inline MOE_HD float bf16_to_f32(uint16_t b) { return f32_of_bits((uint32_t)b << 16); }
 // Element i (0-based in the run) of run u's gradient, by its format (OptRun.gbf): g is the whole flat buffer.
 static inline MOE_HD float optrun_g(const float *g, int32_t gbf, int64_t gb, int64_t off, int64_t i) {
     if (gbf == OPTG_PACKED) return bf16_to_f32(((const uint16_t *)(g + gb))[off + i - gb]);
     return gbf == OPTG_BF16 ? bf16_to_f32(bf16_rn_bits(g[off + i])) : g[off + i];
 }
-// The random bits of stochastic rounding for the element of global index gi at step t, counter-based (no
-// RNG state), so any backend and any mesh draws the same: bf16_sr_key(seed, t) once per step (the dropout
-// hash's splitmix64 mix, other constants), then per element one 32-bit mix of gi with that key (a
-// lowbias32's multiply-xorshift, its low 16 bits: without the last xorshift the top 16 bits of the product
-// were measurably uneven over 2^22 consecutive indices, chi-square z 7-10). 32-bit multiplies only: the
-// 64-bit mix per element cost the bf16 AdamW ~6 ms of a reference-model step (2026-12-02).
-static inline MOE_HD uint64_t bf16_sr_key(uint64_t seed, int t) {
-    uint64_t z = seed ^ 0x5851F42D4C957F2Dull ^ ((uint64_t)(uint32_t)t * 0xC2B2AE3D27D4EB4Full);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static inline MOE_HD uint32_t bf16_sr_rand(uint64_t key, int64_t gi) {
-    uint32_t x = (((uint32_t)gi ^ (uint32_t)key) + (uint32_t)((uint64_t)gi >> 32) * 0x9E3779B1u) ^ (uint32_t)(key >> 32);
-    x ^= x >> 16;
-    x *= 0x7FEB352Du;
-    x ^= x >> 15;
-    x *= 0x846CA68Bu;
-    return (x ^ (x >> 16)) & 0xFFFFu;
-}
 // The weight rounding of the bf16 policy (prec OPT_BF16_*), as a float holding the bf16 value (x itself
 // under OPT_BF16_MOMENTS); key: bf16_sr_key of the step.
 static inline MOE_HD float bf16_round_weight(float x, int prec, uint64_t key, int64_t gi) {
     if (prec == OPT_BF16_MOMENTS) return x;
-    return bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(key, gi)) : bf16_rn_bits(x));
+    return bf16_to_f32(prec == OPT_BF16_STOCHASTIC ? bf16_sr_bits(x, bf16_sr_rand(key, gi))
+                                                   : bf16_rn_bits(x));
 }
 // One step of adamw_runs (below), its scalars computed once on the host from the call's arguments
 // (adamw_step), alike on every backend: step = lr / (1 - b1^t), rs2 = 1 / sqrt(1 - b2^t), lwd = lr wd, each
 // from double rounded to float (the bias corrections folded into two scalars, as torch's AdamW does, so an
 // element costs one division and one square root); key: the stochastic rounding's (bf16_sr_key).
-typedef struct { float gs, b1, b2, eps, step, rs2, lwd; int prec; uint64_t key; } AdamwStep;
-static inline AdamwStep adamw_step(float gs, float lr, float b1, float b2, float eps, float wd, int t, int prec,
-                                   uint64_t seed) {
+typedef struct {
+    float gs, b1, b2, eps, step, rs2, lwd;
+    int prec;
+    uint64_t key;
+} AdamwStep;
+static inline AdamwStep adamw_step(float gs, float lr, float b1, float b2, float eps, float wd, int t,
+                                   int prec, uint64_t seed) {
     double c1 = 1.0 - pow((double)b1, (double)t), c2 = 1.0 - pow((double)b2, (double)t);
-    AdamwStep s = {gs, b1, b2, eps, (float)(lr / c1), (float)(1.0 / sqrt(c2)), (float)((double)lr * wd), prec,
+    AdamwStep s = {gs,
+                   b1,
+                   b2,
+                   eps,
+                   (float)(lr / c1),
+                   (float)(1.0 / sqrt(c2)),
+                   (float)((double)lr * wd),
+                   prec,
                    bf16_sr_key(seed, t)};
     return s;
 }
@@ -145,13 +123,14 @@ typedef struct OptRuns OptRuns;
 struct Backend {
     const char *name;
     // memory (device buffers; on cpu, host memory)
-    void *(*alloc)(size_t bytes);                     // zeroed
+    void *(*alloc)(size_t bytes); // zeroed
     void (*free)(void *p);
     // to_device: src may be reused once it returns; dst holds the bytes for every op called after it (on
-    // cuda a small copy is enqueued, not waited for). to_host returns with the bytes, after every op before it.
+    // cuda a small copy is enqueued, not waited for). to_host returns with the bytes, after every op before
+    // it.
     void (*to_device)(void *dst, const void *src, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
-    void (*copy)(void *dst, const void *src, size_t bytes);   // device to device
+    void (*copy)(void *dst, const void *src, size_t bytes); // device to device
     void (*zero)(void *p, size_t bytes);
     void (*sync)(void);
 
@@ -176,53 +155,55 @@ struct Backend {
     // bf16_shadow again. p = NULL drops it. Results are the same with or without it (bit for bit).
     void (*bf16_shadow)(const float *p, size_t n);
     // The parameter buffer of the bf16 policy (every weight a bf16 value: OPT_BF16_NEAREST/STOCHASTIC) with
-    // holes (at least one): n floats, zeroed, registered as bf16_shadow(p, n) registers a buffer, whose element ranges
-    // [hole[2i], hole[2i+1]) (ascending, disjoint; the weights only the GEMMs read) keep their values in
-    // the bf16 copy alone. "cuda" leaves the float32 memory of the whole pages inside the holes out (2 bytes
-    // a parameter instead of 6; a kernel reading a hole as float32 faults, or reads NaN at its edges);
-    // adamw_runs on p reads and writes those weights in the copy, to_host widens them from it and to_device
-    // rounds them into it (to nearest even: exact for bf16 values), bf16_shadow(p, n) refreshes the rest,
-    // free releases it. Any other write into a hole dies, as does a GEMM weight across a hole's edge. One
-    // such buffer at a time. NULL where the backend keeps no bf16 copy (cpu, cuda-fp32): use alloc.
+    // holes (at least one): n floats, zeroed, registered as bf16_shadow(p, n) registers a buffer, whose
+    // element ranges [hole[2i], hole[2i+1]) (ascending, disjoint; the weights only the GEMMs read) keep their
+    // values in the bf16 copy alone. "cuda" leaves the float32 memory of the whole pages inside the holes out
+    // (2 bytes a parameter instead of 6; a kernel reading a hole as float32 faults, or reads NaN at its
+    // edges); adamw_runs on p reads and writes those weights in the copy, to_host widens them from it and
+    // to_device rounds them into it (to nearest even: exact for bf16 values), bf16_shadow(p, n) refreshes the
+    // rest, free releases it. Any other write into a hole dies, as does a GEMM weight across a hole's edge.
+    // One such buffer at a time. NULL where the backend keeps no bf16 copy (cpu, cuda-fp32): use alloc.
     float *(*alloc_bf16_params)(size_t n, const size_t *hole, int nhole);
 
     // out (N,O) = inp (N,K) @ W(O,K)^T [+ out if accumulate]
     void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
     // dinp (N,K) = dout (N,O) @ W, written (flags 0) or added (GM_ACC_DINP); dw (O,K) += dout^T @ inp, or
     // written with GM_DW_WRITE. dinp or dw may be NULL.
-    void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                       int N, int K, int O, int flags);
+    void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                       int K, int O, int flags);
     // Several products of one input (the q/k/v projections; n <= MM_MULTI): out[i] (N,O[i]) = inp @ W[i]^T,
     // overwritten; the same bits as n matmul_fwd calls in order on inp's values. inp is in the hidden format
     // (hid_elem: written so by rmsnorm_fwd_hid; the bf16 GEMMs' operand as it is).
     void (*matmul_fwd_multi)(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                              const int *O);
     // Their backward: for i = 0.. in order, dinp (N,K) = dout[i] @ W[i] (product 0 as `flags` say, the others
-    // added) and dw[i] += dout[i]^T @ inp (each written with GM_DW_WRITE); the same bits as n matmul_bwd calls
-    // in order (flags, then GM_ACC_DINP | (flags & GM_DW_WRITE); dinp and dw[i] not NULL) on inp's values; inp
-    // in the hidden format.
+    // added) and dw[i] += dout[i]^T @ inp (each written with GM_DW_WRITE); the same bits as n matmul_bwd
+    // calls in order (flags, then GM_ACC_DINP | (flags & GM_DW_WRITE); dinp and dw[i] not NULL) on inp's
+    // values; inp in the hidden format.
     void (*matmul_bwd_multi)(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
                              const float *const *w, int N, int K, const int *O, int flags);
     // Grouped over G groups: group g has rows [off[g], off[g+1]) of inp/out and weight w + g*O*K.
     // off is a HOST array of G+1 entries.
-    void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G,
-                               int K, int O);
+    void (*grouped_matmul_fwd)(float *out, const float *inp, const float *w, const int64_t *off, int G, int K,
+                               int O);
     // Its backward: dinp_g = dout_g @ W_g, written (flags 0) or added (GM_ACC_DINP) into dinp;
     // dw_g += dout_g^T @ inp_g (a parameter gradient, summed over micro-batches), or with GM_DW_WRITE
     // written instead: every group's block of dw, zeros for a group without rows (the same bits as
     // adding into zeros; the first write of a step needs no zero fill before it). The groups partition
     // rows [off[0], off[G]), so without GM_ACC_DINP every row of dinp in that range is written (zeros
     // where O = 0) and no row outside it is touched. dinp or dw may be NULL.
-    void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp,
-                               const float *w, const int64_t *off, int G, int K, int O, int flags);
+    void (*grouped_matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                               const int64_t *off, int G, int K, int O, int flags);
     // The experts' up-projection with SwiGLU: h1 = inp W1^T and h3 = inp W3^T (grouped_matmul_fwd
     // each), then act = silu(h1) * h3 (swiglu_fwd) over the groups' rows (O columns). A backend may
     // read inp once and compute act in the GEMMs' epilogue (the same floats as swiglu_fwd).
     // inp, h1, h3, act in the hidden format (hid_elem).
-    void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
-                               const int64_t *off, int G, int K, int O);
-    // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden format.
-    void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
+    void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const void *inp, const float *w1,
+                               const float *w3, const int64_t *off, int G, int K, int O);
+    // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden
+    // format.
+    void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
+                             int O);
     // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)),
     // never stored; dw += dout^T act (may be NULL; written as grouped_matmul_bwd's with flags
     // GM_DW_WRITE); dh1, dh3 = swiglu_bwd(dact,
@@ -231,8 +212,8 @@ struct Backend {
     // (in the hidden format: dact float32, each dh1, dh3 rounded from that float32 result once).
     // dh1, dh3, dout, act, h1, h3 in the hidden format.
     void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
-                               const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                               int O, int flags);
+                               const void *h1, const void *h3, const float *w, const int64_t *off, int G,
+                               int K, int O, int flags);
     // Their backward: dinp = douta Wa + doutb Wb, written or added as `flags` say (as
     // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (or written: GM_DW_WRITE). The same
     // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., flags) then (dinp, dwb, doutb, ...,
@@ -261,8 +242,10 @@ struct Backend {
 
     // out = inp * rstd * w, rstd (N) saved for backward
     void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
-    // The same with out in the hidden format (hid_elem): each value rounded once (the q/k/v projections' input).
-    void (*rmsnorm_fwd_hid)(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+    // The same with out in the hidden format (hid_elem): each value rounded once (the q/k/v projections'
+    // input).
+    void (*rmsnorm_fwd_hid)(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                            float eps);
     // The residual add before a norm in one pass: x += res (N, C), then rmsnorm_fwd(out, rstd, x, w, ...);
     // the same bits as axpy(x, res, 1, N C) then rmsnorm_fwd (a backend may read x once).
     void (*add_rmsnorm_fwd)(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
@@ -278,8 +261,8 @@ struct Backend {
     void (*rmsnorm_part)(double *part, const float *a, const float *w, const float *b, int N, int C);
     // Forward given the rows' whole sums of squares ss (N, double): rstd = 1/sqrt(ss/Ctot + eps),
     // out = inp * rstd * w over this rank's C columns.
-    void (*rmsnorm_fwd_part)(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N,
-                             int C, int Ctot, float eps);
+    void (*rmsnorm_fwd_part)(float *out, float *rstd, const float *inp, const float *w, const double *ss,
+                             int N, int C, int Ctot, float eps);
     // Backward given the rows' whole dots dot (N, double) = sum over all Ctot columns of dout*w*inp:
     // dinp += rstd * dout * w - inp * rstd^3 * dot / Ctot; dw (C; may be NULL) += sum over the rows of
     // dout * inp * rstd. With C = Ctot (one rank's part is the whole sum) the three give rmsnorm_fwd /
@@ -298,7 +281,8 @@ struct Backend {
     // Out of place into the hidden format (hid_elem): out = rope_fwd's values of inp, each rounded once (the
     // attention's q and k, kept for its backward in that format). inp is not changed.
     void (*rope_fwd_hid)(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
-    // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is float32).
+    // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is
+    // float32).
     void (*to_hid)(void *out, const float *inp, size_t n);
 
     // Dropout in place on x, the rows t in [t0, t1) of B sequences of length T in (b, t) order (row i =
@@ -319,11 +303,11 @@ struct Backend {
     // round-off: the order of the additions differs). bwd reads out/lse/dout rows [t0, t1) only.
     // bwd's flags (ATT_ADD_* below): without ATT_ADD_DQ the dq rows are written instead of added into,
     // without ATT_ADD_DKV the dk/dv rows 0..t1-1 (the bits of adding into zeros).
-    void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v,
-                          int B, int T, int H, int KV, int hd, int t0, int t1);
+    void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                          int H, int KV, int hd, int t0, int t1);
     void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const void *out,
-                          const float *lse, const void *q, const void *k, const void *v,
-                          int B, int T, int H, int KV, int hd, int t0, int t1, int flags);
+                          const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
+                          int KV, int hd, int t0, int t1, int flags);
 
     // The same with dropout on the attention probabilities (training; HF Mixtral's attention_dropout):
     // out = (P * Z) V, Z[row, u] = 0 with probability p, else 1/(1-p), for query row t of sequence b of
@@ -332,12 +316,13 @@ struct Backend {
     // mesh). lse stays the undropped softmax's; bwd uses the same mask. p = 0 gives attention_fwd/bwd's bits.
     // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda and
     // cuda-fp32 run their float32 attention kernels for it (not the tensor-core ones).
-    void (*attention_drop_fwd)(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
-                               int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+    void (*attention_drop_fwd)(void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                               int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
+                               int64_t row0, int h0);
     void (*attention_drop_bwd)(float *dq, float *dk, float *dv, const float *dout, const void *out,
-                               const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
-                               int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0,
-                               int flags);
+                               const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                               int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                               int h0, int flags);
 
     // out = silu(h1) * h3, elementwise over n; bwd writes (accumulate 0) or adds (accumulate 1) the
     // gradients into dh1, dh3 (all n elements of both).
@@ -370,8 +355,8 @@ struct Backend {
     // gradient reaching each combine weight, read through the dispatch plan. aux_dp (E) is a device
     // array. OVERWRITES dlogits.
     void (*router_bwd)(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
-                       const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
-                       int E, int k, int renorm);
+                       const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
+                       int N, int E, int k, int renorm);
     // The MoE backward's combine in one pass, over n rows of C: g = inp[idx[i]]; dot[i] = <g, b[i]>
     // (the products and their sum in double, then rounded to float); out[i] = scale[i] * g (one float
     // product per element), float32 (hid 0) or rounded to the hidden format (hid 1).
@@ -402,7 +387,8 @@ struct Backend {
     // out (HOST, ncls doubles; overwritten) [c] = sum over the runs of class c of sum x[off..off+n)^2
     // (each element as its run's gbf reads it: optrun_g), in double. The cpu sums each run in chunks of
     // 2^14 elements (each in order, then the chunks' sums in order) and adds the runs in list order; other
-    // backends sum in a fixed order of their own (same inputs, same bits), with one device-to-host copy per call.
+    // backends sum in a fixed order of their own (same inputs, same bits), with one device-to-host copy per
+    // call.
     void (*sumsq_runs)(double *out, int ncls, const float *x, const OptRuns *r);
     // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
     // where decay is set, else 0; bias-corrected at step t (1-based). Each element is adamw_f32 above with
@@ -422,7 +408,8 @@ static inline void *hid_at(const Backend *be, void *p, size_t i) { return (char 
 // The dropout mask: element (g, c) is kept iff the top 24 bits of the hash of (seed, g, c) are >= p * 2^24
 // (the threshold rounded to nearest). A splitmix64-style mix: every backend computes the same bits.
 static inline MOE_HD uint64_t dropout_hash(uint64_t seed, int64_t g, int c) {
-    uint64_t z = seed ^ ((uint64_t)g * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uint32_t)c * 0xD1B54A32D192ED03ull);
+    uint64_t z =
+        seed ^ ((uint64_t)g * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uint32_t)c * 0xD1B54A32D192ED03ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
@@ -470,5 +457,6 @@ int backend_cuda_grouped_kernel(void);
 // of each sequence and head), or 0 where the dq kernel computes dS again instead: other head dims, or
 // more than MOE_ATTN_DS_MB MiB (default 1024; 0: always again). The backend and moe info both use it.
 size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1);
-// That cap in MiB, read from the environment once (a bad value dies naming it: the trainer asks at its start).
+// That cap in MiB, read from the environment once (a bad value dies naming it: the trainer asks at its
+// start).
 long long attention_ds_cap_mb(void);

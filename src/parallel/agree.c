@@ -11,8 +11,10 @@
 static void gather(const Comm *w, void *buf, size_t n, CommType t, const char *what, double timeout) {
     CommReq *r = comm_iallreduce(w, buf, n, t);
     if (comm_wait_for(r, timeout) != 0)
-        DIE("the ranks did not all reach the start-up check of %s within %g s (a rank is stuck, dead or was started "
-            "differently; MOE_COMM_TIMEOUT_S sets the limit)", what, timeout);
+        DIE("the ranks did not all reach the start-up check of %s within %g s (a rank is stuck, dead or was "
+            "started "
+            "differently; MOE_COMM_TIMEOUT_S sets the limit)",
+            what, timeout);
 }
 
 void comm_agree(const Comm *world, const char *what, const AgreeItem *items, int n) {
@@ -33,11 +35,15 @@ void comm_agree(const Comm *world, const char *what, const AgreeItem *items, int
     // the differing items and the first rank that differs in each: the same on every rank
     int *bad_rank = xcalloc((size_t)n + 1, sizeof *bad_rank), nbad = 0;
     for (int i = 0; i < n; i++) {
-        for (int r = 1; r < R && !bad_rank[i]; r++) if (h[(size_t)r * n + i] != h[i]) bad_rank[i] = r;
+        for (int r = 1; r < R && !bad_rank[i]; r++)
+            if (h[(size_t)r * n + i] != h[i]) bad_rank[i] = r;
         nbad += bad_rank[i] != 0;
     }
     free(h);
-    if (!nbad) { free(bad_rank); return; }
+    if (!nbad) {
+        free(bad_rank);
+        return;
+    }
     // every rank's shown value of each differing item, then rank 0 names them
     enum { W = sizeof items[0].shown };
     char *shown = xcalloc((size_t)R * nbad * W + 1, 1);
@@ -50,8 +56,8 @@ void comm_agree(const Comm *world, const char *what, const AgreeItem *items, int
         for (int i = 0, k = 0; i < n && len < sizeof msg; i++) {
             if (!bad_rank[i]) continue;
             const char *a = shown + (size_t)k * W, *b = shown + ((size_t)bad_rank[i] * nbad + k) * W;
-            len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%s (rank 0: %.*s, rank %d: %.*s)", k ? ", " : "",
-                                    items[i].name, W, a, bad_rank[i], W, b);
+            len += (size_t)snprintf(msg + len, sizeof msg - len, "%s%s (rank 0: %.*s, rank %d: %.*s)",
+                                    k ? ", " : "", items[i].name, W, a, bad_rank[i], W, b);
             k++;
         }
         DIE("the ranks were started with different %s: %s; every rank must get the same ones", what, msg);

@@ -8,9 +8,9 @@
 #include "parallel/comm.h"
 
 typedef struct {
-    const char *name;      // "--seed", "data contents", ...
-    uint64_t hash;         // of the value
-    char shown[48];        // the value as the message shows it (cut to fit)
+    const char *name; // "--seed", "data contents", ...
+    uint64_t hash; // of the value
+    char shown[48]; // the value as the message shows it (cut to fit)
 } AgreeItem;
 
 // Collective over world (every rank passes the same names in the same order). Returns when every

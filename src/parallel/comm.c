@@ -13,10 +13,12 @@
 
 size_t comm_type_size(CommType t) {
     switch (t) {
-    case CT_F32: case CT_I32: return 4;
-    case CT_F64: case CT_I64: return 8;
-    case CT_BF16: return 2;
-    default: return 1;
+        case CT_F32:
+        case CT_I32: return 4;
+        case CT_F64:
+        case CT_I64: return 8;
+        case CT_BF16: return 2;
+        default: return 1;
     }
 }
 
@@ -26,9 +28,11 @@ static void self_allgather(const Comm *c, const void *send, void *recv, size_t n
 }
 static void self_allgatherv(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
                             const size_t *displs, CommType t) {
-    if (send != (char *)recv + displs[0] * comm_type_size(t)) memmove((char *)recv + displs[0] * comm_type_size(t), send, n * comm_type_size(t));
+    if (send != (char *)recv + displs[0] * comm_type_size(t))
+        memmove((char *)recv + displs[0] * comm_type_size(t), send, n * comm_type_size(t));
 }
-static void self_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+static void self_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
+                                CommType t) {
     if (send != recv) memmove(recv, send, counts[0] * comm_type_size(t));
 }
 static void self_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
@@ -41,12 +45,13 @@ static void self_barrier(const Comm *c) {}
 static CommReq *self_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     return xcalloc(1, sizeof(CommReq));
 }
-static CommReq *self_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+static CommReq *self_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
+                                     CommType t) {
     self_reduce_scatter(c, send, recv, counts, t);
     return xcalloc(1, sizeof(CommReq));
 }
-static CommReq *self_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
-                                const size_t *rc, const size_t *rd, CommType t) {
+static CommReq *self_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd,
+                                void *recv, const size_t *rc, const size_t *rd, CommType t) {
     self_alltoallv(c, send, sc, sd, recv, rc, rd, t);
     return xcalloc(1, sizeof(CommReq));
 }
@@ -60,8 +65,9 @@ static int self_test(CommReq *r) { return 1; }
 static void self_wait(CommReq *r) { free(r); }
 
 const CommOps comm_self_ops = {
-    self_allreduce, self_allgather, self_allgatherv, self_reduce_scatter, self_alltoallv, self_bcast, self_barrier,
-    self_iallreduce, self_ireduce_scatter, self_ialltoallv, self_isend, self_irecv, self_test, self_wait,
+    self_allreduce, self_allgather,  self_allgatherv,      self_reduce_scatter, self_alltoallv, self_bcast,
+    self_barrier,   self_iallreduce, self_ireduce_scatter, self_ialltoallv,     self_isend,     self_irecv,
+    self_test,      self_wait,
 };
 
 static const Comm self_comm = {.rank = 0, .size = 1, .name = "self", .ops = &comm_self_ops};
@@ -76,7 +82,9 @@ static CommType red(CommType t) {
     return t;
 }
 
-void comm_allreduce(const Comm *c, void *buf, size_t n, CommType t) { C(c)->ops->allreduce(C(c), buf, n, red(t)); }
+void comm_allreduce(const Comm *c, void *buf, size_t n, CommType t) {
+    C(c)->ops->allreduce(C(c), buf, n, red(t));
+}
 void comm_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
     C(c)->ops->allgather(C(c), send, recv, n, t);
 }
@@ -91,12 +99,16 @@ void comm_alltoallv(const Comm *c, const void *send, const size_t *sc, const siz
                     const size_t *rc, const size_t *rd, CommType t) {
     C(c)->ops->alltoallv(C(c), send, sc, sd, recv, rc, rd, t);
 }
-void comm_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) { C(c)->ops->bcast(C(c), buf, n, t, root); }
+void comm_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
+    C(c)->ops->bcast(C(c), buf, n, t, root);
+}
 void comm_barrier(const Comm *c) { C(c)->ops->barrier(C(c)); }
 
 // device variants: the group's device ops when attached, else its host ops
 static const CommOps *D(const Comm *c) { return C(c)->dops ? C(c)->dops : C(c)->ops; }
-void comm_dev_allreduce(const Comm *c, void *buf, size_t n, CommType t) { D(c)->allreduce(C(c), buf, n, red(t)); }
+void comm_dev_allreduce(const Comm *c, void *buf, size_t n, CommType t) {
+    D(c)->allreduce(C(c), buf, n, red(t));
+}
 void comm_dev_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
     D(c)->allgather(C(c), send, recv, n, t);
 }
@@ -111,11 +123,14 @@ void comm_dev_alltoallv(const Comm *c, const void *send, const size_t *sc, const
                         const size_t *rc, const size_t *rd, CommType t) {
     D(c)->alltoallv(C(c), send, sc, sd, recv, rc, rd, t);
 }
-void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) { D(c)->bcast(C(c), buf, n, t, root); }
+void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
+    D(c)->bcast(C(c), buf, n, t, root);
+}
 CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     return D(c)->iallreduce(C(c), buf, n, red(t));
 }
-CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
+                                  CommType t) {
     return D(c)->ireduce_scatter(C(c), send, recv, counts, red(t));
 }
 
@@ -123,7 +138,9 @@ CommReq *comm_dev_ialltoallv(const Comm *c, const void *send, const size_t *sc, 
                              const size_t *rc, const size_t *rd, CommType t) {
     return D(c)->ialltoallv(C(c), send, sc, sd, recv, rc, rd, t);
 }
-CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t) { return C(c)->ops->iallreduce(C(c), buf, n, red(t)); }
+CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
+    return C(c)->ops->iallreduce(C(c), buf, n, red(t));
+}
 
 CommReq *comm_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
     return C(c)->ops->isend(C(c), buf, n, t, peer, tag);
@@ -151,7 +168,10 @@ static double real_now(void *ctx) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 static void real_pause(void *ctx, double s) {
-    if (s <= 0) { sched_yield(); return; }
+    if (s <= 0) {
+        sched_yield();
+        return;
+    }
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
@@ -175,14 +195,17 @@ static const char *parse_timeout(const char *var, double def, const char *s, dou
     char *end = NULL;
     double v = s ? strtod(s, &end) : NAN;
     if (!s || !*s || end == s || *end || !isfinite(v) || v <= 0 || v > 1e7) {
-        snprintf(msg, sizeof msg, "%s='%.40s': must be a number of seconds > 0 (default %g)", var, s ? s : "", def);
+        snprintf(msg, sizeof msg, "%s='%.40s': must be a number of seconds > 0 (default %g)", var, s ? s : "",
+                 def);
         return msg;
     }
     *out = v;
     return NULL;
 }
 
-const char *comm_parse_timeout(const char *s, double *out) { return parse_timeout("MOE_NCCL_TIMEOUT_S", 300, s, out); }
+const char *comm_parse_timeout(const char *s, double *out) {
+    return parse_timeout("MOE_NCCL_TIMEOUT_S", 300, s, out);
+}
 
 static double env_timeout(const char *var, double def) {
     const char *s = getenv(var);

@@ -12,16 +12,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #ifdef __cplusplus
-extern "C" {   // callable from the CUDA backend's .cu files (comm_local_rank)
+extern "C" { // callable from the CUDA backend's .cu files (comm_local_rank)
 #endif
 
 // CT_BF16: 2-byte values (the bf16 rows the MoE dispatch sends), moved only: all-to-all, gathers, broadcast,
 // send/recv; the reductions refuse it.
 typedef enum { CT_F32, CT_F64, CT_I32, CT_I64, CT_U8, CT_BF16 } CommType;
 
-typedef struct Comm Comm;         // a process group (opaque: comm_size, comm_rank; comm_impl.h)
-typedef struct CommOps CommOps;   // a backend's collectives (comm_impl.h)
-typedef struct CommReq CommReq;   // a pending non-blocking operation
+typedef struct Comm Comm; // a process group (opaque: comm_size, comm_rank; comm_impl.h)
+typedef struct CommOps CommOps; // a backend's collectives (comm_impl.h)
+typedef struct CommReq CommReq; // a pending non-blocking operation
 
 // A group's size and this process's rank in it; NULL is a group of one (size 1, rank 0).
 int comm_size(const Comm *c);
@@ -79,14 +79,15 @@ void comm_dev_allgather(const Comm *c, const void *send, void *recv, size_t n, C
 void comm_dev_allgatherv(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
                          const size_t *displs, CommType t);
 void comm_dev_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
-void comm_dev_alltoallv(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
-                        const size_t *rcounts, const size_t *rdispls, CommType t);
+void comm_dev_alltoallv(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                        void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
 void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 // Non-blocking: in flight on the communication stream while compute continues. comm_test polls
 // the GPU; comm_wait makes the compute stream wait for it (no host sync) and frees the request.
 // The buffers must not be touched by compute work enqueued before the wait.
 CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
-CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
+                                  CommType t);
 // Non-blocking all-to-all-v (the MoE layer's pipelined exchange): in flight while compute goes on;
 // send and recv must not overlap; the count arrays may be reused at once.
 CommReq *comm_dev_ialltoallv(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
@@ -97,7 +98,7 @@ CommReq *comm_dev_isend(const Comm *c, const void *buf, size_t n, CommType t, in
 CommReq *comm_dev_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);
 
 // ---- the nccl backend (comm_nccl.c) ----
-int comm_have_nccl(void);     // built with NCCL (and CUDA)
+int comm_have_nccl(void); // built with NCCL (and CUDA)
 // MOE_FORCE_NCCL=1: build the NCCL communicators even for one process (testing). Dies on a value
 // other than 0/1, or on 1 in a build without NCCL.
 int comm_nccl_forced(void);

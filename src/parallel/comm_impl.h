@@ -13,21 +13,22 @@
 #include "parallel/comm.h"
 
 struct CommOps {
-    void (*allreduce)(const Comm *c, void *buf, size_t n, CommType t);                 // sum, in place
+    void (*allreduce)(const Comm *c, void *buf, size_t n, CommType t); // sum, in place
     void (*allgather)(const Comm *c, const void *send, void *recv, size_t n, CommType t); // recv: size*n
     // recv gets counts[i] elements from rank i at displs[i]; send may be recv + displs[rank] (in place)
     void (*allgatherv)(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
                        const size_t *displs, CommType t);
     // sum over ranks of send (sum(counts) elements); rank i keeps its counts[i] block
     void (*reduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
-    void (*alltoallv)(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls, void *recv,
-                      const size_t *rcounts, const size_t *rdispls, CommType t);
+    void (*alltoallv)(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                      void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
     void (*bcast)(const Comm *c, void *buf, size_t n, CommType t, int root);
     void (*barrier)(const Comm *c);
     // non-blocking allreduce (sum, in place); progress with test, finish with wait (frees req)
     CommReq *(*iallreduce)(const Comm *c, void *buf, size_t n, CommType t);
     // non-blocking reduce_scatter (send and recv must not overlap)
-    CommReq *(*ireduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t);
+    CommReq *(*ireduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts,
+                                CommType t);
     // non-blocking alltoallv (send and recv must not overlap; the count arrays may be freed at once)
     CommReq *(*ialltoallv)(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
                            void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
@@ -41,17 +42,17 @@ struct CommOps {
 // A process group: its ranks, the host ops and, once a device backend is attached, the device ops.
 struct Comm {
     int rank, size;
-    char name[16];            // "world", "tp", "dp", "ep", "etp", "edp", "stage"
+    char name[16]; // "world", "tp", "dp", "ep", "etp", "edp", "stage"
     const CommOps *ops;
-    void *handle;             // backend's group handle (MPI_Comm*), NULL for self
-    const CommOps *dops;      // device-buffer ops (nccl), NULL: the comm_dev_* calls use ops
-    void *dhandle;            // their group handle (the NCCL communicator)
+    void *handle; // backend's group handle (MPI_Comm*), NULL for self
+    const CommOps *dops; // device-buffer ops (nccl), NULL: the comm_dev_* calls use ops
+    void *dhandle; // their group handle (the NCCL communicator)
 };
 
 // A pending non-blocking operation: ops == NULL means already complete.
 struct CommReq {
-    const CommOps *ops;            // the backend's
-    void *impl;                    // backend request (MPI_Request*, the nccl backend's event)
+    const CommOps *ops; // the backend's
+    void *impl; // backend request (MPI_Request*, the nccl backend's event)
 };
 
 size_t comm_type_size(CommType t);
@@ -67,8 +68,8 @@ void comm_nccl_shutdown(void);
 // ---- bounded waits (every host wait of the nccl backend; unit-tested with a fake clock) ----
 enum { COMM_POLL_DONE = 0, COMM_POLL_PENDING = 1, COMM_POLL_ERROR = 2, COMM_POLL_TIMEOUT = 3 };
 typedef struct {
-    double (*now)(void *ctx);                 // seconds
-    void (*pause)(void *ctx, double seconds);   // 0: yield
+    double (*now)(void *ctx); // seconds
+    void (*pause)(void *ctx, double seconds); // 0: yield
     void *ctx;
 } CommClock;
 // Calls poll(ctx) until it returns DONE or ERROR (returned), or until timeout_s has passed since

@@ -46,7 +46,10 @@ static void no_nccl(void) {
 }
 void comm_dev_enable_world(Comm *world) { no_nccl(); }
 void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key) { no_nccl(); }
-void comm_dev_disable(Comm *c) { c->dops = NULL; c->dhandle = NULL; }
+void comm_dev_disable(Comm *c) {
+    c->dops = NULL;
+    c->dhandle = NULL;
+}
 void comm_nccl_shutdown(void) {}
 
 #else
@@ -72,24 +75,24 @@ typedef struct {
 typedef struct Ev {
     cudaEvent_t e;
     int refs;
-    struct Ev *next;      // free list / in-flight list
-    double t0;            // when enqueued
+    struct Ev *next; // free list / in-flight list
+    double t0; // when enqueued
     const char *op;
     char group[16];
 } Ev;
 
 static struct {
-    int ready, dev, rank;                 // rank: world rank, for messages
+    int ready, dev, rank; // rank: world rank, for messages
     double timeout;
     cudaStream_t compute, comm;
-    cudaEvent_t from_compute;             // recorded on compute, waited for by comm (reused)
-    pthread_mutex_t mu;                   // guards the lists and the registry below
+    cudaEvent_t from_compute; // recorded on compute, waited for by comm (reused)
+    pthread_mutex_t mu; // guards the lists and the registry below
     Ev *free_ev, *inflight, *inflight_tail;
-    NcclGroup *reg[64];                   // live communicators
+    NcclGroup *reg[64]; // live communicators
     int nreg;
     pthread_t watchdog;
     int watchdog_on, stop;
-    double stall_s;                       // MOE_NCCL_TEST_STALL_S: test hook (see stall_fn)
+    double stall_s; // MOE_NCCL_TEST_STALL_S: test hook (see stall_fn)
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static void sleep_s(double s) {
@@ -105,7 +108,8 @@ static double now_s(void) {
 
 static int comms_aborted;
 static void *abort_comms(void *arg) {
-    for (int i = 0; i < G.nreg; i++) if (G.reg[i]) ncclCommAbort(G.reg[i]->nc);
+    for (int i = 0; i < G.nreg; i++)
+        if (G.reg[i]) ncclCommAbort(G.reg[i]->nc);
     __atomic_store_n(&comms_aborted, 1, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -117,7 +121,8 @@ static void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), nor
 static void fatal(const char *fmt, ...) {
     char msg[1024];
     static int dying;
-    if (__atomic_exchange_n(&dying, 1, __ATOMIC_ACQ_REL)) for (;;) pause();   // one message: the first caller's
+    if (__atomic_exchange_n(&dying, 1, __ATOMIC_ACQ_REL))
+        for (;;) pause(); // one message: the first caller's
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
@@ -125,7 +130,7 @@ static void fatal(const char *fmt, ...) {
     fflush(stdout);
     fprintf(stderr, "moe: error: [rank %d] %s\n", G.rank, msg);
     fflush(stderr);
-    alarm(30);   // if ending itself hangs, SIGALRM ends the process (and the launcher the rest)
+    alarm(30); // if ending itself hangs, SIGALRM ends the process (and the launcher the rest)
     pthread_t th;
     if (pthread_create(&th, NULL, abort_comms, NULL) == 0)
         for (int i = 0; i < 500 && !__atomic_load_n(&comms_aborted, __ATOMIC_ACQUIRE); i++) sleep_s(0.01);
@@ -133,15 +138,24 @@ static void fatal(const char *fmt, ...) {
     _exit(1);
 }
 
-#define CUDA_OK(call) do { cudaError_t _e = (call); if (_e != cudaSuccess) \
-    fatal("%s failed: %s (%s)", #call, cudaGetErrorName(_e), cudaGetErrorString(_e)); } while (0)
+#define CUDA_OK(call) \
+    do { \
+        cudaError_t _e = (call); \
+        if (_e != cudaSuccess) \
+            fatal("%s failed: %s (%s)", #call, cudaGetErrorName(_e), cudaGetErrorString(_e)); \
+    } while (0)
 
-typedef struct { ncclComm_t nc; ncclResult_t r; } Pending;
+typedef struct {
+    ncclComm_t nc;
+    ncclResult_t r;
+} Pending;
 static int poll_comm(void *ctx) {
     Pending *p = ctx;
     ncclResult_t e = ncclCommGetAsyncError(p->nc, &p->r);
     if (e != ncclSuccess) p->r = e;
-    return p->r == ncclInProgress ? COMM_POLL_PENDING : p->r == ncclSuccess ? COMM_POLL_DONE : COMM_POLL_ERROR;
+    return p->r == ncclInProgress ? COMM_POLL_PENDING
+        : p->r == ncclSuccess     ? COMM_POLL_DONE
+                                  : COMM_POLL_ERROR;
 }
 
 // Checks an NCCL call on communicator nc (NULL: none yet): ncclInProgress is waited for, bounded.
@@ -150,8 +164,10 @@ static void nccl_ok(ncclResult_t r, ncclComm_t nc, const char *call, const char 
         Pending p = {nc, r};
         int w = comm_poll_until(poll_comm, &p, G.timeout, NULL);
         if (w == COMM_POLL_TIMEOUT)
-            fatal("%s on group %s did not finish within %g s (MOE_NCCL_TIMEOUT_S): a rank died, hung or called "
-                  "other collectives", call, group, G.timeout);
+            fatal(
+                "%s on group %s did not finish within %g s (MOE_NCCL_TIMEOUT_S): a rank died, hung or called "
+                "other collectives",
+                call, group, G.timeout);
         r = p.r;
     }
     if (r != ncclSuccess)
@@ -162,12 +178,12 @@ static void nccl_ok(ncclResult_t r, ncclComm_t nc, const char *call, const char 
 
 static ncclDataType_t nt(CommType t) {
     switch (t) {
-    case CT_F32: return ncclFloat32;
-    case CT_F64: return ncclFloat64;
-    case CT_I32: return ncclInt32;
-    case CT_I64: return ncclInt64;
-    case CT_BF16: return ncclBfloat16;   // moved only (comm.h)
-    default: return ncclUint8;
+        case CT_F32: return ncclFloat32;
+        case CT_F64: return ncclFloat64;
+        case CT_I32: return ncclInt32;
+        case CT_I64: return ncclInt64;
+        case CT_BF16: return ncclBfloat16; // moved only (comm.h)
+        default: return ncclUint8;
     }
 }
 
@@ -210,7 +226,8 @@ static void *watchdog(void *arg) {
             cudaError_t q = cudaEventQuery(e->e);
             if (q == cudaErrorNotReady) {
                 if (t - e->t0 > G.timeout)
-                    fatal("NCCL %s on group %s did not complete within %g s (MOE_NCCL_TIMEOUT_S): a rank died, hung, "
+                    fatal("NCCL %s on group %s did not complete within %g s (MOE_NCCL_TIMEOUT_S): a rank "
+                          "died, hung, "
                           "or the ranks disagree on the collectives (a mismatched mesh?); ending every rank",
                           e->op, e->group, G.timeout);
                 break;
@@ -266,10 +283,12 @@ static Ev *end_event(const Comm *c, const char *op, int refs) {
     return e;
 }
 // The compute stream waits for a finished blocking operation.
-static void join(const Comm *c, const char *op) { CUDA_OK(cudaStreamWaitEvent(G.compute, end_event(c, op, 0)->e, 0)); }
+static void join(const Comm *c, const char *op) {
+    CUDA_OK(cudaStreamWaitEvent(G.compute, end_event(c, op, 0)->e, 0));
+}
 
 #define ES(t) comm_type_size(t)
-#define AT(p, i, t) ((char *)(p) + (size_t)(i) * ES(t))
+#define AT(p, i, t) ((char *)(p) + (size_t)(i)*ES(t))
 
 // ---- the operations (enqueue only; begin/join order them)
 
@@ -279,7 +298,10 @@ static void q_allreduce(const Comm *c, void *buf, size_t n, CommType t) {
 static void q_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
     int eq = 1;
     size_t tot = 0;
-    for (int i = 0; i < c->size; i++) { eq &= counts[i] == counts[0]; tot += counts[i]; }
+    for (int i = 0; i < c->size; i++) {
+        eq &= counts[i] == counts[0];
+        tot += counts[i];
+    }
     if (!tot) return;
     if (eq) {
         NCCL_OK(c, ncclReduceScatter(send, recv, counts[0], nt(t), ncclSum, NC(c), G.comm));
@@ -289,7 +311,8 @@ static void q_reduce_scatter(const Comm *c, const void *send, void *recv, const 
     size_t off = 0;
     NCCL_OK(c, ncclGroupStart());
     for (int i = 0; i < c->size; i++) {
-        if (counts[i]) NCCL_OK(c, ncclReduce(AT(send, off, t), recv, counts[i], nt(t), ncclSum, i, NC(c), G.comm));
+        if (counts[i])
+            NCCL_OK(c, ncclReduce(AT(send, off, t), recv, counts[i], nt(t), ncclSum, i, NC(c), G.comm));
         off += counts[i];
     }
     NCCL_OK(c, ncclGroupEnd());
@@ -311,8 +334,12 @@ static void n_allgatherv(const Comm *c, const void *send, size_t n, void *recv, 
                          const size_t *displs, CommType t) {
     int eq = 1;
     size_t tot = 0;
-    for (int i = 0; i < c->size; i++) { eq &= counts[i] == counts[0] && displs[i] == (size_t)i * counts[0]; tot += counts[i]; }
-    if (n != counts[c->rank]) fatal("allgatherv on group %s: sending %zu elements, counts say %zu", c->name, n, counts[c->rank]);
+    for (int i = 0; i < c->size; i++) {
+        eq &= counts[i] == counts[0] && displs[i] == (size_t)i * counts[0];
+        tot += counts[i];
+    }
+    if (n != counts[c->rank])
+        fatal("allgatherv on group %s: sending %zu elements, counts say %zu", c->name, n, counts[c->rank]);
     if (!tot) return;
     begin();
     if (eq) {
@@ -322,8 +349,9 @@ static void n_allgatherv(const Comm *c, const void *send, size_t n, void *recv, 
         NCCL_OK(c, ncclGroupStart());
         for (int i = 0; i < c->size; i++)
             if (counts[i])
-                NCCL_OK(c, ncclBroadcast(i == c->rank ? send : AT(recv, displs[i], t), AT(recv, displs[i], t), counts[i],
-                                         nt(t), i, NC(c), G.comm));
+                NCCL_OK(c,
+                        ncclBroadcast(i == c->rank ? send : AT(recv, displs[i], t), AT(recv, displs[i], t),
+                                      counts[i], nt(t), i, NC(c), G.comm));
         NCCL_OK(c, ncclGroupEnd());
     }
     join(c, "allgatherv");
@@ -356,7 +384,9 @@ static void n_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
     join(c, "bcast");
 }
 
-typedef struct { cudaEvent_t e; } EvPoll;
+typedef struct {
+    cudaEvent_t e;
+} EvPoll;
 static int poll_event(void *ctx) {
     cudaError_t q = cudaEventQuery(((EvPoll *)ctx)->e);
     return q == cudaErrorNotReady ? COMM_POLL_PENDING : q == cudaSuccess ? COMM_POLL_DONE : COMM_POLL_ERROR;
@@ -370,7 +400,8 @@ static void n_barrier(const Comm *c) {
     Ev *e = end_event(c, "barrier", 1);
     EvPoll p = {e->e};
     int w = comm_poll_until(poll_event, &p, G.timeout, NULL);
-    if (w == COMM_POLL_TIMEOUT) fatal("barrier on group %s did not complete within %g s (MOE_NCCL_TIMEOUT_S)", c->name, G.timeout);
+    if (w == COMM_POLL_TIMEOUT)
+        fatal("barrier on group %s did not complete within %g s (MOE_NCCL_TIMEOUT_S)", c->name, G.timeout);
     if (w == COMM_POLL_ERROR) CUDA_OK(cudaEventQuery(e->e));
     ev_put(e);
 }
@@ -387,7 +418,8 @@ static CommReq *n_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     if (n) q_allreduce(c, buf, n, t);
     return req_of(end_event(c, "iallreduce", 1));
 }
-static CommReq *n_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+static CommReq *n_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
+                                  CommType t) {
     begin();
     q_reduce_scatter(c, send, recv, counts, t);
     return req_of(end_event(c, "ireduce_scatter", 1));
@@ -422,8 +454,8 @@ static void n_wait(CommReq *r) {
 }
 
 static const CommOps nccl_ops = {
-    n_allreduce, n_allgather, n_allgatherv, n_reduce_scatter, n_alltoallv, n_bcast, n_barrier,
-    n_iallreduce, n_ireduce_scatter, n_ialltoallv, n_isend, n_irecv, n_test, n_wait,
+    n_allreduce,  n_allgather,       n_allgatherv, n_reduce_scatter, n_alltoallv, n_bcast, n_barrier,
+    n_iallreduce, n_ireduce_scatter, n_ialltoallv, n_isend,          n_irecv,     n_test,  n_wait,
 };
 
 // ---- setup
@@ -439,18 +471,22 @@ static void setup(int world_rank) {
     int n = 0, cur = -1;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n < 1)
-        DIE("the NCCL backend needs a CUDA GPU on every rank: %s", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
-    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE") ? getenv("OMPI_COMM_WORLD_LOCAL_SIZE") : getenv("MPI_LOCALNRANKS");
+        DIE("the NCCL backend needs a CUDA GPU on every rank: %s",
+            e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE") ? getenv("OMPI_COMM_WORLD_LOCAL_SIZE")
+                                                          : getenv("MPI_LOCALNRANKS");
     if (ls && atoi(ls) > n)
-        DIE("%d processes on this node but %d GPU%s visible: the NCCL backend takes one GPU per process", atoi(ls), n,
-            n == 1 ? "" : "s");
+        DIE("%d processes on this node but %d GPU%s visible: the NCCL backend takes one GPU per process",
+            atoi(ls), n, n == 1 ? "" : "s");
     int want = comm_local_rank() % n;
     CUDA_OK(cudaGetDevice(&cur));
     if (cur != want)
-        DIE("local rank %d is on GPU %d but must use GPU %d (local rank %% %d GPUs): the CUDA backend has to call "
-            "cudaSetDevice(comm_local_rank() %% ngpus) before it allocates", comm_local_rank(), cur, want, n);
+        DIE("local rank %d is on GPU %d but must use GPU %d (local rank %% %d GPUs): the CUDA backend has to "
+            "call "
+            "cudaSetDevice(comm_local_rank() %% ngpus) before it allocates",
+            comm_local_rank(), cur, want, n);
     G.dev = cur;
-    G.compute = cudaStreamLegacy;   // where the cuda backend enqueues
+    G.compute = cudaStreamLegacy; // where the cuda backend enqueues
     int lo, hi;
     CUDA_OK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
     CUDA_OK(cudaStreamCreateWithPriority(&G.comm, cudaStreamNonBlocking, hi));
@@ -465,8 +501,8 @@ static void attach(Comm *c, ncclComm_t nc, const char *what) {
     Pending p = {nc, ncclInProgress};
     int w = comm_poll_until(poll_comm, &p, G.timeout, NULL);
     if (w == COMM_POLL_TIMEOUT)
-        fatal("%s of group %s did not finish within %g s (MOE_NCCL_TIMEOUT_S): a rank died or never joined", what,
-              c->name, G.timeout);
+        fatal("%s of group %s did not finish within %g s (MOE_NCCL_TIMEOUT_S): a rank died or never joined",
+              what, c->name, G.timeout);
     if (w == COMM_POLL_ERROR)
         fatal("%s of group %s failed: %s (%s)", what, c->name, ncclGetErrorString(p.r), ncclGetLastError(nc));
     NcclGroup *g = xcalloc(1, sizeof *g);
@@ -475,11 +511,12 @@ static void attach(Comm *c, ncclComm_t nc, const char *what) {
     nccl_ok(ncclCommUserRank(nc, &g->rank), nc, "ncclCommUserRank", c->name);
     nccl_ok(ncclCommCount(nc, &g->size), nc, "ncclCommCount", c->name);
     if (g->rank != c->rank || g->size != c->size)
-        fatal("group %s: the NCCL communicator has rank %d of %d, the host group rank %d of %d", c->name, g->rank,
-              g->size, c->rank, c->size);
+        fatal("group %s: the NCCL communicator has rank %d of %d, the host group rank %d of %d", c->name,
+              g->rank, g->size, c->rank, c->size);
     pthread_mutex_lock(&G.mu);
     int slot = -1;
-    for (int i = 0; i < G.nreg && slot < 0; i++) if (!G.reg[i]) slot = i;
+    for (int i = 0; i < G.nreg && slot < 0; i++)
+        if (!G.reg[i]) slot = i;
     if (slot < 0) {
         if (G.nreg == (int)(sizeof G.reg / sizeof G.reg[0])) DIE("too many NCCL communicators");
         slot = G.nreg++;
@@ -496,7 +533,7 @@ static int poll_set(void *ctx) {
 
 static ncclConfig_t config(void) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;   // calls return ncclInProgress instead of blocking: every wait is bounded
+    cfg.blocking = 0; // calls return ncclInProgress instead of blocking: every wait is bounded
     return cfg;
 }
 
@@ -527,7 +564,8 @@ void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key) {
     nccl_ok(ncclCommSplit(NC(world), color, key, &nc, &cfg), NC(world), "ncclCommSplit", sub->name);
     nccl_ok(ncclInProgress, NC(world), "ncclCommSplit (waiting for the parent)", sub->name);
     if (comm_poll_until(poll_set, &nc, G.timeout, NULL) != COMM_POLL_DONE)
-        fatal("ncclCommSplit of group %s finished without a communicator (%s)", sub->name, ncclGetLastError(NC(world)));
+        fatal("ncclCommSplit of group %s finished without a communicator (%s)", sub->name,
+              ncclGetLastError(NC(world)));
     attach(sub, nc, "ncclCommSplit");
 #else
     // older NCCL: a new communicator per group, its id broadcast over the group's host ops
@@ -546,7 +584,8 @@ void comm_dev_disable(Comm *c) {
     if (!c || !c->dops) return;
     NcclGroup *g = c->dhandle;
     pthread_mutex_lock(&G.mu);
-    for (int i = 0; i < G.nreg; i++) if (G.reg[i] == g) G.reg[i] = NULL;
+    for (int i = 0; i < G.nreg; i++)
+        if (G.reg[i] == g) G.reg[i] = NULL;
     pthread_mutex_unlock(&G.mu);
     // finalize flushes what is in flight (bounded), then the communicator's resources go
     nccl_ok(ncclCommFinalize(g->nc), g->nc, "ncclCommFinalize", g->name);
@@ -570,7 +609,10 @@ void comm_nccl_shutdown(void) {
     EvPoll p;
     Ev *last = NULL;
     pthread_mutex_lock(&G.mu);
-    if (G.inflight_tail) { last = G.inflight_tail; last->refs++; }
+    if (G.inflight_tail) {
+        last = G.inflight_tail;
+        last->refs++;
+    }
     pthread_mutex_unlock(&G.mu);
     if (last) {
         p.e = last->e;
@@ -581,9 +623,20 @@ void comm_nccl_shutdown(void) {
     __atomic_store_n(&G.stop, 1, __ATOMIC_RELEASE);
     if (G.watchdog_on) pthread_join(G.watchdog, NULL);
     G.watchdog_on = 0;
-    while (G.inflight) { Ev *e = G.inflight; G.inflight = e->next; e->refs = 1; e->next = NULL; ev_put_locked(e); }
+    while (G.inflight) {
+        Ev *e = G.inflight;
+        G.inflight = e->next;
+        e->refs = 1;
+        e->next = NULL;
+        ev_put_locked(e);
+    }
     G.inflight_tail = NULL;
-    while (G.free_ev) { Ev *e = G.free_ev; G.free_ev = e->next; cudaEventDestroy(e->e); free(e); }
+    while (G.free_ev) {
+        Ev *e = G.free_ev;
+        G.free_ev = e->next;
+        cudaEventDestroy(e->e);
+        free(e);
+    }
     cudaEventDestroy(G.from_compute);
     cudaStreamDestroy(G.comm);
     G.ready = 0;

@@ -19,17 +19,25 @@
 #ifdef MOE_HAVE_MPI
 #include <mpi.h>
 
-#define MPI_CHECK(call) do { int _e = (call); if (_e != MPI_SUCCESS) { char _s[MPI_MAX_ERROR_STRING]; int _l; \
-    MPI_Error_string(_e, _s, &_l); DIE("%s failed: %s", #call, _s); } } while (0)
+#define MPI_CHECK(call) \
+    do { \
+        int _e = (call); \
+        if (_e != MPI_SUCCESS) { \
+            char _s[MPI_MAX_ERROR_STRING]; \
+            int _l; \
+            MPI_Error_string(_e, _s, &_l); \
+            DIE("%s failed: %s", #call, _s); \
+        } \
+    } while (0)
 
 static MPI_Datatype mt(CommType t) {
     switch (t) {
-    case CT_F32: return MPI_FLOAT;
-    case CT_F64: return MPI_DOUBLE;
-    case CT_I32: return MPI_INT32_T;
-    case CT_I64: return MPI_INT64_T;
-    case CT_BF16: return MPI_UINT16_T;   // moved only (comm.h)
-    default: return MPI_UINT8_T;
+        case CT_F32: return MPI_FLOAT;
+        case CT_F64: return MPI_DOUBLE;
+        case CT_I32: return MPI_INT32_T;
+        case CT_I64: return MPI_INT64_T;
+        case CT_BF16: return MPI_UINT16_T; // moved only (comm.h)
+        default: return MPI_UINT8_T;
     }
 }
 static int ci(size_t n) {
@@ -42,7 +50,7 @@ static int ci(size_t n) {
 static struct {
     pthread_mutex_t mu;
     int on, rank;
-    double limit, deadline;   // deadline 0: nothing in flight
+    double limit, deadline; // deadline 0: nothing in flight
     const char *op;
     char group[16];
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -71,10 +79,12 @@ static void *mpi_watchdog(void *arg) {
         snprintf(what, sizeof what, "%s on group %s", W.op ? W.op : "?", W.group);
         pthread_mutex_unlock(&W.mu);
         if (!late) continue;
-        fprintf(stderr, "moe: error: [rank %d] MPI %s did not complete within %g s (MOE_COMM_TIMEOUT_S): another "
-                "rank died, hangs, or runs something else\n", W.rank, what, W.limit);
+        fprintf(stderr,
+                "moe: error: [rank %d] MPI %s did not complete within %g s (MOE_COMM_TIMEOUT_S): another "
+                "rank died, hangs, or runs something else\n",
+                W.rank, what, W.limit);
         fflush(NULL);
-        _exit(1);   // the launcher then ends every rank
+        _exit(1); // the launcher then ends every rank
     }
     return NULL;
 }
@@ -86,7 +96,12 @@ static void watch_start(int rank) {
     pthread_detach(th);
     W.on = 1;
 }
-#define WATCHED(c, op, call) do { watch_begin(c, op); MPI_CHECK(call); watch_end(); } while (0)
+#define WATCHED(c, op, call) \
+    do { \
+        watch_begin(c, op); \
+        MPI_CHECK(call); \
+        watch_end(); \
+    } while (0)
 
 static void m_allreduce(const Comm *c, void *buf, size_t n, CommType t) {
     WATCHED(c, "allreduce", MPI_Allreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c)));
@@ -103,8 +118,10 @@ static void m_allgatherv(const Comm *c, const void *send, size_t n, void *recv, 
                          const size_t *displs, CommType t) {
     int *rc = ints(counts, c->size), *rd = ints(displs, c->size);
     int in_place = send == (const char *)recv + displs[c->rank] * comm_type_size(t);
-    WATCHED(c, "allgatherv", MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
-    free(rc); free(rd);
+    WATCHED(c, "allgatherv",
+            MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
+    free(rc);
+    free(rd);
 }
 static void m_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
     int *rc = ints(counts, c->size);
@@ -115,7 +132,10 @@ static void m_alltoallv(const Comm *c, const void *send, const size_t *sc, const
                         const size_t *rc, const size_t *rd, CommType t) {
     int *a = ints(sc, c->size), *b = ints(sd, c->size), *x = ints(rc, c->size), *y = ints(rd, c->size);
     WATCHED(c, "alltoallv", MPI_Alltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c)));
-    free(a); free(b); free(x); free(y);
+    free(a);
+    free(b);
+    free(x);
+    free(y);
 }
 static void m_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
     WATCHED(c, "bcast", MPI_Bcast(buf, ci(n), mt(t), root, MC(c)));
@@ -129,11 +149,12 @@ static CommReq *m_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
     return r;
 }
-static CommReq *m_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
+static CommReq *m_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
+                                  CommType t) {
     CommReq *r = xcalloc(1, sizeof *r);
     r->ops = &mpi_ops;
     r->impl = xmalloc(sizeof(MPI_Request) + sizeof(int) * c->size);
-    int *rc = (int *)((MPI_Request *)r->impl + 1);   // must live until the request completes
+    int *rc = (int *)((MPI_Request *)r->impl + 1); // must live until the request completes
     for (int i = 0; i < c->size; i++) rc[i] = ci(counts[i]);
     MPI_CHECK(MPI_Ireduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
     return r;
@@ -143,9 +164,14 @@ static CommReq *m_ialltoallv(const Comm *c, const void *send, const size_t *sc, 
     CommReq *r = xcalloc(1, sizeof *r);
     r->ops = &mpi_ops;
     int n = c->size;
-    r->impl = xmalloc(sizeof(MPI_Request) + sizeof(int) * 4 * n);   // the counts live until completion
+    r->impl = xmalloc(sizeof(MPI_Request) + sizeof(int) * 4 * n); // the counts live until completion
     int *a = (int *)((MPI_Request *)r->impl + 1), *b = a + n, *x = b + n, *y = x + n;
-    for (int i = 0; i < n; i++) { a[i] = ci(sc[i]); b[i] = ci(sd[i]); x[i] = ci(rc[i]); y[i] = ci(rd[i]); }
+    for (int i = 0; i < n; i++) {
+        a[i] = ci(sc[i]);
+        b[i] = ci(sd[i]);
+        x[i] = ci(rc[i]);
+        y[i] = ci(rd[i]);
+    }
     MPI_CHECK(MPI_Ialltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c), (MPI_Request *)r->impl));
     return r;
 }
@@ -175,12 +201,12 @@ static void m_wait(CommReq *r) {
     free(r);
 }
 static const CommOps mpi_ops = {
-    m_allreduce, m_allgather, m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
-    m_iallreduce, m_ireduce_scatter, m_ialltoallv, m_isend, m_irecv, m_test, m_wait,
+    m_allreduce,  m_allgather,       m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
+    m_iallreduce, m_ireduce_scatter, m_ialltoallv, m_isend,          m_irecv,     m_test,  m_wait,
 };
 
 static int mpi_started = 0;
-static Comm *the_world;   // freed by comm_world_finalize
+static Comm *the_world; // freed by comm_world_finalize
 static void abort_all(void) {
     int fin = 0;
     MPI_Finalized(&fin);
@@ -190,15 +216,21 @@ static void abort_all(void) {
 void comm_world_abort(void) { abort_all(); }
 
 static int launched_by_mpi(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) if (getenv(vars[i])) return 1;
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE",
+                          "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
     return 0;
 }
 
 Comm *comm_world_init(int *argc, char ***argv) {
     Comm *w = the_world = xcalloc(1, sizeof *w);
     snprintf(w->name, sizeof w->name, "world");
-    if (!launched_by_mpi()) { w->ops = &comm_self_ops; w->size = 1; return w; }
+    if (!launched_by_mpi()) {
+        w->ops = &comm_self_ops;
+        w->size = 1;
+        return w;
+    }
     MPI_CHECK(MPI_Init(argc, argv));
     mpi_started = 1;
     MPI_Comm *h = xmalloc(sizeof *h);
@@ -215,7 +247,7 @@ Comm *comm_world_init(int *argc, char ***argv) {
 
 void comm_world_finalize(void) {
     int fin = 0;
-    comm_nccl_shutdown();   // NCCL communicators go before MPI
+    comm_nccl_shutdown(); // NCCL communicators go before MPI
     MPI_Finalized(&fin);
     if (the_world && the_world->handle && !fin) MPI_Comm_free((MPI_Comm *)the_world->handle);
     if (the_world) free(the_world->handle);
@@ -228,7 +260,11 @@ void comm_world_finalize(void) {
 Comm *comm_split(const Comm *world, int color, int key, const char *name) {
     Comm *c = xcalloc(1, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
-    if (world->ops != &mpi_ops) { c->ops = &comm_self_ops; c->size = 1; return c; }
+    if (world->ops != &mpi_ops) {
+        c->ops = &comm_self_ops;
+        c->size = 1;
+        return c;
+    }
     MPI_Comm *h = xmalloc(sizeof *h);
     WATCHED(world, "split", MPI_Comm_split(MC(world), color, key, h));
     MPI_CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN));
@@ -241,9 +277,12 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
 
 void comm_free(Comm *c) {
     if (!c) return;
-    if (c == the_world) the_world = NULL;   // freed here, not again at finalize
+    if (c == the_world) the_world = NULL; // freed here, not again at finalize
     if (c->dops) comm_dev_disable(c);
-    if (c->handle) { MPI_Comm_free((MPI_Comm *)c->handle); free(c->handle); }
+    if (c->handle) {
+        MPI_Comm_free((MPI_Comm *)c->handle);
+        free(c->handle);
+    }
     free(c);
 }
 
@@ -263,9 +302,9 @@ static int node_rank_mpi(void) {
     return r;
 }
 
-#else  // built without MPI: one process
+#else // built without MPI: one process
 
-static Comm *the_world;   // freed by comm_world_finalize
+static Comm *the_world; // freed by comm_world_finalize
 
 Comm *comm_world_init(int *argc, char ***argv) {
     const char *s = getenv("OMPI_COMM_WORLD_SIZE");
@@ -291,7 +330,7 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
     return c;
 }
 void comm_free(Comm *c) {
-    if (c && c == the_world) the_world = NULL;   // freed here, not again at finalize
+    if (c && c == the_world) the_world = NULL; // freed here, not again at finalize
     if (c && c->dops) comm_dev_disable(c);
     free(c);
 }
@@ -300,8 +339,8 @@ void comm_free(Comm *c) {
 int comm_local_rank(void) {
     static int cached = -1;
     if (cached >= 0) return cached;
-    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK",
-                          "PMI_LOCAL_RANK"};
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                          "MV2_COMM_WORLD_LOCAL_RANK", "PMI_LOCAL_RANK"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
         char *end;
@@ -312,5 +351,5 @@ int comm_local_rank(void) {
     }
     int r = node_rank_mpi();
     if (r >= 0) return cached = r;
-    return 0;   // not launched by MPI: one process (not cached: MPI may start later)
+    return 0; // not launched by MPI: one process (not cached: MPI may start later)
 }

@@ -5,7 +5,11 @@
 
 const char *mesh_shape_resolve(MeshShape *s, const ModelConfig *c) {
     static char msg[256];
-#define BAD(...) do { snprintf(msg, sizeof msg, __VA_ARGS__); return msg; } while (0)
+#define BAD(...) \
+    do { \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        return msg; \
+    } while (0)
     if (s->world < 1) BAD("world size must be >= 1 (got %d)", s->world);
     if (s->tp < 1) BAD("--tp must be >= 1 (got %d)", s->tp);
     if (s->pp < 1) BAD("--pp must be >= 1 (got %d)", s->pp);
@@ -13,12 +17,12 @@ const char *mesh_shape_resolve(MeshShape *s, const ModelConfig *c) {
     if (s->etp < 1) BAD("--etp must be >= 1 (got %d)", s->etp);
     // products in 64 bits: a factor up to INT_MAX must not wrap (to 0: a division by zero)
     long long tpp = (long long)s->tp * s->pp, eetp = (long long)s->ep * s->etp;
-    if (s->world % tpp)
-        BAD("world size %d is not divisible by tp %d x pp %d", s->world, s->tp, s->pp);
+    if (s->world % tpp) BAD("world size %d is not divisible by tp %d x pp %d", s->world, s->tp, s->pp);
     s->dp = (int)(s->world / tpp);
     int stage = s->tp * s->dp;
     if (stage % eetp)
-        BAD("tp %d x dp %d = %d ranks per stage is not divisible by ep %d x etp %d", s->tp, s->dp, stage, s->ep, s->etp);
+        BAD("tp %d x dp %d = %d ranks per stage is not divisible by ep %d x etp %d", s->tp, s->dp, stage,
+            s->ep, s->etp);
     s->edp = (int)(stage / eetp);
     if (s->hier < 0) BAD("--a2a-hier must be off, auto or >= 1 (got %d)", s->hier);
     if (s->hier > 1 && s->ep % s->hier)
@@ -54,15 +58,42 @@ static void group_of(const MeshShape *s, int r, int g, int *color, int *key) {
     MeshCoord m = mesh_coord(s, r);
     int S = s->tp * s->dp;
     switch (g) {
-    case G_TP: *color = m.pp * s->dp + m.dp; *key = m.tp; break;
-    case G_DP: *color = m.pp * s->tp + m.tp; *key = m.dp; break;
-    case G_PP: *color = m.stage; *key = m.pp; break;
-    case G_EP: *color = m.pp * S + m.edp * s->etp + m.etp; *key = m.ep; break;
-    case G_ETP: *color = m.pp * S + m.edp * s->ep + m.ep; *key = m.etp; break;
-    case G_EDP: *color = m.pp * S + m.ep * s->etp + m.etp; *key = m.edp; break;
-    case G_EPN: *color = (m.pp * S + m.edp * s->etp + m.etp) * s->ep + m.ep / s->hier; *key = m.ep % s->hier; break;
-    case G_EPX: *color = (m.pp * S + m.edp * s->etp + m.etp) * s->ep + m.ep % s->hier; *key = m.ep / s->hier; break;
-    default: *color = m.pp; *key = m.stage; break;
+        case G_TP:
+            *color = m.pp * s->dp + m.dp;
+            *key = m.tp;
+            break;
+        case G_DP:
+            *color = m.pp * s->tp + m.tp;
+            *key = m.dp;
+            break;
+        case G_PP:
+            *color = m.stage;
+            *key = m.pp;
+            break;
+        case G_EP:
+            *color = m.pp * S + m.edp * s->etp + m.etp;
+            *key = m.ep;
+            break;
+        case G_ETP:
+            *color = m.pp * S + m.edp * s->ep + m.ep;
+            *key = m.etp;
+            break;
+        case G_EDP:
+            *color = m.pp * S + m.ep * s->etp + m.etp;
+            *key = m.edp;
+            break;
+        case G_EPN:
+            *color = (m.pp * S + m.edp * s->etp + m.etp) * s->ep + m.ep / s->hier;
+            *key = m.ep % s->hier;
+            break;
+        case G_EPX:
+            *color = (m.pp * S + m.edp * s->etp + m.etp) * s->ep + m.ep % s->hier;
+            *key = m.ep / s->hier;
+            break;
+        default:
+            *color = m.pp;
+            *key = m.stage;
+            break;
     }
 }
 
@@ -86,7 +117,7 @@ void mesh_init(Mesh *m, const MeshShape *s, Comm *world) {
 void mesh_enable_device(Mesh *m) {
     comm_dev_enable_world(m->world);
     Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage, &m->epn, &m->epx};
-    for (int g = 0; g < G_N; g++) {   // the same order on every rank (ncclCommSplit is collective)
+    for (int g = 0; g < G_N; g++) { // the same order on every rank (ncclCommSplit is collective)
         if (!group_used(&m->s, g)) continue;
         int color, key;
         group_of(&m->s, m->rank, g, &color, &key);
@@ -96,14 +127,15 @@ void mesh_enable_device(Mesh *m) {
 
 void mesh_free(Mesh *m) {
     Comm *cs[] = {m->tp, m->dp, m->pp, m->ep, m->etp, m->edp, m->stage, m->epn, m->epx};
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) if (cs[i]) comm_free(cs[i]);
-    if (m->world) comm_dev_disable(m->world);   // nothing without a device communicator
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        if (cs[i]) comm_free(cs[i]);
+    if (m->world) comm_dev_disable(m->world); // nothing without a device communicator
     memset(m, 0, sizeof *m);
 }
 
 void mesh_print(const MeshShape *s, FILE *f) {
-    fprintf(f, "mesh: world %d = pp %d x dp %d x tp %d; experts: ep %d x etp %d x edp %d per stage\n", s->world, s->pp,
-            s->dp, s->tp, s->ep, s->etp, s->edp);
+    fprintf(f, "mesh: world %d = pp %d x dp %d x tp %d; experts: ep %d x etp %d x edp %d per stage\n",
+            s->world, s->pp, s->dp, s->tp, s->ep, s->etp, s->edp);
     for (int g = 0; g < G_N; g++) {
         if ((g == G_PP && s->pp == 1) || !group_used(s, g)) continue;
         fprintf(f, "  %-5s:", gname[g]);
@@ -132,10 +164,13 @@ void mesh_print(const MeshShape *s, FILE *f) {
     }
     const char *what[G_N] = {"attention heads split; activations all-reduced",
                              "dense gradients all-reduced (each DP rank reads its share of the batch)",
-                             "pipeline stages", "experts split: tokens exchanged by all-to-all",
-                             "each expert's f dimension split", "expert gradients all-reduced (replicas)",
+                             "pipeline stages",
+                             "experts split: tokens exchanged by all-to-all",
+                             "each expert's f dimension split",
+                             "expert gradients all-reduced (replicas)",
                              "router statistics and router gradients",
                              "two-level all-to-all: the EP ranks of one node (gather and transpose)",
                              "two-level all-to-all: one EP rank per node (between nodes)"};
-    for (int g = 0; g < G_N; g++) if (g != G_PP && group_used(s, g)) fprintf(f, "  %-5s = %s\n", gname[g], what[g]);
+    for (int g = 0; g < G_N; g++)
+        if (g != G_PP && group_used(s, g)) fprintf(f, "  %-5s = %s\n", gname[g], what[g]);
 }

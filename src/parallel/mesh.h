@@ -10,11 +10,12 @@
 
 typedef struct {
     int world, tp, dp, pp, ep, etp, edp;
-    int hier;                 // > 1: the EP all-to-all is two-level over nodes of `hier` EP ranks (groups epn, epx)
+    int hier; // > 1: the EP all-to-all is two-level over nodes of `hier` EP ranks (groups epn, epx)
 } MeshShape;
 
 typedef struct {
-    int tp, dp, pp, ep, etp, edp, stage;   // this rank's index in each dimension (stage: index in the stage group)
+    int tp, dp, pp, ep, etp, edp,
+        stage; // this rank's index in each dimension (stage: index in the stage group)
 } MeshCoord;
 
 typedef struct {
@@ -22,8 +23,8 @@ typedef struct {
     MeshCoord me;
     int rank;
     Comm *world, *tp, *dp, *pp, *ep, *etp, *edp, *stage;
-    Comm *epn, *epx;          // hier > 1: the EP ranks of my node (ep / hier equal), of my local index
-                              // (ep % hier equal); NULL otherwise
+    Comm *epn, *epx; // hier > 1: the EP ranks of my node (ep / hier equal), of my local index
+                     // (ep % hier equal); NULL otherwise
 } Mesh;
 
 // Fills shape->dp and ->edp from world, tp, pp, ep, etp. Returns NULL if the layout is possible

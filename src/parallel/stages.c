@@ -7,7 +7,11 @@
 
 const char *stages_split(StageSplit *s, int L, int pp, int vpp, const char *list) {
     static char msg[256];
-#define BAD(...) do { snprintf(msg, sizeof msg, __VA_ARGS__); return msg; } while (0)
+#define BAD(...) \
+    do { \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        return msg; \
+    } while (0)
     memset(s, 0, sizeof *s);
     if (pp < 1) BAD("--pp must be >= 1 (got %d)", pp);
     if (vpp < 1) BAD("--vpp must be >= 1 (got %d)", vpp);
@@ -17,8 +21,10 @@ const char *stages_split(StageSplit *s, int L, int pp, int vpp, const char *list
     s->vpp = vpp;
     if (!list || !*list) {
         if (L % S) {
-            if (vpp > 1) BAD("n_layers %d is not divisible by --pp %d x --vpp %d (give --pp-layers for an uneven split)",
-                             L, pp, vpp);
+            if (vpp > 1)
+                BAD("n_layers %d is not divisible by --pp %d x --vpp %d (give --pp-layers for an uneven "
+                    "split)",
+                    L, pp, vpp);
             BAD("n_layers %d is not divisible by --pp %d (give --pp-layers for an uneven split)", L, pp);
         }
         for (int k = 0; k <= S; k++) s->first[k] = k * (L / S);
@@ -30,15 +36,19 @@ const char *stages_split(StageSplit *s, int L, int pp, int vpp, const char *list
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || (*end && *end != ',') || (*p != '-' && (*p < '0' || *p > '9'))) BAD("--pp-layers '%s' is not a comma-separated list of layer counts", list);
-        if (v < 1 || v > L) BAD("--pp-layers '%s': every stage needs at least one layer and at most n_layers %d", list, L);
+        if (end == p || errno || (*end && *end != ',') || (*p != '-' && (*p < '0' || *p > '9')))
+            BAD("--pp-layers '%s' is not a comma-separated list of layer counts", list);
+        if (v < 1 || v > L)
+            BAD("--pp-layers '%s': every stage needs at least one layer and at most n_layers %d", list, L);
         if (k == S) BAD("--pp-layers '%s' has more than --pp %d x --vpp %d = %d entries", list, pp, vpp, S);
         s->first[k++] = sum;
         sum += (int)v;
         p = *end ? end + 1 : end;
         if (*end == ',' && !*p) BAD("--pp-layers '%s' ends with a comma", list);
     }
-    if (k != S) BAD("--pp-layers '%s' has %d entries; --pp %d x --vpp %d needs %d (one per stage)", list, k, pp, vpp, S);
+    if (k != S)
+        BAD("--pp-layers '%s' has %d entries; --pp %d x --vpp %d needs %d (one per stage)", list, k, pp, vpp,
+            S);
     if (sum != L) BAD("--pp-layers '%s' sums to %d layers; the model has n_layers %d", list, sum, L);
     s->first[S] = L;
 #undef BAD

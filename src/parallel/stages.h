@@ -10,7 +10,7 @@
 
 typedef struct {
     int pp, vpp;
-    int first[STAGES_MAX + 1];   // virtual stage k holds layers [first[k], first[k+1])
+    int first[STAGES_MAX + 1]; // virtual stage k holds layers [first[k], first[k+1])
 } StageSplit;
 
 // NULL and *s filled, or a static message naming the numbers (layers not divisible without a list,

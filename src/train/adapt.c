@@ -23,14 +23,19 @@ void adapt_init(Adapt *a, const TrainOptions *o, const MeshShape *shape, int mes
     int ns[3] = {o->ampipe > 0 ? o->ampipe : 1, 2, 4}, nn = o->ampipe == 0 && exch ? 3 : 1;
     if (o->a2a_overlap == 0 || o->expert_mode < 0 || nn > 1) {
         int cand[TUNE_MAX], n = 0;
-        int modes = o->expert_mode < 0 && shape->etp > 1 ? 2 : 1, mode0 = o->expert_mode > 0 ? MOE_GATHERED : MOE_SHARDED;
+        int modes = o->expert_mode < 0 && shape->etp > 1 ? 2 : 1,
+            mode0 = o->expert_mode > 0 ? MOE_GATHERED : MOE_SHARDED;
         for (int in = 0; in < nn; in++) {
             int np = ns[in] > 1 ? 256 * ns[in] : 0;
             for (int md = 0; md < modes; md++) {
                 int mode = modes == 2 ? md : mode0;
-                if (mode == MOE_GATHERED) { cand[n++] = 1 + 16 * mode + np; continue; }
+                if (mode == MOE_GATHERED) {
+                    cand[n++] = 1 + 16 * mode + np;
+                    continue;
+                }
                 if (o->a2a_overlap > 0) cand[n++] = o->a2a_overlap + np;
-                else for (int rr = 1; rr <= (exch ? 8 : 1); rr *= 2) cand[n++] = rr + np;
+                else
+                    for (int rr = 1; rr <= (exch ? 8 : 1); rr *= 2) cand[n++] = rr + np;
             }
         }
         a->tune = xmalloc(sizeof(Tuner) * (size_t)m->c.n_layers);
@@ -41,7 +46,10 @@ void adapt_init(Adapt *a, const TrainOptions *o, const MeshShape *shape, int mes
     a->log_ampipe = nn > 1 || o->ampipe > 1;
 }
 
-void adapt_free(Adapt *a) { free(a->tune); a->tune = NULL; }
+void adapt_free(Adapt *a) {
+    free(a->tune);
+    a->tune = NULL;
+}
 
 // --a2a-overlap auto, before a step: each layer's overlap degree from its tuner, timing while any tunes.
 void adapt_before(Adapt *a, Model *m) {
@@ -62,17 +70,21 @@ int adapt_after(Adapt *a, Model *m, const int64_t *counts, const Comm *world) {
     if (!a->tune) return 0;
     int L = m->c.n_layers, E = m->c.n_experts, settled = 0;
     double *t = m->moe_time;
-    if (m->moe_timing) {   // the max over ranks (the comm API reduces by sum: gather, then take it)
+    if (m->moe_timing) { // the max over ranks (the comm API reduces by sum: gather, then take it)
         int n = comm_size(world);
         double *all = xmalloc(sizeof(double) * (size_t)L * n);
         comm_allgather(world, t, all, (size_t)L, CT_F64);
         for (int l = 0; l < L; l++)
-            for (int q = 0; q < n; q++) if (all[(size_t)q * L + l] > t[l]) t[l] = all[(size_t)q * L + l];
+            for (int q = 0; q < n; q++)
+                if (all[(size_t)q * L + l] > t[l]) t[l] = all[(size_t)q * L + l];
         free(all);
     }
     for (int l = 0; l < L; l++) {
         int64_t mx = 0, tot = 0;
-        for (int e = 0; e < E; e++) { tot += counts[l * E + e]; if (counts[l * E + e] > mx) mx = counts[l * E + e]; }
+        for (int e = 0; e < E; e++) {
+            tot += counts[l * E + e];
+            if (counts[l * E + e] > mx) mx = counts[l * E + e];
+        }
         settled |= tuner_observe(&a->tune[l], m->moe_timing ? t[l] : -1, tot ? (double)mx * E / tot : 1);
         t[l] = 0;
     }
@@ -81,20 +93,21 @@ int adapt_after(Adapt *a, Model *m, const int64_t *counts, const Comm *world) {
 
 void adapt_record(const Adapt *a, const Model *m, cJSON *line, int tuned) {
     int L = m->c.n_layers;
-    if (a->log_overlap) {   // the pipelined exchange: each layer's overlap degree
+    if (a->log_overlap) { // the pipelined exchange: each layer's overlap degree
         cJSON *ov = cJSON_AddArrayToObject(line, "a2a_overlap");
         for (int l = 0; l < L; l++) cJSON_AddItemToArray(ov, cJSON_CreateNumber(m->moe_overlap[l]));
     }
-    if (a->log_mode) {   // sharded or gathered experts, per layer
+    if (a->log_mode) { // sharded or gathered experts, per layer
         cJSON *em = cJSON_AddArrayToObject(line, "expert_mode");
         for (int l = 0; l < L; l++)
-            cJSON_AddItemToArray(em, cJSON_CreateString(m->moe_mode[l] == MOE_GATHERED ? "gathered" : "sharded"));
+            cJSON_AddItemToArray(em,
+                                 cJSON_CreateString(m->moe_mode[l] == MOE_GATHERED ? "gathered" : "sharded"));
     }
-    if (a->log_ampipe) {   // AMPipe's chunks, per layer
+    if (a->log_ampipe) { // AMPipe's chunks, per layer
         cJSON *ap = cJSON_AddArrayToObject(line, "ampipe");
         for (int l = 0; l < L; l++) cJSON_AddItemToArray(ap, cJSON_CreateNumber(m->ampipe[l]));
     }
-    if (tuned) {   // a tuning ended: what each candidate took (per layer; -1: not measured) and the choice
+    if (tuned) { // a tuning ended: what each candidate took (per layer; -1: not measured) and the choice
         cJSON *tt = cJSON_AddArrayToObject(line, "a2a_tuned");
         for (int l = 0; l < L; l++) {
             const Tuner *t = &a->tune[l];
@@ -126,7 +139,8 @@ void adapt_progress(const Adapt *a, const Model *m, char *buf, size_t n) {
             snprintf(buf + strlen(buf), n - strlen(buf), "%s%d%s", l ? "," : " ", m->moe_overlap[l],
                      m->moe_mode[l] == MOE_GATHERED ? "g" : "");
         if (a->log_ampipe)
-            for (int l = 0; l < L; l++) snprintf(buf + strlen(buf), n - strlen(buf), "%s%d", l ? "," : " n ", m->ampipe[l]);
+            for (int l = 0; l < L; l++)
+                snprintf(buf + strlen(buf), n - strlen(buf), "%s%d", l ? "," : " n ", m->ampipe[l]);
     }
 }
 
@@ -148,12 +162,15 @@ int adapt_hier(const Comm *world, const MeshShape *ms) {
     int G = 1;
     while (G < ms->ep && node[mem[G]] == node[mem[0]]) G++;
     int ok = cnt == ms->ep && G < ms->ep && ms->ep % G == 0;
-    for (int q = 0; ok && q < ms->ep; q++) ok = node[mem[q]] == node[mem[(q / G) * G]] && (q % G || q == 0 || node[mem[q]] != node[mem[q - 1]]);
+    for (int q = 0; ok && q < ms->ep; q++)
+        ok = node[mem[q]] == node[mem[(q / G) * G]] && (q % G || q == 0 || node[mem[q]] != node[mem[q - 1]]);
     int64_t want = ok ? G : 0;
     comm_allgather(world, &want, g, 1, CT_I64);
-    for (int q = 1; q < n; q++) if (g[q] != g[0]) want = 0;
+    for (int q = 1; q < n; q++)
+        if (g[q] != g[0]) want = 0;
     int res = (int)(want == g[0] ? g[0] : 0);
-    free(node); free(g); free(mem);
+    free(node);
+    free(g);
+    free(mem);
     return res;
 }
-

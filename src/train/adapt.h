@@ -1,6 +1,6 @@
 // adapt.h — the MoE exchange's run-time choices for a run (Tutel's adaptivity): the overlap degree,
-// the expert mode and AMPipe's chunks of every MoE layer, fixed by the options or measured (--a2a-overlap / --expert-mode
-// auto: one Tuner per layer, fed the slowest rank's time so every rank chooses alike), and the
+// the expert mode and AMPipe's chunks of every MoE layer, fixed by the options or measured (--a2a-overlap /
+// --expert-mode auto: one Tuner per layer, fed the slowest rank's time so every rank chooses alike), and the
 // two-level all-to-all's node size (--a2a-hier auto, from the hosts). Also what they log.
 // Must not hold: the tuner's logic (train/tune.c), the exchange itself (moe/).
 #pragma once
@@ -11,9 +11,9 @@
 #include "train/tune.h"
 
 typedef struct {
-    Tuner *tune;               // (L) NULL unless some choice is auto; a candidate is r + 16 x expert mode
-                               // + 256 x AMPipe chunks (when > 1)
-    int log_overlap, log_mode, log_ampipe;   // metrics.jsonl carries a2a_overlap / expert_mode / ampipe
+    Tuner *tune; // (L) NULL unless some choice is auto; a candidate is r + 16 x expert mode
+                 // + 256 x AMPipe chunks (when > 1)
+    int log_overlap, log_mode, log_ampipe; // metrics.jsonl carries a2a_overlap / expert_mode / ampipe
 } Adapt;
 
 // The fixed settings onto the model, and the tuners for the auto ones. meshed: the mesh's code paths

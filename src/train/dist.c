@@ -13,11 +13,16 @@ void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_b
     if (d->bucket_elems < 1024) d->bucket_elems = 1024;
     d->mm.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, NULL, 0};
     if (!mesh) return;
-    d->mm.tp = mesh->tp; d->mm.dp = mesh->dp; d->mm.ep = mesh->ep; d->mm.etp = mesh->etp;
-    d->mm.edp = mesh->edp; d->mm.stage = mesh->stage;
-    d->mm.epn = mesh->epn; d->mm.epx = mesh->epx;
-    d->mm.sl = (ParamSlicing){mesh->s.tp, mesh->me.tp, mesh->s.ep, mesh->me.ep, mesh->s.etp, mesh->me.etp, NULL,
-                              mesh->me.pp};
+    d->mm.tp = mesh->tp;
+    d->mm.dp = mesh->dp;
+    d->mm.ep = mesh->ep;
+    d->mm.etp = mesh->etp;
+    d->mm.edp = mesh->edp;
+    d->mm.stage = mesh->stage;
+    d->mm.epn = mesh->epn;
+    d->mm.epx = mesh->epx;
+    d->mm.sl = (ParamSlicing){mesh->s.tp,  mesh->me.tp,  mesh->s.ep, mesh->me.ep,
+                              mesh->s.etp, mesh->me.etp, NULL,       mesh->me.pp};
 }
 
 static const Comm *group_of(const Dist *d, ReduceGroup g) {
@@ -34,9 +39,15 @@ static int layer_key(const ParamSpec *s, int L) {
 // class of a tensor for the norm: 0 replicated everywhere, 1 TP shard (sum over TP), 2 expert shard
 static int norm_class(const ParamSpec *s) { return s->expert >= 0 ? 2 : s->split_dim >= 0 ? 1 : 0; }
 
-typedef struct { OptRun *r; int n, cap; } RunList;
+typedef struct {
+    OptRun *r;
+    int n, cap;
+} RunList;
 static OptRun *run_add(RunList *l, size_t off, size_t moff, size_t n, int decay, int cls) {
-    if (l->n == l->cap) { l->cap = l->cap ? 2 * l->cap : 64; l->r = xrealloc(l->r, sizeof(OptRun) * l->cap); }
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->r = xrealloc(l->r, sizeof(OptRun) * l->cap);
+    }
     l->r[l->n] = (OptRun){(int64_t)off, (int64_t)moff, (int64_t)n, decay, cls, 0, 0, 0, 0, OPTG_F32, 0};
     return &l->r[l->n++];
 }
@@ -70,7 +81,8 @@ static void bucket_runs(const GradBucket *b, const Model *m, RunList *l) {
     size_t lo = b->off + b->s0, hi = b->off + b->s1;
     for (int i = 0; i < tb->n; i++) {
         const ParamSpec *s = &tb->p[i];
-        size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
+        size_t a = s->loffset > lo ? s->loffset : lo,
+               e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
         if (a < e) run_global(run_format(run_add(l, a, b->moff + (a - lo), e - a, s->decay, 0), m, s), s, a);
     }
 }
@@ -96,12 +108,16 @@ static void build_runs(Dist *d, Model *m) {
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
         if (!s->lnumel) continue;
-        if (d->zero != 2) { run_format(run_add(&l, s->loffset, 0, s->lnumel, 0, norm_class(s)), m, s); continue; }
+        if (d->zero != 2) {
+            run_format(run_add(&l, s->loffset, 0, s->lnumel, 0, norm_class(s)), m, s);
+            continue;
+        }
         // ZeRO-2: only my shard of each bucket holds reduced values; class = group * 3 + norm class
         for (int k = 0; k < d->nb; k++) {
             const GradBucket *b = &d->b[k];
             size_t lo = b->off + b->s0, hi = b->off + b->s1;
-            size_t a = s->loffset > lo ? s->loffset : lo, e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
+            size_t a = s->loffset > lo ? s->loffset : lo,
+                   e = s->loffset + s->lnumel < hi ? s->loffset + s->lnumel : hi;
             if (a < e) run_format(run_add(&l, a, 0, e - a, 0, (int)b->g * 3 + norm_class(s)), m, s);
         }
     }
@@ -115,7 +131,10 @@ void dist_attach(Dist *d, Model *m) {
     int L = m->c.n_layers, cap = 0;
     for (int i = 0; i < t->n;) {
         const ParamSpec *s = &t->p[i];
-        if (!s->lnumel) { i++; continue; }
+        if (!s->lnumel) {
+            i++;
+            continue;
+        }
         ReduceGroup g = s->reduce;
         int key = layer_key(s, L);
         size_t off = s->loffset, n = 0;
@@ -124,7 +143,10 @@ void dist_attach(Dist *d, Model *m) {
             i++;
         }
         for (size_t o = 0; o < n; o += d->bucket_elems) {
-            if (d->nb == cap) { cap = cap ? 2 * cap : 64; d->b = xrealloc(d->b, sizeof(GradBucket) * cap); }
+            if (d->nb == cap) {
+                cap = cap ? 2 * cap : 64;
+                d->b = xrealloc(d->b, sizeof(GradBucket) * cap);
+            }
             GradBucket *b = &d->b[d->nb++];
             memset(b, 0, sizeof *b);
             b->off = off + o;
@@ -186,7 +208,10 @@ static void start_bucket(Dist *d, Model *m, GradBucket *b) {
     }
 }
 
-typedef struct { Dist *d; Model *m; } HookCtx;
+typedef struct {
+    Dist *d;
+    Model *m;
+} HookCtx;
 static HookCtx hook_ctx;
 static void on_ready(void *ctx, int layer) {
     HookCtx *h = ctx;
@@ -195,7 +220,8 @@ static void on_ready(void *ctx, int layer) {
         if (!b->started && b->layer == layer) start_bucket(h->d, h->m, b);
     }
     // drive progress of what is in flight (MPI advances non-blocking collectives inside its calls)
-    for (int i = 0; i < h->d->nb; i++) if (h->d->b[i].req) comm_test(h->d->b[i].req);
+    for (int i = 0; i < h->d->nb; i++)
+        if (h->d->b[i].req) comm_test(h->d->b[i].req);
 }
 
 void dist_arm(Dist *d, Model *m) {
@@ -214,10 +240,14 @@ void dist_disarm(Model *m) {
 void dist_finish_grads(Dist *d, Model *m) {
     dist_disarm(m);
     double t0 = now_seconds();
-    for (int i = 0; i < d->nb; i++) if (!d->b[i].started) start_bucket(d, m, &d->b[i]);
+    for (int i = 0; i < d->nb; i++)
+        if (!d->b[i].started) start_bucket(d, m, &d->b[i]);
     for (int i = 0; i < d->nb; i++) {
         GradBucket *b = &d->b[i];
-        if (b->req) { comm_wait(b->req); b->req = NULL; }
+        if (b->req) {
+            comm_wait(b->req);
+            b->req = NULL;
+        }
         if (d->zero == 2 && comm_dev_due(group_of(d, b->g)) && b->s1 > b->s0)
             m->be->copy(m->grads + b->off + b->s0, b->tmp, sizeof(float) * (b->s1 - b->s0));
         b->started = 0;
@@ -229,7 +259,7 @@ double dist_grad_norm(const Dist *d, const Model *m) {
     double cls[3] = {0, 0, 0};
     if (d->zero == 2) {
         // only my shard of each bucket holds reduced values: sum the shards over each group
-        double per[3][3];   // [group][class]
+        double per[3][3]; // [group][class]
         m->be->sumsq_runs(&per[0][0], 9, m->grads, d->norm_runs);
         for (int g = 0; g < 3; g++) {
             comm_allreduce(group_of(d, (ReduceGroup)g), per[g], 3, CT_F64);
@@ -242,7 +272,8 @@ double dist_grad_norm(const Dist *d, const Model *m) {
         comm_allreduce(d->mesh->tp, &cls[1], 1, CT_F64);
         comm_allreduce(d->mesh->etp, &cls[2], 1, CT_F64);
         comm_allreduce(d->mesh->ep, &cls[2], 1, CT_F64);
-        if (d->mesh->s.pp > 1) comm_allreduce(d->mesh->pp, cls, 3, CT_F64);   // each stage holds its own tensors
+        if (d->mesh->s.pp > 1)
+            comm_allreduce(d->mesh->pp, cls, 3, CT_F64); // each stage holds its own tensors
     }
     return sqrt(cls[0] + cls[1] + cls[2]);
 }
@@ -272,14 +303,15 @@ size_t dist_moment_bytes(const Dist *d) { return d->prec == OPT_MIXED ? sizeof(f
 
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t) {
     if (!d->zero) {
-        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, d->opt_all, scale, lr, b1, b2, eps, wd, t, d->prec,
-                          d->seed);
+        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, d->opt_all, scale, lr, b1, b2, eps, wd, t,
+                          d->prec, d->seed);
         return;
     }
     int gathered = 0;
     for (int k = 0; k < d->nb; k++) {
         GradBucket *b = &d->b[k];
-        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, b->opt, scale, lr, b1, b2, eps, wd, t, d->prec, d->seed);
+        m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, b->opt, scale, lr, b1, b2, eps, wd, t, d->prec,
+                          d->seed);
         gathered |= gather_bucket(d, b, m->params, 1);
     }
     // the collectives wrote other ranks' shards into params behind the backend's back: refresh the
@@ -290,14 +322,20 @@ void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, fl
 // A shard of moments to host float32 (bf16 policy: widened, exact) and back (bf16: rounded to nearest
 // even, which keeps a bf16 value; a float32 checkpoint's moments are rounded once).
 static void moment_to_host(const Dist *d, float *dst, const void *src, size_t n) {
-    if (d->prec == OPT_MIXED) { d->be->to_host(dst, src, sizeof(float) * n); return; }
+    if (d->prec == OPT_MIXED) {
+        d->be->to_host(dst, src, sizeof(float) * n);
+        return;
+    }
     uint16_t *h = xmalloc(sizeof(uint16_t) * n + 1);
     d->be->to_host(h, src, sizeof(uint16_t) * n);
     for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(h[i]);
     free(h);
 }
 static void moment_to_device(const Dist *d, void *dst, const float *src, size_t n) {
-    if (d->prec == OPT_MIXED) { d->be->to_device(dst, src, sizeof(float) * n); return; }
+    if (d->prec == OPT_MIXED) {
+        d->be->to_device(dst, src, sizeof(float) * n);
+        return;
+    }
     uint16_t *h = xmalloc(sizeof(uint16_t) * n + 1);
     for (size_t i = 0; i < n; i++) h[i] = bf16_rn_bits(src[i]);
     d->be->to_device(dst, h, sizeof(uint16_t) * n);
@@ -342,7 +380,9 @@ double dist_mean_dp(const Dist *d, double v) {
 }
 
 #include <zlib.h>
-static uint32_t crc_of(const float *p, size_t n) { return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)(n * sizeof(float))); }
+static uint32_t crc_of(const float *p, size_t n) {
+    return (uint32_t)crc32(0L, (const Bytef *)p, (uInt)(n * sizeof(float)));
+}
 
 // 1 if all ranks of c hold the same value v, else 0
 static int all_same(const Comm *c, uint32_t v) {
@@ -359,7 +399,7 @@ int dist_check_replicas(const Dist *d, const Model *m, FILE *out) {
     if (!d->mesh) return 0;
     const ParamTable *t = &m->t;
     uint32_t rep = 0, tp = 0, ex = 0;
-    float *ph = xmalloc(sizeof(float) * (t->ltotal ? t->ltotal : 1));   // params may live on a GPU
+    float *ph = xmalloc(sizeof(float) * (t->ltotal ? t->ltotal : 1)); // params may live on a GPU
     m->be->to_host(ph, m->params, sizeof(float) * t->ltotal);
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
@@ -372,9 +412,20 @@ int dist_check_replicas(const Dist *d, const Model *m, FILE *out) {
     free(ph);
     int bad = 0;
     const Mesh *me = d->mesh;
-    if (!all_same(me->stage, rep)) { bad++; if (out) fprintf(out, "replica check: replicated tensors (router, norms, embeddings) differ across ranks\n"); }
-    if (!all_same(me->dp, tp)) { bad++; if (out) fprintf(out, "replica check: TP shards differ across DP ranks\n"); }
-    if (!all_same(me->edp, ex)) { bad++; if (out) fprintf(out, "replica check: expert shards differ across EDP replicas\n"); }
+    if (!all_same(me->stage, rep)) {
+        bad++;
+        if (out)
+            fprintf(out,
+                    "replica check: replicated tensors (router, norms, embeddings) differ across ranks\n");
+    }
+    if (!all_same(me->dp, tp)) {
+        bad++;
+        if (out) fprintf(out, "replica check: TP shards differ across DP ranks\n");
+    }
+    if (!all_same(me->edp, ex)) {
+        bad++;
+        if (out) fprintf(out, "replica check: expert shards differ across EDP replicas\n");
+    }
     if (me->s.ep > 1) {
         // every pair of EP ranks must hold different expert weights
         int n = comm_size(me->ep);
@@ -382,7 +433,10 @@ int dist_check_replicas(const Dist *d, const Model *m, FILE *out) {
         comm_allgather(me->ep, &mine, all, 1, CT_I64);
         for (int i = 0; i < n; i++)
             for (int j = i + 1; j < n; j++)
-                if (all[i] == all[j]) { bad++; if (out) fprintf(out, "replica check: EP ranks %d and %d hold identical experts\n", i, j); }
+                if (all[i] == all[j]) {
+                    bad++;
+                    if (out) fprintf(out, "replica check: EP ranks %d and %d hold identical experts\n", i, j);
+                }
         free(all);
     }
     int64_t b = bad;

@@ -11,36 +11,36 @@
 
 // A bucket: a contiguous run of this rank's flat buffer, tensors of one layer and one group.
 typedef struct {
-    size_t off, n;             // elements [off, off+n) of the local flat buffers
+    size_t off, n; // elements [off, off+n) of the local flat buffers
     ReduceGroup g;
-    int layer;                 // n_layers: LM head + final norm; -1: embedding
-    size_t s0, s1;             // the part of [0, n) this rank updates (ZeRO >= 1), else [0, n)
-    size_t moff;               // where that part's moments start
-    float *tmp;                // ZeRO-2 reduce-scatter landing buffer (s1 - s0; backend memory)
-    CommReq *req;              // in flight
+    int layer; // n_layers: LM head + final norm; -1: embedding
+    size_t s0, s1; // the part of [0, n) this rank updates (ZeRO >= 1), else [0, n)
+    size_t moff; // where that part's moments start
+    float *tmp; // ZeRO-2 reduce-scatter landing buffer (s1 - s0; backend memory)
+    CommReq *req; // in flight
     int started;
-    OptRuns *opt;              // ZeRO >= 1: the AdamW runs of this bucket (updated, then gathered)
+    OptRuns *opt; // ZeRO >= 1: the AdamW runs of this bucket (updated, then gathered)
 } GradBucket;
 
 typedef struct {
-    const Mesh *mesh;          // NULL: one process
-    ModelMesh mm;              // the groups as the model sees them
+    const Mesh *mesh; // NULL: one process
+    ModelMesh mm; // the groups as the model sees them
     int zero, overlap;
     size_t bucket_elems;
     GradBucket *b;
     int nb;
     const Backend *be;
-    void *m1, *m2;             // AdamW moments of the elements this rank updates (backend memory): float32,
-                               // or bf16 (uint16_t) under the bf16 policy (prec)
-    int prec;                  // adamw_runs' precision policy (ops.h OPT_*), set before dist_attach
-    uint64_t seed;             // its stochastic rounding's seed
+    void *m1, *m2; // AdamW moments of the elements this rank updates (backend memory): float32,
+                   // or bf16 (uint16_t) under the bf16 policy (prec)
+    int prec; // adamw_runs' precision policy (ops.h OPT_*), set before dist_attach
+    uint64_t seed; // its stochastic rounding's seed
     size_t mom_n;
-    OptRuns *opt_all;          // ZeRO 0: the AdamW runs of every bucket (one launch per step)
-    OptRuns *norm_runs;        // the grad-norm runs: one per tensor (ZeRO-2: per tensor and bucket shard)
-    int norm_ncls;             // their classes: 3 norm classes (ZeRO-2: 3 groups x 3 classes)
-    double wait_s;             // time the last step spent waiting for gradient reductions
-    int bf16_shadow;           // the trainer keeps the GEMMs' bf16 copy of the weights (ops.h): refresh it
-                               // after ZeRO's parameter all-gathers
+    OptRuns *opt_all; // ZeRO 0: the AdamW runs of every bucket (one launch per step)
+    OptRuns *norm_runs; // the grad-norm runs: one per tensor (ZeRO-2: per tensor and bucket shard)
+    int norm_ncls; // their classes: 3 norm classes (ZeRO-2: 3 groups x 3 classes)
+    double wait_s; // time the last step spent waiting for gradient reductions
+    int bf16_shadow; // the trainer keeps the GEMMs' bf16 copy of the weights (ops.h): refresh it
+                     // after ZeRO's parameter all-gathers
 } Dist;
 
 // zero: 0, 1 or 2; overlap: start bucket reductions during backward; bucket_bytes: bucket size cap.

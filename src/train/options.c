@@ -42,27 +42,36 @@ void train_options_default(TrainOptions *o) {
 
 const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) {
     static char msg[256];
-#define BAD(...) do { snprintf(msg, sizeof msg, __VA_ARGS__); return msg; } while (0)
+#define BAD(...) \
+    do { \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        return msg; \
+    } while (0)
     if (o->steps < 1) BAD("--steps must be >= 1 (got %d)", o->steps);
     if (o->batch < 1) BAD("--batch must be >= 1 (got %d)", o->batch);
     if (o->grad_accum < 1) BAD("--grad-accum must be >= 1 (got %d)", o->grad_accum);
-    if (o->batch % o->grad_accum) BAD("--batch %d is not divisible by --grad-accum %d", o->batch, o->grad_accum);
+    if (o->batch % o->grad_accum)
+        BAD("--batch %d is not divisible by --grad-accum %d", o->batch, o->grad_accum);
     if (o->seq_len < 1) BAD("--seq-len must be >= 1 (got %d)", o->seq_len);
-    if (o->seq_len > c->max_seq_len) BAD("--seq-len %d exceeds the model's max_seq_len %d", o->seq_len, c->max_seq_len);
+    if (o->seq_len > c->max_seq_len)
+        BAD("--seq-len %d exceeds the model's max_seq_len %d", o->seq_len, c->max_seq_len);
     // floats: finite and in range (the negated comparisons also refuse NaN)
     if (!(o->lr > 0 && o->lr <= 10)) BAD("--lr must be in (0, 10] (got %g)", o->lr);
-    if (!(o->min_lr_frac >= 0 && o->min_lr_frac <= 1)) BAD("--min-lr-frac must be in [0, 1] (got %g)", o->min_lr_frac);
+    if (!(o->min_lr_frac >= 0 && o->min_lr_frac <= 1))
+        BAD("--min-lr-frac must be in [0, 1] (got %g)", o->min_lr_frac);
     if (o->warmup < 0) BAD("--warmup must be >= 0 (got %d)", o->warmup);
     if (!(o->weight_decay >= 0 && isfinite(o->weight_decay)))
         BAD("--weight-decay must be >= 0 and finite (got %g)", o->weight_decay);
     if (!(o->beta1 >= 0 && o->beta1 < 1)) BAD("--beta1 must be in [0, 1) (got %g)", o->beta1);
     if (!(o->beta2 >= 0 && o->beta2 < 1)) BAD("--beta2 must be in [0, 1) (got %g)", o->beta2);
     if (!(o->adam_eps > 0 && o->adam_eps <= 1)) BAD("--adam-eps must be in (0, 1] (got %g)", o->adam_eps);
-    if (!(o->grad_clip >= 0 && isfinite(o->grad_clip))) BAD("--grad-clip must be >= 0 and finite (got %g)", o->grad_clip);
+    if (!(o->grad_clip >= 0 && isfinite(o->grad_clip)))
+        BAD("--grad-clip must be >= 0 and finite (got %g)", o->grad_clip);
     if (o->eval_every < 0) BAD("--eval-every must be >= 0 (got %d)", o->eval_every);
     if (o->eval_batches < 0) BAD("--eval-batches must be all or >= 1 (got %d)", o->eval_batches);
     if (!(o->val_frac > 0 && o->val_frac <= 0.5)) BAD("--val-frac must be in (0, 0.5] (got %g)", o->val_frac);
-    if (o->val_data[0] && !o->data[0]) BAD("--val-data needs --data (the embedded corpus holds out its own windows)");
+    if (o->val_data[0] && !o->data[0])
+        BAD("--val-data needs --data (the embedded corpus holds out its own windows)");
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (!(o->dropout >= 0 && o->dropout < 1)) BAD("--dropout must be in [0, 1) (got %g)", o->dropout);
@@ -70,8 +79,10 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (!o->out[0]) BAD("--out must not be empty");
     if (o->zero < 0 || o->zero > 2) BAD("--zero must be 0, 1 or 2 (got %d)", o->zero);
     if (o->overlap < 0 || o->overlap > 1) BAD("--overlap must be 0 or 1 (got %d)", o->overlap);
-    if (!(o->bucket_mb > 0 && o->bucket_mb <= 1048576)) BAD("--bucket-mb must be in (0, 1048576] (got %g)", o->bucket_mb);
-    if (o->a2a_overlap != 0 && o->a2a_overlap != 1 && o->a2a_overlap != 2 && o->a2a_overlap != 4 && o->a2a_overlap != 8)
+    if (!(o->bucket_mb > 0 && o->bucket_mb <= 1048576))
+        BAD("--bucket-mb must be in (0, 1048576] (got %g)", o->bucket_mb);
+    if (o->a2a_overlap != 0 && o->a2a_overlap != 1 && o->a2a_overlap != 2 && o->a2a_overlap != 4 &&
+        o->a2a_overlap != 8)
         BAD("--a2a-overlap must be auto, 1, 2, 4 or 8 (got %d)", o->a2a_overlap);
     if (o->bf16_grads != 0 && o->bf16_grads != 1) BAD("--bf16-grads must be 0 or 1 (got %d)", o->bf16_grads);
     if (o->ampipe != 0 && o->ampipe != 1 && o->ampipe != 2 && o->ampipe != 4 && o->ampipe != 8)
@@ -79,7 +90,8 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->upcycle < 0 || o->upcycle == 1 || o->upcycle > 1 << 16)
         BAD("--upcycle must be 0 (off) or the experts per layer, at least 2 (got %d)", o->upcycle);
     if (o->a2a_hier < -1) BAD("--a2a-hier must be auto, off or a rank count >= 1 (got %d)", o->a2a_hier);
-    if (!(o->a2a_retune > 0 && o->a2a_retune <= 10)) BAD("--a2a-retune must be in (0, 10] (got %g)", o->a2a_retune);
+    if (!(o->a2a_retune > 0 && o->a2a_retune <= 10))
+        BAD("--a2a-retune must be in (0, 10] (got %g)", o->a2a_retune);
     if (o->vpp < 1) BAD("--vpp must be >= 1 (got %d)", o->vpp);
     if (o->vpp > 1 && o->pp_schedule != SCHED_INTERLEAVED)
         BAD("--vpp %d needs --pp-schedule interleaved (1f1b runs one chunk per rank)", o->vpp);

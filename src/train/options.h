@@ -7,57 +7,56 @@
 #include "train/schedule.h"
 
 typedef struct {
-    int steps;              // optimizer steps in the run (--resume continues up to this)
-    int batch;              // global batch: sequences per optimizer step (on any mesh)
-    int grad_accum;         // micro-batches per step (batch % grad_accum == 0)
-    int seq_len;            // T
-    float lr;               // peak learning rate
-    float min_lr_frac;      // cosine decays to lr * min_lr_frac
-    int warmup;             // linear warmup steps
-    float weight_decay;     // decoupled, matrices only (not norms)
+    int steps; // optimizer steps in the run (--resume continues up to this)
+    int batch; // global batch: sequences per optimizer step (on any mesh)
+    int grad_accum; // micro-batches per step (batch % grad_accum == 0)
+    int seq_len; // T
+    float lr; // peak learning rate
+    float min_lr_frac; // cosine decays to lr * min_lr_frac
+    int warmup; // linear warmup steps
+    float weight_decay; // decoupled, matrices only (not norms)
     float beta1, beta2, adam_eps;
-    float grad_clip;        // global-norm clip; 0 = off
-    uint64_t seed;          // init, data order, jitter
-    int eval_every;         // steps between val-loss evaluations (0 = only at the end)
-    int eval_batches;       // val micro-batches per evaluation (0 = the whole validation set)
-    int save_every;         // steps between checkpoints (0 = only at the end, -1 = never: benchmarks)
-    int keep;               // checkpoints kept (older ones removed); 0 = keep all
-    int keep_best;          // 1: OUT/best holds the checkpoint of the lowest validation loss (never pruned)
-    float dropout;          // residual-branch dropout probability in training (0 = none: no op runs)
-    int sample_tokens;      // tokens sampled at the end of the run (0 = none)
-    int plots;              // write loss.png / expert_load.png
-    int quiet;              // no per-step progress lines (metrics.jsonl still written)
-    int check_replicas;     // at the end, verify replicas are bitwise equal across the mesh
+    float grad_clip; // global-norm clip; 0 = off
+    uint64_t seed; // init, data order, jitter
+    int eval_every; // steps between val-loss evaluations (0 = only at the end)
+    int eval_batches; // val micro-batches per evaluation (0 = the whole validation set)
+    int save_every; // steps between checkpoints (0 = only at the end, -1 = never: benchmarks)
+    int keep; // checkpoints kept (older ones removed); 0 = keep all
+    int keep_best; // 1: OUT/best holds the checkpoint of the lowest validation loss (never pruned)
+    float dropout; // residual-branch dropout probability in training (0 = none: no op runs)
+    int sample_tokens; // tokens sampled at the end of the run (0 = none)
+    int plots; // write loss.png / expert_load.png
+    int quiet; // no per-step progress lines (metrics.jsonl still written)
+    int check_replicas; // at the end, verify replicas are bitwise equal across the mesh
     int resume, force;
     // parallel layout (world size from the launcher; DP = world / (TP * PP))
     int tp, ep, etp, pp;
-    int vpp;                // model chunks per pipeline rank (interleaved schedule)
-    ScheduleKind pp_schedule;   // 1f1b | interleaved (sequential when pp == 1)
-    char pp_layers[256];    // "" = even split; else one layer count per virtual stage
-    int zero;               // 0: replicated optimizer; 1: moments sharded; 2: + reduced gradients sharded
-    int overlap;            // 1: reduce gradient buckets during backward (non-blocking)
-    float bucket_mb;        // gradient bucket size cap (MB)
-    int a2a_overlap;        // the MoE exchange pipelined over this many chunks (1, 2, 4, 8); 0 = auto
-    int upcycle;            // --init-from a dense Llama/Mistral directory: each MLP into this many experts (0: off)
-    int recompute;          // RECOMPUTE_* (model.h): activations computed again in backward instead of kept
-    int ampipe;             // AMPipe: each block from attention on in this many chunks (1, 2, 4, 8); 0 = auto
-    int a2a_hier;           // the EP all-to-all two-level over nodes of this many EP ranks: -1 auto, 0 off
-    int expert_mode;        // MoE layers with ETP > 1: 0 sharded, 1 gathered, -1 auto (measured)
-    int precision;          // PREC_MIXED: float32 weights and AdamW moments (bf16 GEMM operands on cuda);
-                            // PREC_BF16: bf16 moments, weights rounded to bf16 values after every update
-    int grad_memory;        // GRADMEM_SHARED: with --grad-accum 1 and no --pp, the expert gradients share memory
-                            // with the next layer's activations (model.h model_share_grads); GRADMEM_SEPARATE
-    int bf16_rounding;      // PREC_BF16's weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST or ROUND_NONE
-    int bf16_grads;         // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
-    float a2a_retune;       // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
+    int vpp; // model chunks per pipeline rank (interleaved schedule)
+    ScheduleKind pp_schedule; // 1f1b | interleaved (sequential when pp == 1)
+    char pp_layers[256]; // "" = even split; else one layer count per virtual stage
+    int zero; // 0: replicated optimizer; 1: moments sharded; 2: + reduced gradients sharded
+    int overlap; // 1: reduce gradient buckets during backward (non-blocking)
+    float bucket_mb; // gradient bucket size cap (MB)
+    int a2a_overlap; // the MoE exchange pipelined over this many chunks (1, 2, 4, 8); 0 = auto
+    int upcycle; // --init-from a dense Llama/Mistral directory: each MLP into this many experts (0: off)
+    int recompute; // RECOMPUTE_* (model.h): activations computed again in backward instead of kept
+    int ampipe; // AMPipe: each block from attention on in this many chunks (1, 2, 4, 8); 0 = auto
+    int a2a_hier; // the EP all-to-all two-level over nodes of this many EP ranks: -1 auto, 0 off
+    int expert_mode; // MoE layers with ETP > 1: 0 sharded, 1 gathered, -1 auto (measured)
+    int precision; // PREC_MIXED: float32 weights and AdamW moments (bf16 GEMM operands on cuda);
+                   // PREC_BF16: bf16 moments, weights rounded to bf16 values after every update
+    int grad_memory; // GRADMEM_SHARED: with --grad-accum 1 and no --pp, the expert gradients share memory
+                     // with the next layer's activations (model.h model_share_grads); GRADMEM_SEPARATE
+    int bf16_rounding; // PREC_BF16's weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST or ROUND_NONE
+    int bf16_grads; // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
+    float a2a_retune; // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
-    char data[1024];        // "" = embedded synthetic corpus
-    char val_data[1024];    // "" = the held-out tail of --data (val_frac); else the validation file
-    float val_frac;         // the fraction of --data held out as its tail (default 0.1)
-    char device[16];        // cpu | cuda | "" (auto)
+    char data[1024]; // "" = embedded synthetic corpus
+    char val_data[1024]; // "" = the held-out tail of --data (val_frac); else the validation file
+    float val_frac; // the fraction of --data held out as its tail (default 0.1)
+    char device[16]; // cpu | cuda | "" (auto)
 } TrainOptions;
 
-enum { PREC_MIXED = 0, PREC_BF16 = 1 };
 enum { GRADMEM_SHARED = 0, GRADMEM_SEPARATE = 1 };
 enum { ROUND_STOCHASTIC = 0, ROUND_NEAREST = 1, ROUND_NONE = 2 };
 
@@ -65,7 +64,8 @@ void train_options_default(TrainOptions *o);
 // NULL if valid, else a static message naming the option and value.
 const char *train_options_validate(const TrainOptions *o, const ModelConfig *c);
 
-// Whether the weights only bf16 GEMMs read may live in the GEMMs' bf16 copy alone (model.h model_bf16_weights):
+// Whether the weights only bf16 GEMMs read may live in the GEMMs' bf16 copy alone (model.h
+// model_bf16_weights):
 // --precision bf16 with rounded weights, in one process (meshed 0: no collective writes the float32 buffer).
 // The trainer's choice and moe info's memory line both ask this.
 static inline int train_bf16_weights_alone(const TrainOptions *o, int meshed) {
@@ -79,7 +79,8 @@ static inline int train_bf16_weights_alone(const TrainOptions *o, int meshed) {
 // else float32 memory read rounded by the optimizer (OPTG_BF16: after the sum over ranks).
 static inline int train_expert_grads(const TrainOptions *o, int meshed) {
     if (o->precision != PREC_BF16 || !o->bf16_grads) return OPTG_F32;
-    return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? OPTG_PACKED : OPTG_BF16;
+    return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? OPTG_PACKED
+                                                                                     : OPTG_BF16;
 }
 
 // Learning rate at step (0-based): linear warmup to lr, then cosine to lr * min_lr_frac.

@@ -4,7 +4,11 @@
 #include "core/common.h"
 
 // A backward's outgoing gradient (backend memory) and HF fractions, with their sends.
-struct PipeSendBuf { float *g; double *hf; CommReq *req[2]; };
+struct PipeSendBuf {
+    float *g;
+    double *hf;
+    CommReq *req[2];
+};
 
 // Tags: messages into virtual stage k: 4k (activations), 4k+1 (carry); gradients into k: 4k+2, 4k+3.
 enum { TAG_ACT = 0, TAG_CARRY = 1, TAG_GRAD = 2, TAG_HF = 3 };
@@ -23,15 +27,24 @@ void pipe_init(Pipe *p, Model *m, const Comm *pp, int vpp) {
     p->sreq = xcalloc((size_t)p->soff[m->nchunks] * 2, sizeof(CommReq *));
 }
 
-static void finish(CommReq **r) { if (*r) { comm_wait(*r); *r = NULL; } }
+static void finish(CommReq **r) {
+    if (*r) {
+        comm_wait(*r);
+        *r = NULL;
+    }
+}
 // (i: a chunk-slot index, soff[chunk] + slot)
-static void wait_slot(Pipe *p, int i) { finish(&p->sreq[i * 2]); finish(&p->sreq[i * 2 + 1]); }
+static void wait_slot(Pipe *p, int i) {
+    finish(&p->sreq[i * 2]);
+    finish(&p->sreq[i * 2 + 1]);
+}
 
 // A send buffer whose sends have completed (polled), or a new one.
 static struct PipeSendBuf *free_buf(Pipe *p) {
     for (int i = 0; i < p->npool; i++) {
         struct PipeSendBuf *b = &p->pool[i];
-        for (int j = 0; j < 2; j++) if (b->req[j] && comm_test(b->req[j])) finish(&b->req[j]);
+        for (int j = 0; j < 2; j++)
+            if (b->req[j] && comm_test(b->req[j])) finish(&b->req[j]);
         if (!b->req[0] && !b->req[1]) return b;
     }
     p->pool = xrealloc(p->pool, sizeof *p->pool * (size_t)(p->npool + 1));
@@ -44,12 +57,18 @@ static struct PipeSendBuf *free_buf(Pipe *p) {
 
 void pipe_flush(Pipe *p) {
     for (int i = 0; i < p->soff[p->m->nchunks]; i++) wait_slot(p, i);
-    for (int i = 0; i < p->npool; i++) { finish(&p->pool[i].req[0]); finish(&p->pool[i].req[1]); }
+    for (int i = 0; i < p->npool; i++) {
+        finish(&p->pool[i].req[0]);
+        finish(&p->pool[i].req[1]);
+    }
 }
 
 void pipe_free(Pipe *p) {
     pipe_flush(p);
-    for (int i = 0; i < p->npool; i++) { p->m->be->free(p->pool[i].g); free(p->pool[i].hf); }
+    for (int i = 0; i < p->npool; i++) {
+        p->m->be->free(p->pool[i].g);
+        free(p->pool[i].hf);
+    }
     free(p->pool);
     free(p->carry);
     free(p->sreq);
@@ -69,13 +88,13 @@ static void recv_wait(Pipe *p, void *buf, size_t n, CommType t, int from_vs, int
     p->idle_s += now_seconds() - t0;
 }
 
-double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_t *y, int B, int T, float dloss,
-                    uint64_t noise_seed) {
+double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_t *y, int B, int T,
+                    float dloss, uint64_t noise_seed) {
     Model *m = p->m;
     int E = m->c.n_experts, k = vstage(p, chunk);
     size_t nd = (size_t)B * T * m->c.d_model;
     int cs = p->soff[chunk] + slot;
-    wait_slot(p, cs);   // received already (the slot's last backward came after the receiver's)
+    wait_slot(p, cs); // received already (the slot's last backward came after the receiver's)
     model_use(m, chunk, slot);
     double *carry = p->carry + (size_t)cs * p->ncarry;
     if (!pipe_first(p, chunk)) {
@@ -84,7 +103,7 @@ double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_
         m->aux = carry[0];
         m->z = carry[1];
         m->dropped = (int64_t)carry[2];
-        memcpy(m->hf_fe, carry + 3, sizeof(double) * 2 * E);   // hf_fe then hf_pe
+        memcpy(m->hf_fe, carry + 3, sizeof(double) * 2 * E); // hf_fe then hf_pe
     }
     double loss = model_forward(m, x, y, B, T, dloss, noise_seed);
     if (!pipe_last(p, chunk)) {
@@ -129,7 +148,8 @@ void pipe_forward_all(Pipe *p, const int32_t *x, const int32_t *y, int B, int T)
 }
 
 void pipe_losses(Pipe *p, float *out, int N) {
-    if (p->m->losses && pipe_last(p, p->vpp - 1)) p->m->be->to_host(out, p->m->losses, (size_t)N * sizeof(float));
+    if (p->m->losses && pipe_last(p, p->vpp - 1))
+        p->m->be->to_host(out, p->m->losses, (size_t)N * sizeof(float));
     if (p->stages > 1) comm_bcast(p->pp, out, (size_t)N, CT_F32, p->stages - 1);
 }
 

@@ -15,15 +15,15 @@
 
 typedef struct {
     Model *m;
-    const Comm *pp;            // the pipeline group (rank = stage); NULL: one stage
+    const Comm *pp; // the pipeline group (rank = stage); NULL: one stage
     int stages, stage, vpp;
-    int ncarry;                // doubles carried forward: aux, z, dropped, hf_fe[E], hf_pe[E]
-    double *carry;             // (chunk-slots, ncarry) the forward's outgoing carry
-    CommReq **sreq;            // (chunk-slots, 2) the forward's sends in flight from each chunk's slot
-    int soff[MODEL_MAX_CHUNKS + 1];   // chunk c's slots are [soff[c], soff[c+1]) of those
-    struct PipeSendBuf *pool;  // the backward's send buffers (grown while all are in flight)
+    int ncarry; // doubles carried forward: aux, z, dropped, hf_fe[E], hf_pe[E]
+    double *carry; // (chunk-slots, ncarry) the forward's outgoing carry
+    CommReq **sreq; // (chunk-slots, 2) the forward's sends in flight from each chunk's slot
+    int soff[MODEL_MAX_CHUNKS + 1]; // chunk c's slots are [soff[c], soff[c+1]) of those
+    struct PipeSendBuf *pool; // the backward's send buffers (grown while all are in flight)
     int npool;
-    double idle_s;             // time spent waiting for receives since the last pipe_flush
+    double idle_s; // time spent waiting for receives since the last pipe_flush
 } Pipe;
 
 // stages = the pp group's size (vpp chunks per rank, as the model's split); slots = the model's
@@ -36,8 +36,8 @@ int pipe_last(const Pipe *p, int chunk);
 // The forward of a micro-batch (tokens x, targets y: host, (B,T)) on chunk, in slot. Returns the
 // model's result (the mean loss of this rank's tokens on the last virtual stage, else 0); m->aux, z,
 // dropped are then the carried sums of the layers so far (complete on the last virtual stage).
-double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_t *y, int B, int T, float dloss,
-                    uint64_t noise_seed);
+double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_t *y, int B, int T,
+                    float dloss, uint64_t noise_seed);
 // The backward of the forward held in slot (on chunk).
 void pipe_backward(Pipe *p, int chunk, int slot, float aux_scale, float z_scale);
 // Waits for every send in flight.

@@ -7,14 +7,17 @@
 #include "core/common.h"
 #include "data/data.h"
 #include "model/params.h"
-#include "train/hf.h"
+#include "io/hf.h"
 
 void pretrained_resolve(const char *dir, char *out, size_t n) {
     if (!dir[0]) DIE("--ckpt is required");
     if (!dir_exists(dir)) DIE("--ckpt: '%s' is not a directory", dir);
     char p[4200];
     join_path(p, sizeof p, dir, "model.safetensors");
-    if (hf_is_model_dir(dir) || file_exists(p) || ckpt_is_complete(dir)) { snprintf(out, n, "%s", dir); return; }
+    if (hf_is_model_dir(dir) || file_exists(p) || ckpt_is_complete(dir)) {
+        snprintf(out, n, "%s", dir);
+        return;
+    }
     if (ckpt_find_latest(dir, out, n) != 0)
         DIE("--ckpt: no complete checkpoint in '%s' (nor is it a Hugging Face model directory)", dir);
 }
@@ -24,7 +27,8 @@ void pretrained_config(const char *dir, ModelConfig *c) {
     else ckpt_load_config(dir, c);
 }
 
-void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *st, uint64_t seed, const char *device) {
+void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *st, uint64_t seed,
+                     const char *device) {
     ModelConfig c;
     pretrained_config(dir, &c);
     if (maxT > c.max_seq_len) maxT = c.max_seq_len;
@@ -43,13 +47,14 @@ void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *
     }
 }
 
-void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainOptions *o, const Comm *world) {
+void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainOptions *o,
+                          const Comm *world) {
     const char *bad = train_options_validate(o, c);
     if (bad) DIE("%s", bad);
     // the data first: a bad data file fails before the run directory is touched
     Dataset ds;
-    data_open_split(&ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac, o->seed,
-                    o->seq_len);
+    data_open_split(&ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac,
+                    o->seed, o->seq_len);
     if (ds.max_token >= c->vocab_size)
         DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", hf_dir, ds.source,
             ds.max_token, c->vocab_size);
@@ -58,12 +63,13 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
         char p[2048], what[256];
         if (ckpt_run_present(o->out, what, sizeof what) && !o->force)
             DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
-                "deletes it)", o->out, what);
+                "deletes it)",
+                o->out, what);
         // the weights are read (and so checked) before --force deletes anything or --out is created
         ParamTable t;
         params_build(&t, c);
         float *w = xmalloc(t.total * sizeof(float)), *zero = xcalloc(t.total, sizeof(float));
-        if (o->upcycle) params_init(&t, c, w, o->seed);   // the routers' initialisation (the rest is read)
+        if (o->upcycle) params_init(&t, c, w, o->seed); // the routers' initialisation (the rest is read)
         hf_load_params(hf_dir, &t, w, o->upcycle > 0);
         ckpt_run_clear(o->out);
         mkdir_p(o->out);
@@ -71,7 +77,7 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
         memset(&st, 0, sizeof st);
         st.seed = o->seed;
         st.total_steps = o->steps;
-        st.precision = o->precision;   // (the weights are rounded to bf16 when the run loads them)
+        st.precision = o->precision; // (the weights are rounded to bf16 when the run loads them)
         ckpt_path(p, sizeof p, o->out, 0);
         ckpt_save(p, c, &t, w, zero, zero, &st);
         free(w);

@@ -8,7 +8,7 @@
 #include "core/config.h"
 #include "model/model.h"
 #include "parallel/comm.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 #include "train/options.h"
 
 // The directory --ckpt DIR names, into out: DIR itself if it is a checkpoint (complete or not) or a
@@ -20,7 +20,8 @@ void pretrained_config(const char *dir, ModelConfig *c);
 // Builds m (maxB x maxT, maxT capped at the config's max_seq_len) on the backend named by device
 // and loads the weights of dir. st: the checkpoint's state, or for a Hugging Face directory (no
 // state.json) step 0 with the given seed.
-void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *st, uint64_t seed, const char *device);
+void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *st, uint64_t seed,
+                     const char *device);
 
 // train --init-from: c is the model config (from hf_dir/config.json, with any overrides), o the run's
 // options. Validates the options and the data against c first; then rank 0 (or the one process,

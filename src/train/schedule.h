@@ -18,18 +18,18 @@ typedef enum { SCHED_SEQUENTIAL = 0, SCHED_1F1B = 1, SCHED_INTERLEAVED = 2 } Sch
 
 typedef struct {
     ActionKind kind;
-    int micro;                 // micro-batch index in [0, micro_batches)
-    int chunk;                 // this rank's model chunk in [0, vpp): virtual stage chunk * stages + stage
-    int slot;                  // activation slot of its chunk, in [0, live[chunk])
+    int micro; // micro-batch index in [0, micro_batches)
+    int chunk; // this rank's model chunk in [0, vpp): virtual stage chunk * stages + stage
+    int slot; // activation slot of its chunk, in [0, live[chunk])
 } Action;
 
 typedef struct {
     Action *a;
     int n;
     int micro_batches;
-    int stages, stage, vpp;    // pipeline stages, this rank's stage, chunks per rank
-    int max_live;              // most (chunk, micro-batch) pairs held at once
-    int *live;                 // (vpp) slots each chunk needs
+    int stages, stage, vpp; // pipeline stages, this rank's stage, chunks per rank
+    int max_live; // most (chunk, micro-batch) pairs held at once
+    int *live; // (vpp) slots each chunk needs
 } Schedule;
 
 // The list of `kind` for this stage; NULL, or a static message naming the numbers when the schedule

@@ -59,10 +59,11 @@ static void micro_forward(StepCtx *s, int step, uint64_t seq_pos, const Action *
     data_train_batch(s->ds, seq_pos + (uint64_t)g * s->Bm + (uint64_t)s->dp_rank * s->Bl, s->Bl, s->x, s->y);
     uint64_t ns = c->jitter > 0 ? noise_seed(s->o->seed, step, g) : 0;
     float dloss = 1.0f / ((float)(s->Bm * s->T) * G);
-    // dropout: a function of (seed, step, micro-batch) like the jitter; the seed cleared after the forward (its
-    // slot keeps it for the backward), so evaluation and sampling never drop
+    // dropout: a function of (seed, step, micro-batch) like the jitter; the seed cleared after the forward
+    // (its slot keeps it for the backward), so evaluation and sampling never drop
     m->dropout = s->o->dropout;
-    m->drop_seed = s->o->dropout > 0 || c->attention_dropout > 0 ? noise_seed(s->o->seed ^ 0xD50Full, step, g) : 0;
+    m->drop_seed =
+        s->o->dropout > 0 || c->attention_dropout > 0 ? noise_seed(s->o->seed ^ 0xD50Full, step, g) : 0;
     double loss = pipe_forward(&s->pipe, a->chunk, a->slot, s->x, s->y, s->Bl, s->T, dloss, ns);
     m->drop_seed = 0;
     if (pipe_last(&s->pipe, a->chunk)) {
@@ -77,7 +78,7 @@ static void micro_forward(StepCtx *s, int step, uint64_t seq_pos, const Action *
 
 static void micro_backward(StepCtx *s, const Action *a, int arm) {
     int G = s->sched.micro_batches;
-    if (arm) dist_arm(s->dist, s->m);   // the chunk's gradients are final after this one: reduce as they are
+    if (arm) dist_arm(s->dist, s->m); // the chunk's gradients are final after this one: reduce as they are
     pipe_backward(&s->pipe, a->chunk, a->slot, s->m->c.aux_coef / G, s->m->c.z_coef / G);
     if (arm) dist_disarm(s->m);
 }
@@ -131,7 +132,7 @@ static void route_bias_step(StepCtx *s, const StepStats *r) {
         for (int e = 0; e < E; e++) tot += cnt[e];
         m->be->to_host(b, dev, sizeof(float) * E);
         for (int e = 0; e < E; e++) {
-            int64_t err = tot - (int64_t)E * cnt[e];   // E (mean - load): its sign
+            int64_t err = tot - (int64_t)E * cnt[e]; // E (mean - load): its sign
             b[e] += err > 0 ? rate : err < 0 ? -rate : 0.0f;
         }
         m->be->to_device(dev, b, sizeof(float) * E);
@@ -147,7 +148,7 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     memset(r, 0, sizeof *r);
     r->counts = counts;
     memset(counts, 0, sizeof(int64_t) * m->c.n_layers * m->c.n_experts);
-    model_zero_grads(m);   // (the routed experts' gradients: written by their first backward instead)
+    model_zero_grads(m); // (the routed experts' gradients: written by their first backward instead)
     model_scope_reset(m);
     s->pipe.idle_s = 0;
     double t0 = now_seconds();

@@ -17,27 +17,27 @@ typedef struct {
     Dist *dist;
     const Dataset *ds;
     const TrainOptions *o;
-    Schedule sched;            // this rank's actions (micro-batches = o->grad_accum)
-    Pipe pipe;                 // the moves between pipeline stages
-    int *arm_at;               // (actions) 1: the last backward of its chunk (gradients final after it)
-    double *stage_idle;        // (stages, 2): idle time, schedule span
-    int T;                     // tokens per sequence
-    int Bm, Bl;                // sequences of a global micro-batch; this DP rank's share
+    Schedule sched; // this rank's actions (micro-batches = o->grad_accum)
+    Pipe pipe; // the moves between pipeline stages
+    int *arm_at; // (actions) 1: the last backward of its chunk (gradients final after it)
+    double *stage_idle; // (stages, 2): idle time, schedule span
+    int T; // tokens per sequence
+    int Bm, Bl; // sequences of a global micro-batch; this DP rank's share
     int dp_rank;
-    int32_t *x, *y;            // (Bl, T) host tokens and targets of the micro-batch being run
+    int32_t *x, *y; // (Bl, T) host tokens and targets of the micro-batch being run
 } StepCtx;
 
 // What a step measured (identical on every rank).
 typedef struct {
-    double loss, aux, z;       // means over the step's tokens / layers and micro-batches
-    double gnorm;              // global gradient norm before clipping
+    double loss, aux, z; // means over the step's tokens / layers and micro-batches
+    double gnorm; // global gradient norm before clipping
     float lr;
-    int skipped;               // non-finite loss or norm: no update
-    int64_t dropped;           // assignments dropped by capacity, all layers and micro-batches
-    int64_t *counts;           // (L, E) assignments per expert, summed over micro-batches (caller's array)
-    int stages;                // pipeline stages
-    double *stage_idle;        // (stages, 2) each stage's time waiting for the others this step and the
-                               // time its schedule took (the bubble = idle / span; valid until the next step)
+    int skipped; // non-finite loss or norm: no update
+    int64_t dropped; // assignments dropped by capacity, all layers and micro-batches
+    int64_t *counts; // (L, E) assignments per expert, summed over micro-batches (caller's array)
+    int stages; // pipeline stages
+    double *stage_idle; // (stages, 2) each stage's time waiting for the others this step and the
+                        // time its schedule took (the bubble = idle / span; valid until the next step)
 } StepStats;
 
 // The schedule: sequential without pipeline stages, else o->pp_schedule over the mesh's pp group

@@ -12,8 +12,8 @@
 #include "core/common.h"
 #include "data/data.h"
 #include "model/model.h"
-#include "train/checkpoint.h"
-#include "train/ckpt_dist.h"
+#include "io/checkpoint.h"
+#include "io/ckpt_dist.h"
 #include "train/evaluate.h"
 #include "train/dist.h"
 #include "train/plot.h"
@@ -32,20 +32,20 @@ typedef struct {
     const Backend *be;
     Dataset ds;
     Mesh mesh;
-    StageSplit split;          // the layers of each pipeline stage
+    StageSplit split; // the layers of each pipeline stage
     Dist dist;
     Model m;
     StepCtx step;
     TrainState st;
-    int first;                 // the step the run starts at (0, or the checkpoint's)
-    FILE *out;                 // progress and report (stdout on rank 0, /dev/null elsewhere)
-    FILE *mf;                  // metrics.jsonl (rank 0)
+    int first; // the step the run starts at (0, or the checkpoint's)
+    FILE *out; // progress and report (stdout on rank 0, /dev/null elsewhere)
+    FILE *mf; // metrics.jsonl (rank 0)
     char metrics_path[2048];
-    int64_t *counts;           // (L, E) the last step's expert load
-    Adapt adapt;               // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
+    int64_t *counts; // (L, E) the last step's expert load
+    Adapt adapt; // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
     double t_start, flops_tok;
-    int preempted;             // the signal that stopped the run (its checkpoint written), or 0
-    double best_loss;          // --keep-best: the validation loss of OUT/best (HUGE_VAL: none yet)
+    int preempted; // the signal that stopped the run (its checkpoint written), or 0
+    double best_loss; // --keep-best: the validation loss of OUT/best (HUGE_VAL: none yet)
     int64_t best_step;
 } Run;
 
@@ -66,8 +66,10 @@ static void best_recorded(Run *r) {
     if (!buf) return;
     for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
-        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL, *v = j ? cJSON_GetObjectItem(j, "val_loss") : NULL;
-        if (cJSON_IsNumber(s) && cJSON_IsNumber(v) && s->valuedouble == (double)st.step && st.step <= r->st.step) {
+        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL,
+              *v = j ? cJSON_GetObjectItem(j, "val_loss") : NULL;
+        if (cJSON_IsNumber(s) && cJSON_IsNumber(v) && s->valuedouble == (double)st.step &&
+            st.step <= r->st.step) {
             r->best_loss = v->valuedouble;
             r->best_step = st.step;
         }
@@ -98,8 +100,8 @@ static void truncate_metrics(const char *path, int64_t last_step) {
 // Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered first);
 // rank 0 creates and commits the directory.
 // dir NULL: the step's checkpoint (then the old ones pruned); else that directory (OUT/best).
-static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m, const TrainState *st,
-                 const Comm *world, const char *dir) {
+static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m,
+                 const TrainState *st, const Comm *world, const char *dir) {
     size_t P = m->t.ltotal;
     float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
     dist_moments_get(dist, m, m1, m2);
@@ -132,12 +134,16 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
     const char *bad = mesh_shape_resolve(&ms, c);
     if (bad) DIE("impossible mesh: %s", bad);
     if (o->batch % (o->grad_accum * ms.dp))
-        DIE("impossible mesh: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an equal "
-            "share of every micro-batch)", o->batch, o->grad_accum, ms.dp);
+        DIE("impossible mesh: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an "
+            "equal "
+            "share of every micro-batch)",
+            o->batch, o->grad_accum, ms.dp);
     int64_t Bl = o->batch / o->grad_accum / ms.dp;
     if (Bl * o->seq_len > config_max_tokens(c))
-        DIE("--batch %d / (--grad-accum %d x dp %d) x --seq-len %d = %lld tokens per micro-batch on a rank; this model "
-            "takes at most %lld", o->batch, o->grad_accum, ms.dp, o->seq_len, (long long)(Bl * o->seq_len),
+        DIE("--batch %d / (--grad-accum %d x dp %d) x --seq-len %d = %lld tokens per micro-batch on a rank; "
+            "this model "
+            "takes at most %lld",
+            o->batch, o->grad_accum, ms.dp, o->seq_len, (long long)(Bl * o->seq_len),
             (long long)config_max_tokens(c));
     if (o->pp == 1 && (o->vpp > 1 || o->pp_layers[0]))
         DIE("--vpp and --pp-layers split the layers between pipeline stages: they need --pp > 1");
@@ -167,19 +173,25 @@ static const Backend *choose_backend(const TrainOptions *o, const Comm *world, i
     // takes that path with one process too (tests on one GPU)
     int force_nccl = comm_nccl_forced();
     if (!comm_have_nccl() && comm_size(world) > 1 && !strcmp(o->device, "cuda"))
-        DIE("--device cuda with %d processes: multi-GPU runs need the NCCL backend, and this moe was built without "
-            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device cpu",
+        DIE("--device cuda with %d processes: multi-GPU runs need the NCCL backend, and this moe was built "
+            "without "
+            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device "
+            "cpu",
             comm_size(world));
     const Backend *be = backend_by_name(o->device);
     int on_gpu = be != backend_cpu();
     if (comm_size(world) > 1 && on_gpu && !comm_have_nccl())
-        DIE("--device %s with %d processes: multi-GPU runs need the NCCL backend, and this moe was built without "
-            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device cpu",
+        DIE("--device %s with %d processes: multi-GPU runs need the NCCL backend, and this moe was built "
+            "without "
+            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device "
+            "cpu",
             be->name, comm_size(world));
     if (force_nccl && !on_gpu) DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
     if (o->pp > 1 && on_gpu)
-        DIE("--pp %d with --device %s: pipeline stages run on the cpu backend for now (the NCCL backend does not "
-            "carry stage-to-stage sends yet)", o->pp, be->name);
+        DIE("--pp %d with --device %s: pipeline stages run on the cpu backend for now (the NCCL backend does "
+            "not "
+            "carry stage-to-stage sends yet)",
+            o->pp, be->name);
     *meshed = comm_size(world) > 1 || force_nccl;
     // MOE_PROFILE=1: time every op (serialised) and print where a step's time goes at the end
     *profile = getenv("MOE_PROFILE") && atoi(getenv("MOE_PROFILE")) > 0;
@@ -193,7 +205,7 @@ static const Backend *choose_backend(const TrainOptions *o, const Comm *world, i
     const char *ggv = getenv("MOE_GROUPED_GEMM");
     if (ggv && *ggv && strcmp(ggv, "auto") && strcmp(ggv, "cublas"))
         DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", ggv);
-    (void)attention_ds_cap_mb();   // MOE_ATTN_DS_MB: a bad value dies here, before anything is written
+    (void)attention_ds_cap_mb(); // MOE_ATTN_DS_MB: a bad value dies here, before anything is written
     return be;
 }
 
@@ -211,7 +223,8 @@ static int prepare_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
         ckpt_load_config(latest, &saved);
         if (model_explicit && !config_equal(&saved, &r->c))
             DIE("--resume: the model options given differ from the checkpoint's config (%s/config.json); "
-                "drop them to continue that model", latest);
+                "drop them to continue that model",
+                latest);
         r->c = saved;
         const char *bad = train_options_validate(o, &r->c);
         if (bad) DIE("%s", bad);
@@ -222,9 +235,9 @@ static int prepare_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
             r->ds.source, r->c.vocab_size);
     if (!o->resume && has_run && !o->force)
         DIE("'%s' already holds a training run (%s); pass --resume to continue it or --force to start over "
-            "(which deletes it)", o->out, held);
-    else if (!o->resume && o->force && r->rank0)
-        ckpt_run_clear(o->out);
+            "(which deletes it)",
+            o->out, held);
+    else if (!o->resume && o->force && r->rank0) ckpt_run_clear(o->out);
     if (r->rank0) mkdir_p(o->out);
     comm_barrier(r->world);
     return resuming;
@@ -246,21 +259,22 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
     if (resuming) {
         float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
         ckpt_load_dist(latest, &m->t, ph, m1, m2, &r->st, r->world);
-        if (wround) round_bf16(ph, P);   // (a bf16 checkpoint's weights are bf16 values: unchanged)
+        if (wround) round_bf16(ph, P); // (a bf16 checkpoint's weights are bf16 values: unchanged)
         r->be->to_device(m->params, ph, P * sizeof(float));
-        dist_moments_set(&r->dist, m, m1, m2);   // bf16 moments: rounded to nearest (a bf16 run's: unchanged)
+        dist_moments_set(&r->dist, m, m1, m2); // bf16 moments: rounded to nearest (a bf16 run's: unchanged)
         free(m1);
         if (r->st.seed != r->o->seed)
-            DIE("--resume: the checkpoint was trained with --seed %llu, not %llu", (unsigned long long)r->st.seed,
-                (unsigned long long)r->o->seed);
+            DIE("--resume: the checkpoint was trained with --seed %llu, not %llu",
+                (unsigned long long)r->st.seed, (unsigned long long)r->o->seed);
         if (r->rank0) truncate_metrics(r->metrics_path, r->st.step);
         if (r->rank0) printf("resuming from %s (step %lld)\n", latest, (long long)r->st.step);
         if (r->rank0 && r->st.precision != r->o->precision)
-            printf("note: the checkpoint was trained with --precision %s; continuing with --precision %s (%s)\n",
-                   r->st.precision == PREC_BF16 ? "bf16" : "mixed", bf16 ? "bf16" : "mixed",
-                   !bf16 ? "its bf16 values as float32"
-                   : wround ? "its weights and AdamW moments rounded to bf16, to nearest"
-                            : "its AdamW moments rounded to bf16, to nearest");
+            printf(
+                "note: the checkpoint was trained with --precision %s; continuing with --precision %s (%s)\n",
+                r->st.precision == PREC_BF16 ? "bf16" : "mixed", bf16 ? "bf16" : "mixed",
+                !bf16        ? "its bf16 values as float32"
+                    : wround ? "its weights and AdamW moments rounded to bf16, to nearest"
+                             : "its AdamW moments rounded to bf16, to nearest");
     } else {
         float *ph = xmalloc(P * sizeof(float) + 1);
         params_init(&m->t, &r->c, ph, r->o->seed);
@@ -269,7 +283,7 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
         free(ph);
         r->st.seed = r->o->seed;
     }
-    r->st.precision = r->o->precision;   // what the next checkpoint records
+    r->st.precision = r->o->precision; // what the next checkpoint records
 }
 
 static void print_header(const Run *r, const MeshShape *shape) {
@@ -279,22 +293,28 @@ static void print_header(const Run *r, const MeshShape *shape) {
     char nb[32], ab[32];
     fmt_count(nb, sizeof nb, (double)config_num_params(c));
     fmt_count(ab, sizeof ab, (double)config_num_active_params(c));
-    fprintf(out, "model: %s params (%s active per token), d %d, %d layers, %d heads (%d kv), %d experts top-%d, f %d, "
-           "vocab %d, %s\n", nb, ab, c->d_model, c->n_layers, c->n_heads, c->n_kv_heads, c->n_experts, c->top_k,
-           c->d_ff, c->vocab_size, c->dispatch == DISPATCH_CAPACITY ? "capacity dispatch" : "dropless dispatch");
+    fprintf(
+        out,
+        "model: %s params (%s active per token), d %d, %d layers, %d heads (%d kv), %d experts top-%d, f %d, "
+        "vocab %d, %s\n",
+        nb, ab, c->d_model, c->n_layers, c->n_heads, c->n_kv_heads, c->n_experts, c->top_k, c->d_ff,
+        c->vocab_size, c->dispatch == DISPATCH_CAPACITY ? "capacity dispatch" : "dropless dispatch");
     fprintf(out, "data: %s, %zu tokens, %zu train / %zu val windows of %d\n", r->ds.source, r->ds.n_tokens,
-           r->ds.n_train, r->ds.n_val, o->seq_len);
+            r->ds.n_train, r->ds.n_val, o->seq_len);
     char desc[512];
-    if (r->ds.split != DATA_SPLIT_EVERY10) {   // (the embedded corpus's header stays as it always was)
+    if (r->ds.split != DATA_SPLIT_EVERY10) { // (the embedded corpus's header stays as it always was)
         data_split_desc(&r->ds, desc, sizeof desc);
         fprintf(out, "  %s\n", desc);
     }
     int avail = eval_batches_available(&r->ds, o->batch / o->grad_accum);
     if (o->eval_batches > avail)
-        fprintf(out, "  note: --eval-batches %d exceeds the validation set (%d whole batches of %d sequences): each "
-                "evaluation takes those %d\n", o->eval_batches, avail, o->batch / o->grad_accum, avail);
-    fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n", o->steps,
-           o->batch, o->grad_accum, o->batch / o->grad_accum, o->seq_len, o->lr, r->be->name);
+        fprintf(
+            out,
+            "  note: --eval-batches %d exceeds the validation set (%d whole batches of %d sequences): each "
+            "evaluation takes those %d\n",
+            o->eval_batches, avail, o->batch / o->grad_accum, avail);
+    fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n",
+            o->steps, o->batch, o->grad_accum, o->batch / o->grad_accum, o->seq_len, o->lr, r->be->name);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
 }
 
@@ -302,21 +322,26 @@ static void print_header(const Run *r, const MeshShape *shape) {
 static void agree_data(const Dataset *ds, const Comm *world) {
     if (comm_size(world) == 1) return;
     uint64_t h = hash_bytes(ds->tokens, ds->n_tokens * sizeof(int32_t), ds->n_tokens);
-    if (ds->own_val) h = hash_bytes(ds->own_val, (ds->n_val * (size_t)ds->T + 1) * sizeof(int32_t), h);   // --val-data
+    if (ds->own_val)
+        h = hash_bytes(ds->own_val, (ds->n_val * (size_t)ds->T + 1) * sizeof(int32_t), h); // --val-data
     AgreeItem it = {"--data contents", h, ""};
-    snprintf(it.shown, sizeof it.shown, "%zu tokens, hash %016llx", ds->n_tokens, (unsigned long long)it.hash);
+    snprintf(it.shown, sizeof it.shown, "%zu tokens, hash %016llx", ds->n_tokens,
+             (unsigned long long)it.hash);
     comm_agree(world, "data", &it, 1);
 }
 
 // Attention-probability dropout needs the backend's attention_drop_* ops (every backend of ours has them).
 static void check_attn_dropout(const Run *r) {
     if (r->c.attention_dropout > 0 && !r->be->attention_drop_fwd)
-        DIE("attention dropout (--attn-dropout / attention_dropout %g) is not implemented on --device %s; use "
-            "--dropout (the residual branches) there", r->c.attention_dropout, r->be->name);
+        DIE("attention dropout (--attn-dropout / attention_dropout %g) is not implemented on --device %s; "
+            "use "
+            "--dropout (the residual branches) there",
+            r->c.attention_dropout, r->be->name);
 }
 
 // Validates everything, then builds the run: data, output directory, mesh, model, parameters.
-static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit, Comm *world) {
+static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit,
+                     Comm *world) {
     memset(r, 0, sizeof *r);
     r->o = o;
     r->c = *cfg_in;
@@ -333,14 +358,14 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
 
     // data first: a bad data file must fail before anything in the output directory is touched
-    data_open_split(&r->ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac, o->seed,
-                    o->seq_len);
+    data_open_split(&r->ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac,
+                    o->seed, o->seq_len);
     agree_data(&r->ds, world);
-    eval_batches_available(&r->ds, o->batch / o->grad_accum);   // one evaluation batch at least, or stop here
+    eval_batches_available(&r->ds, o->batch / o->grad_accum); // one evaluation batch at least, or stop here
     char latest[2048];
     int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
-    check_attn_dropout(r);   // (a resumed model's config is the checkpoint's)
-    if (r->rank0) {   // the log: everything printed from here on, appended (a resume continues it)
+    check_attn_dropout(r); // (a resumed model's config is the checkpoint's)
+    if (r->rank0) { // the log: everything printed from here on, appended (a resume continues it)
         char log[2100];
         join_path(log, sizeof log, o->out, RUN_LOG);
         stdout_tee(log);
@@ -352,10 +377,11 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     if (meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
     dist_init(&r->dist, meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     // the precision policy (ops.h OPT_*); stochastic rounding's bits: a hash of the seed, step and element
-    dist_set_precision(&r->dist, o->precision != PREC_BF16          ? OPT_MIXED
-                                 : o->bf16_rounding == ROUND_NEAREST ? OPT_BF16_NEAREST
-                                 : o->bf16_rounding == ROUND_NONE    ? OPT_BF16_MOMENTS
-                                                                     : OPT_BF16_STOCHASTIC,
+    dist_set_precision(&r->dist,
+                       o->precision != PREC_BF16               ? OPT_MIXED
+                           : o->bf16_rounding == ROUND_NEAREST ? OPT_BF16_NEAREST
+                           : o->bf16_rounding == ROUND_NONE    ? OPT_BF16_MOMENTS
+                                                               : OPT_BF16_STOCHASTIC,
                        o->seed);
     if (shape.pp > 1) r->dist.mm.sl.pp_split = &r->split;
     int Bl = o->batch / o->grad_accum / shape.dp;
@@ -363,8 +389,9 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     // --precision bf16 (rounded weights) in one process with the GEMMs' bf16 copy: the weights only bf16
     // GEMMs read live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
     if (bf16_shadow && train_bf16_weights_alone(o, meshed)) model_bf16_weights(&r->m);
-    model_set_expert_grads(&r->m, train_expert_grads(o, meshed));   // (before dist_attach builds the runs)
-    if (o->recompute) model_set_recompute(&r->m, o->recompute);   // (before step_init's slots: they keep no dropped buffer)
+    model_set_expert_grads(&r->m, train_expert_grads(o, meshed)); // (before dist_attach builds the runs)
+    if (o->recompute)
+        model_set_recompute(&r->m, o->recompute); // (before step_init's slots: they keep no dropped buffer)
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
     // the activations' own buffers are freed before the moments take their memory
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
@@ -381,8 +408,8 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->flops_tok = config_flops_per_token(&r->c, o->seq_len);
     r->first = (int)r->st.step;
     if (r->first >= o->steps)
-        fprintf(r->out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n", r->first,
-                o->steps);
+        fprintf(r->out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n",
+                r->first, o->steps);
     // the bf16 GEMMs read the weights from one bf16 copy that AdamW keeps current (ops.h bf16_shadow;
     // a no-op on cpu and cuda-fp32); MOE_BF16_SHADOW=0 converts the weights on every GEMM instead
     // (the same results bit for bit: for checking that)
@@ -401,11 +428,15 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     char per_layer[256] = "";
     for (int l = 0; l < L; l++) {
         int64_t mx = 0, tot = 0;
-        for (int e = 0; e < E; e++) { tot += s->counts[l * E + e]; if (s->counts[l * E + e] > mx) mx = s->counts[l * E + e]; }
+        for (int e = 0; e < E; e++) {
+            tot += s->counts[l * E + e];
+            if (s->counts[l * E + e] > mx) mx = s->counts[l * E + e];
+        }
         double ratio = tot ? (double)mx * E / tot : 0;
         if (ratio > worst) worst = ratio;
-        if (L <= 4) snprintf(per_layer + strlen(per_layer), sizeof per_layer - strlen(per_layer), "%s%.2f",
-                             l ? " " : "", ratio);
+        if (L <= 4)
+            snprintf(per_layer + strlen(per_layer), sizeof per_layer - strlen(per_layer), "%s%.2f",
+                     l ? " " : "", ratio);
     }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "step", step + 1);
@@ -422,7 +453,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     cJSON_AddNumberToObject(j, "dropped", (double)s->dropped);
     cJSON_AddBoolToObject(j, "skipped", s->skipped);
     double bubble = 0;
-    if (s->stages > 1) {   // the pipeline's idle time: per stage, and its mean share of the step
+    if (s->stages > 1) { // the pipeline's idle time: per stage, and its mean share of the step
         // the bubble as the schedule's theory counts it: 1 - the stages' busy time over stages x the
         // pipeline's span (the longest stage's schedule; a stage done early idles until then; the
         // reduction and the optimizer after it are no part of the pipeline)
@@ -440,11 +471,15 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
     for (int l = 0; l < L; l++) {
         cJSON *row = cJSON_CreateArray();
-        for (int e = 0; e < E; e++) cJSON_AddItemToArray(row, cJSON_CreateNumber((double)s->counts[l * E + e]));
+        for (int e = 0; e < E; e++)
+            cJSON_AddItemToArray(row, cJSON_CreateNumber((double)s->counts[l * E + e]));
         cJSON_AddItemToArray(el, row);
     }
     char *txt = cJSON_PrintUnformatted(j);
-    if (r->mf) { fprintf(r->mf, "%s\n", txt); fflush(r->mf); }
+    if (r->mf) {
+        fprintf(r->mf, "%s\n", txt);
+        fflush(r->mf);
+    }
     free(txt);
     cJSON_Delete(j);
     if (o->quiet || !r->rank0) return;
@@ -453,12 +488,13 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     fmt_eta(eta, sizeof eta, el_s / (step + 1 - r->first) * (o->steps - step - 1));
     char wait[128] = "";
     if (comm_size(r->world) > 1) snprintf(wait, sizeof wait, " | grad wait %.1fms", 1e3 * r->dist.wait_s);
-    if (s->stages > 1) snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | bubble %.0f%%", 100 * bubble);
+    if (s->stages > 1)
+        snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | bubble %.0f%%", 100 * bubble);
     adapt_progress(&r->adapt, &r->m, wait + strlen(wait), sizeof wait - strlen(wait));
     printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
-           (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, s->aux, s->z, s->lr, s->gnorm, tps,
-           worst, L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", wait, eta);
+           (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, s->aux, s->z, s->lr,
+           s->gnorm, tps, worst, L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", wait, eta);
     fflush(stdout);
 }
 
@@ -466,12 +502,15 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
 static void run_evaluate(Run *r, int step) {
     EvalResult ev;
     evaluate(&r->step.pipe, &r->ds, r->step.Bm, r->o->eval_batches, 0, &ev, &r->dist);
-    if (r->mf) { fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss); fflush(r->mf); }
+    if (r->mf) {
+        fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
+        fflush(r->mf);
+    }
     if (!r->o->quiet) fprintf(r->out, "  eval: val loss %.4f\n", ev.loss);
-    if (r->o->keep_best && ev.loss < r->best_loss) {   // the same on every rank: ev.loss is global
+    if (r->o->keep_best && ev.loss < r->best_loss) { // the same on every rank: ev.loss is global
         char dir[2100];
         join_path(dir, sizeof dir, r->o->out, RUN_BEST);
-        save(&r->dist, r->o, &r->c, &r->m, &r->st, r->world, dir);   // (r->st.step is step + 1 already)
+        save(&r->dist, r->o, &r->c, &r->m, &r->st, r->world, dir); // (r->st.step is step + 1 already)
         if (!r->o->quiet) fprintf(r->out, "  best: %s (step %d, val loss %.4f)\n", dir, step + 1, ev.loss);
         r->best_loss = ev.loss;
         r->best_step = step + 1;
@@ -488,7 +527,8 @@ static void run_sample(Run *r) {
     if (r->ds.n_kinds) {
         for (const char *p = "12+34="; *p; p++) ctx[len++] = (unsigned char)*p;
     } else {
-        int32_t *x = xmalloc(sizeof(int32_t) * (size_t)o->seq_len), *y = xmalloc(sizeof(int32_t) * (size_t)o->seq_len);
+        int32_t *x = xmalloc(sizeof(int32_t) * (size_t)o->seq_len),
+                *y = xmalloc(sizeof(int32_t) * (size_t)o->seq_len);
         data_val_batch(&r->ds, 0, 1, x, y, NULL);
         for (int i = 0; i < 16 && i < o->seq_len; i++) ctx[len++] = x[i];
         free(x);
@@ -498,8 +538,8 @@ static void run_sample(Run *r) {
     SampleOptions so = {0.8f, 0, 1.0f, o->seq_len, 1, o->seed};
     SampleStats ss;
     sample_tokens(&r->step.pipe, ctx, &len, cap, o->sample_tokens, &so, &ss);
-    fprintf(r->out, "sample (temperature 0.8, window %d, %d tokens at %.0f tokens/s%s):\n---\n", o->seq_len, ss.tokens,
-            ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0, ss.cached ? ", KV cache" : "");
+    fprintf(r->out, "sample (temperature 0.8, window %d, %d tokens at %.0f tokens/s%s):\n---\n", o->seq_len,
+            ss.tokens, ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0, ss.cached ? ", KV cache" : "");
     print_tokens(r->out, ctx, plen, r->c.vocab_size);
     fprintf(r->out, "|");
     print_tokens(r->out, ctx + plen, len - plen, r->c.vocab_size);
@@ -512,20 +552,25 @@ static void run_sample(Run *r) {
 static void run_close(Run *r) {
     const TrainOptions *o = r->o;
     if (r->mf) xfclose(r->mf, r->metrics_path);
-    if (r->preempted) {   // a scheduler wants the cores back: no report, only where to continue
+    if (r->preempted) { // a scheduler wants the cores back: no report, only where to continue
         char latest[2048];
         if (r->rank0 && ckpt_find_latest(o->out, latest, sizeof latest) == 0)
-            fprintf(stderr, "moe: preempted by %s after step %lld: checkpoint %s written; continue with the same "
-                            "command and --resume (exit status %d)\n", r->preempted == SIGINT ? "SIGINT" : "SIGTERM",
-                    (long long)r->st.step, latest, MOE_EXIT_PREEMPTED);
+            fprintf(stderr,
+                    "moe: preempted by %s after step %lld: checkpoint %s written; continue with the same "
+                    "command and --resume (exit status %d)\n",
+                    r->preempted == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->st.step, latest,
+                    MOE_EXIT_PREEMPTED);
         goto free_all;
     }
     double wall = now_seconds() - r->t_start;
     if (o->check_replicas) {
         int bad = dist_check_replicas(&r->dist, &r->m, r->rank0 ? stderr : NULL);
         if (bad) DIE("replica check failed (%d violations)", bad);
-        fprintf(r->out, "replica check: ok (router and dense replicas bitwise equal on %d ranks; experts equal across "
-                        "EDP, distinct across EP)\n", comm_size(r->world));
+        fprintf(
+            r->out,
+            "replica check: ok (router and dense replicas bitwise equal on %d ranks; experts equal across "
+            "EDP, distinct across EP)\n",
+            comm_size(r->world));
     }
     if (r->profile && r->rank0) backend_profile_report(stdout, o->steps - r->first - 1);
     fprintf(r->out, "\n");
@@ -554,13 +599,14 @@ free_all:
     if (r->rank0) stdout_tee_end();
 }
 
-int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit, const char *record, Comm *world) {
+int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit, const char *record,
+              Comm *world) {
     Run r;
     run_open(&r, cfg, o, model_explicit, world);
-    if (record && r.rank0) run_record_write(o->out, record);   // the directory is ready (cleared by --force)
+    if (record && r.rank0) run_record_write(o->out, record); // the directory is ready (cleared by --force)
     StepStats s = {.counts = r.counts};
     for (int step = r.first; step < o->steps; step++) {
-        if (r.profile && step == r.first + 1) backend_profile_reset();   // the first step warms up
+        if (r.profile && step == r.first + 1) backend_profile_reset(); // the first step warms up
         double t0 = now_seconds();
         adapt_before(&r.adapt, &r.m);
         step_run(&r.step, step, r.st.seq_pos, &s);

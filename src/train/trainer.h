@@ -9,4 +9,5 @@
 // they must then match the checkpoint's config. Returns the process exit code.
 // record: the run record (JSON text) rank 0 writes to OUT/run.json once the directory is ready (NULL:
 // none). world: the process group (size 1 for one process); the mesh comes from o->tp/ep/etp/pp.
-int train_run(const ModelConfig *c, const TrainOptions *o, int model_explicit, const char *record, Comm *world);
+int train_run(const ModelConfig *c, const TrainOptions *o, int model_explicit, const char *record,
+              Comm *world);

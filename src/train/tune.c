@@ -33,14 +33,18 @@ int tuner_observe(Tuner *t, double seconds, double load) {
         if (shift > t->retune || t->recent > t->choice_t * (1 + t->retune)) start_tuning(t);
         return 0;
     }
-    if (t->seen++ > 0) { t->sum[t->idx] += seconds; t->cnt[t->idx]++; }   // the first step warms up
+    if (t->seen++ > 0) {
+        t->sum[t->idx] += seconds;
+        t->cnt[t->idx]++;
+    } // the first step warms up
     if (t->seen <= t->trials) return 0;
     t->mean[t->idx] = t->sum[t->idx] / t->cnt[t->idx];
     t->seen = 0;
     if (++t->idx < t->n) return 0;
     // every candidate measured: the fastest (the first of equals), unless the incumbent is within margin
     int best = 0;
-    for (int i = 1; i < t->n; i++) if (t->mean[i] < t->mean[best]) best = i;
+    for (int i = 1; i < t->n; i++)
+        if (t->mean[i] < t->mean[best]) best = i;
     if (t->choice >= 0 && t->mean[best] > t->mean[t->choice] * (1 - t->margin)) best = t->choice;
     t->choice = best;
     t->choice_t = t->mean[best];

@@ -12,19 +12,19 @@
 #define TUNE_MAX 8
 
 typedef struct {
-    int n, cand[TUNE_MAX];     // the candidates, in the order they are tried
-    int trials;                // measured steps per candidate
+    int n, cand[TUNE_MAX]; // the candidates, in the order they are tried
+    int trials; // measured steps per candidate
     double margin, retune;
-    int tuning;                // 1 while measuring candidates
-    int idx, seen;             // the candidate being measured and the steps it has run (the first is warm-up)
-    double sum[TUNE_MAX];      // its measured time so far
+    int tuning; // 1 while measuring candidates
+    int idx, seen; // the candidate being measured and the steps it has run (the first is warm-up)
+    double sum[TUNE_MAX]; // its measured time so far
     int cnt[TUNE_MAX];
-    double mean[TUNE_MAX];     // the last tuning's mean time of each candidate (-1: not measured)
-    int choice;                // index of the settled candidate (-1 before the first tuning ends)
-    double choice_t, load0;    // its time and the load when it was chosen
-    double recent;             // the settled candidate's recent time (running mean of the last few steps)
-    double recent_load;        // and the recent load
-    int tunings;               // completed tunings
+    double mean[TUNE_MAX]; // the last tuning's mean time of each candidate (-1: not measured)
+    int choice; // index of the settled candidate (-1 before the first tuning ends)
+    double choice_t, load0; // its time and the load when it was chosen
+    double recent; // the settled candidate's recent time (running mean of the last few steps)
+    double recent_load; // and the recent load
+    int tunings; // completed tunings
 } Tuner;
 
 void tuner_init(Tuner *t, const int *cand, int n, int trials, double margin, double retune);

@@ -19,7 +19,8 @@ static void fuzz_die_hook(void) { longjmp(fuzz_jb, 1); }
 static const char *fuzz_dir(void) {
     static char dir[256];
     if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/moe_fuzz_%d", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
+        snprintf(dir, sizeof dir, "%s/moe_fuzz_%d", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
+                 (int)getpid());
         mkdir(dir, 0700);
         moe_set_die_hook(fuzz_die_hook, -1);
     }

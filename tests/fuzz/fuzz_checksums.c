@@ -1,7 +1,7 @@
 // fuzz_checksums.c — libFuzzer target: a checkpoint's checksums.json through ckpt_verify, in a
 // directory that holds small config.json, state.json and model.safetensors files to check against.
 #include "fuzz.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     static int ready;

@@ -3,7 +3,7 @@
 // that validates is written back and must read back to the same config.
 #include "fuzz.h"
 #include <cjson/cJSON.h>
-#include "model/config_json.h"
+#include "io/config_json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     const char *p = fuzz_file("config.json", data, n);
@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
         ModelConfig c, back;
         char err[256];
         if (j && config_from_json(j, &c, err, sizeof err) == 0 && !config_validate(&c)) {
-            cJSON *w = config_to_json(&c);   // as text (its floats are raw number text), then read back
+            cJSON *w = config_to_json(&c); // as text (its floats are raw number text), then read back
             char *txt = cJSON_PrintUnformatted(w);
             cJSON *r = cJSON_Parse(txt);
             if (config_from_json(r, &back, err, sizeof err) != 0 || memcmp(&c, &back, sizeof c) != 0) abort();

@@ -1,7 +1,7 @@
 // fuzz_safetensors.c — libFuzzer target: the safetensors reader (header length, JSON header, dtypes,
 // shapes, data_offsets layout, __metadata__) on arbitrary files; every tensor it accepts is read.
 #include "fuzz.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     const char *p = fuzz_file("x.safetensors", data, n);

@@ -1,7 +1,7 @@
 // fuzz_state.c — libFuzzer target: a checkpoint's state.json through ckpt_load_state (step and
 // total_steps in 0..INT_MAX, seq_pos and seed unsigned 64-bit, as numbers or decimal strings).
 #include "fuzz.h"
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     fuzz_file("state.json", data, n);

@@ -10,14 +10,24 @@
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
 static void cpu_free(void *p) { free(p); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { if (bytes) memmove(dst, src, bytes); }
-static void cpu_zero(void *p, size_t bytes) { if (bytes) memset(p, 0, bytes); }
-static void cpu_bf16_shadow(const float *p, size_t n) { (void)p; (void)n; }   // float32 GEMMs: nothing to keep
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_zero(void *p, size_t bytes) {
+    if (bytes) memset(p, 0, bytes);
+}
+static void cpu_bf16_shadow(const float *p, size_t n) {
+    (void)p;
+    (void)n;
+} // float32 GEMMs: nothing to keep
 static void cpu_sync(void) {}
 
 void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
     if (N <= 0 || O <= 0) return;
-    if (K <= 0) { if (!accumulate) memset(out, 0, sizeof(float) * (size_t)N * O); return; }
+    if (K <= 0) {
+        if (!accumulate) memset(out, 0, sizeof(float) * (size_t)N * O);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, O, K, 1.0f, inp, K, w, K,
                 accumulate ? 1.0f : 0.0f, out, O);
 }
@@ -25,9 +35,9 @@ void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, 
 // dinp (N,K) = dout @ W [+ dinp if acc_dinp]; dw += dout^T @ inp. With O = 0 the overwritten dinp
 // is zeros (an empty sum), as cpu_matmul_fwd with K = 0.
 // flags (ops.h): GM_ACC_DINP adds into dinp, GM_DW_WRITE writes dw (zeros without rows)
-static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
-                   int flags) {
-    if (K <= 0 || O <= 0) {   // dw has no elements; dinp's sums are empty
+static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,
+                   int O, int flags) {
+    if (K <= 0 || O <= 0) { // dw has no elements; dinp's sums are empty
         if (dinp && N > 0 && K > 0 && !(flags & GM_ACC_DINP)) memset(dinp, 0, sizeof(float) * (size_t)N * K);
         return;
     }
@@ -43,8 +53,8 @@ static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, 
                     flags & GM_DW_WRITE ? 0.0f : 1.0f, dw, K);
 }
 
-void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                    int N, int K, int O, int flags) {
+void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,
+                    int O, int flags) {
     mm_bwd(dinp, dw, dout, inp, w, N, K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
 }
 
@@ -58,9 +68,10 @@ static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w,
 
 // flags as mm_bwd's, and GM_DW_BF16 (ops.h): the float32 blocks then packed into bf16 in place, in
 // ascending order (element j's two bytes land at or below float j's, which is read before)
-static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                   const int64_t *off, int G, int K, int O, int flags) {
-    CHECK(!(flags & GM_DW_BF16) || (flags & GM_DW_WRITE), "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE "
+static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                                   const float *w, const int64_t *off, int G, int K, int O, int flags) {
+    CHECK(!(flags & GM_DW_BF16) || (flags & GM_DW_WRITE),
+          "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE "
           "(bf16 weight gradients are written once, never accumulated)");
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
@@ -68,7 +79,7 @@ static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
                w + (size_t)g * O * K, (int)n, K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
     }
     if (dw && (flags & GM_DW_BF16) && G > 0 && K > 0 && O > 0) {
-        char *b = (char *)dw;   // (byte copies: the two views of one buffer)
+        char *b = (char *)dw; // (byte copies: the two views of one buffer)
         for (size_t j = 0, n = (size_t)G * O * K; j < n; j++) {
             float x;
             memcpy(&x, b + 4 * j, 4);
@@ -84,25 +95,26 @@ static void cpu_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *in
 }
 
 static void cpu_grouped_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
-                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                   int O, int flags) {
+                                   const void *h1, const void *h3, const float *w, const int64_t *off, int G,
+                                   int K, int O, int flags) {
     backend_grouped_swiglu_bwd_plain(backend_cpu(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
 }
 
-static void cpu_grouped_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
-                                 int O) {
+static void cpu_grouped_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G,
+                                 int K, int O) {
     backend_grouped_down_fwd_plain(backend_cpu(), out, act, w, off, G, K, O);
 }
 
 static void cpu_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
-                                    const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
-                                    int K, int O, int flags) {
+                                    const void *inp, const float *wa, const float *wb, const int64_t *off,
+                                    int G, int K, int O, int flags) {
     backend_grouped_matmul_bwd2_plain(backend_cpu(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
                                       flags);
 }
 
 // The ops into or from the hidden format: the cpu's is float32 (from_hid changes nothing)
-static void cpu_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+static void cpu_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                                float eps) {
     cpu_rmsnorm_fwd((float *)out, rstd, inp, w, N, C, eps);
 }
 static void cpu_gather_rows_hid(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
@@ -110,49 +122,82 @@ static void cpu_gather_rows_hid(void *out, const void *inp, int from_hid, const 
     cpu_gather_rows((float *)out, (const float *)inp, idx, n, C);
 }
 
-static void cpu_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
-                                float eps) {
+static void cpu_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N,
+                                int C, float eps) {
     backend_add_rmsnorm_fwd_plain(backend_cpu(), x, out, rstd, res, w, N, C, eps);
 }
 
-static void cpu_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
-                                 const int *O) {
+static void cpu_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
+                                 int K, const int *O) {
     backend_matmul_fwd_multi_plain(backend_cpu(), n, out, inp, w, N, K, O);
 }
 
-static void cpu_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
-                                 const float *const *w, int N, int K, const int *O, int flags) {
+static void cpu_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout,
+                                 const void *inp, const float *const *w, int N, int K, const int *O,
+                                 int flags) {
     backend_matmul_bwd_multi_plain(backend_cpu(), n, dinp, dw, dout, inp, w, N, K, O, flags);
 }
 
 const Backend *backend_cpu(void) {
     static const Backend be = {
         .name = "cpu",
-        .alloc = cpu_alloc, .free = cpu_free,
-        .to_device = cpu_copy, .to_host = cpu_copy, .copy = cpu_copy, .zero = cpu_zero, .sync = cpu_sync,
-        .matmul_fwd = cpu_matmul_fwd, .matmul_bwd = cpu_matmul_bwd,
-        .matmul_fwd_multi = cpu_matmul_fwd_multi, .matmul_bwd_multi = cpu_matmul_bwd_multi,
-        .grouped_matmul_fwd = cpu_grouped_matmul_fwd, .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
-        .hid_elem = sizeof(float), .grouped_swiglu_fwd = cpu_grouped_swiglu_fwd,
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .to_device = cpu_copy,
+        .to_host = cpu_copy,
+        .copy = cpu_copy,
+        .zero = cpu_zero,
+        .sync = cpu_sync,
+        .matmul_fwd = cpu_matmul_fwd,
+        .matmul_bwd = cpu_matmul_bwd,
+        .matmul_fwd_multi = cpu_matmul_fwd_multi,
+        .matmul_bwd_multi = cpu_matmul_bwd_multi,
+        .grouped_matmul_fwd = cpu_grouped_matmul_fwd,
+        .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
+        .hid_elem = sizeof(float),
+        .grouped_swiglu_fwd = cpu_grouped_swiglu_fwd,
         .grouped_down_fwd = cpu_grouped_down_fwd,
-        .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd, .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
-        .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd,
-        .rmsnorm_fwd = cpu_rmsnorm_fwd, .rmsnorm_fwd_hid = cpu_rmsnorm_fwd_hid, .rmsnorm_bwd = cpu_rmsnorm_bwd,
+        .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd,
+        .grouped_matmul_bwd2 = cpu_grouped_matmul_bwd2,
+        .embedding_fwd = cpu_embedding_fwd,
+        .embedding_bwd = cpu_embedding_bwd,
+        .rmsnorm_fwd = cpu_rmsnorm_fwd,
+        .rmsnorm_fwd_hid = cpu_rmsnorm_fwd_hid,
+        .rmsnorm_bwd = cpu_rmsnorm_bwd,
         .add_rmsnorm_fwd = cpu_add_rmsnorm_fwd,
-        .rmsnorm_part = cpu_rmsnorm_part, .rmsnorm_fwd_part = cpu_rmsnorm_fwd_part,
+        .rmsnorm_part = cpu_rmsnorm_part,
+        .rmsnorm_fwd_part = cpu_rmsnorm_fwd_part,
         .rmsnorm_bwd_part = cpu_rmsnorm_bwd_part,
-        .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd, .rope_rows = cpu_rope_rows,
-        .rope_fwd_hid = cpu_rope_fwd_hid, .to_hid = cpu_to_hid, .dropout = cpu_dropout,
-        .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd,
-        .attention_drop_fwd = cpu_attention_drop_fwd, .attention_drop_bwd = cpu_attention_drop_bwd,
-        .swiglu_fwd = cpu_swiglu_fwd, .swiglu_bwd = cpu_swiglu_bwd,
-        .gather_rows = cpu_gather_rows, .gather_rows_hid = cpu_gather_rows_hid,
+        .rope_fwd = cpu_rope_fwd,
+        .rope_bwd = cpu_rope_bwd,
+        .rope_rows = cpu_rope_rows,
+        .rope_fwd_hid = cpu_rope_fwd_hid,
+        .to_hid = cpu_to_hid,
+        .dropout = cpu_dropout,
+        .attention_fwd = cpu_attention_fwd,
+        .attention_bwd = cpu_attention_bwd,
+        .attention_drop_fwd = cpu_attention_drop_fwd,
+        .attention_drop_bwd = cpu_attention_drop_bwd,
+        .swiglu_fwd = cpu_swiglu_fwd,
+        .swiglu_bwd = cpu_swiglu_bwd,
+        .gather_rows = cpu_gather_rows,
+        .gather_rows_hid = cpu_gather_rows_hid,
         .gather_dot_scale = cpu_gather_dot_scale,
-        .combine_rows = cpu_combine_rows, .router_topk = cpu_router_topk,
-        .plan_counts = cpu_plan_counts, .plan_rows = cpu_plan_rows, .router_bwd = cpu_router_bwd,
-        .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd, .cross_entropy_fwd = cpu_cross_entropy_fwd,
-        .mul = cpu_mul, .axpy = cpu_axpy, .add = cpu_add, .sigmoid_fwd = cpu_sigmoid_fwd, .sigmoid_bwd = cpu_sigmoid_bwd,
-        .runs_create = cpu_runs_create, .runs_free = cpu_runs_free, .sumsq_runs = cpu_sumsq_runs,
+        .combine_rows = cpu_combine_rows,
+        .router_topk = cpu_router_topk,
+        .plan_counts = cpu_plan_counts,
+        .plan_rows = cpu_plan_rows,
+        .router_bwd = cpu_router_bwd,
+        .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd,
+        .cross_entropy_fwd = cpu_cross_entropy_fwd,
+        .mul = cpu_mul,
+        .axpy = cpu_axpy,
+        .add = cpu_add,
+        .sigmoid_fwd = cpu_sigmoid_fwd,
+        .sigmoid_bwd = cpu_sigmoid_bwd,
+        .runs_create = cpu_runs_create,
+        .runs_free = cpu_runs_free,
+        .sumsq_runs = cpu_sumsq_runs,
         .adamw_runs = cpu_adamw_runs,
         .bf16_shadow = cpu_bf16_shadow,
     };

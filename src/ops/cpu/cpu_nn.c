@@ -17,7 +17,7 @@ void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, in
 }
 
 void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C) {
-    for (int i = 0; i < N; i++) {   // serial: rows of the same token must add in order
+    for (int i = 0; i < N; i++) { // serial: rows of the same token must add in order
         float *d = dtable + (size_t)tokens[i] * C;
         const float *g = dout + (size_t)i * C;
         for (int c = 0; c < C; c++) d[c] += g[c];
@@ -70,14 +70,16 @@ void cpu_rmsnorm_part(double *part, const float *a, const float *w, const float 
     for (int i = 0; i < N; i++) {
         const float *x = a + (size_t)i * C, *y = b + (size_t)i * C;
         double s = 0;
-        if (w) for (int c = 0; c < C; c++) s += (double)x[c] * w[c] * y[c];
-        else for (int c = 0; c < C; c++) s += (double)x[c] * y[c];
+        if (w)
+            for (int c = 0; c < C; c++) s += (double)x[c] * w[c] * y[c];
+        else
+            for (int c = 0; c < C; c++) s += (double)x[c] * y[c];
         part[i] = s;
     }
 }
 
-void cpu_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N, int C,
-                          int Ctot, float eps) {
+void cpu_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N,
+                          int C, int Ctot, float eps) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
@@ -122,7 +124,9 @@ static void rope(float *x, int B, int t0, int t1, int nh, int hd, float theta, i
     }
 }
 void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x, B, 0, T, nh, hd, theta, 1); }
-void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) { rope(dx, B, 0, T, nh, hd, theta, -1); }
+void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) {
+    rope(dx, B, 0, T, nh, hd, theta, -1);
+}
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
     rope(x, B, t0, t1, nh, hd, theta, inverse ? -1 : 1);
 }
@@ -139,8 +143,8 @@ void cpu_to_hid(void *out, const float *inp, size_t n) {
 // h of this rank (global head h0 + h), key u: kept iff dropout_keep(head seed, global token, u).
 static inline uint64_t head_seed(uint64_t seed, int h) { return dropout_hash(seed, -1 - (int64_t)h, 0); }
 
-static void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
-                     int KV, int hd, int t0, int t1, float pd, uint64_t seed, int64_t row0, int h0) {
+static void attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                     int H, int KV, int hd, int t0, int t1, float pd, uint64_t seed, int64_t row0, int h0) {
     float sc = 1.0f / sqrtf((float)hd);
     int rep = H / KV, drop = pd > 0;
     uint32_t thr = drop ? dropout_threshold(pd) : 0;
@@ -163,7 +167,10 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
                         if (s[u] > mx) mx = s[u];
                     }
                     double sum = 0;
-                    for (int u = 0; u <= t; u++) { s[u] = expf(s[u] - mx); sum += s[u]; }
+                    for (int u = 0; u <= t; u++) {
+                        s[u] = expf(s[u] - mx);
+                        sum += s[u];
+                    }
                     float inv = (float)(1.0 / sum);
                     float *o = out + (((size_t)b * T + t) * H + h) * hd;
                     for (int i = 0; i < hd; i++) o[i] = 0;
@@ -182,21 +189,23 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
     }
 }
 
-void cpu_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
-                       int B, int T, int H, int KV, int hd, int t0, int t1) {
+void cpu_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                       int H, int KV, int hd, int t0, int t1) {
     attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0);
 }
 void cpu_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
-                            int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0) {
+                            int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                            int h0) {
     attn_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
 }
 
 // With dropout (pd > 0): out = (P * Z) V, Z the mask scaled by 1/(1-p); dV += (P * Z)^T dout, dP' = Z * (dout
 // V^T), dS = P * (dP' - D) with D = rowsum(dout * out) (= sum_u P dP', as without dropout).
-void cpu_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
-                             int flags) {
+void cpu_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0,
+                             int t1, int flags) {
     for (int b = 0; b < B; b++) {
-        if (!(flags & ATT_ADD_DQ)) memset(dq + ((size_t)b * T + t0) * H * hd, 0, sizeof(float) * (size_t)(t1 - t0) * H * hd);
+        if (!(flags & ATT_ADD_DQ))
+            memset(dq + ((size_t)b * T + t0) * H * hd, 0, sizeof(float) * (size_t)(t1 - t0) * H * hd);
         if (!(flags & ATT_ADD_DKV)) {
             memset(dk + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
             memset(dv + (size_t)b * T * KV * hd, 0, sizeof(float) * (size_t)t1 * KV * hd);
@@ -205,17 +214,18 @@ void cpu_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int 
 }
 
 static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                     const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd, int t0,
-                     int t1, float pd, uint64_t seed, int64_t row0, int h0, int flags) {
+                     const float *q, const float *k, const float *v, int B, int T, int H, int KV, int hd,
+                     int t0, int t1, float pd, uint64_t seed, int64_t row0, int h0, int flags) {
     float sc = 1.0f / sqrtf((float)hd);
-    cpu_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // the rows written: zeros, then the sums added
+    cpu_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1,
+                            flags); // the rows written: zeros, then the sums added
     int rep = H / KV, drop = pd > 0;
     uint32_t thr = drop ? dropout_threshold(pd) : 0;
     float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;
     // parallel over (b, kv head): the heads sharing a kv head accumulate dk/dv in a fixed order
 #pragma omp parallel
     {
-        
+
 #pragma omp for schedule(static) collapse(2)
         for (int b = 0; b < B; b++)
             for (int kh = 0; kh < KV; kh++)
@@ -233,7 +243,10 @@ static void attn_bwd(float *dq, float *dk, float *dv, const float *dout, const f
                             size_t ki = (((size_t)b * T + u) * KV + kh) * hd;
                             const float *ku = k + ki, *vu = v + ki;
                             float a = 0, dp = 0;
-                            for (int i = 0; i < hd; i++) { a += qt[i] * ku[i]; dp += go[i] * vu[i]; }
+                            for (int i = 0; i < hd; i++) {
+                                a += qt[i] * ku[i];
+                                dp += go[i] * vu[i];
+                            }
                             float pr = expf(a * sc - L), pv = pr;
                             if (drop) {
                                 float z = dropout_keep(hs, g, u, thr) ? dsc : 0.0f;
@@ -257,9 +270,10 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                        int t0, int t1, int flags) {
     attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, 0, 0, 0, 0, flags);
 }
-void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
-                            const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
-                            int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags) {
+void cpu_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                            int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                            int h0, int flags) {
     attn_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0, flags);
 }
 
@@ -277,8 +291,13 @@ void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, 
     for (size_t i = 0; i < n; i++) {
         float a = h1[i], sg = 1.0f / (1.0f + expf(-a)), silu = a * sg;
         float g1 = dout[i] * h3[i] * sg * (1.0f + a * (1.0f - sg)), g3 = dout[i] * silu;
-        if (accumulate) { dh1[i] += g1; dh3[i] += g3; }
-        else { dh1[i] = g1; dh3[i] = g3; }
+        if (accumulate) {
+            dh1[i] += g1;
+            dh3[i] += g3;
+        } else {
+            dh1[i] = g1;
+            dh3[i] = g3;
+        }
     }
 }
 
@@ -287,8 +306,8 @@ void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, in
     for (int i = 0; i < n; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, sizeof(float) * C);
 }
 
-void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
-                      int accumulate) {
+void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
+                      int C, int accumulate) {
     // parallel over output rows; each row sums its slots in order j = 0..k-1 (the cuda kernel
     // does the same arithmetic in the same order, so the two agree bit for bit)
 #pragma omp parallel for schedule(static)
@@ -322,7 +341,8 @@ void cpu_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t
 
 static float row_lse(const float *x, int V) {
     float mx = -INFINITY;
-    for (int j = 0; j < V; j++) if (x[j] > mx) mx = x[j];
+    for (int j = 0; j < V; j++)
+        if (x[j] > mx) mx = x[j];
     double s = 0;
     for (int j = 0; j < V; j++) s += exp((double)x[j] - mx);
     return mx + (float)log(s);
@@ -336,7 +356,8 @@ void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *ta
     }
 }
 
-void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss) {
+void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V,
+                               float dloss) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
         float *x = logits + (size_t)i * V;
@@ -401,20 +422,25 @@ static double sumsq(const float *g, const OptRun *u) {
 
 // AdamW on run u's elements (ops.h adamw_f32: the same float operations on every backend); g: the whole flat
 // buffer, read as u's format says; p, m, v: at the run's first element.
-static void adamw_span(float *p, const float *g, float *m, float *v, const OptRun *u, const AdamwStep *s, float lwd) {
+static void adamw_span(float *p, const float *g, float *m, float *v, const OptRun *u, const AdamwStep *s,
+                       float lwd) {
     int64_t n = u->n;
-    if (u->gbf == OPTG_F32) {   // (the common case as a plain loop)
+    if (u->gbf == OPTG_F32) { // (the common case as a plain loop)
         const float *gr = g + u->off;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], gr[i], &m[i], &v[i], s, lwd);
         return;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) p[i] = adamw_f32(p[i], optrun_g(g, u->gbf, u->gb, u->off, i), &m[i], &v[i], s, lwd);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = adamw_f32(p[i], optrun_g(g, u->gbf, u->gb, u->off, i), &m[i], &v[i], s, lwd);
 }
 
 // The run list on the cpu: a plain host copy.
-struct OptRuns { int n; OptRun r[]; };
+struct OptRuns {
+    int n;
+    OptRun r[];
+};
 
 OptRuns *cpu_runs_create(const OptRun *runs, int n) {
     OptRuns *r = xmalloc(sizeof(OptRuns) + sizeof(OptRun) * (size_t)(n > 0 ? n : 0));
@@ -429,15 +455,16 @@ void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
     for (int c = 0; c < ncls; c++) out[c] = 0;
     for (int i = 0; i < r->n; i++) {
         const OptRun *u = &r->r[i];
-        CHECK(u->cls >= 0 && u->cls < ncls, "sumsq_runs: run %d has class %d, not in [0, %d)", i, (int)u->cls, ncls);
+        CHECK(u->cls >= 0 && u->cls < ncls, "sumsq_runs: run %d has class %d, not in [0, %d)", i, (int)u->cls,
+              ncls);
         if (u->n > 0) out[u->cls] += sumsq(x, u);
     }
 }
 
 // The bf16 policy (ops.h OPT_BF16_*): bf16 moments read to float32, adamw_f32, the moments stored rounded
 // to nearest even, the weight rounded to bf16 (nearest or stochastic, hashed on the element's global index).
-static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, const OptRun *u, const AdamwStep *s,
-                            float lwd) {
+static void adamw_span_bf16(float *p, const float *g, uint16_t *m, uint16_t *v, const OptRun *u,
+                            const AdamwStep *s, float lwd) {
     int64_t n = u->n;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -458,8 +485,7 @@ void cpu_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r
         float lwd = u->decay ? s.lwd : 0.0f;
         if (prec == OPT_MIXED)
             adamw_span(p + u->off, g, (float *)m + u->moff, (float *)v + u->moff, u, &s, lwd);
-        else
-            adamw_span_bf16(p + u->off, g, (uint16_t *)m + u->moff, (uint16_t *)v + u->moff, u, &s, lwd);
+        else adamw_span_bf16(p + u->off, g, (uint16_t *)m + u->moff, (uint16_t *)v + u->moff, u, &s, lwd);
     }
 }
 

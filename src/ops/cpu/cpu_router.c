@@ -9,14 +9,15 @@
 #include <string.h>
 #include "ops/cpu/cpu_ops.h"
 
-void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias, int N,
-                     int E, int k, int renorm) {
+void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
+                     const float *bias, int N, int E, int k, int renorm) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         const float *x = logits + (size_t)t * E;
         float *p = probs + (size_t)t * E;
         float mx = -INFINITY;
-        for (int e = 0; e < E; e++) if (x[e] > mx) mx = x[e];
+        for (int e = 0; e < E; e++)
+            if (x[e] > mx) mx = x[e];
         double s = 0;
         for (int e = 0; e < E; e++) s += exp((double)x[e] - mx);
         float l = mx + (float)log(s);
@@ -24,7 +25,7 @@ void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *s
         for (int e = 0; e < E; e++) p[e] = expf(x[e] - l);
         int32_t *ix = idx + (size_t)t * k;
         float *wt = w + (size_t)t * k;
-        for (int j = 0; j < k; j++) {   // selection: k is small
+        for (int j = 0; j < k; j++) { // selection: k is small
             int best = -1;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
@@ -59,8 +60,9 @@ void cpu_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int
         }
 }
 
-void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
-                   const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k) {
+void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank,
+                   const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first, int N,
+                   int E, int k) {
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) {
             size_t q = (size_t)t * k + j, c = (size_t)j * E + idx[q];
@@ -76,8 +78,8 @@ void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const 
 }
 
 void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
-                    const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
-                    int E, int k, int renorm) {
+                    const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
+                    int N, int E, int k, int renorm) {
 #pragma omp parallel
     {
         float *dp = malloc(sizeof(float) * (E ? E : 1)), *g = malloc(sizeof(float) * (k ? k : 1));
@@ -94,7 +96,10 @@ void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row
             if (renorm) {
                 // w_j = p_j / S: dp_j += (g_j - sum_m g_m w_m) / S
                 double S = 0, gw = 0;
-                for (int j = 0; j < k; j++) { S += p[ix[j]]; gw += (double)g[j] * wt[j]; }
+                for (int j = 0; j < k; j++) {
+                    S += p[ix[j]];
+                    gw += (double)g[j] * wt[j];
+                }
                 for (int j = 0; j < k; j++) dp[ix[j]] += (float)((g[j] - gw) / S);
             } else {
                 for (int j = 0; j < k; j++) dp[ix[j]] += g[j];

@@ -37,7 +37,12 @@ __device__ __forceinline__ AttQBlock att_qblock(int T, int H, int KV, int qa, in
     AttPlace pl = att_place();
     int b = pl.b, h = pl.head, kh = h / (H / KV);
     int q0 = qa + ((int)gridDim.x - 1 - pl.pos) * BM;
-    return {b, h, q0, (min(q0 + BM, qb) + BN - 1) / BN, ((size_t)b * T * H + h) * HD, ((size_t)b * T * KV + kh) * HD};
+    return {b,
+            h,
+            q0,
+            (min(q0 + BM, qb) + BN - 1) / BN,
+            ((size_t)b * T * H + h) * HD,
+            ((size_t)b * T * KV + kh) * HD};
 }
 
 // Rows r0, r0 + 8 of a (T, heads, 8 NT) float tensor at base (rows `stride` elements apart; rows from
@@ -50,12 +55,15 @@ __device__ __forceinline__ void add_rows(float *base, const float *d, int r0, in
 #pragma unroll
     for (int n = 0; n < NT; n++) {
         if (r0 < end) {
-            float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t), x = add ? *p : make_float2(0.0f, 0.0f);
+            float2 *p = (float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t),
+                   x = add ? *p : make_float2(0.0f, 0.0f);
             *p = add ? make_float2(x.x + d[4 * n], x.y + d[4 * n + 1]) : make_float2(d[4 * n], d[4 * n + 1]);
         }
         if (r1 < end) {
-            float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t), x = add ? *p : make_float2(0.0f, 0.0f);
-            *p = add ? make_float2(x.x + d[4 * n + 2], x.y + d[4 * n + 3]) : make_float2(d[4 * n + 2], d[4 * n + 3]);
+            float2 *p = (float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t),
+                   x = add ? *p : make_float2(0.0f, 0.0f);
+            *p = add ? make_float2(x.x + d[4 * n + 2], x.y + d[4 * n + 3])
+                     : make_float2(d[4 * n + 2], d[4 * n + 3]);
         }
     }
 }
@@ -64,8 +72,8 @@ __device__ __forceinline__ void add_rows(float *base, const float *d, int r0, in
 // follows the row or is past qb (only when mask: the tiles crossing the diagonal or the last key),
 // the running maxima m and this thread's row sums l updated, o rescaled; s becomes exp2(s - m), P.
 template <int NJ, int NT>
-__device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, float &m1, float &l0, float &l1, int mask,
-                                             int k0, int r0, int r1, int qb, int t, float sl) {
+__device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, float &m1, float &l0, float &l1,
+                                             int mask, int k0, int r0, int r1, int qb, int t, float sl) {
     if (mask) {
 #pragma unroll
         for (int j = 0; j < NJ; j++)
@@ -89,7 +97,7 @@ __device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, floa
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     // finite: key 0 <= row is in the first tile, so the running max is finite from then on
-    float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);   // 0 on the first tile
+    float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1); // 0 on the first tile
     m0 = mx0;
     m1 = mx1;
     float ps0 = 0.0f, ps1 = 0.0f;
@@ -102,20 +110,23 @@ __device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, floa
         ps0 += s[4 * j] + s[4 * j + 1];
         ps1 += s[4 * j + 2] + s[4 * j + 3];
     }
-    l0 = l0 * c0 + ps0;   // this thread's columns only; the quad's sum is taken at the end
+    l0 = l0 * c0 + ps0; // this thread's columns only; the quad's sum is taken at the end
     l1 = l1 * c1 + ps1;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        o[4 * n] *= c0; o[4 * n + 1] *= c0;
-        o[4 * n + 2] *= c1; o[4 * n + 3] *= c1;
+        o[4 * n] *= c0;
+        o[4 * n + 1] *= c0;
+        o[4 * n + 2] *= c1;
+        o[4 * n + 3] *= c1;
     }
 }
 
 // The rows r0, r1 (from qb on skipped) of out (B, T, H, 8 NT; bf16) for head h of sequence b: o over the
 // quad's row sum, and lse (B, H, T) = ln of the sum of exp.
 template <int NT>
-__device__ __forceinline__ void softmax_store(unsigned short *out, float *lse, const float *o, float m0, float m1, float l0,
-                                              float l1, int r0, int r1, int qb, int b, int T, int H, int h, int t) {
+__device__ __forceinline__ void softmax_store(unsigned short *out, float *lse, const float *o, float m0,
+                                              float m1, float l0, float l1, int r0, int r1, int qb, int b,
+                                              int T, int H, int h, int t) {
     constexpr int HD = 8 * NT;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -124,10 +135,12 @@ __device__ __forceinline__ void softmax_store(unsigned short *out, float *lse, c
     float i0 = 1.0f / l0, i1 = 1.0f / l1;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        if (r0 < qb)   // (two bf16 values, each the float32 result rounded once)
-            *(uint32_t *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) = pack_bf16(o[4 * n] * i0, o[4 * n + 1] * i0);
+        if (r0 < qb) // (two bf16 values, each the float32 result rounded once)
+            *(uint32_t *)(out + (((size_t)b * T + r0) * H + h) * HD + n * 8 + 2 * t) =
+                pack_bf16(o[4 * n] * i0, o[4 * n + 1] * i0);
         if (r1 < qb)
-            *(uint32_t *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) = pack_bf16(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
+            *(uint32_t *)(out + (((size_t)b * T + r1) * H + h) * HD + n * 8 + 2 * t) =
+                pack_bf16(o[4 * n + 2] * i1, o[4 * n + 3] * i1);
     }
     if (t == 0) {
         const float ln2 = 0.6931471805599453f;

@@ -26,18 +26,18 @@
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_attention_softmax.cuh"
 
-#define TC_THREADS 128   // 4 warps
-#define TC_BM 64         // query rows per block (fwd, dq); keys per block (dk/dv): 16 per warp
-#define TC_BN 64         // keys per tile (fwd)
-#define TC_BK 32         // keys per tile (dq: fewer registers, 4 blocks per SM)
-#define TC_BQ 32         // queries per tile (dk/dv)
+#define TC_THREADS 128 // 4 warps
+#define TC_BM 64 // query rows per block (fwd, dq); keys per block (dk/dv): 16 per warp
+#define TC_BN 64 // keys per tile (fwd)
+#define TC_BK 32 // keys per tile (dq: fewer registers, 4 blocks per SM)
+#define TC_BQ 32 // queries per tile (dk/dv)
 #define TC_LOG2E 1.4426950408889634f
 
-typedef unsigned short bf16s;   // bf16 bits in shared memory
+typedef unsigned short bf16s; // bf16 bits in shared memory
 
 // c += A B (m16n8k16, bf16 in, fp32 accumulate)
-__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
+__device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -49,12 +49,14 @@ __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uin
 // the A and B fragment layouts. TRANS (ldsm_x4<true>: .trans) transposes each matrix: with lane i at
 // row (i & 15) of a 16-row block, columns c0 + 8 * (i >> 4), r0, r1 are then the B fragment (k = rows)
 // of columns c0..c0+7, and r2, r3 that of c0+8..c0+15.
-#define LDSM_X4(TR) asm volatile("ldmatrix.sync.aligned.m8n8.x4" TR ".shared.b16 {%0,%1,%2,%3}, [%4];\n" \
-                                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)                           \
-                                 : "r"(a)                                                             \
-                                 : "memory")
+#define LDSM_X4(TR) \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" TR ".shared.b16 {%0,%1,%2,%3}, [%4];\n" \
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) \
+                 : "r"(a) \
+                 : "memory")
 template <bool TRANS = false>
-__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const bf16s *p) {
+__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                        const bf16s *p) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     if constexpr (TRANS) LDSM_X4(".trans");
     else LDSM_X4("");
@@ -71,7 +73,8 @@ __device__ __forceinline__ void stage(bf16s *s, const bf16s *g, int row0, int nv
         int r = e / C8, c = (e % C8) * 8;
         const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c : g;
         uint32_t dst = (uint32_t)__cvta_generic_to_shared(s + r * LD + c);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(r < nvalid ? 16 : 0));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(r < nvalid ? 16 : 0));
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -106,13 +109,14 @@ __device__ __forceinline__ void rows_dot_rg(float (*acc)[NJ][4], const bf16s *sa
 }
 template <int HD, int NJ>
 __device__ __forceinline__ void rows_dot(float (*acc)[4], const bf16s *sa, const bf16s *sb, int lane) {
-    rows_dot_rg<HD, NJ, 1>((float (*)[NJ][4])acc, sa, sb, lane);
+    rows_dot_rg<HD, NJ, 1>((float(*)[NJ][4])acc, sa, sb, lane);
 }
 
 // out[r][HD/8] (RG groups of 16 rows x HD) += P[r] (16 x NJ*8, C fragments, rounded to bf16 here)
 // * the row-major tile sb (NJ*8 rows x HD).
 template <int HD, int NJ, int RG>
-__device__ __forceinline__ void p_times_rg(float (*out)[HD / 8][4], float (*p)[NJ][4], const bf16s *sb, int lane) {
+__device__ __forceinline__ void p_times_rg(float (*out)[HD / 8][4], float (*p)[NJ][4], const bf16s *sb,
+                                           int lane) {
     constexpr int LD = HD + 8;
 #pragma unroll
     for (int kk = 0; kk < NJ / 2; kk++) {
@@ -138,7 +142,7 @@ __device__ __forceinline__ void p_times_rg(float (*out)[HD / 8][4], float (*p)[N
 }
 template <int HD, int NJ>
 __device__ __forceinline__ void p_times(float (*out)[4], float (*p)[4], const bf16s *sb, int lane) {
-    p_times_rg<HD, NJ, 1>((float (*)[HD / 8][4])out, (float (*)[NJ][4])p, sb, lane);
+    p_times_rg<HD, NJ, 1>((float(*)[HD / 8][4]) out, (float(*)[NJ][4])p, sb, lane);
 }
 
 // Forward over the query rows [qa, qb) of each sequence (keys 0..qb-1: rows from qb on are never
@@ -147,12 +151,12 @@ __device__ __forceinline__ void p_times(float (*out)[4], float (*p)[4], const bf
 // the query blocks with the most keys first. A row's key tiles start at 0 whatever qa is: the same
 // bits as over [0, T).
 template <int HD, int RG>
-__global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(bf16s *out, float *lse, const bf16s *q, const bf16s *k,
-                                                           const bf16s *v, int T, int H, int KV, float sl, int qa,
-                                                           int qb) {
+__global__ void __launch_bounds__(TC_THREADS)
+    att_tc_fwd_k(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int T, int H, int KV,
+                 float sl, int qa, int qb) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8, TILE = TC_BN * LD, BM = TC_BM * RG;
     extern __shared__ __align__(16) bf16s sm[];
-    bf16s *Qs = sm, *Ks = Qs + BM * LD, *Vs = Ks + 2 * TILE;   // K, V: two tiles each (double-buffered)
+    bf16s *Qs = sm, *Ks = Qs + BM * LD, *Vs = Ks + 2 * TILE; // K, V: two tiles each (double-buffered)
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     AttQBlock blk = att_qblock<HD, BM, TC_BN>(T, H, KV, qa, qb);
     int b = blk.b, h = blk.h, q0 = blk.q0, ntile = blk.ntile;
@@ -160,7 +164,7 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(bf16s *out, float *ls
     stage<HD, BM>(Qs, qg, q0, min(BM, qb - q0), (size_t)H * HD);
     stage<HD, TC_BN>(Ks, kg, 0, min(TC_BN, qb), (size_t)KV * HD);
     stage<HD, TC_BN>(Vs, vg, 0, min(TC_BN, qb), (size_t)KV * HD);
-    int wr = q0 + w * 16 * RG + g;   // row group r of this warp: rows wr + 16 r and wr + 16 r + 8
+    int wr = q0 + w * 16 * RG + g; // row group r of this warp: rows wr + 16 r and wr + 16 r + 8
     float o[RG][NT][4], m[RG][2], l[RG][2];
 #pragma unroll
     for (int r = 0; r < RG; r++) {
@@ -171,9 +175,9 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(bf16s *out, float *ls
     }
     for (int it = 0; it < ntile; it++) {
         int k0 = it * TC_BN, cur = it & 1;
-        stage_wait();      // tile it (and Qs, the first time)
-        __syncthreads();   // ... visible to all; every warp is done with tile it - 1's buffers
-        if (it + 1 < ntile) {   // tile it + 1 loads while this one is used
+        stage_wait(); // tile it (and Qs, the first time)
+        __syncthreads(); // ... visible to all; every warp is done with tile it - 1's buffers
+        if (it + 1 < ntile) { // tile it + 1 loads while this one is used
             int k1 = k0 + TC_BN;
             stage<HD, TC_BN>(Ks + (cur ^ 1) * TILE, kg, k1, min(TC_BN, qb - k1), (size_t)KV * HD);
             stage<HD, TC_BN>(Vs + (cur ^ 1) * TILE, vg, k1, min(TC_BN, qb - k1), (size_t)KV * HD);
@@ -184,29 +188,28 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_fwd_k(bf16s *out, float *ls
 #pragma unroll
             for (int j = 0; j < NJ; j++) s[r][j][0] = s[r][j][1] = s[r][j][2] = s[r][j][3] = 0.0f;
         rows_dot_rg<HD, NJ, RG>(s, Qs + w * 16 * RG * LD, Ks + cur * TILE, lane);
-        int mask = k0 + TC_BN > q0 || k0 + TC_BN > qb;   // the diagonal tiles or the last keys
+        int mask = k0 + TC_BN > q0 || k0 + TC_BN > qb; // the diagonal tiles or the last keys
 #pragma unroll
         for (int r = 0; r < RG; r++)
-            softmax_tile<NJ, NT>(&s[r][0][0], &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], mask, k0, wr + 16 * r,
-                                 wr + 16 * r + 8, qb, t, sl);
+            softmax_tile<NJ, NT>(&s[r][0][0], &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], mask, k0,
+                                 wr + 16 * r, wr + 16 * r + 8, qb, t, sl);
         p_times_rg<HD, NJ, RG>(o, s, Vs + cur * TILE, lane);
     }
 #pragma unroll
     for (int r = 0; r < RG; r++)
-        softmax_store<NT>(out, lse, &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], wr + 16 * r, wr + 16 * r + 8, qb, b,
-                          T, H, h, t);
+        softmax_store<NT>(out, lse, &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], wr + 16 * r,
+                          wr + 16 * r + 8, qb, b, T, H, h, t);
 }
 
 // dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
 // dp = dout . v, for the query rows t in [qa, qb). Grid (ceil((qb-qa)/64), H, B).
 template <int HD>
-__global__ void __launch_bounds__(TC_THREADS, 3) att_tc_dq_k(float *dq, const bf16s *dout, const float *lse,
-                                                          const float *Dg, const bf16s *q, const bf16s *k,
-                                                          const bf16s *v, int T, int H, int KV, float sl, float sc,
-                                                          int qa, int qb) {
+__global__ void __launch_bounds__(TC_THREADS, 3)
+    att_tc_dq_k(float *dq, const bf16s *dout, const float *lse, const float *Dg, const bf16s *q,
+                const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BK / 8, TILE = TC_BK * LD;
     extern __shared__ __align__(16) bf16s sm[];
-    bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + 2 * TILE;   // K, V double-buffered
+    bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + 2 * TILE; // K, V double-buffered
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     AttQBlock blk = att_qblock<HD, TC_BM, TC_BK>(T, H, KV, qa, qb);
     int b = blk.b, h = blk.h, q0 = blk.q0, ntile = blk.ntile;
@@ -240,7 +243,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3) att_tc_dq_k(float *dq, const bf
             for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
         rows_dot<HD, NJ>(s, Qs + w * 16 * LD, Kc, lane);
         rows_dot<HD, NJ>(dp, Gs + w * 16 * LD, Vs + cur * TILE, lane);
-        int mask = k0 + TC_BK > q0 || k0 + TC_BK > qb;   // the diagonal or the last keys
+        int mask = k0 + TC_BK > q0 || k0 + TC_BK > qb; // the diagonal or the last keys
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -264,8 +267,7 @@ struct DkdvTiles {
     float *Ls, *Ds;
     int T, H, h0, b, tstart, per, qb;
 };
-template <int HD>
-__device__ __forceinline__ void dkdv_load(const DkdvTiles *d, int i, int buf) {
+template <int HD> __device__ __forceinline__ void dkdv_load(const DkdvTiles *d, int i, int buf) {
     constexpr int TILE = TC_BQ * (HD + 8);
     int h = d->h0 + i / d->per, t0 = d->tstart + (i % d->per) * TC_BQ, nq = min(TC_BQ, d->qb - t0);
     size_t qoff = ((size_t)d->b * d->T * d->H + h) * HD, lrow = ((size_t)d->b * d->H + h) * d->T;
@@ -280,17 +282,16 @@ __device__ __forceinline__ void dkdv_load(const DkdvTiles *d, int i, int buf) {
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the
 // queries t >= u, t in [qa, qb), for the keys u < qb. Grid (ceil(qb/64), KV, B).
 template <int HD>
-__global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse,
-                                                            const float *Dg, const bf16s *q, const bf16s *k,
-                                                            const bf16s *v, int T, int H, int KV, float sl, float sc,
-                                                            int qa, int qb) {
+__global__ void __launch_bounds__(TC_THREADS)
+    att_tc_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse, const float *Dg, const bf16s *q,
+                  const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BQ / 8, TILE = TC_BQ * LD;
     extern __shared__ __align__(16) bf16s sm[];
     // K, V of the block; Q, dout, lse, D of a query tile, double-buffered
     bf16s *Ks = sm, *Vs = Ks + TC_BM * LD, *Qs = Vs + TC_BM * LD, *Gs = Qs + 2 * TILE;
     float *Ls = (float *)(Gs + 2 * TILE), *Ds = Ls + 2 * TC_BQ;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    AttPlace pl = att_place();   // the keys from k0 (the most query tiles first)
+    AttPlace pl = att_place(); // the keys from k0 (the most query tiles first)
     int b = pl.b, kh = pl.head, rep = H / KV;
     int k0 = pl.pos * TC_BM;
     size_t koff = ((size_t)b * T * KV + kh) * HD;
@@ -308,10 +309,10 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
     if (ntile > 0) dkdv_load<HD>(&d, 0, 0);
     for (int i = 0; i < ntile; i++) {
         int cur = i & 1, t0 = tstart + (i % per) * TC_BQ;
-        stage_wait();      // tile i (and K, V, the first time)
-        __syncthreads();   // ... and its lse, D visible to all; tile i - 1's buffers are used up
+        stage_wait(); // tile i (and K, V, the first time)
+        __syncthreads(); // ... and its lse, D visible to all; tile i - 1's buffers are used up
         if (i + 1 < ntile) dkdv_load<HD>(&d, i + 1, cur ^ 1);
-        if (t0 + TC_BQ - 1 < wfirst) continue;   // warp-uniform: every query precedes this warp's keys
+        if (t0 + TC_BQ - 1 < wfirst) continue; // warp-uniform: every query precedes this warp's keys
         const bf16s *Qc = Qs + cur * TILE, *Gc = Gs + cur * TILE;
         const float *Lc = Ls + cur * TC_BQ, *Dc = Ds + cur * TC_BQ;
         float s[NJ][4], dp[NJ][4];
@@ -319,9 +320,9 @@ __global__ void __launch_bounds__(TC_THREADS) att_tc_dkdv_k(float *dk, float *dv
         for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
-        rows_dot<HD, NJ>(s, Ks + w * 16 * LD, Qc, lane);    // s^T: keys x queries
-        rows_dot<HD, NJ>(dp, Vs + w * 16 * LD, Gc, lane);   // dp^T
-        int mask = t0 < k0 + TC_BM || t0 + TC_BQ > qb;     // the diagonal or the last queries
+        rows_dot<HD, NJ>(s, Ks + w * 16 * LD, Qc, lane); // s^T: keys x queries
+        rows_dot<HD, NJ>(dp, Vs + w * 16 * LD, Gc, lane); // dp^T
+        int mask = t0 < k0 + TC_BM || t0 + TC_BQ > qb; // the diagonal or the last queries
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -345,7 +346,8 @@ static size_t smem_dkdv(int hd) {
 }
 
 static void smem_opt_in(const void *fn, size_t bytes) {
-    if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -361,7 +363,8 @@ static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 // dst = bf16(src) for the rows [ta, tb) of each of B sequences of T rows of `width` floats (the
 // rest of dst untouched): a chunk's queries, or the keys/values its queries read.
 __global__ void f32_to_bf16_rows_k(bf16s *dst, const float *src, int T, int ta, int tb, int width, size_t n) {
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
         size_t per = (size_t)(tb - ta) * width, b = e / per, r = e % per;
         size_t gi = (b * T + ta) * width + r;
         __nv_bfloat16 h = __float2bfloat16_rn(src[gi]);
@@ -372,7 +375,7 @@ static void to_bf16_rows(bf16s *dst, const float *src, int B, int T, int ta, int
     size_t n = (size_t)B * (tb - ta) * width;
     if (!n) return;
     size_t blocks = cdiv_u(n, 256);
-    f32_to_bf16_rows_k<<<blocks < 4096 ? blocks : 4096, 256>>>(dst, src, T, ta, tb, width, n);
+    f32_to_bf16_rows_k < <<blocks<4096 ? blocks : 4096, 256>>>(dst, src, T, ta, tb, width, n);
     KCHECK("attention (bf16 rows)");
 }
 
@@ -382,25 +385,30 @@ static void ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) 
     for (int i = 0; i < cnt; i++) total += al256(n[i] * sizeof(bf16s));
     char *w = (char *)cuda_workspace(total), *c = w + al256(nd * sizeof(float));
     if (D) *D = (float *)w;
-    for (int i = 0; i < cnt; i++) { p[i] = (bf16s *)c; c += al256(n[i] * sizeof(bf16s)); }
+    for (int i = 0; i < cnt; i++) {
+        p[i] = (bf16s *)c;
+        c += al256(n[i] * sizeof(bf16s));
+    }
 }
 
 // Query rows per warp in the forward: 32 (two row groups) for head dim 128, where every K/V fragment
 // feeding two products halves the shared-memory reads per product; 16 for the smaller head dims.
 template <int HD>
-static void fwd_launch(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
-                       int KV, int t0, int t1) {
+static void fwd_launch(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T,
+                       int H, int KV, int t0, int t1) {
     constexpr int RG = HD == 128 ? 2 : 1;
     size_t sm = smem_fwd(HD, RG);
     smem_opt_in((const void *)att_tc_fwd_k<HD, RG>, sm);
     dim3 grid(cdiv_u(t1 - t0, TC_BM * RG), H, B);
-    att_tc_fwd_k<HD, RG><<<grid, TC_THREADS, sm>>>(out, lse, q, k, v, T, H, KV, TC_LOG2E / sqrtf((float)HD), t0, t1);
+    att_tc_fwd_k<HD, RG>
+        <<<grid, TC_THREADS, sm>>>(out, lse, q, k, v, T, H, KV, TC_LOG2E / sqrtf((float)HD), t0, t1);
     KCHECK("attention_fwd (tensor cores)");
 }
 
 template <int HD>
 static void bwd_launch(float *dq, float *dk, float *dv, const bf16s *dout, const float *lse, const float *D,
-                       const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H, int KV, int t0, int t1) {
+                       const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H, int KV, int t0,
+                       int t1) {
     float sc = 1.0f / sqrtf((float)HD), sl = sc * TC_LOG2E;
     size_t s1 = smem_dq(HD), s2 = smem_dkdv(HD);
     smem_opt_in((const void *)att_tc_dq_k<HD>, s1);
@@ -426,11 +434,16 @@ static void range_check(int T, int t0, int t1) {
 // The float32 kernels' inputs where the tensor cores do not run (head dims but 32/64/128, dropout): q, k, v
 // (and the backward's out) widened from bf16 into a buffer of their own (not the workspace: the float32
 // backward takes its D there), and room for the forward's float32 out, rounded into the caller's after.
-typedef struct { const float *q, *k, *v; float *out; } Wide;
-static Wide widen(const void *q, const void *k, const void *v, const void *out, int B, int T, int H, int KV, int hd) {
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+} Wide;
+static Wide widen(const void *q, const void *k, const void *v, const void *out, int B, int T, int H, int KV,
+                  int hd) {
     static float *buf;
     static size_t cap;
-    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, need = (2 * nq + 2 * nk) * sizeof(float);
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd,
+           need = (2 * nq + 2 * nk) * sizeof(float);
     if (need > cap) {
         if (buf) CUDA_CHECK(cudaFree(buf));
         CUDA_CHECK(cudaMalloc(&buf, need));
@@ -444,27 +457,27 @@ static Wide widen(const void *q, const void *k, const void *v, const void *out, 
     return w;
 }
 
-extern "C" void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                                      int T, int H, int KV, int hd, int t0, int t1) {
+extern "C" void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v,
+                                      int B, int T, int H, int KV, int hd, int t0, int t1) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_ok(B, hd, KV, H) || !aligned16(out)) {
         Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
         cuda_attention_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1);
-        to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd);   // the rows it wrote
+        to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd); // the rows it wrote
         return;
     }
     range_check(T, t0, t1);
     const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
     bf16s *ob = (bf16s *)out;
-    if (cuda_attention_fwd_wg(ob, lse, qb, kb, vb, B, T, H, KV, hd, t0, t1)) return;   // Hopper, head dim 128
+    if (cuda_attention_fwd_wg(ob, lse, qb, kb, vb, B, T, H, KV, hd, t0, t1)) return; // Hopper, head dim 128
     if (hd == 32) fwd_launch<32>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
     else if (hd == 64) fwd_launch<64>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
     else fwd_launch<128>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
 }
 
 extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out,
-                                      const float *lse, const void *q, const void *k, const void *v, int B, int T,
-                                      int H, int KV, int hd, int t0, int t1, int flags) {
+                                      const float *lse, const void *q, const void *k, const void *v, int B,
+                                      int T, int H, int KV, int hd, int t0, int t1, int flags) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     if (!tc_ok(B, hd, KV, H) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv)) {
         Wide w = widen(q, k, v, out, B, T, H, KV, hd);
@@ -472,37 +485,40 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
         return;
     }
     range_check(T, t0, t1);
-    // the workspace: D, dout in bf16, and the wgmma backward's dS (ops.h attention_ds_bytes; 0 where it does not run)
+    // the workspace: D, dout in bf16, and the wgmma backward's dS (ops.h attention_ds_bytes; 0 where it does
+    // not run)
     size_t nds = cuda_attention_wg_runs(hd) ? attention_ds_bytes(B, T, H, hd, t0, t1) / sizeof(bf16s) : 0;
     size_t n[2] = {(size_t)B * T * H * hd, nds};
     float *D;
     bf16s *p[2];
     ws_carve((size_t)B * T * H, n, 2, &D, p);
-    cuda_attention_rowdot(D, p[0], dout, out, 1, B, T, H, hd, t0, t1);   // and dout's rows in bf16 into p[0]
+    cuda_attention_rowdot(D, p[0], dout, out, 1, B, T, H, hd, t0, t1); // and dout's rows in bf16 into p[0]
     const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
-    if (cuda_attention_bwd_wg(dq, dk, dv, nds ? p[1] : NULL, p[0], lse, D, qb, kb, vb, B, T, H, KV, hd, t0, t1, flags))
+    if (cuda_attention_bwd_wg(dq, dk, dv, nds ? p[1] : NULL, p[0], lse, D, qb, kb, vb, B, T, H, KV, hd, t0,
+                              t1, flags))
         return;
-    cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags);   // (these kernels add)
+    cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags); // (these kernels add)
     if (hd == 32) bwd_launch<32>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
     else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
     else bwd_launch<128>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
 }
 
 // With dropout on the probabilities: the float32 kernels (both backends), on q, k, v (out) widened.
-extern "C" void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k, const void *v,
-                                             int B, int T, int H, int KV, int hd, int t0, int t1, float p,
-                                             uint64_t seed, int64_t row0, int h0) {
+extern "C" void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k,
+                                             const void *v, int B, int T, int H, int KV, int hd, int t0,
+                                             int t1, float p, uint64_t seed, int64_t row0, int h0) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
     cuda_attention_drop_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
-    to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd);   // the rows it wrote
+    to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd); // the rows it wrote
 }
-extern "C" void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const void *out,
-                                             const float *lse, const void *q, const void *k, const void *v, int B,
-                                             int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
-                                             int64_t row0, int h0, int flags) {
+extern "C" void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
+                                             const void *out, const float *lse, const void *q, const void *k,
+                                             const void *v, int B, int T, int H, int KV, int hd, int t0,
+                                             int t1, float p, uint64_t seed, int64_t row0, int h0,
+                                             int flags) {
     if (B <= 0 || T <= 0 || H <= 0) return;
     Wide w = widen(q, k, v, out, B, T, H, KV, hd);
-    cuda_attention_drop_bwd(dq, dk, dv, dout, w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0,
-                            flags);
+    cuda_attention_drop_bwd(dq, dk, dv, dout, w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed,
+                            row0, h0, flags);
 }

@@ -25,9 +25,9 @@
 #include "ops/cuda/cuda_attention_softmax.cuh"
 #include "ops/cuda/cuda_wgmma.cuh"
 
-#define WG_HD 128        // head dim
-#define WG_BM 128        // query rows per block: 2 warpgroups of 64
-#define WG_BN 64         // keys per tile
+#define WG_HD 128 // head dim
+#define WG_BM 128 // query rows per block: 2 warpgroups of 64
+#define WG_BN 64 // keys per tile
 #define WG_THREADS 256
 #define WG_LOG2E 1.4426950408889634f
 // shared memory: Q (2 column blocks x 128 rows x 128 B), then K and V, each 2 buffers x 2 column
@@ -35,9 +35,10 @@
 #define WG_Q_BYTES (2 * WG_BM * 128)
 #define WG_KV_TILE (2 * WG_BN * 128)
 #define WG_SMEM_FWD (WG_Q_BYTES + 4 * WG_KV_TILE + 1024)
-#define WG_SMEM_DQ (4 * WG_KV_TILE + 1024)                        // Q, dout, K, V
-#define WG_SMEM_DKDV (6 * WG_KV_TILE + 4 * 64 * 4 + 8192 + 1024)  // K, V; Q, dout double-buffered; lse, D; dS^T
-#define WG_SMEM_DQS (2 * 16384 + 2 * WG_KV_TILE + 1024)           // 2 x dS^T, K double-buffered
+#define WG_SMEM_DQ (4 * WG_KV_TILE + 1024) // Q, dout, K, V
+#define WG_SMEM_DKDV \
+    (6 * WG_KV_TILE + 4 * 64 * 4 + 8192 + 1024) // K, V; Q, dout double-buffered; lse, D; dS^T
+#define WG_SMEM_DQS (2 * 16384 + 2 * WG_KV_TILE + 1024) // 2 x dS^T, K double-buffered
 
 typedef unsigned short bf16s;
 
@@ -45,27 +46,59 @@ typedef unsigned short bf16s;
 // D (64 x 64: 32 per thread) = [D +] A (64 x 16) B (16 x 64), both from shared memory, K-major
 __device__ __forceinline__ void wgmma_n64_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+                 "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(scale_d));
 }
 
 // D (64 x 128: 64 per thread) += A (64 x 16, from registers: each warp's 16 rows as the
 // mma.m16n8k16 A fragment) B (16 x 128, shared memory, N-major)
-__device__ __forceinline__ void wgmma_n128_rs(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+__device__ __forceinline__ void wgmma_n128_rs(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+                 "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+                 "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+                 "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
 }
 
 // D (64 x 128) += A (64 x 16) B (16 x 128), both from shared memory and both M/N-major (transposed):
 // A's 16 rows of K hold 64 contiguous M values, B's 16 rows 128 N values (two 64-column blocks)
 __device__ __forceinline__ void wgmma_n128_ss_t(float *d, uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+        "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+        "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
 }
 
 // Stage ROWS rows (row0.., rows `stride` elements apart; rows from nvalid on zero-filled) of 128
@@ -78,7 +111,8 @@ __device__ __forceinline__ void stage_sw(uint32_t dst, const bf16s *g, int row0,
         int r = e >> 4, c16 = e & 15, blk = c16 >> 3, c = c16 & 7;
         const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c16 * 8 : g;
         uint32_t d = dst + blk * ROWS * 128 + r * 128 + ((c ^ (r & 7)) << 4);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(r < nvalid ? 16 : 0));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                     "r"(r < nvalid ? 16 : 0));
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -112,15 +146,17 @@ __device__ __forceinline__ void wg_scores(float *s, uint32_t sa, int arows, uint
 // acc (64 x 128) += F (64 x 64, A fragments) X where X is a 64-row tile at sx read N-major
 __device__ __forceinline__ void wg_times(float *acc, uint32_t (*f)[4], uint32_t sx) {
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wgmma_n128_rs(acc, f[kk][0], f[kk][1], f[kk][2], f[kk][3], desc_sw128(sx + 2048 * kk, 64 * 128, 1024));
+    for (int kk = 0; kk < 4; kk++)
+        wgmma_n128_rs(acc, f[kk][0], f[kk][1], f[kk][2], f[kk][3],
+                      desc_sw128(sx + 2048 * kk, 64 * 128, 1024));
 }
 #endif
 
 // Query rows [qa, qb) of each sequence, keys 0..qb-1 (rows from qb on are never read as data: they
 // are zero-filled). Grid (ceil((qb-qa)/128), H, B), the blocks with the most keys first.
-__global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(bf16s *out, float *lse, const bf16s *q, const bf16s *k,
-                                                            const bf16s *v, int T, int H, int KV, float sl, int qa,
-                                                            int qb) {
+__global__ void __launch_bounds__(WG_THREADS, 2)
+    att_wg_fwd_k(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int T, int H, int KV,
+                 float sl, int qa, int qb) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sQ + WG_Q_BYTES, sV = sK + 2 * WG_KV_TILE;
@@ -131,34 +167,37 @@ __global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(bf16s *out, float 
     stage_sw<WG_BM, WG_THREADS>(sQ, qg, q0, min(WG_BM, qb - q0), (size_t)H * WG_HD);
     stage_sw<WG_BN, WG_THREADS>(sK, kg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
     stage_sw<WG_BN, WG_THREADS>(sV, vg, 0, min(WG_BN, qb), (size_t)KV * WG_HD);
-    int wrow = q0 + wg * 64;                     // this warpgroup's first row
+    int wrow = q0 + wg * 64; // this warpgroup's first row
     int r0 = wrow + w * 16 + (lane >> 2), r1 = r0 + 8;
     float o[64], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 #pragma unroll
     for (int i = 0; i < 64; i++) o[i] = 0.0f;
     for (int it = 0; it < ntile; it++) {
         int k0 = it * WG_BN, cur = it & 1;
-        stage_done();   // tile it (and Q, the first time); every warpgroup is done with tile it - 1
+        stage_done(); // tile it (and Q, the first time); every warpgroup is done with tile it - 1
         if (it + 1 < ntile) {
             int k1 = k0 + WG_BN;
-            stage_sw<WG_BN, WG_THREADS>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
-            stage_sw<WG_BN, WG_THREADS>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(WG_BN, qb - k1), (size_t)KV * WG_HD);
+            stage_sw<WG_BN, WG_THREADS>(sK + (cur ^ 1) * WG_KV_TILE, kg, k1, min(WG_BN, qb - k1),
+                                        (size_t)KV * WG_HD);
+            stage_sw<WG_BN, WG_THREADS>(sV + (cur ^ 1) * WG_KV_TILE, vg, k1, min(WG_BN, qb - k1),
+                                        (size_t)KV * WG_HD);
         }
-        if (k0 > wrow + 63) continue;   // warpgroup-uniform: every key follows every row of mine
+        if (k0 > wrow + 63) continue; // warpgroup-uniform: every key follows every row of mine
         float s[32];
         uint32_t qa0 = sQ + wg * 64 * 128, kb0 = sK + cur * WG_KV_TILE, vb0 = sV + cur * WG_KV_TILE;
         wgmma_fence();
         wg_scores(s, qa0, WG_BM, kb0, WG_BN);
         wgmma_commit();
         wgmma_wait<0>();
-        softmax_tile<WG_BN / 8, WG_HD / 8>(s, o, m0, m1, l0, l1, k0 + WG_BN > wrow || k0 + WG_BN > qb, k0, r0, r1, qb, t,
-                                           sl);   // mask: the diagonal or the last keys
-        uint32_t pf[4][4];   // P as A fragments
+        softmax_tile<WG_BN / 8, WG_HD / 8>(s, o, m0, m1, l0, l1, k0 + WG_BN > wrow || k0 + WG_BN > qb, k0, r0,
+                                           r1, qb, t,
+                                           sl); // mask: the diagonal or the last keys
+        uint32_t pf[4][4]; // P as A fragments
         wg_frags(pf, s);
         wgmma_fence();
         wg_times(o, pf, vb0);
         wgmma_commit();
-        wgmma_wait<0>();   // V's buffer is reloaded two tiles on
+        wgmma_wait<0>(); // V's buffer is reloaded two tiles on
     }
     softmax_store<WG_HD / 8>(out, lse, o, m0, m1, l0, l1, r0, r1, qb, b, T, H, h, t);
 #endif
@@ -166,15 +205,18 @@ __global__ void __launch_bounds__(WG_THREADS, 2) att_wg_fwd_k(bf16s *out, float 
 
 
 // dq += sum over keys u <= t of ds_tu k_u (ds = p (dp - D) sc, p = exp2(s sl - lse log2 e),
-// dp = dout . v) for the query rows t in [qa, qb): one warpgroup per 64 queries over 64-key tiles. Grid (ceil((qb-qa)/64), H, B), the most keys first.
-__global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout, const float *lse, const float *Dg,
-                                                    const bf16s *q, const bf16s *k, const bf16s *v, int T, int H,
-                                                    int KV, float sl, float sc, int qa, int qb, int add) {
+// dp = dout . v) for the query rows t in [qa, qb): one warpgroup per 64 queries over 64-key tiles. Grid
+// (ceil((qb-qa)/64), H, B), the most keys first.
+__global__ void __launch_bounds__(128)
+    att_wg_dq_k(float *dq, const bf16s *dout, const float *lse, const float *Dg, const bf16s *q,
+                const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb,
+                int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     // Q, dout, K, V (64 rows each): one buffer each, so that 3 blocks fit an SM (measured: 396 -> 357 us
     // against double-buffered K and V, 2 blocks); the next V loads during dS K, the next K after it
-    uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sG = sQ + WG_KV_TILE, sK = sG + WG_KV_TILE, sV = sK + WG_KV_TILE;
+    uint32_t sQ = (smem_u32(wg_smem) + 1023) & ~1023u, sG = sQ + WG_KV_TILE, sK = sG + WG_KV_TILE,
+             sV = sK + WG_KV_TILE;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     AttQBlock blk = att_qblock<WG_HD, 64, 64>(T, H, KV, qa, qb);
     int b = blk.b, h = blk.h, q0 = blk.q0, ntile = blk.ntile;
@@ -200,17 +242,18 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
         wgmma_commit();
         wg_scores(dp, sG, 64, sV, 64);
         wgmma_commit();
-        wgmma_wait<1>();   // S is done: P while dP's MMAs run
-        int mask = k0 + 64 > q0 || k0 + 64 > qb;   // the diagonal or the last keys
+        wgmma_wait<1>(); // S is done: P while dP's MMAs run
+        int mask = k0 + 64 > q0 || k0 + 64 > qb; // the diagonal or the last keys
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
-                s[4 * j + e] = !mask || (key <= row && key < qb) ? exp2f(s[4 * j + e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
+                s[4 * j + e] =
+                    !mask || (key <= row && key < qb) ? exp2f(s[4 * j + e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
             }
         wgmma_wait<0>();
-        if (it + 1 < ntile) {   // V is used up (every warp has waited for its products)
+        if (it + 1 < ntile) { // V is used up (every warp has waited for its products)
             __syncthreads();
             stage_sw<64, 128>(sV, vg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
         }
@@ -222,7 +265,7 @@ __global__ void __launch_bounds__(128) att_wg_dq_k(float *dq, const bf16s *dout,
         wg_times(acc, f, sK);
         wgmma_commit();
         wgmma_wait<0>();
-        if (it + 1 < ntile) {   // K is used up
+        if (it + 1 < ntile) { // K is used up
             __syncthreads();
             stage_sw<64, 128>(sK, kg, k1, min(64, qb - k1), (size_t)KV * WG_HD);
         }
@@ -243,19 +286,20 @@ __device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int
 // t >= u, t in [qa, qb), for the keys u < qb: one warpgroup per 64 keys (S^T and dP^T with the keys
 // as rows), the query tiles of 64 from qa double-buffered. Grid (ceil(qb/64), KV, B). ds (or NULL):
 // each tile's dS^T stored there for att_wg_dqs_k (the layout above; a = ceil(qa / 64), nt tiles per head).
-__global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s *ds, const bf16s *dout,
-                                                      const float *lse, const float *Dg, const bf16s *q,
-                                                      const bf16s *k, const bf16s *v, int T, int H, int KV, float sl,
-                                                      float sc, int qa, int qb, int a, size_t nt, int add) {
+__global__ void __launch_bounds__(128)
+    att_wg_dkdv_k(float *dk, float *dv, bf16s *ds, const bf16s *dout, const float *lse, const float *Dg,
+                  const bf16s *q, const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc,
+                  int qa, int qb, int a, size_t nt, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     // K, V (64 rows each), then Q and dout: 2 buffers of 64 rows each, then lse and D: 2 x 64 each
-    uint32_t sK = (smem_u32(wg_smem) + 1023) & ~1023u, sV = sK + WG_KV_TILE, sQ = sV + WG_KV_TILE, sG = sQ + 2 * WG_KV_TILE;
+    uint32_t sK = (smem_u32(wg_smem) + 1023) & ~1023u, sV = sK + WG_KV_TILE, sQ = sV + WG_KV_TILE,
+             sG = sQ + 2 * WG_KV_TILE;
     uint32_t sL = sG + 2 * WG_KV_TILE, sD = sL + 128 * 4;
     const float *Ls = (const float *)(wg_smem + (sL - smem_u32(wg_smem))), *Ds = Ls + 128;
-    unsigned char *Ss = (unsigned char *)(Ds + 128);   // dS^T's tile on its way out (8 KB; ds only)
+    unsigned char *Ss = (unsigned char *)(Ds + 128); // dS^T's tile on its way out (8 KB; ds only)
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-    AttPlace pl = att_place();   // the keys from k0 (the most query tiles first)
+    AttPlace pl = att_place(); // the keys from k0 (the most query tiles first)
     int b = pl.b, kh = pl.head, rep = H / KV;
     int k0 = pl.pos * 64;
     size_t koff = ((size_t)b * T * KV + kh) * WG_HD;
@@ -267,24 +311,25 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s
     for (int i = 0; i < 64; i++) dka[i] = dva[i] = 0.0f;
     // the query tiles: for each query head of the group in order, those of [qa, qb) in steps of 64 from the
     // one holding max(k0, qa) (whose tile index is max(0, j - a): a tile ahead of the keys reads nothing)
-    int m0 = max(0, k0 / 64 - a), tstart = qa + 64 * m0, per = (qb - tstart + 63) / 64,
-        ntile = rep * per;
+    int m0 = max(0, k0 / 64 - a), tstart = qa + 64 * m0, per = (qb - tstart + 63) / 64, ntile = rep * per;
     for (int i = -1; i < ntile; i++) {
         if (i >= 0) {
-            stage_done();   // tile i and its lse, D; tile i - 1's buffers are used up
+            stage_done(); // tile i and its lse, D; tile i - 1's buffers are used up
         }
-        if (i + 1 < ntile) {   // tile i + 1 loads while tile i is used
-            int n = i + 1, buf = n & 1, hq = kh * rep + n / per, t1 = tstart + (n % per) * 64, nq = min(64, qb - t1);
+        if (i + 1 < ntile) { // tile i + 1 loads while tile i is used
+            int n = i + 1, buf = n & 1, hq = kh * rep + n / per, t1 = tstart + (n % per) * 64,
+                nq = min(64, qb - t1);
             size_t qoff = ((size_t)b * T * H + hq) * WG_HD, lrow = ((size_t)b * H + hq) * T;
             stage_sw<64, 128>(sQ + buf * WG_KV_TILE, q + qoff, t1, nq, (size_t)H * WG_HD);
             stage_sw<64, 128>(sG + buf * WG_KV_TILE, dout + qoff, t1, nq, (size_t)H * WG_HD);
             // lse and D through cp.async too (zero-filled past nq): a plain load would stall the warp
             // at its shared-memory store, and with it the warpgroup's next wgmma
-            {   // threads 0-63: lse, 64-127: D
+            { // threads 0-63: lse, 64-127: D
                 int j = threadIdx.x & 63, ok = j < nq;
                 const float *src = (threadIdx.x < 64 ? lse : Dg) + lrow + t1 + (ok ? j : 0);
                 uint32_t dst = (threadIdx.x < 64 ? sL : sD) + (buf * 64 + j) * 4;
-                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                             "r"(ok ? 4 : 0));
                 asm volatile("cp.async.commit_group;\n" ::);
             }
         }
@@ -297,18 +342,19 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s
         // serialised them; issuing dV's MMAs before dS^T measured the same, 0.957 ms)
         float s[32], dp[32], pr[32];
         wgmma_fence();
-        wg_scores(s, sK, 64, qb_, 64);    // s^T: keys x queries
+        wg_scores(s, sK, 64, qb_, 64); // s^T: keys x queries
         wgmma_commit();
-        wg_scores(dp, sV, 64, gb, 64);    // dp^T
+        wg_scores(dp, sV, 64, gb, 64); // dp^T
         wgmma_commit();
         wgmma_wait<1>();
-        int mask = t0 < k0 + 64 || t0 + 64 > qb;   // the diagonal or the last queries
+        int mask = t0 < k0 + 64 || t0 + 64 > qb; // the diagonal or the last queries
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u0 + 8;
-                pr[4 * j + e] = !mask || (qt >= key && qt < qb) ? exp2f(s[4 * j + e] * sl - Lc[c] * WG_LOG2E) : 0.0f;
+                pr[4 * j + e] =
+                    !mask || (qt >= key && qt < qb) ? exp2f(s[4 * j + e] * sl - Lc[c] * WG_LOG2E) : 0.0f;
             }
         wgmma_wait<0>();
 #pragma unroll
@@ -325,7 +371,7 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s
         wg_times(dva, fp, gb);
         wg_times(dka, fd, qb_);
         wgmma_commit();
-        if (ds) {   // dS^T in bf16 (the A fragments' bits: rows u0 - k0 (+ 8), queries 16 kk + 8 (e / 2) + 2 t)
+        if (ds) { // dS^T in bf16 (the A fragments' bits: rows u0 - k0 (+ 8), queries 16 kk + 8 (e / 2) + 2 t)
             // into shared memory in the tile's layout (conflict-free: the 8 rows of a warp's store fall in 8
             // chunks), then out in 16-byte pieces, whole lines (stored from the fragments directly, each
             // warp store wrote 16 bytes in each of 8 lines: the dk/dv kernel took 472 us instead of 336)
@@ -338,7 +384,7 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s
                     int row = r + 8 * (e & 1), c16 = 2 * kk + (e >> 1);
                     *(uint32_t *)(Ss + row * 128 + ((c16 ^ (row & 7)) << 4) + 4 * t) = fd[kk][e];
                 }
-            __syncthreads();   // (the tile is read again only after the next step's first barrier)
+            __syncthreads(); // (the tile is read again only after the next step's first barrier)
 #pragma unroll
             for (int c = threadIdx.x; c < 512; c += 128) tile[c] = *(const uint4 *)(Ss + 16 * c);
         }
@@ -354,24 +400,27 @@ __global__ void __launch_bounds__(128) att_wg_dkdv_k(float *dk, float *dv, bf16s
 // which read the same K tiles (staged once for both: from L2 the kernel read dS once and K twice as many
 // bytes), dS^T (M-major) and K (N-major) staged as they are stored, double-buffered. Grid
 // (ceil((qb - qa) / 128), H, B), the most keys first.
-__global__ void __launch_bounds__(256) att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV,
-                                                     int qa, int qb, int a, size_t nt, int add) {
+__global__ void __launch_bounds__(256) att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H,
+                                                    int KV, int qa, int qb, int a, size_t nt, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     // 2 buffers of (dS^T of each warpgroup's tile: 2 x 8 KB), then 2 of K (16 KB)
     uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + 2 * 16384;
     int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
     AttQBlock blk = att_qblock<WG_HD, 128, 64>(T, H, KV, qa, qb);
-    int q0 = blk.q0, ntile = blk.ntile, qw = q0 + 64 * wg;   // this warpgroup's rows from qw (none past qb)
-    int nw = qw < qb ? (min(qw + 64, qb) + 63) / 64 : 0;     // and its key tiles
-    const bf16s *kg = k + blk.koff, *dg = nw ? ds + ds_tile(blk.b, blk.h, H, (qw - qa) / 64, 0, a, nt) * 4096 : ds;
-    // key tile n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % 2, one commit group
+    int q0 = blk.q0, ntile = blk.ntile, qw = q0 + 64 * wg; // this warpgroup's rows from qw (none past qb)
+    int nw = qw < qb ? (min(qw + 64, qb) + 63) / 64 : 0; // and its key tiles
+    const bf16s *kg = k + blk.koff,
+                *dg = nw ? ds + ds_tile(blk.b, blk.h, H, (qw - qa) / 64, 0, a, nt) * 4096 : ds;
+    // key tile n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % 2, one commit
+    // group
     auto load = [&](int n) {
         if (n < nw) {
             const char *src = (const char *)(dg + (size_t)n * 4096);
             uint32_t dst = sD + (n & 1) * 16384 + wg * 8192;
             for (int e = threadIdx.x & 127; e < 512; e += 128)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16), "l"(src + e * 16));
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16),
+                             "l"(src + e * 16));
         }
         stage_sw<64, 256>(sK + (n & 1) * WG_KV_TILE, kg, n * 64, min(64, qb - n * 64), (size_t)KV * WG_HD);
     };
@@ -380,14 +429,15 @@ __global__ void __launch_bounds__(256) att_wg_dqs_k(float *dq, const bf16s *ds, 
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
     for (int it = 0; it < ntile; it++) {
-        stage_done();   // tile it; every warp is done with tile it - 1, whose buffers tile it + 1 takes
+        stage_done(); // tile it; every warp is done with tile it - 1, whose buffers tile it + 1 takes
         if (it + 1 < ntile) load(it + 1);
-        if (it >= nw) continue;   // warpgroup-uniform: the lower tile has one key tile fewer
+        if (it >= nw) continue; // warpgroup-uniform: the lower tile has one key tile fewer
         uint32_t d0 = sD + (it & 1) * 16384 + wg * 8192, k0 = sK + (it & 1) * WG_KV_TILE;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
-            wgmma_n128_ss_t(acc, desc_sw128(d0 + 2048 * kk, 8192, 1024), desc_sw128(k0 + 2048 * kk, 64 * 128, 1024));
+            wgmma_n128_ss_t(acc, desc_sw128(d0 + 2048 * kk, 8192, 1024),
+                            desc_sw128(k0 + 2048 * kk, 64 * 128, 1024));
         wgmma_commit();
         wgmma_wait<0>();
     }
@@ -400,16 +450,19 @@ __global__ void __launch_bounds__(256) att_wg_dqs_k(float *dq, const bf16s *ds, 
 extern "C" int cuda_attention_wg_runs(int hd) { return hd == WG_HD && backend_cuda_grouped_kernel(); }
 
 // Forward on the bf16 copies (layouts of ops.h); 0 where this path does not run (cuda_attention_wg_runs).
-extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
-                                     const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1) {
+extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q,
+                                     const unsigned short *k, const unsigned short *v, int B, int T, int H,
+                                     int KV, int hd, int t0, int t1) {
     if (!cuda_attention_wg_runs(hd)) return 0;
     static int opted = 0;
     if (!opted) {
-        CUDA_CHECK(cudaFuncSetAttribute(att_wg_fwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_FWD));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(att_wg_fwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_FWD));
         opted = 1;
     }
     dim3 grid(cdiv_u(t1 - t0, WG_BM), H, B);
-    att_wg_fwd_k<<<grid, WG_THREADS, WG_SMEM_FWD>>>(out, lse, q, k, v, T, H, KV, WG_LOG2E / sqrtf((float)WG_HD), t0, t1);
+    att_wg_fwd_k<<<grid, WG_THREADS, WG_SMEM_FWD>>>(out, lse, q, k, v, T, H, KV,
+                                                    WG_LOG2E / sqrtf((float)WG_HD), t0, t1);
     KCHECK("attention_fwd (wgmma)");
     return 1;
 }
@@ -420,27 +473,31 @@ extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsi
 // NULL (the dq kernel computes S, dP and dS again).
 extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout,
                                      const float *lse, const float *D, const unsigned short *q,
-                                     const unsigned short *k, const unsigned short *v, int B, int T, int H, int KV,
-                                     int hd, int t0, int t1, int flags) {
+                                     const unsigned short *k, const unsigned short *v, int B, int T, int H,
+                                     int KV, int hd, int t0, int t1, int flags) {
     if (!cuda_attention_wg_runs(hd)) return 0;
     static int opted = 0;
     if (!opted) {
-        CUDA_CHECK(cudaFuncSetAttribute(att_wg_dq_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQ));
-        CUDA_CHECK(cudaFuncSetAttribute(att_wg_dkdv_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DKDV));
-        CUDA_CHECK(cudaFuncSetAttribute(att_wg_dqs_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQS));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(att_wg_dq_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQ));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(att_wg_dkdv_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DKDV));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(att_wg_dqs_k, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM_DQS));
         opted = 1;
     }
     float sc = 1.0f / sqrtf((float)WG_HD), sl = sc * WG_LOG2E;
     int nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64;
-    size_t nt = (size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2;   // dS tiles per head (ds_tile)
+    size_t nt = (size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2; // dS tiles per head (ds_tile)
     dim3 gq(nq, H, B), gk(cdiv_u(t1, 64), KV, B);
     bf16s *dsb = (bf16s *)ds;
     if (!dsb) {
-        att_wg_dq_k<<<gq, 128, WG_SMEM_DQ>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, flags & ATT_ADD_DQ);
+        att_wg_dq_k<<<gq, 128, WG_SMEM_DQ>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1,
+                                             flags & ATT_ADD_DQ);
         KCHECK("attention_bwd (wgmma, dq)");
     }
-    att_wg_dkdv_k<<<gk, 128, WG_SMEM_DKDV>>>(dk, dv, dsb, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, a, nt,
-                                              flags & ATT_ADD_DKV);
+    att_wg_dkdv_k<<<gk, 128, WG_SMEM_DKDV>>>(dk, dv, dsb, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, a,
+                                             nt, flags & ATT_ADD_DKV);
     KCHECK("attention_bwd (wgmma, dk/dv)");
     if (dsb) {
         dim3 g2(cdiv_u(t1 - t0, 128), H, B);

@@ -3,8 +3,9 @@
 // and attention, the GEMMs' bf16 copy of the weights) and "cuda-fp32" (all float32); they differ
 // only there (cuda_gemm.cu, cuda_attention_tc.cu).
 // Everything runs on the legacy default stream, so ops are ordered as they are called and a
-// to_host copy waits for the kernels before it (a small to_device does not: it is staged and enqueued). Must not hold: kernels (cuda_nn.cu, cuda_optim.cu,
-// cuda_attention*.cu, cuda_gemm.cu) or any knowledge of the model.
+// to_host copy waits for the kernels before it (a small to_device does not: it is staged and enqueued). Must
+// not hold: kernels (cuda_nn.cu, cuda_optim.cu, cuda_attention*.cu, cuda_gemm.cu) or any knowledge of the
+// model.
 #include <stdlib.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
@@ -12,36 +13,39 @@
 
 extern "C" const char *cuda_hint(cudaError_t e) {
     switch (e) {
-    case cudaErrorMemoryAllocation:
-        return "out of device memory: use a smaller --batch/--seq-len or model, or free the GPU (nvidia-smi)";
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-        return "no usable CUDA GPU or driver: check nvidia-smi and CUDA_VISIBLE_DEVICES, or run with the cpu backend";
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion:
-        return "this binary was not built for this GPU: rebuild with -DCMAKE_CUDA_ARCHITECTURES=<your sm>";
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-        return "a kernel touched memory outside its buffers: rerun under compute-sanitizer, or MOE_CUDA_SYNC=1 to name the kernel";
-    case cudaErrorInvalidConfiguration:
-        return "a launch had a bad grid/block/shared-memory size (shape too large for this kernel?)";
-    default:
-        return "rerun with MOE_CUDA_SYNC=1 (or under compute-sanitizer) to find the failing call";
+        case cudaErrorMemoryAllocation:
+            return "out of device memory: use a smaller --batch/--seq-len or model, or free the GPU "
+                   "(nvidia-smi)";
+        case cudaErrorNoDevice:
+        case cudaErrorInsufficientDriver:
+            return "no usable CUDA GPU or driver: check nvidia-smi and CUDA_VISIBLE_DEVICES, or run with the "
+                   "cpu backend";
+        case cudaErrorNoKernelImageForDevice:
+        case cudaErrorUnsupportedPtxVersion:
+            return "this binary was not built for this GPU: rebuild with -DCMAKE_CUDA_ARCHITECTURES=<your "
+                   "sm>";
+        case cudaErrorIllegalAddress:
+        case cudaErrorLaunchFailure:
+            return "a kernel touched memory outside its buffers: rerun under compute-sanitizer, or "
+                   "MOE_CUDA_SYNC=1 to name the kernel";
+        case cudaErrorInvalidConfiguration:
+            return "a launch had a bad grid/block/shared-memory size (shape too large for this kernel?)";
+        default: return "rerun with MOE_CUDA_SYNC=1 (or under compute-sanitizer) to find the failing call";
     }
 }
 
 extern "C" const char *cublas_status_name(cublasStatus_t s) {
     switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "CUBLAS_STATUS_(unknown)";
+        case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+        case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+        case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+        case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+        case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+        case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+        case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+        case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+        case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+        default: return "CUBLAS_STATUS_(unknown)";
     }
 }
 
@@ -62,7 +66,7 @@ extern "C" cublasHandle_t cuda_cublas(void) { return g_cublas; }
 
 static void *cuda_alloc(size_t bytes) {
     void *p = NULL;
-    size_t n = bytes ? bytes : 1;   // a unique non-NULL pointer even for 0 bytes, like calloc
+    size_t n = bytes ? bytes : 1; // a unique non-NULL pointer even for 0 bytes, like calloc
     cudaError_t e = cudaMalloc(&p, n);
     if (e != cudaSuccess) {
         size_t fr = 0, tot = 0;
@@ -72,8 +76,8 @@ static void *cuda_alloc(size_t bytes) {
         fmt_bytes(need, sizeof need, (double)n);
         fmt_bytes(have, sizeof have, (double)fr);
         fmt_bytes(all, sizeof all, (double)tot);
-        DIE("%s:%d: cudaMalloc(%zu bytes = %s) failed: %s; %s free of %s on the GPU; hint: %s", __FILE__, __LINE__,
-            n, need, cudaGetErrorString(e), have, all, cuda_hint(e));
+        DIE("%s:%d: cudaMalloc(%zu bytes = %s) failed: %s; %s free of %s on the GPU; hint: %s", __FILE__,
+            __LINE__, n, need, cudaGetErrorString(e), have, all, cuda_hint(e));
     }
     CUDA_CHECK(cudaMemset(p, 0, n));
     return p;
@@ -87,7 +91,7 @@ static void cuda_free(void *p) {
 
 extern "C" void *cuda_workspace(size_t bytes) {
     if (bytes > g_ws_bytes) {
-        if (g_ws) CUDA_CHECK(cudaFree(g_ws));   // synchronises: no kernel still uses the old one
+        if (g_ws) CUDA_CHECK(cudaFree(g_ws)); // synchronises: no kernel still uses the old one
         g_ws_bytes = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes;
         CUDA_CHECK(cudaMalloc(&g_ws, g_ws_bytes));
     }
@@ -105,14 +109,15 @@ extern "C" void *cuda_workspace(size_t bytes) {
 static struct {
     char *ring;
     cudaEvent_t ev[UP_SLOTS];
-    unsigned long long n;   // copies so far: the next takes slot n % UP_SLOTS, used before once n >= UP_SLOTS
+    unsigned long long n; // copies so far: the next takes slot n % UP_SLOTS, used before once n >= UP_SLOTS
 } g_up;
 
 static int upload_async(void *dst, const void *src, size_t bytes) {
     if (bytes > UP_SLOT) return 0;
     if (!g_up.ring) {
         CUDA_CHECK(cudaHostAlloc((void **)&g_up.ring, UP_SLOT * UP_SLOTS, cudaHostAllocDefault));
-        for (int i = 0; i < UP_SLOTS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&g_up.ev[i], cudaEventDisableTiming));
+        for (int i = 0; i < UP_SLOTS; i++)
+            CUDA_CHECK(cudaEventCreateWithFlags(&g_up.ev[i], cudaEventDisableTiming));
     }
     int s = (int)(g_up.n % UP_SLOTS);
     if (g_up.n++ >= UP_SLOTS) CUDA_CHECK(cudaEventSynchronize(g_up.ev[s]));
@@ -126,7 +131,8 @@ static int upload_async(void *dst, const void *src, size_t bytes) {
 static void cuda_to_device(void *dst, const void *src, size_t bytes) {
     if (cuda_bf16_params_to_device(dst, src, bytes)) return;
     cuda_bf16_shadow_write(dst, bytes);
-    if (bytes && !upload_async(dst, src, bytes)) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (bytes && !upload_async(dst, src, bytes))
+        CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 static void cuda_to_host(void *dst, const void *src, size_t bytes) {
     if (cuda_bf16_params_to_host(dst, src, bytes)) return;
@@ -149,7 +155,7 @@ extern "C" int backend_cuda_available(void) {
     if (avail < 0) {
         int n = 0;
         cudaError_t e = cudaGetDeviceCount(&n);
-        if (e != cudaSuccess) cudaGetLastError();   // clear: no driver / no device is not an error here
+        if (e != cudaSuccess) cudaGetLastError(); // clear: no driver / no device is not an error here
         avail = e == cudaSuccess && n > 0;
     }
     return avail;
@@ -178,7 +184,7 @@ static void fill_common(Backend *be) {
     be->rope_fwd_hid = cuda_rope_fwd_f32;
     be->to_hid = cuda_to_hid_f32;
     be->dropout = cuda_dropout;
-    be->attention_drop_fwd = cuda_attention_drop_fwd;   // (float32 kernels on both backends)
+    be->attention_drop_fwd = cuda_attention_drop_fwd; // (float32 kernels on both backends)
     be->attention_drop_bwd = cuda_attention_drop_bwd;
     be->attention_fwd = cuda_attention_fwd;
     be->attention_bwd = cuda_attention_bwd;
@@ -203,7 +209,10 @@ static void fill_common(Backend *be) {
     be->adamw_runs = cuda_adamw_runs;
 }
 
-static void cuda_bf16_shadow_none(const float *p, size_t n) { (void)p; (void)n; }   // cuda-fp32: float32 GEMMs
+static void cuda_bf16_shadow_none(const float *p, size_t n) {
+    (void)p;
+    (void)n;
+} // cuda-fp32: float32 GEMMs
 
 static Backend g_be_bf16, g_be_f32;
 
@@ -211,7 +220,8 @@ static Backend g_be_bf16, g_be_f32;
 static void cuda_init(void) {
     if (g_cublas) return;
     if (!backend_cuda_available())
-        DIE("the cuda backend needs a CUDA GPU, and none is visible: check nvidia-smi and CUDA_VISIBLE_DEVICES, "
+        DIE("the cuda backend needs a CUDA GPU, and none is visible: check nvidia-smi and "
+            "CUDA_VISIBLE_DEVICES, "
             "or use the cpu backend");
     // one GPU per process: the node-local rank picks it (under mpirun/srun; 0 otherwise)
     int ngpu = 0;
@@ -229,7 +239,7 @@ static void cuda_init(void) {
     g_be_bf16.matmul_bwd_multi = cuda_matmul_bwd_multi_bf16;
     g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
     g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
-    g_be_bf16.hid_elem = 2;   // bf16
+    g_be_bf16.hid_elem = 2; // bf16
     g_be_bf16.grouped_swiglu_fwd = cuda_grouped_swiglu_fwd_bf16;
     g_be_bf16.grouped_down_fwd = cuda_grouped_down_fwd_bf16;
     g_be_bf16.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_bf16;

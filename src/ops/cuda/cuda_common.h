@@ -18,22 +18,36 @@ extern "C" {
 extern "C" const char *cuda_hint(cudaError_t e);
 extern "C" const char *cublas_status_name(cublasStatus_t s);
 
-#define CUDA_CHECK(call) do { cudaError_t _e = (call); if (_e != cudaSuccess) \
-    DIE("%s:%d: %s failed: %s (%s); hint: %s", __FILE__, __LINE__, #call, cudaGetErrorName(_e), \
-        cudaGetErrorString(_e), cuda_hint(_e)); } while (0)
-#define CUBLAS_CHECK(call) do { cublasStatus_t _s = (call); if (_s != CUBLAS_STATUS_SUCCESS) \
-    DIE("%s:%d: %s failed: %s; hint: %s", __FILE__, __LINE__, #call, cublas_status_name(_s), \
-        _s == CUBLAS_STATUS_ALLOC_FAILED ? "out of device memory for cuBLAS's workspace" : \
-        _s == CUBLAS_STATUS_NOT_INITIALIZED ? "no usable CUDA device or driver (check nvidia-smi)" : \
-        "the GEMM shape or leading dimensions are invalid, or an earlier kernel failed (rerun with MOE_CUDA_SYNC=1)"); } while (0)
+#define CUDA_CHECK(call) \
+    do { \
+        cudaError_t _e = (call); \
+        if (_e != cudaSuccess) \
+            DIE("%s:%d: %s failed: %s (%s); hint: %s", __FILE__, __LINE__, #call, cudaGetErrorName(_e), \
+                cudaGetErrorString(_e), cuda_hint(_e)); \
+    } while (0)
+#define CUBLAS_CHECK(call) \
+    do { \
+        cublasStatus_t _s = (call); \
+        if (_s != CUBLAS_STATUS_SUCCESS) \
+            DIE("%s:%d: %s failed: %s; hint: %s", __FILE__, __LINE__, #call, cublas_status_name(_s), \
+                _s == CUBLAS_STATUS_ALLOC_FAILED ? "out of device memory for cuBLAS's workspace" \
+                    : _s == CUBLAS_STATUS_NOT_INITIALIZED \
+                    ? "no usable CUDA device or driver (check nvidia-smi)" \
+                    : "the GEMM shape or leading dimensions are invalid, or an earlier kernel failed " \
+                      "(rerun with MOE_CUDA_SYNC=1)"); \
+    } while (0)
 
 // After every kernel launch: the launch error, and with MOE_CUDA_SYNC=1 in the environment a full
 // synchronisation so that an asynchronous fault is reported at the kernel that caused it.
 extern "C" int cuda_sync_each_launch(void);
-#define KCHECK(name) do { cudaError_t _e = cudaGetLastError(); if (_e == cudaSuccess && cuda_sync_each_launch()) \
-    _e = cudaDeviceSynchronize(); if (_e != cudaSuccess) \
-    DIE("%s:%d: kernel %s failed: %s (%s); hint: %s", __FILE__, __LINE__, name, cudaGetErrorName(_e), \
-        cudaGetErrorString(_e), cuda_hint(_e)); } while (0)
+#define KCHECK(name) \
+    do { \
+        cudaError_t _e = cudaGetLastError(); \
+        if (_e == cudaSuccess && cuda_sync_each_launch()) _e = cudaDeviceSynchronize(); \
+        if (_e != cudaSuccess) \
+            DIE("%s:%d: kernel %s failed: %s (%s); hint: %s", __FILE__, __LINE__, name, \
+                cudaGetErrorName(_e), cudaGetErrorString(_e), cuda_hint(_e)); \
+    } while (0)
 
 // The cuBLAS handle of the backend (created by backend_cuda()).
 extern "C" cublasHandle_t cuda_cublas(void);
@@ -48,14 +62,18 @@ __device__ __forceinline__ void st_f(float *p, float v) { *p = v; }
 // Two floats rounded to bf16 (round to nearest even) in one 32-bit word, lo in the low half (the lower
 // address in memory; the register layout of an mma A fragment's pair of columns).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    union { __nv_bfloat162 b; uint32_t u; } c;
-    c.b = __floats2bfloat162_rn(lo, hi);   // .x (low half) = lo
+    union {
+        __nv_bfloat162 b;
+        uint32_t u;
+    } c;
+    c.b = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo
     return c.u;
 }
 
 // A grid-stride loop over n elements: e takes this thread's indices.
-#define GRID_STRIDE(e, n) for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n); \
-                               e += (size_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(e, n) \
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n); \
+         e += (size_t)gridDim.x * blockDim.x)
 static inline unsigned cdiv_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 // Grid for a grid-stride elementwise loop over n elements.
 static inline unsigned ew_grid(size_t n, int threads) {
@@ -83,7 +101,7 @@ __device__ __forceinline__ double block_sum_d(double v) {
     __shared__ double part[32];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_sum_d(v);
-    __syncthreads();                       // part[] may still be read by a previous call
+    __syncthreads(); // part[] may still be read by a previous call
     if (lane == 0) part[w] = v;
     __syncthreads();
     double s = 0;
@@ -107,12 +125,13 @@ extern "C" {
 void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C);
 void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
 void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
-void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C, float eps);
+void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
+                          float eps);
 void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                       const float *rstd, int N, int C);
 void cuda_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N, int C);
-void cuda_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N, int C,
-                           int Ctot, float eps);
+void cuda_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss, int N,
+                           int C, int Ctot, float eps);
 void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                            const float *rstd, const double *dot, int N, int C, int Ctot);
 void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
@@ -123,10 +142,12 @@ void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd
 void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
 void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 void cuda_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
-                             int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
-void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
-                             const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
-                             int t0, int t1, float p, uint64_t seed, int64_t row0, int h0, int flags);
+                             int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                             int h0);
+void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                             const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                             int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                             int h0, int flags);
 void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 // The same in the hidden format of "cuda" (bf16, ops.h hid_elem; the fused ops' fallback where our grouped
 // kernel does not run): h1, h3 and act = silu(h1) h3 of float32 h1f, h3f, each rounded to bf16; and dh1, dh3
@@ -136,22 +157,25 @@ void cuda_swiglu_bwd_hid(void *dh1, void *dh3, const float *dout, const void *h1
 void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                      int accumulate);
 void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
-void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k, int C,
-                       int accumulate);
-void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias, int N,
-                      int E, int k, int renorm);
+void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
+                       int C, int accumulate);
+void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
+                      const float *bias, int N, int E, int k, int renorm);
 void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
-                     const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl, int N,
-                     int E, int k, int renorm);
+                     const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
+                     int N, int E, int k, int renorm);
 void cuda_gather_dot_scale_bf16(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                 const float *scale, int n, int C, int hid);
 void cuda_gather_dot_scale_f32(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                const float *scale, int n, int C, int hid);
-void cuda_rmsnorm_fwd_hid_bf16(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
-void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
+void cuda_rmsnorm_fwd_hid_bf16(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                               float eps);
+void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const float *w, int N, int C,
+                              float eps);
 void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
-void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss);
+void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V,
+                                float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);
 void cuda_sigmoid_fwd(float *out, const float *inp, size_t n);
@@ -160,8 +184,9 @@ void cuda_axpy(float *y, const float *x, float a, size_t n);
 void cuda_add(float *out, const float *a, const float *b, size_t n);
 // cuda_plan.cu
 void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
-void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank, const int32_t *idx,
-                    const float *w, const int32_t *keep, const int32_t *first, int N, int E, int k);
+void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank,
+                    const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first, int N,
+                    int E, int k);
 // cuda_optim.cu
 OptRuns *cuda_runs_create(const OptRun *runs, int n);
 void cuda_runs_free(OptRuns *r);
@@ -191,88 +216,95 @@ unsigned cuda_bf16_holes_gen(const float *p);
 void cuda_f32_to_bf16(void *dst, const float *src, size_t n);
 void cuda_bf16_to_f32(float *dst, const void *src, size_t n);
 void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
-void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
-                         int flags);
-void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
+void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                         int K, int O, int flags);
+void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off, int G,
+                                 int K, int O);
 void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const int64_t *off, int G, int K, int O, int flags);
 void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
-void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
-                          int flags);
+void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                          int K, int O, int flags);
 void cuda_matmul_fwd_multi_f32(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                                const int *O);
-void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
-                               const float *const *w, int N, int K, const int *O, int flags);
-void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
-                                const int *O);
-void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
-                                const float *const *w, int N, int K, const int *O, int flags);
-void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O);
+void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout,
+                               const void *inp, const float *const *w, int N, int K, const int *O, int flags);
+void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w, int N,
+                                int K, const int *O);
+void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout,
+                                const void *inp, const float *const *w, int N, int K, const int *O,
+                                int flags);
+void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G,
+                                  int K, int O);
 void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                   const int64_t *off, int G, int K, int O, int flags);
-void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
-                                 const int64_t *off, int G, int K, int O);
-void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
+void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const void *inp, const float *w1,
+                                 const float *w3, const int64_t *off, int G, int K, int O);
+void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
+                               int O);
 void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
-                                 const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                 int O, int flags);
+                                 const void *h1, const void *h3, const float *w, const int64_t *off, int G,
+                                 int K, int O, int flags);
 void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
-                                  const void *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
-                                  int O, int flags);
+                                  const void *inp, const float *wa, const float *wb, const int64_t *off,
+                                  int G, int K, int O, int flags);
 void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                   const float *w3, const int64_t *off, int G, int K, int O);
-void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G, int K, int O);
+void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
+                                int O);
 void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
-                                  const void *h1, const void *h3, const float *w, const int64_t *off, int G, int K,
-                                  int O, int flags);
+                                  const void *h1, const void *h3, const float *w, const int64_t *off, int G,
+                                  int K, int O, int flags);
 void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
-                                   const void *inp, const float *wa, const float *wb, const int64_t *off, int G, int K,
-                                   int O, int flags);
+                                   const void *inp, const float *wa, const float *wb, const int64_t *off,
+                                   int G, int K, int O, int flags);
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
 // (packed: the output as bf16 packed from dw, ops.h GM_DW_BF16; beta 0)
-int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x, const int64_t *off, int G,
-                         int K, int O);
+int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x,
+                         const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
                             const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,
                             const void *w, const int64_t *off, int G, int K, int O);
 // cuda_attention.cu
 // (query rows [t0, t1) of each sequence: ops.h; q, k, v float32: the float32 backend's hidden format)
-void cuda_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
-                        int B, int T, int H, int KV, int hd, int t0, int t1);
+void cuda_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                        int H, int KV, int hd, int t0, int t1);
 void cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
                         const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
                         int t0, int t1, int flags);
 // The rows attention_bwd writes under `flags` (ops.h ATT_ADD_*) set to zeros, for kernels that add.
-void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0, int t1,
-                              int flags);
+void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int H, int KV, int hd, int t0,
+                              int t1, int flags);
 // D[b,h,t] = <dout, out> per query row t in [t0, t1) (layouts as ops.h; D is (B, H, T)); gout (bf16,
 // dout's layout) or NULL: dout rounded to bf16 first and those rows stored there (the tensor-core
 // backward's operand); out float32 or (out_bf16) bf16
-void cuda_attention_rowdot(float *D, void *gout, const float *dout, const void *out, int out_bf16, int B, int T, int H,
-                           int hd, int t0, int t1);
+void cuda_attention_rowdot(float *D, void *gout, const float *dout, const void *out, int out_bf16, int B,
+                           int T, int H, int hd, int t0, int t1);
 // cuda_attention_wg.cu: the forward and backward on Hopper's wgmma from the bf16 copies of q, k, v
 // (and dout; head dim 128; 0 where they do not run: cuda_attention_wg_runs); the backward's ds: ops.h
 // attention_ds_bytes of scratch or NULL
 int cuda_attention_wg_runs(int hd);
 int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
-int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout, const float *lse,
-                          const float *D, const unsigned short *q, const unsigned short *k, const unsigned short *v,
-                          int B, int T, int H, int KV, int hd, int t0, int t1, int flags);
+int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout,
+                          const float *lse, const float *D, const unsigned short *q, const unsigned short *k,
+                          const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1,
+                          int flags);
 // cuda_attention_tc.cu: the same ops for backend "cuda" (q, k, v, out bf16: its hidden format): on tensor
 // cores (head dims 32, 64, 128), else (and with dropout) the float32 kernels on q, k, v (out) widened
-void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v,
-                           int B, int T, int H, int KV, int hd, int t0, int t1);
-void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
-                           const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd,
-                           int t0, int t1, int flags);
-void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
-                                  int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0);
+void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                           int H, int KV, int hd, int t0, int t1);
+void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                           const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
+                           int KV, int hd, int t0, int t1, int flags);
+void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                                  int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
+                                  int64_t row0, int h0);
 void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, const float *dout, const void *out,
-                                  const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
-                                  int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0, int h0,
-                                  int flags);
+                                  const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                                  int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
+                                  int h0, int flags);
 }

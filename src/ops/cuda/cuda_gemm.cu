@@ -6,8 +6,8 @@
 //           CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation) and a float32 output; *_bwd
 //           accumulate into the float32 gradients with beta = 1 (beta = 0 for a grouped dinp that
 //           is overwritten, accumulate 0). Products of two bf16 values are exact in fp32, so the
-//           result is the float32 GEMM of the bf16-rounded operands up to the summation order; tests/test_cuda_ops.c checks exactly that, against a cpu reference
-//           that rounds the same operands.
+//           result is the float32 GEMM of the bf16-rounded operands up to the summation order;
+//           tests/test_cuda_ops.c checks exactly that, against a cpu reference that rounds the same operands.
 // Precision policy of "cuda": grouped GEMMs (the experts) always run in bf16; a plain matmul runs
 // in bf16 only when O > MOE_GEMM_FP32_MAX_O (ops.h). Narrower ones (the router, O = E) stay
 // float32: with O outputs per input row they do O/2 FLOP per float read, under the ~16 FLOP/byte
@@ -68,9 +68,9 @@ static void bf16_scratch_v(int cnt, const size_t *sz, bf16 **p) {
     size_t need = 0;
     for (int i = 0; i < cnt; i++) need += al256(sz[i] * sizeof(bf16));
     if (need > g_bf_bytes) {
-        if (g_bf) CUDA_CHECK(cudaFree(g_bf));   // synchronises: no kernel still reads the old one
+        if (g_bf) CUDA_CHECK(cudaFree(g_bf)); // synchronises: no kernel still reads the old one
         g_bf = NULL;
-        size_t grow = g_bf_bytes + g_bf_bytes / 4;   // +25%, so slowly growing shapes reallocate rarely
+        size_t grow = g_bf_bytes + g_bf_bytes / 4; // +25%, so slowly growing shapes reallocate rarely
         g_bf_bytes = need > grow ? need : grow;
         if (g_bf_bytes < ((size_t)1 << 20)) g_bf_bytes = (size_t)1 << 20;
         cudaError_t e = cudaMalloc(&g_bf, g_bf_bytes);
@@ -82,8 +82,8 @@ static void bf16_scratch_v(int cnt, const size_t *sz, bf16 **p) {
             fmt_bytes(a, sizeof a, (double)g_bf_bytes);
             fmt_bytes(b, sizeof b, (double)fr);
             DIE("%s:%d: cudaMalloc of the bf16 GEMM scratch (%s) failed: %s; %s free on the GPU; hint: %s "
-                "(or use --device cuda-fp32, which needs no scratch)", __FILE__, __LINE__, a, cudaGetErrorString(e), b,
-                cuda_hint(e));
+                "(or use --device cuda-fp32, which needs no scratch)",
+                __FILE__, __LINE__, a, cudaGetErrorString(e), b, cuda_hint(e));
         }
     }
     char *q = (char *)g_bf;
@@ -104,14 +104,16 @@ static void bf16_scratch(size_t n0, size_t n1, size_t n2, bf16 **p0, bf16 **p1, 
 
 // bf16 values of the weight [w, w + count) from the weights' bf16 copy (cuda_weights.cu), or NULL: then
 // the caller converts w.
-static const bf16 *shadow_of(const float *w, size_t count) { return (const bf16 *)cuda_bf16_shadow_of(w, count); }
+static const bf16 *shadow_of(const float *w, size_t count) {
+    return (const bf16 *)cuda_bf16_shadow_of(w, count);
+}
 
 // C (m,n) col-major [fp32] = A op (m,k) . B op (k,n) [bf16] + beta C
 static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const bf16 *A, int lda,
                       const bf16 *B, int ldb, float beta, float *C, int ldc) {
     const float one = 1.0f;
-    CUBLAS_CHECK(cublasGemmEx(cuda_cublas(), ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &beta, C,
-                              CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(cuda_cublas(), ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb,
+                              &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // ---------------------------------------------------------------- float32 GEMMs
@@ -119,7 +121,8 @@ static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, 
 // Row-major GEMMs through column-major cuBLAS: a row-major (R,C) array is the column-major (C,R)
 // array, so out = inp W^T (row-major) is out^T = W^T' inp^T in column-major terms, etc.
 // Plain FP32 math (CUBLAS_DEFAULT_MATH: no TF32), so results match the CPU to float32 rounding.
-extern "C" void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
+extern "C" void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w, int N, int K, int O,
+                                    int accumulate) {
     if (N <= 0 || O <= 0) return;
     if (K <= 0) {
         if (!accumulate) CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * (size_t)N * O));
@@ -127,7 +130,8 @@ extern "C" void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w
     }
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     // out^T (O,N) = W (O,K) . inp^T (K,N); W is column-major (K,O) with ld K, used transposed
-    CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, &one, w, K, inp, K, &beta, out, O));
+    CUBLAS_CHECK(
+        cublasSgemm(cuda_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, &one, w, K, inp, K, &beta, out, O));
 }
 
 // The weight gradient of a narrow product (O <= MOE_GEMM_FP32_MAX_O: the router's, O = E), dw (O,K) [+]=
@@ -139,9 +143,9 @@ extern "C" void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w
 #define DWN_ROWS 128
 #define DWN_COLS 128
 template <int OB>
-__global__ void __launch_bounds__(DWN_COLS) dw_narrow_part_k(float *part, const float *dout, const float *inp, int N,
-                                                             int K, int O) {
-    __shared__ float sd[DWN_ROWS * OB];   // the chunk's dout rows, OB columns (zeros past O)
+__global__ void __launch_bounds__(DWN_COLS)
+    dw_narrow_part_k(float *part, const float *dout, const float *inp, int N, int K, int O) {
+    __shared__ float sd[DWN_ROWS * OB]; // the chunk's dout rows, OB columns (zeros past O)
     int k = blockIdx.x * DWN_COLS + threadIdx.x, n0 = blockIdx.y * DWN_ROWS, nr = min(DWN_ROWS, N - n0);
     for (int i = threadIdx.x; i < nr * OB; i += DWN_COLS) {
         int r = i / OB, o = i % OB;
@@ -187,9 +191,9 @@ static void dw_narrow(float *dw, const float *dout, const float *inp, int N, int
 
 // dinp = dout W [+ dinp when acc_dinp]; dw += dout^T inp. With O = 0 an overwritten dinp is zeros.
 // flags (ops.h): GM_ACC_DINP adds into dinp, GM_DW_WRITE writes dw (zeros without rows)
-static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K, int O,
-                       int flags) {
-    if (K <= 0 || O <= 0) {   // dw has no elements; dinp's sums are empty
+static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
+                       int K, int O, int flags) {
+    if (K <= 0 || O <= 0) { // dw has no elements; dinp's sums are empty
         if (dinp && N > 0 && K > 0 && !(flags & GM_ACC_DINP))
             CUDA_CHECK(cudaMemset(dinp, 0, sizeof(float) * (size_t)N * K));
         return;
@@ -201,21 +205,23 @@ static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *i
     const float one = 1.0f, bi = flags & GM_ACC_DINP ? 1.0f : 0.0f, bw = flags & GM_DW_WRITE ? 0.0f : 1.0f;
     // dinp^T (K,N) [+]= W^T (K,O) . dout^T (O,N)
     if (dinp)
-        CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, &one, w, K, dout, O, &bi, dinp, K));
+        CUBLAS_CHECK(
+            cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, &one, w, K, dout, O, &bi, dinp, K));
     // dw^T (K,O) [+]= inp^T (K,N) . dout (N,O)
     if (dw && O <= MOE_GEMM_FP32_MAX_O) dw_narrow(dw, dout, inp, N, K, O, !(flags & GM_DW_WRITE));
     else if (dw)
-        CUBLAS_CHECK(cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, &one, inp, K, dout, O, &bw, dw, K));
+        CUBLAS_CHECK(
+            cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, &one, inp, K, dout, O, &bw, dw, K));
 }
 
-extern "C" void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
-                                    int K, int O, int flags) {
+extern "C" void cuda_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp,
+                                    const float *w, int N, int K, int O, int flags) {
     mm_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
 }
 
 // One GEMM per non-empty group (off is a host array).
-extern "C" void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off, int G,
-                                            int K, int O) {
+extern "C" void cuda_grouped_matmul_fwd_f32(float *out, const float *inp, const float *w, const int64_t *off,
+                                            int G, int K, int O) {
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         if (n <= 0) continue;
@@ -243,12 +249,14 @@ static void dw_pack(float *dw, int g, size_t blk, const float *b, int packed) {
 
 // (GM_DW_BF16: each group's block computed apart, then packed: dw_block, dw_pack)
 extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp,
-                                            const float *w, const int64_t *off, int G, int K, int O, int flags) {
+                                            const float *w, const int64_t *off, int G, int K, int O,
+                                            int flags) {
     int packed = dw && (flags & GM_DW_BF16) && O > 0 && K > 0;
-    CHECK(!packed || (flags & GM_DW_WRITE), "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients "
+    CHECK(!packed || (flags & GM_DW_WRITE),
+          "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients "
           "are written once, never accumulated)");
     size_t blk = (size_t)O * K;
-    for (int g = 0; g < G; g++) {   // (a group without rows: only GM_DW_WRITE's zeros)
+    for (int g = 0; g < G; g++) { // (a group without rows: only GM_DW_WRITE's zeros)
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         if (n <= 0 && !(dw && (flags & GM_DW_WRITE))) continue;
         float *b = dw ? dw_block(dw, g, blk, packed) : NULL;
@@ -265,26 +273,28 @@ extern "C" void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const
     backend_grouped_swiglu_fwd_plain(backend_cuda_fp32(), h1, h3, act, inp, w1, w3, off, G, K, O);
 }
 
-extern "C" void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off, int G,
-                                          int K, int O) {
+extern "C" void cuda_grouped_down_fwd_f32(float *out, const void *act, const float *w, const int64_t *off,
+                                          int G, int K, int O) {
     backend_grouped_down_fwd_plain(backend_cuda_fp32(), out, act, w, off, G, K, O);
 }
 
-extern "C" void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
-                                            const void *h1, const void *h3, const float *w, const int64_t *off,
-                                            int G, int K, int O, int flags) {
-    backend_grouped_swiglu_bwd_plain(backend_cuda_fp32(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O, flags);
+extern "C" void cuda_grouped_swiglu_bwd_f32(void *dh1, void *dh3, float *dw, const void *dout,
+                                            const void *act, const void *h1, const void *h3, const float *w,
+                                            const int64_t *off, int G, int K, int O, int flags) {
+    backend_grouped_swiglu_bwd_plain(backend_cuda_fp32(), dh1, dh3, dw, dout, act, h1, h3, w, off, G, K, O,
+                                     flags);
 }
 
 extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb, const void *douta,
-                                             const void *doutb, const void *inp, const float *wa, const float *wb,
-                                             const int64_t *off, int G, int K, int O, int flags) {
-    backend_grouped_matmul_bwd2_plain(backend_cuda_fp32(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G, K, O,
-                                      flags);
+                                             const void *doutb, const void *inp, const float *wa,
+                                             const float *wb, const int64_t *off, int G, int K, int O,
+                                             int flags) {
+    backend_grouped_matmul_bwd2_plain(backend_cuda_fp32(), dinp, dwa, dwb, douta, doutb, inp, wa, wb, off, G,
+                                      K, O, flags);
 }
 
-extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const void *inp, const float *const *w, int N,
-                                          int K, const int *O) {
+extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const void *inp, const float *const *w,
+                                          int N, int K, const int *O) {
     backend_matmul_fwd_multi_plain(backend_cuda_fp32(), n, out, inp, w, N, K, O);
 }
 
@@ -298,26 +308,30 @@ extern "C" void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, 
 
 // One product from bf16 operands, the weight from its copy or converted into wb: out = beta out + x W^T
 // (xb: the input, N x K).
-static void mm_fwd_one(float *out, const bf16 *xb, const float *w, bf16 *wb, int N, int K, int O, float beta) {
+static void mm_fwd_one(float *out, const bf16 *xb, const float *w, bf16 *wb, int N, int K, int O,
+                       float beta) {
     const bf16 *ws = shadow_of(w, (size_t)O * K);
     if (!ws) to_bf16(wb, w, (size_t)O * K);
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, ws ? ws : wb, K, xb, K, beta, out, O);
 }
 
 // One product's backward from bf16 dout (gb, N x O) and input (xb, N x K; read only for dw): dinp = dout W
-// (+ dinp with GM_ACC_DINP), dw += dout^T x (written with GM_DW_WRITE; either may be NULL), the weight from its
-// copy or converted into wb.
-static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, const bf16 *xb, const float *w, bf16 *wb, int N, int K,
-                       int O, int flags) {
+// (+ dinp with GM_ACC_DINP), dw += dout^T x (written with GM_DW_WRITE; either may be NULL), the weight from
+// its copy or converted into wb.
+static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, const bf16 *xb, const float *w, bf16 *wb,
+                       int N, int K, int O, int flags) {
     if (dinp) {
         const bf16 *ws = shadow_of(w, (size_t)O * K);
         if (!ws) to_bf16(wb, w, (size_t)O * K);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O, flags & GM_ACC_DINP ? 1.0f : 0.0f, dinp, K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O,
+                  flags & GM_ACC_DINP ? 1.0f : 0.0f, dinp, K);
     }
-    if (dw) gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, flags & GM_DW_WRITE ? 0.0f : 1.0f, dw, K);
+    if (dw)
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, flags & GM_DW_WRITE ? 0.0f : 1.0f, dw, K);
 }
 
-extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate) {
+extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O,
+                                     int accumulate) {
     if (N <= 0 || O <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) {
         cuda_matmul_fwd_f32(out, inp, w, N, K, O, accumulate);
         return;
@@ -328,10 +342,11 @@ extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *
     mm_fwd_one(out, xb, w, wb, N, K, O, accumulate ? 1.0f : 0.0f);
 }
 
-extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                     int N, int K, int O, int flags) {
+extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
+                                     const float *w, int N, int K, int O, int flags) {
     if (N <= 0 || K <= 0 || O <= 0 || (!dinp && !dw)) {
-        if (O <= 0 || N <= 0) cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags);   // (empty sums: zeros if written)
+        if (O <= 0 || N <= 0)
+            cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags); // (empty sums: zeros if written)
         return;
     }
     if (O <= MOE_GEMM_FP32_MAX_O) {
@@ -339,8 +354,8 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
         return;
     }
     bf16 *gb, *wb, *xb;
-    bf16_scratch((size_t)N * O, dinp && !shadow_of(w, (size_t)O * K) ? (size_t)O * K : 0, dw ? (size_t)N * K : 0,
-                 &gb, &wb, &xb);
+    bf16_scratch((size_t)N * O, dinp && !shadow_of(w, (size_t)O * K) ? (size_t)O * K : 0,
+                 dw ? (size_t)N * K : 0, &gb, &wb, &xb);
     to_bf16(gb, dout, (size_t)N * O);
     if (dw) to_bf16(xb, inp, (size_t)N * K);
     mm_bwd_one(dinp, dw, gb, xb, w, wb, N, K, O, flags);
@@ -368,12 +383,15 @@ static const float *narrow_inp(const void *inp, bf16 *xf, int any_narrow, int N,
     return (const float *)xf;
 }
 
-extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w, int N,
-                                           int K, const int *O) {
+extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w,
+                                           int N, int K, const int *O) {
     size_t wmax = 0;
     int narrow = 0;
     for (int i = 0; i < n; i++) {
-        if (!mm_bf16_path(N, K, O[i])) { narrow = 1; continue; }
+        if (!mm_bf16_path(N, K, O[i])) {
+            narrow = 1;
+            continue;
+        }
         if (!shadow_of(w[i], (size_t)O[i] * K) && (size_t)O[i] * K > wmax) wmax = (size_t)O[i] * K;
     }
     size_t sz[2] = {wmax, narrow && N > 0 && K > 0 ? 2 * (size_t)N * K : 0};
@@ -395,7 +413,10 @@ extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw,
     size_t gmax = 0, wmax = 0;
     int narrow = 0;
     for (int i = 0; i < n; i++) {
-        if (!mm_bf16_path(N, K, O[i])) { narrow = 1; continue; }
+        if (!mm_bf16_path(N, K, O[i])) {
+            narrow = 1;
+            continue;
+        }
         if ((size_t)N * O[i] > gmax) gmax = (size_t)N * O[i];
         if (!shadow_of(w[i], (size_t)O[i] * K) && (size_t)O[i] * K > wmax) wmax = (size_t)O[i] * K;
     }
@@ -405,7 +426,7 @@ extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw,
     const float *xf = narrow_inp(inp, p[2], narrow, N, K);
     for (int i = 0; i < n; i++) {
         int fl = i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags;
-        if (!mm_bf16_path(N, K, O[i])) {   // (also the empty products: matmul_bwd's zeros or nothing)
+        if (!mm_bf16_path(N, K, O[i])) { // (also the empty products: matmul_bwd's zeros or nothing)
             cuda_matmul_bwd_f32(dinp, dw[i], dout[i], xf, w[i], N, K, O[i], fl);
             continue;
         }
@@ -455,9 +476,11 @@ static void dw_zero_empty(float *dw, const int64_t *off, int G, int K, int O, in
 
 // dw_g += dout_g^T x_g (flags GM_DW_WRITE: =; GM_DW_BF16: packed bf16) for every non-empty group (our kernel,
 // or cuBLAS per group); with write, the other groups' blocks are zeroed
-static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O, int flags) {
+static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O,
+                int flags) {
     int write = flags & GM_DW_WRITE, packed = (flags & GM_DW_BF16) != 0;
-    CHECK(!packed || write, "grouped weight gradients: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients are written "
+    CHECK(!packed || write,
+          "grouped weight gradients: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients are written "
           "once, never accumulated)");
     if (write) dw_zero_empty(dw, off, G, K, O, 0, packed);
     if (cuda_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, packed, gb, xb, off, G, K, O)) return;
@@ -468,7 +491,8 @@ static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, i
         if (n <= 0) continue;
         // dw_g^T (K,O) [+]= inp_g^T (K,n) . dout_g (n,O)
         float *b = dw_block(dw, g, blk, packed);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, write ? 0.0f : 1.0f, b, K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, (int)n, xb + r0 * K, K, gb + r0 * O, O, write ? 0.0f : 1.0f,
+                  b, K);
         dw_pack(dw, g, blk, b, packed);
     }
 }
@@ -487,7 +511,7 @@ static int64_t fwd_rows(void *const *outs, int nout, size_t elem, const int64_t 
     if (G <= 0 || O <= 0) return 0;
     int64_t rows = off[G] - off[0];
     if (rows <= 0) return 0;
-    if (K <= 0) {   // empty sums: the written rows are zeros (as the cpu's GEMM with K = 0)
+    if (K <= 0) { // empty sums: the written rows are zeros (as the cpu's GEMM with K = 0)
         for (int i = 0; i < nout; i++)
             CUDA_CHECK(cudaMemset((char *)outs[i] + off[0] * O * elem, 0, elem * (size_t)rows * O));
         return 0;
@@ -495,8 +519,8 @@ static int64_t fwd_rows(void *const *outs, int nout, size_t elem, const int64_t 
     return rows;
 }
 
-extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off, int G,
-                                             int K, int O) {
+extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const float *w, const int64_t *off,
+                                             int G, int K, int O) {
     void *o = out;
     int64_t rows = fwd_rows(&o, 1, sizeof(float), off, G, K, O);
     if (!rows) return;
@@ -508,8 +532,8 @@ extern "C" void cuda_grouped_matmul_fwd_bf16(float *out, const float *inp, const
 }
 
 // the experts' down-projection: its input rows are bf16 already (the hidden format), no conversion
-extern "C" void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off, int G,
-                                           int K, int O) {
+extern "C" void cuda_grouped_down_fwd_bf16(float *out, const void *act, const float *w, const int64_t *off,
+                                           int G, int K, int O) {
     void *o = out;
     int64_t rows = fwd_rows(&o, 1, sizeof(float), off, G, K, O);
     if (!rows) return;
@@ -551,9 +575,9 @@ extern "C" void cuda_grouped_swiglu_fwd_bf16(void *h1, void *h3, void *act, cons
 // the down-projection's backward into the SwiGLU: dact only in the kernel's registers (dh1, dh3 from its
 // epilogue), or where it cannot run through float32 scratch and swiglu_bwd; dout (the dact and dw operand),
 // act (the dw operand), h1, h3, dh1, dh3 bf16 (the hidden format)
-extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
-                                             const void *h1, const void *h3, const float *w, const int64_t *off,
-                                             int G, int K, int O, int flags) {
+extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const void *dout,
+                                             const void *act, const void *h1, const void *h3, const float *w,
+                                             const int64_t *off, int G, int K, int O, int flags) {
     if (G <= 0 || K <= 0) return;
     int64_t rows = off[G] - off[0], base = off[0];
     int write = dw && (flags & GM_DW_WRITE) && O > 0;
@@ -563,7 +587,7 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
     }
     size_t n = (size_t)rows * K, b = (size_t)base * K;
     bf16 *d1 = (bf16 *)dh1 + b, *d3 = (bf16 *)dh3 + b;
-    if (O <= 0) {   // dact = 0: dh1 = dh3 = 0 (0 * finite); dw has no elements
+    if (O <= 0) { // dact = 0: dh1 = dh3 = 0 (0 * finite); dw has no elements
         CUDA_CHECK(cudaMemset(d1, 0, sizeof(bf16) * n));
         CUDA_CHECK(cudaMemset(d3, 0, sizeof(bf16) * n));
         return;
@@ -597,10 +621,11 @@ static int64_t bwd_rows(float *dinp, float *const *dws, int ndw, const int64_t *
     int64_t rows = off[G] - off[0];
     if (rows <= 0) {
         for (int i = 0; i < ndw; i++)
-            if (dws[i] && (flags & GM_DW_WRITE) && O > 0) dw_zero_empty(dws[i], off, G, K, O, 1, (flags & GM_DW_BF16) != 0);
+            if (dws[i] && (flags & GM_DW_WRITE) && O > 0)
+                dw_zero_empty(dws[i], off, G, K, O, 1, (flags & GM_DW_BF16) != 0);
         return 0;
     }
-    if (O <= 0) {   // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
+    if (O <= 0) { // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
         if (dinp && !(flags & GM_ACC_DINP))
             CUDA_CHECK(cudaMemset(dinp + off[0] * K, 0, sizeof(float) * (size_t)rows * K));
         return 0;
@@ -610,7 +635,8 @@ static int64_t bwd_rows(float *dinp, float *const *dws, int ndw, const int64_t *
 
 // dinp with beta = GM_ACC_DINP (0: written, never read); dw with beta 1, or 0 with GM_DW_WRITE (ops.h).
 extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
-                                             const float *w, const int64_t *off, int G, int K, int O, int flags) {
+                                             const float *w, const int64_t *off, int G, int K, int O,
+                                             int flags) {
     int64_t rows = bwd_rows(dinp, &dw, 1, off, G, K, O, flags);
     if (!rows) return;
     int64_t base = off[0];
@@ -631,8 +657,9 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
 // the pair's backward: dinp [+]= douta Wa + doutb Wb in one pass; douta, doutb (dh1, dh3) and inp (the dw
 // operand) bf16 already (the hidden format)
 extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta,
-                                              const void *doutb, const void *inp, const float *wa, const float *wb,
-                                              const int64_t *off, int G, int K, int O, int flags) {
+                                              const void *doutb, const void *inp, const float *wa,
+                                              const float *wb, const int64_t *off, int G, int K, int O,
+                                              int flags) {
     float *dws[2] = {dwa, dwb};
     int64_t rows = bwd_rows(dinp, dws, 2, off, G, K, O, flags);
     if (!rows) return;

@@ -33,29 +33,31 @@ typedef __nv_bfloat16 bf16;
 #define GG_BN 256
 #define GG_BK 64
 #define GG_ST 4
-#define GG_MAXG 256   // groups per launch: GGArgs (~2.2 KB) and the four tensor maps stay within 4 KB of kernel parameters
+#define GG_MAXG \
+    256 // groups per launch: GGArgs (~2.2 KB) and the four tensor maps stay within 4 KB of kernel parameters
 #define GG_THREADS 384
 #define GG_A_BYTES (GG_BM * GG_BK * 2)
 #define GG_B_BYTES (GG_BN * GG_BK * 2)
 #define GG_SMEM (GG_ST * (GG_A_BYTES + GG_B_BYTES) + 1024 + 2 * GG_ST * 8)
-#define GG_EPI_BYTES 2048   // per consumer warp: EPI_SWIGLU_FWD's staging of 16 rows x 64 columns
-#define GG_SMEM_STAGED (GG_SMEM + 128 + 8 * GG_EPI_BYTES)   // only that kernel (the rest keep L1 for themselves:
-                                                           // measured, the weight gradients' kernel 2% slower)
+#define GG_EPI_BYTES 2048 // per consumer warp: EPI_SWIGLU_FWD's staging of 16 rows x 64 columns
+#define GG_SMEM_STAGED \
+    (GG_SMEM + 128 + 8 * GG_EPI_BYTES) // only that kernel (the rest keep L1 for themselves:
+// measured, the weight gradients' kernel 2% slower)
 
 struct GGArgs {
-    float *C;                    // output (EPI_PLAIN, EPI_DW)
-    bf16 *Cp;                    // EPI_DW with beta 0: the output as bf16 packed from C (ops.h GM_DW_BF16), else NULL
-    bf16 *O1, *O2, *O3;          // outputs, bf16: h1, h3, act (EPI_SWIGLU_FWD); dh1, dh3 (EPI_SWIGLU_BWD)
-    const bf16 *H1, *H3;         // EPI_SWIGLU_BWD: the forward's h1, h3 (ld ldc)
-    int bn;                      // columns per tile: 256, or 128 of each of two weights (EPI_SWIGLU_FWD)
-    int M;                       // EPI_DW: rows of each group's C (its weight gradient is (M, N))
-    int nfast;                   // EPI_DW: tiles of a group run columns fastest (else rows)
+    float *C; // output (EPI_PLAIN, EPI_DW)
+    bf16 *Cp; // EPI_DW with beta 0: the output as bf16 packed from C (ops.h GM_DW_BF16), else NULL
+    bf16 *O1, *O2, *O3; // outputs, bf16: h1, h3, act (EPI_SWIGLU_FWD); dh1, dh3 (EPI_SWIGLU_BWD)
+    const bf16 *H1, *H3; // EPI_SWIGLU_BWD: the forward's h1, h3 (ld ldc)
+    int bn; // columns per tile: 256, or 128 of each of two weights (EPI_SWIGLU_FWD)
+    int M; // EPI_DW: rows of each group's C (its weight gradient is (M, N))
+    int nfast; // EPI_DW: tiles of a group run columns fastest (else rows)
     long long ldc;
     float beta;
-    int G, N, K, K2, tiles;      // K2 > 0: a second pair (A2, B2) continues the reduction (K-concat)
-    int b_rows, b_rows2;         // rows of one group's B (B2): N (K-major) or K (K2) (N-major)
-    int tstart[GG_MAXG + 1];     // first tile of each group; tstart[G] = tiles
-    int rstart[GG_MAXG + 1];     // first row of each group, counted from A's (and C's) first row
+    int G, N, K, K2, tiles; // K2 > 0: a second pair (A2, B2) continues the reduction (K-concat)
+    int b_rows, b_rows2; // rows of one group's B (B2): N (K-major) or K (K2) (N-major)
+    int tstart[GG_MAXG + 1]; // first tile of each group; tstart[G] = tiles
+    int rstart[GG_MAXG + 1]; // first row of each group, counted from A's (and C's) first row
 };
 
 // ---------------------------------------------------------------- PTX wrappers
@@ -65,52 +67,62 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
     uint32_t done;
     do {
-        asm volatile("{\n.reg .pred P;\nmbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\nselp.u32 %0, 1, 0, P;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        asm volatile("{\n.reg .pred P;\nmbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\nselp.u32 %0, "
+                     "1, 0, P;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
     } while (!done);
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
 }
 // TMA: the box at element coordinates (c0 innermost, c1) of the tensor map into shared memory,
 // completing on bar.
 __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+                 "{%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
 }
 template <int TA, int TB>
 __device__ __forceinline__ void wgmma_n256(float *d, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
-                 " %128, %129, p, 1, 1, %131, %132;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
+        " %128, %129, p, 1, 1, %131, %132;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+          "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),
+          "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]),
+          "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
+          "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),
+          "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 // The group that tile t belongs to: the last group whose first tile is <= t (a binary search over
@@ -137,7 +149,8 @@ __device__ __forceinline__ void gg_tile(const GGArgs &a, int t, int &m0, int &me
 
 // Tile t of a weight-gradient launch (EPI_DW): group g, C's first row m0 and column n0, and the
 // group's token rows [r0, rend) that the tile sums over.
-__device__ __forceinline__ void gg_tile_dw(const GGArgs &a, int t, int &m0, int &n0, int &r0, int &rend, int &g) {
+__device__ __forceinline__ void gg_tile_dw(const GGArgs &a, int t, int &m0, int &n0, int &r0, int &rend,
+                                           int &g) {
     g = gg_group_of_tile(a, t);
     int mt = (a.M + GG_BM - 1) / GG_BM, nt = (a.N + GG_BN - 1) / GG_BN, local = t - a.tstart[g];
     m0 = (a.nfast ? local / nt : local % mt) * GG_BM;
@@ -158,14 +171,17 @@ enum { EPI_PLAIN, EPI_SWIGLU_FWD, EPI_SWIGLU_BWD, EPI_DW };
 
 // EPI_SWIGLU_BWD's operands from the forward: h1 and h3 as raw bf16 pairs at (row, col) of a thread's
 // fragment (zeros outside the group's rows or past N)
-__device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGArgs &a, int row, int col, int mend) {
+__device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGArgs &a, int row, int col,
+                                          int mend) {
     u1 = u3 = 0;
     if (row >= mend || col >= a.N) return;
     long long o = (long long)row * a.ldc + col;
     u1 = *(const uint32_t *)(a.H1 + o);
     u3 = *(const uint32_t *)(a.H3 + o);
 }
-__device__ __forceinline__ float2 bf2_f2(uint32_t u) { return __bfloat1622float2(*(const __nv_bfloat162 *)&u); }
+__device__ __forceinline__ float2 bf2_f2(uint32_t u) {
+    return __bfloat1622float2(*(const __nv_bfloat162 *)&u);
+}
 // A warp's 16 rows x 64 columns of a bf16 output (v[jj][h]: the bf16 pairs of its fragment's column
 // groups jj and rows +8h) stored through its staging buffer (GG_EPI_BYTES): stmatrix into 16-byte chunks
 // (chunk ch of row r at ch ^ (r % 8), so that neither the stmatrix rows nor the 16-byte reads meet bank
@@ -173,51 +189,57 @@ __device__ __forceinline__ float2 bf2_f2(uint32_t u) { return __bfloat1622float2
 // stores, 8 rows per instruction, held the epilogue at the registers they read: SwiGLU forward 1.30 ->
 // 1.15 ms on the reference layer). out: the warp's first row and the block's first column; rows < nrow
 // and 8-column chunks < nch are stored.
-__device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, int nch, const uint32_t (&v)[8][2],
-                                            uint32_t buf, int lane) {
+__device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, int nch,
+                                            const uint32_t (&v)[8][2], uint32_t buf, int lane) {
 #pragma unroll
-    for (int jj = 0; jj < 8; jj += 2) {   // matrices (jj, rows 0-7), (jj, 8-15), (jj + 1, 0-7), (jj + 1, 8-15)
+    for (int jj = 0; jj < 8; jj += 2) { // matrices (jj, rows 0-7), (jj, 8-15), (jj + 1, 0-7), (jj + 1, 8-15)
         int m = lane >> 3, row = 8 * (m & 1) + (lane & 7), ch = jj + (m >> 1);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                     ::"r"(buf + row * 128 + ((ch ^ (row & 7)) << 4)), "r"(v[jj][0]), "r"(v[jj][1]), "r"(v[jj + 1][0]),
-                     "r"(v[jj + 1][1]) : "memory");
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         buf + row * 128 + ((ch ^ (row & 7)) << 4)),
+                     "r"(v[jj][0]), "r"(v[jj][1]), "r"(v[jj + 1][0]), "r"(v[jj + 1][1])
+                     : "memory");
     }
     __syncwarp();
 #pragma unroll
-    for (int i = 0; i < 4; i++) {   // rows 4i .. 4i + 3, a row per 8 lanes
+    for (int i = 0; i < 4; i++) { // rows 4i .. 4i + 3, a row per 8 lanes
         int row = 4 * i + (lane >> 3), ch = lane & 7;
         uint32_t d0, d1, d2, d3;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3) : "r"(buf + row * 128 + ((ch ^ (row & 7)) << 4)) : "memory");
+                     : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
+                     : "r"(buf + row * 128 + ((ch ^ (row & 7)) << 4))
+                     : "memory");
         if (row < nrow && ch < nch) *(uint4 *)(out + row * ldc + 8 * ch) = make_uint4(d0, d1, d2, d3);
     }
-    __syncwarp();   // the buffer is free for the next call
+    __syncwarp(); // the buffer is free for the next call
 }
-#define GG_HB 8   // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas
-                  // allocates for the launch bound, 168 registers, not the consumers' setmaxnreg 232)
+#define GG_HB \
+    8 // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas
+      // allocates for the launch bound, 168 registers, not the consumers' setmaxnreg 232)
 
 // NMAJ: B is N-major (K, N) per group (else K-major (N, K)). EPI: the epilogue (above).
 template <int NMAJ, int EPI>
 __global__ void __launch_bounds__(GG_THREADS, 1)
-gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-          const __grid_constant__ CUtensorMap tmA2, const __grid_constant__ CUtensorMap tmB2,
-          const __grid_constant__ GGArgs a) {
+    gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+              const __grid_constant__ CUtensorMap tmA2, const __grid_constant__ CUtensorMap tmB2,
+              const __grid_constant__ GGArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;   // 128B-swizzled tiles: 1024-byte aligned
-    uint32_t sA = base, sB = base + GG_ST * GG_A_BYTES, full = sB + GG_ST * GG_B_BYTES, empty = full + GG_ST * 8;
-    uint32_t epi = (empty + GG_ST * 8 + 127) & ~127u;   // the consumer warps' staging buffers (GG_EPI_BYTES each)
+    uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u; // 128B-swizzled tiles: 1024-byte aligned
+    uint32_t sA = base, sB = base + GG_ST * GG_A_BYTES, full = sB + GG_ST * GG_B_BYTES,
+             empty = full + GG_ST * 8;
+    uint32_t epi =
+        (empty + GG_ST * 8 + 127) & ~127u; // the consumer warps' staging buffers (GG_EPI_BYTES each)
     int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GG_ST; s++) {
-            mbar_init(full + 8 * s, 1);        // the producer's expect_tx; the bytes complete it
-            mbar_init(empty + 8 * s, 8);       // one arrival per consumer warp
+            mbar_init(full + 8 * s, 1); // the producer's expect_tx; the bytes complete it
+            mbar_init(empty + 8 * s, 8); // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
     const int KT1 = (a.K + GG_BK - 1) / GG_BK, KT = KT1 + (a.K2 + GG_BK - 1) / GG_BK;
-    if (wg == 0) {   // producer: one thread issues every load
+    if (wg == 0) { // producer: one thread issues every load
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x != 0) return;
         int s = 0, ph = 0;
@@ -233,26 +255,35 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 mbar_wait(empty + 8 * s, ph ^ 1);
                 uint32_t fb = full + 8 * s;
                 mbar_expect_tx(fb, GG_A_BYTES + GG_B_BYTES);
-                if (EPI == EPI_DW) {   // A: two 64-wide column blocks of dout; B: four of x; rows r0 + 64 kt
+                if (EPI == EPI_DW) { // A: two 64-wide column blocks of dout; B: four of x; rows r0 + 64 kt
                     int rk = r0 + kt * GG_BK;
-                    for (int i = 0; i < GG_BM / 64; i++) tma_2d(sA + s * GG_A_BYTES + i * 8192, &tmA, m0 + 64 * i, rk, fb);
-                    for (int j = 0; j < GG_BN / 64; j++) tma_2d(sB + s * GG_B_BYTES + j * 8192, &tmB, n0 + 64 * j, rk, fb);
-                    if (++s == GG_ST) { s = 0; ph ^= 1; }
+                    for (int i = 0; i < GG_BM / 64; i++)
+                        tma_2d(sA + s * GG_A_BYTES + i * 8192, &tmA, m0 + 64 * i, rk, fb);
+                    for (int j = 0; j < GG_BN / 64; j++)
+                        tma_2d(sB + s * GG_B_BYTES + j * 8192, &tmB, n0 + 64 * j, rk, fb);
+                    if (++s == GG_ST) {
+                        s = 0;
+                        ph ^= 1;
+                    }
                     continue;
                 }
-                int second = kt >= KT1, k0 = (second ? kt - KT1 : kt) * GG_BK, br = second ? a.b_rows2 : a.b_rows;
+                int second = kt >= KT1, k0 = (second ? kt - KT1 : kt) * GG_BK,
+                    br = second ? a.b_rows2 : a.b_rows;
                 const CUtensorMap *ma = second ? &tmA2 : &tmA, *mb = second ? &tmB2 : &tmB;
                 tma_2d(sA + s * GG_A_BYTES, ma, k0, m0, fb);
                 if (NMAJ) {
                     for (int j = 0; j < GG_BN / 64; j++)
                         tma_2d(sB + s * GG_B_BYTES + j * 64 * GG_BK * 2, mb, n0 + 64 * j, g * br + k0, fb);
-                } else if (EPI == EPI_SWIGLU_FWD) {   // W1's 128 rows, then W3's (same rows)
+                } else if (EPI == EPI_SWIGLU_FWD) { // W1's 128 rows, then W3's (same rows)
                     tma_2d(sB + s * GG_B_BYTES, &tmB, k0, g * br + n0, fb);
                     tma_2d(sB + s * GG_B_BYTES + GG_B_BYTES / 2, &tmB2, k0, g * br + n0, fb);
                 } else {
                     tma_2d(sB + s * GG_B_BYTES, mb, k0, g * br + n0, fb);
                 }
-                if (++s == GG_ST) { s = 0; ph ^= 1; }
+                if (++s == GG_ST) {
+                    s = 0;
+                    ph ^= 1;
+                }
             }
         }
         return;
@@ -285,27 +316,34 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 int valid = rend - (r0 + kt * GG_BK);
                 if (valid < GG_BK) {
                     for (int i = threadIdx.x % 128; i < (GG_BK - valid) * 8; i += 128)
-                        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(pa + valid * 128 + i * 16), "r"(0)
-                                     : "memory");
+                        asm volatile(
+                            "st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(pa + valid * 128 + i * 16),
+                            "r"(0)
+                            : "memory");
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    if (c == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");   // this warpgroup only
+                    if (c == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory"); // this warpgroup only
                     else asm volatile("bar.sync 2, 128;\n" ::: "memory");
                 }
             }
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < GG_BK / 16; kk++) {
-                uint64_t da = EPI == EPI_DW ? desc_sw128(pa + 2048 * kk, 8192, 1024) : desc_sw128(pa + 32 * kk, 16, 1024);
-                uint64_t db = NMAJ ? desc_sw128(pb + 2048 * kk, 64 * GG_BK * 2, 1024) : desc_sw128(pb + 32 * kk, 16, 1024);
+                uint64_t da = EPI == EPI_DW ? desc_sw128(pa + 2048 * kk, 8192, 1024)
+                                            : desc_sw128(pa + 32 * kk, 16, 1024);
+                uint64_t db = NMAJ ? desc_sw128(pb + 2048 * kk, 64 * GG_BK * 2, 1024)
+                                   : desc_sw128(pb + 32 * kk, 16, 1024);
                 wgmma_n256<EPI == EPI_DW, NMAJ>(acc, da, db, kt | kk);
             }
             wgmma_commit();
-            if (kt > 0) {   // the previous stage's MMAs are done: hand it back
+            if (kt > 0) { // the previous stage's MMAs are done: hand it back
                 wgmma_wait<1>();
                 if (lane == 0) mbar_arrive(empty + 8 * prev);
             }
             prev = s;
-            if (++s == GG_ST) { s = 0; ph ^= 1; }
+            if (++s == GG_ST) {
+                s = 0;
+                ph ^= 1;
+            }
         }
         // accumulator fragment: rows wq*16 + lane/4 (+8), columns 8j + 2*(lane%4) (+1)
         int r = m0 + c * 64 + wq * 16 + lane / 4, cb = n0 + 2 * (lane % 4);
@@ -326,7 +364,8 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 for (int h = 0; h < 2; h++) {
                     int row = r + 8 * h, col = cb + 8 * j;
                     float2 h1 = bf2_f2(u1[j % GG_HB][h]), h3 = bf2_f2(u3[j % GG_HB][h]);
-                    if (j + GG_HB < GG_BN / 8) gg_load_h(u1[j % GG_HB][h], u3[j % GG_HB][h], a, row, col + 8 * GG_HB, mend);
+                    if (j + GG_HB < GG_BN / 8)
+                        gg_load_h(u1[j % GG_HB][h], u3[j % GG_HB][h], a, row, col + 8 * GG_HB, mend);
                     if (row >= mend || col >= a.N) continue;
                     long long o = (long long)row * a.ldc + col;
                     float2 d1, d3;
@@ -339,7 +378,7 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
         }
         wgmma_wait<0>();
         if (lane == 0) mbar_arrive(empty + 8 * prev);
-        if (EPI == EPI_SWIGLU_FWD) {   // act, h1, h3 of 64 columns at a time through the warp's staging buffer
+        if (EPI == EPI_SWIGLU_FWD) { // act, h1, h3 of 64 columns at a time through the warp's staging buffer
             const int rw = m0 + c * 64 + wq * 16;
             const uint32_t buf = epi + (c * 4 + wq) * GG_EPI_BYTES;
 #pragma unroll
@@ -352,25 +391,29 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         int e = 4 * (jb + jj) + 2 * h;
-                        v[jj][h] = pack_bf16(swiglu_silu_mul(acc[e], acc[64 + e]), swiglu_silu_mul(acc[e + 1], acc[64 + e + 1]));
+                        v[jj][h] = pack_bf16(swiglu_silu_mul(acc[e], acc[64 + e]),
+                                             swiglu_silu_mul(acc[e + 1], acc[64 + e + 1]));
                     }
                 gg_put_rows(a.O3 + o, a.ldc, mend - rw, nch, v, buf, lane);
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
+                    for (int h = 0; h < 2; h++)
+                        v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
                 gg_put_rows(a.O1 + o, a.ldc, mend - rw, nch, v, buf, lane);
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) v[jj][h] = pack_bf16(acc[64 + 4 * (jb + jj) + 2 * h], acc[64 + 4 * (jb + jj) + 2 * h + 1]);
+                    for (int h = 0; h < 2; h++)
+                        v[jj][h] =
+                            pack_bf16(acc[64 + 4 * (jb + jj) + 2 * h], acc[64 + 4 * (jb + jj) + 2 * h + 1]);
                 gg_put_rows(a.O2 + o, a.ldc, mend - rw, nch, v, buf, lane);
             }
             continue;
         }
-        if (EPI == EPI_DW && Cpb) {   // bf16, packed (beta 0): 64 columns at a time through the warp's staging
-            // buffer into 16-byte stores (the fragment's own 4-byte stores fill half a sector a row: measured no
-            // faster than the float32 ones, 2026-12-02)
+        if (EPI == EPI_DW && Cpb) { // bf16, packed (beta 0): 64 columns at a time through the warp's staging
+            // buffer into 16-byte stores (the fragment's own 4-byte stores fill half a sector a row: measured
+            // no faster than the float32 ones, 2026-12-02)
             const int rw = m0 + c * 64 + wq * 16;
             const uint32_t buf = epi + (c * 4 + wq) * GG_EPI_BYTES;
 #pragma unroll
@@ -380,8 +423,10 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
-                if (col0 < a.N) gg_put_rows(Cpb + (long long)rw * a.ldc + col0, a.ldc, mend - rw, nch, v, buf, lane);
+                    for (int h = 0; h < 2; h++)
+                        v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
+                if (col0 < a.N)
+                    gg_put_rows(Cpb + (long long)rw * a.ldc + col0, a.ldc, mend - rw, nch, v, buf, lane);
             }
             continue;
         }
@@ -398,7 +443,8 @@ gg_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUten
                 for (int h = 0; h < 2; h++) {
                     int row = r + 8 * h, col = cb + 8 * (j0 + j);
                     cv[j][h] = make_float2(0.0f, 0.0f);
-                    if (row < mend && col < a.N && a.beta != 0.0f) cv[j][h] = *(const float2 *)(Cb + (long long)row * a.ldc + col);
+                    if (row < mend && col < a.N && a.beta != 0.0f)
+                        cv[j][h] = *(const float2 *)(Cb + (long long)row * a.ldc + col);
                 }
 #pragma unroll
             for (int j = 0; j < CH; j++)
@@ -428,9 +474,10 @@ __global__ void gg_probe(int *ok) {
 
 // ---------------------------------------------------------------- host
 typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static int g_ready = -1;   // -1 not yet asked, 0 cuBLAS, 1 this kernel
+                                const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                CUtensorMapFloatOOBfill);
+static int g_ready = -1; // -1 not yet asked, 0 cuBLAS, 1 this kernel
 static int g_sms;
 static EncodeTiled g_encode;
 
@@ -455,17 +502,22 @@ static int gg_init(void) {
     KCHECK("gg_probe");
     CUDA_CHECK(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(d));
-    if (!h) return 0;   // built without sm_90a code
+    if (!h) return 0; // built without sm_90a code
     cudaDriverEntryPointQueryResult q;
     void *fn = NULL;
     CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || !fn) return 0;
     g_encode = (EncodeTiled)fn;
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0, EPI_SWIGLU_FWD>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM_STAGED));
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_SWIGLU_BWD>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_DW>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM_STAGED));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(gg_kernel<0, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(gg_kernel<1, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0, EPI_SWIGLU_FWD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    GG_SMEM_STAGED));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_SWIGLU_BWD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    GG_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_DW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    GG_SMEM_STAGED));
     g_ready = 1;
     return 1;
 }
@@ -477,8 +529,8 @@ static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols,
     cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * sizeof(bf16)};
     cuuint32_t box[2] = {64, box_rows}, es[2] = {1, 1};
     CUresult r = g_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, es,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         DIE("cuTensorMapEncodeTiled failed (error %d) for a (%llu, %llu) bf16 operand at %p", (int)r,
             (unsigned long long)rows, (unsigned long long)cols, (const void *)p);
@@ -486,14 +538,16 @@ static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols,
 
 // The tile list and shape fields of a for one launch, or 0 where the kernel does not take the call
 // (then nothing is written). al: the OR of every operand address (16-byte alignment for TMA) and
-// output address (8 bytes for float2 stores, 16 for EPI_SWIGLU_FWD's staged rows, 4 for the bf16 pairs of EPI_SWIGLU_BWD). K (K2): the reduction lengths; N: output columns;
-// bn: columns per tile; nmajor_b: B is (K, N) per group.
-static int gg_setup(GGArgs *a, uintptr_t al, const int64_t *off, int G, int K, int K2, int N, long long ldc, int bn,
-                    int nmajor_b) {
+// output address (8 bytes for float2 stores, 16 for EPI_SWIGLU_FWD's staged rows, 4 for the bf16 pairs of
+// EPI_SWIGLU_BWD). K (K2): the reduction lengths; N: output columns; bn: columns per tile; nmajor_b: B is (K,
+// N) per group.
+static int gg_setup(GGArgs *a, uintptr_t al, const int64_t *off, int G, int K, int K2, int N, long long ldc,
+                    int bn, int nmajor_b) {
     if (!gg_init()) return 0;
     int64_t rows = off[G] - off[0];
-    if (G < 1 || G > GG_MAXG || K <= 0 || K2 < 0 || N <= 0 || K % 8 || K2 % 8 || N % 8 || ldc % 2 || rows <= 0 ||
-        rows > INT_MAX - GG_BM || (al & 15) || (int64_t)G * (nmajor_b ? (K > K2 ? K : K2) : N) > INT_MAX)
+    if (G < 1 || G > GG_MAXG || K <= 0 || K2 < 0 || N <= 0 || K % 8 || K2 % 8 || N % 8 || ldc % 2 ||
+        rows <= 0 || rows > INT_MAX - GG_BM || (al & 15) ||
+        (int64_t)G * (nmajor_b ? (K > K2 ? K : K2) : N) > INT_MAX)
         return 0;
     memset(a, 0, sizeof *a);
     a->ldc = ldc;
@@ -524,17 +578,19 @@ static void tmap_b(CUtensorMap *m, const void *B, int G, int K, int N, int nmajo
     else tmap_2d(m, (const bf16 *)B, (uint64_t)G * N, (uint64_t)K, box_rows);
 }
 
-static GGArgs g_args;   // ~1 KB: not on the stack; copied into each launch's parameters
+static GGArgs g_args; // ~1 KB: not on the stack; copied into each launch's parameters
 
 // C rows [0, off[G] - off[0]) (ld ldc) = beta C + A . op(B) [+ A2 . op(B2)] per group, A's rows
 // counted from off[0] (see the top of this file). K (K2): the reduction length of A, B (A2, B2; 0
 // without them); N: C's columns. Returns 1 when done (queued), 0 when it cannot run here (the
 // caller falls back; nothing was written).
-extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
-                                 const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N) {
+extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B,
+                                 const void *A2, const void *B2, int nmajor_b, const int64_t *off, int G,
+                                 int K, int K2, int N) {
     GGArgs *a = &g_args;
     if (K2 > 0 && (!A2 || !B2)) return 0;
-    uintptr_t al = (uintptr_t)A | (uintptr_t)B | ((uintptr_t)C & 7) | (K2 > 0 ? (uintptr_t)A2 | (uintptr_t)B2 : 0);
+    uintptr_t al =
+        (uintptr_t)A | (uintptr_t)B | ((uintptr_t)C & 7) | (K2 > 0 ? (uintptr_t)A2 | (uintptr_t)B2 : 0);
     if (!gg_setup(a, al, off, G, K, K2, N, ldc, GG_BN, nmajor_b)) return 0;
     a->C = C;
     a->beta = beta;
@@ -558,10 +614,11 @@ extern "C" int cuda_grouped_gemm(float *C, long long ldc, float beta, const void
 // The experts' up-projection with SwiGLU in the epilogue: per group h1 = x W1^T, h3 = x W3^T,
 // act = silu(h1) h3 (rows of x from off[0]; outputs (rows, O) bf16 from their row off[0]). x (rows, K),
 // W1, W3 (G, O, K) bf16. 1 when queued, 0 when not taken (nothing written).
-extern "C" int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
-                                       const int64_t *off, int G, int K, int O) {
+extern "C" int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1,
+                                       const void *w3, const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
-    uintptr_t al = (uintptr_t)x | (uintptr_t)w1 | (uintptr_t)w3 | (uintptr_t)h1 | (uintptr_t)h3 | (uintptr_t)act;   // 16-byte stores
+    uintptr_t al = (uintptr_t)x | (uintptr_t)w1 | (uintptr_t)w3 | (uintptr_t)h1 | (uintptr_t)h3 |
+        (uintptr_t)act; // 16-byte stores
     if (!gg_setup(a, al, off, G, K, 0, O, O, GG_BN / 2, 0)) return 0;
     int64_t base = off[0], rows = off[G] - off[0];
     a->O1 = (bf16 *)h1 + base * O;
@@ -584,7 +641,7 @@ extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, con
                                        const void *w, const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
     uintptr_t al = (uintptr_t)dout | (uintptr_t)w |
-                   (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 3);
+        (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 3);
     if (!gg_setup(a, al, off, G, O, 0, K, K, GG_BN, 1)) return 0;
     int64_t base = off[0], rows = off[G] - off[0];
     a->O1 = (bf16 *)dh1 + base * K;
@@ -609,7 +666,8 @@ extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const voi
     if (!gg_init()) return 0;
     CHECK(!packed || beta == 0.0f, "grouped_gemm_dw: a packed bf16 output is written, never accumulated");
     int64_t rows = off[G] - off[0];
-    uintptr_t al = (uintptr_t)dout | (uintptr_t)x | ((uintptr_t)dw & (packed ? 15 : 7));   // (packed: 16-byte stores)
+    uintptr_t al =
+        (uintptr_t)dout | (uintptr_t)x | ((uintptr_t)dw & (packed ? 15 : 7)); // (packed: 16-byte stores)
     if (G < 1 || G > GG_MAXG || K <= 0 || O <= 0 || K % 8 || O % 8 || rows <= 0 || rows > INT_MAX - GG_BK ||
         (al & 15))
         return 0;

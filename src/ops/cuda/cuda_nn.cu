@@ -22,8 +22,7 @@
 // ---------------------------------------------------------------- rows: gather, embedding backward, combine
 
 // one block per row; T = float4 where the rows allow it (C % 4 == 0, 16-byte aligned), C in units of T
-template <typename T>
-__global__ void gather_rows_k(T *out, const T *inp, const int32_t *idx, int C) {
+template <typename T> __global__ void gather_rows_k(T *out, const T *inp, const int32_t *idx, int C) {
     size_t i = blockIdx.x;
     const T *src = inp + (size_t)idx[i] * C;
     T *dst = out + i * C;
@@ -43,8 +42,7 @@ static int rows_vec4(int C, const void *a, const void *b) {
 static void gather(float *out, const float *inp, const int32_t *idx, int n, int C) {
     if (rows_vec4(C, out, inp))
         gather_rows_k<float4><<<n, row_threads(C / 4)>>>((float4 *)out, (const float4 *)inp, idx, C / 4);
-    else
-        gather_rows_k<float><<<n, row_threads(C)>>>(out, inp, idx, C);
+    else gather_rows_k<float><<<n, row_threads(C)>>>(out, inp, idx, C);
 }
 
 extern "C" void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
@@ -88,13 +86,14 @@ __global__ void gather_rows_bf16_k(__nv_bfloat16 *out, const float *inp, const i
 
 // ops.h gather_rows_hid for "cuda" (bf16 hidden rows): from float32 rounded, or bf16 rows copied (as 16-,
 // 4- or 2-byte pieces, whichever the row length and the pointers allow)
-extern "C" void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
+extern "C" void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n,
+                                          int C) {
     if (n <= 0 || C <= 0) return;
     if (!from_hid) {
         if (C % 4 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 8 == 0)
-            gather_rows_bf16_k<1><<<n, row_threads(C / 4)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
-        else
-            gather_rows_bf16_k<0><<<n, row_threads(C)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
+            gather_rows_bf16_k<1>
+                <<<n, row_threads(C / 4)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
+        else gather_rows_bf16_k<0><<<n, row_threads(C)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
     } else if (C % 8 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 16 == 0) {
         gather_rows_k<float4><<<n, row_threads(C / 8)>>>((float4 *)out, (const float4 *)inp, idx, C / 8);
     } else if (C % 2 == 0 && (uintptr_t)inp % 4 == 0 && (uintptr_t)out % 4 == 0) {
@@ -106,7 +105,8 @@ extern "C" void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_h
 }
 
 // "cuda-fp32" (float32 hidden rows): a float32 gather either way
-extern "C" void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C) {
+extern "C" void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hid, const int32_t *idx, int n,
+                                         int C) {
     (void)from_hid;
     cuda_gather_rows((float *)out, (const float *)inp, idx, n, C);
 }
@@ -157,8 +157,8 @@ extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32
 // nothing is shared between threads (deterministic without atomics). The slot loads are issued 8
 // at a time before the adds, so each thread keeps up to 8 row reads in flight.
 #define COMB_U 8
-__global__ void combine_rows_vec_k(float4 *out, const float4 *rows, const int32_t *slot_row, const float *w, int k,
-                                   int C4, int accumulate) {
+__global__ void combine_rows_vec_k(float4 *out, const float4 *rows, const int32_t *slot_row, const float *w,
+                                   int k, int C4, int accumulate) {
     size_t t = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C4) return;
@@ -190,8 +190,8 @@ __global__ void combine_rows_vec_k(float4 *out, const float4 *rows, const int32_
     out[t * C4 + c] = acc;
 }
 
-__global__ void combine_rows_k(float *out, const float *rows, const int32_t *slot_row, const float *w, int k, int C,
-                               int accumulate) {
+__global__ void combine_rows_k(float *out, const float *rows, const int32_t *slot_row, const float *w, int k,
+                               int C, int accumulate) {
     size_t t = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -205,10 +205,10 @@ __global__ void combine_rows_k(float *out, const float *rows, const int32_t *slo
     st_f(out + t * C + c, acc);
 }
 
-extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
-                                  int C, int accumulate) {
+extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w,
+                                  int N, int k, int C, int accumulate) {
     if (N <= 0 || C <= 0) return;
-    if (k <= 0) {   // no slots: out = 0, or unchanged when accumulating
+    if (k <= 0) { // no slots: out = 0, or unchanged when accumulating
         if (!accumulate) CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * (size_t)N * C));
         return;
     }
@@ -217,8 +217,7 @@ extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *
     dim3 grid((unsigned)N, cdiv_u(n, th));
     if (vec)
         combine_rows_vec_k<<<grid, th>>>((float4 *)out, (const float4 *)rows, slot_row, w, k, n, accumulate);
-    else
-        combine_rows_k<<<grid, th>>>(out, rows, slot_row, w, k, C, accumulate);
+    else combine_rows_k<<<grid, th>>>(out, rows, slot_row, w, k, C, accumulate);
     KCHECK("combine_rows");
 }
 
@@ -262,22 +261,22 @@ static void gather_dot_scale(void *out, float *dot, const float *inp, const int3
     int vec = rows_vec4(C, inp, inp) && rows_vec4(C, b, b) && (uintptr_t)out % (bf ? 8 : 16) == 0;
     unsigned grid = cdiv_u(n, 8);
     if (bf && vec)
-        gather_dot_scale_k<1, __nv_bfloat16><<<grid, 256>>>((__nv_bfloat16 *)out, dot, inp, idx, b, scale, n, C);
+        gather_dot_scale_k<1, __nv_bfloat16>
+            <<<grid, 256>>>((__nv_bfloat16 *)out, dot, inp, idx, b, scale, n, C);
     else if (bf)
-        gather_dot_scale_k<0, __nv_bfloat16><<<grid, 256>>>((__nv_bfloat16 *)out, dot, inp, idx, b, scale, n, C);
-    else if (vec)
-        gather_dot_scale_k<1, float><<<grid, 256>>>((float *)out, dot, inp, idx, b, scale, n, C);
-    else
-        gather_dot_scale_k<0, float><<<grid, 256>>>((float *)out, dot, inp, idx, b, scale, n, C);
+        gather_dot_scale_k<0, __nv_bfloat16>
+            <<<grid, 256>>>((__nv_bfloat16 *)out, dot, inp, idx, b, scale, n, C);
+    else if (vec) gather_dot_scale_k<1, float><<<grid, 256>>>((float *)out, dot, inp, idx, b, scale, n, C);
+    else gather_dot_scale_k<0, float><<<grid, 256>>>((float *)out, dot, inp, idx, b, scale, n, C);
     KCHECK("gather_dot_scale");
 }
-extern "C" void cuda_gather_dot_scale_bf16(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                                           const float *scale, int n, int C, int hid) {
+extern "C" void cuda_gather_dot_scale_bf16(void *out, float *dot, const float *inp, const int32_t *idx,
+                                           const float *b, const float *scale, int n, int C, int hid) {
     gather_dot_scale(out, dot, inp, idx, b, scale, n, C, hid);
 }
-extern "C" void cuda_gather_dot_scale_f32(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
-                                          const float *scale, int n, int C, int hid) {
-    (void)hid;   // float32 hidden rows
+extern "C" void cuda_gather_dot_scale_f32(void *out, float *dot, const float *inp, const int32_t *idx,
+                                          const float *b, const float *scale, int n, int C, int hid) {
+    (void)hid; // float32 hidden rows
     gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
 }
 
@@ -289,10 +288,10 @@ extern "C" void cuda_gather_dot_scale_f32(void *out, float *dot, const float *in
 // index), then a butterfly argmax over (p, then lower index), which is a total order, so every
 // lane ends with the same winner: the cpu's selection.
 #define RT_WARPS 8
-__global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits, const float *bias,
-                              int N, int E, int k, int renorm) {
+__global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits,
+                              const float *bias, int N, int E, int k, int renorm) {
     int row = blockIdx.x * RT_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (row >= N) return;   // warp-uniform
+    if (row >= N) return; // warp-uniform
     const float *x = logits + (size_t)row * E;
     float *p = probs + (size_t)row * E;
     float mx = -INFINITY;
@@ -315,15 +314,26 @@ __global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, 
         for (int e = lane; e < E; e += 32, i++) {
             if (taken >> i & 1u) continue;
             float v = p[e], sv = bias ? __fadd_rn(v, bias[e]) : v;
-            if (be < 0 || sv > bs) { bp = v; bs = sv; be = e; }
+            if (be < 0 || sv > bs) {
+                bp = v;
+                bs = sv;
+                be = e;
+            }
         }
         for (int o = 16; o > 0; o >>= 1) {
             float op = __shfl_xor_sync(0xffffffffu, bp, o), os = __shfl_xor_sync(0xffffffffu, bs, o);
             int oe = __shfl_xor_sync(0xffffffffu, be, o);
-            if (oe >= 0 && (be < 0 || os > bs || (os == bs && oe < be))) { bp = op; bs = os; be = oe; }
+            if (oe >= 0 && (be < 0 || os > bs || (os == bs && oe < be))) {
+                bp = op;
+                bs = os;
+                be = oe;
+            }
         }
         if ((be & 31) == lane) taken |= 1u << (be >> 5);
-        if (lane == 0) { ix[j] = be; wt[j] = bp; }
+        if (lane == 0) {
+            ix[j] = be;
+            wt[j] = bp;
+        }
         sw += bp;
     }
     if (renorm && lane == 0)
@@ -359,9 +369,10 @@ __global__ void router_sums_fin_k(double *sums, const double *part, int E, int P
     sums[e] = a;
 }
 
-extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits, const float *bias,
-                                 int N, int E, int k, int renorm) {
-    CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E, "router_topk on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
+extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums,
+                                 const float *logits, const float *bias, int N, int E, int k, int renorm) {
+    CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E,
+          "router_topk on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
     if (N <= 0) {
         if (sums) CUDA_CHECK(cudaMemset(sums, 0, sizeof(double) * (E + 1)));
         return;
@@ -381,11 +392,11 @@ extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *
 // One warp per row; dp (E) in the warp's slice of shared memory; lane 0 adds the k slots'
 // terms in slot order (as the cpu), then the lanes finish the row.
 __global__ void router_bwd_k(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
-                             const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
-                             int N, int E, int k, int renorm) {
+                             const float *lse, const int32_t *idx, const float *w, const float *aux_dp,
+                             float z_dl, int N, int E, int k, int renorm) {
     extern __shared__ float sdp[];
     int wi = threadIdx.x / 32, lane = threadIdx.x & 31, row = blockIdx.x * RT_WARPS + wi;
-    if (row >= N) return;   // warp-uniform
+    if (row >= N) return; // warp-uniform
     float *dp = sdp + (size_t)wi * E;
     const float *p = probs + (size_t)row * E;
     for (int e = lane; e < E; e += 32) dp[e] = aux_dp[e];
@@ -417,10 +428,11 @@ __global__ void router_bwd_k(float *dlogits, const float *rowdot, const int32_t 
     for (int e = lane; e < E; e += 32) dl[e] = p[e] * (dp[e] - (float)pdp) + zc * p[e];
 }
 
-extern "C" void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
-                                const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
-                                int N, int E, int k, int renorm) {
-    CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E, "router_bwd on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
+extern "C" void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row,
+                                const float *probs, const float *lse, const int32_t *idx, const float *w,
+                                const float *aux_dp, float z_dl, int N, int E, int k, int renorm) {
+    CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E,
+          "router_bwd on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
     if (N <= 0) return;
     router_bwd_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS, sizeof(float) * RT_WARPS * E>>>(
         dlogits, rowdot, slot_row, probs, lse, idx, w, aux_dp, z_dl, N, E, k, renorm);
@@ -442,16 +454,24 @@ __device__ __forceinline__ double row_dot(const float *a, const float *w, const 
             float4 x = a4[c], y = b4[c];
             if (w) {
                 float4 v = w4[c];
-                s += (double)x.x * v.x * y.x; s += (double)x.y * v.y * y.y;
-                s += (double)x.z * v.z * y.z; s += (double)x.w * v.w * y.w;
+                s += (double)x.x * v.x * y.x;
+                s += (double)x.y * v.y * y.y;
+                s += (double)x.z * v.z * y.z;
+                s += (double)x.w * v.w * y.w;
             } else {
-                s += (double)x.x * y.x; s += (double)x.y * y.y; s += (double)x.z * y.z; s += (double)x.w * y.w;
+                s += (double)x.x * y.x;
+                s += (double)x.y * y.y;
+                s += (double)x.z * y.z;
+                s += (double)x.w * y.w;
             }
         }
     } else if (w) {
         for (int c = threadIdx.x; c < C; c += blockDim.x) s += (double)ld_f(a + c) * w[c] * ld_f(b + c);
     } else {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) { double v = ld_f(a + c); s += v * ld_f(b + c); }
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            double v = ld_f(a + c);
+            s += v * ld_f(b + c);
+        }
     }
     return block_sum_d(s);
 }
@@ -469,14 +489,16 @@ __device__ __forceinline__ void row_scale(OT *o, const float *x, float r, const 
 }
 // dx += r g w - k x over a row (VEC: float4)
 template <int VEC>
-__device__ __forceinline__ void row_dx(float *dx, const float *g, const float *x, float r, float k, const float *w,
-                                       int C) {
+__device__ __forceinline__ void row_dx(float *dx, const float *g, const float *x, float r, float k,
+                                       const float *w, int C) {
     if (VEC) {
         for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
             float4 d = ((float4 *)dx)[c], u = ((const float4 *)g)[c], v = ((const float4 *)x)[c],
                    s = ((const float4 *)w)[c];
-            d.x = d.x + (r * u.x * s.x - k * v.x); d.y = d.y + (r * u.y * s.y - k * v.y);
-            d.z = d.z + (r * u.z * s.z - k * v.z); d.w = d.w + (r * u.w * s.w - k * v.w);
+            d.x = d.x + (r * u.x * s.x - k * v.x);
+            d.y = d.y + (r * u.y * s.y - k * v.y);
+            d.z = d.z + (r * u.z * s.z - k * v.z);
+            d.w = d.w + (r * u.w * s.w - k * v.w);
             ((float4 *)dx)[c] = d;
         }
     } else {
@@ -491,18 +513,19 @@ static int rms_vec(int C, const void *a, const void *b, const void *c, const voi
 // A kernel K<VD, VE>: VD, the row sum on float4 rows (decided by the summed operands alone, and the block
 // size with it: the sum's order depends on both, and a part with C = Ctot must meet the whole row's);
 // VE, the elementwise pass on float4 rows (any block size).
-#define RMS_LAUNCH(K, N, C, vd, ve, ...)                                                     \
-    do {                                                                                     \
-        int th_ = (vd) ? row_threads((C) / 4) : row_threads(C);                              \
-        if (vd && ve) K<1, 1><<<N, th_>>>(__VA_ARGS__);                                      \
-        else if (vd) K<1, 0><<<N, th_>>>(__VA_ARGS__);                                       \
-        else if (ve) K<0, 1><<<N, th_>>>(__VA_ARGS__);                                       \
-        else K<0, 0><<<N, th_>>>(__VA_ARGS__);                                               \
+#define RMS_LAUNCH(K, N, C, vd, ve, ...) \
+    do { \
+        int th_ = (vd) ? row_threads((C) / 4) : row_threads(C); \
+        if (vd && ve) K<1, 1><<<N, th_>>>(__VA_ARGS__); \
+        else if (vd) K<1, 0><<<N, th_>>>(__VA_ARGS__); \
+        else if (ve) K<0, 1><<<N, th_>>>(__VA_ARGS__); \
+        else K<0, 0><<<N, th_>>>(__VA_ARGS__); \
     } while (0)
 
 // One row's norm (block i): the sum of squares, rstd, out = x r w (float32, or rounded to bf16)
 template <int VD, int VE, typename OT>
-__device__ __forceinline__ void rmsnorm_row(OT *out, float *rstd, const float *x, const float *w, int C, float eps) {
+__device__ __forceinline__ void rmsnorm_row(OT *out, float *rstd, const float *x, const float *w, int C,
+                                            float eps) {
     size_t i = blockIdx.x;
     double ss = row_dot<VD>(x, NULL, x, C);
     float r = (float)(1.0 / sqrt(ss / C + eps));
@@ -514,28 +537,30 @@ __global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const f
     rmsnorm_row<VD, VE>(out, rstd, inp + (size_t)blockIdx.x * C, w, C, eps);
 }
 template <int VD, int VE>
-__global__ void rmsnorm_fwd_bf16_k(__nv_bfloat16 *out, float *rstd, const float *inp, const float *w, int C, float eps) {
+__global__ void rmsnorm_fwd_bf16_k(__nv_bfloat16 *out, float *rstd, const float *inp, const float *w, int C,
+                                   float eps) {
     rmsnorm_row<VD, VE>(out, rstd, inp + (size_t)blockIdx.x * C, w, C, eps);
 }
 
-extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                                 float eps) {
     if (N <= 0) return;
-    RMS_LAUNCH(rmsnorm_fwd_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL), out, rstd, inp, w,
-               C, eps);
+    RMS_LAUNCH(rmsnorm_fwd_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL), out,
+               rstd, inp, w, C, eps);
     KCHECK("rmsnorm_fwd");
 }
 
 // ops.h rmsnorm_fwd_hid: "cuda" rounds each value of rmsnorm_fwd's to bf16 in the kernel (the same
 // floats); "cuda-fp32" (float32 hidden format) is rmsnorm_fwd
-extern "C" void cuda_rmsnorm_fwd_hid_bf16(void *out, float *rstd, const float *inp, const float *w, int N, int C,
-                                          float eps) {
+extern "C" void cuda_rmsnorm_fwd_hid_bf16(void *out, float *rstd, const float *inp, const float *w, int N,
+                                          int C, float eps) {
     if (N <= 0) return;
     RMS_LAUNCH(rmsnorm_fwd_bf16_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL),
                (__nv_bfloat16 *)out, rstd, inp, w, C, eps);
     KCHECK("rmsnorm_fwd (bf16 out)");
 }
-extern "C" void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const float *w, int N, int C,
-                                         float eps) {
+extern "C" void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const float *w, int N,
+                                         int C, float eps) {
     cuda_rmsnorm_fwd((float *)out, rstd, inp, w, N, C, eps);
 }
 
@@ -560,19 +585,19 @@ __global__ void add_rmsnorm_fwd_k(float *xg, float *out, float *rstd, const floa
     rmsnorm_row<VD, VE>(out, rstd, x, w, C, eps);
 }
 
-extern "C" void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w, int N, int C,
-                                     float eps) {
+extern "C" void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w,
+                                     int N, int C, float eps) {
     cuda_bf16_shadow_write(x, (size_t)N * C * sizeof(float));
     if (N <= 0) return;
-    RMS_LAUNCH(add_rmsnorm_fwd_k, N, C, rms_vec(C, x, NULL, x, NULL), rms_vec(C, out, x, w, NULL), x, out, rstd, res,
-               w, C, eps, rms_vec(C, x, res, NULL, NULL));
+    RMS_LAUNCH(add_rmsnorm_fwd_k, N, C, rms_vec(C, x, NULL, x, NULL), rms_vec(C, out, x, w, NULL), x, out,
+               rstd, res, w, C, eps, rms_vec(C, x, res, NULL, NULL));
     KCHECK("add_rmsnorm_fwd");
 }
 
 // dx = r (g w) - x r^3 mean(g w x), one block per row
 template <int VD, int VE>
-__global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
-                                 int C) {
+__global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w,
+                                 const float *rstd, int C) {
     size_t i = blockIdx.x;
     const float *x = inp + i * C, *g = dout + i * C;
     float r = rstd[i];
@@ -584,8 +609,8 @@ __global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *in
 // dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of RMS_ROWS rows per column into
 // part[chunk][c] (double); pass 2 adds the chunks in order. Deterministic for any launch shape.
 #define RMS_ROWS 64
-__global__ void rmsnorm_bwd_dw_part_k(double *part, const float *dout, const float *inp, const float *rstd, int N,
-                                      int C) {
+__global__ void rmsnorm_bwd_dw_part_k(double *part, const float *dout, const float *inp, const float *rstd,
+                                      int N, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
     if (c >= C) return;
     int i0 = ch * RMS_ROWS, i1 = i0 + RMS_ROWS < N ? i0 + RMS_ROWS : N;
@@ -615,8 +640,8 @@ static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const flo
 extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    RMS_LAUNCH(rmsnorm_bwd_dx_k, N, C, rms_vec(C, dout, w, inp, NULL), rms_vec(C, dinp, dout, inp, w), dinp, dout, inp,
-               w, rstd, C);
+    RMS_LAUNCH(rmsnorm_bwd_dx_k, N, C, rms_vec(C, dout, w, inp, NULL), rms_vec(C, dinp, dout, inp, w), dinp,
+               dout, inp, w, rstd, C);
     KCHECK("rmsnorm_bwd (dx)");
     if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
 }
@@ -631,8 +656,8 @@ __global__ void rmsnorm_part_k(double *part, const float *a, const float *w, con
     if (threadIdx.x == 0) part[i] = s;
 }
 template <int VD, int VE>
-__global__ void rmsnorm_fwd_part_k(float *out, float *rstd, const float *inp, const float *w, const double *ss,
-                                   int C, int Ctot, float eps) {
+__global__ void rmsnorm_fwd_part_k(float *out, float *rstd, const float *inp, const float *w,
+                                   const double *ss, int C, int Ctot, float eps) {
     size_t i = blockIdx.x;
     float r = (float)(1.0 / sqrt(ss[i] / Ctot + eps));
     if (threadIdx.x == 0) rstd[i] = r;
@@ -647,24 +672,27 @@ __global__ void rmsnorm_bwd_part_dx_k(float *dinp, const float *dout, const floa
     row_dx<VE>(dinp + i * C, dout + i * C, inp + i * C, r, k, w, C);
 }
 
-extern "C" void cuda_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N, int C) {
+extern "C" void cuda_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N,
+                                  int C) {
     if (N <= 0) return;
     RMS_LAUNCH(rmsnorm_part_k, N, C, rms_vec(C, a, w, b, NULL), 0, part, a, w, b, C);
     KCHECK("rmsnorm_part");
 }
 
-extern "C" void cuda_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w, const double *ss,
-                                      int N, int C, int Ctot, float eps) {
+extern "C" void cuda_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w,
+                                      const double *ss, int N, int C, int Ctot, float eps) {
     if (N <= 0) return;
-    RMS_LAUNCH(rmsnorm_fwd_part_k, N, C, 0, rms_vec(C, out, inp, w, NULL), out, rstd, inp, w, ss, C, Ctot, eps);
+    RMS_LAUNCH(rmsnorm_fwd_part_k, N, C, 0, rms_vec(C, out, inp, w, NULL), out, rstd, inp, w, ss, C, Ctot,
+               eps);
     KCHECK("rmsnorm_fwd_part");
 }
 
-extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                                      const float *rstd, const double *dot, int N, int C, int Ctot) {
+extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp,
+                                      const float *w, const float *rstd, const double *dot, int N, int C,
+                                      int Ctot) {
     if (N <= 0 || C <= 0) return;
-    RMS_LAUNCH(rmsnorm_bwd_part_dx_k, N, C, 0, rms_vec(C, dinp, dout, inp, w), dinp, dout, inp, w, rstd, dot, C,
-               Ctot);
+    RMS_LAUNCH(rmsnorm_bwd_part_dx_k, N, C, 0, rms_vec(C, dinp, dout, inp, w), dinp, dout, inp, w, rstd, dot,
+               C, Ctot);
     KCHECK("rmsnorm_bwd_part (dx)");
     if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
 }
@@ -680,14 +708,15 @@ template <typename TO>
 __global__ void rope_k(TO *out, const float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0) {
     int half = hd / 2;
     size_t n = (size_t)BT * half;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
         int bt = (int)(e / half), j = (int)(e % half), pos = t0 + bt % T;
         double freq = pow((double)theta, -2.0 * j / hd);
         double ang = pos * freq;
         float c = (float)cos(ang), s = (float)(dir * sin(ang));
         const float *row = x + (size_t)bt * nh * hd;
         TO *orow = out + (size_t)bt * nh * hd;
-        for (int h = 0; h < nh; h += 4) {   // four heads' loads in flight before their stores
+        for (int h = 0; h < nh; h += 4) { // four heads' loads in flight before their stores
             int m = nh - h < 4 ? nh - h : 4;
             float x1[4], x2[4];
 #pragma unroll
@@ -737,8 +766,8 @@ extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, in
 
 // ---------------------------------------------------------------- dropout (ops.h: the mask of dropout_keep)
 
-__global__ void dropout_k(float *x, int B, int T, int t0, int n, int C, uint32_t thr, float scale, uint64_t seed,
-                          int64_t row0) {
+__global__ void dropout_k(float *x, int B, int T, int t0, int n, int C, uint32_t thr, float scale,
+                          uint64_t seed, int64_t row0) {
     GRID_STRIDE(e, (size_t)B * n * C) {
         int c = (int)(e % C);
         size_t i = e / C;
@@ -748,10 +777,12 @@ __global__ void dropout_k(float *x, int B, int T, int t0, int n, int C, uint32_t
     }
 }
 
-extern "C" void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0) {
+extern "C" void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed,
+                             int64_t row0) {
     size_t n = (size_t)B * (t1 - t0) * C;
     if (!n || p <= 0) return;
-    dropout_k<<<ew_grid(n, 256), 256>>>(x, B, T, t0, t1 - t0, C, dropout_threshold(p), 1.0f / (1.0f - p), seed, row0);
+    dropout_k<<<ew_grid(n, 256), 256>>>(x, B, T, t0, t1 - t0, C, dropout_threshold(p), 1.0f / (1.0f - p),
+                                        seed, row0);
     KCHECK("dropout");
 }
 
@@ -769,7 +800,10 @@ __global__ void swiglu_fwd_k(D *out, D *h1o, D *h3o, const float *h1, const floa
     GRID_STRIDE(i, n) {
         float a = ld_f(h1 + i), b = ld_f(h3 + i);
         st_h(out + i, swiglu_silu_mul(a, b));
-        if (h1o) { st_h(h1o + i, a); st_h(h3o + i, b); }
+        if (h1o) {
+            st_h(h1o + i, a);
+            st_h(h3o + i, b);
+        }
     }
 }
 
@@ -790,23 +824,25 @@ extern "C" void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, si
     KCHECK("swiglu_fwd");
 }
 
-extern "C" void cuda_swiglu_fwd_hid(void *h1, void *h3, void *act, const float *h1f, const float *h3f, size_t n) {
+extern "C" void cuda_swiglu_fwd_hid(void *h1, void *h3, void *act, const float *h1f, const float *h3f,
+                                    size_t n) {
     if (!n) return;
     typedef __nv_bfloat16 bf16;
     swiglu_fwd_k<bf16><<<ew_grid(n, 256), 256>>>((bf16 *)act, (bf16 *)h1, (bf16 *)h3, h1f, h3f, n);
     KCHECK("swiglu_fwd (bf16 rows)");
 }
 
-extern "C" void cuda_swiglu_bwd_hid(void *dh1, void *dh3, const float *dout, const void *h1, const void *h3, size_t n) {
+extern "C" void cuda_swiglu_bwd_hid(void *dh1, void *dh3, const float *dout, const void *h1, const void *h3,
+                                    size_t n) {
     if (!n) return;
     typedef __nv_bfloat16 bf16;
-    swiglu_bwd_k<0, bf16><<<ew_grid(n, 256), 256>>>((bf16 *)dh1, (bf16 *)dh3, dout, (const bf16 *)h1,
-                                                    (const bf16 *)h3, n);
+    swiglu_bwd_k<0, bf16>
+        <<<ew_grid(n, 256), 256>>>((bf16 *)dh1, (bf16 *)dh3, dout, (const bf16 *)h1, (const bf16 *)h3, n);
     KCHECK("swiglu_bwd (bf16 rows)");
 }
 
-extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
-                                int accumulate) {
+extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3,
+                                size_t n, int accumulate) {
     if (!n) return;
     if (accumulate) swiglu_bwd_k<1, float><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
     else swiglu_bwd_k<0, float><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
@@ -818,8 +854,8 @@ extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const
 // One block per row: max, then sum of exp in double (as the cpu reference), lse, loss; with
 // dloss != 0 (fwd_bwd) the row is overwritten with (softmax - onehot) * dloss.
 // Later: one pass with an online max, and fused into the LM-head GEMM's epilogue.
-__global__ void __launch_bounds__(1024) cross_entropy_k(float *losses, float *logits, const int32_t *targets, int V,
-                                                        float dloss, int bwd) {
+__global__ void __launch_bounds__(1024)
+    cross_entropy_k(float *losses, float *logits, const int32_t *targets, int V, float dloss, int bwd) {
     size_t i = blockIdx.x;
     float *x = logits + i * V;
     float mx = -INFINITY;
@@ -832,7 +868,7 @@ __global__ void __launch_bounds__(1024) cross_entropy_k(float *losses, float *lo
     int t = targets[i];
     if (threadIdx.x == 0) losses[i] = l - ld_f(x + t);
     if (!bwd) return;
-    __syncthreads();   // x[t] is read above before any thread overwrites it
+    __syncthreads(); // x[t] is read above before any thread overwrites it
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float p = expf(ld_f(x + j) - l) * dloss;
         st_f(x + j, j == t ? p - dloss : p);
@@ -846,7 +882,8 @@ extern "C" void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const i
     KCHECK("cross_entropy_fwd_bwd");
 }
 
-extern "C" void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V) {
+extern "C" void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N,
+                                       int V) {
     if (N <= 0) return;
     // bwd = 0: the kernel never writes logits
     cross_entropy_k<<<N, V >= 4096 ? 1024 : 256>>>(losses, (float *)logits, targets, V, 0.0f, 0);
@@ -894,7 +931,7 @@ __global__ void add_k(float *out, const float *a, const float *b, size_t n) {
         float4 u = ((const float4 *)a)[i], v = ((const float4 *)b)[i];
         ((float4 *)out)[i] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
     }
-    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x;   // the last n % 4
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; // the last n % 4
     if (t < n % 4) out[n / 4 * 4 + t] = a[n / 4 * 4 + t] + b[n / 4 * 4 + t];
 }
 __global__ void add1_k(float *out, const float *a, const float *b, size_t n) {

@@ -17,7 +17,7 @@
 __device__ __forceinline__ void adamw_elem(float *p, float g, float *m, float *v, const AdamwStep &s,
                                            float lwd, __nv_bfloat16 *pb) {
     float mi = *m, vi = *v, pi = adamw_f32(*p, g, &mi, &vi, &s, lwd);
-    if (pb) *pb = __float2bfloat16_rn(pi);   // the bf16 copy of the weights (ops.h bf16_shadow)
+    if (pb) *pb = __float2bfloat16_rn(pi); // the bf16 copy of the weights (ops.h bf16_shadow)
     *p = pi;
     *m = mi;
     *v = vi;
@@ -34,7 +34,7 @@ __device__ __forceinline__ void adamw_vec4(float4 *p, float4 G, float4 *m, float
     P.y = adamw_f32(P.y, G.y, &M.y, &V.y, &s, lwd);
     P.z = adamw_f32(P.z, G.z, &M.z, &V.z, &s, lwd);
     P.w = adamw_f32(P.w, G.w, &M.w, &V.w, &s, lwd);
-    if (pb) *pb = make_uint2(pack_bf16(P.x, P.y), pack_bf16(P.z, P.w));   // four bf16 of the weights' copy
+    if (pb) *pb = make_uint2(pack_bf16(P.x, P.y), pack_bf16(P.z, P.w)); // four bf16 of the weights' copy
     *p = P;
     *m = M;
     *v = V;
@@ -52,44 +52,50 @@ __device__ __forceinline__ void adamw_vec4(float4 *p, float4 G, float4 *m, float
 // flight per thread to stream at the memory's rate; the arithmetic per element is the same.
 #define RUN_TILE 8192
 #define RUN_THREADS 256
-#define RUN_SUM_BLOCKS 1024     // sumsq_runs: fixed, so the summation order depends on the runs only
+#define RUN_SUM_BLOCKS 1024 // sumsq_runs: fixed, so the summation order depends on the runs only
 #define RUN_MAX_CLS 16
 // wb: the run's weights live in the bf16 copy alone (a hole of ops.h alloc_bf16_params): AdamW reads and
 // writes them there (set by cuda_adamw_runs for the buffer it is called on).
 // gbf, gb: the gradient's format (ops.h OptRun, optrun_g).
-typedef struct { int64_t off, moff, n, pos; int32_t decay, cls; int64_t gidx, gcols; int32_t lcols, col0, wb, gbf; int64_t gb; } DevRun;
+typedef struct {
+    int64_t off, moff, n, pos;
+    int32_t decay, cls;
+    int64_t gidx, gcols;
+    int32_t lcols, col0, wb, gbf;
+    int64_t gb;
+} DevRun;
 
 // Four packed bf16 values as floats; four floats rounded to bf16 values (nearest even).
 __device__ __forceinline__ float4 bf16x4_f4(uint2 b) {
-    return make_float4(bf16_to_f32((uint16_t)b.x), bf16_to_f32((uint16_t)(b.x >> 16)), bf16_to_f32((uint16_t)b.y),
-                       bf16_to_f32((uint16_t)(b.y >> 16)));
+    return make_float4(bf16_to_f32((uint16_t)b.x), bf16_to_f32((uint16_t)(b.x >> 16)),
+                       bf16_to_f32((uint16_t)b.y), bf16_to_f32((uint16_t)(b.y >> 16)));
 }
 __device__ __forceinline__ float4 bf16_round4(float4 G) {
-    return make_float4(bf16_to_f32(bf16_rn_bits(G.x)), bf16_to_f32(bf16_rn_bits(G.y)), bf16_to_f32(bf16_rn_bits(G.z)),
-                       bf16_to_f32(bf16_rn_bits(G.w)));
+    return make_float4(bf16_to_f32(bf16_rn_bits(G.x)), bf16_to_f32(bf16_rn_bits(G.y)),
+                       bf16_to_f32(bf16_rn_bits(G.z)), bf16_to_f32(bf16_rn_bits(G.w)));
 }
-// Four gradient values from flat element e (a multiple of 4; g 16-byte aligned; packed: gb a multiple of 4) as
-// run u's format reads them (ops.h optrun_g): 16 bytes of float32, or 8 of packed bf16.
+// Four gradient values from flat element e (a multiple of 4; g 16-byte aligned; packed: gb a multiple of 4)
+// as run u's format reads them (ops.h optrun_g): 16 bytes of float32, or 8 of packed bf16.
 __device__ __forceinline__ float4 optrun_g4(const float *g, const DevRun &u, int64_t e) {
     if (u.gbf == OPTG_PACKED) return bf16x4_f4(*(const uint2 *)((const uint16_t *)(g + u.gb) + (e - u.gb)));
     float4 G = *(const float4 *)(g + e);
     return u.gbf == OPTG_BF16 ? bf16_round4(G) : G;
 }
-// A run piece can take the 16-byte paths: parameter and moment offsets agree mod 4, and a packed gradient's (gf:
-// its format as the kernel reads it)
-// block starts at a multiple of 4 (its 8-byte loads then align with the parameters' 16-byte ones).
+// A run piece can take the 16-byte paths: parameter and moment offsets agree mod 4, and a packed gradient's
+// (gf: its format as the kernel reads it) block starts at a multiple of 4 (its 8-byte loads then align with
+// the parameters' 16-byte ones).
 __device__ __forceinline__ int run_vec_ok(const DevRun &u, int gf, int64_t po, int64_t mo) {
     return ((po - mo) & 3) == 0 && (gf != OPTG_PACKED || (u.gb & 3) == 0);
 }
 struct OptRuns {
-    DevRun *runs;               // device
-    DevRun *hruns;              // the same on the host (wb set for the buffer of wb_gen)
-    unsigned wb_gen;            // cuda_bf16_holes_gen of the buffer the wb flags are for (0: none)
-    int32_t *tile_run;          // device, ntiles
-    int nruns, ncls_min;        // ncls_min: 1 + the largest class
-    int fmt;                    // some run's gradient is not plain float32 (gbf): the kernels that read formats
+    DevRun *runs; // device
+    DevRun *hruns; // the same on the host (wb set for the buffer of wb_gen)
+    unsigned wb_gen; // cuda_bf16_holes_gen of the buffer the wb flags are for (0: none)
+    int32_t *tile_run; // device, ntiles
+    int nruns, ncls_min; // ncls_min: 1 + the largest class
+    int fmt; // some run's gradient is not plain float32 (gbf): the kernels that read formats
     int64_t total, ntiles;
-    int64_t end;                // 1 + the largest parameter offset a run touches
+    int64_t end; // 1 + the largest parameter offset a run touches
 };
 
 extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
@@ -97,19 +103,34 @@ extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
     DevRun *h = (DevRun *)xcalloc(n > 0 ? n : 1, sizeof(DevRun));
     int64_t pos = 0;
     for (int i = 0; i < n; i++) {
-        CHECK(runs[i].n >= 0 && runs[i].off >= 0 && runs[i].moff >= 0 && runs[i].cls >= 0 && runs[i].cls < RUN_MAX_CLS,
+        CHECK(runs[i].n >= 0 && runs[i].off >= 0 && runs[i].moff >= 0 && runs[i].cls >= 0 &&
+                  runs[i].cls < RUN_MAX_CLS,
               "runs_create: run %d is invalid (off %lld, moff %lld, n %lld, cls %d; classes below %d)", i,
-              (long long)runs[i].off, (long long)runs[i].moff, (long long)runs[i].n, (int)runs[i].cls, RUN_MAX_CLS);
+              (long long)runs[i].off, (long long)runs[i].moff, (long long)runs[i].n, (int)runs[i].cls,
+              RUN_MAX_CLS);
         if (runs[i].cls + 1 > r->ncls_min) r->ncls_min = runs[i].cls + 1;
         if (!runs[i].n) continue;
         if (runs[i].off + runs[i].n > r->end) r->end = runs[i].off + runs[i].n;
         r->fmt |= runs[i].gbf != OPTG_F32;
         DevRun *d = &h[r->nruns++];
-        CHECK(runs[i].gbf >= OPTG_F32 && runs[i].gbf <= OPTG_PACKED && (runs[i].gbf != OPTG_PACKED ||
-              (runs[i].gb >= 0 && runs[i].gb <= runs[i].off)), "runs_create: run %d's gradient format (%d, block at %lld) "
-              "is invalid", i, (int)runs[i].gbf, (long long)runs[i].gb);
-        *d = (DevRun){runs[i].off, runs[i].moff, runs[i].n, pos, runs[i].decay, runs[i].cls, runs[i].gidx, runs[i].gcols,
-                      runs[i].lcols, runs[i].col0, 0, runs[i].gbf, runs[i].gbf == OPTG_PACKED ? runs[i].gb : 0};
+        CHECK(runs[i].gbf >= OPTG_F32 && runs[i].gbf <= OPTG_PACKED &&
+                  (runs[i].gbf != OPTG_PACKED || (runs[i].gb >= 0 && runs[i].gb <= runs[i].off)),
+              "runs_create: run %d's gradient format (%d, block at %lld) "
+              "is invalid",
+              i, (int)runs[i].gbf, (long long)runs[i].gb);
+        *d = (DevRun){runs[i].off,
+                      runs[i].moff,
+                      runs[i].n,
+                      pos,
+                      runs[i].decay,
+                      runs[i].cls,
+                      runs[i].gidx,
+                      runs[i].gcols,
+                      runs[i].lcols,
+                      runs[i].col0,
+                      0,
+                      runs[i].gbf,
+                      runs[i].gbf == OPTG_PACKED ? runs[i].gb : 0};
         pos += runs[i].n;
     }
     r->total = pos;
@@ -122,7 +143,8 @@ extern "C" OptRuns *cuda_runs_create(const OptRun *runs, int n) {
     CUDA_CHECK(cudaMalloc(&r->runs, sizeof(DevRun) * (r->nruns ? r->nruns : 1)));
     CUDA_CHECK(cudaMalloc(&r->tile_run, sizeof(int32_t) * (r->ntiles ? r->ntiles : 1)));
     if (r->nruns) CUDA_CHECK(cudaMemcpy(r->runs, h, sizeof(DevRun) * r->nruns, cudaMemcpyHostToDevice));
-    if (r->ntiles) CUDA_CHECK(cudaMemcpy(r->tile_run, tr, sizeof(int32_t) * r->ntiles, cudaMemcpyHostToDevice));
+    if (r->ntiles)
+        CUDA_CHECK(cudaMemcpy(r->tile_run, tr, sizeof(int32_t) * r->ntiles, cudaMemcpyHostToDevice));
     r->hruns = h;
     free(tr);
     return r;
@@ -137,17 +159,18 @@ extern "C" void cuda_runs_free(OptRuns *r) {
 }
 
 // AdamW over the run list: the tiles and pieces above, each piece through the vector path (scalar head,
-// float4 weights, four gradient values, MV moments, scalar tail) where run_vec_ok and vec says the buffers are
-// aligned, else element by element. elem(p, g, m, v, w, u, i, pb) updates element i of run u (g its gradient
-// value, as optrun_g reads it), vec4(P, G, M, V, w, u, i, Pb) elements i .. i + 3 (w: lwd, the step's lr wd,
-// where the run decays, else 0; pb, Pb: the weights' bf16 copy or NULL). MT is the moments' element type
-// (float, or uint16_t holding bf16 bits), MV four of them (float4, uint2).
+// float4 weights, four gradient values, MV moments, scalar tail) where run_vec_ok and vec says the buffers
+// are aligned, else element by element. elem(p, g, m, v, w, u, i, pb) updates element i of run u (g its
+// gradient value, as optrun_g reads it), vec4(P, G, M, V, w, u, i, Pb) elements i .. i + 3 (w: lwd, the
+// step's lr wd, where the run decays, else 0; pb, Pb: the weights' bf16 copy or NULL). MT is the moments'
+// element type (float, or uint16_t holding bf16 bits), MV four of them (float4, uint2).
 template <int FMT, typename MT, typename MV, typename Elem, typename Vec4>
 __device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m, MT *v, const DevRun *runs,
-                                                const int32_t *tile_run, int64_t total, int64_t ntiles, int vec,
-                                                float lwd, __nv_bfloat16 *pb, Elem elem, Vec4 vec4) {
-#define ELEM(i) elem(p + po + (i), optrun_g(g, gf, u.gb, po, (i)), m + mo + (i), v + mo + (i), w, u, (i), \
-                    pb ? pb + (po + (i)) : NULL)
+                                                const int32_t *tile_run, int64_t total, int64_t ntiles,
+                                                int vec, float lwd, __nv_bfloat16 *pb, Elem elem, Vec4 vec4) {
+#define ELEM(i) \
+    elem(p + po + (i), optrun_g(g, gf, u.gb, po, (i)), m + mo + (i), v + mo + (i), w, u, (i), \
+         pb ? pb + (po + (i)) : NULL)
     for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
         int64_t s = tl * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
         for (int r = tile_run[tl]; s < e; r++) {
@@ -156,17 +179,23 @@ __device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m,
             float w = u.decay ? lwd : 0.0f;
             const int gf = FMT ? u.gbf : OPTG_F32;
             if (vec && run_vec_ok(u, gf, po, mo)) {
-                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
+                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head,
+                        nv = (re - vs) >> 2;
                 if (threadIdx.x < head) ELEM(s + threadIdx.x);
                 float4 *P = (float4 *)(p + po + vs);
                 MV *M = (MV *)(m + mo + vs), *V = (MV *)(v + mo + vs);
-                uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL;   // p + po + vs is 16-byte aligned: 8 here
+                uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL; // p + po + vs is 16-byte aligned: 8 here
                 // the gradient: float32 (read rounded under OPTG_BF16), or packed bf16, 8 bytes a step
                 const float4 *G = (const float4 *)(g + po + vs);
-                const uint2 *Gh = gf == OPTG_PACKED ? (const uint2 *)((const uint16_t *)(g + u.gb) + (po + vs - u.gb)) : NULL;
+                const uint2 *Gh = gf == OPTG_PACKED
+                    ? (const uint2 *)((const uint16_t *)(g + u.gb) + (po + vs - u.gb))
+                    : NULL;
                 for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
-                    vec4(P + j, Gh ? bf16x4_f4(Gh[j]) : gf == OPTG_BF16 ? bf16_round4(G[j]) : G[j], M + j, V + j, w, u,
-                         vs + 4 * j, Pb ? Pb + j : NULL);
+                    vec4(P + j,
+                         Gh                    ? bf16x4_f4(Gh[j])
+                             : gf == OPTG_BF16 ? bf16_round4(G[j])
+                                               : G[j],
+                         M + j, V + j, w, u, vs + 4 * j, Pb ? Pb + j : NULL);
                 int64_t ts = vs + 4 * nv;
                 if (threadIdx.x < re - ts) ELEM(ts + threadIdx.x);
             } else {
@@ -180,10 +209,9 @@ __device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m,
 }
 
 template <int FMT>
-__global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const float *g, float *m, float *v,
-                                                            const DevRun *runs, const int32_t *tile_run,
-                                                            int64_t total, int64_t ntiles, int vec, AdamwStep s,
-                                                            __nv_bfloat16 *pb) {
+__global__ void __launch_bounds__(RUN_THREADS)
+    adamw_runs_k(float *p, const float *g, float *m, float *v, const DevRun *runs, const int32_t *tile_run,
+                 int64_t total, int64_t ntiles, int vec, AdamwStep s, __nv_bfloat16 *pb) {
     adamw_runs_loop<FMT, float, float4>(
         p, g, m, v, runs, tile_run, total, ntiles, vec, s.lwd, pb,
         [=](float *p, float g, float *m, float *v, float w, const DevRun &, int64_t, __nv_bfloat16 *pb) {
@@ -197,27 +225,29 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_k(float *p, const floa
 // The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values but under
 // OPT_BF16_MOMENTS (adamw_f32, then ops.h's integer roundings and hash: the cpu's bits). Element i of run u
 // (its position i - u.pos in the run gives the global index of the stochastic rounding's hash).
-__device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v, const AdamwStep &s,
-                                                   float lwd, const DevRun &u, int64_t i) {
+__device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v,
+                                                   const AdamwStep &s, float lwd, const DevRun &u,
+                                                   int64_t i) {
     float mi = bf16_to_f32(m), vi = bf16_to_f32(v);
     p = adamw_f32(p, g, &mi, &vi, &s, lwd);
     m = bf16_rn_bits(mi);
     v = bf16_rn_bits(vi);
     uint16_t pw = s.prec == OPT_BF16_STOCHASTIC
-                      ? bf16_sr_bits(p, bf16_sr_rand(s.key, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
-                      : bf16_rn_bits(p);
-    if (s.prec != OPT_BF16_MOMENTS) p = bf16_to_f32(pw);   // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
+        ? bf16_sr_bits(p, bf16_sr_rand(s.key, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
+        : bf16_rn_bits(p);
+    if (s.prec != OPT_BF16_MOMENTS) p = bf16_to_f32(pw); // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
     return pw;
 }
-__device__ __forceinline__ void adamw_bf16_elem(float *p, float g, uint16_t *m, uint16_t *v, const AdamwStep &s,
-                                                float lwd, const DevRun &u, int64_t i, __nv_bfloat16 *pb) {
-    float pi = u.wb ? __bfloat162float(*pb) : *p;   // (u.wb: the weight lives in the copy alone)
+__device__ __forceinline__ void adamw_bf16_elem(float *p, float g, uint16_t *m, uint16_t *v,
+                                                const AdamwStep &s, float lwd, const DevRun &u, int64_t i,
+                                                __nv_bfloat16 *pb) {
+    float pi = u.wb ? __bfloat162float(*pb) : *p; // (u.wb: the weight lives in the copy alone)
     uint16_t mi = *m, vi = *v;
     uint16_t pw = adamw_bf16_reg(pi, g, mi, vi, s, lwd, u, i);
     if (!u.wb) *p = pi;
     *m = mi;
     *v = vi;
-    if (pb) *pb = __ushort_as_bfloat16(pw);   // the weights' bf16 copy: the same bits
+    if (pb) *pb = __ushort_as_bfloat16(pw); // the weights' bf16 copy: the same bits
 }
 // Four consecutive elements (i .. i + 3 of run u): 16-byte weight and gradient accesses, 8-byte moment
 // and bf16-copy accesses, all loads before the stores. u.wb: the weights are read from the copy (8 bytes)
@@ -227,8 +257,8 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, float4 G, uint2 *m, u
     float4 P;
     if (u.wb) {
         uint2 B = *pb;
-        P = make_float4(bf16_to_f32((uint16_t)B.x), bf16_to_f32((uint16_t)(B.x >> 16)), bf16_to_f32((uint16_t)B.y),
-                        bf16_to_f32((uint16_t)(B.y >> 16)));
+        P = make_float4(bf16_to_f32((uint16_t)B.x), bf16_to_f32((uint16_t)(B.x >> 16)),
+                        bf16_to_f32((uint16_t)B.y), bf16_to_f32((uint16_t)(B.y >> 16)));
     } else {
         P = *p;
     }
@@ -247,11 +277,10 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, float4 G, uint2 *m, u
 
 // adamw_runs_loop's tiles, pieces and vector path over bf16 moments (aligned: p, g 16 bytes; m, v 8 bytes).
 template <int FMT>
-__global__ void __launch_bounds__(RUN_THREADS) adamw_runs_bf16_k(float *p, const float *g, uint16_t *m,
-                                                                 uint16_t *v, const DevRun *runs,
-                                                                 const int32_t *tile_run, int64_t total,
-                                                                 int64_t ntiles, int vec, AdamwStep s,
-                                                                 __nv_bfloat16 *pb) {
+__global__ void __launch_bounds__(RUN_THREADS)
+    adamw_runs_bf16_k(float *p, const float *g, uint16_t *m, uint16_t *v, const DevRun *runs,
+                      const int32_t *tile_run, int64_t total, int64_t ntiles, int vec, AdamwStep s,
+                      __nv_bfloat16 *pb) {
     adamw_runs_loop<FMT, uint16_t, uint2>(
         p, g, m, v, runs, tile_run, total, ntiles, vec, s.lwd, pb,
         [=](float *p, float g, uint16_t *m, uint16_t *v, float w, const DevRun &u, int64_t i,
@@ -262,9 +291,10 @@ __global__ void __launch_bounds__(RUN_THREADS) adamw_runs_bf16_k(float *p, const
 }
 
 extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, const OptRuns *r, float gscale,
-                                float lr, float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed) {
+                                float lr, float b1, float b2, float eps, float wd, int t, int prec,
+                                uint64_t seed) {
     if (!r->ntiles) return;
-    AdamwStep s = adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed);   // on the host, as the cpu backend
+    AdamwStep s = adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed); // on the host, as the cpu backend
     float *m = (float *)m_, *v = (float *)v_;
     unsigned grid = r->ntiles < 65535 ? (unsigned)r->ntiles : 65535u;
     int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
@@ -279,39 +309,46 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
         OptRuns *w = (OptRuns *)r;
         for (int i = 0; i < w->nruns; i++)
             w->hruns[i].wb = gen ? cuda_bf16_in_hole(p, (size_t)w->hruns[i].off, (size_t)w->hruns[i].n) : 0;
-        if (w->nruns) CUDA_CHECK(cudaMemcpy(w->runs, w->hruns, sizeof(DevRun) * w->nruns, cudaMemcpyHostToDevice));
+        if (w->nruns)
+            CUDA_CHECK(cudaMemcpy(w->runs, w->hruns, sizeof(DevRun) * w->nruns, cudaMemcpyHostToDevice));
         w->wb_gen = gen;
     }
-    CHECK(!gen || prec == OPT_BF16_NEAREST || prec == OPT_BF16_STOCHASTIC, "adamw_runs: the parameter buffer keeps "
-          "weights in their bf16 copy alone (alloc_bf16_params), which only the bf16 policy's rounded weights allow");
+    CHECK(!gen || prec == OPT_BF16_NEAREST || prec == OPT_BF16_STOCHASTIC,
+          "adamw_runs: the parameter buffer keeps "
+          "weights in their bf16 copy alone (alloc_bf16_params), which only the bf16 policy's rounded "
+          "weights allow");
     if (prec != OPT_MIXED) {
         int vb = (((uintptr_t)p | (uintptr_t)g) & 15) == 0 && (((uintptr_t)m_ | (uintptr_t)v_) & 7) == 0;
         if (r->fmt)
-            adamw_runs_bf16_k<1><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run,
-                                                        r->total, r->ntiles, vb, s, pb);
+            adamw_runs_bf16_k<1><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs,
+                                                        r->tile_run, r->total, r->ntiles, vb, s, pb);
         else
-            adamw_runs_bf16_k<0><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run,
-                                                        r->total, r->ntiles, vb, s, pb);
+            adamw_runs_bf16_k<0><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs,
+                                                        r->tile_run, r->total, r->ntiles, vb, s, pb);
         KCHECK("adamw_runs (bf16)");
         return;
     }
-    if (r->fmt) adamw_runs_k<1><<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, s, pb);
-    else adamw_runs_k<0><<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, s, pb);
+    if (r->fmt)
+        adamw_runs_k<1>
+            <<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, s, pb);
+    else
+        adamw_runs_k<0>
+            <<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, s, pb);
     KCHECK("adamw_runs");
 }
 
 // Sum of squares per class in one launch, deterministic: block b (of G, a function of the run list
 // only) takes tiles b, b + G, ...; each thread sums its elements of a run piece in double (a fixed
 // order: which elements a thread takes depends on the runs and on x's 16-byte alignment, as for
-// adamw_runs_k's float4 path) and adds that to its class's accumulator; the block reduces each class by the fixed tree
-// into part[c * G + b]. The last block to finish (a counter: which block that is varies, what it
+// adamw_runs_k's float4 path) and adds that to its class's accumulator; the block reduces each class by the
+// fixed tree into part[c * G + b]. The last block to finish (a counter: which block that is varies, what it
 // computes does not) sums every class's G partials in index order by the same tree into out[c] and
 // resets the counter. The host then copies out once.
 __device__ unsigned int g_sumsq_runs_done;
 template <int FMT>
-__global__ void __launch_bounds__(RUN_THREADS) sumsq_runs_k(double *out, double *part, const float *x,
-                                                            const DevRun *runs, const int32_t *tile_run,
-                                                            int64_t total, int64_t ntiles, int ncls, int vec) {
+__global__ void __launch_bounds__(RUN_THREADS)
+    sumsq_runs_k(double *out, double *part, const float *x, const DevRun *runs, const int32_t *tile_run,
+                 int64_t total, int64_t ntiles, int ncls, int vec) {
     double acc[RUN_MAX_CLS];
     for (int c = 0; c < RUN_MAX_CLS; c++) acc[c] = 0;
     int G = gridDim.x;
@@ -327,8 +364,12 @@ __global__ void __launch_bounds__(RUN_THREADS) sumsq_runs_k(double *out, double 
                 // for half its bytes, 2026-12-02), aligned in the block (g + gb is 16-byte aligned here)
                 const uint16_t *hb = (const uint16_t *)(x + u.gb);
                 int64_t e0 = po + s - u.gb, e1 = po + re - u.gb;
-                int64_t head = min((int64_t)((8 - (e0 & 7)) & 7), e1 - e0), vs = e0 + head, nv = (e1 - vs) >> 3;
-                if (threadIdx.x < head) { double xv = bf16_to_f32(hb[e0 + threadIdx.x]); q += xv * xv; }
+                int64_t head = min((int64_t)((8 - (e0 & 7)) & 7), e1 - e0), vs = e0 + head,
+                        nv = (e1 - vs) >> 3;
+                if (threadIdx.x < head) {
+                    double xv = bf16_to_f32(hb[e0 + threadIdx.x]);
+                    q += xv * xv;
+                }
                 const uint4 *H = (const uint4 *)(hb + vs);
 #pragma unroll 4
                 for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS) {
@@ -342,10 +383,18 @@ __global__ void __launch_bounds__(RUN_THREADS) sumsq_runs_k(double *out, double 
                     }
                 }
                 int64_t ts = vs + 8 * nv;
-                if (threadIdx.x < e1 - ts) { double xv = bf16_to_f32(hb[ts + threadIdx.x]); q += xv * xv; }
-            } else if (vec && run_vec_ok(u, gf, po, po)) {   // as adamw_runs_k: scalar head, 16-byte body, scalar tail (a fixed order still)
-                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
-                if (threadIdx.x < head) { double xv = optrun_g(x, gf, u.gb, po, s + threadIdx.x); q += xv * xv; }
+                if (threadIdx.x < e1 - ts) {
+                    double xv = bf16_to_f32(hb[ts + threadIdx.x]);
+                    q += xv * xv;
+                }
+            } else if (vec && run_vec_ok(u, gf, po, po)) { // as adamw_runs_k: scalar head, 16-byte body,
+                                                           // scalar tail (a fixed order still)
+                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head,
+                        nv = (re - vs) >> 2;
+                if (threadIdx.x < head) {
+                    double xv = optrun_g(x, gf, u.gb, po, s + threadIdx.x);
+                    q += xv * xv;
+                }
                 const float4 *X = (const float4 *)(x + po + vs);
 #pragma unroll 4
                 for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS) {
@@ -358,7 +407,10 @@ __global__ void __launch_bounds__(RUN_THREADS) sumsq_runs_k(double *out, double 
                     q += d * d;
                 }
                 int64_t ts = vs + 4 * nv;
-                if (threadIdx.x < re - ts) { double xv = optrun_g(x, gf, u.gb, po, ts + threadIdx.x); q += xv * xv; }
+                if (threadIdx.x < re - ts) {
+                    double xv = optrun_g(x, gf, u.gb, po, ts + threadIdx.x);
+                    q += xv * xv;
+                }
             } else {
 #pragma unroll 4
                 for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) {
@@ -376,7 +428,7 @@ __global__ void __launch_bounds__(RUN_THREADS) sumsq_runs_k(double *out, double 
     }
     __shared__ int last;
     if (threadIdx.x == 0) {
-        __threadfence();                                   // my partials are visible before I count
+        __threadfence(); // my partials are visible before I count
         last = atomicAdd(&g_sumsq_runs_done, 1u) == (unsigned)G - 1;
     }
     __syncthreads();
@@ -392,8 +444,8 @@ __global__ void __launch_bounds__(RUN_THREADS) sumsq_runs_k(double *out, double 
 }
 
 extern "C" void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r) {
-    CHECK(ncls >= r->ncls_min && ncls <= RUN_MAX_CLS, "sumsq_runs: %d classes, but the runs use %d (at most %d)",
-          ncls, r->ncls_min, RUN_MAX_CLS);
+    CHECK(ncls >= r->ncls_min && ncls <= RUN_MAX_CLS,
+          "sumsq_runs: %d classes, but the runs use %d (at most %d)", ncls, r->ncls_min, RUN_MAX_CLS);
     if (!r->ntiles) {
         for (int c = 0; c < ncls; c++) out[c] = 0;
         return;
@@ -401,8 +453,12 @@ extern "C" void cuda_sumsq_runs(double *out, int ncls, const float *x, const Opt
     int G = r->ntiles < RUN_SUM_BLOCKS ? (int)r->ntiles : RUN_SUM_BLOCKS;
     double *ws = (double *)cuda_workspace(sizeof(double) * (size_t)ncls * (G + 1));
     int vec = ((uintptr_t)x & 15) == 0;
-    if (r->fmt) sumsq_runs_k<1><<<G, RUN_THREADS>>>(ws, ws + ncls, x, r->runs, r->tile_run, r->total, r->ntiles, ncls, vec);
-    else sumsq_runs_k<0><<<G, RUN_THREADS>>>(ws, ws + ncls, x, r->runs, r->tile_run, r->total, r->ntiles, ncls, vec);
+    if (r->fmt)
+        sumsq_runs_k<1>
+            <<<G, RUN_THREADS>>>(ws, ws + ncls, x, r->runs, r->tile_run, r->total, r->ntiles, ncls, vec);
+    else
+        sumsq_runs_k<0>
+            <<<G, RUN_THREADS>>>(ws, ws + ncls, x, r->runs, r->tile_run, r->total, r->ntiles, ncls, vec);
     KCHECK("sumsq_runs");
     CUDA_CHECK(cudaMemcpy(out, ws, sizeof(double) * ncls, cudaMemcpyDeviceToHost));
 }

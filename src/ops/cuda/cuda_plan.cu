@@ -11,7 +11,7 @@
 
 // Chunk c: rank_local (its assignments' place in the chunk) and the chunk's counts (c, k, E).
 __global__ void plan_chunk_k(int32_t *chunk_cnt, int32_t *rank, const int32_t *idx, int N, int E, int k) {
-    extern __shared__ int32_t cnt_sh[];   // (k, E)
+    extern __shared__ int32_t cnt_sh[]; // (k, E)
     int c = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (int q = threadIdx.x; q < k * E; q += blockDim.x) cnt_sh[q] = 0;
     __syncthreads();
@@ -25,7 +25,7 @@ __global__ void plan_chunk_k(int32_t *chunk_cnt, int32_t *rank, const int32_t *i
             __syncwarp();
             if (e >= 0) {
                 rank[(size_t)t * k + j] = base + before;
-                if (before == __popc(peers) - 1) cj[e] = base + before + 1;   // the group's last lane
+                if (before == __popc(peers) - 1) cj[e] = base + before + 1; // the group's last lane
             }
             __syncwarp();
         }
@@ -47,7 +47,8 @@ __global__ void plan_scan_k(int32_t *cnt, int32_t *chunk_cnt, int nchunk, int kE
     }
 }
 
-__global__ void plan_rank_k(int32_t *rank, const int32_t *chunk_cnt, const int32_t *idx, int N, int E, int k) {
+__global__ void plan_rank_k(int32_t *rank, const int32_t *chunk_cnt, const int32_t *idx, int N, int E,
+                            int k) {
     GRID_STRIDE(q, (size_t)N * k) {
         int t = (int)(q / k), j = (int)(q % k);
         rank[q] += chunk_cnt[(size_t)(t / PC_CHUNK) * k * E + (size_t)j * E + idx[q]];
@@ -55,8 +56,8 @@ __global__ void plan_rank_k(int32_t *rank, const int32_t *chunk_cnt, const int32
 }
 
 __global__ void plan_rows_k(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank,
-                            const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first, int N,
-                            int E, int k) {
+                            const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first,
+                            int N, int E, int k) {
     GRID_STRIDE(q, (size_t)N * k) {
         size_t c = (size_t)(q % k) * E + idx[q];
         int32_t r = rank[q];
@@ -78,11 +79,12 @@ extern "C" void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx
         return;
     }
     if (smem > 200 * 1024)
-        DIE("plan_counts: top_k x experts = %zu counters do not fit one block's shared memory (at most %d)", kE,
-            200 * 1024 / 4);
+        DIE("plan_counts: top_k x experts = %zu counters do not fit one block's shared memory (at most %d)",
+            kE, 200 * 1024 / 4);
     static size_t smem_set = 48 * 1024;
     if (smem > smem_set) {
-        CUDA_CHECK(cudaFuncSetAttribute(plan_chunk_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(plan_chunk_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         smem_set = smem;
     }
     int nchunk = (N + PC_CHUNK - 1) / PC_CHUNK, warps = k < 32 ? k : 32;
@@ -96,9 +98,10 @@ extern "C" void cuda_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx
 }
 
 extern "C" void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank,
-                               const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first, int N,
-                               int E, int k) {
+                               const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first,
+                               int N, int E, int k) {
     if (N <= 0) return;
-    plan_rows_k<<<ew_grid((size_t)N * k, 256), 256>>>(slot_row, row_tok, row_scale, rank, idx, w, keep, first, N, E, k);
+    plan_rows_k<<<ew_grid((size_t)N * k, 256), 256>>>(slot_row, row_tok, row_scale, rank, idx, w, keep, first,
+                                                      N, E, k);
     KCHECK("plan_rows");
 }

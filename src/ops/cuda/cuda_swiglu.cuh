@@ -13,7 +13,7 @@ __device__ __forceinline__ float swiglu_sigm(float a) {
     float d = __fadd_rn(1.0f, expf(-a)), r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
     float n = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
-    return r == 0.0f ? 0.0f : n;   // d = inf: the step would make inf * 0
+    return r == 0.0f ? 0.0f : n; // d = inf: the step would make inf * 0
 }
 // silu(a) h3
 __device__ __forceinline__ float swiglu_silu_mul(float a, float h3) {

@@ -13,7 +13,10 @@ typedef __nv_bfloat16 bf16;
 
 #define MAX_HOLES 4096
 
-typedef struct { size_t off, bytes; CUmemGenericAllocationHandle h; } Piece;   // a backed piece of a buffer with holes
+typedef struct {
+    size_t off, bytes;
+    CUmemGenericAllocationHandle h;
+} Piece; // a backed piece of a buffer with holes
 
 // (ops.h bf16_shadow) The trainer registers its whole parameter buffer; the bf16 GEMMs then take a
 // weight's bf16 values from the copy instead of converting it on each call (each weight is used by
@@ -27,9 +30,9 @@ static struct {
     size_t n, cap;
     bf16 *mirror;
     int valid;
-    int nh;                 // holes: element ranges [h[2i], h[2i+1]), ascending and disjoint
+    int nh; // holes: element ranges [h[2i], h[2i+1]), ascending and disjoint
     size_t h[2 * MAX_HOLES];
-    unsigned gen;           // which buffer with holes (adamw_runs' per-run flags are for one)
+    unsigned gen; // which buffer with holes (adamw_runs' per-run flags are for one)
     // the virtual memory of a buffer with holes: the reserved range and its backed pieces
     CUdeviceptr va;
     size_t va_bytes;
@@ -51,8 +54,8 @@ static void mirror_alloc(size_t n) {
         fmt_bytes(a, sizeof a, (double)n * sizeof(bf16));
         fmt_bytes(b, sizeof b, (double)fr);
         DIE("%s:%d: cudaMalloc of the bf16 copy of the weights (%s) failed: %s; %s free on the GPU; hint: %s "
-            "(or use --device cuda-fp32, which keeps none)", __FILE__, __LINE__, a, cudaGetErrorString(e), b,
-            cuda_hint(e));
+            "(or use --device cuda-fp32, which keeps none)",
+            __FILE__, __LINE__, a, cudaGetErrorString(e), b, cuda_hint(e));
     }
     g_sh.cap = n;
 }
@@ -73,8 +76,9 @@ template <typename F> static void by_holes(size_t e0, size_t e1, F fn) {
 }
 
 extern "C" void cuda_bf16_shadow(const float *p, size_t n) {
-    if (g_sh.nh) {   // a buffer with holes: its copy holds weights nothing else does; refresh the rest only
-        CHECK(p == g_sh.base && n == g_sh.n, "bf16_shadow: the registered parameter buffer keeps weights in its "
+    if (g_sh.nh) { // a buffer with holes: its copy holds weights nothing else does; refresh the rest only
+        CHECK(p == g_sh.base && n == g_sh.n,
+              "bf16_shadow: the registered parameter buffer keeps weights in its "
               "bf16 copy alone (alloc_bf16_params): it can be refreshed (the same p and n), not replaced");
         by_holes(0, n, [](size_t a, size_t b, int hole) {
             if (!hole) cuda_f32_to_bf16(g_sh.mirror + a, g_sh.base + a, b - a);
@@ -104,8 +108,10 @@ extern "C" int cuda_bf16_in_hole(const float *p, size_t off, size_t n) {
     if (!g_sh.nh || p != g_sh.base || !n) return 0;
     int in = 0, out = 0;
     by_holes(off, off + n, [&](size_t, size_t, int hole) { (hole ? in : out) = 1; });
-    CHECK(!(in && out), "elements [%zu, %zu) of the parameter buffer lie partly in a hole (weights stored in bf16 "
-          "alone) and partly not", off, off + n);
+    CHECK(!(in && out),
+          "elements [%zu, %zu) of the parameter buffer lie partly in a hole (weights stored in bf16 "
+          "alone) and partly not",
+          off, off + n);
     return in;
 }
 
@@ -118,9 +124,11 @@ extern "C" void cuda_bf16_shadow_write(const void *ptr, size_t bytes) {
     uintptr_t a = (uintptr_t)ptr, b0 = (uintptr_t)g_sh.base, b1 = b0 + g_sh.n * sizeof(float);
     if (a >= b1 || a + bytes <= b0) return;
     if (g_sh.nh) {
-        size_t e0 = a > b0 ? (a - b0) / sizeof(float) : 0, e1 = (a + bytes - b0 + sizeof(float) - 1) / sizeof(float);
+        size_t e0 = a > b0 ? (a - b0) / sizeof(float) : 0,
+               e1 = (a + bytes - b0 + sizeof(float) - 1) / sizeof(float);
         by_holes(e0, e1 < g_sh.n ? e1 : g_sh.n, [](size_t s, size_t t, int hole) {
-            CHECK(!hole, "a write into parameters [%zu, %zu), which live in the bf16 copy alone (alloc_bf16_params)",
+            CHECK(!hole,
+                  "a write into parameters [%zu, %zu), which live in the bf16 copy alone (alloc_bf16_params)",
                   s, t);
         });
     }
@@ -138,8 +146,10 @@ extern "C" const void *cuda_bf16_shadow_of(const float *w, size_t count) {
     size_t off = (size_t)(w - g_sh.base);
     int hole = (a - b0) % sizeof(float) == 0 && cuda_bf16_in_hole(g_sh.base, off, count);
     if (off % 8 || (a - b0) % sizeof(float)) {
-        CHECK(!hole, "a GEMM weight at element %zu of the parameter buffer lies in a hole (bf16 alone) but not at a "
-              "multiple of 8 elements", off);
+        CHECK(!hole,
+              "a GEMM weight at element %zu of the parameter buffer lies in a hole (bf16 alone) but not at a "
+              "multiple of 8 elements",
+              off);
         return NULL;
     }
     return hole || g_sh.valid ? g_sh.mirror + off : NULL;
@@ -150,7 +160,8 @@ extern "C" const void *cuda_bf16_shadow_of(const float *w, size_t count) {
 // libcuda: it must start where no driver is installed).
 typedef CUresult (*PfnGran)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
 typedef CUresult (*PfnReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-typedef CUresult (*PfnCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*PfnCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                              unsigned long long);
 typedef CUresult (*PfnMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 typedef CUresult (*PfnAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 typedef CUresult (*PfnUnmap)(CUdeviceptr, size_t);
@@ -171,18 +182,25 @@ static void *vm_fn(const char *name) {
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q;
     CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
-    CHECK(q == cudaDriverEntryPointSuccess && fn, "the CUDA driver has no %s (virtual memory management, which "
+    CHECK(q == cudaDriverEntryPointSuccess && fn,
+          "the CUDA driver has no %s (virtual memory management, which "
           "--precision bf16 uses to keep the GEMMs' weights in bf16 alone): update the driver, or run with "
-          "MOE_BF16_SHADOW=0 (the weights in float32 memory)", name);
+          "MOE_BF16_SHADOW=0 (the weights in float32 memory)",
+          name);
     return fn;
 }
 
-#define VM_CHECK(call) do { CUresult _r = (call); if (_r != CUDA_SUCCESS) \
-    DIE("%s:%d: %s failed: CUresult %d; hint: %s", __FILE__, __LINE__, #call, (int)_r, \
-        _r == CUDA_ERROR_OUT_OF_MEMORY ? cuda_hint(cudaErrorMemoryAllocation) \
-        : _r == CUDA_ERROR_NOT_SUPPORTED ? "this GPU or driver has no virtual memory management: MOE_BF16_SHADOW=0 " \
-                                           "keeps --precision bf16's weights in float32 memory instead" \
-        : cuda_hint(cudaErrorUnknown)); } while (0)
+#define VM_CHECK(call) \
+    do { \
+        CUresult _r = (call); \
+        if (_r != CUDA_SUCCESS) \
+            DIE("%s:%d: %s failed: CUresult %d; hint: %s", __FILE__, __LINE__, #call, (int)_r, \
+                _r == CUDA_ERROR_OUT_OF_MEMORY ? cuda_hint(cudaErrorMemoryAllocation) \
+                    : _r == CUDA_ERROR_NOT_SUPPORTED \
+                    ? "this GPU or driver has no virtual memory management: MOE_BF16_SHADOW=0 " \
+                      "keeps --precision bf16's weights in float32 memory instead" \
+                    : cuda_hint(cudaErrorUnknown)); \
+    } while (0)
 
 static void vm_init(void) {
     if (g_vm.gran) return;
@@ -200,10 +218,13 @@ extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
     CHECK(!g_sh.nh, "alloc_bf16_params: a parameter buffer with holes exists already (one at a time)");
     CHECK(nh >= 1 && nh <= MAX_HOLES, "alloc_bf16_params: %d holes (1 to %d; none: alloc)", nh, MAX_HOLES);
     for (int i = 0; i < nh; i++)
-        CHECK(hole[2 * i] < hole[2 * i + 1] && hole[2 * i + 1] <= n && (i == 0 || hole[2 * i] >= hole[2 * i - 1]),
-              "alloc_bf16_params: hole %d [%zu, %zu) is empty, past the buffer's %zu elements or not after the one "
-              "before it", i, hole[2 * i], hole[2 * i + 1], n);
-    if (g_sh.base) cuda_bf16_shadow(NULL, 0);   // (a copy of another buffer: dropped, as registering anew does)
+        CHECK(hole[2 * i] < hole[2 * i + 1] && hole[2 * i + 1] <= n &&
+                  (i == 0 || hole[2 * i] >= hole[2 * i - 1]),
+              "alloc_bf16_params: hole %d [%zu, %zu) is empty, past the buffer's %zu elements or not after "
+              "the one "
+              "before it",
+              i, hole[2 * i], hole[2 * i + 1], n);
+    if (g_sh.base) cuda_bf16_shadow(NULL, 0); // (a copy of another buffer: dropped, as registering anew does)
     vm_init();
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -225,9 +246,11 @@ extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
     for (size_t k = 0, j = 0; k < npg; k++) {
         size_t s = k * pg, e = s + pg;
         while (j < (size_t)nh && hole[2 * j + 1] * sizeof(float) <= s) j++;
-        int unbacked = j < (size_t)nh && hole[2 * j] * sizeof(float) <= s && hole[2 * j + 1] * sizeof(float) >= e;
+        int unbacked =
+            j < (size_t)nh && hole[2 * j] * sizeof(float) <= s && hole[2 * j + 1] * sizeof(float) >= e;
         if (unbacked) continue;
-        if (g_sh.npc && g_sh.pc[g_sh.npc - 1].off + g_sh.pc[g_sh.npc - 1].bytes == s) g_sh.pc[g_sh.npc - 1].bytes += pg;
+        if (g_sh.npc && g_sh.pc[g_sh.npc - 1].off + g_sh.pc[g_sh.npc - 1].bytes == s)
+            g_sh.pc[g_sh.npc - 1].bytes += pg;
         else g_sh.pc[g_sh.npc++] = Piece{s, pg, 0};
     }
     CUmemAccessDesc acc;
@@ -255,7 +278,7 @@ extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
         });
     }
     mirror_alloc(n);
-    CUDA_CHECK(cudaMemset(g_sh.mirror, 0, n * sizeof(bf16)));   // the copy of the zeroed buffer
+    CUDA_CHECK(cudaMemset(g_sh.mirror, 0, n * sizeof(bf16))); // the copy of the zeroed buffer
     g_sh.valid = 1;
     return (float *)g_sh.va;
 }
@@ -263,7 +286,7 @@ extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
 // cuda_free of p: 1 if p was the buffer with holes (now released with its copy), else 0.
 extern "C" int cuda_bf16_params_free(const void *p) {
     if (!g_sh.va || !p || p != (const void *)g_sh.va) return 0;
-    CUDA_CHECK(cudaDeviceSynchronize());   // no kernel still uses it
+    CUDA_CHECK(cudaDeviceSynchronize()); // no kernel still uses it
     for (int i = 0; i < g_sh.npc; i++) {
         VM_CHECK(g_vm.unmap(g_sh.va + g_sh.pc[i].off, g_sh.pc[i].bytes));
         VM_CHECK(g_vm.release(g_sh.pc[i].h));
@@ -335,8 +358,9 @@ extern "C" int cuda_bf16_params_to_device(void *dst, const void *src, size_t byt
     uint16_t *st = (uint16_t *)xmalloc(sizeof(uint16_t) * STAGE_ELEMS);
     by_holes(e0, e1, [&](size_t a, size_t b, int hole) {
         if (!hole) {
-            g_sh.valid = 0;   // (as any write outside the holes: bf16_shadow makes the copy again)
-            CUDA_CHECK(cudaMemcpy((void *)(g_sh.base + a), in + a, (b - a) * sizeof(float), cudaMemcpyHostToDevice));
+            g_sh.valid = 0; // (as any write outside the holes: bf16_shadow makes the copy again)
+            CUDA_CHECK(
+                cudaMemcpy((void *)(g_sh.base + a), in + a, (b - a) * sizeof(float), cudaMemcpyHostToDevice));
             return;
         }
         for (size_t s = a; s < b; s += STAGE_ELEMS) {

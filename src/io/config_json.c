@@ -1,6 +1,6 @@
 // config_json.c — ModelConfig <-> the family's HF config.json (MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
 // Qwen3MoeConfig keys; plus our MoE options under "moe_c").
-#include "model/config_json.h"
+#include "io/config_json.h"
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,19 +18,22 @@ static double short_double(float x) {
         double d = strtod(buf, NULL);
         if ((float)d == x) return d;
     }
-    return (double)x;  // unreachable: 9 significant digits always round-trip a float
+    return (double)x; // unreachable: 9 significant digits always round-trip a float
 }
 
 // Floats always carry a '.' or an exponent ("0.0", not "0"): transformers' strict config classes
 // refuse an integer where a float field is declared (e.g. router_jitter_noise: 0).
 static void add_f(cJSON *o, const char *key, float x) {
     double d = short_double(x);
-    if (!isfinite(d)) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber(d)); return; }
+    if (!isfinite(d)) {
+        cJSON_AddItemToObject(o, key, cJSON_CreateNumber(d));
+        return;
+    }
     char buf[64];
     if (d == floor(d) && fabs(d) < 1e15) {
-        snprintf(buf, sizeof buf, "%.1f", d);   // 10000.0, 0.0
+        snprintf(buf, sizeof buf, "%.1f", d); // 10000.0, 0.0
     } else {
-        for (int p = 1; p <= 17; p++) {   // the shortest text that reads back to d
+        for (int p = 1; p <= 17; p++) { // the shortest text that reads back to d
             snprintf(buf, sizeof buf, "%.*g", p, d);
             if (strtod(buf, NULL) == d) break;
         }
@@ -38,7 +41,9 @@ static void add_f(cJSON *o, const char *key, float x) {
     }
     cJSON_AddItemToObject(o, key, cJSON_CreateRaw(buf));
 }
-static void add_i(cJSON *o, const char *key, int x) { cJSON_AddItemToObject(o, key, cJSON_CreateNumber((double)x)); }
+static void add_i(cJSON *o, const char *key, int x) {
+    cJSON_AddItemToObject(o, key, cJSON_CreateNumber((double)x));
+}
 
 static const char *const scope_names[] = {"micro-batch", "sequence", "global"};
 
@@ -98,7 +103,8 @@ cJSON *config_to_json(const ModelConfig *c) {
     add_f(m, "capacity_factor", c->capacity_factor);
     cJSON_AddStringToObject(m, "balance", c->balance == BALANCE_AUX_FREE ? "aux-free" : "aux");
     add_f(m, "bias_rate", c->bias_rate);
-    cJSON_AddStringToObject(m, "aux_scope", scope_names[c->aux_scope >= 0 && c->aux_scope < 3 ? c->aux_scope : 0]);
+    cJSON_AddStringToObject(m, "aux_scope",
+                            scope_names[c->aux_scope >= 0 && c->aux_scope < 3 ? c->aux_scope : 0]);
     int same = c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX && (!mix || c->renormalize != 0);
     if (mix) cJSON_AddBoolToObject(m, "mixtral_compatible", same);
     cJSON_AddBoolToObject(m, "hf_compatible", same);
@@ -108,7 +114,11 @@ cJSON *config_to_json(const ModelConfig *c) {
 
 // ---- reading ----
 
-typedef struct { char *err; size_t n; const char *prefix; } Err;
+typedef struct {
+    char *err;
+    size_t n;
+    const char *prefix;
+} Err;
 
 static int fail(Err *e, const char *fmt, ...) {
     if (e->err && e->n) {
@@ -136,7 +146,8 @@ static int get_int(Err *e, const cJSON *o, const char *key, int required, int *o
     if (!it) return required ? fail(e, "missing required key \"%s\"", key) : 0;
     if (!cJSON_IsNumber(it)) return fail(e, "key \"%s\" must be an integer", key);
     double d = it->valuedouble;
-    if (!(d == floor(d)) || d < INT_MIN || d > INT_MAX) return fail(e, "key \"%s\" must be an integer (got %.17g)", key, d);
+    if (!(d == floor(d)) || d < INT_MIN || d > INT_MAX)
+        return fail(e, "key \"%s\" must be an integer (got %.17g)", key, d);
     *out = (int)d;
     return 0;
 }
@@ -154,8 +165,14 @@ static int get_float(Err *e, const cJSON *o, const char *key, int required, floa
 static int get_bool(Err *e, const cJSON *o, const char *key, int required, int *out) {
     const cJSON *it = item(o, key);
     if (!it) return required ? fail(e, "missing required key \"%s\"", key) : 0;
-    if (cJSON_IsBool(it)) { *out = cJSON_IsTrue(it) ? 1 : 0; return 0; }
-    if (cJSON_IsNumber(it) && (it->valuedouble == 0 || it->valuedouble == 1)) { *out = (int)it->valuedouble; return 0; }
+    if (cJSON_IsBool(it)) {
+        *out = cJSON_IsTrue(it) ? 1 : 0;
+        return 0;
+    }
+    if (cJSON_IsNumber(it) && (it->valuedouble == 0 || it->valuedouble == 1)) {
+        *out = (int)it->valuedouble;
+        return 0;
+    }
     return fail(e, "key \"%s\" must be true or false", key);
 }
 
@@ -173,10 +190,14 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         if (!cJSON_IsArray(ar) || cJSON_GetArraySize(ar) != 1 || !cJSON_IsString(cJSON_GetArrayItem(ar, 0)))
             return fail(&e, "key \"architectures\" must be a list of one name");
         const char *an = cJSON_GetArrayItem(ar, 0)->valuestring;
-        for (int f = FAM_MIXTRAL; f <= FAM_QWEN3_MOE; f++) if (!strcmp(an, config_family_arch(f))) c.family = f;
+        for (int f = FAM_MIXTRAL; f <= FAM_QWEN3_MOE; f++)
+            if (!strcmp(an, config_family_arch(f))) c.family = f;
         if (c.family < 0)
-            return fail(&e, "architecture \"%s\" is not supported (supported: MixtralForCausalLM, OlmoeForCausalLM, "
-                        "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)", an);
+            return fail(
+                &e,
+                "architecture \"%s\" is not supported (supported: MixtralForCausalLM, OlmoeForCausalLM, "
+                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)",
+                an);
     }
     const cJSON *mt = item(j, "model_type");
     if (mt) {
@@ -184,34 +205,43 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         for (int k = FAM_MIXTRAL; k <= FAM_QWEN3_MOE; k++)
             if (cJSON_IsString(mt) && !strcmp(mt->valuestring, config_family_name(k))) f = k;
         if (f < 0 || (c.family >= 0 && f != c.family))
-            return fail(&e, "key \"model_type\" is %s%s%s, expected \"%s\"%s%s", cJSON_IsString(mt) ? "\"" : "",
-                        cJSON_IsString(mt) ? mt->valuestring : "not a string", cJSON_IsString(mt) ? "\"" : "",
+            return fail(&e, "key \"model_type\" is %s%s%s, expected \"%s\"%s%s",
+                        cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring : "not a string",
+                        cJSON_IsString(mt) ? "\"" : "",
                         config_family_name(c.family >= 0 ? c.family : FAM_MIXTRAL),
-                        c.family >= 0 ? " (architectures says " : "", c.family >= 0 ? config_family_arch(c.family) : "");
+                        c.family >= 0 ? " (architectures says " : "",
+                        c.family >= 0 ? config_family_arch(c.family) : "");
         if (c.family < 0) c.family = f;
     }
-    if (c.family < 0) c.family = FAM_MIXTRAL;   // neither: a Mixtral config (ours before families)
+    if (c.family < 0) c.family = FAM_MIXTRAL; // neither: a Mixtral config (ours before families)
     int mix = c.family == FAM_MIXTRAL, qwen = c.family == FAM_QWEN2_MOE || c.family == FAM_QWEN3_MOE;
     const char *fam = config_family_name(c.family);
     // keys of another family's options: refused rather than ignored (the model would silently differ)
-    static const struct { const char *key; int fams; } foreign[] = {   // fams: bit f = family f has it
-        {"shared_expert_intermediate_size", 1 << FAM_QWEN2_MOE}, {"qkv_bias", 1 << FAM_QWEN2_MOE},
-        {"clip_qkv", 1 << FAM_OLMOE}, {"norm_topk_prob", ~(1 << FAM_MIXTRAL)},
-        {"moe_intermediate_size", (1 << FAM_QWEN2_MOE) | (1 << FAM_QWEN3_MOE)},
-        {"num_experts", ~(1 << FAM_MIXTRAL)},
-        {"n_shared_experts", 0}, {"first_k_dense_replace", 0}, {"q_lora_rank", 0}};
+    static const struct {
+        const char *key;
+        int fams;
+    } foreign[] = {// fams: bit f = family f has it
+                   {"shared_expert_intermediate_size", 1 << FAM_QWEN2_MOE},
+                   {"qkv_bias", 1 << FAM_QWEN2_MOE},
+                   {"clip_qkv", 1 << FAM_OLMOE},
+                   {"norm_topk_prob", ~(1 << FAM_MIXTRAL)},
+                   {"moe_intermediate_size", (1 << FAM_QWEN2_MOE) | (1 << FAM_QWEN3_MOE)},
+                   {"num_experts", ~(1 << FAM_MIXTRAL)},
+                   {"n_shared_experts", 0},
+                   {"first_k_dense_replace", 0},
+                   {"q_lora_rank", 0}};
     for (size_t q = 0; q < sizeof foreign / sizeof foreign[0]; q++)
         if (item(j, foreign[q].key) && !(foreign[q].fams & (1 << c.family)))
             return fail(&e, "key \"%s\" is not an option of %s (%s has no such option)", foreign[q].key,
                         config_family_arch(c.family), fam);
 
-    if (get_int(&e, j, "vocab_size", 1, &c.vocab_size) ||
-        get_int(&e, j, "hidden_size", 1, &c.d_model) ||
+    if (get_int(&e, j, "vocab_size", 1, &c.vocab_size) || get_int(&e, j, "hidden_size", 1, &c.d_model) ||
         get_int(&e, j, qwen ? "moe_intermediate_size" : "intermediate_size", 1, &c.d_ff) ||
         get_int(&e, j, "num_hidden_layers", 1, &c.n_layers) ||
         get_int(&e, j, "num_attention_heads", 1, &c.n_heads) ||
         get_int(&e, j, "num_key_value_heads", 1, &c.n_kv_heads) ||
-        get_int(&e, j, mix || !item(j, "num_experts") ? "num_local_experts" : "num_experts", 1, &c.n_experts) ||
+        get_int(&e, j, mix || !item(j, "num_experts") ? "num_local_experts" : "num_experts", 1,
+                &c.n_experts) ||
         get_int(&e, j, "num_experts_per_tok", 1, &c.top_k) ||
         get_int(&e, j, "max_position_embeddings", 1, &c.max_seq_len) ||
         get_float(&e, j, "rms_norm_eps", 1, &c.norm_eps))
@@ -223,13 +253,19 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         if (!cJSON_IsObject(rp)) return fail(&e, "key \"rope_parameters\" must be an object");
         const cJSON *rt = item(rp, "rope_type");
         if (rt && (!cJSON_IsString(rt) || strcmp(rt->valuestring, "default") != 0))
-            return fail(&e, "key \"rope_parameters\": rope_type %s%s%s is not supported (only \"default\" RoPE, no scaling)",
-                        cJSON_IsString(rt) ? "\"" : "", cJSON_IsString(rt) ? rt->valuestring : "(not a string)",
+            return fail(&e,
+                        "key \"rope_parameters\": rope_type %s%s%s is not supported (only \"default\" RoPE, "
+                        "no scaling)",
+                        cJSON_IsString(rt) ? "\"" : "",
+                        cJSON_IsString(rt) ? rt->valuestring : "(not a string)",
                         cJSON_IsString(rt) ? "\"" : "");
         for (const cJSON *it = rp->child; it; it = it->next)
-            if (strcmp(it->string, "rope_type") != 0 && strcmp(it->string, "rope_theta") != 0 && !cJSON_IsNull(it))
-                return fail(&e, "key \"rope_parameters\": \"%s\" is not supported (only default RoPE with rope_theta)",
-                            it->string);
+            if (strcmp(it->string, "rope_type") != 0 && strcmp(it->string, "rope_theta") != 0 &&
+                !cJSON_IsNull(it))
+                return fail(
+                    &e,
+                    "key \"rope_parameters\": \"%s\" is not supported (only default RoPE with rope_theta)",
+                    it->string);
         e.prefix = "rope_parameters: ";
         if (get_float(&e, rp, "rope_theta", !item(j, "rope_theta"), &c.rope_theta)) return -1;
         e.prefix = "";
@@ -249,9 +285,10 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     int nle = c.n_experts;
     if (!mix && get_int(&e, j, "num_local_experts", 0, &nle)) return -1;
     if (nle != c.n_experts)
-        return fail(&e, "keys \"num_experts\" (%d) and \"num_local_experts\" (%d) contradict each other", c.n_experts, nle);
-    c.head_dim = c.d_model / c.n_heads;   // HF default when head_dim is absent or null
-    c.aux_coef = c.family == FAM_OLMOE ? 0.01f : 0.001f;   // HF config defaults
+        return fail(&e, "keys \"num_experts\" (%d) and \"num_local_experts\" (%d) contradict each other",
+                    c.n_experts, nle);
+    c.head_dim = c.d_model / c.n_heads; // HF default when head_dim is absent or null
+    c.aux_coef = c.family == FAM_OLMOE ? 0.01f : 0.001f; // HF config defaults
     c.init_std = 0.02f;
     c.jitter = 0.0f;
     if (get_int(&e, j, "head_dim", 0, &c.head_dim) ||
@@ -261,14 +298,17 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         return -1;
     // OLMoE and Qwen2-MoE compute head_dim = hidden_size / num_attention_heads whatever the key says
     if ((c.family == FAM_OLMOE || c.family == FAM_QWEN2_MOE) && c.head_dim * c.n_heads != c.d_model)
-        return fail(&e, "key \"head_dim\" is %d, but %s's heads are hidden_size / num_attention_heads = %d / %d wide",
-                    c.head_dim, config_family_arch(c.family), c.d_model, c.n_heads);
+        return fail(
+            &e, "key \"head_dim\" is %d, but %s's heads are hidden_size / num_attention_heads = %d / %d wide",
+            c.head_dim, config_family_arch(c.family), c.d_model, c.n_heads);
     // the families' options (config.h): fixed by the architecture, or read from their keys
-    c.renormalize = mix;                  // norm_topk_prob: HF's default is false in all three
+    c.renormalize = mix; // norm_topk_prob: HF's default is false in all three
     if (!mix && get_bool(&e, j, "norm_topk_prob", 0, &c.renormalize)) return -1;
-    c.qk_norm = c.family == FAM_OLMOE ? QK_NORM_FULL : c.family == FAM_QWEN3_MOE ? QK_NORM_HEAD : QK_NORM_NONE;
+    c.qk_norm = c.family == FAM_OLMOE ? QK_NORM_FULL
+        : c.family == FAM_QWEN3_MOE   ? QK_NORM_HEAD
+                                      : QK_NORM_NONE;
     if (c.family == FAM_QWEN2_MOE) {
-        c.qkv_bias = 1;                   // transformers 4.x: always; 5.x: "qkv_bias", default true
+        c.qkv_bias = 1; // transformers 4.x: always; 5.x: "qkv_bias", default true
         c.n_shared_experts = 1;
         c.shared_gate = 1;
         if (get_bool(&e, j, "qkv_bias", 0, &c.qkv_bias) ||
@@ -279,11 +319,13 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     }
     if (c.family == FAM_OLMOE && item(j, "clip_qkv"))
         return fail(&e, "key \"clip_qkv\" is set; clipping q, k, v is not supported");
-    if (qwen) {   // every layer an MoE layer
+    if (qwen) { // every layer an MoE layer
         int step = 1;
         if (get_int(&e, j, "decoder_sparse_step", 0, &step)) return -1;
         if (step != 1)
-            return fail(&e, "key \"decoder_sparse_step\" is %d; only every layer being an MoE layer (1) is supported", step);
+            return fail(
+                &e, "key \"decoder_sparse_step\" is %d; only every layer being an MoE layer (1) is supported",
+                step);
         const cJSON *mo = item(j, "mlp_only_layers");
         if (mo && (!cJSON_IsArray(mo) || cJSON_GetArraySize(mo) > 0))
             return fail(&e, "key \"mlp_only_layers\" is not empty; dense MLP layers are not supported");
@@ -296,21 +338,25 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
         return fail(&e, "key \"hidden_act\" must be \"silu\"");
     const cJSON *sw = item(j, "sliding_window");
-    int use_sw = 1;   // Qwen: the window applies only with use_sliding_window
+    int use_sw = 1; // Qwen: the window applies only with use_sliding_window
     if (qwen && get_bool(&e, j, "use_sliding_window", 0, &use_sw)) return -1;
     if (qwen && !item(j, "use_sliding_window")) use_sw = 0;
     const cJSON *lt = item(j, "layer_types");
     for (const cJSON *it = lt && cJSON_IsArray(lt) ? lt->child : NULL; it; it = it->next)
         if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention") != 0)
-            return fail(&e, "key \"layer_types\" names a layer that is not \"full_attention\"; sliding-window attention is "
+            return fail(&e,
+                        "key \"layer_types\" names a layer that is not \"full_attention\"; sliding-window "
+                        "attention is "
                         "not supported");
     if (use_sw && sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c.max_seq_len))
         return fail(&e, "key \"sliding_window\" is set; sliding-window attention is not supported");
-    float drop = 0;   // (HF's integer 0 is a float here: get_float takes it)
+    float drop = 0; // (HF's integer 0 is a float here: get_float takes it)
     if (get_float(&e, j, "attention_dropout", 0, &drop)) return -1;
-    if (!(drop >= 0 && drop < 1)) return fail(&e, "key \"attention_dropout\" is %g; it must be in [0, 1)", drop);
+    if (!(drop >= 0 && drop < 1))
+        return fail(&e, "key \"attention_dropout\" is %g; it must be in [0, 1)", drop);
     c.attention_dropout = drop;
-    if (item(j, "quantization_config")) return fail(&e, "key \"quantization_config\" is set; quantized models are not supported");
+    if (item(j, "quantization_config"))
+        return fail(&e, "key \"quantization_config\" is set; quantized models are not supported");
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
     for (int i = 0; i < 2; i++) {
         int b = 0;
@@ -324,13 +370,12 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
     c.bias_rate = 0.001f;
     c.dispatch = DISPATCH_DROPLESS;
     c.capacity_factor = 1.25f;
-    c.aux_form = AUX_HF;                  // a plain HF config trains with HF's aux loss
+    c.aux_form = AUX_HF; // a plain HF config trains with HF's aux loss
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "moe_c");
     if (m) {
         if (!cJSON_IsObject(m)) return fail(&e, "key \"moe_c\" must be an object");
         e.prefix = "moe_c: ";
-        if (get_bool(&e, m, "renormalize", 1, &c.renormalize) ||
-            get_float(&e, m, "jitter", 1, &c.jitter) ||
+        if (get_bool(&e, m, "renormalize", 1, &c.renormalize) || get_float(&e, m, "jitter", 1, &c.jitter) ||
             get_float(&e, m, "z_coef", 1, &c.z_coef) ||
             get_float(&e, m, "capacity_factor", 1, &c.capacity_factor))
             return -1;
@@ -339,28 +384,36 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         if (!cJSON_IsString(d)) return fail(&e, "key \"dispatch\" must be \"dropless\" or \"capacity\"");
         if (strcmp(d->valuestring, "dropless") == 0) c.dispatch = DISPATCH_DROPLESS;
         else if (strcmp(d->valuestring, "capacity") == 0) c.dispatch = DISPATCH_CAPACITY;
-        else return fail(&e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"", d->valuestring);
-        const cJSON *af = item(m, "aux_form");   // optional: absent = "layer"
+        else
+            return fail(&e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"",
+                        d->valuestring);
+        const cJSON *af = item(m, "aux_form"); // optional: absent = "layer"
         c.aux_form = AUX_LAYER;
-        if (af && !(cJSON_IsString(af) && (!strcmp(af->valuestring, "layer") || !strcmp(af->valuestring, "hf"))))
+        if (af &&
+            !(cJSON_IsString(af) && (!strcmp(af->valuestring, "layer") || !strcmp(af->valuestring, "hf"))))
             return fail(&e, "key \"aux_form\" must be \"layer\" or \"hf\"");
         if (af && !strcmp(af->valuestring, "hf")) c.aux_form = AUX_HF;
-        const cJSON *ba = item(m, "balance");   // optional: absent = "aux"
-        if (ba && !(cJSON_IsString(ba) && (!strcmp(ba->valuestring, "aux") || !strcmp(ba->valuestring, "aux-free"))))
+        const cJSON *ba = item(m, "balance"); // optional: absent = "aux"
+        if (ba &&
+            !(cJSON_IsString(ba) &&
+              (!strcmp(ba->valuestring, "aux") || !strcmp(ba->valuestring, "aux-free"))))
             return fail(&e, "key \"balance\" must be \"aux\" or \"aux-free\"");
         c.balance = ba && !strcmp(ba->valuestring, "aux-free") ? BALANCE_AUX_FREE : BALANCE_AUX;
         if (get_float(&e, m, "bias_rate", 0, &c.bias_rate)) return -1;
-        const cJSON *sc = item(m, "aux_scope");   // optional: absent = "micro-batch"
+        const cJSON *sc = item(m, "aux_scope"); // optional: absent = "micro-batch"
         c.aux_scope = -1;
-        for (int k = 0; k < 3; k++) if (!sc || (cJSON_IsString(sc) && !strcmp(sc->valuestring, scope_names[k]))) {
-            c.aux_scope = sc ? k : AUX_SCOPE_MICRO;
-            break;
-        }
-        if (c.aux_scope < 0) return fail(&e, "key \"aux_scope\" must be \"micro-batch\", \"sequence\" or \"global\"");
+        for (int k = 0; k < 3; k++)
+            if (!sc || (cJSON_IsString(sc) && !strcmp(sc->valuestring, scope_names[k]))) {
+                c.aux_scope = sc ? k : AUX_SCOPE_MICRO;
+                break;
+            }
+        if (c.aux_scope < 0)
+            return fail(&e, "key \"aux_scope\" must be \"micro-batch\", \"sequence\" or \"global\"");
         e.prefix = "";
         if (!mix && item(j, "norm_topk_prob") && c.renormalize != hf_renorm)
-            return fail(&e, "keys \"norm_topk_prob\" (%s) and \"moe_c\": \"renormalize\" (%s) contradict each other",
-                        hf_renorm ? "true" : "false", c.renormalize ? "true" : "false");
+            return fail(
+                &e, "keys \"norm_topk_prob\" (%s) and \"moe_c\": \"renormalize\" (%s) contradict each other",
+                hf_renorm ? "true" : "false", c.renormalize ? "true" : "false");
     }
     *out = c;
     return 0;

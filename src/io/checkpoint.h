@@ -2,21 +2,21 @@
 // optimizer.safetensors (AdamW moments, "<name>.exp_avg" / "<name>.exp_avg_sq"), config.json
 // (HF MixtralConfig keys + ours), state.json (step, data position, seed), checksums.json (crc32 of
 // every other file). Written into "<dir>.tmp", each file fsynced, then renamed into place.
-// Must not hold: training logic, or the safetensors format itself (core/safetensors.c).
+// Must not hold: training logic, or the safetensors format itself (io/safetensors.c).
 #pragma once
 #include <stdint.h>
 #include "core/config.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "model/params.h"
 
 typedef struct {
-    int64_t step;            // optimizer steps completed
-    uint64_t seq_pos;        // global training sequence counter (data position)
+    int64_t step; // optimizer steps completed
+    uint64_t seq_pos; // global training sequence counter (data position)
     uint64_t seed;
-    int64_t total_steps;     // the run's --steps when saved (informational)
+    int64_t total_steps; // the run's --steps when saved (informational)
     double tokens_seen;
-    int precision;           // the run's --precision (options.h PREC_*): state.json's "precision", written
-                             // only for bf16 (absent: mixed, as every older checkpoint)
+    int precision; // the run's --precision (options.h PREC_*): state.json's "precision", written
+                   // only for bf16 (absent: mixed, as every older checkpoint)
 } TrainState;
 
 // Save a checkpoint into dir (created atomically via dir.tmp + rename; an existing dir of the
@@ -29,7 +29,8 @@ void ckpt_save(const char *dir, const ModelConfig *c, const ParamTable *t, const
 // follow in table order, F32; the optimizer file holds every .exp_avg, then every .exp_avg_sq);
 // the ranks pwrite into them; ckpt_commit writes config.json, state.json and checksums.json and
 // renames dir.tmp into place. with_opt: write optimizer.safetensors.
-void ckpt_begin(const char *dir, const ParamTable *t, int with_opt, uint64_t *model_start, uint64_t *opt_start);
+void ckpt_begin(const char *dir, const ParamTable *t, int with_opt, uint64_t *model_start,
+                uint64_t *opt_start);
 // Where the ranks write between ckpt_begin and ckpt_commit: file `name` ("model.safetensors",
 // "optimizer.safetensors") of the save of dir in progress.
 void ckpt_begin_path(char *buf, size_t n, const char *dir, const char *name);
@@ -45,7 +46,8 @@ void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, fl
 // Every tensor of f (the file at path of checkpoint dir) must be one of t's, named as in
 // model.safetensors (optimizer 0) or optimizer.safetensors (1: "<name>.exp_avg" / ".exp_avg_sq");
 // dies naming the first that is not (ckpt_load and the sliced load both check this).
-void ckpt_check_tensors(const char *dir, const StFile *f, const char *path, const ParamTable *t, int optimizer);
+void ckpt_check_tensors(const char *dir, const StFile *f, const char *path, const ParamTable *t,
+                        int optimizer);
 
 // state.json alone (no checksum pass: ckpt_verify first).
 void ckpt_load_state(const char *dir, TrainState *st);
@@ -68,8 +70,8 @@ void ckpt_run_clear(const char *out);
 // rename); run_record_read gives it parsed (cJSON object with an "options" object), NULL when dir
 // holds none, and dies naming the file when it is not one.
 #define RUN_RECORD "run.json"
-#define RUN_LOG "train.log"     // a copy of `moe train`'s stdout (rank 0), appended on resume
-#define RUN_BEST "best"         // --keep-best: the checkpoint of the lowest validation loss
+#define RUN_LOG "train.log" // a copy of `moe train`'s stdout (rank 0), appended on resume
+#define RUN_BEST "best" // --keep-best: the checkpoint of the lowest validation loss
 struct cJSON;
 void run_record_write(const char *out, const char *text);
 struct cJSON *run_record_read(const char *dir);

@@ -3,7 +3,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "train/hf.h"
+#include "io/hf.h"
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -15,9 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "core/common.h"
-#include "core/safetensors.h"
-#include "model/config_json.h"
-#include "train/checkpoint.h"
+#include "io/safetensors.h"
+#include "io/config_json.h"
+#include "io/checkpoint.h"
 
 #define HF_PATH 4096
 #define SINGLE "model.safetensors"
@@ -31,7 +31,7 @@ static int has(const char *dir, const char *name) {
 
 int hf_is_model_dir(const char *dir) {
     return dir_exists(dir) && has(dir, "config.json") && (has(dir, SINGLE) || has(dir, INDEX)) &&
-           !has(dir, "state.json") && !has(dir, "checksums.json");
+        !has(dir, "state.json") && !has(dir, "checksums.json");
 }
 
 static cJSON *read_json(const char *dir, const char *name) {
@@ -60,18 +60,24 @@ void hf_load_config(const char *dir, ModelConfig *c) {
 
 void hf_load_config_upcycle(const char *dir, int E, int k, ModelConfig *c) {
     if (!dir_exists(dir)) DIE("HF model %s: not a directory", dir);
-    if (E < 2 || k < 1 || k > E) DIE("--upcycle %d with --top-k %d: need 2 <= experts and 1 <= top-k <= experts", E, k);
+    if (E < 2 || k < 1 || k > E)
+        DIE("--upcycle %d with --top-k %d: need 2 <= experts and 1 <= top-k <= experts", E, k);
     cJSON *j = read_json(dir, "config.json");
     const cJSON *ar = cJSON_GetObjectItemCaseSensitive(j, "architectures");
-    const char *an = cJSON_IsArray(ar) && cJSON_GetArraySize(ar) == 1 && cJSON_IsString(cJSON_GetArrayItem(ar, 0))
-                         ? cJSON_GetArrayItem(ar, 0)->valuestring : "(none)";
+    const char *an =
+        cJSON_IsArray(ar) && cJSON_GetArraySize(ar) == 1 && cJSON_IsString(cJSON_GetArrayItem(ar, 0))
+        ? cJSON_GetArrayItem(ar, 0)->valuestring
+        : "(none)";
     if (strcmp(an, "LlamaForCausalLM") != 0 && strcmp(an, "MistralForCausalLM") != 0)
-        DIE("HF model %s: --upcycle reads a dense LlamaForCausalLM or MistralForCausalLM; its architecture is %s", dir, an);
+        DIE("HF model %s: --upcycle reads a dense LlamaForCausalLM or MistralForCausalLM; its architecture "
+            "is %s",
+            dir, an);
     // what the dense model has and Mixtral has not: refused when on, dropped when off
     static const char *const flags[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, flags[i]);
-        if (f && !cJSON_IsFalse(f)) DIE("HF model %s: --upcycle: %s is on (Mixtral's projections have no bias)", dir, flags[i]);
+        if (f && !cJSON_IsFalse(f))
+            DIE("HF model %s: --upcycle: %s is on (Mixtral's projections have no bias)", dir, flags[i]);
         cJSON_DeleteItemFromObjectCaseSensitive(j, flags[i]);
     }
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(j, "pretraining_tp");
@@ -91,18 +97,23 @@ void hf_load_config_upcycle(const char *dir, int E, int k, ModelConfig *c) {
 // ---------------------------------------------------------------------------------------------
 // the tensors of a model directory: name -> file
 
-typedef struct { const char *name; int file; int used; } SrcTensor;
 typedef struct {
-    const char *dir, *listing;    // listing: the file that names the tensors (for messages)
+    const char *name;
+    int file;
+    int used;
+} SrcTensor;
+typedef struct {
+    const char *dir, *listing; // listing: the file that names the tensors (for messages)
     int nf;
     StFile **f;
     int n;
     SrcTensor *t;
-    cJSON *index;                 // owns the names in the sharded case
+    cJSON *index; // owns the names in the sharded case
 } Src;
 
 static int src_find(const Src *s, const char *name) {
-    for (int i = 0; i < s->n; i++) if (strcmp(s->t[i].name, name) == 0) return i;
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->t[i].name, name) == 0) return i;
     return -1;
 }
 
@@ -110,7 +121,7 @@ static void src_open(Src *s, const char *dir) {
     memset(s, 0, sizeof *s);
     s->dir = dir;
     char p[HF_PATH];
-    if (has(dir, SINGLE)) {   // transformers' own order: the single file first
+    if (has(dir, SINGLE)) { // transformers' own order: the single file first
         join_path(p, sizeof p, dir, SINGLE);
         s->listing = SINGLE;
         s->nf = 1;
@@ -124,7 +135,8 @@ static void src_open(Src *s, const char *dir) {
     if (!has(dir, INDEX)) {
         if (has(dir, "pytorch_model.bin") || has(dir, "pytorch_model.bin.index.json"))
             DIE("HF model %s has only pytorch_model.bin weights; save it with safetensors "
-                "(model.save_pretrained(dir, safe_serialization=True))", dir);
+                "(model.save_pretrained(dir, safe_serialization=True))",
+                dir);
         DIE("HF model %s has neither %s nor %s", dir, SINGLE, INDEX);
     }
     s->listing = INDEX;
@@ -141,14 +153,16 @@ static void src_open(Src *s, const char *dir) {
                 it->string ? it->string : "(unnamed)");
         const char *fn = it->valuestring;
         if (strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0)
-            DIE("HF model %s: %s: tensor %s is in '%s'; shards must be files in the model directory", dir, INDEX,
-                it->string, fn);
-        if (src_find(s, it->string) >= 0) DIE("HF model %s: %s lists tensor %s twice", dir, INDEX, it->string);
+            DIE("HF model %s: %s: tensor %s is in '%s'; shards must be files in the model directory", dir,
+                INDEX, it->string, fn);
+        if (src_find(s, it->string) >= 0)
+            DIE("HF model %s: %s lists tensor %s twice", dir, INDEX, it->string);
         int k = 0;
         while (k < s->nf && strcmp(fname[k], fn) != 0) k++;
         if (k == s->nf) {
             join_path(p, sizeof p, dir, fn);
-            if (!file_exists(p)) DIE("HF model %s: %s maps tensor %s to %s, which does not exist", dir, INDEX, it->string, fn);
+            if (!file_exists(p))
+                DIE("HF model %s: %s maps tensor %s to %s, which does not exist", dir, INDEX, it->string, fn);
             fname[k] = fn;
             s->f[k] = safetensors_open(p);
             s->nf++;
@@ -177,7 +191,9 @@ static void src_read(const Src *s, int i, int ndim, const int64_t *shape, float 
 
 // How a table tensor is found: directly (src >= 0), or in a fused (E, 2f, d) gate_up_proj / (E, d, f)
 // down_proj tensor of its layer (fused >= 0).
-typedef struct { int src, fused; } Where;
+typedef struct {
+    int src, fused;
+} Where;
 
 static void fused_name(char *buf, size_t n, int layer, int down) {
     snprintf(buf, n, "model.layers.%d.mlp.experts.%s", layer, down ? "down_proj" : "gate_up_proj");
@@ -200,15 +216,18 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params, int upc
         if (w[i].src < 0 && upcycle && (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2)) {
             // every expert a copy of the dense MLP: w1 = gate_proj, w3 = up_proj, w2 = down_proj
             snprintf(nm, sizeof nm, "model.layers.%d.mlp.%s.weight", p->layer,
-                     p->role == PR_W1 ? "gate_proj" : p->role == PR_W3 ? "up_proj" : "down_proj");
+                     p->role == PR_W1       ? "gate_proj"
+                         : p->role == PR_W3 ? "up_proj"
+                                            : "down_proj");
             w[i].src = src_find(&s, nm);
         }
-        if (w[i].src < 0 && upcycle && p->role == PR_ROUTER) continue;   // the caller's initialisation stays
+        if (w[i].src < 0 && upcycle && p->role == PR_ROUTER) continue; // the caller's initialisation stays
         if (w[i].src < 0 && (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2)) {
             fused_name(nm, sizeof nm, p->layer, p->role == PR_W2);
             w[i].fused = src_find(&s, nm);
         }
-        if (w[i].src < 0 && w[i].fused < 0 && p->role == PR_ROUTE_BIAS) continue;   // aux-free's bias: starts at 0
+        if (w[i].src < 0 && w[i].fused < 0 && p->role == PR_ROUTE_BIAS)
+            continue; // aux-free's bias: starts at 0
         if (w[i].src < 0 && w[i].fused < 0)
             DIE("HF model %s: tensor %s is missing (not in %s)", dir, p->name, s.listing);
         s.t[w[i].src >= 0 ? w[i].src : w[i].fused].used = 1;
@@ -218,16 +237,20 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params, int upc
         size_t lx = strlen(x), li = strlen("rotary_emb.inv_freq");
         if (s.t[i].used || (lx >= li && strcmp(x + lx - li, "rotary_emb.inv_freq") == 0)) continue;
         DIE("HF model %s: %s has tensor %s, which the config does not have (different num_hidden_layers or "
-            "num_local_experts, or an unsupported architecture?)", dir, s.listing, x);
+            "num_local_experts, or an unsupported architecture?)",
+            dir, s.listing, x);
     }
     // pass 2: read
-    float *fz = NULL;        // the fused tensor of the current (layer, kind)
+    float *fz = NULL; // the fused tensor of the current (layer, kind)
     int fz_src = -1;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
         float *dst = params + p->offset;
-        if (w[i].src >= 0) { src_read(&s, w[i].src, p->ndim, p->shape, dst); continue; }
-        if (w[i].fused < 0) {   // the routing bias starts at 0; an upcycled router keeps the caller's values
+        if (w[i].src >= 0) {
+            src_read(&s, w[i].src, p->ndim, p->shape, dst);
+            continue;
+        }
+        if (w[i].fused < 0) { // the routing bias starts at 0; an upcycled router keeps the caller's values
             if (p->role == PR_ROUTE_BIAS) memset(dst, 0, p->numel * sizeof(float));
             continue;
         }
@@ -240,7 +263,7 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params, int upc
             src_read(&s, w[i].fused, 3, sh, fz);
             fz_src = w[i].fused;
         }
-        size_t per = (size_t)(f * d);   // one expert's block of one projection
+        size_t per = (size_t)(f * d); // one expert's block of one projection
         const float *from = down ? fz + (size_t)p->expert * per
                                  : fz + (size_t)p->expert * 2 * per + (p->role == PR_W3 ? per : 0);
         memcpy(dst, from, per * sizeof(float));
@@ -286,16 +309,18 @@ static int dir_is_empty(const char *p) {
 
 int hf_export(const char *ckpt, const char *out_in, int force) {
     ModelConfig c;
-    ckpt_load_config(ckpt, &c);   // verifies every file's checksum
+    ckpt_load_config(ckpt, &c); // verifies every file's checksum
     // what transformers' class of the family computes: dropless, its top-k weighting (Mixtral always
     // renormalises; the others follow norm_topk_prob, written from ours), no routing bias
     int mix = c.family == FAM_MIXTRAL, unnorm = mix && !c.renormalize, cap = c.dispatch == DISPATCH_CAPACITY,
         bias = c.balance == BALANCE_AUX_FREE;
     if (cap || unnorm || bias)
-        DIE("checkpoint %s is not a %s model (%s%s%s%s%s): transformers' %s would compute something else; only "
-            "dropless dispatch%s without a routing bias can be exported", ckpt, mix ? "Mixtral" : config_family_name(c.family),
-            cap ? "capacity dispatch drops tokens" : "", cap && (unnorm || bias) ? ", " : "",
-            unnorm ? "top-k weights are not renormalised" : "", unnorm && bias ? ", " : "",
+        DIE("checkpoint %s is not a %s model (%s%s%s%s%s): transformers' %s would compute something else; "
+            "only "
+            "dropless dispatch%s without a routing bias can be exported",
+            ckpt, mix ? "Mixtral" : config_family_name(c.family), cap ? "capacity dispatch drops tokens" : "",
+            cap && (unnorm || bias) ? ", " : "", unnorm ? "top-k weights are not renormalised" : "",
+            unnorm && bias ? ", " : "",
             bias ? "aux-free balancing adds a per-expert bias to the routing scores" : "",
             config_family_arch(c.family), mix ? " with renormalised top-k weights" : "");
     // every tensor present with the config's shape and nothing else (the HF loader would say less)

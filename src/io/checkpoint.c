@@ -3,8 +3,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "train/checkpoint.h"
-#include "train/options.h"
+#include "io/checkpoint.h"
+#include "ops/numerics.h"
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -17,13 +17,14 @@
 #include <unistd.h>
 #include <zlib.h>
 #include "core/common.h"
-#include "core/safetensors.h"
-#include "model/config_json.h"
+#include "io/safetensors.h"
+#include "io/config_json.h"
 
 #define CK_PATH 4096
-#define MAX_EXACT_INT 9007199254740992.0  // 2^53: integers above this do not survive a JSON double
+#define MAX_EXACT_INT 9007199254740992.0 // 2^53: integers above this do not survive a JSON double
 
-static const char *const CK_FILES[] = {"config.json", "state.json", "model.safetensors", "optimizer.safetensors"};
+static const char *const CK_FILES[] = {"config.json", "state.json", "model.safetensors",
+                                       "optimizer.safetensors"};
 #define N_CK_FILES 4
 static const char *const CK_REQUIRED[] = {"config.json", "state.json", "model.safetensors"};
 #define N_CK_REQUIRED 3
@@ -31,7 +32,10 @@ static const char *const CK_REQUIRED[] = {"config.json", "state.json", "model.sa
 // ---------------------------------------------------------------------------------------------
 // small helpers
 
-static int path_exists(const char *p) { struct stat st; return lstat(p, &st) == 0; }
+static int path_exists(const char *p) {
+    struct stat st;
+    return lstat(p, &st) == 0;
+}
 
 static void remove_tree(const char *p) {
     if (rm_rf(p) != 0) DIE("cannot remove '%s' (%s)", p, strerror(errno));
@@ -53,11 +57,17 @@ static int file_crc(const char *path, uint32_t *crc, uint64_t *size) {
     uLong c = crc32(0L, Z_NULL, 0);
     uint64_t n = 0;
     size_t got;
-    while ((got = fread(buf, 1, CH, f)) > 0) { c = crc32(c, buf, (uInt)got); n += got; }
+    while ((got = fread(buf, 1, CH, f)) > 0) {
+        c = crc32(c, buf, (uInt)got);
+        n += got;
+    }
     int err = ferror(f);
     fclose(f);
     free(buf);
-    if (err) { errno = EIO; return -1; }
+    if (err) {
+        errno = EIO;
+        return -1;
+    }
     *crc = (uint32_t)c;
     *size = n;
     return 0;
@@ -79,8 +89,8 @@ static void read_table(const StFile *f, const ParamTable *t, float *flat, const 
 
 // Every tensor in the file must be "<table name><one of suffixes>" (catches a checkpoint with more
 // layers or experts than the config the table was built from).
-static void check_no_extra(const StFile *f, const char *path, const ParamTable *t, const char *const *suffixes, int ns,
-                           const char *ckdir) {
+static void check_no_extra(const StFile *f, const char *path, const ParamTable *t,
+                           const char *const *suffixes, int ns, const char *ckdir) {
     char nm[256];
     for (int i = 0; i < safetensors_count(f); i++) {
         const char *x = safetensors_name(f, i);
@@ -93,7 +103,8 @@ static void check_no_extra(const StFile *f, const char *path, const ParamTable *
             found = params_find(t, nm) >= 0;
         }
         if (!found)
-            DIE("checkpoint %s: '%s' has tensor %s, which the model config does not have (different n_layers or n_experts?)",
+            DIE("checkpoint %s: '%s' has tensor %s, which the model config does not have (different n_layers "
+                "or n_experts?)",
                 ckdir, path, x);
     }
 }
@@ -127,11 +138,18 @@ static int list_steps(const char *out_dir, char ***names) {
     closedir(d);
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
-            if (strcmp((*names)[i], (*names)[j]) > 0) { char *t = (*names)[i]; (*names)[i] = (*names)[j]; (*names)[j] = t; }
+            if (strcmp((*names)[i], (*names)[j]) > 0) {
+                char *t = (*names)[i];
+                (*names)[i] = (*names)[j];
+                (*names)[j] = t;
+            }
     return n;
 }
 
-static void free_names(char **names, int n) { for (int i = 0; i < n; i++) free(names[i]); free(names); }
+static void free_names(char **names, int n) {
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
 
 // A completed step directory's step number, or -1 (a .tmp / .old / foreign name).
 static long long step_of(const char *nm) {
@@ -199,13 +217,17 @@ void ckpt_prune(const char *out, int keep) {
         char p[CK_PATH];
         join_path(p, sizeof p, out, names[i]);
         if (step_of(names[i]) < 0 || !ckpt_is_complete(p)) continue;
-        if (++complete > keep && rm_rf(p) != 0) fprintf(stderr, "moe: warning: could not remove old checkpoint %s\n", p);
+        if (++complete > keep && rm_rf(p) != 0)
+            fprintf(stderr, "moe: warning: could not remove old checkpoint %s\n", p);
     }
     free_names(names, nn);
 }
 
 static void add_i64(cJSON *o, const char *key, int64_t v) {
-    if (fabs((double)v) <= MAX_EXACT_INT) { cJSON_AddNumberToObject(o, key, (double)v); return; }
+    if (fabs((double)v) <= MAX_EXACT_INT) {
+        cJSON_AddNumberToObject(o, key, (double)v);
+        return;
+    }
     char s[32];
     snprintf(s, sizeof s, "%lld", (long long)v);
     cJSON_AddStringToObject(o, key, s);
@@ -214,7 +236,10 @@ static void add_i64(cJSON *o, const char *key, int64_t v) {
 // Exact double: the shortest %.Ng that reads back to the same bits. (cJSON's own printer accepts a
 // 15-digit form within DBL_EPSILON, which can be one ulp off, so we hand it raw text.)
 static void add_exact_double(cJSON *o, const char *key, double v) {
-    if (!isfinite(v)) { cJSON_AddNullToObject(o, key); return; }
+    if (!isfinite(v)) {
+        cJSON_AddNullToObject(o, key);
+        return;
+    }
     char s[40];
     for (int p = 15; p <= 17; p++) {
         snprintf(s, sizeof s, "%.*g", p, v);
@@ -226,7 +251,10 @@ static void add_exact_double(cJSON *o, const char *key, double v) {
 
 static void write_state(const char *path, const TrainState *st) {
     TrainState z;
-    if (!st) { memset(&z, 0, sizeof z); st = &z; }
+    if (!st) {
+        memset(&z, 0, sizeof z);
+        st = &z;
+    }
     cJSON *j = cJSON_CreateObject();
     char s[32];
     cJSON_AddNumberToObject(j, "version", 1);
@@ -237,7 +265,8 @@ static void write_state(const char *path, const TrainState *st) {
     cJSON_AddStringToObject(j, "seed", s);
     add_i64(j, "total_steps", st->total_steps);
     add_exact_double(j, "tokens_seen", st->tokens_seen);
-    if (st->precision == PREC_BF16) cJSON_AddStringToObject(j, "precision", "bf16");   // (mixed: absent, as always)
+    if (st->precision == PREC_BF16)
+        cJSON_AddStringToObject(j, "precision", "bf16"); // (mixed: absent, as always)
     json_write_file(path, j);
     cJSON_Delete(j);
 }
@@ -247,7 +276,8 @@ static int json_int(const cJSON *it, int is_unsigned, uint64_t *u, int64_t *i) {
     if (cJSON_IsNumber(it)) {
         double d = it->valuedouble;
         if (d != floor(d) || fabs(d) > MAX_EXACT_INT || (is_unsigned && d < 0)) return -1;
-        if (is_unsigned) *u = (uint64_t)d; else *i = (int64_t)d;
+        if (is_unsigned) *u = (uint64_t)d;
+        else *i = (int64_t)d;
         return 0;
     }
     if (!cJSON_IsString(it) || !it->valuestring[0]) return -1;
@@ -275,11 +305,12 @@ static void read_state(const char *dir, TrainState *st) {
         uint64_t u = 0;
         int64_t i = 0;
         int uns = k == 1 || k == 2;
-        if (json_int(it, uns, &u, &i)) DIE("checkpoint %s: state.json: \"%s\" is not a valid integer", dir, keys[k]);
+        if (json_int(it, uns, &u, &i))
+            DIE("checkpoint %s: state.json: \"%s\" is not a valid integer", dir, keys[k]);
         // steps are ints in the trainer (--steps): a step outside 0..INT_MAX would wrap
         if ((k == 0 || k == 3) && (i < 0 || i > INT32_MAX))
-            DIE("checkpoint %s: state.json: \"%s\" is out of range (%lld; must be in 0..%d)", dir, keys[k], (long long)i,
-                INT32_MAX);
+            DIE("checkpoint %s: state.json: \"%s\" is out of range (%lld; must be in 0..%d)", dir, keys[k],
+                (long long)i, INT32_MAX);
         if (k == 0) s.step = i;
         else if (k == 1) s.seq_pos = u;
         else if (k == 2) s.seed = u;
@@ -289,7 +320,8 @@ static void read_state(const char *dir, TrainState *st) {
     if (ts && cJSON_IsNumber(ts)) s.tokens_seen = ts->valuedouble;
     else if (ts && !cJSON_IsNull(ts)) DIE("checkpoint %s: state.json: \"tokens_seen\" is not a number", dir);
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "precision");
-    if (pr && !(cJSON_IsString(pr) && (!strcmp(pr->valuestring, "bf16") || !strcmp(pr->valuestring, "mixed"))))
+    if (pr &&
+        !(cJSON_IsString(pr) && (!strcmp(pr->valuestring, "bf16") || !strcmp(pr->valuestring, "mixed"))))
         DIE("checkpoint %s: state.json: \"precision\" is not \"mixed\" or \"bf16\"", dir);
     s.precision = pr && !strcmp(pr->valuestring, "bf16") ? PREC_BF16 : PREC_MIXED;
     cJSON_Delete(j);
@@ -331,7 +363,7 @@ void ckpt_verify(const char *dir) {
     for (int i = 0; i < N_CK_REQUIRED; i++)
         if (!cJSON_GetObjectItemCaseSensitive(files, CK_REQUIRED[i]))
             DIE("checkpoint %s: checksums.json does not list %s", dir, CK_REQUIRED[i]);
-    for (int i = 0; i < N_CK_FILES; i++) {   // a file we would read must be covered
+    for (int i = 0; i < N_CK_FILES; i++) { // a file we would read must be covered
         join_path(p, sizeof p, dir, CK_FILES[i]);
         if (path_exists(p) && !cJSON_GetObjectItemCaseSensitive(files, CK_FILES[i]))
             DIE("checkpoint %s: %s is not listed in checksums.json", dir, CK_FILES[i]);
@@ -372,7 +404,8 @@ void ckpt_load_config(const char *dir, ModelConfig *c) {
     *c = cfg;
 }
 
-void ckpt_check_tensors(const char *dir, const StFile *f, const char *path, const ParamTable *t, int optimizer) {
+void ckpt_check_tensors(const char *dir, const StFile *f, const char *path, const ParamTable *t,
+                        int optimizer) {
     static const char *const none[] = {""}, *const sfx[] = {".exp_avg", ".exp_avg_sq"};
     if (optimizer) check_no_extra(f, path, t, sfx, 2, dir);
     else check_no_extra(f, path, t, none, 1, dir);
@@ -391,7 +424,8 @@ void ckpt_load(const char *dir, const ParamTable *t, float *params, float *m, fl
 
     if (m || v) {
         join_path(p, sizeof p, dir, "optimizer.safetensors");
-        if (!file_exists(p)) DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it", dir);
+        if (!file_exists(p))
+            DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it", dir);
         f = safetensors_open(p);
         ckpt_check_tensors(dir, f, p, t, 1);
         if (m) read_table(f, t, m, ".exp_avg");
@@ -446,10 +480,11 @@ static void ck_write_tensors(const char *tmp, const ParamTable *t, const float *
     free(ts);
 }
 
-void ckpt_begin(const char *dir_in, const ParamTable *t, int with_opt, uint64_t *model_start, uint64_t *opt_start) {
+void ckpt_begin(const char *dir_in, const ParamTable *t, int with_opt, uint64_t *model_start,
+                uint64_t *opt_start) {
     char dir[CK_PATH - 16], tmp[CK_PATH], old[CK_PATH], par[CK_PATH];
     ck_names(dir_in, dir, sizeof dir, tmp, old, par);
-    remove_tree(tmp);   // stale from an interrupted save
+    remove_tree(tmp); // stale from an interrupted save
     mkdir_p(tmp);
     ck_write_tensors(tmp, t, NULL, NULL, NULL, with_opt, model_start, opt_start);
 }
@@ -462,10 +497,11 @@ void ckpt_begin_path(char *buf, size_t n, const char *dir_in, const char *name) 
 
 void ckpt_save(const char *dir_in, const ModelConfig *c, const ParamTable *t, const float *params,
                const float *m, const float *v, const TrainState *st) {
-    if ((m == NULL) != (v == NULL)) DIE("ckpt_save: optimizer moments m and v must both be given or both be NULL");
+    if ((m == NULL) != (v == NULL))
+        DIE("ckpt_save: optimizer moments m and v must both be given or both be NULL");
     char dir[CK_PATH - 16], tmp[CK_PATH], old[CK_PATH], par[CK_PATH];
     ck_names(dir_in, dir, sizeof dir, tmp, old, par);
-    remove_tree(tmp);   // stale from an interrupted save
+    remove_tree(tmp); // stale from an interrupted save
     mkdir_p(tmp);
     ck_write_tensors(tmp, t, params, m, v, m != NULL, NULL, NULL);
     ckpt_commit(dir_in, c, st);
@@ -480,7 +516,7 @@ void ckpt_commit(const char *dir_in, const ModelConfig *c, const TrainState *st)
     cJSON_Delete(cj);
     join_path(p, sizeof p, tmp, "state.json");
     write_state(p, st);
-    write_checksums(tmp);   // last: its presence marks the directory complete
+    write_checksums(tmp); // last: its presence marks the directory complete
     fsync_dir(tmp);
 
     if (!path_exists(dir)) {
@@ -494,7 +530,7 @@ void ckpt_commit(const char *dir_in, const ModelConfig *c, const TrainState *st)
     int try_exchange = !getenv("MOE_CKPT_NO_EXCHANGE");
     if (try_exchange && renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
         fsync_dir(par);
-        remove_tree(tmp);   // now holds the previous checkpoint
+        remove_tree(tmp); // now holds the previous checkpoint
         fsync_dir(par);
         return;
     }
@@ -527,7 +563,9 @@ struct cJSON *run_record_read(const char *dir) {
     long at = 0;
     cJSON *j = json_read_file("run record", NULL, p, &at);
     if (!cJSON_IsObject(j) || !cJSON_IsObject(cJSON_GetObjectItem(j, "options")))
-        DIE("'%s' is not a run record (a JSON object with \"options\"; error near byte %ld); delete it to go on "
-            "without one", p, j ? 0L : at);
+        DIE("'%s' is not a run record (a JSON object with \"options\"; error near byte %ld); delete it to go "
+            "on "
+            "without one",
+            p, j ? 0L : at);
     return j;
 }

@@ -1,13 +1,18 @@
 // ckpt_dist.c — slice-wise checkpoint writes and reads over a mesh (see ckpt_dist.h).
-#include "train/ckpt_dist.h"
+#include "io/ckpt_dist.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
 #include "core/common.h"
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
-typedef struct { int fd; const char *path; const float *src; uint64_t base; } WriteCtx;
+typedef struct {
+    int fd;
+    const char *path;
+    const float *src;
+    uint64_t base;
+} WriteCtx;
 
 static void write_run(size_t full, size_t local, size_t n, void *p) {
     WriteCtx *w = p;
@@ -18,7 +23,9 @@ static void write_run(size_t full, size_t local, size_t n, void *p) {
         ssize_t k = pwrite(w->fd, b, left, off);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) DIE("cannot write '%s' (%s)", w->path, k < 0 ? strerror(errno) : "short write");
-        b += k; off += k; left -= (size_t)k;
+        b += k;
+        off += k;
+        left -= (size_t)k;
     }
 }
 
@@ -27,12 +34,14 @@ static void write_slices(const char *path, const ParamTable *t, const unsigned c
     int fd = open(path, O_WRONLY);
     if (fd < 0) DIE("cannot open '%s' (%s)", path, strerror(errno));
     WriteCtx w = {fd, path, src, base};
-    for (int i = 0; i < t->n; i++) if (own[i] && t->p[i].lnumel) params_slice_runs(&t->p[i], write_run, &w);
+    for (int i = 0; i < t->n; i++)
+        if (own[i] && t->p[i].lnumel) params_slice_runs(&t->p[i], write_run, &w);
     if (fsync(fd) != 0 || close(fd) != 0) DIE("cannot write '%s' (%s)", path, strerror(errno));
 }
 
-void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params, const float *m,
-                    const float *v, const unsigned char *own, const TrainState *st, const Comm *world) {
+void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params,
+                    const float *m, const float *v, const unsigned char *own, const TrainState *st,
+                    const Comm *world) {
     uint64_t starts[2] = {0, 0};
     if (comm_rank(world) == 0) ckpt_begin(dir, t, m != NULL, &starts[0], &starts[1]);
     comm_bcast(world, starts, 2, CT_I64, 0);
@@ -44,14 +53,18 @@ void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, 
         write_slices(p, t, own, m, starts[1]);
         write_slices(p, t, own, v, starts[1] + 4 * (uint64_t)t->total);
     }
-    comm_barrier(world);   // every slice is on disk (each rank fsynced its writes)
+    comm_barrier(world); // every slice is on disk (each rank fsynced its writes)
     if (comm_rank(world) == 0) ckpt_commit(dir, c, st);
     comm_barrier(world);
 }
 
-typedef struct { float *dst; const float *tensor; size_t base; } ReadCtx;
+typedef struct {
+    float *dst;
+    const float *tensor;
+    size_t base;
+} ReadCtx;
 static void read_run(size_t full, size_t local, size_t n, void *p) {
-    ReadCtx *r = p;   // full indexes the full flat layout; the tensor starts at base there
+    ReadCtx *r = p; // full indexes the full flat layout; the tensor starts at base there
     memcpy(r->dst + local, r->tensor + (full - r->base), n * sizeof(float));
 }
 
@@ -60,8 +73,11 @@ static void read_slices(const StFile *f, const ParamTable *t, const char *suffix
     size_t cap = 0;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
-        if (!s->lnumel) continue;   // not held here: not read
-        if (s->numel > cap) { cap = s->numel; buf = xrealloc(buf, cap * sizeof(float)); }
+        if (!s->lnumel) continue; // not held here: not read
+        if (s->numel > cap) {
+            cap = s->numel;
+            buf = xrealloc(buf, cap * sizeof(float));
+        }
         char name[160];
         snprintf(name, sizeof name, "%s%s", s->name, suffix);
         safetensors_read(f, name, s->ndim, s->shape, buf);
@@ -74,14 +90,15 @@ static void read_slices(const StFile *f, const ParamTable *t, const char *suffix
 void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st,
                     const Comm *world) {
     char p[4200];
-    if (comm_rank(world) == 0) {   // what ckpt_load checks, once: checksums, state, no tensor but the table's
+    if (comm_rank(world) == 0) { // what ckpt_load checks, once: checksums, state, no tensor but the table's
         ckpt_verify(dir);
         TrainState check;
         ckpt_load_state(dir, &check);
         for (int k = 0; k < 1 + (m != NULL); k++) {
             join_path(p, sizeof p, dir, k ? "optimizer.safetensors" : "model.safetensors");
             if (k && !file_exists(p))
-                DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it", dir);
+                DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it",
+                    dir);
             StFile *f = safetensors_open(p);
             ckpt_check_tensors(dir, f, p, t, k);
             safetensors_close(f);

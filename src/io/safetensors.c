@@ -3,7 +3,7 @@
 // files (whole, or as a sized skeleton that others fill with pwrite) and reading F32/BF16/F16
 // tensors by name into float. Must not hold: what the tensors mean (parameter tables, checkpoint
 // directories, Hugging Face names).
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,8 +15,8 @@
 #include <unistd.h>
 #include "core/common.h"
 
-#define ST_MAX_HEADER (100ull << 20)      // the format's own limit
-#define MAX_EXACT_INT 9007199254740992.0  // 2^53: integers above this do not survive a JSON double
+#define ST_MAX_HEADER (100ull << 20) // the format's own limit
+#define MAX_EXACT_INT 9007199254740992.0 // 2^53: integers above this do not survive a JSON double
 
 static void check_little_endian(void) {
     uint32_t x = 1;
@@ -45,9 +45,12 @@ static void st_write(const char *path, const StTensor *ts, int n, const char *me
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const StTensor *t = &ts[i];
-        if (!t->name[0] || strcmp(t->name, "__metadata__") == 0) DIE("safetensors_write '%s': bad tensor name '%s'", path, t->name);
-        if (cJSON_GetObjectItemCaseSensitive(h, t->name)) DIE("safetensors_write '%s': duplicate tensor %s", path, t->name);
-        if (t->ndim < 0 || t->ndim > 4) DIE("safetensors_write '%s': tensor %s has %d dims (0..4 supported)", path, t->name, t->ndim);
+        if (!t->name[0] || strcmp(t->name, "__metadata__") == 0)
+            DIE("safetensors_write '%s': bad tensor name '%s'", path, t->name);
+        if (cJSON_GetObjectItemCaseSensitive(h, t->name))
+            DIE("safetensors_write '%s': duplicate tensor %s", path, t->name);
+        if (t->ndim < 0 || t->ndim > 4)
+            DIE("safetensors_write '%s': tensor %s has %d dims (0..4 supported)", path, t->name, t->ndim);
         uint64_t numel = 1;
         cJSON *shape = cJSON_CreateArray();
         for (int d = 0; d < t->ndim; d++) {
@@ -55,7 +58,8 @@ static void st_write(const char *path, const StTensor *ts, int n, const char *me
             numel *= (uint64_t)t->shape[d];
             cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
         }
-        if (numel && !t->data && !skeleton) DIE("safetensors_write '%s': tensor %s has no data", path, t->name);
+        if (numel && !t->data && !skeleton)
+            DIE("safetensors_write '%s': tensor %s has no data", path, t->name);
         uint64_t end = off + 4 * numel;
         if ((double)end > MAX_EXACT_INT) DIE("safetensors_write '%s': file too large", path);
         cJSON *e = cJSON_CreateObject();
@@ -73,7 +77,8 @@ static void st_write(const char *path, const StTensor *ts, int n, const char *me
         meta = cJSON_Parse(metadata_json);
         if (!cJSON_IsObject(meta)) DIE("safetensors_write '%s': metadata is not a JSON object", path);
         for (const cJSON *it = meta->child; it; it = it->next)
-            if (!cJSON_IsString(it)) DIE("safetensors_write '%s': metadata value \"%s\" must be a string", path, it->string);
+            if (!cJSON_IsString(it))
+                DIE("safetensors_write '%s': metadata value \"%s\" must be a string", path, it->string);
     } else {
         meta = cJSON_CreateObject();
     }
@@ -85,7 +90,7 @@ static void st_write(const char *path, const StTensor *ts, int n, const char *me
     if (!js) DIE("out of memory formatting the header of '%s'", path);
     cJSON_Delete(h);
     size_t len = strlen(js);
-    size_t pad = (8 - (8 + len) % 8) % 8;   // data starts 8-byte aligned
+    size_t pad = (8 - (8 + len) % 8) % 8; // data starts 8-byte aligned
     uint64_t N = len + pad;
     unsigned char le[8];
     for (int b = 0; b < 8; b++) le[b] = (unsigned char)(N >> (8 * b));
@@ -127,8 +132,8 @@ struct StFile {
     int fd;
     uint64_t size, data_start, data_size;
     cJSON *hdr;
-    int n;                 // tensors (the __metadata__ entry excluded)
-    const char **names;    // theirs, in header order (owned by hdr)
+    int n; // tensors (the __metadata__ entry excluded)
+    const char **names; // theirs, in header order (owned by hdr)
 };
 
 typedef struct {
@@ -139,10 +144,14 @@ typedef struct {
 } StEntry;
 
 static int dtype_size(const char *dt) {
-    static const struct { const char *n; int s; } t[] = {
-        {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
-        {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) if (strcmp(t[i].n, dt) == 0) return t[i].s;
+    static const struct {
+        const char *n;
+        int s;
+    } t[] = {{"F64", 8},  {"F32", 4},     {"F16", 2},     {"BF16", 2},   {"I64", 8}, {"I32", 4},
+             {"I16", 2},  {"I8", 1},      {"U64", 8},     {"U32", 4},    {"U16", 2}, {"U8", 1},
+             {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (strcmp(t[i].n, dt) == 0) return t[i].s;
     return 0;
 }
 
@@ -164,7 +173,8 @@ static void st_entry(const StFile *r, const cJSON *it, StEntry *e) {
     const cJSON *of = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
     if (!cJSON_IsString(dt)) DIE("'%s' is corrupt: tensor %s has no dtype", r->path, nm);
     if (!cJSON_IsArray(sh)) DIE("'%s' is corrupt: tensor %s has no shape", r->path, nm);
-    if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2) DIE("'%s' is corrupt: tensor %s has no data_offsets pair", r->path, nm);
+    if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2)
+        DIE("'%s' is corrupt: tensor %s has no data_offsets pair", r->path, nm);
     e->dtype = dt->valuestring;
     e->ndim = cJSON_GetArraySize(sh);
     if (e->ndim > 8) DIE("'%s': tensor %s has %d dims", r->path, nm, e->ndim);
@@ -177,7 +187,8 @@ static void st_entry(const StFile *r, const cJSON *it, StEntry *e) {
         if (v && e->numel > UINT64_MAX / v) DIE("'%s' is corrupt: tensor %s has a bad shape", r->path, nm);
         e->numel *= v;
     }
-    if (json_uint(of->child, &e->begin) || json_uint(of->child->next, &e->end) || e->begin > e->end || e->end > r->data_size)
+    if (json_uint(of->child, &e->begin) || json_uint(of->child->next, &e->end) || e->begin > e->end ||
+        e->end > r->data_size)
         DIE("'%s' is corrupt: tensor %s has data_offsets outside the data section (%llu bytes)", r->path, nm,
             (unsigned long long)r->data_size);
     int sz = dtype_size(e->dtype);
@@ -201,20 +212,24 @@ static int by_offset(const void *a, const void *b) {
 static void st_check_layout(const StFile *r, StEntry *es, int n) {
     qsort(es, (size_t)n, sizeof *es, by_name);
     for (int i = 1; i < n; i++)
-        if (strcmp(es[i].name, es[i - 1].name) == 0) DIE("'%s' is corrupt: tensor %s is in its header twice", r->path, es[i].name);
+        if (strcmp(es[i].name, es[i - 1].name) == 0)
+            DIE("'%s' is corrupt: tensor %s is in its header twice", r->path, es[i].name);
     qsort(es, (size_t)n, sizeof *es, by_offset);
     uint64_t at = 0;
     for (int i = 0; i < n; i++) {
         if (es[i].begin < at)
-            DIE("'%s' is corrupt: tensors %s and %s overlap in the data section", r->path, es[i - 1].name, es[i].name);
+            DIE("'%s' is corrupt: tensors %s and %s overlap in the data section", r->path, es[i - 1].name,
+                es[i].name);
         if (es[i].begin > at)
             DIE("'%s' is corrupt: a gap of %llu bytes before tensor %s in the data section", r->path,
                 (unsigned long long)(es[i].begin - at), es[i].name);
         at = es[i].end;
     }
     if (at != r->data_size)
-        DIE("'%s' is corrupt: its tensors cover %llu bytes of the %llu-byte data section (header length or file size "
-            "wrong)", r->path, (unsigned long long)at, (unsigned long long)r->data_size);
+        DIE("'%s' is corrupt: its tensors cover %llu bytes of the %llu-byte data section (header length or "
+            "file size "
+            "wrong)",
+            r->path, (unsigned long long)at, (unsigned long long)r->data_size);
 }
 
 StFile *safetensors_open(const char *path_in) {
@@ -222,13 +237,14 @@ StFile *safetensors_open(const char *path_in) {
     StFile *r = xcalloc(1, sizeof *r);
     r->path = xstrdup(path_in);
     const char *path = r->path;
-    r->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);   // a FIFO must not block the open
+    r->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); // a FIFO must not block the open
     if (r->fd < 0) DIE("cannot open '%s' (%s)", path, strerror(errno));
     struct stat st;
     if (fstat(r->fd, &st) != 0) DIE("cannot stat '%s' (%s)", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) DIE("'%s' is not a regular file", path);
     r->size = (uint64_t)st.st_size;
-    if (r->size < 8) DIE("'%s' is not a safetensors file (only %llu bytes)", path, (unsigned long long)r->size);
+    if (r->size < 8)
+        DIE("'%s' is not a safetensors file (only %llu bytes)", path, (unsigned long long)r->size);
     unsigned char le[8];
     xpread(r->fd, le, 8, 0, path);
     uint64_t N = 0;
@@ -236,13 +252,14 @@ StFile *safetensors_open(const char *path_in) {
     if (N < 2 || N > r->size - 8)
         DIE("'%s' is corrupt: header length %llu does not fit in the file (%llu bytes)", path,
             (unsigned long long)N, (unsigned long long)r->size);
-    if (N > ST_MAX_HEADER) DIE("'%s' is corrupt: header length %llu exceeds the 100 MiB limit", path, (unsigned long long)N);
+    if (N > ST_MAX_HEADER)
+        DIE("'%s' is corrupt: header length %llu exceeds the 100 MiB limit", path, (unsigned long long)N);
     char *hb = xmalloc((size_t)N);
     xpread(r->fd, hb, (size_t)N, 8, path);
     const char *jend = NULL;
     r->hdr = cJSON_ParseWithLengthOpts(hb, (size_t)N, &jend, 0);
     if (!cJSON_IsObject(r->hdr)) DIE("'%s' is corrupt: its header is not a JSON object", path);
-    for (; jend < hb + N; jend++)   // the format pads the header with spaces, and nothing else
+    for (; jend < hb + N; jend++) // the format pads the header with spaces, and nothing else
         if (*jend != ' ') DIE("'%s' is corrupt: its header has bytes after its JSON object", path);
     free(hb);
     r->data_start = 8 + N;
@@ -284,7 +301,7 @@ const char *safetensors_name(const StFile *r, int i) { return i >= 0 && i < r->n
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (ex == 0) {
-        float f = ldexpf((float)man, -24);   // zero or subnormal
+        float f = ldexpf((float)man, -24); // zero or subnormal
         return sign ? -f : f;
     }
     if (ex == 31) bits = sign | 0x7f800000u | (man << 13);
@@ -305,8 +322,12 @@ void safetensors_read(const StFile *r, const char *name, int ndim, const int64_t
     if (!it || strcmp(name, "__metadata__") == 0) DIE("'%s': missing tensor %s", r->path, name);
     StEntry e;
     st_entry(r, it, &e);
-    int kind = strcmp(e.dtype, "F32") == 0 ? 0 : strcmp(e.dtype, "BF16") == 0 ? 1 : strcmp(e.dtype, "F16") == 0 ? 2 : -1;
-    if (kind < 0) DIE("'%s': tensor %s has dtype %s; only F32, BF16 and F16 can be read", r->path, name, e.dtype);
+    int kind = strcmp(e.dtype, "F32") == 0 ? 0
+        : strcmp(e.dtype, "BF16") == 0     ? 1
+        : strcmp(e.dtype, "F16") == 0      ? 2
+                                           : -1;
+    if (kind < 0)
+        DIE("'%s': tensor %s has dtype %s; only F32, BF16 and F16 can be read", r->path, name, e.dtype);
     int same = e.ndim == ndim;
     for (int d = 0; same && d < ndim; d++) same = e.shape[d] == shape[d];
     if (!same) {
@@ -316,7 +337,10 @@ void safetensors_read(const StFile *r, const char *name, int ndim, const int64_t
         DIE("'%s': tensor %s has shape %s, config expects %s", r->path, name, a, b);
     }
     uint64_t off = r->data_start + e.begin;
-    if (kind == 0) { xpread(r->fd, dst, (size_t)e.numel * sizeof(float), off, r->path); return; }
+    if (kind == 0) {
+        xpread(r->fd, dst, (size_t)e.numel * sizeof(float), off, r->path);
+        return;
+    }
     enum { CH = 1 << 16 };
     uint16_t *tmp = xmalloc(CH * sizeof *tmp);
     for (uint64_t i = 0; i < e.numel; i += CH) {

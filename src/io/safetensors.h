@@ -1,11 +1,16 @@
 // safetensors.h — the safetensors file format: writing F32 tensors (whole files, or a sized skeleton
 // whose data others pwrite), reading one tensor at a time by name (F32, BF16 or F16, converted to
 // float). Needs a little-endian host (dies otherwise). Must not hold: what the tensors mean
-// (parameter tables, checkpoint directories, Hugging Face names): train/checkpoint.c and train/hf.c.
+// (parameter tables, checkpoint directories, Hugging Face names): io/checkpoint.c and io/hf.c.
 #pragma once
 #include <stdint.h>
 
-typedef struct { char name[128]; int ndim; int64_t shape[4]; const float *data; } StTensor;
+typedef struct {
+    char name[128];
+    int ndim;
+    int64_t shape[4];
+    const float *data;
+} StTensor;
 
 // Writes path (F32; tensors in the order given, 8-byte aligned data; metadata_json: a JSON object of
 // strings or NULL, "format":"pt" added when it has no "format"). Dies naming the file and tensor on a
@@ -21,6 +26,6 @@ uint64_t safetensors_write_skeleton(const char *path, const StTensor *ts, int n,
 typedef struct StFile StFile;
 StFile *safetensors_open(const char *path);
 void safetensors_close(StFile *f);
-int safetensors_count(const StFile *f);                  // tensors (the __metadata__ entry excluded)
-const char *safetensors_name(const StFile *f, int i);    // i-th tensor in header order (NULL past the end)
+int safetensors_count(const StFile *f); // tensors (the __metadata__ entry excluded)
+const char *safetensors_name(const StFile *f, int i); // i-th tensor in header order (NULL past the end)
 void safetensors_read(const StFile *f, const char *name, int ndim, const int64_t *shape, float *dst);

@@ -2,7 +2,7 @@
 // from_pretrained reads for MixtralForCausalLM): reading one (config.json + model.safetensors, or
 // shards listed in model.safetensors.index.json; F32/BF16/F16 tensors) and exporting one of our
 // checkpoints as one. Must not hold: training logic (train/pretrained.c starts a run from one) or
-// the safetensors format (core/safetensors.c).
+// the safetensors format (io/safetensors.c).
 #pragma once
 #include "core/config.h"
 #include "model/params.h"
