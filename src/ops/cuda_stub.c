@@ -4,6 +4,7 @@
 #include "ops/ops.h"
 
 int backend_cuda_available(void) { return 0; }
+void backend_cuda_set_rank(int local_rank) { (void)local_rank; }
 int backend_cuda_grouped_kernel(void) { return 0; }
 
 const Backend *backend_cuda(void) {

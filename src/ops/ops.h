@@ -446,6 +446,10 @@ void backend_profile_report(FILE *f, int steps);
 const Backend *backend_cuda(void);
 const Backend *backend_cuda_fp32(void);
 int backend_cuda_available(void);
+// The GPU this process uses is local_rank % (visible GPUs), 0 until this is called: the comm layer calls it
+// with the process's node-local rank when the world starts (parallel/comm_world.c), before any cuda
+// backend is made. Ignored once the cuda backend exists, and in builds without CUDA.
+void backend_cuda_set_rank(int local_rank);
 // The fused expert ops as plain ops of a Backend (for backends with nothing to fuse): ops/plain.h.
 // 1 when "cuda"'s grouped GEMMs (forward, dinp, dw, the fused SwiGLU ops) run our Hopper kernel
 // (src/ops/cuda/cuda_grouped.cu: an sm_90 GPU, a build with sm_90a code, MOE_GROUPED_GEMM not

@@ -1,5 +1,6 @@
 // comm_world.c — the world group and sub-groups: the `mpi` backend when built with MPI and
-// launched with more than one process, otherwise `self`; the process's node-local rank. Errors on
+// launched with more than one process, otherwise `self`; the process's node-local rank, which it
+// hands to the cuda backend (backend_cuda_set_rank) when the world starts. Errors on
 // any rank abort every rank (MPI_Abort through the DIE hook, and comm_world_abort for the nccl
 // backend), so a failure never leaves the others waiting. The world outlives the device backend it
 // was given (mesh_enable_device), so it ends it: comm_free detaches a group's device communicator
@@ -14,6 +15,7 @@
 #include <unistd.h>
 #include "core/common.h"
 #include "parallel/comm.h"
+#include "ops/ops.h"
 #include "parallel/comm_impl.h"
 
 #ifdef MOE_HAVE_MPI
@@ -242,6 +244,7 @@ Comm *comm_world_init(int *argc, char ***argv) {
     w->ops = &mpi_ops;
     moe_set_die_hook(abort_all, w->size > 1 ? w->rank : -1);
     if (w->size > 1) watch_start(w->rank);
+    backend_cuda_set_rank(comm_local_rank()); // one GPU per process: the node-local rank picks it
     return w;
 }
 

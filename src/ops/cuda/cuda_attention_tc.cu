@@ -375,7 +375,7 @@ static void to_bf16_rows(bf16s *dst, const float *src, int B, int T, int ta, int
     size_t n = (size_t)B * (tb - ta) * width;
     if (!n) return;
     size_t blocks = cdiv_u(n, 256);
-    f32_to_bf16_rows_k < <<blocks<4096 ? blocks : 4096, 256>>>(dst, src, T, ta, tb, width, n);
+    f32_to_bf16_rows_k<<<(blocks < 4096 ? blocks : 4096), 256>>>(dst, src, T, ta, tb, width, n);
     KCHECK("attention (bf16 rows)");
 }
 

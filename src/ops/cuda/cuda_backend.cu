@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
-#include "parallel/comm.h"
 
 extern "C" const char *cuda_hint(cudaError_t e) {
     switch (e) {
@@ -215,6 +214,9 @@ static void cuda_bf16_shadow_none(const float *p, size_t n) {
 } // cuda-fp32: float32 GEMMs
 
 static Backend g_be_bf16, g_be_f32;
+static int g_local_rank; // backend_cuda_set_rank: the GPU is g_local_rank % (visible GPUs)
+
+extern "C" void backend_cuda_set_rank(int local_rank) { g_local_rank = local_rank; }
 
 // Both tables, the device and the cuBLAS handle, once.
 static void cuda_init(void) {
@@ -226,7 +228,7 @@ static void cuda_init(void) {
     // one GPU per process: the node-local rank picks it (under mpirun/srun; 0 otherwise)
     int ngpu = 0;
     CUDA_CHECK(cudaGetDeviceCount(&ngpu));
-    CUDA_CHECK(cudaSetDevice(comm_local_rank() % ngpu));
+    CUDA_CHECK(cudaSetDevice(g_local_rank % ngpu));
     CUBLAS_CHECK(cublasCreate(&g_cublas));
     // FP32 math without TF32 for the float32 GEMMs; GEMMs with bf16 operands use tensor cores anyway
     CUBLAS_CHECK(cublasSetMathMode(g_cublas, CUBLAS_DEFAULT_MATH));
