@@ -3,8 +3,9 @@
 # otherwise name the missing packages and exit non-zero.
 set -euo pipefail
 pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libomp-dev gnuplot-nox openmpi-bin libopenmpi-dev)
-# MOE_DEPS_CI=1 (.ci/run): also clang and its runtime, for the libFuzzer targets (scripts/fuzz.sh)
-[ "${MOE_DEPS_CI:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev)
+# MOE_DEPS_CI=1 (.ci/run): also clang and its runtime, for the libFuzzer targets (scripts/fuzz.sh), and
+# clang-format (Debian 12: version 14), which tests/test_structure.sh checks the formatting with
+[ "${MOE_DEPS_CI:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -36,8 +36,8 @@
 #define WG_KV_TILE (2 * WG_BN * 128)
 #define WG_SMEM_FWD (WG_Q_BYTES + 4 * WG_KV_TILE + 1024)
 #define WG_SMEM_DQ (4 * WG_KV_TILE + 1024) // Q, dout, K, V
-#define WG_SMEM_DKDV \
-    (6 * WG_KV_TILE + 4 * 64 * 4 + 8192 + 1024) // K, V; Q, dout double-buffered; lse, D; dS^T
+// K, V; Q, dout double-buffered; lse, D; dS^T
+#define WG_SMEM_DKDV (6 * WG_KV_TILE + 4 * 64 * 4 + 8192 + 1024)
 #define WG_SMEM_DQS (2 * 16384 + 2 * WG_KV_TILE + 1024) // 2 x dS^T, K double-buffered
 
 typedef unsigned short bf16s;

@@ -70,6 +70,24 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return c.u;
 }
 
+// Threads of a one-block-per-row kernel over C units (floats, float4s, ...): C rounded up to whole warps,
+// 32 to 256 (cuda_nn.cu, cuda_norm.cu).
+static inline int row_threads(int C) {
+    int t = (C + 31) / 32 * 32;
+    return t > 256 ? 256 : t < 32 ? 32 : t;
+}
+
+// one output value or four (consecutive, 16-byte float32 / 8-byte bf16 aligned), float32 or rounded to bf16
+__device__ __forceinline__ void store1(float *p, float v) { *p = v; }
+__device__ __forceinline__ void store1(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store4(float *p, float a, float b, float c, float d) {
+    *(float4 *)p = make_float4(a, b, c, d);
+}
+__device__ __forceinline__ void store4(__nv_bfloat16 *p, float a, float b, float c, float d) {
+    *(uint2 *)p = make_uint2(pack_bf16(a, b), pack_bf16(c, d));
+}
+
+
 // A grid-stride loop over n elements: e takes this thread's indices.
 #define GRID_STRIDE(e, n) \
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n); \

@@ -33,16 +33,16 @@ typedef __nv_bfloat16 bf16;
 #define GG_BN 256
 #define GG_BK 64
 #define GG_ST 4
-#define GG_MAXG \
-    256 // groups per launch: GGArgs (~2.2 KB) and the four tensor maps stay within 4 KB of kernel parameters
+// groups per launch: GGArgs (~2.2 KB) and the four tensor maps stay within 4 KB of kernel parameters
+#define GG_MAXG 256
 #define GG_THREADS 384
 #define GG_A_BYTES (GG_BM * GG_BK * 2)
 #define GG_B_BYTES (GG_BN * GG_BK * 2)
 #define GG_SMEM (GG_ST * (GG_A_BYTES + GG_B_BYTES) + 1024 + 2 * GG_ST * 8)
 #define GG_EPI_BYTES 2048 // per consumer warp: EPI_SWIGLU_FWD's staging of 16 rows x 64 columns
-#define GG_SMEM_STAGED \
-    (GG_SMEM + 128 + 8 * GG_EPI_BYTES) // only that kernel (the rest keep L1 for themselves:
-// measured, the weight gradients' kernel 2% slower)
+// only that kernel's shared memory (the rest keep L1 for themselves: measured, the weight gradients' kernel
+// 2% slower)
+#define GG_SMEM_STAGED (GG_SMEM + 128 + 8 * GG_EPI_BYTES)
 
 struct GGArgs {
     float *C; // output (EPI_PLAIN, EPI_DW)
@@ -61,34 +61,6 @@ struct GGArgs {
 };
 
 // ---------------------------------------------------------------- PTX wrappers
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred P;\nmbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\nselp.u32 %0, "
-                     "1, 0, P;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-// TMA: the box at element coordinates (c0 innermost, c1) of the tensor map into shared memory,
-// completing on bar.
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-                 "{%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
 template <int TA, int TB>
 __device__ __forceinline__ void wgmma_n256(float *d, uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
@@ -212,9 +184,9 @@ __device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, 
     }
     __syncwarp(); // the buffer is free for the next call
 }
-#define GG_HB \
-    8 // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas
-      // allocates for the launch bound, 168 registers, not the consumers' setmaxnreg 232)
+// EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas allocates for
+// the launch bound, 168 registers, not the consumers' setmaxnreg 232)
+#define GG_HB 8
 
 // NMAJ: B is N-major (K, N) per group (else K-major (N, K)). EPI: the epilogue (above).
 template <int NMAJ, int EPI>

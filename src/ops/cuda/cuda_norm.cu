@@ -1,0 +1,336 @@
+// cuda_norm.cu — float32 CUDA kernels of the cuda backend for RMSNorm and RoPE (contracts in ops/ops.h):
+// RMSNorm forward (float32 or bf16 outputs, fused with the residual add: add_rmsnorm), backward (dx, and
+// dw by a fixed two-pass column sum), and the parts for rows whose columns are split across TP ranks
+// (rmsnorm_part: a rank's sums; the forward and backward given the whole sums); RoPE (HF rotate_half)
+// forward, backward, on a window of rows, and into float32 or bf16 copies.
+// Determinism as cuda_nn.cu: per-row sums through one fixed-order row_dot and block_sum_d; built with
+// -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the cpu reference.
+// Must not hold: any knowledge of the model or of layers.
+#include <math.h>
+#include <cuda_bf16.h>
+#include "ops/cuda/cuda_common.h"
+
+// ---------------------------------------------------------------- RMSNorm
+
+// The row sums of the RMSNorm kernels (the forward's sum of squares, the backward's dot, the _part
+// kernels'): sum over c of a[c] (* w[c]) * b[c] in double, thread t adding columns t, t + blockDim, ...
+// (VEC, float4 rows: the 4 columns of float4 t, t + blockDim, ..., in column order), then block_sum_d.
+// Every kernel below sums through it, so a rank's part with C = Ctot gives the whole row's bits.
+template <int VEC>
+__device__ __forceinline__ double row_dot(const float *a, const float *w, const float *b, int C) {
+    double s = 0;
+    if (VEC) {
+        const float4 *a4 = (const float4 *)a, *b4 = (const float4 *)b, *w4 = (const float4 *)w;
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 x = a4[c], y = b4[c];
+            if (w) {
+                float4 v = w4[c];
+                s += (double)x.x * v.x * y.x;
+                s += (double)x.y * v.y * y.y;
+                s += (double)x.z * v.z * y.z;
+                s += (double)x.w * v.w * y.w;
+            } else {
+                s += (double)x.x * y.x;
+                s += (double)x.y * y.y;
+                s += (double)x.z * y.z;
+                s += (double)x.w * y.w;
+            }
+        }
+    } else if (w) {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) s += (double)ld_f(a + c) * w[c] * ld_f(b + c);
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            double v = ld_f(a + c);
+            s += v * ld_f(b + c);
+        }
+    }
+    return block_sum_d(s);
+}
+// out = x r w over a row (VEC: float4), float32 or each value rounded to bf16 (OT)
+template <int VEC, typename OT>
+__device__ __forceinline__ void row_scale(OT *o, const float *x, float r, const float *w, int C) {
+    if (VEC) {
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 v = ((const float4 *)x)[c], s = ((const float4 *)w)[c];
+            store4(o + 4 * c, v.x * r * s.x, v.y * r * s.y, v.z * r * s.z, v.w * r * s.w);
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) store1(o + c, ld_f(x + c) * r * w[c]);
+    }
+}
+// dx += r g w - k x over a row (VEC: float4)
+template <int VEC>
+__device__ __forceinline__ void row_dx(float *dx, const float *g, const float *x, float r, float k,
+                                       const float *w, int C) {
+    if (VEC) {
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 d = ((float4 *)dx)[c], u = ((const float4 *)g)[c], v = ((const float4 *)x)[c],
+                   s = ((const float4 *)w)[c];
+            d.x = d.x + (r * u.x * s.x - k * v.x);
+            d.y = d.y + (r * u.y * s.y - k * v.y);
+            d.z = d.z + (r * u.z * s.z - k * v.z);
+            d.w = d.w + (r * u.w * s.w - k * v.w);
+            ((float4 *)dx)[c] = d;
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            st_f(dx + c, ld_f(dx + c) + (r * ld_f(g + c) * w[c] - k * ld_f(x + c)));
+    }
+}
+// the rows may go as float4: C % 4 == 0 and every row pointer's base 16-byte aligned
+static int rms_vec(int C, const void *a, const void *b, const void *c, const void *d) {
+    return C % 4 == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) % 16);
+}
+// A kernel K<VD, VE>: VD, the row sum on float4 rows (decided by the summed operands alone, and the block
+// size with it: the sum's order depends on both, and a part with C = Ctot must meet the whole row's);
+// VE, the elementwise pass on float4 rows (any block size).
+#define RMS_LAUNCH(K, N, C, vd, ve, ...) \
+    do { \
+        int th_ = (vd) ? row_threads((C) / 4) : row_threads(C); \
+        if (vd && ve) K<1, 1><<<N, th_>>>(__VA_ARGS__); \
+        else if (vd) K<1, 0><<<N, th_>>>(__VA_ARGS__); \
+        else if (ve) K<0, 1><<<N, th_>>>(__VA_ARGS__); \
+        else K<0, 0><<<N, th_>>>(__VA_ARGS__); \
+    } while (0)
+
+// One row's norm (block i): the sum of squares, rstd, out = x r w (float32, or rounded to bf16)
+template <int VD, int VE, typename OT>
+__device__ __forceinline__ void rmsnorm_row(OT *out, float *rstd, const float *x, const float *w, int C,
+                                            float eps) {
+    size_t i = blockIdx.x;
+    double ss = row_dot<VD>(x, NULL, x, C);
+    float r = (float)(1.0 / sqrt(ss / C + eps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    row_scale<VE>(out + i * C, x, r, w, C);
+}
+template <int VD, int VE>
+__global__ void rmsnorm_fwd_k(float *out, float *rstd, const float *inp, const float *w, int C, float eps) {
+    rmsnorm_row<VD, VE>(out, rstd, inp + (size_t)blockIdx.x * C, w, C, eps);
+}
+template <int VD, int VE>
+__global__ void rmsnorm_fwd_bf16_k(__nv_bfloat16 *out, float *rstd, const float *inp, const float *w, int C,
+                                   float eps) {
+    rmsnorm_row<VD, VE>(out, rstd, inp + (size_t)blockIdx.x * C, w, C, eps);
+}
+
+extern "C" void cuda_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                                 float eps) {
+    if (N <= 0) return;
+    RMS_LAUNCH(rmsnorm_fwd_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL), out,
+               rstd, inp, w, C, eps);
+    KCHECK("rmsnorm_fwd");
+}
+
+// ops.h rmsnorm_fwd_hid: "cuda" rounds each value of rmsnorm_fwd's to bf16 in the kernel (the same
+// floats); "cuda-fp32" (float32 hidden format) is rmsnorm_fwd
+extern "C" void cuda_rmsnorm_fwd_hid_bf16(void *out, float *rstd, const float *inp, const float *w, int N,
+                                          int C, float eps) {
+    if (N <= 0) return;
+    RMS_LAUNCH(rmsnorm_fwd_bf16_k, N, C, rms_vec(C, inp, NULL, inp, NULL), rms_vec(C, out, inp, w, NULL),
+               (__nv_bfloat16 *)out, rstd, inp, w, C, eps);
+    KCHECK("rmsnorm_fwd (bf16 out)");
+}
+extern "C" void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const float *w, int N,
+                                         int C, float eps) {
+    cuda_rmsnorm_fwd((float *)out, rstd, inp, w, N, C, eps);
+}
+
+// x += res over a row, then rmsnorm_fwd_k on it: the block size and the sum's order are rmsnorm_fwd's for
+// x (VD from x alone), the add is axpy's (x + 1 res, one rounding); the row goes back to memory before the
+// norm reads it (its pieces are not the threads' own where VD differs from the add's width).
+template <int VD, int VE>
+__global__ void add_rmsnorm_fwd_k(float *xg, float *out, float *rstd, const float *res, const float *w, int C,
+                                  float eps, int va) {
+    size_t i = blockIdx.x;
+    float *x = xg + i * C;
+    const float *y = res + i * C;
+    if (va) {
+        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+            float4 u = ((const float4 *)x)[c], v = ((const float4 *)y)[c];
+            ((float4 *)x)[c] = make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+        }
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) x[c] = x[c] + y[c];
+    }
+    __syncthreads();
+    rmsnorm_row<VD, VE>(out, rstd, x, w, C, eps);
+}
+
+extern "C" void cuda_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *res, const float *w,
+                                     int N, int C, float eps) {
+    cuda_bf16_shadow_write(x, (size_t)N * C * sizeof(float));
+    if (N <= 0) return;
+    RMS_LAUNCH(add_rmsnorm_fwd_k, N, C, rms_vec(C, x, NULL, x, NULL), rms_vec(C, out, x, w, NULL), x, out,
+               rstd, res, w, C, eps, rms_vec(C, x, res, NULL, NULL));
+    KCHECK("add_rmsnorm_fwd");
+}
+
+// dx = r (g w) - x r^3 mean(g w x), one block per row
+template <int VD, int VE>
+__global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *inp, const float *w,
+                                 const float *rstd, int C) {
+    size_t i = blockIdx.x;
+    const float *x = inp + i * C, *g = dout + i * C;
+    float r = rstd[i];
+    double dot = row_dot<VD>(g, w, x, C);
+    float k = (float)(dot / C) * r * r * r;
+    row_dx<VE>(dinp + i * C, g, x, r, k, w, C);
+}
+
+// dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of RMS_ROWS rows per column into
+// part[chunk][c] (double); pass 2 adds the chunks in order. Deterministic for any launch shape.
+#define RMS_ROWS 64
+__global__ void rmsnorm_bwd_dw_part_k(double *part, const float *dout, const float *inp, const float *rstd,
+                                      int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+    if (c >= C) return;
+    int i0 = ch * RMS_ROWS, i1 = i0 + RMS_ROWS < N ? i0 + RMS_ROWS : N;
+    double s = 0;
+    for (int i = i0; i < i1; i++)
+        s += (double)ld_f(dout + (size_t)i * C + c) * ld_f(inp + (size_t)i * C + c) * rstd[i];
+    part[(size_t)ch * C + c] = s;
+}
+__global__ void rmsnorm_bwd_dw_sum_k(float *dw, const double *part, int nch, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double s = 0;
+    for (int ch = 0; ch < nch; ch++) s += part[(size_t)ch * C + c];
+    dw[c] += (float)s;
+}
+
+static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+    int nch = (N + RMS_ROWS - 1) / RMS_ROWS;
+    double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
+    dim3 grid(cdiv_u(C, 128), nch);
+    rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C);
+    KCHECK("rmsnorm_bwd (dw pass 1)");
+    rmsnorm_bwd_dw_sum_k<<<cdiv_u(C, 128), 128>>>(dw, part, nch, C);
+    KCHECK("rmsnorm_bwd (dw pass 2)");
+}
+
+extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                                 const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    RMS_LAUNCH(rmsnorm_bwd_dx_k, N, C, rms_vec(C, dout, w, inp, NULL), rms_vec(C, dinp, dout, inp, w), dinp,
+               dout, inp, w, rstd, C);
+    KCHECK("rmsnorm_bwd (dx)");
+    if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
+}
+
+// RMSNorm over rows split by columns across ranks (ops.h rmsnorm_part / _fwd_part / _bwd_part): the
+// same per-row block sums and elementwise operations as the kernels above, so that one rank's part
+// (C = Ctot) gives their bits; the dw passes are rmsnorm_bwd's.
+template <int VD, int VE>
+__global__ void rmsnorm_part_k(double *part, const float *a, const float *w, const float *b, int C) {
+    size_t i = blockIdx.x;
+    double s = row_dot<VD>(a + i * C, w, b + i * C, C);
+    if (threadIdx.x == 0) part[i] = s;
+}
+template <int VD, int VE>
+__global__ void rmsnorm_fwd_part_k(float *out, float *rstd, const float *inp, const float *w,
+                                   const double *ss, int C, int Ctot, float eps) {
+    size_t i = blockIdx.x;
+    float r = (float)(1.0 / sqrt(ss[i] / Ctot + eps));
+    if (threadIdx.x == 0) rstd[i] = r;
+    row_scale<VE>(out + i * C, inp + i * C, r, w, C);
+}
+template <int VD, int VE>
+__global__ void rmsnorm_bwd_part_dx_k(float *dinp, const float *dout, const float *inp, const float *w,
+                                      const float *rstd, const double *dot, int C, int Ctot) {
+    size_t i = blockIdx.x;
+    float r = rstd[i];
+    float k = (float)(dot[i] / Ctot) * r * r * r;
+    row_dx<VE>(dinp + i * C, dout + i * C, inp + i * C, r, k, w, C);
+}
+
+extern "C" void cuda_rmsnorm_part(double *part, const float *a, const float *w, const float *b, int N,
+                                  int C) {
+    if (N <= 0) return;
+    RMS_LAUNCH(rmsnorm_part_k, N, C, rms_vec(C, a, w, b, NULL), 0, part, a, w, b, C);
+    KCHECK("rmsnorm_part");
+}
+
+extern "C" void cuda_rmsnorm_fwd_part(float *out, float *rstd, const float *inp, const float *w,
+                                      const double *ss, int N, int C, int Ctot, float eps) {
+    if (N <= 0) return;
+    RMS_LAUNCH(rmsnorm_fwd_part_k, N, C, 0, rms_vec(C, out, inp, w, NULL), out, rstd, inp, w, ss, C, Ctot,
+               eps);
+    KCHECK("rmsnorm_fwd_part");
+}
+
+extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float *inp,
+                                      const float *w, const float *rstd, const double *dot, int N, int C,
+                                      int Ctot) {
+    if (N <= 0 || C <= 0) return;
+    RMS_LAUNCH(rmsnorm_bwd_part_dx_k, N, C, 0, rms_vec(C, dinp, dout, inp, w), dinp, dout, inp, w, rstd, dot,
+               C, Ctot);
+    KCHECK("rmsnorm_bwd_part (dx)");
+    if (dw) rmsnorm_dw(dw, dout, inp, rstd, N, C);
+}
+
+// ---------------------------------------------------------------- RoPE
+
+// HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd), computed in double exactly
+// as the cpu reference does. One thread per (row bt, pair j), looping over the heads.
+// Later: a precomputed (T, hd/2) cos/sin table.
+// Rows of x: positions t0 + bt % T (rope_rows: the rows [t0, t0 + T) of each sequence). out = x (in place,
+// float) or another buffer of the same layout (rope_fwd_hid: float32 or bf16, each value stored by store1).
+template <typename TO>
+__global__ void rope_k(TO *out, const float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0) {
+    int half = hd / 2;
+    size_t n = (size_t)BT * half;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
+        int bt = (int)(e / half), j = (int)(e % half), pos = t0 + bt % T;
+        double freq = pow((double)theta, -2.0 * j / hd);
+        double ang = pos * freq;
+        float c = (float)cos(ang), s = (float)(dir * sin(ang));
+        const float *row = x + (size_t)bt * nh * hd;
+        TO *orow = out + (size_t)bt * nh * hd;
+        for (int h = 0; h < nh; h += 4) { // four heads' loads in flight before their stores
+            int m = nh - h < 4 ? nh - h : 4;
+            float x1[4], x2[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (u < m) {
+                    x1[u] = ld_f(row + (size_t)(h + u) * hd + j);
+                    x2[u] = ld_f(row + (size_t)(h + u) * hd + j + half);
+                }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (u < m) {
+                    store1(orow + (size_t)(h + u) * hd + j, x1[u] * c - x2[u] * s);
+                    store1(orow + (size_t)(h + u) * hd + j + half, x2[u] * c + x1[u] * s);
+                }
+        }
+    }
+}
+
+template <typename TO>
+static void rope_launch(TO *out, const float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0,
+                        const char *what) {
+    size_t n = (size_t)BT * (hd / 2);
+    if (!n || nh <= 0) return;
+    rope_k<TO><<<ew_grid(n, 256), 256>>>(out, x, BT, T, nh, hd, theta, dir, t0);
+    KCHECK(what);
+}
+
+extern "C" void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) {
+    rope_launch(x, x, B * T, T, nh, hd, theta, 1, 0, "rope_fwd");
+}
+
+extern "C" void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) {
+    rope_launch(dx, dx, B * T, T, nh, hd, theta, -1, 0, "rope_bwd");
+}
+
+extern "C" void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
+    rope_launch(x, x, B * (t1 - t0), t1 - t0, nh, hd, theta, inverse ? -1 : 1, t0, "rope_rows");
+}
+
+extern "C" void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+    rope_launch((float *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (float32)");
+}
+
+extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+    rope_launch((__nv_bfloat16 *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (bf16)");
+}
