@@ -22,6 +22,8 @@
 #   mesh_close REF RUN LABEL    a mesh run against the one-process reference, at the mesh tolerances
 #   sample_block FILE           the end-of-run sample in a run's output: the text between the two "---"
 #                               lines under "sample (...)", with the "---" lines
+#   text_bytes N SEED           N bytes of English-like text (lines of words drawn by an LCG from SEED), the
+#                               same on every machine: data for tests that need text but no particular text
 #   finish                      print "<script>: N passed, N failed, N skipped (Ts)"; exit 1 on any FAIL
 # Output of a failing command is shown (trimmed) under its FAIL line.
 
@@ -145,6 +147,21 @@ fcmp() { awk -v a="$1" -v b="$3" -v op="$2" 'BEGIN {
 
 # small_fixture: the bad-input tests' setting: work in $W (under $TMP), and the option sets of a small,
 # fast run: SMALL (training), MODEL (a tiny model), EVAL (eval's batch).
+text_bytes() {
+  awk -v n="$1" -v seed="$2" 'BEGIN {
+    nw = split("the of and to a in that is was he for it with as his on be at by had not are but from or have an " \
+               "they which one you were her all she there would their we him been has when who will more no if out " \
+               "so said what up its about into than them can only other new some could time these two may then do " \
+               "first any my now such like our over man me even most made after also did many before must through", w, " ")
+    x = seed; out = 0; line = ""
+    while (out < n) {
+      x = (x * 1103515245 + 12345) % 2147483648
+      line = line (line == "" ? "" : " ") w[int(x / 65536) % nw + 1]
+      if (length(line) > 60 || x % 11 == 0) { s = line ".\n"; printf "%s", substr(s, 1, n - out); out += length(s); line = "" }
+    }
+  }'
+}
+
 small_fixture() {
   W="$TMP/w"
   mkdir -p "$W" && cd "$W" || exit 1

@@ -13,8 +13,8 @@ STALL="$(dirname "$MOE")/mpi_stall"
 BASE=(--batch 4 --seq-len 16 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet --d-model 32 --n-heads 2
       --n-kv-heads 1 --d-ff 48 --n-layers 1 --steps 2)
 mkdir -p r0 r1
-head -c 3000 "$MOE_SRC/README.md" >r0/d.txt
-head -c 3000 "$MOE_SRC/docs/ARCHITECTURE.md" >r1/d.txt
+text_bytes 3000 1 >r0/d.txt
+text_bytes 3000 2 >r1/d.txt
 
 # per_rank "RANK0 ARGS" "RANK1 ARGS": 2 ranks, each in its own directory r0 / r1 with its own extra
 # flags; PASS if the job fails within 60 s, with one "moe: error:" line holding every phrase given

@@ -29,8 +29,8 @@ st_names() {
 val_loss() { grep -o 'val loss [0-9.]*' "$OUT_FILE"; }
 
 command -v perl >/dev/null || { echo "SKIP: perl is needed to write shards"; exit 77; }
-head -c 20000 "$MOE_SRC/README.md" | mkshard >text32.bin
-head -c 20000 "$MOE_SRC/README.md" | U16=1 mkshard >text16.bin
+text_bytes 20000 1 | mkshard >text32.bin
+text_bytes 20000 1 | U16=1 mkshard >text16.bin
 
 # ---- export
 run_ok "train a small run" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 4 --out run
@@ -85,7 +85,7 @@ sed -i 's/"sliding_window":[^,]*/"sliding_window": 16/' bad_sw/config.json
 sed -i 's/"tie_word_embeddings":[^,]*/"tie_word_embeddings": true/' bad_tie/config.json
 sed -i 's/"intermediate_size":[^,]*/"intermediate_size": 64/' bad_shape/config.json
 sed -i 's/"rope_theta":[^,]*/"rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 2.0}/' bad_rope/config.json
-head -c 20000 "$MOE_SRC/README.md" | mkshard 300 >vocab300.bin
+text_bytes 20000 1 | mkshard 300 >vocab300.bin
 
 # ---- refusals: one message, nothing in the work directory changes
 GUARD="$W"
