@@ -13,7 +13,7 @@
 #include "io/hf.h"
 #include "train/evaluate.h"
 #include "train/pretrained.h"
-#include "train/trainer.h"
+#include "train/pipe.h"
 
 // The run's record beside a checkpoint of ours (its run directory's run.json): the options `moe eval`
 // takes from it unless given: T, the batch (the run's micro-batch), the data and its split, the

@@ -21,7 +21,6 @@ static const char *const INIT_OVERRIDABLE[] = {"aux-coef", "z-coef",          "a
                                                "dispatch", "capacity-factor", "max-seq-len", "init-std",
                                                "balance",  "bias-rate",       "aux-scope"};
 
-
 static void init_from_config(State *s, ModelConfig *c) {
     const char *dir = s->cli.init_from;
     if (s->cli.preset[0]) DIE("--init-from and --preset: the model config comes from %s/config.json", dir);

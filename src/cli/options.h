@@ -52,7 +52,8 @@ typedef struct {
     size_t off, size;
     int cmds;
     const char *help; // per command where the commands differ (a name may have one entry per command);
-                      // --help appends "(default: X)" from the defaults unless the text says "default"
+                      // --help appends "(default: X)" from the defaults unless the text says "default";
+                      // "{presets}" in it is replaced by the preset table's names
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
