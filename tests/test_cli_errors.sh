@@ -49,6 +49,16 @@ for c in train sample eval; do   # --device names every value ops/backend.c back
   if [ -z "$miss" ]; then pass "moe $c --help: --device lists cpu, cuda, cuda-fp32, auto"
   else fail "moe $c --help: --device lacks:$miss"; fi
 done
+# --preset's help names every preset of the table (core/config.c): its list is the one the binary gives
+# for an unknown preset, and each name in it is a preset `moe info` takes
+known=$("$MOE" info --preset '?' 2>&1 | sed -n "s/^moe: error: unknown preset '?' (known: \(.*\))\$/\1/p")
+for c in train info; do
+  listed=$("$MOE" $c --help | sed -n 's/^  --preset S *named model size: \(.*\) (default: tiny)$/\1/p')
+  bad=""
+  for p in ${listed//,/ }; do "$MOE" info --preset "$p" >/dev/null 2>&1 || bad="$bad $p"; done
+  if [ -n "$known" ] && [ "$listed" = "$known" ] && [ -z "$bad" ]; then pass "moe $c --help: --preset lists every preset ($known)"
+  else fail "moe $c --help: --preset lists '$listed', the table holds '$known'${bad:+; not presets:$bad}"; fi
+done
 "$MOE" >"$OUT_FILE" 2>"$ERR_FILE"
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -lt 126 ] && grep -q 'usage' "$ERR_FILE"; then pass "moe without a command: usage on stderr, exit $rc"

@@ -79,9 +79,15 @@ int config_preset(ModelConfig *c, const char *name) {
     return -1;
 }
 
+// The names of the table above in its order, ", " between them (built once).
 const char *config_preset_names(void) {
-    return "tiny, small, mixtral-8x7b, mixtral-8x22b, olmoe-1b-7b, qwen2-moe-a2.7b, qwen3-moe-30b-a3b, "
-           "peers-ref";
+    static char names[512];
+    if (!names[0])
+        for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, "%s%s", i ? ", " : "", presets[i].name);
+        }
+    return names;
 }
 
 static const char *const fam_names[] = {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe"};

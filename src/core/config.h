@@ -63,7 +63,7 @@ const char *config_family_arch(int family); // "MixtralForCausalLM", ...
 
 // Fills *c with the named preset; returns 0 on success, -1 if the name is unknown.
 int config_preset(ModelConfig *c, const char *name);
-const char *config_preset_names(void); // "tiny, small, mixtral-8x7b, olmoe-1b-7b, ..."
+const char *config_preset_names(void); // the table's names: "tiny, small, mixtral-8x7b, ..."
 
 // Returns NULL if valid, else a static message naming the offending numbers.
 const char *config_validate(const ModelConfig *c);

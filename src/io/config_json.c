@@ -176,25 +176,21 @@ static int get_bool(Err *e, const cJSON *o, const char *key, int required, int *
     return fail(e, "key \"%s\" must be true or false", key);
 }
 
-int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errlen) {
-    Err e = {errbuf, errlen, ""};
-    if (errbuf && errlen) errbuf[0] = 0;
-    if (!cJSON_IsObject(j)) return fail(&e, "config is not a JSON object");
-    ModelConfig c;
-    memset(&c, 0, sizeof c);
-
-    // the family: "architectures" (what from_pretrained builds), else "model_type"; both present must agree
-    c.family = -1;
+// The family: "architectures" (what from_pretrained builds), else "model_type"; both present must agree;
+// neither: Mixtral. Keys of another family's options are refused rather than ignored (the model would
+// silently differ).
+static int read_family(Err *e, const cJSON *j, ModelConfig *c) {
+    c->family = -1;
     const cJSON *ar = item(j, "architectures");
     if (ar) {
         if (!cJSON_IsArray(ar) || cJSON_GetArraySize(ar) != 1 || !cJSON_IsString(cJSON_GetArrayItem(ar, 0)))
-            return fail(&e, "key \"architectures\" must be a list of one name");
+            return fail(e, "key \"architectures\" must be a list of one name");
         const char *an = cJSON_GetArrayItem(ar, 0)->valuestring;
         for (int f = FAM_MIXTRAL; f <= FAM_QWEN3_MOE; f++)
-            if (!strcmp(an, config_family_arch(f))) c.family = f;
-        if (c.family < 0)
+            if (!strcmp(an, config_family_arch(f))) c->family = f;
+        if (c->family < 0)
             return fail(
-                &e,
+                e,
                 "architecture \"%s\" is not supported (supported: MixtralForCausalLM, OlmoeForCausalLM, "
                 "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)",
                 an);
@@ -204,19 +200,17 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         int f = -1;
         for (int k = FAM_MIXTRAL; k <= FAM_QWEN3_MOE; k++)
             if (cJSON_IsString(mt) && !strcmp(mt->valuestring, config_family_name(k))) f = k;
-        if (f < 0 || (c.family >= 0 && f != c.family))
-            return fail(&e, "key \"model_type\" is %s%s%s, expected \"%s\"%s%s",
+        if (f < 0 || (c->family >= 0 && f != c->family))
+            return fail(e, "key \"model_type\" is %s%s%s, expected \"%s\"%s%s",
                         cJSON_IsString(mt) ? "\"" : "", cJSON_IsString(mt) ? mt->valuestring : "not a string",
                         cJSON_IsString(mt) ? "\"" : "",
-                        config_family_name(c.family >= 0 ? c.family : FAM_MIXTRAL),
-                        c.family >= 0 ? " (architectures says " : "",
-                        c.family >= 0 ? config_family_arch(c.family) : "");
-        if (c.family < 0) c.family = f;
+                        config_family_name(c->family >= 0 ? c->family : FAM_MIXTRAL),
+                        c->family >= 0 ? " (architectures says " : "",
+                        c->family >= 0 ? config_family_arch(c->family) : "");
+        if (c->family < 0) c->family = f;
     }
-    if (c.family < 0) c.family = FAM_MIXTRAL; // neither: a Mixtral config (ours before families)
-    int mix = c.family == FAM_MIXTRAL, qwen = c.family == FAM_QWEN2_MOE || c.family == FAM_QWEN3_MOE;
-    const char *fam = config_family_name(c.family);
-    // keys of another family's options: refused rather than ignored (the model would silently differ)
+    if (c->family < 0) c->family = FAM_MIXTRAL; // neither: a Mixtral config (ours before families)
+    const char *fam = config_family_name(c->family);
     static const struct {
         const char *key;
         int fams;
@@ -231,29 +225,21 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
                    {"first_k_dense_replace", 0},
                    {"q_lora_rank", 0}};
     for (size_t q = 0; q < sizeof foreign / sizeof foreign[0]; q++)
-        if (item(j, foreign[q].key) && !(foreign[q].fams & (1 << c.family)))
-            return fail(&e, "key \"%s\" is not an option of %s (%s has no such option)", foreign[q].key,
-                        config_family_arch(c.family), fam);
+        if (item(j, foreign[q].key) && !(foreign[q].fams & (1 << c->family)))
+            return fail(e, "key \"%s\" is not an option of %s (%s has no such option)", foreign[q].key,
+                        config_family_arch(c->family), fam);
+    return 0;
+}
 
-    if (get_int(&e, j, "vocab_size", 1, &c.vocab_size) || get_int(&e, j, "hidden_size", 1, &c.d_model) ||
-        get_int(&e, j, qwen ? "moe_intermediate_size" : "intermediate_size", 1, &c.d_ff) ||
-        get_int(&e, j, "num_hidden_layers", 1, &c.n_layers) ||
-        get_int(&e, j, "num_attention_heads", 1, &c.n_heads) ||
-        get_int(&e, j, "num_key_value_heads", 1, &c.n_kv_heads) ||
-        get_int(&e, j, mix || !item(j, "num_experts") ? "num_local_experts" : "num_experts", 1,
-                &c.n_experts) ||
-        get_int(&e, j, "num_experts_per_tok", 1, &c.top_k) ||
-        get_int(&e, j, "max_position_embeddings", 1, &c.max_seq_len) ||
-        get_float(&e, j, "rms_norm_eps", 1, &c.norm_eps))
-        return -1;
-    // RoPE: "rope_theta" (transformers 4.x) or "rope_parameters": {"rope_type", "rope_theta"} (5.x,
-    // which wins when both are present). Only the default (unscaled) RoPE is implemented.
+// RoPE: "rope_theta" (transformers 4.x) or "rope_parameters": {"rope_type", "rope_theta"} (5.x,
+// which wins when both are present). Only the default (unscaled) RoPE is implemented.
+static int read_rope(Err *e, const cJSON *j, ModelConfig *c) {
     const cJSON *rp = item(j, "rope_parameters");
     if (rp) {
-        if (!cJSON_IsObject(rp)) return fail(&e, "key \"rope_parameters\" must be an object");
+        if (!cJSON_IsObject(rp)) return fail(e, "key \"rope_parameters\" must be an object");
         const cJSON *rt = item(rp, "rope_type");
         if (rt && (!cJSON_IsString(rt) || strcmp(rt->valuestring, "default") != 0))
-            return fail(&e,
+            return fail(e,
                         "key \"rope_parameters\": rope_type %s%s%s is not supported (only \"default\" RoPE, "
                         "no scaling)",
                         cJSON_IsString(rt) ? "\"" : "",
@@ -263,14 +249,13 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
             if (strcmp(it->string, "rope_type") != 0 && strcmp(it->string, "rope_theta") != 0 &&
                 !cJSON_IsNull(it))
                 return fail(
-                    &e,
-                    "key \"rope_parameters\": \"%s\" is not supported (only default RoPE with rope_theta)",
+                    e, "key \"rope_parameters\": \"%s\" is not supported (only default RoPE with rope_theta)",
                     it->string);
-        e.prefix = "rope_parameters: ";
-        if (get_float(&e, rp, "rope_theta", !item(j, "rope_theta"), &c.rope_theta)) return -1;
-        e.prefix = "";
-        if (!item(rp, "rope_theta") && get_float(&e, j, "rope_theta", 1, &c.rope_theta)) return -1;
-    } else if (get_float(&e, j, "rope_theta", 1, &c.rope_theta)) {
+        e->prefix = "rope_parameters: ";
+        if (get_float(e, rp, "rope_theta", !item(j, "rope_theta"), &c->rope_theta)) return -1;
+        e->prefix = "";
+        if (!item(rp, "rope_theta") && get_float(e, j, "rope_theta", 1, &c->rope_theta)) return -1;
+    } else if (get_float(e, j, "rope_theta", 1, &c->rope_theta)) {
         return -1;
     }
     const cJSON *rs = item(j, "rope_scaling");
@@ -278,143 +263,189 @@ int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errl
         const cJSON *rt = cJSON_IsObject(rs) ? item(rs, "rope_type") : NULL;
         if (!rt && cJSON_IsObject(rs)) rt = item(rs, "type");
         if (!(rt && cJSON_IsString(rt) && strcmp(rt->valuestring, "default") == 0))
-            return fail(&e, "key \"rope_scaling\" is set; RoPE scaling is not supported");
+            return fail(e, "key \"rope_scaling\" is set; RoPE scaling is not supported");
     }
-    if (c.n_heads <= 0) return fail(&e, "key \"num_attention_heads\" must be positive (got %d)", c.n_heads);
+    return 0;
+}
+
+// The model's shape: the required keys, RoPE, the expert count's second name, head_dim and the HF
+// defaults of the optional router and init keys.
+static int read_shape(Err *e, const cJSON *j, ModelConfig *c) {
+    int mix = c->family == FAM_MIXTRAL, qwen = c->family == FAM_QWEN2_MOE || c->family == FAM_QWEN3_MOE;
+    if (get_int(e, j, "vocab_size", 1, &c->vocab_size) || get_int(e, j, "hidden_size", 1, &c->d_model) ||
+        get_int(e, j, qwen ? "moe_intermediate_size" : "intermediate_size", 1, &c->d_ff) ||
+        get_int(e, j, "num_hidden_layers", 1, &c->n_layers) ||
+        get_int(e, j, "num_attention_heads", 1, &c->n_heads) ||
+        get_int(e, j, "num_key_value_heads", 1, &c->n_kv_heads) ||
+        get_int(e, j, mix || !item(j, "num_experts") ? "num_local_experts" : "num_experts", 1,
+                &c->n_experts) ||
+        get_int(e, j, "num_experts_per_tok", 1, &c->top_k) ||
+        get_int(e, j, "max_position_embeddings", 1, &c->max_seq_len) ||
+        get_float(e, j, "rms_norm_eps", 1, &c->norm_eps))
+        return -1;
+    if (read_rope(e, j, c)) return -1;
+    if (c->n_heads <= 0) return fail(e, "key \"num_attention_heads\" must be positive (got %d)", c->n_heads);
     // transformers 5 writes Qwen3-MoE's expert count under both names: they must agree
-    int nle = c.n_experts;
-    if (!mix && get_int(&e, j, "num_local_experts", 0, &nle)) return -1;
-    if (nle != c.n_experts)
-        return fail(&e, "keys \"num_experts\" (%d) and \"num_local_experts\" (%d) contradict each other",
-                    c.n_experts, nle);
-    c.head_dim = c.d_model / c.n_heads; // HF default when head_dim is absent or null
-    c.aux_coef = c.family == FAM_OLMOE ? 0.01f : 0.001f; // HF config defaults
-    c.init_std = 0.02f;
-    c.jitter = 0.0f;
-    if (get_int(&e, j, "head_dim", 0, &c.head_dim) ||
-        get_float(&e, j, "router_aux_loss_coef", 0, &c.aux_coef) ||
-        get_float(&e, j, "initializer_range", 0, &c.init_std) ||
-        get_float(&e, j, "router_jitter_noise", 0, &c.jitter))
+    int nle = c->n_experts;
+    if (!mix && get_int(e, j, "num_local_experts", 0, &nle)) return -1;
+    if (nle != c->n_experts)
+        return fail(e, "keys \"num_experts\" (%d) and \"num_local_experts\" (%d) contradict each other",
+                    c->n_experts, nle);
+    c->head_dim = c->d_model / c->n_heads; // HF default when head_dim is absent or null
+    c->aux_coef = c->family == FAM_OLMOE ? 0.01f : 0.001f; // HF config defaults
+    c->init_std = 0.02f;
+    c->jitter = 0.0f;
+    if (get_int(e, j, "head_dim", 0, &c->head_dim) ||
+        get_float(e, j, "router_aux_loss_coef", 0, &c->aux_coef) ||
+        get_float(e, j, "initializer_range", 0, &c->init_std) ||
+        get_float(e, j, "router_jitter_noise", 0, &c->jitter))
         return -1;
     // OLMoE and Qwen2-MoE compute head_dim = hidden_size / num_attention_heads whatever the key says
-    if ((c.family == FAM_OLMOE || c.family == FAM_QWEN2_MOE) && c.head_dim * c.n_heads != c.d_model)
+    if ((c->family == FAM_OLMOE || c->family == FAM_QWEN2_MOE) && c->head_dim * c->n_heads != c->d_model)
         return fail(
-            &e, "key \"head_dim\" is %d, but %s's heads are hidden_size / num_attention_heads = %d / %d wide",
-            c.head_dim, config_family_arch(c.family), c.d_model, c.n_heads);
-    // the families' options (config.h): fixed by the architecture, or read from their keys
-    c.renormalize = mix; // norm_topk_prob: HF's default is false in all three
-    if (!mix && get_bool(&e, j, "norm_topk_prob", 0, &c.renormalize)) return -1;
-    c.qk_norm = c.family == FAM_OLMOE ? QK_NORM_FULL
-        : c.family == FAM_QWEN3_MOE   ? QK_NORM_HEAD
-                                      : QK_NORM_NONE;
-    if (c.family == FAM_QWEN2_MOE) {
-        c.qkv_bias = 1; // transformers 4.x: always; 5.x: "qkv_bias", default true
-        c.n_shared_experts = 1;
-        c.shared_gate = 1;
-        if (get_bool(&e, j, "qkv_bias", 0, &c.qkv_bias) ||
-            get_int(&e, j, "shared_expert_intermediate_size", 1, &c.shared_d_ff))
+            e, "key \"head_dim\" is %d, but %s's heads are hidden_size / num_attention_heads = %d / %d wide",
+            c->head_dim, config_family_arch(c->family), c->d_model, c->n_heads);
+    return 0;
+}
+
+// The families' options (config.h): fixed by the architecture, or read from their keys.
+static int read_family_options(Err *e, const cJSON *j, ModelConfig *c) {
+    int mix = c->family == FAM_MIXTRAL, qwen = c->family == FAM_QWEN2_MOE || c->family == FAM_QWEN3_MOE;
+    c->renormalize = mix; // norm_topk_prob: HF's default is false in all three
+    if (!mix && get_bool(e, j, "norm_topk_prob", 0, &c->renormalize)) return -1;
+    c->qk_norm = c->family == FAM_OLMOE ? QK_NORM_FULL
+        : c->family == FAM_QWEN3_MOE    ? QK_NORM_HEAD
+                                        : QK_NORM_NONE;
+    if (c->family == FAM_QWEN2_MOE) {
+        c->qkv_bias = 1; // transformers 4.x: always; 5.x: "qkv_bias", default true
+        c->n_shared_experts = 1;
+        c->shared_gate = 1;
+        if (get_bool(e, j, "qkv_bias", 0, &c->qkv_bias) ||
+            get_int(e, j, "shared_expert_intermediate_size", 1, &c->shared_d_ff))
             return -1;
-        if (c.shared_d_ff < 1)
-            return fail(&e, "key \"shared_expert_intermediate_size\" must be >= 1 (got %d)", c.shared_d_ff);
+        if (c->shared_d_ff < 1)
+            return fail(e, "key \"shared_expert_intermediate_size\" must be >= 1 (got %d)", c->shared_d_ff);
     }
-    if (c.family == FAM_OLMOE && item(j, "clip_qkv"))
-        return fail(&e, "key \"clip_qkv\" is set; clipping q, k, v is not supported");
+    if (c->family == FAM_OLMOE && item(j, "clip_qkv"))
+        return fail(e, "key \"clip_qkv\" is set; clipping q, k, v is not supported");
     if (qwen) { // every layer an MoE layer
         int step = 1;
-        if (get_int(&e, j, "decoder_sparse_step", 0, &step)) return -1;
+        if (get_int(e, j, "decoder_sparse_step", 0, &step)) return -1;
         if (step != 1)
             return fail(
-                &e, "key \"decoder_sparse_step\" is %d; only every layer being an MoE layer (1) is supported",
+                e, "key \"decoder_sparse_step\" is %d; only every layer being an MoE layer (1) is supported",
                 step);
         const cJSON *mo = item(j, "mlp_only_layers");
         if (mo && (!cJSON_IsArray(mo) || cJSON_GetArraySize(mo) > 0))
-            return fail(&e, "key \"mlp_only_layers\" is not empty; dense MLP layers are not supported");
+            return fail(e, "key \"mlp_only_layers\" is not empty; dense MLP layers are not supported");
     }
+    return 0;
+}
 
+// What the model cannot represent is refused (tied embeddings, another activation, sliding windows,
+// quantization, biases); attention_dropout is read.
+static int read_refusals(Err *e, const cJSON *j, ModelConfig *c) {
+    int qwen = c->family == FAM_QWEN2_MOE || c->family == FAM_QWEN3_MOE;
     int tie = 0;
-    if (get_bool(&e, j, "tie_word_embeddings", 0, &tie)) return -1;
-    if (tie) return fail(&e, "key \"tie_word_embeddings\" is true; tied embeddings are not supported");
+    if (get_bool(e, j, "tie_word_embeddings", 0, &tie)) return -1;
+    if (tie) return fail(e, "key \"tie_word_embeddings\" is true; tied embeddings are not supported");
     const cJSON *act = item(j, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
-        return fail(&e, "key \"hidden_act\" must be \"silu\"");
+        return fail(e, "key \"hidden_act\" must be \"silu\"");
     const cJSON *sw = item(j, "sliding_window");
     int use_sw = 1; // Qwen: the window applies only with use_sliding_window
-    if (qwen && get_bool(&e, j, "use_sliding_window", 0, &use_sw)) return -1;
+    if (qwen && get_bool(e, j, "use_sliding_window", 0, &use_sw)) return -1;
     if (qwen && !item(j, "use_sliding_window")) use_sw = 0;
     const cJSON *lt = item(j, "layer_types");
     for (const cJSON *it = lt && cJSON_IsArray(lt) ? lt->child : NULL; it; it = it->next)
         if (!cJSON_IsString(it) || strcmp(it->valuestring, "full_attention") != 0)
-            return fail(&e,
+            return fail(e,
                         "key \"layer_types\" names a layer that is not \"full_attention\"; sliding-window "
                         "attention is "
                         "not supported");
-    if (use_sw && sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c.max_seq_len))
-        return fail(&e, "key \"sliding_window\" is set; sliding-window attention is not supported");
+    if (use_sw && sw && (!cJSON_IsNumber(sw) || sw->valuedouble < c->max_seq_len))
+        return fail(e, "key \"sliding_window\" is set; sliding-window attention is not supported");
     float drop = 0; // (HF's integer 0 is a float here: get_float takes it)
-    if (get_float(&e, j, "attention_dropout", 0, &drop)) return -1;
+    if (get_float(e, j, "attention_dropout", 0, &drop)) return -1;
     if (!(drop >= 0 && drop < 1))
-        return fail(&e, "key \"attention_dropout\" is %g; it must be in [0, 1)", drop);
-    c.attention_dropout = drop;
+        return fail(e, "key \"attention_dropout\" is %g; it must be in [0, 1)", drop);
+    c->attention_dropout = drop;
     if (item(j, "quantization_config"))
-        return fail(&e, "key \"quantization_config\" is set; quantized models are not supported");
+        return fail(e, "key \"quantization_config\" is set; quantized models are not supported");
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
     for (int i = 0; i < 2; i++) {
         int b = 0;
-        if (get_bool(&e, j, no_bias[i], 0, &b)) return -1;
-        if (b) return fail(&e, "key \"%s\" is true; biases are not supported", no_bias[i]);
+        if (get_bool(e, j, no_bias[i], 0, &b)) return -1;
+        if (b) return fail(e, "key \"%s\" is true; biases are not supported", no_bias[i]);
     }
+    return 0;
+}
 
-    // Ours. Absent (a plain HF config): the family's semantics.
-    int hf_renorm = c.renormalize;
-    c.z_coef = 0.0f;
-    c.bias_rate = 0.001f;
-    c.dispatch = DISPATCH_DROPLESS;
-    c.capacity_factor = 1.25f;
-    c.aux_form = AUX_HF; // a plain HF config trains with HF's aux loss
+// Ours, under "moe_c". Absent (a plain HF config): the family's semantics.
+static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
+    int mix = c->family == FAM_MIXTRAL;
+    int hf_renorm = c->renormalize;
+    c->z_coef = 0.0f;
+    c->bias_rate = 0.001f;
+    c->dispatch = DISPATCH_DROPLESS;
+    c->capacity_factor = 1.25f;
+    c->aux_form = AUX_HF; // a plain HF config trains with HF's aux loss
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "moe_c");
     if (m) {
-        if (!cJSON_IsObject(m)) return fail(&e, "key \"moe_c\" must be an object");
-        e.prefix = "moe_c: ";
-        if (get_bool(&e, m, "renormalize", 1, &c.renormalize) || get_float(&e, m, "jitter", 1, &c.jitter) ||
-            get_float(&e, m, "z_coef", 1, &c.z_coef) ||
-            get_float(&e, m, "capacity_factor", 1, &c.capacity_factor))
+        if (!cJSON_IsObject(m)) return fail(e, "key \"moe_c\" must be an object");
+        e->prefix = "moe_c: ";
+        if (get_bool(e, m, "renormalize", 1, &c->renormalize) || get_float(e, m, "jitter", 1, &c->jitter) ||
+            get_float(e, m, "z_coef", 1, &c->z_coef) ||
+            get_float(e, m, "capacity_factor", 1, &c->capacity_factor))
             return -1;
         const cJSON *d = item(m, "dispatch");
-        if (!d) return fail(&e, "missing required key \"dispatch\"");
-        if (!cJSON_IsString(d)) return fail(&e, "key \"dispatch\" must be \"dropless\" or \"capacity\"");
-        if (strcmp(d->valuestring, "dropless") == 0) c.dispatch = DISPATCH_DROPLESS;
-        else if (strcmp(d->valuestring, "capacity") == 0) c.dispatch = DISPATCH_CAPACITY;
+        if (!d) return fail(e, "missing required key \"dispatch\"");
+        if (!cJSON_IsString(d)) return fail(e, "key \"dispatch\" must be \"dropless\" or \"capacity\"");
+        if (strcmp(d->valuestring, "dropless") == 0) c->dispatch = DISPATCH_DROPLESS;
+        else if (strcmp(d->valuestring, "capacity") == 0) c->dispatch = DISPATCH_CAPACITY;
         else
-            return fail(&e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"",
+            return fail(e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"",
                         d->valuestring);
         const cJSON *af = item(m, "aux_form"); // optional: absent = "layer"
-        c.aux_form = AUX_LAYER;
+        c->aux_form = AUX_LAYER;
         if (af &&
             !(cJSON_IsString(af) && (!strcmp(af->valuestring, "layer") || !strcmp(af->valuestring, "hf"))))
-            return fail(&e, "key \"aux_form\" must be \"layer\" or \"hf\"");
-        if (af && !strcmp(af->valuestring, "hf")) c.aux_form = AUX_HF;
+            return fail(e, "key \"aux_form\" must be \"layer\" or \"hf\"");
+        if (af && !strcmp(af->valuestring, "hf")) c->aux_form = AUX_HF;
         const cJSON *ba = item(m, "balance"); // optional: absent = "aux"
         if (ba &&
             !(cJSON_IsString(ba) &&
               (!strcmp(ba->valuestring, "aux") || !strcmp(ba->valuestring, "aux-free"))))
-            return fail(&e, "key \"balance\" must be \"aux\" or \"aux-free\"");
-        c.balance = ba && !strcmp(ba->valuestring, "aux-free") ? BALANCE_AUX_FREE : BALANCE_AUX;
-        if (get_float(&e, m, "bias_rate", 0, &c.bias_rate)) return -1;
+            return fail(e, "key \"balance\" must be \"aux\" or \"aux-free\"");
+        c->balance = ba && !strcmp(ba->valuestring, "aux-free") ? BALANCE_AUX_FREE : BALANCE_AUX;
+        if (get_float(e, m, "bias_rate", 0, &c->bias_rate)) return -1;
         const cJSON *sc = item(m, "aux_scope"); // optional: absent = "micro-batch"
-        c.aux_scope = -1;
+        c->aux_scope = -1;
         for (int k = 0; k < 3; k++)
             if (!sc || (cJSON_IsString(sc) && !strcmp(sc->valuestring, scope_names[k]))) {
-                c.aux_scope = sc ? k : AUX_SCOPE_MICRO;
+                c->aux_scope = sc ? k : AUX_SCOPE_MICRO;
                 break;
             }
-        if (c.aux_scope < 0)
-            return fail(&e, "key \"aux_scope\" must be \"micro-batch\", \"sequence\" or \"global\"");
-        e.prefix = "";
-        if (!mix && item(j, "norm_topk_prob") && c.renormalize != hf_renorm)
+        if (c->aux_scope < 0)
+            return fail(e, "key \"aux_scope\" must be \"micro-batch\", \"sequence\" or \"global\"");
+        e->prefix = "";
+        if (!mix && item(j, "norm_topk_prob") && c->renormalize != hf_renorm)
             return fail(
-                &e, "keys \"norm_topk_prob\" (%s) and \"moe_c\": \"renormalize\" (%s) contradict each other",
-                hf_renorm ? "true" : "false", c.renormalize ? "true" : "false");
+                e, "keys \"norm_topk_prob\" (%s) and \"moe_c\": \"renormalize\" (%s) contradict each other",
+                hf_renorm ? "true" : "false", c->renormalize ? "true" : "false");
     }
+    return 0;
+}
+
+int config_from_json(const cJSON *j, ModelConfig *out, char *errbuf, size_t errlen) {
+    Err e = {errbuf, errlen, ""};
+    if (errbuf && errlen) errbuf[0] = 0;
+    if (!cJSON_IsObject(j)) return fail(&e, "config is not a JSON object");
+    ModelConfig c;
+    memset(&c, 0, sizeof c);
+    if (read_family(&e, j, &c) || read_shape(&e, j, &c) || read_family_options(&e, j, &c) ||
+        read_refusals(&e, j, &c) || read_moe_c(&e, j, &c))
+        return -1;
     *out = c;
     return 0;
 }

@@ -1,0 +1,182 @@
+// cmd_eval.c (cli) — `moe sample` and `moe eval`: a checkpoint of ours or a Hugging Face model run
+// forward, with the defaults they take from the training run's record (run.json beside the
+// checkpoint). Must not hold: training, the run record's writing (run_record.c).
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+#include "cli/commands.h"
+#include "core/common.h"
+#include "data/data.h"
+#include "model/model.h"
+#include "io/checkpoint.h"
+#include "io/hf.h"
+#include "train/evaluate.h"
+#include "train/pretrained.h"
+#include "train/pipe.h"
+
+// The run's record beside a checkpoint of ours (its run directory's run.json): the options `moe eval`
+// takes from it unless given: T, the batch (the run's micro-batch), the data and its split, the
+// evaluation batches. from: where the values came from, for the output.
+static void eval_defaults(State *s, const char *ck, int hf, char *from, size_t n) {
+    char run[2100];
+    path_parent(run, sizeof run, ck);
+    cJSON *rec = hf ? NULL : run_record_read(run);
+    if (!rec) {
+        snprintf(from, n, "%s; pass --seq-len, --batch and --data to match the training run",
+                 hf ? "a Hugging Face model: the built-in defaults"
+                    : "no run.json beside the checkpoint: the built-in defaults");
+        return;
+    }
+    cJSON *o = cJSON_GetObjectItem(rec, "options");
+    static const char *const names[] = {"seq-len", "data", "val-data", "val-frac", "eval-batches"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        int i = find_opt(names[k], C_EVAL);
+        cJSON *v = cJSON_GetObjectItem(o, names[k]);
+        if (s->set[i] || !cJSON_IsString(v)) continue;
+        char who[2300];
+        snprintf(who, sizeof who, "%s/%s:", run, RUN_RECORD);
+        set_recorded(s, i, v->valuestring, who);
+        s->set[i] = 0; // (still "not given": the record is not the user)
+    }
+    if (!opt_set(s, "batch")) { // the run's micro-batch: what its evaluations ran
+        cJSON *b = cJSON_GetObjectItem(o, "batch"), *g = cJSON_GetObjectItem(o, "grad-accum");
+        int B = cJSON_IsString(b) ? atoi(b->valuestring) : 0,
+            G = cJSON_IsString(g) ? atoi(g->valuestring) : 1;
+        if (B > 0 && G > 0 && B % G == 0) s->train.batch = B / G;
+    }
+    snprintf(from, n, "the options not given are the run's: %s/%s", run, RUN_RECORD);
+    cJSON_Delete(rec);
+}
+
+// The sampling window: --window, else the training length the run recorded (run.json beside the
+// checkpoint), else min(max_seq_len, 256); from: where it came from, for the output.
+static int sample_window(const State *s, const char *ck, const ModelConfig *c, char *from, size_t n) {
+    int W = s->cli.window;
+    snprintf(from, n, "--window");
+    if (!W) {
+        char run[2100];
+        path_parent(run, sizeof run, ck);
+        cJSON *rec = hf_is_model_dir(ck) ? NULL : run_record_read(run);
+        cJSON *t = rec ? cJSON_GetObjectItem(cJSON_GetObjectItem(rec, "options"), "seq-len") : NULL;
+        if (cJSON_IsString(t)) W = atoi(t->valuestring);
+        if (W > 0) snprintf(from, n, "the run's --seq-len, %s/%s", run, RUN_RECORD);
+        cJSON_Delete(rec);
+    }
+    if (W <= 0) {
+        W = c->max_seq_len < 256 ? c->max_seq_len : 256;
+        snprintf(from, n, "no training length recorded: min(max_seq_len, 256)");
+    }
+    if (W < 1 || W > c->max_seq_len)
+        DIE("--window must be in 1..%d (the model's max_seq_len; got %d)", c->max_seq_len, W);
+    return W;
+}
+
+int cmd_sample(State *s) {
+    char ck[2048];
+    pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
+    if (s->cli.tokens < 0 || s->cli.tokens > (1 << 20))
+        DIE("--tokens must be in 0..1048576 (got %d)", s->cli.tokens);
+    if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
+    if (s->cli.top_k < 0) DIE("--top-k must be >= 0 (got %d)", s->cli.top_k);
+    if (!(s->cli.top_p > 0 && s->cli.top_p <= 1)) DIE("--top-p must be in (0, 1] (got %g)", s->cli.top_p);
+    if (s->cli.window < 0) DIE("--window must be >= 1 (got %d)", s->cli.window);
+    if (s->cli.kv_cache != 0 && s->cli.kv_cache != 1)
+        DIE("--kv-cache must be 0 or 1 (got %d)", s->cli.kv_cache);
+    Model m;
+    TrainState st;
+    ModelConfig c;
+    pretrained_config(ck, &c);
+    if (c.vocab_size < 256)
+        DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
+            c.vocab_size);
+    char from[2300];
+    int W = sample_window(s, ck, &c, from, sizeof from);
+    pretrained_load(&m, ck, 1, W, &st, s->train.seed, s->train.device);
+    int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
+    int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
+    int len = 0;
+    for (int i = 0; i < plen; i++) ctx[len++] = (unsigned char)s->cli.prompt[i];
+    if (len == 0) ctx[len++] = '\n';
+    Pipe one; // the model alone: one stage
+    pipe_init(&one, &m, NULL, 1);
+    SampleOptions so = {s->cli.temperature, s->cli.top_k, s->cli.top_p, W, s->cli.kv_cache, s->train.seed};
+    SampleStats ss;
+    sample_tokens(&one, ctx, &len, cap, s->cli.tokens, &so, &ss);
+    print_tokens(stdout, ctx, len, c.vocab_size);
+    printf("\n");
+    fprintf(stderr, "sampled %d tokens in %.3f s (%.1f tokens/s; %s, window %d: %s; %d prefill%s)\n",
+            ss.tokens, ss.seconds, ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0,
+            ss.cached ? "KV cache" : "no cache", W, from, ss.prefills, ss.prefills == 1 ? "" : "s");
+    free(ctx);
+    pipe_free(&one);
+    model_free(&m);
+    return 0;
+}
+
+int cmd_eval(State *s) {
+    char ck[2048];
+    pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
+    if (s->cli.dump_grads && !s->cli.dump[0]) DIE("--dump-grads needs --dump FILE");
+    int hf = hf_is_model_dir(ck);
+    ModelConfig c;
+    pretrained_config(ck, &c);
+    TrainState st;
+    char from[2200];
+    eval_defaults(s, ck, hf, from, sizeof from);
+    int T = s->train.seq_len, B = s->train.batch;
+    if (T < 1 || T > c.max_seq_len) DIE("--seq-len must be in 1..%d (got %d)", c.max_seq_len, T);
+    if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
+    if ((int64_t)B * T > config_max_tokens(&c))
+        DIE("--batch %d x --seq-len %d = %lld tokens per micro-batch; this model takes at most %lld", B, T,
+            (long long)B * T, (long long)config_max_tokens(&c));
+    if (s->train.eval_batches < 0) DIE("--eval-batches must be all or >= 1 (got %d)", s->train.eval_batches);
+    if (s->train.val_data[0] && !s->train.data[0])
+        DIE("--val-data needs --data (the embedded corpus holds out its own windows)");
+    Model m;
+    pretrained_load(&m, ck, B, T, &st, s->train.seed, s->train.device);
+    Dataset ds;
+    data_open_split(&ds, s->train.data[0] ? s->train.data : NULL,
+                    s->train.val_data[0] ? s->train.val_data : NULL, s->train.val_frac, st.seed, T);
+    if (ds.max_token >= c.vocab_size)
+        DIE("the data's vocabulary does not fit the model: token %d, vocab_size %d", ds.max_token,
+            c.vocab_size);
+    if (hf) printf("Hugging Face model %s, data %s\n", ck, ds.source);
+    else printf("checkpoint %s (step %lld), data %s\n", ck, (long long)st.step, ds.source);
+    char desc[600], note[300];
+    data_split_desc(&ds, desc, sizeof desc);
+    EvalResult r;
+    Pipe one; // the model alone: one stage
+    pipe_init(&one, &m, NULL, 1);
+    evaluate(&one, &ds, B, s->train.eval_batches, 1, &r, NULL);
+    pipe_free(&one);
+    printf("T %d, batch %d, %d of the %d batches of the validation set (%zu windows); %s\n(%s)\n", T, B,
+           r.batches, r.available, ds.n_val, desc, from);
+    eval_clip_note(note, sizeof note, &r, s->train.eval_batches, B);
+    if (note[0]) printf("note: %s\n", note);
+    eval_print(&r, &ds, &c);
+    if (s->cli.dump[0]) {
+        float aux_coef = opt_set(s, "aux-coef") ? s->model.aux_coef : c.aux_coef;
+        float z_coef = opt_set(s, "z-coef") ? s->model.z_coef : c.z_coef;
+        cJSON *meta = cJSON_CreateObject();
+        char b[64];
+        snprintf(b, sizeof b, "%.17g", r.loss);
+        cJSON_AddStringToObject(meta, "val_loss", b);
+        snprintf(b, sizeof b, "%lld", (long long)r.tokens);
+        cJSON_AddStringToObject(meta, "val_tokens", b);
+        snprintf(b, sizeof b, "%d", r.batches);
+        cJSON_AddStringToObject(meta, "eval_batches", b);
+        cJSON_AddStringToObject(meta, "model", ck);
+        cJSON_AddStringToObject(meta, "data", ds.source);
+        char *mj = cJSON_PrintUnformatted(meta);
+        cJSON_Delete(meta);
+        eval_dump(&m, &ds, B, s->cli.dump, s->cli.dump_grads, aux_coef, z_coef, mj);
+        cJSON_free(mj);
+        printf("dump: %s (first batch of %d x %d%s)\n", s->cli.dump, B, T,
+               s->cli.dump_grads ? ", with gradients" : "");
+    }
+    eval_result_free(&r);
+    data_close(&ds);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,11 @@
+// commands.h (cli) — the `moe` commands, each run on the options parsed for it; each returns the
+// process's exit status (or dies with a message). Must not hold: option parsing (options.h).
+#pragma once
+#include "cli/options.h"
+
+// train: argc/argv are main's whole command line (MPI may rewrite them; the run record keeps them).
+int cmd_train(State *s, int argc, char **argv);
+int cmd_sample(State *s);
+int cmd_eval(State *s);
+int cmd_info(State *s);
+int cmd_export(State *s);

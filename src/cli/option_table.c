@@ -1,0 +1,254 @@
+// option_table.c (cli) — the table of every `moe` option (its flag and JSON key, type, where its value
+// lives, the commands that take it, its --help text) and the word sets of the options whose values
+// are words. Must not hold: parsing or printing (options.c), a command's checks (cmd_*.c).
+#include <stddef.h>
+#include "cli/options.h"
+#include "model/model.h" // RECOMPUTE_*
+
+#define MO(f) W_MODEL, offsetof(ModelConfig, f), sizeof(((ModelConfig *)0)->f)
+#define TO(f) W_TRAIN, offsetof(TrainOptions, f), sizeof(((TrainOptions *)0)->f)
+#define CO(f) W_CLI, offsetof(CliOptions, f), sizeof(((CliOptions *)0)->f)
+const Opt opts[] = {
+    {"preset", O_STR, CO(preset), C_TRAIN | C_INFO, "named model size: {presets} (default: tiny)"},
+    {"config", O_STR, CO(config), C_TRAIN | C_INFO,
+     "JSON file of options (keys as flags, '-' or '_'); flags override it"},
+    {"ckpt", O_STR, CO(ckpt), C_SAMPLE | C_EVAL | C_INFO | C_EXPORT,
+     "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory "
+     "(required for sample, eval, export; info: default none)"},
+    {"init-from", O_STR, CO(init_from), C_TRAIN,
+     "start from a Hugging Face model directory: Mixtral, OLMoE, Qwen2-MoE or Qwen3-MoE (its config.json is "
+     "the model "
+     "config; default: none)"},
+    {"dump", O_STR, CO(dump), C_EVAL,
+     "write the first batch's tokens, logits, losses, router logits to this .safetensors (default: none)"},
+    {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL,
+     "with --dump: also every tensor's gradient after one backward"},
+    {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary; default: empty, a newline)"},
+    {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
+    {"max-new-tokens", O_INT, CO(tokens), C_SAMPLE, "the same as --tokens"},
+    {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
+    {"top-k", O_INT, CO(top_k), C_SAMPLE, "draw from the k most likely tokens only (0 = all)"},
+    {"top-p", O_FLOAT, CO(top_p), C_SAMPLE,
+     "then from the smallest set of most likely tokens holding this probability, in (0, 1] (1 = all)"},
+    {"window", O_INT, CO(window), C_SAMPLE,
+     "context positions; past them the context slides to its last half (default: the run's --seq-len from "
+     "its "
+     "run.json; else min(max_seq_len, 256))"},
+    {"kv-cache", O_INT, CO(kv_cache), C_SAMPLE,
+     "1: decode with a KV cache; 0: run the whole context again for each token"},
+    {"device", O_STR, TO(device), C_TRAIN | C_SAMPLE | C_EVAL,
+     "cpu | cuda (bf16 GEMMs) | cuda-fp32 | auto (default: cuda when a GPU is present)"},
+    // model
+    {"vocab-size", O_INT, MO(vocab_size), C_TRAIN | C_INFO, "vocabulary size"},
+    {"d-model", O_INT, MO(d_model), C_TRAIN | C_INFO, "model width d"},
+    {"n-layers", O_INT, MO(n_layers), C_TRAIN | C_INFO, "transformer layers"},
+    {"n-heads", O_INT, MO(n_heads), C_TRAIN | C_INFO, "attention heads"},
+    {"n-kv-heads", O_INT, MO(n_kv_heads), C_TRAIN | C_INFO, "key/value heads (grouped-query attention)"},
+    {"head-dim", O_INT, MO(head_dim), C_TRAIN | C_INFO, "per-head dimension (default d / heads)"},
+    {"d-ff", O_INT, MO(d_ff), C_TRAIN | C_INFO, "expert hidden size f"},
+    {"n-experts", O_INT, MO(n_experts), C_TRAIN | C_INFO, "experts per MoE layer E"},
+    {"top-k", O_INT, MO(top_k), C_TRAIN | C_INFO, "experts per token k"},
+    {"max-seq-len", O_INT, MO(max_seq_len), C_TRAIN | C_INFO, "longest sequence the model supports"},
+    {"rope-theta", O_FLOAT, MO(rope_theta), C_TRAIN | C_INFO, "RoPE base"},
+    {"norm-eps", O_FLOAT, MO(norm_eps), C_TRAIN | C_INFO, "RMSNorm epsilon"},
+    {"init-std", O_FLOAT, MO(init_std), C_TRAIN | C_INFO, "init standard deviation of linear weights"},
+    {"renormalize", O_INT, MO(renormalize), C_TRAIN | C_INFO,
+     "1: renormalise top-k weights (Mixtral); 0: raw (OLMoE)"},
+    {"attn-dropout", O_FLOAT, MO(attention_dropout), C_TRAIN | C_INFO,
+     "dropout on the attention probabilities in training, in [0, 1) (HF attention_dropout; on cuda through "
+     "the float32 attention kernels)"},
+    {"jitter", O_FLOAT, MO(jitter), C_TRAIN | C_INFO, "router input jitter j: x *= U(1-j, 1+j) in training"},
+    {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO | C_EVAL,
+     "load-balancing loss coefficient (eval: of --dump-grads)"},
+    {"z-coef", O_FLOAT, MO(z_coef), C_TRAIN | C_INFO | C_EVAL,
+     "router z-loss coefficient (eval: of --dump-grads)"},
+    {"aux-form", O_AUXFORM, MO(aux_form), C_TRAIN | C_INFO,
+     "layer: per-layer aux loss, averaged; hf: HF Mixtral's one loss over all layers"},
+    {"dispatch", O_DISPATCH, MO(dispatch), C_TRAIN | C_INFO, "dropless | capacity"},
+    {"capacity-factor", O_FLOAT, MO(capacity_factor), C_TRAIN | C_INFO,
+     "capacity = ceil(cf * tokens * k / E)"},
+    {"family", O_FAMILY, MO(family), C_TRAIN | C_INFO,
+     "the transformers architecture (tensor names, config.json, export): Mixtral, OLMoE, Qwen2-MoE, "
+     "Qwen3-MoE"},
+    {"qk-norm", O_QKNORM, MO(qk_norm), C_TRAIN | C_INFO,
+     "RMSNorm on q and k before RoPE: full (OLMoE: over all heads) or head (Qwen3-MoE: per head)"},
+    {"qkv-bias", O_INT, MO(qkv_bias), C_TRAIN | C_INFO, "1: q, k, v projections with biases (Qwen2-MoE)"},
+    {"n-shared-experts", O_INT, MO(n_shared_experts), C_TRAIN | C_INFO,
+     "shared experts every token passes through (Qwen2-MoE: 1)"},
+    {"shared-d-ff", O_INT, MO(shared_d_ff), C_TRAIN | C_INFO, "each shared expert's hidden size"},
+    {"shared-gate", O_INT, MO(shared_gate), C_TRAIN | C_INFO,
+     "1: the shared experts' output scaled by a sigmoid gate per token (Qwen2-MoE)"},
+    {"balance", O_BALANCE, MO(balance), C_TRAIN | C_INFO,
+     "aux: the load-balancing loss; aux-free: also DeepSeek-V3's per-expert routing bias (top-k choice "
+     "only)"},
+    {"bias-rate", O_FLOAT, MO(bias_rate), C_TRAIN | C_INFO,
+     "aux-free: the bias update per step, rate * sign(mean load - load)"},
+    {"aux-scope", O_AUXSCOPE, MO(aux_scope), C_TRAIN | C_INFO,
+     "the tokens the aux loss's statistics are over: each micro-batch, each sequence, or the step's global "
+     "batch"},
+    // training
+    {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
+    {"batch", O_INT, TO(batch), C_TRAIN | C_INFO, "global batch in sequences per step"},
+    {"batch", O_INT, TO(batch), C_EVAL,
+     "sequences per evaluation batch (default: the run's micro-batch, --batch / --grad-accum, from its "
+     "run.json; else 16)"},
+    {"grad-accum", O_INT, TO(grad_accum), C_TRAIN | C_INFO, "micro-batches per step (info: of the pipeline)"},
+    {"seq-len", O_INT, TO(seq_len), C_TRAIN | C_INFO, "tokens per sequence T"},
+    {"seq-len", O_INT, TO(seq_len), C_EVAL,
+     "tokens per sequence T (default: the run's, from its run.json; else 64)"},
+    {"lr", O_FLOAT, TO(lr), C_TRAIN, "peak learning rate"},
+    {"min-lr-frac", O_FLOAT, TO(min_lr_frac), C_TRAIN, "final lr as a fraction of --lr (cosine)"},
+    {"warmup", O_INT, TO(warmup), C_TRAIN, "linear warmup steps"},
+    {"weight-decay", O_FLOAT, TO(weight_decay), C_TRAIN, "AdamW decoupled weight decay (not on norms)"},
+    {"beta1", O_FLOAT, TO(beta1), C_TRAIN, "AdamW beta1"},
+    {"beta2", O_FLOAT, TO(beta2), C_TRAIN, "AdamW beta2"},
+    {"adam-eps", O_FLOAT, TO(adam_eps), C_TRAIN, "AdamW epsilon"},
+    {"grad-clip", O_FLOAT, TO(grad_clip), C_TRAIN, "global gradient-norm clip (0 = off)"},
+    {"seed", O_U64, TO(seed), C_TRAIN,
+     "seed for init, data order, jitter, the end-of-run sample (and the embedded corpus)"},
+    {"seed", O_U64, TO(seed), C_SAMPLE, "seed of the sampler's random draws"},
+    {"seed", O_U64, TO(seed), C_EVAL,
+     "the embedded corpus's seed for a Hugging Face model (a checkpoint of ours uses the seed it was trained "
+     "with)"},
+    {"eval-every", O_INT, TO(eval_every), C_TRAIN, "steps between validation evaluations"},
+    {"eval-batches", O_ALLINT, TO(eval_batches), C_TRAIN,
+     "validation micro-batches per evaluation, or all (a request beyond the set is clipped to it, and says "
+     "so)"},
+    {"eval-batches", O_ALLINT, TO(eval_batches), C_EVAL,
+     "validation batches, or all; clipped to the set (default: the run's, from run.json beside the "
+     "checkpoint; else 8)"},
+    {"save-every", O_INT, TO(save_every), C_TRAIN,
+     "steps between checkpoints (0 = at the end only, -1 = never)"},
+    {"keep", O_INT, TO(keep), C_TRAIN, "checkpoints kept (0 = all)"},
+    {"keep-best", O_FLAG, TO(keep_best), C_TRAIN,
+     "also keep the checkpoint of the lowest validation loss in OUT/best (never pruned; replaced "
+     "atomically)"},
+    {"dropout", O_FLOAT, TO(dropout), C_TRAIN,
+     "dropout probability in training, in [0, 1): on the attention output and the MoE output before each "
+     "residual add"},
+    {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
+    {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
+    {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
+    {"check-replicas", O_FLAG, TO(check_replicas), C_TRAIN,
+     "at the end, check router/dense replicas are bitwise equal on every rank"},
+    {"out", O_STR, TO(out), C_TRAIN, "run directory (checkpoints, metrics.jsonl, run.json, plots)"},
+    {"out", O_STR, TO(out), C_EXPORT, "the Hugging Face model directory to write (required; no default)"},
+    {"data", O_STR, TO(data), C_TRAIN,
+     "text file (bytes) or llm.c .bin shards (glob) (default: the embedded corpus; --resume: the run's)"},
+    {"data", O_STR, TO(data), C_EVAL,
+     "text file or llm.c .bin shards (glob) (default: the run's, from its run.json; else the embedded "
+     "corpus)"},
+    {"val-frac", O_FLOAT, TO(val_frac), C_TRAIN,
+     "the last fraction of --data held out for validation, in (0, 0.5] (the embedded corpus: every 10th "
+     "window)"},
+    {"val-frac", O_FLOAT, TO(val_frac), C_EVAL,
+     "the held-out fraction of --data (default: the run's; else 0.1)"},
+    {"val-data", O_STR, TO(val_data), C_TRAIN,
+     "a separate validation file (text or shards); then all of --data trains (default: none: --data's tail)"},
+    {"val-data", O_STR, TO(val_data), C_EVAL, "a separate validation file (default: the run's; else none)"},
+    {"resume", O_FLAG, TO(resume), C_TRAIN, "continue from the newest complete checkpoint in --out"},
+    // parallel layout
+    {"tp", O_INT, TO(tp), C_TRAIN | C_INFO, "tensor parallel size (attention heads split)"},
+    {"ep", O_INT, TO(ep), C_TRAIN | C_INFO, "expert parallel size (carved out of the data-parallel ranks)"},
+    {"etp", O_INT, TO(etp), C_TRAIN | C_INFO, "expert tensor parallel size (each expert's f split)"},
+    {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (the layers split between them; cpu backend)"},
+    {"pp-schedule", O_SCHEDULE, TO(pp_schedule), C_TRAIN | C_INFO,
+     "the pipeline schedule (micro-batches = --grad-accum, at least --pp)"},
+    {"vpp", O_INT, TO(vpp), C_TRAIN | C_INFO, "model chunks per pipeline rank (interleaved schedule)"},
+    {"pp-layers", O_STR, TO(pp_layers), C_TRAIN | C_INFO,
+     "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split)"},
+    {"a2a-overlap", O_AUTO_INT, TO(a2a_overlap), C_TRAIN,
+     "the MoE all-to-all pipelined with the experts over this many chunks (1: off; auto: measured per "
+     "layer)"},
+    {"upcycle", O_INT, TO(upcycle), C_TRAIN,
+     "with --init-from a dense LlamaForCausalLM/MistralForCausalLM: each MLP copied into this many experts "
+     "(top-k: --top-k, else 2; routers initialised as new): at step 0 the model computes the dense one "
+     "(default: 0, off)"},
+    {"recompute", O_RECOMPUTE, TO(recompute), C_TRAIN | C_INFO,
+     "activations not kept but computed again in backward: attn (attention output), moe (the experts' SwiGLU "
+     "rows, the largest), full (both); the same gradients bit for bit, less memory, more compute"},
+    {"ampipe", O_AUTO_INT, TO(ampipe), C_TRAIN | C_INFO,
+     "AMPipe: each block from attention on in this many chunks of the micro-batch, so a chunk's attention "
+     "runs while another's all-to-all is in flight (1: off; auto: measured per layer with --a2a-overlap)"},
+    {"a2a-hier", O_HIER, TO(a2a_hier), C_TRAIN | C_INFO,
+     "the EP all-to-all in two levels over nodes of G EP ranks (auto: when the EP group spans hosts)"},
+    {"expert-mode", O_EXPERTMODE, TO(expert_mode), C_TRAIN,
+     "with --etp > 1: each rank computes its f slice for the group's tokens (sharded), or whole experts "
+     "(slices "
+     "gathered per layer) for its own tokens (gathered); auto: measured per layer"},
+    {"a2a-retune", O_FLOAT, TO(a2a_retune), C_TRAIN,
+     "auto modes: re-measure a layer when its load (busiest expert / mean) moves by this fraction"},
+    {"precision", O_PRECISION, TO(precision), C_TRAIN | C_INFO,
+     "mixed: float32 weights and AdamW moments (bf16 GEMM operands on --device cuda); bf16: AdamW moments "
+     "stored in bf16 (half their memory), every weight rounded to a bf16 value after each update (on cuda "
+     "the GEMMs' weights kept in bf16 alone, in one process) and the experts' gradients in bf16 "
+     "(--bf16-grads); checkpoints stay float32"},
+    {"bf16-rounding", O_ROUNDING, TO(bf16_rounding), C_TRAIN,
+     "--precision bf16: how each updated weight is rounded to bf16: stochastic (unbiased, seeded by --seed: "
+     "reproducible), nearest (round to nearest even), or none (the weights stay float32: only the moments "
+     "are "
+     "bf16)"},
+    {"bf16-grads", O_INT, TO(bf16_grads), C_TRAIN,
+     "--precision bf16: 1: the routed experts' weight gradients are bf16 values (rounded to nearest even "
+     "once "
+     "summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in bf16: half their "
+     "bytes written and read); 0: float32"},
+    {"grad-memory", O_GRADMEM, TO(grad_memory), C_TRAIN | C_INFO,
+     "shared: with --grad-accum 1 and no --pp, each layer's expert gradients are written into the memory of "
+     "the "
+     "next layer's activations (the last layer's: the logits), which its backward has read for the last time "
+     "by then: the same bits, about a layer's expert gradients less memory per layer; separate: their own"},
+    {"zero", O_INT, TO(zero), C_TRAIN | C_INFO,
+     "ZeRO stage: 1 shards AdamW moments, 2 also reduced gradients (over DP / EDP)"},
+    {"overlap", O_INT, TO(overlap), C_TRAIN, "1: reduce gradient buckets while backward runs"},
+    {"bucket-mb", O_FLOAT, TO(bucket_mb), C_TRAIN, "gradient bucket size cap in MB"},
+    {"world", O_INT, CO(world), C_INFO,
+     "number of processes to show the mesh and per-rank memory for (default: none: the whole model; with "
+     "--tp/--ep/--etp/--pp alone the smallest world that holds them)"},
+    {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
+    {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
+};
+_Static_assert(sizeof opts / sizeof opts[0] == N_OPTS, "N_OPTS (cli/options.h) is the length of opts");
+
+static const WordSet word_sets[] = {
+    {O_DISPATCH, "dropless|capacity", 0, 2, {"dropless", "capacity"}, {DISPATCH_DROPLESS, DISPATCH_CAPACITY}},
+    {O_AUXFORM, "layer|hf", 0, 2, {"layer", "hf"}, {AUX_LAYER, AUX_HF}},
+    {O_SCHEDULE, "1f1b|interleaved", 0, 2, {"1f1b", "interleaved"}, {SCHED_1F1B, SCHED_INTERLEAVED}},
+    {O_EXPERTMODE, "sharded|gathered|auto", 0, 3, {"sharded", "gathered", "auto"}, {0, 1, -1}},
+    {O_AUTO_INT, "auto|1|2|4|8", 1, 1, {"auto"}, {0}},
+    {O_ALLINT, "N|all", 1, 1, {"all"}, {0}},
+    {O_HIER, "auto|off|G", 1, 2, {"auto", "off"}, {-1, 0}},
+    {O_FAMILY,
+     "mixtral|olmoe|qwen2_moe|qwen3_moe",
+     0,
+     4,
+     {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe"},
+     {FAM_MIXTRAL, FAM_OLMOE, FAM_QWEN2_MOE, FAM_QWEN3_MOE}},
+    {O_QKNORM, "none|full|head", 0, 3, {"none", "full", "head"}, {QK_NORM_NONE, QK_NORM_FULL, QK_NORM_HEAD}},
+    {O_BALANCE, "aux|aux-free", 0, 2, {"aux", "aux-free"}, {BALANCE_AUX, BALANCE_AUX_FREE}},
+    {O_RECOMPUTE,
+     "none|attn|moe|full",
+     0,
+     4,
+     {"none", "attn", "moe", "full"},
+     {RECOMPUTE_NONE, RECOMPUTE_ATTN, RECOMPUTE_MOE, RECOMPUTE_FULL}},
+    {O_AUXSCOPE,
+     "micro-batch|sequence|global",
+     0,
+     3,
+     {"micro-batch", "sequence", "global"},
+     {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
+    {O_PRECISION, "mixed|bf16", 0, 2, {"mixed", "bf16"}, {PREC_MIXED, PREC_BF16}},
+    {O_GRADMEM, "shared|separate", 0, 2, {"shared", "separate"}, {GRADMEM_SHARED, GRADMEM_SEPARATE}},
+    {O_ROUNDING,
+     "stochastic|nearest|none",
+     0,
+     3,
+     {"stochastic", "nearest", "none"},
+     {ROUND_STOCHASTIC, ROUND_NEAREST, ROUND_NONE}},
+};
+const WordSet *word_set(OptType t) {
+    for (size_t k = 0; k < sizeof word_sets / sizeof word_sets[0]; k++)
+        if (word_sets[k].type == t) return &word_sets[k];
+    return NULL;
+}
