@@ -81,7 +81,7 @@ static float *grads(const ModelConfig *c, const float *params, int share, int ch
         EXPECT(!inside(&m, m.la[0].res_in, 0), "the first layer's activations are its own");
         for (int l = 1; l < c->n_layers; l++) {
             EXPECT(inside(&m, m.la[l].res_in, l - 1) && inside(&m, m.la[l].xn1, l - 1) &&
-                       inside(&m, m.la[l].q, l - 1),
+                       inside(&m, m.la[l].attn.q, l - 1),
                    "layer %d's activations lie in layer %d's expert gradients", l, l - 1);
         }
         EXPECT(inside(&m, m.logits, c->n_layers - 1), "the logits lie in the last layer's expert gradients");

@@ -1984,8 +1984,8 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (lse) T%d hd%d%s", n, T, hd, path);
     cmp_exact_dev(what, ln, l1, nl);
     float *o = hid_get(o1, nq), *l = dget(l1, nl);
-    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the
-    // last rows: it reads every key) and added into by the others; over NaN on the GPU
+    // as the model calls it (model/attention.c attn_bwd_rows): dq written, dk and dv written by the first
+    // chunk (the last rows: it reads every key) and added into by the others; over NaN on the GPU
     float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk);
     float *dq1 = dnan(nq), *dqn = dnan(nq), *dk1 = dnan(nk), *dkn = dnan(nk);
     float *dv1 = dnan(nk), *dvn = dnan(nk);

@@ -963,8 +963,8 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     check_exact(lab, on, o1, nq);
     snprintf(lab, sizeof lab, "attention_fwd over %d chunks == one call: lse T=%d", n, T);
     check_exact(lab, ln, l1, nl);
-    // as the model calls it (model.c attn_bwd_rows): dq written, dk and dv written by the first chunk (the
-    // last rows, which read every key) and added into by the others; over NaN
+    // as the model calls it (model/attention.c attn_bwd_rows): dq written, dk and dv written by the first
+    // chunk (the last rows, which read every key) and added into by the others; over NaN
     float *dq1 = fnew(nq), *dk1 = fnew(nk), *dv1 = fnew(nk), *dqn = fnew(nq), *dkn = fnew(nk),
           *dvn = fnew(nk);
     fill_nan(dq1, nq);

@@ -1,33 +1,13 @@
-// decode.c — KV-cached forward for sampling (see decode.h). The same ops as model.c's forward, on the
-// new rows only; model.c stays the training forward/backward.
+// decode.c — KV-cached forward for sampling (see decode.h): the same ops as the training forward (block.c,
+// GQA's parts of attention.c, model.c's head) on the new rows only, over GQA's cache of keys and values.
+// Must not hold: the training forward/backward, the sampling policy (train/evaluate.c).
 #include "model/decode.h"
 #include <string.h>
 #include "core/common.h"
+#include "model/attention.h"
+#include "model/model_access.h"
 
 #define F sizeof(float)
-
-static float *W_(const Model *m, ParamRole role, int layer, int expert) {
-    int i = params_index(&m->t, role, layer, expert);
-    CHECK(i >= 0, "parameter role %d layer %d expert %d missing from the table", (int)role, layer, expert);
-    return m->params + m->t.p[i].loffset;
-}
-
-// The MoE weights of layer l (as model.c's layer_weights: the routing bias and the shared expert where
-// the config has them).
-static void moe_weights(const Model *m, int l, MoeWeights *w) {
-    memset(w, 0, sizeof *w);
-    w->router = W_(m, PR_ROUTER, l, -1);
-    w->w1 = W_(m, PR_W1, l, m->e0);
-    w->w3 = W_(m, PR_W3, l, m->e0);
-    w->w2 = W_(m, PR_W2, l, m->e0);
-    if (m->c.balance == BALANCE_AUX_FREE) w->route_bias = W_(m, PR_ROUTE_BIAS, l, -1);
-    if (m->c.n_shared_experts) {
-        w->sh_w1 = W_(m, PR_SH_W1, l, -1);
-        w->sh_w3 = W_(m, PR_SH_W3, l, -1);
-        w->sh_w2 = W_(m, PR_SH_W2, l, -1);
-        if (m->c.shared_gate) w->sh_gate = W_(m, PR_SH_GATE, l, -1);
-    }
-}
 
 int model_decode_supported(const Model *m) {
     return m->nchunks == 1 && m->chunk[0].l0 == 0 && m->chunk[0].l1 == m->c.n_layers && m->chunk[0].first &&
@@ -92,29 +72,30 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
     for (int i = 0; i < n; i++)
         CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d is outside the vocabulary (%d)", tokens[i], V);
     be->to_device(m->tokens, tokens, (size_t)n * sizeof(int32_t));
-    be->embedding_fwd(kc->x, m->tokens, W_(m, PR_EMBED, -1, -1), n, d);
+    be->embedding_fwd(kc->x, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), n, d);
     for (int l = 0; l < c->n_layers; l++) {
-        float *q = m->dq, *k = m->dk,
-              *v = m->dv; // the new rows in float32 (the backward's scratch, maxN >= W rows)
+        // the new rows in float32 (the backward's scratch, maxN >= W rows)
+        float *q = m->attn.dq, *k = m->attn.dk, *v = m->attn.dv;
         // (kc->xn holds the attention norm's output in the hidden format here, the FFN norm's float32 below)
-        be->rmsnorm_fwd_hid(kc->xn, kc->rstd, kc->x, W_(m, PR_ATTN_NORM, l, -1), n, d, c->norm_eps);
-        // the families' options as model.c's forward: biases, then QK-norm, then RoPE
+        be->rmsnorm_fwd_hid(kc->xn, kc->rstd, kc->x, model_param(m, m->params, PR_ATTN_NORM, l, -1), n, d,
+                            c->norm_eps);
+        // the families' options as the forward's (attention.c): biases, then QK-norm, then RoPE
         float *qp = c->qk_norm ? kc->qraw : q, *kp = c->qk_norm ? kc->kraw : k;
-        model_qkv_fwd(m, l, qp, kp, v, kc->xn,
-                      n); // + the biases over the model's ones vector (maxN >= W rows)
+        gqa_qkv_fwd(m, l, qp, kp, v, kc->xn, n); // + the biases over the model's ones vector (maxN >= W rows)
         // (the full-width form over TP sums its rows over the TP ranks, which all decode the same rows)
-        if (c->qk_norm) model_qk_norm_fwd(m, l, q, k, kc->rstdqk, kc->rstdqk, qp, kp, n);
+        if (c->qk_norm) gqa_qk_norm_fwd(m, l, q, k, kc->rstdqk, kc->rstdqk, qp, kp, n);
         be->rope_rows(q, 1, t0, t1, H, hd, c->rope_theta, 0);
         be->rope_rows(k, 1, t0, t1, KV, hd, c->rope_theta, 0);
         be->to_hid(hid_at(be, kc->q, (size_t)t0 * qd), q, (size_t)n * qd);
         be->to_hid(hid_at(be, kc->k[l], (size_t)t0 * kvd), k, (size_t)n * kvd);
         be->to_hid(hid_at(be, kc->v[l], (size_t)t0 * kvd), v, (size_t)n * kvd);
         be->attention_fwd(kc->att, kc->lse, kc->q, kc->k[l], kc->v[l], 1, W, H, KV, hd, t0, t1);
-        model_oproj_fwd(m, l, kc->xmid, hid_at(be, kc->att, (size_t)t0 * qd), n);
+        gqa_oproj_fwd(m, l, kc->xmid, hid_at(be, kc->att, (size_t)t0 * qd), n);
         if (comm_size(m->mesh.tp) > 1) comm_dev_allreduce(m->mesh.tp, kc->xmid, (size_t)n * d, CT_F32);
-        be->add_rmsnorm_fwd(kc->xmid, kc->xn, kc->rstd, kc->x, W_(m, PR_FFN_NORM, l, -1), n, d, c->norm_eps);
+        be->add_rmsnorm_fwd(kc->xmid, kc->xn, kc->rstd, kc->x, model_param(m, m->params, PR_FFN_NORM, l, -1),
+                            n, d, c->norm_eps);
         MoeWeights w;
-        moe_weights(m, l, &w);
+        model_moe_weights(m, m->params, l, &w);
         MoeLayer *ml = model_moe(m, l, 0);
         ml->overlap = m->moe_overlap[l];
         ml->mode = m->moe_mode[l];
@@ -123,8 +104,9 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         be->add(kc->x, kc->xmid, kc->mo, (size_t)n * d);
     }
     float *last = kc->x + (size_t)(n - 1) * d;
-    be->rmsnorm_fwd(kc->xn, kc->rstd, last, W_(m, PR_FINAL_NORM, -1, -1), 1, d, c->norm_eps);
-    be->matmul_fwd(kc->logits, kc->xn, W_(m, PR_LM_HEAD, -1, -1), 1, d, V, 0);
+    be->rmsnorm_fwd(kc->xn, kc->rstd, last, model_param(m, m->params, PR_FINAL_NORM, -1, -1), 1, d,
+                    c->norm_eps);
+    be->matmul_fwd(kc->logits, kc->xn, model_param(m, m->params, PR_LM_HEAD, -1, -1), 1, d, V, 0);
     be->to_host(out, kc->logits, (size_t)V * F);
     kc->len = t1;
 }

@@ -1,6 +1,6 @@
 // arena.h — buffers carved out of a region of backend memory lent for a while, and the backend's
-// allocator for what does not fit. model.c lends a layer the memory of the previous layer's expert
-// gradients for its activations (written only after the last read of those: model.h model_share_grads).
+// allocator for what does not fit. model_state.c lends a layer the memory of the previous layer's expert
+// gradients for its activations (written only after the last read of those: model_state.h model_share_grads).
 // A carved buffer is zeroed when carved (as Backend.alloc's are); freeing it gives nothing back until the
 // lender resets the arena to a mark.
 #pragma once

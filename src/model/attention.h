@@ -1,0 +1,71 @@
+// attention.h — the attention sublayer behind one interface, an attention variant (AttnVariant), that
+// the block (block.c) and the model's memory (model_state.c) call: from the attention norm's output xn
+// ((N,d), hidden format) to this rank's part of the output projection's rows, and back to xn's gradient.
+// The block keeps what is common to every variant: the norm before it, the TP all-reduces after the
+// output projection and after the input gradient (a variant's projections are split over TP ranks by
+// heads: its input projections by columns, its output by rows), the residual, dropout on it (site 0),
+// AMPipe's row chunks (rows [r0, r1) of the (b, t) order) and the timing.
+// Today's one variant, GQA (attention.c): q/k/v projections with the families' biases and QK-norm
+// (config.h), RoPE, the backend's attention op (with attention dropout: site 2) and o_proj.
+//
+// What a variant provides (a second one, e.g. DeepSeek-V3's multi-head latent attention, MLA: low-rank q
+// and kv projections with their norms, a decoupled RoPE part of q and k; it joins as its own file with its
+// AttnVariant, chosen by attn_variant from the config, and the block does not change):
+//  - its weights in the parameter table: its ParamRoles (params.h), their per-layer tensors in
+//    params.c's table order (HF names, shapes, the TP split in localize, init in params_init) and,
+//    optionally, the dense projections whose first backward of a step writes the gradient
+//    (model_state.c fresh_bit, then model_dw_write) or that only bf16 GEMMs read (params_bf16_ranges);
+//  - its activations: the fields of AttnActs it keeps per layer (model_types.h), carved by acts_alloc
+//    (their bytes) and given back by acts_free; with --recompute attn, acts_recompute points the
+//    dropped ones at one shared copy and bwd_begin computes them again;
+//  - its scratch in AttnScratch (scratch_init, scratch_free): float32 rows, gradients;
+//  - its forward (fwd_in, fwd_rows, out_rows) and backward (bwd_begin, bwd_out_rows, bwd_rows, bwd_in);
+//  - its KV-cached decode (decode.c: GQA's cache of keys and values; MLA would cache its latent).
+// Must not hold: the norms, residuals, the MoE, the TP all-reduces of the output and the input gradient
+// (block.c), allocation outside the variant's own activations and scratch.
+#pragma once
+#include "model/model_types.h"
+
+typedef struct AttnVariant {
+    // Memory. The model's scratch (m->attn, sized for maxB x maxT; model_init, model_free).
+    void (*scratch_init)(Model *m);
+    void (*scratch_free)(Model *m);
+    // A layer's activations for maxB x maxT rows, carved from A (arena.h: the lent memory where it fits).
+    void (*acts_alloc)(const Model *m, AttnActs *a, Arena *A);
+    // m->recompute's RECOMPUTE_ATTN: the dropped activations point at the model's shared copy (allocated at
+    // the first use), or the layer's own again.
+    void (*acts_recompute)(Model *m, AttnActs *a, Arena *A);
+    void (*acts_free)(const Model *m, AttnActs *a, const Arena *A);
+    // Forward of layer l over B x T rows: fwd_in from the normed input xn (the whole micro-batch), then
+    // for row ranges [r0, r1) covering it in order, fwd_rows (the attention of those query rows) and
+    // out_rows (this rank's partial sums of the output projection of those rows into out, (r1-r0, d): the
+    // block adds them over TP).
+    void (*fwd_in)(Model *m, int l, AttnActs *a, const void *xn, int B, int T);
+    void (*fwd_rows)(const Model *m, int l, AttnActs *a, int T, int r0, int r1);
+    void (*out_rows)(Model *m, int l, const AttnActs *a, float *out, int r0, int r1);
+    // Backward of layer l's last forward (B x T rows): bwd_begin first (recomputes what --recompute
+    // dropped), then for row ranges in reverse order bwd_out_rows (the output projection's backward from
+    // dout, rows [r0, r1) of the (N,d) gradient) and bwd_rows (the attention's), then bwd_in: writes dxn
+    // (B x T, d), this rank's part of the normed input's gradient (the block adds them over TP). The weights'
+    // gradients go into m->grads.
+    void (*bwd_begin)(Model *m, int l, AttnActs *a, int B, int T);
+    void (*bwd_out_rows)(Model *m, int l, const AttnActs *a, const float *dout, int r0, int r1);
+    void (*bwd_rows)(Model *m, int l, const AttnActs *a, int T, int r0, int r1);
+    void (*bwd_in)(Model *m, int l, const AttnActs *a, float *dxn, const void *xn, int B, int T);
+} AttnVariant;
+
+// The variant of config c (today GQA for every family).
+const AttnVariant *attn_variant(const ModelConfig *c);
+
+// GQA's parts that the KV-cached decode (decode.c) runs on new rows, the forward's one code:
+// the q, k, v projections of layer l over n rows of the normed input xn (this rank's heads), with the
+// family's biases;
+void gqa_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n);
+// QK-norm of layer l over n rows (the config has one): q, k and their rstd from the projections qraw,
+// kraw (this rank's heads). The full-width form over TP ranks adds its rows' sums over the TP group (a
+// collective: every TP rank calls it);
+void gqa_qk_norm_fwd(Model *m, int l, float *q, float *k, float *rstdq, float *rstdk, const float *qraw,
+                     const float *kraw, int n);
+// o_proj of layer l over n rows: out (n, d) = att Wo^T, att in the hidden format (this rank's heads; the
+// tensor-parallel sum is the caller's).
+void gqa_oproj_fwd(Model *m, int l, float *out, const void *att, int n);

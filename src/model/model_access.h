@@ -1,0 +1,45 @@
+// model_access.h — the accessors of the model's state that the files of src/model share (src/model only):
+// a tensor of the parameter table in a flat buffer (the weights or their gradients), a layer's MoE
+// weights, the first-write bookkeeping of a dense weight gradient (ops.h GM_DW_WRITE) and the dropout
+// seed of the current slot's forward.
+// Must not hold: arithmetic on activations, allocation, collectives.
+#pragma once
+#include <string.h>
+#include "core/common.h"
+#include "model/model_types.h"
+
+// Tensor (role, layer, expert) of this rank's slice table in base (m->params or m->grads).
+static inline float *model_param(const Model *m, float *base, ParamRole role, int layer, int expert) {
+    int i = params_index(&m->t, role, layer, expert);
+    CHECK(i >= 0, "parameter role %d layer %d expert %d missing from the table", (int)role, layer, expert);
+    return base + m->t.p[i].loffset;
+}
+
+// Layer l's MoE weights in base (the routing bias and the shared expert where the config has them).
+static inline void model_moe_weights(const Model *m, float *base, int l, MoeWeights *w) {
+    memset(w, 0, sizeof *w);
+    w->router = model_param(m, base, PR_ROUTER, l, -1);
+    w->w1 = model_param(m, base, PR_W1, l, m->e0);
+    w->w3 = model_param(m, base, PR_W3, l, m->e0);
+    w->w2 = model_param(m, base, PR_W2, l, m->e0);
+    if (m->c.balance == BALANCE_AUX_FREE) w->route_bias = model_param(m, base, PR_ROUTE_BIAS, l, -1);
+    if (m->c.n_shared_experts) {
+        w->sh_w1 = model_param(m, base, PR_SH_W1, l, -1);
+        w->sh_w3 = model_param(m, base, PR_SH_W3, l, -1);
+        w->sh_w2 = model_param(m, base, PR_SH_W2, l, -1);
+        if (m->c.shared_gate) w->sh_gate = model_param(m, base, PR_SH_GATE, l, -1);
+    }
+}
+
+// The flags of a dense matmul_bwd into layer l's tensor of bit b (model_types.h DW_FRESH_*; the LM head's:
+// DW_FRESH_HEAD): GM_DW_WRITE while the step has not written it yet (model_zero_grads left it), the bit
+// then cleared; 0 (add) otherwise.
+static inline int model_dw_write(Model *m, int l, int b) {
+    uint8_t *f = b == DW_FRESH_HEAD ? &m->head_fresh : m->dw_fresh ? &m->dw_fresh[l] : NULL;
+    if (!f || !(*f & b)) return 0;
+    *f &= (uint8_t)~b;
+    return GM_DW_WRITE;
+}
+
+// The dropout seed of the current slot's forward (0: none; model_types.h Model.drop_seed).
+static inline uint64_t model_drop_seed(const Model *m) { return m->slots[m->cur][m->cur_slot].drop_seed; }

@@ -1,0 +1,389 @@
+// model_state.c — the model's memory and state (model_state.h): parameters and gradients, this rank's
+// chunks of layers, the activation slots (each layer's buffers, carved from the previous layer's expert
+// gradients where those are lent: model_share_grads), the recompute and AMPipe states of a layer, the
+// scratch of the backward, the settings of the next forwards, the gradient buffer's per-step zeroing and
+// the formats of its expert gradients; model_init and model_free.
+// Must not hold: forward or backward arithmetic (model.c, block.c, attention.c), collectives.
+#include "model/model_state.h"
+#include <string.h>
+#include "core/common.h"
+#include "model/attention.h"
+#include "model/model_access.h"
+
+#define F sizeof(float)
+
+static int chunk_of(const Model *m, int l) {
+    for (int k = 0; k < m->nchunks; k++)
+        if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return k;
+    return -1;
+}
+int model_holds_layer(const Model *m, int l) { return chunk_of(m, l) >= 0; }
+MoeLayer *model_moe(Model *m, int l, int slot) {
+    int k = chunk_of(m, l);
+    CHECK(k >= 0 && slot >= 0 && slot < m->nslots[k], "model_moe: layer %d slot %d not held", l, slot);
+    return &m->slots[k][slot].la[l].moe;
+}
+
+// AMPipe's per-chunk MoE states of one layer's activations: n of them, for chunks of up to
+// ceil(maxN / n) rows (none for n = 1).
+static void chunk_moes(Model *m, LayerActs *a, int n) {
+    for (int i = 0; i < a->nmc; i++) moe_layer_free(&a->mc[i]);
+    free(a->mc);
+    a->mc = NULL;
+    a->nmc = 0;
+    if (n <= 1) return;
+    MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
+    a->mc = xcalloc(n, sizeof *a->mc);
+    for (int i = 0; i < n; i++) {
+        moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
+        if (m->recompute & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
+        a->mc[i].arena = &a->arena;
+    }
+    a->nmc = n;
+}
+
+// One layer's activations under m->recompute: the attention's dropped ones its own or the shared ones
+// (the variant's); its MoE states' SwiGLU rows kept or shared.
+static void layer_recompute(Model *m, LayerActs *a) {
+    m->attv->acts_recompute(m, &a->attn, &a->arena);
+    MoeRecompute *rc = m->recompute & RECOMPUTE_MOE ? &m->rc : NULL;
+    moe_set_recompute(&a->moe, rc);
+    for (int i = 0; i < a->nmc; i++) moe_set_recompute(&a->mc[i], rc);
+}
+
+void model_set_recompute(Model *m, int mode) {
+    CHECK(mode >= RECOMPUTE_NONE && mode <= RECOMPUTE_FULL, "model_set_recompute: %d", mode);
+    m->recompute = mode;
+    for (int k = 0; k < m->nchunks; k++)
+        for (int i = 0; i < m->nslots[k]; i++)
+            for (int l = m->chunk[k].l0; l < m->chunk[k].l1; l++) layer_recompute(m, &m->slots[k][i].la[l]);
+}
+
+// The bytes of layer l's routed-expert gradients (one contiguous block: params.h's order), 256-aligned,
+// lent to an arena (model_share_grads); none where this rank holds no experts of the layer.
+static Arena expert_grads_arena(const Model *m, int l) {
+    Arena a = {0};
+    int i = params_index(&m->t, PR_W1, l, m->e0), j = params_index(&m->t, PR_W2, l, m->e0 + m->El - 1);
+    if (i < 0 || j < 0 || !m->t.p[i].lnumel) return a;
+    char *b = (char *)(m->grads + m->t.p[i].loffset),
+         *e = (char *)(m->grads + m->t.p[j].loffset + m->t.p[j].lnumel);
+    char *b2 = (char *)(((uintptr_t)b + 255) & ~(uintptr_t)255);
+    if (b2 >= e) return a;
+    a.base = b2;
+    a.cap = (size_t)(e - b2);
+    return a;
+}
+
+static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
+    const ModelChunk *ch = &m->chunk[chunk];
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->c;
+    size_t N = m->maxN, d = c->d_model, V = c->vocab_size;
+    s->la = xcalloc(c->n_layers, sizeof *s->la);
+    MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
+    for (int l = ch->l0; l < ch->l1; l++) {
+        LayerActs *a = &s->la[l];
+        Arena *A = &a->arena;
+        if (m->share_grads && l > ch->l0) *A = expert_grads_arena(m, l - 1);
+        a->res_in = arena_alloc(A, be, N * d * F);
+        a->xn1 = arena_alloc(A, be, N * d * be->hid_elem);
+        a->rstd1 = arena_alloc(A, be, N * F);
+        m->attv->acts_alloc(m, &a->attn, A); // (--recompute attn: its shared ones, layer_recompute below)
+        a->x_mid = arena_alloc(A, be, N * d * F);
+        a->xn2 = arena_alloc(A, be, N * d * F);
+        a->rstd2 = arena_alloc(A, be, N * F);
+        moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+        if (m->recompute) layer_recompute(m, a);
+        A->mark = A->used; // the MoE's rows from here (again after each change of AMPipe chunks)
+        a->moe.arena = A;
+        a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts; // aux scope global: the step's sums
+        a->moe.run_tokens = m->scope_tokens + l;
+    }
+    Arena *H = &s->head;
+    *H = m->share_grads && ch->last ? expert_grads_arena(m, ch->l1 - 1) : (Arena){0};
+    s->logits =
+        ch->last ? arena_alloc(H, be, N * V * F) : NULL; // the largest activation: the last stage's only
+    s->res_final = arena_alloc(H, be, N * d * F);
+    s->xn_f = arena_alloc(H, be, N * d * F);
+    s->rstd_f = be->alloc(N * F);
+    s->losses = be->alloc(N * F);
+    s->tokens = be->alloc(N * sizeof(int32_t));
+    s->targets = be->alloc(N * sizeof(int32_t));
+}
+
+static void slot_free(Model *m, ModelSlot *s, int chunk) {
+    const Backend *be = m->be;
+    for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
+        LayerActs *a = &s->la[l];
+        m->attv->acts_free(m, &a->attn, &a->arena);
+        void *bufs[] = {a->res_in, a->xn1, a->rstd1, a->x_mid, a->xn2, a->rstd2};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&a->arena, be, bufs[i]);
+        moe_layer_free(&a->moe);
+        chunk_moes(m, a, 1);
+    }
+    free(s->la);
+    void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&s->head, be, bufs[i]);
+    s->head = (Arena){0};
+}
+
+// This rank's chunks: virtual stages k = c * PP + pp_rank of the split (one chunk of every layer
+// without one).
+static void find_chunks(Model *m) {
+    const StageSplit *ps = m->mesh.sl.pp_split;
+    int L = m->c.n_layers;
+    if (!ps || ps->pp * ps->vpp == 1) {
+        m->nchunks = 1;
+        m->chunk[0] = (ModelChunk){0, L, 1, 1};
+        return;
+    }
+    int S = ps->pp * ps->vpp;
+    CHECK(ps->vpp <= MODEL_MAX_CHUNKS, "--vpp %d: at most %d chunks per rank", ps->vpp, MODEL_MAX_CHUNKS);
+    m->nchunks = ps->vpp;
+    for (int c = 0; c < ps->vpp; c++) {
+        int k = c * ps->pp + m->mesh.sl.pp_rank;
+        m->chunk[c] = (ModelChunk){ps->first[k], ps->first[k + 1], k == 0, k == S - 1};
+    }
+}
+
+void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT,
+                const ModelMesh *mesh) {
+    memset(m, 0, sizeof *m);
+    const char *bad = config_validate(c);
+    if (bad) DIE("invalid model config: %s", bad);
+    CHECK(maxB >= 1 && maxT >= 1 && (int64_t)maxB * maxT <= config_max_tokens(c),
+          "a micro-batch of %d x %d tokens exceeds the model's limit of %lld", maxB, maxT,
+          (long long)config_max_tokens(c));
+    CHECK(maxT <= c->max_seq_len, "sequence length %d exceeds the model's max_seq_len %d", maxT,
+          c->max_seq_len);
+    m->c = *c;
+    m->be = be;
+    m->attv = attn_variant(c);
+    if (mesh) m->mesh = *mesh;
+    else m->mesh.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, NULL, 0};
+    const ParamSlicing *sl = &m->mesh.sl;
+    params_build_local(&m->t, c, sl);
+    find_chunks(m);
+    m->Hl = c->n_heads / sl->tp;
+    m->KVl = c->n_kv_heads / sl->tp;
+    m->El = c->n_experts / sl->ep;
+    m->e0 = sl->ep_rank * m->El;
+    m->maxB = maxB;
+    m->maxT = maxT;
+    m->maxN = maxB * maxT;
+    size_t N = m->maxN, d = c->d_model;
+    m->params = be->alloc(m->t.ltotal * F);
+    m->grads = be->alloc(m->t.ltotal * F);
+    m->scope_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+    m->scope_tokens = xcalloc((size_t)c->n_layers, sizeof(int64_t));
+    for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
+    m->dres = be->alloc(N * d * F);
+    m->moe_out = be->alloc(N * d * F);
+    m->dxn = be->alloc(N * d * F);
+    m->attv->scratch_init(m);
+    moe_scratch_init(&m->ms, be, c, m->maxN);
+    m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+    m->loss_h = xmalloc(N * F);
+    m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
+    m->moe_overlap = xmalloc(sizeof(int) * (size_t)c->n_layers);
+    m->moe_time = xcalloc((size_t)c->n_layers, sizeof(double));
+    m->moe_mode = xcalloc((size_t)c->n_layers, sizeof(int));
+    m->rc.be = be;
+    m->ampipe = xmalloc(sizeof(int) * (size_t)c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) m->moe_overlap[l] = m->ampipe[l] = 1;
+    m->hf_pe = m->hf_fe + c->n_experts;
+}
+
+void model_share_grads(Model *m, int on) {
+    CHECK(!on || (m->nchunks == 1 && m->nslots[0] == 1),
+          "model_share_grads: %d chunks, %d slots (one of each)", m->nchunks, m->nslots[0]);
+    if (m->share_grads == !!on) return;
+    slot_free(m, &m->slots[0][0], 0);
+    m->share_grads = !!on;
+    slot_alloc(m, &m->slots[0][0], 0);
+    model_use(m, 0, 0);
+}
+
+void model_set_expert_grads(Model *m, int gbf) {
+    CHECK(gbf == OPTG_F32 || gbf == OPTG_BF16 || gbf == OPTG_PACKED, "model_set_expert_grads: format %d",
+          gbf);
+    m->expert_gbf = gbf;
+}
+
+int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb) {
+    *gb = 0;
+    int routed = s->expert >= 0 && (s->role == PR_W1 || s->role == PR_W3 || s->role == PR_W2);
+    if (!routed || m->expert_gbf == OPTG_F32) return OPTG_F32;
+    if (m->expert_gbf == OPTG_PACKED) {
+        int i = params_index(&m->t, s->role, s->layer, m->e0);
+        CHECK(i >= 0, "model_grad_format: layer %d holds no expert %d", s->layer, m->e0);
+        *gb = (int64_t)m->t.p[i].loffset;
+    }
+    return m->expert_gbf;
+}
+
+int model_bf16_weights(Model *m) {
+    if (!m->be->alloc_bf16_params) return 0;
+    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(m->c.n_layers));
+    int nh = params_bf16_ranges(&m->t, m->c.n_layers, m->e0, m->El, MOE_GEMM_FP32_MAX_O, h);
+    if (nh) {
+        m->be->free(m->params);
+        m->params = m->be->alloc_bf16_params(m->t.ltotal, h, nh);
+    }
+    free(h);
+    return nh > 0;
+}
+
+void model_set_slots(Model *m, int chunk, int n) {
+    CHECK(!m->share_grads || n == 1, "model_set_slots: %d slots with the gradients' memory shared", n);
+    CHECK(n >= 1 && chunk >= 0 && chunk < m->nchunks, "model_set_slots: chunk %d, %d slots", chunk, n);
+    for (int i = n; i < m->nslots[chunk]; i++) slot_free(m, &m->slots[chunk][i], chunk);
+    m->slots[chunk] = xrealloc(m->slots[chunk], sizeof(ModelSlot) * (size_t)n);
+    for (int i = m->nslots[chunk]; i < n; i++) slot_alloc(m, &m->slots[chunk][i], chunk);
+    m->nslots[chunk] = n;
+    model_use(m, 0, 0);
+}
+
+void model_use(Model *m, int chunk, int slot) {
+    CHECK(chunk >= 0 && chunk < m->nchunks && slot >= 0 && slot < m->nslots[chunk],
+          "model_use: chunk %d of %d, slot %d of %d", chunk, m->nchunks, slot,
+          m->nslots[chunk < 0 ? 0 : chunk]);
+    m->cur = chunk;
+    m->cur_slot = slot;
+    ModelSlot *s = &m->slots[chunk][slot];
+    m->la = s->la;
+    m->res_final = s->res_final;
+    m->xn_f = s->xn_f;
+    m->rstd_f = s->rstd_f;
+    m->logits = s->logits;
+    m->losses = s->losses;
+    m->tokens = s->tokens;
+    m->targets = s->targets;
+    m->B = s->B;
+    m->T = s->T;
+}
+
+void model_set_overlap(Model *m, int l, int r) {
+    CHECK(l >= 0 && l < m->c.n_layers && r >= 1 && r <= MOE_MAX_OVERLAP, "model_set_overlap: layer %d, r %d",
+          l, r);
+    m->moe_overlap[l] = r;
+}
+
+void model_set_expert_mode(Model *m, int l, int mode) {
+    CHECK(l >= 0 && l < m->c.n_layers && (mode == MOE_SHARDED || mode == MOE_GATHERED),
+          "model_set_expert_mode: %d %d", l, mode);
+    m->moe_mode[l] = mode;
+}
+
+void model_set_ampipe(Model *m, int l, int n) {
+    CHECK(l >= 0 && l < m->c.n_layers && (n == 1 || n == 2 || n == 4 || n == 8),
+          "model_set_ampipe: layer %d, %d chunks (1, 2, 4 or 8)", l, n);
+    m->ampipe[l] = n;
+}
+
+void model_fit_chunks(Model *m, int l, int n) {
+    LayerActs *a = &m->la[l];
+    if (n > 1 && a->nmc != n) {
+        chunk_moes(m, a, n);
+        moe_layer_trim(&a->moe);
+        arena_reset(&a->arena);
+    } else if (n > 1) {
+        moe_layer_trim(&a->moe);
+    } else if (a->nmc) {
+        chunk_moes(m, a, 1);
+        arena_reset(&a->arena);
+    }
+}
+
+float *model_stage_in(const Model *m) { return m->la[m->chunk[m->cur].l0].res_in; }
+float *model_stage_out(const Model *m) { return m->res_final; }
+
+// The dw_fresh bit of a tensor whose first backward of the step writes its gradient (model_types.h
+// DW_FRESH_*; the LM head's: head_fresh; the backwards ask model_access.h model_dw_write), 0 for the tensors
+// model_zero_grads zeroes (an attention variant's projections that are not GQA's among them).
+static int fresh_bit(const ParamSpec *p) {
+    switch (p->role) {
+        case PR_W1:
+        case PR_W3:
+        case PR_W2: return DW_FRESH_EXPERTS;
+        case PR_WQ:
+        case PR_WK:
+        case PR_WV: return DW_FRESH_QKV;
+        case PR_WO: return DW_FRESH_O;
+        case PR_LM_HEAD: return DW_FRESH_HEAD;
+        default: return 0;
+    }
+}
+// That tensor's gradient is still unwritten this step.
+static int still_fresh(const Model *m, const ParamSpec *p) {
+    int b = fresh_bit(p);
+    return b && (b == DW_FRESH_HEAD ? m->head_fresh : m->dw_fresh[p->layer] & b);
+}
+void model_zero_grads(Model *m) {
+    const ParamTable *t = &m->t;
+    if (!m->dw_fresh) { // once: the ranges of every tensor not written by its first backward, adjacent ones
+                        // merged
+        m->dw_fresh = xcalloc((size_t)m->c.n_layers, 1);
+        m->zr_off = xmalloc(sizeof(size_t) * (t->n + 1));
+        m->zr_n = xmalloc(sizeof(size_t) * (t->n + 1));
+        for (int i = 0; i < t->n; i++) {
+            const ParamSpec *p = &t->p[i];
+            if (!p->lnumel || fresh_bit(p)) continue;
+            if (m->nzr && m->zr_off[m->nzr - 1] + m->zr_n[m->nzr - 1] == p->loffset) {
+                m->zr_n[m->nzr - 1] += p->lnumel;
+            } else {
+                m->zr_off[m->nzr] = p->loffset;
+                m->zr_n[m->nzr++] = p->lnumel;
+            }
+        }
+    }
+    for (int i = 0; i < m->nzr; i++) m->be->zero(m->grads + m->zr_off[i], m->zr_n[i] * sizeof(float));
+    // (a layer this rank does not hold has no tensors to write)
+    memset(m->dw_fresh, DW_FRESH_EXPERTS | DW_FRESH_QKV | DW_FRESH_O, (size_t)m->c.n_layers);
+    m->head_fresh = DW_FRESH_HEAD;
+}
+
+void model_grads_settle(Model *m) {
+    if (!m->dw_fresh) return;
+    const ParamTable *t = &m->t;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        if (p->lnumel && still_fresh(m, p)) m->be->zero(m->grads + p->loffset, p->lnumel * sizeof(float));
+    }
+    memset(m->dw_fresh, 0, (size_t)m->c.n_layers);
+    m->head_fresh = 0;
+}
+
+void model_free(Model *m) {
+    const Backend *be = m->be;
+    for (int k = 0; k < m->nchunks; k++) {
+        for (int i = 0; i < m->nslots[k]; i++) slot_free(m, &m->slots[k][i], k);
+        free(m->slots[k]);
+    }
+    m->attv->scratch_free(m);
+    void *bufs[] = {m->params, m->grads, m->dres,   m->moe_out, m->dxn,
+                    m->rc.h1,  m->rc.h3, m->rc.act, m->ddrop};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->free(bufs[i]);
+    moe_scratch_free(&m->ms);
+    free(m->expert_counts);
+    free(m->loss_h);
+    free(m->budget_h);
+    free(m->scope_counts);
+    free(m->scope_tokens);
+    free(m->hf_fe);
+    free(m->moe_overlap);
+    free(m->ampipe);
+    free(m->moe_time);
+    free(m->moe_mode);
+    free(m->zr_off);
+    free(m->zr_n);
+    free(m->dw_fresh);
+    params_free(&m->t);
+    memset(m, 0, sizeof *m);
+}
+
+void model_scope_reset(Model *m) {
+    memset(m->scope_counts, 0, sizeof(int64_t) * (size_t)m->c.n_layers * m->c.n_experts);
+    memset(m->scope_tokens, 0, sizeof(int64_t) * (size_t)m->c.n_layers);
+}

@@ -1,0 +1,157 @@
+// model_types.h — the model's state as data: the Model struct and its parts (the mesh as the model sees
+// it; a layer's activations, the attention variant's among them (AttnActs) and its model-wide scratch
+// (AttnScratch); a chunk of layers; the activations of one micro-batch, a slot) and the constants that
+// size and select them. The files of src/model fill and read it (model_state.c allocates it, block.c,
+// attention.c and model.c run over it); callers read the results of the last forward and set the few
+// fields model.h names (dropout, drop_seed, grads_ready, moe_timing).
+// Must not hold: functions (model_state.h, model.h: the API; model_access.h: src/model's accessors), MPI,
+// NCCL or CUDA names.
+#pragma once
+#include <stdint.h>
+#include "core/config.h"
+#include "model/params.h"
+#include "moe/moe.h"
+#include "ops/arena.h"
+#include "ops/ops.h"
+#include "parallel/comm.h"
+
+// The mesh as the model sees it (NULL groups = size 1). Each DP rank runs B of the global
+// micro-batch's sequences; TP splits attention heads; EP/ETP split experts (see moe.h).
+typedef struct {
+    const Comm *tp, *dp, *ep, *etp, *edp, *stage;
+    ParamSlicing sl;
+    const Comm *epn, *epx; // the MoE's two-level all-to-all (NULL: flat)
+} ModelMesh;
+
+// The attention variant's activations of one layer, kept for its backward (attention.h; GQA's today).
+typedef struct {
+    void *q, *k, *v; // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE, in the hidden format (ops.h hid_elem)
+    float *qraw, *kraw, *rstdq, *rstdk; // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
+    void *att; // (N,H*hd) the attention output, in the hidden format (ops.h hid_elem)
+    float *lse; // (B,H,T)
+    int shared; // att and lse are the model's shared ones (AttnScratch att_rc, lse_rc: --recompute attn)
+} AttnActs;
+
+// The attention variant's scratch, one for the model (attention.h; GQA's today).
+typedef struct {
+    float *dq, *dk, *dv,
+        *datt; // (dq, dk, dv: in a forward, its float32 q, k, v before RoPE rounds
+               // them into the layer's; rows (N,H*hd) (N,KV*hd) (N,KV*hd))
+    float *dq2, *dk2; // QK-norm: gradients of q, k before their norms
+    float *ones; // (maxN) 1.0: the q/k/v biases as rank-1 GEMMs (ones x bias^T)
+    double *qk_sums; // (2, maxN) full-width QK-norm over TP: q's and k's row sums, all-reduced
+    uint8_t *kv_seen; // (maxB) a layer's backward: the sequences whose dk, dv it wrote
+    void *att_rc; // --recompute attn: every layer's attention output (hidden format) and lse,
+    float *lse_rc; // shared
+} AttnScratch;
+
+typedef struct {
+    float *res_in; // (N,d) layer input (residual stream)
+    void *xn1; // (N,d) the attention norm's output, in the hidden format (ops.h hid_elem)
+    float *rstd1; // (N)
+    AttnActs attn; // the attention variant's
+    float *x_mid; // (N,d) after the attention residual
+    float *xn2, *rstd2; // (N,d) (N)
+    MoeLayer moe; // the layer's MoE state (its statistics: merged over the chunks)
+    MoeLayer *mc; // (nmc) AMPipe: each chunk's MoE state (rows [R_j, R_j+1))
+    int nmc;
+    int nrun; // the chunks the last forward ran (1: unchunked, state in moe)
+    Arena arena; // model_share_grads: the previous layer's expert gradients, lent (else none)
+} LayerActs;
+
+// A chunk: the layers [l0, l1) of one virtual stage; first: it embeds the tokens; last: it holds the
+// final norm, the LM head and the loss.
+typedef struct {
+    int l0, l1, first, last;
+} ModelChunk;
+#define MODEL_MAX_CHUNKS 16
+
+// The activations of one micro-batch on one chunk (la[l] allocated for the chunk's layers only; the
+// logits on the last virtual stage, tokens kept for the embedding's backward on the first).
+typedef struct {
+    LayerActs *la;
+    float *res_final, *xn_f, *rstd_f, *logits, *losses;
+    int32_t *tokens, *targets;
+    int B, T;
+    uint64_t drop_seed; // the dropout seed of the forward held here (its backward's mask)
+    Arena head; // model_share_grads: the last layer's expert gradients, lent to the logits
+} ModelSlot;
+
+// Activation recomputation (model_state.h model_set_recompute): bits.
+enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTN = 1, RECOMPUTE_MOE = 2, RECOMPUTE_FULL = 3 };
+// The tensors whose first backward of a step writes their gradient (model_state.h model_zero_grads).
+enum { DW_FRESH_EXPERTS = 1, DW_FRESH_QKV = 2, DW_FRESH_O = 4, DW_FRESH_HEAD = 8 };
+// AMPipe: the most chunks of a micro-batch's rows (model_state.h model_set_ampipe).
+#define AMPIPE_MAX 8
+
+struct AttnVariant; // attention.h
+
+typedef struct Model {
+    ModelConfig c;
+    ModelMesh mesh;
+    int Hl, KVl, El, e0; // local heads, kv heads, experts, first local expert
+    ParamTable t; // local slices (t.ltotal elements per flat buffer)
+    const Backend *be;
+    const struct AttnVariant *attv; // the attention sublayer (attention.h attn_variant)
+    float *params, *grads; // flat, t.total elements each (backend memory)
+    int maxB, maxT, maxN;
+    ModelChunk chunk[MODEL_MAX_CHUNKS];
+    int nchunks, cur; // this rank's chunks (one without pipeline stages); the current one
+    ModelSlot *slots[MODEL_MAX_CHUNKS]; // each chunk's slots (its live micro-batches)
+    int nslots[MODEL_MAX_CHUNKS], cur_slot;
+    // the current slot's activations (model_use sets these views)
+    LayerActs *la; // (L)
+    float *res_final, *xn_f, *rstd_f; // (N,d) (N,d) (N); res_final: the chunk's output
+    float *logits; // (N,V) (on the last stage); after a training forward: dlogits
+    float *losses; // (N) per-token cross-entropy
+    int32_t *tokens, *targets; // (N)
+    // backward scratch
+    float *dres, *dxn; // (N,d) the gradients of the residual stream and of a norm's output
+    float *moe_out; // (maxN,d) a block's MoE output until it joins the residual stream (forward
+                    // only: one for every layer and slot)
+    AttnScratch attn; // the attention variant's
+    float *ddrop; // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
+    float *loss_h; // (maxN) host: the forward's per-token losses, summed
+    int64_t *budget_h; // host: AMPipe's capacity budgets and their counts (allocated at the first use)
+    // Dropout (training only): the caller sets dropout (p, kept for the backwards) and drop_seed (a function
+    // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed
+    // in its slot for the backward. Layer l's sites use the seed dropout_hash(drop_seed, l, site) (site 0:
+    // the attention output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual
+    // add, over the global token index (dp rank * N + b * T + t: the same mask on any mesh); site 2, with the
+    // config's attention_dropout > 0, the attention probabilities (attention_drop_fwd/bwd: global heads).
+    float dropout;
+    uint64_t drop_seed;
+    MoeScratch ms;
+    // optional: called during model_backward as soon as a group of gradients is final:
+    // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
+    void (*grads_ready)(void *ctx, int layer);
+    void *grads_ready_ctx;
+    // model_zero_grads: the ranges it zeroes (every tensor but those whose first backward of the step writes
+    // them: the routed experts', the q/k/v and o projections', the LM head's), and per layer which of those
+    // are still unwritten this step (DW_FRESH_* bits; the LM head's: head_fresh)
+    size_t *zr_off, *zr_n;
+    int nzr;
+    uint8_t *dw_fresh; // (n_layers)
+    uint8_t head_fresh;
+    // results of the last forward. On a chunk that is not the first, aux, z, dropped, hf_fe and
+    // hf_pe come in from the previous stage (the caller sets them) and the forward adds its layers';
+    // the last chunk's forward leaves them complete (hf_fe then holds HF's final F_i, which the
+    // backward of every earlier chunk needs: the caller sets it there before model_backward).
+    int B, T;
+    double aux, z; // mean over layers of the per-layer router losses (global)
+    int64_t *expert_counts; // (L,E) assignments per expert before capacity drops (global; rows
+                            // of the current chunk's layers written by its forward)
+    int64_t dropped; // assignments dropped by capacity, all layers (global)
+    double *hf_fe, *hf_pe; // (E) aux_form hf: assignments and probability mass over the layers
+    int64_t *scope_counts, *scope_tokens; // (L,E) (L) aux scope global: the step's counts and tokens so far
+    int *moe_overlap; // (L) each MoE layer's overlap degree for the next forwards (moe.h)
+    int *moe_mode; // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
+    int *ampipe; // (L) each layer's AMPipe chunks in training forwards (1 = none)
+    int share_grads; // model_share_grads
+    int expert_gbf; // model_set_expert_grads (ops.h OPTG_*)
+    int recompute; // RECOMPUTE_* bits (model_set_recompute)
+    MoeRecompute rc; // --recompute moe: every layer's experts' SwiGLU rows, shared
+    int moe_timing; // 1: time each block's forward from attention on and its MoE's backward
+                    // (synchronised) into moe_time
+    double *moe_time; // (L) seconds, added up until the caller resets them
+} Model;
