@@ -207,11 +207,11 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
 }
 
 // A rank of a mesh without pipeline stages (lt: its slices): one micro-batch's activations.
-static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
+static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions *o, const CostMesh *m,
                         const ParamTable *lt) {
-    int T = o->seq_len;
+    const MeshShape *ms = &m->ms;
+    int T = o->seq_len, Bl = m->Bl;
     double mom = moment_elems(lt, ms, o);
-    int Bl = o->batch / (o->grad_accum > 0 ? o->grad_accum : 1) / ms->dp;
     double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, c->n_layers, o->recompute) +
         acts_head(c, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4);
     double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
@@ -327,7 +327,7 @@ const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, 
         ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
         ParamTable lt;
         params_build_local(&lt, c, &sl);
-        if (ms->pp == 1) rank_memory(&st->mem, c, o, ms, &lt);
+        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, &lt);
         else stage_memory(&st->mem, c, o, m, s, &lt);
         stage_comm(&st->comm, c, o, m, s, &lt, 4);
         stage_comm(&st->comm16, c, o, m, s, &lt, 2);

@@ -134,7 +134,7 @@ static void print_comm(const CostMesh *m) {
         double v[6] = {a->tp, a->ep, a->etp, a->dp, a->pp, a->total};
         for (int i = 0; i < 6; i++) fmt_bytes(b[i], sizeof b[i], v[i]);
         fmt_bytes(c16, sizeof c16, m->stage[s].comm16.total);
-        if (pp > 1) printf("  stage %d: ", s);
+        if (pp > 1) printf("  stage %d sends ", s);
         printf(
             "tp %s, ep all-to-all %s, etp %s, dp gradients %s, pp %s; total %s (cuda, rows to the experts in "
             "bf16: %s)\n",
