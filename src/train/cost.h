@@ -71,6 +71,7 @@ typedef struct {
     double ep; // the MoE exchange's all-to-all: rows to the experts' owners and back, forward and backward
     double etp; // sharded experts: rows all-gathered and partial outputs reduce-scattered over ETP;
                 // --expert-mode gathered: the experts' weights all-gathered, their gradients reduce-scattered
+                // (auto, chosen by measuring at run time, is counted as sharded)
     double dp; // gradients reduced over their groups (DP, EDP, the stage); ZeRO: the weights all-gathered
     double pp; // activations to the next pipeline stage, their gradients to the previous one
     double total;
