@@ -1,5 +1,4 @@
-// config.c — named model presets, validation with messages that name the numbers, and
-// parameter / FLOP counts used by `moe info` and the MFU figure.
+// config.c — named model presets and validation with messages that name the numbers.
 #include "core/config.h"
 #include <math.h>
 #include <stdio.h>
@@ -182,33 +181,6 @@ const char *config_validate(const ModelConfig *c) {
             c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
 #undef BAD
     return NULL;
-}
-
-size_t config_num_params(const ModelConfig *c) {
-    size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff,
-           E = c->n_experts;
-    size_t layer = 2 * d + d * H * hd * 2 + d * KV * hd * 2 + E * d + E * 3 * d * f;
-    if (c->qk_norm == QK_NORM_FULL) layer += (H + KV) * hd;
-    if (c->qk_norm == QK_NORM_HEAD) layer += 2 * hd;
-    if (c->qkv_bias) layer += (H + 2 * KV) * hd;
-    layer += 3 * d * (size_t)c->n_shared_experts * c->shared_d_ff + (c->shared_gate ? d : 0);
-    return 2 * (size_t)c->vocab_size * d + d + (size_t)c->n_layers * layer;
-}
-
-size_t config_num_active_params(const ModelConfig *c) {
-    size_t d = c->d_model, f = c->d_ff, E = c->n_experts, k = c->top_k;
-    return config_num_params(c) - (size_t)c->n_layers * (E - k) * 3 * d * f;
-}
-
-double config_flops_per_token(const ModelConfig *c, int T) {
-    double d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff;
-    double E = c->n_experts, k = c->top_k, V = c->vocab_size;
-    double attn_proj = 2 * d * hd * (2 * H + 2 * KV); // q, o + k, v
-    double attn_scores = 2 * 2 * H * hd * T / 2.0; // QK^T and PV, causal half
-    double router = 2 * d * E;
-    double experts = k * 2 * 3 * d * f + 2 * 3 * d * (double)c->n_shared_experts * c->shared_d_ff;
-    double fwd = c->n_layers * (attn_proj + attn_scores + router + experts) + 2 * d * V;
-    return 3 * fwd;
 }
 
 int64_t capacity_for(const ModelConfig *c, int64_t n_tokens) {

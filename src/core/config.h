@@ -1,5 +1,6 @@
-// config.h (core: every layer reads it) — the model's shape and MoE options, named presets, validation,
-// FLOP/memory figures. Must not hold: training options (train/options.h), anything about files or devices.
+// config.h (core: every layer reads it) — the model's shape and MoE options, named presets, validation.
+// Must not hold: training options (train/options.h), anything about files or devices, parameter / FLOP /
+// memory figures (train/cost.h).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -67,12 +68,6 @@ const char *config_preset_names(void); // the table's names: "tiny, small, mixtr
 
 // Returns NULL if valid, else a static message naming the offending numbers.
 const char *config_validate(const ModelConfig *c);
-
-// Parameter counts.
-size_t config_num_params(const ModelConfig *c); // all
-size_t config_num_active_params(const ModelConfig *c); // per token (k of E experts)
-// Training FLOPs per token (forward + backward = 3x forward) at sequence length T.
-double config_flops_per_token(const ModelConfig *c, int T);
 
 // Capacity mode: slots per expert for a micro-batch of n_tokens, ceil(cf * n * k / E), at most n.
 int64_t capacity_for(const ModelConfig *c, int64_t n_tokens);

@@ -1,23 +1,17 @@
-// plot.c — render a run's metrics.jsonl to loss.png and expert_load.png with gnuplot.
-// Data files and scripts go to a mkdtemp directory under /tmp; gnuplot runs there (fork/exec,
-// output captured to a log); each finished PNG is copied to OUT_DIR/<name>.png.tmp and renamed,
-// so a failed plot never leaves a damaged file behind. Every failure is one warning line + -1.
+// plot.c — a run's metrics.jsonl read (sorted by step, a re-done step's latest line kept) and drawn as
+// loss.png (train and val loss with EMAs, the router losses in a second panel) and expert_load.png (the
+// share of each layer's tokens per expert over the steps, binned), through train/gnuplot.h.
+// Must not hold: running gnuplot or installing the files (gnuplot.c), training logic.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "train/plot.h"
 #include "core/common.h"
+#include "train/gnuplot.h"
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #define HEAT_MAX_COLS 400 // heat-map columns; more steps are averaged into this many bins
 #define ROW_LABEL_MAX 48 // label every row up to this many rows, else only layer starts
@@ -41,49 +35,6 @@ typedef struct {
     size_t nloads, caploads; // nloads records of L*E shares each
     int L, E; // expert_load shape (0 = none seen yet)
 } Metrics;
-
-static void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void warn(const char *fmt, ...) {
-    fflush(stdout);
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "moe: warning: ");
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "\n");
-}
-
-// ---- growable string ----
-typedef struct {
-    char *p;
-    size_t n, cap;
-} Str;
-static void sb_printf(Str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(Str *s, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = s->cap - s->n;
-        int k = vsnprintf(s->p ? s->p + s->n : NULL, room, fmt, ap);
-        va_end(ap);
-        if (k < 0) DIE("formatting plot script failed");
-        if ((size_t)k < room) {
-            s->n += (size_t)k;
-            return;
-        }
-        s->cap = (s->cap + (size_t)k + 1) * 2;
-        s->p = xrealloc(s->p, s->cap);
-    }
-}
-// Append s as a gnuplot single-quoted string (a quote inside is written twice).
-static void sb_quoted(Str *s, const char *text) {
-    sb_printf(s, "'");
-    for (const char *c = text; *c; c++) {
-        if (*c == '\'') sb_printf(s, "''");
-        else if ((unsigned char)*c >= 0x20) sb_printf(s, "%c", *c);
-    }
-    sb_printf(s, "'");
-}
 
 // ---- metrics parsing ----
 static double num_or_nan(const cJSON *obj, const char *key) {
@@ -176,7 +127,7 @@ static void parse_line(Metrics *m, const char *line, size_t len, long seq) {
 static int read_metrics(const char *path, Metrics *m) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        warn("cannot read %s (%s); skipping plots", path, strerror(errno));
+        gp_warn("cannot read %s (%s); skipping plots", path, strerror(errno));
         return -1;
     }
     char *line = NULL;
@@ -189,7 +140,7 @@ static int read_metrics(const char *path, Metrics *m) {
     free(line);
     fclose(f);
     if (err) {
-        warn("cannot read %s (%s); skipping plots", path, strerror(err));
+        gp_warn("cannot read %s (%s); skipping plots", path, strerror(err));
         return -1;
     }
     return 0;
@@ -223,185 +174,6 @@ static void sort_dedup(Metrics *m) {
     m->nva = k;
 }
 
-// ---- files and processes ----
-static char *path_join(const char *dir, const char *name) {
-    size_t a = strlen(dir), b = strlen(name);
-    char *p = xmalloc(a + b + 2);
-    memcpy(p, dir, a);
-    p[a] = '/';
-    memcpy(p + a + 1, name, b + 1);
-    return p;
-}
-
-// Write a whole buffer to dir/name. Returns 0, or -1 after a warning.
-static int write_text(const char *dir, const char *name, const char *text, size_t n) {
-    char *path = path_join(dir, name);
-    FILE *f = fopen(path, "w");
-    int rc = -1;
-    if (!f) warn("cannot create %s (%s); skipping plots", path, strerror(errno));
-    else {
-        int ok = fwrite(text, 1, n, f) == n;
-        int e = errno;
-        if (fclose(f) != 0 && ok) {
-            ok = 0;
-            e = errno;
-        }
-        if (!ok) warn("cannot write %s (%s); skipping plots", path, strerror(e));
-        else rc = 0;
-    }
-    free(path);
-    return rc;
-}
-
-// Find gnuplot on PATH; returns a malloc'd path or NULL.
-static char *find_gnuplot(void) {
-    const char *env = getenv("PATH");
-    char *paths = xstrdup(env && *env ? env : "/usr/local/bin:/usr/bin:/bin");
-    char *found = NULL, *save = NULL;
-    for (char *d = strtok_r(paths, ":", &save); d && !found; d = strtok_r(NULL, ":", &save)) {
-        char *p = path_join(*d ? d : ".", "gnuplot");
-        struct stat st;
-        if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && access(p, X_OK) == 0) found = p;
-        else free(p);
-    }
-    free(paths);
-    return found;
-}
-
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char *p = path_join(dir, e->d_name);
-            if (unlink(p) != 0) warn("cannot remove %s (%s)", p, strerror(errno));
-            free(p);
-        }
-        closedir(d);
-    }
-    if (rmdir(dir) != 0) warn("cannot remove %s (%s)", dir, strerror(errno));
-}
-
-// Last non-empty line of the gnuplot log (its error message), into buf.
-static void last_log_line(const char *log, char *buf, size_t n) {
-    snprintf(buf, n, "no message");
-    size_t len = 0;
-    char *text = read_file(log, &len);
-    if (!text) return;
-    while (len && (text[len - 1] == '\n' || text[len - 1] == '\r' || text[len - 1] == ' ')) text[--len] = 0;
-    if (len) {
-        char *start = strrchr(text, '\n');
-        snprintf(buf, n, "%s", start ? start + 1 : text);
-    }
-    free(text);
-}
-
-// Run `gnuplot script` inside tmpdir with stdout+stderr captured to tmpdir/gnuplot.log.
-static int run_gnuplot(const char *gnuplot, const char *tmpdir, const char *script, const char *what) {
-    char *log = path_join(tmpdir, "gnuplot.log");
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        warn("cannot create %s (%s); skipping plots", log, strerror(errno));
-        free(log);
-        return -1;
-    }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        warn("cannot start gnuplot (%s); skipping plots", strerror(errno));
-        close(fd);
-        free(log);
-        return -1;
-    }
-    if (pid == 0) {
-        int nul = open("/dev/null", O_RDONLY);
-        if (chdir(tmpdir) != 0 || nul < 0 || dup2(nul, 0) < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
-            _exit(126);
-        char *const argv[] = {"gnuplot", (char *)script, NULL};
-        execv(gnuplot, argv);
-        _exit(127);
-    }
-    close(fd);
-    int status = 0;
-    pid_t w;
-    while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {}
-    int rc = 0;
-    if (w < 0) {
-        warn("waiting for gnuplot failed (%s); skipping %s", strerror(errno), what);
-        rc = -1;
-    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        char msg[512];
-        last_log_line(log, msg, sizeof msg);
-        if (WIFSIGNALED(status))
-            warn("gnuplot was killed by signal %d drawing %s; skipping it", WTERMSIG(status), what);
-        else warn("gnuplot failed drawing %s (exit %d: %s); skipping it", what, WEXITSTATUS(status), msg);
-        rc = -1;
-    }
-    free(log);
-    return rc;
-}
-
-// Copy tmpdir/name (checked to be a PNG) to out_dir/name.tmp, then rename it to out_dir/name.
-static int install_png(const char *tmpdir, const char *out_dir, const char *name) {
-    char *src = path_join(tmpdir, name), *dst = path_join(out_dir, name);
-    size_t dl = strlen(dst);
-    char *tmp = xmalloc(dl + 5);
-    memcpy(tmp, dst, dl);
-    memcpy(tmp + dl, ".tmp", 5);
-    int rc = -1;
-    size_t len = 0;
-    char *data = read_file(src, &len);
-    if (!data) warn("gnuplot wrote no %s (%s); skipping it", name, strerror(errno));
-    else if (len < 24 || memcmp(data, "\x89PNG\r\n\x1a\n", 8) != 0)
-        warn("gnuplot wrote a damaged %s; skipping it", name);
-    else {
-        FILE *f = fopen(tmp, "wb");
-        if (!f) warn("cannot create %s (%s); skipping it", tmp, strerror(errno));
-        else {
-            int ok = fwrite(data, 1, len, f) == len && fflush(f) == 0;
-            int e = errno;
-            if (ok && fsync(fileno(f)) != 0 && errno != EINVAL && errno != EROFS) {
-                ok = 0;
-                e = errno;
-            }
-            if (fclose(f) != 0 && ok) {
-                ok = 0;
-                e = errno;
-            }
-            if (!ok) warn("cannot write %s (%s); skipping it", tmp, strerror(e));
-            else if (rename(tmp, dst) != 0)
-                warn("cannot rename %s to %s (%s); skipping it", tmp, dst, strerror(errno));
-            else rc = 0;
-            if (rc != 0) unlink(tmp);
-        }
-    }
-    free(data);
-    free(src);
-    free(dst);
-    free(tmp);
-    return rc;
-}
-
-// Draw one plot: write script (which sets `output '<name>'`), run gnuplot, install the PNG.
-static int draw(const char *gnuplot, const char *tmpdir, const char *out_dir, const char *name,
-                const Str *script) {
-    char sname[128];
-    snprintf(sname, sizeof sname, "%s.gp", name);
-    if (write_text(tmpdir, sname, script->p, script->n) != 0) return -1;
-    if (run_gnuplot(gnuplot, tmpdir, sname, name) != 0) return -1;
-    return install_png(tmpdir, out_dir, name);
-}
-
-static void sb_terminal(Str *s, int w, int h, const char *out) {
-    sb_printf(s,
-              "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
-              "  set terminal pngcairo size %d,%d noenhanced font 'sans,10' linewidth 1\n"
-              "} else {\n  set terminal png size %d,%d noenhanced\n}\n",
-              w, h, w, h);
-    sb_printf(s, "set output '%s'\nset datafile missing '?'\nset encoding utf8\n", out);
-}
 
 static void fmt_num(char *buf, size_t n, double v) {
     if (isfinite(v)) snprintf(buf, n, "%.9g", v);
@@ -409,23 +181,10 @@ static void fmt_num(char *buf, size_t n, double v) {
 }
 
 // ---- loss.png ----
-static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, const char *out_dir,
-                     const char *run) {
-    size_t n_loss = 0, n_aux = 0, n_z = 0;
-    for (size_t i = 0; i < m->ntr; i++) {
-        n_loss += isfinite(m->tr[i].loss);
-        n_aux += isfinite(m->tr[i].aux);
-        n_z += isfinite(m->tr[i].z);
-    }
-    if (n_loss == 0 && m->nva == 0) {
-        warn("no loss values in %s/metrics.jsonl; skipping plots", out_dir);
-        return -1;
-    }
-
-    // train.dat: step loss aux z, then bias-corrected EMAs of loss aux z. Long runs show the raw
-    // curves faintly under their EMA.
+// train.dat: step loss aux z, then bias-corrected EMAs of loss aux z; val.dat: step val_loss. Returns 0, or
+// -1 after a warning.
+static int write_loss_data(const Metrics *m, const char *tmpdir) {
     Str d = {0};
-    int ema_loss = n_loss >= 20, ema_router = m->ntr >= 200;
     double span = fmin(100.0, fmax(3.0, (double)m->ntr / 30.0)), beta = 1.0 - 1.0 / span;
     double ema[3] = {0, 0, 0}, corr[3] = {1, 1, 1};
     for (size_t i = 0; i < m->ntr; i++) {
@@ -442,18 +201,19 @@ static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, 
         }
         sb_printf(&d, "%ld %s %s %s %s %s %s\n", r->step, col[0], col[1], col[2], col[3], col[4], col[5]);
     }
-    if (write_text(tmpdir, "train.dat", d.p ? d.p : "", d.n) != 0) {
+    if (gp_write(tmpdir, "train.dat", d.p ? d.p : "", d.n) != 0) {
         free(d.p);
         return -1;
     }
     d.n = 0;
     for (size_t i = 0; i < m->nva; i++) sb_printf(&d, "%ld %.9g\n", m->va[i].step, m->va[i].val);
-    if (write_text(tmpdir, "val.dat", d.p ? d.p : "", d.n) != 0) {
-        free(d.p);
-        return -1;
-    }
+    int rc = gp_write(tmpdir, "val.dat", d.p ? d.p : "", d.n);
     free(d.p);
+    return rc;
+}
 
+// The steps the train and val records span (widened to 2 when they are one).
+static void loss_steps(const Metrics *m, double *x0, double *x1) {
     long smin = m->ntr ? m->tr[0].step : m->va[0].step, smax = smin;
     if (m->ntr) {
         smin = m->tr[0].step;
@@ -463,12 +223,67 @@ static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, 
         if (m->va[0].step < smin) smin = m->va[0].step;
         if (m->va[m->nva - 1].step > smax) smax = m->va[m->nva - 1].step;
     }
-    double x0 = (double)smin, x1 = (double)smax;
-    if (x1 <= x0) {
-        x0 -= 1;
-        x1 += 1;
+    *x0 = (double)smin;
+    *x1 = (double)smax;
+    if (*x1 <= *x0) {
+        *x0 -= 1;
+        *x1 += 1;
     }
+}
 
+// The lower panel: aux and z loss (two y axes when both are there), EMAs over the raw curves in long runs.
+static void router_panel(Str *s, size_t n_aux, size_t n_z, int ema_router) {
+    sb_printf(s,
+              "set title 'router losses'\nset tmargin at screen 0.37\nset bmargin at screen 0.08\n"
+              "set format x '%%.0f'\nset xlabel 'step'\n");
+    if (n_aux && n_z)
+        sb_printf(s,
+                  "set ylabel 'aux (load-balance) loss' tc rgb '#238b45'\nset y2label 'z loss' tc rgb "
+                  "'#6a51a3'\n"
+                  "set ytics nomirror\nset y2tics\n");
+    else sb_printf(s, "set ylabel '%s'\n", n_aux ? "aux (load-balance) loss" : "z loss");
+    const char *axes[2] = {"x1y1", n_aux ? "x1y2" : "x1y1"};
+    const char *names[2] = {"aux loss", "z loss"}, *dark[2] = {"#238b45", "#6a51a3"},
+               *light[2] = {"#a1d99b", "#cbc9e2"};
+    size_t have[2] = {n_aux, n_z};
+    const char *side[2] = {n_aux && n_z ? ", left axis" : "", n_aux && n_z ? ", right axis" : ""};
+    sb_printf(s, "plot ");
+    const char *sep = "";
+    for (int k = 0; k < 2; k++) {
+        if (!have[k]) continue;
+        if (ema_router) {
+            sb_printf(s, "%s'train.dat' using 1:%d axes %s with lines lc rgb '%s' lw 1 notitle", sep, 3 + k,
+                      axes[k], light[k]);
+            sep = ", \\\n     ";
+            sb_printf(s, "%s'train.dat' using 1:%d axes %s with lines lc rgb '%s' lw 2 title '%s (EMA%s)'",
+                      sep, 6 + k, axes[k], dark[k], names[k], side[k]);
+        } else {
+            sb_printf(s, "%s'train.dat' using 1:%d axes %s with %s lc rgb '%s' lw 1.5 title '%s%s%s%s'", sep,
+                      3 + k, axes[k], have[k] < 3 ? "linespoints pt 7" : "lines", dark[k], names[k],
+                      *side[k] ? " (" : "", *side[k] ? side[k] + 2 : "", *side[k] ? ")" : "");
+        }
+        sep = ", \\\n     ";
+    }
+    sb_printf(s, "\n");
+}
+
+static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, const char *out_dir,
+                     const char *run) {
+    size_t n_loss = 0, n_aux = 0, n_z = 0;
+    for (size_t i = 0; i < m->ntr; i++) {
+        n_loss += isfinite(m->tr[i].loss);
+        n_aux += isfinite(m->tr[i].aux);
+        n_z += isfinite(m->tr[i].z);
+    }
+    if (n_loss == 0 && m->nva == 0) {
+        gp_warn("no loss values in %s/metrics.jsonl; skipping plots", out_dir);
+        return -1;
+    }
+    // long runs show the raw curves faintly under their EMA
+    int ema_loss = n_loss >= 20, ema_router = m->ntr >= 200;
+    if (write_loss_data(m, tmpdir) != 0) return -1;
+    double x0, x1;
+    loss_steps(m, &x0, &x1);
     int two_panels = n_aux > 0 || n_z > 0;
     Str s = {0};
     sb_terminal(&s, 1000, two_panels ? 750 : 600, "loss.png");
@@ -503,57 +318,28 @@ static int plot_loss(const Metrics *m, const char *gnuplot, const char *tmpdir, 
                   "%s'val.dat' using 1:2 with linespoints lc rgb '#e6550d' lw 2 pt 7 ps 0.9 title 'val loss'",
                   sep);
     sb_printf(&s, "\n");
-    if (two_panels) {
-        sb_printf(&s,
-                  "set title 'router losses'\nset tmargin at screen 0.37\nset bmargin at screen 0.08\n"
-                  "set format x '%%.0f'\nset xlabel 'step'\n");
-        if (n_aux && n_z)
-            sb_printf(&s,
-                      "set ylabel 'aux (load-balance) loss' tc rgb '#238b45'\nset y2label 'z loss' tc rgb "
-                      "'#6a51a3'\n"
-                      "set ytics nomirror\nset y2tics\n");
-        else sb_printf(&s, "set ylabel '%s'\n", n_aux ? "aux (load-balance) loss" : "z loss");
-        const char *axes[2] = {"x1y1", n_aux ? "x1y2" : "x1y1"};
-        const char *names[2] = {"aux loss", "z loss"}, *dark[2] = {"#238b45", "#6a51a3"},
-                   *light[2] = {"#a1d99b", "#cbc9e2"};
-        size_t have[2] = {n_aux, n_z};
-        const char *side[2] = {n_aux && n_z ? ", left axis" : "", n_aux && n_z ? ", right axis" : ""};
-        sb_printf(&s, "plot ");
-        sep = "";
-        for (int k = 0; k < 2; k++) {
-            if (!have[k]) continue;
-            if (ema_router) {
-                sb_printf(&s, "%s'train.dat' using 1:%d axes %s with lines lc rgb '%s' lw 1 notitle", sep,
-                          3 + k, axes[k], light[k]);
-                sep = ", \\\n     ";
-                sb_printf(&s,
-                          "%s'train.dat' using 1:%d axes %s with lines lc rgb '%s' lw 2 title '%s (EMA%s)'",
-                          sep, 6 + k, axes[k], dark[k], names[k], side[k]);
-            } else {
-                sb_printf(&s, "%s'train.dat' using 1:%d axes %s with %s lc rgb '%s' lw 1.5 title '%s%s%s%s'",
-                          sep, 3 + k, axes[k], have[k] < 3 ? "linespoints pt 7" : "lines", dark[k], names[k],
-                          *side[k] ? " (" : "", *side[k] ? side[k] + 2 : "", *side[k] ? ")" : "");
-            }
-            sep = ", \\\n     ";
-        }
-        sb_printf(&s, "\n");
-    }
+    if (two_panels) router_panel(&s, n_aux, n_z, ema_router);
     sb_printf(&s, "unset multiplot\nset output\n");
-    int rc = draw(gnuplot, tmpdir, out_dir, "loss.png", &s);
+    int rc = gp_draw(gnuplot, tmpdir, out_dir, "loss.png", &s);
     free(s.p);
     return rc;
 }
 
 // ---- expert_load.png ----
-static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, const char *out_dir,
-                     const char *run) {
-    size_t rows = (size_t)m->L * m->E, nrec = 0;
-    for (size_t i = 0; i < m->ntr; i++) nrec += m->tr[i].load >= 0;
-    if (nrec == 0 || rows == 0) return 0; // no expert_load logged (e.g. a dense run): nothing to draw
+// The heat map: rows = layer x expert, columns = steps (binned), values = share of the layer's tokens.
+typedef struct {
+    size_t rows, nrec, ncols; // rows; records with a load; columns
+    long smin, smax; // the first and last step with a load
+    double dx; // steps per column
+    double *acc; // (ncols, rows) the mean share (NaN: no data)
+    double vmax; // the largest share
+    int any_nan;
+} Heat;
 
-    // Bin the records onto ncols evenly spaced steps; a bin averages its records' shares and an
-    // empty bin repeats the previous one.
-    size_t ncols = nrec < HEAT_MAX_COLS ? nrec : HEAT_MAX_COLS;
+// Bins the records onto ncols evenly spaced steps; a bin averages its records' shares and an empty bin
+// repeats the previous one.
+static void bin_loads(const Metrics *m, Heat *h) {
+    size_t rows = h->rows, ncols = h->nrec < HEAT_MAX_COLS ? h->nrec : HEAT_MAX_COLS;
     long smin = 0, smax = 0;
     int first = 1;
     for (size_t i = 0; i < m->ntr; i++) {
@@ -581,55 +367,100 @@ static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, 
                 cnt[c * rows + r]++;
             }
     }
-    double vmax = 0;
-    int any_nan = 0;
+    h->vmax = 0;
+    h->any_nan = 0;
     for (size_t c = 0; c < ncols; c++)
         for (size_t r = 0; r < rows; r++) {
             double *v = &acc[c * rows + r];
             if (ccnt[c] == 0 && c > 0) *v = acc[(c - 1) * rows + r];
             else *v = cnt[c * rows + r] ? *v / cnt[c * rows + r] : NAN;
-            if (isfinite(*v) && *v > vmax) vmax = *v;
-            if (!isfinite(*v)) any_nan = 1;
+            if (isfinite(*v) && *v > h->vmax) h->vmax = *v;
+            if (!isfinite(*v)) h->any_nan = 1;
         }
     free(cnt);
     free(ccnt);
+    h->ncols = ncols;
+    h->smin = smin;
+    h->smax = smax;
+    h->dx = ncols > 1 ? (double)(smax - smin) / (double)(ncols - 1) : 1.0;
+    h->acc = acc;
+}
 
-    double dx = ncols > 1 ? (double)(smax - smin) / (double)(ncols - 1) : 1.0;
+// load.dat: x y share per cell. Returns 0, or -1 after a warning.
+static int write_load_data(const Heat *h, const char *tmpdir) {
     // `with image` needs a grid of at least 2 x 2: a lone column or row is drawn twice, half as wide.
-    int dup_c = ncols == 1, dup_r = rows == 1;
+    size_t rows = h->rows;
+    int dup_c = h->ncols == 1, dup_r = rows == 1;
     Str d = {0};
-    for (size_t c = 0; c < ncols; c++)
+    for (size_t c = 0; c < h->ncols; c++)
         for (int dc = 0; dc <= dup_c; dc++) {
-            double x = dup_c ? (double)smin + (dc ? 0.25 : -0.25) * dx : (double)smin + (double)c * dx;
+            double x =
+                dup_c ? (double)h->smin + (dc ? 0.25 : -0.25) * h->dx : (double)h->smin + (double)c * h->dx;
             for (size_t r = 0; r < rows; r++)
                 for (int dr = 0; dr <= dup_r; dr++) {
                     double y = dup_r ? (dr ? 0.25 : -0.25) : (double)r;
-                    double v = acc[c * rows + r];
+                    double v = h->acc[c * rows + r];
                     if (isfinite(v)) sb_printf(&d, "%.17g %g %.6g\n", x, y, v);
                     else sb_printf(&d, "%.17g %g NaN\n", x, y);
                 }
             sb_printf(&d, "\n");
         }
-    free(acc);
-    int rc = write_text(tmpdir, "load.dat", d.p, d.n);
+    int rc = gp_write(tmpdir, "load.dat", d.p, d.n);
     free(d.p);
+    return rc;
+}
+
+// The y axis: a label per row (layer, expert) when there are few, else at layer starts; a line between
+// layers.
+static void load_rows(Str *s, const Metrics *m, size_t rows, int label_rows) {
+    sb_printf(s, "set ytics (");
+    if (label_rows) {
+        for (size_t r = 0; r < rows; r++)
+            sb_printf(s, "%s'L%zu E%zu' %zu", r ? ", " : "", r / (size_t)m->E, r % (size_t)m->E, r);
+    } else {
+        size_t every = 1;
+        while ((size_t)m->L / every > ROW_LABEL_MAX) every++;
+        const char *sp = "";
+        for (size_t l = 0; l < (size_t)m->L; l += every) {
+            sb_printf(s, "%s'L%zu E0' %zu", sp, l, l * (size_t)m->E);
+            sp = ", ";
+        }
+    }
+    sb_printf(s, ")\n");
+    if (!label_rows || rows > 24) sb_printf(s, "set ytics font ',8'\n");
+    for (int l = 1; l < m->L && m->E > 1; l++)
+        sb_printf(
+            s, "set arrow from graph 0, first %g to graph 1, first %g nohead front lc rgb '#000000' lw 1.5\n",
+            (double)l * m->E - 0.5, (double)l * m->E - 0.5);
+}
+
+static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, const char *out_dir,
+                     const char *run) {
+    Heat h = {0};
+    h.rows = (size_t)m->L * m->E;
+    for (size_t i = 0; i < m->ntr; i++) h.nrec += m->tr[i].load >= 0;
+    if (h.nrec == 0 || h.rows == 0) return 0; // no expert_load logged (e.g. a dense run): nothing to draw
+    bin_loads(m, &h);
+    int rc = write_load_data(&h, tmpdir);
+    free(h.acc);
     if (rc != 0) return -1;
 
     // Colour: white = uniform share 1/E, blue = under-used, red = over-used; the scale stops at
     // 4/E (or the largest share, if smaller) so that near-uniform loads still show contrast.
-    double uni = 1.0 / m->E, cbmax = fmax(2.0 * uni, fmin(vmax, 4.0 * uni));
+    size_t rows = h.rows;
+    double uni = 1.0 / m->E, cbmax = fmax(2.0 * uni, fmin(h.vmax, 4.0 * uni));
     if (cbmax > 1) cbmax = 1;
-    int saturated = vmax > cbmax * 1.0001;
+    int saturated = h.vmax > cbmax * 1.0001;
     int label_rows = rows <= ROW_LABEL_MAX;
-    int h = label_rows ? 160 + (int)rows * 16 : 160 + (int)rows * 3;
-    if (h < 600) h = 600;
-    if (h > 1600) h = 1600;
+    int ht = label_rows ? 160 + (int)rows * 16 : 160 + (int)rows * 3;
+    if (ht < 600) ht = 600;
+    if (ht > 1600) ht = 1600;
     Str s = {0};
-    sb_terminal(&s, 1000, h, "expert_load.png");
+    sb_terminal(&s, 1000, ht, "expert_load.png");
     char title[1024];
-    if (ncols < nrec)
+    if (h.ncols < h.nrec)
         snprintf(title, sizeof title, "%s: expert load (%zu logged steps averaged into %zu columns)", run,
-                 nrec, ncols);
+                 h.nrec, h.ncols);
     else snprintf(title, sizeof title, "%s: expert load", run);
     sb_printf(&s, "set title ");
     sb_quoted(&s, title);
@@ -637,58 +468,39 @@ static int plot_load(const Metrics *m, const char *gnuplot, const char *tmpdir, 
     sb_printf(&s,
               "set xlabel 'step'\nset ylabel 'layer / expert'\nset format x '%%.0f'\nset tics out\nset xtics "
               "nomirror\nset ytics scale 0\n");
-    sb_printf(&s, "set xrange [%.17g:%.17g]\nset yrange [%g:%g]\n", (double)smin - dx / 2,
-              (double)smax + dx / 2, (double)rows - 0.5, -0.5);
-    if (smax - smin <= 10) sb_printf(&s, "set xtics 1\n");
+    sb_printf(&s, "set xrange [%.17g:%.17g]\nset yrange [%g:%g]\n", (double)h.smin - h.dx / 2,
+              (double)h.smax + h.dx / 2, (double)rows - 0.5, -0.5);
+    if (h.smax - h.smin <= 10) sb_printf(&s, "set xtics 1\n");
     // cells without data (a layer that routed no tokens) are left undrawn over a grey background
-    if (any_nan)
+    if (h.any_nan)
         sb_printf(&s,
                   "set object 1 rectangle from graph 0,0 to graph 1,1 behind fc rgb '#9a9a9a' fillstyle "
                   "solid noborder\n");
-    sb_printf(&s, "set ytics (");
-    if (label_rows) {
-        for (size_t r = 0; r < rows; r++)
-            sb_printf(&s, "%s'L%zu E%zu' %zu", r ? ", " : "", r / (size_t)m->E, r % (size_t)m->E, r);
-    } else {
-        size_t every = 1;
-        while ((size_t)m->L / every > ROW_LABEL_MAX) every++;
-        const char *sp = "";
-        for (size_t l = 0; l < (size_t)m->L; l += every) {
-            sb_printf(&s, "%s'L%zu E0' %zu", sp, l, l * (size_t)m->E);
-            sp = ", ";
-        }
-    }
-    sb_printf(&s, ")\n");
-    if (!label_rows || rows > 24) sb_printf(&s, "set ytics font ',8'\n");
-    for (int l = 1; l < m->L && m->E > 1; l++)
-        sb_printf(
-            &s,
-            "set arrow from graph 0, first %g to graph 1, first %g nohead front lc rgb '#000000' lw 1.5\n",
-            (double)l * m->E - 0.5, (double)l * m->E - 0.5);
+    load_rows(&s, m, rows, label_rows);
     if (cbmax > uni * 1.0001)
         sb_printf(&s, "set palette defined (0 '#2166ac', %.9g '#f7f7f7', %.9g '#b2182b')\n", uni, cbmax);
     else sb_printf(&s, "set palette defined (0 '#2166ac', 1 '#f7f7f7')\n");
     char cbl[256];
     snprintf(cbl, sizeof cbl, "share of the layer's tokens (white = uniform 1/%d = %.3g%s%s)", m->E, uni,
-             saturated ? "; top colour = 4/E or more" : "", any_nan ? "; grey = no data" : "");
+             saturated ? "; top colour = 4/E or more" : "", h.any_nan ? "; grey = no data" : "");
     sb_printf(&s, "set cbrange [0:%.9g]\nset cbtics out nomirror\nset cblabel ", cbmax);
     sb_quoted(&s, cbl);
     sb_printf(&s, "\n");
     sb_printf(&s, "plot 'load.dat' using 1:2:3 with image notitle\nset output\n");
-    rc = draw(gnuplot, tmpdir, out_dir, "expert_load.png", &s);
+    rc = gp_draw(gnuplot, tmpdir, out_dir, "expert_load.png", &s);
     free(s.p);
     return rc;
 }
 
 int plot_run(const char *out_dir) {
-    char *gnuplot = find_gnuplot();
+    char *gnuplot = gp_find();
     if (!gnuplot) {
         fflush(stdout);
         fprintf(stderr, "moe: warning: gnuplot not found (apt-get install gnuplot-nox); skipping plots\n");
         return -1;
     }
     Metrics m = {0};
-    char *mpath = path_join(out_dir, "metrics.jsonl");
+    char *mpath = gp_path(out_dir, "metrics.jsonl");
     int rc = read_metrics(mpath, &m);
     free(mpath);
     if (rc == 0) {
@@ -700,16 +512,16 @@ int plot_run(const char *out_dir) {
         const char *run = strrchr(name, '/') && name[1] ? strrchr(name, '/') + 1 : name;
         char tmpl[] = "/tmp/moe-plot-XXXXXX";
         if (m.ntr == 0 && m.nva == 0) {
-            warn("no metrics in %s/metrics.jsonl; skipping plots", out_dir);
+            gp_warn("no metrics in %s/metrics.jsonl; skipping plots", out_dir);
             rc = -1;
         } else if (!mkdtemp(tmpl)) {
-            warn("cannot create a temporary directory under /tmp (%s); skipping plots", strerror(errno));
+            gp_warn("cannot create a temporary directory under /tmp (%s); skipping plots", strerror(errno));
             rc = -1;
         } else {
             int a = plot_loss(&m, gnuplot, tmpl, out_dir, run);
             int b = plot_load(&m, gnuplot, tmpl, out_dir, run);
             rc = a == 0 && b == 0 ? 0 : -1;
-            remove_tree(tmpl);
+            gp_remove_dir(tmpl);
         }
         free(name);
     }

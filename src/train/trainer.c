@@ -14,7 +14,9 @@
 #include "model/model.h"
 #include "io/checkpoint.h"
 #include "io/ckpt_dist.h"
-#include "train/evaluate.h"
+#include "train/eval.h"
+#include "train/sample.h"
+#include "train/cost.h"
 #include "train/dist.h"
 #include "train/plot.h"
 #include "train/step.h"
@@ -291,8 +293,10 @@ static void print_header(const Run *r, const MeshShape *shape) {
     const TrainOptions *o = r->o;
     FILE *out = r->out;
     char nb[32], ab[32];
-    fmt_count(nb, sizeof nb, (double)config_num_params(c));
-    fmt_count(ab, sizeof ab, (double)config_num_active_params(c));
+    CostParams cp;
+    cost_params(&cp, c);
+    fmt_count(nb, sizeof nb, (double)cp.total);
+    fmt_count(ab, sizeof ab, (double)cp.active);
     fprintf(
         out,
         "model: %s params (%s active per token), d %d, %d layers, %d heads (%d kv), %d experts top-%d, f %d, "
@@ -405,7 +409,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     print_header(r, &shape);
     r->mf = r->rank0 ? xfopen(r->metrics_path, "a") : NULL;
     r->counts = xmalloc(sizeof(int64_t) * r->c.n_layers * r->c.n_experts);
-    r->flops_tok = config_flops_per_token(&r->c, o->seq_len);
+    r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
     r->first = (int)r->st.step;
     if (r->first >= o->steps)
         fprintf(r->out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n",

@@ -1,0 +1,343 @@
+// cost.c — the cost model's arithmetic (see cost.h): parameter and FLOP counts from the config, activation
+// bytes of each buffer the forward keeps and the backward uses, per layer and per rank of a mesh, the
+// optimizer state of each rank's slices, and the bytes each collective of a step sends.
+// Must not hold: printing (train/info.c), running a schedule or a model.
+#include "train/cost.h"
+#include <math.h>
+#include <string.h>
+#include "core/common.h"
+#include "model/model.h"
+#include "model/params.h"
+#include "train/schedule.h"
+
+void cost_params(CostParams *p, const ModelConfig *c) {
+    size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff,
+           E = c->n_experts, k = c->top_k;
+    size_t layer = 2 * d + d * H * hd * 2 + d * KV * hd * 2 + E * d + E * 3 * d * f;
+    if (c->qk_norm == QK_NORM_FULL) layer += (H + KV) * hd;
+    if (c->qk_norm == QK_NORM_HEAD) layer += 2 * hd;
+    if (c->qkv_bias) layer += (H + 2 * KV) * hd;
+    layer += 3 * d * (size_t)c->n_shared_experts * c->shared_d_ff + (c->shared_gate ? d : 0);
+    p->total = 2 * (size_t)c->vocab_size * d + d + (size_t)c->n_layers * layer;
+    p->active = p->total - (size_t)c->n_layers * (E - k) * 3 * d * f;
+    ParamTable t;
+    params_build(&t, c);
+    p->tensors = t.n;
+    p->dense = p->expert = 0;
+    for (int i = 0; i < t.n; i++) *(t.p[i].expert >= 0 ? &p->expert : &p->dense) += t.p[i].numel;
+    params_free(&t);
+}
+
+double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
+    double d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, ff = c->d_ff;
+    double E = c->n_experts, k = c->top_k, V = c->vocab_size;
+    CostFlops x;
+    x.attn_proj = 2 * d * hd * (2 * H + 2 * KV); // q, o + k, v
+    x.attn_scores = 2 * 2 * H * hd * T / 2.0; // QK^T and PV, causal half
+    x.router = 2 * d * E;
+    x.experts = k * 2 * 3 * d * ff + 2 * 3 * d * (double)c->n_shared_experts * c->shared_d_ff;
+    x.head = 2 * d * V;
+    double fwd = c->n_layers * (x.attn_proj + x.attn_scores + x.router + x.experts) + x.head;
+    x.train = 3 * fwd;
+    if (f) *f = x;
+    return x.train;
+}
+
+// The MoE exchange is local (no copies of the rows: the experts read the dispatched rows xs and the
+// combine their outputs yg in place) when the rank's EP and ETP groups are of one.
+static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && ms->etp == 1); }
+
+// Activation bytes of one layer on one rank of a mesh (ms; NULL: one process) running B sequences of T
+// tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms (not the MoE
+// output: the model's one buffer, acts_scratch), its
+// heads (TP), its slice of the router's rows (N/TP) and their dispatched copies (xs; ys and the expert
+// side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
+// routed token: the mean over a balanced load: yg and the SwiGLU rows); the shared expert's rows (h1, h3,
+// act of its width, its input rows, its output and gate) on the router's slice.
+static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
+    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
+           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
+    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp, k = c->top_k;
+    // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's
+    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
+    return 4.0 *
+        (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
+         Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
+}
+// The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
+// norm's output xn1; q, k, v after RoPE and the attention output, unless --recompute attn (rc) drops it; the
+// rows sent to the experts: xs, xg where the exchange is not local, the shared expert's input), as float32:
+// a backend with bf16 rows (ops.h hid_elem) halves them.
+static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t N = B * T, Ns = (N + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
+    size_t qd = (size_t)c->n_heads / tp * c->head_dim,
+           qkv = qd + (size_t)2 * c->n_kv_heads / tp * c->head_dim;
+    return 4.0 *
+        (N * d + N * (qkv + (rc & RECOMPUTE_ATTN ? 0 : qd)) + Ns * c->top_k * d +
+         (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
+}
+// The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
+// the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h hid_elem) halves them.
+static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int shared) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t Ns = (B * T + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
+    return shared ? 4.0 * Ns * 3 * c->n_shared_experts * c->shared_d_ff : 4.0 * Re * 3 * fl;
+}
+// The part of a layer's activations --recompute drops (rc: RECOMPUTE_* bits): the experts' SwiGLU rows (moe),
+// the attention output and lse (attn). One layer's worth stays (the shared buffers).
+static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
+    int tp = ms ? ms->tp : 1;
+    size_t N = B * T, qd = (size_t)c->n_heads * c->head_dim / tp;
+    return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T, 0) : 0) +
+        4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
+}
+// L layers' activations under --recompute rc.
+static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc) {
+    return L * acts_layer(c, ms, B, T) - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
+}
+// The backward's scratch on one rank (one set, whatever the layers), rows in the hidden format of hb bytes a
+// value (ops.h hid_elem): the model's gradients of the residual stream, the norms' outputs, q, k, v and the
+// attention output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE layer's
+// (moe.h MoeScratch, sized for the whole micro-batch): dy rows (hidden format), dx (token side, my slice of
+// the jittered input: TP; counted always), dlogits, the expert side's dxg and dh1, dh3 (and the dy, dx copies
+// where the exchange is not local), the shared expert's.
+static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
+    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
+           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp, R = N * c->top_k;
+    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
+    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
+    double moe = 4.0 * (N * d + N * c->n_experts + R + Re * d + (lo ? 0 : R * d)) +
+        hb * (R * d + (lo ? 0 : Re * d)) + hb * 2 * Re * fl + (fs ? 4.0 * N + hb * N * (d + 2 * fs) : 0);
+    return model + moe;
+}
+// The activations of the final norm and LM head.
+static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
+// The bytes a backend with bf16 rows (ops.h hid_elem 2) saves in one layer that keeps its activations under
+// --recompute rc: half of the SwiGLU rows it keeps (the routed ones unless rc drops them) and of
+// acts_hid_rows.
+static double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
+    return 0.5 *
+        ((rc & RECOMPUTE_MOE ? 0 : acts_hidden(c, ms, B, T, 0)) + acts_hidden(c, ms, B, T, 1) +
+         acts_hid_rows(c, ms, B, T, rc));
+}
+// --grad-memory shared (with --grad-accum 1 and no --pp: model.h model_share_grads): the activation bytes
+// that live in the expert gradients' memory on one rank (about: a buffer that does not fit whole goes to the
+// allocator, where this counts the part that would fit): each layer's but the first, up to the previous
+// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows.
+static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
+                        int hid) {
+    int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
+    if (o->grad_memory != GRADMEM_SHARED || o->grad_accum != 1 || pp > 1) return 0;
+    double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
+    double la = acts_layer(c, ms, B, T) - acts_dropped(c, ms, B, T, o->recompute);
+    if (hid) la -= acts_hid_saved(c, ms, B, T, o->recompute);
+    return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g);
+}
+// Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
+static double moment_bytes(const TrainOptions *o) { return o->precision == PREC_BF16 ? 2.0 : 4.0; }
+
+// The moment elements a rank updates: two per element of its slices, over their reduce group under ZeRO.
+static double moment_elems(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
+    double mom = 0;
+    for (int i = 0; i < lt->n; i++) {
+        const ParamSpec *p = &lt->p[i];
+        int group = p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
+        mom += 2.0 * p->lnumel / (o->zero ? group : 1);
+    }
+    return mom;
+}
+
+// --precision bf16 in one process: the float32 buffer's whole 2 MiB pages inside the ranges of the weights
+// only the bf16 GEMMs read (the routed experts', the attention projections', the LM head's:
+// model_bf16_weights).
+static double weights_alone(const ModelConfig *c) {
+    ParamTable t;
+    params_build(&t, c);
+    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(c->n_layers)), pg = (size_t)2 << 20;
+    int nh = params_bf16_ranges(&t, c->n_layers, 0, c->n_experts, MOE_GEMM_FP32_MAX_O, h);
+    double alone = 0;
+    for (int i = 0; i < nh; i++) {
+        size_t a = (4 * h[2 * i] + pg - 1) / pg, b = 4 * h[2 * i + 1] / pg;
+        if (b > a) alone += (double)(b - a) * pg;
+    }
+    free(h);
+    params_free(&t);
+    return alone;
+}
+
+void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed) {
+    int T = o->seq_len, B = o->batch;
+    CostParams cp;
+    cost_params(&cp, c);
+    size_t np = cp.total;
+    // float32 cpu backend: params + grads + two AdamW moments (bf16 under --precision bf16; the weights stay
+    // in their float32 buffer, holding bf16 values)
+    w->state = (8.0 + 2 * moment_bytes(o)) * np;
+    size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim;
+    size_t Rk = N * c->top_k;
+    double scr32 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 4),
+           scr16 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 2);
+    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N) + scr32;
+    // (--grad-memory shared: part of the activations in the expert gradients' memory)
+    w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
+    w->lent16 = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 1);
+    w->total = w->state + w->acts - w->lent;
+    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act), the rows sent to them,
+    // the attention norm's output and the attention's q, k, v and output in bf16 (ops.h hid_elem: half of
+    // their bytes in every layer that keeps them: the routed SwiGLU rows in one under --recompute moe, the
+    // rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy of the weights the GEMMs read
+    // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert activations into
+    // (below)
+    w->hid = c->n_layers * acts_hid_saved(c, NULL, (size_t)B, (size_t)T, o->recompute) +
+        (o->recompute & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) : 0) +
+        (scr32 - scr16); // (under --recompute moe the one shared copy of the routed rows)
+    // (the workspace: the larger of a layer's bf16 expert rows and the attention backward's D, bf16 dout
+    // and, at head dim 128, its dS: ops.h attention_ds_bytes)
+    double att_ws = 4.0 * B * c->n_heads * T + 2.0 * N * qd +
+        (double)attention_ds_bytes(B, T, c->n_heads, c->head_dim, 0, T);
+    w->shadow = 2.0 * np;
+    w->scratch = fmax(2.0 * Rk * d, att_ws);
+    w->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
+    w->total16 = w->state + w->acts - w->hid + w->shadow + w->scratch - w->lent16 - w->alone;
+}
+
+// A rank of a mesh without pipeline stages (lt: its slices): one micro-batch's activations.
+static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions *o, const CostMesh *m,
+                        const ParamTable *lt) {
+    const MeshShape *ms = &m->ms;
+    int T = o->seq_len, Bl = m->Bl;
+    double mom = moment_elems(lt, ms, o);
+    double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, c->n_layers, o->recompute) +
+        acts_head(c, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4);
+    double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
+    r->params = 4.0 * lt->ltotal;
+    r->moments = moment_bytes(o) * mom;
+    r->acts = ra;
+    r->lent = rl;
+    r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl;
+}
+
+// A rank of pipeline stage s (lt: its slices): each chunk's live micro-batches x its layers (+ the head's
+// on the last virtual stage); with --recompute every (micro-batch, layer) but one drops its rows (the
+// rank's shared buffers); the backward's scratch once.
+static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions *o, const CostMesh *m, int s,
+                         const ParamTable *lt) {
+    const MeshShape *ms = &m->ms;
+    const int *first = m->sp.first;
+    size_t Bl = (size_t)m->Bl, T = (size_t)o->seq_len;
+    double mom = moment_elems(lt, ms, o), acts = 0;
+    int inst = 0;
+    for (int ch = 0; ch < m->vpp; ch++) {
+        int v = ch * ms->pp + s, live = m->stage[s].live[ch];
+        inst += live * (first[v + 1] - first[v]);
+        acts += live *
+            (acts_layers(c, ms, Bl, T, first[v + 1] - first[v], 0) +
+             (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) : 0));
+    }
+    if (inst > 1) acts -= (inst - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
+    acts += acts_scratch(c, ms, Bl, T, 4);
+    r->params = 4.0 * lt->ltotal;
+    r->moments = moment_bytes(o) * mom;
+    r->acts = acts;
+    r->lent = 0;
+    r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
+}
+
+// The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to
+// the experts (ops.h hid_elem). Per layer and micro-batch of N tokens (replicated over TP), the rank routes
+// M = N/TP x k rows.
+static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o, const CostMesh *m, int s,
+                       const ParamTable *lt, double hb) {
+    const MeshShape *ms = &m->ms;
+    double tp = ms->tp, ep = ms->ep, etp = ms->etp, d = c->d_model, mb = m->micro;
+    double N = (double)m->Bl * o->seq_len, M = N / tp * c->top_k;
+    int layers = 0;
+    double pp = 0;
+    for (int ch = 0; ch < m->vpp; ch++) {
+        int v = ch * ms->pp + s;
+        layers += m->sp.first[v + 1] - m->sp.first[v];
+        pp += (v < ms->pp * m->vpp - 1) + (v > 0); // the forward's output on, the backward's gradient back
+    }
+    double ar = 2 * (tp - 1) / tp, ag = (tp - 1) / tp; // all-reduce, all-gather over TP: parts of the bytes
+    double tpl = 2 * (ar + ag) * N * d * 4 + (c->qk_norm == QK_NORM_FULL ? 2 * ar * 2 * N * 8 : 0);
+    double epl = 2 * (ep - 1) / ep * M * d * (hb + 4); // x and dy in hb, the outputs and dx float32
+    double etpl = o->expert_mode == 1 ? 2 * (etp - 1) / etp * 3 * (c->n_experts / ms->ep) * c->d_ff * d * 4
+                                      : 2 * (etp - 1) * M * d * (hb + 4);
+    cm->tp = mb * layers * tpl;
+    cm->ep = mb * layers * epl;
+    cm->etp = mb * layers * etpl;
+    cm->pp = mb * pp * N * d * 4;
+    // once a step: each gradient over its group (ZeRO 2: reduce-scattered), ZeRO's weights all-gathered
+    cm->dp = 0;
+    for (int i = 0; i < lt->n; i++) {
+        const ParamSpec *p = &lt->p[i];
+        int g = p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
+        double part = (g - 1.0) / g * 4.0 * p->lnumel;
+        cm->dp += (o->zero == 2 ? 1 : 2) * part + (o->zero ? part : 0);
+    }
+    cm->total = cm->tp + cm->ep + cm->etp + cm->dp + cm->pp;
+}
+
+// The pipeline: the layers of each virtual stage, every stage's schedule (its live micro-batches), bubbles.
+static const char *mesh_pipeline(CostMesh *m, const TrainOptions *o, int n_layers) {
+    const MeshShape *ms = &m->ms;
+    ScheduleKind k = o->pp_schedule;
+    if (ms->pp == 1) { // one stage: every layer, sequential
+        m->sp.pp = m->sp.vpp = 1;
+        m->sp.first[0] = 0;
+        m->sp.first[1] = n_layers;
+        m->stage[0].live = xcalloc(1, sizeof(int));
+        m->stage[0].live[0] = 1;
+        return NULL;
+    }
+    const char *bad = stages_split(&m->sp, n_layers, ms->pp, m->vpp, o->pp_layers);
+    if (bad) return bad;
+    Schedule sc;
+    for (int s = 0; s < ms->pp; s++) {
+        bad = schedule_build(&sc, k, ms->pp, s, m->vpp, m->micro);
+        if (bad) return bad;
+        m->stage[s].live = xmalloc(sizeof(int) * m->vpp);
+        memcpy(m->stage[s].live, sc.live, sizeof(int) * m->vpp);
+        schedule_free(&sc);
+    }
+    m->bubble = schedule_bubble_theory(k, ms->pp, m->vpp, m->micro);
+    m->bubble_sim = schedule_bubble(k, ms->pp, m->vpp, m->micro, 1, 2);
+    return NULL;
+}
+
+const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms) {
+    memset(m, 0, sizeof *m);
+    m->ms = *ms;
+    m->vpp = ms->pp > 1 && o->pp_schedule == SCHED_INTERLEAVED ? o->vpp : 1;
+    m->micro = o->grad_accum;
+    m->Bl = o->batch / o->grad_accum / ms->dp;
+    m->stage = xcalloc((size_t)ms->pp, sizeof *m->stage);
+    const char *bad = mesh_pipeline(m, o, c->n_layers);
+    if (bad) {
+        cost_mesh_free(m);
+        return bad;
+    }
+    for (int s = 0; s < ms->pp; s++) {
+        CostStage *st = &m->stage[s];
+        ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
+        ParamTable lt;
+        params_build_local(&lt, c, &sl);
+        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, &lt);
+        else stage_memory(&st->mem, c, o, m, s, &lt);
+        stage_comm(&st->comm, c, o, m, s, &lt, 4);
+        stage_comm(&st->comm16, c, o, m, s, &lt, 2);
+        params_free(&lt);
+    }
+    return NULL;
+}
+
+void cost_mesh_free(CostMesh *m) {
+    for (int s = 0; m->stage && s < m->ms.pp; s++) free(m->stage[s].live);
+    free(m->stage);
+    memset(m, 0, sizeof *m);
+}

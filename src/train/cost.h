@@ -1,0 +1,102 @@
+// cost.h — the cost model of a training layout, as numbers: parameters, FLOPs per token, memory (the
+// whole model in one process; each rank of a mesh, per pipeline stage) and the bytes each rank sends per
+// step. `moe info` prints them (train/info.c), the trainer's tflops figure reads the FLOPs, and a mesh
+// planner can ask it about every candidate mesh. Bytes are the float32 cpu backend's unless a field says
+// otherwise.
+// Must not hold: printing, option parsing, anything that runs the model or talks to other ranks.
+#pragma once
+#include <stddef.h>
+#include "core/config.h"
+#include "parallel/mesh.h"
+#include "parallel/stages.h"
+#include "train/options.h"
+
+// The model's parameters: counted from the config, and the parameter table's tensors (model/params.h).
+typedef struct {
+    size_t total; // every trained parameter (not the aux-free routing bias: no gradient)
+    size_t active; // those one token passes through: k of the E routed experts
+    int tensors; // the table's tensors
+    double dense, expert; // the table's elements outside / inside the routed experts
+} CostParams;
+void cost_params(CostParams *p, const ModelConfig *c);
+
+// Forward FLOPs of one token (a multiply-add counts two) in one layer at sequence length T, and the
+// training FLOPs per token: forward + backward = 3 x forward.
+typedef struct {
+    double attn_proj; // the q, k, v and o projections
+    double attn_scores; // Q K^T and P V over the causal half of the T positions
+    double router; // the d x E router logits
+    double experts; // k routed SwiGLU experts and the shared experts
+    double head; // the LM head (once, after the layers)
+    double train; // 3 x (n_layers x (the four above) + head)
+} CostFlops;
+// Fills *f (NULL: only the return) and returns the training FLOPs per token.
+double cost_flops(CostFlops *f, const ModelConfig *c, int T);
+
+// The whole model in one process, one step of o->batch sequences of o->seq_len under o's --recompute,
+// --precision and --grad-memory, bytes.
+typedef struct {
+    double state; // params + grads + the two AdamW moments (bf16 moments under --precision bf16)
+    double acts; // activations of every layer and the LM head, and the backward's scratch
+    double lent; // of acts, in the expert gradients' memory (--grad-memory shared)
+    double total; // state + acts - lent
+    // the cuda backend: the same buffers, but
+    double hid; // less: the rows it keeps in bf16 (half of their float32 bytes)
+    double shadow; // plus: the bf16 copy of the weights the GEMMs read
+    double scratch; // plus: the bf16 operand scratch of the GEMM and attention ops
+    double alone; // less: the float32 pages of weights only bf16 GEMMs read (--precision bf16 alone)
+    double lent16; // of its activations, in the expert gradients' memory
+    double total16; // its total (the CUDA context aside)
+} CostWhole;
+// meshed: the run has several ranks (the float32 weights stay whole: train_bf16_weights_alone).
+void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed);
+
+// One rank's memory on a mesh, bytes.
+typedef struct {
+    double params; // its slices of the weights (the gradients: as many)
+    double moments; // the two AdamW moments of what it updates (ZeRO: its shards)
+    double acts; // activations: one micro-batch's; with pipeline stages the schedule's live ones
+    double lent; // of acts, in the expert gradients' memory (--grad-memory shared; 0 with stages)
+    double total; // params + grads + moments + acts - lent
+} CostMemory;
+
+// The bytes one rank sends in one optimizer step (every micro-batch, forward and backward). Collectives
+// are counted as ring algorithms send them: an all-reduce of S bytes over g ranks 2 (g-1)/g S, an
+// all-gather or reduce-scatter of S bytes in all (g-1)/g S, an all-to-all the rows bound for other ranks;
+// routing balanced (every rank receives as many rows as it sends) and nothing dropped. Left out: the small
+// collectives (router counts and statistics, norms, losses) and the pipeline's per-micro-batch scalars.
+typedef struct {
+    double tp; // attention: o_proj's partial sums (forward) and the q/k/v input gradient (backward)
+               // all-reduced, OLMoE's QK-norm sums; the MoE output and its input gradient all-gathered
+    double ep; // the MoE exchange's all-to-all: rows to the experts' owners and back, forward and backward
+    double etp; // sharded experts: rows all-gathered and partial outputs reduce-scattered over ETP;
+                // --expert-mode gathered: the experts' weights all-gathered, their gradients reduce-scattered
+                // (auto, chosen by measuring at run time, is counted as sharded)
+    double dp; // gradients reduced over their groups (DP, EDP, the stage); ZeRO: the weights all-gathered
+    double pp; // activations to the next pipeline stage, their gradients to the previous one
+    double total;
+} CostComm;
+
+typedef struct {
+    CostMemory mem; // each rank of the stage (rank 0's figures; the others hold as much)
+    CostComm comm; // rows in float32 (cpu, cuda-fp32)
+    CostComm comm16; // the cuda backend: the rows sent to the experts (x, dy) in bf16
+    int *live; // (vpp) the micro-batches each chunk holds at once (the schedule's activation slots)
+} CostStage;
+
+typedef struct {
+    MeshShape ms;
+    StageSplit sp; // virtual stage k holds layers [sp.first[k], sp.first[k+1])
+    int vpp; // chunks per pipeline rank
+    int micro; // micro-batches per step (--grad-accum)
+    int Bl; // sequences of a micro-batch on each DP rank
+    double bubble, bubble_sim; // the pipeline bubble: the textbook figure; simulated, backward 2 x forward
+    CostStage *stage; // (ms.pp)
+} CostMesh;
+
+// The figures of the resolved mesh *ms (parallel/mesh.h mesh_shape_resolve) for o's batch, micro-batches,
+// seq_len, schedule, --zero, --recompute, --precision and --grad-memory. Returns NULL, or a static message
+// naming the numbers when the pipeline cannot be split or scheduled (m is then empty). Free with
+// cost_mesh_free.
+const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms);
+void cost_mesh_free(CostMesh *m);

@@ -1,0 +1,32 @@
+// sample.h — text sampling from a model (temperature, top-k, top-p; through the KV cache or not) and
+// printing tokens as text.
+// Must not hold: evaluation (train/eval.h), the training loop.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+#include "train/pipe.h"
+
+// Sampling. The context of each new token is ctx[s, len), at positions 0..len-s-1, with len - s <= window:
+// s starts at max(0, len - window) and, when a new token would make the context longer than the window,
+// slides to keep the last ceil(window/2) tokens (re-prefilled through the cache: one prefill per
+// window/2 tokens, and every context is between window/2 and window tokens long, as in training).
+typedef struct {
+    float temperature; // 0 = greedy (argmax, ties to the lower id)
+    int top_k; // keep the k most likely tokens (0 = all)
+    float top_p; // then the smallest set of most likely tokens whose probability is >= top_p (1 = all)
+    int window; // context positions (1..the model's maxT; the training length)
+    int cache; // 1: KV cache (model_decode; one chunk of every layer only, else as 0);
+               // 0: each token runs the whole context again (the reference)
+    uint64_t seed; // the draws
+} SampleOptions;
+typedef struct {
+    int tokens, prefills, cached;
+    double seconds;
+} SampleStats;
+// Appends n sampled tokens to the prompt (ctx of *len tokens, capacity cap). stats may be NULL.
+// With the cache and without, the same tokens (the same logits up to float round-off; the capacity
+// dispatch decodes each token alone, so it drops nothing there).
+void sample_tokens(Pipe *p, int32_t *ctx, int *len, int cap, int n, const SampleOptions *so,
+                   SampleStats *stats);
+// Prints tokens as text (vocab 256: bytes with escapes for non-printables; else ids).
+void print_tokens(FILE *f, const int32_t *tok, int n, int vocab);

@@ -1,0 +1,198 @@
+// test_cost.c — the cost model (train/cost.h) against arithmetic done independently here:
+//  - parameters: the count from the config equals the sum of the parameter table's tensor sizes
+//    (model/params.h; less the aux-free routing bias, which has no gradient) for every preset and the
+//    families' options; the active count equals the table less the routed experts k .. E-1;
+//  - FLOPs per token: 6 x the matmul weights one token passes through (q, k, v, o, the router, k routed
+//    experts, the shared experts, the LM head; not the embedding lookup or the norms) + the attention
+//    term 6 x L x H x hd x T (Q K^T and P V, 2 H hd T/2 each in the forward at the causal mean of T/2
+//    positions, 3 x for forward and backward), written out for the tiny preset at T 64;
+//  - bytes sent per step on simple meshes of two ranks (TP, EP, ETP sharded and gathered, DP with ZeRO
+//    1, a pipeline of two stages, interleaved), counted by hand;
+//  - memory: a mesh of one rank holds what the whole model does in one process.
+#include <string.h>
+#include "model/params.h"
+#include "train/cost.h"
+#include "test_util.h"
+
+static ModelConfig preset(const char *name) {
+    ModelConfig c;
+    if (config_preset(&c, name) != 0) {
+        fprintf(stderr, "no preset %s\n", name);
+        exit(1);
+    }
+    return c;
+}
+
+static void check_params(const ModelConfig *c, const char *what) {
+    CostParams p;
+    cost_params(&p, c);
+    ParamTable t;
+    params_build(&t, c);
+    size_t sum = 0, unrouted = 0; // the table less the routing bias; less also experts k .. E-1
+    double dense = 0, expert = 0;
+    for (int i = 0; i < t.n; i++) {
+        const ParamSpec *s = &t.p[i];
+        *(s->expert >= 0 ? &expert : &dense) += (double)s->numel;
+        if (s->role == PR_ROUTE_BIAS) continue;
+        sum += s->numel;
+        if (s->expert < c->top_k) unrouted += s->numel;
+    }
+    EXPECT(p.total == sum, "%s: %zu parameters, the table holds %zu", what, p.total, sum);
+    EXPECT(p.active == unrouted, "%s: %zu active, the table's k experts: %zu", what, p.active, unrouted);
+    EXPECT(p.tensors == t.n && p.dense == dense && p.expert == expert, "%s: %d tensors %g + %g vs %d %g + %g",
+           what, p.tensors, p.dense, p.expert, t.n, dense, expert);
+    params_free(&t);
+}
+
+static void check_flops(void) {
+    ModelConfig c =
+        preset("tiny"); // d 96, 2 layers, 4 heads (2 kv, head dim 24), 4 experts top-2, f 192, V 256
+    EXPECT(c.d_model == 96 && c.n_layers == 2 && c.n_heads == 4 && c.n_kv_heads == 2 && c.head_dim == 24 &&
+               c.d_ff == 192 && c.n_experts == 4 && c.top_k == 2 && c.vocab_size == 256,
+           "the tiny preset changed: rewrite the numbers below");
+    double q = 96.0 * 96, kv = 96.0 * 48, o = 96.0 * 96, router = 96.0 * 4, experts = 2 * 3 * 96.0 * 192;
+    double weights = 2 * (q + 2 * kv + o + router + experts) + 256.0 * 96;
+    double want = 6 * weights + 6 * 2 * 4 * 24 * 64.0;
+    CostFlops f;
+    double got = cost_flops(&f, &c, 64);
+    EXPECT(got == want && f.train == want, "tiny at T 64: %.17g FLOPs per token, want %.17g", got, want);
+    EXPECT(f.attn_proj == 2 * (q + 2 * kv + o) && f.router == 2 * router && f.experts == 2 * experts &&
+               f.head == 2 * 256.0 * 96 && f.attn_scores == 2 * 4 * 24 * 64.0,
+           "tiny: the forward's parts %g %g %g %g %g", f.attn_proj, f.attn_scores, f.router, f.experts,
+           f.head);
+    EXPECT(cost_flops(NULL, &c, 64) == want, "cost_flops without the parts");
+    // a shared expert of width 64 adds its three matrices
+    c.n_shared_experts = 1;
+    c.shared_d_ff = 64;
+    want += 6 * 2 * 3 * 96.0 * 64;
+    EXPECT(cost_flops(NULL, &c, 64) == want, "tiny + a shared expert: %.17g, want %.17g",
+           cost_flops(NULL, &c, 64), want);
+}
+
+// The mesh of world ranks with tp, ep, etp, pp for the tiny preset (n_layers L) at batch 16, T 64.
+static const char *mesh_of(CostMesh *m, TrainOptions *o, int L, int world, int tp, int ep, int etp, int pp) {
+    static ModelConfig c;
+    c = preset("tiny");
+    c.n_layers = L;
+    MeshShape ms = {world, tp, 0, pp, ep, etp, 0, 0};
+    const char *bad = mesh_shape_resolve(&ms, &c);
+    EXPECT(bad == NULL, "mesh: %s", bad);
+    return cost_mesh(m, &c, o, &ms);
+}
+
+static void expect_comm(const CostComm *a, double tp, double ep, double etp, double dp, double pp,
+                        const char *what) {
+    EXPECT(
+        a->tp == tp && a->ep == ep && a->etp == etp && a->dp == dp && a->pp == pp &&
+            a->total == tp + ep + etp + dp + pp,
+        "%s: tp %.17g ep %.17g etp %.17g dp %.17g pp %.17g total %.17g; want %.17g %.17g %.17g %.17g %.17g",
+        what, a->tp, a->ep, a->etp, a->dp, a->pp, a->total, tp, ep, etp, dp, pp);
+}
+
+static void check_comm(void) {
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 16;
+    o.seq_len = 64;
+    CostMesh m;
+    double d = 96, dense = 2 * 256 * 96 + 96 + 2 * (2 * 96 + 96 * 96 + 2 * 96 * 48 + 96 * 96 + 4 * 96);
+    double router = 2 * 4 * 96, experts = 2 * 3 * 4 * 192 * 96;
+    // tp 2 (dp 1, edp 2): each layer all-reduces o_proj's sums and the q/k/v input gradient (N x d floats:
+    // half of them sent twice) and all-gathers the MoE output and dx (its half sent); the router's and the
+    // experts' gradients are all-reduced over two ranks (half sent twice)
+    EXPECT(mesh_of(&m, &o, 2, 2, 2, 1, 1, 1) == NULL, "tp 2");
+    double N = 16 * 64;
+    expect_comm(&m.stage[0].comm, 2 * 2 * (N * d * 4 + N / 2 * d * 4), 0, 0, 4 * (router + experts), 0,
+                "tp 2");
+    cost_mesh_free(&m);
+    o.zero = 1; // + the weights all-gathered: half of them sent once
+    EXPECT(mesh_of(&m, &o, 2, 2, 2, 1, 1, 1) == NULL, "tp 2, zero 1");
+    expect_comm(&m.stage[0].comm, 2 * 2 * (N * d * 4 + N / 2 * d * 4), 0, 0, 1.5 * 4 * (router + experts), 0,
+                "tp 2, zero 1");
+    cost_mesh_free(&m);
+    o.zero = 0;
+    // ep 2 (dp 2, edp 1): a micro-batch of 8 sequences, 2 x 512 rows routed; half go to the other rank, the
+    // forward's x there and the outputs back, the backward's dy there and dx back; dense and router
+    // gradients all-reduced over two ranks; the experts have one replica
+    EXPECT(mesh_of(&m, &o, 2, 2, 1, 2, 1, 1) == NULL, "ep 2");
+    N = 8 * 64;
+    expect_comm(&m.stage[0].comm, 0, 2 * 2 * N * d * (4 + 4), 0, 4 * dense, 0, "ep 2");
+    expect_comm(&m.stage[0].comm16, 0, 2 * 2 * N * d * (2 + 4), 0, 4 * dense, 0, "ep 2, bf16 rows");
+    EXPECT(m.stage[0].mem.params == 4 * (dense + experts / 2), "ep 2: %g bytes of weights",
+           m.stage[0].mem.params);
+    cost_mesh_free(&m);
+    // etp 2 (dp 2, edp 1), sharded: each rank's 1024 rows gathered to the other, the partial outputs
+    // reduce-scattered (1024 rows sent), forward and backward; gathered: each rank's slices of w1, w3, w2
+    // (4 experts x 96 x 96) sent in the forward, the gradients' other half in the backward
+    EXPECT(mesh_of(&m, &o, 2, 2, 1, 1, 2, 1) == NULL, "etp 2");
+    expect_comm(&m.stage[0].comm, 0, 0, 2 * 2 * 2 * N * d * (4 + 4), 4 * dense, 0, "etp 2");
+    cost_mesh_free(&m);
+    o.expert_mode = 1;
+    EXPECT(mesh_of(&m, &o, 2, 2, 1, 1, 2, 1) == NULL, "etp 2 gathered");
+    expect_comm(&m.stage[0].comm, 0, 0, 2 * 2 * 3 * 4 * 96 * 96 * 4.0, 4 * dense, 0, "etp 2 gathered");
+    cost_mesh_free(&m);
+    o.expert_mode = 0;
+    // pp 2, two micro-batches of 8 sequences: stage 0 sends each one's output on, stage 1 its gradient back
+    o.grad_accum = 2;
+    EXPECT(mesh_of(&m, &o, 2, 2, 1, 1, 1, 2) == NULL, "pp 2");
+    N = 8 * 64;
+    for (int s = 0; s < 2; s++) expect_comm(&m.stage[s].comm, 0, 0, 0, 0, 2 * N * d * 4, "pp 2");
+    cost_mesh_free(&m);
+    // interleaved, 4 layers on virtual stages 0 1 2 3 (rank 0: 0 and 2): rank 0 sends on from 0 and 2 and
+    // back from 2, rank 1 on from 1 and back from 1 and 3
+    o.pp_schedule = SCHED_INTERLEAVED;
+    o.vpp = 2;
+    EXPECT(mesh_of(&m, &o, 4, 2, 1, 1, 1, 2) == NULL, "interleaved");
+    for (int s = 0; s < 2; s++) expect_comm(&m.stage[s].comm, 0, 0, 0, 0, 3 * 2 * N * d * 4, "interleaved");
+    cost_mesh_free(&m);
+    o.grad_accum = 1; // (1f1b needs a micro-batch per stage at least)
+    EXPECT(mesh_of(&m, &o, 4, 2, 1, 1, 1, 2) != NULL && m.stage == NULL, "one micro-batch on two stages");
+}
+
+// A mesh of one rank holds what one process does.
+static void check_memory(void) {
+    ModelConfig c = preset("small");
+    TrainOptions o;
+    train_options_default(&o);
+    for (int rc = 0; rc < 4; rc++) {
+        o.recompute = rc;
+        CostWhole w;
+        cost_whole(&w, &c, &o, 0);
+        MeshShape ms = {1, 1, 0, 1, 1, 1, 0, 0};
+        EXPECT(mesh_shape_resolve(&ms, &c) == NULL, "one rank");
+        CostMesh m;
+        EXPECT(cost_mesh(&m, &c, &o, &ms) == NULL, "one rank");
+        const CostMemory *r = &m.stage[0].mem;
+        EXPECT(r->acts == w.acts && r->lent == w.lent && r->total == w.total &&
+                   2 * r->params + r->moments == w.state && m.stage[0].comm.total == 0,
+               "recompute %d: one rank %.17g %.17g %.17g, one process %.17g %.17g %.17g", rc, r->acts,
+               r->lent, r->total, w.acts, w.lent, w.total);
+        cost_mesh_free(&m);
+    }
+}
+
+int main(void) {
+    char names[512];
+    snprintf(names, sizeof names, "%s", config_preset_names());
+    for (char *save = NULL, *n = strtok_r(names, ", ", &save); n; n = strtok_r(NULL, ", ", &save)) {
+        ModelConfig c = preset(n);
+        check_params(&c, n);
+    }
+    ModelConfig c = preset("tiny");
+    c.balance = BALANCE_AUX_FREE;
+    check_params(&c, "tiny, aux-free");
+    c.qk_norm = QK_NORM_FULL;
+    check_params(&c, "tiny, full QK-norm");
+    c.qk_norm = QK_NORM_HEAD;
+    check_params(&c, "tiny, per-head QK-norm");
+    c.qk_norm = QK_NORM_NONE;
+    c.qkv_bias = 1;
+    c.n_shared_experts = 2;
+    c.shared_d_ff = 40;
+    c.shared_gate = 1;
+    check_params(&c, "tiny, biases and gated shared experts");
+    check_flops();
+    check_comm();
+    check_memory();
+    return test_done("test_cost");
+}
