@@ -188,6 +188,7 @@ static void chunk_moes(Model *m, LayerActs *a, int n) {
     a->mc = xcalloc(n, sizeof *a->mc);
     for (int i = 0; i < n; i++) {
         moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
+        a->mc[i].layer = a->moe.layer;
         if (m->recompute & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
         a->mc[i].arena = &a->arena;
     }
@@ -273,6 +274,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
             a->rstdk = arena_alloc(A, be, N * m->KVl * F);
         }
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+        a->moe.layer = l;
         if (m->recompute) layer_recompute(m, a);
         A->mark = A->used; // the MoE's rows from here (again after each change of AMPipe chunks)
         a->moe.arena = A;
@@ -380,6 +382,9 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
         free(one);
     }
     moe_scratch_init(&m->ms, be, c, m->maxN);
+    m->losses_h = xmalloc(N * F);
+    size_t ke = (size_t)c->top_k * c->n_experts, S = (size_t)comm_size(m->mesh.stage);
+    m->budget_h = xmalloc(sizeof(int64_t) * ke * (AMPIPE_MAX + S + S * AMPIPE_MAX));
     m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
     m->kv_seen = xcalloc((size_t)maxB, 1);
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
@@ -557,6 +562,8 @@ void model_free(Model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
+    free(m->losses_h);
+    free(m->budget_h);
     free(m->expert_counts);
     free(m->kv_seen);
     free(m->scope_counts);
@@ -650,7 +657,7 @@ static void chunk_budgets(const Model *m, LayerActs *a, int n, int64_t *budget) 
     int E = c->n_experts, k = c->top_k, TP = comm_size(m->mesh.tp), S = comm_size(a->mc[0].cm.stage);
     int me = comm_rank(a->mc[0].cm.stage), DP = S / TP, Sg = S * n;
     size_t ke = (size_t)k * E;
-    int64_t *per = xmalloc(sizeof(int64_t) * S * ke), *all = xmalloc(sizeof(int64_t) * Sg * ke), Ng = 0;
+    int64_t *per = m->budget_h + AMPIPE_MAX * ke, *all = per + S * ke, Ng = 0;
     for (int j = 0; j < n; j++) {
         moe_slot_counts(&a->mc[j], per);
         Ng += a->mc[j].Ng;
@@ -662,8 +669,6 @@ static void chunk_budgets(const Model *m, LayerActs *a, int n, int64_t *budget) 
     int64_t cap = capacity_for(c, Ng);
     for (int j = 0; j < n; j++)
         router_budget(all, Sg, ((me / TP) * n + j) * TP + me % TP, E, k, cap, budget + (size_t)j * ke);
-    free(per);
-    free(all);
 }
 
 // One block forward over the micro-batch (B, T): attention from the normed input, then the MoE; in n
@@ -712,7 +717,7 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
         mc[j].seq_len = T;
     }
     int cap = c->dispatch == DISPATCH_CAPACITY;
-    int64_t *budget = cap ? xmalloc(sizeof(int64_t) * n * c->top_k * c->n_experts) : NULL;
+    int64_t *budget = cap ? m->budget_h : NULL;
     attn_rows(m, a, l, T, R[0], R[1]);
     CommReq *ar = oproj_rows(m, a, l, R[0], R[1], 1);
     for (int j = 0; j < n; j++) {
@@ -739,7 +744,6 @@ static void layer_forward(Model *m, int l, float *out, int B, int T, int n, uint
             moe_finish(&mc[j], m->moe_out + (size_t)R[j] * d, &w);
             out_rows(m, a, l, out, R[j], R[j + 1]);
         }
-        free(budget);
     } else {
         moe_finish(&mc[n - 1], m->moe_out + (size_t)R[n - 1] * d, &w);
         out_rows(m, a, l, out, R[n - 1], N);
@@ -826,11 +830,10 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     be->to_device(m->targets, targets, (size_t)N * sizeof(int32_t));
     if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss);
     else be->cross_entropy_fwd(m->losses, m->logits, m->targets, N, V);
-    float *lh = xmalloc((size_t)N * F);
+    float *lh = m->losses_h;
     be->to_host(lh, m->losses, (size_t)N * F);
     double s = 0;
     for (int i = 0; i < N; i++) s += lh[i];
-    free(lh);
     return s / N;
 }
 

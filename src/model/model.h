@@ -81,6 +81,9 @@ typedef struct {
     float *res_final, *xn_f, *rstd_f; // (N,d) (N,d) (N); res_final: the chunk's output
     float *logits; // (N,V) (on the last stage); after a training forward: dlogits
     float *losses; // (N) per-token cross-entropy
+    float *losses_h; // (maxN) their host copy (model_forward's mean)
+    int64_t *budget_h; // AMPipe's capacity budgets: (AMPIPE_MAX,k,E), and the stage's slot counts they
+                       // come from, (S,k,E) and (S,AMPIPE_MAX,k,E)
     int32_t *tokens, *targets; // (N)
     // backward scratch
     float *dres, *dxn, *dq, *dk, *dv,
