@@ -58,6 +58,8 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     params_init(&m.t, &c, ph, o->seed);
     be->to_device(m.params, ph, P * sizeof(float));
     free(ph);
+    dist.bf16_shadow = 1; // the GEMMs' bf16 copy of the weights, as the trainer keeps it (a no-op on the cpu)
+    be->bf16_shadow(m.params, m.t.ltotal);
     AllocSteps a;
     memset(&a, 0, sizeof a);
     StepStats r;
