@@ -17,9 +17,10 @@
 //          A blocking transport moves everything here.
 //   finish wait until recv holds every row. Between start and finish, send and recv are the transport's.
 //   free   release its state.
-// Every transport moves the bytes of each row unchanged to the place the flat all-to-all-v puts them
-// (row q's block from rank p at rank p's offset), so results are bitwise the same whichever runs. With
-// an EP group of one (and no forced device collectives: comm_dev_due) it is a backend copy.
+// Every transport moves the bytes of each row unchanged to the place the flat all-to-all-v puts them (the
+// sc[q] rows rank p sends to rank q land at q's rd[p], in p's order), so results are bitwise the same
+// whichever runs. With an EP group of one (and no forced device collectives: comm_dev_due) the flat one
+// is a backend copy.
 // Must not hold: the counts' computation, the expert-major order, the ETP gather (moe/exchange.c).
 #pragma once
 #include <stddef.h>
@@ -37,7 +38,6 @@ typedef struct {
 typedef struct A2a A2a; // a transport's state
 
 typedef struct {
-    const char *name;
     A2a *(*init)(const Backend *be, const Comm *ep, const Comm *epn, const Comm *epx, int d, size_t rows_max);
     int (*plan)(A2a *t, const A2aCounts *c);
     void (*start)(A2a *t, int dir, const void *send, void *recv, CommType ct, size_t esz);

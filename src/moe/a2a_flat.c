@@ -62,4 +62,4 @@ static void flat_free(A2a *t) {
     free(t);
 }
 
-const A2aTransport a2a_flat = {"flat", flat_init, flat_plan, flat_start, flat_finish, flat_free};
+const A2aTransport a2a_flat = {flat_init, flat_plan, flat_start, flat_finish, flat_free};

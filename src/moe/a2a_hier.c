@@ -192,4 +192,4 @@ static void hier_free(A2a *t) {
     free(t);
 }
 
-const A2aTransport a2a_hier = {"hier", hier_init, hier_plans, hier_start, hier_finish, hier_free};
+const A2aTransport a2a_hier = {hier_init, hier_plans, hier_start, hier_finish, hier_free};
