@@ -11,7 +11,9 @@
 #include "model/model.h"
 #include "io/checkpoint.h"
 #include "io/hf.h"
-#include "train/evaluate.h"
+#include "train/dump.h"
+#include "train/eval.h"
+#include "train/sample.h"
 #include "train/pretrained.h"
 #include "train/pipe.h"
 

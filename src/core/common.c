@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -134,17 +135,31 @@ void signals_init(int preemptible) {
 }
 int preempt_signal(void) { return preempt_sig; }
 
+// Every xmalloc / xcalloc / xrealloc (xstrdup through xmalloc) so far, and every backend buffer: tests
+// check that a training step after the first allocates nothing (relaxed: only counts; the tee and
+// watchdog threads may add).
+static atomic_uint_fast64_t n_allocs, n_backend;
+uint64_t alloc_count(void) { return (uint64_t)atomic_load_explicit(&n_allocs, memory_order_relaxed); }
+uint64_t alloc_count_backend(void) {
+    return (uint64_t)atomic_load_explicit(&n_backend, memory_order_relaxed);
+}
+void alloc_note_backend(void) { atomic_fetch_add_explicit(&n_backend, 1, memory_order_relaxed); }
+#define COUNT_ALLOC() atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed)
+
 void *xmalloc(size_t n) {
+    COUNT_ALLOC();
     void *p = malloc(n ? n : 1);
     if (!p) DIE("out of memory allocating %zu bytes", n);
     return p;
 }
 void *xcalloc(size_t n, size_t size) {
+    COUNT_ALLOC();
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) DIE("out of memory allocating %zu x %zu bytes", n, size);
     return p;
 }
 void *xrealloc(void *p, size_t n) {
+    COUNT_ALLOC();
     void *q = realloc(p, n ? n : 1);
     if (!q) DIE("out of memory reallocating %zu bytes", n);
     return q;

@@ -29,6 +29,12 @@ void *xmalloc(size_t n); // dies naming the byte count on failure
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+// How many of the calls above this process made so far (xstrdup counts once), and how many buffers the
+// compute backends allocated (each Backend.alloc calls alloc_note_backend; the cpu's are xcalloc's too):
+// a training step after its first must add to neither (tests/test_alloc.c).
+uint64_t alloc_count(void);
+uint64_t alloc_count_backend(void);
+void alloc_note_backend(void);
 
 // Checked stdio: die naming the path and errno text.
 FILE *xfopen(const char *path, const char *mode);

@@ -1,6 +1,6 @@
 // decode.c — KV-cached forward for sampling (see decode.h): the same ops as the training forward (block.c,
 // GQA's parts of attention.c, model.c's head) on the new rows only, over GQA's cache of keys and values.
-// Must not hold: the training forward/backward, the sampling policy (train/evaluate.c).
+// Must not hold: the training forward/backward, the sampling policy (train/sample.c).
 #include "model/decode.h"
 #include <string.h>
 #include "core/common.h"

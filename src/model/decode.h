@@ -7,7 +7,7 @@
 // the cache, laid out (1, W, ...)), o_proj (+ the TP all-reduce), the MoE layer on the new rows, and the
 // final norm and LM head on the last row only. Dropout and jitter never run here. The cache is GQA's
 // (attention.h: another attention variant caches what it needs here).
-// Must not hold: the sampling policy (train/evaluate.c: window, temperature, top-k/top-p), files.
+// Must not hold: the sampling policy (train/sample.c: window, temperature, top-k/top-p), files.
 #pragma once
 #include <stdint.h>
 #include "model/model.h"

@@ -36,6 +36,7 @@ static void chunk_moes(Model *m, LayerActs *a, int n) {
     a->mc = xcalloc(n, sizeof *a->mc);
     for (int i = 0; i < n; i++) {
         moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
+        a->mc[i].layer = a->moe.layer;
         if (m->recompute & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
         a->mc[i].arena = &a->arena;
     }
@@ -93,6 +94,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->xn2 = arena_alloc(A, be, N * d * F);
         a->rstd2 = arena_alloc(A, be, N * F);
         moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+        a->moe.layer = l;
         if (m->recompute) layer_recompute(m, a);
         A->mark = A->used; // the MoE's rows from here (again after each change of AMPipe chunks)
         a->moe.arena = A;

@@ -5,54 +5,50 @@
 // collectives not forced on groups of one: comm_dev_due) it is the identity: `local` is set, the
 // expert-major order is the sender's own (off = its per-expert offsets), and dispatch/combine
 // return their input instead of copying it.
-// Two-level all-to-all (Tutel's 2D hierarchical all-to-all; epn/epx given): the EP ranks form nodes
-// of G = size(epn) consecutive ranks; a rank first sends, within its node, to local rank j everything
-// bound for local index j on any node (blocks reordered node-major: the "transpose"), then the ranks of
-// equal local index exchange between nodes. The same bytes arrive in the same places as the flat
-// all-to-all, so results are bitwise equal; it is blocking (the pipelined exchange then overlaps
-// nothing across it).
+// The all-to-all-v itself is a transport's (moe/a2a.h), chosen once by exchange_init: the flat one, or
+// the two-level one where the mesh gives the groups for it (epn/epx: Tutel's 2D hierarchical
+// all-to-all). The arrays whose size EP, ETP and El fix are allocated by exchange_init; the row-sized
+// ones (the expert-major permutation, the staging rows) grow by a2a_rows and stay, so that an exchange
+// plan allocates nothing once the routing has been seen (`regrown` tells the layer when one grew again).
 // Must not hold: routing decisions or expert math.
 #pragma once
 #include <stdint.h>
+#include "moe/a2a.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
-
-// One direction of the two-level all-to-all, in rows: the block copies before phase 1 (my rows into
-// node-local order) and between the phases (into node order), and both phases' counts/displacements.
-typedef struct {
-    size_t *c1, *d1, *r1, *e1; // (G) phase 1 within the node (epn)
-    size_t *c2, *d2, *r2, *e2; // (A) phase 2 between nodes (epx)
-    int64_t *pre, *mid; // (src row, dst row, rows) triples: npre, nmid of them
-    int npre, nmid;
-    size_t rows1s, rows1r, rows2s; // staging rows
-} HierPlan;
 
 typedef struct {
     const Backend *be;
     const Comm *ep, *etp;
-    const Comm *epn, *epx; // two-level all-to-all: my node's EP ranks, my local index's (NULL: flat)
-    HierPlan hp[2]; // its plans, dispatch [0] and combine [1]
-    void *h_s1, *h_r1, *h_s2; // its staging (device)
-    size_t cap_h;
+    const A2aTransport *tr; // the EP all-to-all-v's transport (flat or two-level) and its state
+    A2a *a2a;
     int EP, ETP, El, d;
+    int rows_max; // rows I send at most (each of them bound for one expert of the EP group)
     size_t *sc, *sd, *rc, *rd; // (EP) rows sent to / received from each EP peer, and displacements
+    size_t *one, *disp; // (EP) the count exchange's layout: El counts to and from every peer
     int64_t *rcnt; // (EP, El) rows received from EP peer q for local expert le
     int64_t *gcnt; // (ETP, EP, El) the same for every ETP peer (after the gather)
     size_t *gc, *gd; // (ETP) rows held by each ETP peer after the EP exchange
+    size_t *cnt; // (2 ETP) the ETP gather's / reduce-scatter's element counts and displacements
     int local; // EP = ETP = 1 without forced device collectives (set by exchange_plan)
     int M, R, Rg; // rows I send; rows I receive; rows after the ETP gather
     int64_t *off; // (El+1) expert-major offsets over the Rg rows
-    int32_t *perm_h; // (Rg) expert-major row i is gathered row perm_h[i] (not local)
-    int32_t *perm, *iperm; // device copies of perm and its inverse (not local)
-    void *raw_ep, *raw; // (R,d), (Rg,d) staging (device; not local): the hidden format or float32
-    size_t cap_R, cap_Rg, cap_idx;
-    CommReq *req; // the EP all-to-all in flight (between a _start and its _finish)
+    int32_t *perm_h, *iperm_h; // (cap_Rg) expert-major row i is gathered row perm_h[i], and back (not local)
+    int32_t *perm, *iperm; // their device copies (not local)
+    void *raw_ep, *raw; // (cap_R,d), (cap_Rg,d) staging (device; not local): the hidden format or float32
+    size_t cap_R, cap_Rg; // rows
+    int regrown; // 1: the last plan grew a row-sized buffer that held rows before (the caller clears it)
 } Exchange;
 
-// epn, epx: the two-level all-to-all's groups (both NULL: the flat all-to-all).
+// epn, epx: the two-level all-to-all's groups (both NULL: the flat all-to-all). rows_max: the rows this
+// rank sends at most in one exchange.
 void exchange_init(Exchange *x, const Backend *be, const Comm *ep, const Comm *etp, const Comm *epn,
-                   const Comm *epx, int El, int d);
+                   const Comm *epx, int El, int d, int rows_max);
 void exchange_free(Exchange *x);
+// The most rows the expert side can receive (every routed row of the EP group on this rank's experts,
+// gathered over ETP), and as many as an even routing gives it.
+size_t exchange_rows_worst(const Exchange *x);
+size_t exchange_rows_typical(const Exchange *x);
 // From my kept rows per expert (E = EP*El counts, rows sorted by expert): sizes, counts and the
 // expert-major permutation. Collective over ep and etp. Sets `local`.
 void exchange_plan(Exchange *x, const int64_t *kept_per_expert);
@@ -65,10 +61,10 @@ const void *exchange_dispatch(Exchange *x, const void *rows, void *out);
 // and rows returned; when local, partial itself is returned (rows untouched, may be NULL).
 const float *exchange_combine(Exchange *x, const float *partial, float *rows);
 // The same in two halves, so that compute runs while the EP all-to-all is in flight (the pipelined
-// exchange): _start begins it (non-blocking; the ETP gather / reduce-scatter stay blocking, in
-// _finish for the dispatch and in _start for the combine), _finish waits and returns what the whole
-// call returns. Between them rows / the staging buffers must not be touched. Every rank of the group
-// starts and finishes in the same order.
+// exchange): _start begins it (non-blocking where the transport is; the ETP gather / reduce-scatter stay
+// blocking, in _finish for the dispatch and in _start for the combine), _finish waits and returns what
+// the whole call returns. Between them rows / the staging buffers must not be touched. Every rank of the
+// group starts and finishes in the same order.
 void exchange_dispatch_start(Exchange *x, const void *rows);
 const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out);
 void exchange_combine_start(Exchange *x, const float *partial, float *rows);

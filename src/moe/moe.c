@@ -3,18 +3,24 @@
 // backward. The host gets one copy of the router's outputs per forward (the top-k choices for the
 // dispatch plan and the counts, plus logits and probs for evaluate.c's readers), builds the plan
 // and sends it back in one copy; the backward's only host traffic is the E aux coefficients.
-#include "moe/moe_impl.h"
+#include "moe/moe.h"
+#include <stdio.h>
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
-
-
+#include "moe/moe_experts.h"
 
 // Make sure the expert-side buffers hold Rg rows (xg only when the exchange is not local: then the
-// GEMMs read the gathered rows xs directly).
+// GEMMs read the gathered rows xs directly): rows_cap grows by a2a_rows (at most every row the EP group
+// routes, gathered over ETP; where the exchange is local, its Rmax rows at once).
 static void expert_buffers(MoeLayer *m, int Rg) {
     const Backend *be = m->be;
-    size_t rows = Rg ? Rg : 1, nf = moe_rows_bytes(m);
+    if ((size_t)Rg > m->rows_cap || !m->rows_cap) {
+        m->regrown |= m->rows_cap > 0;
+        m->rows_cap =
+            a2a_rows((size_t)Rg, m->rows_cap, exchange_rows_typical(m->xu), exchange_rows_worst(m->xu));
+    }
+    size_t rows = m->rows_cap, nf = moe_rows_bytes(m);
     // (the SwiGLU rows first: the largest, they take a lent arena's room before the outputs)
     if (m->rc) moe_rc_rows(m, nf);
     else {
@@ -25,13 +31,15 @@ static void expert_buffers(MoeLayer *m, int Rg) {
     if (!m->xu->local) m->xg = moe_grown(be, m->arena, m->xg, &m->cap_xg, rows * m->d * be->hid_elem);
 }
 
-static void scratch_buffers(MoeScratch *s, int Rg, int M, int d, int fl, int local) {
+// The backward's expert-side scratch for the layer's rows (rows_cap, as its forward buffers) and its
+// token-side rows (Rmax at most).
+static void scratch_buffers(MoeScratch *s, const MoeLayer *m) {
     const Backend *be = s->be;
-    size_t rows = Rg ? Rg : 1, nf = rows * fl * be->hid_elem;
+    size_t rows = m->rows_cap, d = m->d, nf = rows * m->fu * be->hid_elem;
     s->dxg = moe_grown(be, NULL, s->dxg, &s->cap_d, rows * d * F);
-    if (!local) {
+    if (!m->xu->local) {
         s->dyg = moe_grown(be, NULL, s->dyg, &s->cap_dyg, rows * d * be->hid_elem);
-        s->dxs = moe_grown(be, NULL, s->dxs, &s->cap_dxs, (size_t)(M ? M : 1) * d * F);
+        s->dxs = moe_grown(be, NULL, s->dxs, &s->cap_dxs, (size_t)(m->Rmax ? m->Rmax : 1) * d * F);
     }
     void **const bf[] = {&s->dh1, &s->dh3};
     moe_grown_n(be, NULL, bf, 2, &s->cap_f, nf);
@@ -77,6 +85,7 @@ static void rt_point(MoeLayer *m, int Ns) {
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm) {
     memset(m, 0, sizeof *m);
     m->be = be;
+    m->layer = -1;
     if (cm) m->cm = *cm;
     int TP = comm_size(m->cm.tp), EP = comm_size(m->cm.ep), ETP = comm_size(m->cm.etp),
         S = comm_size(m->cm.stage);
@@ -101,9 +110,16 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->counts = xcalloc(E, sizeof(int64_t));
     m->psum = xcalloc(E, sizeof(double));
     m->aux_f = xcalloc(E, sizeof(double));
+    m->mine_h = xcalloc(k * E + 1, sizeof(int64_t));
+    m->ps_h = xcalloc(E + 1, sizeof(double));
+    m->slots_h = xcalloc((size_t)S * k * E + k * E + E, sizeof(int64_t));
+    m->bud_h = m->slots_h + (size_t)S * k * E;
+    m->kept_h = m->bud_h + k * E;
+    m->tp_cnt = xcalloc(2 * (size_t)TP, sizeof(size_t));
     if (c->jitter > 0) {
         m->noise = be->alloc(Ns * d * F);
         m->xj = be->alloc(Ns * d * F);
+        m->noise_h = xcalloc(Ns ? Ns * d : 1, F);
     }
     // xs (R,d), my kept rows: allocated by the first moe_start (a layer whose forward runs in AMPipe
     // chunks never needs its whole-batch rows)
@@ -116,7 +132,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->rank = (int32_t *)(m->rowscale + R);
     m->kf_d = m->rank + R;
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
-    exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
+    exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d, m->Rmax);
     m->fs = c->n_shared_experts * c->shared_d_ff;
     if (m->fs) {
         size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * be->hid_elem;
@@ -146,8 +162,18 @@ void moe_layer_free(MoeLayer *m) {
     free(m->counts);
     free(m->psum);
     free(m->aux_f);
+    free(m->mine_h);
+    free(m->ps_h);
+    free(m->slots_h);
+    free(m->tp_cnt);
+    free(m->noise_h);
+    free(m->cidx_h);
+    free(m->kc_h);
+    free(m->etp_cnt);
     free(m->seq_f);
     free(m->seq_st);
+    free(m->seq_dp_h);
+    free(m->seq_seg);
     if (m->seq_dp) be->free(m->seq_dp);
     plan_free(&m->plan);
     void *dev[] = {m->noise,  m->xj,   m->rt_d, m->xs,   m->ys,   m->plan_d, m->yslice,
@@ -233,7 +259,7 @@ static void slice_of(int N, int TP, int r, int *s0, int *n) {
 // Gather every TP rank's slice (Ns_r, d) into full (N, d).
 static void tp_gather(const MoeLayer *m, const float *slice, float *full) {
     int TP = comm_size(m->cm.tp);
-    size_t *cnt = xmalloc(sizeof(size_t) * TP * 2), *dsp = cnt + TP;
+    size_t *cnt = m->tp_cnt, *dsp = cnt + TP;
     for (int r = 0; r < TP; r++) {
         int s0, n;
         slice_of(m->N, TP, r, &s0, &n);
@@ -241,7 +267,6 @@ static void tp_gather(const MoeLayer *m, const float *slice, float *full) {
         dsp[r] = (size_t)s0 * m->d;
     }
     comm_dev_allgatherv(m->cm.tp, slice, (size_t)m->Ns * m->d, full, cnt, dsp, CT_F32);
-    free(cnt);
 }
 
 void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
@@ -258,7 +283,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     if (m->noise) {
         // HF Mixtral jitter: the MoE input is scaled elementwise by U(1-j, 1+j), training only
         size_t n = (size_t)Ns * d;
-        float *nh = xmalloc((n ? n : 1) * F);
+        float *nh = m->noise_h;
         for (int i = 0; i < Ns; i++) {
             Rng r;
             rng_seed(&r, noise_seed ^ ((uint64_t)(row0 + m->s0 + i) * 0x9E3779B97F4A7C15ull));
@@ -267,7 +292,6 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
                     noise_seed ? 1.0f - c->jitter + 2.0f * c->jitter * rng_uniform(&r) : 1.0f;
         }
         be->to_device(m->noise, nh, n * F);
-        free(nh);
         be->mul(m->xj, xin, m->noise, n);
         xin = m->xj;
     }
@@ -283,11 +307,10 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     be->to_host(m->rt_h, m->rt_d, m->host_router_out || c->aux_scope == AUX_SCOPE_SEQ ? rl.copy : rl.idx);
     // global statistics over the stage: slot counts of every rank (+ its token count), prob sums, lse^2
     size_t per = (size_t)k * E + 1;
-    int64_t *mine = xmalloc(sizeof(int64_t) * per);
+    int64_t *mine = m->mine_h;
     for (size_t q = 0; q + 1 < per; q++) mine[q] = m->cnt_h[q];
     mine[per - 1] = Ns;
     comm_allgather(m->cm.stage, mine, m->cnt_all, per, CT_I64);
-    free(mine);
     m->Ng = 0;
     memset(m->counts, 0, sizeof(int64_t) * E);
     for (int s = 0; s < S; s++) {
@@ -296,7 +319,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
         for (int j = 0; j < k; j++)
             for (int e = 0; e < E; e++) m->counts[e] += cs[(size_t)j * E + e];
     }
-    double *ps = xcalloc(E + 1, sizeof(double));
+    double *ps = m->ps_h;
     memcpy(ps, m->sums_h, sizeof(double) * (E + 1));
     comm_allreduce(m->cm.stage, ps, E + 1, CT_F64);
     double a = 0;
@@ -322,7 +345,6 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     } else if (c->aux_scope == AUX_SCOPE_SEQ && !m->chunk_part) { // (a chunk's: moe_stats_merge)
         moe_seq_stats(m);
     }
-    free(ps);
     m->xin = xin;
 }
 
@@ -390,6 +412,23 @@ void moe_slot_counts(const MoeLayer *m, int64_t *out) {
         memcpy(out + (size_t)s * k * E, m->cnt_all + (size_t)s * per, sizeof(int64_t) * k * E);
 }
 
+// Row buffers that held rows and grew again (the routing less even than so far: more rows for this
+// rank's experts than any forward before): one line on stderr naming the layer and the new size.
+static void report_regrowth(MoeLayer *m) {
+    int again = m->regrown || m->xu->regrown;
+    for (int i = 0; i < m->r && m->r > 1; i++) again |= m->xc[i].regrown;
+    if (!again) return;
+    char at[48] = "an MoE layer";
+    if (m->layer >= 0) snprintf(at, sizeof at, "layer %d", m->layer);
+    fprintf(stderr,
+            "moe: note: %s (EP rank %d of %d, ETP rank %d of %d): the routing sends it more rows than "
+            "before: its row buffers grew (room for %zu expert-side rows of %d values now)\n",
+            at, comm_rank(m->cm.ep), comm_size(m->cm.ep), comm_rank(m->cm.etp), comm_size(m->cm.etp),
+            m->rows_cap, m->fu);
+    m->regrown = m->xu->regrown = 0;
+    for (int i = 0; i < m->r && m->r > 1; i++) m->xc[i].regrown = 0;
+}
+
 void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int64_t *budget) {
     const Backend *be = m->be;
     int d = m->d, fl = m->fl, E = m->E, k = m->k, Ns = m->Ns;
@@ -402,12 +441,10 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
     if (c->dispatch == DISPATCH_CAPACITY && budget) {
         for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = (int32_t)budget[q];
     } else if (c->dispatch == DISPATCH_CAPACITY) {
-        int64_t *slots = xmalloc(sizeof(int64_t) * S * k * E), *bud = xmalloc(sizeof(int64_t) * k * E);
+        int64_t *slots = m->slots_h, *bud = m->bud_h;
         moe_slot_counts(m, slots);
         router_budget(slots, S, me, E, k, capacity_for(c, (int)m->Ng), bud);
         for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = (int32_t)bud[q];
-        free(slots);
-        free(bud);
     } else {
         for (size_t q = 0; q < (size_t)k * E; q++) keep[q] = m->cnt_h[q];
     }
@@ -436,7 +473,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
                   m->kf_d + (size_t)k * E, Ns, E, k);
     // permute, send to the expert owners, experts, and back
     be->gather_rows_hid(m->xs, xin, 0, m->rowtok, M, d);
-    int64_t *kept = xmalloc(sizeof(int64_t) * E);
+    int64_t *kept = m->kept_h;
     for (int e = 0; e < E; e++) kept[e] = m->plan.off[e + 1] - m->plan.off[e];
     // sharded (ETP slices, tokens gathered over ETP) or gathered (whole experts, my tokens: EP only)
     m->gathered = m->mode == MOE_GATHERED && comm_size(m->cm.etp) > 1;
@@ -451,9 +488,9 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
     // the pipelined exchange where there is an exchange to overlap (EP/ETP > 1, or forced NCCL)
     m->r = m->xu->local || m->gathered ? 1 : m->overlap;
     if (m->r > 1) moe_plan_chunks(m, kept);
-    free(kept);
     int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
     expert_buffers(m, Rg);
+    report_regrowth(m);
     if (!m->xu->local && !m->ys) m->ys = arena_alloc(m->arena, be, (size_t)(R ? R : 1) * d * F);
     m->wu = wf;
     // with early_dispatch (AMPipe) the unchunked dispatch is in flight until moe_finish
@@ -495,11 +532,11 @@ void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights 
 
 void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy) {
     const Backend *be = m->be;
-    int d = m->d, M = m->plan.M, Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
+    int d = m->d, M = m->plan.M;
     // combine: dys = w * dy[tok]; dw = <dy[tok], ys> (one pass)
     m->dyb = dy + (size_t)m->s0 * d;
     be->gather_dot_scale(s->dys, s->rowdot, m->dyb, m->rowtok, m->ysp, m->rowscale, M, d, 1);
-    scratch_buffers(s, Rg, M, d, m->fu, m->xu->local);
+    scratch_buffers(s, m);
     // with early_dispatch the unchunked dispatch of dys is in flight until moe_backward_finish
     m->started = m->early_dispatch && m->r == 1 && !m->xu->local;
     if (m->started) exchange_dispatch_start(m->xu, s->dys);
@@ -509,14 +546,6 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
     moe_backward_start(m, s, dy);
     moe_backward_finish(m, s, dx, x, w, g, c, aux_scale, z_scale);
-}
-
-int moe_dw_flags(const MoeGrads *g, int first) {
-    int w = first && g->fresh;
-    CHECK(w || !g->packed,
-          "moe_dw_flags: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
-          "needs each written once a step: one micro-batch, one chunk)");
-    return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) : 0;
 }
 
 void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, const MoeWeights *w,
@@ -571,8 +600,8 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         // (T S)
         int T = m->seq_len, S = m->nseq, nseg = 0;
         int64_t g0 = m->row0 + m->s0;
-        float *dp = xmalloc(sizeof(float) * (size_t)(S + 2) * E);
-        int *segs = xmalloc(sizeof(int) * (size_t)(S + 3));
+        float *dp = m->seq_dp_h;
+        int *segs = m->seq_seg;
         for (int i = 0; i < Ns; i++) {
             if (i && (g0 + i) % T) continue;
             int sq = (int)((g0 + i) / T);
@@ -590,8 +619,6 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
                            m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E, (float)(2.0 * z_scale / Ng), n,
                            E, k, c->renormalize);
         }
-        free(dp);
-        free(segs);
     } else {
         for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
         be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);

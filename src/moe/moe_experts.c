@@ -1,11 +1,20 @@
 // moe_experts.c — the MoE layer's expert-side variants (see moe.h; called by moe.c only, through
-// moe_impl.h): the pipelined exchange's chunks (Tutel's overlap degree r), the gathered expert mode
+// moe_experts.h): the pipelined exchange's chunks (Tutel's overlap degree r), the gathered expert mode
 // (whole experts from the ETP slices), the shared expert (Qwen2-MoE), the per-sequence router
-// statistics (--aux-scope sequence), and the recomputation of the SwiGLU rows (--recompute moe).
-// Must not hold: the router, the dispatch plan or the layer's schedule (moe.c).
-#include "moe/moe_impl.h"
+// statistics (--aux-scope sequence), the recomputation of the SwiGLU rows (--recompute moe), and the
+// flags of the experts' weight-gradient writes.
+// Must not hold: the router, the dispatch plan or the layer's schedule (moe.c), or calls into moe.c.
+#include "moe/moe_experts.h"
 #include <string.h>
 #include "core/common.h"
+
+int moe_dw_flags(const MoeGrads *g, int first) {
+    int w = first && g->fresh;
+    CHECK(w || !g->packed,
+          "moe_dw_flags: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
+          "needs each written once a step: one micro-batch, one chunk)");
+    return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) : 0;
+}
 
 // Recomputation (m->rc): the layer's h1, h3, act are the shared buffers, grown to nf bytes each.
 void moe_rc_rows(MoeLayer *m, size_t nf) {
@@ -87,10 +96,14 @@ void moe_seq_alloc(MoeLayer *m, int S) {
     if (S > m->seq_cap) {
         free(m->seq_f);
         free(m->seq_st);
+        free(m->seq_dp_h);
+        free(m->seq_seg);
         if (m->seq_dp) m->be->free(m->seq_dp);
         m->seq_f = xmalloc(sizeof(double) * (size_t)S * E);
         m->seq_st = xmalloc(sizeof(double) * (size_t)S * 2 * E);
         m->seq_dp = m->be->alloc(sizeof(float) * (size_t)(S + 2) * E); // my rows span at most S + 2 segments
+        m->seq_dp_h = xmalloc(sizeof(float) * (size_t)(S + 2) * E);
+        m->seq_seg = xmalloc(sizeof(int) * (size_t)(S + 3));
         m->seq_cap = S;
     }
     m->nseq = S;
@@ -159,7 +172,8 @@ void moe_gathered_setup(MoeLayer *m) {
     m->widx = be->alloc(sizeof(int32_t) * 2 * (n13 + n2));
     be->to_device(m->widx, ix, sizeof(int32_t) * 2 * (n13 + n2));
     free(ix);
-    exchange_init(&m->xe, be, m->cm.ep, NULL, m->cm.epn, m->cm.epx, El, d);
+    exchange_init(&m->xe, be, m->cm.ep, NULL, m->cm.epn, m->cm.epx, El, d, m->Rmax);
+    m->etp_cnt = xcalloc(S, sizeof(size_t));
 }
 
 // The layer's slices all-gathered over ETP into whole experts (m->wfull: w1, w3, w2), into *wf.
@@ -200,7 +214,7 @@ void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads 
     const Backend *be = m->be;
     int S = comm_size(m->cm.etp), El = m->El, fl = m->fl, f = fl * S, d = m->d;
     size_t n13 = (size_t)El * f, n2 = (size_t)El * d * S, ws = (size_t)El * fl * d;
-    size_t *cnt = xmalloc(sizeof(size_t) * S);
+    size_t *cnt = m->etp_cnt;
     for (int p = 0; p < S; p++) cnt[p] = ws;
     CHECK(!g->packed,
           "moe_scatter_grads: the gathered expert mode's gradients are summed over ETP: not packed in bf16");
@@ -213,17 +227,21 @@ void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads 
         if (g->fresh) be->copy(mine[t], s->gslice, ws * F); // nothing there yet this step (MoeGrads.fresh)
         else be->axpy(mine[t], s->gslice, 1.0f, ws);
     }
-    free(cnt);
 }
 
 // The chunks of the pipelined exchange: chunk i takes rows [kept[e] i/r, kept[e] (i+1)/r) of each
 // expert's block (off[e] = plan.off[e]), so every chunk is expert-sorted too; its routes (collective
 // over EP/ETP, every rank in the same order), the chunk-major order of my rows (cidx) and its inverse.
+// A chunk sends at most ceil(kept[e] / r) rows of each expert e.
 void moe_plan_chunks(MoeLayer *m, const int64_t *kept) {
     const Backend *be = m->be;
-    int r = m->r, E = m->E, M = m->plan.M;
-    int32_t *ci = xmalloc(sizeof(int32_t) * (size_t)(M ? M : 1) * 2), *ici = ci + (M ? M : 1);
-    int64_t *kc = xmalloc(sizeof(int64_t) * E), p = 0;
+    int r = m->r, E = m->E, M = m->plan.M, R = m->Rmax ? m->Rmax : 1;
+    if (!m->cidx_h) {
+        m->cidx_h = xmalloc(sizeof(int32_t) * 2 * (size_t)R);
+        m->kc_h = xmalloc(sizeof(int64_t) * E);
+    }
+    int32_t *ci = m->cidx_h, *ici = ci + R;
+    int64_t *kc = m->kc_h, p = 0;
     m->gstart[0] = 0;
     for (int i = 0; i < r; i++) {
         m->cstart[i] = p;
@@ -237,7 +255,8 @@ void moe_plan_chunks(MoeLayer *m, const int64_t *kept) {
             kc[e] = hi - lo;
         }
         if (!m->xc[i].be)
-            exchange_init(&m->xc[i], be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d);
+            exchange_init(&m->xc[i], be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d,
+                          (R + r - 1) / r + E);
         exchange_plan(&m->xc[i], kc);
         m->gstart[i + 1] = m->gstart[i] + m->xc[i].Rg;
     }
@@ -250,8 +269,6 @@ void moe_plan_chunks(MoeLayer *m, const int64_t *kept) {
     }
     be->to_device(m->cidx, ci, sizeof(int32_t) * M);
     be->to_device(m->icidx, ici, sizeof(int32_t) * M);
-    free(ci);
-    free(kc);
 }
 
 // The experts over r chunks, pipelined: chunk i+1's dispatch and chunk i's combine are in flight

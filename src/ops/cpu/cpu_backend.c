@@ -8,7 +8,10 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/plain.h"
 
-static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
+static void *cpu_alloc(size_t bytes) {
+    alloc_note_backend();
+    return xcalloc(1, bytes);
+}
 static void cpu_free(void *p) { free(p); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);

@@ -6,10 +6,22 @@
 // thread count except inside BLAS).
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
 #include "ops/cpu/cpu_ops.h"
+
+void *cpu_scratch(size_t bytes) {
+    static void *p;
+    static size_t cap;
+    if (bytes > cap) {
+        free(p);
+        p = xmalloc(bytes);
+        cap = bytes;
+    }
+    return p;
+}
 
 void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
 #pragma omp parallel for schedule(static)
@@ -149,9 +161,10 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
     int rep = H / KV, drop = pd > 0;
     uint32_t thr = drop ? dropout_threshold(pd) : 0;
     float dsc = drop ? 1.0f / (1.0f - pd) : 1.0f;
+    float *scr = cpu_scratch(sizeof(float) * (size_t)(T ? T : 1) * omp_get_max_threads());
 #pragma omp parallel
     {
-        float *s = malloc(sizeof(float) * T);
+        float *s = scr + (size_t)T * omp_get_thread_num();
 #pragma omp for schedule(static) collapse(2)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++) {
@@ -185,7 +198,6 @@ static void attn_fwd(float *out, float *lse, const float *q, const float *k, con
                     lse[((size_t)b * H + h) * T + t] = mx + (float)log(sum);
                 }
             }
-        free(s);
     }
 }
 
@@ -398,7 +410,7 @@ void cpu_add(float *out, const float *a, const float *b, size_t n) {
 static double sumsq(const float *g, const OptRun *u) {
     enum { CHUNK = 1 << 14 };
     size_t n = (size_t)u->n, nc = (n + CHUNK - 1) / CHUNK;
-    double *part = xmalloc(sizeof(double) * (nc ? nc : 1));
+    double *part = cpu_scratch(sizeof(double) * (nc ? nc : 1));
 #pragma omp parallel for schedule(static)
     for (size_t c = 0; c < nc; c++) {
         double s = 0;
@@ -416,7 +428,6 @@ static double sumsq(const float *g, const OptRun *u) {
     }
     double s = 0;
     for (size_t c = 0; c < nc; c++) s += part[c];
-    free(part);
     return s;
 }
 

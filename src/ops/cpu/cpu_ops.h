@@ -2,6 +2,11 @@
 #pragma once
 #include "ops/ops.h"
 
+// Host scratch of at least `bytes` that the cpu ops share (one op at a time; an op divides it among its
+// threads): grown when an op needs more, never shrunk, kept for the process, so that an op allocates
+// nothing once it has run at its sizes (a training step after the first: tests/test_alloc.c).
+void *cpu_scratch(size_t bytes);
+
 void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,
                     int O, int flags);

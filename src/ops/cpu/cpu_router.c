@@ -5,6 +5,7 @@
 // rows in order. tests/test_ops.c checks them against double references, test_router against
 // finite differences.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ops/cpu/cpu_ops.h"
@@ -80,9 +81,11 @@ void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const 
 void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                     const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
                     int N, int E, int k, int renorm) {
+    size_t per = (size_t)(E ? E : 1) + (size_t)(k ? k : 1); // each thread's dp (E) and g (k)
+    float *scr = cpu_scratch(sizeof(float) * per * omp_get_max_threads());
 #pragma omp parallel
     {
-        float *dp = malloc(sizeof(float) * (E ? E : 1)), *g = malloc(sizeof(float) * (k ? k : 1));
+        float *dp = scr + per * omp_get_thread_num(), *g = dp + (E ? E : 1);
 #pragma omp for schedule(static)
         for (int t = 0; t < N; t++) {
             const float *p = probs + (size_t)t * E;
@@ -110,7 +113,5 @@ void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row
             float *dl = dlogits + (size_t)t * E;
             for (int e = 0; e < E; e++) dl[e] = p[e] * (dp[e] - (float)pdp) + zc * p[e];
         }
-        free(dp);
-        free(g);
     }
 }

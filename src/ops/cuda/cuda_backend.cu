@@ -64,6 +64,7 @@ static size_t g_ws_bytes;
 extern "C" cublasHandle_t cuda_cublas(void) { return g_cublas; }
 
 static void *cuda_alloc(size_t bytes) {
+    alloc_note_backend();
     void *p = NULL;
     size_t n = bytes ? bytes : 1; // a unique non-NULL pointer even for 0 bytes, like calloc
     cudaError_t e = cudaMalloc(&p, n);

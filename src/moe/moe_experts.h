@@ -1,7 +1,8 @@
-// moe_impl.h — inside src/moe only: what moe.c (the layer's forward/backward schedule) and
-// moe_experts.c (its expert-side variants) share. Must not be included outside src/moe.
+// moe_experts.h — inside src/moe only: the MoE layer's expert-side variants (moe_experts.c), which moe.c
+// (the layer's forward/backward schedule) calls, and the buffer helpers both use. Must not be included
+// outside src/moe; must not hold the layer's API (moe.h).
 #pragma once
-#include "moe/moe.h"
+#include "moe/moe_types.h"
 
 #define F sizeof(float)
 
@@ -24,12 +25,9 @@ static inline void moe_grown_n(const Backend *be, Arena *a, void **const *p, int
     *cap = need;
 }
 
-// The bytes of one of the last forward's SwiGLU row blocks (h1, h3 or act: its expert rows x fu, hidden
+// The bytes of one of the layer's SwiGLU row blocks (h1, h3 or act: its expert-side rows x fu, hidden
 // format).
-static inline size_t moe_rows_bytes(const MoeLayer *m) {
-    int Rg = m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg;
-    return (size_t)(Rg ? Rg : 1) * m->fu * m->be->hid_elem;
-}
+static inline size_t moe_rows_bytes(const MoeLayer *m) { return m->rows_cap * m->fu * m->be->hid_elem; }
 // --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and
 // fill them again before the backward (the forward's SwiGLU GEMMs on the kept inputs, wu: the experts
 // the forward used).
