@@ -30,7 +30,7 @@ static float *drand(const Backend *be, size_t n, Rng *r) {
 // q, k, v as the model hands them to the attention: in the backend's hidden format (ops.h to_hid)
 static void *drand_hid(const Backend *be, size_t n, Rng *r) {
     float *f = drand(be, n, r);
-    void *h = be->alloc(n * be->hid_elem);
+    void *h = be->alloc(n * hid_size(be));
     be->to_hid(h, f, n);
     be->free(f);
     return h;

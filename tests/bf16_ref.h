@@ -89,7 +89,7 @@ static void bfr_grouped_bwd(float *dinp, float *dw, const float *dout, const flo
 }
 
 static const Backend *backend_cpu_bf16ref(void);
-// The experts' hidden rows as "cuda" keeps them (bf16, ops.h hid_elem): each value rounded once from
+// The experts' hidden rows as "cuda" keeps them (bf16, ops.h Backend.hid): each value rounded once from
 // the float32 the composition computes; here they stay float arrays holding bf16 values.
 static inline void bf16_round_rows(float *x, const int64_t *off, int G, int C) {
     if (G > 0) bf16_round_n(x + (size_t)off[0] * C, (size_t)(off[G] - off[0]) * C);

@@ -1,6 +1,6 @@
-// hid_bf16.h — for the cpu tests: the cpu backend with the experts' hidden rows in bf16 (ops.h hid_elem 2),
-// as the "cuda" backend keeps them, so that src/moe's handling of that format (buffer sizes, the per-chunk
-// offsets of ops.h hid_at, the shared expert's rows, the dispatched rows through the exchange as
+// hid_bf16.h — for the cpu tests: the cpu backend with the experts' hidden rows in bf16 (ops.h Backend.hid
+// FMT_BF16), as the "cuda" backend keeps them, so that src/moe's handling of that format (buffer sizes, the
+// per-chunk offsets of ops.h hid_at, the shared expert's rows, the dispatched rows through the exchange as
 // CT_BF16) runs in CI without a GPU. The fused expert ops widen their bf16 inputs to float32, run the
 // cpu's plain composition (plain.h) and round each hidden output once to nearest even, as the GPU's
 // epilogues do; gather_rows_hid, gather_dot_scale, rmsnorm_fwd_hid, rope_fwd_hid and to_hid round into bf16
@@ -198,7 +198,7 @@ static inline const Backend *backend_cpu_hid_bf16(void) {
     if (!b.name) {
         b = *backend_cpu();
         b.name = "cpu-hid-bf16";
-        b.hid_elem = 2;
+        b.hid = FMT_BF16;
         b.grouped_swiglu_fwd = hb_swiglu_fwd;
         b.grouped_down_fwd = hb_down_fwd;
         b.grouped_swiglu_bwd = hb_swiglu_bwd;

@@ -271,10 +271,10 @@ static void test_memory(int big) {
     free(z);
 }
 
-// The experts' hidden rows on the device (ops.h hid_elem: float32, or bf16 on "cuda"). hid_put rounds
+// The experts' hidden rows on the device (ops.h Backend.hid: float32, or bf16 on "cuda"). hid_put rounds
 // to nearest even (callers hand it bf16 values where the test needs them exact); hid_nan poisons.
 static void *hid_put(const float *h, size_t n) {
-    if (gpu->hid_elem == sizeof(float)) return dputf(h, n);
+    if (gpu->hid == FMT_F32) return dputf(h, n);
     uint16_t *b = xcalloc(n ? n : 1, 2);
     for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
     void *d = dput(b, n * 2);
@@ -289,7 +289,7 @@ static void *hid_nan(size_t n) {
 }
 static float *hid_get(const void *d, size_t n) {
     float *h = hnew(n);
-    if (gpu->hid_elem == sizeof(float)) {
+    if (gpu->hid == FMT_F32) {
         gpu->to_host(h, d, n * sizeof(float));
         return h;
     }
@@ -301,7 +301,7 @@ static float *hid_get(const void *d, size_t n) {
 }
 // the values x rounded as the hidden format stores them (in place)
 static void hid_round(float *x, size_t n) {
-    if (gpu->hid_elem != sizeof(float))
+    if (gpu->hid != FMT_F32)
         for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
 }
 
@@ -325,9 +325,7 @@ static void cmp_exact_hid2(const char *what, const void *a_d, const void *b_d, s
     free(b);
 }
 // The attention output's element band: the float32 path's band, or (bf16 out) one rounding on top of it
-static double att_out_band(double f32_band) {
-    return gpu->hid_elem == sizeof(float) ? f32_band : BAND_BF16_ELEM;
-}
+static double att_out_band(double f32_band) { return gpu->hid == FMT_F32 ? f32_band : BAND_BF16_ELEM; }
 
 // ---------------------------------------------------------------- GEMMs
 // On "cuda", a GEMM that runs in bf16 is compared with bf16_ref.h (same rounded operands) in
@@ -675,7 +673,7 @@ static double bf16_ulp(double v) {
 }
 static void cmp_hid(const char *op, int bf, const char *what, const void *got_d, const float *ref_r,
                     const float *ref_f, size_t n) {
-    if (gpu->hid_elem == sizeof(float)) {
+    if (gpu->hid == FMT_F32) {
         cmp_gemm(op, bf, what, got_d, ref_r, ref_f, n);
         return;
     }

@@ -558,7 +558,7 @@ static void test_rmsnorm(void) {
         fill_nan(oh, N * C);
         fill_nan(rh, N);
         be->rmsnorm_fwd_hid(oh, rh, x, w, N, C, eps);
-        EXPECT(be->hid_elem == sizeof(float) && !memcmp(oh, out, sizeof(float) * N * C) &&
+        EXPECT(be->hid == FMT_F32 && !memcmp(oh, out, sizeof(float) * N * C) &&
                    !memcmp(rh, rstd, sizeof(float) * N),
                "rmsnorm_fwd_hid differs from rmsnorm_fwd");
         free(oh);
@@ -1150,12 +1150,12 @@ static void test_rows(void) {
     be->gather_dot_scale(fo, fd, dacc, idx, src, scale, n, C, 0);
     EXPECT(!memcmp(fo, dsrc, sizeof(float) * n * C) && !memcmp(fd, dscale, sizeof(float) * n),
            "gather_dot_scale differs from gather_rows + row_dot + scale_rows");
-    // into the hidden format, float32 on the cpu (hid_elem 4): the same floats; gather_rows_hid from float32
-    // or from rows of the format: gather_rows
+    // into the hidden format, float32 on the cpu (Backend.hid FMT_F32): the same floats; gather_rows_hid from
+    // float32 or from rows of the format: gather_rows
     fill_nan(fo, n * C);
     fill_nan(fd, n);
     be->gather_dot_scale(fo, fd, dacc, idx, src, scale, n, C, 1);
-    EXPECT(be->hid_elem == sizeof(float) && !memcmp(fo, dsrc, sizeof(float) * n * C) &&
+    EXPECT(be->hid == FMT_F32 && !memcmp(fo, dsrc, sizeof(float) * n * C) &&
                !memcmp(fd, dscale, sizeof(float) * n),
            "gather_dot_scale into the (float32) hidden format differs");
     for (int h = 0; h < 2; h++) {

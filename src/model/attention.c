@@ -281,11 +281,11 @@ static void gqa_scratch_free(Model *m) {
 static void gqa_acts_alloc(const Model *m, AttnActs *a, Arena *A) {
     const Backend *be = m->be;
     size_t N = m->maxN, qd = (size_t)m->Hl * m->c.head_dim, kvd = (size_t)m->KVl * m->c.head_dim;
-    a->q = arena_alloc(A, be, N * qd * be->hid_elem);
-    a->k = arena_alloc(A, be, N * kvd * be->hid_elem);
-    a->v = arena_alloc(A, be, N * kvd * be->hid_elem);
+    a->q = arena_alloc(A, be, N * qd * hid_size(be));
+    a->k = arena_alloc(A, be, N * kvd * hid_size(be));
+    a->v = arena_alloc(A, be, N * kvd * hid_size(be));
     if (!(m->recompute & RECOMPUTE_ATTN)) {
-        a->att = arena_alloc(A, be, N * qd * be->hid_elem);
+        a->att = arena_alloc(A, be, N * qd * hid_size(be));
         a->lse = arena_alloc(A, be, (size_t)m->maxB * m->Hl * m->maxT * F);
     }
     if (m->c.qk_norm) {
@@ -300,7 +300,7 @@ static void gqa_acts_recompute(Model *m, AttnActs *a, Arena *A) {
     const Backend *be = m->be;
     int attn = (m->recompute & RECOMPUTE_ATTN) != 0;
     if (attn && !m->attn.att_rc) {
-        m->attn.att_rc = be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * be->hid_elem);
+        m->attn.att_rc = be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * hid_size(be));
         m->attn.lse_rc = be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
     }
     if (attn && !a->shared) {
@@ -309,7 +309,7 @@ static void gqa_acts_recompute(Model *m, AttnActs *a, Arena *A) {
         a->att = m->attn.att_rc;
         a->lse = m->attn.lse_rc;
     } else if (!attn && a->shared) {
-        a->att = arena_alloc(A, be, (size_t)m->maxN * m->Hl * m->c.head_dim * be->hid_elem);
+        a->att = arena_alloc(A, be, (size_t)m->maxN * m->Hl * m->c.head_dim * hid_size(be));
         a->lse = arena_alloc(A, be, (size_t)m->maxB * m->Hl * m->maxT * F);
     }
     a->shared = attn;

@@ -24,7 +24,7 @@ void kv_init(KvCache *kc, const Model *m, int W) {
     size_t L = c->n_layers, d = c->d_model, qd = (size_t)m->Hl * c->head_dim,
            kvd = (size_t)m->KVl * c->head_dim;
     kc->W = W;
-    size_t hb = be->hid_elem;
+    size_t hb = hid_size(be);
     kc->k = xcalloc(L, sizeof(void *));
     kc->v = xcalloc(L, sizeof(void *));
     for (size_t l = 0; l < L; l++) {

@@ -87,7 +87,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         Arena *A = &a->arena;
         if (m->share_grads && l > ch->l0) *A = expert_grads_arena(m, l - 1);
         a->res_in = arena_alloc(A, be, N * d * F);
-        a->xn1 = arena_alloc(A, be, N * d * be->hid_elem);
+        a->xn1 = arena_alloc(A, be, N * d * hid_size(be));
         a->rstd1 = arena_alloc(A, be, N * F);
         m->attv->acts_alloc(m, &a->attn, A); // (--recompute attn: its shared ones, layer_recompute below)
         a->x_mid = arena_alloc(A, be, N * d * F);

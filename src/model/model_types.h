@@ -25,9 +25,9 @@ typedef struct {
 
 // The attention variant's activations of one layer, kept for its backward (attention.h; GQA's today).
 typedef struct {
-    void *q, *k, *v; // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE, in the hidden format (ops.h hid_elem)
+    void *q, *k, *v; // (N,H*hd) (N,KV*hd) (N,KV*hd), after RoPE, in the hidden format (ops.h Backend.hid)
     float *qraw, *kraw, *rstdq, *rstdk; // QK-norm: q, k before their norms; rstd (N*H or N) (N*KV or N)
-    void *att; // (N,H*hd) the attention output, in the hidden format (ops.h hid_elem)
+    void *att; // (N,H*hd) the attention output, in the hidden format (ops.h Backend.hid)
     float *lse; // (B,H,T)
     int shared; // att and lse are the model's shared ones (AttnScratch att_rc, lse_rc: --recompute attn)
 } AttnActs;
@@ -47,7 +47,7 @@ typedef struct {
 
 typedef struct {
     float *res_in; // (N,d) layer input (residual stream)
-    void *xn1; // (N,d) the attention norm's output, in the hidden format (ops.h hid_elem)
+    void *xn1; // (N,d) the attention norm's output, in the hidden format (ops.h Backend.hid)
     float *rstd1; // (N)
     AttnActs attn; // the attention variant's
     float *x_mid; // (N,d) after the attention residual

@@ -57,9 +57,9 @@ void exchange_free(Exchange *x) {
 size_t exchange_rows_worst(const Exchange *x) { return (size_t)x->ETP * x->EP * x->rows_max; }
 size_t exchange_rows_typical(const Exchange *x) { return (size_t)x->ETP * x->rows_max; }
 
-// The dispatched rows' values: the backend's hidden format (ops.h hid_elem), sent as CT_BF16 or CT_F32.
-static size_t hid_bytes(const Exchange *x) { return x->be->hid_elem; }
-static CommType hid_type(const Exchange *x) { return x->be->hid_elem == 2 ? CT_BF16 : CT_F32; }
+// The dispatched rows' values: the backend's hidden format (ops.h Backend.hid), sent as CT_BF16 or CT_F32.
+static size_t hid_bytes(const Exchange *x) { return hid_size(x->be); }
+static CommType hid_type(const Exchange *x) { return x->be->hid == FMT_BF16 ? CT_BF16 : CT_F32; }
 
 static void scale_counts(const size_t *c, size_t *out, int n, size_t by) {
     for (int i = 0; i < n; i++) out[i] = c[i] * by;

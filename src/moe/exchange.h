@@ -55,7 +55,7 @@ void exchange_plan(Exchange *x, const int64_t *kept_per_expert);
 // rows (M,d) in my expert order -> (Rg,d) expert-major on the owners: written to out (which must
 // hold Rg rows) and out returned; when local, nothing is written (out may be NULL) and rows itself
 // is returned (Rg = M, the same order). Dispatched rows are in the backend's hidden format (ops.h
-// hid_elem: bf16 on "cuda", sent as CT_BF16), combined ones float32.
+// Backend.hid: bf16 on "cuda", sent as CT_BF16), combined ones float32.
 const void *exchange_dispatch(Exchange *x, const void *rows, void *out);
 // partial (Rg,d) expert-major -> (M,d) back in my order, summed over the ETP group: written to rows
 // and rows returned; when local, partial itself is returned (rows untouched, may be NULL).

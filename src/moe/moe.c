@@ -28,17 +28,17 @@ static void expert_buffers(MoeLayer *m, int Rg) {
         moe_grown_n(be, m->arena, bf, 3, &m->cap_f, nf);
     }
     m->yg = moe_grown(be, m->arena, m->yg, &m->cap_d, rows * m->d * F);
-    if (!m->xu->local) m->xg = moe_grown(be, m->arena, m->xg, &m->cap_xg, rows * m->d * be->hid_elem);
+    if (!m->xu->local) m->xg = moe_grown(be, m->arena, m->xg, &m->cap_xg, rows * m->d * hid_size(be));
 }
 
 // The backward's expert-side scratch for the layer's rows (rows_cap, as its forward buffers) and its
 // token-side rows (Rmax at most).
 static void scratch_buffers(MoeScratch *s, const MoeLayer *m) {
     const Backend *be = s->be;
-    size_t rows = m->rows_cap, d = m->d, nf = rows * m->fu * be->hid_elem;
+    size_t rows = m->rows_cap, d = m->d, nf = rows * m->fu * hid_size(be);
     s->dxg = moe_grown(be, NULL, s->dxg, &s->cap_d, rows * d * F);
     if (!m->xu->local) {
-        s->dyg = moe_grown(be, NULL, s->dyg, &s->cap_dyg, rows * d * be->hid_elem);
+        s->dyg = moe_grown(be, NULL, s->dyg, &s->cap_dyg, rows * d * hid_size(be));
         s->dxs = moe_grown(be, NULL, s->dxs, &s->cap_dxs, (size_t)(m->Rmax ? m->Rmax : 1) * d * F);
     }
     void **const bf[] = {&s->dh1, &s->dh3};
@@ -135,11 +135,11 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d, m->Rmax);
     m->fs = c->n_shared_experts * c->shared_d_ff;
     if (m->fs) {
-        size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * be->hid_elem;
+        size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * hid_size(be);
         m->sh_h1 = be->alloc(nf);
         m->sh_h3 = be->alloc(nf);
         m->sh_act = be->alloc(nf);
-        m->sh_x = be->alloc((Ns ? Ns : 1) * d * be->hid_elem);
+        m->sh_x = be->alloc((Ns ? Ns : 1) * d * hid_size(be));
         m->sh_y = be->alloc((Ns ? Ns : 1) * d * F);
         m->sh_g = be->alloc((Ns ? Ns : 1) * F);
         m->ident = be->alloc((Ns ? Ns : 1) * sizeof(int32_t));
@@ -225,7 +225,7 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     memset(s, 0, sizeof *s);
     s->be = be;
     size_t N = maxN, d = c->d_model, E = c->n_experts, R = N * c->top_k;
-    s->dys = be->alloc(R * d * be->hid_elem);
+    s->dys = be->alloc(R * d * hid_size(be));
     s->dxj = be->alloc(N * d * F);
     s->dlogits = be->alloc(N * E * F);
     s->rowdot = be->alloc(R * F);
@@ -233,9 +233,9 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     s->aux_dp_h = xcalloc(E, F);
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     if (fs) {
-        s->sh_dy = be->alloc(N * d * be->hid_elem);
-        s->sh_dh1 = be->alloc(N * fs * be->hid_elem);
-        s->sh_dh3 = be->alloc(N * fs * be->hid_elem);
+        s->sh_dy = be->alloc(N * d * hid_size(be));
+        s->sh_dh1 = be->alloc(N * fs * hid_size(be));
+        s->sh_dh3 = be->alloc(N * fs * hid_size(be));
         s->sh_dg = be->alloc(N * F);
     }
 }
@@ -467,7 +467,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
         m->dropped = 0;
     }
     int M = m->plan.M, R = m->Rmax;
-    if (!m->xs) m->xs = arena_alloc(m->arena, be, (size_t)(R ? R : 1) * d * be->hid_elem);
+    if (!m->xs) m->xs = arena_alloc(m->arena, be, (size_t)(R ? R : 1) * d * hid_size(be));
     be->to_device(m->kf_d, keep, sizeof(int32_t) * 2 * k * E);
     be->plan_rows(m->slotrow, m->rowtok, m->rowscale, m->rank, m->idx, m->wdev, m->kf_d,
                   m->kf_d + (size_t)k * E, Ns, E, k);

@@ -264,7 +264,7 @@ void moe_plan_chunks(MoeLayer *m, const int64_t *kept) {
     if (!m->cidx) { // R rows at most: both maps in one block, and the chunk-major row buffers
         m->cidx = be->alloc(sizeof(int32_t) * (size_t)(m->Rmax ? m->Rmax : 1) * 2);
         m->icidx = m->cidx + (m->Rmax ? m->Rmax : 1);
-        m->xsc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * be->hid_elem);
+        m->xsc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * hid_size(be));
         m->ysc = be->alloc((size_t)(m->Rmax ? m->Rmax : 1) * m->d * F);
     }
     be->to_device(m->cidx, ci, sizeof(int32_t) * M);

@@ -27,7 +27,7 @@ static inline void moe_grown_n(const Backend *be, Arena *a, void **const *p, int
 
 // The bytes of one of the layer's SwiGLU row blocks (h1, h3 or act: its expert-side rows x fu, hidden
 // format).
-static inline size_t moe_rows_bytes(const MoeLayer *m) { return m->rows_cap * m->fu * m->be->hid_elem; }
+static inline size_t moe_rows_bytes(const MoeLayer *m) { return m->rows_cap * m->fu * hid_size(m->be); }
 // --recompute moe: point the layer's h1, h3, act at the shared buffers, grown to nf bytes each; and
 // fill them again before the backward (the forward's SwiGLU GEMMs on the kept inputs, wu: the experts
 // the forward used).

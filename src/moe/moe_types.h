@@ -106,7 +106,7 @@ typedef struct {
     int32_t *idx; // (Ns,k) top-k experts
     double *sums; // (E+1)
     int32_t *cnt, *cnt_h; // (k,E) slot counts of my rows (plan_counts), and the host copy
-    void *xs; // (Ns*k,d) my kept rows, in the hidden format (ops.h hid_elem)
+    void *xs; // (Ns*k,d) my kept rows, in the hidden format (ops.h Backend.hid)
     float *ys; // (Ns*k,d) their expert outputs back (only when the exchange is not
                // local; allocated on first use)
     const float *ysp; // the expert outputs in my row order: ys, or yg when local
@@ -154,14 +154,14 @@ typedef struct {
     Exchange x;
     void *xg; // (Rg,d) the rows received (hidden format; only when the exchange is not local)
     float *yg; // (Rg,d) the experts' outputs
-    void *h1, *h3, *act; // (Rg,fl) each, in the backend's hidden format (ops.h hid_elem)
+    void *h1, *h3, *act; // (Rg,fl) each, in the backend's hidden format (ops.h Backend.hid)
     const void *xgp; // the expert GEMMs' input rows: xg, or xs when local (hidden format)
     size_t cap_d, cap_f, cap_xg, cap_ys;
     size_t rows_cap; // rows the expert-side buffers hold (a2a_rows; kept by moe_layer_trim)
     int regrown; // 1: rows_cap grew again since the last report
     // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T
     int fs; // its width (n_shared_experts * shared_d_ff; 0: none)
-    void *sh_h1, *sh_h3, *sh_act; // (Ns,fs) each, in the hidden format (ops.h hid_elem)
+    void *sh_h1, *sh_h3, *sh_act; // (Ns,fs) each, in the hidden format (ops.h Backend.hid)
     void *sh_x; // (Ns,d) its input rows in the hidden format (as the routed experts')
     int64_t sh_off[2]; // {0, Ns}: the shared expert as one group of the fused expert ops
     float *sh_y, *sh_g; // (Ns,d) its output before the gate; (Ns) the gate, sigmoid applied

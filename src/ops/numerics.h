@@ -18,7 +18,6 @@
 // where its scales live beside the elements rather than be guessed from a byte width.
 typedef enum { FMT_F32 = 0, FMT_BF16 = 1 } ElemFormat;
 static inline MOE_HD size_t fmt_size(ElemFormat f) { return f == FMT_BF16 ? 2 : 4; }
-static inline const char *fmt_name(ElemFormat f) { return f == FMT_BF16 ? "bf16" : "float32"; }
 
 // The precision policies of training (--precision): PREC_MIXED float32 weights and AdamW moments (bf16
 // GEMM operands on cuda); PREC_BF16 bf16 moments, weights rounded to bf16 values after every update.

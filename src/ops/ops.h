@@ -135,17 +135,17 @@ struct Backend {
     void (*sync)(void);
 
     // The format of the experts' hidden rows (h1, h3, act and their gradients dh1, dh3: the `void *`
-    // buffers of the fused expert ops below): hid_elem bytes per element. 4: float32 (cpu, cuda-fp32);
-    // 2: bf16 (cuda), rounded to nearest even from the float32 the GEMM epilogue computes: act is the
-    // down projection's bf16 operand either way, h1 and h3 are what the SwiGLU backward reads (saved
-    // for it: the largest activations of a MoE layer), dh1 and dh3 the w1/w3 backward's operands.
-    // The rows sent to the experts are in this format too: the dispatched inputs (the up-projection's
-    // operand, saved for its weight gradients) and output gradients (the down-projection backward's
-    // operand), written so by gather_rows_hid and gather_dot_scale; the rows coming back (the experts'
-    // outputs, the input gradients) are float32. And the attention norm's output, the q/k/v projections'
-    // input (rmsnorm_fwd_hid, matmul_*_multi), and the attention's q, k, v after RoPE (rope_fwd_hid, to_hid)
-    // and its output (attention_fwd; o_proj's input through matmul_*_multi).
-    size_t hid_elem;
+    // buffers of the fused expert ops below), an ops/numerics.h ElemFormat (hid_size: its bytes): FMT_F32
+    // (cpu, cuda-fp32); FMT_BF16 (cuda), rounded to nearest even from the float32 the GEMM epilogue computes:
+    // act is the down projection's bf16 operand either way, h1 and h3 are what the SwiGLU backward reads
+    // (saved for it: the largest activations of a MoE layer), dh1 and dh3 the w1/w3 backward's operands. The
+    // rows sent to the experts are in this format too: the dispatched inputs (the up-projection's operand,
+    // saved for its weight gradients) and output gradients (the down-projection backward's operand), written
+    // so by gather_rows_hid and gather_dot_scale; the rows coming back (the experts' outputs, the input
+    // gradients) are float32. And the attention norm's output, the q/k/v projections' input (rmsnorm_fwd_hid,
+    // matmul_*_multi), and the attention's q, k, v after RoPE (rope_fwd_hid, to_hid) and its output
+    // (attention_fwd; o_proj's input through matmul_*_multi).
+    ElemFormat hid;
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
     // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the
@@ -173,7 +173,7 @@ struct Backend {
                        int K, int O, int flags);
     // Several products of one input (the q/k/v projections; n <= MM_MULTI): out[i] (N,O[i]) = inp @ W[i]^T,
     // overwritten; the same bits as n matmul_fwd calls in order on inp's values. inp is in the hidden format
-    // (hid_elem: written so by rmsnorm_fwd_hid; the bf16 GEMMs' operand as it is).
+    // (Backend.hid: written so by rmsnorm_fwd_hid; the bf16 GEMMs' operand as it is).
     void (*matmul_fwd_multi)(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
                              const int *O);
     // Their backward: for i = 0.. in order, dinp (N,K) = dout[i] @ W[i] (product 0 as `flags` say, the others
@@ -197,7 +197,7 @@ struct Backend {
     // The experts' up-projection with SwiGLU: h1 = inp W1^T and h3 = inp W3^T (grouped_matmul_fwd
     // each), then act = silu(h1) * h3 (swiglu_fwd) over the groups' rows (O columns). A backend may
     // read inp once and compute act in the GEMMs' epilogue (the same floats as swiglu_fwd).
-    // inp, h1, h3, act in the hidden format (hid_elem).
+    // inp, h1, h3, act in the hidden format (Backend.hid).
     void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                const float *w3, const int64_t *off, int G, int K, int O);
     // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden
@@ -242,7 +242,7 @@ struct Backend {
 
     // out = inp * rstd * w, rstd (N) saved for backward
     void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
-    // The same with out in the hidden format (hid_elem): each value rounded once (the q/k/v projections'
+    // The same with out in the hidden format (Backend.hid): each value rounded once (the q/k/v projections'
     // input).
     void (*rmsnorm_fwd_hid)(void *out, float *rstd, const float *inp, const float *w, int N, int C,
                             float eps);
@@ -278,8 +278,8 @@ struct Backend {
     // + (t - t0) at position t (0 <= t0 < t1); inverse 1 = rope_bwd's rotation. Each row is the same
     // bits as in rope_fwd / rope_bwd over [0, T) (the KV-cached sampler rotates one position at a time).
     void (*rope_rows)(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
-    // Out of place into the hidden format (hid_elem): out = rope_fwd's values of inp, each rounded once (the
-    // attention's q and k, kept for its backward in that format). inp is not changed.
+    // Out of place into the hidden format (Backend.hid): out = rope_fwd's values of inp, each rounded once
+    // (the attention's q and k, kept for its backward in that format). inp is not changed.
     void (*rope_fwd_hid)(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
     // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is
     // float32).
@@ -292,17 +292,16 @@ struct Backend {
     // split of the rows. Backward applies the same call to the gradient. 0 <= p < 1.
     void (*dropout)(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 
-    // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd) in the hidden format (hid_elem: written so by
-    // rope_fwd_hid and to_hid; the tensor cores' operands as they are), out (B*T, H, hd) too (each value the
-    // float32 result rounded once: o_proj's operand as it is; the backward's D = rowsum(dout * out) from it).
-    // lse (B, H, T): per-row log-sum-exp of the scaled scores, saved for backward.
-    // The query rows t in [t0, t1) of every sequence only (0 <= t0 < t1 <= T; AMPipe's sequence
-    // chunks): fwd writes those rows of out and lse (the others untouched) and reads keys/values
-    // 0..t1-1; each row is the same bits as in the call over [0, T). bwd adds those rows' share:
-    // dq rows [t0, t1) and dk/dv rows 0..t1-1 (+=; over chunks the same sums as one call, to
-    // round-off: the order of the additions differs). bwd reads out/lse/dout rows [t0, t1) only.
-    // bwd's flags (ATT_ADD_* below): without ATT_ADD_DQ the dq rows are written instead of added into,
-    // without ATT_ADD_DKV the dk/dv rows 0..t1-1 (the bits of adding into zeros).
+    // Causal GQA attention. q (B*T, H, hd), k/v (B*T, KV, hd) in the hidden format (Backend.hid: written so
+    // by rope_fwd_hid and to_hid; the tensor cores' operands as they are), out (B*T, H, hd) too (each value
+    // the float32 result rounded once: o_proj's operand as it is; the backward's D = rowsum(dout * out) from
+    // it). lse (B, H, T): per-row log-sum-exp of the scaled scores, saved for backward. The query rows t in
+    // [t0, t1) of every sequence only (0 <= t0 < t1 <= T; AMPipe's sequence chunks): fwd writes those rows of
+    // out and lse (the others untouched) and reads keys/values 0..t1-1; each row is the same bits as in the
+    // call over [0, T). bwd adds those rows' share: dq rows [t0, t1) and dk/dv rows 0..t1-1 (+=; over chunks
+    // the same sums as one call, to round-off: the order of the additions differs). bwd reads out/lse/dout
+    // rows [t0, t1) only. bwd's flags (ATT_ADD_* below): without ATT_ADD_DQ the dq rows are written instead
+    // of added into, without ATT_ADD_DKV the dk/dv rows 0..t1-1 (the bits of adding into zeros).
     void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                           int H, int KV, int hd, int t0, int t1);
     void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const void *out,
@@ -332,7 +331,7 @@ struct Backend {
 
     // out[i] = inp[idx[i]] (rows of C); bwd: dinp[idx[i]] += dout[i]
     void (*gather_rows)(float *out, const float *inp, const int32_t *idx, int n, int C);
-    // The same into rows of the hidden format (hid_elem): inp float32 (from_hid 0: each value rounded to
+    // The same into rows of the hidden format (Backend.hid): inp float32 (from_hid 0: each value rounded to
     // the format, nearest even) or in the hidden format already (from_hid 1: copied).
     void (*gather_rows_hid)(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
     // The MoE combine / un-permute as a gather (deterministic, one pass, no atomics): for each of N
@@ -401,9 +400,10 @@ struct Backend {
                        float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 };
 
-// Element i of a buffer in the backend's hidden format (hid_elem): the experts' h1, h3, act, dh1, dh3
-// and the rows sent to them.
-static inline void *hid_at(const Backend *be, void *p, size_t i) { return (char *)p + i * be->hid_elem; }
+// The bytes of one element of the backend's hidden format (Backend.hid), and element i of a buffer in it: the
+// experts' h1, h3, act, dh1, dh3, the rows sent to them, the attention's bf16 operands.
+static inline size_t hid_size(const Backend *be) { return fmt_size(be->hid); }
+static inline void *hid_at(const Backend *be, void *p, size_t i) { return (char *)p + i * hid_size(be); }
 
 // The dropout mask: element (g, c) is kept iff the top 24 bits of the hash of (seed, g, c) are >= p * 2^24
 // (the threshold rounded to nearest). A splitmix64-style mix: every backend computes the same bits.
@@ -435,7 +435,7 @@ void backend_profile_report(FILE *f, int steps);
 //                       the backend owns; outputs and *_bwd accumulation stay float32). Every
 //                       grouped_matmul; matmul only when O > MOE_GEMM_FP32_MAX_O: narrower ones
 //                       (the router, O = E) are memory-bound anyway and stay float32. The experts'
-//                       hidden rows and the rows sent to them are bf16 (hid_elem 2): the fused
+//                       hidden rows and the rows sent to them are bf16 (Backend.hid FMT_BF16): the fused
 //                       expert ops write and read them so, without conversion passes.
 //   backend_cuda_fp32() "cuda-fp32": every op in float32 (cuBLAS SGEMM without TF32), matching the
 //                       cpu reference to float32 rounding.

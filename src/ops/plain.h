@@ -1,9 +1,9 @@
 // plain.h — the fused ops of ops.h (grouped_swiglu_fwd/_bwd, grouped_down_fwd, grouped_matmul_bwd2,
 // matmul_fwd_multi/_bwd_multi, add_rmsnorm_fwd) as the plain ops of a Backend that their contracts name, in
 // that order: what a backend with nothing to fuse puts in its table (cpu, cuda-fp32: float32 hidden rows,
-// hid_elem 4, so the `void *` rows are float *) and what the tests' reference backends compose. Header only
-// (static inline), so that a backend can use it without linking against the file that picks backends
-// (backend.c). Must not hold: anything but these compositions.
+// Backend.hid FMT_F32, so the `void *` rows are float *) and what the tests' reference backends compose.
+// Header only (static inline), so that a backend can use it without linking against the file that picks
+// backends (backend.c). Must not hold: anything but these compositions.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

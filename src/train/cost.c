@@ -69,7 +69,7 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
 // The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
 // norm's output xn1; q, k, v after RoPE and the attention output, unless --recompute attn (rc) drops it; the
 // rows sent to the experts: xs, xg where the exchange is not local, the shared expert's input), as float32:
-// a backend with bf16 rows (ops.h hid_elem) halves them.
+// a backend with bf16 rows (ops.h Backend.hid) halves them.
 static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
     size_t N = B * T, Ns = (N + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
@@ -80,7 +80,7 @@ static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B,
          (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
 }
 // The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
-// the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h hid_elem) halves them.
+// the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h Backend.hid) halves them.
 static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int shared) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
     size_t Ns = (B * T + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
@@ -99,11 +99,11 @@ static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, s
     return L * acts_layer(c, ms, B, T) - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
 }
 // The backward's scratch on one rank (one set, whatever the layers), rows in the hidden format of hb bytes a
-// value (ops.h hid_elem): the model's gradients of the residual stream, the norms' outputs, q, k, v and the
-// attention output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE layer's
-// (moe.h MoeScratch, sized for the whole micro-batch): dy rows (hidden format), dx (token side, my slice of
-// the jittered input: TP; counted always), dlogits, the expert side's dxg and dh1, dh3 (and the dy, dx copies
-// where the exchange is not local), the shared expert's.
+// value (ops.h Backend.hid): the model's gradients of the residual stream, the norms' outputs, q, k, v and
+// the attention output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE
+// layer's (moe.h MoeScratch, sized for the whole micro-batch): dy rows (hidden format), dx (token side, my
+// slice of the jittered input: TP; counted always), dlogits, the expert side's dxg and dh1, dh3 (and the dy,
+// dx copies where the exchange is not local), the shared expert's.
 static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
     size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
@@ -117,7 +117,8 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
 }
 // The activations of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
-// The bytes a backend with bf16 rows (ops.h hid_elem 2) saves in one layer that keeps its activations under
+// The bytes a backend with bf16 rows (ops.h Backend.hid FMT_BF16) saves in one layer that keeps its
+// activations under
 // --recompute rc: half of the SwiGLU rows it keeps (the routed ones unless rc drops them) and of
 // acts_hid_rows.
 static double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
@@ -188,7 +189,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->lent16 = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 1);
     w->total = w->state + w->acts - w->lent;
     // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act), the rows sent to them,
-    // the attention norm's output and the attention's q, k, v and output in bf16 (ops.h hid_elem: half of
+    // the attention norm's output and the attention's q, k, v and output in bf16 (ops.h Backend.hid: half of
     // their bytes in every layer that keeps them: the routed SwiGLU rows in one under --recompute moe, the
     // rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy of the weights the GEMMs read
     // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert activations into
@@ -249,8 +250,8 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
 }
 
 // The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to
-// the experts (ops.h hid_elem). Per layer and micro-batch of N tokens (replicated over TP), the rank routes
-// M = N/TP x k rows.
+// the experts (ops.h Backend.hid). Per layer and micro-batch of N tokens (replicated over TP), the rank
+// routes M = N/TP x k rows.
 static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o, const CostMesh *m, int s,
                        const ParamTable *lt, double hb) {
     const MeshShape *ms = &m->ms;

@@ -157,7 +157,7 @@ const Backend *backend_cpu(void) {
         .matmul_bwd_multi = cpu_matmul_bwd_multi,
         .grouped_matmul_fwd = cpu_grouped_matmul_fwd,
         .grouped_matmul_bwd = cpu_grouped_matmul_bwd,
-        .hid_elem = sizeof(float),
+        .hid = FMT_F32,
         .grouped_swiglu_fwd = cpu_grouped_swiglu_fwd,
         .grouped_down_fwd = cpu_grouped_down_fwd,
         .grouped_swiglu_bwd = cpu_grouped_swiglu_bwd,

@@ -242,7 +242,7 @@ static void cuda_init(void) {
     g_be_bf16.matmul_bwd_multi = cuda_matmul_bwd_multi_bf16;
     g_be_bf16.grouped_matmul_fwd = cuda_grouped_matmul_fwd_bf16;
     g_be_bf16.grouped_matmul_bwd = cuda_grouped_matmul_bwd_bf16;
-    g_be_bf16.hid_elem = 2; // bf16
+    g_be_bf16.hid = FMT_BF16;
     g_be_bf16.grouped_swiglu_fwd = cuda_grouped_swiglu_fwd_bf16;
     g_be_bf16.grouped_down_fwd = cuda_grouped_down_fwd_bf16;
     g_be_bf16.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_bf16;
@@ -266,7 +266,7 @@ static void cuda_init(void) {
     g_be_f32.matmul_bwd_multi = cuda_matmul_bwd_multi_f32;
     g_be_f32.grouped_matmul_fwd = cuda_grouped_matmul_fwd_f32;
     g_be_f32.grouped_matmul_bwd = cuda_grouped_matmul_bwd_f32;
-    g_be_f32.hid_elem = sizeof(float);
+    g_be_f32.hid = FMT_F32;
     g_be_f32.grouped_swiglu_fwd = cuda_grouped_swiglu_fwd_f32;
     g_be_f32.grouped_down_fwd = cuda_grouped_down_fwd_f32;
     g_be_f32.grouped_swiglu_bwd = cuda_grouped_swiglu_bwd_f32;

@@ -167,7 +167,7 @@ void cuda_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout,
                              int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
                              int h0, int flags);
 void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
-// The same in the hidden format of "cuda" (bf16, ops.h hid_elem; the fused ops' fallback where our grouped
+// The same in the hidden format of "cuda" (bf16, ops.h Backend.hid; the fused ops' fallback where our grouped
 // kernel does not run): h1, h3 and act = silu(h1) h3 of float32 h1f, h3f, each rounded to bf16; and dh1, dh3
 // (bf16, overwritten) from float32 dout and bf16 h1, h3.
 void cuda_swiglu_fwd_hid(void *h1, void *h3, void *act, const float *h1f, const float *h3f, size_t n);

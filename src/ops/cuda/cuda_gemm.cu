@@ -267,7 +267,7 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
 }
 
 // The fused expert ops (ops.h grouped_swiglu_*, grouped_down_fwd, grouped_matmul_bwd2) as their plain
-// ops: float32 (hidden rows float32, hid_elem 4) has no conversion to share.
+// ops: float32 (hidden rows float32, Backend.hid FMT_F32) has no conversion to share.
 extern "C" void cuda_grouped_swiglu_fwd_f32(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                             const float *w3, const int64_t *off, int G, int K, int O) {
     backend_grouped_swiglu_fwd_plain(backend_cuda_fp32(), h1, h3, act, inp, w1, w3, off, G, K, O);

@@ -1,7 +1,7 @@
 // cuda_grouped.cu — the expert GEMMs on Hopper (sm_90a): one persistent launch over all groups,
 // TMA tile loads into a 4-stage shared-memory ring, wgmma (m64n256k16, bf16 in, fp32 accumulate)
 // by two consumer warpgroups, a producer warpgroup issuing the loads, fp32 output (bf16 for the
-// experts' hidden rows, ops.h hid_elem).
+// experts' hidden rows, ops.h Backend.hid).
 //   C_g (rows [off[g], off[g+1]) of C, N columns) = beta * C_g + A_g . op(B_g) [+ A2_g . op(B2_g)]
 //   A: the rows of all groups, row-major (rows, K) bf16 (K contiguous);
 //   B: per group either (N, K) row-major (K-major: the forward, out = x W^T) or (K, N) row-major
