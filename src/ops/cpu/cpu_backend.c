@@ -35,7 +35,7 @@ void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, 
                 accumulate ? 1.0f : 0.0f, out, O);
 }
 
-// dinp (N,K) = dout @ W [+ dinp if acc_dinp]; dw += dout^T @ inp. With O = 0 the overwritten dinp
+// dinp (N,K) = dout @ W [+ dinp with GM_ACC_DINP]; dw += dout^T @ inp. With O = 0 the overwritten dinp
 // is zeros (an empty sum), as cpu_matmul_fwd with K = 0.
 // flags (ops.h): GM_ACC_DINP adds into dinp, GM_DW_WRITE writes dw (zeros without rows)
 static void mm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,

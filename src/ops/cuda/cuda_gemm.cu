@@ -189,7 +189,7 @@ static void dw_narrow(float *dw, const float *dout, const float *inp, int N, int
     KCHECK("dw_narrow_sum");
 }
 
-// dinp = dout W [+ dinp when acc_dinp]; dw += dout^T inp. With O = 0 an overwritten dinp is zeros.
+// dinp = dout W [+ dinp with GM_ACC_DINP]; dw += dout^T inp. With O = 0 an overwritten dinp is zeros.
 // flags (ops.h): GM_ACC_DINP adds into dinp, GM_DW_WRITE writes dw (zeros without rows)
 static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
                        int K, int O, int flags) {
