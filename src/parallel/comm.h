@@ -59,7 +59,8 @@ CommReq *comm_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, in
 // frees the world (the Comm comm_world_init returned must not be used after it).
 Comm *comm_world_init(int *argc, char ***argv);
 void comm_world_finalize(void);
-// A sub-group of the world: ranks with the same color form a group, ordered by key.
+// A sub-group of the world: ranks with the same color form a group, ordered by key. comm_free: every
+// non-blocking operation on c must have been waited for (it dies naming c otherwise).
 Comm *comm_split(const Comm *world, int color, int key, const char *name);
 void comm_free(Comm *c);
 // This process's rank among the processes on its node (which GPU it takes): from the launcher
