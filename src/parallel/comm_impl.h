@@ -24,7 +24,7 @@ struct CommOps {
                       void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
     void (*bcast)(const Comm *c, void *buf, size_t n, CommType t, int root);
     void (*barrier)(const Comm *c);
-    // non-blocking allreduce (sum, in place); progress with test, finish with wait (frees req)
+    // non-blocking allreduce (sum, in place); progress with test, finish with wait (releases req)
     CommReq *(*iallreduce)(const Comm *c, void *buf, size_t n, CommType t);
     // non-blocking reduce_scatter (send and recv must not overlap)
     CommReq *(*ireduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts,
