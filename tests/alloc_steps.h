@@ -12,18 +12,18 @@
 
 #define ALLOC_STEPS 3
 
-// What each step allocated: host (less those counted apart), counted apart, backend.
+// What each step allocated: host, backend.
 typedef struct {
-    uint64_t host[ALLOC_STEPS], apart[ALLOC_STEPS], dev[ALLOC_STEPS];
+    uint64_t host[ALLOC_STEPS], dev[ALLOC_STEPS];
     double loss[ALLOC_STEPS];
 } AllocSteps;
 
 // ALLOC_STEPS training steps of config c with options o on backend be over world (its size: the mesh
 // o->tp x o->ep x ..., as the trainer resolves it), with o's fixed exchange choices (--a2a-overlap,
-// --expert-mode, --ampipe; no tuning) and recomputation. on_mesh (may be NULL) sees the mesh once it is
-// built; *apart (may be NULL) counts host allocations that each step's count leaves out (AllocSteps.apart).
-static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, const Backend *be, Comm *world,
-                                         void (*on_mesh)(Mesh *mesh), const uint64_t *apart) {
+// --expert-mode, --ampipe; no tuning), recomputation, ZeRO (o->zero, o->overlap, o->bucket_mb) and the
+// balance (c.balance). Every allocation counts, the comm layer's included.
+static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, const Backend *be,
+                                         Comm *world) {
     const char *bad = config_validate(&c);
     if (!bad) bad = train_options_validate(o, &c);
     CHECK(!bad, "alloc_steps_run: %s", bad);
@@ -36,7 +36,6 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     data_open_split(&ds, NULL, NULL, o->val_frac, o->seed, o->seq_len);
     Mesh mesh;
     mesh_init(&mesh, &shape, world);
-    if (on_mesh) on_mesh(&mesh);
     if (meshed && be != backend_cpu()) mesh_enable_device(&mesh);
     Dist dist;
     dist_init(&dist, meshed ? &mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
@@ -66,10 +65,9 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     memset(&r, 0, sizeof r);
     r.counts = xcalloc((size_t)c.n_layers * c.n_experts, sizeof(int64_t));
     for (int s = 0; s < ALLOC_STEPS; s++) {
-        uint64_t h = alloc_count(), d = alloc_count_backend(), p = apart ? *apart : 0;
+        uint64_t h = alloc_count(), d = alloc_count_backend();
         step_run(&st, s, (uint64_t)s * o->batch, &r);
-        a.apart[s] = apart ? *apart - p : 0;
-        a.host[s] = alloc_count() - h - a.apart[s];
+        a.host[s] = alloc_count() - h;
         a.dev[s] = alloc_count_backend() - d;
         a.loss[s] = r.loss;
     }

@@ -2,7 +2,8 @@
 // alloc_count: every xmalloc / xcalloc / xrealloc) nor backend buffers (alloc_count_backend), in
 // one process, with MoE configs that run the dispatch dropless and with capacity drops, gradient
 // accumulation over 2 micro-batches, the router jitter, the (gated) shared expert, the aux-loss scopes,
-// recomputation and AMPipe chunks. The mesh cases (EP 2: the exchange's plans) are mpi_alloc.c's
+// recomputation, AMPipe chunks and the aux-free balance (its routing bias updated after each step). The
+// mesh cases (EP 2: the exchange's plans; ZeRO, which one process does not run) are mpi_alloc.c's
 // (test_alloc_mesh.sh). The cpu backend, or MOE_TEST_BACKEND=cuda / cuda-fp32 (skips, exit 77, without
 // a GPU).
 #include <string.h>
@@ -25,7 +26,7 @@ static void small_run(ModelConfig *c, TrainOptions *o) {
 }
 
 static void check(const char *label, ModelConfig c, const TrainOptions *o, const Backend *be, Comm *world) {
-    AllocSteps a = alloc_steps_run(c, o, be, world, NULL, NULL);
+    AllocSteps a = alloc_steps_run(c, o, be, world);
     printf("%-34s allocations per step (host / backend):", label);
     for (int s = 0; s < ALLOC_STEPS; s++)
         printf(" %llu/%llu", (unsigned long long)a.host[s], (unsigned long long)a.dev[s]);
@@ -82,6 +83,11 @@ int main(void) {
     o.ampipe = 4;
     o.grad_accum = 1;
     check("ampipe 4, capacity, one micro-batch", c, &o, be, world);
+
+    small_run(&c, &o);
+    c.balance = BALANCE_AUX_FREE;
+    o.zero = 2; // as `moe train --zero 2` runs in one process: nothing to shard (dist_init), no comm
+    check("aux-free balance, zero 2", c, &o, be, world);
 
     comm_world_finalize();
     return test_done("test_alloc");

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test_alloc_mesh.sh — a training step after the first allocates nothing on a mesh (tests/mpi_alloc.c under
 # mpirun: host allocations and backend buffers counted per step on every rank, dropless and capacity, the
-# pipelined exchange r 2, gradient accumulation 2): EP 2 (the exchange's plans only move rows between ranks
-# there), EP 2 x ETP 2 (the gather over ETP), TP 2 x EP 2, and EP 4 over the two-level all-to-all (nodes of
-# 2). The MPI backend's own per-call allocations are counted apart and printed (mpi_alloc.c says why).
+# pipelined exchange r 2, gradient accumulation 2, ZeRO 1 and 2, the aux-free balance): EP 2 (the exchange's
+# plans only move rows between ranks there), EP 2 x ETP 2 (the gather over ETP), TP 2 x EP 2, and EP 4 over
+# the two-level all-to-all (nodes of 2). The comm layer's allocations count like any other.
 set -u
 . "$(dirname "$0")/lib.sh"
 mpi_tests

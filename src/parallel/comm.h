@@ -38,11 +38,12 @@ void comm_alltoallv(const Comm *c, const void *send, const size_t *scounts, cons
 void comm_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 void comm_barrier(const Comm *c);
 // A non-blocking operation (comm_dev_iallreduce, ...): test polls it (1: done), wait finishes it
-// and frees the request.
+// and releases the request (not to be used after: its backend reuses it, so no operation allocates
+// once as many as are in flight at a time have been made).
 int comm_test(CommReq *r);
 void comm_wait(CommReq *r);
 // Host non-blocking all-reduce (sum, in place), and a wait bounded in time: 0 when done (the request
-// freed), -1 after timeout_s seconds (the request still pending: the caller ends the job).
+// released), -1 after timeout_s seconds (the request still pending: the caller ends the job).
 CommReq *comm_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
 int comm_wait_for(CommReq *r, double timeout_s);
 // How long a host collective that guards the job (the ranks' start-up agreement) may wait for the
@@ -59,7 +60,8 @@ CommReq *comm_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, in
 // frees the world (the Comm comm_world_init returned must not be used after it).
 Comm *comm_world_init(int *argc, char ***argv);
 void comm_world_finalize(void);
-// A sub-group of the world: ranks with the same color form a group, ordered by key.
+// A sub-group of the world: ranks with the same color form a group, ordered by key. comm_free: every
+// non-blocking operation on c must have been waited for (it dies naming c otherwise).
 Comm *comm_split(const Comm *world, int color, int key, const char *name);
 void comm_free(Comm *c);
 // This process's rank among the processes on its node (which GPU it takes): from the launcher
@@ -83,7 +85,7 @@ void comm_dev_alltoallv(const Comm *c, const void *send, const size_t *scounts, 
                         void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
 void comm_dev_bcast(const Comm *c, void *buf, size_t n, CommType t, int root);
 // Non-blocking: in flight on the communication stream while compute continues. comm_test polls
-// the GPU; comm_wait makes the compute stream wait for it (no host sync) and frees the request.
+// the GPU; comm_wait makes the compute stream wait for it (no host sync) and releases the request.
 // The buffers must not be touched by compute work enqueued before the wait.
 CommReq *comm_dev_iallreduce(const Comm *c, void *buf, size_t n, CommType t);
 CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,

@@ -24,7 +24,7 @@ struct CommOps {
                       void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
     void (*bcast)(const Comm *c, void *buf, size_t n, CommType t, int root);
     void (*barrier)(const Comm *c);
-    // non-blocking allreduce (sum, in place); progress with test, finish with wait (frees req)
+    // non-blocking allreduce (sum, in place); progress with test, finish with wait (releases req)
     CommReq *(*iallreduce)(const Comm *c, void *buf, size_t n, CommType t);
     // non-blocking reduce_scatter (send and recv must not overlap)
     CommReq *(*ireduce_scatter)(const Comm *c, const void *send, void *recv, const size_t *counts,
@@ -44,12 +44,15 @@ struct Comm {
     int rank, size;
     char name[16]; // "world", "tp", "dp", "ep", "etp", "edp", "stage"
     const CommOps *ops;
-    void *handle; // backend's group handle (MPI_Comm*), NULL for self
+    void *handle; // backend's group state (comm_world.c: the MPI communicator, count scratch, requests), NULL
+                  // for self
     const CommOps *dops; // device-buffer ops (nccl), NULL: the comm_dev_* calls use ops
     void *dhandle; // their group handle (the NCCL communicator)
 };
 
-// A pending non-blocking operation: ops == NULL means already complete.
+// A pending non-blocking operation: ops == NULL means already complete. A backend keeps its requests
+// for reuse (MPI: each group's; nccl: in its events), so an operation allocates nothing once as many
+// requests as it needs at a time have been made.
 struct CommReq {
     const CommOps *ops; // the backend's
     void *impl; // backend request (MPI_Request*, the nccl backend's event)

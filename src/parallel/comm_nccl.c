@@ -71,9 +71,11 @@ typedef struct {
 #define NC(c) (((NcclGroup *)(c)->dhandle)->nc)
 
 // An event that marks the end of an operation on the communication stream; shared by the
-// watchdog's list and (non-blocking forms) the request, so reference-counted.
+// watchdog's list and (non-blocking forms) the request, so reference-counted. The request is part of
+// it (reused with it from the free list: no allocation per operation).
 typedef struct Ev {
     cudaEvent_t e;
+    CommReq req; // a non-blocking form's (impl: this event)
     int refs;
     struct Ev *next; // free list / in-flight list
     double t0; // when enqueued
@@ -408,10 +410,9 @@ static void n_barrier(const Comm *c) {
 
 static const CommOps nccl_ops;
 static CommReq *req_of(Ev *e) {
-    CommReq *r = xcalloc(1, sizeof *r);
-    r->ops = &nccl_ops;
-    r->impl = e;
-    return r;
+    e->req.ops = &nccl_ops;
+    e->req.impl = e;
+    return &e->req;
 }
 static CommReq *n_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
     begin();
@@ -449,8 +450,7 @@ static int n_test(CommReq *r) {
 static void n_wait(CommReq *r) {
     Ev *e = r->impl;
     CUDA_OK(cudaStreamWaitEvent(G.compute, e->e, 0));
-    ev_put(e);
-    free(r);
+    ev_put(e); // (r goes with it)
 }
 
 static const CommOps nccl_ops = {

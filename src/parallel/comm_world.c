@@ -8,6 +8,8 @@
 // Every blocking MPI call is watched: one that outlasts MOE_COMM_TIMEOUT_S (a peer died, hangs or
 // runs something else) prints one line naming the operation and group and ends this process, and
 // with it the job (the launcher ends the others), so no rank waits forever.
+// Nothing is allocated per call: each group holds a scratch for the int counts MPI takes and keeps
+// the requests of its non-blocking operations (with their counts) for reuse once waited for.
 // Must not hold: NCCL or CUDA calls (comm_nccl.c).
 #include <limits.h>
 #include <pthread.h>
@@ -46,7 +48,50 @@ static int ci(size_t n) {
     if (n > INT_MAX) DIE("MPI message of %zu elements exceeds INT_MAX", n);
     return (int)n;
 }
-#define MC(c) (*(MPI_Comm *)(c)->handle)
+
+// ---- a group's MPI state (Comm.handle), made with the group: nothing is allocated per call
+// A non-blocking operation's request: what the caller holds, the MPI request and the int counts MPI
+// reads until the operation completes. Kept by its group for reuse once waited for.
+typedef struct MReq {
+    CommReq r; // first: a CommReq * is its MReq *
+    MPI_Request q;
+    struct MGroup *g; // the group it returns to
+    struct MReq *next; // the group's free list
+    int counts[]; // 4 x the group's size
+} MReq;
+typedef struct MGroup {
+    MPI_Comm comm;
+    int *counts; // 4 x size: a blocking call's counts and displacements as MPI's ints
+    MReq *free; // requests waited for, to reuse
+    int pending; // requests handed out, not yet waited for
+} MGroup;
+#define MG(c) ((MGroup *)(c)->handle)
+#define MC(c) (MG(c)->comm)
+
+// c's MPI state around communicator h (c->size set)
+static void group_make(Comm *c, MPI_Comm h) {
+    MGroup *g = xcalloc(1, sizeof *g);
+    g->comm = h;
+    g->counts = xmalloc(sizeof(int) * 4 * (size_t)c->size);
+    c->handle = g;
+}
+// (MPI still running: the communicator freed too)
+static void group_free(Comm *c, int mpi_up) {
+    MGroup *g = MG(c);
+    if (!g) return;
+    if (g->pending)
+        DIE("internal error: group %s freed with %d non-blocking operations not waited for", c->name,
+            g->pending);
+    if (mpi_up) MPI_Comm_free(&g->comm);
+    while (g->free) {
+        MReq *m = g->free;
+        g->free = m->next;
+        free(m);
+    }
+    free(g->counts);
+    free(g);
+    c->handle = NULL;
+}
 
 // ---- the watchdog of blocking calls (one at a time: the ops are called from one thread)
 static struct {
@@ -111,85 +156,76 @@ static void m_allreduce(const Comm *c, void *buf, size_t n, CommType t) {
 static void m_allgather(const Comm *c, const void *send, void *recv, size_t n, CommType t) {
     WATCHED(c, "allgather", MPI_Allgather(send, ci(n), mt(t), recv, ci(n), mt(t), MC(c)));
 }
-static int *ints(const size_t *a, int n) {
-    int *r = xmalloc(sizeof(int) * n);
-    for (int i = 0; i < n; i++) r[i] = ci(a[i]);
-    return r;
+// a as MPI's ints, into dst (the group's scratch or a request's counts)
+static int *ints(int *dst, const size_t *a, int n) {
+    for (int i = 0; i < n; i++) dst[i] = ci(a[i]);
+    return dst;
 }
 static void m_allgatherv(const Comm *c, const void *send, size_t n, void *recv, const size_t *counts,
                          const size_t *displs, CommType t) {
-    int *rc = ints(counts, c->size), *rd = ints(displs, c->size);
+    int S = c->size, *rc = ints(MG(c)->counts, counts, S), *rd = ints(rc + S, displs, S);
     int in_place = send == (const char *)recv + displs[c->rank] * comm_type_size(t);
     WATCHED(c, "allgatherv",
             MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, ci(n), mt(t), recv, rc, rd, mt(t), MC(c)));
-    free(rc);
-    free(rd);
 }
 static void m_reduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts, CommType t) {
-    int *rc = ints(counts, c->size);
+    int *rc = ints(MG(c)->counts, counts, c->size);
     WATCHED(c, "reduce_scatter", MPI_Reduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c)));
-    free(rc);
 }
 static void m_alltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                         const size_t *rc, const size_t *rd, CommType t) {
-    int *a = ints(sc, c->size), *b = ints(sd, c->size), *x = ints(rc, c->size), *y = ints(rd, c->size);
+    int S = c->size, *a = ints(MG(c)->counts, sc, S), *b = ints(a + S, sd, S), *x = ints(b + S, rc, S),
+        *y = ints(x + S, rd, S);
     WATCHED(c, "alltoallv", MPI_Alltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c)));
-    free(a);
-    free(b);
-    free(x);
-    free(y);
 }
 static void m_bcast(const Comm *c, void *buf, size_t n, CommType t, int root) {
     WATCHED(c, "bcast", MPI_Bcast(buf, ci(n), mt(t), root, MC(c)));
 }
 static void m_barrier(const Comm *c) { WATCHED(c, "barrier", MPI_Barrier(MC(c))); }
 static const CommOps mpi_ops;
+// A request of group c: one it has used before, else a new one (the group keeps it after the wait).
+static MReq *req_get(const Comm *c) {
+    MGroup *g = MG(c);
+    MReq *m = g->free;
+    if (m) g->free = m->next;
+    else m = xmalloc(sizeof *m + sizeof(int) * 4 * (size_t)c->size);
+    m->r.ops = &mpi_ops;
+    m->r.impl = &m->q;
+    m->g = g;
+    m->next = NULL;
+    g->pending++;
+    return m;
+}
 static CommReq *m_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
-    CommReq *r = xcalloc(1, sizeof *r);
-    r->ops = &mpi_ops;
-    r->impl = xmalloc(sizeof(MPI_Request));
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
-    return r;
+    MReq *m = req_get(c);
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, ci(n), mt(t), MPI_SUM, MC(c), &m->q));
+    return &m->r;
 }
 static CommReq *m_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
                                   CommType t) {
-    CommReq *r = xcalloc(1, sizeof *r);
-    r->ops = &mpi_ops;
-    r->impl = xmalloc(sizeof(MPI_Request) + sizeof(int) * c->size);
-    int *rc = (int *)((MPI_Request *)r->impl + 1); // must live until the request completes
-    for (int i = 0; i < c->size; i++) rc[i] = ci(counts[i]);
-    MPI_CHECK(MPI_Ireduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c), (MPI_Request *)r->impl));
-    return r;
+    MReq *m = req_get(c);
+    int *rc = ints(m->counts, counts, c->size); // must live until the request completes
+    MPI_CHECK(MPI_Ireduce_scatter(send, recv, rc, mt(t), MPI_SUM, MC(c), &m->q));
+    return &m->r;
 }
 static CommReq *m_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                              const size_t *rc, const size_t *rd, CommType t) {
-    CommReq *r = xcalloc(1, sizeof *r);
-    r->ops = &mpi_ops;
-    int n = c->size;
-    r->impl = xmalloc(sizeof(MPI_Request) + sizeof(int) * 4 * n); // the counts live until completion
-    int *a = (int *)((MPI_Request *)r->impl + 1), *b = a + n, *x = b + n, *y = x + n;
-    for (int i = 0; i < n; i++) {
-        a[i] = ci(sc[i]);
-        b[i] = ci(sd[i]);
-        x[i] = ci(rc[i]);
-        y[i] = ci(rd[i]);
-    }
-    MPI_CHECK(MPI_Ialltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c), (MPI_Request *)r->impl));
-    return r;
+    MReq *m = req_get(c);
+    int S = c->size; // the counts live until completion
+    int *a = ints(m->counts, sc, S), *b = ints(a + S, sd, S), *x = ints(b + S, rc, S),
+        *y = ints(x + S, rd, S);
+    MPI_CHECK(MPI_Ialltoallv(send, a, b, mt(t), recv, x, y, mt(t), MC(c), &m->q));
+    return &m->r;
 }
 static CommReq *m_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
-    CommReq *r = xcalloc(1, sizeof *r);
-    r->ops = &mpi_ops;
-    r->impl = xmalloc(sizeof(MPI_Request));
-    MPI_CHECK(MPI_Isend(buf, ci(n), mt(t), peer, tag, MC(c), (MPI_Request *)r->impl));
-    return r;
+    MReq *m = req_get(c);
+    MPI_CHECK(MPI_Isend(buf, ci(n), mt(t), peer, tag, MC(c), &m->q));
+    return &m->r;
 }
 static CommReq *m_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
-    CommReq *r = xcalloc(1, sizeof *r);
-    r->ops = &mpi_ops;
-    r->impl = xmalloc(sizeof(MPI_Request));
-    MPI_CHECK(MPI_Irecv(buf, ci(n), mt(t), peer, tag, MC(c), (MPI_Request *)r->impl));
-    return r;
+    MReq *m = req_get(c);
+    MPI_CHECK(MPI_Irecv(buf, ci(n), mt(t), peer, tag, MC(c), &m->q));
+    return &m->r;
 }
 static int m_test(CommReq *r) {
     int flag = 0;
@@ -199,8 +235,10 @@ static int m_test(CommReq *r) {
 static void m_wait(CommReq *r) {
     static const Comm pending = {.name = "(request)"};
     WATCHED(&pending, "wait", MPI_Wait((MPI_Request *)r->impl, MPI_STATUS_IGNORE));
-    free(r->impl);
-    free(r);
+    MReq *m = (MReq *)r; // back to its group
+    m->next = m->g->free;
+    m->g->free = m;
+    m->g->pending--;
 }
 static const CommOps mpi_ops = {
     m_allreduce,  m_allgather,       m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
@@ -235,12 +273,12 @@ Comm *comm_world_init(int *argc, char ***argv) {
     }
     MPI_CHECK(MPI_Init(argc, argv));
     mpi_started = 1;
-    MPI_Comm *h = xmalloc(sizeof *h);
-    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, h));
-    MPI_CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN));
-    MPI_CHECK(MPI_Comm_rank(*h, &w->rank));
-    MPI_CHECK(MPI_Comm_size(*h, &w->size));
-    w->handle = h;
+    MPI_Comm h;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &h));
+    MPI_CHECK(MPI_Comm_set_errhandler(h, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(h, &w->rank));
+    MPI_CHECK(MPI_Comm_size(h, &w->size));
+    group_make(w, h);
     w->ops = &mpi_ops;
     moe_set_die_hook(abort_all, w->size > 1 ? w->rank : -1);
     if (w->size > 1) watch_start(w->rank);
@@ -252,8 +290,7 @@ void comm_world_finalize(void) {
     int fin = 0;
     comm_nccl_shutdown(); // NCCL communicators go before MPI
     MPI_Finalized(&fin);
-    if (the_world && the_world->handle && !fin) MPI_Comm_free((MPI_Comm *)the_world->handle);
-    if (the_world) free(the_world->handle);
+    if (the_world) group_free(the_world, !fin);
     free(the_world);
     the_world = NULL;
     if (!mpi_started) return;
@@ -268,12 +305,12 @@ Comm *comm_split(const Comm *world, int color, int key, const char *name) {
         c->size = 1;
         return c;
     }
-    MPI_Comm *h = xmalloc(sizeof *h);
-    WATCHED(world, "split", MPI_Comm_split(MC(world), color, key, h));
-    MPI_CHECK(MPI_Comm_set_errhandler(*h, MPI_ERRORS_RETURN));
-    MPI_CHECK(MPI_Comm_rank(*h, &c->rank));
-    MPI_CHECK(MPI_Comm_size(*h, &c->size));
-    c->handle = h;
+    MPI_Comm h;
+    WATCHED(world, "split", MPI_Comm_split(MC(world), color, key, &h));
+    MPI_CHECK(MPI_Comm_set_errhandler(h, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_rank(h, &c->rank));
+    MPI_CHECK(MPI_Comm_size(h, &c->size));
+    group_make(c, h);
     c->ops = &mpi_ops;
     return c;
 }
@@ -282,10 +319,7 @@ void comm_free(Comm *c) {
     if (!c) return;
     if (c == the_world) the_world = NULL; // freed here, not again at finalize
     if (c->dops) comm_dev_disable(c);
-    if (c->handle) {
-        MPI_Comm_free((MPI_Comm *)c->handle);
-        free(c->handle);
-    }
+    group_free(c, 1);
     free(c);
 }
 

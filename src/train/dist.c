@@ -162,6 +162,10 @@ void dist_attach(Dist *d, Model *m) {
             if (d->zero == 2) b->tmp = m->be->alloc(sizeof(float) * (b->s1 - b->s0 ? b->s1 - b->s0 : 1));
         }
     }
+    int S = 1; // the largest group a bucket is reduced over
+    for (int g = RED_DP; g <= RED_STAGE; g++)
+        if (comm_size(group_of(d, (ReduceGroup)g)) > S) S = comm_size(group_of(d, (ReduceGroup)g));
+    d->counts = xmalloc(sizeof(size_t) * 2 * S);
     d->be = m->be;
     size_t es = dist_moment_bytes(d);
     d->m1 = m->be->alloc(es * (d->mom_n ? d->mom_n : 1));
@@ -175,6 +179,8 @@ void dist_free(Dist *d) {
         if (d->b[i].opt) d->be->runs_free(d->b[i].opt);
     }
     free(d->b);
+    free(d->counts);
+    d->counts = NULL;
     if (d->be) {
         d->be->free(d->m1);
         d->be->free(d->m2);
@@ -199,10 +205,8 @@ static void start_bucket(Dist *d, Model *m, GradBucket *b) {
     if (!comm_dev_due(c)) return;
     float *g = m->grads + b->off;
     if (d->zero == 2) {
-        size_t *cnt = xmalloc(sizeof(size_t) * comm_size(c));
-        shard_counts(b, comm_size(c), cnt);
-        b->req = comm_dev_ireduce_scatter(c, g, b->tmp, cnt, CT_F32);
-        free(cnt);
+        shard_counts(b, comm_size(c), d->counts); // (the comm layer copies what it keeps)
+        b->req = comm_dev_ireduce_scatter(c, g, b->tmp, d->counts, CT_F32);
     } else {
         b->req = comm_dev_iallreduce(c, g, b->n, CT_F32);
     }
@@ -284,12 +288,11 @@ static int gather_bucket(const Dist *d, const GradBucket *b, float *buf, int dev
     const Comm *c = group_of(d, b->g);
     int S = comm_size(c);
     if (!d->zero || (dev ? !comm_dev_due(c) : S == 1)) return 0;
-    size_t *cnt = xmalloc(sizeof(size_t) * S * 2), *dsp = cnt + S;
+    size_t *cnt = d->counts, *dsp = cnt + S;
     shard_counts(b, S, cnt);
     for (int r = 0; r < S; r++) dsp[r] = b->n * r / S;
     if (dev) comm_dev_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
     else comm_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
-    free(cnt);
     return 1;
 }
 

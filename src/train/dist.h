@@ -29,6 +29,7 @@ typedef struct {
     size_t bucket_elems;
     GradBucket *b;
     int nb;
+    size_t *counts; // 2 x the largest group's size: a bucket's shard counts and displacements (ZeRO)
     const Backend *be;
     void *m1, *m2; // AdamW moments of the elements this rank updates (backend memory): float32,
                    // or bf16 (uint16_t) under the bf16 policy (prec)

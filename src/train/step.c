@@ -37,6 +37,7 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     for (int c = 0; c < s->sched.vpp; c++) s->arm_at[schedule_last_backward(&s->sched, c)] = 1;
     s->x = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
     s->y = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
+    if (m->c.balance == BALANCE_AUX_FREE) s->bias_h = xmalloc(sizeof(float) * m->c.n_experts);
 }
 
 void step_free(StepCtx *s) {
@@ -46,6 +47,7 @@ void step_free(StepCtx *s) {
     schedule_free(&s->sched);
     free(s->x);
     free(s->y);
+    free(s->bias_h);
 }
 
 // The forward of micro-batch g on chunk c: its tokens (the data position continues from the
@@ -122,7 +124,7 @@ static void route_bias_step(StepCtx *s, const StepStats *r) {
     Model *m = s->m;
     int E = m->c.n_experts;
     float rate = m->c.bias_rate;
-    float *b = xmalloc(sizeof(float) * E);
+    float *b = s->bias_h;
     for (int l = 0; l < m->c.n_layers; l++) {
         int i = params_index(&m->t, PR_ROUTE_BIAS, l, -1);
         if (i < 0 || !m->t.p[i].lnumel) continue;
@@ -137,7 +139,6 @@ static void route_bias_step(StepCtx *s, const StepStats *r) {
         }
         m->be->to_device(dev, b, sizeof(float) * E);
     }
-    free(b);
     // to_device dropped the GEMMs' bf16 copy of the weights (ops.h): make it again where one is kept
     if (s->dist->bf16_shadow) m->be->bf16_shadow(m->params, m->t.ltotal);
 }

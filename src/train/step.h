@@ -25,6 +25,7 @@ typedef struct {
     int Bm, Bl; // sequences of a global micro-batch; this DP rank's share
     int dp_rank;
     int32_t *x, *y; // (Bl, T) host tokens and targets of the micro-batch being run
+    float *bias_h; // (n_experts) balance aux-free: one layer's routing bias on the host, for its update
 } StepCtx;
 
 // What a step measured (identical on every rank).
