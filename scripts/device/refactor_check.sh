@@ -4,8 +4,8 @@
 # device-side: the GPU suites, the zero-allocation test on cuda and cuda-fp32 (test_alloc), the refactored
 # binary against the base one, byte for byte, on the cuda and cuda-fp32 backends (scripts/same_bits.sh,
 # one-process runs: one GPU), and the reference model (PEERS.md, 6 steps per precision policy) with both
-# binaries: every printed loss the same, tokens/s and peak GPU memory side by side (PARTS="step" alone:
-# STEP_ONLY=1).
+# binaries: every printed loss the same, tokens/s and peak GPU memory side by side (that alone: STEP_ONLY=1;
+# all but that: NO_STEP=1).
 cd "$(dirname "$0")/../.."
 G=$PWD/.gpu; B=$G/bin
 . scripts/device/libs.sh && device_libs $G $B/moe
@@ -22,10 +22,12 @@ for dev in cuda cuda-fp32; do
   t same_$dev env SAME_BITS_FLAGS="--device $dev" bash scripts/same_bits.sh $G/base/moe $B/moe one resume; cat $W/same_$dev.log
 done
 t force_nccl env MOE_FORCE_NCCL=1 SAME_BITS_FLAGS="--device cuda --zero 1" bash scripts/same_bits.sh $G/base/moe $B/moe one; tail -3 $W/force_nccl.log
+t force_nccl_z2 env MOE_FORCE_NCCL=1 SAME_BITS_FLAGS="--device cuda --zero 2 --bucket-mb 0.01" bash scripts/same_bits.sh $G/base/moe $B/moe one; tail -2 $W/force_nccl_z2.log
 for dev in cuda cuda-fp32; do
   [ -x $B/test_alloc ] && { t alloc_$dev env MOE_TEST_BACKEND=$dev $B/test_alloc; tail -2 $W/alloc_$dev.log; grep -m5 FAIL $W/alloc_$dev.log; }
 done
 fi
+[ -n "${NO_STEP:-}" ] && exit 0
 # the reference model: both binaries, each policy; losses of every step compared, tokens/s and peak memory
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
