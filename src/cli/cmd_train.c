@@ -53,7 +53,7 @@ static void init_from_config(State *s, ModelConfig *c) {
 
 // --init-from: the run in --out starts from the imported weights (saved as its step 0); every rank
 // then continues it as a resume from step 0.
-static void init_from_prepare(State *s, const Comm *world) {
+static void init_from_prepare(State *s, Comm *world) {
     ModelConfig c;
     init_from_config(s, &c);
     pretrained_start_run(s->cli.init_from, &c, &s->train, world);

@@ -8,6 +8,7 @@
 #include "data/data.h"
 #include "model/params.h"
 #include "io/hf.h"
+#include "train/trainer.h"
 
 void pretrained_resolve(const char *dir, char *out, size_t n) {
     if (!dir[0]) DIE("--ckpt is required");
@@ -47,8 +48,7 @@ void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *
     }
 }
 
-void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainOptions *o,
-                          const Comm *world) {
+void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainOptions *o, Comm *world) {
     const char *bad = train_options_validate(o, c);
     if (bad) DIE("%s", bad);
     // the data first: a bad data file fails before the run directory is touched
@@ -59,12 +59,13 @@ void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainO
         DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", hf_dir, ds.source,
             ds.max_token, c->vocab_size);
     data_close(&ds);
+    char p[2048], what[256];
+    if (comm_rank(world) == 0 && ckpt_run_present(o->out, what, sizeof what) && !o->force)
+        DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
+            "deletes it)",
+            o->out, what);
+    train_check(c, o, world); // the mesh, device, environment, model: refused before anything is deleted
     if (comm_rank(world) == 0) {
-        char p[2048], what[256];
-        if (ckpt_run_present(o->out, what, sizeof what) && !o->force)
-            DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "
-                "deletes it)",
-                o->out, what);
         // the weights are read (and so checked) before --force deletes anything or --out is created
         ParamTable t;
         params_build(&t, c);

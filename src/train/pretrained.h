@@ -24,8 +24,9 @@ void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *
                      const char *device);
 
 // train --init-from: c is the model config (from hf_dir/config.json, with any overrides), o the run's
-// options. Validates the options and the data against c first; then rank 0 (or the one process,
-// world NULL) refuses a run already in o->out unless o->force (then deletes it) and saves hf_dir's
-// weights with zero AdamW moments as step 0 of the run in o->out. Collective over world. The run is
-// then continued as a resume from step 0, which is exactly a fresh start from those weights.
-void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainOptions *o, const Comm *world);
+// options. Validates the options and the data against c first, rank 0 refuses a run already in o->out
+// unless o->force, and every check of the run to come passes (train_check); then rank 0 deletes the
+// old run (o->force) and saves hf_dir's weights with zero AdamW moments as step 0 of the run in o->out.
+// Collective over world. The run is then continued as a resume from step 0, which is exactly a fresh start
+// from those weights.
+void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainOptions *o, Comm *world);

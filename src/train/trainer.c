@@ -47,6 +47,10 @@ typedef struct {
     Adapt adapt; // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
     double t_start, flops_tok;
     int preempted; // the signal that stopped the run (its checkpoint written), or 0
+    int meshed, bf16_shadow; // choose_backend's
+    int resuming; // from the checkpoint latest (--resume)
+    char latest[2048];
+    MeshShape shape;
     double best_loss; // --keep-best: the validation loss of OUT/best (HUGE_VAL: none yet)
     int64_t best_step;
 } Run;
@@ -211,10 +215,11 @@ static const Backend *choose_backend(const TrainOptions *o, const Comm *world, i
     return be;
 }
 
-// The output directory: refuse to overwrite a run unless --resume or --force; with --resume, the
-// checkpoint's config becomes the model's (latest: its path). Every check that can fail comes before
-// --force deletes anything; every rank decides the same from the same files, rank 0 changes them.
-static int prepare_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
+// The output directory's checks: refuse to overwrite a run unless --resume or --force; with --resume,
+// the checkpoint's config becomes the model's (latest: its path). Reads only: --force deletes the old
+// run in run_dir_start, once everything that can refuse the run has passed. Every rank decides the same
+// from the same files.
+static int check_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
     const TrainOptions *o = r->o;
     char held[256];
     int has_run = ckpt_run_present(o->out, held, sizeof held), resuming = 0;
@@ -239,10 +244,22 @@ static int prepare_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
         DIE("'%s' already holds a training run (%s); pass --resume to continue it or --force to start over "
             "(which deletes it)",
             o->out, held);
-    else if (!o->resume && o->force && r->rank0) ckpt_run_clear(o->out);
+    return resuming;
+}
+
+// The output directory made ready, once every rank has passed every check and set its model up: --force
+// deletes the old run (rank 0), then the directory exists and the log is appended to.
+static void run_dir_start(const Run *r) {
+    const TrainOptions *o = r->o;
+    comm_barrier(r->world);
+    if (!o->resume && o->force && r->rank0) ckpt_run_clear(o->out);
     if (r->rank0) mkdir_p(o->out);
     comm_barrier(r->world);
-    return resuming;
+    if (r->rank0) { // the log: everything printed from here on, appended (a resume continues it)
+        char log[2100];
+        join_path(log, sizeof log, o->out, RUN_LOG);
+        stdout_tee(log);
+    }
 }
 
 // --precision bf16: every weight is a bf16 value from step 0 (the initialisation, a float32 checkpoint
@@ -343,9 +360,19 @@ static void check_attn_dropout(const Run *r) {
             r->c.attention_dropout, r->be->name);
 }
 
-// Validates everything, then builds the run: data, output directory, mesh, model, parameters.
-static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit,
-                     Comm *world) {
+// AMPipe's chunks split a micro-batch's rows on a rank: more chunks than rows cannot run (model.c
+// would stop at the first step).
+static void check_ampipe(const TrainOptions *o, const MeshShape *shape) {
+    int64_t rows = (int64_t)(o->batch / o->grad_accum / shape->dp) * o->seq_len;
+    if (o->ampipe > rows)
+        DIE("--ampipe %d: a micro-batch of %lld tokens has fewer rows than chunks", o->ampipe,
+            (long long)rows);
+}
+
+// Everything that can refuse the run, then the run built up to its parameters (mesh, model, the step's
+// buffers: what dies there dies too) without writing a byte to the output directory.
+static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit,
+                      Comm *world) {
     memset(r, 0, sizeof *r);
     r->o = o;
     r->c = *cfg_in;
@@ -355,31 +382,26 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     if (bad) DIE("invalid model config: %s", bad);
     bad = train_options_validate(o, &r->c);
     if (bad) DIE("%s", bad);
-    resolve_mesh(o, &r->c, comm_size(world), &r->split);
-    int meshed, bf16_shadow;
-    r->be = choose_backend(o, world, &meshed, &r->profile, &bf16_shadow);
+    MeshShape shape = resolve_mesh(o, &r->c, comm_size(world), &r->split);
+    check_ampipe(o, &shape);
+    r->be = choose_backend(o, world, &r->meshed, &r->profile, &r->bf16_shadow);
     check_attn_dropout(r);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
 
-    // data first: a bad data file must fail before anything in the output directory is touched
     data_open_split(&r->ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac,
                     o->seed, o->seq_len);
     agree_data(&r->ds, world);
     eval_batches_available(&r->ds, o->batch / o->grad_accum); // one evaluation batch at least, or stop here
-    char latest[2048];
-    int resuming = prepare_out_dir(r, model_explicit, latest, sizeof latest);
+    r->resuming = check_out_dir(r, model_explicit, r->latest, sizeof r->latest);
     check_attn_dropout(r); // (a resumed model's config is the checkpoint's)
-    if (r->rank0) { // the log: everything printed from here on, appended (a resume continues it)
-        char log[2100];
-        join_path(log, sizeof log, o->out, RUN_LOG);
-        stdout_tee(log);
-    }
 
-    MeshShape shape = resolve_mesh(o, &r->c, comm_size(world), &r->split);
+    shape = resolve_mesh(o, &r->c, comm_size(world), &r->split); // (the checkpoint's config)
+    check_ampipe(o, &shape);
     if (o->a2a_hier < 0 && shape.ep > 1) shape.hier = adapt_hier(world, &shape);
+    r->shape = shape;
     mesh_init(&r->mesh, &shape, world);
-    if (meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
-    dist_init(&r->dist, meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
+    if (r->meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
+    dist_init(&r->dist, r->meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     // the precision policy (ops.h OPT_*); stochastic rounding's bits: a hash of the seed, step and element
     dist_set_precision(&r->dist,
                        o->precision != PREC_BF16               ? OPT_MIXED
@@ -389,24 +411,47 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
                        o->seed);
     if (shape.pp > 1) r->dist.mm.sl.pp_split = &r->split;
     int Bl = o->batch / o->grad_accum / shape.dp;
-    model_init(&r->m, &r->c, r->be, Bl, o->seq_len, meshed ? &r->dist.mm : NULL);
+    model_init(&r->m, &r->c, r->be, Bl, o->seq_len, r->meshed ? &r->dist.mm : NULL);
     // --precision bf16 (rounded weights) in one process with the GEMMs' bf16 copy: the weights only bf16
     // GEMMs read live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
-    if (bf16_shadow && train_bf16_weights_alone(o, meshed)) model_bf16_weights(&r->m);
-    model_set_expert_grads(&r->m, train_expert_grads(o, meshed)); // (before dist_attach builds the runs)
+    if (r->bf16_shadow && train_bf16_weights_alone(o, r->meshed)) model_bf16_weights(&r->m);
+    model_set_expert_grads(&r->m, train_expert_grads(o, r->meshed)); // (before dist_attach builds the runs)
     if (o->recompute)
         model_set_recompute(&r->m, o->recompute); // (before step_init's slots: they keep no dropped buffer)
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
     // the activations' own buffers are freed before the moments take their memory
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     dist_attach(&r->dist, &r->m);
-    load_or_init(r, resuming, latest);
+}
+
+// What run_setup built, freed (run_close frees a whole run).
+static void run_setup_free(Run *r) {
+    step_free(&r->step);
+    dist_free(&r->dist);
+    model_free(&r->m);
+    data_close(&r->ds);
+    mesh_free(&r->mesh);
+}
+
+void train_check(const ModelConfig *cfg, const TrainOptions *o, Comm *world) {
+    Run r;
+    run_setup(&r, cfg, o, 0, world);
+    run_setup_free(&r);
+}
+
+// Validates everything and sets the run up, then the output directory (--force deletes the old run
+// here, not before), the parameters (initialised or resumed) and the report's header.
+static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit,
+                     Comm *world) {
+    run_setup(r, cfg_in, o, model_explicit, world);
+    run_dir_start(r);
+    load_or_init(r, r->resuming, r->latest);
     best_recorded(r);
-    adapt_init(&r->adapt, o, &shape, meshed, &r->m);
+    adapt_init(&r->adapt, o, &r->shape, r->meshed, &r->m);
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");
     if (!r->out) DIE("cannot open /dev/null");
-    print_header(r, &shape);
+    print_header(r, &r->shape);
     r->mf = r->rank0 ? xfopen(r->metrics_path, "a") : NULL;
     r->counts = xmalloc(sizeof(int64_t) * r->c.n_layers * r->c.n_experts);
     r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
@@ -417,7 +462,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     // the bf16 GEMMs read the weights from one bf16 copy that AdamW keeps current (ops.h bf16_shadow;
     // a no-op on cpu and cuda-fp32); MOE_BF16_SHADOW=0 converts the weights on every GEMM instead
     // (the same results bit for bit: for checking that)
-    r->dist.bf16_shadow = bf16_shadow;
+    r->dist.bf16_shadow = r->bf16_shadow;
     if (r->dist.bf16_shadow) r->be->bf16_shadow(r->m.params, r->m.t.ltotal);
     r->t_start = now_seconds();
 }
@@ -594,12 +639,8 @@ static void run_close(Run *r) {
 free_all:
     free(r->counts);
     adapt_free(&r->adapt);
-    step_free(&r->step);
-    dist_free(&r->dist);
-    model_free(&r->m);
-    data_close(&r->ds);
     if (!r->rank0) fclose(r->out);
-    mesh_free(&r->mesh);
+    run_setup_free(r);
     if (r->rank0) stdout_tee_end();
 }
 

@@ -11,3 +11,8 @@
 // none). world: the process group (size 1 for one process); the mesh comes from o->tp/ep/etp/pp.
 int train_run(const ModelConfig *c, const TrainOptions *o, int model_explicit, const char *record,
               Comm *world);
+
+// Every check train_run makes before it writes to o->out (options, mesh, device, environment, data, the
+// directory's run unless o->force), with the model set up once and freed: for a caller that writes to
+// o->out before train_run (--init-from), so that a refusal leaves the old run as it was. Collective.
+void train_check(const ModelConfig *c, const TrainOptions *o, Comm *world);
