@@ -1,8 +1,9 @@
-// trainer.c — `moe train` as parts (see trainer.h): run_open (validate, the output directory, mesh,
-// model, init or resume), then per step step_run (train/step.c) and run_record (metrics.jsonl, the
-// progress line), evaluation and checkpoints on their schedule, and run_close (replica check, the
-// end-of-run report: final evaluation, a sample, plots). One process, one backend, or one rank of a
-// mesh; losses are means over the step's tokens, aux and z means over layers and micro-batches.
+// trainer.c — `moe train` as parts (see trainer.h): run_open (validate, mesh, model, then the output
+// directory: --force deletes the old run only there; init or resume), then per step step_run (train/step.c)
+// and run_record (metrics.jsonl, the progress line), evaluation and checkpoints on their schedule, and
+// run_close (replica check, the end-of-run report: final evaluation, a sample, plots). One process, one
+// backend, or one rank of a mesh; losses are means over the step's tokens, aux and z means over layers and
+// micro-batches.
 #include "train/trainer.h"
 #include <omp.h>
 #include <signal.h>
