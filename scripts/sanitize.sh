@@ -8,7 +8,8 @@
 # on the layouts whose buffers are shared between MoE states or move between a state's start and its
 # GEMMs (AMPipe with expert parallelism, --recompute, the pipelined exchange, pipeline stages, the
 # gathered expert mode): a memory error there fails the script (one, tp2+ep2 --ampipe 2 --recompute moe,
-# was a use after free until 2026-12-02).
+# was a use after free until 2026-12-02; ep2 --ampipe auto --a2a-overlap auto, its 12 candidates
+# through a list of 8, a stack overflow until issue 42).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-asan -DMOE_CUDA=OFF -DMOE_MPI=OFF -DCMAKE_BUILD_TYPE=Debug \
@@ -35,4 +36,5 @@ done <<'EOF_L'
 4|--tp 2 --ep 2 --ampipe 2 --a2a-overlap 2 --recompute full
 4|--pp 2 --ep 2 --ampipe 2 --recompute moe --grad-accum 4
 4|--ep 2 --etp 2 --expert-mode gathered --zero 2
+2|--ep 2 --ampipe auto --a2a-overlap auto --steps 36
 EOF_L

@@ -264,6 +264,8 @@ static void load_source(Dataset *ds, const char *path, uint64_t seed, int T) {
         if (ds->tokens[i] > ds->max_token) ds->max_token = ds->tokens[i];
 }
 
+int data_val_frac_holds(double f) { return round(f * 1e6) >= 1; }
+
 // The held-out tail of n tokens: ceil(n * f) (f is a decimal the user typed, read as a float: rounded
 // back to 6 digits so that 0.1 holds out 8 of 80 tokens, not 9).
 static size_t tail_tokens(size_t n, double f) {
@@ -275,6 +277,19 @@ static int tail_fits(size_t n, double f, int T) {
     size_t held = tail_tokens(n, f);
     return held <= n && windows_in(held, T) >= 1 && windows_in(n - held, T) >= 1;
 }
+// The fewest tokens whose tail split fits (f rounds to >= 1e-6). tail_fits holds from some n on (one
+// more token adds at most one to the tail and never shrinks the rest), so: double, then bisect; counting
+// up a token at a time took about T / f steps (hours at a small f and a long T).
+static size_t tail_need(double f, int T) {
+    size_t lo = (size_t)T + 1, hi = lo; // tail_fits(lo - 1) is false: one window needs T + 1 tokens
+    while (!tail_fits(hi, f, T)) lo = hi + 1, hi *= 2;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (tail_fits(mid, f, T)) hi = mid;
+        else lo = mid + 1;
+    }
+    return hi;
+}
 
 void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed,
                      int T) {
@@ -282,6 +297,9 @@ void data_open_split(Dataset *ds, const char *path, const char *val_path, double
     CHECK(T >= 1, "data: sequence length T must be >= 1 (got %d)", T);
     if (!path && val_path) DIE("--val-data needs --data: the embedded corpus holds out its own windows");
     if (!(val_frac > 0 && val_frac <= 0.5)) DIE("--val-frac must be in (0, 0.5] (got %g)", val_frac);
+    if (!data_val_frac_holds(val_frac))
+        DIE("--val-frac %g holds out no token (it is read to 6 decimals): the smallest that works is %g",
+            val_frac, DATA_VAL_FRAC_MIN);
     if (!path && fabs(val_frac - DATA_VAL_FRAC) > 1e-6)
         DIE("--val-frac %g: the embedded corpus holds out every 10th window (its split is fixed); --val-frac "
             "applies to --data files",
@@ -325,8 +343,7 @@ void data_open_split(Dataset *ds, const char *path, const char *val_path, double
     } else {
         ds->split = DATA_SPLIT_TAIL;
         if (!tail_fits(ds->n_tokens, val_frac, T)) {
-            size_t need = (size_t)T + 1;
-            while (!tail_fits(need, val_frac, T)) need++;
+            size_t need = tail_need(val_frac, T);
             DIE("%s has %zu tokens, too few for T=%d: need at least %zu (a window of T+1 tokens before the "
                 "held-out "
                 "tail, and one in it: --val-frac %g)",

@@ -22,6 +22,7 @@
 
 #define DATA_MAX_KINDS 8
 #define DATA_VAL_FRAC 0.1 // default held-out fraction of a --data source (--val-frac)
+#define DATA_VAL_FRAC_MIN 1e-6 // the smallest held-out fraction: --val-frac is read to 6 decimals
 
 typedef enum { DATA_SPLIT_EVERY10, DATA_SPLIT_TAIL, DATA_SPLIT_FILE } DataSplit;
 
@@ -63,6 +64,8 @@ void data_open(Dataset *ds, const char *path, uint64_t seed, int T); // the defa
 // path is (text or shards); otherwise val_frac in (0, 0.5] of a --data source is held out as its
 // tail. The embedded corpus (path NULL) takes neither (its split is every10; val_frac must be the
 // default). Dies naming the option when a region is too short for one window of T+1 tokens.
+// 1 when the held-out fraction f, read to 6 decimals, is not 0 (a smaller one holds out no token).
+int data_val_frac_holds(double f);
 void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed,
                      int T);
 // One line describing the split ("held out: the last 10% (111540 tokens)", ...) into buf.

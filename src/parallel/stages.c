@@ -15,8 +15,11 @@ const char *stages_split(StageSplit *s, int L, int pp, int vpp, const char *list
     memset(s, 0, sizeof *s);
     if (pp < 1) BAD("--pp must be >= 1 (got %d)", pp);
     if (vpp < 1) BAD("--vpp must be >= 1 (got %d)", vpp);
-    int S = pp * vpp;
-    if (S > STAGES_MAX) BAD("--pp %d x --vpp %d = %d virtual stages; at most %d", pp, vpp, S, STAGES_MAX);
+    // the product in 64 bits: --pp x --vpp beyond int range must not wrap (to 0: a division by zero)
+    long long S64 = (long long)pp * vpp;
+    if (S64 > STAGES_MAX)
+        BAD("--pp %d x --vpp %d = %lld virtual stages; at most %d", pp, vpp, S64, STAGES_MAX);
+    int S = (int)S64;
     s->pp = pp;
     s->vpp = vpp;
     if (!list || !*list) {

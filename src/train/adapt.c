@@ -8,6 +8,9 @@
 static int cand_r(int c) { return c % 16; }
 static int cand_mode(int c) { return c / 16 % 16; }
 static int cand_n(int c) { return c >= 256 ? c / 256 : 1; }
+// The most candidates adapt_init lists: AMPipe's 3 chunk counts x (the gathered mode + r = 1, 2, 4, 8).
+enum { ADAPT_CANDS = 3 * (1 + 4) };
+_Static_assert(ADAPT_CANDS <= TUNE_MAX, "a tuner must hold every candidate of the adaptive exchange");
 
 void adapt_init(Adapt *a, const TrainOptions *o, const MeshShape *shape, int meshed, Model *m) {
     memset(a, 0, sizeof *a);
@@ -22,7 +25,7 @@ void adapt_init(Adapt *a, const TrainOptions *o, const MeshShape *shape, int mes
     int exch = meshed && (shape->ep > 1 || shape->etp > 1 || comm_nccl_forced());
     int ns[3] = {o->ampipe > 0 ? o->ampipe : 1, 2, 4}, nn = o->ampipe == 0 && exch ? 3 : 1;
     if (o->a2a_overlap == 0 || o->expert_mode < 0 || nn > 1) {
-        int cand[TUNE_MAX], n = 0;
+        int cand[ADAPT_CANDS], n = 0;
         int modes = o->expert_mode < 0 && shape->etp > 1 ? 2 : 1,
             mode0 = o->expert_mode > 0 ? MOE_GATHERED : MOE_SHARDED;
         for (int in = 0; in < nn; in++) {

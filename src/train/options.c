@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "data/data.h"
 
 void train_options_default(TrainOptions *o) {
     memset(o, 0, sizeof *o);
@@ -70,6 +71,9 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->eval_every < 0) BAD("--eval-every must be >= 0 (got %d)", o->eval_every);
     if (o->eval_batches < 0) BAD("--eval-batches must be all or >= 1 (got %d)", o->eval_batches);
     if (!(o->val_frac > 0 && o->val_frac <= 0.5)) BAD("--val-frac must be in (0, 0.5] (got %g)", o->val_frac);
+    if (!data_val_frac_holds(o->val_frac))
+        BAD("--val-frac %g holds out no token (it is read to 6 decimals): the smallest that works is %g",
+            o->val_frac, DATA_VAL_FRAC_MIN);
     if (o->val_data[0] && !o->data[0])
         BAD("--val-data needs --data (the embedded corpus holds out its own windows)");
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);

@@ -11,6 +11,11 @@
 #include "train/pipe.h"
 #include "train/schedule.h"
 
+// A step whose loss or gradient norm is not finite is skipped (no update: a bad batch passes); this
+// many in a row mean the run diverged (the weights give no finite loss any more): it stops with an
+// error, and the skipped steps write no periodic checkpoint (the last one saved stays the latest).
+#define STEP_SKIPPED_MAX 3
+
 // What a step needs, fixed for the run.
 typedef struct {
     Model *m;
@@ -33,7 +38,7 @@ typedef struct {
     double loss, aux, z; // means over the step's tokens / layers and micro-batches
     double gnorm; // global gradient norm before clipping
     float lr;
-    int skipped; // non-finite loss or norm: no update
+    int skipped; // non-finite loss or norm: no update (STEP_SKIPPED_MAX in a row end the run)
     int64_t dropped; // assignments dropped by capacity, all layers and micro-batches
     int64_t *counts; // (L, E) assignments per expert, summed over micro-batches (caller's array)
     int stages; // pipeline stages

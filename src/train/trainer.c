@@ -553,7 +553,8 @@ static void run_evaluate(Run *r, int step) {
     EvalResult ev;
     evaluate(&r->step.pipe, &r->ds, r->step.Bm, r->o->eval_batches, 0, &ev, &r->dist);
     if (r->mf) {
-        fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
+        if (isfinite(ev.loss)) fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
+        else fprintf(r->mf, "{\"step\":%d,\"val_loss\":null}\n", step + 1); // JSON has no NaN
         fflush(r->mf);
     }
     if (!r->o->quiet) fprintf(r->out, "  eval: val loss %.4f\n", ev.loss);
@@ -651,6 +652,7 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
     run_open(&r, cfg, o, model_explicit, world);
     if (record && r.rank0) run_record_write(o->out, record); // the directory is ready (cleared by --force)
     StepStats s = {.counts = r.counts};
+    int skipped = 0; // steps skipped in a row (non-finite loss or norm)
     for (int step = r.first; step < o->steps; step++) {
         if (r.profile && step == r.first + 1) backend_profile_reset(); // the first step warms up
         double t0 = now_seconds();
@@ -662,9 +664,15 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         r.st.total_steps = o->steps;
         r.st.tokens_seen += (double)o->batch * o->seq_len;
         run_record(&r, step, &s, now_seconds() - t0, tuned);
+        skipped = s.skipped ? skipped + 1 : 0; // (the same on every rank: loss and norm are global)
+        if (skipped == STEP_SKIPPED_MAX)
+            DIE("step %d: the loss or gradient norm was not finite for %d steps in a row (steps %d..%d, "
+                "skipped, no checkpoint written): the run diverged",
+                step + 1, STEP_SKIPPED_MAX, step + 2 - STEP_SKIPPED_MAX, step + 1);
         int last = step + 1 == o->steps;
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) run_evaluate(&r, step);
-        int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0) || (last && o->save_every >= 0);
+        int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0 && !s.skipped) ||
+            (last && o->save_every >= 0);
         if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
         // SIGTERM / SIGINT: every rank stops after the same step (the flag is summed over the ranks)
         int stop = preempt_signal() != 0;

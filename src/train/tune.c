@@ -1,10 +1,12 @@
 // tune.c — the measured choice among candidates (see tune.h).
 #include "train/tune.h"
 #include <string.h>
+#include "core/common.h"
 
 void tuner_init(Tuner *t, const int *cand, int n, int trials, double margin, double retune) {
     memset(t, 0, sizeof *t);
-    t->n = n > TUNE_MAX ? TUNE_MAX : n;
+    CHECK(n >= 1 && n <= TUNE_MAX, "tuner: %d candidates; 1..%d are measured (TUNE_MAX)", n, TUNE_MAX);
+    t->n = n;
     memcpy(t->cand, cand, sizeof(int) * t->n);
     t->trials = trials > 0 ? trials : 1;
     t->margin = margin;

@@ -9,7 +9,9 @@
 // Must not hold: what the candidates mean, timing, communication.
 #pragma once
 
-#define TUNE_MAX 8
+// The most candidates one tuner measures: the adaptive MoE exchange's largest set is 15 (AMPipe's
+// n = 1, 2, 4, each with the gathered mode and r = 1, 2, 4, 8: train/adapt.c); tuner_init refuses more.
+#define TUNE_MAX 16
 
 typedef struct {
     int n, cand[TUNE_MAX]; // the candidates, in the order they are tried
