@@ -1,7 +1,7 @@
 // moe.c — the MoE FFN layer forward/backward over a Backend and a mesh (see moe.h). Everything
 // runs on the backend: router GEMM, softmax/top-k and its sums, permute, experts, combine, router
 // backward. The host gets one copy of the router's outputs per forward (the top-k choices for the
-// dispatch plan and the counts, plus logits and probs for evaluate.c's readers), builds the plan
+// dispatch plan and the counts, plus logits and probs for eval.c's and dump.c's readers), builds the plan
 // and sends it back in one copy; the backward's only host traffic is the E aux coefficients.
 #include "moe/moe.h"
 #include <stdio.h>
