@@ -47,6 +47,11 @@ typedef struct {
 
 extern const A2aTransport a2a_flat, a2a_hier;
 
+// Row counts (or displacements) c of n ranks as element counts: out[i] = c[i] * by (by: values a row).
+static inline void a2a_scale(const size_t *c, size_t *out, int n, size_t by) {
+    for (int i = 0; i < n; i++) out[i] = c[i] * by;
+}
+
 // The rows a row-sized buffer that holds `have` rows is to hold for `need` (every row-sized buffer of the
 // exchange and of the MoE layer's expert side grows by this rule): `have` where that is enough; the first
 // time (have 0) twice need, or twice `typical` (an even routing's rows) where more; later need plus a

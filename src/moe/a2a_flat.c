@@ -32,10 +32,6 @@ static int flat_plan(A2a *t, const A2aCounts *c) {
     return 0;
 }
 
-static void scale(const size_t *c, size_t *out, int n, size_t by) {
-    for (int i = 0; i < n; i++) out[i] = c[i] * by;
-}
-
 static void flat_start(A2a *t, int dir, const void *send, void *recv, CommType ct, size_t esz) {
     const A2aCounts *c = &t->c;
     int EP = t->EP, back = dir == A2A_COMBINE;
@@ -44,10 +40,10 @@ static void flat_start(A2a *t, int dir, const void *send, void *recv, CommType c
         return;
     }
     size_t *a = t->a;
-    scale(back ? c->rc : c->sc, a, EP, t->d);
-    scale(back ? c->rd : c->sd, a + EP, EP, t->d);
-    scale(back ? c->sc : c->rc, a + 2 * EP, EP, t->d);
-    scale(back ? c->sd : c->rd, a + 3 * EP, EP, t->d);
+    a2a_scale(back ? c->rc : c->sc, a, EP, t->d);
+    a2a_scale(back ? c->rd : c->sd, a + EP, EP, t->d);
+    a2a_scale(back ? c->sc : c->rc, a + 2 * EP, EP, t->d);
+    a2a_scale(back ? c->sd : c->rd, a + 3 * EP, EP, t->d);
     t->req = comm_dev_ialltoallv(t->ep, send, a, a + EP, recv, a + 2 * EP, a + 3 * EP, ct);
 }
 

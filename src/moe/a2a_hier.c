@@ -148,10 +148,6 @@ static int hier_plans(A2a *t, const A2aCounts *c) {
     return again;
 }
 
-static void scale(const size_t *c, size_t *out, int n, size_t by) {
-    for (int i = 0; i < n; i++) out[i] = c[i] * by;
-}
-
 // Direction k: send -> recv, as the flat all-to-all-v.
 static void hier_start(A2a *t, int k, const void *send, void *recv, CommType ct, size_t esz) {
     const HierPlan *h = &t->hp[k];
@@ -161,19 +157,19 @@ static void hier_start(A2a *t, int k, const void *send, void *recv, CommType ct,
         const int64_t *q = h->pre + 3 * i;
         if (q[2]) be->copy((char *)t->s1 + q[1] * row, (const char *)send + q[0] * row, row * q[2]);
     }
-    scale(h->c1, a, (int)G, d);
-    scale(h->d1, a + G, (int)G, d);
-    scale(h->r1, a + 2 * G, (int)G, d);
-    scale(h->e1, a + 3 * G, (int)G, d);
+    a2a_scale(h->c1, a, (int)G, d);
+    a2a_scale(h->d1, a + G, (int)G, d);
+    a2a_scale(h->r1, a + 2 * G, (int)G, d);
+    a2a_scale(h->e1, a + 3 * G, (int)G, d);
     comm_dev_alltoallv(t->epn, t->s1, a, a + G, t->r1, a + 2 * G, a + 3 * G, ct);
     for (int i = 0; i < h->nmid; i++) {
         const int64_t *q = h->mid + 3 * i;
         if (q[2]) be->copy((char *)t->s2 + q[1] * row, (const char *)t->r1 + q[0] * row, row * q[2]);
     }
-    scale(h->c2, a, (int)A, d);
-    scale(h->d2, a + A, (int)A, d);
-    scale(h->r2, a + 2 * A, (int)A, d);
-    scale(h->e2, a + 3 * A, (int)A, d);
+    a2a_scale(h->c2, a, (int)A, d);
+    a2a_scale(h->d2, a + A, (int)A, d);
+    a2a_scale(h->r2, a + 2 * A, (int)A, d);
+    a2a_scale(h->e2, a + 3 * A, (int)A, d);
     comm_dev_alltoallv(t->epx, t->s2, a, a + A, recv, a + 2 * A, a + 3 * A, ct);
 }
 

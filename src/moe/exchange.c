@@ -61,10 +61,6 @@ size_t exchange_rows_typical(const Exchange *x) { return (size_t)x->ETP * x->row
 static size_t hid_bytes(const Exchange *x) { return hid_size(x->be); }
 static CommType hid_type(const Exchange *x) { return x->be->hid == FMT_BF16 ? CT_BF16 : CT_F32; }
 
-static void scale_counts(const size_t *c, size_t *out, int n, size_t by) {
-    for (int i = 0; i < n; i++) out[i] = c[i] * by;
-}
-
 // Room for Rg expert-side rows (the permutation both ways, host and device, and the gathered staging)
 // and R received ones; grown by a2a_rows, `regrown` set where a buffer that held rows grows again.
 static void row_room(Exchange *x) {
@@ -177,8 +173,8 @@ const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out) {
     int ETP = x->ETP;
     size_t d = x->d;
     if (comm_dev_due(x->etp)) {
-        scale_counts(x->gc, x->cnt, ETP, d);
-        scale_counts(x->gd, x->cnt + ETP, ETP, d);
+        a2a_scale(x->gc, x->cnt, ETP, d);
+        a2a_scale(x->gd, x->cnt + ETP, ETP, d);
         comm_dev_allgatherv(x->etp, x->raw_ep, (size_t)x->R * d, x->raw, x->cnt, x->cnt + ETP, hid_type(x));
     } else {
         x->be->copy(x->raw, x->raw_ep, hid_bytes(x) * (size_t)x->R * d);
@@ -197,7 +193,7 @@ void exchange_combine_start(Exchange *x, const float *partial, float *rows) {
     size_t d = x->d;
     x->be->gather_rows((float *)x->raw, partial, x->iperm, x->Rg, x->d);
     if (comm_dev_due(x->etp)) {
-        scale_counts(x->gc, x->cnt, x->ETP, d);
+        a2a_scale(x->gc, x->cnt, x->ETP, d);
         comm_dev_reduce_scatter(x->etp, x->raw, x->raw_ep, x->cnt, CT_F32);
     } else {
         x->be->copy(x->raw_ep, x->raw, F * (size_t)x->R * d);
