@@ -36,7 +36,9 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     data_open_split(&ds, NULL, NULL, o->val_frac, o->seed, o->seq_len);
     Mesh mesh;
     mesh_init(&mesh, &shape, world);
-    if (meshed && be != backend_cpu()) mesh_enable_device(&mesh);
+    if (meshed && o->gpu_comm == GPUCOMM_STAGED)
+        mesh_enable_device(&mesh, MESH_DEV_STAGED, be != backend_cpu());
+    else if (meshed && be != backend_cpu()) mesh_enable_device(&mesh, MESH_DEV_NCCL, 1);
     Dist dist;
     dist_init(&dist, meshed ? &mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     dist_set_precision(&dist, OPT_MIXED, o->seed);

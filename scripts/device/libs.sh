@@ -67,3 +67,21 @@ m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_groupe
   grep impl $W/peer_$1.log | tee -a $R
   say "   peer's peak GPU memory used (nvidia-smi, as ours): $peak MiB"
 }
+
+# The mesh recipes' start (gpu_mesh.sh, share_bench.sh): `mesh_unpack PKG X` unpacks mesh_pack.sh's
+# PKG/pkg.tar.xz into X and sets B (X/bin), the libraries and the relocatable Open MPI's environment, with
+# NVLink multicast off and root allowed to run mpirun.
+mesh_unpack() {
+  local p=$1 x=$2
+  mkdir -p "$x"
+  tar -C "$x" -xJf "$p/pkg.tar.xz"
+  B=$x/bin
+  device_libs "$x" "$B/moe"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+  export OPAL_PREFIX=$x/root/usr PATH=$x/root/usr/bin:$PATH
+  export OMPI_MCA_mca_base_component_path=$x/root/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+  export PMIX_MCA_mca_base_component_path=$x/root/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix OMPI_MCA_pml=ob1
+  export OMPI_MCA_btl=self,vader OMPI_MCA_mca_base_component_show_load_errors=0
+  export PMIX_MCA_pcompress_base_silence_warning=1
+}

@@ -151,7 +151,7 @@ const Opt opts[] = {
     {"tp", O_INT, TO(tp), C_TRAIN | C_INFO, "tensor parallel size (attention heads split)"},
     {"ep", O_INT, TO(ep), C_TRAIN | C_INFO, "expert parallel size (carved out of the data-parallel ranks)"},
     {"etp", O_INT, TO(etp), C_TRAIN | C_INFO, "expert tensor parallel size (each expert's f split)"},
-    {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (the layers split between them; cpu backend)"},
+    {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (the layers split between them)"},
     {"pp-schedule", O_SCHEDULE, TO(pp_schedule), C_TRAIN | C_INFO,
      "the pipeline schedule (micro-batches = --grad-accum, at least --pp)"},
     {"vpp", O_INT, TO(vpp), C_TRAIN | C_INFO, "model chunks per pipeline rank (interleaved schedule)"},
@@ -176,6 +176,12 @@ const Opt opts[] = {
      "with --etp > 1: each rank computes its f slice for the group's tokens (sharded), or whole experts "
      "(slices "
      "gathered per layer) for its own tokens (gathered); auto: measured per layer"},
+    {"gpu-comm", O_GPUCOMM, TO(gpu_comm), C_TRAIN,
+     "how GPU ranks exchange device buffers: nccl (every rank its own GPU), staged (through pinned host "
+     "memory and MPI: ranks sharing a GPU, or no NCCL), mpi (device pointers to a CUDA-aware MPI; refused "
+     "where the MPI library says it is not), auto (nccl where every rank has its own GPU, else staged). "
+     "Pipeline stages' messages are staged under nccl too. On --device cpu staged and mpi run the same "
+     "code over host memory (tests)"},
     {"a2a-retune", O_FLOAT, TO(a2a_retune), C_TRAIN,
      "auto modes: re-measure a layer when its load (busiest expert / mean) moves by this fraction"},
     {"precision", O_PRECISION, TO(precision), C_TRAIN | C_INFO,
@@ -240,6 +246,12 @@ static const WordSet word_sets[] = {
      {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
     {O_PRECISION, "mixed|bf16", 0, 2, {"mixed", "bf16"}, {PREC_MIXED, PREC_BF16}},
     {O_GRADMEM, "shared|separate", 0, 2, {"shared", "separate"}, {GRADMEM_SHARED, GRADMEM_SEPARATE}},
+    {O_GPUCOMM,
+     "auto|nccl|staged|mpi",
+     0,
+     4,
+     {"auto", "nccl", "staged", "mpi"},
+     {GPUCOMM_AUTO, GPUCOMM_NCCL, GPUCOMM_STAGED, GPUCOMM_MPI}},
     {O_ROUNDING,
      "stochastic|nearest|none",
      0,

@@ -29,7 +29,8 @@ typedef enum {
     O_RECOMPUTE,
     O_PRECISION,
     O_ROUNDING,
-    O_GRADMEM
+    O_GRADMEM,
+    O_GPUCOMM
 } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
@@ -57,7 +58,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 106 };
+enum { N_OPTS = 107 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

@@ -6,6 +6,10 @@
 int backend_cuda_available(void) { return 0; }
 void backend_cuda_set_rank(int local_rank) { (void)local_rank; }
 int backend_cuda_grouped_kernel(void) { return 0; }
+int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    return 0;
+}
 
 const Backend *backend_cuda(void) {
     DIE("this build has no CUDA backend: rebuild with a CUDA compiler (nvcc) and -DMOE_CUDA=ON, "

@@ -450,6 +450,9 @@ int backend_cuda_available(void);
 // with the process's node-local rank when the world starts (parallel/comm_world.c), before any cuda
 // backend is made. Ignored once the cuda backend exists, and in builds without CUDA.
 void backend_cuda_set_rank(int local_rank);
+// The GPUs this process sees (0 without CUDA or a GPU) and, once the cuda backend exists, its GPU's free
+// and total bytes (cudaMemGetInfo; 0 before or without one).
+int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes);
 // The fused expert ops as plain ops of a Backend (for backends with nothing to fuse): ops/plain.h.
 // 1 when "cuda"'s grouped GEMMs (forward, dinp, dw, the fused SwiGLU ops) run our Hopper kernel
 // (src/ops/cuda/cuda_grouped.cu: an sm_90 GPU, a build with sm_90a code, MOE_GROUPED_GEMM not

@@ -66,9 +66,11 @@ static int self_test(CommReq *r) { return 1; }
 static void self_wait(CommReq *r) {}
 
 const CommOps comm_self_ops = {
-    self_allreduce, self_allgather,  self_allgatherv,      self_reduce_scatter, self_alltoallv, self_bcast,
-    self_barrier,   self_iallreduce, self_ireduce_scatter, self_ialltoallv,     self_isend,     self_irecv,
-    self_test,      self_wait,
+    self_allreduce,      self_allgather,  self_allgatherv,
+    self_reduce_scatter, self_alltoallv,  self_bcast,
+    self_barrier,        self_iallreduce, self_ireduce_scatter,
+    self_ialltoallv,     self_isend,      self_irecv,
+    self_test,           self_wait,       NULL,
 };
 
 static const Comm self_comm = {.rank = 0, .size = 1, .name = "self", .ops = &comm_self_ops};
@@ -154,6 +156,13 @@ CommReq *comm_dev_isend(const Comm *c, const void *buf, size_t n, CommType t, in
 }
 CommReq *comm_dev_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
     return D(c)->irecv(C(c), buf, n, t, peer, tag);
+}
+
+void comm_dev_disable(Comm *c) {
+    if (!c || !c->dops) return;
+    if (c->dops->detach) c->dops->detach(c);
+    c->dops = NULL;
+    c->dhandle = NULL;
 }
 
 int comm_test(CommReq *r) { return r->ops ? r->ops->test(r) : 1; }

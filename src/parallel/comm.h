@@ -1,11 +1,12 @@
 // comm.h — the communication API: collectives over a process group, with `self` (size-1, no
-// library) and `mpi` backends over host buffers, and an `nccl` backend over device buffers
-// (comm_nccl.c). Nothing above src/parallel/ calls MPI or NCCL directly: the model, the MoE layer
-// and the trainer reach other ranks only through this API.
+// library) and `mpi` backends over host buffers, and two device transports over device buffers:
+// `nccl` (comm_nccl.c) and `staged` (comm_staged.c: through pinned host memory and the host ops, or
+// device pointers handed to a CUDA-aware MPI). Nothing above src/parallel/ calls MPI or NCCL directly:
+// the model, the MoE layer and the trainer reach other ranks only through this API.
 // Host variants (comm_allreduce, ...) take host pointers. Device variants (comm_dev_*) take the
-// compute backend's buffers: with the cuda backend and a mesh on several GPUs (mesh_enable_device)
-// they run over NCCL, ordered against the compute stream on the GPU; otherwise they are the host
-// calls (the cpu backend's buffers are host memory).
+// compute backend's buffers: with a device transport attached (mesh_enable_device) they run over it,
+// ordered against the compute stream on the GPU; otherwise they are the host calls (the cpu backend's
+// buffers are host memory).
 // Must not hold: knowledge of tensors, experts or the model; the backends' hooks (the ops tables,
 // the bounded wait, shutdown and abort: comm_impl.h, for src/parallel/comm*.c and their tests).
 #pragma once
@@ -95,7 +96,8 @@ CommReq *comm_dev_ireduce_scatter(const Comm *c, const void *send, void *recv, c
 CommReq *comm_dev_ialltoallv(const Comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
                              void *recv, const size_t *rcounts, const size_t *rdispls, CommType t);
 // Point-to-point over backend buffers (the host forms above without device ops). The nccl backend
-// does not carry them yet: with device ops attached they die naming this.
+// does not carry them yet (it dies naming this): mesh_enable_device gives the pipeline group the
+// staged transport.
 CommReq *comm_dev_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag);
 CommReq *comm_dev_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);
 
@@ -116,8 +118,25 @@ void comm_dev_enable_world(Comm *world);
 // with the same color and key (same ranks, same order). Collective over world, in the same order
 // on every rank.
 void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key);
-// Destroy c's device communicator (collective over c; nothing without one); c keeps its host ops.
+// Detach c's device transport (nccl: its communicator destroyed, collective over c; nothing without
+// one); c keeps its host ops.
 void comm_dev_disable(Comm *c);
+
+// ---- the staged transport (comm_staged.c)
+// Attach the staged device ops to c: every operation copies its device inputs to pinned host buffers
+// (after the compute stream's work), runs c's host op on them and copies the results back; non-blocking
+// forms copy back at comm_wait. The same MPI calls on the same values as a cpu mesh: the same bits.
+// on_gpu 0: the compute backend's buffers are host memory (cpu; memcpy: how CI tests this path).
+void comm_dev_enable_staged(Comm *c, int on_gpu);
+// Attach the direct form: device pointers handed to c's host (MPI) ops once the compute stream has
+// finished; only for an MPI library that reads device memory (comm_mpi_cuda_aware).
+void comm_dev_enable_direct(Comm *c, int on_gpu);
+// What the MPI library says at run time about reading device pointers (Open MPI's
+// MPIX_Query_cuda_support): 1 yes, 0 no, -1 it cannot say (no MPI, or no such query).
+int comm_mpi_cuda_aware(void);
+// The processes on this node (launcher variables, else an MPI_COMM_TYPE_SHARED split: collective), 1
+// without MPI.
+int comm_local_size(void);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,8 @@ struct CommOps {
     CommReq *(*irecv)(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag);
     int (*test)(CommReq *r);
     void (*wait)(CommReq *r);
+    // device ops only: release what the group's device backend holds (comm_dev_disable calls it)
+    void (*detach)(Comm *c);
 };
 
 // A process group: its ranks, the host ops and, once a device backend is attached, the device ops.
@@ -64,6 +66,8 @@ extern const CommOps comm_self_ops;
 
 // MPI_Abort every rank when MPI is running (the DIE hook's action); returns otherwise (comm_world.c).
 void comm_world_abort(void);
+// Free the staged transport's pooled staging buffers and requests (comm_world_finalize; comm_staged.c).
+void comm_staged_free(void);
 // Destroy what is left of the nccl backend (communicators, streams, the watchdog); comm_world_finalize
 // calls it (comm_nccl.c).
 void comm_nccl_shutdown(void);

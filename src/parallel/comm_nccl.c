@@ -32,7 +32,7 @@ int comm_nccl_forced(void) {
     if (strcmp(s, "1")) DIE("MOE_FORCE_NCCL='%s': use 1 (run the NCCL path even on one GPU) or 0", s);
     if (!comm_have_nccl())
         DIE("MOE_FORCE_NCCL=1: this moe was built without the NCCL backend (CMake needs CUDA and NCCL: see "
-            "docs/ARCHITECTURE.md, Multi-GPU)");
+            "docs/ARCHITECTURE.md, GPU ranks)");
     return v = 1;
 }
 
@@ -46,10 +46,6 @@ static void no_nccl(void) {
 }
 void comm_dev_enable_world(Comm *world) { no_nccl(); }
 void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key) { no_nccl(); }
-void comm_dev_disable(Comm *c) {
-    c->dops = NULL;
-    c->dhandle = NULL;
-}
 void comm_nccl_shutdown(void) {}
 
 #else
@@ -409,6 +405,7 @@ static void n_barrier(const Comm *c) {
 }
 
 static const CommOps nccl_ops;
+static void n_detach(Comm *c);
 static CommReq *req_of(Ev *e) {
     e->req.ops = &nccl_ops;
     e->req.impl = e;
@@ -454,8 +451,9 @@ static void n_wait(CommReq *r) {
 }
 
 static const CommOps nccl_ops = {
-    n_allreduce,  n_allgather,       n_allgatherv, n_reduce_scatter, n_alltoallv, n_bcast, n_barrier,
-    n_iallreduce, n_ireduce_scatter, n_ialltoallv, n_isend,          n_irecv,     n_test,  n_wait,
+    n_allreduce, n_allgather,  n_allgatherv,      n_reduce_scatter, n_alltoallv, n_bcast,
+    n_barrier,   n_iallreduce, n_ireduce_scatter, n_ialltoallv,     n_isend,     n_irecv,
+    n_test,      n_wait,       n_detach,
 };
 
 // ---- setup
@@ -580,8 +578,7 @@ void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key) {
 #endif
 }
 
-void comm_dev_disable(Comm *c) {
-    if (!c || !c->dops) return;
+static void n_detach(Comm *c) {
     NcclGroup *g = c->dhandle;
     pthread_mutex_lock(&G.mu);
     for (int i = 0; i < G.nreg; i++)
@@ -591,8 +588,6 @@ void comm_dev_disable(Comm *c) {
     nccl_ok(ncclCommFinalize(g->nc), g->nc, "ncclCommFinalize", g->name);
     ncclCommDestroy(g->nc);
     free(g);
-    c->dops = NULL;
-    c->dhandle = NULL;
 }
 
 void comm_nccl_shutdown(void) {

@@ -22,6 +22,9 @@
 
 #ifdef MOE_HAVE_MPI
 #include <mpi.h>
+#if defined(OPEN_MPI) && OPEN_MPI
+#include <mpi-ext.h> // MPIX_Query_cuda_support
+#endif
 
 #define MPI_CHECK(call) \
     do { \
@@ -243,6 +246,7 @@ static void m_wait(CommReq *r) {
 static const CommOps mpi_ops = {
     m_allreduce,  m_allgather,       m_allgatherv, m_reduce_scatter, m_alltoallv, m_bcast, m_barrier,
     m_iallreduce, m_ireduce_scatter, m_ialltoallv, m_isend,          m_irecv,     m_test,  m_wait,
+    NULL, // (host ops: nothing to detach)
 };
 
 static int mpi_started = 0;
@@ -289,6 +293,7 @@ Comm *comm_world_init(int *argc, char ***argv) {
 void comm_world_finalize(void) {
     int fin = 0;
     comm_nccl_shutdown(); // NCCL communicators go before MPI
+    comm_staged_free();
     MPI_Finalized(&fin);
     if (the_world) group_free(the_world, !fin);
     free(the_world);
@@ -329,14 +334,24 @@ static int mpi_running(void) {
     MPI_Finalized(&fin);
     return init && !fin;
 }
-static int node_rank_mpi(void) {
+// this process's rank and the number of processes on its node (-1: MPI not running)
+static int node_mpi(int *size) {
     if (!mpi_running()) return -1;
     MPI_Comm node;
     int r = 0;
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
     MPI_CHECK(MPI_Comm_rank(node, &r));
+    if (size) MPI_CHECK(MPI_Comm_size(node, size));
     MPI_Comm_free(&node);
     return r;
+}
+
+int comm_mpi_cuda_aware(void) {
+#if defined(MPIX_CUDA_AWARE_SUPPORT)
+    return mpi_running() ? MPIX_Query_cuda_support() != 0 : -1;
+#else
+    return -1;
+#endif
 }
 
 #else // built without MPI: one process
@@ -354,11 +369,13 @@ Comm *comm_world_init(int *argc, char ***argv) {
 }
 void comm_world_finalize(void) {
     comm_nccl_shutdown();
+    comm_staged_free();
     free(the_world);
     the_world = NULL;
 }
 void comm_world_abort(void) {}
-static int node_rank_mpi(void) { return -1; }
+static int node_mpi(int *size) { return -1; }
+int comm_mpi_cuda_aware(void) { return -1; }
 Comm *comm_split(const Comm *world, int color, int key, const char *name) {
     Comm *c = xcalloc(1, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", name);
@@ -386,7 +403,26 @@ int comm_local_rank(void) {
         if (*end || r < 0 || r > INT_MAX) DIE("%s='%s' is not a local rank (an integer >= 0)", vars[i], v);
         return cached = (int)r;
     }
-    int r = node_rank_mpi();
+    int r = node_mpi(NULL);
     if (r >= 0) return cached = r;
     return 0; // not launched by MPI: one process (not cached: MPI may start later)
+}
+
+int comm_local_size(void) {
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE",
+                          "PMI_LOCAL_SIZE"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end;
+        if (!v || !*v) continue;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 1 || n > INT_MAX)
+            DIE("%s='%s' is not a number of processes (an integer >= 1)", vars[i], v);
+        return cached = (int)n;
+    }
+    int n = 1;
+    if (node_mpi(&n) >= 0) return cached = n;
+    return 1;
 }

@@ -114,14 +114,21 @@ void mesh_init(Mesh *m, const MeshShape *s, Comm *world) {
     }
 }
 
-void mesh_enable_device(Mesh *m) {
-    comm_dev_enable_world(m->world);
+void mesh_enable_device(Mesh *m, MeshDev how, int on_gpu) {
+    CHECK(on_gpu || how != MESH_DEV_NCCL, "the NCCL transport needs GPU buffers");
+    if (how == MESH_DEV_NCCL) comm_dev_enable_world(m->world);
+    else if (how == MESH_DEV_STAGED) comm_dev_enable_staged(m->world, on_gpu);
+    else comm_dev_enable_direct(m->world, on_gpu);
     Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage, &m->epn, &m->epx};
     for (int g = 0; g < G_N; g++) { // the same order on every rank (ncclCommSplit is collective)
         if (!group_used(&m->s, g)) continue;
-        int color, key;
-        group_of(&m->s, m->rank, g, &color, &key);
-        comm_dev_enable_split(m->world, *slots[g], color, key);
+        if (how == MESH_DEV_DIRECT) comm_dev_enable_direct(*slots[g], on_gpu);
+        else if (how == MESH_DEV_STAGED || g == G_PP) comm_dev_enable_staged(*slots[g], on_gpu);
+        else {
+            int color, key;
+            group_of(&m->s, m->rank, g, &color, &key);
+            comm_dev_enable_split(m->world, *slots[g], color, key);
+        }
     }
 }
 

@@ -34,9 +34,14 @@ const char *mesh_shape_resolve(MeshShape *shape, const ModelConfig *c);
 MeshCoord mesh_coord(const MeshShape *s, int rank);
 // Builds the groups over world (whose size must equal s->world).
 void mesh_init(Mesh *m, const MeshShape *s, Comm *world);
-// Attaches NCCL communicators (the device ops) to the world and every group, for a compute
-// backend on GPUs (the cuda backend must already have selected this rank's GPU). Collective.
-void mesh_enable_device(Mesh *m);
+// How the device buffers of a mesh travel (--gpu-comm): NCCL communicators (every rank its own GPU;
+// the pipeline group's point-to-point staged), the staged transport (ranks sharing a GPU, no NCCL),
+// or device pointers to a CUDA-aware MPI.
+typedef enum { MESH_DEV_NCCL, MESH_DEV_STAGED, MESH_DEV_DIRECT } MeshDev;
+// Attaches the device transport to the world and every group (the cuda backend must already have
+// selected this rank's GPU; on_gpu 0: the cpu backend's host buffers, staged or direct only, for tests).
+// Collective.
+void mesh_enable_device(Mesh *m, MeshDev how, int on_gpu);
 // Frees the groups and the device communicators (the world keeps its host ops).
 void mesh_free(Mesh *m);
 // One line per group kind listing its groups, e.g. "tp: {0,1} {2,3}" (for moe info).

@@ -49,6 +49,7 @@ typedef struct {
                      // with the next layer's activations (model.h model_share_grads); GRADMEM_SEPARATE
     int bf16_rounding; // PREC_BF16's weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST or ROUND_NONE
     int bf16_grads; // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
+    int gpu_comm; // GPUCOMM_*: the device transport of GPU ranks (train/placement.c)
     float a2a_retune; // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];
     char data[1024]; // "" = embedded synthetic corpus
@@ -58,6 +59,7 @@ typedef struct {
 } TrainOptions;
 
 enum { GRADMEM_SHARED = 0, GRADMEM_SEPARATE = 1 };
+enum { GPUCOMM_AUTO = 0, GPUCOMM_NCCL = 1, GPUCOMM_STAGED = 2, GPUCOMM_MPI = 3 };
 enum { ROUND_STOCHASTIC = 0, ROUND_NEAREST = 1, ROUND_NONE = 2 };
 
 void train_options_default(TrainOptions *o);

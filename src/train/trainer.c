@@ -5,7 +5,6 @@
 // backend, or one rank of a mesh; losses are means over the step's tokens, aux and z means over layers and
 // micro-batches.
 #include "train/trainer.h"
-#include <omp.h>
 #include <signal.h>
 #include <math.h>
 #include <string.h>
@@ -22,6 +21,7 @@
 #include "train/plot.h"
 #include "train/step.h"
 #include "train/adapt.h"
+#include "train/placement.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
@@ -48,7 +48,8 @@ typedef struct {
     Adapt adapt; // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
     double t_start, flops_tok;
     int preempted; // the signal that stopped the run (its checkpoint written), or 0
-    int meshed, bf16_shadow; // choose_backend's
+    Placement place; // the backend and the mesh's device transport
+    int meshed, bf16_shadow; // place's
     int resuming; // from the checkpoint latest (--resume)
     char latest[2048];
     MeshShape shape;
@@ -163,57 +164,6 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
         schedule_free(&sc);
     }
     return ms;
-}
-
-// The backend and the environment's switches, checked before anything is touched. Returns the
-// backend (wrapped for MOE_PROFILE=1); *meshed: run the mesh's code paths (several ranks, or
-// MOE_FORCE_NCCL=1 with one); *bf16_shadow: keep the GEMMs' bf16 copy of the weights.
-static const Backend *choose_backend(const TrainOptions *o, const Comm *world, int *meshed, int *profile,
-                                     int *bf16_shadow) {
-    // several ranks on one machine share its cores: unless told otherwise, each takes its share
-    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (comm_size(world) > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0) {
-        int t = omp_get_num_procs() / atoi(local);
-        omp_set_num_threads(t > 0 ? t : 1);
-    }
-    // several processes on GPUs talk through NCCL (the comm API's device ops); MOE_FORCE_NCCL=1
-    // takes that path with one process too (tests on one GPU)
-    int force_nccl = comm_nccl_forced();
-    if (!comm_have_nccl() && comm_size(world) > 1 && !strcmp(o->device, "cuda"))
-        DIE("--device cuda with %d processes: multi-GPU runs need the NCCL backend, and this moe was built "
-            "without "
-            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device "
-            "cpu",
-            comm_size(world));
-    const Backend *be = backend_by_name(o->device);
-    int on_gpu = be != backend_cpu();
-    if (comm_size(world) > 1 && on_gpu && !comm_have_nccl())
-        DIE("--device %s with %d processes: multi-GPU runs need the NCCL backend, and this moe was built "
-            "without "
-            "it (CMake found no NCCL, or -DMOE_NCCL=OFF); use one process per run on the GPU, or --device "
-            "cpu",
-            be->name, comm_size(world));
-    if (force_nccl && !on_gpu) DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
-    if (o->pp > 1 && on_gpu)
-        DIE("--pp %d with --device %s: pipeline stages run on the cpu backend for now (the NCCL backend does "
-            "not "
-            "carry stage-to-stage sends yet)",
-            o->pp, be->name);
-    *meshed = comm_size(world) > 1 || force_nccl;
-    // MOE_PROFILE=1: time every op (serialised) and print where a step's time goes at the end
-    *profile = getenv("MOE_PROFILE") && atoi(getenv("MOE_PROFILE")) > 0;
-    if (*profile) be = backend_profiled(be);
-    // MOE_BF16_SHADOW=0: no bf16 copy of the weights for the GEMMs (set up before the first step)
-    const char *shv = getenv("MOE_BF16_SHADOW");
-    if (shv && *shv && strcmp(shv, "0") && strcmp(shv, "1"))
-        DIE("MOE_BF16_SHADOW must be 0 (convert the weights per GEMM) or 1 (the default), not '%s'", shv);
-    *bf16_shadow = !(shv && !strcmp(shv, "0"));
-    // MOE_GROUPED_GEMM=cublas: the expert GEMMs through cuBLAS instead of our Hopper kernel (cuda)
-    const char *ggv = getenv("MOE_GROUPED_GEMM");
-    if (ggv && *ggv && strcmp(ggv, "auto") && strcmp(ggv, "cublas"))
-        DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", ggv);
-    (void)attention_ds_cap_mb(); // MOE_ATTN_DS_MB: a bad value dies here, before anything is written
-    return be;
 }
 
 // The output directory's checks: refuse to overwrite a run unless --resume or --force; with --resume,
@@ -338,6 +288,7 @@ static void print_header(const Run *r, const MeshShape *shape) {
     fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n",
             o->steps, o->batch, o->grad_accum, o->batch / o->grad_accum, o->seq_len, o->lr, r->be->name);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
+    if (r->place.why[0]) fprintf(out, "%s\n", r->place.why);
 }
 
 // The ranks read the same tokens (the options agree already: main.c; here the files' contents).
@@ -385,7 +336,11 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     if (bad) DIE("%s", bad);
     MeshShape shape = resolve_mesh(o, &r->c, comm_size(world), &r->split);
     check_ampipe(o, &shape);
-    r->be = choose_backend(o, world, &r->meshed, &r->profile, &r->bf16_shadow);
+    placement_choose(&r->place, o, world);
+    r->be = r->place.be;
+    r->meshed = r->place.meshed;
+    r->profile = r->place.profile;
+    r->bf16_shadow = r->place.bf16_shadow;
     check_attn_dropout(r);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
 
@@ -401,7 +356,8 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     if (o->a2a_hier < 0 && shape.ep > 1) shape.hier = adapt_hier(world, &shape);
     r->shape = shape;
     mesh_init(&r->mesh, &shape, world);
-    if (r->meshed && r->be != backend_cpu()) mesh_enable_device(&r->mesh);
+    placement_check_memory(&r->place, &r->c, o, &shape, world); // (before the model allocates)
+    if (r->place.attach) mesh_enable_device(&r->mesh, r->place.dev, r->place.on_gpu);
     dist_init(&r->dist, r->meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     // the precision policy (ops.h OPT_*); stochastic rounding's bits: a hash of the seed, step and element
     dist_set_precision(&r->dist,

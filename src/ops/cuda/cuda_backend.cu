@@ -219,6 +219,15 @@ static int g_local_rank; // backend_cuda_set_rank: the GPU is g_local_rank % (vi
 
 extern "C" void backend_cuda_set_rank(int local_rank) { g_local_rank = local_rank; }
 
+extern "C" int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    if (!backend_cuda_available()) return 0;
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (g_cublas) CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+    return n;
+}
+
 // Both tables, the device and the cuBLAS handle, once.
 static void cuda_init(void) {
     if (g_cublas) return;
