@@ -36,5 +36,6 @@ done <<'EOF_L'
 4|--tp 2 --ep 2 --ampipe 2 --a2a-overlap 2 --recompute full
 4|--pp 2 --ep 2 --ampipe 2 --recompute moe --grad-accum 4
 4|--ep 2 --etp 2 --expert-mode gathered --zero 2
+4|--pp 2 --ep 2 --zero 2 --a2a-overlap 2 --grad-accum 4 --gpu-comm staged
 2|--ep 2 --ampipe auto --a2a-overlap auto --steps 36
 EOF_L

@@ -1,19 +1,16 @@
 #!/bin/bash
 # Device recipe (kind nvidia-h200-x2): the first runs across a GPU boundary. Prepare here:
-#   mkdir -p .gpu3 && cp scripts/device/nccl_pack.sh .gpu3/ && bash .gpu3/nccl_pack.sh  (binaries, libraries
-#   and a relocatable Open MPI in .gpu3/pkg.tar.xz), then run `bash scripts/device/multi_gpu.sh` with carry
-#   [".gpu3"]. NVLink multicast stays off (NCCL_NVLS_ENABLE=0) in every command.
+#   bash scripts/device/mesh_pack.sh .gpum (binaries, libraries and a relocatable Open MPI; build/ built with
+#   CUDA and test_nccl), then run `bash scripts/device/multi_gpu.sh` with carry [".gpum"]; the GPU matrix on
+#   the same machine: `GPU_COMM=nccl MAXNP=2 bash scripts/device/gpu_mesh.sh`. NVLink multicast stays off
+#   (NCCL_NVLS_ENABLE=0) in every command.
 #   1. test_nccl on 2 ranks (every op against the host's);
 #   2. a small model on the cuda backend: one GPU vs dp2 vs ep2 (per-step losses, bf16 tolerance);
 #   3. the reference model's shape at ep2 (dp2 x ep2 over 2 GPUs): tokens/s for --a2a-overlap 1/2/auto and
 #      --ampipe 1/2, the same call.
-cd "$(dirname "$0")/../.."; R=$PWD; X=$R/.gpu3/x; W=/tmp/w; mkdir -p $W $X; tar -C $X -xJf $R/.gpu3/pkg.tar.xz; B=$X/bin
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=8
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-. scripts/device/libs.sh && device_libs $X $B/moe
-export OPAL_PREFIX=$X/root/usr PATH=$X/root/usr/bin:$PATH OMPI_MCA_mca_base_component_path=$X/root/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
-export PMIX_MCA_mca_base_component_path=$X/root/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
-export OMPI_MCA_mca_base_component_show_load_errors=0 PMIX_MCA_pcompress_base_silence_warning=1
+cd "$(dirname "$0")/../.."; R=$PWD; W=/tmp/w; mkdir -p $W
+. scripts/device/libs.sh && mesh_unpack $R/.gpum /tmp/gm
+export OMP_NUM_THREADS=8
 MPI="timeout 200 mpirun -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS"
 t() { local name=$1; shift; local t0=$SECONDS; "$@" > $W/$name.log 2>&1; echo "== $name rc=$? $((SECONDS-t0))s"; }
 date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nvidia-smi topo -m | head -4

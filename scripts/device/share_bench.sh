@@ -4,7 +4,7 @@
 #   1. the staged transport's bandwidth (moe_bench_comm, 2 ranks on the GPU): an all-to-all-v of the sizes
 #      one MoE layer of the reference shape exchanges (a micro-batch of 4 x 1024 tokens, top-2, d 2048:
 #      16 MiB of bf16 rows out, 32 MiB of float32 rows back), against the copy ceiling of the path (one
-#      pinned device-to-host plus host-to-device round trip);
+#      pinned device-to-host plus host-to-device round trip), and the path a CUDA-IPC transport would take;
 #   2. one training step of the reference model's shape cut to 4 layers (peers-ref, batch 16 x 1024, 4
 #      micro-batches, --device cuda) in one process, and as dp2, ep2 and pp2 sharing the GPU (staged), with
 #      and without MPS: tokens/s (median over steps 3-8) and the GPU's peak memory (nvidia-smi).
@@ -24,6 +24,8 @@ date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $T
 say "== 1. the staged transport, 2 ranks on one GPU"
 $MPI -np 2 $B/moe_bench_comm staged --sizes-mb 1,4,16,32,64,128 2>&1 | tee -a $T
+say "   the path a CUDA-IPC transport would take (device to device into the peer's buffer), for comparison"
+$MPI -np 2 $B/moe_bench_comm ipc --sizes-mb 1,4,16,32,64,128 2>&1 | tee -a $T
 
 python3 scripts/device/random_shard.py $W/rand.bin 2> /dev/null
 S="--data $W/rand.bin --preset peers-ref --n-layers 4 --device cuda --batch 16 --seq-len 1024 --grad-accum 4
@@ -61,4 +63,14 @@ for mps in off on; do
   step "pp2 (2 ranks, staged)" 2 --pp 2
   [ $mps = on ] && echo quit | nvidia-cuda-mps-control
 done
+
+say "== 3. pipeline stages' memory on the GPU against moe info's prediction (pp2, MPS off)"
+(while true; do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits; sleep 0.3; done) > $W/apps.txt 2> /dev/null &
+mp=$!
+$MPI -np 2 $B/moe train --out $W/pp2mem $S --pp 2 --gpu-comm staged > $W/pp2mem.log 2>&1
+kill $mp
+for pid in $(cut -d, -f1 $W/apps.txt | sort -u); do
+  say "  process $pid: peak $(grep "^$pid," $W/apps.txt | cut -d, -f2 | sort -n | tail -1) MiB (CUDA context included)"
+done
+$B/moe info --preset peers-ref --n-layers 4 --batch 16 --seq-len 1024 --grad-accum 4 --world 2 --pp 2 2>&1 | grep -E "^  stage [0-9]:|memory \(cuda" | tee -a $T
 date -u

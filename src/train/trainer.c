@@ -141,7 +141,7 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
     MeshShape ms = {world, o->tp, 0, o->pp, o->ep, o->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
     const char *bad = mesh_shape_resolve(&ms, c);
     if (bad) DIE("impossible mesh: %s", bad);
-    if (o->batch % (o->grad_accum * ms.dp))
+    if (o->batch % ((int64_t)o->grad_accum * ms.dp)) // (64 bits: the product can pass INT_MAX)
         DIE("impossible mesh: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an "
             "equal "
             "share of every micro-batch)",
