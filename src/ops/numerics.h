@@ -79,7 +79,6 @@ static inline MOE_HD uint32_t bf16_sr_rand(uint64_t key, int64_t gi) {
 // must equal this bit for bit): |x| > 448 (+-inf included) -> +-448; |x| <= 2^-10 -> +-0 (the sign kept);
 // NaN -> 0x7f with the input's sign bit (0xff for a negative NaN; the quantiser never encodes one: a tile
 // holding a NaN is reported first: ops/cpu/cpu_fp8.h). Integer arithmetic only: alike on any device.
-#define FP8_E4M3_MAX 448.0f
 static inline MOE_HD uint8_t e4m3_rn_bits(float x) {
     uint32_t u = f32_bits(x), a = u & 0x7fffffffu;
     uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
@@ -109,17 +108,18 @@ static inline MOE_HD float e4m3_to_f32(uint8_t c) {
     return f32_of_bits(sign | ((e + 120u) << 23) | (m << 20));
 }
 
-// The fine-grained scale rule (DeepSeek-V3's recipe, power-of-two scales as Transformer Engine's
-// Float8BlockScaling and DeepSeek-V3.1's UE8M0 scales): a tile (1x128 of an activation row along the
-// reduction dimension) or block (128x128 of a weight) with max-abs amax gets the scale 2^k, k the smallest
-// integer with amax / 2^k <= 448, clamped to [FP8_SCALE_EXP_MIN, FP8_SCALE_EXP_MAX]; its elements are
-// stored as e4m3_rn_bits(x * 2^-k) and stand for e4m3_to_f32(q) * 2^k. A power of two makes x * 2^-k,
-// x / 2^k and the GEMM's scale products exact (no second rounding for the GPU to reproduce; a float32
-// amax / 448 scale would make the result depend on division vs reciprocal-multiply and on FMA
-// contraction), at most one bit of e4m3's range unused. The floor 2^-100: an all-zero tile gets 2^-100
+// The fine-grained scale rule (DeepSeek-V3's tiles and blocks; its float32 amax / 448 scale replaced by a
+// power of two, as torchao's rowwise float8 recipe and DeepSeek-V3.1's UE8M0 scales round them): a tile
+// (1x128 of an activation row along the reduction dimension) or block (128x128 of a weight) with max-abs amax
+// gets the scale 2^k, k the smallest integer with amax / 2^k <= 448, clamped to [FP8_SCALE_EXP_MIN,
+// FP8_SCALE_EXP_MAX]; its elements are stored as e4m3_rn_bits(x * 2^-k) and stand for e4m3_to_f32(q) * 2^k. A
+// power of two makes x * 2^-k, x / 2^k and the GEMM's scale products exact (no second rounding for the GPU to
+// reproduce; a float32 amax / 448 scale would make the result depend on division vs reciprocal-multiply and
+// on FMA contraction), at most one bit of e4m3's range unused. The floor 2^-100: an all-zero tile gets 2^-100
 // (its codes are +-0), and any float32 subnormal times 2^100 stays below 2^-26, so it encodes to +-0
-// whether or not the device flushes subnormals. The ceiling 2^119: 448 * 2^119 < FLT_MAX, so no finite
-// input dequantises to infinity (amax beyond 448 * 2^119 saturates instead).
+// whether or not the device flushes subnormals (inputs, or products below 2^-126: +-0 either way). The
+// ceiling 2^119: 448 * 2^119 < FLT_MAX, so no finite input dequantises to infinity (amax beyond 448 * 2^119
+// saturates instead).
 #define FP8_SCALE_EXP_MIN (-100)
 #define FP8_SCALE_EXP_MAX 119
 // amax_bits: the largest (f32_bits(x) & 0x7fffffff) of the tile, an integer max (NaN and inf bits are
