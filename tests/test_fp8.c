@@ -279,6 +279,14 @@ static void test_edges(Rng *r) {
     for (int t = 0; t < 3; t++)
         check_group(x, q, s[6 + t], deq, K, 2, t * 128, 1, t < 2 ? 128 : K - 256, "outlier");
     EXPECT(s[7] < s[6] / 64, "the outlier's neighbour tile has its own small scale: %g vs %g", s[7], s[6]);
+    // an all-zero block beside a non-zero one
+    float z[2 * 130] = {0}, zs[2], zdeq[2 * 130];
+    uint8_t zq[2 * 130];
+    z[129] = -5.0f; // scale 2^-6 (5 = 1.25 * 2^2 <= 448 * 2^-6), -320 = -(1 + 2/8) 2^8: code 1.1111.010
+    EXPECT(cpu_fp8_quant_blocks(zq, zs, z, 2, 130) == 0, "zero block flagged");
+    cpu_fp8_dequant_blocks(zdeq, zq, zs, 2, 130);
+    EXPECT(zs[0] == 0x1p-100f && zs[1] == 0x1p-6f && zq[129] == 0xfa && zdeq[129] == -5.0f && zdeq[0] == 0.0f,
+           "zero block: scales %a %a, code 0x%02x", zs[0], zs[1], zq[129]);
     // beyond the scale ceiling: saturates to 448 * 2^119 instead of overflowing
     float big[2] = {FLT_MAX, -3e38f}, bdeq[2], bs;
     uint8_t bq[2];
