@@ -1,8 +1,9 @@
 // numerics.h — number formats and their arithmetic, alike on every backend (host and device: MOE_HD):
 // the element formats a buffer may hold (ElemFormat: float32, bf16; FP8 with its scales joins here),
-// the precision policies of training (PREC_*), bf16 <-> float32 conversion by integer arithmetic and
-// bf16 stochastic rounding's counter-based random bits. Must not hold: the backend interface (ops.h) or
-// anything that knows tensors, layers or the model.
+// the precision policies of training (PREC_*), bf16 <-> float32 conversion by integer arithmetic,
+// bf16 stochastic rounding's counter-based random bits, and FP8 e4m3 <-> float32 with the power-of-two
+// scale rule of the fine-grained (1x128 tile, 128x128 block) quantisation. Must not hold: the backend
+// interface (ops.h) or anything that knows tensors, layers or the model.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -70,3 +71,64 @@ static inline MOE_HD uint32_t bf16_sr_rand(uint64_t key, int64_t gi) {
     x *= 0x846CA68Bu;
     return (x ^ (x >> 16)) & 0xFFFFu;
 }
+
+// FP8 e4m3 (OCP "E4M3", torch.float8_e4m3fn): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities;
+// S.1111.111 is NaN (0x7f, 0xff); max finite 448 (0x7e); min normal 2^-6; subnormals m * 2^-9, m 1..7.
+// Float32 -> e4m3 rounds to nearest even and saturates, as PTX cvt.rn.satfinite.e4m3x2.f32 and
+// cuda_fp8.h's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) do (the GPU quantiser uses them and
+// must equal this bit for bit): |x| > 448 (+-inf included) -> +-448; |x| <= 2^-10 -> +-0 (the sign kept);
+// any NaN -> 0x7f, the canonical NaN, its sign dropped as __nv_cvt_float_to_fp8 does (the quantiser never
+// encodes one: a tile holding a NaN is reported first, ops/cpu/cpu_fp8.h). Integer arithmetic only: alike
+// on any device. tests/test_fp8_cuda_ref.sh compares it with cuda_fp8.h (all 2^32 inputs: identical) and,
+// on a GPU, with the cvt instruction itself.
+static inline MOE_HD uint8_t e4m3_rn_bits(float x) {
+    uint32_t u = f32_bits(x), a = u & 0x7fffffffu;
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    if (a > 0x7f800000u) return 0x7fu;
+    if (a > 0x43e00000u) return (uint8_t)(sign | 0x7eu); // beyond 448: saturate
+    if (a >= 0x3c800000u) { // normal (>= 2^-6): keep 3 of the 23 mantissa bits, round the 20 dropped
+        uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u); // a carry moves into the exponent, as it should
+        return (uint8_t)(sign | ((r >> 20) - (120u << 3)));
+    }
+    // subnormal: |x| in units of 2^-9 is sig * 2^-(141 - E); round that to an integer 0..8 (8 is 2^-6)
+    uint32_t e = a >> 23, shift = 141u - e;
+    if (shift > 24u) return sign; // |x| < 2^-10 (a float32 subnormal too): zero
+    uint32_t sig = (a & 0x7fffffu) | 0x800000u, q = sig >> shift, rem = sig & ((1u << shift) - 1u),
+             half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return (uint8_t)(sign | q);
+}
+// e4m3 -> float32, exact (every e4m3 value is a float32); NaN codes give a quiet NaN with their sign.
+static inline MOE_HD float e4m3_to_f32(uint8_t c) {
+    uint32_t sign = (uint32_t)(c & 0x80u) << 24, e = (c >> 3) & 15u, m = c & 7u;
+    if (e == 15u && m == 7u) return f32_of_bits(sign | 0x7fc00000u);
+    if (e == 0u) { // m * 2^-9: m as a float32 (exact), exponent lowered by 9
+        if (m == 0u) return f32_of_bits(sign);
+        uint32_t mb = f32_bits((float)m);
+        return f32_of_bits(sign | (mb - (9u << 23)));
+    }
+    return f32_of_bits(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+// The fine-grained scale rule (DeepSeek-V3's tiles and blocks; its float32 amax / 448 scale replaced by a
+// power of two, as torchao's rowwise float8 recipe and DeepSeek-V3.1's UE8M0 scales round them): a tile
+// (1x128 of an activation row along the reduction dimension) or block (128x128 of a weight) with max-abs amax
+// gets the scale 2^k, k the smallest integer with amax / 2^k <= 448, clamped to [FP8_SCALE_EXP_MIN,
+// FP8_SCALE_EXP_MAX]; its elements are stored as e4m3_rn_bits(x * 2^-k) and stand for e4m3_to_f32(q) * 2^k. A
+// power of two makes x * 2^-k, x / 2^k and the GEMM's scale products exact (no second rounding for the GPU to
+// reproduce; a float32 amax / 448 scale would make the result depend on division vs reciprocal-multiply and
+// on FMA contraction), at most one bit of e4m3's range unused. The floor 2^-100: an all-zero tile gets 2^-100
+// (its codes are +-0), and any float32 subnormal times 2^100 stays below 2^-26, so it encodes to +-0
+// whether or not the device flushes subnormals (inputs, or products below 2^-126: +-0 either way). The
+// ceiling 2^119: 448 * 2^119 < FLT_MAX, so no finite input dequantises to infinity (amax beyond 448 * 2^119
+// saturates instead).
+#define FP8_SCALE_EXP_MIN (-100)
+#define FP8_SCALE_EXP_MAX 119
+// amax_bits: the largest (f32_bits(x) & 0x7fffffff) of the tile, an integer max (NaN and inf bits are
+// above every finite one, so one max both finds amax and detects a non-finite element; fmaxf would skip
+// a NaN). Callers check amax_bits < 0x7f800000 (finite) first.
+static inline MOE_HD int fp8_scale_exp(uint32_t amax_bits) {
+    int k = (int)(amax_bits >> 23) - 127 - 8 + ((amax_bits & 0x7fffffu) > 0x600000u); // 448 = 1.75 * 2^8
+    return k < FP8_SCALE_EXP_MIN ? FP8_SCALE_EXP_MIN : k > FP8_SCALE_EXP_MAX ? FP8_SCALE_EXP_MAX : k;
+}
+static inline MOE_HD float fp8_pow2(int k) { return f32_of_bits((uint32_t)(k + 127) << 23); } // normal k
