@@ -49,7 +49,7 @@ step() { # step LABEL NP FLAGS...
   printf "%-34s rc %-3s tokens/s %-8s peak GPU memory %6s MiB\n" "$label" $rc "$(tps $d)" "$(sort -n $d.mem | tail -1)" | tee -a $T
   [ $rc = 0 ] || grep -m2 -E "rror" $d.log | tee -a $T
 }
-for mps in off on; do
+for mps in ${MPS:-off on}; do
   if [ $mps = on ]; then
     export CUDA_MPS_PIPE_DIRECTORY=$W/mps CUDA_MPS_LOG_DIRECTORY=$W/mpslog
     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY

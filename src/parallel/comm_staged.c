@@ -85,31 +85,36 @@ static void device_idle(void) {
 #endif
 }
 
-// ---- staging buffers: a pool, each taken by one operation at a time
-#define SBUF_MAX 64
+// ---- staging buffers: a pool, each taken by one operation at a time; as many as operations are in flight
+// at once (overlapped gradient buckets: all of a step's, until the optimizer waits), so it grows
 typedef struct {
     char *p;
     size_t cap;
     int busy;
 } SBuf;
-static SBuf g_buf[SBUF_MAX];
+static SBuf **g_buf; // (g_nbuf) stable addresses: requests hold them
+static int g_nbuf;
 
 // A free buffer of at least n bytes: the smallest that fits, else the largest free one grown as the
-// exchange's row buffers grow (moe/a2a.h a2a_rows: twice the first need, then by half at least; at least
-// 64 KiB): the rows a step exchanges vary from step to step, and a step after the first allocates nothing.
+// exchange's row buffers grow (a quarter more than the need, then by half at least; at least
+// 64 KiB), else a new one: the rows a step exchanges vary from step to step, and a step after the first
+// allocates nothing.
 static SBuf *buf_get(size_t n) {
     SBuf *fit = NULL, *any = NULL;
-    for (int i = 0; i < SBUF_MAX; i++) {
-        SBuf *b = &g_buf[i];
+    for (int i = 0; i < g_nbuf; i++) {
+        SBuf *b = g_buf[i];
         if (b->busy) continue;
         if (b->cap >= n && (!fit || b->cap < fit->cap)) fit = b;
         if (!any || b->cap > any->cap) any = b;
     }
     if (!fit) {
-        if (!any) DIE("internal error: more than %d staged operations in flight", SBUF_MAX);
+        if (!any) {
+            g_buf = xrealloc(g_buf, sizeof *g_buf * (size_t)(g_nbuf + 1));
+            any = g_buf[g_nbuf++] = xcalloc(1, sizeof *any);
+        }
         fit = any;
         hfree(fit->p);
-        size_t c = !fit->cap                      ? 2 * n
+        size_t c = !fit->cap                      ? n + n / 4 // (a quarter more than asked)
             : n + n / 4 > fit->cap + fit->cap / 2 ? n + n / 4
                                                   : fit->cap + fit->cap / 2;
         fit->cap = c > 65536 ? c : 65536;
@@ -418,12 +423,14 @@ void comm_dev_enable_direct(Comm *c, int on_gpu) {
 }
 
 void comm_staged_free(void) {
-    for (int i = 0; i < SBUF_MAX; i++) {
-        if (g_buf[i].busy) DIE("internal error: a staged operation still in flight at exit");
-        hfree(g_buf[i].p);
-        g_buf[i].p = NULL;
-        g_buf[i].cap = 0;
+    for (int i = 0; i < g_nbuf; i++) {
+        if (g_buf[i]->busy) DIE("internal error: a staged operation still in flight at exit");
+        hfree(g_buf[i]->p);
+        free(g_buf[i]);
     }
+    free(g_buf);
+    g_buf = NULL;
+    g_nbuf = 0;
     while (g_free_req) {
         SReq *q = g_free_req;
         g_free_req = q->next;
