@@ -36,8 +36,9 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     data_open_split(&ds, NULL, NULL, o->val_frac, o->seed, o->seq_len);
     Mesh mesh;
     mesh_init(&mesh, &shape, world);
-    if (meshed && o->gpu_comm == GPUCOMM_STAGED)
-        mesh_enable_device(&mesh, MESH_DEV_STAGED, be != backend_cpu());
+    if (meshed && (o->gpu_comm == GPUCOMM_STAGED || o->gpu_comm == GPUCOMM_IPC))
+        mesh_enable_device(&mesh, o->gpu_comm == GPUCOMM_IPC ? MESH_DEV_IPC : MESH_DEV_STAGED,
+                           be != backend_cpu());
     else if (meshed && be != backend_cpu()) mesh_enable_device(&mesh, MESH_DEV_NCCL, 1);
     Dist dist;
     dist_init(&dist, meshed ? &mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));

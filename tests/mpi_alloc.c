@@ -5,8 +5,9 @@
 // gradient buckets, ZeRO 1 and 2 (sharded moments and gradients, the buckets' reduce-scatter and gather) and
 // the aux-free balance. Every allocation counts, the comm layer's (src/parallel/comm_world.c: its count
 // conversions, its requests) included. Every rank checks its own counts.
-// usage: mpi_alloc TP EP ETP HIER [staged] (HIER > 1: the two-level all-to-all over nodes of HIER EP ranks;
-// staged: every device collective through the staged transport's pooled buffers, comm_staged.c)
+// usage: mpi_alloc TP EP ETP HIER [staged|ipc] (HIER > 1: the two-level all-to-all over nodes of HIER EP
+// ranks; staged: every device collective through the staged transport's pooled buffers, comm_staged.c;
+// ipc: the all-to-all-v through shared-memory inboxes, comm_ipc.c)
 #include <string.h>
 #include "alloc_steps.h"
 #include "test_util.h"
@@ -28,8 +29,8 @@ static void check(Comm *world, const char *label, ModelConfig c, const TrainOpti
 
 int main(int argc, char **argv) {
     Comm *world = comm_world_init(&argc, &argv);
-    if (argc != 5 && !(argc == 6 && !strcmp(argv[5], "staged")))
-        DIE("usage: mpi_alloc TP EP ETP HIER [staged]");
+    if (argc != 5 && !(argc == 6 && (!strcmp(argv[5], "staged") || !strcmp(argv[5], "ipc"))))
+        DIE("usage: mpi_alloc TP EP ETP HIER [staged|ipc]");
     ModelConfig c;
     config_preset(&c, "tiny");
     c.d_model = 32;
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
     o.ep = atoi(argv[2]);
     o.etp = atoi(argv[3]);
     o.a2a_hier = atoi(argv[4]);
-    if (argc == 6) o.gpu_comm = GPUCOMM_STAGED;
+    if (argc == 6) o.gpu_comm = !strcmp(argv[5], "ipc") ? GPUCOMM_IPC : GPUCOMM_STAGED;
     o.batch = 4 * comm_size(world) / o.tp;
     o.grad_accum = 2;
     check(world, "dropless", c, &o);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# test_staged.sh — the device transports of a GPU mesh other than NCCL (src/parallel/comm_staged.c), run
-# here over the cpu backend's host memory (--gpu-comm staged | mpi with --device cpu: the same code, the
-# copies memcpy), against the host ops a cpu mesh uses. The staged transport hands the host (MPI) ops the
-# same values in the same order, so a staged run is promised to be the SAME BITS as the plain mesh run
-# (metrics and the final checkpoint's model and optimizer files); so is the direct form (device pointers
-# to MPI). Layouts: every kind of collective the trainer makes through the device calls: TP and EP with
+# test_staged.sh — the device transports of a GPU mesh other than NCCL (src/parallel/comm_staged.c,
+# comm_ipc.c), run here over the cpu backend's host memory (--gpu-comm staged | ipc | mpi with --device cpu:
+# the same code, the copies memcpy, ipc's inboxes POSIX shared memory), against the host ops a cpu mesh
+# uses. The staged transport hands the host (MPI) ops the same values in the same order, and ipc puts every
+# row where the flat all-to-all-v puts it, so a run through either is promised to be the SAME BITS as the
+# plain mesh run (metrics and the final checkpoint's model and optimizer files); so is the direct form
+# (device pointers to MPI). ipc leaves no shared-memory segment behind. Layouts: every kind of collective the trainer makes through the device calls: TP and EP with
 # ZeRO 2's bucketed reduce-scatter and gather (non-blocking, overlapped), the pipelined exchange and
 # AMPipe (non-blocking all-to-all-v), the two-level all-to-all, expert TP gathered, the pipeline's
 # point-to-point messages (interleaved), and the widest composition once (8 ranks). The GPU side of the
@@ -44,12 +45,15 @@ for L in "4|--tp 2 --ep 2 --zero 2 --bucket-mb 0.01|tp2 ep2 zero2, small buckets
          "8|--pp 2 --tp 2 --ep 2 --zero 2 --grad-accum 4 --dispatch capacity --capacity-factor 0.8|pp2 tp2 ep2 zero2 capacity (8 ranks)"; do
   IFS='|' read -r np flags label <<< "$L"
   run "$TMP/host" "$np" $flags || { fail "$label: the host-ops run failed"; tail -3 "$TMP/host.txt"; continue; }
-  for gc in staged mpi; do
+  for gc in staged ipc mpi; do
     [ $gc = mpi ] && [ "$np" != 4 ] && continue # (the direct form: once per width)
+    [ $gc = ipc ] && [[ "$flags" != *--ep* ]] && continue # (ipc moves the all-to-all-v only)
     if run "$TMP/$gc" "$np" $flags --gpu-comm $gc; then same "$TMP/host" "$TMP/$gc" "$label, --gpu-comm $gc"
     else fail "$label, --gpu-comm $gc: mpirun failed"; tail -3 "$TMP/$gc.txt"; fi
   done
 done
+left=$(ls /dev/shm 2>/dev/null | grep -c '^moe-ipc-')
+[ "$left" = 0 ] && pass "ipc: no shared-memory segment left in /dev/shm" || fail "ipc: $left segments left in /dev/shm"
 n=$(grep -c "^gpu-comm: staged over the cpu backend" "$TMP/staged.txt")
 [ "$n" = 1 ] && pass "the transport and its reason printed once" || fail "the transport line printed $n times"
 
@@ -58,8 +62,8 @@ out=$($MPI -np 2 "$MOE" train --out "$TMP/bad" $BASE --gpu-comm nccl 2>&1 < /dev
 rc=$?
 [ $rc != 0 ] && echo "$out" | grep -q "error: .*--gpu-comm nccl moves GPU buffers: it needs --device cuda" && [ ! -e "$TMP/bad" ] &&
   pass "--gpu-comm nccl on the cpu backend refused (exit $rc), nothing written" || fail "--gpu-comm nccl on cpu: rc $rc: $out"
-out=$("$MOE" train --out "$TMP/bad" $BASE --gpu-comm ipc 2>&1 < /dev/null)
+out=$("$MOE" train --out "$TMP/bad" $BASE --gpu-comm shm 2>&1 < /dev/null)
 rc=$?
-[ $rc != 0 ] && echo "$out" | grep -q "gpu-comm" && echo "$out" | grep -q "auto, nccl, staged, mpi" && [ ! -e "$TMP/bad" ] &&
-  pass "an unknown --gpu-comm refused naming the choices" || fail "--gpu-comm ipc: rc $rc: $out"
+[ $rc != 0 ] && echo "$out" | grep -q "gpu-comm" && echo "$out" | grep -q "auto, nccl, staged, ipc, mpi" && [ ! -e "$TMP/bad" ] &&
+  pass "an unknown --gpu-comm refused naming the choices" || fail "--gpu-comm shm: rc $rc: $out"
 finish

@@ -22,10 +22,13 @@ T=${OUT:-$W}/share_bench.txt
 say() { echo "$*" | tee -a $T; }
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a $T
+PARTS=${PARTS:-123} # which parts run
+if [[ $PARTS == *1* ]]; then
 say "== 1. the staged transport, 2 ranks on one GPU"
 $MPI -np 2 $B/moe_bench_comm staged --sizes-mb 1,4,16,32,64,128 2>&1 | tee -a $T
 say "   the path a CUDA-IPC transport would take (device to device into the peer's buffer), for comparison"
 $MPI -np 2 $B/moe_bench_comm ipc --sizes-mb 1,4,16,32,64,128 2>&1 | tee -a $T
+fi
 
 python3 scripts/device/random_shard.py $W/rand.bin 2> /dev/null
 S="--data $W/rand.bin --preset peers-ref --n-layers 4 --device cuda --batch 16 --seq-len 1024 --grad-accum 4
@@ -50,6 +53,7 @@ step() { # step LABEL NP FLAGS...
   [ $rc = 0 ] || grep -m2 -E "rror" $d.log | tee -a $T
 }
 for mps in ${MPS:-off on}; do
+  [[ $PARTS == *2* ]] || break
   if [ $mps = on ]; then
     export CUDA_MPS_PIPE_DIRECTORY=$W/mps CUDA_MPS_LOG_DIRECTORY=$W/mpslog
     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
@@ -60,10 +64,12 @@ for mps in ${MPS:-off on}; do
   step "one process" 1
   step "dp2 (2 ranks, staged)" 2
   step "ep2 (2 ranks, staged)" 2 --ep 2
+  step "ep2 (2 ranks, ipc)" 2 --ep 2 --gpu-comm ipc
   step "pp2 (2 ranks, staged)" 2 --pp 2
   [ $mps = on ] && echo quit | nvidia-cuda-mps-control
 done
 
+[[ $PARTS == *3* ]] || exit 0
 say "== 3. pipeline stages' memory on the GPU against moe info's prediction (pp2, MPS off)"
 (while true; do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits; sleep 0.3; done) > $W/apps.txt 2> /dev/null &
 mp=$!

@@ -178,10 +178,11 @@ const Opt opts[] = {
      "gathered per layer) for its own tokens (gathered); auto: measured per layer"},
     {"gpu-comm", O_GPUCOMM, TO(gpu_comm), C_TRAIN,
      "how GPU ranks exchange device buffers: nccl (every rank its own GPU), staged (through pinned host "
-     "memory and MPI: ranks sharing a GPU, or no NCCL), mpi (device pointers to a CUDA-aware MPI; refused "
-     "where the MPI library says it is not), auto (nccl where every rank has its own GPU, else staged). "
-     "Pipeline stages' messages are staged under nccl too. On --device cpu staged and mpi run the same "
-     "code over host memory (tests)"},
+     "memory and MPI: ranks sharing a GPU, or no NCCL), ipc (every rank on one node: the MoE all-to-all "
+     "device to device through CUDA IPC, the rest staged), mpi (device pointers to a CUDA-aware MPI; "
+     "refused where the MPI library says it is not), auto (nccl where every rank has its own GPU, else ipc "
+     "on one node, else staged). Pipeline stages' messages are staged under nccl and ipc too. On --device "
+     "cpu staged, ipc and mpi run the same code over host memory (tests)"},
     {"a2a-retune", O_FLOAT, TO(a2a_retune), C_TRAIN,
      "auto modes: re-measure a layer when its load (busiest expert / mean) moves by this fraction"},
     {"precision", O_PRECISION, TO(precision), C_TRAIN | C_INFO,
@@ -247,11 +248,11 @@ static const WordSet word_sets[] = {
     {O_PRECISION, "mixed|bf16", 0, 2, {"mixed", "bf16"}, {PREC_MIXED, PREC_BF16}},
     {O_GRADMEM, "shared|separate", 0, 2, {"shared", "separate"}, {GRADMEM_SHARED, GRADMEM_SEPARATE}},
     {O_GPUCOMM,
-     "auto|nccl|staged|mpi",
+     "auto|nccl|staged|ipc|mpi",
      0,
-     4,
-     {"auto", "nccl", "staged", "mpi"},
-     {GPUCOMM_AUTO, GPUCOMM_NCCL, GPUCOMM_STAGED, GPUCOMM_MPI}},
+     5,
+     {"auto", "nccl", "staged", "ipc", "mpi"},
+     {GPUCOMM_AUTO, GPUCOMM_NCCL, GPUCOMM_STAGED, GPUCOMM_IPC, GPUCOMM_MPI}},
     {O_ROUNDING,
      "stochastic|nearest|none",
      0,

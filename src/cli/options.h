@@ -68,8 +68,8 @@ typedef struct {
     const char *usage;
     int int_ok;
     int n;
-    const char *w[4];
-    int v[4];
+    const char *w[5];
+    int v[5];
 } WordSet;
 const WordSet *word_set(OptType t); // NULL: not a word option
 

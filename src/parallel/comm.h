@@ -131,6 +131,9 @@ void comm_dev_enable_staged(Comm *c, int on_gpu);
 // Attach the direct form: device pointers handed to c's host (MPI) ops once the compute stream has
 // finished; only for an MPI library that reads device memory (comm_mpi_cuda_aware).
 void comm_dev_enable_direct(Comm *c, int on_gpu);
+// Attach the ipc device ops (comm_ipc.c; every rank of c on this node): the all-to-all-v device to
+// device into the peers' inboxes (CUDA IPC; with on_gpu 0 POSIX shared memory), the rest staged.
+void comm_dev_enable_ipc(Comm *c, int on_gpu);
 // What the MPI library says at run time about reading device pointers (Open MPI's
 // MPIX_Query_cuda_support): 1 yes, 0 no, -1 it cannot say (no MPI, or no such query).
 int comm_mpi_cuda_aware(void);

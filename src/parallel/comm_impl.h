@@ -68,6 +68,8 @@ extern const CommOps comm_self_ops;
 void comm_world_abort(void);
 // Free the staged transport's pooled staging buffers and requests (comm_world_finalize; comm_staged.c).
 void comm_staged_free(void);
+// The staged device ops (comm_staged.c): the ipc transport's for everything but the all-to-all-v.
+extern const CommOps comm_staged_ops;
 // Destroy what is left of the nccl backend (communicators, streams, the watchdog); comm_world_finalize
 // calls it (comm_nccl.c).
 void comm_nccl_shutdown(void);

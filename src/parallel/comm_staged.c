@@ -141,7 +141,7 @@ typedef struct SReq {
 } SReq;
 static SReq *g_free_req;
 static int g_ranges = 1; // the largest group the staged ops are attached to
-static const CommOps staged_ops, direct_ops;
+static const CommOps direct_ops;
 
 static SReq *req_get(const CommOps *ops, int ranges) {
     SReq *q = g_free_req;
@@ -262,7 +262,7 @@ static void s_barrier(const Comm *c) { c->ops->barrier(c); }
 
 // ---- non-blocking: copied in now, the host operation in flight, copied out at wait
 static CommReq *s_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
-    SReq *q = req_get(&staged_ops, 1);
+    SReq *q = req_get(&comm_staged_ops, 1);
     q->sb = buf_get(n * ES(t));
     d2h(q->sb->p, buf, n * ES(t));
     q->inner = c->ops->iallreduce(c, q->sb->p, n, t);
@@ -276,7 +276,7 @@ static CommReq *s_iallreduce(const Comm *c, void *buf, size_t n, CommType t) {
 }
 static CommReq *s_ireduce_scatter(const Comm *c, const void *send, void *recv, const size_t *counts,
                                   CommType t) {
-    SReq *q = req_get(&staged_ops, 1);
+    SReq *q = req_get(&comm_staged_ops, 1);
     size_t tot = total(c, counts), mine = counts[c->rank];
     q->sb = buf_get(tot * ES(t));
     q->rb = buf_get(mine * ES(t));
@@ -291,7 +291,7 @@ static CommReq *s_ireduce_scatter(const Comm *c, const void *send, void *recv, c
 }
 static CommReq *s_ialltoallv(const Comm *c, const void *send, const size_t *sc, const size_t *sd, void *recv,
                              const size_t *rc, const size_t *rd, CommType t) {
-    SReq *q = req_get(&staged_ops, c->size);
+    SReq *q = req_get(&comm_staged_ops, c->size);
     size_t se = extent(c->size, sc, sd), re = extent(c->size, rc, rd);
     q->sb = buf_get(se * ES(t));
     q->rb = buf_get(re * ES(t));
@@ -305,14 +305,14 @@ static CommReq *s_ialltoallv(const Comm *c, const void *send, const size_t *sc, 
     return &q->r;
 }
 static CommReq *s_isend(const Comm *c, const void *buf, size_t n, CommType t, int peer, int tag) {
-    SReq *q = req_get(&staged_ops, 0);
+    SReq *q = req_get(&comm_staged_ops, 0);
     q->sb = buf_get(n * ES(t));
     d2h(q->sb->p, buf, n * ES(t));
     q->inner = c->ops->isend(c, q->sb->p, n, t, peer, tag);
     return &q->r;
 }
 static CommReq *s_irecv(const Comm *c, void *buf, size_t n, CommType t, int peer, int tag) {
-    SReq *q = req_get(&staged_ops, 1);
+    SReq *q = req_get(&comm_staged_ops, 1);
     q->rb = buf_get(n * ES(t));
     q->inner = c->ops->irecv(c, q->rb->p, n, t, peer, tag);
     q->dst = buf;
@@ -334,7 +334,7 @@ static void s_wait(CommReq *r) {
 }
 static void s_detach(Comm *c) {}
 
-static const CommOps staged_ops = {
+const CommOps comm_staged_ops = {
     s_allreduce, s_allgather,  s_allgatherv,      s_reduce_scatter, s_alltoallv, s_bcast,
     s_barrier,   s_iallreduce, s_ireduce_scatter, s_ialltoallv,     s_isend,     s_irecv,
     s_test,      s_wait,       s_detach,
@@ -411,7 +411,7 @@ void comm_dev_enable_staged(Comm *c, int on_gpu) {
     if (!c || c->dops) return;
     set_kind(on_gpu);
     if (c->size > g_ranges) g_ranges = c->size;
-    c->dops = &staged_ops;
+    c->dops = &comm_staged_ops;
     c->dhandle = NULL;
 }
 

@@ -117,12 +117,13 @@ void mesh_init(Mesh *m, const MeshShape *s, Comm *world) {
 void mesh_enable_device(Mesh *m, MeshDev how, int on_gpu) {
     CHECK(on_gpu || how != MESH_DEV_NCCL, "the NCCL transport needs GPU buffers");
     if (how == MESH_DEV_NCCL) comm_dev_enable_world(m->world);
-    else if (how == MESH_DEV_STAGED) comm_dev_enable_staged(m->world, on_gpu);
+    else if (how == MESH_DEV_STAGED || how == MESH_DEV_IPC) comm_dev_enable_staged(m->world, on_gpu);
     else comm_dev_enable_direct(m->world, on_gpu);
     Comm **slots[G_N] = {&m->tp, &m->dp, &m->pp, &m->ep, &m->etp, &m->edp, &m->stage, &m->epn, &m->epx};
     for (int g = 0; g < G_N; g++) { // the same order on every rank (ncclCommSplit is collective)
         if (!group_used(&m->s, g)) continue;
         if (how == MESH_DEV_DIRECT) comm_dev_enable_direct(*slots[g], on_gpu);
+        else if (how == MESH_DEV_IPC && g != G_PP) comm_dev_enable_ipc(*slots[g], on_gpu);
         else if (how == MESH_DEV_STAGED || g == G_PP) comm_dev_enable_staged(*slots[g], on_gpu);
         else {
             int color, key;

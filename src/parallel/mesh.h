@@ -36,8 +36,9 @@ MeshCoord mesh_coord(const MeshShape *s, int rank);
 void mesh_init(Mesh *m, const MeshShape *s, Comm *world);
 // How the device buffers of a mesh travel (--gpu-comm): NCCL communicators (every rank its own GPU;
 // the pipeline group's point-to-point staged), the staged transport (ranks sharing a GPU, no NCCL),
-// or device pointers to a CUDA-aware MPI.
-typedef enum { MESH_DEV_NCCL, MESH_DEV_STAGED, MESH_DEV_DIRECT } MeshDev;
+// device pointers to a CUDA-aware MPI, or ipc (every rank on one node: the all-to-all-v device to device
+// through CUDA IPC, the rest staged).
+typedef enum { MESH_DEV_NCCL, MESH_DEV_STAGED, MESH_DEV_DIRECT, MESH_DEV_IPC } MeshDev;
 // Attaches the device transport to the world and every group (the cuda backend must already have
 // selected this rank's GPU; on_gpu 0: the cpu backend's host buffers, staged or direct only, for tests).
 // Collective.

@@ -59,7 +59,7 @@ typedef struct {
 } TrainOptions;
 
 enum { GRADMEM_SHARED = 0, GRADMEM_SEPARATE = 1 };
-enum { GPUCOMM_AUTO = 0, GPUCOMM_NCCL = 1, GPUCOMM_STAGED = 2, GPUCOMM_MPI = 3 };
+enum { GPUCOMM_AUTO = 0, GPUCOMM_NCCL = 1, GPUCOMM_STAGED = 2, GPUCOMM_MPI = 3, GPUCOMM_IPC = 4 };
 enum { ROUND_STOCHASTIC = 0, ROUND_NEAREST = 1, ROUND_NONE = 2 };
 
 void train_options_default(TrainOptions *o);

@@ -30,10 +30,11 @@ static void choose_gpu_comm(Placement *p, const TrainOptions *o, const Comm *wor
     size_t fr, tot;
     int ngpu = backend_cuda_gpus(&fr, &tot), local = comm_local_size();
     int shared = local > ngpu, nccl = comm_have_nccl();
-    int32_t v[2] = {shared, !nccl};
-    comm_allreduce(world, v, 2, CT_I32); // (every rank: the same choice)
+    int32_t v[3] = {shared, !nccl, local != comm_size(world)};
+    comm_allreduce(world, v, 3, CT_I32); // (every rank: the same choice)
     shared = v[0] > 0;
     nccl = v[1] == 0;
+    int one_node = v[2] == 0;
     char share[128];
     if (local > ngpu)
         snprintf(share, sizeof share, "%d processes on this node share %d GPU%s", local, ngpu,
@@ -65,6 +66,16 @@ static void choose_gpu_comm(Placement *p, const TrainOptions *o, const Comm *wor
         case GPUCOMM_STAGED:
             p->dev = MESH_DEV_STAGED;
             snprintf(p->why, sizeof p->why, "gpu-comm: staged (--gpu-comm staged)");
+            return;
+        case GPUCOMM_IPC:
+            if (!one_node)
+                DIE("--gpu-comm ipc: the ranks span several nodes (%d of %d on this one), and CUDA IPC joins "
+                    "the "
+                    "processes of one; use --gpu-comm staged or nccl",
+                    local, comm_size(world));
+            p->dev = MESH_DEV_IPC;
+            snprintf(p->why, sizeof p->why,
+                     "gpu-comm: ipc (--gpu-comm ipc; pipeline messages and reductions staged)");
             return;
         default:
             if (nccl && !shared) {
@@ -100,13 +111,17 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     if (!p->on_gpu && o->gpu_comm == GPUCOMM_NCCL)
         DIE("--gpu-comm nccl moves GPU buffers: it needs --device cuda or cuda-fp32");
     if (p->meshed && p->on_gpu) choose_gpu_comm(p, o, world);
-    else if (p->meshed && (o->gpu_comm == GPUCOMM_STAGED || o->gpu_comm == GPUCOMM_MPI)) {
+    else if (p->meshed && o->gpu_comm != GPUCOMM_AUTO) {
         // the cpu backend: the same code over host memory (how CI tests the transports)
+        static const char *name[] = {"auto", "nccl", "staged", "mpi", "ipc"};
+        static const MeshDev dev[] = {MESH_DEV_STAGED, MESH_DEV_NCCL, MESH_DEV_STAGED, MESH_DEV_DIRECT,
+                                      MESH_DEV_IPC};
+        if (o->gpu_comm == GPUCOMM_IPC && comm_local_size() != comm_size(world))
+            DIE("--gpu-comm ipc: the ranks span several nodes; it joins the processes of one");
         p->attach = 1;
-        p->dev = o->gpu_comm == GPUCOMM_STAGED ? MESH_DEV_STAGED : MESH_DEV_DIRECT;
+        p->dev = dev[o->gpu_comm];
         snprintf(p->why, sizeof p->why,
-                 "gpu-comm: %s over the cpu backend's host memory (a test of the path)",
-                 o->gpu_comm == GPUCOMM_STAGED ? "staged" : "mpi");
+                 "gpu-comm: %s over the cpu backend's host memory (a test of the path)", name[o->gpu_comm]);
     }
     env_switches(p);
 }
