@@ -213,6 +213,15 @@ const Opt opts[] = {
      "--tp/--ep/--etp/--pp alone the smallest world that holds them)"},
     {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
     {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
+    // tokenize
+    {"tokenizer", O_STR, CO(tokenizer), C_TOKENIZE,
+     "a Hugging Face tokenizer.json, or a directory holding one (required)"},
+    {"in", O_STR, CO(in), C_TOKENIZE,
+     "the input: text to encode, or --decode: token ids separated by white space (default: standard input)"},
+    {"decode", O_FLAG, CO(decode), C_TOKENIZE, "decode ids to text instead of encoding text"},
+    {"skip-special", O_FLAG, CO(skip_special), C_TOKENIZE, "--decode: leave out the special added tokens"},
+    {"stream", O_FLAG, CO(stream), C_TOKENIZE,
+     "--decode: through the streaming decoder, one id at a time (each piece written as it completes)"},
 };
 _Static_assert(sizeof opts / sizeof opts[0] == N_OPTS, "N_OPTS (cli/options.h) is the length of opts");
 

@@ -13,11 +13,12 @@
 #include "core/common.h"
 
 const char *cmd_name(int cmd) {
-    return cmd == C_TRAIN ? "train"
-        : cmd == C_SAMPLE ? "sample"
-        : cmd == C_EVAL   ? "eval"
-        : cmd == C_EXPORT ? "export"
-                          : "info";
+    return cmd == C_TRAIN   ? "train"
+        : cmd == C_SAMPLE   ? "sample"
+        : cmd == C_EVAL     ? "eval"
+        : cmd == C_EXPORT   ? "export"
+        : cmd == C_TOKENIZE ? "tokenize"
+                            : "info";
 }
 
 void *opt_ptr(State *s, const Opt *o) {
@@ -29,7 +30,8 @@ void *opt_ptr(State *s, const Opt *o) {
 
 // Options naming a file or directory: an empty value is a mistake, never "the default".
 int is_path_opt(const char *name) {
-    static const char *const paths[] = {"data", "val-data", "out", "ckpt", "config", "init-from", "dump"};
+    static const char *const paths[] = {"data",      "val-data", "out",       "ckpt", "config",
+                                        "init-from", "dump",     "tokenizer", "in"};
     for (size_t k = 0; k < sizeof paths / sizeof *paths; k++)
         if (!strcmp(name, paths[k])) return 1;
     return 0;
@@ -233,7 +235,8 @@ void usage(FILE *f, int cmd) {
                 "  eval     validation loss of a checkpoint (per kind of line on the embedded corpus)\n"
                 "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n"
                 "  export   write a checkpoint as a Hugging Face model directory (of the family it was "
-                "trained as)\n");
+                "trained as)\n"
+                "  tokenize token ids of a text with a Hugging Face tokenizer.json, or text of ids\n");
         return;
     }
     static State d; // the defaults, shown per option

@@ -8,7 +8,7 @@
 #include "core/config.h"
 #include "train/options.h"
 
-enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16 };
+enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_TOKENIZE = 32 };
 typedef enum {
     O_INT,
     O_FLOAT,
@@ -44,6 +44,10 @@ typedef struct {
     float temperature;
     int top_k, window, kv_cache; // sample
     float top_p;
+    // tokenize: the tokenizer (directory or tokenizer.json), the input file; ids -> text, without the
+    // special tokens, through the stream decoder
+    char tokenizer[1024], in[1024];
+    int decode, skip_special, stream;
 } CliOptions;
 
 typedef struct {
@@ -58,7 +62,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 107 };
+enum { N_OPTS = 112 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value
