@@ -58,6 +58,20 @@ FIXTURES = [
 ]
 
 
+def random_fixture(seed, n=3000):
+    """Text drawn character by character from a pool of every class the fixtures name, in random order
+    (the corners between classes: a mark after a space, a digit after CJK, a special token after \r)."""
+    pool = (list("abcdefXYZ'sStT   \t\n\r0123456789.,;:!?()[]{}<>|-_") + list("数据模型日本語한국") +
+            list("مرحبا") + ["e\u0301", "\u0308", "😀", "👍🏽", "\u200d", "\u0085", "\u00a0", "\u3000", "ſ", "K",
+                             "<|endoftext|>", "<|pad|>", "<think>", "</think>", "ﬁ", "①", "Å"])
+    r = random.Random(seed)
+    out = "".join(r.choice(pool) for _ in range(n)).encode()
+    return out[:1000] + b"\xc3\x28\xa0\xa1" + out[1000:]
+
+
+FIXTURES += [random_fixture(s) for s in (1, 2, 3)]
+
+
 def add_byte_fallback(tok):
     """SentencePiece exports carry <0x00>..<0xFF> in the vocabulary (not as added tokens)."""
     j = json.loads(tok.to_str())

@@ -10,3 +10,4 @@ int cmd_eval(State *s);
 int cmd_info(State *s);
 int cmd_export(State *s);
 int cmd_tokenize(State *s);
+int cmd_prep(State *s);
