@@ -5,7 +5,7 @@
 # document's ids from `tokenizers` followed by the EOS that tokenizer_config.json names, the first
 # --val-docs documents in val_*.bin, split at --shard-tokens; their decode is the documents each followed
 # by the EOS text. A vocabulary beyond 65536 gives the uint32 form (magic 20240801); config.json's
-# eos_token_id is found when it is the only one. `moe train` runs 2 steps on the shards. Bad input (a
+# eos_token_id is found when it is the only one; the encoding threads change no byte. `moe train` runs 2 steps on the shards. Bad input (a
 # truncated .gz, a JSON line without the field, no EOS, --out already there): one `moe: error:` line, a
 # non-zero exit, and no --out directory.
 set -u
@@ -65,6 +65,10 @@ sys.exit(0 if ok else 1)
 PY
 run_ok "the shards hold each document's ids then the EOS; decoded = documents + EOS" \
   python3 check.py s docs_ab.json '<|endoftext|>' 5 20240520 tok/tokenizer.json && sed 's/^/    /' "$OUT_FILE"
+OMP_NUM_THREADS=1 "$MOE" prep --tokenizer tok --in a.jsonl.gz b.txt --out s1 --val-docs 5 --shard-tokens 300 > /dev/null &&
+  OMP_NUM_THREADS=3 "$MOE" prep --tokenizer tok --in a.jsonl.gz b.txt --out s3 --val-docs 5 --shard-tokens 300 > /dev/null
+[ "$(tree_hash s1)" = "$(tree_hash s3)" ] && [ "$(tree_hash s1)" = "$(tree_hash s)" ] &&
+  pass "the shards are the same on 1 and 3 encoding threads" || fail "the shards depend on the thread count"
 n=$(ls s/train_*.bin | wc -l)
 [ "$n" -ge 3 ] && pass "--shard-tokens 300: $n train shards" || fail "--shard-tokens 300 gave $n train shards"
 

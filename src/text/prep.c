@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+#include <omp.h>
 #include <cjson/cJSON.h>
 #include <zlib.h>
 #include "core/common.h"
@@ -74,6 +76,11 @@ static void flush(Split *s, int vocab) {
     s->n = 0;
 }
 
+// Documents are encoded in batches, in parallel (OpenMP threads), and appended in input order, so the
+// shards do not depend on the thread count.
+#define BATCH_DOCS 4096
+#define BATCH_BYTES ((size_t)16 << 20)
+
 typedef struct {
     const PrepOptions *o;
     const Tokenizer *t;
@@ -81,12 +88,16 @@ typedef struct {
     Split train, val;
     long docs;
     size_t bytes, text_tokens;
-    int32_t *ids;
-    size_t cap;
+    double t0, shown;
+    // the batch: copies of the documents' text, and their ids once encoded
+    char *text[BATCH_DOCS];
+    size_t len[BATCH_DOCS], n[BATCH_DOCS], cap[BATCH_DOCS];
+    int32_t *ids[BATCH_DOCS];
+    int count;
+    size_t batch_bytes;
 } Prep;
 
-static void add_doc(Prep *p, const char *text, size_t len) {
-    size_t n = tok_encode(p->t, text, len, &p->ids, &p->cap);
+static void append_doc(Prep *p, const int32_t *ids, size_t n, size_t len) {
     Split *s = p->docs < p->o->val_docs ? &p->val : &p->train;
     p->docs++;
     s->docs++;
@@ -97,9 +108,35 @@ static void add_doc(Prep *p, const char *text, size_t len) {
             s->cap = s->cap ? s->cap * 2 : 1 << 16;
             s->tok = xrealloc(s->tok, s->cap * sizeof *s->tok);
         }
-        s->tok[s->n++] = i < n ? p->ids[i] : p->eos;
+        s->tok[s->n++] = i < n ? ids[i] : p->eos;
         if (s->n >= (size_t)p->o->shard_tokens) flush(s, p->vocab);
     }
+}
+
+static void run_batch(Prep *p) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < p->count; i++)
+        p->n[i] = tok_encode(p->t, p->text[i], p->len[i], &p->ids[i], &p->cap[i]);
+    for (int i = 0; i < p->count; i++) {
+        append_doc(p, p->ids[i], p->n[i], p->len[i]);
+        free(p->text[i]);
+    }
+    p->count = 0;
+    p->batch_bytes = 0;
+    double now = now_seconds();
+    if (isatty(STDERR_FILENO) && now - p->shown > 1) { // progress, where someone watches
+        p->shown = now;
+        fprintf(stderr, "\rprep: %ld documents, %zu tokens, %.1f MB/s   ", p->docs, p->text_tokens,
+                (double)p->bytes / 1e6 / (now - p->t0));
+    }
+}
+
+static void add_doc(Prep *p, const char *text, size_t len) {
+    p->text[p->count] = xmalloc(len + 1);
+    memcpy(p->text[p->count], text, len);
+    p->len[p->count++] = len;
+    p->batch_bytes += len;
+    if (p->count == BATCH_DOCS || p->batch_bytes >= BATCH_BYTES) run_batch(p);
 }
 
 // A gzip'd or plain file, read a line at a time (any length) or whole.
@@ -130,7 +167,7 @@ static void fill(Reader *r) {
 // The next line (without its '\n'; NUL-terminated in place), or NULL at the end.
 static char *next_line(Reader *r, size_t *len) {
     for (;;) {
-        char *nl = memchr(r->b + r->pos, '\n', r->n - r->pos);
+        char *nl = r->n > r->pos ? memchr(r->b + r->pos, '\n', r->n - r->pos) : NULL;
         if (nl || (r->eof && r->pos < r->n)) {
             char *s = r->b + r->pos;
             *len = nl ? (size_t)(nl - s) : r->n - r->pos;
@@ -189,18 +226,31 @@ static void read_input(Prep *p, const char *path) {
     free(r.b);
 }
 
+static void summary(const Prep *p, const char *from) {
+    if (p->shown > 0) fprintf(stderr, "\n");
+    double dt = now_seconds() - p->t0;
+    printf("prep: %ld documents (%ld held out), %zu tokens (%zu train in %ld shard%s, %zu val in %ld), "
+           "%.4f tokens per byte, %s tokens, EOS %d (from %s), %.1f MB/s on %d thread%s -> %s\n",
+           p->docs, p->val.docs, p->train.total + p->val.total, p->train.total, p->train.shards,
+           p->train.shards == 1 ? "" : "s", p->val.total, p->val.shards,
+           p->bytes ? (double)p->text_tokens / (double)p->bytes : 0.0, p->vocab > 65536 ? "uint32" : "uint16",
+           p->eos, from, dt > 0 ? (double)p->bytes / 1e6 / dt : 0.0, omp_get_max_threads(),
+           omp_get_max_threads() == 1 ? "" : "s", p->o->out);
+}
+
 void prep_run(const PrepOptions *o) {
     if (dir_exists(o->out) || file_exists(o->out))
         DIE("prep: --out '%s' already exists (choose a new directory)", o->out);
     if (o->val_docs < 0 || o->shard_tokens < 1) DIE("prep: --val-docs must be >= 0 and --shard-tokens >= 1");
-    Prep p = {.o = o, .train = {.name = "train"}, .val = {.name = "val"}};
+    Prep *p = xcalloc(1, sizeof *p);
+    *p = (Prep){.o = o, .train = {.name = "train"}, .val = {.name = "val"}};
     Tokenizer *t = tok_load(o->tokenizer);
-    p.t = t;
-    p.vocab = tok_vocab_size(t);
+    p->t = t;
+    p->vocab = tok_vocab_size(t);
     const char *from = "--eos";
-    p.eos = *o->eos ? tok_token_id(t, o->eos) : prep_find_eos(t, o->tokenizer, &from);
-    if (*o->eos && p.eos < 0) DIE("prep: --eos '%s' is not a token of the tokenizer", o->eos);
-    if (p.eos < 0)
+    p->eos = *o->eos ? tok_token_id(t, o->eos) : prep_find_eos(t, o->tokenizer, &from);
+    if (*o->eos && p->eos < 0) DIE("prep: --eos '%s' is not a token of the tokenizer", o->eos);
+    if (p->eos < 0)
         DIE("prep: no EOS token beside the tokenizer '%s' (tokenizer_config.json, special_tokens_map.json, "
             "config.json); name it with --eos",
             o->tokenizer);
@@ -208,19 +258,20 @@ void prep_run(const PrepOptions *o) {
     if (dir_exists(part_dir)) rm_rf(part_dir); // a previous prep's leftover
     mkdir_p(part_dir);
     moe_set_die_hook(remove_part, -1);
-    double t0 = now_seconds();
+    p->t0 = now_seconds();
     for (const char *s = o->inputs; *s;) {
         size_t n = strcspn(s, "\n");
         char path[4096];
         snprintf(path, sizeof path, "%.*s", (int)n, s);
-        read_input(&p, path);
+        read_input(p, path);
         s += n + (s[n] == '\n');
     }
-    if (!p.docs) DIE("prep: the inputs hold no document");
-    if (o->val_docs && p.train.docs == 0)
+    run_batch(p);
+    if (!p->docs) DIE("prep: the inputs hold no document");
+    if (o->val_docs && p->train.docs == 0)
         DIE("prep: --val-docs %ld leaves no document to train on", o->val_docs);
-    flush(&p.train, p.vocab);
-    flush(&p.val, p.vocab);
+    flush(&p->train, p->vocab);
+    flush(&p->val, p->vocab);
     if (rename(part_dir, o->out) != 0)
         DIE("prep: cannot rename '%s' to '%s' (%s)", part_dir, o->out, strerror(errno));
     moe_set_die_hook(NULL, -1);
@@ -228,15 +279,10 @@ void prep_run(const PrepOptions *o) {
     char parent[1024];
     path_parent(parent, sizeof parent, o->out);
     fsync_dir(parent);
-    double dt = now_seconds() - t0;
-    printf("prep: %ld documents (%ld held out), %zu tokens (%zu train in %ld shard%s, %zu val in %ld), "
-           "%.4f tokens per byte, %s tokens, EOS %d (from %s), %.1f MB/s -> %s\n",
-           p.docs, p.val.docs, p.train.total + p.val.total, p.train.total, p.train.shards,
-           p.train.shards == 1 ? "" : "s", p.val.total, p.val.shards,
-           p.bytes ? (double)p.text_tokens / (double)p.bytes : 0.0, p.vocab > 65536 ? "uint32" : "uint16",
-           p.eos, from, dt > 0 ? (double)p.bytes / 1e6 / dt : 0.0, o->out);
-    free(p.train.tok);
-    free(p.val.tok);
-    free(p.ids);
+    summary(p, from);
+    free(p->train.tok);
+    free(p->val.tok);
+    for (int i = 0; i < BATCH_DOCS; i++) free(p->ids[i]);
+    free(p);
     tok_free(t);
 }

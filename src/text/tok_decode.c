@@ -223,7 +223,8 @@ const char *tok_stream_step(TokStream *s, int32_t id) {
     decode_into(s->t, s->ids, s->n, s->skip, &s->cur);
     s->text.n = 0;
     buf_put(&s->text, "", 0);
-    if (s->cur.n > s->prefix.n && !ends_in_fffd(&s->cur) && !memcmp(s->cur.p, s->prefix.p, s->prefix.n)) {
+    if (s->cur.n > s->prefix.n && !ends_in_fffd(&s->cur) &&
+        (!s->prefix.n || !memcmp(s->cur.p, s->prefix.p, s->prefix.n))) {
         buf_put(&s->text, s->cur.p + s->prefix.n, s->cur.n - s->prefix.n);
         size_t keep = s->n - s->prefix_index;
         memmove(s->ids, s->ids + s->prefix_index, keep * sizeof *s->ids);

@@ -287,7 +287,7 @@ static void encode_stretch(const Tokenizer *t, Work *w, const char *s, size_t n,
     added_spans(t, w, w->norm.p, w->norm.n, 1);
     size_t nsp = w->nsp;
     Span *sp = xmalloc((nsp + 1) * sizeof *sp);
-    memcpy(sp, w->sp, nsp * sizeof *sp);
+    if (nsp) memcpy(sp, w->sp, nsp * sizeof *sp);
     for (size_t k = 0; k < nsp; k++) {
         if (sp[k].m) {
             emit(t->added[sp[k].m - 1].id, ids, cnt, cap);
@@ -319,7 +319,7 @@ size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int32_t **id
     added_spans(t, &w, clean.p, clean.n, 0);
     size_t nsp = w.nsp;
     Span *sp = xmalloc((nsp + 1) * sizeof *sp);
-    memcpy(sp, w.sp, nsp * sizeof *sp);
+    if (nsp) memcpy(sp, w.sp, nsp * sizeof *sp);
     for (size_t k = 0; k < nsp; k++) {
         if (sp[k].m) emit(t->added[sp[k].m - 1].id, ids, &cnt, cap);
         else encode_stretch(t, &w, clean.p + sp[k].s, sp[k].e - sp[k].s, sp[k].s == 0, ids, &cnt, cap);
