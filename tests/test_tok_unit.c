@@ -101,14 +101,17 @@ int main(void) {
     const char *want[] = {"a", "", "", "", "\xF0\x9F\x98\x80", "b"};
     TokStream *st = tok_stream_new(t, 0);
     for (int i = 0; i < 6; i++) {
-        const char *got = tok_stream_step(st, emoji[i]);
-        EXPECT(!strcmp(got, want[i]), "stream step %d: '%s', expected '%s'", i, got, want[i]);
+        size_t m;
+        const char *got = tok_stream_step(st, emoji[i], &m);
+        EXPECT(m == strlen(want[i]) && !strcmp(got, want[i]), "stream step %d: '%s', expected '%s'", i, got,
+               want[i]);
     }
     tok_stream_free(st);
     // a lone invalid byte: held back (it decodes to U+FFFD) until a character follows, then both
     st = tok_stream_new(t, 0);
-    EXPECT(!strcmp(tok_stream_step(st, 0xFF), ""), "stream: the invalid byte alone is held");
-    const char *got = tok_stream_step(st, 'h');
+    size_t m;
+    EXPECT(!strcmp(tok_stream_step(st, 0xFF, &m), "") && m == 0, "stream: the invalid byte alone is held");
+    const char *got = tok_stream_step(st, 'h', &m);
     EXPECT(!strcmp(got, "\xEF\xBF\xBDh"), "stream: U+FFFD then h, got '%s'", got);
     tok_stream_free(st);
     s = tok_decode(t, (int32_t[]){0xF0, 0x9F, 'x'}, 3, 0, &n);

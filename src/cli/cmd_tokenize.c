@@ -72,7 +72,9 @@ int cmd_tokenize(State *s) {
         if (o->stream) {
             TokStream *st = tok_stream_new(t, o->skip_special);
             for (size_t i = 0; i < n; i++) {
-                fputs(tok_stream_step(st, ids[i]), stdout);
+                size_t m;
+                const char *piece = tok_stream_step(st, ids[i], &m);
+                fwrite(piece, 1, m, stdout);
                 fflush(stdout);
             }
             tok_stream_free(st);

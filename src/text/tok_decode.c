@@ -206,7 +206,7 @@ TokStream *tok_stream_new(const Tokenizer *t, int skip_special) {
 
 static int ends_in_fffd(const Buf *b) { return b->n >= 3 && !memcmp(b->p + b->n - 3, "\xEF\xBF\xBD", 3); }
 
-const char *tok_stream_step(TokStream *s, int32_t id) {
+const char *tok_stream_step(TokStream *s, int32_t id, size_t *len) {
     if (!s->prefix.n && s->n) {
         decode_into(s->t, s->ids, s->n, s->skip, &s->cur);
         if (!ends_in_fffd(&s->cur)) {
@@ -232,6 +232,7 @@ const char *tok_stream_step(TokStream *s, int32_t id) {
         decode_into(s->t, s->ids, s->n, s->skip, &s->prefix);
         s->prefix_index = keep;
     }
+    *len = s->text.n;
     return s->text.p;
 }
 

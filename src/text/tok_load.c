@@ -7,6 +7,7 @@
 #include "core/common.h"
 #include "text/tok_impl.h"
 
+#define MAX_ID (1 << 24) // ids above this are a corrupt file, not a vocabulary (the tables are by id)
 #define BAD(t, fmt, ...) DIE("tokenizer '%s': " fmt, (t)->path, ##__VA_ARGS__)
 
 static const char *jstr(const Tokenizer *t, const cJSON *o, const char *key, const char *who) {
@@ -219,8 +220,9 @@ static void load_vocab(Tokenizer *t, const cJSON *vocab) {
     int max_id = -1;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 1e9 || e->valuedouble != e->valueint)
-            BAD(t, "model vocab: token '%s' has no valid id", e->string);
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= MAX_ID ||
+            e->valuedouble != e->valueint)
+            BAD(t, "model vocab: token '%s' has no valid id (an integer in 0 .. %d)", e->string, MAX_ID - 1);
         if (e->valueint > max_id) max_id = e->valueint;
     }
     if (max_id < 0) BAD(t, "model: the vocabulary is empty");
@@ -323,9 +325,9 @@ static void load_added(Tokenizer *t, const cJSON *list) {
     cJSON_ArrayForEach(e, list) {
         Added *a = &t->added[i++];
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 1e9 ||
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= MAX_ID ||
             id->valuedouble != id->valueint)
-            BAD(t, "added token %d has no valid \"id\"", i - 1);
+            BAD(t, "added token %d has no valid \"id\" (an integer in 0 .. %d)", i - 1, MAX_ID - 1);
         a->id = id->valueint;
         const char *c = jstr(t, e, "content", "added token");
         if (!*c) BAD(t, "added token %d is empty", a->id);

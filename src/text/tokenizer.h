@@ -25,9 +25,10 @@ size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int32_t **id
 // flagged special. Dies naming an id outside the vocabulary.
 char *tok_decode(const Tokenizer *t, const int32_t *ids, size_t n, int skip_special, size_t *len);
 
-// Streaming decode (sampling): tok_stream_step takes one id and returns the text it completes (a pointer
-// into the stream, valid until the next call; "" while an incomplete UTF-8 sequence is held back).
+// Streaming decode (sampling): tok_stream_step takes one id and returns the text it completes, *len bytes
+// (a pointer into the stream, valid until the next call; "" while an incomplete UTF-8 sequence is held
+// back).
 typedef struct TokStream TokStream;
 TokStream *tok_stream_new(const Tokenizer *t, int skip_special);
-const char *tok_stream_step(TokStream *s, int32_t id);
+const char *tok_stream_step(TokStream *s, int32_t id, size_t *len);
 void tok_stream_free(TokStream *s);
