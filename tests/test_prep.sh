@@ -38,6 +38,7 @@ import glob, json, struct, sys
 from tokenizers import Tokenizer
 d, docs_file, eos_text, val_docs, want_magic = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 tok = Tokenizer.from_file(sys.argv[6])
+special = len(sys.argv) > 7 and sys.argv[7] == "add_special"
 docs = json.load(open(docs_file))
 eos = tok.token_to_id(eos_text)
 def read(split):
@@ -53,9 +54,10 @@ def read(split):
 ok = True
 for split, part in (("val", docs[:val_docs]), ("train", docs[val_docs:])):
     got, nfiles = read(split)
-    want = [i for doc in part for i in tok.encode(doc, add_special_tokens=False).ids + [eos]]
+    want = [i for doc in part for i in tok.encode(doc, add_special_tokens=special).ids + [eos]]
     text = tok.decode(got, skip_special_tokens=False)
     joined = "".join(doc + eos_text for doc in part)
+    if special: text = joined = "(the template's tokens decode as text: ids compared only)"
     if got != want or text != joined:
         ok = False
         print(f"{split}: {len(got)} tokens vs {len(want)} expected; decode equal: {text == joined}")
@@ -91,6 +93,12 @@ run_ok "prep --lines with a 70001-token vocabulary" "$MOE" prep --tokenizer big/
 grep -q "uint32 tokens, EOS 1 (from config.json)" "$OUT_FILE" && pass "uint32 form; EOS from config.json's eos_token_id" ||
   fail "uint32/EOS: $(cat "$OUT_FILE")"
 run_ok "uint32 shards read back" python3 check.py s32 docs_c.json '<|pad|>' 0 20240801 big/tokenizer.json
+
+# --add-special: each document inside the post-processor's template (a Llama-2-style BOS), then the EOS
+run_ok "prep --add-special (a BOS template)" "$MOE" prep --tokenizer tk/spm --eos '<|endoftext|>' --add-special \
+  --in a.jsonl.gz b.txt --out sbos
+run_ok "--add-special: each document's ids as tokenizers' add_special_tokens=True, then the EOS" \
+  python3 check.py sbos docs_ab.json '<|endoftext|>' 0 20240520 tk/spm/tokenizer.json add_special
 
 run_ok "moe train --data on the shards: 2 steps" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --data 's/train_*.bin' \
   --val-data 's/val_*.bin' --vocab-size 704 --steps 2 --out r

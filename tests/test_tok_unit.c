@@ -63,7 +63,7 @@ static const char *write_tokenizer(const char *dir) {
 
 static int encode_is(const Tokenizer *t, const char *text, const int32_t *want, size_t n_want) {
     int32_t *ids = NULL;
-    size_t cap = 0, n = tok_encode(t, text, strlen(text), &ids, &cap);
+    size_t cap = 0, n = tok_encode(t, text, strlen(text), 0, &ids, &cap);
     int ok = n == n_want && (!n || !memcmp(ids, want, n * sizeof *ids));
     if (!ok) {
         fprintf(stderr, "encode '%s':", text);

@@ -6,9 +6,11 @@
 # ByteLevel, a SentencePiece-style BPE (Prepend/Replace normalizer, byte fallback, unk, the Llama-2
 # decoder chain) and a Metaspace one; each with special and added tokens (one with rstrip). Every
 # fixture text (English, code, CJK, Arabic, emoji, combining characters, runs of spaces and digits,
-# invalid UTF-8, special tokens inside the text) must give the same ids, the same decoded text (with and
-# without the special tokens) and the same streamed text as `tokenizers`. Then bad input: each one
-# `moe: error:` line and a non-zero exit.
+# invalid UTF-8, special tokens inside the text, and random mixes of all of these) must give the same ids
+# (with and without the post-processors' special tokens: a BOS template, a Sequence with a template
+# around the text, RoBERTa's cls/sep), the same decoded text (with and without the special tokens) and
+# the same streamed text as `tokenizers`. Then bad input: each one `moe: error:` line and a non-zero
+# exit; an unsupported post-processor only refuses --add-special.
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$TMP" || exit 1
@@ -60,6 +62,14 @@ j = json.load(open(sys.argv[1])); j["pre_tokenizer"] = {"type": "BertPreTokenize
 PY
 run_fail "pre-tokenizer 'BertPreTokenizer' is not supported" "$MOE" tokenize --tokenizer bert.json --in /dev/null
 run_fail "no file" "$MOE" tokenize --tokenizer nowhere --in /dev/null
+python3 - "$J" <<'PY' > post.json
+import json, sys
+j = json.load(open(sys.argv[1])); j["post_processor"] = {"type": "FancyProcessing"}; print(json.dumps(j))
+PY
+echo "some text" > text.txt
+"$MOE" tokenize --tokenizer post.json --in text.txt > /dev/null 2>&1 && pass "an unknown post-processor does not stop plain encoding" ||
+  fail "an unknown post-processor stops plain encoding"
+run_fail "post-processor 'FancyProcessing' is not supported" "$MOE" tokenize --tokenizer post.json --add-special --in text.txt
 echo "5 x 7" > ids.txt
 run_fail "'x' is not a token id" "$MOE" tokenize --tokenizer $J --decode --in ids.txt
 echo "5 99999999" > ids.txt

@@ -9,7 +9,7 @@ Exit status 77 when `tokenizers` cannot be imported (the test skips)."""
 import json, os, random, subprocess, sys
 
 try:
-    from tokenizers import Tokenizer, Regex, AddedToken, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, Regex, AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
 except ImportError as e:
     print(f"tokenizer_ref: needs the PyPI tokenizers library ({e})", file=sys.stderr)
     sys.exit(77)
@@ -91,7 +91,7 @@ def build(family):
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                          decoders.Strip(" ", 1, 0)])
-        trainer_kw = dict(vocab_size=500, show_progress=False, special_tokens=["<unk>"] + specials,
+        trainer_kw = dict(vocab_size=500, show_progress=False, special_tokens=["<unk>", "<s>"] + specials,
                           limit_alphabet=60)
     elif family == "metaspace":
         tok = Tokenizer(models.BPE(byte_fallback=True))
@@ -122,6 +122,18 @@ def build(family):
             raise SystemExit(f"unknown family {family}")
     tok.train_from_iterator(corpus(), trainers.BpeTrainer(**trainer_kw))
     if family in ("spm", "metaspace"): tok = add_byte_fallback(tok)
+    # post-processors (applied with add_special_tokens=True): Llama-2's BOS template, a Llama-3-style
+    # Sequence of ByteLevel and a template around the text, RoBERTa's cls/sep
+    ident = lambda s: (s, tok.token_to_id(s))
+    if family == "spm":
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[ident("<s>")])
+    elif family == "llama3":
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|pad|> $A <|endoftext|>",
+                                          special_tokens=[ident("<|pad|>"), ident("<|endoftext|>")])])
+    elif family == "gpt2_prefix":
+        tok.post_processor = processors.RobertaProcessing(ident("<|endoftext|>"), ident("<|pad|>"))
     tok.add_tokens([AddedToken("<think>", normalized=False, special=False),
                     AddedToken("</think>", normalized=False, special=False, rstrip=True)])
     return tok
@@ -169,6 +181,9 @@ def compare(moe_bin, d):
             try:
                 got = [int(x) for x in moe([moe_bin, "tokenize", "--tokenizer", path], raw).split()]
                 probs = []
+                ref_sp = tok.encode(text, add_special_tokens=True).ids
+                got_sp = [int(x) for x in moe([moe_bin, "tokenize", "--tokenizer", path, "--add-special"], raw).split()]
+                if got_sp != ref_sp: probs.append(f"add_special_tokens: moe {got_sp[:4]}..{got_sp[-3:]} hf {ref_sp[:4]}..{ref_sp[-3:]}")
                 if got != ref:
                     k = next((j for j in range(min(len(got), len(ref))) if got[j] != ref[j]), min(len(got), len(ref)))
                     probs.append(f"ids differ at {k}: moe {got[k:k+6]} hf {ref[k:k+6]} "

@@ -15,6 +15,7 @@ int cmd_prep(State *s) {
                      .field = c->field,
                      .eos = c->eos,
                      .lines = c->lines,
+                     .add_special = c->add_special,
                      .val_docs = c->val_docs,
                      .shard_tokens = c->shard_tokens};
     prep_run(&o);

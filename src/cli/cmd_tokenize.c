@@ -52,13 +52,14 @@ int cmd_tokenize(State *s) {
     if (!*o->tokenizer) DIE("tokenize: --tokenizer DIR|tokenizer.json is required");
     if ((o->skip_special || o->stream) && !o->decode)
         DIE("tokenize: --skip-special and --stream need --decode");
+    if (o->add_special && o->decode) DIE("tokenize: --add-special is for encoding (not with --decode)");
     Tokenizer *t = tok_load(o->tokenizer);
     size_t len;
     char *text = read_input(o->in, &len);
     if (!o->decode) {
         size_t cap = 0;
         int32_t *ids = NULL;
-        size_t n = tok_encode(t, text, len, &ids, &cap);
+        size_t n = tok_encode(t, text, len, o->add_special, &ids, &cap);
         for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
         printf("\n");
         free(ids);

@@ -220,6 +220,8 @@ const Opt opts[] = {
      "the input: text to encode, or --decode: token ids separated by white space (default: standard input)"},
     {"decode", O_FLAG, CO(decode), C_TOKENIZE, "decode ids to text instead of encoding text"},
     {"skip-special", O_FLAG, CO(skip_special), C_TOKENIZE, "--decode: leave out the special added tokens"},
+    {"add-special", O_FLAG, CO(add_special), C_TOKENIZE | C_PREP,
+     "encode with the post-processor's special tokens (e.g. a BOS; tokenizers' add_special_tokens=True)"},
     {"stream", O_FLAG, CO(stream), C_TOKENIZE,
      "--decode: through the streaming decoder, one id at a time (each piece written as it completes)"},
     // prep

@@ -46,9 +46,9 @@ typedef struct {
     int top_k, window, kv_cache; // sample
     float top_p;
     // tokenize: the tokenizer (directory or tokenizer.json), the input file; ids -> text, without the
-    // special tokens, through the stream decoder
+    // special tokens, through the stream decoder; the post-processor's tokens (tokenize, prep)
     char tokenizer[1024], in[1024];
-    int decode, skip_special, stream;
+    int decode, skip_special, stream, add_special;
     // prep: the input files ('\n'-separated), the JSON lines' text field, the EOS token's text, one
     // document per line, the documents held out, the tokens per shard
     char inputs[16384], field[128], eos[256];
@@ -67,7 +67,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 119 };
+enum { N_OPTS = 120 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

@@ -116,7 +116,7 @@ static void append_doc(Prep *p, const int32_t *ids, size_t n, size_t len) {
 static void run_batch(Prep *p) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < p->count; i++)
-        p->n[i] = tok_encode(p->t, p->text[i], p->len[i], &p->ids[i], &p->cap[i]);
+        p->n[i] = tok_encode(p->t, p->text[i], p->len[i], p->o->add_special, &p->ids[i], &p->cap[i]);
     for (int i = 0; i < p->count; i++) {
         append_doc(p, p->ids[i], p->n[i], p->len[i]);
         free(p->text[i]);

@@ -10,6 +10,7 @@ typedef struct {
     const char *field; // JSON lines: the text field
     const char *eos; // the EOS token's text; "" finds it beside the tokenizer
     int lines; // plain text: one document per non-empty line
+    int add_special; // each document with the post-processor's tokens (e.g. BOS), before the EOS
     long val_docs; // the first val_docs documents go to val_*.bin
     long shard_tokens; // tokens per shard file at most
 } PrepOptions;

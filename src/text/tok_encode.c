@@ -309,13 +309,19 @@ static void encode_stretch(const Tokenizer *t, Work *w, const char *s, size_t n,
     free(sp);
 }
 
-size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *cap) {
+size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids,
+                  size_t *cap) {
+    if (add_special && t->post_bad[0])
+        DIE("tokenizer '%s': post-processor '%s' is not supported (TemplateProcessing, RobertaProcessing, "
+            "BertProcessing, ByteLevel, Sequence are)",
+            t->path, t->post_bad);
     Work w = {0};
     Buf clean = {0};
     w.md = pcre2_match_data_create(16, NULL);
     CHECK(w.md, "tokenizer: out of memory for regex match data");
     utf8_clean(&clean, text, len);
     size_t cnt = 0;
+    for (int i = 0; add_special && i < t->n_post_pre; i++) emit(t->post_pre[i], ids, &cnt, cap);
     added_spans(t, &w, clean.p, clean.n, 0);
     size_t nsp = w.nsp;
     Span *sp = xmalloc((nsp + 1) * sizeof *sp);
@@ -325,6 +331,7 @@ size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int32_t **id
         else encode_stretch(t, &w, clean.p + sp[k].s, sp[k].e - sp[k].s, sp[k].s == 0, ids, &cnt, cap);
     }
     free(sp);
+    for (int i = 0; add_special && i < t->n_post_suf; i++) emit(t->post_suf[i], ids, &cnt, cap);
     pcre2_match_data_free(w.md);
     buf_free(&clean);
     buf_free(&w.pool);

@@ -95,6 +95,10 @@ struct Tokenizer {
     Step *norm, *pre, *dec;
     int n_norm, n_pre, n_dec;
     int byte_level; // the pre-tokenizer ends in ByteLevel: BPE reads bytes through byte_id
+    // the post-processor's ids before and after the text (add_special), or the type it does not support
+    int32_t *post_pre, *post_suf;
+    int n_post_pre, n_post_suf;
+    char post_bad[64];
 };
 
 // tok_bytes.c: GPT-2's byte <-> character table (byte b maps to code point byte_char[b]).

@@ -214,6 +214,82 @@ static void load_decoder(Tokenizer *t, const cJSON *o) {
             ty);
 }
 
+static void ids_add(int32_t **v, int *n, int32_t id) {
+    *v = xrealloc(*v, (size_t)(*n + 1) * sizeof **v);
+    (*v)[(*n)++] = id;
+}
+
+static void check_post_id(const Tokenizer *t, const cJSON *id, const char *who) {
+    if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= t->vocab_size ||
+        id->valuedouble != id->valueint)
+        BAD(t, "post-processor %s: a token id outside the vocabulary", who);
+}
+
+// TemplateProcessing's single template: the special tokens' ids before and after $A, into pre / suf.
+static void load_template(Tokenizer *t, const cJSON *o, int32_t **pre, int *npre, int32_t **suf, int *nsuf) {
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(o, "single"), *e;
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(o, "special_tokens");
+    if (!cJSON_IsArray(single)) BAD(t, "post-processor TemplateProcessing: \"single\" must be a list");
+    int after = 0;
+    cJSON_ArrayForEach(e, single) {
+        if (cJSON_GetObjectItemCaseSensitive(e, "Sequence")) {
+            if (after) BAD(t, "post-processor TemplateProcessing: the single template holds $A twice");
+            after = 1;
+            continue;
+        }
+        const char *name =
+            jstr(t, cJSON_GetObjectItemCaseSensitive(e, "SpecialToken"), "id", "TemplateProcessing");
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(specials, name),
+                                                            "ids"),
+                    *id;
+        if (!cJSON_IsArray(ids))
+            BAD(t, "post-processor TemplateProcessing: no ids for the special token '%s'", name);
+        cJSON_ArrayForEach(id, ids) {
+            check_post_id(t, id, "TemplateProcessing");
+            if (after) ids_add(suf, nsuf, id->valueint);
+            else ids_add(pre, npre, id->valueint);
+        }
+    }
+    if (!after) BAD(t, "post-processor TemplateProcessing: the single template has no $A");
+}
+
+// The post-processor (applied only with add_special): t->post_pre / post_suf, or the name of one that is
+// not supported in t->post_bad. A Sequence applies its processors in order, each around the last's result.
+static void load_post(Tokenizer *t, const cJSON *o) {
+    if (!o || cJSON_IsNull(o)) return;
+    const char *ty = jtype(t, o, "post_processor");
+    int32_t *pre = NULL, *suf = NULL;
+    int npre = 0, nsuf = 0;
+    if (!strcmp(ty, "Sequence")) {
+        const cJSON *e, *list = cJSON_GetObjectItemCaseSensitive(o, "processors");
+        if (!cJSON_IsArray(list)) BAD(t, "post-processor Sequence: \"processors\" must be a list");
+        cJSON_ArrayForEach(e, list) load_post(t, e);
+        return;
+    } else if (!strcmp(ty, "ByteLevel")) {
+        return; // offsets only
+    } else if (!strcmp(ty, "TemplateProcessing")) {
+        load_template(t, o, &pre, &npre, &suf, &nsuf);
+    } else if (!strcmp(ty, "RobertaProcessing") || !strcmp(ty, "BertProcessing")) {
+        const cJSON *cls = cJSON_GetObjectItemCaseSensitive(o, "cls"),
+                    *sep = cJSON_GetObjectItemCaseSensitive(o, "sep");
+        if (!cJSON_IsArray(cls) || !cJSON_IsArray(sep))
+            BAD(t, "post-processor %s: \"cls\" and \"sep\" must be [token, id]", ty);
+        check_post_id(t, cJSON_GetArrayItem(cls, 1), ty);
+        check_post_id(t, cJSON_GetArrayItem(sep, 1), ty);
+        ids_add(&pre, &npre, cJSON_GetArrayItem(cls, 1)->valueint);
+        ids_add(&suf, &nsuf, cJSON_GetArrayItem(sep, 1)->valueint);
+    } else {
+        snprintf(t->post_bad, sizeof t->post_bad, "%s", ty);
+        return;
+    }
+    for (int i = 0; i < t->n_post_pre; i++) ids_add(&pre, &npre, t->post_pre[i]); // this one's go outside
+    for (int i = 0; i < nsuf; i++) ids_add(&t->post_suf, &t->n_post_suf, suf[i]);
+    free(t->post_pre);
+    t->post_pre = pre;
+    t->n_post_pre = npre;
+    free(suf);
+}
+
 // Vocabulary: {"token": id, ...}; ids unique and non-negative.
 static void load_vocab(Tokenizer *t, const cJSON *vocab) {
     if (!cJSON_IsObject(vocab)) BAD(t, "model: \"vocab\" must be an object of token -> id");
@@ -361,6 +437,7 @@ Tokenizer *tok_load(const char *path) {
     load_normalizer(t, cJSON_GetObjectItemCaseSensitive(j, "normalizer"));
     load_pretok(t, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"));
     load_decoder(t, cJSON_GetObjectItemCaseSensitive(j, "decoder"));
+    load_post(t, cJSON_GetObjectItemCaseSensitive(j, "post_processor"));
     cJSON_Delete(j);
     return t;
 }
@@ -383,6 +460,8 @@ void tok_free(Tokenizer *t) {
     for (int i = 0; i < t->n_added; i++) free(t->added[i].s);
     free(t->added);
     free(t->added_of_id);
+    free(t->post_pre);
+    free(t->post_suf);
     free_steps(t->norm, t->n_norm);
     free_steps(t->pre, t->n_pre);
     free_steps(t->dec, t->n_dec);

@@ -18,8 +18,11 @@ int tok_token_id(const Tokenizer *t, const char *content); // an added token's o
 
 // The token ids of len bytes of text into (*ids)[0..] (capacity *cap, grown with xrealloc); returns their
 // count. Bytes that are not UTF-8 are read as U+FFFD, one per maximal invalid subpart (as
-// Python's bytes.decode(errors="replace")). No post-processor template (BOS/EOS) is applied.
-size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *cap);
+// Python's bytes.decode(errors="replace")). add_special: the post-processor's tokens around them too
+// (TemplateProcessing's single template, Roberta/BertProcessing's cls and sep; the tokenizers library's
+// add_special_tokens=True); dies naming a post-processor that is not supported.
+size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids,
+                  size_t *cap);
 
 // The text of n ids (malloc'd, NUL-terminated; *len its byte count); skip_special drops the added tokens
 // flagged special. Dies naming an id outside the vocabulary.

@@ -78,7 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     if (!t) t = make();
     int32_t *ids = NULL;
     size_t cap = 0, len;
-    size_t k = tok_encode(t, (const char *)data, n, &ids, &cap);
+    size_t k = tok_encode(t, (const char *)data, n, 0, &ids, &cap);
     for (size_t i = 0; i < k; i++)
         if (ids[i] < 0 || ids[i] >= tok_vocab_size(t)) abort();
     char *text = tok_decode(t, ids, k, 0, &len);
