@@ -37,7 +37,10 @@ static int eos_named(const Tokenizer *t, const char *dir, const char *file, cons
     return id;
 }
 
-int prep_find_eos(const Tokenizer *t, const char *path, const char **from) {
+// The EOS token's id beside the tokenizer at path (a directory or a file in one), found as transformers
+// finds it: tokenizer_config.json's "eos_token", special_tokens_map.json's, or config.json's
+// "eos_token_id"; *from names the file (static text). -1 when none of them names one.
+static int find_eos(const Tokenizer *t, const char *path, const char **from) {
     char dir[1024];
     if (dir_exists(path)) snprintf(dir, sizeof dir, "%s", path);
     else path_parent(dir, sizeof dir, path);
@@ -248,7 +251,7 @@ void prep_run(const PrepOptions *o) {
     p->t = t;
     p->vocab = tok_vocab_size(t);
     const char *from = "--eos";
-    p->eos = *o->eos ? tok_token_id(t, o->eos) : prep_find_eos(t, o->tokenizer, &from);
+    p->eos = *o->eos ? tok_token_id(t, o->eos) : find_eos(t, o->tokenizer, &from);
     if (*o->eos && p->eos < 0) DIE("prep: --eos '%s' is not a token of the tokenizer", o->eos);
     if (p->eos < 0)
         DIE("prep: no EOS token beside the tokenizer '%s' (tokenizer_config.json, special_tokens_map.json, "

@@ -18,9 +18,3 @@ typedef struct {
 // Dies with one message naming the problem (an unreadable or truncated input, a JSON line without the
 // field, no EOS, --out already there); then no --out directory is left behind.
 void prep_run(const PrepOptions *o);
-
-// The EOS token's id beside the tokenizer at path (a directory or a file in one), found as transformers
-// finds it: tokenizer_config.json's "eos_token", special_tokens_map.json's, or config.json's
-// "eos_token_id"; *from names the file (static text). -1 when none of them names one.
-struct Tokenizer;
-int prep_find_eos(const struct Tokenizer *t, const char *path, const char **from);

@@ -34,7 +34,7 @@ void merges_build(Tokenizer *t, size_t n) {
     t->mmask = cap - 1;
 }
 
-int merge_find(const Tokenizer *t, int32_t a, int32_t b, int32_t *new_id) {
+static int merge_find(const Tokenizer *t, int32_t a, int32_t b, int32_t *new_id) {
     uint64_t k = pair_key(a, b);
     for (size_t h = key_slot(k) & t->mmask;; h = (h + 1) & t->mmask) {
         if (t->mrank[h] < 0) return -1;

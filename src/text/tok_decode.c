@@ -148,7 +148,7 @@ static void dec_step(const Step *st, const List *in, List *o) {
     }
 }
 
-void decode_into(const Tokenizer *t, const int32_t *ids, size_t n, int skip_special, Buf *out) {
+static void decode_into(const Tokenizer *t, const int32_t *ids, size_t n, int skip_special, Buf *out) {
     List a = {0}, b = {0};
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];

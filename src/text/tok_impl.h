@@ -101,19 +101,12 @@ struct Tokenizer {
     char post_bad[64];
 };
 
-// tok_bytes.c: GPT-2's byte <-> character table (byte b maps to code point byte_char[b]).
+// tok_util.c: GPT-2's byte <-> character table (byte b maps to code point byte_char[b]).
 extern uint32_t byte_char[256];
 void byte_table_init(void);
 int char_byte(uint32_t cp); // the byte a mapped character stands for, or -1
 
 // tok_bpe.c
 void merges_build(Tokenizer *t, size_t n);
-int merge_find(const Tokenizer *t, int32_t a, int32_t b, int32_t *new_id); // rank, or -1
 // BPE of one pre-token (bytes s[0..n), byte-level when t->byte_level) appended to *ids.
 void bpe_word(const Tokenizer *t, const char *s, size_t n, int32_t **ids, size_t *cnt, size_t *cap);
-
-// tok_load.c helpers used by the steps
-pcre2_code *regex_compile(const Tokenizer *t, const char *pattern, const char *who);
-
-// tok_decode.c
-void decode_into(const Tokenizer *t, const int32_t *ids, size_t n, int skip_special, Buf *out);

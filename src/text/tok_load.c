@@ -28,7 +28,7 @@ static const char *jtype(const Tokenizer *t, const cJSON *o, const char *who) {
     return jstr(t, o, "type", who);
 }
 
-pcre2_code *regex_compile(const Tokenizer *t, const char *pattern, const char *who) {
+static pcre2_code *regex_compile(const Tokenizer *t, const char *pattern, const char *who) {
     int err;
     PCRE2_SIZE at;
     pcre2_code *re =
