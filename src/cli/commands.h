@@ -9,3 +9,5 @@ int cmd_sample(State *s);
 int cmd_eval(State *s);
 int cmd_info(State *s);
 int cmd_export(State *s);
+int cmd_tokenize(State *s);
+int cmd_prep(State *s);

@@ -214,6 +214,33 @@ const Opt opts[] = {
      "--tp/--ep/--etp/--pp alone the smallest world that holds them)"},
     {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
     {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
+    // tokenize
+    {"tokenizer", O_STR, CO(tokenizer), C_TOKENIZE | C_PREP,
+     "a Hugging Face tokenizer.json, or a directory holding one (required; no default)"},
+    {"in", O_STR, CO(in), C_TOKENIZE,
+     "the input: text to encode, or --decode: token ids separated by white space (default: standard input)"},
+    {"decode", O_FLAG, CO(decode), C_TOKENIZE, "decode ids to text instead of encoding text"},
+    {"skip-special", O_FLAG, CO(skip_special), C_TOKENIZE, "--decode: leave out the special added tokens"},
+    {"add-special", O_FLAG, CO(add_special), C_TOKENIZE | C_PREP,
+     "encode with the post-processor's special tokens (e.g. a BOS; tokenizers' add_special_tokens=True)"},
+    {"stream", O_FLAG, CO(stream), C_TOKENIZE,
+     "--decode: through the streaming decoder, one id at a time (each piece written as it completes)"},
+    // prep
+    {"in", O_PATHS, CO(inputs), C_PREP,
+     "input files: plain text (a document each, or --lines), JSON lines (.jsonl/.json/.ndjson), any of them "
+     "gzip'd (.gz) (required; no default)"},
+    {"out", O_STR, TO(out), C_PREP,
+     "the directory to create for the shards, train_NNNNNN.bin and val_NNNNNN.bin (required; no default; it "
+     "must "
+     "not exist)"},
+    {"field", O_STR, CO(field), C_PREP, "the text field of each JSON line"},
+    {"lines", O_FLAG, CO(lines), C_PREP, "plain text: each non-empty line is a document"},
+    {"val-docs", O_INT, CO(val_docs), C_PREP, "the first N documents are held out (val_*.bin)"},
+    {"shard-tokens", O_INT, CO(shard_tokens), C_PREP, "tokens per shard file at most"},
+    {"eos", O_STR, CO(eos), C_PREP,
+     "the end-of-document token's text (default: tokenizer_config.json's eos_token, "
+     "special_tokens_map.json's, "
+     "or config.json's eos_token_id, beside the tokenizer)"},
 };
 _Static_assert(sizeof opts / sizeof opts[0] == N_OPTS, "N_OPTS (cli/options.h) is the length of opts");
 

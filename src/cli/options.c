@@ -13,11 +13,13 @@
 #include "core/common.h"
 
 const char *cmd_name(int cmd) {
-    return cmd == C_TRAIN ? "train"
-        : cmd == C_SAMPLE ? "sample"
-        : cmd == C_EVAL   ? "eval"
-        : cmd == C_EXPORT ? "export"
-                          : "info";
+    return cmd == C_TRAIN   ? "train"
+        : cmd == C_SAMPLE   ? "sample"
+        : cmd == C_EVAL     ? "eval"
+        : cmd == C_EXPORT   ? "export"
+        : cmd == C_TOKENIZE ? "tokenize"
+        : cmd == C_PREP     ? "prep"
+                            : "info";
 }
 
 void *opt_ptr(State *s, const Opt *o) {
@@ -29,7 +31,8 @@ void *opt_ptr(State *s, const Opt *o) {
 
 // Options naming a file or directory: an empty value is a mistake, never "the default".
 int is_path_opt(const char *name) {
-    static const char *const paths[] = {"data", "val-data", "out", "ckpt", "config", "init-from", "dump"};
+    static const char *const paths[] = {"data",      "val-data", "out",       "ckpt", "config",
+                                        "init-from", "dump",     "tokenizer", "in"};
     for (size_t k = 0; k < sizeof paths / sizeof *paths; k++)
         if (!strcmp(name, paths[k])) return 1;
     return 0;
@@ -78,6 +81,17 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
                 DIE("%s --%s: value is too long (max %zu bytes)", from, o->name, o->size - 1);
             strcpy((char *)p, val);
             break;
+        case O_PATHS: { // appended: each word after the flag is one more path
+            size_t have = strlen((char *)p);
+            if (!*val) DIE("%s --%s: the path is empty", from, o->name);
+            if (strchr(val, '\n'))
+                DIE("%s --%s: a path with a newline in it is not supported", from, o->name);
+            if (have + 1 + strlen(val) >= o->size)
+                DIE("%s --%s: the paths are too long together (max %zu bytes)", from, o->name, o->size - 1);
+            if (have) strcat((char *)p, "\n");
+            strcat((char *)p, val);
+            break;
+        }
         case O_FLAG:
             if (!strcmp(val, "1") || !strcmp(val, "true")) *(int *)p = 1;
             else if (!strcmp(val, "0") || !strcmp(val, "false")) *(int *)p = 0;
@@ -197,7 +211,8 @@ void opt_text(char *buf, size_t n, const Opt *o, const void *p) {
     switch (o->type) {
         case O_FLOAT: snprintf(buf, n, "%.9g", *(const float *)p); break;
         case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
-        case O_STR: snprintf(buf, n, "%s", (const char *)p); break;
+        case O_STR:
+        case O_PATHS: snprintf(buf, n, "%s", (const char *)p); break;
         case O_FLAG: snprintf(buf, n, "%s", v ? "true" : "false"); break;
         default: snprintf(buf, n, "%d", v); break;
     }
@@ -212,6 +227,8 @@ void state_defaults(State *s) {
     s->cli.temperature = 0.8f;
     s->cli.top_p = 1.0f;
     s->cli.kv_cache = 1;
+    snprintf(s->cli.field, sizeof s->cli.field, "text");
+    s->cli.shard_tokens = 100000000; // llm.c's shard size
 }
 
 // An option's --help text: "{presets}" in it stands for the names of the preset table (core/config.c).
@@ -233,7 +250,9 @@ void usage(FILE *f, int cmd) {
                 "  eval     validation loss of a checkpoint (per kind of line on the embedded corpus)\n"
                 "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n"
                 "  export   write a checkpoint as a Hugging Face model directory (of the family it was "
-                "trained as)\n");
+                "trained as)\n"
+                "  tokenize token ids of a text with a Hugging Face tokenizer.json, or text of ids\n"
+                "  prep     text or JSON lines (.gz too) -> llm.c token shards, with a tokenizer.json\n");
         return;
     }
     static State d; // the defaults, shown per option
@@ -247,6 +266,7 @@ void usage(FILE *f, int cmd) {
         const WordSet *ws = word_set(o->type);
         const char *arg = o->type == O_FLAG ? ""
             : o->type == O_STR              ? "S"
+            : o->type == O_PATHS            ? "S [S ...]"
             : o->type == O_FLOAT            ? "X"
             : ws                            ? ws->usage
                                             : "N";
@@ -311,6 +331,8 @@ void parse(State *s, int cmd, int argc, char **argv) {
             continue;
         }
         set_opt(s, i, val, cmd_name(cmd));
+        while (opts[i].type == O_PATHS && !eq && a + 1 < argc && strncmp(argv[a + 1], "--", 2) != 0)
+            set_opt(s, i, argv[++a], cmd_name(cmd));
     }
     // head_dim follows d_model / n_heads unless given (a preset's own head_dim, e.g. qwen3-moe-30b-a3b's
     // 128 with d / H = 64, stays unless d_model or n_heads is changed)
@@ -330,7 +352,8 @@ void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
     switch (o->type) {
         case O_FLOAT: snprintf(buf, n, "%g", *(const float *)p); break;
         case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
-        case O_STR: snprintf(buf, n, "'%s'", (const char *)p); break;
+        case O_STR:
+        case O_PATHS: snprintf(buf, n, "'%s'", (const char *)p); break;
         case O_DISPATCH:
             snprintf(buf, n, "%s", *(const DispatchMode *)p == DISPATCH_CAPACITY ? "capacity" : "dropless");
             break;

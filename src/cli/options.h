@@ -8,7 +8,7 @@
 #include "core/config.h"
 #include "train/options.h"
 
-enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16 };
+enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_TOKENIZE = 32, C_PREP = 64 };
 typedef enum {
     O_INT,
     O_FLOAT,
@@ -30,7 +30,8 @@ typedef enum {
     O_PRECISION,
     O_ROUNDING,
     O_GRADMEM,
-    O_GPUCOMM
+    O_GPUCOMM,
+    O_PATHS // one or more paths: the words after the flag up to the next --option, kept '\n'-separated
 } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
 
@@ -44,6 +45,14 @@ typedef struct {
     float temperature;
     int top_k, window, kv_cache; // sample
     float top_p;
+    // tokenize: the tokenizer (directory or tokenizer.json), the input file; ids -> text, without the
+    // special tokens, through the stream decoder; the post-processor's tokens (tokenize, prep)
+    char tokenizer[1024], in[1024];
+    int decode, skip_special, stream, add_special;
+    // prep: the input files ('\n'-separated), the JSON lines' text field, the EOS token's text, one
+    // document per line, the documents held out, the tokens per shard
+    char inputs[16384], field[128], eos[256];
+    int lines, val_docs, shard_tokens;
 } CliOptions;
 
 typedef struct {
@@ -58,7 +67,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 107 };
+enum { N_OPTS = 120 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

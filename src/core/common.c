@@ -243,15 +243,50 @@ char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
-// The first key that appears twice in one object of j (anywhere in the tree), or NULL.
+typedef struct {
+    const char *key;
+    int at;
+} KeyAt;
+static int key_at_cmp(const void *x, const void *y) {
+    const KeyAt *a = x, *b = y;
+    int c = strcmp(a->key, b->key);
+    return c ? c : (a->at > b->at) - (a->at < b->at);
+}
+
+// The first key that appears twice in one object of j (anywhere in the tree), or NULL: the children in
+// order, each first checked for a later namesake, then searched inside. A large object's keys are
+// sorted once (a tokenizer.json's vocabulary has 10^5 keys: comparing every pair took a minute).
 static const char *json_dup_key(const cJSON *j) {
-    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) {
-        if (cJSON_IsObject(j) && a->string)
+    int n = 0;
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next) n++;
+    char *twice = NULL; // twice[i]: child i's key appears again after it
+    if (cJSON_IsObject(j) && n > 32) {
+        KeyAt *k = xmalloc((size_t)n * sizeof *k);
+        int m = 0;
+        for (const cJSON *a = j->child; a; a = a->next, m++) k[m] = (KeyAt){a->string ? a->string : "", m};
+        qsort(k, (size_t)n, sizeof *k, key_at_cmp);
+        twice = xcalloc((size_t)n, 1);
+        for (int i = 0; i + 1 < n; i++)
+            if (!strcmp(k[i].key, k[i + 1].key) && (i == 0 || strcmp(k[i - 1].key, k[i].key)))
+                twice[k[i].at] = 1;
+        free(k);
+    }
+    int i = 0;
+    for (const cJSON *a = j ? j->child : NULL; a; a = a->next, i++) {
+        if (twice && twice[i] && a->string) {
+            free(twice);
+            return a->string;
+        }
+        if (!twice && cJSON_IsObject(j) && a->string)
             for (const cJSON *b = a->next; b; b = b->next)
                 if (b->string && strcmp(a->string, b->string) == 0) return a->string;
         const char *d = json_dup_key(a);
-        if (d) return d;
+        if (d) {
+            free(twice);
+            return d;
+        }
     }
+    free(twice);
     return NULL;
 }
 

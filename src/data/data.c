@@ -207,6 +207,31 @@ static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
     return (size_t)n;
 }
 
+void data_write_shard(const char *path, const int32_t *tokens, size_t n, int vocab_size) {
+    const uint16_t one = 1;
+    CHECK(*(const uint8_t *)&one == 1, "llm.c shards are little-endian; this host is not");
+    CHECK(n <= (size_t)INT32_MAX, "shard '%s': %zu tokens do not fit the header's int32 count", path, n);
+    int wide = vocab_size > 65536;
+    int32_t hdr[SHARD_HEADER_INTS] = {wide ? SHARD32_MAGIC : SHARD_MAGIC,
+                                      wide ? SHARD32_VERSION : SHARD_VERSION, (int32_t)n};
+    FILE *f = xfopen(path, "wb");
+    xfwrite(hdr, sizeof hdr, 1, f, path);
+    enum { CHUNK = 1 << 16 };
+    static _Thread_local uint32_t buf[CHUNK];
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
+        for (size_t k = 0; k < m; k++) {
+            int32_t v = tokens[i + k];
+            CHECK(v >= 0 && v < vocab_size, "shard '%s': token %d is outside the vocabulary (%d)", path, v,
+                  vocab_size);
+            if (wide) buf[k] = (uint32_t)v;
+            else ((uint16_t *)buf)[k] = (uint16_t)v;
+        }
+        xfwrite(buf, wide ? 4 : 2, m, f, path);
+    }
+    xfclose(f, path);
+}
+
 static void load_shards(Dataset *ds, const char *pattern) {
     const uint16_t one = 1;
     CHECK(*(const uint8_t *)&one == 1, "llm.c shards are little-endian; this host is not");

@@ -68,6 +68,10 @@ void data_open(Dataset *ds, const char *path, uint64_t seed, int T); // the defa
 int data_val_frac_holds(double f);
 void data_open_split(Dataset *ds, const char *path, const char *val_path, double val_frac, uint64_t seed,
                      int T);
+// Write n tokens (each in [0, vocab_size)) as an llm.c shard at path, in the form data_open reads: uint16
+// tokens (magic 20240520, version 1) when vocab_size <= 65536, else uint32 (magic 20240801, version 7).
+// Dies naming the path on a write error or a token outside the vocabulary.
+void data_write_shard(const char *path, const int32_t *tokens, size_t n, int vocab_size);
 // One line describing the split ("held out: the last 10% (111540 tokens)", ...) into buf.
 void data_split_desc(const Dataset *ds, char *buf, size_t n);
 void data_close(Dataset *ds);
