@@ -98,6 +98,8 @@ int cmd_train(State *s, int argc, char **argv) {
         DIE("--upcycle %d: it turns a dense model's MLPs into experts; pass the dense model with --init-from "
             "DIR",
             s->train.upcycle);
+    if (s->train.data_changed && !s->train.resume)
+        DIE("--data-changed: it lets a --resume continue on changed data; this command does not resume");
     int targc = argc;
     char **targv = argv; // (the command line as given, for the record: MPI may rewrite argv)
     Comm *world = comm_world_init(&argc, &argv);

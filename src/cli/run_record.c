@@ -141,7 +141,8 @@ char *record_build(State *s, const cJSON *prev, cJSON *overrides, int argc, char
     for (int i = 0; i < N_OPTS; i++) {
         const Opt *op = &opts[i];
         if (!(op->cmds & C_TRAIN) || !strcmp(op->name, "preset") || !strcmp(op->name, "config") ||
-            !strcmp(op->name, "resume") || !strcmp(op->name, "force") || !strcmp(op->name, "init-from"))
+            !strcmp(op->name, "resume") || !strcmp(op->name, "force") || !strcmp(op->name, "init-from") ||
+            !strcmp(op->name, "data-changed"))
             continue;
         const cJSON *pv = po ? cJSON_GetObjectItem(po, op->name) : NULL;
         char v[1100];

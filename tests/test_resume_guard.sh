@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# test_resume_guard.sh — a --resume that would silently continue on something else than the run it
+# continues is refused by name (issue 42, "silent wrong behaviour"): the training data (or --val-data)
+# changed since the run was saved (run.json records each one's token count and hash), and a
+# --precision bf16 run resumed with --precision mixed. Each refusal is one "moe: error:" line and leaves
+# the run byte for byte as it was; each has its control (the way to continue that the message names).
+set -u
+. "$(dirname "$0")/lib.sh"
+
+small_fixture
+text_bytes 6000 1 >a.txt
+text_bytes 3000 2 >v.txt
+R=("$MOE" train "${SMALL[@]}" "${MODEL[@]}")
+
+echo "-- the data changed between save and resume"
+run_ok "fixture: a run on a.txt, checkpoint at step 2" "${R[@]}" --data a.txt --steps 2 --out run
+check "run.json records the data's token count" grep -q '"tokens":[[:space:]]*6000' run/run.json
+cp -a a.txt a0.txt
+GUARD="$W/run"
+run_ok "control: the same data resumes" "${R[@]}" --steps 3 --out run --resume
+text_bytes 6000 3 >a.txt # the same size, other bytes
+run_fail "the training data (--data) changed since the run was saved: $W/a.txt" "${R[@]}" --steps 4 --out run --resume
+check "the message gives both fingerprints" grep -q "run.json: 6000 tokens, hash [0-9a-f]*; now 6000 tokens, hash" "$ERR_FILE"
+run_fail "pass --data-changed" "${R[@]}" --data a.txt --steps 4 --out run --resume
+text_bytes 6001 1 >a.txt # one byte appended
+run_fail "now 6001 tokens" "${R[@]}" --steps 4 --out run --resume
+GUARD=""
+run_ok "--data-changed continues on the new data" "${R[@]}" --steps 4 --out run --resume --data-changed
+check "... and run.json records the new data" grep -q '"tokens":[[:space:]]*6001' run/run.json
+run_ok "... after which a plain --resume continues" "${R[@]}" --steps 5 --out run --resume
+run_ok "another --data named on resume (an override, printed) continues" \
+  "${R[@]}" --data a0.txt --steps 6 --out run --resume
+check "... printed as an override" grep -q -- "--data $W/a0.txt overrides the run's" "$OUT_FILE"
+
+run_fail "--data-changed: it lets a --resume continue on changed data" "${R[@]}" --steps 2 --out fresh --data-changed
+
+echo "-- --val-data changed"
+run_ok "fixture: a run with --val-data" "${R[@]}" --data a0.txt --val-data v.txt --steps 2 --out rv
+text_bytes 3000 4 >v.txt
+GUARD="$W/rv"
+run_fail "the validation data (--val-data) changed since the run was saved: $W/v.txt" \
+  "${R[@]}" --steps 3 --out rv --resume
+GUARD=""
+
+echo "-- the embedded corpus (no --data) resumes as before"
+run_ok "fixture: a run on the embedded corpus" "${R[@]}" --steps 2 --out rs
+run_ok "... resumed" "${R[@]}" --steps 3 --out rs --resume
+
+finish
