@@ -46,4 +46,36 @@ echo "-- the embedded corpus (no --data) resumes as before"
 run_ok "fixture: a run on the embedded corpus" "${R[@]}" --steps 2 --out rs
 run_ok "... resumed" "${R[@]}" --steps 3 --out rs --resume
 
+echo "-- a resume under mpirun that names no mesh option"
+mpi_tests
+# mpi_refuse PHRASE CMD...: a non-zero exit that is no crash or timeout, "moe: error: ...PHRASE" (each
+# rank may print it), and every path in $GUARD unchanged
+mpi_refuse() {
+  local phrase="$1"; shift
+  local before; before=$(tree_hash "$GUARD")
+  "$@" >"$OUT_FILE" 2>&1 </dev/null
+  local rc=$?
+  if [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -qF -- "moe: error: " "$OUT_FILE" && grep -qF -- "$phrase" "$OUT_FILE" &&
+    [ "$(tree_hash "$GUARD")" = "$before" ]; then
+    pass "'$phrase' <- ${*:4}"
+  else
+    fail "expected '$phrase' (exit $rc; run unchanged: $([ "$(tree_hash "$GUARD")" = "$before" ] && echo yes || echo no)): $*"
+    tail -n 5 "$OUT_FILE" | sed 's/^/    | /'
+  fi
+}
+run_ok "fixture: a run on 2 ranks with --ep 2" $MPI -np 2 "${R[@]}" --ep 2 --steps 2 --out rm
+GUARD="$W/rm"
+mpi_refuse "names no mesh option, so it would train on the default layout (--ep 1), not the run's" \
+  $MPI -np 2 "${R[@]}" --steps 3 --out rm --resume
+mpi_refuse "pass --ep 2 to continue on the run's mesh" $MPI -np 2 "${R[@]}" --steps 3 --out rm --resume
+GUARD=""
+run_ok "resumed with the run's mesh (--ep 2)" $MPI -np 2 "${R[@]}" --ep 2 --steps 3 --out rm --resume </dev/null
+run_ok "resharded onto a mesh the command names (--zero 1, data parallel)" \
+  $MPI -np 2 "${R[@]}" --zero 1 --steps 4 --out rm --resume </dev/null
+run_ok "a data-parallel run resumes on 2 ranks without mesh flags" \
+  $MPI -np 2 "${R[@]}" --steps 2 --out rd </dev/null
+run_ok "... (its layout is the default one)" $MPI -np 2 "${R[@]}" --steps 3 --out rd --resume </dev/null
+run_ok "one process resumes a mesh run without mesh flags (its only layout)" \
+  "${R[@]}" --steps 5 --out rm --resume
+
 finish

@@ -106,6 +106,7 @@ int cmd_train(State *s, int argc, char **argv) {
     cJSON *overrides = NULL,
           *prev = s->train.resume ? resume_apply(s, comm_rank(world) == 0, &overrides) : NULL;
     if (!overrides) overrides = cJSON_CreateObject();
+    resume_check_mesh(s, prev, comm_size(world));
     if (opt_set(s, "bf16-rounding") &&
         s->train.precision != PREC_BF16) // (after --resume took the run's precision)
         DIE("--bf16-rounding rounds the weights of --precision bf16; this run's precision is mixed");

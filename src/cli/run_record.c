@@ -129,6 +129,35 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     return prev;
 }
 
+// The options that make the mesh's layout (run.json records them; a resume takes none of them back).
+static const char *const MESH_OPTS[] = {"tp", "ep", "etp", "pp", "vpp", "pp-schedule", "pp-layers", "zero"};
+enum { N_MESH_OPTS = sizeof MESH_OPTS / sizeof *MESH_OPTS };
+
+void resume_check_mesh(State *s, const cJSON *prev, int world_size) {
+    if (!prev || world_size == 1) return; // (one process: its one layout; an older moe's run)
+    const cJSON *rec = cJSON_GetObjectItem(prev, "options");
+    char differ[1024] = "", flags[1024] = "";
+    for (int k = 0; k < N_MESH_OPTS; k++)
+        if (opt_set(s, MESH_OPTS[k])) return; // a mesh named: resharding onto it is allowed
+    for (int k = 0; k < N_MESH_OPTS; k++) {
+        int i = find_opt(MESH_OPTS[k], C_TRAIN);
+        const cJSON *v = cJSON_GetObjectItem(rec, MESH_OPTS[k]);
+        char now[1100];
+        opt_text(now, sizeof now, &opts[i], opt_ptr(s, &opts[i]));
+        if (!cJSON_IsString(v) || !strcmp(now, v->valuestring)) continue;
+        size_t l = strlen(differ), f = strlen(flags);
+        snprintf(differ + l, sizeof differ - l, "%s--%s %s", l ? ", " : "", MESH_OPTS[k],
+                 now[0] ? now : "''");
+        snprintf(flags + f, sizeof flags - f, " --%s %s", MESH_OPTS[k],
+                 v->valuestring[0] ? v->valuestring : "''");
+    }
+    if (differ[0])
+        DIE("--resume on %d processes names no mesh option, so it would train on the default layout (%s), "
+            "not "
+            "the run's (%s/%s): pass%s to continue on the run's mesh, or name the mesh to reshard onto",
+            world_size, differ, s->train.out, RUN_RECORD, flags);
+}
+
 // The run record: the resolved options (as text set_opt reads back), the command line that started
 // the run, and each resume's command line and overrides. On a resume the model options are the
 // previous record's (the checkpoint's config holds the model; the flags may not change it).
