@@ -46,6 +46,21 @@ echo "-- the embedded corpus (no --data) resumes as before"
 run_ok "fixture: a run on the embedded corpus" "${R[@]}" --steps 2 --out rs
 run_ok "... resumed" "${R[@]}" --steps 3 --out rs --resume
 
+echo "-- a --precision bf16 run resumed with --precision mixed"
+run_ok "fixture: a bf16 run (rounding nearest, float32 expert gradients)" \
+  "${R[@]}" --precision bf16 --bf16-rounding nearest --bf16-grads 0 --steps 2 --out rb
+run_ok "resumed with --precision mixed (the run's --bf16-rounding does not block it)" \
+  "${R[@]}" --precision mixed --steps 3 --out rb --resume
+check "... the conversion is noted" grep -q "continuing with --precision mixed (its bf16 values as float32)" "$OUT_FILE"
+check "... the bf16-only options are not listed as the run's" bash -c "! grep -q -- '--bf16-rounding' $OUT_FILE"
+run_ok "resumed with --precision bf16 again" "${R[@]}" --precision bf16 --steps 4 --out rb --resume
+check "... takes the run's --bf16-rounding nearest and --bf16-grads 0 back" \
+  grep -q -- "the run's options.*--bf16-rounding nearest --bf16-grads 0" "$OUT_FILE"
+GUARD="$W/rb"
+run_fail "--bf16-rounding rounds the weights of --precision bf16; this run's precision is mixed" \
+  "${R[@]}" --precision mixed --bf16-rounding nearest --steps 5 --out rb --resume
+GUARD=""
+
 echo "-- a resume under mpirun that names no mesh option"
 mpi_tests
 # mpi_refuse PHRASE CMD...: a non-zero exit that is no crash or timeout, "moe: error: ...PHRASE" (each

@@ -89,6 +89,11 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     }
     cJSON *rec = cJSON_GetObjectItem(prev, "options");
     char applied[4096] = "";
+    // a bf16 run resumed with --precision mixed (a documented conversion: the trainer notes it): its
+    // bf16-only options are kept for the record but not as given (cmd_train refuses those with mixed)
+    const cJSON *rp = cJSON_GetObjectItem(rec, "precision");
+    int bf16 = opt_set(s, "precision") ? s->train.precision == PREC_BF16
+                                       : cJSON_IsString(rp) && !strcmp(rp->valuestring, "bf16");
     for (int i = 0; i < N_OPTS; i++) {
         const Opt *o = &opts[i];
         cJSON *v = cJSON_GetObjectItem(rec, o->name);
@@ -121,6 +126,10 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
         char who[1200];
         snprintf(who, sizeof who, "%s/%s:", s->train.out, RUN_RECORD);
         set_recorded(s, i, was, who);
+        if (!bf16 && (!strcmp(o->name, "bf16-rounding") || !strcmp(o->name, "bf16-grads"))) {
+            s->set[i] = 0; // (inert under mixed precision; a later bf16 resume takes it back)
+            continue;
+        }
         size_t l = strlen(applied);
         snprintf(applied + l, sizeof applied - l, " --%s %s", o->name, was[0] ? was : "''");
     }
