@@ -23,4 +23,17 @@ check "... has no such note" bash -c "! grep -q 'embedded synthetic corpus' $ERR
 run_ok "eval of the run (its run.json names the data)" "$MOE" eval --ckpt run "${EVAL[@]}"
 check "... has no such note" bash -c "! grep -q 'embedded synthetic corpus' $ERR_FILE"
 
+echo "-- moe export --out into a directory that does not exist yet"
+run_ok "export --out new/deeper/x creates new/ and new/deeper/" "$MOE" export --ckpt run --out new/deeper/x
+check "... a Hugging Face directory there" test -f new/deeper/x/model.safetensors -a -f new/deeper/x/config.json
+check "... and nothing else beside it" test "$(ls new/deeper)" = x
+GUARD="$W/new"
+run_fail "--out: 'new/deeper/x' already exists; pass --force to replace it" "$MOE" export --ckpt run --out new/deeper/x
+GUARD=""
+echo notadir >file
+GUARD="$W/file"
+run_fail "'file' exists and is not a directory" "$MOE" export --ckpt run --out file/x
+GUARD=""
+run_ok "control: --force replaces the export" "$MOE" export --ckpt run --out new/deeper/x --force
+
 finish
