@@ -36,4 +36,23 @@ run_fail "'file' exists and is not a directory" "$MOE" export --ckpt run --out f
 GUARD=""
 run_ok "control: --force replaces the export" "$MOE" export --ckpt run --out new/deeper/x --force
 
+echo "-- messages name enum values by their words"
+GUARD="$W/run"
+run_fail "--aux-form hf, the checkpoint's layer; drop --aux-form" \
+  "${R[@]}" --steps 3 --out run --resume --aux-form hf
+run_fail "--balance aux-free, the checkpoint's aux; drop --balance" \
+  "${R[@]}" --steps 3 --out run --resume --balance aux-free
+GUARD="$W/hf"
+run_fail "--init-from hf: --family olmoe contradicts its config.json (mixtral)" \
+  "${R[@]}" --init-from hf --family olmoe --steps 1 --out fromhf
+GUARD=""
+
+echo "-- --resume of a directory that holds no run"
+run_fail "--resume: no complete checkpoint in 'nothere': it does not exist (there is no run to continue" "${R[@]}" --steps 2 --out nothere --resume
+check "... no talk of an older moe" bash -c "! grep -q 'older moe' $OUT_FILE"
+check "... and nothing created" test ! -e nothere
+mkdir empty
+run_fail "--resume: no complete checkpoint in 'empty'" "${R[@]}" --steps 2 --out empty --resume
+check "... no talk of an older moe" bash -c "! grep -q 'older moe' $OUT_FILE"
+
 finish

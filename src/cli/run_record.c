@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "core/common.h"
 #include "io/checkpoint.h"
 
@@ -68,8 +69,13 @@ static void record_path(char *buf, size_t n, const char *v) {
 // Returns the previous record (NULL: none, a run of an older moe).
 cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     *overrides = cJSON_CreateObject();
+    if (!dir_exists(s->train.out))
+        DIE("--resume: no complete checkpoint in '%s': it %s (there is no run to continue; drop --resume to "
+            "start one there)",
+            s->train.out, access(s->train.out, F_OK) == 0 ? "is not a directory" : "does not exist");
     char latest[2048];
-    if (ckpt_find_latest(s->train.out, latest, sizeof latest) == 0) {
+    int found = ckpt_find_latest(s->train.out, latest, sizeof latest) == 0;
+    if (found) {
         ModelConfig saved;
         ckpt_load_config(latest, &saved);
         char a[64], b[64];
@@ -81,8 +87,8 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
                 latest, opts[i].name, a, b, opts[i].name);
     }
     cJSON *prev = run_record_read(s->train.out);
-    if (!prev) {
-        if (rank0)
+    if (!prev) { // (no checkpoint either: the trainer says so)
+        if (rank0 && found)
             printf("--resume: %s has no %s (a run of an older moe): the options are as given\n", s->train.out,
                    RUN_RECORD);
         return NULL;
