@@ -55,4 +55,18 @@ mkdir empty
 run_fail "--resume: no complete checkpoint in 'empty'" "${R[@]}" --steps 2 --out empty --resume
 check "... no talk of an older moe" bash -c "! grep -q 'older moe' $OUT_FILE"
 
+echo "-- limits"
+GUARD="$W/run"
+run_fail "--sample-tokens must be in 0..1048576 (SAMPLE_MAX_TOKENS; got 2147483647)" \
+  "${R[@]}" --sample-tokens 2147483647 --steps 3 --out run --resume
+# (control, without sampling a million tokens: the bound passes validation; the data is refused next)
+run_fail "cannot open shard file 'missing.bin'" "${R[@]}" --sample-tokens 1048576 --data missing.bin --steps 3 --out run --resume
+GUARD=""
+# moe info with the largest vocabulary: the LM head's activations alone are 4 bytes x 1024 tokens x
+# (2 x 4096 + 2147483647) = 8.0 TiB, so the activations shown must be at least that, and no figure negative
+run_ok "moe info --vocab-size 2147483647" "$MOE" info --vocab-size 2147483647 --d-model 4096
+check "... no negative figure" bash -c "! grep -qE '(^|[ (:])-[0-9]' $OUT_FILE"
+acts=$(sed -n 's/.*activations for batch 16 x 64: \([0-9.]*\) TiB.*/\1/p' "$OUT_FILE")
+check "... activations $acts TiB >= 8.0 TiB (the LM head's)" fcmp "${acts:-0}" ">=" 8.0
+
 finish

@@ -78,8 +78,8 @@ static int sample_window(const State *s, const char *ck, const ModelConfig *c, c
 int cmd_sample(State *s) {
     char ck[2048];
     pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
-    if (s->cli.tokens < 0 || s->cli.tokens > (1 << 20))
-        DIE("--tokens must be in 0..1048576 (got %d)", s->cli.tokens);
+    if (s->cli.tokens < 0 || s->cli.tokens > SAMPLE_MAX_TOKENS)
+        DIE("--tokens must be in 0..%d (got %d)", SAMPLE_MAX_TOKENS, s->cli.tokens);
     if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
     if (s->cli.top_k < 0) DIE("--top-k must be >= 0 (got %d)", s->cli.top_k);
     if (!(s->cli.top_p > 0 && s->cli.top_p <= 1)) DIE("--top-p must be in (0, 1] (got %g)", s->cli.top_p);
