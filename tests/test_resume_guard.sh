@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # test_resume_guard.sh — a --resume that would silently continue on something else than the run it
-# continues is refused by name (issue 42, "silent wrong behaviour"): the training data (or --val-data)
-# changed since the run was saved (run.json records each one's token count and hash), and a
-# --precision bf16 run resumed with --precision mixed. Each refusal is one "moe: error:" line and leaves
-# the run byte for byte as it was; each has its control (the way to continue that the message names).
+# continues is refused by name (issue 42, "silent wrong behaviour"), or, where the change is a documented
+# one, allowed: the training data (or --val-data) changed since the run was saved (run.json records each
+# one's path, token count and hash; --data-changed continues on purpose); a --precision bf16 run resumed
+# with --precision mixed (allowed: the run's bf16-only options no longer block it); a resume under
+# mpirun that names no mesh option while the run's mesh was not the default (refused with the flags to
+# pass; naming a mesh reshards). Each refusal leaves the run byte for byte as it was.
 set -u
 . "$(dirname "$0")/lib.sh"
 
