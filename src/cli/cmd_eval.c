@@ -19,8 +19,8 @@
 
 // The run's record beside a checkpoint of ours (its run directory's run.json): the options `moe eval`
 // takes from it unless given: T, the batch (the run's micro-batch), the data and its split, the
-// evaluation batches. from: where the values came from, for the output.
-static void eval_defaults(State *s, const char *ck, int hf, char *from, size_t n) {
+// evaluation batches. from: where the values came from, for the output. Returns 1 when a record was read.
+static int eval_defaults(State *s, const char *ck, int hf, char *from, size_t n) {
     char run[2100];
     path_parent(run, sizeof run, ck);
     cJSON *rec = hf ? NULL : run_record_read(run);
@@ -28,7 +28,7 @@ static void eval_defaults(State *s, const char *ck, int hf, char *from, size_t n
         snprintf(from, n, "%s; pass --seq-len, --batch and --data to match the training run",
                  hf ? "a Hugging Face model: the built-in defaults"
                     : "no run.json beside the checkpoint: the built-in defaults");
-        return;
+        return 0;
     }
     cJSON *o = cJSON_GetObjectItem(rec, "options");
     static const char *const names[] = {"seq-len", "data", "val-data", "val-frac", "eval-batches"};
@@ -49,6 +49,7 @@ static void eval_defaults(State *s, const char *ck, int hf, char *from, size_t n
     }
     snprintf(from, n, "the options not given are the run's: %s/%s", run, RUN_RECORD);
     cJSON_Delete(rec);
+    return 1;
 }
 
 // The sampling window: --window, else the training length the run recorded (run.json beside the
@@ -77,8 +78,8 @@ static int sample_window(const State *s, const char *ck, const ModelConfig *c, c
 int cmd_sample(State *s) {
     char ck[2048];
     pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
-    if (s->cli.tokens < 0 || s->cli.tokens > (1 << 20))
-        DIE("--tokens must be in 0..1048576 (got %d)", s->cli.tokens);
+    if (s->cli.tokens < 0 || s->cli.tokens > SAMPLE_MAX_TOKENS)
+        DIE("--tokens must be in 0..%d (got %d)", SAMPLE_MAX_TOKENS, s->cli.tokens);
     if (!(s->cli.temperature >= 0)) DIE("--temperature must be >= 0 (got %g)", s->cli.temperature);
     if (s->cli.top_k < 0) DIE("--top-k must be >= 0 (got %d)", s->cli.top_k);
     if (!(s->cli.top_p > 0 && s->cli.top_p <= 1)) DIE("--top-p must be in (0, 1] (got %g)", s->cli.top_p);
@@ -125,7 +126,7 @@ int cmd_eval(State *s) {
     pretrained_config(ck, &c);
     TrainState st;
     char from[2200];
-    eval_defaults(s, ck, hf, from, sizeof from);
+    int recorded = eval_defaults(s, ck, hf, from, sizeof from);
     int T = s->train.seq_len, B = s->train.batch;
     if (T < 1 || T > c.max_seq_len) DIE("--seq-len must be in 1..%d (got %d)", c.max_seq_len, T);
     if (B < 1) DIE("--batch must be >= 1 (got %d)", B);
@@ -143,6 +144,12 @@ int cmd_eval(State *s) {
     if (ds.max_token >= c.vocab_size)
         DIE("the data's vocabulary does not fit the model: token %d, vocab_size %d", ds.max_token,
             c.vocab_size);
+    if (!recorded && !s->train.data[0]) // (once nothing can fail; on stderr: stdout stays as it was)
+        fprintf(
+            stderr,
+            "moe: note: no --data: evaluating on the embedded synthetic corpus (byte tokens from --seed), "
+            "not on what %s was trained on; pass --data FILE for that\n",
+            ck);
     if (hf) printf("Hugging Face model %s, data %s\n", ck, ds.source);
     else printf("checkpoint %s (step %lld), data %s\n", ck, (long long)st.step, ds.source);
     char desc[600], note[300];

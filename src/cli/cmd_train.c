@@ -98,12 +98,15 @@ int cmd_train(State *s, int argc, char **argv) {
         DIE("--upcycle %d: it turns a dense model's MLPs into experts; pass the dense model with --init-from "
             "DIR",
             s->train.upcycle);
+    if (s->train.data_changed && !s->train.resume)
+        DIE("--data-changed: it lets a --resume continue on changed data; this command does not resume");
     int targc = argc;
     char **targv = argv; // (the command line as given, for the record: MPI may rewrite argv)
     Comm *world = comm_world_init(&argc, &argv);
     cJSON *overrides = NULL,
           *prev = s->train.resume ? resume_apply(s, comm_rank(world) == 0, &overrides) : NULL;
     if (!overrides) overrides = cJSON_CreateObject();
+    resume_check_mesh(s, prev, comm_size(world));
     if (opt_set(s, "bf16-rounding") &&
         s->train.precision != PREC_BF16) // (after --resume took the run's precision)
         DIE("--bf16-rounding rounds the weights of --precision bf16; this run's precision is mixed");

@@ -147,6 +147,9 @@ const Opt opts[] = {
      "a separate validation file (text or shards); then all of --data trains (default: none: --data's tail)"},
     {"val-data", O_STR, TO(val_data), C_EVAL, "a separate validation file (default: the run's; else none)"},
     {"resume", O_FLAG, TO(resume), C_TRAIN, "continue from the newest complete checkpoint in --out"},
+    {"data-changed", O_FLAG, TO(data_changed), C_TRAIN,
+     "--resume: continue although --data or --val-data differs from what the run trained on (run.json "
+     "records their token counts and hashes)"},
     // parallel layout
     {"tp", O_INT, TO(tp), C_TRAIN | C_INFO, "tensor parallel size (attention heads split)"},
     {"ep", O_INT, TO(ep), C_TRAIN | C_INFO, "expert parallel size (carved out of the data-parallel ranks)"},

@@ -349,14 +349,15 @@ int opt_set(const State *s, const char *name) { // (any command's entry of that 
 }
 
 void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
+    if (word_set(o->type)) { // an enum's value by its word (auto, all, ... where an integer may be given)
+        opt_text(buf, n, o, p);
+        return;
+    }
     switch (o->type) {
         case O_FLOAT: snprintf(buf, n, "%g", *(const float *)p); break;
         case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
         case O_STR:
         case O_PATHS: snprintf(buf, n, "'%s'", (const char *)p); break;
-        case O_DISPATCH:
-            snprintf(buf, n, "%s", *(const DispatchMode *)p == DISPATCH_CAPACITY ? "capacity" : "dropless");
-            break;
         default: snprintf(buf, n, "%d", *(const int *)p); break;
     }
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "core/common.h"
 #include "io/checkpoint.h"
 
@@ -68,8 +69,13 @@ static void record_path(char *buf, size_t n, const char *v) {
 // Returns the previous record (NULL: none, a run of an older moe).
 cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     *overrides = cJSON_CreateObject();
+    if (!dir_exists(s->train.out))
+        DIE("--resume: no complete checkpoint in '%s': it %s (there is no run to continue; drop --resume to "
+            "start one there)",
+            s->train.out, access(s->train.out, F_OK) == 0 ? "is not a directory" : "does not exist");
     char latest[2048];
-    if (ckpt_find_latest(s->train.out, latest, sizeof latest) == 0) {
+    int found = ckpt_find_latest(s->train.out, latest, sizeof latest) == 0;
+    if (found) {
         ModelConfig saved;
         ckpt_load_config(latest, &saved);
         char a[64], b[64];
@@ -81,14 +87,19 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
                 latest, opts[i].name, a, b, opts[i].name);
     }
     cJSON *prev = run_record_read(s->train.out);
-    if (!prev) {
-        if (rank0)
+    if (!prev) { // (no checkpoint either: the trainer says so)
+        if (rank0 && found)
             printf("--resume: %s has no %s (a run of an older moe): the options are as given\n", s->train.out,
                    RUN_RECORD);
         return NULL;
     }
     cJSON *rec = cJSON_GetObjectItem(prev, "options");
     char applied[4096] = "";
+    // a bf16 run resumed with --precision mixed (a documented conversion: the trainer notes it): its
+    // bf16-only options are kept for the record but not as given (cmd_train refuses those with mixed)
+    const cJSON *rp = cJSON_GetObjectItem(rec, "precision");
+    int bf16 = opt_set(s, "precision") ? s->train.precision == PREC_BF16
+                                       : cJSON_IsString(rp) && !strcmp(rp->valuestring, "bf16");
     for (int i = 0; i < N_OPTS; i++) {
         const Opt *o = &opts[i];
         cJSON *v = cJSON_GetObjectItem(rec, o->name);
@@ -121,12 +132,45 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
         char who[1200];
         snprintf(who, sizeof who, "%s/%s:", s->train.out, RUN_RECORD);
         set_recorded(s, i, was, who);
+        if (!bf16 && (!strcmp(o->name, "bf16-rounding") || !strcmp(o->name, "bf16-grads"))) {
+            s->set[i] = 0; // (inert under mixed precision; a later bf16 resume takes it back)
+            continue;
+        }
         size_t l = strlen(applied);
         snprintf(applied + l, sizeof applied - l, " --%s %s", o->name, was[0] ? was : "''");
     }
     if (rank0 && applied[0])
         printf("--resume: the run's options (%s/%s):%s\n", s->train.out, RUN_RECORD, applied);
     return prev;
+}
+
+// The options that make the mesh's layout (run.json records them; a resume takes none of them back).
+static const char *const MESH_OPTS[] = {"tp", "ep", "etp", "pp", "vpp", "pp-schedule", "pp-layers", "zero"};
+enum { N_MESH_OPTS = sizeof MESH_OPTS / sizeof *MESH_OPTS };
+
+void resume_check_mesh(State *s, const cJSON *prev, int world_size) {
+    if (!prev || world_size == 1) return; // (one process: its one layout; an older moe's run)
+    const cJSON *rec = cJSON_GetObjectItem(prev, "options");
+    char differ[1024] = "", flags[1024] = "";
+    for (int k = 0; k < N_MESH_OPTS; k++)
+        if (opt_set(s, MESH_OPTS[k])) return; // a mesh named: resharding onto it is allowed
+    for (int k = 0; k < N_MESH_OPTS; k++) {
+        int i = find_opt(MESH_OPTS[k], C_TRAIN);
+        const cJSON *v = cJSON_GetObjectItem(rec, MESH_OPTS[k]);
+        char now[1100];
+        opt_text(now, sizeof now, &opts[i], opt_ptr(s, &opts[i]));
+        if (!cJSON_IsString(v) || !strcmp(now, v->valuestring)) continue;
+        size_t l = strlen(differ), f = strlen(flags);
+        snprintf(differ + l, sizeof differ - l, "%s--%s %s", l ? ", " : "", MESH_OPTS[k],
+                 now[0] ? now : "''");
+        snprintf(flags + f, sizeof flags - f, " --%s %s", MESH_OPTS[k],
+                 v->valuestring[0] ? v->valuestring : "''");
+    }
+    if (differ[0])
+        DIE("--resume on %d processes names no mesh option, so it would train on the default layout (%s), "
+            "not "
+            "the run's (%s/%s): pass%s to continue on the run's mesh, or name the mesh to reshard onto",
+            world_size, differ, s->train.out, RUN_RECORD, flags);
 }
 
 // The run record: the resolved options (as text set_opt reads back), the command line that started
@@ -141,7 +185,8 @@ char *record_build(State *s, const cJSON *prev, cJSON *overrides, int argc, char
     for (int i = 0; i < N_OPTS; i++) {
         const Opt *op = &opts[i];
         if (!(op->cmds & C_TRAIN) || !strcmp(op->name, "preset") || !strcmp(op->name, "config") ||
-            !strcmp(op->name, "resume") || !strcmp(op->name, "force") || !strcmp(op->name, "init-from"))
+            !strcmp(op->name, "resume") || !strcmp(op->name, "force") || !strcmp(op->name, "init-from") ||
+            !strcmp(op->name, "data-changed"))
             continue;
         const cJSON *pv = po ? cJSON_GetObjectItem(po, op->name) : NULL;
         char v[1100];

@@ -356,6 +356,7 @@ void data_open_split(Dataset *ds, const char *path, const char *val_path, double
         if (v.max_token > ds->max_token) ds->max_token = v.max_token;
         if (v.vocab_size > ds->vocab_size) ds->vocab_size = v.vocab_size;
         ds->own_val = v.tokens;
+        ds->n_own_val = v.n_tokens;
         ds->val_tokens = v.tokens;
         val_avail = v.n_tokens;
         if (windows_in(ds->n_tokens, T) < 1)
@@ -416,6 +417,15 @@ void data_split_desc(const Dataset *ds, char *buf, size_t n) {
     else
         snprintf(buf, n, "validation: the held-out tail, the last %g%% of the tokens (%zu from token %zu)",
                  100 * round(ds->val_frac * 1e6) / 1e6, ds->n_tokens - ds->val_start, ds->val_start);
+}
+
+DataPrint data_print(const Dataset *ds, int val) {
+    DataPrint p = {0, 0};
+    const int32_t *t = val ? ds->own_val : ds->tokens;
+    if (!t) return p;
+    p.tokens = val ? ds->n_own_val : ds->n_tokens;
+    p.hash = hash_bytes(t, p.tokens * sizeof(int32_t), p.tokens);
+    return p;
 }
 
 void data_close(Dataset *ds) {

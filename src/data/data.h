@@ -50,6 +50,7 @@ typedef struct {
     const uint8_t *val_kinds; // its kind labels, or NULL
     size_t *val_off; // token offset in val_tokens of each validation window (ascending)
     int32_t *own_val; // private: --val-data's tokens (freed by data_close)
+    size_t n_own_val; // their count (the whole --val-data source)
     struct DataPermCache *perm_cache; // private to data.c: cached per-epoch permutations (+ lock)
 } Dataset;
 
@@ -75,6 +76,15 @@ void data_write_shard(const char *path, const int32_t *tokens, size_t n, int voc
 // One line describing the split ("held out: the last 10% (111540 tokens)", ...) into buf.
 void data_split_desc(const Dataset *ds, char *buf, size_t n);
 void data_close(Dataset *ds);
+
+// What identifies a token stream's contents: its token count and a hash of its tokens (the run record
+// keeps them so that a resume notices changed data; the ranks of a job compare them).
+typedef struct {
+    size_t tokens;
+    uint64_t hash;
+} DataPrint;
+// The training stream's fingerprint (val 0), or --val-data's (val 1: {0, 0} when there is none).
+DataPrint data_print(const Dataset *ds, int val);
 
 // Training sequences s0 .. s0+n-1 of the global sequence counter: inputs/targets (n, T).
 void data_train_batch(const Dataset *ds, uint64_t s0, int n, int32_t *inputs, int32_t *targets);

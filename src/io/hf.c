@@ -349,6 +349,10 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
                 DIE("--out: '%s' exists and is not a Hugging Face model directory; not replacing it", out);
         }
     }
+    // out's parent directories made as `mkdir -p` would (export --out hf/x where hf/ is missing)
+    char par[HF_PATH];
+    path_parent(par, sizeof par, out);
+    if (!dir_exists(par)) mkdir_p(par);
     // a fresh temporary directory beside out (nothing that exists is removed or reused)
     snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", out);
     if (!mkdtemp(tmp)) DIE("cannot create a temporary directory '%s' (%s)", tmp, strerror(errno));
@@ -367,8 +371,6 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
 
     if (lstat(out, &st) == 0 && rm_rf(out) != 0) DIE("cannot remove '%s' (%s)", out, strerror(errno));
     if (rename(tmp, out) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, out, strerror(errno));
-    char par[HF_PATH];
-    path_parent(par, sizeof par, out);
     fsync_dir(par);
     return cloned;
 }

@@ -116,7 +116,9 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
     return model + moe;
 }
 // The activations of the final norm and LM head.
-static double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2 * c->d_model + c->vocab_size); }
+static double acts_head(const ModelConfig *c, size_t N) {
+    return 4.0 * N * (2.0 * c->d_model + c->vocab_size);
+}
 // The bytes a backend with bf16 rows (ops.h Backend.hid FMT_BF16) saves in one layer that keeps its
 // activations under
 // --recompute rc: half of the SwiGLU rows it keeps (the routed ones unless rc drops them) and of

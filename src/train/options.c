@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "data/data.h"
+#include "train/sample.h"
 
 void train_options_default(TrainOptions *o) {
     memset(o, 0, sizeof *o);
@@ -79,7 +80,9 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (!(o->dropout >= 0 && o->dropout < 1)) BAD("--dropout must be in [0, 1) (got %g)", o->dropout);
-    if (o->sample_tokens < 0) BAD("--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
+    if (o->sample_tokens < 0 || o->sample_tokens > SAMPLE_MAX_TOKENS)
+        BAD("--sample-tokens must be in 0..%d (SAMPLE_MAX_TOKENS; got %d)", SAMPLE_MAX_TOKENS,
+            o->sample_tokens);
     if (!o->out[0]) BAD("--out must not be empty");
     if (o->zero < 0 || o->zero > 2) BAD("--zero must be 0, 1 or 2 (got %d)", o->zero);
     if (o->overlap < 0 || o->overlap > 1) BAD("--overlap must be 0 or 1 (got %d)", o->overlap);

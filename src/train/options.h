@@ -29,6 +29,7 @@ typedef struct {
     int quiet; // no per-step progress lines (metrics.jsonl still written)
     int check_replicas; // at the end, verify replicas are bitwise equal across the mesh
     int resume, force;
+    int data_changed; // --resume: continue although the data differs from the run record's
     // parallel layout (world size from the launcher; DP = world / (TP * PP))
     int tp, ep, etp, pp;
     int vpp; // model chunks per pipeline rank (interleaved schedule)

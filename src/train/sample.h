@@ -10,6 +10,10 @@
 // s starts at max(0, len - window) and, when a new token would make the context longer than the window,
 // slides to keep the last ceil(window/2) tokens (re-prefilled through the cache: one prefill per
 // window/2 tokens, and every context is between window/2 and window tokens long, as in training).
+// The most tokens one sampling call appends (`moe sample --tokens`, `moe train --sample-tokens`): a bound
+// that keeps the context's int sizes far from overflow and a run's end in reasonable time.
+#define SAMPLE_MAX_TOKENS (1 << 20)
+
 typedef struct {
     float temperature; // 0 = greedy (argmax, ties to the lower id)
     int top_k; // keep the k most likely tokens (0 = all)

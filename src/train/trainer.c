@@ -22,6 +22,7 @@
 #include "train/step.h"
 #include "train/adapt.h"
 #include "train/placement.h"
+#include "train/resume.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
@@ -294,10 +295,8 @@ static void print_header(const Run *r, const MeshShape *shape) {
 // The ranks read the same tokens (the options agree already: main.c; here the files' contents).
 static void agree_data(const Dataset *ds, const Comm *world) {
     if (comm_size(world) == 1) return;
-    uint64_t h = hash_bytes(ds->tokens, ds->n_tokens * sizeof(int32_t), ds->n_tokens);
-    if (ds->own_val)
-        h = hash_bytes(ds->own_val, (ds->n_val * (size_t)ds->T + 1) * sizeof(int32_t), h); // --val-data
-    AgreeItem it = {"--data contents", h, ""};
+    DataPrint d = data_print(ds, 0), v = data_print(ds, 1);
+    AgreeItem it = {"--data contents", v.tokens ? hash_bytes(&v.hash, sizeof v.hash, d.hash) : d.hash, ""};
     snprintf(it.shown, sizeof it.shown, "%zu tokens, hash %016llx", ds->n_tokens,
              (unsigned long long)it.hash);
     comm_agree(world, "data", &it, 1);
@@ -349,6 +348,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     agree_data(&r->ds, world);
     eval_batches_available(&r->ds, o->batch / o->grad_accum); // one evaluation batch at least, or stop here
     r->resuming = check_out_dir(r, model_explicit, r->latest, sizeof r->latest);
+    if (r->resuming) resume_check_data(&r->ds, o);
     check_attn_dropout(r); // (a resumed model's config is the checkpoint's)
 
     shape = resolve_mesh(o, &r->c, comm_size(world), &r->split); // (the checkpoint's config)
@@ -606,7 +606,11 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
               Comm *world) {
     Run r;
     run_open(&r, cfg, o, model_explicit, world);
-    if (record && r.rank0) run_record_write(o->out, record); // the directory is ready (cleared by --force)
+    if (record && r.rank0) { // the directory is ready (cleared by --force)
+        char *full = resume_record_data(record, &r.ds, o);
+        run_record_write(o->out, full);
+        free(full);
+    }
     StepStats s = {.counts = r.counts};
     int skipped = 0; // steps skipped in a row (non-finite loss or norm)
     for (int step = r.first; step < o->steps; step++) {
