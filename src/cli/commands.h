@@ -9,3 +9,4 @@ int cmd_sample(State *s);
 int cmd_eval(State *s);
 int cmd_info(State *s);
 int cmd_export(State *s);
+int cmd_plan(State *s);

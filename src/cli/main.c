@@ -15,9 +15,11 @@ int main(int argc, char **argv) {
         : !strcmp(argv[1], "eval")      ? C_EVAL
         : !strcmp(argv[1], "info")      ? C_INFO
         : !strcmp(argv[1], "export")    ? C_EXPORT
+        : !strcmp(argv[1], "plan")      ? C_PLAN
                                         : 0;
     if (!cmd) {
-        fprintf(stderr, "moe: error: unknown command '%s' (train, sample, eval, info, export)\n", argv[1]);
+        fprintf(stderr, "moe: error: unknown command '%s' (train, sample, eval, info, export, plan)\n",
+                argv[1]);
         return 2;
     }
     static State s;
@@ -25,6 +27,7 @@ int main(int argc, char **argv) {
     parse(&s, cmd, argc - 2, argv + 2);
     signals_init(cmd == C_TRAIN); // train: SIGTERM/SIGINT checkpoint and exit MOE_EXIT_PREEMPTED
     if (cmd == C_EXPORT) return cmd_export(&s);
+    if (cmd == C_PLAN) return cmd_plan(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
     return cmd_train(&s, argc, argv);
 }

@@ -17,6 +17,7 @@ const char *cmd_name(int cmd) {
         : cmd == C_SAMPLE ? "sample"
         : cmd == C_EVAL   ? "eval"
         : cmd == C_EXPORT ? "export"
+        : cmd == C_PLAN   ? "plan"
                           : "info";
 }
 
@@ -212,6 +213,11 @@ void state_defaults(State *s) {
     s->cli.temperature = 0.8f;
     s->cli.top_p = 1.0f;
     s->cli.kv_cache = 1;
+    strcpy(s->cli.gpu, "h200");
+    s->cli.nodes_of = 8;
+    s->cli.top = 10;
+    s->cli.imbalance = 1.25f;
+    s->cli.comm_exposed = 1.0f;
 }
 
 // An option's --help text: "{presets}" in it stands for the names of the preset table (core/config.c).
@@ -233,7 +239,8 @@ void usage(FILE *f, int cmd) {
                 "  eval     validation loss of a checkpoint (per kind of line on the embedded corpus)\n"
                 "  info     parameter, FLOP and memory figures of a preset, config or checkpoint\n"
                 "  export   write a checkpoint as a Hugging Face model directory (of the family it was "
-                "trained as)\n");
+                "trained as)\n"
+                "  plan     rank the layouts of a model on N GPUs by predicted step time (docs/PLAN.md)\n");
         return;
     }
     static State d; // the defaults, shown per option
@@ -284,7 +291,7 @@ void parse(State *s, int cmd, int argc, char **argv) {
         snprintf(s->cli.preset, sizeof s->cli.preset, "%s", preset);
         apply_preset(s, preset);
     }
-    if (config && (cmd & (C_TRAIN | C_INFO))) apply_config_file(s, config, cmd);
+    if (config && (cmd & (C_TRAIN | C_INFO | C_PLAN))) apply_config_file(s, config, cmd);
     // pass 2: every flag in order
     for (int a = 0; a < argc; a++) {
         const char *arg = argv[a];

@@ -58,6 +58,9 @@ typedef struct {
     double acts; // activations: one micro-batch's; with pipeline stages the schedule's live ones
     double lent; // of acts, in the expert gradients' memory (--grad-memory shared; 0 with stages)
     double total; // params + grads + moments + acts - lent
+    double routed; // of acts, the buffers sized by the rows this rank's experts receive (the exchange's
+                   // rows and their SwiGLU rows, kept and in the backward's scratch): what grows when
+                   // routing sends more than the mean to this rank (0 where the exchange is local)
 } CostMemory;
 
 // The bytes one rank sends in one optimizer step (every micro-batch, forward and backward). Collectives
