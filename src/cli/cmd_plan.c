@@ -67,9 +67,12 @@ int cmd_plan(State *s) {
     if (!r.n) {
         int g = plan_smallest_fit(&s->model, &s->train, &sp, PLAN_MAX_GPUS);
         if (g)
-            printf("fits nowhere on %d GPUs; the smallest GPU count that fits: %d (moe plan --gpus %d ...)\n",
-                   cl->gpus, g, g);
-        else printf("fits nowhere on %d GPUs, nor on any count up to %d\n", cl->gpus, PLAN_MAX_GPUS);
+            printf(
+                "fits nowhere on %d GPU%s; the smallest GPU count that fits: %d (moe plan --gpus %d ...)\n",
+                cl->gpus, cl->gpus > 1 ? "s" : "", g, g);
+        else
+            printf("fits nowhere on %d GPU%s, nor on any count up to %d\n", cl->gpus, cl->gpus > 1 ? "s" : "",
+                   PLAN_MAX_GPUS);
     }
     plan_result_free(&r);
     return 0;
