@@ -326,6 +326,11 @@ static const char *mesh_pipeline(CostMesh *m, const TrainOptions *o, int n_layer
 }
 
 const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms) {
+    return cost_mesh_tables(m, c, o, ms, NULL);
+}
+
+const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
+                             const ParamTable *lts) {
     memset(m, 0, sizeof *m);
     m->ms = *ms;
     m->vpp = ms->pp > 1 && o->pp_schedule == SCHED_INTERLEAVED ? o->vpp : 1;
@@ -340,13 +345,14 @@ const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, 
     for (int s = 0; s < ms->pp; s++) {
         CostStage *st = &m->stage[s];
         ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
-        ParamTable lt;
-        params_build_local(&lt, c, &sl);
-        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, &lt);
-        else stage_memory(&st->mem, c, o, m, s, &lt);
-        stage_comm(&st->comm, c, o, m, s, &lt, 4);
-        stage_comm(&st->comm16, c, o, m, s, &lt, 2);
-        params_free(&lt);
+        ParamTable own;
+        if (!lts) params_build_local(&own, c, &sl);
+        const ParamTable *lt = lts ? &lts[s] : &own;
+        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, lt);
+        else stage_memory(&st->mem, c, o, m, s, lt);
+        stage_comm(&st->comm, c, o, m, s, lt, 4);
+        stage_comm(&st->comm16, c, o, m, s, lt, 2);
+        if (!lts) params_free(&own);
     }
     return NULL;
 }

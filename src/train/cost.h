@@ -7,6 +7,7 @@
 #pragma once
 #include <stddef.h>
 #include "core/config.h"
+#include "model/params.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
 #include "train/options.h"
@@ -102,4 +103,9 @@ typedef struct {
 // naming the numbers when the pipeline cannot be split or scheduled (m is then empty). Free with
 // cost_mesh_free.
 const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms);
+// As cost_mesh, on the stages' parameter tables built by the caller (lts: ms->pp tables, stage s's from
+// params_build_local with *ms's TP/EP/ETP and, with stages, the split o gives; NULL: built here): the
+// planner asks about many options (--zero, --recompute, micro-batches) of one mesh and split.
+const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
+                             const ParamTable *lts);
 void cost_mesh_free(CostMesh *m);

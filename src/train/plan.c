@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
+#include "model/params.h"
 #include "model/model.h"
 #include "parallel/stages.h"
 #include "train/cost.h"
@@ -114,8 +115,10 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
     return NULL;
 }
 
-const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
-                        const PlanLayout *l, int *reason) {
+// plan_layout on the stages' parameter tables of its mesh and split (lts; NULL: built by cost_mesh).
+static const char *layout_figures(PlanRow *row, const ModelConfig *c, const TrainOptions *o,
+                                  const PlanSpec *sp, const PlanLayout *l, int *reason,
+                                  const ParamTable *lts) {
     static char msg[320];
     int why = 0;
     MeshShape ms;
@@ -128,7 +131,7 @@ const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *
     TrainOptions t;
     plan_options(&t, o, &row->l);
     CostMesh m;
-    if ((bad = cost_mesh(&m, c, &t, &ms))) {
+    if ((bad = cost_mesh_tables(&m, c, &t, &ms, lts))) {
         if (reason) *reason = PLAN_R_PIPELINE;
         return snprintf(msg, sizeof msg, "pipeline: %s", bad), msg;
     }
@@ -166,10 +169,20 @@ const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *
     return NULL;
 }
 
-static int divisors(int n, int *out) { // ascending
-    int k = 0;
-    for (int d = 1; d <= n; d++)
-        if (n % d == 0) out[k++] = d;
+const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                        const PlanLayout *l, int *reason) {
+    return layout_figures(row, c, o, sp, l, reason, NULL);
+}
+
+// The divisors of n, ascending (out: room for 2048, more than any int has); returns their count.
+static int divisors(int n, int *out) {
+    int k = 0, hi[1024], nh = 0;
+    for (int d = 1; (long long)d * d <= n; d++)
+        if (n % d == 0) {
+            out[k++] = d;
+            if (d != n / d) hi[nh++] = n / d;
+        }
+    while (nh) out[k++] = hi[--nh];
     return k;
 }
 
@@ -179,23 +192,31 @@ static int by_step(const void *a, const void *b) {
     return x->mem < y->mem ? -1 : x->mem > y->mem;
 }
 
-// Every (zero, recompute, micro) of one (mesh, vpp): returns 1 when stop_at_fit found one.
+static void keep(PlanResult *r, const PlanRow *row) {
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->rows = xrealloc(r->rows, sizeof(PlanRow) * (size_t)r->cap);
+    }
+    r->rows[r->n++] = *row;
+}
+
+// Every (micro-batches, zero, recompute) of one (mesh, vpp) whose stages' tables are lts: returns 1 when
+// stop_at_fit found one that fits. ZeRO over groups of one rank (dp_edp_one) is zero 0's layout.
 static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
-                             PlanLayout l, int dp_edp_one, int stop_at_fit) {
+                             PlanLayout l, int dp_edp_one, const ParamTable *lts, int stop_at_fit) {
     static const int rcs[3] = {RECOMPUTE_NONE, RECOMPUTE_MOE, RECOMPUTE_FULL};
-    int *ms = xmalloc(sizeof(int) * (size_t)o->batch), nm = divisors(o->batch, ms), found = 0;
-    for (int i = 0; i < nm && !found; i++) {
-        for (int z = 0; z < 3 && !found; z++) {
-            if (z && dp_edp_one) continue; // ZeRO over groups of one rank: the same layout as zero 0
-            for (int k = 0; k < 3 && !found; k++) {
+    int ms[2048], nm = divisors(o->batch, ms);
+    for (int i = 0; i < nm; i++) {
+        for (int z = 0; z < (dp_edp_one ? 1 : 3); z++) {
+            for (int k = 0; k < 3; k++) {
                 l.micro = ms[i];
                 l.zero = z;
                 l.recompute = rcs[k];
                 PlanRow row;
                 int why;
-                if (plan_layout(&row, c, o, sp, &l, &why)) {
-                    r->refused[why]++;
-                    z = k = 3; // (no zero or recompute changes a refusal of the batch or the schedule)
+                if (layout_figures(&row, c, o, sp, &l, &why, lts)) {
+                    r->refused[why]++; // (the batch or the schedule: no zero or recompute changes it)
+                    z = k = 3;
                     continue;
                 }
                 r->candidates++;
@@ -203,54 +224,56 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
                     r->refused[PLAN_R_MEMORY]++;
                     continue;
                 }
-                if (r->n == r->cap) {
-                    r->cap = r->cap ? 2 * r->cap : 64;
-                    r->rows = xrealloc(r->rows, sizeof(PlanRow) * (size_t)r->cap);
-                }
-                r->rows[r->n++] = row;
-                found = stop_at_fit;
+                keep(r, &row);
+                if (stop_at_fit) return 1;
             }
         }
     }
-    free(ms);
-    return found;
+    return 0;
+}
+
+// Every vpp of one resolved mesh (l: its tp, ep, etp, pp), each split's parameter tables built once.
+static int enumerate_mesh(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                          PlanLayout l, const MeshShape *ms, int stop_at_fit) {
+    int vmax = l.pp > 1 && c->n_layers / l.pp > 1 ? c->n_layers / l.pp : 1, hit = 0;
+    for (int v = 1; v <= vmax && !hit; v++) {
+        l.vpp = v;
+        StageSplit split;
+        if (l.pp > 1 && stages_split(&split, c->n_layers, l.pp, v, "")) {
+            r->refused[PLAN_R_PIPELINE]++;
+            continue;
+        }
+        ParamTable *lts = xcalloc((size_t)l.pp, sizeof *lts);
+        for (int s = 0; s < l.pp; s++) {
+            ParamSlicing sl = {l.tp, 0, l.ep, 0, l.etp, 0, l.pp > 1 ? &split : NULL, s};
+            params_build_local(&lts[s], c, &sl);
+        }
+        hit = enumerate_options(r, c, o, sp, l, ms->dp == 1 && ms->edp == 1, lts, stop_at_fit);
+        for (int s = 0; s < l.pp; s++) params_free(&lts[s]);
+        free(lts);
+    }
+    return hit;
 }
 
 void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                     int stop_at_fit) {
     memset(r, 0, sizeof *r);
-    int G = sp->gpus, *dv = xmalloc(sizeof(int) * (size_t)G * 5), *tps = dv, *pps = dv + G, *eps = dv + 2 * G,
-        *etps = dv + 3 * G, ntp = divisors(G, tps);
-    for (int a = 0; a < ntp; a++) {
+    int G = sp->gpus, tps[2048], pps[2048], eps[2048], etps[2048], ntp = divisors(G, tps), hit = 0;
+    for (int a = 0; a < ntp && !hit; a++) {
         int npp = divisors(G / tps[a], pps);
-        for (int b = 0; b < npp; b++) {
+        for (int b = 0; b < npp && !hit; b++) {
             int stage = G / pps[b], nep = divisors(stage, eps);
-            for (int e = 0; e < nep; e++) {
+            for (int e = 0; e < nep && !hit; e++) {
                 int netp = divisors(stage / eps[e], etps);
-                for (int f = 0; f < netp; f++) {
+                for (int f = 0; f < netp && !hit; f++) {
                     PlanLayout l = {tps[a], eps[e], etps[f], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1};
                     MeshShape ms = {G, l.tp, 0, l.pp, l.ep, l.etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
-                    if (mesh_shape_resolve(&ms, c)) {
-                        r->refused[PLAN_R_MESH]++;
-                        continue;
-                    }
-                    int vmax = l.pp > 1 && c->n_layers / l.pp > 1 ? c->n_layers / l.pp : 1;
-                    for (int v = 1; v <= vmax; v++) {
-                        l.vpp = v;
-                        StageSplit split;
-                        if (l.pp > 1 && stages_split(&split, c->n_layers, l.pp, v, "")) {
-                            r->refused[PLAN_R_PIPELINE]++;
-                            continue;
-                        }
-                        if (enumerate_options(r, c, o, sp, l, ms.dp == 1 && ms.edp == 1, stop_at_fit))
-                            goto done;
-                    }
+                    if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
+                    else hit = enumerate_mesh(r, c, o, sp, l, &ms, stop_at_fit);
                 }
             }
         }
     }
-done:
-    free(dv);
     qsort(r->rows, (size_t)r->n, sizeof *r->rows, by_step);
 }
 
