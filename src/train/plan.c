@@ -14,7 +14,8 @@
 
 const char *const plan_reason_name[PLAN_R_N] = {"mesh", "pipeline", "batch", "schedule", "memory"};
 
-void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayout *l) {
+// The train options of layout l (o's others kept): what `moe info --world G` and `moe train` take.
+static void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayout *l) {
     *t = *o;
     t->tp = l->tp;
     t->ep = l->ep;

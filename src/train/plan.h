@@ -75,8 +75,6 @@ void plan_result_free(PlanResult *r);
 // row->mem against sp->hw.mem_bytes is the caller's.
 const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                         const PlanLayout *l, int *reason);
-// The train options of layout l (o's others kept): what `moe info --world G` and `moe train` take.
-void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayout *l);
 // The smallest GPU count above sp->gpus, up to max_gpus, on which some layout fits; 0 if none.
 int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus);
 // Parses "tp2 ep4 etp1 pp2 vpp2 zero1 micro8 recompute-moe" (any order; the words left out: 1, zero 0,

@@ -15,7 +15,8 @@ static const char *rc_name(int rc) {
                                : "none";
 }
 
-void plan_layout_name(char *buf, size_t n, const PlanLayout *l) {
+// "tp2 ep4 etp1 pp2 vpp1 dp1 zero1 micro8 recompute-moe": the words --explain reads back.
+static void plan_layout_name(char *buf, size_t n, const PlanLayout *l) {
     snprintf(buf, n, "tp%d ep%d etp%d pp%d vpp%d dp%d zero%d micro%d recompute-%s", l->tp, l->ep, l->etp,
              l->pp, l->vpp, l->dp, l->zero, l->micro, rc_name(l->recompute));
 }

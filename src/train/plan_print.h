@@ -2,11 +2,8 @@
 // one layout explained line by line.
 // Must not hold: the planner's arithmetic (plan.c), option parsing (cli/).
 #pragma once
-#include <stddef.h>
 #include "train/plan.h"
 
-// "tp2 ep4 etp1 pp2 vpp1 dp1 zero1 micro8 recompute-moe": the words --explain reads back.
-void plan_layout_name(char *buf, size_t n, const PlanLayout *l);
 // The top rows of r (fastest first) under a head naming the profile and the refusals; model_args: the
 // model's flags for the launch commands (" --preset mixtral-8x7b ...", each with its leading space).
 void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOptions *o, int top,
