@@ -11,3 +11,4 @@ int cmd_info(State *s);
 int cmd_export(State *s);
 int cmd_tokenize(State *s);
 int cmd_prep(State *s);
+int cmd_plan(State *s);

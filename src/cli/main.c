@@ -17,11 +17,13 @@ int main(int argc, char **argv) {
         : !strcmp(argv[1], "export")    ? C_EXPORT
         : !strcmp(argv[1], "tokenize")  ? C_TOKENIZE
         : !strcmp(argv[1], "prep")      ? C_PREP
+        : !strcmp(argv[1], "plan")      ? C_PLAN
                                         : 0;
     if (!cmd) {
-        fprintf(stderr,
-                "moe: error: unknown command '%s' (train, sample, eval, info, export, tokenize, prep)\n",
-                argv[1]);
+        fprintf(
+            stderr,
+            "moe: error: unknown command '%s' (train, sample, eval, info, export, tokenize, prep, plan)\n",
+            argv[1]);
         return 2;
     }
     static State s;
@@ -31,6 +33,7 @@ int main(int argc, char **argv) {
     if (cmd == C_EXPORT) return cmd_export(&s);
     if (cmd == C_TOKENIZE) return cmd_tokenize(&s);
     if (cmd == C_PREP) return cmd_prep(&s);
+    if (cmd == C_PLAN) return cmd_plan(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
     return cmd_train(&s, argc, argv);
 }

@@ -19,6 +19,7 @@ const char *cmd_name(int cmd) {
         : cmd == C_EXPORT   ? "export"
         : cmd == C_TOKENIZE ? "tokenize"
         : cmd == C_PREP     ? "prep"
+        : cmd == C_PLAN     ? "plan"
                             : "info";
 }
 
@@ -229,6 +230,11 @@ void state_defaults(State *s) {
     s->cli.kv_cache = 1;
     snprintf(s->cli.field, sizeof s->cli.field, "text");
     s->cli.shard_tokens = 100000000; // llm.c's shard size
+    strcpy(s->cli.gpu, "h200");
+    s->cli.nodes_of = 8;
+    s->cli.top = 10;
+    s->cli.imbalance = 1.25f;
+    s->cli.comm_exposed = 1.0f;
 }
 
 // An option's --help text: "{presets}" in it stands for the names of the preset table (core/config.c).
@@ -252,7 +258,8 @@ void usage(FILE *f, int cmd) {
                 "  export   write a checkpoint as a Hugging Face model directory (of the family it was "
                 "trained as)\n"
                 "  tokenize token ids of a text with a Hugging Face tokenizer.json, or text of ids\n"
-                "  prep     text or JSON lines (.gz too) -> llm.c token shards, with a tokenizer.json\n");
+                "  prep     text or JSON lines (.gz too) -> llm.c token shards, with a tokenizer.json\n"
+                "  plan     rank the layouts of a model on N GPUs by predicted step time (docs/PLAN.md)\n");
         return;
     }
     static State d; // the defaults, shown per option
@@ -304,7 +311,7 @@ void parse(State *s, int cmd, int argc, char **argv) {
         snprintf(s->cli.preset, sizeof s->cli.preset, "%s", preset);
         apply_preset(s, preset);
     }
-    if (config && (cmd & (C_TRAIN | C_INFO))) apply_config_file(s, config, cmd);
+    if (config && (cmd & (C_TRAIN | C_INFO | C_PLAN))) apply_config_file(s, config, cmd);
     // pass 2: every flag in order
     for (int a = 0; a < argc; a++) {
         const char *arg = argv[a];

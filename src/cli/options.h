@@ -8,7 +8,16 @@
 #include "core/config.h"
 #include "train/options.h"
 
-enum { C_TRAIN = 1, C_SAMPLE = 2, C_EVAL = 4, C_INFO = 8, C_EXPORT = 16, C_TOKENIZE = 32, C_PREP = 64 };
+enum {
+    C_TRAIN = 1,
+    C_SAMPLE = 2,
+    C_EVAL = 4,
+    C_INFO = 8,
+    C_EXPORT = 16,
+    C_TOKENIZE = 32,
+    C_PREP = 64,
+    C_PLAN = 128
+};
 typedef enum {
     O_INT,
     O_FLOAT,
@@ -42,6 +51,9 @@ typedef struct {
     char dump[1024]; // eval: safetensors file for the first batch's numbers
     int dump_grads;
     int world; // moe info: the world size to lay the mesh out for
+    int gpus, nodes_of, top; // moe plan: the GPUs, per node, the rows shown
+    char gpu[1024], explain[512]; // moe plan: the profile (a built-in's name or a JSON file), one layout
+    float imbalance, comm_exposed; // moe plan: the routing headroom factor, the exposed communication
     float temperature;
     int top_k, window, kv_cache; // sample
     float top_p;
@@ -67,7 +79,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 121 };
+enum { N_OPTS = 129 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

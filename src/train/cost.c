@@ -94,6 +94,17 @@ static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, 
     return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T, 0) : 0) +
         4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
 }
+// Of inst layer instances' activations (kept: those that keep their SwiGLU rows) and the backward's
+// scratch (hb: bytes of its hidden rows), the bytes sized by the rows the rank's experts receive (Re):
+// the dispatched and returned rows (xg, yg; their dxg, dy copies) and the SwiGLU rows; 0 where the
+// exchange is local (one rank computes every row it routes, whatever the routing).
+static double acts_routed(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int inst, int kept,
+                          double hb) {
+    if (local_exchange(ms)) return 0;
+    size_t Ns = (B * T + ms->tp - 1) / ms->tp, Re = (size_t)ms->etp * Ns * c->top_k,
+           fl = (size_t)c->d_ff / ms->etp, d = c->d_model;
+    return inst * 4.0 * Re * 2 * d + kept * 4.0 * Re * 3 * fl + (4.0 + hb) * Re * d + hb * 2 * Re * fl;
+}
 // L layers' activations under --recompute rc.
 static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc) {
     return L * acts_layer(c, ms, B, T) - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
@@ -223,6 +234,8 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     r->acts = ra;
     r->lent = rl;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl;
+    int L = c->n_layers;
+    r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
 }
 
 // A rank of pipeline stage s (lt: its slices): each chunk's live micro-batches x its layers (+ the head's
@@ -249,6 +262,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     r->acts = acts;
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
+    r->routed = acts_routed(c, ms, Bl, T, inst, o->recompute & RECOMPUTE_MOE ? 1 : inst, 4);
 }
 
 // The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to
@@ -314,6 +328,11 @@ static const char *mesh_pipeline(CostMesh *m, const TrainOptions *o, int n_layer
 }
 
 const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms) {
+    return cost_mesh_tables(m, c, o, ms, NULL);
+}
+
+const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
+                             const ParamTable *lts) {
     memset(m, 0, sizeof *m);
     m->ms = *ms;
     m->vpp = ms->pp > 1 && o->pp_schedule == SCHED_INTERLEAVED ? o->vpp : 1;
@@ -328,13 +347,14 @@ const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, 
     for (int s = 0; s < ms->pp; s++) {
         CostStage *st = &m->stage[s];
         ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
-        ParamTable lt;
-        params_build_local(&lt, c, &sl);
-        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, &lt);
-        else stage_memory(&st->mem, c, o, m, s, &lt);
-        stage_comm(&st->comm, c, o, m, s, &lt, 4);
-        stage_comm(&st->comm16, c, o, m, s, &lt, 2);
-        params_free(&lt);
+        ParamTable own;
+        if (!lts) params_build_local(&own, c, &sl);
+        const ParamTable *lt = lts ? &lts[s] : &own;
+        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, lt);
+        else stage_memory(&st->mem, c, o, m, s, lt);
+        stage_comm(&st->comm, c, o, m, s, lt, 4);
+        stage_comm(&st->comm16, c, o, m, s, lt, 2);
+        if (!lts) params_free(&own);
     }
     return NULL;
 }

@@ -7,6 +7,7 @@
 #pragma once
 #include <stddef.h>
 #include "core/config.h"
+#include "model/params.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
 #include "train/options.h"
@@ -58,6 +59,9 @@ typedef struct {
     double acts; // activations: one micro-batch's; with pipeline stages the schedule's live ones
     double lent; // of acts, in the expert gradients' memory (--grad-memory shared; 0 with stages)
     double total; // params + grads + moments + acts - lent
+    double routed; // of acts, the buffers sized by the rows this rank's experts receive (the exchange's
+                   // rows and their SwiGLU rows, kept and in the backward's scratch): what grows when
+                   // routing sends more than the mean to this rank (0 where the exchange is local)
 } CostMemory;
 
 // The bytes one rank sends in one optimizer step (every micro-batch, forward and backward). Collectives
@@ -99,4 +103,9 @@ typedef struct {
 // naming the numbers when the pipeline cannot be split or scheduled (m is then empty). Free with
 // cost_mesh_free.
 const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms);
+// As cost_mesh, on the stages' parameter tables built by the caller (lts: ms->pp tables, stage s's from
+// params_build_local with *ms's TP/EP/ETP and, with stages, the split o gives; NULL: built here): the
+// planner asks about many options (--zero, --recompute, micro-batches) of one mesh and split.
+const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
+                             const ParamTable *lts);
 void cost_mesh_free(CostMesh *m);

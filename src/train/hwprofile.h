@@ -1,0 +1,28 @@
+// hwprofile.h — a GPU's numbers as the planner (plan.h) reads them: memory, the achieved GEMM, attention,
+// HBM and link rates. Built-in profiles h200 (from docs/PERFORMANCE.md's measurements) and h100 (NVIDIA's
+// published specs scaled as our H200 measurement relates to the H200's), or a JSON file with every field
+// (docs/PLAN.md documents each).
+// Must not hold: the planner's arithmetic (plan.c), printing tables.
+#pragma once
+
+typedef struct {
+    char name[64];
+    double mem_bytes; // memory one GPU offers the run
+    double context_bytes; // what the CUDA context and the allocator's reserve take of it
+    double peak_tflops; // the published bf16 dense peak (MFU's denominator)
+    double dense_tflops; // achieved by the dense bf16 GEMMs (projections, LM head) in a training step
+    double grouped_tflops; // achieved by the experts' grouped GEMMs (forward + backward)
+    double attention_tflops; // achieved by attention (forward + backward, the causal half's FLOPs)
+    double hbm_gbps; // achieved memory bandwidth of a streaming kernel (AdamW), GB/s
+    double nvlink_gbps; // per GPU and direction inside a node, as collectives achieve it, GB/s
+    double internode_gbps; // per GPU and direction between nodes, GB/s
+    double pcie_gbps; // host <-> device per direction, GB/s (read; not used by the first model)
+} HwProfile;
+
+// The built-in profile of that name (h200, h100), or NULL.
+const HwProfile *hwprofile_builtin(const char *name);
+// The built-ins' names, "h200, h100".
+const char *hwprofile_names(void);
+// name: a built-in's, else a JSON file's path; dies "--gpu ...: ..." naming a missing, unknown or
+// non-positive field, or an unreadable file.
+void hwprofile_load(HwProfile *p, const char *name);

@@ -1,0 +1,334 @@
+// plan.c — the planner's enumeration and its model of a layout's memory and step time (plan.h says the
+// assumptions), on the cost model's figures (cost.h).
+// Must not hold: printing (plan_print.c), the cost arithmetic (cost.c), the profiles (hwprofile.c).
+#include "train/plan.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/common.h"
+#include "model/params.h"
+#include "model/model.h"
+#include "parallel/stages.h"
+#include "train/cost.h"
+#include "train/schedule.h"
+
+const char *const plan_reason_name[PLAN_R_N] = {"mesh", "pipeline", "batch", "schedule", "memory"};
+
+// The train options of layout l (o's others kept): what `moe info --world G` and `moe train` take.
+static void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayout *l) {
+    *t = *o;
+    t->tp = l->tp;
+    t->ep = l->ep;
+    t->etp = l->etp;
+    t->pp = l->pp;
+    t->vpp = l->vpp;
+    t->pp_schedule = l->vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
+    t->pp_layers[0] = 0;
+    t->zero = l->zero;
+    t->recompute = l->recompute;
+    t->grad_accum = l->micro;
+}
+
+// Whether some group of kind k (0 tp, 1 dp and edp, 2 ep, 3 etp, 4 pp) holds ranks of two nodes of n:
+// each rank against its group's first member (its coordinate in that kind 0; mesh.h's rank order).
+static int spans_nodes(const MeshShape *s, int k, int n) {
+    int S = s->tp * s->dp;
+    for (int r = 0; r < s->world; r++) {
+        MeshCoord m = mesh_coord(s, r);
+        int base = m.pp * S, lead[2] = {-1, -1};
+        if (k == 0) lead[0] = base + s->tp * m.dp;
+        if (k == 1) {
+            lead[0] = base + m.tp;
+            lead[1] = base + m.etp + s->etp * m.ep; // edp
+        }
+        if (k == 2) lead[0] = base + m.etp + s->etp * s->ep * m.edp;
+        if (k == 3) lead[0] = base + s->etp * (m.ep + s->ep * m.edp);
+        if (k == 4) lead[0] = m.stage;
+        for (int i = 0; i < 2; i++)
+            if (lead[i] >= 0 && lead[i] / n != r / n) return 1;
+    }
+    return 0;
+}
+
+// Stage s's compute seconds on one rank: its share of the step's FLOPs at the profile's rates, the
+// recomputed forwards (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs;
+// attn: attention's forward, 1/3 of its), and AdamW over the elements it updates.
+static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, const TrainOptions *t,
+                            const HwProfile *hw) {
+    CostFlops f;
+    cost_flops(&f, c, t->seq_len);
+    int layers = 0, last = 0, S = m->ms.pp * m->vpp;
+    for (int ch = 0; ch < m->vpp; ch++) {
+        int v = ch * m->ms.pp + s;
+        layers += m->sp.first[v + 1] - m->sp.first[v];
+        last |= v == S - 1;
+    }
+    double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp;
+    double grouped = tok * layers * f.experts / tp, attn = tok * layers * f.attn_scores / tp;
+    double dense = tok * (layers * (f.attn_proj + f.router) / tp + (last ? f.head : 0));
+    if (t->recompute & RECOMPUTE_MOE) grouped *= 1 + 2.0 / 9;
+    if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
+    double mb = t->precision == PREC_BF16 ? 2.0 : 4.0,
+           per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written; bf16 w
+    double elems = m->stage[s].mem.moments / mb / 2;
+    return grouped / (hw->grouped_tflops * 1e12) + dense / (hw->dense_tflops * 1e12) +
+        attn / (hw->attention_tflops * 1e12) + elems * per / (hw->hbm_gbps * 1e9);
+}
+
+// The refusals before the cost model: the mesh, the layers' split, the batch, the schedule.
+static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const TrainOptions *o,
+                                const PlanSpec *sp, const PlanLayout *l, int *reason) {
+    static char msg[320];
+    *ms = (MeshShape){sp->gpus, l->tp, 0, l->pp, l->ep, l->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
+    const char *bad = mesh_shape_resolve(ms, c);
+    *reason = PLAN_R_MESH;
+    if (bad) return snprintf(msg, sizeof msg, "mesh: %s", bad), msg;
+    if (l->dp && l->dp != ms->dp)
+        return snprintf(msg, sizeof msg, "mesh: dp %d, but %d GPUs / (tp %d x pp %d) = dp %d", l->dp,
+                        sp->gpus, l->tp, l->pp, ms->dp),
+               msg;
+    *reason = PLAN_R_PIPELINE;
+    if (l->pp == 1 && l->vpp > 1) return "pipeline: --vpp needs --pp > 1";
+    StageSplit split;
+    if (l->pp > 1 && (bad = stages_split(&split, c->n_layers, l->pp, l->vpp, "")))
+        return snprintf(msg, sizeof msg, "pipeline: %s", bad), msg;
+    *reason = PLAN_R_BATCH;
+    if (l->micro < 1 || o->batch % ((long long)l->micro * ms->dp))
+        return snprintf(
+                   msg, sizeof msg,
+                   "batch: --batch %d is not divisible by --grad-accum %d x dp %d (each DP rank takes an "
+                   "equal share of every micro-batch)",
+                   o->batch, l->micro, ms->dp),
+               msg;
+    long long Bl = o->batch / l->micro / ms->dp;
+    if (Bl * o->seq_len > config_max_tokens(c))
+        return snprintf(msg, sizeof msg,
+                        "batch: %lld tokens per micro-batch on a rank; this model takes at most %lld",
+                        Bl * o->seq_len, (long long)config_max_tokens(c)),
+               msg;
+    *reason = PLAN_R_SCHEDULE;
+    if (l->pp > 1) {
+        Schedule sc;
+        bad = schedule_build(&sc, l->vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B, l->pp, 0, l->vpp, l->micro);
+        if (bad) return snprintf(msg, sizeof msg, "schedule: %s", bad), msg;
+        schedule_free(&sc);
+    }
+    return NULL;
+}
+
+// plan_layout on the stages' parameter tables of its mesh and split (lts; NULL: built by cost_mesh).
+static const char *layout_figures(PlanRow *row, const ModelConfig *c, const TrainOptions *o,
+                                  const PlanSpec *sp, const PlanLayout *l, int *reason,
+                                  const ParamTable *lts) {
+    static char msg[320];
+    int why = 0;
+    MeshShape ms;
+    memset(row, 0, sizeof *row);
+    const char *bad = layout_rules(&ms, c, o, sp, l, &why);
+    if (reason) *reason = why;
+    if (bad) return bad;
+    row->l = *l;
+    row->l.dp = ms.dp;
+    TrainOptions t;
+    plan_options(&t, o, &row->l);
+    CostMesh m;
+    if ((bad = cost_mesh_tables(&m, c, &t, &ms, lts))) {
+        if (reason) *reason = PLAN_R_PIPELINE;
+        return snprintf(msg, sizeof msg, "pipeline: %s", bad), msg;
+    }
+    const HwProfile *hw = &sp->hw;
+    double bw[5];
+    for (int k = 0; k < 5; k++) {
+        row->inter[k] = spans_nodes(&ms, k == 0 ? 0 : k == 1 ? 2 : k == 2 ? 3 : k == 3 ? 1 : 4, sp->nodes_of);
+        bw[k] = (row->inter[k] ? hw->internode_gbps : hw->nvlink_gbps) * 1e9;
+    }
+    double busy = -1;
+    for (int s = 0; s < ms.pp; s++) {
+        const CostStage *st = &m.stage[s];
+        row->mem_info = st->mem.total > row->mem_info ? st->mem.total : row->mem_info;
+        double head = (sp->imbalance - 1) * st->mem.routed;
+        row->mem_headroom = head > row->mem_headroom ? head : row->mem_headroom;
+        const CostComm *cm = &st->comm16; // the cuda backend's rows to the experts in bf16
+        double kind[5] = {cm->tp, cm->ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5];
+        for (int k = 0; k < 5; k++) comm += cs[k] = sp->exposed * kind[k] / bw[k];
+        double comp = stage_compute(&m, s, c, &t, hw);
+        if (comp + comm > busy) {
+            busy = comp + comm;
+            row->compute = comp;
+            row->comm = comm;
+            memcpy(row->comm_kind, cs, sizeof cs);
+        }
+    }
+    row->bubble = ms.pp > 1 ? m.bubble_sim : 0;
+    row->step = busy / (1 - row->bubble);
+    row->bubble_s = row->step - busy;
+    row->mem = row->mem_info + row->mem_headroom + hw->context_bytes;
+    double tokens = (double)o->batch * o->seq_len;
+    row->tokens_s = tokens / row->step;
+    row->mfu = cost_flops(NULL, c, o->seq_len) * row->tokens_s / (sp->gpus * hw->peak_tflops * 1e12);
+    cost_mesh_free(&m);
+    return NULL;
+}
+
+const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                        const PlanLayout *l, int *reason) {
+    return layout_figures(row, c, o, sp, l, reason, NULL);
+}
+
+// The divisors of n, ascending (out: room for 2048, more than any int has); returns their count.
+static int divisors(int n, int *out) {
+    int k = 0, hi[1024], nh = 0;
+    for (int d = 1; (long long)d * d <= n; d++)
+        if (n % d == 0) {
+            out[k++] = d;
+            if (d != n / d) hi[nh++] = n / d;
+        }
+    while (nh) out[k++] = hi[--nh];
+    return k;
+}
+
+static int by_step(const void *a, const void *b) {
+    const PlanRow *x = a, *y = b;
+    if (x->step != y->step) return x->step < y->step ? -1 : 1;
+    return x->mem < y->mem ? -1 : x->mem > y->mem;
+}
+
+static void keep(PlanResult *r, const PlanRow *row) {
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->rows = xrealloc(r->rows, sizeof(PlanRow) * (size_t)r->cap);
+    }
+    r->rows[r->n++] = *row;
+}
+
+// Every (micro-batches, zero, recompute) of one (mesh, vpp) whose stages' tables are lts: returns 1 when
+// stop_at_fit found one that fits. ZeRO over groups of one rank (dp_edp_one) is zero 0's layout.
+static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                             PlanLayout l, int dp_edp_one, const ParamTable *lts, int stop_at_fit) {
+    static const int rcs[3] = {RECOMPUTE_NONE, RECOMPUTE_MOE, RECOMPUTE_FULL};
+    int ms[2048], nm = divisors(o->batch, ms);
+    for (int i = 0; i < nm; i++) {
+        for (int z = 0; z < (dp_edp_one ? 1 : 3); z++) {
+            for (int k = 0; k < 3; k++) {
+                l.micro = ms[i];
+                l.zero = z;
+                l.recompute = rcs[k];
+                PlanRow row;
+                int why;
+                if (layout_figures(&row, c, o, sp, &l, &why, lts)) {
+                    r->refused[why]++; // (the batch or the schedule: no zero or recompute changes it)
+                    z = k = 3;
+                    continue;
+                }
+                r->candidates++;
+                if (row.mem > sp->hw.mem_bytes) {
+                    r->refused[PLAN_R_MEMORY]++;
+                    continue;
+                }
+                keep(r, &row);
+                if (stop_at_fit) return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+// Every vpp of one resolved mesh (l: its tp, ep, etp, pp), each split's parameter tables built once.
+static int enumerate_mesh(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                          PlanLayout l, const MeshShape *ms, int stop_at_fit) {
+    int vmax = l.pp > 1 && c->n_layers / l.pp > 1 ? c->n_layers / l.pp : 1, hit = 0;
+    for (int v = 1; v <= vmax && !hit; v++) {
+        l.vpp = v;
+        StageSplit split;
+        if (l.pp > 1 && stages_split(&split, c->n_layers, l.pp, v, "")) {
+            r->refused[PLAN_R_PIPELINE]++;
+            continue;
+        }
+        ParamTable *lts = xcalloc((size_t)l.pp, sizeof *lts);
+        for (int s = 0; s < l.pp; s++) {
+            ParamSlicing sl = {l.tp, 0, l.ep, 0, l.etp, 0, l.pp > 1 ? &split : NULL, s};
+            params_build_local(&lts[s], c, &sl);
+        }
+        hit = enumerate_options(r, c, o, sp, l, ms->dp == 1 && ms->edp == 1, lts, stop_at_fit);
+        for (int s = 0; s < l.pp; s++) params_free(&lts[s]);
+        free(lts);
+    }
+    return hit;
+}
+
+void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                    int stop_at_fit) {
+    memset(r, 0, sizeof *r);
+    int G = sp->gpus, tps[2048], pps[2048], eps[2048], etps[2048], ntp = divisors(G, tps), hit = 0;
+    for (int a = 0; a < ntp && !hit; a++) {
+        int npp = divisors(G / tps[a], pps);
+        for (int b = 0; b < npp && !hit; b++) {
+            int stage = G / pps[b], nep = divisors(stage, eps);
+            for (int e = 0; e < nep && !hit; e++) {
+                int netp = divisors(stage / eps[e], etps);
+                for (int f = 0; f < netp && !hit; f++) {
+                    PlanLayout l = {tps[a], eps[e], etps[f], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1};
+                    MeshShape ms = {G, l.tp, 0, l.pp, l.ep, l.etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
+                    if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
+                    else hit = enumerate_mesh(r, c, o, sp, l, &ms, stop_at_fit);
+                }
+            }
+        }
+    }
+    qsort(r->rows, (size_t)r->n, sizeof *r->rows, by_step);
+}
+
+void plan_result_free(PlanResult *r) {
+    free(r->rows);
+    memset(r, 0, sizeof *r);
+}
+
+int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus) {
+    PlanSpec s = *sp;
+    for (int g = sp->gpus + 1; g <= max_gpus; g++) {
+        s.gpus = g;
+        PlanResult r;
+        plan_enumerate(&r, c, o, &s, 1);
+        int n = r.n;
+        plan_result_free(&r);
+        if (n) return g;
+    }
+    return 0;
+}
+
+const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOptions *o) {
+    static char msg[200];
+    static const char *const keys[] = {"etp", "ep", "tp", "vpp", "pp", "dp", "zero", "micro"};
+    *l = (PlanLayout){1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, o->grad_accum};
+    int *slot[] = {&l->etp, &l->ep, &l->tp, &l->vpp, &l->pp, &l->dp, &l->zero, &l->micro};
+    char buf[512];
+    if (strlen(text) >= sizeof buf) return "--explain: the layout is too long";
+    strcpy(buf, text);
+    for (char *w = strtok(buf, " ,"); w; w = strtok(NULL, " ,")) {
+        if (!strncmp(w, "recompute-", 10)) {
+            const char *v = w + 10;
+            l->recompute = !strcmp(v, "none") ? RECOMPUTE_NONE
+                : !strcmp(v, "moe")           ? RECOMPUTE_MOE
+                : !strcmp(v, "attn")          ? RECOMPUTE_ATTN
+                : !strcmp(v, "full")          ? RECOMPUTE_FULL
+                                              : -1;
+            if (l->recompute < 0)
+                return snprintf(msg, sizeof msg, "--explain: '%s': recompute-none|attn|moe|full", w), msg;
+            continue;
+        }
+        size_t k = 0, n = sizeof keys / sizeof *keys;
+        while (k < n && strncmp(w, keys[k], strlen(keys[k]))) k++;
+        char *end;
+        long v = k < n ? strtol(w + strlen(keys[k]), &end, 10) : 0;
+        if (k == n || end == w + strlen(keys[k]) || *end || v < (k == 6 ? 0 : 1) ||
+            v > (k == 6 ? 2 : 1 << 20))
+            return snprintf(
+                       msg, sizeof msg,
+                       "--explain: '%s' is not a layout word (tpN epN etpN ppN vppN dpN zero0|1|2 microN "
+                       "recompute-none|attn|moe|full)",
+                       w),
+                   msg;
+        *slot[k] = (int)v;
+    }
+    return NULL;
+}

@@ -1,0 +1,82 @@
+// plan.h — the layout planner behind `moe plan`: every layout of a model on G GPUs (TP x EP x ETP x PP x
+// VPP, DP the rest; ZeRO stage, --recompute, micro-batch count), the ones the mesh, the batch or the
+// schedule refuse counted by reason, each remaining one's memory per GPU from the cost model (cost.h
+// cost_mesh: the figures `moe info --world G` prints for it) and a predicted step time from a hardware
+// profile (hwprofile.h). A first model, not the final one; its assumptions:
+//  - compute: each rank's share of the training FLOPs (cost.h cost_flops' parts: the routed and shared
+//    experts at the profile's grouped-GEMM rate, the projections, router and LM head at its dense GEMM
+//    rate, attention's scores at its attention rate), split evenly over the ranks of a stage (routing
+//    balanced; TP splits the heads and the router's rows, EP/ETP the experts' rows, DP the batch); the LM
+//    head on every TP rank of the last stage; plus AdamW over the elements the rank updates at the
+//    profile's HBM rate (30 bytes an element, 22 with bf16 moments). The other ops (norms, RoPE, routing,
+//    copies: ~12% of the reference step) are not counted;
+//  - communication: cost_mesh's bytes sent per rank and step (rows to the experts in bf16), each kind
+//    over the link its group spans (every rank of the group on one node of --nodes-of GPUs: NVLink, else
+//    inter-node), exposed in full unless --comm-exposed says otherwise; the slowest stage sets the step;
+//  - the pipeline bubble: schedule_bubble's simulated fraction (backward = 2 x forward), the step =
+//    (compute + exposed comm) / (1 - bubble);
+//  - memory: the largest stage's per-rank total of cost_mesh (float32 accounting, as moe info), plus
+//    the imbalance headroom on the buffers sized by routing (CostMemory.routed x (--imbalance - 1)) and
+//    the profile's context bytes (the CUDA context, the allocator's reserve).
+// Must not hold: printing or option parsing (train/plan_print.c, cli/cmd_plan.c), the cost arithmetic
+// (cost.c), reading a profile (hwprofile.c).
+#pragma once
+#include "core/config.h"
+#include "parallel/mesh.h"
+#include "train/hwprofile.h"
+#include "train/options.h"
+
+// One layout: the flags of `moe train` that choose it.
+typedef struct {
+    int tp, ep, etp, pp, vpp, dp;
+    int zero, recompute, micro; // --zero, --recompute (RECOMPUTE_*), --grad-accum
+} PlanLayout;
+
+// Its figures (bytes, seconds).
+typedef struct {
+    PlanLayout l;
+    double mem_info; // the largest stage's per-rank total, as moe info prints it
+    double mem_headroom; // (imbalance - 1) x the routed buffers of that stage
+    double mem; // mem_info + mem_headroom + the profile's context
+    double compute, comm, bubble_s; // the step's parts: the slowest stage's compute and exposed comm, bubble
+    double bubble; // the simulated bubble fraction
+    double step, tokens_s, mfu; // seconds a step, tokens/s, model FLOPs / (GPUs x peak)
+    double comm_kind[5]; // exposed seconds: tp, ep, etp, dp, pp (of the slowest stage)
+    int inter[5]; // 1: that kind's groups span nodes
+} PlanRow;
+
+// What to plan for.
+typedef struct {
+    int gpus, nodes_of;
+    double imbalance; // >= 1: headroom factor on the routed buffers
+    double exposed; // in [0, 1]: the fraction of the communication not hidden
+    HwProfile hw;
+} PlanSpec;
+
+// The refusals of an enumeration, by reason.
+enum { PLAN_R_MESH, PLAN_R_PIPELINE, PLAN_R_BATCH, PLAN_R_SCHEDULE, PLAN_R_MEMORY, PLAN_R_N };
+extern const char *const plan_reason_name[PLAN_R_N];
+
+typedef struct {
+    PlanRow *rows; // those that fit, fastest first
+    int n, cap;
+    int candidates; // layouts the mesh, batch and schedule allow (fitting or not)
+    int refused[PLAN_R_N];
+} PlanResult;
+
+// Every layout of c on sp->gpus GPUs for o's batch and seq_len (o's other options as given: schedule
+// kinds follow vpp, o's zero / recompute / grad_accum / pp / tp ... are replaced per layout). stop_at_fit:
+// return at the first layout that fits (r->rows holds it alone, counts partial).
+void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                    int stop_at_fit);
+void plan_result_free(PlanResult *r);
+// One layout's figures: NULL, or a static message naming the rule that refuses it ("mesh: ...",
+// "pipeline: ...", "batch: ...", "schedule: ..."); *reason (may be NULL) its PLAN_R_* index. Fits or not:
+// row->mem against sp->hw.mem_bytes is the caller's.
+const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                        const PlanLayout *l, int *reason);
+// The smallest GPU count above sp->gpus, up to max_gpus, on which some layout fits; 0 if none.
+int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus);
+// Parses "tp2 ep4 etp1 pp2 vpp2 zero1 micro8 recompute-moe" (any order; the words left out: 1, zero 0,
+// recompute none, micro o->grad_accum; dp is the rest); NULL, or a static message naming the bad word.
+const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOptions *o);

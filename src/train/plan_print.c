@@ -1,0 +1,87 @@
+// plan_print.c — `moe plan`'s output: the ranked table of the layouts that fit (memory per GPU, the step's
+// parts, tokens/s, MFU, the command that launches each), one layout explained line by line, and the
+// smallest GPU count for a model that fits nowhere.
+// Must not hold: the planner's arithmetic (plan.c), option parsing (cli/cmd_plan.c).
+#include "train/plan_print.h"
+#include <stdio.h>
+#include <string.h>
+#include "core/common.h"
+#include "model/model.h"
+
+static const char *rc_name(int rc) {
+    return rc == RECOMPUTE_MOE ? "moe"
+        : rc == RECOMPUTE_ATTN ? "attn"
+        : rc == RECOMPUTE_FULL ? "full"
+                               : "none";
+}
+
+// "tp2 ep4 etp1 pp2 vpp1 dp1 zero1 micro8 recompute-moe": the words --explain reads back.
+static void plan_layout_name(char *buf, size_t n, const PlanLayout *l) {
+    snprintf(buf, n, "tp%d ep%d etp%d pp%d vpp%d dp%d zero%d micro%d recompute-%s", l->tp, l->ep, l->etp,
+             l->pp, l->vpp, l->dp, l->zero, l->micro, rc_name(l->recompute));
+}
+
+// The command that trains layout l: mpirun, the model's flags (model_args), the batch, the layout.
+static void print_command(const PlanRow *row, const PlanSpec *sp, const TrainOptions *o,
+                          const char *model_args) {
+    const PlanLayout *l = &row->l;
+    printf("     mpirun -np %d build/moe train%s --batch %d --seq-len %d --tp %d --ep %d --etp %d --pp %d",
+           sp->gpus, model_args, o->batch, o->seq_len, l->tp, l->ep, l->etp, l->pp);
+    if (l->vpp > 1) printf(" --pp-schedule interleaved --vpp %d", l->vpp);
+    printf(" --zero %d --recompute %s --grad-accum %d --device cuda\n", l->zero, rc_name(l->recompute),
+           l->micro);
+}
+
+static void print_head(const PlanSpec *sp, const TrainOptions *o) {
+    printf("plan: %d GPUs of profile %s (%.1f GiB each; nodes of %d), batch %d x %d, %s precision; routing "
+           "headroom x%.2f on the routed buffers, communication %.0f%% exposed\n",
+           sp->gpus, sp->hw.name, sp->hw.mem_bytes / 1073741824.0, sp->nodes_of, o->batch, o->seq_len,
+           o->precision == PREC_BF16 ? "bf16" : "mixed", sp->imbalance, 100 * sp->exposed);
+}
+
+void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOptions *o, int top,
+                      const char *model_args) {
+    print_head(sp, o);
+    printf("layouts: %d allowed by the mesh, batch and schedule, %d of them fit; refused:", r->candidates,
+           r->n);
+    for (int k = 0; k < PLAN_R_N; k++)
+        printf(" %s %d%s", plan_reason_name[k], r->refused[k], k < PLAN_R_N - 1 ? "," : "\n");
+    if (!r->n) return;
+    printf("%3s  %-54s %10s %10s %9s %9s %9s %9s %10s %6s\n", "#", "layout", "mem/GPU", "(moe info)",
+           "compute", "comm", "bubble", "step", "tokens/s", "MFU");
+    for (int i = 0; i < r->n && i < top; i++) {
+        const PlanRow *w = &r->rows[i];
+        char name[160], m1[32], m2[32];
+        plan_layout_name(name, sizeof name, &w->l);
+        fmt_bytes(m1, sizeof m1, w->mem);
+        fmt_bytes(m2, sizeof m2, w->mem_info);
+        printf("%3d  %-54s %10s %10s %7.1fms %7.1fms %7.1fms %7.1fms %10.0f %5.1f%%\n", i + 1, name, m1, m2,
+               1e3 * w->compute, 1e3 * w->comm, 1e3 * w->bubble_s, 1e3 * w->step, w->tokens_s, 100 * w->mfu);
+        print_command(w, sp, o, model_args);
+    }
+}
+
+void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions *o, const char *model_args) {
+    static const char *const kinds[5] = {"tp", "ep all-to-all", "etp", "dp gradients", "pp"};
+    char name[160], b[4][32];
+    plan_layout_name(name, sizeof name, &w->l);
+    print_head(sp, o);
+    printf("layout: %s\n", name);
+    fmt_bytes(b[0], sizeof b[0], w->mem_info);
+    fmt_bytes(b[1], sizeof b[1], w->mem_headroom);
+    fmt_bytes(b[2], sizeof b[2], sp->hw.context_bytes);
+    fmt_bytes(b[3], sizeof b[3], w->mem);
+    printf("memory per GPU: %s (moe info --world %d's largest per-rank total) + routing headroom %s + "
+           "context %s = "
+           "%s of %.1f GiB: %s\n",
+           b[0], sp->gpus, b[1], b[2], b[3], sp->hw.mem_bytes / 1073741824.0,
+           w->mem <= sp->hw.mem_bytes ? "fits" : "does not fit");
+    printf("compute (the slowest stage): %.2f ms\n", 1e3 * w->compute);
+    for (int k = 0; k < 5; k++)
+        printf("exposed %-13s %8.2f ms (%s)\n", kinds[k], 1e3 * w->comm_kind[k],
+               w->inter[k] ? "between nodes" : "NVLink");
+    printf("pipeline bubble: %.1f%% (simulated, backward = 2 x forward): %.2f ms\n", 100 * w->bubble,
+           1e3 * w->bubble_s);
+    printf("step: %.2f ms, %.0f tokens/s, MFU %.1f%%\n", 1e3 * w->step, w->tokens_s, 100 * w->mfu);
+    print_command(w, sp, o, model_args);
+}

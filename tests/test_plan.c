@@ -1,0 +1,204 @@
+// test_plan.c — the layout planner (train/plan.h):
+//  - the enumeration of the tiny preset on 4 GPUs (batch 4) is complete: its layouts and refusals counted
+//    by hand below, rule by rule;
+//  - every layout it keeps has the memory cost_mesh gives the train options of that layout, built here
+//    from the layout's flags (the figures `moe info --world G` prints; test_plan.sh checks the CLI's), plus
+//    the headroom and the context, and the ranking is sorted by step time;
+//  - an impossible layout is refused naming its rule (mesh, pipeline, batch, schedule);
+//  - doubling the links' bandwidth never makes a layout slower, and makes one that communicates faster;
+//  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not.
+#include <string.h>
+#include "model/model.h"
+#include "train/cost.h"
+#include "train/plan.h"
+#include "test_util.h"
+
+static ModelConfig tiny(void) {
+    ModelConfig c;
+    if (config_preset(&c, "tiny")) exit(1);
+    return c;
+}
+
+static PlanSpec spec(int gpus) {
+    PlanSpec sp;
+    memset(&sp, 0, sizeof sp);
+    sp.gpus = gpus;
+    sp.nodes_of = 8;
+    sp.imbalance = 1.25;
+    sp.exposed = 1;
+    sp.hw = *hwprofile_builtin("h200");
+    return sp;
+}
+
+// The tiny preset (4 heads, 2 kv heads, 4 experts, f 192, 2 layers) on 4 GPUs, batch 4, by hand:
+// (tp, pp) with tp | 4, pp | 4/tp: (1,1) (1,2) (1,4) (2,1) (2,2) (4,1); (ep, etp) with ep x etp | 4/pp:
+// 6 pairs for a stage of 4 ranks, 3 for 2, 1 for 1: 6+3+1+6+3+6 = 25 meshes. Mesh refusals: tp 4 (2 kv
+// heads), 6. Pipeline: pp 4 over 2 layers, 1 (pp 2: one layer a stage, vpp 1 only). Left: (1,1) x 6
+// (dp 4), (1,2) x 3 (dp 2), (2,1) x 6 (dp 2), (2,2) x 3 (dp 1). Micro-batches m | 4 with 4 % (m dp) == 0:
+// dp 4 m 1 (2 refused each: 12); dp 2 m 1, 2 (1 refused each: 3 + 6); dp 1 all. Schedule: 1f1b needs
+// m >= pp 2: m 1 refused on the 3 + 3 pipelined meshes (6). ZeRO 0, 1, 2 unless dp and edp are 1 (zero 0
+// only): of (2,2) the (ep,etp) = (1,2) and (2,1) meshes. Recompute none, moe, full: x 3. Kept:
+// (1,1) 6 x 1 m x 3 x 3 = 54; (1,2) 3 x 1 x 9 = 27; (2,1) 6 x 2 x 9 = 108; (2,2) (1,1) 2 x 9 = 18 and
+// 2 x 2 x 3 = 12: 219, all fitting in an H200.
+static void check_count(void) {
+    ModelConfig c = tiny();
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 4;
+    o.seq_len = 64;
+    PlanSpec sp = spec(4);
+    PlanResult r;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    EXPECT(r.candidates == 219 && r.n == 219, "%d candidates, %d kept; want 219 of each", r.candidates, r.n);
+    int want[PLAN_R_N] = {6, 1, 21, 6, 0};
+    for (int k = 0; k < PLAN_R_N; k++)
+        EXPECT(r.refused[k] == want[k], "refused for %s: %d, want %d", plan_reason_name[k], r.refused[k],
+               want[k]);
+    // no layout twice
+    for (int i = 0; i < r.n; i++)
+        for (int j = 0; j < i; j++)
+            EXPECT(memcmp(&r.rows[i].l, &r.rows[j].l, sizeof(PlanLayout)), "rows %d and %d hold one layout",
+                   i, j);
+    plan_result_free(&r);
+}
+
+// Every kept layout of the small preset on 8 GPUs: its memory is cost_mesh's for the train options of
+// its flags, and the rows run fastest first.
+static void check_memory(void) {
+    ModelConfig c;
+    config_preset(&c, "small");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 16;
+    o.seq_len = 128;
+    PlanSpec sp = spec(8);
+    PlanResult r;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    EXPECT(r.n > 100, "only %d layouts kept", r.n);
+    int bad = 0, routed = 0;
+    for (int i = 0; i < r.n; i++) {
+        const PlanRow *w = &r.rows[i];
+        const PlanLayout *l = &w->l;
+        TrainOptions t = o; // the flags of the row's launch command
+        t.tp = l->tp, t.ep = l->ep, t.etp = l->etp, t.pp = l->pp, t.vpp = l->vpp, t.zero = l->zero;
+        t.recompute = l->recompute, t.grad_accum = l->micro;
+        t.pp_schedule = l->vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
+        MeshShape ms = {8, l->tp, 0, l->pp, l->ep, l->etp, 0, 0};
+        EXPECT(!mesh_shape_resolve(&ms, &c) && ms.dp == l->dp, "row %d: dp %d", i, l->dp);
+        CostMesh m;
+        EXPECT(!cost_mesh(&m, &c, &t, &ms), "row %d: cost_mesh refused a kept layout", i);
+        double top = 0, head = 0;
+        for (int s = 0; s < ms.pp; s++) {
+            if (m.stage[s].mem.total > top) top = m.stage[s].mem.total;
+            if (0.25 * m.stage[s].mem.routed > head) head = 0.25 * m.stage[s].mem.routed;
+        }
+        routed += head > 0;
+        bad += top != w->mem_info || head != w->mem_headroom || w->mem != top + head + sp.hw.context_bytes ||
+            (ms.ep * ms.etp == 1) != (head == 0);
+        if (i) bad += w->step < r.rows[i - 1].step;
+        cost_mesh_free(&m);
+    }
+    EXPECT(!bad, "%d rows' memory or order differ from cost_mesh's", bad);
+    EXPECT(routed > 10, "only %d layouts with a routing headroom", routed);
+    plan_result_free(&r);
+}
+
+static void refuses(const char *text, int gpus, const char *phrase, int reason) {
+    ModelConfig c = tiny();
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 8;
+    o.seq_len = 64;
+    PlanSpec sp = spec(gpus);
+    PlanLayout l;
+    const char *bad = plan_parse_layout(&l, text, &o);
+    PlanRow row;
+    int why = -1;
+    if (!bad) bad = plan_layout(&row, &c, &o, &sp, &l, &why);
+    EXPECT(bad && strstr(bad, phrase) && (reason < 0 || why == reason),
+           "'%s' on %d: %s (reason %d), want '%s'", text, gpus, bad ? bad : "accepted", why, phrase);
+}
+
+static void check_refusals(void) {
+    refuses("tp3", 4, "mesh: world size 4 is not divisible by tp 3", PLAN_R_MESH);
+    refuses("ep8", 8, "n_experts 4 is not divisible by ep 8", PLAN_R_MESH);
+    refuses("tp4", 4, "n_kv_heads 2 is not divisible by tp 4", PLAN_R_MESH);
+    refuses("tp2 dp4", 4, "mesh: dp 4, but 4 GPUs / (tp 2 x pp 1) = dp 2", PLAN_R_MESH);
+    refuses("pp4", 4, "n_layers 2 is not divisible by --pp 4", PLAN_R_PIPELINE);
+    refuses("pp2 vpp2 micro2", 2, "n_layers 2 is not divisible by --pp 2 x --vpp 2", PLAN_R_PIPELINE);
+    refuses("vpp2", 2, "--vpp needs --pp > 1", PLAN_R_PIPELINE);
+    refuses("micro3", 2, "--batch 8 is not divisible by --grad-accum 3 x dp 2", PLAN_R_BATCH);
+    refuses("pp2 micro1", 2, "at least as many micro-batches (--grad-accum 1) as pipeline stages (--pp 2)",
+            PLAN_R_SCHEDULE);
+    refuses("tp2 ep", 2, "'ep' is not a layout word", -1);
+    refuses("zero3", 2, "'zero3' is not a layout word", -1);
+    refuses("recompute-some", 2, "recompute-none|attn|moe|full", -1);
+}
+
+// Every layout of the small preset on 16 GPUs in nodes of 4, with the links twice as fast.
+static void check_monotone(void) {
+    ModelConfig c;
+    config_preset(&c, "small");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 32;
+    o.seq_len = 128;
+    PlanSpec sp = spec(16), fast = sp;
+    sp.nodes_of = fast.nodes_of = 4;
+    fast.hw.nvlink_gbps *= 2;
+    fast.hw.internode_gbps *= 2;
+    PlanResult r;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    int slower = 0, comm = 0, inter = 0;
+    for (int i = 0; i < r.n; i++) {
+        PlanRow w;
+        plan_layout(&w, &c, &o, &fast, &r.rows[i].l, NULL);
+        slower += w.step > r.rows[i].step;
+        if (r.rows[i].comm > 0) {
+            comm++;
+            slower += !(w.step < r.rows[i].step); // it communicates: strictly faster
+        }
+        for (int k = 0; k < 5; k++) inter += r.rows[i].inter[k];
+    }
+    EXPECT(!slower && comm > 100 && inter > 0,
+           "%d of %d layouts not faster with faster links (%d communicate)", slower, r.n, comm);
+    plan_result_free(&r);
+}
+
+// The small preset on GPUs of a third of its one-GPU layouts' least memory.
+static void check_smallest(void) {
+    ModelConfig c;
+    config_preset(&c, "small");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 16;
+    o.seq_len = 128;
+    PlanSpec sp = spec(1);
+    sp.hw.context_bytes = 0;
+    PlanResult r;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    double least = 1e300;
+    for (int i = 0; i < r.n; i++) least = r.rows[i].mem < least ? r.rows[i].mem : least;
+    plan_result_free(&r);
+    sp.hw.mem_bytes = least / 3;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    EXPECT(r.n == 0 && r.refused[PLAN_R_MEMORY] == r.candidates, "1 GPU: %d fit", r.n);
+    plan_result_free(&r);
+    int g = plan_smallest_fit(&c, &o, &sp, 64);
+    EXPECT(g > 2, "the smallest count that fits: %d", g);
+    for (int k = g - 1; k <= g; k++) {
+        sp.gpus = k;
+        plan_enumerate(&r, &c, &o, &sp, 0);
+        EXPECT((r.n > 0) == (k == g), "%d GPUs: %d layouts fit (smallest fit found: %d)", k, r.n, g);
+        plan_result_free(&r);
+    }
+}
+
+int main(void) {
+    check_count();
+    check_memory();
+    check_refusals();
+    check_monotone();
+    check_smallest();
+    return test_done("test_plan");
+}

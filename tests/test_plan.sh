@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# test_plan.sh — `moe plan` through the command line:
+#  - the memory column of its rows equals what `moe info --world N` prints for the same layout, run with
+#    the flags of the row's own launch command (the largest per-rank total: one accounting), for every
+#    5th row of the small preset on 4 GPUs and the top rows of the reference model on 8;
+#  - --explain of a row's layout words gives that row's figures;
+#  - a JSON profile with the h200 built-in's numbers gives the built-in's table;
+#  - a model that fits nowhere on 1 GPU: the smallest count named fits, the count below it does not;
+#  - bad input: one "moe: error:" line naming the problem, no file touched.
+set -u
+. "$(dirname "$0")/lib.sh"
+
+W="$TMP/w"
+mkdir -p "$W" && cd "$W" || exit 1
+GUARD="$W"
+
+# The largest byte figure of moe info's per-rank lines ("... total X" or "X per rank"), as printed.
+info_mem() {
+  grep -E '^per rank|^  stage [0-9]+:' | grep -oE '(total [0-9.]+ [KMGT]?i?B)$|([0-9.]+ [KMGT]?i?B) per rank$' | sed 's/^total //; s/ per rank$//' |
+    awk '{u = $2 == "B" ? 1 : $2 == "KiB" ? 2^10 : $2 == "MiB" ? 2^20 : $2 == "GiB" ? 2^30 : 2^40;
+          if ($1 * u > best) { best = $1 * u; s = $0 } } END { print s }'
+}
+
+# check_rows N STRIDE MODEL...: rows 1, 1+STRIDE, ... of `moe plan --gpus N MODEL...` against moe info
+check_rows() {
+  local n="$1" stride="$2" bad=0 checked=0; shift 2
+  "$MOE" plan --gpus "$n" --top 100000 "$@" >"$TMP/plan.txt" || { fail "moe plan --gpus $n $*"; return; }
+  while read -r idx; do
+    local row cmd want got
+    row=$(grep -E "^ +$idx  tp" "$TMP/plan.txt")
+    cmd=$(grep -A1 -E "^ +$idx  tp" "$TMP/plan.txt" | tail -n 1)
+    want=$(echo "$row" | awk '{print $13, $14}')
+    # the launch command's flags after "train", less --device (moe info has no device)
+    args=$(echo "$cmd" | sed 's/.* build\/moe train//; s/ --device cuda//')
+    # shellcheck disable=SC2086
+    got=$("$MOE" info --world "$n" $args | info_mem)
+    checked=$((checked + 1))
+    if [ "$want" != "$got" ]; then
+      bad=$((bad + 1))
+      echo "    row $idx: plan $want, moe info $got: $args"
+    fi
+  done < <(grep -oE '^ +[0-9]+  tp' "$TMP/plan.txt" | awk -v s="$stride" '($1 - 1) % s == 0 {print $1}')
+  if [ "$checked" -gt 3 ] && [ "$bad" = 0 ]; then pass "moe plan --gpus $n $*: $checked rows' memory as moe info prints it"
+  else fail "moe plan --gpus $n $*: $bad of $checked rows differ from moe info"; fi
+}
+check_rows 4 5 --preset small --batch 16 --seq-len 128
+check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --top 12
+check_rows 8 1 --preset small --batch 16 --seq-len 128 --precision bf16 --top 12
+
+# --explain of row 3's words: the row's tokens/s and memory
+"$MOE" plan --gpus 8 --preset small --batch 16 --seq-len 128 >"$TMP/plan.txt"
+row=$(grep -E '^ +3  tp' "$TMP/plan.txt")
+words=$(echo "$row" | awk '{print $2, $3, $4, $5, $6, $7, $8, $9, $10}')
+"$MOE" plan --gpus 8 --preset small --batch 16 --seq-len 128 --explain "$words" >"$TMP/explain.txt"
+tps=$(echo "$row" | awk '{print $(NF-1)}')
+mem=$(echo "$row" | awk '{print $11, $12}')
+check "--explain '$words' gives the row's tokens/s ($tps)" grep -qE "^step: .* $tps tokens/s" "$TMP/explain.txt"
+check "--explain '$words' gives the row's memory ($mem)" grep -qF "= $mem of" "$TMP/explain.txt"
+check "--explain names the layout and says it fits" grep -qE "^layout: $words$" "$TMP/explain.txt"
+grep -q ': fits$' "$TMP/explain.txt" || fail "--explain: no 'fits'"
+
+# a JSON profile holding the h200 built-in's numbers (hwprofile.c) gives its table
+cat >"$TMP/h200.json" <<'J'
+{"name": "h200", "memory_bytes": 149250113536, "context_bytes": 536870912, "peak_tflops": 989,
+ "dense_tflops": 448.9, "grouped_tflops": 552.0, "attention_tflops": 213.0, "hbm_gbps": 4012,
+ "nvlink_gbps": 126, "internode_gbps": 14, "pcie_gbps": 25}
+J
+"$MOE" plan --gpus 16 --nodes-of 4 --preset small --batch 32 --seq-len 128 --top 30 >"$TMP/a.txt"
+"$MOE" plan --gpus 16 --nodes-of 4 --preset small --batch 32 --seq-len 128 --top 30 --gpu "$TMP/h200.json" >"$TMP/b.txt"
+check "a JSON profile of the h200's numbers gives the built-in's table" cmp -s "$TMP/a.txt" "$TMP/b.txt"
+# the same profile with the links twice as fast: the best row no slower
+sed 's/"nvlink_gbps": 126, "internode_gbps": 14/"nvlink_gbps": 252, "internode_gbps": 28/' "$TMP/h200.json" >"$TMP/fast.json"
+"$MOE" plan --gpus 16 --nodes-of 4 --preset small --batch 32 --seq-len 128 --top 1 --gpu "$TMP/fast.json" >"$TMP/c.txt"
+a=$(grep -E '^ +1  tp' "$TMP/a.txt" | awk '{print $(NF-1)}')
+c=$(grep -E '^ +1  tp' "$TMP/c.txt" | awk '{print $(NF-1)}')
+check "twice the link bandwidth: the best layout's tokens/s $a -> $c, not lower" fcmp "$c" ">=" "$a"
+
+# a model too big for one GPU
+run_ok "mixtral-8x7b on 1 GPU" "$MOE" plan --gpus 1 --preset mixtral-8x7b --batch 8 --seq-len 4096
+g=$(grep -oE 'the smallest GPU count that fits: [0-9]+' "$OUT_FILE" | awk '{print $NF}')
+if [ -n "$g" ] && [ "$g" -gt 1 ]; then
+  "$MOE" plan --gpus "$g" --preset mixtral-8x7b --batch 8 --seq-len 4096 >"$TMP/g.txt"
+  "$MOE" plan --gpus $((g - 1)) --preset mixtral-8x7b --batch 8 --seq-len 4096 >"$TMP/g1.txt"
+  check "the smallest count named ($g) fits" grep -qE '^ +1  tp' "$TMP/g.txt"
+  check "$((g - 1)) GPUs do not" grep -q "fits nowhere on $((g - 1)) GPU" "$TMP/g1.txt"
+else fail "no smallest GPU count named"; fi
+
+# bad input
+cat >"$TMP/missing.json" <<'J'
+{"memory_bytes": 1e11, "context_bytes": 5e8, "peak_tflops": 989, "dense_tflops": 400, "grouped_tflops": 500,
+ "attention_tflops": 200, "nvlink_gbps": 100, "internode_gbps": 10, "pcie_gbps": 25}
+J
+sed 's/"pcie_gbps": 25/"pcie_gbps": 25, "hbm": 3000/; s/"memory_bytes"/"hbm_gbps": 3000, "memory_bytes"/' "$TMP/missing.json" >"$TMP/typo.json"
+sed 's/"nvlink_gbps": 100/"nvlink_gbps": -1/; s/"memory_bytes"/"hbm_gbps": 3000, "memory_bytes"/' "$TMP/missing.json" >"$TMP/neg.json"
+printf '{"memory_bytes": ' >"$TMP/broken.json"
+cp "$TMP"/*.json "$W/"
+P=("$MOE" plan --preset small --batch 16 --seq-len 128)
+run_fail "--gpus N is required" "${P[@]}"
+run_fail "--gpus must be in [1, 65536] (got 0)" "${P[@]}" --gpus 0
+run_fail "--gpu a100: no such profile (built in: h200, h100" "${P[@]}" --gpus 2 --gpu a100
+run_fail '"hbm_gbps" is missing' "${P[@]}" --gpus 2 --gpu missing.json
+run_fail 'unknown key "hbm"' "${P[@]}" --gpus 2 --gpu typo.json
+run_fail '"nvlink_gbps" must be a positive number' "${P[@]}" --gpus 2 --gpu neg.json
+run_fail "not a JSON object" "${P[@]}" --gpus 2 --gpu broken.json
+run_fail "cannot read './nope.json'" "${P[@]}" --gpus 2 --gpu ./nope.json
+run_fail "impossible layout 'tp3': mesh: world size 4 is not divisible by tp 3" "${P[@]}" --gpus 4 --explain tp3
+run_fail "impossible layout 'pp8': pipeline: n_layers 4 is not divisible by --pp 8" "${P[@]}" --gpus 8 --explain pp8
+run_fail "n_experts 8 is not divisible by ep 16" "${P[@]}" --gpus 16 --explain ep16
+run_fail "'foo' is not a layout word" "${P[@]}" --gpus 2 --explain "tp2 foo"
+run_fail "--imbalance must be in [1, 64] (got 0.5)" "${P[@]}" --gpus 2 --imbalance 0.5
+run_fail "--comm-exposed must be in [0, 1] (got 2)" "${P[@]}" --gpus 2 --comm-exposed 2
+run_fail "--nodes-of must be >= 1" "${P[@]}" --gpus 2 --nodes-of 0
+run_fail "option '--tp' does not apply to this command" "${P[@]}" --gpus 2 --tp 2
+
+finish
