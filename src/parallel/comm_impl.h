@@ -66,6 +66,18 @@ extern const CommOps comm_self_ops;
 
 // MPI_Abort every rank when MPI is running (the DIE hook's action); returns otherwise (comm_world.c).
 void comm_world_abort(void);
+#ifdef MOE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+// A CUDA runtime call of the transports that stage through the host or open IPC handles (comm_staged.c,
+// comm_ipc.c), checked: dies naming it (callers include core/common.h).
+#define COMM_CUDA_OK(call) \
+    do { \
+        cudaError_t _e = (call); \
+        if (_e != cudaSuccess) \
+            DIE("%s failed: %s (%s)", #call, cudaGetErrorName(_e), cudaGetErrorString(_e)); \
+    } while (0)
+#endif
+
 // Free the staged transport's pooled staging buffers and requests (comm_world_finalize; comm_staged.c).
 void comm_staged_free(void);
 // The staged device ops (comm_staged.c): the ipc transport's for everything but the all-to-all-v.

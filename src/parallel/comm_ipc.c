@@ -23,16 +23,6 @@
 #include "parallel/comm.h"
 #include "parallel/comm_impl.h"
 
-#ifdef MOE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#define CUDA_OK(call) \
-    do { \
-        cudaError_t _e = (call); \
-        if (_e != cudaSuccess) \
-            DIE("%s failed: %s (%s)", #call, cudaGetErrorName(_e), cudaGetErrorString(_e)); \
-    } while (0)
-#endif
-
 #define HANDLE_BYTES 64 // a cudaIpcMemHandle_t, or a shared-memory segment's name
 
 // One rank's inbox as its peers see it: the handle, its generation and capacity.
@@ -61,7 +51,7 @@ static void box_free(IpcGroup *g) {
     if (!g->box) return;
 #ifdef MOE_HAVE_CUDA
     if (g->on_gpu) {
-        CUDA_OK(cudaFree(g->box));
+        COMM_CUDA_OK(cudaFree(g->box));
         g->box = NULL;
         return;
     }
@@ -81,9 +71,9 @@ static void box_grow(IpcGroup *g, size_t need) {
     alloc_note_backend();
 #ifdef MOE_HAVE_CUDA
     if (g->on_gpu) {
-        CUDA_OK(cudaMalloc((void **)&g->box, g->cap));
+        COMM_CUDA_OK(cudaMalloc((void **)&g->box, g->cap));
         cudaIpcMemHandle_t h;
-        CUDA_OK(cudaIpcGetMemHandle(&h, g->box));
+        COMM_CUDA_OK(cudaIpcGetMemHandle(&h, g->box));
         _Static_assert(sizeof h <= HANDLE_BYTES, "a cudaIpcMemHandle_t fits the handle field");
         memcpy(g->mine.handle, &h, sizeof h);
         return;
@@ -102,7 +92,7 @@ static void box_grow(IpcGroup *g, size_t need) {
 static void peer_close(IpcGroup *g, int q) {
     if (!g->peer[q]) return;
 #ifdef MOE_HAVE_CUDA
-    if (g->on_gpu) CUDA_OK(cudaIpcCloseMemHandle(g->peer[q]));
+    if (g->on_gpu) COMM_CUDA_OK(cudaIpcCloseMemHandle(g->peer[q]));
     else
 #endif
         munmap(g->peer[q], g->peer_cap[q]);
@@ -116,7 +106,7 @@ static void peer_open(IpcGroup *g, int q, const Inbox *b) {
     if (g->on_gpu) {
         cudaIpcMemHandle_t h;
         memcpy(&h, b->handle, sizeof h);
-        CUDA_OK(cudaIpcOpenMemHandle((void **)&g->peer[q], h, cudaIpcMemLazyEnablePeerAccess));
+        COMM_CUDA_OK(cudaIpcOpenMemHandle((void **)&g->peer[q], h, cudaIpcMemLazyEnablePeerAccess));
     } else
 #endif
     {
@@ -135,7 +125,7 @@ static void copy(const IpcGroup *g, void *dst, const void *src, size_t n) {
     if (!n) return;
 #ifdef MOE_HAVE_CUDA
     if (g->on_gpu) {
-        CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cudaStreamLegacy));
+        COMM_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cudaStreamLegacy));
         return;
     }
 #endif
@@ -143,7 +133,7 @@ static void copy(const IpcGroup *g, void *dst, const void *src, size_t n) {
 }
 static void idle(const IpcGroup *g) {
 #ifdef MOE_HAVE_CUDA
-    if (g->on_gpu) CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+    if (g->on_gpu) COMM_CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
 #endif
 }
 

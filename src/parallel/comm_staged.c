@@ -18,22 +18,9 @@
 #include "parallel/comm.h"
 #include "parallel/comm_impl.h"
 
-#ifdef MOE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 // ---- the copies: device (or host) memory to and from the staging buffers
 typedef enum { COPY_HOST, COPY_CUDA } CopyKind;
 static CopyKind g_kind = COPY_HOST;
-
-#ifdef MOE_HAVE_CUDA
-#define CUDA_OK(call) \
-    do { \
-        cudaError_t _e = (call); \
-        if (_e != cudaSuccess) \
-            DIE("%s failed: %s (%s)", #call, cudaGetErrorName(_e), cudaGetErrorString(_e)); \
-    } while (0)
-#endif
 
 // (the D2H copy on the legacy stream waits for every kernel before it; from pinned memory the H2D copy
 // returns when done, so the staging buffer may be reused at once)
@@ -41,7 +28,7 @@ static void d2h(void *h, const void *d, size_t n) {
     if (!n) return;
 #ifdef MOE_HAVE_CUDA
     if (g_kind == COPY_CUDA) {
-        CUDA_OK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+        COMM_CUDA_OK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
         return;
     }
 #endif
@@ -51,7 +38,7 @@ static void h2d(void *d, const void *h, size_t n) {
     if (!n) return;
 #ifdef MOE_HAVE_CUDA
     if (g_kind == COPY_CUDA) {
-        CUDA_OK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+        COMM_CUDA_OK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
         return;
     }
 #endif
@@ -62,7 +49,7 @@ static void *halloc(size_t n) {
 #ifdef MOE_HAVE_CUDA
     if (g_kind == COPY_CUDA) {
         void *p = NULL;
-        CUDA_OK(cudaHostAlloc(&p, n, cudaHostAllocDefault));
+        COMM_CUDA_OK(cudaHostAlloc(&p, n, cudaHostAllocDefault));
         return p;
     }
 #endif
@@ -72,7 +59,7 @@ static void hfree(void *p) {
     if (!p) return;
 #ifdef MOE_HAVE_CUDA
     if (g_kind == COPY_CUDA) {
-        CUDA_OK(cudaFreeHost(p));
+        COMM_CUDA_OK(cudaFreeHost(p));
         return;
     }
 #endif
@@ -81,7 +68,7 @@ static void hfree(void *p) {
 // the direct form: the compute stream's work done before MPI reads or writes device memory
 static void device_idle(void) {
 #ifdef MOE_HAVE_CUDA
-    if (g_kind == COPY_CUDA) CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
+    if (g_kind == COPY_CUDA) COMM_CUDA_OK(cudaStreamSynchronize(cudaStreamLegacy));
 #endif
 }
 
