@@ -1,0 +1,35 @@
+#!/bin/bash
+# plan_check.sh — issue 41's one-GPU validation of `moe plan` (a benchmark, not a test): for the reference
+# model (peers-ref, batch 4 x 2048 on uniform random tokens) under mixed and bf16, with and without
+# `--recompute moe`, and a small launch-bound model, the planner's predicted memory and step time
+# (`moe plan --gpus 1 --explain`) against the measured peak GPU memory (nvidia-smi) and the median tokens/s
+# of steps 4-12. Prepare here: `bash scripts/device/mesh_pack.sh .gpum` (build/ built with CUDA), then run
+# `bash scripts/device/plan_check.sh` with carry [".gpum"]; about 4 minutes. Prints one row per case:
+#   case | predicted GiB | measured GiB | ratio | predicted tok/s | measured tok/s | ratio
+cd "$(dirname "$0")/../.."
+. scripts/device/libs.sh && mesh_unpack $PWD/${GPUM:-.gpum} /tmp/pc
+W=/tmp/pcw; mkdir -p $W; R=${OUT:-$W}/plan_check.txt; : > $R
+export OMP_NUM_THREADS=16
+[ -f $W/rand32k.bin ] || python3 scripts/device/random_shard.py $W/rand32k.bin
+say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+REF="--preset peers-ref --batch 4 --seq-len 2048"
+SMALL="--n-layers 6 --d-model 384 --n-heads 6 --n-kv-heads 6 --d-ff 1024 --n-experts 8 --top-k 2 --batch 64 --seq-len 256 --vocab-size 32000"
+one() { # NAME PRECISION RECOMPUTE MODEL...
+  local name=$1 prec=$2 rc=$3; shift 3
+  $B/moe plan --gpus 1 --gpu h200 "$@" --precision $prec --explain "recompute-$rc" > $W/$name.plan 2>&1
+  local pm=$(sed -n 's/^memory per GPU: .* = \([0-9.]*\) GiB of.*/\1/p' $W/$name.plan)
+  local pt=$(sed -n 's/^step: .* ms, \([0-9]*\) tokens\/s.*/\1/p' $W/$name.plan)
+  mem_start
+  timeout 200 stdbuf -oL $B/moe train --device cuda "$@" --precision $prec --recompute $rc --steps 12 --lr 1e-4 \
+    --warmup 1 --save-every -1 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 --force \
+    --data $W/rand32k.bin --out $W/run > $W/$name.log 2>&1 || { say "$name: train failed"; tail -3 $W/$name.log | tee -a $R; }
+  local peak=$(mem_peak)
+  local mt=$(grep -E "^step ([4-9]|1[0-2])/" $W/$name.log | sed 's/.*| *\([0-9]*\) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
+  say "$(awk -v n=$name -v pm=$pm -v mm=$peak -v pt=$pt -v mt=$mt 'BEGIN{g=mm/1024; printf "%-16s mem %6.2f GiB pred, %6.2f GiB meas (%.3fx) | %8d tok/s pred, %8d meas (%.3fx)\n", n, pm, g, pm/g, pt, mt, pt/mt}')"
+}
+one ref-mixed mixed none $REF
+one ref-mixed-rc mixed moe $REF
+one ref-bf16 bf16 none $REF
+one ref-bf16-rc bf16 moe $REF
+one small-bf16 bf16 none $SMALL
+say "$(date -u) done"
