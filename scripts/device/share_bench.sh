@@ -8,6 +8,8 @@
 #   2. one training step of the reference model's shape cut to 4 layers (peers-ref, batch 16 x 1024, 4
 #      micro-batches, --device cuda) in one process, and as dp2, ep2 and pp2 sharing the GPU (staged), with
 #      and without MPS: tokens/s (median over steps 3-8) and the GPU's peak memory (nvidia-smi).
+# PARTS (default 123) picks the parts, MPS (default "off on") the MPS settings, ROWS part 2's rows (default
+# "one dp2 ep2 ep2ipc pp2").
 cd "$(dirname "$0")/../.."
 R=$PWD
 X=/tmp/sb
@@ -52,6 +54,8 @@ step() { # step LABEL NP FLAGS...
   printf "%-34s rc %-3s tokens/s %-8s peak GPU memory %6s MiB\n" "$label" $rc "$(tps $d)" "$(sort -n $d.mem | tail -1)" | tee -a $T
   [ $rc = 0 ] || grep -m2 -E "rror" $d.log | tee -a $T
 }
+ROWS=${ROWS:-one dp2 ep2 ep2ipc pp2} # part 2's rows
+row() { [[ " $ROWS " == *" $1 "* ]]; }
 for mps in ${MPS:-off on}; do
   [[ $PARTS == *2* ]] || break
   if [ $mps = on ]; then
@@ -61,11 +65,11 @@ for mps in ${MPS:-off on}; do
     MPI="$MPI -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY"
   fi
   say "== 2. one step, sharing the GPU (MPS $mps)"
-  step "one process" 1
-  step "dp2 (2 ranks, staged)" 2
-  step "ep2 (2 ranks, staged)" 2 --ep 2
-  step "ep2 (2 ranks, ipc)" 2 --ep 2 --gpu-comm ipc
-  step "pp2 (2 ranks, staged)" 2 --pp 2
+  row one && step "one process" 1
+  row dp2 && step "dp2 (2 ranks, staged)" 2
+  row ep2 && step "ep2 (2 ranks, staged)" 2 --ep 2
+  row ep2ipc && step "ep2 (2 ranks, ipc)" 2 --ep 2 --gpu-comm ipc
+  row pp2 && step "pp2 (2 ranks, staged)" 2 --pp 2
   [ $mps = on ] && echo quit | nvidia-cuda-mps-control
 done
 
