@@ -3,6 +3,7 @@
 // composed of them as ops/plain.h composes them (with each operand's role, for the non-finite report),
 // and the count of non-finite scale groups that the step reads. Every other op is backend_cpu()'s.
 // Must not hold: the quantisers or the GEMM themselves (cpu_fp8.c), or anything that knows the model.
+#include <omp.h>
 #include <string.h>
 #include "core/common.h"
 #include "ops/cpu/cpu_fp8.h"
@@ -32,21 +33,61 @@ static int64_t fp8_nonfinite(int *layer, int *tensor) {
     return n;
 }
 
-// Host scratch for one group's operands: codes and scales of A (ma x ka) tiled along ka, of B (mb x kb)
-// tiled (b_blocks 0) or blocked (1), and a float32 result of rc elements.
+// Host scratch for one group's operands: codes and scales of A (na codes, nsa scales) and of B (nb, nsb),
+// tiled (b_blocks 0) or blocked (1), a float32 result of nc elements, and the GEMM's own: B decoded (nb
+// floats) and a row of N floats per thread.
 typedef struct {
     uint8_t *qa, *qb;
-    float *sa, *sb, *c;
+    float *sa, *sb, *c, *bt, *p;
 } Fp8Scratch;
-static Fp8Scratch fp8_scratch(size_t na, size_t nsa, size_t nb, size_t nsb, size_t nc) {
-    size_t fl = nsa + nsb + nc, bytes = sizeof(float) * fl + na + nb;
+static Fp8Scratch fp8_scratch(size_t na, size_t nsa, size_t nb, size_t nsb, size_t nc, size_t N) {
+    size_t np = (size_t)omp_get_max_threads() * N, fl = nsa + nsb + nc + nb + np,
+           bytes = sizeof(float) * fl + na + nb;
     Fp8Scratch s;
     s.sa = (float *)cpu_scratch(bytes);
     s.sb = s.sa + nsa;
     s.c = s.sb + nsb;
-    s.qa = (uint8_t *)(s.c + nc);
+    s.bt = s.c + nc;
+    s.p = s.bt + nb;
+    s.qa = (uint8_t *)(s.p + np);
     s.qb = s.qa + na;
     return s;
+}
+
+// cpu_fp8_gemm's result bit for bit, faster (the backend's GEMMs; tests/test_fp8_ops.c holds it to the
+// reference): the codes decoded once (exact), B as float32 (K, N) in bt (K N floats of scratch), p (N floats
+// per thread) so that the inner loop runs over n, each output's sum in the reference's order: per K-tile t,
+// p = the products in increasing k from 0, then c += p * (sa * sb), c from 0.
+static void gemm(float *c, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb, int M, int N,
+                 int K, int b_blocks, float *bt, float *pbuf) {
+    float val[256];
+    for (int i = 0; i < 256; i++) val[i] = e4m3_to_f32((uint8_t)i);
+    int T = fp8_ntiles(K);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) bt[(size_t)k * N + n] = val[b[(size_t)n * K + k]];
+#pragma omp parallel
+    {
+        float *p = pbuf + (size_t)omp_get_thread_num() * N;
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++) {
+            float *cr = c + (size_t)m * N;
+            for (int n = 0; n < N; n++) cr[n] = 0.0f;
+            for (int t = 0; t < T; t++) {
+                for (int n = 0; n < N; n++) p[n] = 0.0f;
+                int k1 = (t + 1) * FP8_TILE < K ? (t + 1) * FP8_TILE : K;
+                for (int k = t * FP8_TILE; k < k1; k++) {
+                    float av = val[a[(size_t)m * K + k]];
+                    const float *br = bt + (size_t)k * N;
+#pragma omp simd
+                    for (int n = 0; n < N; n++) p[n] += av * br[n]; // (lanes: outputs, each in order)
+                }
+                float s = sa[(size_t)m * T + t];
+                for (int n = 0; n < N; n++)
+                    cr[n] += p[n] * (s * sb[(size_t)(b_blocks ? n / FP8_TILE : n) * T + t]);
+            }
+        }
+    }
 }
 
 // dst (+)= src over n floats: added (one float32 addition each) or copied
@@ -70,10 +111,10 @@ static void fp8_fwd(float *out, const float *inp, const float *w, const int64_t 
             memset(out + r0 * O, 0, sizeof(float) * (size_t)n * O);
             continue;
         }
-        Fp8Scratch s = fp8_scratch((size_t)n * K, (size_t)n * T, (size_t)O * K, (size_t)BO * T, 0);
+        Fp8Scratch s = fp8_scratch((size_t)n * K, (size_t)n * T, (size_t)O * K, (size_t)BO * T, 0, O);
         note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, inp + r0 * K, (int)n, K), tin);
         note_bad(cpu_fp8_quant_blocks(s.qb, s.sb, w + (size_t)g * O * K, O, K), tw);
-        cpu_fp8_gemm(out + r0 * O, s.qa, s.sa, s.qb, s.sb, (int)n, O, K, 1);
+        gemm(out + r0 * O, s.qa, s.sa, s.qb, s.sb, (int)n, O, K, 1, s.bt, s.p);
     }
 }
 
@@ -83,7 +124,7 @@ static void fp8_dinp(float *dinp, const float *dout, const float *w, int64_t n, 
                      int tdout, int tw) {
     int TO = fp8_ntiles(O), BK = fp8_ntiles(K);
     size_t wn = (size_t)O * K;
-    Fp8Scratch s = fp8_scratch((size_t)n * O, (size_t)n * TO, 2 * wn, 2 * (size_t)BK * TO, (size_t)n * K);
+    Fp8Scratch s = fp8_scratch((size_t)n * O, (size_t)n * TO, 2 * wn, 2 * (size_t)BK * TO, (size_t)n * K, K);
     uint8_t *qw = s.qb + wn;
     float *sw = s.sb + (size_t)BK * TO;
     note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, dout, (int)n, O), tdout);
@@ -92,7 +133,7 @@ static void fp8_dinp(float *dinp, const float *dout, const float *w, int64_t n, 
         for (int k = 0; k < K; k++) s.qb[(size_t)k * O + o] = qw[(size_t)o * K + k];
     for (int i = 0; i < TO; i++)
         for (int j = 0; j < BK; j++) s.sb[(size_t)j * TO + i] = sw[(size_t)i * BK + j];
-    cpu_fp8_gemm(s.c, s.qa, s.sa, s.qb, s.sb, (int)n, K, O, 1);
+    gemm(s.c, s.qa, s.sa, s.qb, s.sb, (int)n, K, O, 1, s.bt, s.p);
     put(dinp, s.c, (size_t)n * K, add);
 }
 
@@ -100,10 +141,11 @@ static void fp8_dinp(float *dinp, const float *dout, const float *w, int64_t n, 
 static void fp8_dw(float *dw, const float *dout, const float *inp, int64_t n, int K, int O, int add,
                    int tdout, int tin) {
     int TN = fp8_ntiles((int)n);
-    Fp8Scratch s = fp8_scratch((size_t)O * n, (size_t)O * TN, (size_t)K * n, (size_t)K * TN, (size_t)O * K);
+    Fp8Scratch s =
+        fp8_scratch((size_t)O * n, (size_t)O * TN, (size_t)K * n, (size_t)K * TN, (size_t)O * K, K);
     note_bad(cpu_fp8_quant_tiles_t(s.qa, s.sa, dout, (int)n, O), tdout);
     note_bad(cpu_fp8_quant_tiles_t(s.qb, s.sb, inp, (int)n, K), tin);
-    cpu_fp8_gemm(s.c, s.qa, s.sa, s.qb, s.sb, O, K, (int)n, 0);
+    gemm(s.c, s.qa, s.sa, s.qb, s.sb, O, K, (int)n, 0, s.bt, s.p);
     put(dw, s.c, (size_t)O * K, add);
 }
 
