@@ -36,6 +36,10 @@ int cmd_plan(State *s) {
     if (cl->gpus < 1 || cl->gpus > 1 << 16) DIE("--gpus must be in [1, 65536] (got %d)", cl->gpus);
     if (cl->nodes_of < 1) DIE("--nodes-of must be >= 1 (got %d)", cl->nodes_of);
     if (cl->top < 1) DIE("--top must be >= 1 (got %d)", cl->top);
+    if (s->train.precision == PREC_FP8)
+        DIE("plan: --precision fp8 runs on the cpu backend only until the FP8 kernels are wired (nothing to "
+            "plan "
+            "on GPUs yet)");
     if (!(cl->imbalance >= 1 && cl->imbalance <= 64))
         DIE("--imbalance must be in [1, 64] (got %g)", cl->imbalance);
     if (!(cl->comm_exposed >= 0 && cl->comm_exposed <= 1))

@@ -199,7 +199,9 @@ const Opt opts[] = {
      "mixed: float32 weights and AdamW moments (bf16 GEMM operands on --device cuda); bf16: AdamW moments "
      "stored in bf16 (half their memory), every weight rounded to a bf16 value after each update (on cuda "
      "the GEMMs' weights kept in bf16 alone, in one process) and the experts' gradients in bf16 "
-     "(--bf16-grads); checkpoints stay float32"},
+     "(--bf16-grads); fp8: mixed's storage, the experts' GEMMs (forward, input and weight gradients) with "
+     "e4m3 operands in DeepSeek-V3's fine-grained scales (1x128 tiles, 128x128 weight blocks) and float32 "
+     "sums (--device cpu only, for now); checkpoints stay float32"},
     {"bf16-rounding", O_ROUNDING, TO(bf16_rounding), C_TRAIN,
      "--precision bf16: how each updated weight is rounded to bf16: stochastic (unbiased, seeded by --seed: "
      "reproducible), nearest (round to nearest even), or none (the weights stay float32: only the moments "
@@ -295,7 +297,7 @@ static const WordSet word_sets[] = {
      3,
      {"micro-batch", "sequence", "global"},
      {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
-    {O_PRECISION, "mixed|bf16", 0, 2, {"mixed", "bf16"}, {PREC_MIXED, PREC_BF16}},
+    {O_PRECISION, "mixed|bf16|fp8", 0, 3, {"mixed", "bf16", "fp8"}, {PREC_MIXED, PREC_BF16, PREC_FP8}},
     {O_GRADMEM, "shared|separate", 0, 2, {"shared", "separate"}, {GRADMEM_SHARED, GRADMEM_SEPARATE}},
     {O_GPUCOMM,
      "auto|nccl|staged|ipc|mpi",

@@ -265,8 +265,8 @@ static void write_state(const char *path, const TrainState *st) {
     cJSON_AddStringToObject(j, "seed", s);
     add_i64(j, "total_steps", st->total_steps);
     add_exact_double(j, "tokens_seen", st->tokens_seen);
-    if (st->precision == PREC_BF16)
-        cJSON_AddStringToObject(j, "precision", "bf16"); // (mixed: absent, as always)
+    if (st->precision != PREC_MIXED)
+        cJSON_AddStringToObject(j, "precision", prec_name(st->precision)); // (mixed: absent, as always)
     json_write_file(path, j);
     cJSON_Delete(j);
 }
@@ -320,10 +320,11 @@ static void read_state(const char *dir, TrainState *st) {
     if (ts && cJSON_IsNumber(ts)) s.tokens_seen = ts->valuedouble;
     else if (ts && !cJSON_IsNull(ts)) DIE("checkpoint %s: state.json: \"tokens_seen\" is not a number", dir);
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "precision");
-    if (pr &&
-        !(cJSON_IsString(pr) && (!strcmp(pr->valuestring, "bf16") || !strcmp(pr->valuestring, "mixed"))))
-        DIE("checkpoint %s: state.json: \"precision\" is not \"mixed\" or \"bf16\"", dir);
-    s.precision = pr && !strcmp(pr->valuestring, "bf16") ? PREC_BF16 : PREC_MIXED;
+    s.precision = PREC_MIXED;
+    if (pr && cJSON_IsString(pr) && !strcmp(pr->valuestring, "bf16")) s.precision = PREC_BF16;
+    else if (pr && cJSON_IsString(pr) && !strcmp(pr->valuestring, "fp8")) s.precision = PREC_FP8;
+    else if (pr && !(cJSON_IsString(pr) && !strcmp(pr->valuestring, "mixed")))
+        DIE("checkpoint %s: state.json: \"precision\" is not \"mixed\", \"bf16\" or \"fp8\"", dir);
     cJSON_Delete(j);
     *st = s;
 }

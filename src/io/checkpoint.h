@@ -16,7 +16,7 @@ typedef struct {
     int64_t total_steps; // the run's --steps when saved (informational)
     double tokens_seen;
     int precision; // the run's --precision (options.h PREC_*): state.json's "precision", written
-                   // only for bf16 (absent: mixed, as every older checkpoint)
+                   // only for bf16 and fp8 (absent: mixed, as every older checkpoint)
 } TrainState;
 
 // Save a checkpoint into dir (created atomically via dir.tmp + rename; an existing dir of the

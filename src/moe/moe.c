@@ -502,6 +502,7 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
     const Backend *be = m->be;
     int d = m->d, El = m->El, k = m->k, Ns = m->Ns, fu = m->fu, TP = comm_size(m->cm.tp);
     const MoeWeights *wu = &m->wu;
+    if (be->fp8_site) be->fp8_site(m->layer); // (FP8: the quantisers' non-finite report names the layer)
     // the shared rows again (--recompute moe): another state's moe_start (AMPipe's next chunk) may have
     // grown, that is moved, them since ours
     if (m->rc) moe_rc_rows(m, moe_rows_bytes(m));
@@ -553,6 +554,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     const Backend *be = m->be;
     int d = m->d, fu = m->fu, E = m->E, El = m->El, k = m->k, Ns = m->Ns;
     int TP = comm_size(m->cm.tp);
+    if (be->fp8_site) be->fp8_site(m->layer);
     // gathered: the forward's whole experts, and whole-expert gradients reduce-scattered at the end
     MoeWeights wf;
     MoeGrads gf, *gu = g;

@@ -1,10 +1,12 @@
-// backend.c — choosing a Backend by name (--device), and the size of the cuda attention backward's dS
-// scratch (ops.h attention_ds_bytes: the rule the kernels and moe info share, CUDA or not). Must not
+// backend.c — choosing a Backend by name (--device) and its FP8 variant (--precision fp8), and the size of
+// the cuda attention backward's dS scratch (ops.h attention_ds_bytes: the rule the kernels and moe info
+// share, CUDA or not). Must not
 // hold: ops or compositions of ops (the plain forms of the fused ops are ops/plain.h, which the backends
 // include without this file).
 #include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
+#include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 
 const Backend *backend_by_name(const char *name) {
@@ -18,6 +20,13 @@ const Backend *backend_by_name(const char *name) {
         return name[4] ? backend_cuda_fp32() : backend_cuda();
     }
     DIE("--device %s: unknown device (cpu, cuda = bf16 tensor-core GEMMs, cuda-fp32, auto)", name);
+}
+
+const Backend *backend_fp8(const Backend *be) {
+    if (be == backend_cpu() || be == backend_cpu_fp8()) return backend_cpu_fp8();
+    DIE("--precision fp8 runs on the cpu backend only until the FP8 kernels are wired (this run's device is "
+        "%s; use --device cpu)",
+        be->name);
 }
 
 long long attention_ds_cap_mb(void) {

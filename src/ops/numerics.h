@@ -21,8 +21,14 @@ typedef enum { FMT_F32 = 0, FMT_BF16 = 1 } ElemFormat;
 static inline MOE_HD size_t fmt_size(ElemFormat f) { return f == FMT_BF16 ? 2 : 4; }
 
 // The precision policies of training (--precision): PREC_MIXED float32 weights and AdamW moments (bf16
-// GEMM operands on cuda); PREC_BF16 bf16 moments, weights rounded to bf16 values after every update.
-enum { PREC_MIXED = 0, PREC_BF16 = 1 };
+// GEMM operands on cuda); PREC_BF16 bf16 moments, weights rounded to bf16 values after every update;
+// PREC_FP8 the storage of PREC_MIXED (float32 weights and moments) with the experts' GEMMs in FP8 e4m3
+// (ops.h Backend.fp8: the fine-grained recipe below; the cpu backend only, for now).
+enum { PREC_MIXED = 0, PREC_BF16 = 1, PREC_FP8 = 2 };
+// Its --precision word (state.json, run.json, notes).
+static inline const char *prec_name(int p) {
+    return p == PREC_BF16 ? "bf16" : p == PREC_FP8 ? "fp8" : "mixed";
+}
 
 // bf16 <-> float32 bit operations shared by every backend (integer arithmetic: the same bits on any
 // device). NaN stays NaN (quiet); an overflow rounds to infinity as the hardware conversion does.

@@ -147,6 +147,32 @@ struct Backend {
     // (attention_fwd; o_proj's input through matmul_*_multi).
     ElemFormat hid;
 
+    // FP8 training of the experts (--precision fp8): 0 off (every backend's own table); 1 (the cpu's fp8
+    // table, backend_fp8) the grouped GEMMs compute every product by DeepSeek-V3's fine-grained recipe, on
+    // the values they receive (float32 on cpu), with ops/cpu/cpu_fp8.h's quantisers and GEMM (its operand
+    // layouts; their names below). Per group g, rows [off[g], off[g+1]) (n of them):
+    //   grouped_matmul_fwd  out_g = gemm(tiles(inp_g), blocks(W_g))           inp 1x128 tiles along K,
+    //                                                                         W (O,K) 128x128 blocks
+    //   grouped_matmul_bwd  dinp_g (+)= gemm(tiles(dout_g), blocks(W_g)^T)    dout tiles along O; W's codes
+    //                                                                         and block scales transposed
+    //                       dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g))   (O,K) = dout^T inp: both tiled
+    //                                                                         along the group's rows, the
+    //                                                                         tiles from its first row
+    // gemm: cpu_fp8_gemm (float32 result); tiles/blocks/tiles_t: cpu_fp8_quant_tiles/_blocks/_tiles_t of the
+    // group's rows; (+)= the result added into the buffer (one float32 addition per element) or written, as
+    // the flags say (GM_DW_WRITE: a group without rows writes zeros). GM_DW_BF16 is refused (fp8 keeps
+    // float32 gradients). The fused expert ops are their plain compositions (ops/plain.h, the same floats):
+    // the routed experts' three GEMMs and the shared expert's (it runs through the same ops) in forward,
+    // activation- and weight-gradient passes; the SwiGLU, router, combine, norms, attention and LM head stay
+    // as they are. A scale group (tile or block) holding a NaN or an infinity has no scale (cpu_fp8.h): the
+    // ops count them. fp8_site(layer) names the model layer whose expert ops follow (the MoE layer calls it
+    // before its forward and its backward); fp8_nonfinite returns the groups counted since its last call
+    // (and resets the count), with the first one's layer and tensor (FP8T_*: fp8_tensor_name): the step
+    // reads it once. Both NULL where fp8 is 0.
+    int fp8;
+    void (*fp8_site)(int layer);
+    int64_t (*fp8_nonfinite)(int *layer, int *tensor);
+
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
     // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the
     // copy instead of converting the weight on every call; adamw_runs on p keeps it current. Any
@@ -400,6 +426,37 @@ struct Backend {
                        float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 };
 
+// The tensors the FP8 quantisers read (Backend.fp8_nonfinite names the first non-finite one): the fused
+// expert ops know their operands' roles; grouped_matmul_fwd/bwd called directly give the generic three.
+enum {
+    FP8T_X,
+    FP8T_W1,
+    FP8T_W3,
+    FP8T_ACT,
+    FP8T_W2,
+    FP8T_DY,
+    FP8T_DH1,
+    FP8T_DH3,
+    FP8T_INP,
+    FP8T_W,
+    FP8T_DOUT,
+    FP8T_N
+};
+static inline const char *fp8_tensor_name(int t) {
+    static const char *name[FP8T_N] = {"x (the experts' input rows)",
+                                       "w1 (the experts' gate weights)",
+                                       "w3 (the experts' up weights)",
+                                       "act (the SwiGLU output, the down projection's input)",
+                                       "w2 (the experts' down weights)",
+                                       "dy (the experts' output gradient)",
+                                       "dh1 (the gate projection's output gradient)",
+                                       "dh3 (the up projection's output gradient)",
+                                       "a grouped GEMM's input",
+                                       "a grouped GEMM's weight",
+                                       "a grouped GEMM's output gradient"};
+    return t >= 0 && t < FP8T_N ? name[t] : "an unnamed tensor";
+}
+
 // The bytes of one element of the backend's hidden format (Backend.hid), and element i of a buffer in it: the
 // experts' h1, h3, act, dh1, dh3, the rows sent to them, the attention's bf16 operands.
 static inline size_t hid_size(const Backend *be) { return fmt_size(be->hid); }
@@ -420,6 +477,10 @@ static inline MOE_HD int dropout_keep(uint64_t seed, int64_t g, int c, uint32_t 
 }
 
 const Backend *backend_cpu(void);
+// The FP8 variant of a backend (Backend.fp8 = 1; --precision fp8): the cpu's, whose grouped GEMMs are the
+// recipe above over ops/cpu/cpu_fp8.c. Dies naming the backend for any other (the GPU's FP8 kernels are
+// not wired yet).
+const Backend *backend_fp8(const Backend *be);
 // "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming
 // the problem when the named backend cannot run here.
 const Backend *backend_by_name(const char *name);

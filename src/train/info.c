@@ -47,8 +47,11 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s (%s of "
            "them in the "
            "expert gradients' memory), total %s\n",
-           o->precision == PREC_BF16 ? "float32, AdamW moments bf16" : "float32", b1, o->batch, o->seq_len,
-           b2, bl, b3);
+           o->precision == PREC_BF16 ? "float32, AdamW moments bf16"
+               : o->precision == PREC_FP8
+               ? "float32, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
+               : "float32",
+           b1, o->batch, o->seq_len, b2, bl, b3);
     fmt_bytes(b1, sizeof b1, w.hid);
     fmt_bytes(b2, sizeof b2, w.shadow);
     fmt_bytes(b3, sizeof b3, w.scratch);
@@ -83,8 +86,11 @@ static void print_rank(const CostMesh *m, const TrainOptions *o) {
     printf("per rank (zero %d, %s): params %s, grads %s, AdamW moments %s, activations %s (a "
            "micro-batch "
            "of %d x %d; %s of them in the expert gradients' memory); total %s\n",
-           o->zero, o->precision == PREC_BF16 ? "float32, moments bf16" : "float32", a1, a1, a2, a3, m->Bl,
-           o->seq_len, a5, a4);
+           o->zero,
+           o->precision == PREC_BF16      ? "float32, moments bf16"
+               : o->precision == PREC_FP8 ? "float32, experts' GEMMs fp8"
+                                          : "float32",
+           a1, a1, a2, a3, m->Bl, o->seq_len, a5, a4);
 }
 
 // With pipeline stages: each stage's layers, parameters, optimizer state and peak activations (the

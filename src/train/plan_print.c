@@ -36,7 +36,7 @@ static void print_head(const PlanSpec *sp, const TrainOptions *o) {
     printf("plan: %d GPUs of profile %s (%.1f GiB each; nodes of %d), batch %d x %d, %s precision; routing "
            "headroom x%.2f on the routed buffers, communication %.0f%% exposed\n",
            sp->gpus, sp->hw.name, sp->hw.mem_bytes / 1073741824.0, sp->nodes_of, o->batch, o->seq_len,
-           o->precision == PREC_BF16 ? "bf16" : "mixed", sp->imbalance, 100 * sp->exposed);
+           prec_name(o->precision), sp->imbalance, 100 * sp->exposed);
 }
 
 void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOptions *o, int top,

@@ -242,10 +242,13 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
         if (r->rank0 && r->st.precision != r->o->precision)
             printf(
                 "note: the checkpoint was trained with --precision %s; continuing with --precision %s (%s)\n",
-                r->st.precision == PREC_BF16 ? "bf16" : "mixed", bf16 ? "bf16" : "mixed",
-                !bf16        ? "its bf16 values as float32"
-                    : wround ? "its weights and AdamW moments rounded to bf16, to nearest"
-                             : "its AdamW moments rounded to bf16, to nearest");
+                prec_name(r->st.precision), prec_name(r->o->precision),
+                bf16 && wround ? "its weights and AdamW moments rounded to bf16, to nearest"
+                    : bf16     ? "its AdamW moments rounded to bf16, to nearest"
+                    : r->st.precision == PREC_BF16
+                    ? "its bf16 values as float32"
+                    : "the same float32 weights and AdamW moments (mixed and fp8 "
+                      "store alike)");
     } else {
         float *ph = xmalloc(P * sizeof(float) + 1);
         params_init(&m->t, &r->c, ph, r->o->seed);

@@ -1,8 +1,8 @@
 // cpu_fp8.h — the host reference of FP8 training's numerics, which the GPU kernels must equal: the
 // fine-grained e4m3 quantisation (activations per 1x128 tile along the reduction dimension, weights per
 // 128x128 block; element rounding and the scale rule in ops/numerics.h) and the FP8 GEMM with float32
-// promotion every 128 products. Must not hold: the backend interface (these are not backend ops yet) or
-// anything that knows layers or the model.
+// promotion every 128 products (the fp8 backend's grouped GEMMs compose them: cpu_fp8_ops.c). Must not
+// hold: the backend interface or anything that knows layers or the model.
 //
 // The three GEMMs of an expert (W (N, K) the weight, X (M, K) its input rows, dY (M, N) the output's
 // gradient) all take both operands with the reduction dimension contiguous (FP8 wgmma reads K-major only):
