@@ -23,10 +23,11 @@ const Backend *backend_by_name(const char *name) {
 }
 
 const Backend *backend_fp8(const Backend *be) {
-    if (be == backend_cpu() || be == backend_cpu_fp8()) return backend_cpu_fp8();
-    DIE("--precision fp8 runs on the cpu backend only until the FP8 kernels are wired (this run's device is "
-        "%s; use --device cpu)",
-        be->name);
+    if (be->fp8) return be;
+    if (be == backend_cpu()) return backend_cpu_fp8();
+    if (be == backend_cuda()) return backend_cuda_fp8(0);
+    if (be == backend_cuda_fp32()) return backend_cuda_fp8(1);
+    DIE("--precision fp8: the backend %s has no FP8 table (cpu, cuda and cuda-fp32 have)", be->name);
 }
 
 long long attention_ds_cap_mb(void) {

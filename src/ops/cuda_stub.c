@@ -17,3 +17,8 @@ const Backend *backend_cuda(void) {
 }
 
 const Backend *backend_cuda_fp32(void) { return backend_cuda(); }
+
+const Backend *backend_cuda_fp8(int fp32) {
+    (void)fp32;
+    return backend_cuda();
+}

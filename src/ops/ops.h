@@ -478,8 +478,10 @@ static inline MOE_HD int dropout_keep(uint64_t seed, int64_t g, int c, uint32_t 
 
 const Backend *backend_cpu(void);
 // The FP8 variant of a backend (Backend.fp8 = 1; --precision fp8): the cpu's, whose grouped GEMMs are the
-// recipe above over ops/cpu/cpu_fp8.c. Dies naming the backend for any other (the GPU's FP8 kernels are
-// not wired yet).
+// recipe above over ops/cpu/cpu_fp8.c; cuda's and cuda-fp32's (backend_cuda_fp8), the same recipe on the
+// GPU (the quantisers equal the cpu's bit for bit; the GEMMs equal cpu_fp8_gemm up to the order of the sum
+// inside one 128-deep K-tile, or bit for bit with MOE_FP8_GEMM=ref). A backend that is fp8 already is its
+// own.
 const Backend *backend_fp8(const Backend *be);
 // "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming
 // the problem when the named backend cannot run here.
@@ -506,6 +508,9 @@ void backend_profile_report(FILE *f, int steps);
 #define MOE_GEMM_FP32_MAX_O 64
 const Backend *backend_cuda(void);
 const Backend *backend_cuda_fp32(void);
+// The FP8 tables over "cuda" (fp32 0: bf16 hidden rows) and "cuda-fp32" (1): ops.h Backend.fp8's recipe
+// (src/ops/cuda/cuda_fp8_ops.cu). Die as backend_cuda() does.
+const Backend *backend_cuda_fp8(int fp32);
 int backend_cuda_available(void);
 // The GPU this process uses is local_rank % (visible GPUs), 0 until this is called: the comm layer calls it
 // with the process's node-local rank when the world starts (parallel/comm_world.c), before any cuda

@@ -105,10 +105,6 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->pp_schedule == SCHED_INTERLEAVED && o->vpp < 2)
         BAD("--pp-schedule interleaved needs --vpp >= 2 model chunks per rank (got %d)", o->vpp);
     if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
-    if (o->precision == PREC_FP8 && (!strcmp(o->device, "cuda") || !strcmp(o->device, "cuda-fp32")))
-        BAD("--precision fp8 runs on the cpu backend only until the FP8 kernels are wired (--device %s; use "
-            "--device cpu)",
-            o->device);
     if (o->precision == PREC_FP8 && o->etp > 1)
         BAD("--precision fp8 with --etp %d: an expert's slices would cut its 128x128 weight blocks (other "
             "scales than one process's); fp8 takes --etp 1 for now",

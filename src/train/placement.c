@@ -103,7 +103,7 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     int force_nccl = comm_nccl_forced();
     p->be = backend_by_name(o->device);
     p->on_gpu = p->be != backend_cpu();
-    if (o->precision == PREC_FP8) p->be = backend_fp8(p->be); // (dies on a GPU: not wired yet)
+    if (o->precision == PREC_FP8) p->be = backend_fp8(p->be);
     if (force_nccl && !p->on_gpu)
         DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
     if (force_nccl && o->gpu_comm != GPUCOMM_AUTO && o->gpu_comm != GPUCOMM_NCCL)

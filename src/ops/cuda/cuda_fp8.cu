@@ -195,11 +195,11 @@ __global__ void __launch_bounds__(256) quant_blocks_k(uint8_t *q, float *s, uint
         for (int e = 0; e < 4; e++) {
             uint8_t b = (uint8_t)code(v[i][e], inv, nf);
             codes[r][lane * 4 + e] = b;
-            if (n < N && c0 + e < K) q[base + (size_t)n * K + c0 + e] = b;
+            if (q && n < N && c0 + e < K) q[base + (size_t)n * K + c0 + e] = b;
         }
     }
     if (threadIdx.x == 0) {
-        s[((size_t)g * BN + bi) * BK + bj] = scale;
+        if (s) s[((size_t)g * BN + bi) * BK + bj] = scale;
         if (st) st[((size_t)g * BK + bj) * BN + bi] = scale;
         if (nf && bad) atomicAdd(bad, 1ull);
     }

@@ -34,7 +34,7 @@ void cuda_fp8_quant_tiles_t(uint8_t *q, float *s, const void *x, int x_bf16, con
 // w (G, N, K) -> q (G, N, K), s (G, ceil(N/128), ceil(K/128)): each group as cpu_fp8_quant_blocks. With
 // qt and st not NULL also the transposed layout (the activation gradient's B = W^T): qt (G, K, N) the same
 // codes transposed, st (G, ceil(K/128), ceil(N/128)) the same scales transposed (a block and its scale
-// serve both layouts).
+// serve both layouts). q and s may be NULL where only the transposed layout is wanted.
 void cuda_fp8_quant_blocks(uint8_t *q, float *s, uint8_t *qt, float *st, const void *w, int w_bf16, int G,
                            int N, int K, unsigned long long *bad);
 

@@ -1,0 +1,312 @@
+// cuda_fp8_ops.cu — the CUDA backends' FP8 tables (--precision fp8; ops.h Backend.fp8): the grouped GEMMs by
+// DeepSeek-V3's fine-grained recipe exactly as ops.h defines it for the cpu (cpu_fp8_ops.c): the operands
+// quantised on the GPU (cuda_fp8.cu, equal to the host quantisers bit for bit), the products by
+// cuda_fp8_gemm below, the fused expert ops composed of them as the cpu composes them, the SwiGLU in the
+// base backend's hidden format. Two tables: over "cuda" (bf16 hidden rows) and over "cuda-fp32" (float32
+// rows: with the reference GEMM its grouped GEMMs equal the cpu's fp8 ones bit for bit).
+// The non-finite scale groups are counted on the device per (layer, tensor); fp8_nonfinite reads the
+// counts once (one synchronisation a step) and names the first by layer, then tensor.
+// Must not hold: the quantiser kernels (cuda_fp8.cu) or any knowledge of the model.
+#include <cuda_bf16.h>
+#include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_fp8.h"
+#include "ops/numerics.h"
+
+extern "C" {
+#include "ops/cpu/cpu_fp8.h"
+}
+
+// ---------------------------------------------------------------- the reference GEMM
+// C (M, N) (+)= A (M, K) . B (N, K)^T, A's codes row stride lda with 1x128 tile scales (row stride lsa), B's
+// codes row stride ldb with 128x128 block scales (b_blocks 1: row n / 128 of sb, stride lsb) or 1x128 tile
+// scales (0: row n). One thread an output, its sum in cpu_fp8_gemm's order: per K-tile the products in
+// increasing k (each exact in float32) into p from +0, then c += p * (sa * sb); no contraction (the
+// explicit roundings), so the result is the host reference's bit for bit.
+__global__ void fp8_gemm_ref_k(float *c, long long ldc, const uint8_t *a, long long lda, const float *sa,
+                               long long lsa, const uint8_t *b, long long ldb, const float *sb, long long lsb,
+                               int M, int N, int K, int b_blocks, int add) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const uint8_t *br = b + (long long)n * ldb;
+    const float *sbr = sb + (long long)(b_blocks ? n / FP8_TILE : n) * lsb;
+    int T = (K + FP8_TILE - 1) / FP8_TILE;
+    for (int m = blockIdx.y; m < M; m += gridDim.y) {
+        const uint8_t *ar = a + (long long)m * lda;
+        float acc = 0.0f;
+        for (int t = 0; t < T; t++) {
+            float p = 0.0f;
+            int k1 = min(K, (t + 1) * FP8_TILE);
+            for (int k = t * FP8_TILE; k < k1; k++)
+                p = __fadd_rn(p, __fmul_rn(e4m3_to_f32(ar[k]), e4m3_to_f32(br[k])));
+            acc = __fadd_rn(acc, __fmul_rn(p, __fmul_rn(sa[(long long)m * lsa + t], sbr[t])));
+        }
+        float *o = c + (long long)m * ldc + n;
+        *o = add ? __fadd_rn(*o, acc) : acc;
+    }
+}
+
+static void cuda_fp8_gemm(float *c, long long ldc, const uint8_t *a, long long lda, const float *sa,
+                          long long lsa, const uint8_t *b, long long ldb, const float *sb, long long lsb,
+                          int M, int N, int K, int b_blocks, int add) {
+    if (M <= 0 || N <= 0) return;
+    dim3 grid((unsigned)((N + 127) / 128), (unsigned)(M < 65535 ? M : 65535));
+    fp8_gemm_ref_k<<<grid, 128>>>(c, ldc, a, lda, sa, lsa, b, ldb, sb, lsb, M, N, K, b_blocks, add);
+    KCHECK("fp8_gemm_ref");
+}
+
+// ---------------------------------------------------------------- scratch and the non-finite counts
+// Two grown buffers: the operands' codes and scales (one op's), and float32 rows that outlive the GEMMs
+// inside one fused op (h1, h3 before the SwiGLU; dact before its backward). Ops run in stream order.
+struct Scratch {
+    void *p;
+    size_t bytes;
+};
+static Scratch g_q, g_rows;
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+static void scratch_v(Scratch *s, int cnt, const size_t *sz, void **p) {
+    size_t need = 0;
+    for (int i = 0; i < cnt; i++) need += al256(sz[i]);
+    if (need > s->bytes) {
+        if (s->p) CUDA_CHECK(cudaFree(s->p)); // synchronises: no kernel still reads the old one
+        size_t grow = s->bytes + s->bytes / 4;
+        s->bytes = need > grow ? need : grow;
+        CUDA_CHECK(cudaMalloc(&s->p, s->bytes));
+    }
+    char *q = (char *)s->p;
+    for (int i = 0; i < cnt; i++) {
+        p[i] = q;
+        q += al256(sz[i]);
+    }
+}
+
+static unsigned long long *g_cnt; // (layers + 1) x FP8T_N counts; row 0: ops called before any fp8_site
+static int g_rows_cnt, g_site = -1;
+
+static void fp8_site(int layer) {
+    if (layer + 2 > g_rows_cnt) {
+        int n = layer + 2 > 2 * g_rows_cnt ? layer + 2 : 2 * g_rows_cnt;
+        unsigned long long *p;
+        CUDA_CHECK(cudaMalloc((void **)&p, sizeof *p * n * FP8T_N));
+        CUDA_CHECK(cudaMemset(p, 0, sizeof *p * n * FP8T_N));
+        if (g_cnt) {
+            CUDA_CHECK(cudaMemcpy(p, g_cnt, sizeof *p * g_rows_cnt * FP8T_N, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaFree(g_cnt));
+        }
+        g_cnt = p;
+        g_rows_cnt = n;
+    }
+    g_site = layer;
+}
+
+static unsigned long long *cnt(int tensor) {
+    if (!g_cnt) fp8_site(-1), g_site = -1;
+    return g_cnt + (size_t)(g_site + 1) * FP8T_N + tensor;
+}
+
+static int64_t fp8_nonfinite(int *layer, int *tensor) {
+    *layer = *tensor = -1;
+    if (!g_cnt) return 0;
+    size_t n = (size_t)g_rows_cnt * FP8T_N;
+    unsigned long long *h = (unsigned long long *)xmalloc(sizeof *h * n);
+    CUDA_CHECK(cudaMemcpy(h, g_cnt, sizeof *h * n, cudaMemcpyDeviceToHost));
+    int64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (h[i] && *layer < 0 && *tensor < 0) *layer = (int)(i / FP8T_N) - 1, *tensor = (int)(i % FP8T_N);
+        total += (int64_t)h[i];
+    }
+    free(h);
+    if (total) CUDA_CHECK(cudaMemset(g_cnt, 0, sizeof *g_cnt * n));
+    return total;
+}
+
+// ---------------------------------------------------------------- the recipe's three products
+// The values a weight's quantiser reads: its bf16 copy where the weights have one (the bf16 GEMMs read the
+// same), else the float32 weight.
+static const void *weight_src(const float *w, size_t n, int *bf) {
+    const void *s = cuda_bf16_shadow_of(w, n);
+    *bf = s != NULL;
+    return s ? s : (const void *)w;
+}
+static size_t esz(int bf) { return bf ? 2 : 4; }
+
+// out_g = gemm(tiles(inp_g), blocks(W_g)); inp's element size by `bf`
+static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const int64_t *off, int G, int K,
+                    int O, int tin, int tw) {
+    int64_t r0 = off[0], rows = off[G] - off[0];
+    if (G <= 0 || rows <= 0 || O <= 0) return;
+    if (K <= 0) {
+        CUDA_CHECK(cudaMemsetAsync(out + r0 * O, 0, sizeof(float) * rows * O));
+        return;
+    }
+    int T = fp8_ntiles(K), BO = fp8_ntiles(O), wbf;
+    size_t nw = (size_t)G * O * K,
+           sz[4] = {(size_t)rows * K, sizeof(float) * rows * T, nw, sizeof(float) * G * BO * T};
+    void *p[4];
+    scratch_v(&g_q, 4, sz, p);
+    const void *ws = weight_src(w, nw, &wbf);
+    cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + esz(bf) * r0 * K, bf, (int)rows,
+                         K, cnt(tin));
+    cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K, cnt(tw));
+    for (int g = 0; g < G; g++) {
+        int64_t a = off[g] - r0, n = off[g + 1] - off[g];
+        cuda_fp8_gemm(out + off[g] * O, O, (uint8_t *)p[0] + a * K, K, (float *)p[1] + a * T, T,
+                      (uint8_t *)p[2] + (size_t)g * O * K, K, (float *)p[3] + (size_t)g * BO * T, T, (int)n,
+                      O, K, 1, 0);
+    }
+}
+
+// grouped_matmul_bwd's contract (ops.h) with the recipe's products: dinp_g (+)= gemm(tiles(dout_g),
+// blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout and inp of element size by `bf`
+static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, int bf, const float *w,
+                    const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw) {
+    CHECK(!(flags & GM_DW_BF16),
+          "grouped_matmul_bwd: --precision fp8 keeps float32 weight gradients "
+          "(GM_DW_BF16 is the bf16 policy's)");
+    int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE;
+    int64_t r0 = off[0], rows = off[G] - off[0];
+    if (G <= 0 || K <= 0) return;
+    if (O <= 0 || rows <= 0) { // empty sums: zeros where written
+        if (dw && write) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * G * (size_t)(O > 0 ? O : 0) * K));
+        if (dinp && !acc && rows > 0) CUDA_CHECK(cudaMemsetAsync(dinp + r0 * K, 0, sizeof(float) * rows * K));
+        return;
+    }
+    int TO = fp8_ntiles(O), BK = fp8_ntiles(K), wbf;
+    int64_t P = cuda_fp8_pad_cols(off, G);
+    size_t nw = (size_t)G * O * K;
+    size_t sz[8] = {dinp ? (size_t)rows * O : 0,
+                    dinp ? sizeof(float) * rows * TO : 0,
+                    dinp ? nw : 0,
+                    dinp ? sizeof(float) * G * BK * TO : 0,
+                    dw ? (size_t)O * P : 0,
+                    dw ? sizeof(float) * O * (P / 128) : 0,
+                    dw ? (size_t)K * P : 0,
+                    dw ? sizeof(float) * K * (P / 128) : 0};
+    void *p[8];
+    scratch_v(&g_q, 8, sz, p);
+    if (dinp) {
+        const void *ws = weight_src(w, nw, &wbf);
+        cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)dout + esz(bf) * r0 * O, bf,
+                             (int)rows, O, cnt(tdout));
+        // W (O, K) by blocks; the GEMM's B is W^T (K, O): the codes and block scales transposed only
+        cuda_fp8_quant_blocks(NULL, NULL, (uint8_t *)p[2], (float *)p[3], ws, wbf, G, O, K, cnt(tw));
+        for (int g = 0; g < G; g++) {
+            int64_t a = off[g] - r0, n = off[g + 1] - off[g];
+            cuda_fp8_gemm(dinp + off[g] * K, K, (uint8_t *)p[0] + a * O, O, (float *)p[1] + a * TO, TO,
+                          (uint8_t *)p[2] + (size_t)g * O * K, O, (float *)p[3] + (size_t)g * BK * TO, TO,
+                          (int)n, K, O, 1, acc);
+        }
+    }
+    if (dw) {
+        // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
+        cuda_fp8_quant_tiles_t((uint8_t *)p[4], (float *)p[5], dout, bf, off, G, O, cnt(tdout));
+        cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
+        for (int g = 0; g < G; g++) {
+            int64_t n = off[g + 1] - off[g], c0 = cuda_fp8_pad_cols(off, g);
+            float *dwg = dw + (size_t)g * O * K;
+            if (n == 0) {
+                if (write) CUDA_CHECK(cudaMemsetAsync(dwg, 0, sizeof(float) * O * K));
+                continue;
+            }
+            cuda_fp8_gemm(dwg, K, (uint8_t *)p[4] + c0, P, (float *)p[5] + c0 / 128, P / 128,
+                          (uint8_t *)p[6] + c0, P, (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0,
+                          !write);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the tables' ops (HB: hidden rows bf16)
+static void fp8_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
+                                   int K, int O) {
+    fp8_fwd(out, inp, 0, w, off, G, K, O, FP8T_INP, FP8T_W);
+}
+static void fp8_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
+                                   const float *w, const int64_t *off, int G, int K, int O, int flags) {
+    fp8_bwd(dinp, dw, dout, inp, 0, w, off, G, K, O, flags, FP8T_DOUT, FP8T_INP, FP8T_W);
+}
+
+template <int HB>
+static void fp8_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
+                           const int64_t *off, int G, int K, int O) {
+    int64_t rows = G > 0 ? off[G] - off[0] : 0;
+    if (rows <= 0 || O <= 0) return;
+    size_t b = (size_t)off[0] * O, n = (size_t)rows * O;
+    if (!HB) {
+        fp8_fwd((float *)h1, inp, 0, w1, off, G, K, O, FP8T_X, FP8T_W1);
+        fp8_fwd((float *)h3, inp, 0, w3, off, G, K, O, FP8T_X, FP8T_W3);
+        cuda_swiglu_fwd((float *)act + b, (float *)h1 + b, (float *)h3 + b, n);
+        return;
+    }
+    size_t sz[2] = {sizeof(float) * n, sizeof(float) * n};
+    void *p[2];
+    scratch_v(&g_rows, 2, sz, p);
+    float *f1 = (float *)p[0] - b, *f3 = (float *)p[1] - b; // indexed by the rows' numbers, as h1
+    fp8_fwd(f1, inp, 1, w1, off, G, K, O, FP8T_X, FP8T_W1);
+    fp8_fwd(f3, inp, 1, w3, off, G, K, O, FP8T_X, FP8T_W3);
+    cuda_swiglu_fwd_hid((__nv_bfloat16 *)h1 + b, (__nv_bfloat16 *)h3 + b, (__nv_bfloat16 *)act + b, f1 + b,
+                        f3 + b, n);
+}
+
+template <int HB>
+static void fp8_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
+                         int O) {
+    fp8_fwd(out, act, HB, w, off, G, K, O, FP8T_ACT, FP8T_W2);
+}
+
+// dact (float32) = dout W2 (into dh1 where the rows are float32, else the rows' scratch), dw2 from dout and
+// act, then the SwiGLU's backward: dh1, dh3 written (plain.h's order: swiglu_bwd reads each dact before it
+// writes that dh1)
+template <int HB>
+static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act, const void *h1,
+                           const void *h3, const float *w, const int64_t *off, int G, int K, int O,
+                           int flags) {
+    if (G <= 0) return;
+    int64_t rows = off[G] - off[0];
+    size_t b = (size_t)off[0] * K, n = (size_t)(rows > 0 ? rows : 0) * K;
+    float *dact = (float *)dh1;
+    if (HB) {
+        size_t sz[1] = {sizeof(float) * (n ? n : 1)};
+        void *p[1];
+        scratch_v(&g_rows, 1, sz, p);
+        dact = (float *)p[0] - b;
+    }
+    fp8_bwd(dact, dw, dout, act, HB, w, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16), FP8T_DY, FP8T_ACT,
+            FP8T_W2);
+    if (!n) return;
+    if (HB)
+        cuda_swiglu_bwd_hid((__nv_bfloat16 *)dh1 + b, (__nv_bfloat16 *)dh3 + b, dact + b,
+                            (const __nv_bfloat16 *)h1 + b, (const __nv_bfloat16 *)h3 + b, n);
+    else
+        cuda_swiglu_bwd((float *)dh1 + b, (float *)dh3 + b, dact + b, (const float *)h1 + b,
+                        (const float *)h3 + b, n, 0);
+}
+
+template <int HB>
+static void fp8_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
+                            const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
+                            int K, int O, int flags) {
+    fp8_bwd(dinp, dwa, douta, inp, HB, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X, FP8T_W1);
+    fp8_bwd(dinp, dwb, doutb, inp, HB, wb, off, G, K, O, GM_ACC_DINP | (flags & (GM_DW_WRITE | GM_DW_BF16)),
+            FP8T_DH3, FP8T_X, FP8T_W3);
+}
+
+template <int HB> static void fp8_table(Backend *be, const Backend *base, const char *name) {
+    *be = *base;
+    be->name = name;
+    be->fp8 = 1;
+    be->fp8_site = fp8_site;
+    be->fp8_nonfinite = fp8_nonfinite;
+    be->grouped_matmul_fwd = fp8_grouped_matmul_fwd;
+    be->grouped_matmul_bwd = fp8_grouped_matmul_bwd;
+    be->grouped_swiglu_fwd = fp8_swiglu_fwd<HB>;
+    be->grouped_down_fwd = fp8_down_fwd<HB>;
+    be->grouped_swiglu_bwd = fp8_swiglu_bwd<HB>;
+    be->grouped_matmul_bwd2 = fp8_matmul_bwd2<HB>;
+}
+
+// The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1).
+extern "C" const Backend *backend_cuda_fp8(int fp32) {
+    static Backend be16, be32;
+    if (fp32 && !be32.name) fp8_table<0>(&be32, backend_cuda_fp32(), "cuda-fp32-fp8");
+    if (!fp32 && !be16.name) fp8_table<1>(&be16, backend_cuda(), "cuda-fp8");
+    return fp32 ? &be32 : &be16;
+}
