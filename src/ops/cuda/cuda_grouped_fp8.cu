@@ -222,6 +222,9 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                                 kk);
             wgmma_commit();
             wgmma_wait<0>();
+#pragma unroll
+            for (int e = 0; e < 64; e++) // p is read only after the wait (no use moved above it)
+                asm volatile("" : "+f"(p[e])::"memory");
             const float *ss = scl + 256 * s;
             const float sa0 = ss[rl], sa1 = ss[rl + 8];
 #pragma unroll
