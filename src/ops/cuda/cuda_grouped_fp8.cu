@@ -6,18 +6,17 @@
 // a 128 x 128 output tile.
 // Promotion (the order of cpu_fp8_gemm): each 128-deep K-tile (the scale groups' length) is summed by four
 // wgmma m64n128k32 into a fresh float32 register accumulator p, which is then added into the result:
-// r += p * (sa_row * sb_col), each operation rounded once (no contraction: __fmul_rn, __fadd_rn; the scales
-// are powers of two, so both products are exact); K-tiles in increasing order. Only the sum inside one
-// K-tile differs from the reference (the tensor cores' order and accumulation precision).
-// The tile: a second accumulator (p beside r, 64 + 64 floats a thread) is why a consumer warpgroup takes
-// m64n128 rather than the bf16 kernel's m64n256 (256 accumulator registers would not fit); 128 x 128 per
-// CTA, a stage 16 KB of A + 16 KB of B + 1 KB of scales, 6 stages. Tiles never span two groups: rows past
-// a group's end (rows mode) are computed from the next group's rows and never stored; rows and K past the
-// arrays' ends are zero-filled by TMA (zeros change neither amax nor the sum).
-// Two forms (template RED): rows mode, groups of output rows [off[g], off[g+1]) with B_g per group (the
-// forward and activation gradient); RED, groups of the reduction's columns [p[g], p[g+1]) of A = dY^T and
-// B = X^T with C_g per group (the weight gradient). Must not hold: the bf16 kernels (cuda_grouped.cu),
-// the quantisers, or any knowledge of the model.
+// r += p * (sa_row * sb_col), in float32: the scales are powers of two, so both products are exact and the
+// one rounding is the add's (done as one fused multiply-add); K-tiles in increasing order. Only the sum
+// inside one K-tile differs from the reference (the tensor cores' order and accumulation precision). The
+// tile: a second accumulator (p beside r, 64 + 64 floats a thread) is why a consumer warpgroup takes m64n128
+// rather than the bf16 kernel's m64n256 (256 accumulator registers would not fit); 128 x 128 per CTA, a stage
+// 16 KB of A + 16 KB of B + 1 KB of scales, 6 stages. Tiles never span two groups: rows past a group's end
+// (rows mode) are computed from the next group's rows and never stored; rows and K past the arrays' ends are
+// zero-filled by TMA (zeros change neither amax nor the sum). Two forms (template RED): rows mode, groups of
+// output rows [off[g], off[g+1]) with B_g per group (the forward and activation gradient); RED, groups of the
+// reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Must
+// not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or any knowledge of the model.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -44,6 +43,7 @@ struct GFArgs {
     const float *sa, *sb;
     int sa_ld, sb_ld; // scales per row of sa / sb (rows mode: nkt; RED: Mp / 128)
     int b_blocks; // rows mode: B's scales are 128 x 128 blocks (else 1x128 tiles per row of B)
+    int b_uniform; // b_blocks in rows mode: one B scale for all of a tile's columns
     int G, N, K; // rows mode: C (rows, N), reduction K; RED: C_g (N, K), reduction over p
     int nkt; // rows mode: K-tiles (ceil(K / 128))
     long long ldc;
@@ -215,6 +215,13 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
         for (int kt = 0; kt < T.nkt; kt++) {
             mbar_wait(full + 8 * s, ph);
             uint32_t pa = sA + s * GF_TB + c * 64 * 128, pb = sB + s * GF_TB;
+            const float *ss = scl + 256 * s;
+            const float sa0 = ss[rl], sa1 = ss[rl + 8];
+            float s0 = 0.0f, s1 = 0.0f;
+            if (a.b_uniform) { // one scale for the tile's columns: two scale products a thread
+                s0 = __fmul_rn(sa0, ss[128]);
+                s1 = __fmul_rn(sa1, ss[128]);
+            }
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < GF_BK / 32; kk++) // k32 steps: 32 bytes along the 128-byte rows
@@ -225,18 +232,26 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 64; e++) // p is read only after the wait (no use moved above it)
                 asm volatile("" : "+f"(p[e])::"memory");
-            const float *ss = scl + 256 * s;
-            const float sa0 = ss[rl], sa1 = ss[rl + 8];
+            // r += p * s as one fused multiply-add: p * s is exact (s a power of two), so this is the
+            // reference's rounded add of the exact product (the product's own rounding would matter only
+            // below float32's normal range, |p s| < 2^-126)
+            if (a.b_uniform) {
+                __syncwarp(); // every lane has read the stage's scales and the MMAs its tiles: hand it back
+                if (lane == 0) mbar_arrive(empty + 8 * s);
 #pragma unroll
-            for (int j = 0; j < GF_BN / 8; j++) {
-                const float2 sb = *(const float2 *)(ss + 128 + 8 * j + cl);
-                r[4 * j] = __fadd_rn(r[4 * j], __fmul_rn(p[4 * j], __fmul_rn(sa0, sb.x)));
-                r[4 * j + 1] = __fadd_rn(r[4 * j + 1], __fmul_rn(p[4 * j + 1], __fmul_rn(sa0, sb.y)));
-                r[4 * j + 2] = __fadd_rn(r[4 * j + 2], __fmul_rn(p[4 * j + 2], __fmul_rn(sa1, sb.x)));
-                r[4 * j + 3] = __fadd_rn(r[4 * j + 3], __fmul_rn(p[4 * j + 3], __fmul_rn(sa1, sb.y)));
+                for (int e = 0; e < 64; e++) r[e] = __fmaf_rn(p[e], (e & 2) ? s1 : s0, r[e]);
+            } else { // a scale per column
+#pragma unroll
+                for (int j = 0; j < GF_BN / 8; j++) {
+                    const float2 sb = *(const float2 *)(ss + 128 + 8 * j + cl);
+                    r[4 * j] = __fmaf_rn(p[4 * j], __fmul_rn(sa0, sb.x), r[4 * j]);
+                    r[4 * j + 1] = __fmaf_rn(p[4 * j + 1], __fmul_rn(sa0, sb.y), r[4 * j + 1]);
+                    r[4 * j + 2] = __fmaf_rn(p[4 * j + 2], __fmul_rn(sa1, sb.x), r[4 * j + 2]);
+                    r[4 * j + 3] = __fmaf_rn(p[4 * j + 3], __fmul_rn(sa1, sb.y), r[4 * j + 3]);
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + 8 * s);
             }
-            __syncwarp(); // every lane has read the stage's scales (and the MMAs its tiles): hand it back
-            if (lane == 0) mbar_arrive(empty + 8 * s);
             if (++s == GF_ST) {
                 s = 0;
                 ph ^= 1;
@@ -375,7 +390,7 @@ extern "C" int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint
     a->sa = sa;
     a->sb = sb;
     a->nkt = a->sa_ld = a->sb_ld = (K + GF_BK - 1) / GF_BK;
-    a->b_blocks = b_blocks;
+    a->b_blocks = a->b_uniform = b_blocks;
     a->G = G;
     a->N = N;
     a->K = K;
