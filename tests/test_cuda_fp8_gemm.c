@@ -12,9 +12,11 @@
 // precision (DeepSeek-V3 report 3.3: about 14 bits kept). Model: an accumulation step aligns its terms
 // (products and the running sum, at most 33 of them for a k32 step, 132 alignments over a K-tile) to the
 // largest and keeps 13 bits below it, so each term loses less than 2^-13 of a magnitude <= S_t: at most
-// 132 * 2^-13 < 2^-5.9 * S_t. Then the float32 result r takes T rounded additions on each side (<= 2 T
-// 2^-24 S). Per output element, with S = sum over t of (sa sb) S_t (cpu_fp8_gemm of the codes' magnitudes):
-//   |gpu - ref| <= (2^-6 + (127 + 2 T) 2^-24) * S                                            (BOUND_TC)
+// 132 * 2^-13 = 0.0161 < 2^-5 of S_t (the emulation of that model on the host, sums truncated toward zero,
+// gave worst ratios of 5e-4 on these cases: the bound has room for a coarser accumulator). Then the float32
+// result r takes T rounded additions on each side (<= 2 T 2^-24 S). Per output element, with S = sum over t
+// of (sa sb) S_t (cpu_fp8_gemm of the codes' magnitudes):
+//   |gpu - ref| <= (2^-5 + (127 + 2 T) 2^-24) * S                                            (bound_tc)
 // (the measured worst ratio is printed, for a later tightening). A wrong scale or index is O(1) of a tile's
 // p, caught there and below; the bound is checked to fail on a reference with rotated scales.
 // Exact cases (bound 0): codes v * 128, |v| <= 2 integers, every tile's or block's largest exactly 2 * 2^e
@@ -88,7 +90,7 @@ static long compare(const char *what, const float *got, const float *ref, const 
     return bad;
 }
 
-static double bound_tc(int K) { return ldexp(1.0, -6) + (127.0 + 2.0 * fp8_ntiles(K)) * ldexp(1.0, -24); }
+static double bound_tc(int K) { return ldexp(1.0, -5) + (127.0 + 2.0 * fp8_ntiles(K)) * ldexp(1.0, -24); }
 
 typedef struct {
     int G;
