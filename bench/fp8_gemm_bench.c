@@ -1,0 +1,154 @@
+// fp8_gemm_bench.c — throughput of the FP8 grouped GEMMs (src/ops/cuda/cuda_grouped_fp8.cu) beside our bf16
+// grouped GEMMs (src/ops/cuda/cuda_grouped.cu) on the same shapes, in one process (CUDA builds only; the
+// torch peers: scripts/device/fp8_peer.py). Shapes: the mixtral-like expert GEMM (8 groups x 4096 rows,
+// K 4096, N 14336), its reverse (K 14336, N 4096), PEERS.md's reference model (8 experts, 16384 rows top-2:
+// 2048 a group, d 2048, f 5632) both ways, and the weight gradients dW (G, N, K) of each up-projection.
+// Operands: random e4m3 codes (no NaN) with scales 1, random bf16 values; FLOPs 2 rows N K.
+//   moe_bench_fp8 [--iters N] [--warmup N]
+// Prints one line per shape and form: name, form, ms per call (mean over iters), TFLOP/s.
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/common.h"
+#include "ops/cuda/cuda_grouped_fp8.h"
+
+// the bf16 kernels' entry points (cuda_grouped.cu; declared for C++ in ops/cuda/cuda_common.h)
+int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
+                      const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
+int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x,
+                         const int64_t *off, int G, int K, int O);
+
+#define CK(call) \
+    do { \
+        cudaError_t e_ = (call); \
+        if (e_ != cudaSuccess) DIE("%s failed: %s", #call, cudaGetErrorString(e_)); \
+    } while (0)
+
+static int iters = 10, warmup = 3;
+
+// n random bytes on the device: e4m3 codes without NaN (fp8 1) or bf16 values in +-[0.5, 1) (fp8 0)
+static void *drand_bytes(size_t n, int fp8, uint64_t seed) {
+    uint8_t *h = xmalloc(n);
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (size_t i = 0; i < n; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint64_t v = fp8 ? x & 0xB7B7B7B7B7B7B7B7ull // exponent bit 3 cleared: |code| < 0x7f
+                         : (x & 0x807F807F807F807Full) | 0x3F003F003F003F00ull;
+        memcpy(h + i, &v, n - i < 8 ? n - i : 8);
+    }
+    void *d;
+    CK(cudaMalloc(&d, n));
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+static float *dones(size_t n) {
+    float *h = xmalloc(n * sizeof(float)), *d;
+    for (size_t i = 0; i < n; i++) h[i] = 1.0f;
+    CK(cudaMalloc((void **)&d, n * sizeof(float)));
+    CK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+typedef struct {
+    int form; // see run()
+    void *C, *A, *B;
+    float *sa, *sb;
+    const int64_t *off;
+    int G, K, N;
+} Call;
+
+static int run(const Call *c) {
+    switch (c->form) {
+        case 0:
+            return cuda_fp8_grouped_gemm(c->C, 0, 0.0f, c->A, c->sa, c->B, c->sb, 1, c->off, c->G, c->K,
+                                         c->N);
+        case 1:
+            return cuda_fp8_grouped_gemm(c->C, 1, 0.0f, c->A, c->sa, c->B, c->sb, 1, c->off, c->G, c->K,
+                                         c->N);
+        case 2:
+            return cuda_grouped_gemm(c->C, c->N, 0.0f, c->A, c->B, NULL, NULL, 0, c->off, c->G, c->K, 0,
+                                     c->N);
+        case 3:
+            return cuda_fp8_grouped_gemm_dw(c->C, 0.0f, c->A, c->sa, c->B, c->sb, c->off, c->G, c->N, c->K);
+        default: return cuda_grouped_gemm_dw(c->C, 0.0f, 0, c->A, c->B, c->off, c->G, c->K, c->N);
+    }
+}
+static const char *form_name[] = {"fp8 (f32 out)", "fp8 (bf16 out)", "bf16 (f32 out)", "fp8 dW", "bf16 dW"};
+
+static void time_call(const char *shape, const Call *c, double flops) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < warmup; i++)
+        if (!run(c)) {
+            printf("%-14s %-16s not taken by the kernel\n", shape, form_name[c->form]);
+            return;
+        }
+    CK(cudaEventRecord(e0, 0));
+    for (int i = 0; i < iters; i++) run(c);
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    ms /= iters;
+    printf("%-14s %-16s %9.3f ms %7.1f TFLOP/s\n", shape, form_name[c->form], ms, flops / (ms * 1e9));
+    fflush(stdout);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+}
+
+// rows-grouped forms (0, 1, 2) on G groups of m rows, reduction K, N columns
+static void shape_rows(const char *name, int G, int m, int K, int N) {
+    int64_t off[65];
+    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    size_t M = (size_t)G * m, TK = (K + 127) / 128, TN = (N + 127) / 128;
+    void *A8 = drand_bytes(M * K, 1, 1), *B8 = drand_bytes((size_t)G * N * K, 1, 2);
+    void *A16 = drand_bytes(M * K * 2, 0, 3), *B16 = drand_bytes((size_t)G * N * K * 2, 0, 4), *C;
+    float *sa = dones(M * TK), *sb = dones((size_t)G * TN * TK);
+    CK(cudaMalloc(&C, M * N * sizeof(float)));
+    double flops = 2.0 * M * N * K;
+    for (int f = 0; f < 3; f++) {
+        Call c = {f, C, f == 2 ? A16 : A8, f == 2 ? B16 : B8, sa, sb, off, G, K, N};
+        time_call(name, &c, flops);
+    }
+    void *bufs[] = {A8, B8, A16, B16, C, sa, sb};
+    for (int i = 0; i < 7; i++) CK(cudaFree(bufs[i]));
+}
+
+// the weight gradients dW_g (N, K) = dY_g^T X_g over G groups of m rows (m a multiple of 128)
+static void shape_dw(const char *name, int G, int m, int N, int K) {
+    int64_t off[65];
+    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    size_t M = (size_t)G * m, TM = M / 128;
+    void *A8 = drand_bytes((size_t)N * M, 1, 5), *B8 = drand_bytes((size_t)K * M, 1, 6); // dY^T, X^T
+    void *A16 = drand_bytes(M * N * 2, 0, 7), *B16 = drand_bytes(M * K * 2, 0, 8), *C; // dY, X (row-major)
+    float *sa = dones((size_t)N * TM), *sb = dones((size_t)K * TM);
+    CK(cudaMalloc(&C, (size_t)G * N * K * sizeof(float)));
+    double flops = 2.0 * M * N * K;
+    Call c8 = {3, C, A8, B8, sa, sb, off, G, K, N}, c16 = {4, C, A16, B16, sa, sb, off, G, K, N};
+    time_call(name, &c8, flops);
+    time_call(name, &c16, flops);
+    void *bufs[] = {A8, B8, A16, B16, C, sa, sb};
+    for (int i = 0; i < 7; i++) CK(cudaFree(bufs[i]));
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
+        else DIE("unknown option '%s' (moe_bench_fp8 [--iters N] [--warmup N])", argv[i]);
+    }
+    CHECK(iters > 0 && warmup >= 0, "--iters must be > 0 and --warmup >= 0");
+    if (!cuda_fp8_grouped_kernel())
+        DIE("the fp8 grouped kernel does not run here (needs an sm_90 GPU, sm_90a code)");
+    shape_rows("mixtral-up", 8, 4096, 4096, 14336);
+    shape_rows("mixtral-down", 8, 4096, 14336, 4096);
+    shape_rows("ref-up", 8, 2048, 2048, 5632);
+    shape_rows("ref-down", 8, 2048, 5632, 2048);
+    shape_dw("mixtral-dW1", 8, 4096, 14336, 4096);
+    shape_dw("ref-dW1", 8, 2048, 5632, 2048);
+    return 0;
+}

@@ -1,0 +1,459 @@
+// cuda_grouped_fp8.cu — the FP8 (e4m3 x e4m3 -> float32) grouped GEMMs on Hopper (sm_90a), with
+// DeepSeek-V3's fine-grained scales (contracts in ops/cuda/cuda_grouped_fp8.h, the reference they equal:
+// cpu_fp8_gemm in ops/cpu/cpu_fp8.h). One persistent launch over all groups; a producer warpgroup fills a
+// GF_ST-stage shared-memory ring (TMA 128-byte-swizzled 128 x 128-byte tiles of A and B, and the stage's
+// scales: one per row of A and one per column of the output); two consumer warpgroups each own 64 rows of
+// a 128 x 128 output tile.
+// Promotion (the order of cpu_fp8_gemm): each 128-deep K-tile (the scale groups' length) is summed by four
+// wgmma m64n128k32 into a fresh float32 register accumulator p, which is then added into the result:
+// r += p * (sa_row * sb_col), in float32: the scales are powers of two, so both products are exact and the
+// one rounding is the add's (done as one fused multiply-add); K-tiles in increasing order. Only the sum
+// inside one K-tile differs from the reference (the tensor cores' order and accumulation precision). The
+// tile: a second accumulator (p beside r, 64 + 64 floats a thread) is why a consumer warpgroup takes m64n128
+// rather than the bf16 kernel's m64n256 (256 accumulator registers would not fit); 128 x 128 per CTA, a stage
+// 16 KB of A + 16 KB of B + 1 KB of scales, 6 stages. Tiles never span two groups: rows past a group's end
+// (rows mode) are computed from the next group's rows and never stored; rows and K past the arrays' ends are
+// zero-filled by TMA (zeros change neither amax nor the sum). Two forms (template RED): rows mode, groups of
+// output rows [off[g], off[g+1]) with B_g per group (the forward and activation gradient); RED, groups of the
+// reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Must
+// not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or any knowledge of the model.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <limits.h>
+#include <string.h>
+#include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_grouped_fp8.h"
+#include "ops/cuda/cuda_wgmma.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define GF_BM 128 // output rows per tile (two consumer warpgroups of 64)
+#define GF_BN 128 // output columns per tile
+#define GF_BK 128 // the K-tile: FP8_TILE, the scale groups' length and the promotion interval
+#define GF_ST 6
+#define GF_MAXG 256 // groups per launch: GFArgs (~2.1 KB) and two tensor maps within 4 KB of parameters
+#define GF_THREADS 384
+#define GF_TB (GF_BM * GF_BK) // bytes of one operand's stage (A: 128 rows; B: 128 rows = GF_BN)
+#define GF_SMEM (1024 + GF_ST * (2 * GF_TB + 2 * 128 * 4) + 2 * GF_ST * 8)
+
+struct GFArgs {
+    float *C; // float32 output, or NULL
+    bf16 *Cb; // bf16 output (beta 0), or NULL
+    float beta; // 0 or 1
+    const float *sa, *sb;
+    int sa_ld, sb_ld; // scales per row of sa / sb (rows mode: nkt; RED: Mp / 128)
+    int b_blocks; // rows mode: B's scales are 128 x 128 blocks (else 1x128 tiles per row of B)
+    int b_uniform; // b_blocks in rows mode: one B scale for all of a tile's columns
+    int G, N, K; // rows mode: C (rows, N), reduction K; RED: C_g (N, K), reduction over p
+    int nkt; // rows mode: K-tiles (ceil(K / 128))
+    long long ldc;
+    int tiles;
+    int tstart[GF_MAXG + 1]; // first tile of each group; tstart[G] = tiles
+    int start[GF_MAXG + 1]; // rows mode: first row of each group (from A's first); RED: first column p[g]
+};
+
+// One output tile: group g; output rows [m0, m0 + 128) (stored below mend) and columns [n0, n0 + 128)
+// (stored below ncols) at cofs + row ldc + col; A's TMA row m0, B's TMA row brow + n0; K coordinates
+// kc0 + 128 kt and scale columns ks0 + kt for kt < nkt.
+struct GFTile {
+    int g, m0, mend, n0, ncols, brow, kc0, ks0, nkt;
+    long long cofs;
+};
+
+// ---------------------------------------------------------------- device
+// D (64 x 128 float32, the wgmma accumulator fragment) = [D +] A (64 x 32 e4m3) . B (128 x 32 e4m3)^T,
+// both K-major from shared-memory descriptors; scale_d 0: D is not read (a fresh sum).
+__device__ __forceinline__ void wgmma_e4m3_n128(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
+                 " %64, %65, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Tile t of the launch. Groups are found by a binary search over tstart (the last group whose first tile
+// is <= t: empty groups, which share their successor's first tile, are skipped); a group's tiles run rows
+// fastest, so CTAs side by side share B's columns.
+template <int RED> __device__ __forceinline__ GFTile gf_tile(const GFArgs &a, int t) {
+    int lo = 0, hi = a.G - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (a.tstart[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    GFTile T;
+    T.g = lo;
+    int local = t - a.tstart[lo];
+    if (RED) {
+        int mt = (a.N + GF_BM - 1) / GF_BM;
+        T.m0 = (local % mt) * GF_BM;
+        T.n0 = (local / mt) * GF_BN;
+        T.mend = a.N;
+        T.ncols = a.K;
+        T.brow = 0;
+        T.kc0 = a.start[lo];
+        T.ks0 = a.start[lo] / GF_BK;
+        T.nkt = (a.start[lo + 1] - a.start[lo]) / GF_BK;
+        T.cofs = (long long)lo * a.N * a.K;
+    } else {
+        int mt = (a.start[lo + 1] - a.start[lo] + GF_BM - 1) / GF_BM;
+        T.m0 = a.start[lo] + (local % mt) * GF_BM;
+        T.n0 = (local / mt) * GF_BN;
+        T.mend = a.start[lo + 1];
+        T.ncols = a.N;
+        T.brow = lo * a.N;
+        T.kc0 = 0;
+        T.ks0 = 0;
+        T.nkt = a.nkt;
+        T.cofs = 0;
+    }
+    return T;
+}
+
+// Producer thread i's two scales of K-tile kt: row m0 + i of A's (0 past the stored rows) and column
+// n0 + i of the output's (B's block scale, or its row's tile scale; 0 past the columns).
+template <int RED>
+__device__ __forceinline__ void gf_scales(const GFArgs &a, const GFTile &T, int kt, int i, float &va,
+                                          float &vb) {
+    int row = T.m0 + i, col = T.n0 + i, ks = T.ks0 + kt;
+    va = row < T.mend ? a.sa[(long long)row * a.sa_ld + ks] : 0.0f;
+    vb = 0.0f;
+    if (col >= T.ncols) return;
+    if (!RED && a.b_blocks) // blocks (G, ntiles(N), nkt): the tile's 128 columns are one block row
+        vb = a.sb[((long long)T.g * ((a.N + GF_BN - 1) / GF_BN) + T.n0 / GF_BN) * a.sb_ld + ks];
+    else vb = a.sb[(long long)(T.brow + col) * a.sb_ld + ks];
+}
+
+template <int RED>
+__global__ void __launch_bounds__(GF_THREADS, 1)
+    gf_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+              const __grid_constant__ GFArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    uint32_t raw = smem_u32(smem_raw), base = (raw + 1023) & ~1023u; // 128B-swizzled tiles: 1024-aligned
+    uint32_t sA = base, sB = sA + GF_ST * GF_TB, sS = sB + GF_ST * GF_TB, full = sS + GF_ST * 2 * 128 * 4,
+             empty = full + GF_ST * 8;
+    float *scl =
+        (float *)(smem_raw + (sS - raw)); // stage s: A's row scales at 256 s, columns' at 256 s + 128
+    int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < GF_ST; s++) {
+            mbar_init(full + 8 * s, 128); // every producer thread (thread 0's with the expected bytes)
+            mbar_init(empty + 8 * s, 8); // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) { // producer: thread 0 issues the TMA loads, every thread stores one row's and one column's
+                   // scale; the next stage's scales are loaded before waiting for its slot
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        const int i = threadIdx.x;
+        int s = 0, ph = 0, t = blockIdx.x, kt = 0;
+        GFTile T;
+        float va = 0.0f, vb = 0.0f;
+        if (t < a.tiles) {
+            T = gf_tile<RED>(a, t);
+            gf_scales<RED>(a, T, 0, i, va, vb);
+        }
+        while (t < a.tiles) {
+            int t2 = t, kt2 = kt + 1;
+            GFTile T2 = T;
+            if (kt2 == T.nkt) {
+                t2 += gridDim.x;
+                kt2 = 0;
+                if (t2 < a.tiles) T2 = gf_tile<RED>(a, t2);
+            }
+            float na = 0.0f, nb = 0.0f;
+            if (t2 < a.tiles) gf_scales<RED>(a, T2, kt2, i, na, nb);
+            mbar_wait(empty + 8 * s, ph ^ 1);
+            scl[256 * s + i] = va;
+            scl[256 * s + 128 + i] = vb;
+            uint32_t fb = full + 8 * s;
+            if (i == 0) {
+                mbar_expect_tx(fb, 2 * GF_TB);
+                tma_2d(sA + s * GF_TB, &tmA, T.kc0 + kt * GF_BK, T.m0, fb);
+                tma_2d(sB + s * GF_TB, &tmB, T.kc0 + kt * GF_BK, T.brow + T.n0, fb);
+            } else {
+                mbar_arrive(fb);
+            }
+            if (++s == GF_ST) {
+                s = 0;
+                ph ^= 1;
+            }
+            t = t2;
+            kt = kt2;
+            T = T2;
+            va = na;
+            vb = nb;
+        }
+        return;
+    }
+    // consumers: warpgroup c = wg - 1 owns rows [64c, 64c + 64) of the tile. Fragment of p and r: element
+    // 4j + 2h + e at row 16 wq + lane / 4 + 8h, column 8j + 2 (lane % 4) + e of the warpgroup's 64 x 128
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, wq = (threadIdx.x % 128) / 32, rl = c * 64 + wq * 16 + lane / 4,
+              cl = 2 * (lane % 4);
+    float p[64], r[64];
+    int s = 0, ph = 0;
+    for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+        const GFTile T = gf_tile<RED>(a, t);
+#pragma unroll
+        for (int e = 0; e < 64; e++) r[e] = 0.0f;
+        for (int kt = 0; kt < T.nkt; kt++) {
+            mbar_wait(full + 8 * s, ph);
+            uint32_t pa = sA + s * GF_TB + c * 64 * 128, pb = sB + s * GF_TB;
+            const float *ss = scl + 256 * s;
+            const float sa0 = ss[rl], sa1 = ss[rl + 8];
+            float s0 = 0.0f, s1 = 0.0f;
+            if (a.b_uniform) { // one scale for the tile's columns: two scale products a thread
+                s0 = __fmul_rn(sa0, ss[128]);
+                s1 = __fmul_rn(sa1, ss[128]);
+            }
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < GF_BK / 32; kk++) // k32 steps: 32 bytes along the 128-byte rows
+                wgmma_e4m3_n128(p, desc_sw128(pa + 32 * kk, 16, 1024), desc_sw128(pb + 32 * kk, 16, 1024),
+                                kk);
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int e = 0; e < 64; e++) // p is read only after the wait (no use moved above it)
+                asm volatile("" : "+f"(p[e])::"memory");
+            // r += p * s as one fused multiply-add: p * s is exact (s a power of two), so this is the
+            // reference's rounded add of the exact product (the product's own rounding would matter only
+            // below float32's normal range, |p s| < 2^-126)
+            if (a.b_uniform) {
+                __syncwarp(); // every lane has read the stage's scales and the MMAs its tiles: hand it back
+                if (lane == 0) mbar_arrive(empty + 8 * s);
+#pragma unroll
+                for (int e = 0; e < 64; e++) r[e] = __fmaf_rn(p[e], (e & 2) ? s1 : s0, r[e]);
+            } else { // a scale per column
+#pragma unroll
+                for (int j = 0; j < GF_BN / 8; j++) {
+                    const float2 sb = *(const float2 *)(ss + 128 + 8 * j + cl);
+                    r[4 * j] = __fmaf_rn(p[4 * j], __fmul_rn(sa0, sb.x), r[4 * j]);
+                    r[4 * j + 1] = __fmaf_rn(p[4 * j + 1], __fmul_rn(sa0, sb.y), r[4 * j + 1]);
+                    r[4 * j + 2] = __fmaf_rn(p[4 * j + 2], __fmul_rn(sa1, sb.x), r[4 * j + 2]);
+                    r[4 * j + 3] = __fmaf_rn(p[4 * j + 3], __fmul_rn(sa1, sb.y), r[4 * j + 3]);
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + 8 * s);
+            }
+            if (++s == GF_ST) {
+                s = 0;
+                ph ^= 1;
+            }
+        }
+        // epilogue: rows below mend and columns below ncols (ncols a multiple of 16: a pair is all in or out)
+        if (a.Cb) {
+#pragma unroll
+            for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                    if (row < T.mend && col < T.ncols)
+                        *(uint32_t *)(a.Cb + T.cofs + row * a.ldc + col) =
+                            pack_bf16(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
+                }
+            continue;
+        }
+        float2 old[GF_BN / 8][2]; // beta 1: every load before the stores (one memory round trip)
+#pragma unroll
+        for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                old[j][h] = make_float2(0.0f, 0.0f);
+                if (a.beta != 0.0f && row < T.mend && col < T.ncols)
+                    old[j][h] = *(const float2 *)(a.C + T.cofs + row * a.ldc + col);
+            }
+#pragma unroll
+        for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                if (row >= T.mend || col >= T.ncols) continue;
+                float2 v = make_float2(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
+                if (a.beta != 0.0f) { // beta is 1: C + result, the sum cpu_fp8_gemm's caller would take
+                    v.x = __fadd_rn(old[j][h].x, v.x);
+                    v.y = __fadd_rn(old[j][h].y, v.y);
+                }
+                *(float2 *)(a.C + T.cofs + row * a.ldc + col) = v;
+            }
+    }
+#endif
+}
+
+__global__ void gf_probe(int *ok) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *ok = 1;
+#else
+    *ok = 0;
+#endif
+}
+
+// ---------------------------------------------------------------- host
+typedef CUresult (*GFEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                  CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                  CUtensorMapFloatOOBfill);
+static int gf_ready = -1; // -1 not yet asked, 0 not here, 1 runs
+static int gf_sms;
+static GFEncodeTiled gf_encode;
+static GFArgs gf_args; // ~2 KB: not on the stack; copied into each launch's parameters
+
+static int gf_init(void) {
+    if (gf_ready >= 0) return gf_ready;
+    gf_ready = 0;
+    int dev, n = 0, major, minor;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError(); // no GPU: not this kernel's error to report
+        return 0;
+    }
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&gf_sms, cudaDevAttrMultiProcessorCount, dev));
+    if (major != 9 || minor != 0) return 0;
+    int *d, h = 0;
+    CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
+    gf_probe<<<1, 1>>>(d);
+    KCHECK("gf_probe");
+    CUDA_CHECK(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d));
+    if (!h) return 0; // built without sm_90a code
+    cudaDriverEntryPointQueryResult q;
+    void *fn = NULL;
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn) return 0;
+    gf_encode = (GFEncodeTiled)fn;
+    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
+    gf_ready = 1;
+    return 1;
+}
+
+extern "C" int cuda_fp8_grouped_kernel(void) { return gf_init(); }
+
+// A 2-D e4m3 tensor map over (rows, cols) row-major bytes at p: boxes of 128 rows x 128 bytes (one K-tile),
+// 128-byte swizzle, out-of-range elements read as zeros.
+static void gf_map(CUtensorMap *m, const uint8_t *p, uint64_t rows, uint64_t cols, const char *what) {
+    cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols};
+    cuuint32_t box[2] = {GF_BK, 128}, es[2] = {1, 1};
+    CUresult r = gf_encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dims, strides, box, es,
+                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        DIE("cuTensorMapEncodeTiled failed (error %d) for the (%llu, %llu) e4m3 operand %s at %p", (int)r,
+            (unsigned long long)rows, (unsigned long long)cols, what, (const void *)p);
+}
+
+static void gf_launch(int red, const CUtensorMap &ta, const CUtensorMap &tb, const GFArgs *a) {
+    int grid = a->tiles < gf_sms ? a->tiles : gf_sms;
+    if (red) gf_kernel<1><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
+    else gf_kernel<0><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
+    KCHECK(red ? "fp8 grouped_gemm_dw (wgmma)" : "fp8 grouped_gemm (wgmma)");
+}
+
+extern "C" int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint8_t *A, const float *sa,
+                                     const uint8_t *B, const float *sb, int b_blocks, const int64_t *off,
+                                     int G, int K, int N) {
+    CHECK(beta == 0.0f || beta == 1.0f, "fp8 grouped_gemm: beta must be 0 or 1, not %g", beta);
+    CHECK(!c_bf16 || beta == 0.0f, "fp8 grouped_gemm: a bf16 output is stored, never accumulated");
+    if (!gf_init()) return 0;
+    if (G < 1 || G > GF_MAXG || K <= 0 || N <= 0 || K % 16 || N % 16 ||
+        (((uintptr_t)A | (uintptr_t)B) & 15) || ((uintptr_t)C & (c_bf16 ? 3 : 7)) || (int64_t)G * N > INT_MAX)
+        return 0;
+    int64_t rows = off[G] - off[0];
+    if (rows < 0 || rows > INT_MAX - GF_BM) return 0;
+    for (int g = 0; g < G; g++)
+        if (off[g + 1] < off[g]) return 0;
+    if (rows == 0) return 1; // no rows: nothing to store
+    GFArgs *a = &gf_args;
+    memset(a, 0, sizeof *a);
+    a->C = c_bf16 ? NULL : (float *)C;
+    a->Cb = c_bf16 ? (bf16 *)C : NULL;
+    a->beta = beta;
+    a->sa = sa;
+    a->sb = sb;
+    a->nkt = a->sa_ld = a->sb_ld = (K + GF_BK - 1) / GF_BK;
+    a->b_blocks = a->b_uniform = b_blocks;
+    a->G = G;
+    a->N = N;
+    a->K = K;
+    a->ldc = N;
+    long long tiles = 0, nt = (N + GF_BN - 1) / GF_BN;
+    for (int g = 0; g < G; g++) {
+        a->tstart[g] = (int)tiles;
+        a->start[g] = (int)(off[g] - off[0]);
+        tiles += (off[g + 1] - off[g] + GF_BM - 1) / GF_BM * nt;
+    }
+    if (tiles > INT_MAX) return 0;
+    a->tstart[G] = (int)tiles;
+    a->start[G] = (int)rows;
+    a->tiles = (int)tiles;
+    CUtensorMap ta, tb;
+    gf_map(&ta, A, (uint64_t)rows, (uint64_t)K, "A");
+    gf_map(&tb, B, (uint64_t)G * N, (uint64_t)K, "B");
+    gf_launch(0, ta, tb, a);
+    return 1;
+}
+
+extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, const uint8_t *A, const float *sa,
+                                        const uint8_t *B, const float *sb, const int64_t *p, int G, int N,
+                                        int K) {
+    CHECK(beta == 0.0f || beta == 1.0f, "fp8 grouped_gemm_dw: beta must be 0 or 1, not %g", beta);
+    if (!gf_init()) return 0;
+    if (G < 1 || G > GF_MAXG || K <= 0 || N <= 0 || K % 16 || N % 16 ||
+        (((uintptr_t)A | (uintptr_t)B) & 15) || ((uintptr_t)C & 7))
+        return 0;
+    CHECK(p[0] == 0, "fp8 grouped_gemm_dw: the groups' columns must start at 0, not %lld", (long long)p[0]);
+    for (int g = 0; g < G; g++)
+        CHECK(p[g + 1] >= p[g] && p[g + 1] % GF_BK == 0,
+              "fp8 grouped_gemm_dw: group %d's columns [%lld, %lld) do not start and end on multiples of 128",
+              g, (long long)p[g], (long long)p[g + 1]);
+    if (p[G] > INT_MAX) return 0;
+    GFArgs *a = &gf_args;
+    memset(a, 0, sizeof *a);
+    a->C = C;
+    a->beta = beta;
+    a->sa = sa;
+    a->sb = sb;
+    a->sa_ld = a->sb_ld = (int)(p[G] / GF_BK);
+    a->G = G;
+    a->N = N;
+    a->K = K;
+    a->ldc = K;
+    long long tiles = 0, per = (long long)((N + GF_BM - 1) / GF_BM) * ((K + GF_BN - 1) / GF_BN);
+    for (int g = 0; g < G; g++) {
+        a->tstart[g] = (int)tiles;
+        a->start[g] = (int)p[g];
+        if (p[g + 1] > p[g]) tiles += per;
+    }
+    if (tiles > INT_MAX) return 0;
+    for (int g = 0; g < G && beta == 0.0f; g++) // no columns: the product is zero
+        if (p[g + 1] == p[g])
+            CUDA_CHECK(cudaMemsetAsync(C + (size_t)g * N * K, 0, (size_t)N * K * sizeof(float), 0));
+    a->tstart[G] = (int)tiles;
+    a->start[G] = (int)p[G];
+    a->tiles = (int)tiles;
+    if (!tiles) return 1;
+    CUtensorMap ta, tb;
+    gf_map(&ta, A, (uint64_t)N, (uint64_t)p[G], "A (dY^T)");
+    gf_map(&tb, B, (uint64_t)K, (uint64_t)p[G], "B (X^T)");
+    gf_launch(1, ta, tb, a);
+    return 1;
+}
