@@ -31,17 +31,13 @@ same_ckpt() {   # same_ckpt A B STEP: the checkpoint files of STEP byte-identica
 # ---- refusals (the guarded directory: nothing may appear in it)
 mkdir G && echo keep > G/keep
 GUARD="$TMP/G"
-run_fail "--precision fp8 runs on the cpu backend only until the FP8 kernels are wired (--device cuda" \
-  "$MOE" train "${BASE[@]}" --precision fp8 --device cuda --out G/R1
-run_fail "--precision fp8 runs on the cpu backend only until the FP8 kernels are wired (--device cuda-fp32" \
-  "$MOE" train "${BASE[@]}" --precision fp8 --device cuda-fp32 --out G/R1
 run_fail "--precision fp8 with --etp 2: an expert's slices would cut its 128x128 weight blocks" \
   "$MOE" train "${BASE[@]}" --precision fp8 --etp 2 --out G/R1
 run_fail "--bf16-rounding rounds the weights of --precision bf16; this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-rounding nearest --out G/R1
 run_fail "--bf16-grads sets the gradients of --precision bf16; this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-grads 0 --out G/R1
-run_fail "plan: --precision fp8 runs on the cpu backend only until the FP8 kernels are wired" \
+run_fail "plan: --precision fp8 is not in the planner's model yet" \
   "$MOE" plan --gpus 8 --precision fp8
 GUARD=""
 run_ok "moe info --precision fp8" "$MOE" info --precision fp8

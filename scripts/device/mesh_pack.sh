@@ -11,7 +11,7 @@ S=$(mktemp -d)
 trap 'rm -rf "$S"' EXIT
 mkdir -p "$S/bin" "$S/lib" "$S/root/usr/bin" "$S/root/usr/lib/x86_64-linux-gnu" "$S/root/usr/share"
 cp build/moe build/ckpt_diff "$S/bin/"
-for b in moe_bench_comm test_nccl test_cuda_ops test_cuda_model test_cuda_fp8_quant test_cuda_fp8_gemm test_decode test_slots moe_bench_layer moe_bench_fp8; do [ -x build/$b ] && cp build/$b "$S/bin/"; done
+for b in moe_bench_comm test_nccl test_cuda_ops test_cuda_model test_cuda_fp8_quant test_cuda_fp8_gemm test_cuda_fp8_ops test_decode test_slots moe_bench_layer moe_bench_fp8; do [ -x build/$b ] && cp build/$b "$S/bin/"; done
 for l in $(ldd build/moe | awk '/=>/{print $3}' | grep -vE 'libc\.so|libm\.so|libdl|libpthread|librt|cuda|libcudart|libcublas|libnccl|libstdc|libgcc_s'); do
   cp -L "$l" "$S/lib/"
 done

@@ -12,7 +12,7 @@ mkdir -p "$D/lib" "$D/bin"
 for l in $(ldd build/moe | awk '/=>/{print $3}' | grep -vE 'libc\.so|libm\.so|libdl|libpthread|librt|cuda|libcudart|libcublas|libnccl|libstdc|libgcc_s'); do
   cp -L "$l" "$D/lib/"
 done
-for b in moe test_cuda_ops test_cuda_model test_cuda_fp8_quant test_cuda_fp8_gemm test_nccl test_slots test_decode \
+for b in moe test_cuda_ops test_cuda_model test_cuda_fp8_quant test_cuda_fp8_gemm test_cuda_fp8_ops test_nccl test_slots test_decode \
   test_alloc ckpt_diff moe_bench_layer moe_bench_fp8; do
   [ -x "build/$b" ] && cp "build/$b" "$D/bin/"
 done

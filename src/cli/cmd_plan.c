@@ -37,9 +37,8 @@ int cmd_plan(State *s) {
     if (cl->nodes_of < 1) DIE("--nodes-of must be >= 1 (got %d)", cl->nodes_of);
     if (cl->top < 1) DIE("--top must be >= 1 (got %d)", cl->top);
     if (s->train.precision == PREC_FP8)
-        DIE("plan: --precision fp8 runs on the cpu backend only until the FP8 kernels are wired (nothing to "
-            "plan "
-            "on GPUs yet)");
+        DIE("plan: --precision fp8 is not in the planner's model yet (its memory and step time are "
+            "mixed's plus the FP8 operands; plan with --precision mixed meanwhile)");
     if (!(cl->imbalance >= 1 && cl->imbalance <= 64))
         DIE("--imbalance must be in [1, 64] (got %g)", cl->imbalance);
     if (!(cl->comm_exposed >= 0 && cl->comm_exposed <= 1))

@@ -23,7 +23,7 @@ static inline MOE_HD size_t fmt_size(ElemFormat f) { return f == FMT_BF16 ? 2 : 
 // The precision policies of training (--precision): PREC_MIXED float32 weights and AdamW moments (bf16
 // GEMM operands on cuda); PREC_BF16 bf16 moments, weights rounded to bf16 values after every update;
 // PREC_FP8 the storage of PREC_MIXED (float32 weights and moments) with the experts' GEMMs in FP8 e4m3
-// (ops.h Backend.fp8: the fine-grained recipe below; the cpu backend only, for now).
+// (ops.h Backend.fp8: the fine-grained recipe below, on every backend).
 enum { PREC_MIXED = 0, PREC_BF16 = 1, PREC_FP8 = 2 };
 // Its --precision word (state.json, run.json, notes).
 static inline const char *prec_name(int p) {

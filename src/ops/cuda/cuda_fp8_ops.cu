@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_grouped_fp8.h"
 #include "ops/numerics.h"
 
 extern "C" {
@@ -52,6 +53,20 @@ static void cuda_fp8_gemm(float *c, long long ldc, const uint8_t *a, long long l
     dim3 grid((unsigned)((N + 127) / 128), (unsigned)(M < 65535 ? M : 65535));
     fp8_gemm_ref_k<<<grid, 128>>>(c, ldc, a, lda, sa, lsa, b, ldb, sb, lsb, M, N, K, b_blocks, add);
     KCHECK("fp8_gemm_ref");
+}
+
+// 1: every product by the reference kernel (MOE_FP8_GEMM=ref; tests hold the tables to the cpu's bit for
+// bit so), else our Hopper kernel (cuda_grouped_fp8.cu) wherever it runs
+static int fp8_ref(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_FP8_GEMM");
+        if (e && *e && strcmp(e, "ref") && strcmp(e, "kernel"))
+            DIE("MOE_FP8_GEMM must be ref (the reference kernel, in the cpu's order) or kernel (got '%s')",
+                e);
+        v = e && !strcmp(e, "ref");
+    }
+    return v;
 }
 
 // ---------------------------------------------------------------- scratch and the non-finite counts
@@ -147,6 +162,10 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
     cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + esz(bf) * r0 * K, bf, (int)rows,
                          K, cnt(tin));
     cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K, cnt(tw));
+    if (!fp8_ref() &&
+        cuda_fp8_grouped_gemm(out + r0 * O, 0, 0.0f, (uint8_t *)p[0], (float *)p[1], (uint8_t *)p[2],
+                              (float *)p[3], 1, off, G, K, O))
+        return;
     for (int g = 0; g < G; g++) {
         int64_t a = off[g] - r0, n = off[g + 1] - off[g];
         cuda_fp8_gemm(out + off[g] * O, O, (uint8_t *)p[0] + a * K, K, (float *)p[1] + a * T, T,
@@ -189,17 +208,27 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
                              (int)rows, O, cnt(tdout));
         // W (O, K) by blocks; the GEMM's B is W^T (K, O): the codes and block scales transposed only
         cuda_fp8_quant_blocks(NULL, NULL, (uint8_t *)p[2], (float *)p[3], ws, wbf, G, O, K, cnt(tw));
-        for (int g = 0; g < G; g++) {
-            int64_t a = off[g] - r0, n = off[g + 1] - off[g];
-            cuda_fp8_gemm(dinp + off[g] * K, K, (uint8_t *)p[0] + a * O, O, (float *)p[1] + a * TO, TO,
-                          (uint8_t *)p[2] + (size_t)g * O * K, O, (float *)p[3] + (size_t)g * BK * TO, TO,
-                          (int)n, K, O, 1, acc);
-        }
+        if (fp8_ref() ||
+            !cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, (uint8_t *)p[0], (float *)p[1],
+                                   (uint8_t *)p[2], (float *)p[3], 1, off, G, O, K))
+            for (int g = 0; g < G; g++) {
+                int64_t a = off[g] - r0, n = off[g + 1] - off[g];
+                cuda_fp8_gemm(dinp + off[g] * K, K, (uint8_t *)p[0] + a * O, O, (float *)p[1] + a * TO, TO,
+                              (uint8_t *)p[2] + (size_t)g * O * K, O, (float *)p[3] + (size_t)g * BK * TO, TO,
+                              (int)n, K, O, 1, acc);
+            }
     }
     if (dw) {
         // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
         cuda_fp8_quant_tiles_t((uint8_t *)p[4], (float *)p[5], dout, bf, off, G, O, cnt(tdout));
         cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
+        if (!fp8_ref() && G <= 256) {
+            int64_t pc[257];
+            for (int g = 0; g <= G; g++) pc[g] = cuda_fp8_pad_cols(off, g);
+            if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, (uint8_t *)p[4], (float *)p[5],
+                                         (uint8_t *)p[6], (float *)p[7], pc, G, O, K))
+                return;
+        }
         for (int g = 0; g < G; g++) {
             int64_t n = off[g + 1] - off[g], c0 = cuda_fp8_pad_cols(off, g);
             float *dwg = dw + (size_t)g * O * K;
