@@ -422,6 +422,8 @@ static void load_added(Tokenizer *t, const cJSON *list) {
     for (int k = 0; k < t->n_added; k++) t->added_of_id[t->added[k].id] = k;
 }
 
+const char *tok_file(const Tokenizer *t) { return t->path; }
+
 Tokenizer *tok_load(const char *path) {
     Tokenizer *t = xcalloc(1, sizeof *t);
     if (dir_exists(path)) join_path(t->path, sizeof t->path, path, "tokenizer.json");

@@ -13,6 +13,7 @@ typedef struct Tokenizer Tokenizer;
 // tokens absent from the vocabulary, ...).
 Tokenizer *tok_load(const char *path);
 void tok_free(Tokenizer *t);
+const char *tok_file(const Tokenizer *t); // the tokenizer.json it was loaded from
 int tok_vocab_size(const Tokenizer *t); // the largest id (model or added token) + 1
 int tok_token_id(const Tokenizer *t, const char *content); // an added token's or the vocabulary's id, or -1
 
@@ -35,3 +36,4 @@ typedef struct TokStream TokStream;
 TokStream *tok_stream_new(const Tokenizer *t, int skip_special);
 const char *tok_stream_step(TokStream *s, int32_t id, size_t *len);
 void tok_stream_free(TokStream *s);
+const Tokenizer *tok_stream_tokenizer(const TokStream *s);
