@@ -114,7 +114,10 @@ static int32_t *prompt_tokens(const State *s, Tokenizer *tok, const char *tpath,
         const char *from;
         got = tok_encode(tok, p, n, s->cli.add_special, &ids, &icap);
         int eos = got ? -1 : prep_find_eos(tok, tpath, &from);
-        if (!got && eos >= 0) ids[got++] = eos;
+        if (!got && eos >= 0) {
+            ids = xrealloc(ids, sizeof *ids);
+            ids[got++] = eos;
+        }
         if (!got) got = tok_encode(tok, "\n", 1, 0, &ids, &icap);
     }
     *cap = (int)(tok ? got : n) + s->cli.tokens + 1;

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/run_record.h"
 #include "core/common.h"
+#include "io/checkpoint.h"
 #include "io/hf.h"
 #include "parallel/agree.h"
 #include "parallel/comm.h"
@@ -65,19 +66,25 @@ static void init_from_prepare(State *s, Comm *world) {
 }
 
 // The run's tokenizer: --init-from's tokenizer.json unless --tokenizer names one. A model from scratch
-// with --tokenizer and no --vocab-size takes the tokenizer's vocabulary, rounded up to a multiple of 64.
+// with --tokenizer and no --vocab-size takes the tokenizer's vocabulary, rounded up to a multiple of 64;
+// so does a resume that names model options (its config is compared with the checkpoint's whole), with
+// the run's copy of its tokenizer.
 static void tokenizer_prepare(State *s, int rank0) {
     char p[2100];
     join_path(p, sizeof p, s->cli.init_from, "tokenizer.json");
     if (s->cli.init_from[0] && !opt_set(s, "tokenizer") && file_exists(p))
         snprintf(s->train.tokenizer, sizeof s->train.tokenizer, "%s", s->cli.init_from);
-    if (!opt_set(s, "tokenizer") || s->cli.init_from[0] || s->train.resume || opt_set(s, "vocab-size"))
+    join_path(p, sizeof p, s->train.out, RUN_TOKENIZER);
+    const char *path = opt_set(s, "tokenizer")                  ? s->train.tokenizer
+        : s->train.resume && s->model_explicit && dir_exists(p) ? p
+                                                                : NULL;
+    if (!path || s->cli.init_from[0] || opt_set(s, "vocab-size") || (s->train.resume && !s->model_explicit))
         return;
-    Tokenizer *t = tok_load(s->train.tokenizer);
+    Tokenizer *t = tok_load(path);
     s->model.vocab_size = (tok_vocab_size(t) + 63) / 64 * 64;
-    if (rank0)
-        printf("--tokenizer %s: vocab_size %d (its %d ids, rounded up to a multiple of 64)\n",
-               s->train.tokenizer, s->model.vocab_size, tok_vocab_size(t));
+    if (rank0 && !s->train.resume)
+        printf("--tokenizer %s: vocab_size %d (its %d ids, rounded up to a multiple of 64)\n", path,
+               s->model.vocab_size, tok_vocab_size(t));
     tok_free(t);
 }
 

@@ -78,6 +78,26 @@ static void check_text(const cJSON *rec, const char *key, const char *opt, const
         opt, given, out, RUN_RECORD, b->valuedouble, h->valuestring, (unsigned long long)now.bytes, hn);
 }
 
+// What this process wrote into the cache, removed if the run is refused before it starts (textdata_keep
+// disarms it): o->out when it made it, else data/ when it made that, else the streams it tokenised.
+static char made[3][1200];
+static void remove_made(void) {
+    for (int k = 0; k < 3; k++)
+        if (made[k][0]) rm_rf(made[k]);
+}
+static void note_made(const char *out, const char *name) {
+    char data[1100];
+    join_path(data, sizeof data, out, RUN_DATA);
+    if (!made[0][0] && !dir_exists(out)) snprintf(made[0], sizeof made[0], "%s", out);
+    if (!made[0][0] && !made[1][0] && !dir_exists(data)) snprintf(made[1], sizeof made[1], "%s", data);
+    if (!made[0][0] && !made[1][0]) join_path(made[2], sizeof made[2], data, name);
+}
+
+void textdata_keep(void) {
+    moe_set_die_cleanup(NULL);
+    memset(made, 0, sizeof made);
+}
+
 // A text stream into its cache (rank 0 builds; every rank then reads the same shards).
 static const char *cache(TextData *td, const TrainOptions *o, const char *path, const char *name,
                          const char *opt, char *buf, size_t n, const char **text, FilePrint *print,
@@ -88,8 +108,13 @@ static const char *cache(TextData *td, const TrainOptions *o, const char *path, 
     int eos = corpus_eos(td->tok, td->tok_src, path, opt, &from);
     char dir[1100];
     join_path(dir, sizeof dir, o->out, RUN_DATA);
-    if (comm_rank(world) == 0)
+    if (comm_rank(world) == 0 &&
+        !corpus_shards(td->tok, td->tok_print, eos, from, path, dir, name, 0, opt, buf, n, print)) {
+        note_made(o->out, name);
+        moe_set_die_cleanup(NULL);
         corpus_shards(td->tok, td->tok_print, eos, from, path, dir, name, 1, opt, buf, n, print);
+        moe_set_die_cleanup(remove_made);
+    }
     comm_barrier(world);
     if (comm_rank(world) != 0)
         corpus_shards(td->tok, td->tok_print, eos, from, path, dir, name, 0, opt, buf, n, print);

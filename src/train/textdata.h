@@ -27,8 +27,12 @@ typedef struct {
 // Picks the run's tokenizer and checks it: its vocabulary must fit c's embedding; a --resume must use the
 // tokenizer the run record names (by hash) and, unless --data-changed or another path is named, the same
 // text. Then rank 0 tokenises text --data / --val-data into o->out/data/ where the cache does not hold it
-// already (every rank waits). Dies with one message naming the problem; a refused input leaves no cache.
+// already (every rank waits). Dies with one message naming the problem; a refused input leaves no cache,
+// nor does a run refused later (textdata_keep).
 void textdata_open(TextData *td, const TrainOptions *o, const ModelConfig *c, Comm *world);
+// What textdata_open tokenised is removed again if the process dies before this is called (once every
+// check of the run passed).
+void textdata_keep(void);
 // ds->source (and val_source) named as the text and the tokenizer, not the cache's shards.
 void textdata_name(const TextData *td, Dataset *ds);
 // The run record's text with the tokenizer's and the text files' prints added (record is freed).

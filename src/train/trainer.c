@@ -382,6 +382,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     // the activations' own buffers are freed before the moments take their memory
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     dist_attach(&r->dist, &r->m);
+    textdata_keep(); // (every check passed: the tokenised text stays)
 }
 
 // What run_setup built, freed (run_close frees a whole run).
