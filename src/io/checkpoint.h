@@ -73,7 +73,7 @@ void ckpt_run_clear(const char *out);
 #define RUN_RECORD "run.json"
 #define RUN_LOG "train.log" // a copy of `moe train`'s stdout (rank 0), appended on resume
 #define RUN_BEST "best" // --keep-best: the checkpoint of the lowest validation loss
-#define RUN_TOKENIZER "tokenizer" // the run's tokenizer (tokenizer.json, tokenizer_config.json naming the EOS)
+#define RUN_TOKENIZER "tokenizer" // the run's tokenizer: tokenizer.json, tokenizer_config.json (its EOS)
 #define RUN_DATA "data" // text data tokenised for the run: llm.c shards in data/train, data/val (a cache)
 struct cJSON;
 void run_record_write(const char *out, const char *text);

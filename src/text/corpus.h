@@ -21,12 +21,12 @@ FilePrint file_print(const char *path, const char *who);
 int corpus_eos(const Tokenizer *t, const char *tok_path, const char *text, const char *who,
                const char **from);
 
-// The shards of the text file `text` tokenised with t (tok: its tokenizer.json's print; eos < 0: none,
-// eos_from: where it was named, for the summary line)
-// in dir/name/, their glob into pattern: reused when dir/name/source.json records the same text (path,
-// bytes, hash), tokenizer and EOS. Otherwise, with build, made again (written in dir/name.part and
-// renamed; a refused input leaves neither, nor the directories this call made). Returns 1 when dir/name
-// holds them (found or made), 0 when not (without build). Messages begin with who ("--data", ...). print (may be NULL): the text's print.
+// The shards of the text file `text` tokenised with t (tok: its tokenizer.json's print; eos < 0: none;
+// eos_from: where it was named, for the summary line) in dir/name/, their glob into pattern: reused when
+// dir/name/source.json records the same text (path, bytes, hash), tokenizer and EOS. Otherwise, with
+// build, made again (written in dir/name.part and renamed; a refused input leaves neither, nor the
+// directories this call made). Returns 1 when dir/name holds them (found or made), 0 when not (without
+// build). Messages begin with who ("--data", ...). print (may be NULL): the text's print.
 int corpus_shards(const Tokenizer *t, FilePrint tok, int eos, const char *eos_from, const char *text,
                   const char *dir, const char *name, int build, const char *who, char *pattern, size_t n,
                   FilePrint *print);
