@@ -268,14 +268,24 @@ const Opt opts[] = {
      "the directory to create for the shards, train_NNNNNN.bin and val_NNNNNN.bin (required; no default; it "
      "must "
      "not exist)"},
-    {"field", O_STR, CO(field), C_PREP, "the text field of each JSON line"},
-    {"lines", O_FLAG, CO(lines), C_PREP, "plain text: each non-empty line is a document"},
+    {"field", O_STR, CO(field), C_PREP | C_TOKTRAIN, "the text field of each JSON line"},
+    {"lines", O_FLAG, CO(lines), C_PREP | C_TOKTRAIN, "plain text: each non-empty line is a document"},
     {"val-docs", O_INT, CO(val_docs), C_PREP, "the first N documents are held out (val_*.bin)"},
     {"shard-tokens", O_INT, CO(shard_tokens), C_PREP, "tokens per shard file at most"},
     {"eos", O_STR, CO(eos), C_PREP,
      "the end-of-document token's text (default: tokenizer_config.json's eos_token, "
      "special_tokens_map.json's, "
      "or config.json's eos_token_id, beside the tokenizer)"},
+    // tokenizer train
+    {"vocab", O_INT, CO(vocab), C_TOKTRAIN,
+     "the vocabulary size: the special tokens, the 256 bytes and one token per merge (required)"},
+    {"data", O_PATHS, CO(inputs), C_TOKTRAIN,
+     "the text to learn from: plain text, JSON lines (.jsonl/.json/.ndjson), any of them gzip'd (required)"},
+    {"out", O_STR, TO(out), C_TOKTRAIN,
+     "a tokenizer.json to write (a name ending in .json), or a directory for tokenizer.json and "
+     "tokenizer_config.json (required; no default)"},
+    {"special", O_STR, CO(special), C_TOKTRAIN,
+     "the special tokens, comma-separated, ids 0..; the first is the EOS"},
 };
 _Static_assert(sizeof opts / sizeof opts[0] == N_OPTS, "N_OPTS (cli/options.h) is the length of opts");
 

@@ -136,7 +136,8 @@ static void run_batch(Prep *p) {
     }
 }
 
-static void add_doc(Prep *p, const char *text, size_t len) {
+static void add_doc(void *arg, const char *text, size_t len) {
+    Prep *p = arg;
     p->text[p->count] = xmalloc(len + 1);
     memcpy(p->text[p->count], text, len);
     p->len[p->count++] = len;
@@ -196,17 +197,24 @@ int prep_is_jsonl(const char *path) {
     return 0;
 }
 
-static void json_doc(Prep *p, const char *path, long line, const char *s, size_t len) {
+// Where read_input hands each document.
+typedef struct {
+    const PrepOptions *o;
+    void (*doc)(void *arg, const char *text, size_t len);
+    void *arg;
+} Sink;
+
+static void json_doc(const Sink *p, const char *path, long line, const char *s, size_t len) {
     cJSON *j = cJSON_ParseWithLength(s, len);
     if (!j) DIE("%s: %s:%ld: not a JSON object", who, path, line);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, p->o->field);
     if (!cJSON_IsObject(j) || !cJSON_IsString(v))
         DIE("%s: %s:%ld: no string field \"%s\" (--field names it)", who, path, line, p->o->field);
-    add_doc(p, v->valuestring, strlen(v->valuestring));
+    p->doc(p->arg, v->valuestring, strlen(v->valuestring));
     cJSON_Delete(j);
 }
 
-static void read_input(Prep *p, const char *path) {
+static void read_input(const Sink *p, const char *path) {
     if (!file_exists(path))
         DIE("%s: cannot read %s'%s' (no such file)", who, strcmp(who, "prep") ? "" : "--in ", path);
     Reader r = {.path = path};
@@ -215,7 +223,7 @@ static void read_input(Prep *p, const char *path) {
     int json = prep_is_jsonl(path);
     if (!json && !p->o->lines) { // the whole file is one document
         while (!r.eof) fill(&r);
-        if (r.n) add_doc(p, r.b, r.n);
+        if (r.n) p->doc(p->arg, r.b, r.n);
     } else {
         size_t len;
         long line = 0;
@@ -225,11 +233,24 @@ static void read_input(Prep *p, const char *path) {
             while (k < len && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r')) k++;
             if (k == len) continue; // blank lines are no documents
             if (json) json_doc(p, path, line, s, len);
-            else add_doc(p, s, len);
+            else p->doc(p->arg, s, len);
         }
     }
     gzclose(r.f);
     free(r.b);
+}
+
+void prep_read(const PrepOptions *o, void (*doc)(void *arg, const char *text, size_t len), void *arg,
+               const char *whom) {
+    Sink k = {o, doc, arg};
+    who = whom;
+    for (const char *s = o->inputs; *s;) {
+        size_t n = strcspn(s, "\n");
+        char path[4096];
+        snprintf(path, sizeof path, "%.*s", (int)n, s);
+        read_input(&k, path);
+        s += n + (s[n] == '\n');
+    }
 }
 
 static void summary(const Prep *p, const char *from, const char *shown) {
@@ -253,13 +274,7 @@ void prep_write(const PrepOptions *o, const Tokenizer *t, int eos, const char *f
     *p = (Prep){.o = o, .t = t, .dir = dir, .eos = eos, .train = {.name = "train"}, .val = {.name = "val"}};
     p->vocab = tok_vocab_size(t);
     p->t0 = now_seconds();
-    for (const char *s = o->inputs; *s;) {
-        size_t n = strcspn(s, "\n");
-        char path[4096];
-        snprintf(path, sizeof path, "%.*s", (int)n, s);
-        read_input(p, path);
-        s += n + (s[n] == '\n');
-    }
+    prep_read(o, add_doc, p, whom);
     run_batch(p);
     if (!p->docs) DIE("%s: the inputs hold no document", who);
     if (o->val_docs && p->train.docs == 0)

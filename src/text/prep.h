@@ -29,5 +29,9 @@ int prep_find_eos(const Tokenizer *t, const char *path, const char **from);
 // who ("prep", "--data", ...). o->tokenizer and o->eos are not read.
 void prep_write(const PrepOptions *o, const Tokenizer *t, int eos, const char *from, const char *dir,
                 const char *who);
+// The documents of o->inputs (o->field, o->lines as prep reads them), each handed to doc in input order
+// (text valid during the call only). Dies naming the file and the problem, after who.
+void prep_read(const PrepOptions *o, void (*doc)(void *arg, const char *text, size_t len), void *arg,
+               const char *who);
 // 1 when prep reads path as JSON lines (.jsonl, .json, .ndjson, each maybe .gz), else as plain text.
 int prep_is_jsonl(const char *path);
