@@ -8,7 +8,8 @@
 # the Hugging Face directory's tokenizer.json; `moe sample` encodes the prompt and prints text (a model
 # that learnt a sentence with a 3-byte character split over byte tokens continues it verbatim); `moe
 # eval` reads the run's cache (the trainer's own final loss) or tokenises other text (the loss of prep's
-# shards of it), leaving no temporary files. Bad input: one `moe: error:` line, nothing written.
+# shards of it), leaving no temporary files. Bad input: one `moe: error:` line, nothing written. Under
+# mpirun rank 0 tokenises once and both ranks train on the cache.
 set -u
 . "$(dirname "$0")/lib.sh"
 small_fixture
@@ -132,4 +133,13 @@ run_fail "too few for T=16" "${R[@]}" --tokenizer tok --data short.txt --out new
 GUARD="$W/run"
 run_fail "already holds a training run" "${R[@]}" --tokenizer tok --data b.txt --out run
 run_fail "has 702 ids; the model's embedding" "$MOE" sample --ckpt run --tokenizer tk/gpt2
+GUARD="$W/new"
+run_fail "the embedded corpus (no --data) is bytes" "${R[@]}" --tokenizer tok --out new
+
+echo "-- two ranks: rank 0 tokenises, both read the same shards"
+mpi_tests # (skips the rest without mpirun)
+run_ok "mpirun -np 2 train --tokenizer tok --data b.txt" $MPI -np 2 "${R[@]}" --tokenizer tok --data b.txt \
+  --steps 2 --out rm
+check "... tokenised once" [ "$(grep -c -- '--data: .* documents' "$OUT_FILE")" = 1 ]
+run_ok "... the cache holds tokenizers' ids of b.txt" python3 shards.py 'rm/data/train/train_*.bin' tok/tokenizer.json b.txt
 finish

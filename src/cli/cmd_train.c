@@ -65,14 +65,15 @@ static void init_from_prepare(State *s, Comm *world) {
     s->model_explicit = 0;
 }
 
-// The run's tokenizer: --init-from's tokenizer.json unless --tokenizer names one. A model from scratch
+// The run's tokenizer: --init-from's tokenizer.json (with --data: the embedded corpus is bytes) unless
+// --tokenizer names one. A model from scratch
 // with --tokenizer and no --vocab-size takes the tokenizer's vocabulary, rounded up to a multiple of 64;
 // so does a resume that names model options (its config is compared with the checkpoint's whole), with
 // the run's copy of its tokenizer.
 static void tokenizer_prepare(State *s, int rank0) {
     char p[2100];
     join_path(p, sizeof p, s->cli.init_from, "tokenizer.json");
-    if (s->cli.init_from[0] && !opt_set(s, "tokenizer") && file_exists(p))
+    if (s->cli.init_from[0] && !opt_set(s, "tokenizer") && s->train.data[0] && file_exists(p))
         snprintf(s->train.tokenizer, sizeof s->train.tokenizer, "%s", s->cli.init_from);
     join_path(p, sizeof p, s->train.out, RUN_TOKENIZER);
     const char *path = opt_set(s, "tokenizer")                  ? s->train.tokenizer

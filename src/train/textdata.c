@@ -133,6 +133,11 @@ void textdata_open(TextData *td, const TrainOptions *o, const ModelConfig *c, Co
         cJSON_Delete(rec);
         return;
     }
+    if (!td->data)
+        DIE("--tokenizer %s: the embedded corpus (no --data) is bytes, not this tokenizer's tokens; give "
+            "--data "
+            "a text or its shards",
+            path);
     td->tok = tok_load(path);
     char *abs = realpath(tok_file(td->tok), NULL);
     snprintf(td->tok_src, sizeof td->tok_src, "%s", abs ? abs : tok_file(td->tok));
