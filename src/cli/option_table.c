@@ -278,9 +278,10 @@ const Opt opts[] = {
      "or config.json's eos_token_id, beside the tokenizer)"},
     // tokenizer train
     {"vocab", O_INT, CO(vocab), C_TOKTRAIN,
-     "the vocabulary size: the special tokens, the 256 bytes and one token per merge (required)"},
+     "the vocabulary size: the special tokens, the 256 bytes and one token per merge (required; no default)"},
     {"data", O_PATHS, CO(inputs), C_TOKTRAIN,
-     "the text to learn from: plain text, JSON lines (.jsonl/.json/.ndjson), any of them gzip'd (required)"},
+     "the text to learn from: plain text, JSON lines (.jsonl/.json/.ndjson), any of them gzip'd "
+     "(required; no default)"},
     {"out", O_STR, TO(out), C_TOKTRAIN,
      "a tokenizer.json to write (a name ending in .json), or a directory for tokenizer.json and "
      "tokenizer_config.json (required; no default)"},
