@@ -7,7 +7,8 @@
 # reimplementation from the definition: the documents pre-tokenised by `tokenizers`' own ByteLevel
 # pre-tokenizer and counted, every merge must be the pair with the highest count of adjacent
 # occurrences at its turn, ties to the lowest (left id, right id), with the vocabulary's ids. Training
-# twice gives the same bytes; a directory --out gets tokenizer_config.json, whose EOS `moe prep` finds.
+# twice gives the same bytes (a document of several MB, pre-tokenised a piece at a time, has the words
+# of the whole); a directory --out gets tokenizer_config.json, whose EOS `moe prep` finds.
 # Bad input: one `moe: error:` line, a non-zero exit, and the output untouched. Skipped without tokenizers.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -98,6 +99,10 @@ PY
 run_ok "each merge is the most frequent pair (ties: lowest ids), replayed from tokenizers' pre-tokenisation" \
   python3 replay.py tok.json 700 a.txt b.jsonl && tail -1 "$OUT_FILE"
 
+text_bytes 2600000 5 >big.txt # one document over 2 MB: pre-tokenised a MB at a time (bpe_train.c feed_doc)
+run_ok "a 2.6 MB document" "$MOE" tokenizer train --vocab 400 --data big.txt --out big.json
+run_ok "... its merges replayed from the whole document's words" python3 replay.py big.json 400 big.txt &&
+  tail -1 "$OUT_FILE"
 "$MOE" tokenizer train --vocab 700 --data a.txt b.jsonl --out tok2.json >/dev/null
 check "training twice gives the same file" cmp -s tok.json tok2.json
 run_ok "--out DIR: tokenizer.json and tokenizer_config.json" "$MOE" tokenizer train --vocab 500 --data a.txt \

@@ -73,10 +73,27 @@ typedef struct {
     uint64_t docs, bytes;
 } Feed;
 
+// A long document is pre-tokenised a piece at a time (the memory of one piece, not of the document), cut
+// only before an ASCII white space that follows a printable ASCII character: GPT-2's regex has no token
+// that runs from such a character into white space, no lookbehind, and its lookahead looks forward only,
+// so the words are those of the whole document.
+#define FEED_PIECE ((size_t)1 << 20)
+
 static void feed_doc(void *arg, const char *text, size_t len) {
     Feed *f = arg;
     f->docs++;
     f->bytes += len;
+    while (len > 2 * FEED_PIECE) {
+        size_t cut = FEED_PIECE;
+        while (
+            cut < len &&
+            !(strchr(" \t\n\r\v\f", text[cut]) && text[cut] && text[cut - 1] > ' ' && text[cut - 1] < 0x7f))
+            cut++;
+        if (cut == len) break;
+        tok_pretokenize(f->t, text, cut, word_add, f->w);
+        text += cut;
+        len -= cut;
+    }
     tok_pretokenize(f->t, text, len, word_add, f->w);
 }
 
