@@ -109,6 +109,11 @@ run_ok "--out DIR: tokenizer.json and tokenizer_config.json" "$MOE" tokenizer tr
   --out tdir --special '<|endoftext|>,<|pad|>'
 check "... tokenizer_config.json names the first special token as the EOS" \
   grep -q '"eos_token":.*"<|endoftext|>"' tdir/tokenizer_config.json
+if python3 -c "import transformers" 2>/dev/null; then
+  run_ok "... transformers' AutoTokenizer loads the directory, EOS <|endoftext|> (id 0)" python3 -c "
+import sys; from transformers import AutoTokenizer
+t = AutoTokenizer.from_pretrained('tdir'); sys.exit(t.eos_token != '<|endoftext|>' or t.eos_token_id != 0)"
+else skip "transformers is not installed: AutoTokenizer not checked"; fi
 run_ok "... moe prep finds that EOS" "$MOE" prep --tokenizer tdir --in b.jsonl --out shards
 check "... EOS 0 (from tokenizer_config.json)" grep -q "EOS 0 (from tokenizer_config.json)" "$OUT_FILE"
 run_ok "... its merges replayed too" python3 replay.py tdir/tokenizer.json 500 a.txt
