@@ -2,8 +2,10 @@
 // forward, with the defaults they take from the training run's record (run.json beside the
 // checkpoint). Must not hold: training, the run record's writing (run_record.c).
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cjson/cJSON.h>
 #include "cli/commands.h"
 #include "core/common.h"
@@ -11,6 +13,9 @@
 #include "model/model.h"
 #include "io/checkpoint.h"
 #include "io/hf.h"
+#include "text/corpus.h"
+#include "text/prep.h"
+#include "text/tokenizer.h"
 #include "train/dump.h"
 #include "train/eval.h"
 #include "train/sample.h"
@@ -75,6 +80,55 @@ static int sample_window(const State *s, const char *ck, const ModelConfig *c, c
     return W;
 }
 
+// The tokenizer of --ckpt: --tokenizer, else a Hugging Face directory's tokenizer.json, else the copy of
+// the run the checkpoint belongs to (RUN/tokenizer/); NULL: none (bytes, as always). path: which. Dies
+// when its vocabulary does not fit the model's embedding.
+static Tokenizer *ckpt_tokenizer(const State *s, const char *ck, const ModelConfig *c, char *path, size_t n) {
+    char run[2100];
+    path_parent(run, sizeof run, ck);
+    if (s->cli.tokenizer[0]) snprintf(path, n, "%s", s->cli.tokenizer);
+    else if (hf_is_model_dir(ck)) join_path(path, n, ck, "tokenizer.json");
+    else join_path(path, n, run, RUN_TOKENIZER);
+    if (!s->cli.tokenizer[0] && !file_exists(path) && !dir_exists(path)) return NULL;
+    Tokenizer *t = tok_load(path);
+    if (tok_vocab_size(t) > c->vocab_size)
+        DIE("the tokenizer %s has %d ids; the model's embedding (%s) has %d", path, tok_vocab_size(t), ck,
+            c->vocab_size);
+    return t;
+}
+
+// A sampled token printed as it comes (through the streaming decoder: a character split over tokens
+// appears once whole).
+static void emit_text(void *arg, int32_t id) {
+    print_tokens(stdout, arg, &id, 1, 0);
+    fflush(stdout);
+}
+
+// The prompt's tokens into ctx (capacity for the sample too): bytes, or with a tokenizer its ids (an
+// empty prompt: the tokenizer's EOS, the start of a document, else a newline).
+static int32_t *prompt_tokens(const State *s, Tokenizer *tok, const char *tpath, int *len, int *cap) {
+    const char *p = s->cli.prompt;
+    size_t n = strlen(p), got = 0, icap = 0;
+    int32_t *ids = NULL;
+    if (tok) {
+        const char *from;
+        got = tok_encode(tok, p, n, s->cli.add_special, &ids, &icap);
+        int eos = got ? -1 : prep_find_eos(tok, tpath, &from);
+        if (!got && eos >= 0) {
+            ids = xrealloc(ids, sizeof *ids);
+            ids[got++] = eos;
+        }
+        if (!got) got = tok_encode(tok, "\n", 1, 0, &ids, &icap);
+    }
+    *cap = (int)(tok ? got : n) + s->cli.tokens + 1;
+    int32_t *ctx = xmalloc(sizeof(int32_t) * *cap);
+    *len = 0;
+    for (size_t i = 0; i < (tok ? got : n); i++) ctx[(*len)++] = tok ? ids[i] : (unsigned char)p[i];
+    if (*len == 0) ctx[(*len)++] = '\n';
+    free(ids);
+    return ctx;
+}
+
 int cmd_sample(State *s) {
     char ck[2048];
     pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
@@ -90,31 +144,68 @@ int cmd_sample(State *s) {
     TrainState st;
     ModelConfig c;
     pretrained_config(ck, &c);
-    if (c.vocab_size < 256)
+    char tpath[2200];
+    Tokenizer *tok = ckpt_tokenizer(s, ck, &c, tpath, sizeof tpath);
+    if (!tok && s->cli.add_special)
+        DIE("--add-special: the model has no tokenizer (pass --tokenizer DIR|tokenizer.json)");
+    if (!tok && c.vocab_size < 256)
         DIE("sample: the model's vocabulary (%d) is smaller than bytes; cannot encode the prompt",
             c.vocab_size);
     char from[2300];
     int W = sample_window(s, ck, &c, from, sizeof from);
     pretrained_load(&m, ck, 1, W, &st, s->train.seed, s->train.device);
-    int plen = (int)strlen(s->cli.prompt), cap = plen + s->cli.tokens + 1;
-    int32_t *ctx = xmalloc(sizeof(int32_t) * cap);
-    int len = 0;
-    for (int i = 0; i < plen; i++) ctx[len++] = (unsigned char)s->cli.prompt[i];
-    if (len == 0) ctx[len++] = '\n';
+    int len, cap;
+    int32_t *ctx = prompt_tokens(s, tok, tpath, &len, &cap);
     Pipe one; // the model alone: one stage
     pipe_init(&one, &m, NULL, 1);
-    SampleOptions so = {s->cli.temperature, s->cli.top_k, s->cli.top_p, W, s->cli.kv_cache, s->train.seed};
+    TokStream *ts = tok ? tok_stream_new(tok, 0) : NULL;
+    SampleOptions so = {s->cli.temperature, s->cli.top_k,  s->cli.top_p,           W,
+                        s->cli.kv_cache,    s->train.seed, tok ? emit_text : NULL, ts};
+    if (tok) { // the prompt as given, then each token as it is drawn (the stream holds the prompt's ids)
+        fputs(s->cli.prompt, stdout);
+        for (int i = 0; i < len; i++) tok_stream_step(ts, ctx[i], &(size_t){0});
+    }
     SampleStats ss;
     sample_tokens(&one, ctx, &len, cap, s->cli.tokens, &so, &ss);
-    print_tokens(stdout, ctx, len, c.vocab_size);
+    if (!tok) print_tokens(stdout, NULL, ctx, len, c.vocab_size);
     printf("\n");
+    tok_stream_free(ts);
+    tok_free(tok);
     fprintf(stderr, "sampled %d tokens in %.3f s (%.1f tokens/s; %s, window %d: %s; %d prefill%s)\n",
             ss.tokens, ss.seconds, ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0,
             ss.cached ? "KV cache" : "no cache", W, from, ss.prefills, ss.prefills == 1 ? "" : "s");
+    if (tok) fprintf(stderr, "tokenizer: %s\n", tpath);
     free(ctx);
     pipe_free(&one);
     model_free(&m);
     return 0;
+}
+
+// eval's text data with a tokenizer: the shards of the run's cache (RUN/data/) when it holds this text
+// tokenised so, else tokenised into a directory of its own under $TMPDIR (removed once read: tmp).
+static char eval_tmp[2][1100];
+static void remove_eval_tmp(void) {
+    for (int k = 0; k < 2; k++)
+        if (eval_tmp[k][0]) rm_rf(eval_tmp[k]);
+}
+static const char *eval_text(Tokenizer *tok, const char *tpath, const char *ck, int hf, const char *path,
+                             int k, char *pattern, size_t n) {
+    if (!tok || !path || data_is_shards(path)) return path;
+    const char *who = k ? "--val-data" : "--data", *from;
+    FilePrint tp = file_print(tok_file(tok), "--tokenizer");
+    int eos = corpus_eos(tok, tpath, path, who, &from);
+    char run[2100], dir[2200];
+    path_parent(run, sizeof run, ck);
+    join_path(dir, sizeof dir, run, RUN_DATA);
+    static const char *const names[] = {"train", "val"};
+    for (int i = 0; i < 2 && !hf; i++)
+        if (corpus_shards(tok, tp, eos, from, path, dir, names[i], 0, who, pattern, n, NULL)) return pattern;
+    const char *t = getenv("TMPDIR");
+    snprintf(eval_tmp[k], sizeof eval_tmp[k], "%s/moe_eval_%d_%d", t && *t ? t : "/tmp", (int)getpid(), k);
+    if (dir_exists(eval_tmp[k])) rm_rf(eval_tmp[k]);
+    corpus_shards(tok, tp, eos, from, path, eval_tmp[k], "text", 1, who, pattern, n, NULL);
+    moe_set_die_cleanup(remove_eval_tmp);
+    return pattern;
 }
 
 int cmd_eval(State *s) {
@@ -138,9 +229,19 @@ int cmd_eval(State *s) {
         DIE("--val-data needs --data (the embedded corpus holds out its own windows)");
     Model m;
     pretrained_load(&m, ck, B, T, &st, s->train.seed, s->train.device);
+    char tpath[2200], dpat[2300], vpat[2300];
+    Tokenizer *tok = ckpt_tokenizer(s, ck, &c, tpath, sizeof tpath);
+    const char *data = eval_text(tok, tpath, ck, hf, s->train.data[0] ? s->train.data : NULL, 0, dpat,
+                                 sizeof dpat),
+               *val = eval_text(tok, tpath, ck, hf, s->train.val_data[0] ? s->train.val_data : NULL, 1, vpat,
+                                sizeof vpat);
     Dataset ds;
-    data_open_split(&ds, s->train.data[0] ? s->train.data : NULL,
-                    s->train.val_data[0] ? s->train.val_data : NULL, s->train.val_frac, st.seed, T);
+    data_open_split(&ds, data, val, s->train.val_frac, st.seed, T);
+    remove_eval_tmp();
+    moe_set_die_cleanup(NULL);
+    if (tok && data != s->train.data && data) // (the shards' name: the text and the tokenizer instead)
+        snprintf(ds.source, sizeof ds.source, "text:%s via %s", s->train.data, tok_file(tok));
+    tok_free(tok);
     if (ds.max_token >= c.vocab_size)
         DIE("the data's vocabulary does not fit the model: token %d, vocab_size %d", ds.max_token,
             c.vocab_size);

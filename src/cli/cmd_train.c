@@ -9,10 +9,12 @@
 #include "cli/commands.h"
 #include "cli/run_record.h"
 #include "core/common.h"
+#include "io/checkpoint.h"
 #include "io/hf.h"
 #include "parallel/agree.h"
 #include "parallel/comm.h"
 #include "train/pretrained.h"
+#include "text/tokenizer.h"
 #include "train/trainer.h"
 
 // --init-from HF_DIR: the model config comes from HF_DIR/config.json. Model options given as flags or
@@ -63,6 +65,30 @@ static void init_from_prepare(State *s, Comm *world) {
     s->model_explicit = 0;
 }
 
+// The run's tokenizer: --init-from's tokenizer.json (with --data: the embedded corpus is bytes) unless
+// --tokenizer names one. A model from scratch
+// with --tokenizer and no --vocab-size takes the tokenizer's vocabulary, rounded up to a multiple of 64;
+// so does a resume that names model options (its config is compared with the checkpoint's whole), with
+// the run's copy of its tokenizer.
+static void tokenizer_prepare(State *s, int rank0) {
+    char p[2100];
+    join_path(p, sizeof p, s->cli.init_from, "tokenizer.json");
+    if (s->cli.init_from[0] && !opt_set(s, "tokenizer") && s->train.data[0] && file_exists(p))
+        snprintf(s->train.tokenizer, sizeof s->train.tokenizer, "%s", s->cli.init_from);
+    join_path(p, sizeof p, s->train.out, RUN_TOKENIZER);
+    const char *path = opt_set(s, "tokenizer")                  ? s->train.tokenizer
+        : s->train.resume && s->model_explicit && dir_exists(p) ? p
+                                                                : NULL;
+    if (!path || s->cli.init_from[0] || opt_set(s, "vocab-size") || (s->train.resume && !s->model_explicit))
+        return;
+    Tokenizer *t = tok_load(path);
+    s->model.vocab_size = (tok_vocab_size(t) + 63) / 64 * 64;
+    if (rank0 && !s->train.resume)
+        printf("--tokenizer %s: vocab_size %d (its %d ids, rounded up to a multiple of 64)\n", path,
+               s->model.vocab_size, tok_vocab_size(t));
+    tok_free(t);
+}
+
 // Every rank of an MPI job must train the same thing: each hashes its resolved training options
 // (model, training, mesh, paths) and the environment switches that change results, and the ranks
 // compare before anything is read or written (parallel/agree.h; the data's contents are compared
@@ -107,6 +133,7 @@ int cmd_train(State *s, int argc, char **argv) {
           *prev = s->train.resume ? resume_apply(s, comm_rank(world) == 0, &overrides) : NULL;
     if (!overrides) overrides = cJSON_CreateObject();
     resume_check_mesh(s, prev, comm_size(world));
+    tokenizer_prepare(s, comm_rank(world) == 0);
     if (opt_set(s, "bf16-rounding") &&
         s->train.precision != PREC_BF16) // (after --resume took the run's precision)
         DIE("--bf16-rounding rounds the weights of --precision bf16; this run's precision is %s",

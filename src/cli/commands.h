@@ -11,4 +11,5 @@ int cmd_info(State *s);
 int cmd_export(State *s);
 int cmd_tokenize(State *s);
 int cmd_prep(State *s);
+int cmd_tokenizer_train(State *s);
 int cmd_plan(State *s);

@@ -10,29 +10,37 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout, 0);
         return argc < 2 ? 2 : 0;
     }
-    int cmd = !strcmp(argv[1], "train") ? C_TRAIN
-        : !strcmp(argv[1], "sample")    ? C_SAMPLE
-        : !strcmp(argv[1], "eval")      ? C_EVAL
-        : !strcmp(argv[1], "info")      ? C_INFO
-        : !strcmp(argv[1], "export")    ? C_EXPORT
-        : !strcmp(argv[1], "tokenize")  ? C_TOKENIZE
-        : !strcmp(argv[1], "prep")      ? C_PREP
-        : !strcmp(argv[1], "plan")      ? C_PLAN
-                                        : 0;
+    int sub = !strcmp(argv[1], "tokenizer"); // `moe tokenizer train`: two words
+    if (sub && (argc < 3 || strcmp(argv[2], "train"))) {
+        fprintf(stderr, "moe: error: tokenizer: expected 'moe tokenizer train' (got '%s')\n",
+                argc < 3 ? "moe tokenizer" : argv[2]);
+        return 2;
+    }
+    int cmd = sub                      ? C_TOKTRAIN
+        : !strcmp(argv[1], "train")    ? C_TRAIN
+        : !strcmp(argv[1], "sample")   ? C_SAMPLE
+        : !strcmp(argv[1], "eval")     ? C_EVAL
+        : !strcmp(argv[1], "info")     ? C_INFO
+        : !strcmp(argv[1], "export")   ? C_EXPORT
+        : !strcmp(argv[1], "tokenize") ? C_TOKENIZE
+        : !strcmp(argv[1], "prep")     ? C_PREP
+        : !strcmp(argv[1], "plan")     ? C_PLAN
+                                       : 0;
     if (!cmd) {
-        fprintf(
-            stderr,
-            "moe: error: unknown command '%s' (train, sample, eval, info, export, tokenize, prep, plan)\n",
-            argv[1]);
+        fprintf(stderr,
+                "moe: error: unknown command '%s' (train, sample, eval, info, export, tokenize, prep, plan, "
+                "tokenizer train)\n",
+                argv[1]);
         return 2;
     }
     static State s;
     state_defaults(&s);
-    parse(&s, cmd, argc - 2, argv + 2);
+    parse(&s, cmd, argc - 2 - sub, argv + 2 + sub);
     signals_init(cmd == C_TRAIN); // train: SIGTERM/SIGINT checkpoint and exit MOE_EXIT_PREEMPTED
     if (cmd == C_EXPORT) return cmd_export(&s);
     if (cmd == C_TOKENIZE) return cmd_tokenize(&s);
     if (cmd == C_PREP) return cmd_prep(&s);
+    if (cmd == C_TOKTRAIN) return cmd_tokenizer_train(&s);
     if (cmd == C_PLAN) return cmd_plan(&s);
     if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
     return cmd_train(&s, argc, argv);

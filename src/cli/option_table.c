@@ -23,7 +23,10 @@ const Opt opts[] = {
      "write the first batch's tokens, logits, losses, router logits to this .safetensors (default: none)"},
     {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL,
      "with --dump: also every tensor's gradient after one backward"},
-    {"prompt", O_STR, CO(prompt), C_SAMPLE, "text to continue (byte vocabulary; default: empty, a newline)"},
+    {"prompt", O_STR, CO(prompt), C_SAMPLE,
+     "text to continue, encoded with the checkpoint's tokenizer (--tokenizer), else as bytes (default: "
+     "empty: "
+     "the tokenizer's EOS, or a newline)"},
     {"tokens", O_INT, CO(tokens), C_SAMPLE, "tokens to generate"},
     {"max-new-tokens", O_INT, CO(tokens), C_SAMPLE, "the same as --tokens"},
     {"temperature", O_FLOAT, CO(temperature), C_SAMPLE, "sampling temperature (0 = greedy)"},
@@ -242,11 +245,20 @@ const Opt opts[] = {
     // tokenize
     {"tokenizer", O_STR, CO(tokenizer), C_TOKENIZE | C_PREP,
      "a Hugging Face tokenizer.json, or a directory holding one (required; no default)"},
+    {"tokenizer", O_STR, CO(tokenizer), C_SAMPLE | C_EVAL,
+     "encode the prompt / text --data and decode with this tokenizer.json (or its directory) (default: the "
+     "run's copy beside the checkpoint, RUN/tokenizer/, or a Hugging Face --ckpt's tokenizer.json; else "
+     "bytes)"},
+    {"tokenizer", O_STR, TO(tokenizer), C_TRAIN,
+     "tokenise text --data / --val-data with this tokenizer.json (or its directory) into shards cached in "
+     "OUT/data/, and keep a copy in OUT/tokenizer/ for sample and eval (default: --init-from's "
+     "tokenizer.json "
+     "if it has one, a --resume's copy; else none: text is bytes)"},
     {"in", O_STR, CO(in), C_TOKENIZE,
      "the input: text to encode, or --decode: token ids separated by white space (default: standard input)"},
     {"decode", O_FLAG, CO(decode), C_TOKENIZE, "decode ids to text instead of encoding text"},
     {"skip-special", O_FLAG, CO(skip_special), C_TOKENIZE, "--decode: leave out the special added tokens"},
-    {"add-special", O_FLAG, CO(add_special), C_TOKENIZE | C_PREP,
+    {"add-special", O_FLAG, CO(add_special), C_TOKENIZE | C_PREP | C_SAMPLE,
      "encode with the post-processor's special tokens (e.g. a BOS; tokenizers' add_special_tokens=True)"},
     {"stream", O_FLAG, CO(stream), C_TOKENIZE,
      "--decode: through the streaming decoder, one id at a time (each piece written as it completes)"},
@@ -258,14 +270,25 @@ const Opt opts[] = {
      "the directory to create for the shards, train_NNNNNN.bin and val_NNNNNN.bin (required; no default; it "
      "must "
      "not exist)"},
-    {"field", O_STR, CO(field), C_PREP, "the text field of each JSON line"},
-    {"lines", O_FLAG, CO(lines), C_PREP, "plain text: each non-empty line is a document"},
+    {"field", O_STR, CO(field), C_PREP | C_TOKTRAIN, "the text field of each JSON line"},
+    {"lines", O_FLAG, CO(lines), C_PREP | C_TOKTRAIN, "plain text: each non-empty line is a document"},
     {"val-docs", O_INT, CO(val_docs), C_PREP, "the first N documents are held out (val_*.bin)"},
     {"shard-tokens", O_INT, CO(shard_tokens), C_PREP, "tokens per shard file at most"},
     {"eos", O_STR, CO(eos), C_PREP,
      "the end-of-document token's text (default: tokenizer_config.json's eos_token, "
      "special_tokens_map.json's, "
      "or config.json's eos_token_id, beside the tokenizer)"},
+    // tokenizer train
+    {"vocab", O_INT, CO(vocab), C_TOKTRAIN,
+     "the vocabulary size: the special tokens, the 256 bytes and one token per merge (required; no default)"},
+    {"data", O_PATHS, CO(inputs), C_TOKTRAIN,
+     "the text to learn from: plain text, JSON lines (.jsonl/.json/.ndjson), any of them gzip'd "
+     "(required; no default)"},
+    {"out", O_STR, TO(out), C_TOKTRAIN,
+     "a tokenizer.json to write (a name ending in .json), or a directory for tokenizer.json and "
+     "tokenizer_config.json (required; no default)"},
+    {"special", O_STR, CO(special), C_TOKTRAIN,
+     "the special tokens, comma-separated, ids 0..; the first is the EOS"},
 };
 _Static_assert(sizeof opts / sizeof opts[0] == N_OPTS, "N_OPTS (cli/options.h) is the length of opts");
 

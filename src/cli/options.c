@@ -20,6 +20,7 @@ const char *cmd_name(int cmd) {
         : cmd == C_TOKENIZE ? "tokenize"
         : cmd == C_PREP     ? "prep"
         : cmd == C_PLAN     ? "plan"
+        : cmd == C_TOKTRAIN ? "tokenizer train"
                             : "info";
 }
 
@@ -230,6 +231,7 @@ void state_defaults(State *s) {
     s->cli.kv_cache = 1;
     snprintf(s->cli.field, sizeof s->cli.field, "text");
     s->cli.shard_tokens = 100000000; // llm.c's shard size
+    snprintf(s->cli.special, sizeof s->cli.special, "<|endoftext|>");
     strcpy(s->cli.gpu, "h200");
     s->cli.nodes_of = 8;
     s->cli.top = 10;
@@ -259,7 +261,8 @@ void usage(FILE *f, int cmd) {
                 "trained as)\n"
                 "  tokenize token ids of a text with a Hugging Face tokenizer.json, or text of ids\n"
                 "  prep     text or JSON lines (.gz too) -> llm.c token shards, with a tokenizer.json\n"
-                "  plan     rank the layouts of a model on N GPUs by predicted step time (docs/PLAN.md)\n");
+                "  plan     rank the layouts of a model on N GPUs by predicted step time (docs/PLAN.md)\n"
+                "  tokenizer train   learn a byte-level BPE tokenizer.json from text (docs/DATA.md)\n");
         return;
     }
     static State d; // the defaults, shown per option

@@ -16,7 +16,8 @@ enum {
     C_EXPORT = 16,
     C_TOKENIZE = 32,
     C_PREP = 64,
-    C_PLAN = 128
+    C_PLAN = 128,
+    C_TOKTRAIN = 256 // `moe tokenizer train`
 };
 typedef enum {
     O_INT,
@@ -65,6 +66,8 @@ typedef struct {
     // document per line, the documents held out, the tokens per shard
     char inputs[16384], field[128], eos[256];
     int lines, val_docs, shard_tokens;
+    int vocab; // tokenizer train: the vocabulary size
+    char special[1024]; // tokenizer train: the special tokens, comma-separated
 } CliOptions;
 
 typedef struct {
@@ -79,7 +82,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 129 };
+enum { N_OPTS = 135 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

@@ -16,11 +16,13 @@
 
 static void write_all(int fd, const char *p, ssize_t n);
 static void (*die_hook)(void);
+static void (*die_cleanup)(void);
 static int die_rank = -1;
 void moe_set_die_hook(void (*hook)(void), int rank) {
     die_hook = hook;
     die_rank = rank;
 }
+void moe_set_die_cleanup(void (*cleanup)(void)) { die_cleanup = cleanup; }
 
 void moe_die(const char *file, int line, const char *fmt, ...) {
     fflush(stdout);
@@ -40,6 +42,7 @@ void moe_die(const char *file, int line, const char *fmt, ...) {
     msg[n] = 0;
     fflush(stderr);
     write_all(STDERR_FILENO, msg, n);
+    if (die_cleanup) die_cleanup();
     if (die_hook) die_hook();
     // every stream flushed, then out without exit's handlers: an error ends the process at once,
     // and LeakSanitizer (whose check runs at exit) does not count what the abandoned work held

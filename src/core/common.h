@@ -17,6 +17,9 @@ void moe_die(const char *file, int line, const char *fmt, ...)
 
 // Called by DIE after printing (e.g. MPI_Abort so every rank ends); rank >= 0 tags messages.
 void moe_set_die_hook(void (*hook)(void), int rank);
+// Called by DIE before the hook: removing what a half-done step wrote (a directory being filled); one at
+// a time, NULL clears it. Apart from the hook, which the process's owner (MPI) sets.
+void moe_set_die_cleanup(void (*cleanup)(void));
 
 // Signals: SIGXFSZ ignored (a file-size limit makes writes fail with EFBIG, reported by the checked
 // IO calls, instead of killing the process); with preemptible, the first SIGTERM or SIGINT is only

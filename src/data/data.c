@@ -277,12 +277,15 @@ static void load_synthetic(Dataset *ds, uint64_t seed, int T) {
     snprintf(ds->source, sizeof ds->source, "synthetic(seed=%llu)", (unsigned long long)seed);
 }
 
+int data_is_shards(const char *path) {
+    size_t plen = strlen(path);
+    return (plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?[");
+}
+
 // Loads the tokens of path (NULL: the synthetic corpus) into ds, with max_token.
 static void load_source(Dataset *ds, const char *path, uint64_t seed, int T) {
-    size_t plen = path ? strlen(path) : 0;
     if (!path) load_synthetic(ds, seed, T);
-    else if ((plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?["))
-        load_shards(ds, path);
+    else if (data_is_shards(path)) load_shards(ds, path);
     else load_text(ds, path);
     ds->max_token = -1;
     for (size_t i = 0; i < ds->n_tokens; i++)

@@ -61,6 +61,8 @@ typedef struct {
 // Otherwise: any file, bytes as tokens (vocab 256).
 // Dies with a clear message on a missing/empty/unreadable/malformed file or too little data for T.
 void data_open(Dataset *ds, const char *path, uint64_t seed, int T); // the default split (val_frac 0.1)
+// 1 when data_open reads path as llm.c shards (a ".bin" name or a glob pattern), 0: a file read as bytes.
+int data_is_shards(const char *path);
 // The same with the split chosen: val_path (NULL: none) is a separate validation source, loaded as
 // path is (text or shards); otherwise val_frac in (0, 0.5] of a --data source is held out as its
 // tail. The embedded corpus (path NULL) takes neither (its split is every10; val_frac must be the

@@ -198,7 +198,7 @@ void ckpt_run_clear(const char *out) {
         if (rm_rf(p) != 0) DIE("--force: cannot remove %s", p);
     }
     free_names(names, nn);
-    static const char *const dirs[] = {RUN_BEST, RUN_BEST ".tmp", RUN_BEST ".old"};
+    static const char *const dirs[] = {RUN_BEST, RUN_BEST ".tmp", RUN_BEST ".old", RUN_TOKENIZER};
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
         join_path(p, sizeof p, out, dirs[i]);
         if (dir_exists(p) && rm_rf(p) != 0) DIE("--force: cannot remove %s", p);

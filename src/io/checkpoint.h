@@ -62,7 +62,8 @@ void ckpt_path(char *buf, size_t n, const char *out_dir, int64_t step);
 // plots. Does out hold a run? 1 and what names the first thing found ("step_00000004",
 // "metrics.jsonl"), else 0.
 int ckpt_run_present(const char *out, char *what, size_t n);
-// Deletes the run in out (every step_* entry, best/, metrics.jsonl, train.log, the plots); dies naming what
+// Deletes the run in out (every step_* entry, best/, tokenizer/, metrics.jsonl, train.log, the plots; not the
+// data/ cache, which is checked before each use); dies naming what
 // it could not remove. Callers validate everything that can fail first.
 void ckpt_run_clear(const char *out);
 // The run record OUT/run.json (written by `moe train`, rank 0): the resolved options, the command
@@ -72,6 +73,8 @@ void ckpt_run_clear(const char *out);
 #define RUN_RECORD "run.json"
 #define RUN_LOG "train.log" // a copy of `moe train`'s stdout (rank 0), appended on resume
 #define RUN_BEST "best" // --keep-best: the checkpoint of the lowest validation loss
+#define RUN_TOKENIZER "tokenizer" // the run's tokenizer: tokenizer.json, tokenizer_config.json (its EOS)
+#define RUN_DATA "data" // text data tokenised for the run: llm.c shards in data/train, data/val (a cache)
 struct cJSON;
 void run_record_write(const char *out, const char *text);
 struct cJSON *run_record_read(const char *dir);

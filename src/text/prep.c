@@ -14,6 +14,8 @@
 #include "data/data.h"
 #include "text/tokenizer.h"
 
+static const char *who = "prep"; // what the messages name: the command or option reading the inputs
+
 // An EOS token named in a tokenizer directory's JSON: a string, or {"content": string}.
 static int eos_named(const Tokenizer *t, const char *dir, const char *file, const char *key) {
     char p[2048];
@@ -21,26 +23,25 @@ static int eos_named(const Tokenizer *t, const char *dir, const char *file, cons
     if (!file_exists(p)) return -2;
     long at;
     cJSON *j = json_read_file("prep", dir, file, &at);
-    if (!j) DIE("prep: '%s' is not valid JSON (at byte %ld)", p, at);
+    if (!j) DIE("%s: '%s' is not valid JSON (at byte %ld)", who, p, at);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
     if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
     int id = -2;
     if (cJSON_IsString(v)) {
         id = tok_token_id(t, v->valuestring);
-        if (id < 0) DIE("prep: %s names %s '%s', which the tokenizer does not have", p, key, v->valuestring);
+        if (id < 0)
+            DIE("%s: %s names %s '%s', which the tokenizer does not have", who, p, key, v->valuestring);
     } else if (cJSON_IsNumber(v) || (cJSON_IsArray(v) && cJSON_IsNumber(cJSON_GetArrayItem(v, 0)))) {
         id = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0)->valueint : v->valueint;
         if (id < 0 || id >= tok_vocab_size(t))
-            DIE("prep: %s: %s %d is outside the tokenizer's vocabulary (%d)", p, key, id, tok_vocab_size(t));
+            DIE("%s: %s: %s %d is outside the tokenizer's vocabulary (%d)", who, p, key, id,
+                tok_vocab_size(t));
     }
     cJSON_Delete(j);
     return id;
 }
 
-// The EOS token's id beside the tokenizer at path (a directory or a file in one), found as transformers
-// finds it: tokenizer_config.json's "eos_token", special_tokens_map.json's, or config.json's
-// "eos_token_id"; *from names the file (static text). -1 when none of them names one.
-static int find_eos(const Tokenizer *t, const char *path, const char **from) {
+int prep_find_eos(const Tokenizer *t, const char *path, const char **from) {
     char dir[1024];
     if (dir_exists(path)) snprintf(dir, sizeof dir, "%s", path);
     else path_parent(dir, sizeof dir, path);
@@ -69,11 +70,11 @@ static void remove_part(void) {
     if (part_dir[0]) rm_rf(part_dir);
 }
 
-static void flush(Split *s, int vocab) {
+static void flush(Split *s, const char *dir, int vocab) {
     if (!s->n) return;
     char name[64], p[1200];
     snprintf(name, sizeof name, "%s_%06ld.bin", s->name, s->shards++);
-    join_path(p, sizeof p, part_dir, name);
+    join_path(p, sizeof p, dir, name);
     data_write_shard(p, s->tok, s->n, vocab);
     s->total += s->n;
     s->n = 0;
@@ -87,7 +88,8 @@ static void flush(Split *s, int vocab) {
 typedef struct {
     const PrepOptions *o;
     const Tokenizer *t;
-    int eos, vocab;
+    const char *dir; // where the shards go
+    int eos, vocab; // eos < 0: none (documents follow each other)
     Split train, val;
     long docs;
     size_t bytes, text_tokens;
@@ -106,13 +108,13 @@ static void append_doc(Prep *p, const int32_t *ids, size_t n, size_t len) {
     s->docs++;
     p->bytes += len;
     p->text_tokens += n;
-    for (size_t i = 0; i <= n; i++) {
+    for (size_t i = 0; i < n + (p->eos >= 0); i++) {
         if (s->n == s->cap) {
             s->cap = s->cap ? s->cap * 2 : 1 << 16;
             s->tok = xrealloc(s->tok, s->cap * sizeof *s->tok);
         }
         s->tok[s->n++] = i < n ? ids[i] : p->eos;
-        if (s->n >= (size_t)p->o->shard_tokens) flush(s, p->vocab);
+        if (s->n >= (size_t)p->o->shard_tokens) flush(s, p->dir, p->vocab);
     }
 }
 
@@ -129,12 +131,13 @@ static void run_batch(Prep *p) {
     double now = now_seconds();
     if (isatty(STDERR_FILENO) && now - p->shown > 1) { // progress, where someone watches
         p->shown = now;
-        fprintf(stderr, "\rprep: %ld documents, %zu tokens, %.1f MB/s   ", p->docs, p->text_tokens,
+        fprintf(stderr, "\r%s: %ld documents, %zu tokens, %.1f MB/s   ", who, p->docs, p->text_tokens,
                 (double)p->bytes / 1e6 / (now - p->t0));
     }
 }
 
-static void add_doc(Prep *p, const char *text, size_t len) {
+static void add_doc(void *arg, const char *text, size_t len) {
+    Prep *p = arg;
     p->text[p->count] = xmalloc(len + 1);
     memcpy(p->text[p->count], text, len);
     p->len[p->count++] = len;
@@ -162,7 +165,7 @@ static void fill(Reader *r) {
     int err = Z_OK;
     const char *msg = gzerror(r->f, &err);
     if (got < 0 || (err != Z_OK && err != Z_STREAM_END))
-        DIE("prep: cannot read '%s' (%s)", r->path, err == Z_ERRNO ? strerror(errno) : msg);
+        DIE("%s: cannot read '%s' (%s)", who, r->path, err == Z_ERRNO ? strerror(errno) : msg);
     if (got == 0) r->eof = 1;
     r->n += (size_t)got;
 }
@@ -183,7 +186,7 @@ static char *next_line(Reader *r, size_t *len) {
     }
 }
 
-static int is_jsonl(const char *path) {
+int prep_is_jsonl(const char *path) {
     size_t n = strlen(path);
     if (n > 3 && !strcmp(path + n - 3, ".gz")) n -= 3;
     static const char *const ext[] = {".jsonl", ".json", ".ndjson"};
@@ -194,25 +197,33 @@ static int is_jsonl(const char *path) {
     return 0;
 }
 
-static void json_doc(Prep *p, const char *path, long line, const char *s, size_t len) {
+// Where read_input hands each document.
+typedef struct {
+    const PrepOptions *o;
+    void (*doc)(void *arg, const char *text, size_t len);
+    void *arg;
+} Sink;
+
+static void json_doc(const Sink *p, const char *path, long line, const char *s, size_t len) {
     cJSON *j = cJSON_ParseWithLength(s, len);
-    if (!j) DIE("prep: %s:%ld: not a JSON object", path, line);
+    if (!j) DIE("%s: %s:%ld: not a JSON object", who, path, line);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, p->o->field);
     if (!cJSON_IsObject(j) || !cJSON_IsString(v))
-        DIE("prep: %s:%ld: no string field \"%s\" (--field names it)", path, line, p->o->field);
-    add_doc(p, v->valuestring, strlen(v->valuestring));
+        DIE("%s: %s:%ld: no string field \"%s\" (--field names it)", who, path, line, p->o->field);
+    p->doc(p->arg, v->valuestring, strlen(v->valuestring));
     cJSON_Delete(j);
 }
 
-static void read_input(Prep *p, const char *path) {
-    if (!file_exists(path)) DIE("prep: cannot read --in '%s' (no such file)", path);
+static void read_input(const Sink *p, const char *path) {
+    if (!file_exists(path))
+        DIE("%s: cannot read %s'%s' (no such file)", who, strcmp(who, "prep") ? "" : "--in ", path);
     Reader r = {.path = path};
     r.f = gzopen(path, "rb");
-    if (!r.f) DIE("prep: cannot open '%s' (%s)", path, strerror(errno));
-    int json = is_jsonl(path);
+    if (!r.f) DIE("%s: cannot open '%s' (%s)", who, path, strerror(errno));
+    int json = prep_is_jsonl(path);
     if (!json && !p->o->lines) { // the whole file is one document
         while (!r.eof) fill(&r);
-        if (r.n) add_doc(p, r.b, r.n);
+        if (r.n) p->doc(p->arg, r.b, r.n);
     } else {
         size_t len;
         long line = 0;
@@ -222,70 +233,84 @@ static void read_input(Prep *p, const char *path) {
             while (k < len && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r')) k++;
             if (k == len) continue; // blank lines are no documents
             if (json) json_doc(p, path, line, s, len);
-            else add_doc(p, s, len);
+            else p->doc(p->arg, s, len);
         }
     }
     gzclose(r.f);
     free(r.b);
 }
 
-static void summary(const Prep *p, const char *from) {
+void prep_read(const PrepOptions *o, void (*doc)(void *arg, const char *text, size_t len), void *arg,
+               const char *whom) {
+    Sink k = {o, doc, arg};
+    who = whom;
+    for (const char *s = o->inputs; *s;) {
+        size_t n = strcspn(s, "\n");
+        char path[4096];
+        snprintf(path, sizeof path, "%.*s", (int)n, s);
+        read_input(&k, path);
+        s += n + (s[n] == '\n');
+    }
+}
+
+static void summary(const Prep *p, const char *from, const char *shown) {
     if (p->shown > 0) fprintf(stderr, "\n");
     double dt = now_seconds() - p->t0;
-    printf("prep: %ld documents (%ld held out), %zu tokens (%zu train in %ld shard%s, %zu val in %ld), "
-           "%.4f tokens per byte, %s tokens, EOS %d (from %s), %.1f MB/s on %d thread%s -> %s\n",
-           p->docs, p->val.docs, p->train.total + p->val.total, p->train.total, p->train.shards,
+    char eos[200] = "no EOS";
+    if (p->eos >= 0) snprintf(eos, sizeof eos, "EOS %d (from %s)", p->eos, from);
+    printf("%s: %ld documents (%ld held out), %zu tokens (%zu train in %ld shard%s, %zu val in %ld), "
+           "%.4f tokens per byte, %s tokens, %s, %.1f MB/s on %d thread%s -> %s\n",
+           who, p->docs, p->val.docs, p->train.total + p->val.total, p->train.total, p->train.shards,
            p->train.shards == 1 ? "" : "s", p->val.total, p->val.shards,
            p->bytes ? (double)p->text_tokens / (double)p->bytes : 0.0, p->vocab > 65536 ? "uint32" : "uint16",
-           p->eos, from, dt > 0 ? (double)p->bytes / 1e6 / dt : 0.0, omp_get_max_threads(),
-           omp_get_max_threads() == 1 ? "" : "s", p->o->out);
+           eos, dt > 0 ? (double)p->bytes / 1e6 / dt : 0.0, omp_get_max_threads(),
+           omp_get_max_threads() == 1 ? "" : "s", shown);
+}
+
+void prep_write(const PrepOptions *o, const Tokenizer *t, int eos, const char *from, const char *dir,
+                const char *whom) {
+    who = whom;
+    Prep *p = xcalloc(1, sizeof *p);
+    *p = (Prep){.o = o, .t = t, .dir = dir, .eos = eos, .train = {.name = "train"}, .val = {.name = "val"}};
+    p->vocab = tok_vocab_size(t);
+    p->t0 = now_seconds();
+    prep_read(o, add_doc, p, whom);
+    run_batch(p);
+    if (!p->docs) DIE("%s: the inputs hold no document", who);
+    if (o->val_docs && p->train.docs == 0)
+        DIE("%s: --val-docs %ld leaves no document to train on", who, o->val_docs);
+    flush(&p->train, dir, p->vocab);
+    flush(&p->val, dir, p->vocab);
+    summary(p, from, o->out);
+    free(p->train.tok);
+    free(p->val.tok);
+    for (int i = 0; i < BATCH_DOCS; i++) free(p->ids[i]);
+    free(p);
 }
 
 void prep_run(const PrepOptions *o) {
     if (dir_exists(o->out) || file_exists(o->out))
         DIE("prep: --out '%s' already exists (choose a new directory)", o->out);
     if (o->val_docs < 0 || o->shard_tokens < 1) DIE("prep: --val-docs must be >= 0 and --shard-tokens >= 1");
-    Prep *p = xcalloc(1, sizeof *p);
-    *p = (Prep){.o = o, .train = {.name = "train"}, .val = {.name = "val"}};
     Tokenizer *t = tok_load(o->tokenizer);
-    p->t = t;
-    p->vocab = tok_vocab_size(t);
     const char *from = "--eos";
-    p->eos = *o->eos ? tok_token_id(t, o->eos) : find_eos(t, o->tokenizer, &from);
-    if (*o->eos && p->eos < 0) DIE("prep: --eos '%s' is not a token of the tokenizer", o->eos);
-    if (p->eos < 0)
+    int eos = *o->eos ? tok_token_id(t, o->eos) : prep_find_eos(t, o->tokenizer, &from);
+    if (*o->eos && eos < 0) DIE("prep: --eos '%s' is not a token of the tokenizer", o->eos);
+    if (eos < 0)
         DIE("prep: no EOS token beside the tokenizer '%s' (tokenizer_config.json, special_tokens_map.json, "
             "config.json); name it with --eos",
             o->tokenizer);
     snprintf(part_dir, sizeof part_dir, "%s.part", o->out);
     if (dir_exists(part_dir)) rm_rf(part_dir); // a previous prep's leftover
     mkdir_p(part_dir);
-    moe_set_die_hook(remove_part, -1);
-    p->t0 = now_seconds();
-    for (const char *s = o->inputs; *s;) {
-        size_t n = strcspn(s, "\n");
-        char path[4096];
-        snprintf(path, sizeof path, "%.*s", (int)n, s);
-        read_input(p, path);
-        s += n + (s[n] == '\n');
-    }
-    run_batch(p);
-    if (!p->docs) DIE("prep: the inputs hold no document");
-    if (o->val_docs && p->train.docs == 0)
-        DIE("prep: --val-docs %ld leaves no document to train on", o->val_docs);
-    flush(&p->train, p->vocab);
-    flush(&p->val, p->vocab);
+    moe_set_die_cleanup(remove_part);
+    prep_write(o, t, eos, from, part_dir, "prep");
     if (rename(part_dir, o->out) != 0)
         DIE("prep: cannot rename '%s' to '%s' (%s)", part_dir, o->out, strerror(errno));
-    moe_set_die_hook(NULL, -1);
+    moe_set_die_cleanup(NULL);
     part_dir[0] = 0;
     char parent[1024];
     path_parent(parent, sizeof parent, o->out);
     fsync_dir(parent);
-    summary(p, from);
-    free(p->train.tok);
-    free(p->val.tok);
-    for (int i = 0; i < BATCH_DOCS; i++) free(p->ids[i]);
-    free(p);
     tok_free(t);
 }

@@ -236,6 +236,8 @@ const char *tok_stream_step(TokStream *s, int32_t id, size_t *len) {
     return s->text.p;
 }
 
+const Tokenizer *tok_stream_tokenizer(const TokStream *s) { return s->t; }
+
 void tok_stream_free(TokStream *s) {
     if (!s) return;
     free(s->ids);

@@ -29,6 +29,8 @@ typedef struct {
     Span *sp;
     size_t nsp, capsp;
     pcre2_match_data *md;
+    void (*fn)(void *arg, const char *piece, size_t n); // tok_pretokenize: the pieces go here, not to BPE
+    void *arg;
 } Work;
 
 static void piece_add(Pieces *l, size_t off, size_t len, int at0) {
@@ -304,18 +306,18 @@ static void encode_stretch(const Tokenizer *t, Work *w, const char *s, size_t n,
             in = out;
             out = x;
         }
-        for (size_t i = 0; i < in->n; i++) bpe_word(t, w->pool.p + in->p[i].off, in->p[i].len, ids, cnt, cap);
+        for (size_t i = 0; i < in->n; i++) {
+            if (w->fn) w->fn(w->arg, w->pool.p + in->p[i].off, in->p[i].len);
+            else bpe_word(t, w->pool.p + in->p[i].off, in->p[i].len, ids, cnt, cap);
+        }
     }
     free(sp);
 }
 
-size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids,
-                  size_t *cap) {
-    if (add_special && t->post_bad[0])
-        DIE("tokenizer '%s': post-processor '%s' is not supported (TemplateProcessing, RobertaProcessing, "
-            "BertProcessing, ByteLevel, Sequence are)",
-            t->path, t->post_bad);
-    Work w = {0};
+// tok_encode's work, or with fn the pieces handed to it (tok_pretokenize).
+static size_t encode(const Tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids,
+                     size_t *cap, void (*fn)(void *arg, const char *piece, size_t n), void *arg) {
+    Work w = {.fn = fn, .arg = arg};
     Buf clean = {0};
     w.md = pcre2_match_data_create(16, NULL);
     CHECK(w.md, "tokenizer: out of memory for regex match data");
@@ -340,4 +342,21 @@ size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
     free(w.b.p);
     free(w.sp);
     return cnt;
+}
+
+size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids,
+                  size_t *cap) {
+    if (add_special && t->post_bad[0])
+        DIE("tokenizer '%s': post-processor '%s' is not supported (TemplateProcessing, RobertaProcessing, "
+            "BertProcessing, ByteLevel, Sequence are)",
+            t->path, t->post_bad);
+    return encode(t, text, len, add_special, ids, cap, NULL, NULL);
+}
+
+void tok_pretokenize(const Tokenizer *t, const char *text, size_t len,
+                     void (*fn)(void *arg, const char *piece, size_t n), void *arg) {
+    int32_t *ids = NULL;
+    size_t cap = 0;
+    encode(t, text, len, 0, &ids, &cap, fn, arg);
+    free(ids);
 }

@@ -422,15 +422,10 @@ static void load_added(Tokenizer *t, const cJSON *list) {
     for (int k = 0; k < t->n_added; k++) t->added_of_id[t->added[k].id] = k;
 }
 
-Tokenizer *tok_load(const char *path) {
-    Tokenizer *t = xcalloc(1, sizeof *t);
-    if (dir_exists(path)) join_path(t->path, sizeof t->path, path, "tokenizer.json");
-    else snprintf(t->path, sizeof t->path, "%s", path);
-    if (!file_exists(t->path)) DIE("tokenizer: no file '%s'", t->path);
+const char *tok_file(const Tokenizer *t) { return t->path; }
+
+static void load_json(Tokenizer *t, const cJSON *j) {
     byte_table_init();
-    long at = 0;
-    cJSON *j = json_read_file("tokenizer", NULL, t->path, &at);
-    if (!j) BAD(t, "not valid JSON (at byte %ld)", at);
     if (!cJSON_IsObject(j)) BAD(t, "not a JSON object");
     load_model(t, cJSON_GetObjectItemCaseSensitive(j, "model"));
     load_added(t, cJSON_GetObjectItemCaseSensitive(j, "added_tokens"));
@@ -438,7 +433,25 @@ Tokenizer *tok_load(const char *path) {
     load_pretok(t, cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer"));
     load_decoder(t, cJSON_GetObjectItemCaseSensitive(j, "decoder"));
     load_post(t, cJSON_GetObjectItemCaseSensitive(j, "post_processor"));
+}
+
+Tokenizer *tok_load(const char *path) {
+    Tokenizer *t = xcalloc(1, sizeof *t);
+    if (dir_exists(path)) join_path(t->path, sizeof t->path, path, "tokenizer.json");
+    else snprintf(t->path, sizeof t->path, "%s", path);
+    if (!file_exists(t->path)) DIE("tokenizer: no file '%s'", t->path);
+    long at = 0;
+    cJSON *j = json_read_file("tokenizer", NULL, t->path, &at);
+    if (!j) BAD(t, "not valid JSON (at byte %ld)", at);
+    load_json(t, j);
     cJSON_Delete(j);
+    return t;
+}
+
+Tokenizer *tok_from_json(const cJSON *j, const char *name) {
+    Tokenizer *t = xcalloc(1, sizeof *t);
+    snprintf(t->path, sizeof t->path, "%s", name);
+    load_json(t, j);
     return t;
 }
 

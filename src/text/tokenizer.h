@@ -12,7 +12,11 @@ typedef struct Tokenizer Tokenizer;
 // problem (unreadable, not JSON, an unsupported model/normalizer/pre-tokenizer/decoder, merges naming
 // tokens absent from the vocabulary, ...).
 Tokenizer *tok_load(const char *path);
+// The same from a tokenizer.json already parsed (cJSON); name stands for the file in messages.
+struct cJSON;
+Tokenizer *tok_from_json(const struct cJSON *j, const char *name);
 void tok_free(Tokenizer *t);
+const char *tok_file(const Tokenizer *t); // the tokenizer.json it was loaded from
 int tok_vocab_size(const Tokenizer *t); // the largest id (model or added token) + 1
 int tok_token_id(const Tokenizer *t, const char *content); // an added token's or the vocabulary's id, or -1
 
@@ -28,6 +32,12 @@ size_t tok_encode(const Tokenizer *t, const char *text, size_t len, int add_spec
 // flagged special. Dies naming an id outside the vocabulary.
 char *tok_decode(const Tokenizer *t, const int32_t *ids, size_t n, int skip_special, size_t *len);
 
+// Pre-tokenisation alone (the BPE trainer): the text as tok_encode reads it (U+FFFD for bytes that are
+// not UTF-8, the added tokens taken out, the normalizer) split by the pre-tokenizer; each piece's bytes
+// handed to fn (before the byte-level mapping; valid during the call).
+void tok_pretokenize(const Tokenizer *t, const char *text, size_t len,
+                     void (*fn)(void *arg, const char *piece, size_t n), void *arg);
+
 // Streaming decode (sampling): tok_stream_step takes one id and returns the text it completes, *len bytes
 // (a pointer into the stream, valid until the next call; "" while an incomplete UTF-8 sequence is held
 // back).
@@ -35,3 +45,4 @@ typedef struct TokStream TokStream;
 TokStream *tok_stream_new(const Tokenizer *t, int skip_special);
 const char *tok_stream_step(TokStream *s, int32_t id, size_t *len);
 void tok_stream_free(TokStream *s);
+const Tokenizer *tok_stream_tokenizer(const TokStream *s);

@@ -55,6 +55,7 @@ typedef struct {
     char out[1024];
     char data[1024]; // "" = embedded synthetic corpus
     char val_data[1024]; // "" = the held-out tail of --data (val_frac); else the validation file
+    char tokenizer[1024]; // "" = none (text --data is bytes); else a tokenizer.json or its directory
     float val_frac; // the fraction of --data held out as its tail (default 0.1)
     char device[16]; // cpu | cuda | "" (auto)
 } TrainOptions;

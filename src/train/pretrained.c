@@ -51,14 +51,17 @@ void pretrained_load(Model *m, const char *dir, int maxB, int maxT, TrainState *
 void pretrained_start_run(const char *hf_dir, const ModelConfig *c, const TrainOptions *o, Comm *world) {
     const char *bad = train_options_validate(o, c);
     if (bad) DIE("%s", bad);
-    // the data first: a bad data file fails before the run directory is touched
+    // the data first: a bad data file fails before the run directory is touched (text through a tokenizer:
+    // train_check tokenises it, with its checks)
     Dataset ds;
-    data_open_split(&ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac,
-                    o->seed, o->seq_len);
-    if (ds.max_token >= c->vocab_size)
-        DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", hf_dir, ds.source,
-            ds.max_token, c->vocab_size);
-    data_close(&ds);
+    if (!o->tokenizer[0]) {
+        data_open_split(&ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac,
+                        o->seed, o->seq_len);
+        if (ds.max_token >= c->vocab_size)
+            DIE("--init-from %s: the data (%s) has token %d; the model's vocab_size is %d", hf_dir, ds.source,
+                ds.max_token, c->vocab_size);
+        data_close(&ds);
+    }
     char p[2048], what[256];
     if (comm_rank(world) == 0 && ckpt_run_present(o->out, what, sizeof what) && !o->force)
         DIE("'%s' already holds a training run (%s); pass --force to start over from --init-from (which "

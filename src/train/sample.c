@@ -104,6 +104,7 @@ void sample_tokens(Pipe *p, int32_t *ctx, int *len, int cap, int n, const Sample
             }
         }
         ctx[(*len)++] = pick(row, V, so, &r, order);
+        if (so->emit) so->emit(so->emit_arg, ctx[*len - 1]);
         st.tokens++;
     }
     st.seconds = now_seconds() - t0;
@@ -113,8 +114,15 @@ void sample_tokens(Pipe *p, int32_t *ctx, int *len, int cap, int n, const Sample
     free(order);
 }
 
-void print_tokens(FILE *f, const int32_t *tok, int n, int vocab) {
-    for (int i = 0; i < n; i++) {
+void print_tokens(FILE *f, TokStream *s, const int32_t *tok, int n, int vocab) {
+    for (int i = 0; i < n && s; i++) {
+        size_t len = 3;
+        const char *piece = tok[i] < tok_vocab_size(tok_stream_tokenizer(s))
+            ? tok_stream_step(s, tok[i], &len)
+            : "\xEF\xBF\xBD";
+        fwrite(piece, 1, len, f);
+    }
+    for (int i = 0; i < n && !s; i++) {
         if (vocab > 256) {
             fprintf(f, "%s%d", i ? " " : "", tok[i]);
             continue;

@@ -4,6 +4,7 @@
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
+#include "text/tokenizer.h"
 #include "train/pipe.h"
 
 // Sampling. The context of each new token is ctx[s, len), at positions 0..len-s-1, with len - s <= window:
@@ -22,6 +23,8 @@ typedef struct {
     int cache; // 1: KV cache (model_decode; one chunk of every layer only, else as 0);
                // 0: each token runs the whole context again (the reference)
     uint64_t seed; // the draws
+    void (*emit)(void *arg, int32_t id); // (may be NULL) called with each token as it is drawn
+    void *emit_arg;
 } SampleOptions;
 typedef struct {
     int tokens, prefills, cached;
@@ -32,5 +35,7 @@ typedef struct {
 // dispatch decodes each token alone, so it drops nothing there).
 void sample_tokens(Pipe *p, int32_t *ctx, int *len, int cap, int n, const SampleOptions *so,
                    SampleStats *stats);
-// Prints tokens as text (vocab 256: bytes with escapes for non-printables; else ids).
-void print_tokens(FILE *f, const int32_t *tok, int n, int vocab);
+// Prints tokens as text: through a tokenizer's streaming decoder s (a character split over tokens is
+// printed once it is whole; an id beyond the tokenizer's vocabulary as U+FFFD), else (s NULL) with vocab
+// 256 bytes with escapes for non-printables, and ids otherwise.
+void print_tokens(FILE *f, TokStream *s, const int32_t *tok, int n, int vocab);

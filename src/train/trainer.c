@@ -23,6 +23,7 @@
 #include "train/adapt.h"
 #include "train/placement.h"
 #include "train/resume.h"
+#include "train/textdata.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
@@ -35,6 +36,7 @@ typedef struct {
     int rank0, profile;
     const Backend *be;
     Dataset ds;
+    TextData td; // the tokenizer and the text it tokenised (none: text is bytes)
     Mesh mesh;
     StageSplit split; // the layers of each pipeline stage
     Dist dist;
@@ -346,8 +348,9 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     check_attn_dropout(r);
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", o->out);
 
-    data_open_split(&r->ds, o->data[0] ? o->data : NULL, o->val_data[0] ? o->val_data : NULL, o->val_frac,
-                    o->seed, o->seq_len);
+    textdata_open(&r->td, o, &r->c, world); // (text --data with a tokenizer: its cached shards)
+    data_open_split(&r->ds, r->td.data, r->td.val_data, o->val_frac, o->seed, o->seq_len);
+    textdata_name(&r->td, &r->ds);
     agree_data(&r->ds, world);
     eval_batches_available(&r->ds, o->batch / o->grad_accum); // one evaluation batch at least, or stop here
     r->resuming = check_out_dir(r, model_explicit, r->latest, sizeof r->latest);
@@ -382,6 +385,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     // the activations' own buffers are freed before the moments take their memory
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     dist_attach(&r->dist, &r->m);
+    textdata_keep(); // (every check passed: the tokenised text stays)
 }
 
 // What run_setup built, freed (run_close frees a whole run).
@@ -390,6 +394,7 @@ static void run_setup_free(Run *r) {
     dist_free(&r->dist);
     model_free(&r->m);
     data_close(&r->ds);
+    textdata_close(&r->td);
     mesh_free(&r->mesh);
 }
 
@@ -545,14 +550,16 @@ static void run_sample(Run *r) {
         free(y);
     }
     int plen = len;
-    SampleOptions so = {0.8f, 0, 1.0f, o->seq_len, 1, o->seed};
+    SampleOptions so = {0.8f, 0, 1.0f, o->seq_len, 1, o->seed, NULL, NULL};
     SampleStats ss;
     sample_tokens(&r->step.pipe, ctx, &len, cap, o->sample_tokens, &so, &ss);
     fprintf(r->out, "sample (temperature 0.8, window %d, %d tokens at %.0f tokens/s%s):\n---\n", o->seq_len,
             ss.tokens, ss.seconds > 0 ? ss.tokens / ss.seconds : 0.0, ss.cached ? ", KV cache" : "");
-    print_tokens(r->out, ctx, plen, r->c.vocab_size);
+    TokStream *ts = r->td.tok ? tok_stream_new(r->td.tok, 0) : NULL; // (none: bytes or ids)
+    print_tokens(r->out, ts, ctx, plen, r->c.vocab_size);
     fprintf(r->out, "|");
-    print_tokens(r->out, ctx + plen, len - plen, r->c.vocab_size);
+    print_tokens(r->out, ts, ctx + plen, len - plen, r->c.vocab_size);
+    tok_stream_free(ts);
     fprintf(r->out, "\n---\n");
     free(ctx);
 }
@@ -610,10 +617,11 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
     Run r;
     run_open(&r, cfg, o, model_explicit, world);
     if (record && r.rank0) { // the directory is ready (cleared by --force)
-        char *full = resume_record_data(record, &r.ds, o);
+        char *full = textdata_record(resume_record_data(record, &r.ds, o), &r.td);
         run_record_write(o->out, full);
         free(full);
     }
+    if (r.rank0) textdata_save(&r.td, o->out);
     StepStats s = {.counts = r.counts};
     int skipped = 0; // steps skipped in a row (non-finite loss or norm)
     for (int step = r.first; step < o->steps; step++) {
