@@ -125,6 +125,34 @@ if command -v mpirun > /dev/null; then
       mesh_close M1 "M_$label" "fp8 $label"
     else fail "fp8 $label: mpirun failed"; tail -5 "M_$label/out.txt"; fi
   done
+  # Where the partition changes no tile it changes no bit: with top-1 an expert's rows arrive under ep2 in
+  # the one process's order (rank 0's tokens, then rank 1's), so every expert's gradient, and without
+  # clipping (the norm's sum order differs) its weights after step 1, are the one process's bit for bit;
+  # the attention's and router's are summed over ranks (another order). With top-2 the rows come slot by
+  # slot per rank: other tiles, other sums (the bands above).
+  same_experts() { # same_experts A B: the expert tensors of two model.safetensors: "SAME/DIFF of N"
+    perl -e 'sub rd { my $f = shift; open(my $fh, "<:raw", $f) or die "$f: $!"; local $/; my $a = <$fh>;
+        my $n = unpack("Q<", substr($a, 0, 8)); my $h = substr($a, 8, $n); my %t;
+        while ($h =~ /"([^"]*experts[^"]*)":\{[^}]*"data_offsets":\[(\d+),(\d+)\]/g) {
+          $t{$1} = substr($a, 8 + $n + $2, $3 - $2) } return \%t }
+      my ($x, $y) = (rd($ARGV[0]), rd($ARGV[1])); my $s = 0;
+      for (keys %$x) { $s++ if $x->{$_} eq $y->{$_} } print "$s of ", scalar(keys %$x), "\n"' "$1" "$2"
+  }
+  T1=(--steps 1 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --eval-batches 1 --eval-every 0
+      --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --precision fp8 --grad-clip 0)
+  for k in 1 2; do
+    run_ok "top-$k, one process, one step" "$MOE" train "${T1[@]}" --top-k $k --out O$k < /dev/null
+    if $MPI -np 2 "$MOE" train "${T1[@]}" --top-k $k --ep 2 --out E$k > E$k.txt 2>&1 < /dev/null; then
+      n=$(same_experts O$k/step_00000001/model.safetensors E$k/step_00000001/model.safetensors)
+      if [ "$k" = 1 ]; then
+        case "$n" in "24 of 24") pass "ep2, top-1: every expert weight after step 1 is one process's bit for bit ($n)" ;;
+          *) fail "ep2, top-1: expert weights after step 1 identical to one process's: $n (want all 24)" ;; esac
+      else
+        case "$n" in "24 of 24") fail "ep2, top-2: every expert weight identical to one process's (the rows' order is another)" ;;
+          *) pass "ep2, top-2: expert weights not bit for bit one process's ($n identical; other tiles and sums)" ;; esac
+      fi
+    else fail "ep2 top-$k: mpirun failed"; tail -5 E$k.txt; fi
+  done
 else skip "mesh: mpirun not installed"; fi
 
 # ---- divergence: an infinity in layer 1's expert 2 w2 (A's step-3 checkpoint, copied, checksum rewritten)
