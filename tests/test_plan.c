@@ -2,8 +2,10 @@
 //  - the enumeration of the tiny preset on 4 GPUs (batch 4) is complete: its layouts and refusals counted
 //    by hand below, rule by rule;
 //  - every layout it keeps has the memory cost_mesh gives the train options of that layout, built here
-//    from the layout's flags (the figures `moe info --world G` prints; test_plan.sh checks the CLI's), plus
-//    the headroom and the context, and the ranking is sorted by step time;
+//    from the layout's flags (the cuda figures `moe info --world G` prints; test_plan.sh checks the CLI's),
+//    plus the headroom and the context, and the ranking is sorted by step time;
+//  - one GPU: the memory is the one process's cuda figure (cost_whole) of its micro-batch, lending under
+//    `moe train`'s --grad-memory rule (shared with --grad-accum 1, no --pp);
 //  - an impossible layout is refused naming its rule (mesh, pipeline, batch, schedule);
 //  - doubling the links' bandwidth never makes a layout slower, and makes one that communicates faster;
 //  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not.
@@ -89,8 +91,9 @@ static void check_memory(void) {
         EXPECT(!cost_mesh(&m, &c, &t, &ms), "row %d: cost_mesh refused a kept layout", i);
         double top = 0, head = 0;
         for (int s = 0; s < ms.pp; s++) {
-            if (m.stage[s].mem.total > top) top = m.stage[s].mem.total;
-            if (0.25 * m.stage[s].mem.routed > head) head = 0.25 * m.stage[s].mem.routed;
+            const CostCuda *k = &m.stage[s].mem.cuda;
+            if (k->total > top) top = k->total;
+            if (0.25 * k->routed > head) head = 0.25 * k->routed;
         }
         routed += head > 0;
         bad += top != w->mem_info || head != w->mem_headroom || w->mem != top + head + sp.hw.context_bytes ||
@@ -101,6 +104,38 @@ static void check_memory(void) {
     EXPECT(!bad, "%d rows' memory or order differ from cost_mesh's", bad);
     EXPECT(routed > 10, "only %d layouts with a routing headroom", routed);
     plan_result_free(&r);
+}
+
+// One GPU: the plan's memory is the one process's cuda figure (cost_whole, as `moe info` prints it) of the
+// micro-batch it runs, under the --grad-memory rule of `moe train` (the expert gradients lend their memory
+// with --grad-accum 1 and no --pp): micro1 with shared gradients is the whole batch's figure, lending;
+// micro2 is half the batch's, lending nothing (cost_whole at --grad-accum 2).
+static void check_one_gpu(void) {
+    ModelConfig c;
+    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
+    PlanSpec sp = spec(1);
+    for (int v = 0; v < 8; v++) {
+        TrainOptions o;
+        train_options_default(&o);
+        o.batch = 4;
+        o.seq_len = 512;
+        o.precision = v & 1 ? PREC_BF16 : PREC_MIXED;
+        o.grad_memory = v & 2 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
+        int micro = v & 4 ? 2 : 1;
+        PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, micro};
+        PlanRow row;
+        EXPECT(!plan_layout(&row, &c, &o, &sp, &l, NULL), "case %d: refused", v);
+        TrainOptions w1 = o;
+        w1.batch = o.batch / micro;
+        w1.grad_accum = micro;
+        CostWhole w;
+        cost_whole(&w, &c, &w1, 0);
+        EXPECT(row.mem_info == w.cuda.total && row.mem_headroom == 0 &&
+                   row.mem == w.cuda.total + sp.hw.context_bytes,
+               "case %d: plan %.17g, moe info's cuda figure %.17g", v, row.mem_info, w.cuda.total);
+        EXPECT((w.cuda.lent > 0) == (micro == 1 && o.grad_memory == GRADMEM_SHARED),
+               "case %d: lent %.0f with micro %d", v, w.cuda.lent, micro);
+    }
 }
 
 static void refuses(const char *text, int gpus, const char *phrase, int reason) {
@@ -197,6 +232,7 @@ static void check_smallest(void) {
 int main(void) {
     check_count();
     check_memory();
+    check_one_gpu();
     check_refusals();
     check_monotone();
     check_smallest();

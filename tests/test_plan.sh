@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_plan.sh — `moe plan` through the command line:
 #  - the memory column of its rows equals what `moe info --world N` prints for the same layout, run with
-#    the flags of the row's own launch command (the largest per-rank total: one accounting), for every
+#    the flags of the row's own launch command (the largest per-rank cuda total: one accounting), for every
 #    5th row of the small preset on 4 GPUs and the top rows of the reference model on 8;
 #  - --explain of a row's layout words gives that row's figures;
 #  - a JSON profile with the h200 built-in's numbers gives the built-in's table;
@@ -14,9 +14,10 @@ W="$TMP/w"
 mkdir -p "$W" && cd "$W" || exit 1
 GUARD="$W"
 
-# The largest byte figure of moe info's per-rank lines ("... total X" or "X per rank"), as printed.
+# The largest byte figure of moe info's per-rank cuda lines ("per rank (cuda, ...): X plus the CUDA
+# context", "  stage S per rank (cuda, ...): X plus ..."), as printed.
 info_mem() {
-  grep -E '^per rank|^  stage [0-9]+:' | grep -oE '(total [0-9.]+ [KMGT]?i?B)$|([0-9.]+ [KMGT]?i?B) per rank$' | sed 's/^total //; s/ per rank$//' |
+  grep -E '^per rank \(cuda|^  stage [0-9]+ per rank \(cuda' | grep -oE '[0-9.]+ [KMGT]?i?B plus the CUDA context$' | sed 's/ plus the CUDA context$//' |
     awk '{u = $2 == "B" ? 1 : $2 == "KiB" ? 2^10 : $2 == "MiB" ? 2^20 : $2 == "GiB" ? 2^30 : 2^40;
           if ($1 * u > best) { best = $1 * u; s = $0 } } END { print s }'
 }

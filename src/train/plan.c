@@ -145,8 +145,9 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
     double busy = -1;
     for (int s = 0; s < ms.pp; s++) {
         const CostStage *st = &m.stage[s];
-        row->mem_info = st->mem.total > row->mem_info ? st->mem.total : row->mem_info;
-        double head = (sp->imbalance - 1) * st->mem.routed;
+        // (the cuda backend's accounting: a plan is for GPUs)
+        row->mem_info = st->mem.cuda.total > row->mem_info ? st->mem.cuda.total : row->mem_info;
+        double head = (sp->imbalance - 1) * st->mem.cuda.routed;
         row->mem_headroom = head > row->mem_headroom ? head : row->mem_headroom;
         const CostComm *cm = &st->comm16; // the cuda backend's rows to the experts in bf16
         double kind[5] = {cm->tp, cm->ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5];

@@ -15,9 +15,10 @@
 //    inter-node), exposed in full unless --comm-exposed says otherwise; the slowest stage sets the step;
 //  - the pipeline bubble: schedule_bubble's simulated fraction (backward = 2 x forward), the step =
 //    (compute + exposed comm) / (1 - bubble);
-//  - memory: the largest stage's per-rank total of cost_mesh (float32 accounting, as moe info), plus
-//    the imbalance headroom on the buffers sized by routing (CostMemory.routed x (--imbalance - 1)) and
-//    the profile's context bytes (the CUDA context, the allocator's reserve).
+//  - memory: the largest stage's per-rank cuda total of cost_mesh (CostMemory.cuda: the cuda backend's
+//    accounting, as moe info prints it), plus the imbalance headroom on the buffers sized by routing
+//    (CostMemory.cuda.routed x (--imbalance - 1)) and the profile's context bytes (the CUDA context, the
+//    allocator's reserve).
 // Must not hold: printing or option parsing (train/plan_print.c, cli/cmd_plan.c), the cost arithmetic
 // (cost.c), reading a profile (hwprofile.c).
 #pragma once
@@ -35,7 +36,7 @@ typedef struct {
 // Its figures (bytes, seconds).
 typedef struct {
     PlanLayout l;
-    double mem_info; // the largest stage's per-rank total, as moe info prints it
+    double mem_info; // the largest stage's per-rank cuda total, as moe info prints it
     double mem_headroom; // (imbalance - 1) x the routed buffers of that stage
     double mem; // mem_info + mem_headroom + the profile's context
     double compute, comm, bubble_s; // the step's parts: the slowest stage's compute and exposed comm, bubble

@@ -71,7 +71,7 @@ void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions
     fmt_bytes(b[1], sizeof b[1], w->mem_headroom);
     fmt_bytes(b[2], sizeof b[2], sp->hw.context_bytes);
     fmt_bytes(b[3], sizeof b[3], w->mem);
-    printf("memory per GPU: %s (moe info --world %d's largest per-rank total) + routing headroom %s + "
+    printf("memory per GPU: %s (moe info --world %d's largest per-rank cuda total) + routing headroom %s + "
            "context %s = "
            "%s of %.1f GiB: %s\n",
            b[0], sp->gpus, b[1], b[2], b[3], sp->hw.mem_bytes / 1073741824.0,
