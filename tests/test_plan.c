@@ -6,9 +6,12 @@
 //    plus the headroom and the context, and the ranking is sorted by step time;
 //  - one GPU: the memory is the one process's cuda figure (cost_whole) of its micro-batch, lending under
 //    `moe train`'s --grad-memory rule (shared with --grad-accum 1, no --pp);
+//  - the host overhead: none with the built-in profiles; launches hidden behind the compute, or the step
+//    the host's when they take longer;
 //  - an impossible layout is refused naming its rule (mesh, pipeline, batch, schedule);
 //  - doubling the links' bandwidth never makes a layout slower, and makes one that communicates faster;
 //  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not.
+#include <math.h>
 #include <string.h>
 #include "model/model.h"
 #include "train/cost.h"
@@ -138,6 +141,32 @@ static void check_one_gpu(void) {
     }
 }
 
+// The host overhead: the built-in profiles count none (not calibrated); launches queue behind the GPU's
+// work, so where they take less than the compute only the synchronisations cost, and where they take more
+// the step is the host's: launches x launch_us + synchronisations x sync_us.
+static void check_host(void) {
+    ModelConfig c;
+    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 4;
+    o.seq_len = 2048;
+    PlanSpec sp = spec(1);
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
+    PlanRow a, b, h;
+    EXPECT(!plan_layout(&a, &c, &o, &sp, &l, NULL) && a.host == 0, "built-in h200: host %g s", a.host);
+    sp.hw.launch_us = 5, sp.hw.sync_us = 10;
+    EXPECT(!plan_layout(&b, &c, &o, &sp, &l, NULL), "h200 + launches");
+    EXPECT(b.launches * 5e-6 < b.compute && fabs(b.host - b.syncs * 10e-6) < 1e-15 &&
+               b.step == b.compute + b.host && b.compute == a.compute && b.syncs >= c.n_layers,
+           "hidden launches: host %g s, %g syncs", b.host, b.syncs);
+    sp.hw.launch_us = 1e4; // a host slower than the GPU
+    EXPECT(!plan_layout(&h, &c, &o, &sp, &l, NULL), "h200 + slow launches");
+    double want = h.launches * 1e-2 + h.syncs * 10e-6;
+    EXPECT(h.launches == b.launches && h.launches * 1e-2 > h.compute && fabs(h.step - want) <= 1e-12 * want,
+           "host-bound: step %.9g s, launches x launch_us + syncs x sync_us %.9g s", h.step, want);
+}
+
 static void refuses(const char *text, int gpus, const char *phrase, int reason) {
     ModelConfig c = tiny();
     TrainOptions o;
@@ -233,6 +262,7 @@ int main(void) {
     check_count();
     check_memory();
     check_one_gpu();
+    check_host();
     check_refusals();
     check_monotone();
     check_smallest();

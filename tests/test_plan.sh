@@ -60,6 +60,23 @@ check "--explain '$words' gives the row's memory ($mem)" grep -qF "= $mem of" "$
 check "--explain names the layout and says it fits" grep -qE "^layout: $words$" "$TMP/explain.txt"
 grep -q ': fits$' "$TMP/explain.txt" || fail "--explain: no 'fits'"
 
+# The host overhead's launch count (plan.c PLAN_OPS_*) against the backend ops `moe train` calls: the
+# MOE_PROFILE=1 report's calls of 3 steps and of 5 (the first step is not profiled, the final evaluation
+# is in both: their difference is 2 steps' ops), at 1 and 2 micro-batches, and the count --explain prints.
+text_bytes 20000 3 >"$W/d.txt"
+op_calls() { # STEPS MICRO
+  MOE_PROFILE=1 OMP_NUM_THREADS=1 "$MOE" train --device cpu --preset tiny --data "$W/d.txt" --batch $((2 * $2)) \
+    --grad-accum "$2" --seq-len 32 --steps "$1" --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 \
+    --save-every -1 --force --out "$W/ops" 2>&1 | grep -oE '\([0-9]+ calls\)' | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}'
+}
+for micro in 1 2; do
+  got=$(( ($(op_calls 5 $micro) - $(op_calls 3 $micro)) / 2 ))
+  want=$("$MOE" plan --gpus 1 --preset tiny --batch $((2 * micro)) --seq-len 32 --explain "micro$micro" |
+         sed -n 's/^host overhead: .* (\([0-9]*\) launches.*/\1/p')
+  check "micro-batches $micro: the planner's $want launches a step are the $got ops moe train calls" \
+    test -n "$got" -a "$got" -gt 20 -a "$got" = "$want"
+done
+
 # a JSON profile holding the h200 built-in's numbers (hwprofile.c) gives its table
 cat >"$TMP/h200.json" <<'J'
 {"name": "h200", "memory_bytes": 149250113536, "context_bytes": 536870912, "peak_tflops": 989,

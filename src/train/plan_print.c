@@ -77,6 +77,11 @@ void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions
            b[0], sp->gpus, b[1], b[2], b[3], sp->hw.mem_bytes / 1073741824.0,
            w->mem <= sp->hw.mem_bytes ? "fits" : "does not fit");
     printf("compute (the slowest stage): %.2f ms\n", 1e3 * w->compute);
+    printf(
+        "host overhead: %.2f ms (%.0f launches at %g us, queued behind the compute; %.0f synchronisations at "
+        "%g us%s)\n",
+        1e3 * w->host, w->launches, sp->hw.launch_us, w->syncs, sp->hw.sync_us,
+        sp->hw.launch_us > 0 || sp->hw.sync_us > 0 ? "" : ": not calibrated in this profile");
     for (int k = 0; k < 5; k++)
         printf("exposed %-13s %8.2f ms (%s)\n", kinds[k], 1e3 * w->comm_kind[k],
                w->inter[k] ? "between nodes" : "NVLink");
