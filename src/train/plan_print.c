@@ -1,6 +1,7 @@
 // plan_print.c — `moe plan`'s output: the ranked table of the layouts that fit (memory per GPU, the step's
-// parts, tokens/s, MFU, the command that launches each), one layout explained line by line, and the
-// smallest GPU count for a model that fits nowhere.
+// parts (compute with its host overhead, exposed communication, bubble), tokens/s, MFU, the command that
+// launches each), one layout explained line by line, and the smallest GPU count for a model that fits
+// nowhere.
 // Must not hold: the planner's arithmetic (plan.c), option parsing (cli/cmd_plan.c).
 #include "train/plan_print.h"
 #include <stdio.h>
@@ -56,7 +57,8 @@ void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOption
         fmt_bytes(m1, sizeof m1, w->mem);
         fmt_bytes(m2, sizeof m2, w->mem_info);
         printf("%3d  %-54s %10s %10s %7.1fms %7.1fms %7.1fms %7.1fms %10.0f %5.1f%%\n", i + 1, name, m1, m2,
-               1e3 * w->compute, 1e3 * w->comm, 1e3 * w->bubble_s, 1e3 * w->step, w->tokens_s, 100 * w->mfu);
+               1e3 * (w->compute + w->host), 1e3 * w->comm, 1e3 * w->bubble_s, 1e3 * w->step, w->tokens_s,
+               100 * w->mfu);
         print_command(w, sp, o, model_args);
     }
 }
