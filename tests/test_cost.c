@@ -149,13 +149,23 @@ static void check_comm(void) {
     EXPECT(mesh_of(&m, &o, 4, 2, 1, 1, 1, 2) != NULL && m.stage == NULL, "one micro-batch on two stages");
 }
 
-// A mesh of one rank holds what one process does.
-static void check_memory(void) {
-    ModelConfig c = preset("small");
+static int same_cuda(const CostCuda *a, const CostCuda *b) {
+    return a->hid == b->hid && a->shadow == b->shadow && a->scratch == b->scratch && a->alone == b->alone &&
+        a->lent == b->lent && a->total == b->total && a->routed == b->routed;
+}
+
+// A mesh of one rank holds what one process does, on the cpu and (every delta, exactly) on the cuda backend.
+static void check_memory(const char *name) {
+    ModelConfig c = preset(name);
     TrainOptions o;
     train_options_default(&o);
-    for (int rc = 0; rc < 4; rc++) {
-        o.recompute = rc;
+    o.batch = 2;
+    o.seq_len = c.max_seq_len < 256 ? c.max_seq_len : 256;
+    for (int v = 0; v < 16; v++) {
+        o.recompute = v & 3;
+        o.precision = v & 4 ? PREC_BF16 : PREC_MIXED;
+        o.grad_memory = v & 8 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
+        int rc = o.recompute;
         CostWhole w;
         cost_whole(&w, &c, &o, 0);
         MeshShape ms = {1, 1, 0, 1, 1, 1, 0, 0};
@@ -165,8 +175,21 @@ static void check_memory(void) {
         const CostMemory *r = &m.stage[0].mem;
         EXPECT(r->acts == w.acts && r->lent == w.lent && r->total == w.total &&
                    2 * r->params + r->moments == w.state && m.stage[0].comm.total == 0,
-               "recompute %d: one rank %.17g %.17g %.17g, one process %.17g %.17g %.17g", rc, r->acts,
+               "%s, case %d: one rank %.17g %.17g %.17g, one process %.17g %.17g %.17g", name, v, r->acts,
                r->lent, r->total, w.acts, w.lent, w.total);
+        EXPECT(same_cuda(&r->cuda, &w.cuda), "%s, case %d: one rank's cuda total %.17g, one process's %.17g",
+               name, v, r->cuda.total, w.cuda.total);
+        // the cuda figure is the float32 one with the deltas: bf16 halves rows, adds a bf16 weight copy
+        double np = r->params / 4;
+        EXPECT(w.cuda.shadow == 2 * np && w.cuda.hid > 0 && w.cuda.scratch > 0 &&
+                   w.cuda.total ==
+                       w.total + w.lent - w.cuda.hid + w.cuda.shadow + w.cuda.scratch - w.cuda.lent -
+                           w.cuda.alone,
+               "%s, case %d: cuda deltas", name, v);
+        EXPECT(o.precision == PREC_BF16 ? w.cuda.alone > 0 || strcmp(name, "peers-ref") : w.cuda.alone == 0,
+               "%s, case %d: float32 GEMM weights dropped %.0f", name, v, w.cuda.alone);
+        EXPECT((w.cuda.lent > 0) == (o.grad_memory == GRADMEM_SHARED) && w.cuda.lent <= w.lent,
+               "%s, case %d (recompute %d): lent %.0f of %.0f", name, v, rc, w.cuda.lent, w.lent);
         cost_mesh_free(&m);
     }
 }
@@ -193,6 +216,7 @@ int main(void) {
     check_params(&c, "tiny, biases and gated shared experts");
     check_flops();
     check_comm();
-    check_memory();
+    check_memory("small");
+    check_memory("peers-ref");
     return test_done("test_cost");
 }

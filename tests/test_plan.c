@@ -2,11 +2,16 @@
 //  - the enumeration of the tiny preset on 4 GPUs (batch 4) is complete: its layouts and refusals counted
 //    by hand below, rule by rule;
 //  - every layout it keeps has the memory cost_mesh gives the train options of that layout, built here
-//    from the layout's flags (the figures `moe info --world G` prints; test_plan.sh checks the CLI's), plus
-//    the headroom and the context, and the ranking is sorted by step time;
+//    from the layout's flags (the cuda figures `moe info --world G` prints; test_plan.sh checks the CLI's),
+//    plus the headroom and the context, and the ranking is sorted by step time;
+//  - one GPU: the memory is the one process's cuda figure (cost_whole) of its micro-batch, lending under
+//    `moe train`'s --grad-memory rule (shared with --grad-accum 1, no --pp);
+//  - the host overhead: none with the built-in profiles; launches hidden behind the compute, or the step
+//    the host's when they take longer;
 //  - an impossible layout is refused naming its rule (mesh, pipeline, batch, schedule);
 //  - doubling the links' bandwidth never makes a layout slower, and makes one that communicates faster;
 //  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not.
+#include <math.h>
 #include <string.h>
 #include "model/model.h"
 #include "train/cost.h"
@@ -89,8 +94,9 @@ static void check_memory(void) {
         EXPECT(!cost_mesh(&m, &c, &t, &ms), "row %d: cost_mesh refused a kept layout", i);
         double top = 0, head = 0;
         for (int s = 0; s < ms.pp; s++) {
-            if (m.stage[s].mem.total > top) top = m.stage[s].mem.total;
-            if (0.25 * m.stage[s].mem.routed > head) head = 0.25 * m.stage[s].mem.routed;
+            const CostCuda *k = &m.stage[s].mem.cuda;
+            if (k->total > top) top = k->total;
+            if (0.25 * k->routed > head) head = 0.25 * k->routed;
         }
         routed += head > 0;
         bad += top != w->mem_info || head != w->mem_headroom || w->mem != top + head + sp.hw.context_bytes ||
@@ -101,6 +107,64 @@ static void check_memory(void) {
     EXPECT(!bad, "%d rows' memory or order differ from cost_mesh's", bad);
     EXPECT(routed > 10, "only %d layouts with a routing headroom", routed);
     plan_result_free(&r);
+}
+
+// One GPU: the plan's memory is the one process's cuda figure (cost_whole, as `moe info` prints it) of the
+// micro-batch it runs, under the --grad-memory rule of `moe train` (the expert gradients lend their memory
+// with --grad-accum 1 and no --pp): micro1 with shared gradients is the whole batch's figure, lending;
+// micro2 is half the batch's, lending nothing (cost_whole at --grad-accum 2).
+static void check_one_gpu(void) {
+    ModelConfig c;
+    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
+    PlanSpec sp = spec(1);
+    for (int v = 0; v < 8; v++) {
+        TrainOptions o;
+        train_options_default(&o);
+        o.batch = 4;
+        o.seq_len = 512;
+        o.precision = v & 1 ? PREC_BF16 : PREC_MIXED;
+        o.grad_memory = v & 2 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
+        int micro = v & 4 ? 2 : 1;
+        PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, micro};
+        PlanRow row;
+        EXPECT(!plan_layout(&row, &c, &o, &sp, &l, NULL), "case %d: refused", v);
+        TrainOptions w1 = o;
+        w1.batch = o.batch / micro;
+        w1.grad_accum = micro;
+        CostWhole w;
+        cost_whole(&w, &c, &w1, 0);
+        EXPECT(row.mem_info == w.cuda.total && row.mem_headroom == 0 &&
+                   row.mem == w.cuda.total + sp.hw.context_bytes,
+               "case %d: plan %.17g, moe info's cuda figure %.17g", v, row.mem_info, w.cuda.total);
+        EXPECT((w.cuda.lent > 0) == (micro == 1 && o.grad_memory == GRADMEM_SHARED),
+               "case %d: lent %.0f with micro %d", v, w.cuda.lent, micro);
+    }
+}
+
+// The host overhead: the built-in profiles count none (not calibrated); launches queue behind the GPU's
+// work, so where they take less than the compute only the synchronisations cost, and where they take more
+// the step is the host's: launches x launch_us + synchronisations x sync_us.
+static void check_host(void) {
+    ModelConfig c;
+    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 4;
+    o.seq_len = 2048;
+    PlanSpec sp = spec(1);
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
+    PlanRow a, b, h;
+    EXPECT(!plan_layout(&a, &c, &o, &sp, &l, NULL) && a.host == 0, "built-in h200: host %g s", a.host);
+    sp.hw.launch_us = 5, sp.hw.sync_us = 10;
+    EXPECT(!plan_layout(&b, &c, &o, &sp, &l, NULL), "h200 + launches");
+    EXPECT(b.launches * 5e-6 < b.compute && fabs(b.host - b.syncs * 10e-6) < 1e-15 &&
+               b.step == b.compute + b.host && b.compute == a.compute && b.syncs >= c.n_layers,
+           "hidden launches: host %g s, %g syncs", b.host, b.syncs);
+    sp.hw.launch_us = 1e4; // a host slower than the GPU
+    EXPECT(!plan_layout(&h, &c, &o, &sp, &l, NULL), "h200 + slow launches");
+    double want = h.launches * 1e-2 + h.syncs * 10e-6;
+    EXPECT(h.launches == b.launches && h.launches * 1e-2 > h.compute && fabs(h.step - want) <= 1e-12 * want,
+           "host-bound: step %.9g s, launches x launch_us + syncs x sync_us %.9g s", h.step, want);
 }
 
 static void refuses(const char *text, int gpus, const char *phrase, int reason) {
@@ -197,6 +261,8 @@ static void check_smallest(void) {
 int main(void) {
     check_count();
     check_memory();
+    check_one_gpu();
+    check_host();
     check_refusals();
     check_monotone();
     check_smallest();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_plan.sh — `moe plan` through the command line:
 #  - the memory column of its rows equals what `moe info --world N` prints for the same layout, run with
-#    the flags of the row's own launch command (the largest per-rank total: one accounting), for every
+#    the flags of the row's own launch command (the largest per-rank cuda total: one accounting), for every
 #    5th row of the small preset on 4 GPUs and the top rows of the reference model on 8;
 #  - --explain of a row's layout words gives that row's figures;
 #  - a JSON profile with the h200 built-in's numbers gives the built-in's table;
@@ -14,9 +14,10 @@ W="$TMP/w"
 mkdir -p "$W" && cd "$W" || exit 1
 GUARD="$W"
 
-# The largest byte figure of moe info's per-rank lines ("... total X" or "X per rank"), as printed.
+# The largest byte figure of moe info's per-rank cuda lines ("per rank (cuda, ...): X plus the CUDA
+# context", "  stage S per rank (cuda, ...): X plus ..."), as printed.
 info_mem() {
-  grep -E '^per rank|^  stage [0-9]+:' | grep -oE '(total [0-9.]+ [KMGT]?i?B)$|([0-9.]+ [KMGT]?i?B) per rank$' | sed 's/^total //; s/ per rank$//' |
+  grep -E '^per rank \(cuda|^  stage [0-9]+ per rank \(cuda' | grep -oE '[0-9.]+ [KMGT]?i?B plus the CUDA context$' | sed 's/ plus the CUDA context$//' |
     awk '{u = $2 == "B" ? 1 : $2 == "KiB" ? 2^10 : $2 == "MiB" ? 2^20 : $2 == "GiB" ? 2^30 : 2^40;
           if ($1 * u > best) { best = $1 * u; s = $0 } } END { print s }'
 }
@@ -58,6 +59,23 @@ check "--explain '$words' gives the row's tokens/s ($tps)" grep -qE "^step: .* $
 check "--explain '$words' gives the row's memory ($mem)" grep -qF "= $mem of" "$TMP/explain.txt"
 check "--explain names the layout and says it fits" grep -qE "^layout: $words$" "$TMP/explain.txt"
 grep -q ': fits$' "$TMP/explain.txt" || fail "--explain: no 'fits'"
+
+# The host overhead's launch count (plan.c PLAN_OPS_*) against the backend ops `moe train` calls: the
+# MOE_PROFILE=1 report's calls of 3 steps and of 5 (the first step is not profiled, the final evaluation
+# is in both: their difference is 2 steps' ops), at 1 and 2 micro-batches, and the count --explain prints.
+text_bytes 20000 3 >"$W/d.txt"
+op_calls() { # STEPS MICRO
+  MOE_PROFILE=1 OMP_NUM_THREADS=1 "$MOE" train --device cpu --preset tiny --data "$W/d.txt" --batch $((2 * $2)) \
+    --grad-accum "$2" --seq-len 32 --steps "$1" --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 \
+    --save-every -1 --force --out "$W/ops" 2>&1 | grep -oE '\([0-9]+ calls\)' | grep -oE '[0-9]+' | awk '{s += $1} END {print s + 0}'
+}
+for micro in 1 2; do
+  got=$(( ($(op_calls 5 $micro) - $(op_calls 3 $micro)) / 2 ))
+  want=$("$MOE" plan --gpus 1 --preset tiny --batch $((2 * micro)) --seq-len 32 --explain "micro$micro" |
+         sed -n 's/^host overhead: .* (\([0-9]*\) launches.*/\1/p')
+  check "micro-batches $micro: the planner's $want launches a step are the $got ops moe train calls" \
+    test -n "$got" -a "$got" -gt 20 -a "$got" = "$want"
+done
 
 # a JSON profile holding the h200 built-in's numbers (hwprofile.c) gives its table
 cat >"$TMP/h200.json" <<'J'

@@ -95,15 +95,16 @@ static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, 
         4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
 }
 // Of inst layer instances' activations (kept: those that keep their SwiGLU rows) and the backward's
-// scratch (hb: bytes of its hidden rows), the bytes sized by the rows the rank's experts receive (Re):
-// the dispatched and returned rows (xg, yg; their dxg, dy copies) and the SwiGLU rows; 0 where the
-// exchange is local (one rank computes every row it routes, whatever the routing).
+// scratch, the bytes sized by the rows the rank's experts receive (Re): the dispatched and returned rows
+// (xg in the hidden format of hb bytes a value (ops.h Backend.hid), yg float32; their dxg, dy copies) and
+// the SwiGLU rows (hidden format); 0 where the exchange is local (one rank computes every row it routes,
+// whatever the routing).
 static double acts_routed(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int inst, int kept,
                           double hb) {
     if (local_exchange(ms)) return 0;
     size_t Ns = (B * T + ms->tp - 1) / ms->tp, Re = (size_t)ms->etp * Ns * c->top_k,
            fl = (size_t)c->d_ff / ms->etp, d = c->d_model;
-    return inst * 4.0 * Re * 2 * d + kept * 4.0 * Re * 3 * fl + (4.0 + hb) * Re * d + hb * 2 * Re * fl;
+    return inst * (4.0 + hb) * Re * d + kept * hb * Re * 3 * fl + (4.0 + hb) * Re * d + hb * 2 * Re * fl;
 }
 // L layers' activations under --recompute rc.
 static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc) {
@@ -184,6 +185,33 @@ static double weights_alone(const ModelConfig *c) {
     return alone;
 }
 
+// The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh
+// holding inst layer instances' activations of B sequences of T tokens (one per layer; with pipeline stages,
+// each live micro-batch's), np parameters (its slices) and held bytes in the float32 accounting before
+// lending (state + activations); meshed: several ranks. The same buffers on the GPU but the experts' hidden
+// rows (h1, h3, act), the rows sent to them, the attention norm's output and the attention's q, k, v and
+// output in bf16 (half of their bytes in every instance that keeps them: the routed SwiGLU rows in one under
+// --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy of the weights
+// the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
+// activations into: the larger of the expert rows' bf16 copy and the attention backward's workspace (D,
+// bf16 dout and, at head dim 128, its dS: ops.h attention_ds_bytes), of the rank's heads.
+static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
+                        size_t B, size_t T, int inst, double np, double held, int meshed) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, rc = o->recompute, H = c->n_heads / tp;
+    size_t N = B * T, Ns = (N + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, qd = (size_t)H * c->head_dim;
+    k->hid = inst * acts_hid_saved(c, ms, B, T, rc) +
+        (rc & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, ms, B, T, 0) : 0) + // (the one shared copy)
+        (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
+    double att_ws = 4.0 * B * H * T + 2.0 * N * qd +
+        (double)attention_ds_bytes((int)B, (int)T, H, c->head_dim, 0, (int)T);
+    k->shadow = 2.0 * np;
+    k->scratch = fmax(2.0 * Re * c->d_model, att_ws);
+    k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
+    k->lent = acts_lent(c, ms, o, B, T, 1);
+    k->total = held - k->hid + k->shadow + k->scratch - k->lent - k->alone;
+    k->routed = acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2);
+}
+
 void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed) {
     int T = o->seq_len, B = o->batch;
     CostParams cp;
@@ -192,32 +220,14 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     // float32 cpu backend: params + grads + two AdamW moments (bf16 under --precision bf16; the weights stay
     // in their float32 buffer, holding bf16 values)
     w->state = (8.0 + 2 * moment_bytes(o)) * np;
-    size_t N = (size_t)B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim;
-    size_t Rk = N * c->top_k;
-    double scr32 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 4),
-           scr16 = acts_scratch(c, NULL, (size_t)B, (size_t)T, 2);
-    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N) + scr32;
+    size_t N = (size_t)B * T;
+    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N) +
+        acts_scratch(c, NULL, (size_t)B, (size_t)T, 4);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
-    w->lent16 = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 1);
     w->total = w->state + w->acts - w->lent;
-    // cuda: the same buffers on the GPU but the experts' hidden rows (h1, h3, act), the rows sent to them,
-    // the attention norm's output and the attention's q, k, v and output in bf16 (ops.h Backend.hid: half of
-    // their bytes in every layer that keeps them: the routed SwiGLU rows in one under --recompute moe, the
-    // rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy of the weights the GEMMs read
-    // (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert activations into
-    // (below)
-    w->hid = c->n_layers * acts_hid_saved(c, NULL, (size_t)B, (size_t)T, o->recompute) +
-        (o->recompute & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, NULL, (size_t)B, (size_t)T, 0) : 0) +
-        (scr32 - scr16); // (under --recompute moe the one shared copy of the routed rows)
-    // (the workspace: the larger of a layer's bf16 expert rows and the attention backward's D, bf16 dout
-    // and, at head dim 128, its dS: ops.h attention_ds_bytes)
-    double att_ws = 4.0 * B * c->n_heads * T + 2.0 * N * qd +
-        (double)attention_ds_bytes(B, T, c->n_heads, c->head_dim, 0, T);
-    w->shadow = 2.0 * np;
-    w->scratch = fmax(2.0 * Rk * d, att_ws);
-    w->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
-    w->total16 = w->state + w->acts - w->hid + w->shadow + w->scratch - w->lent16 - w->alone;
+    cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
+                meshed);
 }
 
 // A rank of a mesh without pipeline stages (lt: its slices): one micro-batch's activations.
@@ -236,6 +246,8 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl;
     int L = c->n_layers;
     r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
+    cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, (double)lt->ltotal,
+                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1);
 }
 
 // A rank of pipeline stage s (lt: its slices): each chunk's live micro-batches x its layers (+ the head's
@@ -263,6 +275,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
     r->routed = acts_routed(c, ms, Bl, T, inst, o->recompute & RECOMPUTE_MOE ? 1 : inst, 4);
+    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1);
 }
 
 // The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to

@@ -34,6 +34,18 @@ typedef struct {
 // Fills *f (NULL: only the return) and returns the training FLOPs per token.
 double cost_flops(CostFlops *f, const ModelConfig *c, int T);
 
+// The cuda backend's memory for the same buffers as a float32 figure (the whole model in one process, or one
+// rank of a mesh), bytes: the float32 figure
+typedef struct {
+    double hid; // less: the rows it keeps in bf16 (half of their float32 bytes)
+    double shadow; // plus: the bf16 copy of the weights the GEMMs read (of the process's or rank's slices)
+    double scratch; // plus: the bf16 operand scratch of the GEMM and attention ops
+    double alone; // less: the float32 pages of weights only bf16 GEMMs read (--precision bf16, one process)
+    double lent; // of its activations, in the expert gradients' memory (replaces the float32 figure's)
+    double total; // its total (the CUDA context aside)
+    double routed; // as CostMemory.routed, with the rows in the cuda backend's formats
+} CostCuda;
+
 // The whole model in one process, one step of o->batch sequences of o->seq_len under o's --recompute,
 // --precision and --grad-memory, bytes.
 typedef struct {
@@ -41,13 +53,7 @@ typedef struct {
     double acts; // activations of every layer and the LM head, and the backward's scratch
     double lent; // of acts, in the expert gradients' memory (--grad-memory shared)
     double total; // state + acts - lent
-    // the cuda backend: the same buffers, but
-    double hid; // less: the rows it keeps in bf16 (half of their float32 bytes)
-    double shadow; // plus: the bf16 copy of the weights the GEMMs read
-    double scratch; // plus: the bf16 operand scratch of the GEMM and attention ops
-    double alone; // less: the float32 pages of weights only bf16 GEMMs read (--precision bf16 alone)
-    double lent16; // of its activations, in the expert gradients' memory
-    double total16; // its total (the CUDA context aside)
+    CostCuda cuda; // the cuda backend: the same buffers, less and plus its deltas
 } CostWhole;
 // meshed: the run has several ranks (the float32 weights stay whole: train_bf16_weights_alone).
 void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed);
@@ -62,6 +68,8 @@ typedef struct {
     double routed; // of acts, the buffers sized by the rows this rank's experts receive (the exchange's
                    // rows and their SwiGLU rows, kept and in the backward's scratch): what grows when
                    // routing sends more than the mean to this rank (0 where the exchange is local)
+    CostCuda cuda; // the cuda backend's figure for this rank, as CostWhole's for one process (a mesh of
+                   // one rank: equal to it)
 } CostMemory;
 
 // The bytes one rank sends in one optimizer step (every micro-batch, forward and backward). Collectives

@@ -26,12 +26,14 @@ static const HwProfile builtins[] = {
     //    effective (NVLink 4's spec: 450 GB/s a direction; 0.28 of it);
     //  internode: not measured: 400 Gb/s InfiniBand NDR per GPU (50 GB/s) x the same 0.28: 14 GB/s;
     //  pcie: the staged transport's copy ceiling ("Ranks sharing one GPU": 25.0 GB/s).
-    {"h200", 139 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 4012, 126, 14, 25},
+    //  launch, sync: not calibrated (0): the two one-GPU measurements of issue 41 do not determine them
+    //    (docs/PLAN.md "Launches and host synchronisations").
+    {"h200", 139 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 4012, 126, 14, 25, 0, 0},
     // h100 (SXM): NVIDIA's published specs scaled as the H200's measurement relates to the H200's spec:
     //  memory 80 GB x (139 / 141): 78.9 GiB; the same die, clocks and 989 TFLOP/s peak: the GEMM and
     //  attention rates as the H200's; hbm 3.35 TB/s x (4,012 / 4,800): 2,800 GB/s; NVLink 4 and NDR as on
-    //  the H200 (the same links); PCIe Gen5 as the H200's.
-    {"h100", 78.9 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 2800, 126, 14, 25},
+    //  the H200 (the same links); PCIe Gen5 as the H200's; launch and sync not calibrated, as the H200's.
+    {"h100", 78.9 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 2800, 126, 14, 25, 0, 0},
 };
 #define N_BUILTIN (sizeof builtins / sizeof builtins[0])
 
@@ -43,21 +45,24 @@ const HwProfile *hwprofile_builtin(const char *name) {
 
 const char *hwprofile_names(void) { return "h200, h100"; }
 
-// The JSON keys and where each number goes (every one required, each > 0).
+// The JSON keys and where each number goes (required and > 0, but the optional ones: >= 0, absent 0).
 static const struct {
     const char *key;
     size_t off;
+    int optional;
 } fields[] = {
-    {"memory_bytes", offsetof(HwProfile, mem_bytes)},
-    {"context_bytes", offsetof(HwProfile, context_bytes)},
-    {"peak_tflops", offsetof(HwProfile, peak_tflops)},
-    {"dense_tflops", offsetof(HwProfile, dense_tflops)},
-    {"grouped_tflops", offsetof(HwProfile, grouped_tflops)},
-    {"attention_tflops", offsetof(HwProfile, attention_tflops)},
-    {"hbm_gbps", offsetof(HwProfile, hbm_gbps)},
-    {"nvlink_gbps", offsetof(HwProfile, nvlink_gbps)},
-    {"internode_gbps", offsetof(HwProfile, internode_gbps)},
-    {"pcie_gbps", offsetof(HwProfile, pcie_gbps)},
+    {"memory_bytes", offsetof(HwProfile, mem_bytes), 0},
+    {"context_bytes", offsetof(HwProfile, context_bytes), 0},
+    {"peak_tflops", offsetof(HwProfile, peak_tflops), 0},
+    {"dense_tflops", offsetof(HwProfile, dense_tflops), 0},
+    {"grouped_tflops", offsetof(HwProfile, grouped_tflops), 0},
+    {"attention_tflops", offsetof(HwProfile, attention_tflops), 0},
+    {"hbm_gbps", offsetof(HwProfile, hbm_gbps), 0},
+    {"nvlink_gbps", offsetof(HwProfile, nvlink_gbps), 0},
+    {"internode_gbps", offsetof(HwProfile, internode_gbps), 0},
+    {"pcie_gbps", offsetof(HwProfile, pcie_gbps), 0},
+    {"launch_us", offsetof(HwProfile, launch_us), 1},
+    {"sync_us", offsetof(HwProfile, sync_us), 1},
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 
@@ -83,13 +88,16 @@ void hwprofile_load(HwProfile *p, const char *name) {
         size_t k = 0;
         while (k < N_FIELDS && strcmp(fields[k].key, it->string)) k++;
         if (k == N_FIELDS) DIE("--gpu %s: unknown key \"%s\"", name, it->string);
-        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || !(it->valuedouble > 0))
+        double v = it->valuedouble;
+        if (fields[k].optional && (!cJSON_IsNumber(it) || !isfinite(v) || !(v >= 0)))
+            DIE("--gpu %s: \"%s\" must be a number >= 0", name, it->string);
+        if (!cJSON_IsNumber(it) || !isfinite(v) || !(v > 0 || fields[k].optional))
             DIE("--gpu %s: \"%s\" must be a positive number", name, it->string);
         *(double *)((char *)p + fields[k].off) = it->valuedouble;
     }
     cJSON_Delete(j);
     for (size_t k = 0; k < N_FIELDS; k++)
-        if (!(*(double *)((char *)p + fields[k].off) > 0))
+        if (!fields[k].optional && !(*(double *)((char *)p + fields[k].off) > 0))
             DIE("--gpu %s: \"%s\" is missing", name, fields[k].key);
     if (p->context_bytes >= p->mem_bytes)
         DIE("--gpu %s: \"context_bytes\" %g is not below \"memory_bytes\" %g", name, p->context_bytes,

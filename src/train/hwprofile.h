@@ -1,7 +1,7 @@
 // hwprofile.h — a GPU's numbers as the planner (plan.h) reads them: memory, the achieved GEMM, attention,
 // HBM and link rates. Built-in profiles h200 (from docs/PERFORMANCE.md's measurements) and h100 (NVIDIA's
 // published specs scaled as our H200 measurement relates to the H200's), or a JSON file with every field
-// (docs/PLAN.md documents each).
+// (docs/PLAN.md documents each; launch_us and sync_us may be left out: 0).
 // Must not hold: the planner's arithmetic (plan.c), printing tables.
 #pragma once
 
@@ -17,6 +17,9 @@ typedef struct {
     double nvlink_gbps; // per GPU and direction inside a node, as collectives achieve it, GB/s
     double internode_gbps; // per GPU and direction between nodes, GB/s
     double pcie_gbps; // host <-> device per direction, GB/s (read; not used by the first model)
+    // optional (>= 0; absent or 0: not counted):
+    double launch_us; // the host's time to issue one backend op (a CUDA launch), microseconds
+    double sync_us; // one host synchronisation's round trip (the GPU idles), microseconds
 } HwProfile;
 
 // The built-in profile of that name (h200, h100), or NULL.

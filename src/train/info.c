@@ -35,11 +35,29 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
     printf("training FLOPs per token at seq %d: %s (6 x active params + attention)\n", T, b1);
 }
 
+// The cuda backend's figure (cost.h CostCuda): head, then its deltas from the float32 figure and its total.
+static void print_cuda(const CostCuda *k, const char *head) {
+    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[48] = "";
+    fmt_bytes(b1, sizeof b1, k->hid);
+    fmt_bytes(b2, sizeof b2, k->shadow);
+    fmt_bytes(b3, sizeof b3, k->scratch);
+    fmt_bytes(b4, sizeof b4, k->total);
+    fmt_bytes(bl, sizeof bl, k->lent);
+    if (k->alone > 0) {
+        char a[32];
+        fmt_bytes(a, sizeof a, k->alone);
+        snprintf(b5, sizeof b5, " - float32 GEMM weights %s", a);
+    }
+    printf("%s - bf16 rows %s + bf16 weights %s%s + bf16 operand scratch %s, %s of the activations in the "
+           "expert gradients' memory): %s plus the CUDA context\n",
+           head, b1, b2, b5, b3, bl, b4);
+}
+
 // The whole model's memory in one process, on the cpu and the cuda backend.
 static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed) {
     CostWhole w;
     cost_whole(&w, c, o, meshed);
-    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[48] = "";
+    char b1[32], b2[32], b3[32], bl[32];
     fmt_bytes(b1, sizeof b1, w.state);
     fmt_bytes(b2, sizeof b2, w.acts);
     fmt_bytes(b3, sizeof b3, w.total);
@@ -52,20 +70,7 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
                ? "float32, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
                : "float32",
            b1, o->batch, o->seq_len, b2, bl, b3);
-    fmt_bytes(b1, sizeof b1, w.hid);
-    fmt_bytes(b2, sizeof b2, w.shadow);
-    fmt_bytes(b3, sizeof b3, w.scratch);
-    fmt_bytes(b4, sizeof b4, w.total16);
-    fmt_bytes(bl, sizeof bl, w.lent16);
-    if (w.alone > 0) {
-        char a[32];
-        fmt_bytes(a, sizeof a, w.alone);
-        snprintf(b5, sizeof b5, " - float32 GEMM weights %s", a);
-    }
-    printf("memory (cuda, the same buffers - bf16 rows %s + bf16 weights %s%s + bf16 operand scratch %s, %s "
-           "of the "
-           "activations in the expert gradients' memory): %s plus the CUDA context\n",
-           b1, b2, b5, b3, bl, b4);
+    print_cuda(&w.cuda, "memory (cuda, the same buffers");
     if (o->ampipe !=
         1) // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE "
@@ -91,6 +96,7 @@ static void print_rank(const CostMesh *m, const TrainOptions *o) {
                : o->precision == PREC_FP8 ? "float32, experts' GEMMs fp8"
                                           : "float32",
            a1, a1, a2, a3, m->Bl, o->seq_len, a5, a4);
+    print_cuda(&r->cuda, "per rank (cuda, the same buffers");
 }
 
 // With pipeline stages: each stage's layers, parameters, optimizer state and peak activations (the
@@ -126,6 +132,9 @@ static void print_stages(const CostMesh *m, const TrainOptions *o) {
                "%s per rank\n",
                s, what, s == 0 ? " + embedding" : "", s == pp - 1 ? " + final norm, LM head" : "", a1, a1, a2,
                a3, lv, a4);
+        char head[64];
+        snprintf(head, sizeof head, "  stage %d per rank (cuda, the same buffers", s);
+        print_cuda(&st->mem.cuda, head);
     }
 }
 

@@ -75,6 +75,35 @@ static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, cons
         attn / (hw->attention_tflops * 1e12) + elems * per / (hw->hbm_gbps * 1e9);
 }
 
+// What a step costs the host beyond the FLOPs, counted from the code (docs/PLAN.md "Launches and host
+// synchronisations"; test_plan.sh checks the count against MOE_PROFILE=1's calls): the backend ops (each one
+// CUDA launch or more: a bf16 GEMM converts its operand first) a layer's forward and backward call on one
+// micro-batch (forward: 3 matmuls, 2 grouped GEMMs, 2 norms, 2 RoPE, attention, 2 gathers, 3 router ops,
+// 2 adds, 2 copies; backward: 3 + 2 + 2 + 2 + 1 + 2, 1 router op, 3 copies), those once per micro-batch
+// (embedding, final norm, LM head forward and backward, cross-entropy) and once per step (the gradient norm,
+// AdamW over every tensor in one launch, 5 copies and clears); the host synchronisations: the routing's copy
+// to the host, once per MoE layer's forward, and the loss and the gradient norm once a step.
+#define PLAN_OPS_LAYER 35
+#define PLAN_OPS_MICRO 7
+#define PLAN_OPS_STEP 7
+#define PLAN_SYNCS_STEP 2
+
+// Stage s's host overhead in seconds on top of its compute comp: launches are queued ahead of the GPU,
+// so they cost time only where they take longer than the GPU's work; each synchronisation drains the
+// queue and costs its round trip (hw->launch_us, hw->sync_us; 0: not counted). *launches, *syncs: the counts.
+static double stage_host(const CostMesh *m, int s, const HwProfile *hw, double comp, double *launches,
+                         double *syncs) {
+    int layers = 0;
+    for (int ch = 0; ch < m->vpp; ch++) {
+        int v = ch * m->ms.pp + s;
+        layers += m->sp.first[v + 1] - m->sp.first[v];
+    }
+    *launches = (double)m->micro * (layers * PLAN_OPS_LAYER + PLAN_OPS_MICRO) + PLAN_OPS_STEP;
+    *syncs = (double)m->micro * layers + PLAN_SYNCS_STEP;
+    double queue = *launches * hw->launch_us * 1e-6;
+    return (queue > comp ? queue - comp : 0) + *syncs * hw->sync_us * 1e-6;
+}
+
 // The refusals before the cost model: the mesh, the layers' split, the batch, the schedule.
 static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const TrainOptions *o,
                                 const PlanSpec *sp, const PlanLayout *l, int *reason) {
@@ -145,16 +174,21 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
     double busy = -1;
     for (int s = 0; s < ms.pp; s++) {
         const CostStage *st = &m.stage[s];
-        row->mem_info = st->mem.total > row->mem_info ? st->mem.total : row->mem_info;
-        double head = (sp->imbalance - 1) * st->mem.routed;
+        // (the cuda backend's accounting: a plan is for GPUs)
+        row->mem_info = st->mem.cuda.total > row->mem_info ? st->mem.cuda.total : row->mem_info;
+        double head = (sp->imbalance - 1) * st->mem.cuda.routed;
         row->mem_headroom = head > row->mem_headroom ? head : row->mem_headroom;
         const CostComm *cm = &st->comm16; // the cuda backend's rows to the experts in bf16
         double kind[5] = {cm->tp, cm->ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5];
         for (int k = 0; k < 5; k++) comm += cs[k] = sp->exposed * kind[k] / bw[k];
-        double comp = stage_compute(&m, s, c, &t, hw);
-        if (comp + comm > busy) {
-            busy = comp + comm;
+        double comp = stage_compute(&m, s, c, &t, hw), launches, syncs;
+        double host = stage_host(&m, s, hw, comp, &launches, &syncs);
+        if (comp + host + comm > busy) {
+            busy = comp + host + comm;
             row->compute = comp;
+            row->host = host;
+            row->launches = launches;
+            row->syncs = syncs;
             row->comm = comm;
             memcpy(row->comm_kind, cs, sizeof cs);
         }

@@ -13,11 +13,16 @@
 //  - communication: cost_mesh's bytes sent per rank and step (rows to the experts in bf16), each kind
 //    over the link its group spans (every rank of the group on one node of --nodes-of GPUs: NVLink, else
 //    inter-node), exposed in full unless --comm-exposed says otherwise; the slowest stage sets the step;
+//  - host overhead: the backend ops a step launches (counted per layer, micro-batch and step from the
+//    code) at the profile's launch_us, costing what exceeds the stage's compute (queued launches overlap
+//    the GPU's work), and its host synchronisations (the routing's counts, once per MoE layer forward) at
+//    sync_us each (0 in the built-in profiles: not calibrated, docs/PLAN.md);
 //  - the pipeline bubble: schedule_bubble's simulated fraction (backward = 2 x forward), the step =
-//    (compute + exposed comm) / (1 - bubble);
-//  - memory: the largest stage's per-rank total of cost_mesh (float32 accounting, as moe info), plus
-//    the imbalance headroom on the buffers sized by routing (CostMemory.routed x (--imbalance - 1)) and
-//    the profile's context bytes (the CUDA context, the allocator's reserve).
+//    (compute + host overhead + exposed comm) / (1 - bubble);
+//  - memory: the largest stage's per-rank cuda total of cost_mesh (CostMemory.cuda: the cuda backend's
+//    accounting, as moe info prints it), plus the imbalance headroom on the buffers sized by routing
+//    (CostMemory.cuda.routed x (--imbalance - 1)) and the profile's context bytes (the CUDA context, the
+//    allocator's reserve).
 // Must not hold: printing or option parsing (train/plan_print.c, cli/cmd_plan.c), the cost arithmetic
 // (cost.c), reading a profile (hwprofile.c).
 #pragma once
@@ -35,10 +40,12 @@ typedef struct {
 // Its figures (bytes, seconds).
 typedef struct {
     PlanLayout l;
-    double mem_info; // the largest stage's per-rank total, as moe info prints it
+    double mem_info; // the largest stage's per-rank cuda total, as moe info prints it
     double mem_headroom; // (imbalance - 1) x the routed buffers of that stage
     double mem; // mem_info + mem_headroom + the profile's context
     double compute, comm, bubble_s; // the step's parts: the slowest stage's compute and exposed comm, bubble
+    double host; // and its host overhead (launches the GPU's work does not hide, synchronisations)
+    double launches, syncs; // that stage's backend ops (CUDA launches) and host synchronisations a step
     double bubble; // the simulated bubble fraction
     double step, tokens_s, mfu; // seconds a step, tokens/s, model FLOPs / (GPUs x peak)
     double comm_kind[5]; // exposed seconds: tp, ep, etp, dp, pp (of the slowest stage)

@@ -1,6 +1,7 @@
 // plan_print.c — `moe plan`'s output: the ranked table of the layouts that fit (memory per GPU, the step's
-// parts, tokens/s, MFU, the command that launches each), one layout explained line by line, and the
-// smallest GPU count for a model that fits nowhere.
+// parts (compute with its host overhead, exposed communication, bubble), tokens/s, MFU, the command that
+// launches each), one layout explained line by line, and the smallest GPU count for a model that fits
+// nowhere.
 // Must not hold: the planner's arithmetic (plan.c), option parsing (cli/cmd_plan.c).
 #include "train/plan_print.h"
 #include <stdio.h>
@@ -56,7 +57,8 @@ void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOption
         fmt_bytes(m1, sizeof m1, w->mem);
         fmt_bytes(m2, sizeof m2, w->mem_info);
         printf("%3d  %-54s %10s %10s %7.1fms %7.1fms %7.1fms %7.1fms %10.0f %5.1f%%\n", i + 1, name, m1, m2,
-               1e3 * w->compute, 1e3 * w->comm, 1e3 * w->bubble_s, 1e3 * w->step, w->tokens_s, 100 * w->mfu);
+               1e3 * (w->compute + w->host), 1e3 * w->comm, 1e3 * w->bubble_s, 1e3 * w->step, w->tokens_s,
+               100 * w->mfu);
         print_command(w, sp, o, model_args);
     }
 }
@@ -71,12 +73,17 @@ void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions
     fmt_bytes(b[1], sizeof b[1], w->mem_headroom);
     fmt_bytes(b[2], sizeof b[2], sp->hw.context_bytes);
     fmt_bytes(b[3], sizeof b[3], w->mem);
-    printf("memory per GPU: %s (moe info --world %d's largest per-rank total) + routing headroom %s + "
+    printf("memory per GPU: %s (moe info --world %d's largest per-rank cuda total) + routing headroom %s + "
            "context %s = "
            "%s of %.1f GiB: %s\n",
            b[0], sp->gpus, b[1], b[2], b[3], sp->hw.mem_bytes / 1073741824.0,
            w->mem <= sp->hw.mem_bytes ? "fits" : "does not fit");
     printf("compute (the slowest stage): %.2f ms\n", 1e3 * w->compute);
+    printf(
+        "host overhead: %.2f ms (%.0f launches at %g us, queued behind the compute; %.0f synchronisations at "
+        "%g us%s)\n",
+        1e3 * w->host, w->launches, sp->hw.launch_us, w->syncs, sp->hw.sync_us,
+        sp->hw.launch_us > 0 || sp->hw.sync_us > 0 ? "" : ": not calibrated in this profile");
     for (int k = 0; k < 5; k++)
         printf("exposed %-13s %8.2f ms (%s)\n", kinds[k], 1e3 * w->comm_kind[k],
                w->inter[k] ? "between nodes" : "NVLink");
