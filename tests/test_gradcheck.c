@@ -33,6 +33,11 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
         int off = 0;
         for (int l = 0; l < m->c.n_layers; l++) {
             int n = B * T * m->c.top_k;
+            if (m->la[l].moe.dense) { // (no routing)
+                memset(route + off, 0, 2 * n * sizeof(int32_t));
+                off += 2 * n;
+                continue;
+            }
             memcpy(route + off, m->la[l].moe.idx_h, n * sizeof(int32_t));
             off += n;
             memcpy(route + off, m->la[l].moe.slotrow, n * sizeof(int32_t));
@@ -45,8 +50,8 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
 static float g_dropout; // residual dropout of the next check_config (one fixed mask for every forward)
 
 static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
-    int fam = c.family != FAM_MIXTRAL || c.balance != BALANCE_AUX ||
-        c.aux_scope != AUX_SCOPE_MICRO; // the new options
+    int fam = c.family != FAM_MIXTRAL || c.balance != BALANCE_AUX || c.aux_scope != AUX_SCOPE_MICRO ||
+        c.dense_d_ff > 0; // the new options
     const int B = 2, T = 6;
     Model m;
     model_init(&m, &c, backend_cpu(), B, T, NULL);
@@ -85,7 +90,8 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
         size_t nk = (size_t)B * T * c.top_k;
         int32_t *before = xmalloc(sizeof(int32_t) * nk * c.n_layers);
         model_forward(&m, x, y, B, T, 0, 0);
-        for (int l = 0; l < c.n_layers; l++) memcpy(before + l * nk, m.la[l].moe.idx_h, sizeof(int32_t) * nk);
+        for (int l = 0; l < c.n_layers; l++)
+            if (!m.la[l].moe.dense) memcpy(before + l * nk, m.la[l].moe.idx_h, sizeof(int32_t) * nk);
         for (int i = 0; i < m.t.n; i++)
             if (m.t.p[i].role == PR_ROUTE_BIAS)
                 for (size_t j = 0; j < m.t.p[i].numel; j++)
@@ -94,7 +100,8 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
         model_forward(&m, x, y, B, T, 0, 0);
         int changed = 0;
         for (int l = 0; l < c.n_layers; l++)
-            changed |= memcmp(before + l * nk, m.la[l].moe.idx_h, sizeof(int32_t) * nk) != 0;
+            changed |=
+                !m.la[l].moe.dense && memcmp(before + l * nk, m.la[l].moe.idx_h, sizeof(int32_t) * nk) != 0;
         EXPECT(changed, "[%s] the routing bias changed no top-k choice", label);
         free(before);
     }
@@ -246,6 +253,20 @@ int main(void) {
     b4.aux_scope = AUX_SCOPE_SEQ;
     b4.balance = BALANCE_AUX_FREE;
     check_config("qwen2_moe: seq scope + aux-free", b4, 0);
+    // dense layers among the MoE layers (config dense_layers): layer 0 of 2 an MLP of width 10 (DeepSeek's
+    // first dense layer), and with a gated shared expert and HF's aux form (over the MoE layers only) layers
+    // 0 and 2 of 3
+    ModelConfig d1 = c;
+    config_set_dense(&d1, 0);
+    d1.dense_d_ff = 10;
+    check_config("dense layer 0 of 2", d1, 0);
+    ModelConfig d2 = f3;
+    d2.n_layers = 3;
+    config_set_dense(&d2, 0);
+    config_set_dense(&d2, 2);
+    d2.dense_d_ff = 14;
+    d2.aux_form = AUX_HF;
+    check_config("qwen2_moe: dense 0,2 + aux hf", d2, 0);
     g_dropout = 0.3f; // the masked, rescaled branches: the same mask in the backward as in the forward
     check_config("residual dropout 0.3", c, 0);
     g_dropout = 0;

@@ -82,6 +82,11 @@ const Opt opts[] = {
     {"shared-d-ff", O_INT, MO(shared_d_ff), C_TRAIN | C_INFO | C_PLAN, "each shared expert's hidden size"},
     {"shared-gate", O_INT, MO(shared_gate), C_TRAIN | C_INFO | C_PLAN,
      "1: the shared experts' output scaled by a sigmoid gate per token (Qwen2-MoE)"},
+    {"dense-layers", O_LAYERS, MO(dense_layers), C_TRAIN | C_INFO | C_PLAN,
+     "layers whose FFN is one dense SwiGLU MLP instead of experts, e.g. 0 or 0-2,7 (DeepSeek's "
+     "first_k_dense_replace, Qwen's mlp_only_layers); none: every layer an MoE layer"},
+    {"dense-d-ff", O_INT, MO(dense_d_ff), C_TRAIN | C_INFO | C_PLAN,
+     "the dense layers' MLP hidden size (HF intermediate_size); 0 without dense layers"},
     {"balance", O_BALANCE, MO(balance), C_TRAIN | C_INFO | C_PLAN,
      "aux: the load-balancing loss; aux-free: also DeepSeek-V3's per-expert routing bias (top-k choice "
      "only)"},

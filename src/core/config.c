@@ -179,8 +179,26 @@ const char *config_validate(const ModelConfig *c) {
             "over all "
             "layers' micro-batch statistics)",
             c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
+    int nd = 0, last = -1;
+    for (int l = 0; l < MOE_MAX_DENSE_LAYERS; l++)
+        if (config_layer_dense(c, l)) nd++, last = l;
+    if (nd && last >= c->n_layers)
+        BAD("dense layer %d does not exist (the model has %d layers: 0..%d)", last, c->n_layers,
+            c->n_layers - 1);
+    if (nd && nd == c->n_layers)
+        BAD("every one of the %d layers is dense: an MoE model needs an MoE layer", nd);
+    if (nd && c->dense_d_ff < 1)
+        BAD("dense_d_ff must be >= 1 with %d dense layers (got %d)", nd, c->dense_d_ff);
+    if (!nd && c->dense_d_ff != 0)
+        BAD("dense_d_ff is %d but no layer is dense (dense_layers is empty)", c->dense_d_ff);
 #undef BAD
     return NULL;
+}
+
+int config_moe_layers(const ModelConfig *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += !config_layer_dense(c, l);
+    return n;
 }
 
 int64_t capacity_for(const ModelConfig *c, int64_t n_tokens) {
