@@ -66,6 +66,12 @@ typedef struct {
     // (no router, no experts); none set: every layer is an MoE layer (dense_d_ff 0).
     uint64_t dense_layers[MOE_MAX_DENSE_LAYERS / 64];
     int dense_d_ff;
+    // DeepSeek-V3's routing (our own configs; zero: softmax over all experts, weights unscaled):
+    int route_sigmoid; // 1: scores sigmoid(logits) (scoring_func sigmoid), the aux statistics over each
+                       // token's scores normalised to sum 1; 0: softmax
+    int n_group, topk_group; // n_group > 1: the experts in n_group groups; only the topk_group groups of
+                             // highest sum of their two best (biased) scores are chosen from
+    float route_scale; // routed_scaling_factor: the routed experts' weights times it (0: 1)
 } ModelConfig;
 // Layer l's FFN is a dense MLP (config dense_layers); the number of MoE layers (those with a router).
 static inline int config_layer_dense(const ModelConfig *c, int l) {

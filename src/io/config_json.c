@@ -117,12 +117,24 @@ cJSON *config_to_json(const ModelConfig *c) {
     add_f(m, "bias_rate", c->bias_rate);
     cJSON_AddStringToObject(m, "aux_scope",
                             scope_names[c->aux_scope >= 0 && c->aux_scope < 3 ? c->aux_scope : 0]);
+    if (c->route_sigmoid || c->n_group > 1 || (c->route_scale != 0 && c->route_scale != 1)) {
+        // DeepSeek-V3's routing (written only where set: other configs' files stay as they were)
+        cJSON_AddBoolToObject(m, "route_sigmoid", c->route_sigmoid != 0);
+        add_i(m, "n_group", c->n_group);
+        add_i(m, "topk_group", c->topk_group);
+        add_f(m, "routed_scaling_factor", c->route_scale != 0 ? c->route_scale : 1.0f);
+    }
     if (dense && !qwen) { // no HF key for them in this family: ours
         cJSON_AddItemToObject(m, "dense_layers", dense_list(c));
         add_i(m, "dense_intermediate_size", c->dense_d_ff);
     }
+    if (c->n_shared_experts && fam != FAM_QWEN2_MOE) { // ungated shared experts (ours: DeepSeek-V3's)
+        add_i(m, "n_shared_experts", c->n_shared_experts);
+        add_i(m, "shared_intermediate_size", c->shared_d_ff);
+    }
     int same = c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX &&
-        (!mix || c->renormalize != 0) && (qwen || !dense);
+        (!mix || c->renormalize != 0) && (qwen || !dense) && !c->route_sigmoid && c->n_group <= 1 &&
+        (c->route_scale == 0 || c->route_scale == 1) && (!c->n_shared_experts || fam == FAM_QWEN2_MOE);
     if (mix) cJSON_AddBoolToObject(m, "mixtral_compatible", same);
     cJSON_AddBoolToObject(m, "hf_compatible", same);
     cJSON_AddItemToObject(j, "moe_c", m);
@@ -462,6 +474,14 @@ static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
             return fail(e, "key \"balance\" must be \"aux\" or \"aux-free\"");
         c->balance = ba && !strcmp(ba->valuestring, "aux-free") ? BALANCE_AUX_FREE : BALANCE_AUX;
         if (get_float(e, m, "bias_rate", 0, &c->bias_rate)) return -1;
+        if (get_bool(e, m, "route_sigmoid", 0, &c->route_sigmoid) ||
+            get_int(e, m, "n_group", 0, &c->n_group) || get_int(e, m, "topk_group", 0, &c->topk_group) ||
+            get_float(e, m, "routed_scaling_factor", 0, &c->route_scale))
+            return -1;
+        if (c->family != FAM_QWEN2_MOE && item(m, "n_shared_experts") && // ungated shared experts (ours)
+            (get_int(e, m, "n_shared_experts", 1, &c->n_shared_experts) ||
+             get_int(e, m, "shared_intermediate_size", 1, &c->shared_d_ff)))
+            return -1;
         const cJSON *dl = item(m, "dense_layers"); // (families without an HF key for them)
         if (dl && (c->family == FAM_QWEN2_MOE || c->family == FAM_QWEN3_MOE))
             return fail(e, "key \"dense_layers\" is for families without mlp_only_layers; %s has that key",

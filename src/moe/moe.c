@@ -115,6 +115,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->E = c->n_experts;
     m->El = c->n_experts / EP;
     m->k = c->top_k;
+    m->sigmoid = c->route_sigmoid;
     size_t Ns = (size_t)(maxN + TP - 1) / TP, d = m->d, E = m->E, k = m->k, R = Ns * k;
     RtLayout L = rt_layout((int)Ns, (int)E, (int)k);
     m->rt_h = xcalloc(1, L.copy);
@@ -328,8 +329,8 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     // sums, idx and w to the host (and of logits and probs when asked: host_router_out)
     rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
-    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E, k,
-                    c->renormalize);
+    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E,
+                    router_rule(c));
     be->plan_counts(m->cnt, m->rank, m->idx, Ns, E, k);
     RtLayout rl = rt_layout(Ns, E, k);
     // (the sequence scope reads each row's choices and probabilities)
@@ -358,7 +359,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
         m->aux_f[e] = (double)m->counts[e] / m->Ng;
     }
     m->aux = E * a;
-    m->z = ps[E] / m->Ng;
+    m->z = m->sigmoid ? 0 : ps[E] / m->Ng; // (sigmoid scores: no z-loss; config.h route_sigmoid)
     m->Nl = m->Ng;
     m->xraw = x + (size_t)m->s0 * d;
     m->aux_scope = c->aux_scope;
@@ -648,6 +649,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
     double Ng = (double)m->Nl;
+    float zdl = m->sigmoid ? 0.0f : (float)(2.0 * z_scale / Ng); // (ops.h router_bwd: no z term with sigmoid)
     if (m->aux_scope == AUX_SCOPE_SEQ) {
         // per segment of my rows within one sequence s: d aux / d probs[t,e] = E cnt_se / (T^2 S) = E f_se /
         // (T S)
@@ -669,14 +671,13 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
             int o = segs[q], n = segs[q + 1] - o;
             be->router_bwd(s->dlogits + (size_t)o * E, s->rowdot, m->slotrow + (size_t)o * k,
                            m->probs + (size_t)o * E, m->lse + o, m->idx + (size_t)o * k,
-                           m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E, (float)(2.0 * z_scale / Ng), n,
-                           E, k, c->renormalize);
+                           m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E, zdl, n, E, router_rule(c));
         }
     } else {
         for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
         be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
-        be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
-                       (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
+        be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp, zdl,
+                       Ns, E, router_rule(c));
     }
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E, GM_ACC_DINP);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);

@@ -119,7 +119,13 @@ void moe_seq_add(const MoeLayer *m, int T, double *st) {
     for (int i = 0; i < m->Ns; i++) {
         double *sq = st + (size_t)((m->row0 + m->s0 + i) / T) * 2 * E;
         for (int j = 0; j < k; j++) sq[m->idx_h[(size_t)i * k + j]] += 1;
-        for (int e = 0; e < E; e++) sq[E + e] += m->probs_h[(size_t)i * E + e];
+        const float *p = m->probs_h + (size_t)i * E;
+        double P = 1; // sigmoid scores: each row's over their sum (ops.h router_topk's sums)
+        if (m->sigmoid) {
+            P = 0;
+            for (int e = 0; e < E; e++) P += p[e];
+        }
+        for (int e = 0; e < E; e++) sq[E + e] += m->sigmoid ? p[e] / P : p[e];
     }
 }
 

@@ -70,6 +70,7 @@ typedef struct {
     MoeComms cm;
     int layer; // the model's layer index (its reports name it; -1: none given)
     int maxN, d, fl, E, El, k;
+    int sigmoid; // the router's scores are sigmoids (config route_sigmoid): statistics over them normalised
     int N, s0, Ns; // tokens of the last forward, my slice [s0, s0+Ns)
     int64_t row0; // the global index of the forward's row 0 (moe_forward's row0)
     // router side (host): copies of the router's device outputs, made by one copy per forward

@@ -20,7 +20,13 @@ static double eval_aux_hf(const Model *m) { // after a forward with host_router_
         CHECK(a->Ns == a->N, "eval_aux_hf: one process only (this rank routes %d of %d tokens)", a->Ns, a->N);
         for (int t = 0; t < a->Ns; t++) {
             for (int j = 0; j < k; j++) cnt[a->idx_h[(size_t)t * k + j]] += 1;
-            for (int e = 0; e < E; e++) P[e] += a->probs_h[(size_t)t * E + e];
+            const float *p = a->probs_h + (size_t)t * E;
+            double S = 1; // sigmoid scores: over their sum (as the aux statistics)
+            if (a->sigmoid) {
+                S = 0;
+                for (int e = 0; e < E; e++) S += p[e];
+            }
+            for (int e = 0; e < E; e++) P[e] += a->sigmoid ? p[e] / S : p[e];
         }
         rows += a->Ns;
     }
