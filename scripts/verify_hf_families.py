@@ -5,14 +5,16 @@ anything CI needs (CI does not install torch or transformers; tests/test_familie
 files and shapes without them).
 
     python3 scripts/verify_hf_families.py build/moe [--moe-device cpu|cuda-fp32|cuda] [--tol T]
-                                          [--families olmoe,qwen2_moe,qwen2_moe_dense,qwen3_moe] [--keep]
+                                          [--families olmoe,qwen2_moe,qwen2_moe_dense,qwen3_moe_dense,qwen3_moe]
+                                          [--keep]
                                           [--train-launch "mpirun -np 2" --train-args "--tp 2"]
 
 Needs torch, transformers (5.x: the fused in-memory expert layout is handled; 4.x's per-expert modules too)
 and safetensors. For each family:
   1. transformers builds a small random model (2 layers, 4 experts top-2, GQA 4/2; Qwen3-MoE with head_dim
      != hidden / heads; qwen2_moe_dense: 6 layers, 4 of them dense MLPs by decoder_sparse_step 2 and
-     mlp_only_layers, its HF aux loss over the MoE layers checked too), every weight moved off its init (norm weights off 1, biases off 0) and saves it;
+     mlp_only_layers; qwen3_moe_dense: layers 0 and 2 of 4 by mlp_only_layers; for both the HF aux loss over
+     the MoE layers is checked too), every weight moved off its init (norm weights off 1, biases off 0) and saves it;
      `moe eval --ckpt HF_DIR --dump --dump-grads` on a fixed batch: logits, loss and router probabilities
      against transformers' (relative L2), and every tensor's gradient of the mean cross-entropy.
   2. `moe train --init-from HF_DIR` trains a few steps, `moe export` writes the family's directory,
@@ -61,6 +63,11 @@ FAMILIES = {
                         dict(num_hidden_layers=6, intermediate_size=72, moe_intermediate_size=48,
                              shared_expert_intermediate_size=80, norm_topk_prob=False, decoder_sparse_step=2,
                              mlp_only_layers=[5], use_sliding_window=False, qkv_bias=True)),
+    # Qwen3-MoE with dense layers: mlp_only_layers [0, 2] of 4 (decoder_sparse_step 1)
+    "qwen3_moe_dense": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                        dict(num_hidden_layers=4, intermediate_size=72, moe_intermediate_size=48, head_dim=24,
+                             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0, 2],
+                             use_sliding_window=False, attention_bias=False)),
     # Qwen3-MoE: per-head QK-norm, head_dim 24 != 64 / 4, renormalised top-k
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(intermediate_size=80, moe_intermediate_size=48, head_dim=24, norm_topk_prob=True,
