@@ -198,13 +198,13 @@ static void w_combine_rows(float *o, const float *r, const int32_t *sr, const fl
     WRAP(C_UNPERM, RB->combine_rows(o, r, sr, w, N, k, C, a));
 }
 static void w_router_topk(float *p, float *l, int32_t *ix, float *w, double *sm, const float *lg,
-                          const float *b, int N, int E, int k, int rn) {
-    WRAP(C_RKERN, RB->router_topk(p, l, ix, w, sm, lg, b, N, E, k, rn));
+                          const float *b, int N, int E, RouteRule r) {
+    WRAP(C_RKERN, RB->router_topk(p, l, ix, w, sm, lg, b, N, E, r));
 }
 static void w_router_bwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l,
-                         const int32_t *ix, const float *w, const float *ad, float zd, int N, int E, int k,
-                         int rn) {
-    WRAP(C_RKERN, RB->router_bwd(dl, rd, sr, p, l, ix, w, ad, zd, N, E, k, rn));
+                         const int32_t *ix, const float *w, const float *ad, float zd, int N, int E,
+                         RouteRule r) {
+    WRAP(C_RKERN, RB->router_bwd(dl, rd, sr, p, l, ix, w, ad, zd, N, E, r));
 }
 static void w_gds(void *o, float *d, const float *i, const int32_t *x, const float *b, const float *s, int n,
                   int C, int h) {

@@ -5,13 +5,16 @@ anything CI needs (CI does not install torch or transformers; tests/test_familie
 files and shapes without them).
 
     python3 scripts/verify_hf_families.py build/moe [--moe-device cpu|cuda-fp32|cuda] [--tol T]
-                                          [--families olmoe,qwen2_moe,qwen3_moe] [--keep]
+                                          [--families olmoe,qwen2_moe,qwen2_moe_dense,qwen3_moe_dense,qwen3_moe]
+                                          [--keep]
                                           [--train-launch "mpirun -np 2" --train-args "--tp 2"]
 
 Needs torch, transformers (5.x: the fused in-memory expert layout is handled; 4.x's per-expert modules too)
 and safetensors. For each family:
   1. transformers builds a small random model (2 layers, 4 experts top-2, GQA 4/2; Qwen3-MoE with head_dim
-     != hidden / heads), every weight moved off its init (norm weights off 1, biases off 0) and saves it;
+     != hidden / heads; qwen2_moe_dense: 6 layers, 4 of them dense MLPs by decoder_sparse_step 2 and
+     mlp_only_layers; qwen3_moe_dense: layers 0 and 2 of 4 by mlp_only_layers; for both the HF aux loss over
+     the MoE layers is checked too), every weight moved off its init (norm weights off 1, biases off 0) and saves it;
      `moe eval --ckpt HF_DIR --dump --dump-grads` on a fixed batch: logits, loss and router probabilities
      against transformers' (relative L2), and every tensor's gradient of the mean cross-entropy.
   2. `moe train --init-from HF_DIR` trains a few steps, `moe export` writes the family's directory,
@@ -54,6 +57,17 @@ FAMILIES = {
                   dict(intermediate_size=80, moe_intermediate_size=48, shared_expert_intermediate_size=80,
                        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False,
                        qkv_bias=True)),
+    # Qwen2-MoE with dense MLP layers (issue 40): decoder_sparse_step 2 makes layers 0, 2, 4 dense,
+    # mlp_only_layers layer 5; the MoE layers are 1 and 3; the dense MLPs' width is intermediate_size
+    "qwen2_moe_dense": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                        dict(num_hidden_layers=6, intermediate_size=72, moe_intermediate_size=48,
+                             shared_expert_intermediate_size=80, norm_topk_prob=False, decoder_sparse_step=2,
+                             mlp_only_layers=[5], use_sliding_window=False, qkv_bias=True)),
+    # Qwen3-MoE with dense layers: mlp_only_layers [0, 2] of 4 (decoder_sparse_step 1)
+    "qwen3_moe_dense": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                        dict(num_hidden_layers=4, intermediate_size=72, moe_intermediate_size=48, head_dim=24,
+                             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0, 2],
+                             use_sliding_window=False, attention_bias=False)),
     # Qwen3-MoE: per-head QK-norm, head_dim 24 != 64 / 4, renormalised top-k
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(intermediate_size=80, moe_intermediate_size=48, head_dim=24, norm_topk_prob=True,
@@ -133,14 +147,20 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
             note=f"max |diff| {(dump['logits'] - lg).abs().max().item():.2e}")
     tab.add(f"{fam} 1 random model: loss, rel", abs(float(meta["loss"]) - o.loss.item()) / o.loss.item(), tol,
             note=f"moe {float(meta['loss']):.7f} hf {o.loss.item():.7f}")
-    L = COMMON["num_hidden_layers"]
+    L = cfg.num_hidden_layers
+    # the MoE layers (transformers' rule for Qwen: not in mlp_only_layers, (l + 1) % decoder_sparse_step == 0);
+    # transformers lists router logits for those only (or None for the dense ones)
+    step, only = getattr(cfg, "decoder_sparse_step", 1) or 1, set(getattr(cfg, "mlp_only_layers", []) or [])
+    moe_layers = [l for l in range(L) if l not in only and (l + 1) % step == 0]
     touched = set()   # (layer, expert) whose tokens differ from transformers' by a top-k choice
     if o.router_logits is not None:
         worst, flips, rows = 0.0, 0, 0
         k = cfg.num_experts_per_tok
-        for l in range(L):
+        rls = [r for r in o.router_logits if r is not None]
+        tab.add(f"{fam} 1 random model: router outputs for the {len(moe_layers)} MoE layers", abs(len(rls) - len(moe_layers)), 0)
+        for i, l in enumerate(moe_layers):
             ours = torch.softmax(dump[f"router_logits.{l}"].float(), dim=-1)
-            theirs = router_probs(o.router_logits[l].detach().cpu())
+            theirs = router_probs(rls[i].detach().cpu())
             theirs = theirs.reshape(B, T + 1, -1)[:, :T].reshape(ours.shape) if theirs.numel() != ours.numel() else theirs.reshape(ours.shape)
             worst = max(worst, rel(ours, theirs))
             # the top-k choice is discrete: where two probabilities are closer than the precision of the
@@ -156,6 +176,12 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
         allowed = 0.0 if tol < 1e-3 else 0.02
         tab.add(f"{fam} 1 random model: top-k choices unlike transformers', fraction of {rows}", flips / rows, allowed,
                 note=f"{flips} tokens; experts touched (layer, expert): {sorted(touched)}" if flips else "")
+    if len(moe_layers) < L:   # HF's aux loss over the MoE layers' router outputs (dense ones have none)
+        with torch.no_grad():
+            o_aux = m1(input_ids=x_win[:, :T], output_router_logits=True)
+        tab.add(f"{fam} 1 random model: aux (HF form, MoE layers), rel",
+                abs(float(meta["aux_loss_hf"]) - o_aux.aux_loss.item()) / o_aux.aux_loss.item(), tol,
+                note=f"moe {float(meta['aux_loss_hf']):.7f} hf {o_aux.aux_loss.item():.7f}")
     # gradients of transformers' loss over the T+1 window = the mean cross-entropy of our T targets
     params = dict(m1.named_parameters())
     lines = []

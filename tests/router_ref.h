@@ -18,7 +18,8 @@
 static inline void router_topk(const float *logits, int N, int E, int k, int renorm, float *probs, float *lse,
                                int32_t *idx, float *w) {
     // the float32 reference is the cpu backend's op (the MoE layer calls it through the Backend)
-    backend_cpu()->router_topk(probs, lse, idx, w, NULL, logits, NULL, N, E, k, renorm);
+    backend_cpu()->router_topk(probs, lse, idx, w, NULL, logits, NULL, N, E,
+                               (RouteRule){.k = k, .renorm = renorm});
 }
 
 static inline void plan_alloc(DispatchPlan *p, int N, int E, int k) {
@@ -116,7 +117,8 @@ static inline void router_backward_ex(float *dlogits, const float *dw, const flo
     // the cpu backend's router_bwd, reading dw[t,j] through an identity plan (slot (t,j) -> row t*k+j)
     int32_t *ident = xmalloc(sizeof(int32_t) * ((size_t)N * k + 1));
     for (int i = 0; i < N * k; i++) ident[i] = i;
-    backend_cpu()->router_bwd(dlogits, dw, ident, probs, lse, idx, w, aux_dp, z_dl, N, E, k, renorm);
+    backend_cpu()->router_bwd(dlogits, dw, ident, probs, lse, idx, w, aux_dp, z_dl, N, E,
+                              (RouteRule){.k = k, .renorm = renorm});
     free(ident);
 }
 

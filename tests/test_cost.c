@@ -8,7 +8,8 @@
 //    positions, 3 x for forward and backward), written out for the tiny preset at T 64;
 //  - bytes sent per step on simple meshes of two ranks (TP, EP, ETP sharded and gathered, DP with ZeRO
 //    1, a pipeline of two stages, interleaved), counted by hand;
-//  - memory: a mesh of one rank holds what the whole model does in one process.
+//  - memory: a mesh of one rank holds what the whole model does in one process;
+//  - dense layers (config dense_layers): the parameters and FLOPs of their MLP in place of the MoE layer's.
 #include <string.h>
 #include "model/params.h"
 #include "train/cost.h"
@@ -66,6 +67,13 @@ static void check_flops(void) {
     c.shared_d_ff = 64;
     want += 6 * 2 * 3 * 96.0 * 64;
     EXPECT(cost_flops(NULL, &c, 64) == want, "tiny + a shared expert: %.17g, want %.17g",
+           cost_flops(NULL, &c, 64), want);
+    // layer 0 dense (an MLP of width 128): its router, routed and shared experts give way to the MLP
+    config_set_dense(&c, 0);
+    c.dense_d_ff = 128;
+    want -= 6 * (router + experts + 3 * 96.0 * 64); // (one layer's: the sums above are over both layers)
+    want += 6 * 3 * 96.0 * 128;
+    EXPECT(cost_flops(NULL, &c, 64) == want, "tiny + a shared expert, layer 0 dense: %.17g, want %.17g",
            cost_flops(NULL, &c, 64), want);
 }
 
@@ -214,6 +222,12 @@ int main(void) {
     c.shared_d_ff = 40;
     c.shared_gate = 1;
     check_params(&c, "tiny, biases and gated shared experts");
+    ModelConfig dq = preset("qwen2-moe-a2.7b"); // dense layers 0 and 5-7 (Qwen's mlp_only_layers)
+    config_set_dense(&dq, 0);
+    for (int l = 5; l <= 7; l++) config_set_dense(&dq, l);
+    dq.dense_d_ff = 5632;
+    EXPECT(config_validate(&dq) == NULL, "qwen2 with dense layers: %s", config_validate(&dq));
+    check_params(&dq, "qwen2-moe-a2.7b, 4 dense layers");
     check_flops();
     check_comm();
     check_memory("small");

@@ -145,7 +145,8 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
            (long long)mc.dropped);
     int route_same = 1;
     for (int l = 0; l < c.n_layers; l++)
-        route_same &= memcmp(mg.la[l].moe.idx_h, mc.la[l].moe.idx_h, N * c.top_k * sizeof(int32_t)) == 0;
+        route_same &= mc.la[l].moe.dense || // (a dense layer routes nothing)
+            memcmp(mg.la[l].moe.idx_h, mc.la[l].moe.idx_h, N * c.top_k * sizeof(int32_t)) == 0;
     route_same &= memcmp(mg.expert_counts, mc.expert_counts, sizeof(int64_t) * c.n_layers * c.n_experts) == 0;
     EXPECT(route_same, "[%s] routing differs between cuda and cpu (top-k choice or expert counts)", label);
 
@@ -208,7 +209,7 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
         double ft = model_forward(&mf, x, y, B, T, dloss, noise_seed);
         size_t same = 0, all = 0;
         for (int l = 0; l < c.n_layers; l++)
-            for (size_t i = 0; i < N * c.top_k; i++, all++)
+            for (size_t i = 0; i < N * c.top_k && !mf.la[l].moe.dense; i++, all++)
                 same += mg.la[l].moe.idx_h[i] == mf.la[l].moe.idx_h[i];
         double re = fabs(le - fe) / fabs(fe), rt = fabs(lg - ft) / fabs(ft);
         EXPECT(re <= LOSS_RTOL_BF16 && rt <= LOSS_RTOL_BF16,
@@ -277,6 +278,20 @@ int main(void) {
     f3.qk_norm = QK_NORM_HEAD;
     f3.head_dim = 32;
     f3.balance = BALANCE_AUX_FREE;
+    // DeepSeek-V3-shaped (issue 40): a dense first layer, sigmoid scores, 1 of 2 groups, weight scale, an
+    // ungated shared expert, the aux-free bias
+    ModelConfig f4 = c;
+    f4.n_layers = 3;
+    config_set_dense(&f4, 0);
+    f4.dense_d_ff = 96;
+    f4.route_sigmoid = 1;
+    f4.z_coef = 0;
+    f4.n_group = 2;
+    f4.topk_group = 1;
+    f4.route_scale = 2.5f;
+    f4.n_shared_experts = 1;
+    f4.shared_d_ff = 48;
+    f4.balance = BALANCE_AUX_FREE;
     // MOE_TEST_BACKEND=cuda or cuda-fp32: that backend only (default: both)
     const char *only = getenv("MOE_TEST_BACKEND");
     for (int bf = 0; bf < 2; bf++) {
@@ -290,6 +305,7 @@ int main(void) {
         check_config("olmoe: qk-norm full", f1, 2, 40, 0, gpu, ref, f32);
         check_config("qwen2_moe: bias, gated shared, seq aux", f2, 2, 40, 0, gpu, ref, f32);
         check_config("qwen3_moe: qk-norm head, aux-free", f3, 2, 40, 0, gpu, ref, f32);
+        check_config("deepseek-shaped: dense 0, sigmoid groups", f4, 2, 40, 0, gpu, ref, f32);
         printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name,
                ref->name, worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
     }

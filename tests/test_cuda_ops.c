@@ -1176,25 +1176,32 @@ static void test_plan(int N, int E, int k) {
     free(rsg);
 }
 
-static void test_router_b(int N, int E, int k, int renorm, int with_bias);
-static void test_router(int N, int E, int k, int renorm) { test_router_b(N, E, k, renorm, 0); }
-// with_bias: the aux-free routing bias (choice only; ops.h), values of the size of the probabilities
+static void test_router_r(int N, int E, RouteRule r, int with_bias);
 static void test_router_b(int N, int E, int k, int renorm, int with_bias) {
+    test_router_r(N, E, (RouteRule){.k = k, .renorm = renorm}, with_bias);
+}
+static void test_router(int N, int E, int k, int renorm) { test_router_b(N, E, k, renorm, 0); }
+// with_bias: the aux-free routing bias (choice only; ops.h), values of the size of the probabilities; r:
+// DeepSeek-V3's sigmoid scores, group-limited choice and weight scale too (no z term with sigmoid scores)
+static void test_router_r(int N, int E, RouteRule r, int with_bias) {
+    int k = r.k, renorm = r.renorm;
+    float zl = r.sigmoid ? 0.0f : 0.37f;
     float *lg = hrand((size_t)N * E, 2.0f), *lgd = dputf(lg, (size_t)N * E);
     float *bias = with_bias ? hrand(E, 0.3f) : NULL, *biasd = with_bias ? dputf(bias, E) : NULL;
     float *p = hnew((size_t)N * E), *l = hnew(N), *w = hnew((size_t)N * k);
     int32_t *ix = xcalloc((size_t)N * k, sizeof(int32_t)), *ixg = xcalloc((size_t)N * k, sizeof(int32_t));
     double *sm = xcalloc(E + 1, sizeof(double)), *smg = xcalloc(E + 1, sizeof(double)),
            *smg2 = xcalloc(E + 1, sizeof(double));
-    cpu->router_topk(p, l, ix, w, sm, lg, bias, N, E, k, renorm);
+    cpu->router_topk(p, l, ix, w, sm, lg, bias, N, E, r);
     float *pd = dnan((size_t)N * E), *ld = dnan(N), *wd = dnan((size_t)N * k);
     float *pd2 = dnan((size_t)N * E), *ld2 = dnan(N), *wd2 = dnan((size_t)N * k);
     int32_t *ixd = gpu->alloc(sizeof(int32_t) * N * k), *ixd2 = gpu->alloc(sizeof(int32_t) * N * k);
     double *smd = gpu->alloc(sizeof(double) * (E + 1)), *smd2 = gpu->alloc(sizeof(double) * (E + 1));
-    gpu->router_topk(pd, ld, ixd, wd, smd, lgd, biasd, N, E, k, renorm);
-    gpu->router_topk(pd2, ld2, ixd2, wd2, smd2, lgd, biasd, N, E, k, renorm);
-    char what[64];
-    snprintf(what, sizeof what, "N %d E %d k %d renorm %d%s", N, E, k, renorm, with_bias ? " bias" : "");
+    gpu->router_topk(pd, ld, ixd, wd, smd, lgd, biasd, N, E, r);
+    gpu->router_topk(pd2, ld2, ixd2, wd2, smd2, lgd, biasd, N, E, r);
+    char what[96];
+    snprintf(what, sizeof what, "N %d E %d k %d renorm %d%s%s groups %d/%d scale %g", N, E, k, renorm,
+             with_bias ? " bias" : "", r.sigmoid ? " sigmoid" : "", r.topk_group, r.n_group, r.scale);
     cmp("router_topk", what, pd, p, (size_t)N * E, BAND_ELEM);
     cmp("router_topk", what, ld, l, N, BAND_ELEM);
     cmp("router_topk", what, wd, w, (size_t)N * k, BAND_ELEM);
@@ -1230,13 +1237,13 @@ static void test_router_b(int N, int E, int k, int renorm, int with_bias) {
     int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
     for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
     float *rd = hrand(M, 1.0f), *aux = hrand(E, 0.1f), *dl = hnew((size_t)N * E);
-    cpu->router_bwd(dl, rd, sr, p, l, ix, w, aux, 0.37f, N, E, k, renorm);
+    cpu->router_bwd(dl, rd, sr, p, l, ix, w, aux, zl, N, E, r);
     float *pc = dputf(p, (size_t)N * E), *lc = dputf(l, N), *wc = dputf(w, (size_t)N * k),
           *rdd = dputf(rd, M);
     float *auxd = dputf(aux, E), *dld = dnan((size_t)N * E), *dld2 = dnan((size_t)N * E);
     int32_t *ixc = dput(ix, sizeof(int32_t) * N * k), *srd = dput(sr, sizeof(int32_t) * N * k);
-    gpu->router_bwd(dld, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
-    gpu->router_bwd(dld2, rdd, srd, pc, lc, ixc, wc, auxd, 0.37f, N, E, k, renorm);
+    gpu->router_bwd(dld, rdd, srd, pc, lc, ixc, wc, auxd, zl, N, E, r);
+    gpu->router_bwd(dld2, rdd, srd, pc, lc, ixc, wc, auxd, zl, N, E, r);
     cmp("router_bwd", what, dld, dl, (size_t)N * E, BAND_SUM);
     cmp_exact_dev("router_bwd (two runs on the same inputs)", dld, dld2, (size_t)N * E);
     void *dv[] = {lgd,  pd, ld, wd, pd2, ld2,  wd2, ixd,  ixd2, smd,
@@ -2480,6 +2487,13 @@ static void run_suite(const Backend *be, int big) {
     test_router(1, 1, 1, 1);
     test_router_b(300, 64, 8, 0, 1); // the aux-free bias (choice only)
     test_router_b(257, 100, 5, 1, 1);
+    // DeepSeek-V3's routing: sigmoid scores, 8 groups of 8 (the best 4 chosen from), the bias, scale 2.5
+    test_router_r(
+        300, 64, (RouteRule){.k = 8, .renorm = 1, .sigmoid = 1, .n_group = 8, .topk_group = 4, .scale = 2.5f},
+        1);
+    test_router_r(257, 96, (RouteRule){.k = 6, .renorm = 0, .sigmoid = 1, .n_group = 48, .topk_group = 5}, 0);
+    test_router_r(70, 64, (RouteRule){.k = 2, .renorm = 1, .n_group = 4, .topk_group = 1},
+                  0); // softmax, groups
     if (big) test_router(16384, 64, 8, 1); // the sums over 256 chunks of rows
     test_rmsnorm(37, 96);
     test_add_rmsnorm(37, 96, 0);

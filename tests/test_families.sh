@@ -5,8 +5,10 @@
 #   - each family trains, exports to its own architecture with exactly the tensor names (and the QK-norm
 #     shapes) transformers' modeling code defines, evaluates to the same loss from the export, and
 #     continues from it with --init-from;
+#   - dense layers among the MoE layers (Qwen's mlp_only_layers / decoder_sparse_step; ours under moe_c for
+#     Mixtral): transformers' MLP names and config keys in the export, the same loss from it;
 #   - bad configs (an unknown architecture, keys that contradict each other, a family option on a family
-#     that lacks it) give one message, a non-zero exit, and touch nothing.
+#     that lacks it, dense layers that do not exist) give one message, a non-zero exit, and touch nothing.
 set -u
 . "$(dirname "$0")/lib.sh"
 small_fixture
@@ -50,21 +52,26 @@ st_names() { local n; n=$(od -An -t u8 -N8 "$1" | tr -d ' '); dd if="$1" bs=1 sk
 st_shape() { local n; n=$(od -An -t u8 -N8 "$1" | tr -d ' '); dd if="$1" bs=1 skip=8 count="$n" 2>/dev/null |
   grep -o "\"$2\":{[^}]*}" | grep -o '"shape":\[[0-9,]*\]' | cut -d: -f2; }
 # the names transformers' modeling code gives a model of L layers, E experts (family's rules)
-hf_names() {   # hf_names FAMILY L E
-  local fam="$1" L="$2" E="$3" l e p
+hf_names() {   # hf_names FAMILY L E [DENSE]: DENSE the dense layers (Qwen's mlp_only_layers), e.g. " 0 2 "
+  local fam="$1" L="$2" E="$3" dense="${4:- }" l e p
   { echo model.embed_tokens.weight; echo model.norm.weight; echo lm_head.weight
   for ((l = 0; l < L; l++)); do
     p="model.layers.$l"
     echo "$p.input_layernorm.weight"; echo "$p.post_attention_layernorm.weight"
     for x in q k v o; do echo "$p.self_attn.${x}_proj.weight"; done
-    echo "$p.mlp.gate.weight"
-    for ((e = 0; e < E; e++)); do for x in gate up down; do echo "$p.mlp.experts.$e.${x}_proj.weight"; done; done
     case "$fam" in
       olmoe|qwen3_moe) echo "$p.self_attn.q_norm.weight"; echo "$p.self_attn.k_norm.weight" ;;
-      qwen2_moe) for x in q k v; do echo "$p.self_attn.${x}_proj.bias"; done
-                 for x in gate up down; do echo "$p.mlp.shared_expert.${x}_proj.weight"; done
-                 echo "$p.mlp.shared_expert_gate.weight" ;;
+      qwen2_moe) for x in q k v; do echo "$p.self_attn.${x}_proj.bias"; done ;;
     esac
+    if [[ "$dense" == *" $l "* ]]; then   # Qwen2MoeMLP / Qwen3MoeMLP: mlp.{gate,up,down}_proj
+      for x in gate up down; do echo "$p.mlp.${x}_proj.weight"; done; continue
+    fi
+    echo "$p.mlp.gate.weight"
+    for ((e = 0; e < E; e++)); do for x in gate up down; do echo "$p.mlp.experts.$e.${x}_proj.weight"; done; done
+    if [ "$fam" = qwen2_moe ]; then
+      for x in gate up down; do echo "$p.mlp.shared_expert.${x}_proj.weight"; done
+      echo "$p.mlp.shared_expert_gate.weight"
+    fi
   done; } | sort
 }
 M=(--d-model 32 --n-heads 4 --n-kv-heads 2 --d-ff 24 --n-layers 2 --n-experts 4)
@@ -88,6 +95,39 @@ olmoe|OlmoeForCausalLM|--family olmoe --qk-norm full --renormalize 0|[32]
 qwen2_moe|Qwen2MoeForCausalLM|--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1 --renormalize 0|
 qwen3_moe|Qwen3MoeForCausalLM|--family qwen3_moe --qk-norm head --head-dim 12|[12]
 F
+
+# ---- dense layers among the MoE layers: Qwen's Qwen2MoeMLP / Qwen3MoeMLP names, mlp_only_layers and the dense
+# intermediate_size in config.json; the export evaluates as the checkpoint; Mixtral's (no HF key) under moe_c
+QD=(--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1 --renormalize 0)
+if "$MOE" train --out "$W/r_dense" "${SMALL[@]}" "${M[@]}" --n-layers 3 --steps 3 --device cpu "${QD[@]}" \
+    --dense-layers 0,2 --dense-d-ff 36 >"$OUT_FILE" 2>"$ERR_FILE"; then
+  run_ok "qwen2_moe with dense layers 0,2: export" "$MOE" export --ckpt "$W/r_dense" --out "$W/hf_dense"
+  if diff <(st_names "$W/hf_dense/model.safetensors") <(hf_names qwen2_moe 3 4 " 0 2 ") > "$TMP/names.diff"; then
+    pass "qwen2_moe dense 0,2: exported tensors are exactly transformers' names"
+  else fail "qwen2_moe dense 0,2: tensor names differ from transformers'"; head -8 "$TMP/names.diff"; fi
+  check "qwen2_moe dense 0,2: config.json has mlp_only_layers [0,2], intermediate_size 36" \
+    grep -q '"intermediate_size":36,.*"mlp_only_layers":\[0,2\]' <(tr -d ' \n\t' < "$W/hf_dense/config.json")
+  check "qwen2_moe dense 0,2: down_proj of layer 2 is (32, 36)" [ "$(st_shape "$W/hf_dense/model.safetensors" model.layers.2.mlp.down_proj.weight)" = "[32,36]" ]
+  a=$("$MOE" eval --ckpt "$W/r_dense" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  b=$("$MOE" eval --ckpt "$W/hf_dense" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  check "qwen2_moe dense 0,2: the export evaluates as the checkpoint ($a)" [ -n "$a" ] && [ "$a" = "$b" ]
+  # decoder_sparse_step 2 on 3 layers makes layers 0 and 2 dense too (transformers: (l + 1) % step != 0)
+  rm -rf "$W/hf_dense_step"; cp -r "$W/hf_dense" "$W/hf_dense_step"
+  sed -i 's/"decoder_sparse_step":[^,]*/"decoder_sparse_step":2/; s/"mlp_only_layers":[^]]*]/"mlp_only_layers":[]/' \
+    "$W/hf_dense_step/config.json"
+  c=$("$MOE" eval --ckpt "$W/hf_dense_step" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  check "qwen2_moe: decoder_sparse_step 2 reads as mlp_only_layers [0,2] ($c)" [ -n "$c" ] && [ "$a" = "$c" ]
+  "$MOE" info --ckpt "$W/r_dense" > "$OUT_FILE" 2>&1
+  check "moe info names the dense layers" grep -q "dense layers: 2 of 3 (a SwiGLU MLP of f 36 in place of the experts): 0 2" "$OUT_FILE"
+else fail "qwen2_moe with dense layers: training"; show_output; fi
+if "$MOE" train --out "$W/r_mixd" "${SMALL[@]}" "${M[@]}" --steps 2 --device cpu --dense-layers 1 --dense-d-ff 20 \
+    >"$OUT_FILE" 2>"$ERR_FILE"; then
+  ck="$(ls -d "$W"/r_mixd/step_* | tail -1)"
+  check "mixtral with dense layer 1: moe_c holds dense_layers [1] and dense_intermediate_size 20 (not HF-compatible)" \
+    grep -q '"dense_layers":\[1\],"dense_intermediate_size":20,.*"hf_compatible":false' <(tr -d ' \n\t' < "$ck/config.json")
+  run_ok "mixtral with a dense layer: --resume reads its checkpoint (config.json's moe_c) and trains on" "$MOE" train --out "$W/r_mixd" \
+    "${SMALL[@]}" "${M[@]}" --steps 3 --device cpu --dense-layers 1 --dense-d-ff 20 --resume
+else fail "mixtral with a dense layer: training"; show_output; fi
 
 # ---- a config.json as the published models write it (their key sets, no "moe_c"), with our weights:
 # the same model (the same loss) as our own config.json says
@@ -138,16 +178,18 @@ bad mt 's/"model_type":[^,]*/"model_type":"olmoe"/'
 bad renorm 's/"norm_topk_prob":[^,]*/"norm_topk_prob":true/'
 bad hd 's/"head_dim":[^,]*/"head_dim":16/'
 bad step 's/"decoder_sparse_step":[^,]*/"decoder_sparse_step":2/'
+bad mlo 's/"mlp_only_layers":[^]]*]/"mlp_only_layers":[5]/'
 cp -r "$W/hf_olmoe" "$W/olbias"; sed -i 's/"vocab_size"/"qkv_bias":true,"vocab_size"/' "$W/olbias/config.json"
 cp -r "$W/hf_qwen3_moe" "$W/q3sh"; sed -i 's/"vocab_size"/"shared_expert_intermediate_size":64,"vocab_size"/' "$W/q3sh/config.json"
-GUARD="$W/unk $W/mt $W/renorm $W/hd $W/step $W/olbias $W/q3sh"
+GUARD="$W/unk $W/mt $W/renorm $W/hd $W/step $W/mlo $W/olbias $W/q3sh"
 run_fail 'architecture "DeepseekV3ForCausalLM" is not supported' "$MOE" eval --ckpt "$W/unk" "${EV[@]}"
 run_fail 'architecture "DeepseekV3ForCausalLM" is not supported' "$MOE" train --init-from "$W/unk" --out "$W/new" "${SMALL[@]}"
 run_fail 'key "model_type" is "olmoe", expected "qwen2_moe"' "$MOE" eval --ckpt "$W/mt" "${EV[@]}"
 run_fail 'keys "norm_topk_prob" (true) and "moe_c": "renormalize" (false) contradict each other' "$MOE" eval --ckpt "$W/renorm" "${EV[@]}"
 run_fail "key \"head_dim\" is 16, but Qwen2MoeForCausalLM's heads are hidden_size / num_attention_heads = 32 / 4 wide" \
   "$MOE" eval --ckpt "$W/hd" "${EV[@]}"
-run_fail 'only every layer being an MoE layer (1) is supported' "$MOE" train --init-from "$W/step" --out "$W/new" "${SMALL[@]}"
+run_fail 'tensor model.layers.0.mlp.gate_proj.weight is missing' "$MOE" train --init-from "$W/step" --out "$W/new" "${SMALL[@]}"
+run_fail 'key "mlp_only_layers" must list layer numbers in 0..1 (num_hidden_layers 2)' "$MOE" eval --ckpt "$W/mlo" "${EV[@]}"
 run_fail 'key "qkv_bias" is not an option of OlmoeForCausalLM' "$MOE" eval --ckpt "$W/olbias" "${EV[@]}"
 run_fail 'key "shared_expert_intermediate_size" is not an option of Qwen3MoeForCausalLM' "$MOE" eval --ckpt "$W/q3sh" "${EV[@]}"
 check "nothing written for the refused --init-from" [ ! -e "$W/new" ]
@@ -155,4 +197,9 @@ GUARD="$W"
 run_fail "family mixtral has qk_norm none, not head" "$MOE" train --out "$W/new" "${SMALL[@]}" --qk-norm head
 run_fail "family olmoe has no shared experts" "$MOE" train --out "$W/new" "${SMALL[@]}" --family olmoe --qk-norm full --n-shared-experts 1 --shared-d-ff 8
 run_fail "family qwen3_moe has no q/k/v biases" "$MOE" info --family qwen3_moe --qk-norm head --qkv-bias 1
+run_fail "dense layer 3 does not exist (the model has 2 layers: 0..1)" "$MOE" train --out "$W/new" "${SMALL[@]}" --dense-layers 0,3 --dense-d-ff 8
+run_fail "every one of the 2 layers is dense" "$MOE" info --dense-layers 0-1 --dense-d-ff 8
+run_fail "dense_d_ff must be >= 1 with 1 dense layers" "$MOE" info --dense-layers 1
+run_fail "dense_d_ff is 8 but no layer is dense" "$MOE" info --dense-d-ff 8
+run_fail "--dense-layers: '0,x' is not a list of layers" "$MOE" info --dense-layers 0,x
 finish

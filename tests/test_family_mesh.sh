@@ -4,7 +4,9 @@
 # parameters compare as a table tensor; sequence and global aux scopes) train the same model on a mesh as
 # in one process, at test_mesh.sh's tolerances (lib.sh mesh_close). Tiny models, 4 steps: the point is
 # the new terms' TP slices (biases split with their heads, per-head norm weights and the shared expert
-# reduced over the stage) and their EP/DP reductions, not the rest of the mesh matrix (test_mesh.sh).
+# reduced over the stage) and their EP/DP reductions, not the rest of the mesh matrix (test_mesh.sh). A
+# DeepSeek-V3-shaped model (a dense first layer: its MLP on each TP rank's token slice, reduced over the stage,
+# no exchange; sigmoid group-limited routing) at tp2+dp2+ep2 and over pp2 (the dense layer on stage 0).
 # OLMoE's full-width QK-norm over TP (its row sums all-reduced over the TP ranks, its weight sliced with
 # the heads): tp2 (with the end-of-run sample, the KV-cached decode's split norm, equal to one process's),
 # tp2+dp2+ep2, dp2+tp2 zero2, and that run's step-2 checkpoint resumed in one process (the sliced norm
@@ -19,6 +21,11 @@ Q2="--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 24 --shar
 Q3="--family qwen3_moe --qk-norm head --head-dim 12"
 OL="--family olmoe --qk-norm full --renormalize 0"
 
+# DeepSeek-V3-shaped: a dense first layer before an MoE layer with sigmoid scores, group-limited choice (1 of 2
+# groups), the weight scale, an ungated shared expert and the aux-free bias
+DN="--dense-layers 0 --dense-d-ff 40 --route-sigmoid 1 --z-coef 0 --n-group 2 --topk-group 1 --route-scale 2.5"
+DN="$DN --n-shared-experts 1 --shared-d-ff 24 --balance aux-free --bias-rate 0.01"
+
 # "family flags|ranks|mesh flags|label"
 CASES="$Q2|4|--tp 2 --ep 2|qwen2_moe (biases, gated shared expert): tp2+dp2+ep2
 $Q2 --dispatch capacity --capacity-factor 0.8 --jitter 0.05|2|--tp 2|qwen2_moe capacity+jitter: tp2
@@ -31,7 +38,9 @@ $OL|4|--tp 2 --zero 2 --save-every 2 --keep 0|olmoe (full qk-norm split over TP)
 --balance aux-free --bias-rate 0.01 --grad-accum 4|2|--pp 2|balance aux-free: pp2 (1f1b)
 --aux-scope sequence --seq-len 25 --batch 4 --grad-accum 2|4|--tp 2 --ep 2|aux scope sequence, sequences cut by TP slices: tp2+dp2+ep2
 --aux-scope global --grad-accum 2|4|--tp 2 --ep 2 --zero 1|aux scope global (2 micro-batches): tp2+dp2+ep2 zero1
---aux-scope global --grad-accum 4 $Q2|2|--pp 2|aux scope global + qwen2_moe: pp2 (1f1b, 4 micro-batches)"
+--aux-scope global --grad-accum 4 $Q2|2|--pp 2|aux scope global + qwen2_moe: pp2 (1f1b, 4 micro-batches)
+$DN|4|--tp 2 --ep 2|deepseek-shaped (dense layer 0, sigmoid groups): tp2+dp2+ep2
+$DN --grad-accum 4|2|--pp 2|deepseek-shaped: pp2 (the dense layer on stage 0)"
 
 i=0
 while IFS='|' read -r fam np flags label; do

@@ -1492,7 +1492,7 @@ static void test_router_ops(int N, int E, int k, int renorm) {
     fill_nan(l1, N);
     fill_nan(w1, (size_t)N * k);
     for (int i = 0; i < E + 1; i++) sums[i] = NAN;
-    be->router_topk(p1, l1, i1, w1, sums, lg, NULL, N, E, k, renorm);
+    be->router_topk(p1, l1, i1, w1, sums, lg, NULL, N, E, (RouteRule){.k = k, .renorm = renorm});
     char name[96];
     snprintf(name, sizeof name, "router_topk N=%d E=%d k=%d renorm=%d", N, E, k, renorm);
     int badp = 0, badi = 0, badw = 0;
@@ -1546,7 +1546,7 @@ static void test_router_ops(int N, int E, int k, int renorm) {
     for (int i = 0; i < N * k; i++) dw[i] = sr[i] >= 0 ? rowdot[sr[i]] : 0.0f;
     router_backward_ex(d1, dw, p1, l1, i1, w1, N, E, k, renorm, aux, 0.37f);
     fill_nan(d2, (size_t)N * E);
-    be->router_bwd(d2, rowdot, sr, p1, l1, i1, w1, aux, 0.37f, N, E, k, renorm);
+    be->router_bwd(d2, rowdot, sr, p1, l1, i1, w1, aux, 0.37f, N, E, (RouteRule){.k = k, .renorm = renorm});
     snprintf(name, sizeof name, "router_bwd N=%d E=%d k=%d renorm=%d vs router_backward_ex", N, E, k, renorm);
     check_exact(name, d2, d1, (size_t)N * E);
     free(lg);

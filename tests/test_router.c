@@ -1,7 +1,8 @@
 // test_router.c — properties of the router's host reference (router_ref.h: softmax/top-k, the
 // dispatch plan's priority order and capacity drops, router_budget across ranks, the aux/z losses
 // and their gradients) and of the MoE layer's routing and combine, each against a brute-force or
-// double-precision computation written here.
+// double-precision computation written here; DeepSeek-V3's routing (sigmoid scores, group-limited choice, the
+// weight scale, the aux statistics over normalised scores) against a double reference and finite differences.
 //
 // Tolerances (each stated where used): probabilities and weights are float32 softmaxes of O(1)
 // logits, so they carry ~1e-7 relative rounding; 2e-6 is used. The MoE output chains three
@@ -920,8 +921,180 @@ static void test_moe(void) {
     }
 }
 
+// ---------------------------------------------------------------- DeepSeek-V3's routing
+// The reference in double, written from DeepSeek-V3's description (transformers' DeepseekV3TopkRouter):
+// s = sigmoid(logit); choice scores c = s + bias; group score = the sum of its two best c; the topk_group
+// best groups (ties: the lower group); the top-k of c among their experts (ties: the lower expert);
+// w = s of those, / their sum when renormalised, * scale; the aux statistic q = s / sum(s).
+static void ds_ref(const float *x, const float *bias, int E, RouteRule r, double *s, int32_t *idx, double *w,
+                   double *q) {
+    int G = r.n_group > 1 ? r.n_group : 1, per = E / G;
+    double c[256], gs[64], S = 0;
+    for (int e = 0; e < E; e++) {
+        s[e] = 1.0 / (1.0 + exp(-(double)x[e]));
+        c[e] = s[e] + (bias ? bias[e] : 0);
+        S += s[e];
+    }
+    for (int e = 0; e < E; e++) q[e] = s[e] / S;
+    for (int g = 0; g < G; g++) { // the two best of the group: sort its scores
+        double b1 = -INFINITY, b2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) {
+            if (c[e] > b1) {
+                b2 = b1;
+                b1 = c[e];
+            } else if (c[e] > b2) {
+                b2 = c[e];
+            }
+        }
+        gs[g] = b1 + b2;
+    }
+    int allowed[256] = {0}, gtaken[64] = {0};
+    for (int j = 0; j < (G > 1 ? r.topk_group : 1); j++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
+            if (!gtaken[g] && (best < 0 || gs[g] > gs[best])) best = g;
+        gtaken[best] = 1;
+        for (int e = best * per; e < (best + 1) * per; e++) allowed[e] = 1;
+    }
+    double sw = 0;
+    for (int j = 0; j < r.k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (allowed[e] && (best < 0 || c[e] > c[best])) best = e;
+        allowed[best] = 0;
+        idx[j] = best;
+        w[j] = s[best];
+        sw += s[best];
+    }
+    for (int j = 0; j < r.k; j++) w[j] = w[j] / (r.renorm ? sw : 1.0) * (r.scale != 0 ? r.scale : 1.0);
+}
+
+// The loss L = sum_j dw_j w_j + sum_e aux_e q_e of one row in double, its choices held (idx0: NULL: none).
+static double ds_loss(const float *x, const float *bias, int E, RouteRule r, const double *dw,
+                      const double *aux, const int32_t *idx0, int *flipped) {
+    double s[256], w[64], q[256], L = 0;
+    int32_t idx[64];
+    ds_ref(x, bias, E, r, s, idx, w, q);
+    if (idx0 && memcmp(idx, idx0, sizeof(int32_t) * r.k)) *flipped = 1;
+    for (int j = 0; j < r.k; j++) L += dw[j] * w[j];
+    for (int e = 0; e < E; e++) L += aux[e] * q[e];
+    return L;
+}
+
+// The cpu backend's router_topk and router_bwd (the float32 reference the cuda ops are tested against)
+// under DeepSeek-V3's rules against ds_ref: the choices exactly, the weights and the aux sums to float
+// rounding (2e-6 relative), and the backward against central differences of ds_loss (h 1e-3 in double:
+// truncation ~1e-6; 1e-4 relative + 1e-6 absolute catches any wrong term).
+static void test_deepseek_routing(void) {
+    enum { N = 40 };
+    struct {
+        int E;
+        RouteRule r;
+        int bias;
+    } cases[] = {
+        {16, {.k = 4, .renorm = 1, .sigmoid = 1, .n_group = 4, .topk_group = 2, .scale = 2.5f}, 1},
+        {16, {.k = 3, .renorm = 0, .sigmoid = 1, .n_group = 8, .topk_group = 3, .scale = 0}, 0},
+        {12, {.k = 2, .renorm = 1, .sigmoid = 1, .n_group = 0, .topk_group = 0, .scale = 1}, 1},
+        {32, {.k = 8, .renorm = 1, .sigmoid = 1, .n_group = 8, .topk_group = 4, .scale = 2.5f}, 1},
+    };
+    const Backend *be = backend_cpu();
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int E = cases[ci].E, k = cases[ci].r.k;
+        RouteRule r = cases[ci].r;
+        char label[96];
+        snprintf(label, sizeof label, "deepseek routing E %d k %d groups %d/%d renorm %d scale %g%s", E, k,
+                 r.topk_group, r.n_group, r.renorm, r.scale, cases[ci].bias ? " bias" : "");
+        float *lg = fnew((size_t)N * E), *bias = cases[ci].bias ? fnew(E) : NULL;
+        fill_normal(lg, (size_t)N * E, 1.5f);
+        if (bias) fill_normal(bias, E, 0.1f);
+        float *p = fnew((size_t)N * E), *lse = fnew(N), *w = fnew((size_t)N * k);
+        int32_t *idx = xcalloc((size_t)N * k, sizeof(int32_t));
+        double *sums = xcalloc(E + 1, sizeof(double)), *qs = xcalloc(E, sizeof(double));
+        be->router_topk(p, lse, idx, w, sums, lg, bias, N, E, r);
+        int badi = 0, badw = 0, badp = 0;
+        for (int t = 0; t < N; t++) {
+            double s[256], wr[64], q[256];
+            int32_t ir[64];
+            ds_ref(lg + (size_t)t * E, bias, E, r, s, ir, wr, q);
+            for (int e = 0; e < E; e++) {
+                badp += !(fabs(p[(size_t)t * E + e] - s[e]) <= 2e-6 * s[e]);
+                qs[e] += q[e];
+            }
+            for (int j = 0; j < k; j++) {
+                badi += idx[(size_t)t * k + j] != ir[j];
+                badw += !(fabs(w[(size_t)t * k + j] - wr[j]) <= 2e-6 * fabs(wr[j]));
+            }
+        }
+        int bads = 0;
+        for (int e = 0; e < E; e++) bads += !(fabs(sums[e] - qs[e]) <= 2e-6 * qs[e]);
+        EXPECT(!badi && !badw && !badp && !bads,
+               "%s: %d choices, %d weights, %d scores, %d aux sums differ from the double reference", label,
+               badi, badw, badp, bads);
+        // the backward: dw (N,k) through an identity plan, aux coefficients (E)
+        float *rowdot = fnew((size_t)N * k), *aux = fnew(E), *dl = fnew((size_t)N * E);
+        fill_normal(rowdot, (size_t)N * k, 1);
+        fill_normal(aux, E, 0.5f);
+        int32_t *ident = xcalloc((size_t)N * k, sizeof(int32_t));
+        for (int i = 0; i < N * k; i++) ident[i] = i;
+        be->router_bwd(dl, rowdot, ident, p, lse, idx, w, aux, 0.0f, N, E, r);
+        int bad = 0, skipped = 0, first = -1;
+        double fd_first = 0;
+        for (int t = 0; t < N; t++) {
+            double dwd[64], auxd[256];
+            for (int j = 0; j < k; j++) dwd[j] = rowdot[(size_t)t * k + j];
+            for (int e = 0; e < E; e++) auxd[e] = aux[e];
+            float x[256];
+            memcpy(x, lg + (size_t)t * E, sizeof(float) * E);
+            for (int e = 0; e < E; e++) {
+                const double h = 1e-3;
+                float x0 = x[e];
+                int flipped = 0;
+                x[e] = (float)(x0 + h);
+                double hp = (double)x[e] - x0,
+                       lp = ds_loss(x, bias, E, r, dwd, auxd, idx + (size_t)t * k, &flipped);
+                x[e] = (float)(x0 - h);
+                double hm = x0 - (double)x[e],
+                       lm = ds_loss(x, bias, E, r, dwd, auxd, idx + (size_t)t * k, &flipped);
+                x[e] = x0;
+                if (flipped) {
+                    skipped++;
+                    continue;
+                }
+                double fd = (lp - lm) / (hp + hm), an = dl[(size_t)t * E + e];
+                if (!(fabs(fd - an) <= 1e-4 * fabs(fd) + 1e-6)) {
+                    if (first < 0) {
+                        first = t * E + e;
+                        fd_first = fd;
+                    }
+                    bad++;
+                }
+            }
+        }
+        EXPECT(!bad,
+               "%s: %d of %d dlogits disagree with finite differences; first [%d] fd %.9g analytic %.9g",
+               label, bad, N * E, first, fd_first, first >= 0 ? dl[first] : 0.0f);
+        EXPECT(skipped <= N * E / 50, "%s: %d of %d elements skipped for flipped choices", label, skipped,
+               N * E);
+        printf("%s: choices, weights, sums and %d dlogits checked (%d skipped)\n", label, N * E - skipped,
+               skipped);
+        free(lg);
+        free(bias);
+        free(p);
+        free(lse);
+        free(w);
+        free(idx);
+        free(sums);
+        free(qs);
+        free(rowdot);
+        free(aux);
+        free(dl);
+        free(ident);
+    }
+}
+
 int main(void) {
     rng_seed(&R, 777);
+    test_deepseek_routing();
     test_topk();
     test_plan();
     test_budget();

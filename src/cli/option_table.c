@@ -85,6 +85,21 @@ const Opt opts[] = {
     {"shared-d-ff", O_INT, MO(shared_d_ff), C_TRAIN | C_INFO | C_PLAN, "each shared expert's hidden size"},
     {"shared-gate", O_INT, MO(shared_gate), C_TRAIN | C_INFO | C_PLAN,
      "1: the shared experts' output scaled by a sigmoid gate per token (Qwen2-MoE)"},
+    {"dense-layers", O_LAYERS, MO(dense_layers), C_TRAIN | C_INFO | C_PLAN,
+     "layers whose FFN is one dense SwiGLU MLP instead of experts, e.g. 0 or 0-2,7 (DeepSeek's "
+     "first_k_dense_replace, Qwen's mlp_only_layers); none: every layer an MoE layer"},
+    {"dense-d-ff", O_INT, MO(dense_d_ff), C_TRAIN | C_INFO | C_PLAN,
+     "the dense layers' MLP hidden size (HF intermediate_size); 0 without dense layers"},
+    {"route-sigmoid", O_INT, MO(route_sigmoid), C_TRAIN | C_INFO | C_PLAN,
+     "1: router scores sigmoid(logits) (DeepSeek-V3; needs --z-coef 0), the aux loss over each token's "
+     "scores "
+     "normalised; 0: softmax"},
+    {"n-group", O_INT, MO(n_group), C_TRAIN | C_INFO | C_PLAN,
+     "group-limited routing (DeepSeek-V3): the experts in this many groups (0 or 1: none)"},
+    {"topk-group", O_INT, MO(topk_group), C_TRAIN | C_INFO | C_PLAN,
+     "... of which a token's experts come from the groups with the highest sum of their two best scores"},
+    {"route-scale", O_FLOAT, MO(route_scale), C_TRAIN | C_INFO | C_PLAN,
+     "routed_scaling_factor: the routed experts' weights times this (0: 1)"},
     {"balance", O_BALANCE, MO(balance), C_TRAIN | C_INFO | C_PLAN,
      "aux: the load-balancing loss; aux-free: also DeepSeek-V3's per-expert routing bias (top-k choice "
      "only)"},

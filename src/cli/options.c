@@ -40,6 +40,41 @@ int is_path_opt(const char *name) {
     return 0;
 }
 
+// A layer list ("0,1,5", "0-2,7"; "" or "none": empty) into the bits of config.h's dense_layers.
+static void parse_layers(uint64_t *bits, const char *val, const char *from, const char *name) {
+    memset(bits, 0, MOE_MAX_DENSE_LAYERS / 8);
+    if (!*val || !strcmp(val, "none")) return;
+    const char *q = val;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long a = isdigit((unsigned char)*q) ? strtol(q, &end, 10) : -1, b = a;
+        if (a >= 0 && *end == '-' && isdigit((unsigned char)end[1])) b = strtol(end + 1, &end, 10);
+        if (a < 0 || errno || b < a || b >= MOE_MAX_DENSE_LAYERS || (*end && *end != ','))
+            DIE("%s --%s: '%s' is not a list of layers (e.g. 0,1,5 or 0-2; each below %d)", from, name, val,
+                MOE_MAX_DENSE_LAYERS);
+        for (long l = a; l <= b; l++) bits[l / 64] |= (uint64_t)1 << (l % 64);
+        if (!*end) return;
+        q = end + 1;
+    }
+}
+// ... and back: the layers as that text, ranges of three or more as a-b ("none": empty).
+static void layers_text(char *buf, size_t n, const uint64_t *bits) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int l = 0; l < MOE_MAX_DENSE_LAYERS && k + 1 < n; l++) {
+        if (!((bits[l / 64] >> (l % 64)) & 1)) continue;
+        int e = l;
+        while (e + 1 < MOE_MAX_DENSE_LAYERS && ((bits[(e + 1) / 64] >> ((e + 1) % 64)) & 1)) e++;
+        int w = e - l >= 2 ? snprintf(buf + k, n - k, "%s%d-%d", k ? "," : "", l, e)
+                           : snprintf(buf + k, n - k, "%s%d", k ? "," : "", l);
+        if (w > 0) k += (size_t)w;
+        if (e - l == 1 && k + 1 < n) k += (size_t)snprintf(buf + k, n - k, ",%d", e);
+        l = e;
+    }
+    if (!k) snprintf(buf, n, "none");
+}
+
 // Parse value text into the option; `from` names the source for messages.
 static void set_opt(State *s, int i, const char *val, const char *from) {
     const Opt *o = &opts[i];
@@ -94,6 +129,7 @@ static void set_opt(State *s, int i, const char *val, const char *from) {
             strcat((char *)p, val);
             break;
         }
+        case O_LAYERS: parse_layers((uint64_t *)p, val, from, o->name); break;
         case O_FLAG:
             if (!strcmp(val, "1") || !strcmp(val, "true")) *(int *)p = 1;
             else if (!strcmp(val, "0") || !strcmp(val, "false")) *(int *)p = 0;
@@ -176,8 +212,22 @@ static void apply_config_file(State *s, const char *path, int cmd) {
         const char *val;
         OptType ty = opts[i].type;
         double d = it->valuedouble;
+        char lbuf[MOE_MAX_DENSE_LAYERS * 4 + 8];
         if (cJSON_IsString(it)) val = it->valuestring;
-        else if (cJSON_IsBool(it) && ty == O_FLAG) val = cJSON_IsTrue(it) ? "1" : "0";
+        else if (cJSON_IsArray(it) && ty == O_LAYERS) { // [0, 1, 5]: the list's text
+            size_t k = 0;
+            lbuf[0] = 0;
+            for (const cJSON *e = it->child; e; e = e->next) {
+                if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
+                    e->valuedouble >= MOE_MAX_DENSE_LAYERS)
+                    DIE("%s \"%s\" must list layer numbers in 0..%d", from, it->string,
+                        MOE_MAX_DENSE_LAYERS - 1);
+                if (k + 8 < sizeof lbuf)
+                    k += (size_t)snprintf(lbuf + k, sizeof lbuf - k, "%s%d", k ? "," : "",
+                                          (int)e->valuedouble);
+            }
+            val = lbuf;
+        } else if (cJSON_IsBool(it) && ty == O_FLAG) val = cJSON_IsTrue(it) ? "1" : "0";
         else if (cJSON_IsNumber(it) && ty == O_FLOAT) {
             if (!isfinite(d)) DIE("%s \"%s\" is not a finite number", from, it->string);
             snprintf(buf, sizeof buf, "%.9g", d);
@@ -215,6 +265,7 @@ void opt_text(char *buf, size_t n, const Opt *o, const void *p) {
         case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
         case O_STR:
         case O_PATHS: snprintf(buf, n, "%s", (const char *)p); break;
+        case O_LAYERS: layers_text(buf, n, (const uint64_t *)p); break;
         case O_FLAG: snprintf(buf, n, "%s", v ? "true" : "false"); break;
         default: snprintf(buf, n, "%d", v); break;
     }
@@ -277,6 +328,7 @@ void usage(FILE *f, int cmd) {
         const char *arg = o->type == O_FLAG ? ""
             : o->type == O_STR              ? "S"
             : o->type == O_PATHS            ? "S [S ...]"
+            : o->type == O_LAYERS           ? "LIST"
             : o->type == O_FLOAT            ? "X"
             : ws                            ? ws->usage
                                             : "N";
@@ -368,6 +420,7 @@ void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
         case O_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
         case O_STR:
         case O_PATHS: snprintf(buf, n, "'%s'", (const char *)p); break;
+        case O_LAYERS: layers_text(buf, n, (const uint64_t *)p); break;
         default: snprintf(buf, n, "%d", *(const int *)p); break;
     }
 }

@@ -41,6 +41,7 @@ typedef enum {
     O_ROUNDING,
     O_GRADMEM,
     O_GPUCOMM,
+    O_LAYERS, // a set of layers, "0,1,5" or "0-2,7" ("" or "none": no layer), as config.h's dense_layers bits
     O_PATHS // one or more paths: the words after the flag up to the next --option, kept '\n'-separated
 } OptType;
 typedef enum { W_MODEL, W_TRAIN, W_CLI } Where;
@@ -82,7 +83,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 135 };
+enum { N_OPTS = 141 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

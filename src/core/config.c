@@ -95,6 +95,54 @@ static const char *const fam_archs[] = {"MixtralForCausalLM", "OlmoeForCausalLM"
 const char *config_family_name(int f) { return f >= 0 && f < 4 ? fam_names[f] : "unknown"; }
 const char *config_family_arch(int f) { return f >= 0 && f < 4 ? fam_archs[f] : "unknown"; }
 
+// config_validate's part for the dense layers and DeepSeek-V3's routing (fam: the family's name).
+static const char *validate_layers_routing(const ModelConfig *c, const char *fam) {
+    static char msg[256];
+#define BAD(...) \
+    do { \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        return msg; \
+    } while (0)
+    if (c->route_sigmoid != 0 && c->route_sigmoid != 1)
+        BAD("route_sigmoid must be 0 or 1 (got %d)", c->route_sigmoid);
+    if (c->route_sigmoid && c->z_coef != 0)
+        BAD("z_coef must be 0 with sigmoid router scores (got %g: the z-loss is a softmax router's)",
+            c->z_coef);
+    if (!(c->route_scale >= 0 && c->route_scale <= 1000))
+        BAD("route_scale must be in [0, 1000] (got %g)", c->route_scale);
+    if (c->n_group < 0 || c->n_group > 64 || (c->n_group > 1 && c->n_experts % c->n_group))
+        BAD("n_group must be in 0..64 and divide n_experts=%d (got %d)", c->n_experts, c->n_group);
+    if (c->n_group > 1 && (c->topk_group < 1 || c->topk_group > c->n_group))
+        BAD("topk_group must be in 1..n_group=%d (got %d)", c->n_group, c->topk_group);
+    if (c->n_group <= 1 && c->topk_group > 1)
+        BAD("topk_group is %d but n_group is %d (no groups)", c->topk_group, c->n_group);
+    if (c->n_group > 1 && c->n_experts / c->n_group < 2)
+        BAD("n_group=%d leaves %d expert per group (a group's score is its two best)", c->n_group,
+            c->n_experts / c->n_group);
+    if (c->n_group > 1 && c->top_k > c->topk_group * (c->n_experts / c->n_group))
+        BAD("top_k=%d exceeds the experts of topk_group=%d groups (%d)", c->top_k, c->topk_group,
+            c->topk_group * (c->n_experts / c->n_group));
+    if ((c->route_sigmoid || c->n_group > 1 || (c->route_scale != 0 && c->route_scale != 1)) &&
+        c->family != FAM_MIXTRAL)
+        BAD("family %s routes by softmax over all experts, unscaled (DeepSeek-V3's routing is for our own "
+            "mixtral-family configs)",
+            fam);
+    int nd = 0, last = -1;
+    for (int l = 0; l < MOE_MAX_DENSE_LAYERS; l++)
+        if (config_layer_dense(c, l)) nd++, last = l;
+    if (nd && last >= c->n_layers)
+        BAD("dense layer %d does not exist (the model has %d layers: 0..%d)", last, c->n_layers,
+            c->n_layers - 1);
+    if (nd && nd == c->n_layers)
+        BAD("every one of the %d layers is dense: an MoE model needs an MoE layer", nd);
+    if (nd && c->dense_d_ff < 1)
+        BAD("dense_d_ff must be >= 1 with %d dense layers (got %d)", nd, c->dense_d_ff);
+    if (!nd && c->dense_d_ff != 0)
+        BAD("dense_d_ff is %d but no layer is dense (dense_layers is empty)", c->dense_d_ff);
+#undef BAD
+    return NULL;
+}
+
 const char *config_validate(const ModelConfig *c) {
     static char msg[256];
 #define BAD(...) \
@@ -160,8 +208,11 @@ const char *config_validate(const ModelConfig *c) {
             fam, qkn[want_qk], qkn[c->qk_norm]);
     if (c->qkv_bias && c->family != FAM_QWEN2_MOE)
         BAD("family %s has no q/k/v biases (only qwen2_moe does)", fam);
-    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE)
-        BAD("family %s has no shared experts (only qwen2_moe does)", fam);
+    // (our own configs, family mixtral: ungated shared experts, DeepSeek-V3's; exported nowhere: io/hf.c)
+    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE && (c->family != FAM_MIXTRAL || c->shared_gate))
+        BAD("family %s has no %sshared experts (only qwen2_moe does; ungated ones: our own mixtral-family "
+            "configs)",
+            fam, c->family == FAM_MIXTRAL ? "gated " : "");
     if (c->family == FAM_QWEN2_MOE && !(c->n_shared_experts == 1 && c->shared_gate))
         BAD("family qwen2_moe has exactly one shared expert with a sigmoid gate (got %d shared experts, gate "
             "%d)",
@@ -179,8 +230,16 @@ const char *config_validate(const ModelConfig *c) {
             "over all "
             "layers' micro-batch statistics)",
             c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
+    const char *bad = validate_layers_routing(c, fam);
+    if (bad) return bad;
 #undef BAD
     return NULL;
+}
+
+int config_moe_layers(const ModelConfig *c) {
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += !config_layer_dense(c, l);
+    return n;
 }
 
 int64_t capacity_for(const ModelConfig *c, int64_t n_tokens) {

@@ -24,6 +24,9 @@ typedef enum { BALANCE_AUX = 0, BALANCE_AUX_FREE = 1 } BalanceMode;
 // of the step (f_i from every micro-batch's counts).
 typedef enum { AUX_SCOPE_MICRO = 0, AUX_SCOPE_SEQ = 1, AUX_SCOPE_GLOBAL = 2 } AuxScope;
 
+// Dense layers can be any of the first MOE_MAX_DENSE_LAYERS layers.
+#define MOE_MAX_DENSE_LAYERS 256
+
 typedef struct {
     int vocab_size; // V
     int d_model; // d
@@ -58,7 +61,26 @@ typedef struct {
     float bias_rate; // aux-free: the bias moves by bias_rate * sign(mean load - load) per step
     int aux_scope; // AuxScope
     float attention_dropout; // dropout on the attention probabilities in training (HF attention_dropout)
+    // Dense FFN layers among the MoE layers (DeepSeek's first_k_dense_replace, Qwen's mlp_only_layers and
+    // decoder_sparse_step): bit l of dense_layers set = layer l's FFN is one SwiGLU MLP of width dense_d_ff
+    // (no router, no experts); none set: every layer is an MoE layer (dense_d_ff 0).
+    uint64_t dense_layers[MOE_MAX_DENSE_LAYERS / 64];
+    int dense_d_ff;
+    // DeepSeek-V3's routing (our own configs; zero: softmax over all experts, weights unscaled):
+    int route_sigmoid; // 1: scores sigmoid(logits) (scoring_func sigmoid), the aux statistics over each
+                       // token's scores normalised to sum 1; 0: softmax
+    int n_group, topk_group; // n_group > 1: the experts in n_group groups; only the topk_group groups of
+                             // highest sum of their two best (biased) scores are chosen from
+    float route_scale; // routed_scaling_factor: the routed experts' weights times it (0: 1)
 } ModelConfig;
+// Layer l's FFN is a dense MLP (config dense_layers); the number of MoE layers (those with a router).
+static inline int config_layer_dense(const ModelConfig *c, int l) {
+    return l >= 0 && l < MOE_MAX_DENSE_LAYERS && (int)((c->dense_layers[l / 64] >> (l % 64)) & 1);
+}
+static inline void config_set_dense(ModelConfig *c, int l) {
+    c->dense_layers[l / 64] |= (uint64_t)1 << (l % 64);
+}
+int config_moe_layers(const ModelConfig *c);
 const char *config_family_name(int family); // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe" (model_type)
 const char *config_family_arch(int family); // "MixtralForCausalLM", ...
 

@@ -47,6 +47,14 @@ static void add_i(cJSON *o, const char *key, int x) {
 
 static const char *const scope_names[] = {"micro-batch", "sequence", "global"};
 
+// The dense layers (config.h dense_layers) as a JSON list of layer numbers.
+static cJSON *dense_list(const ModelConfig *c) {
+    cJSON *a = cJSON_CreateArray();
+    for (int l = 0; l < c->n_layers; l++)
+        if (config_layer_dense(c, l)) cJSON_AddItemToArray(a, cJSON_CreateNumber(l));
+    return a;
+}
+
 cJSON *config_to_json(const ModelConfig *c) {
     cJSON *j = cJSON_CreateObject();
     cJSON *arch = cJSON_CreateArray();
@@ -58,9 +66,13 @@ cJSON *config_to_json(const ModelConfig *c) {
     add_i(j, "hidden_size", c->d_model);
     // the experts' hidden size: Mixtral's and OLMoE's intermediate_size; Qwen's moe_intermediate_size (their
     // intermediate_size is the dense MLP of layers that have no experts, which ours do not have)
+    int dense = config_moe_layers(c) < c->n_layers;
     if (qwen) {
         add_i(j, "moe_intermediate_size", c->d_ff);
-        add_i(j, "intermediate_size", c->n_shared_experts ? c->n_shared_experts * c->shared_d_ff : c->d_ff);
+        add_i(j, "intermediate_size",
+              dense                     ? c->dense_d_ff
+                  : c->n_shared_experts ? c->n_shared_experts * c->shared_d_ff
+                                        : c->d_ff);
     } else {
         add_i(j, "intermediate_size", c->d_ff);
     }
@@ -80,9 +92,9 @@ cJSON *config_to_json(const ModelConfig *c) {
         add_i(j, "shared_expert_intermediate_size", c->n_shared_experts * c->shared_d_ff);
         cJSON_AddBoolToObject(j, "qkv_bias", c->qkv_bias != 0);
     }
-    if (qwen) {
+    if (qwen) { // the dense layers as a list (every other layer an MoE layer: step 1)
         add_i(j, "decoder_sparse_step", 1);
-        cJSON_AddItemToObject(j, "mlp_only_layers", cJSON_CreateArray());
+        cJSON_AddItemToObject(j, "mlp_only_layers", dense_list(c));
         cJSON_AddBoolToObject(j, "use_sliding_window", 0);
     }
     if (fam == FAM_OLMOE) cJSON_AddNullToObject(j, "clip_qkv");
@@ -105,7 +117,24 @@ cJSON *config_to_json(const ModelConfig *c) {
     add_f(m, "bias_rate", c->bias_rate);
     cJSON_AddStringToObject(m, "aux_scope",
                             scope_names[c->aux_scope >= 0 && c->aux_scope < 3 ? c->aux_scope : 0]);
-    int same = c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX && (!mix || c->renormalize != 0);
+    if (c->route_sigmoid || c->n_group > 1 || (c->route_scale != 0 && c->route_scale != 1)) {
+        // DeepSeek-V3's routing (written only where set: other configs' files stay as they were)
+        cJSON_AddBoolToObject(m, "route_sigmoid", c->route_sigmoid != 0);
+        add_i(m, "n_group", c->n_group);
+        add_i(m, "topk_group", c->topk_group);
+        add_f(m, "routed_scaling_factor", c->route_scale != 0 ? c->route_scale : 1.0f);
+    }
+    if (dense && !qwen) { // no HF key for them in this family: ours
+        cJSON_AddItemToObject(m, "dense_layers", dense_list(c));
+        add_i(m, "dense_intermediate_size", c->dense_d_ff);
+    }
+    if (c->n_shared_experts && fam != FAM_QWEN2_MOE) { // ungated shared experts (ours: DeepSeek-V3's)
+        add_i(m, "n_shared_experts", c->n_shared_experts);
+        add_i(m, "shared_intermediate_size", c->shared_d_ff);
+    }
+    int same = c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX &&
+        (!mix || c->renormalize != 0) && (qwen || !dense) && !c->route_sigmoid && c->n_group <= 1 &&
+        (c->route_scale == 0 || c->route_scale == 1) && (!c->n_shared_experts || fam == FAM_QWEN2_MOE);
     if (mix) cJSON_AddBoolToObject(m, "mixtral_compatible", same);
     cJSON_AddBoolToObject(m, "hf_compatible", same);
     cJSON_AddItemToObject(j, "moe_c", m);
@@ -308,6 +337,22 @@ static int read_shape(Err *e, const cJSON *j, ModelConfig *c) {
     return 0;
 }
 
+// A list of layer numbers (key: its name in messages) into c's dense layers.
+static int read_dense_list(Err *e, const cJSON *a, const char *key, ModelConfig *c) {
+    if (!cJSON_IsArray(a)) return fail(e, "key \"%s\" must be a list of layer numbers", key);
+    for (const cJSON *it = a->child; it; it = it->next) {
+        double d = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (!(d == floor(d) && d >= 0 && d < c->n_layers))
+            return fail(e, "key \"%s\" must list layer numbers in 0..%d (num_hidden_layers %d)", key,
+                        c->n_layers - 1, c->n_layers);
+        if (d >= MOE_MAX_DENSE_LAYERS)
+            return fail(e, "key \"%s\" names layer %.0f; dense layers are supported up to layer %d", key, d,
+                        MOE_MAX_DENSE_LAYERS - 1);
+        config_set_dense(c, (int)d);
+    }
+    return 0;
+}
+
 // The families' options (config.h): fixed by the architecture, or read from their keys.
 static int read_family_options(Err *e, const cJSON *j, ModelConfig *c) {
     int mix = c->family == FAM_MIXTRAL, qwen = c->family == FAM_QWEN2_MOE || c->family == FAM_QWEN3_MOE;
@@ -328,19 +373,29 @@ static int read_family_options(Err *e, const cJSON *j, ModelConfig *c) {
     }
     if (c->family == FAM_OLMOE && item(j, "clip_qkv"))
         return fail(e, "key \"clip_qkv\" is set; clipping q, k, v is not supported");
-    if (qwen) { // every layer an MoE layer
+    if (qwen) { // transformers: layer l is an MoE layer unless in mlp_only_layers or (l + 1) % step != 0
         int step = 1;
         if (get_int(e, j, "decoder_sparse_step", 0, &step)) return -1;
-        if (step != 1)
-            return fail(
-                e, "key \"decoder_sparse_step\" is %d; only every layer being an MoE layer (1) is supported",
-                step);
+        if (step < 1) return fail(e, "key \"decoder_sparse_step\" must be >= 1 (got %d)", step);
         const cJSON *mo = item(j, "mlp_only_layers");
-        if (mo && (!cJSON_IsArray(mo) || cJSON_GetArraySize(mo) > 0))
-            return fail(e, "key \"mlp_only_layers\" is not empty; dense MLP layers are not supported");
+        if (mo && read_dense_list(e, mo, "mlp_only_layers", c)) return -1;
+        for (int l = 0; l < c->n_layers; l++)
+            if ((l + 1) % step) {
+                if (l >= MOE_MAX_DENSE_LAYERS)
+                    return fail(
+                        e,
+                        "key \"decoder_sparse_step\" is %d: layer %d would be dense (dense layers are "
+                        "supported up to layer %d)",
+                        step, l, MOE_MAX_DENSE_LAYERS - 1);
+                config_set_dense(c, l);
+            }
+        if (config_moe_layers(c) < c->n_layers &&
+            get_int(e, j, "intermediate_size", 1, &c->dense_d_ff)) // (the dense layers' MLP)
+            return -1;
     }
     return 0;
 }
+
 
 // What the model cannot represent is refused (tied embeddings, another activation, sliding windows,
 // quantization, biases); attention_dropout is read.
@@ -419,6 +474,22 @@ static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
             return fail(e, "key \"balance\" must be \"aux\" or \"aux-free\"");
         c->balance = ba && !strcmp(ba->valuestring, "aux-free") ? BALANCE_AUX_FREE : BALANCE_AUX;
         if (get_float(e, m, "bias_rate", 0, &c->bias_rate)) return -1;
+        if (get_bool(e, m, "route_sigmoid", 0, &c->route_sigmoid) ||
+            get_int(e, m, "n_group", 0, &c->n_group) || get_int(e, m, "topk_group", 0, &c->topk_group) ||
+            get_float(e, m, "routed_scaling_factor", 0, &c->route_scale))
+            return -1;
+        if (c->family != FAM_QWEN2_MOE && item(m, "n_shared_experts") && // ungated shared experts (ours)
+            (get_int(e, m, "n_shared_experts", 1, &c->n_shared_experts) ||
+             get_int(e, m, "shared_intermediate_size", 1, &c->shared_d_ff)))
+            return -1;
+        const cJSON *dl = item(m, "dense_layers"); // (families without an HF key for them)
+        if (dl && (c->family == FAM_QWEN2_MOE || c->family == FAM_QWEN3_MOE))
+            return fail(e, "key \"dense_layers\" is for families without mlp_only_layers; %s has that key",
+                        config_family_arch(c->family));
+        if (dl &&
+            (read_dense_list(e, dl, "dense_layers", c) ||
+             get_int(e, m, "dense_intermediate_size", 1, &c->dense_d_ff)))
+            return -1;
         const cJSON *sc = item(m, "aux_scope"); // optional: absent = "micro-batch"
         c->aux_scope = -1;
         for (int k = 0; k < 3; k++)

@@ -311,18 +311,30 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
     ModelConfig c;
     ckpt_load_config(ckpt, &c); // verifies every file's checksum
     // what transformers' class of the family computes: dropless, its top-k weighting (Mixtral always
-    // renormalises; the others follow norm_topk_prob, written from ours), no routing bias
-    int mix = c.family == FAM_MIXTRAL, unnorm = mix && !c.renormalize, cap = c.dispatch == DISPATCH_CAPACITY,
-        bias = c.balance == BALANCE_AUX_FREE;
-    if (cap || unnorm || bias)
-        DIE("checkpoint %s is not a %s model (%s%s%s%s%s): transformers' %s would compute something else; "
-            "only "
+    // renormalises; the others follow norm_topk_prob, written from ours), no routing bias, its softmax router
+    // over all experts, unscaled weights, a shared expert only as Qwen2-MoE's (gated), dense layers only
+    // where the family has mlp_only_layers
+    int mix = c.family == FAM_MIXTRAL, qwen = c.family == FAM_QWEN2_MOE || c.family == FAM_QWEN3_MOE;
+    const char *why[8];
+    int nw = 0;
+    if (c.dispatch == DISPATCH_CAPACITY) why[nw++] = "capacity dispatch drops tokens";
+    if (mix && !c.renormalize) why[nw++] = "top-k weights are not renormalised";
+    if (c.balance == BALANCE_AUX_FREE)
+        why[nw++] = "aux-free balancing adds a per-expert bias to the routing scores";
+    if (c.route_sigmoid) why[nw++] = "the router scores are sigmoids";
+    if (c.n_group > 1) why[nw++] = "the routing is group-limited";
+    if (c.route_scale != 0 && c.route_scale != 1) why[nw++] = "the routed weights are scaled";
+    if (c.n_shared_experts && c.family != FAM_QWEN2_MOE) why[nw++] = "it has shared experts";
+    if (config_moe_layers(&c) < c.n_layers && !qwen) why[nw++] = "it has dense layers";
+    if (nw) {
+        char list[512] = "";
+        for (int i = 0; i < nw; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", why[i]);
+        DIE("checkpoint %s is not a %s model (%s): transformers' %s would compute something else; only "
             "dropless dispatch%s without a routing bias can be exported",
-            ckpt, mix ? "Mixtral" : config_family_name(c.family), cap ? "capacity dispatch drops tokens" : "",
-            cap && (unnorm || bias) ? ", " : "", unnorm ? "top-k weights are not renormalised" : "",
-            unnorm && bias ? ", " : "",
-            bias ? "aux-free balancing adds a per-expert bias to the routing scores" : "",
-            config_family_arch(c.family), mix ? " with renormalised top-k weights" : "");
+            ckpt, mix ? "Mixtral" : config_family_name(c.family), list, config_family_arch(c.family),
+            mix ? " with renormalised top-k weights" : "");
+    }
     // every tensor present with the config's shape and nothing else (the HF loader would say less)
     ParamTable t;
     params_build(&t, &c);

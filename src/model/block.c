@@ -202,9 +202,15 @@ static void mid_bwd(Model *m, LayerActs *a, int l, int r0, int r1) {
     m->attv->bwd_out_rows(m, l, &a->attn, dropped_rows(m, l, 0, r0, r1), r0, r1);
 }
 
-// Layer l's MoE weight gradients (the shared expert's where w has one).
+// Layer l's MoE weight gradients (the shared expert's where w has one; a dense layer's MLP's).
 static void moe_grads(Model *m, int l, const MoeWeights *w, MoeGrads *gw) {
     float *g = m->grads;
+    if (!w->router) { // a dense layer: its MLP's
+        *gw = (MoeGrads){.sh_w1 = model_param(m, g, PR_D_W1, l, -1),
+                         .sh_w3 = model_param(m, g, PR_D_W3, l, -1),
+                         .sh_w2 = model_param(m, g, PR_D_W2, l, -1)};
+        return;
+    }
     gw->router = model_param(m, g, PR_ROUTER, l, -1);
     gw->w1 = model_param(m, g, PR_W1, l, m->e0);
     gw->w3 = model_param(m, g, PR_W3, l, m->e0);
@@ -221,7 +227,7 @@ static void moe_grads(Model *m, int l, const MoeWeights *w, MoeGrads *gw) {
 void block_backward(Model *m, int l, float aux_scale, float z_scale) {
     const ModelConfig *c = &m->c;
     const AttnVariant *at = m->attv;
-    int B = m->B, T = m->T, N = B * T, d = c->d_model, L = c->n_layers;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, L = config_moe_layers(c);
     LayerActs *a = &m->la[l];
     // MoE block: out = x_mid + moe(norm(x_mid)); with AMPipe chunks (the forward's MoE states
     // a->mc) chunk by chunk in reverse, each with its rows of the norm, o_proj and attention

@@ -2,8 +2,9 @@
 // (model.h), as the orchestration of its parts:
 // embed -> L x block (block.c: norm -> attention (attention.h) -> residual -> norm -> MoE FFN -> residual)
 // -> RMSNorm -> LM head -> cross-entropy (the loss head); the router statistics summed over the layers
-// (aux, z, drops, expert counts, HF's aux form), and the backward in reverse with its grads_ready calls.
-// Must not hold: a block's arithmetic (block.c, attention.c), allocation (model_state.c).
+// (aux, z, drops, expert counts, HF's aux form; averages over the MoE layers: a dense layer has none), and
+// the backward in reverse with its grads_ready calls. Must not hold: a block's arithmetic (block.c,
+// attention.c), allocation (model_state.c).
 #include "model/model.h"
 #include <string.h>
 #include "core/common.h"
@@ -25,7 +26,7 @@ static double head_forward(Model *m, const int32_t *targets, int N, float dloss)
         // assignments to i / (L * Ng), Pbar_i = all layers' probability mass on i / (L * Ng);
         // its gradient on layer l's probs is E * F_i / (L * Ng): give every layer f_i = F_i (this
         // chunk's here; earlier chunks' in their backward, from hf_fe)
-        double LN = (double)c->n_layers * m->la[ch->l0].moe.Ng, a = 0;
+        double LN = (double)config_moe_layers(c) * m->la[ch->l0].moe.Ng, a = 0;
         for (int e = 0; e < E; e++) {
             double fe = m->hf_fe[e] / LN, pe = m->hf_pe[e] / LN;
             a += fe * pe;
@@ -58,7 +59,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     const ModelChunk *ch = &m->chunk[m->cur];
     CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d", B,
           T, m->maxB, m->maxT);
-    int N = B * T, d = c->d_model, V = c->vocab_size, E = c->n_experts;
+    int N = B * T, d = c->d_model, V = c->vocab_size, E = c->n_experts, Lm = config_moe_layers(c);
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
     m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
@@ -75,14 +76,14 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     for (int l = ch->l0; l < ch->l1; l++) {
         LayerActs *a = &m->la[l];
         float *out = l + 1 < ch->l1 ? m->la[l + 1].res_in : m->res_final;
-        int n = dloss != 0 ? m->ampipe[l] : 1;
+        int n = dloss != 0 && !config_layer_dense(c, l) ? m->ampipe[l] : 1; // (a dense layer: unchunked)
         CHECK(n <= N, "--ampipe %d: a micro-batch of %d tokens has fewer rows than chunks", n, N);
         // the states a layer's forwards do not use lose their memory: whole-batch rows while chunked,
         // the chunks' states while not (--ampipe auto tries both)
         model_fit_chunks(m, l, n);
         block_forward(m, l, out, B, T, n, noise_seed ? noise_seed * 1000003ull + (uint64_t)l : 0);
-        m->aux += a->moe.aux / c->n_layers;
-        m->z += a->moe.z / c->n_layers;
+        m->aux += a->moe.aux / Lm; // (a dense layer's are zero)
+        m->z += a->moe.z / Lm;
         m->dropped += a->moe.dropped;
         memcpy(m->expert_counts + (size_t)l * E, a->moe.counts, sizeof(int64_t) * E);
         // aux_form hf: the sums over layers, in layer order (carried from stage to stage)

@@ -15,9 +15,16 @@ static inline float *model_param(const Model *m, float *base, ParamRole role, in
     return base + m->t.p[i].loffset;
 }
 
-// Layer l's MoE weights in base (the routing bias and the shared expert where the config has them).
+// Layer l's MoE weights in base (the routing bias and the shared expert where the config has them; a dense
+// layer's MLP as sh_w1, sh_w3, sh_w2 and nothing else).
 static inline void model_moe_weights(const Model *m, float *base, int l, MoeWeights *w) {
     memset(w, 0, sizeof *w);
+    if (config_layer_dense(&m->c, l)) { // a dense layer: its MLP in the shared expert's place (moe.h)
+        w->sh_w1 = model_param(m, base, PR_D_W1, l, -1);
+        w->sh_w3 = model_param(m, base, PR_D_W3, l, -1);
+        w->sh_w2 = model_param(m, base, PR_D_W2, l, -1);
+        return;
+    }
     w->router = model_param(m, base, PR_ROUTER, l, -1);
     w->w1 = model_param(m, base, PR_W1, l, m->e0);
     w->w3 = model_param(m, base, PR_W3, l, m->e0);

@@ -93,7 +93,8 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->x_mid = arena_alloc(A, be, N * d * F);
         a->xn2 = arena_alloc(A, be, N * d * F);
         a->rstd2 = arena_alloc(A, be, N * F);
-        moe_layer_init(&a->moe, be, c, m->maxN, &cm);
+        if (config_layer_dense(c, l)) moe_dense_init(&a->moe, be, c, m->maxN, &cm);
+        else moe_layer_init(&a->moe, be, c, m->maxN, &cm);
         a->moe.layer = l;
         if (m->recompute) layer_recompute(m, a);
         A->mark = A->used; // the MoE's rows from here (again after each change of AMPipe chunks)

@@ -188,6 +188,17 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
         }
         add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1,
             SPLIT_REPL);
+        if (config_layer_dense(c,
+                               l)) { // replicated, each TP rank runs its token slice (as the shared expert)
+            int64_t fd = c->dense_d_ff;
+            add(t, &cap, NM("model.layers.%d.mlp.gate_proj.weight", l), fd, d, PR_D_W1, l, -1, SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+            add(t, &cap, NM("model.layers.%d.mlp.up_proj.weight", l), fd, d, PR_D_W3, l, -1, SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+            add(t, &cap, NM("model.layers.%d.mlp.down_proj.weight", l), d, fd, PR_D_W2, l, -1, SPLIT_REPL);
+            t->p[t->n - 1].reduce = RED_STAGE;
+            continue;
+        }
         add(t, &cap, NM("model.layers.%d.%s.gate.weight", l, moe), E, d, PR_ROUTER, l, -1, SPLIT_REPL);
         t->p[t->n - 1].reduce = RED_STAGE;
         if (c->balance == BALANCE_AUX_FREE) {
@@ -304,7 +315,9 @@ void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64
                 Rng r;
                 rng_seed(&r, seed * 0x100000001B3ull + (uint64_t)i + 1);
                 float std = c->init_std *
-                    ((s->role == PR_WO || s->role == PR_W2 || s->role == PR_SH_W2) ? out_scale : 1.0f);
+                    ((s->role == PR_WO || s->role == PR_W2 || s->role == PR_SH_W2 || s->role == PR_D_W2)
+                         ? out_scale
+                         : 1.0f);
                 for (size_t j = 0; j < s->numel; j++) full[j] = std * rng_normal(&r);
             }
             ParamSpec one = *s; // the tensor alone, as if it were the whole buffer

@@ -34,7 +34,11 @@ typedef enum {
     PR_SH_GATE,
     // balance aux-free: the per-expert routing bias (E), DeepSeek-V3's gate.e_score_correction_bias; no
     // gradient (AdamW leaves it as it is), moved by the step's load (train/step.c), kept in checkpoints
-    PR_ROUTE_BIAS
+    PR_ROUTE_BIAS,
+    // a dense layer's FFN (config.h dense_layers): mlp.gate_proj (w1), up_proj (w3), down_proj (w2)
+    PR_D_W1,
+    PR_D_W3,
+    PR_D_W2
 } ParamRole;
 
 // Gradient reduction group: dense tensors over DP (their TP shards stay distinct); the router over
@@ -79,13 +83,14 @@ typedef struct {
 } ParamSlicing;
 
 // Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm],
-// ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E); final norm;
+// ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E) (a dense
+// layer: ffn_norm, then mlp.gate_proj, up_proj, down_proj in place of the router and experts); final norm;
 // lm_head. So each layer's expert w1 block is one contiguous (E, f, d) array. Names are the family's
 // (config.h ModelFamily): Mixtral's block_sparse_moe.experts.E.w1/w3/w2, or mlp.gate and
 // mlp.experts.E.gate_proj/up_proj/down_proj (OLMoE, Qwen2-MoE, Qwen3-MoE).
-// Reduction: QK-norm weights of the per-head form and the shared expert (which, like the router, sees
-// each TP rank's token slice) are reduced over the stage; full-width QK-norm weights (one process in
-// TP) and the biases (split over TP with their projections' rows) over DP.
+// Reduction: QK-norm weights of the per-head form, the shared expert and a dense layer's MLP (which, like
+// the router, see each TP rank's token slice) are reduced over the stage; full-width QK-norm weights (one
+// process in TP) and the biases (split over TP with their projections' rows) over DP.
 void params_build(ParamTable *t, const ModelConfig *c);
 // The same table with local slices: q/k/v rows and o columns split over TP (whole heads), each EP
 // rank holds experts [ep_rank*E/EP, +E/EP), each ETP rank rows of w1/w3 and columns of w2 (along

@@ -82,6 +82,26 @@ static void rt_point(MoeLayer *m, int Ns) {
     m->probs_h = (float *)(h + L.probs);
 }
 
+// The shared expert's (or a dense layer's) rows for Ns rows of width fs (none: fs 0).
+static void shared_alloc(MoeLayer *m, size_t Ns, int fs) {
+    const Backend *be = m->be;
+    size_t d = m->d;
+    m->fs = fs;
+    if (!fs) return;
+    size_t nf = (Ns ? Ns : 1) * (size_t)fs * hid_size(be);
+    m->sh_h1 = be->alloc(nf);
+    m->sh_h3 = be->alloc(nf);
+    m->sh_act = be->alloc(nf);
+    m->sh_x = be->alloc((Ns ? Ns : 1) * d * hid_size(be));
+    m->sh_y = be->alloc((Ns ? Ns : 1) * d * F);
+    m->sh_g = be->alloc((Ns ? Ns : 1) * F);
+    m->ident = be->alloc((Ns ? Ns : 1) * sizeof(int32_t));
+    int32_t *id = xmalloc((Ns ? Ns : 1) * sizeof(int32_t));
+    for (size_t i = 0; i < Ns; i++) id[i] = (int32_t)i;
+    be->to_device(m->ident, id, Ns * sizeof(int32_t));
+    free(id);
+}
+
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm) {
     memset(m, 0, sizeof *m);
     m->be = be;
@@ -95,6 +115,7 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->E = c->n_experts;
     m->El = c->n_experts / EP;
     m->k = c->top_k;
+    m->sigmoid = c->route_sigmoid;
     size_t Ns = (size_t)(maxN + TP - 1) / TP, d = m->d, E = m->E, k = m->k, R = Ns * k;
     RtLayout L = rt_layout((int)Ns, (int)E, (int)k);
     m->rt_h = xcalloc(1, L.copy);
@@ -133,24 +154,31 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
     m->kf_d = m->rank + R;
     if (TP > 1) m->yslice = be->alloc(Ns * d * F);
     exchange_init(&m->x, be, m->cm.ep, m->cm.etp, m->cm.epn, m->cm.epx, m->El, m->d, m->Rmax);
-    m->fs = c->n_shared_experts * c->shared_d_ff;
-    if (m->fs) {
-        size_t nf = (Ns ? Ns : 1) * (size_t)m->fs * hid_size(be);
-        m->sh_h1 = be->alloc(nf);
-        m->sh_h3 = be->alloc(nf);
-        m->sh_act = be->alloc(nf);
-        m->sh_x = be->alloc((Ns ? Ns : 1) * d * hid_size(be));
-        m->sh_y = be->alloc((Ns ? Ns : 1) * d * F);
-        m->sh_g = be->alloc((Ns ? Ns : 1) * F);
-        m->ident = be->alloc((Ns ? Ns : 1) * sizeof(int32_t));
-        int32_t *id = xmalloc((Ns ? Ns : 1) * sizeof(int32_t));
-        for (size_t i = 0; i < Ns; i++) id[i] = (int32_t)i;
-        be->to_device(m->ident, id, Ns * sizeof(int32_t));
-        free(id);
-    }
+    shared_alloc(m, Ns, c->n_shared_experts * c->shared_d_ff);
     m->overlap = m->r = 1;
     m->xu = &m->x;
     m->fu = m->fl;
+}
+
+void moe_dense_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm) {
+    memset(m, 0, sizeof *m);
+    m->be = be;
+    m->layer = -1;
+    if (cm) m->cm = *cm;
+    int TP = comm_size(m->cm.tp);
+    size_t Ns = (size_t)(maxN + TP - 1) / TP, E = c->n_experts;
+    m->dense = 1;
+    m->maxN = maxN;
+    m->d = c->d_model;
+    m->E = c->n_experts;
+    m->k = c->top_k;
+    m->counts = xcalloc(E, sizeof(int64_t)); // (the statistics over layers read them: zeros)
+    m->psum = xcalloc(E, sizeof(double));
+    m->aux_f = xcalloc(E, sizeof(double));
+    m->tp_cnt = xcalloc(2 * (size_t)TP, sizeof(size_t));
+    if (TP > 1) m->yslice = be->alloc(Ns * m->d * F);
+    shared_alloc(m, Ns, c->dense_d_ff);
+    m->overlap = m->r = 1;
 }
 
 void moe_layer_free(MoeLayer *m) {
@@ -180,7 +208,7 @@ void moe_layer_free(MoeLayer *m) {
                    m->xg,     m->h1,   m->h3,   m->act,  m->yg,   m->sh_h1,  m->sh_h3,
                    m->sh_act, m->sh_x, m->sh_y, m->sh_g, m->ident};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) arena_free(m->arena, be, dev[i]);
-    exchange_free(&m->x);
+    if (m->x.be) exchange_free(&m->x);
     for (int i = 0; i < MOE_MAX_OVERLAP; i++)
         if (m->xc[i].be) exchange_free(&m->xc[i]);
     if (m->xe.be) exchange_free(&m->xe);
@@ -232,6 +260,7 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     s->aux_dp = be->alloc(E * F);
     s->aux_dp_h = xcalloc(E, F);
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    if ((size_t)c->dense_d_ff > fs) fs = (size_t)c->dense_d_ff; // (the dense layers' use it too)
     if (fs) {
         s->sh_dy = be->alloc(N * d * hid_size(be));
         s->sh_dh1 = be->alloc(N * fs * hid_size(be));
@@ -273,6 +302,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
                uint64_t noise_seed, int64_t row0) {
     const Backend *be = m->be;
     CHECK(N <= m->maxN, "moe_forward: %d tokens > %d allocated", N, m->maxN);
+    CHECK(!m->dense, "moe_route: layer %d is dense (moe_forward runs it)", m->layer);
     int d = m->d, E = m->E, k = m->k, TP = comm_size(m->cm.tp);
     int S = comm_size(m->cm.stage);
     m->N = N;
@@ -299,8 +329,8 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
     // sums, idx and w to the host (and of logits and probs when asked: host_router_out)
     rt_point(m, Ns);
     be->matmul_fwd(m->logits, xin, w->router, Ns, d, E, 0);
-    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E, k,
-                    c->renormalize);
+    be->router_topk(m->probs, m->lse, m->idx, m->wdev, m->sums, m->logits, w->route_bias, Ns, E,
+                    router_rule(c));
     be->plan_counts(m->cnt, m->rank, m->idx, Ns, E, k);
     RtLayout rl = rt_layout(Ns, E, k);
     // (the sequence scope reads each row's choices and probabilities)
@@ -329,7 +359,7 @@ void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const Mo
         m->aux_f[e] = (double)m->counts[e] / m->Ng;
     }
     m->aux = E * a;
-    m->z = ps[E] / m->Ng;
+    m->z = m->sigmoid ? 0 : ps[E] / m->Ng; // (sigmoid scores: no z-loss; config.h route_sigmoid)
     m->Nl = m->Ng;
     m->xraw = x + (size_t)m->s0 * d;
     m->aux_scope = c->aux_scope;
@@ -524,8 +554,25 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
     if (TP > 1) tp_gather(m, m->yslice, y);
 }
 
+// A dense layer's forward: the MLP on my slice, all-gathered over TP.
+static void dense_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, int64_t row0) {
+    CHECK(N <= m->maxN, "moe_forward: %d tokens > %d allocated", N, m->maxN);
+    int TP = comm_size(m->cm.tp);
+    m->N = N;
+    m->row0 = row0;
+    slice_of(N, TP, comm_rank(m->cm.tp), &m->s0, &m->Ns);
+    m->Ng = m->Nl = (int64_t)N * (comm_size(m->cm.stage) / TP); // every DP rank's N tokens
+    float *yout = TP > 1 ? m->yslice : y;
+    moe_shared_forward(m, yout, x + (size_t)m->s0 * m->d, w);
+    if (TP > 1) tp_gather(m, m->yslice, y);
+}
+
 void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
                  uint64_t noise_seed, int64_t row0) {
+    if (m->dense) {
+        dense_forward(m, y, x, N, w, row0);
+        return;
+    }
     moe_route(m, x, N, w, c, noise_seed, row0);
     moe_start(m, w, c, NULL);
     moe_finish(m, y, w);
@@ -545,6 +592,13 @@ void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy) {
 
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
+    if (m->dense) { // the MLP's backward on my slice (it writes dxin), all-gathered over TP
+        int TP = comm_size(m->cm.tp);
+        float *dxin = TP > 1 ? s->dxj : dx;
+        moe_shared_backward(m, s, dxin, dy + (size_t)m->s0 * m->d, x + (size_t)m->s0 * m->d, w, g);
+        if (TP > 1) tp_gather(m, dxin, dx);
+        return;
+    }
     moe_backward_start(m, s, dy);
     moe_backward_finish(m, s, dx, x, w, g, c, aux_scale, z_scale);
 }
@@ -597,6 +651,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
     double Ng = (double)m->Nl;
+    float zdl = m->sigmoid ? 0.0f : (float)(2.0 * z_scale / Ng); // (ops.h router_bwd: no z term with sigmoid)
     if (m->aux_scope == AUX_SCOPE_SEQ) {
         // per segment of my rows within one sequence s: d aux / d probs[t,e] = E cnt_se / (T^2 S) = E f_se /
         // (T S)
@@ -618,14 +673,13 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
             int o = segs[q], n = segs[q + 1] - o;
             be->router_bwd(s->dlogits + (size_t)o * E, s->rowdot, m->slotrow + (size_t)o * k,
                            m->probs + (size_t)o * E, m->lse + o, m->idx + (size_t)o * k,
-                           m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E, (float)(2.0 * z_scale / Ng), n,
-                           E, k, c->renormalize);
+                           m->wdev + (size_t)o * k, m->seq_dp + (size_t)q * E, zdl, n, E, router_rule(c));
         }
     } else {
         for (int e = 0; e < E; e++) s->aux_dp_h[e] = (float)(aux_scale * E * m->aux_f[e] / Ng);
         be->to_device(s->aux_dp, s->aux_dp_h, (size_t)E * F);
-        be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp,
-                       (float)(2.0 * z_scale / Ng), Ns, E, k, c->renormalize);
+        be->router_bwd(s->dlogits, s->rowdot, m->slotrow, m->probs, m->lse, m->idx, m->wdev, s->aux_dp, zdl,
+                       Ns, E, router_rule(c));
     }
     be->matmul_bwd(dxin, g->router, s->dlogits, xin, w->router, Ns, d, E, GM_ACC_DINP);
     if (m->noise) be->mul(dxin, dxin, m->noise, (size_t)Ns * d);

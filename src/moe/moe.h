@@ -17,6 +17,11 @@
 #include "ops/ops.h"
 
 void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);
+// A dense layer instead (config.h dense_layers): the shared expert's path alone, one SwiGLU MLP of width
+// c->dense_d_ff (MoeWeights sh_w1, sh_w3, sh_w2; no gate) over each TP rank's slice of the rows, the output
+// all-gathered over TP. moe_forward / moe_backward run it (not the parts: moe_route, _start, _finish);
+// its router statistics are zero (aux, z, counts), Ng the stage's tokens.
+void moe_dense_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);
 void moe_layer_free(MoeLayer *m);
 // Frees the buffers a forward grows (token rows, expert-side activations; the next forward grows
 // them again): a layer whose forwards move to AMPipe chunks (their own states) drops its whole-batch

@@ -51,7 +51,8 @@ void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu) {
 }
 
 // ---- the shared expert (Qwen2-MoE) on my slice x (Ns,d), added into y (Ns,d):
-// y += g * (silu(x W1^T) * (x W3^T)) W2^T, g = sigmoid(x w_gate) per token (1 without a gate).
+// y += g * (silu(x W1^T) * (x W3^T)) W2^T, g = sigmoid(x w_gate) per token (1 without a gate); a dense
+// layer's MLP (m->dense): y = (silu(x W1^T) * (x W3^T)) W2^T written, and its backward writes dx.
 // Its SwiGLU runs as one group of the routed experts' fused ops (ops.h: the GEMM epilogue computes
 // it; its rows, the input's too, in the hidden format); on the cpu the same sums as plain matmuls.
 void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w) {
@@ -61,6 +62,10 @@ void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights 
     m->sh_off[1] = Ns;
     be->gather_rows_hid(m->sh_x, x, 0, m->ident, Ns, d);
     be->grouped_swiglu_fwd(m->sh_h1, m->sh_h3, m->sh_act, m->sh_x, w->sh_w1, w->sh_w3, m->sh_off, 1, d, fs);
+    if (m->dense) { // a dense layer: the MLP's output is the layer's (written)
+        be->grouped_down_fwd(y, m->sh_act, w->sh_w2, m->sh_off, 1, fs, d);
+        return;
+    }
     be->grouped_down_fwd(m->sh_y, m->sh_act, w->sh_w2, m->sh_off, 1, fs, d);
     if (!w->sh_gate) {
         be->combine_rows(y, m->sh_y, m->ident, NULL, Ns, 1, d, 1);
@@ -86,7 +91,7 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
     be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, s->sh_dy, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2,
                            m->sh_off, 1, fs, d, 0);
     be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, m->sh_x, w->sh_w1, w->sh_w3,
-                            m->sh_off, 1, d, fs, 1);
+                            m->sh_off, 1, d, fs, m->dense ? 0 : GM_ACC_DINP); // (a dense layer's: written)
 }
 
 // ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,
@@ -114,7 +119,13 @@ void moe_seq_add(const MoeLayer *m, int T, double *st) {
     for (int i = 0; i < m->Ns; i++) {
         double *sq = st + (size_t)((m->row0 + m->s0 + i) / T) * 2 * E;
         for (int j = 0; j < k; j++) sq[m->idx_h[(size_t)i * k + j]] += 1;
-        for (int e = 0; e < E; e++) sq[E + e] += m->probs_h[(size_t)i * E + e];
+        const float *p = m->probs_h + (size_t)i * E;
+        double P = 1; // sigmoid scores: each row's over their sum (ops.h router_topk's sums)
+        if (m->sigmoid) {
+            P = 0;
+            for (int e = 0; e < E; e++) P += p[e];
+        }
+        for (int e = 0; e < E; e++) sq[E + e] += m->sigmoid ? p[e] / P : p[e];
     }
 }
 

@@ -70,6 +70,7 @@ typedef struct {
     MoeComms cm;
     int layer; // the model's layer index (its reports name it; -1: none given)
     int maxN, d, fl, E, El, k;
+    int sigmoid; // the router's scores are sigmoids (config route_sigmoid): statistics over them normalised
     int N, s0, Ns; // tokens of the last forward, my slice [s0, s0+Ns)
     int64_t row0; // the global index of the forward's row 0 (moe_forward's row0)
     // router side (host): copies of the router's device outputs, made by one copy per forward
@@ -159,8 +160,10 @@ typedef struct {
     size_t cap_d, cap_f, cap_xg, cap_ys;
     size_t rows_cap; // rows the expert-side buffers hold (a2a_rows; kept by moe_layer_trim)
     int regrown; // 1: rows_cap grew again since the last report
-    // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T
-    int fs; // its width (n_shared_experts * shared_d_ff; 0: none)
+    // the shared expert over my slice: y += [sigmoid(x w_gate)] * (silu(x W1^T) * (x W3^T)) W2^T; a dense
+    // layer (moe_dense_init) is that MLP alone: y = (silu(x W1^T) * (x W3^T)) W2^T, its weights the sh_* ones
+    int dense; // 1: a dense layer (no router, no experts; its statistics zero)
+    int fs; // its width (n_shared_experts * shared_d_ff, or a dense layer's dense_d_ff; 0: none)
     void *sh_h1, *sh_h3, *sh_act; // (Ns,fs) each, in the hidden format (ops.h Backend.hid)
     void *sh_x; // (Ns,d) its input rows in the hidden format (as the routed experts')
     int64_t sh_off[2]; // {0, Ns}: the shared expert as one group of the fused expert ops

@@ -1,8 +1,18 @@
-// router.c — the capacity budgets of a mesh and the plan's release (see router.h).
-// Must not hold: the router's math on a Backend (moe.c, ops/), its host reference (tests/router_ref.h).
+// router.c — the router rule of a config, the capacity budgets of a mesh and the plan's release (see
+// router.h). Must not hold: the router's math on a Backend (moe.c, ops/), its host reference
+// (tests/router_ref.h).
 #include "moe/router.h"
 #include <stdlib.h>
 #include <string.h>
+
+RouteRule router_rule(const ModelConfig *c) {
+    return (RouteRule){.k = c->top_k,
+                       .renorm = c->renormalize,
+                       .sigmoid = c->route_sigmoid,
+                       .n_group = c->n_group,
+                       .topk_group = c->topk_group,
+                       .scale = c->route_scale};
+}
 
 void plan_free(DispatchPlan *p) {
     free(p->off);

@@ -4,6 +4,8 @@
 // Must not hold: calls to a Backend; the host reference (tests/).
 #pragma once
 #include <stdint.h>
+#include "core/config.h"
+#include "ops/ops.h"
 
 // Dispatch plan. Assignments (token t, slot j) are ordered by expert, and within an expert by
 // priority: slot 0 of every token (in token order), then slot 1, ... (GShard/DeepSpeed: first
@@ -22,6 +24,9 @@ typedef struct {
     int dropped; // dropped assignments
 } DispatchPlan;
 
+// The router's rule (ops.h RouteRule) of config c: top-k, renormalisation, DeepSeek-V3's sigmoid scores,
+// group-limited choice and weight scale.
+RouteRule router_rule(const ModelConfig *c);
 // Frees the plan's arrays (any of them may be NULL) and zeroes it.
 void plan_free(DispatchPlan *p);
 // all (S, k, E): every rank's slot counts (this process's slot-j assignments to expert e) in

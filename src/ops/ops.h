@@ -66,6 +66,15 @@ enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4 };
 // attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
 enum { ATT_ADD_DQ = 1, ATT_ADD_DKV = 2 };
 
+// The router's rule (router_topk, router_bwd; from config.h's routing options): k experts a token; renorm:
+// their weights renormalised to sum 1; sigmoid: scores sigmoid(logits) (DeepSeek-V3) instead of softmax;
+// n_group > 1 (<= 64): the choice limited to the topk_group groups of highest score; scale: the weights times
+// it (0 or 1: unscaled).
+typedef struct {
+    int k, renorm, sigmoid, n_group, topk_group;
+    float scale;
+} RouteRule;
+
 // The most products of one input that matmul_fwd_multi / matmul_bwd_multi take (q, k, v).
 #define MM_MULTI 3
 
@@ -367,22 +376,27 @@ struct Backend {
     // slot_row and w are (N,k) device arrays; a row of `rows` may be referenced by several t.
     void (*combine_rows)(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
                          int C, int accumulate);
-    // The MoE router over N rows of E logits (E <= 1024 on cuda): probs (N,E) = softmax(logits),
-    // lse (N) = logsumexp (the sum of exponentials in double); idx/w (N,k): the k experts of highest
-    // probability, descending (ties: the lower expert first), w = their probabilities, renormalised
-    // to sum 1 when renorm; sums (E+1, double): sum over the rows of probs[:,e] (e < E) and of lse^2
-    // (e = E), each in a fixed order (deterministic; the cpu sums rows in order). bias (E, device; NULL:
-    // none): DeepSeek-V3's aux-free routing bias: the k chosen are those of highest probs + bias (ties: the
-    // lower expert), w their probabilities (renormalised as above): the bias changes the choice only.
+    // The MoE router over N rows of E logits (E <= 1024 on cuda) under rule r (RouteRule): probs (N,E) =
+    // the scores, softmax(logits) (or with r.sigmoid each sigmoid(logit)), lse (N) = logsumexp (the sum of
+    // exponentials in double); idx/w (N,k): the k experts of highest score, descending (ties: the lower
+    // expert first), w = their scores, renormalised to sum 1 when r.renorm, times r.scale; sums (E+1,
+    // double): sum over the rows of probs[:,e] (sigmoid: of the scores over their row's sum, in double)
+    // (e < E) and of lse^2 (e = E), each in a fixed order (deterministic; the cpu sums rows in order). bias
+    // (E, device; NULL: none): DeepSeek-V3's aux-free routing bias: the k chosen are those of highest
+    // score + bias (ties: the lower expert), w their scores (as above): the bias changes the choice only.
+    // r.n_group > 1: only the r.topk_group groups (E / n_group consecutive experts each) whose two best
+    // (biased) scores sum highest (ties: the lower group) are chosen from (DeepSeek-V3's group-limited
+    // routing; the two added in descending order).
     void (*router_topk)(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
-                        const float *bias, int N, int E, int k, int renorm);
-    // Its backward: dlogits (N,E) = d/dlogits of sum_{t,j} dw[t,j] w[t,j] + sum_{t,e} aux_dp[e] probs[t,e]
-    // + z_dl/2 sum_t lse_t^2, where dw[t,j] = rowdot[slot_row[t,j]] (0 where slot_row < 0): the
-    // gradient reaching each combine weight, read through the dispatch plan. aux_dp (E) is a device
-    // array. OVERWRITES dlogits.
+                        const float *bias, int N, int E, RouteRule r);
+    // Its backward: dlogits (N,E) = d/dlogits of sum_{t,j} dw[t,j] w[t,j] + sum_{t,e} aux_dp[e] q[t,e]
+    // + z_dl/2 sum_t lse_t^2, where q = probs (sigmoid: each row's scores over their sum) and dw[t,j] =
+    // rowdot[slot_row[t,j]] (0 where slot_row < 0): the gradient reaching each combine weight, read through
+    // the dispatch plan. aux_dp (E) is a device array; with r.sigmoid z_dl must be 0 (no z term).
+    // OVERWRITES dlogits.
     void (*router_bwd)(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                        const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
-                       int N, int E, int k, int renorm);
+                       int N, int E, RouteRule r);
     // The MoE backward's combine in one pass, over n rows of C: g = inp[idx[i]]; dot[i] = <g, b[i]>
     // (the products and their sum in double, then rounded to float); out[i] = scale[i] * g (one float
     // product per element), float32 (hid 0) or rounded to the hidden format (hid 1).

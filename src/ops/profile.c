@@ -250,15 +250,15 @@ static void w_combine(float *o, const float *r, const int32_t *s, const float *w
     T1(P_ROWS);
 }
 static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, const float *b,
-                    int N, int E, int k, int r) {
+                    int N, int E, RouteRule r) {
     T0;
-    in->router_topk(p, l, i, w, s, lg, b, N, E, k, r);
+    in->router_topk(p, l, i, w, s, lg, b, N, E, r);
     T1(P_ROUTER);
 }
 static void w_rbwd(float *dl, const float *rd, const int32_t *sr, const float *p, const float *l,
-                   const int32_t *i, const float *w, const float *a, float z, int N, int E, int k, int r) {
+                   const int32_t *i, const float *w, const float *a, float z, int N, int E, RouteRule r) {
     T0;
-    in->router_bwd(dl, rd, sr, p, l, i, w, a, z, N, E, k, r);
+    in->router_bwd(dl, rd, sr, p, l, i, w, a, z, N, E, r);
     T1(P_ROUTER);
 }
 static void w_ce_fb(float *l, float *lg, const int32_t *t, int N, int V, float d) {

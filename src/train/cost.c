@@ -18,8 +18,12 @@ void cost_params(CostParams *p, const ModelConfig *c) {
     if (c->qk_norm == QK_NORM_HEAD) layer += 2 * hd;
     if (c->qkv_bias) layer += (H + 2 * KV) * hd;
     layer += 3 * d * (size_t)c->n_shared_experts * c->shared_d_ff + (c->shared_gate ? d : 0);
-    p->total = 2 * (size_t)c->vocab_size * d + d + (size_t)c->n_layers * layer;
-    p->active = p->total - (size_t)c->n_layers * (E - k) * 3 * d * f;
+    // a dense layer: the attention's and the norms' as an MoE layer's, one MLP of dense_d_ff for the FFN
+    size_t Lm = (size_t)config_moe_layers(c), Ld = (size_t)c->n_layers - Lm;
+    size_t dense = layer - (E * d + E * 3 * d * f) - 3 * d * (size_t)c->n_shared_experts * c->shared_d_ff -
+        (c->shared_gate ? d : 0) + 3 * d * (size_t)c->dense_d_ff;
+    p->total = 2 * (size_t)c->vocab_size * d + d + Lm * layer + Ld * dense;
+    p->active = p->total - Lm * (E - k) * 3 * d * f;
     ParamTable t;
     params_build(&t, c);
     p->tensors = t.n;
@@ -37,7 +41,9 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
     x.router = 2 * d * E;
     x.experts = k * 2 * 3 * d * ff + 2 * 3 * d * (double)c->n_shared_experts * c->shared_d_ff;
     x.head = 2 * d * V;
-    double fwd = c->n_layers * (x.attn_proj + x.attn_scores + x.router + x.experts) + x.head;
+    double Lm = config_moe_layers(c), dense = 2 * 3 * d * (double)c->dense_d_ff; // (a dense layer's MLP)
+    double fwd = c->n_layers * (x.attn_proj + x.attn_scores) + Lm * (x.router + x.experts) +
+        (c->n_layers - Lm) * dense + x.head;
     x.train = 3 * fwd;
     if (f) *f = x;
     return x.train;
@@ -54,7 +60,7 @@ static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && m
 // side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
 // routed token: the mean over a balanced load: yg and the SwiGLU rows); the shared expert's rows (h1, h3,
 // act of its width, its input rows, its output and gate) on the router's slice.
-static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int dense) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
     size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
            kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
@@ -62,6 +68,10 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
     // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
+    if (dense) // a dense layer: the attention's and the norms', its MLP's rows as the shared expert's
+        return 4.0 *
+            (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + B * (c->n_heads / tp) * T +
+             Ns * (3 * (size_t)c->dense_d_ff + 2 * d + 1));
     return 4.0 *
         (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
          Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
@@ -106,9 +116,13 @@ static double acts_routed(const ModelConfig *c, const MeshShape *ms, size_t B, s
            fl = (size_t)c->d_ff / ms->etp, d = c->d_model;
     return inst * (4.0 + hb) * Re * d + kept * hb * Re * 3 * fl + (4.0 + hb) * Re * d + hb * 2 * Re * fl;
 }
-// L layers' activations under --recompute rc.
-static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int L, int rc) {
-    return L * acts_layer(c, ms, B, T) - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
+// The activations of layers [l0, l1) under --recompute rc (a dense layer's MLP rows are kept).
+static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int l0, int l1,
+                          int rc) {
+    double a = 0;
+    for (int l = l0; l < l1; l++) a += acts_layer(c, ms, B, T, config_layer_dense(c, l));
+    int L = l1 - l0;
+    return a - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
 }
 // The backward's scratch on one rank (one set, whatever the layers), rows in the hidden format of hb bytes a
 // value (ops.h Backend.hid): the model's gradients of the residual stream, the norms' outputs, q, k, v and
@@ -149,7 +163,7 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
     int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
     if (o->grad_memory != GRADMEM_SHARED || o->grad_accum != 1 || pp > 1) return 0;
     double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
-    double la = acts_layer(c, ms, B, T) - acts_dropped(c, ms, B, T, o->recompute);
+    double la = acts_layer(c, ms, B, T, 0) - acts_dropped(c, ms, B, T, o->recompute);
     if (hid) la -= acts_hid_saved(c, ms, B, T, o->recompute);
     return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g);
 }
@@ -221,7 +235,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     // in their float32 buffer, holding bf16 values)
     w->state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T;
-    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, c->n_layers, o->recompute) + acts_head(c, N) +
+    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o->recompute) + acts_head(c, N) +
         acts_scratch(c, NULL, (size_t)B, (size_t)T, 4);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
@@ -236,7 +250,7 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     const MeshShape *ms = &m->ms;
     int T = o->seq_len, Bl = m->Bl;
     double mom = moment_elems(lt, ms, o);
-    double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, c->n_layers, o->recompute) +
+    double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o->recompute) +
         acts_head(c, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4);
     double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
     r->params = 4.0 * lt->ltotal;
@@ -264,7 +278,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
         int v = ch * ms->pp + s, live = m->stage[s].live[ch];
         inst += live * (first[v + 1] - first[v]);
         acts += live *
-            (acts_layers(c, ms, Bl, T, first[v + 1] - first[v], 0) +
+            (acts_layers(c, ms, Bl, T, first[v], first[v + 1], 0) +
              (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) : 0));
     }
     if (inst > 1) acts -= (inst - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
@@ -286,11 +300,12 @@ static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o
     const MeshShape *ms = &m->ms;
     double tp = ms->tp, ep = ms->ep, etp = ms->etp, d = c->d_model, mb = m->micro;
     double N = (double)m->Bl * o->seq_len, M = N / tp * c->top_k;
-    int layers = 0;
+    int layers = 0, moe = 0; // (a dense layer has no exchange)
     double pp = 0;
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * ms->pp + s;
         layers += m->sp.first[v + 1] - m->sp.first[v];
+        for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) moe += !config_layer_dense(c, l);
         pp += (v < ms->pp * m->vpp - 1) + (v > 0); // the forward's output on, the backward's gradient back
     }
     double ar = 2 * (tp - 1) / tp, ag = (tp - 1) / tp; // all-reduce, all-gather over TP: parts of the bytes
@@ -299,8 +314,8 @@ static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o
     double etpl = o->expert_mode == 1 ? 2 * (etp - 1) / etp * 3 * (c->n_experts / ms->ep) * c->d_ff * d * 4
                                       : 2 * (etp - 1) * M * d * (hb + 4);
     cm->tp = mb * layers * tpl;
-    cm->ep = mb * layers * epl;
-    cm->etp = mb * layers * etpl;
+    cm->ep = mb * moe * epl;
+    cm->etp = mb * moe * etpl;
     cm->pp = mb * pp * N * d * 4;
     // once a step: each gradient over its group (ZeRO 2: reduce-scattered), ZeRO's weights all-gathered
     cm->dp = 0;

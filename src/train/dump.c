@@ -16,10 +16,17 @@ static double eval_aux_hf(const Model *m) { // after a forward with host_router_
     double rows = 0;
     for (int l = 0; l < L; l++) {
         const MoeLayer *a = &m->la[l].moe;
+        if (a->dense) continue; // (no router)
         CHECK(a->Ns == a->N, "eval_aux_hf: one process only (this rank routes %d of %d tokens)", a->Ns, a->N);
         for (int t = 0; t < a->Ns; t++) {
             for (int j = 0; j < k; j++) cnt[a->idx_h[(size_t)t * k + j]] += 1;
-            for (int e = 0; e < E; e++) P[e] += a->probs_h[(size_t)t * E + e];
+            const float *p = a->probs_h + (size_t)t * E;
+            double S = 1; // sigmoid scores: over their sum (as the aux statistics)
+            if (a->sigmoid) {
+                S = 0;
+                for (int e = 0; e < E; e++) S += p[e];
+            }
+            for (int e = 0; e < E; e++) P[e] += a->sigmoid ? p[e] / S : p[e];
         }
         rows += a->Ns;
     }
@@ -57,8 +64,9 @@ void eval_dump(Model *m, const Dataset *ds, int B, const char *path, int grads, 
     be->to_host(logits, m->logits, (size_t)N * V * sizeof(float));
     be->to_host(losses, m->losses, (size_t)N * sizeof(float));
     float *rl = xmalloc((size_t)L * N * E * sizeof(float));
-    for (int l = 0; l < L; l++)
-        memcpy(rl + (size_t)l * N * E, m->la[l].moe.logits_h, (size_t)N * E * sizeof(float));
+    for (int l = 0; l < L; l++) // (a dense layer's rows: zeros)
+        if (m->la[l].moe.dense) memset(rl + (size_t)l * N * E, 0, (size_t)N * E * sizeof(float));
+        else memcpy(rl + (size_t)l * N * E, m->la[l].moe.logits_h, (size_t)N * E * sizeof(float));
     float sc[4] = {(float)loss, (float)aux, (float)aux_hf, (float)z};
 
     int nt = 8 + L + (grads ? m->t.n : 0), n = 0;

@@ -39,6 +39,7 @@ void evaluate(Pipe *p, const Dataset *ds, int B, int n_batches, int want_kinds, 
         for (int l = 0; r->n_kinds && l < L; l++) {
             if (!model_holds_layer(m, l)) continue;
             const MoeLayer *ml = model_moe(m, l, 0);
+            if (ml->dense) continue; // (no routing)
             for (int i = 0; i < ml->Ns; i++)
                 for (int j = 0; j < k; j++)
                     r->kind_expert[((size_t)kinds[ml->s0 + i] * L + l) * E + ml->idx_h[(size_t)i * k + j]]++;

@@ -21,6 +21,25 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
            "max seq %d\n",
            c->d_model, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->n_experts, c->top_k,
            c->renormalize ? "renormalised" : "not renormalised", c->d_ff, c->vocab_size, c->max_seq_len);
+    int Lm = config_moe_layers(c);
+    if (Lm < c->n_layers) { // the dense layers, as a list
+        printf("dense layers: %d of %d (a SwiGLU MLP of f %d in place of the experts):", c->n_layers - Lm,
+               c->n_layers, c->dense_d_ff);
+        for (int l = 0; l < c->n_layers; l++)
+            if (config_layer_dense(c, l)) printf(" %d", l);
+        printf("\n");
+    }
+    if (c->route_sigmoid || c->n_group > 1 || (c->route_scale != 0 && c->route_scale != 1) ||
+        (c->n_shared_experts && !c->shared_gate)) { // DeepSeek-V3's routing and shared experts
+        printf("routing: %s scores", c->route_sigmoid ? "sigmoid" : "softmax");
+        if (c->n_group > 1) printf(", the best %d of %d expert groups", c->topk_group, c->n_group);
+        if (c->route_scale != 0 && c->route_scale != 1) printf(", weights x %g", c->route_scale);
+        if (c->n_shared_experts)
+            printf("; %d shared expert%s of f %d (%s)", c->n_shared_experts,
+                   c->n_shared_experts > 1 ? "s" : "", c->shared_d_ff,
+                   c->shared_gate ? "sigmoid-gated" : "ungated");
+        printf("\n");
+    }
     printf("dispatch: %s", c->dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
     if (c->dispatch == DISPATCH_CAPACITY)
         printf(" (factor %g: %lld slots per expert for %lld tokens)", c->capacity_factor,

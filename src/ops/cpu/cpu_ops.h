@@ -51,7 +51,7 @@ void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, in
 void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
                       int C, int accumulate);
 void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
-                     const float *bias, int N, int E, int k, int renorm);
+                     const float *bias, int N, int E, RouteRule r);
 void cpu_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);
 void cpu_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const int32_t *rank,
                    const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first, int N,
@@ -60,7 +60,7 @@ void cpu_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t
                           const float *scale, int n, int C, int hid);
 void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                     const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
-                    int N, int E, int k, int renorm);
+                    int N, int E, RouteRule r);
 void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V,
                                float dloss);
 void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);

@@ -178,10 +178,10 @@ void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, i
 void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
                        int C, int accumulate);
 void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
-                      const float *bias, int N, int E, int k, int renorm);
+                      const float *bias, int N, int E, RouteRule r);
 void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                      const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
-                     int N, int E, int k, int renorm);
+                     int N, int E, RouteRule r);
 void cuda_gather_dot_scale_bf16(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                 const float *scale, int n, int C, int hid);
 void cuda_gather_dot_scale_f32(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,

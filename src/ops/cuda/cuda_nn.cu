@@ -1,10 +1,10 @@
 // cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding
 // (forward, backward), row gather, the MoE combine (combine_rows) and its backward
-// (gather_dot_scale), the router (softmax, top-k and the sums over rows: router_topk; its backward:
-// router_bwd), dropout, SwiGLU, cross-entropy, and the elementwise mul and axpy. RMSNorm and RoPE are in
-// cuda_norm.cu.
-// Attention is in cuda_attention*.cu, GEMMs in cuda_gemm.cu and cuda_grouped.cu, the dispatch plan in
-// cuda_plan.cu, the optimizer's sums of squares and AdamW in cuda_optim.cu.
+// (gather_dot_scale), the router (softmax or sigmoid, group-limited top-k and the sums over rows:
+// router_topk; its backward: router_bwd), dropout, SwiGLU, cross-entropy, and the elementwise mul and axpy.
+// RMSNorm and RoPE are in cuda_norm.cu. Attention is in cuda_attention*.cu, GEMMs in cuda_gemm.cu and
+// cuda_grouped.cu, the dispatch plan in cuda_plan.cu, the optimizer's sums of squares and AdamW in
+// cuda_optim.cu.
 //
 // Determinism: no float atomics. Every sum that feeds a result has a fixed order: per-row block and
 // warp sums (RMSNorm, cross-entropy, the router's softmax, gather_dot_scale) use a fixed shuffle
@@ -273,9 +273,9 @@ extern "C" void cuda_gather_dot_scale_f32(void *out, float *dot, const float *in
 // index), then a butterfly argmax over (p, then lower index), which is a total order, so every
 // lane ends with the same winner: the cpu's selection.
 #define RT_WARPS 8
-__global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, const float *logits,
-                              const float *bias, int N, int E, int k, int renorm) {
-    int row = blockIdx.x * RT_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31;
+__global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, double *rsum,
+                              const float *logits, const float *bias, int N, int E, RouteRule r) {
+    int row = blockIdx.x * RT_WARPS + threadIdx.x / 32, lane = threadIdx.x & 31, k = r.k;
     if (row >= N) return; // warp-uniform
     const float *x = logits + (size_t)row * E;
     float *p = probs + (size_t)row * E;
@@ -287,7 +287,60 @@ __global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, 
     s = warp_sum_d(s);
     float l = mx + (float)log(s);
     if (lane == 0) lse[row] = l;
-    for (int e = lane; e < E; e += 32) p[e] = expf(x[e] - l);
+    double ps = 0; // sigmoid: the row's sum of scores (the aux statistics' normaliser)
+    for (int e = lane; e < E; e += 32) {
+        p[e] = r.sigmoid ? 1.0f / (1.0f + expf(-x[e])) : expf(x[e] - l);
+        ps += p[e];
+    }
+    if (r.sigmoid && rsum) {
+        ps = warp_sum_d(ps);
+        if (lane == 0) rsum[row] = ps;
+    }
+    // group-limited choice (n_group <= 64): lane l scores groups l and l + 32 (the sum of their two best
+    // biased scores, as the cpu), then topk_group rounds of the argmax below pick the groups
+    unsigned long long gm = ~0ull;
+    int per = r.n_group > 1 ? E / r.n_group : E;
+    if (r.n_group > 1) {
+        __syncwarp(); // (every lane's scores written)
+        float gs[2];
+        for (int h = 0; h < 2; h++) {
+            int g = lane + 32 * h;
+            float a = -INFINITY, b = -INFINITY;
+            for (int e = g * per; g < r.n_group && e < (g + 1) * per; e++) {
+                float sc = bias ? __fadd_rn(p[e], bias[e]) : p[e];
+                if (sc > a) {
+                    b = a;
+                    a = sc;
+                } else if (sc > b) {
+                    b = sc;
+                }
+            }
+            gs[h] = __fadd_rn(a, b);
+        }
+        unsigned gt = 0;
+        gm = 0;
+        for (int j = 0; j < r.topk_group; j++) {
+            float bs = 0.0f;
+            int bg = -1;
+            for (int h = 0; h < 2; h++) {
+                int g = lane + 32 * h;
+                if (g < r.n_group && !(gt >> h & 1u) && (bg < 0 || gs[h] > bs)) {
+                    bs = gs[h];
+                    bg = g;
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float os = __shfl_xor_sync(0xffffffffu, bs, o);
+                int og = __shfl_xor_sync(0xffffffffu, bg, o);
+                if (og >= 0 && (bg < 0 || os > bs || (os == bs && og < bg))) {
+                    bs = os;
+                    bg = og;
+                }
+            }
+            if ((bg & 31) == lane) gt |= 1u << (bg >> 5);
+            gm |= 1ull << bg;
+        }
+    }
     unsigned taken = 0;
     double sw = 0;
     int32_t *ix = idx + (size_t)row * k;
@@ -297,7 +350,7 @@ __global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, 
         float bp = 0.0f, bs = 0.0f;
         int be = -1, i = 0;
         for (int e = lane; e < E; e += 32, i++) {
-            if (taken >> i & 1u) continue;
+            if (taken >> i & 1u || !(gm >> (e / per) & 1ull)) continue;
             float v = p[e], sv = bias ? __fadd_rn(v, bias[e]) : v;
             if (be < 0 || sv > bs) {
                 bp = v;
@@ -321,22 +374,27 @@ __global__ void router_topk_k(float *probs, float *lse, int32_t *idx, float *w, 
         }
         sw += bp;
     }
-    if (renorm && lane == 0)
+    if (r.renorm && lane == 0)
         for (int j = 0; j < k; j++) wt[j] = (float)(wt[j] / sw);
+    if (r.scale != 0 && r.scale != 1 && lane == 0)
+        for (int j = 0; j < k; j++) wt[j] *= r.scale;
 }
 
 // sums over rows: chunk c of P row ranges, column e (e == E: lse^2); each thread sums rows
 // t = t0 + ty, t0 + ty + RS_ROWS, ... in order, the RS_ROWS partials add in order, then the P chunk
 // partials add in order (router_sums_fin_k): a fixed order, whatever the launch.
 #define RS_ROWS 8
-__global__ void router_sums_part_k(double *part, const float *probs, const float *lse, int N, int E, int P) {
+__global__ void router_sums_part_k(double *part, const float *probs, const float *lse, const double *rsum,
+                                   int N, int E, int P) {
     __shared__ double sh[RS_ROWS][32];
     int e = blockIdx.x * 32 + threadIdx.x, c = blockIdx.y, ty = threadIdx.y;
     int t0 = (int)((int64_t)N * c / P), t1 = (int)((int64_t)N * (c + 1) / P);
     double s = 0;
     if (e <= E)
         for (int t = t0 + ty; t < t1; t += RS_ROWS)
-            s += e < E ? (double)probs[(size_t)t * E + e] : (double)lse[t] * lse[t];
+            s += e == E ? (double)lse[t] * lse[t]
+                : rsum  ? probs[(size_t)t * E + e] / rsum[t] // (sigmoid: over the row's sum)
+                        : (double)probs[(size_t)t * E + e];
     sh[ty][threadIdx.x] = s;
     __syncthreads();
     if (ty == 0 && e <= E) {
@@ -355,20 +413,26 @@ __global__ void router_sums_fin_k(double *sums, const double *part, int E, int P
 }
 
 extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums,
-                                 const float *logits, const float *bias, int N, int E, int k, int renorm) {
+                                 const float *logits, const float *bias, int N, int E, RouteRule r) {
+    int k = r.k;
     CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E,
           "router_topk on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
+    CHECK(r.n_group <= 1 ||
+              (r.n_group <= 64 && E % r.n_group == 0 && r.topk_group >= 1 && r.topk_group <= r.n_group),
+          "router_topk on cuda: %d groups, %d chosen, E = %d", r.n_group, r.topk_group, E);
     if (N <= 0) {
         if (sums) CUDA_CHECK(cudaMemset(sums, 0, sizeof(double) * (E + 1)));
         return;
     }
-    router_topk_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS>>>(probs, lse, idx, w, logits, bias, N, E, k, renorm);
-    KCHECK("router_topk");
-    if (!sums) return;
     int P = N / 64;
     P = P < 1 ? 1 : P > 256 ? 256 : P;
-    double *part = (double *)cuda_workspace(sizeof(double) * (size_t)P * (E + 1));
-    router_sums_part_k<<<dim3(cdiv_u(E + 1, 32), P), dim3(32, RS_ROWS)>>>(part, probs, lse, N, E, P);
+    // the sums' partials, then (sigmoid) each row's sum of scores
+    double *part = sums ? (double *)cuda_workspace(sizeof(double) * ((size_t)P * (E + 1) + (size_t)N)) : NULL;
+    double *rsum = sums && r.sigmoid ? part + (size_t)P * (E + 1) : NULL;
+    router_topk_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS>>>(probs, lse, idx, w, rsum, logits, bias, N, E, r);
+    KCHECK("router_topk");
+    if (!sums) return;
+    router_sums_part_k<<<dim3(cdiv_u(E + 1, 32), P), dim3(32, RS_ROWS)>>>(part, probs, lse, rsum, N, E, P);
     KCHECK("router_topk (sums)");
     router_sums_fin_k<<<cdiv_u(E + 1, 128), 128>>>(sums, part, E, P);
     KCHECK("router_topk (sums)");
@@ -378,18 +442,28 @@ extern "C" void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *
 // terms in slot order (as the cpu), then the lanes finish the row.
 __global__ void router_bwd_k(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,
                              const float *lse, const int32_t *idx, const float *w, const float *aux_dp,
-                             float z_dl, int N, int E, int k, int renorm) {
+                             float z_dl, int N, int E, RouteRule r) {
     extern __shared__ float sdp[];
-    int wi = threadIdx.x / 32, lane = threadIdx.x & 31, row = blockIdx.x * RT_WARPS + wi;
+    int wi = threadIdx.x / 32, lane = threadIdx.x & 31, row = blockIdx.x * RT_WARPS + wi, k = r.k;
     if (row >= N) return; // warp-uniform
     float *dp = sdp + (size_t)wi * E;
     const float *p = probs + (size_t)row * E;
-    for (int e = lane; e < E; e += 32) dp[e] = aux_dp[e];
+    float sc = r.scale != 0 ? r.scale : 1.0f;
+    if (r.sigmoid) { // the aux term on q = p / P: dp_e = (aux_dp_e - sum_m aux_dp_m q_m) / P (as the cpu)
+        double P = 0, cq = 0;
+        for (int e = lane; e < E; e += 32) P += p[e];
+        P = warp_sum_d(P);
+        for (int e = lane; e < E; e += 32) cq += (double)aux_dp[e] * (p[e] / P);
+        cq = warp_sum_d(cq);
+        for (int e = lane; e < E; e += 32) dp[e] = (float)((aux_dp[e] - cq) / P);
+    } else {
+        for (int e = lane; e < E; e += 32) dp[e] = aux_dp[e];
+    }
     __syncwarp();
     if (lane == 0) {
         const int32_t *ix = idx + (size_t)row * k, *sr = slot_row + (size_t)row * k;
         const float *wt = w + (size_t)row * k;
-        if (renorm) {
+        if (r.renorm) {
             double S = 0, gw = 0;
             for (int j = 0; j < k; j++) {
                 float g = sr[j] >= 0 ? rowdot[sr[j]] : 0.0f;
@@ -398,29 +472,34 @@ __global__ void router_bwd_k(float *dlogits, const float *rowdot, const int32_t 
             }
             for (int j = 0; j < k; j++) {
                 float g = sr[j] >= 0 ? rowdot[sr[j]] : 0.0f;
-                dp[ix[j]] += (float)((g - gw) / S);
+                dp[ix[j]] += (float)((g * sc - gw) / S);
             }
         } else {
-            for (int j = 0; j < k; j++) dp[ix[j]] += sr[j] >= 0 ? rowdot[sr[j]] : 0.0f;
+            for (int j = 0; j < k; j++) dp[ix[j]] += sr[j] >= 0 ? rowdot[sr[j]] * sc : 0.0f;
         }
     }
     __syncwarp();
+    float *dl = dlogits + (size_t)row * E;
+    if (r.sigmoid) { // dp/dlogit = p (1 - p)
+        for (int e = lane; e < E; e += 32) dl[e] = dp[e] * (p[e] * (1.0f - p[e]));
+        return;
+    }
     double pdp = 0;
     for (int e = lane; e < E; e += 32) pdp += (double)p[e] * dp[e];
     pdp = warp_sum_d(pdp);
     float zc = z_dl * lse[row];
-    float *dl = dlogits + (size_t)row * E;
     for (int e = lane; e < E; e += 32) dl[e] = p[e] * (dp[e] - (float)pdp) + zc * p[e];
 }
 
 extern "C" void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row,
                                 const float *probs, const float *lse, const int32_t *idx, const float *w,
-                                const float *aux_dp, float z_dl, int N, int E, int k, int renorm) {
+                                const float *aux_dp, float z_dl, int N, int E, RouteRule r) {
+    int k = r.k;
     CHECK(E >= 1 && E <= 1024 && k >= 1 && k <= E,
           "router_bwd on cuda: E = %d, k = %d (needs 1 <= k <= E <= 1024)", E, k);
     if (N <= 0) return;
     router_bwd_k<<<cdiv_u(N, RT_WARPS), 32 * RT_WARPS, sizeof(float) * RT_WARPS * E>>>(
-        dlogits, rowdot, slot_row, probs, lse, idx, w, aux_dp, z_dl, N, E, k, renorm);
+        dlogits, rowdot, slot_row, probs, lse, idx, w, aux_dp, z_dl, N, E, r);
     KCHECK("router_bwd");
 }
 
