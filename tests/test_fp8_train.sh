@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_fp8_train.sh — --precision fp8 (the experts' GEMMs by the fine-grained FP8 recipe on the cpu: ops.h
 # Backend.fp8; its ops bit for bit against the reference: test_fp8_ops.c) as a training mode:
-#   - refusals: the GPU (not wired yet), --etp > 1, the bf16 policy's options, moe plan; each one
+#   - refusals: --etp > 1, the bf16 policy's options, moe plan; each one
 #     "moe: error:" line, nothing written;
 #   - state.json records "precision": "fp8"; a resume (3 + 3 steps) is byte-identical to the uninterrupted
 #     6 steps, with --precision given or taken from run.json; mixed <-> fp8 resume with a note;
