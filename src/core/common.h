@@ -36,11 +36,29 @@ uint64_t alloc_count(void);
 uint64_t alloc_count_backend(void);
 void alloc_note_backend(void);
 
-// Checked stdio: die naming the path and errno text.
+// Checked stdio: die naming the path and errno text (a failed write or rename: and the IO note below).
 FILE *xfopen(const char *path, const char *mode);
 void xfwrite(const void *p, size_t size, size_t n, FILE *f, const char *path);
+void xfputs(const char *s, FILE *f, const char *path);
+void xfflush(FILE *f, const char *path);
+// s appended to f (a file opened for appending) and flushed, whole or not at all: a failed write cuts the
+// file back to its length before, then dies (a line-per-record file such as metrics.jsonl keeps no torn
+// last line).
+void xfappend(const char *s, FILE *f, const char *path);
 void xfread(void *p, size_t size, size_t n, FILE *f, const char *path);
 void xfclose(FILE *f, const char *path); // fflush + fsync + fclose for files opened for writing
+void xrename(const char *from, const char *to);
+
+// A failed write ends the process with "moe: error: cannot <verb> '<path>' (<errno text>)", followed by
+// "; <note>" while an IO note is set (a run sets where its last complete checkpoint is, so a full disk
+// says what was kept). io_note_set(NULL) clears it.
+void die_io(const char *verb, const char *path, int err) __attribute__((noreturn));
+void io_note_set(const char *note);
+
+// Fault injection for the tests: with MOE_FAULT=<name> in the environment, fault_point(name) kills this
+// process (SIGKILL, as kill -9 would) at that point. Points: "remove" (rm_rf, after the first entry of
+// a tree is removed), "swap" (replacing a checkpoint without RENAME_EXCHANGE, between its two renames).
+void fault_point(const char *name);
 
 // n bytes at offset off of the open file fd into buf (pread, retried on EINTR); dies naming path when the
 // file ends early or a read fails. Readers that must leave nothing behind on a refused input (a DIE that
@@ -83,9 +101,12 @@ void fmt_count(char *buf, size_t n, double count); // "1.23M"
 // first output, so nothing is written when nothing is printed): stdout becomes a pipe that a thread
 // copies to the original stdout and to the file. stdout_tee_end (also run at exit and by DIE) flushes,
 // restores stdout and closes the file. Dies naming the file when it (or its directory) is not writable.
-// One tee at a time.
+// One tee at a time. A write to the file that fails is not retried: stdout_tee_check (on the calling
+// thread; also after stdout_tee_end) then dies naming the file and the error, so a full disk or a
+// read-only run directory is not silent.
 void stdout_tee(const char *path);
 void stdout_tee_end(void);
+void stdout_tee_check(void);
 
 // Remove a directory tree (no symlinks followed). Returns 0 on success.
 int rm_rf(const char *path);

@@ -22,7 +22,7 @@ static void write_run(size_t full, size_t local, size_t n, void *p) {
     while (left) {
         ssize_t k = pwrite(w->fd, b, left, off);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) DIE("cannot write '%s' (%s)", w->path, k < 0 ? strerror(errno) : "short write");
+        if (k <= 0) die_io("write", w->path, k < 0 ? errno : ENOSPC); // (0 bytes written: no room)
         b += k;
         off += k;
         left -= (size_t)k;
@@ -32,11 +32,11 @@ static void write_run(size_t full, size_t local, size_t n, void *p) {
 static void write_slices(const char *path, const ParamTable *t, const unsigned char *own, const float *src,
                          uint64_t base) {
     int fd = open(path, O_WRONLY);
-    if (fd < 0) DIE("cannot open '%s' (%s)", path, strerror(errno));
+    if (fd < 0) die_io("open", path, errno);
     WriteCtx w = {fd, path, src, base};
     for (int i = 0; i < t->n; i++)
         if (own[i] && t->p[i].lnumel) params_slice_runs(&t->p[i], write_run, &w);
-    if (fsync(fd) != 0 || close(fd) != 0) DIE("cannot write '%s' (%s)", path, strerror(errno));
+    if (fsync(fd) != 0 || close(fd) != 0) die_io("write", path, errno);
 }
 
 void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params,

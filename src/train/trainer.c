@@ -98,12 +98,26 @@ static void truncate_metrics(const char *path, int64_t last_step) {
     for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
         cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL;
-        if (s && cJSON_IsNumber(s) && s->valuedouble <= last_step) fprintf(f, "%s\n", line);
+        if (s && cJSON_IsNumber(s) && s->valuedouble <= last_step) {
+            xfputs(line, f, tmp);
+            xfputs("\n", f, tmp);
+        }
         cJSON_Delete(j);
     }
     xfclose(f, tmp);
-    if (rename(tmp, path) != 0) DIE("cannot replace %s", path);
+    xrename(tmp, path);
     free(buf);
+}
+
+// A failed write names the newest complete checkpoint, which a save in progress never touches (it writes
+// into "<dir>.tmp"): what a full disk or a read-only run directory leaves to resume from.
+static void note_checkpoint(const char *out) {
+    char latest[2048], note[2200];
+    if (ckpt_find_latest(out, latest, sizeof latest) == 0)
+        snprintf(note, sizeof note,
+                 "the checkpoint %s is complete and unchanged (--resume continues from it)", latest);
+    else snprintf(note, sizeof note, "no checkpoint of this run is complete yet");
+    io_note_set(note);
 }
 
 // Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered first);
@@ -123,6 +137,7 @@ static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, 
     ckpt_save_dist(path, c, &m->t, ph, m1, m2, own, st, world);
     if (comm_rank(world) == 0 && !dir) ckpt_prune(o->out, o->keep);
     comm_barrier(world);
+    note_checkpoint(o->out);
     free(own);
     free(m1);
 }
@@ -174,6 +189,9 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
 static int check_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
     const TrainOptions *o = r->o;
     char held[256];
+    // (--resume: a replacement of a checkpoint that a kill stopped between its renames is finished first)
+    if (o->resume && r->rank0) ckpt_run_recover(o->out);
+    comm_barrier(r->world);
     int has_run = ckpt_run_present(o->out, held, sizeof held), resuming = 0;
     comm_barrier(r->world);
     if (o->resume) {
@@ -211,6 +229,7 @@ static void run_dir_start(const Run *r) {
         char log[2100];
         join_path(log, sizeof log, o->out, RUN_LOG);
         stdout_tee(log);
+        ckpt_run_tidy(o->out); // what a killed save or prune left
     }
 }
 
@@ -403,6 +422,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     run_setup(r, cfg_in, o, model_explicit, world);
     run_dir_start(r);
     load_or_init(r, r->resuming, r->latest);
+    note_checkpoint(o->out);
     best_recorded(r);
     adapt_init(&r->adapt, o, &r->shape, r->meshed, &r->m);
 
@@ -483,8 +503,13 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     }
     char *txt = cJSON_PrintUnformatted(j);
     if (r->mf) {
-        fprintf(r->mf, "%s\n", txt);
-        fflush(r->mf);
+        size_t n = strlen(txt);
+        char *line = xmalloc(n + 2);
+        memcpy(line, txt, n);
+        memcpy(line + n, "\n", 2);
+        xfappend(line, r->mf, r->metrics_path);
+        free(line);
+        stdout_tee_check(); // (the log's writes are the tee thread's: a failure shows here, a step later)
     }
     free(txt);
     cJSON_Delete(j);
@@ -509,9 +534,11 @@ static void run_evaluate(Run *r, int step) {
     EvalResult ev;
     evaluate(&r->step.pipe, &r->ds, r->step.Bm, r->o->eval_batches, 0, &ev, &r->dist);
     if (r->mf) {
-        if (isfinite(ev.loss)) fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
-        else fprintf(r->mf, "{\"step\":%d,\"val_loss\":null}\n", step + 1); // JSON has no NaN
-        fflush(r->mf);
+        char line[160];
+        if (isfinite(ev.loss))
+            snprintf(line, sizeof line, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
+        else snprintf(line, sizeof line, "{\"step\":%d,\"val_loss\":null}\n", step + 1); // JSON has no NaN
+        xfappend(line, r->mf, r->metrics_path);
     }
     if (!r->o->quiet) fprintf(r->out, "  eval: val loss %.4f\n", ev.loss);
     if (r->o->keep_best && ev.loss < r->best_loss) { // the same on every rank: ev.loss is global
@@ -599,7 +626,10 @@ free_all:
     adapt_free(&r->adapt);
     if (!r->rank0) fclose(r->out);
     run_setup_free(r);
-    if (r->rank0) stdout_tee_end();
+    if (r->rank0) {
+        stdout_tee_end();
+        stdout_tee_check();
+    }
 }
 
 int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit, const char *record,
