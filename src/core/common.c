@@ -122,11 +122,13 @@ void stdout_tee_end(void) {
     tee_on = 0;
 }
 
-static volatile sig_atomic_t preempt_sig;
+static volatile sig_atomic_t preempt_sig, preempt_armed;
 static void on_preempt(int sig) {
-    preempt_sig = sig;
     signal(sig, SIG_DFL); // a second one ends the process
+    if (preempt_armed) preempt_sig = sig;
+    else raise(sig); // (blocked until this handler returns, then the default action: the process ends)
 }
+void preempt_arm(int on) { preempt_armed = on; }
 void signals_init(int preemptible) {
     signal(SIGXFSZ, SIG_IGN);
     if (!preemptible) return;
@@ -135,13 +137,13 @@ void signals_init(int preemptible) {
     sa.sa_handler = on_preempt;
     sa.sa_flags = SA_RESTART; // IO in progress continues; the loop checks the flag between steps
     sigemptyset(&sa.sa_mask);
-    const int sigs[2] = {SIGTERM, SIGINT};
-    for (int i = 0; i < 2; i++) {
+    const int sigs[4] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+    for (int i = 0; i < 4; i++) {
         struct sigaction old;
         // a signal ignored when we started stays ignored (a shell's background job ignores SIGINT)
         if (sigaction(sigs[i], NULL, &old) != 0 ||
             (old.sa_handler != SIG_IGN && sigaction(sigs[i], &sa, NULL) != 0))
-            DIE("cannot install the SIGTERM/SIGINT handlers (%s)", strerror(errno));
+            DIE("cannot install the preemption signals' handlers (%s)", strerror(errno));
     }
 }
 int preempt_signal(void) { return preempt_sig; }

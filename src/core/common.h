@@ -19,9 +19,14 @@ void moe_die(const char *file, int line, const char *fmt, ...)
 void moe_set_die_hook(void (*hook)(void), int rank);
 
 // Signals: SIGXFSZ ignored (a file-size limit makes writes fail with EFBIG, reported by the checked
-// IO calls, instead of killing the process); with preemptible, the first SIGTERM or SIGINT is only
-// recorded (preempt_signal() then returns it; a second one ends the process as usual).
+// IO calls, instead of killing the process); with preemptible, SIGTERM, SIGINT, SIGUSR1 and SIGUSR2
+// (mpirun forwards the last two to the ranks and returns their status; on SIGTERM it exits 1 and kills
+// them a second later) are handled: while armed (preempt_arm(1): the training loop, which checks
+// between steps) the first is only recorded (preempt_signal() then returns it; a second one ends the
+// process as usual); while disarmed (start-up, the final report) one ends the process at once, as
+// without a handler, rather than waiting for a check that will not come.
 void signals_init(int preemptible);
+void preempt_arm(int on);
 int preempt_signal(void); // 0, or the signal that asked this process to stop
 #define MOE_EXIT_PREEMPTED 75 // exit status after a preemption's checkpoint (EX_TEMPFAIL: --resume)
 

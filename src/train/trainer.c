@@ -592,8 +592,11 @@ static void run_close(Run *r) {
             fprintf(stderr,
                     "moe: preempted by %s after step %lld: checkpoint %s written; continue with the same "
                     "command and --resume (exit status %d)\n",
-                    r->preempted == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->st.step, latest,
-                    MOE_EXIT_PREEMPTED);
+                    r->preempted == SIGINT        ? "SIGINT"
+                        : r->preempted == SIGUSR1 ? "SIGUSR1"
+                        : r->preempted == SIGUSR2 ? "SIGUSR2"
+                                                  : "SIGTERM",
+                    (long long)r->st.step, latest, MOE_EXIT_PREEMPTED);
         goto free_all;
     }
     double wall = now_seconds() - r->t_start;
@@ -642,6 +645,7 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         free(full);
     }
     StepStats s = {.counts = r.counts};
+    preempt_arm(1); // (before: start-up, where a signal ends the process at once)
     int skipped = 0; // steps skipped in a row (non-finite loss or norm)
     for (int step = r.first; step < o->steps; step++) {
         if (r.profile && step == r.first + 1) backend_profile_reset(); // the first step warms up
@@ -664,15 +668,20 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0 && !s.skipped) ||
             (last && o->save_every >= 0);
         if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
-        // SIGTERM / SIGINT: every rank stops after the same step (the flag is summed over the ranks)
+        // SIGTERM / SIGINT / SIGUSR1/2: every rank stops after the same step (the flag is summed over the
+        // ranks); after the last step too: its checkpoint is written, the report is skipped
         int stop = preempt_signal() != 0;
         if (comm_size(world) > 1) comm_allreduce(world, &stop, 1, CT_I32);
-        if (stop && !last) {
+        if (stop) {
             if (!saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
             r.preempted = preempt_signal() ? preempt_signal() : SIGTERM;
             break;
         }
     }
+    // the report (final evaluation, sample, plots) checks for no signal: one ends the process at once,
+    // as does one that came after the last step's check
+    preempt_arm(0);
+    if (!r.preempted && preempt_signal()) raise(preempt_signal());
     run_close(&r);
     return r.preempted ? MOE_EXIT_PREEMPTED : 0;
 }
