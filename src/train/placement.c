@@ -91,11 +91,29 @@ static void choose_gpu_comm(Placement *p, const TrainOptions *o, const Comm *wor
     }
 }
 
+// The cpu backend's threads as the header prints them: how many and how they wait (cli/main.c sets
+// OMP_WAIT_POLICY=passive and MOE_OMP_DEFAULT=1 where neither it nor GOMP_SPINCOUNT was set).
+static void describe_threads(Placement *p, int shared) {
+    const char *wait = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+    char how[160];
+    if (getenv("MOE_OMP_DEFAULT"))
+        snprintf(how, sizeof how, "waiting passive (moe's default where OMP_WAIT_POLICY is unset)");
+    else if (spin) snprintf(how, sizeof how, "waiting as GOMP_SPINCOUNT=%.40s says", spin);
+    else snprintf(how, sizeof how, "waiting as OMP_WAIT_POLICY=%.40s says", wait ? wait : "");
+    int n = omp_get_max_threads();
+    snprintf(p->threads, sizeof p->threads, "threads: %d OpenMP thread%s (%s), %s", n, n == 1 ? "" : "s",
+             getenv("OMP_NUM_THREADS") ? "OMP_NUM_THREADS"
+                 : shared              ? "this node's cores shared by its ranks"
+                                       : "every core",
+             how);
+}
+
 void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     memset(p, 0, sizeof *p);
     // several ranks on one machine share its cores: unless told otherwise, each takes its share
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (comm_size(world) > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0) {
+    int shared = comm_size(world) > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0;
+    if (shared) {
         int t = omp_get_num_procs() / atoi(local);
         omp_set_num_threads(t > 0 ? t : 1);
     }
@@ -103,6 +121,7 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     int force_nccl = comm_nccl_forced();
     p->be = backend_by_name(o->device);
     p->on_gpu = p->be != backend_cpu();
+    if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)
         DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
     if (force_nccl && o->gpu_comm != GPUCOMM_AUTO && o->gpu_comm != GPUCOMM_NCCL)
