@@ -120,26 +120,34 @@ static void note_checkpoint(const char *out) {
     io_note_set(note);
 }
 
-// Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered first);
-// rank 0 creates and commits the directory.
+// The parameters for a checkpoint, a window of SAVE_WINDOW elements at a time (io/ckpt_dist.h CkptSource)
+#define SAVE_WINDOW ((size_t)1 << 22) // 16 MiB of float32
+static void params_window(void *ctx, int k, size_t *lo, size_t *n, float *buf) {
+    const Model *m = ctx;
+    *lo = (size_t)k * SAVE_WINDOW;
+    *n = m->t.ltotal - *lo < SAVE_WINDOW ? m->t.ltotal - *lo : SAVE_WINDOW;
+    m->be->to_host(buf, m->params + *lo, *n * sizeof(float));
+}
+
+// Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered a bucket at a
+// time), streamed to the files without a full host copy; rank 0 creates and commits the directory.
 // dir NULL: the step's checkpoint (then the old ones pruned); else that directory (OUT/best).
 static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m,
                  const TrainState *st, const Comm *world, const char *dir) {
     size_t P = m->t.ltotal;
-    float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
-    dist_moments_get(dist, m, m1, m2);
-    m->be->to_host(ph, m->params, P * sizeof(float));
+    CkptSource ps = {(int)((P + SAVE_WINDOW - 1) / SAVE_WINDOW), P < SAVE_WINDOW ? P : SAVE_WINDOW,
+                     params_window, (void *)m};
+    CkptSource m1 = dist_moment_source(dist, 0), m2 = dist_moment_source(dist, 1);
     unsigned char *own = xmalloc((size_t)m->t.n + 1);
     for (int i = 0; i < m->t.n; i++) own[i] = (unsigned char)dist_owned(dist, &m->t.p[i]);
     char path[2048];
     if (dir) snprintf(path, sizeof path, "%s", dir);
     else ckpt_path(path, sizeof path, o->out, st->step);
-    ckpt_save_dist(path, c, &m->t, ph, m1, m2, own, st, world);
+    ckpt_save_dist(path, c, &m->t, &ps, &m1, &m2, own, st, world);
     if (comm_rank(world) == 0 && !dir) ckpt_prune(o->out, o->keep);
     comm_barrier(world);
     note_checkpoint(o->out);
     free(own);
-    free(m1);
 }
 
 
