@@ -8,7 +8,7 @@
 #       error naming the partial directory, the errno and the previous checkpoint, which is byte-identical
 #       and loads; with room again, --resume removes the partial .tmp (and says so) and runs to the end;
 #   (4) a read-only run directory (the tmpfs remounted ro): --resume refuses in one line, nothing changed;
-#   (5) partial directories a killed save left (step_N.tmp, best.tmp) are removed at the next start;
+#   (5) partial directories a killed save left (step_N.tmp, best.tmp; run.json.tmp) go at the next start;
 #   (6) a kill -9 in the middle of pruning (MOE_FAULT=remove: killed after the first file of the removal)
 #       leaves no step_N directory that looks complete but does not load, resume picks the newest, and
 #       the resumed run's losses equal an uninterrupted run's;
@@ -44,8 +44,9 @@ else fail "train.log unwritable: not one error naming it"; show_output; fi
 # ---- 5: partial directories of a killed save, removed at the next start
 run_ok "a run saving step 2" "$MOE" train "${F[@]}" --steps 2 --out P || finish
 mkdir P/step_00000004.tmp P/best.tmp && echo partial >P/step_00000004.tmp/model.safetensors
-run_ok "--resume beside step_00000004.tmp and best.tmp" "$MOE" train "${F[@]}" --steps 3 --out P --resume
-check "both partial directories removed" test ! -e P/step_00000004.tmp -a ! -e P/best.tmp
+echo '{"opt' >P/run.json.tmp
+run_ok "--resume beside step_00000004.tmp, best.tmp and run.json.tmp" "$MOE" train "${F[@]}" --steps 3 --out P --resume
+check "the partial directories and file removed" test ! -e P/step_00000004.tmp -a ! -e P/best.tmp -a ! -e P/run.json.tmp
 check "... and the run says so" grep -q "^removed P/step_00000004.tmp (left by an interrupted save)" "$OUT_FILE"
 check "... with step 3 saved" test -f P/step_00000003/checksums.json
 

@@ -294,6 +294,11 @@ void ckpt_run_tidy(const char *out) {
                del ? "an old checkpoint whose removal was interrupted" : "left by an interrupted save");
     }
     free_names(names, nn);
+    static const char *const files[] = {RUN_RECORD ".tmp", "metrics.jsonl.tmp"}; // (written, then renamed)
+    for (int i = 0; i < 2; i++) {
+        join_path(p, sizeof p, out, files[i]);
+        if (file_exists(p) && remove(p) == 0) printf("removed %s (left by an interrupted write)\n", p);
+    }
 }
 
 static void add_i64(cJSON *o, const char *key, int64_t v) {

@@ -81,7 +81,8 @@ void ckpt_prune(const char *out, int keep);
 // What a killed save or prune left in out, for the start of a run (each prints one line saying what it
 // did): ckpt_run_recover finishes a replacement stopped between its renames (X.old without X: X.tmp,
 // complete, becomes X, else X.old back to X) and changes nothing else; ckpt_run_tidy then removes every
-// step_N.tmp / best.tmp (a save's partial directory), X.old beside an X, and X.del (an interrupted prune).
+// step_N.tmp / best.tmp (a save's partial directory), X.old beside an X, X.del (an interrupted prune), and
+// run.json.tmp / metrics.jsonl.tmp (a replacement's partial file).
 void ckpt_run_recover(const char *out);
 void ckpt_run_tidy(const char *out);
 
