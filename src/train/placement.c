@@ -91,21 +91,19 @@ static void choose_gpu_comm(Placement *p, const TrainOptions *o, const Comm *wor
     }
 }
 
-// The cpu backend's threads as the header prints them: how many and how they wait (cli/main.c sets
-// OMP_WAIT_POLICY=passive and MOE_OMP_DEFAULT=1 where neither it nor GOMP_SPINCOUNT was set).
+// The cpu backend's threads as the header prints them when moe chose how they wait (cli/main.c sets
+// OMP_WAIT_POLICY=passive and MOE_OMP_DEFAULT=1 where neither it nor GOMP_SPINCOUNT was set; a wait policy
+// the user set is theirs, and the header stays as it was).
 static void describe_threads(Placement *p, int shared) {
-    const char *wait = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
-    char how[160];
-    if (getenv("MOE_OMP_DEFAULT"))
-        snprintf(how, sizeof how, "waiting passive (moe's default where OMP_WAIT_POLICY is unset)");
-    else if (spin) snprintf(how, sizeof how, "waiting as GOMP_SPINCOUNT=%.40s says", spin);
-    else snprintf(how, sizeof how, "waiting as OMP_WAIT_POLICY=%.40s says", wait ? wait : "");
+    if (!getenv("MOE_OMP_DEFAULT")) return;
     int n = omp_get_max_threads();
-    snprintf(p->threads, sizeof p->threads, "threads: %d OpenMP thread%s (%s), %s", n, n == 1 ? "" : "s",
-             getenv("OMP_NUM_THREADS") ? "OMP_NUM_THREADS"
-                 : shared              ? "this node's cores shared by its ranks"
-                                       : "every core",
-             how);
+    snprintf(
+        p->threads, sizeof p->threads,
+        "threads: %d OpenMP thread%s (%s), waiting passive (moe's default where OMP_WAIT_POLICY is unset)", n,
+        n == 1 ? "" : "s",
+        getenv("OMP_NUM_THREADS") ? "OMP_NUM_THREADS"
+            : shared              ? "this node's cores shared by its ranks"
+                                  : "every core");
 }
 
 void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
