@@ -23,6 +23,7 @@
 #include "train/adapt.h"
 #include "train/placement.h"
 #include "train/resume.h"
+#include "train/run_save.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
@@ -86,70 +87,6 @@ static void best_recorded(Run *r) {
     }
     free(buf);
 }
-
-// metrics.jsonl lines with step <= last_step are kept (resume), later ones dropped.
-static void truncate_metrics(const char *path, int64_t last_step) {
-    size_t len;
-    char *buf = read_file(path, &len);
-    if (!buf) return;
-    char tmp[2048];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = xfopen(tmp, "w");
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL;
-        if (s && cJSON_IsNumber(s) && s->valuedouble <= last_step) {
-            xfputs(line, f, tmp);
-            xfputs("\n", f, tmp);
-        }
-        cJSON_Delete(j);
-    }
-    xfclose(f, tmp);
-    xrename(tmp, path);
-    free(buf);
-}
-
-// A failed write names the newest complete checkpoint, which a save in progress never touches (it writes
-// into "<dir>.tmp"): what a full disk or a read-only run directory leaves to resume from.
-static void note_checkpoint(const char *out) {
-    char latest[2048], note[2200];
-    if (ckpt_find_latest(out, latest, sizeof latest) == 0)
-        snprintf(note, sizeof note,
-                 "the checkpoint %s is complete and unchanged (--resume continues from it)", latest);
-    else snprintf(note, sizeof note, "no checkpoint of this run is complete yet");
-    io_note_set(note);
-}
-
-// The parameters for a checkpoint, a window of SAVE_WINDOW elements at a time (io/ckpt_dist.h CkptSource)
-#define SAVE_WINDOW ((size_t)1 << 22) // 16 MiB of float32
-static void params_window(void *ctx, int k, size_t *lo, size_t *n, float *buf) {
-    const Model *m = ctx;
-    *lo = (size_t)k * SAVE_WINDOW;
-    *n = m->t.ltotal - *lo < SAVE_WINDOW ? m->t.ltotal - *lo : SAVE_WINDOW;
-    m->be->to_host(buf, m->params + *lo, *n * sizeof(float));
-}
-
-// Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered a bucket at a
-// time), streamed to the files without a full host copy; rank 0 creates and commits the directory.
-// dir NULL: the step's checkpoint (then the old ones pruned); else that directory (OUT/best).
-static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m,
-                 const TrainState *st, const Comm *world, const char *dir) {
-    size_t P = m->t.ltotal;
-    CkptSource ps = {(int)((P + SAVE_WINDOW - 1) / SAVE_WINDOW), P < SAVE_WINDOW ? P : SAVE_WINDOW,
-                     params_window, (void *)m};
-    CkptSource m1 = dist_moment_source(dist, 0), m2 = dist_moment_source(dist, 1);
-    unsigned char *own = xmalloc((size_t)m->t.n + 1);
-    for (int i = 0; i < m->t.n; i++) own[i] = (unsigned char)dist_owned(dist, &m->t.p[i]);
-    char path[2048];
-    if (dir) snprintf(path, sizeof path, "%s", dir);
-    else ckpt_path(path, sizeof path, o->out, st->step);
-    ckpt_save_dist(path, c, &m->t, &ps, &m1, &m2, own, st, world);
-    if (comm_rank(world) == 0 && !dir) ckpt_prune(o->out, o->keep);
-    comm_barrier(world);
-    note_checkpoint(o->out);
-    free(own);
-}
-
 
 static int config_equal(const ModelConfig *a, const ModelConfig *b) { return memcmp(a, b, sizeof *a) == 0; }
 
@@ -264,7 +201,7 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
         if (r->st.seed != r->o->seed)
             DIE("--resume: the checkpoint was trained with --seed %llu, not %llu",
                 (unsigned long long)r->st.seed, (unsigned long long)r->o->seed);
-        if (r->rank0) truncate_metrics(r->metrics_path, r->st.step);
+        if (r->rank0) run_metrics_truncate(r->metrics_path, r->st.step);
         if (r->rank0) printf("resuming from %s (step %lld)\n", latest, (long long)r->st.step);
         if (r->rank0 && r->st.precision != r->o->precision)
             printf(
@@ -431,7 +368,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     run_setup(r, cfg_in, o, model_explicit, world);
     run_dir_start(r);
     load_or_init(r, r->resuming, r->latest);
-    note_checkpoint(o->out);
+    run_note_checkpoint(o->out);
     best_recorded(r);
     adapt_init(&r->adapt, o, &r->shape, r->meshed, &r->m);
 
@@ -553,7 +490,7 @@ static void run_evaluate(Run *r, int step) {
     if (r->o->keep_best && ev.loss < r->best_loss) { // the same on every rank: ev.loss is global
         char dir[2100];
         join_path(dir, sizeof dir, r->o->out, RUN_BEST);
-        save(&r->dist, r->o, &r->c, &r->m, &r->st, r->world, dir); // (r->st.step is step + 1 already)
+        run_save(&r->dist, r->o, &r->c, &r->m, &r->st, r->world, dir); // (r->st.step is step + 1 already)
         if (!r->o->quiet) fprintf(r->out, "  best: %s (step %d, val loss %.4f)\n", dir, step + 1, ev.loss);
         r->best_loss = ev.loss;
         r->best_step = step + 1;
@@ -676,13 +613,13 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) run_evaluate(&r, step);
         int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0 && !s.skipped) ||
             (last && o->save_every >= 0);
-        if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
+        if (saved) run_save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
         // SIGTERM / SIGINT / SIGUSR1/2: every rank stops after the same step (the flag is summed over the
         // ranks); after the last step too: its checkpoint is written, the report is skipped
         int stop = preempt_signal() != 0;
         if (comm_size(world) > 1) comm_allreduce(world, &stop, 1, CT_I32);
         if (stop) {
-            if (!saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
+            if (!saved) run_save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
             r.preempted = preempt_signal() ? preempt_signal() : SIGTERM;
             break;
         }
