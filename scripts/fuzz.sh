@@ -18,8 +18,14 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 for t in "${targets[@]}"; do
   mkdir -p "$work/$t" && cp tests/fuzz/corpus/"$t"/* "$work/$t/"
   # detect_leaks=0: a refused input leaves what DIE abandoned (the leak check is the sanitizer suite's)
-  if ! ASAN_OPTIONS=detect_leaks=0 build-fuzz/fuzz_"$t" -max_total_time="$secs" -close_fd_mask=2 -rss_limit_mb=4096 \
-       -timeout=10 -artifact_prefix="$work/" "$work/$t" >"$work/$t.log" 2>&1; then
+  ASAN_OPTIONS=detect_leaks=0 build-fuzz/fuzz_"$t" -max_total_time="$secs" -close_fd_mask=2 -rss_limit_mb=4096 \
+    -timeout=10 -artifact_prefix="$work/" "$work/$t" >"$work/$t.log" 2>&1 &
+  pid=$!
+  rc=0
+  wait $pid || rc=$?
+  # the target's scratch directory (fuzz.h fuzz_dir; removed at its exit, not after a crash)
+  rm -rf "/dev/shm/moe_fuzz_$pid" "/tmp/moe_fuzz_$pid"
+  if [ $rc -ne 0 ]; then
     echo "fuzz: fuzz_$t FAILED:"; grep -v '^#' "$work/$t.log" | tail -40
     for a in "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*; do [ -e "$a" ] && { echo "input: $a"; od -c "$a" | head -8; }; done
     exit 1

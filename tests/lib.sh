@@ -4,7 +4,7 @@
 # and gets:
 #   $MOE      the moe binary ($MOE_BIN, default $MOE_SRC/build/moe; MOE_SRC defaults to the repo root)
 #   $MOE_SRC  the source tree
-#   $TMP      a private scratch directory, removed on exit (KEEP_TMP=1 keeps it for debugging)
+#   $TMP      a private scratch directory, removed on exit (KEEP_TMP=1 keeps it for debugging); also TMPDIR
 #   pass/fail/skip MSG          count and print one PASS/FAIL/SKIP line
 #   check MSG CMD...            PASS if CMD exits 0, else FAIL
 #   run_ok MSG CMD...           run CMD, stdout -> $OUT_FILE, stderr -> $ERR_FILE; PASS if it exits 0
@@ -53,6 +53,10 @@ fi
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/moe_${T_NAME}.XXXXXX")" || { echo "FAIL: cannot create a temp dir"; exit 1; }
 OUT_FILE="$TMP/.stdout"
 ERR_FILE="$TMP/.stderr"
+# Every process the test starts keeps its temporary files in the test's own directory (mpirun's session
+# directory, mktemp's): tests run at once (ctest -j) cannot collide on Open MPI's session directory (a
+# test_overlap start-up failure under load), and nothing outlives the test.
+export TMPDIR="$TMP"
 t_cleanup() {
   if [ "${KEEP_TMP:-0}" = 1 ]; then echo "(kept $TMP)"; else rm -rf "$TMP"; fi
 }

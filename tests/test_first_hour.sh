@@ -4,7 +4,10 @@
 # on stderr that it evaluates the embedded synthetic corpus; `moe export --out a/b` creates a/ (and
 # still never replaces a directory without --force); enum-valued options are named by their words in
 # messages, not numbers; a --resume of a directory that does not exist says so; --sample-tokens has a
-# named bound; `moe info` with a huge vocabulary shows finite, positive figures.
+# named bound; `moe info` with a huge vocabulary shows finite, positive figures. OpenMP on a shared machine:
+# with no wait policy set, moe runs with OMP_WAIT_POLICY=passive (its own environment says so while it
+# trains: the OpenMP runtime reads it at load, so moe runs itself again with it) and train prints the
+# choice once; a policy the user set is kept and nothing is printed (the figures: docs/USAGE.md).
 set -u
 . "$(dirname "$0")/lib.sh"
 
@@ -68,5 +71,16 @@ run_ok "moe info --vocab-size 2147483647" "$MOE" info --vocab-size 2147483647 --
 check "... no negative figure" bash -c "! grep -qE '(^|[ (:])-[0-9]' $OUT_FILE"
 acts=$(sed -n 's/.*activations for batch 16 x 64: \([0-9.]*\) TiB.*/\1/p' "$OUT_FILE")
 check "... activations $acts TiB >= 8.0 TiB (the LM head's)" fcmp "${acts:-0}" ">=" 8.0
+
+echo "-- the OpenMP wait policy"
+env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "${R[@]}" --data a.txt --steps 400 --out omp --force >omp.out 2>&1 &
+pid=$!
+for ((i = 0; i < 300; i++)); do grep -q '"loss"' omp/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+envs=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null)
+kill $pid 2>/dev/null; wait $pid 2>/dev/null
+check "unset: moe trains with OMP_WAIT_POLICY=passive in its environment" grep -qx OMP_WAIT_POLICY=passive <<<"$envs"
+check "... and says so once" test "$(grep -c "^threads: [0-9]* OpenMP threads* (every core), waiting passive (moe's default where OMP_WAIT_POLICY is unset)$" omp.out)" = 1
+OMP_WAIT_POLICY=active run_ok "OMP_WAIT_POLICY=active: kept" "${R[@]}" --data a.txt --steps 1 --out omp2
+check "... and no threads line" bash -c "! grep -q '^threads:' $OUT_FILE"
 
 finish

@@ -5,7 +5,12 @@
 # kill -9 at random moments of a run that saves every step always leaves a newest complete
 # checkpoint that loads, and resuming from it is bit-exact too; a file-size limit hit during a
 # save (RLIMIT_FSIZE, as a full disk) gives one clear error and leaves the previous checkpoint
-# byte-identical and loadable.
+# byte-identical and loadable. Outside the training loop nothing waits for a check (issue 42): SIGTERM
+# during start-up or during the final sample ends the process at once (killed by it: 143; was a run that
+# went on, training a step after start-up or sampling to the end). On a mesh under mpirun (issue 42): SIGTERM
+# to mpirun made the job exit 1 (mpirun's own status on SIGTERM, whatever the ranks return) and the ranks
+# were killed a second later; SIGUSR1, which mpirun forwards, gives the ranks' 75 and a checkpoint that
+# --resume continues bit-exactly, and scripts/mpirun_preempt.sh turns a SIGTERM into it.
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$TMP" || exit 1
@@ -71,4 +76,50 @@ check "the previous checkpoint is byte-identical" test "$(tree_hash D/step_00000
 run_ok "the previous checkpoint loads" "$MOE" eval --ckpt D --batch 8 --seq-len 64 --eval-batches 1
 check "... and is the newest" grep -q 'step 4)' "$OUT_FILE"
 run_ok "without the limit, --resume saves" "$MOE" train "${F[@]}" --steps 8 --out D --resume
+
+# wait_gone PID S: PID exited within S seconds (then its status is in $rc), else it is killed and 1
+wait_gone() { local i; for ((i = 0; i < $2 * 10; i++)); do kill -0 "$1" 2>/dev/null || { wait "$1"; rc=$?; return 0; }; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null; wait "$1" 2>/dev/null; rc=killed; return 1; }
+# SIGTERM during the final sample (a million tokens: minutes) ends the run at once
+"$MOE" train "${F[@]}" --steps 4 --sample-tokens 1000000 --out S >S.out 2>S.err &
+pid=$!
+for ((i = 0; i < 600; i++)); do [ -f S/step_00000004/checksums.json ] && break; sleep 0.1; done
+sleep 1 # (the final evaluation, then the sample)
+kill -TERM $pid
+wait_gone $pid 10
+check "SIGTERM during the final sample: the process ends at once, killed by it (status $rc)" test "$rc" = 143
+check "... the last checkpoint complete" test -f S/step_00000004/checksums.json
+# SIGTERM during start-up (80 MB of text to read) ends the process before any step
+head -c 60000000 /dev/zero | tr '\0' 'a' | fold -w 79 >big.txt
+"$MOE" train "${F[@]}" --data big.txt --steps 4 --out U >U.out 2>U.err &
+pid=$!
+sleep 0.3
+kill -TERM $pid
+wait_gone $pid 20
+check "SIGTERM during start-up: the process ends at once, killed by it (status $rc)" test "$rc" = 143
+check "... before any step or checkpoint" test -z "$(grep -s '"loss"' U/metrics.jsonl)" -a -z "$(ls -d U/step_* 2>/dev/null)"
+rm -f big.txt
+
+# mpirun: SIGUSR1 (forwarded) and SIGTERM through scripts/mpirun_preempt.sh
+if ! command -v mpirun >/dev/null; then skip "mpirun not installed: the mesh's preemption"; finish; fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MP=(--oversubscribe -np 2 "$MOE" train "${F[@]}" --steps 30)
+run_ok "mpirun -np 2: uninterrupted run (30 steps)" timeout 300 mpirun "${MP[@]}" --out MA
+want=$(losses MA)
+for how in usr1 script; do
+  if [ $how = usr1 ]; then timeout 300 mpirun "${MP[@]}" --out "M$how" >"M$how.out" 2>"M$how.err" &
+  else timeout 300 "$MOE_SRC/scripts/mpirun_preempt.sh" "${MP[@]}" --out "M$how" >"M$how.out" 2>"M$how.err" & fi
+  pid=$!
+  wait_lines "M$how" 4
+  if [ $how = usr1 ]; then kill -USR1 "$(pgrep -P $pid mpirun || echo $pid)"; else kill -TERM "$(pgrep -P $pid -f mpirun_preempt || echo $pid)"; fi
+  wait $pid
+  rc=$?
+  label="mpirun -np 2, SIGUSR1 to mpirun"
+  [ $how = script ] && label="scripts/mpirun_preempt.sh -np 2, SIGTERM to it"
+  if [ $rc -eq 75 ] && grep -q "^moe: preempted by SIGUSR1 after step [0-9]*: checkpoint .* written" "M$how.err"; then
+    pass "$label: exit 75, a checkpoint, one line saying so"
+  else fail "$label: exit $rc"; tail -3 "M$how.err"; fi
+  run_ok "$label: --resume continues" timeout 300 mpirun "${MP[@]}" --out "M$how" --resume
+  check "$label: every loss equal to the uninterrupted run's" test "$(losses "M$how")" = "$want"
+done
 finish

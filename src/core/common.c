@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static void write_all(int fd, const char *p, ssize_t n);
+static int write_all(int fd, const char *p, ssize_t n);
 static void (*die_hook)(void);
 static void (*die_cleanup)(void);
 static int die_rank = -1;
@@ -52,17 +52,20 @@ void moe_die(const char *file, int line, const char *fmt, ...) {
 }
 
 static int tee_orig = -1, tee_file = -1, tee_read = -1, tee_on;
+static atomic_int tee_err; // errno of the log file's first failed open or write (then no more writes)
 static char tee_path[4096];
 static pthread_t tee_thread;
 
-static void write_all(int fd, const char *p, ssize_t n) { // best effort: a full disk must not stop the run
+// 0, or the errno of the write that failed
+static int write_all(int fd, const char *p, ssize_t n) {
     while (n > 0) {
         ssize_t w = write(fd, p, (size_t)n);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
+        if (w <= 0) return w < 0 ? errno : ENOSPC;
         p += w;
         n -= w;
     }
+    return 0;
 }
 
 static void *tee_main(void *arg) {
@@ -72,12 +75,19 @@ static void *tee_main(void *arg) {
         ssize_t n = read(tee_read, buf, sizeof buf);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
-        write_all(tee_orig, buf, n);
+        write_all(tee_orig, buf, n); // the terminal (or whatever stdout was) keeps its output regardless
+        if (atomic_load(&tee_err)) continue;
         // the file is opened at the first output, so a run that dies before printing leaves none behind
         if (tee_file < 0) tee_file = open(tee_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-        if (tee_file >= 0) write_all(tee_file, buf, n);
+        int e = tee_file < 0 ? errno : write_all(tee_file, buf, n);
+        if (e) atomic_store(&tee_err, e);
     }
     return NULL;
+}
+
+void stdout_tee_check(void) {
+    int e = atomic_load(&tee_err);
+    if (e) die_io("write the log", tee_path, e);
 }
 
 void stdout_tee(const char *path) {
@@ -89,6 +99,7 @@ void stdout_tee(const char *path) {
     if (access(file_exists(path) ? path : dir, W_OK) != 0)
         DIE("cannot write the log '%s' (%s)", path, strerror(errno));
     snprintf(tee_path, sizeof tee_path, "%s", path);
+    atomic_store(&tee_err, 0);
     int p[2];
     if (pipe(p) != 0) DIE("cannot create a pipe for the log (%s)", strerror(errno));
     tee_orig = dup(STDOUT_FILENO);
@@ -114,11 +125,13 @@ void stdout_tee_end(void) {
     tee_on = 0;
 }
 
-static volatile sig_atomic_t preempt_sig;
+static volatile sig_atomic_t preempt_sig, preempt_armed;
 static void on_preempt(int sig) {
-    preempt_sig = sig;
     signal(sig, SIG_DFL); // a second one ends the process
+    if (preempt_armed) preempt_sig = sig;
+    else raise(sig); // (blocked until this handler returns, then the default action: the process ends)
 }
+void preempt_arm(int on) { preempt_armed = on; }
 void signals_init(int preemptible) {
     signal(SIGXFSZ, SIG_IGN);
     if (!preemptible) return;
@@ -127,13 +140,13 @@ void signals_init(int preemptible) {
     sa.sa_handler = on_preempt;
     sa.sa_flags = SA_RESTART; // IO in progress continues; the loop checks the flag between steps
     sigemptyset(&sa.sa_mask);
-    const int sigs[2] = {SIGTERM, SIGINT};
-    for (int i = 0; i < 2; i++) {
+    const int sigs[4] = {SIGTERM, SIGINT, SIGUSR1, SIGUSR2};
+    for (int i = 0; i < 4; i++) {
         struct sigaction old;
         // a signal ignored when we started stays ignored (a shell's background job ignores SIGINT)
         if (sigaction(sigs[i], NULL, &old) != 0 ||
             (old.sa_handler != SIG_IGN && sigaction(sigs[i], &sa, NULL) != 0))
-            DIE("cannot install the SIGTERM/SIGINT handlers (%s)", strerror(errno));
+            DIE("cannot install the preemption signals' handlers (%s)", strerror(errno));
     }
 }
 int preempt_signal(void) { return preempt_sig; }
@@ -174,13 +187,48 @@ char *xstrdup(const char *s) {
     return p;
 }
 
+static char io_note[2048];
+void io_note_set(const char *note) { snprintf(io_note, sizeof io_note, "%s", note ? note : ""); }
+void die_io(const char *verb, const char *path, int err) {
+    DIE("cannot %s '%s' (%s)%s%s", verb, path, strerror(err), io_note[0] ? "; " : "", io_note);
+}
+
+void fault_point(const char *name) {
+    const char *f = getenv("MOE_FAULT");
+    if (f && strcmp(f, name) == 0) {
+        fflush(NULL);
+        kill(getpid(), SIGKILL);
+    }
+}
+
 FILE *xfopen(const char *path, const char *mode) {
     FILE *f = fopen(path, mode);
-    if (!f) DIE("cannot open '%s' (%s)", path, strerror(errno));
+    if (!f && mode[0] == 'r' && !strchr(mode, '+')) DIE("cannot open '%s' (%s)", path, strerror(errno));
+    if (!f) die_io("open", path, errno);
     return f;
 }
 void xfwrite(const void *p, size_t size, size_t n, FILE *f, const char *path) {
-    if (n && fwrite(p, size, n, f) != n) DIE("cannot write '%s' (%s)", path, strerror(errno));
+    if (n && fwrite(p, size, n, f) != n) die_io("write", path, errno);
+}
+void xfputs(const char *s, FILE *f, const char *path) { xfwrite(s, 1, strlen(s), f, path); }
+void xfflush(FILE *f, const char *path) {
+    if (fflush(f) != 0) die_io("write", path, errno);
+}
+void xfappend(const char *s, FILE *f, const char *path) {
+    xfflush(f, path);
+    off_t before = lseek(fileno(f), 0, SEEK_END);
+    size_t n = strlen(s);
+    if ((n && fwrite(s, 1, n, f) != n) || fflush(f) != 0) {
+        int e = errno;
+        if (before >= 0 && ftruncate(fileno(f), before) != 0) e = errno;
+        die_io("write", path, e);
+    }
+}
+void xrename(const char *from, const char *to) {
+    if (rename(from, to) == 0) return;
+    char what[4200];
+    snprintf(what, sizeof what, "rename '%s' to", from);
+    die_io(what, to, errno);
 }
 void xfread(void *p, size_t size, size_t n, FILE *f, const char *path) {
     if (n && fread(p, size, n, f) != n)
@@ -199,10 +247,9 @@ void xpread(int fd, void *buf, size_t n, uint64_t off, const char *path) {
     }
 }
 void xfclose(FILE *f, const char *path) {
-    if (fflush(f) != 0) DIE("cannot write '%s' (%s)", path, strerror(errno));
-    if (fsync(fileno(f)) != 0 && errno != EINVAL && errno != EROFS)
-        DIE("cannot fsync '%s' (%s)", path, strerror(errno));
-    if (fclose(f) != 0) DIE("cannot close '%s' (%s)", path, strerror(errno));
+    xfflush(f, path);
+    if (fsync(fileno(f)) != 0 && errno != EINVAL && errno != EROFS) die_io("fsync", path, errno);
+    if (fclose(f) != 0) die_io("close", path, errno);
 }
 
 char *read_file(const char *path, size_t *len) {
@@ -361,8 +408,7 @@ void path_parent(char *buf, size_t n, const char *path) {
 void fsync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) DIE("cannot open directory '%s' (%s)", path, strerror(errno));
-    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-        DIE("cannot fsync directory '%s' (%s)", path, strerror(errno));
+    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) die_io("fsync the directory", path, errno);
     close(fd);
 }
 
@@ -388,12 +434,10 @@ void mkdir_p(const char *path) {
     for (char *p = tmp + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
+        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) die_io("create directory", tmp, errno);
         *p = '/';
     }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-        DIE("cannot create directory '%s' (%s)", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) die_io("create directory", tmp, errno);
     if (!dir_exists(tmp)) DIE("'%s' exists and is not a directory", tmp);
 }
 
@@ -439,7 +483,9 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ft
     (void)sb;
     (void)flag;
     (void)ftw;
-    return remove(p);
+    int rc = remove(p);
+    if (rc == 0) fault_point("remove");
+    return rc;
 }
 int rm_rf(const char *path) {
     if (!file_exists(path) && !dir_exists(path)) return 0;

@@ -22,9 +22,14 @@ void moe_set_die_hook(void (*hook)(void), int rank);
 void moe_set_die_cleanup(void (*cleanup)(void));
 
 // Signals: SIGXFSZ ignored (a file-size limit makes writes fail with EFBIG, reported by the checked
-// IO calls, instead of killing the process); with preemptible, the first SIGTERM or SIGINT is only
-// recorded (preempt_signal() then returns it; a second one ends the process as usual).
+// IO calls, instead of killing the process); with preemptible, SIGTERM, SIGINT, SIGUSR1 and SIGUSR2
+// (mpirun forwards the last two to the ranks and returns their status; on SIGTERM it exits 1 and kills
+// them a second later) are handled: while armed (preempt_arm(1): the training loop, which checks
+// between steps) the first is only recorded (preempt_signal() then returns it; a second one ends the
+// process as usual); while disarmed (start-up, the final report) one ends the process at once, as
+// without a handler, rather than waiting for a check that will not come.
 void signals_init(int preemptible);
+void preempt_arm(int on);
 int preempt_signal(void); // 0, or the signal that asked this process to stop
 #define MOE_EXIT_PREEMPTED 75 // exit status after a preemption's checkpoint (EX_TEMPFAIL: --resume)
 
@@ -39,11 +44,29 @@ uint64_t alloc_count(void);
 uint64_t alloc_count_backend(void);
 void alloc_note_backend(void);
 
-// Checked stdio: die naming the path and errno text.
+// Checked stdio: die naming the path and errno text (a failed write or rename: and the IO note below).
 FILE *xfopen(const char *path, const char *mode);
 void xfwrite(const void *p, size_t size, size_t n, FILE *f, const char *path);
+void xfputs(const char *s, FILE *f, const char *path);
+void xfflush(FILE *f, const char *path);
+// s appended to f (a file opened for appending) and flushed, whole or not at all: a failed write cuts the
+// file back to its length before, then dies (a line-per-record file such as metrics.jsonl keeps no torn
+// last line).
+void xfappend(const char *s, FILE *f, const char *path);
 void xfread(void *p, size_t size, size_t n, FILE *f, const char *path);
 void xfclose(FILE *f, const char *path); // fflush + fsync + fclose for files opened for writing
+void xrename(const char *from, const char *to);
+
+// A failed write ends the process with "moe: error: cannot <verb> '<path>' (<errno text>)", followed by
+// "; <note>" while an IO note is set (a run sets where its last complete checkpoint is, so a full disk
+// says what was kept). io_note_set(NULL) clears it.
+void die_io(const char *verb, const char *path, int err) __attribute__((noreturn));
+void io_note_set(const char *note);
+
+// Fault injection for the tests: with MOE_FAULT=<name> in the environment, fault_point(name) kills this
+// process (SIGKILL, as kill -9 would) at that point. Points: "remove" (rm_rf, after the first entry of
+// a tree is removed), "swap" (replacing a checkpoint without RENAME_EXCHANGE, between its two renames).
+void fault_point(const char *name);
 
 // n bytes at offset off of the open file fd into buf (pread, retried on EINTR); dies naming path when the
 // file ends early or a read fails. Readers that must leave nothing behind on a refused input (a DIE that
@@ -86,9 +109,12 @@ void fmt_count(char *buf, size_t n, double count); // "1.23M"
 // first output, so nothing is written when nothing is printed): stdout becomes a pipe that a thread
 // copies to the original stdout and to the file. stdout_tee_end (also run at exit and by DIE) flushes,
 // restores stdout and closes the file. Dies naming the file when it (or its directory) is not writable.
-// One tee at a time.
+// One tee at a time. A write to the file that fails is not retried: stdout_tee_check (on the calling
+// thread; also after stdout_tee_end) then dies naming the file and the error, so a full disk or a
+// read-only run directory is not silent.
 void stdout_tee(const char *path);
 void stdout_tee_end(void);
+void stdout_tee_check(void);
 
 // Remove a directory tree (no symlinks followed). Returns 0 on success.
 int rm_rf(const char *path);

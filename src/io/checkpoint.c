@@ -209,6 +209,21 @@ void ckpt_run_clear(const char *out) {
     }
 }
 
+// One old checkpoint removed: renamed to "<name>.del" first (fsynced), so a kill during the removal leaves
+// no step name on a half-removed directory (ckpt_run_tidy removes the rest at the next start).
+static void prune_one(const char *out, const char *name) {
+    char p[CK_PATH], del[CK_PATH + 8];
+    join_path(p, sizeof p, out, name);
+    snprintf(del, sizeof del, "%s.del", p);
+    if (rm_rf(del) != 0 || rename(p, del) != 0) {
+        fprintf(stderr, "moe: warning: could not remove old checkpoint %s (%s)\n", p, strerror(errno));
+        return;
+    }
+    fsync_dir(out);
+    if (rm_rf(del) != 0)
+        fprintf(stderr, "moe: warning: could not remove old checkpoint %s (%s)\n", del, strerror(errno));
+}
+
 void ckpt_prune(const char *out, int keep) {
     if (keep <= 0) return;
     char **names;
@@ -217,10 +232,73 @@ void ckpt_prune(const char *out, int keep) {
         char p[CK_PATH];
         join_path(p, sizeof p, out, names[i]);
         if (step_of(names[i]) < 0 || !ckpt_is_complete(p)) continue;
-        if (++complete > keep && rm_rf(p) != 0)
-            fprintf(stderr, "moe: warning: could not remove old checkpoint %s\n", p);
+        if (++complete > keep) prune_one(out, names[i]);
     }
     free_names(names, nn);
+}
+
+// X of "X<suffix>" (a step_N or best) into base, or 0 when name is not one
+static int leftover_of(const char *name, const char *suffix, char *base, size_t n) {
+    size_t ln = strlen(name), ls = strlen(suffix);
+    if (ln <= ls || ln - ls >= n || strcmp(name + ln - ls, suffix) != 0) return 0;
+    memcpy(base, name, ln - ls);
+    base[ln - ls] = 0;
+    return step_of(base) >= 0 || strcmp(base, RUN_BEST) == 0;
+}
+
+// Every entry of out that could be a leftover: the step_* names and best's siblings.
+static int list_leftovers(const char *out, char ***names) {
+    int n = list_steps(out, names);
+    static const char *const extra[] = {RUN_BEST ".tmp", RUN_BEST ".old"};
+    for (int i = 0; i < 2; i++) {
+        char p[CK_PATH];
+        join_path(p, sizeof p, out, extra[i]);
+        if (!path_exists(p)) continue;
+        *names = xrealloc(*names, (n + 1) * sizeof(char *));
+        (*names)[n++] = xstrdup(extra[i]);
+    }
+    return n;
+}
+
+void ckpt_run_recover(const char *out) {
+    char **names, base[CK_PATH], p[CK_PATH], old[CK_PATH], tmp[CK_PATH + 8];
+    int nn = list_leftovers(out, &names);
+    for (int i = 0; i < nn; i++) {
+        if (!leftover_of(names[i], ".old", base, sizeof base)) continue;
+        join_path(p, sizeof p, out, base);
+        if (path_exists(p)) continue;
+        // killed between "X -> X.old" and "X.tmp -> X": X.tmp is complete (its checksums came first)
+        join_path(old, sizeof old, out, names[i]);
+        snprintf(tmp, sizeof tmp, "%s.tmp", p);
+        const char *from = ckpt_is_complete(tmp) ? tmp : old;
+        xrename(from, p);
+        fsync_dir(out);
+        printf("finished an interrupted checkpoint replacement: %s -> %s\n", from, p);
+    }
+    free_names(names, nn);
+}
+
+void ckpt_run_tidy(const char *out) {
+    char **names, base[CK_PATH], p[CK_PATH], q[CK_PATH];
+    int nn = list_leftovers(out, &names);
+    for (int i = 0; i < nn; i++) {
+        int tmp = leftover_of(names[i], ".tmp", base, sizeof base),
+            del = leftover_of(names[i], ".del", base, sizeof base);
+        int old = leftover_of(names[i], ".old", base, sizeof base);
+        join_path(q, sizeof q, out, base);
+        if (!tmp && !del && !(old && path_exists(q))) continue; // (an .old without X: ckpt_run_recover's)
+        join_path(p, sizeof p, out, names[i]);
+        remove_tree(p);
+        fsync_dir(out);
+        printf("removed %s (%s)\n", p,
+               del ? "an old checkpoint whose removal was interrupted" : "left by an interrupted save");
+    }
+    free_names(names, nn);
+    static const char *const files[] = {RUN_RECORD ".tmp", "metrics.jsonl.tmp"}; // (written, then renamed)
+    for (int i = 0; i < 2; i++) {
+        join_path(p, sizeof p, out, files[i]);
+        if (file_exists(p) && remove(p) == 0) printf("removed %s (left by an interrupted write)\n", p);
+    }
 }
 
 static void add_i64(cJSON *o, const char *key, int64_t v) {
@@ -521,7 +599,7 @@ void ckpt_commit(const char *dir_in, const ModelConfig *c, const TrainState *st)
     fsync_dir(tmp);
 
     if (!path_exists(dir)) {
-        if (rename(tmp, dir) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, dir, strerror(errno));
+        xrename(tmp, dir);
         fsync_dir(par);
         return;
     }
@@ -538,8 +616,10 @@ void ckpt_commit(const char *dir_in, const ModelConfig *c, const TrainState *st)
     if (try_exchange && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
         DIE("cannot swap '%s' into place of '%s' (%s)", tmp, dir, strerror(errno));
     remove_tree(old);
-    if (rename(dir, old) != 0) DIE("cannot rename '%s' to '%s' (%s)", dir, old, strerror(errno));
-    if (rename(tmp, dir) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, dir, strerror(errno));
+    xrename(dir, old);
+    fsync_dir(par);
+    fault_point("swap"); // (ckpt_run_recover finishes a replacement stopped here)
+    xrename(tmp, dir);
     fsync_dir(par);
     remove_tree(old);
     fsync_dir(par);
@@ -550,10 +630,10 @@ void run_record_write(const char *out, const char *text) {
     join_path(p, sizeof p, out, RUN_RECORD);
     snprintf(tmp, sizeof tmp, "%s.tmp", p);
     FILE *f = xfopen(tmp, "w");
-    xfwrite(text, 1, strlen(text), f, tmp);
-    xfwrite("\n", 1, 1, f, tmp);
+    xfputs(text, f, tmp);
+    xfputs("\n", f, tmp);
     xfclose(f, tmp);
-    if (rename(tmp, p) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, p, strerror(errno));
+    xrename(tmp, p);
     fsync_dir(out);
 }
 

@@ -78,8 +78,16 @@ void ckpt_run_clear(const char *out);
 struct cJSON;
 void run_record_write(const char *out, const char *text);
 struct cJSON *run_record_read(const char *dir);
-// Keeps the newest `keep` complete checkpoints of out (0: all); warns about any it cannot remove.
+// Keeps the newest `keep` complete checkpoints of out (0: all); warns about any it cannot remove. Each is
+// renamed to "<name>.del" before it is removed: a step_N name never holds a half-removed checkpoint.
 void ckpt_prune(const char *out, int keep);
+// What a killed save or prune left in out, for the start of a run (each prints one line saying what it
+// did): ckpt_run_recover finishes a replacement stopped between its renames (X.old without X: X.tmp,
+// complete, becomes X, else X.old back to X) and changes nothing else; ckpt_run_tidy then removes every
+// step_N.tmp / best.tmp (a save's partial directory), X.old beside an X, X.del (an interrupted prune), and
+// run.json.tmp / metrics.jsonl.tmp (a replacement's partial file).
+void ckpt_run_recover(const char *out);
+void ckpt_run_tidy(const char *out);
 
 // Check checksums.json of a checkpoint against every file it lists (ckpt_load_config and ckpt_load
 // do this first). Dies with "... is not a complete checkpoint" when checksums.json is missing and

@@ -10,49 +10,67 @@
 typedef struct {
     int fd;
     const char *path;
-    const float *src;
+    const float *win; // local elements [lo, hi) of the source
+    size_t lo, hi;
     uint64_t base;
 } WriteCtx;
 
+// One run of a tensor's slice (full: its index in the full layout; local: in this rank's), clipped to the
+// window in hand.
 static void write_run(size_t full, size_t local, size_t n, void *p) {
     WriteCtx *w = p;
-    const char *b = (const char *)(w->src + local);
-    size_t left = n * sizeof(float);
-    off_t off = (off_t)(w->base + 4 * (uint64_t)full);
+    size_t a = local > w->lo ? local : w->lo, b = local + n < w->hi ? local + n : w->hi;
+    if (a >= b) return;
+    const char *src = (const char *)(w->win + (a - w->lo));
+    size_t left = (b - a) * sizeof(float);
+    off_t off = (off_t)(w->base + 4 * (uint64_t)(full + (a - local)));
     while (left) {
-        ssize_t k = pwrite(w->fd, b, left, off);
+        ssize_t k = pwrite(w->fd, src, left, off);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) DIE("cannot write '%s' (%s)", w->path, k < 0 ? strerror(errno) : "short write");
-        b += k;
+        if (k <= 0) die_io("write", w->path, k < 0 ? errno : ENOSPC); // (0 bytes written: no room)
+        src += k;
         off += k;
         left -= (size_t)k;
     }
 }
 
-static void write_slices(const char *path, const ParamTable *t, const unsigned char *own, const float *src,
-                         uint64_t base) {
+// The source's windows, each written where it falls in this rank's slices of the tensors it owns.
+static void write_slices(const char *path, const ParamTable *t, const unsigned char *own,
+                         const CkptSource *src, uint64_t base, float *buf) {
     int fd = open(path, O_WRONLY);
-    if (fd < 0) DIE("cannot open '%s' (%s)", path, strerror(errno));
-    WriteCtx w = {fd, path, src, base};
-    for (int i = 0; i < t->n; i++)
-        if (own[i] && t->p[i].lnumel) params_slice_runs(&t->p[i], write_run, &w);
-    if (fsync(fd) != 0 || close(fd) != 0) DIE("cannot write '%s' (%s)", path, strerror(errno));
+    if (fd < 0) die_io("open", path, errno);
+    for (int k = 0; k < src->nwin; k++) {
+        size_t lo = 0, n = 0;
+        src->get(src->ctx, k, &lo, &n, buf);
+        WriteCtx w = {fd, path, buf, lo, lo + n, base};
+        for (int i = 0; i < t->n; i++) {
+            const ParamSpec *s = &t->p[i];
+            if (own[i] && s->lnumel && s->loffset < lo + n && s->loffset + s->lnumel > lo)
+                params_slice_runs(s, write_run, &w);
+        }
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) die_io("write", path, errno);
 }
 
-void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params,
-                    const float *m, const float *v, const unsigned char *own, const TrainState *st,
+void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const CkptSource *params,
+                    const CkptSource *m, const CkptSource *v, const unsigned char *own, const TrainState *st,
                     const Comm *world) {
     uint64_t starts[2] = {0, 0};
     if (comm_rank(world) == 0) ckpt_begin(dir, t, m != NULL, &starts[0], &starts[1]);
     comm_bcast(world, starts, 2, CT_I64, 0);
+    size_t max = params->max;
+    if (m && m->max > max) max = m->max;
+    if (v && v->max > max) max = v->max;
+    float *buf = xmalloc(max * sizeof(float) + 1); // one window at a time
     char p[4200];
     ckpt_begin_path(p, sizeof p, dir, "model.safetensors");
-    write_slices(p, t, own, params, starts[0]);
+    write_slices(p, t, own, params, starts[0], buf);
     if (m) {
         ckpt_begin_path(p, sizeof p, dir, "optimizer.safetensors");
-        write_slices(p, t, own, m, starts[1]);
-        write_slices(p, t, own, v, starts[1] + 4 * (uint64_t)t->total);
+        write_slices(p, t, own, m, starts[1], buf);
+        write_slices(p, t, own, v, starts[1] + 4 * (uint64_t)t->total, buf);
     }
+    free(buf);
     comm_barrier(world); // every slice is on disk (each rank fsynced its writes)
     if (comm_rank(world) == 0) ckpt_commit(dir, c, st);
     comm_barrier(world);

@@ -7,11 +7,23 @@
 #include "parallel/comm.h"
 #include "io/checkpoint.h"
 
-// Collective over world. t: this rank's local table; params/m/v: its local host buffers (m and v in
-// the local layout, ZeRO shards already gathered); own[i]: this rank writes tensor i's slice (each
-// slice of the full model owned by exactly one rank). Rank 0 creates and commits the directory.
-void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const float *params,
-                    const float *m, const float *v, const unsigned char *own, const TrainState *st,
+// This rank's values of one local flat buffer (its layout: t's offsets), handed over in windows so that
+// no full copy is made: get(ctx, k, &lo, &n, buf) puts local elements [lo, lo + n) into buf (at most max
+// of them; elements in no window are written as zeros). Every rank calls get for k = 0..nwin-1 in order
+// (it may be collective, e.g. gathering ZeRO shards).
+typedef struct {
+    int nwin;
+    size_t max;
+    void (*get)(void *ctx, int k, size_t *lo, size_t *n, float *buf);
+    void *ctx;
+} CkptSource;
+
+// Collective over world. t: this rank's local table; params/m/v: its local values (m, v NULL: no
+// optimizer file; moments in the local layout, ZeRO shards gathered by the source); own[i]: this rank
+// writes tensor i's slice (each slice of the full model owned by exactly one rank). Rank 0 creates and
+// commits the directory.
+void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const CkptSource *params,
+                    const CkptSource *m, const CkptSource *v, const unsigned char *own, const TrainState *st,
                     const Comm *world);
 // Collective: rank 0 verifies the checksums first (a corrupt file ends every rank), then each rank
 // reads the tensors it holds into its local host buffers. m, v may be NULL.

@@ -382,7 +382,7 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
     fsync_dir(tmp);
 
     if (lstat(out, &st) == 0 && rm_rf(out) != 0) DIE("cannot remove '%s' (%s)", out, strerror(errno));
-    if (rename(tmp, out) != 0) DIE("cannot rename '%s' to '%s' (%s)", tmp, out, strerror(errno));
+    xrename(tmp, out);
     fsync_dir(par);
     return cloned;
 }

@@ -102,8 +102,8 @@ static void st_write(const char *path, const StTensor *ts, int n, const char *me
     cJSON_free(js);
     if (data_start) *data_start = 8 + N;
     if (skeleton) {
-        if (fflush(f) != 0 || ftruncate(fileno(f), (off_t)(8 + N + off)) != 0)
-            DIE("cannot size '%s' (%s)", path, strerror(errno));
+        xfflush(f, path);
+        if (ftruncate(fileno(f), (off_t)(8 + N + off)) != 0) die_io("size", path, errno);
     } else {
         for (int i = 0; i < n; i++) {
             size_t numel = 1;

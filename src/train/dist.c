@@ -284,15 +284,16 @@ double dist_grad_norm(const Dist *d, const Model *m) {
 
 // all-gather bucket b's shards of buf over its group (in place); buf is a backend buffer (dev)
 // or host memory
-static int gather_bucket(const Dist *d, const GradBucket *b, float *buf, int dev) {
+// at: the bucket's first element (its shard at at + s0; every rank's shard lands at its place)
+static int gather_bucket(const Dist *d, const GradBucket *b, float *at, int dev) {
     const Comm *c = group_of(d, b->g);
     int S = comm_size(c);
     if (!d->zero || (dev ? !comm_dev_due(c) : S == 1)) return 0;
     size_t *cnt = d->counts, *dsp = cnt + S;
     shard_counts(b, S, cnt);
     for (int r = 0; r < S; r++) dsp[r] = b->n * r / S;
-    if (dev) comm_dev_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
-    else comm_allgatherv(c, buf + b->off + b->s0, b->s1 - b->s0, buf + b->off, cnt, dsp, CT_F32);
+    if (dev) comm_dev_allgatherv(c, at + b->s0, b->s1 - b->s0, at, cnt, dsp, CT_F32);
+    else comm_allgatherv(c, at + b->s0, b->s1 - b->s0, at, cnt, dsp, CT_F32);
     return 1;
 }
 
@@ -315,7 +316,7 @@ void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, fl
         GradBucket *b = &d->b[k];
         m->be->adamw_runs(m->params, m->grads, d->m1, d->m2, b->opt, scale, lr, b1, b2, eps, wd, t, d->prec,
                           d->seed);
-        gathered |= gather_bucket(d, b, m->params, 1);
+        gathered |= gather_bucket(d, b, m->params + b->off, 1);
     }
     // the collectives wrote other ranks' shards into params behind the backend's back: refresh the
     // GEMMs' bf16 copy of the weights (ops.h bf16_shadow) if the trainer keeps one
@@ -345,17 +346,27 @@ static void moment_to_device(const Dist *d, void *dst, const float *src, size_t 
     free(h);
 }
 
-void dist_moments_get(const Dist *d, const Model *m, float *m1, float *m2) {
-    memset(m1, 0, sizeof(float) * m->t.ltotal);
-    memset(m2, 0, sizeof(float) * m->t.ltotal);
+// One bucket of m1 (which 0) or m2 (1) into buf: this rank's shard, then every rank's gathered.
+static void moment_window(const Dist *d, int which, int k, size_t *lo, size_t *n, float *buf) {
+    const GradBucket *b = &d->b[k];
     size_t es = dist_moment_bytes(d);
-    for (int k = 0; k < d->nb; k++) {
-        const GradBucket *b = &d->b[k];
-        moment_to_host(d, m1 + b->off + b->s0, (char *)d->m1 + es * b->moff, b->s1 - b->s0);
-        moment_to_host(d, m2 + b->off + b->s0, (char *)d->m2 + es * b->moff, b->s1 - b->s0);
-        gather_bucket(d, b, m1, 0);
-        gather_bucket(d, b, m2, 0);
-    }
+    moment_to_host(d, buf + b->s0, (const char *)(which ? d->m2 : d->m1) + es * b->moff, b->s1 - b->s0);
+    gather_bucket(d, b, buf, 0);
+    *lo = b->off;
+    *n = b->n;
+}
+static void m1_window(void *ctx, int k, size_t *lo, size_t *n, float *buf) {
+    moment_window(ctx, 0, k, lo, n, buf);
+}
+static void m2_window(void *ctx, int k, size_t *lo, size_t *n, float *buf) {
+    moment_window(ctx, 1, k, lo, n, buf);
+}
+
+CkptSource dist_moment_source(const Dist *d, int which) {
+    CkptSource s = {d->nb, 1, which ? m2_window : m1_window, (void *)d};
+    for (int k = 0; k < d->nb; k++)
+        if (d->b[k].n > s.max) s.max = d->b[k].n;
+    return s;
 }
 
 void dist_moments_set(Dist *d, const Model *m, const float *m1, const float *m2) {

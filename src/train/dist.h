@@ -5,6 +5,7 @@
 // every element once, AdamW over this rank's shard, and full-tensor assembly for checkpoints.
 // Must not hold: the loop itself or file formats.
 #pragma once
+#include "io/ckpt_dist.h"
 #include <stdio.h>
 #include "model/model.h"
 #include "parallel/mesh.h"
@@ -68,10 +69,12 @@ double dist_grad_norm(const Dist *d, const Model *m);
 // give); the gradient buffer itself is left unscaled (nothing reads it before the next step zeroes it).
 // One multi-tensor launch per step (ZeRO 0), or per bucket followed by its gather (ZeRO 1/2).
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t);
-// Moments in the local flat layout, in host memory (every rank's shards gathered), and back
-// (keeps my shards). Always float32 here: bf16 moments are widened (exact) and rounded back to
-// nearest even (so a checkpoint stays float32 on disk in every policy).
-void dist_moments_get(const Dist *d, const Model *m, float *m1_local, float *m2_local);
+// The moments m1 (which 0) or m2 (1) for a checkpoint, in the local flat layout, a bucket at a time
+// (io/ckpt_dist.h CkptSource: each window one bucket in host memory, every rank's ZeRO shards gathered
+// over the bucket's group, so no full copy is made), and back from host buffers (keeps my shards). Always
+// float32 here: bf16 moments are widened (exact) and rounded back to nearest even (so a checkpoint stays
+// float32 on disk in every policy). Elements in no bucket (none today) would be saved as zeros.
+CkptSource dist_moment_source(const Dist *d, int which);
 void dist_moments_set(Dist *d, const Model *m, const float *m1_local, const float *m2_local);
 // Does this rank write tensor s's slice into checkpoints? (Every slice of the full model has
 // exactly one owner.)

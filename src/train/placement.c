@@ -91,11 +91,27 @@ static void choose_gpu_comm(Placement *p, const TrainOptions *o, const Comm *wor
     }
 }
 
+// The cpu backend's threads as the header prints them when moe chose how they wait (cli/main.c sets
+// OMP_WAIT_POLICY=passive and MOE_OMP_DEFAULT=1 where neither it nor GOMP_SPINCOUNT was set; a wait policy
+// the user set is theirs, and the header stays as it was).
+static void describe_threads(Placement *p, int shared) {
+    if (!getenv("MOE_OMP_DEFAULT")) return;
+    int n = omp_get_max_threads();
+    snprintf(
+        p->threads, sizeof p->threads,
+        "threads: %d OpenMP thread%s (%s), waiting passive (moe's default where OMP_WAIT_POLICY is unset)", n,
+        n == 1 ? "" : "s",
+        getenv("OMP_NUM_THREADS") ? "OMP_NUM_THREADS"
+            : shared              ? "this node's cores shared by its ranks"
+                                  : "every core");
+}
+
 void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     memset(p, 0, sizeof *p);
     // several ranks on one machine share its cores: unless told otherwise, each takes its share
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (comm_size(world) > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0) {
+    int shared = comm_size(world) > 1 && !getenv("OMP_NUM_THREADS") && local && atoi(local) > 0;
+    if (shared) {
         int t = omp_get_num_procs() / atoi(local);
         omp_set_num_threads(t > 0 ? t : 1);
     }
@@ -104,6 +120,7 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     p->be = backend_by_name(o->device);
     p->on_gpu = p->be != backend_cpu();
     if (o->precision == PREC_FP8) p->be = backend_fp8(p->be);
+    if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)
         DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
     if (force_nccl && o->gpu_comm != GPUCOMM_AUTO && o->gpu_comm != GPUCOMM_NCCL)

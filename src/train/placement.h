@@ -18,6 +18,7 @@ typedef struct {
     int attach; // a device transport is attached to the mesh (dev)
     MeshDev dev;
     char why[256]; // "gpu-comm: staged (...)": the choice and its reason (empty: none)
+    char threads[256]; // cpu backend, moe's wait policy: "threads: ..." (OpenMP's count and wait); or empty
 } Placement;
 
 // Checks the backend, the environment and --gpu-comm, and chooses (collective over world when it has

@@ -23,6 +23,7 @@
 #include "train/adapt.h"
 #include "train/placement.h"
 #include "train/resume.h"
+#include "train/run_save.h"
 #include "train/textdata.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
@@ -89,47 +90,6 @@ static void best_recorded(Run *r) {
     free(buf);
 }
 
-// metrics.jsonl lines with step <= last_step are kept (resume), later ones dropped.
-static void truncate_metrics(const char *path, int64_t last_step) {
-    size_t len;
-    char *buf = read_file(path, &len);
-    if (!buf) return;
-    char tmp[2048];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = xfopen(tmp, "w");
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL;
-        if (s && cJSON_IsNumber(s) && s->valuedouble <= last_step) fprintf(f, "%s\n", line);
-        cJSON_Delete(j);
-    }
-    xfclose(f, tmp);
-    if (rename(tmp, path) != 0) DIE("cannot replace %s", path);
-    free(buf);
-}
-
-// Every rank writes the slices it owns (params and AdamW moments, ZeRO shards gathered first);
-// rank 0 creates and commits the directory.
-// dir NULL: the step's checkpoint (then the old ones pruned); else that directory (OUT/best).
-static void save(const Dist *dist, const TrainOptions *o, const ModelConfig *c, const Model *m,
-                 const TrainState *st, const Comm *world, const char *dir) {
-    size_t P = m->t.ltotal;
-    float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
-    dist_moments_get(dist, m, m1, m2);
-    m->be->to_host(ph, m->params, P * sizeof(float));
-    unsigned char *own = xmalloc((size_t)m->t.n + 1);
-    for (int i = 0; i < m->t.n; i++) own[i] = (unsigned char)dist_owned(dist, &m->t.p[i]);
-    char path[2048];
-    if (dir) snprintf(path, sizeof path, "%s", dir);
-    else ckpt_path(path, sizeof path, o->out, st->step);
-    ckpt_save_dist(path, c, &m->t, ph, m1, m2, own, st, world);
-    if (comm_rank(world) == 0 && !dir) ckpt_prune(o->out, o->keep);
-    comm_barrier(world);
-    free(own);
-    free(m1);
-}
-
-
 static int config_equal(const ModelConfig *a, const ModelConfig *b) { return memcmp(a, b, sizeof *a) == 0; }
 
 static void fmt_eta(char *buf, size_t n, double s) {
@@ -176,6 +136,9 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
 static int check_out_dir(Run *r, int model_explicit, char *latest, size_t n) {
     const TrainOptions *o = r->o;
     char held[256];
+    // (--resume: a replacement of a checkpoint that a kill stopped between its renames is finished first)
+    if (o->resume && r->rank0) ckpt_run_recover(o->out);
+    comm_barrier(r->world);
     int has_run = ckpt_run_present(o->out, held, sizeof held), resuming = 0;
     comm_barrier(r->world);
     if (o->resume) {
@@ -213,6 +176,7 @@ static void run_dir_start(const Run *r) {
         char log[2100];
         join_path(log, sizeof log, o->out, RUN_LOG);
         stdout_tee(log);
+        ckpt_run_tidy(o->out); // what a killed save or prune left
     }
 }
 
@@ -239,7 +203,7 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
         if (r->st.seed != r->o->seed)
             DIE("--resume: the checkpoint was trained with --seed %llu, not %llu",
                 (unsigned long long)r->st.seed, (unsigned long long)r->o->seed);
-        if (r->rank0) truncate_metrics(r->metrics_path, r->st.step);
+        if (r->rank0) run_metrics_truncate(r->metrics_path, r->st.step);
         if (r->rank0) printf("resuming from %s (step %lld)\n", latest, (long long)r->st.step);
         if (r->rank0 && r->st.precision != r->o->precision)
             printf(
@@ -293,6 +257,7 @@ static void print_header(const Run *r, const MeshShape *shape) {
             o->eval_batches, avail, o->batch / o->grad_accum, avail);
     fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n",
             o->steps, o->batch, o->grad_accum, o->batch / o->grad_accum, o->seq_len, o->lr, r->be->name);
+    if (r->place.threads[0]) fprintf(out, "%s\n", r->place.threads);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
     if (r->place.why[0]) fprintf(out, "%s\n", r->place.why);
 }
@@ -411,6 +376,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     run_setup(r, cfg_in, o, model_explicit, world);
     run_dir_start(r);
     load_or_init(r, r->resuming, r->latest);
+    run_note_checkpoint(o->out);
     best_recorded(r);
     adapt_init(&r->adapt, o, &r->shape, r->meshed, &r->m);
 
@@ -491,8 +457,13 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     }
     char *txt = cJSON_PrintUnformatted(j);
     if (r->mf) {
-        fprintf(r->mf, "%s\n", txt);
-        fflush(r->mf);
+        size_t n = strlen(txt);
+        char *line = xmalloc(n + 2);
+        memcpy(line, txt, n);
+        memcpy(line + n, "\n", 2);
+        xfappend(line, r->mf, r->metrics_path);
+        free(line);
+        stdout_tee_check(); // (the log's writes are the tee thread's: a failure shows here, a step later)
     }
     free(txt);
     cJSON_Delete(j);
@@ -517,15 +488,17 @@ static void run_evaluate(Run *r, int step) {
     EvalResult ev;
     evaluate(&r->step.pipe, &r->ds, r->step.Bm, r->o->eval_batches, 0, &ev, &r->dist);
     if (r->mf) {
-        if (isfinite(ev.loss)) fprintf(r->mf, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
-        else fprintf(r->mf, "{\"step\":%d,\"val_loss\":null}\n", step + 1); // JSON has no NaN
-        fflush(r->mf);
+        char line[160];
+        if (isfinite(ev.loss))
+            snprintf(line, sizeof line, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
+        else snprintf(line, sizeof line, "{\"step\":%d,\"val_loss\":null}\n", step + 1); // JSON has no NaN
+        xfappend(line, r->mf, r->metrics_path);
     }
     if (!r->o->quiet) fprintf(r->out, "  eval: val loss %.4f\n", ev.loss);
     if (r->o->keep_best && ev.loss < r->best_loss) { // the same on every rank: ev.loss is global
         char dir[2100];
         join_path(dir, sizeof dir, r->o->out, RUN_BEST);
-        save(&r->dist, r->o, &r->c, &r->m, &r->st, r->world, dir); // (r->st.step is step + 1 already)
+        run_save(&r->dist, r->o, &r->c, &r->m, &r->st, r->world, dir); // (r->st.step is step + 1 already)
         if (!r->o->quiet) fprintf(r->out, "  best: %s (step %d, val loss %.4f)\n", dir, step + 1, ev.loss);
         r->best_loss = ev.loss;
         r->best_step = step + 1;
@@ -575,8 +548,11 @@ static void run_close(Run *r) {
             fprintf(stderr,
                     "moe: preempted by %s after step %lld: checkpoint %s written; continue with the same "
                     "command and --resume (exit status %d)\n",
-                    r->preempted == SIGINT ? "SIGINT" : "SIGTERM", (long long)r->st.step, latest,
-                    MOE_EXIT_PREEMPTED);
+                    r->preempted == SIGINT        ? "SIGINT"
+                        : r->preempted == SIGUSR1 ? "SIGUSR1"
+                        : r->preempted == SIGUSR2 ? "SIGUSR2"
+                                                  : "SIGTERM",
+                    (long long)r->st.step, latest, MOE_EXIT_PREEMPTED);
         goto free_all;
     }
     double wall = now_seconds() - r->t_start;
@@ -609,7 +585,10 @@ free_all:
     adapt_free(&r->adapt);
     if (!r->rank0) fclose(r->out);
     run_setup_free(r);
-    if (r->rank0) stdout_tee_end();
+    if (r->rank0) {
+        stdout_tee_end();
+        stdout_tee_check();
+    }
 }
 
 int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit, const char *record,
@@ -623,6 +602,7 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
     }
     if (r.rank0) textdata_save(&r.td, o->out);
     StepStats s = {.counts = r.counts};
+    preempt_arm(1); // (before: start-up, where a signal ends the process at once)
     int skipped = 0; // steps skipped in a row (non-finite loss or norm)
     for (int step = r.first; step < o->steps; step++) {
         if (r.profile && step == r.first + 1) backend_profile_reset(); // the first step warms up
@@ -644,16 +624,21 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) run_evaluate(&r, step);
         int saved = (o->save_every > 0 && (step + 1) % o->save_every == 0 && !s.skipped) ||
             (last && o->save_every >= 0);
-        if (saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
-        // SIGTERM / SIGINT: every rank stops after the same step (the flag is summed over the ranks)
+        if (saved) run_save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
+        // SIGTERM / SIGINT / SIGUSR1/2: every rank stops after the same step (the flag is summed over the
+        // ranks); after the last step too: its checkpoint is written, the report is skipped
         int stop = preempt_signal() != 0;
         if (comm_size(world) > 1) comm_allreduce(world, &stop, 1, CT_I32);
-        if (stop && !last) {
-            if (!saved) save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
+        if (stop) {
+            if (!saved) run_save(&r.dist, o, &r.c, &r.m, &r.st, world, NULL);
             r.preempted = preempt_signal() ? preempt_signal() : SIGTERM;
             break;
         }
     }
+    // the report (final evaluation, sample, plots) checks for no signal: one ends the process at once,
+    // as does one that came after the last step's check
+    preempt_arm(0);
+    if (!r.preempted && preempt_signal()) raise(preempt_signal());
     run_close(&r);
     return r.preempted ? MOE_EXIT_PREEMPTED : 0;
 }

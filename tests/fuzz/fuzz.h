@@ -15,16 +15,19 @@
 static jmp_buf fuzz_jb;
 static void fuzz_die_hook(void) { longjmp(fuzz_jb, 1); }
 
-// A private scratch directory (in /dev/shm when there is one), made once.
+// A private scratch directory (in /dev/shm when there is one), made once and removed at exit (libFuzzer
+// exits through exit() at -max_total_time / -runs; scripts/fuzz.sh removes it after a crash).
+static char fuzz_dir_path[256];
+static void fuzz_dir_remove(void) { rm_rf(fuzz_dir_path); }
 static const char *fuzz_dir(void) {
-    static char dir[256];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/moe_fuzz_%d", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp",
-                 (int)getpid());
-        mkdir(dir, 0700);
+    if (!fuzz_dir_path[0]) {
+        snprintf(fuzz_dir_path, sizeof fuzz_dir_path, "%s/moe_fuzz_%d",
+                 access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
+        mkdir(fuzz_dir_path, 0700);
+        atexit(fuzz_dir_remove);
         moe_set_die_hook(fuzz_die_hook, -1);
     }
-    return dir;
+    return fuzz_dir_path;
 }
 
 // Descriptors a refused input left open (DIE's exit would have closed them): every one from the
