@@ -11,8 +11,11 @@
 //     accumulator (about 13-14 significant bits, DeepSeek-V3 section 3.3: the products are exact, the
 //     partial sums round at ~2^-13 relative), so a tile's sum moves by ~2^-13 of its terms' magnitude: over
 //     the outputs ~1e-4 norm-wise; a wrong scale, index or tile is O(1) and a truncating conversion ~1e-2.
-//   "cuda-fp8" (bf16 hidden rows) against the cpu given the same rows rounded to bf16: norm-wise within 1e-2
-//     (the SwiGLU's outputs are rounded to bf16, 2^-9 relative, as the bf16 policy's are).
+//   "cuda-fp8" (bf16 hidden rows) within the same bands: every op gets bf16-representable inputs (both
+//     tables read the same numbers) and its bf16 outputs (h1, act, dh1) carry one rounding (2^-9 relative).
+//   Each op is judged alone on the same host inputs (chained, a bf16 rounding upstream moves ~3% of the next
+//   quantisation's codes by one e4m3 step (2^-9 against a code spacing of 2^-3): ~1-2% norm-wise, measured on
+//   the H200: an effect of the bf16 rows, not of the kernels).
 // Also: the non-finite count names the layer and tensor. Skips (exit 77) without a GPU.
 #include <math.h>
 #include <stdio.h>
@@ -75,7 +78,9 @@ static void cmp(const char *what, const char *be, const float *got, const float 
     checks++;
     double num = 0, den = 0, worst = 0, mx = 0;
     size_t wi = 0;
-    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+    double rms = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i])), rms += (double)ref[i] * ref[i];
+    rms = n ? sqrt(rms / n) : 0;
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)got[i] - ref[i]);
         if (isnan(got[i]) != isnan(ref[i])) d = INFINITY;
@@ -93,80 +98,86 @@ static void cmp(const char *what, const char *be, const float *got, const float 
     fails += bad;
 }
 
+// Every op gets the same host inputs on both backends (bf16-representable values where a table reads its
+// rows in bf16, so both read the same numbers), none another op's output: each op is judged alone.
 static void run_shape(const Shape *s, const Backend *gb, int mode, double norm, double elem, Rng *r) {
     const Backend *cb = backend_fp8(backend_cpu());
-    int G = s->G, K = s->K, O = s->O, hb = gb->hid == FMT_BF16;
-    size_t R = (size_t)s->off[G], nx = R * K, ny = R * O, nw = (size_t)G * O * K, nw2 = (size_t)G * K * O;
-    float *x = xmalloc(nx * 4), *dy = xmalloc(ny * 4), *w1 = xmalloc(nw * 4), *w3 = xmalloc(nw * 4),
-          *w2 = xmalloc(nw2 * 4), *seed = xmalloc((nx > ny ? nx : ny) * 4 + 4);
-    fill(x, nx, r, (int)R, K), fill(dy, ny, r, (int)R, O);
-    fill(w1, nw, r, 0, 0), fill(w3, nw, r, 0, 0), fill(w2, nw2, r, 0, 0);
-    block_scale(w1, G, O, K), block_scale(w3, G, O, K), block_scale(w2, G, K, O);
-    fill(seed, nx > ny ? nx : ny, r, 0, 0);
-    if (hb) // the hidden rows as the bf16 table holds them: the cpu gets the same values
-        for (size_t i = 0; i < nx; i++) x[i] = bf16_to_f32(bf16_rn_bits(x[i]));
+    int G = s->G, K = s->K, O = s->O;
+    size_t R = (size_t)s->off[G], nx = R * K, ny = R * O, nw = (size_t)G * O * K;
+    enum { X, DY, ACT, H1, H3, DXO, DH1, DH3, W1, W3, W2, SEED, NIN };
+    size_t len_in[NIN] = {nx, ny, ny, ny, ny, nx, ny, ny, nw, nw, nw, nw > nx ? nw : nx};
+    float *in[NIN];
+    for (int i = 0; i < NIN; i++) {
+        in[i] = xmalloc(len_in[i] * 4 + 4);
+        int rows = i == X || i == DXO ? (int)R : i < W1 ? (int)R : 0, cols = i == X || i == DXO ? K : O;
+        fill(in[i], len_in[i], r, i < W1 ? rows : 0, cols);
+        if (i < W1) // the rows: bf16-representable (the bf16 table's hidden rows are read as they are)
+            for (size_t j = 0; j < len_in[i]; j++) in[i][j] = bf16_to_f32(bf16_rn_bits(in[i][j]));
+    }
+    block_scale(in[W1], G, O, K), block_scale(in[W3], G, O, K), block_scale(in[W2], G, K, O);
     const Backend *be[2] = {cb, gb};
-    float *res[2][12];
+    float *res[2][14];
     int nres = 0;
     for (int b = 0; b < 2; b++) {
         const Backend *e = be[b];
-        int hidx = b == 1; // the fused ops' rows in the table's hidden format
-        void *dx = up(e, x, nx, 0), *dxh = up(e, x, nx, hidx), *ddy = up(e, dy, ny, 0),
-             *dw1 = up(e, w1, nw, 0), *dw3 = up(e, w3, nw, 0), *dw2 = up(e, w2, nw2, 0);
-        float *out = e->alloc(ny * 4 + 4), *dinp = e->alloc(nx * 4 + 4), *gw = e->alloc(nw * 4 + 4);
+        int hx = b == 1; // the fused ops' rows in the table's hidden format
+        void *d[NIN];
+        for (int i = 0; i < NIN; i++)
+            d[i] = up(e, in[i], len_in[i], hx && i != DY && i < W1 && i != X ? 1 : 0);
+        void *xh = up(e, in[X], nx, hx);
+        float *out = e->alloc(ny * 4 + 4), *dinp = e->alloc(nx * 4 + 4), *gw = e->alloc(nw * 4 + 4),
+              *o2 = e->alloc(nx * 4 + 4);
+        void *h1 = e->alloc(ny * 4 + 4), *h3 = e->alloc(ny * 4 + 4), *act = e->alloc(ny * 4 + 4),
+             *dh1 = e->alloc(ny * 4 + 4), *dh3 = e->alloc(ny * 4 + 4);
         int k = 0;
-        // grouped_matmul_fwd; bwd written (dinp, GM_DW_WRITE), then accumulated onto the seed values
-        e->grouped_matmul_fwd(out, dx, dw1, s->off, G, K, O);
+        // the plain grouped GEMMs (float32 rows): forward; backward written, then accumulated onto seeds
+        e->grouped_matmul_fwd(out, d[X], d[W1], s->off, G, K, O);
         res[b][k++] = down(e, out, ny, 0);
-        e->grouped_matmul_bwd(dinp, gw, ddy, dx, dw1, s->off, G, K, O, GM_DW_WRITE);
+        e->grouped_matmul_bwd(dinp, gw, d[DY], d[X], d[W1], s->off, G, K, O, GM_DW_WRITE);
         res[b][k++] = down(e, dinp, nx, 0);
         res[b][k++] = down(e, gw, nw, 0);
-        e->to_device(dinp, seed, nx * 4), e->to_device(gw, seed, nw * 4);
-        e->grouped_matmul_bwd(dinp, gw, ddy, dx, dw1, s->off, G, K, O, GM_ACC_DINP);
+        e->to_device(dinp, in[SEED], nx * 4), e->to_device(gw, in[SEED], nw * 4);
+        e->grouped_matmul_bwd(dinp, gw, d[DY], d[X], d[W1], s->off, G, K, O, GM_ACC_DINP);
         res[b][k++] = down(e, dinp, nx, 0);
         res[b][k++] = down(e, gw, nw, 0);
-        // the fused ops: up projection with SwiGLU, down projection, their backward
-        void *h1 = e->alloc(ny * 4 + 4), *h3 = e->alloc(ny * 4 + 4), *act = e->alloc(ny * 4 + 4);
-        e->grouped_swiglu_fwd(h1, h3, act, dxh, dw1, dw3, s->off, G, K, O);
-        res[b][k++] = down(e, act, ny, hidx);
-        float *o2 = e->alloc(nx * 4 + 4), *gw2 = e->alloc(nw2 * 4 + 4);
-        e->grouped_down_fwd(o2, act, dw2, s->off, G, O, K);
+        // the fused ops, each on the host inputs: up projection with SwiGLU (h1 and act), down projection,
+        // its backward into the SwiGLU (dw2, dh1), the up projections' backward (dinp, dw1)
+        e->grouped_swiglu_fwd(h1, h3, act, xh, d[W1], d[W3], s->off, G, K, O);
+        res[b][k++] = down(e, h1, ny, hx);
+        res[b][k++] = down(e, act, ny, hx);
+        e->grouped_down_fwd(o2, d[ACT], d[W2], s->off, G, O, K);
         res[b][k++] = down(e, o2, nx, 0);
-        void *dxo =
-            up(e, x, nx, hidx); // the down projection's output gradient (rows, K) in the hidden format
-        void *dh1 = e->alloc(ny * 4 + 4), *dh3 = e->alloc(ny * 4 + 4);
-        e->grouped_swiglu_bwd(dh1, dh3, gw2, dxo, act, h1, h3, dw2, s->off, G, O, K, GM_DW_WRITE);
-        res[b][k++] = down(e, gw2, nw2, 0);
-        res[b][k++] = down(e, dh1, ny, hidx);
-        e->grouped_matmul_bwd2(dinp, gw, NULL, dh1, dh3, dxh, dw1, dw3, s->off, G, K, O, GM_DW_WRITE);
+        e->grouped_swiglu_bwd(dh1, dh3, gw, d[DXO], d[ACT], d[H1], d[H3], d[W2], s->off, G, O, K,
+                              GM_DW_WRITE);
+        res[b][k++] = down(e, gw, nw, 0);
+        res[b][k++] = down(e, dh1, ny, hx);
+        e->grouped_matmul_bwd2(dinp, gw, NULL, d[DH1], d[DH3], xh, d[W1], d[W3], s->off, G, K, O,
+                               GM_DW_WRITE);
         res[b][k++] = down(e, dinp, nx, 0);
         res[b][k++] = down(e, gw, nw, 0);
         nres = k;
-        void *all[] = {dx, dxh, ddy, dw1, dw3, dw2, out, dinp, gw, h1, h3, act, o2, gw2, dxo, dh1, dh3};
+        for (int i = 0; i < NIN; i++) e->free(d[i]);
+        void *all[] = {xh, out, dinp, gw, o2, h1, h3, act, dh1, dh3};
         for (size_t i = 0; i < sizeof all / sizeof *all; i++) e->free(all[i]);
     }
     static const char *name[] = {
-        "fwd",      "bwd dinp (write)", "bwd dw (write)", "bwd dinp (acc)", "bwd dw (acc)", "swiglu_fwd act",
-        "down_fwd", "swiglu_bwd dw2",   "swiglu_bwd dh1", "bwd2 dinp",      "bwd2 dw1"};
-    size_t len[] = {ny, nx, nw, nx, nw, ny, nx, nw2, ny, nx, nw};
+        "fwd",           "bwd dinp (write)", "bwd dw (write)", "bwd dinp (acc)", "bwd dw (acc)",
+        "swiglu_fwd h1", "swiglu_fwd act",   "down_fwd",       "swiglu_bwd dw2", "swiglu_bwd dh1",
+        "bwd2 dinp",     "bwd2 dw1"};
+    size_t len[] = {ny, nx, nw, nx, nw, ny, ny, nx, nw, ny, nx, nw};
     char tag[64];
     snprintf(tag, sizeof tag, "%s K%d O%d", gb->name, K, O);
     for (int i = 0; i < nres; i++) {
-        int swiglu = i == 5 || i == 7 || i == 8 || i == 9 || i == 10 || i == 6;
-        // in the bitwise mode the ops downstream of a SwiGLU carry expf's last bits: per element within 1e-6
-        // at the SwiGLU itself, and through the next fp8 quantisation a flipped code (2^-4 of that element):
-        // judged norm-wise there
+        // in the bitwise mode the SwiGLU's own outputs carry expf's last bits (test_cuda_ops's BAND_ELEM,
+        // relative to |ref| + the rms); everything else is the same operations in the same order
         int m = mode;
-        double nb = norm, eb = elem;
-        if (mode == 0 && swiglu)
-            m = (i == 5 || i == 8) ? 1 : 2, nb = 1e-3, eb = i == 5 || i == 8 ? 1e-6 : 2e-2;
-        if (mode == 0 && swiglu && hb) m = 2, nb = 1e-2, eb = 5e-2;
-        if (mode == 2 && hb && swiglu) nb = 1e-2, eb = 5e-2;
-        cmp(name[i], tag, res[1][i], res[0][i], len[i], m, nb, eb);
+        double eb = elem;
+        if (mode == 0 && (i == 6 || i == 9)) m = 1, eb = 1e-6;
+        cmp(name[i], tag, res[1][i], res[0][i], len[i], m, norm, eb);
     }
     for (int b = 0; b < 2; b++)
         for (int i = 0; i < nres; i++) free(res[b][i]);
-    free(x), free(dy), free(w1), free(w3), free(w2), free(seed);
+    for (int i = 0; i < NIN; i++) free(in[i]);
 }
 
 // the non-finite report: an infinity in one expert's weight names its layer and tensor
@@ -207,7 +218,7 @@ int main(int argc, char **argv) {
     rng_seed(&r, 7);
     for (int i = 0; i < 2; i++) {
         run_shape(&sh[i], backend_cuda_fp8(1), ref ? 0 : 2, 4e-3, 0.03125, &r);
-        run_shape(&sh[i], backend_cuda_fp8(0), 2, 1e-2, 5e-2, &r);
+        run_shape(&sh[i], backend_cuda_fp8(0), 2, 4e-3, 0.03125, &r);
     }
     nonfinite(backend_cuda_fp8(1));
     printf("%s: %d checks, %d failed\n", ref ? "MOE_FP8_GEMM=ref" : "kernel", checks, fails);

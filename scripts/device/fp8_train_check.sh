@@ -7,7 +7,8 @@
 #      the per-step losses' largest relative difference from cpu fp8 (the other ops differ in their last
 #      bits across devices, so close, not equal) and from cuda mixed (the quantisation's own effect);
 #   3. the reference model's step (peers-ref, batch 4 x 2048, 12 steps, random tokens), --precision mixed,
-#      bf16 and fp8: median tokens/s of steps 4-12 and the peak GPU memory (nvidia-smi).
+#      bf16 and fp8: median tokens/s of steps 4-12 and the peak GPU memory (nvidia-smi) (REF=0: skipped);
+#   4. with PROFILE=1: MOE_PROFILE=1's time per op and step, mixed against fp8.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && mesh_unpack $PWD/${GPUM:-.gpum} /tmp/ft
 W=/tmp/ftw; mkdir -p $W; R=${OUT:-$W}/fp8_train.txt; : > $R
@@ -29,7 +30,7 @@ rel cuda-fp32-fp8-ref cpu-fp8--; rel cuda-fp32-fp8-kernel cpu-fp8--; rel cuda-fp
 rel cpu-fp8-- cpu-mixed--; rel cuda-fp8-kernel cuda-mixed--
 say "final losses: $(for n in cpu-fp8-- cpu-mixed-- cuda-fp8-kernel cuda-mixed--; do echo -n "$n $(L $W/$n | tail -1)  "; done)"
 [ -f $W/rand32k.bin ] || python3 scripts/device/random_shard.py $W/rand32k.bin
-for p in mixed fp8 bf16; do
+for p in ${REFP-mixed fp8 bf16}; do
   mem_start
   timeout 150 stdbuf -oL $B/moe train --device cuda --preset peers-ref --batch 4 --seq-len 2048 --precision $p --steps 12 \
     --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0 --force \
@@ -38,4 +39,12 @@ for p in mixed fp8 bf16; do
   tps=$(grep -E "^step ([4-9]|1[0-2])/" $W/ref_$p.log | sed 's/.*| *\([0-9]*\) tok\/s.*/\1/' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
   say "peers-ref --precision $p: median $tps tokens/s (steps 4-12), peak GPU memory $peak MiB"
 done
+if [ -n "$PROFILE" ]; then # the ops' time per step (MOE_PROFILE=1: each op synchronised), mixed against fp8
+  for p in mixed fp8; do
+    timeout 120 env MOE_PROFILE=1 stdbuf -oL $B/moe train --device cuda --preset peers-ref --batch 4 --seq-len 2048 \
+      --precision $p --steps 4 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0 --eval-batches 1 --sample-tokens 0 \
+      --plots 0 --force --data $W/rand32k.bin --out $W/prof > $W/prof_$p.log 2>&1
+    say "-- profile, --precision $p"; grep -E "^profile|^  [a-z].*calls" $W/prof_$p.log | head -24 | tee -a $R
+  done
+fi
 say "$(date -u) done"

@@ -195,10 +195,11 @@ void die_io(const char *verb, const char *path, int err) {
 
 void fault_point(const char *name) {
     const char *f = getenv("MOE_FAULT");
-    if (f && strcmp(f, name) == 0) {
-        fflush(NULL);
-        kill(getpid(), SIGKILL);
-    }
+    size_t n = strlen(name);
+    if (!f || strncmp(f, name, n) != 0) return;
+    fflush(NULL);
+    if (f[n] == 0) kill(getpid(), SIGKILL);
+    if (strcmp(f + n, ":wait") == 0) sleep(30);
 }
 
 FILE *xfopen(const char *path, const char *mode) {

@@ -64,8 +64,10 @@ void die_io(const char *verb, const char *path, int err) __attribute__((noreturn
 void io_note_set(const char *note);
 
 // Fault injection for the tests: with MOE_FAULT=<name> in the environment, fault_point(name) kills this
-// process (SIGKILL, as kill -9 would) at that point. Points: "remove" (rm_rf, after the first entry of
-// a tree is removed), "swap" (replacing a checkpoint without RENAME_EXCHANGE, between its two renames).
+// process (SIGKILL, as kill -9 would) at that point; with MOE_FAULT=<name>:wait it waits there 30 s instead
+// (for a test to signal the process at a known point). Points: "remove" (rm_rf, after the first entry of
+// a tree is removed), "swap" (replacing a checkpoint without RENAME_EXCHANGE, between its two renames),
+// "startup" (a training run's start-up done, before the first step).
 void fault_point(const char *name);
 
 // n bytes at offset off of the open file fd into buf (pread, retried on EINTR); dies naming path when the

@@ -602,6 +602,7 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
     }
     if (r.rank0) textdata_save(&r.td, o->out);
     StepStats s = {.counts = r.counts};
+    fault_point("startup");
     preempt_arm(1); // (before: start-up, where a signal ends the process at once)
     int skipped = 0; // steps skipped in a row (non-finite loss or norm)
     for (int step = r.first; step < o->steps; step++) {
