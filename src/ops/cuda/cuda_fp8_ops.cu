@@ -144,13 +144,15 @@ static const void *weight_src(const float *w, size_t n, int *bf) {
 }
 static size_t esz(int bf) { return bf ? 2 : 4; }
 
-// out_g = gemm(tiles(inp_g), blocks(W_g)); inp's element size by `bf`
+// out_g = gemm(tiles(inp_g), blocks(W_g)); inp's element size by `bf`. With out2 and w2 (the SwiGLU's up
+// projections) also out2_g = gemm(tiles(inp_g), blocks(W2_g)) from the same tiles of inp (quantised once).
 static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const int64_t *off, int G, int K,
-                    int O, int tin, int tw) {
+                    int O, int tin, int tw, float *out2 = NULL, const float *w2 = NULL, int tw2 = 0) {
     int64_t r0 = off[0], rows = off[G] - off[0];
     if (G <= 0 || rows <= 0 || O <= 0) return;
     if (K <= 0) {
         CUDA_CHECK(cudaMemsetAsync(out + r0 * O, 0, sizeof(float) * rows * O));
+        if (out2) CUDA_CHECK(cudaMemsetAsync(out2 + r0 * O, 0, sizeof(float) * rows * O));
         return;
     }
     int T = fp8_ntiles(K), BO = fp8_ntiles(O), wbf;
@@ -158,26 +160,34 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
            sz[4] = {(size_t)rows * K, sizeof(float) * rows * T, nw, sizeof(float) * G * BO * T};
     void *p[4];
     scratch_v(&g_q, 4, sz, p);
-    const void *ws = weight_src(w, nw, &wbf);
     cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + esz(bf) * r0 * K, bf, (int)rows,
                          K, cnt(tin));
-    cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K, cnt(tw));
-    if (!fp8_ref() &&
-        cuda_fp8_grouped_gemm(out + r0 * O, 0, 0.0f, (uint8_t *)p[0], (float *)p[1], (uint8_t *)p[2],
-                              (float *)p[3], 1, off, G, K, O))
-        return;
-    for (int g = 0; g < G; g++) {
-        int64_t a = off[g] - r0, n = off[g + 1] - off[g];
-        cuda_fp8_gemm(out + off[g] * O, O, (uint8_t *)p[0] + a * K, K, (float *)p[1] + a * T, T,
-                      (uint8_t *)p[2] + (size_t)g * O * K, K, (float *)p[3] + (size_t)g * BO * T, T, (int)n,
-                      O, K, 1, 0);
+    // (the second weight's codes overwrite the first's after the first GEMM, in stream order)
+    for (int i = 0; i < (out2 ? 2 : 1); i++) {
+        float *o = i ? out2 : out;
+        const void *ws = weight_src(i ? w2 : w, nw, &wbf);
+        cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K,
+                              cnt(i ? tw2 : tw));
+        if (!fp8_ref() &&
+            cuda_fp8_grouped_gemm(o + r0 * O, 0, 0.0f, (uint8_t *)p[0], (float *)p[1], (uint8_t *)p[2],
+                                  (float *)p[3], 1, off, G, K, O))
+            continue;
+        for (int g = 0; g < G; g++) {
+            int64_t a = off[g] - r0, n = off[g + 1] - off[g];
+            cuda_fp8_gemm(o + off[g] * O, O, (uint8_t *)p[0] + a * K, K, (float *)p[1] + a * T, T,
+                          (uint8_t *)p[2] + (size_t)g * O * K, K, (float *)p[3] + (size_t)g * BO * T, T,
+                          (int)n, O, K, 1, 0);
+        }
     }
 }
 
 // grouped_matmul_bwd's contract (ops.h) with the recipe's products: dinp_g (+)= gemm(tiles(dout_g),
 // blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout and inp of element size by `bf`
+// in_ready: inp's transposed tiles are in the scratch already, from a call with the same shapes and the same
+// operands present (grouped_matmul_bwd2's second product: the same inp)
 static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, int bf, const float *w,
-                    const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw) {
+                    const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw,
+                    int in_ready = 0) {
     CHECK(!(flags & GM_DW_BF16),
           "grouped_matmul_bwd: --precision fp8 keeps float32 weight gradients "
           "(GM_DW_BF16 is the bf16 policy's)");
@@ -221,7 +231,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
     if (dw) {
         // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
         cuda_fp8_quant_tiles_t((uint8_t *)p[4], (float *)p[5], dout, bf, off, G, O, cnt(tdout));
-        cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
+        if (!in_ready) cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
         if (!fp8_ref() && G <= 256) {
             int64_t pc[257];
             for (int g = 0; g <= G; g++) pc[g] = cuda_fp8_pad_cols(off, g);
@@ -260,8 +270,7 @@ static void fp8_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const
     if (rows <= 0 || O <= 0) return;
     size_t b = (size_t)off[0] * O, n = (size_t)rows * O;
     if (!HB) {
-        fp8_fwd((float *)h1, inp, 0, w1, off, G, K, O, FP8T_X, FP8T_W1);
-        fp8_fwd((float *)h3, inp, 0, w3, off, G, K, O, FP8T_X, FP8T_W3);
+        fp8_fwd((float *)h1, inp, 0, w1, off, G, K, O, FP8T_X, FP8T_W1, (float *)h3, w3, FP8T_W3);
         cuda_swiglu_fwd((float *)act + b, (float *)h1 + b, (float *)h3 + b, n);
         return;
     }
@@ -269,8 +278,7 @@ static void fp8_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const
     void *p[2];
     scratch_v(&g_rows, 2, sz, p);
     float *f1 = (float *)p[0] - b, *f3 = (float *)p[1] - b; // indexed by the rows' numbers, as h1
-    fp8_fwd(f1, inp, 1, w1, off, G, K, O, FP8T_X, FP8T_W1);
-    fp8_fwd(f3, inp, 1, w3, off, G, K, O, FP8T_X, FP8T_W3);
+    fp8_fwd(f1, inp, 1, w1, off, G, K, O, FP8T_X, FP8T_W1, f3, w3, FP8T_W3);
     cuda_swiglu_fwd_hid((__nv_bfloat16 *)h1 + b, (__nv_bfloat16 *)h3 + b, (__nv_bfloat16 *)act + b, f1 + b,
                         f3 + b, n);
 }
@@ -315,7 +323,7 @@ static void fp8_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *dou
                             int K, int O, int flags) {
     fp8_bwd(dinp, dwa, douta, inp, HB, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X, FP8T_W1);
     fp8_bwd(dinp, dwb, doutb, inp, HB, wb, off, G, K, O, GM_ACC_DINP | (flags & (GM_DW_WRITE | GM_DW_BF16)),
-            FP8T_DH3, FP8T_X, FP8T_W3);
+            FP8T_DH3, FP8T_X, FP8T_W3, dwa && dwb); // (inp's transposed tiles from the first: same sizes)
 }
 
 template <int HB> static void fp8_table(Backend *be, const Backend *base, const char *name) {
