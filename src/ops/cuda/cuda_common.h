@@ -49,6 +49,11 @@ extern "C" int cuda_sync_each_launch(void);
                 cudaGetErrorName(_e), cudaGetErrorString(_e), cuda_hint(_e)); \
     } while (0)
 
+// 1 where our Hopper kernels run (cuda_hopper.cu: an sm_90 GPU, sm_90a code in this build, the driver's
+// tensor-map encoder), with the SM count and cuTensorMapEncodeTiled; 0 otherwise (never dies for a missing
+// GPU).
+extern "C" int cuda_hopper_tma(int *sms, void **encode);
+
 // The cuBLAS handle of the backend (created by backend_cuda()).
 extern "C" cublasHandle_t cuda_cublas(void);
 // A device scratch buffer of at least `bytes`, reused by every op (ops run in stream order on the

@@ -436,14 +436,6 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
 #endif
 }
 
-__global__ void gg_probe(int *ok) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *ok = 1;
-#else
-    *ok = 0;
-#endif
-}
-
 // ---------------------------------------------------------------- host
 typedef CUresult (*EncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
@@ -462,23 +454,8 @@ static int gg_init(void) {
     if (e && *e && strcmp(e, "auto") && strcmp(e, "cublas"))
         DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", e);
     if (e && !strcmp(e, "cublas")) return 0;
-    int dev, major, minor;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev));
-    if (major != 9 || minor != 0) return 0;
-    int *d, h = 0;
-    CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
-    gg_probe<<<1, 1>>>(d);
-    KCHECK("gg_probe");
-    CUDA_CHECK(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(d));
-    if (!h) return 0; // built without sm_90a code
-    cudaDriverEntryPointQueryResult q;
-    void *fn = NULL;
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) return 0;
+    void *fn;
+    if (!cuda_hopper_tma(&g_sms, &fn)) return 0;
     g_encode = (EncodeTiled)fn;
     CUDA_CHECK(
         cudaFuncSetAttribute(gg_kernel<0, EPI_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));

@@ -297,14 +297,6 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
 #endif
 }
 
-__global__ void gf_probe(int *ok) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *ok = 1;
-#else
-    *ok = 0;
-#endif
-}
-
 // ---------------------------------------------------------------- host
 typedef CUresult (*GFEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
@@ -318,27 +310,8 @@ static GFArgs gf_args; // ~2 KB: not on the stack; copied into each launch's par
 static int gf_init(void) {
     if (gf_ready >= 0) return gf_ready;
     gf_ready = 0;
-    int dev, n = 0, major, minor;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-        (void)cudaGetLastError(); // no GPU: not this kernel's error to report
-        return 0;
-    }
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&gf_sms, cudaDevAttrMultiProcessorCount, dev));
-    if (major != 9 || minor != 0) return 0;
-    int *d, h = 0;
-    CUDA_CHECK(cudaMalloc(&d, sizeof(int)));
-    gf_probe<<<1, 1>>>(d);
-    KCHECK("gf_probe");
-    CUDA_CHECK(cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(d));
-    if (!h) return 0; // built without sm_90a code
-    cudaDriverEntryPointQueryResult q;
-    void *fn = NULL;
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) return 0;
+    void *fn;
+    if (!cuda_hopper_tma(&gf_sms, &fn)) return 0;
     gf_encode = (GFEncodeTiled)fn;
     CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
     CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
