@@ -102,6 +102,7 @@ check "... before any step or checkpoint" test -z "$(grep -s '"loss"' U/metrics.
 
 # mpirun: SIGUSR1 (forwarded) and SIGTERM through scripts/mpirun_preempt.sh
 if ! command -v mpirun >/dev/null; then skip "mpirun not installed: the mesh's preemption"; finish; fi
+if ! ldd "$MOE" 2>/dev/null | grep -q libmpi; then skip "this moe is built without MPI (scripts/sanitize.sh's build): the mesh's preemption"; finish; fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 MP=(--oversubscribe -np 2 "$MOE" train "${F[@]}" --steps 30)
 run_ok "mpirun -np 2: uninterrupted run (30 steps)" timeout 300 mpirun "${MP[@]}" --out MA
