@@ -292,6 +292,15 @@ int main(void) {
     f4.n_shared_experts = 1;
     f4.shared_d_ff = 48;
     f4.balance = BALANCE_AUX_FREE;
+    // MOE_TEST_DS: one part of the DeepSeek shape left out (to find which one moves a result): nodense,
+    // softmax, nogroup, noscale, noshared, nobias
+    const char *ds = getenv("MOE_TEST_DS");
+    if (ds && strstr(ds, "nodense")) memset(f4.dense_layers, 0, sizeof f4.dense_layers), f4.dense_d_ff = 0;
+    if (ds && strstr(ds, "softmax")) f4.route_sigmoid = 0, f4.n_group = 1, f4.topk_group = 1;
+    if (ds && strstr(ds, "nogroup")) f4.n_group = 1, f4.topk_group = 1;
+    if (ds && strstr(ds, "noscale")) f4.route_scale = 1.0f;
+    if (ds && strstr(ds, "noshared")) f4.n_shared_experts = 0, f4.shared_d_ff = 0;
+    if (ds && strstr(ds, "nobias")) f4.balance = BALANCE_AUX;
     // MOE_TEST_BACKEND=cuda or cuda-fp32: that backend only (default: both)
     const char *only = getenv("MOE_TEST_BACKEND");
     for (int bf = 0; bf < 2; bf++) {
@@ -305,7 +314,14 @@ int main(void) {
         check_config("olmoe: qk-norm full", f1, 2, 40, 0, gpu, ref, f32);
         check_config("qwen2_moe: bias, gated shared, seq aux", f2, 2, 40, 0, gpu, ref, f32);
         check_config("qwen3_moe: qk-norm head, aux-free", f3, 2, 40, 0, gpu, ref, f32);
-        check_config("deepseek-shaped: dense 0, sigmoid groups", f4, 2, 40, 0, gpu, ref, f32);
+        // (on "cuda" a model with a dense layer differs from the bf16 reference far beyond the band: 9e-2
+        // norm-wise, 0.6 with the dense layer alone (MOE_TEST_DS variants, 2026-12-03); moe train refuses
+        // dense layers there until it is found; MOE_TEST_DS_CUDA=1 runs it anyway)
+        if (!bf || getenv("MOE_TEST_DS_CUDA"))
+            check_config("deepseek-shaped: dense 0, sigmoid groups", f4, 2, 40, 0, gpu, ref, f32);
+        else
+            printf("deepseek-shaped on cuda: not run (moe train refuses dense layers on cuda: an open "
+                   "finding)\n");
         printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name,
                ref->name, worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
     }
