@@ -12,6 +12,7 @@
 #                               exactly one line "moe: error: ..." containing PHRASE (fixed string), and
 #                               every path in $GUARD (space-separated) byte-for-byte unchanged
 #   tree_list PATH / tree_hash PATH   names, types and sha256s of everything under PATH / one hash of that
+#   same_ckpt A B STEP          the checkpoint files of STEP in runs A and B byte-identical
 #   field KEY FILE              the values of "KEY": on the training lines (those with a "loss") of a
 #                               metrics.jsonl, one per line, as printed (strings, for exact comparison)
 #   mean / mean_last N / mean_first N   arithmetic mean of numbers on stdin (all, last N, first N)
@@ -98,6 +99,13 @@ tree_list() {
     find . -printf '%y %p\n' | sort
     find . -type f -print0 | sort -z | xargs -0 -r sha256sum | cut -c1-16,65-
   )
+}
+# same_ckpt A B STEP: the checkpoint files of run A's and run B's STEP directory byte-identical
+same_ckpt() {
+  local f
+  for f in model.safetensors optimizer.safetensors state.json config.json; do
+    cmp -s "$1/$3/$f" "$2/$3/$f" || return 1
+  done
 }
 tree_hash() { tree_list "$1" | sha256sum | cut -d' ' -f1; }
 

@@ -21,12 +21,6 @@ BASE=(--steps 6 --save-every 3 --keep 0 --quiet --sample-tokens 0 --plots 0 --ba
       --eval-every 0 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2)
 S3=step_00000003
 S6=step_00000006
-same_ckpt() {   # same_ckpt A B STEP: the checkpoint files of STEP byte-identical
-  local f
-  for f in model.safetensors optimizer.safetensors state.json config.json; do
-    cmp -s "$1/$3/$f" "$2/$3/$f" || return 1
-  done
-}
 
 # ---- refusals (the guarded directory: nothing may appear in it)
 mkdir G && echo keep > G/keep
