@@ -1,7 +1,7 @@
 #!/bin/bash
 # mesh_pack.sh DIR — for the mesh recipes on the lent GPU machine (gpu_mesh.sh, share_bench.sh): packs
-# build/moe, build/ckpt_diff and the GPU test programs, the shared libraries the device image lacks (scripts/device/pack_libs.sh's
-# list) and a relocatable Open MPI (mpirun, orted, its components, PMIx; the same version the binaries
+# build/'s programs and the shared libraries the device image lacks (scripts/device/pack_common.sh's lists)
+# and a relocatable Open MPI (mpirun, orted, its components, PMIx; the same version the binaries
 # link) into DIR/pkg.tar.xz (about 15 MB). DIR must be ignored by git (.git/info/exclude) and named in the
 # device call's carry.
 set -euo pipefail
@@ -10,11 +10,9 @@ D=${1:?usage: scripts/device/mesh_pack.sh DIR}
 S=$(mktemp -d)
 trap 'rm -rf "$S"' EXIT
 mkdir -p "$S/bin" "$S/lib" "$S/root/usr/bin" "$S/root/usr/lib/x86_64-linux-gnu" "$S/root/usr/share"
-cp build/moe build/ckpt_diff "$S/bin/"
-for b in moe_bench_comm test_nccl test_cuda_ops test_cuda_model test_cuda_fp8_quant test_cuda_fp8_gemm test_cuda_fp8_ops test_decode test_slots moe_bench_layer moe_bench_fp8; do [ -x build/$b ] && cp build/$b "$S/bin/"; done
-for l in $(ldd build/moe | awk '/=>/{print $3}' | grep -vE 'libc\.so|libm\.so|libdl|libpthread|librt|cuda|libcudart|libcublas|libnccl|libstdc|libgcc_s'); do
-  cp -L "$l" "$S/lib/"
-done
+. scripts/device/pack_common.sh
+copy_programs "$S/bin"
+copy_libs "$S/lib"
 L=/usr/lib/x86_64-linux-gnu
 cp -L $L/pmix2/lib/libpmix.so.2 /lib/x86_64-linux-gnu/libnuma.so.1 "$S/lib/"
 cp -L /usr/bin/orterun "$S/root/usr/bin/mpirun"

@@ -9,13 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=${1:?usage: scripts/device/pack_libs.sh DIR}
 mkdir -p "$D/lib" "$D/bin"
-for l in $(ldd build/moe | awk '/=>/{print $3}' | grep -vE 'libc\.so|libm\.so|libdl|libpthread|librt|cuda|libcudart|libcublas|libnccl|libstdc|libgcc_s'); do
-  cp -L "$l" "$D/lib/"
-done
-for b in moe test_cuda_ops test_cuda_model test_cuda_fp8_quant test_cuda_fp8_gemm test_cuda_fp8_ops test_nccl test_slots test_decode \
-  test_alloc ckpt_diff moe_bench_layer moe_bench_fp8; do
-  [ -x "build/$b" ] && cp "build/$b" "$D/bin/"
-done
+. scripts/device/pack_common.sh
+copy_libs "$D/lib"
+copy_programs "$D/bin"
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 if [ -f "$CUDA/include/cupti.h" ]; then
   CUPTI=$(dirname "$(find "$CUDA/" -name 'libcupti.so*' -print -quit 2>/dev/null)")
