@@ -95,14 +95,16 @@ static const char *const fam_archs[] = {"MixtralForCausalLM", "OlmoeForCausalLM"
 const char *config_family_name(int f) { return f >= 0 && f < 4 ? fam_names[f] : "unknown"; }
 const char *config_family_arch(int f) { return f >= 0 && f < 4 ? fam_archs[f] : "unknown"; }
 
-// config_validate's part for the dense layers and DeepSeek-V3's routing (fam: the family's name).
-static const char *validate_layers_routing(const ModelConfig *c, const char *fam) {
-    static char msg[256];
+// The validators' message (one buffer; BAD formats it and returns it).
+static char msg[256];
 #define BAD(...) \
     do { \
         snprintf(msg, sizeof msg, __VA_ARGS__); \
         return msg; \
     } while (0)
+
+// config_validate's part for the dense layers and DeepSeek-V3's routing (fam: the family's name).
+static const char *validate_layers_routing(const ModelConfig *c, const char *fam) {
     if (c->route_sigmoid != 0 && c->route_sigmoid != 1)
         BAD("route_sigmoid must be 0 or 1 (got %d)", c->route_sigmoid);
     if (c->route_sigmoid && c->z_coef != 0)
@@ -139,17 +141,10 @@ static const char *validate_layers_routing(const ModelConfig *c, const char *fam
         BAD("dense_d_ff must be >= 1 with %d dense layers (got %d)", nd, c->dense_d_ff);
     if (!nd && c->dense_d_ff != 0)
         BAD("dense_d_ff is %d but no layer is dense (dense_layers is empty)", c->dense_d_ff);
-#undef BAD
     return NULL;
 }
 
 const char *config_validate(const ModelConfig *c) {
-    static char msg[256];
-#define BAD(...) \
-    do { \
-        snprintf(msg, sizeof msg, __VA_ARGS__); \
-        return msg; \
-    } while (0)
     if (c->vocab_size < 2) BAD("vocab_size must be >= 2 (got %d)", c->vocab_size);
     if (c->d_model < 1) BAD("d_model must be >= 1 (got %d)", c->d_model);
     if (c->n_layers < 1) BAD("n_layers must be >= 1 (got %d)", c->n_layers);
@@ -232,7 +227,6 @@ const char *config_validate(const ModelConfig *c) {
             c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
     const char *bad = validate_layers_routing(c, fam);
     if (bad) return bad;
-#undef BAD
     return NULL;
 }
 
