@@ -7,34 +7,17 @@
 //   tiles_t: one block per (128-row tile of one group) x (32 columns), staged through shared memory so
 //            that both the reads of x's rows and the writes of q's columns are coalesced;
 //   blocks:  one block per 128x128 block; the transposed copy through shared memory.
-// Must not hold: the GEMMs or any knowledge of layers.
+// The device helpers (max-abs bits, scale, code) are cuda_fp8_dev.cuh's. Must not hold: the GEMMs or any
+// knowledge of layers.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_fp8_dev.cuh"
 #include "ops/numerics.h"
 
 #define QT_COLS 32 // tiles_t: the columns of x one block takes
 #define QT_MAXG 256 // tiles_t: groups per launch (QTArgs stays within the kernel-parameter space)
-
-__device__ __forceinline__ float ldx(const float *x, size_t i) { return x[i]; }
-__device__ __forceinline__ float ldx(const __nv_bfloat16 *x, size_t i) { return __bfloat162float(x[i]); }
-
-__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-
-// The code of v * inv (inv = 2^-k, exact) for a finite group; 0x7f for a non-finite one.
-__device__ __forceinline__ uint32_t code(float v, float inv, bool bad) {
-    return bad ? 0x7fu : (uint32_t)__nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3);
-}
-
-// The group's scale and inverse from its amax bits; returns whether it is non-finite.
-__device__ __forceinline__ bool group_scale(uint32_t amax, float *scale, float *inv) {
-    bool bad = amax >= 0x7f800000u;
-    int k = bad ? 0 : fp8_scale_exp(amax);
-    *scale = bad ? __int_as_float(0x7fc00000) : fp8_pow2(k);
-    *inv = fp8_pow2(-k);
-    return bad;
-}
 
 // ---------------------------------------------------------------- tiles along K
 template <typename T>
