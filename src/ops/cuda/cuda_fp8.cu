@@ -143,9 +143,12 @@ extern "C" void cuda_fp8_quant_tiles_t(uint8_t *q, float *s, const void *x, int 
 }
 
 // ---------------------------------------------------------------- 128x128 blocks of the weights
+// ilv 0: q (G, N, K) and s per block; ilv 1 or 2: q is a pair's (G, 2 N, K), this weight's row n at row
+// n / 64 * 128 + (ilv - 1) * 64 + n % 64 of its group, and s that row's scale (G 2 N, ceil(K/128))
 template <typename T>
-__global__ void __launch_bounds__(256) quant_blocks_k(uint8_t *q, float *s, uint8_t *qt, float *st,
-                                                      const T *w, int N, int K, unsigned long long *bad) {
+__global__ void __launch_bounds__(256)
+    quant_blocks_k(uint8_t *q, float *s, uint8_t *qt, float *st, const T *w, int N, int K, int ilv,
+                   unsigned long long *bad) {
     __shared__ uint32_t red[8];
     __shared__ uint8_t codes[128][128 + 4];
     int bj = blockIdx.x, bi = blockIdx.y, g = blockIdx.z, BN = gridDim.y, BK = gridDim.x;
@@ -174,15 +177,17 @@ __global__ void __launch_bounds__(256) quant_blocks_k(uint8_t *q, float *s, uint
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         int r = wp + 8 * i, n = n0 + r;
+        size_t qrow = ilv ? (size_t)g * 2 * N + n / 64 * 128 + (ilv - 1) * 64 + n % 64 : (size_t)g * N + n;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             uint8_t b = (uint8_t)code(v[i][e], inv, nf);
             codes[r][lane * 4 + e] = b;
-            if (q && n < N && c0 + e < K) q[base + (size_t)n * K + c0 + e] = b;
+            if (q && n < N && c0 + e < K) q[qrow * K + c0 + e] = b;
         }
+        if (ilv && s && lane == 0 && n < N) s[qrow * BK + bj] = scale;
     }
     if (threadIdx.x == 0) {
-        if (s) s[((size_t)g * BN + bi) * BK + bj] = scale;
+        if (s && !ilv) s[((size_t)g * BN + bi) * BK + bj] = scale;
         if (st) st[((size_t)g * BK + bj) * BN + bi] = scale;
         if (nf && bad) atomicAdd(bad, 1ull);
     }
@@ -203,7 +208,19 @@ extern "C" void cuda_fp8_quant_blocks(uint8_t *q, float *s, uint8_t *qt, float *
                                       int G, int N, int K, unsigned long long *bad) {
     if (G <= 0 || N <= 0 || K <= 0) return;
     dim3 grid((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128), (unsigned)G);
-    if (w_bf16) quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const __nv_bfloat16 *)w, N, K, bad);
-    else quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const float *)w, N, K, bad);
+    if (w_bf16) quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const __nv_bfloat16 *)w, N, K, 0, bad);
+    else quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const float *)w, N, K, 0, bad);
     KCHECK("fp8_quant_blocks");
+}
+
+extern "C" void cuda_fp8_quant_blocks_pair(uint8_t *q2, float *s2, int half, uint8_t *qt, float *st,
+                                           const void *w, int w_bf16, int G, int N, int K,
+                                           unsigned long long *bad) {
+    CHECK(N % 64 == 0 && (half == 0 || half == 1), "fp8_quant_blocks_pair: N %d (a multiple of 64), half %d",
+          N, half);
+    if (G <= 0 || N <= 0 || K <= 0) return;
+    dim3 grid((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128), (unsigned)G);
+    if (w_bf16) quant_blocks_k<<<grid, 256>>>(q2, s2, qt, st, (const __nv_bfloat16 *)w, N, K, half + 1, bad);
+    else quant_blocks_k<<<grid, 256>>>(q2, s2, qt, st, (const float *)w, N, K, half + 1, bad);
+    KCHECK("fp8_quant_blocks_pair");
 }

@@ -250,7 +250,7 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
     for (int i = 0; i < (out2 ? 2 : 1); i++) {
         float *o = i ? out2 : out;
         Fp8Weight fw;
-        if (!cuda_fp8_weight(&fw, i ? w2 : w, G, O, K, cnt(i ? tw2 : tw))) {
+        if (!cuda_fp8_weight(&fw, i ? w2 : w, G, O, K, FP8W_FWD, cnt(i ? tw2 : tw))) {
             const void *ws = weight_src(i ? w2 : w, nw, &wbf);
             cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K,
                                   cnt(i ? tw2 : tw));
@@ -307,7 +307,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
                                  cnt(tdout));
         // W (O, K) by blocks; the GEMM's B is W^T (K, O): the codes and block scales transposed only
         Fp8Weight fw;
-        if (!cuda_fp8_weight(&fw, w, G, O, K, cnt(tw))) {
+        if (!cuda_fp8_weight(&fw, w, G, O, K, FP8W_T, cnt(tw))) {
             const void *ws = weight_src(w, nw, &wbf);
             cuda_fp8_quant_blocks(NULL, NULL, (uint8_t *)p[2], (float *)p[3], ws, wbf, G, O, K, cnt(tw));
             fw.qt = (uint8_t *)p[2], fw.st = (float *)p[3];

@@ -1,42 +1,44 @@
 // cuda_fp8_wcache.cu — the experts' weights as FP8 operands kept between ops (contracts in
-// cuda_fp8_wcache.h): a table of entries keyed by the weight's pointer and shape, each one device allocation
-// (both layouts' codes and scales, and the count of non-finite blocks of the version it holds), requantised
-// when the bf16 copy's version moved on (AdamW once a step, a refresh, any write into the weights), all freed
-// when another buffer is registered. The uses' non-finite counts are kept on the host as (counter, uses)
-// pairs per entry and added on the device before the entry is quantised again or the counts are read.
+// cuda_fp8_wcache.h): a table of entries keyed by the weight's pointer and shape, each with the layouts made
+// at the bf16 copy's current version (the transposed layout's allocation with the version's count of
+// non-finite blocks; the forward layout's allocated when first asked for), made again when the version moved
+// on (AdamW once a step, a refresh, any write into the weights), and a table of up-projection pairs whose
+// forward codes are written straight into the pair's layout. All freed when another buffer is registered.
+// The uses' non-finite counts are kept on the host as (counter, uses) pairs per entry and added on the
+// device before the entry's count is made again or the counters are read.
 // Must not hold: kernels other than that addition, or any knowledge of layers.
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
 #include "ops/cuda/cuda_fp8_wcache.h"
 
 #define WC_USES 4 // distinct counters one entry's pending uses name (more: added early)
-#define WC_MAX 4096 // entries (past it the table starts again: a weight only costs a quantisation)
+#define WC_MAX 4096 // entries (past it the tables start again: a weight only costs a quantisation)
 
 typedef struct {
     const float *w;
-    int G, O, K, valid;
-    unsigned long long ver;
-    void *mem; // q, qt, s, st, bad
+    int G, O, K;
+    unsigned long long ver; // the version its layouts and count are of
+    int have, counted; // the layouts made at ver (FP8W_*); its count made at ver
+    void *mt, *mq; // qt, st, bad / q, s (NULL until asked for)
     Fp8Weight op;
     unsigned long long *bad;
     unsigned long long *dst[WC_USES], uses[WC_USES];
     int nd;
 } WEntry;
 
-static WEntry *g_e;
-static int g_n, g_cap;
-
-// the interleaved pairs (cuda_fp8_weight_pair), each built from its two entries' codes at one version
 typedef struct {
     const float *w1, *w3;
     int G, O, K;
     unsigned long long ver;
+    int valid;
     void *mem;
     uint8_t *q;
     float *s;
 } PEntry;
+
+static WEntry *g_e;
 static PEntry *g_pe;
-static int g_np, g_pcap;
+static int g_n, g_cap, g_np, g_pcap;
 static const float *g_base; // the registered buffer the entries belong to
 
 static int wcache_on(void) {
@@ -52,6 +54,19 @@ static int wcache_on(void) {
     }
     return v;
 }
+
+static void *dev_alloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        DIE("cudaMalloc of the FP8 copy of %s (%zu bytes) failed: %s; hint: %s, or MOE_FP8_WCACHE=0 (the FP8 "
+            "weights quantised on every use instead of kept: 2 bytes a routed-expert weight less)",
+            what, bytes, cudaGetErrorString(err), cuda_hint(err));
+    }
+    return p;
+}
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 __global__ void add_uses_k(unsigned long long *d0, unsigned long long u0, unsigned long long *d1,
                            unsigned long long u1, unsigned long long *d2, unsigned long long u2,
@@ -89,118 +104,126 @@ static void note_use(WEntry *e, unsigned long long *bad) {
 static void clear_all(void) {
     for (int i = 0; i < g_n; i++) {
         add_uses(&g_e[i]);
-        CUDA_CHECK(cudaFree(g_e[i].mem)); // (synchronises: no kernel still reads it)
+        CUDA_CHECK(cudaFree(g_e[i].mt)); // (synchronises: no kernel still reads it)
+        if (g_e[i].mq) CUDA_CHECK(cudaFree(g_e[i].mq));
     }
-    g_n = 0;
     for (int i = 0; i < g_np; i++) CUDA_CHECK(cudaFree(g_pe[i].mem));
-    g_np = 0;
+    g_n = g_np = 0;
 }
 
-static WEntry *entry(const float *w, int G, int O, int K) {
-    for (int i = 0; i < g_n; i++)
-        if (g_e[i].w == w && g_e[i].G == G && g_e[i].O == O && g_e[i].K == K) return &g_e[i];
-    if (g_n == WC_MAX) clear_all();
-    if (g_n == g_cap) {
-        g_cap = g_cap ? 2 * g_cap : 64;
-        g_e = (WEntry *)xrealloc(g_e, sizeof *g_e * g_cap);
-    }
-    WEntry *e = &g_e[g_n++];
-    memset(e, 0, sizeof *e);
-    e->w = w, e->G = G, e->O = O, e->K = K;
-    size_t n = (size_t)G * O * K, ns = (size_t)G * ((O + 127) / 128) * ((K + 127) / 128);
-    size_t aq = (n + 255) & ~(size_t)255, as = (sizeof(float) * ns + 255) & ~(size_t)255;
-    cudaError_t err = cudaMalloc(&e->mem, 2 * aq + 2 * as + 256);
-    if (err != cudaSuccess) {
-        cudaGetLastError();
-        g_n--;
-        DIE("cudaMalloc of the FP8 copy of a weight (%zu bytes) failed: %s; hint: %s, or MOE_FP8_WCACHE=0 "
-            "(the "
-            "FP8 weights quantised on every use instead of kept: 2 bytes a routed-expert weight less)",
-            2 * aq + 2 * as, cudaGetErrorString(err), cuda_hint(err));
-    }
-    char *p = (char *)e->mem;
-    e->op.q = (uint8_t *)p, e->op.qt = (uint8_t *)(p + aq);
-    e->op.s = (float *)(p + 2 * aq), e->op.st = (float *)(p + 2 * aq + as);
-    e->bad = (unsigned long long *)(p + 2 * aq + 2 * as);
-    return e;
-}
-
-extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int K, unsigned long long *bad) {
-    if (!wcache_on() || G <= 0 || O <= 0 || K <= 0) return 0;
-    const void *src = cuda_bf16_shadow_of(w, (size_t)G * O * K);
-    if (!src) return 0; // not in the registered copy, or the copy is not current: no version to key on
+// The entry of w at the copy's current version (its layouts dropped, its pending uses added, where the
+// version moved on), or NULL where w is not kept (*src: its bf16 values).
+static WEntry *entry(const float *w, int G, int O, int K, const void **src) {
+    if (!wcache_on() || G <= 0 || O <= 0 || K <= 0) return NULL;
+    *src = cuda_bf16_shadow_of(w, (size_t)G * O * K);
+    if (!*src) return NULL; // not in the registered copy, or the copy is not current: no version to key on
     if (cuda_bf16_shadow_base() != g_base) {
         clear_all();
         g_base = cuda_bf16_shadow_base();
     }
-    WEntry *e = entry(w, G, O, K);
+    WEntry *e = NULL;
+    for (int i = 0; i < g_n && !e; i++)
+        if (g_e[i].w == w && g_e[i].G == G && g_e[i].O == O && g_e[i].K == K) e = &g_e[i];
+    if (!e) {
+        if (g_n == WC_MAX) clear_all();
+        if (g_n == g_cap) {
+            g_cap = g_cap ? 2 * g_cap : 64;
+            g_e = (WEntry *)xrealloc(g_e, sizeof *g_e * g_cap);
+        }
+        e = &g_e[g_n];
+        memset(e, 0, sizeof *e);
+        size_t n = (size_t)G * O * K, ns = sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128);
+        char *p = (char *)dev_alloc(al256(n) + al256(ns) + 256, "a weight");
+        g_n++;
+        e->w = w, e->G = G, e->O = O, e->K = K, e->mt = p;
+        e->op.qt = (uint8_t *)p, e->op.st = (float *)(p + al256(n));
+        e->bad = (unsigned long long *)(p + al256(n) + al256(ns));
+        e->ver = cuda_bf16_shadow_version() + 1; // (nothing made yet)
+    }
     unsigned long long v = cuda_bf16_shadow_version();
-    if (!e->valid || e->ver != v) {
+    if (e->ver != v) {
         add_uses(e); // (the uses of the version before: its count)
-        CUDA_CHECK(cudaMemsetAsync(e->bad, 0, sizeof *e->bad));
-        cuda_fp8_quant_blocks((uint8_t *)e->op.q, (float *)e->op.s, (uint8_t *)e->op.qt, (float *)e->op.st,
-                              src, 1, G, O, K, e->bad);
         e->ver = v;
-        e->valid = 1;
+        e->have = e->counted = 0;
+    }
+    return e;
+}
+
+// the counter a quantisation of e at its version adds into: e's own, the first time (zeroed), else none
+static unsigned long long *count_once(WEntry *e) {
+    if (e->counted) return NULL;
+    CUDA_CHECK(cudaMemsetAsync(e->bad, 0, sizeof *e->bad));
+    e->counted = 1;
+    return e->bad;
+}
+
+extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int K, int need,
+                               unsigned long long *bad) {
+    const void *src;
+    WEntry *e = entry(w, G, O, K, &src);
+    if (!e) return 0;
+    int miss = need & ~e->have;
+    if ((miss & FP8W_FWD) && !e->mq) {
+        size_t n = (size_t)G * O * K;
+        char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128),
+                                    "a weight");
+        e->mq = p;
+        e->op.q = (uint8_t *)p, e->op.s = (float *)(p + al256(n));
+    }
+    if (miss) {
+        int f = miss & FP8W_FWD, t = miss & FP8W_T;
+        cuda_fp8_quant_blocks(f ? (uint8_t *)e->op.q : NULL, f ? (float *)e->op.s : NULL,
+                              t ? (uint8_t *)e->op.qt : NULL, t ? (float *)e->op.st : NULL, src, 1, G, O, K,
+                              count_once(e));
+        e->have |= miss;
     }
     note_use(e, bad);
     *out = e->op;
     return 1;
 }
 
-// row n2 of group g (blockIdx x, y) of the interleaved operand: W1's or W3's row, its codes and scales
-__global__ void interleave_k(uint8_t *q, float *s, const uint8_t *q1, const float *s1, const uint8_t *q3,
-                             const float *s3, int O, int K) {
-    int n2 = blockIdx.x, g = blockIdx.y, nkt = (K + 127) / 128, bo = (O + 127) / 128;
-    int w = n2 % 128, src = n2 / 128 * 64 + (w & 63);
-    const uint8_t *from = (w >= 64 ? q3 : q1) + ((size_t)g * O + src) * K;
-    uint8_t *to = q + ((size_t)g * 2 * O + n2) * K;
-    for (int k = threadIdx.x * 16; k < K; k += blockDim.x * 16)
-        *(uint4 *)(to + k) = *(const uint4 *)(from + k);
-    const float *sf = (w >= 64 ? s3 : s1) + ((size_t)g * bo + src / 128) * nkt;
-    for (int t = threadIdx.x; t < nkt; t += blockDim.x) s[((size_t)g * 2 * O + n2) * nkt + t] = sf[t];
-}
-
 extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const float *w1, const float *w3,
                                     int G, int O, int K, unsigned long long *bad1, unsigned long long *bad3) {
-    if (O % 64 || K % 16 || G <= 0 || !wcache_on()) return 0;
-    const float *b1 = cuda_bf16_shadow_of(w1, (size_t)G * O * K) ? w1 : NULL,
-                *b3 = cuda_bf16_shadow_of(w3, (size_t)G * O * K) ? w3 : NULL;
-    if (!b1 || !b3) return 0;
+    if (O % 64 || K % 16) return 0;
     if (g_n >= WC_MAX - 1) clear_all(); // (so that the second entry cannot clear the first)
-    Fp8Weight f1, f3;
-    if (!cuda_fp8_weight(&f1, w1, G, O, K, bad1) || !cuda_fp8_weight(&f3, w3, G, O, K, bad3))
-        DIE("cuda_fp8_weight_pair: a weight in the bf16 copy was not kept"); // (checked above: a bug)
-    unsigned long long v = cuda_bf16_shadow_version();
-    PEntry *e = NULL;
-    for (int i = 0; i < g_np && !e; i++)
+    const void *src1, *src3;
+    WEntry *e1 = entry(w1, G, O, K, &src1);
+    WEntry *e3 = e1 ? entry(w3, G, O, K, &src3) : NULL;
+    if (!e1 || !e3) return 0;
+    e1 = entry(w1, G, O, K, &src1); // (w3's new entry may have moved the table; the same version: no change)
+    unsigned long long v = e1->ver;
+    PEntry *pe = NULL;
+    for (int i = 0; i < g_np && !pe; i++)
         if (g_pe[i].w1 == w1 && g_pe[i].w3 == w3 && g_pe[i].G == G && g_pe[i].O == O && g_pe[i].K == K)
-            e = &g_pe[i];
-    if (!e) {
+            pe = &g_pe[i];
+    if (!pe) {
         if (g_np == g_pcap) {
             g_pcap = g_pcap ? 2 * g_pcap : 32;
             g_pe = (PEntry *)xrealloc(g_pe, sizeof *g_pe * g_pcap);
         }
-        e = &g_pe[g_np];
-        size_t n = (size_t)G * 2 * O * K, aq = (n + 255) & ~(size_t)255,
-               ns = (size_t)G * 2 * O * ((K + 127) / 128) * sizeof(float);
-        cudaError_t err = cudaMalloc(&e->mem, aq + ns);
-        if (err != cudaSuccess) {
-            cudaGetLastError();
-            DIE("cudaMalloc of the FP8 copy of two weights (%zu bytes) failed: %s; hint: %s, or "
-                "MOE_FP8_WCACHE=0",
-                aq + ns, cudaGetErrorString(err), cuda_hint(err));
-        }
+        pe = &g_pe[g_np];
+        memset(pe, 0, sizeof *pe);
+        size_t n = (size_t)G * 2 * O * K;
+        char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * 2 * O * ((K + 127) / 128), "two weights");
         g_np++;
-        e->w1 = w1, e->w3 = w3, e->G = G, e->O = O, e->K = K, e->ver = v + 1; // (not built yet)
-        e->q = (uint8_t *)e->mem, e->s = (float *)((char *)e->mem + aq);
+        pe->w1 = w1, pe->w3 = w3, pe->G = G, pe->O = O, pe->K = K, pe->mem = p;
+        pe->q = (uint8_t *)p, pe->s = (float *)(p + al256(n));
     }
-    if (e->ver != v) {
-        interleave_k<<<dim3((unsigned)(2 * O), (unsigned)G), 128>>>(e->q, e->s, f1.q, f1.s, f3.q, f3.s, O, K);
-        KCHECK("fp8 weight pair");
-        e->ver = v;
+    if (!pe->valid || pe->ver != v) { // each half with its weight's transposed layout where not made yet
+        WEntry *e[2] = {e1, e3};
+        const void *src[2] = {src1, src3};
+        for (int h = 0; h < 2; h++) {
+            int t = !(e[h]->have & FP8W_T);
+            cuda_fp8_quant_blocks_pair(pe->q, pe->s, h, t ? (uint8_t *)e[h]->op.qt : NULL,
+                                       t ? (float *)e[h]->op.st : NULL, src[h], 1, G, O, K, count_once(e[h]));
+            e[h]->have |= FP8W_T;
+        }
+        pe->ver = v;
+        pe->valid = 1;
     }
-    *q = e->q, *s = e->s;
+    note_use(e1, bad1);
+    note_use(e3, bad3);
+    *q = pe->q, *s = pe->s;
     return 1;
 }
 
