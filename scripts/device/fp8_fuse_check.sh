@@ -17,16 +17,16 @@
 #   7. compute-sanitizer racecheck on the small cases, and tests/test_cuda_fp8_gemm (the GEMM's host side).
 # Prints one summary table at the end; everything also goes to $OUT/fp8_fuse.txt, the logs to $OUT/logs.tgz.
 cd "$(dirname "$0")/../.."
-. scripts/device/libs.sh && mesh_unpack $PWD/${GPUM:-.gpum} /tmp/ff
-W=/tmp/ffw; mkdir -p $W; R=${OUT:-$W}/fp8_fuse.txt; : > $R
+. scripts/device/libs.sh && mesh_unpack $PWD/${GPUM:-.gpum} /tmp/fp8fuse
+W=/tmp/fp8fuse_w; mkdir -p $W; R=${OUT:-$W}/fp8_fuse.txt; : > $R
 export OMP_NUM_THREADS=16 BUDGET=${BUDGET:-330}
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 S=() # the summary's rows
 row() { S+=("$(printf '%-44s %s' "$1" "$2")"); }
-res() { # NAME: the test log's verdict line and exit status
+res() { # NAME: the step's exit status, the test log's last count line and its FAIL lines
   local l=$W/$1.log
   [ -f $l ] || { echo "skipped (time)"; return; }
-  echo "$(grep -E 'checks' $l | tail -1) $(grep -c '^FAIL' $l) FAIL lines"
+  echo "$(grep -oE "^== $1 rc=[0-9]+" $R | tail -1 | cut -d' ' -f3); $(grep -E 'checks' $l | tail -1); $(grep -c '^FAIL' $l) FAIL lines"
 }
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
@@ -36,7 +36,7 @@ grep -m8 FAIL $W/fused.log $W/fused_ref.log 2>/dev/null | tee -a $R
 t ops 150 $B/test_cuda_fp8_ops; row "test_cuda_fp8_ops (both modes)" "$(res ops)"
 grep -m8 FAIL $W/ops.log 2>/dev/null | tee -a $R
 t memcheck 90 $CS --tool memcheck --error-exitcode 9 $B/test_cuda_fp8_fused small
-row "compute-sanitizer memcheck (small)" "$(grep -hE 'ERROR SUMMARY' $W/memcheck.log 2>/dev/null | tail -1)"
+row "compute-sanitizer memcheck (small)" "$(res memcheck | cut -d';' -f1); $(grep -hE 'ERROR SUMMARY' $W/memcheck.log 2>/dev/null | tail -1)"
 grep -m6 -E "^=========  *(Invalid|Error)" $W/memcheck.log 2>/dev/null | tee -a $R
 
 TINY="--steps 30 --batch 8 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 256 --d-ff 256
@@ -85,8 +85,8 @@ prof fp8
 step nocache fp8 MOE_FP8_WCACHE=0
 prof mixed
 t racecheck 90 $CS --tool racecheck --error-exitcode 9 $B/test_cuda_fp8_fused small
-row "compute-sanitizer racecheck (small)" "$(grep -hE 'RACECHECK SUMMARY|ERROR SUMMARY' $W/racecheck.log 2>/dev/null | tail -1)"
-t gemm 90 $B/test_cuda_fp8_gemm; row "test_cuda_fp8_gemm" "$(tail -1 $W/gemm.log 2>/dev/null)"
+row "compute-sanitizer racecheck (small)" "$(res racecheck | cut -d';' -f1); $(grep -hE 'RACECHECK SUMMARY|ERROR SUMMARY' $W/racecheck.log 2>/dev/null | tail -1)"
+t gemm 90 $B/test_cuda_fp8_gemm; row "test_cuda_fp8_gemm" "$(res gemm | cut -d';' -f1); $(tail -1 $W/gemm.log 2>/dev/null)"
 
 say ""
 say "== summary (fp8_fuse_check.sh, $(date -u), ${SECONDS}s)"
