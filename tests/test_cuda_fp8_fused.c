@@ -1,5 +1,5 @@
 // test_cuda_fp8_fused.c — the FP8 tables' byte savers against the unfused compositions they replace, bit for
-// bit, on a GPU (exit 77 without one):
+// bit, on a GPU (exit 77 without one; argument "small": one case of each, for compute-sanitizer):
 //   kernels (src/ops/cuda/cuda_fp8_fused.cu): both tilings in one read against cuda_fp8_quant_tiles +
 //     cuda_fp8_quant_tiles_t (themselves held to the host reference by test_cuda_fp8_quant); the SwiGLU
 //     backward with both tilings of dh1, dh3 against the cuda backend's swiglu_bwd (its gradients, rounded to
@@ -7,13 +7,17 @@
 //     forward with act's tiles against swiglu_fwd then cuda_fp8_quant_tiles. Codes, scales (NaN ones by their
 //     bits), the padding columns (the outputs start as different garbage, so an unwritten byte shows) and the
 //     non-finite counts; groups of 0, 1, 127, 128, 129, 300 rows, K 1, 100, 128, 129, 300, with NaN, infinity
-//     and values beyond e4m3's range in the data.
-//   the tables (src/ops/cuda/cuda_fp8_ops.cu, cuda_fp8_wcache.cu): a weight kept as FP8 codes between ops
-//     gives the bits of the same weight quantised on each use (an unregistered copy of its values), also
-//     after the weights change by to_device + bf16_shadow, by AdamW (adamw_runs writes the bf16 copy) and by
-//     to_device alone; the non-finite count of a kept weight is the count of quantising on each use; the
-//     operands one fused op leaves for the next (act's tiles, dh1/dh3's tilings) give the bits of quantising
-//     in the next op, and are not taken after act was overwritten.
+//     and values beyond e4m3's range in the data. Values compare by their bits, a NaN matching any NaN.
+//   the up projections' pair (Hopper only): cuda_fp8_quant_blocks_pair against the host's interleaving of
+//     cpu_fp8_quant_blocks and against cuda_fp8_quant_blocks' transposed layout; cuda_fp8_grouped_gemm_swiglu
+//     (the SwiGLU in the epilogue) against two cuda_fp8_grouped_gemm and swiglu_fwd.
+//   the tables (src/ops/cuda/cuda_fp8_ops.cu, cuda_fp8_wcache.cu): weights kept as FP8 codes between ops give
+//     the bits of the same weights quantised on each use (unregistered copies of their values), also after
+//     the weights change by to_device + bf16_shadow, by AdamW (adamw_runs writes the bf16 copy) and by
+//     to_device alone (each change must show); the non-finite count of a kept weight is the count of
+//     quantising it on each use; the fused expert ops in a row give the same bits and counts with the weights
+//     kept or not and the stashed operands taken or dropped, and a stash is not taken once act was
+//     overwritten.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,58 +374,87 @@ static void be_same(const Backend *be, const char *what, const void *a, const vo
     free(x), free(y);
 }
 
-// the weight kept as codes between ops (w at element 16 of a registered parameter buffer) against the same
-// values in an unregistered buffer (quantised on every use), through changes of the weights
+// The weights kept as codes between ops (w1 at element 16 of a registered parameter buffer, w3 after it)
+// against the same values in unregistered buffers (quantised on every use): the plain forward (w1), its input
+// gradient (w1's transposed codes) and the SwiGLU forward (the pair of w1 and w3: under "cuda" with K % 16 ==
+// 0 and O % 64 == 0 the fused up projection), through changes of the weights; each change must show.
+typedef struct {
+    float *o, *d;
+    void *h1, *h3, *act;
+} KeptOut;
+static void kept_ops(const Backend *be, const Shape *s, KeptOut *r, float *w1, float *w3, const float *x,
+                     const void *xh, const float *dy) {
+    be->grouped_matmul_fwd(r->o, x, w1, s->off, s->G, s->K, s->O);
+    be->grouped_matmul_bwd(r->d, NULL, dy, x, w1, s->off, s->G, s->K, s->O, 0);
+    be->grouped_swiglu_fwd(r->h1, r->h3, r->act, xh, w1, w3, s->off, s->G, s->K, s->O);
+}
 static void check_kept_weight(const Backend *be, const Shape *s) {
     int G = s->G, K = s->K, O = s->O;
-    size_t R = (size_t)s->off[G], nw = (size_t)G * O * K, np = nw + 64;
-    float *par = be->alloc(4 * np), *u = be->alloc(4 * nw), *x = be->alloc(4 * R * K + 4),
-          *dy = be->alloc(4 * R * O + 4);
-    float *o1 = be->alloc(4 * R * O + 4), *o2 = be->alloc(4 * R * O + 4), *o0 = be->alloc(4 * R * O + 4);
-    float *d1 = be->alloc(4 * R * K + 4), *d2 = be->alloc(4 * R * K + 4);
-    float *hx = weights(R * K, 0), *hdy = weights(R * O, 0), *w = weights(nw, 0);
-    be->to_device(x, hx, 4 * R * K), be->to_device(dy, hdy, 4 * R * O);
-    float *pw = par + 16;
-    be->to_device(pw, w, 4 * nw), be->to_device(u, w, 4 * nw);
-    be->bf16_shadow(par, np);
-#define BOTH(tag, differ) \
-    do { \
-        be->grouped_matmul_fwd(o1, x, pw, s->off, G, K, O), \
-            be->grouped_matmul_fwd(o2, x, u, s->off, G, K, O); \
-        be_same(be, "kept weight fwd, " tag, o1, o2, 4 * R * O, 0); \
-        be->grouped_matmul_bwd(d1, NULL, dy, x, pw, s->off, G, K, O, 0); \
-        be->grouped_matmul_bwd(d2, NULL, dy, x, u, s->off, G, K, O, 0); \
-        be_same(be, "kept weight dinp, " tag, d1, d2, 4 * R * K, 0); \
-        be_same(be, "kept weight fwd changed, " tag, o1, o0, 4 * R * O, differ); \
-        be->copy(o0, o1, 4 * R * O); \
-    } while (0)
-    BOTH("first use", 1);
-    BOTH("second use", 0);
-    float *w2 = weights(nw, 0); // new values through to_device, the copy refreshed
-    be->to_device(pw, w2, 4 * nw), be->to_device(u, w2, 4 * nw);
-    be->bf16_shadow(par, np);
-    BOTH("after to_device + bf16_shadow", 1);
-    // AdamW on the buffer (it writes the bf16 copy): the unregistered copy gets the new weights' bf16 values
-    float *g = be->alloc(4 * np), *m = be->alloc(4 * np), *v = be->alloc(4 * np);
-    float *hg = weights(np, 0);
-    be->to_device(g, hg, 4 * np);
-    OptRun run = {16, 16, (int64_t)nw, 0, 0, 16, 0, 0, 0, OPTG_F32, 0};
-    OptRuns *rr = be->runs_create(&run, 1);
-    be->adamw_runs(par, g, m, v, rr, 1.0f, 0.25f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, OPT_MIXED, 1);
-    be->to_host(w2, pw, 4 * nw);
-    for (size_t i = 0; i < nw; i++) w2[i] = bfr(w2[i]);
-    be->to_device(u, w2, 4 * nw);
-    BOTH("after adamw_runs", 1);
-    free(w2);
-    w2 = weights(nw, 0); // to_device alone: the copy dropped, the float32 values read
-    be->to_device(pw, w2, 4 * nw), be->to_device(u, w2, 4 * nw);
-    BOTH("after to_device alone", 1);
-#undef BOTH
-    be->runs_free(rr);
+    size_t R = (size_t)s->off[G], nw = (size_t)G * O * K, np = 2 * nw + 64, hs = be->hid == FMT_BF16 ? 2 : 4;
+    float *par = be->alloc(4 * np), *u[2] = {be->alloc(4 * nw), be->alloc(4 * nw)},
+          *pw[2] = {par + 16, par + 16 + nw};
+    float *hx = weights(R * K, 0), *hdy = weights(R * O, 0);
+    float *x = be_up(be, hx, R * K, 0), *dy = be_up(be, hdy, R * O, 0);
+    void *xh = be_up(be, hx, R * K, 1);
+    KeptOut r[3]; // kept, unregistered, the kept ones of the round before
+    for (int k = 0; k < 3; k++) {
+        r[k].o = be->alloc(4 * R * O + 4), r[k].d = be->alloc(4 * R * K + 4);
+        r[k].h1 = be->alloc(hs * R * O + 4), r[k].h3 = be->alloc(hs * R * O + 4),
+        r[k].act = be->alloc(hs * R * O + 4);
+    }
+    float *w = xmalloc(4 * nw);
+    char what[96];
+    // round: the kept and unregistered ops the same; the kept ones changed from the round before (differ) or
+    // not
+    for (int round = 0; round < 5; round++) {
+        static const char *tag[5] = {"first use", "second use", "after to_device + bf16_shadow",
+                                     "after adamw_runs", "after to_device alone"};
+        if (round == 2 ||
+            round == 4) // new values (bf16-representable), the copy refreshed (2) or dropped (4)
+            for (int h = 0; h < 2; h++) {
+                float *nwv = weights(nw, 0);
+                be->to_device(pw[h], nwv, 4 * nw), be->to_device(u[h], nwv, 4 * nw);
+                free(nwv);
+            }
+        if (round == 0 || round == 2) be->bf16_shadow(par, np);
+        if (round ==
+            3) { // AdamW on the buffer (it writes the bf16 copy); the unregistered ones its bf16 values
+            float *g = be->alloc(4 * np), *m = be->alloc(4 * np), *v = be->alloc(4 * np),
+                  *hg = weights(np, 0);
+            be->to_device(g, hg, 4 * np);
+            OptRun run = {16, 16, (int64_t)(2 * nw), 0, 0, 16, 0, 0, 0, OPTG_F32, 0};
+            OptRuns *rr = be->runs_create(&run, 1);
+            be->adamw_runs(par, g, m, v, rr, 1.0f, 0.25f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, OPT_MIXED, 1);
+            for (int h = 0; h < 2; h++) {
+                be->to_host(w, pw[h], 4 * nw);
+                for (size_t i = 0; i < nw; i++) w[i] = bfr(w[i]);
+                be->to_device(u[h], w, 4 * nw);
+            }
+            be->runs_free(rr);
+            be->free(g), be->free(m), be->free(v), free(hg);
+        }
+        kept_ops(be, s, &r[0], pw[0], pw[1], x, xh, dy);
+        kept_ops(be, s, &r[1], u[0], u[1], x, xh, dy);
+        const char *nm[5] = {"fwd", "dinp", "swiglu h1", "swiglu h3", "swiglu act"};
+        void *a[5] = {r[0].o, r[0].d, r[0].h1, r[0].h3, r[0].act},
+             *b[5] = {r[1].o, r[1].d, r[1].h1, r[1].h3, r[1].act},
+             *c[5] = {r[2].o, r[2].d, r[2].h1, r[2].h3, r[2].act};
+        size_t len[5] = {4 * R * O, 4 * R * K, hs * R * O, hs * R * O, hs * R * O};
+        for (int i = 0; i < 5; i++) {
+            snprintf(what, sizeof what, "kept %s G %d K %d O %d, %s", nm[i], G, K, O, tag[round]);
+            be_same(be, what, a[i], b[i], len[i], 0);
+            if (round == 0) continue;
+            snprintf(what, sizeof what, "kept %s G %d K %d O %d changed, %s", nm[i], G, K, O, tag[round]);
+            be_same(be, what, a[i], c[i], len[i], round != 1);
+        }
+        for (int i = 0; i < 5; i++) be->copy(c[i], a[i], len[i]);
+    }
     be->bf16_shadow(NULL, 0);
-    void *fr[] = {par, u, x, dy, o1, o2, o0, d1, d2, g, m, v};
+    for (int k = 0; k < 3; k++)
+        be->free(r[k].o), be->free(r[k].d), be->free(r[k].h1), be->free(r[k].h3), be->free(r[k].act);
+    void *fr[] = {par, u[0], u[1], x, dy, xh};
     for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) be->free(fr[i]);
-    free(hx), free(hdy), free(w), free(w2), free(hg);
+    free(hx), free(hdy), free(w);
 }
 
 // the non-finite count of a kept weight holding an infinity: the count of quantising it on each use
