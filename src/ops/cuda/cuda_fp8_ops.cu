@@ -358,9 +358,6 @@ static void fp8_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
     fp8_bwd(dinp, dw, dout, inp, 0, w, off, G, K, O, flags, FP8T_DOUT, FP8T_INP, FP8T_W);
 }
 
-// h1, h3 by the GEMMs (float32: into the rows' scratch where the hidden rows are bf16), then act =
-// silu(h1) h3 and, bf16 rows, h1 and h3 in the hidden format, with act's tiles for the down projection
-// (stashed) in the same pass
 // bf16 rows, our kernel, the weights kept: both up projections in one GEMM with the SwiGLU in its epilogue
 // (cuda_fp8_grouped_gemm_swiglu: no float32 h1, h3), then act's tiles for the down projection (stashed);
 // 0 where it does not apply (nothing done)
@@ -389,6 +386,10 @@ static int swiglu_fwd_fused(void *h1, void *h3, void *act, const void *inp, cons
     return 1;
 }
 
+// h1, h3 by the GEMMs (float32: into the rows' scratch where the hidden rows are bf16), then act =
+// silu(h1) h3 and, bf16 rows, h1 and h3 in the hidden format, with act's tiles for the down projection
+// (stashed) in the same pass
+// (the fused GEMM above where it applies)
 template <int HB>
 static void fp8_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
                            const int64_t *off, int G, int K, int O) {
