@@ -237,7 +237,9 @@ struct Backend {
     void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                const float *w3, const int64_t *off, int G, int K, int O);
     // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden
-    // format.
+    // format. An FP8 table (Backend.fp8) may take act's FP8 operand from the grouped_swiglu_fwd that wrote
+    // act last (the same act and groups, no op of the table between: the MoE layer calls the two in a row):
+    // act must not change between them but through this backend's to_device, copy or zero (which drop it).
     void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
                              int O);
     // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)),
@@ -255,7 +257,9 @@ struct Backend {
     // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., flags) then (dinp, dwb, doutb, ...,
     // GM_ACC_DINP | (flags & GM_DW_WRITE)); a backend
     // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL. douta, doutb
-    // (dh1, dh3) and inp in the hidden format.
+    // (dh1, dh3) and inp in the hidden format. An FP8 table may take douta's and doutb's FP8 operands from
+    // the grouped_swiglu_bwd that wrote them just before (as grouped_down_fwd takes act's, on the same
+    // terms).
     void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                 const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                 int K, int O, int flags);
