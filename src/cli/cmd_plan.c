@@ -1,11 +1,13 @@
-// cmd_plan.c (cli) — `moe plan`: its options checked, the hardware profile loaded, the model's flags
-// gathered for the launch commands, then the planner's table, one --explain layout, or for a model that
-// fits nowhere the smallest GPU count that fits. Must not hold: the planner (train/plan.c) or its
-// printing (train/plan_print.c).
+// cmd_plan.c (cli) — `moe plan`: its options checked, the hardware profile loaded (or measured here:
+// --calibrate, written to --out), the model's flags gathered for the launch commands, then the planner's
+// table, one --explain layout, or for a model that fits nowhere the smallest GPU count that fits. Must not
+// hold: the planner (train/plan.c), its printing (train/plan_print.c), the measurements
+// (train/calibrate.c).
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
 #include "core/common.h"
+#include "train/calibrate.h"
 #include "train/plan.h"
 #include "train/plan_print.h"
 
@@ -30,10 +32,44 @@ static void model_args(const State *s, char *buf, size_t n) {
     CHECK(w < n, "plan: the model's flags do not fit in %zu bytes", n);
 }
 
+// --calibrate: this machine measured (every rank of an mpirun), the profile written by rank 0 to --out
+// (or printed). Returns 1 on the rank that goes on to plan (rank 0, with --gpus), else 0; the MPI world
+// is finalized.
+static int calibrate_here(State *s, HwProfile *hw) {
+    const CliOptions *cl = &s->cli;
+    const char *out = opt_set(s, "out") ? s->train.out : NULL;
+    if (!opt_set(s, "calibrate")) {
+        if (out || opt_set(s, "device")) DIE("plan: --%s applies to --calibrate", out ? "out" : "device");
+        return 1;
+    }
+    if (out) {
+        char dir[1100];
+        path_parent(dir, sizeof dir, out);
+        if (!dir_exists(dir)) DIE("plan --calibrate: --out %s: no directory '%s'", out, dir);
+        if (dir_exists(out)) DIE("plan --calibrate: --out %s is a directory; name the profile file", out);
+    }
+    HwProfile base;
+    hwprofile_load(&base, cl->gpu);
+    Comm *world = comm_world_init(NULL, NULL);
+    CalibInfo info;
+    calibrate(hw, &info, &s->model, &s->train, &base, world);
+    int rank0 = comm_rank(world) == 0, n = comm_size(world);
+    if (rank0) {
+        char note[1024];
+        calibrate_note(note, sizeof note, &info, &s->model, &s->train, &base, n);
+        hwprofile_write(hw, note, out);
+        if (out) printf("calibrated: %s (%s)\n", out, note);
+    }
+    comm_world_finalize();
+    return rank0 && opt_set(s, "gpus");
+}
+
 int cmd_plan(State *s) {
     const CliOptions *cl = &s->cli;
-    if (!opt_set(s, "gpus")) DIE("plan: --gpus N is required (the GPUs to plan for)");
-    if (cl->gpus < 1 || cl->gpus > 1 << 16) DIE("--gpus must be in [1, 65536] (got %d)", cl->gpus);
+    if (!opt_set(s, "gpus") && !opt_set(s, "calibrate"))
+        DIE("plan: --gpus N is required (the GPUs to plan for)");
+    if (opt_set(s, "gpus") && (cl->gpus < 1 || cl->gpus > 1 << 16))
+        DIE("--gpus must be in [1, 65536] (got %d)", cl->gpus);
     if (cl->nodes_of < 1) DIE("--nodes-of must be >= 1 (got %d)", cl->nodes_of);
     if (cl->top < 1) DIE("--top must be >= 1 (got %d)", cl->top);
     if (s->train.precision == PREC_FP8)
@@ -52,7 +88,8 @@ int cmd_plan(State *s) {
     sp.nodes_of = cl->nodes_of;
     sp.imbalance = cl->imbalance;
     sp.exposed = cl->comm_exposed;
-    hwprofile_load(&sp.hw, cl->gpu);
+    if (!calibrate_here(s, &sp.hw)) return 0;
+    if (!opt_set(s, "calibrate")) hwprofile_load(&sp.hw, cl->gpu);
     char args[4096];
     model_args(s, args, sizeof args);
     if (cl->explain[0]) {

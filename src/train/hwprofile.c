@@ -1,4 +1,4 @@
-// hwprofile.c — the built-in hardware profiles and the JSON profile reader (see hwprofile.h). Each
+// hwprofile.c — the built-in hardware profiles and the JSON profile reader and writer (see hwprofile.h). Each
 // built-in number names its source; docs/PLAN.md says the same with the derivations.
 // Must not hold: the planner (plan.c).
 #include "train/hwprofile.h"
@@ -85,6 +85,10 @@ void hwprofile_load(HwProfile *p, const char *name) {
             snprintf(p->name, sizeof p->name, "%s", it->valuestring);
             continue;
         }
+        if (!strcmp(it->string, "note")) {
+            if (!cJSON_IsString(it)) DIE("--gpu %s: \"note\" must be a string", name);
+            continue;
+        }
         size_t k = 0;
         while (k < N_FIELDS && strcmp(fields[k].key, it->string)) k++;
         if (k == N_FIELDS) DIE("--gpu %s: unknown key \"%s\"", name, it->string);
@@ -102,4 +106,25 @@ void hwprofile_load(HwProfile *p, const char *name) {
     if (p->context_bytes >= p->mem_bytes)
         DIE("--gpu %s: \"context_bytes\" %g is not below \"memory_bytes\" %g", name, p->context_bytes,
             p->mem_bytes);
+}
+
+void hwprofile_write(const HwProfile *p, const char *note, const char *path) {
+    cJSON *j = cJSON_CreateObject();
+    CHECK(j && cJSON_AddStringToObject(j, "name", p->name), "out of memory writing a profile");
+    if (note) CHECK(cJSON_AddStringToObject(j, "note", note), "out of memory writing a profile");
+    for (size_t k = 0; k < N_FIELDS; k++)
+        CHECK(cJSON_AddNumberToObject(j, fields[k].key, *(const double *)((const char *)p + fields[k].off)),
+              "out of memory writing a profile");
+    if (!path || !path[0]) {
+        char *s = cJSON_Print(j);
+        CHECK(s, "out of memory writing a profile");
+        printf("%s\n", s);
+        cJSON_free(s);
+    } else {
+        char tmp[1100];
+        CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp, "path too long: '%s'", path);
+        json_write_file(tmp, j);
+        xrename(tmp, path);
+    }
+    cJSON_Delete(j);
 }
