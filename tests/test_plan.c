@@ -10,9 +10,14 @@
 //    the host's when they take longer;
 //  - an impossible layout is refused naming its rule (mesh, pipeline, batch, schedule);
 //  - doubling the links' bandwidth never makes a layout slower, and makes one that communicates faster;
-//  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not.
+//  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not;
+//  - a profile written (hwprofile_write, what --calibrate writes) reads back (hwprofile_load, --gpu) to the
+//    same numbers, bit for bit, fractions, tiny and huge ones included.
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "model/model.h"
 #include "train/cost.h"
 #include "train/plan.h"
@@ -258,6 +263,35 @@ static void check_smallest(void) {
     }
 }
 
+// A profile of numbers no decimal rounding of 15 digits keeps (thirds, powers of ten far from 1, a
+// denormal-free tiny one), written to a file and read back: every field the same double.
+static void check_roundtrip(void) {
+    HwProfile p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "round \"trip\"");
+    double v[12] = {1.0 / 3, 2.0 / 7 * 1e9, 1e15 / 3, 1e-7 / 3,  123456.789012345678,
+                    M_PI,    M_E * 1e3,     5e-3 / 9, 7e300 / 3, 1.0 / 9 * 1e-3,
+                    2.5,     0.1 + 0.2};
+    double *f[12] = {&p.mem_bytes,      &p.context_bytes,    &p.peak_tflops, &p.dense_tflops,
+                     &p.grouped_tflops, &p.attention_tflops, &p.hbm_gbps,    &p.nvlink_gbps,
+                     &p.internode_gbps, &p.pcie_gbps,        &p.launch_us,   &p.sync_us};
+    for (int i = 0; i < 12; i++) *f[i] = v[i];
+    p.mem_bytes = 1e15, p.context_bytes = 1.0 / 3; // (the reader wants the context below the memory)
+    char path[256];
+    snprintf(path, sizeof path, "%s/test_plan_%d.json", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
+    hwprofile_write(&p, "a note, read past", path);
+    HwProfile q;
+    hwprofile_load(&q, path);
+    remove(path);
+    int same = !strcmp(p.name, q.name);
+    for (int i = 0; i < 12; i++) {
+        double a = *f[i], b = *(double *)((char *)&q + ((char *)f[i] - (char *)&p));
+        same &= a == b;
+    }
+    EXPECT(same, "a written profile reads back to other numbers");
+}
+
 int main(void) {
     check_count();
     check_memory();
@@ -266,5 +300,6 @@ int main(void) {
     check_refusals();
     check_monotone();
     check_smallest();
+    check_roundtrip();
     return test_done("test_plan");
 }

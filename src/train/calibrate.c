@@ -25,7 +25,7 @@ static int cmp_double(const void *a, const void *b) {
 
 // Seconds one call of f takes: a warm-up call (the backend's scratch grows there), one timed call to size
 // the rounds, then 5 rounds of 1 to 20 calls (about budget seconds in all), each round's calls queued and
-// waited for once; the median round's mean (a round that another process slowed does not count).
+// waited for once; the fastest round's mean (another process sharing the machine only adds time).
 static double op_seconds(const Backend *be, CalOp f, void *ctx, double budget) {
     f(ctx);
     be->sync();
@@ -41,7 +41,7 @@ static double op_seconds(const Backend *be, CalOp f, void *ctx, double budget) {
         r[k] = (now_seconds() - t0) / reps;
     }
     qsort(r, 5, sizeof *r, cmp_double);
-    return r[2];
+    return r[0];
 }
 
 // A dense GEMM forward and backward (input and weight gradients), as a Linear layer runs it.

@@ -112,9 +112,13 @@ void hwprofile_write(const HwProfile *p, const char *note, const char *path) {
     cJSON *j = cJSON_CreateObject();
     CHECK(j && cJSON_AddStringToObject(j, "name", p->name), "out of memory writing a profile");
     if (note) CHECK(cJSON_AddStringToObject(j, "note", note), "out of memory writing a profile");
-    for (size_t k = 0; k < N_FIELDS; k++)
-        CHECK(cJSON_AddNumberToObject(j, fields[k].key, *(const double *)((const char *)p + fields[k].off)),
-              "out of memory writing a profile");
+    // (each number as 17 significant digits, which read back to the same double: cJSON's own printing
+    // keeps 15 where those read back within an epsilon, not exactly)
+    for (size_t k = 0; k < N_FIELDS; k++) {
+        char num[40];
+        snprintf(num, sizeof num, "%.17g", *(const double *)((const char *)p + fields[k].off));
+        CHECK(cJSON_AddRawToObject(j, fields[k].key, num), "out of memory writing a profile");
+    }
     if (!path || !path[0]) {
         char *s = cJSON_Print(j);
         CHECK(s, "out of memory writing a profile");
