@@ -1,8 +1,8 @@
 // cmd_plan.c (cli) — `moe plan`: its options checked, the hardware profile loaded (or measured here:
 // --calibrate, written to --out), the model's flags gathered for the launch commands, then the planner's
-// table, one --explain layout, or for a model that fits nowhere the smallest GPU count that fits. Must not
-// hold: the planner (train/plan.c), its printing (train/plan_print.c), the measurements
-// (train/calibrate.c).
+// table, one --explain layout (its timeline PNG with --out), or for a model that fits nowhere the smallest
+// GPU count that fits. Must not hold: the planner (train/plan.c), its printing (train/plan_print.c,
+// plan_timeline.c), the measurements (train/calibrate.c).
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
@@ -10,6 +10,7 @@
 #include "train/calibrate.h"
 #include "train/plan.h"
 #include "train/plan_print.h"
+#include "train/plan_timeline.h"
 
 // The search for a GPU count that fits stops here (each count enumerates every layout).
 #define PLAN_MAX_GPUS 1024
@@ -32,21 +33,29 @@ static void model_args(const State *s, char *buf, size_t n) {
     CHECK(w < n, "plan: the model's flags do not fit in %zu bytes", n);
 }
 
+// --out's file: its directory exists and it is not one (checked before anything is measured or drawn).
+static void check_out(const char *out) {
+    char dir[1100];
+    path_parent(dir, sizeof dir, out);
+    if (!dir_exists(dir)) DIE("plan: --out %s: no directory '%s'", out, dir);
+    if (dir_exists(out)) DIE("plan: --out %s is a directory; name the file", out);
+}
+
 // --calibrate: this machine measured (every rank of an mpirun), the profile written by rank 0 to --out
 // (or printed). Returns 1 on the rank that goes on to plan (rank 0, with --gpus), else 0; the MPI world
 // is finalized.
 static int calibrate_here(State *s, HwProfile *hw) {
     const CliOptions *cl = &s->cli;
     const char *out = opt_set(s, "out") ? s->train.out : NULL;
+    if (out && opt_set(s, "calibrate") && cl->explain[0])
+        DIE("plan: --out names the profile of --calibrate or the timeline of --explain, not both (calibrate "
+            "first, then --explain with --gpu PROFILE --out FILE.png)");
+    if (out && !opt_set(s, "calibrate") && !cl->explain[0])
+        DIE("plan: --out applies to --calibrate (the profile) or --explain (the timeline PNG)");
+    if (out) check_out(out);
     if (!opt_set(s, "calibrate")) {
-        if (out || opt_set(s, "device")) DIE("plan: --%s applies to --calibrate", out ? "out" : "device");
+        if (opt_set(s, "device")) DIE("plan: --device applies to --calibrate");
         return 1;
-    }
-    if (out) {
-        char dir[1100];
-        path_parent(dir, sizeof dir, out);
-        if (!dir_exists(dir)) DIE("plan --calibrate: --out %s: no directory '%s'", out, dir);
-        if (dir_exists(out)) DIE("plan --calibrate: --out %s is a directory; name the profile file", out);
     }
     HwProfile base;
     hwprofile_load(&base, cl->gpu);
@@ -99,7 +108,7 @@ int cmd_plan(State *s) {
         if ((bad = plan_layout(&row, &s->model, &s->train, &sp, &l, NULL)))
             DIE("impossible layout '%s': %s", cl->explain, bad);
         plan_print_explain(&row, &sp, &s->train, args);
-        return 0;
+        return opt_set(s, "out") && plan_timeline(&row, s->train.out) ? 1 : 0;
     }
     PlanResult r;
     plan_enumerate(&r, &s->model, &s->train, &sp, 0);

@@ -260,7 +260,9 @@ const Opt opts[] = {
      "links not measured; with --gpus, plan on it)"},
     {"device", O_STR, TO(device), C_PLAN,
      "--calibrate: the backend to measure: cpu | cuda | cuda-fp32 | auto"},
-    {"out", O_STR, TO(out), C_PLAN, "--calibrate: the profile file to write (default: print it)"},
+    {"out", O_STR, TO(out), C_PLAN,
+     "--calibrate: the profile file to write (default: print it); --explain: the step's timeline PNG to "
+     "draw"},
     {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
     {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
     // tokenize
