@@ -15,7 +15,7 @@ mkdir -p "$W" && cd "$W" || exit 1
 export OMP_NUM_THREADS=1 # (calibration and training on the same one thread: their rates compare)
 M=(--preset tiny --batch 8 --seq-len 64)
 KEYS="memory_bytes context_bytes peak_tflops dense_tflops grouped_tflops attention_tflops hbm_gbps nvlink_gbps
-      internode_gbps pcie_gbps launch_us sync_us"
+      internode_gbps pcie_gbps launch_us sync_us fp8_grouped_tflops"
 
 # check_profile FILE LABEL: every key once, each a positive finite number
 check_profile() {
@@ -25,7 +25,7 @@ check_profile() {
     [ "$(grep -cE "^\s*\"$k\":" "$f")" = 1 ] || { bad="$bad $k(missing)"; continue; }
     echo "$v" | grep -qE '^[0-9.]+(e[-+]?[0-9]+)?$' && fcmp "$v" ">" 0 && fcmp "$v" "<" 1e30 || bad="$bad $k=$v"
   done
-  if [ -z "$bad" ]; then pass "$label: the 12 numbers present, positive and finite"
+  if [ -z "$bad" ]; then pass "$label: the 13 numbers present, positive and finite"
   else fail "$label: bad or missing:$bad"; fi
 }
 

@@ -159,8 +159,8 @@ static void check_comm(void) {
 
 static int same_cuda(const CostCuda *a, const CostCuda *b) {
     return a->hid == b->hid && a->shadow == b->shadow && a->scratch == b->scratch && a->gemm == b->gemm &&
-        a->workspace == b->workspace && a->alone == b->alone && a->lent == b->lent && a->total == b->total &&
-        a->routed == b->routed;
+        a->fp8 == b->fp8 && a->workspace == b->workspace && a->alone == b->alone && a->lent == b->lent &&
+        a->total == b->total && a->routed == b->routed;
 }
 
 // A mesh of one rank holds what one process does, on the cpu and (every delta, exactly) on the cuda backend.

@@ -153,6 +153,8 @@ run_fail "--comm-exposed must be in [0, 1] (got 2)" "${P[@]}" --gpus 2 --comm-ex
 run_fail "--nodes-of must be >= 1" "${P[@]}" --gpus 2 --nodes-of 0
 run_fail "option '--tp' does not apply to this command" "${P[@]}" --gpus 2 --tp 2
 run_fail "--out applies to --calibrate (the profile) or --explain" "${P[@]}" --gpus 2 --out x.png
+run_fail 'profile h200 has no "fp8_grouped_tflops"' "${P[@]}" --gpus 2 --precision fp8 --gpu h200.json
+run_fail "impossible layout 'etp2': mesh: --precision fp8 takes --etp 1 (got 2)" "${P[@]}" --gpus 2 --precision fp8 --explain etp2
 run_fail "--out names the profile of --calibrate or the timeline of --explain, not both" "${P[@]}" --gpus 1 \
   --calibrate --explain micro1 --out x.png
 run_fail "--out nodir/t.png: no directory 'nodir'" "${P[@]}" --gpus 1 --explain micro1 --out nodir/t.png

@@ -81,9 +81,6 @@ int cmd_plan(State *s) {
         DIE("--gpus must be in [1, 65536] (got %d)", cl->gpus);
     if (cl->nodes_of < 1) DIE("--nodes-of must be >= 1 (got %d)", cl->nodes_of);
     if (cl->top < 1) DIE("--top must be >= 1 (got %d)", cl->top);
-    if (s->train.precision == PREC_FP8)
-        DIE("plan: --precision fp8 is not in the planner's model yet (its memory and step time are "
-            "mixed's plus the FP8 operands; plan with --precision mixed meanwhile)");
     if (!(cl->imbalance >= 1 && cl->imbalance <= 64))
         DIE("--imbalance must be in [1, 64] (got %g)", cl->imbalance);
     if (!(cl->comm_exposed >= 0 && cl->comm_exposed <= 1))
@@ -99,6 +96,10 @@ int cmd_plan(State *s) {
     sp.exposed = cl->comm_exposed;
     if (!calibrate_here(s, &sp.hw)) return 0;
     if (!opt_set(s, "calibrate")) hwprofile_load(&sp.hw, cl->gpu);
+    if (s->train.precision == PREC_FP8 && !(sp.hw.fp8_grouped_tflops > 0))
+        DIE("plan --precision fp8: profile %s has no \"fp8_grouped_tflops\" (calibrate with --precision fp8 "
+            "on the cuda backend, or add it)",
+            sp.hw.name);
     char args[4096];
     model_args(s, args, sizeof args);
     if (cl->explain[0]) {

@@ -346,7 +346,9 @@ static void link_rates(const Backend *be, const Placement *pl, const ModelConfig
 void calibrate(HwProfile *p, CalibInfo *info, const ModelConfig *c, const TrainOptions *o,
                const HwProfile *base, Comm *world) {
     Placement pl;
-    placement_choose(&pl, o, world);
+    TrainOptions t = *o;
+    if (t.precision == PREC_FP8) t.precision = PREC_MIXED; // (the base backend; its fp8 table measured apart)
+    placement_choose(&pl, &t, world);
     const Backend *be = pl.be;
     memset(info, 0, sizeof *info);
     snprintf(info->backend, sizeof info->backend, "%s", be->name);
@@ -360,28 +362,20 @@ void calibrate(HwProfile *p, CalibInfo *info, const ModelConfig *c, const TrainO
     host_terms(be, &p->launch_us, &p->sync_us, &p->pcie_gbps);
     p->dense_tflops = dense_rate(be, c, N);
     p->grouped_tflops = grouped_rate(be, c, N, &info->groups);
+    p->fp8_grouped_tflops = grouped_rate(backend_fp8(be), c, N, &info->groups);
     p->attention_tflops = attention_rate(be, c, B, T);
     p->hbm_gbps = adamw_rate(be, c);
     p->peak_tflops =
         fmax(square_rate(be), fmax(p->dense_tflops, fmax(p->grouped_tflops, p->attention_tflops)));
     // the ranks' mean (each measured on its own device, at once: as a mesh's ranks run)
     int g = comm_size(world);
-    double v[11] = {p->mem_bytes,
-                    p->context_bytes,
-                    p->peak_tflops,
-                    p->dense_tflops,
-                    p->grouped_tflops,
-                    p->attention_tflops,
-                    p->hbm_gbps,
-                    p->pcie_gbps,
-                    p->launch_us,
-                    p->sync_us,
-                    0};
+    double *dst[11] = {&p->mem_bytes,      &p->context_bytes,    &p->peak_tflops,       &p->dense_tflops,
+                       &p->grouped_tflops, &p->attention_tflops, &p->hbm_gbps,          &p->pcie_gbps,
+                       &p->launch_us,      &p->sync_us,          &p->fp8_grouped_tflops},
+           v[11];
+    for (int i = 0; i < 11; i++) v[i] = *dst[i];
     comm_allreduce(world, v, 11, CT_F64);
-    double *dst[10] = {&p->mem_bytes,      &p->context_bytes,    &p->peak_tflops, &p->dense_tflops,
-                       &p->grouped_tflops, &p->attention_tflops, &p->hbm_gbps,    &p->pcie_gbps,
-                       &p->launch_us,      &p->sync_us};
-    for (int i = 0; i < 10; i++) *dst[i] = v[i] / g;
+    for (int i = 0; i < 11; i++) *dst[i] = v[i] / g;
     if (g > 1) {
         link_rates(be, &pl, c, N, world, &info->a2a_gbps, &info->allreduce_gbps);
         double both[2] = {info->a2a_gbps, info->allreduce_gbps};

@@ -6,6 +6,8 @@
 //    FLOPs over their summed time weighted as a step runs them (each layer's once, the head once);
 //  - grouped_tflops: the experts' fused grouped ops (SwiGLU up-projection, down-projection, their
 //    backwards) over the k x N routed rows split evenly over the experts (and the shared expert's rows);
+//  - fp8_grouped_tflops: the same on the backend's FP8 table (ops.h backend_fp8: --precision fp8's experts,
+//    their operands quantised per call);
 //  - attention_tflops: attention forward + backward, at the causal half's FLOPs (cost.h CostFlops);
 //  - hbm_gbps: AdamW over the model's parameter count (capped), 30 bytes an element as plan.c counts it;
 //  - pcie_gbps: one host-to-device copy of 256 MiB (64 MiB on the cpu);

@@ -252,6 +252,40 @@ static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_
     return fmax(fmax(att, router), fmax(norm, 1048576.0)) + wide;
 }
 
+// cuda_fp8_ops.cu's operand needs of one grouped op on R rows over G groups (R / G each) of K -> O: the
+// forward's (the rows' codes and 1 x 128 tile scales, the weights' codes and 128 x 128 block scales) or
+// the backward's (the output gradient's tiles and the transposed weights for dinp; dout's and the input's
+// transposed tiles, each group's rows padded to 128 columns, for dw), bytes, each piece 256-aligned.
+static double fp8_need(double R, double G, double K, double O, int bwd) {
+    double T = ceil(K / 128), TO = ceil(O / 128), P = G * ceil(R / G / 128) * 128;
+    if (!bwd) return al256(R * K) + al256(4 * R * T) + al256(G * O * K) + al256(4 * G * TO * T);
+    return al256(R * O) + al256(4 * R * TO) + al256(G * O * K) + al256(4 * G * T * TO) + al256(O * P) +
+        al256(4 * O * P / 128) + al256(K * P) + al256(4 * K * P / 128);
+}
+
+// The FP8 table's scratch (cuda_fp8_ops.cu, --precision fp8 on the cuda backend; it keeps no FP8 copy
+// between ops): two buffers, each grown to an op's need to the larger of the need and 1.25 x the buffer so
+// far: the codes and scales of one grouped op's operands (fp8_need) and the float32 rows inside a fused op
+// (h1 and h3 before the SwiGLU, dact before its backward). The needs in a step's order: the routed experts'
+// up and down forward (the rank's Re rows over E / ep groups of d_ff / etp), the shared expert's (Ns rows,
+// one group), then their backwards (down, then up).
+static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1;
+    double Ns = (double)((B * T + tp - 1) / tp), Re = (double)etp * Ns * c->top_k, d = c->d_model;
+    double f = (double)(c->d_ff / etp), G = (double)(c->n_experts / ep),
+           fs = c->n_shared_experts * (double)c->shared_d_ff;
+    double q[8] = {fp8_need(Re, G, d, f, 0),           fp8_need(Re, G, f, d, 0),
+                   fs ? fp8_need(Ns, 1, d, fs, 0) : 0, fs ? fp8_need(Ns, 1, fs, d, 0) : 0,
+                   fp8_need(Re, G, f, d, 1),           fp8_need(Re, G, d, f, 1),
+                   fs ? fp8_need(Ns, 1, fs, d, 1) : 0, fs ? fp8_need(Ns, 1, d, fs, 1) : 0};
+    double rows[4] = {8 * Re * f, fs ? 8 * Ns * fs : 0, 4 * Re * f, fs ? 4 * Ns * fs : 0}, cq = 0, cr = 0;
+    for (int i = 0; i < 8; i++)
+        if (q[i] > cq) cq = fmax(q[i], 1.25 * cq);
+    for (int i = 0; i < 4; i++)
+        if (al256(rows[i]) > cr) cr = fmax(al256(rows[i]), 1.25 * cr);
+    return cq + cr;
+}
+
 // The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh
 // holding inst layer instances' activations of B sequences of T tokens (one per layer; with pipeline stages,
 // each live micro-batch's), np parameters (its slices), the LM head where head, and held bytes in the
@@ -260,7 +294,8 @@ static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_
 // attention's q, k, v and output in bf16 (half of their bytes in every instance that keeps them: the routed
 // SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the
 // bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
-// the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes).
+// the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
+// fp8 the FP8 table's two (cuda_fp8_scratch).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
                         size_t B, size_t T, int inst, double np, double held, int meshed, int head) {
     int tp = ms ? ms->tp : 1, rc = o->recompute;
@@ -272,9 +307,10 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
     k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
     k->scratch = k->gemm + k->workspace;
+    k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
-    k->total = held - k->hid + k->shadow + k->scratch - k->lent - k->alone;
+    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone;
     k->routed = acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2);
 }
 

@@ -1,7 +1,8 @@
 // hwprofile.h — a GPU's numbers as the planner (plan.h) reads them: memory, the achieved GEMM, attention,
 // HBM and link rates. Built-in profiles h200 (from docs/PERFORMANCE.md's measurements) and h100 (NVIDIA's
 // published specs scaled as our H200 measurement relates to the H200's), or a JSON file with every field
-// (docs/PLAN.md documents each; launch_us and sync_us may be left out: 0), read and written here.
+// (docs/PLAN.md documents each; launch_us, sync_us and fp8_grouped_tflops may be left out: 0, the last
+// needed to plan --precision fp8), read and written here.
 // Must not hold: the planner's arithmetic (plan.c), printing tables.
 #pragma once
 
@@ -20,6 +21,7 @@ typedef struct {
     // optional (>= 0; absent or 0: not counted):
     double launch_us; // the host's time to issue one backend op (a CUDA launch), microseconds
     double sync_us; // one host synchronisation's round trip (the GPU idles), microseconds
+    double fp8_grouped_tflops; // the experts' grouped ops under --precision fp8 (quantisation included)
 } HwProfile;
 
 // The built-in profile of that name (h200, h100), or NULL.
