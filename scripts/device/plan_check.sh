@@ -9,7 +9,8 @@
 # scripts/device/mesh_pack.sh .gpum` (build/ built with CUDA), then run `bash scripts/device/plan_check.sh`
 # with carry [".gpum"]; about 5 minutes (CAL=0: without the calibration). Prints one row per case:
 #   case | predicted GiB | measured GiB | ratio | predicted tok/s | measured tok/s | ratio
-# (the calibrated rows: case-cal, the measured columns those of the case's row above).
+# (the calibrated rows: case-cal, the measured columns those of the case's row above). The fp8 row: the
+# planner's --precision fp8 (the FP8 table's scratch, the experts at fp8_grouped_tflops).
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && mesh_unpack $PWD/${GPUM:-.gpum} /tmp/pc
 W=/tmp/pcw; mkdir -p $W; R=${OUT:-$W}/plan_check.txt; : > $R
@@ -52,6 +53,7 @@ one ref-mixed-rc mixed moe $REF
 one ref-bf16 bf16 none $REF
 one ref-bf16-rc bf16 moe $REF
 one small-bf16 bf16 none $SMALL
+one ref-fp8 fp8 none $REF
 if [ "${CAL:-1}" = 1 ]; then
   for m in ref small; do
     [ $m = ref ] && MODEL=$REF || MODEL=$SMALL
@@ -63,5 +65,6 @@ if [ "${CAL:-1}" = 1 ]; then
   cal ref-bf16 $W/cal-ref.json bf16 none $REF
   cal ref-bf16-rc $W/cal-ref.json bf16 moe $REF
   cal small-bf16 $W/cal-small.json bf16 none $SMALL
+  cal ref-fp8 $W/cal-ref.json fp8 none $REF
 fi
 say "$(date -u) done"
