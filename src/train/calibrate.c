@@ -125,9 +125,7 @@ static double dense_rate(const Backend *be, const ModelConfig *c, int N) {
     m.y = be->alloc(sizeof(float) * N * yo);
     m.dy = be->alloc(sizeof(float) * N * yo);
     float *wall = be->alloc(sizeof(float) * (size_t)wsum), *w = wall;
-    m.dw = be->alloc(sizeof(float) * (size_t)c->vocab_size * d > sizeof(float) * xk * yo
-                         ? sizeof(float) * (size_t)c->vocab_size * d
-                         : sizeof(float) * xk * yo);
+    m.dw = be->alloc(sizeof(float) * xk * yo); // (every weight's gradient: K <= xk, O <= yo)
     be->bf16_shadow(wall, (size_t)wsum);
     double flops = 0, secs = 0;
     for (int i = 0; i < 6; i++) {
