@@ -255,6 +255,14 @@ const Opt opts[] = {
      "routing headroom: the buffers sized by the rows a rank's experts receive, times this (>= 1)"},
     {"comm-exposed", O_FLOAT, CO(comm_exposed), C_PLAN,
      "the fraction of the communication not hidden behind compute, in [0, 1]"},
+    {"calibrate", O_FLAG, CO(calibrate), C_PLAN,
+     "measure this machine at the model's shapes and write a profile (--out; --gpu: the base profile of the "
+     "links not measured; with --gpus, plan on it)"},
+    {"device", O_STR, TO(device), C_PLAN,
+     "--calibrate: the backend to measure: cpu | cuda | cuda-fp32 | auto"},
+    {"out", O_STR, TO(out), C_PLAN,
+     "--calibrate: the profile file to write (default: print it); --explain: the step's timeline PNG to "
+     "draw"},
     {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
     {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
     // tokenize

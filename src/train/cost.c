@@ -199,30 +199,118 @@ static double weights_alone(const ModelConfig *c) {
     return alone;
 }
 
+// A buffer carved as the cuda backend carves its scratch: each piece rounded up to 256 bytes.
+static double al256(double bytes) { return ceil(bytes / 256) * 256; }
+
+// The cuda backend's bf16 GEMM operand scratch (cuda_gemm.cu bf16_scratch_v) on a rank running N tokens
+// through its heads' projections (the router's Ns rows) and the LM head where head: one buffer, grown to an
+// op's need (its operands' bf16 copies, each 256-byte aligned; weights none: the GEMMs read the bf16 copy of
+// the weights; the fused expert ops none: their rows are bf16 already and the Hopper kernel takes them) to
+// the larger of the need and 1.25 x the buffer so far, at least 1 MiB. A product of at most
+// MOE_GEMM_FP32_MAX_O columns runs in float32, its bf16 input widened (2 bf16 slots a value). The needs in a
+// step's order: a layer's q/k/v, o and router forward, the head's forward (its input) and backward (its
+// output gradient, N x vocab, and its input), then a layer's router, o and q/k/v backward (the largest
+// output gradient, the widened input). (cuBLAS's fallback for the grouped GEMMs, off the Hopper kernel, adds
+// float32 rows: not counted.)
+static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double Ns, int head) {
+    double d = c->d_model, E = c->n_experts, V = c->vocab_size, lim = MOE_GEMM_FP32_MAX_O;
+    double qd = (double)(c->n_heads / tp) * c->head_dim, kvd = (double)(c->n_kv_heads / tp) * c->head_dim;
+    double wide_qkv = qd <= lim || kvd <= lim ? al256(4 * N * d) : 0,
+           wide_o = d <= lim ? al256(4 * N * qd) : 0;
+    double gqkv = fmax(qd > lim ? qd : 0, kvd > lim ? kvd : 0), need[8], cap = 0;
+    int n = 0;
+    need[n++] = wide_qkv;
+    need[n++] = wide_o;
+    need[n++] = E > lim ? al256(2 * Ns * d) : 0;
+    need[n++] = head && V > lim ? al256(2 * N * d) : 0;
+    need[n++] = head && V > lim ? al256(2 * N * V) + al256(2 * N * d) : 0;
+    need[n++] = E > lim ? al256(2 * Ns * E) + al256(2 * Ns * d) : 0;
+    need[n++] = (d > lim ? al256(2 * N * d) : 0) + wide_o;
+    need[n++] = al256(2 * N * gqkv) + wide_qkv;
+    for (int i = 0; i < n; i++)
+        if (need[i] > cap) cap = fmax(fmax(need[i], 1.25 * cap), 1048576.0);
+    return cap;
+}
+
+// The cuda backend's workspace (cuda_backend.cu cuda_workspace) on a rank running B sequences of T tokens
+// with its heads (the router's Ns rows): one buffer grown to the largest request, at least 1 MiB: the
+// attention backward's (the tensor-core path at head dims 32, 64, 128: D, dout in bf16 and, at 128, dS: ops.h
+// attention_ds_bytes; otherwise the float32 kernels' D, with q, k, v and out widened to float32 in a buffer
+// of their own, added), the router's weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums
+// of 128 rows each), the norms' (double sums of 64 rows each).
+static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_t T, double Ns) {
+    int H = c->n_heads / tp, KV = c->n_kv_heads / tp, hd = c->head_dim;
+    double N = (double)B * T, qd = (double)H * hd, kvd = (double)KV * hd;
+    int tc = (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0;
+    double att = tc ? al256(4 * N * H) + al256(2 * N * qd) +
+            al256((double)attention_ds_bytes((int)B, (int)T, H, hd, 0, (int)T))
+                    : 4 * N * H;
+    double wide = tc ? 0 : 4 * (2 * N * qd + 2 * N * kvd);
+    double router =
+        c->n_experts <= MOE_GEMM_FP32_MAX_O ? 4.0 * c->n_experts * c->d_model * ceil(Ns / 128) : 0;
+    double norm = 8.0 * ceil(N / 64) * c->d_model;
+    return fmax(fmax(att, router), fmax(norm, 1048576.0)) + wide;
+}
+
+// cuda_fp8_ops.cu's operand needs of one grouped op on R rows over G groups (R / G each) of K -> O: the
+// forward's (the rows' codes and 1 x 128 tile scales, the weights' codes and 128 x 128 block scales) or
+// the backward's (the output gradient's tiles and the transposed weights for dinp; dout's and the input's
+// transposed tiles, each group's rows padded to 128 columns, for dw), bytes, each piece 256-aligned.
+static double fp8_need(double R, double G, double K, double O, int bwd) {
+    double T = ceil(K / 128), TO = ceil(O / 128), P = G * ceil(R / G / 128) * 128;
+    if (!bwd) return al256(R * K) + al256(4 * R * T) + al256(G * O * K) + al256(4 * G * TO * T);
+    return al256(R * O) + al256(4 * R * TO) + al256(G * O * K) + al256(4 * G * T * TO) + al256(O * P) +
+        al256(4 * O * P / 128) + al256(K * P) + al256(4 * K * P / 128);
+}
+
+// The FP8 table's scratch (cuda_fp8_ops.cu, --precision fp8 on the cuda backend; it keeps no FP8 copy
+// between ops): two buffers, each grown to an op's need to the larger of the need and 1.25 x the buffer so
+// far: the codes and scales of one grouped op's operands (fp8_need) and the float32 rows inside a fused op
+// (h1 and h3 before the SwiGLU, dact before its backward). The needs in a step's order: the routed experts'
+// up and down forward (the rank's Re rows over E / ep groups of d_ff / etp), the shared expert's (Ns rows,
+// one group), then their backwards (down, then up).
+static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1;
+    double Ns = (double)((B * T + tp - 1) / tp), Re = (double)etp * Ns * c->top_k, d = c->d_model;
+    double f = (double)(c->d_ff / etp), G = (double)(c->n_experts / ep),
+           fs = c->n_shared_experts * (double)c->shared_d_ff;
+    double q[8] = {fp8_need(Re, G, d, f, 0),           fp8_need(Re, G, f, d, 0),
+                   fs ? fp8_need(Ns, 1, d, fs, 0) : 0, fs ? fp8_need(Ns, 1, fs, d, 0) : 0,
+                   fp8_need(Re, G, f, d, 1),           fp8_need(Re, G, d, f, 1),
+                   fs ? fp8_need(Ns, 1, fs, d, 1) : 0, fs ? fp8_need(Ns, 1, d, fs, 1) : 0};
+    double rows[4] = {8 * Re * f, fs ? 8 * Ns * fs : 0, 4 * Re * f, fs ? 4 * Ns * fs : 0}, cq = 0, cr = 0;
+    for (int i = 0; i < 8; i++)
+        if (q[i] > cq) cq = fmax(q[i], 1.25 * cq);
+    for (int i = 0; i < 4; i++)
+        if (al256(rows[i]) > cr) cr = fmax(al256(rows[i]), 1.25 * cr);
+    return cq + cr;
+}
+
 // The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh
 // holding inst layer instances' activations of B sequences of T tokens (one per layer; with pipeline stages,
-// each live micro-batch's), np parameters (its slices) and held bytes in the float32 accounting before
-// lending (state + activations); meshed: several ranks. The same buffers on the GPU but the experts' hidden
-// rows (h1, h3, act), the rows sent to them, the attention norm's output and the attention's q, k, v and
-// output in bf16 (half of their bytes in every instance that keeps them: the routed SwiGLU rows in one under
-// --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy of the weights
-// the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
-// activations into: the larger of the expert rows' bf16 copy and the attention backward's workspace (D,
-// bf16 dout and, at head dim 128, its dS: ops.h attention_ds_bytes), of the rank's heads.
+// each live micro-batch's), np parameters (its slices), the LM head where head, and held bytes in the
+// float32 accounting before lending (state + activations); meshed: several ranks. The same buffers on the
+// GPU but the experts' hidden rows (h1, h3, act), the rows sent to them, the attention norm's output and the
+// attention's q, k, v and output in bf16 (half of their bytes in every instance that keeps them: the routed
+// SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the
+// bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
+// the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
+// fp8 the FP8 table's two (cuda_fp8_scratch).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
-                        size_t B, size_t T, int inst, double np, double held, int meshed) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, rc = o->recompute, H = c->n_heads / tp;
-    size_t N = B * T, Ns = (N + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, qd = (size_t)H * c->head_dim;
+                        size_t B, size_t T, int inst, double np, double held, int meshed, int head) {
+    int tp = ms ? ms->tp : 1, rc = o->recompute;
+    size_t N = B * T, Ns = (N + tp - 1) / tp;
     k->hid = inst * acts_hid_saved(c, ms, B, T, rc) +
         (rc & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, ms, B, T, 0) : 0) + // (the one shared copy)
         (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
-    double att_ws = 4.0 * B * H * T + 2.0 * N * qd +
-        (double)attention_ds_bytes((int)B, (int)T, H, c->head_dim, 0, (int)T);
     k->shadow = 2.0 * np;
-    k->scratch = fmax(2.0 * Re * c->d_model, att_ws);
+    k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
+    k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
+    k->scratch = k->gemm + k->workspace;
+    k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
-    k->total = held - k->hid + k->shadow + k->scratch - k->lent - k->alone;
+    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone;
     k->routed = acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2);
 }
 
@@ -241,7 +329,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
     w->total = w->state + w->acts - w->lent;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
-                meshed);
+                meshed, 1);
 }
 
 // A rank of a mesh without pipeline stages (lt: its slices): one micro-batch's activations.
@@ -261,7 +349,7 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     int L = c->n_layers;
     r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
     cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, (double)lt->ltotal,
-                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1);
+                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1);
 }
 
 // A rank of pipeline stage s (lt: its slices): each chunk's live micro-batches x its layers (+ the head's
@@ -273,10 +361,11 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     const int *first = m->sp.first;
     size_t Bl = (size_t)m->Bl, T = (size_t)o->seq_len;
     double mom = moment_elems(lt, ms, o), acts = 0;
-    int inst = 0;
+    int inst = 0, head = 0;
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * ms->pp + s, live = m->stage[s].live[ch];
         inst += live * (first[v + 1] - first[v]);
+        head |= v == ms->pp * m->vpp - 1;
         acts += live *
             (acts_layers(c, ms, Bl, T, first[v], first[v + 1], 0) +
              (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) : 0));
@@ -289,7 +378,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
     r->routed = acts_routed(c, ms, Bl, T, inst, o->recompute & RECOMPUTE_MOE ? 1 : inst, 4);
-    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1);
+    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1, head);
 }
 
 // The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to
