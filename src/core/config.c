@@ -143,6 +143,58 @@ static const char *validate_layers_routing(const ModelConfig *c, const char *fam
     return NULL;
 }
 
+// config_validate's part for multi-head latent attention and YaRN (fam: the family's name).
+static const char *validate_mla(const ModelConfig *c, const char *fam) {
+    static char msg[256];
+#define BAD(...) \
+    do { \
+        snprintf(msg, sizeof msg, __VA_ARGS__); \
+        return msg; \
+    } while (0)
+    if (c->kv_lora_rank < 0) BAD("kv_lora_rank must be >= 0 (got %d)", c->kv_lora_rank);
+    if (!config_mla(c)) {
+        if (c->q_lora_rank || c->qk_nope_head_dim || c->qk_rope_head_dim || c->v_head_dim)
+            BAD("q_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim are latent attention's: they "
+                "need kv_lora_rank > 0");
+        if (c->rope_factor != 0)
+            BAD("YaRN RoPE scaling (rope_factor %g) is implemented for latent attention "
+                "(kv_lora_rank > 0) only",
+                c->rope_factor);
+        return NULL;
+    }
+    if (c->family != FAM_MIXTRAL)
+        BAD("family %s has no latent attention (kv_lora_rank: our own mixtral-family configs)", fam);
+    if (c->q_lora_rank < 0) BAD("q_lora_rank must be >= 0 (0: q_proj; got %d)", c->q_lora_rank);
+    if (c->qk_nope_head_dim < 1) BAD("qk_nope_head_dim must be >= 1 (got %d)", c->qk_nope_head_dim);
+    if (c->qk_rope_head_dim < 2 || c->qk_rope_head_dim % 2)
+        BAD("qk_rope_head_dim must be even and >= 2 (got %d)", c->qk_rope_head_dim);
+    if (c->v_head_dim < 1 || c->v_head_dim > config_qk_head_dim(c))
+        BAD("v_head_dim must be in 1..qk_nope_head_dim + qk_rope_head_dim = %d (got %d: the value heads are "
+            "padded to the query/key head width)",
+            config_qk_head_dim(c), c->v_head_dim);
+    if (c->n_kv_heads != c->n_heads)
+        BAD("latent attention has n_kv_heads = n_heads = %d (got %d)", c->n_heads, c->n_kv_heads);
+    if (c->head_dim != c->qk_rope_head_dim)
+        BAD("latent attention has head_dim = qk_rope_head_dim = %d (got %d)", c->qk_rope_head_dim,
+            c->head_dim);
+    if (c->qk_norm || c->qkv_bias) BAD("latent attention has no QK-norm and no q/k/v biases");
+    if (c->rope_factor == 0) return NULL;
+    if (!(c->rope_factor >= 1 && c->rope_factor <= 1e6f))
+        BAD("rope_factor (YaRN) must be 0 (none) or in [1, 1e6] (got %g)", c->rope_factor);
+    if (c->rope_orig_max < 1)
+        BAD("rope_orig_max (YaRN original_max_position_embeddings) must be >= 1 (got %d)", c->rope_orig_max);
+    if (!(c->yarn_beta_fast >= 0 && c->yarn_beta_fast <= 1e6f && c->yarn_beta_slow >= 0 &&
+          c->yarn_beta_slow <= 1e6f))
+        BAD("yarn beta_fast and beta_slow must be in [0, 1e6] (0: 32 and 1; got %g, %g)", c->yarn_beta_fast,
+            c->yarn_beta_slow);
+    if (!(c->yarn_mscale >= 0 && c->yarn_mscale <= 1e3f && c->yarn_mscale_all_dim >= 0 &&
+          c->yarn_mscale_all_dim <= 1e3f))
+        BAD("yarn mscale and mscale_all_dim must be in [0, 1000] (got %g, %g)", c->yarn_mscale,
+            c->yarn_mscale_all_dim);
+#undef BAD
+    return NULL;
+}
+
 const char *config_validate(const ModelConfig *c) {
     static char msg[256];
 #define BAD(...) \
@@ -231,6 +283,7 @@ const char *config_validate(const ModelConfig *c) {
             "layers' micro-batch statistics)",
             c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
     const char *bad = validate_layers_routing(c, fam);
+    if (!bad) bad = validate_mla(c, fam);
     if (bad) return bad;
 #undef BAD
     return NULL;

@@ -72,7 +72,25 @@ typedef struct {
     int n_group, topk_group; // n_group > 1: the experts in n_group groups; only the topk_group groups of
                              // highest sum of their two best (biased) scores are chosen from
     float route_scale; // routed_scaling_factor: the routed experts' weights times it (0: 1)
+    // Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0, else GQA): queries through q_a_proj (d
+    // -> q_lora_rank), its RMSNorm and q_b_proj (-> H x (qk_nope_head_dim + qk_rope_head_dim)), or q_proj
+    // where q_lora_rank is 0; keys and values through kv_a_proj_with_mqa (d -> kv_lora_rank +
+    // qk_rope_head_dim): the latent's RMSNorm and kv_b_proj (-> H x (qk_nope_head_dim + v_head_dim)), and one
+    // rope key of qk_rope_head_dim shared by the heads; o_proj from H x v_head_dim. n_kv_heads = n_heads,
+    // head_dim = qk_rope_head_dim (RoPE's width, as transformers' DeepseekV3Config sets it).
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    // YaRN RoPE scaling (rope_type yarn; rope_factor 0: none): factor, original_max_position_embeddings,
+    // beta_fast, beta_slow (0: 32 and 1, transformers' defaults), mscale and mscale_all_dim (0: absent) as
+    // transformers reads them
+    float rope_factor;
+    int rope_orig_max;
+    float yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
 } ModelConfig;
+// Multi-head latent attention (kv_lora_rank > 0); its query/key head width.
+static inline int config_mla(const ModelConfig *c) { return c->kv_lora_rank > 0; }
+static inline int config_qk_head_dim(const ModelConfig *c) {
+    return c->qk_nope_head_dim + c->qk_rope_head_dim;
+}
 // Layer l's FFN is a dense MLP (config dense_layers); the number of MoE layers (those with a router).
 static inline int config_layer_dense(const ModelConfig *c, int l) {
     return l >= 0 && l < MOE_MAX_DENSE_LAYERS && (int)((c->dense_layers[l / 64] >> (l % 64)) & 1);

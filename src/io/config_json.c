@@ -132,7 +132,25 @@ cJSON *config_to_json(const ModelConfig *c) {
         add_i(m, "n_shared_experts", c->n_shared_experts);
         add_i(m, "shared_intermediate_size", c->shared_d_ff);
     }
-    int same = c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX &&
+    if (config_mla(c)) { // latent attention in our own configs (DeepseekV3Config's key names)
+        add_i(m, "q_lora_rank", c->q_lora_rank);
+        add_i(m, "kv_lora_rank", c->kv_lora_rank);
+        add_i(m, "qk_nope_head_dim", c->qk_nope_head_dim);
+        add_i(m, "qk_rope_head_dim", c->qk_rope_head_dim);
+        add_i(m, "v_head_dim", c->v_head_dim);
+    }
+    if (c->rope_factor != 0) { // YaRN, as transformers' rope_parameters has it
+        cJSON *y = cJSON_CreateObject();
+        cJSON_AddStringToObject(y, "rope_type", "yarn");
+        add_f(y, "factor", c->rope_factor);
+        add_i(y, "original_max_position_embeddings", c->rope_orig_max);
+        add_f(y, "beta_fast", c->yarn_beta_fast);
+        add_f(y, "beta_slow", c->yarn_beta_slow);
+        add_f(y, "mscale", c->yarn_mscale);
+        add_f(y, "mscale_all_dim", c->yarn_mscale_all_dim);
+        cJSON_AddItemToObject(m, "yarn", y);
+    }
+    int same = !config_mla(c) && c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX &&
         (!mix || c->renormalize != 0) && (qwen || !dense) && !c->route_sigmoid && c->n_group <= 1 &&
         (c->route_scale == 0 || c->route_scale == 1) && (!c->n_shared_experts || fam == FAM_QWEN2_MOE);
     if (mix) cJSON_AddBoolToObject(m, "mixtral_compatible", same);
@@ -436,6 +454,27 @@ static int read_refusals(Err *e, const cJSON *j, ModelConfig *c) {
     return 0;
 }
 
+// Latent attention and YaRN in our own configs (under "moe_c": config_to_json's keys).
+static int read_moe_c_mla(Err *e, const cJSON *m, ModelConfig *c) {
+    if (get_int(e, m, "q_lora_rank", 0, &c->q_lora_rank) ||
+        get_int(e, m, "kv_lora_rank", 0, &c->kv_lora_rank) ||
+        get_int(e, m, "qk_nope_head_dim", 0, &c->qk_nope_head_dim) ||
+        get_int(e, m, "qk_rope_head_dim", 0, &c->qk_rope_head_dim) ||
+        get_int(e, m, "v_head_dim", 0, &c->v_head_dim))
+        return -1;
+    const cJSON *y = item(m, "yarn");
+    if (!y) return 0;
+    if (!cJSON_IsObject(y)) return fail(e, "key \"yarn\" must be an object");
+    return get_float(e, y, "factor", 1, &c->rope_factor) ||
+            get_int(e, y, "original_max_position_embeddings", 1, &c->rope_orig_max) ||
+            get_float(e, y, "beta_fast", 0, &c->yarn_beta_fast) ||
+            get_float(e, y, "beta_slow", 0, &c->yarn_beta_slow) ||
+            get_float(e, y, "mscale", 0, &c->yarn_mscale) ||
+            get_float(e, y, "mscale_all_dim", 0, &c->yarn_mscale_all_dim)
+        ? -1
+        : 0;
+}
+
 // Ours, under "moe_c". Absent (a plain HF config): the family's semantics.
 static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
     int mix = c->family == FAM_MIXTRAL;
@@ -490,6 +529,7 @@ static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
             (read_dense_list(e, dl, "dense_layers", c) ||
              get_int(e, m, "dense_intermediate_size", 1, &c->dense_d_ff)))
             return -1;
+        if (read_moe_c_mla(e, m, c)) return -1;
         const cJSON *sc = item(m, "aux_scope"); // optional: absent = "micro-batch"
         c->aux_scope = -1;
         for (int k = 0; k < 3; k++)

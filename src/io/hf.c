@@ -315,7 +315,7 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
     // over all experts, unscaled weights, a shared expert only as Qwen2-MoE's (gated), dense layers only
     // where the family has mlp_only_layers
     int mix = c.family == FAM_MIXTRAL, qwen = c.family == FAM_QWEN2_MOE || c.family == FAM_QWEN3_MOE;
-    const char *why[8];
+    const char *why[10];
     int nw = 0;
     if (c.dispatch == DISPATCH_CAPACITY) why[nw++] = "capacity dispatch drops tokens";
     if (mix && !c.renormalize) why[nw++] = "top-k weights are not renormalised";
@@ -326,6 +326,7 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
     if (c.route_scale != 0 && c.route_scale != 1) why[nw++] = "the routed weights are scaled";
     if (c.n_shared_experts && c.family != FAM_QWEN2_MOE) why[nw++] = "it has shared experts";
     if (config_moe_layers(&c) < c.n_layers && !qwen) why[nw++] = "it has dense layers";
+    if (config_mla(&c)) why[nw++] = "it has latent attention";
     if (nw) {
         char list[512] = "";
         for (int i = 0; i < nw; i++)

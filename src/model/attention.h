@@ -5,12 +5,12 @@
 // output projection and after the input gradient (a variant's projections are split over TP ranks by
 // heads: its input projections by columns, its output by rows), the residual, dropout on it (site 0),
 // AMPipe's row chunks (rows [r0, r1) of the (b, t) order) and the timing.
-// Today's one variant, GQA (attention.c): q/k/v projections with the families' biases and QK-norm
-// (config.h), RoPE, the backend's attention op (with attention dropout: site 2) and o_proj.
+// Two variants: GQA (attention.c): q/k/v projections with the families' biases and QK-norm (config.h),
+// RoPE, the backend's attention op (with attention dropout: site 2) and o_proj; DeepSeek-V3's multi-head
+// latent attention (mla.c): low-rank q and kv projections with their norms, a decoupled RoPE part of q and
+// k, the same attention op with the value heads padded. attn_variant chooses by the config.
 //
-// What a variant provides (a second one, e.g. DeepSeek-V3's multi-head latent attention, MLA: low-rank q
-// and kv projections with their norms, a decoupled RoPE part of q and k; it joins as its own file with its
-// AttnVariant, chosen by attn_variant from the config, and the block does not change):
+// What a variant provides (the block does not change):
 //  - its weights in the parameter table: its ParamRoles (params.h), their per-layer tensors in
 //    params.c's table order (HF names, shapes, the TP split in localize, init in params_init) and,
 //    optionally, the dense projections whose first backward of a step writes the gradient
@@ -54,8 +54,28 @@ typedef struct AttnVariant {
     void (*bwd_in)(Model *m, int l, const AttnActs *a, float *dxn, const void *xn, int B, int T);
 } AttnVariant;
 
-// The variant of config c (today GQA for every family).
+// The variant of config c: multi-head latent attention (mla.c) where the config has it, else GQA.
 const AttnVariant *attn_variant(const ModelConfig *c);
+extern const AttnVariant attn_mla;
+
+// The attention op's shape on this rank: query heads H, key/value heads KV, head width hd (GQA: Hl, KVl,
+// head_dim; latent attention: Hl, Hl, qk_nope_head_dim + qk_rope_head_dim, the value heads padded to it).
+static inline void attn_op_shape(const Model *m, int *H, int *KV, int *hd) {
+    *H = m->Hl;
+    *KV = config_mla(&m->c) ? m->Hl : m->KVl;
+    *hd = config_mla(&m->c) ? config_qk_head_dim(&m->c) : m->c.head_dim;
+}
+// What the variants share (attention.c), their AttnVariant entries: the attention op over the query rows
+// [r0, r1) of the (b, t) order (fwd_rows: a->q, k, v -> att, lse, with attention dropout) and its backward
+// (bwd_rows: m->attn.datt -> dq, dk, dv; kv_seen says which sequences' dk, dv are written); bwd_begin
+// (--recompute attn: att and lse again); acts_recompute (att and lse shared or the layer's own); the
+// release of every AttnActs and AttnScratch buffer (acts_free, scratch_free).
+void attn_op_rows(const Model *m, int l, AttnActs *a, int T, int r0, int r1);
+void attn_op_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1);
+void attn_bwd_begin(Model *m, int l, AttnActs *a, int B, int T);
+void attn_acts_recompute(Model *m, AttnActs *a, Arena *A);
+void attn_acts_free(const Model *m, AttnActs *a, const Arena *A);
+void attn_scratch_free(Model *m);
 
 // GQA's parts that the KV-cached decode (decode.c) runs on new rows, the forward's one code:
 // the q, k, v projections of layer l over n rows of the normed input xn (this rank's heads), with the

@@ -10,8 +10,8 @@
 #define F sizeof(float)
 
 int model_decode_supported(const Model *m) {
-    return m->nchunks == 1 && m->chunk[0].l0 == 0 && m->chunk[0].l1 == m->c.n_layers && m->chunk[0].first &&
-        m->chunk[0].last;
+    return !config_mla(&m->c) && m->nchunks == 1 && m->chunk[0].l0 == 0 && m->chunk[0].l1 == m->c.n_layers &&
+        m->chunk[0].first && m->chunk[0].last;
 }
 
 void kv_init(KvCache *kc, const Model *m, int W) {
