@@ -292,6 +292,21 @@ int main(void) {
     f4.n_shared_experts = 1;
     f4.shared_d_ff = 48;
     f4.balance = BALANCE_AUX_FREE;
+    // multi-head latent attention (issue 40): q_lora, the latent, the shared rope key, value heads (16)
+    // padded to the query/key heads (16 + 8 = 24: the attention op's head width as c's), YaRN's frequencies
+    // and scales
+    ModelConfig f5 = c;
+    f5.n_kv_heads = 4;
+    f5.q_lora_rank = 32;
+    f5.kv_lora_rank = 24;
+    f5.qk_nope_head_dim = 16;
+    f5.qk_rope_head_dim = 8;
+    f5.v_head_dim = 16;
+    f5.head_dim = 8;
+    f5.rope_factor = 4;
+    f5.rope_orig_max = 16;
+    f5.yarn_mscale = 0.8f;
+    f5.yarn_mscale_all_dim = 1;
     // MOE_TEST_DS: one part of the DeepSeek shape left out (to find which one moves a result): nodense,
     // softmax, nogroup, noscale, noshared, nobias
     const char *ds = getenv("MOE_TEST_DS");
@@ -317,6 +332,7 @@ int main(void) {
         // (on "cuda" a model with a dense layer differs from the bf16 reference far beyond the band: 9e-2
         // norm-wise, 0.6 with the dense layer alone (MOE_TEST_DS variants, 2026-12-03); moe train refuses
         // dense layers there until it is found; MOE_TEST_DS_CUDA=1 runs it anyway)
+        check_config("latent attention: q_lora, yarn, v padded", f5, 2, 40, 0, gpu, ref, f32);
         if (!bf || getenv("MOE_TEST_DS_CUDA"))
             check_config("deepseek-shaped: dense 0, sigmoid groups", f4, 2, 40, 0, gpu, ref, f32);
         else
