@@ -89,11 +89,11 @@ const char *config_preset_names(void) {
     return names;
 }
 
-static const char *const fam_names[] = {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe"};
+static const char *const fam_names[] = {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3"};
 static const char *const fam_archs[] = {"MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM",
-                                        "Qwen3MoeForCausalLM"};
-const char *config_family_name(int f) { return f >= 0 && f < 4 ? fam_names[f] : "unknown"; }
-const char *config_family_arch(int f) { return f >= 0 && f < 4 ? fam_archs[f] : "unknown"; }
+                                        "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"};
+const char *config_family_name(int f) { return f >= 0 && f <= FAM_LAST ? fam_names[f] : "unknown"; }
+const char *config_family_arch(int f) { return f >= 0 && f <= FAM_LAST ? fam_archs[f] : "unknown"; }
 
 // config_validate's part for the dense layers and DeepSeek-V3's routing (fam: the family's name).
 static const char *validate_layers_routing(const ModelConfig *c, const char *fam) {
@@ -123,7 +123,7 @@ static const char *validate_layers_routing(const ModelConfig *c, const char *fam
         BAD("top_k=%d exceeds the experts of topk_group=%d groups (%d)", c->top_k, c->topk_group,
             c->topk_group * (c->n_experts / c->n_group));
     if ((c->route_sigmoid || c->n_group > 1 || (c->route_scale != 0 && c->route_scale != 1)) &&
-        c->family != FAM_MIXTRAL)
+        c->family != FAM_MIXTRAL && c->family != FAM_DEEPSEEK_V3)
         BAD("family %s routes by softmax over all experts, unscaled (DeepSeek-V3's routing is for our own "
             "mixtral-family configs)",
             fam);
@@ -156,14 +156,21 @@ static const char *validate_mla(const ModelConfig *c, const char *fam) {
         if (c->q_lora_rank || c->qk_nope_head_dim || c->qk_rope_head_dim || c->v_head_dim)
             BAD("q_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim are latent attention's: they "
                 "need kv_lora_rank > 0");
+        if (c->family == FAM_DEEPSEEK_V3)
+            BAD("family deepseek_v3 has latent attention: kv_lora_rank must be > 0");
+        if (c->rope_interleave) BAD("rope_interleave is latent attention's: it needs kv_lora_rank > 0");
         if (c->rope_factor != 0)
             BAD("YaRN RoPE scaling (rope_factor %g) is implemented for latent attention "
                 "(kv_lora_rank > 0) only",
                 c->rope_factor);
         return NULL;
     }
-    if (c->family != FAM_MIXTRAL)
-        BAD("family %s has no latent attention (kv_lora_rank: our own mixtral-family configs)", fam);
+    if (c->family != FAM_MIXTRAL && c->family != FAM_DEEPSEEK_V3)
+        BAD("family %s has no latent attention (kv_lora_rank: deepseek_v3 and our own mixtral-family "
+            "configs)",
+            fam);
+    if (c->rope_interleave != 0 && c->rope_interleave != 1)
+        BAD("rope_interleave must be 0 or 1 (got %d)", c->rope_interleave);
     if (c->q_lora_rank < 0) BAD("q_lora_rank must be >= 0 (0: q_proj; got %d)", c->q_lora_rank);
     if (c->qk_nope_head_dim < 1) BAD("qk_nope_head_dim must be >= 1 (got %d)", c->qk_nope_head_dim);
     if (c->qk_rope_head_dim < 2 || c->qk_rope_head_dim % 2)
@@ -178,6 +185,24 @@ static const char *validate_mla(const ModelConfig *c, const char *fam) {
         BAD("latent attention has head_dim = qk_rope_head_dim = %d (got %d)", c->qk_rope_head_dim,
             c->head_dim);
     if (c->qk_norm || c->qkv_bias) BAD("latent attention has no QK-norm and no q/k/v biases");
+    if (c->family == FAM_DEEPSEEK_V3) {
+        int k = 0;
+        while (k < c->n_layers && config_layer_dense(c, k)) k++;
+        for (int l = k; l < c->n_layers; l++)
+            if (config_layer_dense(c, l))
+                BAD("family deepseek_v3's dense layers are the first ones (first_k_dense_replace): layer %d "
+                    "is "
+                    "dense after MoE layer %d",
+                    l, k);
+        if (!c->route_sigmoid || c->balance != BALANCE_AUX_FREE)
+            BAD("family deepseek_v3 routes by sigmoid scores with the aux-free bias (route_sigmoid 1, "
+                "balance "
+                "aux-free)");
+        if (c->n_shared_experts < 1 || c->shared_d_ff != c->d_ff || c->shared_gate)
+            BAD("family deepseek_v3 has n_shared_experts >= 1 ungated shared experts of the experts' width "
+                "d_ff = %d (got %d of %d)",
+                c->d_ff, c->n_shared_experts, c->shared_d_ff);
+    }
     if (c->rope_factor == 0) return NULL;
     if (!(c->rope_factor >= 1 && c->rope_factor <= 1e6f))
         BAD("rope_factor (YaRN) must be 0 (none) or in [1, 1e6] (got %g)", c->rope_factor);
@@ -238,7 +263,7 @@ const char *config_validate(const ModelConfig *c) {
     if (c->dispatch == DISPATCH_CAPACITY && !(c->capacity_factor > 0))
         BAD("capacity_factor must be > 0 (got %g)", c->capacity_factor);
     // families: each option only where transformers' architecture has it
-    if (c->family < FAM_MIXTRAL || c->family > FAM_QWEN3_MOE) BAD("unknown model family %d", c->family);
+    if (c->family < FAM_MIXTRAL || c->family > FAM_LAST) BAD("unknown model family %d", c->family);
     if (c->qk_norm < QK_NORM_NONE || c->qk_norm > QK_NORM_HEAD)
         BAD("qk_norm must be none, full or head (got %d)", c->qk_norm);
     if (c->qkv_bias != 0 && c->qkv_bias != 1) BAD("qkv_bias must be 0 or 1 (got %d)", c->qkv_bias);
@@ -261,7 +286,8 @@ const char *config_validate(const ModelConfig *c) {
     if (c->qkv_bias && c->family != FAM_QWEN2_MOE)
         BAD("family %s has no q/k/v biases (only qwen2_moe does)", fam);
     // (our own configs, family mixtral: ungated shared experts, DeepSeek-V3's; exported nowhere: io/hf.c)
-    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE && (c->family != FAM_MIXTRAL || c->shared_gate))
+    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE &&
+        ((c->family != FAM_MIXTRAL && c->family != FAM_DEEPSEEK_V3) || c->shared_gate))
         BAD("family %s has no %sshared experts (only qwen2_moe does; ungated ones: our own mixtral-family "
             "configs)",
             fam, c->family == FAM_MIXTRAL ? "gated " : "");

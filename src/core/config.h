@@ -12,7 +12,15 @@ typedef enum { AUX_LAYER = 0, AUX_HF = 1 } AuxForm;
 // The transformers architecture a model is (its tensor names and config.json keys; params.c,
 // config_json.c). Each family has its own options below; config_validate refuses an option the
 // family lacks.
-typedef enum { FAM_MIXTRAL = 0, FAM_OLMOE = 1, FAM_QWEN2_MOE = 2, FAM_QWEN3_MOE = 3 } ModelFamily;
+typedef enum {
+    FAM_MIXTRAL = 0,
+    FAM_OLMOE = 1,
+    FAM_QWEN2_MOE = 2,
+    FAM_QWEN3_MOE = 3,
+    FAM_DEEPSEEK_V3 = 4 // latent attention, sigmoid group-limited routing with the aux-free bias, ungated
+                        // shared experts, the first layers dense
+} ModelFamily;
+#define FAM_LAST FAM_DEEPSEEK_V3
 // QK-norm: RMSNorm on the q and k projections before RoPE. FULL (OLMoE): over the whole q (H*hd) and
 // k (KV*hd) rows, weights (H*hd) and (KV*hd); HEAD (Qwen3-MoE): over each head's hd, weights (hd).
 typedef enum { QK_NORM_NONE = 0, QK_NORM_FULL = 1, QK_NORM_HEAD = 2 } QkNorm;
@@ -79,6 +87,8 @@ typedef struct {
     // rope key of qk_rope_head_dim shared by the heads; o_proj from H x v_head_dim. n_kv_heads = n_heads,
     // head_dim = qk_rope_head_dim (RoPE's width, as transformers' DeepseekV3Config sets it).
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int rope_interleave; // 1: RoPE rotates the pairs (2j, 2j+1) of the rope parts (DeepSeek's layout,
+                         // transformers' rope_interleave); 0: rotate_half's (j, j + qk_rope_head_dim/2)
     // YaRN RoPE scaling (rope_type yarn; rope_factor 0: none): factor, original_max_position_embeddings,
     // beta_fast, beta_slow (0: 32 and 1, transformers' defaults), mscale and mscale_all_dim (0: absent) as
     // transformers reads them
@@ -99,7 +109,7 @@ static inline void config_set_dense(ModelConfig *c, int l) {
     c->dense_layers[l / 64] |= (uint64_t)1 << (l % 64);
 }
 int config_moe_layers(const ModelConfig *c);
-const char *config_family_name(int family); // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe" (model_type)
+const char *config_family_name(int family); // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3"
 const char *config_family_arch(int family); // "MixtralForCausalLM", ...
 
 // Fills *c with the named preset; returns 0 on success, -1 if the name is unknown.

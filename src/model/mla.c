@@ -39,7 +39,7 @@ static double yarn_mscale(double factor, double ms) {
 // transformers' default) and its attention factor: mscale / mscale_all_dim's where both are set, else the
 // factor's own.
 static RopeYarn mla_rope(const ModelConfig *c) {
-    RopeYarn r = {c->rope_theta, 0, 0, 0, 1};
+    RopeYarn r = {c->rope_theta, 0, 0, 0, 1, c->rope_interleave};
     if (c->rope_factor == 0) return r;
     double f = c->rope_factor, dim = c->qk_rope_head_dim, lb = 2 * log((double)c->rope_theta),
            bf = c->yarn_beta_fast > 0 ? c->yarn_beta_fast : 32,

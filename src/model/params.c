@@ -216,7 +216,8 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
     int64_t V = c->vocab_size, d = c->d_model, f = c->d_ff, E = c->n_experts,
             fs = (int64_t)c->n_shared_experts * c->shared_d_ff;
     int mix = c->family == FAM_MIXTRAL;
-    const char *moe = mix ? "block_sparse_moe" : "mlp";
+    const char *moe = mix ? "block_sparse_moe" : "mlp",
+               *sh = c->family == FAM_DEEPSEEK_V3 ? "shared_experts" : "shared_expert";
     const char *ew[3] = {mix ? "w1" : "gate_proj", mix ? "w3" : "up_proj", mix ? "w2" : "down_proj"};
     char nm[96];
     add(t, &cap, "model.embed_tokens.weight", V, d, PR_EMBED, -1, -1, SPLIT_VOCAB);
@@ -246,13 +247,13 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
             t->p[t->n - 1].reduce = RED_STAGE;
         }
         if (fs) {
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), fs, d, PR_SH_W1, l, -1,
+            add(t, &cap, NM("model.layers.%d.mlp.%s.gate_proj.weight", l, sh), fs, d, PR_SH_W1, l, -1,
                 SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.up_proj.weight", l), fs, d, PR_SH_W3, l, -1,
+            add(t, &cap, NM("model.layers.%d.mlp.%s.up_proj.weight", l, sh), fs, d, PR_SH_W3, l, -1,
                 SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.down_proj.weight", l), d, fs, PR_SH_W2, l, -1,
+            add(t, &cap, NM("model.layers.%d.mlp.%s.down_proj.weight", l, sh), d, fs, PR_SH_W2, l, -1,
                 SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
             if (c->shared_gate) {

@@ -20,9 +20,11 @@ typedef struct Backend Backend;
 // RoPE's frequencies (rope_yarn): f_j = theta^(-2j/hd) for the pair j < hd/2; with factor > 1, YaRN's
 // (transformers' rope_type yarn): f_j e_j + (f_j / factor) (1 - e_j), e_j = 1 - clamp((j - low) / (high -
 // low), 0, 1) (high = low + 0.001 where they are equal), and every rotated value times scale (YaRN's
-// attention factor; 1 without it).
+// attention factor; 1 without it). interleave: the rotated pairs are (2j, 2j + 1) (DeepSeek's layout,
+// transformers' rope_interleave, rotated in place), else (j, j + hd/2) (rotate_half).
 typedef struct {
     float theta, factor, low, high, scale;
+    int interleave;
 } RopeYarn;
 // A strided block of float32 or hidden-format elements (copy_strided): element (i, j, c), i < n0, j < n1,
 // c < cols, at dst[i*d0 + j*d1 + c] and src[i*s0 + j*s1 + c] (strides in elements; s1 = 0 repeats a
@@ -337,8 +339,9 @@ struct Backend {
     void (*to_hid)(void *out, const float *inp, size_t n);
     // RoPE in place on strided rows (multi-head latent attention's rope parts: the last qk_rope_head_dim of
     // each query head, the key rope shared by the heads): element j < hd of head h of row i at
-    // x[(i*nh + h)*ld + j], row i (of B*(t1-t0)) at position t0 + i % (t1 - t0); rotate_half pairs (j, j +
-    // hd/2) by the angle pos * f_j (RopeYarn, computed in double as rope_fwd's), each result times r.scale.
+    // x[(i*nh + h)*ld + j], row i (of B*(t1-t0)) at position t0 + i % (t1 - t0); pair j (rotate_half's (j, j
+    // + hd/2), or (2j, 2j + 1) with r.interleave) rotated by the angle pos * f_j (RopeYarn, computed in
+    // double as rope_fwd's), each result times r.scale.
     // adjoint 1: the transpose (the backward of the gradient in place: the inverse rotation, times scale).
     // With r.factor <= 1 and scale 1, rows of ld = hd are rope_rows' bits.
     void (*rope_yarn)(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);

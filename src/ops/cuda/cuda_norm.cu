@@ -355,9 +355,10 @@ __global__ void rope_yarn_k(float *x, int BT, int T, int nh, int hd, int ld, Rop
         float c = (float)cos(ang), s = (float)(dir * sin(ang));
         for (int h = 0; h < nh; h++) {
             float *p = x + ((size_t)bt * nh + h) * ld;
-            float x1 = p[j], x2 = p[j + half], y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-            p[j] = sc == 1.0f ? y1 : sc * y1;
-            p[j + half] = sc == 1.0f ? y2 : sc * y2;
+            float *p1 = p + (r.interleave ? 2 * j : j), *p2 = p + (r.interleave ? 2 * j + 1 : j + half);
+            float x1 = *p1, x2 = *p2, y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+            *p1 = sc == 1.0f ? y1 : sc * y1;
+            *p2 = sc == 1.0f ? y2 : sc * y2;
         }
     }
 }
