@@ -20,7 +20,7 @@
 //    dropped ones at one shared copy and bwd_begin computes them again;
 //  - its scratch in AttnScratch (scratch_init, scratch_free): float32 rows, gradients;
 //  - its forward (fwd_in, fwd_rows, out_rows) and backward (bwd_begin, bwd_out_rows, bwd_rows, bwd_in);
-//  - its KV-cached decode (decode.c: GQA's cache of keys and values; MLA would cache its latent).
+//  - its KV-cached decode (decode.c: GQA's cache of keys and values, MLA's of its latent and rope key).
 // Must not hold: the norms, residuals, the MoE, the TP all-reduces of the output and the input gradient
 // (block.c), allocation outside the variant's own activations and scratch.
 #pragma once
@@ -89,3 +89,18 @@ void gqa_qk_norm_fwd(Model *m, int l, float *q, float *k, float *rstdq, float *r
 // o_proj of layer l over n rows: out (n, d) = att Wo^T, att in the hidden format (this rank's heads; the
 // tensor-parallel sum is the caller's).
 void gqa_oproj_fwd(Model *m, int l, float *out, const void *att, int n);
+
+// Latent attention's parts (mla.c) that the KV-cached decode runs on new rows, the forward's one code:
+// the projections of layer l from xn (hidden format; B sequences' rows at positions [t0, t1)): q32 (rows,
+// Hl*hq) float32 with RoPE on its rope columns, the kv latent after its norm into a->ckvn (hidden format),
+// the rope key kr (rows, qk_rope) float32 after RoPE; a->qa, qan, rstd_qa, ckv, rstd_kv: the intermediates
+// (the backward's; scratch for the decode);
+void mla_proj_fwd(Model *m, int l, AttnActs *a, float *q32, float *kr, const void *xn, int B, int t0, int t1);
+// the attention op's operands in the hidden format: q (nq rows) from q32, times YaRN's softmax factor; k
+// and v (nkv rows, v padded with zeros to hq) from the latent ckvn through kv_b (its output in kvb, float32
+// scratch of nkv rows) and the rope key kr (nkv rows, one per position, shared by the heads);
+void mla_heads_fwd(Model *m, int l, void *q, void *k, void *v, const float *q32, int nq, float *kvb,
+                   const void *ckvn, const float *kr, int nkv);
+// o_proj over n rows of the attention output att (hidden format, (n, Hl*hq)): its value columns into ao
+// (hidden format, (n, Hl*v_head_dim)), then out (n, d) = ao Wo^T (this rank's partial sums).
+void mla_oproj_fwd(Model *m, int l, float *out, void *ao, const void *att, int n);

@@ -73,16 +73,13 @@ static void first_tensors(const Model *m, int l, float *base, const Dims *D, flo
     O[2] = D->dr;
 }
 
-// q, k, v of the heads in the hidden format from xn: the projections in float32 (q in m->attn.dq, kv_b's
-// output in kvb, the rope key in kr), RoPE in place, then q (scaled), k and v (padded) rounded into the
-// layer's buffers.
-static void mla_fwd_in(Model *m, int l, AttnActs *a, const void *xn, int B, int T) {
+void mla_proj_fwd(Model *m, int l, AttnActs *a, float *q32, float *kr, const void *xn, int B, int t0,
+                  int t1) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
-    AttnScratch *s = &m->attn;
     Dims D = dims(m);
-    int N = B * T, kvw = D.dn + D.dv, Oq = D.H * D.hq, Okv = D.H * kvw;
-    float *q32 = s->dq, *out[3] = {D.qr ? a->qa : q32, a->ckv, s->kr}, *w[3];
+    int N = B * (t1 - t0), Oq = D.H * D.hq;
+    float *out[3] = {D.qr ? a->qa : q32, a->ckv, kr}, *w[3];
     int O[3];
     first_tensors(m, l, m->params, &D, w, O);
     be->matmul_fwd_multi(3, out, xn, (const float *const *)w, N, D.d, O);
@@ -91,18 +88,44 @@ static void mla_fwd_in(Model *m, int l, AttnActs *a, const void *xn, int B, int 
         be->rmsnorm_fwd_hid(a->qan, a->rstd_qa, a->qa, P(PR_QA_NORM), N, D.qr, c->norm_eps);
         be->matmul_fwd_multi(1, &q32, a->qan, (const float *const *)&wqb, N, D.qr, &Oq);
     }
-    float *wkvb = P(PR_KVB);
     be->rmsnorm_fwd_hid(a->ckvn, a->rstd_kv, a->ckv, P(PR_KVA_NORM), N, D.kvr, c->norm_eps);
-    be->matmul_fwd_multi(1, &s->kvb, a->ckvn, (const float *const *)&wkvb, N, D.kvr, &Okv);
     RopeYarn r = mla_rope(c);
-    be->rope_yarn(q32 + D.dn, B, 0, T, D.H, D.dr, D.hq, r, 0);
-    be->rope_yarn(s->kr, B, 0, T, 1, D.dr, D.dr, r, 0);
+    be->rope_yarn(q32 + D.dn, B, t0, t1, D.H, D.dr, D.hq, r, 0);
+    be->rope_yarn(kr, B, t0, t1, 1, D.dr, D.dr, r, 0);
+}
+
+void mla_heads_fwd(Model *m, int l, void *q, void *k, void *v, const float *q32, int nq, float *kvb,
+                   const void *ckvn, const float *kr, int nkv) {
+    const Backend *be = m->be;
+    Dims D = dims(m);
+    int kvw = D.dn + D.dv, Oq = D.H * D.hq, Okv = D.H * kvw;
     int64_t hq = D.hq, row = (int64_t)D.H * hq;
-    be->copy_strided(a->q, 1, q32, 0, (Stride3){N, 1, Oq, row, 0, row, 0}, mla_q_scale(c), 0);
-    be->copy_strided(a->k, 1, s->kvb, 0, (Stride3){N, D.H, D.dn, row, hq, Okv, kvw}, 1.0f, 0);
-    be->copy_strided(hid_at(be, a->k, D.dn), 1, s->kr, 0, (Stride3){N, D.H, D.dr, row, hq, D.dr, 0}, 1.0f, 0);
-    if (D.dv < D.hq) be->zero(a->v, (size_t)N * row * hid_size(be));
-    be->copy_strided(a->v, 1, s->kvb + D.dn, 0, (Stride3){N, D.H, D.dv, row, hq, Okv, kvw}, 1.0f, 0);
+    float *wkvb = P(PR_KVB);
+    be->matmul_fwd_multi(1, &kvb, ckvn, (const float *const *)&wkvb, nkv, D.kvr, &Okv);
+    be->copy_strided(q, 1, q32, 0, (Stride3){nq, 1, Oq, row, 0, row, 0}, mla_q_scale(&m->c), 0);
+    be->copy_strided(k, 1, kvb, 0, (Stride3){nkv, D.H, D.dn, row, hq, Okv, kvw}, 1.0f, 0);
+    be->copy_strided(hid_at(be, k, D.dn), 1, kr, 0, (Stride3){nkv, D.H, D.dr, row, hq, D.dr, 0}, 1.0f, 0);
+    if (D.dv < D.hq) be->zero(v, (size_t)nkv * row * hid_size(be));
+    be->copy_strided(v, 1, kvb + D.dn, 0, (Stride3){nkv, D.H, D.dv, row, hq, Okv, kvw}, 1.0f, 0);
+}
+
+void mla_oproj_fwd(Model *m, int l, float *out, void *ao, const void *att, int n) {
+    const Backend *be = m->be;
+    Dims D = dims(m);
+    int64_t vd = (int64_t)D.H * D.dv, row = (int64_t)D.H * D.hq;
+    be->copy_strided(ao, 1, att, 1, (Stride3){n, D.H, D.dv, vd, D.dv, row, D.hq}, 1.0f, 0);
+    float *wo = P(PR_WO);
+    int O = D.d;
+    be->matmul_fwd_multi(1, &out, ao, (const float *const *)&wo, n, (int)vd, &O);
+}
+
+// q, k, v of the heads in the hidden format from xn: the projections in float32 (q in m->attn.dq, kv_b's
+// output in kvb, the rope key in kr), RoPE in place, then q (scaled), k and v (padded) rounded into the
+// layer's buffers.
+static void mla_fwd_in(Model *m, int l, AttnActs *a, const void *xn, int B, int T) {
+    AttnScratch *s = &m->attn;
+    mla_proj_fwd(m, l, a, s->dq, s->kr, xn, B, 0, T);
+    mla_heads_fwd(m, l, a->q, a->k, a->v, s->dq, B * T, s->kvb, a->ckvn, s->kr, B * T);
 }
 
 // o_proj over the rows [r0, r1): the value columns of the attention output (ao, kept for the backward),
@@ -111,12 +134,7 @@ static void mla_out_rows(Model *m, int l, const AttnActs *a, float *out, int r0,
     const Backend *be = m->be;
     Dims D = dims(m);
     int64_t vd = (int64_t)D.H * D.dv, row = (int64_t)D.H * D.hq;
-    void *ao = hid_at(be, a->ao, r0 * vd);
-    be->copy_strided(ao, 1, hid_at(be, a->att, r0 * row), 1,
-                     (Stride3){r1 - r0, D.H, D.dv, vd, D.dv, row, D.hq}, 1.0f, 0);
-    float *wo = P(PR_WO);
-    int O = D.d;
-    be->matmul_fwd_multi(1, &out, ao, (const float *const *)&wo, r1 - r0, (int)vd, &O);
+    mla_oproj_fwd(m, l, out, hid_at(be, a->ao, r0 * vd), hid_at(be, a->att, r0 * row), r1 - r0);
 }
 
 // ---- backward
