@@ -45,6 +45,32 @@ olmoe-1b-7b 6.92 1.28 50304 2048 16 16 16 128 1024 64 8 0 1 0
 qwen2-moe-a2.7b 14.3 2.7 151936 2048 24 16 16 128 1408 60 4 5632 0 1
 qwen3-moe-30b-a3b 30.5 3.3 151936 2048 48 32 4 128 768 128 8 0 2 0
 P
+# DeepSeek-V3's shapes (latent attention, the first kd layers dense of fd, ns shared experts of f): their
+# config.json's tensors, the aux-free routing bias (E per MoE layer) left out as moe info leaves it out for
+# every aux-free model. Published: deepseek-ai/DeepSeek-V3 "671B total, 37B activated" (the MTP module's 14B
+# apart); moonshotai/Moonlight-16B-A3B "16B total, 3B activated" (15.29B / 2.24B without the embeddings)
+# dscount V d L H qr kvr dn dr dv f E k ns kd fd -> "total active"
+dscount() {
+  awk -v V="$1" -v d="$2" -v L="$3" -v H="$4" -v qr="$5" -v kvr="$6" -v dn="$7" -v dr="$8" -v dv="$9" -v f="${10}" \
+      -v E="${11}" -v k="${12}" -v ns="${13}" -v kd="${14}" -v fd="${15}" 'BEGIN {
+    hq = dn + dr
+    q = qr ? d * qr + qr + qr * H * hq : d * H * hq                       # q_a, q_a_layernorm, q_b (or q_proj)
+    attn = q + d * (kvr + dr) + kvr + kvr * H * (dn + dv) + H * dv * d    # kv_a, kv_a_layernorm, kv_b, o
+    moe = E * d + ns * 3 * d * f + E * 3 * d * f                          # router, shared experts, experts
+    printf "%.0f %.0f\n", 2 * V * d + d + L * (attn + 2 * d) + (L - kd) * moe + kd * 3 * d * fd,
+      2 * V * d + d + L * (attn + 2 * d) + (L - kd) * (moe - (E - k) * 3 * d * f) + kd * 3 * d * fd }'
+}
+while read -r name pub_t pub_a shapes; do
+  want=$(dscount $shapes); got=$(preset_counts "$name")
+  t=${got% *}; a=${got#* }
+  if [ "$got" = "$want" ] && agrees "$t" "$pub_t" && agrees "$a" "$pub_a"; then
+    pass "preset $name: $t total / $a active = the HF shapes' sum (published ${pub_t}B / ${pub_a}B)"
+  else fail "preset $name: moe info says '$got', the HF shapes give '$want' (published ${pub_t}B / ${pub_a}B)"; fi
+done <<'P'
+deepseek-v3 671 37 129280 7168 61 128 1536 512 128 64 128 2048 256 8 1 3 18432
+moonlight-16b-a3b 16 3 163840 2048 27 16 0 512 128 64 128 1408 64 6 2 1 11264
+P
+run_ok "deepseek-v3-tiny trains" "$MOE" train --preset deepseek-v3-tiny --out "$W/dstiny" "${SMALL[@]}" --steps 2 --device cpu
 
 # ---- each family: train, export, names, eval equality, --init-from
 # the tensor names of a safetensors file, sorted

@@ -16,9 +16,8 @@ const Opt opts[] = {
      "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory "
      "(required for sample, eval, export; info: default none)"},
     {"init-from", O_STR, CO(init_from), C_TRAIN,
-     "start from a Hugging Face model directory: Mixtral, OLMoE, Qwen2-MoE or Qwen3-MoE (its config.json is "
-     "the model "
-     "config; default: none)"},
+     "start from a Hugging Face model directory: Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE or DeepSeek-V3 (its "
+     "config.json is the model config; default: none)"},
     {"dump", O_STR, CO(dump), C_EVAL,
      "write the first batch's tokens, logits, losses, router logits to this .safetensors (default: none)"},
     {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL,

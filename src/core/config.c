@@ -48,44 +48,140 @@ static const Preset presets[] = {
     // the PEERS.md reference model
     {"peers-ref", 32000, 2048, 16, 16, 8, 5632, 8, 2, 2048, 10000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0, 0},
 };
+// DeepSeek-V3's family (deepseek_v3), its shape p (hd: qk_rope_head_dim, KV = H) and latent attention
+// (q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v head dims), the first dense_k layers dense of dense_f,
+// group-limited routing, the routed weights' scale, YaRN (factor, original positions; both mscales 1).
+typedef struct {
+    Preset p;
+    int qr, kvr, dn, dr, dv, dense_k, dense_f, n_group, topk_group;
+    float route_scale, yarn_factor;
+    int yarn_orig;
+} DsPreset;
+static const DsPreset ds_presets[] = {
+    // byte-level, for tests and the tutorial: a dense first layer, 8 experts in 4 groups
+    {{"deepseek-v3-tiny", 256, 96, 3, 4, 4, 64, 8, 2, 256, 10000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 1, 64, 8,
+      1e-6f},
+     48,
+     32,
+     16,
+     8,
+     16,
+     1,
+     192,
+     4,
+     2,
+     2.5f,
+     0,
+     0},
+    // moonshotai/Moonlight-16B-A3B and deepseek-ai/DeepSeek-V3 (their config.json; without the MTP module)
+    {{"moonlight-16b-a3b", 163840, 2048, 27, 16, 16, 1408, 64, 6, 8192, 50000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 2,
+      1408, 64, 1e-5f},
+     0,
+     512,
+     128,
+     64,
+     128,
+     1,
+     11264,
+     1,
+     1,
+     2.446f,
+     0,
+     0},
+    {{"deepseek-v3", 129280, 7168, 61, 128, 128, 2048, 256, 8, 163840, 10000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 1,
+      2048, 64, 1e-6f},
+     1536,
+     512,
+     128,
+     64,
+     128,
+     3,
+     18432,
+     8,
+     4,
+     2.5f,
+     40.0f,
+     4096},
+};
+
+static void fill(ModelConfig *c, const Preset *p) {
+    base(c);
+    c->vocab_size = p->V;
+    c->d_model = p->d;
+    c->n_layers = p->L;
+    c->n_heads = p->H;
+    c->n_kv_heads = p->KV;
+    c->head_dim = p->hd ? p->hd : p->d / p->H;
+    c->d_ff = p->f;
+    c->n_experts = p->E;
+    c->top_k = p->k;
+    c->max_seq_len = p->maxT;
+    c->rope_theta = p->theta;
+    c->renormalize = p->renorm;
+    c->family = p->family;
+    c->qk_norm = p->qk;
+    c->qkv_bias = p->bias;
+    c->n_shared_experts = p->n_shared;
+    c->shared_d_ff = p->shared_f;
+    c->shared_gate = p->n_shared > 0 && p->family == FAM_QWEN2_MOE;
+    if (p->eps > 0) c->norm_eps = p->eps;
+}
+
+// The DeepSeek-V3 family's options of preset p: latent attention (interleaved rope pairs), its routing
+// (sigmoid scores, the aux-free bias, groups, the scale; the sequence-wise aux loss at DeepSeek-V3's 1e-4, no
+// z-loss), the first layers dense, YaRN.
+static void fill_deepseek(ModelConfig *c, const DsPreset *p) {
+    fill(c, &p->p);
+    c->q_lora_rank = p->qr;
+    c->kv_lora_rank = p->kvr;
+    c->qk_nope_head_dim = p->dn;
+    c->qk_rope_head_dim = p->dr;
+    c->v_head_dim = p->dv;
+    c->rope_interleave = 1;
+    c->route_sigmoid = 1;
+    c->balance = BALANCE_AUX_FREE;
+    c->aux_coef = 1e-4f;
+    c->aux_scope = AUX_SCOPE_SEQ;
+    c->z_coef = 0;
+    c->n_group = p->n_group;
+    c->topk_group = p->topk_group;
+    c->route_scale = p->route_scale;
+    for (int l = 0; l < p->dense_k; l++) config_set_dense(c, l);
+    c->dense_d_ff = p->dense_f;
+    if (p->yarn_factor > 0) {
+        c->rope_factor = p->yarn_factor;
+        c->rope_orig_max = p->yarn_orig;
+        c->yarn_mscale = c->yarn_mscale_all_dim = 1.0f;
+    }
+}
 
 int config_preset(ModelConfig *c, const char *name) {
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        const Preset *p = &presets[i];
-        if (strcmp(p->name, name) != 0) continue;
-        base(c);
-        c->vocab_size = p->V;
-        c->d_model = p->d;
-        c->n_layers = p->L;
-        c->n_heads = p->H;
-        c->n_kv_heads = p->KV;
-        c->head_dim = p->hd ? p->hd : p->d / p->H;
-        c->d_ff = p->f;
-        c->n_experts = p->E;
-        c->top_k = p->k;
-        c->max_seq_len = p->maxT;
-        c->rope_theta = p->theta;
-        c->renormalize = p->renorm;
-        c->family = p->family;
-        c->qk_norm = p->qk;
-        c->qkv_bias = p->bias;
-        c->n_shared_experts = p->n_shared;
-        c->shared_d_ff = p->shared_f;
-        c->shared_gate = p->n_shared > 0 && p->family == FAM_QWEN2_MOE;
-        if (p->eps > 0) c->norm_eps = p->eps;
-        return 0;
-    }
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0) {
+            fill(c, &presets[i]);
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof ds_presets / sizeof ds_presets[0]; i++)
+        if (strcmp(ds_presets[i].p.name, name) == 0) {
+            fill_deepseek(c, &ds_presets[i]);
+            return 0;
+        }
     return -1;
 }
 
-// The names of the table above in its order, ", " between them (built once).
+// The names of the tables above in their order, ", " between them (built once).
 const char *config_preset_names(void) {
     static char names[512];
-    if (!names[0])
+    if (!names[0]) {
         for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
             size_t l = strlen(names);
             snprintf(names + l, sizeof names - l, "%s%s", i ? ", " : "", presets[i].name);
         }
+        for (size_t i = 0; i < sizeof ds_presets / sizeof ds_presets[0]; i++) {
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, ", %s", ds_presets[i].p.name);
+        }
+    }
     return names;
 }
 
