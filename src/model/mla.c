@@ -17,6 +17,9 @@
 #include "model/model_access.h"
 
 #define F sizeof(float)
+// The epsilon of q_a's and the latent's RMSNorms: 1e-6 whatever the model's norm_eps (transformers'
+// DeepseekV3Attention builds them with DeepseekV3RMSNorm's default, as DeepSeek's own modeling code does).
+#define MLA_NORM_EPS 1e-6f
 
 typedef struct {
     int d, H, qr, kvr, dn, dr, dv, hq;
@@ -85,10 +88,10 @@ void mla_proj_fwd(Model *m, int l, AttnActs *a, float *q32, float *kr, const voi
     be->matmul_fwd_multi(3, out, xn, (const float *const *)w, N, D.d, O);
     if (D.qr) {
         float *wqb = P(PR_QB);
-        be->rmsnorm_fwd_hid(a->qan, a->rstd_qa, a->qa, P(PR_QA_NORM), N, D.qr, c->norm_eps);
+        be->rmsnorm_fwd_hid(a->qan, a->rstd_qa, a->qa, P(PR_QA_NORM), N, D.qr, MLA_NORM_EPS);
         be->matmul_fwd_multi(1, &q32, a->qan, (const float *const *)&wqb, N, D.qr, &Oq);
     }
-    be->rmsnorm_fwd_hid(a->ckvn, a->rstd_kv, a->ckv, P(PR_KVA_NORM), N, D.kvr, c->norm_eps);
+    be->rmsnorm_fwd_hid(a->ckvn, a->rstd_kv, a->ckv, P(PR_KVA_NORM), N, D.kvr, MLA_NORM_EPS);
     RopeYarn r = mla_rope(c);
     be->rope_yarn(q32 + D.dn, B, t0, t1, D.H, D.dr, D.hq, r, 0);
     be->rope_yarn(kr, B, t0, t1, 1, D.dr, D.dr, r, 0);
