@@ -313,6 +313,21 @@ int main(void) {
     f4.n_shared_experts = 1;
     f4.shared_d_ff = 48;
     f4.balance = BALANCE_AUX_FREE;
+    // multi-head latent attention (issue 40): q_lora, the latent, the shared rope key, value heads (16)
+    // padded to the query/key heads (16 + 8 = 24: the attention op's head width as c's), YaRN's frequencies
+    // and scales
+    ModelConfig f5 = c;
+    f5.n_kv_heads = 4;
+    f5.q_lora_rank = 32;
+    f5.kv_lora_rank = 24;
+    f5.qk_nope_head_dim = 16;
+    f5.qk_rope_head_dim = 8;
+    f5.v_head_dim = 16;
+    f5.head_dim = 8;
+    f5.rope_factor = 4;
+    f5.rope_orig_max = 16;
+    f5.yarn_mscale = 0.8f;
+    f5.yarn_mscale_all_dim = 1;
     // MOE_TEST_DS: one part of the DeepSeek shape left out (to find which one moves a result): nodense,
     // softmax, nogroup, noscale, noshared, nobias
     const char *ds = getenv("MOE_TEST_DS");
@@ -341,6 +356,7 @@ int main(void) {
         check_config("olmoe: qk-norm full", f1, 2, 40, 0, gpu, ref, f32);
         check_config("qwen2_moe: bias, gated shared, seq aux", f2, 2, 40, 0, gpu, ref, f32);
         check_config("qwen3_moe: qk-norm head, aux-free", f3, 2, 40, 0, gpu, ref, f32);
+        check_config("latent attention: q_lora, yarn, v padded", f5, 2, 40, 0, gpu, ref, f32);
         check_config("deepseek-shaped: dense 0, sigmoid groups", f4, 2, 40, 0, gpu, ref, f32);
         printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name,
                ref->name, worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);

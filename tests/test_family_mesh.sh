@@ -7,6 +7,7 @@
 # reduced over the stage) and their EP/DP reductions, not the rest of the mesh matrix (test_mesh.sh). A
 # DeepSeek-V3-shaped model (a dense first layer: its MLP on each TP rank's token slice, reduced over the stage,
 # no exchange; sigmoid group-limited routing) at tp2+dp2+ep2 and over pp2 (the dense layer on stage 0).
+# Multi-head latent attention at tp2.
 # OLMoE's full-width QK-norm over TP (its row sums all-reduced over the TP ranks, its weight sliced with
 # the heads): tp2 (with the end-of-run sample, the KV-cached decode's split norm, equal to one process's),
 # tp2+dp2+ep2, dp2+tp2 zero2, and that run's step-2 checkpoint resumed in one process (the sliced norm
@@ -26,6 +27,12 @@ OL="--family olmoe --qk-norm full --renormalize 0"
 DN="--dense-layers 0 --dense-d-ff 40 --route-sigmoid 1 --z-coef 0 --n-group 2 --topk-group 1 --route-scale 2.5"
 DN="$DN --n-shared-experts 1 --shared-d-ff 24 --balance aux-free --bias-rate 0.01"
 
+# multi-head latent attention (q_lora, a latent, the shared rope key, values narrower than the query/key heads,
+# YaRN): q_b and kv_b split over TP by heads, o_proj by its columns, q_a, kv_a and their norms replicated and
+# their gradients (each rank's heads' part) reduced over the stage
+ML="--n-kv-heads 4 --kv-lora-rank 12 --q-lora-rank 16 --qk-nope-head-dim 8 --qk-rope-head-dim 4 --v-head-dim 6"
+ML="$ML --rope-factor 4 --rope-orig-max 8 --yarn-mscale 0.8 --yarn-mscale-all-dim 1"
+
 # "family flags|ranks|mesh flags|label"
 CASES="$Q2|4|--tp 2 --ep 2|qwen2_moe (biases, gated shared expert): tp2+dp2+ep2
 $Q2 --dispatch capacity --capacity-factor 0.8 --jitter 0.05|2|--tp 2|qwen2_moe capacity+jitter: tp2
@@ -40,7 +47,8 @@ $OL|4|--tp 2 --zero 2 --save-every 2 --keep 0|olmoe (full qk-norm split over TP)
 --aux-scope global --grad-accum 2|4|--tp 2 --ep 2 --zero 1|aux scope global (2 micro-batches): tp2+dp2+ep2 zero1
 --aux-scope global --grad-accum 4 $Q2|2|--pp 2|aux scope global + qwen2_moe: pp2 (1f1b, 4 micro-batches)
 $DN|4|--tp 2 --ep 2|deepseek-shaped (dense layer 0, sigmoid groups): tp2+dp2+ep2
-$DN --grad-accum 4|2|--pp 2|deepseek-shaped: pp2 (the dense layer on stage 0)"
+$DN --grad-accum 4|2|--pp 2|deepseek-shaped: pp2 (the dense layer on stage 0)
+$ML|2|--tp 2|latent attention (q_lora, YaRN): tp2"
 
 i=0
 while IFS='|' read -r fam np flags label; do

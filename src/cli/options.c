@@ -402,6 +402,11 @@ void parse(State *s, int cmd, int argc, char **argv) {
         nh = find_opt("n-heads", C_TRAIN);
     if (!s->set[hd] && (s->set[dm] || s->set[nh]) && s->model.n_heads > 0)
         s->model.head_dim = s->model.d_model / s->model.n_heads;
+    // latent attention: head_dim is RoPE's width, qk_rope_head_dim (transformers' DeepseekV3Config), and the
+    // key/value heads are the heads, unless given
+    if (config_mla(&s->model) && !s->set[hd]) s->model.head_dim = s->model.qk_rope_head_dim;
+    int kv = find_opt("n-kv-heads", C_TRAIN);
+    if (config_mla(&s->model) && !s->set[kv]) s->model.n_kv_heads = s->model.n_heads;
 }
 
 int opt_set(const State *s, const char *name) { // (any command's entry of that name)

@@ -10,10 +10,50 @@
 #include "model/params.h"
 #include "train/schedule.h"
 
+// Latent attention's (config.h): its projections' parameters (q_a with its norm and q_b, or q; kv_a, the
+// latent's norm, kv_b; o), and their multiply-adds per token.
+static size_t mla_params(const ModelConfig *c) {
+    size_t d = c->d_model, H = c->n_heads, qr = c->q_lora_rank, kvr = c->kv_lora_rank,
+           hq = config_qk_head_dim(c);
+    size_t q = qr ? d * qr + qr + qr * H * hq : d * H * hq;
+    return q + d * (kvr + c->qk_rope_head_dim) + kvr + kvr * H * (c->qk_nope_head_dim + c->v_head_dim) +
+        H * c->v_head_dim * d;
+}
+static double mla_macs(const ModelConfig *c) {
+    double qr = c->q_lora_rank, kvr = c->kv_lora_rank;
+    return (double)mla_params(c) - (qr ? qr : 0) - kvr; // (less the norms' weights)
+}
+// The attention op's head width (latent attention: qk_nope + qk_rope, the values padded to it), and the
+// widths per token of its q (and output) and its k (and v) on a rank of a TP group of tp (GQA's as the
+// formulas always took them: H hd / tp, KV hd / tp).
+static size_t att_hd(const ModelConfig *c) {
+    return config_mla(c) ? (size_t)config_qk_head_dim(c) : (size_t)c->head_dim;
+}
+static size_t att_qd(const ModelConfig *c, int tp) { return (size_t)c->n_heads * att_hd(c) / tp; }
+static size_t att_kvd(const ModelConfig *c, int tp) {
+    return (size_t)(config_mla(c) ? c->n_heads : c->n_kv_heads) * att_hd(c) / tp;
+}
+// Latent attention's other activations per token on a rank (floats; 0 for GQA): kept (q_a's output
+// before and after its norm, the latent's, their rstd, o_proj's input: hid, the ones in the hidden format
+// among them), and the backward's scratch (kv_b's output, the rope key, the compressions' gradients before
+// and after their norms, o_proj's input gradient).
+static size_t mla_kept(const ModelConfig *c, int tp, int hid) {
+    if (!config_mla(c)) return 0;
+    size_t qr = c->q_lora_rank, kvr = c->kv_lora_rank, ao = (size_t)c->n_heads / tp * c->v_head_dim;
+    return hid ? qr + kvr + ao : 2 * qr + 2 * kvr + 2 + ao;
+}
+static size_t mla_scratch(const ModelConfig *c, int tp) {
+    if (!config_mla(c)) return 0;
+    size_t Hl = (size_t)c->n_heads / tp;
+    return Hl * (c->qk_nope_head_dim + c->v_head_dim) + c->qk_rope_head_dim + 2 * (size_t)c->kv_lora_rank +
+        2 * (size_t)c->q_lora_rank + Hl * c->v_head_dim;
+}
+
 void cost_params(CostParams *p, const ModelConfig *c) {
     size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff,
            E = c->n_experts, k = c->top_k;
-    size_t layer = 2 * d + d * H * hd * 2 + d * KV * hd * 2 + E * d + E * 3 * d * f;
+    size_t attn = config_mla(c) ? mla_params(c) : d * H * hd * 2 + d * KV * hd * 2;
+    size_t layer = 2 * d + attn + E * d + E * 3 * d * f;
     if (c->qk_norm == QK_NORM_FULL) layer += (H + KV) * hd;
     if (c->qk_norm == QK_NORM_HEAD) layer += 2 * hd;
     if (c->qkv_bias) layer += (H + 2 * KV) * hd;
@@ -36,8 +76,10 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
     double d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, ff = c->d_ff;
     double E = c->n_experts, k = c->top_k, V = c->vocab_size;
     CostFlops x;
-    x.attn_proj = 2 * d * hd * (2 * H + 2 * KV); // q, o + k, v
-    x.attn_scores = 2 * 2 * H * hd * T / 2.0; // QK^T and PV, causal half
+    x.attn_proj = config_mla(c) ? 2 * mla_macs(c) : 2 * d * hd * (2 * H + 2 * KV); // q, o + k, v
+    // QK^T and PV, causal half (latent attention: qk_nope + qk_rope wide, PV of v_head_dim)
+    x.attn_scores =
+        config_mla(c) ? 2 * H * (config_qk_head_dim(c) + c->v_head_dim) * T / 2.0 : 2 * 2 * H * hd * T / 2.0;
     x.router = 2 * d * E;
     x.experts = k * 2 * 3 * d * ff + 2 * 3 * d * (double)c->n_shared_experts * c->shared_d_ff;
     x.head = 2 * d * V;
@@ -62,18 +104,18 @@ static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && m
 // act of its width, its input rows, its output and gate) on the router's slice.
 static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int dense) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
-    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
-           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
+    size_t N = B * T, d = c->d_model, qd = att_qd(c, tp), kvd = att_kvd(c, tp), Ns = (N + tp - 1) / tp,
+           mk = mla_kept(c, tp, 0);
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp, k = c->top_k;
     // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
     if (dense) // a dense layer: the attention's and the norms', its MLP's rows as the shared expert's
         return 4.0 *
-            (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + B * (c->n_heads / tp) * T +
+            (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + B * (c->n_heads / tp) * T +
              Ns * (3 * (size_t)c->dense_d_ff + 2 * d + 1));
     return 4.0 *
-        (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
+        (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
          Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
 }
 // The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
@@ -83,8 +125,9 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
 static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
     size_t N = B * T, Ns = (N + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
-    size_t qd = (size_t)c->n_heads / tp * c->head_dim,
-           qkv = qd + (size_t)2 * c->n_kv_heads / tp * c->head_dim;
+    size_t qd = config_mla(c) ? att_qd(c, tp) : (size_t)c->n_heads / tp * c->head_dim,
+           qkv = config_mla(c) ? qd + 2 * att_kvd(c, tp) + mla_kept(c, tp, 1)
+                               : qd + (size_t)2 * c->n_kv_heads / tp * c->head_dim;
     return 4.0 *
         (N * d + N * (qkv + (rc & RECOMPUTE_ATTN ? 0 : qd)) + Ns * c->top_k * d +
          (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
@@ -100,7 +143,7 @@ static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, s
 // the attention output and lse (attn). One layer's worth stays (the shared buffers).
 static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1;
-    size_t N = B * T, qd = (size_t)c->n_heads * c->head_dim / tp;
+    size_t N = B * T, qd = att_qd(c, tp);
     return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T, 0) : 0) +
         4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
 }
@@ -132,11 +175,11 @@ static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, s
 // dx copies where the exchange is not local), the shared expert's.
 static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
-    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
-           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp, R = N * c->top_k;
+    size_t N = B * T, d = c->d_model, qd = att_qd(c, tp), kvd = att_kvd(c, tp), Ns = (N + tp - 1) / tp,
+           R = N * c->top_k;
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
-    double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
+    double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0) + mla_scratch(c, tp));
     double moe = 4.0 * (N * d + N * c->n_experts + R + Re * d + (lo ? 0 : R * d)) +
         hb * (R * d + (lo ? 0 : Re * d)) + hb * 2 * Re * fl + (fs ? 4.0 * N + hb * N * (d + 2 * fs) : 0);
     return model + moe;
@@ -214,7 +257,7 @@ static double al256(double bytes) { return ceil(bytes / 256) * 256; }
 // float32 rows: not counted.)
 static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double Ns, int head) {
     double d = c->d_model, E = c->n_experts, V = c->vocab_size, lim = MOE_GEMM_FP32_MAX_O;
-    double qd = (double)(c->n_heads / tp) * c->head_dim, kvd = (double)(c->n_kv_heads / tp) * c->head_dim;
+    double qd = (double)att_qd(c, tp), kvd = (double)att_kvd(c, tp);
     double wide_qkv = qd <= lim || kvd <= lim ? al256(4 * N * d) : 0,
            wide_o = d <= lim ? al256(4 * N * qd) : 0;
     double gqkv = fmax(qd > lim ? qd : 0, kvd > lim ? kvd : 0), need[8], cap = 0;
@@ -239,7 +282,7 @@ static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double N
 // of their own, added), the router's weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums
 // of 128 rows each), the norms' (double sums of 64 rows each).
 static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_t T, double Ns) {
-    int H = c->n_heads / tp, KV = c->n_kv_heads / tp, hd = c->head_dim;
+    int H = c->n_heads / tp, KV = (int)(att_kvd(c, tp) / att_hd(c)), hd = (int)att_hd(c);
     double N = (double)B * T, qd = (double)H * hd, kvd = (double)KV * hd;
     int tc = (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0;
     double att = tc ? al256(4 * N * H) + al256(2 * N * qd) +

@@ -21,6 +21,14 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
            "max seq %d\n",
            c->d_model, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->n_experts, c->top_k,
            c->renormalize ? "renormalised" : "not renormalised", c->d_ff, c->vocab_size, c->max_seq_len);
+    if (config_mla(c)) {
+        printf("latent attention: %d heads x (%d + %d rope) qk, %d v; q %s%d, kv latent %d", c->n_heads,
+               c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->q_lora_rank ? "lora " : "proj ",
+               c->q_lora_rank ? c->q_lora_rank : c->n_heads * config_qk_head_dim(c), c->kv_lora_rank);
+        if (c->rope_factor != 0)
+            printf("; YaRN factor %g over %d positions", c->rope_factor, c->rope_orig_max);
+        printf("\n");
+    }
     int Lm = config_moe_layers(c);
     if (Lm < c->n_layers) { // the dense layers, as a list
         printf("dense layers: %d of %d (a SwiGLU MLP of f %d in place of the experts):", c->n_layers - Lm,

@@ -163,6 +163,10 @@ void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta
 // rope_fwd_hid / to_hid (ops.h) of the float32 backend ("cuda-fp32": a copy) and of "cuda" (bf16)
 void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
 void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cuda_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);
+// copy_strided (ops.h) where the hidden format is bf16 (bf16 1: "cuda") or float32 (0: "cuda-fp32")
+void cuda_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s, float alpha, int acc,
+                       int bf16);
 void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 void cuda_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                              int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
