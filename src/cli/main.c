@@ -27,6 +27,7 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout, 0);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "compare")) return cmd_compare(argc - 2, argv + 2); // positional runs: its own words
     int sub = !strcmp(argv[1], "tokenizer"); // `moe tokenizer train`: two words
     if (sub && (argc < 3 || strcmp(argv[2], "train"))) {
         fprintf(stderr, "moe: error: tokenizer: expected 'moe tokenizer train' (got '%s')\n",
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
     if (!cmd) {
         fprintf(stderr,
                 "moe: error: unknown command '%s' (train, sample, eval, info, export, tokenize, prep, plan, "
-                "tokenizer train)\n",
+                "compare, tokenizer train)\n",
                 argv[1]);
         return 2;
     }
