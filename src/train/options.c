@@ -80,6 +80,8 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (!(o->dropout >= 0 && o->dropout < 1)) BAD("--dropout must be in [0, 1) (got %g)", o->dropout);
+    if (!(o->embed_dropout >= 0 && o->embed_dropout < 1))
+        BAD("--embed-dropout must be in [0, 1) (got %g)", o->embed_dropout);
     if (o->sample_tokens < 0 || o->sample_tokens > SAMPLE_MAX_TOKENS)
         BAD("--sample-tokens must be in 0..%d (SAMPLE_MAX_TOKENS; got %d)", SAMPLE_MAX_TOKENS,
             o->sample_tokens);
