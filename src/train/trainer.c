@@ -183,26 +183,15 @@ static void run_dir_start(const Run *r) {
     }
 }
 
-// --precision bf16: every weight is a bf16 value from step 0 (the initialisation, a float32 checkpoint
-// or --init-from's import rounded once, to nearest even); AdamW keeps them so (ops.h OPT_BF16_*). Not
-// with --bf16-rounding none: the weights stay float32, only the moments are bf16.
-static void round_bf16(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
-}
-
 // The model's parameters and moments: from the checkpoint (any mesh resumes any checkpoint: each
-// rank reads the tensors it holds and keeps its slices), or initialised from the seed.
+// rank reads the tensors it holds and keeps its slices, a tensor at a time), or initialised from the seed.
 static void load_or_init(Run *r, int resuming, const char *latest) {
     Model *m = &r->m;
     size_t P = m->t.ltotal;
     int bf16 = r->o->precision == PREC_BF16, wround = bf16 && r->o->bf16_rounding != ROUND_NONE;
     if (resuming) {
-        float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
-        ckpt_load_dist(latest, &m->t, ph, m1, m2, &r->st, r->world);
-        if (wround) round_bf16(ph, P); // (a bf16 checkpoint's weights are bf16 values: unchanged)
-        r->be->to_device(m->params, ph, P * sizeof(float));
-        dist_moments_set(&r->dist, m, m1, m2); // bf16 moments: rounded to nearest (a bf16 run's: unchanged)
-        free(m1);
+        RunLoad rl = {r->be, m->params, &r->dist, wround};
+        run_load(&rl, latest, &m->t, &r->st, r->world);
         if (r->st.seed != r->o->seed)
             DIE("--resume: the checkpoint was trained with --seed %llu, not %llu",
                 (unsigned long long)r->st.seed, (unsigned long long)r->o->seed);
@@ -221,7 +210,7 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
     } else {
         float *ph = xmalloc(P * sizeof(float) + 1);
         params_init(&m->t, &r->c, ph, r->o->seed);
-        if (wround) round_bf16(ph, P);
+        if (wround) run_round_bf16(ph, P);
         r->be->to_device(m->params, ph, P * sizeof(float));
         free(ph);
         r->st.seed = r->o->seed;
@@ -394,7 +383,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->counts = xmalloc(sizeof(int64_t) * r->c.n_layers * r->c.n_experts);
     r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
     r->first = (int)r->st.step;
-    r->tb = r->rank0 ? tb_open(o->out, r->first, 12 + r->c.n_layers) : NULL;
+    r->tb = r->rank0 && o->tensorboard ? tb_open(o->out, r->first, 12 + r->c.n_layers) : NULL;
     if (r->first >= o->steps)
         fprintf(r->out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n",
                 r->first, o->steps);
