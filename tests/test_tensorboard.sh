@@ -10,7 +10,8 @@
 #   (3) a resume from an earlier checkpoint (steps 6-10 done again, to another --steps: another lr) shows in
 #       TensorBoard each step once, with the re-done steps' values (the old file's are dropped);
 #   (4) a write that fails (a file-size limit the event file reaches first) ends the run with one error
-#       naming the event file, and the file keeps whole records only.
+#       naming the event file, and the file keeps whole records only;
+#   (5) --tensorboard 0 writes none; 2 is refused.
 set -u
 . "$(dirname "$0")/lib.sh"
 small_fixture
@@ -109,4 +110,7 @@ print("PASS: the event file holds %d whole records after the failed write" % n)
 PY
 py_checks_out() { while IFS= read -r l; do case "$l" in PASS:*) pass "${l#PASS: }";; *) fail "$l";; esac; done < py.txt; }
 py_checks_out
+run_ok "--tensorboard 0" "$MOE" train "${ARGS[@]}" --steps 2 --eval-every 0 --tensorboard 0 --out off
+ls off/events.out.tfevents.* > /dev/null 2>&1 && fail "--tensorboard 0 wrote an event file" || pass "--tensorboard 0: no event file"
+run_fail "--tensorboard must be 0 or 1 (got 2)" "$MOE" train "${ARGS[@]}" --steps 2 --tensorboard 2 --out bad
 finish

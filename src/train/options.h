@@ -27,6 +27,7 @@ typedef struct {
     float embed_dropout; // dropout on the token embeddings in training, as nanoGPT's (0 = none: no op runs)
     int sample_tokens; // tokens sampled at the end of the run (0 = none)
     int plots; // write loss.png / expert_load.png
+    int tensorboard; // write TensorBoard scalar event files in the run directory
     int quiet; // no per-step progress lines (metrics.jsonl still written)
     int check_replicas; // at the end, verify replicas are bitwise equal across the mesh
     int resume, force;
