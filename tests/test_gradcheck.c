@@ -48,6 +48,7 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
 }
 
 static float g_dropout; // residual dropout of the next check_config (one fixed mask for every forward)
+static float g_embed_dropout; // embedding dropout of the next check_config (the same)
 
 static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     int fam = c.family != FAM_MIXTRAL || c.balance != BALANCE_AUX || c.aux_scope != AUX_SCOPE_MICRO ||
@@ -56,7 +57,8 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     Model m;
     model_init(&m, &c, backend_cpu(), B, T, NULL);
     m.dropout = g_dropout;
-    m.drop_seed = g_dropout > 0 || c.attention_dropout > 0
+    m.embed_dropout = g_embed_dropout;
+    m.drop_seed = g_dropout > 0 || g_embed_dropout > 0 || c.attention_dropout > 0
         ? 781
         : 0; // (a mask under which no perturbation flips routing)
     for (int l = 0; l < c.n_layers; l++) m.la[l].moe.host_router_out = 1; // total_loss reads idx_h
@@ -332,5 +334,8 @@ int main(void) {
     g_dropout = 0.2f;
     check_config("both dropouts, GQA 4/2, k=1", c9, 0);
     g_dropout = 0;
+    g_embed_dropout = 0.3f; // the embedding rows' mask: the embedding's gradient through it
+    check_config("embedding dropout 0.3", c, 0);
+    g_embed_dropout = 0;
     return test_done("test_gradcheck");
 }

@@ -172,8 +172,13 @@ const Opt opts[] = {
     {"dropout", O_FLOAT, TO(dropout), C_TRAIN,
      "dropout probability in training, in [0, 1): on the attention output and the MoE output before each "
      "residual add"},
+    {"embed-dropout", O_FLOAT, TO(embed_dropout), C_TRAIN,
+     "dropout probability on the token embeddings in training, in [0, 1) (nanoGPT drops there too; --dropout "
+     "leaves them)"},
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
+    {"tensorboard", O_INT, TO(tensorboard), C_TRAIN,
+     "1: write TensorBoard scalar event files (events.out.tfevents.*) in the run directory"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
     {"check-replicas", O_FLAG, TO(check_replicas), C_TRAIN,
      "at the end, check router/dense replicas are bitwise equal on every rank"},

@@ -128,7 +128,8 @@ typedef struct Model {
     // the attention output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual
     // add, over the global token index (dp rank * N + b * T + t: the same mask on any mesh); site 2, with the
     // config's attention_dropout > 0, the attention probabilities (attention_drop_fwd/bwd: global heads).
-    float dropout;
+    // embed_dropout: the token embeddings' (the seed dropout_hash(drop_seed, -1, 3)), after the lookup.
+    float dropout, embed_dropout;
     uint64_t drop_seed;
     MoeScratch ms;
     // optional: called during model_backward as soon as a group of gradients is final:
