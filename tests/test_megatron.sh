@@ -7,7 +7,8 @@
 # text inputs keeps the input order (the text tokenised by data_ref.py's byte-level tokenizer, whose ids
 # are the UTF-8 bytes, then its EOS). Training on PREFIX gives the losses of training on prep's shards of it.
 # Bad input (truncated, short or missing files, wrong magic, version, dtype, a sequence past the .bin,
-# bad document boundaries, a negative id, an id beyond the tokenizer): one `moe: error:` line, a non-zero
+# bad document boundaries, a negative id; an id beyond the tokenizer's vocabulary in prep and in train,
+# or beyond the model's embedding, in a Megatron dataset and in llm.c shards): one `moe: error:` line, a non-zero
 # exit, nothing left at --out.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -63,7 +64,13 @@ grep -q '"step":3' ra/metrics.jsonl && grep -q '"val_loss"' ra/metrics.jsonl && 
   "$(grep -o '"loss":[^,]*\|"val_loss":[^,]*' rs/metrics.jsonl)" ] &&
   pass "losses on the Megatron prefix = losses on prep's shards ($(grep -c '"loss"' ra/metrics.jsonl) records)" ||
   fail "the losses differ"
-run_fail "do not fit the model's vocab_size 256" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --data ma --vocab-size 256 --steps 1 --out rv
+# ids beyond the vocabulary: the model's embedding (a Megatron dataset, llm.c shards), a tokenizer's
+run_fail "do not fit the model's vocab_size 256" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --data ma --vocab-size 256 --steps 1 --out bad20
+run_fail "do not fit the model's vocab_size 512" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --data 'sa0/train_*.bin' --vocab-size 512 \
+  --steps 1 --out bad21
+run_fail "(up to id $(ids_of a.json 0 12 | sort -n | tail -1), from megatron:ma (12 documents)) are beyond the tokenizer" \
+  "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --tokenizer tok --data ma --vocab-size 704 --steps 1 --out bad22
+grep -q "tokenizer.json's vocabulary (257 ids)" "$ERR_FILE" && pass "the message names the tokenizer's 257 ids" || fail "$(cat "$ERR_FILE")"
 
 # bad input: each refused with one message, nothing at --out
 mk() { # mk NAME PYTHON: a copy of ma's .idx (b: its bytes) edited by PYTHON, beside a copy of ma.bin
