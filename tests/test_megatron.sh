@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_megatron.sh — Megatron-LM indexed datasets (src/data/megatron.c) as input to `moe prep` and to
-# `moe train --data PREFIX`. The fixtures come from an independent writer (tests/data_ref.py, Python
+# `moe train --data PREFIX` (and `moe eval`). The fixtures come from an independent writer (tests/data_ref.py, Python
 # struct following Megatron's documented layout): uint16, int32 and int16 tokens, documents of several
 # sequences. Prep copies each document's ids as they are (no EOS added: Megatron's data carries its own
 # EOD), holds out the first --val-docs documents, picks uint32 shards for ids beyond 65535, and among
@@ -64,6 +64,8 @@ grep -q '"step":3' ra/metrics.jsonl && grep -q '"val_loss"' ra/metrics.jsonl && 
   "$(grep -o '"loss":[^,]*\|"val_loss":[^,]*' rs/metrics.jsonl)" ] &&
   pass "losses on the Megatron prefix = losses on prep's shards ($(grep -c '"loss"' ra/metrics.jsonl) records)" ||
   fail "the losses differ"
+run_ok "moe eval --data ma" "$MOE" eval --ckpt ra --data ma "${EVAL[@]}"
+grep -q "megatron:ma" "$OUT_FILE" && pass "moe eval reads the Megatron prefix" || fail "eval: $(head -c 400 "$OUT_FILE")"
 # ids beyond the vocabulary: the model's embedding (a Megatron dataset, llm.c shards), a tokenizer's
 run_fail "do not fit the model's vocab_size 256" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --data ma --vocab-size 256 --steps 1 --out bad20
 run_fail "do not fit the model's vocab_size 512" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --data 'sa0/train_*.bin' --vocab-size 512 \
