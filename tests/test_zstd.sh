@@ -5,7 +5,8 @@
 # bytes then the EOS (tests/data_ref.py's byte-level tokenizer: ids are bytes, so the expected ids need
 # no tokenizer); `moe train --tokenizer` on a .jsonl.zst has the losses of the plain .jsonl. A truncated
 # or corrupt .zst: one `moe: error:` line, a non-zero exit, nothing at --out. A moe built without
-# libzstd must refuse a zstd file by naming the library (then the rest is skipped). Needs the zstd
+# libzstd must refuse a zstd file by naming the library (then the rest is skipped). On a terminal prep
+# shows its progress with an ETA. Needs the zstd
 # command to make the fixtures (skipped without it).
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -58,6 +59,20 @@ run_ok "train on a.jsonl.zst" "${R[@]}" --data a.jsonl.zst --out rz
 run_ok "train on a.jsonl" "${R[@]}" --data a.jsonl --out rp
 grep -q '"step":3' rz/metrics.jsonl && [ "$(grep -o '"loss":[^,]*' rz/metrics.jsonl)" = "$(grep -o '"loss":[^,]*' rp/metrics.jsonl)" ] &&
   pass "moe train --data a.jsonl.zst: the losses of a.jsonl" || fail "the losses differ"
+
+# the progress line (on a terminal: `script` gives prep one): documents, tokens, MB/s and an ETA, the first
+# after 4096 documents, inside the .zst
+python3 -c "
+import json
+with open('many.jsonl', 'w') as f:
+    for i in range(6000): f.write(json.dumps({'text': f'document {i} ' * 20}) + '\\n')"
+zstd -q many.jsonl -o many.jsonl.zst
+if command -v script > /dev/null; then
+  script -qec "$MOE prep --tokenizer tok --in many.jsonl.zst --out tty" /dev/null > tty.log 2>&1
+  grep -Eq "prep: 4096 documents, [0-9]+ tokens, [0-9.]+ MB/s, ETA [0-9]+m[0-5][0-9]s" tty.log && grep -q "^prep: 6000 documents" tty.log &&
+    pass "the progress line on a terminal: $(grep -Eo 'prep: 4096 documents[^\r]*ETA [0-9ms]*' tty.log | head -1)" ||
+    fail "no progress line with an ETA: $(head -c 300 tty.log)"
+else skip "no script command (a terminal for the progress line)"; fi
 
 head -c -7 a.jsonl.zst > trunc.jsonl.zst
 python3 -c "b = bytearray(open('big.txt.zst', 'rb').read()); b[len(b) // 2] ^= 0xFF; b[len(b) // 2 + 1] ^= 0x55; open('corrupt.txt.zst', 'wb').write(b)"

@@ -144,6 +144,15 @@ char *infile_all(InFile *f, size_t *len) {
     return f->b + f->pos;
 }
 
+unsigned long long infile_consumed(const InFile *f) {
+    if (f->gz) return (unsigned long long)gzoffset(f->gz);
+    long at = ftell(f->raw);
+#ifdef MOE_HAVE_ZSTD
+    at -= (long)(f->in.size - f->in.pos); // read from the file, not yet decoded
+#endif
+    return at > 0 ? (unsigned long long)at : 0;
+}
+
 void infile_close(InFile *f) {
     if (f->gz) gzclose(f->gz);
     if (f->raw) fclose(f->raw);

@@ -14,6 +14,8 @@ InFile *infile_open(const char *path, const char *who);
 char *infile_line(InFile *f, size_t *len);
 // The rest of the file (NUL-terminated, valid until infile_close), *len its bytes; dies as infile_line.
 char *infile_all(InFile *f, size_t *len);
+// The bytes of the file (compressed, as on disk) read so far.
+unsigned long long infile_consumed(const InFile *f);
 void infile_close(InFile *f);
 // The length of path's compression suffix (".gz", ".zst"), 0 without one: what a name means without it.
 size_t infile_suffix(const char *path);

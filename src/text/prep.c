@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <omp.h>
 #include <cjson/cJSON.h>
@@ -96,6 +97,7 @@ typedef struct {
     Split train, val;
     long docs, megatron_docs;
     size_t bytes, text_tokens;
+    uint64_t in_total, in_done; // the inputs' bytes on disk, and those of the inputs read whole (the ETA)
     double t0, shown;
     // the batch: copies of the documents' text, and their ids once encoded
     char *text[BATCH_DOCS];
@@ -123,6 +125,23 @@ static void append_doc(Prep *p, const int32_t *ids, size_t n, size_t len, int te
     }
 }
 
+static const InFile *cur_in; // the text input being read: how far, for the ETA
+
+// The progress line, where someone watches (stderr a terminal), at most once a second; at: the bytes of
+// the current input read so far.
+static void progress(Prep *p, uint64_t at) {
+    double now = now_seconds(), dt = now - p->t0, done = (double)(p->in_done + at);
+    if (!isatty(STDERR_FILENO) || now - p->shown <= 1) return;
+    p->shown = now;
+    char eta[32] = "?";
+    if (done > 0 && (double)p->in_total >= done) {
+        double left = dt * ((double)p->in_total - done) / done;
+        snprintf(eta, sizeof eta, "%dm%02ds", (int)(left / 60), (int)left % 60);
+    }
+    fprintf(stderr, "\r%s: %ld documents, %zu tokens, %.1f MB/s, ETA %s   ", who, p->docs,
+            p->train.total + p->train.n + p->val.total + p->val.n, (double)p->bytes / 1e6 / dt, eta);
+}
+
 static void run_batch(Prep *p) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < p->count; i++)
@@ -133,12 +152,7 @@ static void run_batch(Prep *p) {
     }
     p->count = 0;
     p->batch_bytes = 0;
-    double now = now_seconds();
-    if (isatty(STDERR_FILENO) && now - p->shown > 1) { // progress, where someone watches
-        p->shown = now;
-        fprintf(stderr, "\r%s: %ld documents, %zu tokens, %.1f MB/s   ", who, p->docs, p->text_tokens,
-                (double)p->bytes / 1e6 / (now - p->t0));
-    }
+    progress(p, cur_in ? infile_consumed(cur_in) : 0);
 }
 
 static void add_doc(void *arg, const char *text, size_t len) {
@@ -181,6 +195,7 @@ static void read_input(const Sink *p, const char *path) {
     if (!file_exists(path))
         DIE("%s: cannot read %s'%s' (no such file)", who, strcmp(who, "prep") ? "" : "--in ", path);
     InFile *r = infile_open(path, who);
+    cur_in = r;
     int json = prep_is_jsonl(path);
     if (!json && !p->o->lines) { // the whole file is one document
         size_t n;
@@ -198,6 +213,7 @@ static void read_input(const Sink *p, const char *path) {
             else p->doc(p->arg, s, len);
         }
     }
+    cur_in = NULL;
     infile_close(r);
 }
 
@@ -224,7 +240,7 @@ void prep_read(const PrepOptions *o, void (*doc)(void *arg, const char *text, si
 
 // A Megatron dataset's documents, appended as they are after the documents before them (their EOD, if
 // Megatron's preprocessing added one, is in the data); each id must fit the vocabulary.
-static void megatron_input(Prep *p, const char *prefix) {
+static void megatron_input(Prep *p, const char *prefix, uint64_t size) {
     run_batch(p); // the text documents before it go first
     MegatronSet *m = megatron_open(prefix, who);
     int32_t *ids = NULL;
@@ -240,6 +256,7 @@ static void megatron_input(Prep *p, const char *prefix) {
                     who, prefix, ids[i], d, p->vocab);
         append_doc(p, ids, (size_t)n, 0, 0);
         p->megatron_docs++;
+        if (d % 4096 == 4095) progress(p, (uint64_t)((double)size * (double)d / (double)megatron_docs(m)));
     }
     free(ids);
     megatron_close(m);
@@ -289,11 +306,18 @@ void prep_write(const PrepOptions *o, const Tokenizer *t, int eos, const char *f
     p->vocab = t ? tok_vocab_size(t) : megatron_vocab(o);
     p->t0 = now_seconds();
     Sink k = {o, add_doc, p};
-    char path[4096], prefix[1100];
-    for (const char *s = o->inputs; next_input(&s, path, sizeof path);) {
-        if (megatron_path(path, prefix, sizeof prefix)) megatron_input(p, prefix);
-        else read_input(&k, path);
-    }
+    char path[4096], prefix[1100], bin[1200];
+    for (int pass = 0; pass < 2; pass++) // the inputs' sizes, then the inputs
+        for (const char *s = o->inputs; next_input(&s, path, sizeof path);) {
+            int meg = megatron_path(path, prefix, sizeof prefix);
+            if (meg) snprintf(bin, sizeof bin, "%s.bin", prefix);
+            struct stat st;
+            uint64_t size = stat(meg ? bin : path, &st) == 0 ? (uint64_t)st.st_size : 0;
+            if (!pass) p->in_total += size;
+            else if (meg) megatron_input(p, prefix, size);
+            else read_input(&k, path);
+            p->in_done += pass ? size : 0;
+        }
     run_batch(p);
     if (!p->docs) DIE("%s: the inputs hold no document", who);
     if (o->val_docs && p->train.docs == 0)
