@@ -181,7 +181,7 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
     fk = getattr(cfg, "first_k_dense_replace", 0) or 0   # DeepSeek-V3: the first layers dense
     moe_layers = [l for l in range(L) if l not in only and (l + 1) % step == 0 and l >= fk]
     touched = set()   # (layer, expert) whose tokens differ from transformers' by a top-k choice
-    if o.router_logits is not None:
+    if getattr(o, "router_logits", None) is not None:   # (transformers 5.17's DeepseekV3 output has no such field)
         worst, flips, rows = 0.0, 0, 0
         k = cfg.num_experts_per_tok
         rls = [r for r in o.router_logits if r is not None]

@@ -19,8 +19,11 @@ export OMP_NUM_THREADS=16
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 REF="--preset peers-ref --batch 4 --seq-len 2048"
 SMALL="--n-layers 6 --d-model 384 --n-heads 6 --n-kv-heads 6 --d-ff 1024 --n-experts 8 --top-k 2 --batch 64 --seq-len 256 --vocab-size 32000"
+# CASES: the case names to run (default: all), e.g. CASES="ref-mixed small-bf16 ref-fp8"
+want() { [ -z "${CASES:-}" ] || [[ " $CASES " == *" $1 "* ]]; }
 one() { # NAME PRECISION RECOMPUTE MODEL...
   local name=$1 prec=$2 rc=$3; shift 3
+  want $name || return 0
   $B/moe plan --gpus 1 --gpu h200 "$@" --precision $prec --explain "recompute-$rc" > $W/$name.plan 2>&1
   local pm=$(sed -n 's/^memory per GPU: .* = \([0-9.]*\) GiB of.*/\1/p' $W/$name.plan)
   local pt=$(sed -n 's/^step: .* ms, \([0-9]*\) tokens\/s.*/\1/p' $W/$name.plan)
@@ -39,6 +42,7 @@ row() { # NAME PRED_GIB MEAS_MIB PRED_TOKS MEAS_TOKS
 # The prediction of case NAME again on a calibrated profile, against NAME's measurement (one's).
 cal() { # NAME PROFILE PRECISION RECOMPUTE MODEL...
   local name=$1 prof=$2 prec=$3 rc=$4; shift 4
+  [ -f $W/$name.meas ] || return 0
   $B/moe plan --gpus 1 --gpu $prof "$@" --precision $prec --explain "recompute-$rc" > $W/$name-cal.plan 2>&1 ||
     { say "$name-cal: plan failed"; tail -2 $W/$name-cal.plan | tee -a $R; return; }
   local pm=$(sed -n 's/^memory per GPU: .* = \([0-9.]*\) GiB of.*/\1/p' $W/$name-cal.plan)

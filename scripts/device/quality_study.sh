@@ -54,13 +54,14 @@ for s in $SEEDS; do   # the pairs interleaved: a call cut short still holds whol
     rc=$?
     say "${kind}_s$s rc=$rc $((SECONDS - t0))s"
     [ $rc = 0 ] || tail -3 "$W/${kind}_s$s.log" | tee -a "$R"
-    cp "$W/${kind}_s$s/metrics.jsonl" "$OUT/${kind}_s$s.metrics.jsonl" 2>/dev/null
-    cp "$W/${kind}_s$s/run.json" "$OUT/${kind}_s$s.run.json" 2>/dev/null
     [ -s "$W/${kind}_s$s/metrics.jsonl" ] && RUNS+=("$W/${kind}_s$s")
   done
 done
 [ ${#RUNS[@]} -gt 0 ] || { say "no run produced metrics"; exit 1; }
-"$MOE" compare "${RUNS[@]}" --out "$OUT/quality.png" > "$W/compare.txt" 2>&1
+# (without gnuplot, as on the device image: the table only; draw the PNG where gnuplot is, from runs.tgz:
+# `moe compare DIR/* --out quality.png` after unpacking it)
+PNG=(); command -v gnuplot >/dev/null && PNG=(--out "$OUT/quality.png")
+"$MOE" compare "${RUNS[@]}" "${PNG[@]}" > "$W/compare.txt" 2>&1
 say "compare rc=$?"
 tee -a "$R" < "$W/compare.txt"
 # the means (and sample standard deviations) of each kind's final and best validation loss, and per seed
@@ -75,4 +76,6 @@ awk '$1 ~ /^(moe|dense)_s[0-9]+$/ && $5 != "-" {
        for (s in seeds) if ((("moe", s) in fin) && (("dense", s) in fin))
          printf "seed %s: moe - dense: final val %+.4f, best val %+.4f\n", s, fin["moe", s] - fin["dense", s],
            best["moe", s] - best["dense", s] }' "$W/compare.txt" | sort | tee -a "$R"
-say "$(date -u) done; runs in $W"
+# each run's metrics.jsonl and run.json in one archive (a device call returns few files)
+tar czf "$OUT/runs.tgz" -C "$W" $(for r in "${RUNS[@]}"; do b=$(basename "$r"); echo "$b/metrics.jsonl $b/run.json"; done)
+say "$(date -u) done; runs in $W, their metrics in runs.tgz"
