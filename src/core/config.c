@@ -16,6 +16,7 @@ static void base(ModelConfig *c) {
     c->dispatch = DISPATCH_DROPLESS;
     c->capacity_factor = 1.25f;
     c->bias_rate = 0.001f; // DeepSeek-V3's bias update speed
+    c->mtp_weight = 0.3f; // DeepSeek-V3's MTP loss weight (its first 10T tokens; used with mtp_depth > 0)
 }
 
 // Family shapes beyond Mixtral: qk (QkNorm), bias (q/k/v), shared (shared experts x hidden size, gated),
@@ -139,6 +140,13 @@ static const char *validate_layers_routing(const ModelConfig *c, const char *fam
         BAD("dense_d_ff must be >= 1 with %d dense layers (got %d)", nd, c->dense_d_ff);
     if (!nd && c->dense_d_ff != 0)
         BAD("dense_d_ff is %d but no layer is dense (dense_layers is empty)", c->dense_d_ff);
+    if (c->mtp_depth < 0 || c->mtp_depth > MOE_MAX_MTP)
+        BAD("mtp_depth must be in 0..%d (got %d)", MOE_MAX_MTP, c->mtp_depth);
+    if (!(c->mtp_weight >= 0 && c->mtp_weight <= 100))
+        BAD("mtp_weight must be in [0, 100] (got %g)", c->mtp_weight);
+    if (c->mtp_depth && c->aux_form == AUX_HF)
+        BAD("mtp_depth %d needs aux_form layer (HF's aux form is one loss over the main layers' statistics)",
+            c->mtp_depth);
 #undef BAD
     return NULL;
 }

@@ -72,7 +72,18 @@ typedef struct {
     int n_group, topk_group; // n_group > 1: the experts in n_group groups; only the topk_group groups of
                              // highest sum of their two best (biased) scores are chosen from
     float route_scale; // routed_scaling_factor: the routed experts' weights times it (0: 1)
+    // Multi-token prediction (DeepSeek-V3's MTP; HF num_nextn_predict_layers): mtp_depth modules after the
+    // main layers, module k (1..D) at layer index n_layers + k - 1: h_k = block(eh_proj [enorm(Emb(t[i+k]));
+    // hnorm(h_{k-1})]) from h_0, the main model's last hidden state before the final norm, and a loss of
+    // predicting t[i+k+1] through its norm and the main model's LM head; the training objective adds
+    // mtp_weight / D times the sum of the modules' mean cross-entropies (0: none)
+    int mtp_depth;
+    float mtp_weight;
 } ModelConfig;
+// The most MTP modules a model may have.
+#define MOE_MAX_MTP 8
+// Every layer with activations: the main layers, then the MTP modules' blocks (config mtp_depth).
+static inline int config_all_layers(const ModelConfig *c) { return c->n_layers + c->mtp_depth; }
 // Layer l's FFN is a dense MLP (config dense_layers); the number of MoE layers (those with a router).
 static inline int config_layer_dense(const ModelConfig *c, int l) {
     return l >= 0 && l < MOE_MAX_DENSE_LAYERS && (int)((c->dense_layers[l / 64] >> (l % 64)) & 1);

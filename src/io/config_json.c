@@ -77,6 +77,7 @@ cJSON *config_to_json(const ModelConfig *c) {
         add_i(j, "intermediate_size", c->d_ff);
     }
     add_i(j, "num_hidden_layers", c->n_layers);
+    if (c->mtp_depth) add_i(j, "num_nextn_predict_layers", c->mtp_depth); // (DeepseekV3Config's key)
     add_i(j, "num_attention_heads", c->n_heads);
     add_i(j, "num_key_value_heads", c->n_kv_heads);
     add_i(j, "head_dim", c->head_dim);
@@ -132,6 +133,7 @@ cJSON *config_to_json(const ModelConfig *c) {
         add_i(m, "n_shared_experts", c->n_shared_experts);
         add_i(m, "shared_intermediate_size", c->shared_d_ff);
     }
+    if (c->mtp_depth) add_f(m, "mtp_weight", c->mtp_weight);
     int same = c->dispatch != DISPATCH_CAPACITY && c->balance == BALANCE_AUX &&
         (!mix || c->renormalize != 0) && (qwen || !dense) && !c->route_sigmoid && c->n_group <= 1 &&
         (c->route_scale == 0 || c->route_scale == 1) && (!c->n_shared_experts || fam == FAM_QWEN2_MOE);
@@ -445,6 +447,12 @@ static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
     c->dispatch = DISPATCH_DROPLESS;
     c->capacity_factor = 1.25f;
     c->aux_form = AUX_HF; // a plain HF config trains with HF's aux loss
+    c->mtp_weight = 0.3f; // (config.c's default)
+    if (get_int(e, j, "num_nextn_predict_layers", 0, &c->mtp_depth)) return -1;
+    if (c->mtp_depth < 0 || c->mtp_depth > MOE_MAX_MTP)
+        return fail(e, "key \"num_nextn_predict_layers\" must be in 0..%d (got %d)", MOE_MAX_MTP,
+                    c->mtp_depth);
+    if (c->mtp_depth) c->aux_form = AUX_LAYER; // (MTP's router losses are per layer: config.c)
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "moe_c");
     if (m) {
         if (!cJSON_IsObject(m)) return fail(e, "key \"moe_c\" must be an object");
@@ -461,6 +469,7 @@ static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
         else
             return fail(e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"",
                         d->valuestring);
+        if (get_float(e, m, "mtp_weight", 0, &c->mtp_weight)) return -1;
         const cJSON *af = item(m, "aux_form"); // optional: absent = "layer"
         c->aux_form = AUX_LAYER;
         if (af &&

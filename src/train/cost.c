@@ -187,8 +187,9 @@ static double moment_elems(const ParamTable *lt, const MeshShape *ms, const Trai
 static double weights_alone(const ModelConfig *c) {
     ParamTable t;
     params_build(&t, c);
-    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(c->n_layers)), pg = (size_t)2 << 20;
-    int nh = params_bf16_ranges(&t, c->n_layers, 0, c->n_experts, MOE_GEMM_FP32_MAX_O, h);
+    int La = config_all_layers(c);
+    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(La)), pg = (size_t)2 << 20;
+    int nh = params_bf16_ranges(&t, La, 0, c->n_experts, MOE_GEMM_FP32_MAX_O, h);
     double alone = 0;
     for (int i = 0; i < nh; i++) {
         size_t a = (4 * h[2 * i] + pg - 1) / pg, b = 4 * h[2 * i + 1] / pg;
