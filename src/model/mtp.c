@@ -66,9 +66,10 @@ static const int32_t *row_maps(Model *m, int B, int T) {
 }
 
 // Module k's head: the loss of a->xn through the LM head against t[i+k+1] (host targets: t[i+1] at i),
-// over the rows i < T - k of each sequence (the others' dlogits zeroed); dloss_k != 0: dlogits into
-// a->logits. Returns this rank's mean over those rows.
-static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, int B, int T, float dloss_k) {
+// over the rows i < T - k of each sequence (the others' dlogits zeroed); train: dlogits for dloss_k per row
+// into a->logits (dloss_k 0: zeros). Returns this rank's mean over those rows.
+static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, int B, int T, int train,
+                          float dloss_k) {
     const Backend *be = m->be;
     int N = B * T, V = m->c.vocab_size, d = m->c.d_model;
     be->matmul_fwd(a->logits, a->xn, model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, 0);
@@ -76,7 +77,7 @@ static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, i
     for (int b = 0; b < B; b++)
         for (int i = 0; i < T; i++) t[b * T + i] = i + k < T ? targets[b * T + i + k] : 0;
     be->to_device(a->targets, t, (size_t)N * sizeof(int32_t));
-    if (dloss_k != 0) {
+    if (train) {
         be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k);
         for (int b = 0; b < B; b++) be->zero(a->logits + ((size_t)b * T + T - k) * V, (size_t)k * V * F);
     } else {
@@ -115,7 +116,7 @@ void mtp_forward(Model *m, const float *emb, const int32_t *targets, int B, int 
         be->rmsnorm_fwd(a->xn, a->rstd, a->out, model_param(m, m->params, PR_MTP_NORM, l, -1), N, d,
                         c->norm_eps);
         float dk = dloss != 0 ? (float)((double)dloss * T / (T - k) * c->mtp_weight / D) : 0;
-        m->mtp_loss += module_loss(m, a, k, targets, B, T, dk) / D;
+        m->mtp_loss += module_loss(m, a, k, targets, B, T, dloss != 0, dk) / D;
         m->mtp_aux += m->la[l].moe.aux / Lm;
         m->mtp_z += m->la[l].moe.z / Lm;
         memcpy(m->expert_counts + (size_t)l * E, m->la[l].moe.counts, sizeof(int64_t) * E);
