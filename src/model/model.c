@@ -95,8 +95,8 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     }
     if (!ch->last) return 0;
     double loss = head_forward(m, targets, N, dloss);
-    // the MTP modules after the head (one stage: the embedding output is layer 0's input)
-    if (c->mtp_depth && targets) mtp_forward(m, m->la[0].res_in, targets, B, T, dloss, noise_seed);
+    // the MTP modules after the head, on the embedding output (pipeline stages: received, m->mtp_emb)
+    if (c->mtp_depth && targets) mtp_forward(m, m->mtp_emb, targets, B, T, dloss, noise_seed);
     return loss;
 }
 

@@ -120,6 +120,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     s->tokens = be->alloc(N * sizeof(int32_t));
     s->targets = be->alloc(N * sizeof(int32_t));
     s->mtp = ch->last && c->mtp_depth ? xcalloc(c->mtp_depth, sizeof *s->mtp) : NULL;
+    s->mtp_emb = s->mtp && !ch->first ? be->alloc(N * d * F) : NULL;
     for (int k = 0; s->mtp && k < c->mtp_depth; k++) {
         MtpActs *a = &s->mtp[k];
         a->es = be->alloc(N * d * F);
@@ -154,6 +155,8 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
     }
     free(s->mtp);
     s->mtp = NULL;
+    if (s->mtp_emb) be->free(s->mtp_emb);
+    s->mtp_emb = NULL;
     void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&s->head, be, bufs[i]);
     s->head = (Arena){0};
@@ -288,6 +291,7 @@ void model_use(Model *m, int chunk, int slot) {
     ModelSlot *s = &m->slots[chunk][slot];
     m->la = s->la;
     m->mtp = s->mtp;
+    m->mtp_emb = s->mtp_emb ? s->mtp_emb : s->la[0].res_in; // (one stage: layer 0's input)
     m->res_final = s->res_final;
     m->xn_f = s->xn_f;
     m->rstd_f = s->rstd_f;

@@ -98,6 +98,8 @@ typedef struct {
     uint64_t drop_seed; // the dropout seed of the forward held here (its backward's mask)
     Arena head; // model_share_grads: the last layer's expert gradients, lent to the logits
     MtpActs *mtp; // (mtp_depth) the MTP modules' (on the last virtual stage; else NULL)
+    float *mtp_emb; // (N,d) the MTP modules' embedding rows: the first virtual stage's embedding output,
+                    // received (on a last virtual stage that is not the first; else NULL)
 } ModelSlot;
 
 // Activation recomputation (model_state.h model_set_recompute): bits.
@@ -125,6 +127,7 @@ typedef struct Model {
     // the current slot's activations (model_use sets these views)
     LayerActs *la; // (L + mtp_depth: the MTP modules' blocks after the main layers)
     MtpActs *mtp; // (mtp_depth) on the last virtual stage
+    float *mtp_emb; // (N,d) the embedding output the modules read, from the first virtual stage (pp)
     float *res_final, *xn_f, *rstd_f; // (N,d) (N,d) (N); res_final: the chunk's output
     float *logits; // (N,V) (on the last stage); after a training forward: dlogits
     float *losses; // (N) per-token cross-entropy

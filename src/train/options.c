@@ -60,9 +60,6 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (c->mtp_depth && o->seq_len <= c->mtp_depth)
         BAD("--seq-len %d leaves --mtp %d no position to predict (it needs --seq-len > %d)", o->seq_len,
             c->mtp_depth, c->mtp_depth);
-    if (c->mtp_depth && o->pp > 1)
-        BAD("--mtp %d with --pp %d: multi-token prediction runs without pipeline stages for now",
-            c->mtp_depth, o->pp);
     // floats: finite and in range (the negated comparisons also refuse NaN)
     if (!(o->lr > 0 && o->lr <= 10)) BAD("--lr must be in (0, 10] (got %g)", o->lr);
     if (!(o->min_lr_frac >= 0 && o->min_lr_frac <= 1))

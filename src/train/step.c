@@ -98,12 +98,13 @@ static void gather_stages(StepCtx *s, StepStats *r, double span) {
     s->stage_idle[1] = mine[1];
     if (comm_size(pp) <= 1) return;
     comm_allgather(pp, mine, s->stage_idle, 2, CT_F64);
-    double v[4] = {r->loss, r->aux, r->z, (double)r->dropped};
-    comm_bcast(pp, v, 4, CT_F64, comm_size(pp) - 1);
+    double v[5] = {r->loss, r->aux, r->z, (double)r->dropped, r->mtp};
+    comm_bcast(pp, v, 5, CT_F64, comm_size(pp) - 1);
     r->loss = v[0];
     r->aux = v[1];
     r->z = v[2];
     r->dropped = (int64_t)v[3];
+    r->mtp = v[4];
     comm_allreduce(pp, r->counts, (size_t)config_all_layers(&s->m->c) * s->m->c.n_experts, CT_I64);
 }
 
