@@ -202,4 +202,9 @@ run_fail "every one of the 2 layers is dense" "$MOE" info --dense-layers 0-1 --d
 run_fail "dense_d_ff must be >= 1 with 1 dense layers" "$MOE" info --dense-layers 1
 run_fail "dense_d_ff is 8 but no layer is dense" "$MOE" info --dense-d-ff 8
 run_fail "--dense-layers: '0,x' is not a list of layers" "$MOE" info --dense-layers 0,x
+# multi-token prediction's bad input
+run_fail "mtp_depth must be in 0..8 (got 9)" "$MOE" info --mtp 9
+run_fail "mtp_weight must be in [0, 100] (got -1)" "$MOE" info --mtp 1 --mtp-weight -1
+run_fail "mtp_depth 1 needs aux_form layer" "$MOE" train --out "$W/new" "${SMALL[@]}" --mtp 1 --aux-form hf
+run_fail "--seq-len 2 leaves --mtp 2 no position to predict" "$MOE" train --out "$W/new" "${SMALL[@]}" --mtp 2 --seq-len 2
 finish
