@@ -9,7 +9,6 @@
 #include "core/common.h"
 #include "model/attention.h"
 #include "model/model_access.h"
-#include "model/mtp.h"
 
 #define F sizeof(float)
 
@@ -179,6 +178,31 @@ static void find_chunks(Model *m) {
         int k = c * ps->pp + m->mesh.sl.pp_rank;
         m->chunk[c] = (ModelChunk){ps->first[k], ps->first[k + 1], k == 0, k == S - 1};
     }
+}
+
+// The MTP modules' model-wide scratch (model_types.h MtpScratch) for micro-batches up to maxN rows.
+static void mtp_scratch_init(Model *m) {
+    const Backend *be = m->be;
+    size_t N = m->maxN, d = m->c.d_model, ni = (size_t)m->c.mtp_depth * 2 * N + 4 * N;
+    MtpScratch *s = &m->mtps;
+    s->split = be->alloc(2 * N * d * F);
+    s->dcat = be->alloc(2 * N * d * F);
+    s->dh = be->alloc(N * d * F);
+    s->demb = be->alloc(N * d * F);
+    s->idx = be->alloc(ni * sizeof(int32_t));
+    s->idx_h = xmalloc(ni * sizeof(int32_t));
+    s->tgt_h = xmalloc(N * sizeof(int32_t));
+    s->B = s->T = 0;
+}
+
+static void mtp_scratch_free(Model *m) {
+    MtpScratch *s = &m->mtps;
+    void *bufs[] = {s->split, s->dcat, s->dh, s->demb, s->idx};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) m->be->free(bufs[i]);
+    free(s->idx_h);
+    free(s->tgt_h);
+    memset(s, 0, sizeof *s);
 }
 
 void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT,

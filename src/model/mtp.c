@@ -1,6 +1,6 @@
 // mtp.c — multi-token prediction (mtp.h): the MTP modules' forward and hand-written backward over the
-// Backend, their row maps (the shifted embedding rows, eh_proj's concatenation as an interleave of rows)
-// and their model-wide scratch. Each module's block is block.c's, run on its layer index.
+// Backend and their row maps (the shifted embedding rows, eh_proj's concatenation as an interleave of rows).
+// Each module's block is block.c's, run on its layer index.
 // Must not hold: the main model's layers, head or embedding (model.c), the activations' allocation
 // (model_state.c), a block's arithmetic (block.c, attention.c).
 #include "model/mtp.h"
@@ -11,30 +11,6 @@
 #include "model/model_state.h"
 
 #define F sizeof(float)
-
-void mtp_scratch_init(Model *m) {
-    const Backend *be = m->be;
-    size_t N = m->maxN, d = m->c.d_model, ni = (size_t)m->c.mtp_depth * 2 * N + 4 * N;
-    MtpScratch *s = &m->mtps;
-    s->split = be->alloc(2 * N * d * F);
-    s->dcat = be->alloc(2 * N * d * F);
-    s->dh = be->alloc(N * d * F);
-    s->demb = be->alloc(N * d * F);
-    s->idx = be->alloc(ni * sizeof(int32_t));
-    s->idx_h = xmalloc(ni * sizeof(int32_t));
-    s->tgt_h = xmalloc(N * sizeof(int32_t));
-    s->B = s->T = 0;
-}
-
-void mtp_scratch_free(Model *m) {
-    MtpScratch *s = &m->mtps;
-    void *bufs[] = {s->split, s->dcat, s->dh, s->demb, s->idx};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) m->be->free(bufs[i]);
-    free(s->idx_h);
-    free(s->tgt_h);
-    memset(s, 0, sizeof *s);
-}
 
 // The row maps of the shape (B, T), on the device (made again when the shape changes): module k's shift
 // (row b T + i <- row b T + i + k, -1 past the sequence's end) and its inverse at idx + (k-1) 2N, then the

@@ -8,14 +8,11 @@
 // token is in the sequence (i < T - k; past the end the embedding rows are zero and the loss is masked).
 // The model's forward and backward (model.c) call these on the last chunk. src/model only.
 // Must not hold: the main model's layers, head or embedding (model.c, block.c), allocation of the
-// activations (model_state.c).
+// activations and of the modules' scratch (model_state.c).
 #pragma once
 #include <stdint.h>
 #include "model/model_types.h"
 
-// The model-wide scratch (m->mtps) for micro-batches up to m->maxN rows; free releases it (none: no-op).
-void mtp_scratch_init(Model *m);
-void mtp_scratch_free(Model *m);
 // Forward of every module over the current slot's micro-batch (B, T) from m->xn_f and the embedding
 // output emb (N,d: the main model's, unshifted) with targets (host, (B,T): t[i+1] at i); dloss != 0
 // (training): each module's logits become dlogits for (mtp_weight / D) times its mean loss (dloss scaled by
