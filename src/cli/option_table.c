@@ -112,7 +112,8 @@ const Opt opts[] = {
      "multi-token prediction modules (DeepSeek-V3's MTP, HF num_nextn_predict_layers): module k predicts "
      "the token k+1 ahead through one more block and the shared LM head (0: none)"},
     {"mtp-weight", O_FLOAT, MO(mtp_weight), C_TRAIN | C_INFO | C_PLAN,
-     "with --mtp D: the MTP loss's weight lambda in loss + lambda / D * sum of the modules' losses"},
+     "with --mtp D: the MTP loss's weight lambda in loss + lambda / D * sum of the modules' losses (default "
+     "0.3 with modules)"},
     // training
     {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
     {"batch", O_INT, TO(batch), C_TRAIN | C_INFO | C_PLAN, "global batch in sequences per step"},

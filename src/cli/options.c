@@ -402,6 +402,9 @@ void parse(State *s, int cmd, int argc, char **argv) {
         nh = find_opt("n-heads", C_TRAIN);
     if (!s->set[hd] && (s->set[dm] || s->set[nh]) && s->model.n_heads > 0)
         s->model.head_dim = s->model.d_model / s->model.n_heads;
+    // MTP modules take config.h's loss weight unless one is given
+    if (!s->set[find_opt("mtp-weight", C_TRAIN)] && s->model.mtp_depth > 0)
+        s->model.mtp_weight = MOE_MTP_WEIGHT;
 }
 
 int opt_set(const State *s, const char *name) { // (any command's entry of that name)

@@ -16,7 +16,6 @@ static void base(ModelConfig *c) {
     c->dispatch = DISPATCH_DROPLESS;
     c->capacity_factor = 1.25f;
     c->bias_rate = 0.001f; // DeepSeek-V3's bias update speed
-    c->mtp_weight = 0.3f; // DeepSeek-V3's MTP loss weight (its first 10T tokens; used with mtp_depth > 0)
 }
 
 // Family shapes beyond Mixtral: qk (QkNorm), bias (q/k/v), shared (shared experts x hidden size, gated),

@@ -80,8 +80,10 @@ typedef struct {
     int mtp_depth;
     float mtp_weight;
 } ModelConfig;
-// The most MTP modules a model may have.
+// The most MTP modules a model may have; the loss weight modules take unless one is given (DeepSeek-V3's for
+// its first 10T tokens; without modules the weight is 0, so configs without MTP read and write as before).
 #define MOE_MAX_MTP 8
+#define MOE_MTP_WEIGHT 0.3f
 // Every layer with activations: the main layers, then the MTP modules' blocks (config mtp_depth).
 static inline int config_all_layers(const ModelConfig *c) { return c->n_layers + c->mtp_depth; }
 // Layer l's FFN is a dense MLP (config dense_layers); the number of MoE layers (those with a router).

@@ -447,11 +447,11 @@ static int read_moe_c(Err *e, const cJSON *j, ModelConfig *c) {
     c->dispatch = DISPATCH_DROPLESS;
     c->capacity_factor = 1.25f;
     c->aux_form = AUX_HF; // a plain HF config trains with HF's aux loss
-    c->mtp_weight = 0.3f; // (config.c's default)
     if (get_int(e, j, "num_nextn_predict_layers", 0, &c->mtp_depth)) return -1;
     if (c->mtp_depth < 0 || c->mtp_depth > MOE_MAX_MTP)
         return fail(e, "key \"num_nextn_predict_layers\" must be in 0..%d (got %d)", MOE_MAX_MTP,
                     c->mtp_depth);
+    c->mtp_weight = c->mtp_depth ? MOE_MTP_WEIGHT : 0; // (moe_c's mtp_weight where given)
     if (c->mtp_depth) c->aux_form = AUX_LAYER; // (MTP's router losses are per layer: config.c)
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "moe_c");
     if (m) {
