@@ -245,7 +245,7 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
     add(t, &cap, "model.norm.weight", d, 0, PR_FINAL_NORM, -1, -1, SPLIT_REPL);
     add(t, &cap, "lm_head.weight", V, d, PR_LM_HEAD, -1, -1, SPLIT_VOCAB);
     // the MTP modules (the released DeepSeek-V3 checkpoints' names; their embed_tokens and shared_head.head
-    // are the main model's, written as copies by the HF export); replicated, reduced over DP
+    // are the main model's: io/hf.c checks a released checkpoint's copies); replicated, reduced over DP
     char nm[96];
     for (int k = 0; k < c->mtp_depth; k++) {
         int l = c->n_layers + k;
