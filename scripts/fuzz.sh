@@ -10,7 +10,7 @@ secs="${1:-30}"
 command -v clang >/dev/null || { echo "fuzz: SKIP (no clang; apt-get install clang libclang-rt-14-dev)"; exit 0; }
 CC=clang cmake -S . -B build-fuzz -DMOE_CUDA=OFF -DMOE_MPI=OFF -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_FLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" >/dev/null
-targets=(safetensors config shard state checksums tokenize)
+targets=(safetensors config shard megatron state checksums tokenize)
 cmake --build build-fuzz -j2 --target "${targets[@]/#/fuzz_}" >/dev/null
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

@@ -72,11 +72,35 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(intermediate_size=80, moe_intermediate_size=48, head_dim=24, norm_topk_prob=True,
                        decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False, attention_bias=False)),
+    # DeepSeek-V3 (issue 40): multi-head latent attention with q_lora_rank (q_a, its norm, q_b), the latent and
+    # its norm, the shared rope key in DeepSeek's interleaved layout, value heads (12) narrower than the
+    # query/key heads (16 + 8), YaRN (factor 4 over 64 original positions: the correction range over the 4
+    # pairs; attention factor mscale / mscale_all_dim != 1, the softmax scale times mscale_all_dim's squared);
+    # sigmoid routing over 8 experts in 4 groups of which 2 are chosen, scaled by 2.5, renormalised, with the
+    # score-correction bias (moved off 0); a shared expert; the first layer dense (first_k_dense_replace 1)
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(num_hidden_layers=3, num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=24,
+                         n_routed_experts=8, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                         qk_nope_head_dim=16, v_head_dim=12, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                         first_k_dense_replace=1, norm_topk_prob=True, rope_interleave=True,
+                         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                              original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0,
+                                              mscale=1.0, mscale_all_dim=0.8))),
+    # DeepSeek-V3 without q_lora_rank (q_proj), rotate_half RoPE (rope_interleave false), no groups, unscaled
+    # weights without renormalisation, 2 shared experts, no dense layer, value heads as wide as the query/key
+    "deepseek_v3_qproj": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                          dict(num_hidden_layers=2, num_key_value_heads=4, intermediate_size=96,
+                               moe_intermediate_size=24, n_routed_experts=4, n_shared_experts=2, kv_lora_rank=16,
+                               q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1,
+                               topk_group=1, routed_scaling_factor=1.0, first_k_dense_replace=0,
+                               norm_topk_prob=False, rope_interleave=False)),
 }
 
 
 def make_config(cls_name, kw):
     cls = getattr(transformers, cls_name)
+    if cls_name == "DeepseekV3Config":   # its expert count is n_routed_experts; YaRN's theta in rope_parameters
+        kw = {k: v for k, v in kw.items() if k != "num_experts" and not (k == "rope_theta" and "rope_parameters" in kw)}
     try:
         return cls(**kw)
     except TypeError:   # a key this transformers version does not take (e.g. qkv_bias before 5.x)
@@ -124,6 +148,9 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
     with torch.no_grad():   # every weight off its init: norm weights off 1, biases off 0
         for n, p in model.named_parameters():
             p.add_(torch.randn_like(p) * (0.2 if p.dim() == 1 else 0.02))
+        for n, b in model.named_buffers():   # DeepSeek-V3's score-correction bias (a buffer): off 0
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.05)
     hf1 = os.path.join(work, f"{fam}_random")
     model.save_pretrained(hf1)
     d1 = os.path.join(work, f"{fam}_dump.safetensors")
@@ -151,7 +178,8 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
     # the MoE layers (transformers' rule for Qwen: not in mlp_only_layers, (l + 1) % decoder_sparse_step == 0);
     # transformers lists router logits for those only (or None for the dense ones)
     step, only = getattr(cfg, "decoder_sparse_step", 1) or 1, set(getattr(cfg, "mlp_only_layers", []) or [])
-    moe_layers = [l for l in range(L) if l not in only and (l + 1) % step == 0]
+    fk = getattr(cfg, "first_k_dense_replace", 0) or 0   # DeepSeek-V3: the first layers dense
+    moe_layers = [l for l in range(L) if l not in only and (l + 1) % step == 0 and l >= fk]
     touched = set()   # (layer, expert) whose tokens differ from transformers' by a top-k choice
     if o.router_logits is not None:
         worst, flips, rows = 0.0, 0, 0
@@ -176,7 +204,8 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
         allowed = 0.0 if tol < 1e-3 else 0.02
         tab.add(f"{fam} 1 random model: top-k choices unlike transformers', fraction of {rows}", flips / rows, allowed,
                 note=f"{flips} tokens; experts touched (layer, expert): {sorted(touched)}" if flips else "")
-    if len(moe_layers) < L:   # HF's aux loss over the MoE layers' router outputs (dense ones have none)
+    if len(moe_layers) < L and not fam.startswith("deepseek"):   # HF's aux loss over the MoE layers' router
+        # outputs (dense ones have none; transformers' DeepseekV3 computes no aux loss)
         with torch.no_grad():
             o_aux = m1(input_ids=x_win[:, :T], output_router_logits=True)
         tab.add(f"{fam} 1 random model: aux (HF form, MoE layers), rel",
@@ -189,6 +218,9 @@ def check_family(tab, fam, moe, work, dev, tol, hf_device, steps, toks, launch=(
         if not k.startswith("grad."):
             continue
         name = k[5:]
+        if name.endswith("e_score_correction_bias"):   # a buffer in transformers: no gradient on either side
+            tab.add(f"{fam} 1 routing bias {name} has no gradient", g.abs().max().item(), 0)
+            continue
         gh = hf_grad(params, name)
         gh = torch.zeros_like(g) if gh is None else gh.detach().cpu()
         if tuple(gh.shape) != tuple(g.shape):

@@ -144,6 +144,13 @@ static void bfr_to_hid(void *out, const float *inp, size_t n) {
     memmove(out, inp, n * sizeof(float));
     bf16_round_n(out, n);
 }
+// latent attention's head blocks: the cpu's copy, each value written into the hidden format rounded once
+static void bfr_copy_strided(void *dst, int dh, const void *src, int sh, Stride3 s, float a, int acc) {
+    backend_cpu()->copy_strided(dst, dh, src, sh, s, a, acc);
+    if (dh)
+        for (int i = 0; i < s.n0; i++)
+            for (int j = 0; j < s.n1; j++) bf16_round_n((float *)dst + i * s.d0 + j * s.d1, (size_t)s.cols);
+}
 static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const int32_t *idx, const float *b,
                                  const float *scale, int n, int C, int hid) {
     backend_cpu()->gather_dot_scale(out, dot, inp, idx, b, scale, n, C, 0);
@@ -289,6 +296,7 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.attention_bwd = bfr_attention_bwd;
         b.rope_fwd_hid = bfr_rope_fwd_hid;
         b.to_hid = bfr_to_hid;
+        b.copy_strided = bfr_copy_strided;
     }
     return &b;
 }

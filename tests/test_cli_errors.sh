@@ -208,17 +208,36 @@ run_fail "MOE_BF16_SHADOW must be 0" env MOE_BF16_SHADOW=yes "${T[@]}" --force
 run_fail "MOE_GROUPED_GEMM must be auto" env MOE_GROUPED_GEMM=cutlass "${T[@]}" --force
 run_fail "MOE_ATTN_DS_MB must be a whole number" env MOE_ATTN_DS_MB=lots "${T[@]}" --force
 run_fail "MOE_ATTN_DS_MB must be a whole number" env MOE_ATTN_DS_MB=-1 "$MOE" info --preset peers-ref
-# The cuda memory line counts the attention backward's dS scratch (ops.h attention_ds_bytes): batch 4 x 2048,
-# 16 heads of 128: 32 query tiles of 64 rows, tile m reading m + 1 key tiles of 64 x 64 bf16, so
-# 4 * 16 * 528 * 8 KiB = 264 MiB, with D (0.5 MiB) and the bf16 dout (32 MiB): 296.50 MiB, above the 64 MiB
-# of a layer's bf16 expert rows (2 x 16384 x 2048 bytes), which is all that is left with MOE_ATTN_DS_MB=0
-# (and with a cap below 264).
+# The cuda memory line counts the backend's two scratch buffers apart (cost.c cuda_gemm_scratch,
+# cuda_workspace_bytes), peers-ref at batch 4 x 2048 (N = 8192 tokens, d 2048, vocab 32000, 16 heads of 128):
+#  - the bf16 GEMM operands (cuda_gemm.cu bf16_scratch_v): the largest need is the LM head's backward, its
+#    output gradient N x 32000 and its input N x 2048 in bf16: 500 MiB + 32 MiB = 532.00 MiB (each a
+#    multiple of 256 bytes; grown from the head's forward need of 32 MiB, more than 1.25 x that);
+#  - the workspace (cuda_workspace): the attention backward's D (4 x 16 x 2048 floats: 0.5 MiB), the bf16
+#    dout (N x 2048: 32 MiB) and the dS scratch (ops.h attention_ds_bytes: 32 query tiles of 64 rows, tile m
+#    reading m + 1 key tiles of 64 x 64 bf16, so 4 * 16 * 528 * 8 KiB = 264 MiB): 296.50 MiB; without dS
+#    (MOE_ATTN_DS_MB=0, or a cap below 264) 32.50 MiB, still above the router's (8 x 2048 floats x 64
+#    blocks of 128 rows: 4 MiB) and the norms' (2048 doubles x 128 blocks of 64 rows: 2 MiB) partial sums.
 for cap in "" 264 263 0; do
-  want="296.50 MiB"; [ "$cap" = 263 ] || [ "$cap" = 0 ] && want="64.00 MiB"
+  want="828.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 296.50 MiB)"
+  [ "$cap" = 263 ] || [ "$cap" = 0 ] && want="564.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 32.50 MiB)"
   if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 >"$OUT_FILE" 2>"$ERR_FILE" &&
-     grep -q "bf16 operand scratch $want" "$OUT_FILE"; then pass "moe info: attention dS scratch, MOE_ATTN_DS_MB='$cap'"
-  else fail "moe info: attention dS scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
+     grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap'"
+  else fail "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
 done
+# --precision fp8 adds the FP8 table's two buffers (cuda_fp8_ops.cu: it keeps no FP8 copy between ops), the
+# same model: 16384 routed rows over 8 experts (2048 each: padded to 128, P = 16384 columns), d 2048, f 5632:
+#  - float32 rows inside a fused op: h1 and h3 of the up projection, 2 x 4 x 16384 x 5632 = 704 MiB (the
+#    backward's dact, half that, fits);
+#  - the operands' codes (1 byte) and float32 scales of one op, grown to 1.25 x where a need exceeds it:
+#    up forward 32 MiB rows + 1 MiB tile scales + 88 MiB weights + 22,528 B block scales = 126,900,224 B; down
+#    forward 88 + 2.75 MiB + 88 MiB + 22,528 B = 187,455,488 B; down backward (dout's tiles 32 + 1 MiB, the
+#    weights transposed 88 MiB + 22,528 B, dout^T 32 + 1 MiB and act^T 88 + 2.75 MiB over P) 256,661,504 B;
+#    up backward 317,216,768 B, below 1.25 x 256,661,504 = 320,826,880 B, which the buffer grew to;
+#  704 MiB + 320,826,880 B = 1009.96 MiB (the H200 measured 86,375 - 85,359 = 1016 MiB more than mixed).
+if "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision fp8 >"$OUT_FILE" 2>"$ERR_FILE" &&
+   grep -qF "+ fp8 operands 1009.96 MiB + scratch 828.50 MiB" "$OUT_FILE"; then pass "moe info --precision fp8: the FP8 table's scratch"
+else fail "moe info --precision fp8: the FP8 table's scratch (want 1009.96 MiB)"; show_output; fi
 # --precision bf16 in one process keeps the weights only bf16 GEMMs read in the bf16 copy alone (ops.h
 # alloc_bf16_params, params.h params_bf16_ranges): the float32 buffer's whole 2 MiB pages inside each range are
 # not there. Floats: embedding 32000 x 2048; a layer 302,010,368 = two norms 2 x 2048, q and o 2048^2, k and v

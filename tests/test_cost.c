@@ -166,8 +166,9 @@ static void check_comm(void) {
 }
 
 static int same_cuda(const CostCuda *a, const CostCuda *b) {
-    return a->hid == b->hid && a->shadow == b->shadow && a->scratch == b->scratch && a->alone == b->alone &&
-        a->lent == b->lent && a->total == b->total && a->routed == b->routed;
+    return a->hid == b->hid && a->shadow == b->shadow && a->scratch == b->scratch && a->gemm == b->gemm &&
+        a->fp8 == b->fp8 && a->workspace == b->workspace && a->alone == b->alone && a->lent == b->lent &&
+        a->total == b->total && a->routed == b->routed;
 }
 
 // A mesh of one rank holds what one process does, on the cpu and (every delta, exactly) on the cuda backend.
@@ -197,7 +198,8 @@ static void check_memory(const char *name) {
                name, v, r->cuda.total, w.cuda.total);
         // the cuda figure is the float32 one with the deltas: bf16 halves rows, adds a bf16 weight copy
         double np = r->params / 4;
-        EXPECT(w.cuda.shadow == 2 * np && w.cuda.hid > 0 && w.cuda.scratch > 0 &&
+        EXPECT(w.cuda.shadow == 2 * np && w.cuda.hid > 0 && w.cuda.gemm >= 1048576 &&
+                   w.cuda.workspace >= 1048576 && w.cuda.scratch == w.cuda.gemm + w.cuda.workspace &&
                    w.cuda.total ==
                        w.total + w.lent - w.cuda.hid + w.cuda.shadow + w.cuda.scratch - w.cuda.lent -
                            w.cuda.alone,

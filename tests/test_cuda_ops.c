@@ -2455,6 +2455,9 @@ static void run_suite(const Backend *be, int big) {
     test_grouped(200, 264, 5, c5);
     test_grouped_fused(200, 264, 5, c5); // the Hopper kernel's fused epilogues and dinp pair
     test_grouped_fused(70, 45, 6, c6); // shapes the kernel does not take: the cuBLAS loop
+    const int64_t c80[1] = {80};
+    test_grouped_fused(96, 96, 1, c80); // one group of all rows: a dense layer's MLP (moe_shared_forward)
+    test_grouped_fused(96, 48, 1, c80);
     if (big) {
         const int64_t c8[8] = {300, 129, 0, 511, 64, 1, 256, 200};
         test_grouped(512, 768, 8, c8);

@@ -4,9 +4,10 @@
 // prefix to float round-off (1e-4 of the logits' scale; different GEMM shapes round differently; 2e-2
 // on "cuda", whose GEMMs round their operands to bf16), and
 // rope_rows over a row range is the same bits as rope_fwd's rows. For Mixtral and the families' options
-// (QK-norm, biases, shared expert, routing bias). On cpu; on cuda and cuda-fp32 where a
-// GPU is present (the lead's device check: build/test_decode on the GPU machine), else those skip.
-// Not here: the sampling policy (tests/test_sample.sh: cached and uncached sampling, token for token).
+// (QK-norm, biases, shared expert, routing bias) and latent attention (its cache: the latent and the rope
+// key; rope_yarn's properties). On cpu; on cuda and cuda-fp32 where a GPU is present (the lead's device
+// check: build/test_decode on the GPU machine), else those skip. Not here: the sampling policy
+// (tests/test_sample.sh: cached and uncached sampling, token for token).
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
@@ -53,6 +54,75 @@ static void check_rope(const Backend *be) {
     free(y);
     free(xh);
     free(yh);
+}
+
+// rope_yarn (ops.h): without YaRN, rows of ld = hd, half pairs: rope_rows' bits; with YaRN and an attention
+// factor, over strided rows: adjoint 1 is the transpose (<R x, y> = <x, R^T y> to float round-off); the
+// interleaved pairs are the half pairs of the same values de-interleaved (the rotation of pair j the same).
+static void check_rope_yarn(const Backend *be) {
+    enum { NB = 2, TT = 7, NH = 3, HD = 8, LD = 13, t0 = 2, t1 = 7, n = t1 - t0 };
+    size_t N = (size_t)NB * n * NH * LD, bytes = N * sizeof(float);
+    float *x = xmalloc(bytes), *y = xmalloc(bytes), *a = xmalloc(bytes), *b = xmalloc(bytes);
+    Rng r;
+    rng_seed(&r, 9);
+    for (size_t i = 0; i < N; i++)
+        x[i] = (float)(rng_uniform(&r) * 2 - 1), y[i] = (float)(rng_uniform(&r) * 2 - 1);
+    float *d = be->alloc(bytes);
+    // (1) ld = hd, no YaRN: rope_rows' bits
+    size_t n1 = (size_t)NB * n * NH * HD;
+    RopeYarn plain = {10000.0f, 0, 0, 0, 1, 0};
+    be->to_device(d, x, n1 * sizeof(float));
+    be->rope_yarn(d, NB, t0, t1, NH, HD, HD, plain, 0);
+    be->to_host(a, d, n1 * sizeof(float));
+    be->to_device(d, x, n1 * sizeof(float));
+    be->rope_rows(d, NB, t0, t1, NH, HD, 10000.0f, 0);
+    be->to_host(b, d, n1 * sizeof(float));
+    EXPECT(!memcmp(a, b, n1 * sizeof(float)), "%s: rope_yarn without YaRN differs from rope_rows", be->name);
+    // (2) the adjoint, strided rows (the columns past hd untouched), YaRN with an attention factor
+    for (int il = 0; il < 2; il++) {
+        RopeYarn yr = {10000.0f, 4.0f, 0.0f, 2.0f, 0.8f, il};
+        be->to_device(d, x, bytes);
+        be->rope_yarn(d, NB, t0, t1, NH, HD, LD, yr, 0);
+        be->to_host(a, d, bytes);
+        be->to_device(d, y, bytes);
+        be->rope_yarn(d, NB, t0, t1, NH, HD, LD, yr, 1);
+        be->to_host(b, d, bytes);
+        double rx = 0, xr = 0, nn = 0;
+        int kept = 1;
+        for (size_t i = 0; i < N; i++) {
+            if (i % LD >= HD) kept &= a[i] == x[i] && b[i] == y[i];
+            else rx += (double)a[i] * y[i], xr += (double)x[i] * b[i], nn += fabs((double)a[i] * y[i]);
+        }
+        EXPECT(kept, "%s: rope_yarn wrote past hd of a strided row", be->name);
+        EXPECT(fabs(rx - xr) <= 1e-6 * nn, "%s: rope_yarn interleave %d: <R x, y> %.9g != <x, R^T y> %.9g",
+               be->name, il, rx, xr);
+    }
+    // (3) interleaved pairs (2j, 2j+1) = half pairs (j, j + hd/2) of the de-interleaved values
+    RopeYarn yi = {10000.0f, 4.0f, 0.0f, 2.0f, 0.8f, 1}, yh = yi;
+    yh.interleave = 0;
+    for (size_t row = 0; row < N / LD; row++)
+        for (int j = 0; j < HD / 2; j++) {
+            b[row * LD + j] = x[row * LD + 2 * j];
+            b[row * LD + j + HD / 2] = x[row * LD + 2 * j + 1];
+        }
+    be->to_device(d, x, bytes);
+    be->rope_yarn(d, NB, t0, t1, NH, HD, LD, yi, 0);
+    be->to_host(a, d, bytes);
+    be->to_device(d, b, bytes);
+    be->rope_yarn(d, NB, t0, t1, NH, HD, LD, yh, 0);
+    be->to_host(y, d, bytes);
+    int same = 1;
+    for (size_t row = 0; row < N / LD; row++)
+        for (int j = 0; j < HD / 2; j++)
+            same &=
+                a[row * LD + 2 * j] == y[row * LD + j] && a[row * LD + 2 * j + 1] == y[row * LD + j + HD / 2];
+    EXPECT(same, "%s: rope_yarn's interleaved pairs differ from the half pairs of the de-interleaved row",
+           be->name);
+    be->free(d);
+    free(x);
+    free(y);
+    free(a);
+    free(b);
 }
 
 static void check_model(const Backend *be, const ModelConfig *cfg, const char *label) {
@@ -139,6 +209,31 @@ static void check_backend(const Backend *be) {
     f3.renormalize = 0;
     f3.balance = BALANCE_AUX_FREE;
     check_model(be, &f3, "qwen2_moe biases, gated shared expert, aux-free bias");
+    // latent attention: the cache holds the latent and the rope key; q_lora, values narrower than the
+    // query/key heads, YaRN with both mscales, the interleaved rope pairs; then q_proj, no YaRN
+    check_rope_yarn(be);
+    ModelConfig f4 = c;
+    f4.n_kv_heads = 4;
+    f4.q_lora_rank = 12;
+    f4.kv_lora_rank = 10;
+    f4.qk_nope_head_dim = 6;
+    f4.qk_rope_head_dim = 4;
+    f4.v_head_dim = 5;
+    f4.head_dim = 4;
+    f4.rope_interleave = 1;
+    f4.rope_factor = 4;
+    f4.rope_orig_max = 8;
+    f4.yarn_mscale = 0.9f;
+    f4.yarn_mscale_all_dim = 0.7f;
+    check_model(be, &f4, "latent attention, q_lora, yarn, interleaved");
+    ModelConfig f5 = f4;
+    f5.q_lora_rank = 0;
+    f5.rope_factor = 0;
+    f5.rope_orig_max = 0;
+    f5.yarn_mscale = f5.yarn_mscale_all_dim = 0;
+    f5.rope_interleave = 0;
+    f5.v_head_dim = 10;
+    check_model(be, &f5, "latent attention, q_proj");
 }
 
 int main(void) {

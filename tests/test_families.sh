@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test_families.sh — the model families beyond Mixtral (OLMoE, Qwen2-MoE, Qwen3-MoE) without transformers:
+# test_families.sh — the model families beyond Mixtral (OLMoE, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3) without
+# transformers:
 #   - `moe info --preset` parameter counts equal the sums over the HF checkpoints' tensor shapes, computed
 #     here from each published config.json (independently of src/), and round to the published totals;
 #   - each family trains, exports to its own architecture with exactly the tensor names (and the QK-norm
@@ -44,6 +45,32 @@ olmoe-1b-7b 6.92 1.28 50304 2048 16 16 16 128 1024 64 8 0 1 0
 qwen2-moe-a2.7b 14.3 2.7 151936 2048 24 16 16 128 1408 60 4 5632 0 1
 qwen3-moe-30b-a3b 30.5 3.3 151936 2048 48 32 4 128 768 128 8 0 2 0
 P
+# DeepSeek-V3's shapes (latent attention, the first kd layers dense of fd, ns shared experts of f): their
+# config.json's tensors, the aux-free routing bias (E per MoE layer) left out as moe info leaves it out for
+# every aux-free model. Published: deepseek-ai/DeepSeek-V3 "671B total, 37B activated" (the MTP module's 14B
+# apart); moonshotai/Moonlight-16B-A3B "16B total, 3B activated" (15.29B / 2.24B without the embeddings)
+# dscount V d L H qr kvr dn dr dv f E k ns kd fd -> "total active"
+dscount() {
+  awk -v V="$1" -v d="$2" -v L="$3" -v H="$4" -v qr="$5" -v kvr="$6" -v dn="$7" -v dr="$8" -v dv="$9" -v f="${10}" \
+      -v E="${11}" -v k="${12}" -v ns="${13}" -v kd="${14}" -v fd="${15}" 'BEGIN {
+    hq = dn + dr
+    q = qr ? d * qr + qr + qr * H * hq : d * H * hq                       # q_a, q_a_layernorm, q_b (or q_proj)
+    attn = q + d * (kvr + dr) + kvr + kvr * H * (dn + dv) + H * dv * d    # kv_a, kv_a_layernorm, kv_b, o
+    moe = E * d + ns * 3 * d * f + E * 3 * d * f                          # router, shared experts, experts
+    printf "%.0f %.0f\n", 2 * V * d + d + L * (attn + 2 * d) + (L - kd) * moe + kd * 3 * d * fd,
+      2 * V * d + d + L * (attn + 2 * d) + (L - kd) * (moe - (E - k) * 3 * d * f) + kd * 3 * d * fd }'
+}
+while read -r name pub_t pub_a shapes; do
+  want=$(dscount $shapes); got=$(preset_counts "$name")
+  t=${got% *}; a=${got#* }
+  if [ "$got" = "$want" ] && agrees "$t" "$pub_t" && agrees "$a" "$pub_a"; then
+    pass "preset $name: $t total / $a active = the HF shapes' sum (published ${pub_t}B / ${pub_a}B)"
+  else fail "preset $name: moe info says '$got', the HF shapes give '$want' (published ${pub_t}B / ${pub_a}B)"; fi
+done <<'P'
+deepseek-v3 671 37 129280 7168 61 128 1536 512 128 64 128 2048 256 8 1 3 18432
+moonlight-16b-a3b 16 3 163840 2048 27 16 0 512 128 64 128 1408 64 6 2 1 11264
+P
+run_ok "deepseek-v3-tiny trains" "$MOE" train --preset deepseek-v3-tiny --out "$W/dstiny" "${SMALL[@]}" --steps 2 --device cpu
 
 # ---- each family: train, export, names, eval equality, --init-from
 # the tensor names of a safetensors file, sorted
@@ -58,7 +85,10 @@ hf_names() {   # hf_names FAMILY L E [DENSE]: DENSE the dense layers (Qwen's mlp
   for ((l = 0; l < L; l++)); do
     p="model.layers.$l"
     echo "$p.input_layernorm.weight"; echo "$p.post_attention_layernorm.weight"
-    for x in q k v o; do echo "$p.self_attn.${x}_proj.weight"; done
+    if [ "$fam" = deepseek_v3 ]; then   # DeepseekV3Attention (q_lora_rank set): latent attention's projections
+      for x in q_a_proj q_a_layernorm q_b_proj kv_a_proj_with_mqa kv_a_layernorm kv_b_proj o_proj; do
+        echo "$p.self_attn.$x.weight"; done
+    else for x in q k v o; do echo "$p.self_attn.${x}_proj.weight"; done; fi
     case "$fam" in
       olmoe|qwen3_moe) echo "$p.self_attn.q_norm.weight"; echo "$p.self_attn.k_norm.weight" ;;
       qwen2_moe) for x in q k v; do echo "$p.self_attn.${x}_proj.bias"; done ;;
@@ -67,6 +97,10 @@ hf_names() {   # hf_names FAMILY L E [DENSE]: DENSE the dense layers (Qwen's mlp
       for x in gate up down; do echo "$p.mlp.${x}_proj.weight"; done; continue
     fi
     echo "$p.mlp.gate.weight"
+    if [ "$fam" = deepseek_v3 ]; then   # DeepseekV3TopkRouter's score-correction bias, DeepseekV3MoE's shared MLP
+      echo "$p.mlp.gate.e_score_correction_bias"
+      for x in gate up down; do echo "$p.mlp.shared_experts.${x}_proj.weight"; done
+    fi
     for ((e = 0; e < E; e++)); do for x in gate up down; do echo "$p.mlp.experts.$e.${x}_proj.weight"; done; done
     if [ "$fam" = qwen2_moe ]; then
       for x in gate up down; do echo "$p.mlp.shared_expert.${x}_proj.weight"; done
@@ -82,7 +116,8 @@ while IFS='|' read -r fam arch flags qshape; do
     { fail "$fam: training"; show_output; continue; }
   run_ok "$fam: export" "$MOE" export --ckpt "$run" --out "$hf" || continue
   check "$fam: config.json says $arch" grep -q "\"architectures\":.*\"$arch\"" "$hf/config.json"
-  if diff <(st_names "$hf/model.safetensors") <(hf_names "$fam" 2 4) > "$TMP/names.diff"; then
+  dense=" "; [ "$fam" = deepseek_v3 ] && dense=" 0 "   # (its first_k_dense_replace 1 below)
+  if diff <(st_names "$hf/model.safetensors") <(hf_names "$fam" 2 4 "$dense") > "$TMP/names.diff"; then
     pass "$fam: exported tensors are exactly transformers' names ($(st_names "$hf/model.safetensors" | wc -l))"
   else fail "$fam: tensor names differ from transformers'"; head -8 "$TMP/names.diff"; fi
   [ -n "$qshape" ] && check "$fam: q_norm shape $qshape" [ "$(st_shape "$hf/model.safetensors" model.layers.1.self_attn.q_norm.weight)" = "$qshape" ]
@@ -94,6 +129,7 @@ done <<'F'
 olmoe|OlmoeForCausalLM|--family olmoe --qk-norm full --renormalize 0|[32]
 qwen2_moe|Qwen2MoeForCausalLM|--family qwen2_moe --qkv-bias 1 --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1 --renormalize 0|
 qwen3_moe|Qwen3MoeForCausalLM|--family qwen3_moe --qk-norm head --head-dim 12|[12]
+deepseek_v3|DeepseekV3ForCausalLM|--family deepseek_v3 --n-kv-heads 4 --kv-lora-rank 12 --q-lora-rank 16 --qk-nope-head-dim 8 --qk-rope-head-dim 4 --v-head-dim 6 --rope-interleave 1 --route-sigmoid 1 --z-coef 0 --n-group 2 --topk-group 1 --route-scale 2.5 --balance aux-free --n-shared-experts 1 --shared-d-ff 24 --dense-layers 0 --dense-d-ff 40|
 F
 
 # ---- dense layers among the MoE layers: Qwen's Qwen2MoeMLP / Qwen3MoeMLP names, mlp_only_layers and the dense
@@ -154,8 +190,30 @@ plain "$W/hf_qwen2_moe" "$W/pl_qwen2_moe" '{"architectures":["Qwen2MoeForCausalL
  "num_key_value_heads":2,"output_router_logits":false,"rms_norm_eps":1e-05,"rope_theta":10000.0,
  "router_aux_loss_coef":0.001,"shared_expert_intermediate_size":40,"sliding_window":256,"tie_word_embeddings":false,
  "torch_dtype":"bfloat16","use_cache":true,"use_sliding_window":false,"vocab_size":256}'
-for fam in olmoe qwen2_moe qwen3_moe; do
-  a=$("$MOE" eval --ckpt "$W/hf_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+# DeepSeek-V3's keys as its published config.json has them (4.x: rope_scaling, topk_method, scoring_func,
+# moe_layer_freq), YaRN (factor 1: the correction is the identity, the softmax scale times mscale_all_dim's 1),
+# and its num_nextn_predict_layers 1: the weights an export of the same model with one MTP module (the
+# released checkpoints' model.layers.{L} names), so its MTP module, on latent attention, reads back too
+DSF=$(sed -n 's/^deepseek_v3|[^|]*|\([^|]*\)|.*/\1/p' "$0")
+"$MOE" train --out "$W/r_dsmtp" "${SMALL[@]}" "${M[@]}" --steps 3 --device cpu $DSF --mtp 1 >"$OUT_FILE" 2>"$ERR_FILE" ||
+  { fail "deepseek_v3 with --mtp 1: training"; show_output; }
+run_ok "deepseek_v3 with --mtp 1: export" "$MOE" export --ckpt "$W/r_dsmtp" --out "$W/hf_deepseek_v3_mtp"
+check "deepseek_v3 with --mtp 1: the export holds the module as model.layers.2 (eh_proj, its latent attention)" \
+  [ "$(st_names "$W/hf_deepseek_v3_mtp/model.safetensors" | grep -c -e '^model\.layers\.2\.eh_proj\.' \
+       -e '^model\.layers\.2\.self_attn\.kv_a_proj_with_mqa\.')" = 2 ]
+plain "$W/hf_deepseek_v3_mtp" "$W/pl_deepseek_v3" '{"architectures":["DeepseekV3ForCausalLM"],"attention_bias":false,
+ "attention_dropout":0.0,"first_k_dense_replace":1,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,
+ "intermediate_size":40,"kv_lora_rank":12,"max_position_embeddings":256,"model_type":"deepseek_v3",
+ "moe_intermediate_size":24,"moe_layer_freq":1,"n_group":2,"n_routed_experts":4,"n_shared_experts":1,
+ "norm_topk_prob":true,"num_attention_heads":4,"num_experts_per_tok":2,"num_hidden_layers":2,
+ "num_key_value_heads":4,"num_nextn_predict_layers":1,"q_lora_rank":16,"qk_nope_head_dim":8,"qk_rope_head_dim":4,
+ "rms_norm_eps":1e-05,"rope_scaling":{"beta_fast":32,"beta_slow":1,"factor":1.0,"mscale":1.0,"mscale_all_dim":1.0,
+ "original_max_position_embeddings":256,"type":"yarn"},"rope_theta":10000,"routed_scaling_factor":2.5,
+ "scoring_func":"sigmoid","topk_group":1,"topk_method":"noaux_tc","tie_word_embeddings":false,
+ "torch_dtype":"bfloat16","use_cache":true,"v_head_dim":6,"vocab_size":256}'
+for fam in olmoe qwen2_moe qwen3_moe deepseek_v3; do
+  hf="$W/hf_$fam"; [ "$fam" = deepseek_v3 ] && hf="$W/hf_deepseek_v3_mtp"
+  a=$("$MOE" eval --ckpt "$hf" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
   b=$("$MOE" eval --ckpt "$W/pl_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
   check "$fam: a published-style config.json (no moe_c) reads as the same model ($b)" [ -n "$a" ] && [ "$a" = "$b" ]
 done
@@ -173,7 +231,7 @@ run_fail "aux-free balancing adds a per-expert bias to the routing scores" "$MOE
 bad() {   # bad NAME SED-EXPR: a copy of the qwen2_moe export with config.json edited
   rm -rf "$W/$1"; cp -r "$W/hf_qwen2_moe" "$W/$1"; sed -i "$2" "$W/$1/config.json"
 }
-bad unk 's/"Qwen2MoeForCausalLM"/"DeepseekV3ForCausalLM"/'
+bad unk 's/"Qwen2MoeForCausalLM"/"JambaForCausalLM"/'
 bad mt 's/"model_type":[^,]*/"model_type":"olmoe"/'
 bad renorm 's/"norm_topk_prob":[^,]*/"norm_topk_prob":true/'
 bad hd 's/"head_dim":[^,]*/"head_dim":16/'
@@ -181,9 +239,18 @@ bad step 's/"decoder_sparse_step":[^,]*/"decoder_sparse_step":2/'
 bad mlo 's/"mlp_only_layers":[^]]*]/"mlp_only_layers":[5]/'
 cp -r "$W/hf_olmoe" "$W/olbias"; sed -i 's/"vocab_size"/"qkv_bias":true,"vocab_size"/' "$W/olbias/config.json"
 cp -r "$W/hf_qwen3_moe" "$W/q3sh"; sed -i 's/"vocab_size"/"shared_expert_intermediate_size":64,"vocab_size"/' "$W/q3sh/config.json"
-GUARD="$W/unk $W/mt $W/renorm $W/hd $W/step $W/mlo $W/olbias $W/q3sh"
-run_fail 'architecture "DeepseekV3ForCausalLM" is not supported' "$MOE" eval --ckpt "$W/unk" "${EV[@]}"
-run_fail 'architecture "DeepseekV3ForCausalLM" is not supported' "$MOE" train --init-from "$W/unk" --out "$W/new" "${SMALL[@]}"
+# DeepSeek-V3's methods and RoPE types we lack, named
+for b in "tk|s/\"topk_method\":\"noaux_tc\"/\"topk_method\":\"greedy\"/" "sf|s/\"scoring_func\":\"sigmoid\"/\"scoring_func\":\"softmax\"/" \
+         "ry|s/\"type\":\"yarn\"/\"type\":\"longrope\"/" "af|s/\"mscale\":1.0,/\"attention_factor\":0.5,/"; do
+  rm -rf "$W/ds_${b%%|*}"; cp -r "$W/pl_deepseek_v3" "$W/ds_${b%%|*}"; sed -i "${b#*|}" "$W/ds_${b%%|*}/config.json"
+done
+GUARD="$W/unk $W/mt $W/renorm $W/hd $W/step $W/mlo $W/olbias $W/q3sh $W/ds_tk $W/ds_sf $W/ds_ry $W/ds_af"
+run_fail 'key "topk_method" is "greedy"; only "noaux_tc" is supported' "$MOE" eval --ckpt "$W/ds_tk" "${EV[@]}"
+run_fail 'key "scoring_func" is "softmax"; only "sigmoid" is supported' "$MOE" train --init-from "$W/ds_sf" --out "$W/new" "${SMALL[@]}"
+run_fail 'key "rope_scaling" is set; RoPE scaling is not supported (only "yarn")' "$MOE" eval --ckpt "$W/ds_ry" "${EV[@]}"
+run_fail 'key "rope_scaling": "attention_factor" is not supported with rope_type "yarn"' "$MOE" eval --ckpt "$W/ds_af" "${EV[@]}"
+run_fail 'architecture "JambaForCausalLM" is not supported' "$MOE" eval --ckpt "$W/unk" "${EV[@]}"
+run_fail 'architecture "JambaForCausalLM" is not supported' "$MOE" train --init-from "$W/unk" --out "$W/new" "${SMALL[@]}"
 run_fail 'key "model_type" is "olmoe", expected "qwen2_moe"' "$MOE" eval --ckpt "$W/mt" "${EV[@]}"
 run_fail 'keys "norm_topk_prob" (true) and "moe_c": "renormalize" (false) contradict each other' "$MOE" eval --ckpt "$W/renorm" "${EV[@]}"
 run_fail "key \"head_dim\" is 16, but Qwen2MoeForCausalLM's heads are hidden_size / num_attention_heads = 32 / 4 wide" \

@@ -9,6 +9,8 @@
 # no exchange; sigmoid group-limited routing) at tp2+dp2+ep2 and over pp2 (the dense layer on stage 0); with two
 # MTP modules (mtp_loss compared as the losses) at tp2, dp2+ep2 and pp2 (the modules on the last stage, the
 # first stage's embedding output sent to it and its gradient back).
+# Multi-head latent attention at tp2, and with an MTP module (its block's latent attention split as a
+# main layer's) at tp2.
 # OLMoE's full-width QK-norm over TP (its row sums all-reduced over the TP ranks, its weight sliced with
 # the heads): tp2 (with the end-of-run sample, the KV-cached decode's split norm, equal to one process's),
 # tp2+dp2+ep2, dp2+tp2 zero2, and that run's step-2 checkpoint resumed in one process (the sliced norm
@@ -28,6 +30,12 @@ OL="--family olmoe --qk-norm full --renormalize 0"
 DN="--dense-layers 0 --dense-d-ff 40 --route-sigmoid 1 --z-coef 0 --n-group 2 --topk-group 1 --route-scale 2.5"
 DN="$DN --n-shared-experts 1 --shared-d-ff 24 --balance aux-free --bias-rate 0.01"
 
+# multi-head latent attention (q_lora, a latent, the shared rope key, values narrower than the query/key heads,
+# YaRN): q_b and kv_b split over TP by heads, o_proj by its columns, q_a, kv_a and their norms replicated and
+# their gradients (each rank's heads' part) reduced over the stage
+ML="--n-kv-heads 4 --kv-lora-rank 12 --q-lora-rank 16 --qk-nope-head-dim 8 --qk-rope-head-dim 4 --v-head-dim 6"
+ML="$ML --rope-factor 4 --rope-orig-max 8 --yarn-mscale 0.8 --yarn-mscale-all-dim 1"
+
 # "family flags|ranks|mesh flags|label"
 CASES="$Q2|4|--tp 2 --ep 2|qwen2_moe (biases, gated shared expert): tp2+dp2+ep2
 $Q2 --dispatch capacity --capacity-factor 0.8 --jitter 0.05|2|--tp 2|qwen2_moe capacity+jitter: tp2
@@ -45,7 +53,9 @@ $DN|4|--tp 2 --ep 2|deepseek-shaped (dense layer 0, sigmoid groups): tp2+dp2+ep2
 $DN --grad-accum 4|2|--pp 2|deepseek-shaped: pp2 (the dense layer on stage 0)
 $DN --mtp 2 --mtp-weight 0.5|2|--tp 2|deepseek-shaped + 2 MTP modules: tp2
 $DN --mtp 2 --mtp-weight 0.5|2|--ep 2|deepseek-shaped + 2 MTP modules: dp2+ep2
-$DN --mtp 2 --mtp-weight 0.5 --grad-accum 4|2|--pp 2|deepseek-shaped + 2 MTP modules: pp2 (on stage 1, the embedding rows sent)"
+$DN --mtp 2 --mtp-weight 0.5 --grad-accum 4|2|--pp 2|deepseek-shaped + 2 MTP modules: pp2 (on stage 1, the embedding rows sent)
+$ML|2|--tp 2|latent attention (q_lora, YaRN): tp2
+$ML --mtp 1|2|--tp 2|latent attention + 1 MTP module: tp2"
 
 i=0
 while IFS='|' read -r fam np flags label; do

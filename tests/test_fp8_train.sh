@@ -31,11 +31,10 @@ run_fail "--bf16-rounding rounds the weights of --precision bf16; this run's pre
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-rounding nearest --out G/R1
 run_fail "--bf16-grads sets the gradients of --precision bf16; this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-grads 0 --out G/R1
-run_fail "plan: --precision fp8 is not in the planner's model yet" \
-  "$MOE" plan --gpus 8 --precision fp8
 GUARD=""
 run_ok "moe info --precision fp8" "$MOE" info --precision fp8
 check "moe info names the fp8 GEMMs" grep -q "the experts' GEMMs in fp8 e4m3" "$OUT_FILE"
+run_ok "moe plan --precision fp8 (the FP8 table's memory and rate: test_plan)" "$MOE" plan --gpus 8 --precision fp8
 
 # ---- one process: the record, determinism, resume
 run_ok "fp8 run" "$MOE" train "${BASE[@]}" --precision fp8 --out A < /dev/null

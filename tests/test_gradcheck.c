@@ -51,15 +51,17 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
 }
 
 static float g_dropout; // residual dropout of the next check_config (one fixed mask for every forward)
+static float g_embed_dropout; // embedding dropout of the next check_config (the same)
 
 static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     int fam = c.family != FAM_MIXTRAL || c.balance != BALANCE_AUX || c.aux_scope != AUX_SCOPE_MICRO ||
-        c.dense_d_ff > 0 || c.route_sigmoid; // the new options
+        c.dense_d_ff > 0 || c.route_sigmoid || config_mla(&c); // the new options
     const int B = 2, T = 6;
     Model m;
     model_init(&m, &c, backend_cpu(), B, T, NULL);
     m.dropout = g_dropout;
-    m.drop_seed = g_dropout > 0 || c.attention_dropout > 0
+    m.embed_dropout = g_embed_dropout;
+    m.drop_seed = g_dropout > 0 || g_embed_dropout > 0 || c.attention_dropout > 0
         ? 781
         : 0; // (a mask under which no perturbation flips routing)
     for (int l = 0; l < config_all_layers(&c); l++) m.la[l].moe.host_router_out = 1; // total_loss reads idx_h
@@ -312,6 +314,39 @@ int main(void) {
     t3.mtp_depth = 2;
     t3.mtp_weight = 1.0f;
     check_config("mtp 2 + capacity", t3, 0);
+    // multi-head latent attention: the low-rank q path with its norm, the latent with its norm, the rope key
+    // shared by the 2 heads, value heads (2) narrower than the query/key heads (3 + 4: padded); then q_proj,
+    // value heads as wide as the query/key heads, YaRN (frequencies blended over the 2 pairs, attention
+    // factor mscale / mscale_all_dim, the softmax scale times mscale_all_dim's squared) and a dense layer
+    ModelConfig ml = c;
+    ml.n_kv_heads = 2;
+    ml.q_lora_rank = 6;
+    ml.kv_lora_rank = 5;
+    ml.qk_nope_head_dim = 3;
+    ml.qk_rope_head_dim = 4;
+    ml.v_head_dim = 2;
+    ml.head_dim = 4;
+    check_config("mla q_lora, v 2 of 7", ml, 0);
+    ModelConfig ml2 = ml;
+    ml2.q_lora_rank = 0;
+    ml2.v_head_dim = 7;
+    ml2.rope_factor = 4;
+    ml2.rope_orig_max = 8;
+    ml2.yarn_mscale = 0.7f;
+    ml2.yarn_mscale_all_dim = 1.3f;
+    ml2.n_layers = 3;
+    config_set_dense(&ml2, 1);
+    ml2.dense_d_ff = 10;
+    check_config("mla q_proj, yarn, dense 1", ml2, 0);
+    ModelConfig ml3 = ml; // attention dropout through the padded heads
+    ml3.attention_dropout = 0.1f;
+    check_config("mla attention dropout 0.1", ml3, 0);
+    // an MTP module's block on latent attention (its own q_proj, kv_a, kv_b at layer index n_layers + k - 1,
+    // YaRN as the main layers'): two chained modules on ml2's model (q_proj, YaRN, a dense layer)
+    ModelConfig ml4 = ml2;
+    ml4.mtp_depth = 2;
+    ml4.mtp_weight = 0.5f;
+    check_config("mla + mtp 2 (yarn, dense 1)", ml4, 0);
     g_dropout = 0.3f; // the masked, rescaled branches: the same mask in the backward as in the forward
     check_config("residual dropout 0.3", c, 0);
     g_dropout = 0;
@@ -324,5 +359,8 @@ int main(void) {
     g_dropout = 0.2f;
     check_config("both dropouts, GQA 4/2, k=1", c9, 0);
     g_dropout = 0;
+    g_embed_dropout = 0.3f; // the embedding rows' mask: the embedding's gradient through it
+    check_config("embedding dropout 0.3", c, 0);
+    g_embed_dropout = 0;
     return test_done("test_gradcheck");
 }

@@ -5,7 +5,8 @@
 #       that val loss; a --resume keeps comparing against it (after the resume, still the argmin over
 #       every evaluation of the run);
 #   (2) OUT/train.log is a copy of `moe train`'s stdout, appended on resume;
-#   (3) --force deletes best/ and train.log with the rest of the run.
+#   (3) --force deletes best/ and train.log with the rest of the run;
+#   (4) eval, sample and export of the run directory name the checkpoint they read (the newest) and best/.
 set -u
 . "$(dirname "$0")/lib.sh"
 small_fixture
@@ -38,6 +39,16 @@ a=$(argmin_step r/metrics.jsonl); b=$(best_step r)
 grep -q "resuming from" r/train.log && [ "$(head -c "$(wc -c < out1.txt)" r/train.log | cmp -s - out1.txt; echo $?)" = 0 ] &&
   grep -qF "$(tail -1 out2.txt)" <(tail -1 r/train.log) && pass "train.log: the first run's output, then the resume's" ||
   fail "train.log does not hold both runs' output"
+
+# (4) eval, sample and export of the run directory say which checkpoint they read and where the best is
+b=$(best_step r)
+for c in "eval --eval-batches 1" "sample --tokens 4" "export --out hf_r --force"; do
+  "$MOE" $c --ckpt r > /dev/null 2> note.txt
+  grep -qF "moe: note: reading r/step_00000024, the run's newest checkpoint (step 24); --keep-best kept r/best (step $b," note.txt &&
+    pass "${c%% *} --ckpt r names the newest checkpoint and r/best (step $b)" || fail "${c%% *} --ckpt r: $(cat note.txt)"
+done
+"$MOE" eval --ckpt r/best --eval-batches 1 > /dev/null 2> note.txt
+[ ! -s note.txt ] && pass "eval --ckpt r/best: no note" || fail "eval --ckpt r/best: $(cat note.txt)"
 
 run_ok "--force starts over" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 2 --out r --force
 [ ! -e r/best ] && pass "--force removed best/" || fail "--force left best/"

@@ -11,12 +11,17 @@
 //    gradients are zero; with mtp_weight > 0 they differ (so 2 can fail).
 // 3. The table: without MTP the parameter table is a prefix of the MTP model's (same names, offsets and
 //    initial values), the modules' tensors named model.layers.{L + k - 1}.* as the released checkpoints.
+// 4. Embedding dropout (--embed-dropout) with a module: the module reads the embedding rows after the
+//    mask, so its share of their gradient goes back through the same mask: a token that occurs once, at a
+//    position module 1 reads, has a zero embedding gradient exactly where its row's elements were dropped
+//    (the mask recomputed here from ops.h's dropout_keep), and a nonzero one elsewhere.
 #include <math.h>
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
 #include "model/block.h"
 #include "model/model.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 enum { B = 2, T = 7 };
@@ -208,6 +213,46 @@ static void check_zero_weight(void) {
     model_free(&m);
 }
 
+static void check_embed_dropout(void) {
+    ModelConfig c = small_config();
+    c.aux_coef = c.z_coef = 0;
+    c.mtp_depth = 1;
+    c.mtp_weight = 0.5f;
+    Model m;
+    model_init(&m, &c, backend_cpu(), B, T, NULL);
+    params_init(&m.t, &c, m.params, 4);
+    const float p = 0.3f;
+    m.embed_dropout = p;
+    m.drop_seed = 781;
+    int32_t x[B * T], y[B * T];
+    Rng r;
+    rng_seed(&r, 6);
+    const int uniq = c.vocab_size - 1, g = 3; // the one token the others never are, at row 3 (b 0, i 3)
+    for (int i = 0; i < B * T; i++) {
+        x[i] = i == g ? uniq : (int32_t)rng_below(&r, uniq);
+        y[i] = rng_below(&r, c.vocab_size);
+    }
+    grads_of(&m, x, y);
+    int d = c.d_model, dropped = 0, zero_kept = 0, nonzero_dropped = 0;
+    const float *ge =
+        m.grads + m.t.p[params_find(&m.t, "model.embed_tokens.weight")].offset + (size_t)uniq * d;
+    uint64_t seed = dropout_hash(781, -1, 3); // (one process: the row's global index is g)
+    for (int j = 0; j < d; j++) {
+        int keep = dropout_keep(seed, g, j, dropout_threshold(p));
+        dropped += !keep;
+        nonzero_dropped += !keep && ge[j] != 0;
+        zero_kept += keep && ge[j] == 0;
+    }
+    printf("embedding dropout %.1f + mtp 1: token %d's row, %d of %d elements dropped\n", p, uniq, dropped,
+           d);
+    EXPECT(dropped > 0 && dropped < d, "the fixture drops %d of the row's %d elements (needs some of each)",
+           dropped, d);
+    EXPECT(nonzero_dropped == 0, "%d dropped elements of the row have an embedding gradient",
+           nonzero_dropped);
+    EXPECT(zero_kept == 0, "%d kept elements of the row have no embedding gradient", zero_kept);
+    model_free(&m);
+}
+
 int main(void) {
     ModelConfig c = small_config();
     c.mtp_depth = 1;
@@ -224,5 +269,6 @@ int main(void) {
     q.dense_d_ff = 10;
     check_loss(q, "mtp 2, qwen3 + dense 0");
     check_zero_weight();
+    check_embed_dropout();
     return test_done("test_mtp");
 }

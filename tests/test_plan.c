@@ -10,9 +10,16 @@
 //    the host's when they take longer;
 //  - an impossible layout is refused naming its rule (mesh, pipeline, batch, schedule);
 //  - doubling the links' bandwidth never makes a layout slower, and makes one that communicates faster;
-//  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not.
+//  - a model too big for one GPU: the smallest count that fits does fit, the count below it does not;
+//  - --precision fp8: the experts at the profile's fp8 rate (equal rates: mixed's step; half the rate: the
+//    experts' FLOPs again), --etp > 1 refused as moe train refuses it;
+//  - a profile written (hwprofile_write, what --calibrate writes) reads back (hwprofile_load, --gpu) to the
+//    same numbers, bit for bit, fractions, tiny and huge ones included.
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "model/model.h"
 #include "train/cost.h"
 #include "train/plan.h"
@@ -258,6 +265,67 @@ static void check_smallest(void) {
     }
 }
 
+// A profile of numbers no decimal rounding of 15 digits keeps (thirds, powers of ten far from 1, a
+// denormal-free tiny one), written to a file and read back: every field the same double.
+static void check_roundtrip(void) {
+    HwProfile p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.name, sizeof p.name, "round \"trip\"");
+    double v[13] = {1.0 / 3,  2.0 / 7 * 1e9, 1e15 / 3,       1e-7 / 3, 123456.789012345678, M_PI,   M_E * 1e3,
+                    5e-3 / 9, 7e300 / 3,     1.0 / 9 * 1e-3, 2.5,      0.1 + 0.2,           1e3 / 7};
+    double *f[13] = {&p.mem_bytes,         &p.context_bytes,    &p.peak_tflops, &p.dense_tflops,
+                     &p.grouped_tflops,    &p.attention_tflops, &p.hbm_gbps,    &p.nvlink_gbps,
+                     &p.internode_gbps,    &p.pcie_gbps,        &p.launch_us,   &p.sync_us,
+                     &p.fp8_grouped_tflops};
+    for (int i = 0; i < 13; i++) *f[i] = v[i];
+    p.mem_bytes = 1e15, p.context_bytes = 1.0 / 3; // (the reader wants the context below the memory)
+    char path[256];
+    snprintf(path, sizeof path, "%s/test_plan_%d.json", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
+    hwprofile_write(&p, "a note, read past", path);
+    HwProfile q;
+    hwprofile_load(&q, path);
+    remove(path);
+    int same = !strcmp(p.name, q.name);
+    for (int i = 0; i < 13; i++) {
+        double a = *f[i], b = *(double *)((char *)&q + ((char *)f[i] - (char *)&p));
+        same &= a == b;
+    }
+    EXPECT(same, "a written profile reads back to other numbers");
+}
+
+// --precision fp8 on one GPU: only the experts' rate differs from mixed's (the same FLOPs).
+static void check_fp8(void) {
+    ModelConfig c;
+    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 4;
+    o.seq_len = 2048;
+    PlanSpec sp = spec(1);
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
+    PlanRow mixed, same, half;
+    EXPECT(!plan_layout(&mixed, &c, &o, &sp, &l, NULL), "mixed");
+    o.precision = PREC_FP8;
+    sp.hw.fp8_grouped_tflops = sp.hw.grouped_tflops;
+    EXPECT(!plan_layout(&same, &c, &o, &sp, &l, NULL) && same.compute == mixed.compute,
+           "fp8 at mixed's rate: compute %.9g s, mixed %.9g s", same.compute, mixed.compute);
+    sp.hw.fp8_grouped_tflops = sp.hw.grouped_tflops / 2;
+    CostFlops f;
+    cost_flops(&f, &c, o.seq_len);
+    double want = 3.0 * o.batch * o.seq_len * c.n_layers * f.experts / (sp.hw.grouped_tflops * 1e12);
+    EXPECT(!plan_layout(&half, &c, &o, &sp, &l, NULL) &&
+               fabs(half.compute - same.compute - want) < 1e-9 * want,
+           "fp8 at half the rate: %.9g s more, the experts' FLOPs at the rate %.9g s",
+           half.compute - same.compute, want);
+    EXPECT(same.mem_info > mixed.mem_info, "fp8 keeps its operands' scratch: %.0f, mixed %.0f", same.mem_info,
+           mixed.mem_info);
+    sp = spec(2);
+    l.etp = 2;
+    const char *bad = plan_layout(&half, &c, &o, &sp, &l, NULL);
+    EXPECT(bad && strstr(bad, "mesh: --precision fp8 takes --etp 1"), "fp8 etp2: %s", bad ? bad : "accepted");
+}
+
 int main(void) {
     check_count();
     check_memory();
@@ -266,5 +334,7 @@ int main(void) {
     check_refusals();
     check_monotone();
     check_smallest();
+    check_roundtrip();
+    check_fp8();
     return test_done("test_plan");
 }

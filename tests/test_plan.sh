@@ -4,6 +4,9 @@
 #    the flags of the row's own launch command (the largest per-rank cuda total: one accounting), for every
 #    5th row of the small preset on 4 GPUs and the top rows of the reference model on 8;
 #  - --explain of a row's layout words gives that row's figures;
+#  - --explain --out FILE.png draws the step's timeline: a PNG, and the lanes' idle fractions printed beside
+#    it are the simulator's bubble (1f1b on 2 stages, 4 micro-batches: (p-1)/(m+p-1) = 20% on each lane, by
+#    hand; interleaved: their mean is the bubble --explain prints);
 #  - a JSON profile with the h200 built-in's numbers gives the built-in's table;
 #  - a model that fits nowhere on 1 GPU: the smallest count named fits, the count below it does not;
 #  - bad input: one "moe: error:" line naming the problem, no file touched.
@@ -59,6 +62,26 @@ check "--explain '$words' gives the row's tokens/s ($tps)" grep -qE "^step: .* $
 check "--explain '$words' gives the row's memory ($mem)" grep -qF "= $mem of" "$TMP/explain.txt"
 check "--explain names the layout and says it fits" grep -qE "^layout: $words$" "$TMP/explain.txt"
 grep -q ': fits$' "$TMP/explain.txt" || fail "--explain: no 'fits'"
+
+# --explain --out: the timeline. 1f1b, 2 stages, 4 micro-batches: each stage idles (p - 1) x (forward +
+# backward) of a span of (m + p - 1) x (forward + backward): 1/5 of it, on either lane.
+png_ok() { [ -s "$1" ] && [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
+run_ok "--explain 'pp2 micro4' --out tl.png" "$MOE" plan --gpus 2 --preset tiny --batch 8 --seq-len 64 --explain "pp2 micro4" --out tl.png
+cp "$OUT_FILE" tl.txt
+check "  tl.png is a PNG" png_ok tl.png
+check "  both lanes idle 20.00% (1f1b: (p-1)/(m+p-1) = 1/5)" \
+  test "$(grep -cE '^  stage [01]: busy 80\.00%, idle 20\.00%$' tl.txt)" = 2
+check "  the lanes' mean idle is the bubble --explain prints (20.0%)" \
+  bash -c "grep -q '^pipeline bubble: 20.0%' tl.txt && grep -q '^  mean idle 20.00% = the simulated bubble 20.00%' tl.txt"
+run_ok "--explain 'pp2 vpp2 micro4 ep2' --out tl2.png (interleaved)" "$MOE" plan --gpus 4 --preset small --batch 16 --seq-len 128 \
+  --explain "pp2 vpp2 micro4 ep2" --out tl2.png
+cp "$OUT_FILE" tl2.txt
+check "  tl2.png is a PNG" png_ok tl2.png
+lanes=$(grep -E '^  stage [0-9]+: busy' tl2.txt | sed -E 's/.*idle ([0-9.]+)%/\1/' | awk '{s += $1; n++} END {if (n) printf "%.1f", s / n}')
+bub=$(sed -n 's/^pipeline bubble: \([0-9.]*\)%.*/\1/p' tl2.txt)
+check "  2 lanes; their mean idle $lanes% is the bubble --explain prints ($bub%)" \
+  bash -c "[ \"\$(grep -cE '^  stage [0-9]+: busy' tl2.txt)\" = 2 ] && [ -n '$bub' ] && [ '$lanes' = '$bub' ] && [ '$bub' != 0.0 ]"
+check "  one lane for one stage, idle 0.00%" bash -c "'$MOE' plan --gpus 1 --preset tiny --batch 8 --seq-len 64 --explain micro2 --out tl3.png | grep -q '^  stage 0: busy 100.00%, idle 0.00%' && [ -s tl3.png ]"
 
 # The host overhead's launch count (plan.c PLAN_OPS_*) against the backend ops `moe train` calls: the
 # MOE_PROFILE=1 report's calls of 3 steps and of 5 (the first step is not profiled, the final evaluation
@@ -129,5 +152,11 @@ run_fail "--imbalance must be in [1, 64] (got 0.5)" "${P[@]}" --gpus 2 --imbalan
 run_fail "--comm-exposed must be in [0, 1] (got 2)" "${P[@]}" --gpus 2 --comm-exposed 2
 run_fail "--nodes-of must be >= 1" "${P[@]}" --gpus 2 --nodes-of 0
 run_fail "option '--tp' does not apply to this command" "${P[@]}" --gpus 2 --tp 2
+run_fail "--out applies to --calibrate (the profile) or --explain" "${P[@]}" --gpus 2 --out x.png
+run_fail 'profile h200 has no "fp8_grouped_tflops"' "${P[@]}" --gpus 2 --precision fp8 --gpu h200.json
+run_fail "impossible layout 'etp2': mesh: --precision fp8 takes --etp 1 (got 2)" "${P[@]}" --gpus 2 --precision fp8 --explain etp2
+run_fail "--out names the profile of --calibrate or the timeline of --explain, not both" "${P[@]}" --gpus 1 \
+  --calibrate --explain micro1 --out x.png
+run_fail "--out nodir/t.png: no directory 'nodir'" "${P[@]}" --gpus 1 --explain micro1 --out nodir/t.png
 
 finish

@@ -2,7 +2,8 @@
 # test_sample.sh — `moe sample` with the KV cache against the uncached sampler (--kv-cache 0: each
 # token runs its whole context again): the same text, token for token, for a fixed seed, with
 # temperature draws, greedy, top-k/top-p, and a window far shorter than the text (so the context
-# slides and the cache is re-prefilled); the window defaults to the run's --seq-len (run.json); the
+# slides and the cache is re-prefilled), also of a latent-attention model (its cache of the latent); the
+# window defaults to the run's --seq-len (run.json); the
 # tokens/s line; bad sampling options refused. Not here: the decode's logits (tests/test_decode.c).
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -11,10 +12,10 @@ awk 'BEGIN { srand(3); for (i = 0; i < 600; i++) { s = ""; for (j = 0; j < 39; j
 run_ok "train a small model at T=24" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --n-layers 2 --seq-len 24 --data text.txt \
   --steps 12 --out r || finish
 
-same() {   # label, then the sample options: the text with and without the cache
+same() {   # label, then the sample options: the text with and without the cache (of the run CK, default r)
   local label=$1; shift
-  run_ok "sample $label (cache)" "$MOE" sample --ckpt r --seed 5 "$@" --kv-cache 1 && cp "$OUT_FILE" c.txt && cp "$ERR_FILE" c.err
-  run_ok "sample $label (no cache)" "$MOE" sample --ckpt r --seed 5 "$@" --kv-cache 0 && cp "$OUT_FILE" u.txt
+  run_ok "sample $label (cache)" "$MOE" sample --ckpt "${CK:-r}" --seed 5 "$@" --kv-cache 1 && cp "$OUT_FILE" c.txt && cp "$ERR_FILE" c.err
+  run_ok "sample $label (no cache)" "$MOE" sample --ckpt "${CK:-r}" --seed 5 "$@" --kv-cache 0 && cp "$OUT_FILE" u.txt
   if [ -s c.txt ] && cmp -s c.txt u.txt; then pass "$label: cached = uncached, $(wc -c < c.txt) bytes"
   else fail "$label: cached and uncached samples differ"; diff c.txt u.txt | head -5; fi
 }
@@ -30,6 +31,13 @@ p=$(grep -o '[0-9]* prefills' c.err | cut -d' ' -f1)
 [ -n "$p" ] && [ "$p" -ge 10 ] && pass "window 7 over 70 tokens: $p prefills (the context slid)" ||
   { fail "window 7: expected >= 10 prefills"; cat c.err; }
 same "top-p 0.5 alone" --prompt 'x' --tokens 40 --top-p 0.5
+# latent attention: the cache holds the latent and the rope key (q_lora, YaRN, DeepSeek's interleaved pairs)
+if run_ok "train a small latent-attention model at T=24" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --n-layers 2 \
+    --n-kv-heads 2 --kv-lora-rank 12 --q-lora-rank 16 --qk-nope-head-dim 8 --qk-rope-head-dim 4 --v-head-dim 6 \
+    --rope-interleave 1 --rope-factor 4 --rope-orig-max 8 --yarn-mscale-all-dim 1 --seq-len 24 --data text.txt \
+    --steps 12 --out rm; then
+  CK=rm same "latent attention, temperature 0.8, window 9 (slides)" --prompt 'abc' --tokens 60 --window 9
+fi
 # top-k 1 keeps the most likely token only: temperature draws become the greedy text
 run_ok "sample --top-k 1 --temperature 0.8" "$MOE" sample --ckpt r --seed 9 --prompt 'hello' --tokens 60 --top-k 1 &&
   cp "$OUT_FILE" k1.txt

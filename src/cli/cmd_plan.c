@@ -1,13 +1,16 @@
-// cmd_plan.c (cli) — `moe plan`: its options checked, the hardware profile loaded, the model's flags
-// gathered for the launch commands, then the planner's table, one --explain layout, or for a model that
-// fits nowhere the smallest GPU count that fits. Must not hold: the planner (train/plan.c) or its
-// printing (train/plan_print.c).
+// cmd_plan.c (cli) — `moe plan`: its options checked, the hardware profile loaded (or measured here:
+// --calibrate, written to --out), the model's flags gathered for the launch commands, then the planner's
+// table, one --explain layout (its timeline PNG with --out), or for a model that fits nowhere the smallest
+// GPU count that fits. Must not hold: the planner (train/plan.c), its printing (train/plan_print.c,
+// plan_timeline.c), the measurements (train/calibrate.c).
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
 #include "core/common.h"
+#include "train/calibrate.h"
 #include "train/plan.h"
 #include "train/plan_print.h"
+#include "train/plan_timeline.h"
 
 // The search for a GPU count that fits stops here (each count enumerates every layout).
 #define PLAN_MAX_GPUS 1024
@@ -30,15 +33,54 @@ static void model_args(const State *s, char *buf, size_t n) {
     CHECK(w < n, "plan: the model's flags do not fit in %zu bytes", n);
 }
 
+// --out's file: its directory exists and it is not one (checked before anything is measured or drawn).
+static void check_out(const char *out) {
+    char dir[1100];
+    path_parent(dir, sizeof dir, out);
+    if (!dir_exists(dir)) DIE("plan: --out %s: no directory '%s'", out, dir);
+    if (dir_exists(out)) DIE("plan: --out %s is a directory; name the file", out);
+}
+
+// --calibrate: this machine measured (every rank of an mpirun), the profile written by rank 0 to --out
+// (or printed). Returns 1 on the rank that goes on to plan (rank 0, with --gpus), else 0; the MPI world
+// is finalized.
+static int calibrate_here(State *s, HwProfile *hw) {
+    const CliOptions *cl = &s->cli;
+    const char *out = opt_set(s, "out") ? s->train.out : NULL;
+    if (out && opt_set(s, "calibrate") && cl->explain[0])
+        DIE("plan: --out names the profile of --calibrate or the timeline of --explain, not both (calibrate "
+            "first, then --explain with --gpu PROFILE --out FILE.png)");
+    if (out && !opt_set(s, "calibrate") && !cl->explain[0])
+        DIE("plan: --out applies to --calibrate (the profile) or --explain (the timeline PNG)");
+    if (out) check_out(out);
+    if (!opt_set(s, "calibrate")) {
+        if (opt_set(s, "device")) DIE("plan: --device applies to --calibrate");
+        return 1;
+    }
+    HwProfile base;
+    hwprofile_load(&base, cl->gpu);
+    Comm *world = comm_world_init(NULL, NULL);
+    CalibInfo info;
+    calibrate(hw, &info, &s->model, &s->train, &base, world);
+    int rank0 = comm_rank(world) == 0, n = comm_size(world);
+    if (rank0) {
+        char note[1024];
+        calibrate_note(note, sizeof note, &info, &s->model, &s->train, &base, n);
+        hwprofile_write(hw, note, out);
+        if (out) printf("calibrated: %s (%s)\n", out, note);
+    }
+    comm_world_finalize();
+    return rank0 && opt_set(s, "gpus");
+}
+
 int cmd_plan(State *s) {
     const CliOptions *cl = &s->cli;
-    if (!opt_set(s, "gpus")) DIE("plan: --gpus N is required (the GPUs to plan for)");
-    if (cl->gpus < 1 || cl->gpus > 1 << 16) DIE("--gpus must be in [1, 65536] (got %d)", cl->gpus);
+    if (!opt_set(s, "gpus") && !opt_set(s, "calibrate"))
+        DIE("plan: --gpus N is required (the GPUs to plan for)");
+    if (opt_set(s, "gpus") && (cl->gpus < 1 || cl->gpus > 1 << 16))
+        DIE("--gpus must be in [1, 65536] (got %d)", cl->gpus);
     if (cl->nodes_of < 1) DIE("--nodes-of must be >= 1 (got %d)", cl->nodes_of);
     if (cl->top < 1) DIE("--top must be >= 1 (got %d)", cl->top);
-    if (s->train.precision == PREC_FP8)
-        DIE("plan: --precision fp8 is not in the planner's model yet (its memory and step time are "
-            "mixed's plus the FP8 operands; plan with --precision mixed meanwhile)");
     if (!(cl->imbalance >= 1 && cl->imbalance <= 64))
         DIE("--imbalance must be in [1, 64] (got %g)", cl->imbalance);
     if (!(cl->comm_exposed >= 0 && cl->comm_exposed <= 1))
@@ -52,7 +94,12 @@ int cmd_plan(State *s) {
     sp.nodes_of = cl->nodes_of;
     sp.imbalance = cl->imbalance;
     sp.exposed = cl->comm_exposed;
-    hwprofile_load(&sp.hw, cl->gpu);
+    if (!calibrate_here(s, &sp.hw)) return 0;
+    if (!opt_set(s, "calibrate")) hwprofile_load(&sp.hw, cl->gpu);
+    if (s->train.precision == PREC_FP8 && !(sp.hw.fp8_grouped_tflops > 0))
+        DIE("plan --precision fp8: profile %s has no \"fp8_grouped_tflops\" (calibrate with --precision fp8 "
+            "on the cuda backend, or add it)",
+            sp.hw.name);
     char args[4096];
     model_args(s, args, sizeof args);
     if (cl->explain[0]) {
@@ -62,7 +109,7 @@ int cmd_plan(State *s) {
         if ((bad = plan_layout(&row, &s->model, &s->train, &sp, &l, NULL)))
             DIE("impossible layout '%s': %s", cl->explain, bad);
         plan_print_explain(&row, &sp, &s->train, args);
-        return 0;
+        return opt_set(s, "out") && plan_timeline(&row, s->train.out) ? 1 : 0;
     }
     PlanResult r;
     plan_enumerate(&r, &s->model, &s->train, &sp, 0);

@@ -8,7 +8,6 @@
 
 int cmd_prep(State *s) {
     const CliOptions *c = &s->cli;
-    if (!*c->tokenizer) DIE("prep: --tokenizer DIR|tokenizer.json is required");
     if (!*c->inputs) DIE("prep: --in FILE [FILE ...] is required");
     if (!opt_set(s, "out")) DIE("prep: --out DIR is required (the directory to create for the shards)");
     PrepOptions o = {.tokenizer = c->tokenizer,

@@ -13,3 +13,5 @@ int cmd_tokenize(State *s);
 int cmd_prep(State *s);
 int cmd_tokenizer_train(State *s);
 int cmd_plan(State *s);
+// compare: its own words (run directories, --out), after the command word.
+int cmd_compare(int argc, char **argv);

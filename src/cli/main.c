@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <errno.h>
 #include "cli/commands.h"
 #include "core/common.h"
 
@@ -21,12 +22,26 @@ static void openmp_wait_default(char **argv) {
     unsetenv("MOE_OMP_DEFAULT");
 }
 
+// A command's report that did not reach stdout (a full disk, a closed pipe's EPIPE with SIGPIPE ignored) is
+// an error, not exit 0. (train's stdout goes through its log's tee, which checks its own writes.)
+static int output_checked(int rc) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "moe: error: cannot write to standard output (%s)\n",
+                errno ? strerror(errno) : "a write failed");
+        return rc ? rc : 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
     openmp_wait_default(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout, 0);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "compare")) // positional runs: its own words
+        return output_checked(cmd_compare(argc - 2, argv + 2));
     int sub = !strcmp(argv[1], "tokenizer"); // `moe tokenizer train`: two words
     if (sub && (argc < 3 || strcmp(argv[2], "train"))) {
         fprintf(stderr, "moe: error: tokenizer: expected 'moe tokenizer train' (got '%s')\n",
@@ -46,7 +61,7 @@ int main(int argc, char **argv) {
     if (!cmd) {
         fprintf(stderr,
                 "moe: error: unknown command '%s' (train, sample, eval, info, export, tokenize, prep, plan, "
-                "tokenizer train)\n",
+                "compare, tokenizer train)\n",
                 argv[1]);
         return 2;
     }
@@ -54,11 +69,12 @@ int main(int argc, char **argv) {
     state_defaults(&s);
     parse(&s, cmd, argc - 2 - sub, argv + 2 + sub);
     signals_init(cmd == C_TRAIN); // train: SIGTERM/SIGINT checkpoint and exit MOE_EXIT_PREEMPTED
-    if (cmd == C_EXPORT) return cmd_export(&s);
-    if (cmd == C_TOKENIZE) return cmd_tokenize(&s);
-    if (cmd == C_PREP) return cmd_prep(&s);
-    if (cmd == C_TOKTRAIN) return cmd_tokenizer_train(&s);
-    if (cmd == C_PLAN) return cmd_plan(&s);
-    if (cmd != C_TRAIN) return cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s);
+    if (cmd == C_EXPORT) return output_checked(cmd_export(&s));
+    if (cmd == C_TOKENIZE) return output_checked(cmd_tokenize(&s));
+    if (cmd == C_PREP) return output_checked(cmd_prep(&s));
+    if (cmd == C_TOKTRAIN) return output_checked(cmd_tokenizer_train(&s));
+    if (cmd == C_PLAN) return output_checked(cmd_plan(&s));
+    if (cmd != C_TRAIN)
+        return output_checked(cmd == C_SAMPLE ? cmd_sample(&s) : cmd == C_EVAL ? cmd_eval(&s) : cmd_info(&s));
     return cmd_train(&s, argc, argv);
 }

@@ -16,9 +16,8 @@ const Opt opts[] = {
      "checkpoint directory, a run directory (its newest checkpoint), or a Hugging Face model directory "
      "(required for sample, eval, export; info: default none)"},
     {"init-from", O_STR, CO(init_from), C_TRAIN,
-     "start from a Hugging Face model directory: Mixtral, OLMoE, Qwen2-MoE or Qwen3-MoE (its config.json is "
-     "the model "
-     "config; default: none)"},
+     "start from a Hugging Face model directory: Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE or DeepSeek-V3 (its "
+     "config.json is the model config; default: none)"},
     {"dump", O_STR, CO(dump), C_EVAL,
      "write the first batch's tokens, logits, losses, router logits to this .safetensors (default: none)"},
     {"dump-grads", O_FLAG, CO(dump_grads), C_EVAL,
@@ -75,7 +74,7 @@ const Opt opts[] = {
      "capacity = ceil(cf * tokens * k / E)"},
     {"family", O_FAMILY, MO(family), C_TRAIN | C_INFO | C_PLAN,
      "the transformers architecture (tensor names, config.json, export): Mixtral, OLMoE, Qwen2-MoE, "
-     "Qwen3-MoE"},
+     "Qwen3-MoE, DeepSeek-V3"},
     {"qk-norm", O_QKNORM, MO(qk_norm), C_TRAIN | C_INFO | C_PLAN,
      "RMSNorm on q and k before RoPE: full (OLMoE: over all heads) or head (Qwen3-MoE: per head)"},
     {"qkv-bias", O_INT, MO(qkv_bias), C_TRAIN | C_INFO | C_PLAN,
@@ -100,6 +99,29 @@ const Opt opts[] = {
      "... of which a token's experts come from the groups with the highest sum of their two best scores"},
     {"route-scale", O_FLOAT, MO(route_scale), C_TRAIN | C_INFO | C_PLAN,
      "routed_scaling_factor: the routed experts' weights times this (0: 1)"},
+    {"q-lora-rank", O_INT, MO(q_lora_rank), C_TRAIN | C_INFO | C_PLAN,
+     "latent attention: the queries' low rank (q_a_proj, its norm, q_b_proj); 0: q_proj"},
+    {"kv-lora-rank", O_INT, MO(kv_lora_rank), C_TRAIN | C_INFO | C_PLAN,
+     "> 0: multi-head latent attention (DeepSeek-V2/V3) with keys and values through a latent of this rank "
+     "(needs --n-kv-heads = --n-heads, --head-dim = --qk-rope-head-dim); 0: GQA"},
+    {"qk-nope-head-dim", O_INT, MO(qk_nope_head_dim), C_TRAIN | C_INFO | C_PLAN,
+     "latent attention: each head's query/key width without RoPE"},
+    {"rope-interleave", O_INT, MO(rope_interleave), C_TRAIN | C_INFO | C_PLAN,
+     "latent attention: 1: RoPE rotates the pairs (2j, 2j+1) of the rope parts (DeepSeek's layout); 0: "
+     "rotate_half's"},
+    {"qk-rope-head-dim", O_INT, MO(qk_rope_head_dim), C_TRAIN | C_INFO | C_PLAN,
+     "latent attention: the RoPE part of each query head and of the key shared by the heads"},
+    {"v-head-dim", O_INT, MO(v_head_dim), C_TRAIN | C_INFO | C_PLAN,
+     "latent attention: each head's value width"},
+    {"rope-factor", O_FLOAT, MO(rope_factor), C_TRAIN | C_INFO | C_PLAN,
+     "YaRN RoPE scaling factor (latent attention; 0: none)"},
+    {"rope-orig-max", O_INT, MO(rope_orig_max), C_TRAIN | C_INFO | C_PLAN,
+     "YaRN: the original max_position_embeddings"},
+    {"yarn-beta-fast", O_FLOAT, MO(yarn_beta_fast), C_TRAIN | C_INFO | C_PLAN, "YaRN beta_fast (0: 32)"},
+    {"yarn-beta-slow", O_FLOAT, MO(yarn_beta_slow), C_TRAIN | C_INFO | C_PLAN, "YaRN beta_slow (0: 1)"},
+    {"yarn-mscale", O_FLOAT, MO(yarn_mscale), C_TRAIN | C_INFO | C_PLAN, "YaRN mscale (0: none)"},
+    {"yarn-mscale-all-dim", O_FLOAT, MO(yarn_mscale_all_dim), C_TRAIN | C_INFO | C_PLAN,
+     "YaRN mscale_all_dim: the softmax scale times its mscale squared (0: none)"},
     {"balance", O_BALANCE, MO(balance), C_TRAIN | C_INFO | C_PLAN,
      "aux: the load-balancing loss; aux-free: also DeepSeek-V3's per-expert routing bias (top-k choice "
      "only)"},
@@ -156,8 +178,13 @@ const Opt opts[] = {
     {"dropout", O_FLOAT, TO(dropout), C_TRAIN,
      "dropout probability in training, in [0, 1): on the attention output and the MoE output before each "
      "residual add"},
+    {"embed-dropout", O_FLOAT, TO(embed_dropout), C_TRAIN,
+     "dropout probability on the token embeddings in training, in [0, 1) (nanoGPT drops there too; --dropout "
+     "leaves them)"},
     {"sample-tokens", O_INT, TO(sample_tokens), C_TRAIN, "tokens sampled at the end of training"},
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
+    {"tensorboard", O_INT, TO(tensorboard), C_TRAIN,
+     "1: write TensorBoard scalar event files (events.out.tfevents.*) in the run directory"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
     {"check-replicas", O_FLAG, TO(check_replicas), C_TRAIN,
      "at the end, check router/dense replicas are bitwise equal on every rank"},
@@ -261,11 +288,20 @@ const Opt opts[] = {
      "routing headroom: the buffers sized by the rows a rank's experts receive, times this (>= 1)"},
     {"comm-exposed", O_FLOAT, CO(comm_exposed), C_PLAN,
      "the fraction of the communication not hidden behind compute, in [0, 1]"},
+    {"calibrate", O_FLAG, CO(calibrate), C_PLAN,
+     "measure this machine at the model's shapes and write a profile (--out; --gpu: the base profile of the "
+     "links not measured; with --gpus, plan on it)"},
+    {"device", O_STR, TO(device), C_PLAN,
+     "--calibrate: the backend to measure: cpu | cuda | cuda-fp32 | auto"},
+    {"out", O_STR, TO(out), C_PLAN,
+     "--calibrate: the profile file to write (default: print it); --explain: the step's timeline PNG to "
+     "draw"},
     {"force", O_FLAG, TO(force), C_TRAIN, "start over in --out, deleting the run there"},
     {"force", O_FLAG, TO(force), C_EXPORT, "replace the directory --out if it exists"},
     // tokenize
     {"tokenizer", O_STR, CO(tokenizer), C_TOKENIZE | C_PREP,
-     "a Hugging Face tokenizer.json, or a directory holding one (required; no default)"},
+     "a Hugging Face tokenizer.json, or a directory holding one (required, except by prep for Megatron "
+     "datasets alone; no default)"},
     {"tokenizer", O_STR, CO(tokenizer), C_SAMPLE | C_EVAL,
      "encode the prompt / text --data and decode with this tokenizer.json (or its directory) (default: the "
      "run's copy beside the checkpoint, RUN/tokenizer/, or a Hugging Face --ckpt's tokenizer.json; else "
@@ -286,7 +322,7 @@ const Opt opts[] = {
     // prep
     {"in", O_PATHS, CO(inputs), C_PREP,
      "input files: plain text (a document each, or --lines), JSON lines (.jsonl/.json/.ndjson), any of them "
-     "gzip'd (.gz) (required; no default)"},
+     "gzip'd (.gz); a Megatron dataset (PREFIX or PREFIX.idx, its ids copied) (required; no default)"},
     {"out", O_STR, TO(out), C_PREP,
      "the directory to create for the shards, train_NNNNNN.bin and val_NNNNNN.bin (required; no default; it "
      "must "
@@ -322,11 +358,11 @@ static const WordSet word_sets[] = {
     {O_ALLINT, "N|all", 1, 1, {"all"}, {0}},
     {O_HIER, "auto|off|G", 1, 2, {"auto", "off"}, {-1, 0}},
     {O_FAMILY,
-     "mixtral|olmoe|qwen2_moe|qwen3_moe",
+     "mixtral|olmoe|qwen2_moe|qwen3_moe|deepseek_v3",
      0,
-     4,
-     {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe"},
-     {FAM_MIXTRAL, FAM_OLMOE, FAM_QWEN2_MOE, FAM_QWEN3_MOE}},
+     5,
+     {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3"},
+     {FAM_MIXTRAL, FAM_OLMOE, FAM_QWEN2_MOE, FAM_QWEN3_MOE, FAM_DEEPSEEK_V3}},
     {O_QKNORM, "none|full|head", 0, 3, {"none", "full", "head"}, {QK_NORM_NONE, QK_NORM_FULL, QK_NORM_HEAD}},
     {O_BALANCE, "aux|aux-free", 0, 2, {"aux", "aux-free"}, {BALANCE_AUX, BALANCE_AUX_FREE}},
     {O_RECOMPUTE,

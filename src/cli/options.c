@@ -311,8 +311,9 @@ void usage(FILE *f, int cmd) {
                 "  export   write a checkpoint as a Hugging Face model directory (of the family it was "
                 "trained as)\n"
                 "  tokenize token ids of a text with a Hugging Face tokenizer.json, or text of ids\n"
-                "  prep     text or JSON lines (.gz too) -> llm.c token shards, with a tokenizer.json\n"
+                "  prep     text, JSON lines (.gz/.zst), Megatron datasets -> llm.c token shards\n"
                 "  plan     rank the layouts of a model on N GPUs by predicted step time (docs/PLAN.md)\n"
+                "  compare  runs side by side: final and best losses, tokens, tokens/s; --out: their curves\n"
                 "  tokenizer train   learn a byte-level BPE tokenizer.json from text (docs/DATA.md)\n");
         return;
     }
@@ -402,6 +403,11 @@ void parse(State *s, int cmd, int argc, char **argv) {
         nh = find_opt("n-heads", C_TRAIN);
     if (!s->set[hd] && (s->set[dm] || s->set[nh]) && s->model.n_heads > 0)
         s->model.head_dim = s->model.d_model / s->model.n_heads;
+    // latent attention: head_dim is RoPE's width, qk_rope_head_dim (transformers' DeepseekV3Config), and the
+    // key/value heads are the heads, unless given
+    if (config_mla(&s->model) && !s->set[hd]) s->model.head_dim = s->model.qk_rope_head_dim;
+    int kv = find_opt("n-kv-heads", C_TRAIN);
+    if (config_mla(&s->model) && !s->set[kv]) s->model.n_kv_heads = s->model.n_heads;
     // MTP modules take config.h's loss weight unless one is given
     if (!s->set[find_opt("mtp-weight", C_TRAIN)] && s->model.mtp_depth > 0)
         s->model.mtp_weight = MOE_MTP_WEIGHT;

@@ -56,6 +56,7 @@ typedef struct {
     int gpus, nodes_of, top; // moe plan: the GPUs, per node, the rows shown
     char gpu[1024], explain[512]; // moe plan: the profile (a built-in's name or a JSON file), one layout
     float imbalance, comm_exposed; // moe plan: the routing headroom factor, the exposed communication
+    int calibrate; // moe plan --calibrate: measure this machine, write a profile
     float temperature;
     int top_k, window, kv_cache; // sample
     float top_p;
@@ -83,7 +84,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 143 };
+enum { N_OPTS = 160 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

@@ -215,11 +215,11 @@ void xfputs(const char *s, FILE *f, const char *path) { xfwrite(s, 1, strlen(s),
 void xfflush(FILE *f, const char *path) {
     if (fflush(f) != 0) die_io("write", path, errno);
 }
-void xfappend(const char *s, FILE *f, const char *path) {
+void xfappend(const char *s, FILE *f, const char *path) { xfappend_bytes(s, strlen(s), f, path); }
+void xfappend_bytes(const void *p, size_t n, FILE *f, const char *path) {
     xfflush(f, path);
     off_t before = lseek(fileno(f), 0, SEEK_END);
-    size_t n = strlen(s);
-    if ((n && fwrite(s, 1, n, f) != n) || fflush(f) != 0) {
+    if ((n && fwrite(p, 1, n, f) != n) || fflush(f) != 0) {
         int e = errno;
         if (before >= 0 && ftruncate(fileno(f), before) != 0) e = errno;
         die_io("write", path, e);

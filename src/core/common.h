@@ -53,6 +53,7 @@ void xfflush(FILE *f, const char *path);
 // file back to its length before, then dies (a line-per-record file such as metrics.jsonl keeps no torn
 // last line).
 void xfappend(const char *s, FILE *f, const char *path);
+void xfappend_bytes(const void *p, size_t n, FILE *f, const char *path); // the same, for n bytes of any kind
 void xfread(void *p, size_t size, size_t n, FILE *f, const char *path);
 void xfclose(FILE *f, const char *path); // fflush + fsync + fclose for files opened for writing
 void xrename(const char *from, const char *to);

@@ -48,61 +48,160 @@ static const Preset presets[] = {
     // the PEERS.md reference model
     {"peers-ref", 32000, 2048, 16, 16, 8, 5632, 8, 2, 2048, 10000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0, 0},
 };
+// DeepSeek-V3's family (deepseek_v3), its shape p (hd: qk_rope_head_dim, KV = H) and latent attention
+// (q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v head dims), the first dense_k layers dense of dense_f,
+// group-limited routing, the routed weights' scale, YaRN (factor, original positions; both mscales 1).
+typedef struct {
+    Preset p;
+    int qr, kvr, dn, dr, dv, dense_k, dense_f, n_group, topk_group;
+    float route_scale, yarn_factor;
+    int yarn_orig;
+} DsPreset;
+static const DsPreset ds_presets[] = {
+    // byte-level, for tests and the tutorial: a dense first layer, 8 experts in 4 groups
+    {{"deepseek-v3-tiny", 256, 96, 3, 4, 4, 64, 8, 2, 256, 10000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 1, 64, 8,
+      1e-6f},
+     48,
+     32,
+     16,
+     8,
+     16,
+     1,
+     192,
+     4,
+     2,
+     2.5f,
+     0,
+     0},
+    // moonshotai/Moonlight-16B-A3B and deepseek-ai/DeepSeek-V3 (their config.json; without the MTP module)
+    {{"moonlight-16b-a3b", 163840, 2048, 27, 16, 16, 1408, 64, 6, 8192, 50000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 2,
+      1408, 64, 1e-5f},
+     0,
+     512,
+     128,
+     64,
+     128,
+     1,
+     11264,
+     1,
+     1,
+     2.446f,
+     0,
+     0},
+    {{"deepseek-v3", 129280, 7168, 61, 128, 128, 2048, 256, 8, 163840, 10000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 1,
+      2048, 64, 1e-6f},
+     1536,
+     512,
+     128,
+     64,
+     128,
+     3,
+     18432,
+     8,
+     4,
+     2.5f,
+     40.0f,
+     4096},
+};
+
+static void fill(ModelConfig *c, const Preset *p) {
+    base(c);
+    c->vocab_size = p->V;
+    c->d_model = p->d;
+    c->n_layers = p->L;
+    c->n_heads = p->H;
+    c->n_kv_heads = p->KV;
+    c->head_dim = p->hd ? p->hd : p->d / p->H;
+    c->d_ff = p->f;
+    c->n_experts = p->E;
+    c->top_k = p->k;
+    c->max_seq_len = p->maxT;
+    c->rope_theta = p->theta;
+    c->renormalize = p->renorm;
+    c->family = p->family;
+    c->qk_norm = p->qk;
+    c->qkv_bias = p->bias;
+    c->n_shared_experts = p->n_shared;
+    c->shared_d_ff = p->shared_f;
+    c->shared_gate = p->n_shared > 0 && p->family == FAM_QWEN2_MOE;
+    if (p->eps > 0) c->norm_eps = p->eps;
+}
+
+// The DeepSeek-V3 family's options of preset p: latent attention (interleaved rope pairs), its routing
+// (sigmoid scores, the aux-free bias, groups, the scale; the sequence-wise aux loss at DeepSeek-V3's 1e-4, no
+// z-loss), the first layers dense, YaRN.
+static void fill_deepseek(ModelConfig *c, const DsPreset *p) {
+    fill(c, &p->p);
+    c->q_lora_rank = p->qr;
+    c->kv_lora_rank = p->kvr;
+    c->qk_nope_head_dim = p->dn;
+    c->qk_rope_head_dim = p->dr;
+    c->v_head_dim = p->dv;
+    c->rope_interleave = 1;
+    c->route_sigmoid = 1;
+    c->balance = BALANCE_AUX_FREE;
+    c->aux_coef = 1e-4f;
+    c->aux_scope = AUX_SCOPE_SEQ;
+    c->z_coef = 0;
+    c->n_group = p->n_group;
+    c->topk_group = p->topk_group;
+    c->route_scale = p->route_scale;
+    for (int l = 0; l < p->dense_k; l++) config_set_dense(c, l);
+    c->dense_d_ff = p->dense_f;
+    if (p->yarn_factor > 0) {
+        c->rope_factor = p->yarn_factor;
+        c->rope_orig_max = p->yarn_orig;
+        c->yarn_mscale = c->yarn_mscale_all_dim = 1.0f;
+    }
+}
 
 int config_preset(ModelConfig *c, const char *name) {
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        const Preset *p = &presets[i];
-        if (strcmp(p->name, name) != 0) continue;
-        base(c);
-        c->vocab_size = p->V;
-        c->d_model = p->d;
-        c->n_layers = p->L;
-        c->n_heads = p->H;
-        c->n_kv_heads = p->KV;
-        c->head_dim = p->hd ? p->hd : p->d / p->H;
-        c->d_ff = p->f;
-        c->n_experts = p->E;
-        c->top_k = p->k;
-        c->max_seq_len = p->maxT;
-        c->rope_theta = p->theta;
-        c->renormalize = p->renorm;
-        c->family = p->family;
-        c->qk_norm = p->qk;
-        c->qkv_bias = p->bias;
-        c->n_shared_experts = p->n_shared;
-        c->shared_d_ff = p->shared_f;
-        c->shared_gate = p->n_shared > 0 && p->family == FAM_QWEN2_MOE;
-        if (p->eps > 0) c->norm_eps = p->eps;
-        return 0;
-    }
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0) {
+            fill(c, &presets[i]);
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof ds_presets / sizeof ds_presets[0]; i++)
+        if (strcmp(ds_presets[i].p.name, name) == 0) {
+            fill_deepseek(c, &ds_presets[i]);
+            return 0;
+        }
     return -1;
 }
 
-// The names of the table above in its order, ", " between them (built once).
+// The names of the tables above in their order, ", " between them (built once).
 const char *config_preset_names(void) {
     static char names[512];
-    if (!names[0])
+    if (!names[0]) {
         for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
             size_t l = strlen(names);
             snprintf(names + l, sizeof names - l, "%s%s", i ? ", " : "", presets[i].name);
         }
+        for (size_t i = 0; i < sizeof ds_presets / sizeof ds_presets[0]; i++) {
+            size_t l = strlen(names);
+            snprintf(names + l, sizeof names - l, ", %s", ds_presets[i].p.name);
+        }
+    }
     return names;
 }
 
-static const char *const fam_names[] = {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe"};
+static const char *const fam_names[] = {"mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3"};
 static const char *const fam_archs[] = {"MixtralForCausalLM", "OlmoeForCausalLM", "Qwen2MoeForCausalLM",
-                                        "Qwen3MoeForCausalLM"};
-const char *config_family_name(int f) { return f >= 0 && f < 4 ? fam_names[f] : "unknown"; }
-const char *config_family_arch(int f) { return f >= 0 && f < 4 ? fam_archs[f] : "unknown"; }
+                                        "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"};
+const char *config_family_name(int f) { return f >= 0 && f <= FAM_LAST ? fam_names[f] : "unknown"; }
+const char *config_family_arch(int f) { return f >= 0 && f <= FAM_LAST ? fam_archs[f] : "unknown"; }
 
-// config_validate's part for the dense layers and DeepSeek-V3's routing (fam: the family's name).
-static const char *validate_layers_routing(const ModelConfig *c, const char *fam) {
-    static char msg[256];
+// The validators' message (one buffer; BAD formats it and returns it).
+static char msg[256];
 #define BAD(...) \
     do { \
         snprintf(msg, sizeof msg, __VA_ARGS__); \
         return msg; \
     } while (0)
+
+// config_validate's part for the dense layers, DeepSeek-V3's routing and the MTP modules (fam: the family's
+// name).
+static const char *validate_layers_routing(const ModelConfig *c, const char *fam) {
     if (c->route_sigmoid != 0 && c->route_sigmoid != 1)
         BAD("route_sigmoid must be 0 or 1 (got %d)", c->route_sigmoid);
     if (c->route_sigmoid && c->z_coef != 0)
@@ -123,7 +222,7 @@ static const char *validate_layers_routing(const ModelConfig *c, const char *fam
         BAD("top_k=%d exceeds the experts of topk_group=%d groups (%d)", c->top_k, c->topk_group,
             c->topk_group * (c->n_experts / c->n_group));
     if ((c->route_sigmoid || c->n_group > 1 || (c->route_scale != 0 && c->route_scale != 1)) &&
-        c->family != FAM_MIXTRAL)
+        c->family != FAM_MIXTRAL && c->family != FAM_DEEPSEEK_V3)
         BAD("family %s routes by softmax over all experts, unscaled (DeepSeek-V3's routing is for our own "
             "mixtral-family configs)",
             fam);
@@ -146,17 +245,80 @@ static const char *validate_layers_routing(const ModelConfig *c, const char *fam
     if (c->mtp_depth && c->aux_form == AUX_HF)
         BAD("mtp_depth %d needs aux_form layer (HF's aux form is one loss over the main layers' statistics)",
             c->mtp_depth);
-#undef BAD
+    return NULL;
+}
+
+// config_validate's part for multi-head latent attention and YaRN (fam: the family's name).
+static const char *validate_mla(const ModelConfig *c, const char *fam) {
+    if (c->kv_lora_rank < 0) BAD("kv_lora_rank must be >= 0 (got %d)", c->kv_lora_rank);
+    if (!config_mla(c)) {
+        if (c->q_lora_rank || c->qk_nope_head_dim || c->qk_rope_head_dim || c->v_head_dim)
+            BAD("q_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim are latent attention's: they "
+                "need kv_lora_rank > 0");
+        if (c->family == FAM_DEEPSEEK_V3)
+            BAD("family deepseek_v3 has latent attention: kv_lora_rank must be > 0");
+        if (c->rope_interleave) BAD("rope_interleave is latent attention's: it needs kv_lora_rank > 0");
+        if (c->rope_factor != 0)
+            BAD("YaRN RoPE scaling (rope_factor %g) is implemented for latent attention "
+                "(kv_lora_rank > 0) only",
+                c->rope_factor);
+        return NULL;
+    }
+    if (c->family != FAM_MIXTRAL && c->family != FAM_DEEPSEEK_V3)
+        BAD("family %s has no latent attention (kv_lora_rank: deepseek_v3 and our own mixtral-family "
+            "configs)",
+            fam);
+    if (c->rope_interleave != 0 && c->rope_interleave != 1)
+        BAD("rope_interleave must be 0 or 1 (got %d)", c->rope_interleave);
+    if (c->q_lora_rank < 0) BAD("q_lora_rank must be >= 0 (0: q_proj; got %d)", c->q_lora_rank);
+    if (c->qk_nope_head_dim < 1) BAD("qk_nope_head_dim must be >= 1 (got %d)", c->qk_nope_head_dim);
+    if (c->qk_rope_head_dim < 2 || c->qk_rope_head_dim % 2)
+        BAD("qk_rope_head_dim must be even and >= 2 (got %d)", c->qk_rope_head_dim);
+    if (c->v_head_dim < 1 || c->v_head_dim > config_qk_head_dim(c))
+        BAD("v_head_dim must be in 1..qk_nope_head_dim + qk_rope_head_dim = %d (got %d: the value heads are "
+            "padded to the query/key head width)",
+            config_qk_head_dim(c), c->v_head_dim);
+    if (c->n_kv_heads != c->n_heads)
+        BAD("latent attention has n_kv_heads = n_heads = %d (got %d)", c->n_heads, c->n_kv_heads);
+    if (c->head_dim != c->qk_rope_head_dim)
+        BAD("latent attention has head_dim = qk_rope_head_dim = %d (got %d)", c->qk_rope_head_dim,
+            c->head_dim);
+    if (c->qk_norm || c->qkv_bias) BAD("latent attention has no QK-norm and no q/k/v biases");
+    if (c->family == FAM_DEEPSEEK_V3) {
+        int k = 0;
+        while (k < c->n_layers && config_layer_dense(c, k)) k++;
+        for (int l = k; l < c->n_layers; l++)
+            if (config_layer_dense(c, l))
+                BAD("family deepseek_v3's dense layers are the first ones (first_k_dense_replace): layer %d "
+                    "is "
+                    "dense after MoE layer %d",
+                    l, k);
+        if (!c->route_sigmoid || c->balance != BALANCE_AUX_FREE)
+            BAD("family deepseek_v3 routes by sigmoid scores with the aux-free bias (route_sigmoid 1, "
+                "balance "
+                "aux-free)");
+        if (c->n_shared_experts < 1 || c->shared_d_ff != c->d_ff || c->shared_gate)
+            BAD("family deepseek_v3 has n_shared_experts >= 1 ungated shared experts of the experts' width "
+                "d_ff = %d (got %d of %d)",
+                c->d_ff, c->n_shared_experts, c->shared_d_ff);
+    }
+    if (c->rope_factor == 0) return NULL;
+    if (!(c->rope_factor >= 1 && c->rope_factor <= 1e6f))
+        BAD("rope_factor (YaRN) must be 0 (none) or in [1, 1e6] (got %g)", c->rope_factor);
+    if (c->rope_orig_max < 1)
+        BAD("rope_orig_max (YaRN original_max_position_embeddings) must be >= 1 (got %d)", c->rope_orig_max);
+    if (!(c->yarn_beta_fast >= 0 && c->yarn_beta_fast <= 1e6f && c->yarn_beta_slow >= 0 &&
+          c->yarn_beta_slow <= 1e6f))
+        BAD("yarn beta_fast and beta_slow must be in [0, 1e6] (0: 32 and 1; got %g, %g)", c->yarn_beta_fast,
+            c->yarn_beta_slow);
+    if (!(c->yarn_mscale >= 0 && c->yarn_mscale <= 1e3f && c->yarn_mscale_all_dim >= 0 &&
+          c->yarn_mscale_all_dim <= 1e3f))
+        BAD("yarn mscale and mscale_all_dim must be in [0, 1000] (got %g, %g)", c->yarn_mscale,
+            c->yarn_mscale_all_dim);
     return NULL;
 }
 
 const char *config_validate(const ModelConfig *c) {
-    static char msg[256];
-#define BAD(...) \
-    do { \
-        snprintf(msg, sizeof msg, __VA_ARGS__); \
-        return msg; \
-    } while (0)
     if (c->vocab_size < 2) BAD("vocab_size must be >= 2 (got %d)", c->vocab_size);
     if (c->d_model < 1) BAD("d_model must be >= 1 (got %d)", c->d_model);
     if (c->n_layers < 1) BAD("n_layers must be >= 1 (got %d)", c->n_layers);
@@ -193,7 +355,7 @@ const char *config_validate(const ModelConfig *c) {
     if (c->dispatch == DISPATCH_CAPACITY && !(c->capacity_factor > 0))
         BAD("capacity_factor must be > 0 (got %g)", c->capacity_factor);
     // families: each option only where transformers' architecture has it
-    if (c->family < FAM_MIXTRAL || c->family > FAM_QWEN3_MOE) BAD("unknown model family %d", c->family);
+    if (c->family < FAM_MIXTRAL || c->family > FAM_LAST) BAD("unknown model family %d", c->family);
     if (c->qk_norm < QK_NORM_NONE || c->qk_norm > QK_NORM_HEAD)
         BAD("qk_norm must be none, full or head (got %d)", c->qk_norm);
     if (c->qkv_bias != 0 && c->qkv_bias != 1) BAD("qkv_bias must be 0 or 1 (got %d)", c->qkv_bias);
@@ -216,7 +378,8 @@ const char *config_validate(const ModelConfig *c) {
     if (c->qkv_bias && c->family != FAM_QWEN2_MOE)
         BAD("family %s has no q/k/v biases (only qwen2_moe does)", fam);
     // (our own configs, family mixtral: ungated shared experts, DeepSeek-V3's; exported nowhere: io/hf.c)
-    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE && (c->family != FAM_MIXTRAL || c->shared_gate))
+    if (c->n_shared_experts && c->family != FAM_QWEN2_MOE &&
+        ((c->family != FAM_MIXTRAL && c->family != FAM_DEEPSEEK_V3) || c->shared_gate))
         BAD("family %s has no %sshared experts (only qwen2_moe does; ungated ones: our own mixtral-family "
             "configs)",
             fam, c->family == FAM_MIXTRAL ? "gated " : "");
@@ -238,8 +401,8 @@ const char *config_validate(const ModelConfig *c) {
             "layers' micro-batch statistics)",
             c->aux_scope == AUX_SCOPE_SEQ ? "sequence" : "global");
     const char *bad = validate_layers_routing(c, fam);
+    if (!bad) bad = validate_mla(c, fam);
     if (bad) return bad;
-#undef BAD
     return NULL;
 }
 

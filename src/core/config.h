@@ -12,7 +12,15 @@ typedef enum { AUX_LAYER = 0, AUX_HF = 1 } AuxForm;
 // The transformers architecture a model is (its tensor names and config.json keys; params.c,
 // config_json.c). Each family has its own options below; config_validate refuses an option the
 // family lacks.
-typedef enum { FAM_MIXTRAL = 0, FAM_OLMOE = 1, FAM_QWEN2_MOE = 2, FAM_QWEN3_MOE = 3 } ModelFamily;
+typedef enum {
+    FAM_MIXTRAL = 0,
+    FAM_OLMOE = 1,
+    FAM_QWEN2_MOE = 2,
+    FAM_QWEN3_MOE = 3,
+    FAM_DEEPSEEK_V3 = 4 // latent attention, sigmoid group-limited routing with the aux-free bias, ungated
+                        // shared experts, the first layers dense
+} ModelFamily;
+#define FAM_LAST FAM_DEEPSEEK_V3
 // QK-norm: RMSNorm on the q and k projections before RoPE. FULL (OLMoE): over the whole q (H*hd) and
 // k (KV*hd) rows, weights (H*hd) and (KV*hd); HEAD (Qwen3-MoE): over each head's hd, weights (hd).
 typedef enum { QK_NORM_NONE = 0, QK_NORM_FULL = 1, QK_NORM_HEAD = 2 } QkNorm;
@@ -72,14 +80,35 @@ typedef struct {
     int n_group, topk_group; // n_group > 1: the experts in n_group groups; only the topk_group groups of
                              // highest sum of their two best (biased) scores are chosen from
     float route_scale; // routed_scaling_factor: the routed experts' weights times it (0: 1)
+    // Multi-head latent attention (DeepSeek-V2/V3; kv_lora_rank > 0, else GQA): queries through q_a_proj (d
+    // -> q_lora_rank), its RMSNorm and q_b_proj (-> H x (qk_nope_head_dim + qk_rope_head_dim)), or q_proj
+    // where q_lora_rank is 0; keys and values through kv_a_proj_with_mqa (d -> kv_lora_rank +
+    // qk_rope_head_dim): the latent's RMSNorm and kv_b_proj (-> H x (qk_nope_head_dim + v_head_dim)), and one
+    // rope key of qk_rope_head_dim shared by the heads; o_proj from H x v_head_dim. n_kv_heads = n_heads,
+    // head_dim = qk_rope_head_dim (RoPE's width, as transformers' DeepseekV3Config sets it).
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+    int rope_interleave; // 1: RoPE rotates the pairs (2j, 2j+1) of the rope parts (DeepSeek's layout,
+                         // transformers' rope_interleave); 0: rotate_half's (j, j + qk_rope_head_dim/2)
+    // YaRN RoPE scaling (rope_type yarn; rope_factor 0: none): factor, original_max_position_embeddings,
+    // beta_fast, beta_slow (0: 32 and 1, transformers' defaults), mscale and mscale_all_dim (0: absent) as
+    // transformers reads them
+    float rope_factor;
+    int rope_orig_max;
+    float yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
     // Multi-token prediction (DeepSeek-V3's MTP; HF num_nextn_predict_layers): mtp_depth modules after the
-    // main layers, module k (1..D) at layer index n_layers + k - 1: h_k = block(eh_proj [enorm(Emb(t[i+k]));
-    // hnorm(h_{k-1})]) from h_0, the main model's last hidden state before the final norm, and a loss of
-    // predicting t[i+k+1] through its norm and the main model's LM head; the training objective adds
-    // mtp_weight / D times the sum of the modules' mean cross-entropies (0: none)
+    // main layers, module k (1..D) at layer index n_layers + k - 1: h_k = shared_head.norm(block(eh_proj
+    // [enorm(Emb(t[i+k])); hnorm(h_{k-1})])) from h_0, the final norm's output (the main model's normed last
+    // hidden state, what its LM head reads), and a loss of predicting t[i+k+1] from h_k through the main
+    // model's LM head; the training objective adds mtp_weight / D times the sum of the modules' mean
+    // cross-entropies (0: none)
     int mtp_depth;
     float mtp_weight;
 } ModelConfig;
+// Multi-head latent attention (kv_lora_rank > 0); its query/key head width.
+static inline int config_mla(const ModelConfig *c) { return c->kv_lora_rank > 0; }
+static inline int config_qk_head_dim(const ModelConfig *c) {
+    return c->qk_nope_head_dim + c->qk_rope_head_dim;
+}
 // The most MTP modules a model may have; the loss weight modules take unless one is given (DeepSeek-V3's for
 // its first 10T tokens; without modules the weight is 0, so configs without MTP read and write as before).
 #define MOE_MAX_MTP 8
@@ -94,7 +123,7 @@ static inline void config_set_dense(ModelConfig *c, int l) {
     c->dense_layers[l / 64] |= (uint64_t)1 << (l % 64);
 }
 int config_moe_layers(const ModelConfig *c);
-const char *config_family_name(int family); // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe" (model_type)
+const char *config_family_name(int family); // "mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3"
 const char *config_family_arch(int family); // "MixtralForCausalLM", ...
 
 // Fills *c with the named preset; returns 0 on success, -1 if the name is unknown.

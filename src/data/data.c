@@ -5,6 +5,7 @@
 #include "data/data.h"
 #include "core/common.h"
 #include "core/rng.h"
+#include "data/megatron.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -171,9 +172,16 @@ static size_t load_shard(const char *path, int32_t **tokens, size_t n_have) {
                 hdr[1], SHARD32_MAGIC, SHARD32_VERSION);
         tb = 4;
     } else {
+        char idx[1100] = ""; // PREFIX.idx beside PREFIX.bin
+        size_t len = strlen(path);
+        if (len > 4 && !strcmp(path + len - 4, ".bin"))
+            snprintf(idx, sizeof idx, "%.*s.idx", (int)len - 4, path);
         DIE("shard '%s' has wrong magic %d (expected %d for uint16 or %d for uint32 tokens): not an llm.c "
-            "token shard",
-            path, hdr[0], SHARD_MAGIC, SHARD32_MAGIC);
+            "token shard%s",
+            path, hdr[0], SHARD_MAGIC, SHARD32_MAGIC,
+            idx[0] && file_exists(idx)
+                ? " (beside it is a .idx: a Megatron dataset is named by its prefix, without .bin)"
+                : "");
     }
     if (hdr[2] < 0) DIE("shard '%s' header has a negative token count %d", path, hdr[2]);
     long long n = hdr[2], expected = SHARD_HEADER_BYTES + tb * n;
@@ -279,12 +287,38 @@ static void load_synthetic(Dataset *ds, uint64_t seed, int T) {
 
 int data_is_shards(const char *path) {
     size_t plen = strlen(path);
-    return (plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?[");
+    char prefix[1100];
+    return (plen >= 4 && strcmp(path + plen - 4, ".bin") == 0) || strpbrk(path, "*?[") ||
+        megatron_path(path, prefix, sizeof prefix);
+}
+
+// A Megatron indexed dataset: its documents in order, as one stream (their EOD tokens are in the data).
+static void load_megatron(Dataset *ds, const char *path, const char *prefix) {
+    const uint16_t one = 1;
+    CHECK(*(const uint8_t *)&one == 1, "Megatron datasets are little-endian; this host is not");
+    MegatronSet *m = megatron_open(prefix, "--data");
+    uint64_t n = megatron_tokens(m);
+    if (n == 0) DIE("Megatron dataset '%s' holds no token", path);
+    ds->tokens = xmalloc((size_t)n * sizeof(int32_t));
+    size_t at = 0;
+    for (size_t d = 0; d < megatron_docs(m); d++) {
+        megatron_read_doc(m, d, ds->tokens + at);
+        at += (size_t)megatron_doc_tokens(m, d);
+    }
+    int max_id = 0;
+    for (size_t i = 0; i < at; i++)
+        if (ds->tokens[i] > max_id) max_id = ds->tokens[i];
+    ds->n_tokens = at;
+    ds->vocab_size = (int)(((int64_t)max_id + VOCAB_ROUND) / VOCAB_ROUND * VOCAB_ROUND);
+    snprintf(ds->source, sizeof ds->source, "megatron:%s (%zu documents)", prefix, megatron_docs(m));
+    megatron_close(m);
 }
 
 // Loads the tokens of path (NULL: the synthetic corpus) into ds, with max_token.
 static void load_source(Dataset *ds, const char *path, uint64_t seed, int T) {
+    char prefix[1100];
     if (!path) load_synthetic(ds, seed, T);
+    else if (megatron_path(path, prefix, sizeof prefix)) load_megatron(ds, path, prefix);
     else if (data_is_shards(path)) load_shards(ds, path);
     else load_text(ds, path);
     ds->max_token = -1;

@@ -58,10 +58,13 @@ typedef struct {
 // path ending in ".bin" or containing a glob char ('*','?','['): llm.c token shards, each either
 // uint16 (header magic 20240520, version 1) or uint32 (magic 20240801, version 7): 256 int32 header
 // words (magic, version, token count, rest unused), then the tokens, little-endian.
+// "PREFIX.idx", or a PREFIX that is no file beside a PREFIX.idx: a Megatron-LM indexed dataset
+// (data/megatron.h), its documents in order as one stream.
 // Otherwise: any file, bytes as tokens (vocab 256).
 // Dies with a clear message on a missing/empty/unreadable/malformed file or too little data for T.
 void data_open(Dataset *ds, const char *path, uint64_t seed, int T); // the default split (val_frac 0.1)
-// 1 when data_open reads path as llm.c shards (a ".bin" name or a glob pattern), 0: a file read as bytes.
+// 1 when data_open reads path as tokens (llm.c shards: a ".bin" name or a glob pattern; a Megatron
+// dataset), 0: a file read as bytes.
 int data_is_shards(const char *path);
 // The same with the split chosen: val_path (NULL: none) is a separate validation source, loaded as
 // path is (text or shards); otherwise val_frac in (0, 0.5] of a --data source is held out as its

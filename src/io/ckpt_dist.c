@@ -77,17 +77,20 @@ void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, 
 }
 
 typedef struct {
-    float *dst;
+    float *dst; // the tensor's local slice
     const float *tensor;
-    size_t base;
+    size_t base, lbase;
 } ReadCtx;
 static void read_run(size_t full, size_t local, size_t n, void *p) {
-    ReadCtx *r = p; // full indexes the full flat layout; the tensor starts at base there
-    memcpy(r->dst + local, r->tensor + (full - r->base), n * sizeof(float));
+    ReadCtx *r =
+        p; // full indexes the full flat layout (the tensor starts at base), local this rank's (lbase)
+    memcpy(r->dst + (local - r->lbase), r->tensor + (full - r->base), n * sizeof(float));
 }
 
-static void read_slices(const StFile *f, const ParamTable *t, const char *suffix, float *dst) {
-    float *buf = NULL;
+// Each tensor this rank holds, read whole, its slice gathered and handed to the sink.
+static void read_slices(const StFile *f, const ParamTable *t, const char *suffix, const CkptSink *sink,
+                        int which) {
+    float *buf = NULL, *slice = NULL;
     size_t cap = 0;
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *s = &t->p[i];
@@ -95,24 +98,27 @@ static void read_slices(const StFile *f, const ParamTable *t, const char *suffix
         if (s->numel > cap) {
             cap = s->numel;
             buf = xrealloc(buf, cap * sizeof(float));
+            slice = xrealloc(slice, cap * sizeof(float));
         }
         char name[160];
         snprintf(name, sizeof name, "%s%s", s->name, suffix);
         safetensors_read(f, name, s->ndim, s->shape, buf);
-        ReadCtx r = {dst, buf, s->offset};
+        ReadCtx r = {slice, buf, s->offset, s->loffset};
         params_slice_runs(s, read_run, &r);
+        sink->put(sink->ctx, which, s->loffset, s->lnumel, slice);
     }
     free(buf);
+    free(slice);
 }
 
-void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st,
+void ckpt_load_dist(const char *dir, const ParamTable *t, const CkptSink *sink, int with_opt, TrainState *st,
                     const Comm *world) {
     char p[4200];
     if (comm_rank(world) == 0) { // what ckpt_load checks, once: checksums, state, no tensor but the table's
         ckpt_verify(dir);
         TrainState check;
         ckpt_load_state(dir, &check);
-        for (int k = 0; k < 1 + (m != NULL); k++) {
+        for (int k = 0; k < 1 + (with_opt != 0); k++) {
             join_path(p, sizeof p, dir, k ? "optimizer.safetensors" : "model.safetensors");
             if (k && !file_exists(p))
                 DIE("checkpoint %s has no optimizer state (optimizer.safetensors); it was saved without it",
@@ -125,13 +131,13 @@ void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *
     comm_barrier(world);
     join_path(p, sizeof p, dir, "model.safetensors");
     StFile *f = safetensors_open(p);
-    read_slices(f, t, "", params);
+    read_slices(f, t, "", sink, 0);
     safetensors_close(f);
-    if (m) {
+    if (with_opt) {
         join_path(p, sizeof p, dir, "optimizer.safetensors");
         f = safetensors_open(p);
-        read_slices(f, t, ".exp_avg", m);
-        read_slices(f, t, ".exp_avg_sq", v);
+        read_slices(f, t, ".exp_avg", sink, 1);
+        read_slices(f, t, ".exp_avg_sq", sink, 2);
         safetensors_close(f);
     }
     if (st) ckpt_load_state(dir, st);

@@ -25,7 +25,15 @@ typedef struct {
 void ckpt_save_dist(const char *dir, const ModelConfig *c, const ParamTable *t, const CkptSource *params,
                     const CkptSource *m, const CkptSource *v, const unsigned char *own, const TrainState *st,
                     const Comm *world);
+// Where a checkpoint's values go as they are read, a tensor at a time (no full copy of the model is made):
+// put(ctx, which, lo, n, src) hands over this rank's local elements [lo, lo + n) of the parameters (which 0),
+// the first moments (1) or the second (2); src is the reader's scratch, which put may change.
+typedef struct {
+    void (*put)(void *ctx, int which, size_t lo, size_t n, float *src);
+    void *ctx;
+} CkptSink;
+
 // Collective: rank 0 verifies the checksums first (a corrupt file ends every rank), then each rank
-// reads the tensors it holds into its local host buffers. m, v may be NULL.
-void ckpt_load_dist(const char *dir, const ParamTable *t, float *params, float *m, float *v, TrainState *st,
+// reads the tensors it holds into sink; with_opt: the moments too.
+void ckpt_load_dist(const char *dir, const ParamTable *t, const CkptSink *sink, int with_opt, TrainState *st,
                     const Comm *world);

@@ -346,17 +346,20 @@ int hf_export(const char *ckpt, const char *out_in, int force) {
     // over all experts, unscaled weights, a shared expert only as Qwen2-MoE's (gated), dense layers only
     // where the family has mlp_only_layers
     int mix = c.family == FAM_MIXTRAL, qwen = c.family == FAM_QWEN2_MOE || c.family == FAM_QWEN3_MOE;
-    const char *why[8];
+    const char *why[10];
     int nw = 0;
     if (c.dispatch == DISPATCH_CAPACITY) why[nw++] = "capacity dispatch drops tokens";
     if (mix && !c.renormalize) why[nw++] = "top-k weights are not renormalised";
-    if (c.balance == BALANCE_AUX_FREE)
+    // (DeepseekV3: all of these but capacity are the family's own: config_validate holds them to it)
+    int ds = c.family == FAM_DEEPSEEK_V3;
+    if (c.balance == BALANCE_AUX_FREE && !ds)
         why[nw++] = "aux-free balancing adds a per-expert bias to the routing scores";
-    if (c.route_sigmoid) why[nw++] = "the router scores are sigmoids";
-    if (c.n_group > 1) why[nw++] = "the routing is group-limited";
-    if (c.route_scale != 0 && c.route_scale != 1) why[nw++] = "the routed weights are scaled";
-    if (c.n_shared_experts && c.family != FAM_QWEN2_MOE) why[nw++] = "it has shared experts";
-    if (config_moe_layers(&c) < c.n_layers && !qwen) why[nw++] = "it has dense layers";
+    if (c.route_sigmoid && !ds) why[nw++] = "the router scores are sigmoids";
+    if (c.n_group > 1 && !ds) why[nw++] = "the routing is group-limited";
+    if (c.route_scale != 0 && c.route_scale != 1 && !ds) why[nw++] = "the routed weights are scaled";
+    if (c.n_shared_experts && c.family != FAM_QWEN2_MOE && !ds) why[nw++] = "it has shared experts";
+    if (config_moe_layers(&c) < c.n_layers && !qwen && !ds) why[nw++] = "it has dense layers";
+    if (config_mla(&c) && !ds) why[nw++] = "it has latent attention";
     if (nw) {
         char list[512] = "";
         for (int i = 0; i < nw; i++)

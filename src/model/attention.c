@@ -1,10 +1,11 @@
-// attention.c — the attention variants (attention.h). Today one: grouped-query attention (GQA; MHA where
-// KV = H), this rank's heads of a TP split: norm output -> q, k, v (column-parallel projections, then the
-// families' biases, then QK-norm) -> RoPE -> the backend's attention op (with attention dropout, site 2) ->
-// o_proj (row-parallel: partial sums), and its hand-written backward; its activations and scratch, and
-// the recompute of its output and log-sum-exp (--recompute attn).
-// Must not hold: the block's norms, residuals and their dropout, the TP all-reduces of o_proj's output
-// and of the input gradient (block.c), the MoE, the KV cache (decode.c).
+// attention.c — the attention variants (attention.h) and what they share (the attention op over rows, the
+// recompute of its output, the memory's release); grouped-query attention (GQA; MHA where KV = H) here,
+// latent attention in mla.c. GQA: this rank's heads of a TP split: norm output -> q, k, v (column-parallel
+// projections, then the families' biases, then QK-norm) -> RoPE -> the backend's attention op (with attention
+// dropout, site 2) -> o_proj (row-parallel: partial sums), and its hand-written backward; its activations and
+// scratch, and the recompute of its output and log-sum-exp (--recompute attn). Must not hold: the block's
+// norms, residuals and their dropout, the TP all-reduces of o_proj's output and of the input gradient
+// (block.c), the MoE, the KV cache (decode.c).
 #include "model/attention.h"
 #include <string.h>
 #include "core/common.h"
@@ -132,9 +133,10 @@ static void row_piece(int T, int r, int r1, int *b, int *t, int *nb, int *te) {
 // Attention forward for the rows [r0, r1): one call per run of whole sequences, one per piece of a
 // sequence (query rows [t, te) of sequence b). With attention dropout (a seed and the config's
 // attention_dropout): layer l's mask (site 2) over global tokens and global heads.
-static void attn_rows(const Model *m, int l, AttnActs *a, int T, int r0, int r1) {
+void attn_op_rows(const Model *m, int l, AttnActs *a, int T, int r0, int r1) {
     const ModelConfig *c = &m->c;
-    int H = m->Hl, KV = m->KVl, hd = c->head_dim;
+    int H, KV, hd;
+    attn_op_shape(m, &H, &KV, &hd);
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
     uint64_t ds = c->attention_dropout > 0 ? model_drop_seed(m) : 0;
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
@@ -151,17 +153,18 @@ static void attn_rows(const Model *m, int l, AttnActs *a, int T, int r0, int r1)
     }
 }
 
-// Attention backward for the query rows [r0, r1) (pieces as attn_rows): dq of those rows (written: each
+// Attention backward for the query rows [r0, r1) (pieces as attn_op_rows): dq of those rows (written: each
 // query row is in one piece), dk/dv of the keys they read: written by the first piece of a sequence this
 // layer's backward meets (kv_seen[b] 0; the pieces come in reverse row order, so that one holds the
 // sequence's last rows and reads all of its keys), added into by the later ones.
-static void attn_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1) {
+void attn_op_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1) {
     AttnScratch *s = &m->attn;
     uint8_t *seen = s->kv_seen;
     const ModelConfig *c = &m->c;
-    int H = m->Hl, KV = m->KVl, hd = c->head_dim;
+    int H, KV, hd;
+    attn_op_shape(m, &H, &KV, &hd);
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
-    uint64_t ds = c->attention_dropout > 0 ? model_drop_seed(m) : 0; // (the forward's mask: attn_rows)
+    uint64_t ds = c->attention_dropout > 0 ? model_drop_seed(m) : 0; // (the forward's mask: attn_op_rows)
     int64_t row0 = (int64_t)comm_rank(m->mesh.dp) * m->B * T;
     for (int r = r0, b, t, nb, te; r < r1; r += nb * (te - t)) {
         row_piece(T, r, r1, &b, &t, &nb, &te);
@@ -201,10 +204,11 @@ static void gqa_out_rows(Model *m, int l, const AttnActs *a, float *out, int r0,
     gqa_oproj_fwd(m, l, out, HQ(a->att, r0 * qd), r1 - r0);
 }
 
-// --recompute attn: the attention output and lse again (row for row the forward's bits, chunked or not;
-// with attention dropout: the slot's seed, the same mask); dq, dk, dv: written by the attention backward.
-static void gqa_bwd_begin(Model *m, int l, AttnActs *a, int B, int T) {
-    if (a->shared) attn_rows(m, l, a, T, 0, B * T);
+// (attention.h) --recompute attn: the attention output and lse again (row for row the forward's bits, chunked
+// or not; with attention dropout: the slot's seed, the same mask); dq, dk, dv: written by the attention
+// backward.
+void attn_bwd_begin(Model *m, int l, AttnActs *a, int B, int T) {
+    if (a->shared) attn_op_rows(m, l, a, T, 0, B * T);
     memset(m->attn.kv_seen, 0, (size_t)B);
 }
 
@@ -267,9 +271,10 @@ static void gqa_scratch_init(Model *m) {
     s->kv_seen = xcalloc((size_t)m->maxB, 1);
 }
 
-static void gqa_scratch_free(Model *m) {
+void attn_scratch_free(Model *m) {
     AttnScratch *s = &m->attn;
-    void *bufs[] = {s->dq, s->dk, s->dv, s->datt, s->dq2, s->dk2, s->ones, s->qk_sums, s->att_rc, s->lse_rc};
+    void *bufs[] = {s->dq,     s->dk,  s->dv, s->datt, s->dq2, s->dk2,   s->ones, s->qk_sums, s->att_rc,
+                    s->lse_rc, s->kvb, s->kr, s->dqan, s->dqa, s->dckvn, s->dckv, s->dao};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) m->be->free(bufs[i]);
     free(s->kv_seen);
@@ -296,11 +301,12 @@ static void gqa_acts_alloc(const Model *m, AttnActs *a, Arena *A) {
     }
 }
 
-static void gqa_acts_recompute(Model *m, AttnActs *a, Arena *A) {
+void attn_acts_recompute(Model *m, AttnActs *a, Arena *A) {
     const Backend *be = m->be;
-    int attn = (m->recompute & RECOMPUTE_ATTN) != 0;
+    int attn = (m->recompute & RECOMPUTE_ATTN) != 0, H, KV, hd;
+    attn_op_shape(m, &H, &KV, &hd);
     if (attn && !m->attn.att_rc) {
-        m->attn.att_rc = be->alloc((size_t)m->maxN * m->Hl * m->c.head_dim * hid_size(be));
+        m->attn.att_rc = be->alloc((size_t)m->maxN * H * hd * hid_size(be));
         m->attn.lse_rc = be->alloc((size_t)m->maxB * m->Hl * m->maxT * F);
     }
     if (attn && !a->shared) {
@@ -309,27 +315,25 @@ static void gqa_acts_recompute(Model *m, AttnActs *a, Arena *A) {
         a->att = m->attn.att_rc;
         a->lse = m->attn.lse_rc;
     } else if (!attn && a->shared) {
-        a->att = arena_alloc(A, be, (size_t)m->maxN * m->Hl * m->c.head_dim * hid_size(be));
+        a->att = arena_alloc(A, be, (size_t)m->maxN * H * hd * hid_size(be));
         a->lse = arena_alloc(A, be, (size_t)m->maxB * m->Hl * m->maxT * F);
     }
     a->shared = attn;
 }
 
-static void gqa_acts_free(const Model *m, AttnActs *a, const Arena *A) {
+void attn_acts_free(const Model *m, AttnActs *a, const Arena *A) {
     if (a->shared) { // the model's (--recompute attn)
         a->att = NULL;
         a->lse = NULL;
     }
-    void *bufs[] = {a->q, a->k, a->v, a->att, a->lse, a->qraw, a->kraw, a->rstdq, a->rstdk};
+    void *bufs[] = {a->q,     a->k,  a->v,       a->att, a->lse,     a->qraw, a->kraw, a->rstdq,
+                    a->rstdk, a->qa, a->rstd_qa, a->ckv, a->rstd_kv, a->qan,  a->ckvn, a->ao};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(A, m->be, bufs[i]);
     memset(a, 0, sizeof *a);
 }
 
-static const AttnVariant attn_gqa = {gqa_scratch_init, gqa_scratch_free, gqa_acts_alloc, gqa_acts_recompute,
-                                     gqa_acts_free,    gqa_fwd_in,       attn_rows,      gqa_out_rows,
-                                     gqa_bwd_begin,    gqa_bwd_out_rows, attn_bwd_rows,  gqa_bwd_in};
+static const AttnVariant attn_gqa = {
+    gqa_scratch_init, attn_scratch_free, gqa_acts_alloc, attn_acts_recompute, attn_acts_free,   gqa_fwd_in,
+    attn_op_rows,     gqa_out_rows,      attn_bwd_begin, gqa_bwd_out_rows,    attn_op_bwd_rows, gqa_bwd_in};
 
-const AttnVariant *attn_variant(const ModelConfig *c) {
-    (void)c; // (one variant today; a config field would choose among them)
-    return &attn_gqa;
-}
+const AttnVariant *attn_variant(const ModelConfig *c) { return config_mla(c) ? &attn_mla : &attn_gqa; }

@@ -5,8 +5,10 @@
 // rounded into the cache's hidden format (to_hid: the bits of the training forward's rope_fwd_hid),
 // attention of the query rows [t0, t1) against the cached keys 0..t1-1 (attention_fwd's row range over
 // the cache, laid out (1, W, ...)), o_proj (+ the TP all-reduce), the MoE layer on the new rows, and the
-// final norm and LM head on the last row only. Dropout and jitter never run here. The cache is GQA's
-// (attention.h: another attention variant caches what it needs here).
+// final norm and LM head on the last row only. Dropout and jitter never run here. GQA's cache holds the
+// keys and values; latent attention's (config.h kv_lora_rank) the latent after its norm and the rope key
+// after RoPE of each position, from which each call expands the heads' keys and values of the positions
+// 0..t1-1 (mla.c: the forward's ops on those rows).
 // Must not hold: the sampling policy (train/sample.c: window, temperature, top-k/top-p), files.
 #pragma once
 #include <stdint.h>
@@ -20,6 +22,12 @@ typedef struct {
     float *x, *xn, *xmid, *mo; // (W, d): the residual stream of the rows of one call, norm, mid, MoE out
     float *rstd, *logits; // (W) (V)
     float *qraw, *kraw, *rstdqk; // QK-norm (families): q, k before their norms, the norms' rstd (else NULL)
+    // latent attention (else NULL): per layer the latent (W, kv_lora_rank; hidden format) and the rope key
+    // (W, qk_rope_head_dim; float32); the keys and values expanded from them for the layer being run (W,
+    // Hl*hq; hidden format; k and v above are not used), o_proj's input (W, Hl*v_head_dim; hidden format)
+    void **lat;
+    float **kr;
+    void *kx, *vx, *ao;
 } KvCache;
 
 // 1 when m can decode with a cache: one chunk holding every layer (no pipeline stages).

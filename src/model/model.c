@@ -53,6 +53,15 @@ static double head_forward(Model *m, const int32_t *targets, int N, float dloss)
     return s / N;
 }
 
+// Embedding dropout (--embed-dropout) on the (N,d) rows x, forward or (the same mask) backward: the seed
+// dropout_hash(slot seed, -1, 3), the global token index as the residual sites' (block.c drop_rows).
+static void embed_drop(const Model *m, float *x, int N) {
+    uint64_t seed = model_drop_seed(m);
+    if (!seed || !(m->embed_dropout > 0)) return;
+    m->be->dropout(x, 1, N, 0, N, m->c.d_model, m->embed_dropout, dropout_hash(seed, -1, 3),
+                   (int64_t)comm_rank(m->mesh.dp) * N);
+}
+
 double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float dloss,
                      uint64_t noise_seed) {
     const Backend *be = m->be;
@@ -63,13 +72,15 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
     int N = B * T, d = c->d_model, V = c->vocab_size, E = c->n_experts, Lm = config_moe_layers(c);
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
-    m->slots[m->cur][m->cur_slot].drop_seed = m->dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
+    m->slots[m->cur][m->cur_slot].drop_seed =
+        m->dropout > 0 || m->embed_dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
     if (ch->first) {
         for (int i = 0; i < N; i++)
             CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)",
                   tokens[i], i, V);
         be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
         be->embedding_fwd(m->la[0].res_in, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), N, d);
+        embed_drop(m, m->la[0].res_in, N);
         m->aux = m->z = 0;
         m->dropped = 0;
         memset(m->hf_fe, 0, sizeof(double) * E * 2);
@@ -127,7 +138,9 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);
     }
     if (!ch->first) return;
-    if (c->mtp_depth) be->add(m->dres, m->dres, m->mtps.demb, (size_t)N * d); // (the MTP modules' share)
+    // the MTP modules' share (they read the embedding output after its dropout: the same mask follows)
+    if (c->mtp_depth) be->add(m->dres, m->dres, m->mtps.demb, (size_t)N * d);
+    embed_drop(m, m->dres, N); // the gradient through the forward's mask
     be->embedding_bwd(model_param(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);
 }

@@ -30,6 +30,11 @@ typedef struct {
     void *att; // (N,H*hd) the attention output, in the hidden format (ops.h Backend.hid)
     float *lse; // (B,H,T)
     int shared; // att and lse are the model's shared ones (AttnScratch att_rc, lse_rc: --recompute attn)
+    // latent attention (mla.c; q, k, v, att: (N, Hl*hq), hq = qk_nope + qk_rope head dims, v padded): q_a's
+    // output (N, q_lora_rank) and the kv latent (N, kv_lora_rank) before their norms, their rstd (N), after
+    // their norms (hidden format: q_b's and kv_b's input); ao (N, Hl*v_head_dim) o_proj's input (hidden)
+    float *qa, *rstd_qa, *ckv, *rstd_kv;
+    void *qan, *ckvn, *ao;
 } AttnActs;
 
 // The attention variant's scratch, one for the model (attention.h; GQA's today).
@@ -43,6 +48,10 @@ typedef struct {
     uint8_t *kv_seen; // (maxB) a layer's backward: the sequences whose dk, dv it wrote
     void *att_rc; // --recompute attn: every layer's attention output (hidden format) and lse,
     float *lse_rc; // shared
+    // latent attention (mla.c): kv_b's output (N, Hl*(qk_nope + v)) in a forward, its gradient in a backward;
+    // the rope key (N, qk_rope) likewise; the gradients of q_a's output and of the latent after (dqan,
+    // dckvn) and before (dqa, dckv) their norms; o_proj's input gradient (N, Hl*v)
+    float *kvb, *kr, *dqan, *dqa, *dckvn, *dckv, *dao;
 } AttnScratch;
 
 typedef struct {
@@ -146,7 +155,8 @@ typedef struct Model {
     // the attention output after o_proj and its TP all-reduce; 1: the MoE output), each before its residual
     // add, over the global token index (dp rank * N + b * T + t: the same mask on any mesh); site 2, with the
     // config's attention_dropout > 0, the attention probabilities (attention_drop_fwd/bwd: global heads).
-    float dropout;
+    // embed_dropout: the token embeddings' (the seed dropout_hash(drop_seed, -1, 3)), after the lookup.
+    float dropout, embed_dropout;
     uint64_t drop_seed;
     MoeScratch ms;
     MtpScratch mtps; // the MTP modules' (config.h mtp_depth > 0)

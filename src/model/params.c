@@ -43,6 +43,8 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
         case PR_WQ:
         case PR_WK:
         case PR_WV:
+        case PR_QB:
+        case PR_KVB:
         case PR_BQ:
         case PR_BK:
         case PR_BV:
@@ -150,43 +152,80 @@ void params_build(ParamTable *t, const ModelConfig *c) {
     t->ltotal = t->total;
 }
 
+// Latent attention's tensors of layer l (config.h): the projections to the heads split over TP by heads
+// (q_b or q, kv_b: rows; o: columns), the compressions and their norms replicated, reduced over the stage.
+static void mla_tensors(ParamTable *t, int *cap, const ModelConfig *c, int l) {
+    int64_t d = c->d_model, H = c->n_heads, qr = c->q_lora_rank, kvr = c->kv_lora_rank,
+            hq = config_qk_head_dim(c), dr = c->qk_rope_head_dim, dn = c->qk_nope_head_dim,
+            dv = c->v_head_dim;
+    char nm[96];
+#define NM(x) (snprintf(nm, sizeof nm, "model.layers.%d.self_attn.%s", l, x), nm)
+#define STAGE (t->p[t->n - 1].reduce = RED_STAGE)
+    if (qr) {
+        add(t, cap, NM("q_a_proj.weight"), qr, d, PR_QA, l, -1, SPLIT_REPL);
+        STAGE;
+        add(t, cap, NM("q_a_layernorm.weight"), qr, 0, PR_QA_NORM, l, -1, SPLIT_REPL);
+        STAGE;
+        add(t, cap, NM("q_b_proj.weight"), H * hq, qr, PR_QB, l, -1, SPLIT_COL);
+    } else {
+        add(t, cap, NM("q_proj.weight"), H * hq, d, PR_QB, l, -1, SPLIT_COL);
+    }
+    add(t, cap, NM("kv_a_proj_with_mqa.weight"), kvr + dr, d, PR_KVA, l, -1, SPLIT_REPL);
+    STAGE;
+    add(t, cap, NM("kv_a_layernorm.weight"), kvr, 0, PR_KVA_NORM, l, -1, SPLIT_REPL);
+    STAGE;
+    add(t, cap, NM("kv_b_proj.weight"), H * (dn + dv), kvr, PR_KVB, l, -1, SPLIT_COL);
+    add(t, cap, NM("o_proj.weight"), d, H * dv, PR_WO, l, -1, SPLIT_ROW);
+#undef NM
+#undef STAGE
+}
+
+// GQA's tensors of layer l: q, k, v (with the family's biases), o, the family's QK-norm weights.
+static void gqa_tensors(ParamTable *t, int *cap, const ModelConfig *c, int l) {
+    int64_t d = c->d_model, qd = (int64_t)c->n_heads * c->head_dim,
+            kvd = (int64_t)c->n_kv_heads * c->head_dim, hd = c->head_dim;
+    char nm[96];
+#define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+    const char *qkv[3] = {"q", "k", "v"};
+    int64_t rows[3] = {qd, kvd, kvd};
+    ParamRole rw[3] = {PR_WQ, PR_WK, PR_WV}, rb[3] = {PR_BQ, PR_BK, PR_BV};
+    for (int i = 0; i < 3; i++) {
+        add(t, cap, NM("model.layers.%d.self_attn.%s_proj.weight", l, qkv[i]), rows[i], d, rw[i], l, -1,
+            SPLIT_COL);
+        if (c->qkv_bias) {
+            add(t, cap, NM("model.layers.%d.self_attn.%s_proj.bias", l, qkv[i]), rows[i], 0, rb[i], l, -1,
+                SPLIT_COL);
+            t->p[t->n - 1].decay = 0;
+        }
+    }
+    add(t, cap, NM("model.layers.%d.self_attn.o_proj.weight", l), d, qd, PR_WO, l, -1, SPLIT_ROW);
+    if (c->qk_norm) { // full width: split with the heads, reduced over DP; per head: replicated, over the
+                      // stage
+        int full = c->qk_norm == QK_NORM_FULL;
+        TpSplit sp = full ? SPLIT_COL : SPLIT_REPL;
+        add(t, cap, NM("model.layers.%d.self_attn.q_norm.weight", l), full ? qd : hd, 0, PR_QNORM, l, -1, sp);
+        if (!full) t->p[t->n - 1].reduce = RED_STAGE;
+        add(t, cap, NM("model.layers.%d.self_attn.k_norm.weight", l), full ? kvd : hd, 0, PR_KNORM, l, -1,
+            sp);
+        if (!full) t->p[t->n - 1].reduce = RED_STAGE;
+    }
+#undef NM
+}
+
 // Layers [l0, l1)'s tensors (a main layer's, or an MTP module's block at l0 = l1 - 1 >= n_layers: MoE).
 static void add_layers(ParamTable *t, int *cap_, const ModelConfig *c, int l0, int l1) {
     int cap = *cap_;
-    int64_t d = c->d_model, qd = (int64_t)c->n_heads * c->head_dim,
-            kvd = (int64_t)c->n_kv_heads * c->head_dim, f = c->d_ff, E = c->n_experts, hd = c->head_dim,
-            fs = (int64_t)c->n_shared_experts * c->shared_d_ff;
+    int64_t d = c->d_model, f = c->d_ff, E = c->n_experts, fs = (int64_t)c->n_shared_experts * c->shared_d_ff;
     int mix = c->family == FAM_MIXTRAL;
-    const char *moe = mix ? "block_sparse_moe" : "mlp";
+    const char *moe = mix ? "block_sparse_moe" : "mlp",
+               *sh = c->family == FAM_DEEPSEEK_V3 ? "shared_experts" : "shared_expert";
     const char *ew[3] = {mix ? "w1" : "gate_proj", mix ? "w3" : "up_proj", mix ? "w2" : "down_proj"};
     char nm[96];
     for (int l = l0; l < l1; l++) {
 #define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
         add(t, &cap, NM("model.layers.%d.input_layernorm.weight", l), d, 0, PR_ATTN_NORM, l, -1, SPLIT_REPL);
-        const char *qkv[3] = {"q", "k", "v"};
-        int64_t rows[3] = {qd, kvd, kvd};
-        ParamRole rw[3] = {PR_WQ, PR_WK, PR_WV}, rb[3] = {PR_BQ, PR_BK, PR_BV};
-        for (int i = 0; i < 3; i++) {
-            add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.weight", l, qkv[i]), rows[i], d, rw[i], l, -1,
-                SPLIT_COL);
-            if (c->qkv_bias) {
-                add(t, &cap, NM("model.layers.%d.self_attn.%s_proj.bias", l, qkv[i]), rows[i], 0, rb[i], l,
-                    -1, SPLIT_COL);
-                t->p[t->n - 1].decay = 0;
-            }
-        }
-        add(t, &cap, NM("model.layers.%d.self_attn.o_proj.weight", l), d, qd, PR_WO, l, -1, SPLIT_ROW);
-        if (c->qk_norm) { // full width: split with the heads, reduced over DP; per head: replicated, over the
-                          // stage
-            int full = c->qk_norm == QK_NORM_FULL;
-            TpSplit sp = full ? SPLIT_COL : SPLIT_REPL;
-            add(t, &cap, NM("model.layers.%d.self_attn.q_norm.weight", l), full ? qd : hd, 0, PR_QNORM, l, -1,
-                sp);
-            if (!full) t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.self_attn.k_norm.weight", l), full ? kvd : hd, 0, PR_KNORM, l,
-                -1, sp);
-            if (!full) t->p[t->n - 1].reduce = RED_STAGE;
-        }
+        if (config_mla(c)) mla_tensors(t, &cap, c, l);
+        else gqa_tensors(t, &cap, c, l);
         add(t, &cap, NM("model.layers.%d.post_attention_layernorm.weight", l), d, 0, PR_FFN_NORM, l, -1,
             SPLIT_REPL);
         if (config_layer_dense(c,
@@ -208,13 +247,13 @@ static void add_layers(ParamTable *t, int *cap_, const ModelConfig *c, int l0, i
             t->p[t->n - 1].reduce = RED_STAGE;
         }
         if (fs) {
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.gate_proj.weight", l), fs, d, PR_SH_W1, l, -1,
+            add(t, &cap, NM("model.layers.%d.mlp.%s.gate_proj.weight", l, sh), fs, d, PR_SH_W1, l, -1,
                 SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.up_proj.weight", l), fs, d, PR_SH_W3, l, -1,
+            add(t, &cap, NM("model.layers.%d.mlp.%s.up_proj.weight", l, sh), fs, d, PR_SH_W3, l, -1,
                 SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
-            add(t, &cap, NM("model.layers.%d.mlp.shared_expert.down_proj.weight", l), d, fs, PR_SH_W2, l, -1,
+            add(t, &cap, NM("model.layers.%d.mlp.%s.down_proj.weight", l, sh), d, fs, PR_SH_W2, l, -1,
                 SPLIT_REPL);
             t->p[t->n - 1].reduce = RED_STAGE;
             if (c->shared_gate) {

@@ -39,6 +39,14 @@ typedef enum {
     PR_D_W1,
     PR_D_W3,
     PR_D_W2,
+    // multi-head latent attention (config.h kv_lora_rank): q_a_proj, q_a_layernorm, q_b_proj (or q_proj where
+    // q_lora_rank is 0: PR_QB too), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj; its o_proj is PR_WO
+    PR_QA,
+    PR_QA_NORM,
+    PR_QB,
+    PR_KVA,
+    PR_KVA_NORM,
+    PR_KVB,
     // an MTP module (config.h mtp_depth; its layer index n_layers + k - 1): enorm, hnorm (d), eh_proj (d, 2d:
     // columns [0, d) take the normed embedding, [d, 2d) the normed hidden state), shared_head.norm (d); its
     // block has a main layer's roles; the embedding and the LM head are the main model's
@@ -89,7 +97,8 @@ typedef struct {
     int pp_rank;
 } ParamSlicing;
 
-// Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm],
+// Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm] (latent
+// attention: [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o),
 // ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E) (a dense
 // layer: ffn_norm, then mlp.gate_proj, up_proj, down_proj in place of the router and experts); final norm;
 // lm_head; then each MTP module (config.h mtp_depth): enorm, hnorm, eh_proj, its block's tensors as a main
@@ -101,6 +110,8 @@ typedef struct {
 // TP rank's token slice) are reduced over the stage; full-width QK-norm weights (one process in TP) and the
 // biases (split over TP with their projections' rows) over DP.
 void params_build(ParamTable *t, const ModelConfig *c);
+// Latent attention's q_b (or q) and kv_b rows and o columns split over TP by heads; q_a, kv_a and their norms
+// replicated and reduced over the stage (each TP rank's gradient is its heads' part).
 // The same table with local slices: q/k/v rows and o columns split over TP (whole heads), each EP
 // rank holds experts [ep_rank*E/EP, +E/EP), each ETP rank rows of w1/w3 and columns of w2 (along
 // f). Embeddings, norms and the router are replicated. With pipeline stages, tensors of another

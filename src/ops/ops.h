@@ -17,6 +17,23 @@
 
 typedef struct Backend Backend;
 
+// RoPE's frequencies (rope_yarn): f_j = theta^(-2j/hd) for the pair j < hd/2; with factor > 1, YaRN's
+// (transformers' rope_type yarn): f_j e_j + (f_j / factor) (1 - e_j), e_j = 1 - clamp((j - low) / (high -
+// low), 0, 1) (high = low + 0.001 where they are equal), and every rotated value times scale (YaRN's
+// attention factor; 1 without it). interleave: the rotated pairs are (2j, 2j + 1) (DeepSeek's layout,
+// transformers' rope_interleave, rotated in place), else (j, j + hd/2) (rotate_half).
+typedef struct {
+    float theta, factor, low, high, scale;
+    int interleave;
+} RopeYarn;
+// A strided block of float32 or hidden-format elements (copy_strided): element (i, j, c), i < n0, j < n1,
+// c < cols, at dst[i*d0 + j*d1 + c] and src[i*s0 + j*s1 + c] (strides in elements; s1 = 0 repeats a
+// source row over j, d1 = 0 with accumulate sums over j).
+typedef struct {
+    int n0, n1, cols;
+    int64_t d0, d1, s0, s1;
+} Stride3;
+
 // Multi-tensor optimizer runs (sumsq_runs, adamw_runs): run i covers elements [off, off+n) of the
 // flat parameter/gradient buffers and [moff, moff+n) of the moment buffers; decay: weight decay
 // applies to it; cls: the class (0 <= cls < ncls) its sum of squares is added to.
@@ -237,7 +254,9 @@ struct Backend {
     void (*grouped_swiglu_fwd)(void *h1, void *h3, void *act, const void *inp, const float *w1,
                                const float *w3, const int64_t *off, int G, int K, int O);
     // The experts' down-projection: out = act W_g^T as grouped_matmul_fwd, act (rows, K) in the hidden
-    // format.
+    // format. An FP8 table (Backend.fp8) may take act's FP8 operand from the grouped_swiglu_fwd that wrote
+    // act last (the same act and groups, no op of the table between: the MoE layer calls the two in a row):
+    // act must not change between them but through this backend's to_device, copy or zero (which drop it).
     void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
                              int O);
     // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)),
@@ -255,7 +274,9 @@ struct Backend {
     // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., flags) then (dinp, dwb, doutb, ...,
     // GM_ACC_DINP | (flags & GM_DW_WRITE)); a backend
     // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL. douta, doutb
-    // (dh1, dh3) and inp in the hidden format.
+    // (dh1, dh3) and inp in the hidden format. An FP8 table may take douta's and doutb's FP8 operands from
+    // the grouped_swiglu_bwd that wrote them just before (as grouped_down_fwd takes act's, on the same
+    // terms).
     void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                 const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                 int K, int O, int flags);
@@ -320,6 +341,21 @@ struct Backend {
     // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is
     // float32).
     void (*to_hid)(void *out, const float *inp, size_t n);
+    // RoPE in place on strided rows (multi-head latent attention's rope parts: the last qk_rope_head_dim of
+    // each query head, the key rope shared by the heads): element j < hd of head h of row i at
+    // x[(i*nh + h)*ld + j], row i (of B*(t1-t0)) at position t0 + i % (t1 - t0); pair j (rotate_half's (j, j
+    // + hd/2), or (2j, 2j + 1) with r.interleave) rotated by the angle pos * f_j (RopeYarn, computed in
+    // double as rope_fwd's), each result times r.scale.
+    // adjoint 1: the transpose (the backward of the gradient in place: the inverse rotation, times scale).
+    // With r.factor <= 1 and scale 1, rows of ld = hd are rope_rows' bits.
+    void (*rope_yarn)(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);
+    // dst = alpha * src (acc 0) or dst += alpha * src (acc 1) over the elements of s (Stride3), each of
+    // dst and src float32 (hid 0) or in the hidden format (hid 1: a result rounded once to nearest even,
+    // a source widened exactly); acc needs a float32 dst. For each (i, c) the j run in order (d1 = 0 with
+    // acc: the sum over j in that order). The product alpha * src is one float operation (alpha = 1: the
+    // value itself).
+    void (*copy_strided)(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s, float alpha,
+                         int acc);
 
     // Dropout in place on x, the rows t in [t0, t1) of B sequences of length T in (b, t) order (row i =
     // b*(t1-t0) + (t - t0)) of C features: element (g, c) of global token g = row0 + b*T + t is zeroed

@@ -210,6 +210,16 @@ static void w_to_hid(void *o, const float *x, size_t n) {
     in->to_hid(o, x, n);
     T1(P_ELEM);
 }
+static void w_rope_y(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adj) {
+    T0;
+    in->rope_yarn(x, B, t0, t1, nh, hd, ld, r, adj);
+    T1(P_ROPE);
+}
+static void w_copy_s(void *d, int dh, const void *x, int sh, Stride3 s, float a, int acc) {
+    T0;
+    in->copy_strided(d, dh, x, sh, s, a, acc);
+    T1(P_ELEM);
+}
 static void w_att_f(void *o, float *l, const void *q, const void *k, const void *v, int B, int T, int H,
                     int KV, int hd, int t0, int t1) {
     T0;
@@ -356,6 +366,8 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.rope_rows = w_rope_r;
     pb.rope_fwd_hid = w_rope_fh;
     pb.to_hid = w_to_hid;
+    pb.rope_yarn = w_rope_y;
+    pb.copy_strided = w_copy_s;
     pb.dropout = w_drop;
     pb.attention_fwd = w_att_f;
     pb.attention_bwd = w_att_b;

@@ -1,17 +1,21 @@
 // prep.c (text) — `moe prep`: read documents (plain text, a document per file or per line; JSON lines
-// with a text field; either gzip'd), tokenise each, append the EOS, and write llm.c shards
-// (data_write_shard) into OUT.part, renamed to OUT at the end; the first --val-docs documents go to the
-// val shards. Must not hold: tokenisation (tok_*.c), the shard format (data/data.c).
+// with a text field; either gzip'd or zstd'd: infile.c), tokenise each, append the EOS, and write llm.c
+// shards (data_write_shard) into OUT.part, renamed to OUT at the end; the first --val-docs documents go to
+// the val shards. A Megatron dataset's documents are copied as they are (already ids, with their own EOD).
+// Must not hold: tokenisation (tok_*.c), the shard format (data/data.c), the Megatron format
+// (data/megatron.c).
 #include "text/prep.h"
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <omp.h>
 #include <cjson/cJSON.h>
-#include <zlib.h>
 #include "core/common.h"
 #include "data/data.h"
+#include "data/megatron.h"
+#include "text/infile.h"
 #include "text/tokenizer.h"
 
 static const char *who = "prep"; // what the messages name: the command or option reading the inputs
@@ -91,8 +95,9 @@ typedef struct {
     const char *dir; // where the shards go
     int eos, vocab; // eos < 0: none (documents follow each other)
     Split train, val;
-    long docs;
+    long docs, megatron_docs;
     size_t bytes, text_tokens;
+    uint64_t in_total, in_done; // the inputs' bytes on disk, and those of the inputs read whole (the ETA)
     double t0, shown;
     // the batch: copies of the documents' text, and their ids once encoded
     char *text[BATCH_DOCS];
@@ -102,13 +107,15 @@ typedef struct {
     size_t batch_bytes;
 } Prep;
 
-static void append_doc(Prep *p, const int32_t *ids, size_t n, size_t len) {
+// A document's ids; text (a document tokenised here, of len bytes): then the EOS, and counted in the
+// tokens per byte.
+static void append_doc(Prep *p, const int32_t *ids, size_t n, size_t len, int text) {
     Split *s = p->docs < p->o->val_docs ? &p->val : &p->train;
     p->docs++;
     s->docs++;
     p->bytes += len;
-    p->text_tokens += n;
-    for (size_t i = 0; i < n + (p->eos >= 0); i++) {
+    p->text_tokens += text ? n : 0;
+    for (size_t i = 0; i < n + (text && p->eos >= 0); i++) {
         if (s->n == s->cap) {
             s->cap = s->cap ? s->cap * 2 : 1 << 16;
             s->tok = xrealloc(s->tok, s->cap * sizeof *s->tok);
@@ -118,22 +125,34 @@ static void append_doc(Prep *p, const int32_t *ids, size_t n, size_t len) {
     }
 }
 
+static const InFile *cur_in; // the text input being read: how far, for the ETA
+
+// The progress line, where someone watches (stderr a terminal), at most once a second; at: the bytes of
+// the current input read so far.
+static void progress(Prep *p, uint64_t at) {
+    double now = now_seconds(), dt = now - p->t0, done = (double)(p->in_done + at);
+    if (!isatty(STDERR_FILENO) || now - p->shown <= 1) return;
+    p->shown = now;
+    char eta[32] = "?";
+    if (done > 0 && (double)p->in_total >= done) {
+        double left = dt * ((double)p->in_total - done) / done;
+        snprintf(eta, sizeof eta, "%dm%02ds", (int)(left / 60), (int)left % 60);
+    }
+    fprintf(stderr, "\r%s: %ld documents, %zu tokens, %.1f MB/s, ETA %s   ", who, p->docs,
+            p->train.total + p->train.n + p->val.total + p->val.n, (double)p->bytes / 1e6 / dt, eta);
+}
+
 static void run_batch(Prep *p) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < p->count; i++)
         p->n[i] = tok_encode(p->t, p->text[i], p->len[i], p->o->add_special, &p->ids[i], &p->cap[i]);
     for (int i = 0; i < p->count; i++) {
-        append_doc(p, p->ids[i], p->n[i], p->len[i]);
+        append_doc(p, p->ids[i], p->n[i], p->len[i], 1);
         free(p->text[i]);
     }
     p->count = 0;
     p->batch_bytes = 0;
-    double now = now_seconds();
-    if (isatty(STDERR_FILENO) && now - p->shown > 1) { // progress, where someone watches
-        p->shown = now;
-        fprintf(stderr, "\r%s: %ld documents, %zu tokens, %.1f MB/s   ", who, p->docs, p->text_tokens,
-                (double)p->bytes / 1e6 / (now - p->t0));
-    }
+    progress(p, cur_in ? infile_consumed(cur_in) : 0);
 }
 
 static void add_doc(void *arg, const char *text, size_t len) {
@@ -145,50 +164,8 @@ static void add_doc(void *arg, const char *text, size_t len) {
     if (p->count == BATCH_DOCS || p->batch_bytes >= BATCH_BYTES) run_batch(p);
 }
 
-// A gzip'd or plain file, read a line at a time (any length) or whole.
-typedef struct {
-    gzFile f;
-    const char *path;
-    char *b;
-    size_t n, pos, cap;
-    int eof;
-} Reader;
-
-static void fill(Reader *r) {
-    if (r->pos) {
-        memmove(r->b, r->b + r->pos, r->n - r->pos);
-        r->n -= r->pos;
-        r->pos = 0;
-    }
-    if (r->n + (1 << 20) + 1 > r->cap) r->b = xrealloc(r->b, r->cap = (r->n + (1 << 20) + 1) * 2);
-    int got = gzread(r->f, r->b + r->n, 1 << 20);
-    int err = Z_OK;
-    const char *msg = gzerror(r->f, &err);
-    if (got < 0 || (err != Z_OK && err != Z_STREAM_END))
-        DIE("%s: cannot read '%s' (%s)", who, r->path, err == Z_ERRNO ? strerror(errno) : msg);
-    if (got == 0) r->eof = 1;
-    r->n += (size_t)got;
-}
-
-// The next line (without its '\n'; NUL-terminated in place), or NULL at the end.
-static char *next_line(Reader *r, size_t *len) {
-    for (;;) {
-        char *nl = r->n > r->pos ? memchr(r->b + r->pos, '\n', r->n - r->pos) : NULL;
-        if (nl || (r->eof && r->pos < r->n)) {
-            char *s = r->b + r->pos;
-            *len = nl ? (size_t)(nl - s) : r->n - r->pos;
-            r->pos += *len + (nl != NULL);
-            s[*len] = 0;
-            return s;
-        }
-        if (r->eof) return NULL;
-        fill(r);
-    }
-}
-
 int prep_is_jsonl(const char *path) {
-    size_t n = strlen(path);
-    if (n > 3 && !strcmp(path + n - 3, ".gz")) n -= 3;
+    size_t n = strlen(path) - infile_suffix(path);
     static const char *const ext[] = {".jsonl", ".json", ".ndjson"};
     for (int k = 0; k < 3; k++) {
         size_t e = strlen(ext[k]);
@@ -217,17 +194,17 @@ static void json_doc(const Sink *p, const char *path, long line, const char *s, 
 static void read_input(const Sink *p, const char *path) {
     if (!file_exists(path))
         DIE("%s: cannot read %s'%s' (no such file)", who, strcmp(who, "prep") ? "" : "--in ", path);
-    Reader r = {.path = path};
-    r.f = gzopen(path, "rb");
-    if (!r.f) DIE("%s: cannot open '%s' (%s)", who, path, strerror(errno));
+    InFile *r = infile_open(path, who);
+    cur_in = r;
     int json = prep_is_jsonl(path);
     if (!json && !p->o->lines) { // the whole file is one document
-        while (!r.eof) fill(&r);
-        if (r.n) p->doc(p->arg, r.b, r.n);
+        size_t n;
+        char *all = infile_all(r, &n);
+        if (n) p->doc(p->arg, all, n);
     } else {
         size_t len;
         long line = 0;
-        for (char *s; (s = next_line(&r, &len));) {
+        for (char *s; (s = infile_line(r, &len));) {
             line++;
             size_t k = 0;
             while (k < len && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r')) k++;
@@ -236,21 +213,73 @@ static void read_input(const Sink *p, const char *path) {
             else p->doc(p->arg, s, len);
         }
     }
-    gzclose(r.f);
-    free(r.b);
+    cur_in = NULL;
+    infile_close(r);
+}
+
+// The next path of a '\n'-separated list at *s into path; 0 at the end.
+static int next_input(const char **s, char *path, size_t cap) {
+    if (!**s) return 0;
+    size_t n = strcspn(*s, "\n");
+    snprintf(path, cap, "%.*s", (int)n, *s);
+    *s += n + ((*s)[n] == '\n');
+    return 1;
 }
 
 void prep_read(const PrepOptions *o, void (*doc)(void *arg, const char *text, size_t len), void *arg,
                const char *whom) {
     Sink k = {o, doc, arg};
     who = whom;
-    for (const char *s = o->inputs; *s;) {
-        size_t n = strcspn(s, "\n");
-        char path[4096];
-        snprintf(path, sizeof path, "%.*s", (int)n, s);
+    char path[4096], prefix[1100];
+    for (const char *s = o->inputs; next_input(&s, path, sizeof path);) {
+        if (megatron_path(path, prefix, sizeof prefix))
+            DIE("%s: '%s' is a Megatron dataset: token ids, no text to read", who, path);
         read_input(&k, path);
-        s += n + (s[n] == '\n');
     }
+}
+
+// A Megatron dataset's documents, appended as they are after the documents before them (their EOD, if
+// Megatron's preprocessing added one, is in the data); each id must fit the vocabulary.
+static void megatron_input(Prep *p, const char *prefix, uint64_t size) {
+    run_batch(p); // the text documents before it go first
+    MegatronSet *m = megatron_open(prefix, who);
+    int32_t *ids = NULL;
+    for (size_t d = 0; d < megatron_docs(m); d++) {
+        uint64_t n = megatron_doc_tokens(m, d);
+        ids = xrealloc(ids, (n ? n : 1) * sizeof *ids);
+        megatron_read_doc(m, d, ids);
+        for (uint64_t i = 0; i < n; i++)
+            if (ids[i] >= p->vocab)
+                DIE("%s: Megatron dataset '%s': token %d (document %zu) is beyond the tokenizer's vocabulary "
+                    "(%d "
+                    "ids)",
+                    who, prefix, ids[i], d, p->vocab);
+        append_doc(p, ids, (size_t)n, 0, 0);
+        p->megatron_docs++;
+        if (d % 4096 == 4095) progress(p, (uint64_t)((double)size * (double)d / (double)megatron_docs(m)));
+    }
+    free(ids);
+    megatron_close(m);
+}
+
+// Without a tokenizer (Megatron inputs only): the largest id of the inputs + 1, read through once.
+static int megatron_vocab(const PrepOptions *o) {
+    char path[4096], prefix[1100];
+    int32_t top = 0, *ids = NULL;
+    for (const char *s = o->inputs; next_input(&s, path, sizeof path);) {
+        if (!megatron_path(path, prefix, sizeof prefix))
+            DIE("%s: '%s' is text: it needs --tokenizer DIR|tokenizer.json", who, path);
+        MegatronSet *m = megatron_open(prefix, who);
+        for (size_t d = 0; d < megatron_docs(m); d++) {
+            uint64_t n = megatron_doc_tokens(m, d);
+            ids = xrealloc(ids, (n ? n : 1) * sizeof *ids);
+            megatron_read_doc(m, d, ids);
+            for (uint64_t i = 0; i < n; i++) top = ids[i] > top ? ids[i] : top;
+        }
+        megatron_close(m);
+    }
+    free(ids);
+    return top + 1;
 }
 
 static void summary(const Prep *p, const char *from, const char *shown) {
@@ -258,9 +287,11 @@ static void summary(const Prep *p, const char *from, const char *shown) {
     double dt = now_seconds() - p->t0;
     char eos[200] = "no EOS";
     if (p->eos >= 0) snprintf(eos, sizeof eos, "EOS %d (from %s)", p->eos, from);
-    printf("%s: %ld documents (%ld held out), %zu tokens (%zu train in %ld shard%s, %zu val in %ld), "
+    char meg[64] = ""; // how many came from Megatron datasets, where any did
+    if (p->megatron_docs) snprintf(meg, sizeof meg, "; %ld from Megatron datasets", p->megatron_docs);
+    printf("%s: %ld documents (%ld held out%s), %zu tokens (%zu train in %ld shard%s, %zu val in %ld), "
            "%.4f tokens per byte, %s tokens, %s, %.1f MB/s on %d thread%s -> %s\n",
-           who, p->docs, p->val.docs, p->train.total + p->val.total, p->train.total, p->train.shards,
+           who, p->docs, p->val.docs, meg, p->train.total + p->val.total, p->train.total, p->train.shards,
            p->train.shards == 1 ? "" : "s", p->val.total, p->val.shards,
            p->bytes ? (double)p->text_tokens / (double)p->bytes : 0.0, p->vocab > 65536 ? "uint32" : "uint16",
            eos, dt > 0 ? (double)p->bytes / 1e6 / dt : 0.0, omp_get_max_threads(),
@@ -272,9 +303,21 @@ void prep_write(const PrepOptions *o, const Tokenizer *t, int eos, const char *f
     who = whom;
     Prep *p = xcalloc(1, sizeof *p);
     *p = (Prep){.o = o, .t = t, .dir = dir, .eos = eos, .train = {.name = "train"}, .val = {.name = "val"}};
-    p->vocab = tok_vocab_size(t);
+    p->vocab = t ? tok_vocab_size(t) : megatron_vocab(o);
     p->t0 = now_seconds();
-    prep_read(o, add_doc, p, whom);
+    Sink k = {o, add_doc, p};
+    char path[4096], prefix[1100], bin[1200];
+    for (int pass = 0; pass < 2; pass++) // the inputs' sizes, then the inputs
+        for (const char *s = o->inputs; next_input(&s, path, sizeof path);) {
+            int meg = megatron_path(path, prefix, sizeof prefix);
+            if (meg) snprintf(bin, sizeof bin, "%s.bin", prefix);
+            struct stat st;
+            uint64_t size = stat(meg ? bin : path, &st) == 0 ? (uint64_t)st.st_size : 0;
+            if (!pass) p->in_total += size;
+            else if (meg) megatron_input(p, prefix, size);
+            else read_input(&k, path);
+            p->in_done += pass ? size : 0;
+        }
     run_batch(p);
     if (!p->docs) DIE("%s: the inputs hold no document", who);
     if (o->val_docs && p->train.docs == 0)
@@ -292,11 +335,18 @@ void prep_run(const PrepOptions *o) {
     if (dir_exists(o->out) || file_exists(o->out))
         DIE("prep: --out '%s' already exists (choose a new directory)", o->out);
     if (o->val_docs < 0 || o->shard_tokens < 1) DIE("prep: --val-docs must be >= 0 and --shard-tokens >= 1");
-    Tokenizer *t = tok_load(o->tokenizer);
+    char path[4096], prefix[1100], text[4096] = ""; // text: the first input that is text, not Megatron's
+    for (const char *s = o->inputs; !text[0] && next_input(&s, path, sizeof path);)
+        if (!megatron_path(path, prefix, sizeof prefix)) snprintf(text, sizeof text, "%s", path);
+    if (!*o->tokenizer && text[0])
+        DIE("prep: --tokenizer DIR|tokenizer.json is required (to read '%s')", text);
+    if (!*o->tokenizer && *o->eos)
+        DIE("prep: --eos needs --tokenizer (Megatron datasets hold their own EOD)");
+    Tokenizer *t = *o->tokenizer ? tok_load(o->tokenizer) : NULL;
     const char *from = "--eos";
-    int eos = *o->eos ? tok_token_id(t, o->eos) : prep_find_eos(t, o->tokenizer, &from);
+    int eos = !t ? -1 : *o->eos ? tok_token_id(t, o->eos) : prep_find_eos(t, o->tokenizer, &from);
     if (*o->eos && eos < 0) DIE("prep: --eos '%s' is not a token of the tokenizer", o->eos);
-    if (eos < 0)
+    if (eos < 0 && text[0])
         DIE("prep: no EOS token beside the tokenizer '%s' (tokenizer_config.json, special_tokens_map.json, "
             "config.json); name it with --eos",
             o->tokenizer);
@@ -312,5 +362,5 @@ void prep_run(const PrepOptions *o) {
     char parent[1024];
     path_parent(parent, sizeof parent, o->out);
     fsync_dir(parent);
-    tok_free(t);
+    if (t) tok_free(t);
 }

@@ -1,12 +1,13 @@
 // prep.h (text) — `moe prep`'s work: documents from plain text, JSON lines and gzip'd files, tokenised
 // with a Hugging Face tokenizer, each followed by the tokenizer's EOS, written as llm.c token shards with
-// the first documents held out. Must not hold: the tokenizer (tokenizer.h), the shard format (data.h).
+// the first documents held out; a Megatron dataset's documents (already ids) copied in among them.
+// Must not hold: the tokenizer (tokenizer.h), the shard format (data.h).
 #pragma once
 #include "text/tokenizer.h"
 
 typedef struct {
-    const char *tokenizer; // a tokenizer.json or the directory holding it
-    const char *inputs; // '\n'-separated paths
+    const char *tokenizer; // a tokenizer.json or the directory holding it ("": Megatron inputs only)
+    const char *inputs; // '\n'-separated paths (a Megatron dataset: PREFIX or PREFIX.idx)
     const char *out; // the directory to create (prep_write: the name its summary shows)
     const char *field; // JSON lines: the text field
     const char *eos; // the EOS token's text; "" finds it beside the tokenizer
@@ -17,7 +18,8 @@ typedef struct {
 } PrepOptions;
 
 // Dies with one message naming the problem (an unreadable or truncated input, a JSON line without the
-// field, no EOS, --out already there); then no --out directory is left behind.
+// field, no EOS, --out already there, a bad Megatron index, an id beyond the vocabulary); then no --out
+// directory is left behind.
 void prep_run(const PrepOptions *o);
 
 // The EOS token's id beside the tokenizer at path (a directory or a file in one), found as transformers
@@ -26,11 +28,13 @@ void prep_run(const PrepOptions *o);
 int prep_find_eos(const Tokenizer *t, const char *path, const char **from);
 // The work of prep_run without its directory: o's inputs tokenised with t into shards in dir (which
 // exists), each document followed by eos (eos < 0: none), then the summary line. Messages begin with
-// who ("prep", "--data", ...). o->tokenizer and o->eos are not read.
+// who ("prep", "--data", ...). o->tokenizer and o->eos are not read. t NULL: Megatron inputs only, the
+// vocabulary their largest id + 1.
 void prep_write(const PrepOptions *o, const Tokenizer *t, int eos, const char *from, const char *dir,
                 const char *who);
 // The documents of o->inputs (o->field, o->lines as prep reads them), each handed to doc in input order
-// (text valid during the call only). Dies naming the file and the problem, after who.
+// (text valid during the call only). Dies naming the file and the problem, after who (a Megatron dataset
+// is refused: it holds no text).
 void prep_read(const PrepOptions *o, void (*doc)(void *arg, const char *text, size_t len), void *arg,
                const char *who);
 // 1 when prep reads path as JSON lines (.jsonl, .json, .ndjson, each maybe .gz), else as plain text.

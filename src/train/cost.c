@@ -10,10 +10,50 @@
 #include "model/params.h"
 #include "train/schedule.h"
 
+// Latent attention's (config.h): its projections' parameters (q_a with its norm and q_b, or q; kv_a, the
+// latent's norm, kv_b; o), and their multiply-adds per token.
+static size_t mla_params(const ModelConfig *c) {
+    size_t d = c->d_model, H = c->n_heads, qr = c->q_lora_rank, kvr = c->kv_lora_rank,
+           hq = config_qk_head_dim(c);
+    size_t q = qr ? d * qr + qr + qr * H * hq : d * H * hq;
+    return q + d * (kvr + c->qk_rope_head_dim) + kvr + kvr * H * (c->qk_nope_head_dim + c->v_head_dim) +
+        H * c->v_head_dim * d;
+}
+static double mla_macs(const ModelConfig *c) {
+    double qr = c->q_lora_rank, kvr = c->kv_lora_rank;
+    return (double)mla_params(c) - (qr ? qr : 0) - kvr; // (less the norms' weights)
+}
+// The attention op's head width (latent attention: qk_nope + qk_rope, the values padded to it), and the
+// widths per token of its q (and output) and its k (and v) on a rank of a TP group of tp (GQA's as the
+// formulas always took them: H hd / tp, KV hd / tp).
+static size_t att_hd(const ModelConfig *c) {
+    return config_mla(c) ? (size_t)config_qk_head_dim(c) : (size_t)c->head_dim;
+}
+static size_t att_qd(const ModelConfig *c, int tp) { return (size_t)c->n_heads * att_hd(c) / tp; }
+static size_t att_kvd(const ModelConfig *c, int tp) {
+    return (size_t)(config_mla(c) ? c->n_heads : c->n_kv_heads) * att_hd(c) / tp;
+}
+// Latent attention's other activations per token on a rank (floats; 0 for GQA): kept (q_a's output
+// before and after its norm, the latent's, their rstd, o_proj's input: hid, the ones in the hidden format
+// among them), and the backward's scratch (kv_b's output, the rope key, the compressions' gradients before
+// and after their norms, o_proj's input gradient).
+static size_t mla_kept(const ModelConfig *c, int tp, int hid) {
+    if (!config_mla(c)) return 0;
+    size_t qr = c->q_lora_rank, kvr = c->kv_lora_rank, ao = (size_t)c->n_heads / tp * c->v_head_dim;
+    return hid ? qr + kvr + ao : 2 * qr + 2 * kvr + 2 + ao;
+}
+static size_t mla_scratch(const ModelConfig *c, int tp) {
+    if (!config_mla(c)) return 0;
+    size_t Hl = (size_t)c->n_heads / tp;
+    return Hl * (c->qk_nope_head_dim + c->v_head_dim) + c->qk_rope_head_dim + 2 * (size_t)c->kv_lora_rank +
+        2 * (size_t)c->q_lora_rank + Hl * c->v_head_dim;
+}
+
 void cost_params(CostParams *p, const ModelConfig *c) {
     size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff,
            E = c->n_experts, k = c->top_k;
-    size_t layer = 2 * d + d * H * hd * 2 + d * KV * hd * 2 + E * d + E * 3 * d * f;
+    size_t attn = config_mla(c) ? mla_params(c) : d * H * hd * 2 + d * KV * hd * 2;
+    size_t layer = 2 * d + attn + E * d + E * 3 * d * f;
     if (c->qk_norm == QK_NORM_FULL) layer += (H + KV) * hd;
     if (c->qk_norm == QK_NORM_HEAD) layer += 2 * hd;
     if (c->qkv_bias) layer += (H + 2 * KV) * hd;
@@ -39,8 +79,10 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
     double d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, ff = c->d_ff;
     double E = c->n_experts, k = c->top_k, V = c->vocab_size;
     CostFlops x;
-    x.attn_proj = 2 * d * hd * (2 * H + 2 * KV); // q, o + k, v
-    x.attn_scores = 2 * 2 * H * hd * T / 2.0; // QK^T and PV, causal half
+    x.attn_proj = config_mla(c) ? 2 * mla_macs(c) : 2 * d * hd * (2 * H + 2 * KV); // q, o + k, v
+    // QK^T and PV, causal half (latent attention: qk_nope + qk_rope wide, PV of v_head_dim)
+    x.attn_scores =
+        config_mla(c) ? 2 * H * (config_qk_head_dim(c) + c->v_head_dim) * T / 2.0 : 2 * 2 * H * hd * T / 2.0;
     x.router = 2 * d * E;
     x.experts = k * 2 * 3 * d * ff + 2 * 3 * d * (double)c->n_shared_experts * c->shared_d_ff;
     x.head = 2 * d * V;
@@ -67,18 +109,18 @@ static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && m
 // act of its width, its input rows, its output and gate) on the router's slice.
 static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int dense) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
-    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
-           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp;
+    size_t N = B * T, d = c->d_model, qd = att_qd(c, tp), kvd = att_kvd(c, tp), Ns = (N + tp - 1) / tp,
+           mk = mla_kept(c, tp, 0);
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp, k = c->top_k;
     // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
     size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
     if (dense) // a dense layer: the attention's and the norms', its MLP's rows as the shared expert's
         return 4.0 *
-            (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + B * (c->n_heads / tp) * T +
+            (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + B * (c->n_heads / tp) * T +
              Ns * (3 * (size_t)c->dense_d_ff + 2 * d + 1));
     return 4.0 *
-        (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
+        (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
          Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
 }
 // The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
@@ -88,8 +130,9 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
 static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
     size_t N = B * T, Ns = (N + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
-    size_t qd = (size_t)c->n_heads / tp * c->head_dim,
-           qkv = qd + (size_t)2 * c->n_kv_heads / tp * c->head_dim;
+    size_t qd = config_mla(c) ? att_qd(c, tp) : (size_t)c->n_heads / tp * c->head_dim,
+           qkv = config_mla(c) ? qd + 2 * att_kvd(c, tp) + mla_kept(c, tp, 1)
+                               : qd + (size_t)2 * c->n_kv_heads / tp * c->head_dim;
     return 4.0 *
         (N * d + N * (qkv + (rc & RECOMPUTE_ATTN ? 0 : qd)) + Ns * c->top_k * d +
          (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
@@ -105,7 +148,7 @@ static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, s
 // the attention output and lse (attn). One layer's worth stays (the shared buffers).
 static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
     int tp = ms ? ms->tp : 1;
-    size_t N = B * T, qd = (size_t)c->n_heads * c->head_dim / tp;
+    size_t N = B * T, qd = att_qd(c, tp);
     return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T, 0) : 0) +
         4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
 }
@@ -137,11 +180,11 @@ static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, s
 // dx copies where the exchange is not local), the shared expert's.
 static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
     int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
-    size_t N = B * T, d = c->d_model, qd = (size_t)c->n_heads * c->head_dim / tp,
-           kvd = (size_t)c->n_kv_heads * c->head_dim / tp, Ns = (N + tp - 1) / tp, R = N * c->top_k;
+    size_t N = B * T, d = c->d_model, qd = att_qd(c, tp), kvd = att_kvd(c, tp), Ns = (N + tp - 1) / tp,
+           R = N * c->top_k;
     size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
     size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
-    double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0));
+    double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0) + mla_scratch(c, tp));
     double moe = 4.0 * (N * d + N * c->n_experts + R + Re * d + (lo ? 0 : R * d)) +
         hb * (R * d + (lo ? 0 : Re * d)) + hb * 2 * Re * fl + (fs ? 4.0 * N + hb * N * (d + 2 * fs) : 0);
     return model + moe;
@@ -213,30 +256,118 @@ static double weights_alone(const ModelConfig *c) {
     return alone;
 }
 
+// A buffer carved as the cuda backend carves its scratch: each piece rounded up to 256 bytes.
+static double al256(double bytes) { return ceil(bytes / 256) * 256; }
+
+// The cuda backend's bf16 GEMM operand scratch (cuda_gemm.cu bf16_scratch_v) on a rank running N tokens
+// through its heads' projections (the router's Ns rows) and the LM head where head: one buffer, grown to an
+// op's need (its operands' bf16 copies, each 256-byte aligned; weights none: the GEMMs read the bf16 copy of
+// the weights; the fused expert ops none: their rows are bf16 already and the Hopper kernel takes them) to
+// the larger of the need and 1.25 x the buffer so far, at least 1 MiB. A product of at most
+// MOE_GEMM_FP32_MAX_O columns runs in float32, its bf16 input widened (2 bf16 slots a value). The needs in a
+// step's order: a layer's q/k/v, o and router forward, the head's forward (its input) and backward (its
+// output gradient, N x vocab, and its input), then a layer's router, o and q/k/v backward (the largest
+// output gradient, the widened input). (cuBLAS's fallback for the grouped GEMMs, off the Hopper kernel, adds
+// float32 rows: not counted.)
+static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double Ns, int head) {
+    double d = c->d_model, E = c->n_experts, V = c->vocab_size, lim = MOE_GEMM_FP32_MAX_O;
+    double qd = (double)att_qd(c, tp), kvd = (double)att_kvd(c, tp);
+    double wide_qkv = qd <= lim || kvd <= lim ? al256(4 * N * d) : 0,
+           wide_o = d <= lim ? al256(4 * N * qd) : 0;
+    double gqkv = fmax(qd > lim ? qd : 0, kvd > lim ? kvd : 0), need[8], cap = 0;
+    int n = 0;
+    need[n++] = wide_qkv;
+    need[n++] = wide_o;
+    need[n++] = E > lim ? al256(2 * Ns * d) : 0;
+    need[n++] = head && V > lim ? al256(2 * N * d) : 0;
+    need[n++] = head && V > lim ? al256(2 * N * V) + al256(2 * N * d) : 0;
+    need[n++] = E > lim ? al256(2 * Ns * E) + al256(2 * Ns * d) : 0;
+    need[n++] = (d > lim ? al256(2 * N * d) : 0) + wide_o;
+    need[n++] = al256(2 * N * gqkv) + wide_qkv;
+    for (int i = 0; i < n; i++)
+        if (need[i] > cap) cap = fmax(fmax(need[i], 1.25 * cap), 1048576.0);
+    return cap;
+}
+
+// The cuda backend's workspace (cuda_backend.cu cuda_workspace) on a rank running B sequences of T tokens
+// with its heads (the router's Ns rows): one buffer grown to the largest request, at least 1 MiB: the
+// attention backward's (the tensor-core path at head dims 32, 64, 128: D, dout in bf16 and, at 128, dS: ops.h
+// attention_ds_bytes; otherwise the float32 kernels' D, with q, k, v and out widened to float32 in a buffer
+// of their own, added), the router's weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums
+// of 128 rows each), the norms' (double sums of 64 rows each).
+static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_t T, double Ns) {
+    int H = c->n_heads / tp, KV = (int)(att_kvd(c, tp) / att_hd(c)), hd = (int)att_hd(c);
+    double N = (double)B * T, qd = (double)H * hd, kvd = (double)KV * hd;
+    int tc = (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0;
+    double att = tc ? al256(4 * N * H) + al256(2 * N * qd) +
+            al256((double)attention_ds_bytes((int)B, (int)T, H, hd, 0, (int)T))
+                    : 4 * N * H;
+    double wide = tc ? 0 : 4 * (2 * N * qd + 2 * N * kvd);
+    double router =
+        c->n_experts <= MOE_GEMM_FP32_MAX_O ? 4.0 * c->n_experts * c->d_model * ceil(Ns / 128) : 0;
+    double norm = 8.0 * ceil(N / 64) * c->d_model;
+    return fmax(fmax(att, router), fmax(norm, 1048576.0)) + wide;
+}
+
+// cuda_fp8_ops.cu's operand needs of one grouped op on R rows over G groups (R / G each) of K -> O: the
+// forward's (the rows' codes and 1 x 128 tile scales, the weights' codes and 128 x 128 block scales) or
+// the backward's (the output gradient's tiles and the transposed weights for dinp; dout's and the input's
+// transposed tiles, each group's rows padded to 128 columns, for dw), bytes, each piece 256-aligned.
+static double fp8_need(double R, double G, double K, double O, int bwd) {
+    double T = ceil(K / 128), TO = ceil(O / 128), P = G * ceil(R / G / 128) * 128;
+    if (!bwd) return al256(R * K) + al256(4 * R * T) + al256(G * O * K) + al256(4 * G * TO * T);
+    return al256(R * O) + al256(4 * R * TO) + al256(G * O * K) + al256(4 * G * T * TO) + al256(O * P) +
+        al256(4 * O * P / 128) + al256(K * P) + al256(4 * K * P / 128);
+}
+
+// The FP8 table's scratch (cuda_fp8_ops.cu, --precision fp8 on the cuda backend; it keeps no FP8 copy
+// between ops): two buffers, each grown to an op's need to the larger of the need and 1.25 x the buffer so
+// far: the codes and scales of one grouped op's operands (fp8_need) and the float32 rows inside a fused op
+// (h1 and h3 before the SwiGLU, dact before its backward). The needs in a step's order: the routed experts'
+// up and down forward (the rank's Re rows over E / ep groups of d_ff / etp), the shared expert's (Ns rows,
+// one group), then their backwards (down, then up).
+static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1;
+    double Ns = (double)((B * T + tp - 1) / tp), Re = (double)etp * Ns * c->top_k, d = c->d_model;
+    double f = (double)(c->d_ff / etp), G = (double)(c->n_experts / ep),
+           fs = c->n_shared_experts * (double)c->shared_d_ff;
+    double q[8] = {fp8_need(Re, G, d, f, 0),           fp8_need(Re, G, f, d, 0),
+                   fs ? fp8_need(Ns, 1, d, fs, 0) : 0, fs ? fp8_need(Ns, 1, fs, d, 0) : 0,
+                   fp8_need(Re, G, f, d, 1),           fp8_need(Re, G, d, f, 1),
+                   fs ? fp8_need(Ns, 1, fs, d, 1) : 0, fs ? fp8_need(Ns, 1, d, fs, 1) : 0};
+    double rows[4] = {8 * Re * f, fs ? 8 * Ns * fs : 0, 4 * Re * f, fs ? 4 * Ns * fs : 0}, cq = 0, cr = 0;
+    for (int i = 0; i < 8; i++)
+        if (q[i] > cq) cq = fmax(q[i], 1.25 * cq);
+    for (int i = 0; i < 4; i++)
+        if (al256(rows[i]) > cr) cr = fmax(al256(rows[i]), 1.25 * cr);
+    return cq + cr;
+}
+
 // The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh
 // holding inst layer instances' activations of B sequences of T tokens (one per layer; with pipeline stages,
-// each live micro-batch's), np parameters (its slices) and held bytes in the float32 accounting before
-// lending (state + activations); meshed: several ranks. The same buffers on the GPU but the experts' hidden
-// rows (h1, h3, act), the rows sent to them, the attention norm's output and the attention's q, k, v and
-// output in bf16 (half of their bytes in every instance that keeps them: the routed SwiGLU rows in one under
-// --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the bf16 copy of the weights
-// the GEMMs read (ops.h bf16_shadow) and the bf16 operand scratch the GEMM and attention ops convert
-// activations into: the larger of the expert rows' bf16 copy and the attention backward's workspace (D,
-// bf16 dout and, at head dim 128, its dS: ops.h attention_ds_bytes), of the rank's heads.
+// each live micro-batch's), np parameters (its slices), the LM head where head, and held bytes in the
+// float32 accounting before lending (state + activations); meshed: several ranks. The same buffers on the
+// GPU but the experts' hidden rows (h1, h3, act), the rows sent to them, the attention norm's output and the
+// attention's q, k, v and output in bf16 (half of their bytes in every instance that keeps them: the routed
+// SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the
+// bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
+// the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
+// fp8 the FP8 table's two (cuda_fp8_scratch).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
-                        size_t B, size_t T, int inst, double np, double held, int meshed) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, rc = o->recompute, H = c->n_heads / tp;
-    size_t N = B * T, Ns = (N + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, qd = (size_t)H * c->head_dim;
+                        size_t B, size_t T, int inst, double np, double held, int meshed, int head) {
+    int tp = ms ? ms->tp : 1, rc = o->recompute;
+    size_t N = B * T, Ns = (N + tp - 1) / tp;
     k->hid = inst * acts_hid_saved(c, ms, B, T, rc) +
         (rc & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, ms, B, T, 0) : 0) + // (the one shared copy)
         (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
-    double att_ws = 4.0 * B * H * T + 2.0 * N * qd +
-        (double)attention_ds_bytes((int)B, (int)T, H, c->head_dim, 0, (int)T);
     k->shadow = 2.0 * np;
-    k->scratch = fmax(2.0 * Re * c->d_model, att_ws);
+    k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
+    k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
+    k->scratch = k->gemm + k->workspace;
+    k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
-    k->total = held - k->hid + k->shadow + k->scratch - k->lent - k->alone;
+    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone;
     k->routed = acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2);
 }
 
@@ -255,7 +386,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
     w->total = w->state + w->acts - w->lent;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
-                meshed);
+                meshed, 1);
 }
 
 // A rank of a mesh without pipeline stages (lt: its slices): one micro-batch's activations.
@@ -276,7 +407,7 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     int L = c->n_layers;
     r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
     cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, (double)lt->ltotal,
-                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1);
+                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1);
 }
 
 // A rank of pipeline stage s (lt: its slices): each chunk's live micro-batches x its layers (+ the head's
@@ -288,10 +419,11 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     const int *first = m->sp.first;
     size_t Bl = (size_t)m->Bl, T = (size_t)o->seq_len;
     double mom = moment_elems(lt, ms, o), acts = 0;
-    int inst = 0;
+    int inst = 0, head = 0;
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * ms->pp + s, live = m->stage[s].live[ch];
         inst += live * (first[v + 1] - first[v]);
+        head |= v == ms->pp * m->vpp - 1;
         acts += live *
             (acts_layers(c, ms, Bl, T, first[v], first[v + 1], 0) +
              (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) + acts_mtp(c, ms, Bl, T) : 0));
@@ -304,7 +436,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
     r->routed = acts_routed(c, ms, Bl, T, inst, o->recompute & RECOMPUTE_MOE ? 1 : inst, 4);
-    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1);
+    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1, head);
 }
 
 // The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to

@@ -39,7 +39,10 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T);
 typedef struct {
     double hid; // less: the rows it keeps in bf16 (half of their float32 bytes)
     double shadow; // plus: the bf16 copy of the weights the GEMMs read (of the process's or rank's slices)
-    double scratch; // plus: the bf16 operand scratch of the GEMM and attention ops
+    double scratch; // plus: the backend's scratch: gemm + workspace (two buffers apart)
+    double gemm; // of it, the bf16 operand copies of the GEMMs (the LM head's output gradient the largest)
+    double workspace; // of it, the workspace (the attention backward's D, bf16 dout and dS the largest)
+    double fp8; // plus, under --precision fp8: the FP8 table's operand codes and scales and float32 rows
     double alone; // less: the float32 pages of weights only bf16 GEMMs read (--precision bf16, one process)
     double lent; // of its activations, in the expert gradients' memory (replaces the float32 figure's)
     double total; // its total (the CUDA context aside)

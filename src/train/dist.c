@@ -369,12 +369,16 @@ CkptSource dist_moment_source(const Dist *d, int which) {
     return s;
 }
 
-void dist_moments_set(Dist *d, const Model *m, const float *m1, const float *m2) {
-    size_t es = dist_moment_bytes(d);
-    for (int k = 0; k < d->nb; k++) {
+void dist_moments_set(Dist *d, int which, size_t lo, size_t n, const float *src) {
+    size_t es = dist_moment_bytes(d), hi = lo + n;
+    for (int k = 0; k < d->nb; k++) { // my shard of bucket k: local elements [off + s0, off + s1)
         const GradBucket *b = &d->b[k];
-        moment_to_device(d, (char *)d->m1 + es * b->moff, m1 + b->off + b->s0, b->s1 - b->s0);
-        moment_to_device(d, (char *)d->m2 + es * b->moff, m2 + b->off + b->s0, b->s1 - b->s0);
+        size_t a = b->off + b->s0, e = b->off + b->s1;
+        if (a < lo) a = lo;
+        if (e > hi) e = hi;
+        if (a >= e) continue;
+        moment_to_device(d, (char *)(which ? d->m2 : d->m1) + es * (b->moff + (a - b->off - b->s0)),
+                         src + (a - lo), e - a);
     }
 }
 

@@ -71,11 +71,12 @@ double dist_grad_norm(const Dist *d, const Model *m);
 void dist_adamw(Dist *d, Model *m, float scale, float lr, float b1, float b2, float eps, float wd, int t);
 // The moments m1 (which 0) or m2 (1) for a checkpoint, in the local flat layout, a bucket at a time
 // (io/ckpt_dist.h CkptSource: each window one bucket in host memory, every rank's ZeRO shards gathered
-// over the bucket's group, so no full copy is made), and back from host buffers (keeps my shards). Always
+// over the bucket's group, so no full copy is made), and back from local elements [lo, lo + n) of either as a
+// checkpoint is read (src: their values; my shards' part of them kept). Always
 // float32 here: bf16 moments are widened (exact) and rounded back to nearest even (so a checkpoint stays
 // float32 on disk in every policy). Elements in no bucket (none today) would be saved as zeros.
 CkptSource dist_moment_source(const Dist *d, int which);
-void dist_moments_set(Dist *d, const Model *m, const float *m1_local, const float *m2_local);
+void dist_moments_set(Dist *d, int which, size_t lo, size_t n, const float *src);
 // Does this rank write tensor s's slice into checkpoints? (Every slice of the full model has
 // exactly one owner.)
 int dist_owned(const Dist *d, const ParamSpec *s);

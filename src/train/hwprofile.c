@@ -1,4 +1,4 @@
-// hwprofile.c — the built-in hardware profiles and the JSON profile reader (see hwprofile.h). Each
+// hwprofile.c — the built-in hardware profiles and the JSON profile reader and writer (see hwprofile.h). Each
 // built-in number names its source; docs/PLAN.md says the same with the derivations.
 // Must not hold: the planner (plan.c).
 #include "train/hwprofile.h"
@@ -27,13 +27,16 @@ static const HwProfile builtins[] = {
     //  internode: not measured: 400 Gb/s InfiniBand NDR per GPU (50 GB/s) x the same 0.28: 14 GB/s;
     //  pcie: the staged transport's copy ceiling ("Ranks sharing one GPU": 25.0 GB/s).
     //  launch, sync: not calibrated (0): the two one-GPU measurements of issue 41 do not determine them
-    //    (docs/PLAN.md "Launches and host synchronisations").
-    {"h200", 139 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 4012, 126, 14, 25, 0, 0},
+    //    (docs/PLAN.md "Launches and host synchronisations");
+    //  fp8 grouped: the same 54.43 TFLOP in the fp8 step's grouped expert ops, 54.86 + 83.37 ms ("FP8", where
+    //    the time goes, MOE_PROFILE=1, a24f940; quantisation passes included): 393.8 TFLOP/s.
+    {"h200", 139 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 4012, 126, 14, 25, 0, 0, 393.8},
     // h100 (SXM): NVIDIA's published specs scaled as the H200's measurement relates to the H200's spec:
     //  memory 80 GB x (139 / 141): 78.9 GiB; the same die, clocks and 989 TFLOP/s peak: the GEMM and
     //  attention rates as the H200's; hbm 3.35 TB/s x (4,012 / 4,800): 2,800 GB/s; NVLink 4 and NDR as on
-    //  the H200 (the same links); PCIe Gen5 as the H200's; launch and sync not calibrated, as the H200's.
-    {"h100", 78.9 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 2800, 126, 14, 25, 0, 0},
+    //  the H200 (the same links); PCIe Gen5 as the H200's; launch and sync not calibrated, as the H200's;
+    //  fp8 grouped as the H200's (the same tensor cores).
+    {"h100", 78.9 * GIB, 0.5 * GIB, 989, 448.9, 552.0, 213.0, 2800, 126, 14, 25, 0, 0, 393.8},
 };
 #define N_BUILTIN (sizeof builtins / sizeof builtins[0])
 
@@ -63,6 +66,7 @@ static const struct {
     {"pcie_gbps", offsetof(HwProfile, pcie_gbps), 0},
     {"launch_us", offsetof(HwProfile, launch_us), 1},
     {"sync_us", offsetof(HwProfile, sync_us), 1},
+    {"fp8_grouped_tflops", offsetof(HwProfile, fp8_grouped_tflops), 1},
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 
@@ -85,6 +89,10 @@ void hwprofile_load(HwProfile *p, const char *name) {
             snprintf(p->name, sizeof p->name, "%s", it->valuestring);
             continue;
         }
+        if (!strcmp(it->string, "note")) {
+            if (!cJSON_IsString(it)) DIE("--gpu %s: \"note\" must be a string", name);
+            continue;
+        }
         size_t k = 0;
         while (k < N_FIELDS && strcmp(fields[k].key, it->string)) k++;
         if (k == N_FIELDS) DIE("--gpu %s: unknown key \"%s\"", name, it->string);
@@ -102,4 +110,29 @@ void hwprofile_load(HwProfile *p, const char *name) {
     if (p->context_bytes >= p->mem_bytes)
         DIE("--gpu %s: \"context_bytes\" %g is not below \"memory_bytes\" %g", name, p->context_bytes,
             p->mem_bytes);
+}
+
+void hwprofile_write(const HwProfile *p, const char *note, const char *path) {
+    cJSON *j = cJSON_CreateObject();
+    CHECK(j && cJSON_AddStringToObject(j, "name", p->name), "out of memory writing a profile");
+    if (note) CHECK(cJSON_AddStringToObject(j, "note", note), "out of memory writing a profile");
+    // (each number as 17 significant digits, which read back to the same double: cJSON's own printing
+    // keeps 15 where those read back within an epsilon, not exactly)
+    for (size_t k = 0; k < N_FIELDS; k++) {
+        char num[40];
+        snprintf(num, sizeof num, "%.17g", *(const double *)((const char *)p + fields[k].off));
+        CHECK(cJSON_AddRawToObject(j, fields[k].key, num), "out of memory writing a profile");
+    }
+    if (!path || !path[0]) {
+        char *s = cJSON_Print(j);
+        CHECK(s, "out of memory writing a profile");
+        printf("%s\n", s);
+        cJSON_free(s);
+    } else {
+        char tmp[1100];
+        CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp, "path too long: '%s'", path);
+        json_write_file(tmp, j);
+        xrename(tmp, path);
+    }
+    cJSON_Delete(j);
 }

@@ -1,7 +1,8 @@
 // hwprofile.h — a GPU's numbers as the planner (plan.h) reads them: memory, the achieved GEMM, attention,
 // HBM and link rates. Built-in profiles h200 (from docs/PERFORMANCE.md's measurements) and h100 (NVIDIA's
 // published specs scaled as our H200 measurement relates to the H200's), or a JSON file with every field
-// (docs/PLAN.md documents each; launch_us and sync_us may be left out: 0).
+// (docs/PLAN.md documents each; launch_us, sync_us and fp8_grouped_tflops may be left out: 0, the last
+// needed to plan --precision fp8), read and written here.
 // Must not hold: the planner's arithmetic (plan.c), printing tables.
 #pragma once
 
@@ -20,6 +21,7 @@ typedef struct {
     // optional (>= 0; absent or 0: not counted):
     double launch_us; // the host's time to issue one backend op (a CUDA launch), microseconds
     double sync_us; // one host synchronisation's round trip (the GPU idles), microseconds
+    double fp8_grouped_tflops; // the experts' grouped ops under --precision fp8 (quantisation included)
 } HwProfile;
 
 // The built-in profile of that name (h200, h100), or NULL.
@@ -27,5 +29,10 @@ const HwProfile *hwprofile_builtin(const char *name);
 // The built-ins' names, "h200, h100".
 const char *hwprofile_names(void);
 // name: a built-in's, else a JSON file's path; dies "--gpu ...: ..." naming a missing, unknown or
-// non-positive field, or an unreadable file.
+// non-positive field, or an unreadable file. A string "note" (what the numbers are, where they came from:
+// moe plan --calibrate writes one) is read past.
 void hwprofile_load(HwProfile *p, const char *name);
+// Writes p as a JSON profile hwprofile_load reads back to the same numbers (every field, "name" and the
+// note when not NULL) to path (through a temporary file renamed over it: a failed write leaves no half
+// profile), or to stdout where path is NULL or empty.
+void hwprofile_write(const HwProfile *p, const char *note, const char *path);

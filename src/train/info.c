@@ -21,6 +21,14 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
            "max seq %d\n",
            c->d_model, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->n_experts, c->top_k,
            c->renormalize ? "renormalised" : "not renormalised", c->d_ff, c->vocab_size, c->max_seq_len);
+    if (config_mla(c)) {
+        printf("latent attention: %d heads x (%d + %d rope) qk, %d v; q %s%d, kv latent %d", c->n_heads,
+               c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->q_lora_rank ? "lora " : "proj ",
+               c->q_lora_rank ? c->q_lora_rank : c->n_heads * config_qk_head_dim(c), c->kv_lora_rank);
+        if (c->rope_factor != 0)
+            printf("; YaRN factor %g over %d positions", c->rope_factor, c->rope_orig_max);
+        printf("\n");
+    }
     int Lm = config_moe_layers(c);
     if (Lm < c->n_layers) { // the dense layers, as a list
         printf("dense layers: %d of %d (a SwiGLU MLP of f %d in place of the experts):", c->n_layers - Lm,
@@ -62,20 +70,28 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
 
 // The cuda backend's figure (cost.h CostCuda): head, then its deltas from the float32 figure and its total.
 static void print_cuda(const CostCuda *k, const char *head) {
-    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[48] = "";
+    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[96] = "", g[32], ws[32];
     fmt_bytes(b1, sizeof b1, k->hid);
     fmt_bytes(b2, sizeof b2, k->shadow);
     fmt_bytes(b3, sizeof b3, k->scratch);
+    fmt_bytes(g, sizeof g, k->gemm);
+    fmt_bytes(ws, sizeof ws, k->workspace);
     fmt_bytes(b4, sizeof b4, k->total);
     fmt_bytes(bl, sizeof bl, k->lent);
+    if (k->fp8 > 0) {
+        char a[32];
+        fmt_bytes(a, sizeof a, k->fp8);
+        snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " + fp8 operands %s", a);
+    }
     if (k->alone > 0) {
         char a[32];
         fmt_bytes(a, sizeof a, k->alone);
-        snprintf(b5, sizeof b5, " - float32 GEMM weights %s", a);
+        snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " - float32 GEMM weights %s", a);
     }
-    printf("%s - bf16 rows %s + bf16 weights %s%s + bf16 operand scratch %s, %s of the activations in the "
-           "expert gradients' memory): %s plus the CUDA context\n",
-           head, b1, b2, b5, b3, bl, b4);
+    printf(
+        "%s - bf16 rows %s + bf16 weights %s%s + scratch %s (bf16 GEMM operands %s, workspace %s), %s of the "
+        "activations in the expert gradients' memory): %s plus the CUDA context\n",
+        head, b1, b2, b5, b3, g, ws, bl, b4);
 }
 
 // The whole model's memory in one process, on the cpu and the cuda backend.

@@ -28,6 +28,7 @@ void train_options_default(TrainOptions *o) {
     o->keep = 2;
     o->sample_tokens = 200;
     o->plots = 1;
+    o->tensorboard = 1;
     o->tp = o->ep = o->etp = o->pp = o->vpp = 1;
     o->pp_schedule = SCHED_1F1B;
     o->zero = 0;
@@ -83,6 +84,10 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (!(o->dropout >= 0 && o->dropout < 1)) BAD("--dropout must be in [0, 1) (got %g)", o->dropout);
+    if (o->tensorboard != 0 && o->tensorboard != 1)
+        BAD("--tensorboard must be 0 or 1 (got %d)", o->tensorboard);
+    if (!(o->embed_dropout >= 0 && o->embed_dropout < 1))
+        BAD("--embed-dropout must be in [0, 1) (got %g)", o->embed_dropout);
     if (o->sample_tokens < 0 || o->sample_tokens > SAMPLE_MAX_TOKENS)
         BAD("--sample-tokens must be in 0..%d (SAMPLE_MAX_TOKENS; got %d)", SAMPLE_MAX_TOKENS,
             o->sample_tokens);

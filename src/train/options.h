@@ -24,8 +24,10 @@ typedef struct {
     int keep; // checkpoints kept (older ones removed); 0 = keep all
     int keep_best; // 1: OUT/best holds the checkpoint of the lowest validation loss (never pruned)
     float dropout; // residual-branch dropout probability in training (0 = none: no op runs)
+    float embed_dropout; // dropout on the token embeddings in training, as nanoGPT's (0 = none: no op runs)
     int sample_tokens; // tokens sampled at the end of the run (0 = none)
     int plots; // write loss.png / expert_load.png
+    int tensorboard; // write TensorBoard scalar event files in the run directory
     int quiet; // no per-step progress lines (metrics.jsonl still written)
     int check_replicas; // at the end, verify replicas are bitwise equal across the mesh
     int resume, force;

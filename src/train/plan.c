@@ -50,7 +50,8 @@ static int spans_nodes(const MeshShape *s, int k, int n) {
     return 0;
 }
 
-// Stage s's compute seconds on one rank: its share of the step's FLOPs at the profile's rates, the
+// Stage s's compute seconds on one rank: its share of the step's FLOPs at the profile's rates (the experts'
+// under --precision fp8 at its fp8 rate: their quantisation passes included), the
 // recomputed forwards (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs;
 // attn: attention's forward, 1/3 of its), and AdamW over the elements it updates.
 static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, const TrainOptions *t,
@@ -67,12 +68,13 @@ static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, cons
     double grouped = tok * layers * f.experts / tp, attn = tok * layers * f.attn_scores / tp;
     double dense = tok * (layers * (f.attn_proj + f.router) / tp + (last ? f.head : 0));
     if (t->recompute & RECOMPUTE_MOE) grouped *= 1 + 2.0 / 9;
+    double gr = t->precision == PREC_FP8 ? hw->fp8_grouped_tflops : hw->grouped_tflops;
     if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
     double mb = t->precision == PREC_BF16 ? 2.0 : 4.0,
            per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written; bf16 w
     double elems = m->stage[s].mem.moments / mb / 2;
-    return grouped / (hw->grouped_tflops * 1e12) + dense / (hw->dense_tflops * 1e12) +
-        attn / (hw->attention_tflops * 1e12) + elems * per / (hw->hbm_gbps * 1e9);
+    return grouped / (gr * 1e12) + dense / (hw->dense_tflops * 1e12) + attn / (hw->attention_tflops * 1e12) +
+        elems * per / (hw->hbm_gbps * 1e9);
 }
 
 // What a step costs the host beyond the FLOPs, counted from the code (docs/PLAN.md "Launches and host
@@ -112,6 +114,8 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
     const char *bad = mesh_shape_resolve(ms, c);
     *reason = PLAN_R_MESH;
     if (bad) return snprintf(msg, sizeof msg, "mesh: %s", bad), msg;
+    if (o->precision == PREC_FP8 && l->etp > 1)
+        return snprintf(msg, sizeof msg, "mesh: --precision fp8 takes --etp 1 (got %d)", l->etp), msg;
     if (l->dp && l->dp != ms->dp)
         return snprintf(msg, sizeof msg, "mesh: dp %d, but %d GPUs / (tp %d x pp %d) = dp %d", l->dp,
                         sp->gpus, l->tp, l->pp, ms->dp),

@@ -1,179 +1,21 @@
-// plot.c — a run's metrics.jsonl read (sorted by step, a re-done step's latest line kept) and drawn as
-// loss.png (train and val loss with EMAs, the router losses in a second panel) and expert_load.png (the
-// share of each layer's tokens per expert over the steps, binned), through train/gnuplot.h.
-// Must not hold: running gnuplot or installing the files (gnuplot.c), training logic.
+// plot.c — a run's metrics.jsonl (read by train/metrics.h) drawn as loss.png (train and val loss with EMAs,
+// the router losses in a second panel) and expert_load.png (the share of each layer's tokens per expert over
+// the steps, binned), through train/gnuplot.h.
+// Must not hold: reading metrics (metrics.c), running gnuplot or installing the files (gnuplot.c), training
+// logic.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "train/plot.h"
 #include "core/common.h"
 #include "train/gnuplot.h"
-#include <cjson/cJSON.h>
+#include "train/metrics.h"
 #include <errno.h>
 #include <math.h>
 #include <string.h>
 
 #define HEAT_MAX_COLS 400 // heat-map columns; more steps are averaged into this many bins
 #define ROW_LABEL_MAX 48 // label every row up to this many rows, else only layer starts
-
-typedef struct {
-    long step, seq;
-    double loss, aux, z;
-    long load;
-} TrainRec; // load: row in loads[], -1 = none
-typedef struct {
-    long step, seq;
-    double val;
-} ValRec;
-
-typedef struct {
-    TrainRec *tr;
-    size_t ntr, captr;
-    ValRec *va;
-    size_t nva, capva;
-    float *loads;
-    size_t nloads, caploads; // nloads records of L*E shares each
-    int L, E; // expert_load shape (0 = none seen yet)
-} Metrics;
-
-// ---- metrics parsing ----
-static double num_or_nan(const cJSON *obj, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return NAN;
-    return v->valuedouble;
-}
-
-// Checks expert_load's shape; on the first valid one fixes L x E. Returns the L*E shares appended
-// to m->loads (index), or -1 if absent or malformed or of another shape.
-static long parse_load(Metrics *m, const cJSON *obj) {
-    const cJSON *el = cJSON_GetObjectItemCaseSensitive(obj, "expert_load");
-    if (!cJSON_IsArray(el)) return -1;
-    int L = cJSON_GetArraySize(el);
-    if (L <= 0) return -1;
-    int E = cJSON_GetArraySize(cJSON_GetArrayItem(el, 0));
-    if (E <= 0) return -1;
-    if (m->L && (L != m->L || E != m->E)) return -1;
-    size_t rows = (size_t)L * E;
-    double *cnt = xmalloc(rows * sizeof *cnt);
-    int l = 0, ok = 1;
-    for (const cJSON *layer = el->child; layer && ok; layer = layer->next, l++) {
-        if (!cJSON_IsArray(layer) || cJSON_GetArraySize(layer) != E) {
-            ok = 0;
-            break;
-        }
-        int e = 0;
-        for (const cJSON *c = layer->child; c; c = c->next, e++) {
-            if (!cJSON_IsNumber(c) || !isfinite(c->valuedouble) || c->valuedouble < 0) {
-                ok = 0;
-                break;
-            }
-            cnt[(size_t)l * E + e] = c->valuedouble;
-        }
-    }
-    if (!ok) {
-        free(cnt);
-        return -1;
-    }
-    m->L = L;
-    m->E = E;
-    if (m->nloads == m->caploads) {
-        m->caploads = m->caploads ? 2 * m->caploads : 64;
-        m->loads = xrealloc(m->loads, m->caploads * rows * sizeof *m->loads);
-    }
-    float *dst = m->loads + m->nloads * rows;
-    for (l = 0; l < L; l++) {
-        double sum = 0;
-        for (int e = 0; e < E; e++) sum += cnt[(size_t)l * E + e];
-        for (int e = 0; e < E; e++)
-            dst[(size_t)l * E + e] = sum > 0 ? (float)(cnt[(size_t)l * E + e] / sum) : NAN;
-    }
-    free(cnt);
-    return (long)m->nloads++;
-}
-
-static void parse_line(Metrics *m, const char *line, size_t len, long seq) {
-    cJSON *obj = cJSON_ParseWithLength(line, len);
-    if (!obj) return;
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "step");
-    if (cJSON_IsObject(obj) && cJSON_IsNumber(st) && fabs(st->valuedouble) < 1e15) {
-        long step = (long)st->valuedouble;
-        double loss = num_or_nan(obj, "loss"), val = num_or_nan(obj, "val_loss");
-        int is_train = cJSON_GetObjectItemCaseSensitive(obj, "loss") != NULL;
-        if (is_train) {
-            if (m->ntr == m->captr) {
-                m->captr = m->captr ? 2 * m->captr : 256;
-                m->tr = xrealloc(m->tr, m->captr * sizeof *m->tr);
-            }
-            TrainRec *r = &m->tr[m->ntr++];
-            r->step = step;
-            r->seq = seq;
-            r->loss = loss;
-            r->aux = num_or_nan(obj, "aux_loss");
-            r->z = num_or_nan(obj, "z_loss");
-            r->load = parse_load(m, obj);
-        }
-        if (!isnan(val)) {
-            if (m->nva == m->capva) {
-                m->capva = m->capva ? 2 * m->capva : 64;
-                m->va = xrealloc(m->va, m->capva * sizeof *m->va);
-            }
-            m->va[m->nva++] = (ValRec){step, seq, val};
-        }
-    }
-    cJSON_Delete(obj);
-}
-
-// Returns 0, or -1 after a warning if the file cannot be read.
-static int read_metrics(const char *path, Metrics *m) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        gp_warn("cannot read %s (%s); skipping plots", path, strerror(errno));
-        return -1;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long seq = 0;
-    errno = 0;
-    while ((n = getline(&line, &cap, f)) >= 0) parse_line(m, line, (size_t)n, seq++);
-    int err = ferror(f) ? errno : 0;
-    free(line);
-    fclose(f);
-    if (err) {
-        gp_warn("cannot read %s (%s); skipping plots", path, strerror(err));
-        return -1;
-    }
-    return 0;
-}
-
-static int cmp_train(const void *a, const void *b) {
-    const TrainRec *x = a, *y = b;
-    if (x->step != y->step) return x->step < y->step ? -1 : 1;
-    return (x->seq > y->seq) - (x->seq < y->seq);
-}
-static int cmp_val(const void *a, const void *b) {
-    const ValRec *x = a, *y = b;
-    if (x->step != y->step) return x->step < y->step ? -1 : 1;
-    return (x->seq > y->seq) - (x->seq < y->seq);
-}
-// Sort by step; a step logged twice (a resumed run re-doing steps) keeps its latest line.
-static void sort_dedup(Metrics *m) {
-    if (m->ntr) qsort(m->tr, m->ntr, sizeof *m->tr, cmp_train);
-    size_t k = 0;
-    for (size_t i = 0; i < m->ntr; i++) {
-        if (k && m->tr[k - 1].step == m->tr[i].step) m->tr[k - 1] = m->tr[i];
-        else m->tr[k++] = m->tr[i];
-    }
-    m->ntr = k;
-    if (m->nva) qsort(m->va, m->nva, sizeof *m->va, cmp_val);
-    k = 0;
-    for (size_t i = 0; i < m->nva; i++) {
-        if (k && m->va[k - 1].step == m->va[i].step) m->va[k - 1] = m->va[i];
-        else m->va[k++] = m->va[i];
-    }
-    m->nva = k;
-}
-
 
 static void fmt_num(char *buf, size_t n, double v) {
     if (isfinite(v)) snprintf(buf, n, "%.9g", v);
@@ -501,10 +343,10 @@ int plot_run(const char *out_dir) {
     }
     Metrics m = {0};
     char *mpath = gp_path(out_dir, "metrics.jsonl");
-    int rc = read_metrics(mpath, &m);
+    int rc = metrics_read(mpath, &m);
+    if (rc != 0) gp_warn("cannot read %s (%s); skipping plots", mpath, strerror(errno));
     free(mpath);
     if (rc == 0) {
-        sort_dedup(&m);
         // run name for titles: last component of out_dir
         char *name = xstrdup(out_dir);
         size_t nl = strlen(name);
@@ -525,9 +367,7 @@ int plot_run(const char *out_dir) {
         }
         free(name);
     }
-    free(m.tr);
-    free(m.va);
-    free(m.loads);
+    metrics_free(&m);
     free(gnuplot);
     return rc;
 }

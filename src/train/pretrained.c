@@ -21,6 +21,18 @@ void pretrained_resolve(const char *dir, char *out, size_t n) {
     }
     if (ckpt_find_latest(dir, out, n) != 0)
         DIE("--ckpt: no complete checkpoint in '%s' (nor is it a Hugging Face model directory)", dir);
+    join_path(p, sizeof p, dir, RUN_BEST);
+    if (ckpt_is_complete(p)) { // a run of --keep-best: say which of its two checkpoints this is
+        TrainState newest, best;
+        ckpt_load_state(out, &newest);
+        ckpt_load_state(p, &best);
+        fflush(stdout);
+        fprintf(
+            stderr,
+            "moe: note: reading %s, the run's newest checkpoint (step %lld); --keep-best kept %s (step %lld, "
+            "the lowest validation loss): --ckpt %s reads that one\n",
+            out, (long long)newest.step, p, (long long)best.step, p);
+    }
 }
 
 void pretrained_config(const char *dir, ModelConfig *c) {

@@ -1,6 +1,7 @@
 // run_save.c — what a training run writes beside its steps (see run_save.h): its checkpoints, streamed from
 // the model and the optimizer's buckets, the IO note that names the last complete one, and metrics.jsonl cut
-// back to a resumed step. Must not hold: the checkpoint format (io/), the training loop (trainer.c).
+// back to a resumed step; and a resume's checkpoint streamed back in, a tensor at a time. Must not hold: the
+// checkpoint format (io/), the training loop (trainer.c).
 #include "train/run_save.h"
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -9,6 +10,25 @@
 #include "core/common.h"
 #include "io/checkpoint.h"
 #include "io/ckpt_dist.h"
+
+void run_round_bf16(float *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
+}
+
+static void load_put(void *ctx, int which, size_t lo, size_t n, float *src) {
+    RunLoad *l = ctx;
+    if (which) {
+        dist_moments_set(l->dist, which - 1, lo, n, src);
+        return;
+    }
+    if (l->wround) run_round_bf16(src, n);
+    l->be->to_device(l->params + lo, src, n * sizeof(float));
+}
+
+void run_load(RunLoad *l, const char *dir, const ParamTable *t, TrainState *st, const Comm *world) {
+    CkptSink sink = {load_put, l};
+    ckpt_load_dist(dir, t, &sink, 1, st, world);
+}
 
 void run_metrics_truncate(const char *path, int64_t last_step) {
     size_t len;

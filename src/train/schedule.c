@@ -172,7 +172,7 @@ int schedule_last_backward(const Schedule *s, int chunk) {
     return -1;
 }
 
-double schedule_bubble(ScheduleKind kind, int p, int v, int m, double tf, double tb) {
+double schedule_simulate(ScheduleKind kind, int p, int v, int m, double tf, double tb, SchedEvent *ev) {
     if (kind == SCHED_SEQUENTIAL) p = v = 1;
     if (kind == SCHED_1F1B) v = 1;
     int S = p * v;
@@ -187,7 +187,7 @@ double schedule_bubble(ScheduleKind kind, int p, int v, int m, double tf, double
     double *fdone = xmalloc(sizeof(double) * (size_t)S * m), *bdone = xmalloc(sizeof(double) * (size_t)S * m);
     for (int i = 0; i < S * m; i++) fdone[i] = bdone[i] = -1;
     double *clock = xcalloc((size_t)p, sizeof(double)), busy = 0;
-    int *next = xcalloc((size_t)p, sizeof(int)), left = 0;
+    int *next = xcalloc((size_t)p, sizeof(int)), left = 0, nev = 0;
     for (int s = 0; s < p; s++) left += sc[s].n;
     for (int progress = 1; left > 0 && progress;) {
         progress = 0;
@@ -203,6 +203,7 @@ double schedule_bubble(ScheduleKind kind, int p, int v, int m, double tf, double
                 clock[s] = t0 + dt;
                 busy += dt;
                 (a->kind == ACT_FORWARD ? fdone : bdone)[i] = clock[s];
+                if (ev) ev[nev++] = (SchedEvent){s, a->chunk, a->micro, a->kind, t0, clock[s]};
                 next[s]++;
                 left--;
                 progress = 1;
@@ -220,6 +221,10 @@ double schedule_bubble(ScheduleKind kind, int p, int v, int m, double tf, double
     free(clock);
     free(next);
     return bubble;
+}
+
+double schedule_bubble(ScheduleKind kind, int p, int v, int m, double tf, double tb) {
+    return schedule_simulate(kind, p, v, m, tf, tb, NULL);
 }
 
 double schedule_bubble_theory(ScheduleKind kind, int p, int v, int m) {

@@ -49,5 +49,15 @@ int schedule_last_backward(const Schedule *s, int chunk);
 // backward for k+1's backward (sends never block, receives wait: as train/step.c runs them). Returns
 // the bubble fraction (idle time / step time, the mean over stages), or -1 if the lists deadlock.
 double schedule_bubble(ScheduleKind kind, int stages, int vpp, int micro_batches, double tf, double tb);
+// One action as schedule_simulate ran it: its stage, chunk, micro-batch and kind, from t0 to t1.
+typedef struct {
+    int stage, chunk, micro;
+    ActionKind kind;
+    double t0, t1;
+} SchedEvent;
+// schedule_bubble, each action recorded into ev (NULL: none; else room for every stage's actions: stages x
+// 2 x vpp x micro_batches, or 2 x micro_batches when sequential), in the order the model clock runs them.
+double schedule_simulate(ScheduleKind kind, int stages, int vpp, int micro_batches, double tf, double tb,
+                         SchedEvent *ev);
 // The textbook bubble: (p-1)/(m+p-1) for 1f1b (equal tf, tb), (p-1)/(v*m+p-1) interleaved, 0 sequential.
 double schedule_bubble_theory(ScheduleKind kind, int stages, int vpp, int micro_batches);

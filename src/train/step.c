@@ -64,8 +64,10 @@ static void micro_forward(StepCtx *s, int step, uint64_t seq_pos, const Action *
     // dropout: a function of (seed, step, micro-batch) like the jitter; the seed cleared after the forward
     // (its slot keeps it for the backward), so evaluation and sampling never drop
     m->dropout = s->o->dropout;
-    m->drop_seed =
-        s->o->dropout > 0 || c->attention_dropout > 0 ? noise_seed(s->o->seed ^ 0xD50Full, step, g) : 0;
+    m->embed_dropout = s->o->embed_dropout;
+    m->drop_seed = s->o->dropout > 0 || s->o->embed_dropout > 0 || c->attention_dropout > 0
+        ? noise_seed(s->o->seed ^ 0xD50Full, step, g)
+        : 0;
     double loss = pipe_forward(&s->pipe, a->chunk, a->slot, s->x, s->y, s->Bl, s->T, dloss, ns);
     m->drop_seed = 0;
     if (pipe_last(&s->pipe, a->chunk)) {

@@ -174,6 +174,13 @@ void textdata_name(const TextData *td, Dataset *ds) {
                  td->val_data);
 }
 
+void textdata_check_ids(const TextData *td, const Dataset *ds) {
+    if (td->tok && ds->max_token >= tok_vocab_size(td->tok))
+        DIE("the data's tokens (up to id %d, from %s%s%s) are beyond the tokenizer %s's vocabulary (%d ids)",
+            ds->max_token, ds->source, ds->val_source[0] ? " and " : "", ds->val_source, td->tok_src,
+            tok_vocab_size(td->tok));
+}
+
 static cJSON *print_json(FilePrint p) {
     cJSON *j = cJSON_CreateObject();
     char h[32];

@@ -35,6 +35,9 @@ void textdata_open(TextData *td, const TrainOptions *o, const ModelConfig *c, Co
 void textdata_keep(void);
 // ds->source (and val_source) named as the text and the tokenizer, not the cache's shards.
 void textdata_name(const TextData *td, Dataset *ds);
+// With a tokenizer: dies when the data (token shards or a Megatron dataset the user gave) hold an id
+// beyond its vocabulary, which no text it encodes could hold (sampling would print U+FFFD).
+void textdata_check_ids(const TextData *td, const Dataset *ds);
 // The run record's text with the tokenizer's and the text files' prints added (record is freed).
 char *textdata_record(char *record, const TextData *td);
 // Rank 0, once the run directory is ready: the tokenizer copied to o->out/tokenizer/ (with a

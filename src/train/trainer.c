@@ -24,6 +24,8 @@
 #include "train/placement.h"
 #include "train/resume.h"
 #include "train/run_save.h"
+#include "train/tboard.h"
+#include "train/hwprofile.h"
 #include "train/textdata.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
@@ -47,6 +49,7 @@ typedef struct {
     int first; // the step the run starts at (0, or the checkpoint's)
     FILE *out; // progress and report (stdout on rank 0, /dev/null elsewhere)
     FILE *mf; // metrics.jsonl (rank 0)
+    TbWriter *tb; // the TensorBoard event file (rank 0): metrics.jsonl's scalars
     char metrics_path[2048];
     int64_t *counts; // (L, E) the last step's expert load
     Adapt adapt; // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
@@ -180,26 +183,15 @@ static void run_dir_start(const Run *r) {
     }
 }
 
-// --precision bf16: every weight is a bf16 value from step 0 (the initialisation, a float32 checkpoint
-// or --init-from's import rounded once, to nearest even); AdamW keeps them so (ops.h OPT_BF16_*). Not
-// with --bf16-rounding none: the weights stay float32, only the moments are bf16.
-static void round_bf16(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = bf16_to_f32(bf16_rn_bits(p[i]));
-}
-
 // The model's parameters and moments: from the checkpoint (any mesh resumes any checkpoint: each
-// rank reads the tensors it holds and keeps its slices), or initialised from the seed.
+// rank reads the tensors it holds and keeps its slices, a tensor at a time), or initialised from the seed.
 static void load_or_init(Run *r, int resuming, const char *latest) {
     Model *m = &r->m;
     size_t P = m->t.ltotal;
     int bf16 = r->o->precision == PREC_BF16, wround = bf16 && r->o->bf16_rounding != ROUND_NONE;
     if (resuming) {
-        float *m1 = xmalloc(P * sizeof(float) * 3 + 1), *m2 = m1 + P, *ph = m2 + P;
-        ckpt_load_dist(latest, &m->t, ph, m1, m2, &r->st, r->world);
-        if (wround) round_bf16(ph, P); // (a bf16 checkpoint's weights are bf16 values: unchanged)
-        r->be->to_device(m->params, ph, P * sizeof(float));
-        dist_moments_set(&r->dist, m, m1, m2); // bf16 moments: rounded to nearest (a bf16 run's: unchanged)
-        free(m1);
+        RunLoad rl = {r->be, m->params, &r->dist, wround};
+        run_load(&rl, latest, &m->t, &r->st, r->world);
         if (r->st.seed != r->o->seed)
             DIE("--resume: the checkpoint was trained with --seed %llu, not %llu",
                 (unsigned long long)r->st.seed, (unsigned long long)r->o->seed);
@@ -218,7 +210,7 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
     } else {
         float *ph = xmalloc(P * sizeof(float) + 1);
         params_init(&m->t, &r->c, ph, r->o->seed);
-        if (wround) round_bf16(ph, P);
+        if (wround) run_round_bf16(ph, P);
         r->be->to_device(m->params, ph, P * sizeof(float));
         free(ph);
         r->st.seed = r->o->seed;
@@ -307,10 +299,6 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     check_ampipe(o, &shape);
     placement_choose(&r->place, o, world);
     r->be = r->place.be;
-    if (config_moe_layers(&r->c) < r->c.n_layers && r->be->hid == FMT_BF16)
-        DIE("dense layers (--dense-layers, mlp_only_layers) do not train on --device cuda yet: with one, the "
-            "gradients on the H200 differ from the bf16 reference far beyond its band (an open finding of "
-            "issue 40; cuda-fp32 matches the cpu); use --device cuda-fp32 or cpu");
     r->meshed = r->place.meshed;
     r->profile = r->place.profile;
     r->bf16_shadow = r->place.bf16_shadow;
@@ -320,6 +308,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     textdata_open(&r->td, o, &r->c, world); // (text --data with a tokenizer: its cached shards)
     data_open_split(&r->ds, r->td.data, r->td.val_data, o->val_frac, o->seed, o->seq_len);
     textdata_name(&r->td, &r->ds);
+    textdata_check_ids(&r->td, &r->ds);
     agree_data(&r->ds, world);
     eval_batches_available(&r->ds, o->batch / o->grad_accum); // one evaluation batch at least, or stop here
     r->resuming = check_out_dir(r, model_explicit, r->latest, sizeof r->latest);
@@ -391,6 +380,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->counts = xmalloc(sizeof(int64_t) * config_all_layers(&r->c) * r->c.n_experts);
     r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
     r->first = (int)r->st.step;
+    r->tb = r->rank0 && o->tensorboard ? tb_open(o->out, r->first, 12 + r->c.n_layers) : NULL;
     if (r->first >= o->steps)
         fprintf(r->out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n",
                 r->first, o->steps);
@@ -400,6 +390,22 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->dist.bf16_shadow = r->bf16_shadow;
     if (r->dist.bf16_shadow) r->be->bf16_shadow(r->m.params, r->m.t.ltotal);
     r->t_start = now_seconds();
+}
+
+// The step's scalars in the TensorBoard file (the per-layer load balance added by run_record); MFU on a GPU,
+// against the H200's bf16 dense peak (hwprofile.h), each rank counted as one GPU.
+static void tb_record(Run *r, int step, const StepStats *s, double tps, double worst) {
+    double flops = tps * r->flops_tok, peak = hwprofile_builtin("h200")->peak_tflops * 1e12;
+    tb_add(r->tb, "train/loss", s->loss);
+    tb_add(r->tb, "train/aux_loss", s->aux);
+    tb_add(r->tb, "train/z_loss", s->z);
+    tb_add(r->tb, "train/lr", s->lr);
+    tb_add(r->tb, "train/grad_norm", s->gnorm);
+    tb_add(r->tb, "perf/tokens_per_s", tps);
+    tb_add(r->tb, "perf/tflops", flops / 1e12);
+    if (r->place.on_gpu) tb_add(r->tb, "perf/mfu", flops / (comm_size(r->world) * peak));
+    tb_add(r->tb, "load/max_over_mean", worst);
+    tb_write(r->tb, step + 1);
 }
 
 // One metrics.jsonl line and (unless --quiet) one progress line for the step just run.
@@ -418,6 +424,11 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
         }
         double ratio = tot ? (double)mx * E / tot : 0;
         if (ratio > worst) worst = ratio;
+        if (r->tb) {
+            char tag[32];
+            snprintf(tag, sizeof tag, "load/layer_%02d_max_over_mean", l);
+            tb_add(r->tb, tag, ratio);
+        }
         if (L <= 4)
             snprintf(per_layer + strlen(per_layer), sizeof per_layer - strlen(per_layer), "%s%.2f",
                      l ? " " : "", ratio);
@@ -473,6 +484,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     }
     free(txt);
     cJSON_Delete(j);
+    if (r->tb) tb_record(r, step, s, tps, worst);
     if (o->quiet || !r->rank0) return;
     char eta[32];
     double el_s = now_seconds() - r->t_start;
@@ -501,6 +513,10 @@ static void run_evaluate(Run *r, int step) {
             snprintf(line, sizeof line, "{\"step\":%d,\"val_loss\":%.6f}\n", step + 1, ev.loss);
         else snprintf(line, sizeof line, "{\"step\":%d,\"val_loss\":null}\n", step + 1); // JSON has no NaN
         xfappend(line, r->mf, r->metrics_path);
+    }
+    if (r->tb) {
+        tb_add(r->tb, "val/loss", ev.loss);
+        tb_write(r->tb, step + 1);
     }
     if (!r->o->quiet) fprintf(r->out, "  eval: val loss %.4f\n", ev.loss);
     if (r->o->keep_best && ev.loss < r->best_loss) { // the same on every rank: ev.loss is global
@@ -550,6 +566,7 @@ static void run_sample(Run *r) {
 static void run_close(Run *r) {
     const TrainOptions *o = r->o;
     if (r->mf) xfclose(r->mf, r->metrics_path);
+    tb_close(r->tb);
     if (r->preempted) { // a scheduler wants the cores back: no report, only where to continue
         char latest[2048];
         if (r->rank0 && ckpt_find_latest(o->out, latest, sizeof latest) == 0)

@@ -176,6 +176,8 @@ const Backend *backend_cpu(void) {
         .rope_rows = cpu_rope_rows,
         .rope_fwd_hid = cpu_rope_fwd_hid,
         .to_hid = cpu_to_hid,
+        .rope_yarn = cpu_rope_yarn,
+        .copy_strided = cpu_copy_strided,
         .dropout = cpu_dropout,
         .attention_fwd = cpu_attention_fwd,
         .attention_bwd = cpu_attention_bwd,

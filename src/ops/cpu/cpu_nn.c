@@ -142,6 +142,50 @@ void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) {
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
     rope(x, B, t0, t1, nh, hd, theta, inverse ? -1 : 1);
 }
+// RopeYarn's frequency of pair j of hd (ops.h), in double.
+static double yarn_freq(RopeYarn r, int j, int hd) {
+    double f = pow((double)r.theta, -2.0 * j / hd);
+    if (!(r.factor > 1)) return f;
+    double hi = r.high == r.low ? r.low + 0.001 : r.high, ramp = (j - r.low) / (hi - r.low);
+    double e = 1.0 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp);
+    return f / r.factor * (1.0 - e) + f * e;
+}
+void cpu_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint) {
+    int half = hd / 2, n = t1 - t0;
+    float sc = r.scale;
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * n; bt++) {
+        int pos = t0 + bt % n;
+        for (int j = 0; j < half; j++) {
+            double ang = pos * yarn_freq(r, j, hd);
+            float c = (float)cos(ang), s = (float)((adjoint ? -1 : 1) * sin(ang));
+            for (int h = 0; h < nh; h++) {
+                float *p = x + ((size_t)bt * nh + h) * ld;
+                float *p1 = p + (r.interleave ? 2 * j : j), *p2 = p + (r.interleave ? 2 * j + 1 : j + half);
+                float x1 = *p1, x2 = *p2, y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+                *p1 = sc == 1.0f ? y1 : sc * y1;
+                *p2 = sc == 1.0f ? y2 : sc * y2;
+            }
+        }
+    }
+}
+// (float32 is the cpu's hidden format: both flags name float32 buffers)
+void cpu_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s, float alpha, int acc) {
+    (void)dst_hid;
+    (void)src_hid;
+    float *d = dst;
+    const float *x = src;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < s.n0; i++)
+        for (int j = 0; j < s.n1; j++) {
+            float *dr = d + i * s.d0 + j * s.d1;
+            const float *sr = x + i * s.s0 + j * s.s1;
+            for (int c = 0; c < s.cols; c++) {
+                float v = alpha == 1.0f ? sr[c] : alpha * sr[c];
+                dr[c] = acc ? dr[c] + v : v;
+            }
+        }
+}
 // (float32 is the cpu's hidden format: a copy, then rope_fwd's rotation on it)
 void cpu_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
     if (out != inp) memcpy(out, inp, sizeof(float) * (size_t)B * T * nh * hd);

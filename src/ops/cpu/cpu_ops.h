@@ -28,6 +28,8 @@ void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
 void cpu_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
 void cpu_to_hid(void *out, const float *inp, size_t n);
+void cpu_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);
+void cpu_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s, float alpha, int acc);
 void cpu_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 void cpu_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                        int H, int KV, int hd, int t0, int t1);

@@ -144,6 +144,12 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 }
 // to_hid where the hidden format is float32 (cuda-fp32): a copy
 static void cuda_to_hid_f32(void *out, const float *inp, size_t n) { cuda_copy(out, inp, n * sizeof(float)); }
+static void cuda_copy_strided_f32(void *dst, int dh, const void *src, int sh, Stride3 s, float a, int acc) {
+    cuda_copy_strided(dst, dh, src, sh, s, a, acc, 0);
+}
+static void cuda_copy_strided_bf16(void *dst, int dh, const void *src, int sh, Stride3 s, float a, int acc) {
+    cuda_copy_strided(dst, dh, src, sh, s, a, acc, 1);
+}
 static void cuda_zero(void *p, size_t bytes) {
     cuda_bf16_shadow_write(p, bytes);
     if (bytes) CUDA_CHECK(cudaMemset(p, 0, bytes));
@@ -183,6 +189,8 @@ static void fill_common(Backend *be) {
     be->rope_rows = cuda_rope_rows;
     be->rope_fwd_hid = cuda_rope_fwd_f32;
     be->to_hid = cuda_to_hid_f32;
+    be->rope_yarn = cuda_rope_yarn;
+    be->copy_strided = cuda_copy_strided_f32;
     be->dropout = cuda_dropout;
     be->attention_drop_fwd = cuda_attention_drop_fwd; // (float32 kernels on both backends)
     be->attention_drop_bwd = cuda_attention_drop_bwd;
@@ -267,6 +275,7 @@ static void cuda_init(void) {
     g_be_bf16.attention_drop_bwd = cuda_attention_drop_bwd_bf16;
     g_be_bf16.rope_fwd_hid = cuda_rope_fwd_bf16;
     g_be_bf16.to_hid = cuda_f32_to_bf16;
+    g_be_bf16.copy_strided = cuda_copy_strided_bf16;
     fill_common(&g_be_f32);
     g_be_f32.name = "cuda-fp32";
     g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;

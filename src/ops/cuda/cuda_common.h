@@ -163,6 +163,10 @@ void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta
 // rope_fwd_hid / to_hid (ops.h) of the float32 backend ("cuda-fp32": a copy) and of "cuda" (bf16)
 void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
 void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cuda_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);
+// copy_strided (ops.h) where the hidden format is bf16 (bf16 1: "cuda") or float32 (0: "cuda-fp32")
+void cuda_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s, float alpha, int acc,
+                       int bf16);
 void cuda_dropout(float *x, int B, int T, int t0, int t1, int C, float p, uint64_t seed, int64_t row0);
 void cuda_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                              int H, int KV, int hd, int t0, int t1, float p, uint64_t seed, int64_t row0,
@@ -221,8 +225,15 @@ void cuda_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *
 // backend write or free that may touch the range. The parameter buffer with holes (ops.h
 // alloc_bf16_params): alloc; free (1 if p was it); to_host / to_device over ranges meeting its holes (1 if
 // they did, and were copied); whether [off, off + n) lies in a hole (dies across a hole's edge); which
-// buffer with holes p is (0: none).
+// buffer with holes p is (0: none). The copy's version (cuda_bf16_shadow_version): a counter that every
+// change of the copy's contents or of the buffer it covers increases (registering, refreshing, any write the
+// backend sees into the range, adamw_runs writing the copy: cuda_bf16_shadow_updated, freeing), so that
+// anything derived from the copy (the FP8 weights' codes, cuda_fp8_wcache.cu) is current while the version is
+// unchanged; the registered buffer (NULL: none).
 void cuda_bf16_shadow(const float *p, size_t n);
+unsigned long long cuda_bf16_shadow_version(void);
+const float *cuda_bf16_shadow_base(void);
+void cuda_bf16_shadow_updated(void);
 void *cuda_bf16_shadow_for(const float *p);
 const void *cuda_bf16_shadow_of(const float *w, size_t count);
 void cuda_bf16_shadow_write(const void *ptr, size_t bytes);

@@ -7,34 +7,17 @@
 //   tiles_t: one block per (128-row tile of one group) x (32 columns), staged through shared memory so
 //            that both the reads of x's rows and the writes of q's columns are coalesced;
 //   blocks:  one block per 128x128 block; the transposed copy through shared memory.
-// Must not hold: the GEMMs or any knowledge of layers.
+// The device helpers (max-abs bits, scale, code) are cuda_fp8_dev.cuh's. Must not hold: the GEMMs or any
+// knowledge of layers.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_fp8_dev.cuh"
 #include "ops/numerics.h"
 
 #define QT_COLS 32 // tiles_t: the columns of x one block takes
 #define QT_MAXG 256 // tiles_t: groups per launch (QTArgs stays within the kernel-parameter space)
-
-__device__ __forceinline__ float ldx(const float *x, size_t i) { return x[i]; }
-__device__ __forceinline__ float ldx(const __nv_bfloat16 *x, size_t i) { return __bfloat162float(x[i]); }
-
-__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-
-// The code of v * inv (inv = 2^-k, exact) for a finite group; 0x7f for a non-finite one.
-__device__ __forceinline__ uint32_t code(float v, float inv, bool bad) {
-    return bad ? 0x7fu : (uint32_t)__nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3);
-}
-
-// The group's scale and inverse from its amax bits; returns whether it is non-finite.
-__device__ __forceinline__ bool group_scale(uint32_t amax, float *scale, float *inv) {
-    bool bad = amax >= 0x7f800000u;
-    int k = bad ? 0 : fp8_scale_exp(amax);
-    *scale = bad ? __int_as_float(0x7fc00000) : fp8_pow2(k);
-    *inv = fp8_pow2(-k);
-    return bad;
-}
 
 // ---------------------------------------------------------------- tiles along K
 template <typename T>
@@ -160,9 +143,12 @@ extern "C" void cuda_fp8_quant_tiles_t(uint8_t *q, float *s, const void *x, int 
 }
 
 // ---------------------------------------------------------------- 128x128 blocks of the weights
+// ilv 0: q (G, N, K) and s per block; ilv 1 or 2: q is a pair's (G, 2 N, K), this weight's row n at row
+// n / 64 * 128 + (ilv - 1) * 64 + n % 64 of its group, and s that row's scale (G 2 N, ceil(K/128))
 template <typename T>
-__global__ void __launch_bounds__(256) quant_blocks_k(uint8_t *q, float *s, uint8_t *qt, float *st,
-                                                      const T *w, int N, int K, unsigned long long *bad) {
+__global__ void __launch_bounds__(256)
+    quant_blocks_k(uint8_t *q, float *s, uint8_t *qt, float *st, const T *w, int N, int K, int ilv,
+                   unsigned long long *bad) {
     __shared__ uint32_t red[8];
     __shared__ uint8_t codes[128][128 + 4];
     int bj = blockIdx.x, bi = blockIdx.y, g = blockIdx.z, BN = gridDim.y, BK = gridDim.x;
@@ -191,15 +177,17 @@ __global__ void __launch_bounds__(256) quant_blocks_k(uint8_t *q, float *s, uint
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         int r = wp + 8 * i, n = n0 + r;
+        size_t qrow = ilv ? (size_t)g * 2 * N + n / 64 * 128 + (ilv - 1) * 64 + n % 64 : (size_t)g * N + n;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             uint8_t b = (uint8_t)code(v[i][e], inv, nf);
             codes[r][lane * 4 + e] = b;
-            if (q && n < N && c0 + e < K) q[base + (size_t)n * K + c0 + e] = b;
+            if (q && n < N && c0 + e < K) q[qrow * K + c0 + e] = b;
         }
+        if (ilv && s && lane == 0 && n < N) s[qrow * BK + bj] = scale;
     }
     if (threadIdx.x == 0) {
-        if (s) s[((size_t)g * BN + bi) * BK + bj] = scale;
+        if (s && !ilv) s[((size_t)g * BN + bi) * BK + bj] = scale;
         if (st) st[((size_t)g * BK + bj) * BN + bi] = scale;
         if (nf && bad) atomicAdd(bad, 1ull);
     }
@@ -220,7 +208,19 @@ extern "C" void cuda_fp8_quant_blocks(uint8_t *q, float *s, uint8_t *qt, float *
                                       int G, int N, int K, unsigned long long *bad) {
     if (G <= 0 || N <= 0 || K <= 0) return;
     dim3 grid((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128), (unsigned)G);
-    if (w_bf16) quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const __nv_bfloat16 *)w, N, K, bad);
-    else quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const float *)w, N, K, bad);
+    if (w_bf16) quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const __nv_bfloat16 *)w, N, K, 0, bad);
+    else quant_blocks_k<<<grid, 256>>>(q, s, qt, st, (const float *)w, N, K, 0, bad);
     KCHECK("fp8_quant_blocks");
+}
+
+extern "C" void cuda_fp8_quant_blocks_pair(uint8_t *q2, float *s2, int half, uint8_t *qt, float *st,
+                                           const void *w, int w_bf16, int G, int N, int K,
+                                           unsigned long long *bad) {
+    CHECK(N % 64 == 0 && (half == 0 || half == 1), "fp8_quant_blocks_pair: N %d (a multiple of 64), half %d",
+          N, half);
+    if (G <= 0 || N <= 0 || K <= 0) return;
+    dim3 grid((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128), (unsigned)G);
+    if (w_bf16) quant_blocks_k<<<grid, 256>>>(q2, s2, qt, st, (const __nv_bfloat16 *)w, N, K, half + 1, bad);
+    else quant_blocks_k<<<grid, 256>>>(q2, s2, qt, st, (const float *)w, N, K, half + 1, bad);
+    KCHECK("fp8_quant_blocks_pair");
 }

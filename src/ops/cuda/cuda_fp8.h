@@ -37,6 +37,13 @@ void cuda_fp8_quant_tiles_t(uint8_t *q, float *s, const void *x, int x_bf16, con
 // serve both layouts). q and s may be NULL where only the transposed layout is wanted.
 void cuda_fp8_quant_blocks(uint8_t *q, float *s, uint8_t *qt, float *st, const void *w, int w_bf16, int G,
                            int N, int K, unsigned long long *bad);
+// The same blocks with the forward codes written into one half of a pair's layout (two weights' rows
+// interleaved by 64, the SwiGLU's up projections as one GEMM: cuda_grouped_fp8.h
+// cuda_fp8_grouped_gemm_swiglu): q2 (G, 2 N, K) gets w's row n at row n / 64 * 128 + half * 64 + n % 64 of
+// its group, s2 (G 2 N, ceil(K/128)) that row's block scale in each K-tile; qt, st (may be NULL) as above. N
+// a multiple of 64.
+void cuda_fp8_quant_blocks_pair(uint8_t *q2, float *s2, int half, uint8_t *qt, float *st, const void *w,
+                                int w_bf16, int G, int N, int K, unsigned long long *bad);
 
 #ifdef __cplusplus
 }

@@ -4,12 +4,19 @@
 // cuda_fp8_gemm below, the fused expert ops composed of them as the cpu composes them, the SwiGLU in the
 // base backend's hidden format. Two tables: over "cuda" (bf16 hidden rows) and over "cuda-fp32" (float32
 // rows: with the reference GEMM its grouped GEMMs equal the cpu's fp8 ones bit for bit).
+// The bytes an operand costs are cut without changing a bit: the weights' codes are kept between ops
+// (cuda_fp8_wcache.cu), an operand the activation and weight gradients both take is read once for both
+// tilings, the SwiGLU forward writes act's tiles for the down projection and the SwiGLU backward both tilings
+// of dh1 and dh3 for the up projections' backward (cuda_fp8_fused.cu), handed to the next op as a "stash"
+// (ops.h grouped_down_fwd, grouped_matmul_bwd2: taken only by the op that matches it, dropped by any other).
 // The non-finite scale groups are counted on the device per (layer, tensor); fp8_nonfinite reads the
 // counts once (one synchronisation a step) and names the first by layer, then tensor.
-// Must not hold: the quantiser kernels (cuda_fp8.cu) or any knowledge of the model.
+// Must not hold: the quantiser kernels (cuda_fp8.cu, cuda_fp8_fused.cu) or any knowledge of the model.
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_fp8_fused.h"
+#include "ops/cuda/cuda_fp8_wcache.h"
 #include "ops/cuda/cuda_grouped_fp8.h"
 #include "ops/numerics.h"
 
@@ -70,13 +77,14 @@ static int fp8_ref(void) {
 }
 
 // ---------------------------------------------------------------- scratch and the non-finite counts
-// Two grown buffers: the operands' codes and scales (one op's), and float32 rows that outlive the GEMMs
-// inside one fused op (h1, h3 before the SwiGLU; dact before its backward). Ops run in stream order.
+// Three grown buffers: the operands' codes and scales (one op's), float32 rows that outlive the GEMMs
+// inside one fused op (h1, h3 before the SwiGLU; dact before its backward), and the stash (below) that one
+// fused op leaves for the next. Ops run in stream order.
 struct Scratch {
     void *p;
     size_t bytes;
 };
-static Scratch g_q, g_rows;
+static Scratch g_q, g_rows, g_st;
 static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 static void scratch_v(Scratch *s, int cnt, const size_t *sz, void **p) {
     size_t need = 0;
@@ -104,6 +112,7 @@ static void fp8_site(int layer) {
         CUDA_CHECK(cudaMalloc((void **)&p, sizeof *p * n * FP8T_N));
         CUDA_CHECK(cudaMemset(p, 0, sizeof *p * n * FP8T_N));
         if (g_cnt) {
+            cuda_fp8_weight_counts(); // (the kept weights' pending counts point into the old counters)
             CUDA_CHECK(cudaMemcpy(p, g_cnt, sizeof *p * g_rows_cnt * FP8T_N, cudaMemcpyDeviceToDevice));
             CUDA_CHECK(cudaFree(g_cnt));
         }
@@ -121,6 +130,7 @@ static unsigned long long *cnt(int tensor) {
 static int64_t fp8_nonfinite(int *layer, int *tensor) {
     *layer = *tensor = -1;
     if (!g_cnt) return 0;
+    cuda_fp8_weight_counts();
     size_t n = (size_t)g_rows_cnt * FP8T_N;
     unsigned long long *h = (unsigned long long *)xmalloc(sizeof *h * n);
     CUDA_CHECK(cudaMemcpy(h, g_cnt, sizeof *h * n, cudaMemcpyDeviceToHost));
@@ -134,6 +144,72 @@ static int64_t fp8_nonfinite(int *layer, int *tensor) {
     return total;
 }
 
+// ---------------------------------------------------------------- the stash
+// An operand a fused op computed for the op the MoE layer calls next: act's tiles (grouped_swiglu_fwd, for
+// grouped_down_fwd) or both tilings of dh1 and dh3 (grouped_swiglu_bwd, for grouped_matmul_bwd2), keyed by
+// the buffers and groups it is of. Taken by the one op that matches the key, dropped by every other op of the
+// table and by its writes (to_device, copy, zero, free: ops.h's contract). Its non-finite counts wait in its
+// own counters and are added to the consumer's (layer, tensor) when taken, so the counts are those of
+// quantising in the consumer.
+enum { ST_NONE, ST_ACT, ST_DH };
+static struct {
+    int kind, G, K;
+    const void *a, *b;
+    int64_t *off; // (G + 1, host)
+    int cap;
+    Fp8Both b1, b3;
+    unsigned long long *bad; // 2 device counters (in g_st)
+} g_sk;
+
+static void stash_drop(void) { g_sk.kind = ST_NONE; }
+
+// a stash of `kind` for a, b over the groups: its codes (both tilings of one or two operands of rows x K,
+// or only the row tiles: ST_ACT) and counters in g_st, zeroed
+static void stash_make(int kind, const void *a, const void *b, const int64_t *off, int G, int K) {
+    int64_t rows = off[G] - off[0], P = kind == ST_DH ? cuda_fp8_pad_cols(off, G) : 0;
+    int two = kind == ST_DH, T = fp8_ntiles(K);
+    size_t sz[9] = {(size_t)rows * K,
+                    sizeof(float) * rows * T,
+                    (size_t)K * P,
+                    sizeof(float) * K * (P / 128),
+                    two ? (size_t)rows * K : 0,
+                    two ? sizeof(float) * rows * T : 0,
+                    two ? (size_t)K * P : 0,
+                    two ? sizeof(float) * K * (P / 128) : 0,
+                    2 * sizeof(unsigned long long)};
+    void *p[9];
+    scratch_v(&g_st, 9, sz, p);
+    g_sk.b1 = Fp8Both{(uint8_t *)p[0], (uint8_t *)p[2], (float *)p[1], (float *)p[3]};
+    g_sk.b3 = Fp8Both{(uint8_t *)p[4], (uint8_t *)p[6], (float *)p[5], (float *)p[7]};
+    g_sk.bad = (unsigned long long *)p[8];
+    CUDA_CHECK(cudaMemsetAsync(g_sk.bad, 0, 2 * sizeof(unsigned long long)));
+    if (G + 1 > g_sk.cap) {
+        g_sk.cap = G + 1;
+        g_sk.off = (int64_t *)xrealloc(g_sk.off, sizeof(int64_t) * g_sk.cap);
+    }
+    memcpy(g_sk.off, off, sizeof(int64_t) * (G + 1));
+    g_sk.kind = kind, g_sk.a = a, g_sk.b = b, g_sk.G = G, g_sk.K = K;
+}
+
+__global__ void add_counts_k(unsigned long long *d0, unsigned long long *d1, const unsigned long long *src) {
+    if (src[0]) *d0 += src[0];
+    if (d1 && src[1]) *d1 += src[1];
+}
+
+// 1 (the stash taken: its counts added into t0's and t1's counters) when it is of `kind` for a, b and the
+// groups; else 0. Either way nothing is stashed after.
+static int stash_take(int kind, const void *a, const void *b, const int64_t *off, int G, int K, int t0,
+                      int t1) {
+    int hit = g_sk.kind == kind && g_sk.a == a && g_sk.b == b && g_sk.G == G && g_sk.K == K &&
+        !memcmp(g_sk.off, off, sizeof(int64_t) * (G + 1));
+    g_sk.kind = ST_NONE;
+    if (hit) {
+        add_counts_k<<<1, 1>>>(cnt(t0), t1 >= 0 ? cnt(t1) : NULL, g_sk.bad);
+        KCHECK("fp8 stash counts");
+    }
+    return hit;
+}
+
 // ---------------------------------------------------------------- the recipe's three products
 // The values a weight's quantiser reads: its bf16 copy where the weights have one (the bf16 GEMMs read the
 // same), else the float32 weight.
@@ -143,11 +219,16 @@ static const void *weight_src(const float *w, size_t n, int *bf) {
     return s ? s : (const void *)w;
 }
 static size_t esz(int bf) { return bf ? 2 : 4; }
+// element i of hidden rows (bf16 where hb, else float32)
+static void *hid_at_b(void *p, size_t i, int hb) { return (char *)p + i * esz(hb); }
 
 // out_g = gemm(tiles(inp_g), blocks(W_g)); inp's element size by `bf`. With out2 and w2 (the SwiGLU's up
 // projections) also out2_g = gemm(tiles(inp_g), blocks(W2_g)) from the same tiles of inp (quantised once).
+// pre: inp's tiles already made (the stash's act tiles; their counts taken with it). The weights' codes from
+// the kept copy (cuda_fp8_wcache.h) where it has them, else quantised here.
 static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const int64_t *off, int G, int K,
-                    int O, int tin, int tw, float *out2 = NULL, const float *w2 = NULL, int tw2 = 0) {
+                    int O, int tin, int tw, float *out2 = NULL, const float *w2 = NULL, int tw2 = 0,
+                    const Fp8Both *pre = NULL) {
     int64_t r0 = off[0], rows = off[G] - off[0];
     if (G <= 0 || rows <= 0 || O <= 0) return;
     if (K <= 0) {
@@ -160,34 +241,39 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
            sz[4] = {(size_t)rows * K, sizeof(float) * rows * T, nw, sizeof(float) * G * BO * T};
     void *p[4];
     scratch_v(&g_q, 4, sz, p);
-    cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + esz(bf) * r0 * K, bf, (int)rows,
-                         K, cnt(tin));
-    // (the second weight's codes overwrite the first's after the first GEMM, in stream order)
+    const uint8_t *qa = pre ? pre->q : (uint8_t *)p[0];
+    const float *sa = pre ? pre->s : (float *)p[1];
+    if (!pre)
+        cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + esz(bf) * r0 * K, bf,
+                             (int)rows, K, cnt(tin));
+    // (a second weight quantised here overwrites the first's codes after the first GEMM, in stream order)
     for (int i = 0; i < (out2 ? 2 : 1); i++) {
         float *o = i ? out2 : out;
-        const void *ws = weight_src(i ? w2 : w, nw, &wbf);
-        cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K,
-                              cnt(i ? tw2 : tw));
-        if (!fp8_ref() &&
-            cuda_fp8_grouped_gemm(o + r0 * O, 0, 0.0f, (uint8_t *)p[0], (float *)p[1], (uint8_t *)p[2],
-                                  (float *)p[3], 1, off, G, K, O))
+        Fp8Weight fw;
+        if (!cuda_fp8_weight(&fw, i ? w2 : w, G, O, K, FP8W_FWD, cnt(i ? tw2 : tw))) {
+            const void *ws = weight_src(i ? w2 : w, nw, &wbf);
+            cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K,
+                                  cnt(i ? tw2 : tw));
+            fw.q = (uint8_t *)p[2], fw.s = (float *)p[3];
+        }
+        if (!fp8_ref() && cuda_fp8_grouped_gemm(o + r0 * O, 0, 0.0f, qa, sa, fw.q, fw.s, 1, off, G, K, O))
             continue;
         for (int g = 0; g < G; g++) {
             int64_t a = off[g] - r0, n = off[g + 1] - off[g];
-            cuda_fp8_gemm(o + off[g] * O, O, (uint8_t *)p[0] + a * K, K, (float *)p[1] + a * T, T,
-                          (uint8_t *)p[2] + (size_t)g * O * K, K, (float *)p[3] + (size_t)g * BO * T, T,
-                          (int)n, O, K, 1, 0);
+            cuda_fp8_gemm(o + off[g] * O, O, qa + a * K, K, sa + a * T, T, fw.q + (size_t)g * O * K, K,
+                          fw.s + (size_t)g * BO * T, T, (int)n, O, K, 1, 0);
         }
     }
 }
 
 // grouped_matmul_bwd's contract (ops.h) with the recipe's products: dinp_g (+)= gemm(tiles(dout_g),
-// blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout and inp of element size by `bf`
-// in_ready: inp's transposed tiles are in the scratch already, from a call with the same shapes and the same
-// operands present (grouped_matmul_bwd2's second product: the same inp)
+// blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout and inp of element size by `bf`.
+// dout's two tilings from one read where both products run; pre: both made already (the stash's; counts
+// taken with it). in_ready: inp's transposed tiles are in the scratch already, from a call with the same
+// shapes and the same operands present (grouped_matmul_bwd2's second product: the same inp)
 static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, int bf, const float *w,
                     const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw,
-                    int in_ready = 0) {
+                    int in_ready = 0, const Fp8Both *pre = NULL) {
     CHECK(!(flags & GM_DW_BF16),
           "grouped_matmul_bwd: --precision fp8 keeps float32 weight gradients "
           "(GM_DW_BF16 is the bf16 policy's)");
@@ -202,6 +288,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
     int TO = fp8_ntiles(O), BK = fp8_ntiles(K), wbf;
     int64_t P = cuda_fp8_pad_cols(off, G);
     size_t nw = (size_t)G * O * K;
+    // (the layout does not depend on pre or on the kept weights: in_ready finds inp's tiles where they were)
     size_t sz[8] = {dinp ? (size_t)rows * O : 0,
                     dinp ? sizeof(float) * rows * TO : 0,
                     dinp ? nw : 0,
@@ -212,31 +299,38 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
                     dw ? sizeof(float) * K * (P / 128) : 0};
     void *p[8];
     scratch_v(&g_q, 8, sz, p);
+    Fp8Both d = pre ? *pre : Fp8Both{(uint8_t *)p[0], (uint8_t *)p[4], (float *)p[1], (float *)p[5]};
+    if (!pre && dinp && dw) cuda_fp8_quant_both(d, dout, bf, off, G, O, cnt(tdout));
     if (dinp) {
-        const void *ws = weight_src(w, nw, &wbf);
-        cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)dout + esz(bf) * r0 * O, bf,
-                             (int)rows, O, cnt(tdout));
+        if (!pre && !dw)
+            cuda_fp8_quant_tiles(d.q, d.s, (const char *)dout + esz(bf) * r0 * O, bf, (int)rows, O,
+                                 cnt(tdout));
         // W (O, K) by blocks; the GEMM's B is W^T (K, O): the codes and block scales transposed only
-        cuda_fp8_quant_blocks(NULL, NULL, (uint8_t *)p[2], (float *)p[3], ws, wbf, G, O, K, cnt(tw));
+        Fp8Weight fw;
+        if (!cuda_fp8_weight(&fw, w, G, O, K, FP8W_T, cnt(tw))) {
+            const void *ws = weight_src(w, nw, &wbf);
+            cuda_fp8_quant_blocks(NULL, NULL, (uint8_t *)p[2], (float *)p[3], ws, wbf, G, O, K, cnt(tw));
+            fw.qt = (uint8_t *)p[2], fw.st = (float *)p[3];
+        }
         if (fp8_ref() ||
-            !cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, (uint8_t *)p[0], (float *)p[1],
-                                   (uint8_t *)p[2], (float *)p[3], 1, off, G, O, K))
+            !cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, d.q, d.s, fw.qt, fw.st, 1, off, G, O,
+                                   K))
             for (int g = 0; g < G; g++) {
                 int64_t a = off[g] - r0, n = off[g + 1] - off[g];
-                cuda_fp8_gemm(dinp + off[g] * K, K, (uint8_t *)p[0] + a * O, O, (float *)p[1] + a * TO, TO,
-                              (uint8_t *)p[2] + (size_t)g * O * K, O, (float *)p[3] + (size_t)g * BK * TO, TO,
-                              (int)n, K, O, 1, acc);
+                cuda_fp8_gemm(dinp + off[g] * K, K, d.q + a * O, O, d.s + a * TO, TO,
+                              fw.qt + (size_t)g * O * K, O, fw.st + (size_t)g * BK * TO, TO, (int)n, K, O, 1,
+                              acc);
             }
     }
     if (dw) {
         // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
-        cuda_fp8_quant_tiles_t((uint8_t *)p[4], (float *)p[5], dout, bf, off, G, O, cnt(tdout));
+        if (!pre && !dinp) cuda_fp8_quant_tiles_t(d.qt, d.st, dout, bf, off, G, O, cnt(tdout));
         if (!in_ready) cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
         if (!fp8_ref() && G <= 256) {
             int64_t pc[257];
             for (int g = 0; g <= G; g++) pc[g] = cuda_fp8_pad_cols(off, g);
-            if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, (uint8_t *)p[4], (float *)p[5],
-                                         (uint8_t *)p[6], (float *)p[7], pc, G, O, K))
+            if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, d.qt, d.st, (uint8_t *)p[6], (float *)p[7],
+                                         pc, G, O, K))
                 return;
         }
         for (int g = 0; g < G; g++) {
@@ -246,9 +340,8 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
                 if (write) CUDA_CHECK(cudaMemsetAsync(dwg, 0, sizeof(float) * O * K));
                 continue;
             }
-            cuda_fp8_gemm(dwg, K, (uint8_t *)p[4] + c0, P, (float *)p[5] + c0 / 128, P / 128,
-                          (uint8_t *)p[6] + c0, P, (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0,
-                          !write);
+            cuda_fp8_gemm(dwg, K, d.qt + c0, P, d.st + c0 / 128, P / 128, (uint8_t *)p[6] + c0, P,
+                          (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0, !write);
         }
     }
 }
@@ -256,46 +349,85 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
 // ---------------------------------------------------------------- the tables' ops (HB: hidden rows bf16)
 static void fp8_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
                                    int K, int O) {
+    stash_drop();
     fp8_fwd(out, inp, 0, w, off, G, K, O, FP8T_INP, FP8T_W);
 }
 static void fp8_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                                    const float *w, const int64_t *off, int G, int K, int O, int flags) {
+    stash_drop();
     fp8_bwd(dinp, dw, dout, inp, 0, w, off, G, K, O, flags, FP8T_DOUT, FP8T_INP, FP8T_W);
 }
 
+// bf16 rows, our kernel, the weights kept: both up projections in one GEMM with the SwiGLU in its epilogue
+// (cuda_fp8_grouped_gemm_swiglu: no float32 h1, h3), then act's tiles for the down projection (stashed);
+// 0 where it does not apply (nothing done)
+static int swiglu_fwd_fused(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
+                            const int64_t *off, int G, int K, int O) {
+    int64_t r0 = off[0], rows = off[G] - off[0];
+    size_t b = (size_t)r0 * O;
+    if (fp8_ref() || K <= 0 || K % 16 || O % 64 || G > 256 || !cuda_fp8_grouped_kernel() ||
+        (((uintptr_t)hid_at_b(h1, b, 1) | (uintptr_t)hid_at_b(h3, b, 1) | (uintptr_t)hid_at_b(act, b, 1)) &
+         3))
+        return 0;
+    const uint8_t *q13;
+    const float *s13;
+    if (!cuda_fp8_weight_pair(&q13, &s13, w1, w3, G, O, K, cnt(FP8T_W1), cnt(FP8T_W3))) return 0;
+    int T = fp8_ntiles(K);
+    size_t sz[2] = {(size_t)rows * K, sizeof(float) * rows * T};
+    void *p[2];
+    scratch_v(&g_q, 2, sz, p);
+    cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + 2 * r0 * K, 1, (int)rows, K,
+                         cnt(FP8T_X));
+    if (!cuda_fp8_grouped_gemm_swiglu(hid_at_b(h1, b, 1), hid_at_b(h3, b, 1), hid_at_b(act, b, 1),
+                                      (uint8_t *)p[0], (float *)p[1], q13, s13, off, G, K, O))
+        DIE("fp8 grouped_swiglu_fwd: the fused GEMM refused shapes it takes (G %d, K %d, O %d)", G, K, O);
+    stash_make(ST_ACT, act, NULL, off, G, O);
+    cuda_fp8_quant_tiles(g_sk.b1.q, g_sk.b1.s, hid_at_b(act, b, 1), 1, (int)rows, O, g_sk.bad);
+    return 1;
+}
+
+// h1, h3 by the GEMMs (float32: into the rows' scratch where the hidden rows are bf16), then act =
+// silu(h1) h3 and, bf16 rows, h1 and h3 in the hidden format, with act's tiles for the down projection
+// (stashed) in the same pass
+// (the fused GEMM above where it applies)
 template <int HB>
 static void fp8_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1, const float *w3,
                            const int64_t *off, int G, int K, int O) {
+    stash_drop();
     int64_t rows = G > 0 ? off[G] - off[0] : 0;
     if (rows <= 0 || O <= 0) return;
+    if (HB && swiglu_fwd_fused(h1, h3, act, inp, w1, w3, off, G, K, O)) return;
     size_t b = (size_t)off[0] * O, n = (size_t)rows * O;
-    if (!HB) {
-        fp8_fwd((float *)h1, inp, 0, w1, off, G, K, O, FP8T_X, FP8T_W1, (float *)h3, w3, FP8T_W3);
-        cuda_swiglu_fwd((float *)act + b, (float *)h1 + b, (float *)h3 + b, n);
-        return;
+    float *f1 = (float *)h1, *f3 = (float *)h3;
+    if (HB) {
+        size_t sz[2] = {sizeof(float) * n, sizeof(float) * n};
+        void *p[2];
+        scratch_v(&g_rows, 2, sz, p);
+        f1 = (float *)p[0] - b, f3 = (float *)p[1] - b; // indexed by the rows' numbers, as h1
     }
-    size_t sz[2] = {sizeof(float) * n, sizeof(float) * n};
-    void *p[2];
-    scratch_v(&g_rows, 2, sz, p);
-    float *f1 = (float *)p[0] - b, *f3 = (float *)p[1] - b; // indexed by the rows' numbers, as h1
-    fp8_fwd(f1, inp, 1, w1, off, G, K, O, FP8T_X, FP8T_W1, f3, w3, FP8T_W3);
-    cuda_swiglu_fwd_hid((__nv_bfloat16 *)h1 + b, (__nv_bfloat16 *)h3 + b, (__nv_bfloat16 *)act + b, f1 + b,
-                        f3 + b, n);
+    fp8_fwd(f1, inp, HB, w1, off, G, K, O, FP8T_X, FP8T_W1, f3, w3, FP8T_W3);
+    stash_make(ST_ACT, act, NULL, off, G, O);
+    cuda_fp8_swiglu_fwd_tiles(hid_at_b(act, b, HB), HB ? hid_at_b(h1, b, HB) : NULL,
+                              HB ? hid_at_b(h3, b, HB) : NULL, HB, f1 + b, f3 + b, (int)rows, O, g_sk.b1.q,
+                              g_sk.b1.s, g_sk.bad);
 }
 
 template <int HB>
 static void fp8_down_fwd(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
                          int O) {
-    fp8_fwd(out, act, HB, w, off, G, K, O, FP8T_ACT, FP8T_W2);
+    Fp8Both pre = g_sk.b1;
+    int take = stash_take(ST_ACT, act, NULL, off, G, K, FP8T_ACT, -1);
+    fp8_fwd(out, act, HB, w, off, G, K, O, FP8T_ACT, FP8T_W2, NULL, NULL, 0, take ? &pre : NULL);
 }
 
 // dact (float32) = dout W2 (into dh1 where the rows are float32, else the rows' scratch), dw2 from dout and
 // act, then the SwiGLU's backward: dh1, dh3 written (plain.h's order: swiglu_bwd reads each dact before it
-// writes that dh1)
+// writes that dh1), with both tilings of each for the up projections' backward (stashed)
 template <int HB>
 static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act, const void *h1,
                            const void *h3, const float *w, const int64_t *off, int G, int K, int O,
                            int flags) {
+    stash_drop();
     if (G <= 0) return;
     int64_t rows = off[G] - off[0];
     size_t b = (size_t)off[0] * K, n = (size_t)(rows > 0 ? rows : 0) * K;
@@ -309,21 +441,43 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
     fp8_bwd(dact, dw, dout, act, HB, w, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16), FP8T_DY, FP8T_ACT,
             FP8T_W2);
     if (!n) return;
-    if (HB)
-        cuda_swiglu_bwd_hid((__nv_bfloat16 *)dh1 + b, (__nv_bfloat16 *)dh3 + b, dact + b,
-                            (const __nv_bfloat16 *)h1 + b, (const __nv_bfloat16 *)h3 + b, n);
-    else
-        cuda_swiglu_bwd((float *)dh1 + b, (float *)dh3 + b, dact + b, (const float *)h1 + b,
-                        (const float *)h3 + b, n, 0);
+    stash_make(ST_DH, dh1, dh3, off, G, K);
+    cuda_fp8_swiglu_bwd_both(dh1, dh3, HB, dact, h1, h3, off, G, K, g_sk.b1, g_sk.b3, g_sk.bad, g_sk.bad + 1);
 }
 
+// the two products, dh1's and dh3's operands from the stash where grouped_swiglu_bwd left them and every
+// product runs (the counts as if quantised here: each tiling of each)
 template <int HB>
 static void fp8_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                             const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
                             int K, int O, int flags) {
-    fp8_bwd(dinp, dwa, douta, inp, HB, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X, FP8T_W1);
+    Fp8Both pa = g_sk.b1, pb = g_sk.b3;
+    int take = dinp && dwa && dwb && stash_take(ST_DH, douta, doutb, off, G, O, FP8T_DH1, FP8T_DH3);
+    stash_drop();
+    fp8_bwd(dinp, dwa, douta, inp, HB, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X, FP8T_W1, 0,
+            take ? &pa : NULL);
     fp8_bwd(dinp, dwb, doutb, inp, HB, wb, off, G, K, O, GM_ACC_DINP | (flags & (GM_DW_WRITE | GM_DW_BF16)),
-            FP8T_DH3, FP8T_X, FP8T_W3, dwa && dwb); // (inp's transposed tiles from the first: same sizes)
+            FP8T_DH3, FP8T_X, FP8T_W3, dwa && dwb,
+            take ? &pb : NULL); // (inp's transposed tiles: the first's)
+}
+
+// The table's writes drop the stash (ops.h: what the caller writes between the two ops is not in it).
+template <int HB> static const Backend *base_of(void) { return HB ? backend_cuda() : backend_cuda_fp32(); }
+template <int HB> static void fp8_free(void *p) {
+    stash_drop();
+    base_of<HB>()->free(p);
+}
+template <int HB> static void fp8_to_device(void *dst, const void *src, size_t bytes) {
+    stash_drop();
+    base_of<HB>()->to_device(dst, src, bytes);
+}
+template <int HB> static void fp8_copy(void *dst, const void *src, size_t bytes) {
+    stash_drop();
+    base_of<HB>()->copy(dst, src, bytes);
+}
+template <int HB> static void fp8_zero(void *p, size_t bytes) {
+    stash_drop();
+    base_of<HB>()->zero(p, bytes);
 }
 
 template <int HB> static void fp8_table(Backend *be, const Backend *base, const char *name) {
@@ -332,6 +486,10 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->fp8 = 1;
     be->fp8_site = fp8_site;
     be->fp8_nonfinite = fp8_nonfinite;
+    be->free = fp8_free<HB>;
+    be->to_device = fp8_to_device<HB>;
+    be->copy = fp8_copy<HB>;
+    be->zero = fp8_zero<HB>;
     be->grouped_matmul_fwd = fp8_grouped_matmul_fwd;
     be->grouped_matmul_bwd = fp8_grouped_matmul_bwd;
     be->grouped_swiglu_fwd = fp8_swiglu_fwd<HB>;

@@ -23,6 +23,7 @@
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_grouped_fp8.h"
+#include "ops/cuda/cuda_swiglu.cuh"
 #include "ops/cuda/cuda_wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -39,6 +40,7 @@ typedef __nv_bfloat16 bf16;
 struct GFArgs {
     float *C; // float32 output, or NULL
     bf16 *Cb; // bf16 output (beta 0), or NULL
+    bf16 *H1, *H3, *Act; // the SwiGLU epilogue's outputs (rows, N / 2), row stride N / 2 (Act not NULL: on)
     float beta; // 0 or 1
     const float *sa, *sb;
     int sa_ld, sb_ld; // scales per row of sa / sb (rows mode: nkt; RED: Mp / 128)
@@ -258,6 +260,24 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             }
         }
         // epilogue: rows below mend and columns below ncols (ncols a multiple of 16: a pair is all in or out)
+        if (a.Act) { // SwiGLU: the tile's columns [0, 64) are h1's and [64, 128) h3's, of columns n0 / 2 +
+                     // ...
+            const long long ldh = a.N / 2;
+#pragma unroll
+            for (int j = 0; j < GF_BN / 16; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = T.m0 + rl + 8 * h, col = T.n0 / 2 + 8 * j + cl;
+                    if (row >= T.mend || col >= ldh) continue;
+                    float x0 = r[4 * j + 2 * h], x1 = r[4 * j + 2 * h + 1], y0 = r[4 * j + 32 + 2 * h],
+                          y1 = r[4 * j + 32 + 2 * h + 1];
+                    long long o = row * ldh + col;
+                    *(uint32_t *)(a.H1 + o) = pack_bf16(x0, x1);
+                    *(uint32_t *)(a.H3 + o) = pack_bf16(y0, y1);
+                    *(uint32_t *)(a.Act + o) = pack_bf16(swiglu_silu_mul(x0, y0), swiglu_silu_mul(x1, y1));
+                }
+            continue;
+        }
         if (a.Cb) {
 #pragma unroll
             for (int j = 0; j < GF_BN / 8; j++)
@@ -341,25 +361,20 @@ static void gf_launch(int red, const CUtensorMap &ta, const CUtensorMap &tb, con
     KCHECK(red ? "fp8 grouped_gemm_dw (wgmma)" : "fp8 grouped_gemm (wgmma)");
 }
 
-extern "C" int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint8_t *A, const float *sa,
-                                     const uint8_t *B, const float *sb, int b_blocks, const int64_t *off,
-                                     int G, int K, int N) {
-    CHECK(beta == 0.0f || beta == 1.0f, "fp8 grouped_gemm: beta must be 0 or 1, not %g", beta);
-    CHECK(!c_bf16 || beta == 0.0f, "fp8 grouped_gemm: a bf16 output is stored, never accumulated");
-    if (!gf_init()) return 0;
+// rows mode's arguments and tensor maps (cuda_fp8_grouped_gemm's checks): 0 where the kernel does not take
+// them, 1 with *a filled (all zero where there are no rows: nothing to launch)
+static int gf_rows_args(GFArgs *a, const uint8_t *A, const float *sa, const uint8_t *B, const float *sb,
+                        int b_blocks, const int64_t *off, int G, int K, int N, CUtensorMap *ta,
+                        CUtensorMap *tb) {
     if (G < 1 || G > GF_MAXG || K <= 0 || N <= 0 || K % 16 || N % 16 ||
-        (((uintptr_t)A | (uintptr_t)B) & 15) || ((uintptr_t)C & (c_bf16 ? 3 : 7)) || (int64_t)G * N > INT_MAX)
+        (((uintptr_t)A | (uintptr_t)B) & 15) || (int64_t)G * N > INT_MAX)
         return 0;
     int64_t rows = off[G] - off[0];
     if (rows < 0 || rows > INT_MAX - GF_BM) return 0;
     for (int g = 0; g < G; g++)
         if (off[g + 1] < off[g]) return 0;
-    if (rows == 0) return 1; // no rows: nothing to store
-    GFArgs *a = &gf_args;
     memset(a, 0, sizeof *a);
-    a->C = c_bf16 ? NULL : (float *)C;
-    a->Cb = c_bf16 ? (bf16 *)C : NULL;
-    a->beta = beta;
+    if (rows == 0) return 1;
     a->sa = sa;
     a->sb = sb;
     a->nkt = a->sa_ld = a->sb_ld = (K + GF_BK - 1) / GF_BK;
@@ -378,9 +393,39 @@ extern "C" int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint
     a->tstart[G] = (int)tiles;
     a->start[G] = (int)rows;
     a->tiles = (int)tiles;
+    gf_map(ta, A, (uint64_t)rows, (uint64_t)K, "A");
+    gf_map(tb, B, (uint64_t)G * N, (uint64_t)K, "B");
+    return 1;
+}
+
+extern "C" int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint8_t *A, const float *sa,
+                                     const uint8_t *B, const float *sb, int b_blocks, const int64_t *off,
+                                     int G, int K, int N) {
+    CHECK(beta == 0.0f || beta == 1.0f, "fp8 grouped_gemm: beta must be 0 or 1, not %g", beta);
+    CHECK(!c_bf16 || beta == 0.0f, "fp8 grouped_gemm: a bf16 output is stored, never accumulated");
+    if (!gf_init() || ((uintptr_t)C & (c_bf16 ? 3 : 7))) return 0;
+    GFArgs *a = &gf_args;
     CUtensorMap ta, tb;
-    gf_map(&ta, A, (uint64_t)rows, (uint64_t)K, "A");
-    gf_map(&tb, B, (uint64_t)G * N, (uint64_t)K, "B");
+    int64_t rows = G >= 1 ? off[G] - off[0] : 0;
+    if (!gf_rows_args(a, A, sa, B, sb, b_blocks, off, G, K, N, &ta, &tb)) return 0;
+    if (rows == 0) return 1; // no rows: nothing to store
+    a->C = c_bf16 ? NULL : (float *)C;
+    a->Cb = c_bf16 ? (bf16 *)C : NULL;
+    a->beta = beta;
+    gf_launch(0, ta, tb, a);
+    return 1;
+}
+
+extern "C" int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const uint8_t *A, const float *sa,
+                                            const uint8_t *B, const float *sb, const int64_t *off, int G,
+                                            int K, int O) {
+    if (!gf_init() || O % 64 || (((uintptr_t)h1 | (uintptr_t)h3 | (uintptr_t)act) & 3)) return 0;
+    GFArgs *a = &gf_args;
+    CUtensorMap ta, tb;
+    int64_t rows = G >= 1 ? off[G] - off[0] : 0;
+    if (!gf_rows_args(a, A, sa, B, sb, 0, off, G, K, 2 * O, &ta, &tb)) return 0;
+    if (rows == 0) return 1;
+    a->H1 = (bf16 *)h1, a->H3 = (bf16 *)h3, a->Act = (bf16 *)act;
     gf_launch(0, ta, tb, a);
     return 1;
 }

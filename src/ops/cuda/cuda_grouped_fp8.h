@@ -29,6 +29,17 @@ int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint8_t *A, con
                           const uint8_t *B, const float *sb, int b_blocks, const int64_t *off, int G, int K,
                           int N);
 
+// The experts' up projections with the SwiGLU in the epilogue (bf16 hidden rows): B (G, 2 O, K) holds W1's
+// and W3's codes interleaved by 64 rows (rows [128 i, 128 i + 64) of group g are W1_g's rows [64 i, 64 i +
+// 64), the next 64 W3_g's same rows) with 1x128 tile scales per row, sb (G 2 O, ceil(K/128))
+// (cuda_fp8_wcache.h cuda_fp8_weight_pair); A and sa as above. Writes h1 (rows, O) = bf16(A W1^T), h3
+// likewise and act = bf16(silu(h1) h3) of the float32 results (cuda_swiglu.cuh), h1, h3, act counted from row
+// off[0]: the bits of two cuda_fp8_grouped_gemm (float32 C) and cuda_swiglu_fwd_hid, the products' sums being
+// the kernel's own. O a multiple of 64, the outputs 4-byte aligned; 0 where not (or where the GEMM above is
+// not).
+int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const uint8_t *A, const float *sa,
+                                 const uint8_t *B, const float *sb, const int64_t *off, int G, int K, int O);
+
 // Grouped over the reduction (the weight gradient dW_g (N, K) = dY_g^T X_g): A = dY^T (N, Mp) and B = X^T
 // (K, Mp) e4m3 with 1x128 tile scales sa (N, Mp / 128), sb (K, Mp / 128), Mp = p[G]; group g owns the
 // columns [p[g], p[g+1]), each p[g] a multiple of 128 and p[0] = 0 (a group's rows padded with zero

@@ -2,7 +2,8 @@
 // RMSNorm forward (float32 or bf16 outputs, fused with the residual add: add_rmsnorm), backward (dx, and
 // dw by a fixed two-pass column sum), and the parts for rows whose columns are split across TP ranks
 // (rmsnorm_part: a rank's sums; the forward and backward given the whole sums); RoPE (HF rotate_half)
-// forward, backward, on a window of rows, and into float32 or bf16 copies.
+// forward, backward, on a window of rows, and into float32 or bf16 copies; RoPE with YaRN's frequencies on
+// strided rows and the strided copy (multi-head latent attention's rope parts and head blocks).
 // Determinism as cuda_nn.cu: per-row sums through one fixed-order row_dot and block_sum_d; built with
 // -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the cpu reference.
 // Must not hold: any knowledge of the model or of layers.
@@ -333,4 +334,73 @@ extern "C" void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int
 
 extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
     rope_launch((__nv_bfloat16 *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (bf16)");
+}
+
+// RopeYarn's frequency of pair j of hd (ops.h), in double as the cpu's yarn_freq.
+__device__ __forceinline__ double yarn_freq(RopeYarn r, int j, int hd) {
+    double f = pow((double)r.theta, -2.0 * j / hd);
+    if (!(r.factor > 1)) return f;
+    double hi = r.high == r.low ? r.low + 0.001 : r.high, ramp = (j - r.low) / (hi - r.low);
+    double e = 1.0 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp);
+    return f / r.factor * (1.0 - e) + f * e;
+}
+// One thread per (row bt, pair j), looping over the heads (rope_k's order of operations).
+__global__ void rope_yarn_k(float *x, int BT, int T, int nh, int hd, int ld, RopeYarn r, int dir, int t0) {
+    int half = hd / 2;
+    size_t n = (size_t)BT * half;
+    float sc = r.scale;
+    GRID_STRIDE(e, n) {
+        int bt = (int)(e / half), j = (int)(e % half), pos = t0 + bt % T;
+        double ang = pos * yarn_freq(r, j, hd);
+        float c = (float)cos(ang), s = (float)(dir * sin(ang));
+        for (int h = 0; h < nh; h++) {
+            float *p = x + ((size_t)bt * nh + h) * ld;
+            float *p1 = p + (r.interleave ? 2 * j : j), *p2 = p + (r.interleave ? 2 * j + 1 : j + half);
+            float x1 = *p1, x2 = *p2, y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+            *p1 = sc == 1.0f ? y1 : sc * y1;
+            *p2 = sc == 1.0f ? y2 : sc * y2;
+        }
+    }
+}
+extern "C" void cuda_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r,
+                               int adjoint) {
+    size_t n = (size_t)B * (t1 - t0) * (hd / 2);
+    if (!n || nh <= 0) return;
+    rope_yarn_k<<<ew_grid(n, 256), 256>>>(x, B * (t1 - t0), t1 - t0, nh, hd, ld, r, adjoint ? -1 : 1, t0);
+    KCHECK("rope_yarn");
+}
+
+__device__ __forceinline__ float ld_any(const float *p) { return *p; }
+__device__ __forceinline__ float ld_any(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+// One thread per (i, c), the j in order (ops.h copy_strided).
+template <typename TD, typename TS>
+__global__ void copy_strided_k(TD *dst, const TS *src, Stride3 s, float alpha, int acc) {
+    size_t n = (size_t)s.n0 * s.cols;
+    GRID_STRIDE(e, n) {
+        int64_t i = (int64_t)(e / s.cols), c = (int64_t)(e % s.cols);
+        for (int j = 0; j < s.n1; j++) {
+            float v = ld_any(src + i * s.s0 + j * s.s1 + c);
+            if (alpha != 1.0f) v = alpha * v;
+            TD *d = dst + i * s.d0 + j * s.d1 + c;
+            if (acc) v = ld_any(d) + v;
+            store1(d, v);
+        }
+    }
+}
+template <typename TD, typename TS>
+static void copy_strided_launch(void *dst, const void *src, Stride3 s, float alpha, int acc) {
+    size_t n = (size_t)s.n0 * s.cols;
+    if (!n || s.n1 <= 0) return;
+    copy_strided_k<TD, TS><<<ew_grid(n, 256), 256>>>((TD *)dst, (const TS *)src, s, alpha, acc);
+    KCHECK("copy_strided");
+}
+// bf16: the hidden format is bf16 ("cuda"), else float32 ("cuda-fp32").
+extern "C" void cuda_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s,
+                                  float alpha, int acc, int bf16) {
+    int dh = bf16 && dst_hid, sh = bf16 && src_hid;
+    if (acc && dh) DIE("copy_strided: accumulating into a bf16 buffer");
+    if (dh && sh) copy_strided_launch<__nv_bfloat16, __nv_bfloat16>(dst, src, s, alpha, acc);
+    else if (dh) copy_strided_launch<__nv_bfloat16, float>(dst, src, s, alpha, acc);
+    else if (sh) copy_strided_launch<float, __nv_bfloat16>(dst, src, s, alpha, acc);
+    else copy_strided_launch<float, float>(dst, src, s, alpha, acc);
 }

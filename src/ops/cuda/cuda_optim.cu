@@ -299,9 +299,11 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
     unsigned grid = r->ntiles < 65535 ? (unsigned)r->ntiles : 65535u;
     int vec = (((uintptr_t)p | (uintptr_t)g | (uintptr_t)m | (uintptr_t)v) & 15) == 0;
     // the weights' bf16 copy (ops.h bf16_shadow), when p is its buffer: written with the update, so it
-    // stays current; any other p that overlaps it drops it
+    // stays current (its version moves on: what was derived from it is stale); any other p that overlaps it
+    // drops it
     __nv_bfloat16 *pb = (__nv_bfloat16 *)cuda_bf16_shadow_for(p);
     if (!pb) cuda_bf16_shadow_write(p, (size_t)r->end * sizeof(float));
+    else cuda_bf16_shadow_updated();
     // runs in the holes of a buffer from alloc_bf16_params update the copy alone: their flags, for this p
     // (a cache inside the run list: the runs themselves do not change)
     unsigned gen = cuda_bf16_holes_gen(p);

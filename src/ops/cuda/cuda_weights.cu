@@ -33,6 +33,7 @@ static struct {
     int nh; // holes: element ranges [h[2i], h[2i+1]), ascending and disjoint
     size_t h[2 * MAX_HOLES];
     unsigned gen; // which buffer with holes (adamw_runs' per-run flags are for one)
+    unsigned long long ver; // the copy's version: bumped by every change of what it holds or covers
     // the virtual memory of a buffer with holes: the reserved range and its backed pieces
     CUdeviceptr va;
     size_t va_bytes;
@@ -76,6 +77,7 @@ template <typename F> static void by_holes(size_t e0, size_t e1, F fn) {
 }
 
 extern "C" void cuda_bf16_shadow(const float *p, size_t n) {
+    g_sh.ver++;
     if (g_sh.nh) { // a buffer with holes: its copy holds weights nothing else does; refresh the rest only
         CHECK(p == g_sh.base && n == g_sh.n,
               "bf16_shadow: the registered parameter buffer keeps weights in its "
@@ -123,6 +125,7 @@ extern "C" void cuda_bf16_shadow_write(const void *ptr, size_t bytes) {
     if (!g_sh.base || !bytes) return;
     uintptr_t a = (uintptr_t)ptr, b0 = (uintptr_t)g_sh.base, b1 = b0 + g_sh.n * sizeof(float);
     if (a >= b1 || a + bytes <= b0) return;
+    g_sh.ver++;
     if (g_sh.nh) {
         size_t e0 = a > b0 ? (a - b0) / sizeof(float) : 0,
                e1 = (a + bytes - b0 + sizeof(float) - 1) / sizeof(float);
@@ -134,6 +137,12 @@ extern "C" void cuda_bf16_shadow_write(const void *ptr, size_t bytes) {
     }
     g_sh.valid = 0;
 }
+
+// (cuda_common.h) The copy's version, the buffer it covers (NULL: none), and adamw_runs' note that it wrote
+// new weights into the copy.
+extern "C" unsigned long long cuda_bf16_shadow_version(void) { return g_sh.ver; }
+extern "C" const float *cuda_bf16_shadow_base(void) { return g_sh.base; }
+extern "C" void cuda_bf16_shadow_updated(void) { g_sh.ver++; }
 
 // bf16 values of the weight [w, w + count) from the copy, or NULL (then the caller converts). Only
 // for weights at a multiple of 8 elements from the buffer's start, so that the bf16 pointer is 16-byte
@@ -269,6 +278,7 @@ extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
     g_sh.nh = nh;
     memcpy(g_sh.h, hole, sizeof(size_t) * 2 * nh);
     g_sh.gen++;
+    g_sh.ver++;
     // the float32 memory of a hole that is backed (its pages at the edges) is never read: poison it (NaN),
     // so that an op reading a stored weight as float32 shows at once rather than reading zeros
     for (int i = 0; i < g_sh.npc; i++) {
@@ -306,6 +316,7 @@ extern "C" int cuda_bf16_params_free(const void *p) {
 extern "C" void cuda_bf16_shadow_freed(const void *p) {
     if (!p || p != (const void *)g_sh.base) return;
     CHECK(!g_sh.nh, "the parameter buffer with holes is freed through cuda_bf16_params_free");
+    g_sh.ver++;
     g_sh.valid = 0;
     g_sh.base = NULL;
     g_sh.n = g_sh.cap = 0;
@@ -355,6 +366,7 @@ extern "C" int cuda_bf16_params_to_device(void *dst, const void *src, size_t byt
     size_t e0, e1;
     if (!meets_hole(dst, bytes, &e0, &e1)) return 0;
     const float *in = (const float *)src - e0;
+    g_sh.ver++;
     uint16_t *st = (uint16_t *)xmalloc(sizeof(uint16_t) * STAGE_ELEMS);
     by_holes(e0, e1, [&](size_t a, size_t b, int hole) {
         if (!hole) {

@@ -1,0 +1,232 @@
+// cuda_fp8_wcache.cu — the experts' weights as FP8 operands kept between ops (contracts in
+// cuda_fp8_wcache.h): a table of entries keyed by the weight's pointer and shape, each with the layouts made
+// at the bf16 copy's current version (the transposed layout's allocation with the version's count of
+// non-finite blocks; the forward layout's allocated when first asked for), made again when the version moved
+// on (AdamW once a step, a refresh, any write into the weights), and a table of up-projection pairs whose
+// forward codes are written straight into the pair's layout. All freed when another buffer is registered.
+// The uses' non-finite counts are kept on the host as (counter, uses) pairs per entry and added on the
+// device before the entry's count is made again or the counters are read.
+// Must not hold: kernels other than that addition, or any knowledge of layers.
+#include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_fp8_wcache.h"
+
+#define WC_USES 4 // distinct counters one entry's pending uses name (more: added early)
+#define WC_MAX 4096 // entries (past it the tables start again: a weight only costs a quantisation)
+
+typedef struct {
+    const float *w;
+    int G, O, K;
+    unsigned long long ver; // the version its layouts and count are of
+    int have, counted; // the layouts made at ver (FP8W_*); its count made at ver
+    void *mt, *mq; // qt, st, bad / q, s (NULL until asked for)
+    Fp8Weight op;
+    unsigned long long *bad;
+    unsigned long long *dst[WC_USES], uses[WC_USES];
+    int nd;
+} WEntry;
+
+typedef struct {
+    const float *w1, *w3;
+    int G, O, K;
+    unsigned long long ver;
+    int valid;
+    void *mem;
+    uint8_t *q;
+    float *s;
+} PEntry;
+
+static WEntry *g_e;
+static PEntry *g_pe;
+static int g_n, g_cap, g_np, g_pcap;
+static const float *g_base; // the registered buffer the entries belong to
+
+static int wcache_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_FP8_WCACHE");
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+            DIE("MOE_FP8_WCACHE must be 1 (keep the FP8 weights between ops, the default) or 0 (quantise "
+                "them "
+                "on every use) (got '%s')",
+                e);
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
+static void *dev_alloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        DIE("cudaMalloc of the FP8 copy of %s (%zu bytes) failed: %s; hint: %s, or MOE_FP8_WCACHE=0 (the FP8 "
+            "weights quantised on every use instead of kept: 2 bytes a routed-expert weight less)",
+            what, bytes, cudaGetErrorString(err), cuda_hint(err));
+    }
+    return p;
+}
+static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+__global__ void add_uses_k(unsigned long long *d0, unsigned long long u0, unsigned long long *d1,
+                           unsigned long long u1, unsigned long long *d2, unsigned long long u2,
+                           unsigned long long *d3, unsigned long long u3, const unsigned long long *bad) {
+    unsigned long long b = *bad;
+    if (!b) return;
+    if (d0) *d0 += u0 * b;
+    if (d1) *d1 += u1 * b;
+    if (d2) *d2 += u2 * b;
+    if (d3) *d3 += u3 * b;
+}
+
+// the entry's pending uses added into their counters (one launch), then forgotten
+static void add_uses(WEntry *e) {
+    if (!e->nd) return;
+    unsigned long long *d[WC_USES] = {NULL, NULL, NULL, NULL}, u[WC_USES] = {0, 0, 0, 0};
+    for (int i = 0; i < e->nd; i++) d[i] = e->dst[i], u[i] = e->uses[i];
+    add_uses_k<<<1, 1>>>(d[0], u[0], d[1], u[1], d[2], u[2], d[3], u[3], e->bad);
+    KCHECK("fp8 weight counts");
+    e->nd = 0;
+}
+
+static void note_use(WEntry *e, unsigned long long *bad) {
+    if (!bad) return;
+    for (int i = 0; i < e->nd; i++)
+        if (e->dst[i] == bad) {
+            e->uses[i]++;
+            return;
+        }
+    if (e->nd == WC_USES) add_uses(e);
+    e->dst[e->nd] = bad;
+    e->uses[e->nd++] = 1;
+}
+
+static void clear_all(void) {
+    for (int i = 0; i < g_n; i++) {
+        add_uses(&g_e[i]);
+        CUDA_CHECK(cudaFree(g_e[i].mt)); // (synchronises: no kernel still reads it)
+        if (g_e[i].mq) CUDA_CHECK(cudaFree(g_e[i].mq));
+    }
+    for (int i = 0; i < g_np; i++) CUDA_CHECK(cudaFree(g_pe[i].mem));
+    g_n = g_np = 0;
+}
+
+// The entry of w at the copy's current version (its layouts dropped, its pending uses added, where the
+// version moved on), or NULL where w is not kept (*src: its bf16 values).
+static WEntry *entry(const float *w, int G, int O, int K, const void **src) {
+    if (!wcache_on() || G <= 0 || O <= 0 || K <= 0) return NULL;
+    *src = cuda_bf16_shadow_of(w, (size_t)G * O * K);
+    if (!*src) return NULL; // not in the registered copy, or the copy is not current: no version to key on
+    if (cuda_bf16_shadow_base() != g_base) {
+        clear_all();
+        g_base = cuda_bf16_shadow_base();
+    }
+    WEntry *e = NULL;
+    for (int i = 0; i < g_n && !e; i++)
+        if (g_e[i].w == w && g_e[i].G == G && g_e[i].O == O && g_e[i].K == K) e = &g_e[i];
+    if (!e) {
+        if (g_n == WC_MAX) clear_all();
+        if (g_n == g_cap) {
+            g_cap = g_cap ? 2 * g_cap : 64;
+            g_e = (WEntry *)xrealloc(g_e, sizeof *g_e * g_cap);
+        }
+        e = &g_e[g_n];
+        memset(e, 0, sizeof *e);
+        size_t n = (size_t)G * O * K, ns = sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128);
+        char *p = (char *)dev_alloc(al256(n) + al256(ns) + 256, "a weight");
+        g_n++;
+        e->w = w, e->G = G, e->O = O, e->K = K, e->mt = p;
+        e->op.qt = (uint8_t *)p, e->op.st = (float *)(p + al256(n));
+        e->bad = (unsigned long long *)(p + al256(n) + al256(ns));
+        e->ver = cuda_bf16_shadow_version() + 1; // (nothing made yet)
+    }
+    unsigned long long v = cuda_bf16_shadow_version();
+    if (e->ver != v) {
+        add_uses(e); // (the uses of the version before: its count)
+        e->ver = v;
+        e->have = e->counted = 0;
+    }
+    return e;
+}
+
+// the counter a quantisation of e at its version adds into: e's own, the first time (zeroed), else none
+static unsigned long long *count_once(WEntry *e) {
+    if (e->counted) return NULL;
+    CUDA_CHECK(cudaMemsetAsync(e->bad, 0, sizeof *e->bad));
+    e->counted = 1;
+    return e->bad;
+}
+
+extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int K, int need,
+                               unsigned long long *bad) {
+    const void *src;
+    WEntry *e = entry(w, G, O, K, &src);
+    if (!e) return 0;
+    int miss = need & ~e->have;
+    if ((miss & FP8W_FWD) && !e->mq) {
+        size_t n = (size_t)G * O * K;
+        char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128),
+                                    "a weight");
+        e->mq = p;
+        e->op.q = (uint8_t *)p, e->op.s = (float *)(p + al256(n));
+    }
+    if (miss) {
+        int f = miss & FP8W_FWD, t = miss & FP8W_T;
+        cuda_fp8_quant_blocks(f ? (uint8_t *)e->op.q : NULL, f ? (float *)e->op.s : NULL,
+                              t ? (uint8_t *)e->op.qt : NULL, t ? (float *)e->op.st : NULL, src, 1, G, O, K,
+                              count_once(e));
+        e->have |= miss;
+    }
+    note_use(e, bad);
+    *out = e->op;
+    return 1;
+}
+
+extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const float *w1, const float *w3,
+                                    int G, int O, int K, unsigned long long *bad1, unsigned long long *bad3) {
+    if (O % 64 || K % 16) return 0;
+    if (g_n >= WC_MAX - 1) clear_all(); // (so that the second entry cannot clear the first)
+    const void *src1, *src3;
+    WEntry *e1 = entry(w1, G, O, K, &src1);
+    WEntry *e3 = e1 ? entry(w3, G, O, K, &src3) : NULL;
+    if (!e1 || !e3) return 0;
+    e1 = entry(w1, G, O, K, &src1); // (w3's new entry may have moved the table; the same version: no change)
+    unsigned long long v = e1->ver;
+    PEntry *pe = NULL;
+    for (int i = 0; i < g_np && !pe; i++)
+        if (g_pe[i].w1 == w1 && g_pe[i].w3 == w3 && g_pe[i].G == G && g_pe[i].O == O && g_pe[i].K == K)
+            pe = &g_pe[i];
+    if (!pe) {
+        if (g_np == g_pcap) {
+            g_pcap = g_pcap ? 2 * g_pcap : 32;
+            g_pe = (PEntry *)xrealloc(g_pe, sizeof *g_pe * g_pcap);
+        }
+        pe = &g_pe[g_np];
+        memset(pe, 0, sizeof *pe);
+        size_t n = (size_t)G * 2 * O * K;
+        char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * 2 * O * ((K + 127) / 128), "two weights");
+        g_np++;
+        pe->w1 = w1, pe->w3 = w3, pe->G = G, pe->O = O, pe->K = K, pe->mem = p;
+        pe->q = (uint8_t *)p, pe->s = (float *)(p + al256(n));
+    }
+    if (!pe->valid || pe->ver != v) { // each half with its weight's transposed layout where not made yet
+        WEntry *e[2] = {e1, e3};
+        const void *src[2] = {src1, src3};
+        for (int h = 0; h < 2; h++) {
+            int t = !(e[h]->have & FP8W_T);
+            cuda_fp8_quant_blocks_pair(pe->q, pe->s, h, t ? (uint8_t *)e[h]->op.qt : NULL,
+                                       t ? (float *)e[h]->op.st : NULL, src[h], 1, G, O, K, count_once(e[h]));
+            e[h]->have |= FP8W_T;
+        }
+        pe->ver = v;
+        pe->valid = 1;
+    }
+    note_use(e1, bad1);
+    note_use(e3, bad3);
+    *q = pe->q, *s = pe->s;
+    return 1;
+}
+
+extern "C" void cuda_fp8_weight_counts(void) {
+    for (int i = 0; i < g_n; i++) add_uses(&g_e[i]);
+}
