@@ -66,7 +66,8 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     memset(&a, 0, sizeof a);
     StepStats r;
     memset(&r, 0, sizeof r);
-    r.counts = xcalloc((size_t)c.n_layers * c.n_experts, sizeof(int64_t));
+    r.counts =
+        xcalloc((size_t)config_all_layers(&c) * c.n_experts, sizeof(int64_t)); // (step.h: MTP rows too)
     for (int s = 0; s < ALLOC_STEPS; s++) {
         uint64_t h = alloc_count(), d = alloc_count_backend();
         step_run(&st, s, (uint64_t)s * o->batch, &r);

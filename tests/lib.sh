@@ -198,13 +198,14 @@ maxrel() { paste "$1" "$2" | awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ?
   if (r > m) m = r } END { printf "%.3e\n", m + 0 }'; }
 
 # mesh_close REF RUN LABEL: the run (a mesh layout) trained the same model as the reference (one
-# process), with the mesh tolerances (tests/test_mesh.sh says why): per-step loss, aux and z loss
+# process), with the mesh tolerances (tests/test_mesh.sh says why): per-step loss, aux and z loss (and MTP's)
 # 1e-6 relative, grad norm 1e-5; expert load and drops exactly equal; final parameters 1e-3 of each
 # tensor's largest magnitude (CKPT_DIFF); and, unless NO_REPLICA_CHECK=1, "replica check: ok" in
 # RUN/out.txt. One PASS line with the largest differences, or FAIL lines naming what differs.
 mesh_close() {
   local ref="$1" run="$2" label="$3" k ok=1 worst=""
-  for k in loss aux_loss z_loss grad_norm; do
+  local mtp=""; grep -q '"mtp_loss"' "$ref/metrics.jsonl" && mtp=mtp_loss # (MTP modules: their loss too)
+  for k in loss aux_loss z_loss grad_norm $mtp; do
     field "$k" "$ref/metrics.jsonl" > "$TMP/.a"; field "$k" "$run/metrics.jsonl" > "$TMP/.b"
     local n; n=$(wc -l < "$TMP/.b")
     [ "$n" -eq "$(wc -l < "$TMP/.a")" ] && [ "$n" -gt 0 ] || { fail "$label: $k: $n steps vs $(wc -l < "$TMP/.a")"; ok=0; continue; }

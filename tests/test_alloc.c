@@ -2,7 +2,7 @@
 // alloc_count: every xmalloc / xcalloc / xrealloc) nor backend buffers (alloc_count_backend), in
 // one process, with MoE configs that run the dispatch dropless and with capacity drops, gradient
 // accumulation over 2 micro-batches, the router jitter, the (gated) shared expert, the aux-loss scopes,
-// recomputation, AMPipe chunks and the aux-free balance (its routing bias updated after each step). The
+// recomputation, AMPipe chunks, the aux-free balance (its routing bias updated after each step) and MTP. The
 // mesh cases (EP 2: the exchange's plans; ZeRO, which one process does not run) are mpi_alloc.c's
 // (test_alloc_mesh.sh). The cpu backend, or MOE_TEST_BACKEND=cuda / cuda-fp32 (skips, exit 77, without
 // a GPU).
@@ -88,6 +88,12 @@ int main(void) {
     c.balance = BALANCE_AUX_FREE;
     o.zero = 2; // as `moe train --zero 2` runs in one process: nothing to shard (dist_init), no comm
     check("aux-free balance, zero 2", c, &o, be, world);
+
+    small_run(&c, &o); // the MTP modules: their row maps made once, their scratch at init
+    c.mtp_depth = 2;
+    c.balance = BALANCE_AUX_FREE;
+    o.recompute = RECOMPUTE_MOE;
+    check("2 MTP modules, aux-free, recompute moe", c, &o, be, world);
 
     comm_world_finalize();
     return test_done("test_alloc");

@@ -75,6 +75,14 @@ static void check_flops(void) {
     want += 6 * 3 * 96.0 * 128;
     EXPECT(cost_flops(NULL, &c, 64) == want, "tiny + a shared expert, layer 0 dense: %.17g, want %.17g",
            cost_flops(NULL, &c, 64), want);
+    // two MTP modules: each its eh_proj (2d -> d), an MoE layer's weights (with the shared expert) and the LM
+    // head again, and an attention term
+    c.mtp_depth = 2;
+    want += 2 *
+        (6 * (2 * 96.0 * 96 + q + 2 * kv + o + router + experts + 3 * 96.0 * 64 + 256.0 * 96) +
+         6 * 4 * 24 * 64.0);
+    EXPECT(cost_flops(NULL, &c, 64) == want, "... + 2 MTP modules: %.17g, want %.17g",
+           cost_flops(NULL, &c, 64), want);
 }
 
 // The mesh of world ranks with tp, ep, etp, pp for the tiny preset (n_layers L) at batch 16, T 64.
@@ -230,6 +238,12 @@ int main(void) {
     dq.dense_d_ff = 5632;
     EXPECT(config_validate(&dq) == NULL, "qwen2 with dense layers: %s", config_validate(&dq));
     check_params(&dq, "qwen2-moe-a2.7b, 4 dense layers");
+    ModelConfig mt = preset("tiny"); // one MTP module, and two on a DeepSeek-like layout
+    mt.mtp_depth = 1;
+    check_params(&mt, "tiny, 1 MTP module");
+    dq.mtp_depth = 2;
+    dq.aux_form = AUX_LAYER;
+    check_params(&dq, "qwen2-moe-a2.7b, 4 dense layers, 2 MTP modules");
     check_flops();
     check_comm();
     check_memory("small");

@@ -191,8 +191,17 @@ plain "$W/hf_qwen2_moe" "$W/pl_qwen2_moe" '{"architectures":["Qwen2MoeForCausalL
  "router_aux_loss_coef":0.001,"shared_expert_intermediate_size":40,"sliding_window":256,"tie_word_embeddings":false,
  "torch_dtype":"bfloat16","use_cache":true,"use_sliding_window":false,"vocab_size":256}'
 # DeepSeek-V3's keys as its published config.json has them (4.x: rope_scaling, topk_method, scoring_func,
-# moe_layer_freq), YaRN (factor 1: the correction is the identity, the softmax scale times mscale_all_dim's 1)
-plain "$W/hf_deepseek_v3" "$W/pl_deepseek_v3" '{"architectures":["DeepseekV3ForCausalLM"],"attention_bias":false,
+# moe_layer_freq), YaRN (factor 1: the correction is the identity, the softmax scale times mscale_all_dim's 1),
+# and its num_nextn_predict_layers 1: the weights an export of the same model with one MTP module (the
+# released checkpoints' model.layers.{L} names), so its MTP module, on latent attention, reads back too
+DSF=$(sed -n 's/^deepseek_v3|[^|]*|\([^|]*\)|.*/\1/p' "$0")
+"$MOE" train --out "$W/r_dsmtp" "${SMALL[@]}" "${M[@]}" --steps 3 --device cpu $DSF --mtp 1 >"$OUT_FILE" 2>"$ERR_FILE" ||
+  { fail "deepseek_v3 with --mtp 1: training"; show_output; }
+run_ok "deepseek_v3 with --mtp 1: export" "$MOE" export --ckpt "$W/r_dsmtp" --out "$W/hf_deepseek_v3_mtp"
+check "deepseek_v3 with --mtp 1: the export holds the module as model.layers.2 (eh_proj, its latent attention)" \
+  [ "$(st_names "$W/hf_deepseek_v3_mtp/model.safetensors" | grep -c -e '^model\.layers\.2\.eh_proj\.' \
+       -e '^model\.layers\.2\.self_attn\.kv_a_proj_with_mqa\.')" = 2 ]
+plain "$W/hf_deepseek_v3_mtp" "$W/pl_deepseek_v3" '{"architectures":["DeepseekV3ForCausalLM"],"attention_bias":false,
  "attention_dropout":0.0,"first_k_dense_replace":1,"hidden_act":"silu","hidden_size":32,"initializer_range":0.02,
  "intermediate_size":40,"kv_lora_rank":12,"max_position_embeddings":256,"model_type":"deepseek_v3",
  "moe_intermediate_size":24,"moe_layer_freq":1,"n_group":2,"n_routed_experts":4,"n_shared_experts":1,
@@ -203,7 +212,8 @@ plain "$W/hf_deepseek_v3" "$W/pl_deepseek_v3" '{"architectures":["DeepseekV3ForC
  "scoring_func":"sigmoid","topk_group":1,"topk_method":"noaux_tc","tie_word_embeddings":false,
  "torch_dtype":"bfloat16","use_cache":true,"v_head_dim":6,"vocab_size":256}'
 for fam in olmoe qwen2_moe qwen3_moe deepseek_v3; do
-  a=$("$MOE" eval --ckpt "$W/hf_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+  hf="$W/hf_$fam"; [ "$fam" = deepseek_v3 ] && hf="$W/hf_deepseek_v3_mtp"
+  a=$("$MOE" eval --ckpt "$hf" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
   b=$("$MOE" eval --ckpt "$W/pl_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
   check "$fam: a published-style config.json (no moe_c) reads as the same model ($b)" [ -n "$a" ] && [ "$a" = "$b" ]
 done
@@ -259,4 +269,9 @@ run_fail "every one of the 2 layers is dense" "$MOE" info --dense-layers 0-1 --d
 run_fail "dense_d_ff must be >= 1 with 1 dense layers" "$MOE" info --dense-layers 1
 run_fail "dense_d_ff is 8 but no layer is dense" "$MOE" info --dense-d-ff 8
 run_fail "--dense-layers: '0,x' is not a list of layers" "$MOE" info --dense-layers 0,x
+# multi-token prediction's bad input
+run_fail "mtp_depth must be in 0..8 (got 9)" "$MOE" info --mtp 9
+run_fail "mtp_weight must be in [0, 100] (got -1)" "$MOE" info --mtp 1 --mtp-weight -1
+run_fail "mtp_depth 1 needs aux_form layer" "$MOE" train --out "$W/new" "${SMALL[@]}" --mtp 1 --aux-form hf
+run_fail "--seq-len 2 leaves --mtp 2 no position to predict" "$MOE" train --out "$W/new" "${SMALL[@]}" --mtp 2 --seq-len 2
 finish

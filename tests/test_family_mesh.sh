@@ -6,8 +6,11 @@
 # the new terms' TP slices (biases split with their heads, per-head norm weights and the shared expert
 # reduced over the stage) and their EP/DP reductions, not the rest of the mesh matrix (test_mesh.sh). A
 # DeepSeek-V3-shaped model (a dense first layer: its MLP on each TP rank's token slice, reduced over the stage,
-# no exchange; sigmoid group-limited routing) at tp2+dp2+ep2 and over pp2 (the dense layer on stage 0).
-# Multi-head latent attention at tp2.
+# no exchange; sigmoid group-limited routing) at tp2+dp2+ep2 and over pp2 (the dense layer on stage 0); with two
+# MTP modules (mtp_loss compared as the losses) at tp2, dp2+ep2 and pp2 (the modules on the last stage, the
+# first stage's embedding output sent to it and its gradient back).
+# Multi-head latent attention at tp2, and with an MTP module (its block's latent attention split as a
+# main layer's) at tp2.
 # OLMoE's full-width QK-norm over TP (its row sums all-reduced over the TP ranks, its weight sliced with
 # the heads): tp2 (with the end-of-run sample, the KV-cached decode's split norm, equal to one process's),
 # tp2+dp2+ep2, dp2+tp2 zero2, and that run's step-2 checkpoint resumed in one process (the sliced norm
@@ -48,7 +51,11 @@ $OL|4|--tp 2 --zero 2 --save-every 2 --keep 0|olmoe (full qk-norm split over TP)
 --aux-scope global --grad-accum 4 $Q2|2|--pp 2|aux scope global + qwen2_moe: pp2 (1f1b, 4 micro-batches)
 $DN|4|--tp 2 --ep 2|deepseek-shaped (dense layer 0, sigmoid groups): tp2+dp2+ep2
 $DN --grad-accum 4|2|--pp 2|deepseek-shaped: pp2 (the dense layer on stage 0)
-$ML|2|--tp 2|latent attention (q_lora, YaRN): tp2"
+$DN --mtp 2 --mtp-weight 0.5|2|--tp 2|deepseek-shaped + 2 MTP modules: tp2
+$DN --mtp 2 --mtp-weight 0.5|2|--ep 2|deepseek-shaped + 2 MTP modules: dp2+ep2
+$DN --mtp 2 --mtp-weight 0.5 --grad-accum 4|2|--pp 2|deepseek-shaped + 2 MTP modules: pp2 (on stage 1, the embedding rows sent)
+$ML|2|--tp 2|latent attention (q_lora, YaRN): tp2
+$ML --mtp 1|2|--tp 2|latent attention + 1 MTP module: tp2"
 
 i=0
 while IFS='|' read -r fam np flags label; do

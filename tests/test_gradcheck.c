@@ -1,6 +1,6 @@
-// test_gradcheck.c — the hand-written backward of the whole model (cross-entropy + aux + z loss,
-// every tensor of the parameter table) against central finite differences; also with residual dropout
-// (a fixed mask: the seed is the same for every forward).
+// test_gradcheck.c — the hand-written backward of the whole model (cross-entropy + aux + z loss, with MTP
+// modules their weighted losses too; every tensor of the parameter table) against central finite differences;
+// also with residual dropout (a fixed mask: the seed is the same for every forward).
 //
 // Method: for each tensor W with analytic gradient g, two directions u (unit norm): u = g/|g| and a
 // random u. The central difference (L(p + h u) - L(p - h u)) / 2h, h = 1e-2, must match g.u within
@@ -31,7 +31,7 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
     double ce = model_forward(m, x, y, B, T, 0, ns);
     if (route) {
         int off = 0;
-        for (int l = 0; l < m->c.n_layers; l++) {
+        for (int l = 0; l < config_all_layers(&m->c); l++) { // (the MTP modules' blocks too)
             int n = B * T * m->c.top_k;
             if (m->la[l].moe.dense) { // (no routing)
                 memset(route + off, 0, 2 * n * sizeof(int32_t));
@@ -44,6 +44,9 @@ static double total_loss(Model *m, const int32_t *x, const int32_t *y, int B, in
             off += n;
         }
     }
+    // MTP: its losses at mtp_weight, its blocks' router losses at a main layer's coefficient (model_types.h)
+    if (m->c.mtp_depth)
+        return ce + m->c.mtp_weight * m->mtp_loss + aux * (m->aux + m->mtp_aux) + zc * (m->z + m->mtp_z);
     return ce + aux * m->aux + zc * m->z;
 }
 
@@ -61,7 +64,7 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     m.drop_seed = g_dropout > 0 || g_embed_dropout > 0 || c.attention_dropout > 0
         ? 781
         : 0; // (a mask under which no perturbation flips routing)
-    for (int l = 0; l < c.n_layers; l++) m.la[l].moe.host_router_out = 1; // total_loss reads idx_h
+    for (int l = 0; l < config_all_layers(&c); l++) m.la[l].moe.host_router_out = 1; // total_loss reads idx_h
     params_init(&m.t, &c, m.params, 7);
     // larger router weights so routing is decisive and probs are not all ~1/E
     for (int i = 0; i < m.t.n; i++)
@@ -114,17 +117,18 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
     model_backward(&m, aux, zc);
     float *g = xmalloc(m.t.total * sizeof(float));
     memcpy(g, m.grads, m.t.total * sizeof(float));
-    size_t rn = (size_t)2 * c.n_layers * B * T * c.top_k;
+    size_t rn = (size_t)2 * config_all_layers(&c) * B * T * c.top_k;
     int32_t *r0 = xmalloc(rn * 4), *r1 = xmalloc(rn * 4), *r2 = xmalloc(rn * 4);
     total_loss(&m, x, y, B, T, aux, zc, noise_seed, r0);
-    // the families' and balancing configs step h = 3e-3: QK-norm puts the attention scores at O(sqrt(hd))
-    // and the norm weights / biases are perturbed, so the loss bends more (at 1e-2 the O(h^2) term reached
-    // 1.5e-2 |g| on the embedding), and a routing bias brings choices near ties (at 1e-2 a tenth of the
-    // directions flipped one); float32 noise on the quotient is still ~1e-4, below the 3e-4 floor
-    // DeepSeek's weight scale (2.5) bends the loss more again: along g at 3e-3 the O(h^2) term reached 7.5e-2
-    // |g| (9e-3 at 1e-3, 2.7e-3 at 3e-4: the h^2 law, not a wrong term); at 5e-4 the float32 noise on the
-    // quotient is ~3e-4, at the floor
-    const float h = c.route_scale > 1 ? 5e-4f : fam ? 3e-3f : 1e-2f;
+    // MTP steps 3e-3 too: the modules' losses on the same hidden states bend the loss more (at 1e-2 the
+    // experts' w2 along g reached 7.6e-2 |g|, 7.1e-3 at 3e-3: the h^2 law, not a wrong term) the families'
+    // and balancing configs step h = 3e-3: QK-norm puts the attention scores at O(sqrt(hd)) and the norm
+    // weights / biases are perturbed, so the loss bends more (at 1e-2 the O(h^2) term reached 1.5e-2 |g| on
+    // the embedding), and a routing bias brings choices near ties (at 1e-2 a tenth of the directions flipped
+    // one); float32 noise on the quotient is still ~1e-4, below the 3e-4 floor DeepSeek's weight scale (2.5)
+    // bends the loss more again: along g at 3e-3 the O(h^2) term reached 7.5e-2 |g| (9e-3 at 1e-3, 2.7e-3 at
+    // 3e-4: the h^2 law, not a wrong term); at 5e-4 the float32 noise on the quotient is ~3e-4, at the floor
+    const float h = c.route_scale > 1 ? 5e-4f : fam || c.mtp_depth ? 3e-3f : 1e-2f;
     int skipped = 0, checked = 0, fails_before = t_failures;
     double worst = 0;
     for (int i = 0; i < m.t.n; i++) {
@@ -295,6 +299,21 @@ int main(void) {
     ds2.aux_scope = AUX_SCOPE_MICRO;
     ds2.balance = BALANCE_AUX;
     check_config("deepseek sigmoid, no renorm", ds2, 0);
+    // multi-token prediction (config.h mtp_depth): one module on the plain model; two chained modules on
+    // DeepSeek's routing with its dense first layer (the modules' blocks are MoE layers), with capacity
+    // drops on a third
+    ModelConfig t1 = c;
+    t1.mtp_depth = 1;
+    t1.mtp_weight = 0.5f;
+    check_config("mtp 1", t1, 0);
+    ModelConfig t2 = ds;
+    t2.mtp_depth = 2;
+    t2.mtp_weight = 0.3f;
+    check_config("mtp 2 + deepseek routing", t2, 0);
+    ModelConfig t3 = c3;
+    t3.mtp_depth = 2;
+    t3.mtp_weight = 1.0f;
+    check_config("mtp 2 + capacity", t3, 0);
     // multi-head latent attention: the low-rank q path with its norm, the latent with its norm, the rope key
     // shared by the 2 heads, value heads (2) narrower than the query/key heads (3 + 4: padded); then q_proj,
     // value heads as wide as the query/key heads, YaRN (frequencies blended over the 2 pairs, attention
@@ -322,6 +341,12 @@ int main(void) {
     ModelConfig ml3 = ml; // attention dropout through the padded heads
     ml3.attention_dropout = 0.1f;
     check_config("mla attention dropout 0.1", ml3, 0);
+    // an MTP module's block on latent attention (its own q_proj, kv_a, kv_b at layer index n_layers + k - 1,
+    // YaRN as the main layers'): two chained modules on ml2's model (q_proj, YaRN, a dense layer)
+    ModelConfig ml4 = ml2;
+    ml4.mtp_depth = 2;
+    ml4.mtp_weight = 0.5f;
+    check_config("mla + mtp 2 (yarn, dense 1)", ml4, 0);
     g_dropout = 0.3f; // the masked, rescaled branches: the same mask in the backward as in the forward
     check_config("residual dropout 0.3", c, 0);
     g_dropout = 0;

@@ -114,6 +114,61 @@ run_fail "tensor model.layers.0.block_sparse_moe.experts.0.w1.weight has shape [
 run_fail "--dump-grads needs --dump" "$MOE" eval --ckpt hf "${EVAL[@]}" --dump-grads
 GUARD=""
 
+# ---- MTP modules (num_nextn_predict_layers): exported under the released DeepSeek-V3 checkpoints' names; a
+# directory in their layout (each module's embed_tokens and shared_head.head stored too) loads, its copies
+# checked against the main model's
+run_ok "train a run with one MTP module" "$MOE" train "${SMALL[@]}" "${MODEL[@]}" --steps 2 --out mtp --mtp 1
+run_ok "export it" "$MOE" export --ckpt mtp --out hfm
+names=$(st_names hfm/model.safetensors | tr '\n' ' ')
+miss=""
+for n in model.layers.2.enorm.weight model.layers.2.hnorm.weight model.layers.2.eh_proj.weight \
+         model.layers.2.shared_head.norm.weight model.layers.2.self_attn.q_proj.weight \
+         model.layers.2.block_sparse_moe.experts.3.w2.weight; do
+  case " $names " in *" $n "*) ;; *) miss="$miss $n" ;; esac
+done
+check "the export holds the module as model.layers.2.*${miss:+ (missing:$miss)}" test -z "$miss"
+check "config.json: num_nextn_predict_layers 1" grep -q '"num_nextn_predict_layers":[[:space:]]*1' hfm/config.json
+run_ok "train --init-from the MTP export" "$MOE" train --init-from hfm "${SMALL[@]}" --steps 1 --out mtp2
+check "its step 0 is the export, byte for byte (the module read by name)" \
+  cmp -s hfm/model.safetensors mtp2/step_00000000/model.safetensors
+grep -q '"mtp_loss"' mtp2/metrics.jsonl && pass "the run from it trains the module (mtp_loss logged)" ||
+  fail "the run from the MTP export logs no mtp_loss"
+if command -v python3 >/dev/null; then
+  # hfr: the export plus model.layers.2.embed_tokens / shared_head.head (copies; hfx: the head's first value
+  # changed)
+  python3 - hfm/model.safetensors hfr hfx <<'PY'
+import json, os, shutil, struct, sys
+src, outs = sys.argv[1], sys.argv[2:]
+b = open(src, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+hdr, data = json.loads(b[8:8 + n]), b[8 + n:]
+for k, out in enumerate(outs):
+    h, extra = dict(hdr), b""
+    for new, old in (("model.layers.2.embed_tokens.weight", "model.embed_tokens.weight"),
+                     ("model.layers.2.shared_head.head.weight", "lm_head.weight")):
+        a, e = hdr[old]["data_offsets"]
+        t = bytearray(data[a:e])
+        if k == 1 and new.endswith("head.weight"):
+            t[0:4] = struct.pack("<f", struct.unpack("<f", bytes(t[0:4]))[0] + 1.0)
+        h[new] = {"dtype": hdr[old]["dtype"], "shape": hdr[old]["shape"],
+                  "data_offsets": [len(data) + len(extra), len(data) + len(extra) + len(t)]}
+        extra += bytes(t)
+    hj = json.dumps(h).encode()
+    hj += b" " * (-len(hj) % 8)
+    os.makedirs(out, exist_ok=True)
+    shutil.copy(os.path.join(os.path.dirname(src), "config.json"), out)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + data + extra)
+PY
+  run_ok "train --init-from a directory in the released layout" "$MOE" train --init-from hfr "${SMALL[@]}" --steps 1 --out mtp3
+  check "its step 0 equals the export's (the copies shared)" \
+    cmp -s hfm/model.safetensors mtp3/step_00000000/model.safetensors
+  run_fail "model.layers.2.shared_head.head.weight differs from lm_head.weight" \
+    "$MOE" train --init-from hfx "${SMALL[@]}" --steps 1 --out new
+else
+  skip "python3 not installed (the released-layout directory is written by a python3 helper)"
+fi
+
 # --force replaces an earlier export (and only that)
 run_ok "export --force over an earlier export" "$MOE" export --ckpt run2 --out hf --force
 check "now the export of run2" cmp -s hf/model.safetensors run2/step_00000005/model.safetensors

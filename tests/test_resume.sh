@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_resume.sh — resuming a run on the CPU is bit-identical to never stopping.
 #
-# For each variant (plain; --grad-accum 2; --jitter 0.1; --dispatch capacity):
+# For each variant (plain; --grad-accum 2; --jitter 0.1; --dispatch capacity; --mtp 2):
 #   A: moe train --steps 24 --save-every 8 --keep 0, uninterrupted.
 #   B: the same run "crashed" after step 13: a copy of A (in the plain variant a second, separate
 #      run, which also checks that two runs of one command agree) with the checkpoints of steps 16
@@ -91,6 +91,9 @@ resume_case plain fresh yes
 resume_case accum copy yes --grad-accum 2
 resume_case jitter copy no --jitter 0.1
 resume_case capacity copy yes --dispatch capacity --capacity-factor 0.75
+# multi-token prediction: two modules (their routing bias moved by the aux-free balance), the model flags
+# from the checkpoint's config.json on resume
+resume_case mtp copy no --mtp 2 --mtp-weight 0.5 --balance aux-free
 
 # the variants must really exercise what they claim
 if [ "$(field loss jitter.A/metrics.jsonl | sed -n 2p)" != "$(field loss plain.A/metrics.jsonl | sed -n 2p)" ]; then
@@ -101,6 +104,20 @@ grep -q '"jitter":[[:space:]]*0.1' jitter.B/step_00000024/config.json &&
 drops=$(field dropped capacity.A/metrics.jsonl | awk '{ s += $1 } END { print s + 0 }')
 fcmp "$drops" ">" 0 && pass "capacity dispatch dropped $drops token-slots over 24 steps" ||
   fail "capacity dispatch with factor 0.75 dropped nothing"
+grep -q '"num_nextn_predict_layers":[[:space:]]*2' mtp.B/step_00000024/config.json &&
+  grep -q '"mtp_weight":[[:space:]]*0.5' mtp.B/step_00000024/config.json &&
+  pass "mtp: the resumed run kept the checkpoint's 2 MTP modules and weight 0.5" ||
+  fail "mtp: config.json lost the MTP modules or their weight"
+grep -aq 'model.layers.3.eh_proj.weight' mtp.A/step_00000024/model.safetensors &&
+  grep -aq 'model.layers.3.shared_head.norm.weight' mtp.A/step_00000024/model.safetensors &&
+  pass "mtp: the checkpoint holds the second module's tensors (model.layers.3.*)" ||
+  fail "mtp: the checkpoint lacks model.layers.3.eh_proj / shared_head.norm"
+m1=$(field mtp_loss mtp.A/metrics.jsonl | sed -n 1p)
+m24=$(field mtp_loss mtp.A/metrics.jsonl | sed -n 24p)
+[ -n "$m1" ] && fcmp "$m24" "<" "$m1" && pass "mtp: mtp_loss logged and moved (step 1 $m1, step 24 $m24)" ||
+  fail "mtp: mtp_loss missing or not going down ('$m1' -> '$m24')"
+[ -z "$(field mtp_loss plain.A/metrics.jsonl | head -1)" ] && pass "plain: no mtp_loss field without --mtp" ||
+  fail "plain: an mtp_loss field without --mtp"
 l1p=$(loss_at plain.A/metrics.jsonl 1)
 l1a=$(loss_at accum.A/metrics.jsonl 1)
 if awk -v a="$l1p" -v b="$l1a" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'; then

@@ -130,6 +130,12 @@ const Opt opts[] = {
     {"aux-scope", O_AUXSCOPE, MO(aux_scope), C_TRAIN | C_INFO | C_PLAN,
      "the tokens the aux loss's statistics are over: each micro-batch, each sequence, or the step's global "
      "batch"},
+    {"mtp", O_INT, MO(mtp_depth), C_TRAIN | C_INFO | C_PLAN,
+     "multi-token prediction modules (DeepSeek-V3's MTP, HF num_nextn_predict_layers): module k predicts "
+     "the token k+1 ahead through one more block and the shared LM head (0: none)"},
+    {"mtp-weight", O_FLOAT, MO(mtp_weight), C_TRAIN | C_INFO | C_PLAN,
+     "with --mtp D: the MTP loss's weight lambda in loss + lambda / D * sum of the modules' losses (default "
+     "0.3 with modules)"},
     // training
     {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
     {"batch", O_INT, TO(batch), C_TRAIN | C_INFO | C_PLAN, "global batch in sequences per step"},

@@ -408,6 +408,9 @@ void parse(State *s, int cmd, int argc, char **argv) {
     if (config_mla(&s->model) && !s->set[hd]) s->model.head_dim = s->model.qk_rope_head_dim;
     int kv = find_opt("n-kv-heads", C_TRAIN);
     if (config_mla(&s->model) && !s->set[kv]) s->model.n_kv_heads = s->model.n_heads;
+    // MTP modules take config.h's loss weight unless one is given
+    if (!s->set[find_opt("mtp-weight", C_TRAIN)] && s->model.mtp_depth > 0)
+        s->model.mtp_weight = MOE_MTP_WEIGHT;
 }
 
 int opt_set(const State *s, const char *name) { // (any command's entry of that name)

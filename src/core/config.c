@@ -199,7 +199,8 @@ static char msg[256];
         return msg; \
     } while (0)
 
-// config_validate's part for the dense layers and DeepSeek-V3's routing (fam: the family's name).
+// config_validate's part for the dense layers, DeepSeek-V3's routing and the MTP modules (fam: the family's
+// name).
 static const char *validate_layers_routing(const ModelConfig *c, const char *fam) {
     if (c->route_sigmoid != 0 && c->route_sigmoid != 1)
         BAD("route_sigmoid must be 0 or 1 (got %d)", c->route_sigmoid);
@@ -237,6 +238,13 @@ static const char *validate_layers_routing(const ModelConfig *c, const char *fam
         BAD("dense_d_ff must be >= 1 with %d dense layers (got %d)", nd, c->dense_d_ff);
     if (!nd && c->dense_d_ff != 0)
         BAD("dense_d_ff is %d but no layer is dense (dense_layers is empty)", c->dense_d_ff);
+    if (c->mtp_depth < 0 || c->mtp_depth > MOE_MAX_MTP)
+        BAD("mtp_depth must be in 0..%d (got %d)", MOE_MAX_MTP, c->mtp_depth);
+    if (!(c->mtp_weight >= 0 && c->mtp_weight <= 100))
+        BAD("mtp_weight must be in [0, 100] (got %g)", c->mtp_weight);
+    if (c->mtp_depth && c->aux_form == AUX_HF)
+        BAD("mtp_depth %d needs aux_form layer (HF's aux form is one loss over the main layers' statistics)",
+            c->mtp_depth);
     return NULL;
 }
 

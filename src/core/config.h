@@ -95,12 +95,26 @@ typedef struct {
     float rope_factor;
     int rope_orig_max;
     float yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    // Multi-token prediction (DeepSeek-V3's MTP; HF num_nextn_predict_layers): mtp_depth modules after the
+    // main layers, module k (1..D) at layer index n_layers + k - 1: h_k = shared_head.norm(block(eh_proj
+    // [enorm(Emb(t[i+k])); hnorm(h_{k-1})])) from h_0, the final norm's output (the main model's normed last
+    // hidden state, what its LM head reads), and a loss of predicting t[i+k+1] from h_k through the main
+    // model's LM head; the training objective adds mtp_weight / D times the sum of the modules' mean
+    // cross-entropies (0: none)
+    int mtp_depth;
+    float mtp_weight;
 } ModelConfig;
 // Multi-head latent attention (kv_lora_rank > 0); its query/key head width.
 static inline int config_mla(const ModelConfig *c) { return c->kv_lora_rank > 0; }
 static inline int config_qk_head_dim(const ModelConfig *c) {
     return c->qk_nope_head_dim + c->qk_rope_head_dim;
 }
+// The most MTP modules a model may have; the loss weight modules take unless one is given (DeepSeek-V3's for
+// its first 10T tokens; without modules the weight is 0, so configs without MTP read and write as before).
+#define MOE_MAX_MTP 8
+#define MOE_MTP_WEIGHT 0.3f
+// Every layer with activations: the main layers, then the MTP modules' blocks (config mtp_depth).
+static inline int config_all_layers(const ModelConfig *c) { return c->n_layers + c->mtp_depth; }
 // Layer l's FFN is a dense MLP (config dense_layers); the number of MoE layers (those with a router).
 static inline int config_layer_dense(const ModelConfig *c, int l) {
     return l >= 0 && l < MOE_MAX_DENSE_LAYERS && (int)((c->dense_layers[l / 64] >> (l % 64)) & 1);

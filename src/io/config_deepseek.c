@@ -156,6 +156,6 @@ void ds_config_write(cJSON *j, const ModelConfig *c) {
     config_write_rope(j, c);
     cJSON_AddBoolToObject(j, "rope_interleave", c->rope_interleave != 0);
     json_add_f(j, "rms_norm_eps", c->norm_eps);
-    json_add_i(j, "num_nextn_predict_layers", 0);
+    json_add_i(j, "num_nextn_predict_layers", c->mtp_depth); // (the MTP modules: config.h)
     cJSON_AddBoolToObject(j, "attention_bias", 0);
 }

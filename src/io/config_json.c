@@ -38,6 +38,7 @@ static void family_keys(cJSON *j, const ModelConfig *c) {
         json_add_i(j, "intermediate_size", c->d_ff);
     }
     json_add_i(j, "num_hidden_layers", c->n_layers);
+    if (c->mtp_depth) json_add_i(j, "num_nextn_predict_layers", c->mtp_depth); // (DeepseekV3Config's key)
     json_add_i(j, "num_attention_heads", c->n_heads);
     json_add_i(j, "num_key_value_heads", c->n_kv_heads);
     json_add_i(j, "head_dim", c->head_dim);
@@ -107,6 +108,7 @@ cJSON *config_to_json(const ModelConfig *c) {
         json_add_i(m, "n_shared_experts", c->n_shared_experts);
         json_add_i(m, "shared_intermediate_size", c->shared_d_ff);
     }
+    if (c->mtp_depth) json_add_f(m, "mtp_weight", c->mtp_weight);
     if (config_mla(c) && !ds) { // latent attention in our own configs (DeepseekV3Config's key names)
         json_add_i(m, "q_lora_rank", c->q_lora_rank);
         json_add_i(m, "kv_lora_rank", c->kv_lora_rank);
@@ -419,6 +421,12 @@ static int read_moe_c(JsonErr *e, const cJSON *j, ModelConfig *c) {
     c->dispatch = DISPATCH_DROPLESS;
     c->capacity_factor = 1.25f;
     c->aux_form = AUX_HF; // a plain HF config trains with HF's aux loss
+    if (json_get_int(e, j, "num_nextn_predict_layers", 0, &c->mtp_depth)) return -1;
+    if (c->mtp_depth < 0 || c->mtp_depth > MOE_MAX_MTP)
+        return json_fail(e, "key \"num_nextn_predict_layers\" must be in 0..%d (got %d)", MOE_MAX_MTP,
+                         c->mtp_depth);
+    c->mtp_weight = c->mtp_depth ? MOE_MTP_WEIGHT : 0; // (moe_c's mtp_weight where given)
+    if (c->mtp_depth) c->aux_form = AUX_LAYER; // (MTP's router losses are per layer: config.c)
     if (c->family == FAM_DEEPSEEK_V3) { // (DeepSeek-V3's is sequence-wise: aux_loss_alpha, default 0)
         c->aux_form = AUX_LAYER;
         c->aux_scope = AUX_SCOPE_SEQ;
@@ -439,6 +447,7 @@ static int read_moe_c(JsonErr *e, const cJSON *j, ModelConfig *c) {
         else
             return json_fail(e, "key \"dispatch\" is \"%s\", expected \"dropless\" or \"capacity\"",
                              d->valuestring);
+        if (json_get_float(e, m, "mtp_weight", 0, &c->mtp_weight)) return -1;
         const cJSON *af = json_item(m, "aux_form"); // optional: absent = "layer"
         c->aux_form = AUX_LAYER;
         if (af &&

@@ -199,6 +199,35 @@ static void fused_name(char *buf, size_t n, int layer, int down) {
     snprintf(buf, n, "model.layers.%d.mlp.experts.%s", layer, down ? "down_proj" : "gate_up_proj");
 }
 
+// The released DeepSeek-V3 checkpoints store each MTP module's embed_tokens and shared_head.head (our
+// model shares the main model's, params.h): marks them used (pass 1: s, params NULL) or checks each against
+// the main model's tensor (params: read already), refusing one that differs.
+static void mtp_shared(Src *s, const char *dir, const ParamTable *t, const float *params) {
+    static const char *const kind[2] = {"embed_tokens", "shared_head.head"};
+    for (int i = 0; i < t->n; i++) {
+        if (t->p[i].role != PR_MTP_EH) continue;
+        for (int j = 0; j < 2; j++) {
+            char nm[128];
+            snprintf(nm, sizeof nm, "model.layers.%d.%s.weight", t->p[i].layer, kind[j]);
+            int k = src_find(s, nm), m = params_index(t, j ? PR_LM_HEAD : PR_EMBED, -1, -1);
+            if (k < 0) continue;
+            if (!params) {
+                s->t[k].used = 1;
+                continue;
+            }
+            const ParamSpec *p = &t->p[m];
+            float *x = xmalloc(p->numel * sizeof(float));
+            src_read(s, k, p->ndim, p->shape, x);
+            if (memcmp(x, params + p->offset, p->numel * sizeof(float)))
+                DIE("HF model %s: %s differs from %s; the MTP module shares the main model's (a separate one "
+                    "is "
+                    "not supported)",
+                    dir, nm, p->name);
+            free(x);
+        }
+    }
+}
+
 void hf_load_params(const char *dir, const ParamTable *t, float *params, int upcycle) {
     Src s;
     src_open(&s, dir);
@@ -232,6 +261,7 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params, int upc
             DIE("HF model %s: tensor %s is missing (not in %s)", dir, p->name, s.listing);
         s.t[w[i].src >= 0 ? w[i].src : w[i].fused].used = 1;
     }
+    mtp_shared(&s, dir, t, NULL);
     for (int i = 0; i < s.n; i++) {
         const char *x = s.t[i].name;
         size_t lx = strlen(x), li = strlen("rotary_emb.inv_freq");
@@ -268,6 +298,7 @@ void hf_load_params(const char *dir, const ParamTable *t, float *params, int upc
                                  : fz + (size_t)p->expert * 2 * per + (p->role == PR_W3 ? per : 0);
         memcpy(dst, from, per * sizeof(float));
     }
+    mtp_shared(&s, dir, t, params);
     free(fz);
     free(w);
     src_close(&s);

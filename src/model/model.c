@@ -1,15 +1,16 @@
 // model.c — forward and hand-written backward of the MoE transformer over the current chunk of layers
 // (model.h), as the orchestration of its parts:
 // embed -> L x block (block.c: norm -> attention (attention.h) -> residual -> norm -> MoE FFN -> residual)
-// -> RMSNorm -> LM head -> cross-entropy (the loss head); the router statistics summed over the layers
-// (aux, z, drops, expert counts, HF's aux form; averages over the MoE layers: a dense layer has none), and
-// the backward in reverse with its grads_ready calls. Must not hold: a block's arithmetic (block.c,
-// attention.c), allocation (model_state.c).
+// -> RMSNorm -> LM head -> cross-entropy (the loss head), then the MTP modules (mtp.c); the router statistics
+// summed over the layers (aux, z, drops, expert counts, HF's aux form; averages over the MoE layers: a dense
+// layer has none), and the backward in reverse with its grads_ready calls. Must not hold: a block's
+// arithmetic (block.c, attention.c), allocation (model_state.c).
 #include "model/model.h"
 #include <string.h>
 #include "core/common.h"
 #include "model/block.h"
 #include "model/model_access.h"
+#include "model/mtp.h"
 
 #define F sizeof(float)
 
@@ -104,7 +105,10 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
         }
     }
     if (!ch->last) return 0;
-    return head_forward(m, targets, N, dloss);
+    double loss = head_forward(m, targets, N, dloss);
+    // the MTP modules after the head, on the embedding output (pipeline stages: received, m->mtp_emb)
+    if (c->mtp_depth && targets) mtp_forward(m, m->mtp_emb, targets, B, T, dloss, noise_seed);
+    return loss;
 }
 
 void model_backward(Model *m, float aux_scale, float z_scale) {
@@ -114,14 +118,17 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
     if (ch->last) {
-        // LM head and final norm (m->logits holds dlogits)
+        // the MTP modules first (their gradient reaching the final norm's output: dh0), then the LM head and
+        // final norm (m->logits holds dlogits)
+        const float *dh0 = c->mtp_depth ? mtp_backward(m, aux_scale, z_scale) : NULL;
         be->matmul_bwd(m->dxn, model_param(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f,
                        model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V,
                        model_dw_write(m, -1, DW_FRESH_HEAD));
+        if (dh0) be->add(m->dxn, m->dxn, dh0, (size_t)N * d);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, model_param(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
                         model_param(m, m->params, PR_FINAL_NORM, -1, -1), m->rstd_f, N, d);
-        if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L);
+        if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, L + c->mtp_depth);
     } else if (c->aux_form == AUX_HF) {
         for (int l = ch->l0; l < ch->l1; l++)
             memcpy(m->la[l].moe.aux_f, m->hf_fe, sizeof(double) * c->n_experts);
@@ -131,6 +138,8 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, l);
     }
     if (!ch->first) return;
+    // the MTP modules' share (they read the embedding output after its dropout: the same mask follows)
+    if (c->mtp_depth) be->add(m->dres, m->dres, m->mtps.demb, (size_t)N * d);
     embed_drop(m, m->dres, N); // the gradient through the forward's mask
     be->embedding_bwd(model_param(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);

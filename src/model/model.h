@@ -30,5 +30,9 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 // over the current chunk's layers: on a chunk that is not the last, m->dres must hold the gradient
 // of its output; on one that is not the first, m->dres ends holding the gradient of its input.
 void model_backward(Model *m, float aux_scale, float z_scale);
+// With MTP modules (config.h mtp_depth) and pipeline stages: the first virtual stage's embedding output
+// (its model_stage_in after a forward) goes to the last, which reads it from m->mtp_emb (the current
+// slot's) in its forward with targets; the last's backward leaves the embedding output's gradient from
+// the modules in m->mtps.demb, which the first's backward reads there (the caller moves both).
 // Row of logits (V floats, host) at position (b, t) of the last forward.
 void model_logits_row(const Model *m, int b, int t, float *out);

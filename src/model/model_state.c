@@ -12,9 +12,13 @@
 
 #define F sizeof(float)
 
+int model_chunk_end(const Model *m, int chunk) {
+    const ModelChunk *ch = &m->chunk[chunk];
+    return ch->last ? ch->l1 + m->c.mtp_depth : ch->l1;
+}
 static int chunk_of(const Model *m, int l) {
     for (int k = 0; k < m->nchunks; k++)
-        if (l >= m->chunk[k].l0 && l < m->chunk[k].l1) return k;
+        if (l >= m->chunk[k].l0 && l < model_chunk_end(m, k)) return k;
     return -1;
 }
 int model_holds_layer(const Model *m, int l) { return chunk_of(m, l) >= 0; }
@@ -57,7 +61,8 @@ void model_set_recompute(Model *m, int mode) {
     m->recompute = mode;
     for (int k = 0; k < m->nchunks; k++)
         for (int i = 0; i < m->nslots[k]; i++)
-            for (int l = m->chunk[k].l0; l < m->chunk[k].l1; l++) layer_recompute(m, &m->slots[k][i].la[l]);
+            for (int l = m->chunk[k].l0; l < model_chunk_end(m, k); l++)
+                layer_recompute(m, &m->slots[k][i].la[l]);
 }
 
 // The bytes of layer l's routed-expert gradients (one contiguous block: params.h's order), 256-aligned,
@@ -80,12 +85,13 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     size_t N = m->maxN, d = c->d_model, V = c->vocab_size;
-    s->la = xcalloc(c->n_layers, sizeof *s->la);
+    s->la = xcalloc(config_all_layers(c), sizeof *s->la);
     MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
-    for (int l = ch->l0; l < ch->l1; l++) {
+    for (int l = ch->l0; l < model_chunk_end(m, chunk); l++) {
         LayerActs *a = &s->la[l];
         Arena *A = &a->arena;
-        if (m->share_grads && l > ch->l0) *A = expert_grads_arena(m, l - 1);
+        // (the MTP modules' blocks borrow nothing: the last layer's expert gradients hold the logits)
+        if (m->share_grads && l > ch->l0 && l < ch->l1) *A = expert_grads_arena(m, l - 1);
         a->res_in = arena_alloc(A, be, N * d * F);
         a->xn1 = arena_alloc(A, be, N * d * hid_size(be));
         a->rstd1 = arena_alloc(A, be, N * F);
@@ -112,11 +118,26 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     s->losses = be->alloc(N * F);
     s->tokens = be->alloc(N * sizeof(int32_t));
     s->targets = be->alloc(N * sizeof(int32_t));
+    s->mtp = ch->last && c->mtp_depth ? xcalloc(c->mtp_depth, sizeof *s->mtp) : NULL;
+    s->mtp_emb = s->mtp && !ch->first ? be->alloc(N * d * F) : NULL;
+    for (int k = 0; s->mtp && k < c->mtp_depth; k++) {
+        MtpActs *a = &s->mtp[k];
+        a->es = be->alloc(N * d * F);
+        a->rstd_e = be->alloc(N * F);
+        a->rstd_h = be->alloc(N * F);
+        a->cat = be->alloc(N * 2 * d * F);
+        a->out = be->alloc(N * d * F);
+        a->xn = be->alloc(N * d * F);
+        a->rstd = be->alloc(N * F);
+        a->logits = be->alloc(N * V * F);
+        a->losses = be->alloc(N * F);
+        a->targets = be->alloc(N * sizeof(int32_t));
+    }
 }
 
 static void slot_free(Model *m, ModelSlot *s, int chunk) {
     const Backend *be = m->be;
-    for (int l = m->chunk[chunk].l0; l < m->chunk[chunk].l1; l++) {
+    for (int l = m->chunk[chunk].l0; l < model_chunk_end(m, chunk); l++) {
         LayerActs *a = &s->la[l];
         m->attv->acts_free(m, &a->attn, &a->arena);
         void *bufs[] = {a->res_in, a->xn1, a->rstd1, a->x_mid, a->xn2, a->rstd2};
@@ -125,6 +146,16 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
         chunk_moes(m, a, 1);
     }
     free(s->la);
+    for (int k = 0; s->mtp && k < m->c.mtp_depth; k++) {
+        MtpActs *a = &s->mtp[k];
+        void *mb[] = {a->es, a->rstd_e, a->rstd_h, a->cat,    a->out,
+                      a->xn, a->rstd,   a->logits, a->losses, a->targets};
+        for (size_t i = 0; i < sizeof mb / sizeof mb[0]; i++) be->free(mb[i]);
+    }
+    free(s->mtp);
+    s->mtp = NULL;
+    if (s->mtp_emb) be->free(s->mtp_emb);
+    s->mtp_emb = NULL;
     void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&s->head, be, bufs[i]);
     s->head = (Arena){0};
@@ -147,6 +178,31 @@ static void find_chunks(Model *m) {
         int k = c * ps->pp + m->mesh.sl.pp_rank;
         m->chunk[c] = (ModelChunk){ps->first[k], ps->first[k + 1], k == 0, k == S - 1};
     }
+}
+
+// The MTP modules' model-wide scratch (model_types.h MtpScratch) for micro-batches up to maxN rows.
+static void mtp_scratch_init(Model *m) {
+    const Backend *be = m->be;
+    size_t N = m->maxN, d = m->c.d_model, ni = (size_t)m->c.mtp_depth * 2 * N + 4 * N;
+    MtpScratch *s = &m->mtps;
+    s->split = be->alloc(2 * N * d * F);
+    s->dcat = be->alloc(2 * N * d * F);
+    s->dh = be->alloc(N * d * F);
+    s->demb = be->alloc(N * d * F);
+    s->idx = be->alloc(ni * sizeof(int32_t));
+    s->idx_h = xmalloc(ni * sizeof(int32_t));
+    s->tgt_h = xmalloc(N * sizeof(int32_t));
+    s->B = s->T = 0;
+}
+
+static void mtp_scratch_free(Model *m) {
+    MtpScratch *s = &m->mtps;
+    void *bufs[] = {s->split, s->dcat, s->dh, s->demb, s->idx};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) m->be->free(bufs[i]);
+    free(s->idx_h);
+    free(s->tgt_h);
+    memset(s, 0, sizeof *s);
 }
 
 void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int maxT,
@@ -177,24 +233,26 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     size_t N = m->maxN, d = c->d_model;
     m->params = be->alloc(m->t.ltotal * F);
     m->grads = be->alloc(m->t.ltotal * F);
-    m->scope_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
-    m->scope_tokens = xcalloc((size_t)c->n_layers, sizeof(int64_t));
+    size_t La = (size_t)config_all_layers(c);
+    m->scope_counts = xcalloc(La * c->n_experts, sizeof(int64_t));
+    m->scope_tokens = xcalloc(La, sizeof(int64_t));
     for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
     m->moe_out = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
     m->attv->scratch_init(m);
     moe_scratch_init(&m->ms, be, c, m->maxN);
-    m->expert_counts = xcalloc((size_t)c->n_layers * c->n_experts, sizeof(int64_t));
+    m->expert_counts = xcalloc(La * c->n_experts, sizeof(int64_t));
     m->loss_h = xmalloc(N * F);
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
-    m->moe_overlap = xmalloc(sizeof(int) * (size_t)c->n_layers);
-    m->moe_time = xcalloc((size_t)c->n_layers, sizeof(double));
-    m->moe_mode = xcalloc((size_t)c->n_layers, sizeof(int));
+    m->moe_overlap = xmalloc(sizeof(int) * La);
+    m->moe_time = xcalloc(La, sizeof(double));
+    m->moe_mode = xcalloc(La, sizeof(int));
     m->rc.be = be;
-    m->ampipe = xmalloc(sizeof(int) * (size_t)c->n_layers);
-    for (int l = 0; l < c->n_layers; l++) m->moe_overlap[l] = m->ampipe[l] = 1;
+    m->ampipe = xmalloc(sizeof(int) * La);
+    for (size_t l = 0; l < La; l++) m->moe_overlap[l] = m->ampipe[l] = 1;
     m->hf_pe = m->hf_fe + c->n_experts;
+    if (c->mtp_depth) mtp_scratch_init(m);
 }
 
 void model_share_grads(Model *m, int on) {
@@ -227,8 +285,9 @@ int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb) {
 
 int model_bf16_weights(Model *m) {
     if (!m->be->alloc_bf16_params) return 0;
-    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(m->c.n_layers));
-    int nh = params_bf16_ranges(&m->t, m->c.n_layers, m->e0, m->El, MOE_GEMM_FP32_MAX_O, h);
+    int La = config_all_layers(&m->c);
+    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(La));
+    int nh = params_bf16_ranges(&m->t, La, m->e0, m->El, MOE_GEMM_FP32_MAX_O, h);
     if (nh) {
         m->be->free(m->params);
         m->params = m->be->alloc_bf16_params(m->t.ltotal, h, nh);
@@ -255,6 +314,8 @@ void model_use(Model *m, int chunk, int slot) {
     m->cur_slot = slot;
     ModelSlot *s = &m->slots[chunk][slot];
     m->la = s->la;
+    m->mtp = s->mtp;
+    m->mtp_emb = s->mtp_emb ? s->mtp_emb : s->la[0].res_in; // (one stage: layer 0's input)
     m->res_final = s->res_final;
     m->xn_f = s->xn_f;
     m->rstd_f = s->rstd_f;
@@ -326,7 +387,7 @@ void model_zero_grads(Model *m) {
     const ParamTable *t = &m->t;
     if (!m->dw_fresh) { // once: the ranges of every tensor not written by its first backward, adjacent ones
                         // merged
-        m->dw_fresh = xcalloc((size_t)m->c.n_layers, 1);
+        m->dw_fresh = xcalloc((size_t)config_all_layers(&m->c), 1);
         m->zr_off = xmalloc(sizeof(size_t) * (t->n + 1));
         m->zr_n = xmalloc(sizeof(size_t) * (t->n + 1));
         for (int i = 0; i < t->n; i++) {
@@ -342,7 +403,7 @@ void model_zero_grads(Model *m) {
     }
     for (int i = 0; i < m->nzr; i++) m->be->zero(m->grads + m->zr_off[i], m->zr_n[i] * sizeof(float));
     // (a layer this rank does not hold has no tensors to write)
-    memset(m->dw_fresh, DW_FRESH_EXPERTS | DW_FRESH_QKV | DW_FRESH_O, (size_t)m->c.n_layers);
+    memset(m->dw_fresh, DW_FRESH_EXPERTS | DW_FRESH_QKV | DW_FRESH_O, (size_t)config_all_layers(&m->c));
     m->head_fresh = DW_FRESH_HEAD;
 }
 
@@ -353,7 +414,7 @@ void model_grads_settle(Model *m) {
         const ParamSpec *p = &t->p[i];
         if (p->lnumel && still_fresh(m, p)) m->be->zero(m->grads + p->loffset, p->lnumel * sizeof(float));
     }
-    memset(m->dw_fresh, 0, (size_t)m->c.n_layers);
+    memset(m->dw_fresh, 0, (size_t)config_all_layers(&m->c));
     m->head_fresh = 0;
 }
 
@@ -369,6 +430,7 @@ void model_free(Model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
+    mtp_scratch_free(m);
     free(m->expert_counts);
     free(m->loss_h);
     free(m->budget_h);
@@ -387,6 +449,7 @@ void model_free(Model *m) {
 }
 
 void model_scope_reset(Model *m) {
-    memset(m->scope_counts, 0, sizeof(int64_t) * (size_t)m->c.n_layers * m->c.n_experts);
-    memset(m->scope_tokens, 0, sizeof(int64_t) * (size_t)m->c.n_layers);
+    size_t La = (size_t)config_all_layers(&m->c);
+    memset(m->scope_counts, 0, sizeof(int64_t) * La * m->c.n_experts);
+    memset(m->scope_tokens, 0, sizeof(int64_t) * La);
 }

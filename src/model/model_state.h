@@ -48,6 +48,9 @@ void model_use(Model *m, int chunk, int slot);
 // is not the first) and output (the caller sends it on a chunk that is not the last). (N,d)
 float *model_stage_in(const Model *m);
 float *model_stage_out(const Model *m);
+// The end of chunk c's layers with activations: l1, and on the last virtual stage the MTP modules' blocks
+// after it (n_layers .. n_layers + mtp_depth - 1).
+int model_chunk_end(const Model *m, int chunk);
 // Does this rank hold layer l (in one of its chunks)?
 int model_holds_layer(const Model *m, int l);
 // Layer l's MoE state in its chunk's slot (l held by this rank).

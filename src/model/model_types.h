@@ -75,6 +75,28 @@ typedef struct {
 } ModelChunk;
 #define MODEL_MAX_CHUNKS 16
 
+// An MTP module's activations of one micro-batch (mtp.h; config.h mtp_depth), beside its block's LayerActs
+// (la[n_layers + k - 1]): es (N,d) the shifted tokens' embeddings (rows past a sequence's end zero), rstd_e,
+// rstd_h (N) the enorm's and hnorm's, cat (N,2d) eh_proj's input [enorm(es) | hnorm(h_{k-1})], out (N,d)
+// the block's output, xn (N,d) and rstd (N) its shared_head.norm (h_k, the next module's input), logits
+// (N,V) (after a training forward: dlogits), losses (N), targets (N: t[i+k+1], 0 where none).
+typedef struct {
+    float *es, *rstd_e, *rstd_h, *cat, *out, *xn, *rstd, *logits, *losses;
+    int32_t *targets;
+} MtpActs;
+
+// The MTP modules' scratch, one for the model (mtp.h): split (2N,d) the two norms' outputs, then
+// their rows interleaved into cat (forward), the gradients of cat's halves (backward); dcat (N,2d);
+// dh (N,d) the gradient reaching h_{k-1}; demb (N,d) the embedding output's gradient from every module;
+// idx (device) the row maps of the micro-batch shape (B, T) (idx_h: on the host): per module k a shift
+// (row i <- row i+k of its sequence, -1 past its end) and its inverse, then eh_proj's interleave and
+// de-interleave (2N each); tgt_h (N) host targets.
+typedef struct {
+    float *split, *dcat, *dh, *demb;
+    int32_t *idx, *idx_h, *tgt_h;
+    int B, T; // the shape idx holds (0: none yet)
+} MtpScratch;
+
 // The activations of one micro-batch on one chunk (la[l] allocated for the chunk's layers only; the
 // logits on the last virtual stage, tokens kept for the embedding's backward on the first).
 typedef struct {
@@ -84,6 +106,9 @@ typedef struct {
     int B, T;
     uint64_t drop_seed; // the dropout seed of the forward held here (its backward's mask)
     Arena head; // model_share_grads: the last layer's expert gradients, lent to the logits
+    MtpActs *mtp; // (mtp_depth) the MTP modules' (on the last virtual stage; else NULL)
+    float *mtp_emb; // (N,d) the MTP modules' embedding rows: the first virtual stage's embedding output,
+                    // received (on a last virtual stage that is not the first; else NULL)
 } ModelSlot;
 
 // Activation recomputation (model_state.h model_set_recompute): bits.
@@ -109,7 +134,9 @@ typedef struct Model {
     ModelSlot *slots[MODEL_MAX_CHUNKS]; // each chunk's slots (its live micro-batches)
     int nslots[MODEL_MAX_CHUNKS], cur_slot;
     // the current slot's activations (model_use sets these views)
-    LayerActs *la; // (L)
+    LayerActs *la; // (L + mtp_depth: the MTP modules' blocks after the main layers)
+    MtpActs *mtp; // (mtp_depth) on the last virtual stage
+    float *mtp_emb; // (N,d) the embedding output the modules read, from the first virtual stage (pp)
     float *res_final, *xn_f, *rstd_f; // (N,d) (N,d) (N); res_final: the chunk's output
     float *logits; // (N,V) (on the last stage); after a training forward: dlogits
     float *losses; // (N) per-token cross-entropy
@@ -132,8 +159,10 @@ typedef struct Model {
     float dropout, embed_dropout;
     uint64_t drop_seed;
     MoeScratch ms;
-    // optional: called during model_backward as soon as a group of gradients is final:
-    // layer = n_layers for the LM head and final norm, l for layer l, -1 for the embedding
+    MtpScratch mtps; // the MTP modules' (config.h mtp_depth > 0)
+    // optional: called during model_backward as soon as a group of gradients is final: layer =
+    // n_layers + mtp_depth for the LM head and final norm, l for layer l (n_layers + k - 1: MTP module k's
+    // tensors), -1 for the embedding
     void (*grads_ready)(void *ctx, int layer);
     void *grads_ready_ctx;
     // model_zero_grads: the ranges it zeroes (every tensor but those whose first backward of the step writes
@@ -141,7 +170,7 @@ typedef struct Model {
     // are still unwritten this step (DW_FRESH_* bits; the LM head's: head_fresh)
     size_t *zr_off, *zr_n;
     int nzr;
-    uint8_t *dw_fresh; // (n_layers)
+    uint8_t *dw_fresh; // (n_layers + mtp_depth)
     uint8_t head_fresh;
     // results of the last forward. On a chunk that is not the first, aux, z, dropped, hf_fe and
     // hf_pe come in from the previous stage (the caller sets them) and the forward adds its layers';
@@ -149,10 +178,16 @@ typedef struct Model {
     // backward of every earlier chunk needs: the caller sets it there before model_backward).
     int B, T;
     double aux, z; // mean over layers of the per-layer router losses (global)
-    int64_t *expert_counts; // (L,E) assignments per expert before capacity drops (global; rows
-                            // of the current chunk's layers written by its forward)
+    // MTP (with targets): mtp_loss = the mean over the modules of their mean cross-entropy (this rank's
+    // tokens; the objective adds mtp_weight * mtp_loss); mtp_aux, mtp_z: the modules' router losses over
+    // the main model's MoE layer count (each module's router at a main layer's coefficient: the objective
+    // adds aux_coef * mtp_aux, z_coef * mtp_z); not in aux and z, which stay the main model's
+    double mtp_loss, mtp_aux, mtp_z;
+    int64_t *expert_counts; // (L + mtp_depth, E) assignments per expert before capacity drops (global;
+                            // rows of the current chunk's layers written by its forward)
     int64_t dropped; // assignments dropped by capacity, all layers (global)
     double *hf_fe, *hf_pe; // (E) aux_form hf: assignments and probability mass over the layers
+    // (per layer arrays: L = every layer, the MTP modules' blocks included: config.h config_all_layers)
     int64_t *scope_counts, *scope_tokens; // (L,E) (L) aux scope global: the step's counts and tokens so far
     int *moe_overlap; // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode; // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)

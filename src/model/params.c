@@ -82,7 +82,8 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
     const StageSplit *ps = sl->pp_split;
     if (ps && ps->pp > 1) {
         if (s->role == PR_EMBED) held = sl->pp_rank == 0;
-        else if (s->role == PR_FINAL_NORM || s->role == PR_LM_HEAD) held = sl->pp_rank == ps->pp - 1;
+        else if (s->role == PR_FINAL_NORM || s->role == PR_LM_HEAD || s->layer >= c->n_layers)
+            held = held && sl->pp_rank == ps->pp - 1; // (the MTP modules: the last stage's)
         else held = held && stages_of_layer(ps, s->layer) % ps->pp == sl->pp_rank;
     }
     if (!held) {
@@ -211,17 +212,16 @@ static void gqa_tensors(ParamTable *t, int *cap, const ModelConfig *c, int l) {
 #undef NM
 }
 
-static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
-    int cap = 0;
-    int64_t V = c->vocab_size, d = c->d_model, f = c->d_ff, E = c->n_experts,
-            fs = (int64_t)c->n_shared_experts * c->shared_d_ff;
+// Layers [l0, l1)'s tensors (a main layer's, or an MTP module's block at l0 = l1 - 1 >= n_layers: MoE).
+static void add_layers(ParamTable *t, int *cap_, const ModelConfig *c, int l0, int l1) {
+    int cap = *cap_;
+    int64_t d = c->d_model, f = c->d_ff, E = c->n_experts, fs = (int64_t)c->n_shared_experts * c->shared_d_ff;
     int mix = c->family == FAM_MIXTRAL;
     const char *moe = mix ? "block_sparse_moe" : "mlp",
                *sh = c->family == FAM_DEEPSEEK_V3 ? "shared_experts" : "shared_expert";
     const char *ew[3] = {mix ? "w1" : "gate_proj", mix ? "w3" : "up_proj", mix ? "w2" : "down_proj"};
     char nm[96];
-    add(t, &cap, "model.embed_tokens.weight", V, d, PR_EMBED, -1, -1, SPLIT_VOCAB);
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = l0; l < l1; l++) {
 #define NM(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
         add(t, &cap, NM("model.layers.%d.input_layernorm.weight", l), d, 0, PR_ATTN_NORM, l, -1, SPLIT_REPL);
         if (config_mla(c)) mla_tensors(t, &cap, c, l);
@@ -273,8 +273,31 @@ static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
                 SPLIT_ROW);
 #undef NM
     }
+    *cap_ = cap;
+}
+
+static void params_build_tensors(ParamTable *t, const ModelConfig *c) {
+    int cap = 0;
+    int64_t V = c->vocab_size, d = c->d_model;
+    add(t, &cap, "model.embed_tokens.weight", V, d, PR_EMBED, -1, -1, SPLIT_VOCAB);
+    add_layers(t, &cap, c, 0, c->n_layers);
     add(t, &cap, "model.norm.weight", d, 0, PR_FINAL_NORM, -1, -1, SPLIT_REPL);
     add(t, &cap, "lm_head.weight", V, d, PR_LM_HEAD, -1, -1, SPLIT_VOCAB);
+    // the MTP modules (the released DeepSeek-V3 checkpoints' names; their embed_tokens and shared_head.head
+    // are the main model's: io/hf.c checks a released checkpoint's copies); replicated, reduced over DP
+    char nm[96];
+    for (int k = 0; k < c->mtp_depth; k++) {
+        int l = c->n_layers + k;
+        snprintf(nm, sizeof nm, "model.layers.%d.enorm.weight", l);
+        add(t, &cap, nm, d, 0, PR_MTP_ENORM, l, -1, SPLIT_REPL);
+        snprintf(nm, sizeof nm, "model.layers.%d.hnorm.weight", l);
+        add(t, &cap, nm, d, 0, PR_MTP_HNORM, l, -1, SPLIT_REPL);
+        snprintf(nm, sizeof nm, "model.layers.%d.eh_proj.weight", l);
+        add(t, &cap, nm, d, 2 * d, PR_MTP_EH, l, -1, SPLIT_REPL);
+        add_layers(t, &cap, c, l, l + 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.shared_head.norm.weight", l);
+        add(t, &cap, nm, d, 0, PR_MTP_NORM, l, -1, SPLIT_REPL);
+    }
 }
 
 void params_free(ParamTable *t) {

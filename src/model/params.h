@@ -46,7 +46,14 @@ typedef enum {
     PR_QB,
     PR_KVA,
     PR_KVA_NORM,
-    PR_KVB
+    PR_KVB,
+    // an MTP module (config.h mtp_depth; its layer index n_layers + k - 1): enorm, hnorm (d), eh_proj (d, 2d:
+    // columns [0, d) take the normed embedding, [d, 2d) the normed hidden state), shared_head.norm (d); its
+    // block has a main layer's roles; the embedding and the LM head are the main model's
+    PR_MTP_ENORM,
+    PR_MTP_HNORM,
+    PR_MTP_EH,
+    PR_MTP_NORM
 } ParamRole;
 
 // Gradient reduction group: dense tensors over DP (their TP shards stay distinct); the router over
@@ -94,12 +101,14 @@ typedef struct {
 // attention: [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o),
 // ffn_norm, router, [routing bias], [shared w1, w3, w2, gate], w1[0..E), w3[0..E), w2[0..E) (a dense
 // layer: ffn_norm, then mlp.gate_proj, up_proj, down_proj in place of the router and experts); final norm;
-// lm_head. So each layer's expert w1 block is one contiguous (E, f, d) array. Names are the family's
-// (config.h ModelFamily): Mixtral's block_sparse_moe.experts.E.w1/w3/w2, or mlp.gate and
-// mlp.experts.E.gate_proj/up_proj/down_proj (OLMoE, Qwen2-MoE, Qwen3-MoE).
-// Reduction: QK-norm weights of the per-head form, the shared expert and a dense layer's MLP (which, like
-// the router, see each TP rank's token slice) are reduced over the stage; full-width QK-norm weights (one
-// process in TP) and the biases (split over TP with their projections' rows) over DP.
+// lm_head; then each MTP module (config.h mtp_depth): enorm, hnorm, eh_proj, its block's tensors as a main
+// layer's, shared_head.norm (HF names model.layers.{n_layers + k - 1}.*, the released DeepSeek-V3
+// checkpoints'; held by the last pipeline stage). So each layer's expert w1 block is one contiguous (E, f, d)
+// array. Names are the family's (config.h ModelFamily): Mixtral's block_sparse_moe.experts.E.w1/w3/w2, or
+// mlp.gate and mlp.experts.E.gate_proj/up_proj/down_proj (OLMoE, Qwen2-MoE, Qwen3-MoE). Reduction: QK-norm
+// weights of the per-head form, the shared expert and a dense layer's MLP (which, like the router, see each
+// TP rank's token slice) are reduced over the stage; full-width QK-norm weights (one process in TP) and the
+// biases (split over TP with their projections' rows) over DP.
 void params_build(ParamTable *t, const ModelConfig *c);
 // Latent attention's q_b (or q) and kv_b rows and o columns split over TP by heads; q_a, kv_a and their norms
 // replicated and reduced over the stage (each TP rank's gradient is its heads' part).

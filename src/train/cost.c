@@ -62,8 +62,11 @@ void cost_params(CostParams *p, const ModelConfig *c) {
     size_t Lm = (size_t)config_moe_layers(c), Ld = (size_t)c->n_layers - Lm;
     size_t dense = layer - (E * d + E * 3 * d * f) - 3 * d * (size_t)c->n_shared_experts * c->shared_d_ff -
         (c->shared_gate ? d : 0) + 3 * d * (size_t)c->dense_d_ff;
-    p->total = 2 * (size_t)c->vocab_size * d + d + Lm * layer + Ld * dense;
-    p->active = p->total - Lm * (E - k) * 3 * d * f;
+    // an MTP module (config.h mtp_depth): an MoE layer, eh_proj and three norms (its embedding and head
+    // shared)
+    size_t D = (size_t)c->mtp_depth;
+    p->total = 2 * (size_t)c->vocab_size * d + d + Lm * layer + Ld * dense + D * (layer + 2 * d * d + 3 * d);
+    p->active = p->total - (Lm + D) * (E - k) * 3 * d * f;
     ParamTable t;
     params_build(&t, c);
     p->tensors = t.n;
@@ -86,6 +89,8 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
     double Lm = config_moe_layers(c), dense = 2 * 3 * d * (double)c->dense_d_ff; // (a dense layer's MLP)
     double fwd = c->n_layers * (x.attn_proj + x.attn_scores) + Lm * (x.router + x.experts) +
         (c->n_layers - Lm) * dense + x.head;
+    // each MTP module: eh_proj (2d -> d), an MoE layer, the LM head again
+    fwd += c->mtp_depth * (2 * 2 * d * d + x.attn_proj + x.attn_scores + x.router + x.experts + x.head);
     x.train = 3 * fwd;
     if (f) *f = x;
     return x.train;
@@ -188,6 +193,14 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
 static double acts_head(const ModelConfig *c, size_t N) {
     return 4.0 * N * (2.0 * c->d_model + c->vocab_size);
 }
+// The MTP modules' activations (model_types.h MtpActs and their blocks' LayerActs, on the last stage) and
+// their model-wide scratch (MtpScratch: split, dcat, dh, demb); 0 without modules.
+static double acts_mtp(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    size_t N = B * T, d = c->d_model;
+    if (!c->mtp_depth) return 0;
+    return c->mtp_depth * (acts_layer(c, ms, B, T, 0) + 4.0 * N * (5 * d + c->vocab_size + 5)) +
+        4.0 * N * 6 * d;
+}
 // The bytes a backend with bf16 rows (ops.h Backend.hid FMT_BF16) saves in one layer that keeps its
 // activations under
 // --recompute rc: half of the SwiGLU rows it keeps (the routed ones unless rc drops them) and of
@@ -230,8 +243,9 @@ static double moment_elems(const ParamTable *lt, const MeshShape *ms, const Trai
 static double weights_alone(const ModelConfig *c) {
     ParamTable t;
     params_build(&t, c);
-    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(c->n_layers)), pg = (size_t)2 << 20;
-    int nh = params_bf16_ranges(&t, c->n_layers, 0, c->n_experts, MOE_GEMM_FP32_MAX_O, h);
+    int La = config_all_layers(c);
+    size_t *h = xmalloc(sizeof(size_t) * params_bf16_ranges_max(La)), pg = (size_t)2 << 20;
+    int nh = params_bf16_ranges(&t, La, 0, c->n_experts, MOE_GEMM_FP32_MAX_O, h);
     double alone = 0;
     for (int i = 0; i < nh; i++) {
         size_t a = (4 * h[2 * i] + pg - 1) / pg, b = 4 * h[2 * i + 1] / pg;
@@ -367,7 +381,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T;
     w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o->recompute) + acts_head(c, N) +
-        acts_scratch(c, NULL, (size_t)B, (size_t)T, 4);
+        acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) + acts_mtp(c, NULL, (size_t)B, (size_t)T);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
     w->total = w->state + w->acts - w->lent;
@@ -382,7 +396,8 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     int T = o->seq_len, Bl = m->Bl;
     double mom = moment_elems(lt, ms, o);
     double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o->recompute) +
-        acts_head(c, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4);
+        acts_head(c, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) +
+        acts_mtp(c, ms, (size_t)Bl, (size_t)T);
     double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
@@ -411,7 +426,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
         head |= v == ms->pp * m->vpp - 1;
         acts += live *
             (acts_layers(c, ms, Bl, T, first[v], first[v + 1], 0) +
-             (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) : 0));
+             (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) + acts_mtp(c, ms, Bl, T) : 0));
     }
     if (inst > 1) acts -= (inst - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
     acts += acts_scratch(c, ms, Bl, T, 4);

@@ -128,7 +128,7 @@ static void build_runs(Dist *d, Model *m) {
 
 void dist_attach(Dist *d, Model *m) {
     const ParamTable *t = &m->t;
-    int L = m->c.n_layers, cap = 0;
+    int L = config_all_layers(&m->c), cap = 0; // (the head's key: after the MTP modules' layers)
     for (int i = 0; i < t->n;) {
         const ParamSpec *s = &t->p[i];
         if (!s->lnumel) {

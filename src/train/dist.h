@@ -14,7 +14,7 @@
 typedef struct {
     size_t off, n; // elements [off, off+n) of the local flat buffers
     ReduceGroup g;
-    int layer; // n_layers: LM head + final norm; -1: embedding
+    int layer; // n_layers + mtp_depth: LM head + final norm; -1: embedding
     size_t s0, s1; // the part of [0, n) this rank updates (ZeRO >= 1), else [0, n)
     size_t moff; // where that part's moments start
     float *tmp; // ZeRO-2 reduce-scatter landing buffer (s1 - s0; backend memory)

@@ -123,7 +123,16 @@ void eval_dump(Model *m, const Dataset *ds, int B, const char *path, int grads, 
         meta_num(meta, "grad_aux_coef", aux_coef);
         meta_num(meta, "grad_z_coef", z_coef);
         cJSON_AddStringToObject(meta, "grad_loss",
-                                "mean cross-entropy + grad_aux_coef * aux_loss + grad_z_coef * z_loss");
+                                m->c.mtp_depth
+                                    ? "mean cross-entropy + mtp_weight * mtp_loss + grad_aux_coef * "
+                                      "(aux_loss + mtp_aux_loss) + grad_z_coef * (z_loss + mtp_z_loss)"
+                                    : "mean cross-entropy + grad_aux_coef * aux_loss + grad_z_coef * z_loss");
+    }
+    if (grads && m->c.mtp_depth) { // the MTP modules' terms of the gradients' objective (model_types.h)
+        meta_num(meta, "mtp_weight", m->c.mtp_weight);
+        meta_num(meta, "mtp_loss", m->mtp_loss);
+        meta_num(meta, "mtp_aux_loss", m->mtp_aux);
+        meta_num(meta, "mtp_z_loss", m->mtp_z);
     }
     char *mj = cJSON_PrintUnformatted(meta);
     cJSON_Delete(meta);

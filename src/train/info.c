@@ -48,6 +48,12 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
                    c->shared_gate ? "sigmoid-gated" : "ungated");
         printf("\n");
     }
+    if (c->mtp_depth) // (cost.c counts their parameters, FLOPs and activations)
+        printf(
+            "multi-token prediction: %d module%s (layers %d..%d: eh_proj, an MoE block, norms; the embedding "
+            "and LM head shared), loss weight %g\n",
+            c->mtp_depth, c->mtp_depth > 1 ? "s" : "", c->n_layers, c->n_layers + c->mtp_depth - 1,
+            c->mtp_weight);
     printf("dispatch: %s", c->dispatch == DISPATCH_CAPACITY ? "capacity" : "dropless");
     if (c->dispatch == DISPATCH_CAPACITY)
         printf(" (factor %g: %lld slots per expert for %lld tokens)", c->capacity_factor,

@@ -58,6 +58,9 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->seq_len < 1) BAD("--seq-len must be >= 1 (got %d)", o->seq_len);
     if (o->seq_len > c->max_seq_len)
         BAD("--seq-len %d exceeds the model's max_seq_len %d", o->seq_len, c->max_seq_len);
+    if (c->mtp_depth && o->seq_len <= c->mtp_depth)
+        BAD("--seq-len %d leaves --mtp %d no position to predict (it needs --seq-len > %d)", o->seq_len,
+            c->mtp_depth, c->mtp_depth);
     // floats: finite and in range (the negated comparisons also refuse NaN)
     if (!(o->lr > 0 && o->lr <= 10)) BAD("--lr must be in (0, 10] (got %g)", o->lr);
     if (!(o->min_lr_frac >= 0 && o->min_lr_frac <= 1))

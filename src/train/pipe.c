@@ -10,7 +10,9 @@ struct PipeSendBuf {
     CommReq *req[2];
 };
 
-// Tags: messages into virtual stage k: 4k (activations), 4k+1 (carry); gradients into k: 4k+2, 4k+3.
+// Tags: messages into virtual stage k: 4k (activations), 4k+1 (carry); gradients into k: 4k+2, 4k+3. MTP
+// (model.h): over S virtual stages, 4S (the embedding output into the last), 4S+1 (its gradient into the
+// first).
 enum { TAG_ACT = 0, TAG_CARRY = 1, TAG_GRAD = 2, TAG_HF = 3 };
 
 void pipe_init(Pipe *p, Model *m, const Comm *pp, int vpp) {
@@ -24,7 +26,7 @@ void pipe_init(Pipe *p, Model *m, const Comm *pp, int vpp) {
     p->soff[0] = 0;
     for (int c = 0; c < m->nchunks; c++) p->soff[c + 1] = p->soff[c] + m->nslots[c];
     p->carry = xcalloc((size_t)p->soff[m->nchunks] * p->ncarry, sizeof(double));
-    p->sreq = xcalloc((size_t)p->soff[m->nchunks] * 2, sizeof(CommReq *));
+    p->sreq = xcalloc((size_t)p->soff[m->nchunks] * 3, sizeof(CommReq *));
 }
 
 static void finish(CommReq **r) {
@@ -35,8 +37,7 @@ static void finish(CommReq **r) {
 }
 // (i: a chunk-slot index, soff[chunk] + slot)
 static void wait_slot(Pipe *p, int i) {
-    finish(&p->sreq[i * 2]);
-    finish(&p->sreq[i * 2 + 1]);
+    for (int j = 0; j < 3; j++) finish(&p->sreq[i * 3 + j]);
 }
 
 // A send buffer whose sends have completed (polled), or a new one.
@@ -76,6 +77,8 @@ void pipe_free(Pipe *p) {
 }
 
 static int vstage(const Pipe *p, int chunk) { return chunk * p->stages + p->stage; }
+// MTP's embedding rows cross the pipeline (model.h): with stages, modules and targets.
+static int mtp_moves(const Pipe *p, const int32_t *y) { return p->stages > 1 && p->m->c.mtp_depth && y; }
 int pipe_first(const Pipe *p, int chunk) { return p->m->chunk[chunk].first; }
 int pipe_last(const Pipe *p, int chunk) { return p->m->chunk[chunk].last; }
 
@@ -105,15 +108,20 @@ double pipe_forward(Pipe *p, int chunk, int slot, const int32_t *x, const int32_
         m->dropped = (int64_t)carry[2];
         memcpy(m->hf_fe, carry + 3, sizeof(double) * 2 * E); // hf_fe then hf_pe
     }
+    int S = p->stages * p->vpp;
+    if (mtp_moves(p, y) && pipe_last(p, chunk)) recv_wait(p, m->mtp_emb, nd, CT_F32, 0, 4 * S + TAG_ACT, 1);
     double loss = model_forward(m, x, y, B, T, dloss, noise_seed);
+    if (mtp_moves(p, y) && pipe_first(p, chunk)) // (from the slot, as the output: kept until the backward)
+        p->sreq[cs * 3 + 2] =
+            comm_dev_isend(p->pp, model_stage_in(m), nd, CT_F32, p->stages - 1, 4 * S + TAG_ACT);
     if (!pipe_last(p, chunk)) {
         carry[0] = m->aux;
         carry[1] = m->z;
         carry[2] = (double)m->dropped;
         memcpy(carry + 3, m->hf_fe, sizeof(double) * 2 * E);
         int to = (k + 1) % p->stages;
-        p->sreq[cs * 2] = comm_dev_isend(p->pp, model_stage_out(m), nd, CT_F32, to, 4 * (k + 1) + TAG_ACT);
-        p->sreq[cs * 2 + 1] = comm_isend(p->pp, carry, p->ncarry, CT_F64, to, 4 * (k + 1) + TAG_CARRY);
+        p->sreq[cs * 3] = comm_dev_isend(p->pp, model_stage_out(m), nd, CT_F32, to, 4 * (k + 1) + TAG_ACT);
+        p->sreq[cs * 3 + 1] = comm_isend(p->pp, carry, p->ncarry, CT_F64, to, 4 * (k + 1) + TAG_CARRY);
     }
     return loss;
 }
@@ -127,7 +135,14 @@ void pipe_backward(Pipe *p, int chunk, int slot, float aux_scale, float z_scale)
         recv_wait(p, m->dres, nd, CT_F32, k + 1, 4 * k + TAG_GRAD, 1);
         if (hf) recv_wait(p, m->hf_fe, E, CT_F64, k + 1, 4 * k + TAG_HF, 0);
     }
+    int S = p->stages * p->vpp, mtp = p->stages > 1 && m->c.mtp_depth;
+    if (mtp && pipe_first(p, chunk)) recv_wait(p, m->mtps.demb, nd, CT_F32, S - 1, 4 * S + TAG_GRAD, 1);
     model_backward(m, aux_scale, z_scale);
+    if (mtp && pipe_last(p, chunk)) {
+        struct PipeSendBuf *b = free_buf(p);
+        m->be->copy(b->g, m->mtps.demb, nd * sizeof(float));
+        b->req[0] = comm_dev_isend(p->pp, b->g, nd, CT_F32, 0, 4 * S + TAG_GRAD);
+    }
     if (!pipe_first(p, chunk)) {
         struct PipeSendBuf *b = free_buf(p);
         int to = (k - 1) % p->stages;

@@ -19,7 +19,8 @@ typedef struct {
     int stages, stage, vpp;
     int ncarry; // doubles carried forward: aux, z, dropped, hf_fe[E], hf_pe[E]
     double *carry; // (chunk-slots, ncarry) the forward's outgoing carry
-    CommReq **sreq; // (chunk-slots, 2) the forward's sends in flight from each chunk's slot
+    CommReq **sreq; // (chunk-slots, 3) the forward's sends in flight from each chunk's slot (the third:
+                    // MTP's embedding rows, model.h)
     int soff[MODEL_MAX_CHUNKS + 1]; // chunk c's slots are [soff[c], soff[c+1]) of those
     struct PipeSendBuf *pool; // the backward's send buffers (grown while all are in flight)
     int npool;

@@ -75,9 +75,11 @@ static void micro_forward(StepCtx *s, int step, uint64_t seq_pos, const Action *
         r->aux += m->aux / G;
         r->z += m->z / G;
         r->dropped += m->dropped;
+        if (c->mtp_depth) r->mtp += dist_mean_dp(s->dist, m->mtp_loss) / G;
     }
     const ModelChunk *ch = &m->chunk[a->chunk];
-    for (size_t i = (size_t)ch->l0 * E; i < (size_t)ch->l1 * E; i++) r->counts[i] += m->expert_counts[i];
+    size_t end = (size_t)model_chunk_end(m, a->chunk) * E; // (the MTP modules' layers on the last chunk)
+    for (size_t i = (size_t)ch->l0 * E; i < end; i++) r->counts[i] += m->expert_counts[i];
 }
 
 static void micro_backward(StepCtx *s, const Action *a, int arm) {
@@ -98,13 +100,14 @@ static void gather_stages(StepCtx *s, StepStats *r, double span) {
     s->stage_idle[1] = mine[1];
     if (comm_size(pp) <= 1) return;
     comm_allgather(pp, mine, s->stage_idle, 2, CT_F64);
-    double v[4] = {r->loss, r->aux, r->z, (double)r->dropped};
-    comm_bcast(pp, v, 4, CT_F64, comm_size(pp) - 1);
+    double v[5] = {r->loss, r->aux, r->z, (double)r->dropped, r->mtp};
+    comm_bcast(pp, v, 5, CT_F64, comm_size(pp) - 1);
     r->loss = v[0];
     r->aux = v[1];
     r->z = v[2];
     r->dropped = (int64_t)v[3];
-    comm_allreduce(pp, r->counts, (size_t)s->m->c.n_layers * s->m->c.n_experts, CT_I64);
+    r->mtp = v[4];
+    comm_allreduce(pp, r->counts, (size_t)config_all_layers(&s->m->c) * s->m->c.n_experts, CT_I64);
 }
 
 // --precision fp8's divergence check, once a step before the update: a scale group (tile or block) of the
@@ -144,7 +147,7 @@ static void route_bias_step(StepCtx *s, const StepStats *r) {
     int E = m->c.n_experts;
     float rate = m->c.bias_rate;
     float *b = s->bias_h;
-    for (int l = 0; l < m->c.n_layers; l++) {
+    for (int l = 0; l < config_all_layers(&m->c); l++) {
         int i = params_index(&m->t, PR_ROUTE_BIAS, l, -1);
         if (i < 0 || !m->t.p[i].lnumel) continue;
         float *dev = m->params + m->t.p[i].loffset;
@@ -167,7 +170,7 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     int64_t *counts = r->counts;
     memset(r, 0, sizeof *r);
     r->counts = counts;
-    memset(counts, 0, sizeof(int64_t) * m->c.n_layers * m->c.n_experts);
+    memset(counts, 0, sizeof(int64_t) * config_all_layers(&m->c) * m->c.n_experts);
     model_zero_grads(m); // (the routed experts' gradients: written by their first backward instead)
     model_scope_reset(m);
     s->pipe.idle_s = 0;

@@ -36,11 +36,12 @@ typedef struct {
 // What a step measured (identical on every rank).
 typedef struct {
     double loss, aux, z; // means over the step's tokens / layers and micro-batches
+    double mtp; // the MTP modules' loss (model.h mtp_loss), the mean over the micro-batches (0: no MTP)
     double gnorm; // global gradient norm before clipping
     float lr;
     int skipped; // non-finite loss or norm: no update (STEP_SKIPPED_MAX in a row end the run)
     int64_t dropped; // assignments dropped by capacity, all layers and micro-batches
-    int64_t *counts; // (L, E) assignments per expert, summed over micro-batches (caller's array)
+    int64_t *counts; // (L + mtp_depth, E) assignments per expert, summed over micro-batches (caller's array)
     int stages; // pipeline stages
     double *stage_idle; // (stages, 2) each stage's time waiting for the others this step and the
                         // time its schedule took (the bubble = idle / span; valid until the next step)
@@ -51,5 +52,5 @@ typedef struct {
 void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainOptions *o, const Mesh *mesh);
 void step_free(StepCtx *s);
 // Runs step `step` (0-based) starting at data position seq_pos (global sequences); fills *r
-// (r->counts must hold L*E values).
+// (r->counts must hold (L + mtp_depth) * E values).
 void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r);

@@ -377,7 +377,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     if (!r->out) DIE("cannot open /dev/null");
     print_header(r, &r->shape);
     r->mf = r->rank0 ? xfopen(r->metrics_path, "a") : NULL;
-    r->counts = xmalloc(sizeof(int64_t) * r->c.n_layers * r->c.n_experts);
+    r->counts = xmalloc(sizeof(int64_t) * config_all_layers(&r->c) * r->c.n_experts);
     r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
     r->first = (int)r->st.step;
     r->tb = r->rank0 && o->tensorboard ? tb_open(o->out, r->first, 12 + r->c.n_layers) : NULL;
@@ -436,6 +436,8 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "step", step + 1);
     cJSON_AddNumberToObject(j, "loss", s->loss);
+    if (r->c.mtp_depth)
+        cJSON_AddNumberToObject(j, "mtp_loss", s->mtp); // (the objective adds mtp_weight x it)
     cJSON_AddNumberToObject(j, "aux_loss", s->aux);
     cJSON_AddNumberToObject(j, "z_loss", s->z);
     cJSON_AddNumberToObject(j, "lr", s->lr);
@@ -492,9 +494,11 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     if (s->stages > 1)
         snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | bubble %.0f%%", 100 * bubble);
     adapt_progress(&r->adapt, &r->m, wait + strlen(wait), sizeof wait - strlen(wait));
-    printf("step %*d/%d | loss %.4f | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
+    char mtp[32] = "";
+    if (r->c.mtp_depth) snprintf(mtp, sizeof mtp, " | mtp %.4f", s->mtp);
+    printf("step %*d/%d | loss %.4f%s | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
-           (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, s->aux, s->z, s->lr,
+           (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, mtp, s->aux, s->z, s->lr,
            s->gnorm, tps, worst, L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", wait, eta);
     fflush(stdout);
 }
