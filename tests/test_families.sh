@@ -217,6 +217,16 @@ for fam in olmoe qwen2_moe qwen3_moe deepseek_v3; do
   b=$("$MOE" eval --ckpt "$W/pl_$fam" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
   check "$fam: a published-style config.json (no moe_c) reads as the same model ($b)" [ -n "$a" ] && [ "$a" = "$b" ]
 done
+# a config.json that gives an MTP module whose files hold none (transformers' save_pretrained drops them):
+# the main model alone, said on stderr (the same loss as the directory without the key)
+rm -rf "$W/ds_nomtp"; cp -r "$W/hf_deepseek_v3" "$W/ds_nomtp"
+sed -i 's/"num_nextn_predict_layers":[[:space:]]*0/"num_nextn_predict_layers": 1/' "$W/ds_nomtp/config.json"
+check "deepseek_v3 without MTP files: the edited config gives a module" grep -q '"num_nextn_predict_layers": 1' "$W/ds_nomtp/config.json"
+a=$("$MOE" eval --ckpt "$W/hf_deepseek_v3" "${EV[@]}" 2>&1 | grep -o 'loss [0-9.]*' | head -1)
+"$MOE" eval --ckpt "$W/ds_nomtp" "${EV[@]}" >"$OUT_FILE" 2>"$ERR_FILE"
+b=$(grep -o 'loss [0-9.]*' "$OUT_FILE" "$ERR_FILE" | head -1 | sed 's/^[^:]*://')
+check "deepseek_v3: num_nextn_predict_layers 1 without the module's tensors loads the main model ($b)" [ -n "$a" ] && [ "$a" = "$b" ]
+check "deepseek_v3: ... and says so" grep -q "MTP module(s) (num_nextn_predict_layers) but its files hold none" "$ERR_FILE"
 
 # ---- aux-free balancing does balance: with the aux loss off, the routing bias alone keeps the busiest
 # expert's load nearer the mean than no balancing at all (the same seed, data and steps)

@@ -53,9 +53,12 @@ static void config_of(const char *dir, cJSON *j, const char *what, ModelConfig *
     *c = cfg;
 }
 
+static void mtp_drop_absent(const char *dir, ModelConfig *c);
+
 void hf_load_config(const char *dir, ModelConfig *c) {
     if (!dir_exists(dir)) DIE("HF model %s: not a directory", dir);
     config_of(dir, read_json(dir, "config.json"), "config.json", c);
+    mtp_drop_absent(dir, c);
 }
 
 void hf_load_config_upcycle(const char *dir, int E, int k, ModelConfig *c) {
@@ -180,6 +183,29 @@ static void src_close(Src *s) {
     free(s->t);
     cJSON_Delete(s->index);
     memset(s, 0, sizeof *s);
+}
+
+// config.json gives MTP modules (num_nextn_predict_layers) but the files hold none of them (transformers'
+// save_pretrained of a DeepSeek-V3 drops them): the main model alone, said on stderr. Some but not all of
+// them: refused later by hf_load_params, naming the first missing tensor.
+static void mtp_drop_absent(const char *dir, ModelConfig *c) {
+    if (c->mtp_depth <= 0) return;
+    Src s;
+    src_open(&s, dir);
+    int any = 0;
+    for (int k = 0; k < c->mtp_depth && !any; k++) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "model.layers.%d.eh_proj.weight", c->n_layers + k);
+        any = src_find(&s, nm) >= 0;
+    }
+    src_close(&s);
+    if (any) return;
+    fprintf(stderr,
+            "moe: note: HF model %s: config.json gives %d MTP module(s) (num_nextn_predict_layers) but its "
+            "files hold none (transformers' save_pretrained drops them): the main model alone\n",
+            dir, c->mtp_depth);
+    c->mtp_depth = 0;
+    c->mtp_weight = 0;
 }
 
 static void src_read(const Src *s, int i, int ndim, const int64_t *shape, float *dst) {
