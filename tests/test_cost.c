@@ -9,6 +9,9 @@
 //  - bytes sent per step on simple meshes of two ranks (TP, EP, ETP sharded and gathered, DP with ZeRO
 //    1, a pipeline of two stages, interleaved), counted by hand;
 //  - memory: a mesh of one rank holds what the whole model does in one process;
+//  - the FP8 table's kept weight codes (cuda_fp8_wcache.cu), counted by hand for the tiny preset: the whole
+//    model, two pipeline stages, two EP ranks, a shared expert (with and without the fused pair), a dense
+//    layer, and weights off a multiple of 8 elements (not kept);
 //  - dense layers (config dense_layers): the parameters and FLOPs of their MLP in place of the MoE layer's.
 #include <string.h>
 #include "model/params.h"
@@ -167,8 +170,8 @@ static void check_comm(void) {
 
 static int same_cuda(const CostCuda *a, const CostCuda *b) {
     return a->hid == b->hid && a->shadow == b->shadow && a->scratch == b->scratch && a->gemm == b->gemm &&
-        a->fp8 == b->fp8 && a->workspace == b->workspace && a->alone == b->alone && a->lent == b->lent &&
-        a->total == b->total && a->routed == b->routed;
+        a->fp8 == b->fp8 && a->kept == b->kept && a->workspace == b->workspace && a->alone == b->alone &&
+        a->lent == b->lent && a->total == b->total && a->routed == b->routed;
 }
 
 // A mesh of one rank holds what one process does, on the cpu and (every delta, exactly) on the cuda backend.
@@ -178,10 +181,10 @@ static void check_memory(const char *name) {
     train_options_default(&o);
     o.batch = 2;
     o.seq_len = c.max_seq_len < 256 ? c.max_seq_len : 256;
-    for (int v = 0; v < 16; v++) {
+    for (int v = 0; v < 24; v++) {
         o.recompute = v & 3;
-        o.precision = v & 4 ? PREC_BF16 : PREC_MIXED;
-        o.grad_memory = v & 8 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
+        o.precision = (v >> 2) % 3 == 2 ? PREC_FP8 : (v >> 2) % 3 == 1 ? PREC_BF16 : PREC_MIXED;
+        o.grad_memory = v < 12 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
         int rc = o.recompute;
         CostWhole w;
         cost_whole(&w, &c, &o, 0);
@@ -201,15 +204,84 @@ static void check_memory(const char *name) {
         EXPECT(w.cuda.shadow == 2 * np && w.cuda.hid > 0 && w.cuda.gemm >= 1048576 &&
                    w.cuda.workspace >= 1048576 && w.cuda.scratch == w.cuda.gemm + w.cuda.workspace &&
                    w.cuda.total ==
-                       w.total + w.lent - w.cuda.hid + w.cuda.shadow + w.cuda.scratch - w.cuda.lent -
-                           w.cuda.alone,
+                       w.total + w.lent - w.cuda.hid + w.cuda.shadow + w.cuda.scratch + w.cuda.fp8 -
+                           w.cuda.lent - w.cuda.alone,
                "%s, case %d: cuda deltas", name, v);
         EXPECT(o.precision == PREC_BF16 ? w.cuda.alone > 0 || strcmp(name, "peers-ref") : w.cuda.alone == 0,
                "%s, case %d: float32 GEMM weights dropped %.0f", name, v, w.cuda.alone);
+        EXPECT(o.precision == PREC_FP8 ? w.cuda.kept > 0 && w.cuda.fp8 > w.cuda.kept
+                                       : w.cuda.fp8 == 0 && w.cuda.kept == 0,
+               "%s, case %d: fp8 %.0f, of it kept %.0f", name, v, w.cuda.fp8, w.cuda.kept);
         EXPECT((w.cuda.lent > 0) == (o.grad_memory == GRADMEM_SHARED) && w.cuda.lent <= w.lent,
                "%s, case %d (recompute %d): lent %.0f of %.0f", name, v, rc, w.cuda.lent, w.lent);
         cost_mesh_free(&m);
     }
+}
+
+static double kept_whole(const ModelConfig *c, const TrainOptions *o) {
+    CostWhole w;
+    cost_whole(&w, c, o, 0);
+    return w.cuda.kept;
+}
+
+// The FP8 table's kept codes (cuda_fp8_wcache.cu), bytes, by its allocations: a weight (G, O, K) that starts
+// at a multiple of 8 elements keeps its transposed layout (G O K bytes of codes, 4-byte scales of its 128 x
+// 128 blocks, each rounded up to 256 bytes, + 256 for its non-finite count); w2 also its forward layout
+// (codes rounded, scales not); w1 and w3 their pair (2 G O K bytes + a scale per row and 128-wide K-tile)
+// where O % 64 == 0 and K % 16 == 0, else a forward layout each.
+static void check_fp8_kept(void) {
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 16;
+    o.seq_len = 64;
+    o.precision = PREC_FP8;
+    ModelConfig c = preset("tiny"); // d 96, 2 layers, 4 experts, f 192 (check_flops checks these)
+    // routed (4, 192, 96) and (4, 96, 192): 73,728 B of codes, 4 x 2 x 1 blocks of 4 B = 32 B of scales
+    double t = 73728 + 256 + 256, f2 = 73728 + 32, pair = 2 * 73728 + 4 * 192 * 1 * 2 * 4.0;
+    double layer = 3 * t + f2 + pair; // 450,080
+    EXPECT(kept_whole(&c, &o) == 2 * layer, "tiny fp8: %.0f kept, want %.0f", kept_whole(&c, &o), 2 * layer);
+    o.precision = PREC_MIXED;
+    EXPECT(kept_whole(&c, &o) == 0, "tiny mixed: %.0f kept", kept_whole(&c, &o));
+    o.precision = PREC_FP8;
+    // two pipeline stages (two micro-batches): a layer each
+    CostMesh m;
+    o.grad_accum = 2;
+    EXPECT(mesh_of(&m, &o, 2, 2, 1, 1, 1, 2) == NULL, "fp8 pp 2");
+    for (int s = 0; s < 2; s++)
+        EXPECT(m.stage[s].mem.cuda.kept == layer, "fp8 pp 2, stage %d: %.0f kept, want %.0f", s,
+               m.stage[s].mem.cuda.kept, layer);
+    cost_mesh_free(&m);
+    o.grad_accum = 1;
+    // two EP ranks: 2 experts each, (2, 192, 96): 36,864 B of codes, 16 B of scales
+    double t2 = 36864 + 256 + 256, layer2 = 3 * t2 + (36864 + 16) + (2 * 36864 + 2 * 192 * 2 * 4.0);
+    EXPECT(mesh_of(&m, &o, 2, 2, 1, 2, 1, 1) == NULL, "fp8 ep 2");
+    EXPECT(m.stage[0].mem.cuda.kept == 2 * layer2, "fp8 ep 2: %.0f kept, want %.0f", m.stage[0].mem.cuda.kept,
+           2 * layer2);
+    cost_mesh_free(&m);
+    // a shared expert of width 64 (1, 64, 96): 6,144 B of codes, one block's scale (4 B); paired
+    c.n_shared_experts = 1;
+    c.shared_d_ff = 64;
+    double sh = 3 * (6144 + 256 + 256) + (6144 + 4) + (2 * 6144 + 64 * 1 * 2 * 4.0);
+    EXPECT(kept_whole(&c, &o) == 2 * (layer + sh), "tiny + shared 64: %.0f kept, want %.0f",
+           kept_whole(&c, &o), 2 * (layer + sh));
+    // width 40: no pair (40 % 64), a forward layout each for w1 and w3: 3,840 B of codes, one block
+    c.shared_d_ff = 40;
+    double sh40 = 3 * (3840 + 256 + 256) + 3 * (3840 + 4);
+    EXPECT(kept_whole(&c, &o) == 2 * (layer + sh40), "tiny + shared 40: %.0f kept, want %.0f",
+           kept_whole(&c, &o), 2 * (layer + sh40));
+    // layer 0 dense, an MLP of width 128 (1, 128, 96): 12,288 B of codes, one block; layer 1 as above
+    c.shared_d_ff = 64;
+    config_set_dense(&c, 0);
+    c.dense_d_ff = 128;
+    double dense = 3 * (12288 + 256 + 256) + (12288 + 4) + (2 * 12288 + 128 * 1 * 2 * 4.0);
+    EXPECT(kept_whole(&c, &o) == dense + layer + sh, "tiny, layer 0 dense: %.0f kept, want %.0f",
+           kept_whole(&c, &o), dense + layer + sh);
+    // aux-free: each layer's routing bias (4 floats) comes before its experts, so layer 0's start 4 elements
+    // off a multiple of 8 (no bf16 copy to key on: none kept) and layer 1's, 8 off, on one
+    c = preset("tiny");
+    c.balance = BALANCE_AUX_FREE;
+    EXPECT(kept_whole(&c, &o) == layer, "tiny aux-free: %.0f kept, want %.0f (layer 1's)", kept_whole(&c, &o),
+           layer);
 }
 
 int main(void) {
@@ -248,5 +320,6 @@ int main(void) {
     check_comm();
     check_memory("small");
     check_memory("peers-ref");
+    check_fp8_kept();
     return test_done("test_cost");
 }

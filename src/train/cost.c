@@ -320,12 +320,12 @@ static double fp8_need(double R, double G, double K, double O, int bwd) {
         al256(4 * O * P / 128) + al256(K * P) + al256(4 * K * P / 128);
 }
 
-// The FP8 table's scratch (cuda_fp8_ops.cu, --precision fp8 on the cuda backend; it keeps no FP8 copy
-// between ops): two buffers, each grown to an op's need to the larger of the need and 1.25 x the buffer so
-// far: the codes and scales of one grouped op's operands (fp8_need) and the float32 rows inside a fused op
-// (h1 and h3 before the SwiGLU, dact before its backward). The needs in a step's order: the routed experts'
-// up and down forward (the rank's Re rows over E / ep groups of d_ff / etp), the shared expert's (Ns rows,
-// one group), then their backwards (down, then up).
+// The FP8 table's scratch (cuda_fp8_ops.cu, --precision fp8 on the cuda backend; the weight codes it keeps
+// between ops: cuda_fp8_kept): two buffers, each grown to an op's need to the larger of the need and 1.25 x
+// the buffer so far: the codes and scales of one grouped op's operands (fp8_need) and the float32 rows inside
+// a fused op (h1 and h3 before the SwiGLU, dact before its backward). The needs in a step's order: the routed
+// experts' up and down forward (the rank's Re rows over E / ep groups of d_ff / etp), the shared expert's (Ns
+// rows, one group), then their backwards (down, then up).
 static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
     int tp = ms ? ms->tp : 1, ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1;
     double Ns = (double)((B * T + tp - 1) / tp), Re = (double)etp * Ns * c->top_k, d = c->d_model;
@@ -343,6 +343,60 @@ static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t
     return cq + cr;
 }
 
+// The FP8 table's weight codes kept between ops (cuda_fp8_wcache.cu, the cache on: its default), bytes, of
+// the grouped weights the rank's table lt holds (NULL: the whole model's, built here): each layer's routed
+// experts (w1, w3, w2 of its El held experts: G El), its shared experts' and a dense layer's MLP (G 1), as
+// the code allocates them. A weight (G, O, K) is kept only where it starts at a multiple of 8 elements of the
+// buffer (cuda_weights.cu cuda_bf16_shadow_of); a kept one has its transposed layout's allocation, al256 of
+// the codes (G O K bytes) + al256 of the 128 x 128 block scales (4 G ceil(O/128) ceil(K/128)) + 256 (the
+// non-finite count); w2 also its forward layout, al256 of the codes + the block scales; w1 and w3, both kept,
+// their pair's (cuda_fp8_weight_pair: al256 of 2 G O K codes + a scale per row and K-tile, 8 G O
+// ceil(K/128)) where the fused up projection runs (O % 64 == 0, K % 16 == 0, G <= 256; on Hopper's kernel),
+// else a forward layout each as w2's. (MOE_FP8_WCACHE=0 keeps none; MOE_FP8_GEMM=ref and other GPUs run no
+// pair: none counted apart.)
+static double fp8_layout(double G, double O, double K, int transposed) {
+    double scales = 4 * G * ceil(O / 128) * ceil(K / 128);
+    return transposed ? al256(G * O * K) + al256(scales) + 256 : al256(G * O * K) + scales;
+}
+// the first held tensor of role r from index i on (-1: none)
+static int fp8_held_from(const ParamTable *t, int i, ParamRole r) {
+    while (i < t->n && !(t->p[i].role == r && t->p[i].lnumel)) i++;
+    return i < t->n ? i : -1;
+}
+static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
+    static const ParamRole w1s[3] = {PR_W1, PR_SH_W1, PR_D_W1}, w3s[3] = {PR_W3, PR_SH_W3, PR_D_W3},
+                           w2s[3] = {PR_W2, PR_SH_W2, PR_D_W2};
+    ParamTable own;
+    if (!lt) params_build(&own, c);
+    const ParamTable *t = lt ? lt : &own;
+    double kept = 0;
+    for (int i = 0; i < t->n; i++) {
+        const ParamSpec *p = &t->p[i];
+        int b = 0;
+        while (b < 3 && p->role != w1s[b]) b++;
+        if (b == 3 || !p->lnumel || (i > 0 && t->p[i - 1].role == p->role && t->p[i - 1].lnumel))
+            continue; // (the first held tensor of a block only)
+        int G = 0; // (the routed experts' block: the layer's held experts)
+        while (i + G < t->n && t->p[i + G].role == p->role && t->p[i + G].layer == p->layer &&
+               t->p[i + G].lnumel)
+            G++;
+        int i3 = fp8_held_from(t, i + G, w3s[b]), i2 = i3 < 0 ? -1 : fp8_held_from(t, i3 + G, w2s[b]);
+        CHECK(i2 >= 0 && t->p[i3].layer == p->layer && t->p[i2].layer == p->layer,
+              "cuda_fp8_kept: layer %d's w1 without its w3 and w2", p->layer);
+        const ParamSpec *w3 = &t->p[i3], *w2 = &t->p[i2];
+        double O = (double)p->lshape[0], K = (double)p->lshape[1];
+        int k1 = p->loffset % 8 == 0, k3 = w3->loffset % 8 == 0;
+        int pair = k1 && k3 && p->lshape[0] % 64 == 0 && p->lshape[1] % 16 == 0 && G <= 256;
+        kept += (k1 + k3) * fp8_layout(G, O, K, 1) +
+            (pair ? al256(2 * G * O * K) + 8 * G * O * ceil(K / 128) : (k1 + k3) * fp8_layout(G, O, K, 0));
+        if (w2->loffset % 8 == 0)
+            kept += fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 1) +
+                fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 0);
+    }
+    if (!lt) params_free(&own);
+    return kept;
+}
+
 // The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh
 // holding inst layer instances' activations of B sequences of T tokens (one per layer; with pipeline stages,
 // each live micro-batch's), np parameters (its slices), the LM head where head, and held bytes in the
@@ -352,9 +406,11 @@ static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t
 // SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the
 // bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
 // the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
-// fp8 the FP8 table's two (cuda_fp8_scratch).
+// fp8 the FP8 table's two (cuda_fp8_scratch) and the weight codes it keeps (cuda_fp8_kept: of the layers and
+// experts lt holds; NULL: the whole model).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
-                        size_t B, size_t T, int inst, double np, double held, int meshed, int head) {
+                        size_t B, size_t T, int inst, double np, double held, int meshed, int head,
+                        const ParamTable *lt) {
     int tp = ms ? ms->tp : 1, rc = o->recompute;
     size_t N = B * T, Ns = (N + tp - 1) / tp;
     k->hid = inst * acts_hid_saved(c, ms, B, T, rc) +
@@ -364,7 +420,8 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
     k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
     k->scratch = k->gemm + k->workspace;
-    k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) : 0;
+    k->kept = o->precision == PREC_FP8 ? cuda_fp8_kept(c, lt) : 0;
+    k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) + k->kept : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
     k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone;
@@ -386,7 +443,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
     w->total = w->state + w->acts - w->lent;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
-                meshed, 1);
+                meshed, 1, NULL);
 }
 
 // A rank of a mesh without pipeline stages (lt: its slices): one micro-batch's activations.
@@ -407,7 +464,7 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     int L = c->n_layers;
     r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
     cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, (double)lt->ltotal,
-                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1);
+                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1, lt);
 }
 
 // A rank of pipeline stage s (lt: its slices): each chunk's live micro-batches x its layers (+ the head's
@@ -436,7 +493,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
     r->routed = acts_routed(c, ms, Bl, T, inst, o->recompute & RECOMPUTE_MOE ? 1 : inst, 4);
-    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1, head);
+    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1, head, lt);
 }
 
 // The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to

@@ -43,6 +43,7 @@ typedef struct {
     double gemm; // of it, the bf16 operand copies of the GEMMs (the LM head's output gradient the largest)
     double workspace; // of it, the workspace (the attention backward's D, bf16 dout and dS the largest)
     double fp8; // plus, under --precision fp8: the FP8 table's operand codes and scales and float32 rows
+    double kept; // of fp8, the experts' weight codes and scales it keeps between ops (cuda_fp8_wcache.cu)
     double alone; // less: the float32 pages of weights only bf16 GEMMs read (--precision bf16, one process)
     double lent; // of its activations, in the expert gradients' memory (replaces the float32 figure's)
     double total; // its total (the CUDA context aside)

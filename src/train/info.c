@@ -70,7 +70,7 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
 
 // The cuda backend's figure (cost.h CostCuda): head, then its deltas from the float32 figure and its total.
 static void print_cuda(const CostCuda *k, const char *head) {
-    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[96] = "", g[32], ws[32];
+    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[160] = "", g[32], ws[32];
     fmt_bytes(b1, sizeof b1, k->hid);
     fmt_bytes(b2, sizeof b2, k->shadow);
     fmt_bytes(b3, sizeof b3, k->scratch);
@@ -79,9 +79,12 @@ static void print_cuda(const CostCuda *k, const char *head) {
     fmt_bytes(b4, sizeof b4, k->total);
     fmt_bytes(bl, sizeof bl, k->lent);
     if (k->fp8 > 0) {
-        char a[32];
+        char a[32], kc[32], sc[32];
         fmt_bytes(a, sizeof a, k->fp8);
-        snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " + fp8 operands %s", a);
+        fmt_bytes(kc, sizeof kc, k->kept);
+        fmt_bytes(sc, sizeof sc, k->fp8 - k->kept);
+        snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5),
+                 " + fp8 operands %s (expert weight codes kept %s, operand scratch %s)", a, kc, sc);
     }
     if (k->alone > 0) {
         char a[32];
