@@ -365,13 +365,12 @@ int main(void) {
         check_config("qwen3_moe: qk-norm head, aux-free", f3, 2, 40, 0, gpu, ref, f32);
         check_config("latent attention: q_lora, yarn, v padded", f5, 2, 40, 0, gpu, ref, f32);
         check_config("deepseek-shaped: dense 0, sigmoid groups", f4, 2, 40, 0, gpu, ref, f32);
-        // (cuda-fp32; MOE_TEST_MTP_CUDA=1 runs it on cuda against the bf16 reference too: not yet run on a
-        // GPU. Not argued well-conditioned there: with every parameter moved by 1e-6 relative, bf16_ref.h's
-        // own gradients of this model moved 1.7e-2..1.2e-1 norm-wise with a routing change in 2 of its 4
-        // MoE layers for seeds 7 and 9, against 1.4e-2..5.0e-2 and at most one layer for c alone (seeds
-        // 7..10, 2026-12-03): its two more softmax routers at 20x bring more near ties than c's two)
-        if (!bf || getenv("MOE_TEST_MTP_CUDA"))
-            check_config("mtp 2 modules, weight 0.5", m1, 2, 40, 0, gpu, ref, f32);
+        // (on "cuda" measured on the H200 at 4.55e-3 norm-wise, routing identical (2026-12-03). Less well
+        // conditioned than c: with every parameter moved by 1e-6 relative, bf16_ref.h's own gradients of this
+        // model moved 1.7e-2..1.2e-1 norm-wise with a routing change in 2 of its 4 MoE layers for seeds 7 and
+        // 9, against 1.4e-2..5.0e-2 and at most one layer for c alone (seeds 7..10): a failure here on a
+        // kernel change that moves roundings is to be read with that in mind)
+        check_config("mtp 2 modules, weight 0.5", m1, 2, 40, 0, gpu, ref, f32);
         printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name,
                ref->name, worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
     }
