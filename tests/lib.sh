@@ -182,6 +182,16 @@ small_fixture() {
   EVAL=(--batch 4 --seq-len 16 --eval-batches 1)
 }
 
+# trained_tokenizers: tests/tokenizer_ref.py (REF) trains its tokenizers with the PyPI `tokenizers` into tk/;
+# the script is skipped without that library and fails where the training does.
+trained_tokenizers() {
+  REF="$MOE_SRC/tests/tokenizer_ref.py"
+  python3 "$REF" train tk > train.log 2>&1
+  local rc=$?
+  if [ $rc -eq 77 ]; then skip "the PyPI tokenizers library is not installed ($(tail -1 train.log))"; finish; fi
+  [ $rc -eq 0 ] || { fail "training the tokenizers (tokenizer_ref.py train)"; cat train.log; finish; }
+}
+
 # mpi_tests: the setting of the mpirun tests (skips the script where mpirun is missing): root allowed,
 # one OpenMP thread per rank, ranks oversubscribed on the 2-core machine, MPI (the launcher, bounded
 # in time) and CKPT_DIFF.

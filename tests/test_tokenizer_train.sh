@@ -13,11 +13,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$TMP" || exit 1
-REF="$MOE_SRC/tests/tokenizer_ref.py"
-python3 "$REF" train tk >train.log 2>&1
-rc=$?
-if [ $rc -eq 77 ]; then skip "the PyPI tokenizers library is not installed ($(tail -1 train.log))"; finish; fi
-[ $rc -eq 0 ] || { fail "tokenizer_ref.py train"; cat train.log; finish; }
+trained_tokenizers
 python3 - "$REF" <<'PY'
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("ref", sys.argv[1]); ref = importlib.util.module_from_spec(spec)
