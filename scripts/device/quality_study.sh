@@ -15,6 +15,11 @@
 #          dense run of its seed read the same batches), --device cuda (DEVICE), mixed precision.
 # Out ($OUT): quality.txt (progress, each run's time, `moe info` of both models, the compare table, the means
 # and the per-seed differences), quality.png (moe compare --out), each run's metrics.jsonl and run.json.
+# Settings (env) that make it a study of another pair: SHAPE (the shared flags), KINDS (space-separated
+# LABEL=FLAGS entries, FLAGS with commas for spaces; default moe=MOE_FFN dense=DENSE_FFN; the per-seed difference
+# is the first label's minus the second's), TEXT (a corpus file in place of tinyshakespeare), PAR (runs of a seed
+# at once on the one GPU: 1; the study's losses do not depend on it), TAG (the out files' stem: quality).
+# Used by crossover.sh (MoE against dense at several sizes) and fp8_quality.sh (--precision fp8 against bf16).
 # QUICK=1: a tiny setting on the cpu (build-cpu/moe or build/moe; d 64, 2 layers, 40 steps of 8 x 64,
 # 4 validation batches) to try the script itself: `QUICK=1 bash scripts/device/quality_study.sh`.
 cd "$(dirname "$0")/../.."
@@ -26,14 +31,18 @@ if [ "${QUICK:-0}" = 1 ]; then
   SHAPE="--d-model 64 --n-layers 2 --n-heads 4 --n-kv-heads 4 --seq-len 64 --max-seq-len 64 --batch 8"
   MOE_FFN="--n-experts 4 --top-k 2 --d-ff 64"; DENSE_FFN="--n-experts 1 --top-k 1 --d-ff 128"
 else
-  . scripts/device/libs.sh && recipe_start quality 540
+  . scripts/device/libs.sh && recipe_start ${TAG:-quality} 540
+  W=$W/${TAG:-quality}; mkdir -p $W
+  [ "${PAR:-1}" -gt 1 ] && export OMP_NUM_THREADS=$((16 / PAR > 1 ? 16 / PAR : 1)) # the runs share 16 cores
   MOE=$B/moe
-  DEVICE=${DEVICE:-cuda}; STEPS=${STEPS:-600}; EVERY=${EVERY:-100}; EVAL="--eval-batches all"; RUN_LIMIT=${RUN_LIMIT:-100}
-  SHAPE="--d-model 384 --n-layers 6 --n-heads 6 --n-kv-heads 6 --seq-len 256 --max-seq-len 256 --batch 64"
+  DEVICE=${DEVICE:-cuda}; STEPS=${STEPS:-600}; EVERY=${EVERY:-100}; EVAL=${EVAL:-"--eval-batches all"}; RUN_LIMIT=${RUN_LIMIT:-100}
+  SHAPE=${SHAPE:-"--d-model 384 --n-layers 6 --n-heads 6 --n-kv-heads 6 --seq-len 256 --max-seq-len 256 --batch 64"}
   MOE_FFN="--n-experts 8 --top-k 2 --d-ff 512"; DENSE_FFN="--n-experts 1 --top-k 1 --d-ff 1024"
 fi
-TEXT=""
-for f in shared/data/tinyshakespeare.txt ../shared/data/tinyshakespeare.txt .gpu/tinyshakespeare.txt; do
+KINDS=${KINDS:-"moe=${MOE_FFN// /,} dense=${DENSE_FFN// /,}"}
+PAR=${PAR:-1}
+TEXT=${TEXT:-}
+[ -z "$TEXT" ] && for f in shared/data/tinyshakespeare.txt ../shared/data/tinyshakespeare.txt .gpu/tinyshakespeare.txt; do
   [ -f "$f" ] && TEXT=$f && break
 done
 [ -n "$TEXT" ] || { say "no tinyshakespeare.txt in shared/data, ../shared/data or .gpu: nothing run"; exit 1; }
@@ -41,41 +50,50 @@ SEEDS=${SEEDS:-1 2 3}
 C="--data $TEXT --vocab-size 256 $SHAPE --steps $STEPS --lr 1e-3 --min-lr-frac 0.1 --warmup $((STEPS / 10))
    --eval-every $EVERY $EVAL --dropout ${DROPOUT:-0} --device $DEVICE --sample-tokens 0 --plots 0 --quiet --force"
 say "$(date -u) quality study: $DEVICE, $STEPS steps, seeds $SEEDS, data $TEXT ($(wc -c < "$TEXT") bytes)"
-for kind in moe dense; do
-  ffn=$MOE_FFN; [ $kind = dense ] && ffn=$DENSE_FFN
-  say "$kind: $ffn: $("$MOE" info --vocab-size 256 $SHAPE $ffn 2>&1 | grep -m1 '^parameters')"
+LABELS=(); for k in $KINDS; do LABELS+=("${k%%=*}"); done
+flags() { for k in $KINDS; do [ "${k%%=*}" = "$1" ] && echo "${k#*=}" | tr , ' '; done; }
+for kind in "${LABELS[@]}"; do
+  say "$kind: $(flags $kind): $("$MOE" info --vocab-size 256 $SHAPE $(flags $kind) 2>&1 | grep -m1 '^parameters')"
 done
-RUNS=()
+# one run: its metrics kept where they are whole
+one_run() {
+  local kind=$1 s=$2 t0=$SECONDS rc
+  timeout "$RUN_LIMIT" "$MOE" train $C $(flags $kind) --seed "$s" --out "$W/${kind}_s$s" > "$W/${kind}_s$s.log" 2>&1
+  rc=$?
+  say "${kind}_s$s rc=$rc $((SECONDS - t0))s"
+  [ $rc = 0 ] || tail -3 "$W/${kind}_s$s.log" | tee -a "$R"
+}
+n=0
 for s in $SEEDS; do   # the pairs interleaved: a call cut short still holds whole pairs
-  for kind in moe dense; do
-    ffn=$MOE_FFN; [ $kind = dense ] && ffn=$DENSE_FFN
-    t0=$SECONDS
-    timeout "$RUN_LIMIT" "$MOE" train $C $ffn --seed "$s" --out "$W/${kind}_s$s" > "$W/${kind}_s$s.log" 2>&1
-    rc=$?
-    say "${kind}_s$s rc=$rc $((SECONDS - t0))s"
-    [ $rc = 0 ] || tail -3 "$W/${kind}_s$s.log" | tee -a "$R"
-    [ -s "$W/${kind}_s$s/metrics.jsonl" ] && RUNS+=("$W/${kind}_s$s")
+  for kind in "${LABELS[@]}"; do
+    one_run $kind $s &
+    n=$((n + 1)); [ $((n % PAR)) = 0 ] && wait
   done
 done
+wait
+RUNS=()
+for s in $SEEDS; do for kind in "${LABELS[@]}"; do
+  [ -s "$W/${kind}_s$s/metrics.jsonl" ] && RUNS+=("$W/${kind}_s$s")
+done; done
 [ ${#RUNS[@]} -gt 0 ] || { say "no run produced metrics"; exit 1; }
 # (without gnuplot, as on the device image: the table only; draw the PNG where gnuplot is, from runs.tgz:
 # `moe compare DIR/* --out quality.png` after unpacking it)
-PNG=(); command -v gnuplot >/dev/null && PNG=(--out "$OUT/quality.png")
+PNG=(); command -v gnuplot >/dev/null && PNG=(--out "$OUT/${TAG:-quality}.png")
 "$MOE" compare "${RUNS[@]}" "${PNG[@]}" > "$W/compare.txt" 2>&1
 say "compare rc=$?"
 tee -a "$R" < "$W/compare.txt"
 # the means (and sample standard deviations) of each kind's final and best validation loss, and per seed
 # MoE minus dense (negative: the MoE is better)
-awk '$1 ~ /^(moe|dense)_s[0-9]+$/ && $5 != "-" {
+awk -v A="${LABELS[0]}" -v Z="${LABELS[1]}" '$1 ~ /_s[0-9]+$/ && $5 != "-" {
        k = substr($1, 1, index($1, "_") - 1); s = substr($1, index($1, "_s") + 2)
        n[k]++; f[k] += $5; f2[k] += $5 * $5; b[k] += $6; b2[k] += $6 * $6; fin[k, s] = $5; best[k, s] = $6; seeds[s] = 1 }
      function sd(sum, sq, m) { return m > 1 ? sqrt((sq - sum * sum / m) / (m - 1)) : 0 }
      END {
        for (k in n) printf "%-5s %d seeds: final val %.4f +- %.4f, best val %.4f +- %.4f\n", k, n[k],
          f[k] / n[k], sd(f[k], f2[k], n[k]), b[k] / n[k], sd(b[k], b2[k], n[k])
-       for (s in seeds) if ((("moe", s) in fin) && (("dense", s) in fin))
-         printf "seed %s: moe - dense: final val %+.4f, best val %+.4f\n", s, fin["moe", s] - fin["dense", s],
-           best["moe", s] - best["dense", s] }' "$W/compare.txt" | sort | tee -a "$R"
+       for (s in seeds) if (((A, s) in fin) && ((Z, s) in fin))
+         printf "seed %s: %s - %s: final val %+.4f (%+.2f%%), best val %+.4f\n", s, A, Z, fin[A, s] - fin[Z, s],
+           100 * (fin[A, s] - fin[Z, s]) / fin[Z, s], best[A, s] - best[Z, s] }' "$W/compare.txt" | sort | tee -a "$R"
 # each run's metrics.jsonl and run.json in one archive (a device call returns few files)
 tar czf "$OUT/runs.tgz" -C "$W" $(for r in "${RUNS[@]}"; do b=$(basename "$r"); echo "$b/metrics.jsonl $b/run.json"; done)
 say "$(date -u) done; runs in $W, their metrics in runs.tgz"

@@ -31,6 +31,8 @@ for be in cuda cuda-fp32; do
 done
 t mem_model compute-sanitizer --tool memcheck $B/test_cuda_model
 t mem_slots compute-sanitizer --tool memcheck $B/test_slots
+t mem_decode compute-sanitizer --tool memcheck $B/test_decode # MLA: rope_yarn, copy_strided, the latent cache
+t race_decode compute-sanitizer --tool racecheck $B/test_decode
 [ -n "${OUT:-}" ] && (cd $W && tar czf $OUT/sanitize_logs.tgz *.log)
 [ ${#LOGS[@]} -gt 0 ] || { echo "sanitize: nothing ran"; exit 1; }
 bash scripts/device/sanitize_scan.sh "${LOGS[@]}"; rc=$?
