@@ -18,7 +18,8 @@
 # Settings (env) that make it a study of another pair: SHAPE (the shared flags), KINDS (space-separated
 # LABEL=FLAGS entries, FLAGS with commas for spaces; default moe=MOE_FFN dense=DENSE_FFN; the per-seed difference
 # is the first label's minus the second's), TEXT (a corpus file in place of tinyshakespeare), PAR (runs of a seed
-# at once on the one GPU: 1; the study's losses do not depend on it), TAG (the out files' stem: quality).
+# at once on the one GPU: 1; the study's losses do not depend on it; MPS=on shares the GPU through an MPS
+# daemon of the script's own, stopped at the end), TAG (the out files' stem: quality).
 # Used by crossover.sh (MoE against dense at several sizes) and fp8_quality.sh (--precision fp8 against bf16).
 # QUICK=1: a tiny setting on the cpu (build-cpu/moe or build/moe; d 64, 2 layers, 40 steps of 8 x 64,
 # 4 validation batches) to try the script itself: `QUICK=1 bash scripts/device/quality_study.sh`.
@@ -63,6 +64,11 @@ one_run() {
   say "${kind}_s$s rc=$rc $((SECONDS - t0))s"
   [ $rc = 0 ] || tail -3 "$W/${kind}_s$s.log" | tee -a "$R"
 }
+if [ "${MPS:-off}" = on ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=$W/mps CUDA_MPS_LOG_DIRECTORY=$W/mpslog
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d && say "MPS on" || { say "MPS did not start: runs share the GPU without it"; MPS=off; }
+fi
 n=0
 for s in $SEEDS; do   # the pairs interleaved: a call cut short still holds whole pairs
   for kind in "${LABELS[@]}"; do
@@ -71,6 +77,7 @@ for s in $SEEDS; do   # the pairs interleaved: a call cut short still holds whol
   done
 done
 wait
+[ "${MPS:-off}" = on ] && echo quit | nvidia-cuda-mps-control
 RUNS=()
 for s in $SEEDS; do for kind in "${LABELS[@]}"; do
   [ -s "$W/${kind}_s$s/metrics.jsonl" ] && RUNS+=("$W/${kind}_s$s")
