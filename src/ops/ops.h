@@ -385,8 +385,9 @@ struct Backend {
     // head h (this rank's; global head h0 + h) and key u: kept iff dropout_keep(dropout_hash(seed, -1 -
     // (h0 + h), 0), row0 + b*T + t, u, .) (a function of the global token, head and key: the same on any
     // mesh). lse stays the undropped softmax's; bwd uses the same mask. p = 0 gives attention_fwd/bwd's bits.
-    // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda and
-    // cuda-fp32 run their float32 attention kernels for it (not the tensor-core ones).
+    // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda-fp32 in
+    // its float32 attention kernels; cuda in its tensor-core ones (head dims 32/64/128: P and dS in bf16 as
+    // without dropout), else in the float32 ones.
     void (*attention_drop_fwd)(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                                int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
                                int64_t row0, int h0);

@@ -192,7 +192,7 @@ static void fill_common(Backend *be) {
     be->rope_yarn = cuda_rope_yarn;
     be->copy_strided = cuda_copy_strided_f32;
     be->dropout = cuda_dropout;
-    be->attention_drop_fwd = cuda_attention_drop_fwd; // (float32 kernels on both backends)
+    be->attention_drop_fwd = cuda_attention_drop_fwd; // (float32 kernels; "cuda" sets its own below)
     be->attention_drop_bwd = cuda_attention_drop_bwd;
     be->attention_fwd = cuda_attention_fwd;
     be->attention_bwd = cuda_attention_bwd;
