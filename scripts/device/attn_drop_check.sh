@@ -19,7 +19,9 @@
 #      shows how far); the mask is the same hash on both devices, so dropout adds no difference of its own.
 #      This is the model-level health check (finite, learning, close to float32); the mask itself is asserted
 #      in step 1, where a wrong one is far outside the bands;
-#   5. compute-sanitizer memcheck on test_cuda_attn_drop (when time is left).
+#   5. TensorBoard's perf/mfu on this GPU (the tiny cuda run's event file): present on an H200 or H100 SXM
+#      (train/hwprofile.c hwprofile_for_gpu), absent with one note at the start on another GPU;
+#   6. compute-sanitizer memcheck on test_cuda_attn_drop (when time is left).
 # Prints PASS/FAIL per check and the counts; ends non-zero on any failure. Progress in $OUT/attn_drop.txt,
 # the logs in $OUT/logs.tgz.
 cd "$(dirname "$0")/../.."
@@ -86,10 +88,22 @@ read n1 d1 f1 l1 <<< "$(cmpl tiny_cuda_drop tiny_cuda-fp32_drop)"
 say "   control (no dropout): $n0 steps, max rel. loss diff cuda vs cuda-fp32 $d0 (cuda loss $f0 -> $l0)"
 ok=$(awk -v n=$n1 -v d=$d1 -v f=$f1 -v l=$l1 -v b=$LOSS_BAND 'BEGIN{print (n == 30 && d <= b && l < f) ? 1 : 0}')
 verdict tiny_drop $ok "--attn-dropout 0.1: $n1 steps, max rel. loss diff cuda vs cuda-fp32 $d1 (band $LOSS_BAND), cuda loss $f1 -> $l1"
+# TensorBoard's perf/mfu on this GPU (hwprofile_for_gpu: an H200 or H100 SXM has one; another GPU none, said once)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+nm=$(cat $W/tiny_cuda_plain/events.out.tfevents.* 2>/dev/null | grep -ac 'perf/mfu')
+note=$(grep -c 'no perf/mfu scalar' $W/tiny_cuda_plain.log)
+case "$gpu" in
+  *NVL* | *PCIe*) want=0 ;;
+  *" H200"* | *" H100"*) want=1 ;;
+  *) want=0 ;;
+esac
+if [ $want = 1 ]; then ok=$([ "$nm" -gt 0 ] && [ "$note" = 0 ] && echo 1 || echo 0)
+else ok=$([ "$nm" = 0 ] && [ "$note" = 1 ] && echo 1 || echo 0); fi
+verdict mfu $ok "GPU '$gpu': perf/mfu in $nm event records' bytes, the no-MFU note printed $note times"
 dd=$(paste <(L tiny_cuda_drop) <(L tiny_cuda_plain) | awk '{d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d} END {printf "%.3e", m}')
 say "   (cuda with dropout vs without: max rel. loss diff $dd)"
 
-# 5: memcheck
+# 6: memcheck
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if t memcheck 90 $CS --tool memcheck --error-exitcode 9 $B/test_cuda_attn_drop; then
   verdict memcheck $([ "$(rc_of memcheck)" = 0 ] && echo 1 || echo 0) "$(grep -E 'ERROR SUMMARY' $W/memcheck.log | tail -1)"

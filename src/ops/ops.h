@@ -571,6 +571,9 @@ void backend_cuda_set_rank(int local_rank);
 // The GPUs this process sees (0 without CUDA or a GPU) and, once the cuda backend exists, its GPU's free
 // and total bytes (cudaMemGetInfo; 0 before or without one).
 int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes);
+// The name of the GPU the cuda backend uses (cudaDeviceProp.name, e.g. "NVIDIA H200") into name (n bytes,
+// truncated): 1 once the cuda backend exists; 0 and "" before it, without CUDA or without a GPU.
+int backend_cuda_device_name(char *name, size_t n);
 // The fused expert ops as plain ops of a Backend (for backends with nothing to fuse): ops/plain.h.
 // 1 when "cuda"'s grouped GEMMs (forward, dinp, dw, the fused SwiGLU ops) run our Hopper kernel
 // (src/ops/cuda/cuda_grouped.cu: an sm_90 GPU, a build with sm_90a code, MOE_GROUPED_GEMM not

@@ -236,6 +236,17 @@ extern "C" int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes) {
     return n;
 }
 
+extern "C" int backend_cuda_device_name(char *name, size_t n) {
+    if (n) name[0] = 0;
+    if (!g_cublas || !n) return 0;
+    int dev = 0;
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    snprintf(name, n, "%s", p.name);
+    return 1;
+}
+
 // Both tables, the device and the cuBLAS handle, once.
 static void cuda_init(void) {
     if (g_cublas) return;
