@@ -18,7 +18,8 @@
 #      bf16 operands), and 30 AdamW steps let the two trajectories drift by their own round-off (the control
 #      shows how far); the mask is the same hash on both devices, so dropout adds no difference of its own.
 #      This is the model-level health check (finite, learning, close to float32); the mask itself is asserted
-#      in step 1, where a wrong one is far outside the bands;
+#      in step 1, where a wrong one is far outside the bands. And --recompute full with the dropout: the same
+#      losses bit for bit (the recomputed forward draws the same mask);
 #   5. TensorBoard's perf/mfu on this GPU (the tiny cuda run's event file): present on an H200 or H100 SXM
 #      (train/hwprofile.c hwprofile_for_gpu), absent with one note at the start on another GPU;
 #   6. compute-sanitizer memcheck on test_cuda_attn_drop (when time is left).
@@ -78,6 +79,7 @@ for d in cuda cuda-fp32; do
   t tiny_${d}_drop 60 $B/moe train --device $d $TINY --attn-dropout 0.1 --out $W/tiny_${d}_drop
   t tiny_${d}_plain 60 $B/moe train --device $d $TINY --out $W/tiny_${d}_plain
 done
+t tiny_cuda_rc 60 $B/moe train --device cuda $TINY --attn-dropout 0.1 --recompute full --out $W/tiny_cuda_rc
 L() { grep -o '"loss":[^,]*' $W/$1/metrics.jsonl 2>/dev/null | cut -d: -f2; }
 cmpl() { # A B: steps, the largest relative per-step loss difference, first and last loss of A
   paste <(L $1) <(L $2) | awk '{d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m || d != d) m = d; if (NR == 1) f = $1; l = $1}
@@ -88,6 +90,10 @@ read n1 d1 f1 l1 <<< "$(cmpl tiny_cuda_drop tiny_cuda-fp32_drop)"
 say "   control (no dropout): $n0 steps, max rel. loss diff cuda vs cuda-fp32 $d0 (cuda loss $f0 -> $l0)"
 ok=$(awk -v n=$n1 -v d=$d1 -v f=$f1 -v l=$l1 -v b=$LOSS_BAND 'BEGIN{print (n == 30 && d <= b && l < f) ? 1 : 0}')
 verdict tiny_drop $ok "--attn-dropout 0.1: $n1 steps, max rel. loss diff cuda vs cuda-fp32 $d1 (band $LOSS_BAND), cuda loss $f1 -> $l1"
+# the backward's recomputed forward draws the same mask: the same losses, bit for bit (as without dropout)
+nrc=$(L tiny_cuda_rc | wc -l)
+ok=$([ "$nrc" = 30 ] && cmp -s <(L tiny_cuda_drop) <(L tiny_cuda_rc) && echo 1 || echo 0)
+verdict tiny_recompute $ok "--attn-dropout 0.1 --recompute full: $nrc steps, losses $([ $ok = 1 ] && echo "the same bits as" || echo "differ from") keeping the activations"
 # TensorBoard's perf/mfu on this GPU (hwprofile_for_gpu: an H200 or H100 SXM has one; another GPU none, said once)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nm=$(cat $W/tiny_cuda_plain/events.out.tfevents.* 2>/dev/null | grep -ac 'perf/mfu')
