@@ -3,7 +3,8 @@
 // bench/torch_attention_peer.py (PyTorch SDPA, flash backend) in the same device call. Not a test:
 // values are checked by tests/test_cuda_ops.c. Built as `moe_bench_attention` when CUDA is on.
 //   moe_bench_attention [--device cuda|cuda-fp32] [--B 4] [--T 2048] [--H 16] [--KV 8] [--hd 128]
-//                       [--iters 10]
+//                       [--iters 10] [--drop P]
+// --drop P > 0 times attention_drop_fwd/bwd (dropout on the probabilities, p = P) instead.
 // FLOPs: causal, counted as half of the full 4*B*H*T^2*hd (forward) and 2.5x that (backward:
 // the recomputed scores plus four products), as FlashAttention's papers count them.
 #include <stdlib.h>
@@ -43,6 +44,7 @@ static int cmp_f(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     int B = 4, T = 2048, H = 16, KV = 8, hd = 128, iters = 10;
+    float drop = 0;
     const char *dev = "cuda";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--B")) B = atoi(argv[i + 1]);
@@ -52,10 +54,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--hd")) hd = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--device")) dev = argv[i + 1];
+        else if (!strcmp(argv[i], "--drop")) drop = (float)atof(argv[i + 1]);
         else DIE("moe_bench_attention: unknown option %s", argv[i]);
     }
     CHECK(B > 0 && T > 0 && H > 0 && KV > 0 && H % KV == 0 && hd > 0 && iters > 0 && iters <= 1000,
           "moe_bench_attention: bad shape or --iters");
+    CHECK(drop >= 0 && drop < 1, "moe_bench_attention: --drop must be in [0, 1)");
     const Backend *be = backend_by_name(dev);
     CHECK(be && strncmp(be->name, "cuda", 4) == 0, "moe_bench_attention: --device must be a CUDA backend");
     Rng r;
@@ -72,10 +76,12 @@ int main(int argc, char **argv) {
     float *tf = xmalloc(sizeof(float) * iters), *tb = xmalloc(sizeof(float) * iters);
     for (int it = -3; it < iters; it++) {
         CK(cudaEventRecord(e0, 0));
-        be->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
+        if (drop > 0) be->attention_drop_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T, drop, 1234, 0, 0);
+        else be->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
         CK(cudaEventRecord(e1, 0));
-        be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T,
-                          0); // (written, as the model calls it)
+        if (drop > 0) // (dq, dk, dv written, as the model calls it)
+            be->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T, drop, 1234, 0, 0, 0);
+        else be->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T, 0);
         CK(cudaEventRecord(e2, 0));
         CK(cudaEventSynchronize(e2));
         if (it >= 0) {
@@ -86,10 +92,9 @@ int main(int argc, char **argv) {
     qsort(tf, iters, sizeof(float), cmp_f);
     qsort(tb, iters, sizeof(float), cmp_f);
     double ff = 2.0 * B * H * (double)T * T * hd, fb = 2.5 * ff, mf = tf[iters / 2], mb = tb[iters / 2];
-    printf(
-        "{\"impl\": \"moe.c %s\", \"B\": %d, \"T\": %d, \"H\": %d, \"KV\": %d, \"hd\": %d, \"fwd_ms\": %.3f, "
-        "\"bwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f}\n",
-        be->name, B, T, H, KV, hd, mf, mb, ff / mf / 1e9, fb / mb / 1e9);
+    printf("{\"impl\": \"moe.c %s\", \"B\": %d, \"T\": %d, \"H\": %d, \"KV\": %d, \"hd\": %d, \"drop\": %g, "
+           "\"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f}\n",
+           be->name, B, T, H, KV, hd, drop, mf, mb, ff / mf / 1e9, fb / mb / 1e9);
     be->free(q);
     be->free(k);
     be->free(v);

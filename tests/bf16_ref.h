@@ -163,7 +163,24 @@ static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const 
 // the sum; backward: exp(s - lse)) and dS rounded to bf16. One difference is left: the forward
 // kernel rounds exp(s - running max) per 64-key tile, so rows longer than 64 keys whose max moves
 // between tiles round some of their P differently (2^-9 relative of those terms).
+// With dropout (attention_drop_fwd/bwd, ops.h; BfrDrop) as those kernels order it: the normaliser and lse
+// sum every p, the dropped P are zeroed before the P V product (the kept ones rounded as without dropout)
+// and the output is scaled by 1/(1-p) after; backward dS = P (Z dP - D) rounded, Z = 0 or 1/(1-p), and dV
+// summed over the kept rounded P and scaled by 1/(1-p) after. Other head dims: the cpu's ops.
 static inline int bfr_att_tc(int hd) { return hd == 32 || hd == 64 || hd == 128; }
+typedef struct {
+    float p; // 0: no dropout
+    uint64_t seed;
+    int64_t row0;
+    int h0;
+} BfrDrop;
+// 1 if key u of query row t of sequence b, head h is kept (ops.h attention_drop_fwd's mask)
+static inline int bfr_kept(const BfrDrop *d, int b, int T, int t, int h, int u) {
+    if (!(d->p > 0)) return 1;
+    uint64_t hs = dropout_hash(d->seed, -1 - (int64_t)(d->h0 + h), 0);
+    return dropout_keep(hs, d->row0 + (int64_t)b * T + t, u, dropout_threshold(d->p));
+}
+static inline double bfr_drop_sc(const BfrDrop *d) { return d->p > 0 ? 1.0f / (1.0f - d->p) : 1.0; }
 static inline double bfr_dot(const float *a, const float *b, int n) {
     double s = 0;
     for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
@@ -173,22 +190,19 @@ static inline double bfr_dot(const float *a, const float *b, int n) {
 static void bfr_round_rows(float *out, int B, int T, int H, int hd, int t0, int t1) {
     for (int b = 0; b < B; b++) bf16_round_n(out + ((size_t)b * T + t0) * H * hd, (size_t)(t1 - t0) * H * hd);
 }
-static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                int T, int H, int KV, int hd, int t0, int t1);
-static void bfr_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                              int T, int H, int KV, int hd, int t0, int t1) {
-    bfr_attention_fwd_f(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
-    bfr_round_rows(out, B, T, H, hd, t0, t1);
-}
-static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                int T, int H, int KV, int hd, int t0, int t1) {
+static void bfr_att_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                        int H, int KV, int hd, int t0, int t1, const BfrDrop *dr) {
     if (!bfr_att_tc(hd)) {
-        backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+        if (dr->p > 0)
+            backend_cpu()->attention_drop_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, dr->p, dr->seed,
+                                              dr->row0, dr->h0);
+        else backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
         return;
     }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
     float *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *s = xmalloc(sizeof(double) * T), *acc = xmalloc(sizeof(double) * hd), sc = 1.0 / sqrt((double)hd);
+    double zs = bfr_drop_sc(dr);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = t0; t < t1; t++) {
@@ -202,12 +216,13 @@ static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const fl
                 for (int u = 0; u <= t; u++) {
                     double e = exp(s[u] - m);
                     l += e;
+                    if (!bfr_kept(dr, b, T, t, h, u)) continue;
                     double pb = bf16_round((float)e);
                     const float *vu = vr + (((size_t)b * T + u) * KV + h / (H / KV)) * hd;
                     for (int i = 0; i < hd; i++) acc[i] += pb * vu[i];
                 }
                 for (int i = 0; i < hd; i++)
-                    out[(((size_t)b * T + t) * H + h) * hd + i] = (float)(acc[i] / l);
+                    out[(((size_t)b * T + t) * H + h) * hd + i] = (float)(acc[i] * zs / l);
                 lse[((size_t)b * H + h) * T + t] = (float)(m + log(l));
             }
     free(s);
@@ -216,12 +231,28 @@ static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const fl
     free(kr);
     free(vr);
 }
-static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out_,
-                              const float *lse, const void *q_, const void *k_, const void *v_, int B, int T,
-                              int H, int KV, int hd, int t0, int t1, int flags) {
-    const float *q = q_, *k = k_, *v = v_, *out = out_; // (this backend's hidden format is float32)
+static void bfr_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                              int T, int H, int KV, int hd, int t0, int t1) {
+    BfrDrop none = {0, 0, 0, 0};
+    bfr_att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, &none);
+    bfr_round_rows(out, B, T, H, hd, t0, t1);
+}
+static void bfr_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                                   int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
+                                   int64_t row0, int h0) {
+    BfrDrop dr = {p, seed, row0, h0};
+    bfr_att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, &dr);
+    bfr_round_rows(out, B, T, H, hd, t0, t1);
+}
+static void bfr_att_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                        const float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
+                        int KV, int hd, int t0, int t1, int flags, const BfrDrop *dr) {
     if (!bfr_att_tc(hd)) {
-        backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
+        if (dr->p > 0)
+            backend_cpu()->attention_drop_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1,
+                                              dr->p, dr->seed, dr->row0, dr->h0, flags);
+        else
+            backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
@@ -230,7 +261,7 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     float *gr = bf16_copy(dout, nq), *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *aq = xcalloc(nq, sizeof(double)), *ak = xcalloc(nk, sizeof(double)),
            *av = xcalloc(nk, sizeof(double));
-    double sc = 1.0 / sqrt((double)hd);
+    double sc = 1.0 / sqrt((double)hd), zs = bfr_drop_sc(dr);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = t0; t < t1; t++) {
@@ -238,9 +269,10 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                 double D = bfr_dot(gr + qi, out + qi, hd), L = lse[((size_t)b * H + h) * T + t];
                 for (int u = 0; u <= t; u++) {
                     size_t ki = (((size_t)b * T + u) * KV + h / (H / KV)) * hd;
+                    int kept = bfr_kept(dr, b, T, t, h, u);
                     double p = exp(bfr_dot(qr + qi, kr + ki, hd) * sc - L);
-                    double ds = p * (bfr_dot(gr + qi, vr + ki, hd) - D) * sc;
-                    double pb = bf16_round((float)p), dsb = bf16_round((float)ds);
+                    double ds = p * ((kept ? zs : 0.0) * bfr_dot(gr + qi, vr + ki, hd) - D) * sc;
+                    double pb = kept ? bf16_round((float)p) : 0.0, dsb = bf16_round((float)ds);
                     for (int i = 0; i < hd; i++) {
                         av[ki + i] += pb * gr[qi + i];
                         aq[qi + i] += dsb * kr[ki + i];
@@ -251,7 +283,7 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     for (size_t i = 0; i < nq; i++) dq[i] += (float)aq[i];
     for (size_t i = 0; i < nk; i++) {
         dk[i] += (float)ak[i];
-        dv[i] += (float)av[i];
+        dv[i] += (float)(av[i] * zs);
     }
     free(aq);
     free(ak);
@@ -260,6 +292,19 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     free(qr);
     free(kr);
     free(vr);
+}
+static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                              const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                              int H, int KV, int hd, int t0, int t1, int flags) {
+    BfrDrop none = {0, 0, 0, 0}; // (this backend's hidden format is float32)
+    bfr_att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, &none);
+}
+static void bfr_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                   const float *lse, const void *q, const void *k, const void *v, int B,
+                                   int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
+                                   int64_t row0, int h0, int flags) {
+    BfrDrop dr = {p, seed, row0, h0};
+    bfr_att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, &dr);
 }
 
 static void bfr_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
@@ -294,6 +339,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.gather_dot_scale = bfr_gather_dot_scale;
         b.attention_fwd = bfr_attention_fwd;
         b.attention_bwd = bfr_attention_bwd;
+        b.attention_drop_fwd = bfr_attention_drop_fwd;
+        b.attention_drop_bwd = bfr_attention_drop_bwd;
         b.rope_fwd_hid = bfr_rope_fwd_hid;
         b.to_hid = bfr_to_hid;
         b.copy_strided = bfr_copy_strided;

@@ -59,8 +59,7 @@ const Opt opts[] = {
     {"renormalize", O_INT, MO(renormalize), C_TRAIN | C_INFO | C_PLAN,
      "1: renormalise top-k weights (Mixtral); 0: raw (OLMoE)"},
     {"attn-dropout", O_FLOAT, MO(attention_dropout), C_TRAIN | C_INFO | C_PLAN,
-     "dropout on the attention probabilities in training, in [0, 1) (HF attention_dropout; on cuda through "
-     "the float32 attention kernels)"},
+     "dropout on the attention probabilities in training, in [0, 1) (HF attention_dropout)"},
     {"jitter", O_FLOAT, MO(jitter), C_TRAIN | C_INFO | C_PLAN,
      "router input jitter j: x *= U(1-j, 1+j) in training"},
     {"aux-coef", O_FLOAT, MO(aux_coef), C_TRAIN | C_INFO | C_PLAN | C_EVAL,

@@ -10,6 +10,10 @@ int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
     return 0;
 }
+int backend_cuda_device_name(char *name, size_t n) {
+    if (n) name[0] = 0;
+    return 0;
+}
 
 const Backend *backend_cuda(void) {
     DIE("this build has no CUDA backend: rebuild with a CUDA compiler (nvcc) and -DMOE_CUDA=ON, "

@@ -385,8 +385,9 @@ struct Backend {
     // head h (this rank's; global head h0 + h) and key u: kept iff dropout_keep(dropout_hash(seed, -1 -
     // (h0 + h), 0), row0 + b*T + t, u, .) (a function of the global token, head and key: the same on any
     // mesh). lse stays the undropped softmax's; bwd uses the same mask. p = 0 gives attention_fwd/bwd's bits.
-    // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda and
-    // cuda-fp32 run their float32 attention kernels for it (not the tensor-core ones).
+    // Optional: NULL where a backend has none (the trainer then refuses attention dropout). cpu; cuda-fp32 in
+    // its float32 attention kernels; cuda in its tensor-core ones (head dims 32/64/128: P and dS in bf16 as
+    // without dropout), else in the float32 ones.
     void (*attention_drop_fwd)(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                                int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
                                int64_t row0, int h0);
@@ -570,6 +571,9 @@ void backend_cuda_set_rank(int local_rank);
 // The GPUs this process sees (0 without CUDA or a GPU) and, once the cuda backend exists, its GPU's free
 // and total bytes (cudaMemGetInfo; 0 before or without one).
 int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes);
+// The name of the GPU the cuda backend uses (cudaDeviceProp.name, e.g. "NVIDIA H200") into name (n bytes,
+// truncated): 1 once the cuda backend exists; 0 and "" before it, without CUDA or without a GPU.
+int backend_cuda_device_name(char *name, size_t n);
 // The fused expert ops as plain ops of a Backend (for backends with nothing to fuse): ops/plain.h.
 // 1 when "cuda"'s grouped GEMMs (forward, dinp, dw, the fused SwiGLU ops) run our Hopper kernel
 // (src/ops/cuda/cuda_grouped.cu: an sm_90 GPU, a build with sm_90a code, MOE_GROUPED_GEMM not

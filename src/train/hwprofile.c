@@ -2,6 +2,7 @@
 // built-in number names its source; docs/PLAN.md says the same with the derivations.
 // Must not hold: the planner (plan.c).
 #include "train/hwprofile.h"
+#include <ctype.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -47,6 +48,24 @@ const HwProfile *hwprofile_builtin(const char *name) {
 }
 
 const char *hwprofile_names(void) { return "h200, h100"; }
+
+const HwProfile *hwprofile_for_gpu(const char *device_name) {
+    const HwProfile *found = NULL;
+    char w[64];
+    for (const char *s = device_name; s && *s;) { // the words: runs of letters and digits
+        size_t n = 0;
+        while (*s && !isalnum((unsigned char)*s)) s++;
+        while (isalnum((unsigned char)*s)) {
+            if (n + 1 < sizeof w) w[n++] = (char)tolower((unsigned char)*s);
+            s++;
+        }
+        w[n] = 0;
+        if (!strcmp(w, "pcie") || !strcmp(w, "nvl")) return NULL;
+        for (size_t i = 0; i < N_BUILTIN && n; i++)
+            if (!strcmp(w, builtins[i].name)) found = &builtins[i];
+    }
+    return found;
+}
 
 // The JSON keys and where each number goes (required and > 0, but the optional ones: >= 0, absent 0).
 static const struct {

@@ -28,6 +28,11 @@ typedef struct {
 const HwProfile *hwprofile_builtin(const char *name);
 // The built-ins' names, "h200, h100".
 const char *hwprofile_names(void);
+// The built-in profile of a GPU by its CUDA device name (ops.h backend_cuda_device_name): the one whose name
+// is a word of it, case aside ("NVIDIA H200" -> h200, "NVIDIA H100 80GB HBM3" -> h100), or NULL: any other
+// GPU, and the PCIe and NVL variants, whose clocks and peaks are lower than the SXM parts the built-ins
+// describe ("NVIDIA H100 PCIe", "NVIDIA H200 NVL"; "NVIDIA GH200 480GB" has no word h200 either).
+const HwProfile *hwprofile_for_gpu(const char *device_name);
 // name: a built-in's, else a JSON file's path; dies "--gpu ...: ..." naming a missing, unknown or
 // non-positive field, or an unreadable file. A string "note" (what the numbers are, where they came from:
 // moe plan --calibrate writes one) is read past.

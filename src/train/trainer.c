@@ -54,6 +54,7 @@ typedef struct {
     int64_t *counts; // (L, E) the last step's expert load
     Adapt adapt; // the MoE exchange's run-time choices (--a2a-overlap / --expert-mode auto)
     double t_start, flops_tok;
+    double mfu_peak; // perf/mfu's peak FLOP/s a GPU (this GPU's built-in profile; 0: no MFU scalar)
     int preempted; // the signal that stopped the run (its checkpoint written), or 0
     Placement place; // the backend and the mesh's device transport
     int meshed, bf16_shadow; // place's
@@ -362,6 +363,20 @@ void train_check(const ModelConfig *cfg, const TrainOptions *o, Comm *world) {
     run_setup_free(&r);
 }
 
+// perf/mfu's peak (FLOP/s a GPU): the bf16 dense peak of this GPU's built-in profile (hwprofile_for_gpu by
+// the device's name), else 0: no MFU scalar, said once here. cpu runs have none.
+static double mfu_peak(const Run *r) {
+    char name[256];
+    if (!r->place.on_gpu) return 0;
+    backend_cuda_device_name(name, sizeof name);
+    const HwProfile *p = hwprofile_for_gpu(name);
+    if (!p)
+        fprintf(r->out,
+                "TensorBoard: no perf/mfu scalar: no built-in peak for the GPU \"%s\" (profiles %s)\n", name,
+                hwprofile_names());
+    return p ? p->peak_tflops * 1e12 : 0;
+}
+
 // Validates everything and sets the run up, then the output directory (--force deletes the old run
 // here, not before), the parameters (initialised or resumed) and the report's header.
 static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, int model_explicit,
@@ -381,6 +396,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
     r->first = (int)r->st.step;
     r->tb = r->rank0 && o->tensorboard ? tb_open(o->out, r->first, 12 + r->c.n_layers) : NULL;
+    if (r->tb) r->mfu_peak = mfu_peak(r);
     if (r->first >= o->steps)
         fprintf(r->out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n",
                 r->first, o->steps);
@@ -392,10 +408,10 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->t_start = now_seconds();
 }
 
-// The step's scalars in the TensorBoard file (the per-layer load balance added by run_record); MFU on a GPU,
-// against the H200's bf16 dense peak (hwprofile.h), each rank counted as one GPU.
+// The step's scalars in the TensorBoard file (the per-layer load balance added by run_record); MFU where the
+// GPU has a built-in profile (mfu_peak), each rank counted as one GPU.
 static void tb_record(Run *r, int step, const StepStats *s, double tps, double worst) {
-    double flops = tps * r->flops_tok, peak = hwprofile_builtin("h200")->peak_tflops * 1e12;
+    double flops = tps * r->flops_tok;
     tb_add(r->tb, "train/loss", s->loss);
     tb_add(r->tb, "train/aux_loss", s->aux);
     tb_add(r->tb, "train/z_loss", s->z);
@@ -403,7 +419,7 @@ static void tb_record(Run *r, int step, const StepStats *s, double tps, double w
     tb_add(r->tb, "train/grad_norm", s->gnorm);
     tb_add(r->tb, "perf/tokens_per_s", tps);
     tb_add(r->tb, "perf/tflops", flops / 1e12);
-    if (r->place.on_gpu) tb_add(r->tb, "perf/mfu", flops / (comm_size(r->world) * peak));
+    if (r->mfu_peak > 0) tb_add(r->tb, "perf/mfu", flops / (comm_size(r->world) * r->mfu_peak));
     tb_add(r->tb, "load/max_over_mean", worst);
     tb_write(r->tb, step + 1);
 }

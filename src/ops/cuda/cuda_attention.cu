@@ -9,7 +9,7 @@
 // 0..t1-1); a row's tiles start at key 0 as over [0, T), so the forward's rows are the same bits.
 // Backend "cuda" runs cuda_attention_tc.cu (tensor cores) and falls back to these kernels for
 // head dims it does not take; "cuda-fp32" always runs these. Dropout on the probabilities
-// (attention_drop_fwd/bwd, both backends) runs here only.
+// (attention_drop_fwd/bwd) runs here for "cuda-fp32" and for "cuda" where its tensor cores do not.
 // Must not hold: any knowledge of the model.
 #include <cuda_bf16.h>
 #include <math.h>

@@ -17,6 +17,12 @@
 // cuda_attention.cu (dout rounded as for dp, so that dp - D cancels where it should). Head dims
 // 32, 64 and 128 take this path; any other falls back to the float32 kernels of
 // cuda_attention.cu (same contract, ops.h).
+// Dropout on the probabilities (attention_drop_fwd/bwd, ops.h) runs in the same kernels (their DROP
+// instantiations; without dropout the others, unchanged): each thread hashes the (query row, key) pairs
+// of its fragments with ops.h's dropout_keep, as the cpu does. Forward: the normaliser and the lse sum
+// every p; the dropped p are zeroed before the P V product (the kept ones rounded to bf16 as without
+// dropout) and the output is scaled by 1/(1-p) at the end. Backward: dS = P (Z dP - D), Z = 0 or
+// 1/(1-p); dV takes the kept bf16 P and is scaled by 1/(1-p) at the end (FlashAttention-2's order).
 // Fragment layouts (PTX ISA, mma.m16n8k16 .bf16): g = lane/4, t = lane%4; A rows g, g+8 and
 // columns 2t..2t+1, 2t+8..2t+9; B column g, rows 2t..2t+1, 2t+8..2t+9; C rows g, g+8, columns
 // 2t, 2t+1. Transposed B operands come from row-major tiles through ldmatrix .trans.
@@ -34,6 +40,22 @@
 #define TC_LOG2E 1.4426950408889634f
 
 typedef unsigned short bf16s; // bf16 bits in shared memory
+
+// The dropout of a DROP kernel: key u of query row t of sequence b, head h kept iff
+// dropout_keep(head seed of global head h0 + h, row0 + b T + t, u, thr) (ops.h); sc = 1/(1-p).
+struct TcDrop {
+    uint64_t seed;
+    int64_t row0;
+    uint32_t thr;
+    float sc;
+    int h0;
+};
+__device__ __forceinline__ uint64_t tc_head_seed(const TcDrop &d, int h) {
+    return dropout_hash(d.seed, -1 - (int64_t)(d.h0 + h), 0);
+}
+__device__ __forceinline__ bool tc_keep(const TcDrop &d, uint64_t hs, int b, int T, int row, int key) {
+    return dropout_keep(hs, d.row0 + (int64_t)b * T + row, key, d.thr);
+}
 
 // c += A B (m16n8k16, bf16 in, fp32 accumulate)
 __device__ __forceinline__ void mma_bf16(float *c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -145,15 +167,31 @@ __device__ __forceinline__ void p_times(float (*out)[4], float (*p)[4], const bf
     p_times_rg<HD, NJ, 1>((float(*)[HD / 8][4]) out, (float(*)[NJ][4])p, sb, lane);
 }
 
+// The forward's dropout on a tile of P (after softmax_tile, which summed every p into l): the dropped p of
+// row group r (rows wr + 16 r, + 8; keys k0 + column) zeroed.
+template <int NJ, int RG>
+__device__ __forceinline__ void drop_p(float (*s)[NJ][4], const TcDrop &dr, uint64_t hs, int b, int T, int wr,
+                                       int k0, int t) {
+#pragma unroll
+    for (int r = 0; r < RG; r++)
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), row = wr + 16 * r + (e < 2 ? 0 : 8);
+                if (!tc_keep(dr, hs, b, T, row, key)) s[r][j][e] = 0.0f;
+            }
+}
+
 // Forward over the query rows [qa, qb) of each sequence (keys 0..qb-1: rows from qb on are never
 // staged, they may be unconverted). Each warp holds RG groups of 16 query rows (so every K/V
 // fragment it loads feeds RG products), a block 64 RG rows. Grid (ceil((qb-qa)/(64 RG)), H, B),
 // the query blocks with the most keys first. A row's key tiles start at 0 whatever qa is: the same
 // bits as over [0, T).
-template <int HD, int RG>
+template <int HD, int RG, bool DROP>
 __global__ void __launch_bounds__(TC_THREADS)
     att_tc_fwd_k(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int T, int H, int KV,
-                 float sl, int qa, int qb) {
+                 float sl, int qa, int qb, TcDrop dr) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BN / 8, TILE = TC_BN * LD, BM = TC_BM * RG;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Ks = Qs + BM * LD, *Vs = Ks + 2 * TILE; // K, V: two tiles each (double-buffered)
@@ -193,20 +231,28 @@ __global__ void __launch_bounds__(TC_THREADS)
         for (int r = 0; r < RG; r++)
             softmax_tile<NJ, NT>(&s[r][0][0], &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], mask, k0,
                                  wr + 16 * r, wr + 16 * r + 8, qb, t, sl);
+        if constexpr (DROP) drop_p<NJ, RG>(s, dr, tc_head_seed(dr, h), b, T, wr, k0, t);
         p_times_rg<HD, NJ, RG>(o, s, Vs + cur * TILE, lane);
     }
 #pragma unroll
-    for (int r = 0; r < RG; r++)
+    for (int r = 0; r < RG; r++) {
+        if constexpr (DROP) // the kept p's scale (l summed every p)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[r][n][e] *= dr.sc;
         softmax_store<NT>(out, lse, &o[r][0][0], m[r][0], m[r][1], l[r][0], l[r][1], wr + 16 * r,
                           wr + 16 * r + 8, qb, b, T, H, h, t);
+    }
 }
 
 // dq += sum over keys u <= t of ds_tu k_u, ds = p (dp - D) sc, p = exp2(s sl - lse log2e),
 // dp = dout . v, for the query rows t in [qa, qb). Grid (ceil((qb-qa)/64), H, B).
-template <int HD>
+template <int HD, bool DROP>
 __global__ void __launch_bounds__(TC_THREADS, 3)
     att_tc_dq_k(float *dq, const bf16s *dout, const float *lse, const float *Dg, const bf16s *q,
-                const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb) {
+                const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb,
+                TcDrop dr) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BK / 8, TILE = TC_BK * LD;
     extern __shared__ __align__(16) bf16s sm[];
     bf16s *Qs = sm, *Gs = Qs + TC_BM * LD, *Ks = Gs + TC_BM * LD, *Vs = Ks + 2 * TILE; // K, V double-buffered
@@ -223,6 +269,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
     size_t lrow = ((size_t)b * H + h) * T;
     float L0 = r0 < qb ? lse[lrow + r0] * TC_LOG2E : 0.0f, L1 = r1 < qb ? lse[lrow + r1] * TC_LOG2E : 0.0f;
     float D0 = r0 < qb ? Dg[lrow + r0] : 0.0f, D1 = r1 < qb ? Dg[lrow + r1] : 0.0f;
+    uint64_t hs = DROP ? tc_head_seed(dr, h) : 0;
     float acc[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -250,7 +297,9 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
             for (int e = 0; e < 4; e++) {
                 int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
                 float p = !mask || (key <= row && key < qb) ? exp2f(s[j][e] * sl - (e < 2 ? L0 : L1)) : 0.0f;
-                s[j][e] = p * (dp[j][e] - (e < 2 ? D0 : D1)) * sc;
+                float d = dp[j][e];
+                if constexpr (DROP) d = tc_keep(dr, hs, b, T, row, key) ? d * dr.sc : 0.0f; // Z dP
+                s[j][e] = p * (d - (e < 2 ? D0 : D1)) * sc;
             }
         p_times<HD, NJ>(acc, s, Kc, lane);
     }
@@ -281,10 +330,11 @@ template <int HD> __device__ __forceinline__ void dkdv_load(const DkdvTiles *d, 
 
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the
 // queries t >= u, t in [qa, qb), for the keys u < qb. Grid (ceil(qb/64), KV, B).
-template <int HD>
+template <int HD, bool DROP>
 __global__ void __launch_bounds__(TC_THREADS)
     att_tc_dkdv_k(float *dk, float *dv, const bf16s *dout, const float *lse, const float *Dg, const bf16s *q,
-                  const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb) {
+                  const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb,
+                  TcDrop dr) {
     constexpr int LD = HD + 8, NT = HD / 8, NJ = TC_BQ / 8, TILE = TC_BQ * LD;
     extern __shared__ __align__(16) bf16s sm[];
     // K, V of the block; Q, dout, lse, D of a query tile, double-buffered
@@ -323,18 +373,31 @@ __global__ void __launch_bounds__(TC_THREADS)
         rows_dot<HD, NJ>(s, Ks + w * 16 * LD, Qc, lane); // s^T: keys x queries
         rows_dot<HD, NJ>(dp, Vs + w * 16 * LD, Gc, lane); // dp^T
         int mask = t0 < k0 + TC_BM || t0 + TC_BQ > qb; // the diagonal or the last queries
+        uint64_t hs = DROP ? tc_head_seed(dr, d.h0 + i / per) : 0;
 #pragma unroll
         for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u1;
                 float p = !mask || (qt >= key && qt < qb) ? exp2f(s[j][e] * sl - Lc[c]) : 0.0f;
-                s[j][e] = p;
-                dp[j][e] = p * (dp[j][e] - Dc[c]) * sc;
+                float zdp = dp[j][e];
+                if constexpr (DROP) { // dV takes the kept p (scaled at the end), dS the masked dP
+                    bool kp = tc_keep(dr, hs, b, T, qt, key);
+                    zdp = kp ? zdp * dr.sc : 0.0f;
+                    s[j][e] = kp ? p : 0.0f;
+                } else {
+                    s[j][e] = p;
+                }
+                dp[j][e] = p * (zdp - Dc[c]) * sc;
             }
         p_times<HD, NJ>(dva, s, Gc, lane);
         p_times<HD, NJ>(dka, dp, Qc, lane);
     }
+    if constexpr (DROP)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dva[n][e] *= dr.sc;
     add_rows<NT>(dk + koff, &dka[0][0], u0, qb, (size_t)KV * HD, t);
     add_rows<NT>(dv + koff, &dva[0][0], u0, qb, (size_t)KV * HD, t);
 }
@@ -393,30 +456,31 @@ static void ws_carve(size_t nd, const size_t *n, int cnt, float **D, bf16s **p) 
 
 // Query rows per warp in the forward: 32 (two row groups) for head dim 128, where every K/V fragment
 // feeding two products halves the shared-memory reads per product; 16 for the smaller head dims.
-template <int HD>
+template <int HD, bool DROP>
 static void fwd_launch(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T,
-                       int H, int KV, int t0, int t1) {
+                       int H, int KV, int t0, int t1, TcDrop dr) {
     constexpr int RG = HD == 128 ? 2 : 1;
     size_t sm = smem_fwd(HD, RG);
-    smem_opt_in((const void *)att_tc_fwd_k<HD, RG>, sm);
+    smem_opt_in((const void *)att_tc_fwd_k<HD, RG, DROP>, sm);
     dim3 grid(cdiv_u(t1 - t0, TC_BM * RG), H, B);
-    att_tc_fwd_k<HD, RG>
-        <<<grid, TC_THREADS, sm>>>(out, lse, q, k, v, T, H, KV, TC_LOG2E / sqrtf((float)HD), t0, t1);
+    att_tc_fwd_k<HD, RG, DROP>
+        <<<grid, TC_THREADS, sm>>>(out, lse, q, k, v, T, H, KV, TC_LOG2E / sqrtf((float)HD), t0, t1, dr);
     KCHECK("attention_fwd (tensor cores)");
 }
 
-template <int HD>
+template <int HD, bool DROP>
 static void bwd_launch(float *dq, float *dk, float *dv, const bf16s *dout, const float *lse, const float *D,
                        const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H, int KV, int t0,
-                       int t1) {
+                       int t1, TcDrop dr) {
     float sc = 1.0f / sqrtf((float)HD), sl = sc * TC_LOG2E;
     size_t s1 = smem_dq(HD), s2 = smem_dkdv(HD);
-    smem_opt_in((const void *)att_tc_dq_k<HD>, s1);
-    smem_opt_in((const void *)att_tc_dkdv_k<HD>, s2);
+    smem_opt_in((const void *)att_tc_dq_k<HD, DROP>, s1);
+    smem_opt_in((const void *)att_tc_dkdv_k<HD, DROP>, s2);
     dim3 gq(cdiv_u(t1 - t0, TC_BM), H, B), gk(cdiv_u(t1, TC_BM), KV, B);
-    att_tc_dq_k<HD><<<gq, TC_THREADS, s1>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
+    att_tc_dq_k<HD, DROP><<<gq, TC_THREADS, s1>>>(dq, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, dr);
     KCHECK("attention_bwd (tensor cores, dq)");
-    att_tc_dkdv_k<HD><<<gk, TC_THREADS, s2>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1);
+    att_tc_dkdv_k<HD, DROP>
+        <<<gk, TC_THREADS, s2>>>(dk, dv, dout, lse, D, q, k, v, T, H, KV, sl, sc, t0, t1, dr);
     KCHECK("attention_bwd (tensor cores, dk/dv)");
 }
 
@@ -431,7 +495,7 @@ static void range_check(int T, int t0, int t1) {
     if (t0 < 0 || t1 > T || t0 >= t1) DIE("cuda attention: query rows [%d, %d) outside [0, %d)", t0, t1, T);
 }
 
-// The float32 kernels' inputs where the tensor cores do not run (head dims but 32/64/128, dropout): q, k, v
+// The float32 kernels' inputs where the tensor cores do not run (head dims but 32/64/128): q, k, v
 // (and the backward's out) widened from bf16 into a buffer of their own (not the workspace: the float32
 // backward takes its D there), and room for the forward's float32 out, rounded into the caller's after.
 typedef struct {
@@ -457,6 +521,44 @@ static Wide widen(const void *q, const void *k, const void *v, const void *out, 
     return w;
 }
 
+// The tensor-core forward and backward (after the checks), with dropout (DROP) or without.
+template <bool DROP>
+static void tc_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
+                   int KV, int hd, int t0, int t1, TcDrop dr) {
+    range_check(T, t0, t1);
+    const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
+    bf16s *ob = (bf16s *)out;
+    if (!DROP && cuda_attention_fwd_wg(ob, lse, qb, kb, vb, B, T, H, KV, hd, t0, t1))
+        return; // Hopper, hd 128
+    if (hd == 32) fwd_launch<32, DROP>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1, dr);
+    else if (hd == 64) fwd_launch<64, DROP>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1, dr);
+    else fwd_launch<128, DROP>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1, dr);
+}
+template <bool DROP>
+static void tc_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out, const float *lse,
+                   const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int t0,
+                   int t1, int flags, TcDrop dr) {
+    range_check(T, t0, t1);
+    // the workspace: D, dout in bf16, and the wgmma backward's dS (ops.h attention_ds_bytes; 0 where it does
+    // not run)
+    size_t nds =
+        !DROP && cuda_attention_wg_runs(hd) ? attention_ds_bytes(B, T, H, hd, t0, t1) / sizeof(bf16s) : 0;
+    size_t n[2] = {(size_t)B * T * H * hd, nds};
+    float *D;
+    bf16s *p[2];
+    ws_carve((size_t)B * T * H, n, 2, &D, p);
+    cuda_attention_rowdot(D, p[0], dout, out, 1, B, T, H, hd, t0, t1); // and dout's rows in bf16 into p[0]
+    const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
+    if (!DROP &&
+        cuda_attention_bwd_wg(dq, dk, dv, nds ? p[1] : NULL, p[0], lse, D, qb, kb, vb, B, T, H, KV, hd, t0,
+                              t1, flags))
+        return;
+    cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags); // (these kernels add)
+    if (hd == 32) bwd_launch<32, DROP>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1, dr);
+    else if (hd == 64) bwd_launch<64, DROP>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1, dr);
+    else bwd_launch<128, DROP>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1, dr);
+}
+
 extern "C" void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v,
                                       int B, int T, int H, int KV, int hd, int t0, int t1) {
     if (B <= 0 || T <= 0 || H <= 0) return;
@@ -466,13 +568,7 @@ extern "C" void cuda_attention_fwd_tc(void *out, float *lse, const void *q, cons
         to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd); // the rows it wrote
         return;
     }
-    range_check(T, t0, t1);
-    const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
-    bf16s *ob = (bf16s *)out;
-    if (cuda_attention_fwd_wg(ob, lse, qb, kb, vb, B, T, H, KV, hd, t0, t1)) return; // Hopper, head dim 128
-    if (hd == 32) fwd_launch<32>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
-    else if (hd == 64) fwd_launch<64>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
-    else fwd_launch<128>(ob, lse, qb, kb, vb, B, T, H, KV, t0, t1);
+    tc_fwd<false>(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, TcDrop{});
 }
 
 extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out,
@@ -484,33 +580,29 @@ extern "C" void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const flo
         cuda_attention_bwd(dq, dk, dv, dout, w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
-    range_check(T, t0, t1);
-    // the workspace: D, dout in bf16, and the wgmma backward's dS (ops.h attention_ds_bytes; 0 where it does
-    // not run)
-    size_t nds = cuda_attention_wg_runs(hd) ? attention_ds_bytes(B, T, H, hd, t0, t1) / sizeof(bf16s) : 0;
-    size_t n[2] = {(size_t)B * T * H * hd, nds};
-    float *D;
-    bf16s *p[2];
-    ws_carve((size_t)B * T * H, n, 2, &D, p);
-    cuda_attention_rowdot(D, p[0], dout, out, 1, B, T, H, hd, t0, t1); // and dout's rows in bf16 into p[0]
-    const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
-    if (cuda_attention_bwd_wg(dq, dk, dv, nds ? p[1] : NULL, p[0], lse, D, qb, kb, vb, B, T, H, KV, hd, t0,
-                              t1, flags))
-        return;
-    cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags); // (these kernels add)
-    if (hd == 32) bwd_launch<32>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
-    else if (hd == 64) bwd_launch<64>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
-    else bwd_launch<128>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1);
+    tc_bwd<false>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, TcDrop{});
 }
 
-// With dropout on the probabilities: the float32 kernels (both backends), on q, k, v (out) widened.
+// With dropout on the probabilities: the tensor-core kernels' DROP instantiations (the wgmma kernels have
+// none: head dim 128 takes the mma.sync ones here); the float32 kernels on q, k, v (out) widened where the
+// tensor cores do not run; p = 0 is the call without dropout (ops.h: its bits).
+static TcDrop tc_drop(float p, uint64_t seed, int64_t row0, int h0) {
+    TcDrop d = {seed, row0, dropout_threshold(p), 1.0f / (1.0f - p), h0};
+    return d;
+}
 extern "C" void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k,
                                              const void *v, int B, int T, int H, int KV, int hd, int t0,
                                              int t1, float p, uint64_t seed, int64_t row0, int h0) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
-    cuda_attention_drop_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
-    to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd); // the rows it wrote
+    if (p <= 0) {
+        cuda_attention_fwd_tc(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+    } else if (!tc_ok(B, hd, KV, H) || !aligned16(out)) {
+        Wide w = widen(q, k, v, NULL, B, T, H, KV, hd);
+        cuda_attention_drop_fwd(w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
+        to_bf16_range((bf16s *)out, w.out, B, T, t0, t1, H * hd); // the rows it wrote
+    } else {
+        tc_fwd<true>(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, tc_drop(p, seed, row0, h0));
+    }
 }
 extern "C" void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, const float *dout,
                                              const void *out, const float *lse, const void *q, const void *k,
@@ -518,7 +610,14 @@ extern "C" void cuda_attention_drop_bwd_bf16(float *dq, float *dk, float *dv, co
                                              int t1, float p, uint64_t seed, int64_t row0, int h0,
                                              int flags) {
     if (B <= 0 || T <= 0 || H <= 0) return;
-    Wide w = widen(q, k, v, out, B, T, H, KV, hd);
-    cuda_attention_drop_bwd(dq, dk, dv, dout, w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed,
-                            row0, h0, flags);
+    if (p <= 0) {
+        cuda_attention_bwd_tc(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
+    } else if (!tc_ok(B, hd, KV, H) || !aligned16(dq) || !aligned16(dk) || !aligned16(dv)) {
+        Wide w = widen(q, k, v, out, B, T, H, KV, hd);
+        cuda_attention_drop_bwd(dq, dk, dv, dout, w.out, lse, w.q, w.k, w.v, B, T, H, KV, hd, t0, t1, p, seed,
+                                row0, h0, flags);
+    } else {
+        tc_bwd<true>(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags,
+                     tc_drop(p, seed, row0, h0));
+    }
 }

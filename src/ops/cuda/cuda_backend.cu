@@ -192,7 +192,7 @@ static void fill_common(Backend *be) {
     be->rope_yarn = cuda_rope_yarn;
     be->copy_strided = cuda_copy_strided_f32;
     be->dropout = cuda_dropout;
-    be->attention_drop_fwd = cuda_attention_drop_fwd; // (float32 kernels on both backends)
+    be->attention_drop_fwd = cuda_attention_drop_fwd; // (float32 kernels; "cuda" sets its own below)
     be->attention_drop_bwd = cuda_attention_drop_bwd;
     be->attention_fwd = cuda_attention_fwd;
     be->attention_bwd = cuda_attention_bwd;
@@ -234,6 +234,17 @@ extern "C" int backend_cuda_gpus(size_t *free_bytes, size_t *total_bytes) {
     CUDA_CHECK(cudaGetDeviceCount(&n));
     if (g_cublas) CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
     return n;
+}
+
+extern "C" int backend_cuda_device_name(char *name, size_t n) {
+    if (n) name[0] = 0;
+    if (!g_cublas || !n) return 0;
+    int dev = 0;
+    cudaDeviceProp p;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    snprintf(name, n, "%s", p.name);
+    return 1;
 }
 
 // Both tables, the device and the cuBLAS handle, once.

@@ -328,7 +328,7 @@ int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsig
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1,
                           int flags);
 // cuda_attention_tc.cu: the same ops for backend "cuda" (q, k, v, out bf16: its hidden format): on tensor
-// cores (head dims 32, 64, 128), else (and with dropout) the float32 kernels on q, k, v (out) widened
+// cores (head dims 32, 64, 128; with dropout too), else the float32 kernels on q, k, v (out) widened
 void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
                            int H, int KV, int hd, int t0, int t1);
 void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out,
