@@ -162,8 +162,10 @@ static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const 
 // in float32 (double here); the second products take P (forward: exp(s - max), normalised after
 // the sum; backward: exp(s - lse)) and dS rounded to bf16. One difference is left: the forward
 // kernel rounds exp(s - running max) per 64-key tile, so rows longer than 64 keys whose max moves
-// between tiles round some of their P differently (2^-9 relative of those terms).
+// between tiles round some of their P differently (2^-9 relative of those terms). Latent attention's values
+// (attention_fwd_v, hv < hd): the same where the cuda backend's wgmma kernels take the widths (192 / 128).
 static inline int bfr_att_tc(int hd) { return hd == 32 || hd == 64 || hd == 128; }
+static inline int bfr_att_tc_v(int hd, int hv) { return hv == hd ? bfr_att_tc(hd) : hd == 192 && hv == 128; }
 static inline double bfr_dot(const float *a, const float *b, int n) {
     double s = 0;
     for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
@@ -174,15 +176,20 @@ static void bfr_round_rows(float *out, int B, int T, int H, int hd, int t0, int 
     for (int b = 0; b < B; b++) bf16_round_n(out + ((size_t)b * T + t0) * H * hd, (size_t)(t1 - t0) * H * hd);
 }
 static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                int T, int H, int KV, int hd, int t0, int t1);
+                                int T, int H, int KV, int hd, int t0, int t1, int tc);
 static void bfr_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                               int T, int H, int KV, int hd, int t0, int t1) {
-    bfr_attention_fwd_f(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
+    bfr_attention_fwd_f(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, bfr_att_tc(hd));
+    bfr_round_rows(out, B, T, H, hd, t0, t1);
+}
+static void bfr_attention_fwd_v(void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                                int T, int H, int KV, int hd, int hv, int t0, int t1) {
+    bfr_attention_fwd_f(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, bfr_att_tc_v(hd, hv));
     bfr_round_rows(out, B, T, H, hd, t0, t1);
 }
 static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                int T, int H, int KV, int hd, int t0, int t1) {
-    if (!bfr_att_tc(hd)) {
+                                int T, int H, int KV, int hd, int t0, int t1, int tc) {
+    if (!tc) {
         backend_cpu()->attention_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1);
         return;
     }
@@ -216,11 +223,11 @@ static void bfr_attention_fwd_f(float *out, float *lse, const float *q, const fl
     free(kr);
     free(vr);
 }
-static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out_,
-                              const float *lse, const void *q_, const void *k_, const void *v_, int B, int T,
-                              int H, int KV, int hd, int t0, int t1, int flags) {
+static void bfr_attention_bwd_f(float *dq, float *dk, float *dv, const float *dout, const void *out_,
+                                const float *lse, const void *q_, const void *k_, const void *v_, int B,
+                                int T, int H, int KV, int hd, int t0, int t1, int flags, int tc) {
     const float *q = q_, *k = k_, *v = v_, *out = out_; // (this backend's hidden format is float32)
-    if (!bfr_att_tc(hd)) {
+    if (!tc) {
         backend_cpu()->attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
@@ -261,6 +268,17 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
     free(kr);
     free(vr);
 }
+static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                              const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                              int H, int KV, int hd, int t0, int t1, int flags) {
+    bfr_attention_bwd_f(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, bfr_att_tc(hd));
+}
+static void bfr_attention_bwd_v(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                                int H, int KV, int hd, int hv, int t0, int t1, int flags) {
+    bfr_attention_bwd_f(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags,
+                        bfr_att_tc_v(hd, hv));
+}
 
 static void bfr_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
                                  int K, const int *O) {
@@ -294,6 +312,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.gather_dot_scale = bfr_gather_dot_scale;
         b.attention_fwd = bfr_attention_fwd;
         b.attention_bwd = bfr_attention_bwd;
+        b.attention_fwd_v = bfr_attention_fwd_v;
+        b.attention_bwd_v = bfr_attention_bwd_v;
         b.rope_fwd_hid = bfr_rope_fwd_hid;
         b.to_hid = bfr_to_hid;
         b.copy_strided = bfr_copy_strided;
