@@ -12,8 +12,8 @@
 // rows unwritten; the backward's dq over chunks the bits of one call; written == added into zeros; two
 // runs the same bits. Shapes: T not a multiple of 64, one query head per kv head (MLA) and 2 (GQA), one
 // sequence and two. On an sm_90 GPU the wgmma path must be the one taken (backend_cuda_grouped_kernel:
-// the same condition as the kernels'). Skips (exit 77) without a GPU. MOE_TEST_SMALL=1: small shapes only
-// (compute-sanitizer).
+// the same condition as the kernels'). Skips (exit 77) without a GPU or elsewhere. MOE_TEST_SMALL=1: small
+// shapes only (compute-sanitizer).
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
@@ -294,6 +294,10 @@ int main(void) {
            kern ? "the wgmma kernels (cuda_attention_wg.cu)" : "the fallback (float32 kernels)", cc / 10,
            cc % 10);
     if (cc == 90) EXPECT(kern, "sm_90 device but the wgmma kernels do not run");
+    if (!kern) { // (elsewhere attention_fwd_v calls attention_fwd: the float32 kernels, test_cuda_ops's)
+        if (t_failures) return test_done("test_cuda_attn_mla");
+        TEST_SKIP("not an sm_90 GPU with sm_90a code: the wgmma kernels do not run here");
+    }
     test_shape(1, 97, 3, 3, 3); // MLA (a kv head per query head), T past one 64-row tile, 3 chunks
     test_shape(2, 130, 4, 2, 2); // two query heads per kv head, two sequences, T over two tiles
     test_shape(1, 2, 2, 2, 2); // two rows (the first one's dq is 0)
