@@ -6,15 +6,16 @@
 # progress, counts and the table in $OUT/mla.txt). In order of what matters most:
 #   1. test_cuda_attn_mla: the new widths against bf16_ref.h and the float32 cpu (causal, one and two query
 #      heads per kv head, T not a multiple of 64, chunks from t0 > 0, written/added, determinism);
-#   2. the benchmark at B 1, H 128, T 4096, bf16, causal, forward + backward: ours (moe_bench_attention --hd
-#      192 --hv 128) and mla_peer.py's sdpa_padded (v padded to 192, sliced), sdpa (Ev != E where torch has a
-#      backend for it) and transformers' DeepseekV3 eager attention core under torch.compile; the table with
-#      ours / peer; the issue's target: ours <= every peer's total at T 4096 (said, not a failure here);
+#   2. the benchmark at B 1, H 128, T 4096 (ours also at 2048 and 8192), bf16, causal, forward + backward:
+#      ours (moe_bench_attention --hd 192 --hv 128) and mla_peer.py's sdpa_padded (v padded to 192, sliced),
+#      sdpa (Ev != E where torch has a backend for it) and transformers' DeepseekV3 eager attention core
+#      under torch.compile; the table with ours / peer; the issue's target: ours <= every peer's total at
+#      T 4096 (said, not a failure here);
 #   3. compute-sanitizer memcheck and racecheck on test_cuda_attn_mla (MOE_TEST_SMALL=1);
 #   4. test_decode (its latent-attention models, one at DeepSeek-V3's head widths: the model's glue to the
 #      new op) and test_cuda_model on "cuda" (its latent-attention model among the others);
-#   5. T 2048 and 8192 (ours and the peers), ncu's per-kernel times of ours at T 4096, test_cuda_ops
-#      (MOE_TEST_SMALL=1, "cuda": the head-dim-128 attention as before), as far as the budget goes.
+#   5. the peers at T 2048 and 8192 (ours' come with step 2), ncu's per-kernel times of ours at T 4096,
+#      test_cuda_ops (MOE_TEST_SMALL=1, "cuda": the head-dim-128 attention as before), as the budget allows.
 # Ends non-zero when a test, a sanitizer or a timed program fails.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
@@ -53,7 +54,7 @@ ours() { # ours T: moe_bench_attention at the issue's shape (skipped for time: n
 t mla 90 $B/test_cuda_attn_mla
 test_line mla
 grep -E "^latent|worst per element" $W/mla.log | tee -a $R
-ours 4096
+for T in 4096 2048 8192; do ours $T; done
 t peer4096 150 python3 scripts/device/mla_peer.py 4096
 grep -q '"impl"' $W/peer4096.log || { FAIL=1; tail -5 $W/peer4096.log | tee -a $R; }
 t mem 60 env MOE_TEST_SMALL=1 compute-sanitizer --tool memcheck $B/test_cuda_attn_mla
@@ -66,7 +67,6 @@ grep -E "cuda, latent" $W/decode.log | tee -a $R
 t model 120 env MOE_TEST_BACKEND=cuda $B/test_cuda_model
 test_line model
 grep -E "latent|worst relative" $W/model.log | tee -a $R
-for T in 2048 8192; do ours $T; done
 t peer_more 120 python3 scripts/device/mla_peer.py 2048 8192
 t ncu 60 ncu --clock-control none -k regex:'att_|rowdot' --metrics gpu__time_duration.sum $B/moe_bench_attention \
   --device cuda --B 1 --T 4096 --H 128 --KV 128 --hd 192 --hv 128 --iters 1
