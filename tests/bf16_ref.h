@@ -162,12 +162,14 @@ static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const 
 // in float32 (double here); the second products take P (forward: exp(s - max), normalised after
 // the sum; backward: exp(s - lse)) and dS rounded to bf16. One difference is left: the forward
 // kernel rounds exp(s - running max) per 64-key tile, so rows longer than 64 keys whose max moves
-// between tiles round some of their P differently (2^-9 relative of those terms).
+// between tiles round some of their P differently (2^-9 relative of those terms). Latent attention's values
+// (attention_fwd_v, hv < hd): the same where the cuda backend's wgmma kernels take the widths (192 / 128).
 // With dropout (attention_drop_fwd/bwd, ops.h; BfrDrop) as those kernels order it: the normaliser and lse
 // sum every p, the dropped P are zeroed before the P V product (the kept ones rounded as without dropout)
 // and the output is scaled by 1/(1-p) after; backward dS = P (Z dP - D) rounded, Z = 0 or 1/(1-p), and dV
 // summed over the kept rounded P and scaled by 1/(1-p) after. Other head dims: the cpu's ops.
 static inline int bfr_att_tc(int hd) { return hd == 32 || hd == 64 || hd == 128; }
+static inline int bfr_att_tc_v(int hd, int hv) { return hv == hd ? bfr_att_tc(hd) : hd == 192 && hv == 128; }
 typedef struct {
     float p; // 0: no dropout
     uint64_t seed;
@@ -191,8 +193,8 @@ static void bfr_round_rows(float *out, int B, int T, int H, int hd, int t0, int 
     for (int b = 0; b < B; b++) bf16_round_n(out + ((size_t)b * T + t0) * H * hd, (size_t)(t1 - t0) * H * hd);
 }
 static void bfr_att_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                        int H, int KV, int hd, int t0, int t1, const BfrDrop *dr) {
-    if (!bfr_att_tc(hd)) {
+                        int H, int KV, int hd, int t0, int t1, const BfrDrop *dr, int tc) {
+    if (!tc) {
         if (dr->p > 0)
             backend_cpu()->attention_drop_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, dr->p, dr->seed,
                                               dr->row0, dr->h0);
@@ -234,20 +236,26 @@ static void bfr_att_fwd(float *out, float *lse, const float *q, const float *k, 
 static void bfr_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                               int T, int H, int KV, int hd, int t0, int t1) {
     BfrDrop none = {0, 0, 0, 0};
-    bfr_att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, &none);
+    bfr_att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, &none, bfr_att_tc(hd));
     bfr_round_rows(out, B, T, H, hd, t0, t1);
 }
 static void bfr_attention_drop_fwd(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                                    int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
                                    int64_t row0, int h0) {
     BfrDrop dr = {p, seed, row0, h0};
-    bfr_att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, &dr);
+    bfr_att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, &dr, bfr_att_tc(hd));
+    bfr_round_rows(out, B, T, H, hd, t0, t1);
+}
+static void bfr_attention_fwd_v(void *out, float *lse, const void *q, const void *k, const void *v, int B,
+                                int T, int H, int KV, int hd, int hv, int t0, int t1) {
+    BfrDrop none = {0, 0, 0, 0};
+    bfr_att_fwd(out, lse, q, k, v, B, T, H, KV, hd, t0, t1, &none, bfr_att_tc_v(hd, hv));
     bfr_round_rows(out, B, T, H, hd, t0, t1);
 }
 static void bfr_att_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
                         const float *lse, const float *q, const float *k, const float *v, int B, int T, int H,
-                        int KV, int hd, int t0, int t1, int flags, const BfrDrop *dr) {
-    if (!bfr_att_tc(hd)) {
+                        int KV, int hd, int t0, int t1, int flags, const BfrDrop *dr, int tc) {
+    if (!tc) {
         if (dr->p > 0)
             backend_cpu()->attention_drop_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1,
                                               dr->p, dr->seed, dr->row0, dr->h0, flags);
@@ -297,14 +305,21 @@ static void bfr_attention_bwd(float *dq, float *dk, float *dv, const float *dout
                               const float *lse, const void *q, const void *k, const void *v, int B, int T,
                               int H, int KV, int hd, int t0, int t1, int flags) {
     BfrDrop none = {0, 0, 0, 0}; // (this backend's hidden format is float32)
-    bfr_att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, &none);
+    bfr_att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, &none, bfr_att_tc(hd));
 }
 static void bfr_attention_drop_bwd(float *dq, float *dk, float *dv, const float *dout, const void *out,
                                    const float *lse, const void *q, const void *k, const void *v, int B,
                                    int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
                                    int64_t row0, int h0, int flags) {
     BfrDrop dr = {p, seed, row0, h0};
-    bfr_att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, &dr);
+    bfr_att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, &dr, bfr_att_tc(hd));
+}
+static void bfr_attention_bwd_v(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                                const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                                int H, int KV, int hd, int hv, int t0, int t1, int flags) {
+    BfrDrop none = {0, 0, 0, 0};
+    bfr_att_bwd(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags, &none,
+                bfr_att_tc_v(hd, hv));
 }
 
 static void bfr_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
@@ -341,6 +356,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.attention_bwd = bfr_attention_bwd;
         b.attention_drop_fwd = bfr_attention_drop_fwd;
         b.attention_drop_bwd = bfr_attention_drop_bwd;
+        b.attention_fwd_v = bfr_attention_fwd_v;
+        b.attention_bwd_v = bfr_attention_bwd_v;
         b.rope_fwd_hid = bfr_rope_fwd_hid;
         b.to_hid = bfr_to_hid;
         b.copy_strided = bfr_copy_strided;

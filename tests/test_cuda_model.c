@@ -331,6 +331,13 @@ int main(void) {
     f5.rope_orig_max = 16;
     f5.yarn_mscale = 0.8f;
     f5.yarn_mscale_all_dim = 1;
+    // latent attention at DeepSeek-V3's head widths (qk 128 + 64, v 128): on an sm_90 GPU "cuda"'s wgmma
+    // kernels for them (ops.h attention_fwd_v/bwd_v), forward and backward through the model
+    ModelConfig f6 = f5;
+    f6.qk_nope_head_dim = 128;
+    f6.qk_rope_head_dim = 64;
+    f6.head_dim = 64;
+    f6.v_head_dim = 128;
     // multi-token prediction (issue 40): two modules after the layers, their loss at weight 0.5
     ModelConfig m1 = c;
     m1.mtp_depth = 2;
@@ -364,6 +371,7 @@ int main(void) {
         check_config("qwen2_moe: bias, gated shared, seq aux", f2, 2, 40, 0, gpu, ref, f32);
         check_config("qwen3_moe: qk-norm head, aux-free", f3, 2, 40, 0, gpu, ref, f32);
         check_config("latent attention: q_lora, yarn, v padded", f5, 2, 40, 0, gpu, ref, f32);
+        check_config("latent attention at DeepSeek-V3's widths", f6, 2, 40, 0, gpu, ref, f32);
         check_config("deepseek-shaped: dense 0, sigmoid groups", f4, 2, 40, 0, gpu, ref, f32);
         // (on "cuda" measured on the H200 at 4.55e-3 norm-wise, routing identical (2026-12-03). Less well
         // conditioned than c: with every parameter moved by 1e-6 relative, bf16_ref.h's own gradients of this

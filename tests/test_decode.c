@@ -234,6 +234,14 @@ static void check_backend(const Backend *be) {
     f5.rope_interleave = 0;
     f5.v_head_dim = 10;
     check_model(be, &f5, "latent attention, q_proj");
+    // DeepSeek-V3's head widths (qk 128 + 64, v 128): on an sm_90 GPU "cuda"'s wgmma kernels for them (ops.h
+    // attention_fwd_v), the cache's query rows [t0, t1) against the training forward's whole sequence
+    ModelConfig f6 = f5;
+    f6.qk_nope_head_dim = 128;
+    f6.qk_rope_head_dim = 64;
+    f6.head_dim = 64;
+    f6.v_head_dim = 128;
+    check_model(be, &f6, "latent attention at DeepSeek-V3's head widths");
 }
 
 int main(void) {

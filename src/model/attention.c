@@ -135,7 +135,7 @@ static void row_piece(int T, int r, int r1, int *b, int *t, int *nb, int *te) {
 // attention_dropout): layer l's mask (site 2) over global tokens and global heads.
 void attn_op_rows(const Model *m, int l, AttnActs *a, int T, int r0, int r1) {
     const ModelConfig *c = &m->c;
-    int H, KV, hd;
+    int H, KV, hd, hv = attn_op_hv(m);
     attn_op_shape(m, &H, &KV, &hd);
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
     uint64_t ds = c->attention_dropout > 0 ? model_drop_seed(m) : 0;
@@ -147,6 +147,9 @@ void attn_op_rows(const Model *m, int l, AttnActs *a, int T, int r0, int r1) {
                                       HQ(a->v, b * ks), nb, T, H, KV, hd, t, te, c->attention_dropout,
                                       dropout_hash(ds, l, 2), row0 + (int64_t)b * T,
                                       comm_rank(m->mesh.tp) * H);
+        else if (hv < hd && m->be->attention_fwd_v)
+            m->be->attention_fwd_v(HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
+                                   HQ(a->v, b * ks), nb, T, H, KV, hd, hv, t, te);
         else
             m->be->attention_fwd(HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
                                  HQ(a->v, b * ks), nb, T, H, KV, hd, t, te);
@@ -161,7 +164,7 @@ void attn_op_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1)
     AttnScratch *s = &m->attn;
     uint8_t *seen = s->kv_seen;
     const ModelConfig *c = &m->c;
-    int H, KV, hd;
+    int H, KV, hd, hv = attn_op_hv(m);
     attn_op_shape(m, &H, &KV, &hd);
     size_t qs = (size_t)T * H * hd, ks = (size_t)T * KV * hd, ls = (size_t)H * T;
     uint64_t ds = c->attention_dropout > 0 ? model_drop_seed(m) : 0; // (the forward's mask: attn_op_rows)
@@ -176,6 +179,10 @@ void attn_op_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1)
                                       HQ(a->v, b * ks), nb, T, H, KV, hd, t, te, c->attention_dropout,
                                       dropout_hash(ds, l, 2), row0 + (int64_t)b * T,
                                       comm_rank(m->mesh.tp) * H, fl);
+        else if (hv < hd && m->be->attention_bwd_v)
+            m->be->attention_bwd_v(s->dq + b * qs, s->dk + b * ks, s->dv + b * ks, s->datt + b * qs,
+                                   HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),
+                                   HQ(a->v, b * ks), nb, T, H, KV, hd, hv, t, te, fl);
         else
             m->be->attention_bwd(s->dq + b * qs, s->dk + b * ks, s->dv + b * ks, s->datt + b * qs,
                                  HQ(a->att, b * qs), a->lse + b * ls, HQ(a->q, b * qs), HQ(a->k, b * ks),

@@ -65,6 +65,9 @@ static inline void attn_op_shape(const Model *m, int *H, int *KV, int *hd) {
     *KV = config_mla(&m->c) ? m->Hl : m->KVl;
     *hd = config_mla(&m->c) ? config_qk_head_dim(&m->c) : m->c.head_dim;
 }
+// The width of the values within those rows: latent attention's v_head_dim (the rest its zero padding:
+// ops.h attention_fwd_v), else hd.
+static inline int attn_op_hv(const Model *m) { return config_mla(&m->c) ? m->c.v_head_dim : m->c.head_dim; }
 // What the variants share (attention.c), their AttnVariant entries: the attention op over the query rows
 // [r0, r1) of the (b, t) order (fwd_rows: a->q, k, v -> att, lse, with attention dropout) and its backward
 // (bwd_rows: m->attn.datt -> dq, dk, dv; kv_seen says which sequences' dk, dv are written); bwd_begin

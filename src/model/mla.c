@@ -5,8 +5,8 @@
 //   [k_nope | v]; k_rope is one key shared by the heads;
 //   RoPE (rotate_half's pairs or DeepSeek's interleaved ones; YaRN's frequencies and attention factor where
 //   the config has them) on q_rope and k_rope; k = [k_nope | k_rope], v padded with zeros to hq; the
-//   attention op (its scale 1/sqrt(hq); YaRN's mscale_all_dim^2 folded into q); o_proj over the value
-//   columns of the output (N, Hl*v).
+//   attention op (its scale 1/sqrt(hq); YaRN's mscale_all_dim^2 folded into q; told the values' width,
+//   ops.h attention_fwd_v: attention.c); o_proj over the value columns of the output (N, Hl*v).
 // The compressions (q_a, kv_a) and their norms are replicated over TP: each rank's weight gradient is its
 // heads' part (reduced over the stage, params.c), as is its part of the input gradient (the block adds them).
 // Must not hold: the attention op over rows and what GQA shares (attention.c), the block's norms, residuals

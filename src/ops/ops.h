@@ -379,6 +379,17 @@ struct Backend {
     void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const void *out,
                           const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
                           int KV, int hd, int t0, int t1, int flags);
+    // Latent attention's values (mla.c pads them to the qk width): attention_fwd/bwd's contract and layouts
+    // (rows hd wide) on inputs whose v and dout are zeros in the columns hv..hd-1 of every head (0 < hv <=
+    // hd): out's columns there are written as zeros, dv's too without ATT_ADD_DKV (nothing added with it),
+    // as attention_fwd/bwd compute them on such inputs. A backend may leave those columns out of its
+    // products ("cuda": the wgmma kernels at hd 192, hv 128; other shapes and GPUs its attention_fwd/bwd).
+    // Optional: NULL where a backend has none (the callers then use attention_fwd/bwd: the same function).
+    void (*attention_fwd_v)(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                            int H, int KV, int hd, int hv, int t0, int t1);
+    void (*attention_bwd_v)(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                            int H, int KV, int hd, int hv, int t0, int t1, int flags);
 
     // The same with dropout on the attention probabilities (training; HF Mixtral's attention_dropout):
     // out = (P * Z) V, Z[row, u] = 0 with probability p, else 1/(1-p), for query row t of sequence b of

@@ -233,6 +233,19 @@ static void w_att_b(float *dq, float *dk, float *dv, const float *d, const void 
     in->attention_bwd(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, t0, t1, f);
     T1(P_ATT_B);
 }
+static void w_att_fv(void *o, float *l, const void *q, const void *k, const void *v, int B, int T, int H,
+                     int KV, int hd, int hv, int t0, int t1) {
+    T0;
+    in->attention_fwd_v(o, l, q, k, v, B, T, H, KV, hd, hv, t0, t1);
+    T1(P_ATT_F);
+}
+static void w_att_bv(float *dq, float *dk, float *dv, const float *d, const void *o, const float *l,
+                     const void *q, const void *k, const void *v, int B, int T, int H, int KV, int hd, int hv,
+                     int t0, int t1, int f) {
+    T0;
+    in->attention_bwd_v(dq, dk, dv, d, o, l, q, k, v, B, T, H, KV, hd, hv, t0, t1, f);
+    T1(P_ATT_B);
+}
 static void w_sw_f(float *o, const float *a, const float *b, size_t n) {
     T0;
     in->swiglu_fwd(o, a, b, n);
@@ -371,6 +384,8 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.dropout = w_drop;
     pb.attention_fwd = w_att_f;
     pb.attention_bwd = w_att_b;
+    pb.attention_fwd_v = inner->attention_fwd_v ? w_att_fv : NULL;
+    pb.attention_bwd_v = inner->attention_bwd_v ? w_att_bv : NULL;
     pb.swiglu_fwd = w_sw_f;
     pb.swiglu_bwd = w_sw_b;
     pb.gather_rows = w_gather;

@@ -121,13 +121,12 @@ __device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, floa
     }
 }
 
-// The rows r0, r1 (from qb on skipped) of out (B, T, H, 8 NT; bf16) for head h of sequence b: o over the
-// quad's row sum, and lse (B, H, T) = ln of the sum of exp.
-template <int NT>
+// The rows r0, r1 (from qb on skipped) of out (B, T, H, HD; bf16) for head h of sequence b: o over the
+// quad's row sum into the first 8 NT columns of each head's HD, and lse (B, H, T) = ln of the sum of exp.
+template <int NT, int HD = 8 * NT>
 __device__ __forceinline__ void softmax_store(unsigned short *out, float *lse, const float *o, float m0,
                                               float m1, float l0, float l1, int r0, int r1, int qb, int b,
                                               int T, int H, int h, int t) {
-    constexpr int HD = 8 * NT;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);

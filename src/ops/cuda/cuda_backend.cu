@@ -282,6 +282,8 @@ static void cuda_init(void) {
     g_be_bf16.alloc_bf16_params = cuda_alloc_bf16_params;
     g_be_bf16.attention_fwd = cuda_attention_fwd_tc;
     g_be_bf16.attention_bwd = cuda_attention_bwd_tc;
+    g_be_bf16.attention_fwd_v = cuda_attention_fwd_tcv;
+    g_be_bf16.attention_bwd_v = cuda_attention_bwd_tcv;
     g_be_bf16.attention_drop_fwd = cuda_attention_drop_fwd_bf16;
     g_be_bf16.attention_drop_bwd = cuda_attention_drop_bwd_bf16;
     g_be_bf16.rope_fwd_hid = cuda_rope_fwd_bf16;

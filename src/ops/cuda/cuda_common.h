@@ -318,15 +318,17 @@ void cuda_attention_zero_rows(float *dq, float *dk, float *dv, int B, int T, int
 void cuda_attention_rowdot(float *D, void *gout, const float *dout, const void *out, int out_bf16, int B,
                            int T, int H, int hd, int t0, int t1);
 // cuda_attention_wg.cu: the forward and backward on Hopper's wgmma from the bf16 copies of q, k, v
-// (and dout; head dim 128; 0 where they do not run: cuda_attention_wg_runs); the backward's ds: ops.h
-// attention_ds_bytes of scratch or NULL
-int cuda_attention_wg_runs(int hd);
+// (and dout; head dims (hd, hv) 128 / 128 or latent attention's 192 / 128: rows hd wide, v's, dout's and
+// out's first hv columns the values, ops.h attention_fwd_v; 0 where they do not run:
+// cuda_attention_wg_runs); the backward's ds: ops.h attention_ds_bytes of scratch (head dim 128) or NULL
+int cuda_attention_wg_runs(int hd, int hv);
 int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
-                          const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
+                          const unsigned short *v, int B, int T, int H, int KV, int hd, int hv, int t0,
+                          int t1);
 int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout,
                           const float *lse, const float *D, const unsigned short *q, const unsigned short *k,
-                          const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1,
-                          int flags);
+                          const unsigned short *v, int B, int T, int H, int KV, int hd, int hv, int t0,
+                          int t1, int flags);
 // cuda_attention_tc.cu: the same ops for backend "cuda" (q, k, v, out bf16: its hidden format): on tensor
 // cores (head dims 32, 64, 128; with dropout too), else the float32 kernels on q, k, v (out) widened
 void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
@@ -334,6 +336,12 @@ void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, 
 void cuda_attention_bwd_tc(float *dq, float *dk, float *dv, const float *dout, const void *out,
                            const float *lse, const void *q, const void *k, const void *v, int B, int T, int H,
                            int KV, int hd, int t0, int t1, int flags);
+// latent attention's values (ops.h attention_fwd_v/bwd_v): the wgmma kernels at 192 / 128, else the above
+void cuda_attention_fwd_tcv(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,
+                            int H, int KV, int hd, int hv, int t0, int t1);
+void cuda_attention_bwd_tcv(float *dq, float *dk, float *dv, const float *dout, const void *out,
+                            const float *lse, const void *q, const void *k, const void *v, int B, int T,
+                            int H, int KV, int hd, int hv, int t0, int t1, int flags);
 void cuda_attention_drop_fwd_bf16(void *out, float *lse, const void *q, const void *k, const void *v, int B,
                                   int T, int H, int KV, int hd, int t0, int t1, float p, uint64_t seed,
                                   int64_t row0, int h0);

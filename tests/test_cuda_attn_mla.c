@@ -1,0 +1,309 @@
+// test_cuda_attn_mla.c — latent attention's values on "cuda" (ops.h attention_fwd_v / attention_bwd_v):
+// query/key heads 192 wide (DeepSeek-V3's 128 + 64), values 128 wide in rows padded to 192 with zeros, as
+// mla.c lays them out; on an sm_90 GPU the wgmma kernels of cuda_attention_wg.cu at (192, 128). Against
+// bf16_ref.h's attention (the cpu, q, k, v, dout, P and dS rounded as the kernels round them, sums in
+// double) and against the float32 cpu, at test_cuda_ops.c's tensor-core attention bands (the reasons
+// are there; nothing here is wider):
+//   BAND_ATT_TC_NORM 2e-3 norm-wise and BAND_BF16_ELEM 5e-2 per element against bf16_ref.h;
+//   BAND_BF16_NORM 1e-2 norm-wise against the float32 cpu (T >= 16: the random-walk argument);
+//   lse within BAND_SUM 1e-5 of bf16_ref.h's (the scores are float32 sums of the same bf16 products).
+// Exact checks (no band): the padding's columns of out are zeros, of dv zeros where written and
+// untouched where added into; forward rows over chunks [t0, t1) (AMPipe) the bits of one call and later
+// rows unwritten; the backward's dq over chunks the bits of one call; written == added into zeros; two
+// runs the same bits. Shapes: T not a multiple of 64, one query head per kv head (MLA) and 2 (GQA), one
+// sequence and two. On an sm_90 GPU the wgmma path must be the one taken (backend_cuda_grouped_kernel:
+// the same condition as the kernels'). Skips (exit 77) without a GPU or elsewhere. MOE_TEST_SMALL=1: small
+// shapes only (compute-sanitizer).
+#include <string.h>
+#include "core/common.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+#include "test_util.h"
+#include "bf16_ref.h"
+
+#define HD 192 // qk_nope 128 + qk_rope 64
+#define HV 128 // v_head_dim
+#define BAND_SUM 1e-5
+#define BAND_BF16_ELEM 5e-2
+#define BAND_BF16_NORM 1e-2
+#define BAND_ATT_TC_NORM 2e-3
+
+static Rng R;
+static const Backend *gpu, *ref, *f32;
+
+// n floats N(0, 1) rounded to bf16, with the columns HV..HD-1 of every head zero where pad
+static float *hrand_heads(size_t n, int pad) {
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = pad && i % HD >= HV ? 0.0f : bf16_round(rng_normal(&R));
+    return x;
+}
+static float *hcopy(const float *x, size_t n) {
+    float *y = xmalloc(n * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+static void *put(const void *h, size_t bytes) {
+    void *d = gpu->alloc(bytes);
+    gpu->to_device(d, h, bytes);
+    return d;
+}
+static float *putf(const float *h, size_t n) { return put(h, n * sizeof(float)); }
+static float *getf(const float *d, size_t n) {
+    float *h = xmalloc(n * sizeof(float));
+    gpu->to_host(h, d, n * sizeof(float));
+    return h;
+}
+static float *nanf_dev(size_t n) {
+    float *h = xmalloc(n * sizeof(float)), *d;
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    d = putf(h, n);
+    free(h);
+    return d;
+}
+// the hidden format ("cuda": bf16 bits) from float values, and back
+static void *hid_put(const float *h, size_t n) {
+    uint16_t *b = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
+    void *d = put(b, n * 2);
+    free(b);
+    return d;
+}
+static float *hid_get(const void *d, size_t n) {
+    uint16_t *b = xmalloc(n * 2);
+    float *h = xmalloc(n * sizeof(float));
+    gpu->to_host(b, d, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
+    free(b);
+    return h;
+}
+static void *hid_nan(size_t n) {
+    float *h = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    void *d = hid_put(h, n);
+    free(h);
+    return d;
+}
+
+// got (host) against want: per element |got - want| / (|want| + rms(want)) <= band, norm-wise
+// ||got - want|| / ||want|| <= nband (where > 0)
+static double g_worst, g_worst_norm;
+static void cmp(const char *what, const float *got, const float *want, size_t n, double band, double nband) {
+    double ss = 0, se = 0, worst = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)want[i] * want[i];
+    double rms = sqrt(ss / (double)n);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]), e = d / (fabs(want[i]) + rms);
+        se += d * d;
+        if (!(e <= band) && !bad++) first = i;
+        if (e > worst || e != e) worst = e != e ? INFINITY : e;
+    }
+    EXPECT(bad == 0, "%s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g ref %.9g", what, bad, n,
+           band, first, bad ? got[first] : 0.0, bad ? want[first] : 0.0);
+    double norm = ss > 0 ? sqrt(se / ss) : sqrt(se);
+    if (nband > 0) EXPECT(norm <= nband, "%s: norm-wise %.3e > %.0e", what, norm, nband);
+    if (band < 1 && worst > g_worst) g_worst = worst;
+    if (nband > 0 && nband < BAND_BF16_NORM && norm > g_worst_norm) g_worst_norm = norm;
+    printf("  %-58s worst %.2e  norm-wise %.2e\n", what, worst, norm);
+}
+static void same_bits(const char *what, const void *a, const void *b, size_t bytes) {
+    EXPECT(memcmp(a, b, bytes) == 0, "%s: not the same bits", what);
+}
+// the padding's columns of rows [t0, t1) of each sequence: zeros (want_x NULL) or want_x's values
+static void pad_check(const char *what, const float *x, const float *want_x, int B, int T, int heads, int t0,
+                      int t1) {
+    size_t bad = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = t0; t < t1; t++)
+            for (int h = 0; h < heads; h++)
+                for (int c = HV; c < HD; c++) {
+                    size_t i = (((size_t)b * T + t) * heads + h) * HD + c;
+                    float w = want_x ? want_x[i] : 0.0f;
+                    bad += memcmp(&x[i], &w, sizeof w) != 0;
+                }
+    EXPECT(bad == 0, "%s: %zu padding elements not as they should be", what, bad);
+}
+
+// One shape: forward and backward over all rows against the references, then over n chunks.
+static void test_shape(int B, int T, int H, int KV, int n) {
+    size_t nq = (size_t)B * T * H * HD, nk = (size_t)B * T * KV * HD, nl = (size_t)B * H * T;
+    char what[160], sh[64];
+    snprintf(sh, sizeof sh, "B%d T%d H%d KV%d", B, T, H, KV);
+    printf("%s (qk %d, v %d)\n", sh, HD, HV);
+    float *q = hrand_heads(nq, 0), *k = hrand_heads(nk, 0), *v = hrand_heads(nk, 1), *g = hrand_heads(nq, 1);
+    void *qd = hid_put(q, nq), *kd = hid_put(k, nk), *vd = hid_put(v, nk);
+    float *gd = putf(g, nq);
+    // forward: against bf16_ref.h and the float32 cpu; the padding zeros; lse
+    float *o = xmalloc(nq * sizeof(float)), *l = xmalloc(nl * sizeof(float));
+    float *o32 = xmalloc(nq * sizeof(float)), *l32 = xmalloc(nl * sizeof(float));
+    ref->attention_fwd_v(o, l, q, k, v, B, T, H, KV, HD, HV, 0, T);
+    f32->attention_fwd(o32, l32, q, k, v, B, T, H, KV, HD, 0, T);
+    void *od = hid_nan(nq);
+    float *ld = nanf_dev(nl);
+    gpu->attention_fwd_v(od, ld, qd, kd, vd, B, T, H, KV, HD, HV, 0, T);
+    float *oh = hid_get(od, nq), *lh = getf(ld, nl);
+    snprintf(what, sizeof what, "fwd out vs bf16 ref %s", sh);
+    cmp(what, oh, o, nq, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+    snprintf(what, sizeof what, "fwd lse vs bf16 ref %s", sh);
+    cmp(what, lh, l, nl, BAND_SUM, 0);
+    snprintf(what, sizeof what, "fwd out vs float32 %s", sh);
+    cmp(what, oh, o32, nq, BAND_BF16_ELEM, BAND_BF16_NORM);
+    pad_check("fwd out's padding", oh, NULL, B, T, H, 0, T);
+    // backward from the cpu's out (rounded, as stored) and lse: written over NaN (flags 0), added into
+    // random values (dv's padding must keep them), and written == added into zeros
+    void *oc = hid_put(o, nq);
+    float *lc = putf(l, nl);
+    float *pq = hrand_heads(nq, 0), *pk = hrand_heads(nk, 0), *pv = hrand_heads(nk, 0);
+    float *dq1 = NULL;
+    for (int p = 0; p < 2; p++) {
+        int fl = p ? ATT_ADD_DQ | ATT_ADD_DKV : 0;
+        float *dq = p ? hcopy(pq, nq) : xcalloc(nq, sizeof(float)), *dk = p ? hcopy(pk, nk) : xcalloc(nk, 4),
+              *dv = p ? hcopy(pv, nk) : xcalloc(nk, sizeof(float));
+        float *dqd = p ? putf(pq, nq) : nanf_dev(nq), *dkd = p ? putf(pk, nk) : nanf_dev(nk),
+              *dvd = p ? putf(pv, nk) : nanf_dev(nk);
+        ref->attention_bwd_v(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, HD, HV, 0, T, fl);
+        gpu->attention_bwd_v(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, fl);
+        float *hq = getf(dqd, nq), *hk = getf(dkd, nk), *hv = getf(dvd, nk);
+        const char *how = p ? "added" : "written";
+        snprintf(what, sizeof what, "bwd dq (%s) vs bf16 ref %s", how, sh);
+        cmp(what, hq, dq, nq, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+        snprintf(what, sizeof what, "bwd dk (%s) vs bf16 ref %s", how, sh);
+        cmp(what, hk, dk, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+        snprintf(what, sizeof what, "bwd dv (%s) vs bf16 ref %s", how, sh);
+        cmp(what, hv, dv, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+        pad_check(p ? "bwd dv's padding (added: kept)" : "bwd dv's padding (written)", hv, p ? pv : NULL, B,
+                  T, KV, 0, T);
+        if (!p && T >= 16) { // against the float32 backward from the float32 forward
+            float *eq = xcalloc(nq, sizeof(float)), *ek = xcalloc(nk, sizeof(float)), *ev = xcalloc(nk, 4);
+            f32->attention_bwd(eq, ek, ev, g, o32, l32, q, k, v, B, T, H, KV, HD, 0, T, 0);
+            snprintf(what, sizeof what, "bwd dq/dk/dv vs float32 %s", sh);
+            cmp(what, hq, eq, nq, INFINITY, BAND_BF16_NORM);
+            cmp(what, hk, ek, nk, INFINITY, BAND_BF16_NORM);
+            cmp(what, hv, ev, nk, INFINITY, BAND_BF16_NORM);
+            free(eq);
+            free(ek);
+            free(ev);
+        }
+        if (!p) { // written == added into zeros; a second run the same bits
+            float *z[3] = {putf(dq, nq), putf(dk, nk), putf(dv, nk)};
+            gpu->zero(z[0], nq * sizeof(float));
+            gpu->zero(z[1], nk * sizeof(float));
+            gpu->zero(z[2], nk * sizeof(float));
+            gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T,
+                                 ATT_ADD_DQ | ATT_ADD_DKV);
+            float *zq = getf(z[0], nq), *zk = getf(z[1], nk), *zv = getf(z[2], nk);
+            same_bits("bwd dq written == added into zeros", zq, hq, nq * sizeof(float));
+            same_bits("bwd dk written == added into zeros", zk, hk, nk * sizeof(float));
+            same_bits("bwd dv written == added into zeros", zv, hv, nk * sizeof(float));
+            gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, 0);
+            float *rq = getf(z[0], nq), *rk = getf(z[1], nk), *rv = getf(z[2], nk);
+            same_bits("bwd dq: two runs", rq, hq, nq * sizeof(float));
+            same_bits("bwd dk: two runs", rk, hk, nk * sizeof(float));
+            same_bits("bwd dv: two runs", rv, hv, nk * sizeof(float));
+            float *fr[] = {zq, zk, zv, rq, rk, rv};
+            for (int i = 0; i < 6; i++) free(fr[i]);
+            for (int i = 0; i < 3; i++) gpu->free(z[i]);
+            dq1 = hcopy(hq, nq);
+        }
+        float *fr[] = {dq, dk, dv, hq, hk, hv};
+        for (int i = 0; i < 6; i++) free(fr[i]);
+        gpu->free(dqd);
+        gpu->free(dkd);
+        gpu->free(dvd);
+    }
+    // chunks of query rows (AMPipe): the forward's bits and unwritten later rows; the backward in reverse
+    // chunk order as the model calls it (dk/dv written by the first, added into by the others): dq's bits of
+    // one call, dk and dv against the reference over the same chunks
+    void *on = hid_nan(nq);
+    float *ln = nanf_dev(nl);
+    float *dqn = nanf_dev(nq), *dkn = nanf_dev(nk), *dvn = nanf_dev(nk);
+    float *dq = xcalloc(nq, sizeof(float)), *dk = xcalloc(nk, sizeof(float)),
+          *dv = xcalloc(nk, sizeof(float));
+    for (int j = 0; j < n; j++) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n;
+        if (t0 == t1) continue;
+        gpu->attention_fwd_v(on, ln, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1);
+        if (j + 1 < n) {
+            float *x = hid_get(on, nq), *y = getf(ln, nl);
+            int bad = 0;
+            for (int b = 0; b < B; b++)
+                for (int t = t1; t < T; t++)
+                    for (int h = 0; h < H; h++)
+                        bad += !isnan(x[(((size_t)b * T + t) * H + h) * HD]) +
+                            !isnan(x[(((size_t)b * T + t) * H + h) * HD + HV]) +
+                            !isnan(y[((size_t)b * H + h) * T + t]);
+            EXPECT(bad == 0, "fwd rows [%d, %d) of T %d: %d later values written", t0, t1, T, bad);
+            free(x);
+            free(y);
+        }
+    }
+    float *xn = hid_get(on, nq), *yn = getf(ln, nl);
+    snprintf(what, sizeof what, "fwd over %d chunks == one call (out) %s", n, sh);
+    same_bits(what, xn, oh, nq * sizeof(float));
+    snprintf(what, sizeof what, "fwd over %d chunks == one call (lse) %s", n, sh);
+    same_bits(what, yn, lh, nl * sizeof(float));
+    for (int j = n - 1, first = 1; j >= 0; j--) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n, fl = first ? 0 : ATT_ADD_DKV;
+        if (t0 == t1) continue;
+        first = 0;
+        gpu->attention_bwd_v(dqn, dkn, dvn, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1, fl);
+        ref->attention_bwd_v(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, HD, HV, t0, t1, fl);
+    }
+    float *hq = getf(dqn, nq), *hk = getf(dkn, nk), *hv = getf(dvn, nk);
+    snprintf(what, sizeof what, "bwd over %d chunks == one call (dq) %s", n, sh);
+    same_bits(what, hq, dq1, nq * sizeof(float));
+    snprintf(what, sizeof what, "bwd dk over %d chunks vs bf16 ref %s", n, sh);
+    cmp(what, hk, dk, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+    snprintf(what, sizeof what, "bwd dv over %d chunks vs bf16 ref %s", n, sh);
+    cmp(what, hv, dv, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+    pad_check("bwd dv's padding over chunks", hv, NULL, B, T, KV, 0, T);
+    float *fr[] = {q, k, v, g, o, l, o32, l32, oh, lh, pq, pk, pv, dq1, dq, dk, dv, xn, yn, hq, hk, hv};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) free(fr[i]);
+    void *dev[] = {qd, kd, vd, gd, od, ld, oc, lc, on, ln, dqn, dkn, dvn};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
+}
+
+// compute capability x10 of the current device (0 if unknown)
+#ifdef MOE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+static int cuda_device_cc(void) {
+    int d = 0, a = 0, b = 0;
+    if (cudaGetDevice(&d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&a, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&b, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess)
+        return 0;
+    return a * 10 + b;
+}
+#else
+static int cuda_device_cc(void) { return 0; }
+#endif
+
+int main(void) {
+    if (!backend_cuda_available())
+        TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
+    rng_seed(&R, 20261203);
+    const char *sm = getenv("MOE_TEST_SMALL");
+    int big = !(sm && *sm && strcmp(sm, "0"));
+    gpu = backend_cuda();
+    ref = backend_cpu_bf16ref();
+    f32 = backend_cpu();
+    CHECK(gpu->attention_fwd_v && gpu->attention_bwd_v && ref->attention_fwd_v,
+          "test_cuda_attn_mla: backend \"cuda\" without attention_fwd_v/bwd_v");
+    int kern = backend_cuda_grouped_kernel(), cc = cuda_device_cc();
+    printf("latent attention on \"cuda\": %s (device compute capability %d.%d)\n",
+           kern ? "the wgmma kernels (cuda_attention_wg.cu)" : "the fallback (float32 kernels)", cc / 10,
+           cc % 10);
+    if (cc == 90) EXPECT(kern, "sm_90 device but the wgmma kernels do not run");
+    if (!kern) { // (elsewhere attention_fwd_v calls attention_fwd: the float32 kernels, test_cuda_ops's)
+        if (t_failures) return test_done("test_cuda_attn_mla");
+        TEST_SKIP("not an sm_90 GPU with sm_90a code: the wgmma kernels do not run here");
+    }
+    test_shape(1, 97, 3, 3, 3); // MLA (a kv head per query head), T past one 64-row tile, 3 chunks
+    test_shape(2, 130, 4, 2, 2); // two query heads per kv head, two sequences, T over two tiles
+    test_shape(1, 2, 2, 2, 2); // two rows (the first one's dq is 0)
+    if (big) test_shape(1, 300, 4, 4, 4); // several key tiles per block and chunks not on tile edges
+    if (big) test_shape(2, 257, 2, 1, 3);
+    printf("worst per element %.2e (band %.0e), worst norm-wise vs bf16 ref %.2e (band %.0e)\n", g_worst,
+           BAND_BF16_ELEM, g_worst_norm, BAND_ATT_TC_NORM);
+    return test_done("test_cuda_attn_mla");
+}
