@@ -46,16 +46,7 @@ struct QBOut {
 // The row tile of row r (its four values a lane in v, lane's max-abs bits m): codes and scale.
 __device__ __forceinline__ void row_tile(const QBOut &o, const float *v, uint32_t m, size_t qrow, int K,
                                          int c0, int kt, int nkt, int lane) {
-    m = __reduce_max_sync(0xffffffffu, m);
-    float scale, inv;
-    bool nf = group_scale(m, &scale, &inv);
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-        if (c0 + e < K) o.q[qrow * K + c0 + e] = (uint8_t)code(v[e], inv, nf);
-    if (lane == 0) {
-        o.s[qrow * nkt + kt] = scale;
-        if (nf && o.bad) atomicAdd(o.bad, 1ull);
-    }
+    warp_tile(o.q + qrow * K, o.s + qrow * nkt + kt, v, m, c0, K, lane, o.bad);
 }
 
 // The transposed tile of column k (staged column c of `tile`, rows 0..rows-1 valid, the rest zeros) of the
@@ -224,16 +215,7 @@ __global__ void swiglu_fwd_tiles_k(T *act, T *h1o, T *h3o, const float *h1, cons
         }
         amax = max(amax, abs_bits(v[e]));
     }
-    amax = __reduce_max_sync(0xffffffffu, amax);
-    float scale, inv;
-    bool nf = group_scale(amax, &scale, &inv);
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-        if (c0 + e < O) q[row + c0 + e] = (uint8_t)code(v[e], inv, nf);
-    if (lane == 0) {
-        s[(size_t)m * tiles + t] = scale;
-        if (nf && bad) atomicAdd(bad, 1ull);
-    }
+    warp_tile(q + row, s + (size_t)m * tiles + t, v, amax, c0, O, lane, bad);
 }
 
 extern "C" void cuda_fp8_swiglu_fwd_tiles(void *act, void *h1o, void *h3o, int hid_bf16, const float *h1,

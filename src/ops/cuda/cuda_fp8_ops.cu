@@ -16,6 +16,7 @@
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
 #include "ops/cuda/cuda_fp8_fused.h"
+#include "ops/cuda/cuda_fp8_trace.h"
 #include "ops/cuda/cuda_fp8_wcache.h"
 #include "ops/cuda/cuda_grouped_fp8.h"
 #include "ops/numerics.h"
@@ -74,6 +75,32 @@ static int fp8_ref(void) {
         v = e && !strcmp(e, "ref");
     }
     return v;
+}
+
+// 0: the up projections as two FP8 GEMMs (float32 h1, h3) and the SwiGLU in a pass of its own, even where the
+// fused GEMM (SwiGLU in the epilogue) runs; the same bits either way (MOE_FP8_FUSE=0: the A/B of the fusion)
+static int fp8_fuse(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_FP8_FUSE");
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+            DIE("MOE_FP8_FUSE must be 1 (the SwiGLU in the up projections' GEMM, the default) or 0 (two "
+                "GEMMs, "
+                "then the SwiGLU) (got '%s')",
+                e);
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------- the trace (cuda_fp8_trace.h)
+// The end of one traced launch: "what tensor" with the bytes it moved and the FLOPs it did.
+static void tr(const char *what, int tensor, double bytes, double flops = 0) {
+    if (!cuda_fp8_trace_on()) return;
+    static const char *tn[FP8T_N] = {"x", "w1", "w3", "act", "w2", "dy", "dh1", "dh3", "inp", "w", "dout"};
+    char n[48];
+    snprintf(n, sizeof n, "%s %s", what, tensor >= 0 && tensor < FP8T_N ? tn[tensor] : "");
+    cuda_fp8_trace_end(n, bytes, flops);
 }
 
 // ---------------------------------------------------------------- scratch and the non-finite counts
@@ -243,26 +270,36 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
     scratch_v(&g_q, 4, sz, p);
     const uint8_t *qa = pre ? pre->q : (uint8_t *)p[0];
     const float *sa = pre ? pre->s : (float *)p[1];
-    if (!pre)
+    if (!pre) {
+        cuda_fp8_trace_begin();
         cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + esz(bf) * r0 * K, bf,
                              (int)rows, K, cnt(tin));
+        tr("quant tiles", tin, (double)rows * K * (esz(bf) + 1) + 4.0 * rows * T);
+    }
+    double gb = (double)rows * K + (double)G * O * K + 4.0 * rows * O, gf = 2.0 * rows * K * O;
     // (a second weight quantised here overwrites the first's codes after the first GEMM, in stream order)
     for (int i = 0; i < (out2 ? 2 : 1); i++) {
         float *o = i ? out2 : out;
         Fp8Weight fw;
         if (!cuda_fp8_weight(&fw, i ? w2 : w, G, O, K, FP8W_FWD, cnt(i ? tw2 : tw))) {
             const void *ws = weight_src(i ? w2 : w, nw, &wbf);
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K,
                                   cnt(i ? tw2 : tw));
+            tr("quant blocks", i ? tw2 : tw, (double)nw * (esz(wbf) + 1));
             fw.q = (uint8_t *)p[2], fw.s = (float *)p[3];
         }
-        if (!fp8_ref() && cuda_fp8_grouped_gemm(o + r0 * O, 0, 0.0f, qa, sa, fw.q, fw.s, 1, off, G, K, O))
+        cuda_fp8_trace_begin();
+        if (!fp8_ref() && cuda_fp8_grouped_gemm(o + r0 * O, 0, 0.0f, qa, sa, fw.q, fw.s, 1, off, G, K, O)) {
+            tr("gemm fwd", i ? tw2 : tw, gb, gf);
             continue;
+        }
         for (int g = 0; g < G; g++) {
             int64_t a = off[g] - r0, n = off[g + 1] - off[g];
             cuda_fp8_gemm(o + off[g] * O, O, qa + a * K, K, sa + a * T, T, fw.q + (size_t)g * O * K, K,
                           fw.s + (size_t)g * BO * T, T, (int)n, O, K, 1, 0);
         }
+        tr("gemm fwd (ref)", i ? tw2 : tw, gb, gf);
     }
 }
 
@@ -300,39 +337,66 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
     void *p[8];
     scratch_v(&g_q, 8, sz, p);
     Fp8Both d = pre ? *pre : Fp8Both{(uint8_t *)p[0], (uint8_t *)p[4], (float *)p[1], (float *)p[5]};
-    if (!pre && dinp && dw) cuda_fp8_quant_both(d, dout, bf, off, G, O, cnt(tdout));
+    double sc = 4.0 / 128; // (scale bytes a code)
+    if (!pre && dinp && dw) {
+        cuda_fp8_trace_begin();
+        cuda_fp8_quant_both(d, dout, bf, off, G, O, cnt(tdout));
+        tr("quant both", tdout, (double)rows * O * (esz(bf) + 1 + sc) + (double)O * P * (1 + sc));
+    }
     if (dinp) {
-        if (!pre && !dw)
+        if (!pre && !dw) {
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_tiles(d.q, d.s, (const char *)dout + esz(bf) * r0 * O, bf, (int)rows, O,
                                  cnt(tdout));
+            tr("quant tiles", tdout, (double)rows * O * (esz(bf) + 1 + sc));
+        }
         // W (O, K) by blocks; the GEMM's B is W^T (K, O): the codes and block scales transposed only
         Fp8Weight fw;
         if (!cuda_fp8_weight(&fw, w, G, O, K, FP8W_T, cnt(tw))) {
             const void *ws = weight_src(w, nw, &wbf);
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_blocks(NULL, NULL, (uint8_t *)p[2], (float *)p[3], ws, wbf, G, O, K, cnt(tw));
+            tr("quant blocks_t", tw, (double)nw * (esz(wbf) + 1));
             fw.qt = (uint8_t *)p[2], fw.st = (float *)p[3];
         }
-        if (fp8_ref() ||
-            !cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, d.q, d.s, fw.qt, fw.st, 1, off, G, O,
-                                   K))
+        cuda_fp8_trace_begin();
+        int kern = !fp8_ref() &&
+            cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, d.q, d.s, fw.qt, fw.st, 1, off, G, O,
+                                  K);
+        if (!kern)
             for (int g = 0; g < G; g++) {
                 int64_t a = off[g] - r0, n = off[g + 1] - off[g];
                 cuda_fp8_gemm(dinp + off[g] * K, K, d.q + a * O, O, d.s + a * TO, TO,
                               fw.qt + (size_t)g * O * K, O, fw.st + (size_t)g * BK * TO, TO, (int)n, K, O, 1,
                               acc);
             }
+        tr(kern ? "gemm dx" : "gemm dx (ref)", tdout,
+           (double)rows * O + (double)nw + (acc ? 8.0 : 4.0) * rows * K, 2.0 * rows * O * K);
     }
     if (dw) {
         // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
-        if (!pre && !dinp) cuda_fp8_quant_tiles_t(d.qt, d.st, dout, bf, off, G, O, cnt(tdout));
-        if (!in_ready) cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
+        if (!pre && !dinp) {
+            cuda_fp8_trace_begin();
+            cuda_fp8_quant_tiles_t(d.qt, d.st, dout, bf, off, G, O, cnt(tdout));
+            tr("quant tiles_t", tdout, (double)rows * O * esz(bf) + (double)O * P * (1 + sc));
+        }
+        if (!in_ready) {
+            cuda_fp8_trace_begin();
+            cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
+            tr("quant tiles_t", tin, (double)rows * K * esz(bf) + (double)K * P * (1 + sc));
+        }
+        double gb = (double)(O + K) * P + (write ? 4.0 : 8.0) * nw, gf = 2.0 * rows * O * K;
         if (!fp8_ref() && G <= 256) {
             int64_t pc[257];
             for (int g = 0; g <= G; g++) pc[g] = cuda_fp8_pad_cols(off, g);
+            cuda_fp8_trace_begin();
             if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, d.qt, d.st, (uint8_t *)p[6], (float *)p[7],
-                                         pc, G, O, K))
+                                         pc, G, O, K)) {
+                tr("gemm dw", tw, gb, gf);
                 return;
+            }
         }
+        cuda_fp8_trace_begin();
         for (int g = 0; g < G; g++) {
             int64_t n = off[g + 1] - off[g], c0 = cuda_fp8_pad_cols(off, g);
             float *dwg = dw + (size_t)g * O * K;
@@ -343,6 +407,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
             cuda_fp8_gemm(dwg, K, d.qt + c0, P, d.st + c0 / 128, P / 128, (uint8_t *)p[6] + c0, P,
                           (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0, !write);
         }
+        tr("gemm dw (ref)", tw, gb, gf);
     }
 }
 
@@ -365,7 +430,7 @@ static int swiglu_fwd_fused(void *h1, void *h3, void *act, const void *inp, cons
                             const int64_t *off, int G, int K, int O) {
     int64_t r0 = off[0], rows = off[G] - off[0];
     size_t b = (size_t)r0 * O;
-    if (fp8_ref() || K <= 0 || K % 16 || O % 64 || G > 256 || !cuda_fp8_grouped_kernel() ||
+    if (fp8_ref() || !fp8_fuse() || K <= 0 || K % 16 || O % 64 || G > 256 || !cuda_fp8_grouped_kernel() ||
         (((uintptr_t)hid_at_b(h1, b, 1) | (uintptr_t)hid_at_b(h3, b, 1) | (uintptr_t)hid_at_b(act, b, 1)) &
          3))
         return 0;
@@ -376,13 +441,20 @@ static int swiglu_fwd_fused(void *h1, void *h3, void *act, const void *inp, cons
     size_t sz[2] = {(size_t)rows * K, sizeof(float) * rows * T};
     void *p[2];
     scratch_v(&g_q, 2, sz, p);
+    cuda_fp8_trace_begin();
     cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + 2 * r0 * K, 1, (int)rows, K,
                          cnt(FP8T_X));
+    tr("quant tiles", FP8T_X, (double)rows * K * 3 + 4.0 * rows * T);
+    cuda_fp8_trace_begin();
     if (!cuda_fp8_grouped_gemm_swiglu(hid_at_b(h1, b, 1), hid_at_b(h3, b, 1), hid_at_b(act, b, 1),
                                       (uint8_t *)p[0], (float *)p[1], q13, s13, off, G, K, O))
         DIE("fp8 grouped_swiglu_fwd: the fused GEMM refused shapes it takes (G %d, K %d, O %d)", G, K, O);
+    tr("gemm up+swiglu (fused)", FP8T_W1, (double)rows * K + 2.0 * G * O * K + 6.0 * rows * O,
+       4.0 * rows * K * O);
     stash_make(ST_ACT, act, NULL, off, G, O);
+    cuda_fp8_trace_begin();
     cuda_fp8_quant_tiles(g_sk.b1.q, g_sk.b1.s, hid_at_b(act, b, 1), 1, (int)rows, O, g_sk.bad);
+    tr("quant tiles", FP8T_ACT, (double)rows * O * 3 + 4.0 * rows * fp8_ntiles(O));
     return 1;
 }
 
@@ -407,9 +479,11 @@ static void fp8_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const
     }
     fp8_fwd(f1, inp, HB, w1, off, G, K, O, FP8T_X, FP8T_W1, f3, w3, FP8T_W3);
     stash_make(ST_ACT, act, NULL, off, G, O);
+    cuda_fp8_trace_begin();
     cuda_fp8_swiglu_fwd_tiles(hid_at_b(act, b, HB), HB ? hid_at_b(h1, b, HB) : NULL,
                               HB ? hid_at_b(h3, b, HB) : NULL, HB, f1 + b, f3 + b, (int)rows, O, g_sk.b1.q,
                               g_sk.b1.s, g_sk.bad);
+    tr("swiglu fwd + act tiles", FP8T_ACT, (double)n * (8 + esz(HB) * (HB ? 3 : 1) + 1 + 4.0 / 128));
 }
 
 template <int HB>
@@ -442,7 +516,10 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
             FP8T_W2);
     if (!n) return;
     stash_make(ST_DH, dh1, dh3, off, G, K);
+    cuda_fp8_trace_begin();
     cuda_fp8_swiglu_bwd_both(dh1, dh3, HB, dact, h1, h3, off, G, K, g_sk.b1, g_sk.b3, g_sk.bad, g_sk.bad + 1);
+    tr("swiglu bwd + dh both", FP8T_DH1,
+       (double)n * (4 + 4 * esz(HB)) + 2.0 * (n + (double)K * cuda_fp8_pad_cols(off, G)) * (1 + 4.0 / 128));
 }
 
 // the two products, dh1's and dh3's operands from the stash where grouped_swiglu_bwd left them and every

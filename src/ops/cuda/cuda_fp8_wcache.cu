@@ -9,6 +9,7 @@
 // Must not hold: kernels other than that addition, or any knowledge of layers.
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_fp8_trace.h"
 #include "ops/cuda/cuda_fp8_wcache.h"
 
 #define WC_USES 4 // distinct counters one entry's pending uses name (more: added early)
@@ -172,9 +173,14 @@ extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int
     }
     if (miss) {
         int f = miss & FP8W_FWD, t = miss & FP8W_T;
+        cuda_fp8_trace_begin();
         cuda_fp8_quant_blocks(f ? (uint8_t *)e->op.q : NULL, f ? (float *)e->op.s : NULL,
                               t ? (uint8_t *)e->op.qt : NULL, t ? (float *)e->op.st : NULL, src, 1, G, O, K,
                               count_once(e));
+        cuda_fp8_trace_end(f && t  ? "kept weight: blocks + _t"
+                               : f ? "kept weight: blocks"
+                                   : "kept weight: blocks_t",
+                           (double)G * O * K * (2 + (f ? 1 : 0) + (t ? 1 : 0)), 0);
         e->have |= miss;
     }
     note_use(e, bad);
@@ -214,8 +220,11 @@ extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const fl
         const void *src[2] = {src1, src3};
         for (int h = 0; h < 2; h++) {
             int t = !(e[h]->have & FP8W_T);
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_blocks_pair(pe->q, pe->s, h, t ? (uint8_t *)e[h]->op.qt : NULL,
                                        t ? (float *)e[h]->op.st : NULL, src[h], 1, G, O, K, count_once(e[h]));
+            cuda_fp8_trace_end(t ? "kept weight: pair half + _t" : "kept weight: pair half",
+                               (double)G * O * K * (3 + (t ? 1 : 0)) + 4.0 * G * O * ((K + 127) / 128), 0);
             e[h]->have |= FP8W_T;
         }
         pe->ver = v;
