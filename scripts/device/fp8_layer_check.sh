@@ -5,9 +5,10 @@
 # `bash scripts/device/fp8_layer_check.sh` with carry [".gpum"] and timeout_s 330. Steps (each bounded by what
 # is left of BUDGET; a step without time is reported skipped):
 #   1. the same bits: tests/test_cuda_fp8_quant (the quantisers against the host reference: the shared row
-#      tile helper), tests/test_cuda_fp8_fused (fused against unfused, bit for bit) as it is, with
-#      MOE_FP8_PAIR_SCALE=0 and with MOE_FP8_GEMM=ref, tests/test_cuda_fp8_ops (the tables against the cpu's fp8
-#      table), all five at once (they only check values);
+#      tile helper), tests/test_cuda_fp8_fused (fused against unfused, bit for bit, the new epilogue GEMMs among
+#      them) as it is, with MOE_FP8_PAIR_SCALE=0, with MOE_FP8_DACT_EPI=1 and with MOE_FP8_GEMM=ref,
+#      tests/test_cuda_fp8_ops (the tables against the cpu's fp8 table) as it is and with MOE_FP8_DACT_EPI=1,
+#      all at once (they only check values);
 #   2. the MoE layer forward + backward on every moe_bench_layer shape: ours on cuda (bf16) and on its FP8
 #      table, the forward and backward apart, and the FP8 table's kernels each timed alone (--fp8-trace: GB/s
 #      and TFLOP/s per kernel against 4.8 TB/s and 1,300 TFLOP/s), then the torch peers in the same call
@@ -17,7 +18,8 @@
 #   3. the fused SwiGLU GEMM alone against the plain FP8 GEMMs + the separate SwiGLU (moe_bench_fp8
 #      --swiglu-only 1), with one weight scale per 64 columns (the default) and per column
 #      (MOE_FP8_PAIR_SCALE=0);
-#   4. the layer A/B on ref and mixtral: MOE_FP8_FUSE=0 (two GEMMs, then the SwiGLU), MOE_FP8_PAIR_SCALE=0;
+#   4. the layer A/B on ref and mixtral: MOE_FP8_FUSE=0 (two GEMMs, then the SwiGLU), MOE_FP8_PAIR_SCALE=0,
+#      MOE_FP8_DACT_EPI=1 (the SwiGLU's backward in the dact GEMM's epilogue; off by default until measured);
 #   5. Nsight Compute where it is on the device (`which nsys ncu`): the FP8 ref layer's kernels, time and DRAM
 #      bytes each.
 # Fails (non-zero exit) on any test failure or a bench that does not finish; the targets are reported, not
@@ -40,14 +42,16 @@ tests() {
   local l=$((BUDGET - SECONDS - 190)) pids=() n
   [ $l -gt 100 ] && l=100
   [ $l -lt 30 ] && l=30
-  run1() { local n=$1; shift; (timeout $l env OMP_NUM_THREADS=3 "$@" > $W/$n.log 2>&1; echo $? > $W/$n.rc) & pids+=($!); }
+  run1() { local n=$1; shift; (timeout $l env OMP_NUM_THREADS=2 "$@" > $W/$n.log 2>&1; echo $? > $W/$n.rc) & pids+=($!); }
   run1 quant $B/test_cuda_fp8_quant
   run1 fused $B/test_cuda_fp8_fused
   run1 fused_cols env MOE_FP8_PAIR_SCALE=0 $B/test_cuda_fp8_fused
+  run1 fused_epi env MOE_FP8_DACT_EPI=1 $B/test_cuda_fp8_fused
   run1 fused_ref env MOE_FP8_GEMM=ref $B/test_cuda_fp8_fused
   run1 ops $B/test_cuda_fp8_ops
+  run1 ops_epi env MOE_FP8_DACT_EPI=1 $B/test_cuda_fp8_ops
   wait "${pids[@]}"
-  for n in quant fused fused_cols fused_ref ops; do
+  for n in quant fused fused_cols fused_epi fused_ref ops ops_epi; do
     local rc=$(cat $W/$n.rc 2>/dev/null || echo none)
     say "== $n rc=$rc"
     row "test $n" "rc $rc; $(grep -E 'checks' $W/$n.log | tail -1); $(grep -c '^FAIL' $W/$n.log) FAIL lines"
@@ -60,7 +64,8 @@ tests
 t layer_bf16 60 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profile 0 --gemm 0; need layer_bf16
 t layer_fp8 80 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profile 0 --gemm 0 --fp8 1 --fp8-trace 1
 need layer_fp8
-grep -vE '^\{' $W/layer_fp8.log | tee -a $R > /dev/null
+grep -vE '^\{' $W/layer_fp8.log >> $R # (every case's kernel tables: in the file; ref's also here)
+awk '/^== /{p = ($2 == "ref:")} p' $W/layer_fp8.log
 if [ -f $P/torch_moe_peer.py ] && [ -f $P/torch_moe_fp8_peer.py ]; then
   t peer_bf16 70 python3 bench/torch_moe_peer_cases.py $P/torch_moe_peer.py $CASES; need peer_bf16
   t peer_fp8 90 python3 $P/torch_moe_fp8_peer.py mixtral,olmoe,small,ref,qwen2,e256; need peer_fp8
@@ -110,11 +115,15 @@ row "ref-swiglu fused / 2 GEMMs + SwiGLU (ms)" "$(awk '/ref-swiglu.*fused \+ act
 
 # 4. the layer A/B of the switches
 ab() { # NAME ENV: ref and mixtral on the FP8 table under ENV
-  t ab_$1 50 env $2 $B/moe_bench_layer --cases ref,mixtral --iters 10 --warmup 3 --profile 0 --gemm 0 --fp8 1; need ab_$1
+  t ab_$1 50 env $2 $B/moe_bench_layer --cases ref,mixtral --iters 10 --warmup 3 --profile 0 --gemm 0 --fp8 1 \
+    --fp8-trace 1; need ab_$1
   row "layer fp8 $2 (ref, mixtral ms)" "$(grep -oE '"case":"[a-z]+"|"ms_fwd_bwd":[0-9.]+|"ms_fwd":[0-9.]+' $W/ab_$1.log | cut -d: -f2 | tr -d '"' | paste -sd' ')"
 }
 ab nofuse MOE_FP8_FUSE=0
 ab cols MOE_FP8_PAIR_SCALE=0
+ab epi MOE_FP8_DACT_EPI=1
+say "-- MOE_FP8_DACT_EPI=1: the backward's kernels (ref, then mixtral; the default's in the layer_fp8 tables)"
+awk '/^== /{c=$2} /^fp8 kernels, backward:/{p=1; print c; next} /^fp8 kernels/{p=0} p' $W/ab_epi.log | tee -a $R
 row "layer fp8 default (ref, mixtral ms)" "$(grep -E '"case":"(ref|mixtral)"' $W/layer_fp8.log | grep -oE '"case":"[a-z]+"|"ms_fwd_bwd":[0-9.]+|"ms_fwd":[0-9.]+' | cut -d: -f2 | tr -d '"' | paste -sd' ')"
 
 # 5. Nsight Compute's view of the FP8 ref layer (one warm-up + one timed iteration), where ncu is here
