@@ -167,12 +167,19 @@ __global__ void __launch_bounds__(256)
     for (int i = 0; i < 16; i++) {
         int r = wp + 8 * i, n = n0 + r;
         size_t qrow = ilv ? (size_t)g * 2 * N + n / 64 * 128 + (ilv - 1) * 64 + n % 64 : (size_t)g * N + n;
+        uint32_t word = 0;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            uint8_t b = (uint8_t)code(v[i][e], inv, nf);
-            codes[r][lane * 4 + e] = b;
-            if (q && n < N && c0 + e < K) q[qrow * K + c0 + e] = b;
+            uint32_t b = code(v[i][e], inv, nf);
+            codes[r][lane * 4 + e] = (uint8_t)b;
+            word |= b << (8 * e);
         }
+        uint8_t *qr = q ? q + qrow * K + c0 : NULL; // (four codes in one store where all are in and aligned)
+        if (qr && n < N && c0 + 3 < K && !((uintptr_t)qr & 3)) *(uint32_t *)qr = word;
+        else if (qr && n < N)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (c0 + e < K) qr[e] = (uint8_t)(word >> (8 * e));
         if (ilv && s && lane == 0 && n < N) s[qrow * BK + bj] = scale;
     }
     if (threadIdx.x == 0) {
@@ -187,9 +194,14 @@ __global__ void __launch_bounds__(256)
     for (int i = 0; i < 16; i++) {
         int kr = wp + 8 * i, k = bj * 128 + kr;
         if (k >= K) break;
+        uint8_t *qr = qt + base + (size_t)k * N + nn; // (one store of four where all are in and aligned)
+        if (nn + 3 < N && !((uintptr_t)qr & 3))
+            *(uint32_t *)qr = (uint32_t)codes[lane * 4][kr] | (uint32_t)codes[lane * 4 + 1][kr] << 8 |
+                (uint32_t)codes[lane * 4 + 2][kr] << 16 | (uint32_t)codes[lane * 4 + 3][kr] << 24;
+        else
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (nn + e < N) qt[base + (size_t)k * N + nn + e] = codes[lane * 4 + e][kr];
+            for (int e = 0; e < 4; e++)
+                if (nn + e < N) qr[e] = codes[lane * 4 + e][kr];
     }
 }
 

@@ -96,17 +96,21 @@ __global__ void __launch_bounds__(256) quant_both_k(QBArgs a, const T *x, const 
     for (int i = 0; i < 16; i++) {
         int r = wp + 8 * i; // (uniform over the warp)
         size_t row = (size_t)(r0 + r) * a.K;
-        float v1[4], v3[4];
+        float v1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v3[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d4[4], a4[4], b4[4];
         uint32_t m1 = 0, m3 = 0;
+        if (!SW && r < rows) ld4(x, row + c0, c0, a.K, v1); // (zeros past K)
+        if (SW && r < rows) {
+            ld4(dact, row + c0, c0, a.K, d4);
+            ld4(h1, row + c0, c0, a.K, a4);
+            ld4(h3, row + c0, c0, a.K, b4);
+        }
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int c = c0 + e;
             bool in = r < rows && c < a.K;
-            v1[e] = v3[e] = 0.0f;
-            if (in && !SW) v1[e] = val(x[row + c]);
             if (in && SW) {
                 float g1, g3;
-                swiglu_grad(dact[row + c], val(h1[row + c]), val(h3[row + c]), &g1, &g3);
+                swiglu_grad(d4[e], a4[e], b4[e], &g1, &g3);
                 T b1 = put<T>(g1), b3 = put<T>(g3);
                 dh1[row + c] = b1;
                 dh3[row + c] = b3;

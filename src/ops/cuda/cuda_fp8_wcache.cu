@@ -1,9 +1,10 @@
 // cuda_fp8_wcache.cu — the experts' weights as FP8 operands kept between ops (contracts in
 // cuda_fp8_wcache.h): a table of entries keyed by the weight's pointer and shape, each with the layouts made
 // at the bf16 copy's current version (the transposed layout's allocation with the version's count of
-// non-finite blocks; the forward layout's allocated when first asked for), made again when the version moved
-// on (AdamW once a step, a refresh, any write into the weights), and a table of up-projection pairs whose
-// forward codes are written straight into the pair's layout. All freed when another buffer is registered.
+// non-finite blocks; the forward layout's allocated when first asked for, and made with the transposed one in
+// one read of the weight), made again when the version moved on (AdamW once a step, a refresh, any write into
+// the weights), and a table of up-projection pairs whose forward codes are written straight into the pair's
+// layout. All freed when another buffer is registered.
 // The uses' non-finite counts are kept on the host as (counter, uses) pairs per entry and added on the
 // device before the entry's count is made again or the counters are read.
 // Must not hold: kernels other than that addition, or any knowledge of layers.
@@ -163,7 +164,10 @@ extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int
     const void *src;
     WEntry *e = entry(w, G, O, K, &src);
     if (!e) return 0;
+    // (a forward layout made at a new version brings the transposed one in the same read: the backward asks
+    // for it next, and its memory is the entry's already)
     int miss = need & ~e->have;
+    if (miss & FP8W_FWD) miss |= FP8W_T & ~e->have;
     if ((miss & FP8W_FWD) && !e->mq) {
         size_t n = (size_t)G * O * K;
         char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128),
