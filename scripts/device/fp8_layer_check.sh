@@ -61,10 +61,11 @@ tests() {
 tests
 
 # 2. the layer: ours (bf16, fp8 with the per-kernel trace), then the peers
-t layer_bf16 60 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profile 0 --gemm 0; need layer_bf16
-t layer_fp8 80 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profile 0 --gemm 0 --fp8 1 --fp8-trace 1
+t layer_bf16 60 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profile 1 --gemm 0; need layer_bf16
+t layer_fp8 80 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profile 1 --gemm 0 --fp8 1 --fp8-trace 1
 need layer_fp8
-grep -vE '^\{' $W/layer_fp8.log >> $R # (every case's kernel tables: in the file; ref's also here)
+# every case's op and kernel tables into the file; ref's fp8 ones here too
+grep -vE '^\{' $W/layer_bf16.log $W/layer_fp8.log >> $R
 awk '/^== /{p = ($2 == "ref:")} p' $W/layer_fp8.log
 if [ -f $P/torch_moe_peer.py ] && [ -f $P/torch_moe_fp8_peer.py ]; then
   t peer_bf16 70 python3 bench/torch_moe_peer_cases.py $P/torch_moe_peer.py $CASES; need peer_bf16

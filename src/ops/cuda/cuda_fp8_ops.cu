@@ -389,7 +389,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
                     "%d, "
                     "K %d, O %d)",
                     G, O, K);
-            tr("gemm dact+swiglu bwd (fused)", tdout, (double)rows * O + (double)nw + 8.0 * rows * K,
+            tr("gemm dgrad+swiglu bwd (fused)", tdout, (double)rows * O + (double)nw + 8.0 * rows * K,
                2.0 * rows * O * K);
         }
         int kern = epi ||
@@ -404,7 +404,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
                               acc);
             }
         if (!epi)
-            tr(kern ? "gemm dx" : "gemm dx (ref)", tdout,
+            tr(kern ? "gemm dgrad" : "gemm dgrad (ref)", tdout,
                (double)rows * O + (double)nw + (acc ? 8.0 : 4.0) * rows * K, 2.0 * rows * O * K);
     }
     if (dw) {
@@ -426,7 +426,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
             cuda_fp8_trace_begin();
             if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, d.qt, d.st, (uint8_t *)p[6], (float *)p[7],
                                          pc, G, O, K)) {
-                tr("gemm dw", tw, gb, gf);
+                tr("gemm wgrad", tw, gb, gf);
                 return;
             }
         }
@@ -441,7 +441,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
             cuda_fp8_gemm(dwg, K, d.qt + c0, P, d.st + c0 / 128, P / 128, (uint8_t *)p[6] + c0, P,
                           (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0, !write);
         }
-        tr("gemm dw (ref)", tw, gb, gf);
+        tr("gemm wgrad (ref)", tw, gb, gf);
     }
 }
 

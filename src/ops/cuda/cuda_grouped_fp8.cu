@@ -15,8 +15,10 @@
 // (rows mode) are computed from the next group's rows and never stored; rows and K past the arrays' ends are
 // zero-filled by TMA (zeros change neither amax nor the sum). Two forms (template RED): rows mode, groups of
 // output rows [off[g], off[g+1]) with B_g per group (the forward and activation gradient); RED, groups of the
-// reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Must
-// not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or any knowledge of the model.
+// reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Rows
+// mode's epilogues: float32 or bf16 C, the SwiGLU forward (h1, h3, act of an up-projection pair) and the
+// SwiGLU's backward (dh1, dh3 of dact). Must not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or
+// any knowledge of the model.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -41,9 +43,10 @@ struct GFArgs {
     float *C; // float32 output, or NULL
     bf16 *Cb; // bf16 output (beta 0), or NULL
     bf16 *H1, *H3, *Act; // the SwiGLU epilogue's outputs (rows, N / 2), row stride N / 2 (Act not NULL: on)
-    const bf16 *Sh1,
-        *Sh3; // the SwiGLU backward epilogue (Dh1 not NULL: on): the result is dact (rows, N); h1,
-    bf16 *Dh1, *Dh3; // h3 read and dh1, dh3 = swiglu_grad(dact, h1, h3) written, all bf16, row stride N
+    // the SwiGLU backward's epilogue (Dh1 not NULL: on): the result is dact (rows, N), not stored; h1, h3
+    // read and dh1, dh3 = swiglu_grad(dact, h1, h3) written, all bf16 (rows, N)
+    const bf16 *Sh1, *Sh3;
+    bf16 *Dh1, *Dh3;
     float beta; // 0 or 1
     const float *sa, *sb;
     int sa_ld, sb_ld; // scales per row of sa / sb (rows mode: nkt; RED: Mp / 128)
