@@ -8,7 +8,8 @@
 #      tile helper), tests/test_cuda_fp8_fused (fused against unfused, bit for bit, the new epilogue GEMMs among
 #      them) as it is, with MOE_FP8_PAIR_SCALE=0, with MOE_FP8_DACT_EPI=1 and with MOE_FP8_GEMM=ref,
 #      tests/test_cuda_fp8_ops (the tables against the cpu's fp8 table) as it is and with MOE_FP8_DACT_EPI=1,
-#      all at once (they only check values);
+#      and compute-sanitizer memcheck on test_cuda_fp8_fused's small cases (MOE_FP8_DACT_EPI=1), all at once
+#      (they only check values);
 #   2. the MoE layer forward + backward on every moe_bench_layer shape: ours on cuda (bf16) and on its FP8
 #      table, the forward and backward apart, and the FP8 table's kernels each timed alone (--fp8-trace: GB/s
 #      and TFLOP/s per kernel against 4.8 TB/s and 1,300 TFLOP/s), then the torch peers in the same call
@@ -27,7 +28,7 @@
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && mesh_unpack $PWD/${GPUM:-.gpum} /tmp/fp8layer
 P=$PWD/${GPUM:-.gpum} # (the torch peers, copied beside the package)
-W=/tmp/fp8layer_w; mkdir -p $W; R=${OUT:-$W}/fp8_layer.txt; : > $R
+W=/tmp/fp8layer_w; rm -rf $W; mkdir -p $W; R=${OUT:-$W}/fp8_layer.txt; : > $R
 export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1 BUDGET=${BUDGET:-280}
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 say "profilers: $(which nsys ncu 2>/dev/null | tr '\n' ' ')"
@@ -39,9 +40,9 @@ CASES=mixtral,olmoe,small,ref,qwen2,qwen2s,e256
 
 # 1. the tests, at once (values only: they need not run alone); OMP threads shared
 tests() {
-  local l=$((BUDGET - SECONDS - 190)) pids=() n
-  [ $l -gt 100 ] && l=100
-  [ $l -lt 30 ] && l=30
+  local l=$((BUDGET - SECONDS - 170)) pids=() n
+  [ $l -gt 110 ] && l=110
+  [ $l -lt 60 ] && l=60
   run1() { local n=$1; shift; (timeout $l env OMP_NUM_THREADS=2 "$@" > $W/$n.log 2>&1; echo $? > $W/$n.rc) & pids+=($!); }
   run1 quant $B/test_cuda_fp8_quant
   run1 fused $B/test_cuda_fp8_fused
@@ -50,11 +51,13 @@ tests() {
   run1 fused_ref env MOE_FP8_GEMM=ref $B/test_cuda_fp8_fused
   run1 ops $B/test_cuda_fp8_ops
   run1 ops_epi env MOE_FP8_DACT_EPI=1 $B/test_cuda_fp8_ops
+  local cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  run1 memcheck env MOE_FP8_DACT_EPI=1 $cs --tool memcheck --error-exitcode 9 $B/test_cuda_fp8_fused small
   wait "${pids[@]}"
-  for n in quant fused fused_cols fused_epi fused_ref ops ops_epi; do
+  for n in quant fused fused_cols fused_epi fused_ref ops ops_epi memcheck; do
     local rc=$(cat $W/$n.rc 2>/dev/null || echo none)
     say "== $n rc=$rc"
-    row "test $n" "rc $rc; $(grep -E 'checks' $W/$n.log | tail -1); $(grep -c '^FAIL' $W/$n.log) FAIL lines"
+    row "test $n" "rc $rc; $(grep -E 'checks' $W/$n.log | tail -1); $(grep -c '^FAIL' $W/$n.log) FAIL lines $(grep -hE 'ERROR SUMMARY' $W/$n.log | tail -1)"
     [ "$rc" = 0 ] || { FAIL=$((FAIL + 1)); grep -m6 FAIL $W/$n.log | tee -a $R; tail -3 $W/$n.log | tee -a $R; }
   done
 }
@@ -65,7 +68,7 @@ t layer_bf16 60 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profil
 t layer_fp8 80 $B/moe_bench_layer --cases $CASES --iters 10 --warmup 3 --profile 1 --gemm 0 --fp8 1 --fp8-trace 1
 need layer_fp8
 # every case's op and kernel tables into the file; ref's fp8 ones here too
-grep -vE '^\{' $W/layer_bf16.log $W/layer_fp8.log >> $R
+grep -hvE '^\{' $W/layer_bf16.log $W/layer_fp8.log >> $R
 awk '/^== /{p = ($2 == "ref:")} p' $W/layer_fp8.log
 if [ -f $P/torch_moe_peer.py ] && [ -f $P/torch_moe_fp8_peer.py ]; then
   t peer_bf16 70 python3 bench/torch_moe_peer_cases.py $P/torch_moe_peer.py $CASES; need peer_bf16

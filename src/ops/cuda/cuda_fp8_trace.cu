@@ -53,7 +53,7 @@ void cuda_fp8_trace_end(const char *name, double bytes, double flops) {
 }
 
 extern "C" void cuda_fp8_trace_print(FILE *f, double peak_gbs, double peak_tflops) {
-    double ms = 0, by = 0;
+    double ms = 0, by = 0, gms = 0;
     fprintf(f, "  %-34s %5s %9s %8s %8s %6s %8s %6s\n", "kernel", "calls", "ms", "GB", "GB/s", "%bw",
             "TFLOP/s", "%mma");
     for (int i = 0; i < g_n; i++) {
@@ -65,6 +65,8 @@ extern "C" void cuda_fp8_trace_print(FILE *f, double peak_gbs, double peak_tflop
         else fprintf(f, " %8s %6s\n", "-", "-");
         ms += t;
         by += g_tr[i].bytes;
+        if (g_tr[i].flops > 0) gms += t;
     }
-    fprintf(f, "  %-34s %5s %9.3f %8.3f\n", "total (serialised)", "", ms, by / 1e9);
+    fprintf(f, "  %-34s %5s %9.3f %8.3f   (GEMMs %.3f ms, the rest %.3f ms)\n", "total (serialised)", "", ms,
+            by / 1e9, gms, ms - gms);
 }

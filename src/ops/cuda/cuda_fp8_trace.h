@@ -15,7 +15,7 @@ extern "C" {
 // Arm (1) or disarm (0) the timing; arming empties the sums.
 void cuda_fp8_trace_arm(int on);
 // The sums since arming, one line a name in the order first seen: calls, ms, bytes (GB), GB/s and % of
-// peak_gbs, TFLOP/s and % of peak_tflops (FLOPs 0: a quantiser, '-'), then their total.
+// peak_gbs, TFLOP/s and % of peak_tflops (FLOPs 0: a quantiser, '-'), then their total and its GEMMs' part.
 void cuda_fp8_trace_print(FILE *f, double peak_gbs, double peak_tflops);
 
 #ifdef __cplusplus
