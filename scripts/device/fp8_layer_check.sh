@@ -1,6 +1,6 @@
 #!/bin/bash
 # fp8_layer_check.sh — where the FP8 MoE layer's time goes (issue 38), one call under 5 minutes (BUDGET,
-# default 280 s). Prepare here: `cmake --build build -j2 && bash scripts/device/mesh_pack.sh .gpum &&
+# default 285 s). Prepare here: `cmake --build build -j2 && bash scripts/device/mesh_pack.sh .gpum &&
 # cp ../shared/bench/torch_moe_peer.py ../shared/bench/torch_moe_fp8_peer.py .gpum/`, then call
 # `bash scripts/device/fp8_layer_check.sh` with carry [".gpum"] and timeout_s 330. Steps (each bounded by what
 # is left of BUDGET; a step without time is reported skipped):
@@ -16,12 +16,14 @@
 #      (torch._grouped_mm bf16: bench/torch_moe_peer_cases.py; torch._scaled_grouped_mm e4m3:
 #      torch_moe_fp8_peer.py), and the table against the issue's targets (fp8 <= 0.65x our bf16 on mixtral and
 #      ref; faster than the torch FP8 peer on every shape);
-#   3. the fused SwiGLU GEMM alone against the plain FP8 GEMMs + the separate SwiGLU (moe_bench_fp8
+#   3. the same bits of a whole run: a tiny model 30 steps under fp8 with the defaults (twice: the control)
+#      and with each switch, its losses and final model and optimizer state byte for byte;
+#   4. the fused SwiGLU GEMM alone against the plain FP8 GEMMs + the separate SwiGLU (moe_bench_fp8
 #      --swiglu-only 1), with one weight scale per 64 columns (the default) and per column
 #      (MOE_FP8_PAIR_SCALE=0);
-#   4. the layer A/B on ref and mixtral: MOE_FP8_FUSE=0 (two GEMMs, then the SwiGLU), MOE_FP8_PAIR_SCALE=0,
+#   5. the layer A/B on ref and mixtral: MOE_FP8_FUSE=0 (two GEMMs, then the SwiGLU), MOE_FP8_PAIR_SCALE=0,
 #      MOE_FP8_DACT_EPI=1 (the SwiGLU's backward in the dact GEMM's epilogue; off by default until measured);
-#   5. Nsight Compute where it is on the device (`which nsys ncu`): the FP8 ref layer's kernels, time and DRAM
+#   6. Nsight Compute where it is on the device (`which nsys ncu`): the FP8 ref layer's kernels, time and DRAM
 #      bytes each.
 # Fails (non-zero exit) on any test failure or a bench that does not finish; the targets are reported, not
 # enforced. Everything also goes to $OUT/fp8_layer.txt, the logs to $OUT/logs.tgz.
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && mesh_unpack $PWD/${GPUM:-.gpum} /tmp/fp8layer
 P=$PWD/${GPUM:-.gpum} # (the torch peers, copied beside the package)
 W=/tmp/fp8layer_w; rm -rf $W; mkdir -p $W; R=${OUT:-$W}/fp8_layer.txt; : > $R
-export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1 BUDGET=${BUDGET:-280}
+export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1 BUDGET=${BUDGET:-285}
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 say "profilers: $(which nsys ncu 2>/dev/null | tr '\n' ' ')"
 FAIL=0 S=()
@@ -109,7 +111,36 @@ PY
 row "layer: fp8 / bf16 (ref, mixtral)" "$(grep -E '^(ref|mixtral) ' $R | tail -2 | awk '{printf "%s %s  ", $1, $9}')"
 row "layer: fp8 / torch fp8 (every shape)" "$(grep -cE '< torch fp8: yes' $R) yes, $(grep -cE '< torch fp8: NO' $R) NO"
 
-# 3. the fused SwiGLU GEMM alone against what it replaced
+# 3. the same bits end to end: a tiny model 30 steps under fp8 (the weights move each step: the kept codes are
+# made again), the defaults twice (the control: is a run repeatable?) and each switch; losses and the final
+# model and optimizer state byte for byte
+TINY="--steps 30 --batch 8 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 256 --d-ff 256
+  --n-experts 8 --top-k 2 --lr 1e-3 --warmup 5 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0
+  --save-every 0 --force --seed 3"
+tiny() { t tiny_$1 40 env $2 $B/moe train --device cuda --precision fp8 $TINY --out $W/tiny_$1; need tiny_$1; }
+L() { grep -o '"loss":[^,]*' $W/tiny_$1/metrics.jsonl 2>/dev/null | cut -d: -f2; }
+same() { # A B LABEL: B's losses and final state against A's; status 0 where all the same
+  local d=$(paste <(L $1) <(L $2) | awk '$1 != $2' | wc -l) n=$(L $2 | wc -l) f r=ok
+  for f in model optimizer; do
+    cmp -s $W/tiny_$1/step_00000030/$f.safetensors $W/tiny_$2/step_00000030/$f.safetensors || r="$f differs"
+  done
+  [ "$n" = 30 ] || r="$n losses"
+  row "tiny fp8: $3" "$d of $n losses differ; $r"
+  [ "$d" = 0 ] && [ "$r" = ok ]
+}
+tiny base MOE_FP8_FUSE=1; tiny again MOE_FP8_FUSE=1
+tiny nofuse MOE_FP8_FUSE=0; tiny cols MOE_FP8_PAIR_SCALE=0; tiny epi MOE_FP8_DACT_EPI=1
+if same base again "the defaults twice (the control)"; then
+  for v in "nofuse MOE_FP8_FUSE=0" "cols MOE_FP8_PAIR_SCALE=0" "epi MOE_FP8_DACT_EPI=1"; do
+    set -- $v
+    same base $1 "$2 vs the defaults" || { FAIL=$((FAIL + 1)); say "FAILED: $2 changed the bits of the tiny run"; }
+  done
+else
+  say "the tiny run does not repeat itself: the switches' runs are not judged"
+  for v in nofuse cols epi; do same base $v "$v vs the defaults (not judged)"; done
+fi
+
+# 4. the fused SwiGLU GEMM alone against what it replaced
 t swiglu 60 $B/moe_bench_fp8 --swiglu-only 1; need swiglu
 t swiglu_cols 60 env MOE_FP8_PAIR_SCALE=0 $B/moe_bench_fp8 --swiglu-only 1; need swiglu_cols
 say "-- the up projections with the SwiGLU (moe_bench_fp8; the fused rows by MOE_FP8_PAIR_SCALE 1, then 0)"
@@ -117,7 +148,7 @@ grep -h swiglu $W/swiglu.log | tee -a $R
 grep -h "SwiGLU fused" $W/swiglu_cols.log | sed 's/$/   (a scale per column)/' | tee -a $R
 row "ref-swiglu fused / 2 GEMMs + SwiGLU (ms)" "$(awk '/ref-swiglu.*fused \+ act/{a=$(NF-3)} /ref-swiglu.*2 GEMMs/{b=$(NF-3)} END{print a " / " b}' $W/swiglu.log)"
 
-# 4. the layer A/B of the switches
+# 5. the layer A/B of the switches
 ab() { # NAME ENV: ref and mixtral on the FP8 table under ENV
   t ab_$1 50 env $2 $B/moe_bench_layer --cases ref,mixtral --iters 10 --warmup 3 --profile 0 --gemm 0 --fp8 1 \
     --fp8-trace 1; need ab_$1
@@ -130,7 +161,7 @@ say "-- MOE_FP8_DACT_EPI=1: the backward's kernels (ref, then mixtral; the defau
 awk '/^== /{c=$2} /^fp8 kernels, backward:/{p=1; print c; next} /^fp8 kernels/{p=0} p' $W/ab_epi.log | tee -a $R
 row "layer fp8 default (ref, mixtral ms)" "$(grep -E '"case":"(ref|mixtral)"' $W/layer_fp8.log | grep -oE '"case":"[a-z]+"|"ms_fwd_bwd":[0-9.]+|"ms_fwd":[0-9.]+' | cut -d: -f2 | tr -d '"' | paste -sd' ')"
 
-# 5. Nsight Compute's view of the FP8 ref layer (one warm-up + one timed iteration), where ncu is here
+# 6. Nsight Compute's view of the FP8 ref layer (one warm-up + one timed iteration), where ncu is here
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 if [ -n "$NCU" ] && [ $((BUDGET - SECONDS)) -gt 60 ]; then
   t ncu $((BUDGET - SECONDS - 15)) $NCU --clock-control none --kernel-name regex:'gf_|quant|swiglu' \
