@@ -3,14 +3,22 @@
 // torch peers: scripts/device/fp8_peer.py). Shapes: the mixtral-like expert GEMM (8 groups x 4096 rows,
 // K 4096, N 14336), its reverse (K 14336, N 4096), PEERS.md's reference model (8 experts, 16384 rows top-2:
 // 2048 a group, d 2048, f 5632) both ways, and the weight gradients dW (G, N, K) of each up-projection.
+// Then the up projections with the SwiGLU (issue 38: the fused epilogue alone against what it replaced) on
+// the mixtral and ref shapes: the fused GEMM (cuda_fp8_grouped_gemm_swiglu: bf16 h1, h3, act), the same
+// followed by act's 1x128 tiles (cuda_fp8_quant_tiles: the forward table's whole up projection), the unfused
+// form (two FP8 GEMMs into float32 h1, h3, then cuda_fp8_swiglu_fwd_tiles: MOE_FP8_FUSE=0's), and the pair as
+// one plain GEMM (float32 out) with a scale per column and with block scales (the epilogue's and the scales'
+// shares apart). MOE_FP8_PAIR_SCALE=0 times the fused GEMM with a scale per column.
 // Operands: random e4m3 codes (no NaN) with scales 1, random bf16 values; FLOPs 2 rows N K.
-//   moe_bench_fp8 [--iters N] [--warmup N]
+//   moe_bench_fp8 [--iters N] [--warmup N] [--swiglu-only 1 (the SwiGLU forms alone)]
 // Prints one line per shape and form: name, form, ms per call (mean over iters), TFLOP/s.
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
+#include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_fp8_fused.h"
 #include "ops/cuda/cuda_grouped_fp8.h"
 
 // the bf16 kernels' entry points (cuda_grouped.cu; declared for C++ in ops/cuda/cuda_common.h)
@@ -58,6 +66,9 @@ typedef struct {
     float *sa, *sb;
     const int64_t *off;
     int G, K, N;
+    void *h1, *h3, *act, *f1, *f3, *q; // the SwiGLU forms' outputs (bf16 h1, h3, act; float32 h1, h3; codes)
+    float *sq, *sb1; // act's scales; W1's and W3's block scales (the unfused form)
+    void *B3; // W3's codes (the unfused form: B holds W1's)
 } Call;
 
 static int run(const Call *c) {
@@ -73,10 +84,42 @@ static int run(const Call *c) {
                                      c->N);
         case 3:
             return cuda_fp8_grouped_gemm_dw(c->C, 0.0f, c->A, c->sa, c->B, c->sb, c->off, c->G, c->N, c->K);
-        default: return cuda_grouped_gemm_dw(c->C, 0.0f, 0, c->A, c->B, c->off, c->G, c->K, c->N);
+        case 4: return cuda_grouped_gemm_dw(c->C, 0.0f, 0, c->A, c->B, c->off, c->G, c->K, c->N);
+        case 5: // (N: the pair's 2 O columns)
+        case 6: {
+            int M = (int)(c->off[c->G] - c->off[0]), O = c->N / 2;
+            if (!cuda_fp8_grouped_gemm_swiglu(c->h1, c->h3, c->act, c->A, c->sa, c->B, c->sb, c->off, c->G,
+                                              c->K, O))
+                return 0;
+            if (c->form == 6) cuda_fp8_quant_tiles(c->q, c->sq, c->act, 1, M, O, NULL);
+            return 1;
+        }
+        case 7: {
+            int M = (int)(c->off[c->G] - c->off[0]), O = c->N / 2;
+            if (!cuda_fp8_grouped_gemm(c->f1, 0, 0.0f, c->A, c->sa, c->B, c->sb1, 1, c->off, c->G, c->K, O) ||
+                !cuda_fp8_grouped_gemm(c->f3, 0, 0.0f, c->A, c->sa, c->B3, c->sb1, 1, c->off, c->G, c->K, O))
+                return 0;
+            cuda_fp8_swiglu_fwd_tiles(c->act, c->h1, c->h3, 1, c->f1, c->f3, M, O, c->q, c->sq, NULL);
+            return 1;
+        }
+        case 8: // the pair as one GEMM, a scale per column (float32 out)
+            return cuda_fp8_grouped_gemm(c->C, 0, 0.0f, c->A, c->sa, c->B, c->sb, 0, c->off, c->G, c->K,
+                                         c->N);
+        default: // the pair as one GEMM with block scales
+            return cuda_fp8_grouped_gemm(c->C, 0, 0.0f, c->A, c->sa, c->B, c->sb1, 1, c->off, c->G, c->K,
+                                         c->N);
     }
 }
-static const char *form_name[] = {"fp8 (f32 out)", "fp8 (bf16 out)", "bf16 (f32 out)", "fp8 dW", "bf16 dW"};
+static const char *form_name[] = {"fp8 (f32 out)",
+                                  "fp8 (bf16 out)",
+                                  "bf16 (f32 out)",
+                                  "fp8 dW",
+                                  "bf16 dW",
+                                  "fp8 SwiGLU fused",
+                                  "fp8 SwiGLU fused + act tiles",
+                                  "fp8 2 GEMMs + SwiGLU/act tiles",
+                                  "fp8 pair, column scales",
+                                  "fp8 pair, block scales"};
 
 static void time_call(const char *shape, const Call *c, double flops) {
     cudaEvent_t e0, e1;
@@ -84,7 +127,7 @@ static void time_call(const char *shape, const Call *c, double flops) {
     CK(cudaEventCreate(&e1));
     for (int i = 0; i < warmup; i++)
         if (!run(c)) {
-            printf("%-14s %-16s not taken by the kernel\n", shape, form_name[c->form]);
+            printf("%-14s %-30s not taken by the kernel\n", shape, form_name[c->form]);
             return;
         }
     CK(cudaEventRecord(e0, 0));
@@ -94,7 +137,7 @@ static void time_call(const char *shape, const Call *c, double flops) {
     float ms;
     CK(cudaEventElapsedTime(&ms, e0, e1));
     ms /= iters;
-    printf("%-14s %-16s %9.3f ms %7.1f TFLOP/s\n", shape, form_name[c->form], ms, flops / (ms * 1e9));
+    printf("%-14s %-30s %9.3f ms %7.1f TFLOP/s\n", shape, form_name[c->form], ms, flops / (ms * 1e9));
     fflush(stdout);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
@@ -111,7 +154,16 @@ static void shape_rows(const char *name, int G, int m, int K, int N) {
     CK(cudaMalloc(&C, M * N * sizeof(float)));
     double flops = 2.0 * M * N * K;
     for (int f = 0; f < 3; f++) {
-        Call c = {f, C, f == 2 ? A16 : A8, f == 2 ? B16 : B8, sa, sb, off, G, K, N};
+        Call c = {.form = f,
+                  .C = C,
+                  .A = f == 2 ? A16 : A8,
+                  .B = f == 2 ? B16 : B8,
+                  .sa = sa,
+                  .sb = sb,
+                  .off = off,
+                  .G = G,
+                  .K = K,
+                  .N = N};
         time_call(name, &c, flops);
     }
     void *bufs[] = {A8, B8, A16, B16, C, sa, sb};
@@ -128,27 +180,62 @@ static void shape_dw(const char *name, int G, int m, int N, int K) {
     float *sa = dones((size_t)N * TM), *sb = dones((size_t)K * TM);
     CK(cudaMalloc(&C, (size_t)G * N * K * sizeof(float)));
     double flops = 2.0 * M * N * K;
-    Call c8 = {3, C, A8, B8, sa, sb, off, G, K, N}, c16 = {4, C, A16, B16, sa, sb, off, G, K, N};
+    Call c8 = {.form = 3, .C = C, .A = A8, .B = B8, .sa = sa, .sb = sb, .off = off, .G = G, .K = K, .N = N},
+         c16 = {
+             .form = 4, .C = C, .A = A16, .B = B16, .sa = sa, .sb = sb, .off = off, .G = G, .K = K, .N = N};
     time_call(name, &c8, flops);
     time_call(name, &c16, flops);
     void *bufs[] = {A8, B8, A16, B16, C, sa, sb};
     for (int i = 0; i < 7; i++) CK(cudaFree(bufs[i]));
 }
 
+// the up projections with the SwiGLU over G groups of m rows, reduction K, O columns each of W1 and W3
+static void shape_swiglu(const char *name, int G, int m, int K, int O) {
+    int64_t off[65];
+    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    size_t M = (size_t)G * m, TK = (K + 127) / 128, N = 2 * (size_t)O;
+    void *A = drand_bytes(M * K, 1, 9), *B = drand_bytes(G * N * K, 1, 10),
+         *B3 = drand_bytes(G * N * K / 2, 1, 11);
+    float *sa = dones(M * TK), *sbr = dones(G * N * TK), *sb1 = dones(G * ((N + 127) / 128) * TK);
+    void *C, *h1, *h3, *act, *f1, *f3, *q;
+    float *sq;
+    CK(cudaMalloc(&C, M * N * 4));
+    CK(cudaMalloc(&h1, M * O * 2));
+    CK(cudaMalloc(&h3, M * O * 2));
+    CK(cudaMalloc(&act, M * O * 2));
+    CK(cudaMalloc(&f1, M * O * 4));
+    CK(cudaMalloc(&f3, M * O * 4));
+    CK(cudaMalloc(&q, M * O));
+    CK(cudaMalloc((void **)&sq, M * ((O + 127) / 128) * 4));
+    double flops = 2.0 * M * N * K;
+    for (int f = 5; f <= 9; f++) {
+        Call c = {f, C, A, B, sa, sbr, off, G, K, (int)N, h1, h3, act, f1, f3, q, sq, sb1, B3};
+        time_call(name, &c, flops);
+    }
+    void *bufs[] = {A, B, B3, sa, sbr, sb1, C, h1, h3, act, f1, f3, q, sq};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) CK(cudaFree(bufs[i]));
+}
+
 int main(int argc, char **argv) {
+    int swiglu_only = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
-        else DIE("unknown option '%s' (moe_bench_fp8 [--iters N] [--warmup N])", argv[i]);
+        else if (!strcmp(argv[i], "--swiglu-only")) swiglu_only = atoi(argv[i + 1]);
+        else DIE("unknown option '%s' (moe_bench_fp8 [--iters N] [--warmup N] [--swiglu-only 0|1])", argv[i]);
     }
     CHECK(iters > 0 && warmup >= 0, "--iters must be > 0 and --warmup >= 0");
     if (!cuda_fp8_grouped_kernel())
         DIE("the fp8 grouped kernel does not run here (needs an sm_90 GPU, sm_90a code)");
-    shape_rows("mixtral-up", 8, 4096, 4096, 14336);
-    shape_rows("mixtral-down", 8, 4096, 14336, 4096);
-    shape_rows("ref-up", 8, 2048, 2048, 5632);
-    shape_rows("ref-down", 8, 2048, 5632, 2048);
-    shape_dw("mixtral-dW1", 8, 4096, 14336, 4096);
-    shape_dw("ref-dW1", 8, 2048, 5632, 2048);
+    if (!swiglu_only) {
+        shape_rows("mixtral-up", 8, 4096, 4096, 14336);
+        shape_rows("mixtral-down", 8, 4096, 14336, 4096);
+        shape_rows("ref-up", 8, 2048, 2048, 5632);
+        shape_rows("ref-down", 8, 2048, 5632, 2048);
+        shape_dw("mixtral-dW1", 8, 4096, 14336, 4096);
+        shape_dw("ref-dW1", 8, 2048, 5632, 2048);
+    }
+    shape_swiglu("mixtral-swiglu", 8, 4096, 4096, 14336);
+    shape_swiglu("ref-swiglu", 8, 2048, 2048, 5632);
     return 0;
 }

@@ -14,16 +14,22 @@
 // events around every op and synchronises after each: device time per class of op, and the host
 // time between them (slot counts, the dispatch plan and its staging, launch overheads: what moe.c
 // still does on the host) as wall time minus device time.
-// Then (--gemm 1) the expert GEMMs alone (the 9 GEMM sets of a forward + backward: h1, h3, y;
-// dact/dw2, dxg/dw1, dxg/dw3, over the same groups) straight through cuBLAS, in variants that say
-// what the backend's GEMM time is made of: the backend's own expert ops on the layer's buffers
-// (conversion + GEMMs, as moe.c calls them); bf16 operands already converted (fp32
-// output, as the backend; timed before and after the backend, for drift; bf16 output; 4 streams);
-// and fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts internally).
+// With --fp8 1 the layer runs on the backend's FP8 table (ops.h backend_fp8: --precision fp8's experts) and
+// --fp8-trace 1 adds one more iteration with every kernel of that table timed alone (cuda_fp8_trace.h: each
+// launch between a cudaEvent pair, synchronised; bytes and FLOPs per kernel as GB/s and TFLOP/s against the
+// H200's 4.8 TB/s and ~1,300 dense e4m3 TFLOP/s), the forward and the backward apart, then once more after
+// the weights' bf16 copy is refreshed (as after each optimizer step: the kept FP8 weights made again). Then
+// (--gemm 1) the expert GEMMs alone (the 9 GEMM sets of a forward + backward: h1, h3, y; dact/dw2, dxg/dw1,
+// dxg/dw3, over the same groups) straight through cuBLAS, in variants that say what the backend's GEMM time
+// is made of: the backend's own expert ops on the layer's buffers (conversion + GEMMs, as moe.c calls them);
+// bf16 operands already converted (fp32 output, as the backend; timed before and after the backend, for
+// drift; bf16 output; 4 streams); and fp32 operands with CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS converts
+// internally).
 //
 //   moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,qwen2s,e256] [--iters 10] [--warmup 3] [--device
 //   cuda]
-//                   [--profile 1] [--gemm 1] [--router-std 0.02 (sharper routing: larger)]
+//                   [--profile 1] [--gemm 1] [--router-std 0.02 (sharper routing: larger)] [--fp8 0|1]
+//                   [--fp8-trace 0|1]
 //                   [--shadow 1 (the GEMMs read the weights' bf16 copy, as in moe train; 0: convert per
 //                   call)]
 // Values are not checked here (tests/test_cuda_ops.c and test_cuda_model.c do that).
@@ -37,6 +43,7 @@
 #include "core/config.h"
 #include "moe/moe.h"
 #include "ops/ops.h"
+#include "ops/cuda/cuda_fp8_trace.h"
 
 #define CK(call) \
     do { \
@@ -382,6 +389,33 @@ typedef struct {
 
 static float g_router_std = 0.02f; // --router-std: larger values give sharper, less balanced routing
 static int g_shadow = 1; // --shadow: the weights' bf16 copy (ops.h bf16_shadow), as moe train keeps it
+static int g_trace; // --fp8-trace: the FP8 table's kernels timed alone in one more iteration
+
+// --fp8-trace: one forward and one backward with the FP8 table's kernels timed alone (a table each), then
+// both again after the weights' bf16 copy is refreshed (the kept FP8 weights made again, as each step does).
+static void trace_iteration(MoeLayer *m, MoeScratch *s, float *y, const float *x, float *dx, const float *dy,
+                            const MoeWeights *w, MoeGrads *g, const ModelConfig *c, int T, const float *wall,
+                            size_t nall, const Backend *be) {
+    const double bw = 4800, mma = 1300; // the H200's HBM GB/s, its dense e4m3 TFLOP/s as measured (issue 38)
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass && !g_shadow) break;
+        if (pass) be->bf16_shadow(wall, nall); // (a new version of the copy: the kept codes are made again)
+        CK(cudaDeviceSynchronize());
+        cuda_fp8_trace_arm(1);
+        moe_forward(m, y, x, T, w, c, 0, 0);
+        CK(cudaDeviceSynchronize());
+        printf(
+            "fp8 kernels, forward%s (each launch alone, synchronised; %% of %.0f GB/s and %.0f TFLOP/s):\n",
+            pass ? ", the weights' codes made again" : "", bw, mma);
+        cuda_fp8_trace_print(stdout, bw, mma);
+        cuda_fp8_trace_arm(1);
+        moe_backward(m, s, dx, dy, x, w, g, c, 0.01f, 0.001f);
+        CK(cudaDeviceSynchronize());
+        printf("fp8 kernels, backward%s:\n", pass ? ", the weights' codes made again" : "");
+        cuda_fp8_trace_print(stdout, bw, mma);
+        cuda_fp8_trace_arm(0);
+    }
+}
 
 static void run_case(const Case *cs, const Backend *real, int warm, int iters, int prof, int gemms) {
     int T = cs->T, d = cs->d, f = cs->f, E = cs->E, k = cs->k, fs = cs->fs;
@@ -433,10 +467,12 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
         g.sh_w2 = gs + 2 * Ws;
         g.sh_gate = gs + 3 * Ws;
     }
-    cudaEvent_t a, z;
+    cudaEvent_t a, z, mid;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&z));
-    double *t = xmalloc(sizeof(double) * (iters > 0 ? iters : 1));
+    CK(cudaEventCreate(&mid));
+    double *t = xmalloc(sizeof(double) * (iters > 0 ? iters : 1)), *tf = xmalloc(sizeof(double) * iters),
+           *tb = xmalloc(sizeof(double) * iters);
     double t0 = now_seconds();
     for (int i = 0; i < warm; i++) {
         moe_forward(&m, y, x, T, &w, &c, 0, 0);
@@ -447,12 +483,14 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     for (int i = 0; i < iters; i++) {
         CK(cudaEventRecord(a, 0));
         moe_forward(&m, y, x, T, &w, &c, 0, 0);
+        CK(cudaEventRecord(mid, 0));
         moe_backward(&m, &s, dx, dy, x, &w, &g, &c, 0.01f, 0.001f);
         CK(cudaEventRecord(z, 0));
         CK(cudaEventSynchronize(z));
-        float ms;
+        float ms, mf;
         CK(cudaEventElapsedTime(&ms, a, z));
-        t[i] = ms;
+        CK(cudaEventElapsedTime(&mf, a, mid));
+        t[i] = ms, tf[i] = mf, tb[i] = ms - mf;
     }
     double tmin = 1e30, tmax = 0;
     for (int i = 0; i < iters; i++) {
@@ -473,6 +511,9 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
            "TFLOP/s "
            "(%.1f%% of 775)\n",
            ms, tmin, tmax, iters, warm, twarm, flops / ms / 1e9, flops / ms / 1e9 / 7.75);
+    double msf = median(tf, iters), msb = median(tb, iters);
+    printf("layer fwd %.2f ms, bwd %.2f ms (medians over the same iterations)\n", msf, msb);
+    if (g_trace && real->fp8) trace_iteration(&m, &s, y, x, dx, dy, &w, &g, &c, T, wall, nall, be);
 
     double pms[NC] = {0}, pdev = 0, pwall = 0;
     if (prof) {
@@ -598,8 +639,9 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     }
     // one JSON line per case (for docs/PERFORMANCE.md)
     printf("{\"case\":\"%s\",\"impl\":\"moe.c %s\",\"T\":%d,\"d\":%d,\"f\":%d,\"E\":%d,\"k\":%d,\"fs\":%d,"
-           "\"ms_fwd_bwd\":%.2f,\"expert_tflops\":%.1f,\"load_max_over_mean\":%.3f",
-           cs->name, real->name, T, d, f, E, k, fs, ms, flops / ms / 1e9, load);
+           "\"ms_fwd_bwd\":%.2f,\"ms_fwd\":%.2f,\"ms_bwd\":%.2f,\"expert_tflops\":%.1f,"
+           "\"load_max_over_mean\":%.3f",
+           cs->name, real->name, T, d, f, E, k, fs, ms, msf, msb, flops / ms / 1e9, load);
     if (prof) {
         printf(",\"profile_wall_ms\":%.2f,\"host_ms\":%.2f", pwall, pwall - pdev);
         const char *key[NC] = {"router_gemm", "xfer",    "gather", "copy",  "gemm_fwd",     "gemm_bwd",
@@ -614,8 +656,11 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
     printf("}\n");
     fflush(stdout);
     free(t);
+    free(tf);
+    free(tb);
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(z));
+    CK(cudaEventDestroy(mid));
     CK(cudaEventDestroy(g_e0));
     CK(cudaEventDestroy(g_e1));
     moe_scratch_free(&s);
@@ -626,13 +671,14 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
 
 int main(int argc, char **argv) {
     const char *cases = "mixtral,olmoe,small", *dev = "cuda";
-    int iters = 10, warm = 3, prof = 1, gemms = 1;
+    int iters = 10, warm = 3, prof = 1, gemms = 1, fp8 = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("moe_bench_layer [--cases mixtral,olmoe,small,ref,qwen2,qwen2s,e256] [--iters 10] "
                    "[--warmup 3] [--device cuda|cuda-fp32] "
-                   "[--profile 0|1] [--gemm 0|1] [--router-std 0.02] [--shadow 1|0]\n");
+                   "[--profile 0|1] [--gemm 0|1] [--router-std 0.02] [--shadow 1|0] [--fp8 0|1] "
+                   "[--fp8-trace 0|1]\n");
             return 0;
         }
         CHECK(v, "%s needs a value (--help lists the options)", a);
@@ -644,6 +690,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--gemm")) gemms = atoi(v);
         else if (!strcmp(a, "--router-std")) g_router_std = (float)atof(v);
         else if (!strcmp(a, "--shadow")) g_shadow = atoi(v);
+        else if (!strcmp(a, "--fp8")) fp8 = atoi(v);
+        else if (!strcmp(a, "--fp8-trace")) g_trace = atoi(v);
         else DIE("unknown option %s (--help lists them)", a);
         i++;
     }
@@ -651,6 +699,8 @@ int main(int argc, char **argv) {
     if (!backend_cuda_available()) DIE("moe_bench_layer needs a CUDA GPU");
     const Backend *real = backend_by_name(dev);
     CHECK(real != backend_cpu(), "moe_bench_layer times a CUDA backend (--device cuda or cuda-fp32)");
+    if (fp8) real = backend_fp8(real);
+    CHECK(!g_trace || fp8, "--fp8-trace 1 times the FP8 table's kernels: it needs --fp8 1");
     const Case all[] = {
         {"mixtral", 16384, 4096, 14336, 8, 2, 0},
         {"olmoe", 16384, 2048, 1024, 64, 8, 0},

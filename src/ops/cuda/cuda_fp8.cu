@@ -7,8 +7,8 @@
 //   tiles_t: one block per (128-row tile of one group) x (32 columns), staged through shared memory so
 //            that both the reads of x's rows and the writes of q's columns are coalesced;
 //   blocks:  one block per 128x128 block; the transposed copy through shared memory.
-// The device helpers (max-abs bits, scale, code) are cuda_fp8_dev.cuh's. Must not hold: the GEMMs or any
-// knowledge of layers.
+// The device helpers (max-abs bits, scale, code, a warp's row tile) are cuda_fp8_dev.cuh's. Must not hold:
+// the GEMMs or any knowledge of layers.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include "ops/cuda/cuda_common.h"
@@ -30,22 +30,11 @@ __global__ void quant_tiles_k(uint8_t *q, float *s, const T *x, int M, int K, in
     size_t row = (size_t)m * K;
     int c0 = t * 128 + lane * 4;
     float v[4];
+    ld4(x, row + c0, c0, K, v);
     uint32_t amax = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[i] = c0 + i < K ? ldx(x, row + c0 + i) : 0.0f;
-        amax = max(amax, abs_bits(v[i]));
-    }
-    amax = __reduce_max_sync(0xffffffffu, amax);
-    float scale, inv;
-    bool nf = group_scale(amax, &scale, &inv);
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        if (c0 + i < K) q[row + c0 + i] = (uint8_t)code(v[i], inv, nf);
-    if (lane == 0) {
-        s[(size_t)m * tiles + t] = scale;
-        if (nf && bad) atomicAdd(bad, 1ull);
-    }
+    for (int i = 0; i < 4; i++) amax = max(amax, abs_bits(v[i]));
+    warp_tile(q + row, s + (size_t)m * tiles + t, v, amax, c0, K, lane, bad);
 }
 
 extern "C" void cuda_fp8_quant_tiles(uint8_t *q, float *s, const void *x, int x_bf16, int M, int K,
@@ -178,12 +167,19 @@ __global__ void __launch_bounds__(256)
     for (int i = 0; i < 16; i++) {
         int r = wp + 8 * i, n = n0 + r;
         size_t qrow = ilv ? (size_t)g * 2 * N + n / 64 * 128 + (ilv - 1) * 64 + n % 64 : (size_t)g * N + n;
+        uint32_t word = 0;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            uint8_t b = (uint8_t)code(v[i][e], inv, nf);
-            codes[r][lane * 4 + e] = b;
-            if (q && n < N && c0 + e < K) q[qrow * K + c0 + e] = b;
+            uint32_t b = code(v[i][e], inv, nf);
+            codes[r][lane * 4 + e] = (uint8_t)b;
+            word |= b << (8 * e);
         }
+        uint8_t *qr = q ? q + qrow * K + c0 : NULL; // (four codes in one store where all are in and aligned)
+        if (qr && n < N && c0 + 3 < K && !((uintptr_t)qr & 3)) *(uint32_t *)qr = word;
+        else if (qr && n < N)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (c0 + e < K) qr[e] = (uint8_t)(word >> (8 * e));
         if (ilv && s && lane == 0 && n < N) s[qrow * BK + bj] = scale;
     }
     if (threadIdx.x == 0) {
@@ -198,9 +194,14 @@ __global__ void __launch_bounds__(256)
     for (int i = 0; i < 16; i++) {
         int kr = wp + 8 * i, k = bj * 128 + kr;
         if (k >= K) break;
+        uint8_t *qr = qt + base + (size_t)k * N + nn; // (one store of four where all are in and aligned)
+        if (nn + 3 < N && !((uintptr_t)qr & 3))
+            *(uint32_t *)qr = (uint32_t)codes[lane * 4][kr] | (uint32_t)codes[lane * 4 + 1][kr] << 8 |
+                (uint32_t)codes[lane * 4 + 2][kr] << 16 | (uint32_t)codes[lane * 4 + 3][kr] << 24;
+        else
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (nn + e < N) qt[base + (size_t)k * N + nn + e] = codes[lane * 4 + e][kr];
+            for (int e = 0; e < 4; e++)
+                if (nn + e < N) qr[e] = codes[lane * 4 + e][kr];
     }
 }
 

@@ -1,10 +1,12 @@
 // cuda_fp8_dev.cuh — the device side of the FP8 (e4m3) quantisers, one definition for the plain quantisers
 // (cuda_fp8.cu) and the fused ones (cuda_fp8_fused.cu), so that both give the host reference's bits: a
-// value's bits for the integer max-abs, a scale group's power-of-two scale (ops/numerics.h's rule) and the
-// codes by the cvt.rn.satfinite instruction. Device code only. Must not hold: kernels.
+// value's bits for the integer max-abs, a scale group's power-of-two scale (ops/numerics.h's rule), the
+// codes by the cvt.rn.satfinite instruction, and the one warp's 1x128 row tile they all write (warp_tile).
+// Device code only. Must not hold: kernels.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+#include <stdint.h>
 #include "ops/numerics.h"
 
 __device__ __forceinline__ float ldx(const float *x, size_t i) { return x[i]; }
@@ -24,4 +26,51 @@ __device__ __forceinline__ bool group_scale(uint32_t amax, float *scale, float *
     *scale = bad ? __int_as_float(0x7fc00000) : fp8_pow2(k);
     *inv = fp8_pow2(-k);
     return bad;
+}
+
+// Four consecutive values x[i .. i + 3] as float32 (one 16- or 8-byte load where aligned), zeros at and past
+// n (the row's end: i counted in the same row as n).
+__device__ __forceinline__ void ld4(const float *x, size_t i, int c, int n, float *v) {
+    if (c + 3 < n && !((uintptr_t)(x + i) & 15)) {
+        float4 t = *(const float4 *)(x + i);
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] = c + e < n ? x[i + e] : 0.0f;
+}
+__device__ __forceinline__ void ld4(const __nv_bfloat16 *x, size_t i, int c, int n, float *v) {
+    if (c + 3 < n && !((uintptr_t)(x + i) & 7)) {
+        uint2 t = *(const uint2 *)(x + i);
+        v[0] = __uint_as_float(t.x << 16), v[1] = __uint_as_float(t.x & 0xffff0000u);
+        v[2] = __uint_as_float(t.y << 16), v[3] = __uint_as_float(t.y & 0xffff0000u);
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] = c + e < n ? __bfloat162float(x[i + e]) : 0.0f;
+}
+
+// One warp's 1x128 tile of a row: lane's four values v of columns c0 .. c0 + 3 (c0 = tile start + 4 lane;
+// zeros past the row's end K) and m the max-abs bits of them. Writes the tile's codes of the columns below K
+// into qrow[c0 ..] (one 32-bit store where all four are in and aligned: byte e at c0 + e as by single
+// stores), lane 0 its scale into *s, and counts a non-finite tile into bad (may be NULL).
+__device__ __forceinline__ void warp_tile(uint8_t *qrow, float *s, const float *v, uint32_t m, int c0, int K,
+                                          int lane, unsigned long long *bad) {
+    m = __reduce_max_sync(0xffffffffu, m);
+    float scale, inv;
+    bool nf = group_scale(m, &scale, &inv);
+    if (c0 + 3 < K && !((uintptr_t)(qrow + c0) & 3)) {
+        uint32_t w = 0;
+#pragma unroll
+        for (int e = 0; e < 4; e++) w |= code(v[e], inv, nf) << (8 * e);
+        *(uint32_t *)(qrow + c0) = w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (c0 + e < K) qrow[c0 + e] = (uint8_t)code(v[e], inv, nf);
+    }
+    if (lane == 0) {
+        *s = scale;
+        if (nf && bad) atomicAdd(bad, 1ull);
+    }
 }

@@ -46,16 +46,7 @@ struct QBOut {
 // The row tile of row r (its four values a lane in v, lane's max-abs bits m): codes and scale.
 __device__ __forceinline__ void row_tile(const QBOut &o, const float *v, uint32_t m, size_t qrow, int K,
                                          int c0, int kt, int nkt, int lane) {
-    m = __reduce_max_sync(0xffffffffu, m);
-    float scale, inv;
-    bool nf = group_scale(m, &scale, &inv);
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-        if (c0 + e < K) o.q[qrow * K + c0 + e] = (uint8_t)code(v[e], inv, nf);
-    if (lane == 0) {
-        o.s[qrow * nkt + kt] = scale;
-        if (nf && o.bad) atomicAdd(o.bad, 1ull);
-    }
+    warp_tile(o.q + qrow * K, o.s + qrow * nkt + kt, v, m, c0, K, lane, o.bad);
 }
 
 // The transposed tile of column k (staged column c of `tile`, rows 0..rows-1 valid, the rest zeros) of the
@@ -105,17 +96,21 @@ __global__ void __launch_bounds__(256) quant_both_k(QBArgs a, const T *x, const 
     for (int i = 0; i < 16; i++) {
         int r = wp + 8 * i; // (uniform over the warp)
         size_t row = (size_t)(r0 + r) * a.K;
-        float v1[4], v3[4];
+        float v1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v3[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d4[4], a4[4], b4[4];
         uint32_t m1 = 0, m3 = 0;
+        if (!SW && r < rows) ld4(x, row + c0, c0, a.K, v1); // (zeros past K)
+        if (SW && r < rows) {
+            ld4(dact, row + c0, c0, a.K, d4);
+            ld4(h1, row + c0, c0, a.K, a4);
+            ld4(h3, row + c0, c0, a.K, b4);
+        }
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int c = c0 + e;
             bool in = r < rows && c < a.K;
-            v1[e] = v3[e] = 0.0f;
-            if (in && !SW) v1[e] = val(x[row + c]);
             if (in && SW) {
                 float g1, g3;
-                swiglu_grad(dact[row + c], val(h1[row + c]), val(h3[row + c]), &g1, &g3);
+                swiglu_grad(d4[e], a4[e], b4[e], &g1, &g3);
                 T b1 = put<T>(g1), b3 = put<T>(g3);
                 dh1[row + c] = b1;
                 dh3[row + c] = b3;
@@ -224,16 +219,7 @@ __global__ void swiglu_fwd_tiles_k(T *act, T *h1o, T *h3o, const float *h1, cons
         }
         amax = max(amax, abs_bits(v[e]));
     }
-    amax = __reduce_max_sync(0xffffffffu, amax);
-    float scale, inv;
-    bool nf = group_scale(amax, &scale, &inv);
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-        if (c0 + e < O) q[row + c0 + e] = (uint8_t)code(v[e], inv, nf);
-    if (lane == 0) {
-        s[(size_t)m * tiles + t] = scale;
-        if (nf && bad) atomicAdd(bad, 1ull);
-    }
+    warp_tile(q + row, s + (size_t)m * tiles + t, v, amax, c0, O, lane, bad);
 }
 
 extern "C" void cuda_fp8_swiglu_fwd_tiles(void *act, void *h1o, void *h3o, int hid_bf16, const float *h1,

@@ -16,6 +16,7 @@
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
 #include "ops/cuda/cuda_fp8_fused.h"
+#include "ops/cuda/cuda_fp8_trace.h"
 #include "ops/cuda/cuda_fp8_wcache.h"
 #include "ops/cuda/cuda_grouped_fp8.h"
 #include "ops/numerics.h"
@@ -74,6 +75,50 @@ static int fp8_ref(void) {
         v = e && !strcmp(e, "ref");
     }
     return v;
+}
+
+// 0: the up projections as two FP8 GEMMs (float32 h1, h3) and the SwiGLU in a pass of its own, even where the
+// fused GEMM (SwiGLU in the epilogue) runs; the same bits either way (MOE_FP8_FUSE=0: the A/B of the fusion)
+static int fp8_fuse(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_FP8_FUSE");
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+            DIE("MOE_FP8_FUSE must be 1 (the SwiGLU in the up projections' GEMM, the default) or 0 (two "
+                "GEMMs, "
+                "then the SwiGLU) (got '%s')",
+                e);
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
+// 1: the down projection's activation gradient goes through the SwiGLU's backward in the GEMM's epilogue
+// (no float32 dact; dh1, dh3 tiled both ways in a pass each), where the kernel runs and the rows are bf16;
+// the same bits (MOE_FP8_DACT_EPI=1; 0, the default until measured: dact in float32, then the SwiGLU's
+// backward)
+static int fp8_dact_epi(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_FP8_DACT_EPI");
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+            DIE("MOE_FP8_DACT_EPI must be 0 (dact in float32, then the SwiGLU's backward: the default) or 1 "
+                "(the "
+                "SwiGLU's backward in the GEMM's epilogue) (got '%s')",
+                e);
+        v = e && !strcmp(e, "1");
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------- the trace (cuda_fp8_trace.h)
+// The end of one traced launch: "what tensor" with the bytes it moved and the FLOPs it did.
+static void tr(const char *what, int tensor, double bytes, double flops = 0) {
+    if (!cuda_fp8_trace_on()) return;
+    static const char *tn[FP8T_N] = {"x", "w1", "w3", "act", "w2", "dy", "dh1", "dh3", "inp", "w", "dout"};
+    char n[48];
+    snprintf(n, sizeof n, "%s %s", what, tensor >= 0 && tensor < FP8T_N ? tn[tensor] : "");
+    cuda_fp8_trace_end(n, bytes, flops);
 }
 
 // ---------------------------------------------------------------- scratch and the non-finite counts
@@ -243,26 +288,36 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
     scratch_v(&g_q, 4, sz, p);
     const uint8_t *qa = pre ? pre->q : (uint8_t *)p[0];
     const float *sa = pre ? pre->s : (float *)p[1];
-    if (!pre)
+    if (!pre) {
+        cuda_fp8_trace_begin();
         cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + esz(bf) * r0 * K, bf,
                              (int)rows, K, cnt(tin));
+        tr("quant tiles", tin, (double)rows * K * (esz(bf) + 1) + 4.0 * rows * T);
+    }
+    double gb = (double)rows * K + (double)G * O * K + 4.0 * rows * O, gf = 2.0 * rows * K * O;
     // (a second weight quantised here overwrites the first's codes after the first GEMM, in stream order)
     for (int i = 0; i < (out2 ? 2 : 1); i++) {
         float *o = i ? out2 : out;
         Fp8Weight fw;
         if (!cuda_fp8_weight(&fw, i ? w2 : w, G, O, K, FP8W_FWD, cnt(i ? tw2 : tw))) {
             const void *ws = weight_src(i ? w2 : w, nw, &wbf);
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_blocks((uint8_t *)p[2], (float *)p[3], NULL, NULL, ws, wbf, G, O, K,
                                   cnt(i ? tw2 : tw));
+            tr("quant blocks", i ? tw2 : tw, (double)nw * (esz(wbf) + 1));
             fw.q = (uint8_t *)p[2], fw.s = (float *)p[3];
         }
-        if (!fp8_ref() && cuda_fp8_grouped_gemm(o + r0 * O, 0, 0.0f, qa, sa, fw.q, fw.s, 1, off, G, K, O))
+        cuda_fp8_trace_begin();
+        if (!fp8_ref() && cuda_fp8_grouped_gemm(o + r0 * O, 0, 0.0f, qa, sa, fw.q, fw.s, 1, off, G, K, O)) {
+            tr("gemm fwd", i ? tw2 : tw, gb, gf);
             continue;
+        }
         for (int g = 0; g < G; g++) {
             int64_t a = off[g] - r0, n = off[g + 1] - off[g];
             cuda_fp8_gemm(o + off[g] * O, O, qa + a * K, K, sa + a * T, T, fw.q + (size_t)g * O * K, K,
                           fw.s + (size_t)g * BO * T, T, (int)n, O, K, 1, 0);
         }
+        tr("gemm fwd (ref)", i ? tw2 : tw, gb, gf);
     }
 }
 
@@ -270,14 +325,16 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
 // blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout and inp of element size by `bf`.
 // dout's two tilings from one read where both products run; pre: both made already (the stash's; counts
 // taken with it). in_ready: inp's transposed tiles are in the scratch already, from a call with the same
-// shapes and the same operands present (grouped_matmul_bwd2's second product: the same inp)
+// shapes and the same operands present (grouped_matmul_bwd2's second product: the same inp). epi: {dh1, dh3,
+// h1, h3} (bf16 rows counted from row 0, our kernel only): the activation gradient (dact, dinp NULL) goes
+// through the SwiGLU's backward in the GEMM's epilogue into dh1, dh3 (cuda_fp8_grouped_gemm_swiglu_bwd)
 static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, int bf, const float *w,
                     const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw,
-                    int in_ready = 0, const Fp8Both *pre = NULL) {
+                    int in_ready = 0, const Fp8Both *pre = NULL, void *const *epi = NULL) {
     CHECK(!(flags & GM_DW_BF16),
           "grouped_matmul_bwd: --precision fp8 keeps float32 weight gradients "
           "(GM_DW_BF16 is the bf16 policy's)");
-    int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE;
+    int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE, dx = dinp || epi;
     int64_t r0 = off[0], rows = off[G] - off[0];
     if (G <= 0 || K <= 0) return;
     if (O <= 0 || rows <= 0) { // empty sums: zeros where written
@@ -289,10 +346,10 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
     int64_t P = cuda_fp8_pad_cols(off, G);
     size_t nw = (size_t)G * O * K;
     // (the layout does not depend on pre or on the kept weights: in_ready finds inp's tiles where they were)
-    size_t sz[8] = {dinp ? (size_t)rows * O : 0,
-                    dinp ? sizeof(float) * rows * TO : 0,
-                    dinp ? nw : 0,
-                    dinp ? sizeof(float) * G * BK * TO : 0,
+    size_t sz[8] = {dx ? (size_t)rows * O : 0,
+                    dx ? sizeof(float) * rows * TO : 0,
+                    dx ? nw : 0,
+                    dx ? sizeof(float) * G * BK * TO : 0,
                     dw ? (size_t)O * P : 0,
                     dw ? sizeof(float) * O * (P / 128) : 0,
                     dw ? (size_t)K * P : 0,
@@ -300,39 +357,80 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
     void *p[8];
     scratch_v(&g_q, 8, sz, p);
     Fp8Both d = pre ? *pre : Fp8Both{(uint8_t *)p[0], (uint8_t *)p[4], (float *)p[1], (float *)p[5]};
-    if (!pre && dinp && dw) cuda_fp8_quant_both(d, dout, bf, off, G, O, cnt(tdout));
-    if (dinp) {
-        if (!pre && !dw)
+    double sc = 4.0 / 128; // (scale bytes a code)
+    if (!pre && dx && dw) {
+        cuda_fp8_trace_begin();
+        cuda_fp8_quant_both(d, dout, bf, off, G, O, cnt(tdout));
+        tr("quant both", tdout, (double)rows * O * (esz(bf) + 1 + sc) + (double)O * P * (1 + sc));
+    }
+    if (dx) {
+        if (!pre && !dw) {
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_tiles(d.q, d.s, (const char *)dout + esz(bf) * r0 * O, bf, (int)rows, O,
                                  cnt(tdout));
+            tr("quant tiles", tdout, (double)rows * O * (esz(bf) + 1 + sc));
+        }
         // W (O, K) by blocks; the GEMM's B is W^T (K, O): the codes and block scales transposed only
         Fp8Weight fw;
         if (!cuda_fp8_weight(&fw, w, G, O, K, FP8W_T, cnt(tw))) {
             const void *ws = weight_src(w, nw, &wbf);
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_blocks(NULL, NULL, (uint8_t *)p[2], (float *)p[3], ws, wbf, G, O, K, cnt(tw));
+            tr("quant blocks_t", tw, (double)nw * (esz(wbf) + 1));
             fw.qt = (uint8_t *)p[2], fw.st = (float *)p[3];
         }
-        if (fp8_ref() ||
-            !cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, d.q, d.s, fw.qt, fw.st, 1, off, G, O,
-                                   K))
+        cuda_fp8_trace_begin();
+        if (epi) {
+            size_t e0 = (size_t)r0 * K;
+            if (!cuda_fp8_grouped_gemm_swiglu_bwd(hid_at_b(epi[0], e0, 1), hid_at_b(epi[1], e0, 1),
+                                                  hid_at_b(epi[2], e0, 1), hid_at_b(epi[3], e0, 1), d.q, d.s,
+                                                  fw.qt, fw.st, off, G, O, K))
+                DIE("fp8 grouped_swiglu_bwd: the GEMM with the SwiGLU's backward refused shapes it takes (G "
+                    "%d, "
+                    "K %d, O %d)",
+                    G, O, K);
+            tr("gemm dgrad+swiglu bwd (fused)", tdout, (double)rows * O + (double)nw + 8.0 * rows * K,
+               2.0 * rows * O * K);
+        }
+        int kern = epi ||
+            (!fp8_ref() &&
+             cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, d.q, d.s, fw.qt, fw.st, 1, off, G, O,
+                                   K));
+        if (!kern)
             for (int g = 0; g < G; g++) {
                 int64_t a = off[g] - r0, n = off[g + 1] - off[g];
                 cuda_fp8_gemm(dinp + off[g] * K, K, d.q + a * O, O, d.s + a * TO, TO,
                               fw.qt + (size_t)g * O * K, O, fw.st + (size_t)g * BK * TO, TO, (int)n, K, O, 1,
                               acc);
             }
+        if (!epi)
+            tr(kern ? "gemm dgrad" : "gemm dgrad (ref)", tdout,
+               (double)rows * O + (double)nw + (acc ? 8.0 : 4.0) * rows * K, 2.0 * rows * O * K);
     }
     if (dw) {
         // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
-        if (!pre && !dinp) cuda_fp8_quant_tiles_t(d.qt, d.st, dout, bf, off, G, O, cnt(tdout));
-        if (!in_ready) cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
+        if (!pre && !dx) {
+            cuda_fp8_trace_begin();
+            cuda_fp8_quant_tiles_t(d.qt, d.st, dout, bf, off, G, O, cnt(tdout));
+            tr("quant tiles_t", tdout, (double)rows * O * esz(bf) + (double)O * P * (1 + sc));
+        }
+        if (!in_ready) {
+            cuda_fp8_trace_begin();
+            cuda_fp8_quant_tiles_t((uint8_t *)p[6], (float *)p[7], inp, bf, off, G, K, cnt(tin));
+            tr("quant tiles_t", tin, (double)rows * K * esz(bf) + (double)K * P * (1 + sc));
+        }
+        double gb = (double)(O + K) * P + (write ? 4.0 : 8.0) * nw, gf = 2.0 * rows * O * K;
         if (!fp8_ref() && G <= 256) {
             int64_t pc[257];
             for (int g = 0; g <= G; g++) pc[g] = cuda_fp8_pad_cols(off, g);
+            cuda_fp8_trace_begin();
             if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, d.qt, d.st, (uint8_t *)p[6], (float *)p[7],
-                                         pc, G, O, K))
+                                         pc, G, O, K)) {
+                tr("gemm wgrad", tw, gb, gf);
                 return;
+            }
         }
+        cuda_fp8_trace_begin();
         for (int g = 0; g < G; g++) {
             int64_t n = off[g + 1] - off[g], c0 = cuda_fp8_pad_cols(off, g);
             float *dwg = dw + (size_t)g * O * K;
@@ -343,6 +441,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
             cuda_fp8_gemm(dwg, K, d.qt + c0, P, d.st + c0 / 128, P / 128, (uint8_t *)p[6] + c0, P,
                           (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0, !write);
         }
+        tr("gemm wgrad (ref)", tw, gb, gf);
     }
 }
 
@@ -365,7 +464,7 @@ static int swiglu_fwd_fused(void *h1, void *h3, void *act, const void *inp, cons
                             const int64_t *off, int G, int K, int O) {
     int64_t r0 = off[0], rows = off[G] - off[0];
     size_t b = (size_t)r0 * O;
-    if (fp8_ref() || K <= 0 || K % 16 || O % 64 || G > 256 || !cuda_fp8_grouped_kernel() ||
+    if (fp8_ref() || !fp8_fuse() || K <= 0 || K % 16 || O % 64 || G > 256 || !cuda_fp8_grouped_kernel() ||
         (((uintptr_t)hid_at_b(h1, b, 1) | (uintptr_t)hid_at_b(h3, b, 1) | (uintptr_t)hid_at_b(act, b, 1)) &
          3))
         return 0;
@@ -376,13 +475,20 @@ static int swiglu_fwd_fused(void *h1, void *h3, void *act, const void *inp, cons
     size_t sz[2] = {(size_t)rows * K, sizeof(float) * rows * T};
     void *p[2];
     scratch_v(&g_q, 2, sz, p);
+    cuda_fp8_trace_begin();
     cuda_fp8_quant_tiles((uint8_t *)p[0], (float *)p[1], (const char *)inp + 2 * r0 * K, 1, (int)rows, K,
                          cnt(FP8T_X));
+    tr("quant tiles", FP8T_X, (double)rows * K * 3 + 4.0 * rows * T);
+    cuda_fp8_trace_begin();
     if (!cuda_fp8_grouped_gemm_swiglu(hid_at_b(h1, b, 1), hid_at_b(h3, b, 1), hid_at_b(act, b, 1),
                                       (uint8_t *)p[0], (float *)p[1], q13, s13, off, G, K, O))
         DIE("fp8 grouped_swiglu_fwd: the fused GEMM refused shapes it takes (G %d, K %d, O %d)", G, K, O);
+    tr("gemm up+swiglu (fused)", FP8T_W1, (double)rows * K + 2.0 * G * O * K + 6.0 * rows * O,
+       4.0 * rows * K * O);
     stash_make(ST_ACT, act, NULL, off, G, O);
+    cuda_fp8_trace_begin();
     cuda_fp8_quant_tiles(g_sk.b1.q, g_sk.b1.s, hid_at_b(act, b, 1), 1, (int)rows, O, g_sk.bad);
+    tr("quant tiles", FP8T_ACT, (double)rows * O * 3 + 4.0 * rows * fp8_ntiles(O));
     return 1;
 }
 
@@ -407,9 +513,11 @@ static void fp8_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const
     }
     fp8_fwd(f1, inp, HB, w1, off, G, K, O, FP8T_X, FP8T_W1, f3, w3, FP8T_W3);
     stash_make(ST_ACT, act, NULL, off, G, O);
+    cuda_fp8_trace_begin();
     cuda_fp8_swiglu_fwd_tiles(hid_at_b(act, b, HB), HB ? hid_at_b(h1, b, HB) : NULL,
                               HB ? hid_at_b(h3, b, HB) : NULL, HB, f1 + b, f3 + b, (int)rows, O, g_sk.b1.q,
                               g_sk.b1.s, g_sk.bad);
+    tr("swiglu fwd + act tiles", FP8T_ACT, (double)n * (8 + esz(HB) * (HB ? 3 : 1) + 1 + 4.0 / 128));
 }
 
 template <int HB>
@@ -422,7 +530,8 @@ static void fp8_down_fwd(float *out, const void *act, const float *w, const int6
 
 // dact (float32) = dout W2 (into dh1 where the rows are float32, else the rows' scratch), dw2 from dout and
 // act, then the SwiGLU's backward: dh1, dh3 written (plain.h's order: swiglu_bwd reads each dact before it
-// writes that dh1), with both tilings of each for the up projections' backward (stashed)
+// writes that dh1), with both tilings of each for the up projections' backward (stashed). MOE_FP8_DACT_EPI=1,
+// bf16 rows and our kernel: the SwiGLU's backward in the GEMM's epilogue, then both tilings of dh1 and dh3.
 template <int HB>
 static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act, const void *h1,
                            const void *h3, const float *w, const int64_t *off, int G, int K, int O,
@@ -431,18 +540,37 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
     if (G <= 0) return;
     int64_t rows = off[G] - off[0];
     size_t b = (size_t)off[0] * K, n = (size_t)(rows > 0 ? rows : 0) * K;
-    float *dact = (float *)dh1;
-    if (HB) {
+    int epi = HB && n && fp8_dact_epi() && !fp8_ref() && K % 16 == 0 && O % 16 == 0 && G <= 256 &&
+        cuda_fp8_grouped_kernel() &&
+        !(((uintptr_t)hid_at_b(dh1, b, 1) | (uintptr_t)hid_at_b(dh3, b, 1) |
+           (uintptr_t)hid_at_b((void *)h1, b, 1) | (uintptr_t)hid_at_b((void *)h3, b, 1)) &
+          3);
+    float *dact = epi ? NULL : (float *)dh1;
+    if (HB && !epi) {
         size_t sz[1] = {sizeof(float) * (n ? n : 1)};
         void *p[1];
         scratch_v(&g_rows, 1, sz, p);
         dact = (float *)p[0] - b;
     }
+    void *ep[4] = {dh1, dh3, (void *)h1, (void *)h3};
     fp8_bwd(dact, dw, dout, act, HB, w, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16), FP8T_DY, FP8T_ACT,
-            FP8T_W2);
+            FP8T_W2, 0, NULL, epi ? ep : NULL);
     if (!n) return;
     stash_make(ST_DH, dh1, dh3, off, G, K);
+    if (epi) { // dh1 and dh3 written by the GEMM: each tiled both ways
+        double by = (double)n * (2 + 1 + 4.0 / 128) + (double)K * cuda_fp8_pad_cols(off, G) * (1 + 4.0 / 128);
+        cuda_fp8_trace_begin();
+        cuda_fp8_quant_both(g_sk.b1, dh1, 1, off, G, K, g_sk.bad);
+        tr("quant both", FP8T_DH1, by);
+        cuda_fp8_trace_begin();
+        cuda_fp8_quant_both(g_sk.b3, dh3, 1, off, G, K, g_sk.bad + 1);
+        tr("quant both", FP8T_DH3, by);
+        return;
+    }
+    cuda_fp8_trace_begin();
     cuda_fp8_swiglu_bwd_both(dh1, dh3, HB, dact, h1, h3, off, G, K, g_sk.b1, g_sk.b3, g_sk.bad, g_sk.bad + 1);
+    tr("swiglu bwd + dh both", FP8T_DH1,
+       (double)n * (4 + 4 * esz(HB)) + 2.0 * (n + (double)K * cuda_fp8_pad_cols(off, G)) * (1 + 4.0 / 128));
 }
 
 // the two products, dh1's and dh3's operands from the stash where grouped_swiglu_bwd left them and every

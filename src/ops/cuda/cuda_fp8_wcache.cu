@@ -1,14 +1,16 @@
 // cuda_fp8_wcache.cu — the experts' weights as FP8 operands kept between ops (contracts in
 // cuda_fp8_wcache.h): a table of entries keyed by the weight's pointer and shape, each with the layouts made
 // at the bf16 copy's current version (the transposed layout's allocation with the version's count of
-// non-finite blocks; the forward layout's allocated when first asked for), made again when the version moved
-// on (AdamW once a step, a refresh, any write into the weights), and a table of up-projection pairs whose
-// forward codes are written straight into the pair's layout. All freed when another buffer is registered.
+// non-finite blocks; the forward layout's allocated when first asked for, and made with the transposed one in
+// one read of the weight), made again when the version moved on (AdamW once a step, a refresh, any write into
+// the weights), and a table of up-projection pairs whose forward codes are written straight into the pair's
+// layout. All freed when another buffer is registered.
 // The uses' non-finite counts are kept on the host as (counter, uses) pairs per entry and added on the
 // device before the entry's count is made again or the counters are read.
 // Must not hold: kernels other than that addition, or any knowledge of layers.
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
+#include "ops/cuda/cuda_fp8_trace.h"
 #include "ops/cuda/cuda_fp8_wcache.h"
 
 #define WC_USES 4 // distinct counters one entry's pending uses name (more: added early)
@@ -162,7 +164,10 @@ extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int
     const void *src;
     WEntry *e = entry(w, G, O, K, &src);
     if (!e) return 0;
+    // (a forward layout made at a new version brings the transposed one in the same read: the backward asks
+    // for it next, and its memory is the entry's already)
     int miss = need & ~e->have;
+    if (miss & FP8W_FWD) miss |= FP8W_T & ~e->have;
     if ((miss & FP8W_FWD) && !e->mq) {
         size_t n = (size_t)G * O * K;
         char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128),
@@ -172,9 +177,14 @@ extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int
     }
     if (miss) {
         int f = miss & FP8W_FWD, t = miss & FP8W_T;
+        cuda_fp8_trace_begin();
         cuda_fp8_quant_blocks(f ? (uint8_t *)e->op.q : NULL, f ? (float *)e->op.s : NULL,
                               t ? (uint8_t *)e->op.qt : NULL, t ? (float *)e->op.st : NULL, src, 1, G, O, K,
                               count_once(e));
+        cuda_fp8_trace_end(f && t  ? "kept weight: blocks + _t"
+                               : f ? "kept weight: blocks"
+                                   : "kept weight: blocks_t",
+                           (double)G * O * K * (2 + (f ? 1 : 0) + (t ? 1 : 0)), 0);
         e->have |= miss;
     }
     note_use(e, bad);
@@ -214,8 +224,11 @@ extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const fl
         const void *src[2] = {src1, src3};
         for (int h = 0; h < 2; h++) {
             int t = !(e[h]->have & FP8W_T);
+            cuda_fp8_trace_begin();
             cuda_fp8_quant_blocks_pair(pe->q, pe->s, h, t ? (uint8_t *)e[h]->op.qt : NULL,
                                        t ? (float *)e[h]->op.st : NULL, src[h], 1, G, O, K, count_once(e[h]));
+            cuda_fp8_trace_end(t ? "kept weight: pair half + _t" : "kept weight: pair half",
+                               (double)G * O * K * (3 + (t ? 1 : 0)) + 4.0 * G * O * ((K + 127) / 128), 0);
             e[h]->have |= FP8W_T;
         }
         pe->ver = v;

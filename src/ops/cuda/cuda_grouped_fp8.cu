@@ -15,8 +15,10 @@
 // (rows mode) are computed from the next group's rows and never stored; rows and K past the arrays' ends are
 // zero-filled by TMA (zeros change neither amax nor the sum). Two forms (template RED): rows mode, groups of
 // output rows [off[g], off[g+1]) with B_g per group (the forward and activation gradient); RED, groups of the
-// reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Must
-// not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or any knowledge of the model.
+// reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Rows
+// mode's epilogues: float32 or bf16 C, the SwiGLU forward (h1, h3, act of an up-projection pair) and the
+// SwiGLU's backward (dh1, dh3 of dact). Must not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or
+// any knowledge of the model.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -41,11 +43,17 @@ struct GFArgs {
     float *C; // float32 output, or NULL
     bf16 *Cb; // bf16 output (beta 0), or NULL
     bf16 *H1, *H3, *Act; // the SwiGLU epilogue's outputs (rows, N / 2), row stride N / 2 (Act not NULL: on)
+    // the SwiGLU backward's epilogue (Dh1 not NULL: on): the result is dact (rows, N), not stored; h1, h3
+    // read and dh1, dh3 = swiglu_grad(dact, h1, h3) written, all bf16 (rows, N)
+    const bf16 *Sh1, *Sh3;
+    bf16 *Dh1, *Dh3;
     float beta; // 0 or 1
     const float *sa, *sb;
     int sa_ld, sb_ld; // scales per row of sa / sb (rows mode: nkt; RED: Mp / 128)
     int b_blocks; // rows mode: B's scales are 128 x 128 blocks (else 1x128 tiles per row of B)
     int b_uniform; // b_blocks in rows mode: one B scale for all of a tile's columns
+    int b_halves; // rows mode, b_blocks 0: B's row scales equal over each 64 rows (the SwiGLU pair's layout):
+                  // one scale for the tile's columns [0, 64), one for [64, 128)
     int G, N, K; // rows mode: C (rows, N), reduction K; RED: C_g (N, K), reduction over p
     int nkt; // rows mode: K-tiles (ceil(K / 128))
     long long ldc;
@@ -136,6 +144,7 @@ __device__ __forceinline__ void gf_scales(const GFArgs &a, const GFTile &T, int 
     if (col >= T.ncols) return;
     if (!RED && a.b_blocks) // blocks (G, ntiles(N), nkt): the tile's 128 columns are one block row
         vb = a.sb[((long long)T.g * ((a.N + GF_BN - 1) / GF_BN) + T.n0 / GF_BN) * a.sb_ld + ks];
+    else if (!RED && a.b_halves && (i & 63)) return; // (only columns 0 and 64's are read)
     else vb = a.sb[(long long)(T.brow + col) * a.sb_ld + ks];
 }
 
@@ -219,10 +228,15 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             uint32_t pa = sA + s * GF_TB + c * 64 * 128, pb = sB + s * GF_TB;
             const float *ss = scl + 256 * s;
             const float sa0 = ss[rl], sa1 = ss[rl + 8];
-            float s0 = 0.0f, s1 = 0.0f;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f; // (rows rl, rl + 8) x (columns < 64, >= 64)
             if (a.b_uniform) { // one scale for the tile's columns: two scale products a thread
+                s0 = s2 = __fmul_rn(sa0, ss[128]);
+                s1 = s3 = __fmul_rn(sa1, ss[128]);
+            } else if (a.b_halves) { // one for each 64 columns: four
                 s0 = __fmul_rn(sa0, ss[128]);
                 s1 = __fmul_rn(sa1, ss[128]);
+                s2 = __fmul_rn(sa0, ss[192]);
+                s3 = __fmul_rn(sa1, ss[192]);
             }
             wgmma_fence();
 #pragma unroll
@@ -237,11 +251,12 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             // r += p * s as one fused multiply-add: p * s is exact (s a power of two), so this is the
             // reference's rounded add of the exact product (the product's own rounding would matter only
             // below float32's normal range, |p s| < 2^-126)
-            if (a.b_uniform) {
+            if (a.b_uniform || a.b_halves) { // (element e's column is below 64 for e < 32)
                 __syncwarp(); // every lane has read the stage's scales and the MMAs its tiles: hand it back
                 if (lane == 0) mbar_arrive(empty + 8 * s);
 #pragma unroll
-                for (int e = 0; e < 64; e++) r[e] = __fmaf_rn(p[e], (e & 2) ? s1 : s0, r[e]);
+                for (int e = 0; e < 64; e++)
+                    r[e] = __fmaf_rn(p[e], e < 32 ? ((e & 2) ? s1 : s0) : ((e & 2) ? s3 : s2), r[e]);
             } else { // a scale per column
 #pragma unroll
                 for (int j = 0; j < GF_BN / 8; j++) {
@@ -275,6 +290,25 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                     *(uint32_t *)(a.H1 + o) = pack_bf16(x0, x1);
                     *(uint32_t *)(a.H3 + o) = pack_bf16(y0, y1);
                     *(uint32_t *)(a.Act + o) = pack_bf16(swiglu_silu_mul(x0, y0), swiglu_silu_mul(x1, y1));
+                }
+            continue;
+        }
+        if (a.Dh1) { // the SwiGLU's backward of the float32 dact in r (cuda_fp8_swiglu_bwd_both's arithmetic)
+#pragma unroll
+            for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                    if (row >= T.mend || col >= T.ncols) continue;
+                    long long o = row * a.ldc + col;
+                    uint32_t u1 = *(const uint32_t *)(a.Sh1 + o), u3 = *(const uint32_t *)(a.Sh3 + o);
+                    float g1[2], g3[2];
+                    swiglu_grad(r[4 * j + 2 * h], __uint_as_float(u1 << 16), __uint_as_float(u3 << 16),
+                                &g1[0], &g3[0]);
+                    swiglu_grad(r[4 * j + 2 * h + 1], __uint_as_float(u1 & 0xffff0000u),
+                                __uint_as_float(u3 & 0xffff0000u), &g1[1], &g3[1]);
+                    *(uint32_t *)(a.Dh1 + o) = pack_bf16(g1[0], g1[1]);
+                    *(uint32_t *)(a.Dh3 + o) = pack_bf16(g3[0], g3[1]);
                 }
             continue;
         }
@@ -340,6 +374,21 @@ static int gf_init(void) {
 }
 
 extern "C" int cuda_fp8_grouped_kernel(void) { return gf_init(); }
+
+// 1: the SwiGLU pair's GEMM reads one B scale per 64 columns (b_halves: its rows' scales are their blocks',
+// so the same products, four a K-tile instead of 64); 0 (MOE_FP8_PAIR_SCALE=0, the A/B): each column's
+static int gf_pair_scale(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_FP8_PAIR_SCALE");
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+            DIE("MOE_FP8_PAIR_SCALE must be 1 (one weight scale per 64 columns in the fused SwiGLU GEMM, the "
+                "default) or 0 (a scale per column) (got '%s')",
+                e);
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
 
 // A 2-D e4m3 tensor map over (rows, cols) row-major bytes at p: boxes of 128 rows x 128 bytes (one K-tile),
 // 128-byte swizzle, out-of-range elements read as zeros.
@@ -426,6 +475,21 @@ extern "C" int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const
     if (!gf_rows_args(a, A, sa, B, sb, 0, off, G, K, 2 * O, &ta, &tb)) return 0;
     if (rows == 0) return 1;
     a->H1 = (bf16 *)h1, a->H3 = (bf16 *)h3, a->Act = (bf16 *)act;
+    a->b_halves = gf_pair_scale();
+    gf_launch(0, ta, tb, a);
+    return 1;
+}
+
+extern "C" int cuda_fp8_grouped_gemm_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3,
+                                                const uint8_t *A, const float *sa, const uint8_t *B,
+                                                const float *sb, const int64_t *off, int G, int K, int N) {
+    if (!gf_init() || (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 3)) return 0;
+    GFArgs *a = &gf_args;
+    CUtensorMap ta, tb;
+    int64_t rows = G >= 1 ? off[G] - off[0] : 0;
+    if (!gf_rows_args(a, A, sa, B, sb, 1, off, G, K, N, &ta, &tb)) return 0;
+    if (rows == 0) return 1;
+    a->Sh1 = (const bf16 *)h1, a->Sh3 = (const bf16 *)h3, a->Dh1 = (bf16 *)dh1, a->Dh3 = (bf16 *)dh3;
     gf_launch(0, ta, tb, a);
     return 1;
 }

@@ -31,14 +31,24 @@ int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint8_t *A, con
 
 // The experts' up projections with the SwiGLU in the epilogue (bf16 hidden rows): B (G, 2 O, K) holds W1's
 // and W3's codes interleaved by 64 rows (rows [128 i, 128 i + 64) of group g are W1_g's rows [64 i, 64 i +
-// 64), the next 64 W3_g's same rows) with 1x128 tile scales per row, sb (G 2 O, ceil(K/128))
-// (cuda_fp8_wcache.h cuda_fp8_weight_pair); A and sa as above. Writes h1 (rows, O) = bf16(A W1^T), h3
+// 64), the next 64 W3_g's same rows) with 1x128 tile scales per row, sb (G 2 O, ceil(K/128)), equal over each
+// 64 rows (their 128x128 blocks' scales: cuda_fp8_wcache.h cuda_fp8_weight_pair; the kernel reads one per 64,
+// or with MOE_FP8_PAIR_SCALE=0 each row's); A and sa as above. Writes h1 (rows, O) = bf16(A W1^T), h3
 // likewise and act = bf16(silu(h1) h3) of the float32 results (cuda_swiglu.cuh), h1, h3, act counted from row
 // off[0]: the bits of two cuda_fp8_grouped_gemm (float32 C) and cuda_swiglu_fwd_hid, the products' sums being
 // the kernel's own. O a multiple of 64, the outputs 4-byte aligned; 0 where not (or where the GEMM above is
 // not).
 int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const uint8_t *A, const float *sa,
                                  const uint8_t *B, const float *sb, const int64_t *off, int G, int K, int O);
+
+// The activation gradient of the down projection with the SwiGLU's backward in the epilogue (bf16 hidden
+// rows): dact (rows, N) = A B_g^T as cuda_fp8_grouped_gemm with b_blocks 1 and beta 0 (float32, not stored),
+// then dh1, dh3 (rows, N) = bf16 of swiglu_grad(dact, h1, h3) (cuda_swiglu.cuh) of the bf16 h1, h3 (rows,
+// N): the bits of that GEMM then cuda_fp8_swiglu_bwd_both's dh1, dh3. h1, h3, dh1, dh3 counted from row
+// off[0], 4-byte aligned; 0 where not (or where the GEMM above is not).
+int cuda_fp8_grouped_gemm_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const uint8_t *A,
+                                     const float *sa, const uint8_t *B, const float *sb, const int64_t *off,
+                                     int G, int K, int N);
 
 // Grouped over the reduction (the weight gradient dW_g (N, K) = dY_g^T X_g): A = dY^T (N, Mp) and B = X^T
 // (K, Mp) e4m3 with 1x128 tile scales sa (N, Mp / 128), sb (K, Mp / 128), Mp = p[G]; group g owns the
