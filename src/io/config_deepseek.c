@@ -156,6 +156,9 @@ void ds_config_write(cJSON *j, const ModelConfig *c) {
     config_write_rope(j, c);
     cJSON_AddBoolToObject(j, "rope_interleave", c->rope_interleave != 0);
     json_add_f(j, "rms_norm_eps", c->norm_eps);
+    // the sequence-wise aux loss's coefficient, under the original configs' name (ds_config_read's key:
+    // without it a checkpoint's config would read back with none, and a resumed run train without it)
+    json_add_f(j, "aux_loss_alpha", c->aux_coef);
     json_add_i(j, "num_nextn_predict_layers", c->mtp_depth); // (the MTP modules: config.h)
     cJSON_AddBoolToObject(j, "attention_bias", 0);
 }
