@@ -21,6 +21,7 @@
 #   mpi_tests                   the mpirun tests' environment (MPI, CKPT_DIFF); skips without mpirun
 #   maxrel A B                  largest relative difference between two files of numbers
 #   mesh_close REF RUN LABEL    a mesh run against the one-process reference, at the mesh tolerances
+#   mesh_exact REF RUN LABEL    pipeline stages alone against one process: bitwise (test_pipeline.sh says why)
 #   sample_block FILE           the end-of-run sample in a run's output: the text between the two "---"
 #                               lines under "sample (...)", with the "---" lines
 #   text_bytes N SEED           N bytes of English-like text (lines of words drawn by an LCG from SEED), the
@@ -231,6 +232,28 @@ mesh_close() {
   local pd; pd=$("$CKPT_DIFF" "$ref" "$run" 1e-3) || { fail "$label: final parameters: $pd"; ok=0; }
   [ "${NO_REPLICA_CHECK:-0}" = 1 ] || grep -q "replica check: ok" "$run/out.txt" || { fail "$label: replica check did not pass"; ok=0; }
   [ $ok = 1 ] && pass "$label matches one process (${worst# }; params ${pd#max relative difference })"
+  return 0
+}
+
+# The training lines of metrics.jsonl FILE without the timings and the grad norm (what mesh_exact compares).
+strip_timing() { sed -E 's/"pp_idle_s":\[[^]]*\],?//; s/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_frac|grad_norm)":[^,}]*,?//g' "$1" | grep '"loss"'; }
+
+# mesh_exact REF RUN LABEL: the promise of pipeline stages alone (no TP/DP/EP, --grad-clip 0): metrics.jsonl
+# (losses, aux, z, MTP, load, drops; not the timings) byte for byte, the newest checkpoint's model and optimizer
+# files byte-identical, the grad norm (summed per stage, then over the stages) within 1e-12 relative.
+mesh_exact() {
+  local ref="$1" run="$2" label="$3" ok=1 f st
+  cmp -s <(strip_timing "$ref/metrics.jsonl") <(strip_timing "$run/metrics.jsonl") || { fail "$label: metrics differ from one process"; diff <(strip_timing "$ref/metrics.jsonl") <(strip_timing "$run/metrics.jsonl") | head -4; ok=0; }
+  [ "$(grep -c '"loss"' "$run/metrics.jsonl")" -gt 0 ] || { fail "$label: no steps logged"; ok=0; }
+  st=$(cd "$ref" && ls -d step_* 2>/dev/null | tail -n 1)
+  [ -n "$st" ] || { fail "$label: the reference has no checkpoint"; ok=0; }
+  for f in model.safetensors optimizer.safetensors; do
+    cmp -s "$ref/$st/$f" "$run/$st/$f" || { fail "$label: $st/$f differs from one process"; ok=0; }
+  done
+  field grad_norm "$ref/metrics.jsonl" > "$TMP/.a"; field grad_norm "$run/metrics.jsonl" > "$TMP/.b"
+  local r; r=$(maxrel "$TMP/.a" "$TMP/.b")
+  fcmp "$r" "<=" 1e-12 || { fail "$label: grad norm differs by $r relative (round-off allows 1e-12)"; ok=0; }
+  [ $ok = 1 ] && pass "$label: losses, aux, z, load and checkpoints bitwise equal to one process (grad norm $r relative)"
   return 0
 }
 

@@ -270,6 +270,38 @@ static void test_config_json(void) {
     cJSON_Delete(k);
 }
 
+// Every preset's config, with and without MTP modules, reads back from its config.json byte for byte: what
+// --resume needs (trainer.c compares a checkpoint's config with the options given by memcmp, and continues
+// with the checkpoint's). The DeepSeek-V3 family's aux coefficient (1e-4 in its presets) once read back as
+// the absent aux_loss_alpha's 0: a resumed run trained without the aux loss, and one given its options was
+// refused.
+static void test_preset_configs(void) {
+    char names[512];
+    snprintf(names, sizeof names, "%s", config_preset_names());
+    int n = 0;
+    for (char *save = NULL, *nm = strtok_r(names, ", ", &save); nm; nm = strtok_r(NULL, ", ", &save))
+        for (int mtp = 0; mtp <= 1; mtp++) {
+            ModelConfig c, d;
+            memset(&c, 0, sizeof c);
+            EXPECT(config_preset(&c, nm) == 0, "preset %s", nm);
+            c.mtp_depth = mtp;
+            c.mtp_weight = mtp ? MOE_MTP_WEIGHT : 0;
+            cJSON *j = config_to_json(&c);
+            char *txt = cJSON_Print(j);
+            cJSON_Delete(j);
+            cJSON *k = cJSON_Parse(txt);
+            char err[256] = "";
+            memset(&d, 0xa5, sizeof d);
+            int ok = config_from_json(k, &d, err, sizeof err) == 0;
+            EXPECT(ok && cfg_equal(&c, &d) && memcmp(&c, &d, sizeof c) == 0,
+                   "preset %s (mtp %d): its config.json reads back as it was %s", nm, mtp, err);
+            cJSON_Delete(k);
+            free(txt);
+            n++;
+        }
+    EXPECT(n >= 20, "the presets' configs round trip (%d checked)", n);
+}
+
 static void test_roundtrip_and_format(void) {
     ModelConfig c = test_small_cfg();
     c.jitter = 0.05f;
@@ -769,6 +801,7 @@ int main(void) {
         return 2;
     }
     test_config_json();
+    test_preset_configs();
     test_roundtrip_and_format();
     test_overwrite_and_latest();
     test_failures();

@@ -9,7 +9,8 @@
 #   - dense layers among the MoE layers (Qwen's mlp_only_layers / decoder_sparse_step; ours under moe_c for
 #     Mixtral): transformers' MLP names and config keys in the export, the same loss from it;
 #   - bad configs (an unknown architecture, keys that contradict each other, a family option on a family
-#     that lacks it, dense layers that do not exist) give one message, a non-zero exit, and touch nothing.
+#     that lacks it, dense layers that do not exist, DeepSeek-V3 methods we lack) give one message, a non-zero
+#     exit, and touch nothing.
 set -u
 . "$(dirname "$0")/lib.sh"
 small_fixture
@@ -249,16 +250,24 @@ bad step 's/"decoder_sparse_step":[^,]*/"decoder_sparse_step":2/'
 bad mlo 's/"mlp_only_layers":[^]]*]/"mlp_only_layers":[5]/'
 cp -r "$W/hf_olmoe" "$W/olbias"; sed -i 's/"vocab_size"/"qkv_bias":true,"vocab_size"/' "$W/olbias/config.json"
 cp -r "$W/hf_qwen3_moe" "$W/q3sh"; sed -i 's/"vocab_size"/"shared_expert_intermediate_size":64,"vocab_size"/' "$W/q3sh/config.json"
-# DeepSeek-V3's methods and RoPE types we lack, named
+# DeepSeek-V3's methods, RoPE types and YaRN options we lack, its batch-wise aux loss: named (key and value)
 for b in "tk|s/\"topk_method\":\"noaux_tc\"/\"topk_method\":\"greedy\"/" "sf|s/\"scoring_func\":\"sigmoid\"/\"scoring_func\":\"softmax\"/" \
-         "ry|s/\"type\":\"yarn\"/\"type\":\"longrope\"/" "af|s/\"mscale\":1.0,/\"attention_factor\":0.5,/"; do
+         "ry|s/\"type\":\"yarn\"/\"type\":\"longrope\"/" "af|s/\"mscale\":1.0,/\"attention_factor\":0.5,/" \
+         "lf|s/\"moe_layer_freq\":1/\"moe_layer_freq\":2/" "tr|s/\"mscale\":1.0,/\"truncate\":false,/" \
+         "sa|s/\"vocab_size\"/\"aux_loss_alpha\":0.001,\"seq_aux\":false,\"vocab_size\"/" \
+         "rp|s/\"vocab_size\"/\"rope_parameters\":{\"rope_type\":\"dynamic\",\"factor\":2.0},\"vocab_size\"/"; do
   rm -rf "$W/ds_${b%%|*}"; cp -r "$W/pl_deepseek_v3" "$W/ds_${b%%|*}"; sed -i "${b#*|}" "$W/ds_${b%%|*}/config.json"
 done
-GUARD="$W/unk $W/mt $W/renorm $W/hd $W/step $W/mlo $W/olbias $W/q3sh $W/ds_tk $W/ds_sf $W/ds_ry $W/ds_af"
+GUARD="$W/unk $W/mt $W/renorm $W/hd $W/step $W/mlo $W/olbias $W/q3sh $W/ds_tk $W/ds_sf $W/ds_ry $W/ds_af $W/ds_lf $W/ds_tr $W/ds_sa $W/ds_rp"
 run_fail 'key "topk_method" is "greedy"; only "noaux_tc" is supported' "$MOE" eval --ckpt "$W/ds_tk" "${EV[@]}"
 run_fail 'key "scoring_func" is "softmax"; only "sigmoid" is supported' "$MOE" train --init-from "$W/ds_sf" --out "$W/new" "${SMALL[@]}"
-run_fail 'key "rope_scaling" is set; RoPE scaling is not supported (only "yarn")' "$MOE" eval --ckpt "$W/ds_ry" "${EV[@]}"
+run_fail 'key "rope_scaling" is set (type "longrope"); RoPE scaling is not supported (only "yarn")' "$MOE" eval --ckpt "$W/ds_ry" "${EV[@]}"
 run_fail 'key "rope_scaling": "attention_factor" is not supported with rope_type "yarn"' "$MOE" eval --ckpt "$W/ds_af" "${EV[@]}"
+run_fail 'key "moe_layer_freq" is 2; only 1 is supported' "$MOE" eval --ckpt "$W/ds_lf" "${EV[@]}"
+run_fail "key \"rope_scaling\": truncate false is not supported (YaRN's range is truncated)" "$MOE" eval --ckpt "$W/ds_tr" "${EV[@]}"
+run_fail 'key "seq_aux" is false with aux_loss_alpha 0.001: the batch-wise aux loss is not supported' \
+  "$MOE" train --init-from "$W/ds_sa" --out "$W/new" "${SMALL[@]}"
+run_fail 'key "rope_parameters": rope_type "dynamic" is not supported (only "default" RoPE and "yarn")' "$MOE" eval --ckpt "$W/ds_rp" "${EV[@]}"
 run_fail 'architecture "JambaForCausalLM" is not supported' "$MOE" eval --ckpt "$W/unk" "${EV[@]}"
 run_fail 'architecture "JambaForCausalLM" is not supported' "$MOE" train --init-from "$W/unk" --out "$W/new" "${SMALL[@]}"
 run_fail 'key "model_type" is "olmoe", expected "qwen2_moe"' "$MOE" eval --ckpt "$W/mt" "${EV[@]}"

@@ -8,7 +8,10 @@
 # DeepSeek-V3-shaped model (a dense first layer: its MLP on each TP rank's token slice, reduced over the stage,
 # no exchange; sigmoid group-limited routing) at tp2+dp2+ep2 and over pp2 (the dense layer on stage 0); with two
 # MTP modules (mtp_loss compared as the losses) at tp2, dp2+ep2 and pp2 (the modules on the last stage, the
-# first stage's embedding output sent to it and its gradient back).
+# first stage's embedding output sent to it and its gradient back). The deepseek-v3-tiny preset whole (latent
+# attention, the dense first layer, sigmoid group routing, the shared expert, the sequence aux) with an MTP module
+# at tp2, dp2+ep2, tp2+dp2+ep2 and pp2 (bitwise: stages alone), and its tp2+dp2+ep2 checkpoint resumed at pp2
+# and in one process (resharding).
 # Multi-head latent attention at tp2, and with an MTP module (its block's latent attention split as a
 # main layer's) at tp2.
 # OLMoE's full-width QK-norm over TP (its row sums all-reduced over the TP ranks, its weight sliced with
@@ -67,6 +70,45 @@ while IFS='|' read -r fam np flags label; do
     mesh_close "$ref" "$run" "$label"
   else fail "$label: mpirun failed"; tail -5 "$run/out.txt"; fi
 done <<< "$CASES"
+
+# The DeepSeek-V3-shaped model whole: the deepseek-v3-tiny preset as it is (latent attention with q_lora,
+# interleaved rope pairs; a dense first layer; sigmoid group-limited routing with the aux-free bias and the
+# weight scale; an ungated shared expert; the sequence-wise aux) and one MTP module. One reference serves every
+# layout: tp2, dp2+ep2, tp2+dp2+ep2 (mesh_close), pp2 with the dense layer alone on stage 0 and the two MoE
+# layers with the MTP module on stage 1 (stages alone: bitwise, lib.sh mesh_exact; hence --grad-clip 0 in all);
+# then the tp2+dp2+ep2 run's step-2 checkpoint resumed at pp2 and in one process (resharding) continues as the
+# uninterrupted run (mesh_close). lr 1e-3, not BASE's 1e-2: this model's 0.7M parameters at 1e-2 spike (grad
+# norm 1.5 -> 7.1 at step 3 for seed 1, the step-4 grad norms then 1.7e-4 apart) and a few elements' gradients
+# cancel to near AdamW's eps, their updates moved by a fraction of lr by round-off (seen 3.7e-3 of a tensor's
+# scale); at 1e-3 both shrink tenfold (seeds 1-5: loss <= 3.3e-8, grad norm <= 6.1e-7, parameters <= 5.1e-4),
+# while a wrong gradient still moves a tensor by ~lr x 4 steps, ~5e-2 of its scale.
+DS="--steps 4 --quiet --sample-tokens 0 --plots 0 --batch 8 --seq-len 16 --eval-batches 1 --eval-every 0
+    --preset deepseek-v3-tiny --mtp 1 --lr 1e-3 --warmup 2 --grad-accum 2 --grad-clip 0"
+PPL="--pp 2 --pp-layers 1,2"
+if "$MOE" train --out "$TMP/ds_ref" $DS > "$TMP/ds_ref.txt" 2>&1 < /dev/null; then
+  while IFS='|' read -r np flags label; do
+    run="$TMP/ds_$np${flags// /}"; mkdir -p "$run"
+    if ! $MPI -np "$np" "$MOE" train --out "$run" $DS $flags --check-replicas > "$run/out.txt" 2>&1 < /dev/null; then
+      fail "$label: mpirun failed"; tail -5 "$run/out.txt"
+    elif [ "$flags" = "$PPL" ]; then mesh_exact "$TMP/ds_ref" "$run" "$label"
+    else mesh_close "$TMP/ds_ref" "$run" "$label"; fi
+  done <<< "2|--tp 2|deepseek-v3-tiny + MTP: tp2
+2|--ep 2|deepseek-v3-tiny + MTP: dp2+ep2
+4|--tp 2 --ep 2 --save-every 2 --keep 0|deepseek-v3-tiny + MTP: tp2+dp2+ep2
+2|$PPL|deepseek-v3-tiny + MTP: pp2 (the dense layer alone on stage 0, the MTP module on stage 1)"
+  saved="$TMP/ds_4--tp2--ep2--save-every2--keep0"
+  for target in "2|$PPL" "1|"; do
+    np="${target%%|*}"; flags="${target#*|}"
+    d="$TMP/ds_resume$np"; mkdir -p "$d"
+    cp -r "$saved/step_00000002" "$d/" || { fail "deepseek-v3-tiny tp2+dp2+ep2: no step-2 checkpoint"; continue; }
+    head -n "$(grep -n '"step":2,' "$saved/metrics.jsonl" | head -1 | cut -d: -f1)" "$saved/metrics.jsonl" > "$d/metrics.jsonl"
+    if [ "$np" = 1 ]; then cmd=("$MOE"); else cmd=($MPI -np "$np" "$MOE"); fi
+    if "${cmd[@]}" train --out "$d" $DS $flags --resume --check-replicas > "$d/out.txt" 2>&1 < /dev/null; then
+      [ "$np" = 1 ] && echo "replica check: ok" >> "$d/out.txt"   # (one process: nothing to compare)
+      mesh_close "$TMP/ds_ref" "$d" "deepseek-v3-tiny + MTP saved at tp2+dp2+ep2 (step 2), resumed ${flags:-in one process}"
+    else fail "deepseek-v3-tiny + MTP: resume ${flags:-in one process} failed"; tail -5 "$d/out.txt"; fi
+  done
+else fail "deepseek-v3-tiny + MTP: reference run"; tail -3 "$TMP/ds_ref.txt"; fi
 
 # the end-of-run sample of OLMoE at tp2 (the cached decode with the norm's TP all-reduce) is one process's
 i=$(grep -n -- "--sample-tokens 24|" <<< "$CASES" | cut -d: -f1)

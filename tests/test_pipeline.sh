@@ -28,22 +28,6 @@ BASE="--steps 5 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 16 --ev
       --n-layers 4 --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2
       --grad-accum 4"
 
-strip() { sed -E 's/"pp_idle_s":\[[^]]*\],?//; s/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_frac|grad_norm)":[^,}]*,?//g' "$1" | grep '"loss"'; }
-
-# exact REF RUN LABEL: the bitwise promise of stages alone
-exact() {
-  local ref="$1" run="$2" label="$3" ok=1 f
-  cmp -s <(strip "$ref/metrics.jsonl") <(strip "$run/metrics.jsonl") || { fail "$label: metrics differ from one process"; diff <(strip "$ref/metrics.jsonl") <(strip "$run/metrics.jsonl") | head -4; ok=0; }
-  [ "$(grep -c '"loss"' "$run/metrics.jsonl")" -gt 0 ] || { fail "$label: no steps logged"; ok=0; }
-  for f in model.safetensors optimizer.safetensors; do
-    cmp -s "$ref/step_00000005/$f" "$run/step_00000005/$f" || { fail "$label: $f differs from one process"; ok=0; }
-  done
-  field grad_norm "$ref/metrics.jsonl" > "$TMP/a"; field grad_norm "$run/metrics.jsonl" > "$TMP/b"
-  local r; r=$(maxrel "$TMP/a" "$TMP/b")
-  fcmp "$r" "<=" 1e-12 || { fail "$label: grad norm differs by $r relative (round-off allows 1e-12)"; ok=0; }
-  [ $ok = 1 ] && pass "$label: losses, aux, z, load and checkpoints bitwise equal to one process (grad norm $r relative)"
-}
-
 one() {   # one DIR FLAGS...: the single-process reference
   local d="$1"; shift
   [ -d "$d" ] || "$MOE" train --out "$d" $BASE "$@" > /dev/null 2>&1 < /dev/null || fail "reference run $*"
@@ -61,7 +45,7 @@ for mode in "dropless" "capacity --capacity-factor 0.8 --jitter 0.05 --aux-form 
   for L in "2|--pp 2|pp2" "4|--pp 4|pp4" "2|--pp 2 --pp-layers 1,3|pp2 uneven (1,3)" \
            "2|--pp 2 --pp-schedule interleaved --vpp 2|interleaved pp2 vpp2" "2|--pp 2 --overlap 0|pp2 overlap off"; do
     IFS='|' read -r np flags label <<< "$L"
-    if mesh "$TMP/run" "$np" --dispatch $mode --grad-clip 0 $flags; then exact "$TMP/ref_$m" "$TMP/run" "$m: $label"
+    if mesh "$TMP/run" "$np" --dispatch $mode --grad-clip 0 $flags; then mesh_exact "$TMP/ref_$m" "$TMP/run" "$m: $label"
     else fail "$m: $label: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
   done
 done
@@ -122,7 +106,7 @@ for E in "--n-experts 8 --top-k 1 --seq-len 2|experts with no tokens (2 tokens p
          "--batch 4|micro-batches of one sequence"; do
   flags="${E%%|*}"; label="${E#*|}"
   rm -rf "$TMP/edge_ref"; one "$TMP/edge_ref" --grad-clip 0 $flags
-  if mesh "$TMP/run" 2 --pp 2 --grad-clip 0 $flags; then exact "$TMP/edge_ref" "$TMP/run" "pp2: $label"
+  if mesh "$TMP/run" 2 --pp 2 --grad-clip 0 $flags; then mesh_exact "$TMP/edge_ref" "$TMP/run" "pp2: $label"
   else fail "pp2: $label: mpirun failed"; tail -4 "$TMP/run/out.txt"; fi
 done
 

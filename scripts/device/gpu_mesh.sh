@@ -19,6 +19,24 @@
 #          near-zero gradient elements into whole lr-sized steps), the loss within 1e-4 per step (first
 #          seen at most 2.4e-5; a wrong row exchanged moves step 1's loss far more), the weights reported
 #          (first seen 2e-2..1.5e-1 of a tensor's scale after 5 steps: judged at cuda-fp32 instead);
+#   the DeepSeek-V3-shaped model (issue 40): the deepseek-v3-tiny preset at the model's shape above (latent
+#          attention, a dense first layer, sigmoid group-limited routing with the aux-free bias, an ungated shared
+#          expert of d_ff, the sequence aux) with one MTP module: tp2, ep2 (close) and pp2 (exact: the dense layer
+#          on stage 0, the MTP module on stage 1; bitwise on the cpu: tests/test_family_mesh.sh); at cuda its
+#          routing is less well conditioned than the base model's (tests/test_cuda_model.c's note): a row over
+#          the 1e-4 loss band there is to be read against the expert loads of the two runs' metrics.jsonl;
+#   fp8:   --precision fp8 (the experts' GEMMs by the FP8 recipe) at ep2 and tp2 on both devices: the loss
+#          within 1e-4 per step, the weights reported. tests/test_fp8_train.sh's reasoning, re-measured on
+#          this model: the forward does not depend on the layout (1x128 tiles along each row's K, blocks of
+#          whole experts; step 1's loss 1.5e-9..2.4e-7 from one process on the cpu), but the weight gradients'
+#          1x128 tiles run along the rows, which EP (an expert's rows by rank) and TP (the token slices) group
+#          otherwise: their scales and so their codes differ at the e4m3 step, and AdamW turns that in small
+#          elements into lr-sized steps (the cpu's weights 1.3e-1 of a tensor's scale apart after 5 steps, the
+#          loss 5.6e-6..2.4e-5 at ep2 and tp2 over the default seed and seeds 2-4, against ~4e-9 unquantised:
+#          `LOCAL=build-cpu DEVS=cpu`); the GPU table equals the cpu's bit for bit, so cuda-fp32 lands there,
+#          and cuda adds its bf16 operands' 2.4e-5 (above). The band is 4x the cpu's largest: a wrong exchange
+#          of more than a few of a step's 1024 token rows shows, one row may not (tests/test_fp8_train.sh
+#          holds the exchange under fp8 to the mesh bands, on its model);
 #   resume: a checkpoint saved at step 3 on one layout resumed on another continues as the uninterrupted
 #          run of the first (close); preemption: SIGTERM to one rank of pp2 leaves a checkpoint that pp1 and
 #          ep2 resume, every rank exits 75; kill -9 of one rank ends every rank within 60 s (MOE_COMM_TIMEOUT_S
@@ -92,6 +110,7 @@ judge() {
   lt=1e-5 wt=1e-3
   [[ "$label" == *bf16* ]] && wt=1e-2
   [ $dev = cuda ] && lt=1e-4 wt=inf # (the weights: reported, not judged)
+  [[ "$label" == *fp8* ]] && lt=1e-4 wt=inf # (the weight gradients' tiles: above)
   if awk -v l=$l -v w=$w -v lt=$lt -v wt=$wt 'BEGIN { exit !(l <= lt && (wt == "inf" || w <= wt)) }'; then
     row "$label" $dev $l $w "PASS (<= $lt, $wt)"
   else row "$label" $dev $l $w "FAIL (> $lt or $wt)"; fi
@@ -108,6 +127,9 @@ layout() {
   judge "$label" $dev $kind $ref $run
 }
 
+# the DeepSeek-V3-shaped model on BASE's shape: the latent attention's KV heads are the heads, the shared
+# expert the experts' width
+DSF="--preset deepseek-v3-tiny --mtp 1 --n-kv-heads 4 --shared-d-ff 128"
 CASES=(
   "2|--pp 2||exact|pp2"
   "4|--pp 4||exact|pp4"
@@ -131,24 +153,33 @@ CASES=(
   "4|--ep 4 --a2a-hier 2||close|ep4 a2a-hier 2"
   "4|--tp 2 --ep 2|--precision bf16|close|tp2 ep2 precision bf16"
   "2|--pp 2|--precision bf16|close|pp2 precision bf16"
+  "2|--tp 2|$DSF|close|deepseek-v3-tiny+MTP tp2"
+  "2|--ep 2|$DSF|close|deepseek-v3-tiny+MTP ep2"
+  "2|--pp 2|$DSF|exact|deepseek-v3-tiny+MTP pp2 (MTP on stage 1)"
+  "2|--ep 2|--precision fp8|close|ep2 precision fp8"
+  "2|--tp 2|--precision fp8|close|tp2 precision fp8"
 )
-# the references first (one process each, in parallel), then the cases, JOBS at a time (ONLY=bad: only the
-# bad-input cases at the end)
+# the references first (one process each, in parallel: one per reference flags the cases use; an exact case's
+# with --grad-clip 0), then the cases, JOBS at a time (ONLY=bad: only the bad-input cases at the end)
 [ "${ONLY:-}" = bad ] && DEVS=
-for dev in $DEVS; do
-  for rf in "" "--dispatch capacity --capacity-factor 1.0" "--precision bf16"; do
-    for gc in "" "--grad-clip 0"; do
-      one $W/ref_${dev}_$(key "$rf $gc") $dev $rf $gc &
-    done
+rflags_of() { # rflags_of CASE: the case's reference flags
+  local np flags rflags kind label
+  IFS='|' read -r np flags rflags kind label <<< "$1"
+  [ $kind = exact ] && rflags="$rflags --grad-clip 0"
+  echo $rflags
+}
+for c in "${CASES[@]}"; do rflags_of "$c"; done | sort -u | {
+  while read -r rf; do
+    for dev in $DEVS; do one $W/ref_${dev}_$(key "$rf") $dev $rf & done
   done
-done
-wait
+  wait
+}
 echo "references: $(ls -d $W/ref_*/ | wc -l) one-process runs"
 printf "%-46s %-9s %-10s %-10s %s\n" layout device loss_diff weight_diff result | tee -a $T
 for dev in $DEVS; do
   for c in "${CASES[@]}"; do
     IFS='|' read -r np flags rflags kind label <<< "$c"
-    [ $kind = exact ] && rflags=$(echo "$rflags --grad-clip 0" | xargs)
+    rflags=$(rflags_of "$c")
     while [ $(jobs -r | wc -l) -ge $JOBS ]; do sleep 0.2; done
     layout $np "$flags" "$rflags" $kind "$label" $dev &
   done

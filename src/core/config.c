@@ -50,7 +50,8 @@ static const Preset presets[] = {
 };
 // DeepSeek-V3's family (deepseek_v3), its shape p (hd: qk_rope_head_dim, KV = H) and latent attention
 // (q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v head dims), the first dense_k layers dense of dense_f,
-// group-limited routing, the routed weights' scale, YaRN (factor, original positions; both mscales 1).
+// group-limited routing, the routed weights' scale, YaRN (factor, original positions; both mscales 1, the
+// betas 32 and 1).
 typedef struct {
     Preset p;
     int qr, kvr, dn, dr, dv, dense_k, dense_f, n_group, topk_group;
@@ -152,6 +153,9 @@ static void fill_deepseek(ModelConfig *c, const DsPreset *p) {
         c->rope_factor = p->yarn_factor;
         c->rope_orig_max = p->yarn_orig;
         c->yarn_mscale = c->yarn_mscale_all_dim = 1.0f;
+        // (the released config's betas, transformers' defaults: what its config.json reads back as)
+        c->yarn_beta_fast = 32.0f;
+        c->yarn_beta_slow = 1.0f;
     }
 }
 

@@ -126,7 +126,15 @@ int ds_config_read(JsonErr *e, const cJSON *j, ModelConfig *c) {
     if (k > 0 && json_get_int(e, j, "intermediate_size", 1, &c->dense_d_ff)) return -1;
     // transformers' DeepseekV3 trains with no auxiliary loss; the original configs' sequence-wise one
     c->aux_coef = 0;
-    if (json_get_float(e, j, "aux_loss_alpha", 0, &c->aux_coef)) return -1;
+    // (and their seq_aux: true, that sequence-wise loss; false, DeepSeek-V2's batch-wise one, is refused)
+    int seq = 1;
+    if (json_get_float(e, j, "aux_loss_alpha", 0, &c->aux_coef) || json_get_bool(e, j, "seq_aux", 0, &seq))
+        return -1;
+    if (!seq && c->aux_coef != 0)
+        return json_fail(e,
+                         "key \"seq_aux\" is false with aux_loss_alpha %g: the batch-wise aux loss is not "
+                         "supported (only seq_aux true, the sequence-wise one)",
+                         c->aux_coef);
     return 0;
 }
 
@@ -156,6 +164,9 @@ void ds_config_write(cJSON *j, const ModelConfig *c) {
     config_write_rope(j, c);
     cJSON_AddBoolToObject(j, "rope_interleave", c->rope_interleave != 0);
     json_add_f(j, "rms_norm_eps", c->norm_eps);
+    // the sequence-wise aux loss's coefficient, under the original configs' name (ds_config_read's key:
+    // without it a checkpoint's config would read back with none, and a resumed run train without it)
+    json_add_f(j, "aux_loss_alpha", c->aux_coef);
     json_add_i(j, "num_nextn_predict_layers", c->mtp_depth); // (the MTP modules: config.h)
     cJSON_AddBoolToObject(j, "attention_bias", 0);
 }

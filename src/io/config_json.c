@@ -233,8 +233,10 @@ static int read_rope(JsonErr *e, const cJSON *j, ModelConfig *c) {
         const cJSON *rt = cJSON_IsObject(rs) ? json_item(rs, "rope_type") : NULL;
         if (!rt && cJSON_IsObject(rs)) rt = json_item(rs, "type");
         if (ds && is_yarn(rt)) return config_read_yarn(e, rs, "rope_scaling", c);
-        if (!(rt && cJSON_IsString(rt) && strcmp(rt->valuestring, "default") == 0))
-            return json_fail(e, "key \"rope_scaling\" is set; RoPE scaling is not supported%s",
+        int named = rt && cJSON_IsString(rt); // (the message names the type it refuses)
+        if (!(named && strcmp(rt->valuestring, "default") == 0))
+            return json_fail(e, "key \"rope_scaling\" is set (type %s%s%s); RoPE scaling is not supported%s",
+                             named ? "\"" : "", named ? rt->valuestring : "none", named ? "\"" : "",
                              ds ? " (only \"yarn\")" : "");
     }
     return 0;
