@@ -159,6 +159,11 @@ CASES=(
   "2|--ep 2|--precision fp8|close|ep2 precision fp8"
   "2|--tp 2|--precision fp8|close|tp2 precision fp8"
 )
+# MATCH=REGEX: only the layout cases whose label matches (no resharding, preemption, bad input or sanitizer)
+if [ -n "${MATCH:-}" ]; then
+  KEEP=(); for c in "${CASES[@]}"; do [[ "${c##*|}" =~ $MATCH ]] && KEEP+=("$c"); done
+  CASES=("${KEEP[@]}"); SANITIZE=0
+fi
 # the references first (one process each, in parallel: one per reference flags the cases use; an exact case's
 # with --grad-clip 0), then the cases, JOBS at a time (ONLY=bad: only the bad-input cases at the end)
 [ "${ONLY:-}" = bad ] && DEVS=
@@ -186,6 +191,7 @@ for dev in $DEVS; do
 done
 wait
 
+[ -n "${MATCH:-}" ] && DEVS= # (the sections below)
 # ---- resharding: saved at step 3 on one layout, resumed on another, against the first's whole run
 reshard() { # reshard FROM_NP "FROM" TO_NP "TO" LABEL DEV
   local fnp=$1 from=$2 tnp=$3 to=$4 label=$5 dev=$6 a=$W/rs_a_$RANDOM b=$W/rs_b_$RANDOM
@@ -262,7 +268,7 @@ refused() { # refused LABEL NP PATTERN FLAGS...
     row "$label" - - - "PASS (exit $rc: $(grep -m1 -oE 'error: .*' $d.log | cut -c8-90))"
   else row "$label" - - - "FAIL (exit $rc; $(grep -m1 -E 'rror' $d.log | cut -c1-80); dir $([ -e $d ] && echo written || echo absent))"; fi
 }
-if [ -z "${LOCAL:-}" ] && [ "$COMM" = staged ]; then
+if [ -z "${LOCAL:-}" ] && [ "$COMM" = staged ] && [ -z "${MATCH:-}" ]; then
   refused "--gpu-comm nccl, 2 ranks on one GPU" 2 "share 1 GPU.*--gpu-comm staged" --device cuda --gpu-comm nccl --ep 2 --n-experts 8
   refused "--gpu-comm mpi, MPI not CUDA-aware" 2 "MPIX_Query_cuda_support" --device cuda --gpu-comm mpi --ep 2 --n-experts 8
   refused "8 ranks of a model too big to share" 8 "8 ranks share GPU 0.*need" --device cuda --preset mixtral-8x7b --n-layers 8 --seq-len 512 --grad-accum 1 --ep 8
