@@ -118,7 +118,7 @@ static void mla_attn(Model *m, KvCache *kc, int l, int t0, int t1) {
     mla_proj_fwd(m, l, &a, s->dq, kc->kr[l] + (size_t)t0 * c->qk_rope_head_dim, kc->xn, 1, t0, t1);
     mla_heads_fwd(m, l, hid_at(be, kc->q, t0 * qd), kc->kx, kc->vx, s->dq, n, s->kvb, kc->lat[l], kc->kr[l],
                   t1);
-    if (be->attention_fwd_v) // (the values' width, as the training forward: attention.c)
+    if (c->v_head_dim < hq && be->attention_fwd_v) // (the values' width, as attention.c's forward)
         be->attention_fwd_v(kc->att, kc->lse, kc->q, kc->kx, kc->vx, 1, kc->W, H, H, hq, c->v_head_dim, t0,
                             t1);
     else be->attention_fwd(kc->att, kc->lse, kc->q, kc->kx, kc->vx, 1, kc->W, H, H, hq, t0, t1);

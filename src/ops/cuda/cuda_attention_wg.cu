@@ -430,11 +430,11 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
         wg_times<HV>(dva, fp, gb);
         wg_times<HQ>(dka, fd, qb_);
         wgmma_commit();
-        if (NK == 1 &&
-            ds) { // dS^T in bf16 (the A fragments' bits: rows u0 - k0 (+ 8), queries 16 kk + 8 (e / 2)
-            // + 2 t) into shared memory in the tile's layout (conflict-free: the 8 rows of a warp's store
-            // fall in 8 chunks), then out in 16-byte pieces, whole lines (stored from the fragments directly,
-            // each warp store wrote 16 bytes in each of 8 lines: the dk/dv kernel took 472 us instead of 336)
+        // dS^T in bf16 (the A fragments' bits: rows u0 - k0 (+ 8), queries 16 kk + 8 (e / 2) + 2 t) into
+        // shared memory in the tile's layout (conflict-free: the 8 rows of a warp's store fall in 8 chunks),
+        // then out in 16-byte pieces, whole lines (stored from the fragments directly, each warp store wrote
+        // 16 bytes in each of 8 lines: the dk/dv kernel took 472 us instead of 336)
+        if (NK == 1 && ds) {
             int hq = kh * rep + i / per, r = w * 16 + (lane >> 2);
             uint4 *tile = (uint4 *)(ds + ds_tile(b, hq, H, (t0 - qa) / 64, k0 / 64, a, nt) * 4096);
 #pragma unroll
