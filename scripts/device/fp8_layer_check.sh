@@ -165,13 +165,15 @@ row "layer fp8 default (ref, mixtral ms)" "$(grep -E '"case":"(ref|mixtral)"' $W
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 if [ -n "$NCU" ] && [ $((BUDGET - SECONDS)) -gt 60 ]; then
   t ncu $((BUDGET - SECONDS - 15)) $NCU --clock-control none --kernel-name regex:'gf_|quant|swiglu' \
-    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv $B/moe_bench_layer --cases ref --iters 1 --warmup 1 --profile 0 --gemm 0 --fp8 1
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+    $B/moe_bench_layer --cases ref --iters 1 --warmup 1 --profile 0 --gemm 0 --fp8 1
   say "-- ncu, the FP8 ref layer (per kernel name: us a call, DRAM GB/s; the warm-up and the timed iteration)"
   python3 - $W/ncu.log <<'PY' | tee -a $R
 import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1], errors='replace')) if len(r) > 10]
-if not rows: sys.exit(print('  (no ncu rows)'))
-h = rows[0]; ki, mi, vi, ui = h.index('Kernel Name'), h.index('Metric Name'), h.index('Metric Value'), h.index('Metric Unit')
+rows = list(csv.reader(open(sys.argv[1], errors='replace')))
+hs = [i for i, r in enumerate(rows) if 'Kernel Name' in r and 'Metric Value' in r]
+if not hs: sys.exit(print('  (no ncu rows)'))
+h = rows[hs[0]]; rows = [r for r in rows[hs[0]:] if len(r) == len(h)]; ki, mi, vi, ui = h.index('Kernel Name'), h.index('Metric Name'), h.index('Metric Value'), h.index('Metric Unit')
 unit = {'ns': 1e-3, 'nsecond': 1e-3, 'us': 1, 'usecond': 1, 'ms': 1e3, 'msecond': 1e3, 'byte': 1, 'Kbyte': 1e3, 'Mbyte': 1e6, 'Gbyte': 1e9}
 agg = collections.defaultdict(lambda: collections.defaultdict(float)); cnt = collections.Counter()
 for r in rows[1:]:
