@@ -97,7 +97,8 @@ judge() {
   losses $ref/metrics.jsonl > $run.la
   losses $run/metrics.jsonl > $run.lb
   local l=$(maxrel $run.la $run.lb)
-  local w=$($B/ckpt_diff $(latest $ref) $(latest $run) 2> /dev/null | grep -oE '[0-9.]+e[-+][0-9]+' | head -1)
+  local cd=$($B/ckpt_diff $(latest $ref) $(latest $run) 2> /dev/null)
+  local w=$(echo "$cd" | grep -oE '[0-9.]+e[-+][0-9]+' | head -1) wn=$(echo "$cd" | grep -oE '\([^)]*\)' | head -1)
   [ -z "$w" ] && w=9e9
   if [ $kind = exact ]; then
     local ok=1
@@ -113,7 +114,7 @@ judge() {
   [[ "$label" == *fp8* ]] && lt=1e-4 wt=inf # (the weight gradients' tiles: above)
   if awk -v l=$l -v w=$w -v lt=$lt -v wt=$wt 'BEGIN { exit !(l <= lt && (wt == "inf" || w <= wt)) }'; then
     row "$label" $dev $l $w "PASS (<= $lt, $wt)"
-  else row "$label" $dev $l $w "FAIL (> $lt or $wt)"; fi
+  else row "$label" $dev $l $w "FAIL (> $lt or $wt; worst weights $wn)"; fi
 }
 
 # layout NP "FLAGS" "REF FLAGS" KIND LABEL DEV: one mesh run against its reference
