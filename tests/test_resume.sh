@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_resume.sh — resuming a run on the CPU is bit-identical to never stopping.
 #
-# For each variant (plain; --grad-accum 2; --jitter 0.1; --dispatch capacity; --mtp 2):
+# For each variant (plain; --grad-accum 2; --jitter 0.1; --dispatch capacity; --mtp 2; the deepseek-v3-tiny
+# preset with an MTP module, and with YaRN given again to the resume):
 #   A: moe train --steps 24 --save-every 8 --keep 0, uninterrupted.
 #   B: the same run "crashed" after step 13: a copy of A (in the plain variant a second, separate
 #      run, which also checks that two runs of one command agree) with the checkpoints of steps 16
@@ -94,6 +95,12 @@ resume_case capacity copy yes --dispatch capacity --capacity-factor 0.75
 # multi-token prediction: two modules (their routing bias moved by the aux-free balance), the model flags
 # from the checkpoint's config.json on resume
 resume_case mtp copy no --mtp 2 --mtp-weight 0.5 --balance aux-free
+# the DeepSeek-V3 family: its config.json must read back as the model was (once its aux coefficient, the
+# preset's 1e-4, did not: resumed without it, a run trained without the aux loss; given its options, refused),
+# resumed from the checkpoint's config alone and with the options given again (YaRN's betas, 0 on the command
+# line, 32 and 1 in config.json)
+resume_case ds copy no --preset deepseek-v3-tiny --mtp 1
+resume_case ds_yarn copy yes --preset deepseek-v3-tiny --rope-factor 4 --rope-orig-max 16
 
 # the variants must really exercise what they claim
 if [ "$(field loss jitter.A/metrics.jsonl | sed -n 2p)" != "$(field loss plain.A/metrics.jsonl | sed -n 2p)" ]; then

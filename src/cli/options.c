@@ -408,6 +408,13 @@ void parse(State *s, int cmd, int argc, char **argv) {
     if (config_mla(&s->model) && !s->set[hd]) s->model.head_dim = s->model.qk_rope_head_dim;
     int kv = find_opt("n-kv-heads", C_TRAIN);
     if (config_mla(&s->model) && !s->set[kv]) s->model.n_kv_heads = s->model.n_heads;
+    // the deepseek_v3 family's YaRN: beta_fast and beta_slow 0 are 32 and 1 (transformers' defaults), which
+    // its config.json writes and so reads back: the same values here, or a resume given these options is
+    // refused
+    if (s->model.family == FAM_DEEPSEEK_V3 && s->model.rope_factor != 0) {
+        if (s->model.yarn_beta_fast == 0) s->model.yarn_beta_fast = 32;
+        if (s->model.yarn_beta_slow == 0) s->model.yarn_beta_slow = 1;
+    }
     // MTP modules take config.h's loss weight unless one is given
     if (!s->set[find_opt("mtp-weight", C_TRAIN)] && s->model.mtp_depth > 0)
         s->model.mtp_weight = MOE_MTP_WEIGHT;
