@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# test_plan_published.sh — the published Megatron-Core rows of docs/PLAN.md ("Published runs"): each row's
+# command runs, and the parts of its prediction that can be derived by hand are what the planner prints:
+#  - the training FLOPs per token `moe info` prints for DeepSeek-V3 (with its MTP module), Qwen3-235B-A22B
+#    and Mixtral-8x22B at seq 4096, against the models' published shapes summed here (within 0.5%): the
+#    TFLOP/s per GPU of the table is these FLOPs x tokens/s / GPUs, as Megatron's own formula counts them
+#    (causal attention halved, every GEMM 3x for forward and backward);
+#  - the mechanisms, each alone against the same layout without it: --combine bf16 sends 2 + 2 bytes a row
+#    value where ours sends 2 out and 4 back (the EP time x 4/6); --internode-gbps 50 against the h100
+#    profile's 14 (an EP group across nodes: its time x 14/50); --hide-a2a experts / 1f1b on one stage hides
+#    min(all-to-all, the experts' GEMMs / the whole compute), all of it steady (no pipeline warmup);
+#    --grouped-rate shape takes the nearest measured shape's rate over the reference's
+#    (docs/PERFORMANCE.md's layer table: mixtral 566, qwen2 402, ref 556 TFLOP/s);
+#  - the mechanisms' defaults change nothing: the same row with each option at its default prints the same;
+#  - a bad word or rate: one `moe: error:` line.
+set -u
+. "$(dirname "$0")/lib.sh"
+
+# DeepSeek-V3's published shapes (config.json): d 7168, 61 layers of which the first 3 dense (MLP 18432),
+# 128 heads, q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64, v 128, 256 routed experts of 2048 top-8 and
+# one shared of 2048, vocab 129280; one MTP module. Forward FLOPs per token at T = 4096 (a multiply-add 2):
+#   MLA projections: 2 (d qr + qr H (nope + rope) + d (kvr + rope) + kvr H (nope + v) + H v d)
+#   attention scores, causal: 2 H ((nope + rope) + v) T / 2
+#   an MoE layer: router 2 d E, 9 SwiGLU experts of 2048: 9 x 2 x 3 d f; a dense layer: 2 x 3 d 18432
+#   the LM head 2 d V; the MTP module: eh_proj 2 x 2d x d, an MoE layer, the head again
+# training = 3 x forward. Qwen3-235B-A22B (GQA, head dim 128): proj 2 d hd (2 H + 2 KV), scores 2 x 2 H hd T/2,
+# router 2 d E, 8 experts of 1536; Mixtral-8x22B the same with its shapes.
+dsv3=$(awk 'BEGIN { d = 7168; H = 128; qr = 1536; kvr = 512; dn = 128; dr = 64; dv = 128; T = 4096
+  E = 256; f = 2048; V = 129280
+  proj = 2 * (d * qr + qr * H * (dn + dr) + d * (kvr + dr) + kvr * H * (dn + dv) + H * dv * d)
+  att = proj + 2 * H * (dn + dr + dv) * T / 2
+  moe = 2 * d * E + 9 * 2 * 3 * d * f; dense = 2 * 3 * d * 18432; head = 2 * d * V
+  mtp = 2 * 2 * d * d + att + moe + head
+  printf "%.6e\n", 3 * (61 * att + 58 * moe + 3 * dense + head + mtp) }')
+gqa() { awk -v d="$1" -v L="$2" -v H="$3" -v KV="$4" -v E="$5" -v k="$6" -v f="$7" -v V="$8" 'BEGIN { hd = 128; T = 4096
+  layer = 2 * d * hd * (2 * H + 2 * KV) + 2 * 2 * H * hd * T / 2 + 2 * d * E + k * 2 * 3 * d * f
+  printf "%.6e\n", 3 * (L * layer + 2 * d * V) }'; }
+qwen3=$(gqa 4096 94 64 4 128 8 1536 151936)
+mixtral=$(gqa 6144 56 48 8 8 2 16384 32768)
+info_flops() { "$MOE" info "$@" --seq-len 4096 --batch 1 | sed -n 's/^training FLOPs per token at seq 4096: \([0-9.]*\)B.*/\1e9/p'; }
+for m in "deepseek-v3 --mtp 1:$dsv3" "qwen3-235b-a22b:$qwen3" "mixtral-8x22b:$mixtral"; do
+  args=${m%%:*}; want=${m#*:}
+  got=$(info_flops --preset $args)
+  if [ -n "$got" ] && awk -v a="$got" -v b="$want" 'BEGIN { r = a / b; exit !(r > 0.995 && r < 1.005) }'; then
+    pass "FLOPs per token, --preset $args: moe info $got, by hand $want"
+  else fail "FLOPs per token, --preset $args: moe info '$got', by hand $want"; fi
+done
+
+# The rows (docs/PLAN.md's commands): the published layouts, Megatron's split of the layers over 32 chunks
+# (DeepSeek-V3's "Et|(tt|)*30mL" as 1,2 x 29,1,1: no chunk of ours is empty; Qwen3's 96 slots, the embedding
+# and the loss counted as layers: 2,3 x 30,2).
+L1=1; for i in $(seq 29); do L1="$L1,2"; done; L1="$L1,1,1"
+L2=2; for i in $(seq 30); do L2="$L2,3"; done; L2="$L2,2"
+MECH=(--combine bf16 --memory-model megatron --internode-gbps 50 --grouped-rate shape)
+DS=(--gpus 1024 --gpu h100 --nodes-of 8 --preset deepseek-v3 --mtp 1 --batch 8192 --seq-len 4096 --precision fp8
+  --pp-layers "$L1" --explain "tp2 ep64 pp8 vpp4 zero1 micro128")
+QW=(--gpus 256 --gpu h100 --nodes-of 8 --preset qwen3-235b-a22b --batch 2048 --seq-len 4096 --precision fp8
+  --pp-layers "$L2" --explain "tp2 ep32 pp8 vpp4 zero1 micro128")
+MX=(--gpus 128 --gpu h100 --nodes-of 8 --preset mixtral-8x22b --batch 256 --seq-len 4096
+  --explain "tp2 ep8 pp8 zero1 micro32")
+for r in DS QW MX; do
+  eval "args=(\"\${$r[@]}\")"
+  extra=(--hide-a2a 1f1b); [ $r = MX ] && extra=()
+  run_ok "row $r runs with the mechanisms" "$MOE" plan "${args[@]}" "${MECH[@]}" "${extra[@]}"
+  grep -q '^step: [0-9.]* ms, [0-9]* tokens/s' "$OUT_FILE" || fail "row $r: no step line"
+  grep -q -- "--pp-layers\|--preset mixtral" "$OUT_FILE" || fail "row $r: the launch command lost --pp-layers"
+done
+
+# the explain lines' figures
+ms_of() { sed -n "s/^$1 *\([0-9.]*\) ms.*/\1/p"; }
+ep_of() { ms_of 'exposed ep all-to-all'; }
+plan() { "$MOE" plan "$@"; }
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { exit !(b != 0 && a / b > 1 - t && a / b < 1 + t) }'; }
+
+# defaults: each option at its default prints what the row prints without it
+a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0)
+[ -n "$a" ] && [ "$a" = "$b" ] && pass "the mechanisms' defaults print today's row" || fail "defaults changed the row"
+
+# --hide-a2a on one stage (no warmup: every micro-batch steady): hidden = min(EP, compute) for 1f1b; with
+# the EP time above the experts' and below the whole compute, experts hides the experts' seconds only
+ONE=(--gpus 16 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 16 --seq-len 4096 --explain "ep16 micro1")
+# (one stage: the slowest stage is the same one whatever the link; ONE's EP group of 16 spans two nodes)
+# --combine bf16: the EP time x (2 + 2) / (2 + 4)
+f32=$(plan "${ONE[@]}" | ep_of); b16=$(plan "${ONE[@]}" --combine bf16 | ep_of)
+near "$b16" "$(awk -v x="$f32" 'BEGIN { print x * 4 / 6 }')" 1e-4 && pass "--combine bf16: EP $f32 -> $b16 ms (x 4/6)" ||
+  fail "--combine bf16: EP $f32 -> $b16 ms, want x 4/6"
+# --internode-gbps 50 against the profile's 14: the EP time (across nodes) x 14 / 50
+i50=$(plan "${ONE[@]}" --internode-gbps 50 | ep_of)
+near "$i50" "$(awk -v x="$f32" 'BEGIN { print x * 14 / 50 }')" 1e-4 && pass "--internode-gbps 50: EP $f32 -> $i50 ms (x 14/50)" ||
+  fail "--internode-gbps 50: EP $f32 -> $i50 ms, want x 14/50"
+
+o=$(plan "${ONE[@]}" --internode-gbps 400); ep=$(echo "$o" | ep_of); comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
+o1=$(plan "${ONE[@]}" --internode-gbps 400 --hide-a2a 1f1b)
+h1=$(echo "$o1" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p'); e1=$(echo "$o1" | ep_of)
+want=$(awk -v a="$ep" -v b="$comp" 'BEGIN { print a < b ? a : b }')
+near "$h1" "$want" 1e-4 && awk -v a="$e1" -v b="$ep" -v h="$h1" 'BEGIN { exit !(a + h > b - 0.02 && a + h < b + 0.02) }' &&
+  pass "--hide-a2a 1f1b, one stage: hidden $h1 ms = min(EP $ep, compute $comp); exposed $e1 + hidden = EP" ||
+  fail "--hide-a2a 1f1b, one stage: hidden '$h1' exposed '$e1', want min($ep, $comp) and their sum $ep"
+o2=$(plan "${ONE[@]}" --internode-gbps 400 --hide-a2a experts)
+h2=$(echo "$o2" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p')
+# the experts' seconds: 3 x 16 x 4096 tokens x 48 layers x (8 x 2 x 3 x 2048 x 768) FLOPs / 16 ranks at 552
+gs=$(awk 'BEGIN { printf "%.4f\n", 3 * 16 * 4096 * 48 * 8 * 2 * 3 * 2048 * 768 / 16 / 552e12 * 1e3 }')
+want=$(awk -v a="$ep" -v b="$gs" 'BEGIN { print a < b ? a : b }')
+near "$h2" "$want" 1e-3 && pass "--hide-a2a experts, one stage: hidden $h2 ms = min(EP $ep, the experts' $gs)" ||
+  fail "--hide-a2a experts: hidden '$h2', want min($ep, $gs)"
+
+# --grouped-rate shape: mixtral-8x22b's nearest measured shape is mixtral's (566 / 556 x 552.0); qwen3-235b's
+# qwen2's (402 / 556), under fp8 of the profile's 393.8
+r=$(plan "${MX[@]}" --grouped-rate shape | sed -n 's/^experts at \([0-9.]*\) TFLOP\/s.*mixtral.*/\1/p')
+[ "$r" = "$(awk 'BEGIN { printf "%.1f", 552.0 * 566 / 556 }')" ] && pass "--grouped-rate shape: mixtral-8x22b at $r TFLOP/s" ||
+  fail "--grouped-rate shape: mixtral-8x22b at '$r'"
+r=$(plan "${QW[@]}" --grouped-rate shape | sed -n 's/^experts at \([0-9.]*\) TFLOP\/s.*qwen2.*/\1/p')
+[ "$r" = "$(awk 'BEGIN { printf "%.1f", 393.8 * 402 / 556 }')" ] && pass "--grouped-rate shape: qwen3-235b-a22b fp8 at $r TFLOP/s" ||
+  fail "--grouped-rate shape: qwen3-235b-a22b fp8 at '$r'"
+
+# bad input
+run_fail "--hide-a2a 'both': takes none|experts|1f1b" "$MOE" plan "${QW[@]}" --hide-a2a both
+run_fail "--combine 'fp8': takes f32|bf16" "$MOE" plan "${QW[@]}" --combine fp8
+run_fail "--memory-model 'x': takes ours|megatron" "$MOE" plan "${QW[@]}" --memory-model x
+run_fail "--grouped-rate 'x': takes profile|shape" "$MOE" plan "${QW[@]}" --grouped-rate x
+run_fail "--internode-gbps must be in [0, 100000]" "$MOE" plan "${QW[@]}" --internode-gbps -1
+run_fail "--pp-layers applies to --explain" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1
+run_fail "pipeline: --pp-layers needs --pp > 1" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1 --explain "ep4"
+run_fail "pipeline:" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,2 --explain "pp2"
+finish
