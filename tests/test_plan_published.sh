@@ -5,12 +5,15 @@
 #    and Mixtral-8x22B at seq 4096, against the models' published shapes summed here (within 0.5%): the
 #    TFLOP/s per GPU of the table is these FLOPs x tokens/s / GPUs, as Megatron's own formula counts them
 #    (causal attention halved, every GEMM 3x for forward and backward);
+#  - a stage's compute counts cost_flops' FLOPs once each (dense layers, MTP) at equal rates;
 #  - the mechanisms, each alone against the same layout without it: --combine bf16 sends 2 + 2 bytes a row
 #    value where ours sends 2 out and 4 back (the EP time x 4/6); --internode-gbps 50 against the h100
 #    profile's 14 (an EP group across nodes: its time x 14/50); --hide-a2a experts / 1f1b on one stage hides
 #    min(all-to-all, the experts' GEMMs / the whole compute), all of it steady (no pipeline warmup);
 #    --grouped-rate shape takes the nearest measured shape's rate over the reference's
-#    (docs/PERFORMANCE.md's layer table: mixtral 566, qwen2 402, ref 556 TFLOP/s);
+#    (docs/PERFORMANCE.md's layer table: mixtral 566, qwen2 402, ref 556 TFLOP/s); --hide-a2a 1f1b on two
+#    stages hides only the steady phase's share (Megatron's warmup count); --memory-model megatron keeps
+#    6 + 12 / DP bytes a parameter where ours keeps 18 (zero 0);
 #  - the mechanisms' defaults change nothing: the same row with each option at its default prints the same;
 #  - a bad word or rate: one `moe: error:` line.
 set -u
@@ -45,6 +48,20 @@ for m in "deepseek-v3 --mtp 1:$dsv3" "qwen3-235b-a22b:$qwen3" "mixtral-8x22b:$mi
     pass "FLOPs per token, --preset $args: moe info $got, by hand $want"
   else fail "FLOPs per token, --preset $args: moe info '$got', by hand $want"; fi
 done
+
+# A stage's compute counts every FLOP of cost_flops once, dense layers and MTP modules included: with every
+# rate equal (a profile of 0.001 TFLOP/s each, the HBM so fast that AdamW's seconds vanish), one GPU's compute
+# x the rate / the tokens is moe info's FLOPs per token (deepseek-v3-tiny: a dense first layer, one MTP module)
+cat > "$TMP/eq.json" <<'J'
+{"memory_bytes": 1e12, "context_bytes": 1, "peak_tflops": 1, "dense_tflops": 0.001, "grouped_tflops": 0.001,
+ "attention_tflops": 0.001, "hbm_gbps": 1e15, "nvlink_gbps": 1, "internode_gbps": 1, "pcie_gbps": 1}
+J
+comp=$("$MOE" plan --gpus 1 --gpu "$TMP/eq.json" --preset deepseek-v3-tiny --mtp 1 --batch 4 --seq-len 64 --explain micro1 |
+  sed -n 's/^compute (the slowest stage): \([0-9.]*\) ms/\1/p')
+fl=$("$MOE" info --preset deepseek-v3-tiny --mtp 1 --batch 4 --seq-len 64 | sed -n 's/^training FLOPs per token at seq 64: \([0-9.]*\)M.*/\1e6/p')
+awk -v c="$comp" -v f="$fl" 'BEGIN { x = c * 1e-3 * 1e9 / 256; exit !(f > 0 && x / f > 0.995 && x / f < 1.005) }' &&
+  pass "deepseek-v3-tiny --mtp 1 at equal rates: compute $comp ms = $fl FLOP a token x 256 tokens" ||
+  fail "deepseek-v3-tiny --mtp 1 at equal rates: compute '$comp' ms, want $fl x 256 FLOP at 1e9 FLOP/s"
 
 # The rows (docs/PLAN.md's commands): the published layouts, Megatron's split of the layers over 32 chunks
 # (DeepSeek-V3's "Et|(tt|)*30mL" as 1,2 x 29,1,1: no chunk of ours is empty; Qwen3's 96 slots, the embedding
@@ -103,6 +120,32 @@ gs=$(awk 'BEGIN { printf "%.4f\n", 3 * 16 * 4096 * 48 * 8 * 2 * 3 * 2048 * 768 /
 want=$(awk -v a="$ep" -v b="$gs" 'BEGIN { print a < b ? a : b }')
 near "$h2" "$want" 1e-3 && pass "--hide-a2a experts, one stage: hidden $h2 ms = min(EP $ep, the experts' $gs)" ||
   fail "--hide-a2a experts: hidden '$h2', want min($ep, $gs)"
+
+# --hide-a2a 1f1b on two stages, the all-to-all far above the compute: the slowest stage is stage 0, whose
+# steady phase is all but its warmup: 1F1B warms up pp - 1 = 1 of 4 micro-batches (hidden = 3/4 of its
+# compute); interleaved (vpp 2) (pp - 1) x 2 + (vpp - 1) x pp = 4 of 4 x 2 chunks (1/2)
+PP=(--gpus 32 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 64 --seq-len 4096 --hide-a2a 1f1b)
+for c in "ep16 pp2 micro4:0.75" "ep16 pp2 vpp2 micro4:0.5"; do
+  o=$(plan "${PP[@]}" --explain "${c%%:*}"); comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
+  h=$(echo "$o" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p')
+  near "$h" "$(awk -v c="$comp" -v f="${c#*:}" 'BEGIN { print c * f }')" 1e-4 &&
+    pass "--hide-a2a 1f1b, ${c%%:*}: hidden $h ms = ${c#*:} x compute $comp" ||
+    fail "--hide-a2a 1f1b, ${c%%:*}: hidden '$h', want ${c#*:} x $comp"
+done
+
+# --memory-model megatron: ours keeps 4 + 4 + 8 + 2 bytes a parameter at zero 0 (float32 weights and
+# gradients, two float32 moments, the bf16 copy), Megatron 6 + 12 / DP: on DP 2 it is 6 P below ours, and
+# from DP 2 to DP 4 (the same rows a rank) 12 P (1/2 - 1/4) = 3 P lower (P: the small preset's parameters)
+mem_of() { sed -n 's/^memory per GPU: \([0-9.]*\) MiB (moe info.*/\1/p'; }
+P=$("$MOE" info --preset small | sed -n 's/^parameters: .*(\([0-9]*\) \/ .*/\1/p')
+SM=(--preset small --seq-len 256)
+o2=$(plan --gpus 2 "${SM[@]}" --batch 8 --explain "dp2 micro1" | mem_of)
+m2=$(plan --gpus 2 "${SM[@]}" --batch 8 --explain "dp2 micro1" --memory-model megatron | mem_of)
+m4=$(plan --gpus 4 "${SM[@]}" --batch 16 --explain "dp4 micro1" --memory-model megatron | mem_of)
+awk -v o="$o2" -v a="$m2" -v b="$m4" -v P="$P" 'BEGIN { M = 1048576; exit !(P > 0 &&
+    (o - a) * M > 6 * P - 0.02 * M && (o - a) * M < 6 * P + 0.02 * M && (a - b) * M > 3 * P - 0.02 * M && (a - b) * M < 3 * P + 0.02 * M) }' &&
+  pass "--memory-model megatron: ours $o2 MiB, Megatron's $m2 (DP 2) and $m4 (DP 4): 6 P and 3 P less (P = $P)" ||
+  fail "--memory-model megatron: ours '$o2', Megatron's '$m2' (DP 2), '$m4' (DP 4); want 6 P and 3 P less (P = '$P')"
 
 # --grouped-rate shape: mixtral-8x22b's nearest measured shape is mixtral's (566 / 556 x 552.0); qwen3-235b's
 # qwen2's (402 / 556), under fp8 of the profile's 393.8
