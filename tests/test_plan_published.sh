@@ -6,7 +6,7 @@
 #    TFLOP/s per GPU of the table is these FLOPs x tokens/s / GPUs, as Megatron's own formula counts them
 #    (causal attention halved, every GEMM 3x for forward and backward);
 #  - a stage's compute counts cost_flops' FLOPs once each (dense layers, MTP) at equal rates;
-#  - the mechanisms, each alone against the same layout without it: --combine bf16 sends 2 + 2 bytes a row
+#  - the mechanisms, each alone against the same layout without it: --a2a-links split / deepep by hand; --combine bf16 sends 2 + 2 bytes a row
 #    value where ours sends 2 out and 4 back (the EP time x 4/6); --internode-gbps 50 against the h100
 #    profile's 14 (an EP group across nodes: its time x 14/50); --hide-a2a experts / 1f1b on one stage hides
 #    min(all-to-all, the experts' GEMMs / the whole compute), all of it steady (no pipeline warmup);
@@ -90,11 +90,9 @@ plan() { "$MOE" plan "$@"; }
 near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { exit !(b != 0 && a / b > 1 - t && a / b < 1 + t) }'; }
 
 # defaults: each option at its default prints what the row prints without it
-a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0)
+a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0)
 [ -n "$a" ] && [ "$a" = "$b" ] && pass "the mechanisms' defaults print today's row" || fail "defaults changed the row"
 
-# --hide-a2a on one stage (no warmup: every micro-batch steady): hidden = min(EP, compute) for 1f1b; with
-# the EP time above the experts' and below the whole compute, experts hides the experts' seconds only
 ONE=(--gpus 16 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 16 --seq-len 4096 --explain "ep16 micro1")
 # (one stage: the slowest stage is the same one whatever the link; ONE's EP group of 16 spans two nodes)
 # --combine bf16: the EP time x (2 + 2) / (2 + 4)
@@ -106,6 +104,25 @@ i50=$(plan "${ONE[@]}" --internode-gbps 50 | ep_of)
 near "$i50" "$(awk -v x="$f32" 'BEGIN { print x * 14 / 50 }')" 1e-4 && pass "--internode-gbps 50: EP $f32 -> $i50 ms (x 14/50)" ||
   fail "--internode-gbps 50: EP $f32 -> $i50 ms, want x 14/50"
 
+# --a2a-links (ONE: an EP group of 16 on 2 nodes of 8, 7 of a rank's 15 peers on its node; B = the flat
+# EP time x 14 GB/s): split max(B 7/15 / 126, B 8/15 / 14); deepep max(B / 126, B r / (8 x 15/16) / 14), r
+# the remote node's chance of one of a token's 8 experts, 1 - C(64, 8) / C(128, 8); node-limited routing
+# (deepseek-v3-tiny, 4 groups of 2 experts on 4 nodes of 2 GPUs, 2 groups a token): r = 2 x 3/4 of 2 x 7/8 rows
+lk=$(plan "${ONE[@]}" --a2a-links split | ep_of); ld=$(plan "${ONE[@]}" --a2a-links deepep | ep_of)
+ws=$(awk -v t="$f32" 'BEGIN { B = t * 14; a = B * 7 / 15 / 126; b = B * 8 / 15 / 14; print (a > b ? a : b) }')
+wd=$(awk -v t="$f32" 'BEGIN { B = t * 14; m = 1; for (i = 0; i < 8; i++) m *= (64 - i) / (128 - i)
+  a = B / 126; b = B * (1 - m) / (8 * 15 / 16) / 14; print (a > b ? a : b) }')
+near "$lk" "$ws" 1e-3 && near "$ld" "$wd" 1e-3 && pass "--a2a-links: split $lk ms, deepep $ld ms (flat $f32)" ||
+  fail "--a2a-links: split '$lk' (want $ws), deepep '$ld' (want $wd), flat $f32"
+DT=(--gpus 8 --gpu h100 --nodes-of 2 --preset deepseek-v3-tiny --batch 64 --seq-len 256 --internode-gbps 1
+  --explain "ep8 micro1")
+fl=$(plan "${DT[@]}" | ep_of); dd=$(plan "${DT[@]}" --a2a-links deepep | ep_of)
+wd=$(awk -v t="$fl" 'BEGIN { B = t * 1; a = B / 126; b = B * 1.5 / 1.75 / 1; print (a > b ? a : b) }')
+near "$dd" "$wd" 2e-3 && pass "--a2a-links deepep, node-limited routing: $fl -> $dd ms (x 1.5/1.75)" ||
+  fail "--a2a-links deepep, node-limited: '$dd', want $wd (flat $fl)"
+
+# --hide-a2a on one stage (no warmup: every micro-batch steady): hidden = min(EP, compute) for 1f1b; with
+# the EP time above the experts' and below the whole compute, experts hides the experts' seconds only
 o=$(plan "${ONE[@]}" --internode-gbps 400); ep=$(echo "$o" | ep_of); comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
 o1=$(plan "${ONE[@]}" --internode-gbps 400 --hide-a2a 1f1b)
 h1=$(echo "$o1" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p'); e1=$(echo "$o1" | ep_of)
@@ -158,6 +175,7 @@ r=$(plan "${QW[@]}" --grouped-rate shape | sed -n 's/^experts at \([0-9.]*\) TFL
 
 # bad input
 run_fail "--hide-a2a 'both': takes none|experts|1f1b" "$MOE" plan "${QW[@]}" --hide-a2a both
+run_fail "--a2a-links 'x': takes flat|split|deepep" "$MOE" plan "${QW[@]}" --a2a-links x
 run_fail "--combine 'fp8': takes f32|bf16" "$MOE" plan "${QW[@]}" --combine fp8
 run_fail "--memory-model 'x': takes ours|megatron" "$MOE" plan "${QW[@]}" --memory-model x
 run_fail "--grouped-rate 'x': takes profile|shape" "$MOE" plan "${QW[@]}" --grouped-rate x

@@ -109,6 +109,7 @@ int cmd_plan(State *s) {
     sp.imbalance = cl->imbalance;
     sp.exposed = cl->comm_exposed;
     sp.hide_a2a = word(cl->hide_a2a, "--hide-a2a", (const char *const[]){"none", "experts", "1f1b", NULL});
+    sp.a2a_links = word(cl->a2a_links, "--a2a-links", (const char *const[]){"flat", "split", "deepep", NULL});
     sp.combine_bf16 = word(cl->combine, "--combine", (const char *const[]){"f32", "bf16", NULL});
     sp.grouped_shape =
         word(cl->grouped_rate, "--grouped-rate", (const char *const[]){"profile", "shape", NULL});

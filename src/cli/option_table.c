@@ -293,6 +293,10 @@ const Opt opts[] = {
      "the EP all-to-all hidden behind compute, per micro-batch: none; experts (our --a2a-overlap: behind the "
      "experts' GEMMs); 1f1b (Megatron-Core's 1F1B overlap: behind the paired micro-batch's compute, in the "
      "schedule's steady phase)"},
+    {"a2a-links", O_STR, CO(a2a_links), C_PLAN,
+     "an EP all-to-all across nodes: flat (every row over the inter-node link), split (the own node's rows "
+     "over NVLink beside the rest), deepep (DeepEP: a token's rows for one remote node cross the network "
+     "once)"},
     {"combine", O_STR, CO(combine), C_PLAN,
      "the rows the all-to-all sends back (combine, dx): f32 (our exchange) or bf16 (Megatron-Core's)"},
     {"grouped-rate", O_STR, CO(grouped_rate), C_PLAN,

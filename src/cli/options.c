@@ -289,6 +289,7 @@ void state_defaults(State *s) {
     s->cli.imbalance = 1.25f;
     s->cli.comm_exposed = 1.0f;
     strcpy(s->cli.hide_a2a, "none");
+    strcpy(s->cli.a2a_links, "flat");
     strcpy(s->cli.combine, "f32");
     strcpy(s->cli.grouped_rate, "profile");
     strcpy(s->cli.memory_model, "ours");

@@ -140,6 +140,49 @@ static double stage_host(const CostMesh *m, int s, const HwProfile *hw, double c
     return (queue > comp ? queue - comp : 0) + *syncs * hw->sync_us * 1e-6;
 }
 
+// Rank 0's EP group on nodes of n GPUs: the nodes it spans (*nodes) and its members on rank 0's node
+// (*local).
+static void ep_geometry(const MeshShape *s, int n, int *nodes, int *local) {
+    int S = s->tp * s->dp;
+    char *seen = xcalloc((size_t)(S / n + 1), 1);
+    MeshCoord m0 = mesh_coord(s, 0);
+    int lead0 = m0.etp + s->etp * s->ep * m0.edp;
+    *nodes = *local = 0;
+    for (int r = 0; r < S; r++) { // (rank 0's stage: its ranks 0 .. S-1)
+        MeshCoord m = mesh_coord(s, r);
+        if (m.etp + s->etp * s->ep * m.edp != lead0) continue;
+        *local += r / n == 0;
+        if (!seen[r / n]++) ++*nodes;
+    }
+    free(seen);
+}
+
+// The seconds of an EP all-to-all of B bytes a rank (cost_mesh's: every row bound for another rank of the
+// group) whose group spans nodes, as the links carry it (PlanSpec.a2a_links): split: the rows for the ranks
+// of the own node over NVLink beside the rest over the inter-node link; deepep: DeepEP's normal kernels, a
+// token's rows for the experts of one remote node crossing the network once (then forwarded over NVLink),
+// the remote nodes a token reaches the expected count of k experts drawn evenly (node-limited routing,
+// n_group groups one a node, topk_group of them: topk_group x (nodes - 1) / nodes), every row over NVLink
+// at most once beside it.
+static double ep_link_seconds(double B, const MeshShape *ms, const ModelConfig *c, const PlanSpec *sp) {
+    int nodes, local, g = ms->ep, k = c->top_k;
+    ep_geometry(ms, sp->nodes_of, &nodes, &local);
+    double nvl = sp->hw.nvlink_gbps * 1e9, ib = sp->hw.internode_gbps * 1e9, near = (local - 1.0) / (g - 1);
+    if (sp->a2a_links == PLAN_LINKS_SPLIT) {
+        double a = B * near / nvl, b = B * (1 - near) / ib;
+        return a > b ? a : b;
+    }
+    double remote; // the remote nodes a token's rows reach
+    if (c->n_group == nodes && c->topk_group < c->n_group) remote = c->topk_group * (nodes - 1.0) / nodes;
+    else {
+        double E = c->n_experts, En = E * local / g, miss = 1;
+        for (int i = 0; i < k; i++) miss *= (E - En - i) / (E - i);
+        remote = (nodes - 1) * (1 - miss);
+    }
+    double rdma = B * remote / (k * (g - 1.0) / g) / ib, nv = B / nvl;
+    return rdma > nv ? rdma : nv;
+}
+
 // The refusals before the cost model: the mesh, the layers' split, the batch, the schedule.
 static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const TrainOptions *o,
                                 const PlanSpec *sp, const PlanLayout *l, const char *split, int *reason) {
@@ -238,6 +281,7 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         double ep = cm->ep - (sp->combine_bf16 ? cm->ep_back / 2 : 0);
         double kind[5] = {cm->tp, ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5], gs, rate;
         for (int k = 0; k < 5; k++) cs[k] = sp->exposed * kind[k] / bw[k];
+        if (sp->a2a_links && row->inter[1] && ep > 0) cs[1] = sp->exposed * ep_link_seconds(ep, &ms, c, sp);
         double comp = stage_compute(&m, s, c, &t, sp, &gs, &rate), launches, syncs;
         // the all-to-all behind compute, per micro-batch (each micro-batch's share of both is the same)
         double hide = sp->hide_a2a == PLAN_HIDE_EXPERTS ? (cs[1] < gs ? cs[1] : gs)

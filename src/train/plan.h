@@ -64,6 +64,10 @@ typedef struct {
 // GEMMs of another chunk of rows (our --a2a-overlap); behind the compute of the micro-batch 1F1B pairs it
 // with (Megatron-Core's --overlap-moe-expert-parallel-comm), in the schedule's steady phase only.
 enum { PLAN_HIDE_NONE, PLAN_HIDE_EXPERTS, PLAN_HIDE_1F1B };
+// How the links carry an EP all-to-all whose group spans nodes (--a2a-links): flat (every row over the
+// inter-node link), split (the own node's rows over NVLink beside the rest), deepep (DeepEP's node
+// deduplication: a token's rows for one remote node cross the network once).
+enum { PLAN_LINKS_FLAT, PLAN_LINKS_SPLIT, PLAN_LINKS_DEEPEP };
 
 // What to plan for.
 typedef struct {
@@ -73,6 +77,7 @@ typedef struct {
     HwProfile hw;
     // the mechanisms of a Megatron-Core run (docs/PLAN.md "Published runs"); 0 each: today's model
     int hide_a2a; // PLAN_HIDE_*
+    int a2a_links; // PLAN_LINKS_*
     int combine_bf16; // 1: the rows back (the combine's, dx) in bf16 as Megatron sends them; 0: float32
                       // (ours)
     int grouped_shape; // 1: the experts' rate scaled to the nearest measured expert shape

@@ -41,15 +41,16 @@ static void print_head(const PlanSpec *sp, const TrainOptions *o) {
            prec_name(o->precision), sp->imbalance, 100 * sp->exposed);
     static const char *const hide[3] = {"none", "behind the experts (--a2a-overlap)",
                                         "1F1B-paired (Megatron)"};
-    if (sp->hide_a2a || sp->combine_bf16 || sp->grouped_shape || sp->megatron_memory)
-        printf(
-            "mechanisms: all-to-all hidden: %s; rows back in %s; experts' rate: %s; memory: %s; inter-node "
-            "%g GB/s\n",
-            hide[sp->hide_a2a], sp->combine_bf16 ? "bf16" : "float32",
-            sp->grouped_shape ? "the nearest measured expert shape's" : "the profile's",
-            sp->megatron_memory ? "Megatron's distributed optimizer (6 + 12 / DP bytes a parameter)"
-                                : "ours (cuda)",
-            sp->hw.internode_gbps);
+    static const char *const links[3] = {"flat", "split NVLink / network", "DeepEP's node deduplication"};
+    if (sp->hide_a2a || sp->a2a_links || sp->combine_bf16 || sp->grouped_shape || sp->megatron_memory)
+        printf("mechanisms: all-to-all hidden: %s; across nodes: %s; rows back in %s; experts' rate: %s; "
+               "memory: %s; inter-node "
+               "%g GB/s\n",
+               hide[sp->hide_a2a], links[sp->a2a_links], sp->combine_bf16 ? "bf16" : "float32",
+               sp->grouped_shape ? "the nearest measured expert shape's" : "the profile's",
+               sp->megatron_memory ? "Megatron's distributed optimizer (6 + 12 / DP bytes a parameter)"
+                                   : "ours (cuda)",
+               sp->hw.internode_gbps);
 }
 
 void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOptions *o, int top,
