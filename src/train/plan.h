@@ -14,7 +14,8 @@
 //    over the link its group spans (every rank of the group on one node of --nodes-of GPUs: NVLink, else
 //    inter-node), exposed in full unless --comm-exposed says otherwise; the slowest stage sets the step;
 //    the mechanisms of a Megatron-Core run, each off by default (PlanSpec): the all-to-all hidden behind
-//    compute (min(all-to-all, the compute it overlaps) per micro-batch), the rows back in bf16, the experts'
+//    compute (min(all-to-all, the compute it overlaps) per micro-batch), the links an all-to-all across nodes
+//    takes (NVLink beside the network; DeepEP's node deduplication), the rows back in bf16, the experts'
 //    rate at the nearest measured shape, Megatron's distributed-optimizer memory, a given inter-node rate;
 //  - dense layers (config dense_layers) run their MLP at the dense rate; the last stage also runs the MTP
 //    modules;
