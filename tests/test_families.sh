@@ -30,7 +30,8 @@ count() {
 }
 preset_counts() { "$MOE" info --preset "$1" | sed -n 's/.*(\([0-9]*\) \/ \([0-9]*\)).*/\1 \2/p'; }
 # published: allenai/OLMoE-1B-7B-0924 "6.9B total, 1.3B active" (the paper: 6.92B / 1.28B);
-# Qwen/Qwen1.5-MoE-A2.7B "14.3B parameters, 2.7B activated"; Qwen/Qwen3-30B-A3B "30.5B, 3.3B activated"
+# Qwen/Qwen1.5-MoE-A2.7B "14.3B parameters, 2.7B activated"; Qwen/Qwen3-30B-A3B "30.5B, 3.3B activated";
+# Qwen/Qwen3-235B-A22B "235B in total and 22B activated"
 while read -r name pub_t pub_a shapes; do
   want=$(count $shapes); got=$(preset_counts "$name")
   t=${got% *}; a=${got#* }
@@ -45,6 +46,7 @@ done <<'P'
 olmoe-1b-7b 6.92 1.28 50304 2048 16 16 16 128 1024 64 8 0 1 0
 qwen2-moe-a2.7b 14.3 2.7 151936 2048 24 16 16 128 1408 60 4 5632 0 1
 qwen3-moe-30b-a3b 30.5 3.3 151936 2048 48 32 4 128 768 128 8 0 2 0
+qwen3-235b-a22b 235 22 151936 4096 94 64 4 128 1536 128 8 0 2 0
 P
 # DeepSeek-V3's shapes (latent attention, the first kd layers dense of fd, ns shared experts of f): their
 # config.json's tensors, the aux-free routing bias (E per MoE layer) left out as moe info leaves it out for

@@ -73,6 +73,16 @@ static int calibrate_here(State *s, HwProfile *hw) {
     return rank0 && opt_set(s, "gpus");
 }
 
+// The index of v among the NULL-ended words w; dies naming the option and its words otherwise.
+static int word(const char *v, const char *opt, const char *const *w) {
+    char all[128] = "";
+    for (int i = 0; w[i]; i++) {
+        if (!strcmp(v, w[i])) return i;
+        snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", i ? "|" : "", w[i]);
+    }
+    DIE("%s '%s': takes %s", opt, v, all);
+}
+
 int cmd_plan(State *s) {
     const CliOptions *cl = &s->cli;
     if (!opt_set(s, "gpus") && !opt_set(s, "calibrate"))
@@ -85,6 +95,10 @@ int cmd_plan(State *s) {
         DIE("--imbalance must be in [1, 64] (got %g)", cl->imbalance);
     if (!(cl->comm_exposed >= 0 && cl->comm_exposed <= 1))
         DIE("--comm-exposed must be in [0, 1] (got %g)", cl->comm_exposed);
+    if (!(cl->internode_gbps >= 0 && cl->internode_gbps <= 1e5))
+        DIE("--internode-gbps must be in [0, 100000] GB/s (got %g; 0: the profile's)", cl->internode_gbps);
+    if (s->train.pp_layers[0] && !cl->explain[0])
+        DIE("plan: --pp-layers applies to --explain (the search splits the layers evenly)");
     const char *bad = config_validate(&s->model);
     if (bad) DIE("invalid model config: %s", bad);
     if ((bad = train_options_validate(&s->train, &s->model))) DIE("%s", bad);
@@ -94,8 +108,16 @@ int cmd_plan(State *s) {
     sp.nodes_of = cl->nodes_of;
     sp.imbalance = cl->imbalance;
     sp.exposed = cl->comm_exposed;
+    sp.hide_a2a = word(cl->hide_a2a, "--hide-a2a", (const char *const[]){"none", "experts", "1f1b", NULL});
+    sp.a2a_links = word(cl->a2a_links, "--a2a-links", (const char *const[]){"flat", "split", "deepep", NULL});
+    sp.combine_bf16 = word(cl->combine, "--combine", (const char *const[]){"f32", "bf16", NULL});
+    sp.grouped_shape =
+        word(cl->grouped_rate, "--grouped-rate", (const char *const[]){"profile", "shape", NULL});
+    sp.megatron_memory =
+        word(cl->memory_model, "--memory-model", (const char *const[]){"ours", "megatron", NULL});
     if (!calibrate_here(s, &sp.hw)) return 0;
     if (!opt_set(s, "calibrate")) hwprofile_load(&sp.hw, cl->gpu);
+    if (cl->internode_gbps > 0) sp.hw.internode_gbps = cl->internode_gbps;
     if (s->train.precision == PREC_FP8 && !(sp.hw.fp8_grouped_tflops > 0))
         DIE("plan --precision fp8: profile %s has no \"fp8_grouped_tflops\" (calibrate with --precision fp8 "
             "on the cuda backend, or add it)",

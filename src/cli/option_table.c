@@ -214,8 +214,9 @@ const Opt opts[] = {
     {"pp-schedule", O_SCHEDULE, TO(pp_schedule), C_TRAIN | C_INFO,
      "the pipeline schedule (micro-batches = --grad-accum, at least --pp)"},
     {"vpp", O_INT, TO(vpp), C_TRAIN | C_INFO, "model chunks per pipeline rank (interleaved schedule)"},
-    {"pp-layers", O_STR, TO(pp_layers), C_TRAIN | C_INFO,
-     "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split)"},
+    {"pp-layers", O_STR, TO(pp_layers), C_TRAIN | C_INFO | C_PLAN,
+     "layers per pipeline stage, e.g. 5,5,6 (one count per virtual stage; default: an even split; moe plan: "
+     "the --explain layout's)"},
     {"a2a-overlap", O_AUTO_INT, TO(a2a_overlap), C_TRAIN,
      "the MoE all-to-all pipelined with the experts over this many chunks (1: off; auto: measured per "
      "layer)"},
@@ -287,6 +288,24 @@ const Opt opts[] = {
      "routing headroom: the buffers sized by the rows a rank's experts receive, times this (>= 1)"},
     {"comm-exposed", O_FLOAT, CO(comm_exposed), C_PLAN,
      "the fraction of the communication not hidden behind compute, in [0, 1]"},
+    {"hide-a2a", O_STR, CO(hide_a2a), C_PLAN,
+     "the EP all-to-all hidden behind compute, per micro-batch: none; experts (our --a2a-overlap: behind the "
+     "experts' GEMMs); 1f1b (Megatron-Core's 1F1B overlap: behind the paired micro-batch's compute, in the "
+     "schedule's steady phase)"},
+    {"a2a-links", O_STR, CO(a2a_links), C_PLAN,
+     "an EP all-to-all across nodes: flat (every row over the inter-node link), split (the own node's rows "
+     "over NVLink beside the rest), deepep (DeepEP: a token's rows for one remote node cross the network "
+     "once)"},
+    {"combine", O_STR, CO(combine), C_PLAN,
+     "the rows the all-to-all sends back (combine, dx): f32 (our exchange) or bf16 (Megatron-Core's)"},
+    {"grouped-rate", O_STR, CO(grouped_rate), C_PLAN,
+     "the experts' GEMM rate: profile (the profile's at every shape) or shape (scaled to the nearest expert "
+     "shape measured in docs/PERFORMANCE.md)"},
+    {"memory-model", O_STR, CO(memory_model), C_PLAN,
+     "ours (the cuda backend's accounting) or megatron (weights, gradients and optimizer state as "
+     "Megatron-Core's distributed optimizer keeps them: 6 + 12 / DP bytes a parameter)"},
+    {"internode-gbps", O_FLOAT, CO(internode_gbps), C_PLAN,
+     "the inter-node link's rate per GPU and direction, GB/s, in place of the profile's (0: the profile's)"},
     {"calibrate", O_FLAG, CO(calibrate), C_PLAN,
      "measure this machine at the model's shapes and write a profile (--out; --gpu: the base profile of the "
      "links not measured; with --gpus, plan on it)"},

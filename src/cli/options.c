@@ -288,6 +288,11 @@ void state_defaults(State *s) {
     s->cli.top = 10;
     s->cli.imbalance = 1.25f;
     s->cli.comm_exposed = 1.0f;
+    strcpy(s->cli.hide_a2a, "none");
+    strcpy(s->cli.a2a_links, "flat");
+    strcpy(s->cli.combine, "f32");
+    strcpy(s->cli.grouped_rate, "profile");
+    strcpy(s->cli.memory_model, "ours");
 }
 
 // An option's --help text: "{presets}" in it stands for the names of the preset table (core/config.c).

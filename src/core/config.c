@@ -34,7 +34,7 @@ static const Preset presets[] = {
     {"small", 256, 256, 4, 8, 4, 512, 8, 2, 512, 10000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0, 0},
     // shapes of published models (for `moe info`; far too large for a CPU), from their config.json:
     // mistralai/Mixtral-8x7B-v0.1, Mixtral-8x22B-v0.1, allenai/OLMoE-1B-7B-0924, Qwen/Qwen1.5-MoE-A2.7B,
-    // Qwen/Qwen3-30B-A3B
+    // Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B
     {"mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 8, 2, 32768, 1000000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0,
      0},
     {"mixtral-8x22b", 32768, 6144, 56, 48, 8, 16384, 8, 2, 65536, 1000000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0,
@@ -44,6 +44,10 @@ static const Preset presets[] = {
     {"qwen2-moe-a2.7b", 151936, 2048, 24, 16, 16, 1408, 60, 4, 8192, 1000000.0f, 0, FAM_QWEN2_MOE, 0, 1, 1,
      5632, 0, 1e-6f},
     {"qwen3-moe-30b-a3b", 151936, 2048, 48, 32, 4, 768, 128, 8, 40960, 1000000.0f, 1, FAM_QWEN3_MOE,
+     QK_NORM_HEAD, 0, 0, 0, 128, 1e-6f},
+    // Qwen/Qwen3-235B-A22B's config.json (hidden 4096, 94 layers, 64 heads, 4 kv heads of 128, 128 experts
+    // of moe_intermediate_size 1536, top-8, no mlp_only_layers)
+    {"qwen3-235b-a22b", 151936, 4096, 94, 64, 4, 1536, 128, 8, 40960, 1000000.0f, 1, FAM_QWEN3_MOE,
      QK_NORM_HEAD, 0, 0, 0, 128, 1e-6f},
     // the PEERS.md reference model
     {"peers-ref", 32000, 2048, 16, 16, 8, 5632, 8, 2, 2048, 10000.0f, 1, FAM_MIXTRAL, 0, 0, 0, 0, 0, 0},

@@ -519,6 +519,7 @@ static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o
                                       : 2 * (etp - 1) * M * d * (hb + 4);
     cm->tp = mb * layers * tpl;
     cm->ep = mb * moe * epl;
+    cm->ep_back = mb * moe * 2 * (ep - 1) / ep * M * d * 4;
     cm->etp = mb * moe * etpl;
     cm->pp = mb * pp * N * d * 4;
     // once a step: each gradient over its group (ZeRO 2: reduce-scattered), ZeRO's weights all-gathered

@@ -85,6 +85,7 @@ typedef struct {
     double tp; // attention: o_proj's partial sums (forward) and the q/k/v input gradient (backward)
                // all-reduced, OLMoE's QK-norm sums; the MoE output and its input gradient all-gathered
     double ep; // the MoE exchange's all-to-all: rows to the experts' owners and back, forward and backward
+    double ep_back; // of ep, the float32 rows back: the combine's outputs (forward) and dx (backward)
     double etp; // sharded experts: rows all-gathered and partial outputs reduce-scattered over ETP;
                 // --expert-mode gathered: the experts' weights all-gathered, their gradients reduce-scattered
                 // (auto, chosen by measuring at run time, is counted as sharded)

@@ -41,6 +41,33 @@ static const HwProfile builtins[] = {
 };
 #define N_BUILTIN (sizeof builtins / sizeof builtins[0])
 
+// docs/PERFORMANCE.md "The MoE layer, forward + backward, against torch._grouped_mm" (86f8994, 2026-12-01):
+// the routed experts' TFLOP/s of moe_bench_layer on the H200 per case (T, E, k as the table lists them).
+static const struct {
+    const char *name;
+    int d, f;
+    double tflops;
+} shapes[] = {
+    {"mixtral (d 4096, f 14336, 8 experts top-2)", 4096, 14336, 566},
+    {"olmoe (d 2048, f 1024, 64 experts top-8)", 2048, 1024, 424},
+    {"small (d 1024, f 2816, 8 experts top-2)", 1024, 2816, 438},
+    {"ref (d 2048, f 5632, 8 experts top-2)", 2048, 5632, 556},
+    {"qwen2 (d 2048, f 1408, 60 experts top-4)", 2048, 1408, 402},
+    {"e256 (d 2048, f 512, 256 experts top-8)", 2048, 512, 297},
+};
+#define REF_SHAPE 3
+
+double hwprofile_grouped_shape(int d, int f, const char **which) {
+    size_t best = 0;
+    double bd = INFINITY;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double dist = fabs(log((double)d / shapes[i].d)) + fabs(log((double)f / shapes[i].f));
+        if (dist < bd) bd = dist, best = i;
+    }
+    if (which) *which = shapes[best].name;
+    return shapes[best].tflops / shapes[REF_SHAPE].tflops;
+}
+
 const HwProfile *hwprofile_builtin(const char *name) {
     for (size_t i = 0; i < N_BUILTIN; i++)
         if (!strcmp(builtins[i].name, name)) return &builtins[i];

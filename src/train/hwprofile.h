@@ -24,6 +24,11 @@ typedef struct {
     double fp8_grouped_tflops; // the experts' grouped ops under --precision fp8 (quantisation included)
 } HwProfile;
 
+// The experts' grouped-GEMM rate at expert shape (d, f) relative to the reference model's (d 2048, f 5632,
+// the shape the profiles' grouped_tflops are measured at): the rate docs/PERFORMANCE.md's MoE layer table
+// measured (H200, moe_bench_layer) at the nearest of its shapes (the least |ln(d/d_i)| + |ln(f/f_i)|) over
+// the reference's. *which (may be NULL): that shape's name.
+double hwprofile_grouped_shape(int d, int f, const char **which);
 // The built-in profile of that name (h200, h100), or NULL.
 const HwProfile *hwprofile_builtin(const char *name);
 // The built-ins' names, "h200, h100".

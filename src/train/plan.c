@@ -14,8 +14,9 @@
 
 const char *const plan_reason_name[PLAN_R_N] = {"mesh", "pipeline", "batch", "schedule", "memory"};
 
-// The train options of layout l (o's others kept): what `moe info --world G` and `moe train` take.
-static void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayout *l) {
+// The train options of layout l (o's others kept; --pp-layers as split: "" the even split): what `moe info
+// --world G` and `moe train` take.
+static void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayout *l, const char *split) {
     *t = *o;
     t->tp = l->tp;
     t->ep = l->ep;
@@ -23,7 +24,7 @@ static void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayou
     t->pp = l->pp;
     t->vpp = l->vpp;
     t->pp_schedule = l->vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
-    t->pp_layers[0] = 0;
+    snprintf(t->pp_layers, sizeof t->pp_layers, "%s", split);
     t->zero = l->zero;
     t->recompute = l->recompute;
     t->grad_accum = l->micro;
@@ -51,30 +52,63 @@ static int spans_nodes(const MeshShape *s, int k, int n) {
 }
 
 // Stage s's compute seconds on one rank: its share of the step's FLOPs at the profile's rates (the experts'
-// under --precision fp8 at its fp8 rate: their quantisation passes included), the
-// recomputed forwards (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs;
-// attn: attention's forward, 1/3 of its), and AdamW over the elements it updates.
+// under --precision fp8 at its fp8 rate: their quantisation passes included; with sp->grouped_shape scaled to
+// the nearest measured expert shape), the recomputed forwards (--recompute moe: the experts' w1 and w3 again,
+// 2/9 of their training FLOPs; attn: attention's forward, 1/3 of its), and AdamW over the elements it
+// updates. A dense layer (config dense_layers) runs its MLP at the dense rate and has no router; the last
+// virtual stage also runs the MTP modules (each an MoE block, eh_proj and the LM head again). *grouped: of
+// the total, the experts' seconds; *rate: their TFLOP/s.
 static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, const TrainOptions *t,
-                            const HwProfile *hw) {
+                            const PlanSpec *sp, double *grouped_s, double *rate) {
+    const HwProfile *hw = &sp->hw;
     CostFlops f;
     cost_flops(&f, c, t->seq_len);
-    int layers = 0, last = 0, S = m->ms.pp * m->vpp;
+    int layers = 0, moe = 0, last = 0, S = m->ms.pp * m->vpp;
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * m->ms.pp + s;
         layers += m->sp.first[v + 1] - m->sp.first[v];
+        for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) moe += !config_layer_dense(c, l);
         last |= v == S - 1;
     }
-    double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp;
-    double grouped = tok * layers * f.experts / tp, attn = tok * layers * f.attn_scores / tp;
+    double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp, D = last ? c->mtp_depth : 0,
+           d = c->d_model, mlp = 2 * 3 * d * c->dense_d_ff;
+    double grouped = tok * (moe + D) * f.experts / tp, attn = tok * (layers + D) * f.attn_scores / tp;
     double dense = tok * (layers * (f.attn_proj + f.router) / tp + (last ? f.head : 0));
+    // (each 0 without dense layers and MTP modules)
+    dense += tok *
+        ((layers - moe) * (mlp - f.router) / tp + D * ((f.attn_proj + f.router) / tp + f.head + 4 * d * d));
     if (t->recompute & RECOMPUTE_MOE) grouped *= 1 + 2.0 / 9;
     double gr = t->precision == PREC_FP8 ? hw->fp8_grouped_tflops : hw->grouped_tflops;
+    if (sp->grouped_shape) gr *= hwprofile_grouped_shape(c->d_model, c->d_ff, NULL);
     if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
     double mb = t->precision == PREC_BF16 ? 2.0 : 4.0,
            per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written; bf16 w
     double elems = m->stage[s].mem.moments / mb / 2;
-    return grouped / (gr * 1e12) + dense / (hw->dense_tflops * 1e12) + attn / (hw->attention_tflops * 1e12) +
+    *grouped_s = grouped / (gr * 1e12);
+    *rate = gr;
+    return *grouped_s + dense / (hw->dense_tflops * 1e12) + attn / (hw->attention_tflops * 1e12) +
         elems * per / (hw->hbm_gbps * 1e9);
+}
+
+// The fraction of a stage's micro-batches (chunks, with VPP) Megatron-Core's 1F1B schedule runs in its steady
+// phase, a forward beside a backward (their all-to-alls behind each other's compute): all but the warmup's,
+// (pp - s - 1) x 2 + (vpp - 1) x pp with VPP, pp - s - 1 without (schedules.py's num_warmup_microbatches).
+static double steady_fraction(const CostMesh *m, int s) {
+    int pp = m->ms.pp, v = m->vpp, n = m->micro * v;
+    int warm = v > 1 ? (pp - s - 1) * 2 + (v - 1) * pp : pp - s - 1;
+    return warm >= n ? 0 : (double)(n - warm) / n;
+}
+
+// Megatron-Core's distributed optimizer's state of a rank's slices lt (its documentation's table: bf16
+// parameters and float32 gradients, 6 + 12 / d bytes a parameter, the float32 master weights and both moments
+// sharded over the d ranks of the tensor's data-parallel group: DP, the experts' EDP).
+static double megatron_state(const ParamTable *lt, const MeshShape *ms) {
+    double b = 0;
+    for (int i = 0; i < lt->n; i++) {
+        const ParamSpec *p = &lt->p[i];
+        b += p->lnumel * (6 + 12.0 / (p->reduce == RED_EDP ? ms->edp : ms->dp));
+    }
+    return b;
 }
 
 // What a step costs the host beyond the FLOPs, counted from the code (docs/PLAN.md "Launches and host
@@ -106,9 +140,52 @@ static double stage_host(const CostMesh *m, int s, const HwProfile *hw, double c
     return (queue > comp ? queue - comp : 0) + *syncs * hw->sync_us * 1e-6;
 }
 
+// Rank 0's EP group on nodes of n GPUs: the nodes it spans (*nodes) and its members on rank 0's node
+// (*local).
+static void ep_geometry(const MeshShape *s, int n, int *nodes, int *local) {
+    int S = s->tp * s->dp;
+    char *seen = xcalloc((size_t)(S / n + 1), 1);
+    MeshCoord m0 = mesh_coord(s, 0);
+    int lead0 = m0.etp + s->etp * s->ep * m0.edp;
+    *nodes = *local = 0;
+    for (int r = 0; r < S; r++) { // (rank 0's stage: its ranks 0 .. S-1)
+        MeshCoord m = mesh_coord(s, r);
+        if (m.etp + s->etp * s->ep * m.edp != lead0) continue;
+        *local += r / n == 0;
+        if (!seen[r / n]++) ++*nodes;
+    }
+    free(seen);
+}
+
+// The seconds of an EP all-to-all of B bytes a rank (cost_mesh's: every row bound for another rank of the
+// group) whose group spans nodes, as the links carry it (PlanSpec.a2a_links): split: the rows for the ranks
+// of the own node over NVLink beside the rest over the inter-node link; deepep: DeepEP's normal kernels, a
+// token's rows for the experts of one remote node crossing the network once (then forwarded over NVLink),
+// the remote nodes a token reaches the expected count of k experts drawn evenly (node-limited routing,
+// n_group groups one a node, topk_group of them: topk_group x (nodes - 1) / nodes), every row over NVLink
+// at most once beside it.
+static double ep_link_seconds(double B, const MeshShape *ms, const ModelConfig *c, const PlanSpec *sp) {
+    int nodes, local, g = ms->ep, k = c->top_k;
+    ep_geometry(ms, sp->nodes_of, &nodes, &local);
+    double nvl = sp->hw.nvlink_gbps * 1e9, ib = sp->hw.internode_gbps * 1e9, near = (local - 1.0) / (g - 1);
+    if (sp->a2a_links == PLAN_LINKS_SPLIT) {
+        double a = B * near / nvl, b = B * (1 - near) / ib;
+        return a > b ? a : b;
+    }
+    double remote; // the remote nodes a token's rows reach
+    if (c->n_group == nodes && c->topk_group < c->n_group) remote = c->topk_group * (nodes - 1.0) / nodes;
+    else {
+        double E = c->n_experts, En = E * local / g, miss = 1;
+        for (int i = 0; i < k; i++) miss *= (E - En - i) / (E - i);
+        remote = (nodes - 1) * (1 - miss);
+    }
+    double rdma = B * remote / (k * (g - 1.0) / g) / ib, nv = B / nvl;
+    return rdma > nv ? rdma : nv;
+}
+
 // The refusals before the cost model: the mesh, the layers' split, the batch, the schedule.
 static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const TrainOptions *o,
-                                const PlanSpec *sp, const PlanLayout *l, int *reason) {
+                                const PlanSpec *sp, const PlanLayout *l, const char *split, int *reason) {
     static char msg[320];
     *ms = (MeshShape){sp->gpus, l->tp, 0, l->pp, l->ep, l->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
     const char *bad = mesh_shape_resolve(ms, c);
@@ -122,8 +199,9 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
                msg;
     *reason = PLAN_R_PIPELINE;
     if (l->pp == 1 && l->vpp > 1) return "pipeline: --vpp needs --pp > 1";
-    StageSplit split;
-    if (l->pp > 1 && (bad = stages_split(&split, c->n_layers, l->pp, l->vpp, "")))
+    if (l->pp == 1 && split[0]) return "pipeline: --pp-layers needs --pp > 1";
+    StageSplit ss;
+    if (l->pp > 1 && (bad = stages_split(&ss, c->n_layers, l->pp, l->vpp, split)))
         return snprintf(msg, sizeof msg, "pipeline: %s", bad), msg;
     *reason = PLAN_R_BATCH;
     if (l->micro < 1 || o->batch % ((long long)l->micro * ms->dp))
@@ -149,21 +227,34 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
     return NULL;
 }
 
-// plan_layout on the stages' parameter tables of its mesh and split (lts; NULL: built by cost_mesh).
+// Stage s's state under Megatron's distributed optimizer (megatron_state), on the table lts holds for it
+// (NULL: built here from m's mesh and split).
+static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, const ParamTable *lts) {
+    if (lts) return megatron_state(&lts[s], &m->ms);
+    ParamSlicing sl = {m->ms.tp, 0, m->ms.ep, 0, m->ms.etp, 0, m->ms.pp > 1 ? &m->sp : NULL, s};
+    ParamTable t;
+    params_build_local(&t, c, &sl);
+    double b = megatron_state(&t, &m->ms);
+    params_free(&t);
+    return b;
+}
+
+// plan_layout on the stages' parameter tables of its mesh and split (lts; NULL: built by cost_mesh), the
+// layers split as --pp-layers split ("": evenly).
 static const char *layout_figures(PlanRow *row, const ModelConfig *c, const TrainOptions *o,
-                                  const PlanSpec *sp, const PlanLayout *l, int *reason,
-                                  const ParamTable *lts) {
+                                  const PlanSpec *sp, const PlanLayout *l, int *reason, const ParamTable *lts,
+                                  const char *split) {
     static char msg[320];
     int why = 0;
     MeshShape ms;
     memset(row, 0, sizeof *row);
-    const char *bad = layout_rules(&ms, c, o, sp, l, &why);
+    const char *bad = layout_rules(&ms, c, o, sp, l, split, &why);
     if (reason) *reason = why;
     if (bad) return bad;
     row->l = *l;
     row->l.dp = ms.dp;
     TrainOptions t;
-    plan_options(&t, o, &row->l);
+    plan_options(&t, o, &row->l, split);
     CostMesh m;
     if ((bad = cost_mesh_tables(&m, c, &t, &ms, lts))) {
         if (reason) *reason = PLAN_R_PIPELINE;
@@ -179,13 +270,25 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
     for (int s = 0; s < ms.pp; s++) {
         const CostStage *st = &m.stage[s];
         // (the cuda backend's accounting: a plan is for GPUs)
-        row->mem_info = st->mem.cuda.total > row->mem_info ? st->mem.cuda.total : row->mem_info;
+        double mem = st->mem.cuda.total;
+        if (sp->megatron_memory) // its weights, gradients, moments and bf16 copy replaced by Megatron's state
+            mem += stage_megatron(&m, s, c, lts) - 2 * st->mem.params - st->mem.moments -
+                st->mem.cuda.shadow + st->mem.cuda.alone;
+        row->mem_info = mem > row->mem_info ? mem : row->mem_info;
         double head = (sp->imbalance - 1) * st->mem.cuda.routed;
         row->mem_headroom = head > row->mem_headroom ? head : row->mem_headroom;
         const CostComm *cm = &st->comm16; // the cuda backend's rows to the experts in bf16
-        double kind[5] = {cm->tp, cm->ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5];
-        for (int k = 0; k < 5; k++) comm += cs[k] = sp->exposed * kind[k] / bw[k];
-        double comp = stage_compute(&m, s, c, &t, hw), launches, syncs;
+        double ep = cm->ep - (sp->combine_bf16 ? cm->ep_back / 2 : 0);
+        double kind[5] = {cm->tp, ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5], gs, rate;
+        for (int k = 0; k < 5; k++) cs[k] = sp->exposed * kind[k] / bw[k];
+        if (sp->a2a_links && row->inter[1] && ep > 0) cs[1] = sp->exposed * ep_link_seconds(ep, &ms, c, sp);
+        double comp = stage_compute(&m, s, c, &t, sp, &gs, &rate), launches, syncs;
+        // the all-to-all behind compute, per micro-batch (each micro-batch's share of both is the same)
+        double hide = sp->hide_a2a == PLAN_HIDE_EXPERTS ? (cs[1] < gs ? cs[1] : gs)
+            : sp->hide_a2a == PLAN_HIDE_1F1B ? steady_fraction(&m, s) * (cs[1] < comp ? cs[1] : comp)
+                                             : 0;
+        cs[1] -= hide;
+        for (int k = 0; k < 5; k++) comm += cs[k];
         double host = stage_host(&m, s, hw, comp, &launches, &syncs);
         if (comp + host + comm > busy) {
             busy = comp + host + comm;
@@ -194,9 +297,12 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
             row->launches = launches;
             row->syncs = syncs;
             row->comm = comm;
+            row->hidden_ep = hide;
+            row->grouped_tflops = rate;
             memcpy(row->comm_kind, cs, sizeof cs);
         }
     }
+    if (sp->grouped_shape) hwprofile_grouped_shape(c->d_model, c->d_ff, &row->shape);
     row->bubble = ms.pp > 1 ? m.bubble_sim : 0;
     row->step = busy / (1 - row->bubble);
     row->bubble_s = row->step - busy;
@@ -210,7 +316,7 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
 
 const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                         const PlanLayout *l, int *reason) {
-    return layout_figures(row, c, o, sp, l, reason, NULL);
+    return layout_figures(row, c, o, sp, l, reason, NULL, o->pp_layers);
 }
 
 // The divisors of n, ascending (out: room for 2048, more than any int has); returns their count.
@@ -253,7 +359,7 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
                 l.recompute = rcs[k];
                 PlanRow row;
                 int why;
-                if (layout_figures(&row, c, o, sp, &l, &why, lts)) {
+                if (layout_figures(&row, c, o, sp, &l, &why, lts, "")) {
                     r->refused[why]++; // (the batch or the schedule: no zero or recompute changes it)
                     z = k = 3;
                     continue;

@@ -13,6 +13,12 @@
 //  - communication: cost_mesh's bytes sent per rank and step (rows to the experts in bf16), each kind
 //    over the link its group spans (every rank of the group on one node of --nodes-of GPUs: NVLink, else
 //    inter-node), exposed in full unless --comm-exposed says otherwise; the slowest stage sets the step;
+//    the mechanisms of a Megatron-Core run, each off by default (PlanSpec): the all-to-all hidden behind
+//    compute (min(all-to-all, the compute it overlaps) per micro-batch), the links an all-to-all across nodes
+//    takes (NVLink beside the network; DeepEP's node deduplication), the rows back in bf16, the experts'
+//    rate at the nearest measured shape, Megatron's distributed-optimizer memory, a given inter-node rate;
+//  - dense layers (config dense_layers) run their MLP at the dense rate; the last stage also runs the MTP
+//    modules;
 //  - host overhead: the backend ops a step launches (counted per layer, micro-batch and step from the
 //    code) at the profile's launch_us, costing what exceeds the stage's compute (queued launches overlap
 //    the GPU's work), and its host synchronisations (the routing's counts, once per MoE layer forward) at
@@ -49,8 +55,20 @@ typedef struct {
     double bubble; // the simulated bubble fraction
     double step, tokens_s, mfu; // seconds a step, tokens/s, model FLOPs / (GPUs x peak)
     double comm_kind[5]; // exposed seconds: tp, ep, etp, dp, pp (of the slowest stage)
+    double hidden_ep; // of that stage's all-to-all, the seconds hidden behind compute (--hide-a2a)
+    double grouped_tflops; // the rate its experts were counted at
+    const char *shape; // with PlanSpec.grouped_shape: the measured expert shape that rate is scaled to
     int inter[5]; // 1: that kind's groups span nodes
 } PlanRow;
+
+// The EP all-to-all hidden behind compute (--hide-a2a), per micro-batch: none; behind the experts' grouped
+// GEMMs of another chunk of rows (our --a2a-overlap); behind the compute of the micro-batch 1F1B pairs it
+// with (Megatron-Core's --overlap-moe-expert-parallel-comm), in the schedule's steady phase only.
+enum { PLAN_HIDE_NONE, PLAN_HIDE_EXPERTS, PLAN_HIDE_1F1B };
+// How the links carry an EP all-to-all whose group spans nodes (--a2a-links): flat (every row over the
+// inter-node link), split (the own node's rows over NVLink beside the rest), deepep (DeepEP's node
+// deduplication: a token's rows for one remote node cross the network once).
+enum { PLAN_LINKS_FLAT, PLAN_LINKS_SPLIT, PLAN_LINKS_DEEPEP };
 
 // What to plan for.
 typedef struct {
@@ -58,6 +76,17 @@ typedef struct {
     double imbalance; // >= 1: headroom factor on the routed buffers
     double exposed; // in [0, 1]: the fraction of the communication not hidden
     HwProfile hw;
+    // the mechanisms of a Megatron-Core run (docs/PLAN.md "Published runs"); 0 each: today's model
+    int hide_a2a; // PLAN_HIDE_*
+    int a2a_links; // PLAN_LINKS_*
+    int combine_bf16; // 1: the rows back (the combine's, dx) in bf16 as Megatron sends them; 0: float32
+                      // (ours)
+    int grouped_shape; // 1: the experts' rate scaled to the nearest measured expert shape
+                       // (hwprofile_grouped_shape); 0: the profile's rate at every shape
+    int megatron_memory; // 1: the weights, gradients and optimizer state as Megatron's distributed optimizer
+                         // keeps them (bf16 weights, float32 gradients, float32 master weights and moments
+                         // sharded over the data-parallel group: 6 + 12 / DP bytes a parameter) in place of
+                         // ours; the activations and scratch ours
 } PlanSpec;
 
 // The refusals of an enumeration, by reason.
@@ -77,9 +106,10 @@ typedef struct {
 void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                     int stop_at_fit);
 void plan_result_free(PlanResult *r);
-// One layout's figures: NULL, or a static message naming the rule that refuses it ("mesh: ...",
-// "pipeline: ...", "batch: ...", "schedule: ..."); *reason (may be NULL) its PLAN_R_* index. Fits or not:
-// row->mem against sp->hw.mem_bytes is the caller's.
+// One layout's figures, its layers split as o->pp_layers gives ("": evenly; plan_enumerate searches the even
+// split only): NULL, or a static message naming the rule that refuses it ("mesh: ...", "pipeline: ...",
+// "batch: ...", "schedule: ..."); *reason (may be NULL) its PLAN_R_* index. Fits or not: row->mem against
+// sp->hw.mem_bytes is the caller's.
 const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                         const PlanLayout *l, int *reason);
 // The smallest GPU count above sp->gpus, up to max_gpus, on which some layout fits; 0 if none.

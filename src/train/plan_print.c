@@ -29,8 +29,9 @@ static void print_command(const PlanRow *row, const PlanSpec *sp, const TrainOpt
     printf("     mpirun -np %d build/moe train%s --batch %d --seq-len %d --tp %d --ep %d --etp %d --pp %d",
            sp->gpus, model_args, o->batch, o->seq_len, l->tp, l->ep, l->etp, l->pp);
     if (l->vpp > 1) printf(" --pp-schedule interleaved --vpp %d", l->vpp);
-    printf(" --zero %d --recompute %s --grad-accum %d --device cuda\n", l->zero, rc_name(l->recompute),
-           l->micro);
+    if (o->pp_layers[0]) printf(" --pp-layers %s", o->pp_layers);
+    printf(" --zero %d --recompute %s --grad-accum %d%s --device cuda\n", l->zero, rc_name(l->recompute),
+           l->micro, sp->hide_a2a == PLAN_HIDE_EXPERTS ? " --a2a-overlap auto" : "");
 }
 
 static void print_head(const PlanSpec *sp, const TrainOptions *o) {
@@ -38,6 +39,18 @@ static void print_head(const PlanSpec *sp, const TrainOptions *o) {
            "headroom x%.2f on the routed buffers, communication %.0f%% exposed\n",
            sp->gpus, sp->hw.name, sp->hw.mem_bytes / 1073741824.0, sp->nodes_of, o->batch, o->seq_len,
            prec_name(o->precision), sp->imbalance, 100 * sp->exposed);
+    static const char *const hide[3] = {"none", "behind the experts (--a2a-overlap)",
+                                        "1F1B-paired (Megatron)"};
+    static const char *const links[3] = {"flat", "split NVLink / network", "DeepEP's node deduplication"};
+    if (sp->hide_a2a || sp->a2a_links || sp->combine_bf16 || sp->grouped_shape || sp->megatron_memory)
+        printf("mechanisms: all-to-all hidden: %s; across nodes: %s; rows back in %s; experts' rate: %s; "
+               "memory: %s; inter-node "
+               "%g GB/s\n",
+               hide[sp->hide_a2a], links[sp->a2a_links], sp->combine_bf16 ? "bf16" : "float32",
+               sp->grouped_shape ? "the nearest measured expert shape's" : "the profile's",
+               sp->megatron_memory ? "Megatron's distributed optimizer (6 + 12 / DP bytes a parameter)"
+                                   : "ours (cuda)",
+               sp->hw.internode_gbps);
 }
 
 void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOptions *o, int top,
@@ -79,6 +92,11 @@ void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions
            b[0], sp->gpus, b[1], b[2], b[3], sp->hw.mem_bytes / 1073741824.0,
            w->mem <= sp->hw.mem_bytes ? "fits" : "does not fit");
     printf("compute (the slowest stage): %.2f ms\n", 1e3 * w->compute);
+    if (sp->grouped_shape)
+        printf("experts at %.1f TFLOP/s (the profile's x the nearest measured shape's rate over the "
+               "reference's: "
+               "%s)\n",
+               w->grouped_tflops, w->shape);
     printf(
         "host overhead: %.2f ms (%.0f launches at %g us, queued behind the compute; %.0f synchronisations at "
         "%g us%s)\n",
@@ -87,6 +105,7 @@ void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions
     for (int k = 0; k < 5; k++)
         printf("exposed %-13s %8.2f ms (%s)\n", kinds[k], 1e3 * w->comm_kind[k],
                w->inter[k] ? "between nodes" : "NVLink");
+    if (sp->hide_a2a) printf("all-to-all hidden behind compute: %.2f ms\n", 1e3 * w->hidden_ep);
     printf("pipeline bubble: %.1f%% (simulated, backward = 2 x forward): %.2f ms\n", 100 * w->bubble,
            1e3 * w->bubble_s);
     printf("step: %.2f ms, %.0f tokens/s, MFU %.1f%%\n", 1e3 * w->step, w->tokens_s, 100 * w->mfu);

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# test_plan_published.sh — the published Megatron-Core rows of docs/PLAN.md ("Published runs"): each row's
+# command runs, and the parts of its prediction that can be derived by hand are what the planner prints:
+#  - the training FLOPs per token `moe info` prints for DeepSeek-V3 (with its MTP module), Qwen3-235B-A22B
+#    and Mixtral-8x22B at seq 4096, against the models' published shapes summed here (within 0.5%): the
+#    TFLOP/s per GPU of the table is these FLOPs x tokens/s / GPUs, as Megatron's own formula counts them
+#    (causal attention halved, every GEMM 3x for forward and backward);
+#  - a stage's compute counts cost_flops' FLOPs once each (dense layers, MTP) at equal rates;
+#  - the mechanisms, each alone against the same layout without it: --a2a-links split / deepep by hand; --combine bf16 sends 2 + 2 bytes a row
+#    value where ours sends 2 out and 4 back (the EP time x 4/6); --internode-gbps 50 against the h100
+#    profile's 14 (an EP group across nodes: its time x 14/50); --hide-a2a experts / 1f1b on one stage hides
+#    min(all-to-all, the experts' GEMMs / the whole compute), all of it steady (no pipeline warmup);
+#    --grouped-rate shape takes the nearest measured shape's rate over the reference's
+#    (docs/PERFORMANCE.md's layer table: mixtral 566, qwen2 402, ref 556 TFLOP/s); --hide-a2a 1f1b on two
+#    stages hides only the steady phase's share (Megatron's warmup count); --memory-model megatron keeps
+#    6 + 12 / DP bytes a parameter where ours keeps 18 (zero 0);
+#  - the mechanisms' defaults change nothing: the same row with each option at its default prints the same;
+#  - a bad word or rate: one `moe: error:` line.
+set -u
+. "$(dirname "$0")/lib.sh"
+
+# DeepSeek-V3's published shapes (config.json): d 7168, 61 layers of which the first 3 dense (MLP 18432),
+# 128 heads, q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64, v 128, 256 routed experts of 2048 top-8 and
+# one shared of 2048, vocab 129280; one MTP module. Forward FLOPs per token at T = 4096 (a multiply-add 2):
+#   MLA projections: 2 (d qr + qr H (nope + rope) + d (kvr + rope) + kvr H (nope + v) + H v d)
+#   attention scores, causal: 2 H ((nope + rope) + v) T / 2
+#   an MoE layer: router 2 d E, 9 SwiGLU experts of 2048: 9 x 2 x 3 d f; a dense layer: 2 x 3 d 18432
+#   the LM head 2 d V; the MTP module: eh_proj 2 x 2d x d, an MoE layer, the head again
+# training = 3 x forward. Qwen3-235B-A22B (GQA, head dim 128): proj 2 d hd (2 H + 2 KV), scores 2 x 2 H hd T/2,
+# router 2 d E, 8 experts of 1536; Mixtral-8x22B the same with its shapes.
+dsv3=$(awk 'BEGIN { d = 7168; H = 128; qr = 1536; kvr = 512; dn = 128; dr = 64; dv = 128; T = 4096
+  E = 256; f = 2048; V = 129280
+  proj = 2 * (d * qr + qr * H * (dn + dr) + d * (kvr + dr) + kvr * H * (dn + dv) + H * dv * d)
+  att = proj + 2 * H * (dn + dr + dv) * T / 2
+  moe = 2 * d * E + 9 * 2 * 3 * d * f; dense = 2 * 3 * d * 18432; head = 2 * d * V
+  mtp = 2 * 2 * d * d + att + moe + head
+  printf "%.6e\n", 3 * (61 * att + 58 * moe + 3 * dense + head + mtp) }')
+gqa() { awk -v d="$1" -v L="$2" -v H="$3" -v KV="$4" -v E="$5" -v k="$6" -v f="$7" -v V="$8" 'BEGIN { hd = 128; T = 4096
+  layer = 2 * d * hd * (2 * H + 2 * KV) + 2 * 2 * H * hd * T / 2 + 2 * d * E + k * 2 * 3 * d * f
+  printf "%.6e\n", 3 * (L * layer + 2 * d * V) }'; }
+qwen3=$(gqa 4096 94 64 4 128 8 1536 151936)
+mixtral=$(gqa 6144 56 48 8 8 2 16384 32768)
+info_flops() { "$MOE" info "$@" --seq-len 4096 --batch 1 | sed -n 's/^training FLOPs per token at seq 4096: \([0-9.]*\)B.*/\1e9/p'; }
+for m in "deepseek-v3 --mtp 1:$dsv3" "qwen3-235b-a22b:$qwen3" "mixtral-8x22b:$mixtral"; do
+  args=${m%%:*}; want=${m#*:}
+  got=$(info_flops --preset $args)
+  if [ -n "$got" ] && awk -v a="$got" -v b="$want" 'BEGIN { r = a / b; exit !(r > 0.995 && r < 1.005) }'; then
+    pass "FLOPs per token, --preset $args: moe info $got, by hand $want"
+  else fail "FLOPs per token, --preset $args: moe info '$got', by hand $want"; fi
+done
+
+# A stage's compute counts every FLOP of cost_flops once, dense layers and MTP modules included: with every
+# rate equal (a profile of 0.001 TFLOP/s each, the HBM so fast that AdamW's seconds vanish), one GPU's compute
+# x the rate / the tokens is moe info's FLOPs per token (deepseek-v3-tiny: a dense first layer, one MTP module)
+cat > "$TMP/eq.json" <<'J'
+{"memory_bytes": 1e12, "context_bytes": 1, "peak_tflops": 1, "dense_tflops": 0.001, "grouped_tflops": 0.001,
+ "attention_tflops": 0.001, "hbm_gbps": 1e15, "nvlink_gbps": 1, "internode_gbps": 1, "pcie_gbps": 1}
+J
+comp=$("$MOE" plan --gpus 1 --gpu "$TMP/eq.json" --preset deepseek-v3-tiny --mtp 1 --batch 4 --seq-len 64 --explain micro1 |
+  sed -n 's/^compute (the slowest stage): \([0-9.]*\) ms/\1/p')
+fl=$("$MOE" info --preset deepseek-v3-tiny --mtp 1 --batch 4 --seq-len 64 | sed -n 's/^training FLOPs per token at seq 64: \([0-9.]*\)M.*/\1e6/p')
+awk -v c="$comp" -v f="$fl" 'BEGIN { x = c * 1e-3 * 1e9 / 256; exit !(f > 0 && x / f > 0.995 && x / f < 1.005) }' &&
+  pass "deepseek-v3-tiny --mtp 1 at equal rates: compute $comp ms = $fl FLOP a token x 256 tokens" ||
+  fail "deepseek-v3-tiny --mtp 1 at equal rates: compute '$comp' ms, want $fl x 256 FLOP at 1e9 FLOP/s"
+
+# The rows (docs/PLAN.md's commands): the published layouts, Megatron's split of the layers over 32 chunks
+# (DeepSeek-V3's "Et|(tt|)*30mL" as 1,2 x 29,1,1: no chunk of ours is empty; Qwen3's 96 slots, the embedding
+# and the loss counted as layers: 2,3 x 30,2).
+L1=1; for i in $(seq 29); do L1="$L1,2"; done; L1="$L1,1,1"
+L2=2; for i in $(seq 30); do L2="$L2,3"; done; L2="$L2,2"
+MECH=(--combine bf16 --memory-model megatron --internode-gbps 50 --grouped-rate shape)
+DS=(--gpus 1024 --gpu h100 --nodes-of 8 --preset deepseek-v3 --mtp 1 --batch 8192 --seq-len 4096 --precision fp8
+  --pp-layers "$L1" --explain "tp2 ep64 pp8 vpp4 zero1 micro128")
+QW=(--gpus 256 --gpu h100 --nodes-of 8 --preset qwen3-235b-a22b --batch 2048 --seq-len 4096 --precision fp8
+  --pp-layers "$L2" --explain "tp2 ep32 pp8 vpp4 zero1 micro128")
+MX=(--gpus 128 --gpu h100 --nodes-of 8 --preset mixtral-8x22b --batch 256 --seq-len 4096
+  --explain "tp2 ep8 pp8 zero1 micro32")
+for r in DS QW MX; do
+  eval "args=(\"\${$r[@]}\")"
+  extra=(--hide-a2a 1f1b); [ $r = MX ] && extra=()
+  run_ok "row $r runs with the mechanisms" "$MOE" plan "${args[@]}" "${MECH[@]}" "${extra[@]}"
+  grep -q '^step: [0-9.]* ms, [0-9]* tokens/s' "$OUT_FILE" || fail "row $r: no step line"
+  grep -q -- "--pp-layers\|--preset mixtral" "$OUT_FILE" || fail "row $r: the launch command lost --pp-layers"
+done
+
+# the explain lines' figures
+ms_of() { sed -n "s/^$1 *\([0-9.]*\) ms.*/\1/p"; }
+ep_of() { ms_of 'exposed ep all-to-all'; }
+plan() { "$MOE" plan "$@"; }
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { exit !(b != 0 && a / b > 1 - t && a / b < 1 + t) }'; }
+
+# defaults: each option at its default prints what the row prints without it
+a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0)
+[ -n "$a" ] && [ "$a" = "$b" ] && pass "the mechanisms' defaults print today's row" || fail "defaults changed the row"
+
+ONE=(--gpus 16 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 16 --seq-len 4096 --explain "ep16 micro1")
+# (one stage: the slowest stage is the same one whatever the link; ONE's EP group of 16 spans two nodes)
+# --combine bf16: the EP time x (2 + 2) / (2 + 4)
+f32=$(plan "${ONE[@]}" | ep_of); b16=$(plan "${ONE[@]}" --combine bf16 | ep_of)
+near "$b16" "$(awk -v x="$f32" 'BEGIN { print x * 4 / 6 }')" 1e-4 && pass "--combine bf16: EP $f32 -> $b16 ms (x 4/6)" ||
+  fail "--combine bf16: EP $f32 -> $b16 ms, want x 4/6"
+# --internode-gbps 50 against the profile's 14: the EP time (across nodes) x 14 / 50
+i50=$(plan "${ONE[@]}" --internode-gbps 50 | ep_of)
+near "$i50" "$(awk -v x="$f32" 'BEGIN { print x * 14 / 50 }')" 1e-4 && pass "--internode-gbps 50: EP $f32 -> $i50 ms (x 14/50)" ||
+  fail "--internode-gbps 50: EP $f32 -> $i50 ms, want x 14/50"
+
+# --a2a-links (ONE: an EP group of 16 on 2 nodes of 8, 7 of a rank's 15 peers on its node; B = the flat
+# EP time x 14 GB/s): split max(B 7/15 / 126, B 8/15 / 14); deepep max(B / 126, B r / (8 x 15/16) / 14), r
+# the remote node's chance of one of a token's 8 experts, 1 - C(64, 8) / C(128, 8); node-limited routing
+# (deepseek-v3-tiny, 4 groups of 2 experts on 4 nodes of 2 GPUs, 2 groups a token): r = 2 x 3/4 of 2 x 7/8 rows
+lk=$(plan "${ONE[@]}" --a2a-links split | ep_of); ld=$(plan "${ONE[@]}" --a2a-links deepep | ep_of)
+ws=$(awk -v t="$f32" 'BEGIN { B = t * 14; a = B * 7 / 15 / 126; b = B * 8 / 15 / 14; print (a > b ? a : b) }')
+wd=$(awk -v t="$f32" 'BEGIN { B = t * 14; m = 1; for (i = 0; i < 8; i++) m *= (64 - i) / (128 - i)
+  a = B / 126; b = B * (1 - m) / (8 * 15 / 16) / 14; print (a > b ? a : b) }')
+near "$lk" "$ws" 1e-3 && near "$ld" "$wd" 1e-3 && pass "--a2a-links: split $lk ms, deepep $ld ms (flat $f32)" ||
+  fail "--a2a-links: split '$lk' (want $ws), deepep '$ld' (want $wd), flat $f32"
+DT=(--gpus 8 --gpu h100 --nodes-of 2 --preset deepseek-v3-tiny --batch 64 --seq-len 256 --internode-gbps 1
+  --explain "ep8 micro1")
+fl=$(plan "${DT[@]}" | ep_of); dd=$(plan "${DT[@]}" --a2a-links deepep | ep_of)
+wd=$(awk -v t="$fl" 'BEGIN { B = t * 1; a = B / 126; b = B * 1.5 / 1.75 / 1; print (a > b ? a : b) }')
+near "$dd" "$wd" 2e-3 && pass "--a2a-links deepep, node-limited routing: $fl -> $dd ms (x 1.5/1.75)" ||
+  fail "--a2a-links deepep, node-limited: '$dd', want $wd (flat $fl)"
+
+# --hide-a2a on one stage (no warmup: every micro-batch steady): hidden = min(EP, compute) for 1f1b; with
+# the EP time above the experts' and below the whole compute, experts hides the experts' seconds only
+o=$(plan "${ONE[@]}" --internode-gbps 400); ep=$(echo "$o" | ep_of); comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
+o1=$(plan "${ONE[@]}" --internode-gbps 400 --hide-a2a 1f1b)
+h1=$(echo "$o1" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p'); e1=$(echo "$o1" | ep_of)
+want=$(awk -v a="$ep" -v b="$comp" 'BEGIN { print a < b ? a : b }')
+near "$h1" "$want" 1e-4 && awk -v a="$e1" -v b="$ep" -v h="$h1" 'BEGIN { exit !(a + h > b - 0.02 && a + h < b + 0.02) }' &&
+  pass "--hide-a2a 1f1b, one stage: hidden $h1 ms = min(EP $ep, compute $comp); exposed $e1 + hidden = EP" ||
+  fail "--hide-a2a 1f1b, one stage: hidden '$h1' exposed '$e1', want min($ep, $comp) and their sum $ep"
+o2=$(plan "${ONE[@]}" --internode-gbps 400 --hide-a2a experts)
+h2=$(echo "$o2" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p')
+# the experts' seconds: 3 x 16 x 4096 tokens x 48 layers x (8 x 2 x 3 x 2048 x 768) FLOPs / 16 ranks at 552
+gs=$(awk 'BEGIN { printf "%.4f\n", 3 * 16 * 4096 * 48 * 8 * 2 * 3 * 2048 * 768 / 16 / 552e12 * 1e3 }')
+want=$(awk -v a="$ep" -v b="$gs" 'BEGIN { print a < b ? a : b }')
+near "$h2" "$want" 1e-3 && pass "--hide-a2a experts, one stage: hidden $h2 ms = min(EP $ep, the experts' $gs)" ||
+  fail "--hide-a2a experts: hidden '$h2', want min($ep, $gs)"
+
+# --hide-a2a 1f1b on two stages, the all-to-all far above the compute: the slowest stage is stage 0, whose
+# steady phase is all but its warmup: 1F1B warms up pp - 1 = 1 of 4 micro-batches (hidden = 3/4 of its
+# compute); interleaved (vpp 2) (pp - 1) x 2 + (vpp - 1) x pp = 4 of 4 x 2 chunks (1/2)
+PP=(--gpus 32 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 64 --seq-len 4096 --hide-a2a 1f1b)
+for c in "ep16 pp2 micro4:0.75" "ep16 pp2 vpp2 micro4:0.5"; do
+  o=$(plan "${PP[@]}" --explain "${c%%:*}"); comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
+  h=$(echo "$o" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p')
+  near "$h" "$(awk -v c="$comp" -v f="${c#*:}" 'BEGIN { print c * f }')" 1e-4 &&
+    pass "--hide-a2a 1f1b, ${c%%:*}: hidden $h ms = ${c#*:} x compute $comp" ||
+    fail "--hide-a2a 1f1b, ${c%%:*}: hidden '$h', want ${c#*:} x $comp"
+done
+
+# --memory-model megatron: ours keeps 4 + 4 + 8 + 2 bytes a parameter at zero 0 (float32 weights and
+# gradients, two float32 moments, the bf16 copy), Megatron 6 + 12 / DP: on DP 2 it is 6 P below ours, and
+# from DP 2 to DP 4 (the same rows a rank) 12 P (1/2 - 1/4) = 3 P lower (P: the small preset's parameters)
+mem_of() { sed -n 's/^memory per GPU: \([0-9.]*\) MiB (moe info.*/\1/p'; }
+P=$("$MOE" info --preset small | sed -n 's/^parameters: .*(\([0-9]*\) \/ .*/\1/p')
+SM=(--preset small --seq-len 256)
+o2=$(plan --gpus 2 "${SM[@]}" --batch 8 --explain "dp2 micro1" | mem_of)
+m2=$(plan --gpus 2 "${SM[@]}" --batch 8 --explain "dp2 micro1" --memory-model megatron | mem_of)
+m4=$(plan --gpus 4 "${SM[@]}" --batch 16 --explain "dp4 micro1" --memory-model megatron | mem_of)
+awk -v o="$o2" -v a="$m2" -v b="$m4" -v P="$P" 'BEGIN { M = 1048576; exit !(P > 0 &&
+    (o - a) * M > 6 * P - 0.02 * M && (o - a) * M < 6 * P + 0.02 * M && (a - b) * M > 3 * P - 0.02 * M && (a - b) * M < 3 * P + 0.02 * M) }' &&
+  pass "--memory-model megatron: ours $o2 MiB, Megatron's $m2 (DP 2) and $m4 (DP 4): 6 P and 3 P less (P = $P)" ||
+  fail "--memory-model megatron: ours '$o2', Megatron's '$m2' (DP 2), '$m4' (DP 4); want 6 P and 3 P less (P = '$P')"
+
+# --grouped-rate shape: mixtral-8x22b's nearest measured shape is mixtral's (566 / 556 x 552.0); qwen3-235b's
+# qwen2's (402 / 556), under fp8 of the profile's 393.8
+r=$(plan "${MX[@]}" --grouped-rate shape | sed -n 's/^experts at \([0-9.]*\) TFLOP\/s.*mixtral.*/\1/p')
+[ "$r" = "$(awk 'BEGIN { printf "%.1f", 552.0 * 566 / 556 }')" ] && pass "--grouped-rate shape: mixtral-8x22b at $r TFLOP/s" ||
+  fail "--grouped-rate shape: mixtral-8x22b at '$r'"
+r=$(plan "${QW[@]}" --grouped-rate shape | sed -n 's/^experts at \([0-9.]*\) TFLOP\/s.*qwen2.*/\1/p')
+[ "$r" = "$(awk 'BEGIN { printf "%.1f", 393.8 * 402 / 556 }')" ] && pass "--grouped-rate shape: qwen3-235b-a22b fp8 at $r TFLOP/s" ||
+  fail "--grouped-rate shape: qwen3-235b-a22b fp8 at '$r'"
+
+# bad input
+run_fail "--hide-a2a 'both': takes none|experts|1f1b" "$MOE" plan "${QW[@]}" --hide-a2a both
+run_fail "--a2a-links 'x': takes flat|split|deepep" "$MOE" plan "${QW[@]}" --a2a-links x
+run_fail "--combine 'fp8': takes f32|bf16" "$MOE" plan "${QW[@]}" --combine fp8
+run_fail "--memory-model 'x': takes ours|megatron" "$MOE" plan "${QW[@]}" --memory-model x
+run_fail "--grouped-rate 'x': takes profile|shape" "$MOE" plan "${QW[@]}" --grouped-rate x
+run_fail "--internode-gbps must be in [0, 100000]" "$MOE" plan "${QW[@]}" --internode-gbps -1
+run_fail "--pp-layers applies to --explain" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1
+run_fail "pipeline: --pp-layers needs --pp > 1" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1 --explain "ep4"
+run_fail "pipeline:" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,2 --explain "pp2"
+finish
