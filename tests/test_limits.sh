@@ -2,8 +2,8 @@
 # test_limits.sh — issue 42's "accepted and ignored" options and costs out of proportion, each through the CLI:
 #   (1) --val-data naming the --data file (the same path, or a link to it) is refused in one line, nothing
 #       written (it trained with a validation loss measured on its training tokens);
-#   (2) a 10 MB --config whose last key repeats one is refused naming the key within 60 s (the duplicate-key
-#       check compared every pair of keys: 2.5 x 10^11 comparisons here, hours);
+#   (2) a 10 MB --config whose last key repeats its 700000th is refused naming the key within 60 s (the
+#       duplicate-key check compared each key with every later one: 2.5 x 10^11 comparisons here, hours);
 #   (3) a model of 65536 experts (2 x 10^5 tensors; --upcycle 65536's size) saves, resumes and evaluates
 #       within 300 s each (the safetensors writer's duplicate check, its reader's lookup by name and the
 #       checkpoint's extra-tensor check each walked every name per tensor: hours), and the resumed run's
@@ -23,11 +23,11 @@ run_fail "--val-data is the same file as --data" "${T[@]}" --data a.txt --val-da
 GUARD=""
 
 # ---- 2: a 10 MB config: the duplicate key named at once
-awk 'BEGIN { printf "{"; for (i = 0; i < 700000; i++) printf "\"k%07d\": 0, ", i; print "\"steps\": 2, \"k0000000\": 1}" }' >big.json
+awk 'BEGIN { printf "{"; for (i = 0; i < 700000; i++) printf "\"k%07d\": 0, ", i; print "\"steps\": 2, \"k0699999\": 1}" }' >big.json
 sz=$(wc -c <big.json)
 check "the config is over 10 MB ($sz bytes)" test "$sz" -gt 10000000
 GUARD="$W/big.json"
-run_fail 'has the key "k0000000" twice' timeout -k 5 60 "$MOE" train --config big.json --out new
+run_fail 'has the key "k0699999" twice' timeout -k 5 60 "$MOE" train --config big.json --out new
 GUARD=""
 
 # ---- 3: 65536 experts
