@@ -54,6 +54,8 @@ per_rank "--seed 1" "--seed 2" "--seed (rank 0: 1, rank 1: 2)"
 per_rank "--batch 4" "--batch 8" "--batch (rank 0: 4, rank 1: 8)"
 per_rank "--ep 2" "" "--ep (rank 0: 2, rank 1: 1)"
 per_rank "--jitter 0.1" "" "--jitter (rank 0: 0.1, rank 1: 0)"
+# (issue 42: an enum other than --dispatch was shown as a number, '(rank 0: 1, rank 1: 0)')
+per_rank "--aux-form hf" "" "--aux-form (rank 0: hf, rank 1: layer)"
 per_rank "--seed 5 --lr 0.01" "--seed 6 --lr 0.02" "--seed (rank 0: 5, rank 1: 6)" "--lr (rank 0: 0.01, rank 1: 0.02)"
 # the same flags, different files behind the same name
 per_rank "--data d.txt" "--data d.txt" "different data: --data contents"

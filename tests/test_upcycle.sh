@@ -7,7 +7,7 @@
 # training loss (the loss before the first update) of the upcycled model equals the dense model's on
 # the same batch to 1e-6 relative (the k combine weights sum to 1 up to rounding), for E 4 top-2 and
 # E 8 top-1. Bad input: --upcycle without --init-from, on a non-dense architecture, E < 2, top-k > E,
-# a dense model with biases: one message each, nothing written.
+# --n-experts other than E, a dense model with biases: one message each, nothing written.
 set -u
 . "$(dirname "$0")/lib.sh"
 command -v python3 > /dev/null || { skip "python3 not installed (the dense directory is written by a python3 helper)"; finish; }
@@ -42,6 +42,9 @@ bad "--upcycle without --init-from" "--init-from" $M --upcycle 4
 bad "--upcycle of a Mixtral directory" "MixtralForCausalLM" --init-from "$TMP/mix1" --upcycle 4
 bad "--upcycle 1" "--upcycle" --init-from "$TMP/llama" --upcycle 1
 bad "--upcycle 4 --top-k 5" "top-k" --init-from "$TMP/llama" --upcycle 4 --top-k 5
+# (issue 42: --n-experts was overwritten by --upcycle's E without a word)
+bad "--upcycle 4 --n-experts 8" "--upcycle 4 and --n-experts 8: --upcycle gives the experts per layer" \
+  --init-from "$TMP/llama" --upcycle 4 --n-experts 8
 cp -r "$TMP/llama" "$TMP/llama_b"
 sed -i 's/"attention_bias": false/"attention_bias": true/' "$TMP/llama_b/config.json"
 bad "--upcycle of a model with attention biases" "attention_bias" --init-from "$TMP/llama_b" --upcycle 4

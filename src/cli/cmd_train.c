@@ -33,6 +33,9 @@ static void init_from_config(State *s, ModelConfig *c) {
         DIE("--init-from: '%s' is not a Hugging Face model directory (config.json plus model.safetensors or "
             "model.safetensors.index.json; our own checkpoints continue with --resume)",
             dir);
+    if (s->train.upcycle && opt_set(s, "n-experts") && s->model.n_experts != s->train.upcycle)
+        DIE("--upcycle %d and --n-experts %d: --upcycle gives the experts per layer; drop --n-experts",
+            s->train.upcycle, s->model.n_experts);
     if (s->train.upcycle) { // E from --upcycle, k from --top-k (given or Mixtral's 2)
         hf_load_config_upcycle(dir, s->train.upcycle, opt_set(s, "top-k") ? s->model.top_k : 2, c);
         s->model.top_k = c->top_k;

@@ -87,26 +87,35 @@ static void read_table(const StFile *f, const ParamTable *t, float *flat, const 
     }
 }
 
+static int name_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 // Every tensor in the file must be "<table name><one of suffixes>" (catches a checkpoint with more
-// layers or experts than the config the table was built from).
+// layers or experts than the config the table was built from). The table's names are sorted once:
+// a model of 65536 experts has 2 x 10^5 tensors, and a walk of the table per tensor took minutes.
 static void check_no_extra(const StFile *f, const char *path, const ParamTable *t,
                            const char *const *suffixes, int ns, const char *ckdir) {
+    const char **names = xmalloc((size_t)(t->n ? t->n : 1) * sizeof *names);
+    for (int i = 0; i < t->n; i++) names[i] = t->p[i].name;
+    qsort(names, (size_t)t->n, sizeof *names, name_cmp);
     char nm[256];
     for (int i = 0; i < safetensors_count(f); i++) {
-        const char *x = safetensors_name(f, i);
+        const char *x = safetensors_name(f, i), *key = nm;
         int found = 0;
         for (int k = 0; k < ns && !found; k++) {
             size_t ln = strlen(x), ls = strlen(suffixes[k]);
             if (ln <= ls || ln - ls >= sizeof nm || strcmp(x + ln - ls, suffixes[k]) != 0) continue;
             memcpy(nm, x, ln - ls);
             nm[ln - ls] = 0;
-            found = params_find(t, nm) >= 0;
+            found = bsearch(&key, names, (size_t)t->n, sizeof *names, name_cmp) != NULL;
         }
         if (!found)
             DIE("checkpoint %s: '%s' has tensor %s, which the model config does not have (different n_layers "
                 "or n_experts?)",
                 ckdir, path, x);
     }
+    free(names);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "data/data.h"
 #include "train/sample.h"
 
@@ -81,6 +82,13 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
             o->val_frac, DATA_VAL_FRAC_MIN);
     if (o->val_data[0] && !o->data[0])
         BAD("--val-data needs --data (the embedded corpus holds out its own windows)");
+    struct stat sd, sv;
+    if (o->val_data[0] &&
+        (!strcmp(o->val_data, o->data) ||
+         (stat(o->data, &sd) == 0 && stat(o->val_data, &sv) == 0 && sd.st_dev == sv.st_dev &&
+          sd.st_ino == sv.st_ino)))
+        BAD("--val-data is the same file as --data: the validation loss would be measured on training "
+            "tokens (drop --val-data to hold out --val-frac of --data)");
     if (o->save_every < -1) BAD("--save-every must be >= -1 (got %d)", o->save_every);
     if (o->keep < 0) BAD("--keep must be >= 0 (got %d)", o->keep);
     if (!(o->dropout >= 0 && o->dropout < 1)) BAD("--dropout must be in [0, 1) (got %g)", o->dropout);
