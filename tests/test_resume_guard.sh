@@ -95,4 +95,15 @@ run_ok "... (its layout is the default one)" $MPI -np 2 "${R[@]}" --steps 3 --ou
 run_ok "one process resumes a mesh run without mesh flags (its only layout)" \
   "${R[@]}" --steps 5 --out rm --resume
 
+echo "-- run.json without some options (an older moe's, or edited): said by name, the defaults apply"
+run_ok "fixture: a run with --warmup 3 --weight-decay 0.05" "${R[@]}" --data a0.txt --warmup 3 --weight-decay 0.05 --steps 2 --out ro
+run_ok "control: its run.json resumes without a warning" "${R[@]}" --steps 3 --out ro --resume
+check "... (none printed)" sh -c "! grep -q 'records no value' '$ERR_FILE'"
+sed -i '/"warmup":/d; /"weight-decay":/d' ro/run.json
+run_ok "without its warmup and weight-decay it resumes" "${R[@]}" --steps 4 --out ro --resume
+check "... warning by name of both" grep -q -- "records no value for --warmup --weight-decay" "$ERR_FILE"
+sed -i '/"warmup":/d; /"weight-decay":/d' ro/run.json
+run_ok "naming one of them on resume" "${R[@]}" --warmup 3 --steps 5 --out ro --resume
+check "... leaves only the other in the warning" grep -q -- "records no value for --weight-decay (" "$ERR_FILE"
+
 finish

@@ -101,10 +101,16 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     const cJSON *rp = cJSON_GetObjectItem(rec, "precision");
     int bf16 = opt_set(s, "precision") ? s->train.precision == PREC_BF16
                                        : cJSON_IsString(rp) && !strcmp(rp->valuestring, "bf16");
+    char missing[2048] = "";
     for (int i = 0; i < N_OPTS; i++) {
         const Opt *o = &opts[i];
         cJSON *v = cJSON_GetObjectItem(rec, o->name);
-        if (!(o->cmds & C_TRAIN) || !remembered(o->name) || !cJSON_IsString(v)) continue;
+        if (!(o->cmds & C_TRAIN) || !remembered(o->name)) continue;
+        if (!cJSON_IsString(v)) { // (a run of an older moe, or an edited file: said, not guessed)
+            size_t l = strlen(missing);
+            if (!s->set[i]) snprintf(missing + l, sizeof missing - l, " --%s", o->name);
+            continue;
+        }
         char now[1100], was[1100];
         opt_text(now, sizeof now, o, opt_ptr(s, o));
         if (is_path_opt(o->name)) record_path(now, sizeof now, now);
@@ -142,6 +148,11 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     }
     if (rank0 && applied[0])
         printf("--resume: the run's options (%s/%s):%s\n", s->train.out, RUN_RECORD, applied);
+    if (rank0 && missing[0])
+        fprintf(stderr,
+                "moe: warning: --resume: %s/%s records no value for%s (written by an older moe, or edited): "
+                "their defaults apply; pass them to be sure\n",
+                s->train.out, RUN_RECORD, missing);
     return prev;
 }
 
