@@ -4,13 +4,15 @@
 # default 210 s). Prepare here: `cmake --build build -j2 && bash scripts/device/mesh_pack.sh .gpum` (build/
 # with CUDA), then call `bash scripts/device/attn_drop_check.sh` with carry [".gpum"] and timeout_s 300. Steps:
 #   1. tests/test_cuda_attn_drop.c: the kernels with dropout against bf16_ref.h's attention with dropout, the
-#      float32 kernels (the mask) and the kernels without dropout (bits); its shapes and bands are there;
+#      float32 kernels (the mask) and the kernels without dropout (bits); its shapes and bands are there; again
+#      with MOE_GROUPED_GEMM=cublas, where head dim 128 runs the mma.sync kernels without dropout too (bits);
 #   2. tests/test_cuda_ops.c on "cuda", MOE_TEST_SMALL=1: the attention without dropout (the same kernels as
 #      before) and the float32 fallback with dropout (head dim 48);
 #   3. moe_bench_attention at nanoGPT shakespeare_char's attention (B 64, T 256, 6 heads of 64, p 0.2), forward
 #      + backward: "cuda" without dropout, "cuda" with it (the tensor cores) and "cuda-fp32" with it (the
 #      float32 kernels that "cuda" ran for dropout before; the old path also widened q, k, v, out to float32
-#      and rounded the output, tens of microseconds more: the printed speed-up is a lower bound);
+#      and rounded the output, tens of microseconds more: the printed speed-up is a lower bound); and the
+#      tokens/s of QUALITY.md's nanoGPT-shaped MoE, 20 steps, with --attn-dropout 0.2 and without (reported);
 #   4. a tiny model (2 layers, d 256, 4 heads of 64 over 2 kv heads, 8 experts top-2, synthetic corpus),
 #      30 steps, --device cuda against cuda-fp32 with --attn-dropout 0.1, and the same pair without dropout
 #      (the control). Band: every step's loss within LOSS_BAND = 2e-2 relative. Why: one step's loss on
@@ -51,6 +53,11 @@ testprog() { # NAME: the test's exit status 0 and its count line
 t drop 120 $B/test_cuda_attn_drop
 testprog drop
 grep -E "^wgmma|vs bf16_ref|vs float32|another mask" $W/drop.log | awk '{print "   " $0}' | head -60 >> $R
+# without our grouped GEMM kernel the attention at head dim 128 runs the mma.sync kernels without dropout too
+# (not cuda_attention_wg.cu's): the test then also compares the dropout kernels' bits with them there
+t drop_mma 120 env MOE_GROUPED_GEMM=cublas $B/test_cuda_attn_drop
+testprog drop_mma
+grep -E "^wgmma" $W/drop_mma.log | tee -a $R
 t ops 120 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda $B/test_cuda_ops
 testprog ops
 grep -E "^ *attention" $W/ops.log | head -8 | tee -a $R
@@ -70,6 +77,18 @@ if [ -n "$TC" ] && [ -n "$F" ] && [ -n "$P" ]; then
 else
   verdict timing 0 "a bench did not run (plain '$P', tc '$TC', f32 '$F')"
 fi
+
+# 3b: what the attention dropout costs a training step: QUALITY.md's MoE (nanoGPT shakespeare_char's shape: d 384,
+# 6 layers, 6 heads of 64, block 256, batch 64; 8 experts of f 512 top-2), 20 steps on the synthetic corpus, cuda,
+# with --attn-dropout 0.2 (nanoGPT's dropout) and without: the median tokens/s of steps 6-20
+NANO="--steps 20 --batch 64 --seq-len 256 --n-layers 6 --d-model 384 --n-heads 6 --n-kv-heads 6 --d-ff 512
+  --n-experts 8 --top-k 2 --lr 1e-3 --warmup 5 --eval-every 0 --eval-batches 1 --sample-tokens 0 --plots 0
+  --save-every -1 --force --seed 1"
+tps() { grep -o '"tokens_per_s":[0-9.e+]*' $W/$1/metrics.jsonl 2>/dev/null | cut -d: -f2 | tail -n 15 | sort -g |
+  awk '{a[NR] = $1} END {if (NR) printf "%.0f", a[int((NR + 1) / 2)]}'; }
+t nano_plain 60 $B/moe train --device cuda $NANO --out $W/nano_plain
+t nano_drop 60 $B/moe train --device cuda $NANO --attn-dropout 0.2 --out $W/nano_drop
+say "   step cost: nanoGPT-shaped MoE on cuda, median tokens/s (steps 6-20): without attention dropout $(tps nano_plain), with --attn-dropout 0.2 $(tps nano_drop)"
 
 # 4: the tiny model, 30 steps
 TINY="--steps 30 --batch 8 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 256 --d-ff 256
