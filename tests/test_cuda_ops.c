@@ -2578,19 +2578,6 @@ static void run_suite(const Backend *be, int big) {
 }
 
 // compute capability x10 of the current device (0 if unknown)
-#ifdef MOE_HAVE_CUDA
-#include <cuda_runtime_api.h>
-static int cuda_device_cc(void) {
-    int d = 0, a = 0, b = 0;
-    if (cudaGetDevice(&d) != cudaSuccess ||
-        cudaDeviceGetAttribute(&a, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
-        cudaDeviceGetAttribute(&b, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess)
-        return 0;
-    return a * 10 + b;
-}
-#else
-static int cuda_device_cc(void) { return 0; }
-#endif
 
 int main(void) {
     if (!backend_cuda_available())

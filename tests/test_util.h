@@ -33,3 +33,18 @@ static inline int test_done(const char *name) {
     printf("%s: %d checks, %d failed\n", name, t_checks, t_failures);
     return t_failures ? 1 : 0;
 }
+
+// The current CUDA device's compute capability (major * 10 + minor); 0 without CUDA or a GPU.
+#ifdef MOE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+static inline int cuda_device_cc(void) {
+    int d = 0, a = 0, b = 0;
+    if (cudaGetDevice(&d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&a, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&b, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess)
+        return 0;
+    return a * 10 + b;
+}
+#else
+static inline int cuda_device_cc(void) { return 0; }
+#endif
