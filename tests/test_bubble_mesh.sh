@@ -15,8 +15,8 @@
 # MPI's receives wait by spinning, so a rank that kept its core spends its whole span on the CPU; one that
 # lost it to another process (a loaded machine, ctest -j) both stretches its own actions (which the
 # simulator is given) and wakes late for a message that had arrived (which it is not). Steps 1-2 (buffers
-# growing) and steps failing the precondition are left out; a run with fewer than 5 kept steps of 14 is
-# run again (3 runs, or 40 s, at most), then the case is skipped naming the CPU share it got. pp 4 is skipped on a
+# growing) and steps failing the precondition are left out; a run with fewer than 5 kept steps of 8 is
+# run again (3 runs, or 20 s, at most), then the case is skipped naming the CPU share it got. pp 4 is skipped on a
 # machine of fewer than 4 cores (4 ranks would share them: never a pipeline of its own).
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -24,7 +24,7 @@ mpi_tests
 cd "$TMP" || exit 1
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 MODEL=(--n-layers 4 --d-model 128 --n-heads 4 --n-kv-heads 2 --d-ff 256 --n-experts 4 --seq-len 64)
-STEPS=14
+STEPS=10
 
 # verdict FILE P V M: prints "kept N median_meas median_sim median_diff max_abs_diff theory min_cpu"
 verdict() {
@@ -58,7 +58,7 @@ bubble_case() {
     out=($(verdict "r_${np}_${v}/pipeline.jsonl" "$np" "$v" "$m"))
     [ "${out[0]}" -ge 5 ] && break
     echo "  ($name, run $try: ${out[0]} of $((STEPS - 2)) steps kept; median CPU share $(printf %.2f "${out[6]}"))"
-    [ $((SECONDS - t0)) -gt 40 ] && break # (a machine this busy stays busy: a few tens of seconds a case at most)
+    [ $((SECONDS - t0)) -gt 20 ] && break # (a machine this busy stays busy: a few tens of seconds a case at most)
   done
   if [ "${out[0]}" -lt 5 ]; then
     skip "$name: the ranks did not keep their cores (median CPU share of the span $(printf %.2f "${out[6]}") < 0.95 in $try runs): the machine is too busy to measure a pipeline"

@@ -459,8 +459,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
         for (int k = 0; k < s->stages; k++)
             cJSON_AddItemToArray(pi, cJSON_CreateNumber(s->stage_idle[2 * k]));
         cJSON_AddNumberToObject(j, "bubble_frac", bubble);
-        measure_step(&r->meas, step, s, r->step.sched.stages > 1 ? o->pp_schedule : SCHED_SEQUENTIAL,
-                     o->grad_accum);
+        measure_step(&r->meas, step, s, o->pp_schedule, o->grad_accum); // (pipeline.jsonl)
     }
     adapt_record(&r->adapt, &r->m, j, tuned);
     cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
