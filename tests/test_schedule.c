@@ -139,5 +139,29 @@ int main(void) {
            bad ? bad : "accepted");
     bad = check_list(ffbb, 0, 0, 0);
     EXPECT(bad != NULL, "no micro-batches accepted");
+    // each virtual stage its own times (schedule_simulate_times), worked by hand. 1f1b, 2 stages, 2
+    // micro-batches, the last stage twice as slow (tf 1, 2; tb 2, 4): stage 0 runs F0 [0,1] F1 [1,2], stage 1
+    // F0 [1,3] B0 [3,7] F1 [7,9] B1 [9,13], stage 0 B0 [7,9] B1 [13,15]: busy 6 + 12 over 2 x 15.
+    double tf1[] = {1, 2}, tb1[] = {2, 4};
+    SchedTimes t1 = {tf1, tb1};
+    SchedEvent ev1[8];
+    EXPECT_NEAR(schedule_simulate_times(SCHED_1F1B, 2, 1, 2, &t1, ev1), 1 - 18.0 / 30, 1e-12,
+                "1f1b, the last stage twice as slow: bubble 0.4 by hand");
+    int found = 0;
+    for (int i = 0; i < 8; i++)
+        if (ev1[i].stage == 0 && ev1[i].kind == ACT_BACKWARD && ev1[i].micro == 1)
+            found = ev1[i].t0 == 13 && ev1[i].t1 == 15;
+    EXPECT(found, "1f1b by hand: stage 0's B1 waits for stage 1's (13 to 15)");
+    EXPECT_NEAR(
+        schedule_simulate_times(SCHED_1F1B, 2, 1, 2, &(SchedTimes){(double[]){1, 1}, (double[]){2, 2}}, NULL),
+        schedule_bubble(SCHED_1F1B, 2, 1, 2, 1, 2), 1e-15, "equal times: schedule_bubble's");
+    // interleaved, 2 stages x 2 chunks, 2 micro-batches, the last virtual stage (3) twice as slow: stage 0
+    // F(0,m0) [0,1] F(0,m1) [1,2] F(2,m0) [2,3] F(2,m1) [3,4] B(2,m0) [9,11] B(2,m1) [15,17] B(0,m0) [17,19]
+    // B(0,m1) [19,21]; stage 1 F(1,m0) [1,2] F(1,m1) [2,3] F(3,m0) [3,5] B(3,m0) [5,9] F(3,m1) [9,11]
+    // B(3,m1) [11,15] B(1,m0) [15,17] B(1,m1) [17,19]: busy 12 + 18 over 2 x 21.
+    double tf2[] = {1, 1, 1, 2}, tb2[] = {2, 2, 2, 4};
+    SchedTimes t2 = {tf2, tb2};
+    EXPECT_NEAR(schedule_simulate_times(SCHED_INTERLEAVED, 2, 2, 2, &t2, NULL), 1 - 30.0 / 42, 1e-12,
+                "interleaved, the last virtual stage twice as slow: bubble 12/42 by hand");
     return test_done("test_schedule");
 }

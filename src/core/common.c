@@ -418,6 +418,23 @@ double now_seconds(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
+double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+void proc_memory(double *resident, double *peak) {
+    *resident = *peak = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return;
+    char line[256];
+    long kb;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) *resident = 1024.0 * kb;
+        if (sscanf(line, "VmHWM: %ld kB", &kb) == 1) *peak = 1024.0 * kb;
+    }
+    fclose(f);
+}
 int file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);

@@ -97,6 +97,10 @@ void path_parent(char *buf, size_t n, const char *path);
 void fsync_dir(const char *path);
 
 double now_seconds(void); // monotonic clock
+double cpu_seconds(void); // this process's CPU time (every thread)
+// This process's resident set now and its peak so far (/proc/self/status VmRSS, VmHWM), bytes; 0 and 0
+// where the system does not say (not Linux).
+void proc_memory(double *resident, double *peak);
 int file_exists(const char *path);
 int dir_exists(const char *path);
 void mkdir_p(const char *path); // dies on failure

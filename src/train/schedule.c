@@ -172,7 +172,7 @@ int schedule_last_backward(const Schedule *s, int chunk) {
     return -1;
 }
 
-double schedule_simulate(ScheduleKind kind, int p, int v, int m, double tf, double tb, SchedEvent *ev) {
+double schedule_simulate_times(ScheduleKind kind, int p, int v, int m, const SchedTimes *t, SchedEvent *ev) {
     if (kind == SCHED_SEQUENTIAL) p = v = 1;
     if (kind == SCHED_1F1B) v = 1;
     int S = p * v;
@@ -199,7 +199,8 @@ double schedule_simulate(ScheduleKind kind, int p, int v, int m, double tf, doub
                 if (a->kind == ACT_FORWARD) ready = vs == 0 ? 0 : fdone[i - m];
                 else ready = vs == S - 1 ? fdone[i] : bdone[i + m];
                 if (ready < 0) break; // waits on a receive
-                double t0 = clock[s] > ready ? clock[s] : ready, dt = a->kind == ACT_FORWARD ? tf : tb;
+                double t0 = clock[s] > ready ? clock[s] : ready,
+                       dt = a->kind == ACT_FORWARD ? t->tf[vs] : t->tb[vs];
                 clock[s] = t0 + dt;
                 busy += dt;
                 (a->kind == ACT_FORWARD ? fdone : bdone)[i] = clock[s];
@@ -220,6 +221,17 @@ double schedule_simulate(ScheduleKind kind, int p, int v, int m, double tf, doub
     free(bdone);
     free(clock);
     free(next);
+    return bubble;
+}
+
+double schedule_simulate(ScheduleKind kind, int p, int v, int m, double tf, double tb, SchedEvent *ev) {
+    if (kind == SCHED_SEQUENTIAL) p = v = 1;
+    if (kind == SCHED_1F1B) v = 1;
+    double *f = xmalloc(sizeof(double) * (size_t)p * v * 2), *b = f + p * v;
+    for (int k = 0; k < p * v; k++) f[k] = tf, b[k] = tb;
+    SchedTimes t = {f, b};
+    double bubble = schedule_simulate_times(kind, p, v, m, &t, ev);
+    free(f);
     return bubble;
 }
 

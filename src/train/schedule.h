@@ -59,5 +59,16 @@ typedef struct {
 // 2 x vpp x micro_batches, or 2 x micro_batches when sequential), in the order the model clock runs them.
 double schedule_simulate(ScheduleKind kind, int stages, int vpp, int micro_batches, double tf, double tb,
                          SchedEvent *ev);
+// The model clock's times, each virtual stage its own: what a run measured (train/measure.c, from
+// train/step.c's StepStats) or a model predicts (the last stage's LM head and loss make its actions longer).
+typedef struct {
+    const double *tf,
+        *tb; // (stages x vpp, virtual stage k = chunk x stages + stage) a forward's, a backward's
+} SchedTimes;
+// schedule_simulate with virtual stage k's forwards taking tf[k] and its backwards tb[k] (messages instant);
+// the bubble is 1 - the stages' busy time over stages x the longest stage's span (as the trainer's
+// bubble_frac counts it), or -1 on a deadlock.
+double schedule_simulate_times(ScheduleKind kind, int stages, int vpp, int micro_batches, const SchedTimes *t,
+                               SchedEvent *ev);
 // The textbook bubble: (p-1)/(m+p-1) for 1f1b (equal tf, tb), (p-1)/(v*m+p-1) interleaved, 0 sequential.
 double schedule_bubble_theory(ScheduleKind kind, int stages, int vpp, int micro_batches);

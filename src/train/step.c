@@ -34,6 +34,9 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     // arm the gradient reductions before each chunk's last backward
     s->arm_at = xcalloc((size_t)s->sched.n + 1, sizeof(int));
     s->stage_idle = xcalloc((size_t)pp * 2, sizeof(double));
+    s->stage_act = xcalloc((size_t)pp * s->sched.vpp * 2, sizeof(double));
+    s->stage_cpu = xcalloc((size_t)pp, sizeof(double));
+    s->gathered = xcalloc((size_t)(pp + 1) * (3 + 2 * s->sched.vpp), sizeof(double)); // (+ this stage's)
     for (int c = 0; c < s->sched.vpp; c++) s->arm_at[schedule_last_backward(&s->sched, c)] = 1;
     s->x = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
     s->y = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
@@ -44,6 +47,9 @@ void step_free(StepCtx *s) {
     pipe_free(&s->pipe);
     free(s->arm_at);
     free(s->stage_idle);
+    free(s->stage_act);
+    free(s->stage_cpu);
+    free(s->gathered);
     schedule_free(&s->sched);
     free(s->x);
     free(s->y);
@@ -91,15 +97,23 @@ static void micro_backward(StepCtx *s, const Action *a, int arm) {
 
 // With pipeline stages: the loss and router statistics from the last stage, the expert load of every
 // stage's layers and every stage's idle time, to every rank.
-static void gather_stages(StepCtx *s, StepStats *r, double span) {
+// mine: this stage's (idle, span, CPU time, then its chunks' forward and backward seconds).
+static void gather_stages(StepCtx *s, StepStats *r, double *mine) {
     const Comm *pp = s->pipe.pp;
-    r->stages = comm_size(pp);
+    int P = comm_size(pp), n = 3 + 2 * s->sched.vpp;
+    r->stages = P;
+    r->vpp = s->sched.vpp;
     r->stage_idle = s->stage_idle;
-    double mine[2] = {s->pipe.idle_s, span};
-    s->stage_idle[0] = mine[0];
-    s->stage_idle[1] = mine[1];
-    if (comm_size(pp) <= 1) return;
-    comm_allgather(pp, mine, s->stage_idle, 2, CT_F64);
+    r->stage_act = s->stage_act;
+    r->stage_cpu = s->stage_cpu;
+    if (P > 1) comm_allgather(pp, mine, s->gathered, (size_t)n, CT_F64);
+    else memcpy(s->gathered, mine, sizeof(double) * n);
+    for (int k = 0; k < P; k++) {
+        memcpy(s->stage_idle + 2 * k, s->gathered + (size_t)k * n, sizeof(double) * 2);
+        s->stage_cpu[k] = s->gathered[(size_t)k * n + 2];
+        memcpy(s->stage_act + (size_t)k * (n - 3), s->gathered + (size_t)k * n + 3, sizeof(double) * (n - 3));
+    }
+    if (P <= 1) return;
     double v[5] = {r->loss, r->aux, r->z, (double)r->dropped, r->mtp};
     comm_bcast(pp, v, 5, CT_F64, comm_size(pp) - 1);
     r->loss = v[0];
@@ -165,6 +179,16 @@ static void route_bias_step(StepCtx *s, const StepStats *r) {
     if (s->dist->bf16_shadow) m->be->bf16_shadow(m->params, m->t.ltotal);
 }
 
+double step_bubble(const StepStats *r) {
+    if (r->stages <= 1) return 0;
+    double span = 0, busy = 0;
+    for (int k = 0; k < r->stages; k++) {
+        busy += r->stage_idle[2 * k + 1] - r->stage_idle[2 * k];
+        if (r->stage_idle[2 * k + 1] > span) span = r->stage_idle[2 * k + 1];
+    }
+    return span > 0 ? 1 - busy / (span * r->stages) : 0;
+}
+
 void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     Model *m = s->m;
     int64_t *counts = r->counts;
@@ -174,15 +198,22 @@ void step_run(StepCtx *s, int step, uint64_t seq_pos, StepStats *r) {
     model_zero_grads(m); // (the routed experts' gradients: written by their first backward instead)
     model_scope_reset(m);
     s->pipe.idle_s = 0;
-    double t0 = now_seconds();
+    int n = 3 + 2 * s->sched.vpp;
+    double t0 = now_seconds(), c0 = cpu_seconds(), *mine = s->gathered + (size_t)s->sched.stages * n;
+    memset(mine, 0, sizeof(double) * n);
     for (int i = 0; i < s->sched.n; i++) {
         const Action *a = &s->sched.a[i];
+        double a0 = now_seconds(), idle0 = s->pipe.idle_s;
         if (a->kind == ACT_FORWARD) micro_forward(s, step, seq_pos, a, r);
         else micro_backward(s, a, s->arm_at[i]);
+        mine[3 + 2 * a->chunk + a->kind] += now_seconds() - a0 - (s->pipe.idle_s - idle0);
     }
     pipe_flush(&s->pipe);
     model_grads_settle(m);
-    gather_stages(s, r, now_seconds() - t0);
+    mine[0] = s->pipe.idle_s;
+    mine[1] = now_seconds() - t0;
+    mine[2] = cpu_seconds() - c0;
+    gather_stages(s, r, mine);
     update(s, step, r);
     if (m->c.balance == BALANCE_AUX_FREE && !r->skipped) route_bias_step(s, r);
 }

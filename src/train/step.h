@@ -26,6 +26,10 @@ typedef struct {
     Pipe pipe; // the moves between pipeline stages
     int *arm_at; // (actions) 1: the last backward of its chunk (gradients final after it)
     double *stage_idle; // (stages, 2): idle time, schedule span
+    double *stage_act; // (stages, vpp, 2): seconds in forwards, backwards (receive waits excluded)
+    double *stage_cpu; // (stages): the process's CPU seconds over the schedule's span
+    double *gathered; // (stages + 1, 3 + 2 vpp): the pp group's allgather of the three; the last row this
+                      // stage's
     int T; // tokens per sequence
     int Bm, Bl; // sequences of a global micro-batch; this DP rank's share
     int dp_rank;
@@ -45,7 +49,18 @@ typedef struct {
     int stages; // pipeline stages
     double *stage_idle; // (stages, 2) each stage's time waiting for the others this step and the
                         // time its schedule took (the bubble = idle / span; valid until the next step)
+    int vpp; // chunks per pipeline stage
+    double *stage_act; // (stages, vpp, 2) each stage's seconds in the forwards and in the backwards of each
+                       // chunk this step, its receive waits excluded (as stage_idle: until the next step)
+    double *stage_cpu; // (stages) each stage's process CPU seconds over its span (a rank that kept its core
+                       // throughout spends about its span: MPI's receives wait spinning)
 } StepStats;
+
+// The step's pipeline bubble as the schedule's theory counts it (metrics.jsonl bubble_frac): 1 - the stages'
+// busy time (span less idle) over stages x the pipeline's span (the longest stage's schedule; a stage done
+// early idles until then; the reduction and the optimizer after it are no part of the pipeline); 0 with
+// one stage.
+double step_bubble(const StepStats *r);
 
 // The schedule: sequential without pipeline stages, else o->pp_schedule over the mesh's pp group
 // (this rank's stage, o->vpp chunks); the model gets the schedule's activation slots.

@@ -27,6 +27,7 @@
 #include "train/tboard.h"
 #include "train/hwprofile.h"
 #include "train/textdata.h"
+#include "train/measure.h"
 #include "parallel/agree.h"
 #include "parallel/mesh.h"
 #include "parallel/stages.h"
@@ -61,6 +62,7 @@ typedef struct {
     int resuming; // from the checkpoint latest (--resume)
     char latest[2048];
     MeshShape shape;
+    Measure meas; // pipeline.jsonl, memory.json
     double best_loss; // --keep-best: the validation loss of OUT/best (HUGE_VAL: none yet)
     int64_t best_step;
 } Run;
@@ -333,6 +335,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
                        o->seed);
     if (shape.pp > 1) r->dist.mm.sl.pp_split = &r->split;
     int Bl = o->batch / o->grad_accum / shape.dp;
+    measure_base(&r->meas);
     model_init(&r->m, &r->c, r->be, Bl, o->seq_len, r->meshed ? &r->dist.mm : NULL);
     // --precision bf16 (rounded weights) in one process with the GEMMs' bf16 copy: the weights only bf16
     // GEMMs read live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
@@ -392,6 +395,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     if (!r->out) DIE("cannot open /dev/null");
     print_header(r, &r->shape);
     r->mf = r->rank0 ? xfopen(r->metrics_path, "a") : NULL;
+    measure_open(&r->meas, o->out, r->rank0, r->shape.pp);
     r->counts = xmalloc(sizeof(int64_t) * config_all_layers(&r->c) * r->c.n_experts);
     r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
     r->first = (int)r->st.step;
@@ -465,20 +469,13 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     cJSON_AddNumberToObject(j, "load_max_over_mean", worst);
     cJSON_AddNumberToObject(j, "dropped", (double)s->dropped);
     cJSON_AddBoolToObject(j, "skipped", s->skipped);
-    double bubble = 0;
+    double bubble = step_bubble(s);
     if (s->stages > 1) { // the pipeline's idle time: per stage, and its mean share of the step
-        // the bubble as the schedule's theory counts it: 1 - the stages' busy time over stages x the
-        // pipeline's span (the longest stage's schedule; a stage done early idles until then; the
-        // reduction and the optimizer after it are no part of the pipeline)
         cJSON *pi = cJSON_AddArrayToObject(j, "pp_idle_s");
-        double span = 0, busy = 0;
-        for (int k = 0; k < s->stages; k++) {
+        for (int k = 0; k < s->stages; k++)
             cJSON_AddItemToArray(pi, cJSON_CreateNumber(s->stage_idle[2 * k]));
-            busy += s->stage_idle[2 * k + 1] - s->stage_idle[2 * k];
-            if (s->stage_idle[2 * k + 1] > span) span = s->stage_idle[2 * k + 1];
-        }
-        bubble = span > 0 ? 1 - busy / (span * s->stages) : 0;
         cJSON_AddNumberToObject(j, "bubble_frac", bubble);
+        measure_step(&r->meas, step, s, o->pp_schedule, o->grad_accum); // (pipeline.jsonl)
     }
     adapt_record(&r->adapt, &r->m, j, tuned);
     cJSON *el = cJSON_AddArrayToObject(j, "expert_load");
@@ -582,6 +579,7 @@ static void run_sample(Run *r) {
 static void run_close(Run *r) {
     const TrainOptions *o = r->o;
     if (r->mf) xfclose(r->mf, r->metrics_path);
+    measure_close(&r->meas);
     tb_close(r->tb);
     if (r->preempted) { // a scheduler wants the cores back: no report, only where to continue
         char latest[2048];
@@ -657,6 +655,7 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
         r.st.total_steps = o->steps;
         r.st.tokens_seen += (double)o->batch * o->seq_len;
         run_record(&r, step, &s, now_seconds() - t0, tuned);
+        measure_after_step(&r.meas);
         skipped = s.skipped ? skipped + 1 : 0; // (the same on every rank: loss and norm are global)
         if (skipped == STEP_SKIPPED_MAX)
             DIE("step %d: the loss or gradient norm was not finite for %d steps in a row (steps %d..%d, "
@@ -681,6 +680,7 @@ int train_run(const ModelConfig *cfg, const TrainOptions *o, int model_explicit,
     // as does one that came after the last step's check
     preempt_arm(0);
     if (!r.preempted && preempt_signal()) raise(preempt_signal());
+    if (!r.preempted) measure_memory(&r.meas, world, o->out); // (before the evaluation's buffers)
     run_close(&r);
     return r.preempted ? MOE_EXIT_PREEMPTED : 0;
 }
