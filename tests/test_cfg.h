@@ -20,6 +20,25 @@ static inline void test_tiny_cfg(ModelConfig *c, int n_layers, int max_seq_len) 
     c->max_seq_len = max_seq_len;
 }
 
+// The finite-difference tests' model: the tiny preset at d 8, 2 layers, GQA 2/1 (head dim 4), f 12, 4
+// experts top-2, context 16, init std 0.3 (large enough that every path moves the loss), the given vocab.
+static inline ModelConfig test_fd_cfg(int vocab_size) {
+    ModelConfig c;
+    config_preset(&c, "tiny");
+    c.vocab_size = vocab_size;
+    c.d_model = 8;
+    c.n_layers = 2;
+    c.n_heads = 2;
+    c.n_kv_heads = 1;
+    c.head_dim = 4;
+    c.d_ff = 12;
+    c.n_experts = 4;
+    c.top_k = 2;
+    c.max_seq_len = 16;
+    c.init_std = 0.3f;
+    return c;
+}
+
 static inline ModelConfig test_small_cfg(void) {
     ModelConfig c;
     memset(&c, 0, sizeof c);

@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "test_util.h"
+#include "test_cfg.h"
 
 // aux scope global: the micro-batch checked is the step's second; the first (g_x0) feeds the running
 // counts its aux term's f_i is taken over (model_scope_reset starts each evaluation as a step would).
@@ -184,19 +185,7 @@ static int check_config(const char *label, ModelConfig c, uint64_t noise_seed) {
 }
 
 int main(void) {
-    ModelConfig c;
-    config_preset(&c, "tiny");
-    c.vocab_size = 13;
-    c.d_model = 8;
-    c.n_layers = 2;
-    c.n_heads = 2;
-    c.n_kv_heads = 1;
-    c.head_dim = 4;
-    c.d_ff = 12;
-    c.n_experts = 4;
-    c.top_k = 2;
-    c.max_seq_len = 16;
-    c.init_std = 0.3f;
+    ModelConfig c = test_fd_cfg(13);
     check_config("dropless renorm k=2", c, 0);
     ModelConfig c2 = c;
     c2.renormalize = 0;

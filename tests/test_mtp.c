@@ -23,25 +23,11 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "test_util.h"
+#include "test_cfg.h"
 
 enum { B = 2, T = 7 };
 
-static ModelConfig small_config(void) {
-    ModelConfig c;
-    config_preset(&c, "tiny");
-    c.vocab_size = 17;
-    c.d_model = 8;
-    c.n_layers = 2;
-    c.n_heads = 2;
-    c.n_kv_heads = 1;
-    c.head_dim = 4;
-    c.d_ff = 12;
-    c.n_experts = 4;
-    c.top_k = 2;
-    c.max_seq_len = 16;
-    c.init_std = 0.3f;
-    return c;
-}
+static ModelConfig small_config(void) { return test_fd_cfg(17); }
 
 static void rmsnorm_ref(double *out, const double *x, const float *w, int d, float eps) {
     double ss = 0;

@@ -62,52 +62,23 @@ typedef struct {
     float route_scale, yarn_factor;
     int yarn_orig;
 } DsPreset;
+// (a table: one model a row, its Preset then qr, kvr, dn, dr, dv, dense_k, dense_f, n_group, topk_group,
+// route_scale, yarn_factor, yarn_orig)
+// clang-format off
 static const DsPreset ds_presets[] = {
     // byte-level, for tests and the tutorial: a dense first layer, 8 experts in 4 groups
     {{"deepseek-v3-tiny", 256, 96, 3, 4, 4, 64, 8, 2, 256, 10000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 1, 64, 8,
       1e-6f},
-     48,
-     32,
-     16,
-     8,
-     16,
-     1,
-     192,
-     4,
-     2,
-     2.5f,
-     0,
-     0},
+     48, 32, 16, 8, 16, 1, 192, 4, 2, 2.5f, 0, 0},
     // moonshotai/Moonlight-16B-A3B and deepseek-ai/DeepSeek-V3 (their config.json; without the MTP module)
     {{"moonlight-16b-a3b", 163840, 2048, 27, 16, 16, 1408, 64, 6, 8192, 50000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 2,
       1408, 64, 1e-5f},
-     0,
-     512,
-     128,
-     64,
-     128,
-     1,
-     11264,
-     1,
-     1,
-     2.446f,
-     0,
-     0},
+     0, 512, 128, 64, 128, 1, 11264, 1, 1, 2.446f, 0, 0},
     {{"deepseek-v3", 129280, 7168, 61, 128, 128, 2048, 256, 8, 163840, 10000.0f, 1, FAM_DEEPSEEK_V3, 0, 0, 1,
       2048, 64, 1e-6f},
-     1536,
-     512,
-     128,
-     64,
-     128,
-     3,
-     18432,
-     8,
-     4,
-     2.5f,
-     40.0f,
-     4096},
+     1536, 512, 128, 64, 128, 3, 18432, 8, 4, 2.5f, 40.0f, 4096},
 };
+// clang-format on
 
 static void fill(ModelConfig *c, const Preset *p) {
     base(c);

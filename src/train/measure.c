@@ -62,10 +62,8 @@ void measure_step(Measure *m, int step, const StepStats *s, ScheduleKind kind, i
 
 void measure_memory(const Measure *m, const Comm *world, const char *out) {
     int n = comm_size(world);
-    double mine[3], *all = xmalloc(sizeof(double) * 3 * (size_t)n);
-    proc_memory(&mine[0], &mine[2]);
-    mine[0] = m->rss_base;
-    mine[1] = m->rss_step;
+    double now, mine[3] = {m->rss_base, m->rss_step, 0}, *all = xmalloc(sizeof(double) * 3 * (size_t)n);
+    proc_memory(&now, &mine[2]); // (the peak; the resident set now is not reported)
     comm_allgather(world, mine, all, 3, CT_F64);
     if (comm_rank(world) == 0) {
         static const char *const key[3] = {"rss_base_bytes", "rss_step_bytes", "rss_peak_bytes"};
