@@ -1,9 +1,10 @@
 # Peer for bench/attention_bench.c: causal GQA attention forward and backward with PyTorch SDPA
 # (bf16, flash backend where available) on the same shape; median of 10 after 3, CUDA events.
 # FLOPs counted as attention_bench.c counts them. Run on the device machine beside moe_bench_attention.
+# Usage: torch_attention_peer.py [B T H KV hd] (default the full step's shape 4 2048 16 8 128).
 import json, sys, torch
 import torch.nn.functional as F
-B, T, H, KV, hd = 4, 2048, 16, 8, 128
+B, T, H, KV, hd = (int(a) for a in sys.argv[1:6]) if len(sys.argv) > 5 else (4, 2048, 16, 8, 128)
 torch.manual_seed(0)
 q = torch.randn(B, H, T, hd, device='cuda', dtype=torch.bfloat16, requires_grad=True)
 k = torch.randn(B, KV, T, hd, device='cuda', dtype=torch.bfloat16, requires_grad=True)
