@@ -83,6 +83,30 @@ one() { # one DIR DEVICE FLAGS...: the one-process reference
 }
 losses() { python3 -c "import json,sys; [print(json.loads(l)['loss']) for l in open(sys.argv[1]) if '\"loss\"' in l]" "$1"; }
 maxrel() { paste "$1" "$2" | awk 'BEGIN { m = 0; n = 0 } NF == 2 { n++; d = ($1 - $2) / ($1 == 0 ? 1 : $1); if (d < 0) d = -d; if (d > m) m = d } NF != 2 { m = 1e9 } END { if (n == 0) m = 1e9; printf "%.2e\n", m }'; }
+# mdiff REF RUN: where the two runs' metrics part (a failing row's diagnosis): per key, the largest relative
+# difference and the first step over 1e-6 (expert_load: the first step and layer whose token counts differ)
+mdiff() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" << 'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:3])
+out = []
+for k in ('loss', 'mtp_loss', 'aux_loss', 'grad_norm'):
+    m, first = 0.0, None
+    for x, y in zip(a, b):
+        if k not in x or k not in y: continue
+        d = abs(x[k] - y[k]) / (abs(x[k]) or 1)
+        if d > 1e-6 and first is None: first = x['step']
+        m = max(m, d)
+    if any(k in x for x in a): out.append('%s %.1e%s' % (k, m, ' from step %d' % first if first else ''))
+for x, y in zip(a, b):
+    la, lb = x.get('expert_load'), y.get('expert_load')
+    if la != lb:
+        l = next(i for i, (u, v) in enumerate(zip(la or [], lb or [])) if u != v) if la and lb else -1
+        out.append('expert_load differs from step %d (layer %d)' % (x['step'], l)); break
+else: out.append('expert_load equal')
+print('; '.join(out))
+PY
+}
 strip() { sed -E 's/"pp_idle_s":\[[^]]*\],?//; s/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_frac|grad_norm|a2a_tuned)":[^,}]*,?//g' "$1" | grep '"loss"'; }
 key() { echo "$*" | xargs | tr -c 'a-zA-Z0-9\n' '_'; }
 latest() { ls -d "$1"/step_* 2> /dev/null | grep -v '\.tmp$' | tail -n 1; }
@@ -114,7 +138,10 @@ judge() {
   [[ "$label" == *fp8* ]] && lt=1e-4 wt=inf # (the weight gradients' tiles: above)
   if awk -v l=$l -v w=$w -v lt=$lt -v wt=$wt 'BEGIN { exit !(l <= lt && (wt == "inf" || w <= wt)) }'; then
     row "$label" $dev $l $w "PASS (<= $lt, $wt)"
-  else row "$label" $dev $l $w "FAIL (> $lt or $wt; worst weights $wn)"; fi
+  else
+    row "$label" $dev $l $w "FAIL (> $lt or $wt; worst weights $wn)"
+    echo "    metrics: $(mdiff $ref $run)" | tee -a $T
+  fi
 }
 
 # layout NP "FLAGS" "REF FLAGS" KIND LABEL DEV: one mesh run against its reference
