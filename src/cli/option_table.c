@@ -240,8 +240,8 @@ const Opt opts[] = {
      "how GPU ranks exchange device buffers: nccl (every rank its own GPU), staged (through pinned host "
      "memory and MPI: ranks sharing a GPU, or no NCCL), ipc (every rank on one node: the MoE all-to-all "
      "device to device through CUDA IPC, the rest staged), mpi (device pointers to a CUDA-aware MPI; "
-     "refused where the MPI library says it is not), auto (nccl where every rank has its own GPU, else "
-     "staged; ipc is not yet proven on a GPU: opt in). Pipeline stages' messages are staged under nccl and "
+     "refused where the MPI library says it is not), auto (nccl where every rank has its own GPU, else ipc "
+     "where every rank is on one node, else staged). Pipeline stages' messages are staged under nccl and "
      "ipc too. On --device "
      "cpu staged, ipc and mpi run the same code over host memory (tests)"},
     {"a2a-retune", O_FLOAT, TO(a2a_retune), C_TRAIN,
