@@ -288,6 +288,16 @@ static void test_single_and_sharded(const ParamTable *t, const ModelConfig *c, c
     write_text(p, js);
     free(js);
     params_death("index points outside the dir", d, t, "../escape.safetensors", "lm_head.weight");
+    cJSON_ReplaceItemInObject(m, "lm_head.weight", cJSON_CreateString(fn1));
+    cJSON_AddStringToObject(m, "model.norm.weight", fn1); // a JSON object with a key twice
+    js = cJSON_Print(j);
+    write_text(p, js);
+    free(js);
+    params_death("index lists a tensor twice", d, t, "has the key \"model.norm.weight\" twice",
+                 "model.safetensors.index.json");
+    cJSON *dup = m->child; // the second one: the object's last item
+    while (dup->next) dup = dup->next;
+    cJSON_Delete(cJSON_DetachItemViaPointer(m, dup));
     cJSON_DeleteItemFromObject(m, "lm_head.weight");
     js = cJSON_Print(j);
     write_text(p, js);

@@ -112,12 +112,32 @@ typedef struct {
     int n;
     SrcTensor *t;
     cJSON *index; // owns the names in the sharded case
+    int *order; // t's indices sorted by name (src_find: a binary search; DeepSeek-V3 has ~10^5 tensors)
 } Src;
 
+static const SrcTensor *g_sort_t; // (qsort's comparator has no context argument)
+static int by_name(const void *a, const void *b) {
+    return strcmp(g_sort_t[*(const int *)a].name, g_sort_t[*(const int *)b].name);
+}
+
 static int src_find(const Src *s, const char *name) {
-    for (int i = 0; i < s->n; i++)
-        if (strcmp(s->t[i].name, name) == 0) return i;
+    int lo = 0, hi = s->n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2, c = strcmp(s->t[s->order[mid]].name, name);
+        if (c == 0) return s->order[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
     return -1;
+}
+
+// Sorts the names once (unique: the safetensors reader refuses a name twice in a file, read_json a key twice
+// in the index).
+static void src_index(Src *s) {
+    s->order = xcalloc((size_t)s->n + 1, sizeof *s->order);
+    for (int i = 0; i < s->n; i++) s->order[i] = i;
+    g_sort_t = s->t;
+    qsort(s->order, (size_t)s->n, sizeof *s->order, by_name);
 }
 
 static void src_open(Src *s, const char *dir) {
@@ -133,6 +153,7 @@ static void src_open(Src *s, const char *dir) {
         s->n = safetensors_count(s->f[0]);
         s->t = xcalloc((size_t)s->n + 1, sizeof *s->t);
         for (int i = 0; i < s->n; i++) s->t[i].name = safetensors_name(s->f[0], i);
+        src_index(s);
         return;
     }
     if (!has(dir, INDEX)) {
@@ -158,8 +179,6 @@ static void src_open(Src *s, const char *dir) {
         if (strchr(fn, '/') || strcmp(fn, ".") == 0 || strcmp(fn, "..") == 0)
             DIE("HF model %s: %s: tensor %s is in '%s'; shards must be files in the model directory", dir,
                 INDEX, it->string, fn);
-        if (src_find(s, it->string) >= 0)
-            DIE("HF model %s: %s lists tensor %s twice", dir, INDEX, it->string);
         int k = 0;
         while (k < s->nf && strcmp(fname[k], fn) != 0) k++;
         if (k == s->nf) {
@@ -175,12 +194,14 @@ static void src_open(Src *s, const char *dir) {
         s->n++;
     }
     free(fname);
+    src_index(s);
 }
 
 static void src_close(Src *s) {
     for (int i = 0; i < s->nf; i++) safetensors_close(s->f[i]);
     free(s->f);
     free(s->t);
+    free(s->order);
     cJSON_Delete(s->index);
     memset(s, 0, sizeof *s);
 }
