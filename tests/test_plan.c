@@ -17,7 +17,7 @@
 //    same numbers, bit for bit, fractions, tiny and huge ones included;
 //  - the pipeline: equal stages give exactly the uniform simulation's bubble, a slower last stage a larger
 //    one; the planner's stage times from each virtual stage's FLOPs (the LM head on the last), the bubble of
-//    the tiny preset on 2 stages by hand, the step the simulated span.
+//    the tiny preset on 2 stages by hand, the step the simulated span, every row's columns adding up to it.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -425,6 +425,31 @@ static void check_pipe_planner(void) {
                 "equal stages: the uniform interleaved bubble");
 }
 
+// Every layout of the small preset on 8 GPUs: the step is the slowest stage's compute, host overhead and
+// exposed comm plus its idle (the columns add up), that idle never negative; a pipeline idles (bubble > 0),
+// one stage does not.
+static void check_pipe_columns(void) {
+    ModelConfig c;
+    config_preset(&c, "small");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 32;
+    o.seq_len = 128;
+    PlanSpec sp = spec(8);
+    PlanResult r;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    int bad = 0, piped = 0;
+    for (int i = 0; i < r.n; i++) {
+        const PlanRow *w = &r.rows[i];
+        double busy = w->compute + w->host + w->comm;
+        piped += w->l.pp > 1;
+        bad += !(fabs(busy + w->bubble_s - w->step) <= 1e-12 * w->step && w->bubble_s >= 0 &&
+                 (w->l.pp > 1 ? w->bubble > 0 && w->bubble_s > 0 : w->bubble == 0 && w->bubble_s == 0));
+    }
+    EXPECT(!bad && piped > 100, "%d of %d rows' columns do not add up (%d pipelined)", bad, r.n, piped);
+    plan_result_free(&r);
+}
+
 int main(void) {
     check_count();
     check_memory();
@@ -437,5 +462,6 @@ int main(void) {
     check_fp8();
     check_pipe_equal();
     check_pipe_planner();
+    check_pipe_columns();
     return test_done("test_plan");
 }
