@@ -14,7 +14,10 @@
 //  - --precision fp8: the experts at the profile's fp8 rate (equal rates: mixed's step; half the rate: the
 //    experts' FLOPs again), --etp > 1 refused as moe train refuses it;
 //  - a profile written (hwprofile_write, what --calibrate writes) reads back (hwprofile_load, --gpu) to the
-//    same numbers, bit for bit, fractions, tiny and huge ones included.
+//    same numbers, bit for bit, fractions, tiny and huge ones included;
+//  - the pipeline: equal stages give exactly the uniform simulation's bubble, a slower last stage a larger
+//    one; the planner's stage times from each virtual stage's FLOPs (the LM head on the last), the bubble of
+//    the tiny preset on 2 stages by hand, the step the simulated span, every row's columns adding up to it.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,7 +137,7 @@ static void check_one_gpu(void) {
         int micro = v & 4 ? 2 : 1;
         PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, micro};
         PlanRow row;
-        EXPECT(!plan_layout(&row, &c, &o, &sp, &l, NULL), "case %d: refused", v);
+        EXPECT(!plan_layout(&row, &c, &o, &sp, &l, NULL, NULL), "case %d: refused", v);
         TrainOptions w1 = o;
         w1.batch = o.batch / micro;
         w1.grad_accum = micro;
@@ -161,14 +164,14 @@ static void check_host(void) {
     PlanSpec sp = spec(1);
     PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
     PlanRow a, b, h;
-    EXPECT(!plan_layout(&a, &c, &o, &sp, &l, NULL) && a.host == 0, "built-in h200: host %g s", a.host);
+    EXPECT(!plan_layout(&a, &c, &o, &sp, &l, NULL, NULL) && a.host == 0, "built-in h200: host %g s", a.host);
     sp.hw.launch_us = 5, sp.hw.sync_us = 10;
-    EXPECT(!plan_layout(&b, &c, &o, &sp, &l, NULL), "h200 + launches");
+    EXPECT(!plan_layout(&b, &c, &o, &sp, &l, NULL, NULL), "h200 + launches");
     EXPECT(b.launches * 5e-6 < b.compute && fabs(b.host - b.syncs * 10e-6) < 1e-15 &&
                b.step == b.compute + b.host && b.compute == a.compute && b.syncs >= c.n_layers,
            "hidden launches: host %g s, %g syncs", b.host, b.syncs);
     sp.hw.launch_us = 1e4; // a host slower than the GPU
-    EXPECT(!plan_layout(&h, &c, &o, &sp, &l, NULL), "h200 + slow launches");
+    EXPECT(!plan_layout(&h, &c, &o, &sp, &l, NULL, NULL), "h200 + slow launches");
     double want = h.launches * 1e-2 + h.syncs * 10e-6;
     EXPECT(h.launches == b.launches && h.launches * 1e-2 > h.compute && fabs(h.step - want) <= 1e-12 * want,
            "host-bound: step %.9g s, launches x launch_us + syncs x sync_us %.9g s", h.step, want);
@@ -185,7 +188,7 @@ static void refuses(const char *text, int gpus, const char *phrase, int reason) 
     const char *bad = plan_parse_layout(&l, text, &o);
     PlanRow row;
     int why = -1;
-    if (!bad) bad = plan_layout(&row, &c, &o, &sp, &l, &why);
+    if (!bad) bad = plan_layout(&row, &c, &o, &sp, &l, &why, NULL);
     EXPECT(bad && strstr(bad, phrase) && (reason < 0 || why == reason),
            "'%s' on %d: %s (reason %d), want '%s'", text, gpus, bad ? bad : "accepted", why, phrase);
 }
@@ -223,7 +226,7 @@ static void check_monotone(void) {
     int slower = 0, comm = 0, inter = 0;
     for (int i = 0; i < r.n; i++) {
         PlanRow w;
-        plan_layout(&w, &c, &o, &fast, &r.rows[i].l, NULL);
+        plan_layout(&w, &c, &o, &fast, &r.rows[i].l, NULL, NULL);
         slower += w.step > r.rows[i].step;
         if (r.rows[i].comm > 0) {
             comm++;
@@ -305,16 +308,16 @@ static void check_fp8(void) {
     PlanSpec sp = spec(1);
     PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
     PlanRow mixed, same, half;
-    EXPECT(!plan_layout(&mixed, &c, &o, &sp, &l, NULL), "mixed");
+    EXPECT(!plan_layout(&mixed, &c, &o, &sp, &l, NULL, NULL), "mixed");
     o.precision = PREC_FP8;
     sp.hw.fp8_grouped_tflops = sp.hw.grouped_tflops;
-    EXPECT(!plan_layout(&same, &c, &o, &sp, &l, NULL) && same.compute == mixed.compute,
+    EXPECT(!plan_layout(&same, &c, &o, &sp, &l, NULL, NULL) && same.compute == mixed.compute,
            "fp8 at mixed's rate: compute %.9g s, mixed %.9g s", same.compute, mixed.compute);
     sp.hw.fp8_grouped_tflops = sp.hw.grouped_tflops / 2;
     CostFlops f;
     cost_flops(&f, &c, o.seq_len);
     double want = 3.0 * o.batch * o.seq_len * c.n_layers * f.experts / (sp.hw.grouped_tflops * 1e12);
-    EXPECT(!plan_layout(&half, &c, &o, &sp, &l, NULL) &&
+    EXPECT(!plan_layout(&half, &c, &o, &sp, &l, NULL, NULL) &&
                fabs(half.compute - same.compute - want) < 1e-9 * want,
            "fp8 at half the rate: %.9g s more, the experts' FLOPs at the rate %.9g s",
            half.compute - same.compute, want);
@@ -322,8 +325,129 @@ static void check_fp8(void) {
            mixed.mem_info);
     sp = spec(2);
     l.etp = 2;
-    const char *bad = plan_layout(&half, &c, &o, &sp, &l, NULL);
+    const char *bad = plan_layout(&half, &c, &o, &sp, &l, NULL, NULL);
     EXPECT(bad && strstr(bad, "mesh: --precision fp8 takes --etp 1"), "fp8 etp2: %s", bad ? bad : "accepted");
+}
+
+// The simulated pipeline (plan_pipe_simulate, the one simulation of the planner and its timeline): every
+// virtual stage's forward 0.25 s and backward 0.5 s gives exactly schedule_simulate's equal-stage bubble (the
+// uniform model the planner had before), and a span of the stages' busy time / (1 - that bubble); a last
+// stage slower than the others gets a larger bubble.
+static void check_pipe_equal(void) {
+    static const int cases[][4] = {{SCHED_SEQUENTIAL, 1, 1, 3},  {SCHED_1F1B, 2, 1, 4},
+                                   {SCHED_1F1B, 4, 1, 8},        {SCHED_1F1B, 8, 1, 32},
+                                   {SCHED_INTERLEAVED, 2, 2, 4}, {SCHED_INTERLEAVED, 4, 3, 8}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        PlanPipe p;
+        p.kind = (ScheduleKind)cases[i][0];
+        p.pp = cases[i][1], p.vpp = cases[i][2], p.micro = cases[i][3];
+        for (int v = 0; v < p.pp * p.vpp; v++) p.tf[v] = 0.25, p.tb[v] = 0.5;
+        double span, old = schedule_simulate(p.kind, p.pp, p.vpp, p.micro, 1, 2, NULL);
+        double b = plan_pipe_simulate(&p, NULL, &span), busy = 0.75 * p.vpp * p.micro;
+        EXPECT(b == old && fabs(span - busy / (1 - old)) <= 1e-12 * span,
+               "case %zu: equal stages: bubble %.17g, schedule_simulate's %.17g; span %.17g, busy / (1 - b) "
+               "%.17g",
+               i, b, old, span, busy / (1 - old));
+        if (p.pp == 1) continue;
+        p.tf[p.pp * p.vpp - 1] *= 1.2, p.tb[p.pp * p.vpp - 1] *= 1.2;
+        EXPECT(plan_pipe_simulate(&p, NULL, &span) > old,
+               "case %zu: a slower last stage: bubble %.9g, equal %.9g", i,
+               plan_pipe_simulate(&p, NULL, &span), old);
+    }
+}
+
+// The planner's pipeline from each virtual stage's own compute. A profile of equal compute rates (links and
+// HBM so fast that the messages and AdamW vanish) makes a stage's time its FLOPs: the tiny preset on pp2
+// holds one layer a stage and the LM head on the last, forward per token (T 64, d 96, 4 heads of 24, 2 kv
+// heads, 4 experts of 192, top-2, vocab 256): a layer 2 d hd (2 H + 2 KV) + 2 x 2 H hd T / 2 + 2 d E + k 2 x
+// 3 d f = 55296 + 12288 + 768 + 221184 = 289536, the head 2 d V = 49152. So stage 1's forward is 338688 /
+// 289536 of stage 0's, each backward twice its forward, and 1F1B on 2 stages of 4 micro-batches (stage 0: F F
+// B F B F B B, stage 1: F B four times) with forward a on stage 0 and c >= a on stage 1 runs a span of 3a +
+// 12c: the bubble 1 - 12 (a + c) / (2 (3a + 12c)) (a = c: 1/5). The step is that span, the bubble's seconds
+// the slowest stage's idle (the columns add up). With the head's FLOPs at a rate 10^9 times the others (the
+// dense rate: projections, router, head), the stages are equal: the bubble is the uniform 1/5 (and
+// interleaved's).
+static void check_pipe_planner(void) {
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 8;
+    o.seq_len = 64;
+    PlanSpec sp = spec(2);
+    sp.hw.dense_tflops = sp.hw.grouped_tflops = sp.hw.attention_tflops = 0.001;
+    sp.hw.hbm_gbps = sp.hw.nvlink_gbps = sp.hw.internode_gbps = 1e15;
+    ModelConfig c = tiny();
+    PlanLayout l = {1, 1, 1, 2, 1, 0, 0, RECOMPUTE_NONE, 4};
+    PlanRow w;
+    PlanPipe p;
+    EXPECT(!plan_layout(&w, &c, &o, &sp, &l, NULL, &p), "tiny pp2 micro4");
+    double a = 289536, cc = 338688, want = 1 - 12 * (a + cc) / (2 * (3 * a + 12 * cc));
+    EXPECT(p.kind == SCHED_1F1B && p.pp == 2 && p.vpp == 1 && p.micro == 4, "the pipe's shape");
+    EXPECT_NEAR(p.tf[1] / p.tf[0], cc / a, 1e-9, "stage 1's forward over stage 0's: (layer + head) / layer");
+    EXPECT_NEAR(p.tb[0] / p.tf[0], 2, 1e-12, "stage 0: backward = 2 x forward");
+    EXPECT_NEAR(p.tb[1] / p.tf[1], 2, 1e-12, "stage 1: backward = 2 x forward");
+    EXPECT_NEAR(w.bubble, want, 1e-9, "the bubble of a last stage (layer + head) / layer slower, by hand");
+    EXPECT(w.bubble > 0.2 + 1e-3, "the heavier last stage idles the pipeline more than equal stages' 1/5");
+    double span;
+    EXPECT(plan_pipe_simulate(&p, NULL, &span) == w.bubble && span == w.step,
+           "the row is the pipe's simulation");
+    double busy = w.compute + w.host + w.comm;
+    EXPECT(w.bubble_s > 0 && fabs(busy + w.bubble_s - w.step) <= 1e-12 * w.step,
+           "the columns add up: %.9g + %.9g = step %.9g", busy, w.bubble_s, w.step);
+    EXPECT_NEAR(w.step / (w.compute / (12 * cc) * (3 * a + 12 * cc)), 1, 1e-9,
+                "the step: the span 3a + 12c, the slowest stage's compute 4 x 3c");
+    // a heavier head: a larger bubble
+    ModelConfig big = c;
+    big.vocab_size = 1024;
+    PlanRow wb;
+    EXPECT(!plan_layout(&wb, &big, &o, &sp, &l, NULL, NULL) && wb.bubble > w.bubble + 1e-3,
+           "vocab 1024: bubble %.6f, vocab 256: %.6f", wb.bubble, w.bubble);
+    // interleaved, the small preset (4 layers, d 256, 8 heads of 32, 4 kv heads, 8 experts of 512, top-2,
+    // vocab 256) on 2 x 2 chunks: the head on virtual stage 3 (stage 1's second chunk) alone; a layer 2 x 256
+    // x 32 x 24 + 2 x 2 x 8 x 32 x 32 + 2 x 256 x 8 + 2 x 2 x 3 x 256 x 512 = 2002944, the head 131072
+    ModelConfig sm;
+    config_preset(&sm, "small");
+    TrainOptions os = o;
+    os.batch = 16;
+    PlanLayout li = {1, 1, 1, 2, 2, 0, 0, RECOMPUTE_NONE, 4};
+    EXPECT(!plan_layout(&w, &sm, &os, &sp, &li, NULL, &p) && p.kind == SCHED_INTERLEAVED && p.vpp == 2,
+           "small pp2 vpp2 micro4");
+    EXPECT(fabs(p.tf[1] / p.tf[0] - 1) < 1e-9 && fabs(p.tf[2] / p.tf[0] - 1) < 1e-9 &&
+               fabs(p.tf[3] / p.tf[0] - 2134016.0 / 2002944) < 1e-9,
+           "the chunks' forwards %.9g %.9g %.9g %.9g: the head on virtual stage 3 alone", p.tf[0], p.tf[1],
+           p.tf[2], p.tf[3]);
+    // equal stages: the head (and the projections and router) at 10^9 times the rate
+    sp.hw.dense_tflops = 1e6;
+    EXPECT(!plan_layout(&w, &c, &o, &sp, &l, NULL, NULL), "tiny pp2 micro4, a free head");
+    EXPECT_NEAR(w.bubble, schedule_bubble(SCHED_1F1B, 2, 1, 4, 1, 2), 1e-8,
+                "equal stages: the uniform 1f1b bubble");
+    EXPECT(!plan_layout(&w, &sm, &os, &sp, &li, NULL, NULL), "small pp2 vpp2 micro4");
+    EXPECT_NEAR(w.bubble, schedule_bubble(SCHED_INTERLEAVED, 2, 2, 4, 1, 2), 1e-8,
+                "equal stages: the uniform interleaved bubble");
+}
+
+// Every layout of the small preset on 8 GPUs: the step is the slowest stage's compute, host overhead and
+// exposed comm plus its idle (the columns add up), that idle never negative; a pipeline idles (bubble > 0),
+// one stage does not.
+static void check_pipe_columns(void) {
+    ModelConfig c;
+    config_preset(&c, "small");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 32;
+    o.seq_len = 128;
+    PlanSpec sp = spec(8);
+    PlanResult r;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    int bad = 0, piped = 0;
+    for (int i = 0; i < r.n; i++) {
+        const PlanRow *w = &r.rows[i];
+        double busy = w->compute + w->host + w->comm;
+        piped += w->l.pp > 1;
+        bad += !(fabs(busy + w->bubble_s - w->step) <= 1e-12 * w->step && w->bubble_s >= 0 &&
+                 (w->l.pp > 1 ? w->bubble > 0 && w->bubble_s > 0 : w->bubble == 0 && w->bubble_s == 0));
+    }
+    EXPECT(!bad && piped > 100, "%d of %d rows' columns do not add up (%d pipelined)", bad, r.n, piped);
+    plan_result_free(&r);
 }
 
 int main(void) {
@@ -336,5 +460,8 @@ int main(void) {
     check_smallest();
     check_roundtrip();
     check_fp8();
+    check_pipe_equal();
+    check_pipe_planner();
+    check_pipe_columns();
     return test_done("test_plan");
 }

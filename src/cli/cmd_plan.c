@@ -128,10 +128,11 @@ int cmd_plan(State *s) {
         PlanLayout l;
         if ((bad = plan_parse_layout(&l, cl->explain, &s->train))) DIE("%s", bad);
         PlanRow row;
-        if ((bad = plan_layout(&row, &s->model, &s->train, &sp, &l, NULL)))
+        PlanPipe pipe;
+        if ((bad = plan_layout(&row, &s->model, &s->train, &sp, &l, NULL, &pipe)))
             DIE("impossible layout '%s': %s", cl->explain, bad);
-        plan_print_explain(&row, &sp, &s->train, args);
-        return opt_set(s, "out") && plan_timeline(&row, s->train.out) ? 1 : 0;
+        plan_print_explain(&row, &pipe, &sp, &s->train, args);
+        return opt_set(s, "out") && plan_timeline(&row, &pipe, s->train.out) ? 1 : 0;
     }
     PlanResult r;
     plan_enumerate(&r, &s->model, &s->train, &sp, 0);

@@ -51,25 +51,19 @@ static int spans_nodes(const MeshShape *s, int k, int n) {
     return 0;
 }
 
-// Stage s's compute seconds on one rank: its share of the step's FLOPs at the profile's rates (the experts'
-// under --precision fp8 at its fp8 rate: their quantisation passes included; with sp->grouped_shape scaled to
-// the nearest measured expert shape), the recomputed forwards (--recompute moe: the experts' w1 and w3 again,
-// 2/9 of their training FLOPs; attn: attention's forward, 1/3 of its), and AdamW over the elements it
-// updates. A dense layer (config dense_layers) runs its MLP at the dense rate and has no router; the last
-// virtual stage also runs the MTP modules (each an MoE block, eh_proj and the LM head again). *grouped: of
-// the total, the experts' seconds; *rate: their TFLOP/s.
-static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, const TrainOptions *t,
-                            const PlanSpec *sp, double *grouped_s, double *rate) {
+// The compute seconds a step (every micro-batch) of layers layers, moe of them MoE layers, on one rank of m,
+// with the LM head and the MTP modules (each an MoE block, eh_proj and the LM head again) when last: their
+// share of the step's FLOPs at the profile's rates (the experts' under --precision fp8 at its fp8 rate: their
+// quantisation passes included; with sp->grouped_shape scaled to the nearest measured expert shape), the
+// recomputed forwards (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs; attn:
+// attention's forward, 1/3 of its). A dense layer (config dense_layers) runs its MLP at the dense rate and
+// has no router. *fwd: of the total, the forwards' (a third of the FLOPs but the recomputed ones, which run
+// in the backward); *grouped_s: the experts' seconds; *rate: their TFLOP/s.
+static double part_compute(const CostMesh *m, const ModelConfig *c, const TrainOptions *t, const PlanSpec *sp,
+                           int layers, int moe, int last, double *fwd, double *grouped_s, double *rate) {
     const HwProfile *hw = &sp->hw;
     CostFlops f;
     cost_flops(&f, c, t->seq_len);
-    int layers = 0, moe = 0, last = 0, S = m->ms.pp * m->vpp;
-    for (int ch = 0; ch < m->vpp; ch++) {
-        int v = ch * m->ms.pp + s;
-        layers += m->sp.first[v + 1] - m->sp.first[v];
-        for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) moe += !config_layer_dense(c, l);
-        last |= v == S - 1;
-    }
     double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp, D = last ? c->mtp_depth : 0,
            d = c->d_model, mlp = 2 * 3 * d * c->dense_d_ff;
     double grouped = tok * (moe + D) * f.experts / tp, attn = tok * (layers + D) * f.attn_scores / tp;
@@ -77,17 +71,81 @@ static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, cons
     // (each 0 without dense layers and MTP modules)
     dense += tok *
         ((layers - moe) * (mlp - f.router) / tp + D * ((f.attn_proj + f.router) / tp + f.head + 4 * d * d));
-    if (t->recompute & RECOMPUTE_MOE) grouped *= 1 + 2.0 / 9;
     double gr = t->precision == PREC_FP8 ? hw->fp8_grouped_tflops : hw->grouped_tflops;
     if (sp->grouped_shape) gr *= hwprofile_grouped_shape(c->d_model, c->d_ff, NULL);
+    double dr = hw->dense_tflops * 1e12, ar = hw->attention_tflops * 1e12;
+    *fwd = (grouped / (gr * 1e12) + dense / dr + attn / ar) / 3;
+    if (t->recompute & RECOMPUTE_MOE) grouped *= 1 + 2.0 / 9;
     if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
-    double mb = t->precision == PREC_BF16 ? 2.0 : 4.0,
-           per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written; bf16 w
-    double elems = m->stage[s].mem.moments / mb / 2;
     *grouped_s = grouped / (gr * 1e12);
     *rate = gr;
-    return *grouped_s + dense / (hw->dense_tflops * 1e12) + attn / (hw->attention_tflops * 1e12) +
-        elems * per / (hw->hbm_gbps * 1e9);
+    return *grouped_s + dense / dr + attn / ar;
+}
+
+// Virtual stage v's layers (*layers) and MoE layers among them (*moe), the trainer's split (m->sp).
+static void vstage_layers(const CostMesh *m, const ModelConfig *c, int v, int *layers, int *moe) {
+    *layers = m->sp.first[v + 1] - m->sp.first[v];
+    *moe = 0;
+    for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) *moe += !config_layer_dense(c, l);
+}
+
+// Stage s's compute seconds on one rank: part_compute of the layers of its chunks (the last virtual stage's
+// head and MTP modules with them), and AdamW over the elements it updates.
+static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, const TrainOptions *t,
+                            const PlanSpec *sp, double *grouped_s, double *rate) {
+    int layers = 0, moe = 0, last = 0, S = m->ms.pp * m->vpp;
+    for (int ch = 0; ch < m->vpp; ch++) {
+        int v = ch * m->ms.pp + s, n, e;
+        vstage_layers(m, c, v, &n, &e);
+        layers += n;
+        moe += e;
+        last |= v == S - 1;
+    }
+    double fwd, mb = t->precision == PREC_BF16 ? 2.0 : 4.0,
+                per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written; bf16 w
+    double elems = m->stage[s].mem.moments / mb / 2;
+    return part_compute(m, c, t, sp, layers, moe, last, &fwd, grouped_s, rate) +
+        elems * per / (sp->hw.hbm_gbps * 1e9);
+}
+
+// Stage s's forward and backward times of one micro-batch in p: each of its virtual stages' own compute
+// (part_compute of its layers), the messages where they are sent (cs: the stage's exposed seconds a step, tp,
+// ep, etp, dp, pp): TP, EP and ETP per layer (the last two per MoE layer), half in the forward, half in the
+// backward; PP the forward's output on from all but the last virtual stage, the backward's gradient back from
+// all but the first; the rest of its busy time (rest: compute, AdamW and host overhead, the DP gradients,
+// once a step) spread in proportion to the compute.
+static void stage_times(PlanPipe *p, const CostMesh *m, const ModelConfig *c, const TrainOptions *t,
+                        const PlanSpec *sp, int s, double rest, const double *cs) {
+    int S = p->pp * p->vpp, lay[STAGES_MAX], moe[STAGES_MAX], L = 0, E = 0, P = 0;
+    double comp = 0, all[STAGES_MAX], fwd[STAGES_MAX], gs, rate;
+    for (int ch = 0; ch < p->vpp; ch++) {
+        int v = ch * p->pp + s;
+        vstage_layers(m, c, v, &lay[ch], &moe[ch]);
+        all[ch] = part_compute(m, c, t, sp, lay[ch], moe[ch], v == S - 1, &fwd[ch], &gs, &rate);
+        comp += all[ch];
+        L += lay[ch];
+        E += moe[ch];
+        P += (v < S - 1) + (v > 0);
+    }
+    double k = rest / comp;
+    for (int ch = 0; ch < p->vpp; ch++) {
+        int v = ch * p->pp + s;
+        double msg = cs[0] * lay[ch] / L + (E ? (cs[1] + cs[2]) * moe[ch] / E : 0);
+        double on = P ? cs[4] * (v < S - 1) / P : 0, back = P ? cs[4] * (v > 0) / P : 0;
+        p->tf[v] = (k * fwd[ch] + msg / 2 + on) / p->micro;
+        p->tb[v] = (k * (all[ch] - fwd[ch]) + msg / 2 + back) / p->micro;
+    }
+}
+
+double plan_pipe_simulate(const PlanPipe *p, SchedEvent *ev, double *span) {
+    int n = 2 * p->pp * p->vpp * p->micro;
+    SchedEvent *e = ev ? ev : xmalloc(sizeof *e * (size_t)n);
+    double b = schedule_simulate_times(p->kind, p->pp, p->vpp, p->micro, &(SchedTimes){p->tf, p->tb}, e);
+    *span = 0;
+    for (int i = 0; i < n; i++)
+        if (e[i].t1 > *span) *span = e[i].t1;
+    if (!ev) free(e);
+    return b;
 }
 
 // The fraction of a stage's micro-batches (chunks, with VPP) Megatron-Core's 1F1B schedule runs in its steady
@@ -240,10 +298,11 @@ static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, con
 }
 
 // plan_layout on the stages' parameter tables of its mesh and split (lts; NULL: built by cost_mesh), the
-// layers split as --pp-layers split ("": evenly).
+// layers split as --pp-layers split ("": evenly); pipe: room for the pipeline (filled whether or not the
+// caller wants it: the step is simulated on it).
 static const char *layout_figures(PlanRow *row, const ModelConfig *c, const TrainOptions *o,
                                   const PlanSpec *sp, const PlanLayout *l, int *reason, const ParamTable *lts,
-                                  const char *split) {
+                                  const char *split, PlanPipe *pipe) {
     static char msg[320];
     int why = 0;
     MeshShape ms;
@@ -267,6 +326,10 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         bw[k] = (row->inter[k] ? hw->internode_gbps : hw->nvlink_gbps) * 1e9;
     }
     double busy = -1;
+    pipe->kind = ms.pp > 1 ? t.pp_schedule : SCHED_SEQUENTIAL;
+    pipe->pp = ms.pp;
+    pipe->vpp = m.vpp;
+    pipe->micro = m.micro;
     for (int s = 0; s < ms.pp; s++) {
         const CostStage *st = &m.stage[s];
         // (the cuda backend's accounting: a plan is for GPUs)
@@ -290,6 +353,10 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         cs[1] -= hide;
         for (int k = 0; k < 5; k++) comm += cs[k];
         double host = stage_host(&m, s, hw, comp, &launches, &syncs);
+        pipe->part[s][0] = comp + host;
+        pipe->part[s][1] = comm - cs[3];
+        pipe->part[s][2] = cs[3];
+        stage_times(pipe, &m, c, &t, sp, s, comp + host + cs[3], cs);
         if (comp + host + comm > busy) {
             busy = comp + host + comm;
             row->compute = comp;
@@ -303,9 +370,11 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         }
     }
     if (sp->grouped_shape) hwprofile_grouped_shape(c->d_model, c->d_ff, &row->shape);
-    row->bubble = ms.pp > 1 ? m.bubble_sim : 0;
-    row->step = busy / (1 - row->bubble);
-    row->bubble_s = row->step - busy;
+    row->step = busy; // (one stage: its actions back to back)
+    if (ms.pp > 1) {
+        row->bubble = plan_pipe_simulate(pipe, NULL, &row->step);
+        row->bubble_s = row->step - busy;
+    }
     row->mem = row->mem_info + row->mem_headroom + hw->context_bytes;
     double tokens = (double)o->batch * o->seq_len;
     row->tokens_s = tokens / row->step;
@@ -315,8 +384,9 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
 }
 
 const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
-                        const PlanLayout *l, int *reason) {
-    return layout_figures(row, c, o, sp, l, reason, NULL, o->pp_layers);
+                        const PlanLayout *l, int *reason, PlanPipe *pipe) {
+    PlanPipe own;
+    return layout_figures(row, c, o, sp, l, reason, NULL, o->pp_layers, pipe ? pipe : &own);
 }
 
 // The divisors of n, ascending (out: room for 2048, more than any int has); returns their count.
@@ -351,6 +421,7 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
                              PlanLayout l, int dp_edp_one, const ParamTable *lts, int stop_at_fit) {
     static const int rcs[3] = {RECOMPUTE_NONE, RECOMPUTE_MOE, RECOMPUTE_FULL};
     int ms[2048], nm = divisors(o->batch, ms);
+    PlanPipe pipe; // (each layout's, simulated and dropped)
     for (int i = 0; i < nm; i++) {
         for (int z = 0; z < (dp_edp_one ? 1 : 3); z++) {
             for (int k = 0; k < 3; k++) {
@@ -359,7 +430,7 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
                 l.recompute = rcs[k];
                 PlanRow row;
                 int why;
-                if (layout_figures(&row, c, o, sp, &l, &why, lts, "")) {
+                if (layout_figures(&row, c, o, sp, &l, &why, lts, "", &pipe)) {
                     r->refused[why]++; // (the batch or the schedule: no zero or recompute changes it)
                     z = k = 3;
                     continue;

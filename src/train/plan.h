@@ -23,8 +23,15 @@
 //    code) at the profile's launch_us, costing what exceeds the stage's compute (queued launches overlap
 //    the GPU's work), and its host synchronisations (the routing's counts, once per MoE layer forward) at
 //    sync_us each (0 in the built-in profiles: not calibrated, docs/PLAN.md);
-//  - the pipeline bubble: schedule_bubble's simulated fraction (backward = 2 x forward), the step =
-//    (compute + host overhead + exposed comm) / (1 - bubble);
+//  - the pipeline: each virtual stage's forward and backward of one micro-batch from its own layers'
+//    compute (stages.h's split, the trainer's; the LM head and the MTP modules on the last virtual stage;
+//    the embedding on the first through its table's AdamW, its lookup having no FLOPs here; a forward a
+//    third of the training FLOPs, the recomputed forwards in the backward), plus the stage's exposed
+//    messages where they are sent (TP, EP, ETP per layer, half in the forward; PP at each boundary), its
+//    AdamW, host overhead and DP gradients (once a step) spread over its actions in proportion to their
+//    compute; the schedule simulated on those times (PlanPipe, plan_pipe_simulate): the step is its span,
+//    the bubble fraction the stages' mean idle, the bubble's seconds the slowest stage's idle (the step less
+//    its compute, host overhead and exposed comm). One stage: the step is that sum, no bubble;
 //  - memory: the largest stage's per-rank cuda total of cost_mesh (CostMemory.cuda: the cuda backend's
 //    accounting, as moe info prints it), plus the imbalance headroom on the buffers sized by routing
 //    (CostMemory.cuda.routed x (--imbalance - 1)) and the profile's context bytes (the CUDA context, the
@@ -34,8 +41,10 @@
 #pragma once
 #include "core/config.h"
 #include "parallel/mesh.h"
+#include "parallel/stages.h"
 #include "train/hwprofile.h"
 #include "train/options.h"
+#include "train/schedule.h"
 
 // One layout: the flags of `moe train` that choose it.
 typedef struct {
@@ -49,10 +58,11 @@ typedef struct {
     double mem_info; // the largest stage's per-rank cuda total, as moe info prints it
     double mem_headroom; // (imbalance - 1) x the routed buffers of that stage
     double mem; // mem_info + mem_headroom + the profile's context
-    double compute, comm, bubble_s; // the step's parts: the slowest stage's compute and exposed comm, bubble
+    double compute, comm; // the step's parts: the slowest stage's compute and exposed comm,
+    double bubble_s; // and its idle (the step less its busy time)
     double host; // and its host overhead (launches the GPU's work does not hide, synchronisations)
     double launches, syncs; // that stage's backend ops (CUDA launches) and host synchronisations a step
-    double bubble; // the simulated bubble fraction
+    double bubble; // the simulated bubble fraction: the stages' mean idle over the step
     double step, tokens_s, mfu; // seconds a step, tokens/s, model FLOPs / (GPUs x peak)
     double comm_kind[5]; // exposed seconds: tp, ep, etp, dp, pp (of the slowest stage)
     double hidden_ep; // of that stage's all-to-all, the seconds hidden behind compute (--hide-a2a)
@@ -100,6 +110,19 @@ typedef struct {
     int refused[PLAN_R_N];
 } PlanResult;
 
+// A layout's pipeline as the planner simulates it (one stage: sequential), in seconds.
+typedef struct {
+    ScheduleKind kind;
+    int pp, vpp, micro; // stages, chunks a stage (1 but interleaved), micro-batches a step
+    double tf[STAGES_MAX], tb[STAGES_MAX]; // (pp x vpp, virtual stage chunk x pp + stage) its forward and
+                                           // backward of one micro-batch
+    double part[STAGES_MAX][3]; // (pp) a stage's busy seconds a step: compute and host overhead, exchange
+                                // (tp, ep, etp, pp messages), reduction (dp gradients)
+} PlanPipe;
+// The schedule simulated on p's times (schedule_simulate_times), each action into ev (NULL: none; else room
+// for 2 x pp x vpp x micro): returns the bubble fraction (the stages' mean idle), *span the step.
+double plan_pipe_simulate(const PlanPipe *p, SchedEvent *ev, double *span);
+
 // Every layout of c on sp->gpus GPUs for o's batch and seq_len (o's other options as given: schedule
 // kinds follow vpp, o's zero / recompute / grad_accum / pp / tp ... are replaced per layout). stop_at_fit:
 // return at the first layout that fits (r->rows holds it alone, counts partial).
@@ -108,10 +131,10 @@ void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, 
 void plan_result_free(PlanResult *r);
 // One layout's figures, its layers split as o->pp_layers gives ("": evenly; plan_enumerate searches the even
 // split only): NULL, or a static message naming the rule that refuses it ("mesh: ...", "pipeline: ...",
-// "batch: ...", "schedule: ..."); *reason (may be NULL) its PLAN_R_* index. Fits or not: row->mem against
-// sp->hw.mem_bytes is the caller's.
+// "batch: ...", "schedule: ..."); *reason (may be NULL) its PLAN_R_* index; *pipe (may be NULL) the pipeline
+// its step was simulated on. Fits or not: row->mem against sp->hw.mem_bytes is the caller's.
 const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
-                        const PlanLayout *l, int *reason);
+                        const PlanLayout *l, int *reason, PlanPipe *pipe);
 // The smallest GPU count above sp->gpus, up to max_gpus, on which some layout fits; 0 if none.
 int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus);
 // Parses "tp2 ep4 etp1 pp2 vpp2 zero1 micro8 recompute-moe" (any order; the words left out: 1, zero 0,

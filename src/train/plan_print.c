@@ -76,7 +76,8 @@ void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOption
     }
 }
 
-void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions *o, const char *model_args) {
+void plan_print_explain(const PlanRow *w, const PlanPipe *pipe, const PlanSpec *sp, const TrainOptions *o,
+                        const char *model_args) {
     static const char *const kinds[5] = {"tp", "ep all-to-all", "etp", "dp gradients", "pp"};
     char name[160], b[4][32];
     plan_layout_name(name, sizeof name, &w->l);
@@ -106,8 +107,16 @@ void plan_print_explain(const PlanRow *w, const PlanSpec *sp, const TrainOptions
         printf("exposed %-13s %8.2f ms (%s)\n", kinds[k], 1e3 * w->comm_kind[k],
                w->inter[k] ? "between nodes" : "NVLink");
     if (sp->hide_a2a) printf("all-to-all hidden behind compute: %.2f ms\n", 1e3 * w->hidden_ep);
-    printf("pipeline bubble: %.1f%% (simulated, backward = 2 x forward): %.2f ms\n", 100 * w->bubble,
-           1e3 * w->bubble_s);
+    if (pipe->pp > 1) {
+        printf("stages' busy time (compute, host overhead, exposed comm):");
+        for (int s = 0; s < pipe->pp; s++)
+            printf("%s %.2f", s ? " /" : "", 1e3 * (pipe->part[s][0] + pipe->part[s][1] + pipe->part[s][2]));
+        printf(" ms\n");
+    }
+    printf(
+        "pipeline bubble: %.1f%% (simulated on each stage's own times: the stages' mean idle); the slowest "
+        "stage idles %.2f ms\n",
+        100 * w->bubble, 1e3 * w->bubble_s);
     printf("step: %.2f ms, %.0f tokens/s, MFU %.1f%%\n", 1e3 * w->step, w->tokens_s, 100 * w->mfu);
     print_command(w, sp, o, model_args);
 }

@@ -8,6 +8,7 @@
 // model's flags for the launch commands (" --preset mixtral-8x7b ...", each with its leading space).
 void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOptions *o, int top,
                       const char *model_args);
-// One layout's memory, each part of its step, and its command.
-void plan_print_explain(const PlanRow *row, const PlanSpec *sp, const TrainOptions *o,
+// One layout's memory, each part of its step (with stages: each stage's busy seconds, pipe's), and its
+// command.
+void plan_print_explain(const PlanRow *row, const PlanPipe *pipe, const PlanSpec *sp, const TrainOptions *o,
                         const char *model_args);

@@ -12,26 +12,15 @@
 
 enum { C_COMPUTE = 0x3182bd, C_EXCHANGE = 0xe6550d, C_REDUCE = 0x31a354, C_IDLE = 0xdddddd };
 
-// The simulated step of w's layout: its actions (malloc'd; *n of them) and the bubble the simulator gives.
-static SchedEvent *simulate(const PlanRow *w, int *n, double *bubble) {
-    const PlanLayout *l = &w->l;
-    ScheduleKind k = l->pp == 1 ? SCHED_SEQUENTIAL : l->vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
-    int v = l->pp > 1 ? l->vpp : 1;
-    *n = 2 * l->pp * v * l->micro;
-    SchedEvent *ev = xmalloc(sizeof *ev * (size_t)*n);
-    *bubble = schedule_simulate(k, l->pp, v, l->micro, 1, 2, ev);
-    return ev;
-}
-
-// The data file: per lane its span in grey, then each action's compute, exchange and reduction shares
-// (xlo xhi lane colour; milliseconds).
-static void timeline_data(Str *d, const PlanRow *w, const SchedEvent *ev, int n, double unit, double span) {
-    double busy = w->compute + w->host + w->comm, red = w->comm_kind[3];
-    double fc = (w->compute + w->host) / busy, fe = (w->comm - red) / busy;
-    for (int s = 0; s < w->l.pp; s++) sb_printf(d, "0 %.9g %d %d\n", 1e3 * span, s, C_IDLE);
+// The data file: per lane its span in grey, then each action's compute, exchange and reduction shares (its
+// stage's: pipe->part; xlo xhi lane colour; milliseconds).
+static void timeline_data(Str *d, const PlanPipe *pipe, const SchedEvent *ev, int n, double span) {
+    for (int s = 0; s < pipe->pp; s++) sb_printf(d, "0 %.9g %d %d\n", 1e3 * span, s, C_IDLE);
     for (int i = 0; i < n; i++) {
-        double t0 = 1e3 * unit * ev[i].t0, len = 1e3 * unit * (ev[i].t1 - ev[i].t0);
-        double a = t0 + fc * len, b = a + fe * len, e = t0 + len;
+        const double *part = pipe->part[ev[i].stage];
+        double busy = part[0] + part[1] + part[2];
+        double t0 = 1e3 * ev[i].t0, len = 1e3 * (ev[i].t1 - ev[i].t0);
+        double a = t0 + part[0] / busy * len, b = a + part[1] / busy * len, e = t0 + len;
         sb_printf(d, "%.9g %.9g %d %d\n", t0, a, ev[i].stage, C_COMPUTE);
         if (b > a) sb_printf(d, "%.9g %.9g %d %d\n", a, b, ev[i].stage, C_EXCHANGE);
         if (e > b) sb_printf(d, "%.9g %.9g %d %d\n", b, e, ev[i].stage, C_REDUCE);
@@ -44,8 +33,8 @@ static void timeline_script(Str *s, const PlanRow *w, double span, const char *n
     sb_terminal(s, 1100, 170 + 55 * p, name);
     const PlanLayout *l = &w->l;
     sb_printf(s,
-              "set title 'tp%d ep%d etp%d pp%d vpp%d dp%d micro%d: step %.2f ms, bubble %.1f%% (simulated, "
-              "backward = 2 x forward)'\n",
+              "set title 'tp%d ep%d etp%d pp%d vpp%d dp%d micro%d: step %.2f ms, bubble %.1f%% (simulated on "
+              "each stage''s own times)'\n",
               l->tp, l->ep, l->etp, l->pp, l->vpp, l->dp, l->micro, 1e3 * w->step, 100 * w->bubble);
     sb_printf(s, "set xlabel 'ms'\nset xrange [0:%.9g]\nset yrange [%g:-0.6]\nset ytics (", 1e3 * span,
               p - 0.4);
@@ -67,7 +56,7 @@ static void timeline_script(Str *s, const PlanRow *w, double span, const char *n
 }
 
 // Draws the PNG (the data and script in a temporary directory, gp_draw installing it at path).
-static int timeline_png(const PlanRow *w, const SchedEvent *ev, int n, double unit, double span,
+static int timeline_png(const PlanRow *w, const PlanPipe *pipe, const SchedEvent *ev, int n, double span,
                         const char *path) {
     char *gnuplot = gp_find();
     if (!gnuplot) {
@@ -82,7 +71,7 @@ static int timeline_png(const PlanRow *w, const SchedEvent *ev, int n, double un
         gp_warn("cannot create a temporary directory under /tmp (%s); no timeline", strerror(errno));
     else {
         Str d = {0}, s = {0};
-        timeline_data(&d, w, ev, n, unit, span);
+        timeline_data(&d, pipe, ev, n, span);
         timeline_script(&s, w, span, name);
         if (gp_write(tmpl, "tl.dat", d.p, d.n) == 0) rc = gp_draw(gnuplot, tmpl, dir, name, &s);
         free(d.p);
@@ -93,17 +82,13 @@ static int timeline_png(const PlanRow *w, const SchedEvent *ev, int n, double un
     return rc;
 }
 
-int plan_timeline(const PlanRow *w, const char *path) {
-    int n, p = w->l.pp;
-    double bubble, span = 0;
-    SchedEvent *ev = simulate(w, &n, &bubble);
-    // a forward's seconds: a stage's 3 x vpp x micro units of work are the planner's busy time
-    double unit = (w->compute + w->host + w->comm) / (3.0 * (p > 1 ? w->l.vpp : 1) * w->l.micro);
+int plan_timeline(const PlanRow *w, const PlanPipe *pipe, const char *path) {
+    int p = pipe->pp, n = 2 * p * pipe->vpp * pipe->micro;
+    double span;
+    SchedEvent *ev = xmalloc(sizeof *ev * (size_t)n);
+    double bubble = plan_pipe_simulate(pipe, ev, &span);
     double *busy = xcalloc((size_t)p, sizeof *busy), idle = 0;
-    for (int i = 0; i < n; i++) {
-        busy[ev[i].stage] += unit * (ev[i].t1 - ev[i].t0);
-        if (unit * ev[i].t1 > span) span = unit * ev[i].t1;
-    }
+    for (int i = 0; i < n; i++) busy[ev[i].stage] += ev[i].t1 - ev[i].t0;
     printf("timeline: %s: %d lane%s over %.4g ms (the step; each rank of a stage runs its stage's lane)\n",
            path, p, p > 1 ? "s" : "", 1e3 * span);
     for (int s = 0; s < p; s++) {
@@ -112,7 +97,7 @@ int plan_timeline(const PlanRow *w, const char *path) {
         printf("  stage %d: busy %.2f%%, idle %.2f%%\n", s, 100 * f, 100 * (1 - f));
     }
     printf("  mean idle %.2f%% = the simulated bubble %.2f%%\n", 100 * idle / p, 100 * bubble);
-    int rc = timeline_png(w, ev, n, unit, span, path);
+    int rc = timeline_png(w, pipe, ev, n, span, path);
     free(busy);
     free(ev);
     return rc;
