@@ -3,10 +3,12 @@
 // cuda_attention_fwd_wg calls it at 128 / 128 (its own att_wg_fwd_k stays for 192 / 128 and, with
 // MOE_ATTN_FWD_OLD=1, for 128). Same contract and roundings as that kernel (ops.h attention_fwd: out bf16,
 // lse float32, query rows [qa, qb), GQA, causal; bf16 Q K V, P rounded to bf16 for the second product,
-// float32 softmax and accumulation). The one difference: 128-key tiles, so the online softmax's running
-// max (and with it the rounding of each P to bf16) moves per 128 keys instead of 64: other bits than the old
-// kernel's, within the same bands; the same bits over any split of the query rows (the key tiles start at
-// key 0 whatever the rows) and from run to run (no atomics; each output written by one thread).
+// float32 softmax and accumulation). Two differences: 128-key tiles, so the online softmax's running max
+// (and with it the rounding of each P to bf16) moves per 128 keys instead of 64, and each exponent is
+// exp2(s sl - m) with one rounding (a fused multiply-add) where the old kernel rounds s sl first: other
+// bits than the old kernel's, within the same bands; the same bits over any split of the query rows (the key
+// tiles start at key 0 whatever the rows) and from run to run (no atomics; each output written by one
+// thread).
 // A block: 128 query rows of one head, 3 warpgroups. Warpgroup 0 is the producer (setmaxnreg down to 40;
 // one thread issues every load): TMA (4-D tensor maps over (B, rows, heads, 128), 128-byte swizzle, rows
 // from qb on zero-filled by the map's bounds, so rows past the call's range are never read) loads Q once and
@@ -124,6 +126,53 @@ __device__ __forceinline__ void wgf_frags(uint32_t (*p)[4], const float *s) {
 #pragma unroll
         for (int i = 0; i < 4; i++) p[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
 }
+// The online softmax of one 128-key tile, as cuda_attention_softmax.cuh's softmax_tile but with the scale
+// folded into the exponent (one fused multiply-add a score: the max is taken over the raw scores, and
+// max(s) sl is the max of the scaled ones, sl > 0): scores masked to -inf where the key follows the row or
+// is past qb (only when mask), the running maxima m (scaled, base 2) and this thread's row sums l updated,
+// s becomes exp2(s sl - m), and c0, c1 the factors O is to be rescaled by (0 on the first tile).
+__device__ __forceinline__ void wgf_softmax(float *s, float &m0, float &m1, float &l0, float &l1, float &c0,
+                                            float &c1, int mask, int k0, int r0, int r1, int qb, int t,
+                                            float sl) {
+    if (mask) {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                if (!(key <= row && key < qb)) s[4 * j + e] = -INFINITY;
+            }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // finite: key 0 <= row is in the first tile, so the running max is finite from then on
+    mx0 = fmaxf(m0, mx0 * sl);
+    mx1 = fmaxf(m1, mx1 * sl);
+    c0 = exp2f(m0 - mx0);
+    c1 = exp2f(m1 - mx1);
+    m0 = mx0;
+    m1 = mx1;
+    float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        s[4 * j] = exp2f(fmaf(s[4 * j], sl, -mx0));
+        s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], sl, -mx0));
+        s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], sl, -mx1));
+        s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], sl, -mx1));
+        ps0 += s[4 * j] + s[4 * j + 1];
+        ps1 += s[4 * j + 2] + s[4 * j + 3];
+    }
+    l0 = l0 * c0 + ps0; // this thread's columns only; the quad's sum is taken at the end (softmax_store)
+    l1 = l1 * c1 + ps1;
+}
 // a consumer warp is done with a stage: one arrival a warp on its empty barrier (count 8)
 __device__ __forceinline__ void wgf_release(uint32_t bar) {
     __syncwarp();
@@ -200,7 +249,8 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
     wgmma_wait<0>();
     wgf_pin<64>(s);
     wgf_release(bs + 16);
-    softmax_tile<16, 0>(s, nullptr, m0, m1, l0, l1, AF_BN > wrow || AF_BN > qb, 0, r0, r1, qb, t, sl);
+    float c0, c1;
+    wgf_softmax(s, m0, m1, l0, l1, c0, c1, AF_BN > wrow || AF_BN > qb, 0, r0, r1, qb, t, sl);
     wgf_frags(p, s);
     for (int j = 1; j < ntile; j++) {
         const int sj = j % AF_ST, pj = (j - 1) % AF_ST, k0 = j * AF_BN;
@@ -217,10 +267,8 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
         wgmma_wait<1>(); // S_j is done; P_{j-1} V_{j-1} runs under the softmax
         wgf_pin<64>(s);
         wgf_release(kf + 16);
-        const float mo0 = m0, mo1 = m1;
-        softmax_tile<16, 0>(s, nullptr, m0, m1, l0, l1, k0 + AF_BN > wrow || k0 + AF_BN > qb, k0, r0, r1, qb,
-                            t, sl); // mask: the diagonal or the last keys
-        const float c0 = exp2f(mo0 - m0), c1 = exp2f(mo1 - m1); // softmax_tile's rescale of this tile
+        wgf_softmax(s, m0, m1, l0, l1, c0, c1, k0 + AF_BN > wrow || k0 + AF_BN > qb, k0, r0, r1, qb, t,
+                    sl); // mask: the diagonal or the last keys
         wgmma_wait<0>();
         wgf_pin<64>(o);
         wgf_pin_p(p);
