@@ -118,8 +118,8 @@ __device__ __forceinline__ void wgf_times(float *o, uint32_t (*p)[4], uint32_t s
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) wgf_pv(o, p[kk], desc_sw128(sv + 2048 * kk, AF_CB, 1024));
 }
-// P (64 x 128 accumulator) as A fragments rounded to bf16: keys 16 kk .. 16 kk + 15 are columns 2 kk, 2 kk +
-// 1
+// P (64 x 128 accumulator) as A fragments rounded to bf16 (keys 16 kk .. 16 kk + 15: fragment columns 2 kk,
+// 2 kk + 1)
 __device__ __forceinline__ void wgf_frags(uint32_t (*p)[4], const float *s) {
 #pragma unroll
     for (int kk = 0; kk < 8; kk++)
