@@ -161,8 +161,9 @@ static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const 
 // cuda_attention_tc.cu): q, k, v and dout rounded to bf16; scores, softmax, log-sum-exp and sums
 // in float32 (double here); the second products take P (forward: exp(s - max), normalised after
 // the sum; backward: exp(s - lse)) and dS rounded to bf16. One difference is left: the forward
-// kernel rounds exp(s - running max) per 64-key tile, so rows longer than 64 keys whose max moves
-// between tiles round some of their P differently (2^-9 relative of those terms). Latent attention's values
+// kernel rounds exp(s - running max) per 64-key tile (128-key at head dim 128: cuda_attention_wgf.cu), so
+// rows longer than one tile whose max moves between tiles round some of their P differently (2^-9
+// relative of those terms). Latent attention's values
 // (attention_fwd_v, hv < hd): the same where the cuda backend's wgmma kernels take the widths (192 / 128).
 // With dropout (attention_drop_fwd/bwd, ops.h; BfrDrop) as those kernels order it: the normaliser and lse
 // sum every p, the dropped P are zeroed before the P V product (the kept ones rounded as without dropout)

@@ -1899,6 +1899,64 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     free(pv);
 }
 
+// The rows [t0, t1) of nb blocks of `len` floats, each block's range of `per` floats a row (x's rows t0..t1
+// of (nb, len / per, per)), gathered into one array
+static float *att_rows(const float *x, size_t nb, size_t len, size_t per, int t0, int t1) {
+    size_t n = (size_t)(t1 - t0) * per;
+    float *r = hnew(nb * n);
+    for (size_t i = 0; i < nb; i++) memcpy(r + i * n, x + i * len + t0 * per, n * sizeof(float));
+    return r;
+}
+
+// The forward alone over the query rows [t0, t1) (as the decode and chunked callers ask) against the
+// reference's forward over the same rows (bf16_ref.h on the tensor-core path): out and lse of those rows in
+// test_attention's bands, every other row left as it was (NaN), and a second call the same bits. Without the
+// backward's cost on the cpu, so that long sequences fit (cuda_attention_wgf.cu's many 128-key tiles).
+static void test_attention_fwd_rows(int B, int T, int H, int KV, int hd, int t0, int t1) {
+    int tc = gpu_bf16 && (hd == 32 || hd == 64 || hd == 128);
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
+    float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f);
+    void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
+    const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;
+    float *o = hnew(nq), *l = hnew(nl), *ld = dnan(nl), *ld2 = dnan(nl);
+    void *oh = hid_nan(nq), *oh2 = hid_nan(nq);
+    ref->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1);
+    gpu->attention_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, t0, t1);
+    gpu->attention_fwd(oh2, ld2, qd, kd, vd, B, T, H, KV, hd, t0, t1);
+    float *og = hid_get(oh, nq), *lg = dget(ld, nl);
+    size_t outside = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            if (t >= t0 && t < t1) continue;
+            for (int h = 0; h < H; h++)
+                outside +=
+                    !isnan(og[(((size_t)b * T + t) * H + h) * hd]) + !isnan(lg[((size_t)b * H + h) * T + t]);
+        }
+    char what[160];
+    const char *path = tc ? " [tensor cores]" : "";
+    EXPECT(outside == 0, "attention_fwd rows [%d,%d) of T %d%s: %zu values outside them written", t0, t1, T,
+           path, outside);
+    size_t ro = (size_t)(t1 - t0) * H * hd * B, rl = (size_t)(t1 - t0) * H * B;
+    float *orf = att_rows(o, B, (size_t)T * H * hd, (size_t)H * hd, t0, t1),
+          *ogr = att_rows(og, B, (size_t)T * H * hd, (size_t)H * hd, t0, t1);
+    float *lrf = att_rows(l, (size_t)B * H, T, 1, t0, t1), *lgr = att_rows(lg, (size_t)B * H, T, 1, t0, t1);
+    float *ogd = dputf(ogr, ro), *lgd = dputf(lgr, rl);
+    snprintf(what, sizeof what, "out rows [%d,%d) B%d T%d H%d KV%d hd%d%s", t0, t1, B, T, H, KV, hd, path);
+    cmp_n("attention_fwd", what, ogd, orf, ro, att_out_band(BAND_SUM), tc ? BAND_ATT_TC_NORM : 0);
+    snprintf(what, sizeof what, "lse rows [%d,%d) B%d T%d H%d KV%d hd%d%s", t0, t1, B, T, H, KV, hd, path);
+    cmp("attention_fwd", what, lgd, lrf, rl, BAND_SUM);
+    snprintf(what, sizeof what, "attention_fwd rows [%d,%d) T%d hd%d%s: two runs on the same inputs (out)",
+             t0, t1, T, hd, path);
+    cmp_exact_hid2(what, oh, oh2, nq);
+    snprintf(what, sizeof what, "attention_fwd rows [%d,%d) T%d hd%d%s: two runs on the same inputs (lse)",
+             t0, t1, T, hd, path);
+    cmp_exact_dev(what, ld, ld2, nl);
+    void *dev[] = {qd, kd, vd, ld, ld2, oh, oh2, ogd, lgd};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
+    float *host[] = {q, k, v, o, l, og, lg, orf, ogr, lrf, lgr};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
 // ---------------------------------------------------------------- cross-entropy
 // Query rows in n chunks [T*j/n, T*(j+1)/n) (AMPipe): the forward over the chunks is the same bits
 // as one call and leaves later rows unwritten; the backward over the chunks in reverse (the block
@@ -2534,6 +2592,24 @@ static void run_suite(const Backend *be, int big) {
     test_attention_chunks(1, 97, 6, 2, 64, 4); // uneven
     test_attention_chunks(2, 37, 4, 2, 40, 3); // the float32 kernels (hd 40)
     if (big) test_attention_chunks(1, 300, 4, 4, 128, 4);
+    // head dim 128's forward on 128-key tiles (cuda_attention_wgf.cu): one row; T at the 64- and 128-key
+    // tiles' edges (the last tile partial or whole, the rows past T of a block's Q zero-filled); B 3; KV 1
+    // (every query head on one K/V head) and KV = H
+    test_attention(1, 1, 2, 1, 128);
+    test_attention(1, 63, 2, 2, 128);
+    test_attention(3, 64, 2, 1, 128);
+    test_attention(1, 65, 4, 4, 128);
+    test_attention(2, 127, 2, 1, 128);
+    test_attention(1, 128, 4, 2, 128);
+    test_attention(3, 129, 2, 2, 128);
+    // row ranges: t0 % 128 = 64 (the first consumer warpgroup's last tile is past all its rows, masked
+    // whole), off every block (t0 333), one row (decode), and a long sequence (33 tiles, the last of one key)
+    test_attention_fwd_rows(2, 300, 4, 2, 128, 64, 300);
+    test_attention_fwd_rows(1, 1000, 4, 1, 128, 333, 666);
+    test_attention_fwd_rows(1, 200, 2, 2, 128, 199, 200);
+    test_attention_chunks(2, 256, 4, 2, 128, 4); // chunks at 64, 128, 192
+    if (big) test_attention_fwd_rows(1, 4097, 2, 1, 128, 0, 4097);
+    if (big) test_attention_chunks(1, 1000, 4, 2, 128, 3);
     test_cross_entropy(37, 13, 1.0f);
     test_cross_entropy(20, 5000, 3.0f);
     if (big) test_cross_entropy(9, 32000, 10.0f);

@@ -537,8 +537,9 @@ extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsi
                                      const unsigned short *k, const unsigned short *v, int B, int T, int H,
                                      int KV, int hd, int hv, int t0, int t1) {
     if (!cuda_attention_wg_runs(hd, hv)) return 0;
-    if (hd == 128) fwd_run<128, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1);
-    else fwd_run<192, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1);
+    if (hd != 128) fwd_run<192, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1);
+    else if (!cuda_attention_fwd_wgf(out, lse, q, k, v, B, T, H, KV, t0, t1)) // MOE_ATTN_FWD_OLD=1: ours
+        fwd_run<128, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1);
     return 1;
 }
 

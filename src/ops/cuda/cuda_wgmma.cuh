@@ -1,7 +1,7 @@
 // cuda_wgmma.cuh — the Hopper (sm_90a) PTX pieces shared by our wgmma kernels (cuda_grouped.cu,
-// cuda_attention_wg.cu): shared-memory addresses, the wgmma fence / commit / wait, the
-// shared-memory matrix descriptor of 128-byte-swizzled tiles, and the mbarrier and TMA tile-load
-// wrappers. Device code only.
+// cuda_attention_wg.cu, cuda_attention_wgf.cu): shared-memory addresses, the wgmma fence / commit / wait,
+// the shared-memory matrix descriptor of 128-byte-swizzled tiles, and the mbarrier and TMA tile-load
+// wrappers (2-D and 4-D boxes). Device code only.
 #pragma once
 #include <cuda.h>
 #include <stdint.h>
@@ -55,5 +55,13 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *map, int
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
                  "{%2, %3}], [%4];\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+// the same for a 4-D tensor map (coordinates c0 innermost .. c3)
+__device__ __forceinline__ void tma_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                       uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+                 "{%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }

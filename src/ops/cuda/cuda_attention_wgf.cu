@@ -1,0 +1,361 @@
+// cuda_attention_wgf.cu — the causal grouped-query attention forward at head dim 128 on Hopper (sm_90a) for
+// backend "cuda", FlashAttention-3's way (arXiv 2407.08608; our own code): cuda_attention_wg.cu's
+// cuda_attention_fwd_wg calls it at 128 / 128 (its own att_wg_fwd_k stays for 192 / 128 and, with
+// MOE_ATTN_FWD_OLD=1, for 128). Same contract and roundings as that kernel (ops.h attention_fwd: out bf16,
+// lse float32, query rows [qa, qb), GQA, causal; bf16 Q K V, P rounded to bf16 for the second product,
+// float32 softmax and accumulation). The differences: 128-key tiles, so the online softmax's running max
+// (and with it the rounding of each P to bf16) moves per 128 keys instead of 64; each exponent is
+// exp2(s sl - m) with one rounding (a fused multiply-add) where the old kernel rounds s sl first; P under
+// 2^-126 flushed to 0 (wgf_exp2). Other bits than the old kernel's, within the same bands; the same bits
+// over any split of the query rows (the key tiles start at key 0 whatever the rows) and from run to run (no
+// atomics; each output written by one thread).
+// A block: 128 query rows of one head, 3 warpgroups. Warpgroup 0 is the producer (setmaxnreg down to 40;
+// one thread issues every load): TMA (4-D tensor maps over (B, rows, heads, 128), 128-byte swizzle, rows
+// from qb on zero-filled by the map's bounds, so rows past the call's range are never read) loads Q once and
+// K, V tiles of 128 keys into a 2-stage ring, each with a full and an empty mbarrier per stage (K and V
+// apart: a K stage is handed back when S is done, a V stage when P V is). Warpgroups 1 and 2 (setmaxnreg up
+// to 232) own 64 query rows each and run, per key tile j:
+//   issue S_j = Q K_j^T (m64n128k16 x 8, both from shared memory) and O += P_{j-1} V_{j-1} (m64n128k16 x 8,
+//   P from registers); wait for S_j; softmax_j (running max, row sums) while P V runs; wait for P V; O *= the
+//   rescale; P_j = bf16(exp2(S_j - max)).
+// (intra-warpgroup overlap: the tensor cores run P V under the softmax), and the two warpgroups take turns
+// issuing their products (named barriers 1 and 2: one's softmax runs under the other's products). Both
+// consumer warpgroups go over the block's every tile (a tile past all of a warpgroup's rows, only where the
+// row range starts off a 128-row boundary, is masked whole: P 0, the same bits), so their turns pair up.
+// Must not hold: the 192 / 128 or backward kernels (cuda_attention_wg.cu), any knowledge of the model.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <string.h>
+#include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_attention_softmax.cuh"
+#include "ops/cuda/cuda_wgmma.cuh"
+
+#define AF_BM 128 // query rows per block: two consumer warpgroups of 64
+#define AF_BN 128 // keys per tile
+#define AF_ST 2 // stages of the K and V rings
+#define AF_CB (128 * 128) // bytes of one 64-column block of a 128-row bf16 tile
+#define AF_TILE (2 * AF_CB) // a 128-row tile of 128 columns: two column blocks
+#define AF_THREADS 384
+// Q, the K ring, the V ring, then the mbarriers (Q's, then 4 a stage); +1024 for the base's alignment
+#define AF_SMEM (1024 + (1 + 2 * AF_ST) * AF_TILE + 8 * (1 + 4 * AF_ST))
+#define AF_LOG2E 1.4426950408889634f
+
+typedef unsigned short bf16s;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// S (64 x 128 float32: 64 a thread) = [S +] A (64 x 16) B (128 x 16)^T, both from shared memory, K-major
+__device__ __forceinline__ void wgf_qk(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+        "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+        "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+// O (64 x 128) += A (64 x 16 from registers: each warp's 16 rows as the mma.m16n8k16 A fragment) B (16 x 128,
+// shared memory, N-major). (cuda_attention_wg.cu's wgmma_n128_rs is the same instruction, kept there while
+// another branch owns that file: one of the two to go into cuda_wgmma.cuh once both are in.)
+__device__ __forceinline__ void wgf_pv(float *d, const uint32_t *a, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+                 "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+                 "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+                 "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, "
+                 "1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// the consumer warpgroups' turns: wait for named barrier id (both warpgroups, 256 threads), or pass it
+__device__ __forceinline__ void wgf_turn_wait(int id) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void wgf_turn_pass(int id) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+// x as the compiler sees it only after the wgmma wait before this (the asynchronous products write or
+// read these registers until then)
+template <int N> __device__ __forceinline__ void wgf_pin(float *x) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
+}
+__device__ __forceinline__ void wgf_pin_p(uint32_t (*p)[4]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm volatile("" : "+r"(p[kk][i])::"memory");
+}
+// S_j = Q K^T over the 128 columns: Q's 64 rows at sq (column blocks AF_CB apart), the 128 keys at sk
+__device__ __forceinline__ void wgf_scores(float *s, uint32_t sq, uint32_t sk) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wgf_qk(s, desc_sw128(sq + (kk >> 2) * AF_CB + 32 * (kk & 3), 16, 1024),
+               desc_sw128(sk + (kk >> 2) * AF_CB + 32 * (kk & 3), 16, 1024), kk);
+}
+// O += P V: P as A fragments (keys 16 kk ..), V's 128 rows at sv read N-major (16 keys = 2048 bytes a step)
+__device__ __forceinline__ void wgf_times(float *o, uint32_t (*p)[4], uint32_t sv) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) wgf_pv(o, p[kk], desc_sw128(sv + 2048 * kk, AF_CB, 1024));
+}
+// P (64 x 128 accumulator) as A fragments rounded to bf16 (keys 16 kk .. 16 kk + 15: fragment columns 2 kk,
+// 2 kk + 1)
+__device__ __forceinline__ void wgf_frags(uint32_t (*p)[4], const float *s) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) p[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+}
+// 2^x by the special-function unit alone, results below float32's normal range flushed to 0 (exp2f's exact
+// handling of those costs three more float32 ops a score; a P under 2^-126 is then 0 instead of a subnormal,
+// next to the row's largest P of 1)
+__device__ __forceinline__ float wgf_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// The online softmax of one 128-key tile, as cuda_attention_softmax.cuh's softmax_tile but with the scale
+// folded into the exponent (one fused multiply-add a score: the max is taken over the raw scores, and
+// max(s) sl is the max of the scaled ones, sl > 0; wgf_exp2's flush): scores masked to -inf where the key
+// follows the row or is past qb (only when mask), the running maxima m (scaled, base 2) and this thread's row
+// sums l updated, s becomes exp2(s sl - m), and c0, c1 the factors O is to be rescaled by (0 on the first
+// tile).
+__device__ __forceinline__ void wgf_softmax(float *s, float &m0, float &m1, float &l0, float &l1, float &c0,
+                                            float &c1, int mask, int k0, int r0, int r1, int qb, int t,
+                                            float sl) {
+    if (mask) {
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + j * 8 + 2 * t + (e & 1), row = e < 2 ? r0 : r1;
+                if (!(key <= row && key < qb)) s[4 * j + e] = -INFINITY;
+            }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // finite: key 0 <= row is in the first tile, so the running max is finite from then on
+    mx0 = fmaxf(m0, mx0 * sl);
+    mx1 = fmaxf(m1, mx1 * sl);
+    c0 = exp2f(m0 - mx0);
+    c1 = exp2f(m1 - mx1);
+    m0 = mx0;
+    m1 = mx1;
+    float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        s[4 * j] = wgf_exp2(fmaf(s[4 * j], sl, -mx0));
+        s[4 * j + 1] = wgf_exp2(fmaf(s[4 * j + 1], sl, -mx0));
+        s[4 * j + 2] = wgf_exp2(fmaf(s[4 * j + 2], sl, -mx1));
+        s[4 * j + 3] = wgf_exp2(fmaf(s[4 * j + 3], sl, -mx1));
+        ps0 += s[4 * j] + s[4 * j + 1];
+        ps1 += s[4 * j + 2] + s[4 * j + 3];
+    }
+    l0 = l0 * c0 + ps0; // this thread's columns only; the quad's sum is taken at the end (softmax_store)
+    l1 = l1 * c1 + ps1;
+}
+// a consumer warp is done with a stage: one arrival a warp on its empty barrier (count 8)
+__device__ __forceinline__ void wgf_release(uint32_t bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
+#endif
+
+// Query rows [qa, qb) of each sequence against keys 0..qb-1; grid (ceil((qb-qa)/128), H, B), the blocks with
+// the most keys first (att_qblock). tq, tk, tv: af_map's tensor maps of q (H heads), k and v (KV heads).
+__global__ void __launch_bounds__(AF_THREADS, 1)
+    att_wgf_k(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+              const __grid_constant__ CUtensorMap tv, bf16s *out, float *lse, int T, int H, int KV, float sl,
+              int qa, int qb) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char af_smem[];
+    // Q, K stages, V stages; barriers: Q's at bq, then stage s's K full, V full, K empty, V empty at bs + 32
+    // s
+    const uint32_t sQ = (smem_u32(af_smem) + 1023) & ~1023u, sK = sQ + AF_TILE, sV = sK + AF_ST * AF_TILE,
+                   bq = sV + AF_ST * AF_TILE, bs = bq + 8;
+    const AttQBlock blk = att_qblock<128, AF_BM, AF_BN>(T, H, KV, qa, qb);
+    const int wg = threadIdx.x >> 7, ntile = blk.ntile;
+    if (threadIdx.x == 0) {
+        mbar_init(bq, 1);
+        for (int s = 0; s < AF_ST; s++) {
+            mbar_init(bs + 32 * s, 1); // full: the producer's arrival with the expected bytes
+            mbar_init(bs + 32 * s + 8, 1);
+            mbar_init(bs + 32 * s + 16, 8); // empty: one arrival per consumer warp
+            mbar_init(bs + 32 * s + 24, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x == 0) {
+            const int kh = blk.h / (H / KV);
+            mbar_expect_tx(bq, AF_TILE);
+            tma_4d(sQ, &tq, 0, blk.h, blk.q0, blk.b, bq);
+            tma_4d(sQ + AF_CB, &tq, 64, blk.h, blk.q0, blk.b, bq);
+            for (int j = 0; j < ntile; j++) {
+                const int s = j % AF_ST, ph = (j / AF_ST) & 1;
+                const uint32_t kf = bs + 32 * s, vf = kf + 8, ke = kf + 16, ve = kf + 24;
+                mbar_wait(ke, ph ^ 1); // (the first pass over the ring: a fresh barrier's previous phase)
+                mbar_expect_tx(kf, AF_TILE);
+                tma_4d(sK + s * AF_TILE, &tk, 0, kh, j * AF_BN, blk.b, kf);
+                tma_4d(sK + s * AF_TILE + AF_CB, &tk, 64, kh, j * AF_BN, blk.b, kf);
+                mbar_wait(ve, ph ^ 1);
+                mbar_expect_tx(vf, AF_TILE);
+                tma_4d(sV + s * AF_TILE, &tv, 0, kh, j * AF_BN, blk.b, vf);
+                tma_4d(sV + s * AF_TILE + AF_CB, &tv, 64, kh, j * AF_BN, blk.b, vf);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    // consumer c owns rows wrow .. wrow + 63; this thread rows r0, r1 (the accumulator layout of
+    // cuda_attention_softmax.cuh), Q's rows at sq in each column block
+    const int c = wg - 1, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
+    const int wrow = blk.q0 + 64 * c, r0 = wrow + 16 * w + (lane >> 2), r1 = r0 + 8;
+    const uint32_t sq = sQ + c * 64 * 128, me = 1 + c, other = 2 - c;
+    float o[64], s[64], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    uint32_t p[8][4];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.0f;
+    if (c == 1) wgf_turn_pass(1); // the first turn is consumer 0's
+    mbar_wait(bq, 0);
+    // tile 0: S_0 alone (O is 0: no rescale)
+    wgf_turn_wait(me);
+    mbar_wait(bs, 0);
+    wgmma_fence();
+    wgf_scores(s, sq, sK);
+    wgmma_commit();
+    wgf_turn_pass(other);
+    wgmma_wait<0>();
+    wgf_pin<64>(s);
+    wgf_release(bs + 16);
+    float c0, c1;
+    wgf_softmax(s, m0, m1, l0, l1, c0, c1, AF_BN > wrow || AF_BN > qb, 0, r0, r1, qb, t, sl);
+    wgf_frags(p, s);
+    for (int j = 1; j < ntile; j++) {
+        const int sj = j % AF_ST, pj = (j - 1) % AF_ST, k0 = j * AF_BN;
+        const uint32_t kf = bs + 32 * sj, vf = bs + 32 * pj + 8;
+        wgf_turn_wait(me);
+        mbar_wait(kf, (j / AF_ST) & 1);
+        mbar_wait(vf, ((j - 1) / AF_ST) & 1);
+        wgmma_fence();
+        wgf_scores(s, sq, sK + sj * AF_TILE);
+        wgmma_commit();
+        wgf_times(o, p, sV + pj * AF_TILE);
+        wgmma_commit();
+        wgf_turn_pass(other);
+        wgmma_wait<1>(); // S_j is done; P_{j-1} V_{j-1} runs under the softmax
+        wgf_pin<64>(s);
+        wgf_release(kf + 16);
+        wgf_softmax(s, m0, m1, l0, l1, c0, c1, k0 + AF_BN > wrow || k0 + AF_BN > qb, k0, r0, r1, qb, t,
+                    sl); // mask: the diagonal or the last keys
+        wgmma_wait<0>();
+        wgf_pin<64>(o);
+        wgf_pin_p(p);
+        wgf_release(vf + 16);
+#pragma unroll
+        for (int n = 0; n < 16; n++) {
+            o[4 * n] *= c0;
+            o[4 * n + 1] *= c0;
+            o[4 * n + 2] *= c1;
+            o[4 * n + 3] *= c1;
+        }
+        wgf_frags(p, s);
+    }
+    // the last tile's P V
+    const int pl = (ntile - 1) % AF_ST;
+    wgf_turn_wait(me);
+    mbar_wait(bs + 32 * pl + 8, ((ntile - 1) / AF_ST) & 1);
+    wgmma_fence();
+    wgf_times(o, p, sV + pl * AF_TILE);
+    wgmma_commit();
+    if (c == 0) wgf_turn_pass(other); // (consumer 1's last pass would have no taker)
+    wgmma_wait<0>();
+    wgf_pin<64>(o);
+    softmax_store<16, 128>(out, lse, o, m0, m1, l0, l1, r0, r1, qb, blk.b, T, H, blk.h, t);
+#endif
+}
+
+// 1 (the default): head dim 128's forward is att_wgf_k; 0 (MOE_ATTN_FWD_OLD=1, the A/B): att_wg_fwd_k
+static int wgf_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_ATTN_FWD_OLD");
+        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+            DIE("MOE_ATTN_FWD_OLD must be 0 (the head-dim-128 attention forward on 128-key tiles with TMA, "
+                "the "
+                "default) or 1 (the earlier 64-key kernel) (got '%s')",
+                e);
+        v = !(e && !strcmp(e, "1"));
+    }
+    return v;
+}
+
+// A tensor map over rows of `heads` x 128 bf16 (B, T, heads, 128) at p, its rows bounded at `rows` (from
+// there on read as zeros): boxes of 64 columns x 1 head x 128 rows, 128-byte swizzle (the layout of
+// cuda_wgmma.cuh's descriptors).
+static void af_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16s *p, int B, int T,
+                   int rows, int heads, const char *what) {
+    cuuint64_t dims[4] = {128, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)B};
+    cuuint64_t strides[3] = {256, (cuuint64_t)heads * 256, (cuuint64_t)T * heads * 256};
+    cuuint32_t box[4] = {64, 1, AF_BN, 1}, es[4] = {1, 1, 1, 1};
+    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)p, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        DIE("cuTensorMapEncodeTiled failed (error %d) for attention's %s (B %d, T %d, %d heads, rows < %d) "
+            "at %p",
+            (int)r, what, B, T, heads, rows, (const void *)p);
+}
+
+extern "C" int cuda_attention_fwd_wgf(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v,
+                                      int B, int T, int H, int KV, int t0, int t1) {
+    int sms;
+    void *fn;
+    if (!wgf_on() || !cuda_hopper_tma(&sms, &fn) || (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15))
+        return 0;
+    static int opted = 0;
+    if (!opted) {
+        CUDA_CHECK(cudaFuncSetAttribute(att_wgf_k, cudaFuncAttributeMaxDynamicSharedMemorySize, AF_SMEM));
+        opted = 1;
+    }
+    PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+    CUtensorMap tq, tk, tv;
+    af_map(enc, &tq, q, B, T, t1, H, "q");
+    af_map(enc, &tk, k, B, T, t1, KV, "k");
+    af_map(enc, &tv, v, B, T, t1, KV, "v");
+    dim3 grid(cdiv_u(t1 - t0, AF_BM), H, B);
+    att_wgf_k<<<grid, AF_THREADS, AF_SMEM>>>(tq, tk, tv, out, lse, T, H, KV, AF_LOG2E / sqrtf(128.0f), t0,
+                                             t1);
+    KCHECK("attention_fwd (wgmma, 128-key tiles)");
+    return 1;
+}
