@@ -15,7 +15,9 @@
 #      MOE_FP8_ROWS_PINGPONG=1; losses and the final model and optimizer state byte for byte;
 #   3. moe_bench_layer --cases ref,mixtral,olmoe --fp8 1 --fp8-trace 1 with old, new and rows-pp: each GEMM
 #      kernel's ms and TFLOP/s and the layer's ms side by side;
-#   4. moe_bench_fp8 (its dW shapes: mixtral-dW1, ref-dW1) with old, new and rows-pp.
+#   4. moe_bench_fp8 (its dW shapes: mixtral-dW1, ref-dW1) with old and new;
+#   5. where time is left, the mixtral layer with the ping-pong but without the bands (MOE_FP8_WGRAD_BAND=0):
+#      what the tile order alone gives.
 # Fails (non-zero exit) on any test failure, a differing tiny run or a bench that does not finish. Everything
 # also goes to $OUT/fp8_wgrad.txt, the logs to $OUT/logs.tgz.
 cd "$(dirname "$0")/../.."
@@ -118,9 +120,17 @@ done
 
 # 4. the GEMMs alone (moe_bench_fp8: its dW shapes and the rows shapes)
 gem() { t bench_$1 35 env $2 $B/moe_bench_fp8 --iters 5 --warmup 2; need bench_$1; }
-gem new X=1; gem old $OLD; gem rpp $RPP
-say "-- moe_bench_fp8: old, new, rows-pp"
-for v in old new rpp; do grep -hE "fp8" $W/bench_$v.log | grep -v SwiGLU | sed "s/^/$v  /" | tee -a $R; done
+gem new X=1; gem old $OLD
+say "-- moe_bench_fp8: old, new"
+for v in old new; do grep -hE "fp8" $W/bench_$v.log | grep -v SwiGLU | sed "s/^/$v  /" | tee -a $R; done
+
+# 5. the bands' share (mixtral: 112 tile rows in dW1 and dW3)
+t layer_noband 40 env MOE_FP8_WGRAD_BAND=0 $B/moe_bench_layer --cases mixtral --iters 10 --warmup 3 --profile 0 \
+  --gemm 0 --fp8 1 --fp8-trace 1 && need layer_noband
+say "-- mixtral's wgrad kernel row: new, MOE_FP8_WGRAD_BAND=0 (the ping-pong alone), old"
+for v in new noband old; do
+  awk -v v=$v '/^== /{c=$2} c == "mixtral:" && /^  gemm wgrad/ && !n++ {print v ": " $0}' $W/layer_$v.log | tee -a $R
+done
 
 say ""
 say "== summary (fp8_wgrad_ab.sh, $(date -u), ${SECONDS}s, $FAIL failures)"

@@ -523,6 +523,21 @@ static int gf_rows_pp(void) {
     return v;
 }
 
+// The weight gradient's tile rows a band (gf_tile; MOE_FP8_WGRAD_BAND=n to measure others, 0: rows fastest
+// over a whole group, the old order): 16, ~8 x 16 tiles at once on 132 SMs
+static int gf_wgrad_band(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("MOE_FP8_WGRAD_BAND");
+        char *end = NULL;
+        long n = e && *e ? strtol(e, &end, 10) : 16;
+        if (e && *e && (*end || n < 0 || n > 4096))
+            DIE("MOE_FP8_WGRAD_BAND must be a count of tile rows from 0 to 4096 (0: no bands) (got '%s')", e);
+        v = (int)n;
+    }
+    return v;
+}
+
 // A 2-D e4m3 tensor map over (rows, cols) row-major bytes at p: boxes of 128 rows x 128 bytes (one K-tile),
 // 128-byte swizzle, out-of-range elements read as zeros.
 static void gf_map(CUtensorMap *m, const uint8_t *p, uint64_t rows, uint64_t cols, const char *what) {
@@ -656,7 +671,8 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, const uint8_t *A, 
     a->K = K;
     a->ldc = K;
     const int old = gf_wgrad_old(), mt = (N + GF_BM - 1) / GF_BM;
-    a->band = old || mt < 16 ? mt : 16; // 16 tile rows: ~8 x 16 tiles at once on 132 SMs
+    const int band = old ? 0 : gf_wgrad_band();
+    a->band = band == 0 || mt < band ? mt : band;
     a->pf = !old && beta != 0.0f;
     long long tiles = 0, per = (long long)mt * ((K + GF_BN - 1) / GF_BN);
     for (int g = 0; g < G; g++) {
