@@ -264,8 +264,7 @@ static void run_dw(const char *name, int G, const int *rows, int N, int K, int e
 }
 
 static const int R1a[] = {129}, R1b[] = {1}, R1c[] = {300}, R8[] = {0, 1, 127, 129, 300, 0, 64, 200},
-                 RD1[] = {700}, RD4[] = {0, 1, 129, 700}, RD8[] = {129, 0, 700, 1, 0, 256, 5, 128},
-                 RDB[] = {300, 129};
+                 RD1[] = {700}, RD4[] = {0, 1, 129, 700}, RD8[] = {129, 0, 700, 1, 0, 256, 5, 128};
 
 // the cases; n: the case to run (-1: all, -2: none); returns the count. Each case draws from the seed plus
 // its number, so that it sees the same operands alone or in the whole run.
@@ -293,10 +292,6 @@ static int cases(int n, uint64_t seed) {
     CASE(run_dw("dw-3", 4, RD4, 512, 256, 0, 1));
     CASE(run_dw("dw-4", 8, RD8, 128, 144, 0, 0));
     CASE(run_dw("exact-dw", 4, RD4, 144, 512, 1, 0));
-    // the weight gradient's tile order in bands of 16 tile rows (17 here: a band of one left) and more tiles
-    // (2 x 17 x 5 = 170) than an H200's 132 SMs (a CTA's next tile issued before the last one's epilogue)
-    CASE(run_dw("dw-band", 2, RDB, 2096, 528, 0, 0));
-    CASE(run_dw("exact-dw-band", 2, RDB, 2096, 528, 1, 1));
 #undef CASE
     return i;
 }

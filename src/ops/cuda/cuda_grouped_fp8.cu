@@ -17,13 +17,8 @@
 // output rows [off[g], off[g+1]) with B_g per group (the forward and activation gradient); RED, groups of the
 // reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Rows
 // mode's epilogues: float32 or bf16 C, the SwiGLU forward (h1, h3, act of an up-projection pair) and the
-// SwiGLU's backward (dh1, dh3 of dact). The ping-pong (template PP; the weight gradient's default, rows
-// mode's with MOE_FP8_ROWS_PINGPONG=1): the consumer warpgroups take turns at the tensor cores (named
-// barriers), so that one promotes while the other's K-tile runs (in step, the tensor cores would idle through
-// both promotions: RED's is a multiply and a fused multiply-add an element, its scales per column), and a
-// tile's epilogue runs beside the next tile's first K-tile; RED's tiles then go in bands of 16 tile rows and
-// beta 1's C is prefetched into L2. MOE_FP8_WGRAD_OLD=1: the weight gradient without them (the A/B). Must not
-// hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or any knowledge of the model.
+// SwiGLU's backward (dh1, dh3 of dact). Must not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or
+// any knowledge of the model.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -61,8 +56,6 @@ struct GFArgs {
                   // one scale for the tile's columns [0, 64), one for [64, 128)
     int G, N, K; // rows mode: C (rows, N), reduction K; RED: C_g (N, K), reduction over p
     int nkt; // rows mode: K-tiles (ceil(K / 128))
-    int band; // RED: a group's tiles in bands of this many tile rows (gf_tile)
-    int pf; // RED, beta 1: the producer prefetches each tile's C rows into L2 (gf_prefetch_c)
     long long ldc;
     int tiles;
     int tstart[GF_MAXG + 1]; // first tile of each group; tstart[G] = tiles
@@ -103,9 +96,7 @@ __device__ __forceinline__ void wgmma_e4m3_n128(float *d, uint64_t da, uint64_t 
 
 // Tile t of the launch. Groups are found by a binary search over tstart (the last group whose first tile
 // is <= t: empty groups, which share their successor's first tile, are skipped); a group's tiles run rows
-// fastest, so CTAs side by side share B's columns; RED: within bands of a.band tile rows (the last band
-// what is left), a band's columns one after another, so that the tiles running at once share a few row
-// blocks of A and column blocks of B (a.band = all of them: rows fastest over the whole group).
+// fastest, so CTAs side by side share B's columns.
 template <int RED> __device__ __forceinline__ GFTile gf_tile(const GFArgs &a, int t) {
     int lo = 0, hi = a.G - 1;
     while (lo < hi) {
@@ -117,10 +108,9 @@ template <int RED> __device__ __forceinline__ GFTile gf_tile(const GFArgs &a, in
     T.g = lo;
     int local = t - a.tstart[lo];
     if (RED) {
-        int mt = (a.N + GF_BM - 1) / GF_BM, nt = (a.K + GF_BN - 1) / GF_BN, b = local / (a.band * nt),
-            h = min(a.band, mt - b * a.band), in = local - b * a.band * nt;
-        T.m0 = (b * a.band + in % h) * GF_BM;
-        T.n0 = (in / h) * GF_BN;
+        int mt = (a.N + GF_BM - 1) / GF_BM;
+        T.m0 = (local % mt) * GF_BM;
+        T.n0 = (local / mt) * GF_BN;
         T.mend = a.N;
         T.ncols = a.K;
         T.brow = 0;
@@ -158,183 +148,7 @@ __device__ __forceinline__ void gf_scales(const GFArgs &a, const GFTile &T, int 
     else vb = a.sb[(long long)(T.brow + col) * a.sb_ld + ks];
 }
 
-// Named barriers 1 and 2 between the two consumer warpgroups (256 threads): the ping-pong's turns.
-template <int ID> __device__ __forceinline__ void gf_bar_sync(void) {
-    asm volatile("bar.sync %0, 256;\n" ::"n"(ID) : "memory");
-}
-template <int ID> __device__ __forceinline__ void gf_bar_arrive(void) {
-    asm volatile("bar.arrive %0, 256;\n" ::"n"(ID) : "memory");
-}
-
-// The scales a consumer thread keeps from a K-tile's issue to its promotion: its rows' (rl, rl + 8) and,
-// where B's scale is one per tile or per 64 columns, the products (rows rl, rl + 8) x (columns < 64, >= 64).
-struct GFScl {
-    float sa0, sa1, s0, s1, s2, s3;
-};
-
-// A consumer's K-tile in stage s (phase ph): waits for the stage, reads its scales, then issues the four
-// wgmma m64n128k32 of its 64 rows into p (a fresh sum) and commits them. PP (the ping-pong): the two
-// consumer warpgroups take turns at the tensor cores, warpgroup c waiting on barrier 1 + c for the other's
-// issue of its previous K-tile and handing the turn over on barrier 2 - c once its own are issued; the
-// tensor cores run each warpgroup's K-tile in the order issued, so one warpgroup's promotion (and its
-// epilogue) runs while the other's products are computed.
-template <int RED, int PP>
-__device__ __forceinline__ GFScl gf_issue(const GFArgs &a, float *p, uint32_t sA, uint32_t sB,
-                                          const float *scl, uint32_t full, int s, int ph, int c, int rl) {
-    mbar_wait(full + 8 * s, ph);
-    const float *ss = scl + 256 * s;
-    GFScl k;
-    k.sa0 = ss[rl], k.sa1 = ss[rl + 8];
-    k.s0 = k.s1 = k.s2 = k.s3 = 0.0f;
-    if (!RED && a.b_uniform) { // one scale for the tile's columns: two scale products a thread
-        k.s0 = k.s2 = __fmul_rn(k.sa0, ss[128]);
-        k.s1 = k.s3 = __fmul_rn(k.sa1, ss[128]);
-    } else if (!RED && a.b_halves) { // one for each 64 columns: four
-        k.s0 = __fmul_rn(k.sa0, ss[128]);
-        k.s1 = __fmul_rn(k.sa1, ss[128]);
-        k.s2 = __fmul_rn(k.sa0, ss[192]);
-        k.s3 = __fmul_rn(k.sa1, ss[192]);
-    }
-    uint32_t pa = sA + s * GF_TB + c * 64 * 128, pb = sB + s * GF_TB;
-    if (PP && c == 0) gf_bar_sync<1>();
-    if (PP && c == 1) gf_bar_sync<2>();
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < GF_BK / 32; kk++) // k32 steps: 32 bytes along the 128-byte rows
-        wgmma_e4m3_n128(p, desc_sw128(pa + 32 * kk, 16, 1024), desc_sw128(pb + 32 * kk, 16, 1024), kk);
-    wgmma_commit();
-    if (PP && c == 0) gf_bar_arrive<2>();
-    if (PP && c == 1) gf_bar_arrive<1>();
-    return k;
-}
-
-// Waits for the K-tile's products in p and promotes them into r: r += p * s as one fused multiply-add (p * s
-// is exact, s = sa sb a power of two, so this is the reference's rounded add of the exact product; the
-// product's own rounding would matter only below float32's normal range, |p s| < 2^-126), then hands the
-// stage (ss its scales, empty its barrier) back.
 template <int RED>
-__device__ __forceinline__ void gf_promote(const GFArgs &a, float *p, float *r, const GFScl &k,
-                                           const float *ss, uint32_t empty, int lane, int cl) {
-    wgmma_wait<0>();
-#pragma unroll
-    for (int e = 0; e < 64; e++) // p is read only after the wait (no use moved above it)
-        asm volatile("" : "+f"(p[e])::"memory");
-    if (!RED && (a.b_uniform || a.b_halves)) { // (element e's column is below 64 for e < 32)
-        __syncwarp(); // every lane has read the stage's scales and the MMAs its tiles: hand it back
-        if (lane == 0) mbar_arrive(empty);
-#pragma unroll
-        for (int e = 0; e < 64; e++)
-            r[e] = __fmaf_rn(p[e], e < 32 ? ((e & 2) ? k.s1 : k.s0) : ((e & 2) ? k.s3 : k.s2), r[e]);
-    } else { // a scale per column
-#pragma unroll
-        for (int j = 0; j < GF_BN / 8; j++) {
-            const float2 sb = *(const float2 *)(ss + 128 + 8 * j + cl);
-            r[4 * j] = __fmaf_rn(p[4 * j], __fmul_rn(k.sa0, sb.x), r[4 * j]);
-            r[4 * j + 1] = __fmaf_rn(p[4 * j + 1], __fmul_rn(k.sa0, sb.y), r[4 * j + 1]);
-            r[4 * j + 2] = __fmaf_rn(p[4 * j + 2], __fmul_rn(k.sa1, sb.x), r[4 * j + 2]);
-            r[4 * j + 3] = __fmaf_rn(p[4 * j + 3], __fmul_rn(k.sa1, sb.y), r[4 * j + 3]);
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty);
-    }
-}
-
-// A consumer thread's part of tile T's epilogue (its result r): rows below mend and columns below ncols
-// (ncols a multiple of 16: a pair is all in or out). RED: only the float32 C. PP: beta 1's loads a quarter of
-// the tile at a time (the next K-tile's products are in flight in p: fewer registers held).
-template <int RED, int PP>
-__device__ __forceinline__ void gf_epilogue(const GFArgs &a, const GFTile &T, const float *r, int rl,
-                                            int cl) {
-    if (!RED &&
-        a.Act) { // SwiGLU: the tile's columns [0, 64) are h1's and [64, 128) h3's, of columns n0 / 2 + ...
-        const long long ldh = a.N / 2;
-#pragma unroll
-        for (int j = 0; j < GF_BN / 16; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = T.m0 + rl + 8 * h, col = T.n0 / 2 + 8 * j + cl;
-                if (row >= T.mend || col >= ldh) continue;
-                float x0 = r[4 * j + 2 * h], x1 = r[4 * j + 2 * h + 1], y0 = r[4 * j + 32 + 2 * h],
-                      y1 = r[4 * j + 32 + 2 * h + 1];
-                long long o = row * ldh + col;
-                *(uint32_t *)(a.H1 + o) = pack_bf16(x0, x1);
-                *(uint32_t *)(a.H3 + o) = pack_bf16(y0, y1);
-                *(uint32_t *)(a.Act + o) = pack_bf16(swiglu_silu_mul(x0, y0), swiglu_silu_mul(x1, y1));
-            }
-        return;
-    }
-    if (!RED &&
-        a.Dh1) { // the SwiGLU's backward of the float32 dact in r (cuda_fp8_swiglu_bwd_both's arithmetic)
-#pragma unroll
-        for (int j = 0; j < GF_BN / 8; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
-                if (row >= T.mend || col >= T.ncols) continue;
-                long long o = row * a.ldc + col;
-                uint32_t u1 = *(const uint32_t *)(a.Sh1 + o), u3 = *(const uint32_t *)(a.Sh3 + o);
-                float g1[2], g3[2];
-                swiglu_grad(r[4 * j + 2 * h], __uint_as_float(u1 << 16), __uint_as_float(u3 << 16), &g1[0],
-                            &g3[0]);
-                swiglu_grad(r[4 * j + 2 * h + 1], __uint_as_float(u1 & 0xffff0000u),
-                            __uint_as_float(u3 & 0xffff0000u), &g1[1], &g3[1]);
-                *(uint32_t *)(a.Dh1 + o) = pack_bf16(g1[0], g1[1]);
-                *(uint32_t *)(a.Dh3 + o) = pack_bf16(g3[0], g3[1]);
-            }
-        return;
-    }
-    if (!RED && a.Cb) {
-#pragma unroll
-        for (int j = 0; j < GF_BN / 8; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
-                if (row < T.mend && col < T.ncols)
-                    *(uint32_t *)(a.Cb + T.cofs + row * a.ldc + col) =
-                        pack_bf16(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
-            }
-        return;
-    }
-    constexpr int JN = PP ? GF_BN / 16 : GF_BN / 8; // columns' j a pass (beta 1: its loads, then its stores)
-#pragma unroll
-    for (int j0 = 0; j0 < GF_BN / 8; j0 += JN) {
-        float2 old[JN][2]; // beta 1: every load of the pass before its stores (one memory round trip)
-#pragma unroll
-        for (int j = j0; j < j0 + JN; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
-                old[j - j0][h] = make_float2(0.0f, 0.0f);
-                if (a.beta != 0.0f && row < T.mend && col < T.ncols)
-                    old[j - j0][h] = *(const float2 *)(a.C + T.cofs + row * a.ldc + col);
-            }
-#pragma unroll
-        for (int j = j0; j < j0 + JN; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
-                if (row >= T.mend || col >= T.ncols) continue;
-                float2 v = make_float2(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
-                if (a.beta != 0.0f) { // beta is 1: C + result, the sum cpu_fp8_gemm's caller would take
-                    v.x = __fadd_rn(old[j - j0][h].x, v.x);
-                    v.y = __fadd_rn(old[j - j0][h].y, v.y);
-                }
-                *(float2 *)(a.C + T.cofs + row * a.ldc + col) = v;
-            }
-    }
-}
-
-// RED, beta 1: producer thread i asks L2 for row m0 + i of tile T's C (its columns below ncols), read back in
-// the epilogue.
-__device__ __forceinline__ void gf_prefetch_c(const GFArgs &a, const GFTile &T, int i) {
-    int row = T.m0 + i, n = min(GF_BN, T.ncols - T.n0);
-    if (row >= T.mend) return;
-    const float *c = a.C + T.cofs + (long long)row * a.ldc + T.n0;
-    for (int j = 0; j < n; j += 32) // a 128-byte line each
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(c + j));
-}
-
-template <int RED, int PP>
 __global__ void __launch_bounds__(GF_THREADS, 1)
     gf_kernel(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
               const __grid_constant__ GFArgs a) {
@@ -375,7 +189,6 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             }
             float na = 0.0f, nb = 0.0f;
             if (t2 < a.tiles) gf_scales<RED>(a, T2, kt2, i, na, nb);
-            if (RED && a.pf && kt2 == 0) gf_prefetch_c(a, T, i); // (GF_ST K-tiles before its epilogue)
             mbar_wait(empty + 8 * s, ph ^ 1);
             scl[256 * s + i] = va;
             scl[256 * s + 128 + i] = vb;
@@ -406,56 +219,135 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
               cl = 2 * (lane % 4);
     float p[64], r[64];
     int s = 0, ph = 0;
-    if (!PP) { // each K-tile issued, waited for and promoted in turn; the epilogue after the tile's last
-        for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
-            const GFTile T = gf_tile<RED>(a, t);
-#pragma unroll
-            for (int e = 0; e < 64; e++) r[e] = 0.0f;
-            for (int kt = 0; kt < T.nkt; kt++) {
-                GFScl k = gf_issue<RED, 0>(a, p, sA, sB, scl, full, s, ph, c, rl);
-                gf_promote<RED>(a, p, r, k, scl + 256 * s, empty + 8 * s, lane, cl);
-                if (++s == GF_ST) {
-                    s = 0;
-                    ph ^= 1;
-                }
-            }
-            gf_epilogue<RED, 0>(a, T, r, rl, cl);
-        }
-        return;
-    }
-    // the ping-pong (gf_issue): warpgroup 0 takes the first turn; the next tile's first K-tile is issued
-    // before this tile's epilogue (p is free once promoted), so that the epilogue runs beside the products
-    if (c == 1) gf_bar_arrive<1>();
-    int t = blockIdx.x;
-    if (t < a.tiles) {
-        GFTile T = gf_tile<RED>(a, t);
+    for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+        const GFTile T = gf_tile<RED>(a, t);
 #pragma unroll
         for (int e = 0; e < 64; e++) r[e] = 0.0f;
-        GFScl k = gf_issue<RED, 1>(a, p, sA, sB, scl, full, s, ph, c, rl);
-        for (int kt = 0;;) {
-            gf_promote<RED>(a, p, r, k, scl + 256 * s, empty + 8 * s, lane, cl);
+        for (int kt = 0; kt < T.nkt; kt++) {
+            mbar_wait(full + 8 * s, ph);
+            uint32_t pa = sA + s * GF_TB + c * 64 * 128, pb = sB + s * GF_TB;
+            const float *ss = scl + 256 * s;
+            const float sa0 = ss[rl], sa1 = ss[rl + 8];
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f; // (rows rl, rl + 8) x (columns < 64, >= 64)
+            if (a.b_uniform) { // one scale for the tile's columns: two scale products a thread
+                s0 = s2 = __fmul_rn(sa0, ss[128]);
+                s1 = s3 = __fmul_rn(sa1, ss[128]);
+            } else if (a.b_halves) { // one for each 64 columns: four
+                s0 = __fmul_rn(sa0, ss[128]);
+                s1 = __fmul_rn(sa1, ss[128]);
+                s2 = __fmul_rn(sa0, ss[192]);
+                s3 = __fmul_rn(sa1, ss[192]);
+            }
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < GF_BK / 32; kk++) // k32 steps: 32 bytes along the 128-byte rows
+                wgmma_e4m3_n128(p, desc_sw128(pa + 32 * kk, 16, 1024), desc_sw128(pb + 32 * kk, 16, 1024),
+                                kk);
+            wgmma_commit();
+            wgmma_wait<0>();
+#pragma unroll
+            for (int e = 0; e < 64; e++) // p is read only after the wait (no use moved above it)
+                asm volatile("" : "+f"(p[e])::"memory");
+            // r += p * s as one fused multiply-add: p * s is exact (s a power of two), so this is the
+            // reference's rounded add of the exact product (the product's own rounding would matter only
+            // below float32's normal range, |p s| < 2^-126)
+            if (a.b_uniform || a.b_halves) { // (element e's column is below 64 for e < 32)
+                __syncwarp(); // every lane has read the stage's scales and the MMAs its tiles: hand it back
+                if (lane == 0) mbar_arrive(empty + 8 * s);
+#pragma unroll
+                for (int e = 0; e < 64; e++)
+                    r[e] = __fmaf_rn(p[e], e < 32 ? ((e & 2) ? s1 : s0) : ((e & 2) ? s3 : s2), r[e]);
+            } else { // a scale per column
+#pragma unroll
+                for (int j = 0; j < GF_BN / 8; j++) {
+                    const float2 sb = *(const float2 *)(ss + 128 + 8 * j + cl);
+                    r[4 * j] = __fmaf_rn(p[4 * j], __fmul_rn(sa0, sb.x), r[4 * j]);
+                    r[4 * j + 1] = __fmaf_rn(p[4 * j + 1], __fmul_rn(sa0, sb.y), r[4 * j + 1]);
+                    r[4 * j + 2] = __fmaf_rn(p[4 * j + 2], __fmul_rn(sa1, sb.x), r[4 * j + 2]);
+                    r[4 * j + 3] = __fmaf_rn(p[4 * j + 3], __fmul_rn(sa1, sb.y), r[4 * j + 3]);
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + 8 * s);
+            }
             if (++s == GF_ST) {
                 s = 0;
                 ph ^= 1;
             }
-            if (++kt < T.nkt) {
-                k = gf_issue<RED, 1>(a, p, sA, sB, scl, full, s, ph, c, rl);
-                continue;
-            }
-            t += gridDim.x;
-            if (t >= a.tiles) { // (two paths, so that p is in flight on every path back to the loop's top)
-                gf_epilogue<RED, 1>(a, T, r, rl, cl);
-                break;
-            }
-            const GFTile T2 = gf_tile<RED>(a, t);
-            k = gf_issue<RED, 1>(a, p, sA, sB, scl, full, s, ph, c, rl);
-            gf_epilogue<RED, 1>(a, T, r, rl, cl);
-            T = T2, kt = 0;
-#pragma unroll
-            for (int e = 0; e < 64; e++) r[e] = 0.0f;
         }
+        // epilogue: rows below mend and columns below ncols (ncols a multiple of 16: a pair is all in or out)
+        if (a.Act) { // SwiGLU: the tile's columns [0, 64) are h1's and [64, 128) h3's, of columns n0 / 2 +
+                     // ...
+            const long long ldh = a.N / 2;
+#pragma unroll
+            for (int j = 0; j < GF_BN / 16; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = T.m0 + rl + 8 * h, col = T.n0 / 2 + 8 * j + cl;
+                    if (row >= T.mend || col >= ldh) continue;
+                    float x0 = r[4 * j + 2 * h], x1 = r[4 * j + 2 * h + 1], y0 = r[4 * j + 32 + 2 * h],
+                          y1 = r[4 * j + 32 + 2 * h + 1];
+                    long long o = row * ldh + col;
+                    *(uint32_t *)(a.H1 + o) = pack_bf16(x0, x1);
+                    *(uint32_t *)(a.H3 + o) = pack_bf16(y0, y1);
+                    *(uint32_t *)(a.Act + o) = pack_bf16(swiglu_silu_mul(x0, y0), swiglu_silu_mul(x1, y1));
+                }
+            continue;
+        }
+        if (a.Dh1) { // the SwiGLU's backward of the float32 dact in r (cuda_fp8_swiglu_bwd_both's arithmetic)
+#pragma unroll
+            for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                    if (row >= T.mend || col >= T.ncols) continue;
+                    long long o = row * a.ldc + col;
+                    uint32_t u1 = *(const uint32_t *)(a.Sh1 + o), u3 = *(const uint32_t *)(a.Sh3 + o);
+                    float g1[2], g3[2];
+                    swiglu_grad(r[4 * j + 2 * h], __uint_as_float(u1 << 16), __uint_as_float(u3 << 16),
+                                &g1[0], &g3[0]);
+                    swiglu_grad(r[4 * j + 2 * h + 1], __uint_as_float(u1 & 0xffff0000u),
+                                __uint_as_float(u3 & 0xffff0000u), &g1[1], &g3[1]);
+                    *(uint32_t *)(a.Dh1 + o) = pack_bf16(g1[0], g1[1]);
+                    *(uint32_t *)(a.Dh3 + o) = pack_bf16(g3[0], g3[1]);
+                }
+            continue;
+        }
+        if (a.Cb) {
+#pragma unroll
+            for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                    if (row < T.mend && col < T.ncols)
+                        *(uint32_t *)(a.Cb + T.cofs + row * a.ldc + col) =
+                            pack_bf16(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
+                }
+            continue;
+        }
+        float2 old[GF_BN / 8][2]; // beta 1: every load before the stores (one memory round trip)
+#pragma unroll
+        for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                old[j][h] = make_float2(0.0f, 0.0f);
+                if (a.beta != 0.0f && row < T.mend && col < T.ncols)
+                    old[j][h] = *(const float2 *)(a.C + T.cofs + row * a.ldc + col);
+            }
+#pragma unroll
+        for (int j = 0; j < GF_BN / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                if (row >= T.mend || col >= T.ncols) continue;
+                float2 v = make_float2(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
+                if (a.beta != 0.0f) { // beta is 1: C + result, the sum cpu_fp8_gemm's caller would take
+                    v.x = __fadd_rn(old[j][h].x, v.x);
+                    v.y = __fadd_rn(old[j][h].y, v.y);
+                }
+                *(float2 *)(a.C + T.cofs + row * a.ldc + col) = v;
+            }
     }
-    if (c == 0) gf_bar_sync<1>(); // warpgroup 1's last hand-over (every arrival is waited for)
 #endif
 }
 
@@ -475,10 +367,8 @@ static int gf_init(void) {
     void *fn;
     if (!cuda_hopper_tma(&gf_sms, &fn)) return 0;
     gf_encode = (GFEncodeTiled)fn;
-    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
-    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(gf_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GF_SMEM));
     gf_ready = 1;
     return 1;
 }
@@ -500,44 +390,6 @@ static int gf_pair_scale(void) {
     return v;
 }
 
-// A 0/1 switch read once from the environment (unset: def); any other value dies naming what it does.
-static int gf_switch(const char *name, int def, const char *what) {
-    const char *e = getenv(name);
-    if (!e || !*e) return def;
-    if (strcmp(e, "0") && strcmp(e, "1")) DIE("%s must be 0 or 1 (1: %s) (got '%s')", name, what, e);
-    return *e == '1';
-}
-
-// MOE_FP8_WGRAD_OLD=1 (the A/B): the weight gradient's kernel as before the ping-pong (issue 38): both
-// consumer warpgroups in step, the tiles rows fastest over a whole group, no prefetch of C
-static int gf_wgrad_old(void) {
-    static int v = -1;
-    if (v < 0) v = gf_switch("MOE_FP8_WGRAD_OLD", 0, "the weight gradient's GEMM without the ping-pong");
-    return v;
-}
-
-// MOE_FP8_ROWS_PINGPONG=1 (to measure): the forward and activation-gradient GEMMs with the ping-pong too
-static int gf_rows_pp(void) {
-    static int v = -1;
-    if (v < 0) v = gf_switch("MOE_FP8_ROWS_PINGPONG", 0, "the rows-mode GEMMs with the ping-pong");
-    return v;
-}
-
-// The weight gradient's tile rows a band (gf_tile; MOE_FP8_WGRAD_BAND=n to measure others, 0: rows fastest
-// over a whole group, the old order): 16, ~8 x 16 tiles at once on 132 SMs
-static int gf_wgrad_band(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOE_FP8_WGRAD_BAND");
-        char *end = NULL;
-        long n = e && *e ? strtol(e, &end, 10) : 16;
-        if (e && *e && (*end || n < 0 || n > 4096))
-            DIE("MOE_FP8_WGRAD_BAND must be a count of tile rows from 0 to 4096 (0: no bands) (got '%s')", e);
-        v = (int)n;
-    }
-    return v;
-}
-
 // A 2-D e4m3 tensor map over (rows, cols) row-major bytes at p: boxes of 128 rows x 128 bytes (one K-tile),
 // 128-byte swizzle, out-of-range elements read as zeros.
 static void gf_map(CUtensorMap *m, const uint8_t *p, uint64_t rows, uint64_t cols, const char *what) {
@@ -551,13 +403,10 @@ static void gf_map(CUtensorMap *m, const uint8_t *p, uint64_t rows, uint64_t col
             (unsigned long long)rows, (unsigned long long)cols, what, (const void *)p);
 }
 
-// red: the weight gradient's form; pp: the ping-pong (gf_issue)
-static void gf_launch(int red, int pp, const CUtensorMap &ta, const CUtensorMap &tb, const GFArgs *a) {
+static void gf_launch(int red, const CUtensorMap &ta, const CUtensorMap &tb, const GFArgs *a) {
     int grid = a->tiles < gf_sms ? a->tiles : gf_sms;
-    if (red && pp) gf_kernel<1, 1><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
-    else if (red) gf_kernel<1, 0><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
-    else if (pp) gf_kernel<0, 1><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
-    else gf_kernel<0, 0><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
+    if (red) gf_kernel<1><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
+    else gf_kernel<0><<<grid, GF_THREADS, GF_SMEM>>>(ta, tb, *a);
     KCHECK(red ? "fp8 grouped_gemm_dw (wgmma)" : "fp8 grouped_gemm (wgmma)");
 }
 
@@ -612,7 +461,7 @@ extern "C" int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint
     a->C = c_bf16 ? NULL : (float *)C;
     a->Cb = c_bf16 ? (bf16 *)C : NULL;
     a->beta = beta;
-    gf_launch(0, gf_rows_pp(), ta, tb, a);
+    gf_launch(0, ta, tb, a);
     return 1;
 }
 
@@ -627,7 +476,7 @@ extern "C" int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const
     if (rows == 0) return 1;
     a->H1 = (bf16 *)h1, a->H3 = (bf16 *)h3, a->Act = (bf16 *)act;
     a->b_halves = gf_pair_scale();
-    gf_launch(0, gf_rows_pp(), ta, tb, a);
+    gf_launch(0, ta, tb, a);
     return 1;
 }
 
@@ -641,7 +490,7 @@ extern "C" int cuda_fp8_grouped_gemm_swiglu_bwd(void *dh1, void *dh3, const void
     if (!gf_rows_args(a, A, sa, B, sb, 1, off, G, K, N, &ta, &tb)) return 0;
     if (rows == 0) return 1;
     a->Sh1 = (const bf16 *)h1, a->Sh3 = (const bf16 *)h3, a->Dh1 = (bf16 *)dh1, a->Dh3 = (bf16 *)dh3;
-    gf_launch(0, gf_rows_pp(), ta, tb, a);
+    gf_launch(0, ta, tb, a);
     return 1;
 }
 
@@ -670,11 +519,7 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, const uint8_t *A, 
     a->N = N;
     a->K = K;
     a->ldc = K;
-    const int old = gf_wgrad_old(), mt = (N + GF_BM - 1) / GF_BM;
-    const int band = old ? 0 : gf_wgrad_band();
-    a->band = band == 0 || mt < band ? mt : band;
-    a->pf = !old && beta != 0.0f;
-    long long tiles = 0, per = (long long)mt * ((K + GF_BN - 1) / GF_BN);
+    long long tiles = 0, per = (long long)((N + GF_BM - 1) / GF_BM) * ((K + GF_BN - 1) / GF_BN);
     for (int g = 0; g < G; g++) {
         a->tstart[g] = (int)tiles;
         a->start[g] = (int)p[g];
@@ -691,6 +536,6 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, const uint8_t *A, 
     CUtensorMap ta, tb;
     gf_map(&ta, A, (uint64_t)N, (uint64_t)p[G], "A (dY^T)");
     gf_map(&tb, B, (uint64_t)K, (uint64_t)p[G], "B (X^T)");
-    gf_launch(1, !old, ta, tb, a);
+    gf_launch(1, ta, tb, a);
     return 1;
 }
