@@ -67,10 +67,11 @@ __device__ __forceinline__ void ds_chunks(uint4 *c, const uint32_t (*f)[4], int 
 // sequences). ds (or NULL): each tile's dS^T stored there for att_wg_dqs_k<192> (ds_tile's layout, with a =
 // ceil(qa / 64) and nt tiles a head: the 16-byte chunks as stage_sw swizzles them, each warp store whole
 // 32-byte sectors). dv's columns from 128 written as zeros (without add). The products and roundings are
-// att_wg_dkdv_k<192, 128>'s in the same order. Registers: dK's first 128 columns (64 accumulators) and dV's
-// (64) stay in registers; dK's last 64 (the rope key's: 32) wait in shared memory while S^T and dP^T (32
-// each) are computed, back in registers for their products: 192 at most, no spill, the wgmma in flight
-// (with all 224 in registers ptxas spilled or serialised the wgmma).
+// att_wg_dkdv_k<192, 128>'s in the same order. Registers: dK's first 128 columns (64 accumulators a thread)
+// and dV's (64) stay in registers; dK's last 64 (the rope key's: 32) wait in shared memory while S^T and dP^T
+// (32 each) are computed, back in registers for their products: 192 accumulators at most (ptxas -v: 255
+// registers, 4 bytes spilled, one value reloaded a tile; with all 224 in registers it spilled 100-130 bytes
+// inside the loop or serialised every wgmma).
 // A tile's steps: S^T as soon as Q is in (dout still loading), dP^T, P and dS, dK's products, dV's; Q's
 // next tile loads during dV's products, dout's during the next S^T's.
 __global__ void __launch_bounds__(128, 2)

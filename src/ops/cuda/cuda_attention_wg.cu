@@ -17,10 +17,12 @@
 // over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q
 // from registers; products 192 wide as a 128-wide and a 64-wide wgmma) that also stores dS (bf16) in a
 // scratch (head dim 128 only), then a dq kernel of one product, dQ = dS K (both operands from shared
-// memory); without the scratch (ops.h attention_ds_bytes: over its cap, or width 192) a dq kernel that
-// computes S = Q K^T, dP = dout V^T and dS again (one warpgroup per 64 queries, dQ += dS K with dS from
-// registers). Each output is written by one thread in a fixed order: deterministic, no atomics, as the
-// mma.sync kernels.
+// memory: cuda_attention_wg.cuh's att_wg_dqs_k); without the scratch (ops.h attention_ds_bytes: over its
+// cap, or width 192) a dq kernel that computes S = Q K^T, dP = dout V^T and dS again (one warpgroup per 64
+// queries, dQ += dS K with dS from registers). At 192 / 128 these backward kernels are latent attention's
+// old way (MOE_ATTN_MLA=old) and its dq kernel the "recompute" way's: cuda_attention_mla.cu holds the
+// default one and the op's entry points. Each output is written by one thread in a fixed order:
+// deterministic, no atomics, as the mma.sync kernels.
 // Fragment layout of a wgmma accumulator (as mma.sync's C per warp): warp w of the warpgroup holds
 // rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j + {0, 1}] ({2, 3} for + 8); a
 // 192-wide accumulator is the 128-wide one's 64 values then the 64-wide one's 32 (columns 128 on): the

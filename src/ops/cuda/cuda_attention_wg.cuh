@@ -192,8 +192,9 @@ __device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int
 // which read the same K tiles (staged once for both: from L2 the kernel read dS once and K twice as many
 // bytes), dS^T (M-major) and K (N-major) staged as they are stored, double-buffered. Grid
 // (ceil((qb - qa) / 128), H, B), the most keys first. Head width HD 128 (att_wg_dkdv_k's scratch) or 192
-// (att_mla_dkdv_k's: one m64n192k16 a key step, 96 accumulators a thread; two blocks an SM); dq's rows HD
-// wide. SMEM: the shared memory it takes.
+// (att_mla_dkdv_k's: one m64n192k16 a key step, 96 accumulators a thread; two blocks an SM, at 128 registers
+// with 16 bytes spilled outside the loop); dq's rows HD wide. SMEM: the shared memory it takes. (At 128 the
+// launch bound names no minimum of blocks: a minimum of 1 changed the kernel's machine code.)
 template <int HD> struct DqsShape {
     static constexpr int KT = HD / 64 * WG_BLK; // a K tile
     static constexpr int SMEM = 2 * 16384 + 2 * KT + 1024; // 2 x (dS^T of each warpgroup), 2 x K
