@@ -11,13 +11,13 @@
 // untouched where added into; forward rows over chunks [t0, t1) (AMPipe) the bits of one call and later
 // rows unwritten; the backward's dq over chunks the bits of one call; written == added into zeros; two
 // runs the same bits. The backward runs each of its ways (MOE_ATTN_MLA, set here between calls:
-// cuda_attention_mla.cu): the default, the dS scratch in one pass, in a pass per kv head and sequence and
-// in passes of two kv heads, dS again in the dq kernel, the old kernels; each against the references, and
-// the scratch's passes the same bits as one pass (dq, dk, dv), dk and dv without the scratch the same bits
-// as with it. Shapes: T not a multiple of 64, one query head per kv head (MLA) and 2 (GQA), one sequence and
-// two. On an sm_90 GPU the wgmma path must be the one taken (backend_cuda_grouped_kernel: the same condition
-// as the kernels'). Skips (exit 77) without a GPU or elsewhere. MOE_TEST_SMALL=1: small shapes only
-// (compute-sanitizer).
+// cuda_attention_mla.cu): the dS scratch in one pass and in a pass per kv head and sequence, and (not under
+// MOE_TEST_SMALL) dS again in the dq kernel, the default, passes of two kv heads and the old kernels; each
+// against the references, and the scratch's passes the same bits as one pass (dq, dk, dv), dk and dv without
+// the scratch the same bits as with it. Shapes: T not a multiple of 64, one query head per kv head (MLA) and
+// 2 (GQA), one sequence and two. On an sm_90 GPU the wgmma path must be the one taken
+// (backend_cuda_grouped_kernel: the same condition as the kernels'). Skips (exit 77) without a GPU or
+// elsewhere. MOE_TEST_SMALL=1: small shapes only (compute-sanitizer).
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
@@ -128,11 +128,14 @@ static void pad_check(const char *what, const float *x, const float *want_x, int
     EXPECT(bad == 0, "%s: %zu padding elements not as they should be", what, bad);
 }
 
-// The backward's ways (cuda_attention_mla.cu: MOE_ATTN_MLA, read at every call): the default (the dS
-// scratch within its bound, else dS again), the scratch in one pass, in a pass per kv head and sequence, in
-// passes of two kv heads (of 3: 2 and 1), dS again in the dq kernel, and the kernels before that file.
-static const char *const WAYS[] = {"", "65535", "1", "2", "recompute", "old"};
-enum { NWAYS = sizeof WAYS / sizeof WAYS[0] };
+// The backward's ways (cuda_attention_mla.cu: MOE_ATTN_MLA, read at every call): the dS scratch in one pass
+// and in a pass per kv head and sequence (the new kernels and the passes' offsets: every run), then dS again
+// in the dq kernel, the default (the scratch within its bound, else dS again), passes of two kv heads (of 3:
+// 2 and 1) and the kernels before that file (not under MOE_TEST_SMALL: the sanitizers' runs, whose time goes
+// by the launch).
+static const char *const WAYS[] = {"65535", "1", "recompute", "", "2", "old"};
+enum { W_ONE, W_PER, W_AGAIN, W_DEFAULT, W_TWO, W_OLD, NWAYS = sizeof WAYS / sizeof WAYS[0] };
+static int g_ways = NWAYS; // the ways run (W_AGAIN under MOE_TEST_SMALL)
 static void set_way(const char *way) {
     if (*way) CHECK(setenv("MOE_ATTN_MLA", way, 1) == 0, "setenv MOE_ATTN_MLA");
     else CHECK(unsetenv("MOE_ATTN_MLA") == 0, "unsetenv MOE_ATTN_MLA");
@@ -314,24 +317,27 @@ static void test_shape(int B, int T, int H, int KV, int n) {
         first = 0;
     }
     float *got[NWAYS][3];
-    for (int i = 0; i < NWAYS; i++)
+    for (int i = 0; i < g_ways; i++)
         bwd_way(WAYS[i], &r, got[i], B, T, H, KV, n, pq, pk, pv, gd, oc, lc, qd, kd, vd);
-    for (int i = 2; i <= 3; i++)
+    for (int i = W_PER; i < g_ways; i += W_TWO - W_PER) // (W_PER, then W_TWO where it ran)
         for (int c = 0; c < 3; c++) {
             snprintf(what, sizeof what, "%s: %s, the scratch in passes of %s kv head(s) == in one pass", sh,
                      c ? c == 1 ? "dk" : "dv" : "dq", WAYS[i]);
-            same_bits(what, got[i][c], got[1][c], (c ? nk : nq) * sizeof(float));
+            same_bits(what, got[i][c], got[W_ONE][c], (c ? nk : nq) * sizeof(float));
         }
     snprintf(what, sizeof what, "%s: dk, dv, dS again == with the scratch", sh);
-    same_bits(what, got[4][1], got[1][1], nk * sizeof(float));
-    same_bits(what, got[4][2], got[1][2], nk * sizeof(float));
+    if (g_ways > W_AGAIN) {
+        same_bits(what, got[W_AGAIN][1], got[W_ONE][1], nk * sizeof(float));
+        same_bits(what, got[W_AGAIN][2], got[W_ONE][2], nk * sizeof(float));
+    }
     // (said, not checked: whether the default way gives the old kernels' bits, i.e. whether a training run's
     // losses move with it)
-    printf("  %s: the default way and the old kernels the same bits: dq %s, dk %s, dv %s\n", sh,
-           memcmp(got[0][0], got[5][0], nq * sizeof(float)) ? "no" : "yes",
-           memcmp(got[0][1], got[5][1], nk * sizeof(float)) ? "no" : "yes",
-           memcmp(got[0][2], got[5][2], nk * sizeof(float)) ? "no" : "yes");
-    for (int i = 0; i < NWAYS; i++)
+    if (g_ways > W_OLD)
+        printf("  %s: the default way and the old kernels the same bits: dq %s, dk %s, dv %s\n", sh,
+               memcmp(got[W_DEFAULT][0], got[W_OLD][0], nq * sizeof(float)) ? "no" : "yes",
+               memcmp(got[W_DEFAULT][1], got[W_OLD][1], nk * sizeof(float)) ? "no" : "yes",
+               memcmp(got[W_DEFAULT][2], got[W_OLD][2], nk * sizeof(float)) ? "no" : "yes");
+    for (int i = 0; i < g_ways; i++)
         for (int c = 0; c < 3; c++) free(got[i][c]);
     float *fr[] = {q,       k,       v,       g,    o,    l,    o32,     l32,     oh,
                    lh,      xn,      yn,      pq,   pk,   pv,   r.dq[0], r.dk[0], r.dv[0],
@@ -349,6 +355,7 @@ int main(void) {
     rng_seed(&R, 20261203);
     const char *sm = getenv("MOE_TEST_SMALL");
     int big = !(sm && *sm && strcmp(sm, "0"));
+    g_ways = big ? NWAYS : W_AGAIN;
     gpu = backend_cuda();
     ref = backend_cpu_bf16ref();
     f32 = backend_cpu();

@@ -2,15 +2,16 @@
 # Device recipe (kind nvidia-h200): latent attention's backward (issue 40), the new kernels of
 # cuda_attention_mla.cu against the old ones of cuda_attention_wg.cu (MOE_ATTN_MLA=old) in one call.
 # Builds nothing. Prepare here: cmake --build build (CUDA on), `bash scripts/device/mesh_pack.sh .gpum`; then
-# `bash scripts/device/mla_ab.sh` with carry [".gpum"] (about 3 minutes; BUDGET=seconds, default 220, stops
-# the steps that would pass it; progress, counts and the table in $OUT/mla_ab.txt). In order:
-#   1. test_cuda_attn_mla: every way of the backward (the default, the dS scratch in one pass and in a pass
-#      per kv head, dS again, the old kernels) against bf16_ref.h and the float32 cpu, and the ways that
+# `bash scripts/device/mla_ab.sh` with carry [".gpum"] (about 3 minutes; BUDGET=seconds, default 220, skips
+# the steps that would pass it; progress, counts and the table in $OUT/mla_ab.txt). In order of what matters:
+#   1. test_cuda_attn_mla: every way of the backward (the default, the dS scratch in one pass and in passes
+#      of kv heads, dS again, the old kernels) against bf16_ref.h and the float32 cpu, and the ways that
 #      must agree bit for bit;
-#   2. moe_bench_attention at B 1, H 128, hd 192 / hv 128, T 4096, 2048 and 8192, new (MOE_ATTN_MLA unset)
-#      and old, alternating; at T 4096 also MOE_ATTN_MLA=recompute (the new dk/dv kernel, dS again);
-#   3. compute-sanitizer racecheck and memcheck on test_cuda_attn_mla (MOE_TEST_SMALL=1);
-#   4. ncu's per-kernel times at T 4096, new and old; test_cuda_ops (MOE_TEST_SMALL=1: head dim 128 as before).
+#   2. moe_bench_attention at B 1, H 128, hd 192 / hv 128, T 4096: new (MOE_ATTN_MLA unset), then old;
+#   3. compute-sanitizer racecheck on test_cuda_attn_mla (MOE_TEST_SMALL=1: the new kernels' ways);
+#   4. the same bench at T 2048 and 8192 (new, old), and at 4096 MOE_ATTN_MLA=recompute (the new dk/dv kernel,
+#      dS again); memcheck as 3;
+#   5. ncu's per-kernel times at T 4096, new and old; test_cuda_ops (MOE_TEST_SMALL=1: head dim 128 as before).
 # The table: fwd / bwd / total ms per T and way, new / old, and the issue's milestones at T 4096 against the
 # peers' times of docs/PERFORMANCE.md (SDPA with v padded 8.098 ms, SDPA 5.309 ms; not measured here).
 # Ends non-zero when a test, a sanitizer or a timed program fails.
@@ -44,22 +45,21 @@ san_line() { # sanitizer NAME: its summary; errors or hazards fail
 bench() { # bench WAY T: moe_bench_attention under MOE_ATTN_MLA=WAY ("new": unset); its JSON line tagged
   local way=$1 T=$2 e=
   [ "$way" != new ] && e="MOE_ATTN_MLA=$way"
-  t b_${way}_$T 40 env $e $B/moe_bench_attention --device cuda --B 1 --T $T --H 128 --KV 128 --hd 192 --hv 128 \
+  t b_${way}_$T 60 env $e $B/moe_bench_attention --device cuda --B 1 --T $T --H 128 --KV 128 --hd 192 --hv 128 \
     --iters 10 || return 0
   grep -q '"impl"' $W/b_${way}_$T.log || { FAIL=1; tail -3 $W/b_${way}_$T.log | tee -a $R; return 0; }
   grep '"impl"' $W/b_${way}_$T.log | sed "s/^{/{\"way\": \"$way\", /" >> $W/rows.jsonl
 }
 
-t mla 60 $B/test_cuda_attn_mla
-test_line mla
+t mla 90 $B/test_cuda_attn_mla && test_line mla
 grep -E "^latent|worst per element|old kernels the same bits" $W/mla.log | tee -a $R
 : > $W/rows.jsonl
-for T in 4096 2048 8192; do bench new $T; bench old $T; done
+bench new 4096
+bench old 4096
+t race 100 env MOE_TEST_SMALL=1 compute-sanitizer --tool racecheck $B/test_cuda_attn_mla && san_line race
+for T in 2048 8192; do bench new $T; bench old $T; done
 bench recompute 4096
-t race 60 env MOE_TEST_SMALL=1 compute-sanitizer --tool racecheck $B/test_cuda_attn_mla
-san_line race
-t mem 40 env MOE_TEST_SMALL=1 compute-sanitizer --tool memcheck $B/test_cuda_attn_mla
-san_line mem
+t mem 60 env MOE_TEST_SMALL=1 compute-sanitizer --tool memcheck $B/test_cuda_attn_mla && san_line mem
 for way in new old; do
   e=; [ $way = old ] && e="MOE_ATTN_MLA=old"
   t ncu_$way 30 env $e ncu --clock-control none -k regex:'att_|rowdot' --metrics gpu__time_duration.sum \
