@@ -1,7 +1,7 @@
 // test_cuda_attn_mla.c — latent attention's values on "cuda" (ops.h attention_fwd_v / attention_bwd_v):
 // query/key heads 192 wide (DeepSeek-V3's 128 + 64), values 128 wide in rows padded to 192 with zeros, as
-// mla.c lays them out; on an sm_90 GPU the wgmma kernels of cuda_attention_wg.cu at (192, 128). Against
-// bf16_ref.h's attention (the cpu, q, k, v, dout, P and dS rounded as the kernels round them, sums in
+// mla.c lays them out; on an sm_90 GPU the wgmma kernels (cuda_attention_wg.cu, cuda_attention_mla.cu).
+// Against bf16_ref.h's attention (the cpu, q, k, v, dout, P and dS rounded as the kernels round them, sums in
 // double) and against the float32 cpu, at test_cuda_ops.c's tensor-core attention bands (the reasons
 // are there; nothing here is wider):
 //   BAND_ATT_TC_NORM 2e-3 norm-wise and BAND_BF16_ELEM 5e-2 per element against bf16_ref.h;
@@ -10,10 +10,14 @@
 // Exact checks (no band): the padding's columns of out are zeros, of dv zeros where written and
 // untouched where added into; forward rows over chunks [t0, t1) (AMPipe) the bits of one call and later
 // rows unwritten; the backward's dq over chunks the bits of one call; written == added into zeros; two
-// runs the same bits. Shapes: T not a multiple of 64, one query head per kv head (MLA) and 2 (GQA), one
-// sequence and two. On an sm_90 GPU the wgmma path must be the one taken (backend_cuda_grouped_kernel:
-// the same condition as the kernels'). Skips (exit 77) without a GPU or elsewhere. MOE_TEST_SMALL=1: small
-// shapes only (compute-sanitizer).
+// runs the same bits. The backward runs each of its ways (MOE_ATTN_MLA, set here between calls:
+// cuda_attention_mla.cu): the dS scratch in one pass and in a pass per kv head and sequence, and (not under
+// MOE_TEST_SMALL) dS again in the dq kernel, the default, passes of two kv heads and the old kernels; each
+// against the references, and the scratch's passes the same bits as one pass (dq, dk, dv), dk and dv without
+// the scratch the same bits as with it. Shapes: T not a multiple of 64, one query head per kv head (MLA) and
+// 2 (GQA), one sequence and two. On an sm_90 GPU the wgmma path must be the one taken
+// (backend_cuda_grouped_kernel: the same condition as the kernels'). Skips (exit 77) without a GPU or
+// elsewhere. MOE_TEST_SMALL=1: small shapes only (compute-sanitizer).
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
@@ -124,7 +128,115 @@ static void pad_check(const char *what, const float *x, const float *want_x, int
     EXPECT(bad == 0, "%s: %zu padding elements not as they should be", what, bad);
 }
 
-// One shape: forward and backward over all rows against the references, then over n chunks.
+// The backward's ways (cuda_attention_mla.cu: MOE_ATTN_MLA, read at every call): the dS scratch in one pass
+// and in a pass per kv head and sequence (the new kernels and the passes' offsets: every run), then dS again
+// in the dq kernel, the default (the scratch within its bound, else dS again), passes of two kv heads (of 3:
+// 2 and 1) and the kernels before that file (not under MOE_TEST_SMALL: the sanitizers' runs, whose time goes
+// by the launch).
+static const char *const WAYS[] = {"65535", "1", "recompute", "", "2", "old"};
+enum { W_ONE, W_PER, W_AGAIN, W_DEFAULT, W_TWO, W_OLD, NWAYS = sizeof WAYS / sizeof WAYS[0] };
+static int g_ways = NWAYS; // the ways run (W_AGAIN under MOE_TEST_SMALL)
+static void set_way(const char *way) {
+    if (*way) CHECK(setenv("MOE_ATTN_MLA", way, 1) == 0, "setenv MOE_ATTN_MLA");
+    else CHECK(unsetenv("MOE_ATTN_MLA") == 0, "unsetenv MOE_ATTN_MLA");
+}
+
+// One shape's backward references (bf16_ref.h; written over zeros and added into pq, pk, pv), the float32
+// one, and bf16_ref.h's over chunks in reverse order (dk/dv written by the first, added into by the others)
+typedef struct {
+    float *dq[2], *dk[2], *dv[2], *eq, *ek, *ev, *cq, *ck, *cv;
+} BwdRef;
+
+// One way's backward against the references: over all rows, written over NaN (flags 0) and added into
+// pq, pk, pv (dv's padding must keep them), written == added into zeros, two runs the same bits; over the
+// n chunks in reverse order as the model calls them, dq the bits of one call. out: the written dq, dk, dv.
+static void bwd_way(const char *way, const BwdRef *r, float **out, int B, int T, int H, int KV, int n,
+                    const float *pq, const float *pk, const float *pv, const float *gd, const void *oc,
+                    const float *lc, const void *qd, const void *kd, const void *vd) {
+    size_t nq = (size_t)B * T * H * HD, nk = (size_t)B * T * KV * HD;
+    char what[160], sh[96];
+    snprintf(sh, sizeof sh, "B%d T%d H%d KV%d, MOE_ATTN_MLA=%s", B, T, H, KV, *way ? way : "(unset)");
+    set_way(way);
+    for (int p = 0; p < 2; p++) {
+        int fl = p ? ATT_ADD_DQ | ATT_ADD_DKV : 0;
+        float *dqd = p ? putf(pq, nq) : nanf_dev(nq), *dkd = p ? putf(pk, nk) : nanf_dev(nk),
+              *dvd = p ? putf(pv, nk) : nanf_dev(nk);
+        gpu->attention_bwd_v(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, fl);
+        float *hq = getf(dqd, nq), *hk = getf(dkd, nk), *hv = getf(dvd, nk);
+        const char *how = p ? "added" : "written";
+        snprintf(what, sizeof what, "bwd dq (%s) vs bf16 ref %s", how, sh);
+        cmp(what, hq, r->dq[p], nq, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+        snprintf(what, sizeof what, "bwd dk (%s) vs bf16 ref %s", how, sh);
+        cmp(what, hk, r->dk[p], nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+        snprintf(what, sizeof what, "bwd dv (%s) vs bf16 ref %s", how, sh);
+        cmp(what, hv, r->dv[p], nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+        pad_check(p ? "bwd dv's padding (added: kept)" : "bwd dv's padding (written)", hv, p ? pv : NULL, B,
+                  T, KV, 0, T);
+        if (!p && r->eq) { // against the float32 backward from the float32 forward
+            snprintf(what, sizeof what, "bwd dq/dk/dv vs float32 %s", sh);
+            cmp(what, hq, r->eq, nq, INFINITY, BAND_BF16_NORM);
+            cmp(what, hk, r->ek, nk, INFINITY, BAND_BF16_NORM);
+            cmp(what, hv, r->ev, nk, INFINITY, BAND_BF16_NORM);
+        }
+        if (!p) { // written == added into zeros; a second run the same bits
+            float *z[3] = {putf(hq, nq), putf(hk, nk), putf(hv, nk)};
+            gpu->zero(z[0], nq * sizeof(float));
+            gpu->zero(z[1], nk * sizeof(float));
+            gpu->zero(z[2], nk * sizeof(float));
+            gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T,
+                                 ATT_ADD_DQ | ATT_ADD_DKV);
+            float *zq = getf(z[0], nq), *zk = getf(z[1], nk), *zv = getf(z[2], nk);
+            same_bits("bwd dq written == added into zeros", zq, hq, nq * sizeof(float));
+            same_bits("bwd dk written == added into zeros", zk, hk, nk * sizeof(float));
+            same_bits("bwd dv written == added into zeros", zv, hv, nk * sizeof(float));
+            gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, 0);
+            float *rq = getf(z[0], nq), *rk = getf(z[1], nk), *rv = getf(z[2], nk);
+            same_bits("bwd dq: two runs", rq, hq, nq * sizeof(float));
+            same_bits("bwd dk: two runs", rk, hk, nk * sizeof(float));
+            same_bits("bwd dv: two runs", rv, hv, nk * sizeof(float));
+            float *fr[] = {zq, zk, zv, rq, rk, rv};
+            for (int i = 0; i < 6; i++) free(fr[i]);
+            for (int i = 0; i < 3; i++) gpu->free(z[i]);
+            out[0] = hq;
+            out[1] = hk;
+            out[2] = hv;
+        } else {
+            free(hq);
+            free(hk);
+            free(hv);
+        }
+        gpu->free(dqd);
+        gpu->free(dkd);
+        gpu->free(dvd);
+    }
+    float *dqn = nanf_dev(nq), *dkn = nanf_dev(nk), *dvn = nanf_dev(nk);
+    for (int j = n - 1, first = 1; j >= 0; j--) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n, fl = first ? 0 : ATT_ADD_DKV;
+        if (t0 == t1) continue;
+        first = 0;
+        gpu->attention_bwd_v(dqn, dkn, dvn, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1, fl);
+    }
+    float *hq = getf(dqn, nq), *hk = getf(dkn, nk), *hv = getf(dvn, nk);
+    snprintf(what, sizeof what, "bwd over %d chunks == one call (dq) %s", n, sh);
+    same_bits(what, hq, out[0], nq * sizeof(float));
+    snprintf(what, sizeof what, "bwd dk over %d chunks vs bf16 ref %s", n, sh);
+    cmp(what, hk, r->ck, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+    snprintf(what, sizeof what, "bwd dv over %d chunks vs bf16 ref %s", n, sh);
+    cmp(what, hv, r->cv, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+    pad_check("bwd dv's padding over chunks", hv, NULL, B, T, KV, 0, T);
+    free(hq);
+    free(hk);
+    free(hv);
+    gpu->free(dqn);
+    gpu->free(dkn);
+    gpu->free(dvn);
+    set_way("");
+}
+
+// One shape: forward over all rows against the references, then over n chunks; the backward's references
+// once, then each way against them, and the ways that must agree bit for bit: the scratch in one pass and
+// in a pass per kv head (the same dS, dq summed in the same order), and dk, dv with the scratch or without
+// (the same kernel; the scratch is written beside them).
 static void test_shape(int B, int T, int H, int KV, int n) {
     size_t nq = (size_t)B * T * H * HD, nk = (size_t)B * T * KV * HD, nl = (size_t)B * H * T;
     char what[160], sh[64];
@@ -149,76 +261,9 @@ static void test_shape(int B, int T, int H, int KV, int n) {
     snprintf(what, sizeof what, "fwd out vs float32 %s", sh);
     cmp(what, oh, o32, nq, BAND_BF16_ELEM, BAND_BF16_NORM);
     pad_check("fwd out's padding", oh, NULL, B, T, H, 0, T);
-    // backward from the cpu's out (rounded, as stored) and lse: written over NaN (flags 0), added into
-    // random values (dv's padding must keep them), and written == added into zeros
-    void *oc = hid_put(o, nq);
-    float *lc = putf(l, nl);
-    float *pq = hrand_heads(nq, 0), *pk = hrand_heads(nk, 0), *pv = hrand_heads(nk, 0);
-    float *dq1 = NULL;
-    for (int p = 0; p < 2; p++) {
-        int fl = p ? ATT_ADD_DQ | ATT_ADD_DKV : 0;
-        float *dq = p ? hcopy(pq, nq) : xcalloc(nq, sizeof(float)), *dk = p ? hcopy(pk, nk) : xcalloc(nk, 4),
-              *dv = p ? hcopy(pv, nk) : xcalloc(nk, sizeof(float));
-        float *dqd = p ? putf(pq, nq) : nanf_dev(nq), *dkd = p ? putf(pk, nk) : nanf_dev(nk),
-              *dvd = p ? putf(pv, nk) : nanf_dev(nk);
-        ref->attention_bwd_v(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, HD, HV, 0, T, fl);
-        gpu->attention_bwd_v(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, fl);
-        float *hq = getf(dqd, nq), *hk = getf(dkd, nk), *hv = getf(dvd, nk);
-        const char *how = p ? "added" : "written";
-        snprintf(what, sizeof what, "bwd dq (%s) vs bf16 ref %s", how, sh);
-        cmp(what, hq, dq, nq, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
-        snprintf(what, sizeof what, "bwd dk (%s) vs bf16 ref %s", how, sh);
-        cmp(what, hk, dk, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
-        snprintf(what, sizeof what, "bwd dv (%s) vs bf16 ref %s", how, sh);
-        cmp(what, hv, dv, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
-        pad_check(p ? "bwd dv's padding (added: kept)" : "bwd dv's padding (written)", hv, p ? pv : NULL, B,
-                  T, KV, 0, T);
-        if (!p && T >= 16) { // against the float32 backward from the float32 forward
-            float *eq = xcalloc(nq, sizeof(float)), *ek = xcalloc(nk, sizeof(float)), *ev = xcalloc(nk, 4);
-            f32->attention_bwd(eq, ek, ev, g, o32, l32, q, k, v, B, T, H, KV, HD, 0, T, 0);
-            snprintf(what, sizeof what, "bwd dq/dk/dv vs float32 %s", sh);
-            cmp(what, hq, eq, nq, INFINITY, BAND_BF16_NORM);
-            cmp(what, hk, ek, nk, INFINITY, BAND_BF16_NORM);
-            cmp(what, hv, ev, nk, INFINITY, BAND_BF16_NORM);
-            free(eq);
-            free(ek);
-            free(ev);
-        }
-        if (!p) { // written == added into zeros; a second run the same bits
-            float *z[3] = {putf(dq, nq), putf(dk, nk), putf(dv, nk)};
-            gpu->zero(z[0], nq * sizeof(float));
-            gpu->zero(z[1], nk * sizeof(float));
-            gpu->zero(z[2], nk * sizeof(float));
-            gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T,
-                                 ATT_ADD_DQ | ATT_ADD_DKV);
-            float *zq = getf(z[0], nq), *zk = getf(z[1], nk), *zv = getf(z[2], nk);
-            same_bits("bwd dq written == added into zeros", zq, hq, nq * sizeof(float));
-            same_bits("bwd dk written == added into zeros", zk, hk, nk * sizeof(float));
-            same_bits("bwd dv written == added into zeros", zv, hv, nk * sizeof(float));
-            gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, 0);
-            float *rq = getf(z[0], nq), *rk = getf(z[1], nk), *rv = getf(z[2], nk);
-            same_bits("bwd dq: two runs", rq, hq, nq * sizeof(float));
-            same_bits("bwd dk: two runs", rk, hk, nk * sizeof(float));
-            same_bits("bwd dv: two runs", rv, hv, nk * sizeof(float));
-            float *fr[] = {zq, zk, zv, rq, rk, rv};
-            for (int i = 0; i < 6; i++) free(fr[i]);
-            for (int i = 0; i < 3; i++) gpu->free(z[i]);
-            dq1 = hcopy(hq, nq);
-        }
-        float *fr[] = {dq, dk, dv, hq, hk, hv};
-        for (int i = 0; i < 6; i++) free(fr[i]);
-        gpu->free(dqd);
-        gpu->free(dkd);
-        gpu->free(dvd);
-    }
-    // chunks of query rows (AMPipe): the forward's bits and unwritten later rows; the backward in reverse
-    // chunk order as the model calls it (dk/dv written by the first, added into by the others): dq's bits of
-    // one call, dk and dv against the reference over the same chunks
+    // the forward over chunks of query rows (AMPipe): the bits of one call, later rows unwritten
     void *on = hid_nan(nq);
     float *ln = nanf_dev(nl);
-    float *dqn = nanf_dev(nq), *dkn = nanf_dev(nk), *dvn = nanf_dev(nk);
-    float *dq = xcalloc(nq, sizeof(float)), *dk = xcalloc(nk, sizeof(float)),
-          *dv = xcalloc(nk, sizeof(float));
     for (int j = 0; j < n; j++) {
         int t0 = T * j / n, t1 = T * (j + 1) / n;
         if (t0 == t1) continue;
@@ -242,24 +287,63 @@ static void test_shape(int B, int T, int H, int KV, int n) {
     same_bits(what, xn, oh, nq * sizeof(float));
     snprintf(what, sizeof what, "fwd over %d chunks == one call (lse) %s", n, sh);
     same_bits(what, yn, lh, nl * sizeof(float));
-    for (int j = n - 1, first = 1; j >= 0; j--) {
-        int t0 = T * j / n, t1 = T * (j + 1) / n, fl = first ? 0 : ATT_ADD_DKV;
-        if (t0 == t1) continue;
-        first = 0;
-        gpu->attention_bwd_v(dqn, dkn, dvn, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1, fl);
-        ref->attention_bwd_v(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, HD, HV, t0, t1, fl);
+    // the backward from the cpu's out (rounded, as stored) and lse: the references, then each way
+    void *oc = hid_put(o, nq);
+    float *lc = putf(l, nl);
+    float *pq = hrand_heads(nq, 0), *pk = hrand_heads(nk, 0), *pv = hrand_heads(nk, 0);
+    BwdRef r;
+    memset(&r, 0, sizeof r);
+    for (int p = 0; p < 2; p++) {
+        r.dq[p] = p ? hcopy(pq, nq) : xcalloc(nq, sizeof(float));
+        r.dk[p] = p ? hcopy(pk, nk) : xcalloc(nk, sizeof(float));
+        r.dv[p] = p ? hcopy(pv, nk) : xcalloc(nk, sizeof(float));
+        ref->attention_bwd_v(r.dq[p], r.dk[p], r.dv[p], g, o, l, q, k, v, B, T, H, KV, HD, HV, 0, T,
+                             p ? ATT_ADD_DQ | ATT_ADD_DKV : 0);
     }
-    float *hq = getf(dqn, nq), *hk = getf(dkn, nk), *hv = getf(dvn, nk);
-    snprintf(what, sizeof what, "bwd over %d chunks == one call (dq) %s", n, sh);
-    same_bits(what, hq, dq1, nq * sizeof(float));
-    snprintf(what, sizeof what, "bwd dk over %d chunks vs bf16 ref %s", n, sh);
-    cmp(what, hk, dk, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
-    snprintf(what, sizeof what, "bwd dv over %d chunks vs bf16 ref %s", n, sh);
-    cmp(what, hv, dv, nk, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
-    pad_check("bwd dv's padding over chunks", hv, NULL, B, T, KV, 0, T);
-    float *fr[] = {q, k, v, g, o, l, o32, l32, oh, lh, pq, pk, pv, dq1, dq, dk, dv, xn, yn, hq, hk, hv};
+    if (T >= 16) { // the float32 backward from the float32 forward
+        r.eq = xcalloc(nq, sizeof(float));
+        r.ek = xcalloc(nk, sizeof(float));
+        r.ev = xcalloc(nk, sizeof(float));
+        f32->attention_bwd(r.eq, r.ek, r.ev, g, o32, l32, q, k, v, B, T, H, KV, HD, 0, T, 0);
+    }
+    r.cq = xcalloc(nq, sizeof(float));
+    r.ck = xcalloc(nk, sizeof(float));
+    r.cv = xcalloc(nk, sizeof(float));
+    for (int j = n - 1, first = 1; j >= 0; j--) {
+        int t0 = T * j / n, t1 = T * (j + 1) / n;
+        if (t0 == t1) continue;
+        ref->attention_bwd_v(r.cq, r.ck, r.cv, g, o, l, q, k, v, B, T, H, KV, HD, HV, t0, t1,
+                             first ? 0 : ATT_ADD_DKV);
+        first = 0;
+    }
+    float *got[NWAYS][3];
+    for (int i = 0; i < g_ways; i++)
+        bwd_way(WAYS[i], &r, got[i], B, T, H, KV, n, pq, pk, pv, gd, oc, lc, qd, kd, vd);
+    for (int i = W_PER; i < g_ways; i += W_TWO - W_PER) // (W_PER, then W_TWO where it ran)
+        for (int c = 0; c < 3; c++) {
+            snprintf(what, sizeof what, "%s: %s, the scratch in passes of %s kv head(s) == in one pass", sh,
+                     c ? c == 1 ? "dk" : "dv" : "dq", WAYS[i]);
+            same_bits(what, got[i][c], got[W_ONE][c], (c ? nk : nq) * sizeof(float));
+        }
+    snprintf(what, sizeof what, "%s: dk, dv, dS again == with the scratch", sh);
+    if (g_ways > W_AGAIN) {
+        same_bits(what, got[W_AGAIN][1], got[W_ONE][1], nk * sizeof(float));
+        same_bits(what, got[W_AGAIN][2], got[W_ONE][2], nk * sizeof(float));
+    }
+    // (said, not checked: whether the default way gives the old kernels' bits, i.e. whether a training run's
+    // losses move with it)
+    if (g_ways > W_OLD)
+        printf("  %s: the default way and the old kernels the same bits: dq %s, dk %s, dv %s\n", sh,
+               memcmp(got[W_DEFAULT][0], got[W_OLD][0], nq * sizeof(float)) ? "no" : "yes",
+               memcmp(got[W_DEFAULT][1], got[W_OLD][1], nk * sizeof(float)) ? "no" : "yes",
+               memcmp(got[W_DEFAULT][2], got[W_OLD][2], nk * sizeof(float)) ? "no" : "yes");
+    for (int i = 0; i < g_ways; i++)
+        for (int c = 0; c < 3; c++) free(got[i][c]);
+    float *fr[] = {q,       k,       v,       g,    o,    l,    o32,     l32,     oh,
+                   lh,      xn,      yn,      pq,   pk,   pv,   r.dq[0], r.dk[0], r.dv[0],
+                   r.dq[1], r.dk[1], r.dv[1], r.eq, r.ek, r.ev, r.cq,    r.ck,    r.cv};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) free(fr[i]);
-    void *dev[] = {qd, kd, vd, gd, od, ld, oc, lc, on, ln, dqn, dkn, dvn};
+    void *dev[] = {qd, kd, vd, gd, od, ld, oc, lc, on, ln};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
 }
 
@@ -271,6 +355,7 @@ int main(void) {
     rng_seed(&R, 20261203);
     const char *sm = getenv("MOE_TEST_SMALL");
     int big = !(sm && *sm && strcmp(sm, "0"));
+    g_ways = big ? NWAYS : W_AGAIN;
     gpu = backend_cuda();
     ref = backend_cpu_bf16ref();
     f32 = backend_cpu();
@@ -278,8 +363,8 @@ int main(void) {
           "test_cuda_attn_mla: backend \"cuda\" without attention_fwd_v/bwd_v");
     int kern = backend_cuda_grouped_kernel(), cc = cuda_device_cc();
     printf("latent attention on \"cuda\": %s (device compute capability %d.%d)\n",
-           kern ? "the wgmma kernels (cuda_attention_wg.cu)" : "the fallback (float32 kernels)", cc / 10,
-           cc % 10);
+           kern ? "the wgmma kernels (cuda_attention_wg.cu, _mla.cu)" : "the fallback (float32 kernels)",
+           cc / 10, cc % 10);
     if (cc == 90) EXPECT(kern, "sm_90 device but the wgmma kernels do not run");
     if (!kern) { // (elsewhere attention_fwd_v calls attention_fwd: the float32 kernels, test_cuda_ops's)
         if (t_failures) return test_done("test_cuda_attn_mla");

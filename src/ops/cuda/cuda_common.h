@@ -333,6 +333,11 @@ int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsig
                           const float *lse, const float *D, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int hv, int t0,
                           int t1, int flags);
+// latent attention's dq (192 / 128) by the kernel that computes S, dP and dS again, added into dq where add
+// (cuda_attention_mla.cu's MOE_ATTN_MLA=recompute)
+void cuda_attention_dq_wg(float *dq, const unsigned short *dout, const float *lse, const float *D,
+                          const unsigned short *q, const unsigned short *k, const unsigned short *v, int B,
+                          int T, int H, int KV, int t0, int t1, int add);
 // cuda_attention_tc.cu: the same ops for backend "cuda" (q, k, v, out bf16: its hidden format): on tensor
 // cores (head dims 32, 64, 128; with dropout too), else the float32 kernels on q, k, v (out) widened
 void cuda_attention_fwd_tc(void *out, float *lse, const void *q, const void *k, const void *v, int B, int T,

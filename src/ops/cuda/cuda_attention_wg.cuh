@@ -1,0 +1,254 @@
+// cuda_attention_wg.cuh — what the Hopper (wgmma, sm_90a) attention kernels share: cuda_attention_wg.cu's
+// (the forward and the head-dim-128 backward) and cuda_attention_mla.cu's (latent attention's backward at
+// 192 / 128): the wgmma instructions by shape, the staging of tiles into the 128-byte-swizzled layout, the
+// products of a 64-row tile, the dS scratch's layout and the kernel that multiplies it by K. Device code
+// and the kernel template only. Must not hold: a kernel's launch, or any knowledge of the model.
+#pragma once
+#include <cuda_bf16.h>
+#include <math.h>
+#include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_attention_softmax.cuh"
+#include "ops/cuda/cuda_wgmma.cuh"
+
+#define WG_BN 64 // keys per tile
+#define WG_LOG2E 1.4426950408889634f
+#define WG_BLK (64 * 128) // one 64-column block of a 64-row tile (bytes)
+
+typedef unsigned short bf16s;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// D (64 x 64: 32 per thread) = [D +] A (64 x 16) B (16 x 64), both from shared memory, K-major
+__device__ __forceinline__ void wgmma_n64_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+                 "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D (64 x 128: 64 per thread) += A (64 x 16, from registers: each warp's 16 rows as the
+// mma.m16n8k16 A fragment) B (16 x 128, shared memory, N-major)
+__device__ __forceinline__ void wgmma_n128_rs(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+                 "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+                 "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
+                 "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+                   "+f"(d[63])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+
+// D (64 x 64) += A (64 x 16, from registers as above) B (16 x 64, shared memory, N-major)
+__device__ __forceinline__ void wgmma_n64_rs(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+                 "%27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+
+// D (64 x 128) += A (64 x 16) B (16 x 128), both from shared memory and both M/N-major (transposed):
+// A's 16 rows of K hold 64 contiguous M values, B's 16 rows 128 N values (two 64-column blocks)
+__device__ __forceinline__ void wgmma_n128_ss_t(float *d, uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+        "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+        "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+
+// D (64 x 192: 96 per thread) += A (64 x 16) B (16 x 192), both from shared memory, M/N-major as
+// wgmma_n128_ss_t (B's 16 rows 192 N values: three 64-column blocks)
+__device__ __forceinline__ void wgmma_n192_ss_t(float *d, uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+        "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, "
+        "%51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, "
+        "%71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, "
+        "%91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+          "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+          "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+          "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),
+          "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
+          "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),
+          "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),
+          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(da), "l"(db));
+}
+
+// Stage ROWS rows (row0.., rows `stride` elements apart; rows from nvalid on zero-filled) of their
+// first W bf16 (a multiple of 64) into the swizzled tile at dst: column block a (elements 64a..64a+63)
+// at dst + a ROWS 128, the 16-byte chunk c of row r at chunk c ^ (r % 8); the block's NTH threads share
+// the copies. Completes at stage_done.
+template <int ROWS, int NTH, int W = 128>
+__device__ __forceinline__ void stage_sw(uint32_t dst, const bf16s *g, int row0, int nvalid, size_t stride) {
+    constexpr int C = W / 8; // 16-byte chunks a row
+    for (int e = threadIdx.x; e < ROWS * C; e += NTH) {
+        int r = C == 16 ? e >> 4 : e / C, c16 = C == 16 ? e & 15 : e % C, blk = c16 >> 3, c = c16 & 7;
+        const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c16 * 8 : g;
+        uint32_t d = dst + blk * ROWS * 128 + r * 128 + ((c ^ (r & 7)) << 4);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                     "r"(r < nvalid ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+// the staged tiles are complete and visible to wgmma (the async proxy) and to every thread
+__device__ __forceinline__ void stage_done(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+}
+#endif
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A fragments (keys or queries 16 kk .. 16 kk + 15 = accumulator columns 2 kk, 2 kk + 1) from a
+// 64 x 64 accumulator, rounded to bf16
+__device__ __forceinline__ void wg_frags(uint32_t (*f)[4], const float *a) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) f[kk][i] = pack_bf16(a[8 * kk + 2 * i], a[8 * kk + 2 * i + 1]);
+}
+
+// S (64 x 64) = A B^T over the first HD columns: A's 64 rows at sa, B's 64 rows at sb, both tiles of
+// `arows` / `brows` rows in the swizzled layout (their 64-column blocks arows x 128 B apart)
+template <int HD>
+__device__ __forceinline__ void wg_scores(float *s, uint32_t sa, int arows, uint32_t sb, int brows) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma_n64_ss(s, desc_sw128(sa + (kk >> 2) * arows * 128 + 32 * (kk & 3), 16, 1024),
+                     desc_sw128(sb + (kk >> 2) * brows * 128 + 32 * (kk & 3), 16, 1024), kk);
+}
+
+// acc (64 x N, N 128 or 192) += F (64 x 64, A fragments) X where X is a 64-row tile at sx read N-major:
+// its first two column blocks by m64n128k16, the third (N 192) by m64n64k16 into acc[64..95]
+template <int N> __device__ __forceinline__ void wg_times(float *acc, uint32_t (*f)[4], uint32_t sx) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        wgmma_n128_rs(acc, f[kk][0], f[kk][1], f[kk][2], f[kk][3], desc_sw128(sx + 2048 * kk, WG_BLK, 1024));
+    if constexpr (N == 192) {
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wgmma_n64_rs(acc + 64, f[kk][0], f[kk][1], f[kk][2], f[kk][3],
+                         desc_sw128(sx + 2 * WG_BLK + 2048 * kk, WG_BLK, 1024));
+    }
+    static_assert(N == 128 || N == 192, "wg_times: N 128 or 192");
+}
+#endif
+
+// The dS scratch (ops.h attention_ds_bytes): for each sequence b and query head h, the query tiles m of
+// 64 rows from qa, each followed by its key tiles j = 0 .. a + m (a = ceil(qa / 64)), a 64 x 64 bf16
+// tile each holding dS^T (the keys as rows, 64 queries of 128 bytes a row, the 16-byte chunks swizzled
+// as stage_sw lays them out, so the dq kernel copies it as it is). nt: the tiles of one (b, h).
+__device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int a, size_t nt) {
+    return ((size_t)b * H + h) * nt + (size_t)m * (a + 1) + (size_t)m * (m - 1) / 2 + j;
+}
+
+
+// dq += sum over the key tiles j <= a + m of dS (tile (m, j), from a dk/dv kernel) K_j for the query tiles
+// m of 64 rows (the query rows [qa, qb)): a block of two warpgroups takes two tiles m, m + 1 of one head,
+// which read the same K tiles (staged once for both: from L2 the kernel read dS once and K twice as many
+// bytes), dS^T (M-major) and K (N-major) staged as they are stored, double-buffered. Grid
+// (ceil((qb - qa) / 128), H, B), the most keys first. Head width HD 128 (att_wg_dkdv_k's scratch) or 192
+// (att_mla_dkdv_k's: one m64n192k16 a key step, 96 accumulators a thread; two blocks an SM, at 128 registers
+// with 16 bytes spilled outside the loop); dq's rows HD wide. SMEM: the shared memory it takes. (At 128 the
+// launch bound names no minimum of blocks: a minimum of 1 changed the kernel's machine code.)
+template <int HD> struct DqsShape {
+    static constexpr int KT = HD / 64 * WG_BLK; // a K tile
+    static constexpr int SMEM = 2 * 16384 + 2 * KT + 1024; // 2 x (dS^T of each warpgroup), 2 x K
+};
+template <int HD>
+__global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
+    att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV, int qa, int qb, int a,
+                 size_t nt, int add) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int KT = DqsShape<HD>::KT;
+    extern __shared__ __align__(1024) unsigned char wg_smem[];
+    // 2 buffers of (dS^T of each warpgroup's tile: 2 x 8 KB), then 2 of K
+    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + 2 * 16384;
+    int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
+    AttQBlock blk = att_qblock<HD, 128, 64>(T, H, KV, qa, qb);
+    int q0 = blk.q0, ntile = blk.ntile, qw = q0 + 64 * wg; // this warpgroup's rows from qw (none past qb)
+    int nw = qw < qb ? (min(qw + 64, qb) + 63) / 64 : 0; // and its key tiles
+    const bf16s *kg = k + blk.koff,
+                *dg = nw ? ds + ds_tile(blk.b, blk.h, H, (qw - qa) / 64, 0, a, nt) * 4096 : ds;
+    // key tile n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % 2, one commit
+    // group
+    auto load = [&](int n) {
+        if (n < nw) {
+            const char *src = (const char *)(dg + (size_t)n * 4096);
+            uint32_t dst = sD + (n & 1) * 16384 + wg * 8192;
+            for (int e = threadIdx.x & 127; e < 512; e += 128)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16),
+                             "l"(src + e * 16));
+        }
+        stage_sw<64, 256, HD>(sK + (n & 1) * KT, kg, n * 64, min(64, qb - n * 64), (size_t)KV * HD);
+    };
+    load(0);
+    float acc[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) acc[i] = 0.0f;
+    for (int it = 0; it < ntile; it++) {
+        stage_done(); // tile it; every warp is done with tile it - 1, whose buffers tile it + 1 takes
+        if (it + 1 < ntile) load(it + 1);
+        if (it >= nw) continue; // warpgroup-uniform: the lower tile has one key tile fewer
+        uint32_t d0 = sD + (it & 1) * 16384 + wg * 8192, k0 = sK + (it & 1) * KT;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            if constexpr (HD == 128)
+                wgmma_n128_ss_t(acc, desc_sw128(d0 + 2048 * kk, 8192, 1024),
+                                desc_sw128(k0 + 2048 * kk, 64 * 128, 1024));
+            else
+                wgmma_n192_ss_t(acc, desc_sw128(d0 + 2048 * kk, 8192, 1024),
+                                desc_sw128(k0 + 2048 * kk, 64 * 128, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    if (nw) add_rows<HD / 8>(dq + blk.qoff, acc, qw + w * 16 + (lane >> 2), qb, (size_t)H * HD, t, add);
+#endif
+    static_assert(HD == 128 || HD == 192, "att_wg_dqs_k: head width 128 or 192");
+}
