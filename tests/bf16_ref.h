@@ -160,13 +160,14 @@ static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const 
 // Attention as the tensor-core kernels of the cuda backend compute it (head dims 32, 64, 128;
 // cuda_attention_tc.cu): q, k, v and dout rounded to bf16; scores, softmax, log-sum-exp and sums
 // in float32 (double here); the second products take P (forward: exp(s - max), normalised after
-// the sum; backward: exp(s - lse)) and dS rounded to bf16. One difference is left: the forward
-// kernel rounds exp(s - running max) per 64-key tile (128-key at head dim 128: cuda_attention_wgf.cu), so
-// rows longer than one tile whose max moves between tiles round some of their P differently (2^-9
-// relative of those terms). Latent attention's values
-// (attention_fwd_v, hv < hd): the same where the cuda backend's wgmma kernels take the widths (192 / 128).
-// With dropout (attention_drop_fwd/bwd, ops.h; BfrDrop) as those kernels order it: the normaliser and lse
-// sum every p, the dropped P are zeroed before the P V product (the kept ones rounded as without dropout)
+// the sum; backward: exp(s - lse)) and dS rounded to bf16. The forward kernels round P against the running
+// max of the key tiles seen so far (tiles from key 0; 64 keys, 128 at head dim 128 without dropout on Hopper:
+// cuda_attention_wgf.cu, unless MOE_ATTN_FWD_OLD=1) and rescale the sums when it moves: so here P =
+// bf16(exp(s
+// - m_j)) exp(m_j - m), m_j the running max after u's tile (the rescales in double). Latent attention's
+// values (attention_fwd_v, hv < hd): the same where the cuda backend's wgmma kernels take the widths (192 /
+// 128). With dropout (attention_drop_fwd/bwd, ops.h; BfrDrop) as those kernels order it: the normaliser and
+// lse sum every p, the dropped P are zeroed before the P V product (the kept ones rounded as without dropout)
 // and the output is scaled by 1/(1-p) after; backward dS = P (Z dP - D) rounded, Z = 0 or 1/(1-p), and dV
 // summed over the kept rounded P and scaled by 1/(1-p) after. Other head dims: the cpu's ops.
 static inline int bfr_att_tc(int hd) { return hd == 32 || hd == 64 || hd == 128; }
@@ -206,6 +207,9 @@ static void bfr_att_fwd(float *out, float *lse, const float *q, const float *k, 
     float *qr = bf16_copy(q, nq), *kr = bf16_copy(k, nk), *vr = bf16_copy(v, nk);
     double *s = xmalloc(sizeof(double) * T), *acc = xmalloc(sizeof(double) * hd), sc = 1.0 / sqrt((double)hd);
     double zs = bfr_drop_sc(dr);
+    const char *old = getenv("MOE_ATTN_FWD_OLD");
+    int ts = hd == 128 && !(dr->p > 0) && !(old && !strcmp(old, "1")) ? 128 : 64; // the kernels' key tiles
+    double *mj = xmalloc(sizeof(double) * T); // the running max after each key's tile
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = t0; t < t1; t++) {
@@ -214,13 +218,15 @@ static void bfr_att_fwd(float *out, float *lse, const float *q, const float *k, 
                 for (int u = 0; u <= t; u++) {
                     s[u] = bfr_dot(qt, kr + (((size_t)b * T + u) * KV + h / (H / KV)) * hd, hd) * sc;
                     if (s[u] > m) m = s[u];
+                    if (u == t || u % ts == ts - 1)
+                        for (int w = u - u % ts; w <= u; w++) mj[w] = m;
                 }
                 for (int i = 0; i < hd; i++) acc[i] = 0;
                 for (int u = 0; u <= t; u++) {
                     double e = exp(s[u] - m);
                     l += e;
                     if (!bfr_kept(dr, b, T, t, h, u)) continue;
-                    double pb = bf16_round((float)e);
+                    double pb = bf16_round((float)exp(s[u] - mj[u])) * exp(mj[u] - m);
                     const float *vu = vr + (((size_t)b * T + u) * KV + h / (H / KV)) * hd;
                     for (int i = 0; i < hd; i++) acc[i] += pb * vu[i];
                 }
@@ -229,6 +235,7 @@ static void bfr_att_fwd(float *out, float *lse, const float *q, const float *k, 
                 lse[((size_t)b * H + h) * T + t] = (float)(m + log(l));
             }
     free(s);
+    free(mj);
     free(acc);
     free(qr);
     free(kr);
