@@ -29,8 +29,7 @@
 #include <math.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
-#include "ops/cuda/cuda_attention_softmax.cuh"
-#include "ops/cuda/cuda_wgmma.cuh"
+#include "ops/cuda/cuda_attention_wg.cuh" // wgmma_n128_rs (P V)
 
 #define AF_BM 128 // query rows per block: two consumer warpgroups of 64
 #define AF_BN 128 // keys per tile
@@ -40,9 +39,6 @@
 #define AF_THREADS 384
 // Q, the K ring, the V ring, then the mbarriers (Q's, then 4 a stage); +1024 for the base's alignment
 #define AF_SMEM (1024 + (1 + 2 * AF_ST) * AF_TILE + 8 * (1 + 4 * AF_ST))
-#define AF_LOG2E 1.4426950408889634f
-
-typedef unsigned short bf16s;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // S (64 x 128 float32: 64 a thread) = [S +] A (64 x 16) B (128 x 16)^T, both from shared memory, K-major
@@ -63,29 +59,6 @@ __device__ __forceinline__ void wgf_qk(float *d, uint64_t da, uint64_t db, int s
           "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
           "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(da), "l"(db), "r"(scale_d));
-}
-// O (64 x 128) += A (64 x 16 from registers: each warp's 16 rows as the mma.m16n8k16 A fragment) B (16 x 128,
-// shared memory, N-major). (cuda_attention_wg.cu's wgmma_n128_rs is the same instruction, kept there while
-// another branch owns that file: one of the two to go into cuda_wgmma.cuh once both are in.)
-__device__ __forceinline__ void wgf_pv(float *d, const uint32_t *a, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-                 "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-                 "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-                 "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-                 "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, "
-                 "1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-                   "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-                   "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-                   "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-                   "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-                   "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-                   "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-                   "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 // the consumer warpgroups' turns: wait for named barrier id (both warpgroups, 256 threads), or pass it
 __device__ __forceinline__ void wgf_turn_wait(int id) {
@@ -116,7 +89,8 @@ __device__ __forceinline__ void wgf_scores(float *s, uint32_t sq, uint32_t sk) {
 // O += P V: P as A fragments (keys 16 kk ..), V's 128 rows at sv read N-major (16 keys = 2048 bytes a step)
 __device__ __forceinline__ void wgf_times(float *o, uint32_t (*p)[4], uint32_t sv) {
 #pragma unroll
-    for (int kk = 0; kk < 8; kk++) wgf_pv(o, p[kk], desc_sw128(sv + 2048 * kk, AF_CB, 1024));
+    for (int kk = 0; kk < 8; kk++)
+        wgmma_n128_rs(o, p[kk][0], p[kk][1], p[kk][2], p[kk][3], desc_sw128(sv + 2048 * kk, AF_CB, 1024));
 }
 // P (64 x 128 accumulator) as A fragments rounded to bf16 (keys 16 kk .. 16 kk + 15: fragment columns 2 kk,
 // 2 kk + 1)
@@ -354,7 +328,7 @@ extern "C" int cuda_attention_fwd_wgf(bf16s *out, float *lse, const bf16s *q, co
     af_map(enc, &tk, k, B, T, t1, KV, "k");
     af_map(enc, &tv, v, B, T, t1, KV, "v");
     dim3 grid(cdiv_u(t1 - t0, AF_BM), H, B);
-    att_wgf_k<<<grid, AF_THREADS, AF_SMEM>>>(tq, tk, tv, out, lse, T, H, KV, AF_LOG2E / sqrtf(128.0f), t0,
+    att_wgf_k<<<grid, AF_THREADS, AF_SMEM>>>(tq, tk, tv, out, lse, T, H, KV, WG_LOG2E / sqrtf(128.0f), t0,
                                              t1);
     KCHECK("attention_fwd (wgmma, 128-key tiles)");
     return 1;
