@@ -1,10 +1,37 @@
 // cuda_wgmma.cuh — the Hopper (sm_90a) PTX pieces shared by our wgmma kernels (cuda_grouped.cu,
-// cuda_attention_wg.cu, cuda_attention_wgf.cu): shared-memory addresses, the wgmma fence / commit / wait,
+// cuda_grouped_fp8.cu, the attention kernels): shared-memory addresses, the wgmma fence / commit / wait,
 // the shared-memory matrix descriptor of 128-byte-swizzled tiles, and the mbarrier and TMA tile-load
-// wrappers (2-D and 4-D boxes). Device code only.
+// wrappers (2-D and 4-D boxes), the operand lists of the wgmma wrappers' accumulators (WG_D*, WG_R*). Device
+// code only.
 #pragma once
 #include <cuda.h>
 #include <stdint.h>
+
+// The accumulator operands of a wgmma (m64nN: N / 2 floats a thread, d[0..N/2)), as asm outputs ("+f"), and
+// the PTX register list that names them ({%0, ..., %(N/2 - 1)}): the other operands take the numbers after.
+#define WG_D8(d, i) \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+#define WG_D32(d, i) WG_D8(d, i), WG_D8(d, i + 8), WG_D8(d, i + 16), WG_D8(d, i + 24)
+#define WG_D64(d) WG_D32(d, 0), WG_D32(d, 32)
+#define WG_D96(d) WG_D64(d), WG_D32(d, 64)
+#define WG_D128(d) WG_D96(d), WG_D32(d, 96)
+#define WG_L0 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+    "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_L1 \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
+    "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_L2 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
+    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define WG_L3 \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
+    "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define WG_R32 "{" WG_L0 "}"
+#define WG_R64 "{" WG_L0 ", " WG_L1 "}"
+#define WG_R96 "{" WG_L0 ", " WG_L1 ", " WG_L2 "}"
+#define WG_R128 "{" WG_L0 ", " WG_L1 ", " WG_L2 ", " WG_L3 "}"
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
