@@ -161,10 +161,10 @@ static void bfr_gather_dot_scale(void *out, float *dot, const float *inp, const 
 // cuda_attention_tc.cu): q, k, v and dout rounded to bf16; scores, softmax, log-sum-exp and sums
 // in float32 (double here); the second products take P (forward: exp(s - max), normalised after
 // the sum; backward: exp(s - lse)) and dS rounded to bf16. The forward kernels round P against the running
-// max of the key tiles seen so far (tiles from key 0; 64 keys, 128 at head dim 128 without dropout on Hopper:
-// cuda_attention_wgf.cu, unless MOE_ATTN_FWD_OLD=1) and rescale the sums when it moves: so here P =
-// bf16(exp(s
-// - m_j)) exp(m_j - m), m_j the running max after u's tile (the rescales in double). Latent attention's
+// max of the key tiles seen so far (tiles from key 0; 64 keys, 128 at head dim 128 and latent attention's 192
+// / 128 without dropout on Hopper: cuda_attention_wgf.cu, unless MOE_ATTN_FWD_OLD=1) and rescale the sums
+// when it moves: so here P = bf16(exp(s - m_j)) exp(m_j - m), m_j the running max after u's tile (the
+// rescales in double). Latent attention's
 // values (attention_fwd_v, hv < hd): the same where the cuda backend's wgmma kernels take the widths (192 /
 // 128). With dropout (attention_drop_fwd/bwd, ops.h; BfrDrop) as those kernels order it: the normaliser and
 // lse sum every p, the dropped P are zeroed before the P V product (the kept ones rounded as without dropout)
@@ -208,7 +208,8 @@ static void bfr_att_fwd(float *out, float *lse, const float *q, const float *k, 
     double *s = xmalloc(sizeof(double) * T), *acc = xmalloc(sizeof(double) * hd), sc = 1.0 / sqrt((double)hd);
     double zs = bfr_drop_sc(dr);
     const char *old = getenv("MOE_ATTN_FWD_OLD");
-    int ts = hd == 128 && !(dr->p > 0) && !(old && !strcmp(old, "1")) ? 128 : 64; // the kernels' key tiles
+    // the kernels' key tiles (hd 192 here: latent attention's values, hv 128; no dropout there)
+    int ts = (hd == 128 || hd == 192) && !(dr->p > 0) && !(old && !strcmp(old, "1")) ? 128 : 64;
     double *mj = xmalloc(sizeof(double) * T); // the running max after each key's tile
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)

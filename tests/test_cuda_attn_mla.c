@@ -347,6 +347,65 @@ static void test_shape(int B, int T, int H, int KV, int n) {
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
 }
 
+// The forward alone over query rows [t0, t1) (the edges of cuda_attention_wgf.cu's 128-row blocks and
+// 128-key tiles, as test_cuda_ops.c's head-dim-128 cases): against bf16_ref.h and (T >= 16) the float32 cpu,
+// lse, the padding's columns zeros, rows outside [t0, t1) unwritten, two runs the same bits.
+static void test_fwd_rows(int B, int T, int H, int KV, int t0, int t1) {
+    size_t nq = (size_t)B * T * H * HD, nk = (size_t)B * T * KV * HD, nl = (size_t)B * H * T;
+    char what[160], sh[80];
+    snprintf(sh, sizeof sh, "B%d T%d H%d KV%d rows [%d, %d)", B, T, H, KV, t0, t1);
+    printf("%s (qk %d, v %d), forward\n", sh, HD, HV);
+    float *q = hrand_heads(nq, 0), *k = hrand_heads(nk, 0), *v = hrand_heads(nk, 1);
+    void *qd = hid_put(q, nq), *kd = hid_put(k, nk), *vd = hid_put(v, nk);
+    float *o = xmalloc(nq * sizeof(float)), *l = xmalloc(nl * sizeof(float));
+    float *o32 = xmalloc(nq * sizeof(float)), *l32 = xmalloc(nl * sizeof(float));
+    ref->attention_fwd_v(o, l, q, k, v, B, T, H, KV, HD, HV, t0, t1);
+    f32->attention_fwd(o32, l32, q, k, v, B, T, H, KV, HD, t0, t1);
+    void *od = hid_nan(nq), *od2 = hid_nan(nq);
+    float *ld = nanf_dev(nl), *ld2 = nanf_dev(nl);
+    gpu->attention_fwd_v(od, ld, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1);
+    gpu->attention_fwd_v(od2, ld2, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1);
+    float *oh = hid_get(od, nq), *lh = getf(ld, nl), *oh2 = hid_get(od2, nq), *lh2 = getf(ld2, nl);
+    size_t outside = 0, ro = (size_t)B * (t1 - t0) * H * HD, rl = (size_t)B * H * (t1 - t0), i = 0, j = 0;
+    float *og = xmalloc(ro * sizeof(float)), *orf = xmalloc(ro * sizeof(float)),
+          *o3 = xmalloc(ro * sizeof(float)), *lg = xmalloc(rl * sizeof(float)),
+          *lrf = xmalloc(rl * sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                size_t r = (((size_t)b * T + t) * H + h) * HD, rs = ((size_t)b * H + h) * T + t;
+                if (t < t0 || t >= t1) {
+                    outside += !isnan(oh[r]) + !isnan(oh[r + HV]) + !isnan(lh[rs]);
+                    continue;
+                }
+                memcpy(og + i, oh + r, HD * sizeof(float));
+                memcpy(orf + i, o + r, HD * sizeof(float));
+                memcpy(o3 + i, o32 + r, HD * sizeof(float));
+                i += HD;
+                lg[j] = lh[rs];
+                lrf[j++] = l[rs];
+            }
+    EXPECT(outside == 0, "fwd %s: %zu values outside the rows written", sh, outside);
+    snprintf(what, sizeof what, "fwd out vs bf16 ref %s", sh);
+    cmp(what, og, orf, ro, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
+    snprintf(what, sizeof what, "fwd lse vs bf16 ref %s", sh);
+    cmp(what, lg, lrf, rl, BAND_SUM, 0);
+    if (T >= 16) {
+        snprintf(what, sizeof what, "fwd out vs float32 %s", sh);
+        cmp(what, og, o3, ro, BAND_BF16_ELEM, BAND_BF16_NORM);
+    }
+    snprintf(what, sizeof what, "fwd out's padding %s", sh);
+    pad_check(what, oh, NULL, B, T, H, t0, t1);
+    snprintf(what, sizeof what, "fwd %s: two runs (out)", sh);
+    same_bits(what, oh2, oh, nq * sizeof(float));
+    snprintf(what, sizeof what, "fwd %s: two runs (lse)", sh);
+    same_bits(what, lh2, lh, nl * sizeof(float));
+    float *fr[] = {q, k, v, o, l, o32, l32, oh, lh, oh2, lh2, og, orf, o3, lg, lrf};
+    for (size_t n = 0; n < sizeof fr / sizeof fr[0]; n++) free(fr[n]);
+    void *dev[] = {qd, kd, vd, od, od2, ld, ld2};
+    for (size_t n = 0; n < sizeof dev / sizeof dev[0]; n++) gpu->free(dev[n]);
+}
+
 // compute capability x10 of the current device (0 if unknown)
 
 int main(void) {
@@ -362,9 +421,13 @@ int main(void) {
     CHECK(gpu->attention_fwd_v && gpu->attention_bwd_v && ref->attention_fwd_v,
           "test_cuda_attn_mla: backend \"cuda\" without attention_fwd_v/bwd_v");
     int kern = backend_cuda_grouped_kernel(), cc = cuda_device_cc();
-    printf("latent attention on \"cuda\": %s (device compute capability %d.%d)\n",
-           kern ? "the wgmma kernels (cuda_attention_wg.cu, _mla.cu)" : "the fallback (float32 kernels)",
-           cc / 10, cc % 10);
+    const char *fo = getenv("MOE_ATTN_FWD_OLD");
+    printf("latent attention on \"cuda\": %s (device compute capability %d.%d); the forward on %s\n",
+           kern ? "the wgmma kernels (cuda_attention_wg.cu, _wgf.cu, _mla.cu)"
+                : "the fallback (float32 kernels)",
+           cc / 10, cc % 10,
+           fo && !strcmp(fo, "1") ? "64-key tiles (MOE_ATTN_FWD_OLD=1)"
+                                  : "128-key tiles (cuda_attention_wgf.cu)");
     if (cc == 90) EXPECT(kern, "sm_90 device but the wgmma kernels do not run");
     if (!kern) { // (elsewhere attention_fwd_v calls attention_fwd: the float32 kernels, test_cuda_ops's)
         if (t_failures) return test_done("test_cuda_attn_mla");
@@ -375,6 +438,23 @@ int main(void) {
     test_shape(1, 2, 2, 2, 2); // two rows (the first one's dq is 0)
     if (big) test_shape(1, 300, 4, 4, 4); // several key tiles per block and chunks not on tile edges
     if (big) test_shape(2, 257, 2, 1, 3);
+    // the forward at the edges of the 128-key kernel's tiles (cuda_attention_wgf.cu; with MOE_ATTN_FWD_OLD=1
+    // the 64-key one's): one row; T at the 64- and 128-key tiles' edges (the last tile partial or whole, the
+    // rows past T of a block's Q zero-filled); B 3; KV 1 (every query head on one K/V head) and KV = H
+    test_fwd_rows(1, 1, 2, 1, 0, 1);
+    test_fwd_rows(1, 63, 2, 2, 0, 63);
+    test_fwd_rows(3, 64, 2, 1, 0, 64);
+    test_fwd_rows(1, 65, 4, 4, 0, 65);
+    test_fwd_rows(2, 127, 2, 1, 0, 127);
+    test_fwd_rows(1, 128, 4, 2, 0, 128);
+    test_fwd_rows(3, 129, 2, 2, 0, 129);
+    // row ranges: t0 % 128 = 64 (the first consumer warpgroup's last tile is past all its rows, masked
+    // whole), off every block (t0 333), one row (decode), and a longer sequence (17 tiles, the last of one
+    // key)
+    test_fwd_rows(2, 300, 4, 2, 64, 300);
+    test_fwd_rows(1, 1000, 4, 1, 333, 666);
+    test_fwd_rows(1, 200, 2, 2, 199, 200);
+    if (big) test_fwd_rows(1, 2049, 2, 1, 0, 2049);
     printf("worst per element %.2e (band %.0e), worst norm-wise vs bf16 ref %.2e (band %.0e)\n", g_worst,
            BAND_BF16_ELEM, g_worst_norm, BAND_ATT_TC_NORM);
     return test_done("test_cuda_attn_mla");

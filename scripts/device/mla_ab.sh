@@ -1,15 +1,18 @@
 #!/bin/bash
-# Device recipe (kind nvidia-h200): latent attention's backward (issue 40), the new kernels of
-# cuda_attention_mla.cu against the old ones of cuda_attention_wg.cu (MOE_ATTN_MLA=old) in one call.
+# Device recipe (kind nvidia-h200): latent attention's kernels (issue 40) in one call: the backward's new
+# kernels of cuda_attention_mla.cu against the old ones of cuda_attention_wg.cu (MOE_ATTN_MLA=old), and the
+# forward on 128-key tiles (cuda_attention_wgf.cu at 192 / 128) against the 64-key kernel (MOE_ATTN_FWD_OLD=1).
 # Builds nothing. Prepare here: cmake --build build (CUDA on), `bash scripts/device/mesh_pack.sh .gpum`; then
-# `bash scripts/device/mla_ab.sh` with carry [".gpum"] (about 3 minutes; BUDGET=seconds, default 220, skips
+# `bash scripts/device/mla_ab.sh` with carry [".gpum"] (about 4 minutes; BUDGET=seconds, default 300, skips
 # the steps that would pass it; progress, counts and the table in $OUT/mla_ab.txt). In order of what matters:
 #   1. test_cuda_attn_mla: every way of the backward (the default, the dS scratch in one pass and in passes
 #      of kv heads, dS again, the old kernels) against bf16_ref.h and the float32 cpu, and the ways that
-#      must agree bit for bit;
-#   2. moe_bench_attention at B 1, H 128, hd 192 / hv 128, T 4096: new (MOE_ATTN_MLA unset), then old;
+#      must agree bit for bit, and the forward's edge cases; then the same with MOE_ATTN_FWD_OLD=1 (the
+#      64-key forward, bf16_ref.h modelling its tiles);
+#   2. moe_bench_attention at B 1, H 128, hd 192 / hv 128, T 4096: new (MOE_ATTN_MLA, MOE_ATTN_FWD_OLD unset),
+#      old fwd (MOE_ATTN_FWD_OLD=1), then old (MOE_ATTN_MLA=old: the old backward, the new forward);
 #   3. compute-sanitizer racecheck on test_cuda_attn_mla (MOE_TEST_SMALL=1: the new kernels' ways);
-#   4. the same bench at T 2048 and 8192 (new, old), and at 4096 MOE_ATTN_MLA=recompute (the new dk/dv kernel,
+#   4. the same bench at T 2048 and 8192 (new, old fwd, old), and at 4096 MOE_ATTN_MLA=recompute (the new dk/dv kernel,
 #      dS again); memcheck as 3;
 #   5. ncu's per-kernel times at T 4096, new and old; test_cuda_ops (MOE_TEST_SMALL=1: head dim 128 as before).
 # The table: fwd / bwd / total ms per T and way, new / old, and the issue's milestones at T 4096 against the
@@ -25,7 +28,7 @@ mesh_unpack $PWD/${GPUM:-.gpum} $X
 R=${OUT:-$W}/mla_ab.txt
 : > $R
 export OMP_NUM_THREADS=16
-BUDGET=${BUDGET:-220}
+BUDGET=${BUDGET:-300}
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 FAIL=0
 test_line() { # test NAME: its "N checks, F failed" line; a failure without F = 0 counts
@@ -42,9 +45,11 @@ san_line() { # sanitizer NAME: its summary; errors or hazards fail
   grep -m3 -B2 -A8 "Invalid\|hazard" $W/$1.log | head -30 | tee -a $R
   [[ "$l" == *" 0 errors"* || "$l" == *" 0 hazards"* ]] || FAIL=1
 }
-bench() { # bench WAY T: moe_bench_attention under MOE_ATTN_MLA=WAY ("new": unset); its JSON line tagged
+bench() { # bench WAY T: moe_bench_attention under MOE_ATTN_MLA=WAY ("new": unset; "oldfwd": unset with
+  # MOE_ATTN_FWD_OLD=1); its JSON line tagged
   local way=$1 T=$2 e=
   [ "$way" != new ] && e="MOE_ATTN_MLA=$way"
+  [ "$way" = oldfwd ] && e="MOE_ATTN_FWD_OLD=1"
   t b_${way}_$T 60 env $e $B/moe_bench_attention --device cuda --B 1 --T $T --H 128 --KV 128 --hd 192 --hv 128 \
     --iters 10 || return 0
   grep -q '"impl"' $W/b_${way}_$T.log || { FAIL=1; tail -3 $W/b_${way}_$T.log | tee -a $R; return 0; }
@@ -53,11 +58,14 @@ bench() { # bench WAY T: moe_bench_attention under MOE_ATTN_MLA=WAY ("new": unse
 
 t mla 90 $B/test_cuda_attn_mla && test_line mla
 grep -E "^latent|worst per element|old kernels the same bits" $W/mla.log | tee -a $R
+t mla_oldfwd 90 env MOE_ATTN_FWD_OLD=1 $B/test_cuda_attn_mla && test_line mla_oldfwd
+grep -E "^latent|worst per element" $W/mla_oldfwd.log | tee -a $R
 : > $W/rows.jsonl
 bench new 4096
+bench oldfwd 4096
 bench old 4096
 t race 100 env MOE_TEST_SMALL=1 compute-sanitizer --tool racecheck $B/test_cuda_attn_mla && san_line race
-for T in 2048 8192; do bench new $T; bench old $T; done
+for T in 2048 8192; do bench new $T; bench oldfwd $T; bench old $T; done
 bench recompute 4096
 t mem 60 env MOE_TEST_SMALL=1 compute-sanitizer --tool memcheck $B/test_cuda_attn_mla && san_line mem
 for way in new old; do
@@ -79,13 +87,18 @@ by = {(r['way'], r['T']): r for r in rows}
 print('%-10s %6s %9s %9s %9s %10s' % ('way', 'T', 'fwd ms', 'bwd ms', 'total ms', 'new/old'))
 for T in sorted(set(r['T'] for r in rows)):
     old = by.get(('old', T))
-    for way in ('new', 'recompute', 'old'):
+    for way in ('new', 'oldfwd', 'recompute', 'old'):
         r = by.get((way, T))
         if not r:
             continue
         tot = r['fwd_ms'] + r['bwd_ms']
         rat = '%.3f' % (tot / (old['fwd_ms'] + old['bwd_ms'])) if old and way != 'old' else '-'
-        print('%-10s %6d %9.3f %9.3f %9.3f %10s' % (way, T, r['fwd_ms'], r['bwd_ms'], tot, rat))
+        print('%-10s %6d %9.3f %9.3f %9.3f %10s' % ('old fwd' if way == 'oldfwd' else way, T, r['fwd_ms'],
+                                                   r['bwd_ms'], tot, rat))
+    n, f = by.get(('new', T)), by.get(('oldfwd', T))
+    if n and f:
+        print('%-10s %6d the forward on 128-key tiles: %.3f ms against %.3f (%.3fx the time)' %
+              ('', T, n['fwd_ms'], f['fwd_ms'], n['fwd_ms'] / f['fwd_ms']))
 n = by.get(('new', 4096))
 if n:
     tot = n['fwd_ms'] + n['bwd_ms']

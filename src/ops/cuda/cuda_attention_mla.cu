@@ -1,7 +1,8 @@
 // cuda_attention_mla.cu — multi-head latent attention's op for backend "cuda" (ops.h attention_fwd_v /
 // attention_bwd_v: query/key heads 192 wide, values 128 wide in rows padded to 192) and its backward on
-// Hopper's wgmma. The forward is cuda_attention_wg.cu's (192 / 128); elsewhere both go to
-// cuda_attention_tc.cu's attention_fwd/bwd over the padded rows.
+// Hopper's wgmma. The forward is cuda_attention_wg.cu's entry (192 / 128: cuda_attention_wgf.cu's 128-key
+// kernel, the 64-key one with MOE_ATTN_FWD_OLD=1); elsewhere both go to cuda_attention_tc.cu's
+// attention_fwd/bwd over the padded rows.
 // The backward's ways (MOE_ATTN_MLA, read at every call; each the contract and roundings of ops.h):
 //   unset: att_mla_dkdv_k, one warpgroup a block of 64 keys and two blocks an SM (the old kernel's pair of
 //     warpgroups ran in step, 255 registers and spills), which stores dS (bf16) in a scratch, then dQ = dS K

@@ -7,7 +7,8 @@
 // widths (HQ, HV); WgShape says how many warpgroups a block holds at each. Same contract and the same
 // roundings as the mma.sync kernels (ops.h; bf16 operands, P rounded to bf16 for the second product, fp32
 // accumulation, softmax and log-sum-exp), computed by wgmma instead of mma.sync.
-// Forward: a block of NF warpgroups holds 64 NF query rows (64 each: wgmma's M); per 64-key tile,
+// Forward (the one that runs with MOE_ATTN_FWD_OLD=1; by default cuda_attention_wgf.cu's 128-key kernel, at
+// both shapes): a block of NF warpgroups holds 64 NF query rows (64 each: wgmma's M); per 64-key tile,
 // S = Q K^T (m64n64k16, both operands from shared memory) then O += P V (m64n128k16, P from
 // registers, V N-major from shared memory). Tiles are staged with cp.async into the 128-byte-
 // swizzled layout of cuda_wgmma.cuh (64-column blocks: two per 128-wide row, three per 192-wide), the
@@ -339,9 +340,9 @@ extern "C" int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsi
                                      const unsigned short *k, const unsigned short *v, int B, int T, int H,
                                      int KV, int hd, int hv, int t0, int t1) {
     if (!cuda_attention_wg_runs(hd, hv)) return 0;
-    if (hd != 128) fwd_run<192, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1);
-    else if (!cuda_attention_fwd_wgf(out, lse, q, k, v, B, T, H, KV, t0, t1)) // MOE_ATTN_FWD_OLD=1: ours
-        fwd_run<128, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1);
+    if (cuda_attention_fwd_wgf(out, lse, q, k, v, B, T, H, KV, hd, t0, t1)) return 1; // the 128-key kernel
+    if (hd != 128) fwd_run<192, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1); // MOE_ATTN_FWD_OLD=1: ours
+    else fwd_run<128, 128>(out, lse, q, k, v, B, T, H, KV, t0, t1);
     return 1;
 }
 

@@ -1,28 +1,33 @@
-// cuda_attention_wgf.cu — the causal grouped-query attention forward at head dim 128 on Hopper (sm_90a) for
-// backend "cuda", FlashAttention-3's way (arXiv 2407.08608; our own code): cuda_attention_wg.cu's
-// cuda_attention_fwd_wg calls it at 128 / 128 (its own att_wg_fwd_k stays for 192 / 128 and, with
-// MOE_ATTN_FWD_OLD=1, for 128). Same contract and roundings as that kernel (ops.h attention_fwd: out bf16,
-// lse float32, query rows [qa, qb), GQA, causal; bf16 Q K V, P rounded to bf16 for the second product,
-// float32 softmax and accumulation). The differences: 128-key tiles, so the online softmax's running max
-// (and with it the rounding of each P to bf16) moves per 128 keys instead of 64; each exponent is
-// exp2(s sl - m) with one rounding (a fused multiply-add) where the old kernel rounds s sl first; P under
+// cuda_attention_wgf.cu — the causal grouped-query attention forward on Hopper (sm_90a) for backend "cuda",
+// FlashAttention-3's way (arXiv 2407.08608; our own code), at head dim 128 and at multi-head latent
+// attention's query/key width 192 with value width 128 (ops.h attention_fwd_v: v's and out's rows 192 wide,
+// their columns from 128 on the caller's zero padding; v's first 128 read, out's padding written as zeros):
+// cuda_attention_wg.cu's cuda_attention_fwd_wg calls it at both (its own att_wg_fwd_k runs with
+// MOE_ATTN_FWD_OLD=1). Same contract and roundings as that kernel (ops.h attention_fwd: out bf16, lse
+// float32, query rows [qa, qb), GQA, causal; bf16 Q K V, P rounded to bf16 for the second product, float32
+// softmax and accumulation, the scale 1 / sqrt(HQ)). The differences: 128-key tiles, so the online softmax's
+// running max (and with it the rounding of each P to bf16) moves per 128 keys instead of 64; each exponent
+// is exp2(s sl - m) with one rounding (a fused multiply-add) where the old kernel rounds s sl first; P under
 // 2^-126 flushed to 0 (wgf_exp2). Other bits than the old kernel's, within the same bands; the same bits
 // over any split of the query rows (the key tiles start at key 0 whatever the rows) and from run to run (no
 // atomics; each output written by one thread).
 // A block: 128 query rows of one head, 3 warpgroups. Warpgroup 0 is the producer (setmaxnreg down to 40;
-// one thread issues every load): TMA (4-D tensor maps over (B, rows, heads, 128), 128-byte swizzle, rows
-// from qb on zero-filled by the map's bounds, so rows past the call's range are never read) loads Q once and
-// K, V tiles of 128 keys into a 2-stage ring, each with a full and an empty mbarrier per stage (K and V
-// apart: a K stage is handed back when S is done, a V stage when P V is). Warpgroups 1 and 2 (setmaxnreg up
-// to 232) own 64 query rows each and run, per key tile j:
-//   issue S_j = Q K_j^T (m64n128k16 x 8, both from shared memory) and O += P_{j-1} V_{j-1} (m64n128k16 x 8,
-//   P from registers); wait for S_j; softmax_j (running max, row sums) while P V runs; wait for P V; O *= the
-//   rescale; P_j = bf16(exp2(S_j - max)).
+// one thread issues every load): TMA (4-D tensor maps over (B, rows, heads, width), 128-byte swizzle, boxes
+// of 64 columns, rows from qb on zero-filled by the map's bounds, so rows past the call's range are never
+// read) loads Q once and K, V tiles of 128 keys into a 2-stage ring, each with a full and an empty mbarrier
+// per stage (K and V apart: a K stage is handed back when S is done, a V stage when P V is). Q and K tiles
+// are HQ / 64 column blocks (2 or 3), V's 2 (its first 128 columns). Warpgroups 1 and 2 (setmaxnreg up to
+// 232) own 64 query rows each and run, per key tile j:
+//   issue S_j = Q K_j^T (m64n128k16 x HQ / 16, both from shared memory) and O += P_{j-1} V_{j-1}
+//   (m64n128k16 x 8, P from registers); wait for S_j; softmax_j (running max, row sums) while P V runs; wait
+//   for P V; O *= the rescale; P_j = bf16(exp2(S_j - max)).
 // (intra-warpgroup overlap: the tensor cores run P V under the softmax), and the two warpgroups take turns
 // issuing their products (named barriers 1 and 2: one's softmax runs under the other's products). Both
 // consumer warpgroups go over the block's every tile (a tile past all of a warpgroup's rows, only where the
 // row range starts off a 128-row boundary, is masked whole: P 0, the same bits), so their turns pair up.
-// Must not hold: the 192 / 128 or backward kernels (cuda_attention_wg.cu), any knowledge of the model.
+// The accumulators are the same at both widths (S and O 64 a thread); the kernel is a template on HQ, whose
+// instance at 128 is the machine code it had before the 192 one.
+// Must not hold: the 64-key or backward kernels (cuda_attention_wg.cu, _mla.cu), any knowledge of the model.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -35,10 +40,17 @@
 #define AF_BN 128 // keys per tile
 #define AF_ST 2 // stages of the K and V rings
 #define AF_CB (128 * 128) // bytes of one 64-column block of a 128-row bf16 tile
-#define AF_TILE (2 * AF_CB) // a 128-row tile of 128 columns: two column blocks
+#define AF_TILE (2 * AF_CB) // a 128-row tile of 128 columns (V's): two column blocks
 #define AF_THREADS 384
-// Q, the K ring, the V ring, then the mbarriers (Q's, then 4 a stage); +1024 for the base's alignment
-#define AF_SMEM (1024 + (1 + 2 * AF_ST) * AF_TILE + 8 * (1 + 4 * AF_ST))
+// At query/key width HQ (128 or 192; values 128): a Q or K tile of QB column blocks, and the shared memory:
+// Q, the K ring, the V ring, then the mbarriers (Q's, then 4 a stage); +1024 for the base's alignment. At
+// 192: 48 + 2 x 48 + 2 x 32 KB + 1096 bytes = 214,088 of the 232,448 a block may take.
+template <int HQ> struct AfShape {
+    static constexpr int QB = HQ / 64, QT = QB * AF_CB;
+    static constexpr int SMEM = 1024 + (1 + AF_ST) * QT + AF_ST * AF_TILE + 8 * (1 + 4 * AF_ST);
+    static_assert(HQ == 128 || HQ == 192, "att_wgf_k: query/key width 128 or 192");
+    static_assert(SMEM <= 232448, "att_wgf_k: over an SM's shared memory for one block");
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // S (64 x 128 float32: 64 a thread) = [S +] A (64 x 16) B (128 x 16)^T, both from shared memory, K-major
@@ -68,10 +80,11 @@ __device__ __forceinline__ void wgf_pin_p(uint32_t (*p)[4]) {
 #pragma unroll
         for (int i = 0; i < 4; i++) asm volatile("" : "+r"(p[kk][i])::"memory");
 }
-// S_j = Q K^T over the 128 columns: Q's 64 rows at sq (column blocks AF_CB apart), the 128 keys at sk
-__device__ __forceinline__ void wgf_scores(float *s, uint32_t sq, uint32_t sk) {
+// S_j = Q K^T over the HQ columns (HQ / 16 k16 steps): Q's 64 rows at sq (column blocks AF_CB apart), the
+// 128 keys at sk
+template <int HQ> __device__ __forceinline__ void wgf_scores(float *s, uint32_t sq, uint32_t sk) {
 #pragma unroll
-    for (int kk = 0; kk < 8; kk++)
+    for (int kk = 0; kk < HQ / 16; kk++)
         wgf_qk(s, desc_sw128(sq + (kk >> 2) * AF_CB + 32 * (kk & 3), 16, 1024),
                desc_sw128(sk + (kk >> 2) * AF_CB + 32 * (kk & 3), 16, 1024), kk);
 }
@@ -153,7 +166,10 @@ __device__ __forceinline__ void wgf_release(uint32_t bar) {
 #endif
 
 // Query rows [qa, qb) of each sequence against keys 0..qb-1; grid (ceil((qb-qa)/128), H, B), the blocks with
-// the most keys first (att_qblock). tq, tk, tv: af_map's tensor maps of q (H heads), k and v (KV heads).
+// the most keys first (att_qblock). tq, tk, tv: af_map's tensor maps of q (H heads), k and v (KV heads; v's
+// first 128 columns). out's rows HQ wide: its columns from 128 on (HQ 192: the value padding) written as
+// zeros.
+template <int HQ>
 __global__ void __launch_bounds__(AF_THREADS, 1)
     att_wgf_k(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, bf16s *out, float *lse, int T, int H, int KV, float sl,
@@ -162,9 +178,10 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
     extern __shared__ __align__(1024) unsigned char af_smem[];
     // Q, K stages, V stages; barriers: Q's at bq, then stage s's K full, V full, K empty, V empty at bs + 32
     // s
-    const uint32_t sQ = (smem_u32(af_smem) + 1023) & ~1023u, sK = sQ + AF_TILE, sV = sK + AF_ST * AF_TILE,
+    constexpr int QB = AfShape<HQ>::QB, QT = AfShape<HQ>::QT;
+    const uint32_t sQ = (smem_u32(af_smem) + 1023) & ~1023u, sK = sQ + QT, sV = sK + AF_ST * QT,
                    bq = sV + AF_ST * AF_TILE, bs = bq + 8;
-    const AttQBlock blk = att_qblock<128, AF_BM, AF_BN>(T, H, KV, qa, qb);
+    const AttQBlock blk = att_qblock<HQ, AF_BM, AF_BN>(T, H, KV, qa, qb);
     const int wg = threadIdx.x >> 7, ntile = blk.ntile;
     if (threadIdx.x == 0) {
         mbar_init(bq, 1);
@@ -181,16 +198,17 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x == 0) {
             const int kh = blk.h / (H / KV);
-            mbar_expect_tx(bq, AF_TILE);
-            tma_4d(sQ, &tq, 0, blk.h, blk.q0, blk.b, bq);
-            tma_4d(sQ + AF_CB, &tq, 64, blk.h, blk.q0, blk.b, bq);
+            mbar_expect_tx(bq, QT);
+#pragma unroll
+            for (int cb = 0; cb < QB; cb++) tma_4d(sQ + cb * AF_CB, &tq, 64 * cb, blk.h, blk.q0, blk.b, bq);
             for (int j = 0; j < ntile; j++) {
                 const int s = j % AF_ST, ph = (j / AF_ST) & 1;
                 const uint32_t kf = bs + 32 * s, vf = kf + 8, ke = kf + 16, ve = kf + 24;
                 mbar_wait(ke, ph ^ 1); // (the first pass over the ring: a fresh barrier's previous phase)
-                mbar_expect_tx(kf, AF_TILE);
-                tma_4d(sK + s * AF_TILE, &tk, 0, kh, j * AF_BN, blk.b, kf);
-                tma_4d(sK + s * AF_TILE + AF_CB, &tk, 64, kh, j * AF_BN, blk.b, kf);
+                mbar_expect_tx(kf, QT);
+#pragma unroll
+                for (int cb = 0; cb < QB; cb++)
+                    tma_4d(sK + s * QT + cb * AF_CB, &tk, 64 * cb, kh, j * AF_BN, blk.b, kf);
                 mbar_wait(ve, ph ^ 1);
                 mbar_expect_tx(vf, AF_TILE);
                 tma_4d(sV + s * AF_TILE, &tv, 0, kh, j * AF_BN, blk.b, vf);
@@ -215,7 +233,7 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
     wgf_turn_wait(me);
     mbar_wait(bs, 0);
     wgmma_fence();
-    wgf_scores(s, sq, sK);
+    wgf_scores<HQ>(s, sq, sK);
     wgmma_commit();
     wgf_turn_pass(other);
     wgmma_wait<0>();
@@ -231,7 +249,7 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
         mbar_wait(kf, (j / AF_ST) & 1);
         mbar_wait(vf, ((j - 1) / AF_ST) & 1);
         wgmma_fence();
-        wgf_scores(s, sq, sK + sj * AF_TILE);
+        wgf_scores<HQ>(s, sq, sK + sj * QT);
         wgmma_commit();
         wgf_times(o, p, sV + pj * AF_TILE);
         wgmma_commit();
@@ -264,61 +282,83 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
     if (c == 0) wgf_turn_pass(other); // (consumer 1's last pass would have no taker)
     wgmma_wait<0>();
     wgf_pin<64>(o);
-    softmax_store<16, 128>(out, lse, o, m0, m1, l0, l1, r0, r1, qb, blk.b, T, H, blk.h, t);
+    softmax_store<16, HQ>(out, lse, o, m0, m1, l0, l1, r0, r1, qb, blk.b, T, H, blk.h, t);
+    if constexpr (HQ > 128) { // the value padding's columns
+        bf16s *o0 = out + (((size_t)blk.b * T + r0) * H + blk.h) * HQ, *o1 = o0 + (size_t)8 * H * HQ;
+#pragma unroll
+        for (int n = 16; n < HQ / 8; n++) {
+            if (r0 < qb) *(uint32_t *)(o0 + n * 8 + 2 * t) = 0;
+            if (r1 < qb) *(uint32_t *)(o1 + n * 8 + 2 * t) = 0;
+        }
+    }
 #endif
 }
 
-// 1 (the default): head dim 128's forward is att_wgf_k; 0 (MOE_ATTN_FWD_OLD=1, the A/B): att_wg_fwd_k
+// 1 (the default): the forward at 128 / 128 and 192 / 128 is att_wgf_k; 0 (MOE_ATTN_FWD_OLD=1, the A/B):
+// att_wg_fwd_k
 static int wgf_on(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("MOE_ATTN_FWD_OLD");
         if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-            DIE("MOE_ATTN_FWD_OLD must be 0 (the head-dim-128 attention forward on 128-key tiles with TMA, "
-                "the "
-                "default) or 1 (the earlier 64-key kernel) (got '%s')",
+            DIE("MOE_ATTN_FWD_OLD must be 0 (the attention forward at head dim 128 and latent attention's "
+                "192 / "
+                "128 on 128-key tiles with TMA, the default) or 1 (the earlier 64-key kernel) (got '%s')",
                 e);
         v = !(e && !strcmp(e, "1"));
     }
     return v;
 }
 
-// A tensor map over rows of `heads` x 128 bf16 (B, T, heads, 128) at p, its rows bounded at `rows` (from
-// there on read as zeros): boxes of 64 columns x 1 head x 128 rows, 128-byte swizzle (the layout of
-// cuda_wgmma.cuh's descriptors).
+// A tensor map over rows of `heads` x ld bf16 (B, T, heads, ld) at p, of which the first `cols` are read, its
+// rows bounded at `rows` (from there on read as zeros): boxes of 64 columns x 1 head x 128 rows, 128-byte
+// swizzle (the layout of cuda_wgmma.cuh's descriptors).
 static void af_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16s *p, int B, int T,
-                   int rows, int heads, const char *what) {
-    cuuint64_t dims[4] = {128, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)B};
-    cuuint64_t strides[3] = {256, (cuuint64_t)heads * 256, (cuuint64_t)T * heads * 256};
+                   int rows, int heads, int cols, int ld, const char *what) {
+    const cuuint64_t row = (cuuint64_t)ld * 2; // bytes
+    cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)B};
+    cuuint64_t strides[3] = {row, (cuuint64_t)heads * row, (cuuint64_t)T * heads * row};
     cuuint32_t box[4] = {64, 1, AF_BN, 1}, es[4] = {1, 1, 1, 1};
     CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)p, dims, strides, box, es,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        DIE("cuTensorMapEncodeTiled failed (error %d) for attention's %s (B %d, T %d, %d heads, rows < %d) "
-            "at %p",
-            (int)r, what, B, T, heads, rows, (const void *)p);
+        DIE("cuTensorMapEncodeTiled failed (error %d) for attention's %s (B %d, T %d, %d heads, rows < %d, "
+            "%d "
+            "of %d columns) at %p",
+            (int)r, what, B, T, heads, rows, cols, ld, (const void *)p);
+}
+
+// att_wgf_k<HQ> on q, k (rows HQ wide) and v (rows HQ wide, the first 128 the values); the scale as
+// att_wg_fwd_k's (1 / sqrt(HQ), base 2)
+template <int HQ>
+static void wgf_run(PFN_cuTensorMapEncodeTiled_v12000 enc, bf16s *out, float *lse, const bf16s *q,
+                    const bf16s *k, const bf16s *v, int B, int T, int H, int KV, int t0, int t1) {
+    static int opted = 0;
+    if (!opted) {
+        CUDA_CHECK(cudaFuncSetAttribute(att_wgf_k<HQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        AfShape<HQ>::SMEM));
+        opted = 1;
+    }
+    CUtensorMap tq, tk, tv;
+    af_map(enc, &tq, q, B, T, t1, H, HQ, HQ, "q");
+    af_map(enc, &tk, k, B, T, t1, KV, HQ, HQ, "k");
+    af_map(enc, &tv, v, B, T, t1, KV, 128, HQ, "v");
+    dim3 grid(cdiv_u(t1 - t0, AF_BM), H, B);
+    att_wgf_k<HQ><<<grid, AF_THREADS, AfShape<HQ>::SMEM>>>(tq, tk, tv, out, lse, T, H, KV,
+                                                           WG_LOG2E / sqrtf((float)HQ), t0, t1);
+    KCHECK("attention_fwd (wgmma, 128-key tiles)");
 }
 
 extern "C" int cuda_attention_fwd_wgf(bf16s *out, float *lse, const bf16s *q, const bf16s *k, const bf16s *v,
-                                      int B, int T, int H, int KV, int t0, int t1) {
+                                      int B, int T, int H, int KV, int hd, int t0, int t1) {
     int sms;
     void *fn;
-    if (!wgf_on() || !cuda_hopper_tma(&sms, &fn) || (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15))
+    if ((hd != 128 && hd != 192) || !wgf_on() || !cuda_hopper_tma(&sms, &fn) ||
+        (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15))
         return 0;
-    static int opted = 0;
-    if (!opted) {
-        CUDA_CHECK(cudaFuncSetAttribute(att_wgf_k, cudaFuncAttributeMaxDynamicSharedMemorySize, AF_SMEM));
-        opted = 1;
-    }
     PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-    CUtensorMap tq, tk, tv;
-    af_map(enc, &tq, q, B, T, t1, H, "q");
-    af_map(enc, &tk, k, B, T, t1, KV, "k");
-    af_map(enc, &tv, v, B, T, t1, KV, "v");
-    dim3 grid(cdiv_u(t1 - t0, AF_BM), H, B);
-    att_wgf_k<<<grid, AF_THREADS, AF_SMEM>>>(tq, tk, tv, out, lse, T, H, KV, WG_LOG2E / sqrtf(128.0f), t0,
-                                             t1);
-    KCHECK("attention_fwd (wgmma, 128-key tiles)");
+    if (hd == 128) wgf_run<128>(enc, out, lse, q, k, v, B, T, H, KV, t0, t1);
+    else wgf_run<192>(enc, out, lse, q, k, v, B, T, H, KV, t0, t1);
     return 1;
 }

@@ -325,10 +325,11 @@ int cuda_attention_wg_runs(int hd, int hv);
 int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int hv, int t0,
                           int t1);
-// cuda_attention_wgf.cu: the forward at 128 / 128 on 128-key tiles (TMA, warp-specialised); 0 where it does
-// not run (MOE_ATTN_FWD_OLD=1, no TMA here, operands not 16-byte aligned: the caller's kernel then)
+// cuda_attention_wgf.cu: the forward at (hd, hv) 128 / 128 and 192 / 128 (the layouts of
+// cuda_attention_fwd_wg) on 128-key tiles (TMA, warp-specialised); 0 where it does not run
+// (MOE_ATTN_FWD_OLD=1, no TMA here, operands not 16-byte aligned: the caller's kernel then)
 int cuda_attention_fwd_wgf(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
-                           const unsigned short *v, int B, int T, int H, int KV, int t0, int t1);
+                           const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
 int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout,
                           const float *lse, const float *D, const unsigned short *q, const unsigned short *k,
                           const unsigned short *v, int B, int T, int H, int KV, int hd, int hv, int t0,
