@@ -27,20 +27,6 @@ export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-230}
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 FAIL=0
-test_line() { # test NAME: the test's "N checks, F failed" line; a failure without F = 0 counts
-  local l
-  l=$(grep -E "checks, [0-9]+ failed" $W/$1.log | tail -1)
-  say "   $1: ${l:-no result line}"
-  grep -m8 FAIL $W/$1.log | tee -a $R
-  [[ "$l" == *", 0 failed" ]] || FAIL=1
-}
-san_line() { # sanitizer NAME: its summary, nonzero errors or hazards fail
-  local l
-  l=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" $W/$1.log | tail -1)
-  say "   $1: ${l:-no summary}"
-  grep -m3 -B2 -A8 "Invalid\|hazard" $W/$1.log | head -30 | tee -a $R
-  [[ "$l" == *" 0 errors"* || "$l" == *" 0 hazards"* ]] || FAIL=1
-}
 timed() { # timed NAME LIMIT CMD...: a program printing one '"impl"' line (skipped for time: not a failure)
   local n=$1
   t "$@" || return 0

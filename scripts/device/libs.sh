@@ -25,6 +25,24 @@ t() {
   local t0=$SECONDS; timeout $lim "$@" > "$W/$name.log" 2>&1; say "== $name rc=$? $((SECONDS - t0))s"
 }
 
+# `test_line NAME`: the test log $W/NAME.log's "N checks, F failed" line and its FAIL lines into $R; FAIL=1
+# unless F = 0. `san_line NAME`: a compute-sanitizer log's summary; FAIL=1 on any error or hazard (cuBLAS's
+# too: sanitize_scan.sh is the judge that lists third-party reports apart).
+test_line() {
+  local l
+  l=$(grep -E "checks, [0-9]+ failed" $W/$1.log | tail -1)
+  say "   $1: ${l:-no result line}"
+  grep -m8 FAIL $W/$1.log | tee -a $R
+  [[ "$l" == *", 0 failed" ]] || FAIL=1
+}
+san_line() {
+  local l
+  l=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" $W/$1.log | tail -1)
+  say "   $1: ${l:-no summary}"
+  grep -m3 -B2 -A8 "Invalid\|hazard" $W/$1.log | head -30 | tee -a $R
+  [[ "$l" == *" 0 errors"* || "$l" == *" 0 hazards"* ]] || FAIL=1
+}
+
 # The bounded recipes' start (`recipe_start NAME BUDGET_DEFAULT`, from the repository root): G (.gpu), B
 # (its bin), W (/tmp/w), R ($OUT/NAME.txt, emptied), the libraries (device_libs), the thread, NCCL and
 # Python settings, BUDGET (seconds, unless set), and the device's name, driver and power limit as the first line.

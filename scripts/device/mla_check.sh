@@ -30,21 +30,6 @@ export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-290}
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 FAIL=0
-# test NAME: the test's "N checks, F failed" line; a failure without F = 0 counts
-test_line() {
-  local l
-  l=$(grep -E "checks, [0-9]+ failed" $W/$1.log | tail -1)
-  say "   $1: ${l:-no result line}"
-  grep -m8 FAIL $W/$1.log | tee -a $R
-  [[ "$l" == *", 0 failed" ]] || FAIL=1
-}
-san_line() { # sanitizer NAME: its summary, nonzero errors or hazards fail
-  local l
-  l=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" $W/$1.log | tail -1)
-  say "   $1: ${l:-no summary}"
-  grep -m3 -B2 -A8 "Invalid\|hazard" $W/$1.log | head -30 | tee -a $R
-  [[ "$l" == *" 0 errors"* || "$l" == *" 0 hazards"* ]] || FAIL=1
-}
 ours() { # ours T: moe_bench_attention at the shape (skipped for time: not a failure)
   t ours_$1 60 $B/moe_bench_attention --device cuda --B 1 --T $1 --H 128 --KV 128 --hd 192 --hv 128 --iters 10 ||
     return 0
