@@ -3,7 +3,8 @@
 // CUDA runtime call, with CUPTI's start and end times (ns, one clock for the GPU and the host):
 //   K start end name | C start end bytes copykind | S start end bytes | A start end api-name
 // gputrace.py turns the file into where a step's wall time goes: kernels, and the GPU's idle gaps
-// with the host calls that were running in them. Build (scripts/device/pack_libs.sh does; host_gaps.sh runs it):
+// with the host calls that were running in them. Build (scripts/device/pack_libs.sh does; host_gaps.sh
+// runs it):
 //   gcc -O2 -shared -fPIC -I$CUDA/include gputrace.c -o libgputrace.so -L$CUPTI_DIR -lcupti
 #include <cupti.h>
 #include <stdio.h>
