@@ -25,6 +25,7 @@
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "test_util.h"
+#include "gpu_util.h"
 #include "bf16_ref.h"
 
 #define BAND_SUM 1e-5
@@ -45,48 +46,6 @@ static float *hrand_bf16(size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = bf16_round(rng_normal(&R));
     return x;
 }
-static float *dputf(const float *h, size_t n) {
-    float *d = gpu->alloc(n * sizeof(float));
-    gpu->to_device(d, h, n * sizeof(float));
-    return d;
-}
-static float *dnan(size_t n) {
-    float *h = hnew(n);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dputf(h, n);
-    free(h);
-    return d;
-}
-static float *dget(const float *d, size_t n) {
-    float *h = hnew(n);
-    gpu->to_host(h, d, n * sizeof(float));
-    return h;
-}
-// bf16 device arrays ("cuda"'s hidden format): put (values rounded to nearest even), NaN-filled, read back
-static void *bput(const float *h, size_t n) {
-    uint16_t *b = xcalloc(n ? n : 1, 2);
-    for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
-    void *d = gpu->alloc(n * 2);
-    gpu->to_device(d, b, n * 2);
-    free(b);
-    return d;
-}
-static void *bnan(size_t n) {
-    float *h = hnew(n);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    void *d = bput(h, n);
-    free(h);
-    return d;
-}
-static float *bget(const void *d, size_t n) {
-    uint16_t *b = xcalloc(n ? n : 1, 2);
-    gpu->to_host(b, d, n * 2);
-    float *h = hnew(n);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
-    free(b);
-    return h;
-}
-
 // rows [t0, t1) of each of B sequences of T rows of W values (B, T, W), compacted; lse (B, H, T) likewise
 static float *rows_of(const float *x, int B, int T, size_t W, int t0, int t1) {
     float *y = hnew((size_t)B * (t1 - t0) * W);
@@ -110,23 +69,12 @@ static size_t written_outside(const float *x, int B, int T, size_t W, int t0, in
 // ||got - ref|| / ||ref|| <= norm (0: not checked). Returns the norm-wise error.
 static double cmp_n(const char *what, const float *got, const float *ref_, size_t n, double elem,
                     double norm) {
-    double ss = 0, dd = 0, worst = 0;
-    for (size_t i = 0; i < n; i++) ss += (double)ref_[i] * ref_[i];
-    double rms = sqrt(ss / (n ? n : 1));
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)got[i] - ref_[i], e = fabs(d) / (fabs(ref_[i]) + rms + 1e-30);
-        dd += d * d;
-        if (!(e <= elem) && bad++ == 0) first = i;
-        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-    }
-    double ne = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
-    if (isnan(ne)) ne = INFINITY;
-    EXPECT(bad == 0, "%s: %zu of %zu elements out of band %.0e; first [%zu] got %.9g want %.9g", what, bad, n,
-           elem, first, bad ? got[first] : 0.0, bad ? ref_[first] : 0.0);
-    if (norm > 0) EXPECT(ne <= norm, "%s: norm-wise relative error %.3e > %.0e", what, ne, norm);
-    printf("  %-66s worst %.2e  norm %.2e\n", what, worst, ne);
-    return ne;
+    GpuErr r = gpu_err(got, ref_, n, elem);
+    EXPECT(r.bad == 0, "%s: %zu of %zu elements out of band %.0e; first [%zu] got %.9g want %.9g", what,
+           r.bad, n, elem, r.first, r.bad ? got[r.first] : 0.0, r.bad ? ref_[r.first] : 0.0);
+    if (norm > 0) EXPECT(r.norm <= norm, "%s: norm-wise relative error %.3e > %.0e", what, r.norm, norm);
+    printf("  %-66s worst %.2e  norm %.2e\n", what, r.worst, r.norm);
+    return r.norm;
 }
 static void cmp_bits(const char *what, const float *a, const float *b, size_t n) {
     size_t bad = 0;
@@ -154,13 +102,13 @@ static Inputs inputs(int B, int T, int H, int KV, int hd) {
     x.v = hrand_bf16(x.nk);
     x.g = hnew(x.nq);
     for (size_t i = 0; i < x.nq; i++) x.g[i] = rng_normal(&R);
-    x.qd = bput(x.q, x.nq);
-    x.kd = bput(x.k, x.nk);
-    x.vd = bput(x.v, x.nk);
-    x.qf = dputf(x.q, x.nq);
-    x.kf = dputf(x.k, x.nk);
-    x.vf = dputf(x.v, x.nk);
-    x.gd = dputf(x.g, x.nq);
+    x.qd = gpu_hid_put(gpu, x.q, x.nq);
+    x.kd = gpu_hid_put(gpu, x.k, x.nk);
+    x.vd = gpu_hid_put(gpu, x.v, x.nk);
+    x.qf = gpu_putf(gpu, x.q, x.nq);
+    x.kf = gpu_putf(gpu, x.k, x.nk);
+    x.vf = gpu_putf(gpu, x.v, x.nk);
+    x.gd = gpu_putf(gpu, x.g, x.nq);
     return x;
 }
 static void inputs_free(Inputs *x) {
@@ -177,11 +125,11 @@ typedef struct {
     float *o, *l;
 } Fwd;
 static Fwd gpu_fwd(const Inputs *x, float p, uint64_t seed, int t0, int t1, int64_t row0, int h0) {
-    void *od = bnan(x->nq);
-    float *ld = dnan(x->nl);
+    void *od = gpu_hid_nan(gpu, x->nq);
+    float *ld = gpu_nanf(gpu, x->nl);
     gpu->attention_drop_fwd(od, ld, x->qd, x->kd, x->vd, x->B, x->T, x->H, x->KV, x->hd, t0, t1, p, seed,
                             row0, h0);
-    Fwd f = {bget(od, x->nq), dget(ld, x->nl)};
+    Fwd f = {gpu_hid_get(gpu, od, x->nq), gpu_getf(gpu, ld, x->nl)};
     gpu->free(od);
     gpu->free(ld);
     return f;
@@ -210,9 +158,10 @@ static Fwd check_fwd(const Inputs *x, float p, uint64_t seed, int t0, int t1, in
     snprintf(what, sizeof what, "%s lse vs bf16_ref", tag);
     cmp_n(what, gl, rl, nlr, BAND_SUM, 0);
     // the float32 kernels on the same values
-    float *ofd = dnan(x->nq), *lfd = dnan(x->nl);
+    float *ofd = gpu_nanf(gpu, x->nq), *lfd = gpu_nanf(gpu, x->nl);
     f32->attention_drop_fwd(ofd, lfd, x->qf, x->kf, x->vf, B, T, H, KV, hd, t0, t1, p, seed, row0, h0);
-    float *of = dget(ofd, x->nq), *lf = dget(lfd, x->nl), *fo = rows_of(of, B, T, W, t0, t1);
+    float *of = gpu_getf(gpu, ofd, x->nq), *lf = gpu_getf(gpu, lfd, x->nl),
+          *fo = rows_of(of, B, T, W, t0, t1);
     snprintf(what, sizeof what, "%s out vs float32 kernels", tag);
     cmp_n(what, go, fo, nr, BAND_BF16_ELEM, BAND_BF16_NORM);
     // another mask is far outside that band
@@ -224,10 +173,10 @@ static Fwd check_fwd(const Inputs *x, float p, uint64_t seed, int t0, int t1, in
         EXPECT(gap > MASK_GAP,
                "%s: another seed's output is only %.3e away (norm-wise): the mask is not seen", tag, gap);
     // lse: the undropped softmax's; and a second run gives the same bits
-    void *o0 = bnan(x->nq);
-    float *l0d = dnan(x->nl);
+    void *o0 = gpu_hid_nan(gpu, x->nq);
+    float *l0d = gpu_nanf(gpu, x->nl);
     gpu->attention_fwd(o0, l0d, x->qd, x->kd, x->vd, B, T, H, KV, hd, t0, t1);
-    float *l0 = dget(l0d, x->nl), *l0r = lse_rows(l0, B, H, T, t0, t1);
+    float *l0 = gpu_getf(gpu, l0d, x->nl), *l0r = lse_rows(l0, B, H, T, t0, t1);
     snprintf(what, sizeof what, "%s lse == no-dropout lse", tag);
     if (plain_is_mma(hd)) cmp_bits(what, gl, l0r, nlr);
     else cmp_n(what, gl, l0r, nlr, BAND_SUM, 0);
@@ -255,17 +204,18 @@ typedef struct {
 static Bwd gpu_bwd(const Backend *be, const Inputs *x, const float *o, const float *l, float p, uint64_t seed,
                    int t0, int t1, int64_t row0, int h0, int flags) {
     int f32path = be == f32;
-    void *od = f32path ? (void *)dputf(o, x->nq) : bput(o, x->nq);
-    float *ld = dputf(l, x->nl), *zq = hnew(x->nq), *zk = hnew(x->nk);
-    float *dq = dputf(zq, x->nq), *dk = flags & ATT_ADD_DKV ? dputf(zk, x->nk) : dnan(x->nk);
-    float *dv = flags & ATT_ADD_DKV ? dputf(zk, x->nk) : dnan(x->nk);
+    void *od = f32path ? (void *)gpu_putf(gpu, o, x->nq) : gpu_hid_put(gpu, o, x->nq);
+    float *ld = gpu_putf(gpu, l, x->nl), *zq = hnew(x->nq), *zk = hnew(x->nk);
+    float *dq = gpu_putf(gpu, zq, x->nq),
+          *dk = flags & ATT_ADD_DKV ? gpu_putf(gpu, zk, x->nk) : gpu_nanf(gpu, x->nk);
+    float *dv = flags & ATT_ADD_DKV ? gpu_putf(gpu, zk, x->nk) : gpu_nanf(gpu, x->nk);
     if (f32path)
         be->attention_drop_bwd(dq, dk, dv, x->gd, od, ld, x->qf, x->kf, x->vf, x->B, x->T, x->H, x->KV, x->hd,
                                t0, t1, p, seed, row0, h0, flags);
     else
         be->attention_drop_bwd(dq, dk, dv, x->gd, od, ld, x->qd, x->kd, x->vd, x->B, x->T, x->H, x->KV, x->hd,
                                t0, t1, p, seed, row0, h0, flags);
-    Bwd b = {dget(dq, x->nq), dget(dk, x->nk), dget(dv, x->nk)};
+    Bwd b = {gpu_getf(gpu, dq, x->nq), gpu_getf(gpu, dk, x->nk), gpu_getf(gpu, dv, x->nk)};
     void *d[] = {od, ld, dq, dk, dv};
     for (size_t i = 0; i < sizeof d / sizeof *d; i++) gpu->free(d[i]);
     free(zq);
@@ -335,18 +285,18 @@ static void check_plain_bits(const Inputs *x, const Fwd *r, int t0, int t1, int6
                              const char *tag) {
     int B = x->B, T = x->T, H = x->H, KV = x->KV, hd = x->hd;
     char what[160];
-    void *od = bnan(x->nq);
-    float *ld = dnan(x->nl);
+    void *od = gpu_hid_nan(gpu, x->nq);
+    float *ld = gpu_nanf(gpu, x->nl);
     gpu->attention_fwd(od, ld, x->qd, x->kd, x->vd, B, T, H, KV, hd, t0, t1);
-    float *po = bget(od, x->nq), *pl = dget(ld, x->nl);
+    float *po = gpu_hid_get(gpu, od, x->nq), *pl = gpu_getf(gpu, ld, x->nl);
     Bwd pb = {0};
     {
-        void *oc = bput(r->o, x->nq);
-        float *lc = dputf(r->l, x->nl), *z = hnew(x->nq), *dq = dputf(z, x->nq), *dk = dnan(x->nk),
-              *dv = dnan(x->nk);
+        void *oc = gpu_hid_put(gpu, r->o, x->nq);
+        float *lc = gpu_putf(gpu, r->l, x->nl), *z = hnew(x->nq), *dq = gpu_putf(gpu, z, x->nq),
+              *dk = gpu_nanf(gpu, x->nk), *dv = gpu_nanf(gpu, x->nk);
         gpu->attention_bwd(dq, dk, dv, x->gd, oc, lc, x->qd, x->kd, x->vd, B, T, H, KV, hd, t0, t1,
                            ATT_ADD_DQ);
-        pb = (Bwd){dget(dq, x->nq), dget(dk, x->nk), dget(dv, x->nk)};
+        pb = (Bwd){gpu_getf(gpu, dq, x->nq), gpu_getf(gpu, dk, x->nk), gpu_getf(gpu, dv, x->nk)};
         void *d[] = {oc, lc, dq, dk, dv};
         for (size_t i = 0; i < sizeof d / sizeof *d; i++) gpu->free(d[i]);
         free(z);
@@ -395,19 +345,20 @@ static void chunk_case(int B, int T, int H, int KV, int hd, float p, int n, int6
     Inputs x = inputs(B, T, H, KV, hd);
     uint64_t seed = 777;
     Fwd one = gpu_fwd(&x, p, seed, 0, T, row0, h0);
-    void *od = bnan(x.nq);
-    float *ld = dnan(x.nl);
+    void *od = gpu_hid_nan(gpu, x.nq);
+    float *ld = gpu_nanf(gpu, x.nl);
     for (int j = 0; j < n; j++)
         gpu->attention_drop_fwd(od, ld, x.qd, x.kd, x.vd, B, T, H, KV, hd, T * j / n, T * (j + 1) / n, p,
                                 seed, row0, h0);
-    float *co = bget(od, x.nq), *cl = dget(ld, x.nl);
+    float *co = gpu_hid_get(gpu, od, x.nq), *cl = gpu_getf(gpu, ld, x.nl);
     snprintf(what, sizeof what, "%s: forward == one call", tag);
     cmp_bits(what, co, one.o, x.nq);
     cmp_bits(what, cl, one.l, x.nl);
     // backward from the GPU's out and lse
-    void *oc = bput(one.o, x.nq);
-    float *lc = dputf(one.l, x.nl), *dq1 = dnan(x.nq), *dk1 = dnan(x.nk), *dv1 = dnan(x.nk);
-    float *dqn = dnan(x.nq), *dkn = dnan(x.nk), *dvn = dnan(x.nk);
+    void *oc = gpu_hid_put(gpu, one.o, x.nq);
+    float *lc = gpu_putf(gpu, one.l, x.nl), *dq1 = gpu_nanf(gpu, x.nq), *dk1 = gpu_nanf(gpu, x.nk),
+          *dv1 = gpu_nanf(gpu, x.nk);
+    float *dqn = gpu_nanf(gpu, x.nq), *dkn = gpu_nanf(gpu, x.nk), *dvn = gpu_nanf(gpu, x.nk);
     float *eq = hnew(x.nq), *ek = hnew(x.nk), *ev = hnew(x.nk);
     gpu->attention_drop_bwd(dq1, dk1, dv1, x.gd, oc, lc, x.qd, x.kd, x.vd, B, T, H, KV, hd, 0, T, p, seed,
                             row0, h0, 0);
@@ -418,7 +369,8 @@ static void chunk_case(int B, int T, int H, int KV, int hd, float p, int n, int6
         ref->attention_drop_bwd(eq, ek, ev, x.g, one.o, one.l, x.q, x.k, x.v, B, T, H, KV, hd, t0, t1, p,
                                 seed, row0, h0, fl);
     }
-    float *a = dget(dq1, x.nq), *bq = dget(dqn, x.nq), *bk = dget(dkn, x.nk), *bv = dget(dvn, x.nk);
+    float *a = gpu_getf(gpu, dq1, x.nq), *bq = gpu_getf(gpu, dqn, x.nq), *bk = gpu_getf(gpu, dkn, x.nk),
+          *bv = gpu_getf(gpu, dvn, x.nk);
     snprintf(what, sizeof what, "%s: dq == one call", tag);
     cmp_bits(what, bq, a, x.nq);
     snprintf(what, sizeof what, "%s: dq vs bf16_ref", tag);

@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "test_util.h"
+#include "gpu_util.h"
 #include "bf16_ref.h"
 
 #define HD 192 // qk_nope 128 + qk_rope 64
@@ -46,69 +47,17 @@ static float *hcopy(const float *x, size_t n) {
     memcpy(y, x, n * sizeof(float));
     return y;
 }
-static void *put(const void *h, size_t bytes) {
-    void *d = gpu->alloc(bytes);
-    gpu->to_device(d, h, bytes);
-    return d;
-}
-static float *putf(const float *h, size_t n) { return put(h, n * sizeof(float)); }
-static float *getf(const float *d, size_t n) {
-    float *h = xmalloc(n * sizeof(float));
-    gpu->to_host(h, d, n * sizeof(float));
-    return h;
-}
-static float *nanf_dev(size_t n) {
-    float *h = xmalloc(n * sizeof(float)), *d;
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    d = putf(h, n);
-    free(h);
-    return d;
-}
-// the hidden format ("cuda": bf16 bits) from float values, and back
-static void *hid_put(const float *h, size_t n) {
-    uint16_t *b = xmalloc(n * 2);
-    for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
-    void *d = put(b, n * 2);
-    free(b);
-    return d;
-}
-static float *hid_get(const void *d, size_t n) {
-    uint16_t *b = xmalloc(n * 2);
-    float *h = xmalloc(n * sizeof(float));
-    gpu->to_host(b, d, n * 2);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
-    free(b);
-    return h;
-}
-static void *hid_nan(size_t n) {
-    float *h = xmalloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    void *d = hid_put(h, n);
-    free(h);
-    return d;
-}
-
 // got (host) against want: per element |got - want| / (|want| + rms(want)) <= band, norm-wise
 // ||got - want|| / ||want|| <= nband (where > 0)
 static double g_worst, g_worst_norm;
 static void cmp(const char *what, const float *got, const float *want, size_t n, double band, double nband) {
-    double ss = 0, se = 0, worst = 0;
-    for (size_t i = 0; i < n; i++) ss += (double)want[i] * want[i];
-    double rms = sqrt(ss / (double)n);
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]), e = d / (fabs(want[i]) + rms);
-        se += d * d;
-        if (!(e <= band) && !bad++) first = i;
-        if (e > worst || e != e) worst = e != e ? INFINITY : e;
-    }
-    EXPECT(bad == 0, "%s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g ref %.9g", what, bad, n,
-           band, first, bad ? got[first] : 0.0, bad ? want[first] : 0.0);
-    double norm = ss > 0 ? sqrt(se / ss) : sqrt(se);
-    if (nband > 0) EXPECT(norm <= nband, "%s: norm-wise %.3e > %.0e", what, norm, nband);
-    if (band < 1 && worst > g_worst) g_worst = worst;
-    if (nband > 0 && nband < BAND_BF16_NORM && norm > g_worst_norm) g_worst_norm = norm;
-    printf("  %-58s worst %.2e  norm-wise %.2e\n", what, worst, norm);
+    GpuErr r = gpu_err(got, want, n, band);
+    EXPECT(r.bad == 0, "%s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g ref %.9g", what,
+           r.bad, n, band, r.first, r.bad ? got[r.first] : 0.0, r.bad ? want[r.first] : 0.0);
+    if (nband > 0) EXPECT(r.norm <= nband, "%s: norm-wise %.3e > %.0e", what, r.norm, nband);
+    if (band < 1 && r.worst > g_worst) g_worst = r.worst;
+    if (nband > 0 && nband < BAND_BF16_NORM && r.norm > g_worst_norm) g_worst_norm = r.norm;
+    printf("  %-58s worst %.2e  norm-wise %.2e\n", what, r.worst, r.norm);
 }
 static void same_bits(const char *what, const void *a, const void *b, size_t bytes) {
     EXPECT(memcmp(a, b, bytes) == 0, "%s: not the same bits", what);
@@ -159,10 +108,11 @@ static void bwd_way(const char *way, const BwdRef *r, float **out, int B, int T,
     set_way(way);
     for (int p = 0; p < 2; p++) {
         int fl = p ? ATT_ADD_DQ | ATT_ADD_DKV : 0;
-        float *dqd = p ? putf(pq, nq) : nanf_dev(nq), *dkd = p ? putf(pk, nk) : nanf_dev(nk),
-              *dvd = p ? putf(pv, nk) : nanf_dev(nk);
+        float *dqd = p ? gpu_putf(gpu, pq, nq) : gpu_nanf(gpu, nq),
+              *dkd = p ? gpu_putf(gpu, pk, nk) : gpu_nanf(gpu, nk),
+              *dvd = p ? gpu_putf(gpu, pv, nk) : gpu_nanf(gpu, nk);
         gpu->attention_bwd_v(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, fl);
-        float *hq = getf(dqd, nq), *hk = getf(dkd, nk), *hv = getf(dvd, nk);
+        float *hq = gpu_getf(gpu, dqd, nq), *hk = gpu_getf(gpu, dkd, nk), *hv = gpu_getf(gpu, dvd, nk);
         const char *how = p ? "added" : "written";
         snprintf(what, sizeof what, "bwd dq (%s) vs bf16 ref %s", how, sh);
         cmp(what, hq, r->dq[p], nq, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
@@ -179,18 +129,18 @@ static void bwd_way(const char *way, const BwdRef *r, float **out, int B, int T,
             cmp(what, hv, r->ev, nk, INFINITY, BAND_BF16_NORM);
         }
         if (!p) { // written == added into zeros; a second run the same bits
-            float *z[3] = {putf(hq, nq), putf(hk, nk), putf(hv, nk)};
+            float *z[3] = {gpu_putf(gpu, hq, nq), gpu_putf(gpu, hk, nk), gpu_putf(gpu, hv, nk)};
             gpu->zero(z[0], nq * sizeof(float));
             gpu->zero(z[1], nk * sizeof(float));
             gpu->zero(z[2], nk * sizeof(float));
             gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T,
                                  ATT_ADD_DQ | ATT_ADD_DKV);
-            float *zq = getf(z[0], nq), *zk = getf(z[1], nk), *zv = getf(z[2], nk);
+            float *zq = gpu_getf(gpu, z[0], nq), *zk = gpu_getf(gpu, z[1], nk), *zv = gpu_getf(gpu, z[2], nk);
             same_bits("bwd dq written == added into zeros", zq, hq, nq * sizeof(float));
             same_bits("bwd dk written == added into zeros", zk, hk, nk * sizeof(float));
             same_bits("bwd dv written == added into zeros", zv, hv, nk * sizeof(float));
             gpu->attention_bwd_v(z[0], z[1], z[2], gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, 0, T, 0);
-            float *rq = getf(z[0], nq), *rk = getf(z[1], nk), *rv = getf(z[2], nk);
+            float *rq = gpu_getf(gpu, z[0], nq), *rk = gpu_getf(gpu, z[1], nk), *rv = gpu_getf(gpu, z[2], nk);
             same_bits("bwd dq: two runs", rq, hq, nq * sizeof(float));
             same_bits("bwd dk: two runs", rk, hk, nk * sizeof(float));
             same_bits("bwd dv: two runs", rv, hv, nk * sizeof(float));
@@ -209,14 +159,14 @@ static void bwd_way(const char *way, const BwdRef *r, float **out, int B, int T,
         gpu->free(dkd);
         gpu->free(dvd);
     }
-    float *dqn = nanf_dev(nq), *dkn = nanf_dev(nk), *dvn = nanf_dev(nk);
+    float *dqn = gpu_nanf(gpu, nq), *dkn = gpu_nanf(gpu, nk), *dvn = gpu_nanf(gpu, nk);
     for (int j = n - 1, first = 1; j >= 0; j--) {
         int t0 = T * j / n, t1 = T * (j + 1) / n, fl = first ? 0 : ATT_ADD_DKV;
         if (t0 == t1) continue;
         first = 0;
         gpu->attention_bwd_v(dqn, dkn, dvn, gd, oc, lc, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1, fl);
     }
-    float *hq = getf(dqn, nq), *hk = getf(dkn, nk), *hv = getf(dvn, nk);
+    float *hq = gpu_getf(gpu, dqn, nq), *hk = gpu_getf(gpu, dkn, nk), *hv = gpu_getf(gpu, dvn, nk);
     snprintf(what, sizeof what, "bwd over %d chunks == one call (dq) %s", n, sh);
     same_bits(what, hq, out[0], nq * sizeof(float));
     snprintf(what, sizeof what, "bwd dk over %d chunks vs bf16 ref %s", n, sh);
@@ -243,17 +193,17 @@ static void test_shape(int B, int T, int H, int KV, int n) {
     snprintf(sh, sizeof sh, "B%d T%d H%d KV%d", B, T, H, KV);
     printf("%s (qk %d, v %d)\n", sh, HD, HV);
     float *q = hrand_heads(nq, 0), *k = hrand_heads(nk, 0), *v = hrand_heads(nk, 1), *g = hrand_heads(nq, 1);
-    void *qd = hid_put(q, nq), *kd = hid_put(k, nk), *vd = hid_put(v, nk);
-    float *gd = putf(g, nq);
+    void *qd = gpu_hid_put(gpu, q, nq), *kd = gpu_hid_put(gpu, k, nk), *vd = gpu_hid_put(gpu, v, nk);
+    float *gd = gpu_putf(gpu, g, nq);
     // forward: against bf16_ref.h and the float32 cpu; the padding zeros; lse
     float *o = xmalloc(nq * sizeof(float)), *l = xmalloc(nl * sizeof(float));
     float *o32 = xmalloc(nq * sizeof(float)), *l32 = xmalloc(nl * sizeof(float));
     ref->attention_fwd_v(o, l, q, k, v, B, T, H, KV, HD, HV, 0, T);
     f32->attention_fwd(o32, l32, q, k, v, B, T, H, KV, HD, 0, T);
-    void *od = hid_nan(nq);
-    float *ld = nanf_dev(nl);
+    void *od = gpu_hid_nan(gpu, nq);
+    float *ld = gpu_nanf(gpu, nl);
     gpu->attention_fwd_v(od, ld, qd, kd, vd, B, T, H, KV, HD, HV, 0, T);
-    float *oh = hid_get(od, nq), *lh = getf(ld, nl);
+    float *oh = gpu_hid_get(gpu, od, nq), *lh = gpu_getf(gpu, ld, nl);
     snprintf(what, sizeof what, "fwd out vs bf16 ref %s", sh);
     cmp(what, oh, o, nq, BAND_BF16_ELEM, BAND_ATT_TC_NORM);
     snprintf(what, sizeof what, "fwd lse vs bf16 ref %s", sh);
@@ -262,14 +212,14 @@ static void test_shape(int B, int T, int H, int KV, int n) {
     cmp(what, oh, o32, nq, BAND_BF16_ELEM, BAND_BF16_NORM);
     pad_check("fwd out's padding", oh, NULL, B, T, H, 0, T);
     // the forward over chunks of query rows (AMPipe): the bits of one call, later rows unwritten
-    void *on = hid_nan(nq);
-    float *ln = nanf_dev(nl);
+    void *on = gpu_hid_nan(gpu, nq);
+    float *ln = gpu_nanf(gpu, nl);
     for (int j = 0; j < n; j++) {
         int t0 = T * j / n, t1 = T * (j + 1) / n;
         if (t0 == t1) continue;
         gpu->attention_fwd_v(on, ln, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1);
         if (j + 1 < n) {
-            float *x = hid_get(on, nq), *y = getf(ln, nl);
+            float *x = gpu_hid_get(gpu, on, nq), *y = gpu_getf(gpu, ln, nl);
             int bad = 0;
             for (int b = 0; b < B; b++)
                 for (int t = t1; t < T; t++)
@@ -282,14 +232,14 @@ static void test_shape(int B, int T, int H, int KV, int n) {
             free(y);
         }
     }
-    float *xn = hid_get(on, nq), *yn = getf(ln, nl);
+    float *xn = gpu_hid_get(gpu, on, nq), *yn = gpu_getf(gpu, ln, nl);
     snprintf(what, sizeof what, "fwd over %d chunks == one call (out) %s", n, sh);
     same_bits(what, xn, oh, nq * sizeof(float));
     snprintf(what, sizeof what, "fwd over %d chunks == one call (lse) %s", n, sh);
     same_bits(what, yn, lh, nl * sizeof(float));
     // the backward from the cpu's out (rounded, as stored) and lse: the references, then each way
-    void *oc = hid_put(o, nq);
-    float *lc = putf(l, nl);
+    void *oc = gpu_hid_put(gpu, o, nq);
+    float *lc = gpu_putf(gpu, l, nl);
     float *pq = hrand_heads(nq, 0), *pk = hrand_heads(nk, 0), *pv = hrand_heads(nk, 0);
     BwdRef r;
     memset(&r, 0, sizeof r);
@@ -356,16 +306,17 @@ static void test_fwd_rows(int B, int T, int H, int KV, int t0, int t1) {
     snprintf(sh, sizeof sh, "B%d T%d H%d KV%d rows [%d, %d)", B, T, H, KV, t0, t1);
     printf("%s (qk %d, v %d), forward\n", sh, HD, HV);
     float *q = hrand_heads(nq, 0), *k = hrand_heads(nk, 0), *v = hrand_heads(nk, 1);
-    void *qd = hid_put(q, nq), *kd = hid_put(k, nk), *vd = hid_put(v, nk);
+    void *qd = gpu_hid_put(gpu, q, nq), *kd = gpu_hid_put(gpu, k, nk), *vd = gpu_hid_put(gpu, v, nk);
     float *o = xmalloc(nq * sizeof(float)), *l = xmalloc(nl * sizeof(float));
     float *o32 = xmalloc(nq * sizeof(float)), *l32 = xmalloc(nl * sizeof(float));
     ref->attention_fwd_v(o, l, q, k, v, B, T, H, KV, HD, HV, t0, t1);
     f32->attention_fwd(o32, l32, q, k, v, B, T, H, KV, HD, t0, t1);
-    void *od = hid_nan(nq), *od2 = hid_nan(nq);
-    float *ld = nanf_dev(nl), *ld2 = nanf_dev(nl);
+    void *od = gpu_hid_nan(gpu, nq), *od2 = gpu_hid_nan(gpu, nq);
+    float *ld = gpu_nanf(gpu, nl), *ld2 = gpu_nanf(gpu, nl);
     gpu->attention_fwd_v(od, ld, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1);
     gpu->attention_fwd_v(od2, ld2, qd, kd, vd, B, T, H, KV, HD, HV, t0, t1);
-    float *oh = hid_get(od, nq), *lh = getf(ld, nl), *oh2 = hid_get(od2, nq), *lh2 = getf(ld2, nl);
+    float *oh = gpu_hid_get(gpu, od, nq), *lh = gpu_getf(gpu, ld, nl), *oh2 = gpu_hid_get(gpu, od2, nq),
+          *lh2 = gpu_getf(gpu, ld2, nl);
     size_t outside = 0, ro = (size_t)B * (t1 - t0) * H * HD, rl = (size_t)B * H * (t1 - t0), i = 0, j = 0;
     float *og = xmalloc(ro * sizeof(float)), *orf = xmalloc(ro * sizeof(float)),
           *o3 = xmalloc(ro * sizeof(float)), *lg = xmalloc(rl * sizeof(float)),
@@ -412,8 +363,7 @@ int main(void) {
     if (!backend_cuda_available())
         TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
     rng_seed(&R, 20261203);
-    const char *sm = getenv("MOE_TEST_SMALL");
-    int big = !(sm && *sm && strcmp(sm, "0"));
+    int big = !gpu_test_small();
     g_ways = big ? NWAYS : W_AGAIN;
     gpu = backend_cuda();
     ref = backend_cpu_bf16ref();

@@ -17,13 +17,9 @@
 #ifdef MOE_HAVE_CUDA
 #include <cuda_runtime.h>
 #include "ops/cuda/cuda_fp8.h"
+#include "gpu_util.h"
 
 static int fails, checks, self_test; // self_test: the next difference is expected
-#define CK(call) \
-    do { \
-        cudaError_t e_ = (call); \
-        if (e_ != cudaSuccess) DIE("%s: %s", #call, cudaGetErrorString(e_)); \
-    } while (0)
 
 static uint64_t rs = 88172645463325252ull;
 static uint32_t rnd(void) {
@@ -46,39 +42,15 @@ static float value(int edges) {
     }
 }
 
-static void *dup_to_dev(const void *h, size_t n) {
-    void *d;
-    CK(cudaMalloc(&d, n ? n : 1));
-    if (n) CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
-    return d;
-}
-static void *from_dev(const void *d, size_t n) {
-    void *h = xmalloc(n ? n : 1);
-    if (n) CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-    return h;
-}
-static unsigned long long *counter(void) {
-    unsigned long long *c;
-    CK(cudaMalloc((void **)&c, sizeof *c));
-    CK(cudaMemset(c, 0, sizeof *c));
-    return c;
-}
-static long long read_counter(unsigned long long *c) {
-    unsigned long long h;
-    CK(cudaMemcpy(&h, c, sizeof h, cudaMemcpyDeviceToHost));
-    CK(cudaFree(c));
-    return (long long)h;
-}
-
 // the host copy of x as the device reads it: float32, or bf16 (x rounded, the reference given its values)
 static void *device_input(float *x, size_t n, int bf16) {
-    if (!bf16) return dup_to_dev(x, n * 4);
+    if (!bf16) return cu_put(x, n * 4);
     uint16_t *b = xmalloc(n * 2 + 2);
     for (size_t i = 0; i < n; i++) {
         b[i] = isnan(x[i]) ? 0x7fc0 : bf16_rn_bits(x[i]);
         x[i] = bf16_to_f32(b[i]);
     }
-    void *d = dup_to_dev(b, n * 2);
+    void *d = cu_put(b, n * 2);
     free(b);
     return d;
 }
@@ -111,22 +83,22 @@ static void check_tiles(int M, int K, int bf16, int special) {
     void *dx = device_input(x, n, bf16);
     uint8_t *q = xmalloc(n + 1), *dq;
     float *s = xmalloc(M * T * 4 + 4), *ds;
-    CK(cudaMalloc((void **)&dq, n + 1));
-    CK(cudaMalloc((void **)&ds, M * T * 4 + 4));
-    unsigned long long *bad = counter();
+    CU_CK(cudaMalloc((void **)&dq, n + 1));
+    CU_CK(cudaMalloc((void **)&ds, M * T * 4 + 4));
+    unsigned long long *bad = cu_counter();
     cuda_fp8_quant_tiles(dq, ds, dx, bf16, M, K, bad);
-    long long nb = read_counter(bad);
+    long long nb = cu_count(bad);
     long long rb = cpu_fp8_quant_tiles(q, s, x, M, K);
-    uint8_t *gq = from_dev(dq, n);
-    float *gs = from_dev(ds, M * T * 4);
+    uint8_t *gq = cu_get(dq, n);
+    float *gs = cu_get(ds, M * T * 4);
     same("tiles codes", gq, q, n, M, K, bf16);
     same("tiles scales", gs, s, M * T * 4, M, K, bf16); // NaN scales compare by their bits
     checks++;
     if (nb != rb) fails++, printf("FAIL tiles non-finite count M %d K %d: gpu %lld cpu %lld\n", M, K, nb, rb);
     free(x), free(q), free(s), free(gq), free(gs);
-    CK(cudaFree(dx));
-    CK(cudaFree(dq));
-    CK(cudaFree(ds));
+    CU_CK(cudaFree(dx));
+    CU_CK(cudaFree(dq));
+    CU_CK(cudaFree(ds));
 }
 
 static void check_tiles_t(const int *rows, int G, int K, int bf16, int special) {
@@ -141,14 +113,14 @@ static void check_tiles_t(const int *rows, int G, int K, int bf16, int special) 
     void *dx = device_input(x, n, bf16);
     uint8_t *dq;
     float *ds;
-    CK(cudaMalloc((void **)&dq, (size_t)K * P + 1));
-    CK(cudaMalloc((void **)&ds, (size_t)K * (P / 128) * 4 + 4));
-    CK(cudaMemset(dq, 0xAB, (size_t)K * P + 1)); // the padding must be written
-    unsigned long long *bad = counter();
+    CU_CK(cudaMalloc((void **)&dq, (size_t)K * P + 1));
+    CU_CK(cudaMalloc((void **)&ds, (size_t)K * (P / 128) * 4 + 4));
+    CU_CK(cudaMemset(dq, 0xAB, (size_t)K * P + 1)); // the padding must be written
+    unsigned long long *bad = cu_counter();
     cuda_fp8_quant_tiles_t(dq, ds, dx, bf16, off, G, K, bad);
-    long long nb = read_counter(bad), rb = 0;
-    uint8_t *gq = from_dev(dq, (size_t)K * P);
-    float *gs = from_dev(ds, (size_t)K * (P / 128) * 4);
+    long long nb = cu_count(bad), rb = 0;
+    uint8_t *gq = cu_get(dq, (size_t)K * P);
+    float *gs = cu_get(ds, (size_t)K * (P / 128) * 4);
     for (int g = 0; g < G; g++) {
         int Mg = rows[g], T = fp8_ntiles(Mg);
         int64_t p = cuda_fp8_pad_cols(off, g), W = (T * 128);
@@ -169,9 +141,9 @@ static void check_tiles_t(const int *rows, int G, int K, int bf16, int special) 
     checks++;
     if (nb != rb) fails++, printf("FAIL tiles_t non-finite count K %d: gpu %lld cpu %lld\n", K, nb, rb);
     free(x), free(gq), free(gs);
-    CK(cudaFree(dx));
-    CK(cudaFree(dq));
-    CK(cudaFree(ds));
+    CU_CK(cudaFree(dx));
+    CU_CK(cudaFree(dq));
+    CU_CK(cudaFree(ds));
 }
 
 static void check_blocks(int G, int N, int K, int bf16, int special) {
@@ -182,15 +154,15 @@ static void check_blocks(int G, int N, int K, int bf16, int special) {
     void *dw = device_input(w, n, bf16);
     uint8_t *dq, *dqt;
     float *ds, *dst;
-    CK(cudaMalloc((void **)&dq, n));
-    CK(cudaMalloc((void **)&dqt, n));
-    CK(cudaMalloc((void **)&ds, nsc * 4));
-    CK(cudaMalloc((void **)&dst, nsc * 4));
-    unsigned long long *bad = counter();
+    CU_CK(cudaMalloc((void **)&dq, n));
+    CU_CK(cudaMalloc((void **)&dqt, n));
+    CU_CK(cudaMalloc((void **)&ds, nsc * 4));
+    CU_CK(cudaMalloc((void **)&dst, nsc * 4));
+    unsigned long long *bad = cu_counter();
     cuda_fp8_quant_blocks(dq, ds, dqt, dst, dw, bf16, G, N, K, bad);
-    long long nb = read_counter(bad), rb = 0;
-    uint8_t *gq = from_dev(dq, n), *gqt = from_dev(dqt, n), *q = xmalloc(n), *qt = xmalloc(n);
-    float *gs = from_dev(ds, nsc * 4), *gst = from_dev(dst, nsc * 4), *s = xmalloc(nsc * 4),
+    long long nb = cu_count(bad), rb = 0;
+    uint8_t *gq = cu_get(dq, n), *gqt = cu_get(dqt, n), *q = xmalloc(n), *qt = xmalloc(n);
+    float *gs = cu_get(ds, nsc * 4), *gst = cu_get(dst, nsc * 4), *s = xmalloc(nsc * 4),
           *st = xmalloc(nsc * 4);
     for (int g = 0; g < G; g++) {
         size_t o = (size_t)g * N * K, so = (size_t)g * BN * BK;
@@ -208,17 +180,17 @@ static void check_blocks(int G, int N, int K, int bf16, int special) {
     if (nb != rb)
         fails++, printf("FAIL blocks non-finite count N %d K %d: gpu %lld cpu %lld\n", N, K, nb, rb);
     // without the transposed copy the same codes
-    CK(cudaMemset(dq, 0, n));
+    CU_CK(cudaMemset(dq, 0, n));
     cuda_fp8_quant_blocks(dq, ds, NULL, NULL, dw, bf16, G, N, K, NULL);
     free(gq);
-    gq = from_dev(dq, n);
+    gq = cu_get(dq, n);
     same("blocks codes (no transposed copy)", gq, q, n, N, K, bf16);
     free(w), free(gq), free(gqt), free(q), free(qt), free(gs), free(gst), free(s), free(st);
-    CK(cudaFree(dw));
-    CK(cudaFree(dq));
-    CK(cudaFree(dqt));
-    CK(cudaFree(ds));
-    CK(cudaFree(dst));
+    CU_CK(cudaFree(dw));
+    CU_CK(cudaFree(dq));
+    CU_CK(cudaFree(dqt));
+    CU_CK(cudaFree(ds));
+    CU_CK(cudaFree(dst));
 }
 
 int main(void) {

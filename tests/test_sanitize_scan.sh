@@ -3,7 +3,8 @@
 # logs with on the GPU) on logs written here in the tool's report format: hazards only inside a cuBLAS kernel
 # pass and are listed by name (issue 42: the GPU run had 8 such, and the script said nothing); one race in our
 # attention kernel, an invalid write in ours (the older format: file:line:kernel), a log the tool did not
-# finish, and a summary counting reports that cannot be read fail; a clean log passes.
+# finish, and a summary counting reports that cannot be read fail; a clean log passes. The device recipes'
+# san_line (scripts/device/libs.sh) on the same logs: cuBLAS's hazards do not fail a recipe, ours do.
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$TMP" || exit 1
@@ -53,4 +54,14 @@ scan odd.log; rc=$?
 [ $rc = 1 ] && pass "a summary counting 3 errors that no report line shows fails" || fail "odd.log: rc $rc, $(cat out.txt)"
 scan clean.log && grep -q "0 report(s)" out.txt && pass "a clean log passes" || fail "clean.log: $(cat out.txt)"
 bash "$SCAN" cublas.log ours.log > out.txt 2>&1 && fail "two logs, one of ours: exit 0" || pass "two logs, one with our hazard: exit 1"
+# the device recipes' san_line (scripts/device/libs.sh) judges by the scan: cuBLAS's hazards leave FAIL 0, with
+# the summary line and the scan's line in the progress file; ours, a missing log and a cut one set FAIL=1
+san() { ( . "$MOE_SRC/scripts/device/libs.sh"; W=$PWD R=$PWD/r_$1.txt FAIL=0; : > "$R"; san_line "$1" > /dev/null; echo "$FAIL" ); }
+[ "$(san cublas)" = 0 ] && grep -qF "cublas: ========= RACECHECK SUMMARY: 8 hazards" r_cublas.txt &&
+  grep -qF "1 in third-party code ($K)" r_cublas.txt && pass "san_line: cuBLAS hazards do not fail a recipe, listed" ||
+  fail "san_line cublas: $(cat r_cublas.txt)"
+[ "$(san ours)" = 1 ] && grep -q "1 in our kernels (attention_rowdot_k)" r_ours.txt &&
+  pass "san_line: a race in our kernel fails the recipe" || fail "san_line ours: $(cat r_ours.txt)"
+[ "$(san cut)" = 1 ] && [ "$(san missing)" = 1 ] && [ "$(san clean)" = 0 ] &&
+  pass "san_line: a cut or missing log fails, a clean one passes" || fail "san_line cut/missing/clean"
 finish

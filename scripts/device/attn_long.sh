@@ -13,7 +13,8 @@
 #      target (ours <= 0.9 x SDPA's total: said, not a failure here);
 #   3. compute-sanitizer memcheck and racecheck on test_cuda_ops (MOE_TEST_SMALL=1, "cuda"), as the budget
 #      allows.
-# Ends non-zero when a test, a sanitizer or a timed program fails.
+# Ends non-zero when a test or a timed program fails, or a sanitizer reports in our kernels (san_line:
+# third-party reports, cuBLAS's, are listed, not failed).
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
 X=/tmp/al

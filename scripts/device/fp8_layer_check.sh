@@ -6,10 +6,9 @@
 # is left of BUDGET; a step without time is reported skipped):
 #   1. the same bits: tests/test_cuda_fp8_quant (the quantisers against the host reference: the shared row
 #      tile helper), tests/test_cuda_fp8_fused (fused against unfused, bit for bit, the new epilogue GEMMs among
-#      them) as it is, with MOE_FP8_PAIR_SCALE=0, with MOE_FP8_DACT_EPI=1 and with MOE_FP8_GEMM=ref,
-#      tests/test_cuda_fp8_ops (the tables against the cpu's fp8 table) as it is and with MOE_FP8_DACT_EPI=1,
-#      and compute-sanitizer memcheck on test_cuda_fp8_fused's small cases (MOE_FP8_DACT_EPI=1), all at once
-#      (they only check values);
+#      them) as it is, with MOE_FP8_PAIR_SCALE=0 and with MOE_FP8_GEMM=ref, tests/test_cuda_fp8_ops (the
+#      tables against the cpu's fp8 table), and compute-sanitizer memcheck on test_cuda_fp8_fused's small
+#      cases, all at once (they only check values);
 #   2. the MoE layer forward + backward on every moe_bench_layer shape: ours on cuda (bf16) and on its FP8
 #      table, the forward and backward apart, and the FP8 table's kernels each timed alone (--fp8-trace: GB/s
 #      and TFLOP/s per kernel against 4.8 TB/s and 1,300 TFLOP/s), then the torch peers in the same call
@@ -21,8 +20,7 @@
 #   4. the fused SwiGLU GEMM alone against the plain FP8 GEMMs + the separate SwiGLU (moe_bench_fp8
 #      --swiglu-only 1), with one weight scale per 64 columns (the default) and per column
 #      (MOE_FP8_PAIR_SCALE=0);
-#   5. the layer A/B on ref and mixtral: MOE_FP8_FUSE=0 (two GEMMs, then the SwiGLU), MOE_FP8_PAIR_SCALE=0,
-#      MOE_FP8_DACT_EPI=1 (the SwiGLU's backward in the dact GEMM's epilogue; off by default until measured);
+#   5. the layer A/B on ref and mixtral: MOE_FP8_FUSE=0 (two GEMMs, then the SwiGLU), MOE_FP8_PAIR_SCALE=0;
 #   6. Nsight Compute where it is on the device (`which nsys ncu`): the FP8 ref layer's kernels, time and DRAM
 #      bytes each.
 # Fails (non-zero exit) on any test failure or a bench that does not finish; the targets are reported, not
@@ -49,14 +47,12 @@ tests() {
   run1 quant $B/test_cuda_fp8_quant
   run1 fused $B/test_cuda_fp8_fused
   run1 fused_cols env MOE_FP8_PAIR_SCALE=0 $B/test_cuda_fp8_fused
-  run1 fused_epi env MOE_FP8_DACT_EPI=1 $B/test_cuda_fp8_fused
   run1 fused_ref env MOE_FP8_GEMM=ref $B/test_cuda_fp8_fused
   run1 ops $B/test_cuda_fp8_ops
-  run1 ops_epi env MOE_FP8_DACT_EPI=1 $B/test_cuda_fp8_ops
   local cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  run1 memcheck env MOE_FP8_DACT_EPI=1 $cs --tool memcheck --error-exitcode 9 $B/test_cuda_fp8_fused small
+  run1 memcheck $cs --tool memcheck --error-exitcode 9 $B/test_cuda_fp8_fused small
   wait "${pids[@]}"
-  for n in quant fused fused_cols fused_epi fused_ref ops ops_epi memcheck; do
+  for n in quant fused fused_cols fused_ref ops memcheck; do
     local rc=$(cat $W/$n.rc 2>/dev/null || echo none)
     say "== $n rc=$rc"
     row "test $n" "rc $rc; $(grep -E 'checks' $W/$n.log | tail -1); $(grep -c '^FAIL' $W/$n.log) FAIL lines $(grep -hE 'ERROR SUMMARY' $W/$n.log | tail -1)"
@@ -129,15 +125,15 @@ same() { # A B LABEL: B's losses and final state against A's; status 0 where all
   [ "$d" = 0 ] && [ "$r" = ok ]
 }
 tiny base MOE_FP8_FUSE=1; tiny again MOE_FP8_FUSE=1
-tiny nofuse MOE_FP8_FUSE=0; tiny cols MOE_FP8_PAIR_SCALE=0; tiny epi MOE_FP8_DACT_EPI=1
+tiny nofuse MOE_FP8_FUSE=0; tiny cols MOE_FP8_PAIR_SCALE=0
 if same base again "the defaults twice (the control)"; then
-  for v in "nofuse MOE_FP8_FUSE=0" "cols MOE_FP8_PAIR_SCALE=0" "epi MOE_FP8_DACT_EPI=1"; do
+  for v in "nofuse MOE_FP8_FUSE=0" "cols MOE_FP8_PAIR_SCALE=0"; do
     set -- $v
     same base $1 "$2 vs the defaults" || { FAIL=$((FAIL + 1)); say "FAILED: $2 changed the bits of the tiny run"; }
   done
 else
   say "the tiny run does not repeat itself: the switches' runs are not judged"
-  for v in nofuse cols epi; do same base $v "$v vs the defaults (not judged)"; done
+  for v in nofuse cols; do same base $v "$v vs the defaults (not judged)"; done
 fi
 
 # 4. the fused SwiGLU GEMM alone against what it replaced
@@ -156,9 +152,6 @@ ab() { # NAME ENV: ref and mixtral on the FP8 table under ENV
 }
 ab nofuse MOE_FP8_FUSE=0
 ab cols MOE_FP8_PAIR_SCALE=0
-ab epi MOE_FP8_DACT_EPI=1
-say "-- MOE_FP8_DACT_EPI=1: the backward's kernels (ref, then mixtral; the default's in the layer_fp8 tables)"
-awk '/^== /{c=$2} /^fp8 kernels, backward:/{p=1; print c; next} /^fp8 kernels/{p=0} p' $W/ab_epi.log | tee -a $R
 row "layer fp8 default (ref, mixtral ms)" "$(grep -E '"case":"(ref|mixtral)"' $W/layer_fp8.log | grep -oE '"case":"[a-z]+"|"ms_fwd_bwd":[0-9.]+|"ms_fwd":[0-9.]+' | cut -d: -f2 | tr -d '"' | paste -sd' ')"
 
 # 6. Nsight Compute's view of the FP8 ref layer (one warm-up + one timed iteration), where ncu is here

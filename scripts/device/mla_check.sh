@@ -16,7 +16,8 @@
 #      new op) and test_cuda_model on "cuda" (its latent-attention model among the others);
 #   5. the peers at T 2048 and 8192 (ours' come with step 2), ncu's per-kernel times of ours at T 4096,
 #      test_cuda_ops (MOE_TEST_SMALL=1, "cuda": the head-dim-128 attention as before), as the budget allows.
-# Ends non-zero when a test, a sanitizer or a timed program fails.
+# Ends non-zero when a test or a timed program fails, or a sanitizer reports in our kernels (san_line:
+# third-party reports, cuBLAS's, are listed, not failed).
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
 X=/tmp/mla

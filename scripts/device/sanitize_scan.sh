@@ -1,8 +1,9 @@
 #!/bin/bash
 # sanitize_scan.sh LOG... — judges compute-sanitizer logs (memcheck, racecheck, initcheck, synccheck) for
-# sanitize_gpu.sh: each report (a hazard, an invalid access, an API error) is attributed to our kernels when
-# its lines name one of the __global__ functions of src/ops/cuda/ (read from the sources here) or one of our
-# .cu/.cuh files, else to third-party code (cuBLAS and the like), listed by the kernel or function it names.
+# sanitize_gpu.sh and libs.sh's san_line (the device recipes): each report (a hazard, an invalid access, an
+# API error) is attributed to our kernels when its lines name one of the __global__ functions of src/ops/cuda/
+# (read from the sources here) or one of our .cu/.cuh files, else to third-party code (cuBLAS and the like),
+# listed by the kernel or function it names.
 # Prints one line per log; exits 1 when any report is ours, or a log has no summary line (the tool did not
 # finish) or a summary that counts reports none of whose lines could be read.
 C="$(cd "$(dirname "$0")/../.." && pwd)/src/ops/cuda"

@@ -1,6 +1,7 @@
 // cuda_attention_softmax.cuh — what the tensor-core attention kernels of cuda_attention_tc.cu
-// (mma.sync) and cuda_attention_wg.cu (wgmma) share: the forwards' online softmax, a forward or dq
-// block's place in the grid, the bf16 packing of A fragments, and adding accumulators into rows.
+// (mma.sync), cuda_attention_wg.cu and cuda_attention_wgf.cu (wgmma) share: the forwards' online softmax
+// (its rows' maxima over a quad: quad_row_max), a forward or dq block's place in the grid, the bf16 packing
+// of A fragments, and adding accumulators into rows.
 // Both hold a thread's share of 16-row score and output fragments in the same layout (mma.sync's C
 // fragment, which is also wgmma's accumulator layout per warp): s[4 j + e] is row (e < 2 ? r0 : r1),
 // r1 = r0 + 8, column 8 j + 2 t + (e & 1) (t = lane % 4); o[4 n + e] likewise over the head dimension.
@@ -68,6 +69,21 @@ __device__ __forceinline__ void add_rows(float *base, const float *d, int r0, in
     }
 }
 
+// The row maxima of a score tile across a quad (the 4 threads t = 0..3 holding a row): mx0, mx1 (in: the
+// values to start from) become the max of themselves, of this thread's scores of rows r0, r1 (NJ 8-column
+// fragments, the layout above) and of the other three threads' results.
+template <int NJ> __device__ __forceinline__ void quad_row_max(const float *s, float &mx0, float &mx1) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+}
+
 // One key tile (keys k0 + column): scores scaled by sl (base 2), masked to -inf where the key
 // follows the row or is past qb (only when mask: the tiles crossing the diagonal or the last key),
 // the running maxima m and this thread's row sums l updated, o rescaled; s becomes exp2(s - m), P.
@@ -87,15 +103,7 @@ __device__ __forceinline__ void softmax_tile(float *s, float *o, float &m0, floa
         for (int i = 0; i < 4 * NJ; i++) s[i] *= sl;
     }
     float mx0 = m0, mx1 = m1;
-#pragma unroll
-    for (int j = 0; j < NJ; j++) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    quad_row_max<NJ>(s, mx0, mx1);
     // finite: key 0 <= row is in the first tile, so the running max is finite from then on
     float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1); // 0 on the first tile
     m0 = mx0;

@@ -34,7 +34,8 @@
 #include <math.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
-#include "ops/cuda/cuda_attention_wg.cuh" // wgmma_n128_rs (P V)
+#include "ops/cuda/cuda_attention_softmax.cuh" // att_qblock, quad_row_max, softmax_store
+#include "ops/cuda/cuda_attention_wg.cuh" // wgmma_n128_rs (P V), wg_frags
 
 #define AF_BM 128 // query rows per block: two consumer warpgroups of 64
 #define AF_BN 128 // keys per tile
@@ -95,12 +96,10 @@ __device__ __forceinline__ void wgf_times(float *o, uint32_t (*p)[4], uint32_t s
         wgmma_n128_rs(o, p[kk][0], p[kk][1], p[kk][2], p[kk][3], desc_sw128(sv + 2048 * kk, AF_CB, 1024));
 }
 // P (64 x 128 accumulator) as A fragments rounded to bf16 (keys 16 kk .. 16 kk + 15: fragment columns 2 kk,
-// 2 kk + 1)
+// 2 kk + 1): wg_frags' 64 keys twice (the accumulator's columns 64 .. 127 start at element 32)
 __device__ __forceinline__ void wgf_frags(uint32_t (*p)[4], const float *s) {
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) p[kk][i] = pack_bf16(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+    wg_frags(p, s);
+    wg_frags(p + 4, s + 32);
 }
 // 2^x by the special-function unit alone, results below float32's normal range flushed to 0 (exp2f's exact
 // handling of those costs three more float32 ops a score; a P under 2^-126 is then 0 instead of a subnormal,
@@ -128,16 +127,8 @@ __device__ __forceinline__ void wgf_softmax(float *s, float &m0, float &m1, floa
                 if (!(key <= row && key < qb)) s[4 * j + e] = -INFINITY;
             }
     }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mx0 = -INFINITY, mx1 = -INFINITY; // (of the raw scores)
+    quad_row_max<16>(s, mx0, mx1);
     // finite: key 0 <= row is in the first tile, so the running max is finite from then on
     mx0 = fmaxf(m0, mx0 * sl);
     mx1 = fmaxf(m1, mx1 * sl);

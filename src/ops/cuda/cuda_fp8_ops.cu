@@ -93,24 +93,6 @@ static int fp8_fuse(void) {
     return v;
 }
 
-// 1: the down projection's activation gradient goes through the SwiGLU's backward in the GEMM's epilogue
-// (no float32 dact; dh1, dh3 tiled both ways in a pass each), where the kernel runs and the rows are bf16;
-// the same bits (MOE_FP8_DACT_EPI=1; 0, the default until measured: dact in float32, then the SwiGLU's
-// backward)
-static int fp8_dact_epi(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOE_FP8_DACT_EPI");
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-            DIE("MOE_FP8_DACT_EPI must be 0 (dact in float32, then the SwiGLU's backward: the default) or 1 "
-                "(the "
-                "SwiGLU's backward in the GEMM's epilogue) (got '%s')",
-                e);
-        v = e && !strcmp(e, "1");
-    }
-    return v;
-}
-
 // ---------------------------------------------------------------- the trace (cuda_fp8_trace.h)
 // The end of one traced launch: "what tensor" with the bytes it moved and the FLOPs it did.
 static void tr(const char *what, int tensor, double bytes, double flops = 0) {
@@ -325,16 +307,14 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
 // blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout and inp of element size by `bf`.
 // dout's two tilings from one read where both products run; pre: both made already (the stash's; counts
 // taken with it). in_ready: inp's transposed tiles are in the scratch already, from a call with the same
-// shapes and the same operands present (grouped_matmul_bwd2's second product: the same inp). epi: {dh1, dh3,
-// h1, h3} (bf16 rows counted from row 0, our kernel only): the activation gradient (dact, dinp NULL) goes
-// through the SwiGLU's backward in the GEMM's epilogue into dh1, dh3 (cuda_fp8_grouped_gemm_swiglu_bwd)
+// shapes and the same operands present (grouped_matmul_bwd2's second product: the same inp)
 static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, int bf, const float *w,
                     const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw,
-                    int in_ready = 0, const Fp8Both *pre = NULL, void *const *epi = NULL) {
+                    int in_ready = 0, const Fp8Both *pre = NULL) {
     CHECK(!(flags & GM_DW_BF16),
           "grouped_matmul_bwd: --precision fp8 keeps float32 weight gradients "
           "(GM_DW_BF16 is the bf16 policy's)");
-    int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE, dx = dinp || epi;
+    int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE, dx = dinp != NULL;
     int64_t r0 = off[0], rows = off[G] - off[0];
     if (G <= 0 || K <= 0) return;
     if (O <= 0 || rows <= 0) { // empty sums: zeros where written
@@ -380,22 +360,9 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
             fw.qt = (uint8_t *)p[2], fw.st = (float *)p[3];
         }
         cuda_fp8_trace_begin();
-        if (epi) {
-            size_t e0 = (size_t)r0 * K;
-            if (!cuda_fp8_grouped_gemm_swiglu_bwd(hid_at_b(epi[0], e0, 1), hid_at_b(epi[1], e0, 1),
-                                                  hid_at_b(epi[2], e0, 1), hid_at_b(epi[3], e0, 1), d.q, d.s,
-                                                  fw.qt, fw.st, off, G, O, K))
-                DIE("fp8 grouped_swiglu_bwd: the GEMM with the SwiGLU's backward refused shapes it takes (G "
-                    "%d, "
-                    "K %d, O %d)",
-                    G, O, K);
-            tr("gemm dgrad+swiglu bwd (fused)", tdout, (double)rows * O + (double)nw + 8.0 * rows * K,
-               2.0 * rows * O * K);
-        }
-        int kern = epi ||
-            (!fp8_ref() &&
-             cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, d.q, d.s, fw.qt, fw.st, 1, off, G, O,
-                                   K));
+        int kern = !fp8_ref() &&
+            cuda_fp8_grouped_gemm(dinp + r0 * K, 0, acc ? 1.0f : 0.0f, d.q, d.s, fw.qt, fw.st, 1, off, G, O,
+                                  K);
         if (!kern)
             for (int g = 0; g < G; g++) {
                 int64_t a = off[g] - r0, n = off[g + 1] - off[g];
@@ -403,9 +370,8 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
                               fw.qt + (size_t)g * O * K, O, fw.st + (size_t)g * BK * TO, TO, (int)n, K, O, 1,
                               acc);
             }
-        if (!epi)
-            tr(kern ? "gemm dgrad" : "gemm dgrad (ref)", tdout,
-               (double)rows * O + (double)nw + (acc ? 8.0 : 4.0) * rows * K, 2.0 * rows * O * K);
+        tr(kern ? "gemm dgrad" : "gemm dgrad (ref)", tdout,
+           (double)rows * O + (double)nw + (acc ? 8.0 : 4.0) * rows * K, 2.0 * rows * O * K);
     }
     if (dw) {
         // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
@@ -530,8 +496,7 @@ static void fp8_down_fwd(float *out, const void *act, const float *w, const int6
 
 // dact (float32) = dout W2 (into dh1 where the rows are float32, else the rows' scratch), dw2 from dout and
 // act, then the SwiGLU's backward: dh1, dh3 written (plain.h's order: swiglu_bwd reads each dact before it
-// writes that dh1), with both tilings of each for the up projections' backward (stashed). MOE_FP8_DACT_EPI=1,
-// bf16 rows and our kernel: the SwiGLU's backward in the GEMM's epilogue, then both tilings of dh1 and dh3.
+// writes that dh1), with both tilings of each for the up projections' backward (stashed).
 template <int HB>
 static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act, const void *h1,
                            const void *h3, const float *w, const int64_t *off, int G, int K, int O,
@@ -540,33 +505,17 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
     if (G <= 0) return;
     int64_t rows = off[G] - off[0];
     size_t b = (size_t)off[0] * K, n = (size_t)(rows > 0 ? rows : 0) * K;
-    int epi = HB && n && fp8_dact_epi() && !fp8_ref() && K % 16 == 0 && O % 16 == 0 && G <= 256 &&
-        cuda_fp8_grouped_kernel() &&
-        !(((uintptr_t)hid_at_b(dh1, b, 1) | (uintptr_t)hid_at_b(dh3, b, 1) |
-           (uintptr_t)hid_at_b((void *)h1, b, 1) | (uintptr_t)hid_at_b((void *)h3, b, 1)) &
-          3);
-    float *dact = epi ? NULL : (float *)dh1;
-    if (HB && !epi) {
+    float *dact = (float *)dh1;
+    if (HB) {
         size_t sz[1] = {sizeof(float) * (n ? n : 1)};
         void *p[1];
         scratch_v(&g_rows, 1, sz, p);
         dact = (float *)p[0] - b;
     }
-    void *ep[4] = {dh1, dh3, (void *)h1, (void *)h3};
     fp8_bwd(dact, dw, dout, act, HB, w, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16), FP8T_DY, FP8T_ACT,
-            FP8T_W2, 0, NULL, epi ? ep : NULL);
+            FP8T_W2);
     if (!n) return;
     stash_make(ST_DH, dh1, dh3, off, G, K);
-    if (epi) { // dh1 and dh3 written by the GEMM: each tiled both ways
-        double by = (double)n * (2 + 1 + 4.0 / 128) + (double)K * cuda_fp8_pad_cols(off, G) * (1 + 4.0 / 128);
-        cuda_fp8_trace_begin();
-        cuda_fp8_quant_both(g_sk.b1, dh1, 1, off, G, K, g_sk.bad);
-        tr("quant both", FP8T_DH1, by);
-        cuda_fp8_trace_begin();
-        cuda_fp8_quant_both(g_sk.b3, dh3, 1, off, G, K, g_sk.bad + 1);
-        tr("quant both", FP8T_DH3, by);
-        return;
-    }
     cuda_fp8_trace_begin();
     cuda_fp8_swiglu_bwd_both(dh1, dh3, HB, dact, h1, h3, off, G, K, g_sk.b1, g_sk.b3, g_sk.bad, g_sk.bad + 1);
     tr("swiglu bwd + dh both", FP8T_DH1,

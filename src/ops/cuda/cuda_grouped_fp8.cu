@@ -16,9 +16,8 @@
 // zero-filled by TMA (zeros change neither amax nor the sum). Two forms (template RED): rows mode, groups of
 // output rows [off[g], off[g+1]) with B_g per group (the forward and activation gradient); RED, groups of the
 // reduction's columns [p[g], p[g+1]) of A = dY^T and B = X^T with C_g per group (the weight gradient). Rows
-// mode's epilogues: float32 or bf16 C, the SwiGLU forward (h1, h3, act of an up-projection pair) and the
-// SwiGLU's backward (dh1, dh3 of dact). Must not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or
-// any knowledge of the model.
+// mode's epilogues: float32 or bf16 C and the SwiGLU forward (h1, h3, act of an up-projection pair). Must
+// not hold: the bf16 kernels (cuda_grouped.cu), the quantisers, or any knowledge of the model.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -43,10 +42,6 @@ struct GFArgs {
     float *C; // float32 output, or NULL
     bf16 *Cb; // bf16 output (beta 0), or NULL
     bf16 *H1, *H3, *Act; // the SwiGLU epilogue's outputs (rows, N / 2), row stride N / 2 (Act not NULL: on)
-    // the SwiGLU backward's epilogue (Dh1 not NULL: on): the result is dact (rows, N), not stored; h1, h3
-    // read and dh1, dh3 = swiglu_grad(dact, h1, h3) written, all bf16 (rows, N)
-    const bf16 *Sh1, *Sh3;
-    bf16 *Dh1, *Dh3;
     float beta; // 0 or 1
     const float *sa, *sb;
     int sa_ld, sb_ld; // scales per row of sa / sb (rows mode: nkt; RED: Mp / 128)
@@ -279,25 +274,6 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 }
             continue;
         }
-        if (a.Dh1) { // the SwiGLU's backward of the float32 dact in r (cuda_fp8_swiglu_bwd_both's arithmetic)
-#pragma unroll
-            for (int j = 0; j < GF_BN / 8; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
-                    if (row >= T.mend || col >= T.ncols) continue;
-                    long long o = row * a.ldc + col;
-                    uint32_t u1 = *(const uint32_t *)(a.Sh1 + o), u3 = *(const uint32_t *)(a.Sh3 + o);
-                    float g1[2], g3[2];
-                    swiglu_grad(r[4 * j + 2 * h], __uint_as_float(u1 << 16), __uint_as_float(u3 << 16),
-                                &g1[0], &g3[0]);
-                    swiglu_grad(r[4 * j + 2 * h + 1], __uint_as_float(u1 & 0xffff0000u),
-                                __uint_as_float(u3 & 0xffff0000u), &g1[1], &g3[1]);
-                    *(uint32_t *)(a.Dh1 + o) = pack_bf16(g1[0], g1[1]);
-                    *(uint32_t *)(a.Dh3 + o) = pack_bf16(g3[0], g3[1]);
-                }
-            continue;
-        }
         if (a.Cb) {
 #pragma unroll
             for (int j = 0; j < GF_BN / 8; j++)
@@ -462,20 +438,6 @@ extern "C" int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const
     if (rows == 0) return 1;
     a->H1 = (bf16 *)h1, a->H3 = (bf16 *)h3, a->Act = (bf16 *)act;
     a->b_halves = gf_pair_scale();
-    gf_launch(0, ta, tb, a);
-    return 1;
-}
-
-extern "C" int cuda_fp8_grouped_gemm_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3,
-                                                const uint8_t *A, const float *sa, const uint8_t *B,
-                                                const float *sb, const int64_t *off, int G, int K, int N) {
-    if (!gf_init() || (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 3)) return 0;
-    GFArgs *a = &gf_args;
-    CUtensorMap ta, tb;
-    int64_t rows = G >= 1 ? off[G] - off[0] : 0;
-    if (!gf_rows_args(a, A, sa, B, sb, 1, off, G, K, N, &ta, &tb)) return 0;
-    if (rows == 0) return 1;
-    a->Sh1 = (const bf16 *)h1, a->Sh3 = (const bf16 *)h3, a->Dh1 = (bf16 *)dh1, a->Dh3 = (bf16 *)dh3;
     gf_launch(0, ta, tb, a);
     return 1;
 }

@@ -41,15 +41,6 @@ int cuda_fp8_grouped_gemm(void *C, int c_bf16, float beta, const uint8_t *A, con
 int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const uint8_t *A, const float *sa,
                                  const uint8_t *B, const float *sb, const int64_t *off, int G, int K, int O);
 
-// The activation gradient of the down projection with the SwiGLU's backward in the epilogue (bf16 hidden
-// rows): dact (rows, N) = A B_g^T as cuda_fp8_grouped_gemm with b_blocks 1 and beta 0 (float32, not stored),
-// then dh1, dh3 (rows, N) = bf16 of swiglu_grad(dact, h1, h3) (cuda_swiglu.cuh) of the bf16 h1, h3 (rows,
-// N): the bits of that GEMM then cuda_fp8_swiglu_bwd_both's dh1, dh3. h1, h3, dh1, dh3 counted from row
-// off[0], 4-byte aligned; 0 where not (or where the GEMM above is not).
-int cuda_fp8_grouped_gemm_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const uint8_t *A,
-                                     const float *sa, const uint8_t *B, const float *sb, const int64_t *off,
-                                     int G, int K, int N);
-
 // Grouped over the reduction (the weight gradient dW_g (N, K) = dY_g^T X_g): A = dY^T (N, Mp) and B = X^T
 // (K, Mp) e4m3 with 1x128 tile scales sa (N, Mp / 128), sb (K, Mp / 128), Mp = p[G]; group g owns the
 // columns [p[g], p[g+1]), each p[g] a multiple of 128 and p[0] = 0 (a group's rows padded with zero
