@@ -54,13 +54,14 @@
 #   python3 bench/torch_plan_rates.py [--out DIR] [--rows deepseek-v3,qwen3-235b-a22b,mixtral-8x22b]
 # Prints a table and one JSON profile per row (and a -fp8 variant: dense_tflops from the FP8 projections), and
 # writes them as DIR/megatron-ROW.json, DIR/megatron-ROW-fp8.json. env ITERS, SWIGLU (compile|eager).
-import argparse, json, math, os, sys
+import argparse, json, math, os, sys, warnings
 import torch
 import torch.nn.functional as F
 
 E4 = torch.float8_e4m3fn
 BF = torch.bfloat16
 DEV = 'cuda'
+warnings.filterwarnings('ignore', category=UserWarning)  # (SDPA's notes on the backends it skips)
 ITERS = int(os.environ.get('ITERS', 10))
 GIB = 1073741824.0
 H100 = dict(memory_bytes=78.9 * GIB, context_bytes=0.5 * GIB, peak_tflops=989, hbm_gbps=2800, nvlink_gbps=126,
