@@ -226,6 +226,16 @@ run_ok "row QW runs with Megatron's overlaps" "$MOE" plan "${QW[@]}" "${MECH[@]}
 run_ok "row MX runs with Megatron's overlaps" "$MOE" plan "${MX[@]}" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --lm-head tp
 grep -q '^TP collectives hidden behind the TP-split GEMMs: [0-9.]* ms' "$OUT_FILE" || fail "row MX: no TP hidden line"
 
+# the shipped profiles of Megatron's kernels' rates (profiles/, bench/torch_plan_rates.py on the H200): each
+# reads as --gpu FILE, and its row runs on it with the overlaps that row's run enables (docs/PLAN.md)
+PF="$MOE_SRC/profiles"
+run_ok "row DS on Megatron's rates" "$MOE" plan "${DS[@]}" --gpu "$PF/megatron-deepseek-v3-fp8.json" "${MECH[@]}" --hide-a2a 1f1b --a2a-links deepep "${OV[@]}"
+grep -q '^plan: 1024 GPUs of profile megatron-deepseek-v3-fp8 ' "$OUT_FILE" || fail "row DS: not on the megatron-deepseek-v3-fp8 profile"
+run_ok "row QW on Megatron's rates" "$MOE" plan "${QW[@]}" --gpu "$PF/megatron-qwen3-235b-a22b-fp8.json" "${MECH[@]}" --hide-a2a 1f1b "${OV[@]}"
+run_ok "row QW in BF16 on Megatron's rates" "$MOE" plan "${QW[@]}" --precision bf16 --gpu "$PF/megatron-qwen3-235b-a22b.json" "${MECH[@]}" --a2a-links deepep --hide-tp gemm "${OV[@]}"
+run_ok "row MX on Megatron's rates" "$MOE" plan "${MX[@]}" --gpu "$PF/megatron-mixtral-8x22b.json" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --lm-head tp
+grep -q '^plan: 128 GPUs of profile megatron-mixtral-8x22b ' "$OUT_FILE" || fail "row MX: not on the megatron-mixtral-8x22b profile"
+
 # --memory-model megatron: ours keeps 4 + 4 + 8 + 2 bytes a parameter at zero 0 (float32 weights and
 # gradients, two float32 moments, the bf16 copy), Megatron 6 + 12 / DP: on DP 2 it is 6 P below ours, and
 # from DP 2 to DP 4 (the same rows a rank) 12 P (1/2 - 1/4) = 3 P lower (P: the small preset's parameters)
