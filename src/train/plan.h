@@ -16,7 +16,9 @@
 //    the mechanisms of a Megatron-Core run, each off by default (PlanSpec): the all-to-all hidden behind
 //    compute (min(all-to-all, the compute it overlaps) per micro-batch), the links an all-to-all across nodes
 //    takes (NVLink beside the network; DeepEP's node deduplication), the rows back in bf16, the experts'
-//    rate at the nearest measured shape, Megatron's distributed-optimizer memory, a given inter-node rate;
+//    rate at the nearest measured shape, Megatron's distributed-optimizer memory, a given inter-node rate,
+//    the TP collectives, the pipeline's sends and the DP gradients each hidden behind the compute it
+//    overlaps (min(messages, that compute)), the LM head split over TP;
 //  - dense layers (config dense_layers) run their MLP at the dense rate; the last stage also runs the MTP
 //    modules;
 //  - host overhead: the backend ops a step launches (counted per layer, micro-batch and step from the
