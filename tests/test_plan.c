@@ -28,10 +28,15 @@
 #include "train/plan.h"
 #include "test_util.h"
 
-static ModelConfig tiny(void) {
-    ModelConfig c;
-    if (config_preset(&c, "tiny")) exit(1);
-    return c;
+// The setup of every check: the preset's model, default train options at batch x seq_len.
+static void setup(ModelConfig *c, TrainOptions *o, const char *preset, int batch, int seq_len) {
+    if (config_preset(c, preset)) {
+        fprintf(stderr, "FAIL: no preset %s\n", preset);
+        exit(1);
+    }
+    train_options_default(o);
+    o->batch = batch;
+    o->seq_len = seq_len;
 }
 
 static PlanSpec spec(int gpus) {
@@ -56,11 +61,9 @@ static PlanSpec spec(int gpus) {
 // (1,1) 6 x 1 m x 3 x 3 = 54; (1,2) 3 x 1 x 9 = 27; (2,1) 6 x 2 x 9 = 108; (2,2) (1,1) 2 x 9 = 18 and
 // 2 x 2 x 3 = 12: 219, all fitting in an H200.
 static void check_count(void) {
-    ModelConfig c = tiny();
+    ModelConfig c;
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 4;
-    o.seq_len = 64;
+    setup(&c, &o, "tiny", 4, 64);
     PlanSpec sp = spec(4);
     PlanResult r;
     plan_enumerate(&r, &c, &o, &sp, 0);
@@ -81,11 +84,8 @@ static void check_count(void) {
 // its flags, and the rows run fastest first.
 static void check_memory(void) {
     ModelConfig c;
-    config_preset(&c, "small");
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 16;
-    o.seq_len = 128;
+    setup(&c, &o, "small", 16, 128);
     PlanSpec sp = spec(8);
     PlanResult r;
     plan_enumerate(&r, &c, &o, &sp, 0);
@@ -124,14 +124,11 @@ static void check_memory(void) {
 // with --grad-accum 1 and no --pp): micro1 with shared gradients is the whole batch's figure, lending;
 // micro2 is half the batch's, lending nothing (cost_whole at --grad-accum 2).
 static void check_one_gpu(void) {
-    ModelConfig c;
-    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
     PlanSpec sp = spec(1);
     for (int v = 0; v < 8; v++) {
+        ModelConfig c;
         TrainOptions o;
-        train_options_default(&o);
-        o.batch = 4;
-        o.seq_len = 512;
+        setup(&c, &o, "peers-ref", 4, 512);
         o.precision = v & 1 ? PREC_BF16 : PREC_MIXED;
         o.grad_memory = v & 2 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
         int micro = v & 4 ? 2 : 1;
@@ -156,11 +153,8 @@ static void check_one_gpu(void) {
 // the step is the host's: launches x launch_us + synchronisations x sync_us.
 static void check_host(void) {
     ModelConfig c;
-    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 4;
-    o.seq_len = 2048;
+    setup(&c, &o, "peers-ref", 4, 2048);
     PlanSpec sp = spec(1);
     PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
     PlanRow a, b, h;
@@ -178,11 +172,9 @@ static void check_host(void) {
 }
 
 static void refuses(const char *text, int gpus, const char *phrase, int reason) {
-    ModelConfig c = tiny();
+    ModelConfig c;
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 8;
-    o.seq_len = 64;
+    setup(&c, &o, "tiny", 8, 64);
     PlanSpec sp = spec(gpus);
     PlanLayout l;
     const char *bad = plan_parse_layout(&l, text, &o);
@@ -212,11 +204,8 @@ static void check_refusals(void) {
 // Every layout of the small preset on 16 GPUs in nodes of 4, with the links twice as fast.
 static void check_monotone(void) {
     ModelConfig c;
-    config_preset(&c, "small");
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 32;
-    o.seq_len = 128;
+    setup(&c, &o, "small", 32, 128);
     PlanSpec sp = spec(16), fast = sp;
     sp.nodes_of = fast.nodes_of = 4;
     fast.hw.nvlink_gbps *= 2;
@@ -242,11 +231,8 @@ static void check_monotone(void) {
 // The small preset on GPUs of a third of its one-GPU layouts' least memory.
 static void check_smallest(void) {
     ModelConfig c;
-    config_preset(&c, "small");
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 16;
-    o.seq_len = 128;
+    setup(&c, &o, "small", 16, 128);
     PlanSpec sp = spec(1);
     sp.hw.context_bytes = 0;
     PlanResult r;
@@ -300,11 +286,8 @@ static void check_roundtrip(void) {
 // --precision fp8 on one GPU: only the experts' rate differs from mixed's (the same FLOPs).
 static void check_fp8(void) {
     ModelConfig c;
-    EXPECT(!config_preset(&c, "peers-ref"), "peers-ref");
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 4;
-    o.seq_len = 2048;
+    setup(&c, &o, "peers-ref", 4, 2048);
     PlanSpec sp = spec(1);
     PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
     PlanRow mixed, same, half;
@@ -368,14 +351,12 @@ static void check_pipe_equal(void) {
 // dense rate: projections, router, head), the stages are equal: the bubble is the uniform 1/5 (and
 // interleaved's).
 static void check_pipe_planner(void) {
-    TrainOptions o;
-    train_options_default(&o);
-    o.batch = 8;
-    o.seq_len = 64;
+    ModelConfig c, sm;
+    TrainOptions o, os;
+    setup(&c, &o, "tiny", 8, 64);
     PlanSpec sp = spec(2);
     sp.hw.dense_tflops = sp.hw.grouped_tflops = sp.hw.attention_tflops = 0.001;
     sp.hw.hbm_gbps = sp.hw.nvlink_gbps = sp.hw.internode_gbps = 1e15;
-    ModelConfig c = tiny();
     PlanLayout l = {1, 1, 1, 2, 1, 0, 0, RECOMPUTE_NONE, 4};
     PlanRow w;
     PlanPipe p;
@@ -404,10 +385,7 @@ static void check_pipe_planner(void) {
     // interleaved, the small preset (4 layers, d 256, 8 heads of 32, 4 kv heads, 8 experts of 512, top-2,
     // vocab 256) on 2 x 2 chunks: the head on virtual stage 3 (stage 1's second chunk) alone; a layer 2 x 256
     // x 32 x 24 + 2 x 2 x 8 x 32 x 32 + 2 x 256 x 8 + 2 x 2 x 3 x 256 x 512 = 2002944, the head 131072
-    ModelConfig sm;
-    config_preset(&sm, "small");
-    TrainOptions os = o;
-    os.batch = 16;
+    setup(&sm, &os, "small", 16, 64);
     PlanLayout li = {1, 1, 1, 2, 2, 0, 0, RECOMPUTE_NONE, 4};
     EXPECT(!plan_layout(&w, &sm, &os, &sp, &li, NULL, &p) && p.kind == SCHED_INTERLEAVED && p.vpp == 2,
            "small pp2 vpp2 micro4");
@@ -430,11 +408,8 @@ static void check_pipe_planner(void) {
 // one stage does not.
 static void check_pipe_columns(void) {
     ModelConfig c;
-    config_preset(&c, "small");
     TrainOptions o;
-    train_options_default(&o);
-    o.batch = 32;
-    o.seq_len = 128;
+    setup(&c, &o, "small", 32, 128);
     PlanSpec sp = spec(8);
     PlanResult r;
     plan_enumerate(&r, &c, &o, &sp, 0);

@@ -14,6 +14,14 @@
 #    (docs/PERFORMANCE.md's layer table: mixtral 566, qwen2 402, ref 556 TFLOP/s); --hide-a2a 1f1b on two
 #    stages hides only the steady phase's share (Megatron's warmup count); --memory-model megatron keeps
 #    6 + 12 / DP bytes a parameter where ours keeps 18 (zero 0);
+#  - Megatron-Core's overlaps and its split head, each alone on the tiny / small presets at equal rates (every
+#    GEMM 0.001 TFLOP/s, AdamW's seconds vanishing; a link fast or slow): --hide-tp gemm hides min(TP, the
+#    TP-split GEMMs: 3 x tokens x layers x the projections' 2 d hd (2 H + 2 KV) / TP at the rate); --hide-dp
+#    grads min(the reduction, one micro-batch's backward: 2/3 of the compute / m), grads+params also min(ZeRO
+#    1's all-gather, a third of the DP bytes, one micro-batch's forward); --hide-pp next (the projections free:
+#    equal chunks) every send up to its chunk's forward, all of them on a slow link (3 sends a stage on pp2
+#    vpp2: half the stage's compute), none without interleaving; --lm-head tp the head's 2 d V x tokens x
+#    (1 - 1/TP) less compute; the published rows run with them;
 #  - the mechanisms' defaults change nothing: the same row with each option at its default prints the same;
 #  - a bad word or rate: one `moe: error:` line.
 set -u
@@ -90,7 +98,7 @@ plan() { "$MOE" plan "$@"; }
 near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { exit !(b != 0 && a / b > 1 - t && a / b < 1 + t) }'; }
 
 # defaults: each option at its default prints what the row prints without it
-a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0)
+a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0 --hide-tp none --hide-pp none --hide-dp none --lm-head whole)
 [ -n "$a" ] && [ "$a" = "$b" ] && pass "the mechanisms' defaults print today's row" || fail "defaults changed the row"
 
 ONE=(--gpus 16 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 16 --seq-len 4096 --explain "ep16 micro1")
@@ -150,6 +158,84 @@ for c in "ep16 pp2 micro4:0.75" "ep16 pp2 vpp2 micro4:0.5"; do
     fail "--hide-a2a 1f1b, ${c%%:*}: hidden '$h', want ${c#*:} x $comp"
 done
 
+# Megatron-Core's overlaps (--hide-tp, --hide-dp, --hide-pp) and its vocab-parallel head (--lm-head tp), each
+# on a profile of equal rates (0.001 TFLOP/s: a FLOP a ns) whose links are fast (0.05 GB/s: the messages below
+# the compute they overlap) or slow (1e-5 GB/s: above it)
+eqp() { # FILE DENSE_TFLOPS LINK_GBPS
+  printf '{"memory_bytes": 1e12, "context_bytes": 1, "peak_tflops": 1, "dense_tflops": %s, "grouped_tflops": 0.001,
+ "attention_tflops": 0.001, "hbm_gbps": 1e15, "nvlink_gbps": %s, "internode_gbps": %s, "pcie_gbps": 1}\n' "$2" "$3" "$3" > "$1"; }
+eqp "$TMP/fast.json" 0.001 0.05; eqp "$TMP/slow.json" 0.001 1e-5
+eqp "$TMP/fastfd.json" 1e6 0.05; eqp "$TMP/slowfd.json" 1e6 1e-5
+hid_of() { sed -n "s/^$1 hidden behind[^:]*: \([0-9.]*\) ms/\1/p"; }
+TINY=(--gpus 2 --preset tiny --batch 4 --seq-len 64)
+# --hide-tp gemm, tiny tp2 (d 96, 4 heads of 24, 2 kv heads, 2 layers; 4 x 64 tokens, 3x for the backward):
+# the TP-split GEMMs 3 x 256 x 2 x (2 x 96 x 24 x (2 x 4 + 2 x 2)) / 2 FLOP at 1e9 FLOP/s
+tg=$(awk 'BEGIN { print 3 * 256 * 2 * (2 * 96 * 24 * 12) / 2 / 1e9 * 1e3 }')
+for p in fast slow; do
+  o=$(plan "${TINY[@]}" --gpu "$TMP/$p.json" --explain "tp2 micro1"); tp=$(echo "$o" | ms_of 'exposed tp')
+  o=$(plan "${TINY[@]}" --gpu "$TMP/$p.json" --explain "tp2 micro1" --hide-tp gemm)
+  h=$(echo "$o" | hid_of 'TP collectives'); e=$(echo "$o" | ms_of 'exposed tp')
+  want=$(awk -v a="$tp" -v b="$tg" 'BEGIN { print a < b ? a : b }')
+  near "$h" "$want" 2e-3 && awk -v e="$e" -v h="$h" -v t="$tp" 'BEGIN { exit !(e + h > t - 0.02 && e + h < t + 0.02) }' &&
+    pass "--hide-tp gemm ($p link): hidden $h ms = min(TP $tp, the TP-split GEMMs $tg); exposed $e" ||
+    fail "--hide-tp gemm ($p link): hidden '$h' exposed '$e', want min($tp, $tg) and their sum $tp"
+done
+# --lm-head tp: the head's 3 x 256 x 2 d V (d 96, V 256) FLOP, half of it on each TP rank
+c0=$(plan "${TINY[@]}" --gpu "$TMP/fast.json" --explain "tp2 micro1" | ms_of 'compute (the slowest stage):')
+c1=$(plan "${TINY[@]}" --gpu "$TMP/fast.json" --explain "tp2 micro1" --lm-head tp | ms_of 'compute (the slowest stage):')
+want=$(awk 'BEGIN { print 3 * 256 * 2 * 96 * 256 / 2 / 1e9 * 1e3 }')
+near "$(awk -v a="$c0" -v b="$c1" 'BEGIN { print a - b }')" "$want" 2e-3 &&
+  pass "--lm-head tp: compute $c0 -> $c1 ms, half the head's $want x 2 less" ||
+  fail "--lm-head tp: compute $c0 -> $c1 ms, want $want ms less"
+# --hide-dp, tiny dp2 micro2: the reduction (zero 0: all the DP bytes; zero 1: 2 of 3 parts) behind one
+# micro-batch's backward (compute x 2/3 / 2), grads+params ZeRO 1's all-gather behind one forward (x 1/3 / 2)
+for p in fast slow; do
+  for z in 0 1; do
+    o=$(plan "${TINY[@]}" --gpu "$TMP/$p.json" --explain "zero$z micro2"); dp=$(echo "$o" | ms_of 'exposed dp gradients')
+    comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
+    for m in grads grads+params; do
+      h=$(plan "${TINY[@]}" --gpu "$TMP/$p.json" --explain "zero$z micro2" --hide-dp $m | hid_of 'DP gradients')
+      want=$(awk -v d="$dp" -v c="$comp" -v z=$z -v m=$m 'function mn(a, b) { return a < b ? a : b }
+        BEGIN { r = z ? d * 2 / 3 : d; h = mn(r, c * 2 / 3 / 2); if (m != "grads") h += mn(d - r, c / 3 / 2); print h }')
+      near "$h" "$want" 2e-3 && pass "--hide-dp $m ($p link, zero $z): hidden $h ms (DP $dp, compute $comp)" ||
+        fail "--hide-dp $m ($p link, zero $z): hidden '$h', want $want (DP $dp, compute $comp)"
+    done
+  done
+done
+# --hide-pp next, the small preset (4 layers) on pp2, the projections free (every chunk the same compute):
+# interleaved (vpp 2) each stage sends 3 times (stage 0: chunk 0 on; chunk 2 on, back), each hidden up to its
+# chunk's forward (a third of the chunk's compute): all on a fast link, 3 forwards = half the stage's compute
+# on a slow one; 1F1B none
+SMP=(--gpus 2 --preset small --batch 16 --seq-len 64)
+for p in fastfd slowfd; do
+  o=$(plan "${SMP[@]}" --gpu "$TMP/$p.json" --explain "pp2 vpp2 micro4"); pp=$(echo "$o" | ms_of 'exposed pp')
+  comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
+  h=$(plan "${SMP[@]}" --gpu "$TMP/$p.json" --explain "pp2 vpp2 micro4" --hide-pp next | hid_of 'pipeline sends')
+  want=$(awk -v d="$pp" -v c="$comp" 'BEGIN { print d < c / 2 ? d : c / 2 }')
+  near "$h" "$want" 2e-3 && pass "--hide-pp next ($p, pp2 vpp2): hidden $h ms = min(PP $pp, half the compute $comp)" ||
+    fail "--hide-pp next ($p, pp2 vpp2): hidden '$h', want $want (PP $pp, compute $comp)"
+done
+h=$(plan "${SMP[@]}" --gpu "$TMP/slowfd.json" --explain "pp2 micro4" --hide-pp next | hid_of 'pipeline sends')
+[ "$h" = "0.00" ] && pass "--hide-pp next, 1F1B: nothing hidden (Megatron overlaps the sends only when interleaved)" ||
+  fail "--hide-pp next, 1F1B: hidden '$h', want 0.00"
+# the published rows with the overlaps each run enables (docs/PLAN.md)
+OV=(--hide-pp next --hide-dp grads+params --lm-head tp)
+run_ok "row DS runs with Megatron's overlaps" "$MOE" plan "${DS[@]}" "${MECH[@]}" --hide-a2a 1f1b --a2a-links deepep "${OV[@]}"
+grep -q '^pipeline sends hidden behind compute: [0-9.]* ms' "$OUT_FILE" || fail "row DS: no PP hidden line"
+run_ok "row QW runs with Megatron's overlaps" "$MOE" plan "${QW[@]}" "${MECH[@]}" --hide-a2a 1f1b "${OV[@]}"
+run_ok "row MX runs with Megatron's overlaps" "$MOE" plan "${MX[@]}" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --lm-head tp
+grep -q '^TP collectives hidden behind the TP-split GEMMs: [0-9.]* ms' "$OUT_FILE" || fail "row MX: no TP hidden line"
+
+# the shipped profiles of Megatron's kernels' rates (profiles/, bench/torch_plan_rates.py on the H200): each
+# reads as --gpu FILE, and its row runs on it with the overlaps that row's run enables (docs/PLAN.md)
+PF="$MOE_SRC/profiles"
+run_ok "row DS on Megatron's rates" "$MOE" plan "${DS[@]}" --gpu "$PF/megatron-deepseek-v3-fp8.json" "${MECH[@]}" --hide-a2a 1f1b --a2a-links deepep "${OV[@]}"
+grep -q '^plan: 1024 GPUs of profile megatron-deepseek-v3-fp8 ' "$OUT_FILE" || fail "row DS: not on the megatron-deepseek-v3-fp8 profile"
+run_ok "row QW on Megatron's rates" "$MOE" plan "${QW[@]}" --gpu "$PF/megatron-qwen3-235b-a22b-fp8.json" "${MECH[@]}" --hide-a2a 1f1b "${OV[@]}"
+run_ok "row QW in BF16 on Megatron's rates" "$MOE" plan "${QW[@]}" --precision bf16 --gpu "$PF/megatron-qwen3-235b-a22b.json" "${MECH[@]}" --a2a-links deepep --hide-tp gemm "${OV[@]}"
+run_ok "row MX on Megatron's rates" "$MOE" plan "${MX[@]}" --gpu "$PF/megatron-mixtral-8x22b.json" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --lm-head tp
+grep -q '^plan: 128 GPUs of profile megatron-mixtral-8x22b ' "$OUT_FILE" || fail "row MX: not on the megatron-mixtral-8x22b profile"
+
 # --memory-model megatron: ours keeps 4 + 4 + 8 + 2 bytes a parameter at zero 0 (float32 weights and
 # gradients, two float32 moments, the bf16 copy), Megatron 6 + 12 / DP: on DP 2 it is 6 P below ours, and
 # from DP 2 to DP 4 (the same rows a rank) 12 P (1/2 - 1/4) = 3 P lower (P: the small preset's parameters)
@@ -179,6 +265,10 @@ run_fail "--a2a-links 'x': takes flat|split|deepep" "$MOE" plan "${QW[@]}" --a2a
 run_fail "--combine 'fp8': takes f32|bf16" "$MOE" plan "${QW[@]}" --combine fp8
 run_fail "--memory-model 'x': takes ours|megatron" "$MOE" plan "${QW[@]}" --memory-model x
 run_fail "--grouped-rate 'x': takes profile|shape" "$MOE" plan "${QW[@]}" --grouped-rate x
+run_fail "--hide-tp 'x': takes none|gemm" "$MOE" plan "${QW[@]}" --hide-tp x
+run_fail "--hide-pp 'x': takes none|next" "$MOE" plan "${QW[@]}" --hide-pp x
+run_fail "--hide-dp 'params': takes none|grads|grads+params" "$MOE" plan "${QW[@]}" --hide-dp params
+run_fail "--lm-head 'x': takes whole|tp" "$MOE" plan "${QW[@]}" --lm-head x
 run_fail "--internode-gbps must be in [0, 100000]" "$MOE" plan "${QW[@]}" --internode-gbps -1
 run_fail "--pp-layers applies to --explain" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1
 run_fail "pipeline: --pp-layers needs --pp > 1" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1 --explain "ep4"

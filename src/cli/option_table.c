@@ -292,6 +292,19 @@ const Opt opts[] = {
      "the EP all-to-all hidden behind compute, per micro-batch: none; experts (our --a2a-overlap: behind the "
      "experts' GEMMs); 1f1b (Megatron-Core's 1F1B overlap: behind the paired micro-batch's compute, in the "
      "schedule's steady phase)"},
+    {"hide-tp", O_STR, CO(hide_tp), C_PLAN,
+     "the TP collectives hidden behind compute: none; gemm (min(TP, the TP-split layers' GEMMs): TE's "
+     "--tp-comm-overlap)"},
+    {"hide-pp", O_STR, CO(hide_pp), C_PLAN,
+     "the pipeline's sends hidden behind compute: none; next (each behind the action after it, at least a "
+     "forward of its chunk: Megatron's --overlap-p2p-comm, interleaved schedules only)"},
+    {"hide-dp", O_STR, CO(hide_dp), C_PLAN,
+     "the DP gradients hidden behind compute: none; grads (the reduction behind the last micro-batch's "
+     "backward: our --overlap 1, Megatron's --overlap-grad-reduce); grads+params (and ZeRO's weight "
+     "all-gather behind the first forward: --overlap-param-gather)"},
+    {"lm-head", O_STR, CO(lm_head), C_PLAN,
+     "the LM head's GEMMs on a TP rank: whole (ours: every TP rank runs all of it) or tp (split over the TP "
+     "ranks: Megatron's vocab-parallel output layer); its memory is ours either way"},
     {"a2a-links", O_STR, CO(a2a_links), C_PLAN,
      "an EP all-to-all across nodes: flat (every row over the inter-node link), split (the own node's rows "
      "over NVLink beside the rest), deepep (DeepEP: a token's rows for one remote node cross the network "

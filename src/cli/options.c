@@ -293,6 +293,10 @@ void state_defaults(State *s) {
     strcpy(s->cli.combine, "f32");
     strcpy(s->cli.grouped_rate, "profile");
     strcpy(s->cli.memory_model, "ours");
+    strcpy(s->cli.hide_tp, "none");
+    strcpy(s->cli.hide_pp, "none");
+    strcpy(s->cli.hide_dp, "none");
+    strcpy(s->cli.lm_head, "whole");
 }
 
 // An option's --help text: "{presets}" in it stands for the names of the preset table (core/config.c).

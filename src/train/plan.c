@@ -51,89 +51,116 @@ static int spans_nodes(const MeshShape *s, int k, int n) {
     return 0;
 }
 
-// The compute seconds a step (every micro-batch) of layers layers, moe of them MoE layers, on one rank of m,
-// with the LM head and the MTP modules (each an MoE block, eh_proj and the LM head again) when last: their
-// share of the step's FLOPs at the profile's rates (the experts' under --precision fp8 at its fp8 rate: their
-// quantisation passes included; with sp->grouped_shape scaled to the nearest measured expert shape), the
-// recomputed forwards (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs; attn:
-// attention's forward, 1/3 of its). A dense layer (config dense_layers) runs its MLP at the dense rate and
-// has no router. *fwd: of the total, the forwards' (a third of the FLOPs but the recomputed ones, which run
-// in the backward); *grouped_s: the experts' seconds; *rate: their TFLOP/s.
-static double part_compute(const CostMesh *m, const ModelConfig *c, const TrainOptions *t, const PlanSpec *sp,
-                           int layers, int moe, int last, double *fwd, double *grouped_s, double *rate) {
+// A part of a stage's compute a step (every micro-batch): its seconds (all), of them the forwards' (fwd: a
+// third of the FLOPs but the recomputed ones, which run in the backward), the experts' (grouped) at their
+// rate (TFLOP/s), and the GEMMs of the TP-split layers (tp_gemm: the attention projections, a dense layer's
+// MLP; not the router, not the LM head), which TP communication overlap hides the TP collectives behind.
+typedef struct {
+    double all, fwd, grouped, rate, tp_gemm;
+} PartTimes;
+
+// The compute of layers layers, moe of them MoE layers, on one rank of m, with the LM head and the MTP
+// modules (each an MoE block, eh_proj and the LM head again) when last: their share of the step's FLOPs at
+// the profile's rates (the experts' under --precision fp8 at its fp8 rate: their quantisation passes
+// included; with sp->grouped_shape scaled to the nearest measured expert shape), the recomputed forwards
+// (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs; attn: attention's forward,
+// 1/3 of its). A dense layer (config dense_layers) runs its MLP at the dense rate and has no router. The LM
+// head runs whole on every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one).
+static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c, const TrainOptions *t,
+                         const PlanSpec *sp, int layers, int moe, int last) {
     const HwProfile *hw = &sp->hw;
     CostFlops f;
     cost_flops(&f, c, t->seq_len);
     double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp, D = last ? c->mtp_depth : 0,
            d = c->d_model, mlp = 2 * 3 * d * c->dense_d_ff;
     double grouped = tok * (moe + D) * f.experts / tp, attn = tok * (layers + D) * f.attn_scores / tp;
-    double dense = tok * (layers * (f.attn_proj + f.router) / tp + (last ? f.head : 0));
+    double head = sp->head_tp ? f.head / tp : f.head; // (ours whole on every TP rank; Megatron's split)
+    double dense = tok * (layers * (f.attn_proj + f.router) / tp + (last ? head : 0));
     // (each 0 without dense layers and MTP modules)
     dense += tok *
-        ((layers - moe) * (mlp - f.router) / tp + D * ((f.attn_proj + f.router) / tp + f.head + 4 * d * d));
+        ((layers - moe) * (mlp - f.router) / tp + D * ((f.attn_proj + f.router) / tp + head + 4 * d * d));
     double gr = t->precision == PREC_FP8 ? hw->fp8_grouped_tflops : hw->grouped_tflops;
     if (sp->grouped_shape) gr *= hwprofile_grouped_shape(c->d_model, c->d_ff, NULL);
     double dr = hw->dense_tflops * 1e12, ar = hw->attention_tflops * 1e12;
-    *fwd = (grouped / (gr * 1e12) + dense / dr + attn / ar) / 3;
+    pt->fwd = (grouped / (gr * 1e12) + dense / dr + attn / ar) / 3;
+    pt->tp_gemm = tok * ((layers + D) * f.attn_proj + (layers - moe) * mlp) / tp / dr;
     if (t->recompute & RECOMPUTE_MOE) grouped *= 1 + 2.0 / 9;
     if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
-    *grouped_s = grouped / (gr * 1e12);
-    *rate = gr;
-    return *grouped_s + dense / dr + attn / ar;
+    pt->grouped = grouped / (gr * 1e12);
+    pt->rate = gr;
+    pt->all = pt->grouped + dense / dr + attn / ar;
 }
 
-// Virtual stage v's layers (*layers) and MoE layers among them (*moe), the trainer's split (m->sp).
-static void vstage_layers(const CostMesh *m, const ModelConfig *c, int v, int *layers, int *moe) {
-    *layers = m->sp.first[v + 1] - m->sp.first[v];
-    *moe = 0;
-    for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) *moe += !config_layer_dense(c, l);
-}
+// A stage's chunks, walked once: each virtual stage's layers (the trainer's split, m->sp), MoE layers and
+// compute; the PP messages each sends (set by stage_pp); the stage's sums.
+typedef struct {
+    int n; // chunks (vpp); chunk ch is virtual stage ch x pp + s
+    int lay[STAGES_MAX], moe[STAGES_MAX], L, E, P; // layers, MoE layers; their sums; P the PP messages
+    PartTimes ch[STAGES_MAX];
+    double comp, adamw; // the chunks' compute; AdamW over the elements the stage updates
+    double fwd, grouped, rate, tp_gemm; // of comp, the forwards', the experts' (at rate), the TP-split GEMMs'
+    double on[STAGES_MAX], back[STAGES_MAX]; // each chunk's exposed PP seconds: output on, gradient back
+} StageWork;
 
-// Stage s's compute seconds on one rank: part_compute of the layers of its chunks (the last virtual stage's
-// head and MTP modules with them), and AdamW over the elements it updates.
-static double stage_compute(const CostMesh *m, int s, const ModelConfig *c, const TrainOptions *t,
-                            const PlanSpec *sp, double *grouped_s, double *rate) {
-    int layers = 0, moe = 0, last = 0, S = m->ms.pp * m->vpp;
+static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig *c, const TrainOptions *t,
+                       const PlanSpec *sp) {
+    int S = m->ms.pp * m->vpp;
+    memset(w, 0, sizeof *w);
+    w->n = m->vpp;
     for (int ch = 0; ch < m->vpp; ch++) {
-        int v = ch * m->ms.pp + s, n, e;
-        vstage_layers(m, c, v, &n, &e);
-        layers += n;
-        moe += e;
-        last |= v == S - 1;
+        int v = ch * m->ms.pp + s;
+        w->lay[ch] = m->sp.first[v + 1] - m->sp.first[v];
+        for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) w->moe[ch] += !config_layer_dense(c, l);
+        part_compute(&w->ch[ch], m, c, t, sp, w->lay[ch], w->moe[ch], v == S - 1);
+        w->L += w->lay[ch];
+        w->E += w->moe[ch];
+        w->P += (v < S - 1) + (v > 0);
+        w->comp += w->ch[ch].all;
+        w->fwd += w->ch[ch].fwd;
+        w->grouped += w->ch[ch].grouped;
+        w->tp_gemm += w->ch[ch].tp_gemm;
+        w->rate = w->ch[ch].rate;
     }
-    double fwd, mb = t->precision == PREC_BF16 ? 2.0 : 4.0,
-                per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written; bf16 w
+    double mb = t->precision == PREC_BF16 ? 2.0 : 4.0, per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written;
+                                                                                 // bf16 w
     double elems = m->stage[s].mem.moments / mb / 2;
-    return part_compute(m, c, t, sp, layers, moe, last, &fwd, grouped_s, rate) +
-        elems * per / (sp->hw.hbm_gbps * 1e9);
+    w->adamw = elems * per / (sp->hw.hbm_gbps * 1e9);
 }
 
-// Stage s's forward and backward times of one micro-batch in p: each of its virtual stages' own compute
-// (part_compute of its layers), the messages where they are sent (cs: the stage's exposed seconds a step, tp,
-// ep, etp, dp, pp): TP, EP and ETP per layer (the last two per MoE layer), half in the forward, half in the
-// backward; PP the forward's output on from all but the last virtual stage, the backward's gradient back from
-// all but the first; the rest of its busy time (rest: compute, AdamW and host overhead, the DP gradients,
-// once a step) spread in proportion to the compute.
-static void stage_times(PlanPipe *p, const CostMesh *m, const ModelConfig *c, const TrainOptions *t,
-                        const PlanSpec *sp, int s, double rest, const double *cs) {
-    int S = p->pp * p->vpp, lay[STAGES_MAX], moe[STAGES_MAX], L = 0, E = 0, P = 0;
-    double comp = 0, all[STAGES_MAX], fwd[STAGES_MAX], gs, rate;
-    for (int ch = 0; ch < p->vpp; ch++) {
-        int v = ch * p->pp + s;
-        vstage_layers(m, c, v, &lay[ch], &moe[ch]);
-        all[ch] = part_compute(m, c, t, sp, lay[ch], moe[ch], v == S - 1, &fwd[ch], &gs, &rate);
-        comp += all[ch];
-        L += lay[ch];
-        E += moe[ch];
-        P += (v < S - 1) + (v > 0);
+// The stage's PP messages, pp seconds a step (cs's pp: the forward's output on from all but the last virtual
+// stage, the backward's gradient back from all but the first, an equal share each), into w->on, w->back;
+// hide (Megatron's --overlap-p2p-comm, interleaved schedules only): each send behind the compute of the
+// action after it, at least a forward of the chunk it leaves (min(send, that forward)). Returns the exposed
+// seconds.
+static double stage_pp(StageWork *w, int pp, int s, double pp_s, int hide) {
+    int S = pp * w->n;
+    double exposed = 0;
+    for (int ch = 0; ch < w->n; ch++) {
+        int v = ch * pp + s;
+        double on = w->P ? pp_s * (v < S - 1) / w->P : 0, back = w->P ? pp_s * (v > 0) / w->P : 0;
+        if (hide && w->n > 1) {
+            on -= on < w->ch[ch].fwd ? on : w->ch[ch].fwd;
+            back -= back < w->ch[ch].fwd ? back : w->ch[ch].fwd;
+        }
+        w->on[ch] = on;
+        w->back[ch] = back;
+        exposed += on + back;
     }
-    double k = rest / comp;
-    for (int ch = 0; ch < p->vpp; ch++) {
+    return exposed;
+}
+
+// Stage s's forward and backward times of one micro-batch in p: each of its virtual stages' own compute, the
+// messages where they are sent (cs: the stage's exposed seconds a step, tp, ep, etp, dp, pp): TP, EP and ETP
+// per layer (the last two per MoE layer), half in the forward, half in the backward; PP as stage_pp placed
+// them; the rest of its busy time (rest: compute, AdamW and host overhead, the DP gradients, once a step)
+// spread in proportion to the compute.
+static void stage_times(PlanPipe *p, const StageWork *w, int s, double rest, const double *cs) {
+    double k = rest / w->comp;
+    for (int ch = 0; ch < w->n; ch++) {
         int v = ch * p->pp + s;
-        double msg = cs[0] * lay[ch] / L + (E ? (cs[1] + cs[2]) * moe[ch] / E : 0);
-        double on = P ? cs[4] * (v < S - 1) / P : 0, back = P ? cs[4] * (v > 0) / P : 0;
-        p->tf[v] = (k * fwd[ch] + msg / 2 + on) / p->micro;
-        p->tb[v] = (k * (all[ch] - fwd[ch]) + msg / 2 + back) / p->micro;
+        double msg = cs[0] * w->lay[ch] / w->L + (w->E ? (cs[1] + cs[2]) * w->moe[ch] / w->E : 0);
+        p->tf[v] = (k * w->ch[ch].fwd + msg / 2 + w->on[ch]) / p->micro;
+        p->tb[v] = (k * (w->ch[ch].all - w->ch[ch].fwd) + msg / 2 + w->back[ch]) / p->micro;
     }
 }
 
@@ -241,6 +268,33 @@ static double ep_link_seconds(double B, const MeshShape *ms, const ModelConfig *
     return rdma > nv ? rdma : nv;
 }
 
+static double min2(double a, double b) { return a < b ? a : b; }
+
+// The seconds of each kind of stage s's communication (cs: exposed a step, tp, ep, etp, dp, pp) the
+// PlanSpec's mechanisms hide behind compute (w: the stage's), each min(the messages, the compute they overlap
+// with), into hid (pp: stage_pp's): the all-to-all per micro-batch behind the experts' GEMMs of another
+// chunk (experts) or behind the compute of the micro-batch 1F1B pairs it with in the steady phase (1f1b); TP
+// collectives behind the TP-split layers' GEMMs (TE's userbuffers, --tp-comm-overlap); the gradient reduction
+// (zero 0, 1: an all-reduce, 2 of the 3 parts ZeRO 1 sends; zero 2: the reduce-scatter, 1 of 2) behind the
+// backward of the last micro-batch, whose buckets it reduces as their gradients are final (our --overlap 1,
+// Megatron's --overlap-grad-reduce), with grads+params ZeRO's weight all-gather (the rest) behind the forward
+// of the next step's first micro-batch (Megatron's --overlap-param-gather).
+static void stage_hidden(double *hid, const double *cs, const StageWork *w, const CostMesh *m, int s,
+                         int zero, const PlanSpec *sp) {
+    double comp = w->comp + w->adamw;
+    memset(hid, 0, 5 * sizeof *hid);
+    // (each micro-batch's share of the all-to-all and of the compute is the same)
+    hid[1] = sp->hide_a2a == PLAN_HIDE_EXPERTS ? min2(cs[1], w->grouped)
+        : sp->hide_a2a == PLAN_HIDE_1F1B       ? steady_fraction(m, s) * min2(cs[1], comp)
+                                               : 0;
+    if (sp->hide_tp) hid[0] = min2(cs[0], w->tp_gemm);
+    if (sp->hide_dp) {
+        double red = zero == 2 ? 1 : 2, parts = red + (zero ? 1 : 0), r = cs[3] * red / parts;
+        hid[3] = min2(r, (w->comp - w->fwd) / m->micro);
+        if (sp->hide_dp == PLAN_HIDE_DP_PARAMS) hid[3] += min2(cs[3] - r, w->fwd / m->micro);
+    }
+}
+
 // The refusals before the cost model: the mesh, the layers' split, the batch, the schedule.
 static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const TrainOptions *o,
                                 const PlanSpec *sp, const PlanLayout *l, const char *split, int *reason) {
@@ -342,21 +396,22 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         row->mem_headroom = head > row->mem_headroom ? head : row->mem_headroom;
         const CostComm *cm = &st->comm16; // the cuda backend's rows to the experts in bf16
         double ep = cm->ep - (sp->combine_bf16 ? cm->ep_back / 2 : 0);
-        double kind[5] = {cm->tp, ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5], gs, rate;
+        double kind[5] = {cm->tp, ep, cm->etp, cm->dp, cm->pp}, comm = 0, cs[5], hid[5];
         for (int k = 0; k < 5; k++) cs[k] = sp->exposed * kind[k] / bw[k];
         if (sp->a2a_links && row->inter[1] && ep > 0) cs[1] = sp->exposed * ep_link_seconds(ep, &ms, c, sp);
-        double comp = stage_compute(&m, s, c, &t, sp, &gs, &rate), launches, syncs;
-        // the all-to-all behind compute, per micro-batch (each micro-batch's share of both is the same)
-        double hide = sp->hide_a2a == PLAN_HIDE_EXPERTS ? (cs[1] < gs ? cs[1] : gs)
-            : sp->hide_a2a == PLAN_HIDE_1F1B ? steady_fraction(&m, s) * (cs[1] < comp ? cs[1] : comp)
-                                             : 0;
-        cs[1] -= hide;
+        StageWork w;
+        stage_work(&w, &m, s, c, &t, sp);
+        double comp = w.comp + w.adamw, launches, syncs;
+        stage_hidden(hid, cs, &w, &m, s, t.zero, sp);
+        for (int k = 0; k < 4; k++) cs[k] -= hid[k];
+        double pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp);
+        if (sp->hide_pp) hid[4] = cs[4] - pp_all, cs[4] = pp_all;
         for (int k = 0; k < 5; k++) comm += cs[k];
         double host = stage_host(&m, s, hw, comp, &launches, &syncs);
         pipe->part[s][0] = comp + host;
         pipe->part[s][1] = comm - cs[3];
         pipe->part[s][2] = cs[3];
-        stage_times(pipe, &m, c, &t, sp, s, comp + host + cs[3], cs);
+        stage_times(pipe, &w, s, comp + host + cs[3], cs);
         if (comp + host + comm > busy) {
             busy = comp + host + comm;
             row->compute = comp;
@@ -364,9 +419,9 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
             row->launches = launches;
             row->syncs = syncs;
             row->comm = comm;
-            row->hidden_ep = hide;
-            row->grouped_tflops = rate;
+            row->grouped_tflops = w.rate;
             memcpy(row->comm_kind, cs, sizeof cs);
+            memcpy(row->hidden, hid, sizeof hid);
         }
     }
     if (sp->grouped_shape) hwprofile_grouped_shape(c->d_model, c->d_ff, &row->shape);

@@ -16,7 +16,9 @@
 //    the mechanisms of a Megatron-Core run, each off by default (PlanSpec): the all-to-all hidden behind
 //    compute (min(all-to-all, the compute it overlaps) per micro-batch), the links an all-to-all across nodes
 //    takes (NVLink beside the network; DeepEP's node deduplication), the rows back in bf16, the experts'
-//    rate at the nearest measured shape, Megatron's distributed-optimizer memory, a given inter-node rate;
+//    rate at the nearest measured shape, Megatron's distributed-optimizer memory, a given inter-node rate,
+//    the TP collectives, the pipeline's sends and the DP gradients each hidden behind the compute it
+//    overlaps (min(messages, that compute)), the LM head split over TP;
 //  - dense layers (config dense_layers) run their MLP at the dense rate; the last stage also runs the MTP
 //    modules;
 //  - host overhead: the backend ops a step launches (counted per layer, micro-batch and step from the
@@ -65,7 +67,8 @@ typedef struct {
     double bubble; // the simulated bubble fraction: the stages' mean idle over the step
     double step, tokens_s, mfu; // seconds a step, tokens/s, model FLOPs / (GPUs x peak)
     double comm_kind[5]; // exposed seconds: tp, ep, etp, dp, pp (of the slowest stage)
-    double hidden_ep; // of that stage's all-to-all, the seconds hidden behind compute (--hide-a2a)
+    double hidden[5]; // of that stage's tp, ep, etp, dp, pp messages, the seconds hidden behind compute
+                      // (--hide-tp, --hide-a2a, --hide-dp, --hide-pp; etp none)
     double grouped_tflops; // the rate its experts were counted at
     const char *shape; // with PlanSpec.grouped_shape: the measured expert shape that rate is scaled to
     int inter[5]; // 1: that kind's groups span nodes
@@ -79,6 +82,10 @@ enum { PLAN_HIDE_NONE, PLAN_HIDE_EXPERTS, PLAN_HIDE_1F1B };
 // inter-node link), split (the own node's rows over NVLink beside the rest), deepep (DeepEP's node
 // deduplication: a token's rows for one remote node cross the network once).
 enum { PLAN_LINKS_FLAT, PLAN_LINKS_SPLIT, PLAN_LINKS_DEEPEP };
+// The DP gradients hidden behind compute (--hide-dp): none; the reduction behind the last micro-batch's
+// backward (our --overlap 1, Megatron's --overlap-grad-reduce); and ZeRO's weight all-gather behind the
+// first micro-batch's forward (Megatron's --overlap-param-gather).
+enum { PLAN_HIDE_DP_NONE, PLAN_HIDE_DP_GRADS, PLAN_HIDE_DP_PARAMS };
 
 // What to plan for.
 typedef struct {
@@ -93,6 +100,12 @@ typedef struct {
                       // (ours)
     int grouped_shape; // 1: the experts' rate scaled to the nearest measured expert shape
                        // (hwprofile_grouped_shape); 0: the profile's rate at every shape
+    int hide_tp; // 1: the TP collectives behind the TP-split layers' GEMMs (TE's --tp-comm-overlap)
+    int hide_pp; // 1: each pipeline send behind the compute after it, interleaved schedules only (Megatron's
+                 // --overlap-p2p-comm, on by default there)
+    int hide_dp; // PLAN_HIDE_DP_*
+    int head_tp; // 1: the LM head's GEMMs split over the TP ranks (Megatron's vocab-parallel output layer);
+                 // 0: whole on every TP rank of the last stage (ours)
     int megatron_memory; // 1: the weights, gradients and optimizer state as Megatron's distributed optimizer
                          // keeps them (bf16 weights, float32 gradients, float32 master weights and moments
                          // sharded over the data-parallel group: 6 + 12 / DP bytes a parameter) in place of

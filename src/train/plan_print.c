@@ -51,6 +51,15 @@ static void print_head(const PlanSpec *sp, const TrainOptions *o) {
                sp->megatron_memory ? "Megatron's distributed optimizer (6 + 12 / DP bytes a parameter)"
                                    : "ours (cuda)",
                sp->hw.internode_gbps);
+    static const char *const dp[3] = {"none", "the reduction (--overlap-grad-reduce)",
+                                      "the reduction and the weights' all-gather (--overlap-grad-reduce, "
+                                      "--overlap-param-gather)"};
+    if (sp->hide_tp || sp->hide_pp || sp->hide_dp)
+        printf(
+            "Megatron-Core's overlaps: TP collectives hidden: %s; pipeline sends hidden: %s; DP hidden: %s\n",
+            sp->hide_tp ? "behind their GEMMs (--tp-comm-overlap)" : "none",
+            sp->hide_pp ? "behind the next action (--overlap-p2p-comm, interleaved)" : "none",
+            dp[sp->hide_dp]);
 }
 
 void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOptions *o, int top,
@@ -106,7 +115,10 @@ void plan_print_explain(const PlanRow *w, const PlanPipe *pipe, const PlanSpec *
     for (int k = 0; k < 5; k++)
         printf("exposed %-13s %8.2f ms (%s)\n", kinds[k], 1e3 * w->comm_kind[k],
                w->inter[k] ? "between nodes" : "NVLink");
-    if (sp->hide_a2a) printf("all-to-all hidden behind compute: %.2f ms\n", 1e3 * w->hidden_ep);
+    if (sp->hide_a2a) printf("all-to-all hidden behind compute: %.2f ms\n", 1e3 * w->hidden[1]);
+    if (sp->hide_tp) printf("TP collectives hidden behind the TP-split GEMMs: %.2f ms\n", 1e3 * w->hidden[0]);
+    if (sp->hide_dp) printf("DP gradients hidden behind compute: %.2f ms\n", 1e3 * w->hidden[3]);
+    if (sp->hide_pp) printf("pipeline sends hidden behind compute: %.2f ms\n", 1e3 * w->hidden[4]);
     if (pipe->pp > 1) {
         printf("stages' busy time (compute, host overhead, exposed comm):");
         for (int s = 0; s < pipe->pp; s++)
