@@ -225,6 +225,27 @@ for cap in "" 264 263 0; do
      grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap'"
   else fail "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
 done
+# The lean MoE backward scratch (moe.h moe_scratch_init) on the cuda figure, the same model (16384 routed
+# rows, d 2048, f 5632, no shared expert, TP 1): the experts' input gradient dxg in the layer's yg, 16384 x
+# 2048 floats = 128 MiB; the TP slice's dx (only where TP > 1) and the forward's MoE output (in dxn), 8192 x
+# 2048 floats = 64 MiB each; dh1 and dh3 over h1 and h3, 2 x 16384 x 5632 bf16 = 352 MiB, but under fp8 (the
+# FP8 table's fused kernels keep their own buffers): 608.00 MiB (bf16), 256.00 MiB (fp8), none with
+# MOE_ACT_MEM_OLD=1 (the bf16 total then 608 MiB more: 47.71 -> 48.30 GiB).
+for p in bf16:608.00 fp8:256.00 old:; do
+  prec=${p%%:*} want=${p#*:} ev= ok=0
+  [ $prec = old ] && prec=bf16 ev=1
+  if env MOE_ACT_MEM_OLD=$ev "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision $prec \
+       >"$OUT_FILE" 2>"$ERR_FILE"; then
+    if [ -n "$want" ]; then
+      grep -qF "workspace 296.50 MiB) - lean backward scratch $want MiB, 16.50 GiB" "$OUT_FILE" && ok=1
+    else
+      ! grep -q "lean backward" "$OUT_FILE" && grep -qF "): 48.30 GiB plus" "$OUT_FILE" && ok=1
+    fi
+  fi
+  if [ $ok = 1 ]; then pass "moe info: the lean MoE scratch, $p"
+  else fail "moe info: the lean MoE scratch, $p (want '$want')"; show_output; fi
+done
+run_fail "MOE_ACT_MEM_OLD must be 0" env MOE_ACT_MEM_OLD=yes "${T[@]}" --force
 # --precision fp8 adds the FP8 table's two scratch buffers (cuda_fp8_ops.cu), the same model: 16384 routed
 # rows over 8 experts (2048 each: padded to 128, P = 16384 columns), d 2048, f 5632:
 #  - float32 rows inside a fused op: h1 and h3 of the up projection, 2 x 4 x 16384 x 5632 = 704 MiB (the

@@ -238,10 +238,12 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->scope_tokens = xcalloc(La, sizeof(int64_t));
     for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
-    m->moe_out = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
     m->attv->scratch_init(m);
     moe_scratch_init(&m->ms, be, c, m->maxN);
+    // the forward's MoE output in the backward's dxn where the MoE scratch is lean (moe.h): each is written
+    // and read inside one block's forward, or one backward, and neither runs inside the other
+    m->moe_out = m->ms.lean_rows ? m->dxn : be->alloc(N * d * F);
     m->expert_counts = xcalloc(La * c->n_experts, sizeof(int64_t));
     m->loss_h = xmalloc(N * F);
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
@@ -425,8 +427,8 @@ void model_free(Model *m) {
         free(m->slots[k]);
     }
     m->attv->scratch_free(m);
-    void *bufs[] = {m->params, m->grads, m->dres,   m->moe_out, m->dxn,
-                    m->rc.h1,  m->rc.h3, m->rc.act, m->ddrop};
+    void *bufs[] = {m->params, m->grads,  m->dres, m->moe_out == m->dxn ? NULL : m->moe_out, m->dxn, m->rc.h1,
+                    m->rc.h3,  m->rc.act, m->ddrop};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);

@@ -144,7 +144,8 @@ typedef struct Model {
     // backward scratch
     float *dres, *dxn; // (N,d) the gradients of the residual stream and of a norm's output
     float *moe_out; // (maxN,d) a block's MoE output until it joins the residual stream (forward
-                    // only: one for every layer and slot)
+                    // only: one for every layer and slot; dxn's memory where the MoE scratch is lean:
+                    // moe.h moe_scratch_init)
     AttnScratch attn; // the attention variant's
     float *ddrop; // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
     float *loss_h; // (maxN) host: the forward's per-token losses, summed

@@ -8,6 +8,7 @@
 #include "core/common.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "moe/moe.h"
 #include "train/schedule.h"
 
 // Latent attention's (config.h): its projections' parameters (q_a with its norm and q_b, or q; kv_a, the
@@ -188,6 +189,20 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
     double moe = 4.0 * (N * d + N * c->n_experts + R + Re * d + (lo ? 0 : R * d)) +
         hb * (R * d + (lo ? 0 : Re * d)) + hb * 2 * Re * fl + (fs ? 4.0 * N + hb * N * (d + 2 * fs) : 0);
     return model + moe;
+}
+// Of acts_scratch, the bytes the cuda backend's lean MoE scratch does without (moe.h moe_scratch_init; none
+// under MOE_ACT_MEM_OLD=1): the experts' input gradient dxg (Re rows of d float32: written into the layer's
+// yg), the TP slice's dx (N rows of d float32: allocated only where TP > 1), the forward's MoE output (N
+// rows of d float32: in dxn) and, without an FP8 table (fp8 0), the bf16 dh1 and dh3 (Re rows of fl each:
+// over h1 and h3) and the shared expert's (N rows of fs each). rows: only the part sized by the rows the
+// rank's experts receive (acts_routed's dxg and dh1, dh3; 0 where the exchange is local).
+static double acts_lean(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int fp8, int rows) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t N = B * T, d = c->d_model, Ns = (N + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k,
+           fl = (size_t)c->d_ff / etp, fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    if (moe_act_mem_old() || (rows && local_exchange(ms))) return 0;
+    double expert = 4.0 * Re * d + (fp8 ? 0 : 2.0 * 2 * Re * fl);
+    return rows ? expert : expert + 4.0 * N * d * (tp == 1) + 4.0 * N * d + (fp8 ? 0 : 2.0 * N * 2 * fs);
 }
 // The activations of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) {
@@ -407,7 +422,8 @@ static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
 // bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
 // the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
 // fp8 the FP8 table's two (cuda_fp8_scratch) and the weight codes it keeps (cuda_fp8_kept: of the layers and
-// experts lt holds; NULL: the whole model).
+// experts lt holds; NULL: the whole model); less the backward scratch the lean MoE scratch does without
+// (acts_lean).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
                         size_t B, size_t T, int inst, double np, double held, int meshed, int head,
                         const ParamTable *lt) {
@@ -424,8 +440,11 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) + k->kept : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
-    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone;
-    k->routed = acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2);
+    int fp8 = o->precision == PREC_FP8;
+    k->lean = acts_lean(c, ms, B, T, fp8, 0);
+    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone - k->lean;
+    k->routed =
+        acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2) - acts_lean(c, ms, B, T, fp8, 1);
 }
 
 void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed) {
