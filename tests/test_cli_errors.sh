@@ -225,6 +225,19 @@ for cap in "" 264 263 0; do
      grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap'"
   else fail "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
 done
+# Latent attention's workspace (cost.c mla_workspace: cuda_attention_mla.cu's backward at q head width 192,
+# value width 128), DeepSeek-V3 at batch 1 x 4096 (128 heads, one kv head each): D 128 x 4096 floats = 2 MiB,
+# dout's rows in bf16 4096 x 128 x 192 x 2 B = 192 MiB, and the dS scratch: a (sequence, head) pair holds
+# 64 x 65 / 2 tiles of 64 x 64 bf16 = 16.25 MiB, at most 64 x 67 / 2 tiles (17.5625 MiB) are counted for the
+# fit, within min(MOE_ATTN_DS_MB 1024 MiB, 8 B a q element = 768 MiB): 43 heads, so 3 passes of 43 heads,
+# 698.75 MiB: 892.75 MiB in all (the float32 fallback's 16 B a q element, 1.50 GiB, counted before); with
+# MOE_ATTN_DS_MB=0 no scratch: 194.00 MiB.
+for cap in "" 0; do
+  want="workspace 892.75 MiB)"; [ "$cap" = 0 ] && want="workspace 194.00 MiB)"
+  if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset deepseek-v3 --batch 1 --seq-len 4096 >"$OUT_FILE" 2>"$ERR_FILE" &&
+     grep -qF "$want" "$OUT_FILE"; then pass "moe info: latent attention's workspace, MOE_ATTN_DS_MB='$cap'"
+  else fail "moe info: latent attention's workspace, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
+done
 # The lean MoE backward scratch (moe.h moe_scratch_init) on the cuda figure, the same model (16384 routed
 # rows, d 2048, f 5632, no shared expert, TP 1): the experts' input gradient dxg in the layer's yg, 16384 x
 # 2048 floats = 128 MiB; the TP slice's dx (only where TP > 1) and the forward's MoE output (in dxn), 8192 x

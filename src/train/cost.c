@@ -304,20 +304,40 @@ static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double N
     return cap;
 }
 
+// Latent attention's backward on the Hopper kernels (cuda_attention_mla.cu cuda_attention_bwd_tcv, its
+// default way, over whole sequences), workspace bytes: D (B, H, T) float and dout's rows in bf16 (2 bytes a q
+// element), each 256-aligned, then the dS scratch of as many (sequence, kv head) pairs as fit in the smaller
+// of MOE_ATTN_DS_MB and 8 bytes a q element, in passes as even as they can be (none fit: dS computed again,
+// and dout's rows unaligned).
+static double mla_workspace(int B, int T, int H, int KV, int hd) {
+    size_t ng = (size_t)B * T * H * hd, nd = ((size_t)B * H * T * 4 + 255) & ~(size_t)255, rep = H / KV;
+    size_t nT = ((size_t)T + 63) / 64, pair = rep * (nT * (nT + 1) / 2) * 8192,
+           most = rep * (nT * (nT + 3) / 2) * 8192;
+    size_t cap = (size_t)attention_ds_cap_mb() << 20, room = 8 * ng, fit = (cap < room ? cap : room) / most;
+    size_t heads = fit < 65535 ? fit : 65535;
+    if (!heads) return (double)(nd + 2 * ng);
+    size_t whole = heads >= (size_t)B * KV, per = heads < (size_t)KV ? heads : (size_t)KV;
+    size_t np = whole ? 1 : (KV + per - 1) / per, hp = (KV + np - 1) / np;
+    return (double)(nd + ((2 * ng + 255) & ~(size_t)255) + (whole ? (size_t)B * KV : hp) * pair);
+}
+
 // The cuda backend's workspace (cuda_backend.cu cuda_workspace) on a rank running B sequences of T tokens
 // with its heads (the router's Ns rows): one buffer grown to the largest request, at least 1 MiB: the
 // attention backward's (the tensor-core path at head dims 32, 64, 128: D, dout in bf16 and, at 128, dS: ops.h
 // attention_ds_bytes; otherwise the float32 kernels' D, with q, k, v and out widened to float32 in a buffer
-// of their own, added), the router's weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums
-// of 128 rows each), the norms' (double sums of 64 rows each).
+// of their own, added; latent attention at q head width 192 and value width 128: mla_workspace), the router's
+// weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums of 128 rows each), the norms' (double
+// sums of 64 rows each).
 static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_t T, double Ns) {
     int H = c->n_heads / tp, KV = (int)(att_kvd(c, tp) / att_hd(c)), hd = (int)att_hd(c);
     double N = (double)B * T, qd = (double)H * hd, kvd = (double)KV * hd;
     int tc = (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0;
+    int wg = config_mla(c) && hd == 192 && c->v_head_dim == 128 && KV > 0 && H % KV == 0;
     double att = tc ? al256(4 * N * H) + al256(2 * N * qd) +
             al256((double)attention_ds_bytes((int)B, (int)T, H, hd, 0, (int)T))
-                    : 4 * N * H;
-    double wide = tc ? 0 : 4 * (2 * N * qd + 2 * N * kvd);
+        : wg ? mla_workspace((int)B, (int)T, H, KV, hd)
+             : 4 * N * H;
+    double wide = tc || wg ? 0 : 4 * (2 * N * qd + 2 * N * kvd);
     double router =
         c->n_experts <= MOE_GEMM_FP32_MAX_O ? 4.0 * c->n_experts * c->d_model * ceil(Ns / 128) : 0;
     double norm = 8.0 * ceil(N / 64) * c->d_model;
