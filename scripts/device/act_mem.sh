@@ -4,28 +4,21 @@
 # buffers (MOE_ACT_MEM_OLD=1) in one binary. Prepare here (.gpu is an ignored folder):
 #   cmake --build build -j2 && bash scripts/device/pack_libs.sh .gpu
 # then run `bash scripts/device/act_mem.sh` with carry [".gpu"] (about 4 minutes; PARTS selects, default
-# "tests same step"). Progress in $OUT/act_mem.txt as it is made.
+# "tests step same"). Progress in $OUT/act_mem.txt as it is made.
 #   tests: test_cuda_model (cuda bf16 against the bf16 reference: its loss band)
-#   same:  scripts/same_bits.sh's one-process run, old (MOE_ACT_MEM_OLD=1) against new, byte for byte, on cuda
-#          under --precision bf16 and mixed, and bf16 with a shared expert, --recompute moe and AMPipe
-#          chunks (the small shapes take the unfused SwiGLU backward: swiglu_bwd_k in place)
 #   step:  the PEERS.md reference model under --precision bf16 (12 steps, random tokens as full_step.sh makes
 #          them), new then old: tokens/s of steps 4-12 (median), peak GPU memory (nvidia-smi, polled), the
 #          metrics lines compared without their timing fields (the wgmma SwiGLU backward in place), and moe
 #          info's prediction for each
+#   same:  scripts/same_bits.sh's one-process run, old (MOE_ACT_MEM_OLD=1) against new, byte for byte, on cuda
+#          under --precision bf16 and mixed, and bf16 with a shared expert, --recompute moe and AMPipe
+#          chunks (the small shapes take the unfused SwiGLU backward: swiglu_bwd_k in place)
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start act_mem 290
-PARTS=${PARTS:-tests same step}
+PARTS=${PARTS:-tests step same}
 printf '#!/bin/sh\nMOE_ACT_MEM_OLD=1 exec %s "$@"\n' "$B/moe" > $W/moe_old; chmod +x $W/moe_old
 if has tests; then
   t model 120 $B/test_cuda_model; test_line model
-fi
-if has same; then
-  for f in "--precision bf16" "--precision mixed" \
-           "--precision bf16 --n-shared-experts 1 --shared-d-ff 32 --recompute moe --ampipe 2"; do
-    t same 60 env SAME_BITS_FLAGS="--device cuda $f" bash scripts/same_bits.sh $W/moe_old $B/moe one
-    say "   same_bits ($f): $(tail -1 $W/same.log)"
-  done
 fi
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
@@ -33,7 +26,7 @@ P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 
 # `run NAME BIN`: the step's run, its peak, the median tokens/s of steps 4-12, moe info's figure
 run() {
   mem_start
-  t $1 75 stdbuf -oL $2 train $P --out $W/$1
+  t $1 120 stdbuf -oL $2 train $P --out $W/$1
   local peak=$(mem_peak)
   local tps=$(grep -oE '"step":([4-9]|1[0-2]),.*"tokens_per_s":[0-9.]+' $W/$1/metrics.jsonl |
               grep -oE '"tokens_per_s":[0-9.]+' | cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
@@ -49,5 +42,12 @@ if has step; then
   if [ -s $W/new/metrics.jsonl ] && cmp -s <(strip $W/new/metrics.jsonl) <(strip $W/old/metrics.jsonl); then
     say "   metrics: new and old the same bits ($(wc -l < $W/new/metrics.jsonl) lines)"
   else say "   metrics: new and old DIFFER"; diff <(strip $W/new/metrics.jsonl) <(strip $W/old/metrics.jsonl) | head -6 | tee -a $R; fi
+fi
+if has same; then
+  for f in "--precision bf16" "--precision mixed" \
+           "--precision bf16 --n-shared-experts 1 --shared-d-ff 32 --recompute moe --ampipe 2"; do
+    t same 60 env SAME_BITS_FLAGS="--device cuda $f" bash scripts/same_bits.sh $W/moe_old $B/moe one
+    say "   same_bits ($f): $(tail -1 $W/same.log)"
+  done
 fi
 say "$(date -u) done"
