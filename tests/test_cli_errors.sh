@@ -243,14 +243,18 @@ done
 # 2048 floats = 128 MiB; the TP slice's dx (only where TP > 1) and the forward's MoE output (in dxn), 8192 x
 # 2048 floats = 64 MiB each; dh1 and dh3 over h1 and h3, 2 x 16384 x 5632 bf16 = 352 MiB, but under fp8 (the
 # FP8 table's fused kernels keep their own buffers): 608.00 MiB (bf16), 256.00 MiB (fp8), none with
-# MOE_ACT_MEM_OLD=1 (the bf16 total then 608 MiB more: 47.71 -> 48.30 GiB).
+# MOE_ACT_MEM_OLD=1. With it, layer 0's activations also live in the embedding's gradient (32000 x 2048
+# floats = 250 MiB, less than the layer's 1104.81 MiB): lent 16.50 GiB (15 layers' and the logits' 1056 MiB
+# each, their expert gradients' size) + 250 MiB = 16.74 GiB; the bf16 total 608 + 250 = 858 MiB (0.838 GiB)
+# below MOE_ACT_MEM_OLD=1's 48.30 GiB: 47.46 GiB.
 for p in bf16:608.00 fp8:256.00 old:; do
   prec=${p%%:*} want=${p#*:} ev= ok=0
   [ $prec = old ] && prec=bf16 ev=1
   if env MOE_ACT_MEM_OLD=$ev "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision $prec \
        >"$OUT_FILE" 2>"$ERR_FILE"; then
     if [ -n "$want" ]; then
-      grep -qF "workspace 296.50 MiB) - lean backward scratch $want MiB, 16.50 GiB" "$OUT_FILE" && ok=1
+      grep -qF "workspace 296.50 MiB) - lean backward scratch $want MiB, 16.74 GiB" "$OUT_FILE" && ok=1
+      [ $prec = bf16 ] && ! grep -qF "): 47.46 GiB plus" "$OUT_FILE" && ok=0
     else
       ! grep -q "lean backward" "$OUT_FILE" && grep -qF "): 48.30 GiB plus" "$OUT_FILE" && ok=1
     fi

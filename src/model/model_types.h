@@ -194,6 +194,8 @@ typedef struct Model {
     int *moe_mode; // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int *ampipe; // (L) each layer's AMPipe chunks in training forwards (1 = none)
     int share_grads; // model_share_grads
+    size_t embed_lent; // the bytes of the embedding's gradient, where it holds layer 0's activations (lent
+                       // with the lean MoE scratch: moe.h); model_backward zeroes it before its backward
     int expert_gbf; // model_set_expert_grads (ops.h OPTG_*)
     int recompute; // RECOMPUTE_* bits (model_set_recompute)
     MoeRecompute rc; // --recompute moe: every layer's experts' SwiGLU rows, shared

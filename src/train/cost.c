@@ -228,7 +228,8 @@ static double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B
 // --grad-memory shared (with --grad-accum 1 and no --pp: model.h model_share_grads): the activation bytes
 // that live in the expert gradients' memory on one rank (about: a buffer that does not fit whole goes to the
 // allocator, where this counts the part that would fit): each layer's but the first, up to the previous
-// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows.
+// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows, where
+// the lean MoE scratch (moe.h moe_scratch_init) also lends layer 0 the embedding's gradient (model_state.c).
 static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
                         int hid) {
     int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
@@ -236,7 +237,8 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
     double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
     double la = acts_layer(c, ms, B, T, 0) - acts_dropped(c, ms, B, T, o->recompute);
     if (hid) la -= acts_hid_saved(c, ms, B, T, o->recompute);
-    return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g);
+    double emb = hid && !moe_act_mem_old() ? fmin(la, 4.0 * c->vocab_size * c->d_model) : 0;
+    return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g) + emb;
 }
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return o->precision == PREC_BF16 ? 2.0 : 4.0; }

@@ -99,7 +99,7 @@ static void print_cuda(const CostCuda *k, const char *head) {
     }
     printf(
         "%s - bf16 rows %s + bf16 weights %s%s + scratch %s (bf16 GEMM operands %s, workspace %s)%s, %s of "
-        "the activations in the expert gradients' memory): %s plus the CUDA context\n",
+        "the activations in the gradients' memory): %s plus the CUDA context\n",
         head, b1, b2, b5, b3, g, ws, ln, bl, b4);
 }
 
