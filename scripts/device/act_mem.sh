@@ -10,9 +10,11 @@
 #          them), new then old: tokens/s of steps 4-12 (median), peak GPU memory (nvidia-smi, polled), the
 #          metrics lines compared without their timing fields (the wgmma SwiGLU backward in place), and moe
 #          info's prediction for each
-#   same:  scripts/same_bits.sh's one-process run, old (MOE_ACT_MEM_OLD=1) against new, byte for byte, on cuda
-#          under --precision bf16 and mixed, and bf16 with a shared expert, --recompute moe and AMPipe
-#          chunks (the small shapes take the unfused SwiGLU backward: swiglu_bwd_k in place)
+#   same:  scripts/same_bits.sh's one-process runs (one; resume: --grad-memory shared, layer 0 in the
+#          embedding's gradient), old (MOE_ACT_MEM_OLD=1) against new, byte for byte, on cuda under --precision
+#          bf16 (a vocabulary of 2048: the embedding's gradient holds most of layer 0) and mixed, and bf16 with a
+#          shared expert, --recompute moe and AMPipe chunks (the small shapes take the unfused SwiGLU
+#          backward: swiglu_bwd_k in place)
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start act_mem 290
 PARTS=${PARTS:-tests step same}
@@ -44,9 +46,9 @@ if has step; then
   else say "   metrics: new and old DIFFER"; diff <(strip $W/new/metrics.jsonl) <(strip $W/old/metrics.jsonl) | head -6 | tee -a $R; fi
 fi
 if has same; then
-  for f in "--precision bf16" "--precision mixed" \
+  for f in "--precision bf16 --vocab-size 2048" "--precision mixed" \
            "--precision bf16 --n-shared-experts 1 --shared-d-ff 32 --recompute moe --ampipe 2"; do
-    t same 60 env SAME_BITS_FLAGS="--device cuda $f" bash scripts/same_bits.sh $W/moe_old $B/moe one
+    t same 90 env SAME_BITS_FLAGS="--device cuda $f" bash scripts/same_bits.sh $W/moe_old $B/moe one resume
     say "   same_bits ($f): $(tail -1 $W/same.log)"
   done
 fi
