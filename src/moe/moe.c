@@ -45,12 +45,6 @@ static void scratch_buffers(MoeScratch *s, const MoeLayer *m) {
     if (!s->lean_dh) moe_grown_n(be, NULL, bf, 2, &s->cap_f, nf);
 }
 
-// The gradient of my slice of the MoE input where TP > 1 (dxj: allocated here at the first use when lean).
-static float *tp_dx(MoeScratch *s) {
-    if (!s->dxj) s->dxj = s->be->alloc((size_t)s->maxN * s->d * F);
-    return s->dxj;
-}
-
 // The router block for Ns rows (byte offsets): sums (E+1 doubles), the plan's slot counts (k*E
 // int32), idx, w, logits, probs (up to idx copied to the host in training, all of it with
 // host_router_out, in one copy), then lse (device only). 256-byte aligned sections.
@@ -604,7 +598,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
     if (m->dense) { // the MLP's backward on my slice (it writes dxin), all-gathered over TP
         int TP = comm_size(m->cm.tp);
-        float *dxin = TP > 1 ? tp_dx(s) : dx;
+        float *dxin = TP > 1 ? moe_tp_dx(s) : dx;
         moe_shared_backward(m, s, dxin, dy + (size_t)m->s0 * m->d, x + (size_t)m->s0 * m->d, w, g);
         if (TP > 1) tp_gather(m, dxin, dx);
         return;
@@ -659,7 +653,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     g->fresh = 0; // the expert gradients hold this backward's share now
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order); without TP
     // my slice is the whole dx, which this writes in place
-    float *dxin = TP > 1 ? tp_dx(s) : dx;
+    float *dxin = TP > 1 ? moe_tp_dx(s) : dx;
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row

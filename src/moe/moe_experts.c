@@ -320,6 +320,11 @@ int moe_act_mem_old(void) {
     return v && !strcmp(v, "1");
 }
 
+float *moe_tp_dx(MoeScratch *s) {
+    if (!s->dxj) s->dxj = s->be->alloc((size_t)s->maxN * s->d * F);
+    return s->dxj;
+}
+
 void moe_bwd_rows(const MoeLayer *m, const MoeScratch *s, void **dh1, void **dh3, float **dxg) {
     *dh1 = s->lean_dh ? m->h1 : s->dh1;
     *dh3 = s->lean_dh ? m->h3 : s->dh3;
