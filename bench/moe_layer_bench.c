@@ -352,9 +352,11 @@ static void backend_gemms(const Lctx *l) {
     const void *dyg = m->x.local ? s->dys : s->dyg; // the local exchange passes rows through
     RB->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, l->w->w1, l->w->w3, off, El, d, f);
     RB->grouped_down_fwd(m->yg, m->act, l->w->w2, off, El, f, d);
-    RB->grouped_swiglu_bwd(s->dh1, s->dh3, l->g->w2, dyg, m->act, m->h1, m->h3, l->w->w2, off, El, f, d, 0);
-    RB->grouped_matmul_bwd2(s->dxg, l->g->w1, l->g->w3, s->dh1, s->dh3, m->xgp, l->w->w1, l->w->w3, off, El,
-                            d, f, 0);
+    void *dh1, *dh3;
+    float *dxg;
+    moe_bwd_rows(m, s, &dh1, &dh3, &dxg); // (the scratch's, or where the lean scratch writes them)
+    RB->grouped_swiglu_bwd(dh1, dh3, l->g->w2, dyg, m->act, m->h1, m->h3, l->w->w2, off, El, f, d, 0);
+    RB->grouped_matmul_bwd2(dxg, l->g->w1, l->g->w3, dh1, dh3, m->xgp, l->w->w1, l->w->w3, off, El, d, f, 0);
 }
 
 static double time_gemms(Gctx *c, const Gbufs *b, const int64_t *off, int E, int d, int f, int warm,

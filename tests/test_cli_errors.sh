@@ -225,6 +225,44 @@ for cap in "" 264 263 0; do
      grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap'"
   else fail "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
 done
+# Latent attention's workspace (cost.c mla_workspace: cuda_attention_mla.cu's backward at q head width 192,
+# value width 128), DeepSeek-V3 at batch 1 x 4096 (128 heads, one kv head each): D 128 x 4096 floats = 2 MiB,
+# dout's rows in bf16 4096 x 128 x 192 x 2 B = 192 MiB, and the dS scratch: a (sequence, head) pair holds
+# 64 x 65 / 2 tiles of 64 x 64 bf16 = 16.25 MiB, at most 64 x 67 / 2 tiles (17.5625 MiB) are counted for the
+# fit, within min(MOE_ATTN_DS_MB 1024 MiB, 8 B a q element = 768 MiB): 43 heads, so 3 passes of 43 heads,
+# 698.75 MiB: 892.75 MiB in all (the float32 fallback's 16 B a q element, 1.50 GiB, counted before); with
+# MOE_ATTN_DS_MB=0 no scratch: 194.00 MiB.
+for cap in "" 0; do
+  want="workspace 892.75 MiB)"; [ "$cap" = 0 ] && want="workspace 194.00 MiB)"
+  if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset deepseek-v3 --batch 1 --seq-len 4096 >"$OUT_FILE" 2>"$ERR_FILE" &&
+     grep -qF "$want" "$OUT_FILE"; then pass "moe info: latent attention's workspace, MOE_ATTN_DS_MB='$cap'"
+  else fail "moe info: latent attention's workspace, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
+done
+# The lean MoE backward scratch (moe.h moe_scratch_init) on the cuda figure, the same model (16384 routed
+# rows, d 2048, f 5632, no shared expert, TP 1): the experts' input gradient dxg in the layer's yg, 16384 x
+# 2048 floats = 128 MiB; the TP slice's dx (only where TP > 1) and the forward's MoE output (in dxn), 8192 x
+# 2048 floats = 64 MiB each; dh1 and dh3 over h1 and h3, 2 x 16384 x 5632 bf16 = 352 MiB, but under fp8 (the
+# FP8 table's fused kernels keep their own buffers): 608.00 MiB (bf16), 256.00 MiB (fp8), none with
+# MOE_ACT_MEM_OLD=1. With it, layer 0's activations also live in the embedding's gradient (32000 x 2048
+# floats = 250 MiB, less than the layer's 1104.81 MiB): lent 16.50 GiB (15 layers' and the logits' 1056 MiB
+# each, their expert gradients' size) + 250 MiB = 16.74 GiB; the bf16 total 608 + 250 = 858 MiB (0.838 GiB)
+# below MOE_ACT_MEM_OLD=1's 48.30 GiB: 47.46 GiB.
+for p in bf16:608.00 fp8:256.00 old:; do
+  prec=${p%%:*} want=${p#*:} ev= ok=0
+  [ $prec = old ] && prec=bf16 ev=1
+  if env MOE_ACT_MEM_OLD=$ev "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision $prec \
+       >"$OUT_FILE" 2>"$ERR_FILE"; then
+    if [ -n "$want" ]; then
+      grep -qF "workspace 296.50 MiB) - lean backward scratch $want MiB, 16.74 GiB" "$OUT_FILE" && ok=1
+      [ $prec = bf16 ] && ! grep -qF "): 47.46 GiB plus" "$OUT_FILE" && ok=0
+    else
+      ! grep -q "lean backward" "$OUT_FILE" && grep -qF "): 48.30 GiB plus" "$OUT_FILE" && ok=1
+    fi
+  fi
+  if [ $ok = 1 ]; then pass "moe info: the lean MoE scratch, $p"
+  else fail "moe info: the lean MoE scratch, $p (want '$want')"; show_output; fi
+done
+run_fail "MOE_ACT_MEM_OLD must be 0" env MOE_ACT_MEM_OLD=yes "${T[@]}" --force
 # --precision fp8 adds the FP8 table's two scratch buffers (cuda_fp8_ops.cu), the same model: 16384 routed
 # rows over 8 experts (2048 each: padded to 128, P = 16384 columns), d 2048, f 5632:
 #  - float32 rows inside a fused op: h1 and h3 of the up projection, 2 x 4 x 16384 x 5632 = 704 MiB (the

@@ -171,7 +171,7 @@ static void check_comm(void) {
 static int same_cuda(const CostCuda *a, const CostCuda *b) {
     return a->hid == b->hid && a->shadow == b->shadow && a->scratch == b->scratch && a->gemm == b->gemm &&
         a->fp8 == b->fp8 && a->kept == b->kept && a->workspace == b->workspace && a->alone == b->alone &&
-        a->lent == b->lent && a->total == b->total && a->routed == b->routed;
+        a->lent == b->lent && a->lean == b->lean && a->total == b->total && a->routed == b->routed;
 }
 
 // A mesh of one rank holds what one process does, on the cpu and (every delta, exactly) on the cuda backend.
@@ -205,14 +205,25 @@ static void check_memory(const char *name) {
                    w.cuda.workspace >= 1048576 && w.cuda.scratch == w.cuda.gemm + w.cuda.workspace &&
                    w.cuda.total ==
                        w.total + w.lent - w.cuda.hid + w.cuda.shadow + w.cuda.scratch + w.cuda.fp8 -
-                           w.cuda.lent - w.cuda.alone,
+                           w.cuda.lent - w.cuda.alone - w.cuda.lean,
                "%s, case %d: cuda deltas", name, v);
+        // the lean MoE scratch (moe.h moe_scratch_init) on one process: dxg (N k rows of d float32), dxj and
+        // the MoE output (N rows of d float32 each) and, but under fp8, dh1 and dh3 (N k rows of f, bf16)
+        // and the shared expert's (N rows of 2 fs, bf16)
+        double N = (double)o.batch * o.seq_len, d = c.d_model,
+               fs = (double)c.n_shared_experts * c.shared_d_ff,
+               lean = 4 * N * c.top_k * d + 2 * 4 * N * d +
+            (o.precision == PREC_FP8 ? 0 : 2 * 2 * N * c.top_k * c.d_ff + 2 * N * 2 * fs);
+        EXPECT(w.cuda.lean == lean, "%s, case %d: lean scratch %.0f, want %.0f", name, v, w.cuda.lean, lean);
         EXPECT(o.precision == PREC_BF16 ? w.cuda.alone > 0 || strcmp(name, "peers-ref") : w.cuda.alone == 0,
                "%s, case %d: float32 GEMM weights dropped %.0f", name, v, w.cuda.alone);
         EXPECT(o.precision == PREC_FP8 ? w.cuda.kept > 0 && w.cuda.fp8 > w.cuda.kept
                                        : w.cuda.fp8 == 0 && w.cuda.kept == 0,
                "%s, case %d: fp8 %.0f, of it kept %.0f", name, v, w.cuda.fp8, w.cuda.kept);
-        EXPECT((w.cuda.lent > 0) == (o.grad_memory == GRADMEM_SHARED) && w.cuda.lent <= w.lent,
+        // (the cuda figure's lent memory: the float32 figure's rows in bf16, and layer 0's in the embedding's
+        // gradient besides: the lean MoE scratch, model_state.c)
+        EXPECT((w.cuda.lent > 0) == (o.grad_memory == GRADMEM_SHARED) &&
+                   w.cuda.lent <= w.lent + (o.grad_memory == GRADMEM_SHARED) * 4.0 * c.vocab_size * c.d_model,
                "%s, case %d (recompute %d): lent %.0f of %.0f", name, v, rc, w.cuda.lent, w.lent);
         cost_mesh_free(&m);
     }

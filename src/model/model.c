@@ -141,7 +141,9 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     // the MTP modules' share (they read the embedding output after its dropout: the same mask follows)
     if (c->mtp_depth) be->add(m->dres, m->dres, m->mtps.demb, (size_t)N * d);
     embed_drop(m, m->dres, N); // the gradient through the forward's mask
-    be->embedding_bwd(model_param(m, g, PR_EMBED, -1, -1), m->dres, m->tokens, N, d);
+    float *ge = model_param(m, g, PR_EMBED, -1, -1);
+    if (m->embed_lent) be->zero(ge, m->embed_lent); // (it held layer 0's activations: model_state.c)
+    be->embedding_bwd(ge, m->dres, m->tokens, N, d);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);
 }
 

@@ -80,6 +80,21 @@ static Arena expert_grads_arena(const Model *m, int l) {
     return a;
 }
 
+// The bytes of the embedding's gradient (this rank's rows), 256-aligned, lent to layer 0's activations where
+// the MoE scratch is lean (moe.h): written only by the embedding's backward, after layer 0's backward, which
+// model_backward zeroes it before.
+static Arena embed_grads_arena(const Model *m) {
+    Arena a = {0};
+    int i = params_index(&m->t, PR_EMBED, -1, -1);
+    if (i < 0 || !m->t.p[i].lnumel || !m->ms.lean_rows) return a;
+    char *b = (char *)(m->grads + m->t.p[i].loffset), *e = b + m->t.p[i].lnumel * F;
+    char *b2 = (char *)(((uintptr_t)b + 255) & ~(uintptr_t)255);
+    if (b2 >= e) return a;
+    a.base = b2;
+    a.cap = (size_t)(e - b2);
+    return a;
+}
+
 static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     const ModelChunk *ch = &m->chunk[chunk];
     const Backend *be = m->be;
@@ -92,6 +107,10 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         Arena *A = &a->arena;
         // (the MTP modules' blocks borrow nothing: the last layer's expert gradients hold the logits)
         if (m->share_grads && l > ch->l0 && l < ch->l1) *A = expert_grads_arena(m, l - 1);
+        if (m->share_grads && l == 0 && ch->first) {
+            *A = embed_grads_arena(m);
+            m->embed_lent = A->base ? (size_t)m->t.p[params_index(&m->t, PR_EMBED, -1, -1)].lnumel * F : 0;
+        }
         a->res_in = arena_alloc(A, be, N * d * F);
         a->xn1 = arena_alloc(A, be, N * d * hid_size(be));
         a->rstd1 = arena_alloc(A, be, N * F);
@@ -238,10 +257,12 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->scope_tokens = xcalloc(La, sizeof(int64_t));
     for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
-    m->moe_out = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
     m->attv->scratch_init(m);
     moe_scratch_init(&m->ms, be, c, m->maxN);
+    // the forward's MoE output in the backward's dxn where the MoE scratch is lean (moe.h): each is written
+    // and read inside one block's forward, or one backward, and neither runs inside the other
+    m->moe_out = m->ms.lean_rows ? m->dxn : be->alloc(N * d * F);
     m->expert_counts = xcalloc(La * c->n_experts, sizeof(int64_t));
     m->loss_h = xmalloc(N * F);
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
@@ -261,6 +282,7 @@ void model_share_grads(Model *m, int on) {
     if (m->share_grads == !!on) return;
     slot_free(m, &m->slots[0][0], 0);
     m->share_grads = !!on;
+    m->embed_lent = 0; // (slot_alloc sets it where it lends it)
     slot_alloc(m, &m->slots[0][0], 0);
     model_use(m, 0, 0);
 }
@@ -425,8 +447,8 @@ void model_free(Model *m) {
         free(m->slots[k]);
     }
     m->attv->scratch_free(m);
-    void *bufs[] = {m->params, m->grads, m->dres,   m->moe_out, m->dxn,
-                    m->rc.h1,  m->rc.h3, m->rc.act, m->ddrop};
+    void *bufs[] = {m->params, m->grads,  m->dres, m->moe_out == m->dxn ? NULL : m->moe_out, m->dxn, m->rc.h1,
+                    m->rc.h3,  m->rc.act, m->ddrop};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);

@@ -144,7 +144,8 @@ typedef struct Model {
     // backward scratch
     float *dres, *dxn; // (N,d) the gradients of the residual stream and of a norm's output
     float *moe_out; // (maxN,d) a block's MoE output until it joins the residual stream (forward
-                    // only: one for every layer and slot)
+                    // only: one for every layer and slot; dxn's memory where the MoE scratch is lean:
+                    // moe.h moe_scratch_init)
     AttnScratch attn; // the attention variant's
     float *ddrop; // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
     float *loss_h; // (maxN) host: the forward's per-token losses, summed
@@ -193,6 +194,8 @@ typedef struct Model {
     int *moe_mode; // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int *ampipe; // (L) each layer's AMPipe chunks in training forwards (1 = none)
     int share_grads; // model_share_grads
+    size_t embed_lent; // the bytes of the embedding's gradient, where it holds layer 0's activations (lent
+                       // with the lean MoE scratch: moe.h); model_backward zeroes it before its backward
     int expert_gbf; // model_set_expert_grads (ops.h OPTG_*)
     int recompute; // RECOMPUTE_* bits (model_set_recompute)
     MoeRecompute rc; // --recompute moe: every layer's experts' SwiGLU rows, shared

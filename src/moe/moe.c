@@ -36,13 +36,13 @@ static void expert_buffers(MoeLayer *m, int Rg) {
 static void scratch_buffers(MoeScratch *s, const MoeLayer *m) {
     const Backend *be = s->be;
     size_t rows = m->rows_cap, d = m->d, nf = rows * m->fu * hid_size(be);
-    s->dxg = moe_grown(be, NULL, s->dxg, &s->cap_d, rows * d * F);
+    if (!s->lean_rows) s->dxg = moe_grown(be, NULL, s->dxg, &s->cap_d, rows * d * F);
     if (!m->xu->local) {
         s->dyg = moe_grown(be, NULL, s->dyg, &s->cap_dyg, rows * d * hid_size(be));
         s->dxs = moe_grown(be, NULL, s->dxs, &s->cap_dxs, (size_t)(m->Rmax ? m->Rmax : 1) * d * F);
     }
     void **const bf[] = {&s->dh1, &s->dh3};
-    moe_grown_n(be, NULL, bf, 2, &s->cap_f, nf);
+    if (!s->lean_dh) moe_grown_n(be, NULL, bf, 2, &s->cap_f, nf);
 }
 
 // The router block for Ns rows (byte offsets): sums (E+1 doubles), the plan's slot counts (k*E
@@ -253,8 +253,12 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     memset(s, 0, sizeof *s);
     s->be = be;
     size_t N = maxN, d = c->d_model, E = c->n_experts, R = N * c->top_k;
+    s->lean_rows = be->hid == FMT_BF16 && !moe_act_mem_old();
+    s->lean_dh = s->lean_rows && !be->fp8;
+    s->maxN = maxN;
+    s->d = c->d_model;
     s->dys = be->alloc(R * d * hid_size(be));
-    s->dxj = be->alloc(N * d * F);
+    if (!s->lean_rows) s->dxj = be->alloc(N * d * F);
     s->dlogits = be->alloc(N * E * F);
     s->rowdot = be->alloc(R * F);
     s->aux_dp = be->alloc(E * F);
@@ -263,8 +267,8 @@ void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, in
     if ((size_t)c->dense_d_ff > fs) fs = (size_t)c->dense_d_ff; // (the dense layers' use it too)
     if (fs) {
         s->sh_dy = be->alloc(N * d * hid_size(be));
-        s->sh_dh1 = be->alloc(N * fs * hid_size(be));
-        s->sh_dh3 = be->alloc(N * fs * hid_size(be));
+        s->sh_dh1 = s->lean_dh ? NULL : be->alloc(N * fs * hid_size(be));
+        s->sh_dh3 = s->lean_dh ? NULL : be->alloc(N * fs * hid_size(be));
         s->sh_dg = be->alloc(N * F);
     }
 }
@@ -594,7 +598,7 @@ void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const 
                   MoeGrads *g, const ModelConfig *c, float aux_scale, float z_scale) {
     if (m->dense) { // the MLP's backward on my slice (it writes dxin), all-gathered over TP
         int TP = comm_size(m->cm.tp);
-        float *dxin = TP > 1 ? s->dxj : dx;
+        float *dxin = TP > 1 ? moe_tp_dx(s) : dx;
         moe_shared_backward(m, s, dxin, dy + (size_t)m->s0 * m->d, x + (size_t)m->s0 * m->d, w, g);
         if (TP > 1) tp_gather(m, dxin, dx);
         return;
@@ -636,17 +640,20 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         // + dh3 W3 in one call (grouped_matmul_bwd2). The weight gradients accumulate, or are written where
         // they hold nothing yet this step (g->fresh: ops.h GM_DW_WRITE).
         int dwf = moe_dw_flags(gu, 1);
-        be->grouped_swiglu_bwd(s->dh1, s->dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu,
-                               d, dwf);
-        be->grouped_matmul_bwd2(s->dxg, gu->w1, gu->w3, s->dh1, s->dh3, m->xgp, wu->w1, wu->w3, m->xu->off,
-                                El, d, fu, dwf);
-        dxs = exchange_combine(m->xu, s->dxg, s->dxs);
+        void *dh1, *dh3;
+        float *dxg;
+        moe_bwd_rows(m, s, &dh1, &dh3, &dxg);
+        be->grouped_swiglu_bwd(dh1, dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu, d,
+                               dwf);
+        be->grouped_matmul_bwd2(dxg, gu->w1, gu->w3, dh1, dh3, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu,
+                                dwf);
+        dxs = exchange_combine(m->xu, dxg, s->dxs);
     }
     if (m->gathered) moe_scatter_grads(m, s, &gf, g);
     g->fresh = 0; // the expert gradients hold this backward's share now
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order); without TP
     // my slice is the whole dx, which this writes in place
-    float *dxin = TP > 1 ? s->dxj : dx;
+    float *dxin = TP > 1 ? moe_tp_dx(s) : dx;
     be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row

@@ -30,8 +30,22 @@ void moe_layer_trim(MoeLayer *m);
 // Recomputation on (rc: the shared buffers) or off (NULL) for the next forwards; the layer's own rows
 // are freed when it turns on. Not between a forward and its backward.
 void moe_set_recompute(MoeLayer *m, MoeRecompute *rc);
+// The backward's scratch for micro-batches of up to maxN tokens. On a backend with bf16 hidden rows (cuda;
+// ops.h Backend.hid), unless the environment sets MOE_ACT_MEM_OLD=1, it is lean: the experts' input
+// gradient dxg is written into the layer's expert outputs yg (dead once the combine's backward has read
+// them: gather_dot_scale in moe_backward_start; the combine reads ys where the exchange is not local), the
+// TP slice's dx (dxj) exists only where TP > 1, and, without an FP8 table (Backend.fp8), dh1 and dh3
+// are written over the forward's h1 and h3 (the bf16 kernels read each h1, h3 element before they write
+// that element of dh1, dh3: cuda_grouped.cu EPI_SWIGLU_BWD, cuda_nn.cu swiglu_bwd_k; the float32 path of
+// ops/plain.h puts dact in dh1 first, so it never runs in place). The same values either way.
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN);
 void moe_scratch_free(MoeScratch *s);
+// MOE_ACT_MEM_OLD=1 in the environment (the scratch's own buffers, for an A/B of the lean scratch's memory):
+// 1; unset or 0: 0; any other value dies with a message naming it.
+int moe_act_mem_old(void);
+// The buffers layer m's expert backward writes its SwiGLU gradients and input gradient into (the scratch's,
+// or the layer's own where s is lean), from row 0 of the expert side.
+void moe_bwd_rows(const MoeLayer *m, const MoeScratch *s, void **dh1, void **dh3, float **dxg);
 
 // aux = E * sum_i f_i P_i per layer over the scope's tokens (micro-batch: the stage's tokens of this
 // micro-batch; sequence: each sequence's, averaged over the micro-batch's sequences; global: f_i over the

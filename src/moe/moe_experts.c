@@ -1,10 +1,12 @@
 // moe_experts.c — the MoE layer's expert-side variants (see moe.h; called by moe.c only, through
 // moe_experts.h): the pipelined exchange's chunks (Tutel's overlap degree r), the gathered expert mode
 // (whole experts from the ETP slices), the shared expert (Qwen2-MoE), the per-sequence router
-// statistics (--aux-scope sequence), the recomputation of the SwiGLU rows (--recompute moe), and the
-// flags of the experts' weight-gradient writes.
+// statistics (--aux-scope sequence), the recomputation of the SwiGLU rows (--recompute moe), the
+// flags of the experts' weight-gradient writes and the backward's rows (moe.h moe_bwd_rows: lean or not;
+// moe_act_mem_old: MOE_ACT_MEM_OLD).
 // Must not hold: the router, the dispatch plan or the layer's schedule (moe.c), or calls into moe.c.
 #include "moe/moe_experts.h"
+#include "moe/moe.h"
 #include <string.h>
 #include "core/common.h"
 
@@ -88,10 +90,12 @@ void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy,
     } else {
         be->gather_rows_hid(s->sh_dy, dy, 0, m->ident, Ns, d);
     }
-    be->grouped_swiglu_bwd(s->sh_dh1, s->sh_dh3, g->sh_w2, s->sh_dy, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2,
-                           m->sh_off, 1, fs, d, 0);
-    be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, s->sh_dh1, s->sh_dh3, m->sh_x, w->sh_w1, w->sh_w3,
-                            m->sh_off, 1, d, fs, m->dense ? 0 : GM_ACC_DINP); // (a dense layer's: written)
+    void *dh1 = s->lean_dh ? m->sh_h1 : s->sh_dh1, *dh3 = s->lean_dh ? m->sh_h3 : s->sh_dh3; // (moe.h)
+    be->grouped_swiglu_bwd(dh1, dh3, g->sh_w2, s->sh_dy, m->sh_act, m->sh_h1, m->sh_h3, w->sh_w2, m->sh_off,
+                           1, fs, d, 0);
+    be->grouped_matmul_bwd2(dx, g->sh_w1, g->sh_w3, dh1, dh3, m->sh_x, w->sh_w1, w->sh_w3, m->sh_off, 1, d,
+                            fs,
+                            m->dense ? 0 : GM_ACC_DINP); // (a dense layer's: written)
 }
 
 // ---- the sequence-scope aux loss: each global sequence's counts and probability sums (my rows' share,
@@ -306,6 +310,27 @@ void moe_experts_chunked(MoeLayer *m, const MoeWeights *w) {
     m->ysp = m->ys;
 }
 
+// ---- the lean backward scratch (moe.h moe_scratch_init)
+int moe_act_mem_old(void) {
+    const char *v = getenv("MOE_ACT_MEM_OLD");
+    if (v && *v && strcmp(v, "0") && strcmp(v, "1"))
+        DIE("MOE_ACT_MEM_OLD must be 0 (the lean backward scratch, the default) or 1 (the scratch's own "
+            "buffers), not '%s'",
+            v);
+    return v && !strcmp(v, "1");
+}
+
+float *moe_tp_dx(MoeScratch *s) {
+    if (!s->dxj) s->dxj = s->be->alloc((size_t)s->maxN * s->d * F);
+    return s->dxj;
+}
+
+void moe_bwd_rows(const MoeLayer *m, const MoeScratch *s, void **dh1, void **dh3, float **dxg) {
+    *dh1 = s->lean_dh ? m->h1 : s->dh1;
+    *dh3 = s->lean_dh ? m->h3 : s->dh3;
+    *dxg = s->lean_rows ? m->yg : s->dxg;
+}
+
 // The experts' backward over the forward's r chunks, pipelined as the forward (chunk i+1's dy
 // dispatch and chunk i's dx combine in flight during chunk i's GEMMs); the weight gradients add up
 // chunk by chunk. s->dys (M,d) in my row order -> the returned dxs (M,d).
@@ -322,11 +347,14 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
     }
     be->gather_rows_hid(s->dysc, s->dys, 1, m->cidx, M, d);
     exchange_dispatch_start(&m->xc[0], s->dysc);
+    void *dh1b, *dh3b;
+    float *dxgb;
+    moe_bwd_rows(m, s, &dh1b, &dh3b, &dxgb);
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
         void *dyg = hid_at(be, s->dyg, g * d);
-        float *dxg = s->dxg + g * d;
-        void *dh1 = hid_at(be, s->dh1, g * fl), *dh3 = hid_at(be, s->dh3, g * fl);
+        float *dxg = dxgb + g * d;
+        void *dh1 = hid_at(be, dh1b, g * fl), *dh3 = hid_at(be, dh3b, g * fl);
         exchange_dispatch_finish(&m->xc[i], hid_at(be, s->dysc, m->cstart[i] * d), dyg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d));
         int dwf = moe_dw_flags(gw, i == 0); // the first chunk writes unwritten gradients

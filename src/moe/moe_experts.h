@@ -58,3 +58,6 @@ void moe_scatter_grads(MoeLayer *m, MoeScratch *s, const MoeGrads *gf, MoeGrads 
 void moe_plan_chunks(MoeLayer *m, const int64_t *kept);
 void moe_experts_chunked(MoeLayer *m, const MoeWeights *w);
 const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeights *w, MoeGrads *gw);
+// The gradient of my slice of the MoE input where TP > 1 (s->dxj: allocated at the first use where the
+// scratch is lean, moe.h moe_scratch_init).
+float *moe_tp_dx(MoeScratch *s);

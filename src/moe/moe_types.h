@@ -201,4 +201,9 @@ typedef struct {
     void *sh_dy; // the shared expert's backward (N rows): dy (hidden format),
     float *sh_dg; // ... the gate's gradient
     void *sh_dh1, *sh_dh3; // ... (N,fs) in the hidden format
+    // The lean scratch (moe.h moe_scratch_init; moe_bwd_rows names the buffers): lean_rows: dxg is the
+    // layer's yg and dxj is allocated at its first use (TP > 1); lean_dh: dh1, dh3 (sh_dh1, sh_dh3) are
+    // written over the layer's h1, h3 (sh_h1, sh_h3). maxN, d: dxj's rows and width.
+    int lean_rows, lean_dh;
+    int maxN, d;
 } MoeScratch;

@@ -8,6 +8,7 @@
 #include "core/common.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "moe/moe.h"
 #include "train/schedule.h"
 
 // Latent attention's (config.h): its projections' parameters (q_a with its norm and q_b, or q; kv_a, the
@@ -189,6 +190,20 @@ static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, 
         hb * (R * d + (lo ? 0 : Re * d)) + hb * 2 * Re * fl + (fs ? 4.0 * N + hb * N * (d + 2 * fs) : 0);
     return model + moe;
 }
+// Of acts_scratch, the bytes the cuda backend's lean MoE scratch does without (moe.h moe_scratch_init; none
+// under MOE_ACT_MEM_OLD=1): the experts' input gradient dxg (Re rows of d float32: written into the layer's
+// yg), the TP slice's dx (N rows of d float32: allocated only where TP > 1), the forward's MoE output (N
+// rows of d float32: in dxn) and, without an FP8 table (fp8 0), the bf16 dh1 and dh3 (Re rows of fl each:
+// over h1 and h3) and the shared expert's (N rows of fs each). rows: only the part sized by the rows the
+// rank's experts receive (acts_routed's dxg and dh1, dh3; 0 where the exchange is local).
+static double acts_lean(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int fp8, int rows) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t N = B * T, d = c->d_model, Ns = (N + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k,
+           fl = (size_t)c->d_ff / etp, fs = (size_t)c->n_shared_experts * c->shared_d_ff;
+    if (moe_act_mem_old() || (rows && local_exchange(ms))) return 0;
+    double expert = 4.0 * Re * d + (fp8 ? 0 : 2.0 * 2 * Re * fl);
+    return rows ? expert : expert + 4.0 * N * d * (tp == 1) + 4.0 * N * d + (fp8 ? 0 : 2.0 * N * 2 * fs);
+}
 // The activations of the final norm and LM head.
 static double acts_head(const ModelConfig *c, size_t N) {
     return 4.0 * N * (2.0 * c->d_model + c->vocab_size);
@@ -213,7 +228,8 @@ static double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B
 // --grad-memory shared (with --grad-accum 1 and no --pp: model.h model_share_grads): the activation bytes
 // that live in the expert gradients' memory on one rank (about: a buffer that does not fit whole goes to the
 // allocator, where this counts the part that would fit): each layer's but the first, up to the previous
-// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows.
+// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows, where
+// the lean MoE scratch (moe.h moe_scratch_init) also lends layer 0 the embedding's gradient (model_state.c).
 static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
                         int hid) {
     int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
@@ -221,7 +237,8 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
     double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
     double la = acts_layer(c, ms, B, T, 0) - acts_dropped(c, ms, B, T, o->recompute);
     if (hid) la -= acts_hid_saved(c, ms, B, T, o->recompute);
-    return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g);
+    double emb = hid && !moe_act_mem_old() ? fmin(la, 4.0 * c->vocab_size * c->d_model) : 0;
+    return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g) + emb;
 }
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return o->precision == PREC_BF16 ? 2.0 : 4.0; }
@@ -289,20 +306,40 @@ static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double N
     return cap;
 }
 
+// Latent attention's backward on the Hopper kernels (cuda_attention_mla.cu cuda_attention_bwd_tcv, its
+// default way, over whole sequences), workspace bytes: D (B, H, T) float and dout's rows in bf16 (2 bytes a q
+// element), each 256-aligned, then the dS scratch of as many (sequence, kv head) pairs as fit in the smaller
+// of MOE_ATTN_DS_MB and 8 bytes a q element, in passes as even as they can be (none fit: dS computed again,
+// and dout's rows unaligned).
+static double mla_workspace(int B, int T, int H, int KV, int hd) {
+    size_t ng = (size_t)B * T * H * hd, nd = ((size_t)B * H * T * 4 + 255) & ~(size_t)255, rep = H / KV;
+    size_t nT = ((size_t)T + 63) / 64, pair = rep * (nT * (nT + 1) / 2) * 8192,
+           most = rep * (nT * (nT + 3) / 2) * 8192;
+    size_t cap = (size_t)attention_ds_cap_mb() << 20, room = 8 * ng, fit = (cap < room ? cap : room) / most;
+    size_t heads = fit < 65535 ? fit : 65535;
+    if (!heads) return (double)(nd + 2 * ng);
+    size_t whole = heads >= (size_t)B * KV, per = heads < (size_t)KV ? heads : (size_t)KV;
+    size_t np = whole ? 1 : (KV + per - 1) / per, hp = (KV + np - 1) / np;
+    return (double)(nd + ((2 * ng + 255) & ~(size_t)255) + (whole ? (size_t)B * KV : hp) * pair);
+}
+
 // The cuda backend's workspace (cuda_backend.cu cuda_workspace) on a rank running B sequences of T tokens
 // with its heads (the router's Ns rows): one buffer grown to the largest request, at least 1 MiB: the
 // attention backward's (the tensor-core path at head dims 32, 64, 128: D, dout in bf16 and, at 128, dS: ops.h
 // attention_ds_bytes; otherwise the float32 kernels' D, with q, k, v and out widened to float32 in a buffer
-// of their own, added), the router's weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums
-// of 128 rows each), the norms' (double sums of 64 rows each).
+// of their own, added; latent attention at q head width 192 and value width 128: mla_workspace), the router's
+// weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums of 128 rows each), the norms' (double
+// sums of 64 rows each).
 static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_t T, double Ns) {
     int H = c->n_heads / tp, KV = (int)(att_kvd(c, tp) / att_hd(c)), hd = (int)att_hd(c);
     double N = (double)B * T, qd = (double)H * hd, kvd = (double)KV * hd;
     int tc = (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0;
+    int wg = config_mla(c) && hd == 192 && c->v_head_dim == 128 && KV > 0 && H % KV == 0;
     double att = tc ? al256(4 * N * H) + al256(2 * N * qd) +
             al256((double)attention_ds_bytes((int)B, (int)T, H, hd, 0, (int)T))
-                    : 4 * N * H;
-    double wide = tc ? 0 : 4 * (2 * N * qd + 2 * N * kvd);
+        : wg ? mla_workspace((int)B, (int)T, H, KV, hd)
+             : 4 * N * H;
+    double wide = tc || wg ? 0 : 4 * (2 * N * qd + 2 * N * kvd);
     double router =
         c->n_experts <= MOE_GEMM_FP32_MAX_O ? 4.0 * c->n_experts * c->d_model * ceil(Ns / 128) : 0;
     double norm = 8.0 * ceil(N / 64) * c->d_model;
@@ -407,7 +444,8 @@ static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
 // bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
 // the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
 // fp8 the FP8 table's two (cuda_fp8_scratch) and the weight codes it keeps (cuda_fp8_kept: of the layers and
-// experts lt holds; NULL: the whole model).
+// experts lt holds; NULL: the whole model); less the backward scratch the lean MoE scratch does without
+// (acts_lean).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
                         size_t B, size_t T, int inst, double np, double held, int meshed, int head,
                         const ParamTable *lt) {
@@ -424,8 +462,11 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) + k->kept : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
-    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone;
-    k->routed = acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2);
+    int fp8 = o->precision == PREC_FP8;
+    k->lean = acts_lean(c, ms, B, T, fp8, 0);
+    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone - k->lean;
+    k->routed =
+        acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2) - acts_lean(c, ms, B, T, fp8, 1);
 }
 
 void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed) {

@@ -45,7 +45,9 @@ typedef struct {
     double fp8; // plus, under --precision fp8: the FP8 table's operand codes and scales and float32 rows
     double kept; // of fp8, the experts' weight codes and scales it keeps between ops (cuda_fp8_wcache.cu)
     double alone; // less: the float32 pages of weights only bf16 GEMMs read (--precision bf16, one process)
-    double lent; // of its activations, in the expert gradients' memory (replaces the float32 figure's)
+    double lent; // of its activations, in the expert gradients' memory (replaces the float32 figure's) and,
+                 // with the lean MoE scratch, layer 0's in the embedding's gradient
+    double lean; // less: the backward's scratch its lean MoE scratch does without (moe.h moe_scratch_init)
     double total; // its total (the CUDA context aside)
     double routed; // as CostMemory.routed, with the rows in the cuda backend's formats
 } CostCuda;

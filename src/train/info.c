@@ -91,10 +91,16 @@ static void print_cuda(const CostCuda *k, const char *head) {
         fmt_bytes(a, sizeof a, k->alone);
         snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " - float32 GEMM weights %s", a);
     }
+    char ln[64] = "";
+    if (k->lean > 0) {
+        char a[32];
+        fmt_bytes(a, sizeof a, k->lean);
+        snprintf(ln, sizeof ln, " - lean backward scratch %s", a);
+    }
     printf(
-        "%s - bf16 rows %s + bf16 weights %s%s + scratch %s (bf16 GEMM operands %s, workspace %s), %s of the "
-        "activations in the expert gradients' memory): %s plus the CUDA context\n",
-        head, b1, b2, b5, b3, g, ws, bl, b4);
+        "%s - bf16 rows %s + bf16 weights %s%s + scratch %s (bf16 GEMM operands %s, workspace %s)%s, %s of "
+        "the activations in the gradients' memory): %s plus the CUDA context\n",
+        head, b1, b2, b5, b3, g, ws, ln, bl, b4);
 }
 
 // The whole model's memory in one process, on the cpu and the cuda backend.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include "core/common.h"
 #include "model/attention.h"
+#include "moe/moe.h"
 #include "train/cost.h"
 
 // The environment's switches of the backend (checked before anything is touched).
@@ -22,6 +23,7 @@ static void env_switches(Placement *p) {
     if (ggv && *ggv && strcmp(ggv, "auto") && strcmp(ggv, "cublas"))
         DIE("MOE_GROUPED_GEMM must be auto (the default) or cublas, not '%s'", ggv);
     (void)attention_ds_cap_mb(); // MOE_ATTN_DS_MB: a bad value dies here, before anything is written
+    (void)moe_act_mem_old(); // MOE_ACT_MEM_OLD=1: the MoE backward's own scratch (moe.h); likewise
 }
 
 // The device transport of a mesh on GPUs (--gpu-comm), the same on every rank: whether any node has more

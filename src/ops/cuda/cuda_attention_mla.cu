@@ -277,9 +277,8 @@ extern "C" void cuda_attention_fwd_tcv(void *out, float *lse, const void *q, con
 
 // The workspace: D (B, H, T) float, then dout's rows in bf16 (rounded by the rowdot kernel), then the dS
 // scratch of one pass, each 256-byte aligned. The scratch's bound besides MOE_ATTN_DS_MB, 8 bytes per
-// element of q: the cost model (src/train/cost.c cuda_workspace_bytes) counts 16 for this head width (the
-// float32 copies of q, k, v and out that the fallback widens; none here), so that what `moe info` says of
-// the workspace still bounds it.
+// element of q: the cost model (src/train/cost.c mla_workspace) counts the default way's bytes as sized
+// here (at the Hopper kernel's widths, 192 and 128).
 extern "C" void cuda_attention_bwd_tcv(float *dq, float *dk, float *dv, const float *dout, const void *out,
                                        const float *lse, const void *q, const void *k, const void *v, int B,
                                        int T, int H, int KV, int hd, int hv, int t0, int t1, int flags) {
