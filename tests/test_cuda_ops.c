@@ -2672,10 +2672,11 @@ static void run_suite(const Backend *be, int big) {
     // head dim 128's backward (cuda_attention_wgb.cu: 128 keys a block, each case also bit for bit against
     // MOE_ATTN_BWD_OLD=1's 64-key kernel): the cases above (T 1 .. 300: the last block's upper warpgroup past
     // T or partial, B 3, KV 1 and KV = H, chunks off 64- and 128-row boundaries, flags written / added), and
-    // longer sequences. Under MOE_ATTN_DS_MB=1 (test_cuda_attn_passes.sh) the T 700 case's dS scratch runs in
-    // 8 passes of one (sequence, kv head) (528 KiB each), T 1000's computes dS again (a pair is 2.1 MiB).
+    // longer sequences. Under MOE_ATTN_DS_MB=1 (test_cuda_attn_passes.sh) the T 500 case's dS scratch runs in
+    // 4 passes of two kv heads of one sequence (288 KiB a pair; 352 KiB at most over any rows of T 500: two
+    // fit), T 1000's computes dS again (at most 2 x 152 tiles of 8 KiB a pair: not two in 1 MiB), chunks too.
     if (big) test_attention(1, 1000, 4, 2, 128);
-    if (big) test_attention(2, 700, 4, 4, 128);
+    if (big) test_attention(2, 500, 4, 4, 128);
     if (big && gpu_bf16) test_attention(1, 4097, 2, 1, 128);
     if (big) test_attention_fwd_rows(1, 4097, 2, 1, 128, 0, 4097);
     if (big) test_attention_chunks(1, 1000, 4, 2, 128, 3);
