@@ -4,7 +4,7 @@
 # (MOE_ATTN_BWD_OLD=1, same binary) and PyTorch SDPA at the issue's lengths.
 # Prepare here: cmake --build build (CUDA on), `bash scripts/device/mesh_pack.sh .gpum`; then
 # `bash scripts/device/attn_bwd.sh` with carry [".gpum"] (under 4 minutes; BUDGET=seconds to change;
-# progress, counts and the table in $OUT/attn_bwd.txt). In order of what matters most:
+# progress, counts and the table in $OUT/attn_bwd.txt; the test logs' ends in $OUT/ops.log, pass.log). In order of what matters most:
 #   1. test_cuda_ops on "cuda" (the attention backward at head dim 128 against bf16_ref.h and the float32
 #      cpu: T 1 to 4097, row ranges from t0 > 0, B 3, KV 1 and KV = H, the ADD flags; each bit for bit
 #      against MOE_ATTN_BWD_OLD=1), then again with MOE_ATTN_DS_MB=1 (the dS scratch in passes of kv heads,
@@ -70,5 +70,6 @@ t pass 60 env MOE_ATTN_DS_MB=1 MOE_TEST_BACKEND=cuda $B/test_cuda_ops && test_li
 t mem 50 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
 t race 120 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool racecheck $B/test_cuda_ops &&
   san_line race
+[ -n "${OUT:-}" ] && for n in ops pass; do [ -f $W/$n.log ] && tail -c 200000 $W/$n.log > $OUT/$n.log; done
 say "$(date -u) done: $([ $FAIL = 0 ] && echo 'every check passed' || echo 'FAILURES above')"
 exit $FAIL
