@@ -13,8 +13,8 @@
 #      moe_bench_attention (new), the same with MOE_ATTN_BWD_OLD=1 (old) and torch_attention_peer.py (SDPA);
 #      one table: backward ms and TFLOP/s of each, forward + backward over SDPA's against the issue's target
 #      (ours <= 0.9 x SDPA's total: said, not a failure here);
-#   3. compute-sanitizer memcheck and racecheck on test_cuda_ops (MOE_TEST_SMALL=1, "cuda"), as the budget
-#      allows.
+#   3. compute-sanitizer memcheck and racecheck on test_cuda_ops (MOE_TEST_SMALL=1, "cuda"), then ncu's
+#      per-kernel times at T 8192 (new and old), as the budget allows.
 # Ends non-zero when a test, a sanitizer or a timed program fails.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
@@ -70,6 +70,17 @@ t pass 60 env MOE_ATTN_DS_MB=1 MOE_TEST_BACKEND=cuda $B/test_cuda_ops && test_li
 t mem 50 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
 t race 120 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool racecheck $B/test_cuda_ops &&
   san_line race
+# ncu's per-kernel times at T 8192 (B 1: the scratch in 2 passes of 4 kv heads), new and old
+for way in new old; do
+  e=MOE_ATTN_BWD_OLD=0; [ $way = old ] && e=MOE_ATTN_BWD_OLD=1
+  t ncu_$way 30 env $e ncu --clock-control none -k regex:'att_|rowdot' --metrics gpu__time_duration.sum \
+    $B/moe_bench_attention --device cuda --B 1 --T 8192 --H 16 --KV 8 --hd 128 --iters 1 || continue
+  # the timed call's kernels (the last quarter: the bench runs 3 untimed calls first): name, time, unit
+  say "   $way kernels at T 8192 (the timed call): $(awk '/att_|rowdot/ && !/gpu__time/ {
+    match($0, /[a-z0-9_]*(att_|rowdot)[a-z0-9_]*(<[0-9, ]*>)?/); n = substr($0, RSTART, RLENGTH) }
+    /gpu__time_duration/ { k++; nm[k] = n; u[k] = $(NF - 1); v[k] = $NF }
+    END { for (i = k - int(k / 4) + 1; i <= k; i++) printf "%s %s %s; ", nm[i], v[i], u[i] }' $W/ncu_$way.log)"
+done
 [ -n "${OUT:-}" ] && for n in ops pass; do [ -f $W/$n.log ] && tail -c 200000 $W/$n.log > $OUT/$n.log; done
 say "$(date -u) done: $([ $FAIL = 0 ] && echo 'every check passed' || echo 'FAILURES above')"
 exit $FAIL
