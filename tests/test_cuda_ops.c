@@ -1779,40 +1779,6 @@ static void test_bf16_params(int prec) {
 // On "cuda" with head dims 32/64/128 the tensor-core kernels run (cuda_attention_tc.cu). Checked
 // against bf16_ref.h's attention (same roundings; BAND_ATT_TC_NORM, BAND_BF16_ELEM) and, norm-wise,
 // against the plain float32 cpu (BAND_BF16_NORM: what bf16 costs, as for the GEMMs).
-// MOE_ATTN_BWD_OLD (read at every call): 1 runs the attention backward's 64-key dk/dv kernel at head dim 128
-// on Hopper (cuda_attention_wg.cu), unset the 128-key one (cuda_attention_wgb.cu). Both compute each key
-// row's products in the same order (the same query tiles, heads and k16 steps, P and dS rounded at the same
-// points), so their dq, dk and dv are the same bits; elsewhere both names run the same kernels.
-static void bwd_old(int on) {
-    if (on) CHECK(setenv("MOE_ATTN_BWD_OLD", "1", 1) == 0, "setenv MOE_ATTN_BWD_OLD");
-    else CHECK(unsetenv("MOE_ATTN_BWD_OLD") == 0, "unsetenv MOE_ATTN_BWD_OLD");
-}
-// the backward (flags fl, into copies of the device arrays dq0, dk0, dv0) with MOE_ATTN_BWD_OLD=1 against
-// dq1, dk1, dv1 from the same call without it: bit for bit
-static void bwd_old_same(const char *what, const float *dq1, const float *dk1, const float *dv1,
-                         const float *dq0, const float *dk0, const float *dv0, const float *gd, const void *o,
-                         const float *l, const void *qd, const void *kd, const void *vd, int B, int T, int H,
-                         int KV, int hd, int t0, int t1, int fl) {
-    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd;
-    float *hq = dget(dq0, nq), *hk = dget(dk0, nk), *hv = dget(dv0, nk);
-    float *a = dputf(hq, nq), *b = dputf(hk, nk), *c = dputf(hv, nk);
-    bwd_old(1);
-    gpu->attention_bwd(a, b, c, gd, o, l, qd, kd, vd, B, T, H, KV, hd, t0, t1, fl);
-    bwd_old(0);
-    char w[200];
-    snprintf(w, sizeof w, "%s: dq == MOE_ATTN_BWD_OLD=1's", what);
-    cmp_exact_dev(w, dq1, a, nq);
-    snprintf(w, sizeof w, "%s: dk == MOE_ATTN_BWD_OLD=1's", what);
-    cmp_exact_dev(w, dk1, b, nk);
-    snprintf(w, sizeof w, "%s: dv == MOE_ATTN_BWD_OLD=1's", what);
-    cmp_exact_dev(w, dv1, c, nk);
-    gpu->free(a);
-    gpu->free(b);
-    gpu->free(c);
-    free(hq);
-    free(hk);
-    free(hv);
-}
 
 static void test_attention(int B, int T, int H, int KV, int hd) {
     int tc = gpu_bf16 && (hd == 32 || hd == 64 || hd == 128);
@@ -1911,15 +1877,6 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
                            ATT_ADD_DQ | ATT_ADD_DKV);
         gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T,
                            ATT_ADD_DQ | ATT_ADD_DKV);
-        if (hd == 128) { // the pre-filled buffers again (a2, b2, c2 still hold them until compared)
-            float *p1 = dputf(pq, nq), *p2 = dputf(pk, nk), *p3 = dputf(pv, nk);
-            snprintf(what, sizeof what, "attention_bwd (added) B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
-            bwd_old_same(what, a1, b1, c1, p1, p2, p3, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T,
-                         ATT_ADD_DQ | ATT_ADD_DKV);
-            gpu->free(p1);
-            gpu->free(p2);
-            gpu->free(p3);
-        }
         cmp_exact_dev("attention_bwd dq (tensor cores; two runs on the same inputs)", a1, a2, nq);
         cmp_exact_dev("attention_bwd dk (tensor cores; two runs on the same inputs)", b1, b2, nk);
         cmp_exact_dev("attention_bwd dv (tensor cores; two runs on the same inputs)", c1, c2, nk);
@@ -2111,19 +2068,6 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     }
     snprintf(what, sizeof what, "attention_bwd over %d chunks == one call (dq) T%d hd%d%s", n, T, hd, path);
     cmp_exact_dev(what, dqn, dq1, nq);
-    if (tc && hd == 128 && n > 1) { // the last chunk's rows (t0 > 0), dk and dv added into the one call's
-        int t0 = T * (n - 1) / n;
-        float *e1 = dnan(nq), *ek = dnan(nk), *ev = dnan(nk), *z = dnan(nq);
-        gpu->copy(ek, dk1, nk * sizeof(float));
-        gpu->copy(ev, dv1, nk * sizeof(float));
-        gpu->attention_bwd(e1, ek, ev, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, t0, T, ATT_ADD_DKV);
-        snprintf(what, sizeof what, "attention_bwd rows [%d,%d) (dk, dv added) B%d H%d KV%d", t0, T, B, H,
-                 KV);
-        bwd_old_same(what, e1, ek, ev, z, dk1, dv1, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, t0, T,
-                     ATT_ADD_DKV);
-        void *tmp[] = {e1, ek, ev, z};
-        for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++) gpu->free(tmp[i]);
-    }
     double bb = tc ? BAND_BF16_ELEM : BAND_ATT_BWD, nb = tc ? BAND_ATT_TC_NORM : 0;
     snprintf(what, sizeof what, "dk over %d chunks T%d H%d KV%d hd%d%s", n, T, H, KV, hd, path);
     cmp_n("attention_bwd (chunks)", what, dkn, dk, nk, bb, nb);
@@ -2669,12 +2613,11 @@ static void run_suite(const Backend *be, int big) {
     test_attention_fwd_rows(1, 1000, 4, 1, 128, 333, 666);
     test_attention_fwd_rows(1, 200, 2, 2, 128, 199, 200);
     test_attention_chunks(2, 256, 4, 2, 128, 4); // chunks at 64, 128, 192
-    // head dim 128's backward (cuda_attention_wgb.cu: 128 keys a block, each case also bit for bit against
-    // MOE_ATTN_BWD_OLD=1's 64-key kernel): the cases above (T 1 .. 300: the last block's upper warpgroup past
-    // T or partial, B 3, KV 1 and KV = H, chunks off 64- and 128-row boundaries, flags written / added), and
-    // longer sequences. Under MOE_ATTN_DS_MB=1 (test_cuda_attn_passes.sh) the T 500 case's dS scratch runs in
-    // 4 passes of two kv heads of one sequence (288 KiB a pair; 352 KiB at most over any rows of T 500: two
-    // fit), T 1000's computes dS again (at most 2 x 152 tiles of 8 KiB a pair: not two in 1 MiB), chunks too.
+    // head dim 128's backward: the cases above (T 1 .. 300, B 3, KV 1 and KV = H, chunks off 64- and 128-row
+    // boundaries, flags written / added), and longer sequences. Under MOE_ATTN_DS_MB=1
+    // (test_cuda_attn_passes.sh) the T 500 case's dS scratch runs in 4 passes of two kv heads of one sequence
+    // (288 KiB a pair; 352 KiB at most over any rows of T 500: two fit), T 1000's computes dS again (at most
+    // 2 x 152 tiles of 8 KiB a pair: not two in 1 MiB), chunks too.
     if (big) test_attention(1, 1000, 4, 2, 128);
     if (big) test_attention(2, 500, 4, 4, 128);
     if (big && gpu_bf16) test_attention(1, 4097, 2, 1, 128);

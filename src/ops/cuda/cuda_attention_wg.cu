@@ -14,9 +14,8 @@
 // swizzled layout of cuda_wgmma.cuh (64-column blocks: two per 128-wide row, three per 192-wide), the
 // next K/V tile loading while the current one is used; only tiles crossing the diagonal or the last key
 // are masked; a warpgroup skips the tiles entirely above its rows.
-// Backward (D = rowsum(bf16(dout) out) given; at head dim 128 the dk/dv kernel is cuda_attention_wgb.cu's
-// 128-key one, and att_wg_dkdv_k<128, 128> runs with MOE_ATTN_BWD_OLD=1; the dS scratch in passes over kv
-// heads where it is over its cap: ops.h attention_ds_bytes): a dk/dv kernel (NK warpgroups per block, each 64
+// Backward (D = rowsum(bf16(dout) out) given; the dS scratch in passes over kv heads where it is over its
+// cap: ops.h attention_ds_bytes): a dk/dv kernel (NK warpgroups per block, each 64
 // keys, over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q
 // from registers; products 192 wide as a 128-wide and a 64-wide wgmma) that also stores dS (bf16) in a
 // scratch (head dim 128 only), then a dq kernel of one product, dQ = dS K (both operands from shared
@@ -395,15 +394,11 @@ static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *d
     size_t nt = (size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2; // dS tiles per head (ds_tile)
     size_t qo = p.qo, ko = p.ko, lo = p.lo;
     if (!dsb) dq_run<HQ, HV>(dq, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags & ATT_ADD_DQ);
-    if (!(HQ == 128 &&
-          cuda_attention_dkdv_wgb(dk + ko, dv + ko, dsb, dout + qo, lse + lo, D + lo, q + qo, k + ko, v + ko,
-                                  p.nb, T, H, KV, p.nkv, t0, t1, flags))) {
-        dim3 gk(cdiv_u(t1, 64 * S::NK), p.nkv, p.nb);
-        att_wg_dkdv_k<HQ, HV><<<gk, 128 * S::NK, S::SMEM_DKDV>>>(dk + ko, dv + ko, dsb, dout + qo, lse + lo,
-                                                                 D + lo, q + qo, k + ko, v + ko, T, H, KV, sl,
-                                                                 sc, t0, t1, a, nt, flags & ATT_ADD_DKV);
-        KCHECK("attention_bwd (wgmma, dk/dv)");
-    }
+    dim3 gk(cdiv_u(t1, 64 * S::NK), p.nkv, p.nb);
+    att_wg_dkdv_k<HQ, HV><<<gk, 128 * S::NK, S::SMEM_DKDV>>>(dk + ko, dv + ko, dsb, dout + qo, lse + lo,
+                                                             D + lo, q + qo, k + ko, v + ko, T, H, KV, sl, sc,
+                                                             t0, t1, a, nt, flags & ATT_ADD_DKV);
+    KCHECK("attention_bwd (wgmma, dk/dv)");
     if (dsb) {
         dim3 g2(cdiv_u(t1 - t0, 128), p.nkv * rep, p.nb);
         att_wg_dqs_k<128><<<g2, 256, DqsShape<128>::SMEM>>>(dq + qo, dsb, k + ko, T, H, KV, t0, t1, a, nt,
@@ -416,9 +411,8 @@ static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *d
 // path does not run. ds: scratch of ds_bytes = attention_ds_bytes(B, T, H, KV, hd, t0, t1) bytes, where that
 // is not 0 (head dim 128: the dk/dv kernel stores dS there, and dq is its product with K: 5 matrix products
 // instead of 7; the bytes of every (sequence, kv head) pair: one pass, else passes of ds_bytes / (a pair's
-// bytes) kv heads of one sequence), or NULL (the dq kernel computes S, dP and dS again). The dk/dv kernel at
-// 128: cuda_attention_wgb.cu's, or with MOE_ATTN_BWD_OLD=1 (or no TMA) att_wg_dkdv_k. dq's bits do not
-// depend on the passes, nor dk's and dv's on the scratch.
+// bytes) kv heads of one sequence), or NULL (the dq kernel computes S, dP and dS again).
+// dq's bits do not depend on the passes, nor dk's and dv's on the scratch.
 extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, size_t ds_bytes,
                                      const unsigned short *dout, const float *lse, const float *D,
                                      const unsigned short *q, const unsigned short *k,

@@ -3,7 +3,7 @@
 // 192 / 128): the wgmma instructions by shape, the staging of tiles into the 128-byte-swizzled layout, the
 // products of a 64-row tile, the dS scratch's layout, its passes over kv heads (host side: what each pass
 // covers), dS^T's fragments gathered for its stores, the kernel that multiplies it by K, and the TMA
-// tensor maps of the kernels that load by TMA (cuda_attention_wgf.cu, _wgb.cu). Device code, the kernel
+// tensor maps of the kernels that load by TMA (cuda_attention_wgf.cu). Device code, the kernel
 // template, the passes and the maps only.
 // Must not hold: a kernel's launch, or any knowledge of the model.
 #pragma once

@@ -334,15 +334,6 @@ int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, size_t ds_b
                           const unsigned short *dout, const float *lse, const float *D,
                           const unsigned short *q, const unsigned short *k, const unsigned short *v, int B,
                           int T, int H, int KV, int hd, int hv, int t0, int t1, int flags);
-// cuda_attention_wgb.cu: the backward's dk/dv kernel at head dim 128 on 128-key blocks (TMA, warp-
-// specialised) over nb sequences and the nkv kv heads from the pointers' (one pass of the dS scratch: the
-// pointers at its first sequence and head; H, KV the whole call's, for the rows' strides), storing dS^T in
-// ds where not NULL (cuda_attention_wg.cuh's layout); 0 where it does not run (MOE_ATTN_BWD_OLD=1, no TMA
-// here, operands not 16-byte aligned: the caller's att_wg_dkdv_k then)
-int cuda_attention_dkdv_wgb(float *dk, float *dv, unsigned short *ds, const unsigned short *dout,
-                            const float *lse, const float *D, const unsigned short *q,
-                            const unsigned short *k, const unsigned short *v, int nb, int T, int H, int KV,
-                            int nkv, int t0, int t1, int flags);
 // latent attention's dq (192 / 128) by the kernel that computes S, dP and dS again, added into dq where add
 // (cuda_attention_mla.cu's MOE_ATTN_MLA=recompute)
 void cuda_attention_dq_wg(float *dq, const unsigned short *dout, const float *lse, const float *D,
