@@ -215,12 +215,20 @@ run_fail "MOE_ATTN_DS_MB must be a whole number" env MOE_ATTN_DS_MB=-1 "$MOE" in
 #    multiple of 256 bytes; grown from the head's forward need of 32 MiB, more than 1.25 x that);
 #  - the workspace (cuda_workspace): the attention backward's D (4 x 16 x 2048 floats: 0.5 MiB), the bf16
 #    dout (N x 2048: 32 MiB) and the dS scratch (ops.h attention_ds_bytes: 32 query tiles of 64 rows, tile m
-#    reading m + 1 key tiles of 64 x 64 bf16, so 4 * 16 * 528 * 8 KiB = 264 MiB): 296.50 MiB; without dS
-#    (MOE_ATTN_DS_MB=0, or a cap below 264) 32.50 MiB, still above the router's (8 x 2048 floats x 64
-#    blocks of 128 rows: 4 MiB) and the norms' (2048 doubles x 128 blocks of 64 rows: 2 MiB) partial sums.
-for cap in "" 264 263 0; do
+#    reading m + 1 key tiles of 64 x 64 bf16, so 4 * 16 * 528 * 8 KiB = 264 MiB): 296.50 MiB; under a cap
+#    below 264 the scratch holds one pass over kv heads of one sequence (8 kv heads of 2 query heads: a
+#    pair 2 * 528 * 8 KiB = 8.25 MiB): all 8 heads up to a cap of 66 (98.50 MiB), at a cap of 18 two
+#    (49.00 MiB); below two pairs over the most tiles a row range of 2048 can take (2 * 32 * 35 / 2 * 8 KiB
+#    = 8.75 MiB each: a cap of 17), or with MOE_ATTN_DS_MB=0, no dS: 32.50 MiB, still above the router's (8 x
+#    2048 floats x 64 blocks of 128 rows: 4 MiB) and the norms' (2048 doubles x 128 blocks of 64 rows: 2
+#    MiB) partial sums.
+for cap in "" 264 263 66 18 17 0; do
   want="828.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 296.50 MiB)"
-  [ "$cap" = 263 ] || [ "$cap" = 0 ] && want="564.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 32.50 MiB)"
+  case "$cap" in
+    263|66) want="630.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 98.50 MiB)" ;;
+    18) want="581.00 MiB (bf16 GEMM operands 532.00 MiB, workspace 49.00 MiB)" ;;
+    17|0) want="564.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 32.50 MiB)" ;;
+  esac
   if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 >"$OUT_FILE" 2>"$ERR_FILE" &&
      grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap'"
   else fail "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi

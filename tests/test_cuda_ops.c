@@ -1779,6 +1779,7 @@ static void test_bf16_params(int prec) {
 // On "cuda" with head dims 32/64/128 the tensor-core kernels run (cuda_attention_tc.cu). Checked
 // against bf16_ref.h's attention (same roundings; BAND_ATT_TC_NORM, BAND_BF16_ELEM) and, norm-wise,
 // against the plain float32 cpu (BAND_BF16_NORM: what bf16 costs, as for the GEMMs).
+
 static void test_attention(int B, int T, int H, int KV, int hd) {
     int tc = gpu_bf16 && (hd == 32 || hd == 64 || hd == 128);
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
@@ -2612,6 +2613,14 @@ static void run_suite(const Backend *be, int big) {
     test_attention_fwd_rows(1, 1000, 4, 1, 128, 333, 666);
     test_attention_fwd_rows(1, 200, 2, 2, 128, 199, 200);
     test_attention_chunks(2, 256, 4, 2, 128, 4); // chunks at 64, 128, 192
+    // head dim 128's backward: the cases above (T 1 .. 300, B 3, KV 1 and KV = H, chunks off 64- and 128-row
+    // boundaries, flags written / added), and longer sequences. Under MOE_ATTN_DS_MB=1
+    // (test_cuda_attn_passes.sh) the T 500 case's dS scratch runs in 4 passes of two kv heads of one sequence
+    // (288 KiB a pair; 352 KiB at most over any rows of T 500: two fit), T 1000's computes dS again (at most
+    // 2 x 152 tiles of 8 KiB a pair: not two in 1 MiB), chunks too.
+    if (big) test_attention(1, 1000, 4, 2, 128);
+    if (big) test_attention(2, 500, 4, 4, 128);
+    if (big && gpu_bf16) test_attention(1, 4097, 2, 1, 128);
     if (big) test_attention_fwd_rows(1, 4097, 2, 1, 128, 0, 4097);
     if (big) test_attention_chunks(1, 1000, 4, 2, 128, 3);
     test_cross_entropy(37, 13, 1.0f);

@@ -2117,17 +2117,44 @@ static void test_attention_ds_bytes(void) {
         int B = cases[c][0], T = cases[c][1], t0 = cases[c][2], t1 = cases[c][3], H = 3;
         size_t tiles = 0;
         for (int q0 = t0; q0 < t1; q0 += 64) tiles += (size_t)((q0 + 63) / 64 + 1);
-        size_t want = (size_t)B * H * tiles * 64 * 64 * 2, got = attention_ds_bytes(B, T, H, 128, t0, t1);
+        size_t want = (size_t)B * H * tiles * 64 * 64 * 2, got = attention_ds_bytes(B, T, H, 1, 128, t0, t1);
         EXPECT(got == want, "attention_ds_bytes(B %d, T %d, [%d, %d)): %zu, want %zu", B, T, t0, t1, got,
                want);
     }
-    EXPECT(attention_ds_bytes(2, 130, 3, 64, 0, 130) == 0, "attention_ds_bytes at head dim 64: not 0");
-    EXPECT(attention_ds_bytes(2, 130, 3, 128, 40, 40) == 0, "attention_ds_bytes of an empty range: not 0");
+    EXPECT(attention_ds_bytes(2, 130, 3, 3, 64, 0, 130) == 0, "attention_ds_bytes at head dim 64: not 0");
+    EXPECT(attention_ds_bytes(2, 130, 3, 3, 128, 40, 40) == 0, "attention_ds_bytes of an empty range: not 0");
+}
+
+// ops.h attention_ds_pass_heads: the kv heads a pass when a pair takes `pair` bytes of `budget`: the fewest
+// passes that fit (ceil(KV / min(fit, KV)) of them), their sizes as even as can be (the largest pass
+// ceil(KV / passes)); checked by counting, for every budget of 0 .. 20 pairs (and one byte short of a
+// pair), the passes that a size h makes and that h pairs fit.
+static void test_attention_ds_pass_heads(void) {
+    for (int KV = 1; KV <= 17; KV++)
+        for (size_t n = 0; n <= 20; n++)
+            for (int shy = 0; shy < 2; shy++) {
+                size_t pair = 1000, budget = n * pair - (shy && n ? 1 : 0);
+                int h = attention_ds_pass_heads(pair, budget, KV);
+                size_t fit = budget / pair;
+                if (!fit) {
+                    EXPECT(h == 0, "pass heads (KV %d, budget %zu): %d, want 0 (not one pair fits)", KV,
+                           budget, h);
+                    continue;
+                }
+                int most = fit < (size_t)KV ? (int)fit : KV, passes = (KV + most - 1) / most;
+                EXPECT(
+                    h >= 1 && (size_t)h <= fit && h <= KV && (KV + h - 1) / h == passes &&
+                        (KV + passes - 1) / passes == h,
+                    "pass heads (KV %d, %zu pairs fit): %d (want %d passes, the largest as small as can be)",
+                    KV, fit, h, passes);
+            }
+    EXPECT(attention_ds_pass_heads(0, 100, 4) == 0, "pass heads of an empty pair: not 0");
 }
 
 int main(void) {
     be = backend_cpu();
     test_attention_ds_bytes();
+    test_attention_ds_pass_heads();
     rng_seed(&R, 20240607);
     test_memory();
     test_matmul(7, 33, 9);

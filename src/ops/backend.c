@@ -45,12 +45,28 @@ long long attention_ds_cap_mb(void) {
     return cap_mb;
 }
 
+// ops.h. The kv heads a pass of one sequence: as many pairs as fit (at most KV), the passes as even as they
+// can be (ceil(KV / ceil(KV / fit))).
+int attention_ds_pass_heads(size_t pair, size_t budget, int KV) {
+    if (!pair || KV <= 0 || budget < pair) return 0;
+    size_t fit = budget / pair, per = fit < (size_t)KV ? fit : (size_t)KV, np = (KV + per - 1) / per;
+    return (int)((KV + np - 1) / np);
+}
+
 // ops.h. Query tiles of 64 rows from t0 (m = 0 .. nq - 1); tile m reads the key tiles 0 .. a + m, where
-// a = ceil(t0 / 64), of 64 x 64 bf16 each (cuda_attention_wg.cu lays them out in this order).
-size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1) {
+// a = ceil(t0 / 64), of 64 x 64 bf16 each (cuda_attention_wg.cuh lays them out in this order); a (sequence,
+// kv head) pair holds its H / KV query heads' tiles. Whether there is a scratch at all is decided at the
+// most tiles a pair can take over any row range of T (nT (nT + 3) / 2 a head, nT = ceil(T / 64)), so that
+// every chunk [t0, t1) of one call shape takes the same way (dq's bits do not depend on the split); passes
+// take two pairs at least (a pass of one kv head, ceil(T / 128) dk/dv blocks of work falling from the first
+// to the last, keeps half the GPU idle at long T: computing dS again is faster there).
+size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1) {
     long long cap_mb = attention_ds_cap_mb();
-    if (hd != 128 || B <= 0 || H <= 0 || t1 <= t0 || t1 > T) return 0;
-    size_t nq = (size_t)(t1 - t0 + 63) / 64, a = (size_t)(t0 + 63) / 64;
-    size_t bytes = (size_t)B * H * (nq * (a + 1) + nq * (nq - 1) / 2) * 64 * 64 * 2;
-    return bytes <= (size_t)cap_mb << 20 ? bytes : 0;
+    if (hd != 128 || B <= 0 || H <= 0 || KV <= 0 || H % KV || t1 <= t0 || t1 > T) return 0;
+    size_t nq = (size_t)(t1 - t0 + 63) / 64, a = (size_t)(t0 + 63) / 64, cap = (size_t)cap_mb << 20;
+    size_t pair = (size_t)(H / KV) * (nq * (a + 1) + nq * (nq - 1) / 2) * 64 * 64 * 2;
+    size_t nT = ((size_t)T + 63) / 64, most = (size_t)(H / KV) * (nT * (nT + 3) / 2) * 64 * 64 * 2;
+    if ((size_t)B * KV * most > cap && attention_ds_pass_heads(most, cap, KV) < 2) return 0; // dS again
+    if ((size_t)B * KV * pair <= cap) return (size_t)B * KV * pair; // one pass
+    return (size_t)attention_ds_pass_heads(pair, cap, KV) * pair;
 }

@@ -593,9 +593,16 @@ int backend_cuda_device_name(char *name, size_t n);
 int backend_cuda_grouped_kernel(void);
 // "cuda"'s attention backward at head dim 128 (Hopper): the bytes of the scratch that carries dS from
 // the dk/dv kernel to the dq kernel (bf16, the causal triangle of 64 x 64 tiles of the queries [t0, t1)
-// of each sequence and head), or 0 where the dq kernel computes dS again instead: other head dims, or
-// more than MOE_ATTN_DS_MB MiB (default 1024; 0: always again). The backend and moe info both use it.
-size_t attention_ds_bytes(int B, int T, int H, int hd, int t0, int t1);
+// of each sequence and head): all of it where it fits in MOE_ATTN_DS_MB MiB (default 1024), else the
+// tiles of one pass over some kv heads of one sequence (attention_ds_pass_heads of them; the kernels run
+// once a pass), or 0 where the dq kernel computes dS again instead: other head dims, or where not all the
+// pairs, nor two, over the most tiles any row range of T can take fit in the cap (0: always again; so every
+// chunk of rows of one call shape takes the same way). The backend and moe info both use it.
+size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1);
+// The kv heads of one sequence a pass of that scratch takes when `pair` bytes (one sequence, one kv head)
+// each must fit in `budget`: as many as fit, at most KV, the passes over KV as even as they can be; 0 where
+// not one fits. (cuda_attention_mla.cu's scratch, of its own size, the same rule.)
+int attention_ds_pass_heads(size_t pair, size_t budget, int KV);
 // That cap in MiB, read from the environment once (a bad value dies naming it: the trainer asks at its
 // start).
 long long attention_ds_cap_mb(void);

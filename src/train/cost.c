@@ -336,7 +336,7 @@ static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_
     int tc = (hd == 32 || hd == 64 || hd == 128) && KV > 0 && H % KV == 0;
     int wg = config_mla(c) && hd == 192 && c->v_head_dim == 128 && KV > 0 && H % KV == 0;
     double att = tc ? al256(4 * N * H) + al256(2 * N * qd) +
-            al256((double)attention_ds_bytes((int)B, (int)T, H, hd, 0, (int)T))
+            al256((double)attention_ds_bytes((int)B, (int)T, H, KV, hd, 0, (int)T))
         : wg ? mla_workspace((int)B, (int)T, H, KV, hd)
              : 4 * N * H;
     double wide = tc || wg ? 0 : 4 * (2 * N * qd + 2 * N * kvd);

@@ -37,29 +37,6 @@ template <int N> __device__ __forceinline__ void stage_done_but(void) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
 }
-
-// Row h (0, 1: rows 16 w + lane / 4 + 8 h of the 64 keys) of dS^T's A fragments f (wg_frags: the thread's
-// 4 bytes at 4 t of each 16-byte chunk of 8 queries) gathered within the quad (t = lane % 4) into whole
-// chunks: c[G] the chunk 4 G + t, its 4-byte words in order. Two exchanges a 4 x 4 block (chunks x
-// threads): across t ^ 2 the chunks 2 (t >> 1) and + 1 are gathered in pairs of pieces, across t ^ 1 chunk
-// t in full; piece p of chunk t is then the value of piece p ^ t's place, put in order by selects.
-__device__ __forceinline__ void ds_chunks(uint4 *c, const uint32_t (*f)[4], int h, int t) {
-    int b0 = t & 1, b1 = t >> 1;
-#pragma unroll
-    for (int G = 0; G < 2; G++) {
-        // piece t of chunks 4 G .. 4 G + 3 (chunk 2 kk + e / 2 of row e % 2 is f[kk][e])
-        uint32_t a0 = f[2 * G][h], a1 = f[2 * G][2 + h], a2 = f[2 * G + 1][h], a3 = f[2 * G + 1][2 + h];
-        uint32_t k0 = b1 ? a2 : a0, k1 = b1 ? a3 : a1; // pieces t of chunks 2 b1, 2 b1 + 1
-        uint32_t r0 = __shfl_xor_sync(0xffffffffu, b1 ? a0 : a2, 2), // pieces t ^ 2 of the same
-            r1 = __shfl_xor_sync(0xffffffffu, b1 ? a1 : a3, 2);
-        uint32_t m0 = b0 ? k1 : k0, m1 = b0 ? r1 : r0; // pieces t, t ^ 2 of chunk t
-        uint32_t y0 = __shfl_xor_sync(0xffffffffu, b0 ? k0 : k1, 1), // pieces t ^ 1, t ^ 3 of chunk t
-            y1 = __shfl_xor_sync(0xffffffffu, b0 ? r0 : r1, 1);
-        // word p = piece p = (m0, y0, m1, y1)[p ^ t]
-        uint32_t u0 = b0 ? y0 : m0, u1 = b0 ? m0 : y0, u2 = b0 ? y1 : m1, u3 = b0 ? m1 : y1;
-        c[G] = b1 ? make_uint4(u2, u3, u0, u1) : make_uint4(u0, u1, u2, u3);
-    }
-}
 #endif
 
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the queries t >= u,
@@ -222,16 +199,11 @@ static int mla_way(int *heads) {
     return MLA_PASS;
 }
 
-// One batch of the scratch's passes: the kv heads [kh0, kh0 + nkv) of the sequences [b0, b0 + nb).
-typedef struct {
-    int b0, nb, kh0, nkv;
-} MlaPass;
-
-// The dk/dv kernel, then (ds) dq = dS K, over one pass; every pointer is at (sequence 0, head 0) of the
-// whole call and moves to the pass's first sequence and head here (the kernels index rows by T, H, KV).
+// The dk/dv kernel, then (ds) dq = dS K, over one pass (cuda_attention_wg.cuh att_ds_passes; every pointer
+// at (sequence 0, head 0) of the whole call, moved by the pass's offsets).
 static void mla_pass(float *dq, float *dk, float *dv, bf16s *ds, const bf16s *g, const float *lse,
                      const float *D, const bf16s *q, const bf16s *k, const bf16s *v, int T, int H, int KV,
-                     int t0, int t1, int flags, MlaPass p) {
+                     int t0, int t1, int flags, AttDsPass p) {
     static int opted = 0;
     if (!opted) {
         CUDA_CHECK(
@@ -242,8 +214,7 @@ static void mla_pass(float *dq, float *dk, float *dv, bf16s *ds, const bf16s *g,
     }
     int rep = H / KV, nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64;
     size_t nt = (size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2; // dS tiles a head (ds_tile)
-    size_t qo = ((size_t)p.b0 * T * H + (size_t)p.kh0 * rep) * MLA_HQ,
-           ko = ((size_t)p.b0 * T * KV + p.kh0) * MLA_HQ, lo = ((size_t)p.b0 * H + (size_t)p.kh0 * rep) * T;
+    size_t qo = p.qo, ko = p.ko, lo = p.lo;
     float sc = 1.0f / sqrtf((float)MLA_HQ), sl = sc * WG_LOG2E;
     dim3 gk(cdiv_u(t1, 64), p.nkv, p.nb);
     att_mla_dkdv_k<<<gk, 128, MLA_SMEM_DKDV>>>(dk + ko, dv + ko, ds, g + qo, lse + lo, D + lo, q + qo, k + ko,
@@ -299,10 +270,10 @@ extern "C" void cuda_attention_bwd_tcv(float *dq, float *dk, float *dv, const fl
         heads = fit < 65535 ? (int)fit : 65535;
         way = heads ? MLA_PASS : MLA_RECOMPUTE;
     }
-    MlaPass all = {0, B, 0, KV};
-    int whole = way == MLA_PASS && (size_t)heads >= (size_t)B * KV, per = heads < KV ? heads : KV;
-    int np = way == MLA_PASS && !whole ? (KV + per - 1) / per : 1; // passes a sequence
-    int hp = (KV + np - 1) / np; // kv heads a pass, the passes as even as they can be
+    // one pass over every (sequence, kv head) pair, or per sequence hp kv heads at a time (the passes as
+    // even as ops.h attention_ds_pass_heads makes them)
+    int whole = way == MLA_PASS && (size_t)heads >= (size_t)B * KV;
+    int hp = way != MLA_PASS || whole ? KV : attention_ds_pass_heads(pair, (size_t)heads * pair, KV);
     size_t nds = way != MLA_PASS ? 0 : (whole ? (size_t)B * KV : (size_t)hp) * pair;
     char *w =
         (char *)cuda_workspace(nds ? nd + ngb + nds : nd + ng * sizeof(bf16s)); // (no scratch: as before)
@@ -311,17 +282,15 @@ extern "C" void cuda_attention_bwd_tcv(float *dq, float *dk, float *dv, const fl
     const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
     cuda_attention_rowdot(D, g, dout, out, 1, B, T, H, hd, t0, t1);
     if (way == MLA_OLD) {
-        cuda_attention_bwd_wg(dq, dk, dv, NULL, g, lse, D, qb, kb, vb, B, T, H, KV, hd, hv, t0, t1, flags);
+        cuda_attention_bwd_wg(dq, dk, dv, NULL, 0, g, lse, D, qb, kb, vb, B, T, H, KV, hd, hv, t0, t1, flags);
     } else if (way == MLA_RECOMPUTE) {
-        mla_pass(dq, dk, dv, NULL, g, lse, D, qb, kb, vb, T, H, KV, t0, t1, flags, all);
+        att_ds_passes(B, T, H, KV, MLA_HQ, 1, KV, [&](AttDsPass p) {
+            mla_pass(dq, dk, dv, NULL, g, lse, D, qb, kb, vb, T, H, KV, t0, t1, flags, p);
+        });
         cuda_attention_dq_wg(dq, g, lse, D, qb, kb, vb, B, T, H, KV, t0, t1, flags & ATT_ADD_DQ);
-    } else if (whole) {
-        mla_pass(dq, dk, dv, ds, g, lse, D, qb, kb, vb, T, H, KV, t0, t1, flags, all);
     } else {
-        for (int b = 0; b < B; b++)
-            for (int kh = 0; kh < KV; kh += hp) {
-                MlaPass p = {b, 1, kh, KV - kh < hp ? KV - kh : hp};
-                mla_pass(dq, dk, dv, ds, g, lse, D, qb, kb, vb, T, H, KV, t0, t1, flags, p);
-            }
+        att_ds_passes(B, T, H, KV, MLA_HQ, whole, hp, [&](AttDsPass p) {
+            mla_pass(dq, dk, dv, ds, g, lse, D, qb, kb, vb, T, H, KV, t0, t1, flags, p);
+        });
     }
 }

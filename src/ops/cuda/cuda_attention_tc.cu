@@ -541,8 +541,9 @@ static void tc_bwd(float *dq, float *dk, float *dv, const float *dout, const voi
     range_check(T, t0, t1);
     // the workspace: D, dout in bf16, and the wgmma backward's dS (ops.h attention_ds_bytes; 0 where it does
     // not run)
-    size_t nds =
-        !DROP && cuda_attention_wg_runs(hd, hd) ? attention_ds_bytes(B, T, H, hd, t0, t1) / sizeof(bf16s) : 0;
+    size_t nds = !DROP && cuda_attention_wg_runs(hd, hd)
+        ? attention_ds_bytes(B, T, H, KV, hd, t0, t1) / sizeof(bf16s)
+        : 0;
     size_t n[2] = {(size_t)B * T * H * hd, nds};
     float *D;
     bf16s *p[2];
@@ -550,8 +551,8 @@ static void tc_bwd(float *dq, float *dk, float *dv, const float *dout, const voi
     cuda_attention_rowdot(D, p[0], dout, out, 1, B, T, H, hd, t0, t1); // and dout's rows in bf16 into p[0]
     const bf16s *qb = (const bf16s *)q, *kb = (const bf16s *)k, *vb = (const bf16s *)v;
     if (!DROP &&
-        cuda_attention_bwd_wg(dq, dk, dv, nds ? p[1] : NULL, p[0], lse, D, qb, kb, vb, B, T, H, KV, hd, hd,
-                              t0, t1, flags))
+        cuda_attention_bwd_wg(dq, dk, dv, nds ? p[1] : NULL, nds * sizeof(bf16s), p[0], lse, D, qb, kb, vb, B,
+                              T, H, KV, hd, hd, t0, t1, flags))
         return;
     cuda_attention_zero_rows(dq, dk, dv, B, T, H, KV, hd, t0, t1, flags); // (these kernels add)
     if (hd == 32) bwd_launch<32, DROP>(dq, dk, dv, p[0], lse, D, qb, kb, vb, B, T, H, KV, t0, t1, dr);

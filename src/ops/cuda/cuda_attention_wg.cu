@@ -14,8 +14,9 @@
 // swizzled layout of cuda_wgmma.cuh (64-column blocks: two per 128-wide row, three per 192-wide), the
 // next K/V tile loading while the current one is used; only tiles crossing the diagonal or the last key
 // are masked; a warpgroup skips the tiles entirely above its rows.
-// Backward (D = rowsum(bf16(dout) out) given): a dk/dv kernel (NK warpgroups per block, each 64 keys,
-// over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q
+// Backward (D = rowsum(bf16(dout) out) given; the dS scratch in passes over kv heads where it is over its
+// cap: ops.h attention_ds_bytes): a dk/dv kernel (NK warpgroups per block, each 64
+// keys, over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q
 // from registers; products 192 wide as a 128-wide and a 64-wide wgmma) that also stores dS (bf16) in a
 // scratch (head dim 128 only), then a dq kernel of one product, dQ = dS K (both operands from shared
 // memory: cuda_attention_wg.cuh's att_wg_dqs_k); without the scratch (ops.h attention_ds_bytes: over its
@@ -371,10 +372,13 @@ extern "C" void cuda_attention_dq_wg(float *dq, const unsigned short *dout, cons
     dq_run<192, 128>(dq, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, add);
 }
 
+// The dk/dv kernel, then (ds) dq = dS K, over one pass of the scratch (cuda_attention_wg.cuh att_ds_passes;
+// every pointer at (sequence 0, head 0) of the whole call, moved by the pass's offsets); without ds, the dq
+// kernel that computes dS again first (one pass of everything).
 template <int HQ, int HV>
-static void bwd_run(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *dout, const float *lse,
-                    const float *D, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
-                    int KV, int t0, int t1, int flags) {
+static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *dout, const float *lse,
+                     const float *D, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
+                     int KV, int t0, int t1, int flags, AttDsPass p) {
     typedef WgShape<HQ, HV> S;
     static int opted = 0;
     if (!opted) {
@@ -386,33 +390,49 @@ static void bwd_run(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *do
         opted = 1;
     }
     float sc = 1.0f / sqrtf((float)HQ), sl = sc * WG_LOG2E;
-    int nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64;
+    int nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64, rep = H / KV;
     size_t nt = (size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2; // dS tiles per head (ds_tile)
-    dim3 gk(cdiv_u(t1, 64 * S::NK), KV, B);
+    size_t qo = p.qo, ko = p.ko, lo = p.lo;
     if (!dsb) dq_run<HQ, HV>(dq, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags & ATT_ADD_DQ);
-    att_wg_dkdv_k<HQ, HV><<<gk, 128 * S::NK, S::SMEM_DKDV>>>(dk, dv, dsb, dout, lse, D, q, k, v, T, H, KV, sl,
-                                                             sc, t0, t1, a, nt, flags & ATT_ADD_DKV);
+    dim3 gk(cdiv_u(t1, 64 * S::NK), p.nkv, p.nb);
+    att_wg_dkdv_k<HQ, HV><<<gk, 128 * S::NK, S::SMEM_DKDV>>>(dk + ko, dv + ko, dsb, dout + qo, lse + lo,
+                                                             D + lo, q + qo, k + ko, v + ko, T, H, KV, sl, sc,
+                                                             t0, t1, a, nt, flags & ATT_ADD_DKV);
     KCHECK("attention_bwd (wgmma, dk/dv)");
     if (dsb) {
-        dim3 g2(cdiv_u(t1 - t0, 128), H, B);
-        att_wg_dqs_k<128>
-            <<<g2, 256, DqsShape<128>::SMEM>>>(dq, dsb, k, T, H, KV, t0, t1, a, nt, flags & ATT_ADD_DQ);
+        dim3 g2(cdiv_u(t1 - t0, 128), p.nkv * rep, p.nb);
+        att_wg_dqs_k<128><<<g2, 256, DqsShape<128>::SMEM>>>(dq + qo, dsb, k + ko, T, H, KV, t0, t1, a, nt,
+                                                            flags & ATT_ADD_DQ);
         KCHECK("attention_bwd (wgmma, dq from dS)");
     }
 }
 
 // Backward on the bf16 copies (dout rounded too), D = rowsum(bf16(dout) * out) given; 0 where this
-// path does not run. ds: scratch of attention_ds_bytes(B, T, H, hd, t0, t1) bytes, where that is not 0
-// (head dim 128: the dk/dv kernel stores dS there, and dq is its product with K: 5 matrix products
-// instead of 7), or NULL (the dq kernel computes S, dP and dS again).
-extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout,
-                                     const float *lse, const float *D, const unsigned short *q,
-                                     const unsigned short *k, const unsigned short *v, int B, int T, int H,
-                                     int KV, int hd, int hv, int t0, int t1, int flags) {
+// path does not run. ds: scratch of ds_bytes = attention_ds_bytes(B, T, H, KV, hd, t0, t1) bytes, where that
+// is not 0 (head dim 128: the dk/dv kernel stores dS there, and dq is its product with K: 5 matrix products
+// instead of 7; the bytes of every (sequence, kv head) pair: one pass, else passes of ds_bytes / (a pair's
+// bytes) kv heads of one sequence), or NULL (the dq kernel computes S, dP and dS again).
+// dq's bits do not depend on the passes, nor dk's and dv's on the scratch.
+extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, size_t ds_bytes,
+                                     const unsigned short *dout, const float *lse, const float *D,
+                                     const unsigned short *q, const unsigned short *k,
+                                     const unsigned short *v, int B, int T, int H, int KV, int hd, int hv,
+                                     int t0, int t1, int flags) {
     if (!cuda_attention_wg_runs(hd, hv)) return 0;
-    if (hd == 128)
-        bwd_run<128, 128>(dq, dk, dv, (bf16s *)ds, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags);
-    else if (!ds) bwd_run<192, 128>(dq, dk, dv, NULL, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags);
-    else DIE("cuda attention (wgmma): no dS scratch at head dim %d", hd);
+    if (hd != 128) {
+        if (ds) DIE("cuda attention (wgmma): no dS scratch at head dim %d", hd);
+        att_ds_passes(B, T, H, KV, hd, 1, KV, [&](AttDsPass p) {
+            bwd_pass<192, 128>(dq, dk, dv, NULL, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags, p);
+        });
+        return 1;
+    }
+    int nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64;
+    size_t pair = (size_t)(H / KV) * ((size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2) * 8192;
+    int whole = !ds || ds_bytes >= (size_t)B * KV * pair, hp = whole ? KV : (int)(ds_bytes / pair);
+    if (!whole && hp < 1)
+        DIE("cuda attention (wgmma): a dS scratch of %zu bytes, under one pass's", ds_bytes);
+    att_ds_passes(B, T, H, KV, hd, whole, hp, [&](AttDsPass p) {
+        bwd_pass<128, 128>(dq, dk, dv, (bf16s *)ds, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags, p);
+    });
     return 1;
 }

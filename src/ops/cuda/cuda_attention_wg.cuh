@@ -1,9 +1,14 @@
 // cuda_attention_wg.cuh — what the Hopper (wgmma, sm_90a) attention kernels share: cuda_attention_wg.cu's
 // (the forward and the head-dim-128 backward) and cuda_attention_mla.cu's (latent attention's backward at
 // 192 / 128): the wgmma instructions by shape, the staging of tiles into the 128-byte-swizzled layout, the
-// products of a 64-row tile, the dS scratch's layout and the kernel that multiplies it by K. Device code
-// and the kernel template only. Must not hold: a kernel's launch, or any knowledge of the model.
+// products of a 64-row tile, the dS scratch's layout, its passes over kv heads (host side: what each pass
+// covers), dS^T's fragments gathered for its stores, the kernel that multiplies it by K, and the TMA
+// tensor maps of the kernels that load by TMA (cuda_attention_wgf.cu). Device code, the kernel
+// template, the passes and the maps only.
+// Must not hold: a kernel's launch, or any knowledge of the model.
 #pragma once
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <math.h>
 #include "ops/cuda/cuda_common.h"
@@ -101,6 +106,28 @@ __device__ __forceinline__ void wg_frags(uint32_t (*f)[4], const float *a) {
         for (int i = 0; i < 4; i++) f[kk][i] = pack_bf16(a[8 * kk + 2 * i], a[8 * kk + 2 * i + 1]);
 }
 
+// Row h (0, 1: rows 16 w + lane / 4 + 8 h of the 64 keys) of dS^T's A fragments f (wg_frags: the thread's
+// 4 bytes at 4 t of each 16-byte chunk of 8 queries) gathered within the quad (t = lane % 4) into whole
+// chunks: c[G] the chunk 4 G + t, its 4-byte words in order. Two exchanges a 4 x 4 block (chunks x
+// threads): across t ^ 2 the chunks 2 (t >> 1) and + 1 are gathered in pairs of pieces, across t ^ 1 chunk
+// t in full; piece p of chunk t is then the value of piece p ^ t's place, put in order by selects.
+__device__ __forceinline__ void ds_chunks(uint4 *c, const uint32_t (*f)[4], int h, int t) {
+    int b0 = t & 1, b1 = t >> 1;
+#pragma unroll
+    for (int G = 0; G < 2; G++) {
+        // piece t of chunks 4 G .. 4 G + 3 (chunk 2 kk + e / 2 of row e % 2 is f[kk][e])
+        uint32_t a0 = f[2 * G][h], a1 = f[2 * G][2 + h], a2 = f[2 * G + 1][h], a3 = f[2 * G + 1][2 + h];
+        uint32_t k0 = b1 ? a2 : a0, k1 = b1 ? a3 : a1; // pieces t of chunks 2 b1, 2 b1 + 1
+        uint32_t r0 = __shfl_xor_sync(0xffffffffu, b1 ? a0 : a2, 2), // pieces t ^ 2 of the same
+            r1 = __shfl_xor_sync(0xffffffffu, b1 ? a1 : a3, 2);
+        uint32_t m0 = b0 ? k1 : k0, m1 = b0 ? r1 : r0; // pieces t, t ^ 2 of chunk t
+        uint32_t y0 = __shfl_xor_sync(0xffffffffu, b0 ? k0 : k1, 1), // pieces t ^ 1, t ^ 3 of chunk t
+            y1 = __shfl_xor_sync(0xffffffffu, b0 ? r0 : r1, 1);
+        // word p = piece p = (m0, y0, m1, y1)[p ^ t]
+        uint32_t u0 = b0 ? y0 : m0, u1 = b0 ? m0 : y0, u2 = b0 ? y1 : m1, u3 = b0 ? m1 : y1;
+        c[G] = b1 ? make_uint4(u2, u3, u0, u1) : make_uint4(u0, u1, u2, u3);
+    }
+}
 // S (64 x 64) = A B^T over the first HD columns: A's 64 rows at sa, B's 64 rows at sb, both tiles of
 // `arows` / `brows` rows in the swizzled layout (their 64-column blocks arows x 128 B apart)
 template <int HD>
@@ -126,6 +153,48 @@ template <int N> __device__ __forceinline__ void wg_times(float *acc, uint32_t (
     static_assert(N == 128 || N == 192, "wg_times: N 128 or 192");
 }
 #endif
+
+// A tensor map over rows of `sheads` x ld bf16 (B, T, sheads, ld) at p, of which the first `heads` heads and
+// `cols` columns are read, its rows bounded at `rows` (from there on read as zeros): boxes of 64 columns x 1
+// head x box_rows rows, 128-byte swizzle (the layout of cuda_wgmma.cuh's descriptors).
+static inline void att_tma_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16s *p, int B,
+                               int T, int rows, int heads, int sheads, int cols, int ld, int box_rows,
+                               const char *what) {
+    const cuuint64_t row = (cuuint64_t)ld * 2; // bytes
+    cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)B};
+    cuuint64_t strides[3] = {row, (cuuint64_t)sheads * row, (cuuint64_t)T * sheads * row};
+    cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, es[4] = {1, 1, 1, 1};
+    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)p, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        DIE("cuTensorMapEncodeTiled failed (error %d) for attention's %s (B %d, T %d, %d of %d heads, rows < "
+            "%d, %d of %d columns) at %p",
+            (int)r, what, B, T, heads, sheads, rows, cols, ld, (const void *)p);
+}
+
+// One pass of the dS scratch: the kv heads [kh0, kh0 + nkv) of the sequences [b0, b0 + nb), and the
+// offsets (elements) of its first sequence and head in q / dout (B, T, H, hd), k / v (B, T, KV, hd) and
+// lse / D (B, H, T) that move the whole call's pointers there (the kernels index rows by T, H, KV; the
+// scratch's tiles by the pass's own sequences and heads, from its start).
+struct AttDsPass {
+    int b0, nb, kh0, nkv;
+    size_t qo, ko, lo;
+};
+// run(pass) for each pass: one over everything (whole), else, sequence by sequence, hp kv heads at a time
+// (the last pass the rest)
+template <typename F>
+static inline void att_ds_passes(int B, int T, int H, int KV, int hd, int whole, int hp, F run) {
+    int rep = H / KV;
+    for (int b = 0; b < (whole ? 1 : B); b++)
+        for (int kh = 0; kh < KV; kh += whole ? KV : hp) {
+            AttDsPass p = {b, whole ? B : 1, kh, whole ? KV : (KV - kh < hp ? KV - kh : hp), 0, 0, 0};
+            p.qo = ((size_t)b * T * H + (size_t)kh * rep) * hd;
+            p.ko = ((size_t)b * T * KV + kh) * hd;
+            p.lo = ((size_t)b * H + (size_t)kh * rep) * T;
+            run(p);
+        }
+}
 
 // The dS scratch (ops.h attention_ds_bytes): for each sequence b and query head h, the query tiles m of
 // 64 rows from qa, each followed by its key tiles j = 0 .. a + m (a = ceil(qa / 64)), a 64 x 64 bf16

@@ -12,12 +12,12 @@
 // over any split of the query rows (the key tiles start at key 0 whatever the rows) and from run to run (no
 // atomics; each output written by one thread).
 // A block: 128 query rows of one head, 3 warpgroups. Warpgroup 0 is the producer (setmaxnreg down to 40;
-// one thread issues every load): TMA (4-D tensor maps over (B, rows, heads, width), 128-byte swizzle, boxes
-// of 64 columns, rows from qb on zero-filled by the map's bounds, so rows past the call's range are never
-// read) loads Q once and K, V tiles of 128 keys into a 2-stage ring, each with a full and an empty mbarrier
-// per stage (K and V apart: a K stage is handed back when S is done, a V stage when P V is). Q and K tiles
-// are HQ / 64 column blocks (2 or 3), V's 2 (its first 128 columns). Warpgroups 1 and 2 (setmaxnreg up to
-// 232) own 64 query rows each and run, per key tile j:
+// one thread issues every load): TMA (cuda_attention_wg.cuh att_tma_map: 4-D tensor maps over (B, rows,
+// heads, width), 128-byte swizzle, boxes of 64 columns, rows from qb on zero-filled by the map's bounds, so
+// rows past the call's range are never read) loads Q once and K, V tiles of 128 keys into a 2-stage ring,
+// each with a full and an empty mbarrier per stage (K and V apart: a K stage is handed back when S is done, a
+// V stage when P V is). Q and K tiles are HQ / 64 column blocks (2 or 3), V's 2 (its first 128 columns).
+// Warpgroups 1 and 2 (setmaxnreg up to 232) own 64 query rows each and run, per key tile j:
 //   issue S_j = Q K_j^T (m64n128k16 x HQ / 16, both from shared memory) and O += P_{j-1} V_{j-1}
 //   (m64n128k16 x 8, P from registers); wait for S_j; softmax_j (running max, row sums) while P V runs; wait
 //   for P V; O *= the rescale; P_j = bf16(exp2(S_j - max)).
@@ -28,8 +28,6 @@
 // The accumulators are the same at both widths (S and O 64 a thread); the kernel is a template on HQ, whose
 // instance at 128 is the machine code it had before the 192 one.
 // Must not hold: the 64-key or backward kernels (cuda_attention_wg.cu, _mla.cu), any knowledge of the model.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <math.h>
 #include <string.h>
@@ -301,25 +299,6 @@ static int wgf_on(void) {
     return v;
 }
 
-// A tensor map over rows of `heads` x ld bf16 (B, T, heads, ld) at p, of which the first `cols` are read, its
-// rows bounded at `rows` (from there on read as zeros): boxes of 64 columns x 1 head x 128 rows, 128-byte
-// swizzle (the layout of cuda_wgmma.cuh's descriptors).
-static void af_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16s *p, int B, int T,
-                   int rows, int heads, int cols, int ld, const char *what) {
-    const cuuint64_t row = (cuuint64_t)ld * 2; // bytes
-    cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)B};
-    cuuint64_t strides[3] = {row, (cuuint64_t)heads * row, (cuuint64_t)T * heads * row};
-    cuuint32_t box[4] = {64, 1, AF_BN, 1}, es[4] = {1, 1, 1, 1};
-    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)p, dims, strides, box, es,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        DIE("cuTensorMapEncodeTiled failed (error %d) for attention's %s (B %d, T %d, %d heads, rows < %d, "
-            "%d "
-            "of %d columns) at %p",
-            (int)r, what, B, T, heads, rows, cols, ld, (const void *)p);
-}
-
 // att_wgf_k<HQ> on q, k (rows HQ wide) and v (rows HQ wide, the first 128 the values); the scale as
 // att_wg_fwd_k's (1 / sqrt(HQ), base 2)
 template <int HQ>
@@ -332,9 +311,9 @@ static void wgf_run(PFN_cuTensorMapEncodeTiled_v12000 enc, bf16s *out, float *ls
         opted = 1;
     }
     CUtensorMap tq, tk, tv;
-    af_map(enc, &tq, q, B, T, t1, H, HQ, HQ, "q");
-    af_map(enc, &tk, k, B, T, t1, KV, HQ, HQ, "k");
-    af_map(enc, &tv, v, B, T, t1, KV, 128, HQ, "v");
+    att_tma_map(enc, &tq, q, B, T, t1, H, H, HQ, HQ, AF_BN, "q");
+    att_tma_map(enc, &tk, k, B, T, t1, KV, KV, HQ, HQ, AF_BN, "k");
+    att_tma_map(enc, &tv, v, B, T, t1, KV, KV, 128, HQ, AF_BN, "v");
     dim3 grid(cdiv_u(t1 - t0, AF_BM), H, B);
     att_wgf_k<HQ><<<grid, AF_THREADS, AfShape<HQ>::SMEM>>>(tq, tk, tv, out, lse, T, H, KV,
                                                            WG_LOG2E / sqrtf((float)HQ), t0, t1);

@@ -330,10 +330,10 @@ int cuda_attention_fwd_wg(unsigned short *out, float *lse, const unsigned short 
 // (MOE_ATTN_FWD_OLD=1, no TMA here, operands not 16-byte aligned: the caller's kernel then)
 int cuda_attention_fwd_wgf(unsigned short *out, float *lse, const unsigned short *q, const unsigned short *k,
                            const unsigned short *v, int B, int T, int H, int KV, int hd, int t0, int t1);
-int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, const unsigned short *dout,
-                          const float *lse, const float *D, const unsigned short *q, const unsigned short *k,
-                          const unsigned short *v, int B, int T, int H, int KV, int hd, int hv, int t0,
-                          int t1, int flags);
+int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, size_t ds_bytes,
+                          const unsigned short *dout, const float *lse, const float *D,
+                          const unsigned short *q, const unsigned short *k, const unsigned short *v, int B,
+                          int T, int H, int KV, int hd, int hv, int t0, int t1, int flags);
 // latent attention's dq (192 / 128) by the kernel that computes S, dP and dS again, added into dq where add
 // (cuda_attention_mla.cu's MOE_ATTN_MLA=recompute)
 void cuda_attention_dq_wg(float *dq, const unsigned short *dout, const float *lse, const float *D,
