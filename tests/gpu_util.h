@@ -32,10 +32,15 @@ static inline float *gpu_getf(const Backend *be, const float *d, size_t n) {
     be->to_host(h, d, n * sizeof(float));
     return h;
 }
-// n floats, every one NaN (an output the op must write: what it leaves shows)
-static inline float *gpu_nanf(const Backend *be, size_t n) {
+// n host floats, every one NaN
+static inline float *host_nanf(size_t n) {
     float *h = xcalloc(n, sizeof(float));
     for (size_t i = 0; i < n; i++) h[i] = NAN;
+    return h;
+}
+// n floats, every one NaN (an output the op must write: what it leaves shows)
+static inline float *gpu_nanf(const Backend *be, size_t n) {
+    float *h = host_nanf(n);
     float *d = gpu_putf(be, h, n);
     free(h);
     return d;
@@ -49,8 +54,7 @@ static inline void *gpu_hid_put(const Backend *be, const float *h, size_t n) {
     return d;
 }
 static inline void *gpu_hid_nan(const Backend *be, size_t n) {
-    float *h = xcalloc(n, sizeof(float));
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *h = host_nanf(n);
     void *d = gpu_hid_put(be, h, n);
     free(h);
     return d;

@@ -127,6 +127,8 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
     w->adamw = elems * per / (sp->hw.hbm_gbps * 1e9);
 }
 
+static double min2(double a, double b) { return a < b ? a : b; }
+
 // The stage's PP messages, pp seconds a step (cs's pp: the forward's output on from all but the last virtual
 // stage, the backward's gradient back from all but the first, an equal share each), into w->on, w->back;
 // hide (Megatron's --overlap-p2p-comm, interleaved schedules only): each send behind the compute of the
@@ -139,8 +141,8 @@ static double stage_pp(StageWork *w, int pp, int s, double pp_s, int hide) {
         int v = ch * pp + s;
         double on = w->P ? pp_s * (v < S - 1) / w->P : 0, back = w->P ? pp_s * (v > 0) / w->P : 0;
         if (hide && w->n > 1) {
-            on -= on < w->ch[ch].fwd ? on : w->ch[ch].fwd;
-            back -= back < w->ch[ch].fwd ? back : w->ch[ch].fwd;
+            on -= min2(on, w->ch[ch].fwd);
+            back -= min2(back, w->ch[ch].fwd);
         }
         w->on[ch] = on;
         w->back[ch] = back;
@@ -267,8 +269,6 @@ static double ep_link_seconds(double B, const MeshShape *ms, const ModelConfig *
     double rdma = B * remote / (k * (g - 1.0) / g) / ib, nv = B / nvl;
     return rdma > nv ? rdma : nv;
 }
-
-static double min2(double a, double b) { return a < b ? a : b; }
 
 // The seconds of each kind of stage s's communication (cs: exposed a step, tp, ep, etp, dp, pp) the
 // PlanSpec's mechanisms hide behind compute (w: the stage's), each min(the messages, the compute they overlap
