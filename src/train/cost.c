@@ -308,18 +308,13 @@ static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double N
 
 // Latent attention's backward on the Hopper kernels (cuda_attention_mla.cu cuda_attention_bwd_tcv, its
 // default way, over whole sequences), workspace bytes: D (B, H, T) float and dout's rows in bf16 (2 bytes a q
-// element), each 256-aligned, then the dS scratch of as many (sequence, kv head) pairs as fit in the smaller
-// of MOE_ATTN_DS_MB and 8 bytes a q element, in passes as even as they can be (ops.h attention_ds_pass_heads,
-// as the kernel takes them; none fit: dS computed again, and dout's rows unaligned).
+// element), each 256-aligned, then the dS scratch as the kernel sizes it (ops.h attention_mla_ds_bytes; none
+// fit: dS computed again, and dout's rows unaligned).
 static double mla_workspace(int B, int T, int H, int KV, int hd) {
-    size_t ng = (size_t)B * T * H * hd, nd = ((size_t)B * H * T * 4 + 255) & ~(size_t)255, rep = H / KV;
-    size_t nT = ((size_t)T + 63) / 64, pair = rep * (nT * (nT + 1) / 2) * 8192,
-           most = rep * (nT * (nT + 3) / 2) * 8192;
-    size_t cap = (size_t)attention_ds_cap_mb() << 20, room = 8 * ng, fit = (cap < room ? cap : room) / most;
-    size_t heads = fit < 65535 ? fit : 65535;
-    if (!heads) return (double)(nd + 2 * ng);
-    size_t whole = heads >= (size_t)B * KV, hp = (size_t)attention_ds_pass_heads(pair, heads * pair, KV);
-    return (double)(nd + ((2 * ng + 255) & ~(size_t)255) + (whole ? (size_t)B * KV : hp) * pair);
+    size_t ng = (size_t)B * T * H * hd, nd = ((size_t)B * H * T * 4 + 255) & ~(size_t)255;
+    size_t nds = attention_mla_ds_bytes(B, T, H, KV, hd, 0, T, 0, NULL, NULL);
+    if (!nds) return (double)(nd + 2 * ng);
+    return (double)(nd + ((2 * ng + 255) & ~(size_t)255) + nds);
 }
 
 // The cuda backend's workspace (cuda_backend.cu cuda_workspace) on a rank running B sequences of T tokens
