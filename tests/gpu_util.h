@@ -1,7 +1,7 @@
 // gpu_util.h — what the GPU test programs (tests/test_cuda_*.c) share, header-only: MOE_TEST_SMALL, device
-// buffers through a Backend (float32 and "cuda"'s hidden bf16 format: put, read back, NaN-filled), the raw
-// CUDA buffers and non-finite counters of the tests that call the kernels' entry points directly, and the
-// error of a result against a reference (per element relative to |want| + rms(want), and norm-wise). Must
+// buffers through a Backend (float32 and its hidden format, bf16 or float32: put, read back, NaN-filled),
+// the raw CUDA buffers and non-finite counters of the tests that call the kernels' entry points directly, and
+// the error of a result against a reference (per element relative to |want| + rms(want), and norm-wise). Must
 // not hold: assertions, printing or the "N checks" line (test_util.h), any one test's shapes or bands.
 #pragma once
 #include <math.h>
@@ -45,8 +45,10 @@ static inline float *gpu_nanf(const Backend *be, size_t n) {
     free(h);
     return d;
 }
-// the hidden format (bf16 bits) from float values (each rounded to nearest even), NaN-filled, and read back
+// the backend's hidden format (ops.h Backend.hid: bf16 bits, each value rounded to nearest even; or float32
+// as given) from float values, NaN-filled, and read back
 static inline void *gpu_hid_put(const Backend *be, const float *h, size_t n) {
+    if (be->hid == FMT_F32) return gpu_putf(be, h, n);
     uint16_t *b = xcalloc(n, 2);
     for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
     void *d = gpu_put(be, b, n * 2);
@@ -60,6 +62,7 @@ static inline void *gpu_hid_nan(const Backend *be, size_t n) {
     return d;
 }
 static inline float *gpu_hid_get(const Backend *be, const void *d, size_t n) {
+    if (be->hid == FMT_F32) return gpu_getf(be, d, n);
     uint16_t *b = xcalloc(n, 2);
     be->to_host(b, d, n * 2);
     float *h = xcalloc(n, sizeof(float));
@@ -71,16 +74,17 @@ static inline float *gpu_hid_get(const Backend *be, const void *d, size_t n) {
 // ---------------------------------------------------------------- the error of a result
 // got against want (host arrays of n): e_i = |got_i - want_i| / (|want_i| + rms(want)). bad: how many e_i are
 // not <= band (a NaN is out), first: the first of them; worst: the largest e_i (a NaN counts as infinity);
-// norm: ||got - want|| / ||want|| (||got - want|| where want is all zeros; a NaN: infinity).
+// norm: ||got - want|| / ||want|| (||got - want|| where want is all zeros; a NaN: infinity). gpu_err_at:
+// where want is all zeros, e_i is judged against zero_rms in place of rms(want) (0: against none).
 typedef struct {
     size_t bad, first;
     double worst, norm;
 } GpuErr;
-static inline GpuErr gpu_err(const float *got, const float *want, size_t n, double band) {
+static inline GpuErr gpu_err_at(const float *got, const float *want, size_t n, double band, double zero_rms) {
     GpuErr r = {0, 0, 0.0, 0.0};
     double ss = 0, dd = 0;
     for (size_t i = 0; i < n; i++) ss += (double)want[i] * want[i];
-    double rms = sqrt(ss / (n ? n : 1));
+    double rms = ss == 0 ? zero_rms : sqrt(ss / (n ? n : 1));
     for (size_t i = 0; i < n; i++) {
         double d = (double)got[i] - want[i], e = fabs(d) / (fabs(want[i]) + rms + 1e-30);
         dd += d * d;
@@ -90,6 +94,9 @@ static inline GpuErr gpu_err(const float *got, const float *want, size_t n, doub
     r.norm = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
     if (isnan(r.norm)) r.norm = INFINITY;
     return r;
+}
+static inline GpuErr gpu_err(const float *got, const float *want, size_t n, double band) {
+    return gpu_err_at(got, want, n, band, 0);
 }
 
 // ---------------------------------------------------------------- raw CUDA buffers (the kernels' entry

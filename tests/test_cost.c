@@ -8,7 +8,8 @@
 //    positions, 3 x for forward and backward), written out for the tiny preset at T 64;
 //  - bytes sent per step on simple meshes of two ranks (TP, EP, ETP sharded and gathered, DP with ZeRO
 //    1, a pipeline of two stages, interleaved), counted by hand;
-//  - memory: a mesh of one rank holds what the whole model does in one process;
+//  - memory: a mesh of one rank holds what the whole model does in one process; one layer's activations,
+//    counted by hand from the buffers the model allocates a layer (tiny);
 //  - the FP8 table's kept weight codes (cuda_fp8_wcache.cu), counted by hand for the tiny preset: the whole
 //    model, two pipeline stages, two EP ranks, a shared expert (with and without the fused pair), a dense
 //    layer, and weights off a multiple of 8 elements (not kept);
@@ -229,6 +230,33 @@ static void check_memory(const char *name) {
     }
 }
 
+// One layer's activations (cost.c acts_layer): the whole model's with two layers less that with one (the
+// head's and the backward's scratch do not depend on the layers), tiny at batch 2 x 64 (N 128 tokens) in one
+// process, no --recompute, float32 values, counted by hand from what the model allocates a layer
+// (model_state.c slot_alloc, attention.c gqa_acts_alloc, moe.c moe_layer_init and the arena's rows):
+//   res_in, xn1, x_mid, xn2: 4 x 128 x 96 = 49,152; rstd1, rstd2: 2 x 128 = 256;
+//   q and the attention output 2 x 128 x 96, k and v 2 x 128 x 48, lse 2 x 4 heads x 64 = 37,376;
+//   the router's logits 128 x 4 experts = 512; the dispatched rows xs 256 (k 2 a token) x 96 = 24,576;
+//   the experts' outputs yg 256 x 96 = 24,576 and h1, h3, act 3 x 256 x 192 = 147,456;
+// 283,904 floats = 1,135,616 bytes. (The MoE output is the model's one buffer: not a layer's.)
+static void check_layer_acts(void) {
+    ModelConfig c = preset("tiny"); // d 96, 4 heads (2 kv, head dim 24), 4 experts top-2, f 192
+    EXPECT(!c.qk_norm && !c.n_shared_experts && c.jitter == 0,
+           "the tiny preset changed: rewrite the numbers");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 2;
+    o.seq_len = 64;
+    CostWhole w1, w2;
+    c.n_layers = 1;
+    cost_whole(&w1, &c, &o, 0);
+    c.n_layers = 2;
+    cost_whole(&w2, &c, &o, 0);
+    double want = 4.0 * (49152 + 256 + 37376 + 512 + 24576 + 24576 + 147456);
+    EXPECT(w2.acts - w1.acts == want, "tiny, one layer's activations: %.17g bytes, want %.17g",
+           w2.acts - w1.acts, want);
+}
+
 static double kept_whole(const ModelConfig *c, const TrainOptions *o) {
     CostWhole w;
     cost_whole(&w, c, o, 0);
@@ -331,6 +359,7 @@ int main(void) {
     check_comm();
     check_memory("small");
     check_memory("peers-ref");
+    check_layer_acts();
     check_fp8_kept();
     return test_done("test_cost");
 }

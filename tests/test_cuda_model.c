@@ -41,6 +41,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "test_util.h"
+#include "gpu_util.h"
 #include "bf16_ref.h"
 
 #define MODEL_RTOL 5e-4
@@ -53,31 +54,6 @@
 static double g_rtol = MODEL_RTOL, g_norm = MODEL_RTOL; // per-element and norm-wise tolerances of the pair
 
 static double worst_all;
-
-// Worst per-element error of got against ref (n floats), relative to |ref| + rms(ref); *norm gets
-// the norm-wise ||got - ref|| / ||ref||.
-static double rel_err(const float *got, const float *ref, size_t n, size_t *bad_out, size_t *first,
-                      double *norm) {
-    double rms = 0, dd = 0;
-    for (size_t i = 0; i < n; i++) rms += (double)ref[i] * ref[i];
-    double ss = rms;
-    rms = sqrt(rms / (n ? n : 1));
-    double worst = 0;
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-30);
-        dd += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
-        if (!(e <= g_rtol)) {
-            if (!bad) *first = i;
-            bad++;
-        }
-        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-    }
-    *bad_out = bad;
-    *norm = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
-    if (isnan(*norm)) *norm = INFINITY;
-    return worst;
-}
 
 // gpu against ref (a cpu backend); fp32: when gpu is "cuda", the plain float32 cpu for the loose
 // bf16 check of the losses (NULL otherwise).
@@ -121,13 +97,13 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     double le = lg;
     float *lgts = xmalloc(N * V * sizeof(float));
     gpu->to_host(lgts, mg.logits, N * V * sizeof(float));
-    size_t bad, first = 0;
-    double nrm, worst_norm = 0;
-    double e_logits = rel_err(lgts, mc.logits, N * V, &bad, &first, &nrm);
-    EXPECT(nrm <= g_norm, "[%s] logits: norm-wise relative error %.3e > %.0e", label, nrm, g_norm);
-    if (nrm > worst_norm) worst_norm = nrm;
-    EXPECT(bad == 0, "[%s] logits: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label, bad,
-           N * V, first, bad ? lgts[first] : 0.0, bad ? mc.logits[first] : 0.0);
+    double worst_norm = 0;
+    GpuErr el = gpu_err(lgts, mc.logits, N * V, g_rtol);
+    double e_logits = el.worst;
+    EXPECT(el.norm <= g_norm, "[%s] logits: norm-wise relative error %.3e > %.0e", label, el.norm, g_norm);
+    if (el.norm > worst_norm) worst_norm = el.norm;
+    EXPECT(el.bad == 0, "[%s] logits: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label,
+           el.bad, N * V, el.first, el.bad ? lgts[el.first] : 0.0, el.bad ? mc.logits[el.first] : 0.0);
 
     // training forward + backward, twice on the GPU (determinism)
     gpu->zero(mg.grads, P * sizeof(float));
@@ -165,17 +141,17 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     for (int i = 0; i < mc.t.n; i++) {
         const ParamSpec *s = &mc.t.p[i];
         if (!s->lnumel) continue;
-        double e = rel_err(g1 + s->loffset, mc.grads + s->loffset, s->lnumel, &bad, &first, &nrm);
-        if (e > worst) {
-            worst = e;
+        GpuErr e = gpu_err(g1 + s->loffset, mc.grads + s->loffset, s->lnumel, g_rtol);
+        if (e.worst > worst) {
+            worst = e.worst;
             worst_name = s->name;
         }
-        if (nrm > worst_norm) worst_norm = nrm;
-        EXPECT(nrm <= g_norm, "[%s] grad %s: norm-wise relative error %.3e > %.0e", label, s->name, nrm,
+        if (e.norm > worst_norm) worst_norm = e.norm;
+        EXPECT(e.norm <= g_norm, "[%s] grad %s: norm-wise relative error %.3e > %.0e", label, s->name, e.norm,
                g_norm);
-        EXPECT(bad == 0, "[%s] grad %s: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label,
-               s->name, bad, s->lnumel, first, bad ? g1[s->loffset + first] : 0.0,
-               bad ? mc.grads[s->loffset + first] : 0.0);
+        EXPECT(e.bad == 0, "[%s] grad %s: %zu of %zu out of tolerance; first [%zu] cuda %.9g cpu %.9g", label,
+               s->name, e.bad, s->lnumel, e.first, e.bad ? g1[s->loffset + e.first] : 0.0,
+               e.bad ? mc.grads[s->loffset + e.first] : 0.0);
     }
     // the bf16 policy's packed expert gradients (model_set_expert_grads OPTG_PACKED, written by a step's
     // first backward): each routed-expert element the bf16 (nearest even) of the float32 gradient of the same
@@ -221,12 +197,10 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
             model_backward(&mf, aux, zc);
             for (int i = 0; i < mc.t.n; i++) {
                 const ParamSpec *s = &mc.t.p[i];
-                size_t b1, f1;
-                double n1, n2, n3;
                 if (!s->lnumel) continue;
-                rel_err(g1 + s->loffset, mf.grads + s->loffset, s->lnumel, &b1, &f1, &n1);
-                rel_err(mc.grads + s->loffset, mf.grads + s->loffset, s->lnumel, &b1, &f1, &n2);
-                rel_err(g1 + s->loffset, mc.grads + s->loffset, s->lnumel, &b1, &f1, &n3);
+                double n1 = gpu_err(g1 + s->loffset, mf.grads + s->loffset, s->lnumel, g_rtol).norm,
+                       n2 = gpu_err(mc.grads + s->loffset, mf.grads + s->loffset, s->lnumel, g_rtol).norm,
+                       n3 = gpu_err(g1 + s->loffset, mc.grads + s->loffset, s->lnumel, g_rtol).norm;
                 printf("  vs32 %-52s cuda-f32 %.2e  bf16ref-f32 %.2e  cuda-bf16ref %.2e\n", s->name, n1, n2,
                        n3);
             }

@@ -64,6 +64,7 @@
 #include "bf16_ref.h"
 #include "test_runs.h"
 #include "cpu_oracle.h"
+#include "gpu_util.h"
 
 #define BAND_ELEM 1e-6
 #define BAND_SUM 1e-5
@@ -95,27 +96,6 @@ static int32_t *hidx(size_t n, int below) {
     for (size_t i = 0; i < n; i++) x[i] = (int32_t)rng_below(&R, (uint32_t)below);
     return x;
 }
-static void *dput(const void *h, size_t bytes) {
-    void *d = gpu->alloc(bytes);
-    gpu->to_device(d, h, bytes);
-    return d;
-}
-static float *dputf(const float *h, size_t n) { return dput(h, n * sizeof(float)); }
-static float *hnan(size_t n) {
-    float *h = hnew(n);
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    return h;
-}
-static float *dnan(size_t n) {
-    float *h = hnan(n), *d = dputf(h, n);
-    free(h);
-    return d;
-}
-static float *dget(const float *d, size_t n) {
-    float *h = hnew(n);
-    gpu->to_host(h, d, n * sizeof(float));
-    return h;
-}
 
 // Results per op, printed as a table at the end.
 typedef struct {
@@ -140,36 +120,21 @@ static OpRow *row_for(const char *op, double band) {
 static void cmp_n(const char *op, const char *what, const float *got_d, const float *ref, size_t n,
                   double band, double norm_band) {
     OpRow *r = row_for(op, band);
-    float *got = dget(got_d, n);
-    double rms = 0, dd = 0;
-    for (size_t i = 0; i < n; i++) rms += (double)ref[i] * ref[i];
-    double ss = rms;
-    rms = sqrt(rms / (n ? n : 1));
+    float *got = gpu_getf(gpu, got_d, n);
     // An all-zero reference (attention's dq and dk at T 1: one key's softmax has no gradient) has no scale of
     // its own: the result must be zero to the round-off of a cancellation among the unit-scale inputs every
     // test here draws (hrand(n, 1)): |got| <= 1e-5, judged as e <= band.
-    if (ss == 0) rms = 1e-5 / band;
-    size_t bad = 0, first = 0;
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + rms + 1e-30);
-        dd += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
-        if (!(e <= band)) {
-            if (!bad) first = i;
-            bad++;
-        }
-        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-    }
-    if (worst > r->worst) r->worst = worst;
-    r->bad += bad > 0;
-    EXPECT(bad == 0, "%s %s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g cpu %.9g", op, what,
-           bad, n, band, first, bad ? got[first] : 0.0, bad ? ref[first] : 0.0);
+    GpuErr e = gpu_err_at(got, ref, n, band, 1e-5 / band);
+    if (e.worst > r->worst) r->worst = e.worst;
+    r->bad += e.bad > 0;
+    EXPECT(e.bad == 0, "%s %s: %zu of %zu elements out of band %.0e; first [%zu] cuda %.9g cpu %.9g", op,
+           what, e.bad, n, band, e.first, e.bad ? got[e.first] : 0.0, e.bad ? ref[e.first] : 0.0);
     if (norm_band > 0 && n) {
-        double e = ss > 0 ? sqrt(dd / ss) : sqrt(dd);
         r->norm_band = norm_band;
-        if (!(e <= r->norm)) r->norm = isnan(e) ? INFINITY : e;
-        r->bad += !(e <= norm_band);
-        EXPECT(e <= norm_band, "%s %s: norm-wise relative error %.3e > %.0e", op, what, e, norm_band);
+        if (!(e.norm <= r->norm)) r->norm = e.norm;
+        r->bad += !(e.norm <= norm_band);
+        EXPECT(e.norm <= norm_band, "%s %s: norm-wise relative error %.3e > %.0e", op, what, e.norm,
+               norm_band);
     }
     free(got);
 }
@@ -178,7 +143,7 @@ static void cmp(const char *op, const char *what, const float *got_d, const floa
     cmp_n(op, what, got_d, ref, n, band, 0);
 }
 static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, size_t n) {
-    float *a = dget(a_d, n), *b = dget(b_d, n);
+    float *a = gpu_getf(gpu, a_d, n), *b = gpu_getf(gpu, b_d, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
     free(a);
     free(b);
@@ -186,7 +151,7 @@ static void cmp_exact_dev(const char *what, const float *a_d, const float *b_d, 
 // ops.h GM_DW_BF16 on the device: pk_d (2n floats, NaN before the op) holds in its first 2n bytes the bf16
 // (nearest even) of ref_d's n floats (the same op's GM_DW_WRITE result), and its last n floats are NaN still
 static void cmp_packed_dev(const char *what, const float *pk_d, const float *ref_d, size_t n) {
-    float *pk = dget(pk_d, 2 * n), *ref = dget(ref_d, n);
+    float *pk = gpu_getf(gpu, pk_d, 2 * n), *ref = gpu_getf(gpu, ref_d, n);
     size_t bad = 0, first = n, kept = 1;
     for (size_t j = 0; j < n; j++) {
         uint16_t h;
@@ -202,7 +167,7 @@ static void cmp_packed_dev(const char *what, const float *pk_d, const float *ref
 }
 // the device array a_d against a host reference, bit for bit
 static void cmp_exact_host(const char *what, const float *a_d, const float *ref, size_t n) {
-    float *a = dget(a_d, n);
+    float *a = gpu_getf(gpu, a_d, n);
     EXPECT(memcmp(a, ref, n * sizeof(float)) == 0, "%s: not the same bits", what);
     free(a);
 }
@@ -210,18 +175,18 @@ static void cmp_exact_host(const char *what, const float *a_d, const float *ref,
 // ---------------------------------------------------------------- memory
 static void test_memory(int big) {
     size_t n = (1 << 20) + 7;
-    float *d = gpu->alloc(n * sizeof(float)), *h = dget(d, n);
+    float *d = gpu->alloc(n * sizeof(float)), *h = gpu_getf(gpu, d, n);
     size_t nz = 0;
     for (size_t i = 0; i < n; i++) nz += h[i] != 0.0f;
     EXPECT(nz == 0, "alloc: %zu of %zu elements not zero", nz, n);
     float *x = hrand(n, 1.0f);
     gpu->to_device(d, x, n * sizeof(float));
-    float *d2 = dnan(n);
+    float *d2 = gpu_nanf(gpu, n);
     gpu->copy(d2, d, n * sizeof(float));
-    float *y = dget(d2, n);
+    float *y = gpu_getf(gpu, d2, n);
     EXPECT(memcmp(x, y, n * sizeof(float)) == 0, "to_device / copy / to_host round trip differs");
     gpu->zero(d2 + 5, 100 * sizeof(float));
-    float *z = dget(d2, n);
+    float *z = gpu_getf(gpu, d2, n);
     int ok = 1;
     for (size_t i = 0; i < n; i++) ok &= (i >= 5 && i < 105) ? z[i] == 0.0f : z[i] == x[i];
     EXPECT(ok, "zero: wrong range cleared");
@@ -249,7 +214,7 @@ static void test_memory(int big) {
             gpu->axpy(acc + i, word + i, 2.0f, 1);
             if (i == nc / 2) gpu->to_device(bigd, hb, (64 << 10) + 4);
         }
-        float *got = dget(acc, nc);
+        float *got = gpu_getf(gpu, acc, nc);
         int bad = 0;
         for (int i = 0; i < nc; i++) bad += got[i] != 2.0f * (float)(i + 1);
         EXPECT(bad == 0, "to_device of small copies: %d of %d words wrong (a staged copy lost or reordered)",
@@ -275,34 +240,6 @@ static void test_memory(int big) {
     free(z);
 }
 
-// The experts' hidden rows on the device (ops.h Backend.hid: float32, or bf16 on "cuda"). hid_put rounds
-// to nearest even (callers hand it bf16 values where the test needs them exact); hid_nan poisons.
-static void *hid_put(const float *h, size_t n) {
-    if (gpu->hid == FMT_F32) return dputf(h, n);
-    uint16_t *b = xcalloc(n ? n : 1, 2);
-    for (size_t i = 0; i < n; i++) b[i] = bf16_rn_bits(h[i]);
-    void *d = dput(b, n * 2);
-    free(b);
-    return d;
-}
-static void *hid_nan(size_t n) {
-    float *h = hnan(n);
-    void *d = hid_put(h, n);
-    free(h);
-    return d;
-}
-static float *hid_get(const void *d, size_t n) {
-    float *h = hnew(n);
-    if (gpu->hid == FMT_F32) {
-        gpu->to_host(h, d, n * sizeof(float));
-        return h;
-    }
-    uint16_t *b = xcalloc(n ? n : 1, 2);
-    gpu->to_host(b, d, n * 2);
-    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
-    free(b);
-    return h;
-}
 // the values x rounded as the hidden format stores them (in place)
 static void hid_round(float *x, size_t n) {
     if (gpu->hid != FMT_F32)
@@ -313,17 +250,17 @@ static void hid_round(float *x, size_t n) {
 // put
 static void *att_put(float *x, size_t n) {
     hid_round(x, n);
-    return hid_put(x, n);
+    return gpu_hid_put(gpu, x, n);
 }
 // the attention's output (hidden format) as a device float32 array, for the comparisons
 static float *att_out(const void *d, size_t n) {
-    float *h = hid_get(d, n), *f = dputf(h, n);
+    float *h = gpu_hid_get(gpu, d, n), *f = gpu_putf(gpu, h, n);
     free(h);
     return f;
 }
 // two hidden-format device arrays bit for bit
 static void cmp_exact_hid2(const char *what, const void *a_d, const void *b_d, size_t n) {
-    float *a = hid_get(a_d, n), *b = hid_get(b_d, n);
+    float *a = gpu_hid_get(gpu, a_d, n), *b = gpu_hid_get(gpu, b_d, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
     free(a);
     free(b);
@@ -367,7 +304,7 @@ static void test_matmul(int N, int K, int O, int shift) {
         float *rr = a ? hcopy(acc, (size_t)N * O) : hnew((size_t)N * O), *rf = hcopy(rr, (size_t)N * O);
         ref->matmul_fwd(rr, x, w, N, K, O, a);
         cpu->matmul_fwd(rf, x, w, N, K, O, a);
-        float *od = a ? dputf(acc, (size_t)N * O) : dnan((size_t)N * O);
+        float *od = a ? gpu_putf(gpu, acc, (size_t)N * O) : gpu_nanf(gpu, (size_t)N * O);
         gpu->matmul_fwd(od, xd, wd, N, K, O, a);
         snprintf(what, sizeof what, "%s N%d K%d O%d%s", a ? "accumulate" : "overwrite", N, K, O,
                  shift ? " unaligned" : "");
@@ -380,25 +317,25 @@ static void test_matmul(int N, int K, int O, int shift) {
     // pre 2: dinp and dw written (flags GM_DW_WRITE) over pre-filled buffers (NaN on the GPU)
     float *dout = hrand((size_t)N * O, 1.0f), *pdx = hrand((size_t)N * K, 1.0f),
           *pdw = hrand((size_t)O * K, 1.0f);
-    float *doutd = dputf(dout, (size_t)N * O);
+    float *doutd = gpu_putf(gpu, dout, (size_t)N * O);
     for (int pre = 0; pre < 3; pre++)
         for (int which = 0; which < 3; which++) { // 0 both, 1 dinp only, 2 dw only
             int fl = pre == 2 ? GM_DW_WRITE : GM_ACC_DINP;
             float *dx = pre ? hcopy(pdx, (size_t)N * K) : hnew((size_t)N * K);
             float *dw = pre ? hcopy(pdw, (size_t)O * K) : hnew((size_t)O * K);
             float *dxf = hcopy(dx, (size_t)N * K), *dwf = hcopy(dw, (size_t)O * K);
-            float *dxd = pre == 2 ? dnan((size_t)N * K) : dputf(dx, (size_t)N * K);
-            float *dwd = pre == 2 ? dnan((size_t)O * K) : dputf(dw, (size_t)O * K);
+            float *dxd = pre == 2 ? gpu_nanf(gpu, (size_t)N * K) : gpu_putf(gpu, dx, (size_t)N * K);
+            float *dwd = pre == 2 ? gpu_nanf(gpu, (size_t)O * K) : gpu_putf(gpu, dw, (size_t)O * K);
             ref->matmul_bwd(which != 2 ? dx : NULL, which != 1 ? dw : NULL, dout, x, w, N, K, O, fl);
             cpu->matmul_bwd(which != 2 ? dxf : NULL, which != 1 ? dwf : NULL, dout, x, w, N, K, O, fl);
             gpu->matmul_bwd(which != 2 ? dxd : NULL, which != 1 ? dwd : NULL, doutd, xd, wd, N, K, O, fl);
             if (pre == 2 && which == 2) { // dinp NULL: nothing to compare for it (dxd holds NaN)
                 gpu->free(dxd);
-                dxd = dputf(dx, (size_t)N * K);
+                dxd = gpu_putf(gpu, dx, (size_t)N * K);
             }
             if (pre == 2 && which == 1) { // dw NULL: likewise
                 gpu->free(dwd);
-                dwd = dputf(dw, (size_t)O * K);
+                dwd = gpu_putf(gpu, dw, (size_t)O * K);
             }
             snprintf(what, sizeof what, "dinp%s N%d K%d O%d",
                      pre == 2  ? " (written)"
@@ -450,8 +387,8 @@ static void test_dw_narrow(int N, int K, int O) {
             ww[(size_t)o * K + k] = sum;
             wa[(size_t)o * K + k] = pre[(size_t)o * K + k] + sum;
         }
-    float *xd = dputf(x, nk), *dd = dputf(dout, (size_t)N * O), *wd = dputf(w, ok), *dwn = dnan(ok),
-          *dwa = dputf(pre, ok);
+    float *xd = gpu_putf(gpu, x, nk), *dd = gpu_putf(gpu, dout, (size_t)N * O), *wd = gpu_putf(gpu, w, ok),
+          *dwn = gpu_nanf(gpu, ok), *dwa = gpu_putf(gpu, pre, ok);
     gpu->matmul_bwd(NULL, dwn, dd, xd, wd, N, K, O, GM_DW_WRITE);
     gpu->matmul_bwd(NULL, dwa, dd, xd, wd, N, K, O, 0);
     char what[96];
@@ -479,19 +416,19 @@ static void test_dw_narrow(int N, int K, int O) {
 static void test_matmul_multi(int N, int K, const int *O) {
     float *x = hrand((size_t)N * K, 1.0f);
     hid_round(x, (size_t)N * K);
-    float *xd = dputf(x, (size_t)N * K);
-    void *xh = hid_put(x, (size_t)N * K);
+    float *xd = gpu_putf(gpu, x, (size_t)N * K);
+    void *xh = gpu_hid_put(gpu, x, (size_t)N * K);
     float *w[3], *wd[3], *outm[3], *outs[3], *dout[3], *doutd[3], *dwm[3], *dws[3];
     for (int i = 0; i < 3; i++) {
         w[i] = hrand((size_t)O[i] * K, 0.5f);
-        wd[i] = dputf(w[i], (size_t)O[i] * K);
-        outm[i] = dnan((size_t)N * O[i]);
-        outs[i] = dnan((size_t)N * O[i]);
+        wd[i] = gpu_putf(gpu, w[i], (size_t)O[i] * K);
+        outm[i] = gpu_nanf(gpu, (size_t)N * O[i]);
+        outs[i] = gpu_nanf(gpu, (size_t)N * O[i]);
         dout[i] = hrand((size_t)N * O[i], 1.0f);
-        doutd[i] = dputf(dout[i], (size_t)N * O[i]);
+        doutd[i] = gpu_putf(gpu, dout[i], (size_t)N * O[i]);
         float *pre = hrand((size_t)O[i] * K, 1.0f);
-        dwm[i] = dputf(pre, (size_t)O[i] * K);
-        dws[i] = dputf(pre, (size_t)O[i] * K);
+        dwm[i] = gpu_putf(gpu, pre, (size_t)O[i] * K);
+        dws[i] = gpu_putf(gpu, pre, (size_t)O[i] * K);
         free(pre);
     }
     char what[96];
@@ -501,8 +438,8 @@ static void test_matmul_multi(int N, int K, const int *O) {
         snprintf(what, sizeof what, "matmul_fwd_multi out[%d] N%d K%d O%d vs matmul_fwd", i, N, K, O[i]);
         cmp_exact_dev(what, outm[i], outs[i], (size_t)N * O[i]);
     }
-    float *pdx = hrand((size_t)N * K, 1.0f), *dxm = dputf(pdx, (size_t)N * K),
-          *dxs = dputf(pdx, (size_t)N * K);
+    float *pdx = hrand((size_t)N * K, 1.0f), *dxm = gpu_putf(gpu, pdx, (size_t)N * K),
+          *dxs = gpu_putf(gpu, pdx, (size_t)N * K);
     gpu->matmul_bwd_multi(3, dxm, dwm, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O,
                           GM_ACC_DINP);
     for (int i = 0; i < 3; i++) gpu->matmul_bwd(dxs, dws[i], doutd[i], xd, wd[i], N, K, O[i], GM_ACC_DINP);
@@ -510,11 +447,11 @@ static void test_matmul_multi(int N, int K, const int *O) {
              O[2]);
     cmp_exact_dev(what, dxm, dxs, (size_t)N * K);
     { // dinp and dw written (GM_DW_WRITE) over NaN: the single ops' bits, dinp's first product written
-        float *dxw = dnan((size_t)N * K), *dxw1 = dnan((size_t)N * K);
+        float *dxw = gpu_nanf(gpu, (size_t)N * K), *dxw1 = gpu_nanf(gpu, (size_t)N * K);
         float *dwx[3], *dwx1[3];
         for (int i = 0; i < 3; i++) {
-            dwx[i] = dnan((size_t)O[i] * K);
-            dwx1[i] = dnan((size_t)O[i] * K);
+            dwx[i] = gpu_nanf(gpu, (size_t)O[i] * K);
+            dwx1[i] = gpu_nanf(gpu, (size_t)O[i] * K);
         }
         gpu->matmul_bwd_multi(3, dxw, dwx, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O,
                               GM_DW_WRITE);
@@ -569,14 +506,14 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     int n = (int)off[G];
     char what[96];
     float *x = hrand((size_t)n * K, 1.0f), *w = hrand((size_t)G * O * K, 0.5f);
-    float *xd = dputf(x, (size_t)n * K), *wd = dputf(w, (size_t)G * O * K);
-    float *rr = hnew((size_t)n * O), *rf = hnew((size_t)n * O), *od = dnan((size_t)n * O);
+    float *xd = gpu_putf(gpu, x, (size_t)n * K), *wd = gpu_putf(gpu, w, (size_t)G * O * K);
+    float *rr = hnew((size_t)n * O), *rf = hnew((size_t)n * O), *od = gpu_nanf(gpu, (size_t)n * O);
     ref->grouped_matmul_fwd(rr, x, w, off, G, K, O);
     cpu->grouped_matmul_fwd(rf, x, w, off, G, K, O);
     gpu->grouped_matmul_fwd(od, xd, wd, off, G, K, O);
     snprintf(what, sizeof what, "out G%d rows %d K%d O%d", G, n, K, O);
     cmp_gemm("grouped_matmul_fwd", bf, what, od, rr, rf, (size_t)n * O);
-    float *dout = hrand((size_t)n * O, 1.0f), *doutd = dputf(dout, (size_t)n * O);
+    float *dout = hrand((size_t)n * O, 1.0f), *doutd = gpu_putf(gpu, dout, (size_t)n * O);
     float *pdx = hrand((size_t)n * K, 1.0f), *pdw = hrand((size_t)G * O * K, 1.0f);
     // mode 0: zeroed buffers, 1: pre-filled (accumulate), 2: accumulate 0 (dinp overwritten: random
     // on the cpu, NaN on the GPU; dw pre-filled and still accumulated). In mode 2 the GPU's groups
@@ -589,20 +526,20 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
     float *side = hrand(nxs, 1.0f), *xs = hrand(nxs, 1.0f), *douts = hrand(nos, 1.0f);
     memcpy(xs + (size_t)L * K, x, sizeof(float) * n * K);
     memcpy(douts + (size_t)L * O, dout, sizeof(float) * n * O);
-    float *xsd = dputf(xs, nxs), *doutsd = dputf(douts, nos);
+    float *xsd = gpu_putf(gpu, xs, nxs), *doutsd = gpu_putf(gpu, douts, nos);
     for (int mode = 0; mode < 3; mode++) {
         int acc = mode < 2;
         float *dx = mode ? hcopy(pdx, (size_t)n * K) : hnew((size_t)n * K);
         float *dw = mode ? hcopy(pdw, (size_t)G * O * K) : hnew((size_t)G * O * K);
         float *dxf = hcopy(dx, (size_t)n * K), *dwf = hcopy(dw, (size_t)G * O * K);
-        float *dxs = NULL, *dxd, *dwd = dputf(dw, (size_t)G * O * K);
+        float *dxs = NULL, *dxd, *dwd = gpu_putf(gpu, dw, (size_t)G * O * K);
         if (mode < 2) {
-            dxd = dputf(dx, (size_t)n * K);
+            dxd = gpu_putf(gpu, dx, (size_t)n * K);
             gpu->grouped_matmul_bwd(dxd, dwd, doutd, xd, wd, off, G, K, O, 1);
         } else {
             dxs = hcopy(side, nxs);
             for (size_t i = 0; i < (size_t)n * K; i++) dxs[(size_t)L * K + i] = NAN;
-            dxd = dputf(dxs, nxs);
+            dxd = gpu_putf(gpu, dxs, nxs);
             gpu->grouped_matmul_bwd(dxd, dwd, doutsd, xsd, wd, offs, G, K, O, 0);
         }
         ref->grouped_matmul_bwd(dx, dw, dout, x, w, off, G, K, O, acc);
@@ -612,7 +549,7 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
         cmp_gemm("grouped_matmul_bwd", bf, what, mode < 2 ? dxd : dxd + (size_t)L * K, dx, dxf,
                  (size_t)n * K);
         if (mode == 2) {
-            float *got = dget(dxd, nxs);
+            float *got = gpu_getf(gpu, dxd, nxs);
             int kept = memcmp(got, side, sizeof(float) * L * K) == 0 &&
                 memcmp(got + (size_t)(L + n) * K, side + (size_t)(L + n) * K, sizeof(float) * L * K) == 0;
             EXPECT(kept, "grouped_matmul_bwd %s: a row outside [off[0], off[G]) changed", what);
@@ -625,7 +562,7 @@ static void test_grouped(int K, int O, int G, const int64_t *cnt) {
                  G, n, K, O);
         cmp_gemm("grouped_matmul_bwd", bf, what, dwd, dw, dwf, (size_t)G * O * K);
         // the weight blocks of empty groups: exactly what was there
-        float *dwg = dget(dwd, (size_t)G * O * K);
+        float *dwg = gpu_getf(gpu, dwd, (size_t)G * O * K);
         int same = 1;
         for (int g = 0; g < G; g++)
             if (!cnt[g])
@@ -684,7 +621,7 @@ static void cmp_hid(const char *op, int bf, const char *what, const void *got_d,
     char name[48];
     snprintf(name, sizeof name, "%s bf16 rows (flips)", op);
     OpRow *r = row_for(name, BAND_HID_FLIP);
-    float *got = hid_get(got_d, n);
+    float *got = gpu_hid_get(gpu, got_d, n);
     double rms = 0;
     for (size_t i = 0; i < n; i++) rms += (double)ref_r[i] * ref_r[i];
     rms = sqrt(rms / (n ? n : 1));
@@ -705,7 +642,7 @@ static void cmp_hid(const char *op, int bf, const char *what, const void *got_d,
         op, what, far, BAND_BF16_REF, first, far ? got[first] : 0.0, far ? ref_r[first] : 0.0);
     EXPECT(frac <= BAND_HID_FLIP, "%s %s: %zu of %zu values off the reference (%.3g > %.0e)", op, what, flips,
            n, frac, BAND_HID_FLIP);
-    float *gd = dputf(got, n); // cmp_n reads a float32 device array
+    float *gd = gpu_putf(gpu, got, n); // cmp_n reads a float32 device array
     snprintf(name, sizeof name, "%s bf16 (vs fp32)", op);
     cmp_n(name, what, gd, ref_f, n, BAND_BF16_ELEM, BAND_BF16_NORM);
     gpu->free(gd);
@@ -713,7 +650,7 @@ static void cmp_hid(const char *op, int bf, const char *what, const void *got_d,
 }
 // hidden rows got_d bit for bit against the float32 device rows f_d rounded as the hidden format stores them
 static void cmp_exact_hid(const char *what, const void *got_d, const float *f_d, size_t n) {
-    float *a = hid_get(got_d, n), *b = dget(f_d, n);
+    float *a = gpu_hid_get(gpu, got_d, n), *b = gpu_getf(gpu, f_d, n);
     hid_round(b, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "%s: not the same bits", what);
     free(a);
@@ -738,15 +675,16 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     // so that every side reads the same
     float *x = hrand(nx, 1.0f), *w1 = hrand(nw, 0.5f), *w3 = hrand(nw, 0.5f), *w2 = hrand(nw, 0.5f);
     hid_round(x, nx);
-    void *xh = hid_put(x, nx);
-    float *xd = dputf(x, nx), *w1d = dputf(w1, nw), *w3d = dputf(w3, nw), *w2d = dputf(w2, nw);
+    void *xh = gpu_hid_put(gpu, x, nx);
+    float *xd = gpu_putf(gpu, x, nx), *w1d = gpu_putf(gpu, w1, nw), *w3d = gpu_putf(gpu, w3, nw),
+          *w2d = gpu_putf(gpu, w2, nw);
     // forward: h1, h3, act
     float *r[3], *f[3];
     void *o[3];
     for (int i = 0; i < 3; i++) {
         r[i] = hnew(nh);
         f[i] = hnew(nh);
-        o[i] = hid_nan(nh);
+        o[i] = gpu_hid_nan(gpu, nh);
     }
     ref->grouped_swiglu_fwd(r[0], r[1], r[2], x, w1, w3, off, G, K, O);
     cpu->grouped_swiglu_fwd(f[0], f[1], f[2], x, w1, w3, off, G, K, O);
@@ -756,7 +694,7 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
         snprintf(what, sizeof what, "%s G%d rows %zu K%d O%d", fn[i], G, n, K, O);
         cmp_hid("grouped_swiglu_fwd", bf, what, o[i], r[i], f[i], nh);
     }
-    float *ph1 = dnan(nh), *ph3 = dnan(nh), *pact = dnan(nh);
+    float *ph1 = gpu_nanf(gpu, nh), *ph3 = gpu_nanf(gpu, nh), *pact = gpu_nanf(gpu, nh);
     gpu->grouped_matmul_fwd(ph1, xd, w1d, off, G, K, O);
     gpu->grouped_matmul_fwd(ph3, xd, w3d, off, G, K, O);
     gpu->swiglu_fwd(pact, ph1, ph3, nh);
@@ -768,8 +706,9 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     }
     // w2's forward from the hidden rows: act (rows, O) in, (rows, K) out; the reference's act (on
     // "cuda" bf16 values) on every side, so the plain GEMM on its float32 copy sees the same operand
-    void *actd = hid_put(r[2], nh);
-    float *actf = dputf(r[2], nh), *yd = dnan(nx), *yp = dnan(nx), *yr = hnew(nx), *yf = hnew(nx);
+    void *actd = gpu_hid_put(gpu, r[2], nh);
+    float *actf = gpu_putf(gpu, r[2], nh), *yd = gpu_nanf(gpu, nx), *yp = gpu_nanf(gpu, nx), *yr = hnew(nx),
+          *yf = hnew(nx);
     gpu->grouped_down_fwd(yd, actd, w2d, off, G, O, K);
     gpu->grouped_matmul_fwd(yp, actf, w2d, off, G, O, K);
     ref->grouped_down_fwd(yr, r[2], w2, off, G, O, K);
@@ -783,16 +722,16 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     // rounded to bf16 for dw would then differ by a bf16 ulp in places: measured 1.1e-4 on one element)
     float *dy = hrand(nx, 1.0f), *pdw = hrand(nw, 1.0f);
     hid_round(dy, nx); // (dout in the hidden format, as x)
-    float *dyd = dputf(dy, nx);
-    void *dyh = hid_put(dy, nx);
+    float *dyd = gpu_putf(gpu, dy, nx);
+    void *dyh = gpu_hid_put(gpu, dy, nx);
     for (int i = 0; i < 3; i++) {
         gpu->free(o[i]);
-        o[i] = hid_put(r[i], nh);
+        o[i] = gpu_hid_put(gpu, r[i], nh);
     }
     float *d1 = hnew(nh), *d3 = hnew(nh), *d1f = hnew(nh), *d3f = hnew(nh), *dw = hcopy(pdw, nw),
           *dwf = hcopy(pdw, nw);
-    float *dwd = dputf(pdw, nw);
-    void *d1d = hid_nan(nh), *d3d = hid_nan(nh);
+    float *dwd = gpu_putf(gpu, pdw, nw);
+    void *d1d = gpu_hid_nan(gpu, nh), *d3d = gpu_hid_nan(gpu, nh);
     ref->grouped_swiglu_bwd(d1, d3, dw, dy, r[2], r[0], r[1], w2, off, G, O, K, 0);
     cpu->grouped_swiglu_bwd(d1f, d3f, dwf, dy, r[2], r[0], r[1], w2, off, G, O, K, 0);
     gpu->grouped_swiglu_bwd(d1d, d3d, dwd, dyh, o[2], o[0], o[1], w2d, off, G, O, K, 0);
@@ -802,7 +741,8 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     cmp_hid("grouped_swiglu_bwd", bf, what, d3d, d3, d3f, nh);
     snprintf(what, sizeof what, "dw (accumulate) G%d rows %zu K%d O%d", G, n, O, K);
     cmp_gemm("grouped_swiglu_bwd", bf, what, dwd, dw, dwf, nw);
-    float *h1f = dputf(r[0], nh), *h3f = dputf(r[1], nh), *dact = dnan(nh), *p1 = dnan(nh), *p3 = dnan(nh);
+    float *h1f = gpu_putf(gpu, r[0], nh), *h3f = gpu_putf(gpu, r[1], nh), *dact = gpu_nanf(gpu, nh),
+          *p1 = gpu_nanf(gpu, nh), *p3 = gpu_nanf(gpu, nh);
     gpu->grouped_matmul_bwd(dact, NULL, dyd, actf, w2d, off, G, O, K, 0);
     gpu->swiglu_bwd(p1, p3, dact, h1f, h3f, nh, 0);
     snprintf(what, sizeof what, "grouped_swiglu_bwd: dh1 = plain GEMM + swiglu_bwd G%d K%d O%d", G, O, K);
@@ -810,12 +750,12 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     snprintf(what, sizeof what, "grouped_swiglu_bwd: dh3 = plain GEMM + swiglu_bwd G%d K%d O%d", G, O, K);
     cmp_exact_hid(what, d3d, p3, nh);
     // GM_DW_WRITE: dw written over NaN = added into zeros, bit for bit (blocks of 0-row groups: zeros)
-    float *zw = hnew(nw), *dwz = dputf(zw, nw), *dwn = dnan(nw);
+    float *zw = hnew(nw), *dwz = gpu_putf(gpu, zw, nw), *dwn = gpu_nanf(gpu, nw);
     gpu->grouped_swiglu_bwd(d1d, d3d, dwz, dyh, o[2], o[0], o[1], w2d, off, G, O, K, 0);
     gpu->grouped_swiglu_bwd(d1d, d3d, dwn, dyh, o[2], o[0], o[1], w2d, off, G, O, K, GM_DW_WRITE);
     snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_WRITE = into zeros G%d K%d O%d", G, O, K);
     cmp_exact_dev(what, dwn, dwz, nw);
-    float *dwp = dnan(2 * nw); // GM_DW_BF16: the same floats rounded, packed
+    float *dwp = gpu_nanf(gpu, 2 * nw); // GM_DW_BF16: the same floats rounded, packed
     gpu->grouped_swiglu_bwd(d1d, d3d, dwp, dyh, o[2], o[0], o[1], w2d, off, G, O, K,
                             GM_DW_WRITE | GM_DW_BF16);
     snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_BF16 = GM_DW_WRITE's rounded G%d K%d O%d", G, O, K);
@@ -826,12 +766,13 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
     float *ga = hrand(nh, 1.0f), *gb = hrand(nh, 1.0f);
     hid_round(ga, nh);
     hid_round(gb, nh);
-    void *gad = hid_put(ga, nh), *gbd = hid_put(gb, nh);
+    void *gad = gpu_hid_put(gpu, ga, nh), *gbd = gpu_hid_put(gpu, gb, nh);
     float *pdx = hrand(nx, 1.0f);
     for (int acc = 1; acc >= 0; acc--) {
         float *dx = hcopy(pdx, nx), *dwa = hcopy(pdw, nw), *dwb = hcopy(pdw, nw);
         float *dxf = hcopy(dx, nx), *dwaf = hcopy(dwa, nw), *dwbf = hcopy(dwb, nw);
-        float *dxd = acc ? dputf(dx, nx) : dnan(nx), *dwad = dputf(dwa, nw), *dwbd = dputf(dwb, nw);
+        float *dxd = acc ? gpu_putf(gpu, dx, nx) : gpu_nanf(gpu, nx), *dwad = gpu_putf(gpu, dwa, nw),
+              *dwbd = gpu_putf(gpu, dwb, nw);
         gpu->grouped_matmul_bwd2(dxd, dwad, dwbd, gad, gbd, xh, w1d, w3d, off, G, K, O, acc);
         ref->grouped_matmul_bwd2(dx, dwa, dwb, ga, gb, x, w1, w3, off, G, K, O, acc);
         cpu->grouped_matmul_bwd2(dxf, dwaf, dwbf, ga, gb, x, w1, w3, off, G, K, O, acc);
@@ -843,7 +784,8 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
         snprintf(what, sizeof what, "dwb (%s) G%d rows %zu K%d O%d", tag, G, n, K, O);
         cmp_gemm("grouped_matmul_bwd2", bf, what, dwbd, dwb, dwbf, nw);
         if (!acc) { // GM_DW_WRITE over NaN = added into zeros, bit for bit
-            float *za = dputf(zw, nw), *zb = dputf(zw, nw), *na = dnan(nw), *nb = dnan(nw), *xz = dnan(nx);
+            float *za = gpu_putf(gpu, zw, nw), *zb = gpu_putf(gpu, zw, nw), *na = gpu_nanf(gpu, nw),
+                  *nb = gpu_nanf(gpu, nw), *xz = gpu_nanf(gpu, nx);
             gpu->grouped_matmul_bwd2(xz, za, zb, gad, gbd, xh, w1d, w3d, off, G, K, O, 0);
             gpu->grouped_matmul_bwd2(xz, na, nb, gad, gbd, xh, w1d, w3d, off, G, K, O, GM_DW_WRITE);
             snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwa) G%d K%d O%d", G,
@@ -852,7 +794,7 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
             snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_WRITE = into zeros (dwb) G%d K%d O%d", G,
                      K, O);
             cmp_exact_dev(what, nb, zb, nw);
-            float *pa = dnan(2 * nw), *pb = dnan(2 * nw);
+            float *pa = gpu_nanf(gpu, 2 * nw), *pb = gpu_nanf(gpu, 2 * nw);
             gpu->grouped_matmul_bwd2(xz, pa, pb, gad, gbd, xh, w1d, w3d, off, G, K, O,
                                      GM_DW_WRITE | GM_DW_BF16);
             snprintf(what, sizeof what,
@@ -935,17 +877,17 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
 static void test_embedding(int V, int N, int C) {
     float *tab = hrand((size_t)V * C, 1.0f);
     int32_t *tok = hidx(N, V); // N >> V: many repeats, so the backward's sum order matters
-    float *tabd = dputf(tab, (size_t)V * C);
-    int32_t *tokd = dput(tok, N * sizeof(int32_t));
-    float *ref = hnew((size_t)N * C), *od = dnan((size_t)N * C);
+    float *tabd = gpu_putf(gpu, tab, (size_t)V * C);
+    int32_t *tokd = gpu_put(gpu, tok, N * sizeof(int32_t));
+    float *ref = hnew((size_t)N * C), *od = gpu_nanf(gpu, (size_t)N * C);
     cpu->embedding_fwd(ref, tok, tab, N, C);
     gpu->embedding_fwd(od, tokd, tabd, N, C);
     cmp("embedding_fwd", "out", od, ref, (size_t)N * C, BAND_ELEM);
-    float *dout = hrand((size_t)N * C, 1.0f), *doutd = dputf(dout, (size_t)N * C),
+    float *dout = hrand((size_t)N * C, 1.0f), *doutd = gpu_putf(gpu, dout, (size_t)N * C),
           *pre = hrand((size_t)V * C, 1.0f);
     for (int p = 0; p < 2; p++) {
         float *dt = p ? hcopy(pre, (size_t)V * C) : hnew((size_t)V * C);
-        float *dtd = dputf(dt, (size_t)V * C), *dtd2 = dputf(dt, (size_t)V * C);
+        float *dtd = gpu_putf(gpu, dt, (size_t)V * C), *dtd2 = gpu_putf(gpu, dt, (size_t)V * C);
         cpu->embedding_bwd(dt, dout, tok, N, C);
         gpu->embedding_bwd(dtd, doutd, tokd, N, C);
         gpu->embedding_bwd(dtd2, doutd, tokd, N, C);
@@ -987,10 +929,10 @@ static float warp_order_dot(const float *a, const float *b, int C) {
 }
 
 static void test_rows(int nsrc, int n, int C) {
-    float *inp = hrand((size_t)nsrc * C, 1.0f), *inpd = dputf(inp, (size_t)nsrc * C);
-    int32_t *idx = hidx(n, nsrc), *idxd = dput(idx, n * sizeof(int32_t));
+    float *inp = hrand((size_t)nsrc * C, 1.0f), *inpd = gpu_putf(gpu, inp, (size_t)nsrc * C);
+    int32_t *idx = hidx(n, nsrc), *idxd = gpu_put(gpu, idx, n * sizeof(int32_t));
     // gather
-    float *ref = hnew((size_t)n * C), *od = dnan((size_t)n * C);
+    float *ref = hnew((size_t)n * C), *od = gpu_nanf(gpu, (size_t)n * C);
     cpu->gather_rows(ref, inp, idx, n, C);
     gpu->gather_rows(od, inpd, idxd, n, C);
     cmp("gather_rows", "out", od, ref, (size_t)n * C, BAND_ELEM);
@@ -998,9 +940,9 @@ static void test_rows(int nsrc, int n, int C) {
     // bands, and bit for bit against host references of what the kernel computes: out = the
     // gathered rows scaled (cpu_oracle.h scale_rows: one float product each), dot = the gathered
     // row's dot with b in the kernel's order (warp_order_dot)
-    float *sc = hrand(n, 1.0f), *scd = dputf(sc, n);
-    float *b = hrand((size_t)n * C, 1.0f), *bd = dputf(b, (size_t)n * C);
-    float *fo = dnan((size_t)n * C), *fdt = dnan(n);
+    float *sc = hrand(n, 1.0f), *scd = gpu_putf(gpu, sc, n);
+    float *b = hrand((size_t)n * C, 1.0f), *bd = gpu_putf(gpu, b, (size_t)n * C);
+    float *fo = gpu_nanf(gpu, (size_t)n * C), *fdt = gpu_nanf(gpu, n);
     float *ho = hnew((size_t)n * C), *hdt = hnew(n);
     cpu->gather_dot_scale(ho, hdt, inp, idx, b, sc, n, C, 0);
     gpu->gather_dot_scale(fo, fdt, inpd, idxd, bd, scd, n, C, 0);
@@ -1014,19 +956,19 @@ static void test_rows(int nsrc, int n, int C) {
     // into the hidden format (the rows sent to the experts): out = those products rounded once (bf16 on
     // "cuda"), the dot unchanged; gather_rows_hid from float32 = the gathered rows rounded, and from rows
     // of the format (values it holds exactly) = copied; unwritten rows poisoned, bit for bit
-    void *hd = hid_nan((size_t)n * C);
-    float *hdt2 = dnan(n);
+    void *hd = gpu_hid_nan(gpu, (size_t)n * C);
+    float *hdt2 = gpu_nanf(gpu, n);
     gpu->gather_dot_scale(hd, hdt2, inpd, idxd, bd, scd, n, C, 1);
-    float *got = hid_get(hd, (size_t)n * C), *want = hcopy(xo, (size_t)n * C);
+    float *got = gpu_hid_get(gpu, hd, (size_t)n * C), *want = hcopy(xo, (size_t)n * C);
     hid_round(want, (size_t)n * C);
     EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0,
            "gather_dot_scale (hidden format) C%d: not the rounded products", C);
     cmp_exact_dev("gather_dot_scale (hidden format): dot", hdt2, fdt, n);
     free(got);
     gpu->free(hd);
-    hd = hid_nan((size_t)n * C);
+    hd = gpu_hid_nan(gpu, (size_t)n * C);
     gpu->gather_rows_hid(hd, inpd, 0, idxd, n, C);
-    got = hid_get(hd, (size_t)n * C);
+    got = gpu_hid_get(gpu, hd, (size_t)n * C);
     memcpy(want, ref, sizeof(float) * n * C);
     hid_round(want, (size_t)n * C);
     EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0,
@@ -1034,9 +976,9 @@ static void test_rows(int nsrc, int n, int C) {
     free(got);
     float *src = hcopy(inp, (size_t)nsrc * C);
     hid_round(src, (size_t)nsrc * C);
-    void *srcd = hid_put(src, (size_t)nsrc * C), *hd2 = hid_nan((size_t)n * C);
+    void *srcd = gpu_hid_put(gpu, src, (size_t)nsrc * C), *hd2 = gpu_hid_nan(gpu, (size_t)n * C);
     gpu->gather_rows_hid(hd2, srcd, 1, idxd, n, C);
-    got = hid_get(hd2, (size_t)n * C);
+    got = gpu_hid_get(gpu, hd2, (size_t)n * C);
     for (int i = 0; i < n; i++) memcpy(want + (size_t)i * C, src + (size_t)idx[i] * C, sizeof(float) * C);
     EXPECT(memcmp(got, want, sizeof(float) * n * C) == 0,
            "gather_rows_hid (hidden rows) C%d: not the rows copied", C);
@@ -1077,8 +1019,8 @@ static void test_combine(int N, int k, int C, int M, int shift) {
     float *rows = hrand((size_t)M * C, 1.0f), *w = hrand((size_t)N * k, 1.0f),
           *pre = hrand((size_t)N * C, 1.0f);
     float *rb, *ob, *ob2;
-    float *rowsd = dputf_shift(rows, (size_t)M * C, shift, &rb), *wd = dputf(w, (size_t)N * k);
-    int32_t *srd = dput(sr, (size_t)N * k * sizeof(int32_t));
+    float *rowsd = dputf_shift(rows, (size_t)M * C, shift, &rb), *wd = gpu_putf(gpu, w, (size_t)N * k);
+    int32_t *srd = gpu_put(gpu, sr, (size_t)N * k * sizeof(int32_t));
     float *nanh = hnew((size_t)N * C);
     for (size_t i = 0; i < (size_t)N * C; i++) nanh[i] = NAN;
     char what[64];
@@ -1148,7 +1090,7 @@ static void test_plan(int N, int E, int k) {
     float *rs = hnew(nk), *rsg = hnew(nk);
     cpu->plan_rows(sr, rt, rs, rank, idx, w, kf, kf + kE, N, E, k);
     int32_t *kfd = gpu->alloc(2 * kE * 4), *srd = gpu->alloc(nk * 4), *rtd = gpu->alloc(nk * 4);
-    float *wd = dputf(w, nk), *rsd = dnan(nk);
+    float *wd = gpu_putf(gpu, w, nk), *rsd = gpu_nanf(gpu, nk);
     gpu->to_device(kfd, kf, 2 * kE * 4);
     gpu->to_device(rtd, rt, nk * 4); // rows past the kept ones: the same (unwritten) values on both
     gpu->to_device(rsd, rs, nk * 4);
@@ -1190,15 +1132,15 @@ static void test_router(int N, int E, int k, int renorm) { test_router_b(N, E, k
 static void test_router_r(int N, int E, RouteRule r, int with_bias) {
     int k = r.k, renorm = r.renorm;
     float zl = r.sigmoid ? 0.0f : 0.37f;
-    float *lg = hrand((size_t)N * E, 2.0f), *lgd = dputf(lg, (size_t)N * E);
-    float *bias = with_bias ? hrand(E, 0.3f) : NULL, *biasd = with_bias ? dputf(bias, E) : NULL;
+    float *lg = hrand((size_t)N * E, 2.0f), *lgd = gpu_putf(gpu, lg, (size_t)N * E);
+    float *bias = with_bias ? hrand(E, 0.3f) : NULL, *biasd = with_bias ? gpu_putf(gpu, bias, E) : NULL;
     float *p = hnew((size_t)N * E), *l = hnew(N), *w = hnew((size_t)N * k);
     int32_t *ix = xcalloc((size_t)N * k, sizeof(int32_t)), *ixg = xcalloc((size_t)N * k, sizeof(int32_t));
     double *sm = xcalloc(E + 1, sizeof(double)), *smg = xcalloc(E + 1, sizeof(double)),
            *smg2 = xcalloc(E + 1, sizeof(double));
     cpu->router_topk(p, l, ix, w, sm, lg, bias, N, E, r);
-    float *pd = dnan((size_t)N * E), *ld = dnan(N), *wd = dnan((size_t)N * k);
-    float *pd2 = dnan((size_t)N * E), *ld2 = dnan(N), *wd2 = dnan((size_t)N * k);
+    float *pd = gpu_nanf(gpu, (size_t)N * E), *ld = gpu_nanf(gpu, N), *wd = gpu_nanf(gpu, (size_t)N * k);
+    float *pd2 = gpu_nanf(gpu, (size_t)N * E), *ld2 = gpu_nanf(gpu, N), *wd2 = gpu_nanf(gpu, (size_t)N * k);
     int32_t *ixd = gpu->alloc(sizeof(int32_t) * N * k), *ixd2 = gpu->alloc(sizeof(int32_t) * N * k);
     double *smd = gpu->alloc(sizeof(double) * (E + 1)), *smd2 = gpu->alloc(sizeof(double) * (E + 1));
     gpu->router_topk(pd, ld, ixd, wd, smd, lgd, biasd, N, E, r);
@@ -1242,10 +1184,12 @@ static void test_router_r(int N, int E, RouteRule r, int with_bias) {
     for (int i = 0; i < N * k; i++) sr[i] = rng_below(&R, 5) == 0 ? -1 : (int32_t)rng_below(&R, (uint32_t)M);
     float *rd = hrand(M, 1.0f), *aux = hrand(E, 0.1f), *dl = hnew((size_t)N * E);
     cpu->router_bwd(dl, rd, sr, p, l, ix, w, aux, zl, N, E, r);
-    float *pc = dputf(p, (size_t)N * E), *lc = dputf(l, N), *wc = dputf(w, (size_t)N * k),
-          *rdd = dputf(rd, M);
-    float *auxd = dputf(aux, E), *dld = dnan((size_t)N * E), *dld2 = dnan((size_t)N * E);
-    int32_t *ixc = dput(ix, sizeof(int32_t) * N * k), *srd = dput(sr, sizeof(int32_t) * N * k);
+    float *pc = gpu_putf(gpu, p, (size_t)N * E), *lc = gpu_putf(gpu, l, N),
+          *wc = gpu_putf(gpu, w, (size_t)N * k), *rdd = gpu_putf(gpu, rd, M);
+    float *auxd = gpu_putf(gpu, aux, E), *dld = gpu_nanf(gpu, (size_t)N * E),
+          *dld2 = gpu_nanf(gpu, (size_t)N * E);
+    int32_t *ixc = gpu_put(gpu, ix, sizeof(int32_t) * N * k),
+            *srd = gpu_put(gpu, sr, sizeof(int32_t) * N * k);
     gpu->router_bwd(dld, rdd, srd, pc, lc, ixc, wc, auxd, zl, N, E, r);
     gpu->router_bwd(dld2, rdd, srd, pc, lc, ixc, wc, auxd, zl, N, E, r);
     cmp("router_bwd", what, dld, dl, (size_t)N * E, BAND_SUM);
@@ -1275,27 +1219,27 @@ static void test_router_r(int N, int E, RouteRule r, int with_bias) {
 // ---------------------------------------------------------------- RMSNorm, RoPE, SwiGLU
 static void test_rmsnorm(int N, int C) {
     float *x = hrand((size_t)N * C, 2.0f), *w = hrand(C, 1.0f), eps = 1e-5f;
-    float *xd = dputf(x, (size_t)N * C), *wd = dputf(w, C);
-    float *y = hnew((size_t)N * C), *r = hnew(N), *yd = dnan((size_t)N * C), *rd = dnan(N);
+    float *xd = gpu_putf(gpu, x, (size_t)N * C), *wd = gpu_putf(gpu, w, C);
+    float *y = hnew((size_t)N * C), *r = hnew(N), *yd = gpu_nanf(gpu, (size_t)N * C), *rd = gpu_nanf(gpu, N);
     cpu->rmsnorm_fwd(y, r, x, w, N, C, eps);
     gpu->rmsnorm_fwd(yd, rd, xd, wd, N, C, eps);
     cmp("rmsnorm_fwd", "out", yd, y, (size_t)N * C, BAND_SUM);
     cmp("rmsnorm_fwd", "rstd", rd, r, N, BAND_SUM);
     { // into the hidden format: rmsnorm_fwd's values rounded once, the same rstd; unwritten values poisoned
-        void *yh = hid_nan((size_t)N * C);
-        float *rh = dnan(N);
+        void *yh = gpu_hid_nan(gpu, (size_t)N * C);
+        float *rh = gpu_nanf(gpu, N);
         gpu->rmsnorm_fwd_hid(yh, rh, xd, wd, N, C, eps);
         cmp_exact_hid("rmsnorm_fwd_hid = rmsnorm_fwd rounded", yh, yd, (size_t)N * C);
         cmp_exact_dev("rmsnorm_fwd_hid rstd = rmsnorm_fwd's", rh, rd, N);
         gpu->free(yh);
         gpu->free(rh);
     }
-    float *rdc = dputf(r, N); // both backwards get the cpu rstd
-    float *g = hrand((size_t)N * C, 1.0f), *gd = dputf(g, (size_t)N * C);
+    float *rdc = gpu_putf(gpu, r, N); // both backwards get the cpu rstd
+    float *g = hrand((size_t)N * C, 1.0f), *gd = gpu_putf(gpu, g, (size_t)N * C);
     float *pdx = hrand((size_t)N * C, 1.0f), *pdw = hrand(C, 1.0f);
     for (int p = 0; p < 3; p++) { // zeroed, pre-filled, pre-filled with dw = NULL
         float *dx = p ? hcopy(pdx, (size_t)N * C) : hnew((size_t)N * C), *dw = p ? hcopy(pdw, C) : hnew(C);
-        float *dxd = dputf(dx, (size_t)N * C), *dwd = dputf(dw, C);
+        float *dxd = gpu_putf(gpu, dx, (size_t)N * C), *dwd = gpu_putf(gpu, dw, C);
         cpu->rmsnorm_bwd(dx, p == 2 ? NULL : dw, g, x, w, r, N, C);
         gpu->rmsnorm_bwd(dxd, p == 2 ? NULL : dwd, gd, xd, wd, rdc, N, C);
         cmp("rmsnorm_bwd", p ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * C, BAND_SUM);
@@ -1330,9 +1274,10 @@ static void test_rmsnorm(int N, int C) {
 static void test_add_rmsnorm(int N, int C, int shift) {
     size_t n = (size_t)N * C;
     float *x = hrand(n, 2.0f), *res = hrand(n, 1.0f), *w = hrand(C, 1.0f), eps = 1e-5f, *rbase;
-    float *xd = dputf(x, n), *x2d = dputf(x, n), *resd = dputf_shift(res, n, shift, &rbase),
-          *wd = dputf(w, C);
-    float *y = hnew(n), *r = hnew(N), *yd = dnan(n), *rd = dnan(N), *y2d = dnan(n), *r2d = dnan(N);
+    float *xd = gpu_putf(gpu, x, n), *x2d = gpu_putf(gpu, x, n), *resd = dputf_shift(res, n, shift, &rbase),
+          *wd = gpu_putf(gpu, w, C);
+    float *y = hnew(n), *r = hnew(N), *yd = gpu_nanf(gpu, n), *rd = gpu_nanf(gpu, N), *y2d = gpu_nanf(gpu, n),
+          *r2d = gpu_nanf(gpu, N);
     cpu->add_rmsnorm_fwd(x, y, r, res, w, N, C, eps);
     gpu->add_rmsnorm_fwd(xd, yd, rd, resd, wd, N, C, eps);
     cmp("add_rmsnorm_fwd", "x", xd, x, n, BAND_ELEM);
@@ -1366,7 +1311,8 @@ static void test_add_rmsnorm(int N, int C, int shift) {
 // give the GPU's own rmsnorm_fwd / rmsnorm_bwd bits (ops.h): checked exactly.
 static void test_rmsnorm_part(int N, int C, int Ctot) {
     float *x = hrand((size_t)N * C, 2.0f), *w = hrand(C, 1.0f), *g = hrand((size_t)N * C, 1.0f), eps = 1e-5f;
-    float *xd = dputf(x, (size_t)N * C), *wd = dputf(w, C), *gd = dputf(g, (size_t)N * C);
+    float *xd = gpu_putf(gpu, x, (size_t)N * C), *wd = gpu_putf(gpu, w, C),
+          *gd = gpu_putf(gpu, g, (size_t)N * C);
     double *pc = xcalloc(N, sizeof(double)), *pg = xcalloc(N, sizeof(double)),
            *ss = xcalloc(N, sizeof(double)), *dot = xcalloc(N, sizeof(double));
     double *pdd = gpu->alloc(N * sizeof(double));
@@ -1391,17 +1337,17 @@ static void test_rmsnorm_part(int N, int C, int Ctot) {
             (pass ? dot : ss)[i] = pc[i] + (Ctot > C ? other : 0);
         }
     }
-    double *ssd = dput(ss, N * sizeof(double)), *dotd = dput(dot, N * sizeof(double));
-    float *y = hnew((size_t)N * C), *r = hnew(N), *yd = dnan((size_t)N * C), *rd = dnan(N);
+    double *ssd = gpu_put(gpu, ss, N * sizeof(double)), *dotd = gpu_put(gpu, dot, N * sizeof(double));
+    float *y = hnew((size_t)N * C), *r = hnew(N), *yd = gpu_nanf(gpu, (size_t)N * C), *rd = gpu_nanf(gpu, N);
     cpu->rmsnorm_fwd_part(y, r, x, w, ss, N, C, Ctot, eps);
     gpu->rmsnorm_fwd_part(yd, rd, xd, wd, ssd, N, C, Ctot, eps);
     cmp("rmsnorm_fwd_part", "out", yd, y, (size_t)N * C, BAND_ELEM);
     cmp("rmsnorm_fwd_part", "rstd", rd, r, N, BAND_ELEM);
-    float *rdc = dputf(r, N); // both backwards get the cpu rstd
+    float *rdc = gpu_putf(gpu, r, N); // both backwards get the cpu rstd
     float *pdx = hrand((size_t)N * C, 1.0f), *pdw = hrand(C, 1.0f);
     for (int p = 0; p < 3; p++) { // zeroed, pre-filled, pre-filled with dw = NULL
         float *dx = p ? hcopy(pdx, (size_t)N * C) : hnew((size_t)N * C), *dw = p ? hcopy(pdw, C) : hnew(C);
-        float *dxd = dputf(dx, (size_t)N * C), *dwd = dputf(dw, C);
+        float *dxd = gpu_putf(gpu, dx, (size_t)N * C), *dwd = gpu_putf(gpu, dw, C);
         cpu->rmsnorm_bwd_part(dx, p == 2 ? NULL : dw, g, x, w, r, dot, N, C, Ctot);
         gpu->rmsnorm_bwd_part(dxd, p == 2 ? NULL : dwd, gd, xd, wd, rdc, dotd, N, C, Ctot);
         cmp("rmsnorm_bwd_part", p ? "dinp (accumulate)" : "dinp", dxd, dx, (size_t)N * C, BAND_ELEM);
@@ -1416,7 +1362,8 @@ static void test_rmsnorm_part(int N, int C, int Ctot) {
         free(dw);
     }
     if (Ctot == C) { // one part: the GPU's rmsnorm_fwd / rmsnorm_bwd bits
-        float *y2 = dnan((size_t)N * C), *r2 = dnan(N), *dx1 = gpu->alloc((size_t)N * C * sizeof(float)),
+        float *y2 = gpu_nanf(gpu, (size_t)N * C), *r2 = gpu_nanf(gpu, N),
+              *dx1 = gpu->alloc((size_t)N * C * sizeof(float)),
               *dx2 = gpu->alloc((size_t)N * C * sizeof(float)), *dw1 = gpu->alloc(C * sizeof(float)),
               *dw2 = gpu->alloc(C * sizeof(float));
         gpu->rmsnorm_part(ssd, xd, NULL, xd, N, C);
@@ -1460,17 +1407,17 @@ static void test_rmsnorm_part(int N, int C, int Ctot) {
 
 static void test_rope(int B, int T, int nh, int hd, float theta) {
     size_t n = (size_t)B * T * nh * hd;
-    float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    float *x = hrand(n, 1.0f), *xd = gpu_putf(gpu, x, n);
     // out of place into the hidden format: rope_fwd's values, each rounded once (the bits of rope_fwd on a
     // copy, then to_hid; to_hid the host's rounding to nearest even); the input untouched
-    void *xh = hid_nan(n), *xh2 = hid_nan(n);
+    void *xh = gpu_hid_nan(gpu, n), *xh2 = gpu_hid_nan(gpu, n);
     gpu->rope_fwd_hid(xh, xd, B, T, nh, hd, theta);
     cmp_exact_host("rope_fwd_hid: its input untouched", xd, x, n);
     cpu->rope_fwd(x, B, T, nh, hd, theta);
     gpu->rope_fwd(xd, B, T, nh, hd, theta);
     cmp("rope_fwd", "x", xd, x, n, BAND_ELEM);
     gpu->to_hid(xh2, xd, n);
-    float *a = hid_get(xh, n), *b = hid_get(xh2, n), *r = dget(xd, n);
+    float *a = gpu_hid_get(gpu, xh, n), *b = gpu_hid_get(gpu, xh2, n), *r = gpu_getf(gpu, xd, n);
     EXPECT(memcmp(a, b, n * sizeof(float)) == 0, "rope_fwd_hid: not the bits of rope_fwd, then to_hid");
     hid_round(r, n);
     EXPECT(memcmp(b, r, n * sizeof(float)) == 0, "to_hid: not the host's rounding to nearest even");
@@ -1479,7 +1426,7 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     free(a);
     free(b);
     free(r);
-    float *g = hrand(n, 1.0f), *gd = dputf(g, n);
+    float *g = hrand(n, 1.0f), *gd = gpu_putf(gpu, g, n);
     cpu->rope_bwd(g, B, T, nh, hd, theta);
     gpu->rope_bwd(gd, B, T, nh, hd, theta);
     cmp("rope_bwd", "dx", gd, g, n, BAND_ELEM);
@@ -1494,7 +1441,7 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
 static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, int t0, int t1) {
     size_t n = (size_t)B * (t1 - t0) * nh * hd;
     for (int inv = 0; inv < 2; inv++) {
-        float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+        float *x = hrand(n, 1.0f), *xd = gpu_putf(gpu, x, n);
         cpu->rope_rows(x, B, t0, t1, nh, hd, theta, inv);
         gpu->rope_rows(xd, B, t0, t1, nh, hd, theta, inv);
         cmp("rope_rows", inv ? "inverse" : "x", xd, x, n, BAND_ELEM);
@@ -1502,7 +1449,7 @@ static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, in
         free(x);
     }
     int C = nh * hd;
-    float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    float *x = hrand(n, 1.0f), *xd = gpu_putf(gpu, x, n);
     cpu->dropout(x, B, T, t0, t1, C, 0.3f, 12345, 77);
     gpu->dropout(xd, B, T, t0, t1, C, 0.3f, 12345, 77);
     cmp("dropout", "x", xd, x, n, BAND_ELEM);
@@ -1511,16 +1458,18 @@ static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, in
 }
 
 static void test_swiglu(size_t n) {
-    float *h1 = hrand(n, 2.0f), *h3 = hrand(n, 1.0f), *h1d = dputf(h1, n), *h3d = dputf(h3, n);
-    float *o = hnew(n), *od = dnan(n);
+    float *h1 = hrand(n, 2.0f), *h3 = hrand(n, 1.0f), *h1d = gpu_putf(gpu, h1, n),
+          *h3d = gpu_putf(gpu, h3, n);
+    float *o = hnew(n), *od = gpu_nanf(gpu, n);
     cpu->swiglu_fwd(o, h1, h3, n);
     gpu->swiglu_fwd(od, h1d, h3d, n);
     cmp("swiglu_fwd", "out", od, o, n, BAND_ELEM);
-    float *g = hrand(n, 1.0f), *gd = dputf(g, n), *p1 = hrand(n, 1.0f), *p3 = hrand(n, 1.0f);
+    float *g = hrand(n, 1.0f), *gd = gpu_putf(gpu, g, n), *p1 = hrand(n, 1.0f), *p3 = hrand(n, 1.0f);
     // p 0: zeroed, 1: pre-filled (accumulate), 2: accumulate 0 (cpu pre-filled, GPU NaN)
     for (int p = 0; p < 3; p++) {
         float *d1 = p ? hcopy(p1, n) : hnew(n), *d3 = p ? hcopy(p3, n) : hnew(n);
-        float *d1d = p < 2 ? dputf(d1, n) : dnan(n), *d3d = p < 2 ? dputf(d3, n) : dnan(n);
+        float *d1d = p < 2 ? gpu_putf(gpu, d1, n) : gpu_nanf(gpu, n),
+              *d3d = p < 2 ? gpu_putf(gpu, d3, n) : gpu_nanf(gpu, n);
         cpu->swiglu_bwd(d1, d3, g, h1, h3, n, p < 2);
         gpu->swiglu_bwd(d1d, d3d, gd, h1d, h3d, n, p < 2);
         const char *tag = p == 0 ? "" : p == 1 ? " (accumulate)" : " (overwrite)";
@@ -1581,18 +1530,18 @@ static void test_bf16_shadow(void) {
     const int64_t off[4] = {0, 40, 40, 96};
     size_t nw = 8 + (size_t)O * K * (1 + G) + 3, no = (size_t)N * O, nk = (size_t)N * K;
     float *w = hrand(nw, 0.5f), *x = hrand(nk, 1.0f), *dy = hrand(no, 1.0f);
-    float *wd = dputf(w, nw), *xd = dputf(x, nk), *dyd = dputf(dy, no);
+    float *wd = gpu_putf(gpu, w, nw), *xd = gpu_putf(gpu, x, nk), *dyd = gpu_putf(gpu, dy, no);
     float *a[4], *b[4];
     size_t sz[4] = {no, nk, no, nk};
     for (int i = 0; i < 4; i++) {
-        a[i] = dnan(sz[i]);
-        b[i] = dnan(sz[i]);
+        a[i] = gpu_nanf(gpu, sz[i]);
+        b[i] = gpu_nanf(gpu, sz[i]);
     }
     shadow_pair("through the copy vs converted", a, b, wd, nw, 8, xd, dyd, N, K, O, G, off, sz);
     shadow_pair("misaligned: converted either way", a, b, wd, nw, 5, xd, dyd, N, K, O, G, off, sz);
     // AdamW over the buffer (one run) with the copy registered: the copy must follow the update
     float *g = hrand(nw, 1.0f), *m0 = hrand(nw, 0.1f), *v0 = hnew(nw);
-    float *gd = dputf(g, nw), *m = dputf(m0, nw), *v = dputf(v0, nw);
+    float *gd = gpu_putf(gpu, g, nw), *m = gpu_putf(gpu, m0, nw), *v = gpu_putf(gpu, v0, nw);
     OptRun run = {0, 0, (int64_t)nw, 1, 0, 0, 0, 0, 0, OPTG_F32, 0};
     OptRuns *rr = gpu->runs_create(&run, 1);
     gpu->bf16_shadow(wd, nw);
@@ -1660,7 +1609,7 @@ static void test_bf16_params(int prec) {
     float *pd = gpu->alloc_bf16_params(N, hole, 2);
     gpu->to_device(pd, w, N * sizeof(float));
     gpu->bf16_shadow(pd, N);
-    float *back = dget(pd, N), *part = xmalloc(sizeof(float) * 200);
+    float *back = gpu_getf(gpu, pd, N), *part = xmalloc(sizeof(float) * 200);
     gpu->to_host(part, pd + A0 - 100, sizeof(float) * 200);
     EXPECT(memcmp(back, w, N * sizeof(float)) == 0 && memcmp(part, w + A0 - 100, 200 * sizeof(float)) == 0,
            "alloc_bf16_params: to_device then to_host does not give the bf16 values back bit for bit");
@@ -1692,14 +1641,14 @@ static void test_bf16_params(int prec) {
         m[i] = bf16_rn_bits(0.01f * (float)rng_normal(&R));
         v[i] = bf16_rn_bits(1e-4f * fabsf((float)rng_normal(&R)));
     }
-    float *gd = dputf(g, N);
+    float *gd = gpu_putf(gpu, g, N);
     uint16_t *md = gpu->alloc(sizeof(uint16_t) * N), *vd = gpu->alloc(sizeof(uint16_t) * N);
     gpu->to_device(md, m, sizeof(uint16_t) * N);
     gpu->to_device(vd, v, sizeof(uint16_t) * N);
     OptRuns *hc = cpu->runs_create(runs, NR), *hg = gpu->runs_create(runs, NR);
     cpu->adamw_runs(p, g, m, v, hc, 1.0f, lr, b1, b2, eps, wd, t, prec, seed);
     gpu->adamw_runs(pd, gd, md, vd, hg, 1.0f, lr, b1, b2, eps, wd, t, prec, seed);
-    float *pg = dget(pd, N);
+    float *pg = gpu_getf(gpu, pd, N);
     uint16_t *mg = xmalloc(sizeof(uint16_t) * N), *vg = xmalloc(sizeof(uint16_t) * N);
     gpu->to_host(mg, md, sizeof(uint16_t) * N);
     gpu->to_host(vg, vd, sizeof(uint16_t) * N);
@@ -1717,9 +1666,9 @@ static void test_bf16_params(int prec) {
     EXPECT(moved > (A1 - A0) / 2, "alloc_bf16_params: only %zu weights in hole A moved", moved);
     // GEMMs on weights in the holes (read from the copy) against the same GEMMs on an ordinary buffer of the
     // cpu's updated weights (converted per call)
-    float *x = hrand((size_t)Nr * K, 1.0f), *xd = dputf(x, (size_t)Nr * K), *qd = dputf(p, N);
-    float *o1 = dnan((size_t)Nr * O), *o2 = dnan((size_t)Nr * O), *o3 = dnan((size_t)Nr * O),
-          *o4 = dnan((size_t)Nr * O);
+    float *x = hrand((size_t)Nr * K, 1.0f), *xd = gpu_putf(gpu, x, (size_t)Nr * K), *qd = gpu_putf(gpu, p, N);
+    float *o1 = gpu_nanf(gpu, (size_t)Nr * O), *o2 = gpu_nanf(gpu, (size_t)Nr * O),
+          *o3 = gpu_nanf(gpu, (size_t)Nr * O), *o4 = gpu_nanf(gpu, (size_t)Nr * O);
     size_t wa = 600000, wb = B0 + 8; // (wa: in a page of hole A with no float32 memory)
     gpu->grouped_matmul_fwd(o1, xd, pd + wa, goff, G, K, O);
     gpu->grouped_matmul_fwd(o2, xd, qd + wa, goff, G, K, O);
@@ -1734,7 +1683,7 @@ static void test_bf16_params(int prec) {
     gpu->to_device(pd, w2, sizeof(float) * 1000);
     gpu->bf16_shadow(pd, N);
     memcpy(p, w2, sizeof(float) * 1000);
-    float *pg2 = dget(pd, N);
+    float *pg2 = gpu_getf(gpu, pd, N);
     EXPECT(memcmp(pg2, p, N * sizeof(float)) == 0,
            "alloc_bf16_params: to_device outside the holes, then bf16_shadow: "
            "the buffer is not the weights written");
@@ -1786,8 +1735,8 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f);
     void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
     const Backend *ref = tc ? backend_cpu_bf16ref() : cpu; // bf16_ref.h rounds as the kernels do
-    float *o = hnew(nq), *l = hnew(nl), *ld = dnan(nl);
-    void *oh = hid_nan(nq);
+    float *o = hnew(nq), *l = hnew(nl), *ld = gpu_nanf(gpu, nl);
+    void *oh = gpu_hid_nan(gpu, nq);
     ref->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, 0, T);
     gpu->attention_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, 0, T);
     float *od = att_out(oh, nq);
@@ -1809,7 +1758,7 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
     }
     // backward from the cpu's out (as stored: rounded where the format is bf16) and lse on both sides
     void *oc = att_put(o, nq);
-    float *lc = dputf(l, nl), *g = hrand(nq, 1.0f), *gd = dputf(g, nq);
+    float *lc = gpu_putf(gpu, l, nl), *g = hrand(nq, 1.0f), *gd = gpu_putf(gpu, g, nq);
     float *pq = hrand(nq, 1.0f), *pk = hrand(nk, 1.0f), *pv = hrand(nk, 1.0f);
     // p 0: added into zeros, 1: added into pre-filled buffers, 2: written (flags 0) over them (NaN on the
     // GPU)
@@ -1817,12 +1766,13 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         int fl = p == 2 ? 0 : ATT_ADD_DQ | ATT_ADD_DKV;
         float *dq = p ? hcopy(pq, nq) : hnew(nq), *dk = p ? hcopy(pk, nk) : hnew(nk),
               *dv = p ? hcopy(pv, nk) : hnew(nk);
-        float *dqd = p == 2 ? dnan(nq) : dputf(dq, nq), *dkd = p == 2 ? dnan(nk) : dputf(dk, nk);
-        float *dvd = p == 2 ? dnan(nk) : dputf(dv, nk);
+        float *dqd = p == 2 ? gpu_nanf(gpu, nq) : gpu_putf(gpu, dq, nq),
+              *dkd = p == 2 ? gpu_nanf(gpu, nk) : gpu_putf(gpu, dk, nk);
+        float *dvd = p == 2 ? gpu_nanf(gpu, nk) : gpu_putf(gpu, dv, nk);
         ref->attention_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, 0, T, fl);
         gpu->attention_bwd(dqd, dkd, dvd, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T, fl);
         if (p == 2) { // the bits of adding into zeros
-            float *zq = dputf(pq, nq), *zk = dputf(pk, nk), *zv = dputf(pv, nk);
+            float *zq = gpu_putf(gpu, pq, nq), *zk = gpu_putf(gpu, pk, nk), *zv = gpu_putf(gpu, pv, nk);
             gpu->zero(zq, nq * sizeof(float));
             gpu->zero(zk, nk * sizeof(float));
             gpu->zero(zv, nk * sizeof(float));
@@ -1867,12 +1817,13 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         free(dv);
     }
     if (tc) { // deterministic: a second run gives the same bits
-        void *od2 = hid_nan(nq);
-        float *ld2 = dnan(nl);
+        void *od2 = gpu_hid_nan(gpu, nq);
+        float *ld2 = gpu_nanf(gpu, nl);
         gpu->attention_fwd(od2, ld2, qd, kd, vd, B, T, H, KV, hd, 0, T);
         cmp_exact_hid2("attention_fwd (tensor cores; two runs on the same inputs)", oh, od2, nq);
-        float *a1 = dputf(pq, nq), *a2 = dputf(pq, nq), *b1 = dputf(pk, nk), *b2 = dputf(pk, nk);
-        float *c1 = dputf(pv, nk), *c2 = dputf(pv, nk);
+        float *a1 = gpu_putf(gpu, pq, nq), *a2 = gpu_putf(gpu, pq, nq), *b1 = gpu_putf(gpu, pk, nk),
+              *b2 = gpu_putf(gpu, pk, nk);
+        float *c1 = gpu_putf(gpu, pv, nk), *c2 = gpu_putf(gpu, pv, nk);
         gpu->attention_bwd(a1, b1, c1, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T,
                            ATT_ADD_DQ | ATT_ADD_DKV);
         gpu->attention_bwd(a2, b2, c2, gd, oc, lc, qd, kd, vd, B, T, H, KV, hd, 0, T,
@@ -1923,12 +1874,12 @@ static void test_attention_fwd_rows(int B, int T, int H, int KV, int hd, int t0,
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f);
     void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
     const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;
-    float *o = hnew(nq), *l = hnew(nl), *ld = dnan(nl), *ld2 = dnan(nl);
-    void *oh = hid_nan(nq), *oh2 = hid_nan(nq);
+    float *o = hnew(nq), *l = hnew(nl), *ld = gpu_nanf(gpu, nl), *ld2 = gpu_nanf(gpu, nl);
+    void *oh = gpu_hid_nan(gpu, nq), *oh2 = gpu_hid_nan(gpu, nq);
     ref->attention_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1);
     gpu->attention_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, t0, t1);
     gpu->attention_fwd(oh2, ld2, qd, kd, vd, B, T, H, KV, hd, t0, t1);
-    float *og = hid_get(oh, nq), *lg = dget(ld, nl);
+    float *og = gpu_hid_get(gpu, oh, nq), *lg = gpu_getf(gpu, ld, nl);
     size_t outside = 0;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -1945,7 +1896,7 @@ static void test_attention_fwd_rows(int B, int T, int H, int KV, int hd, int t0,
     float *orf = att_rows(o, B, (size_t)T * H * hd, (size_t)H * hd, t0, t1),
           *ogr = att_rows(og, B, (size_t)T * H * hd, (size_t)H * hd, t0, t1);
     float *lrf = att_rows(l, (size_t)B * H, T, 1, t0, t1), *lgr = att_rows(lg, (size_t)B * H, T, 1, t0, t1);
-    float *ogd = dputf(ogr, ro), *lgd = dputf(lgr, rl);
+    float *ogd = gpu_putf(gpu, ogr, ro), *lgd = gpu_putf(gpu, lgr, rl);
     snprintf(what, sizeof what, "out rows [%d,%d) B%d T%d H%d KV%d hd%d%s", t0, t1, B, T, H, KV, hd, path);
     cmp_n("attention_fwd", what, ogd, orf, ro, att_out_band(BAND_SUM), tc ? BAND_ATT_TC_NORM : 0);
     snprintf(what, sizeof what, "lse rows [%d,%d) B%d T%d H%d KV%d hd%d%s", t0, t1, B, T, H, KV, hd, path);
@@ -1974,9 +1925,9 @@ static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p,
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f), *g = hrand(nq, 1.0f);
     void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
-    float *gd = dputf(g, nq);
-    float *o = hnew(nq), *l = hnew(nl), *ld = dputf(l, nl);
-    void *oh = hid_put(o, nq); // (zeros: the rows outside [t0, t1) stay so on both sides)
+    float *gd = gpu_putf(gpu, g, nq);
+    float *o = hnew(nq), *l = hnew(nl), *ld = gpu_putf(gpu, l, nl);
+    void *oh = gpu_hid_put(gpu, o, nq); // (zeros: the rows outside [t0, t1) stay so on both sides)
     uint64_t seed = 4242;
     cpu->attention_drop_fwd(o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
     gpu->attention_drop_fwd(oh, ld, qd, kd, vd, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2);
@@ -1985,10 +1936,10 @@ static void test_attention_dropout(int B, int T, int H, int KV, int hd, float p,
     float *od = att_out(oh, nq);
     cmp("attention_drop_fwd", what, od, o, nq, att_out_band(BAND_SUM));
     cmp("attention_drop_fwd", "lse", ld, l, nl, BAND_SUM);
-    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = dputf(dq, nq), *dkd = dnan(nk),
-          *dvd = dnan(nk);
+    float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk), *dqd = gpu_putf(gpu, dq, nq),
+          *dkd = gpu_nanf(gpu, nk), *dvd = gpu_nanf(gpu, nk);
     void *oc = att_put(o, nq);
-    float *lc = dputf(l, nl);
+    float *lc = gpu_putf(gpu, l, nl);
     // dq added into (zeros), dk and dv written (over NaN on the GPU: rows from t1 on are left, both zero
     // here)
     cpu->attention_drop_bwd(dq, dk, dv, g, o, l, q, k, v, B, T, H, KV, hd, t0, t1, p, seed, 1000, 2,
@@ -2023,9 +1974,9 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     const Backend *ref = tc ? backend_cpu_bf16ref() : cpu;
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f), *g = hrand(nq, 1.0f);
     void *qd = att_put(q, nq), *kd = att_put(k, nk), *vd = att_put(v, nk);
-    float *gd = dputf(g, nq);
-    void *o1 = hid_nan(nq), *on = hid_nan(nq);
-    float *l1 = dnan(nl), *ln = dnan(nl);
+    float *gd = gpu_putf(gpu, g, nq);
+    void *o1 = gpu_hid_nan(gpu, nq), *on = gpu_hid_nan(gpu, nq);
+    float *l1 = gpu_nanf(gpu, nl), *ln = gpu_nanf(gpu, nl);
     gpu->attention_fwd(o1, l1, qd, kd, vd, B, T, H, KV, hd, 0, T);
     char what[160];
     const char *path = tc ? " [tensor cores]" : "";
@@ -2034,7 +1985,7 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
         if (t0 == t1) continue;
         gpu->attention_fwd(on, ln, qd, kd, vd, B, T, H, KV, hd, t0, t1);
         if (j + 1 < n) {
-            float *oh = hid_get(on, nq), *lh = dget(ln, nl);
+            float *oh = gpu_hid_get(gpu, on, nq), *lh = gpu_getf(gpu, ln, nl);
             int bad = 0;
             for (int b = 0; b < B; b++)
                 for (int t = t1; t < T; t++)
@@ -2052,12 +2003,13 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     cmp_exact_hid2(what, on, o1, nq);
     snprintf(what, sizeof what, "attention_fwd over %d chunks == one call (lse) T%d hd%d%s", n, T, hd, path);
     cmp_exact_dev(what, ln, l1, nl);
-    float *o = hid_get(o1, nq), *l = dget(l1, nl);
+    float *o = gpu_hid_get(gpu, o1, nq), *l = gpu_getf(gpu, l1, nl);
     // as the model calls it (model/attention.c attn_bwd_rows): dq written, dk and dv written by the first
     // chunk (the last rows: it reads every key) and added into by the others; over NaN on the GPU
     float *dq = hnew(nq), *dk = hnew(nk), *dv = hnew(nk);
-    float *dq1 = dnan(nq), *dqn = dnan(nq), *dk1 = dnan(nk), *dkn = dnan(nk);
-    float *dv1 = dnan(nk), *dvn = dnan(nk);
+    float *dq1 = gpu_nanf(gpu, nq), *dqn = gpu_nanf(gpu, nq), *dk1 = gpu_nanf(gpu, nk),
+          *dkn = gpu_nanf(gpu, nk);
+    float *dv1 = gpu_nanf(gpu, nk), *dvn = gpu_nanf(gpu, nk);
     gpu->attention_bwd(dq1, dk1, dv1, gd, o1, l1, qd, kd, vd, B, T, H, KV, hd, 0, T, 0);
     for (int j = n - 1, first = 1; j >= 0; j--) {
         int t0 = T * j / n, t1 = T * (j + 1) / n, fl = first ? 0 : ATT_ADD_DKV;
@@ -2090,14 +2042,14 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
 
 static void test_cross_entropy(int N, int V, float sd) {
     float *x = hrand((size_t)N * V, sd);
-    int32_t *t = hidx(N, V), *td = dput(t, N * sizeof(int32_t));
-    float *xd = dputf(x, (size_t)N * V), *loss = hnew(N), *lossd = dnan(N);
+    int32_t *t = hidx(N, V), *td = gpu_put(gpu, t, N * sizeof(int32_t));
+    float *xd = gpu_putf(gpu, x, (size_t)N * V), *loss = hnew(N), *lossd = gpu_nanf(gpu, N);
     cpu->cross_entropy_fwd(loss, x, t, N, V);
     gpu->cross_entropy_fwd(lossd, xd, td, N, V);
     cmp("cross_entropy_fwd", "losses", lossd, loss, N, BAND_SUM);
     cmp("cross_entropy_fwd", "logits untouched", xd, x, (size_t)N * V, 0.0);
     float dloss = 1.0f / N;
-    float *lossd2 = dnan(N);
+    float *lossd2 = gpu_nanf(gpu, N);
     cpu->cross_entropy_fwd_bwd(loss, x, t, N, V, dloss);
     gpu->cross_entropy_fwd_bwd(lossd2, xd, td, N, V, dloss);
     cmp("cross_entropy_fwd_bwd", "losses", lossd2, loss, N, BAND_SUM);
@@ -2113,23 +2065,23 @@ static void test_cross_entropy(int N, int V, float sd) {
 
 // ---------------------------------------------------------------- elementwise; sumsq, adamw of one tensor
 static void test_elementwise(size_t n) {
-    float *a = hrand(n, 1.0f), *b = hrand(n, 1.0f), *ad = dputf(a, n), *bd = dputf(b, n);
-    float *o = hnew(n), *od = dnan(n);
+    float *a = hrand(n, 1.0f), *b = hrand(n, 1.0f), *ad = gpu_putf(gpu, a, n), *bd = gpu_putf(gpu, b, n);
+    float *o = hnew(n), *od = gpu_nanf(gpu, n);
     cpu->mul(o, a, b, n);
     gpu->mul(od, ad, bd, n);
     cmp("mul", "out", od, o, n, BAND_ELEM);
-    float *a2 = hcopy(a, n), *a2d = dputf(a, n); // out aliasing a
+    float *a2 = hcopy(a, n), *a2d = gpu_putf(gpu, a, n); // out aliasing a
     cpu->mul(a2, a2, b, n);
     gpu->mul(a2d, a2d, bd, n);
     cmp("mul", "out == a (in place)", a2d, a2, n, BAND_ELEM);
-    float *y = hcopy(b, n), *yd = dputf(b, n);
+    float *y = hcopy(b, n), *yd = gpu_putf(gpu, b, n);
     cpu->axpy(y, a, 0.37f, n);
     gpu->axpy(yd, ad, 0.37f, n);
     cmp("axpy", "y", yd, y, n, BAND_ELEM);
     // add: the cpu's sums, bit for bit copy then axpy (ops.h), aligned (float4 and the tail) and not
     for (int s = 0; s < 2; s++) {
         size_t m = n - s;
-        float *sd = dnan(m), *s2d = dnan(m), *sh = hnew(m);
+        float *sd = gpu_nanf(gpu, m), *s2d = gpu_nanf(gpu, m), *sh = hnew(m);
         cpu->add(sh, a + s, b, m);
         gpu->add(sd, ad + s, bd, m);
         cmp("add", s ? "out (unaligned a)" : "out", sd, sh, m, BAND_ELEM);
@@ -2143,12 +2095,13 @@ static void test_elementwise(size_t n) {
         gpu->free(s2d);
         free(sh);
     }
-    float *sg = hnew(n), *sgd = dnan(n), *ds = hnew(n), *dsd = dnan(n); // sigmoid and its backward
+    float *sg = hnew(n), *sgd = gpu_nanf(gpu, n), *ds = hnew(n),
+          *dsd = gpu_nanf(gpu, n); // sigmoid and its backward
     cpu->sigmoid_fwd(sg, a, n);
     gpu->sigmoid_fwd(sgd, ad, n);
     cmp("sigmoid_fwd", "out", sgd, sg, n, BAND_ELEM);
     cpu->sigmoid_bwd(ds, b, sg, n);
-    float *sgc = dputf(sg, n);
+    float *sgc = gpu_putf(gpu, sg, n);
     gpu->sigmoid_bwd(dsd, bd, sgc, n);
     cmp("sigmoid_bwd", "dinp", dsd, ds, n, BAND_ELEM);
     gpu->free(sgd);
@@ -2176,7 +2129,7 @@ static OptRuns *one_run(size_t n, int decay) {
 
 // sumsq_runs over one tensor against the cpu's sum (cpu_oracle.h) within BAND_SUMSQ; two runs alike.
 static void test_sumsq(size_t n) {
-    float *x = hrand(n, 1.0f), *xd = dputf(x, n);
+    float *x = hrand(n, 1.0f), *xd = gpu_putf(gpu, x, n);
     OptRuns *h = one_run(n, 0);
     double r = oracle_sumsq(x, n), g1 = NAN, g2 = NAN;
     gpu->sumsq_runs(&g1, 1, xd, h);
@@ -2196,7 +2149,8 @@ static void test_sumsq(size_t n) {
 static void test_adamw(size_t n, float wd, int t) {
     float *p = hrand(n, 1.0f), *g = hrand(n, 0.1f), *m = hrand(n, 0.01f), *v = hnew(n);
     for (size_t i = 0; i < n; i++) v[i] = 1e-4f * fabsf(rng_normal(&R));
-    float *pd = dputf(p, n), *gd = dputf(g, n), *md = dputf(m, n), *vd = dputf(v, n);
+    float *pd = gpu_putf(gpu, p, n), *gd = gpu_putf(gpu, g, n), *md = gpu_putf(gpu, m, n),
+          *vd = gpu_putf(gpu, v, n);
     OptRuns *h = one_run(n, 1);
     oracle_adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t);
     gpu->adamw_runs(pd, gd, md, vd, h, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f, wd, t, OPT_MIXED, 0);
@@ -2285,7 +2239,7 @@ static void test_adamw_runs(size_t N, size_t maxlen, float gscale, int t, int mi
     const char *nm[4] = {"p", "m", "v", "g"};
     for (int k = 0; k < 4; k++) {
         size_t n = k == 0 || k == 3 ? N : M;
-        float *a = dget(fused[k], n);
+        float *a = gpu_getf(gpu, fused[k], n);
         const float *b = unfused[k] ? unfused[k] : g0;
         EXPECT(memcmp(a, b, n * sizeof(float)) == 0,
                "adamw_runs N=%zu gscale %g mirror %d shift %d: %s differs "
@@ -2343,7 +2297,7 @@ static void test_grad_formats(size_t N, size_t maxlen, int mirror, int shift, in
         cpu->adamw_runs(p, gx, m, v, hc, 0.5f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, prec, 77);
         gpu->adamw_runs(pd, gd, md, vd, hg, 0.5f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, prec, 77);
     }
-    float *pg = dget(pd, N);
+    float *pg = gpu_getf(gpu, pd, N);
     char *mg = xmalloc(es * (M + 1)), *vg = xmalloc(es * (M + 1));
     gpu->to_host(mg, md, es * M);
     gpu->to_host(vg, vd, es * M);
@@ -2417,7 +2371,7 @@ static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, i
     if (!shift) gpu->bf16_shadow(pd, N); // (a no-op on cuda-fp32)
     cpu->adamw_runs(p, g, m, v, hc, gscale, lr, b1, b2, eps, wd, t, prec, seed);
     gpu->adamw_runs(pd, gd, md, vd, hg, gscale, lr, b1, b2, eps, wd, t, prec, seed);
-    float *pg = dget(pd, N), *gg = dget(gd, N);
+    float *pg = gpu_getf(gpu, pd, N), *gg = gpu_getf(gpu, gd, N);
     uint16_t *mg = xmalloc(sizeof(uint16_t) * (M + 1)), *vg = xmalloc(sizeof(uint16_t) * (M + 1));
     gpu->to_host(mg, md, sizeof(uint16_t) * M);
     gpu->to_host(vg, vd, sizeof(uint16_t) * M);
@@ -2446,13 +2400,13 @@ static void test_adamw_runs_bf16(size_t N, size_t maxlen, float gscale, int t, i
     if (!shift) { // the GEMMs' copy of the weights (cuda) followed the update: a GEMM reading it gives the
                   // bits of one converting p (exact: p holds bf16 values)
         int K = 16, O = (int)(N / 16), Nr = 4;
-        float *x = hrand((size_t)Nr * K, 1.0f), *xd = dputf(x, (size_t)Nr * K);
+        float *x = hrand((size_t)Nr * K, 1.0f), *xd = gpu_putf(gpu, x, (size_t)Nr * K);
         float *o1 = gpu->alloc(sizeof(float) * (size_t)Nr * O),
               *o2 = gpu->alloc(sizeof(float) * (size_t)Nr * O);
         gpu->matmul_fwd(o1, xd, pd, Nr, K, O, 0);
         gpu->bf16_shadow(NULL, 0);
         gpu->matmul_fwd(o2, xd, pd, Nr, K, O, 0);
-        float *a1 = dget(o1, (size_t)Nr * O), *a2 = dget(o2, (size_t)Nr * O);
+        float *a1 = gpu_getf(gpu, o1, (size_t)Nr * O), *a2 = gpu_getf(gpu, o2, (size_t)Nr * O);
         EXPECT(memcmp(a1, a2, sizeof(float) * (size_t)Nr * O) == 0,
                "adamw_runs bf16 %s N=%zu: a GEMM through the bf16 weight copy differs from one converting p",
                pn, N);

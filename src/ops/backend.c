@@ -1,6 +1,6 @@
 // backend.c — choosing a Backend by name (--device) and its FP8 variant (--precision fp8), and the size of
-// the cuda attention backward's dS scratch (ops.h attention_ds_bytes: the rule the kernels and moe info
-// share, CUDA or not). Must not
+// the cuda attention backward's dS scratch (ops.h attention_ds_bytes; latent attention's:
+// attention_mla_ds_bytes: the rules the kernels and moe info share, CUDA or not). Must not
 // hold: ops or compositions of ops (the plain forms of the fused ops are ops/plain.h, which the backends
 // include without this file).
 #include <stdlib.h>
@@ -69,4 +69,28 @@ size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1) {
     if ((size_t)B * KV * most > cap && attention_ds_pass_heads(most, cap, KV) < 2) return 0; // dS again
     if ((size_t)B * KV * pair <= cap) return (size_t)B * KV * pair; // one pass
     return (size_t)attention_ds_pass_heads(pair, cap, KV) * pair;
+}
+
+// ops.h. A pair holds H / KV heads' 64 x 64 bf16 tiles of the queries [t0, t1) (as attention_ds_bytes);
+// what fits is counted at the most tiles any row range of T can take, in the smaller of MOE_ATTN_DS_MB and 8
+// bytes a q element (B T H hd of them), at most 65535 pairs.
+size_t attention_mla_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1, int heads, int *whole,
+                              int *hp) {
+    if (whole) *whole = 0;
+    if (hp) *hp = KV;
+    if (B <= 0 || H <= 0 || KV <= 0 || H % KV || hd <= 0 || t1 <= t0 || t1 > T || heads < 0) return 0;
+    size_t rep = (size_t)(H / KV), nq = (size_t)(t1 - t0 + 63) / 64, a = (size_t)(t0 + 63) / 64;
+    size_t pair = rep * (nq * (a + 1) + nq * (nq - 1) / 2) * 64 * 64 * 2;
+    if (!heads) {
+        size_t nT = ((size_t)T + 63) / 64, most = rep * (nT * (nT + 3) / 2) * 64 * 64 * 2;
+        size_t cap = (size_t)attention_ds_cap_mb() << 20, room = 8 * (size_t)B * T * H * hd;
+        size_t fit = (cap < room ? cap : room) / most;
+        heads = fit < 65535 ? (int)fit : 65535;
+        if (!heads) return 0; // dS again
+    }
+    int all = (size_t)heads >= (size_t)B * KV,
+        per = all ? KV : attention_ds_pass_heads(pair, heads * pair, KV);
+    if (whole) *whole = all;
+    if (hp) *hp = per;
+    return (all ? (size_t)B * KV : (size_t)per) * pair;
 }

@@ -601,8 +601,17 @@ int backend_cuda_grouped_kernel(void);
 size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1);
 // The kv heads of one sequence a pass of that scratch takes when `pair` bytes (one sequence, one kv head)
 // each must fit in `budget`: as many as fit, at most KV, the passes over KV as even as they can be; 0 where
-// not one fits. (cuda_attention_mla.cu's scratch, of its own size, the same rule.)
+// not one fits.
 int attention_ds_pass_heads(size_t pair, size_t budget, int KV);
+// "cuda"'s latent attention backward on Hopper (cuda_attention_mla.cu, q/k head width hd): the bytes of its
+// dS scratch over the queries [t0, t1) of B sequences, in passes of `heads` (sequence, kv head) pairs, or
+// (heads 0) of as many as fit at the most tiles any row range of T can take (so every chunk of rows of one
+// call shape takes the same way) in the smaller of MOE_ATTN_DS_MB and 8 bytes a q element; 0 where not one
+// fits (the dq kernel computes dS again). *whole (may be NULL): 1 where one pass takes every pair; *hp (may
+// be NULL): else the kv heads of one sequence a pass takes (attention_ds_pass_heads). The kernel and moe
+// info both use it.
+size_t attention_mla_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1, int heads, int *whole,
+                              int *hp);
 // That cap in MiB, read from the environment once (a bad value dies naming it: the trainer asks at its
 // start).
 long long attention_ds_cap_mb(void);

@@ -102,10 +102,11 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
 static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && ms->etp == 1); }
 
 // Activation bytes of one layer on one rank of a mesh (ms; NULL: one process) running B sequences of T
-// tokens: the float32 buffers the forward keeps for the backward: the residual stream and norms (not the MoE
-// output: the model's one buffer, acts_scratch), its
-// heads (TP), its slice of the router's rows (N/TP) and their dispatched copies (xs; ys and the expert
-// side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
+// tokens: the float32 buffers the forward keeps for the backward: four rows of d a token (model_state.c
+// slot_alloc: the layer's input res_in, the attention norm's output xn1, the residual after attention x_mid,
+// the MoE norm's output xn2; not the MoE output: the model's one buffer, acts_scratch) and the two norms'
+// rstd, its heads (TP), its slice of the router's rows (N/TP) and their dispatched copies (xs; ys and the
+// expert side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
 // routed token: the mean over a balanced load: yg and the SwiGLU rows); the shared expert's rows (h1, h3,
 // act of its width, its input rows, its output and gate) on the router's slice.
 static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int dense) {
@@ -118,10 +119,10 @@ static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, si
     size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
     if (dense) // a dense layer: the attention's and the norms', its MLP's rows as the shared expert's
         return 4.0 *
-            (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + B * (c->n_heads / tp) * T +
+            (N * (4 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + B * (c->n_heads / tp) * T +
              Ns * (3 * (size_t)c->dense_d_ff + 2 * d + 1));
     return 4.0 *
-        (N * (5 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
+        (N * (4 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
          Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
 }
 // The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
@@ -308,18 +309,13 @@ static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double N
 
 // Latent attention's backward on the Hopper kernels (cuda_attention_mla.cu cuda_attention_bwd_tcv, its
 // default way, over whole sequences), workspace bytes: D (B, H, T) float and dout's rows in bf16 (2 bytes a q
-// element), each 256-aligned, then the dS scratch of as many (sequence, kv head) pairs as fit in the smaller
-// of MOE_ATTN_DS_MB and 8 bytes a q element, in passes as even as they can be (ops.h attention_ds_pass_heads,
-// as the kernel takes them; none fit: dS computed again, and dout's rows unaligned).
+// element), each 256-aligned, then the dS scratch as the kernel sizes it (ops.h attention_mla_ds_bytes; none
+// fit: dS computed again, and dout's rows unaligned).
 static double mla_workspace(int B, int T, int H, int KV, int hd) {
-    size_t ng = (size_t)B * T * H * hd, nd = ((size_t)B * H * T * 4 + 255) & ~(size_t)255, rep = H / KV;
-    size_t nT = ((size_t)T + 63) / 64, pair = rep * (nT * (nT + 1) / 2) * 8192,
-           most = rep * (nT * (nT + 3) / 2) * 8192;
-    size_t cap = (size_t)attention_ds_cap_mb() << 20, room = 8 * ng, fit = (cap < room ? cap : room) / most;
-    size_t heads = fit < 65535 ? fit : 65535;
-    if (!heads) return (double)(nd + 2 * ng);
-    size_t whole = heads >= (size_t)B * KV, hp = (size_t)attention_ds_pass_heads(pair, heads * pair, KV);
-    return (double)(nd + ((2 * ng + 255) & ~(size_t)255) + (whole ? (size_t)B * KV : hp) * pair);
+    size_t ng = (size_t)B * T * H * hd, nd = ((size_t)B * H * T * 4 + 255) & ~(size_t)255;
+    size_t nds = attention_mla_ds_bytes(B, T, H, KV, hd, 0, T, 0, NULL, NULL);
+    if (!nds) return (double)(nd + 2 * ng);
+    return (double)(nd + ((2 * ng + 255) & ~(size_t)255) + nds);
 }
 
 // The cuda backend's workspace (cuda_backend.cu cuda_workspace) on a rank running B sequences of T tokens

@@ -247,9 +247,9 @@ extern "C" void cuda_attention_fwd_tcv(void *out, float *lse, const void *q, con
 }
 
 // The workspace: D (B, H, T) float, then dout's rows in bf16 (rounded by the rowdot kernel), then the dS
-// scratch of one pass, each 256-byte aligned. The scratch's bound besides MOE_ATTN_DS_MB, 8 bytes per
-// element of q: the cost model (src/train/cost.c mla_workspace) counts the default way's bytes as sized
-// here (at the Hopper kernel's widths, 192 and 128).
+// scratch of one pass, each 256-byte aligned. The scratch's size is ops.h attention_mla_ds_bytes (its bound
+// besides MOE_ATTN_DS_MB, 8 bytes per element of q), which the cost model (src/train/cost.c mla_workspace)
+// also calls for the default way's bytes.
 extern "C" void cuda_attention_bwd_tcv(float *dq, float *dk, float *dv, const float *dout, const void *out,
                                        const float *lse, const void *q, const void *k, const void *v, int B,
                                        int T, int H, int KV, int hd, int hv, int t0, int t1, int flags) {
@@ -257,24 +257,15 @@ extern "C" void cuda_attention_bwd_tcv(float *dq, float *dk, float *dv, const fl
         cuda_attention_bwd_tc(dq, dk, dv, dout, out, lse, q, k, v, B, T, H, KV, hd, t0, t1, flags);
         return;
     }
-    int heads, way = mla_way(&heads), rep = H / KV, nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64;
-    size_t pair = (size_t)rep * (nq * (size_t)(a + 1) + (size_t)nq * (nq - 1) / 2) * 8192; // a (b, kv head)
+    // the (sequence, kv head) pairs of the default way: as many as fit (none: dS again), or MOE_ATTN_MLA's;
+    // one pass over every pair, or per sequence hp kv heads at a time (ops.h attention_mla_ds_bytes)
+    int heads, way = mla_way(&heads), whole = 0, hp = KV;
+    size_t nds = way == MLA_DEFAULT || way == MLA_PASS
+        ? attention_mla_ds_bytes(B, T, H, KV, hd, t0, t1, heads, &whole, &hp)
+        : 0;
+    if (way == MLA_DEFAULT) way = nds ? MLA_PASS : MLA_RECOMPUTE;
     size_t nd = ((size_t)B * H * T * sizeof(float) + 255) & ~(size_t)255, ng = (size_t)B * T * H * hd;
     size_t ngb = (ng * sizeof(bf16s) + 255) & ~(size_t)255;
-    if (way == MLA_DEFAULT) { // the (sequence, kv head) pairs that fit; none: dS again
-        // counted at the most tiles any row range of T can take (nT (nT + 3) / 2 a head: a <= nT + 1 - nq),
-        // so that every chunk [t0, t1) of the same call shape takes the same way (dq's bits of one call)
-        size_t nT = cdiv_u(T, 64), most = (size_t)rep * (nT * (nT + 3) / 2) * 8192;
-        size_t cap = (size_t)attention_ds_cap_mb() << 20, room = 8 * ng,
-               fit = (cap < room ? cap : room) / most;
-        heads = fit < 65535 ? (int)fit : 65535;
-        way = heads ? MLA_PASS : MLA_RECOMPUTE;
-    }
-    // one pass over every (sequence, kv head) pair, or per sequence hp kv heads at a time (the passes as
-    // even as ops.h attention_ds_pass_heads makes them)
-    int whole = way == MLA_PASS && (size_t)heads >= (size_t)B * KV;
-    int hp = way != MLA_PASS || whole ? KV : attention_ds_pass_heads(pair, (size_t)heads * pair, KV);
-    size_t nds = way != MLA_PASS ? 0 : (whole ? (size_t)B * KV : (size_t)hp) * pair;
     char *w =
         (char *)cuda_workspace(nds ? nd + ngb + nds : nd + ng * sizeof(bf16s)); // (no scratch: as before)
     float *D = (float *)w;
