@@ -27,9 +27,9 @@ mkdir G && echo keep > G/keep
 GUARD="$TMP/G"
 run_fail "--precision fp8 with --etp 2: an expert's slices would cut its 128x128 weight blocks" \
   "$MOE" train "${BASE[@]}" --precision fp8 --etp 2 --out G/R1
-run_fail "--bf16-rounding rounds the weights of --precision bf16; this run's precision is fp8" \
+run_fail "--bf16-rounding rounds the weights of --precision bf16 and fp8-bf16; this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-rounding nearest --out G/R1
-run_fail "--bf16-grads sets the gradients of --precision bf16; this run's precision is fp8" \
+run_fail "--bf16-grads sets the gradients of --precision bf16 (fp8-bf16's FP8 GEMMs write float32 ones); this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-grads 0 --out G/R1
 GUARD=""
 run_ok "moe info --precision fp8" "$MOE" info --precision fp8

@@ -59,7 +59,7 @@ run_ok "resumed with --precision bf16 again" "${R[@]}" --precision bf16 --steps 
 check "... takes the run's --bf16-rounding nearest and --bf16-grads 0 back" \
   grep -q -- "the run's options.*--bf16-rounding nearest --bf16-grads 0" "$OUT_FILE"
 GUARD="$W/rb"
-run_fail "--bf16-rounding rounds the weights of --precision bf16; this run's precision is mixed" \
+run_fail "--bf16-rounding rounds the weights of --precision bf16 and fp8-bf16; this run's precision is mixed" \
   "${R[@]}" --precision mixed --bf16-rounding nearest --steps 5 --out rb --resume
 GUARD=""
 

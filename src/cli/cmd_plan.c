@@ -122,10 +122,10 @@ int cmd_plan(State *s) {
     if (!calibrate_here(s, &sp.hw)) return 0;
     if (!opt_set(s, "calibrate")) hwprofile_load(&sp.hw, cl->gpu);
     if (cl->internode_gbps > 0) sp.hw.internode_gbps = cl->internode_gbps;
-    if (s->train.precision == PREC_FP8 && !(sp.hw.fp8_grouped_tflops > 0))
-        DIE("plan --precision fp8: profile %s has no \"fp8_grouped_tflops\" (calibrate with --precision fp8 "
+    if (prec_fp8(s->train.precision) && !(sp.hw.fp8_grouped_tflops > 0))
+        DIE("plan --precision %s: profile %s has no \"fp8_grouped_tflops\" (calibrate with --precision fp8 "
             "on the cuda backend, or add it)",
-            sp.hw.name);
+            prec_name(s->train.precision), sp.hw.name);
     char args[4096];
     model_args(s, args, sizeof args);
     if (cl->explain[0]) {

@@ -252,12 +252,12 @@ const Opt opts[] = {
      "the GEMMs' weights kept in bf16 alone, in one process) and the experts' gradients in bf16 "
      "(--bf16-grads); fp8: mixed's storage, the experts' GEMMs (forward, input and weight gradients) with "
      "e4m3 operands in DeepSeek-V3's fine-grained scales (1x128 tiles, 128x128 weight blocks) and float32 "
-     "sums (--device cpu only, for now); checkpoints stay float32"},
+     "sums; fp8-bf16: bf16's storage (moments, rounded weights; the experts' gradients float32) with fp8's "
+     "expert GEMMs; checkpoints stay float32"},
     {"bf16-rounding", O_ROUNDING, TO(bf16_rounding), C_TRAIN,
-     "--precision bf16: how each updated weight is rounded to bf16: stochastic (unbiased, seeded by --seed: "
-     "reproducible), nearest (round to nearest even), or none (the weights stay float32: only the moments "
-     "are "
-     "bf16)"},
+     "--precision bf16 (and fp8-bf16): how each updated weight is rounded to bf16: stochastic (unbiased, "
+     "seeded by --seed: reproducible), nearest (round to nearest even), or none (the weights stay float32: "
+     "only the moments are bf16)"},
     {"bf16-grads", O_INT, TO(bf16_grads), C_TRAIN,
      "--precision bf16: 1: the routed experts' weight gradients are bf16 values (rounded to nearest even "
      "once "
@@ -408,7 +408,12 @@ static const WordSet word_sets[] = {
      3,
      {"micro-batch", "sequence", "global"},
      {AUX_SCOPE_MICRO, AUX_SCOPE_SEQ, AUX_SCOPE_GLOBAL}},
-    {O_PRECISION, "mixed|bf16|fp8", 0, 3, {"mixed", "bf16", "fp8"}, {PREC_MIXED, PREC_BF16, PREC_FP8}},
+    {O_PRECISION,
+     "mixed|bf16|fp8|fp8-bf16",
+     0,
+     4,
+     {"mixed", "bf16", "fp8", "fp8-bf16"},
+     {PREC_MIXED, PREC_BF16, PREC_FP8, PREC_FP8_BF16}},
     {O_GRADMEM, "shared|separate", 0, 2, {"shared", "separate"}, {GRADMEM_SHARED, GRADMEM_SEPARATE}},
     {O_GPUCOMM,
      "auto|nccl|staged|ipc|mpi",

@@ -407,11 +407,13 @@ static void read_state(const char *dir, TrainState *st) {
     if (ts && cJSON_IsNumber(ts)) s.tokens_seen = ts->valuedouble;
     else if (ts && !cJSON_IsNull(ts)) DIE("checkpoint %s: state.json: \"tokens_seen\" is not a number", dir);
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "precision");
-    s.precision = PREC_MIXED;
-    if (pr && cJSON_IsString(pr) && !strcmp(pr->valuestring, "bf16")) s.precision = PREC_BF16;
-    else if (pr && cJSON_IsString(pr) && !strcmp(pr->valuestring, "fp8")) s.precision = PREC_FP8;
-    else if (pr && !(cJSON_IsString(pr) && !strcmp(pr->valuestring, "mixed")))
-        DIE("checkpoint %s: state.json: \"precision\" is not \"mixed\", \"bf16\" or \"fp8\"", dir);
+    s.precision = -1;
+    for (int p = PREC_MIXED; p <= PREC_FP8_BF16; p++)
+        if (!pr || (cJSON_IsString(pr) && !strcmp(pr->valuestring, prec_name(p)))) s.precision = p;
+    if (!pr) s.precision = PREC_MIXED; // (mixed: absent, as always)
+    if (s.precision < 0)
+        DIE("checkpoint %s: state.json: \"precision\" is not \"mixed\", \"bf16\", \"fp8\" or \"fp8-bf16\"",
+            dir);
     cJSON_Delete(j);
     *st = s;
 }

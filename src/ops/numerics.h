@@ -23,12 +23,17 @@ static inline MOE_HD size_t fmt_size(ElemFormat f) { return f == FMT_BF16 ? 2 : 
 // The precision policies of training (--precision): PREC_MIXED float32 weights and AdamW moments (bf16
 // GEMM operands on cuda); PREC_BF16 bf16 moments, weights rounded to bf16 values after every update;
 // PREC_FP8 the storage of PREC_MIXED (float32 weights and moments) with the experts' GEMMs in FP8 e4m3
-// (ops.h Backend.fp8: the fine-grained recipe below, on every backend).
-enum { PREC_MIXED = 0, PREC_BF16 = 1, PREC_FP8 = 2 };
+// (ops.h Backend.fp8: the fine-grained recipe below, on every backend); PREC_FP8_BF16 the storage of
+// PREC_BF16 with the experts' GEMMs in FP8 (the two are independent: prec_bf16_storage, prec_fp8).
+enum { PREC_MIXED = 0, PREC_BF16 = 1, PREC_FP8 = 2, PREC_FP8_BF16 = 3 };
 // Its --precision word (state.json, run.json, notes).
 static inline const char *prec_name(int p) {
-    return p == PREC_BF16 ? "bf16" : p == PREC_FP8 ? "fp8" : "mixed";
+    return p == PREC_BF16 ? "bf16" : p == PREC_FP8 ? "fp8" : p == PREC_FP8_BF16 ? "fp8-bf16" : "mixed";
 }
+// Whether policy p stores the bf16 policy's way (bf16 AdamW moments, weights rounded to bf16 values).
+static inline int prec_bf16_storage(int p) { return p == PREC_BF16 || p == PREC_FP8_BF16; }
+// Whether policy p runs the routed experts' GEMMs by the FP8 recipe.
+static inline int prec_fp8(int p) { return p == PREC_FP8 || p == PREC_FP8_BF16; }
 
 // bf16 <-> float32 bit operations shared by every backend (integer arithmetic: the same bits on any
 // device). NaN stays NaN (quiet); an overflow rounds to infinity as the hardware conversion does.

@@ -345,7 +345,8 @@ void calibrate(HwProfile *p, CalibInfo *info, const ModelConfig *c, const TrainO
                const HwProfile *base, Comm *world) {
     Placement pl;
     TrainOptions t = *o;
-    if (t.precision == PREC_FP8) t.precision = PREC_MIXED; // (the base backend; its fp8 table measured apart)
+    if (prec_fp8(t.precision)) // (the base backend; its fp8 table measured apart)
+        t.precision = t.precision == PREC_FP8 ? PREC_MIXED : PREC_BF16;
     placement_choose(&pl, &t, world);
     const Backend *be = pl.be;
     memset(info, 0, sizeof *info);

@@ -241,8 +241,9 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
     double emb = hid && !moe_act_mem_old() ? fmin(la, 4.0 * c->vocab_size * c->d_model) : 0;
     return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g) + emb;
 }
-// Bytes per AdamW moment element: float32, or bf16 under --precision bf16 (dist.c dist_moment_bytes).
-static double moment_bytes(const TrainOptions *o) { return o->precision == PREC_BF16 ? 2.0 : 4.0; }
+// Bytes per AdamW moment element: float32, or bf16 under --precision bf16 and fp8-bf16 (dist.c
+// dist_moment_bytes).
+static double moment_bytes(const TrainOptions *o) { return prec_bf16_storage(o->precision) ? 2.0 : 4.0; }
 
 // The moment elements a rank updates: two per element of its slices, over their reduce group under ZeRO.
 static double moment_elems(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
@@ -453,11 +454,11 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
     k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
     k->scratch = k->gemm + k->workspace;
-    k->kept = o->precision == PREC_FP8 ? cuda_fp8_kept(c, lt) : 0;
-    k->fp8 = o->precision == PREC_FP8 ? cuda_fp8_scratch(c, ms, B, T) + k->kept : 0;
+    int fp8 = prec_fp8(o->precision);
+    k->kept = fp8 ? cuda_fp8_kept(c, lt) : 0;
+    k->fp8 = fp8 ? cuda_fp8_scratch(c, ms, B, T) + k->kept : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
-    int fp8 = o->precision == PREC_FP8;
     k->lean = acts_lean(c, ms, B, T, fp8, 0);
     k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone - k->lean;
     k->routed =
@@ -469,7 +470,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     CostParams cp;
     cost_params(&cp, c);
     size_t np = cp.total;
-    // float32 cpu backend: params + grads + two AdamW moments (bf16 under --precision bf16; the weights stay
+    // float32 cpu backend: params + grads + two AdamW moments (bf16 under bf16 storage; the weights stay
     // in their float32 buffer, holding bf16 values)
     w->state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T;

@@ -118,6 +118,8 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16"
                : o->precision == PREC_FP8
                ? "float32, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
+               : o->precision == PREC_FP8_BF16
+               ? "float32, AdamW moments bf16, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
                : "float32",
            b1, o->batch, o->seq_len, b2, bl, b3);
     print_cuda(&w.cuda, "memory (cuda, the same buffers");
@@ -142,9 +144,10 @@ static void print_rank(const CostMesh *m, const TrainOptions *o) {
            "micro-batch "
            "of %d x %d; %s of them in the expert gradients' memory); total %s\n",
            o->zero,
-           o->precision == PREC_BF16      ? "float32, moments bf16"
-               : o->precision == PREC_FP8 ? "float32, experts' GEMMs fp8"
-                                          : "float32",
+           o->precision == PREC_BF16           ? "float32, moments bf16"
+               : o->precision == PREC_FP8      ? "float32, experts' GEMMs fp8"
+               : o->precision == PREC_FP8_BF16 ? "float32, moments bf16, experts' GEMMs fp8"
+                                               : "float32",
            a1, a1, a2, a3, m->Bl, o->seq_len, a5, a4);
     print_cuda(&r->cuda, "per rank (cuda, the same buffers");
 }

@@ -121,10 +121,10 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->pp_schedule == SCHED_INTERLEAVED && o->vpp < 2)
         BAD("--pp-schedule interleaved needs --vpp >= 2 model chunks per rank (got %d)", o->vpp);
     if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
-    if (o->precision == PREC_FP8 && o->etp > 1)
-        BAD("--precision fp8 with --etp %d: an expert's slices would cut its 128x128 weight blocks (other "
+    if (prec_fp8(o->precision) && o->etp > 1)
+        BAD("--precision %s with --etp %d: an expert's slices would cut its 128x128 weight blocks (other "
             "scales than one process's); fp8 takes --etp 1 for now",
-            o->etp);
+            prec_name(o->precision), o->etp);
 #undef BAD
     return NULL;
 }

@@ -47,10 +47,12 @@ typedef struct {
     int a2a_hier; // the EP all-to-all two-level over nodes of this many EP ranks: -1 auto, 0 off
     int expert_mode; // MoE layers with ETP > 1: 0 sharded, 1 gathered, -1 auto (measured)
     int precision; // PREC_MIXED: float32 weights and AdamW moments (bf16 GEMM operands on cuda);
-                   // PREC_BF16: bf16 moments, weights rounded to bf16 values after every update
+                   // PREC_BF16: bf16 moments, weights rounded to bf16 values after every update;
+                   // PREC_FP8 / PREC_FP8_BF16: those storages, the experts' GEMMs FP8 (ops/numerics.h)
     int grad_memory; // GRADMEM_SHARED: with --grad-accum 1 and no --pp, the expert gradients share memory
                      // with the next layer's activations (model.h model_share_grads); GRADMEM_SEPARATE
-    int bf16_rounding; // PREC_BF16's weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST or ROUND_NONE
+    int bf16_rounding; // PREC_BF16's (and PREC_FP8_BF16's) weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST
+                       // or ROUND_NONE
     int bf16_grads; // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
     int gpu_comm; // GPUCOMM_*: the device transport of GPU ranks (train/placement.c)
     float a2a_retune; // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
@@ -75,14 +77,15 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c);
 // --precision bf16 with rounded weights, in one process (meshed 0: no collective writes the float32 buffer).
 // The trainer's choice and moe info's memory line both ask this.
 static inline int train_bf16_weights_alone(const TrainOptions *o, int meshed) {
-    return !meshed && o->precision == PREC_BF16 && o->bf16_rounding != ROUND_NONE;
+    return !meshed && prec_bf16_storage(o->precision) && o->bf16_rounding != ROUND_NONE;
 }
 
 // The format of the routed experts' weight gradients (model.h model_set_expert_grads; ops.h OPTG_*):
 // float32 (OPTG_F32) but under --precision bf16 with --bf16-grads 1, where they are bf16 values, rounded
 // to nearest even once they are whole: written so by the GEMMs and stored packed (OPTG_PACKED) where
 // each is written once a step and nothing sums them (one process, one micro-batch, one chunk, no ZeRO),
-// else float32 memory read rounded by the optimizer (OPTG_BF16: after the sum over ranks).
+// else float32 memory read rounded by the optimizer (OPTG_BF16: after the sum over ranks). fp8-bf16: float32
+// (the FP8 weight-gradient GEMMs write float32 sums).
 static inline int train_expert_grads(const TrainOptions *o, int meshed) {
     if (o->precision != PREC_BF16 || !o->bf16_grads) return OPTG_F32;
     return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? OPTG_PACKED

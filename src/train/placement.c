@@ -127,7 +127,7 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     int force_nccl = comm_nccl_forced();
     p->be = backend_by_name(o->device);
     p->on_gpu = p->be != backend_cpu();
-    if (o->precision == PREC_FP8) p->be = backend_fp8(p->be);
+    if (prec_fp8(o->precision)) p->be = backend_fp8(p->be);
     if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)
         DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");

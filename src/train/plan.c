@@ -79,7 +79,7 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     // (each 0 without dense layers and MTP modules)
     dense += tok *
         ((layers - moe) * (mlp - f.router) / tp + D * ((f.attn_proj + f.router) / tp + head + 4 * d * d));
-    double gr = t->precision == PREC_FP8 ? hw->fp8_grouped_tflops : hw->grouped_tflops;
+    double gr = prec_fp8(t->precision) ? hw->fp8_grouped_tflops : hw->grouped_tflops;
     if (sp->grouped_shape) gr *= hwprofile_grouped_shape(c->d_model, c->d_ff, NULL);
     double dr = hw->dense_tflops * 1e12, ar = hw->attention_tflops * 1e12;
     pt->fwd = (grouped / (gr * 1e12) + dense / dr + attn / ar) / 3;
@@ -121,8 +121,8 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
         w->tp_gemm += w->ch[ch].tp_gemm;
         w->rate = w->ch[ch].rate;
     }
-    double mb = t->precision == PREC_BF16 ? 2.0 : 4.0, per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written;
-                                                                                 // bf16 w
+    // (bytes an element: the gradient; w, m, v read and written; the bf16 w)
+    double mb = prec_bf16_storage(t->precision) ? 2.0 : 4.0, per = 4 + 8 + 4 * mb + 2;
     double elems = m->stage[s].mem.moments / mb / 2;
     w->adamw = elems * per / (sp->hw.hbm_gbps * 1e9);
 }
@@ -303,8 +303,10 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
     const char *bad = mesh_shape_resolve(ms, c);
     *reason = PLAN_R_MESH;
     if (bad) return snprintf(msg, sizeof msg, "mesh: %s", bad), msg;
-    if (o->precision == PREC_FP8 && l->etp > 1)
-        return snprintf(msg, sizeof msg, "mesh: --precision fp8 takes --etp 1 (got %d)", l->etp), msg;
+    if (prec_fp8(o->precision) && l->etp > 1)
+        return snprintf(msg, sizeof msg, "mesh: --precision %s takes --etp 1 (got %d)",
+                        prec_name(o->precision), l->etp),
+               msg;
     if (l->dp && l->dp != ms->dp)
         return snprintf(msg, sizeof msg, "mesh: dp %d, but %d GPUs / (tp %d x pp %d) = dp %d", l->dp,
                         sp->gpus, l->tp, l->pp, ms->dp),

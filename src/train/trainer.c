@@ -191,7 +191,7 @@ static void run_dir_start(const Run *r) {
 static void load_or_init(Run *r, int resuming, const char *latest) {
     Model *m = &r->m;
     size_t P = m->t.ltotal;
-    int bf16 = r->o->precision == PREC_BF16, wround = bf16 && r->o->bf16_rounding != ROUND_NONE;
+    int bf16 = prec_bf16_storage(r->o->precision), wround = bf16 && r->o->bf16_rounding != ROUND_NONE;
     if (resuming) {
         RunLoad rl = {r->be, m->params, &r->dist, wround};
         run_load(&rl, latest, &m->t, &r->st, r->world);
@@ -200,16 +200,17 @@ static void load_or_init(Run *r, int resuming, const char *latest) {
                 (unsigned long long)r->st.seed, (unsigned long long)r->o->seed);
         if (r->rank0) run_metrics_truncate(r->metrics_path, r->st.step);
         if (r->rank0) printf("resuming from %s (step %lld)\n", latest, (long long)r->st.step);
+        int was = prec_bf16_storage(r->st.precision);
         if (r->rank0 && r->st.precision != r->o->precision)
             printf(
                 "note: the checkpoint was trained with --precision %s; continuing with --precision %s (%s)\n",
                 prec_name(r->st.precision), prec_name(r->o->precision),
-                bf16 && wround ? "its weights and AdamW moments rounded to bf16, to nearest"
-                    : bf16     ? "its AdamW moments rounded to bf16, to nearest"
-                    : r->st.precision == PREC_BF16
-                    ? "its bf16 values as float32"
-                    : "the same float32 weights and AdamW moments (mixed and fp8 "
-                      "store alike)");
+                was && bf16 ? "the same bf16 values and AdamW moments (bf16 and fp8-bf16 store alike)"
+                    : bf16 && wround ? "its weights and AdamW moments rounded to bf16, to nearest"
+                    : bf16           ? "its AdamW moments rounded to bf16, to nearest"
+                    : was            ? "its bf16 values as float32"
+                                     : "the same float32 weights and AdamW moments (mixed and fp8 "
+                                       "store alike)");
     } else {
         float *ph = xmalloc(P * sizeof(float) + 1);
         params_init(&m->t, &r->c, ph, r->o->seed);
@@ -328,7 +329,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     dist_init(&r->dist, r->meshed ? &r->mesh : NULL, o->zero, o->overlap, (size_t)(o->bucket_mb * 1048576.0));
     // the precision policy (ops.h OPT_*); stochastic rounding's bits: a hash of the seed, step and element
     dist_set_precision(&r->dist,
-                       o->precision != PREC_BF16               ? OPT_MIXED
+                       !prec_bf16_storage(o->precision)        ? OPT_MIXED
                            : o->bf16_rounding == ROUND_NEAREST ? OPT_BF16_NEAREST
                            : o->bf16_rounding == ROUND_NONE    ? OPT_BF16_MOMENTS
                                                                : OPT_BF16_STOCHASTIC,
