@@ -407,10 +407,9 @@ static void read_state(const char *dir, TrainState *st) {
     if (ts && cJSON_IsNumber(ts)) s.tokens_seen = ts->valuedouble;
     else if (ts && !cJSON_IsNull(ts)) DIE("checkpoint %s: state.json: \"tokens_seen\" is not a number", dir);
     const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "precision");
-    s.precision = -1;
-    for (int p = PREC_MIXED; p <= PREC_FP8_BF16; p++)
-        if (!pr || (cJSON_IsString(pr) && !strcmp(pr->valuestring, prec_name(p)))) s.precision = p;
-    if (!pr) s.precision = PREC_MIXED; // (mixed: absent, as always)
+    s.precision = pr ? -1 : PREC_MIXED; // (mixed: absent, as always)
+    for (int p = PREC_MIXED; pr && p <= PREC_FP8_BF16; p++)
+        if (cJSON_IsString(pr) && !strcmp(pr->valuestring, prec_name(p))) s.precision = p;
     if (s.precision < 0)
         DIE("checkpoint %s: state.json: \"precision\" is not \"mixed\", \"bf16\", \"fp8\" or \"fp8-bf16\"",
             dir);
