@@ -56,7 +56,7 @@ static int spans_nodes(const MeshShape *s, int k, int n) {
 // rate (TFLOP/s), and the GEMMs of the TP-split layers (tp_gemm: the attention projections, a dense layer's
 // MLP; not the router, not the LM head), which TP communication overlap hides the TP collectives behind.
 typedef struct {
-    double all, fwd, grouped, rate, tp_gemm;
+    double all, fwd, grouped, rate, tp_gemm, mem; // mem: of all, the memory-bound ops' (cost_bytes)
 } PartTimes;
 
 // The compute of layers layers, moe of them MoE layers, on one rank of m, with the LM head and the MTP
@@ -65,10 +65,12 @@ typedef struct {
 // included; with sp->grouped_shape scaled to the nearest measured expert shape), the recomputed forwards
 // (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs; attn: attention's forward,
 // 1/3 of its). A dense layer (config dense_layers) runs its MLP at the dense rate and has no router. The LM
-// head runs whole on every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one).
+// head runs whole on every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one,
+// its cross-entropy too). The memory-bound ops (cost_bytes) at PLAN_MEMOPS_HBM x the HBM rate.
 static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c, const TrainOptions *t,
-                         const PlanSpec *sp, int layers, int moe, int last) {
+                         const PlanSpec *sp, int v, int layers, int moe) {
     const HwProfile *hw = &sp->hw;
+    int last = v == m->ms.pp * m->vpp - 1;
     CostFlops f;
     cost_flops(&f, c, t->seq_len);
     double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp, D = last ? c->mtp_depth : 0,
@@ -88,7 +90,14 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
     pt->grouped = grouped / (gr * 1e12);
     pt->rate = gr;
-    pt->all = pt->grouped + dense / dr + attn / ar;
+    // the memory-bound ops of each micro-batch (cost_ops.c: the cuda backend's rows in bf16) at their rate
+    CostBytes b;
+    cost_bytes(&b, c, &m->ms, (double)m->Bl * t->seq_len, m->sp.first[v], m->sp.first[v + 1], v == 0, last,
+               2);
+    double bw = hw->hbm_gbps * 1e9 * PLAN_MEMOPS_HBM, ce = sp->head_tp ? b.ce * (1 - 1 / tp) : 0;
+    pt->mem = m->micro * (b.total - ce) / bw; // (a vocab-parallel loss: the logits' columns / TP a rank)
+    pt->fwd += m->micro * (b.fwd - ce) / bw;
+    pt->all = pt->grouped + dense / dr + attn / ar + pt->mem;
 }
 
 // A stage's chunks, walked once: each virtual stage's layers (the trainer's split, m->sp), MoE layers and
@@ -97,8 +106,10 @@ typedef struct {
     int n; // chunks (vpp); chunk ch is virtual stage ch x pp + s
     int lay[STAGES_MAX], moe[STAGES_MAX], L, E, P; // layers, MoE layers; their sums; P the PP messages
     PartTimes ch[STAGES_MAX];
-    double comp, adamw; // the chunks' compute; AdamW over the elements the stage updates
-    double fwd, grouped, rate, tp_gemm; // of comp, the forwards', the experts' (at rate), the TP-split GEMMs'
+    double comp, adamw, gnorm; // the chunks' compute; AdamW and the gradient norm over the elements the stage
+                               // updates
+    double fwd, grouped, rate, tp_gemm, mem; // of comp, the forwards', the experts' (at rate), the TP-split
+                                             // GEMMs', the memory-bound ops'
     double on[STAGES_MAX], back[STAGES_MAX]; // each chunk's exposed PP seconds: output on, gradient back
 } StageWork;
 
@@ -111,7 +122,7 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
         int v = ch * m->ms.pp + s;
         w->lay[ch] = m->sp.first[v + 1] - m->sp.first[v];
         for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) w->moe[ch] += !config_layer_dense(c, l);
-        part_compute(&w->ch[ch], m, c, t, sp, w->lay[ch], w->moe[ch], v == S - 1);
+        part_compute(&w->ch[ch], m, c, t, sp, v, w->lay[ch], w->moe[ch]);
         w->L += w->lay[ch];
         w->E += w->moe[ch];
         w->P += (v < S - 1) + (v > 0);
@@ -119,12 +130,14 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
         w->fwd += w->ch[ch].fwd;
         w->grouped += w->ch[ch].grouped;
         w->tp_gemm += w->ch[ch].tp_gemm;
+        w->mem += w->ch[ch].mem;
         w->rate = w->ch[ch].rate;
     }
     double mb = t->precision == PREC_BF16 ? 2.0 : 4.0, per = 4 + 8 + 4 * mb + 2; // g; w, m, v read+written;
                                                                                  // bf16 w
     double elems = m->stage[s].mem.moments / mb / 2;
     w->adamw = elems * per / (sp->hw.hbm_gbps * 1e9);
+    w->gnorm = m->stage[s].gnorm / (sp->hw.hbm_gbps * 1e9);
 }
 
 static double min2(double a, double b) { return a < b ? a : b; }
@@ -281,7 +294,7 @@ static double ep_link_seconds(double B, const MeshShape *ms, const ModelConfig *
 // of the next step's first micro-batch (Megatron's --overlap-param-gather).
 static void stage_hidden(double *hid, const double *cs, const StageWork *w, const CostMesh *m, int s,
                          int zero, const PlanSpec *sp) {
-    double comp = w->comp + w->adamw;
+    double comp = w->comp + w->adamw + w->gnorm;
     memset(hid, 0, 5 * sizeof *hid);
     // (each micro-batch's share of the all-to-all and of the compute is the same)
     hid[1] = sp->hide_a2a == PLAN_HIDE_EXPERTS ? min2(cs[1], w->grouped)
@@ -401,7 +414,7 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         if (sp->a2a_links && row->inter[1] && ep > 0) cs[1] = sp->exposed * ep_link_seconds(ep, &ms, c, sp);
         StageWork w;
         stage_work(&w, &m, s, c, &t, sp);
-        double comp = w.comp + w.adamw, launches, syncs;
+        double comp = w.comp + w.adamw + w.gnorm, launches, syncs;
         stage_hidden(hid, cs, &w, &m, s, t.zero, sp);
         for (int k = 0; k < 4; k++) cs[k] -= hid[k];
         double pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp);
@@ -420,6 +433,7 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
             row->syncs = syncs;
             row->comm = comm;
             row->grouped_tflops = w.rate;
+            row->memops = w.mem + w.gnorm;
             memcpy(row->comm_kind, cs, sizeof cs);
             memcpy(row->hidden, hid, sizeof hid);
         }

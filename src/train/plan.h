@@ -8,8 +8,10 @@
 //    rate, attention's scores at its attention rate), split evenly over the ranks of a stage (routing
 //    balanced; TP splits the heads and the router's rows, EP/ETP the experts' rows, DP the batch); the LM
 //    head on every TP rank of the last stage; plus AdamW over the elements the rank updates at the
-//    profile's HBM rate (30 bytes an element, 22 with bf16 moments). The other ops (norms, RoPE, routing,
-//    copies: ~12% of the reference step) are not counted;
+//    profile's HBM rate (30 bytes an element, 22 with bf16 moments); the other ops as memory-bound passes
+//    (cost.h cost_bytes: norms, RoPE, gathers and combines, router, cross-entropy, adds, embedding, clears;
+//    their bytes at PLAN_MEMOPS_HBM x the HBM rate) and the gradient norm (every gradient read once, at the
+//    HBM rate);
 //  - communication: cost_mesh's bytes sent per rank and step (rows to the experts in bf16), each kind
 //    over the link its group spans (every rank of the group on one node of --nodes-of GPUs: NVLink, else
 //    inter-node), exposed in full unless --comm-exposed says otherwise; the slowest stage sets the step;
@@ -48,6 +50,12 @@
 #include "train/options.h"
 #include "train/schedule.h"
 
+// The memory-bound ops (cost.h cost_bytes) run at this fraction of the profile's hbm_gbps, which AdamW's
+// stream sets (docs/PLAN.md "The model": the reference model's kernels in a CUPTI trace ran at 0.78 of it,
+// MOE_PROFILE's times less their per-call synchronisation at 0.79-0.99); the gradient norm, one stream over
+// every gradient like AdamW, at hbm_gbps itself (measured 1.05 of it).
+#define PLAN_MEMOPS_HBM 0.8
+
 // One layout: the flags of `moe train` that choose it.
 typedef struct {
     int tp, ep, etp, pp, vpp, dp;
@@ -69,6 +77,7 @@ typedef struct {
     double comm_kind[5]; // exposed seconds: tp, ep, etp, dp, pp (of the slowest stage)
     double hidden[5]; // of that stage's tp, ep, etp, dp, pp messages, the seconds hidden behind compute
                       // (--hide-tp, --hide-a2a, --hide-dp, --hide-pp; etp none)
+    double memops; // of compute, the memory-bound ops' (cost.h cost_bytes, the gradient norm) at the HBM rate
     double grouped_tflops; // the rate its experts were counted at
     const char *shape; // with PlanSpec.grouped_shape: the measured expert shape that rate is scaled to
     int inter[5]; // 1: that kind's groups span nodes

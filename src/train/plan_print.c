@@ -102,6 +102,10 @@ void plan_print_explain(const PlanRow *w, const PlanPipe *pipe, const PlanSpec *
            b[0], sp->gpus, b[1], b[2], b[3], sp->hw.mem_bytes / 1073741824.0,
            w->mem <= sp->hw.mem_bytes ? "fits" : "does not fit");
     printf("compute (the slowest stage): %.2f ms\n", 1e3 * w->compute);
+    printf(
+        "  of it memory-bound ops: %.2f ms (norms, RoPE, gathers and combines, router, cross-entropy, adds, "
+        "embedding, clears at %.0f%% of the HBM rate; the gradient norm at the HBM rate)\n",
+        1e3 * w->memops, 100 * PLAN_MEMOPS_HBM);
     if (sp->grouped_shape)
         printf("experts at %.1f TFLOP/s (the profile's x the nearest measured shape's rate over the "
                "reference's: "
