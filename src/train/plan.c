@@ -145,17 +145,17 @@ static double min2(double a, double b) { return a < b ? a : b; }
 // The stage's PP messages, pp seconds a step (cs's pp: the forward's output on from all but the last virtual
 // stage, the backward's gradient back from all but the first, an equal share each), into w->on, w->back;
 // hide (Megatron's --overlap-p2p-comm, interleaved schedules only): each send behind the compute of the
-// action after it, at least a forward of the chunk it leaves (min(send, that forward)). Returns the exposed
-// seconds.
-static double stage_pp(StageWork *w, int pp, int s, double pp_s, int hide) {
+// action after it, at least a forward of the chunk it leaves (min(send, that forward)), keep of that hidden
+// (the stage's hidden messages scaled to its compute: layout_figures). Returns the exposed seconds.
+static double stage_pp(StageWork *w, int pp, int s, double pp_s, int hide, double keep) {
     int S = pp * w->n;
     double exposed = 0;
     for (int ch = 0; ch < w->n; ch++) {
         int v = ch * pp + s;
         double on = w->P ? pp_s * (v < S - 1) / w->P : 0, back = w->P ? pp_s * (v > 0) / w->P : 0;
         if (hide && w->n > 1) {
-            on -= min2(on, w->ch[ch].fwd);
-            back -= min2(back, w->ch[ch].fwd);
+            on -= keep * min2(on, w->ch[ch].fwd);
+            back -= keep * min2(back, w->ch[ch].fwd);
         }
         w->on[ch] = on;
         w->back[ch] = back;
@@ -416,9 +416,19 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         stage_work(&w, &m, s, c, &t, sp);
         double comp = w.comp + w.adamw + w.gnorm, launches, syncs;
         stage_hidden(hid, cs, &w, &m, s, t.zero, sp);
+        double pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp, 1), want = 0, keep = 1, cost;
+        hid[4] = cs[4] - pp_all;
+        for (int k = 0; k < 5; k++) want += hid[k];
+        if (want > comp) { // one compute to hide behind: the hidden messages share it, each scaled alike
+            keep = comp / want;
+            for (int k = 0; k < 4; k++) hid[k] *= keep;
+            pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp, keep);
+            hid[4] = cs[4] - pp_all;
+        }
         for (int k = 0; k < 4; k++) cs[k] -= hid[k];
-        double pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp);
-        if (sp->hide_pp) hid[4] = cs[4] - pp_all, cs[4] = pp_all;
+        cs[4] = pp_all;
+        cost = keep * want * sp->overlap_sms / PLAN_GPU_SMS; // (the SMs the hidden messages' kernels hold)
+        comp += cost;
         for (int k = 0; k < 5; k++) comm += cs[k];
         double host = stage_host(&m, s, hw, comp, &launches, &syncs);
         pipe->part[s][0] = comp + host;
@@ -434,6 +444,8 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
             row->comm = comm;
             row->grouped_tflops = w.rate;
             row->memops = w.mem + w.gnorm;
+            row->hide_want = want;
+            row->overlap_cost = cost;
             memcpy(row->comm_kind, cs, sizeof cs);
             memcpy(row->hidden, hid, sizeof hid);
         }
