@@ -17,7 +17,9 @@
 //    same numbers, bit for bit, fractions, tiny and huge ones included;
 //  - the pipeline: equal stages give exactly the uniform simulation's bubble, a slower last stage a larger
 //    one; the planner's stage times from each virtual stage's FLOPs (the LM head on the last), the bubble of
-//    the tiny preset on 2 stages by hand, the step the simulated span, every row's columns adding up to it.
+//    the tiny preset on 2 stages by hand, the step the simulated span, every row's columns adding up to it;
+//  - the memory-bound ops: the tiny preset's bytes by hand (cost_bytes, the gradient norm's), the planner's
+//    seconds those bytes at a chosen HBM rate, none for none, twice for twice the tokens.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -425,6 +427,80 @@ static void check_pipe_columns(void) {
     plan_result_free(&r);
 }
 
+// The memory-bound ops (cost_ops.c) of the tiny preset on one GPU, by hand: d 96, 4 heads and 2 kv heads of
+// 24 (q width 96, k and v 48), 4 experts top-2, vocab 256, 2 layers; N tokens, M = 2N rows to the experts,
+// f = 4 bytes a float32 value, h = 2 a bf16 one (the cuda rows). A layer, bytes per token (N d = 96 N):
+//  norms: forward N d (f + h) + 4 N d f = 22 N d, backward 2 x 6 N d f = 48 N d;
+//  RoPE: q, k, v read in f, written in h: (96 + 2 x 48) x 6 = 1152; backward dq, dk read and written:
+//        2 x 4 x (96 + 48) = 1152;
+//  the residual add: 3 N d f = 12 N d;
+//  gathers and combines: forward M d (f + h) + (M + N) d f = 12 + 12 = 24 N d, backward M d (2f + h) +
+//        (M + N) d f = 20 + 12 = 32 N d;
+//  router: 2 N E f + 2 N k 4 + 3 M 4 + 2 N E f = 32 + 16 + 24 + 32 = 104;
+// = 138 x 96 + 2304 + 104 = 15656 a token, two layers 31312; the embedding 5 N d f = 1920; the last
+// stage's final norm 8 N d f = 3072, the clear of dres N d f = 384, cross-entropy 4 N V f = 4096: 40784 a
+// token. Forward: a layer (22 + 12 + 24) N d + 1152 + 52 (half the router's) = 6772, two 13544, the
+// embedding's 768, the final norm's 768, cross-entropy 4096: 19176. The gradient norm reads every gradient
+// in float32 (mixed): the parameters 2 V d + d + 2 (2 d + 2 d H hd + 2 d KV hd + E d + 3 E d f) = 49152 + 96
+// + 2 x 249408 = 548064 (the preset's 548K), 4 bytes each.
+static void check_memops(void) {
+    ModelConfig c;
+    TrainOptions o;
+    setup(&c, &o, "tiny", 2, 64);
+    double N = 128, tok = 40784, fwd = 19176, P = 548064;
+    CostBytes b;
+    cost_bytes(&b, &c, NULL, N, 0, c.n_layers, 1, 1, 2);
+    EXPECT(b.total == tok * N && b.fwd == fwd * N, "tiny: %.17g bytes (forward %.17g), by hand %.17g (%.17g)",
+           b.total, b.fwd, tok * N, fwd * N);
+    ParamTable t;
+    params_build(&t, &c);
+    EXPECT(cost_gnorm_bytes(&t, NULL, &o) == 4 * P, "gradient norm: %.17g bytes, by hand %.17g",
+           cost_gnorm_bytes(&t, NULL, &o), 4 * P);
+    // zero tokens, zero bytes; no gradients, nothing to read
+    cost_bytes(&b, &c, NULL, 0, 0, c.n_layers, 1, 1, 2);
+    ParamTable none = t;
+    none.n = 0;
+    EXPECT(b.total == 0 && b.fwd == 0 && cost_gnorm_bytes(&none, NULL, &o) == 0, "zero: %g bytes", b.total);
+    params_free(&t);
+    // EP 2 (an exchange that is not local): each layer's arrived rows permuted and the outputs back, forward
+    // and backward, Rg = M = 2N rows each read and written in h and f: 4 Rg d (h + f) = 48 N d more a layer
+    MeshShape ms = {2, 1, 0, 1, 2, 1, 0, 0};
+    EXPECT(!mesh_shape_resolve(&ms, &c), "tiny ep2");
+    CostBytes be;
+    cost_bytes(&be, &c, &ms, N, 0, c.n_layers, 1, 1, 2);
+    EXPECT(be.total == (tok + 2 * 48 * 96) * N, "tiny ep2: %.17g bytes, by hand %.17g", be.total,
+           (tok + 2 * 48 * 96) * N);
+    // the planner at hbm_gbps 100 (GB/s), the GEMMs and attention free: the memory-bound ops are those
+    // bytes at PLAN_MEMOPS_HBM x 100 GB/s and the gradient norm's at 100 GB/s; the compute adds AdamW's
+    // 30 bytes an element
+    PlanSpec sp = spec(1);
+    sp.hw.dense_tflops = sp.hw.grouped_tflops = sp.hw.attention_tflops = 1e15;
+    sp.hw.hbm_gbps = 100;
+    double bw = 100e9, want = tok * N / (PLAN_MEMOPS_HBM * bw) + 4 * P / bw;
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
+    PlanRow w, w2, w4;
+    EXPECT(!plan_layout(&w, &c, &o, &sp, &l, NULL, NULL), "tiny, one GPU");
+    EXPECT(fabs(w.memops - want) <= 1e-12 * want && fabs(w.compute - want - 30 * P / bw) <= 1e-9 * want,
+           "tiny at 100 GB/s: memory-bound ops %.12g s, by hand %.12g s; compute %.12g s", w.memops, want,
+           w.compute);
+    // zero bytes cost zero seconds: the step's time is their bytes over the rate, nothing fixed per op
+    sp.hw.hbm_gbps = 1e15;
+    EXPECT(!plan_layout(&w2, &c, &o, &sp, &l, NULL, NULL) && w2.memops < 1e-6 * want,
+           "a free HBM: %g s of memory-bound ops", w2.memops);
+    // twice the tokens (batch 4: one micro-batch of 256, or two of 128): twice the passes' seconds, the
+    // gradient norm's once a step
+    sp.hw.hbm_gbps = 100;
+    o.batch = 4;
+    double g = 4 * P / bw;
+    EXPECT(!plan_layout(&w2, &c, &o, &sp, &l, NULL, NULL), "tiny batch 4");
+    l.micro = 2;
+    EXPECT(!plan_layout(&w4, &c, &o, &sp, &l, NULL, NULL), "tiny batch 4, micro 2");
+    EXPECT(fabs((w2.memops - g) / (w.memops - g) - 2) < 1e-12 &&
+               fabs((w4.memops - g) / (w.memops - g) - 2) < 1e-12,
+           "batch 4: %.12g s, micro 2: %.12g s, batch 2: %.12g s (gradient norm %.12g s)", w2.memops,
+           w4.memops, w.memops, g);
+}
+
 int main(void) {
     check_count();
     check_memory();
@@ -438,5 +514,6 @@ int main(void) {
     check_pipe_equal();
     check_pipe_planner();
     check_pipe_columns();
+    check_memops();
     return test_done("test_plan");
 }

@@ -22,6 +22,9 @@
 #    equal chunks) every send up to its chunk's forward, all of them on a slow link (3 sends a stage on pp2
 #    vpp2: half the stage's compute), none without interleaving; --lm-head tp the head's 2 d V x tokens x
 #    (1 - 1/TP) less compute; the published rows run with them;
+#  - an overlap's cost: the hidden seconds cost the compute --overlap-sms / 132 of theirs (one mechanism, by
+#    hand), and the messages hidden on a stage share its compute as one budget (two mechanisms wanting more
+#    than the compute hide exactly the compute);
 #  - the mechanisms' defaults change nothing: the same row with each option at its default prints the same;
 #  - a bad word or rate: one `moe: error:` line.
 set -u
@@ -98,7 +101,7 @@ plan() { "$MOE" plan "$@"; }
 near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { exit !(b != 0 && a / b > 1 - t && a / b < 1 + t) }'; }
 
 # defaults: each option at its default prints what the row prints without it
-a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0 --hide-tp none --hide-pp none --hide-dp none --lm-head whole)
+a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0 --hide-tp none --hide-pp none --hide-dp none --lm-head whole --overlap-sms 20)
 [ -n "$a" ] && [ "$a" = "$b" ] && pass "the mechanisms' defaults print today's row" || fail "defaults changed the row"
 
 ONE=(--gpus 16 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 16 --seq-len 4096 --explain "ep16 micro1")
@@ -148,8 +151,9 @@ near "$h2" "$want" 1e-3 && pass "--hide-a2a experts, one stage: hidden $h2 ms = 
 
 # --hide-a2a 1f1b on two stages, the all-to-all far above the compute: the slowest stage is stage 0, whose
 # steady phase is all but its warmup: 1F1B warms up pp - 1 = 1 of 4 micro-batches (hidden = 3/4 of its
-# compute); interleaved (vpp 2) (pp - 1) x 2 + (vpp - 1) x pp = 4 of 4 x 2 chunks (1/2)
-PP=(--gpus 32 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 64 --seq-len 4096 --hide-a2a 1f1b)
+# compute); interleaved (vpp 2) (pp - 1) x 2 + (vpp - 1) x pp = 4 of 4 x 2 chunks (1/2). (--overlap-sms 0: the
+# compute printed is the one hidden behind, no SMs' cost added)
+PP=(--gpus 32 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 64 --seq-len 4096 --hide-a2a 1f1b --overlap-sms 0)
 for c in "ep16 pp2 micro4:0.75" "ep16 pp2 vpp2 micro4:0.5"; do
   o=$(plan "${PP[@]}" --explain "${c%%:*}"); comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
   h=$(echo "$o" | sed -n 's/^all-to-all hidden behind compute: \([0-9.]*\) ms/\1/p')
@@ -218,6 +222,33 @@ done
 h=$(plan "${SMP[@]}" --gpu "$TMP/slowfd.json" --explain "pp2 micro4" --hide-pp next | hid_of 'pipeline sends')
 [ "$h" = "0.00" ] && pass "--hide-pp next, 1F1B: nothing hidden (Megatron overlaps the sends only when interleaved)" ||
   fail "--hide-pp next, 1F1B: hidden '$h', want 0.00"
+# An overlap's cost. (b) one mechanism, --hide-tp gemm on tiny tp2 over the slow link (every TP-split GEMM's
+# second hides TP): the hidden tg ms cost the compute tg x 20/132 (--overlap-sms 20, the default), nothing
+# with --overlap-sms 0
+c0=$(plan "${TINY[@]}" --gpu "$TMP/slow.json" --explain "tp2 micro1" | ms_of 'compute (the slowest stage):')
+o=$(plan "${TINY[@]}" --gpu "$TMP/slow.json" --explain "tp2 micro1" --hide-tp gemm)
+h=$(echo "$o" | hid_of 'TP collectives'); c20=$(echo "$o" | ms_of 'compute (the slowest stage):')
+cz=$(plan "${TINY[@]}" --gpu "$TMP/slow.json" --explain "tp2 micro1" --hide-tp gemm --overlap-sms 0 | ms_of 'compute (the slowest stage):')
+near "$h" "$tg" 2e-3 && near "$c20" "$(awk -v c="$c0" -v t="$tg" 'BEGIN { print c + t * 20 / 132 }')" 1e-3 && [ "$cz" = "$c0" ] &&
+  pass "--overlap-sms: hidden $h ms (the TP-split GEMMs $tg) cost the compute $c0 -> $c20 ms (+ x 20/132), $cz at 0" ||
+  fail "--overlap-sms: hidden '$h' (want $tg), compute $c0 -> '$c20' (want + $tg x 20/132), '$cz' at 0 (want $c0)"
+# (a) one budget: tiny tp2 ep2 (dp 2) on 4 GPUs over the slow link, --hide-a2a 1f1b (one stage: all steady)
+# alone hides min(EP, compute) = the compute, --hide-tp gemm tg / 2 more (a DP rank's 2 sequences of the 4):
+# together comp + tg / 2 wanted, the compute hidden (each scaled by comp / (comp + tg / 2)); the exposed TP +
+# EP the sum less the compute; at 20 SMs the compute comp x (1 + 20/132)
+T4=(--gpus 4 --preset tiny --batch 4 --seq-len 64 --gpu "$TMP/slow.json" --explain "tp2 ep2 micro1")
+o=$(plan "${T4[@]}"); comp=$(echo "$o" | ms_of 'compute (the slowest stage):')
+tp=$(echo "$o" | ms_of 'exposed tp'); ep=$(echo "$o" | ep_of)
+o=$(plan "${T4[@]}" --hide-a2a 1f1b --hide-tp gemm --overlap-sms 0)
+all=$(echo "$o" | sed -n 's/^hidden in all: \([0-9.]*\) ms of the \([0-9.]*\) ms.*/\1 \2/p')
+te=$(echo "$o" | ms_of 'exposed tp'); ee=$(echo "$o" | ep_of); cz=$(echo "$o" | ms_of 'compute (the slowest stage):')
+c20=$(plan "${T4[@]}" --hide-a2a 1f1b --hide-tp gemm | ms_of 'compute (the slowest stage):')
+near "${all% *}" "$comp" 1e-3 && near "${all#* }" "$(awk -v c="$comp" -v t="$tg" 'BEGIN { print c + t / 2 }')" 2e-3 &&
+  near "$(awk -v a="$te" -v b="$ee" 'BEGIN { print a + b }')" "$(awk -v a="$tp" -v b="$ep" -v c="$comp" 'BEGIN { print a + b - c }')" 1e-4 &&
+  [ "$cz" = "$comp" ] && near "$c20" "$(awk -v c="$comp" 'BEGIN { print c * (1 + 20 / 132) }')" 1e-3 &&
+  pass "one budget: hidden ${all% *} of ${all#* } ms wanted = the compute $comp (+ tg / 2, tg $tg); exposed TP + EP $te + $ee; at 20 SMs $c20 ms" ||
+  fail "one budget: hidden '$all' (want $comp of comp + $tg / 2), exposed '$te' + '$ee' (want $tp + $ep - $comp), compute '$cz' / '$c20'"
+
 # the published rows with the overlaps each run enables (docs/PLAN.md)
 OV=(--hide-pp next --hide-dp grads+params --lm-head tp)
 run_ok "row DS runs with Megatron's overlaps" "$MOE" plan "${DS[@]}" "${MECH[@]}" --hide-a2a 1f1b --a2a-links deepep "${OV[@]}"
@@ -270,6 +301,7 @@ run_fail "--hide-pp 'x': takes none|next" "$MOE" plan "${QW[@]}" --hide-pp x
 run_fail "--hide-dp 'params': takes none|grads|grads+params" "$MOE" plan "${QW[@]}" --hide-dp params
 run_fail "--lm-head 'x': takes whole|tp" "$MOE" plan "${QW[@]}" --lm-head x
 run_fail "--internode-gbps must be in [0, 100000]" "$MOE" plan "${QW[@]}" --internode-gbps -1
+run_fail "--overlap-sms must be in [0, 132)" "$MOE" plan "${QW[@]}" --overlap-sms 132
 run_fail "--pp-layers applies to --explain" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1
 run_fail "pipeline: --pp-layers needs --pp > 1" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1 --explain "ep4"
 run_fail "pipeline:" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,2 --explain "pp2"

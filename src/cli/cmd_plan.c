@@ -97,6 +97,8 @@ int cmd_plan(State *s) {
         DIE("--comm-exposed must be in [0, 1] (got %g)", cl->comm_exposed);
     if (!(cl->internode_gbps >= 0 && cl->internode_gbps <= 1e5))
         DIE("--internode-gbps must be in [0, 100000] GB/s (got %g; 0: the profile's)", cl->internode_gbps);
+    if (cl->overlap_sms < 0 || cl->overlap_sms >= PLAN_GPU_SMS)
+        DIE("--overlap-sms must be in [0, %d) (the GPU's SMs; got %d)", PLAN_GPU_SMS, cl->overlap_sms);
     if (s->train.pp_layers[0] && !cl->explain[0])
         DIE("plan: --pp-layers applies to --explain (the search splits the layers evenly)");
     const char *bad = config_validate(&s->model);
@@ -117,6 +119,7 @@ int cmd_plan(State *s) {
     sp.hide_pp = word(cl->hide_pp, "--hide-pp", (const char *const[]){"none", "next", NULL});
     sp.hide_dp = word(cl->hide_dp, "--hide-dp", (const char *const[]){"none", "grads", "grads+params", NULL});
     sp.head_tp = word(cl->lm_head, "--lm-head", (const char *const[]){"whole", "tp", NULL});
+    sp.overlap_sms = cl->overlap_sms;
     sp.megatron_memory =
         word(cl->memory_model, "--memory-model", (const char *const[]){"ours", "megatron", NULL});
     if (!calibrate_here(s, &sp.hw)) return 0;

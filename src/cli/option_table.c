@@ -319,6 +319,9 @@ const Opt opts[] = {
      "Megatron-Core's distributed optimizer keeps them: 6 + 12 / DP bytes a parameter)"},
     {"internode-gbps", O_FLOAT, CO(internode_gbps), C_PLAN,
      "the inter-node link's rate per GPU and direction, GB/s, in place of the profile's (0: the profile's)"},
+    {"overlap-sms", O_INT, CO(overlap_sms), C_PLAN,
+     "the SMs of the GPU's 132 an overlapped communication's kernels hold while they run (--hide-*): each "
+     "hidden second costs the compute N/132 of a second (default 20: DeepEP's normal kernels)"},
     {"calibrate", O_FLAG, CO(calibrate), C_PLAN,
      "measure this machine at the model's shapes and write a profile (--out; --gpu: the base profile of the "
      "links not measured; with --gpus, plan on it)"},

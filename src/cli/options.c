@@ -286,6 +286,7 @@ void state_defaults(State *s) {
     strcpy(s->cli.gpu, "h200");
     s->cli.nodes_of = 8;
     s->cli.top = 10;
+    s->cli.overlap_sms = 20; // (DeepEP's Buffer.num_sms: docs/PLAN.md's options table)
     s->cli.imbalance = 1.25f;
     s->cli.comm_exposed = 1.0f;
     strcpy(s->cli.hide_a2a, "none");

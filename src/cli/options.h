@@ -63,6 +63,7 @@ typedef struct {
     char hide_a2a[16], a2a_links[16], combine[16], grouped_rate[16], memory_model[16];
     char hide_tp[16], hide_pp[16], hide_dp[16], lm_head[16];
     float internode_gbps;
+    int overlap_sms; // moe plan: the SMs an overlapped communication's kernels hold while they run
     int calibrate; // moe plan --calibrate: measure this machine, write a profile
     float temperature;
     int top_k, window, kv_cache; // sample
@@ -91,7 +92,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 170 };
+enum { N_OPTS = 171 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

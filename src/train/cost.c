@@ -31,9 +31,11 @@ static size_t att_hd(const ModelConfig *c) {
     return config_mla(c) ? (size_t)config_qk_head_dim(c) : (size_t)c->head_dim;
 }
 static size_t att_qd(const ModelConfig *c, int tp) { return (size_t)c->n_heads * att_hd(c) / tp; }
+size_t cost_att_qd(const ModelConfig *c, int tp) { return att_qd(c, tp); }
 static size_t att_kvd(const ModelConfig *c, int tp) {
     return (size_t)(config_mla(c) ? c->n_heads : c->n_kv_heads) * att_hd(c) / tp;
 }
+size_t cost_att_kvd(const ModelConfig *c, int tp) { return att_kvd(c, tp); }
 // Latent attention's other activations per token on a rank (floats; 0 for GQA): kept (q_a's output
 // before and after its norm, the latent's, their rstd, o_proj's input: hid, the ones in the hidden format
 // among them), and the backward's scratch (kv_b's output, the rope key, the compressions' gradients before
@@ -624,6 +626,7 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
         else stage_memory(&st->mem, c, o, m, s, lt);
         stage_comm(&st->comm, c, o, m, s, lt, 4);
         stage_comm(&st->comm16, c, o, m, s, lt, 2);
+        st->gnorm = cost_gnorm_bytes(lt, ms, o);
         if (!lts) params_free(&own);
     }
     return NULL;

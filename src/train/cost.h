@@ -34,6 +34,29 @@ typedef struct {
 // Fills *f (NULL: only the return) and returns the training FLOPs per token.
 double cost_flops(CostFlops *f, const ModelConfig *c, int T);
 
+// The bytes a step's memory-bound ops read and write (cost_ops.c): all but the GEMMs, attention's kernels and
+// AdamW (cost_flops and the optimizer count those), on one micro-batch of N tokens on a rank of mesh ms
+// (NULL: one process; N replicated over its TP group, N / tp of them routed by it) for layers [l0, l1), the
+// embedding where first, the final norm, cross-entropy and MTP modules where last (--recompute adds none of
+// these); h: bytes of a value of the backend's hidden rows (ops.h Backend.hid: 2 cuda's bf16, 4 float32).
+typedef struct {
+    double norm, rope, rows, router, ce, elem, embed, copies; // by kind: the norms; RoPE and q, k, v's
+                                                              // rounding; gathers and combines; the router's
+                                                              // softmax, top-k and plan; cross-entropy;
+                                                              // residual adds; embedding; clears
+    double fwd; // of the total, the forwards'
+    double total;
+} CostBytes;
+void cost_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms, double N, int l0, int l1, int first,
+                int last, double h);
+// The gradient norm's read, once a step, of the gradients the rank's optimizer updates (lt: its slices; ZeRO:
+// their shards, as AdamW's; ms NULL: one process), bytes: float32, the routed experts' bf16 where they are
+// stored packed (options.h train_expert_grads).
+double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o);
+// The attention op's widths per token on a rank of a TP group of tp: its q (and output), its k (and v).
+size_t cost_att_qd(const ModelConfig *c, int tp);
+size_t cost_att_kvd(const ModelConfig *c, int tp);
+
 // The cuda backend's memory for the same buffers as a float32 figure (the whole model in one process, or one
 // rank of a mesh), bytes: the float32 figure
 typedef struct {
@@ -100,6 +123,7 @@ typedef struct {
     CostMemory mem; // each rank of the stage (rank 0's figures; the others hold as much)
     CostComm comm; // rows in float32 (cpu, cuda-fp32)
     CostComm comm16; // the cuda backend: the rows sent to the experts (x, dy) in bf16
+    double gnorm; // the gradient norm's bytes a step (cost_gnorm_bytes)
     int *live; // (vpp) the micro-batches each chunk holds at once (the schedule's activation slots)
 } CostStage;
 

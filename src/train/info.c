@@ -66,6 +66,19 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
            b1, b2);
     fmt_count(b1, sizeof b1, cost_flops(NULL, c, T));
     printf("training FLOPs per token at seq %d: %s (6 x active params + attention)\n", T, b1);
+    // the memory-bound ops (cost_ops.c) of one process on the cuda backend (bf16 rows), a step
+    CostBytes mb;
+    int ga = o->grad_accum > 0 ? o->grad_accum : 1;
+    cost_bytes(&mb, c, NULL, (double)B / ga * T, 0, c->n_layers, 1, 1, 2);
+    ParamTable t;
+    params_build(&t, c);
+    double gn = cost_gnorm_bytes(&t, NULL, o), g = 1e9 / ga;
+    params_free(&t);
+    printf(
+        "memory-bound ops a step (cuda, one process): %.2f GB: norms %.2f, RoPE %.2f, gathers/combines %.2f, "
+        "router %.3f, cross-entropy %.2f, adds %.2f, embedding %.2f, clears %.2f, gradient norm %.2f\n",
+        (ga * mb.total + gn) / 1e9, mb.norm / g, mb.rope / g, mb.rows / g, mb.router / g, mb.ce / g,
+        mb.elem / g, mb.embed / g, mb.copies / g, gn / 1e9);
 }
 
 // The cuda backend's figure (cost.h CostCuda): head, then its deltas from the float32 figure and its total.

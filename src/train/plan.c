@@ -56,7 +56,7 @@ static int spans_nodes(const MeshShape *s, int k, int n) {
 // rate (TFLOP/s), and the GEMMs of the TP-split layers (tp_gemm: the attention projections, a dense layer's
 // MLP; not the router, not the LM head), which TP communication overlap hides the TP collectives behind.
 typedef struct {
-    double all, fwd, grouped, rate, tp_gemm;
+    double all, fwd, grouped, rate, tp_gemm, mem; // mem: of all, the memory-bound ops' (cost_bytes)
 } PartTimes;
 
 // The compute of layers layers, moe of them MoE layers, on one rank of m, with the LM head and the MTP
@@ -65,10 +65,12 @@ typedef struct {
 // included; with sp->grouped_shape scaled to the nearest measured expert shape), the recomputed forwards
 // (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs; attn: attention's forward,
 // 1/3 of its). A dense layer (config dense_layers) runs its MLP at the dense rate and has no router. The LM
-// head runs whole on every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one).
+// head runs whole on every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one,
+// its cross-entropy too). The memory-bound ops (cost_bytes) at PLAN_MEMOPS_HBM x the HBM rate.
 static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c, const TrainOptions *t,
-                         const PlanSpec *sp, int layers, int moe, int last) {
+                         const PlanSpec *sp, int v, int layers, int moe) {
     const HwProfile *hw = &sp->hw;
+    int last = v == m->ms.pp * m->vpp - 1;
     CostFlops f;
     cost_flops(&f, c, t->seq_len);
     double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp, D = last ? c->mtp_depth : 0,
@@ -88,7 +90,14 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
     pt->grouped = grouped / (gr * 1e12);
     pt->rate = gr;
-    pt->all = pt->grouped + dense / dr + attn / ar;
+    // the memory-bound ops of each micro-batch (cost_ops.c: the cuda backend's rows in bf16) at their rate
+    CostBytes b;
+    cost_bytes(&b, c, &m->ms, (double)m->Bl * t->seq_len, m->sp.first[v], m->sp.first[v + 1], v == 0, last,
+               2);
+    double bw = hw->hbm_gbps * 1e9 * PLAN_MEMOPS_HBM, ce = sp->head_tp ? b.ce * (1 - 1 / tp) : 0;
+    pt->mem = m->micro * (b.total - ce) / bw; // (a vocab-parallel loss: the logits' columns / TP a rank)
+    pt->fwd += m->micro * (b.fwd - ce) / bw;
+    pt->all = pt->grouped + dense / dr + attn / ar + pt->mem;
 }
 
 // A stage's chunks, walked once: each virtual stage's layers (the trainer's split, m->sp), MoE layers and
@@ -97,8 +106,10 @@ typedef struct {
     int n; // chunks (vpp); chunk ch is virtual stage ch x pp + s
     int lay[STAGES_MAX], moe[STAGES_MAX], L, E, P; // layers, MoE layers; their sums; P the PP messages
     PartTimes ch[STAGES_MAX];
-    double comp, adamw; // the chunks' compute; AdamW over the elements the stage updates
-    double fwd, grouped, rate, tp_gemm; // of comp, the forwards', the experts' (at rate), the TP-split GEMMs'
+    double comp, adamw, gnorm; // the chunks' compute; AdamW and the gradient norm over the elements the stage
+                               // updates
+    double fwd, grouped, rate, tp_gemm, mem; // of comp, the forwards', the experts' (at rate), the TP-split
+                                             // GEMMs', the memory-bound ops'
     double on[STAGES_MAX], back[STAGES_MAX]; // each chunk's exposed PP seconds: output on, gradient back
 } StageWork;
 
@@ -111,7 +122,7 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
         int v = ch * m->ms.pp + s;
         w->lay[ch] = m->sp.first[v + 1] - m->sp.first[v];
         for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) w->moe[ch] += !config_layer_dense(c, l);
-        part_compute(&w->ch[ch], m, c, t, sp, w->lay[ch], w->moe[ch], v == S - 1);
+        part_compute(&w->ch[ch], m, c, t, sp, v, w->lay[ch], w->moe[ch]);
         w->L += w->lay[ch];
         w->E += w->moe[ch];
         w->P += (v < S - 1) + (v > 0);
@@ -119,12 +130,14 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
         w->fwd += w->ch[ch].fwd;
         w->grouped += w->ch[ch].grouped;
         w->tp_gemm += w->ch[ch].tp_gemm;
+        w->mem += w->ch[ch].mem;
         w->rate = w->ch[ch].rate;
     }
     // (bytes an element: the gradient; w, m, v read and written; the bf16 w)
     double mb = prec_bf16_storage(t->precision) ? 2.0 : 4.0, per = 4 + 8 + 4 * mb + 2;
     double elems = m->stage[s].mem.moments / mb / 2;
     w->adamw = elems * per / (sp->hw.hbm_gbps * 1e9);
+    w->gnorm = m->stage[s].gnorm / (sp->hw.hbm_gbps * 1e9);
 }
 
 static double min2(double a, double b) { return a < b ? a : b; }
@@ -132,17 +145,17 @@ static double min2(double a, double b) { return a < b ? a : b; }
 // The stage's PP messages, pp seconds a step (cs's pp: the forward's output on from all but the last virtual
 // stage, the backward's gradient back from all but the first, an equal share each), into w->on, w->back;
 // hide (Megatron's --overlap-p2p-comm, interleaved schedules only): each send behind the compute of the
-// action after it, at least a forward of the chunk it leaves (min(send, that forward)). Returns the exposed
-// seconds.
-static double stage_pp(StageWork *w, int pp, int s, double pp_s, int hide) {
+// action after it, at least a forward of the chunk it leaves (min(send, that forward)), keep of that hidden
+// (the stage's hidden messages scaled to its compute: layout_figures). Returns the exposed seconds.
+static double stage_pp(StageWork *w, int pp, int s, double pp_s, int hide, double keep) {
     int S = pp * w->n;
     double exposed = 0;
     for (int ch = 0; ch < w->n; ch++) {
         int v = ch * pp + s;
         double on = w->P ? pp_s * (v < S - 1) / w->P : 0, back = w->P ? pp_s * (v > 0) / w->P : 0;
         if (hide && w->n > 1) {
-            on -= min2(on, w->ch[ch].fwd);
-            back -= min2(back, w->ch[ch].fwd);
+            on -= keep * min2(on, w->ch[ch].fwd);
+            back -= keep * min2(back, w->ch[ch].fwd);
         }
         w->on[ch] = on;
         w->back[ch] = back;
@@ -281,7 +294,7 @@ static double ep_link_seconds(double B, const MeshShape *ms, const ModelConfig *
 // of the next step's first micro-batch (Megatron's --overlap-param-gather).
 static void stage_hidden(double *hid, const double *cs, const StageWork *w, const CostMesh *m, int s,
                          int zero, const PlanSpec *sp) {
-    double comp = w->comp + w->adamw;
+    double comp = w->comp + w->adamw + w->gnorm;
     memset(hid, 0, 5 * sizeof *hid);
     // (each micro-batch's share of the all-to-all and of the compute is the same)
     hid[1] = sp->hide_a2a == PLAN_HIDE_EXPERTS ? min2(cs[1], w->grouped)
@@ -403,11 +416,21 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
         if (sp->a2a_links && row->inter[1] && ep > 0) cs[1] = sp->exposed * ep_link_seconds(ep, &ms, c, sp);
         StageWork w;
         stage_work(&w, &m, s, c, &t, sp);
-        double comp = w.comp + w.adamw, launches, syncs;
+        double comp = w.comp + w.adamw + w.gnorm, launches, syncs;
         stage_hidden(hid, cs, &w, &m, s, t.zero, sp);
+        double pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp, 1), want = 0, keep = 1, cost;
+        hid[4] = cs[4] - pp_all;
+        for (int k = 0; k < 5; k++) want += hid[k];
+        if (want > comp) { // one compute to hide behind: the hidden messages share it, each scaled alike
+            keep = comp / want;
+            for (int k = 0; k < 4; k++) hid[k] *= keep;
+            pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp, keep);
+            hid[4] = cs[4] - pp_all;
+        }
         for (int k = 0; k < 4; k++) cs[k] -= hid[k];
-        double pp_all = stage_pp(&w, ms.pp, s, cs[4], sp->hide_pp);
-        if (sp->hide_pp) hid[4] = cs[4] - pp_all, cs[4] = pp_all;
+        cs[4] = pp_all;
+        cost = keep * want * sp->overlap_sms / PLAN_GPU_SMS; // (the SMs the hidden messages' kernels hold)
+        comp += cost;
         for (int k = 0; k < 5; k++) comm += cs[k];
         double host = stage_host(&m, s, hw, comp, &launches, &syncs);
         pipe->part[s][0] = comp + host;
@@ -422,6 +445,9 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
             row->syncs = syncs;
             row->comm = comm;
             row->grouped_tflops = w.rate;
+            row->memops = w.mem + w.gnorm;
+            row->hide_want = want;
+            row->overlap_cost = cost;
             memcpy(row->comm_kind, cs, sizeof cs);
             memcpy(row->hidden, hid, sizeof hid);
         }

@@ -8,8 +8,10 @@
 //    rate, attention's scores at its attention rate), split evenly over the ranks of a stage (routing
 //    balanced; TP splits the heads and the router's rows, EP/ETP the experts' rows, DP the batch); the LM
 //    head on every TP rank of the last stage; plus AdamW over the elements the rank updates at the
-//    profile's HBM rate (30 bytes an element, 22 with bf16 moments). The other ops (norms, RoPE, routing,
-//    copies: ~12% of the reference step) are not counted;
+//    profile's HBM rate (30 bytes an element, 22 with bf16 moments); the other ops as memory-bound passes
+//    (cost.h cost_bytes: norms, RoPE, gathers and combines, router, cross-entropy, adds, embedding, clears;
+//    their bytes at PLAN_MEMOPS_HBM x the HBM rate) and the gradient norm (every gradient read once, at the
+//    HBM rate);
 //  - communication: cost_mesh's bytes sent per rank and step (rows to the experts in bf16), each kind
 //    over the link its group spans (every rank of the group on one node of --nodes-of GPUs: NVLink, else
 //    inter-node), exposed in full unless --comm-exposed says otherwise; the slowest stage sets the step;
@@ -18,7 +20,10 @@
 //    takes (NVLink beside the network; DeepEP's node deduplication), the rows back in bf16, the experts'
 //    rate at the nearest measured shape, Megatron's distributed-optimizer memory, a given inter-node rate,
 //    the TP collectives, the pipeline's sends and the DP gradients each hidden behind the compute it
-//    overlaps (min(messages, that compute)), the LM head split over TP;
+//    overlaps (min(messages, that compute)), the LM head split over TP; the messages hidden on a stage
+//    share its compute as one budget (their sum at most the compute; above it each scaled alike), and each
+//    hidden second costs the compute PlanSpec.overlap_sms / PLAN_GPU_SMS of a second (the SMs the
+//    communication's kernels hold);
 //  - dense layers (config dense_layers) run their MLP at the dense rate; the last stage also runs the MTP
 //    modules;
 //  - host overhead: the backend ops a step launches (counted per layer, micro-batch and step from the
@@ -48,6 +53,15 @@
 #include "train/options.h"
 #include "train/schedule.h"
 
+// The memory-bound ops (cost.h cost_bytes) run at this fraction of the profile's hbm_gbps, which AdamW's
+// stream sets (docs/PLAN.md "The model": the reference model's kernels in a CUPTI trace ran at 0.78 of it,
+// MOE_PROFILE's times less their per-call synchronisation at 0.79-0.99); the gradient norm, one stream over
+// every gradient like AdamW, at hbm_gbps itself (measured 1.05 of it).
+#define PLAN_MEMOPS_HBM 0.8
+// The SMs of the GPUs the built-in and published profiles describe (H100 and H200 SXM): an overlapped
+// communication's kernels hold PlanSpec.overlap_sms of them.
+#define PLAN_GPU_SMS 132
+
 // One layout: the flags of `moe train` that choose it.
 typedef struct {
     int tp, ep, etp, pp, vpp, dp;
@@ -68,7 +82,11 @@ typedef struct {
     double step, tokens_s, mfu; // seconds a step, tokens/s, model FLOPs / (GPUs x peak)
     double comm_kind[5]; // exposed seconds: tp, ep, etp, dp, pp (of the slowest stage)
     double hidden[5]; // of that stage's tp, ep, etp, dp, pp messages, the seconds hidden behind compute
-                      // (--hide-tp, --hide-a2a, --hide-dp, --hide-pp; etp none)
+                      // (--hide-tp, --hide-a2a, --hide-dp, --hide-pp; etp none): together at most its compute
+    double hide_want; // the seconds the mechanisms would hide each alone (their sum: above the compute, the
+                      // hidden share it in proportion)
+    double overlap_cost; // of compute, what the hidden seconds cost it (the SMs their kernels hold)
+    double memops; // of compute, the memory-bound ops' (cost.h cost_bytes, the gradient norm) at the HBM rate
     double grouped_tflops; // the rate its experts were counted at
     const char *shape; // with PlanSpec.grouped_shape: the measured expert shape that rate is scaled to
     int inter[5]; // 1: that kind's groups span nodes
@@ -106,6 +124,9 @@ typedef struct {
     int hide_dp; // PLAN_HIDE_DP_*
     int head_tp; // 1: the LM head's GEMMs split over the TP ranks (Megatron's vocab-parallel output layer);
                  // 0: whole on every TP rank of the last stage (ours)
+    int overlap_sms; // the SMs (of PLAN_GPU_SMS) an overlapped communication's kernels hold while they run:
+                     // each second hidden behind compute costs that compute overlap_sms / PLAN_GPU_SMS of a
+                     // second (0: free)
     int megatron_memory; // 1: the weights, gradients and optimizer state as Megatron's distributed optimizer
                          // keeps them (bf16 weights, float32 gradients, float32 master weights and moments
                          // sharded over the data-parallel group: 6 + 12 / DP bytes a parameter) in place of

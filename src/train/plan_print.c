@@ -102,6 +102,10 @@ void plan_print_explain(const PlanRow *w, const PlanPipe *pipe, const PlanSpec *
            b[0], sp->gpus, b[1], b[2], b[3], sp->hw.mem_bytes / 1073741824.0,
            w->mem <= sp->hw.mem_bytes ? "fits" : "does not fit");
     printf("compute (the slowest stage): %.2f ms\n", 1e3 * w->compute);
+    printf(
+        "  of it memory-bound ops: %.2f ms (norms, RoPE, gathers and combines, router, cross-entropy, adds, "
+        "embedding, clears at %.0f%% of the HBM rate; the gradient norm at the HBM rate)\n",
+        1e3 * w->memops, 100 * PLAN_MEMOPS_HBM);
     if (sp->grouped_shape)
         printf("experts at %.1f TFLOP/s (the profile's x the nearest measured shape's rate over the "
                "reference's: "
@@ -119,6 +123,13 @@ void plan_print_explain(const PlanRow *w, const PlanPipe *pipe, const PlanSpec *
     if (sp->hide_tp) printf("TP collectives hidden behind the TP-split GEMMs: %.2f ms\n", 1e3 * w->hidden[0]);
     if (sp->hide_dp) printf("DP gradients hidden behind compute: %.2f ms\n", 1e3 * w->hidden[3]);
     if (sp->hide_pp) printf("pipeline sends hidden behind compute: %.2f ms\n", 1e3 * w->hidden[4]);
+    if (sp->hide_a2a || sp->hide_tp || sp->hide_dp || sp->hide_pp) {
+        double h = w->hidden[0] + w->hidden[1] + w->hidden[2] + w->hidden[3] + w->hidden[4];
+        printf(
+            "hidden in all: %.2f ms of the %.2f ms the mechanisms hide each alone (one budget: the stage's "
+            "compute); their kernels hold %d of %d SMs: %.2f ms more compute (in the compute above)\n",
+            1e3 * h, 1e3 * w->hide_want, sp->overlap_sms, PLAN_GPU_SMS, 1e3 * w->overlap_cost);
+    }
     if (pipe->pp > 1) {
         printf("stages' busy time (compute, host overhead, exposed comm):");
         for (int s = 0; s < pipe->pp; s++)
