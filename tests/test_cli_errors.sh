@@ -219,15 +219,20 @@ run_fail "MOE_ATTN_DS_MB must be a whole number" env MOE_ATTN_DS_MB=-1 "$MOE" in
 #    below 264 the scratch holds one pass over kv heads of one sequence (8 kv heads of 2 query heads: a
 #    pair 2 * 528 * 8 KiB = 8.25 MiB): all 8 heads up to a cap of 66 (98.50 MiB), at a cap of 18 two
 #    (49.00 MiB); below two pairs over the most tiles a row range of 2048 can take (2 * 32 * 35 / 2 * 8 KiB
-#    = 8.75 MiB each: a cap of 17), or with MOE_ATTN_DS_MB=0, no dS: 32.50 MiB, still above the router's (8 x
-#    2048 floats x 64 blocks of 128 rows: 4 MiB) and the norms' (2048 doubles x 128 blocks of 64 rows: 2
-#    MiB) partial sums.
-for cap in "" 264 263 66 18 17 0; do
+#    = 8.75 MiB each: a cap of 17), two kv heads over the key tiles that fit (ops.h attention_ds_range_end:
+#    the first range of w key tiles holds 32 w - w (w - 1) / 2 tiles a query head, of 4): at 17 all 32 (528
+#    tiles, 16.5 MiB: 49.00 MiB), at 10 w 12 (318 tiles; w 13: 338 > 320), 4 * 318 * 8 KiB = 9.9375 MiB
+#    (42.44 MiB), at 1 one key tile (32 tiles, 1 MiB: 33.50 MiB); with MOE_ATTN_DS_MB=0, no dS: 32.50 MiB,
+#    still above the router's (8 x 2048 floats x 64 blocks of 128 rows: 4 MiB) and the norms' (2048 doubles x
+#    128 blocks of 64 rows: 2 MiB) partial sums.
+for cap in "" 264 263 66 18 17 10 1 0; do
   want="828.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 296.50 MiB)"
   case "$cap" in
     263|66) want="630.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 98.50 MiB)" ;;
-    18) want="581.00 MiB (bf16 GEMM operands 532.00 MiB, workspace 49.00 MiB)" ;;
-    17|0) want="564.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 32.50 MiB)" ;;
+    18|17) want="581.00 MiB (bf16 GEMM operands 532.00 MiB, workspace 49.00 MiB)" ;;
+    10) want="574.44 MiB (bf16 GEMM operands 532.00 MiB, workspace 42.44 MiB)" ;;
+    1) want="565.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 33.50 MiB)" ;;
+    0) want="564.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 32.50 MiB)" ;;
   esac
   if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 >"$OUT_FILE" 2>"$ERR_FILE" &&
      grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap'"

@@ -1729,6 +1729,24 @@ static void test_bf16_params(int prec) {
 // against bf16_ref.h's attention (same roundings; BAND_ATT_TC_NORM, BAND_BF16_ELEM) and, norm-wise,
 // against the plain float32 cpu (BAND_BF16_NORM: what bf16 costs, as for the GEMMs).
 
+// MOE_TEST_ATT_BITS=FILE (test_cuda_attn_passes.sh): a line "name hash" (FNV-1a 64 of the float32 bits) for
+// each head-dim-128 backward result where the cuda backend keeps dS (ops.h attention_ds_bytes not 0 at the
+// call's shape): two processes under different MOE_ATTN_DS_MB (one pass, passes over kv heads, over key
+// ranges) compare their bits by name. Nothing without the variable, nor where the kernels compute dS again.
+static void att_bits(const char *name, const float *dev, size_t n, int B, int T, int H, int KV, int hd) {
+    const char *path = getenv("MOE_TEST_ATT_BITS");
+    if (!path || !*path || !gpu_bf16 || hd != 128 || !attention_ds_bytes(B, T, H, KV, hd, 0, T)) return;
+    float *h = gpu_getf(gpu, dev, n);
+    uint64_t x = 1469598103934665603ull;
+    const unsigned char *c = (const unsigned char *)h;
+    for (size_t i = 0; i < n * sizeof(float); i++) x = (x ^ c[i]) * 1099511628211ull;
+    free(h);
+    FILE *f = fopen(path, "a");
+    if (!f) DIE("MOE_TEST_ATT_BITS: cannot open %s", path);
+    fprintf(f, "%s_B%d_T%d_H%d_KV%d %016llx\n", name, B, T, H, KV, (unsigned long long)x);
+    if (fclose(f)) DIE("MOE_TEST_ATT_BITS: cannot write %s", path);
+}
+
 static void test_attention(int B, int T, int H, int KV, int hd) {
     int tc = gpu_bf16 && (hd == 32 || hd == 64 || hd == 128);
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * KV * hd, nl = (size_t)B * H * T;
@@ -1794,6 +1812,16 @@ static void test_attention(int B, int T, int H, int KV, int hd) {
         cmp_n("attention_bwd", what, dkd, dk, nk, bb, nb);
         snprintf(what, sizeof what, "dv%s T%d H%d KV%d hd%d%s", acc, T, H, KV, hd, path);
         cmp_n("attention_bwd", what, dvd, dv, nk, bb, nb);
+        const char *pn[] = {"zeros", "added", "written"};
+        char bn[48];
+        if (p != 1) { // (added into values: in key ranges the sum continues from them, to round-off)
+            snprintf(bn, sizeof bn, "bwd_dq_%s", pn[p]);
+            att_bits(bn, dqd, nq, B, T, H, KV, hd);
+        }
+        snprintf(bn, sizeof bn, "bwd_dk_%s", pn[p]);
+        att_bits(bn, dkd, nk, B, T, H, KV, hd);
+        snprintf(bn, sizeof bn, "bwd_dv_%s", pn[p]);
+        att_bits(bn, dvd, nk, B, T, H, KV, hd);
         // against the plain float32 backward (from the float32 forward). Not at T < 16: BAND_BF16_NORM's
         // random-walk argument needs many keys per row; with two keys ds = p (dp - D) holds
         // p1 p2 (dp1 - dp2), whose bf16 error relative to itself is 2^-8 |dp| / |dp1 - dp2|, as large
@@ -2027,6 +2055,13 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     cmp_n("attention_bwd (chunks)", what, dvn, dv, nk, bb, nb);
     snprintf(what, sizeof what, "dq over %d chunks T%d H%d KV%d hd%d%s", n, T, H, KV, hd, path);
     cmp_n("attention_bwd (chunks)", what, dqn, dq, nq, bb, nb);
+    char bn[32];
+    snprintf(bn, sizeof bn, "chunks%d_dq", n);
+    att_bits(bn, dqn, nq, B, T, H, KV, hd);
+    snprintf(bn, sizeof bn, "chunks%d_dk", n);
+    att_bits(bn, dkn, nk, B, T, H, KV, hd);
+    snprintf(bn, sizeof bn, "chunks%d_dv", n);
+    att_bits(bn, dvn, nk, B, T, H, KV, hd);
     void *dev[] = {qd, kd, vd, gd, o1, l1, on, ln, dq1, dqn, dk1, dkn, dv1, dvn};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(dev[i]);
     free(q);
@@ -2570,8 +2605,18 @@ static void run_suite(const Backend *be, int big) {
     // head dim 128's backward: the cases above (T 1 .. 300, B 3, KV 1 and KV = H, chunks off 64- and 128-row
     // boundaries, flags written / added), and longer sequences. Under MOE_ATTN_DS_MB=1
     // (test_cuda_attn_passes.sh) the T 500 case's dS scratch runs in 4 passes of two kv heads of one sequence
-    // (288 KiB a pair; 352 KiB at most over any rows of T 500: two fit), T 1000's computes dS again (at most
-    // 2 x 152 tiles of 8 KiB a pair: not two in 1 MiB), chunks too.
+    // (288 KiB a pair; 352 KiB at most over any rows of T 500: two fit), T 1000's in key ranges of two kv
+    // heads (at most 2 x 152 tiles of 8 KiB a pair: not two in 1 MiB), chunks too, and T 4097's (one kv head
+    // of 2 query heads: its first key tile alone, 2 x 65 tiles, is over 1 MiB) computes dS again. Key ranges
+    // (under MOE_ATTN_DS_MB=1, where not two pairs fit whole): T 600 of 3 kv heads (2 query heads each, 880
+    // KiB a pair; B 2) in passes of two kv heads then one over the key tiles [0, 3), [3, 9), [9, 10) (27
+    // tiles a head and range at most: 864 KiB for two pairs), T 700 of one kv head (passes of one pair over
+    // [0, 9), [9, 11)), and chunks of T 600 (rows [200, 400): one range [0, 7), its last query tile's row one
+    // key tile short of a + m + 1; rows [400, 600): [0, 8), then [8, 10) from the second query tile). By
+    // default all of them one pass.
+    test_attention(2, 600, 6, 3, 128);
+    test_attention(1, 700, 2, 1, 128);
+    test_attention_chunks(1, 600, 4, 2, 128, 3);
     if (big) test_attention(1, 1000, 4, 2, 128);
     if (big) test_attention(2, 500, 4, 4, 128);
     if (big && gpu_bf16) test_attention(1, 4097, 2, 1, 128);

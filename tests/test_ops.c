@@ -2151,10 +2151,52 @@ static void test_attention_ds_pass_heads(void) {
     EXPECT(attention_ds_pass_heads(0, 100, 4) == 0, "pass heads of an empty pair: not 0");
 }
 
+// ops.h attention_ds_range_tiles against a count of the tiles (query tile m, key tile j), j0 <= j < j1, that
+// the rows of m see (j <= a + m, a = ceil(t0 / 64)); attention_ds_range_end against the bytes of the range
+// it returns and of the one a key tile longer (or the last key tile ceil(t1 / 64) - 1 reached).
+static void test_attention_ds_ranges(void) {
+    int rows[][2] = {{0, 64}, {0, 600}, {200, 400}, {400, 600}, {33, 70}, {0, 1}, {130, 1000}};
+    for (size_t c = 0; c < sizeof rows / sizeof rows[0]; c++) {
+        int t0 = rows[c][0], t1 = rows[c][1], nq = (t1 - t0 + 63) / 64, a = (t0 + 63) / 64,
+            nkt = (t1 + 63) / 64;
+        for (int j0 = 0; j0 <= nkt; j0++)
+            for (int j1 = j0; j1 <= nkt + 2; j1++) {
+                size_t want = 0;
+                for (int m = 0; m < nq; m++)
+                    for (int j = j0; j < j1; j++) want += j <= a + m;
+                size_t got = attention_ds_range_tiles(t0, t1, j0, j1);
+                EXPECT(got == want, "attention_ds_range_tiles([%d, %d), keys [%d, %d)): %zu, want %zu", t0,
+                       t1, j0, j1, got, want);
+            }
+        for (size_t budget = 0; budget <= 40 * 8192; budget += 4096)
+            for (int j0 = 0; j0 < nkt; j0++) {
+                int e = attention_ds_range_end(t0, t1, 2, 2, budget, j0);
+                size_t fit = 4 * attention_ds_range_tiles(t0, t1, j0, e) * 8192,
+                       more = e < nkt ? 4 * attention_ds_range_tiles(t0, t1, j0, e + 1) * 8192 : 0;
+                EXPECT(e >= j0 && e <= nkt && fit <= budget && (e == nkt || more > budget),
+                       "attention_ds_range_end([%d, %d), from %d, budget %zu): %d (%zu bytes; one more %zu)",
+                       t0, t1, j0, budget, e, fit, more);
+            }
+    }
+    // The lengths of issue 38 at the default cap (1024 MiB), 16 query heads on 8 kv heads, B 1: T 8192 keeps
+    // its passes over kv heads (a pair 2 x 8256 tiles of 8 KiB, 129 MiB; 8 of them over the cap, 7 fit the
+    // most any rows take, 2 x 8384 tiles: passes of 4 kv heads); from T 16384 two kv heads over key ranges.
+    // T 16384 (256 query tiles): the first range of w key tiles holds 256 w - w (w - 1) / 2 tiles a head,
+    // 32768 fit the cap over 4 heads: w 240 (32760; w 241: 32776). T 32768 (512): 512 w - w (w - 1) / 2:
+    // w 68 (32538; w 69: 32982).
+    size_t want[3] = {4 * 2 * 8256 * 8192ull, 4ull * 32760 * 8192, 4ull * 32538 * 8192};
+    int T[3] = {8192, 16384, 32768};
+    for (int i = 0; i < 3; i++) {
+        size_t got = attention_ds_bytes(1, T[i], 16, 8, 128, 0, T[i]);
+        EXPECT(got == want[i], "attention_ds_bytes(T %d, 16 / 8 heads): %zu, want %zu", T[i], got, want[i]);
+    }
+}
+
 int main(void) {
     be = backend_cpu();
     test_attention_ds_bytes();
     test_attention_ds_pass_heads();
+    test_attention_ds_ranges();
     rng_seed(&R, 20240607);
     test_memory();
     test_matmul(7, 33, 9);

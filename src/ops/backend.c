@@ -1,8 +1,9 @@
 // backend.c — choosing a Backend by name (--device) and its FP8 variant (--precision fp8), and the size of
-// the cuda attention backward's dS scratch (ops.h attention_ds_bytes; latent attention's:
-// attention_mla_ds_bytes: the rules the kernels and moe info share, CUDA or not). Must not
-// hold: ops or compositions of ops (the plain forms of the fused ops are ops/plain.h, which the backends
-// include without this file).
+// the cuda attention backward's dS scratch (ops.h attention_ds_bytes and its passes over kv heads or key
+// ranges; latent attention's: attention_mla_ds_bytes: the rules the kernels and moe info share, CUDA or not).
+// Must not hold: ops or compositions of ops (the plain forms of the fused ops are ops/plain.h, which the
+// backends include without this file).
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
@@ -53,22 +54,52 @@ int attention_ds_pass_heads(size_t pair, size_t budget, int KV) {
     return (int)((KV + np - 1) / np);
 }
 
-// ops.h. Query tiles of 64 rows from t0 (m = 0 .. nq - 1); tile m reads the key tiles 0 .. a + m, where
-// a = ceil(t0 / 64), of 64 x 64 bf16 each (cuda_attention_wg.cuh lays them out in this order); a (sequence,
-// kv head) pair holds its H / KV query heads' tiles. Whether there is a scratch at all is decided at the
-// most tiles a pair can take over any row range of T (nT (nT + 3) / 2 a head, nT = ceil(T / 64)), so that
-// every chunk [t0, t1) of one call shape takes the same way (dq's bits do not depend on the split); passes
-// take two pairs at least (a pass of one kv head, ceil(T / 128) dk/dv blocks of work falling from the first
-// to the last, keeps half the GPU idle at long T: computing dS again is faster there).
+// ops.h. Query tiles m of 64 rows from t0 (nq of them, a = ceil(t0 / 64)), tile m seeing the key tiles
+// 0 .. a + m; of the key tiles [j0, j1) the tiles m >= m0 = max(0, j0 - a) see some, row m - m0 holding
+// min(w, c + m - m0 + 1) of them (w = j1 - j0, c = a + m0 - j0): r = min(rows, max(0, w - c)) rows growing by
+// one from c + 1, the rest w each (cuda_attention_wg.cuh ds_tile lays them out in this order).
+size_t attention_ds_range_tiles(int t0, int t1, int j0, int j1) {
+    if (t1 <= t0 || j1 <= j0 || t0 < 0 || j0 < 0) return 0;
+    long long nq = (t1 - t0 + 63) / 64, a = (t0 + 63) / 64, m0 = j0 - a > 0 ? j0 - a : 0;
+    if (m0 >= nq) return 0;
+    long long rows = nq - m0, c = a + m0 - j0, w = (long long)j1 - j0, r = w - c > 0 ? w - c : 0;
+    if (r > rows) r = rows;
+    return (size_t)(r * (c + 1) + r * (r - 1) / 2 + (rows - r) * w);
+}
+
+// ops.h. The bytes of `pairs` pairs' tiles over [j0, j1) grow with j1 while key tiles remain (each one more
+// is seen by the last query tile): the largest j1 that fits, by bisection.
+int attention_ds_range_end(int t0, int t1, int rep, int pairs, size_t budget, int j0) {
+    int lo = j0, hi = (t1 + 63) / 64;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if ((size_t)pairs * rep * attention_ds_range_tiles(t0, t1, j0, mid) * 8192 <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// ops.h. A (sequence, kv head) pair holds its H / KV query heads' tiles of the whole triangle
+// (attention_ds_range_tiles from key tile 0 of any width over a + nq). Whether the scratch goes in passes
+// over kv heads or over key ranges, or is not kept at all, is decided at the most tiles a pair can take over
+// any row range of T (nT (nT + 3) / 2 a head, nT = ceil(T / 64)) and at the first key tile (all nT query
+// tiles see it), so that every chunk [t0, t1) of one call shape takes the same way (dq's bits do not depend
+// on the split, nor on the passes). Passes over kv heads take two pairs at least (a pass of one kv head,
+// ceil(T / 128) dk/dv blocks of work falling from the first to the last, keeps half the GPU idle at long
+// T); where not two fit, passes of two pairs (one where KV is 1) over as many key tiles as fit.
 size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1) {
     long long cap_mb = attention_ds_cap_mb();
     if (hd != 128 || B <= 0 || H <= 0 || KV <= 0 || H % KV || t1 <= t0 || t1 > T) return 0;
-    size_t nq = (size_t)(t1 - t0 + 63) / 64, a = (size_t)(t0 + 63) / 64, cap = (size_t)cap_mb << 20;
-    size_t pair = (size_t)(H / KV) * (nq * (a + 1) + nq * (nq - 1) / 2) * 64 * 64 * 2;
-    size_t nT = ((size_t)T + 63) / 64, most = (size_t)(H / KV) * (nT * (nT + 3) / 2) * 64 * 64 * 2;
-    if ((size_t)B * KV * most > cap && attention_ds_pass_heads(most, cap, KV) < 2) return 0; // dS again
-    if ((size_t)B * KV * pair <= cap) return (size_t)B * KV * pair; // one pass
-    return (size_t)attention_ds_pass_heads(pair, cap, KV) * pair;
+    size_t cap = (size_t)cap_mb << 20, rep = (size_t)(H / KV), kp = KV < 2 ? 1 : 2;
+    size_t pair = rep * attention_ds_range_tiles(t0, t1, 0, INT_MAX) * 8192;
+    size_t nT = ((size_t)T + 63) / 64, most = rep * (nT * (nT + 3) / 2) * 8192;
+    if ((size_t)B * KV * most <= cap || attention_ds_pass_heads(most, cap, KV) >= 2) { // over kv heads
+        if ((size_t)B * KV * pair <= cap) return (size_t)B * KV * pair; // one pass
+        return (size_t)attention_ds_pass_heads(pair, cap, KV) * pair;
+    }
+    if (kp * rep * nT * 8192 > cap) return 0; // not one key tile: dS again
+    int j1 = attention_ds_range_end(t0, t1, (int)rep, (int)kp, cap, 0);
+    return kp * rep * attention_ds_range_tiles(t0, t1, 0, j1) * 8192;
 }
 
 // ops.h. A pair holds H / KV heads' 64 x 64 bf16 tiles of the queries [t0, t1) (as attention_ds_bytes);

@@ -594,15 +594,26 @@ int backend_cuda_grouped_kernel(void);
 // "cuda"'s attention backward at head dim 128 (Hopper): the bytes of the scratch that carries dS from
 // the dk/dv kernel to the dq kernel (bf16, the causal triangle of 64 x 64 tiles of the queries [t0, t1)
 // of each sequence and head): all of it where it fits in MOE_ATTN_DS_MB MiB (default 1024), else the
-// tiles of one pass over some kv heads of one sequence (attention_ds_pass_heads of them; the kernels run
-// once a pass), or 0 where the dq kernel computes dS again instead: other head dims, or where not all the
-// pairs, nor two, over the most tiles any row range of T can take fit in the cap (0: always again; so every
-// chunk of rows of one call shape takes the same way). The backend and moe info both use it.
+// tiles of one pass over some kv heads of one sequence (attention_ds_pass_heads of them, two at least; the
+// kernels run once a pass), else those of one pass over a range of key tiles of two kv heads (one where KV
+// is 1) of one sequence (the first range, attention_ds_range_end's from key tile 0, the largest; the kernels
+// run once a range, dq continued range by range), or 0 where the dq kernel computes dS again instead: other
+// head dims, or where not one key tile of those pairs fits (0: always again). The way is decided at the
+// most tiles any row range of T can take, so every chunk of rows of one call shape takes the same way. The
+// backend and moe info both use it.
 size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1);
 // The kv heads of one sequence a pass of that scratch takes when `pair` bytes (one sequence, one kv head)
-// each must fit in `budget`: as many as fit, at most KV, the passes over KV as even as they can be; 0 where
-// not one fits.
+// each must fit in `budget`: as many as fit, at most KV, the passes as even as they can be; 0 where
+// not one fits. (cuda_attention_mla.cu's scratch, of its own size, the same rule.)
 int attention_ds_pass_heads(size_t pair, size_t budget, int KV);
+// Of that scratch, for one query head: the tiles of the query rows [t0, t1) (64-row tiles from t0) and the
+// key tiles [j0, j1) (64 keys each) that those rows see (causal: a tile above the diagonal is not kept).
+size_t attention_ds_range_tiles(int t0, int t1, int j0, int j1);
+// The end j1 of the key range from key tile j0 whose tiles (attention_ds_range_tiles) of `pairs` (sequence,
+// kv head) pairs of rep query heads, 8 KiB each, fit in `budget` bytes: the largest, at most ceil(t1 / 64);
+// j0 where not one key tile fits. Each range fills the budget, so the first (seen by the most rows) is the
+// largest.
+int attention_ds_range_end(int t0, int t1, int rep, int pairs, size_t budget, int j0);
 // "cuda"'s latent attention backward on Hopper (cuda_attention_mla.cu, q/k head width hd): the bytes of its
 // dS scratch over the queries [t0, t1) of B sequences, in passes of `heads` (sequence, kv head) pairs, or
 // (heads 0) of as many as fit at the most tiles any row range of T can take (so every chunk of rows of one

@@ -222,8 +222,9 @@ static void mla_pass(float *dq, float *dk, float *dv, bf16s *ds, const bf16s *g,
     KCHECK("attention_bwd_v (wgmma, dk/dv)");
     if (!ds) return;
     dim3 g2(cdiv_u(t1 - t0, 128), p.nkv * rep, p.nb);
-    att_wg_dqs_k<192>
-        <<<g2, 256, DqsShape<192>::SMEM>>>(dq + qo, ds, k + ko, T, H, KV, t0, t1, a, nt, flags & ATT_ADD_DQ);
+    att_wg_dqs_k<192><<<g2, 256, DqsShape<192>::SMEM>>>(dq + qo, ds, k + ko, T, H, KV, t0, t1, a, nt, 0,
+                                                        INT_MAX,
+                                                        flags & ATT_ADD_DQ ? 1 : 0); // the whole triangle
     KCHECK("attention_bwd_v (wgmma, dq from dS)");
 }
 

@@ -1,7 +1,7 @@
 // cuda_attention_softmax.cuh — what the tensor-core attention kernels of cuda_attention_tc.cu
 // (mma.sync), cuda_attention_wg.cu and cuda_attention_wgf.cu (wgmma) share: the forwards' online softmax
 // (its rows' maxima over a quad: quad_row_max), a forward or dq block's place in the grid, the bf16 packing
-// of A fragments, and adding accumulators into rows.
+// of A fragments, and adding accumulators into rows (and reading them back).
 // Both hold a thread's share of 16-row score and output fragments in the same layout (mma.sync's C
 // fragment, which is also wgmma's accumulator layout per warp): s[4 j + e] is row (e < 2 ? r0 : r1),
 // r1 = r0 + 8, column 8 j + 2 t + (e & 1) (t = lane % 4); o[4 n + e] likewise over the head dimension.
@@ -66,6 +66,25 @@ __device__ __forceinline__ void add_rows(float *base, const float *d, int r0, in
             *p = add ? make_float2(x.x + d[4 * n + 2], x.y + d[4 * n + 3])
                      : make_float2(d[4 * n + 2], d[4 * n + 3]);
         }
+    }
+}
+
+// The thread's accumulator d (the layout above) = rows r0, r0 + 8 of a (T, heads, 8 NT) float tensor at base
+// (rows `stride` elements apart; rows from `end` on read as zeros): a sum that add_rows wrote, continued.
+template <int NT>
+__device__ __forceinline__ void load_rows(float *d, const float *base, int r0, int end, size_t stride,
+                                          int t) {
+    int r1 = r0 + 8;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        float2 x = r0 < end ? *(const float2 *)(base + (size_t)r0 * stride + n * 8 + 2 * t)
+                            : make_float2(0.0f, 0.0f),
+               y = r1 < end ? *(const float2 *)(base + (size_t)r1 * stride + n * 8 + 2 * t)
+                            : make_float2(0.0f, 0.0f);
+        d[4 * n] = x.x;
+        d[4 * n + 1] = x.y;
+        d[4 * n + 2] = y.x;
+        d[4 * n + 3] = y.y;
     }
 }
 

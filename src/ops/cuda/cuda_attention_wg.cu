@@ -15,21 +15,20 @@
 // next K/V tile loading while the current one is used; only tiles crossing the diagonal or the last key
 // are masked; a warpgroup skips the tiles entirely above its rows.
 // Backward (D = rowsum(bf16(dout) out) given; the dS scratch in passes over kv heads where it is over its
-// cap: ops.h attention_ds_bytes): a dk/dv kernel (NK warpgroups per block, each 64
-// keys, over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV += P^T dout and dK += dS^T Q
-// from registers; products 192 wide as a 128-wide and a 64-wide wgmma) that also stores dS (bf16) in a
-// scratch (head dim 128 only), then a dq kernel of one product, dQ = dS K (both operands from shared
-// memory: cuda_attention_wg.cuh's att_wg_dqs_k); without the scratch (ops.h attention_ds_bytes: over its
-// cap, or width 192) a dq kernel that computes S = Q K^T, dP = dout V^T and dS again (one warpgroup per 64
-// queries, dQ += dS K with dS from registers). At 192 / 128 these backward kernels are latent attention's
-// old way (MOE_ATTN_MLA=old) and its dq kernel the "recompute" way's: cuda_attention_mla.cu holds the
-// default one and the op's entry points. Each output is written by one thread in a fixed order:
-// deterministic, no atomics, as the mma.sync kernels.
-// Fragment layout of a wgmma accumulator (as mma.sync's C per warp): warp w of the warpgroup holds
-// rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) (+ 1) in d[4 j + {0, 1}] ({2, 3} for + 8); a
-// 192-wide accumulator is the 128-wide one's 64 values then the 64-wide one's 32 (columns 128 on): the
-// same formula.
-// Must not hold: any knowledge of the model.
+// cap, over key ranges of two kv heads where not two whole fit: ops.h attention_ds_bytes): a dk/dv kernel (NK
+// warpgroups per block, each 64 keys, over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV
+// += P^T dout and dK += dS^T Q from registers; products 192 wide as a 128-wide and a 64-wide wgmma) that also
+// stores dS (bf16) in a scratch (head dim 128 only), then a dq kernel of one product, dQ = dS K (both
+// operands from shared memory: cuda_attention_wg.cuh's att_wg_dqs_k); without the scratch (ops.h
+// attention_ds_bytes: over its cap, or width 192) a dq kernel that computes S = Q K^T, dP = dout V^T and dS
+// again (one warpgroup per 64 queries, dQ += dS K with dS from registers). At 192 / 128 these backward
+// kernels are latent attention's old way (MOE_ATTN_MLA=old) and its dq kernel the "recompute" way's:
+// cuda_attention_mla.cu holds the default one and the op's entry points. Each output is written by one thread
+// in a fixed order: deterministic, no atomics, as the mma.sync kernels. Fragment layout of a wgmma
+// accumulator (as mma.sync's C per warp): warp w of the warpgroup holds rows 16 w + lane / 4 (+ 8), columns 8
+// j + 2 (lane % 4) (+ 1) in d[4 j + {0, 1}] ({2, 3} for + 8); a 192-wide accumulator is the 128-wide one's 64
+// values then the 64-wide one's 32 (columns 128 on): the same formula. Must not hold: any knowledge of the
+// model.
 #include "ops/cuda/cuda_attention_wg.cuh"
 
 
@@ -185,15 +184,16 @@ __global__ void __launch_bounds__(128)
 
 
 // dv_u += sum p_tu dout_t, dk_u += sum ds_tu q_t over the query heads of kv head kh and the queries
-// t >= u, t in [qa, qb), for the keys u < qb: NK warpgroups of 64 keys each (S^T and dP^T with the keys
-// as rows), the query tiles of 64 from qa double-buffered and shared by them. Grid (ceil(qb/(64 NK)), KV,
-// B). ds (or NULL; head dim 128 only): each tile's dS^T stored there for att_wg_dqs_k (the layout above;
-// a = ceil(qa / 64), nt tiles per head). dv's columns from HV written as zeros (without add).
+// t >= u, t in [qa, qb), for the keys u < qb from key tile j0 on: NK warpgroups of 64 keys each (S^T and dP^T
+// with the keys as rows), the query tiles of 64 from qa double-buffered and shared by them. Grid (the key
+// blocks from j0 (ceil(qb/(64 NK)) from 0), KV, B). ds (or NULL; head dim 128 only): each tile's dS^T stored
+// there for att_wg_dqs_k (cuda_attention_wg.cuh ds_tile's layout of the key range [j0, j0 + jw); a =
+// ceil(qa / 64), nt tiles per head). dv's columns from HV written as zeros (without add).
 template <int HQ, int HV>
 __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
     att_wg_dkdv_k(float *dk, float *dv, bf16s *ds, const bf16s *dout, const float *lse, const float *Dg,
                   const bf16s *q, const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc,
-                  int qa, int qb, int a, size_t nt, int add) {
+                  int qa, int qb, int a, size_t nt, int j0, int jw, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef WgShape<HQ, HV> S;
     constexpr int NK = S::NK, NTH = 128 * NK, KR = 64 * NK, QT = S::QB * WG_BLK, GT = S::VB * WG_BLK;
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
         lane = threadIdx.x & 31, t = lane & 3;
     AttPlace pl = att_place(); // the keys from k0 (the most query tiles first)
     int b = pl.b, kh = pl.head, rep = H / KV;
-    int k0 = pl.pos * KR, kw = NK > 1 ? k0 + 64 * wg : k0; // the block's keys, this warpgroup's
+    int k0 = j0 * 64 + pl.pos * KR, kw = NK > 1 ? k0 + 64 * wg : k0; // the block's keys, this warpgroup's
     size_t koff = ((size_t)b * T * KV + kh) * HQ;
     stage_sw<KR, NTH, HQ>(sK, k + koff, k0, min(KR, qb - k0), (size_t)KV * HQ);
     stage_sw<KR, NTH, HV>(sV, v + koff, k0, min(KR, qb - k0), (size_t)KV * HQ);
@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
         // 16 bytes in each of 8 lines: the dk/dv kernel took 472 us instead of 336)
         if (NK == 1 && ds) {
             int hq = kh * rep + i / per, r = w * 16 + (lane >> 2);
-            uint4 *tile = (uint4 *)(ds + ds_tile(b, hq, H, (t0 - qa) / 64, k0 / 64, a, nt) * 4096);
+            uint4 *tile = (uint4 *)(ds + ds_tile(b, hq, H, (t0 - qa) / 64, k0 / 64, a, nt, j0, jw) * 4096);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
 #pragma unroll
@@ -373,12 +373,14 @@ extern "C" void cuda_attention_dq_wg(float *dq, const unsigned short *dout, cons
 }
 
 // The dk/dv kernel, then (ds) dq = dS K, over one pass of the scratch (cuda_attention_wg.cuh att_ds_passes;
-// every pointer at (sequence 0, head 0) of the whole call, moved by the pass's offsets); without ds, the dq
-// kernel that computes dS again first (one pass of everything).
+// every pointer at (sequence 0, head 0) of the whole call, moved by the pass's offsets) and over its key
+// tiles [j0, j1) (the whole triangle: 0, INT_MAX; a range: dq continued from the ranges before, added into
+// from the first where the flags add); without ds, the dq kernel that computes dS again first (one pass
+// of everything).
 template <int HQ, int HV>
 static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *dout, const float *lse,
                      const float *D, const bf16s *q, const bf16s *k, const bf16s *v, int B, int T, int H,
-                     int KV, int t0, int t1, int flags, AttDsPass p) {
+                     int KV, int t0, int t1, int flags, AttDsPass p, int j0, int j1) {
     typedef WgShape<HQ, HV> S;
     static int opted = 0;
     if (!opted) {
@@ -390,19 +392,21 @@ static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *d
         opted = 1;
     }
     float sc = 1.0f / sqrtf((float)HQ), sl = sc * WG_LOG2E;
-    int nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64, rep = H / KV;
-    size_t nt = (size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2; // dS tiles per head (ds_tile)
+    int a = (t0 + 63) / 64, rep = H / KV, nkb = (int)cdiv_u(t1, 64 * S::NK), range = j1 != INT_MAX;
+    size_t nt = attention_ds_range_tiles(t0, t1, j0, j1); // dS tiles per head (ds_tile)
     size_t qo = p.qo, ko = p.ko, lo = p.lo;
     if (!dsb) dq_run<HQ, HV>(dq, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags & ATT_ADD_DQ);
-    dim3 gk(cdiv_u(t1, 64 * S::NK), p.nkv, p.nb);
+    dim3 gk((range ? min(j1, nkb) : nkb) - j0, p.nkv, p.nb);
     att_wg_dkdv_k<HQ, HV><<<gk, 128 * S::NK, S::SMEM_DKDV>>>(dk + ko, dv + ko, dsb, dout + qo, lse + lo,
                                                              D + lo, q + qo, k + ko, v + ko, T, H, KV, sl, sc,
-                                                             t0, t1, a, nt, flags & ATT_ADD_DKV);
+                                                             t0, t1, a, nt, j0, j1 - j0, flags & ATT_ADD_DKV);
     KCHECK("attention_bwd (wgmma, dk/dv)");
     if (dsb) {
-        dim3 g2(cdiv_u(t1 - t0, 128), p.nkv * rep, p.nb);
-        att_wg_dqs_k<128><<<g2, 256, DqsShape<128>::SMEM>>>(dq + qo, dsb, k + ko, T, H, KV, t0, t1, a, nt,
-                                                            flags & ATT_ADD_DQ);
+        int add = flags & ATT_ADD_DQ ? 1 : 0, qr = t0 + 64 * max(0, j0 - a);
+        if (range) add = j0 || add ? 2 : 0;
+        dim3 g2(cdiv_u(t1 - qr, 128), p.nkv * rep, p.nb);
+        att_wg_dqs_k<128>
+            <<<g2, 256, DqsShape<128>::SMEM>>>(dq + qo, dsb, k + ko, T, H, KV, t0, t1, a, nt, j0, j1, add);
         KCHECK("attention_bwd (wgmma, dq from dS)");
     }
 }
@@ -410,9 +414,13 @@ static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *d
 // Backward on the bf16 copies (dout rounded too), D = rowsum(bf16(dout) * out) given; 0 where this
 // path does not run. ds: scratch of ds_bytes = attention_ds_bytes(B, T, H, KV, hd, t0, t1) bytes, where that
 // is not 0 (head dim 128: the dk/dv kernel stores dS there, and dq is its product with K: 5 matrix products
-// instead of 7; the bytes of every (sequence, kv head) pair: one pass, else passes of ds_bytes / (a pair's
-// bytes) kv heads of one sequence), or NULL (the dq kernel computes S, dP and dS again).
-// dq's bits do not depend on the passes, nor dk's and dv's on the scratch.
+// instead of 7), or NULL (the dq kernel computes S, dP and dS again). The passes follow from ds_bytes as
+// ops.h attention_ds_bytes sized it: the bytes of every (sequence, kv head) pair: one pass; of two pairs or
+// more (one where KV is 1): passes of ds_bytes / (a pair's bytes) kv heads of one sequence; under that:
+// passes of two kv heads (one) of one sequence over the key ranges that fill ds_bytes (ops.h
+// attention_ds_range_end), in order, dq continued range by range. dq's bits do not depend on the passes
+// (where dq is written; added into, in key ranges the sum continues from dq's value, not added to it at
+// the end: equal to round-off), nor dk's and dv's on the scratch.
 extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, size_t ds_bytes,
                                      const unsigned short *dout, const float *lse, const float *D,
                                      const unsigned short *q, const unsigned short *k,
@@ -422,17 +430,29 @@ extern "C" int cuda_attention_bwd_wg(float *dq, float *dk, float *dv, void *ds, 
     if (hd != 128) {
         if (ds) DIE("cuda attention (wgmma): no dS scratch at head dim %d", hd);
         att_ds_passes(B, T, H, KV, hd, 1, KV, [&](AttDsPass p) {
-            bwd_pass<192, 128>(dq, dk, dv, NULL, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags, p);
+            bwd_pass<192, 128>(dq, dk, dv, NULL, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags, p, 0,
+                               INT_MAX);
         });
         return 1;
     }
-    int nq = (int)cdiv_u(t1 - t0, 64), a = (t0 + 63) / 64;
-    size_t pair = (size_t)(H / KV) * ((size_t)nq * (a + 1) + (size_t)nq * (nq - 1) / 2) * 8192;
+    int rep = H / KV, kp = KV < 2 ? 1 : 2, nkt = (t1 + 63) / 64;
+    size_t pair = (size_t)rep * attention_ds_range_tiles(t0, t1, 0, INT_MAX) * 8192;
     int whole = !ds || ds_bytes >= (size_t)B * KV * pair, hp = whole ? KV : (int)(ds_bytes / pair);
-    if (!whole && hp < 1)
-        DIE("cuda attention (wgmma): a dS scratch of %zu bytes, under one pass's", ds_bytes);
+    int ranges = !whole && hp < kp; // not kp pairs whole: kp over key ranges
+    if (ranges) hp = kp;
+    if (ranges && attention_ds_range_end(t0, t1, rep, kp, ds_bytes, 0) == 0)
+        DIE("cuda attention (wgmma): a dS scratch of %zu bytes, under one key tile's", ds_bytes);
     att_ds_passes(B, T, H, KV, hd, whole, hp, [&](AttDsPass p) {
-        bwd_pass<128, 128>(dq, dk, dv, (bf16s *)ds, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags, p);
+        if (!ranges) {
+            bwd_pass<128, 128>(dq, dk, dv, (bf16s *)ds, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags, p,
+                               0, INT_MAX);
+            return;
+        }
+        for (int j0 = 0, j1; j0 < nkt; j0 = j1) {
+            j1 = attention_ds_range_end(t0, t1, rep, kp, ds_bytes, j0);
+            bwd_pass<128, 128>(dq, dk, dv, (bf16s *)ds, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags, p,
+                               j0, j1);
+        }
     });
     return 1;
 }

@@ -1,15 +1,16 @@
 // cuda_attention_wg.cuh — what the Hopper (wgmma, sm_90a) attention kernels share: cuda_attention_wg.cu's
 // (the forward and the head-dim-128 backward) and cuda_attention_mla.cu's (latent attention's backward at
 // 192 / 128): the wgmma instructions by shape, the staging of tiles into the 128-byte-swizzled layout, the
-// products of a 64-row tile, the dS scratch's layout, its passes over kv heads (host side: what each pass
-// covers), dS^T's fragments gathered for its stores, the kernel that multiplies it by K, and the TMA
-// tensor maps of the kernels that load by TMA (cuda_attention_wgf.cu). Device code, the kernel
-// template, the passes and the maps only.
-// Must not hold: a kernel's launch, or any knowledge of the model.
+// products of a 64-row tile, the dS scratch's layout (of a pass over all keys or over a key range), its
+// passes over kv heads (host side: what each pass covers), dS^T's fragments gathered for its stores, the
+// kernel that multiplies it by K, and the TMA tensor maps of the kernels that load by TMA
+// (cuda_attention_wgf.cu). Device code, the kernel template, the passes and the maps only. Must not hold: a
+// kernel's launch, or any knowledge of the model.
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
+#include <limits.h>
 #include <math.h>
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_attention_softmax.cuh"
@@ -199,17 +200,29 @@ static inline void att_ds_passes(int B, int T, int H, int KV, int hd, int whole,
 // The dS scratch (ops.h attention_ds_bytes): for each sequence b and query head h, the query tiles m of
 // 64 rows from qa, each followed by its key tiles j = 0 .. a + m (a = ceil(qa / 64)), a 64 x 64 bf16
 // tile each holding dS^T (the keys as rows, 64 queries of 128 bytes a row, the 16-byte chunks swizzled
-// as stage_sw lays them out, so the dq kernel copies it as it is). nt: the tiles of one (b, h).
-__device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int a, size_t nt) {
-    return ((size_t)b * H + h) * nt + (size_t)m * (a + 1) + (size_t)m * (m - 1) / 2 + j;
+// as stage_sw lays them out, so the dq kernel copies it as it is). nt: the tiles of one (b, h). A pass over
+// the key tiles [j0, j0 + w) only (ops.h attention_ds_range_end) holds the query tiles m >= m0 = max(0,
+// j0 - a) that see them, tile m's row its key tiles j0 .. min(j0 + w - 1, a + m): row m - m0 holds min(w,
+// c + m - m0 + 1) tiles, c = a + m0 - j0 (growing by one a row, then w each; ops.h attention_ds_range_tiles
+// counts them). The whole triangle is the range from j0 = 0 of any w over a + nq (the default).
+__device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int a, size_t nt, int j0 = 0,
+                                          int w = INT_MAX) {
+    long long m0 = max(0, j0 - a), mm = m - m0, c = a + m0 - j0, r = w - c > 0 ? w - c : 0;
+    long long base =
+        mm <= r ? mm * (c + 1) + mm * (mm - 1) / 2 : r * (c + 1) + r * (r - 1) / 2 + (mm - r) * w;
+    return ((size_t)b * H + h) * nt + (size_t)base + (size_t)(j - j0);
 }
 
 
 // dq += sum over the key tiles j <= a + m of dS (tile (m, j), from a dk/dv kernel) K_j for the query tiles
-// m of 64 rows (the query rows [qa, qb)): a block of two warpgroups takes two tiles m, m + 1 of one head,
+// m of 64 rows (the query rows [qa, qb)), over the key tiles [j0, j1) of one pass (the whole triangle: 0,
+// INT_MAX; a range: the query tiles from m0 = max(0, j0 - a), the scratch laid out as ds_tile's range): a
+// block of two warpgroups takes two tiles m, m + 1 of one head,
 // which read the same K tiles (staged once for both: from L2 the kernel read dS once and K twice as many
 // bytes), dS^T (M-major) and K (N-major) staged as they are stored, double-buffered. Grid
-// (ceil((qb - qa) / 128), H, B), the most keys first. Head width HD 128 (att_wg_dkdv_k's scratch) or 192
+// (ceil((qb - qa - 64 m0) / 128), H, B), the most keys first. add: 0 dq written, 1 added into, 2 dq holds the
+// sum over the key tiles before j0, which the products continue (reloaded into the accumulators: the bits
+// of one pass over all of them, in the same order). Head width HD 128 (att_wg_dkdv_k's scratch) or 192
 // (att_mla_dkdv_k's: one m64n192k16 a key step, 96 accumulators a thread; two blocks an SM, at 128 registers
 // with 16 bytes spilled outside the loop); dq's rows HD wide. SMEM: the shared memory it takes. (At 128 the
 // launch bound names no minimum of blocks: a minimum of 1 changed the kernel's machine code.)
@@ -220,20 +233,21 @@ template <int HD> struct DqsShape {
 template <int HD>
 __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
     att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV, int qa, int qb, int a,
-                 size_t nt, int add) {
+                 size_t nt, int j0, int j1, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int KT = DqsShape<HD>::KT;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
     // 2 buffers of (dS^T of each warpgroup's tile: 2 x 8 KB), then 2 of K
     uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + 2 * 16384;
     int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
-    AttQBlock blk = att_qblock<HD, 128, 64>(T, H, KV, qa, qb);
-    int q0 = blk.q0, ntile = blk.ntile, qw = q0 + 64 * wg; // this warpgroup's rows from qw (none past qb)
-    int nw = qw < qb ? (min(qw + 64, qb) + 63) / 64 : 0; // and its key tiles
+    AttQBlock blk = att_qblock<HD, 128, 64>(T, H, KV, qa + 64 * max(0, j0 - a), qb);
+    int q0 = blk.q0, qw = q0 + 64 * wg; // this warpgroup's rows from qw (none past qb)
+    int kend = qw < qb ? (min(qw + 64, qb) + 63) / 64 : 0; // and its key tiles (0 .. kend - 1)
+    int nw = max(0, min(kend, j1) - j0), ntile = max(0, min(blk.ntile, j1) - j0); // of the pass
     const bf16s *kg = k + blk.koff,
-                *dg = nw ? ds + ds_tile(blk.b, blk.h, H, (qw - qa) / 64, 0, a, nt) * 4096 : ds;
-    // key tile n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % 2, one commit
-    // group
+                *dg = nw ? ds + ds_tile(blk.b, blk.h, H, (qw - qa) / 64, j0, a, nt, j0, j1 - j0) * 4096 : ds;
+    // key tile j0 + n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % 2, one
+    // commit group
     auto load = [&](int n) {
         if (n < nw) {
             const char *src = (const char *)(dg + (size_t)n * 4096);
@@ -242,12 +256,17 @@ __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16),
                              "l"(src + e * 16));
         }
-        stage_sw<64, 256, HD>(sK + (n & 1) * KT, kg, n * 64, min(64, qb - n * 64), (size_t)KV * HD);
+        int kr = (j0 + n) * 64;
+        stage_sw<64, 256, HD>(sK + (n & 1) * KT, kg, kr, min(64, qb - kr), (size_t)KV * HD);
     };
-    load(0);
+    if (ntile) load(0);
     float acc[HD / 2];
+    int row = qw + w * 16 + (lane >> 2);
+    if (add == 2 && nw) load_rows<HD / 8>(acc, dq + blk.qoff, row, qb, (size_t)H * HD, t);
+    else {
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) acc[i] = 0.0f;
+        for (int i = 0; i < HD / 2; i++) acc[i] = 0.0f;
+    }
     for (int it = 0; it < ntile; it++) {
         stage_done(); // tile it; every warp is done with tile it - 1, whose buffers tile it + 1 takes
         if (it + 1 < ntile) load(it + 1);
@@ -266,7 +285,7 @@ __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
         wgmma_commit();
         wgmma_wait<0>();
     }
-    if (nw) add_rows<HD / 8>(dq + blk.qoff, acc, qw + w * 16 + (lane >> 2), qb, (size_t)H * HD, t, add);
+    if (nw) add_rows<HD / 8>(dq + blk.qoff, acc, row, qb, (size_t)H * HD, t, add == 1);
 #endif
     static_assert(HD == 128 || HD == 192, "att_wg_dqs_k: head width 128 or 192");
 }
