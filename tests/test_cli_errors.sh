@@ -221,22 +221,29 @@ run_fail "MOE_ATTN_DS_MB must be a whole number" env MOE_ATTN_DS_MB=-1 "$MOE" in
 #    (49.00 MiB); below two pairs over the most tiles a row range of 2048 can take (2 * 32 * 35 / 2 * 8 KiB
 #    = 8.75 MiB each: a cap of 17), two kv heads over the key tiles that fit (ops.h attention_ds_range_end:
 #    the first range of w key tiles holds 32 w - w (w - 1) / 2 tiles a query head, of 4): at 17 all 32 (528
-#    tiles, 16.5 MiB: 49.00 MiB), at 10 w 12 (318 tiles; w 13: 338 > 320), 4 * 318 * 8 KiB = 9.9375 MiB
-#    (42.44 MiB), at 1 one key tile (32 tiles, 1 MiB: 33.50 MiB); with MOE_ATTN_DS_MB=0, no dS: 32.50 MiB,
-#    still above the router's (8 x 2048 floats x 64 blocks of 128 rows: 4 MiB) and the norms' (2048 doubles x
-#    128 blocks of 64 rows: 2 MiB) partial sums.
-for cap in "" 264 263 66 18 17 10 1 0; do
+#    tiles, 16.5 MiB: 49.00 MiB); at 10 w 12 (318 tiles; w 13: 338 > 320), 4 * 318 * 8 KiB = 9.9375 MiB, and
+#    at 1 one key tile (32 tiles, 1 MiB), but those ranges are of 2 w dk/dv blocks, under the 256 a range
+#    must hold where the call holds 4 x 8 x 32 = 1024 (backend.c ATT_DS_MIN_BLOCKS): dS again, as with
+#    MOE_ATTN_DS_MB=0: no dS, 32.50 MiB, still above the router's (8 x 2048 floats x 64 blocks of 128 rows: 4
+#    MiB) and the norms' (2048 doubles x 128 blocks of 64 rows: 2 MiB) partial sums. At batch 1 (256 blocks
+#    in the call: the rule does not apply) the same ranges are kept: the bf16 GEMM operands 2048 x 32000 +
+#    2048 x 2048 bf16 = 133.00 MiB, the workspace D 128 KiB + dout 8 MiB + at 10 9.9375 MiB = 18.06 MiB, at
+#    1 1 MiB: 9.12 MiB; no dS: 8.12 MiB.
+for cap in "" 264 263 66 18 17 10 1 0 b10 b1 b0; do
   want="828.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 296.50 MiB)"
   case "$cap" in
     263|66) want="630.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 98.50 MiB)" ;;
     18|17) want="581.00 MiB (bf16 GEMM operands 532.00 MiB, workspace 49.00 MiB)" ;;
-    10) want="574.44 MiB (bf16 GEMM operands 532.00 MiB, workspace 42.44 MiB)" ;;
-    1) want="565.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 33.50 MiB)" ;;
-    0) want="564.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 32.50 MiB)" ;;
+    10|1|0) want="564.50 MiB (bf16 GEMM operands 532.00 MiB, workspace 32.50 MiB)" ;;
+    b10) want="151.06 MiB (bf16 GEMM operands 133.00 MiB, workspace 18.06 MiB)" ;;
+    b1) want="142.12 MiB (bf16 GEMM operands 133.00 MiB, workspace 9.12 MiB)" ;;
+    b0) want="141.12 MiB (bf16 GEMM operands 133.00 MiB, workspace 8.12 MiB)" ;;
   esac
-  if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 >"$OUT_FILE" 2>"$ERR_FILE" &&
-     grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap'"
-  else fail "moe info: the cuda scratch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
+  batch=4
+  [[ $cap == b* ]] && batch=1 && cap=${cap#b}
+  if env MOE_ATTN_DS_MB=$cap "$MOE" info --preset peers-ref --batch $batch --seq-len 2048 >"$OUT_FILE" 2>"$ERR_FILE" &&
+     grep -qF "+ scratch $want" "$OUT_FILE"; then pass "moe info: the cuda scratch, batch $batch, MOE_ATTN_DS_MB='$cap'"
+  else fail "moe info: the cuda scratch, batch $batch, MOE_ATTN_DS_MB='$cap' (want $want)"; show_output; fi
 done
 # Latent attention's workspace (cost.c mla_workspace: cuda_attention_mla.cu's backward at q head width 192,
 # value width 128), DeepSeek-V3 at batch 1 x 4096 (128 heads, one kv head each): D 128 x 4096 floats = 2 MiB,

@@ -2182,9 +2182,10 @@ static void test_attention_ds_ranges(void) {
     // its passes over kv heads (a pair 2 x 8256 tiles of 8 KiB, 129 MiB; 8 of them over the cap, 7 fit the
     // most any rows take, 2 x 8384 tiles: passes of 4 kv heads); from T 16384 two kv heads over key ranges.
     // T 16384 (256 query tiles): the first range of w key tiles holds 256 w - w (w - 1) / 2 tiles a head,
-    // 32768 fit the cap over 4 heads: w 240 (32760; w 241: 32776). T 32768 (512): 512 w - w (w - 1) / 2:
-    // w 68 (32538; w 69: 32982).
-    size_t want[3] = {4 * 2 * 8256 * 8192ull, 4ull * 32760 * 8192, 4ull * 32538 * 8192};
+    // 32768 fit the cap over 4 heads: w 240 (32760; w 241: 32776): 480 dk/dv blocks (2 w), over the 256 a
+    // range must hold (8 x 256 = 2048 in the call). T 32768 (512): 512 w - w (w - 1) / 2: w 68 (32538; w 69:
+    // 32982), 136 blocks: dS again (0).
+    size_t want[3] = {4 * 2 * 8256 * 8192ull, 4ull * 32760 * 8192, 0};
     int T[3] = {8192, 16384, 32768};
     for (int i = 0; i < 3; i++) {
         size_t got = attention_ds_bytes(1, T[i], 16, 8, 128, 0, T[i]);

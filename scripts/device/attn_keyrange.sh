@@ -2,7 +2,8 @@
 # Device recipe (kind nvidia-h200): issue 38's attention backward at 16k-32k tokens with the dS scratch in
 # passes over key ranges (ops.h attention_ds_bytes / attention_ds_range_end: two kv heads over the key tiles
 # that fit MOE_ATTN_DS_MB, where not two whole pairs fit), in one call from the repository root:
-# `bash scripts/device/attn_keyrange.sh` (no carry: it builds; under 8 minutes, BUDGET=seconds to change;
+# `bash scripts/device/attn_keyrange.sh` (no carry: it builds; or B=DIR of programs packed by mesh_pack.sh and
+# unpacked by libs.sh mesh_unpack; under 8 minutes, BUDGET=seconds to change;
 # progress, counts and the tables in $OUT/attn_keyrange.txt). In order of what matters most:
 #   1. cmake with CUDA for sm_90a into build-kr (test_cuda_ops, moe_bench_attention);
 #   2. tests/test_cuda_attn_passes.sh: test_cuda_ops under MOE_ATTN_DS_MB=1 (key ranges at T 600, 700, 1000
@@ -29,9 +30,10 @@ BUDGET=${BUDGET:-460}
 say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 say "tree: $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)') $(git status --short 2>/dev/null | wc -l) changed"
 FAIL=0
-B=$PWD/build-kr
-t build 300 bash -c "cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
-  cmake --build $B -j16 --target test_cuda_ops moe_bench_attention" ||
+B=${B:-$PWD/build-kr} # B=DIR: programs built here and packed (mesh_pack.sh, mesh_unpack): no build
+[ -x $B/test_cuda_ops ] && [ -x $B/moe_bench_attention ] ||
+  t build 300 bash -c "cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+    cmake --build $B -j16 --target moe test_cuda_ops moe_bench_attention" ||
   true
 [ -x $B/test_cuda_ops ] && [ -x $B/moe_bench_attention ] || { tail -30 $W/build.log | tee -a $R; exit 1; }
 device_libs $B $B/test_cuda_ops

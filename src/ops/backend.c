@@ -86,7 +86,13 @@ int attention_ds_range_end(int t0, int t1, int rep, int pairs, size_t budget, in
 // tiles see it), so that every chunk [t0, t1) of one call shape takes the same way (dq's bits do not depend
 // on the split, nor on the passes). Passes over kv heads take two pairs at least (a pass of one kv head,
 // ceil(T / 128) dk/dv blocks of work falling from the first to the last, keeps half the GPU idle at long
-// T); where not two fit, passes of two pairs (one where KV is 1) over as many key tiles as fit.
+// T); where not two fit, passes of two pairs (one where KV is 1) over as many key tiles as fit, unless the
+// first range (of the whole T) is not all of them and holds fewer than ATT_DS_MIN_BLOCKS dk/dv blocks (a kv
+// head's 64 keys each) where the call holds twice that: then dS again. Measured on an H200 (16 / 8 heads, B 1, 2026-12-04,
+// scripts/device/attn_keyrange.sh): T 16384 at the 1024 MiB cap, a first range of 480 blocks, backward 8.05
+// ms against dS again's 9.31; T 32768, 136 blocks, 40.8 against 36.8 (at a cap of 2048 MiB, ~280 blocks:
+// 34.8; 4096: 31.0).
+#define ATT_DS_MIN_BLOCKS 256 // two blocks an SM of an H200's 132, about
 size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1) {
     long long cap_mb = attention_ds_cap_mb();
     if (hd != 128 || B <= 0 || H <= 0 || KV <= 0 || H % KV || t1 <= t0 || t1 > T) return 0;
@@ -98,6 +104,9 @@ size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1) {
         return (size_t)attention_ds_pass_heads(pair, cap, KV) * pair;
     }
     if (kp * rep * nT * 8192 > cap) return 0; // not one key tile: dS again
+    // too narrow a first range leaves SMs idle in every pass (where the call's blocks could fill them)
+    size_t w = (size_t)attention_ds_range_end(0, T, (int)rep, (int)kp, cap, 0);
+    if (w < nT && kp * w < ATT_DS_MIN_BLOCKS && (size_t)B * KV * nT >= 2 * ATT_DS_MIN_BLOCKS) return 0;
     int j1 = attention_ds_range_end(t0, t1, (int)rep, (int)kp, cap, 0);
     return kp * rep * attention_ds_range_tiles(t0, t1, 0, j1) * 8192;
 }

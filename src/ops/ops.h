@@ -598,7 +598,8 @@ int backend_cuda_grouped_kernel(void);
 // kernels run once a pass), else those of one pass over a range of key tiles of two kv heads (one where KV
 // is 1) of one sequence (the first range, attention_ds_range_end's from key tile 0, the largest; the kernels
 // run once a range, dq continued range by range), or 0 where the dq kernel computes dS again instead: other
-// head dims, or where not one key tile of those pairs fits (0: always again). The way is decided at the
+// head dims, where not one key tile of those pairs fits (0: always again), or where those ranges would run
+// too few blocks to fill the GPU (backend.c says when). The way is decided at the
 // most tiles any row range of T can take, so every chunk of rows of one call shape takes the same way. The
 // backend and moe info both use it.
 size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1);
