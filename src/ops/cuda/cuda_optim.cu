@@ -158,13 +158,19 @@ extern "C" void cuda_runs_free(OptRuns *r) {
     free(r);
 }
 
-// AdamW over the run list: the tiles and pieces above. piece(u, gf, po, mo, s, re, w) takes the elements
-// [s, re) of run u (gf: its gradient's format as the kernel reads it; po, mo: the parameter and moment
-// offsets less u.pos; w: lwd, the step's lr wd, where the run decays, else 0) through a vector path where it
-// can and returns 1, else 0: then elem(u, gf, po, mo, w, i) updates them one by one.
-template <int FMT, typename Elem, typename Piece>
-__device__ __forceinline__ void adamw_runs_loop(const DevRun *runs, const int32_t *tile_run, int64_t total,
-                                                int64_t ntiles, float lwd, Elem elem, Piece piece) {
+// AdamW over the run list: the tiles and pieces above, each piece through the vector path (scalar head,
+// float4 weights, four gradient values, MV moments, scalar tail) where run_vec_ok and vec says the buffers
+// are aligned, else element by element. elem(p, g, m, v, w, u, i, pb) updates element i of run u (g its
+// gradient value, as optrun_g reads it), vec4(P, G, M, V, w, u, i, Pb) elements i .. i + 3 (w: lwd, the
+// step's lr wd, where the run decays, else 0; pb, Pb: the weights' bf16 copy or NULL). MT is the moments'
+// element type (float, or uint16_t holding bf16 bits), MV four of them (float4, uint2).
+template <int FMT, typename MT, typename MV, typename Elem, typename Vec4>
+__device__ __forceinline__ void adamw_runs_loop(float *p, const float *g, MT *m, MT *v, const DevRun *runs,
+                                                const int32_t *tile_run, int64_t total, int64_t ntiles,
+                                                int vec, float lwd, __nv_bfloat16 *pb, Elem elem, Vec4 vec4) {
+#define ELEM(i) \
+    elem(p + po + (i), optrun_g(g, gf, u.gb, po, (i)), m + mo + (i), v + mo + (i), w, u, (i), \
+         pb ? pb + (po + (i)) : NULL)
     for (int64_t tl = blockIdx.x; tl < ntiles; tl += gridDim.x) {
         int64_t s = tl * RUN_TILE, e = min(s + (int64_t)RUN_TILE, total);
         for (int r = tile_run[tl]; s < e; r++) {
@@ -172,197 +178,115 @@ __device__ __forceinline__ void adamw_runs_loop(const DevRun *runs, const int32_
             int64_t re = min(e, u.pos + u.n), po = u.off - u.pos, mo = u.moff - u.pos;
             float w = u.decay ? lwd : 0.0f;
             const int gf = FMT ? u.gbf : OPTG_F32;
-            if (!piece(u, gf, po, mo, s, re, w)) {
+            if (vec && run_vec_ok(u, gf, po, mo)) {
+                int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head,
+                        nv = (re - vs) >> 2;
+                if (threadIdx.x < head) ELEM(s + threadIdx.x);
+                float4 *P = (float4 *)(p + po + vs);
+                MV *M = (MV *)(m + mo + vs), *V = (MV *)(v + mo + vs);
+                uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL; // p + po + vs is 16-byte aligned: 8 here
+                // the gradient: float32 (read rounded under OPTG_BF16), or packed bf16, 8 bytes a step
+                const float4 *G = (const float4 *)(g + po + vs);
+                const uint2 *Gh = gf == OPTG_PACKED
+                    ? (const uint2 *)((const uint16_t *)(g + u.gb) + (po + vs - u.gb))
+                    : NULL;
+                for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
+                    vec4(P + j,
+                         Gh                    ? bf16x4_f4(Gh[j])
+                             : gf == OPTG_BF16 ? bf16_round4(G[j])
+                                               : G[j],
+                         M + j, V + j, w, u, vs + 4 * j, Pb ? Pb + j : NULL);
+                int64_t ts = vs + 4 * nv;
+                if (threadIdx.x < re - ts) ELEM(ts + threadIdx.x);
+            } else {
 #pragma unroll 4
-                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) elem(u, gf, po, mo, w, i);
+                for (int64_t i = s + threadIdx.x; i < re; i += RUN_THREADS) ELEM(i);
             }
             s = re;
         }
     }
-}
-// The 16-byte path of a piece (vec: the buffers are aligned; run_vec_ok): a scalar head to the alignment,
-// 4 elements per thread and step (float4 weights, four gradient values as optrun_g4 reads them, MV moments),
-// a scalar tail; vec4(P, G, M, V, w, Pb) updates four elements (Pb: the weights' bf16 copy or NULL).
-template <typename MT, typename MV, typename Elem, typename Vec4>
-__device__ __forceinline__ int adamw_piece4(float *p, const float *g, MT *m, MT *v, __nv_bfloat16 *pb,
-                                            int vec, const DevRun &u, int gf, int64_t po, int64_t mo,
-                                            int64_t s, int64_t re, float w, Elem elem, Vec4 vec4) {
-    if (!vec || !run_vec_ok(u, gf, po, mo)) return 0;
-    int64_t head = min((int64_t)((4 - ((po + s) & 3)) & 3), re - s), vs = s + head, nv = (re - vs) >> 2;
-    if (threadIdx.x < head) elem(u, gf, po, mo, w, s + threadIdx.x);
-    float4 *P = (float4 *)(p + po + vs);
-    MV *M = (MV *)(m + mo + vs), *V = (MV *)(v + mo + vs);
-    uint2 *Pb = pb ? (uint2 *)(pb + po + vs) : NULL; // p + po + vs is 16-byte aligned: 8 here
-    // the gradient: float32 (read rounded under OPTG_BF16), or packed bf16, 8 bytes a step
-    const float4 *G = (const float4 *)(g + po + vs);
-    const uint2 *Gh =
-        gf == OPTG_PACKED ? (const uint2 *)((const uint16_t *)(g + u.gb) + (po + vs - u.gb)) : NULL;
-    for (int64_t j = threadIdx.x; j < nv; j += RUN_THREADS)
-        vec4(P + j,
-             Gh                    ? bf16x4_f4(Gh[j])
-                 : gf == OPTG_BF16 ? bf16_round4(G[j])
-                                   : G[j],
-             M + j, V + j, w, Pb ? Pb + j : NULL);
-    int64_t ts = vs + 4 * nv;
-    if (threadIdx.x < re - ts) elem(u, gf, po, mo, w, ts + threadIdx.x);
-    return 1;
+#undef ELEM
 }
 
 template <int FMT>
 __global__ void __launch_bounds__(RUN_THREADS)
     adamw_runs_k(float *p, const float *g, float *m, float *v, const DevRun *runs, const int32_t *tile_run,
                  int64_t total, int64_t ntiles, int vec, AdamwStep s, __nv_bfloat16 *pb) {
-    auto elem = [=](const DevRun &u, int gf, int64_t po, int64_t mo, float w, int64_t i) {
-        adamw_elem(p + po + i, optrun_g(g, gf, u.gb, po, i), m + mo + i, v + mo + i, s, w,
-                   pb ? pb + (po + i) : NULL);
-    };
-    adamw_runs_loop<FMT>(
-        runs, tile_run, total, ntiles, s.lwd, elem,
-        [=](const DevRun &u, int gf, int64_t po, int64_t mo, int64_t a, int64_t re, float w) {
-            return adamw_piece4<float, float4>(p, g, m, v, pb, vec, u, gf, po, mo, a, re, w, elem,
-                                               [=](float4 *P, float4 G, float4 *M, float4 *V, float w,
-                                                   uint2 *Pb) { adamw_vec4(P, G, M, V, s, w, Pb); });
+    adamw_runs_loop<FMT, float, float4>(
+        p, g, m, v, runs, tile_run, total, ntiles, vec, s.lwd, pb,
+        [=](float *p, float g, float *m, float *v, float w, const DevRun &, int64_t, __nv_bfloat16 *pb) {
+            adamw_elem(p, g, m, v, s, w, pb);
+        },
+        [=](float4 *p, float4 g, float4 *m, float4 *v, float w, const DevRun &, int64_t, uint2 *pb) {
+            adamw_vec4(p, g, m, v, s, w, pb);
         });
 }
 
 // The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values but under
-// OPT_BF16_MOMENTS (adamw_f32, then ops.h's integer roundings and hash: the cpu's bits); gi: the element's
-// global index (optrun_gidx), for the stochastic rounding's hash. SR: s.prec is OPT_BF16_STOCHASTIC (a
-// template argument in the vector path, a test in the scalar one).
-template <int SR>
+// OPT_BF16_MOMENTS (adamw_f32, then ops.h's integer roundings and hash: the cpu's bits). Element i of run u
+// (its position i - u.pos in the run gives the global index of the stochastic rounding's hash).
 __device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v,
-                                                   const AdamwStep &s, float lwd, int64_t gi) {
+                                                   const AdamwStep &s, float lwd, const DevRun &u,
+                                                   int64_t i) {
     float mi = bf16_to_f32(m), vi = bf16_to_f32(v);
     p = adamw_f32(p, g, &mi, &vi, &s, lwd);
     m = bf16_rn_bits(mi);
     v = bf16_rn_bits(vi);
-    uint16_t pw = SR ? bf16_sr_bits(p, bf16_sr_rand(s.key, gi)) : bf16_rn_bits(p);
+    uint16_t pw = s.prec == OPT_BF16_STOCHASTIC
+        ? bf16_sr_bits(p, bf16_sr_rand(s.key, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
+        : bf16_rn_bits(p);
     if (s.prec != OPT_BF16_MOMENTS) p = bf16_to_f32(pw); // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
     return pw;
 }
-// Element i of run u (its position i - u.pos in the run gives the global index). u.wb: the weight lives in
-// the bf16 copy alone.
 __device__ __forceinline__ void adamw_bf16_elem(float *p, float g, uint16_t *m, uint16_t *v,
                                                 const AdamwStep &s, float lwd, const DevRun &u, int64_t i,
                                                 __nv_bfloat16 *pb) {
-    float pi = u.wb ? __bfloat162float(*pb) : *p;
+    float pi = u.wb ? __bfloat162float(*pb) : *p; // (u.wb: the weight lives in the copy alone)
     uint16_t mi = *m, vi = *v;
-    int64_t gi = optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos);
-    uint16_t pw = s.prec == OPT_BF16_STOCHASTIC ? adamw_bf16_reg<1>(pi, g, mi, vi, s, lwd, gi)
-                                                : adamw_bf16_reg<0>(pi, g, mi, vi, s, lwd, gi);
+    uint16_t pw = adamw_bf16_reg(pi, g, mi, vi, s, lwd, u, i);
     if (!u.wb) *p = pi;
     *m = mi;
     *v = vi;
     if (pb) *pb = __ushort_as_bfloat16(pw); // the weights' bf16 copy: the same bits
 }
-
-// VW (4 or 8) bf16 values in one access (8 or 16 bytes), as words of two.
-template <int VW> struct Bf16s;
-template <> struct Bf16s<4> { typedef uint2 T; };
-template <> struct Bf16s<8> { typedef uint4 T; };
-// The 16-bit value k of a pack; a pack of VW values.
-template <int VW> __device__ __forceinline__ uint16_t bf16s_at(const typename Bf16s<VW>::T &b, int k) {
-    return (uint16_t)(((const uint32_t *)&b)[k >> 1] >> (16 * (k & 1)));
-}
-template <int VW> __device__ __forceinline__ typename Bf16s<VW>::T bf16s_pack(const uint16_t *h) {
-    typename Bf16s<VW>::T b;
-#pragma unroll
-    for (int k = 0; k < VW / 2; k++) ((uint32_t *)&b)[k] = h[2 * k] | ((uint32_t)h[2 * k + 1] << 16);
-    return b;
-}
-// VW consecutive elements from element i (vs + VW j) of a piece whose parameter, moment, gradient and copy
-// addresses are aligned to VW elements: every load before any store; weights from the float32 buffer or (wb)
-// the bf16 copy, VW gradient values in their format (gf), the moments and the copy VW bf16 at a time. gi0:
-// the first element's global index where the run is not TP-split (lin), else the run's elements give theirs.
-template <int VW, int SR>
-__device__ __forceinline__ void adamw_bf16_vec(float *P, const float *G, const uint16_t *Gh, uint16_t *M,
-                                               uint16_t *V, __nv_bfloat16 *Pb, int wb, int gf,
-                                               const AdamwStep &s, float w, const DevRun &u, int lin,
-                                               int64_t i, int64_t gi0) {
-    typedef typename Bf16s<VW>::T Pk;
-    float pv[VW], gv[VW];
-    if (wb) {
-        Pk b = *(const Pk *)Pb;
-#pragma unroll
-        for (int k = 0; k < VW; k++) pv[k] = bf16_to_f32(bf16s_at<VW>(b, k));
+// Four consecutive elements (i .. i + 3 of run u): 16-byte weight and gradient accesses, 8-byte moment
+// and bf16-copy accesses, all loads before the stores. u.wb: the weights are read from the copy (8 bytes)
+// and written there alone.
+__device__ __forceinline__ void adamw_bf16_vec4(float4 *p, float4 G, uint2 *m, uint2 *v, const AdamwStep &s,
+                                                float lwd, const DevRun &u, int64_t i, uint2 *pb) {
+    float4 P;
+    if (u.wb) {
+        uint2 B = *pb;
+        P = make_float4(bf16_to_f32((uint16_t)B.x), bf16_to_f32((uint16_t)(B.x >> 16)),
+                        bf16_to_f32((uint16_t)B.y), bf16_to_f32((uint16_t)(B.y >> 16)));
     } else {
-#pragma unroll
-        for (int k = 0; k < VW; k += 4) *(float4 *)(pv + k) = *(const float4 *)(P + k);
+        P = *p;
     }
-    if (gf == OPTG_PACKED) {
-        Pk b = *(const Pk *)Gh;
-#pragma unroll
-        for (int k = 0; k < VW; k++) gv[k] = bf16_to_f32(bf16s_at<VW>(b, k));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VW; k += 4) {
-            float4 f = *(const float4 *)(G + k);
-            *(float4 *)(gv + k) = gf == OPTG_BF16 ? bf16_round4(f) : f;
-        }
-    }
-    Pk Mb = *(const Pk *)M, Vb = *(const Pk *)V;
-    uint16_t mh[VW], vh[VW], ph[VW];
-#pragma unroll
-    for (int k = 0; k < VW; k++) {
-        mh[k] = bf16s_at<VW>(Mb, k);
-        vh[k] = bf16s_at<VW>(Vb, k);
-        int64_t gi = !SR ? 0 : lin ? gi0 + k : optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i + k - u.pos);
-        ph[k] = adamw_bf16_reg<SR>(pv[k], gv[k], mh[k], vh[k], s, w, gi);
-    }
-    if (!wb) {
-#pragma unroll
-        for (int k = 0; k < VW; k += 4) *(float4 *)(P + k) = *(const float4 *)(pv + k);
-    }
-    *(Pk *)M = bf16s_pack<VW>(mh);
-    *(Pk *)V = bf16s_pack<VW>(vh);
-    if (Pb) *(Pk *)Pb = bf16s_pack<VW>(ph);
-}
-// The vector path of a piece under the bf16 policy: VW 8 where the parameter and moment offsets agree mod 8
-// and a packed gradient's block starts at a multiple of 8 (16-byte accesses to every bf16 array), else VW 4
-// where run_vec_ok (8-byte ones); a scalar head to the alignment, VW elements per thread and step, a scalar
-// tail. (8 at a time keeps twice the bytes in flight per load instruction: the kernel was bound by both its
-// issue rate and its loads in flight, 2026-12-04.)
-template <int VW, int SR, typename Elem>
-__device__ __forceinline__ void adamw_bf16_piece(float *p, const float *g, uint16_t *m, uint16_t *v,
-                                                 __nv_bfloat16 *pb, const DevRun &u, int gf, int64_t po,
-                                                 int64_t mo, int64_t s, int64_t re, float w,
-                                                 const AdamwStep &st, Elem elem) {
-    int64_t head = min((int64_t)((VW - ((po + s) & (VW - 1))) & (VW - 1)), re - s), vs = s + head;
-    int nv = (int)((re - vs) / VW); // at most RUN_TILE / VW
-    if (threadIdx.x < head) elem(u, gf, po, mo, w, s + threadIdx.x);
-    const uint16_t *Gh = gf == OPTG_PACKED ? (const uint16_t *)(g + u.gb) + (po + vs - u.gb) : NULL;
-    int lin = u.lcols <= 0;
-    int64_t gi0 = u.gidx + (vs - u.pos); // (lin: optrun_gidx's first case)
-    for (int j = threadIdx.x; j < nv; j += RUN_THREADS) {
-        int64_t o = (int64_t)VW * j;
-        adamw_bf16_vec<VW, SR>(p + po + vs + o, g + po + vs + o, Gh ? Gh + o : NULL, m + mo + vs + o,
-                               v + mo + vs + o, pb ? pb + po + vs + o : NULL, u.wb, gf, st, w, u, lin, vs + o,
-                               gi0 + o);
-    }
-    int64_t ts = vs + (int64_t)VW * nv;
-    if (threadIdx.x < re - ts) elem(u, gf, po, mo, w, ts + threadIdx.x);
+    uint2 M = *m, V = *v;
+    uint16_t mh[4] = {(uint16_t)M.x, (uint16_t)(M.x >> 16), (uint16_t)M.y, (uint16_t)(M.y >> 16)};
+    uint16_t vh[4] = {(uint16_t)V.x, (uint16_t)(V.x >> 16), (uint16_t)V.y, (uint16_t)(V.y >> 16)};
+    uint16_t w0 = adamw_bf16_reg(P.x, G.x, mh[0], vh[0], s, lwd, u, i);
+    uint16_t w1 = adamw_bf16_reg(P.y, G.y, mh[1], vh[1], s, lwd, u, i + 1);
+    uint16_t w2 = adamw_bf16_reg(P.z, G.z, mh[2], vh[2], s, lwd, u, i + 2);
+    uint16_t w3 = adamw_bf16_reg(P.w, G.w, mh[3], vh[3], s, lwd, u, i + 3);
+    if (!u.wb) *p = P;
+    *m = make_uint2(mh[0] | ((uint32_t)mh[1] << 16), mh[2] | ((uint32_t)mh[3] << 16));
+    *v = make_uint2(vh[0] | ((uint32_t)vh[1] << 16), vh[2] | ((uint32_t)vh[3] << 16));
+    if (pb) *pb = make_uint2(w0 | ((uint32_t)w1 << 16), w2 | ((uint32_t)w3 << 16));
 }
 
-// adamw_runs_loop's tiles and pieces over bf16 moments (vec: p, g 16-byte aligned, m, v 8; vec8: p, g, m, v
-// and pb 16-byte aligned).
-template <int FMT, int SR>
+// adamw_runs_loop's tiles, pieces and vector path over bf16 moments (aligned: p, g 16 bytes; m, v 8 bytes).
+template <int FMT>
 __global__ void __launch_bounds__(RUN_THREADS)
     adamw_runs_bf16_k(float *p, const float *g, uint16_t *m, uint16_t *v, const DevRun *runs,
-                      const int32_t *tile_run, int64_t total, int64_t ntiles, int vec, int vec8, AdamwStep s,
+                      const int32_t *tile_run, int64_t total, int64_t ntiles, int vec, AdamwStep s,
                       __nv_bfloat16 *pb) {
-    auto elem = [=](const DevRun &u, int gf, int64_t po, int64_t mo, float w, int64_t i) {
-        adamw_bf16_elem(p + po + i, optrun_g(g, gf, u.gb, po, i), m + mo + i, v + mo + i, s, w, u, i,
-                        pb ? pb + (po + i) : NULL);
-    };
-    adamw_runs_loop<FMT>(
-        runs, tile_run, total, ntiles, s.lwd, elem,
-        [=](const DevRun &u, int gf, int64_t po, int64_t mo, int64_t a, int64_t re, float w) {
-            if (vec8 && ((po - mo) & 7) == 0 && (gf != OPTG_PACKED || (u.gb & 7) == 0))
-                adamw_bf16_piece<8, SR>(p, g, m, v, pb, u, gf, po, mo, a, re, w, s, elem);
-            else if (vec && run_vec_ok(u, gf, po, mo))
-                adamw_bf16_piece<4, SR>(p, g, m, v, pb, u, gf, po, mo, a, re, w, s, elem);
-            else return 0;
-            return 1;
+    adamw_runs_loop<FMT, uint16_t, uint2>(
+        p, g, m, v, runs, tile_run, total, ntiles, vec, s.lwd, pb,
+        [=](float *p, float g, uint16_t *m, uint16_t *v, float w, const DevRun &u, int64_t i,
+            __nv_bfloat16 *pb) { adamw_bf16_elem(p, g, m, v, s, w, u, i, pb); },
+        [=](float4 *p, float4 g, uint2 *m, uint2 *v, float w, const DevRun &u, int64_t i, uint2 *pb) {
+            adamw_bf16_vec4(p, g, m, v, s, w, u, i, pb);
         });
 }
 
@@ -397,17 +321,12 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
           "weights allow");
     if (prec != OPT_MIXED) {
         int vb = (((uintptr_t)p | (uintptr_t)g) & 15) == 0 && (((uintptr_t)m_ | (uintptr_t)v_) & 7) == 0;
-        int v8 = vb && (((uintptr_t)m_ | (uintptr_t)v_ | (uintptr_t)pb) & 15) == 0;
-        int sr = prec == OPT_BF16_STOCHASTIC;
-        uint16_t *mh = (uint16_t *)m_, *vh = (uint16_t *)v_;
-#define BF16_LAUNCH(F, S) \
-    adamw_runs_bf16_k<F, S> \
-        <<<grid, RUN_THREADS>>>(p, g, mh, vh, r->runs, r->tile_run, r->total, r->ntiles, vb, v8, s, pb)
-        if (r->fmt && sr) BF16_LAUNCH(1, 1);
-        else if (r->fmt) BF16_LAUNCH(1, 0);
-        else if (sr) BF16_LAUNCH(0, 1);
-        else BF16_LAUNCH(0, 0);
-#undef BF16_LAUNCH
+        if (r->fmt)
+            adamw_runs_bf16_k<1><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs,
+                                                        r->tile_run, r->total, r->ntiles, vb, s, pb);
+        else
+            adamw_runs_bf16_k<0><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs,
+                                                        r->tile_run, r->total, r->ntiles, vb, s, pb);
         KCHECK("adamw_runs (bf16)");
         return;
     }
