@@ -9,7 +9,8 @@
 #    slower by the LM head: each lane's idle by hand from the stages' FLOPs; interleaved: their mean is the
 #    bubble --explain prints);
 #  - a JSON profile with the h200 built-in's numbers gives the built-in's table;
-#  - a model that fits nowhere on 1 GPU: the smallest count named fits, the count below it does not;
+#  - a model that fits nowhere: the smallest count named fits and none below it does (bf16 too; past one
+#    node, whole nodes);
 #  - bad input: one "moe: error:" line naming the problem, no file touched.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -130,15 +131,36 @@ a=$(grep -E '^ +1  tp' "$TMP/a.txt" | awk '{print $(NF-1)}')
 c=$(grep -E '^ +1  tp' "$TMP/c.txt" | awk '{print $(NF-1)}')
 check "twice the link bandwidth: the best layout's tokens/s $a -> $c, not lower" fcmp "$c" ">=" "$a"
 
-# a model too big for one GPU
+# a model too big for one GPU: the smallest count that fits, and each other policy's (the search skips the
+# counts where the weights, gradients and moments alone cannot fit: every count below the one named is
+# searched here, so a floor that skipped a count that fits would show)
 run_ok "mixtral-8x7b on 1 GPU" "$MOE" plan --gpus 1 --preset mixtral-8x7b --batch 8 --seq-len 4096
-g=$(grep -oE 'the smallest GPU count that fits: [0-9]+' "$OUT_FILE" | awk '{print $NF}')
-if [ -n "$g" ] && [ "$g" -gt 1 ]; then
+g=$(grep -oE 'the smallest GPU count that fits \(in whole nodes of 8 past one\): [0-9]+' "$OUT_FILE" | awk '{print $NF}')
+gb=$(grep -oE 'under --precision bf16: [0-9]+' "$OUT_FILE" | awk '{print $NF}')
+if [ -n "$g" ] && [ "$g" -gt 1 ] && [ "$g" -le 8 ]; then
   "$MOE" plan --gpus "$g" --preset mixtral-8x7b --batch 8 --seq-len 4096 >"$TMP/g.txt"
-  "$MOE" plan --gpus $((g - 1)) --preset mixtral-8x7b --batch 8 --seq-len 4096 >"$TMP/g1.txt"
   check "the smallest count named ($g) fits" grep -qE '^ +1  tp' "$TMP/g.txt"
-  check "$((g - 1)) GPUs do not" grep -q "fits nowhere on $((g - 1)) GPU" "$TMP/g1.txt"
-else fail "no smallest GPU count named"; fi
+  for n in $(seq 2 $((g - 1))); do
+    "$MOE" plan --gpus $n --preset mixtral-8x7b --batch 8 --seq-len 4096 >"$TMP/g1.txt"
+    check "$n GPUs do not" grep -q "fits nowhere on $n GPU" "$TMP/g1.txt"
+  done
+else fail "no smallest GPU count of one node named ('$g')"; show_output; fi
+if [ -n "$gb" ] && [ "$gb" -gt 1 ] && [ "$gb" -le 8 ]; then
+  "$MOE" plan --gpus "$gb" --preset mixtral-8x7b --batch 8 --seq-len 4096 --precision bf16 >"$TMP/g.txt"
+  "$MOE" plan --gpus $((gb - 1)) --preset mixtral-8x7b --batch 8 --seq-len 4096 --precision bf16 >"$TMP/g1.txt"
+  check "under bf16 the count named ($gb) fits" grep -qE '^ +1  tp' "$TMP/g.txt"
+  check "under bf16 $((gb - 1)) GPUs do not" grep -q "fits nowhere on $((gb - 1)) GPU" "$TMP/g1.txt"
+else fail "no smallest bf16 GPU count of one node named ('$gb')"; show_output; fi
+# past one node the counts are whole nodes: mixtral-8x22b on 4 GPUs of nodes of 8 names a multiple of 8, which
+# fits, and the node count below it does not
+run_ok "mixtral-8x22b on 4 GPUs" "$MOE" plan --gpus 4 --preset mixtral-8x22b
+g=$(grep -oE 'the smallest GPU count that fits \(in whole nodes of 8 past one\): [0-9]+' "$OUT_FILE" | awk '{print $NF}')
+if [ -n "$g" ] && [ "$g" -gt 8 ] && [ $((g % 8)) = 0 ]; then
+  "$MOE" plan --gpus "$g" --preset mixtral-8x22b >"$TMP/g.txt"
+  "$MOE" plan --gpus $((g - 8)) --preset mixtral-8x22b >"$TMP/g1.txt"
+  check "the whole-node count named ($g) fits" grep -qE '^ +1  tp' "$TMP/g.txt"
+  check "$((g - 8)) GPUs do not" grep -q "fits nowhere on $((g - 8)) GPU" "$TMP/g1.txt"
+else fail "no whole-node count named for mixtral-8x22b ('$g')"; show_output; fi
 
 # bad input
 cat >"$TMP/missing.json" <<'J'

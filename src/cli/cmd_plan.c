@@ -83,6 +83,31 @@ static int word(const char *v, const char *opt, const char *const *w) {
     DIE("%s '%s': takes %s", opt, v, all);
 }
 
+// For a model that fits nowhere on --gpus: the smallest GPU count that fits under the precision asked, then
+// under each other policy the profile has rates for (an FP8 one needs fp8_grouped_tflops).
+static void smallest_fits(const State *s, const PlanSpec *sp) {
+    const CliOptions *cl = &s->cli;
+    int asked = s->train.precision, g = plan_smallest_fit(&s->model, &s->train, sp, PLAN_MAX_GPUS);
+    printf("fits nowhere on %d GPU%s; the smallest GPU count that fits (in whole nodes of %d past one): ",
+           cl->gpus, cl->gpus > 1 ? "s" : "", sp->nodes_of);
+    if (g) printf("%d (moe plan --gpus %d ...)\n", g, g);
+    else printf("none up to %d\n", PLAN_MAX_GPUS);
+    static const int precs[4] = {PREC_MIXED, PREC_BF16, PREC_FP8_BF16, PREC_FP8};
+    const char *sep = "  under";
+    for (int i = 0; i < 4; i++) {
+        TrainOptions o = s->train;
+        o.precision = precs[i];
+        if (precs[i] == asked || (prec_fp8(precs[i]) && !(sp->hw.fp8_grouped_tflops > 0)) ||
+            train_options_validate(&o, &s->model))
+            continue;
+        int gp = plan_smallest_fit(&s->model, &o, sp, PLAN_MAX_GPUS);
+        if (gp) printf("%s --precision %s: %d", sep, prec_name(precs[i]), gp);
+        else printf("%s --precision %s: none up to %d", sep, prec_name(precs[i]), PLAN_MAX_GPUS);
+        sep = ";";
+    }
+    if (sep[0] == ';') printf("\n");
+}
+
 int cmd_plan(State *s) {
     const CliOptions *cl = &s->cli;
     if (!opt_set(s, "gpus") && !opt_set(s, "calibrate"))
@@ -144,16 +169,7 @@ int cmd_plan(State *s) {
     PlanResult r;
     plan_enumerate(&r, &s->model, &s->train, &sp, 0);
     plan_print_table(&r, &sp, &s->train, cl->top, args);
-    if (!r.n) {
-        int g = plan_smallest_fit(&s->model, &s->train, &sp, PLAN_MAX_GPUS);
-        if (g)
-            printf(
-                "fits nowhere on %d GPU%s; the smallest GPU count that fits: %d (moe plan --gpus %d ...)\n",
-                cl->gpus, cl->gpus > 1 ? "s" : "", g, g);
-        else
-            printf("fits nowhere on %d GPU%s, nor on any count up to %d\n", cl->gpus, cl->gpus > 1 ? "s" : "",
-                   PLAN_MAX_GPUS);
-    }
+    if (!r.n) smallest_fits(s, &sp);
     plan_result_free(&r);
     return 0;
 }

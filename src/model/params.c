@@ -17,7 +17,9 @@ static void add(ParamTable *t, int *cap, const char *name, int64_t r, int64_t c,
     }
     ParamSpec *s = &t->p[t->n++];
     memset(s, 0, sizeof *s);
-    snprintf(s->name, sizeof s->name, "%s", name);
+    size_t nl = strnlen(name, sizeof s->name - 1); // (a copy: snprintf here took most of moe plan's time)
+    memcpy(s->name, name, nl);
+    s->name[nl] = 0;
     s->ndim = c ? 2 : 1;
     s->shape[0] = r;
     s->shape[1] = c;
@@ -33,7 +35,8 @@ static void add(ParamTable *t, int *cap, const char *name, int64_t r, int64_t c,
 }
 
 // Local slice of tensor s under slicing sl.
-static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl) {
+// stage: each layer's pipeline rank under sl's split (NULL without one).
+static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl, const int *stage) {
     s->lshape[0] = s->shape[0];
     s->lshape[1] = s->shape[1];
     s->split_dim = -1;
@@ -84,7 +87,7 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
         if (s->role == PR_EMBED) held = sl->pp_rank == 0;
         else if (s->role == PR_FINAL_NORM || s->role == PR_LM_HEAD || s->layer >= c->n_layers)
             held = held && sl->pp_rank == ps->pp - 1; // (the MTP modules: the last stage's)
-        else held = held && stages_of_layer(ps, s->layer) % ps->pp == sl->pp_rank;
+        else held = held && stage[s->layer] == sl->pp_rank;
     }
     if (!held) {
         s->lshape[0] = s->lshape[1] = 0;
@@ -100,16 +103,36 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl)
     s->lnumel = (size_t)s->lshape[0] * (size_t)(s->ndim == 2 ? s->lshape[1] : 1);
 }
 
-void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
-    params_build(t, c);
+// Every tensor of t (a table params_build made for c) sliced by sl (NULL: one process).
+static void localize_all(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
     ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0};
     if (!sl) sl = &one;
+    const StageSplit *ps = sl->pp_split;
+    int *stage = NULL;
+    if (ps && ps->pp > 1) { // (once a layer, not once a tensor: the planner slices large tables often)
+        stage = xmalloc(sizeof *stage * (size_t)(c->n_layers > 0 ? c->n_layers : 1));
+        for (int l = 0; l < c->n_layers; l++) stage[l] = stages_of_layer(ps, l) % ps->pp;
+    }
     t->ltotal = 0;
     for (int i = 0; i < t->n; i++) {
-        localize(&t->p[i], c, sl);
+        localize(&t->p[i], c, sl, stage);
         t->p[i].loffset = t->ltotal;
         t->ltotal += t->p[i].lnumel;
     }
+    free(stage);
+}
+void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
+    params_build(t, c);
+    localize_all(t, c, sl);
+}
+void params_localize(ParamTable *t, const ParamTable *full, const ModelConfig *c, const ParamSlicing *sl) {
+    if (!t->p) { // (else a copy of full already: localize_all rewrites every field a slicing sets)
+        *t = *full;
+        t->p = xmalloc(sizeof *t->p * (size_t)(full->n > 0 ? full->n : 1));
+        if (full->n) memcpy(t->p, full->p, sizeof *t->p * (size_t)full->n);
+    }
+    CHECK(t->n == full->n && t->total == full->total, "params_localize: a table of another model");
+    localize_all(t, c, sl);
 }
 
 // Walk the local slice of s as (rows of contiguous runs): calls fn(full_index, local_index, run).

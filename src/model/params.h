@@ -117,6 +117,10 @@ void params_build(ParamTable *t, const ModelConfig *c);
 // f). Embeddings, norms and the router are replicated. With pipeline stages, tensors of another
 // stage are not held (lnumel 0). sl == NULL: one process.
 void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl);
+// The same from full, a table params_build made for c, copied into t where t->p is NULL (t zeroed), else
+// t being such a copy already, sliced again in place (the planner slices one model's table for thousands
+// of meshes: naming its tensors, then copying them, took most of its time). params_free frees t.
+void params_localize(ParamTable *t, const ParamTable *full, const ModelConfig *c, const ParamSlicing *sl);
 // The slice of tensor s as contiguous runs: fn(full_index, local_index, count, ctx) per run
 // (full_index into a full flat buffer, local_index into this rank's).
 void params_slice_runs(const ParamSpec *s, void (*fn)(size_t, size_t, size_t, void *), void *ctx);

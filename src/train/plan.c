@@ -2,6 +2,7 @@
 // assumptions), on the cost model's figures (cost.h).
 // Must not hold: printing (plan_print.c), the cost arithmetic (cost.c), the profiles (hwprofile.c).
 #include "train/plan.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -531,9 +532,15 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
     return 0;
 }
 
-// Every vpp of one resolved mesh (l: its tp, ep, etp, pp), each split's parameter tables built once.
+// The model's parameter table and copies of it for the stages of the meshes searched (sliced in place).
+typedef struct {
+    ParamTable full, *stage;
+    int nstage;
+} PlanTables;
+
+// Every vpp of one resolved mesh (l: its tp, ep, etp, pp), each split's parameter tables sliced once.
 static int enumerate_mesh(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
-                          PlanLayout l, const MeshShape *ms, int stop_at_fit) {
+                          PlanLayout l, const MeshShape *ms, PlanTables *pt, int stop_at_fit) {
     int vmax = l.pp > 1 && c->n_layers / l.pp > 1 ? c->n_layers / l.pp : 1, hit = 0;
     for (int v = 1; v <= vmax && !hit; v++) {
         l.vpp = v;
@@ -542,22 +549,38 @@ static int enumerate_mesh(PlanResult *r, const ModelConfig *c, const TrainOption
             r->refused[PLAN_R_PIPELINE]++;
             continue;
         }
-        ParamTable *lts = xcalloc((size_t)l.pp, sizeof *lts);
+        if (pt->nstage < l.pp) {
+            pt->stage = xrealloc(pt->stage, sizeof *pt->stage * (size_t)l.pp);
+            memset(pt->stage + pt->nstage, 0, sizeof *pt->stage * (size_t)(l.pp - pt->nstage));
+            pt->nstage = l.pp;
+        }
         for (int s = 0; s < l.pp; s++) {
             ParamSlicing sl = {l.tp, 0, l.ep, 0, l.etp, 0, l.pp > 1 ? &split : NULL, s};
-            params_build_local(&lts[s], c, &sl);
+            params_localize(&pt->stage[s], &pt->full, c, &sl);
         }
-        hit = enumerate_options(r, c, o, sp, l, ms->dp == 1 && ms->edp == 1, lts, stop_at_fit);
-        for (int s = 0; s < l.pp; s++) params_free(&lts[s]);
-        free(lts);
+        hit = enumerate_options(r, c, o, sp, l, ms->dp == 1 && ms->edp == 1, pt->stage, stop_at_fit);
     }
     return hit;
+}
+
+// A floor under the largest rank's state on mesh l of G GPUs (wdense, wexp: the model's dense and expert
+// parameters; wb: the bytes of a weight, and of a gradient): a stage's mean of the weights (dense ones split
+// at most over TP, experts over EP x ETP, layers over PP; replicas only add), its gradients and moments
+// (2 wb) spread over every GPU (ZeRO's most).
+static double state_floor(double wdense, double wexp, double wb, const PlanLayout *l, int G) {
+    return wb * (wdense / (l->tp * l->pp) + wexp / ((double)l->ep * l->etp * l->pp)) +
+        3 * wb * (wdense + wexp) / G;
 }
 
 void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                     int stop_at_fit) {
     memset(r, 0, sizeof *r);
     int G = sp->gpus, tps[2048], pps[2048], eps[2048], etps[2048], ntp = divisors(G, tps), hit = 0;
+    PlanTables pt = {0};
+    params_build(&pt.full, c);
+    // (stop_at_fit: a mesh whose weights, gradients and moments alone cannot fit is not searched)
+    double wdense = 0, wexp = 0, wb = prec_bf16_storage(o->precision) ? 2 : 4;
+    for (int i = 0; i < pt.full.n; i++) *(pt.full.p[i].expert >= 0 ? &wexp : &wdense) += pt.full.p[i].numel;
     for (int a = 0; a < ntp && !hit; a++) {
         int npp = divisors(G / tps[a], pps);
         for (int b = 0; b < npp && !hit; b++) {
@@ -568,11 +591,15 @@ void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, 
                     PlanLayout l = {tps[a], eps[e], etps[f], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1};
                     MeshShape ms = {G, l.tp, 0, l.pp, l.ep, l.etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
                     if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
-                    else hit = enumerate_mesh(r, c, o, sp, l, &ms, stop_at_fit);
+                    else if (!stop_at_fit || state_floor(wdense, wexp, wb, &l, G) <= sp->hw.mem_bytes)
+                        hit = enumerate_mesh(r, c, o, sp, l, &ms, &pt, stop_at_fit);
                 }
             }
         }
     }
+    for (int s = 0; s < pt.nstage; s++) params_free(&pt.stage[s]);
+    free(pt.stage);
+    params_free(&pt.full);
     qsort(r->rows, (size_t)r->n, sizeof *r->rows, by_step);
 }
 
@@ -583,7 +610,16 @@ void plan_result_free(PlanResult *r) {
 
 int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus) {
     PlanSpec s = *sp;
-    for (int g = sp->gpus + 1; g <= max_gpus; g++) {
+    // below g0 not even the weights, gradients and moments fit, spread evenly over every GPU at the fewest
+    // bytes the policy keeps a parameter in (mixed: 4 + 4 + 8; bf16 storage: 2 + 2 + 4)
+    CostParams cp;
+    cost_params(&cp, c);
+    double per = prec_bf16_storage(o->precision) ? 8.0 : 16.0;
+    double lb = ceil((double)cp.total * per / sp->hw.mem_bytes);
+    int g = lb > max_gpus ? max_gpus + 1 : (int)lb, n8 = sp->nodes_of > 0 ? sp->nodes_of : 1;
+    if (g <= sp->gpus) g = sp->gpus + 1;
+    for (; g <= max_gpus; g = g < n8 ? g + 1 : (g / n8 + 1) * n8) {
+        if (g > n8 && g % n8) continue; // (past one node: whole nodes)
         s.gpus = g;
         PlanResult r;
         plan_enumerate(&r, c, o, &s, 1);

@@ -169,7 +169,9 @@ void plan_result_free(PlanResult *r);
 // its step was simulated on. Fits or not: row->mem against sp->hw.mem_bytes is the caller's.
 const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                         const PlanLayout *l, int *reason, PlanPipe *pipe);
-// The smallest GPU count above sp->gpus, up to max_gpus, on which some layout fits; 0 if none.
+// The smallest GPU count above sp->gpus, up to max_gpus, on which some layout fits (past one node of
+// sp->nodes_of GPUs, in whole nodes; none below the count the weights, gradients and moments alone need);
+// 0 if none.
 int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus);
 // Parses "tp2 ep4 etp1 pp2 vpp2 zero1 micro8 recompute-moe" (any order; the words left out: 1, zero 0,
 // recompute none, micro o->grad_accum; dp is the rest); NULL, or a static message naming the bad word.
