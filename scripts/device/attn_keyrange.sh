@@ -58,14 +58,11 @@ for T in 16384 32768; do
   for cap in 2048 4096; do timed c${cap}_$T 40 env MOE_ATTN_DS_MB=$cap $B/moe_bench_attention $A --T $T; done
 done
 python3 - $W <<'PY' | tee -a $R
-import json, os, sys
+import sys
+sys.path.insert(0, 'scripts/device')
+from attn_rows import cell as f, row as row_in
 w = sys.argv[1]
-def row(name):
-    try:
-        return next(json.loads(l) for l in open(os.path.join(w, name + '.log')) if '"impl"' in l)
-    except (OSError, StopIteration):
-        return None
-f = lambda r, k: '%7.3f (%3.0f)' % (r[k + '_ms'], r[k + '_tflops']) if r else '%13s' % '-'
+row = lambda name: row_in(w, name)
 print('%6s %-22s %14s %14s %10s' % ('T', 'way', 'fwd ms (TF/s)', 'bwd ms (TF/s)', 'total/SDPA'))
 for T in (8192, 16384, 32768):
     s = row('sdpa_%d' % T)

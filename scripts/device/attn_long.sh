@@ -45,14 +45,11 @@ for bt in 4:2048 2:4096 1:8192 1:16384 1:32768; do
   timed sdpa_$T 45 python3 bench/torch_attention_peer.py $b $T 16 8 128
 done
 python3 - $W <<'PY' | tee -a $R
-import json, os, sys
+import sys
+sys.path.insert(0, 'scripts/device')
+from attn_rows import cell as f, row as row_in
 w = sys.argv[1]
-def row(name):
-    try:
-        return next(json.loads(l) for l in open(os.path.join(w, name + '.log')) if '"impl"' in l)
-    except (OSError, StopIteration):
-        return None
-f = lambda r, k: '%7.3f (%3.0f)' % (r[k + '_ms'], r[k + '_tflops']) if r else '%13s' % '-'
+row = lambda name: row_in(w, name)
 print('%6s %14s %14s %14s %9s %14s %14s %12s' % ('T', 'new fwd ms(TF)', 'old fwd', 'SDPA fwd', 'new/SDPA',
                                               'ours bwd', 'SDPA bwd', 'total/SDPA'))
 for T in (2048, 4096, 8192, 16384, 32768):
