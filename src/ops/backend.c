@@ -88,10 +88,10 @@ int attention_ds_range_end(int t0, int t1, int rep, int pairs, size_t budget, in
 // ceil(T / 128) dk/dv blocks of work falling from the first to the last, keeps half the GPU idle at long
 // T); where not two fit, passes of two pairs (one where KV is 1) over as many key tiles as fit, unless the
 // first range (of the whole T) is not all of them and holds fewer than ATT_DS_MIN_BLOCKS dk/dv blocks (a kv
-// head's 64 keys each) where the call holds twice that: then dS again. Measured on an H200 (16 / 8 heads, B 1, 2026-12-04,
-// scripts/device/attn_keyrange.sh): T 16384 at the 1024 MiB cap, a first range of 480 blocks, backward 8.05
-// ms against dS again's 9.31; T 32768, 136 blocks, 40.8 against 36.8 (at a cap of 2048 MiB, ~280 blocks:
-// 34.8; 4096: 31.0).
+// head's 64 keys each) where the call holds twice that: then dS again. Measured on an H200 (16 / 8 heads, B
+// 1, 2026-12-04, scripts/device/attn_keyrange.sh): T 16384 at the 1024 MiB cap, a first range of 480 blocks,
+// backward 8.05 ms against dS again's 9.31; T 32768, 136 blocks, 40.8 against 36.8 (at a cap of 2048 MiB,
+// ~280 blocks: 34.8; 4096: 31.0).
 #define ATT_DS_MIN_BLOCKS 256 // two blocks an SM of an H200's 132, about
 size_t attention_ds_bytes(int B, int T, int H, int KV, int hd, int t0, int t1) {
     long long cap_mb = attention_ds_cap_mb();

@@ -247,15 +247,28 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
 // dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return prec_bf16_storage(o->precision) ? 2.0 : 4.0; }
 
+// The ranks tensor p's gradient is reduced over (NULL: one process): under ZeRO its optimizer state, and
+// under ZeRO 2 its gradient, is split over them.
+static int reduce_group(const ParamSpec *p, const MeshShape *ms) {
+    return !ms ? 1 : p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
+}
+
 // The moment elements a rank updates: two per element of its slices, over their reduce group under ZeRO.
 static double moment_elems(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
     double mom = 0;
+    for (int i = 0; i < lt->n; i++)
+        mom += 2.0 * lt->p[i].lnumel / (o->zero ? reduce_group(&lt->p[i], ms) : 1);
+    return mom;
+}
+
+double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
+    int packed = train_expert_grads(o, ms && ms->world > 1) == OPTG_PACKED;
+    double bytes = 0;
     for (int i = 0; i < lt->n; i++) {
         const ParamSpec *p = &lt->p[i];
-        int group = p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
-        mom += 2.0 * p->lnumel / (o->zero ? group : 1);
+        bytes += (double)p->lnumel / (o->zero ? reduce_group(p, ms) : 1) * (packed && p->expert >= 0 ? 2 : 4);
     }
-    return mom;
+    return bytes;
 }
 
 // --precision bf16 in one process: the float32 buffer's whole 2 MiB pages inside the ranges of the weights

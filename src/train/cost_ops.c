@@ -89,15 +89,3 @@ void cost_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms, double 
     }
     b->total = b->norm + b->rope + b->rows + b->router + b->ce + b->elem + b->embed + b->copies;
 }
-
-double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
-    int packed = train_expert_grads(o, ms && ms->world > 1) == OPTG_PACKED;
-    double bytes = 0;
-    for (int i = 0; i < lt->n; i++) {
-        const ParamSpec *p = &lt->p[i];
-        int group = !ms ? 1 : p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
-        double n = (double)p->lnumel / (o->zero ? group : 1);
-        bytes += n * (packed && p->expert >= 0 ? 2 : 4);
-    }
-    return bytes;
-}
