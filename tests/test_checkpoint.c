@@ -719,7 +719,7 @@ static void test_reader(void) {
     ps[1].shape[0] = 4;
     ps[1].numel = 4;
     ps[1].offset = 6;
-    ParamTable t = {ps, 2, 10, 10};
+    ParamTable t = {.p = ps, .n = 2, .total = 10, .ltotal = 10};
     float out[10];
     char f[512];
     path2(f, sizeof f, root, "hand.safetensors");

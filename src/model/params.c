@@ -103,6 +103,12 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl,
     s->lnumel = (size_t)s->lshape[0] * (size_t)(s->ndim == 2 ? s->lshape[1] : 1);
 }
 
+// t->lby from the tensors' local slices.
+static void tally(ParamTable *t) {
+    memset(t->lby, 0, sizeof t->lby);
+    for (int i = 0; i < t->n; i++) t->lby[t->p[i].reduce][t->p[i].expert >= 0] += t->p[i].lnumel;
+}
+
 // Every tensor of t (a table params_build made for c) sliced by sl (NULL: one process).
 static void localize_all(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
     ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0};
@@ -120,6 +126,7 @@ static void localize_all(ParamTable *t, const ModelConfig *c, const ParamSlicing
         t->ltotal += t->p[i].lnumel;
     }
     free(stage);
+    tally(t);
 }
 void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
     params_build(t, c);
@@ -173,6 +180,7 @@ void params_build(ParamTable *t, const ModelConfig *c) {
         s->split_dim = -1;
     }
     t->ltotal = t->total;
+    tally(t);
 }
 
 // Latent attention's tensors of layer l (config.h): the projections to the heads split over TP by heads
@@ -409,7 +417,7 @@ void params_init(const ParamTable *t, const ModelConfig *c, float *local, uint64
             ParamSpec one = *s; // the tensor alone, as if it were the whole buffer
             one.offset = 0;
             one.loffset = 0;
-            ParamTable tt = {&one, 1, s->numel, s->lnumel};
+            ParamTable tt = {.p = &one, .n = 1, .total = s->numel, .ltotal = s->lnumel};
             params_full_to_local(&tt, full, local + s->loffset);
         }
         free(full);

@@ -247,27 +247,27 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
 // dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return prec_bf16_storage(o->precision) ? 2.0 : 4.0; }
 
-// The ranks tensor p's gradient is reduced over (NULL: one process): under ZeRO its optimizer state, and
-// under ZeRO 2 its gradient, is split over them.
-static int reduce_group(const ParamSpec *p, const MeshShape *ms) {
-    return !ms ? 1 : p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
+// The ranks a gradient of reduce group r is reduced over (NULL: one process): under ZeRO its optimizer state,
+// and under ZeRO 2 the gradient, is split over them.
+static int reduce_ranks(int r, const MeshShape *ms) {
+    return !ms ? 1 : r == RED_DP ? ms->dp : r == RED_EDP ? ms->edp : ms->tp * ms->dp;
 }
 
-// The moment elements a rank updates: two per element of its slices, over their reduce group under ZeRO.
+// The moment elements a rank updates: two per element of its slices, over their reduce group under ZeRO
+// (the table's sums by group: params.h ParamTable.lby).
 static double moment_elems(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
     double mom = 0;
-    for (int i = 0; i < lt->n; i++)
-        mom += 2.0 * lt->p[i].lnumel / (o->zero ? reduce_group(&lt->p[i], ms) : 1);
+    for (int r = 0; r < 3; r++)
+        mom += 2.0 * (double)(lt->lby[r][0] + lt->lby[r][1]) / (o->zero ? reduce_ranks(r, ms) : 1);
     return mom;
 }
 
 double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
     int packed = train_expert_grads(o, ms && ms->world > 1) == OPTG_PACKED;
     double bytes = 0;
-    for (int i = 0; i < lt->n; i++) {
-        const ParamSpec *p = &lt->p[i];
-        bytes += (double)p->lnumel / (o->zero ? reduce_group(p, ms) : 1) * (packed && p->expert >= 0 ? 2 : 4);
-    }
+    for (int r = 0; r < 3; r++)
+        for (int e = 0; e < 2; e++)
+            bytes += (double)lt->lby[r][e] / (o->zero ? reduce_ranks(r, ms) : 1) * (packed && e ? 2 : 4);
     return bytes;
 }
 
@@ -576,10 +576,9 @@ static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o
     cm->pp = mb * pp * N * d * 4;
     // once a step: each gradient over its group (ZeRO 2: reduce-scattered), ZeRO's weights all-gathered
     cm->dp = 0;
-    for (int i = 0; i < lt->n; i++) {
-        const ParamSpec *p = &lt->p[i];
-        int g = p->reduce == RED_DP ? ms->dp : p->reduce == RED_EDP ? ms->edp : ms->tp * ms->dp;
-        double part = (g - 1.0) / g * 4.0 * p->lnumel;
+    for (int r = 0; r < 3; r++) {
+        int g = reduce_ranks(r, ms);
+        double part = (g - 1.0) / g * 4.0 * (double)(lt->lby[r][0] + lt->lby[r][1]);
         cm->dp += (o->zero == 2 ? 1 : 2) * part + (o->zero ? part : 0);
     }
     cm->total = cm->tp + cm->ep + cm->etp + cm->dp + cm->pp;
