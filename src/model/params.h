@@ -86,7 +86,9 @@ typedef struct {
     int n;
     size_t total; // elements of the full model (a full flat buffer)
     size_t ltotal; // elements of this rank's flat buffer
-    size_t lby[3][2]; // of them, by reduce group (ReduceGroup) and by expert (1) or not (0): the cost model's
+    // of them, by reduce group (ReduceGroup) and by expert (1) or not (0): the cost model's sums, set by
+    // params_build, params_build_local and params_localize (a table made otherwise has zeros here)
+    size_t lby[3][2];
 } ParamTable;
 
 // The slicing of a mesh, as the table needs it (from parallel/mesh.h's MeshShape/MeshCoord), and

@@ -572,15 +572,15 @@ static double state_floor(double wdense, double wexp, double wb, const PlanLayou
         3 * wb * (wdense + wexp) / G;
 }
 
-void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
-                    int stop_at_fit) {
+// plan_enumerate on the model's tables pt (built by the caller: one build for a search over GPU counts).
+static void enumerate_in(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                         PlanTables *pt, int stop_at_fit) {
     memset(r, 0, sizeof *r);
     int G = sp->gpus, tps[2048], pps[2048], eps[2048], etps[2048], ntp = divisors(G, tps), hit = 0;
-    PlanTables pt = {0};
-    params_build(&pt.full, c);
     // (stop_at_fit: a mesh whose weights, gradients and moments alone cannot fit is not searched)
-    double wdense = 0, wexp = 0, wb = prec_bf16_storage(o->precision) ? 2 : 4;
-    for (int i = 0; i < pt.full.n; i++) *(pt.full.p[i].expert >= 0 ? &wexp : &wdense) += pt.full.p[i].numel;
+    const size_t(*by)[2] = pt->full.lby;
+    double wdense = (double)(by[0][0] + by[1][0] + by[2][0]), wexp = (double)(by[0][1] + by[1][1] + by[2][1]),
+           wb = prec_bf16_storage(o->precision) ? 2 : 4;
     for (int a = 0; a < ntp && !hit; a++) {
         int npp = divisors(G / tps[a], pps);
         for (int b = 0; b < npp && !hit; b++) {
@@ -592,15 +592,25 @@ void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, 
                     MeshShape ms = {G, l.tp, 0, l.pp, l.ep, l.etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
                     if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
                     else if (!stop_at_fit || state_floor(wdense, wexp, wb, &l, G) <= sp->hw.mem_bytes)
-                        hit = enumerate_mesh(r, c, o, sp, l, &ms, &pt, stop_at_fit);
+                        hit = enumerate_mesh(r, c, o, sp, l, &ms, pt, stop_at_fit);
                 }
             }
         }
     }
-    for (int s = 0; s < pt.nstage; s++) params_free(&pt.stage[s]);
-    free(pt.stage);
-    params_free(&pt.full);
     qsort(r->rows, (size_t)r->n, sizeof *r->rows, by_step);
+}
+static void tables_free(PlanTables *pt) {
+    for (int s = 0; s < pt->nstage; s++) params_free(&pt->stage[s]);
+    free(pt->stage);
+    params_free(&pt->full);
+}
+
+void plan_enumerate(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
+                    int stop_at_fit) {
+    PlanTables pt = {0};
+    params_build(&pt.full, c);
+    enumerate_in(r, c, o, sp, &pt, stop_at_fit);
+    tables_free(&pt);
 }
 
 void plan_result_free(PlanResult *r) {
@@ -610,24 +620,24 @@ void plan_result_free(PlanResult *r) {
 
 int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus) {
     PlanSpec s = *sp;
-    // below g0 not even the weights, gradients and moments fit, spread evenly over every GPU at the fewest
-    // bytes the policy keeps a parameter in (mixed: 4 + 4 + 8; bf16 storage: 2 + 2 + 4)
-    CostParams cp;
-    cost_params(&cp, c);
+    PlanTables pt = {0};
+    params_build(&pt.full, c); // (once for every count)
+    // below the floor not even the weights, gradients and moments fit, spread evenly over every GPU at the
+    // fewest bytes the policy keeps a parameter in (mixed: 4 + 4 + 8; bf16 storage: 2 + 2 + 4)
     double per = prec_bf16_storage(o->precision) ? 8.0 : 16.0;
-    double lb = ceil((double)cp.total * per / sp->hw.mem_bytes);
-    int g = lb > max_gpus ? max_gpus + 1 : (int)lb, n8 = sp->nodes_of > 0 ? sp->nodes_of : 1;
+    double lb = ceil((double)pt.full.total * per / sp->hw.mem_bytes);
+    int g = lb > max_gpus ? max_gpus + 1 : (int)lb, n8 = sp->nodes_of > 0 ? sp->nodes_of : 1, fit = 0;
     if (g <= sp->gpus) g = sp->gpus + 1;
-    for (; g <= max_gpus; g = g < n8 ? g + 1 : (g / n8 + 1) * n8) {
+    for (; g <= max_gpus && !fit; g = g < n8 ? g + 1 : (g / n8 + 1) * n8) {
         if (g > n8 && g % n8) continue; // (past one node: whole nodes)
         s.gpus = g;
         PlanResult r;
-        plan_enumerate(&r, c, o, &s, 1);
-        int n = r.n;
+        enumerate_in(&r, c, o, &s, &pt, 1);
+        if (r.n) fit = g;
         plan_result_free(&r);
-        if (n) return g;
     }
-    return 0;
+    tables_free(&pt);
+    return fit;
 }
 
 const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOptions *o) {
