@@ -455,11 +455,11 @@ static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
 // bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
 // the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
 // fp8 the FP8 table's two (cuda_fp8_scratch) and the weight codes it keeps (cuda_fp8_kept: of the layers and
-// experts lt holds; NULL: the whole model); less the backward scratch the lean MoE scratch does without
-// (acts_lean).
+// experts the rank holds: fp8_kept, the caller's), less the backward scratch the lean MoE scratch does
+// without (acts_lean).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
                         size_t B, size_t T, int inst, double np, double held, int meshed, int head,
-                        const ParamTable *lt) {
+                        double fp8_kept) {
     int tp = ms ? ms->tp : 1, rc = o->recompute;
     size_t N = B * T, Ns = (N + tp - 1) / tp;
     k->hid = inst * acts_hid_saved(c, ms, B, T, rc) +
@@ -470,7 +470,7 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
     k->scratch = k->gemm + k->workspace;
     int fp8 = prec_fp8(o->precision);
-    k->kept = fp8 ? cuda_fp8_kept(c, lt) : 0;
+    k->kept = fp8 ? fp8_kept : 0;
     k->fp8 = fp8 ? cuda_fp8_scratch(c, ms, B, T) + k->kept : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
@@ -495,13 +495,14 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
     w->total = w->state + w->acts - w->lent;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
-                meshed, 1, NULL);
+                meshed, 1, prec_fp8(o->precision) ? cuda_fp8_kept(c, NULL) : 0);
 }
 
-// A rank of a mesh without pipeline stages (lt: its slices): one micro-batch's activations.
+// A rank of a mesh without pipeline stages (ct: its slices): one micro-batch's activations.
 static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions *o, const CostMesh *m,
-                        const ParamTable *lt) {
+                        const CostTable *ct) {
     const MeshShape *ms = &m->ms;
+    const ParamTable *lt = ct->t;
     int T = o->seq_len, Bl = m->Bl;
     double mom = moment_elems(lt, ms, o);
     double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o->recompute) +
@@ -516,15 +517,16 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     int L = c->n_layers;
     r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
     cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, (double)lt->ltotal,
-                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1, lt);
+                8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1, ct->fp8_kept);
 }
 
-// A rank of pipeline stage s (lt: its slices): each chunk's live micro-batches x its layers (+ the head's
+// A rank of pipeline stage s (ct: its slices): each chunk's live micro-batches x its layers (+ the head's
 // on the last virtual stage); with --recompute every (micro-batch, layer) but one drops its rows (the
 // rank's shared buffers); the backward's scratch once.
 static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions *o, const CostMesh *m, int s,
-                         const ParamTable *lt) {
+                         const CostTable *ct) {
     const MeshShape *ms = &m->ms;
+    const ParamTable *lt = ct->t;
     const int *first = m->sp.first;
     size_t Bl = (size_t)m->Bl, T = (size_t)o->seq_len;
     double mom = moment_elems(lt, ms, o), acts = 0;
@@ -545,7 +547,8 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
     r->routed = acts_routed(c, ms, Bl, T, inst, o->recompute & RECOMPUTE_MOE ? 1 : inst, 4);
-    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1, head, lt);
+    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1, head,
+                ct->fp8_kept);
 }
 
 // The bytes a rank of stage s (lt: its slices) sends in a step; hb: bytes of a value of the rows sent to
@@ -615,8 +618,13 @@ const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, 
     return cost_mesh_tables(m, c, o, ms, NULL);
 }
 
+void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t) {
+    ct->t = t;
+    ct->fp8_kept = cuda_fp8_kept(c, t);
+}
+
 const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
-                             const ParamTable *lts) {
+                             const CostTable *lts) {
     memset(m, 0, sizeof *m);
     m->ms = *ms;
     m->vpp = ms->pp > 1 && o->pp_schedule == SCHED_INTERLEAVED ? o->vpp : 1;
@@ -632,10 +640,15 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
         CostStage *st = &m->stage[s];
         ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
         ParamTable own;
-        if (!lts) params_build_local(&own, c, &sl);
-        const ParamTable *lt = lts ? &lts[s] : &own;
-        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, lt);
-        else stage_memory(&st->mem, c, o, m, s, lt);
+        CostTable oct;
+        if (!lts) {
+            params_build_local(&own, c, &sl);
+            cost_table_of(&oct, c, &own);
+        }
+        const CostTable *ct = lts ? &lts[s] : &oct;
+        const ParamTable *lt = ct->t;
+        if (ms->pp == 1) rank_memory(&st->mem, c, o, m, ct);
+        else stage_memory(&st->mem, c, o, m, s, ct);
         stage_comm(&st->comm, c, o, m, s, lt, 4);
         stage_comm(&st->comm16, c, o, m, s, lt, 2);
         st->gnorm = cost_gnorm_bytes(lt, ms, o);

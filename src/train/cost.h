@@ -142,9 +142,17 @@ typedef struct {
 // naming the numbers when the pipeline cannot be split or scheduled (m is then empty). Free with
 // cost_mesh_free.
 const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms);
+// A stage's parameter table with what the figures take from the table alone, derived once (the planner
+// prices every option of a mesh on one table; walking DeepSeek-V3's 47k tensors per option took two thirds
+// of its search): cost_table_of.
+typedef struct {
+    const ParamTable *t;
+    double fp8_kept; // the FP8 table's kept weight codes, bytes (--precision fp8 on cuda)
+} CostTable;
+void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t);
 // As cost_mesh, on the stages' parameter tables built by the caller (lts: ms->pp tables, stage s's from
 // params_build_local with *ms's TP/EP/ETP and, with stages, the split o gives; NULL: built here): the
 // planner asks about many options (--zero, --recompute, micro-batches) of one mesh and split.
 const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
-                             const ParamTable *lts);
+                             const CostTable *lts);
 void cost_mesh_free(CostMesh *m);

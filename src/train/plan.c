@@ -357,8 +357,8 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
 
 // Stage s's state under Megatron's distributed optimizer (megatron_state), on the table lts holds for it
 // (NULL: built here from m's mesh and split).
-static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, const ParamTable *lts) {
-    if (lts) return megatron_state(&lts[s], &m->ms);
+static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, const CostTable *lts) {
+    if (lts) return megatron_state(lts[s].t, &m->ms);
     ParamSlicing sl = {m->ms.tp, 0, m->ms.ep, 0, m->ms.etp, 0, m->ms.pp > 1 ? &m->sp : NULL, s};
     ParamTable t;
     params_build_local(&t, c, &sl);
@@ -371,7 +371,7 @@ static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, con
 // layers split as --pp-layers split ("": evenly); pipe: room for the pipeline (filled whether or not the
 // caller wants it: the step is simulated on it).
 static const char *layout_figures(PlanRow *row, const ModelConfig *c, const TrainOptions *o,
-                                  const PlanSpec *sp, const PlanLayout *l, int *reason, const ParamTable *lts,
+                                  const PlanSpec *sp, const PlanLayout *l, int *reason, const CostTable *lts,
                                   const char *split, PlanPipe *pipe) {
     static char msg[320];
     int why = 0;
@@ -502,7 +502,7 @@ static void keep(PlanResult *r, const PlanRow *row) {
 // Every (micro-batches, zero, recompute) of one (mesh, vpp) whose stages' tables are lts: returns 1 when
 // stop_at_fit found one that fits. ZeRO over groups of one rank (dp_edp_one) is zero 0's layout.
 static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
-                             PlanLayout l, int dp_edp_one, const ParamTable *lts, int stop_at_fit) {
+                             PlanLayout l, int dp_edp_one, const CostTable *lts, int stop_at_fit) {
     static const int rcs[3] = {RECOMPUTE_NONE, RECOMPUTE_MOE, RECOMPUTE_FULL};
     int ms[2048], nm = divisors(o->batch, ms);
     PlanPipe pipe; // (each layout's, simulated and dropped)
@@ -532,9 +532,11 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
     return 0;
 }
 
-// The model's parameter table and copies of it for the stages of the meshes searched (sliced in place).
+// The model's parameter table and copies of it for the stages of the meshes searched (sliced in place),
+// each with the cost model's figures of it (ct).
 typedef struct {
     ParamTable full, *stage;
+    CostTable *ct;
     int nstage;
 } PlanTables;
 
@@ -551,14 +553,16 @@ static int enumerate_mesh(PlanResult *r, const ModelConfig *c, const TrainOption
         }
         if (pt->nstage < l.pp) {
             pt->stage = xrealloc(pt->stage, sizeof *pt->stage * (size_t)l.pp);
+            pt->ct = xrealloc(pt->ct, sizeof *pt->ct * (size_t)l.pp);
             memset(pt->stage + pt->nstage, 0, sizeof *pt->stage * (size_t)(l.pp - pt->nstage));
             pt->nstage = l.pp;
         }
         for (int s = 0; s < l.pp; s++) {
             ParamSlicing sl = {l.tp, 0, l.ep, 0, l.etp, 0, l.pp > 1 ? &split : NULL, s};
             params_localize(&pt->stage[s], &pt->full, c, &sl);
+            cost_table_of(&pt->ct[s], c, &pt->stage[s]);
         }
-        hit = enumerate_options(r, c, o, sp, l, ms->dp == 1 && ms->edp == 1, pt->stage, stop_at_fit);
+        hit = enumerate_options(r, c, o, sp, l, ms->dp == 1 && ms->edp == 1, pt->ct, stop_at_fit);
     }
     return hit;
 }
@@ -602,6 +606,7 @@ static void enumerate_in(PlanResult *r, const ModelConfig *c, const TrainOptions
 static void tables_free(PlanTables *pt) {
     for (int s = 0; s < pt->nstage; s++) params_free(&pt->stage[s]);
     free(pt->stage);
+    free(pt->ct);
     params_free(&pt->full);
 }
 
