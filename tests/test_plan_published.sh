@@ -266,6 +266,12 @@ run_ok "row QW on Megatron's rates" "$MOE" plan "${QW[@]}" --gpu "$PF/megatron-q
 run_ok "row QW in BF16 on Megatron's rates" "$MOE" plan "${QW[@]}" --precision bf16 --gpu "$PF/megatron-qwen3-235b-a22b.json" "${MECH[@]}" --a2a-links deepep --hide-tp gemm "${OV[@]}"
 run_ok "row MX on Megatron's rates" "$MOE" plan "${MX[@]}" --gpu "$PF/megatron-mixtral-8x22b.json" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --lm-head tp
 grep -q '^plan: 128 GPUs of profile megatron-mixtral-8x22b ' "$OUT_FILE" || fail "row MX: not on the megatron-mixtral-8x22b profile"
+# the ModelZoo recipe's layout (VPP 7, one layer a chunk), BF16 and FP8, with that run's overlaps
+MXV=(--gpus 128 --nodes-of 8 --preset mixtral-8x22b --batch 256 --seq-len 4096 --explain "tp2 ep8 pp8 vpp7 zero1 micro32")
+run_ok "row MXV on Megatron's rates" "$MOE" plan "${MXV[@]}" --gpu "$PF/megatron-mixtral-8x22b.json" "${MECH[@]}" --hide-tp gemm "${OV[@]}"
+grep -q '^pipeline sends hidden behind compute: [0-9.]* ms' "$OUT_FILE" || fail "row MXV: no PP hidden line"
+run_ok "row MXV in FP8 on Megatron's rates" "$MOE" plan "${MXV[@]}" --precision fp8 --gpu "$PF/megatron-mixtral-8x22b-fp8.json" "${MECH[@]}" "${OV[@]}"
+grep -q '^plan: 128 GPUs of profile megatron-mixtral-8x22b-fp8 .*fp8' "$OUT_FILE" || fail "row MXV fp8: not on the megatron-mixtral-8x22b-fp8 profile under fp8"
 
 # --memory-model megatron: ours keeps 4 + 4 + 8 + 2 bytes a parameter at zero 0 (float32 weights and
 # gradients, two float32 moments, the bf16 copy), Megatron 6 + 12 / DP: on DP 2 it is 6 P below ours, and
