@@ -11,6 +11,7 @@
 #  - a JSON profile with the h200 built-in's numbers gives the built-in's table;
 #  - a model that fits nowhere: the smallest count named fits and none below it does (bf16 too; past one
 #    node, whole nodes);
+#  - --global-batch is --batch;
 #  - bad input: one "moe: error:" line naming the problem, no file touched.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -181,6 +182,12 @@ run_fail '"nvlink_gbps" must be a positive number' "${P[@]}" --gpus 2 --gpu neg.
 run_fail "not a JSON object" "${P[@]}" --gpus 2 --gpu broken.json
 run_fail "cannot read './nope.json'" "${P[@]}" --gpus 2 --gpu ./nope.json
 run_fail "impossible layout 'tp3': mesh: world size 4 is not divisible by tp 3" "${P[@]}" --gpus 4 --explain tp3
+# --global-batch (Megatron's name, the issue's command) is --batch: the same table
+a=$("$MOE" plan --gpus 4 --preset small --batch 16 --seq-len 128 --top 3 2>&1)
+b=$("$MOE" plan --gpus 4 --preset small --global-batch 16 --seq-len 128 --top 3 2>&1)
+[ -n "$a" ] && [ "$a" = "$b" ] && echo "$a" | grep -q "batch 16 x 128" && pass "--global-batch 16 prints --batch 16's table" ||
+  fail "--global-batch 16 printed another table than --batch 16"
+
 run_fail "impossible layout 'pp8': pipeline: n_layers 4 is not divisible by --pp 8" "${P[@]}" --gpus 8 --explain pp8
 run_fail "n_experts 8 is not divisible by ep 16" "${P[@]}" --gpus 16 --explain ep16
 run_fail "'foo' is not a layout word" "${P[@]}" --gpus 2 --explain "tp2 foo"

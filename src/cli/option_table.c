@@ -138,6 +138,7 @@ const Opt opts[] = {
     // training
     {"steps", O_INT, TO(steps), C_TRAIN, "optimizer steps"},
     {"batch", O_INT, TO(batch), C_TRAIN | C_INFO | C_PLAN, "global batch in sequences per step"},
+    {"global-batch", O_INT, TO(batch), C_INFO | C_PLAN, "the same as --batch (Megatron's name)"},
     {"batch", O_INT, TO(batch), C_EVAL,
      "sequences per evaluation batch (default: the run's micro-batch, --batch / --grad-accum, from its "
      "run.json; else 16)"},
