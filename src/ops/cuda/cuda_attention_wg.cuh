@@ -219,7 +219,8 @@ __device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int
 // INT_MAX; a range: the query tiles from m0 = max(0, j0 - a), the scratch laid out as ds_tile's range): a
 // block of two warpgroups takes two tiles m, m + 1 of one head,
 // which read the same K tiles (staged once for both: from L2 the kernel read dS once and K twice as many
-// bytes), dS^T (M-major) and K (N-major) staged as they are stored, double-buffered. Grid
+// bytes), dS^T (M-major) and K (N-major) staged as they are stored, in a ring of NS buffers (NS - 1 key
+// tiles loading while one is multiplied: the kernel streams the scratch from HBM). Grid
 // (ceil((qb - qa - 64 m0) / 128), H, B), the most keys first. add: 0 dq written, 1 added into, 2 dq holds the
 // sum over the key tiles before j0, which the products continue (reloaded into the accumulators: the bits
 // of one pass over all of them, in the same order). Head width HD 128 (att_wg_dkdv_k's scratch) or 192
@@ -228,17 +229,18 @@ __device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int
 // launch bound names no minimum of blocks: a minimum of 1 changed the kernel's machine code.)
 template <int HD> struct DqsShape {
     static constexpr int KT = HD / 64 * WG_BLK; // a K tile
-    static constexpr int SMEM = 2 * 16384 + 2 * KT + 1024; // 2 x (dS^T of each warpgroup), 2 x K
+    static constexpr int NS = HD == 128 ? 3 : 2; // the ring's buffers (192: two blocks an SM)
+    static constexpr int SMEM = NS * 16384 + NS * KT + 1024; // NS x (dS^T of each warpgroup), NS x K
 };
 template <int HD>
 __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
     att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV, int qa, int qb, int a,
                  size_t nt, int j0, int j1, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int KT = DqsShape<HD>::KT;
+    constexpr int KT = DqsShape<HD>::KT, NS = DqsShape<HD>::NS;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
-    // 2 buffers of (dS^T of each warpgroup's tile: 2 x 8 KB), then 2 of K
-    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + 2 * 16384;
+    // NS buffers of (dS^T of each warpgroup's tile: 2 x 8 KB), then NS of K
+    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + NS * 16384;
     int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
     AttQBlock blk = att_qblock<HD, 128, 64>(T, H, KV, qa + 64 * max(0, j0 - a), qb);
     int q0 = blk.q0, qw = q0 + 64 * wg; // this warpgroup's rows from qw (none past qb)
@@ -246,20 +248,25 @@ __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
     int nw = max(0, min(kend, j1) - j0), ntile = max(0, min(blk.ntile, j1) - j0); // of the pass
     const bf16s *kg = k + blk.koff,
                 *dg = nw ? ds + ds_tile(blk.b, blk.h, H, (qw - qa) / 64, j0, a, nt, j0, j1 - j0) * 4096 : ds;
-    // key tile j0 + n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % 2, one
-    // commit group
+    // key tile j0 + n (K, and each warpgroup's dS^T tile copied as it is stored) into buffer n % NS, one
+    // commit group (an empty one past the last tile: every step waits for the same count)
     auto load = [&](int n) {
+        if (n >= ntile) {
+            asm volatile("cp.async.commit_group;\n" ::);
+            return;
+        }
         if (n < nw) {
             const char *src = (const char *)(dg + (size_t)n * 4096);
-            uint32_t dst = sD + (n & 1) * 16384 + wg * 8192;
+            uint32_t dst = sD + (n % NS) * 16384 + wg * 8192;
             for (int e = threadIdx.x & 127; e < 512; e += 128)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16),
                              "l"(src + e * 16));
         }
         int kr = (j0 + n) * 64;
-        stage_sw<64, 256, HD>(sK + (n & 1) * KT, kg, kr, min(64, qb - kr), (size_t)KV * HD);
+        stage_sw<64, 256, HD>(sK + (n % NS) * KT, kg, kr, min(64, qb - kr), (size_t)KV * HD);
     };
-    if (ntile) load(0);
+#pragma unroll
+    for (int n = 0; n < NS - 1; n++) load(n);
     float acc[HD / 2];
     int row = qw + w * 16 + (lane >> 2);
     if (add == 2 && nw) load_rows<HD / 8>(acc, dq + blk.qoff, row, qb, (size_t)H * HD, t);
@@ -268,10 +275,14 @@ __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
         for (int i = 0; i < HD / 2; i++) acc[i] = 0.0f;
     }
     for (int it = 0; it < ntile; it++) {
-        stage_done(); // tile it; every warp is done with tile it - 1, whose buffers tile it + 1 takes
-        if (it + 1 < ntile) load(it + 1);
+        // tile it is in (the NS - 2 groups after it may still load); every warp is done with tile it - 1,
+        // whose buffers tile it + NS - 1 takes
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(NS - 2) : "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        load(it + NS - 1);
         if (it >= nw) continue; // warpgroup-uniform: the lower tile has one key tile fewer
-        uint32_t d0 = sD + (it & 1) * 16384 + wg * 8192, k0 = sK + (it & 1) * KT;
+        uint32_t d0 = sD + (it % NS) * 16384 + wg * 8192, k0 = sK + (it % NS) * KT;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
