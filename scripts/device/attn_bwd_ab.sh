@@ -1,25 +1,25 @@
 #!/bin/bash
-# Device recipe (kind nvidia-h200): the attention backward's dq-from-dS kernel (cuda_attention_wg.cuh
-# att_wg_dqs_k) with a ring of 3 buffers at head dim 128 against the binaries before it, in one call from the
-# repository root: `OLD=DIR NEW=DIR bash scripts/device/attn_dq_ab.sh` (each DIR a bin/ of moe,
-# test_cuda_ops, test_cuda_attn_mla and moe_bench_attention with its libraries on LD_LIBRARY_PATH, e.g. two
-# mesh_pack.sh packages unpacked; under 9 minutes, BUDGET=seconds; progress, counts and the tables in
-# $OUT/attn_dq_ab.txt). In order of what matters most:
+# Device recipe (kind nvidia-h200): the attention backward of one build against the build before it (a
+# kernel change that keeps the bits), in one call from the repository root: `OLD=DIR NEW=DIR bash
+# scripts/device/attn_bwd_ab.sh` (each DIR a bin/ of moe, test_cuda_ops, test_cuda_attn_mla and
+# moe_bench_attention with its libraries on LD_LIBRARY_PATH, e.g. two mesh_pack.sh packages unpacked; under
+# 9 minutes, BUDGET=seconds; progress, counts and the tables in $OUT/attn_bwd_ab.txt). In order of what
+# matters most:
 #   1. the bits: test_cuda_ops's small shapes (MOE_TEST_SMALL=1, MOE_TEST_ATT_BITS: a hash of each backward
-#      result where dS is kept) from both binaries, and test_cuda_attn_mla's: every result the same bits;
+#      result where dS is kept) from both binaries: every result the same bits; test_cuda_attn_mla (new);
 #   2. tests/test_cuda_attn_passes.sh (key ranges under a 1 MiB cap against the cpu reference and against one
-#      pass's bits) and test_cuda_ops on "cuda", with the new binaries;
-#   3. racecheck and memcheck of a key-range case and a passes case (the new dq kernel);
+#      pass's bits) with the new binaries;
+#   3. racecheck and memcheck of key-range and passes cases (new);
 #   4. causal GQA 16 / 8 heads, head dim 128, T 2048 (B 4) .. 32768 (B 1), and latent attention's 128 heads of
-#      192 / 128 at T 4096: moe_bench_attention old and new alternating twice, backward ms;
-#   5. ncu: the dq kernel's time and DRAM read rate at T 8192, old and new.
+#      192 / 128 at T 4096: moe_bench_attention old and new alternating twice, forward and backward ms;
+#   5. ncu: the dk/dv and dq kernels' times and DRAM bytes at T 8192, old and new.
 # Ends non-zero when a test or timed program fails, bits differ, or a sanitizer reports in our kernels.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
-W=/tmp/dq
+W=/tmp/ab
 rm -rf $W
 mkdir -p $W
-R=${OUT:-$W}/attn_dq_ab.txt
+R=${OUT:-$W}/attn_bwd_ab.txt
 : > $R
 export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-540}
@@ -81,7 +81,8 @@ PY
 
 for v in OLD NEW; do
   d=${!v}
-  t ncu_$v 60 ncu --clock-control none -k regex:'att_wg_dqs' --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+  t ncu_$v 60 ncu --clock-control none -k regex:'att_wg_dqs|att_wg_dkdv' \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv $d/moe_bench_attention --device cuda --B 1 --T 8192 --H 16 --KV 8 --hd 128 --iters 1
   python3 - $W/ncu_$v.log $v <<'PY' | tee -a $R
 import csv, sys, collections
@@ -90,15 +91,15 @@ hi = [i for i, r in enumerate(rows) if 'Kernel Name' in r]
 val = collections.defaultdict(list)
 if hi:
     h = rows[hi[0]]
-    mn, mv = h.index('Metric Name'), h.index('Metric Value')
+    kn, mn, mv = h.index('Kernel Name'), h.index('Metric Name'), h.index('Metric Value')
     for r in rows[hi[0] + 1:]:
-        try: val[r[mn]].append(float(r[mv].replace(',', '')))
+        try: val[(r[kn].split('(')[0].replace('void ', '')[:24], r[mn])].append(float(r[mv].replace(',', '')))
         except ValueError: pass
-t, b = val.get('gpu__time_duration.sum', []), val.get('dram__bytes_read.sum', [])
-if t and b:
-    print('ncu T 8192 %s: dq kernel %.1f us a launch (%d), %.2f TB/s read' % (sys.argv[2], sum(t) / len(t) / 1e3,
-          len(t), sum(b) / sum(t) / 1e3))
-else: print('ncu %s: no rows' % sys.argv[2])
+for k in sorted({k for k, _ in val}):
+    t, rd, wr = (val.get((k, m), [0]) for m in ('gpu__time_duration.sum', 'dram__bytes_read.sum', 'dram__bytes_write.sum'))
+    print('ncu T 8192 %s: %-24s %8.1f us a launch (%d), DRAM read %.2f, write %.2f TB/s' % (sys.argv[2], k,
+          sum(t) / len(t) / 1e3, len(t), sum(rd) / sum(t) / 1e3, sum(wr) / sum(t) / 1e3))
+if not val: print('ncu %s: no rows' % sys.argv[2])
 PY
 done
 say "$(date -u) done: $([ $FAIL = 0 ] && echo 'every check passed' || echo 'FAILURES above')"
