@@ -618,9 +618,9 @@ const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, 
     return cost_mesh_tables(m, c, o, ms, NULL);
 }
 
-void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t) {
+void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int fp8) {
     ct->t = t;
-    ct->fp8_kept = cuda_fp8_kept(c, t);
+    ct->fp8_kept = fp8 ? cuda_fp8_kept(c, t) : 0;
 }
 
 const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
@@ -643,7 +643,7 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
         CostTable oct;
         if (!lts) {
             params_build_local(&own, c, &sl);
-            cost_table_of(&oct, c, &own);
+            cost_table_of(&oct, c, &own, prec_fp8(o->precision));
         }
         const CostTable *ct = lts ? &lts[s] : &oct;
         const ParamTable *lt = ct->t;

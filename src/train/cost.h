@@ -149,7 +149,9 @@ typedef struct {
     const ParamTable *t;
     double fp8_kept; // the FP8 table's kept weight codes, bytes (--precision fp8 on cuda)
 } CostTable;
-void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t);
+// ct for table t of model c; fp8: whether the figures will be asked under --precision fp8 (else
+// fp8_kept is left 0: the walk over every tensor is the derivation's cost).
+void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int fp8);
 // As cost_mesh, on the stages' parameter tables built by the caller (lts: ms->pp tables, stage s's from
 // params_build_local with *ms's TP/EP/ETP and, with stages, the split o gives; NULL: built here): the
 // planner asks about many options (--zero, --recompute, micro-batches) of one mesh and split.
