@@ -4,10 +4,10 @@
 // src/parallel/comm*.c and by the tests that check these pieces; callers use comm.h only.
 // How the three files call each other: comm.c (wrappers, `self`, bounded wait) calls neither of
 // the others. comm_world.c owns the process (MPI_Init .. MPI_Finalize, MPI_Abort, the node-local
-// rank) and so ends the device backend it outlives (comm_dev_disable in comm_free,
-// comm_nccl_shutdown in comm_world_finalize); comm_nccl.c asks the world for the node-local rank
-// (its GPU) and for the abort that ends every rank. That pair of calls both ways is the natural
-// shape of a world that starts and ends a device backend, and is intended.
+// rank) and ends what it outlives: comm_dev_disable in comm_free, and at comm_world_finalize the
+// shutdown a device backend registered when it started (comm_world_at_finalize), so it names no
+// backend; comm_nccl.c asks the world for the node-local rank (its GPU), the abort that ends every
+// rank, and that registration. The calls run one way: the nccl backend to the world.
 // Must not hold: anything a caller of the comm API uses (that is comm.h).
 #pragma once
 #include "parallel/comm.h"
@@ -82,9 +82,10 @@ void comm_world_abort(void);
 void comm_staged_free(void);
 // The staged device ops (comm_staged.c): the ipc transport's for everything but the all-to-all-v.
 extern const CommOps comm_staged_ops;
-// Destroy what is left of the nccl backend (communicators, streams, the watchdog); comm_world_finalize
-// calls it (comm_nccl.c).
-void comm_nccl_shutdown(void);
+// fn runs at comm_world_finalize before MPI ends (comm_world.c; one function, the last registered): the
+// nccl backend registers the destruction of what is left of it (communicators, streams, the watchdog)
+// when it starts.
+void comm_world_at_finalize(void (*fn)(void));
 
 // ---- bounded waits (every host wait of the nccl backend; unit-tested with a fake clock) ----
 enum { COMM_POLL_DONE = 0, COMM_POLL_PENDING = 1, COMM_POLL_ERROR = 2, COMM_POLL_TIMEOUT = 3 };

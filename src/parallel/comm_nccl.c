@@ -1,8 +1,9 @@
 // comm_nccl.c — the `nccl` backend of the comm API: the device ops (Comm.dops) of a group, over
 // NCCL, for the compute backend's GPU buffers; and when a device collective is due (comm_dev_due,
 // MOE_FORCE_NCCL). Compiled to stubs without MOE_HAVE_NCCL.
-// The world (comm_world.c) ends this backend (comm_dev_disable, comm_nccl_shutdown); this backend
-// asks the world for the node-local rank and for the abort of every rank (comm_impl.h: intended).
+// The world (comm_world.c) ends this backend (comm_dev_disable, and nccl_shutdown, registered with
+// comm_world_at_finalize when the backend starts); this backend asks the world for the node-local rank
+// and for the abort of every rank.
 //
 // Streams: the compute backend enqueues on one stream, the legacy default stream. Every operation
 // here runs on one communication stream (non-blocking, high priority), shared by all groups so
@@ -46,7 +47,6 @@ static void no_nccl(void) {
 }
 void comm_dev_enable_world(Comm *world) { no_nccl(); }
 void comm_dev_enable_split(const Comm *world, Comm *sub, int color, int key) { no_nccl(); }
-void comm_nccl_shutdown(void) {}
 
 #else
 
@@ -458,6 +458,7 @@ static const CommOps nccl_ops = {
 
 // ---- setup
 
+static void nccl_shutdown(void);
 static void setup(int world_rank) {
     if (G.ready) return;
     G.rank = world_rank;
@@ -493,6 +494,7 @@ static void setup(int world_rank) {
     if (pthread_create(&G.watchdog, NULL, watchdog, NULL) != 0) DIE("cannot start the NCCL watchdog thread");
     G.watchdog_on = 1;
     G.ready = 1;
+    comm_world_at_finalize(nccl_shutdown); // (before MPI ends)
 }
 
 static void attach(Comm *c, ncclComm_t nc, const char *what) {
@@ -590,7 +592,7 @@ static void n_detach(Comm *c) {
     free(g);
 }
 
-void comm_nccl_shutdown(void) {
+static void nccl_shutdown(void) {
     if (!G.ready) return;
     for (int i = 0; i < G.nreg; i++) {
         if (!G.reg[i]) continue;

@@ -4,7 +4,7 @@
 // any rank abort every rank (MPI_Abort through the DIE hook, and comm_world_abort for the nccl
 // backend), so a failure never leaves the others waiting. The world outlives the device backend it
 // was given (mesh_enable_device), so it ends it: comm_free detaches a group's device communicator
-// and comm_world_finalize shuts the nccl backend down before MPI (comm_impl.h: intended).
+// and comm_world_finalize runs the shutdown the backend registered (comm_world_at_finalize) before MPI.
 // Every blocking MPI call is watched: one that outlasts MOE_COMM_TIMEOUT_S (a peer died, hangs or
 // runs something else) prints one line naming the operation and group and ends this process, and
 // with it the job (the launcher ends the others), so no rank waits forever.
@@ -19,6 +19,15 @@
 #include "parallel/comm.h"
 #include "ops/ops.h"
 #include "parallel/comm_impl.h"
+
+// (comm_impl.h) the device backend's shutdown, run once at comm_world_finalize
+static void (*at_finalize)(void);
+void comm_world_at_finalize(void (*fn)(void)) { at_finalize = fn; }
+static void finalize_hook(void) {
+    void (*fn)(void) = at_finalize;
+    at_finalize = NULL;
+    if (fn) fn();
+}
 
 #ifdef MOE_HAVE_MPI
 #include <mpi.h>
@@ -292,7 +301,7 @@ Comm *comm_world_init(int *argc, char ***argv) {
 
 void comm_world_finalize(void) {
     int fin = 0;
-    comm_nccl_shutdown(); // NCCL communicators go before MPI
+    finalize_hook(); // (the device backend's communicators go before MPI)
     comm_staged_free();
     MPI_Finalized(&fin);
     if (the_world) group_free(the_world, !fin);
@@ -368,7 +377,7 @@ Comm *comm_world_init(int *argc, char ***argv) {
     return w;
 }
 void comm_world_finalize(void) {
-    comm_nccl_shutdown();
+    finalize_hook();
     comm_staged_free();
     free(the_world);
     the_world = NULL;
