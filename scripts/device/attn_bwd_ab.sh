@@ -16,15 +16,7 @@
 # Ends non-zero when a test or timed program fails, bits differ, or a sanitizer reports in our kernels.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
-W=/tmp/ab
-rm -rf $W
-mkdir -p $W
-R=${OUT:-$W}/attn_bwd_ab.txt
-: > $R
-export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-540}
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
-FAIL=0
+recipe_open attn_bwd_ab /tmp/ab 540
 OLD=${OLD:?OLD=DIR} NEW=${NEW:?NEW=DIR}
 
 for v in OLD NEW; do
@@ -53,11 +45,6 @@ t mem1 90 env MOE_ATTN_DS_MB=1 compute-sanitizer --tool memcheck $NEW/moe_bench_
   san_line mem1
 t mem2 90 compute-sanitizer --tool memcheck $NEW/moe_bench_attention $S --B 2 --T 333 --H 4 --KV 2 && san_line mem2
 
-timed() { # timed NAME LIMIT CMD...: a program printing one '"impl"' line (skipped for time: not a failure)
-  local n=$1
-  t "$@" || return 0
-  grep -q '"impl"' $W/$n.log || { FAIL=1; tail -3 $W/$n.log | tee -a $R; }
-}
 for c in 4:2048:16:8:128 2:4096:16:8:128 1:8192:16:8:128 1:16384:16:8:128 1:32768:16:8:128 1:4096:128:128:192; do
   IFS=: read -r b T H KV hd <<< "$c"
   A="--device cuda --B $b --T $T --H $H --KV $KV --hd $hd --iters 10"

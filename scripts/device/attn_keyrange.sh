@@ -20,16 +20,8 @@
 # Ends non-zero when a build, test or timed program fails, or memcheck reports in our kernels.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
-W=/tmp/kr
-rm -rf $W
-mkdir -p $W
-R=${OUT:-$W}/attn_keyrange.txt
-: > $R
-export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-460}
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
+recipe_open attn_keyrange /tmp/kr 460
 say "tree: $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)') $(git status --short 2>/dev/null | wc -l) changed"
-FAIL=0
 B=${B:-$PWD/build-kr} # B=DIR: programs built here and packed (mesh_pack.sh, mesh_unpack): no build
 [ -x $B/test_cuda_ops ] && [ -x $B/moe_bench_attention ] ||
   t build 300 bash -c "cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
@@ -43,11 +35,6 @@ grep -E "checks, [0-9]+ failed|bit for bit|FAIL" $W/passes.log | head -12 | tee 
 grep -q "differ$" $W/passes.log && grep -q ", 0 differ" $W/passes.log && grep -q "checks, 0 failed" $W/passes.log ||
   FAIL=1
 
-timed() { # timed NAME LIMIT CMD...: a program printing one '"impl"' line (skipped for time: not a failure)
-  local n=$1
-  t "$@" || return 0
-  grep -q '"impl"' $W/$n.log || { FAIL=1; tail -3 $W/$n.log | tee -a $R; }
-}
 A="--device cuda --B 1 --H 16 --KV 8 --hd 128 --iters 10"
 for T in 8192 16384 32768; do
   timed kr_$T 40 $B/moe_bench_attention $A --T $T

@@ -18,21 +18,9 @@
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
 X=/tmp/al
-W=/tmp/alw
-rm -rf $W
-mkdir -p $X $W
+mkdir -p $X
 mesh_unpack $PWD/${GPUM:-.gpum} $X
-R=${OUT:-$W}/attn_long.txt
-: > $R
-export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-230}
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
-FAIL=0
-timed() { # timed NAME LIMIT CMD...: a program printing one '"impl"' line (skipped for time: not a failure)
-  local n=$1
-  t "$@" || return 0
-  grep -q '"impl"' $W/$n.log || { FAIL=1; tail -3 $W/$n.log | tee -a $R; }
-}
+recipe_open attn_long /tmp/alw 230
 
 t ops 100 env MOE_TEST_BACKEND=cuda $B/test_cuda_ops
 test_line ops

@@ -60,6 +60,22 @@ recipe_start() {
   BUDGET=${BUDGET:-$2}
   say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 }
+# The same for a recipe that brings its own programs (`recipe_open NAME WORKDIR BUDGET_DEFAULT`): W (WORKDIR,
+# emptied), R ($OUT/NAME.txt, emptied), the thread and Python settings, BUDGET, FAIL=0, the device's line.
+recipe_open() {
+  W=$2; rm -rf $W; mkdir -p $W; R=${OUT:-$W}/$1.txt; : > $R
+  export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
+  BUDGET=${BUDGET:-$3}
+  FAIL=0
+  say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
+}
+# `timed NAME LIMIT CMD...`: t for a program that prints one '"impl"' line (moe_bench_attention, the SDPA
+# peer); FAIL=1 without it; skipped for time is not a failure.
+timed() {
+  local n=$1
+  t "$@" || return 0
+  grep -q '"impl"' $W/$n.log || { FAIL=1; tail -3 $W/$n.log | tee -a $R; }
+}
 
 # `mem_start`, then `mem_peak`: the GPU memory in use (nvidia-smi, MiB; the fullest GPU's) sampled every 0.5 s
 # into $W/mem.txt between the two; mem_peak stops the sampling and prints the largest sample.

@@ -21,16 +21,9 @@
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh
 X=/tmp/mla
-W=/tmp/mlaw
-rm -rf $W
-mkdir -p $X $W
+mkdir -p $X
 mesh_unpack $PWD/${GPUM:-.gpum} $X
-R=${OUT:-$W}/mla.txt
-: > $R
-export OMP_NUM_THREADS=16 PYTHONUNBUFFERED=1
-BUDGET=${BUDGET:-290}
-say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
-FAIL=0
+recipe_open mla /tmp/mlaw 290
 ours() { # ours T: moe_bench_attention at the issue's shape (skipped for time: not a failure)
   t ours_$1 60 $B/moe_bench_attention --device cuda --B 1 --T $1 --H 128 --KV 128 --hd 192 --hv 128 --iters 10 ||
     return 0
