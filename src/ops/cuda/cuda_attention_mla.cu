@@ -221,10 +221,10 @@ static void mla_pass(float *dq, float *dk, float *dv, bf16s *ds, const bf16s *g,
                                                v + ko, T, H, KV, sl, sc, t0, t1, a, nt, flags & ATT_ADD_DKV);
     KCHECK("attention_bwd_v (wgmma, dk/dv)");
     if (!ds) return;
-    dim3 g2(cdiv_u(t1 - t0, 128), p.nkv * rep, p.nb);
-    att_wg_dqs_k<192><<<g2, 256, DqsShape<192>::SMEM>>>(dq + qo, ds, k + ko, T, H, KV, t0, t1, a, nt, 0,
-                                                        INT_MAX,
-                                                        flags & ATT_ADD_DQ ? 1 : 0); // the whole triangle
+    dim3 g2(cdiv_u(t1 - t0, DqsShape<192>::ROWS), p.nkv * rep, p.nb);
+    att_wg_dqs_k<192><<<g2, DqsShape<192>::THREADS, DqsShape<192>::SMEM>>>(
+        dq + qo, ds, k + ko, T, H, KV, t0, t1, a, nt, 0, INT_MAX,
+        flags & ATT_ADD_DQ ? 1 : 0); // the whole triangle
     KCHECK("attention_bwd_v (wgmma, dq from dS)");
 }
 

@@ -404,9 +404,10 @@ static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *d
     if (dsb) {
         int add = flags & ATT_ADD_DQ ? 1 : 0, qr = t0 + 64 * max(0, j0 - a);
         if (range) add = j0 || add ? 2 : 0;
-        dim3 g2(cdiv_u(t1 - qr, 128), p.nkv * rep, p.nb);
+        typedef DqsShape<128> Q;
+        dim3 g2(cdiv_u(t1 - qr, Q::ROWS), p.nkv * rep, p.nb);
         att_wg_dqs_k<128>
-            <<<g2, 256, DqsShape<128>::SMEM>>>(dq + qo, dsb, k + ko, T, H, KV, t0, t1, a, nt, j0, j1, add);
+            <<<g2, Q::THREADS, Q::SMEM>>>(dq + qo, dsb, k + ko, T, H, KV, t0, t1, a, nt, j0, j1, add);
         KCHECK("attention_bwd (wgmma, dq from dS)");
     }
 }

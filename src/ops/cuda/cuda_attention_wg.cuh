@@ -217,11 +217,11 @@ __device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int
 // dq += sum over the key tiles j <= a + m of dS (tile (m, j), from a dk/dv kernel) K_j for the query tiles
 // m of 64 rows (the query rows [qa, qb)), over the key tiles [j0, j1) of one pass (the whole triangle: 0,
 // INT_MAX; a range: the query tiles from m0 = max(0, j0 - a), the scratch laid out as ds_tile's range): a
-// block of two warpgroups takes two tiles m, m + 1 of one head,
-// which read the same K tiles (staged once for both: from L2 the kernel read dS once and K twice as many
-// bytes), dS^T (M-major) and K (N-major) staged as they are stored, in a ring of NS buffers (NS - 1 key
-// tiles loading while one is multiplied: the kernel streams the scratch from HBM). Grid
-// (ceil((qb - qa - 64 m0) / 128), H, B), the most keys first. add: 0 dq written, 1 added into, 2 dq holds the
+// block of NWG warpgroups takes NWG tiles m, m + 1, .. of one head, which read the same K tiles (staged once
+// for all: from L2 the kernel read dS once and K twice as many bytes at two), dS^T (M-major) and K (N-major)
+// staged as they are stored, in a ring of NS buffers (NS - 1 key tiles loading while one is multiplied: the
+// kernel streams the scratch from HBM). Grid (ceil((qb - qa - 64 m0) / ROWS), H, B), ROWS = 64
+// NWG rows a block of 128 NWG threads, the most keys first. add: 0 dq written, 1 added into, 2 dq holds the
 // sum over the key tiles before j0, which the products continue (reloaded into the accumulators: the bits
 // of one pass over all of them, in the same order). Head width HD 128 (att_wg_dkdv_k's scratch) or 192
 // (att_mla_dkdv_k's: one m64n192k16 a key step, 96 accumulators a thread; two blocks an SM, at 128 registers
@@ -229,20 +229,24 @@ __device__ __forceinline__ size_t ds_tile(int b, int h, int H, int m, int j, int
 // launch bound names no minimum of blocks: a minimum of 1 changed the kernel's machine code.)
 template <int HD> struct DqsShape {
     static constexpr int KT = HD / 64 * WG_BLK; // a K tile
-    static constexpr int NS = HD == 128 ? 3 : 2; // the ring's buffers (192: two blocks an SM)
-    static constexpr int SMEM = NS * 16384 + NS * KT + 1024; // NS x (dS^T of each warpgroup), NS x K
+    static constexpr int NWG = HD == 128 ? 4 : 2; // warpgroups (query tiles) a block
+    static constexpr int NS = HD == 128 ? 4 : 2; // the ring's buffers (128: one block an SM; 192: two)
+    static constexpr int DT = NWG * 8192; // a ring slot's dS^T tiles, one a warpgroup
+    static constexpr int ROWS = 64 * NWG, THREADS = 128 * NWG;
+    static constexpr int SMEM = NS * DT + NS * KT + 1024; // NS x (dS^T of each warpgroup), NS x K
 };
 template <int HD>
-__global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
+__global__ void __launch_bounds__(DqsShape<HD>::THREADS, HD == 128 ? 0 : 2)
     att_wg_dqs_k(float *dq, const bf16s *ds, const bf16s *k, int T, int H, int KV, int qa, int qb, int a,
                  size_t nt, int j0, int j1, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int KT = DqsShape<HD>::KT, NS = DqsShape<HD>::NS;
+    typedef DqsShape<HD> S;
+    constexpr int KT = S::KT, NS = S::NS, DT = S::DT;
     extern __shared__ __align__(1024) unsigned char wg_smem[];
-    // NS buffers of (dS^T of each warpgroup's tile: 2 x 8 KB), then NS of K
-    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + NS * 16384;
+    // NS buffers of (dS^T of each warpgroup's tile: NWG x 8 KB), then NS of K
+    uint32_t sD = (smem_u32(wg_smem) + 1023) & ~1023u, sK = sD + NS * DT;
     int wg = threadIdx.x >> 7, w = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, t = lane & 3;
-    AttQBlock blk = att_qblock<HD, 128, 64>(T, H, KV, qa + 64 * max(0, j0 - a), qb);
+    AttQBlock blk = att_qblock<HD, S::ROWS, 64>(T, H, KV, qa + 64 * max(0, j0 - a), qb);
     int q0 = blk.q0, qw = q0 + 64 * wg; // this warpgroup's rows from qw (none past qb)
     int kend = qw < qb ? (min(qw + 64, qb) + 63) / 64 : 0; // and its key tiles (0 .. kend - 1)
     int nw = max(0, min(kend, j1) - j0), ntile = max(0, min(blk.ntile, j1) - j0); // of the pass
@@ -257,13 +261,13 @@ __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
         }
         if (n < nw) {
             const char *src = (const char *)(dg + (size_t)n * 4096);
-            uint32_t dst = sD + (n % NS) * 16384 + wg * 8192;
+            uint32_t dst = sD + (n % NS) * DT + wg * 8192;
             for (int e = threadIdx.x & 127; e < 512; e += 128)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + e * 16),
                              "l"(src + e * 16));
         }
         int kr = (j0 + n) * 64;
-        stage_sw<64, 256, HD>(sK + (n % NS) * KT, kg, kr, min(64, qb - kr), (size_t)KV * HD);
+        stage_sw<64, S::THREADS, HD>(sK + (n % NS) * KT, kg, kr, min(64, qb - kr), (size_t)KV * HD);
     };
 #pragma unroll
     for (int n = 0; n < NS - 1; n++) load(n);
@@ -282,7 +286,7 @@ __global__ void __launch_bounds__(256, HD == 128 ? 0 : 2)
         __syncthreads();
         load(it + NS - 1);
         if (it >= nw) continue; // warpgroup-uniform: the lower tile has one key tile fewer
-        uint32_t d0 = sD + (it % NS) * 16384 + wg * 8192, k0 = sK + (it % NS) * KT;
+        uint32_t d0 = sD + (it % NS) * DT + wg * 8192, k0 = sK + (it % NS) * KT;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
