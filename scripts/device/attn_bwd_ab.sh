@@ -72,16 +72,12 @@ for v in OLD NEW; do
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     --csv $d/moe_bench_attention --device cuda --B 1 --T 8192 --H 16 --KV 8 --hd 128 --iters 1
   python3 - $W/ncu_$v.log $v <<'PY' | tee -a $R
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hi = [i for i, r in enumerate(rows) if 'Kernel Name' in r]
-val = collections.defaultdict(list)
-if hi:
-    h = rows[hi[0]]
-    kn, mn, mv = h.index('Kernel Name'), h.index('Metric Name'), h.index('Metric Value')
-    for r in rows[hi[0] + 1:]:
-        try: val[(r[kn].split('(')[0].replace('void ', '')[:24], r[mn])].append(float(r[mv].replace(',', '')))
-        except ValueError: pass
+import sys, collections
+sys.path.insert(0, 'scripts/device')
+from ncu_rows import rows, time_us
+val = collections.defaultdict(list) # (times in ns; bytes as ncu's --csv prints them, in bytes)
+for k, m, v, u in rows(sys.argv[1]):
+    val[(k[:24], m)].append(time_us(v, u) * 1e3 if m == 'gpu__time_duration.sum' else v)
 for k in sorted({k for k, _ in val}):
     t, rd, wr = (val.get((k, m), [0]) for m in ('gpu__time_duration.sum', 'dram__bytes_read.sum', 'dram__bytes_write.sum'))
     print('ncu T 8192 %s: %-24s %8.1f us a launch (%d), DRAM read %.2f, write %.2f TB/s' % (sys.argv[2], k,

@@ -75,21 +75,12 @@ grep -E "^attention" $W/ops.log | tee -a $R
 t ncu 100 ncu --clock-control none -k regex:'att_|rowdot' --metrics gpu__time_duration.sum --csv \
   $B/moe_bench_attention --device cuda --B 1 --T 16384 --H 16 --KV 8 --hd 128 --iters 1
 python3 - $W/ncu.log <<'PY' | tee -a $R
-import csv, sys, collections
+import sys, collections
+sys.path.insert(0, 'scripts/device')
+from ncu_rows import rows, time_us
 tot, cnt = collections.OrderedDict(), collections.Counter()
-try:
-    rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-except OSError:
-    rows = []
-if rows:
-    h = rows[0]
-    kn, mv, un = h.index('Kernel Name'), h.index('Metric Value'), h.index('Metric Unit')
-    for r in rows[1:]:
-        try: v = float(r[mv].replace(',', ''))
-        except ValueError: continue
-        scale = {'nsecond': 1e-3, 'ns': 1e-3, 'usecond': 1.0, 'us': 1.0, 'msecond': 1e3, 'ms': 1e3}.get(r[un], 1.0)
-        n = r[kn].split('(')[0]
-        tot[n] = tot.get(n, 0.0) + v * scale; cnt[n] += 1
+for k, m, v, u in rows(sys.argv[1]):
+    tot[k] = tot.get(k, 0.0) + time_us(v, u); cnt[k] += 1
 for n, v in tot.items():
     print('ncu T 16384: %-40s %4d launches, %10.1f us in all, %9.1f us an iteration' % (n[:40], cnt[n], v, v / 4))
 if not tot: print('ncu: no kernel rows')

@@ -11,14 +11,12 @@ for c in ${CASES//,/ }; do for m in ${MODES:-auto cublas}; do
     $B/moe_bench_layer --cases $c --iters 1 --warmup 1 --profile 0 --gemm 0 > $W/ncu_${c}_${m}.csv 2>$W/ncu.err
   echo "== $c MOE_GROUPED_GEMM=$m (rc $?; ms per fwd+bwd, by kernel)"
   python3 - $W/ncu_${c}_${m}.csv <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-h = rows[0]; ki, vi, ui = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
+import sys, collections
+sys.path.insert(0, 'scripts/device')
+from ncu_rows import rows, time_us
 tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in rows[1:]:
-    v = float(r[vi].replace(",", "")); u = r[ui]
-    v *= {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}[u]
-    n = r[ki].split("(")[0][:60]; tot[n] += v / 2; cnt[n] += 1
+for k, m, v, u in rows(sys.argv[1]):
+    n = k[:60]; tot[n] += time_us(v, u) / 1e3 / 2; cnt[n] += 1
 for n, v in sorted(tot.items(), key=lambda x: -x[1])[:14]: print("  %8.3f ms %5d  %s" % (v, cnt[n] // 2, n))
 print("  %8.3f ms total" % sum(tot.values()))
 PY
