@@ -587,35 +587,44 @@ static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o
     cm->total = cm->tp + cm->ep + cm->etp + cm->dp + cm->pp;
 }
 
-// The pipeline: the layers of each virtual stage, every stage's schedule (its live micro-batches), bubbles.
-static const char *mesh_pipeline(CostMesh *m, const TrainOptions *o, int n_layers) {
-    const MeshShape *ms = &m->ms;
+const char *cost_pipe(CostPipe *p, const TrainOptions *o, int pp, int n_layers) {
+    memset(p, 0, sizeof *p);
     ScheduleKind k = o->pp_schedule;
-    if (ms->pp == 1) { // one stage: every layer, sequential
-        m->sp.pp = m->sp.vpp = 1;
-        m->sp.first[0] = 0;
-        m->sp.first[1] = n_layers;
-        m->stage[0].live = xcalloc(1, sizeof(int));
-        m->stage[0].live[0] = 1;
+    p->pp = pp;
+    p->vpp = pp > 1 && k == SCHED_INTERLEAVED ? o->vpp : 1;
+    p->micro = o->grad_accum;
+    if (pp == 1) { // one stage: every layer, sequential
+        p->sp.pp = p->sp.vpp = 1;
+        p->sp.first[0] = 0;
+        p->sp.first[1] = n_layers;
+        p->live = xcalloc(1, sizeof(int));
+        p->live[0] = 1;
         return NULL;
     }
-    const char *bad = stages_split(&m->sp, n_layers, ms->pp, m->vpp, o->pp_layers);
+    const char *bad = stages_split(&p->sp, n_layers, pp, p->vpp, o->pp_layers);
     if (bad) return bad;
+    p->live = xcalloc((size_t)pp * p->vpp, sizeof(int));
     Schedule sc;
-    for (int s = 0; s < ms->pp; s++) {
-        bad = schedule_build(&sc, k, ms->pp, s, m->vpp, m->micro);
-        if (bad) return bad;
-        m->stage[s].live = xmalloc(sizeof(int) * m->vpp);
-        memcpy(m->stage[s].live, sc.live, sizeof(int) * m->vpp);
+    for (int s = 0; s < pp; s++) {
+        if ((bad = schedule_build(&sc, k, pp, s, p->vpp, p->micro))) {
+            cost_pipe_free(p);
+            return bad;
+        }
+        memcpy(p->live + (size_t)s * p->vpp, sc.live, sizeof(int) * p->vpp);
         schedule_free(&sc);
     }
-    m->bubble = schedule_bubble_theory(k, ms->pp, m->vpp, m->micro);
-    m->bubble_sim = schedule_bubble(k, ms->pp, m->vpp, m->micro, 1, 2);
+    p->bubble = schedule_bubble_theory(k, pp, p->vpp, p->micro);
+    p->bubble_sim = schedule_bubble(k, pp, p->vpp, p->micro, 1, 2);
     return NULL;
 }
 
+void cost_pipe_free(CostPipe *p) {
+    free(p->live);
+    memset(p, 0, sizeof *p);
+}
+
 const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms) {
-    return cost_mesh_tables(m, c, o, ms, NULL);
+    return cost_mesh_tables(m, c, o, ms, NULL, NULL);
 }
 
 void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int fp8) {
@@ -624,26 +633,36 @@ void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int
 }
 
 const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
-                             const CostTable *lts) {
+                             const CostTable *lts, const CostPipe *pipe) {
     memset(m, 0, sizeof *m);
+    CostPipe own;
+    if (!pipe) {
+        const char *bad = cost_pipe(&own, o, ms->pp, c->n_layers);
+        if (bad) return bad;
+    }
+    const CostPipe *p = pipe ? pipe : &own;
+    CHECK(p->pp == ms->pp && p->micro == o->grad_accum, "cost_mesh_tables: a pipeline of another layout");
     m->ms = *ms;
-    m->vpp = ms->pp > 1 && o->pp_schedule == SCHED_INTERLEAVED ? o->vpp : 1;
-    m->micro = o->grad_accum;
+    m->sp = p->sp;
+    m->vpp = p->vpp;
+    m->micro = p->micro;
+    m->bubble = p->bubble;
+    m->bubble_sim = p->bubble_sim;
     m->Bl = o->batch / o->grad_accum / ms->dp;
     m->stage = xcalloc((size_t)ms->pp, sizeof *m->stage);
-    const char *bad = mesh_pipeline(m, o, c->n_layers);
-    if (bad) {
-        cost_mesh_free(m);
-        return bad;
+    for (int s = 0; s < ms->pp; s++) {
+        m->stage[s].live = xmalloc(sizeof(int) * (size_t)m->vpp);
+        memcpy(m->stage[s].live, p->live + (size_t)s * m->vpp, sizeof(int) * (size_t)m->vpp);
     }
+    if (!pipe) cost_pipe_free(&own);
     for (int s = 0; s < ms->pp; s++) {
         CostStage *st = &m->stage[s];
         ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
-        ParamTable own;
+        ParamTable own_t;
         CostTable oct;
         if (!lts) {
-            params_build_local(&own, c, &sl);
-            cost_table_of(&oct, c, &own, prec_fp8(o->precision));
+            params_build_local(&own_t, c, &sl);
+            cost_table_of(&oct, c, &own_t, prec_fp8(o->precision));
         }
         const CostTable *ct = lts ? &lts[s] : &oct;
         const ParamTable *lt = ct->t;
@@ -652,7 +671,7 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
         stage_comm(&st->comm, c, o, m, s, lt, 4);
         stage_comm(&st->comm16, c, o, m, s, lt, 2);
         st->gnorm = cost_gnorm_bytes(lt, ms, o);
-        if (!lts) params_free(&own);
+        if (!lts) params_free(&own_t);
     }
     return NULL;
 }

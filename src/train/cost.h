@@ -152,9 +152,23 @@ typedef struct {
 // ct for table t of model c; fp8: whether the figures will be asked under --precision fp8 (else
 // fp8_kept is left 0: the walk over every tensor is the derivation's cost).
 void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int fp8);
+// A mesh's pipeline as the figures take it: the layers' split into virtual stages (o's --vpp under the
+// interleaved schedule, --pp-layers), each stage's live micro-batches (its schedule's activation slots: live
+// is pp x vpp) and the bubbles, for pp stages and o's --grad-accum micro-batches. It depends on nothing else,
+// so the planner makes one for every --zero and --recompute of a (mesh, vpp, micro-batches). Returns NULL,
+// or a static message naming the numbers when the layers cannot be split or scheduled (p then empty).
+typedef struct {
+    StageSplit sp;
+    int pp, vpp, micro;
+    int *live;
+    double bubble, bubble_sim; // as CostMesh's
+} CostPipe;
+const char *cost_pipe(CostPipe *p, const TrainOptions *o, int pp, int n_layers);
+void cost_pipe_free(CostPipe *p);
 // As cost_mesh, on the stages' parameter tables built by the caller (lts: ms->pp tables, stage s's from
-// params_build_local with *ms's TP/EP/ETP and, with stages, the split o gives; NULL: built here): the
-// planner asks about many options (--zero, --recompute, micro-batches) of one mesh and split.
+// params_build_local with *ms's TP/EP/ETP and, with stages, the split o gives; NULL: built here) and its
+// pipeline (cost_pipe of the same o and ms->pp; NULL: made here): the planner asks about many options
+// (--zero, --recompute, micro-batches) of one mesh and split.
 const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
-                             const CostTable *lts);
+                             const CostTable *lts, const CostPipe *pipe);
 void cost_mesh_free(CostMesh *m);

@@ -309,9 +309,11 @@ static void stage_hidden(double *hid, const double *cs, const StageWork *w, cons
     }
 }
 
-// The refusals before the cost model: the mesh, the layers' split, the batch, the schedule.
+// The refusals before the cost model: the mesh, the layers' split, the batch, the schedule (known good where
+// sched: its pipeline was made).
 static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const TrainOptions *o,
-                                const PlanSpec *sp, const PlanLayout *l, const char *split, int *reason) {
+                                const PlanSpec *sp, const PlanLayout *l, const char *split, int sched,
+                                int *reason) {
     static char msg[320];
     *ms = (MeshShape){sp->gpus, l->tp, 0, l->pp, l->ep, l->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
     const char *bad = mesh_shape_resolve(ms, c);
@@ -346,7 +348,7 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
                         Bl * o->seq_len, (long long)config_max_tokens(c)),
                msg;
     *reason = PLAN_R_SCHEDULE;
-    if (l->pp > 1) {
+    if (l->pp > 1 && !sched) {
         Schedule sc;
         bad = schedule_build(&sc, l->vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B, l->pp, 0, l->vpp, l->micro);
         if (bad) return snprintf(msg, sizeof msg, "schedule: %s", bad), msg;
@@ -367,17 +369,18 @@ static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, con
     return b;
 }
 
-// plan_layout on the stages' parameter tables of its mesh and split (lts; NULL: built by cost_mesh), the
-// layers split as --pp-layers split ("": evenly); pipe: room for the pipeline (filled whether or not the
-// caller wants it: the step is simulated on it).
+// plan_layout on the stages' parameter tables of its mesh and split (lts; NULL: built by cost_mesh) and its
+// pipeline (cp: cost_pipe of its options; NULL: made by cost_mesh_tables), the layers split as --pp-layers
+// split ("": evenly); pipe: room for the pipeline (filled whether or not the caller wants it: the step is
+// simulated on it).
 static const char *layout_figures(PlanRow *row, const ModelConfig *c, const TrainOptions *o,
                                   const PlanSpec *sp, const PlanLayout *l, int *reason, const CostTable *lts,
-                                  const char *split, PlanPipe *pipe) {
+                                  const CostPipe *cp, const char *split, PlanPipe *pipe) {
     static char msg[320];
     int why = 0;
     MeshShape ms;
     memset(row, 0, sizeof *row);
-    const char *bad = layout_rules(&ms, c, o, sp, l, split, &why);
+    const char *bad = layout_rules(&ms, c, o, sp, l, split, cp != NULL, &why);
     if (reason) *reason = why;
     if (bad) return bad;
     row->l = *l;
@@ -385,7 +388,7 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
     TrainOptions t;
     plan_options(&t, o, &row->l, split);
     CostMesh m;
-    if ((bad = cost_mesh_tables(&m, c, &t, &ms, lts))) {
+    if ((bad = cost_mesh_tables(&m, c, &t, &ms, lts, cp))) {
         if (reason) *reason = PLAN_R_PIPELINE;
         return snprintf(msg, sizeof msg, "pipeline: %s", bad), msg;
     }
@@ -470,7 +473,7 @@ static const char *layout_figures(PlanRow *row, const ModelConfig *c, const Trai
 const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp,
                         const PlanLayout *l, int *reason, PlanPipe *pipe) {
     PlanPipe own;
-    return layout_figures(row, c, o, sp, l, reason, NULL, o->pp_layers, pipe ? pipe : &own);
+    return layout_figures(row, c, o, sp, l, reason, NULL, NULL, o->pp_layers, pipe ? pipe : &own);
 }
 
 // The divisors of n, ascending (out: room for 2048, more than any int has); returns their count.
@@ -506,15 +509,22 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
     static const int rcs[3] = {RECOMPUTE_NONE, RECOMPUTE_MOE, RECOMPUTE_FULL};
     int ms[2048], nm = divisors(o->batch, ms);
     PlanPipe pipe; // (each layout's, simulated and dropped)
-    for (int i = 0; i < nm; i++) {
-        for (int z = 0; z < (dp_edp_one ? 1 : 3); z++) {
-            for (int k = 0; k < 3; k++) {
-                l.micro = ms[i];
+    int hit = 0;
+    for (int i = 0; i < nm && !hit; i++) {
+        // the pipeline of these micro-batches, the same for every zero and recompute (where it fails,
+        // layout_figures names the refusal)
+        TrainOptions t;
+        l.micro = ms[i];
+        plan_options(&t, o, &l, "");
+        CostPipe cp;
+        int have = !cost_pipe(&cp, &t, l.pp, c->n_layers);
+        for (int z = 0; z < (dp_edp_one ? 1 : 3) && !hit; z++) {
+            for (int k = 0; k < 3 && !hit; k++) {
                 l.zero = z;
                 l.recompute = rcs[k];
                 PlanRow row;
                 int why;
-                if (layout_figures(&row, c, o, sp, &l, &why, lts, "", &pipe)) {
+                if (layout_figures(&row, c, o, sp, &l, &why, lts, have ? &cp : NULL, "", &pipe)) {
                     r->refused[why]++; // (the batch or the schedule: no zero or recompute changes it)
                     z = k = 3;
                     continue;
@@ -525,11 +535,12 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
                     continue;
                 }
                 keep(r, &row);
-                if (stop_at_fit) return 1;
+                hit = stop_at_fit;
             }
         }
+        if (have) cost_pipe_free(&cp);
     }
-    return 0;
+    return hit;
 }
 
 // The model's parameter table and copies of it for the stages of the meshes searched (sliced in place),
