@@ -120,15 +120,13 @@ static void localize_all(ParamTable *t, const ModelConfig *c, const ParamSlicing
         for (int l = 0; l < c->n_layers; l++) stage[l] = stages_of_layer(ps, l) % ps->pp;
     }
     t->ltotal = 0;
-    memset(t->lby, 0, sizeof t->lby);
-    for (int i = 0; i < t->n; i++) { // (lby as tally sums it, in the same pass)
-        ParamSpec *p = &t->p[i];
-        localize(p, c, sl, stage);
-        p->loffset = t->ltotal;
-        t->ltotal += p->lnumel;
-        t->lby[p->reduce][p->expert >= 0] += p->lnumel;
+    for (int i = 0; i < t->n; i++) {
+        localize(&t->p[i], c, sl, stage);
+        t->p[i].loffset = t->ltotal;
+        t->ltotal += t->p[i].lnumel;
     }
     free(stage);
+    tally(t);
 }
 void params_build_local(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
     params_build(t, c);

@@ -650,11 +650,8 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
     m->bubble_sim = p->bubble_sim;
     m->Bl = o->batch / o->grad_accum / ms->dp;
     m->stage = xcalloc((size_t)ms->pp, sizeof *m->stage);
-    for (int s = 0; s < ms->pp; s++) {
-        m->stage[s].live = xmalloc(sizeof(int) * (size_t)m->vpp);
-        memcpy(m->stage[s].live, p->live + (size_t)s * m->vpp, sizeof(int) * (size_t)m->vpp);
-    }
-    if (!pipe) cost_pipe_free(&own);
+    for (int s = 0; s < ms->pp; s++) m->stage[s].live = p->live + (size_t)s * m->vpp;
+    if (!pipe) m->own_live = own.live; // (the rest of own is copied above)
     for (int s = 0; s < ms->pp; s++) {
         CostStage *st = &m->stage[s];
         ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
@@ -677,7 +674,7 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
 }
 
 void cost_mesh_free(CostMesh *m) {
-    for (int s = 0; m->stage && s < m->ms.pp; s++) free(m->stage[s].live);
+    free(m->own_live);
     free(m->stage);
     memset(m, 0, sizeof *m);
 }

@@ -124,7 +124,8 @@ typedef struct {
     CostComm comm; // rows in float32 (cpu, cuda-fp32)
     CostComm comm16; // the cuda backend: the rows sent to the experts (x, dy) in bf16
     double gnorm; // the gradient norm's bytes a step (cost_gnorm_bytes)
-    int *live; // (vpp) the micro-batches each chunk holds at once (the schedule's activation slots)
+    const int *live; // (vpp) the micro-batches each chunk holds at once (the schedule's activation slots; in
+                     // the mesh's pipeline)
 } CostStage;
 
 typedef struct {
@@ -135,6 +136,7 @@ typedef struct {
     int Bl; // sequences of a micro-batch on each DP rank
     double bubble, bubble_sim; // the pipeline bubble: the textbook figure; simulated, backward 2 x forward
     CostStage *stage; // (ms.pp)
+    int *own_live; // the live counts of a pipeline cost_mesh_tables made itself (NULL: the caller's)
 } CostMesh;
 
 // The figures of the resolved mesh *ms (parallel/mesh.h mesh_shape_resolve) for o's batch, micro-batches,
@@ -167,8 +169,8 @@ const char *cost_pipe(CostPipe *p, const TrainOptions *o, int pp, int n_layers);
 void cost_pipe_free(CostPipe *p);
 // As cost_mesh, on the stages' parameter tables built by the caller (lts: ms->pp tables, stage s's from
 // params_build_local with *ms's TP/EP/ETP and, with stages, the split o gives; NULL: built here) and its
-// pipeline (cost_pipe of the same o and ms->pp; NULL: made here): the planner asks about many options
-// (--zero, --recompute, micro-batches) of one mesh and split.
+// pipeline (cost_pipe of the same o and ms->pp, kept until m is freed; NULL: made here): the planner asks
+// about many options (--zero, --recompute, micro-batches) of one mesh and split.
 const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
                              const CostTable *lts, const CostPipe *pipe);
 void cost_mesh_free(CostMesh *m);
