@@ -222,28 +222,31 @@ __global__ void __launch_bounds__(RUN_THREADS)
         });
 }
 
-// The bf16 policy (ops.h OPT_BF16_*): bf16 moments, weights rounded to bf16 values but under
-// OPT_BF16_MOMENTS (adamw_f32, then ops.h's integer roundings and hash: the cpu's bits). Element i of run u
-// (its position i - u.pos in the run gives the global index of the stochastic rounding's hash).
+// The bf16 policy (ops.h OPT_BF16_*; PREC, a template argument, is s.prec): bf16 moments, weights rounded to
+// bf16 values but under OPT_BF16_MOMENTS (adamw_f32, then ops.h's integer roundings and hash: the cpu's
+// bits). gi: the element's global index, which the stochastic rounding hashes (optrun_gidx).
+template <int PREC>
 __device__ __forceinline__ uint16_t adamw_bf16_reg(float &p, float g, uint16_t &m, uint16_t &v,
-                                                   const AdamwStep &s, float lwd, const DevRun &u,
-                                                   int64_t i) {
+                                                   const AdamwStep &s, float lwd, int64_t gi) {
     float mi = bf16_to_f32(m), vi = bf16_to_f32(v);
     p = adamw_f32(p, g, &mi, &vi, &s, lwd);
     m = bf16_rn_bits(mi);
     v = bf16_rn_bits(vi);
-    uint16_t pw = s.prec == OPT_BF16_STOCHASTIC
-        ? bf16_sr_bits(p, bf16_sr_rand(s.key, optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos)))
-        : bf16_rn_bits(p);
-    if (s.prec != OPT_BF16_MOMENTS) p = bf16_to_f32(pw); // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
+    uint16_t pw = PREC == OPT_BF16_STOCHASTIC ? bf16_sr_bits(p, bf16_sr_rand(s.key, gi)) : bf16_rn_bits(p);
+    if (PREC != OPT_BF16_MOMENTS) p = bf16_to_f32(pw); // (OPT_BF16_MOMENTS: p stays; pw is its bf16 copy's)
     return pw;
 }
+// Element i of run u (its position i - u.pos in the run gives the global index).
+__device__ __forceinline__ int64_t run_gidx(const DevRun &u, int64_t i) {
+    return optrun_gidx(u.gidx, u.gcols, u.lcols, u.col0, i - u.pos);
+}
+template <int PREC>
 __device__ __forceinline__ void adamw_bf16_elem(float *p, float g, uint16_t *m, uint16_t *v,
                                                 const AdamwStep &s, float lwd, const DevRun &u, int64_t i,
                                                 __nv_bfloat16 *pb) {
     float pi = u.wb ? __bfloat162float(*pb) : *p; // (u.wb: the weight lives in the copy alone)
     uint16_t mi = *m, vi = *v;
-    uint16_t pw = adamw_bf16_reg(pi, g, mi, vi, s, lwd, u, i);
+    uint16_t pw = adamw_bf16_reg<PREC>(pi, g, mi, vi, s, lwd, run_gidx(u, i));
     if (!u.wb) *p = pi;
     *m = mi;
     *v = vi;
@@ -251,7 +254,9 @@ __device__ __forceinline__ void adamw_bf16_elem(float *p, float g, uint16_t *m, 
 }
 // Four consecutive elements (i .. i + 3 of run u): 16-byte weight and gradient accesses, 8-byte moment
 // and bf16-copy accesses, all loads before the stores. u.wb: the weights are read from the copy (8 bytes)
-// and written there alone.
+// and written there alone. Their global indices are consecutive unless the run lies in a column block
+// (u.lcols > 0), where each is found alone.
+template <int PREC>
 __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, float4 G, uint2 *m, uint2 *v, const AdamwStep &s,
                                                 float lwd, const DevRun &u, int64_t i, uint2 *pb) {
     float4 P;
@@ -265,10 +270,16 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, float4 G, uint2 *m, u
     uint2 M = *m, V = *v;
     uint16_t mh[4] = {(uint16_t)M.x, (uint16_t)(M.x >> 16), (uint16_t)M.y, (uint16_t)(M.y >> 16)};
     uint16_t vh[4] = {(uint16_t)V.x, (uint16_t)(V.x >> 16), (uint16_t)V.y, (uint16_t)(V.y >> 16)};
-    uint16_t w0 = adamw_bf16_reg(P.x, G.x, mh[0], vh[0], s, lwd, u, i);
-    uint16_t w1 = adamw_bf16_reg(P.y, G.y, mh[1], vh[1], s, lwd, u, i + 1);
-    uint16_t w2 = adamw_bf16_reg(P.z, G.z, mh[2], vh[2], s, lwd, u, i + 2);
-    uint16_t w3 = adamw_bf16_reg(P.w, G.w, mh[3], vh[3], s, lwd, u, i + 3);
+    int64_t g0 = run_gidx(u, i), g1 = g0 + 1, g2 = g0 + 2, g3 = g0 + 3;
+    if (PREC == OPT_BF16_STOCHASTIC && u.lcols > 0) {
+        g1 = run_gidx(u, i + 1);
+        g2 = run_gidx(u, i + 2);
+        g3 = run_gidx(u, i + 3);
+    }
+    uint16_t w0 = adamw_bf16_reg<PREC>(P.x, G.x, mh[0], vh[0], s, lwd, g0);
+    uint16_t w1 = adamw_bf16_reg<PREC>(P.y, G.y, mh[1], vh[1], s, lwd, g1);
+    uint16_t w2 = adamw_bf16_reg<PREC>(P.z, G.z, mh[2], vh[2], s, lwd, g2);
+    uint16_t w3 = adamw_bf16_reg<PREC>(P.w, G.w, mh[3], vh[3], s, lwd, g3);
     if (!u.wb) *p = P;
     *m = make_uint2(mh[0] | ((uint32_t)mh[1] << 16), mh[2] | ((uint32_t)mh[3] << 16));
     *v = make_uint2(vh[0] | ((uint32_t)vh[1] << 16), vh[2] | ((uint32_t)vh[3] << 16));
@@ -276,7 +287,7 @@ __device__ __forceinline__ void adamw_bf16_vec4(float4 *p, float4 G, uint2 *m, u
 }
 
 // adamw_runs_loop's tiles, pieces and vector path over bf16 moments (aligned: p, g 16 bytes; m, v 8 bytes).
-template <int FMT>
+template <int FMT, int PREC>
 __global__ void __launch_bounds__(RUN_THREADS)
     adamw_runs_bf16_k(float *p, const float *g, uint16_t *m, uint16_t *v, const DevRun *runs,
                       const int32_t *tile_run, int64_t total, int64_t ntiles, int vec, AdamwStep s,
@@ -284,9 +295,9 @@ __global__ void __launch_bounds__(RUN_THREADS)
     adamw_runs_loop<FMT, uint16_t, uint2>(
         p, g, m, v, runs, tile_run, total, ntiles, vec, s.lwd, pb,
         [=](float *p, float g, uint16_t *m, uint16_t *v, float w, const DevRun &u, int64_t i,
-            __nv_bfloat16 *pb) { adamw_bf16_elem(p, g, m, v, s, w, u, i, pb); },
+            __nv_bfloat16 *pb) { adamw_bf16_elem<PREC>(p, g, m, v, s, w, u, i, pb); },
         [=](float4 *p, float4 g, uint2 *m, uint2 *v, float w, const DevRun &u, int64_t i, uint2 *pb) {
-            adamw_bf16_vec4(p, g, m, v, s, w, u, i, pb);
+            adamw_bf16_vec4<PREC>(p, g, m, v, s, w, u, i, pb);
         });
 }
 
@@ -319,14 +330,21 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
           "adamw_runs: the parameter buffer keeps "
           "weights in their bf16 copy alone (alloc_bf16_params), which only the bf16 policy's rounded "
           "weights allow");
+    CHECK(prec >= OPT_MIXED && prec <= OPT_BF16_MOMENTS, "adamw_runs: precision policy %d is not one of ops.h's",
+          prec);
     if (prec != OPT_MIXED) {
         int vb = (((uintptr_t)p | (uintptr_t)g) & 15) == 0 && (((uintptr_t)m_ | (uintptr_t)v_) & 7) == 0;
-        if (r->fmt)
-            adamw_runs_bf16_k<1><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs,
-                                                        r->tile_run, r->total, r->ntiles, vb, s, pb);
-        else
-            adamw_runs_bf16_k<0><<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs,
-                                                        r->tile_run, r->total, r->ntiles, vb, s, pb);
+        // the kernel per gradient format (FMT) and rounding (PREC): no per-element branch on either
+        void (*k)(float *, const float *, uint16_t *, uint16_t *, const DevRun *, const int32_t *, int64_t,
+                  int64_t, int, AdamwStep, __nv_bfloat16 *) =
+            prec == OPT_BF16_STOCHASTIC ? (r->fmt ? adamw_runs_bf16_k<1, OPT_BF16_STOCHASTIC>
+                                                  : adamw_runs_bf16_k<0, OPT_BF16_STOCHASTIC>)
+            : prec == OPT_BF16_NEAREST  ? (r->fmt ? adamw_runs_bf16_k<1, OPT_BF16_NEAREST>
+                                                  : adamw_runs_bf16_k<0, OPT_BF16_NEAREST>)
+                                        : (r->fmt ? adamw_runs_bf16_k<1, OPT_BF16_MOMENTS>
+                                                  : adamw_runs_bf16_k<0, OPT_BF16_MOMENTS>);
+        k<<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run, r->total, r->ntiles,
+                                 vb, s, pb);
         KCHECK("adamw_runs (bf16)");
         return;
     }
