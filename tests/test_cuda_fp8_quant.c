@@ -223,7 +223,7 @@ int main(void) {
         if (fails != f0 + 1) printf("FAIL the comparison missed a difference\n"), fails = f0 + 2;
         else fails = f0;
     }
-    printf("%d checks, %d failures\n", checks, fails);
+    printf("test_cuda_fp8_quant: %d checks, %d failed\n", checks, fails); // (as the device recipes read it)
     return fails ? 1 : 0;
 }
 #else
