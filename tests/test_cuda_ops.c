@@ -413,6 +413,46 @@ static void test_dw_narrow(int N, int K, int O) {
 // matmul_fwd_multi / matmul_bwd_multi: the same bits as the single ops called in order on the input's
 // values (the multi ops take it in the hidden format: values it holds exactly here, float32 for the single
 // ops), whatever mix of float32 (O <= MOE_GEMM_FP32_MAX_O) and bf16 products.
+// ops.h GM_DOUT_HID: dout's bf16-representable values in the hidden format in place (row i from where its
+// float32 row starts, the rest of the row NaN) give the same bits as matmul_bwd on those values as float32
+static void test_matmul_dout_hid(int N, int K, int O) {
+    float *x = hrand((size_t)N * K, 1.0f), *w = hrand((size_t)O * K, 0.5f),
+          *dout = hrand((size_t)N * O, 1.0f);
+    for (size_t i = 0; i < (size_t)N * O; i++) dout[i] = bf16_to_f32(bf16_rn_bits(dout[i]));
+    float *lay = host_nanf((size_t)N * O);
+    for (size_t i = 0; i < (size_t)N; i++)
+        for (size_t j = 0; j < (size_t)O; j++) {
+            if (gpu->hid == FMT_F32) {
+                lay[i * O + j] = dout[i * O + j];
+                continue;
+            }
+            uint16_t h = bf16_rn_bits(dout[i * O + j]);
+            memcpy((char *)(lay + i * O) + 2 * j, &h, 2);
+        }
+    float *xd = gpu_putf(gpu, x, (size_t)N * K), *wd = gpu_putf(gpu, w, (size_t)O * K),
+          *dd = gpu_putf(gpu, dout, (size_t)N * O), *ld = gpu_putf(gpu, lay, (size_t)N * O);
+    for (int fl = 0; fl < 2; fl++) {
+        int flags = fl ? GM_ACC_DINP : GM_DW_WRITE;
+        float *dx1 = gpu_putf(gpu, x, (size_t)N * K), *dx2 = gpu_putf(gpu, x, (size_t)N * K);
+        float *dw1 = gpu_putf(gpu, w, (size_t)O * K), *dw2 = gpu_putf(gpu, w, (size_t)O * K);
+        gpu->matmul_bwd(dx1, dw1, dd, xd, wd, N, K, O, flags);
+        gpu->matmul_bwd(dx2, dw2, ld, xd, wd, N, K, O, flags | GM_DOUT_HID);
+        char what[96];
+        snprintf(what, sizeof what, "matmul_bwd GM_DOUT_HID N%d K%d O%d flags %d: dinp", N, K, O, flags);
+        cmp_exact_dev(what, dx2, dx1, (size_t)N * K);
+        snprintf(what, sizeof what, "matmul_bwd GM_DOUT_HID N%d K%d O%d flags %d: dw", N, K, O, flags);
+        cmp_exact_dev(what, dw2, dw1, (size_t)O * K);
+        void *b[] = {dx1, dx2, dw1, dw2};
+        for (int i = 0; i < 4; i++) gpu->free(b[i]);
+    }
+    void *b[] = {xd, wd, dd, ld};
+    for (int i = 0; i < 4; i++) gpu->free(b[i]);
+    free(x);
+    free(w);
+    free(dout);
+    free(lay);
+}
+
 static void test_matmul_multi(int N, int K, const int *O) {
     float *x = hrand((size_t)N * K, 1.0f);
     hid_round(x, (size_t)N * K);
@@ -2076,7 +2116,7 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
 }
 
 static void test_cross_entropy(int N, int V, float sd) {
-    float *x = hrand((size_t)N * V, sd);
+    float *x = hrand((size_t)N * V, sd), *x0 = hcopy(x, (size_t)N * V);
     int32_t *t = hidx(N, V), *td = gpu_put(gpu, t, N * sizeof(int32_t));
     float *xd = gpu_putf(gpu, x, (size_t)N * V), *loss = hnew(N), *lossd = gpu_nanf(gpu, N);
     cpu->cross_entropy_fwd(loss, x, t, N, V);
@@ -2085,15 +2125,45 @@ static void test_cross_entropy(int N, int V, float sd) {
     cmp("cross_entropy_fwd", "logits untouched", xd, x, (size_t)N * V, 0.0);
     float dloss = 1.0f / N;
     float *lossd2 = gpu_nanf(gpu, N);
-    cpu->cross_entropy_fwd_bwd(loss, x, t, N, V, dloss);
-    gpu->cross_entropy_fwd_bwd(lossd2, xd, td, N, V, dloss);
+    cpu->cross_entropy_fwd_bwd(loss, x, t, N, V, dloss, 0);
+    gpu->cross_entropy_fwd_bwd(lossd2, xd, td, N, V, dloss, 0);
     cmp("cross_entropy_fwd_bwd", "losses", lossd2, loss, N, BAND_SUM);
     cmp("cross_entropy_fwd_bwd", "dlogits", xd, x, (size_t)N * V, BAND_SUM);
+    // hid 1: the same losses, and each row's dlogits the float32 ones (hid 0's) rounded once to the hidden
+    // format, in place from the row's start (bf16: the row's last V / 2 floats left as the logits were)
+    float *xh = gpu_getf(gpu, xd, (size_t)N * V), *xhd = gpu_putf(gpu, x0, (size_t)N * V),
+          *lossd3 = gpu_nanf(gpu, N);
+    gpu->cross_entropy_fwd_bwd(lossd3, xhd, td, N, V, dloss, 1);
+    cmp_exact_dev("cross_entropy_fwd_bwd hid 1: losses as hid 0's", lossd3, lossd2, N);
+    float *got = gpu_getf(gpu, xhd, (size_t)N * V);
+    size_t bad = 0, first = 0, kept = 1;
+    for (size_t i = 0; i < (size_t)N; i++)
+        for (size_t j = 0; j < (size_t)V; j++) {
+            const float *row = got + i * V;
+            int ok;
+            if (gpu->hid == FMT_F32) ok = memcmp(row + j, xh + i * V + j, 4) == 0;
+            else {
+                uint16_t h;
+                memcpy(&h, (const char *)row + 2 * j, 2);
+                ok = h == bf16_rn_bits(xh[i * V + j]);
+                if (j >= (size_t)(V + 1) / 2) kept &= memcmp(row + j, x0 + i * V + j, 4) == 0;
+            }
+            if (!ok && bad++ == 0) first = i * V + j;
+        }
+    EXPECT(bad == 0,
+           "cross_entropy_fwd_bwd hid 1 N%d V%d: %zu of %zu dlogits not hid 0's rounded; first [%zu]", N, V,
+           bad, (size_t)N * V, first);
+    EXPECT(kept, "cross_entropy_fwd_bwd hid 1 N%d V%d: a write past a row's hidden-format values", N, V);
+    free(got);
+    free(xh);
+    gpu->free(xhd);
+    gpu->free(lossd3);
     gpu->free(td);
     gpu->free(xd);
     gpu->free(lossd);
     gpu->free(lossd2);
     free(x);
+    free(x0);
     free(t);
     free(loss);
 }
@@ -2494,6 +2564,9 @@ static void run_suite(const Backend *be, int big) {
     test_dw_narrow(7, 5, 3);
     test_matmul(5, 0, 7, 0); // K = 0: overwrite gives zeros, accumulate leaves out
     test_matmul(5, 0, 70, 0);
+    test_matmul_dout_hid(37, 48, 13); // narrow: float32 products on the widened values
+    test_matmul_dout_hid(37, 48, 304); // the bf16 GEMMs reading the rows in place (ld 2 O)
+    test_matmul_dout_hid(37, 48, 301); // O not a multiple of 8: the rows packed first
     test_matmul_multi(37, 70, (const int[3]){100, 72, 72}); // q, k, v shapes: all bf16 on "cuda"
     test_matmul_multi(29, 40, (const int[3]){96, 16, 80}); // a float32 product between bf16 ones
     if (big) test_matmul_multi(512, 256, (const int[3]){256, 128, 128});

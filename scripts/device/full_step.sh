@@ -14,6 +14,10 @@
 #            precision (autocast, float32 master weights and moments), the compiled peer in pure bf16, ours
 #            again; tokens/s and peak memory (nvidia-smi for both; the peer's report adds torch's allocator peak)
 #   profile: MOE_PROFILE=1 (ops serialised and timed alone; with EXTRA also a run with those flags)
+#   steady:  both under sustained load, the card power-capped (its 700 W limit binds ~1 s into a run of ours;
+#            the clocks fall from 1.98 GHz to ~1.6): ours 40 steps on 4096 random sequences (the mean of steps
+#            11-40), the peer 10 warm-up and 30 timed steps (PEER_WARM, PEER_STEPS); SM clock and power polled
+#            for each (libs.sh clocks_say); STEADY_PREC the policies (default "bf16 mixed")
 #   trace:   7 steps under the CUPTI tracer (pack_libs.sh builds it): each step's wall, GPU busy and idle
 #            time, the idle gaps and the kernel time by name (scripts/device/gputrace.py; not by default)
 cd "$(dirname "$0")/../.."
@@ -49,6 +53,25 @@ if has step; then
   say "-- peer, pure bf16"; peer_step compiled
   say "-- ours again"; ours 2
   [ -n "$EXTRA" ] && { say "-- ours $EXTRA"; ours 3 "$EXTRA"; }
+fi
+if has steady; then
+  [ -f $G/rand_big.bin ] || python3 scripts/device/random_shard.py $G/rand_big.bin 8392704
+  for pr in ${STEADY_PREC:-bf16 mixed}; do
+    say "-- steady state, --precision $pr: ours (mean of steps 11-40)"
+    mem_start; clocks_start
+    q=${P/--steps 12/--steps 40}
+    t steady_$pr 150 stdbuf -oL $B/moe train ${q/rand32k.bin/rand_big.bin} --precision $pr \
+      --out $W/steady
+    say "   peak GPU memory used (nvidia-smi): $(mem_peak) MiB"; clocks_say ours_$pr
+    python3 -c "
+import json, sys
+r = [d for d in map(json.loads, open(sys.argv[1])) if 'step_time_s' in d and d['step'] > 10]
+t = sum(d['step_time_s'] for d in r)
+print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['step'], 8192 * len(r) / t, 1e3 * t / len(r)))
+" $W/steady/metrics.jsonl | tee -a $R
+    say "-- steady state, the peer ($pr), 10 warm-up steps, 30 timed"
+    CLOCKS=1 PEER_WARM=10 PEER_STEPS=30 peer_step $([ $pr = bf16 ] && echo compiled || echo amp)
+  done
 fi
 if has profile; then
   t prof 150 env MOE_PROFILE=1 stdbuf -oL $B/moe train ${P/--steps 12/--steps 4} --out $W/prof

@@ -91,22 +91,43 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 
 # `peer_step KIND` (compiled: pure bf16; amp: mixed precision, autocast with float32 master weights and moments):
 # PEERS.md's torch.compile peer of the reference model (.gpu/torch_train_peer.py) as the full-step tables run it,
-# its report line and its peak GPU memory by nvidia-smi (ours' basis) appended to $R.
+# its report line and its peak GPU memory by nvidia-smi (ours' basis) appended to $R. PEER_WARM and PEER_STEPS
+# (default 3 and 6, the peer's own) set its warm-up and timed steps; CLOCKS=1 also polls the SM clock and power
+# (clocks_start / clocks_say).
 peer_step() {
-  mem_start
+  mem_start; [ "${CLOCKS:-0}" = 1 ] && clocks_start
   t peer_$1 240 python3 -c "
 import runpy, torch
 m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
 def bf16():
     mod = m['Model'](c).cuda().to(torch.bfloat16)
-    return m['time_steps'](torch.compile(mod), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
+    return m['time_steps'](torch.compile(mod), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c, **n)
 def amp():
     mod = m['Model'](c).cuda()
-    return m['time_steps'](m['AMP'](torch.compile(mod)), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c)
+    return m['time_steps'](m['AMP'](torch.compile(mod)), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c, **n)
+n = dict(steps=${PEER_STEPS:-6}, warm=${PEER_WARM:-3})
 m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_grouped_mm_compiled_amp', bf16 if '$1' == 'compiled' else amp)"
   local peak=$(mem_peak)
   grep impl $W/peer_$1.log | tee -a $R
   say "   peer's peak GPU memory used (nvidia-smi, as ours): $peak MiB"
+  [ "${CLOCKS:-0}" = 1 ] && clocks_say peer_$1
+  return 0
+}
+
+# `clocks_start`, then `clocks_say NAME`: the SM clock, power draw and the clock-limit reasons nvidia-smi reports
+# every 100 ms into $W/clocks.csv between the two; clocks_say stops the polling and says the busy samples' (power
+# over 300 W) mean SM clock and power and the share of them power-capped (reason bit 0x4, SW power cap), copying
+# the samples to $OUT/clocks_NAME.csv.
+clocks_start() {
+  nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits -lms 100 \
+    > $W/clocks.csv 2>/dev/null &
+  CLK_PID=$!
+}
+clocks_say() {
+  kill $CLK_PID 2>/dev/null; wait $CLK_PID 2>/dev/null
+  [ -n "${OUT:-}" ] && cp $W/clocks.csv $OUT/clocks_$1.csv
+  say "   $1 clocks: $(awk -F', ' '$2 > 300 { n++; c += $1; p += $2; if (int((index("0123456789abcdef", tolower(substr($3, length($3)))) - 1) / 4) % 2) cap++ }
+    END { if (n) printf "%d busy samples, mean SM clock %.0f MHz, mean power %.0f W, power-capped %.0f%%", n, c / n, p / n, 100 * cap / n; else print "no busy sample" }' $W/clocks.csv)"
 }
 
 # The mesh recipes' start (gpu_mesh.sh, share_bench.sh): `mesh_unpack PKG X` unpacks mesh_pack.sh's

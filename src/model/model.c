@@ -44,7 +44,8 @@ static double head_forward(Model *m, const int32_t *targets, int N, float dloss)
         CHECK(targets[i] >= 0 && targets[i] < V, "target %d at position %d is outside the vocabulary (%d)",
               targets[i], i, V);
     be->to_device(m->targets, targets, (size_t)N * sizeof(int32_t));
-    if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss);
+    // (dlogits in the hidden format in place: the LM head's backward reads them so, GM_DOUT_HID)
+    if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss, 1);
     else be->cross_entropy_fwd(m->losses, m->logits, m->targets, N, V);
     float *lh = m->loss_h;
     be->to_host(lh, m->losses, (size_t)N * F);
@@ -119,11 +120,11 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     const ModelChunk *ch = &m->chunk[m->cur];
     if (ch->last) {
         // the MTP modules first (their gradient reaching the final norm's output: dh0), then the LM head and
-        // final norm (m->logits holds dlogits)
+        // final norm (m->logits holds dlogits in the hidden format: cross_entropy_fwd_bwd's hid 1)
         const float *dh0 = c->mtp_depth ? mtp_backward(m, aux_scale, z_scale) : NULL;
         be->matmul_bwd(m->dxn, model_param(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f,
                        model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V,
-                       model_dw_write(m, -1, DW_FRESH_HEAD));
+                       model_dw_write(m, -1, DW_FRESH_HEAD) | GM_DOUT_HID);
         if (dh0) be->add(m->dxn, m->dxn, dh0, (size_t)N * d);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, model_param(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,

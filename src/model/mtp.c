@@ -54,7 +54,7 @@ static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, i
         for (int i = 0; i < T; i++) t[b * T + i] = i + k < T ? targets[b * T + i + k] : 0;
     be->to_device(a->targets, t, (size_t)N * sizeof(int32_t));
     if (train) {
-        be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k);
+        be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k, 0);
         for (int b = 0; b < B; b++) be->zero(a->logits + ((size_t)b * T + T - k) * V, (size_t)k * V * F);
     } else {
         be->cross_entropy_fwd(a->losses, a->logits, a->targets, N, V);

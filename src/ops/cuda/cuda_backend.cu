@@ -204,7 +204,7 @@ static void fill_common(Backend *be) {
     be->router_bwd = cuda_router_bwd;
     be->plan_counts = cuda_plan_counts;
     be->plan_rows = cuda_plan_rows;
-    be->cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd;
+    be->cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd_f32;
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
     be->mul = cuda_mul;
     be->sigmoid_fwd = cuda_sigmoid_fwd;
@@ -289,6 +289,7 @@ static void cuda_init(void) {
     g_be_bf16.rope_fwd_hid = cuda_rope_fwd_bf16;
     g_be_bf16.to_hid = cuda_f32_to_bf16;
     g_be_bf16.copy_strided = cuda_copy_strided_bf16;
+    g_be_bf16.cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd_bf16;
     fill_common(&g_be_f32);
     g_be_f32.name = "cuda-fp32";
     g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;

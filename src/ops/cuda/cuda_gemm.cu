@@ -315,19 +315,30 @@ static void mm_fwd_one(float *out, const bf16 *xb, const float *w, bf16 *wb, int
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, ws ? ws : wb, K, xb, K, beta, out, O);
 }
 
-// One product's backward from bf16 dout (gb, N x O) and input (xb, N x K; read only for dw): dinp = dout W
-// (+ dinp with GM_ACC_DINP), dw += dout^T x (written with GM_DW_WRITE; either may be NULL), the weight from
-// its copy or converted into wb.
-static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, const bf16 *xb, const float *w, bf16 *wb,
-                       int N, int K, int O, int flags) {
+// One product's backward from bf16 dout (gb, N x O, rows ldg apart) and input (xb, N x K; read only for dw):
+// dinp = dout W (+ dinp with GM_ACC_DINP), dw += dout^T x (written with GM_DW_WRITE; either may be NULL), the
+// weight from its copy or converted into wb.
+static void mm_bwd_one(float *dinp, float *dw, const bf16 *gb, int ldg, const bf16 *xb, const float *w,
+                       bf16 *wb, int N, int K, int O, int flags) {
     if (dinp) {
         const bf16 *ws = shadow_of(w, (size_t)O * K);
         if (!ws) to_bf16(wb, w, (size_t)O * K);
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, O,
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, ws ? ws : wb, K, gb, ldg,
                   flags & GM_ACC_DINP ? 1.0f : 0.0f, dinp, K);
     }
     if (dw)
-        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, O, flags & GM_DW_WRITE ? 0.0f : 1.0f, dw, K);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, xb, K, gb, ldg, flags & GM_DW_WRITE ? 0.0f : 1.0f, dw,
+                  K);
+}
+
+// GM_DOUT_HID's bf16 rows (row i at src + 2 O i) as packed rows (N, O) of T: float32 (widened) or bf16
+template <typename T> __global__ void hid_rows_k(T *dst, const bf16 *src, int O, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = (T)src[i / O * 2 * O + i % O];
+}
+template <typename T> static void hid_rows(T *dst, const float *src, int N, int O) {
+    size_t n = (size_t)N * O;
+    hid_rows_k<T><<<ew_grid(n, 256), 256>>>(dst, (const bf16 *)src, O, n);
+    KCHECK("hid_rows");
 }
 
 extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O,
@@ -349,16 +360,27 @@ extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, 
             cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags); // (empty sums: zeros if written)
         return;
     }
+    int hid = flags & GM_DOUT_HID;
     if (O <= MOE_GEMM_FP32_MAX_O) {
+        if (hid) { // float32 products on the bf16 values widened (2 bf16 slots a value)
+            bf16 *f;
+            bf16_scratch(2 * (size_t)N * O, 0, 0, &f, NULL, NULL);
+            hid_rows((float *)f, dout, N, O);
+            dout = (const float *)f;
+        }
         cuda_matmul_bwd_f32(dinp, dw, dout, inp, w, N, K, O, flags);
         return;
     }
+    // GM_DOUT_HID's rows in place (ld 2 O) where O % 8 = 0; else packed (cuBLAS: other alignment, other bits)
+    int inplace = hid && O % 8 == 0;
     bf16 *gb, *wb, *xb;
-    bf16_scratch((size_t)N * O, dinp && !shadow_of(w, (size_t)O * K) ? (size_t)O * K : 0,
+    bf16_scratch(inplace ? 0 : (size_t)N * O, dinp && !shadow_of(w, (size_t)O * K) ? (size_t)O * K : 0,
                  dw ? (size_t)N * K : 0, &gb, &wb, &xb);
-    to_bf16(gb, dout, (size_t)N * O);
+    if (inplace) gb = (bf16 *)dout;
+    else if (hid) hid_rows(gb, dout, N, O);
+    else to_bf16(gb, dout, (size_t)N * O);
     if (dw) to_bf16(xb, inp, (size_t)N * K);
-    mm_bwd_one(dinp, dw, gb, xb, w, wb, N, K, O, flags);
+    mm_bwd_one(dinp, dw, gb, inplace ? 2 * O : O, xb, w, wb, N, K, O, flags);
 }
 
 // Several products of one input (ops.h matmul_fwd_multi / _bwd_multi): inp is bf16 already (the hidden
@@ -431,7 +453,7 @@ extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw,
             continue;
         }
         to_bf16(p[0], dout[i], (size_t)N * O[i]);
-        mm_bwd_one(dinp, dw[i], p[0], (const bf16 *)inp, w[i], p[1], N, K, O[i], fl);
+        mm_bwd_one(dinp, dw[i], p[0], O[i], (const bf16 *)inp, w[i], p[1], N, K, O[i], fl);
     }
 }
 

@@ -1,13 +1,13 @@
 // cuda_nn.cu — float32 CUDA kernels of the cuda backend (contracts in ops/ops.h): embedding
 // (forward, backward), row gather, the MoE combine (combine_rows) and its backward
 // (gather_dot_scale), the router (softmax or sigmoid, group-limited top-k and the sums over rows:
-// router_topk; its backward: router_bwd), dropout, SwiGLU, cross-entropy, and the elementwise mul and axpy.
-// RMSNorm and RoPE are in cuda_norm.cu. Attention is in cuda_attention*.cu, GEMMs in cuda_gemm.cu and
-// cuda_grouped.cu, the dispatch plan in cuda_plan.cu, the optimizer's sums of squares and AdamW in
-// cuda_optim.cu.
+// router_topk; its backward: router_bwd), dropout, SwiGLU, and the elementwise mul and axpy. RMSNorm and
+// RoPE are in cuda_norm.cu, the cross-entropy in cuda_xent.cu. Attention is in cuda_attention*.cu, GEMMs in
+// cuda_gemm.cu and cuda_grouped.cu, the dispatch plan in cuda_plan.cu, the optimizer's sums of squares and
+// AdamW in cuda_optim.cu.
 //
 // Determinism: no float atomics. Every sum that feeds a result has a fixed order: per-row block and
-// warp sums (RMSNorm, cross-entropy, the router's softmax, gather_dot_scale) use a fixed shuffle
+// warp sums (RMSNorm, the router's softmax, gather_dot_scale) use a fixed shuffle
 // tree, column sums (rmsnorm dw, the router's sums over rows) a fixed two-pass chunking, the
 // embedding backward's scatter-add adds the rows of one destination element in index order, like
 // the cpu reference, and combine_rows sums each output row's slots in slot order in one thread's
@@ -586,47 +586,6 @@ extern "C" void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const
     if (accumulate) swiglu_bwd_k<1, float><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
     else swiglu_bwd_k<0, float><<<ew_grid(n, 256), 256>>>(dh1, dh3, dout, h1, h3, n);
     KCHECK("swiglu_bwd");
-}
-
-// ---------------------------------------------------------------- cross-entropy
-
-// One block per row: max, then sum of exp in double (as the cpu reference), lse, loss; with
-// dloss != 0 (fwd_bwd) the row is overwritten with (softmax - onehot) * dloss.
-// Later: one pass with an online max, and fused into the LM-head GEMM's epilogue.
-__global__ void __launch_bounds__(1024)
-    cross_entropy_k(float *losses, float *logits, const int32_t *targets, int V, float dloss, int bwd) {
-    size_t i = blockIdx.x;
-    float *x = logits + i * V;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, ld_f(x + j));
-    mx = block_max_f(mx);
-    double s = 0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)ld_f(x + j) - mx);
-    s = block_sum_d(s);
-    float l = mx + (float)log(s);
-    int t = targets[i];
-    if (threadIdx.x == 0) losses[i] = l - ld_f(x + t);
-    if (!bwd) return;
-    __syncthreads(); // x[t] is read above before any thread overwrites it
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(ld_f(x + j) - l) * dloss;
-        st_f(x + j, j == t ? p - dloss : p);
-    }
-}
-
-extern "C" void cuda_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V,
-                                           float dloss) {
-    if (N <= 0) return;
-    cross_entropy_k<<<N, V >= 4096 ? 1024 : 256>>>(losses, logits, targets, V, dloss, 1);
-    KCHECK("cross_entropy_fwd_bwd");
-}
-
-extern "C" void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N,
-                                       int V) {
-    if (N <= 0) return;
-    // bwd = 0: the kernel never writes logits
-    cross_entropy_k<<<N, V >= 4096 ? 1024 : 256>>>(losses, (float *)logits, targets, V, 0.0f, 0);
-    KCHECK("cross_entropy_fwd");
 }
 
 // ---------------------------------------------------------------- elementwise
