@@ -8,7 +8,8 @@
 // Also params_bf16_ranges (the holes of the bf16 policy's parameter buffer, ops.h alloc_bf16_params): every
 // tensor lies wholly inside a range iff it is one of this rank's routed experts' w1, w3, w2 in a layer whose
 // three start at multiples of 8 elements, or q, k, v, o or the LM head with more than MOE_GEMM_FP32_MAX_O
-// rows at a multiple of 8; any other tensor overlaps none (a norm, router, bias or shared expert inside one
+// rows at a multiple of 8, or the embedding table at a multiple of 8 (embedding_fwd reads it from the copy);
+// any other tensor overlaps none (a norm, router, bias or shared expert inside one
 // would lose its float32 memory on cuda); the ranges ascend, neither touch nor overlap (adjacent ones merged)
 // and hold nothing else.
 #include <stdint.h>
@@ -136,7 +137,9 @@ static void check_ranges(const char *what, const ModelConfig *c, const ParamSlic
                 (p->role == PR_W1 || p->role == PR_W3 || p->role == PR_W2);
             int proj = p->role == PR_WQ || p->role == PR_WK || p->role == PR_WV || p->role == PR_WO ||
                 p->role == PR_LM_HEAD;
-            int want = (routed && ok) || (proj && p->lshape[0] > MOE_GEMM_FP32_MAX_O && p->loffset % 8 == 0);
+            int want = (routed && ok) ||
+                (proj && p->lshape[0] > MOE_GEMM_FP32_MAX_O && p->loffset % 8 == 0) ||
+                (p->role == PR_EMBED && p->loffset % 8 == 0);
             dense += proj && want;
             narrow += proj && !want;
             int in = -1, touch = 0;

@@ -920,8 +920,8 @@ static void test_embedding(int V, int N, int C) {
     float *tabd = gpu_putf(gpu, tab, (size_t)V * C);
     int32_t *tokd = gpu_put(gpu, tok, N * sizeof(int32_t));
     float *ref = hnew((size_t)N * C), *od = gpu_nanf(gpu, (size_t)N * C);
-    cpu->embedding_fwd(ref, tok, tab, N, C);
-    gpu->embedding_fwd(od, tokd, tabd, N, C);
+    cpu->embedding_fwd(ref, tok, tab, N, C, V);
+    gpu->embedding_fwd(od, tokd, tabd, N, C, V);
     cmp("embedding_fwd", "out", od, ref, (size_t)N * C, BAND_ELEM);
     float *dout = hrand((size_t)N * C, 1.0f), *doutd = gpu_putf(gpu, dout, (size_t)N * C),
           *pre = hrand((size_t)V * C, 1.0f);
@@ -1718,6 +1718,14 @@ static void test_bf16_params(int prec) {
                   (size_t)Nr * O);
     cmp_exact_dev("alloc_bf16_params: matmul_fwd, weights in hole B vs an ordinary buffer", o3, o4,
                   (size_t)Nr * O);
+    // an embedding table in hole A (gathered from the copy) against the same table in an ordinary buffer
+    int32_t *tok = hidx(Nr, 50), *tokd = gpu_put(gpu, tok, Nr * sizeof(int32_t));
+    gpu->embedding_fwd(o1, tokd, pd + wa, Nr, K, 50);
+    gpu->embedding_fwd(o2, tokd, qd + wa, Nr, K, 50);
+    cmp_exact_dev("alloc_bf16_params: embedding_fwd, a table in hole A vs an ordinary buffer", o1, o2,
+                  (size_t)Nr * K);
+    gpu->free(tokd);
+    free(tok);
     // a write outside the holes, then bf16_shadow(p, n): that part refreshed, the holes as they were
     float *w2 = hrand(1000, 0.5f);
     gpu->to_device(pd, w2, sizeof(float) * 1000);

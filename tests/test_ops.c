@@ -482,11 +482,11 @@ typedef struct {
     float *table, *out;
     const float *dout;
     const int32_t *tok;
-    int N, C;
+    int N, C, V;
 } EmbCtx;
 static double emb_loss(void *p) {
     EmbCtx *c = p;
-    be->embedding_fwd(c->out, c->tok, c->table, c->N, c->C);
+    be->embedding_fwd(c->out, c->tok, c->table, c->N, c->C, c->V);
     return dot_d(c->dout, c->out, (size_t)c->N * c->C);
 }
 static void test_embedding(void) {
@@ -499,11 +499,11 @@ static void test_embedding(void) {
     fill_normal(dout, N * C, 1);
     for (int i = 0; i < N; i++) memcpy(want + i * C, table + tok[i] * C, C * sizeof(float));
     fill_nan(out, N * C);
-    be->embedding_fwd(out, tok, table, N, C);
+    be->embedding_fwd(out, tok, table, N, C, V);
     check_exact("embedding_fwd", out, want, N * C);
     float *g0 = fnew(V * C);
     be->embedding_bwd(g0, dout, tok, N, C);
-    EmbCtx c = {table, out, dout, tok, N, C};
+    EmbCtx c = {table, out, dout, tok, N, C, V};
     fd_check("embedding_bwd", emb_loss, &c, table, V * C, g0);
     float *pre = fnew(V * C);
     fill_normal(pre, V * C, 1);

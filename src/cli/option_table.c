@@ -250,7 +250,8 @@ const Opt opts[] = {
     {"precision", O_PRECISION, TO(precision), C_TRAIN | C_INFO | C_PLAN,
      "mixed: float32 weights and AdamW moments (bf16 GEMM operands on --device cuda); bf16: AdamW moments "
      "stored in bf16 (half their memory), every weight rounded to a bf16 value after each update (on cuda "
-     "the GEMMs' weights kept in bf16 alone, in one process) and the experts' gradients in bf16 "
+     "the GEMMs' weights and the embedding kept in bf16 alone, in one process) and the experts' gradients in "
+     "bf16 "
      "(--bf16-grads); fp8: mixed's storage, the experts' GEMMs (forward, input and weight gradients) with "
      "e4m3 operands in DeepSeek-V3's fine-grained scales (1x128 tiles, 128x128 weight blocks) and float32 "
      "sums; fp8-bf16: bf16's storage (moments, rounded weights; the experts' gradients float32) with fp8's "

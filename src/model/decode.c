@@ -134,7 +134,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
     for (int i = 0; i < n; i++)
         CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d is outside the vocabulary (%d)", tokens[i], V);
     be->to_device(m->tokens, tokens, (size_t)n * sizeof(int32_t));
-    be->embedding_fwd(kc->x, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), n, d);
+    be->embedding_fwd(kc->x, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), n, d, V);
     for (int l = 0; l < c->n_layers; l++) {
         // (kc->xn holds the attention norm's output in the hidden format here, the FFN norm's float32 below)
         be->rmsnorm_fwd_hid(kc->xn, kc->rstd, kc->x, model_param(m, m->params, PR_ATTN_NORM, l, -1), n, d,

@@ -80,7 +80,7 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
             CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)",
                   tokens[i], i, V);
         be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
-        be->embedding_fwd(m->la[0].res_in, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), N, d);
+        be->embedding_fwd(m->la[0].res_in, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), N, d, V);
         embed_drop(m, m->la[0].res_in, N);
         m->aux = m->z = 0;
         m->dropped = 0;

@@ -365,6 +365,10 @@ int params_bf16_ranges(const ParamTable *t, int n_layers, int e0, int El, int64_
     for (int i = 0; i < t->n; i++) { // table order: ascending offsets
         const ParamSpec *p = &t->p[i];
         if (!p->lnumel) continue;
+        if (p->role == PR_EMBED) { // (embedding_fwd reads a table in a hole from the copy)
+            if (p->loffset % 8 == 0) add_range(h, &nh, p->loffset, p->loffset + p->lnumel);
+            continue;
+        }
         if (p->role == PR_WQ || p->role == PR_WK || p->role == PR_WV || p->role == PR_WO ||
             p->role == PR_LM_HEAD) {
             if (p->lshape[0] > min_rows && p->loffset % 8 == 0)

@@ -139,10 +139,11 @@ int params_index(const ParamTable *t, ParamRole role, int layer, int expert);
 // w2, one block in table order), where w1, w3 and w2 each start at a multiple of 8 elements (the grouped
 // GEMMs' alignment), and the dense projections q, k, v, o and the LM head that start at a multiple of 8
 // (the bf16 copy's alignment for cuBLAS) and whose local rows (the product's output width O) exceed
-// min_rows (ops.h MOE_GEMM_FP32_MAX_O: narrower products run in float32).
+// min_rows (ops.h MOE_GEMM_FP32_MAX_O: narrower products run in float32); and the embedding table where it
+// starts at a multiple of 8 (embedding_fwd reads a table in a hole from the copy).
 // h holds params_bf16_ranges_max entries; returns how many ranges.
 int params_bf16_ranges(const ParamTable *t, int n_layers, int e0, int El, int64_t min_rows, size_t *h);
-static inline size_t params_bf16_ranges_max(int n_layers) { return 2 * (5 * (size_t)n_layers + 1); }
+static inline size_t params_bf16_ranges_max(int n_layers) { return 2 * (5 * (size_t)n_layers + 2); }
 
 // Deterministic init from seed into this rank's local buffer: norms = 1, linears ~ N(0, init_std),
 // o_proj/w2 scaled by 1/sqrt(2L). A slice gets exactly the values of the full tensor.

@@ -212,13 +212,14 @@ struct Backend {
     void (*bf16_shadow)(const float *p, size_t n);
     // The parameter buffer of the bf16 policy (every weight a bf16 value: OPT_BF16_NEAREST/STOCHASTIC) with
     // holes (at least one): n floats, zeroed, registered as bf16_shadow(p, n) registers a buffer, whose
-    // element ranges [hole[2i], hole[2i+1]) (ascending, disjoint; the weights only the GEMMs read) keep their
-    // values in the bf16 copy alone. "cuda" leaves the float32 memory of the whole pages inside the holes out
-    // (2 bytes a parameter instead of 6; a kernel reading a hole as float32 faults, or reads NaN at its
-    // edges); adamw_runs on p reads and writes those weights in the copy, to_host widens them from it and
-    // to_device rounds them into it (to nearest even: exact for bf16 values), bf16_shadow(p, n) refreshes the
-    // rest, free releases it. Any other write into a hole dies, as does a GEMM weight across a hole's edge.
-    // One such buffer at a time. NULL where the backend keeps no bf16 copy (cpu, cuda-fp32): use alloc.
+    // element ranges [hole[2i], hole[2i+1]) (ascending, disjoint; the weights only the GEMMs and
+    // embedding_fwd read) keep their values in the bf16 copy alone. "cuda" leaves the float32 memory of the
+    // whole pages inside the holes out (2 bytes a parameter instead of 6; a kernel reading a hole as float32
+    // faults, or reads NaN at its edges); adamw_runs on p reads and writes those weights in the copy, to_host
+    // widens them from it and to_device rounds them into it (to nearest even: exact for bf16 values),
+    // bf16_shadow(p, n) refreshes the rest, free releases it. Any other write into a hole dies, as does a
+    // GEMM weight across a hole's edge. One such buffer at a time. NULL where the backend keeps no bf16 copy
+    // (cpu, cuda-fp32): use alloc.
     float *(*alloc_bf16_params)(size_t n, const size_t *hole, int nhole);
 
     // out (N,O) = inp (N,K) @ W(O,K)^T [+ out if accumulate]
@@ -296,8 +297,9 @@ struct Backend {
                       const int32_t *idx, const float *w, const int32_t *keep, const int32_t *first, int N,
                       int E, int k);
 
-    // out (N,V) rows = table[tokens[i]]; bwd: dtable[tokens[i]] += dout[i]
-    void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C);
+    // out (N,C) rows = table[tokens[i]] of a (V,C) table (a table in a hole of alloc_bf16_params's buffer
+    // read from its bf16 copy: the same values); bwd: dtable[tokens[i]] += dout[i]
+    void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C, int V);
     void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
 
     // out = inp * rstd * w, rstd (N) saved for backward

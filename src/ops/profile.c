@@ -132,9 +132,9 @@ static void w_gmm_b2(float *di, float *dwa, float *dwb, const void *da, const vo
     in->grouped_matmul_bwd2(di, dwa, dwb, da, db, i, wa, wb, off, G, K, O, a);
     T1(P_GMM_B);
 }
-static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C) {
+static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C, int V) {
     T0;
-    in->embedding_fwd(o, t, tb, N, C);
+    in->embedding_fwd(o, t, tb, N, C, V);
     T1(P_EMB);
 }
 static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) {

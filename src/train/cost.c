@@ -272,8 +272,8 @@ double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOp
 }
 
 // --precision bf16 in one process: the float32 buffer's whole 2 MiB pages inside the ranges of the weights
-// only the bf16 GEMMs read (the routed experts', the attention projections', the LM head's:
-// model_bf16_weights).
+// only the bf16 GEMMs read (the routed experts', the attention projections', the LM head's) and the
+// embedding table's (model_bf16_weights).
 static double weights_alone(const ModelConfig *c) {
     ParamTable t;
     params_build(&t, c);

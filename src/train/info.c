@@ -102,7 +102,7 @@ static void print_cuda(const CostCuda *k, const char *head) {
     if (k->alone > 0) {
         char a[32];
         fmt_bytes(a, sizeof a, k->alone);
-        snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " - float32 GEMM weights %s", a);
+        snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " - float32 weights in the bf16 copy alone %s", a);
     }
     char ln[64] = "";
     if (k->lean > 0) {

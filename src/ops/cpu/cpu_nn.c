@@ -23,7 +23,8 @@ void *cpu_scratch(size_t bytes) {
     return p;
 }
 
-void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
+void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V) {
+    (void)V;
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) memcpy(out + (size_t)i * C, table + (size_t)tokens[i] * C, sizeof(float) * C);
 }

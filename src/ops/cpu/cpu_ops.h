@@ -13,7 +13,7 @@ const Backend *backend_cpu_fp8(void);
 void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,
                     int O, int flags);
-void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C);
+void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V);
 void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
 void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
 void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,

@@ -40,9 +40,19 @@ static void gather(float *out, const float *inp, const int32_t *idx, int n, int 
     else gather_rows_k<float><<<n, row_threads(C)>>>(out, inp, idx, C);
 }
 
-extern "C" void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C) {
+// (a table in a hole of the bf16 parameters lives in their copy alone: its rows widened, the same values)
+__global__ void gather_widen_k(float *out, const __nv_bfloat16 *inp, const int32_t *idx, int C) {
+    const __nv_bfloat16 *src = inp + (size_t)idx[blockIdx.x] * C;
+    for (int j = threadIdx.x; j < C; j += blockDim.x)
+        out[(size_t)blockIdx.x * C + j] = __bfloat162float(src[j]);
+}
+
+extern "C" void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C,
+                                   int V) {
     if (N <= 0 || C <= 0) return;
-    gather(out, table, tokens, N, C);
+    const __nv_bfloat16 *tb = (const __nv_bfloat16 *)cuda_bf16_hole_of(table, (size_t)V * C);
+    if (tb) gather_widen_k<<<N, row_threads(C)>>>(out, tb, tokens, C);
+    else gather(out, table, tokens, N, C);
     KCHECK("embedding_fwd");
 }
 

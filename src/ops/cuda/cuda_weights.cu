@@ -144,6 +144,16 @@ extern "C" unsigned long long cuda_bf16_shadow_version(void) { return g_sh.ver; 
 extern "C" const float *cuda_bf16_shadow_base(void) { return g_sh.base; }
 extern "C" void cuda_bf16_shadow_updated(void) { g_sh.ver++; }
 
+// The copy's values of [w, w + count) where those elements live in a hole (the copy alone), else NULL.
+extern "C" const void *cuda_bf16_hole_of(const float *w, size_t count) {
+    uintptr_t a = (uintptr_t)w, b0 = (uintptr_t)g_sh.base;
+    if (!g_sh.nh || a < b0 || (a - b0) % sizeof(float) || count > g_sh.n ||
+        (a - b0) / sizeof(float) > g_sh.n - count)
+        return NULL;
+    size_t off = (size_t)(w - g_sh.base);
+    return cuda_bf16_in_hole(g_sh.base, off, count) ? g_sh.mirror + off : NULL;
+}
+
 // bf16 values of the weight [w, w + count) from the copy, or NULL (then the caller converts). Only
 // for weights at a multiple of 8 elements from the buffer's start, so that the bf16 pointer is 16-byte
 // aligned like the scratch the conversion would write: cuBLAS picks its kernel by alignment, and
