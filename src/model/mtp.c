@@ -43,7 +43,7 @@ static const int32_t *row_maps(Model *m, int B, int T) {
 
 // Module k's head: the loss of a->xn through the LM head against t[i+k+1] (host targets: t[i+1] at i),
 // over the rows i < T - k of each sequence (the others' dlogits zeroed); train: dlogits for dloss_k per row
-// into a->logits (dloss_k 0: zeros). Returns this rank's mean over those rows.
+// into a->logits, in the hidden format in place (dloss_k 0: zeros). Returns this rank's mean over those rows.
 static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, int B, int T, int train,
                           float dloss_k) {
     const Backend *be = m->be;
@@ -54,7 +54,8 @@ static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, i
         for (int i = 0; i < T; i++) t[b * T + i] = i + k < T ? targets[b * T + i + k] : 0;
     be->to_device(a->targets, t, (size_t)N * sizeof(int32_t));
     if (train) {
-        be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k, 0);
+        // (dlogits in the hidden format in place; zeroing a row's float32 bytes zeroes its values too)
+        be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k, 1);
         for (int b = 0; b < B; b++) be->zero(a->logits + ((size_t)b * T + T - k) * V, (size_t)k * V * F);
     } else {
         be->cross_entropy_fwd(a->losses, a->logits, a->targets, N, V);
@@ -115,7 +116,7 @@ const float *mtp_backward(Model *m, float aux_scale, float z_scale) {
         // norm
         be->matmul_bwd(m->dxn, model_param(m, g, PR_LM_HEAD, -1, -1), a->logits, a->xn,
                        model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V,
-                       model_dw_write(m, -1, DW_FRESH_HEAD));
+                       model_dw_write(m, -1, DW_FRESH_HEAD) | GM_DOUT_HID);
         if (k < D) be->add(m->dxn, m->dxn, dh, (size_t)N * d);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, model_param(m, g, PR_MTP_NORM, l, -1), m->dxn, a->out,
