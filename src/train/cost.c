@@ -297,8 +297,8 @@ static double al256(double bytes) { return ceil(bytes / 256) * 256; }
 // through its heads' projections (the router's Ns rows) and the LM head where head: one buffer, grown to an
 // op's need (its operands' bf16 copies, each 256-byte aligned; weights none: the GEMMs read the bf16 copy of
 // the weights; the fused expert ops none: their rows are bf16 already and the Hopper kernel takes them; the
-// head's output gradient none where the vocabulary is a multiple of 8 and no MTP module's head needs it: the
-// cross-entropy leaves it in bf16 in place, GM_DOUT_HID) to the larger of the need and 1.25 x the buffer so
+// heads' output gradient none where the vocabulary is a multiple of 8: the cross-entropy leaves it in bf16 in
+// place, GM_DOUT_HID) to the larger of the need and 1.25 x the buffer so
 // far, at least 1 MiB. A product of at most MOE_GEMM_FP32_MAX_O columns runs in float32, its bf16 input
 // widened (2 bf16 slots a value; a head that narrow widens its output gradient). The needs in a step's order:
 // a layer's q/k/v, o and router forward, the head's forward and backward (its input), then a layer's router,
@@ -315,10 +315,9 @@ static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double N
     need[n++] = wide_o;
     need[n++] = E > lim ? al256(2 * Ns * d) : 0;
     need[n++] = head && V > lim ? al256(2 * N * d) : 0;
-    need[n++] = !head ? 0 // the head's backward: dlogits widened (narrow) or packed (V not a multiple of 8;
-                          // the MTP modules' heads convert their float32 dlogits: mtp.c)
-        : V <= lim ? al256(4 * N * V)
-                   : al256(2 * N * d) + (fmod(V, 8) != 0 || c->mtp_depth ? al256(2 * N * V) : 0);
+    need[n++] = !head ? 0 // the head's backward: dlogits widened (narrow) or packed (V not a multiple of 8)
+        : V <= lim    ? al256(4 * N * V)
+                      : al256(2 * N * d) + (fmod(V, 8) != 0 ? al256(2 * N * V) : 0);
     need[n++] = E > lim ? al256(2 * Ns * E) + al256(2 * Ns * d) : 0;
     need[n++] = (d > lim ? al256(2 * N * d) : 0) + wide_o;
     need[n++] = al256(2 * N * gqkv) + wide_qkv;
