@@ -1,60 +1,91 @@
 // cuda_xent.cu — the cross-entropy of the cuda backends (contracts in ops/ops.h: cross_entropy_fwd,
-// cross_entropy_fwd_bwd), one block a row: its max and sum of exponentials in double by a fixed block tree
-// (cuda_common.h), as the cpu reference sums; the gradient float32 or, on "cuda", bf16 in place (hid 1, the
-// LM head's backward reads it so: ops.h GM_DOUT_HID). Built with -fmad=false (CMakeLists.txt), so the
-// elementwise arithmetic rounds like the cpu code's.
+// cross_entropy_fwd_bwd), one block a row: its max, then its sum of exponentials (each expf, summed in double
+// by a fixed block tree, cuda_common.h; the cpu reference takes each exp in double: the two agree to
+// round-off), the gradient float32 or, on "cuda", bf16 in place (hid 1, the LM head's backward reads it so:
+// ops.h GM_DOUT_HID). Built with -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the
+// cpu code's.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 
-// One block per row: max, then sum of exp in double (as the cpu reference), lse, loss; with
+// unit u of a row: values 4u .. 4u + 3 (VEC) or value u
+template <int VEC> __device__ __forceinline__ void load_u(float *v, const float *x, int u);
+template <> __device__ __forceinline__ void load_u<1>(float *v, const float *x, int u) {
+    float4 a = ((const float4 *)x)[u];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+}
+template <> __device__ __forceinline__ void load_u<0>(float *v, const float *x, int u) { v[0] = ld_f(x + u); }
+
+// One block per row: max, then the sum of expf(x - max) in double, lse, loss; with
 // dloss != 0 (fwd_bwd) the row is overwritten with (softmax - onehot) * dloss: float32, or (HID) each value
 // rounded to bf16 in place from the row's start, a block's chunk of values at a time: chunk c's values land
-// in float32 elements [c B / 2, (c + 1) B / 2) (B = blockDim.x), all read by chunk c's barrier.
-// Later: one pass with an online max, and fused into the LM-head GEMM's epilogue.
-template <int HID>
-__global__ void __launch_bounds__(1024)
+// in float32 elements [c U B / 2, (c + 1) U B / 2) (B = blockDim.x), all read by chunk c's barrier. A thread
+// takes U values at a time (VEC: a float4, V % 4 == 0 and the rows 16-byte aligned; else one).
+// (Each exp in float and 256 threads on float4s: a double exp per logit and 1024 threads on single floats
+// made this kernel ~4x its bytes' time at a 32000 vocabulary. Later: fused into the LM-head GEMM's epilogue.)
+template <int HID, int VEC>
+__global__ void __launch_bounds__(256)
     cross_entropy_k(float *losses, float *logits, const int32_t *targets, int V, float dloss, int bwd) {
+    const int U = VEC ? 4 : 1;
+    int nu = V / U;
     size_t i = blockIdx.x;
     float *x = logits + i * V;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, ld_f(x + j));
+#pragma unroll 4
+    for (int u = threadIdx.x; u < nu; u += blockDim.x) {
+        float v[U];
+        load_u<VEC>(v, x, u);
+#pragma unroll
+        for (int k = 0; k < U; k++) mx = fmaxf(mx, v[k]);
+    }
     mx = block_max_f(mx);
     double s = 0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)ld_f(x + j) - mx);
+#pragma unroll 4
+    for (int u = threadIdx.x; u < nu; u += blockDim.x) {
+        float v[U];
+        load_u<VEC>(v, x, u);
+#pragma unroll
+        for (int k = 0; k < U; k++) s += (double)expf(v[k] - mx);
+    }
     s = block_sum_d(s);
     float l = mx + (float)log(s);
     int t = targets[i];
     if (threadIdx.x == 0) losses[i] = l - ld_f(x + t);
     if (!bwd) return;
     __syncthreads(); // x[t] is read above before any thread overwrites it
-    if (!HID) {
-        for (int j = threadIdx.x; j < V; j += blockDim.x) {
-            float p = expf(ld_f(x + j) - l) * dloss;
-            st_f(x + j, j == t ? p - dloss : p);
+    for (int u0 = 0; u0 < nu; u0 += blockDim.x) { // (HID: every thread runs every chunk, for the barrier)
+        int u = u0 + threadIdx.x;
+        float p[U];
+        if (u < nu) {
+            load_u<VEC>(p, x, u);
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                p[k] = expf(p[k] - l) * dloss;
+                if (u * U + k == t) p[k] = p[k] - dloss;
+            }
         }
-        return;
-    }
-    __nv_bfloat16 *y = (__nv_bfloat16 *)x;
-    for (int j0 = 0; j0 < V; j0 += blockDim.x) { // (every thread runs every chunk: the barrier)
-        int j = j0 + threadIdx.x;
-        float p = 0;
-        if (j < V) {
-            p = expf(ld_f(x + j) - l) * dloss;
-            if (j == t) p = p - dloss;
-        }
-        __syncthreads();
-        if (j < V) y[j] = __float2bfloat16_rn(p);
+        if (HID) __syncthreads();
+        if (u >= nu) continue;
+        if (!HID && VEC) store4(x + 4 * u, p[0], p[1], p[2], p[3]);
+        else if (!HID) st_f(x + u, p[0]);
+        else if (VEC) store4((__nv_bfloat16 *)x + 4 * u, p[0], p[1], p[2], p[3]);
+        else ((__nv_bfloat16 *)x)[u] = __float2bfloat16_rn(p[0]);
     }
 }
+
+#define XENT_LAUNCH(HID, N, V, ...) \
+    do { \
+        if ((V) % 4 == 0 && !((uintptr_t)logits % 16)) cross_entropy_k<HID, 1><<<N, 256>>>(__VA_ARGS__); \
+        else cross_entropy_k<HID, 0><<<N, 256>>>(__VA_ARGS__); \
+    } while (0)
 
 // "cuda-fp32" (hidden format float32: hid changes nothing) and "cuda" (bf16)
 extern "C" void cuda_cross_entropy_fwd_bwd_f32(float *losses, float *logits, const int32_t *targets, int N,
                                                int V, float dloss, int hid) {
     (void)hid;
     if (N <= 0) return;
-    cross_entropy_k<0><<<N, V >= 4096 ? 1024 : 256>>>(losses, logits, targets, V, dloss, 1);
+    XENT_LAUNCH(0, N, V, losses, logits, targets, V, dloss, 1);
     KCHECK("cross_entropy_fwd_bwd");
 }
 extern "C" void cuda_cross_entropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets, int N,
@@ -64,7 +95,7 @@ extern "C" void cuda_cross_entropy_fwd_bwd_bf16(float *losses, float *logits, co
         return;
     }
     if (N <= 0) return;
-    cross_entropy_k<1><<<N, V >= 4096 ? 1024 : 256>>>(losses, logits, targets, V, dloss, 1);
+    XENT_LAUNCH(1, N, V, losses, logits, targets, V, dloss, 1);
     KCHECK("cross_entropy_fwd_bwd (bf16 dlogits)");
 }
 
@@ -72,6 +103,6 @@ extern "C" void cuda_cross_entropy_fwd(float *losses, const float *logits, const
                                        int V) {
     if (N <= 0) return;
     // bwd = 0: the kernel never writes logits
-    cross_entropy_k<0><<<N, V >= 4096 ? 1024 : 256>>>(losses, (float *)logits, targets, V, 0.0f, 0);
+    XENT_LAUNCH(0, N, V, losses, (float *)logits, targets, V, 0.0f, 0);
     KCHECK("cross_entropy_fwd");
 }
