@@ -110,26 +110,61 @@ extern "C" void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hi
 // a partition of the destination rows (token % P), blockIdx.x a range of columns; each thread owns
 // one column of the destination rows of its partition and walks i = 0..n-1 in order, so every
 // destination element receives its rows in index order (as the cpu reference does) and no two
-// threads ever touch the same element. Each block reads all n indices (cheap, staged through shared
-// memory) but only the rows of its partition.
+// threads ever touch the same element. Each block stages a tile of indices in shared memory, warp 0
+// lists the tile's rows of its partition in order, and the threads take that list SCAT_B rows at a time:
+// all their loads issued first, then the adds in order (a row met twice in a batch adds to its own
+// sum, not to the value loaded), then the stores in order (a repeated row's last store is its sum).
 #define SCAT_TILE 256
 #define SCAT_COLS 128
+#define SCAT_B 8
 __global__ void embedding_bwd_k(float *out, const float *inp, const int32_t *idx, int n, int C) {
-    __shared__ int32_t sidx[SCAT_TILE];
+    __shared__ int32_t sidx[SCAT_TILE], sj[SCAT_TILE];
+    __shared__ int sn;
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     unsigned P = gridDim.y, part = blockIdx.y;
     for (int i0 = 0; i0 < n; i0 += SCAT_TILE) {
         int nt = n - i0 < SCAT_TILE ? n - i0 : SCAT_TILE;
-        __syncthreads();
+        __syncthreads(); // the last tile's list is read
         for (int j = threadIdx.x; j < nt; j += blockDim.x) sidx[j] = idx[i0 + j];
         __syncthreads();
-        if (c < C)
-            for (int j = 0; j < nt; j++) {
-                unsigned r = (unsigned)sidx[j];
-                if (r % P != part) continue;
-                float *o = out + (size_t)r * C + c;
-                st_f(o, ld_f(o) + ld_f(inp + (size_t)(i0 + j) * C + c));
+        if (threadIdx.x < 32) { // warp 0: the tile's positions j with sidx[j] % P == part, in order
+            int m = 0;
+            for (int j0 = 0; j0 < nt; j0 += 32) {
+                int j = j0 + threadIdx.x;
+                bool mine = j < nt && (unsigned)sidx[j] % P == part;
+                unsigned b = __ballot_sync(0xffffffffu, mine);
+                if (mine) sj[m + __popc(b & ((1u << threadIdx.x) - 1))] = j;
+                m += __popc(b);
             }
+            if (threadIdx.x == 0) sn = m;
+        }
+        __syncthreads();
+        if (c >= C) continue;
+        for (int q = 0; q < sn; q += SCAT_B) {
+            int m = sn - q < SCAT_B ? sn - q : SCAT_B;
+            unsigned r[SCAT_B];
+            float o[SCAT_B], v[SCAT_B];
+#pragma unroll
+            for (int u = 0; u < SCAT_B; u++)
+                if (u < m) {
+                    int j = sj[q + u];
+                    r[u] = (unsigned)sidx[j];
+                    o[u] = out[(size_t)r[u] * C + c];
+                    v[u] = inp[(size_t)(i0 + j) * C + c];
+                }
+#pragma unroll
+            for (int u = 0; u < SCAT_B; u++)
+                if (u < m) {
+                    float base = o[u];
+#pragma unroll
+                    for (int w = 0; w < u; w++)
+                        if (r[w] == r[u]) base = o[w]; // (o[w] holds w's sum by now; the latest w wins)
+                    o[u] = base + v[u];
+                }
+#pragma unroll
+            for (int u = 0; u < SCAT_B; u++)
+                if (u < m) out[(size_t)r[u] * C + c] = o[u];
+        }
     }
 }
 
