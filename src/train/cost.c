@@ -343,7 +343,7 @@ static double mla_workspace(int B, int T, int H, int KV, int hd) {
 // attention_ds_bytes; otherwise the float32 kernels' D, with q, k, v and out widened to float32 in a buffer
 // of their own, added; latent attention at q head width 192 and value width 128: mla_workspace), the router's
 // weight gradient of at most MOE_GEMM_FP32_MAX_O experts (float32 sums of 128 rows each), the norms' (double
-// sums of 64 rows each).
+// sums of 64 rows each: the d-wide rows', and q's whole or per head where the model norms q and k).
 static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_t T, double Ns) {
     int H = c->n_heads / tp, KV = (int)(att_kvd(c, tp) / att_hd(c)), hd = (int)att_hd(c);
     double N = (double)B * T, qd = (double)H * hd, kvd = (double)KV * hd;
@@ -356,7 +356,10 @@ static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_
     double wide = tc || wg ? 0 : 4 * (2 * N * qd + 2 * N * kvd);
     double router =
         c->n_experts <= MOE_GEMM_FP32_MAX_O ? 4.0 * c->n_experts * c->d_model * ceil(Ns / 128) : 0;
-    double norm = 8.0 * ceil(N / 64) * c->d_model;
+    double qk = c->qk_norm == QK_NORM_FULL ? ceil(N / 64) * qd
+        : c->qk_norm == QK_NORM_HEAD       ? ceil(N * H / 64) * hd
+                                           : 0;
+    double norm = 8.0 * fmax(ceil(N / 64) * c->d_model, qk);
     return fmax(fmax(att, router), fmax(norm, 1048576.0)) + wide;
 }
 
