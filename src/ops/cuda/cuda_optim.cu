@@ -335,23 +335,21 @@ extern "C" void cuda_adamw_runs(float *p, const float *g, void *m_, void *v_, co
     if (prec != OPT_MIXED) {
         int vb = (((uintptr_t)p | (uintptr_t)g) & 15) == 0 && (((uintptr_t)m_ | (uintptr_t)v_) & 7) == 0;
         // the kernel per gradient format (FMT) and rounding (PREC): no per-element branch on either
-        void (*k)(float *, const float *, uint16_t *, uint16_t *, const DevRun *, const int32_t *, int64_t,
-                  int64_t, int, AdamwStep, __nv_bfloat16 *) = prec == OPT_BF16_STOCHASTIC
-            ? (r->fmt ? adamw_runs_bf16_k<1, OPT_BF16_STOCHASTIC> : adamw_runs_bf16_k<0, OPT_BF16_STOCHASTIC>)
-            : prec == OPT_BF16_NEAREST
-            ? (r->fmt ? adamw_runs_bf16_k<1, OPT_BF16_NEAREST> : adamw_runs_bf16_k<0, OPT_BF16_NEAREST>)
-            : (r->fmt ? adamw_runs_bf16_k<1, OPT_BF16_MOMENTS> : adamw_runs_bf16_k<0, OPT_BF16_MOMENTS>);
+        typedef void (*BfK)(float *, const float *, uint16_t *, uint16_t *, const DevRun *, const int32_t *,
+                            int64_t, int64_t, int, AdamwStep, __nv_bfloat16 *);
+        static const BfK ks[2][3] = {
+            {adamw_runs_bf16_k<0, OPT_BF16_NEAREST>, adamw_runs_bf16_k<0, OPT_BF16_STOCHASTIC>,
+             adamw_runs_bf16_k<0, OPT_BF16_MOMENTS>},
+            {adamw_runs_bf16_k<1, OPT_BF16_NEAREST>, adamw_runs_bf16_k<1, OPT_BF16_STOCHASTIC>,
+             adamw_runs_bf16_k<1, OPT_BF16_MOMENTS>}};
+        BfK k = ks[r->fmt != 0][prec - OPT_BF16_NEAREST];
         k<<<grid, RUN_THREADS>>>(p, g, (uint16_t *)m_, (uint16_t *)v_, r->runs, r->tile_run, r->total,
                                  r->ntiles, vb, s, pb);
         KCHECK("adamw_runs (bf16)");
         return;
     }
-    if (r->fmt)
-        adamw_runs_k<1>
-            <<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, s, pb);
-    else
-        adamw_runs_k<0>
-            <<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run, r->total, r->ntiles, vec, s, pb);
+    (r->fmt ? adamw_runs_k<1> : adamw_runs_k<0>)<<<grid, RUN_THREADS>>>(p, g, m, v, r->runs, r->tile_run,
+                                                                        r->total, r->ntiles, vec, s, pb);
     KCHECK("adamw_runs");
 }
 
