@@ -144,13 +144,19 @@ extern "C" unsigned long long cuda_bf16_shadow_version(void) { return g_sh.ver; 
 extern "C" const float *cuda_bf16_shadow_base(void) { return g_sh.base; }
 extern "C" void cuda_bf16_shadow_updated(void) { g_sh.ver++; }
 
+// Where [w, w + count) lies in the copy's buffer: 1 inside, at element *off; 2 inside but not at a whole
+// element (*off the element it starts in); 0 outside (or no copy).
+static int in_copy(const float *w, size_t count, size_t *off) {
+    uintptr_t a = (uintptr_t)w, b0 = (uintptr_t)g_sh.base;
+    if (!g_sh.base || a < b0 || count > g_sh.n || (a - b0) / sizeof(float) > g_sh.n - count) return 0;
+    *off = (a - b0) / sizeof(float);
+    return (a - b0) % sizeof(float) ? 2 : 1;
+}
+
 // The copy's values of [w, w + count) where those elements live in a hole (the copy alone), else NULL.
 extern "C" const void *cuda_bf16_hole_of(const float *w, size_t count) {
-    uintptr_t a = (uintptr_t)w, b0 = (uintptr_t)g_sh.base;
-    if (!g_sh.nh || a < b0 || (a - b0) % sizeof(float) || count > g_sh.n ||
-        (a - b0) / sizeof(float) > g_sh.n - count)
-        return NULL;
-    size_t off = (size_t)(w - g_sh.base);
+    size_t off;
+    if (!g_sh.nh || in_copy(w, count, &off) != 1) return NULL;
     return cuda_bf16_in_hole(g_sh.base, off, count) ? g_sh.mirror + off : NULL;
 }
 
@@ -160,11 +166,11 @@ extern "C" const void *cuda_bf16_hole_of(const float *w, size_t count) {
 // another kernel would sum in another order (and a misaligned one runs slower). A weight in a hole has
 // no float32 values to convert: it is always taken from the copy (and must be aligned so).
 extern "C" const void *cuda_bf16_shadow_of(const float *w, size_t count) {
-    uintptr_t a = (uintptr_t)w, b0 = (uintptr_t)g_sh.base;
-    if (!g_sh.base || a < b0 || count > g_sh.n || (a - b0) / sizeof(float) > g_sh.n - count) return NULL;
-    size_t off = (size_t)(w - g_sh.base);
-    int hole = (a - b0) % sizeof(float) == 0 && cuda_bf16_in_hole(g_sh.base, off, count);
-    if (off % 8 || (a - b0) % sizeof(float)) {
+    size_t off;
+    int where = in_copy(w, count, &off);
+    if (!where) return NULL;
+    int hole = where == 1 && cuda_bf16_in_hole(g_sh.base, off, count);
+    if (off % 8 || where == 2) {
         CHECK(!hole,
               "a GEMM weight at element %zu of the parameter buffer lies in a hole (bf16 alone) but not at a "
               "multiple of 8 elements",
