@@ -21,12 +21,17 @@
 
 // ---------------------------------------------------------------- rows: gather, embedding backward, combine
 
-// one block per row; T = float4 where the rows allow it (C % 4 == 0, 16-byte aligned), C in units of T
-template <typename T> __global__ void gather_rows_k(T *out, const T *inp, const int32_t *idx, int C) {
+// one element of a gathered row: copied (one type), bf16 widened, or float32 rounded to bf16 (nearest even)
+template <typename T> __device__ __forceinline__ void put(T *d, T v) { *d = v; }
+__device__ __forceinline__ void put(float *d, __nv_bfloat16 v) { *d = __bfloat162float(v); }
+__device__ __forceinline__ void put(__nv_bfloat16 *d, float v) { *d = __float2bfloat16_rn(v); }
+// one block per row, C elements of TI into TO (copies: T = float4 where the rows allow it, C in units of T)
+template <typename TO, typename TI>
+__global__ void gather_rows_k(TO *out, const TI *inp, const int32_t *idx, int C) {
     size_t i = blockIdx.x;
-    const T *src = inp + (size_t)idx[i] * C;
-    T *dst = out + i * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
+    const TI *src = inp + (size_t)idx[i] * C;
+    TO *dst = out + i * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) put(dst + c, src[c]);
 }
 
 // rows of C floats may move as float4: C % 4 == 0 and every pointer 16-byte aligned
@@ -36,22 +41,16 @@ static int rows_vec4(int C, const void *a, const void *b) {
 
 static void gather(float *out, const float *inp, const int32_t *idx, int n, int C) {
     if (rows_vec4(C, out, inp))
-        gather_rows_k<float4><<<n, row_threads(C / 4)>>>((float4 *)out, (const float4 *)inp, idx, C / 4);
-    else gather_rows_k<float><<<n, row_threads(C)>>>(out, inp, idx, C);
-}
-
-// (a table in a hole of the bf16 parameters lives in their copy alone: its rows widened, the same values)
-__global__ void gather_widen_k(float *out, const __nv_bfloat16 *inp, const int32_t *idx, int C) {
-    const __nv_bfloat16 *src = inp + (size_t)idx[blockIdx.x] * C;
-    for (int j = threadIdx.x; j < C; j += blockDim.x)
-        out[(size_t)blockIdx.x * C + j] = __bfloat162float(src[j]);
+        gather_rows_k<<<n, row_threads(C / 4)>>>((float4 *)out, (const float4 *)inp, idx, C / 4);
+    else gather_rows_k<<<n, row_threads(C)>>>(out, inp, idx, C);
 }
 
 extern "C" void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C,
                                    int V) {
     if (N <= 0 || C <= 0) return;
     const __nv_bfloat16 *tb = (const __nv_bfloat16 *)cuda_bf16_hole_of(table, (size_t)V * C);
-    if (tb) gather_widen_k<<<N, row_threads(C)>>>(out, tb, tokens, C);
+    // (a table in a hole of the bf16 parameters lives in their copy alone: its rows widened, the same values)
+    if (tb) gather_rows_k<<<N, row_threads(C)>>>(out, tb, tokens, C);
     else gather(out, table, tokens, N, C);
     KCHECK("embedding_fwd");
 }
@@ -62,20 +61,16 @@ extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *id
     KCHECK("gather_rows");
 }
 
-// rows of float32 into bf16 rows (round to nearest even, as cuda_f32_to_bf16): one block per row; VEC: 4
-// floats (16 B) in, 4 bf16 (8 B) out per step (C % 4 == 0, input 16-byte and output 8-byte aligned)
-template <int VEC>
+// rows of float32 into bf16 rows (round to nearest even, as cuda_f32_to_bf16), one block per row, 4 floats
+// (16 B) in and 4 bf16 (8 B) out per step (C % 4 == 0, input 16-byte and output 8-byte aligned; else
+// gather_rows_k one value at a time)
 __global__ void gather_rows_bf16_k(__nv_bfloat16 *out, const float *inp, const int32_t *idx, int C) {
     size_t i = blockIdx.x;
     const float *src = inp + (size_t)idx[i] * C;
     __nv_bfloat16 *dst = out + i * C;
-    if (VEC) {
-        for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
-            float4 v = ((const float4 *)src)[c];
-            store4(dst + 4 * c, v.x, v.y, v.z, v.w);
-        }
-    } else {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) store1(dst + c, src[c]);
+    for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
+        float4 v = ((const float4 *)src)[c];
+        store4(dst + 4 * c, v.x, v.y, v.z, v.w);
     }
 }
 
@@ -86,15 +81,14 @@ extern "C" void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_h
     if (n <= 0 || C <= 0) return;
     if (!from_hid) {
         if (C % 4 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 8 == 0)
-            gather_rows_bf16_k<1>
-                <<<n, row_threads(C / 4)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
-        else gather_rows_bf16_k<0><<<n, row_threads(C)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
+            gather_rows_bf16_k<<<n, row_threads(C / 4)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
+        else gather_rows_k<<<n, row_threads(C)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
     } else if (C % 8 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 16 == 0) {
-        gather_rows_k<float4><<<n, row_threads(C / 8)>>>((float4 *)out, (const float4 *)inp, idx, C / 8);
+        gather_rows_k<<<n, row_threads(C / 8)>>>((float4 *)out, (const float4 *)inp, idx, C / 8);
     } else if (C % 2 == 0 && (uintptr_t)inp % 4 == 0 && (uintptr_t)out % 4 == 0) {
-        gather_rows_k<float><<<n, row_threads(C / 2)>>>((float *)out, (const float *)inp, idx, C / 2);
+        gather_rows_k<<<n, row_threads(C / 2)>>>((float *)out, (const float *)inp, idx, C / 2);
     } else {
-        gather_rows_k<uint16_t><<<n, row_threads(C)>>>((uint16_t *)out, (const uint16_t *)inp, idx, C);
+        gather_rows_k<<<n, row_threads(C)>>>((uint16_t *)out, (const uint16_t *)inp, idx, C);
     }
     KCHECK("gather_rows_hid");
 }
