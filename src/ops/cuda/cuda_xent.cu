@@ -74,9 +74,61 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+// The same with the row in registers (XR_T threads, XR_N float4s each: vocabularies of 16385-32768 in float4
+// rows): read from memory once, every value written from registers after the loss's barrier (so the bf16
+// writes overwrite nothing still to be read). Each value's arithmetic is cross_entropy_k's; its sums run in
+// another order (the threads' values differ).
+#define XR_T 1024
+#define XR_N 8
+template <int HID>
+__global__ void __launch_bounds__(XR_T, 1)
+    cross_entropy_reg_k(float *losses, float *logits, const int32_t *targets, int V, float dloss, int bwd) {
+    int nu = V / 4;
+    size_t i = blockIdx.x;
+    float *x = logits + i * V;
+    float v[XR_N][4];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < XR_N; k++) {
+        int u = threadIdx.x + k * XR_T;
+        if (u < nu) load_u<1>(v[k], x, u);
+        else v[k][0] = v[k][1] = v[k][2] = v[k][3] = -INFINITY;
+        mx = fmaxf(mx, fmaxf(fmaxf(v[k][0], v[k][1]), fmaxf(v[k][2], v[k][3])));
+    }
+    mx = block_max_f(mx);
+    double s = 0;
+#pragma unroll
+    for (int k = 0; k < XR_N; k++)
+        if (threadIdx.x + k * XR_T < nu)
+#pragma unroll
+            for (int j = 0; j < 4; j++) s += (double)expf(v[k][j] - mx);
+    s = block_sum_d(s);
+    float l = mx + (float)log(s);
+    int t = targets[i];
+    if (threadIdx.x == 0) losses[i] = l - ld_f(x + t);
+    if (!bwd) return;
+    __syncthreads(); // x[t] is read above before any thread overwrites it
+#pragma unroll
+    for (int k = 0; k < XR_N; k++) {
+        int u = threadIdx.x + k * XR_T;
+        if (u >= nu) continue;
+        float p[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            p[j] = expf(v[k][j] - l) * dloss;
+            if (u * 4 + j == t) p[j] = p[j] - dloss;
+        }
+        if (HID) store4((__nv_bfloat16 *)x + 4 * u, p[0], p[1], p[2], p[3]);
+        else store4(x + 4 * u, p[0], p[1], p[2], p[3]);
+    }
+}
+
 #define XENT_LAUNCH(HID, N, V, ...) \
     do { \
-        if ((V) % 4 == 0 && !((uintptr_t)logits % 16)) cross_entropy_k<HID, 1><<<N, 256>>>(__VA_ARGS__); \
+        int vec_ = (V) % 4 == 0 && !((uintptr_t)logits % 16); \
+        if (vec_ && (V) > 4 * XR_T * XR_N / 2 && (V) <= 4 * XR_T * XR_N) \
+            cross_entropy_reg_k<HID><<<N, XR_T>>>(__VA_ARGS__); \
+        else if (vec_) cross_entropy_k<HID, 1><<<N, 256>>>(__VA_ARGS__); \
         else cross_entropy_k<HID, 0><<<N, 256>>>(__VA_ARGS__); \
     } while (0)
 
