@@ -21,10 +21,12 @@
 
 // ---------------------------------------------------------------- rows: gather, embedding backward, combine
 
-// one element of a gathered row: copied (one type), bf16 widened, or float32 rounded to bf16 (nearest even)
+// one element of a gathered row: copied (one type), bf16 widened, or float32 rounded to bf16 (nearest even,
+// as cuda_f32_to_bf16; a float4 into 4 bf16 in a uint2)
 template <typename T> __device__ __forceinline__ void put(T *d, T v) { *d = v; }
 __device__ __forceinline__ void put(float *d, __nv_bfloat16 v) { *d = __bfloat162float(v); }
 __device__ __forceinline__ void put(__nv_bfloat16 *d, float v) { *d = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void put(uint2 *d, float4 v) { store4((__nv_bfloat16 *)d, v.x, v.y, v.z, v.w); }
 // one block per row, C elements of TI into TO (copies: T = float4 where the rows allow it, C in units of T)
 template <typename TO, typename TI>
 __global__ void gather_rows_k(TO *out, const TI *inp, const int32_t *idx, int C) {
@@ -61,19 +63,6 @@ extern "C" void cuda_gather_rows(float *out, const float *inp, const int32_t *id
     KCHECK("gather_rows");
 }
 
-// rows of float32 into bf16 rows (round to nearest even, as cuda_f32_to_bf16), one block per row, 4 floats
-// (16 B) in and 4 bf16 (8 B) out per step (C % 4 == 0, input 16-byte and output 8-byte aligned; else
-// gather_rows_k one value at a time)
-__global__ void gather_rows_bf16_k(__nv_bfloat16 *out, const float *inp, const int32_t *idx, int C) {
-    size_t i = blockIdx.x;
-    const float *src = inp + (size_t)idx[i] * C;
-    __nv_bfloat16 *dst = out + i * C;
-    for (int c = threadIdx.x; c < C / 4; c += blockDim.x) {
-        float4 v = ((const float4 *)src)[c];
-        store4(dst + 4 * c, v.x, v.y, v.z, v.w);
-    }
-}
-
 // ops.h gather_rows_hid for "cuda" (bf16 hidden rows): from float32 rounded, or bf16 rows copied (as 16-,
 // 4- or 2-byte pieces, whichever the row length and the pointers allow)
 extern "C" void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n,
@@ -81,7 +70,7 @@ extern "C" void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_h
     if (n <= 0 || C <= 0) return;
     if (!from_hid) {
         if (C % 4 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 8 == 0)
-            gather_rows_bf16_k<<<n, row_threads(C / 4)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
+            gather_rows_k<<<n, row_threads(C / 4)>>>((uint2 *)out, (const float4 *)inp, idx, C / 4);
         else gather_rows_k<<<n, row_threads(C)>>>((__nv_bfloat16 *)out, (const float *)inp, idx, C);
     } else if (C % 8 == 0 && (uintptr_t)inp % 16 == 0 && (uintptr_t)out % 16 == 0) {
         gather_rows_k<<<n, row_threads(C / 8)>>>((float4 *)out, (const float4 *)inp, idx, C / 8);
