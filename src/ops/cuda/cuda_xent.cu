@@ -17,6 +17,22 @@ template <> __device__ __forceinline__ void load_u<1>(float *v, const float *x, 
 }
 template <> __device__ __forceinline__ void load_u<0>(float *v, const float *x, int u) { v[0] = ld_f(x + u); }
 
+// The row's lse from the threads' max mx and partial sums s (block_sum_d's tree), its loss by thread 0; with
+// bwd a barrier after it, so that x[t] is read before any thread overwrites the row.
+__device__ __forceinline__ float row_lse_loss(float *losses, const float *x, int t, float mx, double s,
+                                              int bwd) {
+    s = block_sum_d(s);
+    float l = mx + (float)log(s);
+    if (threadIdx.x == 0) losses[blockIdx.x] = l - ld_f(x + t);
+    if (bwd) __syncthreads();
+    return l;
+}
+// one dlogit: (softmax - onehot) dloss
+__device__ __forceinline__ float dlogit(float v, float l, float dloss, int is_t) {
+    float p = expf(v - l) * dloss;
+    return is_t ? p - dloss : p;
+}
+
 // One block per row: max, then the sum of expf(x - max) in double, lse, loss; with
 // dloss != 0 (fwd_bwd) the row is overwritten with (softmax - onehot) * dloss: float32, or (HID) each value
 // rounded to bf16 in place from the row's start, a block's chunk of values at a time: chunk c's values land
@@ -48,22 +64,16 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int k = 0; k < U; k++) s += (double)expf(v[k] - mx);
     }
-    s = block_sum_d(s);
-    float l = mx + (float)log(s);
     int t = targets[i];
-    if (threadIdx.x == 0) losses[i] = l - ld_f(x + t);
+    float l = row_lse_loss(losses, x, t, mx, s, bwd);
     if (!bwd) return;
-    __syncthreads(); // x[t] is read above before any thread overwrites it
     for (int u0 = 0; u0 < nu; u0 += blockDim.x) { // (HID: every thread runs every chunk, for the barrier)
         int u = u0 + threadIdx.x;
         float p[U];
         if (u < nu) {
             load_u<VEC>(p, x, u);
 #pragma unroll
-            for (int k = 0; k < U; k++) {
-                p[k] = expf(p[k] - l) * dloss;
-                if (u * U + k == t) p[k] = p[k] - dloss;
-            }
+            for (int k = 0; k < U; k++) p[k] = dlogit(p[k], l, dloss, u * U + k == t);
         }
         if (HID) __syncthreads();
         if (u >= nu) continue;
@@ -102,22 +112,16 @@ __global__ void __launch_bounds__(XR_T, 1)
         if (threadIdx.x + k * XR_T < nu)
 #pragma unroll
             for (int j = 0; j < 4; j++) s += (double)expf(v[k][j] - mx);
-    s = block_sum_d(s);
-    float l = mx + (float)log(s);
     int t = targets[i];
-    if (threadIdx.x == 0) losses[i] = l - ld_f(x + t);
+    float l = row_lse_loss(losses, x, t, mx, s, bwd);
     if (!bwd) return;
-    __syncthreads(); // x[t] is read above before any thread overwrites it
 #pragma unroll
     for (int k = 0; k < XR_N; k++) {
         int u = threadIdx.x + k * XR_T;
         if (u >= nu) continue;
         float p[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            p[j] = expf(v[k][j] - l) * dloss;
-            if (u * 4 + j == t) p[j] = p[j] - dloss;
-        }
+        for (int j = 0; j < 4; j++) p[j] = dlogit(v[k][j], l, dloss, u * 4 + j == t);
         if (HID) store4((__nv_bfloat16 *)x + 4 * u, p[0], p[1], p[2], p[3]);
         else store4(x + 4 * u, p[0], p[1], p[2], p[3]);
     }
