@@ -45,7 +45,7 @@ static double head_forward(Model *m, const int32_t *targets, int N, float dloss)
               targets[i], i, V);
     be->to_device(m->targets, targets, (size_t)N * sizeof(int32_t));
     // (dlogits in the hidden format in place: the LM head's backward reads them so, GM_DOUT_HID)
-    if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss, 1);
+    if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss);
     else be->cross_entropy_fwd(m->losses, m->logits, m->targets, N, V);
     float *lh = m->loss_h;
     be->to_host(lh, m->losses, (size_t)N * F);
@@ -120,7 +120,7 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     const ModelChunk *ch = &m->chunk[m->cur];
     if (ch->last) {
         // the MTP modules first (their gradient reaching the final norm's output: dh0), then the LM head and
-        // final norm (m->logits holds dlogits in the hidden format: cross_entropy_fwd_bwd's hid 1)
+        // final norm (m->logits holds dlogits in the hidden format: cross_entropy_fwd_bwd)
         const float *dh0 = c->mtp_depth ? mtp_backward(m, aux_scale, z_scale) : NULL;
         be->matmul_bwd(m->dxn, model_param(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f,
                        model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V,

@@ -55,7 +55,7 @@ static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, i
     be->to_device(a->targets, t, (size_t)N * sizeof(int32_t));
     if (train) {
         // (dlogits in the hidden format in place; zeroing a row's float32 bytes zeroes its values too)
-        be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k, 1);
+        be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k);
         for (int b = 0; b < B; b++) be->zero(a->logits + ((size_t)b * T + T - k) * V, (size_t)k * V * F);
     } else {
         be->cross_entropy_fwd(a->losses, a->logits, a->targets, N, V);

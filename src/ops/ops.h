@@ -79,7 +79,7 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 // blocks' bytes are scratch, nothing past them is written): half the bytes of a float32 gradient, read back
 // through OptRun's OPTG_PACKED. GM_DOUT_HID (matmul_bwd only): dout holds the hidden format's values
 // (Backend.hid) in place of its float32 rows, row i's O values starting where float32 row i starts (byte
-// 4 O i; cross_entropy_fwd_bwd's hid 1 writes so); the same bits as dout's float32 values rounded once to
+// 4 O i; cross_entropy_fwd_bwd writes so); the same bits as dout's float32 values rounded once to
 // the format. A no-op where the format is float32.
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8 };
 
@@ -457,12 +457,12 @@ struct Backend {
                              const float *scale, int n, int C, int hid);
 
     // Cross-entropy over V: losses (N) = logsumexp(logits) - logits[target].
-    // Then logits is OVERWRITTEN with dlogits = (softmax - onehot) * dloss (dloss per row, same for all):
-    // float32 (hid 0) or, with hid 1, each value rounded once to the hidden format (Backend.hid) in place,
-    // row i's V values from where its float32 row starts (matmul_bwd's GM_DOUT_HID reads that layout; the
-    // LM head's backward then needs no converted copy of them).
+    // Then logits is OVERWRITTEN with dlogits = (softmax - onehot) * dloss (dloss per row, same for all) in
+    // the hidden format (Backend.hid): each float32 value rounded once to it in place, row i's V values from
+    // where its float32 row starts (matmul_bwd's GM_DOUT_HID reads that layout; the LM head's backward then
+    // needs no converted copy of them). In a float32 hidden format the dlogits are the float32 rows.
     void (*cross_entropy_fwd_bwd)(float *losses, float *logits, const int32_t *targets, int N, int V,
-                                  float dloss, int hid);
+                                  float dloss);
     void (*cross_entropy_fwd)(float *losses, const float *logits, const int32_t *targets, int N, int V);
 
     // out = a * b elementwise (out may alias a)

@@ -284,9 +284,9 @@ static void w_rbwd(float *dl, const float *rd, const int32_t *sr, const float *p
     in->router_bwd(dl, rd, sr, p, l, i, w, a, z, N, E, r);
     T1(P_ROUTER);
 }
-static void w_ce_fb(float *l, float *lg, const int32_t *t, int N, int V, float d, int h) {
+static void w_ce_fb(float *l, float *lg, const int32_t *t, int N, int V, float d) {
     T0;
-    in->cross_entropy_fwd_bwd(l, lg, t, N, V, d, h);
+    in->cross_entropy_fwd_bwd(l, lg, t, N, V, d);
     T1(P_CE);
 }
 static void w_ce_f(float *l, const float *lg, const int32_t *t, int N, int V) {

@@ -64,7 +64,7 @@ void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row
                     const float *lse, const int32_t *idx, const float *w, const float *aux_dp, float z_dl,
                     int N, int E, RouteRule r);
 void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V,
-                               float dloss, int hid);
+                               float dloss);
 void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cpu_mul(float *out, const float *a, const float *b, size_t n);
 void cpu_sigmoid_fwd(float *out, const float *inp, size_t n);

@@ -202,9 +202,9 @@ void cuda_rmsnorm_fwd_hid_f32(void *out, float *rstd, const float *inp, const fl
 void cuda_gather_rows_hid_bf16(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
 void cuda_cross_entropy_fwd_bwd_f32(float *losses, float *logits, const int32_t *targets, int N, int V,
-                                    float dloss, int hid);
+                                    float dloss);
 void cuda_cross_entropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets, int N, int V,
-                                     float dloss, int hid);
+                                     float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);
 void cuda_sigmoid_fwd(float *out, const float *inp, size_t n);

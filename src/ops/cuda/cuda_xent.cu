@@ -1,7 +1,7 @@
 // cuda_xent.cu — the cross-entropy of the cuda backends (contracts in ops/ops.h: cross_entropy_fwd,
 // cross_entropy_fwd_bwd), one block a row: its max, then its sum of exponentials (each expf, summed in double
 // by a fixed block tree, cuda_common.h; the cpu reference takes each exp in double: the two agree to
-// round-off), the gradient float32 or, on "cuda", bf16 in place (hid 1, the LM head's backward reads it so:
+// round-off), the gradient float32 or, on "cuda", bf16 in place (the LM head's backward reads it so:
 // ops.h GM_DOUT_HID). Built with -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the
 // cpu code's.
 // Must not hold: any knowledge of the model or of layers.
@@ -136,20 +136,15 @@ __global__ void __launch_bounds__(XR_T, 1)
         else cross_entropy_k<HID, 0><<<N, 256>>>(__VA_ARGS__); \
     } while (0)
 
-// "cuda-fp32" (hidden format float32: hid changes nothing) and "cuda" (bf16)
+// "cuda-fp32" (hidden format float32) and "cuda" (bf16)
 extern "C" void cuda_cross_entropy_fwd_bwd_f32(float *losses, float *logits, const int32_t *targets, int N,
-                                               int V, float dloss, int hid) {
-    (void)hid;
+                                               int V, float dloss) {
     if (N <= 0) return;
     XENT_LAUNCH(0, N, V, losses, logits, targets, V, dloss, 1);
     KCHECK("cross_entropy_fwd_bwd");
 }
 extern "C" void cuda_cross_entropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets, int N,
-                                                int V, float dloss, int hid) {
-    if (!hid) {
-        cuda_cross_entropy_fwd_bwd_f32(losses, logits, targets, N, V, dloss, 0);
-        return;
-    }
+                                                int V, float dloss) {
     if (N <= 0) return;
     XENT_LAUNCH(1, N, V, losses, logits, targets, V, dloss, 1);
     KCHECK("cross_entropy_fwd_bwd (bf16 dlogits)");
