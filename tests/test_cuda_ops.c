@@ -165,6 +165,30 @@ static void cmp_packed_dev(const char *what, const float *pk_d, const float *ref
     free(pk);
     free(ref);
 }
+// ops.h GM_DW_SUMSQ: the ledger holds `blocks` blocks since the last take, and their sum of squares is the
+// host's double sum over the n values at dw_d as written (float32, or packed bf16), to the kernels' float
+// partial sums of 32 squares (each within 31 float roundings: 2e-6 relative, twice that allowed)
+static void ledger_check(const char *what, const float *dw_d, size_t n, int packed, int blocks) {
+    double led = -1, ref = 0;
+    int got = gpu->dw_sumsq_take(&led);
+    float *h = gpu_getf(gpu, dw_d, packed ? (n + 1) / 2 : n);
+    for (size_t j = 0; j < n; j++) {
+        double x;
+        if (packed) {
+            uint16_t b;
+            memcpy(&b, (const char *)h + 2 * j, 2);
+            x = bf16_to_f32(b);
+        } else {
+            x = h[j];
+        }
+        ref += x * x;
+    }
+    EXPECT(got == blocks, "%s: the ledger holds %d blocks, %d written", what, got, blocks);
+    EXPECT(fabs(led - ref) <= 4e-6 * ref, "%s: the ledger's sum %.17g, the values' %.17g (rel %.2e)", what,
+           led, ref, ref > 0 ? fabs(led - ref) / ref : 0.0);
+    free(h);
+}
+
 // the device array a_d against a host reference, bit for bit
 static void cmp_exact_host(const char *what, const float *a_d, const float *ref, size_t n) {
     float *a = gpu_getf(gpu, a_d, n);
@@ -800,6 +824,20 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
                             GM_DW_WRITE | GM_DW_BF16);
     snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_BF16 = GM_DW_WRITE's rounded G%d K%d O%d", G, O, K);
     cmp_packed_dev(what, dwp, dwn, nw);
+    // GM_DW_SUMSQ: the same writes, and the written blocks' sum of squares in the ledger
+    gpu->dw_sumsq_take(NULL);
+    float *dws = gpu_nanf(gpu, 2 * nw);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dws, dyh, o[2], o[0], o[1], w2d, off, G, O, K,
+                            GM_DW_WRITE | GM_DW_SUMSQ);
+    snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_SUMSQ G%d K%d O%d", G, O, K);
+    cmp_exact_dev(what, dws, dwn, nw);
+    ledger_check(what, dws, nw, 0, G);
+    gpu->grouped_swiglu_bwd(d1d, d3d, dws, dyh, o[2], o[0], o[1], w2d, off, G, O, K,
+                            GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ);
+    snprintf(what, sizeof what, "grouped_swiglu_bwd GM_DW_SUMSQ, packed G%d K%d O%d", G, O, K);
+    cmp_exact_dev(what, dws, dwp, nw);
+    ledger_check(what, dws, nw, 1, G);
+    gpu->free(dws);
     gpu->free(dwp);
     // the w1/w3 pair's backward: dinp [+]= dh1 W1 + dh3 W3, dw1, dw3 accumulate; dh1, dh3 hidden rows
     // (values the hidden format holds exactly, so every side reads the same)
@@ -843,6 +881,32 @@ static void test_grouped_fused(int K, int O, int G, const int64_t *cnt) {
             snprintf(what, sizeof what,
                      "grouped_matmul_bwd2 GM_DW_BF16 = GM_DW_WRITE's rounded (dwb) G%d K%d O%d", G, K, O);
             cmp_packed_dev(what, pb, nb, nw);
+            // GM_DW_SUMSQ: both weights' blocks in the ledger, in one sum (packed)
+            gpu->dw_sumsq_take(NULL);
+            float *sa = gpu_nanf(gpu, 2 * nw), *sb = gpu_nanf(gpu, 2 * nw);
+            gpu->grouped_matmul_bwd2(xz, sa, sb, gad, gbd, xh, w1d, w3d, off, G, K, O,
+                                     GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ);
+            snprintf(what, sizeof what, "grouped_matmul_bwd2 GM_DW_SUMSQ, packed G%d K%d O%d", G, K, O);
+            cmp_exact_dev(what, sa, pa, nw);
+            cmp_exact_dev(what, sb, pb, nw);
+            {
+                double l = -1, ra = 0;
+                int got = gpu->dw_sumsq_take(&l);
+                float *ha = gpu_getf(gpu, sa, nw), *hb = gpu_getf(gpu, sb, nw);
+                for (size_t j = 0; j < nw; j++) {
+                    uint16_t u, v;
+                    memcpy(&u, (const char *)ha + 2 * j, 2);
+                    memcpy(&v, (const char *)hb + 2 * j, 2);
+                    ra += (double)bf16_to_f32(u) * bf16_to_f32(u) + (double)bf16_to_f32(v) * bf16_to_f32(v);
+                }
+                EXPECT(got == 2 * G && fabs(l - ra) <= 4e-6 * ra,
+                       "%s: the ledger holds %d blocks (%d written), sum %.17g against %.17g", what, got,
+                       2 * G, l, ra);
+                free(ha);
+                free(hb);
+            }
+            gpu->free(sa);
+            gpu->free(sb);
             gpu->free(pa);
             gpu->free(pb);
             gpu->free(za);
@@ -2164,9 +2228,8 @@ static void test_cross_entropy(int N, int V, float sd) {
             }
             if (!ok && bad++ == 0) first = i * V + j;
         }
-    EXPECT(bad == 0,
-           "cross_entropy_fwd_bwd N%d V%d: %zu of %zu dlogits not cuda-fp32's rounded; first [%zu]", N, V,
-           bad, (size_t)N * V, first);
+    EXPECT(bad == 0, "cross_entropy_fwd_bwd N%d V%d: %zu of %zu dlogits not cuda-fp32's rounded; first [%zu]",
+           N, V, bad, (size_t)N * V, first);
     EXPECT(kept, "cross_entropy_fwd_bwd N%d V%d: a write past a row's hidden-format values", N, V);
     free(got);
     free(xh);

@@ -1978,7 +1978,7 @@ static void die_packed_accumulate_op(void *arg) {
 static void die_packed_accumulate_moe(void *arg) {
     (void)arg;
     MoeGrads g = {.packed = 1, .fresh = 0};
-    moe_dw_flags(&g, 1);
+    moe_dw_flags(&g, 1, 1);
 }
 static void test_packed_refusals(void) {
     expect_death_msg("GM_DW_BF16 without GM_DW_WRITE", die_packed_accumulate_op, NULL,
@@ -1986,11 +1986,62 @@ static void test_packed_refusals(void) {
     expect_death_msg("an accumulation into packed expert gradients", die_packed_accumulate_moe, NULL,
                      "an accumulation into bf16 expert gradients", "written once a step", 1);
     MoeGrads g = {.packed = 1, .fresh = 1};
-    EXPECT(moe_dw_flags(&g, 1) == (GM_DW_WRITE | GM_DW_BF16), "moe_dw_flags: packed and fresh gives %d",
-           moe_dw_flags(&g, 1));
-    MoeGrads f = {.packed = 0, .fresh = 0};
-    EXPECT(moe_dw_flags(&f, 1) == 0 && moe_dw_flags(&f, 0) == 0,
+    EXPECT(moe_dw_flags(&g, 1, 1) == (GM_DW_WRITE | GM_DW_BF16), "moe_dw_flags: packed and fresh gives %d",
+           moe_dw_flags(&g, 1, 1));
+    MoeGrads f = {.packed = 0, .fresh = 0, .sumsq = 1};
+    EXPECT(moe_dw_flags(&f, 1, 1) == 0 && moe_dw_flags(&f, 0, 1) == 0,
            "moe_dw_flags: an accumulation into float32 gives flags");
+    // the ledger (GM_DW_SUMSQ) takes a write that is the step's whole gradient, not a first chunk's
+    MoeGrads s = {.fresh = 1, .sumsq = 1};
+    EXPECT(moe_dw_flags(&s, 1, 1) == (GM_DW_WRITE | GM_DW_SUMSQ) && moe_dw_flags(&s, 1, 0) == GM_DW_WRITE,
+           "moe_dw_flags: the ledger's write gives %d, a first chunk's %d", moe_dw_flags(&s, 1, 1),
+           moe_dw_flags(&s, 1, 0));
+}
+
+// The gradient ledger (ops.h GM_DW_SUMSQ, dw_sumsq_take): the blocks a grouped backward writes, counted, and
+// their sum of squares the bits sumsq_runs gives over the same blocks as runs in address order (float32 and
+// packed bf16), whatever order the writes came in; an empty take returns 0 blocks; GM_DW_SUMSQ on an
+// accumulation dies.
+static void die_sumsq_accumulate(void *arg) {
+    (void)arg;
+    float x[8] = {0}, w[8] = {0}, d[8] = {0}, dw[8] = {0};
+    const int64_t off[2] = {0, 2};
+    be->grouped_matmul_bwd(NULL, dw, d, x, w, off, 1, 2, 2, GM_DW_SUMSQ);
+}
+static void test_dw_ledger(void) {
+    expect_death_msg("GM_DW_SUMSQ without GM_DW_WRITE", die_sumsq_accumulate, NULL,
+                     "GM_DW_SUMSQ without GM_DW_WRITE", "not accumulations", 1);
+    be->dw_sumsq_take(NULL);
+    const int G = 3, K = 40, O = 24, N = 50;
+    const int64_t off[4] = {0, 20, 20, 50}; // (group 1 without rows: its block is zeros, counted)
+    size_t blk = (size_t)O * K;
+    float *x = fnew((size_t)N * K), *d = fnew((size_t)N * O), *w = fnew(G * blk);
+    fill_normal(x, (size_t)N * K, 1.0f);
+    fill_normal(d, (size_t)N * O, 1.0f);
+    float *dw = xcalloc(4 * G * blk, sizeof(float)); // two gradients: float32 (at 2 G blk), packed (at 0)
+    float *dwf = dw + 2 * G * blk;
+    // the packed one first and the float32 one after it in memory, written in the other order
+    be->grouped_matmul_bwd(NULL, dwf, d, x, w, off, G, K, O, GM_DW_WRITE | GM_DW_SUMSQ);
+    be->grouped_matmul_bwd(NULL, dw, d, x, w, off, G, K, O, GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ);
+    double led = -1;
+    int n = be->dw_sumsq_take(&led);
+    OptRun runs[6];
+    for (int g = 0; g < G; g++) {
+        runs[g] = (OptRun){.off = (int64_t)(g * blk), .n = (int64_t)blk, .gbf = OPTG_PACKED, .gb = 0};
+        runs[G + g] = (OptRun){.off = (int64_t)((2 * G + g) * blk), .n = (int64_t)blk, .gbf = OPTG_F32};
+    }
+    OptRuns *r = be->runs_create(runs, 2 * G);
+    double ref = -2;
+    be->sumsq_runs(&ref, 1, dw, r);
+    be->runs_free(r);
+    EXPECT(n == 2 * G, "dw ledger: %d blocks counted, %d written", n, 2 * G);
+    EXPECT(led == ref && ref > 0, "dw ledger: sum %.17g, sumsq_runs over the same blocks %.17g", led, ref);
+    double again = -1;
+    EXPECT(be->dw_sumsq_take(&again) == 0 && again == 0, "dw ledger: a second take holds %g", again);
+    free(x);
+    free(d);
+    free(w);
+    free(dw);
 }
 
 static void test_adamw_runs(size_t N, int maxlen, float gscale, int t) {
@@ -2252,5 +2303,6 @@ int main(void) {
     test_grad_formats(20000, 5000, OPT_BF16_NEAREST);
     test_grad_formats(3000, 200, OPT_MIXED);
     test_packed_refusals();
+    test_dw_ledger();
     return test_done("test_ops");
 }

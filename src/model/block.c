@@ -222,6 +222,7 @@ static void moe_grads(Model *m, int l, const MoeWeights *w, MoeGrads *gw) {
     gw->fresh =
         m->dw_fresh ? m->dw_fresh[l] & DW_FRESH_EXPERTS : 0; // (moe clears it at its first expert write)
     gw->packed = m->expert_gbf == OPTG_PACKED;
+    gw->sumsq = m->dw_sumsq;
 }
 
 void block_backward(Model *m, int l, float aux_scale, float z_scale) {

@@ -293,6 +293,14 @@ void model_set_expert_grads(Model *m, int gbf) {
     m->expert_gbf = gbf;
 }
 
+void model_set_dw_sumsq(Model *m, int on) {
+    CHECK(!on || m->be->dw_sumsq_take, "model_set_dw_sumsq: backend %s keeps no gradient ledger",
+          m->be->name);
+    CHECK(!on || m->expert_gbf != OPTG_BF16,
+          "model_set_dw_sumsq: expert gradients read rounded (OPTG_BF16) are not what the ledger sums");
+    m->dw_sumsq = !!on;
+}
+
 int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb) {
     *gb = 0;
     int routed = s->expert >= 0 && (s->role == PR_W1 || s->role == PR_W3 || s->role == PR_W2);
@@ -424,6 +432,7 @@ void model_zero_grads(Model *m) {
         }
     }
     for (int i = 0; i < m->nzr; i++) m->be->zero(m->grads + m->zr_off[i], m->zr_n[i] * sizeof(float));
+    if (m->dw_sumsq) m->be->dw_sumsq_take(NULL); // (what a backward outside a step wrote there)
     // (a layer this rank does not hold has no tensors to write)
     memset(m->dw_fresh, DW_FRESH_EXPERTS | DW_FRESH_QKV | DW_FRESH_O, (size_t)config_all_layers(&m->c));
     m->head_fresh = DW_FRESH_HEAD;

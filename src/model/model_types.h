@@ -197,6 +197,7 @@ typedef struct Model {
     size_t embed_lent; // the bytes of the embedding's gradient, where it holds layer 0's activations (lent
                        // with the lean MoE scratch: moe.h); model_backward zeroes it before its backward
     int expert_gbf; // model_set_expert_grads (ops.h OPTG_*)
+    int dw_sumsq; // model_set_dw_sumsq
     int recompute; // RECOMPUTE_* bits (model_set_recompute)
     MoeRecompute rc; // --recompute moe: every layer's experts' SwiGLU rows, shared
     int moe_timing; // 1: time each block's forward from attention on and its MoE's backward

@@ -639,7 +639,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         // first write of each buffer overwrites every row it holds (flags without GM_ACC_DINP); dxg = dh1 W1
         // + dh3 W3 in one call (grouped_matmul_bwd2). The weight gradients accumulate, or are written where
         // they hold nothing yet this step (g->fresh: ops.h GM_DW_WRITE).
-        int dwf = moe_dw_flags(gu, 1);
+        int dwf = moe_dw_flags(gu, 1, 1);
         void *dh1, *dh3;
         float *dxg;
         moe_bwd_rows(m, s, &dh1, &dh3, &dxg);

@@ -10,12 +10,12 @@
 #include <string.h>
 #include "core/common.h"
 
-int moe_dw_flags(const MoeGrads *g, int first) {
+int moe_dw_flags(const MoeGrads *g, int first, int whole) {
     int w = first && g->fresh;
     CHECK(w || !g->packed,
           "moe_dw_flags: an accumulation into bf16 expert gradients (model_set_expert_grads OPTG_PACKED "
           "needs each written once a step: one micro-batch, one chunk)");
-    return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) : 0;
+    return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) | (whole && g->sumsq ? GM_DW_SUMSQ : 0) : 0;
 }
 
 // Recomputation (m->rc): the layer's h1, h3, act are the shared buffers, grown to nf bytes each.
@@ -357,7 +357,7 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         void *dh1 = hid_at(be, dh1b, g * fl), *dh3 = hid_at(be, dh3b, g * fl);
         exchange_dispatch_finish(&m->xc[i], hid_at(be, s->dysc, m->cstart[i] * d), dyg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d));
-        int dwf = moe_dw_flags(gw, i == 0); // the first chunk writes unwritten gradients
+        int dwf = moe_dw_flags(gw, i == 0, 0); // the first chunk writes unwritten gradients
         be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
                                hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d, dwf);
         be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, hid_at(be, m->xg, g * d), w->w1, w->w3,

@@ -43,14 +43,16 @@ typedef struct {
 } MoeWeights;
 // fresh: w1, w3, w2 hold no gradient yet this step (not even zeros): the layer's first expert backward
 // writes them (ops.h GM_DW_WRITE) and clears fresh; 0: it adds into them. packed: that write is in bf16
-// (ops.h GM_DW_BF16: model_set_expert_grads OPTG_PACKED), and an accumulation into them dies.
+// (ops.h GM_DW_BF16: model_set_expert_grads OPTG_PACKED), and an accumulation into them dies. sumsq: a
+// write that is the whole step's goes into the gradient ledger (ops.h GM_DW_SUMSQ: model_set_dw_sumsq).
 typedef struct {
     float *router, *w1, *w3, *w2, *sh_w1, *sh_w3, *sh_w2, *sh_gate;
-    int fresh, packed;
+    int fresh, packed, sumsq;
 } MoeGrads;
-// The flags of the experts' weight-gradient writes into g (GM_DW_WRITE / GM_DW_BF16 while fresh), first: the
-// first expert backward of the step into them (else an accumulation).
-int moe_dw_flags(const MoeGrads *g, int first);
+// The flags of the experts' weight-gradient writes into g (GM_DW_WRITE / GM_DW_BF16 while fresh, and
+// GM_DW_SUMSQ where whole and g->sumsq), first: the first expert backward of the step into them (else an
+// accumulation); whole: it writes all of the step's gradient (no chunk of it follows).
+int moe_dw_flags(const MoeGrads *g, int first, int whole);
 
 // Activation recomputation (--recompute moe): the experts' SwiGLU rows (h1, h3, act: the largest
 // activations, 3 f values per routed token, in the backend's hidden format) are not kept per layer.

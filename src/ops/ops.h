@@ -80,8 +80,12 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 // through OptRun's OPTG_PACKED. GM_DOUT_HID (matmul_bwd only): dout holds the hidden format's values
 // (Backend.hid) in place of its float32 rows, row i's O values starting where float32 row i starts (byte
 // 4 O i; cross_entropy_fwd_bwd writes so); the same bits as dout's float32 values rounded once to
-// the format. A no-op where the format is float32.
-enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8 };
+// the format. A no-op where the format is float32. GM_DW_SUMSQ (grouped ops, with GM_DW_WRITE only; where the
+// backend has dw_sumsq_take): the G written blocks' values, as stored (bf16 under GM_DW_BF16), squared and
+// summed into the backend's gradient ledger, counted as G blocks (dw_sumsq_take below).
+enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8, GM_DW_SUMSQ = 16 };
+// The flags of a grouped op's weight-gradient write (what a composed op passes on to its plain ones).
+#define GM_DW_FLAGS (GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ)
 
 // attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
 enum { ATT_ADD_DQ = 1, ATT_ADD_DKV = 2 };
@@ -486,6 +490,13 @@ struct Backend {
     // backends sum in a fixed order of their own (same inputs, same bits), with one device-to-host copy per
     // call.
     void (*sumsq_runs)(double *out, int ncls, const float *x, const OptRuns *r);
+    // The gradient ledger (GM_DW_SUMSQ): returns the blocks written with it since the last call and, where
+    // sum is not NULL, writes their sum of squares (HOST; a double sum in a fixed order of the backend's: the
+    // cpu sums each block as sumsq_runs sums a run of it and adds the blocks in ascending address order, so
+    // its sum over a tensor list's blocks is sumsq_runs' bits over the same tensors' runs in that order; a
+    // GPU sums its kernels' partial sums in the order written: one device-to-host copy); empties the ledger.
+    // NULL where the backend keeps none (the FP8 tables): GM_DW_SUMSQ must not be passed then.
+    int (*dw_sumsq_take)(double *sum);
     // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
     // where decay is set, else 0; bias-corrected at step t (1-based). Each element is adamw_f32 above with
     // adamw_step(gscale, lr, b1, b2, eps, wd, t, prec, seed) (g is read only, as optrun_g reads it).

@@ -30,7 +30,7 @@ static inline void backend_grouped_swiglu_bwd_plain(const Backend *be, void *dh1
     float *dh1 = (float *)dh1v, *dh3 = (float *)dh3v;
     const float *h1 = (const float *)h1v, *h3 = (const float *)h3v;
     be->grouped_matmul_bwd(dh1, dw, (const float *)dout, (const float *)act, w, off, G, K, O,
-                           flags & (GM_DW_WRITE | GM_DW_BF16));
+                           flags & GM_DW_FLAGS);
     size_t b = (size_t)off[0] * K;
     be->swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, h1 + b, h3 + b, (size_t)(off[G] - off[0]) * K, 0);
 }
@@ -46,7 +46,7 @@ static inline void backend_grouped_matmul_bwd2_plain(const Backend *be, float *d
                                                      int G, int K, int O, int flags) {
     be->grouped_matmul_bwd(dinp, dwa, (const float *)douta, (const float *)inp, wa, off, G, K, O, flags);
     be->grouped_matmul_bwd(dinp, dwb, (const float *)doutb, (const float *)inp, wb, off, G, K, O,
-                           GM_ACC_DINP | (flags & (GM_DW_WRITE | GM_DW_BF16)));
+                           GM_ACC_DINP | (flags & GM_DW_FLAGS));
 }
 
 static inline void backend_add_rmsnorm_fwd_plain(const Backend *be, float *x, float *out, float *rstd,

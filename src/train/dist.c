@@ -186,8 +186,10 @@ void dist_free(Dist *d) {
         d->be->free(d->m2);
         if (d->opt_all) d->be->runs_free(d->opt_all);
         if (d->norm_runs) d->be->runs_free(d->norm_runs);
+        if (d->norm_rest) d->be->runs_free(d->norm_rest);
     }
-    d->opt_all = d->norm_runs = NULL;
+    d->opt_all = d->norm_runs = d->norm_rest = NULL;
+    d->ledger_blocks = 0;
     d->b = NULL;
     d->nb = 0;
 }
@@ -259,8 +261,38 @@ void dist_finish_grads(Dist *d, Model *m) {
     d->wait_s = now_seconds() - t0;
 }
 
-double dist_grad_norm(const Dist *d, const Model *m) {
+// A routed expert's W1, W3 or W2: the tensors whose gradients the ledger sums (model_grad_format's routed).
+static int ledger_tensor(const ParamSpec *s) {
+    return s->expert >= 0 && (s->role == PR_W1 || s->role == PR_W3 || s->role == PR_W2);
+}
+
+void dist_use_ledger(Dist *d, const Model *m) {
+    CHECK(!d->mesh && !d->zero && d->norm_runs && m->dw_sumsq,
+          "dist_use_ledger: one process after dist_attach, with model_set_dw_sumsq on");
+    RunList l = {0};
+    d->ledger_blocks = 0;
+    for (int i = 0; i < m->t.n; i++) {
+        const ParamSpec *s = &m->t.p[i];
+        if (!s->lnumel) continue;
+        if (ledger_tensor(s)) d->ledger_blocks++;
+        else run_format(run_add(&l, s->loffset, 0, s->lnumel, 0, norm_class(s)), m, s);
+    }
+    d->norm_rest = m->be->runs_create(l.r, l.n);
+    free(l.r);
+}
+
+double dist_grad_norm(Dist *d, const Model *m) {
     double cls[3] = {0, 0, 0};
+    if (d->norm_rest) {
+        double led;
+        if (m->be->dw_sumsq_take(&led) == d->ledger_blocks) {
+            m->be->sumsq_runs(cls, 3, m->grads, d->norm_rest);
+            cls[2] += led; // (after any other tensor of the experts' class: norm_class)
+            d->ledger_used++;
+            return sqrt(cls[0] + cls[1] + cls[2]);
+        }
+        d->ledger_missed++;
+    }
     if (d->zero == 2) {
         // only my shard of each bucket holds reduced values: sum the shards over each group
         double per[3][3]; // [group][class]

@@ -40,6 +40,9 @@ typedef struct {
     OptRuns *opt_all; // ZeRO 0: the AdamW runs of every bucket (one launch per step)
     OptRuns *norm_runs; // the grad-norm runs: one per tensor (ZeRO-2: per tensor and bucket shard)
     int norm_ncls; // their classes: 3 norm classes (ZeRO-2: 3 groups x 3 classes)
+    OptRuns *norm_rest; // dist_use_ledger: the norm runs of every tensor but the routed experts' (else NULL)
+    int ledger_blocks; // ... and how many routed-expert tensors the ledger holds a sum of each step
+    int ledger_used, ledger_missed; // norms taken with the ledger, and without it (it did not hold them all)
     double wait_s; // time the last step spent waiting for gradient reductions
     int bf16_shadow; // the trainer keeps the GEMMs' bf16 copy of the weights (ops.h): refresh it
                      // after ZeRO's parameter all-gathers
@@ -63,7 +66,13 @@ void dist_disarm(Model *m);
 // (ZeRO-2: only on this rank's shards).
 void dist_finish_grads(Dist *d, Model *m);
 // Global L2 norm of the reduced gradients (all pipeline stages), identical on every rank.
-double dist_grad_norm(const Dist *d, const Model *m);
+double dist_grad_norm(Dist *d, const Model *m);
+// The norm with the routed experts' sums of squares from the backend's gradient ledger (model_set_dw_sumsq:
+// set on the model first; one process, after dist_attach): the other tensors' runs are read, and the ledger
+// stands for the experts' class where it holds exactly one sum per routed-expert tensor (else, as in a step
+// whose layers ran their experts in chunks, the experts' gradients are read as without it). On the cpu the
+// same bits as without it (ops.h dw_sumsq_take's order).
+void dist_use_ledger(Dist *d, const Model *m);
 // Clip by `scale` (1 = none), AdamW on this rank's shards, then all-gather the updated parameters.
 // The clip is folded into the update (g * scale rounded to float, as a separate scaling pass would
 // give); the gradient buffer itself is left unscaled (nothing reads it before the next step zeroes it).

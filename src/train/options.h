@@ -91,6 +91,12 @@ static inline int train_expert_grads(const TrainOptions *o, int meshed) {
     return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? OPTG_PACKED
                                                                                      : OPTG_BF16;
 }
+// One process that writes each routed-expert gradient once a step, as it is read (OPTG_F32 or OPTG_PACKED):
+// the gradient ledger can stand for them in the norm (model_set_dw_sumsq, dist_use_ledger).
+static inline int train_dw_ledger(const TrainOptions *o, int meshed) {
+    return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero &&
+        train_expert_grads(o, meshed) != OPTG_BF16;
+}
 
 // Learning rate at step (0-based): linear warmup to lr, then cosine to lr * min_lr_frac.
 float lr_at(const TrainOptions *o, int step);

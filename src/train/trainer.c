@@ -342,12 +342,16 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     // GEMMs read live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
     if (r->bf16_shadow && train_bf16_weights_alone(o, r->meshed)) model_bf16_weights(&r->m);
     model_set_expert_grads(&r->m, train_expert_grads(o, r->meshed)); // (before dist_attach builds the runs)
+    const char *e = getenv("MOE_DW_SUMSQ"); // (0: the experts' gradients read again for the norm, the A/B)
+    int ledger = train_dw_ledger(o, r->meshed) && r->be->dw_sumsq_take && !(e && !strcmp(e, "0"));
+    model_set_dw_sumsq(&r->m, ledger);
     if (o->recompute)
         model_set_recompute(&r->m, o->recompute); // (before step_init's slots: they keep no dropped buffer)
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
     // the activations' own buffers are freed before the moments take their memory
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
     dist_attach(&r->dist, &r->m);
+    if (ledger) dist_use_ledger(&r->dist, &r->m);
     textdata_keep(); // (every check passed: the tokenised text stays)
 }
 
@@ -610,6 +614,12 @@ static void run_close(Run *r) {
     if (o->steps > r->first)
         fprintf(r->out, "trained steps %d..%d in %.1fs (%.0f tokens/s)\n", r->first + 1, o->steps, wall,
                 (o->steps - r->first) * (double)o->batch * o->seq_len / wall);
+    const Dist *d = &r->dist;
+    if (d->norm_rest)
+        fprintf(r->out,
+                "grad norm: the routed experts' sums from the GEMMs that wrote them on %d of %d steps%s\n",
+                d->ledger_used, d->ledger_used + d->ledger_missed,
+                d->ledger_missed ? " (the others read them again: a layer ran its experts in chunks)" : "");
     EvalResult ev;
     evaluate(&r->step.pipe, &r->ds, r->step.Bm, o->eval_batches, 1, &ev, &r->dist);
     if (r->rank0) eval_print(&ev, &r->ds, &r->c);

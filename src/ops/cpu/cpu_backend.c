@@ -90,6 +90,12 @@ static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
             memcpy(b + 2 * j, &h, 2);
         }
     }
+    if (dw && (flags & GM_DW_SUMSQ) && G > 0 && K > 0 && O > 0) {
+        CHECK(flags & GM_DW_WRITE,
+              "grouped_matmul_bwd: GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger "
+              "sums written blocks, not accumulations)");
+        cpu_dw_ledger_add(dw, G, (size_t)O * K, (flags & GM_DW_BF16) != 0);
+    }
 }
 
 static void cpu_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1,
@@ -203,6 +209,7 @@ const Backend *backend_cpu(void) {
         .runs_create = cpu_runs_create,
         .runs_free = cpu_runs_free,
         .sumsq_runs = cpu_sumsq_runs,
+        .dw_sumsq_take = cpu_dw_sumsq_take,
         .adamw_runs = cpu_adamw_runs,
         .bf16_shadow = cpu_bf16_shadow,
     };

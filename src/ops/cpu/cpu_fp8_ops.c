@@ -230,6 +230,7 @@ const Backend *backend_cpu_fp8(void) {
         be.grouped_down_fwd = fp8_grouped_down_fwd;
         be.grouped_swiglu_bwd = fp8_grouped_swiglu_bwd;
         be.grouped_matmul_bwd2 = fp8_grouped_matmul_bwd2;
+        be.dw_sumsq_take = NULL; // (its weight gradients keep no ledger: ops.h GM_DW_SUMSQ)
     }
     return &be;
 }

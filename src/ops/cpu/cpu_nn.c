@@ -477,6 +477,44 @@ static double sumsq(const float *g, const OptRun *u) {
     return s;
 }
 
+// The gradient ledger (ops.h GM_DW_SUMSQ, dw_sumsq_take): each written block's sum, by sumsq as a run of it
+// (so the chunks of a tensor's run), with its address; take adds them in ascending address order (the
+// norm's run list is in the table's order, which is the gradient buffer's).
+typedef struct {
+    uintptr_t at;
+    double s;
+} LedgerRec;
+static LedgerRec *g_led;
+static int g_led_n, g_led_cap;
+
+void cpu_dw_ledger_add(const float *dw, int G, size_t blk, int packed) {
+    for (int g = 0; g < G; g++) {
+        OptRun u = {.off = (int64_t)(g * blk), .n = (int64_t)blk, .gbf = packed ? OPTG_PACKED : OPTG_F32};
+        if (g_led_n == g_led_cap) {
+            g_led_cap = g_led_cap ? 2 * g_led_cap : 256;
+            g_led = xrealloc(g_led, sizeof(LedgerRec) * (size_t)g_led_cap);
+        }
+        g_led[g_led_n++] = (LedgerRec){(uintptr_t)(dw + g * blk), blk ? sumsq(dw, &u) : 0.0};
+    }
+}
+
+static int led_cmp(const void *a, const void *b) {
+    uintptr_t x = ((const LedgerRec *)a)->at, y = ((const LedgerRec *)b)->at;
+    return x < y ? -1 : x > y;
+}
+
+int cpu_dw_sumsq_take(double *sum) {
+    int n = g_led_n;
+    if (sum) {
+        qsort(g_led, (size_t)n, sizeof(LedgerRec), led_cmp);
+        double s = 0;
+        for (int i = 0; i < n; i++) s += g_led[i].s;
+        *sum = s;
+    }
+    g_led_n = 0;
+    return n;
+}
+
 // AdamW on run u's elements (ops.h adamw_f32: the same float operations on every backend); g: the whole flat
 // buffer, read as u's format says; p, m, v: at the run's first element.
 static void adamw_span(float *p, const float *g, float *m, float *v, const OptRun *u, const AdamwStep *s,

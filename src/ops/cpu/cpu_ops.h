@@ -74,5 +74,8 @@ void cpu_add(float *out, const float *a, const float *b, size_t n);
 OptRuns *cpu_runs_create(const OptRun *runs, int n);
 void cpu_runs_free(OptRuns *r);
 void cpu_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
+// the gradient ledger (ops.h GM_DW_SUMSQ): G written blocks of blk values at dw (float32, or packed bf16)
+void cpu_dw_ledger_add(const float *dw, int G, size_t blk, int packed);
+int cpu_dw_sumsq_take(double *sum);
 void cpu_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                     float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);

@@ -214,6 +214,7 @@ static void fill_common(Backend *be) {
     be->runs_create = cuda_runs_create;
     be->runs_free = cuda_runs_free;
     be->sumsq_runs = cuda_sumsq_runs;
+    be->dw_sumsq_take = cuda_dw_sumsq_take;
     be->adamw_runs = cuda_adamw_runs;
 }
 

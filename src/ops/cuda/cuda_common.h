@@ -220,6 +220,12 @@ void cuda_plan_rows(int32_t *slot_row, int32_t *row_tok, float *row_scale, const
 OptRuns *cuda_runs_create(const OptRun *runs, int n);
 void cuda_runs_free(OptRuns *r);
 void cuda_sumsq_runs(double *out, int ncls, const float *x, const OptRuns *r);
+// The gradient ledger (ops.h GM_DW_SUMSQ, dw_sumsq_take; cuda_optim.cu): n partial sums appended for a
+// kernel to write (every one of them) and G blocks counted; or the n values of a written block range
+// (float32, or bf16 packed: ops.h GM_DW_BF16) summed into it by a kernel of its own, counted as G blocks.
+double *cuda_dw_ledger_slots(size_t n, int G);
+void cuda_dw_ledger_sum(const void *dw, size_t n, int packed, int G);
+int cuda_dw_sumsq_take(double *sum);
 void cuda_adamw_runs(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                      float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 // cuda_weights.cu: the bf16 copy of the weights (ops.h bf16_shadow): register/refresh; the copy of p's
@@ -295,11 +301,14 @@ void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, const void *d
 void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                    const void *inp, const float *wa, const float *wb, const int64_t *off,
                                    int G, int K, int O, int flags);
+// cuda_narrow.cu: dw (O, K) [+]= dout^T inp for a narrow O (beta 1: added), its chunks' sums in order
+void cuda_dw_narrow(float *dw, const float *dout, const float *inp, int N, int K, int O, int beta);
 // cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
 int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
                       const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
-// (packed: the output as bf16 packed from dw, ops.h GM_DW_BF16; beta 0)
-int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x,
+// (packed: the output as bf16 packed from dw, ops.h GM_DW_BF16; beta 0. sumsq: the G blocks into the
+// gradient ledger, cuda_dw_ledger_slots; beta 0)
+int cuda_grouped_gemm_dw(float *dw, float beta, int packed, int sumsq, const void *dout, const void *x,
                          const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
                             const int64_t *off, int G, int K, int O);

@@ -573,6 +573,7 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->grouped_down_fwd = fp8_down_fwd<HB>;
     be->grouped_swiglu_bwd = fp8_swiglu_bwd<HB>;
     be->grouped_matmul_bwd2 = fp8_matmul_bwd2<HB>;
+    be->dw_sumsq_take = NULL; // (its weight gradients keep no ledger: ops.h GM_DW_SUMSQ)
 }
 
 // The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1).

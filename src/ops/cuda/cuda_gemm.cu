@@ -134,61 +134,6 @@ extern "C" void cuda_matmul_fwd_f32(float *out, const float *inp, const float *w
         cublasSgemm(cuda_cublas(), CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, &one, w, K, inp, K, &beta, out, O));
 }
 
-// The weight gradient of a narrow product (O <= MOE_GEMM_FP32_MAX_O: the router's, O = E), dw (O,K) [+]=
-// dout^T (O,N) inp (N,K): cuBLAS runs it with a few dozen blocks (84 us for N 8192, K 2048, O 8, where
-// reading inp takes ~17: docs/PERFORMANCE.md). Here block (x, y) takes rows [y DWN_ROWS, ..) and 128
-// columns, one thread per column and all O outputs: part[y][o][k] = the fmaf chain over its rows in row
-// order; dw_narrow_sum_k then sums the chunks' partials in chunk order (part[0] + part[1] + ...) and adds
-// that to dw (beta 1) or writes it. Deterministic (a fixed order); cuBLAS's sums to float32 rounding.
-#define DWN_ROWS 128
-#define DWN_COLS 128
-template <int OB>
-__global__ void __launch_bounds__(DWN_COLS)
-    dw_narrow_part_k(float *part, const float *dout, const float *inp, int N, int K, int O) {
-    __shared__ float sd[DWN_ROWS * OB]; // the chunk's dout rows, OB columns (zeros past O)
-    int k = blockIdx.x * DWN_COLS + threadIdx.x, n0 = blockIdx.y * DWN_ROWS, nr = min(DWN_ROWS, N - n0);
-    for (int i = threadIdx.x; i < nr * OB; i += DWN_COLS) {
-        int r = i / OB, o = i % OB;
-        sd[i] = o < O ? dout[(size_t)(n0 + r) * O + o] : 0.0f;
-    }
-    __syncthreads();
-    if (k >= K) return;
-    float acc[OB];
-#pragma unroll
-    for (int o = 0; o < OB; o++) acc[o] = 0.0f;
-    const float *x = inp + (size_t)n0 * K + k;
-#pragma unroll 4
-    for (int n = 0; n < nr; n++) {
-        float v = x[(size_t)n * K];
-#pragma unroll
-        for (int o = 0; o < OB; o++) acc[o] = fmaf(sd[n * OB + o], v, acc[o]);
-    }
-    float *p = part + (size_t)blockIdx.y * O * K + k;
-#pragma unroll
-    for (int o = 0; o < OB; o++)
-        if (o < O) p[(size_t)o * K] = acc[o];
-}
-__global__ void dw_narrow_sum_k(float *dw, const float *part, int nch, size_t OK, int beta) {
-    GRID_STRIDE(i, OK) {
-        float s = part[i];
-        for (int c = 1; c < nch; c++) s += part[(size_t)c * OK + i];
-        dw[i] = beta ? dw[i] + s : s;
-    }
-}
-static void dw_narrow(float *dw, const float *dout, const float *inp, int N, int K, int O, int beta) {
-    int nch = (N + DWN_ROWS - 1) / DWN_ROWS;
-    size_t OK = (size_t)O * K;
-    float *part = (float *)cuda_workspace(sizeof(float) * OK * nch);
-    dim3 grid((K + DWN_COLS - 1) / DWN_COLS, nch);
-    if (O <= 8) dw_narrow_part_k<8><<<grid, DWN_COLS>>>(part, dout, inp, N, K, O);
-    else if (O <= 16) dw_narrow_part_k<16><<<grid, DWN_COLS>>>(part, dout, inp, N, K, O);
-    else if (O <= 32) dw_narrow_part_k<32><<<grid, DWN_COLS>>>(part, dout, inp, N, K, O);
-    else dw_narrow_part_k<64><<<grid, DWN_COLS>>>(part, dout, inp, N, K, O);
-    KCHECK("dw_narrow_part");
-    dw_narrow_sum_k<<<ew_grid(OK, 256), 256>>>(dw, part, nch, OK, beta);
-    KCHECK("dw_narrow_sum");
-}
-
 // dinp = dout W [+ dinp with GM_ACC_DINP]; dw += dout^T inp. With O = 0 an overwritten dinp is zeros.
 // flags (ops.h): GM_ACC_DINP adds into dinp, GM_DW_WRITE writes dw (zeros without rows)
 static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
@@ -208,7 +153,7 @@ static void mm_bwd_f32(float *dinp, float *dw, const float *dout, const float *i
         CUBLAS_CHECK(
             cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_N, K, N, O, &one, w, K, dout, O, &bi, dinp, K));
     // dw^T (K,O) [+]= inp^T (K,N) . dout (N,O)
-    if (dw && O <= MOE_GEMM_FP32_MAX_O) dw_narrow(dw, dout, inp, N, K, O, !(flags & GM_DW_WRITE));
+    if (dw && O <= MOE_GEMM_FP32_MAX_O) cuda_dw_narrow(dw, dout, inp, N, K, O, !(flags & GM_DW_WRITE));
     else if (dw)
         CUBLAS_CHECK(
             cublasSgemm(cuda_cublas(), CUBLAS_OP_N, CUBLAS_OP_T, K, O, N, &one, inp, K, dout, O, &bw, dw, K));
@@ -246,6 +191,12 @@ static float *dw_block(float *dw, int g, size_t blk, int packed) {
 static void dw_pack(float *dw, int g, size_t blk, const float *b, int packed) {
     if (packed) cuda_f32_to_bf16((bf16 *)dw + g * blk, b, blk);
 }
+// ops.h GM_DW_SUMSQ: with GM_DW_WRITE only (the ledger holds what a block was written as)
+static void dw_sumsq_check(int flags) {
+    CHECK(!(flags & GM_DW_SUMSQ) || (flags & GM_DW_WRITE),
+          "grouped weight gradients: GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger sums written "
+          "blocks, not accumulations)");
+}
 
 // (GM_DW_BF16: each group's block computed apart, then packed: dw_block, dw_pack)
 extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float *dout, const float *inp,
@@ -255,6 +206,7 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
     CHECK(!packed || (flags & GM_DW_WRITE),
           "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients "
           "are written once, never accumulated)");
+    dw_sumsq_check(flags);
     size_t blk = (size_t)O * K;
     for (int g = 0; g < G; g++) { // (a group without rows: only GM_DW_WRITE's zeros)
         int64_t r0 = off[g], n = off[g + 1] - off[g];
@@ -264,6 +216,7 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
                    (int)(n > 0 ? n : 0), K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
         if (b) dw_pack(dw, g, blk, b, packed);
     }
+    if (dw && (flags & GM_DW_SUMSQ) && G > 0 && blk > 0) cuda_dw_ledger_sum(dw, (size_t)G * blk, packed, G);
 }
 
 // The fused expert ops (ops.h grouped_swiglu_*, grouped_down_fwd, grouped_matmul_bwd2) as their plain
@@ -488,24 +441,28 @@ static void gdinp(float *dinp0, float beta, const bf16 *ga, const bf16 *wa, cons
         }
 }
 
-// GM_DW_WRITE's zeros: the dw blocks (O x K each) of the groups without rows (all G: every group); packed:
-// bf16 blocks packed from dw (ops.h GM_DW_BF16; a bf16 zero is all zero bits)
-static void dw_zero_empty(float *dw, const int64_t *off, int G, int K, int O, int all, int packed) {
+// GM_DW_WRITE's zeros: the dw blocks (O x K each) of the groups without rows (all G: every group, and with
+// GM_DW_SUMSQ those G blocks counted in the ledger, their sum 0); packed: bf16 blocks packed from dw (ops.h
+// GM_DW_BF16; a bf16 zero is all zero bits)
+static void dw_zero_empty(float *dw, const int64_t *off, int G, int K, int O, int all, int flags) {
+    int packed = (flags & GM_DW_BF16) != 0;
     size_t blk = (size_t)O * K, es = packed ? sizeof(bf16) : sizeof(float);
     for (int g = 0; g < G; g++)
         if (all || off[g + 1] <= off[g]) CUDA_CHECK(cudaMemset((char *)dw + g * blk * es, 0, es * blk));
+    if (all && (flags & GM_DW_SUMSQ)) cuda_dw_ledger_slots(0, G);
 }
 
 // dw_g += dout_g^T x_g (flags GM_DW_WRITE: =; GM_DW_BF16: packed bf16) for every non-empty group (our kernel,
 // or cuBLAS per group); with write, the other groups' blocks are zeroed
 static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O,
                 int flags) {
-    int write = flags & GM_DW_WRITE, packed = (flags & GM_DW_BF16) != 0;
+    int write = flags & GM_DW_WRITE, packed = (flags & GM_DW_BF16) != 0, sumsq = (flags & GM_DW_SUMSQ) != 0;
     CHECK(!packed || write,
           "grouped weight gradients: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients are written "
           "once, never accumulated)");
-    if (write) dw_zero_empty(dw, off, G, K, O, 0, packed);
-    if (cuda_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, packed, gb, xb, off, G, K, O)) return;
+    dw_sumsq_check(flags);
+    if (write) dw_zero_empty(dw, off, G, K, O, 0, flags);
+    if (cuda_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, packed, sumsq, gb, xb, off, G, K, O)) return;
     int64_t base = off[0];
     size_t blk = (size_t)O * K;
     for (int g = 0; g < G; g++) {
@@ -517,6 +474,7 @@ static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, i
                   b, K);
         dw_pack(dw, g, blk, b, packed);
     }
+    if (sumsq) cuda_dw_ledger_sum(dw, (size_t)G * blk, packed, G);
 }
 
 // the bf16 values of the G weight blocks at w: the copy's, or converted into dst
@@ -604,7 +562,7 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
     int64_t rows = off[G] - off[0], base = off[0];
     int write = dw && (flags & GM_DW_WRITE) && O > 0;
     if (rows <= 0) {
-        if (write) dw_zero_empty(dw, off, G, K, O, 1, (flags & GM_DW_BF16) != 0);
+        if (write) dw_zero_empty(dw, off, G, K, O, 1, flags);
         return;
     }
     size_t n = (size_t)rows * K, b = (size_t)base * K;
@@ -630,7 +588,7 @@ extern "C" void cuda_grouped_swiglu_bwd_bf16(void *dh1, void *dh3, float *dw, co
         gdinp(dact, 0.0f, g, wb, NULL, NULL, off, G, K, O);
         cuda_swiglu_bwd_hid(d1, d3, dact, (const bf16 *)h1 + b, (const bf16 *)h3 + b, n);
     }
-    if (dw) gdw(dw, g, (const bf16 *)act + b, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
+    if (dw) gdw(dw, g, (const bf16 *)act + b, off, G, K, O, flags & GM_DW_FLAGS);
 }
 
 // rows of the groups, or 0 after handling an empty call (O = 0: an overwritten dinp is zeros; no rows:
@@ -643,8 +601,7 @@ static int64_t bwd_rows(float *dinp, float *const *dws, int ndw, const int64_t *
     int64_t rows = off[G] - off[0];
     if (rows <= 0) {
         for (int i = 0; i < ndw; i++)
-            if (dws[i] && (flags & GM_DW_WRITE) && O > 0)
-                dw_zero_empty(dws[i], off, G, K, O, 1, (flags & GM_DW_BF16) != 0);
+            if (dws[i] && (flags & GM_DW_WRITE) && O > 0) dw_zero_empty(dws[i], off, G, K, O, 1, flags);
         return 0;
     }
     if (O <= 0) { // empty sums: an overwritten dinp is zeros over the groups' rows; dw has no elements
@@ -672,7 +629,7 @@ extern "C" void cuda_grouped_matmul_bwd_bf16(float *dinp, float *dw, const float
               off, G, K, O);
     if (dw) {
         to_bf16(p[2], inp + base * K, (size_t)rows * K);
-        gdw(dw, p[0], p[2], off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
+        gdw(dw, p[0], p[2], off, G, K, O, flags & GM_DW_FLAGS);
     }
 }
 
@@ -695,6 +652,6 @@ extern "C" void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dw
     if (dinp)
         gdinp(dinp + base * K, flags & GM_ACC_DINP ? 1.0f : 0.0f, ga, weights_bf16(p[0], wa, nw), gb,
               weights_bf16(p[1], wb, nw), off, G, K, O);
-    if (dwa) gdw(dwa, ga, x, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
-    if (dwb) gdw(dwb, gb, x, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16));
+    if (dwa) gdw(dwa, ga, x, off, G, K, O, flags & GM_DW_FLAGS);
+    if (dwb) gdw(dwb, gb, x, off, G, K, O, flags & GM_DW_FLAGS);
 }

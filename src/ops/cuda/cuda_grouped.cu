@@ -47,6 +47,7 @@ typedef __nv_bfloat16 bf16;
 struct GGArgs {
     float *C; // output (EPI_PLAIN, EPI_DW)
     bf16 *Cp; // EPI_DW with beta 0: the output as bf16 packed from C (ops.h GM_DW_BF16), else NULL
+    double *sq; // EPI_DW with beta 0: each warp's sum of squares of the values it stored (gg_sq), else NULL
     bf16 *O1, *O2, *O3; // outputs, bf16: h1, h3, act (EPI_SWIGLU_FWD); dh1, dh3 (EPI_SWIGLU_BWD)
     const bf16 *H1, *H3; // EPI_SWIGLU_BWD: the forward's h1, h3 (ld ldc)
     int bn; // columns per tile: 256, or 128 of each of two weights (EPI_SWIGLU_FWD)
@@ -156,6 +157,13 @@ __device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, 
         if (row < nrow && ch < nch) *(uint4 *)(out + row * ldc + 8 * ch) = make_uint4(d0, d1, d2, d3);
     }
     __syncwarp(); // the buffer is free for the next call
+}
+// EPI_DW's ledger (ops.h GM_DW_SUMSQ): a warp's sum of squares of the values it stored in tile t, q a
+// thread's (float sums of 32 squares each added in double), summed over the warp by a fixed butterfly into
+// sq[8 t + 4 c + wq]: every warp of every tile writes its slot, so the caller's sq slots are all written.
+__device__ __forceinline__ void gg_sq(const GGArgs &a, double q, int t, int c, int wq, int lane) {
+    q = warp_sum_d(q);
+    if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
 }
 // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas allocates for
 // the launch bound, 168 registers, not the consumers' setmaxnreg 232)
@@ -361,26 +369,37 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
             // no faster than the float32 ones, 2026-12-02)
             const int rw = m0 + c * 64 + wq * 16;
             const uint32_t buf = epi + (c * 4 + wq) * GG_EPI_BYTES;
+            double q = 0;
 #pragma unroll
             for (int jb = 0; jb < GG_BN / 8; jb += 8) {
                 int col0 = n0 + 8 * jb, nch = (a.N - col0) / 8;
                 uint32_t v[8][2];
+                float qf = 0.0f;
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++) {
                         v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
+                        if (a.sq && r + 8 * h < mend && col0 < a.N && jj < nch) { // (stored: gg_put_rows)
+                            float2 f = bf2_f2(v[jj][h]);
+                            qf += f.x * f.x + f.y * f.y;
+                        }
+                    }
+                q += qf;
                 if (col0 < a.N)
                     gg_put_rows(Cpb + (long long)rw * a.ldc + col0, a.ldc, mend - rw, nch, v, buf, lane);
             }
+            if (a.sq) gg_sq(a, q, t, c, wq, lane);
             continue;
         }
         // EPI_PLAIN with beta reads C: a few column groups at a time, all loads before the stores (one
         // memory round trip per group instead of one per value; measured: a beta = 1 GEMM loading
         // before each store took 2.6x as long)
         const int CH = 8;
+        double q = 0; // (EPI_DW's ledger: beta 0 there, so v is acc)
 #pragma unroll
         for (int j0 = 0; j0 < GG_BN / 8; j0 += CH) {
+            float qf = 0.0f;
             float2 cv[CH][2];
 #pragma unroll
             for (int j = 0; j < CH; j++)
@@ -403,8 +422,11 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                         v.y += a.beta * cv[j][h].y;
                     }
                     *(float2 *)(Cb + (long long)row * a.ldc + col) = v;
+                    if (EPI == EPI_DW && a.sq) qf += v.x * v.x + v.y * v.y;
                 }
+            q += qf;
         }
+        if (EPI == EPI_DW && a.sq) gg_sq(a, q, t, c, wq, lane);
     }
 #endif
 }
@@ -582,11 +604,12 @@ extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, con
 // The weight gradients: dw_g (O, K) += dout_g^T x_g over each group's rows (dout (rows, O), x (rows,
 // K) bf16, rows from off[0]; dw (G, O, K) float32), or dw_g = ... with beta 0. Groups without rows are not
 // touched. 1 when queued, 0 when not taken (nothing written).
-extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x,
-                                    const int64_t *off, int G, int K, int O) {
+extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, int packed, int sumsq, const void *dout,
+                                    const void *x, const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
     if (!gg_init()) return 0;
     CHECK(!packed || beta == 0.0f, "grouped_gemm_dw: a packed bf16 output is written, never accumulated");
+    CHECK(!sumsq || beta == 0.0f, "grouped_gemm_dw: the ledger's sums are of a written output (beta 0)");
     int64_t rows = off[G] - off[0];
     uintptr_t al =
         (uintptr_t)dout | (uintptr_t)x | ((uintptr_t)dw & (packed ? 15 : 7)); // (packed: 16-byte stores)
@@ -616,6 +639,8 @@ extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const voi
     a->tstart[G] = (int)tiles;
     a->rstart[G] = (int)rows;
     a->tiles = (int)tiles;
+    // (the ledger counts G blocks even where no tile runs: the groups without rows are zeros)
+    if (sumsq) a->sq = cuda_dw_ledger_slots((size_t)tiles * 8, G);
     if (!tiles) return 1;
     CUtensorMap ta, tb;
     tmap_2d(&ta, (const bf16 *)dout, (uint64_t)rows, (uint64_t)O, GG_BK);

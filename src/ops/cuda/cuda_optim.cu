@@ -3,12 +3,12 @@
 // writes the GEMMs' bf16 copy of the weights, ops.h bf16_shadow; under the bf16 policy, OPT_BF16_*, a
 // kernel through the same run loop over bf16 moments that rounds the weights with ops.h's integer
 // roundings and hash, so the cpu's bits). Deterministic: double sums in fixed orders; one integer
-// counter picks the block that finishes sumsq_runs (no float atomics). Each run's gradient is read in its
-// format (ops.h OptRun gbf: float32, rounded, packed bf16); a list of float32 runs alone takes kernels built
-// without the formats (FMT 0: the registers of before).
-// Built with -fmad=false (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu
-// reference's.
-// Must not hold: any knowledge of the model or of layers.
+// counter picks the block that finishes sumsq_runs (no float atomics). Also the gradient ledger (ops.h
+// GM_DW_SUMSQ, dw_sumsq_take): the weight-gradient kernels' partial sums of squares, summed in order. Each
+// run's gradient is read in its format (ops.h OptRun gbf: float32, rounded, packed bf16); a list of float32
+// runs alone takes kernels built without the formats (FMT 0: the registers of before). Built with -fmad=false
+// (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu reference's. Must not hold: any
+// knowledge of the model or of layers.
 #include <math.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
@@ -477,4 +477,76 @@ extern "C" void cuda_sumsq_runs(double *out, int ncls, const float *x, const Opt
             <<<G, RUN_THREADS>>>(ws, ws + ncls, x, r->runs, r->tile_run, r->total, r->ntiles, ncls, vec);
     KCHECK("sumsq_runs");
     CUDA_CHECK(cudaMemcpy(out, ws, sizeof(double) * ncls, cudaMemcpyDeviceToHost));
+}
+
+// ---------------------------------------------------------------- the gradient ledger (ops.h GM_DW_SUMSQ)
+// Partial sums of squares in the order written (the weight-gradient kernels' slots, cuda_grouped.cu gg_sq;
+// LEDGER_BLOCKS a block range summed here), the blocks they cover counted; dw_sumsq_take sums them in index
+// order by one block's fixed tree. The buffer grows by a stream-ordered copy (what is in it stays).
+#define LEDGER_BLOCKS 256
+static double *g_led;
+static size_t g_led_n, g_led_cap;
+static int g_led_blocks;
+
+extern "C" double *cuda_dw_ledger_slots(size_t n, int G) {
+    if (g_led_n + n + 1 > g_led_cap) { // (+1: take's result)
+        size_t cap = 2 * (g_led_n + n + 1);
+        if (cap < 65536) cap = 65536;
+        double *p;
+        CUDA_CHECK(cudaMalloc(&p, sizeof(double) * cap));
+        if (g_led_n)
+            CUDA_CHECK(cudaMemcpyAsync(p, g_led, sizeof(double) * g_led_n, cudaMemcpyDeviceToDevice));
+        if (g_led) CUDA_CHECK(cudaFree(g_led));
+        g_led = p;
+        g_led_cap = cap;
+    }
+    double *s = g_led + g_led_n;
+    g_led_n += n;
+    g_led_blocks += G;
+    return s;
+}
+
+// block b of LEDGER_BLOCKS: elements b, b + LEDGER_BLOCKS * blockDim.x, ... of each thread's stride, in
+// double
+template <int PACKED> __global__ void ledger_sum_k(double *slot, const void *dw, size_t n) {
+    double q = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        double x = PACKED ? (double)bf16_to_f32(((const uint16_t *)dw)[i]) : (double)((const float *)dw)[i];
+        q += x * x;
+    }
+    q = block_sum_d(q);
+    if (threadIdx.x == 0) slot[blockIdx.x] = q;
+}
+
+extern "C" void cuda_dw_ledger_sum(const void *dw, size_t n, int packed, int G) {
+    double *s = cuda_dw_ledger_slots(n ? LEDGER_BLOCKS : 0, G);
+    if (!n) return;
+    if (packed) ledger_sum_k<1><<<LEDGER_BLOCKS, RUN_THREADS>>>(s, dw, n);
+    else ledger_sum_k<0><<<LEDGER_BLOCKS, RUN_THREADS>>>(s, dw, n);
+    KCHECK("dw ledger (sum of a block range)");
+}
+
+__global__ void ledger_take_k(double *out, const double *v, size_t n) {
+    double q = 0;
+    // each thread's values in index order, then the fixed tree
+    size_t per = (n + blockDim.x - 1) / blockDim.x, i0 = threadIdx.x * per, i1 = min(n, i0 + per);
+    for (size_t i = i0; i < i1; i++) q += v[i];
+    q = block_sum_d(q);
+    if (threadIdx.x == 0) *out = q;
+}
+
+extern "C" int cuda_dw_sumsq_take(double *sum) {
+    int blocks = g_led_blocks;
+    if (sum) {
+        *sum = 0;
+        if (g_led_n) {
+            ledger_take_k<<<1, 1024>>>(g_led + g_led_n, g_led, g_led_n);
+            KCHECK("dw ledger (take)");
+            CUDA_CHECK(cudaMemcpy(sum, g_led + g_led_n, sizeof(double), cudaMemcpyDeviceToHost));
+        }
+    }
+    g_led_n = 0;
+    g_led_blocks = 0;
+    return blocks;
 }
