@@ -481,16 +481,16 @@ extern "C" void cuda_sumsq_runs(double *out, int ncls, const float *x, const Opt
 
 // ---------------------------------------------------------------- the gradient ledger (ops.h GM_DW_SUMSQ)
 // Partial sums of squares in the order written (the weight-gradient kernels' slots, cuda_grouped.cu gg_sq;
-// LEDGER_BLOCKS a block range summed here), the blocks they cover counted; dw_sumsq_take sums them in index
-// order by one block's fixed tree. The buffer grows by a stream-ordered copy (what is in it stays).
+// LEDGER_BLOCKS a block range summed here), the blocks they cover counted; dw_sumsq_take sums them by a fixed
+// two-level tree (ledger_take_k). The buffer grows by a stream-ordered copy (what is in it stays).
 #define LEDGER_BLOCKS 256
 static double *g_led;
 static size_t g_led_n, g_led_cap;
 static int g_led_blocks;
 
 extern "C" double *cuda_dw_ledger_slots(size_t n, int G) {
-    if (g_led_n + n + 1 > g_led_cap) { // (+1: take's result)
-        size_t cap = 2 * (g_led_n + n + 1);
+    if (g_led_n + n + LEDGER_BLOCKS + 1 > g_led_cap) { // (take's parts and result after them)
+        size_t cap = 2 * (g_led_n + n + LEDGER_BLOCKS + 1);
         if (cap < 65536) cap = 65536;
         double *p;
         CUDA_CHECK(cudaMalloc(&p, sizeof(double) * cap));
@@ -527,12 +527,17 @@ extern "C" void cuda_dw_ledger_sum(const void *dw, size_t n, int packed, int G) 
     KCHECK("dw ledger (sum of a block range)");
 }
 
-__global__ void ledger_take_k(double *out, const double *v, size_t n) {
+// take: block b of LEDGER_BLOCKS sums its strided values (b's threads i, i + 256 ..., each in index order,
+// then the fixed tree) into part[b]; then one block sums the parts by the same tree into *out
+__global__ void ledger_take_k(double *out, double *part, const double *v, size_t n) {
     double q = 0;
-    // each thread's values in index order, then the fixed tree
-    size_t per = (n + blockDim.x - 1) / blockDim.x, i0 = threadIdx.x * per, i1 = min(n, i0 + per);
-    for (size_t i = i0; i < i1; i++) q += v[i];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        q += v[i];
     q = block_sum_d(q);
+    if (threadIdx.x == 0) part[blockIdx.x] = q;
+}
+__global__ void ledger_fin_k(double *out, const double *part) {
+    double q = block_sum_d(part[threadIdx.x]);
     if (threadIdx.x == 0) *out = q;
 }
 
@@ -541,9 +546,11 @@ extern "C" int cuda_dw_sumsq_take(double *sum) {
     if (sum) {
         *sum = 0;
         if (g_led_n) {
-            ledger_take_k<<<1, 1024>>>(g_led + g_led_n, g_led, g_led_n);
+            double *part = g_led + g_led_n, *res = part + LEDGER_BLOCKS;
+            ledger_take_k<<<LEDGER_BLOCKS, RUN_THREADS>>>(res, part, g_led, g_led_n);
+            ledger_fin_k<<<1, LEDGER_BLOCKS>>>(res, part);
             KCHECK("dw ledger (take)");
-            CUDA_CHECK(cudaMemcpy(sum, g_led + g_led_n, sizeof(double), cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(sum, res, sizeof(double), cudaMemcpyDeviceToHost));
         }
     }
     g_led_n = 0;
