@@ -158,14 +158,17 @@ __device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, 
     }
     __syncwarp(); // the buffer is free for the next call
 }
-// EPI_DW's ledger (ops.h GM_DW_SUMSQ), after the tile's stores: a warp's sum of squares of the values it
-// stored (acc's, each rounded to bf16 where the output is packed; rows r, r + 8 below M, columns cb + 8 j
-// below N), each thread's in float sums of 32 squares added in double, summed over the warp by a fixed
-// butterfly into sq[8 t + 4 c + wq]: every warp of every tile writes its slot, so all the caller's are
-// written.
-template <int PACKED>
-__device__ __forceinline__ void gg_sq(const GGArgs &a, const float (&acc)[128], int r, int cb, int t, int c,
-                                      int wq, int lane) {
+// EPI_DW's ledger (ops.h GM_DW_SUMSQ): a warp's sum of squares of the values it stored in tile t, q a
+// thread's (float sums of 32 squares each added in double: the packed output's as its 64-column groups are
+// stored, the float32 one's from acc after its stores, gg_sq_f32; each way measured the faster for its
+// output), summed over the warp by a fixed butterfly into sq[8 t + 4 c + wq]: every warp of every tile writes
+// its slot, so all the caller's are written.
+__device__ __forceinline__ void gg_sq(const GGArgs &a, double q, int t, int c, int wq, int lane) {
+    q = warp_sum_d(q);
+    if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
+}
+// a thread's sum of its stored float32 values (acc's at rows r, r + 8 below M, columns cb + 8 j below N)
+__device__ __forceinline__ double gg_sq_f32(const GGArgs &a, const float (&acc)[128], int r, int cb) {
     double q = 0;
 #pragma unroll
     for (int j0 = 0; j0 < GG_BN / 8; j0 += 8) {
@@ -175,16 +178,11 @@ __device__ __forceinline__ void gg_sq(const GGArgs &a, const float (&acc)[128], 
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
-                if (PACKED) {
-                    x = __bfloat162float(__float2bfloat16_rn(x));
-                    y = __bfloat162float(__float2bfloat16_rn(y));
-                }
                 if (r + 8 * h < a.M && cb + 8 * j < a.N) qf += x * x + y * y;
             }
         q += qf;
     }
-    q = warp_sum_d(q);
-    if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
+    return q;
 }
 // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas allocates for
 // the launch bound, 168 registers, not the consumers' setmaxnreg 232)
@@ -390,19 +388,27 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
             // no faster than the float32 ones, 2026-12-02)
             const int rw = m0 + c * 64 + wq * 16;
             const uint32_t buf = epi + (c * 4 + wq) * GG_EPI_BYTES;
+            double q = 0;
 #pragma unroll
             for (int jb = 0; jb < GG_BN / 8; jb += 8) {
                 int col0 = n0 + 8 * jb, nch = (a.N - col0) / 8;
                 uint32_t v[8][2];
+                float qf = 0.0f;
 #pragma unroll
                 for (int jj = 0; jj < 8; jj++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
+                    for (int h = 0; h < 2; h++) {
                         v[jj][h] = pack_bf16(acc[4 * (jb + jj) + 2 * h], acc[4 * (jb + jj) + 2 * h + 1]);
+                        if (a.sq && r + 8 * h < mend && col0 < a.N && jj < nch) { // (stored: gg_put_rows)
+                            float2 f = bf2_f2(v[jj][h]);
+                            qf += f.x * f.x + f.y * f.y;
+                        }
+                    }
+                q += qf;
                 if (col0 < a.N)
                     gg_put_rows(Cpb + (long long)rw * a.ldc + col0, a.ldc, mend - rw, nch, v, buf, lane);
             }
-            if (a.sq) gg_sq<1>(a, acc, r, cb, t, c, wq, lane);
+            if (a.sq) gg_sq(a, q, t, c, wq, lane);
             continue;
         }
         // EPI_PLAIN with beta reads C: a few column groups at a time, all loads before the stores (one
@@ -435,7 +441,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                     *(float2 *)(Cb + (long long)row * a.ldc + col) = v;
                 }
         }
-        if (EPI == EPI_DW && a.sq) gg_sq<0>(a, acc, r, cb, t, c, wq, lane); // (beta 0 there: acc was stored)
+        if (EPI == EPI_DW && a.sq) gg_sq(a, gg_sq_f32(a, acc, r, cb), t, c, wq, lane); // (beta 0: acc stored)
     }
 #endif
 }
