@@ -348,16 +348,9 @@ static void w_adamw_runs(float *p, const float *g, void *m, void *v, const OptRu
     T1(P_ADAMW);
 }
 
-static int w_dw_take(double *s) {
-    T0;
-    int n = in->dw_sumsq_take(s);
-    T1(P_SUMSQ);
-    return n;
-}
-
 const Backend *backend_profiled(const Backend *inner) {
     in = inner;
-    pb = *inner; // alloc, free, sync, runs_create/free (setup) and the name pass through
+    pb = *inner; // setup (alloc, free, sync, runs_create/free), dw_sumsq_take and the name pass through
     pb.to_device = w_to_device;
     pb.to_host = w_to_host;
     pb.copy = w_copy;
@@ -411,7 +404,6 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.sigmoid_fwd = w_sig_f;
     pb.sigmoid_bwd = w_sig_b;
     pb.sumsq_runs = w_sumsq_runs;
-    pb.dw_sumsq_take = inner->dw_sumsq_take ? w_dw_take : NULL;
     pb.adamw_runs = w_adamw_runs;
     return &pb;
 }

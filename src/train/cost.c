@@ -263,10 +263,12 @@ static double moment_elems(const ParamTable *lt, const MeshShape *ms, const Trai
 }
 
 double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
-    int packed = train_expert_grads(o, ms && ms->world > 1) == OPTG_PACKED;
+    int meshed = ms && ms->world > 1, packed = train_expert_grads(o, meshed) == OPTG_PACKED;
+    // (the gradient ledger: the FP8 tables keep none)
+    int ledger = train_dw_ledger(o, meshed) && !prec_fp8(o->precision);
     double bytes = 0;
     for (int r = 0; r < 3; r++)
-        for (int e = 0; e < 2; e++)
+        for (int e = 0; e < 1 + !ledger; e++)
             bytes += (double)lt->lby[r][e] / (o->zero ? reduce_ranks(r, ms) : 1) * (packed && e ? 2 : 4);
     return bytes;
 }

@@ -51,7 +51,8 @@ void cost_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms, double 
                 int last, double h);
 // The gradient norm's read, once a step, of the gradients the rank's optimizer updates (lt: its slices; ZeRO:
 // their shards, as AdamW's; ms NULL: one process), bytes: float32, the routed experts' bf16 where they are
-// stored packed (options.h train_expert_grads).
+// stored packed (options.h train_expert_grads), and none of theirs where the gradient ledger stands for them
+// (options.h train_dw_ledger: the GEMMs that write them sum their squares).
 double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o);
 // The attention op's widths per token on a rank of a TP group of tp: its q (and output), its k (and v).
 size_t cost_att_qd(const ModelConfig *c, int tp);
