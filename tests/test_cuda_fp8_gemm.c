@@ -246,7 +246,10 @@ static void run_dw(const char *name, int G, const int *rows, int N, int K, int e
     printf(", N %d, K %d, beta %d%s\n", N, K, beta, exact ? ", exact" : "");
     void *dA = dput(qa, N * Mp), *dB = dput(qb, K * Mp), *dsa = dput(sa, N * TM * sizeof(float)),
          *dsb = dput(sb, K * TM * sizeof(float)), *dC = dput(c0, nc * sizeof(float));
-    int ran = cuda_fp8_grouped_gemm_dw(dC, (float)beta, dA, dsa, dB, dsb, p, G, N, K);
+    // (beta 0: the gradient ledger too, ops.h GM_DW_SUMSQ: G blocks, the stored values' sum of squares to the
+    // kernel's float sums of 32 squares)
+    gpu->dw_sumsq_take(NULL);
+    int ran = cuda_fp8_grouped_gemm_dw(dC, (float)beta, !beta, dA, dsa, dB, dsb, p, G, N, K);
     EXPECT(ran, "%s: the kernel refused the call", name);
     if (ran) {
         gpu->to_host(got, dC, nc * sizeof(float));
@@ -254,6 +257,12 @@ static void run_dw(const char *name, int G, const int *rows, int N, int K, int e
         for (int g = 0; g < G; g++) maxr = rows[g] > maxr ? rows[g] : maxr;
         long bad = compare(name, got, ref, S, (size_t)G * N, K, exact ? 0.0 : bound_tc(maxr));
         EXPECT(bad == 0, "%s: %ld elements beyond the bound", name, bad);
+        double led = -1, hs = 0;
+        int blocks = gpu->dw_sumsq_take(&led);
+        for (size_t i = 0; i < nc; i++) hs += (double)got[i] * got[i];
+        EXPECT(beta || (blocks == G && fabs(led - hs) <= 4e-6 * hs),
+               "%s: the ledger holds %d blocks (%d written), sum %.17g against the stored values' %.17g",
+               name, blocks, G, led, hs);
     }
     gpu->free(dA);
     gpu->free(dB);

@@ -5,7 +5,7 @@
 # the ledger adds each tensor's sum in the order the norm's runs do): metrics.jsonl without its timing
 # fields and the final checkpoint byte-identical. Layouts: mixed precision (float32 expert gradients),
 # --precision bf16 (packed bf16 ones), a shared expert (read as the other tensors are), MTP modules (their
-# experts in the ledger too) and --recompute full. The run's closing lines say on how many steps the ledger
+# experts in the ledger too), --recompute full, and --precision fp8 and fp8-bf16 (the FP8 tables' products). The run's closing lines say on how many steps the ledger
 # stood for the experts (every step here: in one process no layer runs its experts in chunks, which would
 # leave them out of it); with MOE_DW_SUMSQ=0 and under --grad-accum 2 (gradients summed over micro-batches)
 # it is not used at all.
@@ -41,7 +41,9 @@ done <<< "|on 3 of 3|mixed precision, float32 expert gradients
 --precision bf16|on 3 of 3|bf16, packed expert gradients
 --family qwen2_moe --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1|on 3 of 3|a shared expert
 --mtp 1|on 3 of 3|an MTP module
---recompute full|on 3 of 3|--recompute full"
+--recompute full|on 3 of 3|--recompute full
+--precision fp8|on 3 of 3|fp8 (the FP8 weight-gradient GEMMs' sums)
+--precision fp8-bf16|on 3 of 3|fp8-bf16"
 
 run "$TMP/acc" --grad-accum 2 && [ -z "$(used "$TMP/acc")" ] && pass "--grad-accum 2: the ledger is not used" ||
   fail "--grad-accum 2: $(used "$TMP/acc") $(tail -1 "$TMP/acc/out.txt")"

@@ -495,7 +495,7 @@ struct Backend {
     // cpu sums each block as sumsq_runs sums a run of it and adds the blocks in ascending address order, so
     // its sum over a tensor list's blocks is sumsq_runs' bits over the same tensors' runs in that order; a
     // GPU sums its kernels' partial sums in the order written: one device-to-host copy); empties the ledger.
-    // NULL where the backend keeps none (the FP8 tables): GM_DW_SUMSQ must not be passed then.
+    // NULL where the backend keeps none: GM_DW_SUMSQ must not be passed then.
     int (*dw_sumsq_take)(double *sum);
     // AdamW on every run: p + off, g + off, m + moff, v + moff, n elements; decoupled weight decay wd
     // where decay is set, else 0; bias-corrected at step t (1-based). Each element is adamw_f32 above with

@@ -167,6 +167,12 @@ static void fp8_bwd(float *dinp, float *dw, const float *dout, const float *inp,
         if (dinp) fp8_dinp(dinp + r0 * K, dout + r0 * O, w + (size_t)g * O * K, n, K, O, acc_dinp, tdout, tw);
         if (dwg) fp8_dw(dwg, dout + r0 * O, inp + r0 * K, n, K, O, !write_dw, tdout, tin);
     }
+    if (dw && (flags & GM_DW_SUMSQ) && G > 0 && K > 0 && O > 0) { // the gradient ledger (ops.h)
+        CHECK(write_dw,
+              "grouped_matmul_bwd: GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger sums "
+              "written blocks, not accumulations)");
+        cpu_dw_ledger_add(dw, G, (size_t)O * K, 0);
+    }
 }
 
 static void fp8_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,
@@ -200,8 +206,8 @@ static void fp8_grouped_swiglu_bwd(void *dh1v, void *dh3v, float *dw, const void
                                    int K, int O, int flags) {
     if (G <= 0) return;
     float *dh1 = (float *)dh1v, *dh3 = (float *)dh3v;
-    fp8_bwd(dh1, dw, (const float *)dout, (const float *)act, w, off, G, K, O,
-            flags & (GM_DW_WRITE | GM_DW_BF16), FP8T_DY, FP8T_ACT, FP8T_W2);
+    fp8_bwd(dh1, dw, (const float *)dout, (const float *)act, w, off, G, K, O, flags & GM_DW_FLAGS, FP8T_DY,
+            FP8T_ACT, FP8T_W2);
     size_t b = (size_t)off[0] * K;
     cpu_swiglu_bwd(dh1 + b, dh3 + b, dh1 + b, (const float *)h1 + b, (const float *)h3 + b,
                    (size_t)(off[G] - off[0]) * K, 0);
@@ -213,7 +219,7 @@ static void fp8_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const v
     fp8_bwd(dinp, dwa, (const float *)douta, (const float *)inp, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X,
             FP8T_W1);
     fp8_bwd(dinp, dwb, (const float *)doutb, (const float *)inp, wb, off, G, K, O,
-            GM_ACC_DINP | (flags & (GM_DW_WRITE | GM_DW_BF16)), FP8T_DH3, FP8T_X, FP8T_W3);
+            GM_ACC_DINP | (flags & GM_DW_FLAGS), FP8T_DH3, FP8T_X, FP8T_W3);
 }
 
 const Backend *backend_cpu_fp8(void) {
@@ -230,7 +236,6 @@ const Backend *backend_cpu_fp8(void) {
         be.grouped_down_fwd = fp8_grouped_down_fwd;
         be.grouped_swiglu_bwd = fp8_grouped_swiglu_bwd;
         be.grouped_matmul_bwd2 = fp8_grouped_matmul_bwd2;
-        be.dw_sumsq_take = NULL; // (its weight gradients keep no ledger: ops.h GM_DW_SUMSQ)
     }
     return &be;
 }

@@ -315,10 +315,15 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
           "grouped_matmul_bwd: --precision fp8 keeps float32 weight gradients "
           "(GM_DW_BF16 is the bf16 policy's)");
     int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE, dx = dinp != NULL;
+    int sq = dw && (flags & GM_DW_SUMSQ); // (the ledger: ops.h GM_DW_SUMSQ)
+    CHECK(!sq || write,
+          "grouped weight gradients: GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger sums "
+          "written blocks, not accumulations)");
     int64_t r0 = off[0], rows = off[G] - off[0];
     if (G <= 0 || K <= 0) return;
-    if (O <= 0 || rows <= 0) { // empty sums: zeros where written
+    if (O <= 0 || rows <= 0) { // empty sums: zeros where written (and counted in the ledger, their sum 0)
         if (dw && write) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * G * (size_t)(O > 0 ? O : 0) * K));
+        if (sq && O > 0) cuda_dw_ledger_slots(0, G);
         if (dinp && !acc && rows > 0) CUDA_CHECK(cudaMemsetAsync(dinp + r0 * K, 0, sizeof(float) * rows * K));
         return;
     }
@@ -390,8 +395,8 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
             int64_t pc[257];
             for (int g = 0; g <= G; g++) pc[g] = cuda_fp8_pad_cols(off, g);
             cuda_fp8_trace_begin();
-            if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, d.qt, d.st, (uint8_t *)p[6], (float *)p[7],
-                                         pc, G, O, K)) {
+            if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, sq, d.qt, d.st, (uint8_t *)p[6],
+                                         (float *)p[7], pc, G, O, K)) {
                 tr("gemm wgrad", tw, gb, gf);
                 return;
             }
@@ -407,6 +412,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
             cuda_fp8_gemm(dwg, K, d.qt + c0, P, d.st + c0 / 128, P / 128, (uint8_t *)p[6] + c0, P,
                           (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0, !write);
         }
+        if (sq) cuda_dw_ledger_sum(dw, nw, 0, G);
         tr("gemm wgrad (ref)", tw, gb, gf);
     }
 }
@@ -512,8 +518,7 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
         scratch_v(&g_rows, 1, sz, p);
         dact = (float *)p[0] - b;
     }
-    fp8_bwd(dact, dw, dout, act, HB, w, off, G, K, O, flags & (GM_DW_WRITE | GM_DW_BF16), FP8T_DY, FP8T_ACT,
-            FP8T_W2);
+    fp8_bwd(dact, dw, dout, act, HB, w, off, G, K, O, flags & GM_DW_FLAGS, FP8T_DY, FP8T_ACT, FP8T_W2);
     if (!n) return;
     stash_make(ST_DH, dh1, dh3, off, G, K);
     cuda_fp8_trace_begin();
@@ -533,8 +538,8 @@ static void fp8_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *dou
     stash_drop();
     fp8_bwd(dinp, dwa, douta, inp, HB, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X, FP8T_W1, 0,
             take ? &pa : NULL);
-    fp8_bwd(dinp, dwb, doutb, inp, HB, wb, off, G, K, O, GM_ACC_DINP | (flags & (GM_DW_WRITE | GM_DW_BF16)),
-            FP8T_DH3, FP8T_X, FP8T_W3, dwa && dwb,
+    fp8_bwd(dinp, dwb, doutb, inp, HB, wb, off, G, K, O, GM_ACC_DINP | (flags & GM_DW_FLAGS), FP8T_DH3,
+            FP8T_X, FP8T_W3, dwa && dwb,
             take ? &pb : NULL); // (inp's transposed tiles: the first's)
 }
 
@@ -573,7 +578,6 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->grouped_down_fwd = fp8_down_fwd<HB>;
     be->grouped_swiglu_bwd = fp8_swiglu_bwd<HB>;
     be->grouped_matmul_bwd2 = fp8_matmul_bwd2<HB>;
-    be->dw_sumsq_take = NULL; // (its weight gradients keep no ledger: ops.h GM_DW_SUMSQ)
 }
 
 // The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1).

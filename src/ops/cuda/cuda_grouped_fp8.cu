@@ -43,6 +43,8 @@ struct GFArgs {
     bf16 *Cb; // bf16 output (beta 0), or NULL
     bf16 *H1, *H3, *Act; // the SwiGLU epilogue's outputs (rows, N / 2), row stride N / 2 (Act not NULL: on)
     float beta; // 0 or 1
+    double *sq; // RED with beta 0: each warp's sum of squares of the values it stored (the gradient ledger,
+                // ops.h GM_DW_SUMSQ: cuda_grouped.cu's gg_sq for the float32 output), else NULL
     const float *sa, *sb;
     int sa_ld, sb_ld; // scales per row of sa / sb (rows mode: nkt; RED: Mp / 128)
     int b_blocks; // rows mode: B's scales are 128 x 128 blocks (else 1x128 tiles per row of B)
@@ -309,6 +311,24 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 }
                 *(float2 *)(a.C + T.cofs + row * a.ldc + col) = v;
             }
+        if (RED &&
+            a.sq) { // after the stores (beta 0: r was stored); every warp of every tile writes its slot
+            double q = 0;
+#pragma unroll
+            for (int j0 = 0; j0 < GF_BN / 8; j0 += 8) {
+                float qf = 0.0f;
+#pragma unroll
+                for (int j = j0; j < j0 + 8; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float x = r[4 * j + 2 * h], y = r[4 * j + 2 * h + 1];
+                        if (T.m0 + rl + 8 * h < T.mend && T.n0 + 8 * j + cl < T.ncols) qf += x * x + y * y;
+                    }
+                q += qf;
+            }
+            q = warp_sum_d(q);
+            if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
+        }
     }
 #endif
 }
@@ -442,10 +462,11 @@ extern "C" int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const
     return 1;
 }
 
-extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, const uint8_t *A, const float *sa,
+extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int sumsq, const uint8_t *A, const float *sa,
                                         const uint8_t *B, const float *sb, const int64_t *p, int G, int N,
                                         int K) {
     CHECK(beta == 0.0f || beta == 1.0f, "fp8 grouped_gemm_dw: beta must be 0 or 1, not %g", beta);
+    CHECK(!sumsq || beta == 0.0f, "fp8 grouped_gemm_dw: the ledger's sums are of a written output (beta 0)");
     if (!gf_init()) return 0;
     if (G < 1 || G > GF_MAXG || K <= 0 || N <= 0 || K % 16 || N % 16 ||
         (((uintptr_t)A | (uintptr_t)B) & 15) || ((uintptr_t)C & 7))
@@ -480,6 +501,7 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, const uint8_t *A, 
     a->tstart[G] = (int)tiles;
     a->start[G] = (int)p[G];
     a->tiles = (int)tiles;
+    if (sumsq) a->sq = cuda_dw_ledger_slots((size_t)tiles * 8, G); // (G blocks: those without columns zeros)
     if (!tiles) return 1;
     CUtensorMap ta, tb;
     gf_map(&ta, A, (uint64_t)N, (uint64_t)p[G], "A (dY^T)");
