@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # test_dw_ledger.sh — the gradient norm with the routed experts' sums of squares taken from the GEMMs that
-# write their gradients (ops.h GM_DW_SUMSQ, dist_use_ledger; on by default in one process) trains the same
+# write their gradients (ops.h GM_DW_SUMSQ, dist_use_ledger; on by default in one process and on ranks that
+# reduce no expert gradient) trains the same
 # model as reading those gradients again (MOE_DW_SUMSQ=0), bit for bit on the cpu (ops.h dw_sumsq_take:
 # the ledger adds each tensor's sum in the order the norm's runs do): metrics.jsonl without its timing
 # fields and the final checkpoint byte-identical. Layouts: mixed precision (float32 expert gradients),
 # --precision bf16 (packed bf16 ones), a shared expert (read as the other tensors are), MTP modules (their
-# experts in the ledger too), --recompute full, and --precision fp8 and fp8-bf16 (the FP8 tables' products). The run's closing lines say on how many steps the ledger
-# stood for the experts (every step here: in one process no layer runs its experts in chunks, which would
-# leave them out of it); with MOE_DW_SUMSQ=0 and under --grad-accum 2 (gradients summed over micro-batches)
-# it is not used at all.
+# experts in the ledger too), --recompute full, --precision fp8 and fp8-bf16 (the FP8 tables' products), and
+# under mpirun (below). The run's closing lines say on how many steps the ledger stood for the experts (every
+# step here: no layer runs its experts in chunks, which would leave them out of it); with MOE_DW_SUMSQ=0 and
+# under --grad-accum 2 (gradients summed over micro-batches) it is not used at all.
 set -u
 . "$(dirname "$0")/lib.sh"
 BASE="--steps 3 --quiet --sample-tokens 0 --plots 0 --batch 8 --seq-len 16 --eval-batches 1 --eval-every 0
@@ -16,10 +17,10 @@ BASE="--steps 3 --quiet --sample-tokens 0 --plots 0 --batch 8 --seq-len 16 --eva
       --device ${MOE_TEST_DEVICE:-cpu}"
 
 strip() { sed -E 's/"seconds":\[[^]]*\],?//g; s/"(tokens_per_s|tflops|step_time_s|grad_wait_s|bubble_frac)":[^,}]*,?//g' "$1" | grep '"loss"'; }
-run() { local d="$1"; shift; rm -rf "$d"; mkdir -p "$d"; "$MOE" train --out "$d" $BASE "$@" > "$d/out.txt" 2>&1 < /dev/null; }
+run() { local d="$1"; shift; rm -rf "$d"; mkdir -p "$d"; ${NP:+$MPI -np $NP} "$MOE" train --out "$d" $BASE "$@" > "$d/out.txt" 2>&1 < /dev/null; }
 used() { grep -o "from the GEMMs that wrote them on [0-9]* of [0-9]* steps" "$1/out.txt" | grep -o "on [0-9]* of [0-9]*"; }
 
-while IFS='|' read -r flags want label; do
+cases() { while IFS='|' read -r flags want label; do
   MOE_DW_SUMSQ=0 run "$TMP/off" $flags || { fail "$label: MOE_DW_SUMSQ=0 failed"; tail -3 "$TMP/off/out.txt"; continue; }
   run "$TMP/on" $flags || { fail "$label: the ledger's run failed"; tail -3 "$TMP/on/out.txt"; continue; }
   ok=1
@@ -36,8 +37,9 @@ while IFS='|' read -r flags want label; do
   [ "$(strip "$TMP/on/metrics.jsonl" | wc -l)" = 3 ] || { ok=0; fail "$label: not 3 steps"; }
   [ "$(used "$TMP/on")" = "$want" ] || { ok=0; fail "$label: the ledger on '$(used "$TMP/on")' steps, not '$want'"; }
   [ -z "$(used "$TMP/off")" ] || { ok=0; fail "$label: MOE_DW_SUMSQ=0 used the ledger"; }
-  [ $ok = 1 ] && pass "$label: the same training as without the ledger (used $want steps)"
-done <<< "|on 3 of 3|mixed precision, float32 expert gradients
+  [ $ok = 1 ] && pass "$label: the same training as without the ledger (used ${want:-on no} steps)"
+done; }
+cases <<< "|on 3 of 3|mixed precision, float32 expert gradients
 --precision bf16|on 3 of 3|bf16, packed expert gradients
 --family qwen2_moe --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1|on 3 of 3|a shared expert
 --mtp 1|on 3 of 3|an MTP module
@@ -47,4 +49,18 @@ done <<< "|on 3 of 3|mixed precision, float32 expert gradients
 
 run "$TMP/acc" --grad-accum 2 && [ -z "$(used "$TMP/acc")" ] && pass "--grad-accum 2: the ledger is not used" ||
   fail "--grad-accum 2: $(used "$TMP/acc") $(tail -1 "$TMP/acc/out.txt")"
+
+# ranks (cpu; mpirun): where no rank's expert gradients are reduced (edp 1: ep over all the data-parallel
+# ranks) each rank's ledger stands for its experts in the norm's sums before the reductions; under dp2 (edp 2,
+# the expert gradients summed over ranks after their GEMMs) and where they are read rounded (bf16 on ranks)
+# it is not used
+if [ "${MOE_TEST_DEVICE:-cpu}" != cpu ] || ! command -v mpirun > /dev/null; then
+  skip "ranks: no mpirun or not cpu"
+else
+  mpi_tests
+  NP=2 cases <<< "--ep 2|on 3 of 3|2 ranks, ep2 (edp 1)
+--ep 2 --precision bf16||2 ranks, ep2, bf16 (its ranks' expert gradients float32 read rounded, OPTG_BF16: no ledger)"
+  NP=2 run "$TMP/dp2" && [ -z "$(used "$TMP/dp2")" ] && pass "2 ranks, dp2 (edp 2): the ledger is not used" ||
+    fail "dp2: $(used "$TMP/dp2") $(tail -1 "$TMP/dp2/out.txt")"
+fi
 finish

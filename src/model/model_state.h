@@ -35,9 +35,9 @@ void model_set_expert_grads(Model *m, int gbf);
 // The routed experts' weight gradients into the backend's gradient ledger as they are written (ops.h
 // GM_DW_SUMSQ, Backend.dw_sumsq_take; on: 1): their sums of squares from the GEMMs that write them, so the
 // norm need not read them again (dist_use_ledger). Only for a caller that writes each of them once a step
-// in one write (one micro-batch, one chunk, one process: a layer whose experts run in chunks (Tutel's r > 1)
-// or gathered writes none into the ledger) and reads them as written (OPTG_F32 or OPTG_PACKED). The ledger is
-// emptied by model_zero_grads.
+// in one write (one micro-batch, one chunk: a layer whose experts run in chunks (Tutel's r > 1) or gathered
+// writes none into the ledger), reduces none of them over ranks and reads them as written (OPTG_F32 or
+// OPTG_PACKED). The ledger is emptied by model_zero_grads.
 void model_set_dw_sumsq(Model *m, int on);
 // The format of tensor s's gradient (OptRun gbf) and, where packed, the element its block starts at (*gb).
 int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb);

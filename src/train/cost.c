@@ -264,7 +264,7 @@ static double moment_elems(const ParamTable *lt, const MeshShape *ms, const Trai
 
 double cost_gnorm_bytes(const ParamTable *lt, const MeshShape *ms, const TrainOptions *o) {
     int meshed = ms && ms->world > 1, packed = train_expert_grads(o, meshed) == OPTG_PACKED,
-        ledger = train_dw_ledger(o, meshed);
+        ledger = train_dw_ledger(o, meshed, meshed ? ms->edp : 1);
     double bytes = 0;
     for (int r = 0; r < 3; r++)
         for (int e = 0; e < 1 + !ledger; e++)

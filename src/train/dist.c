@@ -267,8 +267,9 @@ static int ledger_tensor(const ParamSpec *s) {
 }
 
 void dist_use_ledger(Dist *d, const Model *m) {
-    CHECK(!d->mesh && !d->zero && d->norm_runs && m->dw_sumsq,
-          "dist_use_ledger: one process after dist_attach, with model_set_dw_sumsq on");
+    CHECK(!d->zero && d->norm_runs && m->dw_sumsq,
+          "dist_use_ledger: no ZeRO, after dist_attach, with "
+          "model_set_dw_sumsq on");
     RunList l = {0};
     d->ledger_blocks = 0;
     for (int i = 0; i < m->t.n; i++) {
@@ -282,18 +283,15 @@ void dist_use_ledger(Dist *d, const Model *m) {
 }
 
 double dist_grad_norm(Dist *d, const Model *m) {
-    double cls[3] = {0, 0, 0};
-    if (d->norm_rest) {
-        double led;
-        if (m->be->dw_sumsq_take(&led) == d->ledger_blocks) {
-            m->be->sumsq_runs(cls, 3, m->grads, d->norm_rest);
-            cls[2] += led; // (after any other tensor of the experts' class: norm_class)
-            d->ledger_used++;
-            return sqrt(cls[0] + cls[1] + cls[2]);
-        }
-        d->ledger_missed++;
-    }
-    if (d->zero == 2) {
+    double cls[3] = {0, 0, 0}, led = 0;
+    // (a rank's own choice: either way it takes part in the same reductions below)
+    int used = d->norm_rest && m->be->dw_sumsq_take(&led) == d->ledger_blocks;
+    d->ledger_used += used;
+    d->ledger_missed += d->norm_rest && !used;
+    if (used) {
+        m->be->sumsq_runs(cls, 3, m->grads, d->norm_rest);
+        cls[2] += led; // (after any other tensor of the experts' class: norm_class)
+    } else if (d->zero == 2) {
         // only my shard of each bucket holds reduced values: sum the shards over each group
         double per[3][3]; // [group][class]
         m->be->sumsq_runs(&per[0][0], 9, m->grads, d->norm_runs);

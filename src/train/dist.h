@@ -68,10 +68,11 @@ void dist_finish_grads(Dist *d, Model *m);
 // Global L2 norm of the reduced gradients (all pipeline stages), identical on every rank.
 double dist_grad_norm(Dist *d, const Model *m);
 // The norm with the routed experts' sums of squares from the backend's gradient ledger (model_set_dw_sumsq:
-// set on the model first; one process, after dist_attach): the other tensors' runs are read, and the ledger
-// stands for the experts' class where it holds exactly one sum per routed-expert tensor (else, as in a step
-// whose layers ran their experts in chunks, the experts' gradients are read as without it). On the cpu the
-// same bits as without it (ops.h dw_sumsq_take's order).
+// set on the model first; no ZeRO, after dist_attach; on ranks, those that reduce no expert gradient): the
+// other tensors' runs are read, and the ledger stands for the experts' class where it holds exactly one sum
+// per routed-expert tensor (else, as in a step whose layers ran their experts in chunks, the experts'
+// gradients are read as without it; each rank decides alone and takes part in the same reductions). On the
+// cpu the same bits as without it (ops.h dw_sumsq_take's order).
 void dist_use_ledger(Dist *d, const Model *m);
 // Clip by `scale` (1 = none), AdamW on this rank's shards, then all-gather the updated parameters.
 // The clip is folded into the update (g * scale rounded to float, as a separate scaling pass would

@@ -91,10 +91,11 @@ static inline int train_expert_grads(const TrainOptions *o, int meshed) {
     return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? OPTG_PACKED
                                                                                      : OPTG_BF16;
 }
-// One process that writes each routed-expert gradient once a step, as it is read (OPTG_F32 or OPTG_PACKED):
-// the gradient ledger can stand for them in the norm (model_set_dw_sumsq, dist_use_ledger).
-static inline int train_dw_ledger(const TrainOptions *o, int meshed) {
-    return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero &&
+// Ranks that write each routed-expert gradient once a step, as it is read (OPTG_F32 or OPTG_PACKED), and
+// reduce none of them (edp 1: every expert held by one rank; one process: meshed 0, edp 1): the gradient
+// ledger can stand for them in the norm (model_set_dw_sumsq, dist_use_ledger).
+static inline int train_dw_ledger(const TrainOptions *o, int meshed, int edp) {
+    return edp == 1 && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero &&
         train_expert_grads(o, meshed) != OPTG_BF16;
 }
 

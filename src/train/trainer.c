@@ -343,7 +343,8 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     if (r->bf16_shadow && train_bf16_weights_alone(o, r->meshed)) model_bf16_weights(&r->m);
     model_set_expert_grads(&r->m, train_expert_grads(o, r->meshed)); // (before dist_attach builds the runs)
     const char *e = getenv("MOE_DW_SUMSQ"); // (0: the experts' gradients read again for the norm, the A/B)
-    int ledger = train_dw_ledger(o, r->meshed) && r->be->dw_sumsq_take && !(e && !strcmp(e, "0"));
+    int ledger = train_dw_ledger(o, r->meshed, r->meshed ? shape.edp : 1) && r->be->dw_sumsq_take &&
+        !(e && !strcmp(e, "0"));
     model_set_dw_sumsq(&r->m, ledger);
     if (o->recompute)
         model_set_recompute(&r->m, o->recompute); // (before step_init's slots: they keep no dropped buffer)
