@@ -12,7 +12,8 @@
 // by TMA); the reduction of an output element runs in one fixed order (k-steps of 16 in order), so
 // results do not depend on the grid, the group sizes around it or the weights' address.
 // The weight gradients (cuda_grouped_gemm_dw) run the same pipeline with both operands MN-major and
-// the reduction over each group's own rows; the experts' SwiGLU rides in the epilogues
+// the reduction over each group's own rows (and, for the gradient ledger, ops.h GM_DW_SUMSQ, each warp sums
+// the squares of the values it stores: gg_sq); the experts' SwiGLU rides in the epilogues
 // (cuda_grouped_swiglu_fwd: h1, h3, act; cuda_grouped_swiglu_bwd: dh1, dh3 from dact in registers; both
 // write and read those rows in bf16, rounded to nearest even from the float32 they compute; the forward
 // stages its rows through shared memory into 16-byte stores, gg_put_rows).

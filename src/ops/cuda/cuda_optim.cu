@@ -6,9 +6,10 @@
 // counter picks the block that finishes sumsq_runs (no float atomics). Also the gradient ledger (ops.h
 // GM_DW_SUMSQ, dw_sumsq_take): the weight-gradient kernels' partial sums of squares, summed in order. Each
 // run's gradient is read in its format (ops.h OptRun gbf: float32, rounded, packed bf16); a list of float32
-// runs alone takes kernels built without the formats (FMT 0: the registers of before). Built with -fmad=false
-// (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu reference's. Must not hold: any
-// knowledge of the model or of layers.
+// runs alone takes kernels built without the formats (FMT 0: the registers of before).
+// Built with -fmad=false (CMakeLists.txt), so AdamW's arithmetic rounds exactly like the cpu
+// reference's.
+// Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
@@ -529,7 +530,7 @@ extern "C" void cuda_dw_ledger_sum(const void *dw, size_t n, int packed, int G) 
 
 // take: block b of LEDGER_BLOCKS sums its strided values (b's threads i, i + 256 ..., each in index order,
 // then the fixed tree) into part[b]; then one block sums the parts by the same tree into *out
-__global__ void ledger_take_k(double *out, double *part, const double *v, size_t n) {
+__global__ void ledger_take_k(double *part, const double *v, size_t n) {
     double q = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         q += v[i];
@@ -547,7 +548,7 @@ extern "C" int cuda_dw_sumsq_take(double *sum) {
         *sum = 0;
         if (g_led_n) {
             double *part = g_led + g_led_n, *res = part + LEDGER_BLOCKS;
-            ledger_take_k<<<LEDGER_BLOCKS, RUN_THREADS>>>(res, part, g_led, g_led_n);
+            ledger_take_k<<<LEDGER_BLOCKS, RUN_THREADS>>>(part, g_led, g_led_n);
             ledger_fin_k<<<1, LEDGER_BLOCKS>>>(res, part);
             KCHECK("dw ledger (take)");
             CUDA_CHECK(cudaMemcpy(sum, res, sizeof(double), cudaMemcpyDeviceToHost));
