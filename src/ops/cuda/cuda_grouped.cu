@@ -161,29 +161,12 @@ __device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, 
 }
 // EPI_DW's ledger (ops.h GM_DW_SUMSQ): a warp's sum of squares of the values it stored in tile t, q a
 // thread's (float sums of 32 squares each added in double: the packed output's as its 64-column groups are
-// stored, the float32 one's from acc after its stores, gg_sq_f32; each way measured the faster for its
-// output), summed over the warp by a fixed butterfly into sq[8 t + 4 c + wq]: every warp of every tile writes
-// its slot, so all the caller's are written.
+// stored, the float32 one's from acc after its stores, cuda_wgmma.cuh wg_frag_sumsq; each way measured the
+// faster for its output), summed over the warp by a fixed butterfly into sq[8 t + 4 c + wq]: every warp of
+// every tile writes its slot, so all the caller's are written.
 __device__ __forceinline__ void gg_sq(const GGArgs &a, double q, int t, int c, int wq, int lane) {
     q = warp_sum_d(q);
     if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
-}
-// a thread's sum of its stored float32 values (acc's at rows r, r + 8 below M, columns cb + 8 j below N)
-__device__ __forceinline__ double gg_sq_f32(const GGArgs &a, const float (&acc)[128], int r, int cb) {
-    double q = 0;
-#pragma unroll
-    for (int j0 = 0; j0 < GG_BN / 8; j0 += 8) {
-        float qf = 0.0f;
-#pragma unroll
-        for (int j = j0; j < j0 + 8; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
-                if (r + 8 * h < a.M && cb + 8 * j < a.N) qf += x * x + y * y;
-            }
-        q += qf;
-    }
-    return q;
 }
 // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas allocates for
 // the launch bound, 168 registers, not the consumers' setmaxnreg 232)
@@ -442,7 +425,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                     *(float2 *)(Cb + (long long)row * a.ldc + col) = v;
                 }
         }
-        if (EPI == EPI_DW && a.sq) gg_sq(a, gg_sq_f32(a, acc, r, cb), t, c, wq, lane); // (beta 0: acc stored)
+        if (EPI == EPI_DW && a.sq)
+            gg_sq(a, wg_frag_sumsq<GG_BN / 8>(acc, r, cb, a.M, a.N), t, c, wq, lane); // (beta 0: acc stored)
     }
 #endif
 }

@@ -311,22 +311,9 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 }
                 *(float2 *)(a.C + T.cofs + row * a.ldc + col) = v;
             }
-        if (RED &&
-            a.sq) { // after the stores (beta 0: r was stored); every warp of every tile writes its slot
-            double q = 0;
-#pragma unroll
-            for (int j0 = 0; j0 < GF_BN / 8; j0 += 8) {
-                float qf = 0.0f;
-#pragma unroll
-                for (int j = j0; j < j0 + 8; j++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        float x = r[4 * j + 2 * h], y = r[4 * j + 2 * h + 1];
-                        if (T.m0 + rl + 8 * h < T.mend && T.n0 + 8 * j + cl < T.ncols) qf += x * x + y * y;
-                    }
-                q += qf;
-            }
-            q = warp_sum_d(q);
+        // (the ledger, after the stores: beta 0, so r was stored; every warp of every tile writes its slot)
+        if (RED && a.sq) {
+            double q = warp_sum_d(wg_frag_sumsq<GF_BN / 8>(r, T.m0 + rl, T.n0 + cl, T.mend, T.ncols));
             if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
         }
     }

@@ -1,7 +1,8 @@
 // cuda_wgmma.cuh — the Hopper (sm_90a) PTX pieces shared by our wgmma kernels (cuda_grouped.cu,
 // cuda_grouped_fp8.cu, the attention kernels): shared-memory addresses, the wgmma fence / commit / wait,
 // the shared-memory matrix descriptor of 128-byte-swizzled tiles, and the mbarrier and TMA tile-load
-// wrappers (2-D and 4-D boxes), the operand lists of the wgmma wrappers' accumulators (WG_D*, WG_R*). Device
+// wrappers (2-D and 4-D boxes), the operand lists of the wgmma wrappers' accumulators (WG_D*, WG_R*), and the
+// sum of squares of an accumulator fragment's stored values (the gradient ledger's, wg_frag_sumsq). Device
 // code only.
 #pragma once
 #include <cuda.h>
@@ -91,4 +92,26 @@ __device__ __forceinline__ void tma_4d(uint32_t dst, const CUtensorMap *map, int
                  "{%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
+}
+
+// The sum of squares of the values a thread of a wgmma accumulator stored: NJ column groups of 8, element 4 j
+// + 2 h + e at row r + 8 h and column c + 8 j + e (h, e in 0..1), those at rows below M and columns below N
+// (N even: a pair is all in or out); float sums of 8 groups' squares (32 values) added in double, in index
+// order.
+template <int NJ>
+__device__ __forceinline__ double wg_frag_sumsq(const float *acc, int r, int c, int M, int N) {
+    double q = 0;
+#pragma unroll
+    for (int j0 = 0; j0 < NJ; j0 += 8) {
+        float qf = 0.0f;
+#pragma unroll
+        for (int j = j0; j < j0 + 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
+                if (r + 8 * h < M && c + 8 * j < N) qf += x * x + y * y;
+            }
+        q += qf;
+    }
+    return q;
 }
