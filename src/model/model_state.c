@@ -303,8 +303,7 @@ void model_set_dw_sumsq(Model *m, int on) {
 
 int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb) {
     *gb = 0;
-    int routed = s->expert >= 0 && (s->role == PR_W1 || s->role == PR_W3 || s->role == PR_W2);
-    if (!routed || m->expert_gbf == OPTG_F32) return OPTG_F32;
+    if (!params_routed(s) || m->expert_gbf == OPTG_F32) return OPTG_F32;
     if (m->expert_gbf == OPTG_PACKED) {
         int i = params_index(&m->t, s->role, s->layer, m->e0);
         CHECK(i >= 0, "model_grad_format: layer %d holds no expert %d", s->layer, m->e0);

@@ -133,6 +133,10 @@ void params_free(ParamTable *t);
 int params_find(const ParamTable *t, const char *name); // index or -1
 // Index of a role in a layer (expert = -1 for non-expert roles).
 int params_index(const ParamTable *t, ParamRole role, int layer, int expert);
+// A routed expert's w1, w3 or w2 (the grouped GEMMs' weights; not the shared expert's or a dense MLP's).
+static inline int params_routed(const ParamSpec *s) {
+    return s->expert >= 0 && (s->role == PR_W1 || s->role == PR_W3 || s->role == PR_W2);
+}
 // The weights that only the bf16 GEMMs read, as element ranges [h[2i], h[2i+1]) of the local buffer,
 // ascending and disjoint (adjacent tensors merged): the holes of the bf16 policy's parameter buffer (ops.h
 // alloc_bf16_params). They are each layer's routed-expert block (this rank's experts e0 .. e0+El-1: w1, w3,

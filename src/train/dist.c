@@ -261,11 +261,6 @@ void dist_finish_grads(Dist *d, Model *m) {
     d->wait_s = now_seconds() - t0;
 }
 
-// A routed expert's W1, W3 or W2: the tensors whose gradients the ledger sums (model_grad_format's routed).
-static int ledger_tensor(const ParamSpec *s) {
-    return s->expert >= 0 && (s->role == PR_W1 || s->role == PR_W3 || s->role == PR_W2);
-}
-
 void dist_use_ledger(Dist *d, const Model *m) {
     CHECK(!d->zero && d->norm_runs && m->dw_sumsq,
           "dist_use_ledger: no ZeRO, after dist_attach, with "
@@ -275,7 +270,7 @@ void dist_use_ledger(Dist *d, const Model *m) {
     for (int i = 0; i < m->t.n; i++) {
         const ParamSpec *s = &m->t.p[i];
         if (!s->lnumel) continue;
-        if (ledger_tensor(s)) d->ledger_blocks++;
+        if (params_routed(s)) d->ledger_blocks++; // (the tensors whose gradients the ledger sums)
         else run_format(run_add(&l, s->loffset, 0, s->lnumel, 0, norm_class(s)), m, s);
     }
     d->norm_rest = m->be->runs_create(l.r, l.n);
