@@ -147,13 +147,12 @@ __global__ void __launch_bounds__(256)
     float v[16][4];
     uint32_t amax = 0;
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
+    for (int i = 0; i < 16; i++) { // (a row's four values by one 8- or 16-byte load where aligned: ld4)
         int n = n0 + wp + 8 * i;
+        if (n < N) ld4(w, base + (size_t)n * K + c0, c0, K, v[i]);
+        else v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            v[i][e] = (n < N && c0 + e < K) ? ldx(w, base + (size_t)n * K + c0 + e) : 0.0f;
-            amax = max(amax, abs_bits(v[i][e]));
-        }
+        for (int e = 0; e < 4; e++) amax = max(amax, abs_bits(v[i][e]));
     }
     amax = __reduce_max_sync(0xffffffffu, amax);
     if (lane == 0) red[wp] = amax;
