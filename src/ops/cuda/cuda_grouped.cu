@@ -159,14 +159,15 @@ __device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, 
     }
     __syncwarp(); // the buffer is free for the next call
 }
-// EPI_DW's ledger (ops.h GM_DW_SUMSQ): a warp's sum of squares of the values it stored in tile t, q a
-// thread's (float sums of 32 squares each added in double: the packed output's as its 64-column groups are
-// stored, the float32 one's from acc after its stores, cuda_wgmma.cuh wg_frag_sumsq; each way measured the
-// faster for its output), summed over the warp by a fixed butterfly into sq[8 t + 4 c + wq]: every warp of
-// every tile writes its slot, so all the caller's are written.
-__device__ __forceinline__ void gg_sq(const GGArgs &a, double q, int t, int c, int wq, int lane) {
+// EPI_DW's ledger (ops.h GM_DW_SUMSQ): a warp's sum of squares of the values it stored in the block's tiles,
+// q a thread's (per tile float sums of 32 squares each added in double: the packed output's as its 64-column
+// groups are stored, the float32 one's from acc after its stores, cuda_wgmma.cuh wg_frag_sumsq; each way
+// measured the faster for its output; the tiles in the block's order), summed over the warp by a fixed
+// butterfly into sq[8 b + 4 c + wq] (b the block): every warp of every block writes its slot, so all the
+// caller's are written.
+__device__ __forceinline__ void gg_sq(const GGArgs &a, double q, int b, int c, int wq, int lane) {
     q = warp_sum_d(q);
-    if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
+    if (lane == 0) a.sq[8 * (size_t)b + 4 * c + wq] = q;
 }
 // EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas allocates for
 // the launch bound, 168 registers, not the consumers' setmaxnreg 232)
@@ -248,6 +249,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, wq = (threadIdx.x % 128) / 32;
     float acc[128];
+    double sq_acc = 0; // (EPI_DW's ledger: this thread's stored squares over the block's tiles)
     int s = 0, ph = 0;
     for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
         int m0, mend, n0, g, r0 = 0, rend = 0, KTt = KT;
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                 if (col0 < a.N)
                     gg_put_rows(Cpb + (long long)rw * a.ldc + col0, a.ldc, mend - rw, nch, v, buf, lane);
             }
-            if (a.sq) gg_sq(a, q, t, c, wq, lane);
+            sq_acc += q;
             continue;
         }
         // EPI_PLAIN with beta reads C: a few column groups at a time, all loads before the stores (one
@@ -426,8 +428,9 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                 }
         }
         if (EPI == EPI_DW && a.sq)
-            gg_sq(a, wg_frag_sumsq<GG_BN / 8>(acc, r, cb, a.M, a.N), t, c, wq, lane); // (beta 0: acc stored)
+            sq_acc += wg_frag_sumsq<GG_BN / 8>(acc, r, cb, a.M, a.N); // (beta 0: acc stored)
     }
+    if (EPI == EPI_DW && a.sq) gg_sq(a, sq_acc, blockIdx.x, c, wq, lane);
 #endif
 }
 
@@ -639,13 +642,14 @@ extern "C" int cuda_grouped_gemm_dw(float *dw, float beta, int packed, int sumsq
     a->tstart[G] = (int)tiles;
     a->rstart[G] = (int)rows;
     a->tiles = (int)tiles;
-    // (the ledger counts G blocks even where no tile runs: the groups without rows are zeros)
-    if (sumsq) a->sq = cuda_dw_ledger_slots((size_t)tiles * 8, G);
+    int grid = a->tiles < g_sms ? a->tiles : g_sms;
+    // (a slot per warp of each block; the ledger counts G blocks even where no tile runs: the groups without
+    // rows are zeros)
+    if (sumsq) a->sq = cuda_dw_ledger_slots((size_t)grid * 8, G);
     if (!tiles) return 1;
     CUtensorMap ta, tb;
     tmap_2d(&ta, (const bf16 *)dout, (uint64_t)rows, (uint64_t)O, GG_BK);
     tmap_2d(&tb, (const bf16 *)x, (uint64_t)rows, (uint64_t)K, GG_BK);
-    int grid = a->tiles < g_sms ? a->tiles : g_sms;
     // (the packed output's staging buffers only where it is packed: the float32 one keeps L1 for itself)
     gg_kernel<1, EPI_DW><<<grid, GG_THREADS, packed ? GG_SMEM_STAGED : GG_SMEM>>>(ta, tb, ta, tb, *a);
     KCHECK("grouped_gemm_dw (wgmma)");

@@ -201,6 +201,7 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     const int c = wg - 1, wq = (threadIdx.x % 128) / 32, rl = c * 64 + wq * 16 + lane / 4,
               cl = 2 * (lane % 4);
     float p[64], r[64];
+    double sq_acc = 0; // (RED's ledger: this thread's stored squares over the block's tiles)
     int s = 0, ph = 0;
     for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
         const GFTile T = gf_tile<RED>(a, t);
@@ -311,11 +312,12 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 }
                 *(float2 *)(a.C + T.cofs + row * a.ldc + col) = v;
             }
-        // (the ledger, after the stores: beta 0, so r was stored; every warp of every tile writes its slot)
-        if (RED && a.sq) {
-            double q = warp_sum_d(wg_frag_sumsq<GF_BN / 8>(r, T.m0 + rl, T.n0 + cl, T.mend, T.ncols));
-            if (lane == 0) a.sq[8 * (size_t)t + 4 * c + wq] = q;
-        }
+        // (the ledger, after the stores: beta 0, so r was stored)
+        if (RED && a.sq) sq_acc += wg_frag_sumsq<GF_BN / 8>(r, T.m0 + rl, T.n0 + cl, T.mend, T.ncols);
+    }
+    if (RED && a.sq) { // the block's tiles in order, then the warp's butterfly: every warp of every block
+        double q = warp_sum_d(sq_acc);
+        if (lane == 0) a.sq[8 * (size_t)blockIdx.x + 4 * c + wq] = q;
     }
 #endif
 }
@@ -488,7 +490,8 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int sumsq, const u
     a->tstart[G] = (int)tiles;
     a->start[G] = (int)p[G];
     a->tiles = (int)tiles;
-    if (sumsq) a->sq = cuda_dw_ledger_slots((size_t)tiles * 8, G); // (G blocks: those without columns zeros)
+    // (a slot per warp of each block, gf_launch's grid; G blocks counted: those without columns are zeros)
+    if (sumsq) a->sq = cuda_dw_ledger_slots((size_t)(tiles < gf_sms ? tiles : gf_sms) * 8, G);
     if (!tiles) return 1;
     CUtensorMap ta, tb;
     gf_map(&ta, A, (uint64_t)N, (uint64_t)p[G], "A (dY^T)");
