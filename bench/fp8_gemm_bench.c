@@ -10,8 +10,9 @@
 // one plain GEMM (float32 out) with a scale per column and with block scales (the epilogue's and the scales'
 // shares apart). MOE_FP8_PAIR_SCALE=0 times the fused GEMM with a scale per column.
 // Operands: random e4m3 codes (no NaN) with scales 1, random bf16 values; FLOPs 2 rows N K.
-//   moe_bench_fp8 [--iters N] [--warmup N] [--swiglu-only 1 (the SwiGLU forms alone)]
-// Prints one line per shape and form: name, form, ms per call (mean over iters), TFLOP/s.
+// Then (--quant-only 1: alone) the quantisers on the reference model's shapes, against the bytes each moves.
+//   moe_bench_fp8 [--iters N] [--warmup N] [--swiglu-only 1 (the SwiGLU forms alone)] [--quant-only 1]
+// Prints one line per shape and form: name, form, ms per call (mean over iters), TFLOP/s (GB/s).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,7 @@ typedef struct {
     void *h1, *h3, *act, *f1, *f3, *q; // the SwiGLU forms' outputs (bf16 h1, h3, act; float32 h1, h3; codes)
     float *sq, *sb1; // act's scales; W1's and W3's block scales (the unfused form)
     void *B3; // W3's codes (the unfused form: B holds W1's)
+    Fp8Both b1, b3; // the quantisers' outputs (forms 10-15: C the input, f1 / f3 dh1 / dh3, h1 h3 bf16)
 } Call;
 
 static int run(const Call *c) {
@@ -103,6 +105,20 @@ static int run(const Call *c) {
             cuda_fp8_swiglu_fwd_tiles(c->act, c->h1, c->h3, 1, c->f1, c->f3, M, O, c->q, c->sq, NULL);
             return 1;
         }
+        case 10: cuda_fp8_quant_tiles(c->b1.q, c->b1.s, c->C, 1, c->G * c->N, c->K, NULL); return 1;
+        case 11: cuda_fp8_quant_tiles_t(c->b1.qt, c->b1.st, c->C, 1, c->off, c->G, c->K, NULL); return 1;
+        case 12: cuda_fp8_quant_both(c->b1, c->C, 1, c->off, c->G, c->K, NULL); return 1;
+        case 13:
+            cuda_fp8_swiglu_bwd_both(c->f1, c->f3, 1, c->C, c->h1, c->h3, c->off, c->G, c->K, c->b1, c->b3,
+                                     NULL, NULL);
+            return 1;
+        case 14:
+            cuda_fp8_quant_blocks(c->b1.q, c->b1.s, c->b1.qt, c->b1.st, c->C, 1, c->G, c->N, c->K, NULL);
+            return 1;
+        case 15:
+            cuda_fp8_quant_blocks_pair(c->b1.q, c->b1.s, 1, c->b1.qt, c->b1.st, c->C, 1, c->G, c->N, c->K,
+                                       NULL);
+            return 1;
         case 8: // the pair as one GEMM, a scale per column (float32 out)
             return cuda_fp8_grouped_gemm(c->C, 0, 0.0f, c->A, c->sa, c->B, c->sb, 0, c->off, c->G, c->K,
                                          c->N);
@@ -120,7 +136,13 @@ static const char *form_name[] = {"fp8 (f32 out)",
                                   "fp8 SwiGLU fused + act tiles",
                                   "fp8 2 GEMMs + SwiGLU/act tiles",
                                   "fp8 pair, column scales",
-                                  "fp8 pair, block scales"};
+                                  "fp8 pair, block scales",
+                                  "quant tiles",
+                                  "quant tiles_t",
+                                  "quant both tilings",
+                                  "SwiGLU bwd + both tilings x2",
+                                  "quant blocks + transposed",
+                                  "quant pair half + transposed"};
 
 static void time_call(const char *shape, const Call *c, double flops) {
     cudaEvent_t e0, e1;
@@ -138,7 +160,9 @@ static void time_call(const char *shape, const Call *c, double flops) {
     float ms;
     CK(cudaEventElapsedTime(&ms, e0, e1));
     ms /= iters;
-    printf("%-14s %-30s %9.3f ms %7.1f TFLOP/s\n", shape, form_name[c->form], ms, flops / (ms * 1e9));
+    if (c->form >= 10) // (flops: the bytes the form must read and write)
+        printf("%-14s %-30s %9.3f ms %7.0f GB/s\n", shape, form_name[c->form], ms, flops / (ms * 1e6));
+    else printf("%-14s %-30s %9.3f ms %7.1f TFLOP/s\n", shape, form_name[c->form], ms, flops / (ms * 1e9));
     fflush(stdout);
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
@@ -210,24 +234,92 @@ static void shape_swiglu(const char *name, int G, int m, int K, int O) {
     CK(cudaMalloc((void **)&sq, M * ((O + 127) / 128) * 4));
     double flops = 2.0 * M * N * K;
     for (int f = 5; f <= 9; f++) {
-        Call c = {f, C, A, B, sa, sbr, off, G, K, (int)N, h1, h3, act, f1, f3, q, sq, sb1, B3};
+        Call c = {.form = f,
+                  .C = C,
+                  .A = A,
+                  .B = B,
+                  .sa = sa,
+                  .sb = sbr,
+                  .off = off,
+                  .G = G,
+                  .K = K,
+                  .N = (int)N,
+                  .h1 = h1,
+                  .h3 = h3,
+                  .act = act,
+                  .f1 = f1,
+                  .f3 = f3,
+                  .q = q,
+                  .sq = sq,
+                  .sb1 = sb1,
+                  .B3 = B3};
         time_call(name, &c, flops);
     }
     void *bufs[] = {A, B, B3, sa, sbr, sb1, C, h1, h3, act, f1, f3, q, sq};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) CK(cudaFree(bufs[i]));
 }
 
+// the quantisers (cuda_fp8.h, cuda_fp8_fused.h) on G groups of m bf16 rows of d columns (tiles, tiles_t,
+// both), the SwiGLU backward's f columns (dact float32, h1 h3 bf16), and G (f, d) bf16 weights (blocks), each
+// timed against the bytes it must read and write (codes 1 byte, scales 4 a group)
+static void shape_quant(const char *name, int G, int m, int d, int f) {
+    int64_t off[65];
+    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    size_t M = (size_t)G * m, n = M * f > (size_t)G * f * d ? M * f : (size_t)G * f * d, ns = n / 64;
+    void *x = drand_bytes(M * d * 2, 0, 12), *dact = drand_bytes(M * f * 4, 0, 13),
+         *h1 = drand_bytes(M * f * 2, 0, 14), *h3 = drand_bytes(M * f * 2, 0, 15),
+         *w = drand_bytes((size_t)G * f * d * 2, 0, 16), *dh1, *dh3;
+    CK(cudaMalloc(&dh1, M * f * 2));
+    CK(cudaMalloc(&dh3, M * f * 2));
+    Fp8Both b[2];
+    for (int i = 0; i < 2; i++) {
+        CK(cudaMalloc((void **)&b[i].q, 2 * n)); // (the pair's layout is two weights')
+        CK(cudaMalloc((void **)&b[i].qt, n));
+        CK(cudaMalloc((void **)&b[i].s, 4 * ns));
+        CK(cudaMalloc((void **)&b[i].st, 4 * ns));
+    }
+    double md = (double)M * d, mf = (double)M * f, w1 = (double)G * f * d;
+    Call c = {.C = x, .off = off, .G = G, .K = d, .N = m, .b1 = b[0], .b3 = b[1]};
+    for (c.form = 10; c.form <= 12; c.form++)
+        time_call(name, &c, md * (c.form == 12 ? 4 : 3) + md / 32 * (c.form == 12 ? 2 : 1));
+    Call sw = {.form = 13,
+               .C = dact,
+               .h1 = h1,
+               .h3 = h3,
+               .f1 = dh1,
+               .f3 = dh3,
+               .off = off,
+               .G = G,
+               .K = f,
+               .b1 = b[0],
+               .b3 = b[1]};
+    time_call(name, &sw, mf * 16 + mf / 32 * 4);
+    Call bl = {.C = w, .G = G, .K = d, .N = f, .b1 = b[0]};
+    for (bl.form = 14; bl.form <= 15; bl.form++) time_call(name, &bl, w1 * 4);
+    void *bufs[] = {x,       dact,   h1,      h3,     w,       dh1,    dh3,    b[0].q,
+                    b[0].qt, b[0].s, b[0].st, b[1].q, b[1].qt, b[1].s, b[1].st};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) CK(cudaFree(bufs[i]));
+}
+
 int main(int argc, char **argv) {
-    int swiglu_only = 0;
+    int swiglu_only = 0, quant_only = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--warmup")) warmup = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--swiglu-only")) swiglu_only = atoi(argv[i + 1]);
-        else DIE("unknown option '%s' (moe_bench_fp8 [--iters N] [--warmup N] [--swiglu-only 0|1])", argv[i]);
+        else if (!strcmp(argv[i], "--quant-only")) quant_only = atoi(argv[i + 1]);
+        else
+            DIE("unknown option '%s' (moe_bench_fp8 [--iters N] [--warmup N] [--swiglu-only 0|1] "
+                "[--quant-only 0|1])",
+                argv[i]);
     }
     CHECK(iters > 0 && warmup >= 0, "--iters must be > 0 and --warmup >= 0");
     if (!cuda_fp8_grouped_kernel())
         DIE("the fp8 grouped kernel does not run here (needs an sm_90 GPU, sm_90a code)");
+    if (quant_only) {
+        shape_quant("ref-quant", 8, 2048, 2048, 5632);
+        return 0;
+    }
     if (!swiglu_only) {
         shape_rows("mixtral-up", 8, 4096, 4096, 14336);
         shape_rows("mixtral-down", 8, 4096, 14336, 4096);

@@ -17,7 +17,8 @@
 #   steady:  both under sustained load, the card power-capped (its 700 W limit binds ~1 s into a run of ours;
 #            the clocks fall from 1.98 GHz to ~1.6): ours 40 steps on 4096 random sequences (the mean of steps
 #            11-40), the peer 10 warm-up and 30 timed steps (PEER_WARM, PEER_STEPS); SM clock and power polled
-#            for each (libs.sh clocks_say); STEADY_PREC the policies (default "bf16 mixed")
+#            for each (libs.sh clocks_say); STEADY_PREC the policies (default "bf16 mixed"; the peer torch.compile
+#            AMP for mixed, torch.compile pure bf16 for the others: the fp8 targets are against it)
 #   trace:   7 steps under the CUPTI tracer (pack_libs.sh builds it): each step's wall, GPU busy and idle
 #            time, the idle gaps and the kernel time by name (scripts/device/gputrace.py; not by default)
 cd "$(dirname "$0")/../.."
@@ -70,7 +71,7 @@ t = sum(d['step_time_s'] for d in r)
 print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['step'], 8192 * len(r) / t, 1e3 * t / len(r)))
 " $W/steady/metrics.jsonl | tee -a $R
     say "-- steady state, the peer ($pr), 10 warm-up steps, 30 timed"
-    CLOCKS=1 PEER_WARM=10 PEER_STEPS=30 peer_step $([ $pr = bf16 ] && echo compiled || echo amp)
+    CLOCKS=1 PEER_WARM=10 PEER_STEPS=30 peer_step $([ $pr = mixed ] && echo amp || echo compiled)
   done
 fi
 if has profile; then

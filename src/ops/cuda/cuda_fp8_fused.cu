@@ -1,11 +1,12 @@
 // cuda_fp8_fused.cu — the fused FP8 quantisers (contracts in cuda_fp8_fused.h): each reads its operand once
 // and writes every layout the GEMMs take, with the element arithmetic of the kernels it replaces (the
 // SwiGLU's from cuda_swiglu.cuh, the quantisation's from cuda_fp8_dev.cuh), so the bits are theirs.
-//   both:        one block of 256 threads per (128-row tile of one group) x (128 columns): each warp takes
-//                16 rows, a lane four consecutive columns, so a warp holds one 1x128 row tile (a warp max
+//   both:        one block of 512 threads per (128-row tile of one group) x (128 columns): each warp takes
+//                8 rows, a lane four consecutive columns, so a warp holds one 1x128 row tile (a warp max
 //                gives its scale: the row layout is written from registers); the values are staged in shared
-//                memory (in the operand's own format: its values exactly) and each warp then takes 16
-//                columns, a lane four rows, for the transposed tiles (a 32-bit store of four codes a lane);
+//                memory (in the operand's own format: its values exactly) and each warp then takes 8
+//                columns, a lane four rows, for the transposed tiles (a 32-bit store of four codes a lane).
+//                Without the row layout it is cuda_fp8.h's tiles_t;
 //   swiglu_bwd:  the same block with two staged tiles (dh1, dh3), the gradients computed as they are loaded;
 //   swiglu_fwd:  one warp per 1x128 tile of act, four elements a lane.
 // Must not hold: the GEMMs, or any knowledge of layers.
@@ -19,6 +20,7 @@
 typedef __nv_bfloat16 bf16;
 
 #define QB_MAXG 256 // groups per launch (QBArgs stays within the kernel-parameter space)
+#define QB_WARPS 16 // both: the warps of a block (8 a block: 0.64 against 0.60 ms on the SwiGLU backward's)
 
 // A value stored in the operand's format and read back: float32 as it is, bf16 rounded to nearest even.
 __device__ __forceinline__ float val(float v) { return v; }
@@ -74,11 +76,27 @@ __device__ __forceinline__ void col_tile(const QBOut &o, const T *tile, int c, i
     }
 }
 
-// SW 0: x's values (format T) in both layouts into o1. SW 1: dh1, dh3 (format T) = the SwiGLU's gradients of
-// dact, h1, h3, written, and each in both layouts (o1, o3).
+// Four values of T at p (one 8- or 16-byte store where all are in and aligned; else those below n only).
+__device__ __forceinline__ void st4(float *p, const float *v, int c, int n) {
+    if (c + 3 < n && !((uintptr_t)p & 15)) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    else
+        for (int e = 0; e < 4 && c + e < n; e++) p[e] = v[e];
+}
+__device__ __forceinline__ void st4(bf16 *p, const float *v, int c, int n) {
+    if (c + 3 < n && !((uintptr_t)p & 7)) {
+        __nv_bfloat162 x = __floats2bfloat162_rn(v[0], v[1]), y = __floats2bfloat162_rn(v[2], v[3]);
+        *(uint2 *)p = make_uint2(*(uint32_t *)&x, *(uint32_t *)&y);
+    } else
+        for (int e = 0; e < 4 && c + e < n; e++) p[e] = __float2bfloat16_rn(v[e]);
+}
+
+// SW 0: x's values (format T) in both layouts into o1 (the row layout only where o1.q is not NULL). SW 1:
+// dh1, dh3 (format T) = the SwiGLU's gradients of dact, h1, h3, written, and each in both layouts (o1, o3).
+// QB_WARPS warps: warp wp takes rows wp, wp + QB_WARPS, ..., then columns wp, wp + QB_WARPS, ...
 template <typename T, int SW>
-__global__ void __launch_bounds__(256) quant_both_k(QBArgs a, const T *x, const float *dact, const T *h1,
-                                                    const T *h3, T *dh1, T *dh3, QBOut o1, QBOut o3) {
+__global__ void __launch_bounds__(QB_WARPS * 32)
+    quant_both_k(QBArgs a, const T *x, const float *dact, const T *h1, const T *h3, T *dh1, T *dh3, QBOut o1,
+                 QBOut o3) {
     constexpr int TP = 128 + (sizeof(T) == 4 ? 1 : 2); // (a row's stride: off the banks' period)
     extern __shared__ __align__(16) unsigned char smem[];
     T *t1 = (T *)smem, *t3 = t1 + 128 * TP;
@@ -93,8 +111,7 @@ __global__ void __launch_bounds__(256) quant_both_k(QBArgs a, const T *x, const 
     long long r0 = a.rstart[g] + (long long)(j - a.tstart[g]) * 128;
     int rows = (int)min(128ll, a.rstart[g + 1] - r0);
     int kt = blockIdx.y, nkt = (a.K + 127) / 128, c0 = kt * 128 + lane * 4;
-    for (int i = 0; i < 16; i++) {
-        int r = wp + 8 * i; // (uniform over the warp)
+    for (int r = wp; r < 128; r += QB_WARPS) { // (uniform over the warp)
         size_t row = (size_t)(r0 + r) * a.K;
         float v1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, v3[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d4[4], a4[4], b4[4];
         uint32_t m1 = 0, m3 = 0;
@@ -106,15 +123,10 @@ __global__ void __launch_bounds__(256) quant_both_k(QBArgs a, const T *x, const 
         }
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int c = c0 + e;
-            bool in = r < rows && c < a.K;
-            if (in && SW) {
+            if (SW && r < rows && c0 + e < a.K) {
                 float g1, g3;
                 swiglu_grad(d4[e], a4[e], b4[e], &g1, &g3);
-                T b1 = put<T>(g1), b3 = put<T>(g3);
-                dh1[row + c] = b1;
-                dh3[row + c] = b3;
-                v1[e] = val(b1), v3[e] = val(b3);
+                v1[e] = val(put<T>(g1)), v3[e] = val(put<T>(g3)); // (the values stored: rounded once)
             }
             t1[r * TP + lane * 4 + e] = put<T>(v1[e]); // (exact: v1 is a value of T)
             m1 = max(m1, abs_bits(v1[e]));
@@ -124,12 +136,17 @@ __global__ void __launch_bounds__(256) quant_both_k(QBArgs a, const T *x, const 
             }
         }
         if (r >= rows) continue;
+        if (SW) { // (one 8- or 16-byte store a lane: scalar stores left the kernel bound by L2's writes)
+            st4(dh1 + row + c0, v1, c0, a.K);
+            st4(dh3 + row + c0, v3, c0, a.K);
+        }
+        if (!o1.q) continue;
         size_t qrow = (size_t)(r0 + r - a.row0);
         row_tile(o1, v1, m1, qrow, a.K, c0, kt, nkt, lane);
         if (SW) row_tile(o3, v3, m3, qrow, a.K, c0, kt, nkt, lane);
     }
     __syncthreads();
-    for (int c = wp; c < 128; c += 8) {
+    for (int c = wp; c < 128; c += QB_WARPS) {
         long long k = (long long)kt * 128 + c;
         if (k >= a.K) break;
         col_tile<T, TP>(o1, t1, c, rows, k, a.P, j, lane);
@@ -170,8 +187,8 @@ static void launch_both(const int64_t *off, int G, int K, const void *x, const f
         QBOut o1 = {b1.q, b1.qt + (size_t)t0 * 128, b1.s, b1.st + t0, bad1};
         QBOut o3 = {b3.q, b3.qt ? b3.qt + (size_t)t0 * 128 : NULL, b3.s, b3.st ? b3.st + t0 : NULL, bad3};
         dim3 grid((unsigned)a.tstart[a.G], (unsigned)((K + 127) / 128));
-        quant_both_k<T, SW><<<grid, 256, smem>>>(a, (const T *)x, dact, (const T *)h1, (const T *)h3,
-                                                 (T *)dh1, (T *)dh3, o1, o3);
+        quant_both_k<T, SW><<<grid, QB_WARPS * 32, smem>>>(a, (const T *)x, dact, (const T *)h1,
+                                                           (const T *)h3, (T *)dh1, (T *)dh3, o1, o3);
         KCHECK(SW ? "fp8_swiglu_bwd_both" : "fp8_quant_both");
     }
 }
@@ -181,6 +198,13 @@ extern "C" void cuda_fp8_quant_both(Fp8Both b, const void *x, int x_bf16, const 
     Fp8Both none = {NULL, NULL, NULL, NULL};
     if (x_bf16) launch_both<bf16, 0>(off, G, K, x, NULL, NULL, NULL, NULL, NULL, b, none, bad, NULL);
     else launch_both<float, 0>(off, G, K, x, NULL, NULL, NULL, NULL, NULL, b, none, bad, NULL);
+}
+
+// (cuda_fp8.h's transposed tiling alone: the same kernel without the row layout)
+extern "C" void cuda_fp8_quant_tiles_t(uint8_t *q, float *s, const void *x, int x_bf16, const int64_t *off,
+                                       int G, int K, unsigned long long *bad) {
+    Fp8Both b = {NULL, q, NULL, s};
+    cuda_fp8_quant_both(b, x, x_bf16, off, G, K, bad);
 }
 
 extern "C" void cuda_fp8_swiglu_bwd_both(void *dh1, void *dh3, int hid_bf16, const float *dact,
