@@ -265,9 +265,10 @@ static double kept_whole(const ModelConfig *c, const TrainOptions *o) {
 
 // The FP8 table's kept codes (cuda_fp8_wcache.cu), bytes, by its allocations: a weight (G, O, K) that starts
 // at a multiple of 8 elements keeps its transposed layout (G O K bytes of codes, 4-byte scales of its 128 x
-// 128 blocks, each rounded up to 256 bytes, + 256 for its non-finite count); w2 also its forward layout
-// (codes rounded, scales not); w1 and w3 their pair (2 G O K bytes + a scale per row and 128-wide K-tile)
-// where O % 64 == 0 and K % 16 == 0, else a forward layout each.
+// 128 blocks, each rounded up to 256 bytes, + 256 for its non-finite count); the forward layouts share two
+// slots, each the size of the largest it holds: one for single weights (w2's, and w1's and w3's where not
+// paired: codes rounded, scales not) and one for the pairs of w1 and w3 (2 G O K bytes + a scale per row and
+// 128-wide K-tile) where O % 64 == 0 and K % 16 == 0.
 static void check_fp8_kept(void) {
     TrainOptions o;
     train_options_default(&o);
@@ -277,8 +278,9 @@ static void check_fp8_kept(void) {
     ModelConfig c = preset("tiny"); // d 96, 2 layers, 4 experts, f 192 (check_flops checks these)
     // routed (4, 192, 96) and (4, 96, 192): 73,728 B of codes, 4 x 2 x 1 blocks of 4 B = 32 B of scales
     double t = 73728 + 256 + 256, f2 = 73728 + 32, pair = 2 * 73728 + 4 * 192 * 1 * 2 * 4.0;
-    double layer = 3 * t + f2 + pair; // 450,080
-    EXPECT(kept_whole(&c, &o) == 2 * layer, "tiny fp8: %.0f kept, want %.0f", kept_whole(&c, &o), 2 * layer);
+    double layer = 3 * t + f2 + pair; // one layer alone: 450,080
+    EXPECT(kept_whole(&c, &o) == 2 * 3 * t + f2 + pair, "tiny fp8: %.0f kept, want %.0f", kept_whole(&c, &o),
+           2 * 3 * t + f2 + pair);
     o.precision = PREC_MIXED;
     EXPECT(kept_whole(&c, &o) == 0, "tiny mixed: %.0f kept", kept_whole(&c, &o));
     o.precision = PREC_FP8;
@@ -292,29 +294,35 @@ static void check_fp8_kept(void) {
     cost_mesh_free(&m);
     o.grad_accum = 1;
     // two EP ranks: 2 experts each, (2, 192, 96): 36,864 B of codes, 16 B of scales
-    double t2 = 36864 + 256 + 256, layer2 = 3 * t2 + (36864 + 16) + (2 * 36864 + 2 * 192 * 2 * 4.0);
+    double t2 = 36864 + 256 + 256, ep2 = 2 * 3 * t2 + (36864 + 16) + (2 * 36864 + 2 * 192 * 2 * 4.0);
     EXPECT(mesh_of(&m, &o, 2, 2, 1, 2, 1, 1) == NULL, "fp8 ep 2");
-    EXPECT(m.stage[0].mem.cuda.kept == 2 * layer2, "fp8 ep 2: %.0f kept, want %.0f", m.stage[0].mem.cuda.kept,
-           2 * layer2);
+    EXPECT(m.stage[0].mem.cuda.kept == ep2, "fp8 ep 2: %.0f kept, want %.0f", m.stage[0].mem.cuda.kept, ep2);
     cost_mesh_free(&m);
-    // a shared expert of width 64 (1, 64, 96): 6,144 B of codes, one block's scale (4 B); paired
+    // a shared expert of width 64 (1, 64, 96): 6,144 B of codes, one block's scale (4 B); paired, and each of
+    // its forward layouts smaller than the routed ones (the slots as above)
     c.n_shared_experts = 1;
     c.shared_d_ff = 64;
-    double sh = 3 * (6144 + 256 + 256) + (6144 + 4) + (2 * 6144 + 64 * 1 * 2 * 4.0);
-    EXPECT(kept_whole(&c, &o) == 2 * (layer + sh), "tiny + shared 64: %.0f kept, want %.0f",
-           kept_whole(&c, &o), 2 * (layer + sh));
-    // width 40: no pair (40 % 64), a forward layout each for w1 and w3: 3,840 B of codes, one block
+    double tsh = 6144 + 256 + 256;
+    EXPECT(kept_whole(&c, &o) == 2 * 3 * (t + tsh) + f2 + pair, "tiny + shared 64: %.0f kept, want %.0f",
+           kept_whole(&c, &o), 2 * 3 * (t + tsh) + f2 + pair);
+    // width 40: no pair (40 % 64), its w1 and w3 through the single slot: 3,840 B of codes, one block
     c.shared_d_ff = 40;
-    double sh40 = 3 * (3840 + 256 + 256) + 3 * (3840 + 4);
-    EXPECT(kept_whole(&c, &o) == 2 * (layer + sh40), "tiny + shared 40: %.0f kept, want %.0f",
-           kept_whole(&c, &o), 2 * (layer + sh40));
+    double t40 = 3840 + 256 + 256;
+    EXPECT(kept_whole(&c, &o) == 2 * 3 * (t + t40) + f2 + pair, "tiny + shared 40: %.0f kept, want %.0f",
+           kept_whole(&c, &o), 2 * 3 * (t + t40) + f2 + pair);
     // layer 0 dense, an MLP of width 128 (1, 128, 96): 12,288 B of codes, one block; layer 1 as above
     c.shared_d_ff = 64;
     config_set_dense(&c, 0);
     c.dense_d_ff = 128;
-    double dense = 3 * (12288 + 256 + 256) + (12288 + 4) + (2 * 12288 + 128 * 1 * 2 * 4.0);
-    EXPECT(kept_whole(&c, &o) == dense + layer + sh, "tiny, layer 0 dense: %.0f kept, want %.0f",
-           kept_whole(&c, &o), dense + layer + sh);
+    double td = 12288 + 256 + 256;
+    EXPECT(kept_whole(&c, &o) == 3 * td + 3 * (t + tsh) + f2 + pair,
+           "tiny, layer 0 dense: %.0f kept, want %.0f", kept_whole(&c, &o),
+           3 * td + 3 * (t + tsh) + f2 + pair);
+    // a model of one dense layer (the slots the dense MLP's: 12,292 B single, 2 x 12,288 + 128 x 2 x 4 pair)
+    c.n_layers = 1;
+    EXPECT(kept_whole(&c, &o) == 3 * td + (12288 + 4) + (2 * 12288 + 128 * 2 * 4.0),
+           "one dense layer: %.0f kept, want %.0f", kept_whole(&c, &o),
+           3 * td + (12288 + 4) + (2 * 12288 + 128 * 2 * 4.0));
     // aux-free: each layer's routing bias (4 floats) comes before its experts, so layer 0's start 4 elements
     // off a multiple of 8 (no bf16 copy to key on: none kept) and layer 1's, 8 off, on one
     c = preset("tiny");

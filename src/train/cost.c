@@ -404,11 +404,11 @@ static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t
 // the code allocates them. A weight (G, O, K) is kept only where it starts at a multiple of 8 elements of the
 // buffer (cuda_weights.cu cuda_bf16_shadow_of); a kept one has its transposed layout's allocation, al256 of
 // the codes (G O K bytes) + al256 of the 128 x 128 block scales (4 G ceil(O/128) ceil(K/128)) + 256 (the
-// non-finite count); w2 also its forward layout, al256 of the codes + the block scales; w1 and w3, both kept,
-// their pair's (cuda_fp8_weight_pair: al256 of 2 G O K codes + a scale per row and K-tile, 8 G O
-// ceil(K/128)) where the fused up projection runs (O % 64 == 0, K % 16 == 0, G <= 256; on Hopper's kernel),
-// else a forward layout each as w2's. (MOE_FP8_WCACHE=0 keeps none; MOE_FP8_GEMM=ref and other GPUs run no
-// pair: none counted apart.)
+// non-finite count). The forward layouts live in two slots, each as large as the largest of its kind: the
+// single weights' (w2's, and w1's and w3's where they are not paired: al256 of the codes + the block scales)
+// and the pairs' (w1 and w3, both kept, where the fused up projection runs: O % 64 == 0, K % 16 == 0,
+// G <= 256, on Hopper's kernel; al256 of 2 G O K codes + a scale per row and K-tile, 8 G O ceil(K/128)).
+// (MOE_FP8_WCACHE=0 keeps none; MOE_FP8_GEMM=ref and other GPUs run no pair: none counted apart.)
 static double fp8_layout(double G, double O, double K, int transposed) {
     double scales = 4 * G * ceil(O / 128) * ceil(K / 128);
     return transposed ? al256(G * O * K) + al256(scales) + 256 : al256(G * O * K) + scales;
@@ -424,7 +424,7 @@ static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
     ParamTable own;
     if (!lt) params_build(&own, c);
     const ParamTable *t = lt ? lt : &own;
-    double kept = 0;
+    double kept = 0, single = 0, pairs = 0; // (the transposed layouts; the two forward slots)
     for (int i = 0; i < t->n; i++) {
         const ParamSpec *p = &t->p[i];
         int b = 0;
@@ -442,14 +442,16 @@ static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
         double O = (double)p->lshape[0], K = (double)p->lshape[1];
         int k1 = p->loffset % 8 == 0, k3 = w3->loffset % 8 == 0;
         int pair = k1 && k3 && p->lshape[0] % 64 == 0 && p->lshape[1] % 16 == 0 && G <= 256;
-        kept += (k1 + k3) * fp8_layout(G, O, K, 1) +
-            (pair ? al256(2 * G * O * K) + 8 * G * O * ceil(K / 128) : (k1 + k3) * fp8_layout(G, O, K, 0));
-        if (w2->loffset % 8 == 0)
-            kept += fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 1) +
-                fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 0);
+        kept += (k1 + k3) * fp8_layout(G, O, K, 1);
+        if (pair) pairs = fmax(pairs, al256(2 * G * O * K) + 8 * G * O * ceil(K / 128));
+        else if (k1 || k3) single = fmax(single, fp8_layout(G, O, K, 0));
+        if (w2->loffset % 8 == 0) {
+            kept += fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 1);
+            single = fmax(single, fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 0));
+        }
     }
     if (!lt) params_free(&own);
-    return kept;
+    return kept + single + pairs;
 }
 
 // The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh

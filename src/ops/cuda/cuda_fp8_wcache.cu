@@ -1,10 +1,15 @@
 // cuda_fp8_wcache.cu — the experts' weights as FP8 operands kept between ops (contracts in
-// cuda_fp8_wcache.h): a table of entries keyed by the weight's pointer and shape, each with the layouts made
-// at the bf16 copy's current version (the transposed layout's allocation with the version's count of
-// non-finite blocks; the forward layout's allocated when first asked for, and made with the transposed one in
-// one read of the weight), made again when the version moved on (AdamW once a step, a refresh, any write into
-// the weights), and a table of up-projection pairs whose forward codes are written straight into the pair's
-// layout. All freed when another buffer is registered.
+// cuda_fp8_wcache.h): a table of entries keyed by the weight's pointer and shape, each with its transposed
+// layout made at the bf16 copy's current version (its allocation with the version's count of non-finite
+// blocks), made again when the version moved on (AdamW once a step, a refresh, any write into the weights);
+// and two forward slots, one for a single weight's forward layout and one for an up-projection pair's (its
+// codes written straight into the pair's layout), each holding the one asked for last, made with the
+// transposed layout in one read of the weight where that is not made yet. The backward reads only the
+// transposed layouts, so a step's forward layouts need not outlive their layer: the slots hold them in turn
+// (every layer's forward codes but one layer's less memory), a layer's experts run in chunks (AMPipe, the
+// overlapped exchange) find their pair and w2 still there, and a forward asked again at the same version
+// after other layers (another micro-batch, a recomputed forward) quantises its weights again. All freed when
+// another buffer is registered.
 // The uses' non-finite counts are kept on the host as (counter, uses) pairs per entry and added on the
 // device before the entry's count is made again or the counters are read.
 // Must not hold: kernels other than that addition, or any knowledge of layers.
@@ -20,27 +25,28 @@ typedef struct {
     const float *w;
     int G, O, K;
     unsigned long long ver; // the version its layouts and count are of
-    int have, counted; // the layouts made at ver (FP8W_*); its count made at ver
-    void *mt, *mq; // qt, st, bad / q, s (NULL until asked for)
-    Fp8Weight op;
+    int have_t, counted; // the transposed layout made at ver; its count made at ver
+    void *mt; // qt, st, bad
+    Fp8Weight op; // (qt, st)
     unsigned long long *bad;
     unsigned long long *dst[WC_USES], uses[WC_USES];
     int nd;
 } WEntry;
 
+// The forward slots (0: a single weight's layout, 1: a pair's): memory (grown to the largest layout asked
+// for) and whose codes each holds at which version (w3 NULL in slot 0).
 typedef struct {
+    void *mem;
+    size_t bytes;
     const float *w1, *w3;
     int G, O, K;
     unsigned long long ver;
     int valid;
-    void *mem;
-    uint8_t *q;
-    float *s;
-} PEntry;
+} FSlot;
+static FSlot g_fs[2];
 
 static WEntry *g_e;
-static PEntry *g_pe;
-static int g_n, g_cap, g_np, g_pcap;
+static int g_n, g_cap;
 static const float *g_base; // the registered buffer the entries belong to
 
 static int wcache_on(void) {
@@ -107,10 +113,11 @@ static void clear_all(void) {
     for (int i = 0; i < g_n; i++) {
         add_uses(&g_e[i]);
         CUDA_CHECK(cudaFree(g_e[i].mt)); // (synchronises: no kernel still reads it)
-        if (g_e[i].mq) CUDA_CHECK(cudaFree(g_e[i].mq));
     }
-    for (int i = 0; i < g_np; i++) CUDA_CHECK(cudaFree(g_pe[i].mem));
-    g_n = g_np = 0;
+    for (int i = 0; i < 2; i++)
+        if (g_fs[i].mem) CUDA_CHECK(cudaFree(g_fs[i].mem));
+    memset(g_fs, 0, sizeof g_fs);
+    g_n = 0;
 }
 
 // The entry of w at the copy's current version (its layouts dropped, its pending uses added, where the
@@ -146,7 +153,7 @@ static WEntry *entry(const float *w, int G, int O, int K, const void **src) {
     if (e->ver != v) {
         add_uses(e); // (the uses of the version before: its count)
         e->ver = v;
-        e->have = e->counted = 0;
+        e->have_t = e->counted = 0;
     }
     return e;
 }
@@ -159,36 +166,59 @@ static unsigned long long *count_once(WEntry *e) {
     return e->bad;
 }
 
+// Whether (w1, w3)'s slot (w3 NULL: w1 alone, slot 0; else the pair's, slot 1) holds their forward codes of
+// shape (G, O, K) at the current version.
+static int slot_holds(const float *w1, const float *w3, int G, int O, int K) {
+    const FSlot *f = &g_fs[w3 != NULL];
+    return f->valid && f->w1 == w1 && f->w3 == w3 && f->G == G && f->O == O && f->K == K &&
+        f->ver == cuda_bf16_shadow_version();
+}
+// (w1, w3)'s slot taken for their forward codes: codes then scales (the codes' bytes rounded up to 256) at
+// *q, *s, the memory grown where smaller (cudaFree synchronises: no kernel still reads the old). The caller
+// writes the codes next, in stream order after every GEMM that read the slot's previous ones.
+static void slot_take(const float *w1, const float *w3, int G, int O, int K, size_t codes, size_t scales,
+                      uint8_t **q, float **s) {
+    FSlot *f = &g_fs[w3 != NULL];
+    size_t need = al256(codes) + scales;
+    if (need > f->bytes) {
+        if (f->mem) CUDA_CHECK(cudaFree(f->mem));
+        f->mem = dev_alloc(need, w3 ? "the up-projection pairs' forward slot" : "the forward layouts' slot");
+        f->bytes = need;
+    }
+    f->w1 = w1, f->w3 = w3, f->G = G, f->O = O, f->K = K;
+    f->ver = cuda_bf16_shadow_version();
+    f->valid = 1;
+    *q = (uint8_t *)f->mem, *s = (float *)((char *)f->mem + al256(codes));
+}
+
 extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int K, int need,
                                unsigned long long *bad) {
     const void *src;
     WEntry *e = entry(w, G, O, K, &src);
     if (!e) return 0;
-    // (a forward layout made at a new version brings the transposed one in the same read: the backward asks
-    // for it next, and its memory is the entry's already)
-    int miss = need & ~e->have;
-    if (miss & FP8W_FWD) miss |= FP8W_T & ~e->have;
-    if ((miss & FP8W_FWD) && !e->mq) {
-        size_t n = (size_t)G * O * K;
-        char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128),
-                                    "a weight");
-        e->mq = p;
-        e->op.q = (uint8_t *)p, e->op.s = (float *)(p + al256(n));
-    }
-    if (miss) {
-        int f = miss & FP8W_FWD, t = miss & FP8W_T;
+    // (a forward layout made brings the transposed one in the same read where that is not made yet: the
+    // backward asks for it next, and its memory is the entry's already)
+    int f = (need & FP8W_FWD) && !slot_holds(w, NULL, G, O, K), t = !e->have_t && (f || (need & FP8W_T));
+    size_t n = (size_t)G * O * K, ns = sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128);
+    uint8_t *q = NULL;
+    float *sc = NULL;
+    if (f) slot_take(w, NULL, G, O, K, n, ns, &q, &sc);
+    if (f || t) {
         cuda_fp8_trace_begin();
-        cuda_fp8_quant_blocks(f ? (uint8_t *)e->op.q : NULL, f ? (float *)e->op.s : NULL,
-                              t ? (uint8_t *)e->op.qt : NULL, t ? (float *)e->op.st : NULL, src, 1, G, O, K,
-                              count_once(e));
+        cuda_fp8_quant_blocks(q, sc, t ? (uint8_t *)e->op.qt : NULL, t ? (float *)e->op.st : NULL, src, 1, G,
+                              O, K, count_once(e));
         cuda_fp8_trace_end(f && t  ? "kept weight: blocks + _t"
                                : f ? "kept weight: blocks"
                                    : "kept weight: blocks_t",
-                           (double)G * O * K * (2 + (f ? 1 : 0) + (t ? 1 : 0)), 0);
-        e->have |= miss;
+                           (double)n * (2 + (f ? 1 : 0) + (t ? 1 : 0)), 0);
+        e->have_t |= t;
     }
     note_use(e, bad);
     *out = e->op;
+    if (need & FP8W_FWD) {
+        out->q = (const uint8_t *)g_fs[0].mem;
+        out->s = (const float *)((char *)g_fs[0].mem + al256(n));
+    }
     return 1;
 }
 
@@ -201,42 +231,26 @@ extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const fl
     WEntry *e3 = e1 ? entry(w3, G, O, K, &src3) : NULL;
     if (!e1 || !e3) return 0;
     e1 = entry(w1, G, O, K, &src1); // (w3's new entry may have moved the table; the same version: no change)
-    unsigned long long v = e1->ver;
-    PEntry *pe = NULL;
-    for (int i = 0; i < g_np && !pe; i++)
-        if (g_pe[i].w1 == w1 && g_pe[i].w3 == w3 && g_pe[i].G == G && g_pe[i].O == O && g_pe[i].K == K)
-            pe = &g_pe[i];
-    if (!pe) {
-        if (g_np == g_pcap) {
-            g_pcap = g_pcap ? 2 * g_pcap : 32;
-            g_pe = (PEntry *)xrealloc(g_pe, sizeof *g_pe * g_pcap);
-        }
-        pe = &g_pe[g_np];
-        memset(pe, 0, sizeof *pe);
-        size_t n = (size_t)G * 2 * O * K;
-        char *p = (char *)dev_alloc(al256(n) + sizeof(float) * G * 2 * O * ((K + 127) / 128), "two weights");
-        g_np++;
-        pe->w1 = w1, pe->w3 = w3, pe->G = G, pe->O = O, pe->K = K, pe->mem = p;
-        pe->q = (uint8_t *)p, pe->s = (float *)(p + al256(n));
-    }
-    if (!pe->valid || pe->ver != v) { // each half with its weight's transposed layout where not made yet
+    size_t n = (size_t)G * 2 * O * K;
+    uint8_t *pq;
+    float *ps;
+    if (!slot_holds(w1, w3, G, O, K)) { // each half with its weight's transposed layout where not made yet
+        slot_take(w1, w3, G, O, K, n, sizeof(float) * G * 2 * O * ((K + 127) / 128), &pq, &ps);
         WEntry *e[2] = {e1, e3};
         const void *src[2] = {src1, src3};
         for (int h = 0; h < 2; h++) {
-            int t = !(e[h]->have & FP8W_T);
+            int t = !e[h]->have_t;
             cuda_fp8_trace_begin();
-            cuda_fp8_quant_blocks_pair(pe->q, pe->s, h, t ? (uint8_t *)e[h]->op.qt : NULL,
+            cuda_fp8_quant_blocks_pair(pq, ps, h, t ? (uint8_t *)e[h]->op.qt : NULL,
                                        t ? (float *)e[h]->op.st : NULL, src[h], 1, G, O, K, count_once(e[h]));
             cuda_fp8_trace_end(t ? "kept weight: pair half + _t" : "kept weight: pair half",
                                (double)G * O * K * (3 + (t ? 1 : 0)) + 4.0 * G * O * ((K + 127) / 128), 0);
-            e[h]->have |= FP8W_T;
+            e[h]->have_t = 1;
         }
-        pe->ver = v;
-        pe->valid = 1;
     }
     note_use(e1, bad1);
     note_use(e3, bad3);
-    *q = pe->q, *s = pe->s;
+    *q = (const uint8_t *)g_fs[1].mem, *s = (const float *)((char *)g_fs[1].mem + al256(n));
     return 1;
 }
 

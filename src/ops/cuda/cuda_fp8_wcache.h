@@ -5,8 +5,12 @@
 // instead of once per GEMM. The same bits as quantising on each use (the same kernel on the same values), and
 // the same non-finite counts: each use adds the version's count of non-finite blocks into the counter the use
 // names, as its own quantisation would have. MOE_FP8_WCACHE=0 turns it off (each use quantises again, no
-// memory kept). Memory: 1 byte a weight per layout kept (2 for a weight used forward and backward), plus 4
-// bytes per 128x128 block (or, in a pair, per row and K-tile). Must not hold: kernels beyond the counts' add.
+// memory kept). Memory: each weight's transposed layout (the backward's), 1 byte a weight plus 4 bytes per
+// 128x128 block; the forward layouts only in two slots, one for a single weight's and one for a pair's, each
+// holding the last one asked for (the largest of each kind's bytes: about one layer's forward codes). So a
+// forward layout returned stays valid only until the next forward layout of its kind is asked for: launch
+// the GEMM that reads it first (in stream order the next one's codes are written after it). Must not hold:
+// kernels beyond the counts' add.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
