@@ -8,13 +8,15 @@
 // cpu_fp8_quant_tiles_t). Groups of 0, 1, 127 and 129 rows (the last two straddle a 128-row tile), K and N
 // not multiples of 128 (200 and 136), rows scaled by powers of two from 2^-20 to 2^20 (other tile scales)
 // and an all-zero tile. Also: the fp8 results are not the float32 backend's (the quantisation is on), the
-// GM_DW_WRITE / accumulate and GM_ACC_DINP forms, and the non-finite count with its layer and tensor.
+// GM_DW_WRITE / accumulate and GM_ACC_DINP forms, the non-finite count with its layer and tensor, and the
+// weight-gradient flags it refuses (ops.h gm_dw_flags_error: GM_DW_BF16; GM_DW_SUMSQ on an accumulation).
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
 #include "ops/cpu/cpu_fp8.h"
 #include "ops/ops.h"
 #include "test_util.h"
+#include "test_death.h"
 
 #define G 4
 static const int64_t OFF[G + 1] = {0, 0, 1, 128, 257}; // groups of 0, 1, 127, 129 rows
@@ -115,8 +117,22 @@ static double max_rel(const float *a, const float *b, size_t n) {
     return den > 0 ? num / den : num;
 }
 
+// ops.h gm_dw_flags_error under the FP8 table: no bf16 weight gradients, no ledger sums of an accumulation
+// (one message, non-zero exit)
+static const Backend *g_fp8;
+static void die_flags(void *arg) {
+    float x[8] = {0}, w[8] = {0}, d[8] = {0}, dw[8] = {0};
+    const int64_t off[2] = {0, 2};
+    g_fp8->grouped_matmul_bwd(NULL, dw, d, x, w, off, 1, 2, 2, *(const int *)arg);
+}
+
 int main(void) {
     const Backend *cpu = backend_cpu(), *be = backend_fp8(cpu);
+    g_fp8 = be;
+    int bf = GM_DW_WRITE | GM_DW_BF16, sq = GM_DW_SUMSQ;
+    expect_death_msg("fp8 with GM_DW_BF16", die_flags, &bf, "GM_DW_BF16 under --precision fp8", "float32", 1);
+    expect_death_msg("fp8 ledger of an accumulation", die_flags, &sq, "GM_DW_SUMSQ without GM_DW_WRITE",
+                     "not accumulations", 1);
     EXPECT(be->fp8 == 1 && cpu->fp8 == 0 && be->fp8_site && be->fp8_nonfinite && !cpu->fp8_nonfinite,
            "the fp8 table sets fp8 and its counters; the cpu's does not");
     Rng r;

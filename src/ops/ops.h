@@ -86,6 +86,20 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8, GM_DW_SUMSQ = 16 };
 // The flags of a grouped op's weight-gradient write (what a composed op passes on to its plain ones).
 #define GM_DW_FLAGS (GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ)
+// The one rule on those flags every backend's grouped backward checks (CHECK(!e, "...: %s", e)): NULL where
+// they hold together, else what is wrong. GM_DW_BF16 and GM_DW_SUMSQ come with GM_DW_WRITE only; fp8 (the FP8
+// tables, whose weight gradients stay float32) takes no GM_DW_BF16.
+static inline const char *gm_dw_flags_error(int flags, int fp8) {
+    if (fp8 && (flags & GM_DW_BF16))
+        return "GM_DW_BF16 under --precision fp8, which keeps float32 weight gradients (GM_DW_BF16 is the "
+               "bf16 "
+               "policy's)";
+    if ((flags & GM_DW_BF16) && !(flags & GM_DW_WRITE))
+        return "GM_DW_BF16 without GM_DW_WRITE (bf16 weight gradients are written once, never accumulated)";
+    if ((flags & GM_DW_SUMSQ) && !(flags & GM_DW_WRITE))
+        return "GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger sums written blocks, not accumulations)";
+    return NULL;
+}
 
 // attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
 enum { ATT_ADD_DQ = 1, ATT_ADD_DKV = 2 };

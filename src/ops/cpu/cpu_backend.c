@@ -73,9 +73,8 @@ static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w,
 // ascending order (element j's two bytes land at or below float j's, which is read before)
 static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                                    const float *w, const int64_t *off, int G, int K, int O, int flags) {
-    CHECK(!(flags & GM_DW_BF16) || (flags & GM_DW_WRITE),
-          "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE "
-          "(bf16 weight gradients are written once, never accumulated)");
+    const char *fe = gm_dw_flags_error(flags, 0);
+    CHECK(!fe, "grouped_matmul_bwd: %s", fe);
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         mm_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
@@ -90,12 +89,8 @@ static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
             memcpy(b + 2 * j, &h, 2);
         }
     }
-    if (dw && (flags & GM_DW_SUMSQ) && G > 0 && K > 0 && O > 0) {
-        CHECK(flags & GM_DW_WRITE,
-              "grouped_matmul_bwd: GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger "
-              "sums written blocks, not accumulations)");
+    if (dw && (flags & GM_DW_SUMSQ) && G > 0 && K > 0 && O > 0)
         cpu_dw_ledger_add(dw, G, (size_t)O * K, (flags & GM_DW_BF16) != 0);
-    }
 }
 
 static void cpu_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *inp, const float *w1,

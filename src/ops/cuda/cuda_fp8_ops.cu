@@ -311,14 +311,10 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
 static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, int bf, const float *w,
                     const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw,
                     int in_ready = 0, const Fp8Both *pre = NULL) {
-    CHECK(!(flags & GM_DW_BF16),
-          "grouped_matmul_bwd: --precision fp8 keeps float32 weight gradients "
-          "(GM_DW_BF16 is the bf16 policy's)");
+    const char *fe = gm_dw_flags_error(flags, 1);
+    CHECK(!fe, "grouped_matmul_bwd: %s", fe);
     int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE, dx = dinp != NULL;
     int sq = dw && (flags & GM_DW_SUMSQ); // (the ledger: ops.h GM_DW_SUMSQ)
-    CHECK(!sq || write,
-          "grouped weight gradients: GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger sums "
-          "written blocks, not accumulations)");
     int64_t r0 = off[0], rows = off[G] - off[0];
     if (G <= 0 || K <= 0) return;
     if (O <= 0 || rows <= 0) { // empty sums: zeros where written (and counted in the ledger, their sum 0)

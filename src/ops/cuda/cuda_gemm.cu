@@ -191,11 +191,10 @@ static float *dw_block(float *dw, int g, size_t blk, int packed) {
 static void dw_pack(float *dw, int g, size_t blk, const float *b, int packed) {
     if (packed) cuda_f32_to_bf16((bf16 *)dw + g * blk, b, blk);
 }
-// ops.h GM_DW_SUMSQ: with GM_DW_WRITE only (the ledger holds what a block was written as)
-static void dw_sumsq_check(int flags) {
-    CHECK(!(flags & GM_DW_SUMSQ) || (flags & GM_DW_WRITE),
-          "grouped weight gradients: GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger sums written "
-          "blocks, not accumulations)");
+// ops.h's rule on the weight-gradient flags
+static void dw_flags_check(int flags) {
+    const char *fe = gm_dw_flags_error(flags, 0);
+    CHECK(!fe, "grouped weight gradients: %s", fe);
 }
 
 // (GM_DW_BF16: each group's block computed apart, then packed: dw_block, dw_pack)
@@ -203,10 +202,7 @@ extern "C" void cuda_grouped_matmul_bwd_f32(float *dinp, float *dw, const float 
                                             const float *w, const int64_t *off, int G, int K, int O,
                                             int flags) {
     int packed = dw && (flags & GM_DW_BF16) && O > 0 && K > 0;
-    CHECK(!packed || (flags & GM_DW_WRITE),
-          "grouped_matmul_bwd: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients "
-          "are written once, never accumulated)");
-    dw_sumsq_check(flags);
+    dw_flags_check(flags);
     size_t blk = (size_t)O * K;
     for (int g = 0; g < G; g++) { // (a group without rows: only GM_DW_WRITE's zeros)
         int64_t r0 = off[g], n = off[g + 1] - off[g];
@@ -457,10 +453,7 @@ static void dw_zero_empty(float *dw, const int64_t *off, int G, int K, int O, in
 static void gdw(float *dw, const bf16 *gb, const bf16 *xb, const int64_t *off, int G, int K, int O,
                 int flags) {
     int write = flags & GM_DW_WRITE, packed = (flags & GM_DW_BF16) != 0, sumsq = (flags & GM_DW_SUMSQ) != 0;
-    CHECK(!packed || write,
-          "grouped weight gradients: GM_DW_BF16 without GM_DW_WRITE (bf16 gradients are written "
-          "once, never accumulated)");
-    dw_sumsq_check(flags);
+    dw_flags_check(flags);
     if (write) dw_zero_empty(dw, off, G, K, O, 0, flags);
     if (cuda_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, packed, sumsq, gb, xb, off, G, K, O)) return;
     int64_t base = off[0];
