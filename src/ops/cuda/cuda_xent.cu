@@ -127,26 +127,29 @@ __global__ void __launch_bounds__(XR_T, 1)
     }
 }
 
-#define XENT_LAUNCH(HID, N, V, ...) \
-    do { \
-        int vec_ = (V) % 4 == 0 && !((uintptr_t)logits % 16); \
-        if (vec_ && (V) > 4 * XR_T * XR_N / 2 && (V) <= 4 * XR_T * XR_N) \
-            cross_entropy_reg_k<HID><<<N, XR_T>>>(__VA_ARGS__); \
-        else if (vec_) cross_entropy_k<HID, 1><<<N, 256>>>(__VA_ARGS__); \
-        else cross_entropy_k<HID, 0><<<N, 256>>>(__VA_ARGS__); \
-    } while (0)
+// The kernel for the row length and the logits' alignment (the register-resident one for V in (4 XR_T XR_N /
+// 2, 4 XR_T XR_N], float4 accesses where V % 4 == 0 and logits is 16-byte aligned), one block a row.
+template <int HID>
+static void xent_launch(float *losses, float *logits, const int32_t *targets, int N, int V, float dloss,
+                        int bwd) {
+    int vec = V % 4 == 0 && !((uintptr_t)logits % 16);
+    if (vec && V > 4 * XR_T * XR_N / 2 && V <= 4 * XR_T * XR_N)
+        cross_entropy_reg_k<HID><<<N, XR_T>>>(losses, logits, targets, V, dloss, bwd);
+    else if (vec) cross_entropy_k<HID, 1><<<N, 256>>>(losses, logits, targets, V, dloss, bwd);
+    else cross_entropy_k<HID, 0><<<N, 256>>>(losses, logits, targets, V, dloss, bwd);
+}
 
 // "cuda-fp32" (hidden format float32) and "cuda" (bf16)
 extern "C" void cuda_cross_entropy_fwd_bwd_f32(float *losses, float *logits, const int32_t *targets, int N,
                                                int V, float dloss) {
     if (N <= 0) return;
-    XENT_LAUNCH(0, N, V, losses, logits, targets, V, dloss, 1);
+    xent_launch<0>(losses, logits, targets, N, V, dloss, 1);
     KCHECK("cross_entropy_fwd_bwd");
 }
 extern "C" void cuda_cross_entropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets, int N,
                                                 int V, float dloss) {
     if (N <= 0) return;
-    XENT_LAUNCH(1, N, V, losses, logits, targets, V, dloss, 1);
+    xent_launch<1>(losses, logits, targets, N, V, dloss, 1);
     KCHECK("cross_entropy_fwd_bwd (bf16 dlogits)");
 }
 
@@ -154,6 +157,6 @@ extern "C" void cuda_cross_entropy_fwd(float *losses, const float *logits, const
                                        int V) {
     if (N <= 0) return;
     // bwd = 0: the kernel never writes logits
-    XENT_LAUNCH(0, N, V, losses, (float *)logits, targets, V, 0.0f, 0);
+    xent_launch<0>(losses, (float *)logits, targets, N, V, 0.0f, 0);
     KCHECK("cross_entropy_fwd");
 }
