@@ -313,17 +313,19 @@ run_fail "MOE_ACT_MEM_OLD must be 0" env MOE_ACT_MEM_OLD=yes "${T[@]}" --force
 #  704 MiB + 320,826,880 B = 1009.96 MiB (the H200 measured 86,375 - 85,359 = 1016 MiB more than mixed, before
 #  the table kept its weights' codes);
 # and the expert weights' codes it keeps between ops (cuda_fp8_wcache.cu; every weight starts at a multiple of
-# 8 elements here), per layer, each weight (8, O, K) with 128 x 128 blocks of 4-byte scales:
-#  - w1 and w3 (O 5632, K 2048) each its transposed layout: 8 x 5632 x 2048 = 92,274,688 B of codes +
-#    8 x 44 x 16 x 4 = 22,528 B of scales + 256 B (its non-finite count) = 92,297,472 B;
-#  - w2 (O 2048, K 5632): the same 92,297,472 B, and its forward layout 92,274,688 + 22,528 = 92,297,216 B;
-#  - w1 and w3's pair for the fused up projection (5632 % 64 = 0, 2048 % 16 = 0): 2 x 92,274,688 B of codes
-#    + a scale per row and 128-wide K-tile, 8 x 2 x 5632 x 16 x 4 = 5,767,168 B: 190,316,544 B;
-#  3 x 92,297,472 + 92,297,216 + 190,316,544 = 559,506,176 B a layer, x 16 layers = 8,952,098,816 B (8.34 GiB).
-#  In all 1,059,024,384 + 8,952,098,816 = 10,011,123,200 B (9.32 GiB).
+# 8 elements here), each weight (8, O, K) with 128 x 128 blocks of 4-byte scales:
+#  - per layer, w1, w3 (O 5632, K 2048) and w2 (O 2048, K 5632) each its transposed layout: 8 x 5632 x 2048 =
+#    92,274,688 B of codes + 8 x 44 x 16 x 4 = 22,528 B of scales + 256 B (its non-finite count) =
+#    92,297,472 B; 3 x 92,297,472 = 276,892,416 B a layer, x 16 layers = 4,430,278,656 B;
+#  - once, the forward layouts' two slots, each the largest of its kind: the single weights' (w2's forward
+#    layout, 92,274,688 + 22,528 = 92,297,216 B) and the pairs' for the fused up projection (5632 % 64 = 0,
+#    2048 % 16 = 0: 2 x 92,274,688 B of codes + a scale per row and 128-wide K-tile, 8 x 2 x 5632 x 16 x 4 =
+#    5,767,168 B: 190,316,544 B);
+#  4,430,278,656 + 92,297,216 + 190,316,544 = 4,712,892,416 B (4.39 GiB).
+#  In all 1,059,024,384 + 4,712,892,416 = 5,771,916,800 B (5.38 GiB).
 if "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision fp8 >"$OUT_FILE" 2>"$ERR_FILE" &&
-   grep -qF "+ fp8 operands 9.32 GiB (expert weight codes kept 8.34 GiB, operand scratch 1009.96 MiB) + scratch 328.50 MiB" "$OUT_FILE"; then pass "moe info --precision fp8: the FP8 table's kept codes and scratch"
-else fail "moe info --precision fp8: the FP8 table's kept codes and scratch (want 9.32 GiB: 8.34 GiB + 1009.96 MiB)"; show_output; fi
+   grep -qF "+ fp8 operands 5.38 GiB (expert weight codes kept 4.39 GiB, operand scratch 1009.96 MiB) + scratch 328.50 MiB" "$OUT_FILE"; then pass "moe info --precision fp8: the FP8 table's kept codes and scratch"
+else fail "moe info --precision fp8: the FP8 table's kept codes and scratch (want 5.38 GiB: 4.39 GiB + 1009.96 MiB)"; show_output; fi
 # --precision bf16 in one process keeps the weights only bf16 GEMMs read, and the embedding table (its gather
 # reads the copy), in the bf16 copy alone (ops.h alloc_bf16_params, params.h params_bf16_ranges): the float32
 # buffer's whole 2 MiB pages inside each range are not there. Floats: embedding 32000 x 2048; a layer 302,010,368 = two norms 2 x 2048, q and o 2048^2, k and v
