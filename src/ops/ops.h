@@ -91,9 +91,8 @@ enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8, GM_DW_
 // tables, whose weight gradients stay float32) takes no GM_DW_BF16.
 static inline const char *gm_dw_flags_error(int flags, int fp8) {
     if (fp8 && (flags & GM_DW_BF16))
-        return "GM_DW_BF16 under --precision fp8, which keeps float32 weight gradients (GM_DW_BF16 is the "
-               "bf16 "
-               "policy's)";
+        return "GM_DW_BF16 under --precision fp8, which keeps float32 weight gradients "
+               "(GM_DW_BF16 is the bf16 policy's)";
     if ((flags & GM_DW_BF16) && !(flags & GM_DW_WRITE))
         return "GM_DW_BF16 without GM_DW_WRITE (bf16 weight gradients are written once, never accumulated)";
     if ((flags & GM_DW_SUMSQ) && !(flags & GM_DW_WRITE))
