@@ -20,13 +20,8 @@
 #include "core/common.h"
 #include "ops/cuda/cuda_fp8.h"
 #include "ops/cuda/cuda_fp8_fused.h"
+#include "ops/cuda/cuda_grouped.h"
 #include "ops/cuda/cuda_grouped_fp8.h"
-
-// the bf16 kernels' entry points (cuda_grouped.cu; declared for C++ in ops/cuda/cuda_common.h)
-int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
-                      const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
-int cuda_grouped_gemm_dw(float *dw, float beta, int packed, const void *dout, const void *x,
-                         const int64_t *off, int G, int K, int O);
 
 #define CK(call) \
     do { \
@@ -87,7 +82,7 @@ static int run(const Call *c) {
         case 3:
             return cuda_fp8_grouped_gemm_dw(c->C, 0.0f, 0, c->A, c->sa, c->B, c->sb, c->off, c->G, c->N,
                                             c->K);
-        case 4: return cuda_grouped_gemm_dw(c->C, 0.0f, 0, c->A, c->B, c->off, c->G, c->K, c->N);
+        case 4: return cuda_grouped_gemm_dw(c->C, 0.0f, 0, 0, c->A, c->B, c->off, c->G, c->K, c->N);
         case 5: // (N: the pair's 2 O columns)
         case 6: {
             int M = (int)(c->off[c->G] - c->off[0]), O = c->N / 2;
@@ -168,10 +163,16 @@ static void time_call(const char *shape, const Call *c, double flops) {
     CK(cudaEventDestroy(e1));
 }
 
+// G groups of m rows each: off[g] = g m (G <= 64)
+static void even_offsets(int64_t *off, int G, int m) {
+    if (G > 64) DIE("moe_bench_fp8: %d groups (at most 64)", G);
+    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+}
+
 // rows-grouped forms (0, 1, 2) on G groups of m rows, reduction K, N columns
 static void shape_rows(const char *name, int G, int m, int K, int N) {
     int64_t off[65];
-    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    even_offsets(off, G, m);
     size_t M = (size_t)G * m, TK = (K + 127) / 128, TN = (N + 127) / 128;
     void *A8 = drand_bytes(M * K, 1, 1), *B8 = drand_bytes((size_t)G * N * K, 1, 2);
     void *A16 = drand_bytes(M * K * 2, 0, 3), *B16 = drand_bytes((size_t)G * N * K * 2, 0, 4), *C;
@@ -198,7 +199,7 @@ static void shape_rows(const char *name, int G, int m, int K, int N) {
 // the weight gradients dW_g (N, K) = dY_g^T X_g over G groups of m rows (m a multiple of 128)
 static void shape_dw(const char *name, int G, int m, int N, int K) {
     int64_t off[65];
-    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    even_offsets(off, G, m);
     size_t M = (size_t)G * m, TM = M / 128;
     void *A8 = drand_bytes((size_t)N * M, 1, 5), *B8 = drand_bytes((size_t)K * M, 1, 6); // dY^T, X^T
     void *A16 = drand_bytes(M * N * 2, 0, 7), *B16 = drand_bytes(M * K * 2, 0, 8), *C; // dY, X (row-major)
@@ -217,7 +218,7 @@ static void shape_dw(const char *name, int G, int m, int N, int K) {
 // the up projections with the SwiGLU over G groups of m rows, reduction K, O columns each of W1 and W3
 static void shape_swiglu(const char *name, int G, int m, int K, int O) {
     int64_t off[65];
-    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    even_offsets(off, G, m);
     size_t M = (size_t)G * m, TK = (K + 127) / 128, N = 2 * (size_t)O;
     void *A = drand_bytes(M * K, 1, 9), *B = drand_bytes(G * N * K, 1, 10),
          *B3 = drand_bytes(G * N * K / 2, 1, 11);
@@ -264,7 +265,7 @@ static void shape_swiglu(const char *name, int G, int m, int K, int O) {
 // timed against the bytes it must read and write (codes 1 byte, scales 4 a group)
 static void shape_quant(const char *name, int G, int m, int d, int f) {
     int64_t off[65];
-    for (int g = 0; g <= G; g++) off[g] = (int64_t)g * m;
+    even_offsets(off, G, m);
     size_t M = (size_t)G * m, n = M * f > (size_t)G * f * d ? M * f : (size_t)G * f * d, ns = n / 64;
     void *x = drand_bytes(M * d * 2, 0, 12), *dact = drand_bytes(M * f * 4, 0, 13),
          *h1 = drand_bytes(M * f * 2, 0, 14), *h3 = drand_bytes(M * f * 2, 0, 15),

@@ -13,6 +13,7 @@ extern "C" {
 #include "core/common.h"
 #include "ops/ops.h"
 }
+#include "ops/cuda/cuda_grouped.h"
 
 // Hint for a failed CUDA runtime call (never NULL).
 extern "C" const char *cuda_hint(cudaError_t e);
@@ -303,13 +304,6 @@ void cuda_grouped_matmul_bwd2_bf16(float *dinp, float *dwa, float *dwb, const vo
                                    int G, int K, int O, int flags);
 // cuda_narrow.cu: dw (O, K) [+]= dout^T inp for a narrow O (beta 1: added), its chunks' sums in order
 void cuda_dw_narrow(float *dw, const float *dout, const float *inp, int N, int K, int O, int beta);
-// cuda_grouped.cu: the Hopper grouped GEMM (contract at its top); 0 = not run here (use cuBLAS)
-int cuda_grouped_gemm(float *C, long long ldc, float beta, const void *A, const void *B, const void *A2,
-                      const void *B2, int nmajor_b, const int64_t *off, int G, int K, int K2, int N);
-// (packed: the output as bf16 packed from dw, ops.h GM_DW_BF16; beta 0. sumsq: the G blocks into the
-// gradient ledger, cuda_dw_ledger_slots; beta 0)
-int cuda_grouped_gemm_dw(float *dw, float beta, int packed, int sumsq, const void *dout, const void *x,
-                         const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void *x, const void *w1, const void *w3,
                             const int64_t *off, int G, int K, int O);
 int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,

@@ -58,37 +58,6 @@ extern "C" void cuda_fp8_quant_tiles(uint8_t *q, float *s, const void *x, int x_
 }
 
 // ---------------------------------------------------------------- 128x128 blocks of the weights
-// A row's four values as loaded: bf16 ones as their two raw pairs (half the registers of float32 values,
-// which took the blocks kernel from 0.27 to 0.15 ms on a reference-model weight), float32 ones as they are;
-// get(e) the value of column e as float32. ldraw loads them as ld4 does (zeros at and past n).
-struct Raw4b {
-    uint2 u;
-    __device__ __forceinline__ float get(int e) const {
-        uint32_t w = e < 2 ? u.x : u.y;
-        return __uint_as_float(e & 1 ? w & 0xffff0000u : w << 16);
-    }
-};
-struct Raw4f {
-    float4 f;
-    __device__ __forceinline__ float get(int e) const {
-        return e == 0 ? f.x : e == 1 ? f.y : e == 2 ? f.z : f.w;
-    }
-};
-__device__ __forceinline__ void ldraw(const __nv_bfloat16 *x, size_t i, int c, int n, Raw4b *r) {
-    if (c + 3 < n && !((uintptr_t)(x + i) & 7)) {
-        r->u = *(const uint2 *)(x + i);
-        return;
-    }
-    uint16_t h[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) h[e] = c + e < n ? __bfloat16_as_ushort(x[i + e]) : 0;
-    r->u = make_uint2(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16);
-}
-__device__ __forceinline__ void ldraw(const float *x, size_t i, int c, int n, Raw4f *r) {
-    float v[4];
-    ld4(x, i, c, n, v);
-    r->f = make_float4(v[0], v[1], v[2], v[3]);
-}
 template <typename T> struct RawOf { typedef Raw4f type; };
 template <> struct RawOf<__nv_bfloat16> { typedef Raw4b type; };
 

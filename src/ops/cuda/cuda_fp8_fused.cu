@@ -76,18 +76,12 @@ __device__ __forceinline__ void col_tile(const QBOut &o, const T *tile, int c, i
     }
 }
 
-// Four values of T at p (one 8- or 16-byte store where all are in and aligned; else those below n only).
-__device__ __forceinline__ void st4(float *p, const float *v, int c, int n) {
-    if (c + 3 < n && !((uintptr_t)p & 15)) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+// Four values at p as T (one 16-byte float32 / 8-byte bf16 store where all are in and aligned; else those
+// below n only, one at a time)
+template <typename T> __device__ __forceinline__ void st4(T *p, const float *v, int c, int n) {
+    if (c + 3 < n && !((uintptr_t)p & (4 * sizeof(T) - 1))) store4(p, v[0], v[1], v[2], v[3]);
     else
-        for (int e = 0; e < 4 && c + e < n; e++) p[e] = v[e];
-}
-__device__ __forceinline__ void st4(bf16 *p, const float *v, int c, int n) {
-    if (c + 3 < n && !((uintptr_t)p & 7)) {
-        __nv_bfloat162 x = __floats2bfloat162_rn(v[0], v[1]), y = __floats2bfloat162_rn(v[2], v[3]);
-        *(uint2 *)p = make_uint2(*(uint32_t *)&x, *(uint32_t *)&y);
-    } else
-        for (int e = 0; e < 4 && c + e < n; e++) p[e] = __float2bfloat16_rn(v[e]);
+        for (int e = 0; e < 4 && c + e < n; e++) store1(p + e, v[e]);
 }
 
 // SW 0: x's values (format T) in both layouts into o1 (the row layout only where o1.q is not NULL). SW 1:

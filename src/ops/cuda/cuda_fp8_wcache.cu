@@ -34,14 +34,16 @@ typedef struct {
 } WEntry;
 
 // The forward slots (0: a single weight's layout, 1: a pair's): memory (grown to the largest layout asked
-// for) and whose codes each holds at which version (w3 NULL in slot 0).
+// for), where its codes q and scales s lie in it, and whose codes it holds at which version (w3 NULL in slot
+// 0; w1 NULL: none yet).
 typedef struct {
     void *mem;
     size_t bytes;
+    uint8_t *q;
+    float *s;
     const float *w1, *w3;
     int G, O, K;
     unsigned long long ver;
-    int valid;
 } FSlot;
 static FSlot g_fs[2];
 
@@ -170,14 +172,13 @@ static unsigned long long *count_once(WEntry *e) {
 // shape (G, O, K) at the current version.
 static int slot_holds(const float *w1, const float *w3, int G, int O, int K) {
     const FSlot *f = &g_fs[w3 != NULL];
-    return f->valid && f->w1 == w1 && f->w3 == w3 && f->G == G && f->O == O && f->K == K &&
+    return f->w1 && f->w1 == w1 && f->w3 == w3 && f->G == G && f->O == O && f->K == K &&
         f->ver == cuda_bf16_shadow_version();
 }
 // (w1, w3)'s slot taken for their forward codes: codes then scales (the codes' bytes rounded up to 256) at
-// *q, *s, the memory grown where smaller (cudaFree synchronises: no kernel still reads the old). The caller
+// its q, s, the memory grown where smaller (cudaFree synchronises: no kernel still reads the old). The caller
 // writes the codes next, in stream order after every GEMM that read the slot's previous ones.
-static void slot_take(const float *w1, const float *w3, int G, int O, int K, size_t codes, size_t scales,
-                      uint8_t **q, float **s) {
+static FSlot *slot_take(const float *w1, const float *w3, int G, int O, int K, size_t codes, size_t scales) {
     FSlot *f = &g_fs[w3 != NULL];
     size_t need = al256(codes) + scales;
     if (need > f->bytes) {
@@ -187,8 +188,8 @@ static void slot_take(const float *w1, const float *w3, int G, int O, int K, siz
     }
     f->w1 = w1, f->w3 = w3, f->G = G, f->O = O, f->K = K;
     f->ver = cuda_bf16_shadow_version();
-    f->valid = 1;
-    *q = (uint8_t *)f->mem, *s = (float *)((char *)f->mem + al256(codes));
+    f->q = (uint8_t *)f->mem, f->s = (float *)((char *)f->mem + al256(codes));
+    return f;
 }
 
 extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int K, int need,
@@ -200,13 +201,11 @@ extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int
     // backward asks for it next, and its memory is the entry's already)
     int f = (need & FP8W_FWD) && !slot_holds(w, NULL, G, O, K), t = !e->have_t && (f || (need & FP8W_T));
     size_t n = (size_t)G * O * K, ns = sizeof(float) * G * ((O + 127) / 128) * ((K + 127) / 128);
-    uint8_t *q = NULL;
-    float *sc = NULL;
-    if (f) slot_take(w, NULL, G, O, K, n, ns, &q, &sc);
+    FSlot *fs = f ? slot_take(w, NULL, G, O, K, n, ns) : NULL;
     if (f || t) {
         cuda_fp8_trace_begin();
-        cuda_fp8_quant_blocks(q, sc, t ? (uint8_t *)e->op.qt : NULL, t ? (float *)e->op.st : NULL, src, 1, G,
-                              O, K, count_once(e));
+        cuda_fp8_quant_blocks(fs ? fs->q : NULL, fs ? fs->s : NULL, t ? (uint8_t *)e->op.qt : NULL,
+                              t ? (float *)e->op.st : NULL, src, 1, G, O, K, count_once(e));
         cuda_fp8_trace_end(f && t  ? "kept weight: blocks + _t"
                                : f ? "kept weight: blocks"
                                    : "kept weight: blocks_t",
@@ -215,10 +214,7 @@ extern "C" int cuda_fp8_weight(Fp8Weight *out, const float *w, int G, int O, int
     }
     note_use(e, bad);
     *out = e->op;
-    if (need & FP8W_FWD) {
-        out->q = (const uint8_t *)g_fs[0].mem;
-        out->s = (const float *)((char *)g_fs[0].mem + al256(n));
-    }
+    if (need & FP8W_FWD) out->q = g_fs[0].q, out->s = g_fs[0].s;
     return 1;
 }
 
@@ -232,16 +228,14 @@ extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const fl
     if (!e1 || !e3) return 0;
     e1 = entry(w1, G, O, K, &src1); // (w3's new entry may have moved the table; the same version: no change)
     size_t n = (size_t)G * 2 * O * K;
-    uint8_t *pq;
-    float *ps;
     if (!slot_holds(w1, w3, G, O, K)) { // each half with its weight's transposed layout where not made yet
-        slot_take(w1, w3, G, O, K, n, sizeof(float) * G * 2 * O * ((K + 127) / 128), &pq, &ps);
+        FSlot *fs = slot_take(w1, w3, G, O, K, n, sizeof(float) * G * 2 * O * ((K + 127) / 128));
         WEntry *e[2] = {e1, e3};
         const void *src[2] = {src1, src3};
         for (int h = 0; h < 2; h++) {
             int t = !e[h]->have_t;
             cuda_fp8_trace_begin();
-            cuda_fp8_quant_blocks_pair(pq, ps, h, t ? (uint8_t *)e[h]->op.qt : NULL,
+            cuda_fp8_quant_blocks_pair(fs->q, fs->s, h, t ? (uint8_t *)e[h]->op.qt : NULL,
                                        t ? (float *)e[h]->op.st : NULL, src[h], 1, G, O, K, count_once(e[h]));
             cuda_fp8_trace_end(t ? "kept weight: pair half + _t" : "kept weight: pair half",
                                (double)G * O * K * (3 + (t ? 1 : 0)) + 4.0 * G * O * ((K + 127) / 128), 0);
@@ -250,7 +244,7 @@ extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const fl
     }
     note_use(e1, bad1);
     note_use(e3, bad3);
-    *q = (const uint8_t *)g_fs[1].mem, *s = (const float *)((char *)g_fs[1].mem + al256(n));
+    *q = g_fs[1].q, *s = g_fs[1].s;
     return 1;
 }
 
