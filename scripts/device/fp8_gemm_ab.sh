@@ -1,0 +1,55 @@
+#!/bin/bash
+# fp8_gemm_ab.sh — the A/B of a change to the FP8 grouped GEMM kernel (src/ops/cuda/cuda_grouped_fp8.cu;
+# issue 38) in one call of about three minutes. Each build is a folder of programs: .gpu/old (the commit
+# before the change: moe and moe_bench_fp8), .gpu/bin (the change, with the test programs; pack_libs.sh's)
+# and any .gpu/var*/ (variants: moe and moe_bench_fp8). For each build, in this order and alone on the GPU:
+#   - `moe_bench_fp8` (every GEMM shape and form, mean of 20 calls), the rows side by side, one column a build;
+#   - 8 steps of the reference model under `--precision fp8-bf16` on random tokens, whose losses and gradient
+#     norms must be the same bits as old's (a kernel change that keeps the promotion order keeps every bit);
+# then the change's kernel tests: test_cuda_fp8_gemm, test_cuda_fp8_ops, test_cuda_fp8_fused, memcheck and
+# racecheck of test_cuda_fp8_gemm. Prepare here: build the old commit and copy its build/moe and
+# build/moe_bench_fp8 into .gpu/old (variants likewise into .gpu/var1, ...), then `bash
+# scripts/device/pack_libs.sh .gpu` on the change's build, tar it into .gpk (docs/PERFORMANCE.md, "Reproduce"),
+# and call `bash scripts/device/fp8_gemm_ab.sh` with carry [".gpk"]. Output in $OUT/gemm_ab.txt and the logs.
+# Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels.
+cd "$(dirname "$0")/../.."
+[ -f .gpk/gpu.tar.xz ] && [ ! -d .gpu ] && tar -xJf .gpk/gpu.tar.xz
+export PATH=$PATH:/usr/local/cuda/bin
+. scripts/device/libs.sh && recipe_start gemm_ab 420
+FAIL=0
+BUILDS="old new"
+for d in $G/var*/; do [ -x "$d/moe" ] && BUILDS="$BUILDS $(basename "$d")"; done
+dir() { [ "$1" = new ] && echo $B || echo $G/$1; }
+for v in $BUILDS; do t bench_$v 100 $(dir $v)/moe_bench_fp8 --iters 20 --warmup 3; done
+say "== ms a call: shape, form, then one column a build ($BUILDS)"
+cols=""
+for v in $BUILDS; do
+  awk '{ printf "%s\n", $(NF-3) }' $W/bench_$v.log > $W/col_$v.txt
+  cols="$cols $W/col_$v.txt"
+done
+paste <(awk '{ n = NF - 4; s = $1; for (i = 2; i <= n; i++) s = s " " $i; print s }' $W/bench_old.log) $cols | tee -a $R
+[ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin > /dev/null
+P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
+   --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 8 --precision fp8-bf16"
+bits() { grep -oE '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*|"grad_norm":[^,]*' "$1/metrics.jsonl"; }
+for v in $BUILDS; do
+  t step_$v 150 $(dir $v)/moe train $P --out $W/run_$v
+  grep -E "^step" $W/step_$v.log | tail -4 | cut -c1-100 | tee -a $R
+  [ $v = old ] && continue
+  if [ -s $W/run_$v/metrics.jsonl ] && cmp -s <(bits $W/run_old) <(bits $W/run_$v); then
+    say "   $v: losses and gradient norms the same bits as old's ($(grep -c loss $W/run_$v/metrics.jsonl) steps)"
+  else
+    say "   $v: losses or gradient norms DIFFER from old's"
+    FAIL=1
+  fi
+done
+t gemm 90 $B/test_cuda_fp8_gemm; test_line gemm
+t fops 120 $B/test_cuda_fp8_ops; test_line fops
+t fused 120 $B/test_cuda_fp8_fused
+l=$(grep -E "checks, [0-9]+ failed" $W/fused.log | tail -1); say "   fused: ${l:-no result line}"
+[[ "$l" == *", 0 failed" ]] || FAIL=1
+t mem 120 compute-sanitizer --tool memcheck $B/test_cuda_fp8_gemm; san_line mem
+t race 150 compute-sanitizer --tool racecheck $B/test_cuda_fp8_gemm; san_line race
+cp $W/*.log ${OUT:-$W}/ 2>/dev/null
+say "FAIL=$FAIL $(date -u)"
+exit $FAIL
