@@ -6,11 +6,12 @@
 #   - `moe_bench_fp8` (every GEMM shape and form, mean of 20 calls), the rows side by side, one column a build;
 #   - 8 steps of the reference model under `--precision fp8-bf16` on random tokens, whose losses and gradient
 #     norms must be the same bits as old's (a kernel change that keeps the promotion order keeps every bit);
-# then the change's kernel tests: test_cuda_fp8_gemm, test_cuda_fp8_ops, test_cuda_fp8_fused, memcheck and
-# racecheck of test_cuda_fp8_gemm. Prepare here: build the old commit and copy its build/moe and
-# build/moe_bench_fp8 into .gpu/old (variants likewise into .gpu/var1, ...), then `bash
-# scripts/device/pack_libs.sh .gpu` on the change's build, tar it into .gpk (docs/PERFORMANCE.md, "Reproduce"),
-# and call `bash scripts/device/fp8_gemm_ab.sh` with carry [".gpk"]. Output in $OUT/gemm_ab.txt and the logs.
+# then the change's kernel tests: test_cuda_fp8_gemm (also each variant's own, where packed), test_cuda_fp8_ops,
+# test_cuda_fp8_fused, memcheck and racecheck of test_cuda_fp8_gemm. Prepare here, on the change's commit:
+# `make build && bash scripts/device/pack_libs.sh .gpu`, then `PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm"
+# bash scripts/device/pack_variants.sh .gpu old=REF var1=REF ...`, tar .gpu into .gpk (docs/PERFORMANCE.md,
+# "Reproduce"), and call `bash scripts/device/fp8_gemm_ab.sh` with carry [".gpk"]. Output in $OUT/gemm_ab.txt
+# and the logs.
 # Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels.
 cd "$(dirname "$0")/../.."
 [ -f .gpk/gpu.tar.xz ] && [ ! -d .gpu ] && tar -xJf .gpk/gpu.tar.xz
@@ -44,6 +45,10 @@ for v in $BUILDS; do
   fi
 done
 t gemm 90 $B/test_cuda_fp8_gemm; test_line gemm
+for v in $BUILDS; do # (a variant packed with its own kernel test: PROGRAMS of pack_variants.sh)
+  [ $v = old ] || [ $v = new ] || [ ! -x $G/$v/test_cuda_fp8_gemm ] && continue
+  t gemm_$v 90 $G/$v/test_cuda_fp8_gemm; test_line gemm_$v
+done
 t fops 120 $B/test_cuda_fp8_ops; test_line fops
 t fused 120 $B/test_cuda_fp8_fused
 l=$(grep -E "checks, [0-9]+ failed" $W/fused.log | tail -1); say "   fused: ${l:-no result line}"
