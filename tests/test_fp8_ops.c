@@ -10,6 +10,7 @@
 // and an all-zero tile. Also: the fp8 results are not the float32 backend's (the quantisation is on), the
 // GM_DW_WRITE / accumulate and GM_ACC_DINP forms, the non-finite count with its layer and tensor, and the
 // weight-gradient flags it refuses (ops.h gm_dw_flags_error: GM_DW_BF16; GM_DW_SUMSQ on an accumulation).
+// And --fp8-dense's table (dense_checks): the attention projections' products by the same recipe.
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
@@ -71,14 +72,15 @@ static void ref_fwd(float *out, const float *x, const float *w, int K, int O) {
 }
 
 // dinp_g = dout_g W_g (W^T formed, then blocked); dw_g = dout_g^T inp_g (both transposed, then tiled);
-// dinp added into (acc) or written; dw written (write) or added into
-static void ref_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int K, int O,
-                    int acc, int write) {
-    float *wt = xmalloc(sizeof(float) * O * K), *c = xmalloc(sizeof(float) * (size_t)R * (K > O ? K : O) + 4);
-    float *ct = xmalloc(sizeof(float) * O * K), *at = xmalloc(sizeof(float) * R * O),
-          *bt = xmalloc(sizeof(float) * R * K);
-    for (int g = 0; g < G; g++) {
-        int64_t r0 = OFF[g], n = OFF[g + 1] - r0;
+// dinp added into (acc) or written; dw written (write) or added into; over the ng groups of off
+static void ref_bwd_groups(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int K,
+                           int O, int acc, int write, const int64_t *off, int ng) {
+    size_t rows = (size_t)off[ng];
+    float *wt = xmalloc(sizeof(float) * O * K), *c = xmalloc(sizeof(float) * rows * (K > O ? K : O) + 4);
+    float *ct = xmalloc(sizeof(float) * O * K), *at = xmalloc(sizeof(float) * rows * O),
+          *bt = xmalloc(sizeof(float) * rows * K);
+    for (int g = 0; g < ng; g++) {
+        int64_t r0 = off[g], n = off[g + 1] - r0;
         float *dwg = dw + (size_t)g * O * K;
         if (!n) {
             if (write) memset(dwg, 0, sizeof(float) * O * K);
@@ -97,6 +99,10 @@ static void ref_bwd(float *dinp, float *dw, const float *dout, const float *inp,
     free(ct);
     free(at);
     free(bt);
+}
+static void ref_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int K, int O,
+                    int acc, int write) {
+    ref_bwd_groups(dinp, dw, dout, inp, w, K, O, acc, write, OFF, G);
 }
 
 static void expect_same(const float *a, const float *b, size_t n, const char *what) {
@@ -126,8 +132,100 @@ static void die_flags(void *arg) {
     g_fp8->grouped_matmul_bwd(NULL, dw, d, x, w, off, 1, 2, 2, *(const int *)arg);
 }
 
+// --fp8-dense (backend_fp8_dense): the attention projections' products (matmul_fwd_multi / matmul_bwd_multi),
+// each the recipe's product over one group of all R rows: three products of one input (O 136, 64, 200, K
+// 200: q, k, v's shapes), forward and both flag forms of the backward, against the composition; the grouped
+// ops the fp8 table's; a non-finite input tile counted once a product, named with the layer and tensor.
+static void dense_checks(const Backend *cpu, Rng *r) {
+    const Backend *fp8 = backend_fp8(cpu), *dn = backend_fp8_dense(cpu);
+    EXPECT(dn->fp8 == 1 && dn->fp8_dense == 1 && fp8->fp8_dense == 0 && backend_fp8_dense(fp8) == dn &&
+               backend_fp8_dense(dn) == dn && backend_fp8(dn) == dn,
+           "backend_fp8_dense: one table with fp8 and fp8_dense set, from the cpu's or its fp8 table");
+    EXPECT(
+        dn->grouped_swiglu_fwd == fp8->grouped_swiglu_fwd &&
+            dn->grouped_matmul_bwd2 == fp8->grouped_matmul_bwd2 && dn->matmul_fwd == cpu->matmul_fwd &&
+            dn->matmul_bwd == cpu->matmul_bwd && fp8->matmul_fwd_multi == cpu->matmul_fwd_multi &&
+            dn->matmul_fwd_multi != cpu->matmul_fwd_multi,
+        "--fp8-dense changes the projections' products alone (the experts' ops fp8's, matmul_fwd the cpu's)");
+    const int O[3] = {FF, 64, D};
+    const int64_t one[2] = {0, R};
+    float *x = xmalloc(sizeof(float) * R * D), *w[3], *out[3], *e[3], *dout[3], *dw[3], *edw[3];
+    fill(x, (size_t)R * D, r, R, D, 1);
+    for (int i = 0; i < 3; i++) {
+        size_t nw = (size_t)O[i] * D;
+        w[i] = xmalloc(sizeof(float) * nw), dw[i] = xmalloc(sizeof(float) * nw);
+        edw[i] = xmalloc(sizeof(float) * nw);
+        out[i] = xmalloc(sizeof(float) * R * O[i]), e[i] = xmalloc(sizeof(float) * R * O[i]);
+        dout[i] = xmalloc(sizeof(float) * R * O[i]);
+        fill(w[i], nw, r, 0, 0, 0);
+        for (int o = 0; o < O[i]; o++) // (each 128x128 block its own power of two)
+            for (int k = 0; k < D; k++)
+                w[i][(size_t)o * D + k] *= ldexpf(1.0f, 3 * (o / 128) - 5 * (k / 128));
+        fill(dout[i], (size_t)R * O[i], r, R, O[i], 1);
+    }
+    dn->fp8_site(2);
+    dn->matmul_fwd_multi(3, out, x, (const float *const *)w, R, D, O);
+    for (int i = 0; i < 3; i++) {
+        ref_gemm(e[i], x, w[i], R, O[i], D, 1);
+        char what[64];
+        snprintf(what, sizeof what, "--fp8-dense matmul_fwd_multi product %d", i);
+        expect_same(out[i], e[i], (size_t)R * O[i], what);
+    }
+    cpu->matmul_fwd_multi(3, e, x, (const float *const *)w, R, D, O);
+    double rel = max_rel(out[0], e[0], (size_t)R * O[0]);
+    EXPECT(memcmp(out[0], e[0], sizeof(float) * R * O[0]) && rel < 0.1,
+           "--fp8-dense: q differs from float32's by a quantisation's worth: max rel %.3g", rel);
+    float *dx = xmalloc(sizeof(float) * R * D), *edx = xmalloc(sizeof(float) * R * D);
+    for (int form = 0; form < 2; form++) { // 0: dinp and dw written; 1: both added into
+        fill(dx, (size_t)R * D, r, 0, 0, 0);
+        memcpy(edx, dx, sizeof(float) * R * D);
+        for (int i = 0; i < 3; i++) {
+            fill(dw[i], (size_t)O[i] * D, r, 0, 0, 0);
+            memcpy(edw[i], dw[i], sizeof(float) * O[i] * D);
+        }
+        dn->matmul_bwd_multi(3, dx, dw, (const float *const *)dout, x, (const float *const *)w, R, D, O,
+                             form ? GM_ACC_DINP : GM_DW_WRITE);
+        for (int i = 0; i < 3; i++)
+            ref_bwd_groups(edx, edw[i], dout[i], x, w[i], D, O[i], form || i > 0, !form, one, 1);
+        const char *fn[2] = {"written", "added"};
+        char what[80];
+        snprintf(what, sizeof what, "--fp8-dense matmul_bwd_multi dinp (%s)", fn[form]);
+        expect_same(dx, edx, (size_t)R * D, what);
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what, "--fp8-dense matmul_bwd_multi dw %d (%s)", i, fn[form]);
+            expect_same(dw[i], edw[i], (size_t)O[i] * D, what);
+        }
+    }
+    int layer = -2, tensor = -2;
+    EXPECT(dn->fp8_nonfinite(&layer, &tensor) == 0, "--fp8-dense, finite operands: nothing counted");
+    x[200 * D + 7] = NAN;
+    dn->fp8_site(4);
+    dn->matmul_fwd_multi(3, out, x, (const float *const *)w, R, D, O);
+    int64_t n = dn->fp8_nonfinite(&layer, &tensor);
+    EXPECT(n == 3 && layer == 4 && tensor == FP8T_AX,
+           "--fp8-dense, a NaN in the input: %lld tiles (want 3: one a product), layer %d, tensor %d (%s)",
+           (long long)n, layer, tensor, fp8_tensor_name(tensor));
+    for (int i = 0; i < 3; i++) {
+        free(w[i]);
+        free(dw[i]);
+        free(edw[i]);
+        free(out[i]);
+        free(e[i]);
+        free(dout[i]);
+    }
+    free(x);
+    free(dx);
+    free(edx);
+}
+
+// --fp8-dense on a backend whose FP8 table lacks the projections (any but the cpu's: here the profiled cpu)
+static void die_dense(void *arg) { backend_fp8_dense(backend_profiled(backend_cpu())); }
+
 int main(void) {
     const Backend *cpu = backend_cpu(), *be = backend_fp8(cpu);
+    expect_death_msg("--fp8-dense beyond the cpu", die_dense, NULL,
+                     "--fp8-dense: the attention projections in FP8 run on --device cpu only so far",
+                     "drop --fp8-dense", 1);
     g_fp8 = be;
     int bf = GM_DW_WRITE | GM_DW_BF16, sq = GM_DW_SUMSQ;
     expect_death_msg("fp8 with GM_DW_BF16", die_flags, &bf, "GM_DW_BF16 under --precision fp8", "float32", 1);
@@ -268,5 +366,6 @@ int main(void) {
     free(dact);
     free(dx);
     free(edx);
+    dense_checks(cpu, &r);
     return test_done("test_fp8_ops");
 }

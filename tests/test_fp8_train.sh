@@ -6,8 +6,11 @@
 #   - state.json records "precision": "fp8"; a resume (3 + 3 steps) is byte-identical to the uninterrupted
 #     6 steps, with --precision given or taken from run.json; mixed <-> fp8 resume with a note;
 #   - quality: fp8 against mixed, the same model, seed and data (tinyshakespeare when present, else the
-#     embedded corpus): the final validation loss within 1% (see "quality" below for why);
-#   - ep2 and tp2 against one process at test_mesh.sh's bands (see "mesh" below);
+#     embedded corpus): the final validation loss within 1% (see "quality" below for why); fp8 with
+#     --fp8-dense (the attention projections too) within the same band, and not fp8's;
+#   - --fp8-dense: refused without fp8 and with --tp > 1; its backend named; a resume byte-identical with the
+#     option taken from run.json; off when the resume takes --precision mixed;
+#   - ep2 and tp2 against one process at test_mesh.sh's bands (see "mesh" below), and ep2 under --fp8-dense;
 #   - the divergence check: an infinity written into one expert weight of a checkpoint (layer 1, expert 2's
 #     w2; its checksum rewritten) stops the resumed run at its first step with one error naming the step,
 #     layer 1 and tensor w2, and leaves the checkpoint as it was.
@@ -31,6 +34,10 @@ run_fail "--bf16-rounding rounds the weights of --precision bf16 and fp8-bf16; t
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-rounding nearest --out G/R1
 run_fail "--bf16-grads sets the gradients of --precision bf16 (fp8-bf16's FP8 GEMMs write float32 ones); this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-grads 0 --out G/R1
+run_fail "--fp8-dense puts the attention projections into --precision fp8's or fp8-bf16's FP8 GEMMs; this run's precision is mixed" \
+  "$MOE" train "${BASE[@]}" --fp8-dense 1 --out G/R1
+run_fail "--fp8-dense with --tp 2: the heads' slices would cut the projections' 128x128 weight blocks" \
+  "$MOE" train "${BASE[@]}" --precision fp8 --fp8-dense 1 --tp 2 --out G/R1
 GUARD=""
 run_ok "moe info --precision fp8" "$MOE" info --precision fp8
 check "moe info names the fp8 GEMMs" grep -q "the experts' GEMMs in fp8 e4m3" "$OUT_FILE"
@@ -67,6 +74,23 @@ run_ok "a mixed checkpoint resumed with --precision fp8" "$MOE" train "${BASE[@]
 check "mixed -> fp8: the note says so" grep -q "trained with --precision mixed; continuing with --precision fp8" "$OUT_FILE"
 check "mixed -> fp8: state.json records fp8" grep -q '"precision":.*"fp8"' XA/$S6/state.json
 
+# ---- --fp8-dense: the attention projections' products in FP8 too (the ops bit for bit against the recipe:
+# test_fp8_ops.c); remembered by the run, off when a resume takes another precision
+last_backend() { grep -o "backend [a-z0-9-]*" "$1/train.log" | tail -n 1; }
+run_ok "fp8-dense run" "$MOE" train "${BASE[@]}" --precision fp8 --fp8-dense 1 --out FD < /dev/null
+check "fp8-dense: the header names the cpu-fp8-dense backend" test "$(last_backend FD)" = "backend cpu-fp8-dense"
+check "fp8-dense: step 1's loss differs from fp8's (the projections' products are quantised too)" \
+  test "$(field loss FD/metrics.jsonl | head -1)" != "$(field loss A/metrics.jsonl | head -1)"
+cp -r FD FD2 && rm -rf FD2/$S6
+run_ok "fp8-dense: --resume from step 3 with neither option given (run.json's)" \
+  "$MOE" train "${BASE[@]}" --out FD2 --resume < /dev/null
+check "fp8-dense resume: the step-6 checkpoint is byte-identical to the uninterrupted run's" same_ckpt FD FD2 $S6
+check "fp8-dense resume: the cpu-fp8-dense backend again" test "$(last_backend FD2)" = "backend cpu-fp8-dense"
+cp -r FD FDM && rm -rf FDM/$S6
+run_ok "an fp8-dense checkpoint resumed with --precision mixed" \
+  "$MOE" train "${BASE[@]}" --precision mixed --out FDM --resume < /dev/null
+check "fp8-dense -> mixed: --fp8-dense is off (the cpu backend)" test "$(last_backend FDM)" = "backend cpu"
+
 # ---- quality: fp8 against mixed, the same model (per token the experts take 2 x 3 x 32 x 128 = 24.6k
 # multiply-adds, the attention projections 3.1k, the head 8.2k: the experts dominate), seed and data,
 # QUALITY_STEPS steps at --lr 3e-3; the final validation loss
@@ -85,14 +109,20 @@ Q=(--steps "${QUALITY_STEPS:-300}" --quiet --sample-tokens 0 --plots 0 --batch 1
    --lr 3e-3 --warmup 20 "${QD[@]}")
 run_ok "quality: mixed" "$MOE" train "${Q[@]}" --out QM < /dev/null
 run_ok "quality: fp8" "$MOE" train "${Q[@]}" --precision fp8 --out QF < /dev/null
+run_ok "quality: fp8 --fp8-dense" "$MOE" train "${Q[@]}" --precision fp8 --fp8-dense 1 --out QFD < /dev/null
 vm=$(grep -o '"val_loss":[0-9.]*' QM/metrics.jsonl | tail -n 1 | cut -d: -f2)
-vf=$(grep -o '"val_loss":[0-9.]*' QF/metrics.jsonl | tail -n 1 | cut -d: -f2)
-rel=$(awk -v a="$vf" -v b="$vm" 'BEGIN { printf "%.5f", (a - b) / b }')
-if [ -z "$vm" ] || [ -z "$vf" ]; then fail "quality: no validation loss (mixed '$vm', fp8 '$vf')"
-elif [ "$vm" = "$vf" ]; then fail "quality: fp8's validation loss is mixed's exactly ($vm): no quantisation?"
-elif fcmp "$rel" "<=" 0.01 && fcmp "$rel" ">=" -0.01; then
-  pass "quality: fp8 validation loss $vf, mixed $vm ($rel relative; band 1%) on ${QD[1]:-the embedded corpus}"
-else fail "quality: fp8 validation loss $vf against mixed's $vm: $rel relative, outside the 1% band"; fi
+for q in "QF|fp8" "QFD|fp8-dense"; do
+  IFS='|' read -r qdir qname <<< "$q"
+  vf=$(grep -o '"val_loss":[0-9.]*' "$qdir/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+  rel=$(awk -v a="$vf" -v b="$vm" 'BEGIN { printf "%.5f", (a - b) / b }')
+  if [ -z "$vm" ] || [ -z "$vf" ]; then fail "quality: no validation loss (mixed '$vm', $qname '$vf')"
+  elif [ "$vm" = "$vf" ]; then fail "quality: $qname's validation loss is mixed's exactly ($vm): no quantisation?"
+  elif fcmp "$rel" "<=" 0.01 && fcmp "$rel" ">=" -0.01; then
+    pass "quality: $qname validation loss $vf, mixed $vm ($rel relative; band 1%) on ${QD[1]:-the embedded corpus}"
+  else fail "quality: $qname validation loss $vf against mixed's $vm: $rel relative, outside the 1% band"; fi
+done
+check "quality: fp8-dense's validation loss is not fp8's (the projections quantised too)" \
+  test "$(grep -o '"val_loss":[0-9.]*' QFD/metrics.jsonl | tail -n 1)" != "$(grep -o '"val_loss":[0-9.]*' QF/metrics.jsonl | tail -n 1)"
 
 # ---- mesh: ep2 and tp2 under fp8 against one fp8 process, at test_mesh.sh's bands (losses 1e-6, grad norm
 # 1e-5, expert loads exactly, parameters 1e-3, replicas). The forward does not depend on the layout (tiles
@@ -114,6 +144,16 @@ if command -v mpirun > /dev/null; then
       mesh_close M1 "M_$label" "fp8 $label"
     else fail "fp8 $label: mpirun failed"; tail -5 "M_$label/out.txt"; fi
   done
+  # --fp8-dense under ep2: the attention is data-parallel over the two ranks, its weight gradients tiled
+  # along each rank's rows from the rank's first (128-row tiles) and then summed. With 16 x 24 = 384 rows a
+  # step each rank's 192 cut the one process's tile [128, 256) in two: other scales, other codes (measured:
+  # grad norm 7.8e-3, parameters 9e-2 apart after 6 steps). At --seq-len 16 each rank holds 128 rows, the
+  # one process's tiles exactly, so only the sums' order differs: the same bands as above.
+  run_ok "mesh: the one-process fp8-dense reference" "$MOE" train "${MB[@]}" --seq-len 16 --fp8-dense 1 --out M1D < /dev/null
+  mkdir -p M_ep2d
+  if $MPI -np 2 "$MOE" train "${MB[@]}" --seq-len 16 --fp8-dense 1 --ep 2 --check-replicas --out M_ep2d > M_ep2d/out.txt 2>&1 < /dev/null; then
+    mesh_close M1D M_ep2d "fp8-dense ep2"
+  else fail "fp8-dense ep2: mpirun failed"; tail -5 M_ep2d/out.txt; fi
   # Where the partition changes no tile it changes no bit: with top-1 an expert's rows arrive under ep2 in
   # the one process's order (rank 0's tokens, then rank 1's), so every expert's gradient, and without
   # clipping (the norm's sum order differs) its weights after step 1, are the one process's bit for bit;

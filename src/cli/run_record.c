@@ -19,7 +19,7 @@ static const char *const REMEMBERED[] = {
     "steps",      "lr",          "min-lr-frac", "warmup",        "weight-decay",  "beta1",
     "beta2",      "adam-eps",    "grad-clip",   "seed",          "eval-every",    "eval-batches",
     "save-every", "keep",        "keep-best",   "dropout",       "embed-dropout", "sample-tokens",
-    "plots",      "tensorboard", "precision",   "bf16-rounding", "bf16-grads"};
+    "plots",      "tensorboard", "precision",   "bf16-rounding", "bf16-grads",    "fp8-dense"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++)
@@ -145,6 +145,11 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
         set_recorded(s, i, was, who);
         if ((!bf16 && !strcmp(o->name, "bf16-rounding")) || (!grads && !strcmp(o->name, "bf16-grads"))) {
             s->set[i] = 0; // (inert under mixed precision; a later bf16 resume takes it back)
+            continue;
+        }
+        if (!prec_fp8(prec) && !strcmp(o->name, "fp8-dense")) { // (fp8's alone: off under the others)
+            s->set[i] = 0;
+            s->train.fp8_dense = 0;
             continue;
         }
         size_t l = strlen(applied);

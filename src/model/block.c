@@ -170,6 +170,8 @@ void block_forward(Model *m, int l, float *out, int B, int T, int n, uint64_t se
     const ModelConfig *c = &m->c;
     LayerActs *a = &m->la[l];
     int N = B * T;
+    if (m->be->fp8_site)
+        m->be->fp8_site(l); // (FP8: the attention's products under --fp8-dense are layer l's)
     m->be->rmsnorm_fwd_hid(a->xn1, a->rstd1, a->res_in, model_param(m, m->params, PR_ATTN_NORM, l, -1), N,
                            c->d_model, c->norm_eps);
     m->attv->fwd_in(m, l, &a->attn, a->xn1, B, T);
@@ -237,6 +239,7 @@ void block_backward(Model *m, int l, float aux_scale, float z_scale) {
     model_moe_weights(m, m->params, l, &w);
     moe_grads(m, l, &w, &gw);
     int n = a->nrun;
+    if (m->be->fp8_site) m->be->fp8_site(l);
     at->bwd_begin(m, l, &a->attn, B, T);
     double t0 = moe_clock(m);
     if (n == 1) {

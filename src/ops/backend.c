@@ -31,6 +31,14 @@ const Backend *backend_fp8(const Backend *be) {
     DIE("--precision fp8: the backend %s has no FP8 table (cpu, cuda and cuda-fp32 have)", be->name);
 }
 
+const Backend *backend_fp8_dense(const Backend *be) {
+    if (be->fp8_dense) return be;
+    if (be == backend_cpu() || be == backend_cpu_fp8()) return backend_cpu_fp8_dense();
+    DIE("--fp8-dense: the attention projections in FP8 run on --device cpu only so far (the reference); the "
+        "%s backend's FP8 table has the experts' GEMMs alone: drop --fp8-dense",
+        be->name);
+}
+
 long long attention_ds_cap_mb(void) {
     static long long cap_mb = -1;
     if (cap_mb < 0) {

@@ -216,7 +216,13 @@ struct Backend {
     // the model layer whose expert ops follow (the MoE layer calls it before its forward and its backward);
     // fp8_nonfinite returns the groups counted since its last call (and resets the count), with the first
     // one's layer and tensor (FP8T_*: fp8_tensor_name): the step reads it once. Both NULL where fp8 is 0.
-    int fp8;
+    // fp8_dense (the table of backend_fp8_dense, --fp8-dense; fp8 is 1 too): the attention projections'
+    // products as well (matmul_fwd_multi, matmul_bwd_multi: every product of the one input, GQA's q/k/v and
+    // o_proj and latent attention's), each as grouped_matmul_fwd / _bwd with one group of N rows
+    // (FP8T_AX/AW/AD); their "same bits as n matmul_fwd / matmul_bwd calls" then reads "as n such products".
+    // The LM head, router, shared-expert gate, MTP projection and biases (matmul_fwd / matmul_bwd) stay
+    // float32 / bf16. The block names its layer (fp8_site) before its attention too.
+    int fp8, fp8_dense;
     void (*fp8_site)(int layer);
     int64_t (*fp8_nonfinite)(int *layer, int *tensor);
 
@@ -535,6 +541,9 @@ enum {
     FP8T_INP,
     FP8T_W,
     FP8T_DOUT,
+    FP8T_AX,
+    FP8T_AW,
+    FP8T_AD,
     FP8T_N
 };
 static inline const char *fp8_tensor_name(int t) {
@@ -548,7 +557,10 @@ static inline const char *fp8_tensor_name(int t) {
                                        "dh3 (the up projection's output gradient)",
                                        "a grouped GEMM's input",
                                        "a grouped GEMM's weight",
-                                       "a grouped GEMM's output gradient"};
+                                       "a grouped GEMM's output gradient",
+                                       "an attention projection's input rows (--fp8-dense)",
+                                       "an attention projection's weight (--fp8-dense)",
+                                       "an attention projection's output gradient (--fp8-dense)"};
     return t >= 0 && t < FP8T_N ? name[t] : "an unnamed tensor";
 }
 
@@ -578,6 +590,9 @@ const Backend *backend_cpu(void);
 // inside one 128-deep K-tile, or bit for bit with MOE_FP8_GEMM=ref). A backend that is fp8 already is its
 // own.
 const Backend *backend_fp8(const Backend *be);
+// backend_fp8(be) with the attention projections in FP8 too (Backend.fp8_dense; --fp8-dense). The cpu's only
+// so far (the reference): dies naming the problem for a GPU backend, whose FP8 table has the experts' alone.
+const Backend *backend_fp8_dense(const Backend *be);
 // "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming
 // the problem when the named backend cannot run here.
 const Backend *backend_by_name(const char *name);

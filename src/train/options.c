@@ -121,6 +121,16 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->pp_schedule == SCHED_INTERLEAVED && o->vpp < 2)
         BAD("--pp-schedule interleaved needs --vpp >= 2 model chunks per rank (got %d)", o->vpp);
     if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
+    if (o->fp8_dense != 0 && o->fp8_dense != 1) BAD("--fp8-dense must be 0 or 1 (got %d)", o->fp8_dense);
+    if (o->fp8_dense && !prec_fp8(o->precision))
+        BAD("--fp8-dense puts the attention projections into --precision fp8's or fp8-bf16's FP8 GEMMs; this "
+            "run's precision is %s",
+            prec_name(o->precision));
+    if (o->fp8_dense && o->tp > 1)
+        BAD("--fp8-dense with --tp %d: the heads' slices would cut the projections' 128x128 weight blocks "
+            "and "
+            "1x128 input tiles (other scales than one process's); --fp8-dense takes --tp 1 for now",
+            o->tp);
     if (prec_fp8(o->precision) && o->etp > 1)
         BAD("--precision %s with --etp %d: an expert's slices would cut its 128x128 weight blocks (other "
             "scales than one process's); fp8 takes --etp 1 for now",

@@ -54,6 +54,8 @@ typedef struct {
     int bf16_rounding; // PREC_BF16's (and PREC_FP8_BF16's) weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST
                        // or ROUND_NONE
     int bf16_grads; // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
+    int fp8_dense; // PREC_FP8 / PREC_FP8_BF16: 1 the attention projections' products in FP8 too (ops.h
+                   // backend_fp8_dense; --device cpu only so far)
     int gpu_comm; // GPUCOMM_*: the device transport of GPU ranks (train/placement.c)
     float a2a_retune; // auto: re-tune a layer when its load (busiest expert / mean) moves by this fraction
     char out[1024];

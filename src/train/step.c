@@ -125,19 +125,21 @@ static void gather_stages(StepCtx *s, StepStats *r, double *mine) {
 }
 
 // --precision fp8's divergence check, once a step before the update: a scale group (tile or block) of the
-// experts' FP8 operands that held a NaN or an infinity stops the run, naming the first one's layer and
-// tensor (ops.h Backend.fp8_nonfinite; counted since the last step: the evaluation between steps too).
-// Nothing is written: the last checkpoint stays the run's latest.
+// experts' (and under --fp8-dense the attention projections') FP8 operands that held a NaN or an infinity
+// stops the run, naming the first one's layer and tensor (ops.h Backend.fp8_nonfinite; counted since the last
+// step: the evaluation between steps too). Nothing is written: the last checkpoint stays the run's latest.
 static void fp8_check(const StepCtx *s, int step) {
     const Backend *be = s->m->be;
     if (!be->fp8_nonfinite) return;
     int layer, tensor;
     int64_t bad = be->fp8_nonfinite(&layer, &tensor);
     if (bad)
-        DIE("step %d: --precision fp8: %lld scale group%s of the experts' FP8 operands held a NaN or an "
+        DIE("step %d: --precision fp8: %lld scale group%s of the %s FP8 operands held a NaN or an "
             "infinity, the first in layer %d, tensor %s: the run diverged (the last checkpoint is intact; "
             "a lower --lr or --grad-clip, or --precision mixed)",
-            step + 1, (long long)bad, bad == 1 ? "" : "s", layer, fp8_tensor_name(tensor));
+            step + 1, (long long)bad, bad == 1 ? "" : "s",
+            be->fp8_dense ? "experts' and attention projections'" : "experts'", layer,
+            fp8_tensor_name(tensor));
 }
 
 // Reduce, norm, clip, AdamW (skipped when the loss or the norm is not finite).

@@ -1,7 +1,8 @@
-// cpu_fp8_ops.c — the cpu backend's FP8 table (backend_cpu_fp8; ops.h Backend.fp8): the grouped GEMMs as
+// cpu_fp8_ops.c — the cpu backend's FP8 tables (backend_cpu_fp8; ops.h Backend.fp8): the grouped GEMMs as
 // the fine-grained recipe over the host reference (cpu_fp8.c's quantisers and GEMM), the fused expert ops
 // composed of them as ops/plain.h composes them (with each operand's role, for the non-finite report),
-// and the count of non-finite scale groups that the step reads. Every other op is backend_cpu()'s.
+// and the count of non-finite scale groups that the step reads; backend_cpu_fp8_dense (--fp8-dense) the
+// attention projections' products too, each as one group. Every other op is backend_cpu()'s.
 // Must not hold: the quantisers or the GEMM themselves (cpu_fp8.c), or anything that knows the model.
 #include <omp.h>
 #include <string.h>
@@ -217,20 +218,50 @@ static void fp8_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const v
             GM_ACC_DINP | (flags & GM_DW_FLAGS), FP8T_DH3, FP8T_X, FP8T_W3);
 }
 
+// --fp8-dense: the attention projections' products, each one group of the N rows (ops.h Backend.fp8_dense)
+static void fp8_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
+                                 int K, const int *O) {
+    const int64_t off[2] = {0, N};
+    for (int i = 0; i < n; i++) fp8_fwd(out[i], (const float *)inp, w[i], off, 1, K, O[i], FP8T_AX, FP8T_AW);
+}
+
+static void fp8_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout,
+                                 const void *inp, const float *const *w, int N, int K, const int *O,
+                                 int flags) {
+    const int64_t off[2] = {0, N};
+    for (int i = 0; i < n; i++)
+        fp8_bwd(dinp, dw[i], dout[i], (const float *)inp, w[i], off, 1, K, O[i],
+                i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags, FP8T_AD, FP8T_AX, FP8T_AW);
+}
+
+static Backend fp8_table(const char *name) {
+    Backend be = *backend_cpu();
+    be.name = name;
+    be.fp8 = 1;
+    be.fp8_site = fp8_site;
+    be.fp8_nonfinite = fp8_nonfinite;
+    be.grouped_matmul_fwd = fp8_grouped_matmul_fwd;
+    be.grouped_matmul_bwd = fp8_grouped_matmul_bwd;
+    be.grouped_swiglu_fwd = fp8_grouped_swiglu_fwd;
+    be.grouped_down_fwd = fp8_grouped_down_fwd;
+    be.grouped_swiglu_bwd = fp8_grouped_swiglu_bwd;
+    be.grouped_matmul_bwd2 = fp8_grouped_matmul_bwd2;
+    return be;
+}
+
 const Backend *backend_cpu_fp8(void) {
     static Backend be;
+    if (!be.name) be = fp8_table("cpu-fp8");
+    return &be;
+}
+
+const Backend *backend_cpu_fp8_dense(void) {
+    static Backend be;
     if (!be.name) {
-        be = *backend_cpu();
-        be.name = "cpu-fp8";
-        be.fp8 = 1;
-        be.fp8_site = fp8_site;
-        be.fp8_nonfinite = fp8_nonfinite;
-        be.grouped_matmul_fwd = fp8_grouped_matmul_fwd;
-        be.grouped_matmul_bwd = fp8_grouped_matmul_bwd;
-        be.grouped_swiglu_fwd = fp8_grouped_swiglu_fwd;
-        be.grouped_down_fwd = fp8_grouped_down_fwd;
-        be.grouped_swiglu_bwd = fp8_grouped_swiglu_bwd;
-        be.grouped_matmul_bwd2 = fp8_grouped_matmul_bwd2;
+        be = fp8_table("cpu-fp8-dense");
+        be.fp8_dense = 1;
+        be.matmul_fwd_multi = fp8_matmul_fwd_multi;
+        be.matmul_bwd_multi = fp8_matmul_bwd_multi;
     }
     return &be;
 }

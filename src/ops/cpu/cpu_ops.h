@@ -7,8 +7,10 @@
 // nothing once it has run at its sizes (a training step after the first: tests/test_alloc.c).
 void *cpu_scratch(size_t bytes);
 // The cpu table with Backend.fp8 = 1 (cpu_fp8_ops.c): backend_cpu()'s ops, the grouped GEMMs by the FP8
-// recipe (ops.h). backend.c's backend_fp8 hands it out.
+// recipe (ops.h). backend.c's backend_fp8 hands it out; backend_cpu_fp8_dense (backend_fp8_dense's) has the
+// attention projections' products in FP8 too (Backend.fp8_dense).
 const Backend *backend_cpu_fp8(void);
+const Backend *backend_cpu_fp8_dense(void);
 
 void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,

@@ -97,7 +97,8 @@ static int fp8_fuse(void) {
 // The end of one traced launch: "what tensor" with the bytes it moved and the FLOPs it did.
 static void tr(const char *what, int tensor, double bytes, double flops = 0) {
     if (!cuda_fp8_trace_on()) return;
-    static const char *tn[FP8T_N] = {"x", "w1", "w3", "act", "w2", "dy", "dh1", "dh3", "inp", "w", "dout"};
+    static const char *tn[FP8T_N] = {"x",   "w1",  "w3", "act",  "w2", "dy", "dh1",
+                                     "dh3", "inp", "w",  "dout", "ax", "aw", "ad"};
     char n[48];
     snprintf(n, sizeof n, "%s %s", what, tensor >= 0 && tensor < FP8T_N ? tn[tensor] : "");
     cuda_fp8_trace_end(n, bytes, flops);
