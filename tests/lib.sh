@@ -149,6 +149,20 @@ field() {
   grep '"loss":' "$2" | grep -o "\"$1\":[^,}]*" | cut -d: -f2
 }
 
+# val_within RUN NAME REF REFNAME CORPUS: a quantised run's final validation loss (RUN/metrics.jsonl) within
+# 1% of its unquantised twin's (REF), and not equal to it (no quantisation at all)
+val_within() {
+  local vr vf rel
+  vr=$(grep -o '"val_loss":[0-9.]*' "$3/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+  vf=$(grep -o '"val_loss":[0-9.]*' "$1/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+  rel=$(awk -v a="$vf" -v b="$vr" 'BEGIN { if (b != 0) printf "%.5f", (a - b) / b }')
+  if [ -z "$vr" ] || [ -z "$vf" ]; then fail "quality: no validation loss ($4 '$vr', $2 '$vf')"
+  elif [ "$vr" = "$vf" ]; then fail "quality: $2's validation loss is $4's exactly ($vr): no quantisation?"
+  elif fcmp "$rel" "<=" 0.01 && fcmp "$rel" ">=" -0.01; then
+    pass "quality: $2 validation loss $vf, $4 $vr ($rel relative; band 1%) on $5"
+  else fail "quality: $2 validation loss $vf against $4's $vr: $rel relative, outside the 1% band"; fi
+}
+
 mean() { awk '{ s += $1; n++ } END { if (n) printf "%.6f\n", s / n; else print "nan" }'; }
 mean_last() { tail -n "$1" | mean; }
 mean_first() { head -n "$1" | mean; }

@@ -99,14 +99,7 @@ Q=(--steps "${QUALITY_STEPS:-300}" --quiet --sample-tokens 0 --plots 0 --batch 1
    --lr 3e-3 --warmup 20 "${QD[@]}")
 run_ok "quality: bf16" "$MOE" train "${Q[@]}" --precision bf16 --out QB < /dev/null
 run_ok "quality: fp8-bf16" "$MOE" train "${Q[@]}" --precision fp8-bf16 --out QF < /dev/null
-vb=$(grep -o '"val_loss":[0-9.]*' QB/metrics.jsonl | tail -n 1 | cut -d: -f2)
-vf=$(grep -o '"val_loss":[0-9.]*' QF/metrics.jsonl | tail -n 1 | cut -d: -f2)
-rel=$(awk -v a="$vf" -v b="$vb" 'BEGIN { printf "%.5f", (a - b) / b }')
-if [ -z "$vb" ] || [ -z "$vf" ]; then fail "quality: no validation loss (bf16 '$vb', fp8-bf16 '$vf')"
-elif [ "$vb" = "$vf" ]; then fail "quality: fp8-bf16's validation loss is bf16's exactly ($vb): no quantisation?"
-elif fcmp "$rel" "<=" 0.01 && fcmp "$rel" ">=" -0.01; then
-  pass "quality: fp8-bf16 validation loss $vf, bf16 $vb ($rel relative; band 1%) on ${QD[1]:-the embedded corpus}"
-else fail "quality: fp8-bf16 validation loss $vf against bf16's $vb: $rel relative, outside the 1% band"; fi
+val_within QF fp8-bf16 QB bf16 "${QD[1]:-the embedded corpus}"
 
 # ---- ep2 against one process, step 1 (test_precision.sh's mesh bands and reasons: a last-bit difference of
 # another summation order can flip a stochastic rounding, one bf16 step of that weight)

@@ -110,17 +110,8 @@ Q=(--steps "${QUALITY_STEPS:-300}" --quiet --sample-tokens 0 --plots 0 --batch 1
 run_ok "quality: mixed" "$MOE" train "${Q[@]}" --out QM < /dev/null
 run_ok "quality: fp8" "$MOE" train "${Q[@]}" --precision fp8 --out QF < /dev/null
 run_ok "quality: fp8 --fp8-dense" "$MOE" train "${Q[@]}" --precision fp8 --fp8-dense 1 --out QFD < /dev/null
-vm=$(grep -o '"val_loss":[0-9.]*' QM/metrics.jsonl | tail -n 1 | cut -d: -f2)
-for q in "QF|fp8" "QFD|fp8-dense"; do
-  IFS='|' read -r qdir qname <<< "$q"
-  vf=$(grep -o '"val_loss":[0-9.]*' "$qdir/metrics.jsonl" | tail -n 1 | cut -d: -f2)
-  rel=$(awk -v a="$vf" -v b="$vm" 'BEGIN { printf "%.5f", (a - b) / b }')
-  if [ -z "$vm" ] || [ -z "$vf" ]; then fail "quality: no validation loss (mixed '$vm', $qname '$vf')"
-  elif [ "$vm" = "$vf" ]; then fail "quality: $qname's validation loss is mixed's exactly ($vm): no quantisation?"
-  elif fcmp "$rel" "<=" 0.01 && fcmp "$rel" ">=" -0.01; then
-    pass "quality: $qname validation loss $vf, mixed $vm ($rel relative; band 1%) on ${QD[1]:-the embedded corpus}"
-  else fail "quality: $qname validation loss $vf against mixed's $vm: $rel relative, outside the 1% band"; fi
-done
+val_within QF fp8 QM mixed "${QD[1]:-the embedded corpus}"
+val_within QFD fp8-dense QM mixed "${QD[1]:-the embedded corpus}"
 check "quality: fp8-dense's validation loss is not fp8's (the projections quantised too)" \
   test "$(grep -o '"val_loss":[0-9.]*' QFD/metrics.jsonl | tail -n 1)" != "$(grep -o '"val_loss":[0-9.]*' QF/metrics.jsonl | tail -n 1)"
 
