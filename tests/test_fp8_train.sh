@@ -9,7 +9,7 @@
 #     embedded corpus): the final validation loss within 1% (see "quality" below for why); fp8 with
 #     --fp8-dense (the attention projections too) within the same band, and not fp8's;
 #   - --fp8-dense: refused without fp8 and with --tp > 1; its backend named; a resume byte-identical with the
-#     option taken from run.json; off when the resume takes --precision mixed;
+#     option taken from run.json; off when the resume takes --precision mixed; --recompute full bit for bit;
 #   - ep2 and tp2 against one process at test_mesh.sh's bands (see "mesh" below), and ep2 under --fp8-dense;
 #   - the divergence check: an infinity written into one expert weight of a checkpoint (layer 1, expert 2's
 #     w2; its checksum rewritten) stops the resumed run at its first step with one error naming the step,
@@ -90,6 +90,11 @@ cp -r FD FDM && rm -rf FDM/$S6
 run_ok "an fp8-dense checkpoint resumed with --precision mixed" \
   "$MOE" train "${BASE[@]}" --precision mixed --out FDM --resume < /dev/null
 check "fp8-dense -> mixed: --fp8-dense is off (the cpu backend)" test "$(last_backend FDM)" = "backend cpu"
+run_ok "fp8-dense --recompute full" "$MOE" train "${BASE[@]}" --precision fp8 --fp8-dense 1 --recompute full \
+  --save-every -1 --out FDR < /dev/null
+check "fp8-dense --recompute full: the losses and gradient norms bit for bit (the same products again)" \
+  cmp -s <(field loss FD/metrics.jsonl; field grad_norm FD/metrics.jsonl) \
+  <(field loss FDR/metrics.jsonl; field grad_norm FDR/metrics.jsonl)
 
 # ---- quality: fp8 against mixed, the same model (per token the experts take 2 x 3 x 32 x 128 = 24.6k
 # multiply-adds, the attention projections 3.1k, the head 8.2k: the experts dominate), seed and data,
