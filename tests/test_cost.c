@@ -200,12 +200,13 @@ static void check_memory(const char *name) {
                r->lent, r->total, w.acts, w.lent, w.total);
         EXPECT(same_cuda(&r->cuda, &w.cuda), "%s, case %d: one rank's cuda total %.17g, one process's %.17g",
                name, v, r->cuda.total, w.cuda.total);
-        // the cuda figure is the float32 one with the deltas: bf16 halves rows, adds a bf16 weight copy
+        // the cuda figure is the float32 one with the deltas: bf16 halves rows, adds a bf16 weight copy (and
+        // keeps the float32 blocks whole: no holes in the cuda backend's gradients, ops.h alloc_holes)
         double np = r->params / 4;
         EXPECT(w.cuda.shadow == 2 * np && w.cuda.hid > 0 && w.cuda.gemm >= 1048576 &&
                    w.cuda.workspace >= 1048576 && w.cuda.scratch == w.cuda.gemm + w.cuda.workspace &&
                    w.cuda.total ==
-                       w.total + w.lent - w.cuda.hid + w.cuda.shadow + w.cuda.scratch + w.cuda.fp8 -
+                       w.total + w.lent + w.holes - w.cuda.hid + w.cuda.shadow + w.cuda.scratch + w.cuda.fp8 -
                            w.cuda.lent - w.cuda.alone - w.cuda.lean,
                "%s, case %d: cuda deltas", name, v);
         // the lean MoE scratch (moe.h moe_scratch_init) on one process: dxg (N k rows of d float32), dxj and
@@ -255,6 +256,46 @@ static void check_layer_acts(void) {
     double want = 4.0 * (49152 + 256 + 37376 + 512 + 24576 + 24576 + 147456);
     EXPECT(w2.acts - w1.acts == want, "tiny, one layer's activations: %.17g bytes, want %.17g",
            w2.acts - w1.acts, want);
+}
+
+// The packed expert gradients' holes (model_share_grads; cost.c grads_holes), by hand: d 32, 4 heads of 8 (2
+// kv), 4 experts of f 192, 3 layers, --precision bf16 at 2 x 16 tokens, one process: a layer's block is 3 x 4
+// x 192 x 32 = 73,728 floats, its hole the float32 bytes past the packed half, 36,864 floats = 147,456
+// bytes. The next layer's activations (float32, the cpu's: 32 tokens x (4 d + 2 x 32 + 2 x 16 + 2) = 7,232,
+// the router's 32 x (4 + 2 x 32) = 2,176, the expert rows 64 x (32 + 3 x 192) = 38,912, lse 2 x 4 x 16 =
+// 128: 48,448 floats) take 193,792 bytes with their SwiGLU rows, more than 147,456, and 46,336 without them
+// (--recompute moe); the head's 32 x (2 x 32 + 256) floats 40,960. So 1 hole (the last layer's) without
+// recompute, 3 with it; none under mixed (nothing packed) or --grad-memory separate (nothing lent).
+static void check_holes(void) {
+    ModelConfig c = preset("tiny");
+    c.d_model = 32;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 8;
+    c.d_ff = 192;
+    c.n_layers = 3;
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 2;
+    o.seq_len = 16;
+    o.precision = PREC_BF16;
+    o.grad_memory = GRADMEM_SHARED;
+    double want[2] = {147456, 3 * 147456.0};
+    for (int rc = 0; rc < 2; rc++) {
+        o.recompute = rc ? 2 : 0; // (model_types.h RECOMPUTE_MOE, RECOMPUTE_NONE)
+        CostWhole w;
+        cost_whole(&w, &c, &o, 0);
+        EXPECT(w.holes == want[rc] && w.total == w.state + w.acts - w.lent - w.holes,
+               "holes, recompute %d: %.0f bytes, want %.0f", rc, w.holes, want[rc]);
+    }
+    o.grad_memory = GRADMEM_SEPARATE;
+    CostWhole w;
+    cost_whole(&w, &c, &o, 0);
+    EXPECT(w.holes == 0, "holes under --grad-memory separate: %.0f", w.holes);
+    o.grad_memory = GRADMEM_SHARED;
+    o.precision = PREC_MIXED;
+    cost_whole(&w, &c, &o, 0);
+    EXPECT(w.holes == 0, "holes under mixed: %.0f", w.holes);
 }
 
 static double kept_whole(const ModelConfig *c, const TrainOptions *o) {
@@ -368,6 +409,7 @@ int main(void) {
     check_memory("small");
     check_memory("peers-ref");
     check_layer_acts();
+    check_holes();
     check_fp8_kept();
     return test_done("test_cost");
 }

@@ -8,8 +8,15 @@
 # full; Qwen2-MoE's shared expert and q/k/v biases; OLMoE's QK-norm), and under mpirun dp2 with ZeRO-2 and
 # overlapped gradient buckets (the reductions read the shared memory while the backward goes on), tp2+ep2
 # with the pipelined exchange (r 2) and ep2+etp2 gathered; and --precision bf16, whose expert gradients are
-# written packed in bf16 into the lent memory (options.h train_expert_grads). Also: peak memory falls by about the lent
-# gradients (a model whose expert gradients are large), and a bad value is refused.
+# written packed in bf16 into the lent memory (options.h train_expert_grads); where the activations lent to a
+# layer's expert block all fit in its packed half, the rest of the block is a hole (model_share_grads; on the
+# cpu its pages are mapped without access, so any op touching them would end the run): with d_ff 192 a
+# block is 3 x 4 x 192 x 32 floats, its hole 36,864 floats (0.14 MiB); at 2 x 16 tokens the next layer's
+# activations take ~190 KB with their SwiGLU rows (64 x 3 x 192 floats, 147 KB alone), more than the packed
+# half's 144 KB, and ~46 KB without them (--recompute moe), and the head's (32 x 256 logits and two rows of
+# d) ~40 KB (test_cost.c check_holes counts them): so 1 of 3 layers without recompute, 3 of 3 with it (the memory they save is the GPU's: on the cpu
+# an untouched page takes none either way). Also: peak memory falls by about the lent gradients (a model
+# whose expert gradients are large), and a bad value is refused.
 set -u
 . "$(dirname "$0")/lib.sh"
 mpi_tests
@@ -22,7 +29,7 @@ run() { local d="$1" np="$2"; shift 2; rm -rf "$d"; mkdir -p "$d"
   if [ "$np" = 1 ]; then "$MOE" train --out "$d" $BASE "$@" > "$d/out.txt" 2>&1 < /dev/null
   else $MPI -np "$np" "$MOE" train --out "$d" $BASE "$@" > "$d/out.txt" 2>&1 < /dev/null; fi; }
 
-while IFS='|' read -r np flags label; do
+while IFS='|' read -r np flags label holes; do
   [ "$np" != 1 ] && [ -z "${MPI:-}" -o "${MOE_TEST_DEVICE:-cpu}" != cpu ] && { skip "$label: no mpirun or not cpu"; continue; }
   run "$TMP/sep" "$np" $flags --grad-memory separate || { fail "$label: separate failed"; tail -3 "$TMP/sep/out.txt"; continue; }
   run "$TMP/sh" "$np" $flags || { fail "$label: shared failed"; tail -3 "$TMP/sh/out.txt"; continue; }
@@ -33,6 +40,15 @@ while IFS='|' read -r np flags label; do
     cmp -s "$TMP/sep/step_00000004/$f" "$TMP/sh/step_00000004/$f" || { ok=0; fail "$label: $f differs"; }
   done
   [ $ok = 1 ] && pass "$label: metrics and checkpoint bitwise equal to separate gradient memory"
+  if [ -n "$holes" ]; then # the expert blocks that keep only their packed half: the line says how many and their bytes
+    got=$(grep -oE "packed half in [0-9]+ of [0-9]+ layers \([0-9.]+ MiB" "$TMP/sh/out.txt")
+    if [ "${MOE_TEST_DEVICE:-cpu}" != cpu ]; then skip "$label: the count is the cpu's (float32 rows); here '$got'"
+    else [ "$got" = "packed half in $holes MiB" ] && pass "$label: $got" || fail "$label: '$got', expected 'packed half in $holes MiB'"; fi
+    MOE_GRAD_HOLES=0 run "$TMP/nh" 1 $flags # (the A/B switch: whole blocks, the same bits)
+    cmp -s <(strip "$TMP/nh/metrics.jsonl") <(strip "$TMP/sh/metrics.jsonl") && ! grep -q "packed half" "$TMP/nh/out.txt" &&
+      cmp -s "$TMP/nh/step_00000004/model.safetensors" "$TMP/sh/step_00000004/model.safetensors" &&
+      pass "$label: MOE_GRAD_HOLES=0 keeps the blocks whole, the same bits" || fail "$label: MOE_GRAD_HOLES=0 differs"
+  fi
 done <<< "1||one process
 1|--dispatch capacity --capacity-factor 0.8 --jitter 0.05 --dropout 0.1 --attn-dropout 0.1|capacity, jitter, dropout
 1|--ampipe 2|AMPipe n 2 (evaluations between: unchunked forwards, the rows carved again)
@@ -41,6 +57,8 @@ done <<< "1||one process
 1|--family olmoe --qk-norm full --renormalize 0|OLMoE: QK-norm
 1|--precision bf16|bf16 with packed expert gradients (written into the lent memory's first half)
 1|--precision bf16 --recompute full --family qwen2_moe --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1|bf16 packed, recompute full, a shared expert
+1|--precision bf16 --d-ff 192 --batch 2 --recompute moe|bf16 packed, --recompute moe: every block keeps its packed half|3 of 3 layers (0.42
+1|--precision bf16 --d-ff 192 --batch 2|bf16 packed: only the last layer's block (the head's) keeps its packed half|1 of 3 layers (0.14
 2|--zero 2 --overlap 1 --bucket-mb 0.01|dp2, ZeRO-2, overlapped buckets
 4|--tp 2 --ep 2 --a2a-overlap 2|tp2+ep2, r 2
 4|--ep 2 --etp 2 --expert-mode gathered|ep2+etp2 gathered"

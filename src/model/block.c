@@ -214,9 +214,9 @@ static void moe_grads(Model *m, int l, const MoeWeights *w, MoeGrads *gw) {
         return;
     }
     gw->router = model_param(m, g, PR_ROUTER, l, -1);
-    gw->w1 = model_param(m, g, PR_W1, l, m->e0);
-    gw->w3 = model_param(m, g, PR_W3, l, m->e0);
-    gw->w2 = model_param(m, g, PR_W2, l, m->e0);
+    gw->w1 = model_expert_dw(m, PR_W1, l); // (packed: where the grouped ops write the bf16 values)
+    gw->w3 = model_expert_dw(m, PR_W3, l);
+    gw->w2 = model_expert_dw(m, PR_W2, l);
     gw->sh_w1 = w->sh_w1 ? model_param(m, g, PR_SH_W1, l, -1) : NULL;
     gw->sh_w3 = w->sh_w1 ? model_param(m, g, PR_SH_W3, l, -1) : NULL;
     gw->sh_w2 = w->sh_w1 ? model_param(m, g, PR_SH_W2, l, -1) : NULL;

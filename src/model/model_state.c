@@ -65,14 +65,15 @@ void model_set_recompute(Model *m, int mode) {
                 layer_recompute(m, &m->slots[k][i].la[l]);
 }
 
-// The bytes of layer l's routed-expert gradients (one contiguous block: params.h's order), 256-aligned,
-// lent to an arena (model_share_grads); none where this rank holds no experts of the layer.
+
+// The bytes of layer l's routed-expert gradients (expert_block; its packed half where the rest is a hole),
+// 256-aligned, lent to an arena (model_share_grads); none where this rank holds no experts of the layer.
 static Arena expert_grads_arena(const Model *m, int l) {
     Arena a = {0};
-    int i = params_index(&m->t, PR_W1, l, m->e0), j = params_index(&m->t, PR_W2, l, m->e0 + m->El - 1);
-    if (i < 0 || j < 0 || !m->t.p[i].lnumel) return a;
-    char *b = (char *)(m->grads + m->t.p[i].loffset),
-         *e = (char *)(m->grads + m->t.p[j].loffset + m->t.p[j].lnumel);
+    size_t len, b0 = model_expert_block(m, l, &len);
+    if (!len) return a;
+    char *b = (char *)(m->grads + b0),
+         *e = (char *)(m->grads + b0 + (m->grad_hole && m->grad_hole[l] ? model_packed_len(len) : len));
     char *b2 = (char *)(((uintptr_t)b + 255) & ~(uintptr_t)255);
     if (b2 >= e) return a;
     a.base = b2;
@@ -251,7 +252,8 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->maxN = maxB * maxT;
     size_t N = m->maxN, d = c->d_model;
     m->params = be->alloc(m->t.ltotal * F);
-    m->grads = be->alloc(m->t.ltotal * F);
+    // (where holes can be made in it later, a buffer of that kind: model_share_grads replaces it)
+    m->grads = be->alloc_holes ? be->alloc_holes(m->t.ltotal, NULL, 0) : be->alloc(m->t.ltotal * F);
     size_t La = (size_t)config_all_layers(c);
     m->scope_counts = xcalloc(La * c->n_experts, sizeof(int64_t));
     m->scope_tokens = xcalloc(La, sizeof(int64_t));
@@ -276,6 +278,59 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     if (c->mtp_depth) mtp_scratch_init(m);
 }
 
+// Packed expert gradients (OPTG_PACKED) on a backend with alloc_holes, once: with every layer's MoE rows
+// carved (moe_rows_carve: what its forwards would carve), the layers whose lent activations (the next
+// layer's; the last layer's, the head's) all lie in the packed half of their expert block keep only that
+// half, the rest a hole; the slot is carved again in the same order (the same buffers in the same places:
+// what fitted lay in the half).
+static void grads_holes(Model *m) {
+    const char *v = getenv("MOE_GRAD_HOLES"); // (0: none, the A/B of their memory; the same bits)
+    CHECK(!v || !*v || !strcmp(v, "0") || !strcmp(v, "1"),
+          "MOE_GRAD_HOLES must be 0 or 1 (the default), not '%s'", v);
+    if (m->expert_gbf != OPTG_PACKED || !m->be->alloc_holes || m->grad_hole || (v && !strcmp(v, "0"))) return;
+    const ModelChunk *ch = &m->chunk[0];
+    ModelSlot *s = &m->slots[0][0];
+    int La = config_all_layers(&m->c), nh = 0;
+    unsigned char *hole = xcalloc((size_t)La, 1);
+    size_t *h = xmalloc(sizeof(size_t) * 2 * (size_t)La);
+    for (int l = ch->l0; l < ch->l1; l++) moe_rows_carve(&s->la[l].moe); // (their rows too: carved first)
+    for (int l = ch->l0; l < ch->l1; l++) {
+        const Arena *A = l + 1 < ch->l1 ? &s->la[l + 1].arena : &s->head;
+        size_t len, b0 = model_expert_block(m, l, &len);
+        if (!len || !A->base || A->base + A->used > (char *)(m->grads + b0 + model_packed_len(len))) continue;
+        if (model_packed_len(len) == len) continue; // (one element: no hole)
+        hole[l] = 1;
+        h[2 * nh] = b0 + model_packed_len(len);
+        h[2 * nh + 1] = b0 + len;
+        nh++;
+    }
+    if (nh) {
+        slot_free(m, s, 0);
+        m->be->free(m->grads);
+        m->grads = m->be->alloc_holes(m->t.ltotal, h, nh);
+        m->grad_hole = hole;
+        m->embed_lent = 0;
+        slot_alloc(m, s, 0);
+        for (int l = ch->l0; l < ch->l1; l++) moe_rows_carve(&s->la[l].moe);
+    } else {
+        free(hole);
+    }
+    free(h);
+}
+
+size_t model_grad_holes(const Model *m, int *layers) {
+    size_t bytes = 0;
+    *layers = 0;
+    for (int l = 0; m->grad_hole && l < config_all_layers(&m->c); l++) {
+        size_t len;
+        model_expert_block(m, l, &len);
+        if (!m->grad_hole[l]) continue;
+        ++*layers;
+        bytes += (len - model_packed_len(len)) * F;
+    }
+    return bytes;
+}
+
 void model_share_grads(Model *m, int on) {
     CHECK(!on || (m->nchunks == 1 && m->nslots[0] == 1),
           "model_share_grads: %d chunks, %d slots (one of each)", m->nchunks, m->nslots[0]);
@@ -284,11 +339,15 @@ void model_share_grads(Model *m, int on) {
     m->share_grads = !!on;
     m->embed_lent = 0; // (slot_alloc sets it where it lends it)
     slot_alloc(m, &m->slots[0][0], 0);
+    if (on) grads_holes(m);
     model_use(m, 0, 0);
 }
 
 void model_set_expert_grads(Model *m, int gbf) {
     CHECK(gbf == OPTG_F32 || gbf == OPTG_BF16 || gbf == OPTG_PACKED, "model_set_expert_grads: format %d",
+          gbf);
+    CHECK(!m->grad_hole || gbf == OPTG_PACKED,
+          "model_set_expert_grads: format %d, where the packed gradients' blocks keep only their packed half",
           gbf);
     m->expert_gbf = gbf;
 }
@@ -305,12 +364,13 @@ int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb) {
     *gb = 0;
     if (!params_routed(s) || m->expert_gbf == OPTG_F32) return OPTG_F32;
     if (m->expert_gbf == OPTG_PACKED) {
-        int i = params_index(&m->t, s->role, s->layer, m->e0);
-        CHECK(i >= 0, "model_grad_format: layer %d holds no expert %d", s->layer, m->e0);
-        *gb = (int64_t)m->t.p[i].loffset;
+        size_t len, b0 = model_expert_block(m, s->layer, &len);
+        CHECK(len, "model_grad_format: layer %d holds no expert %d", s->layer, m->e0);
+        *gb = (int64_t)b0;
     }
     return m->expert_gbf;
 }
+
 
 int model_bf16_weights(Model *m) {
     if (!m->be->alloc_bf16_params) return 0;
@@ -474,6 +534,7 @@ void model_free(Model *m) {
     free(m->zr_off);
     free(m->zr_n);
     free(m->dw_fresh);
+    free(m->grad_hole);
     params_free(&m->t);
     memset(m, 0, sizeof *m);
 }

@@ -22,12 +22,20 @@ void model_set_slots(Model *m, int chunk, int n);
 // activations, as many as fit in that order (the norms' and attention's, then its MoE's kept rows), and
 // the last layer's hold the logits; they are overwritten by the next forward, so they are read before it
 // (the norm, the update). The same bits as separate memory; less memory by about a layer's expert
-// gradients per layer. Set before forwards (it allocates the slot again).
+// gradients per layer. Set before forwards (it allocates the slot again). With packed expert gradients
+// (model_set_expert_grads OPTG_PACKED, set before) on a backend with alloc_holes (ops.h), a layer whose lent
+// activations all fit in its block's packed half keeps only that half (the rest of its float32 bytes a
+// hole: 2 bytes a routed-expert parameter less; under --recompute moe every layer's but the last's, whose
+// block holds the logits), the same bits again.
 void model_share_grads(Model *m, int on);
+// The layers whose expert block keeps only its packed half (model_share_grads), in *layers, and the bytes
+// of their holes (the float32 bytes past the packed halves; the backend takes back the whole pages in them).
+size_t model_grad_holes(const Model *m, int *layers);
 // The format of the routed experts' weight gradients (the bf16 policy's: ops.h OptRun gbf): OPTG_F32 (as
 // model_init leaves it), OPTG_BF16 (float32 memory, read rounded to bf16 by the optimizer: a caller whose
 // gradients are summed over ranks first) or OPTG_PACKED (each layer's backward writes them as bf16, ops.h
-// GM_DW_BF16, packed from each weight kind's first expert of the layer: half the bytes written and read).
+// GM_DW_BF16, packed from the first element of the layer's expert block: w1's, w3's and w2's values one after
+// the other in the block's first half; half the bytes written and read).
 // OPTG_PACKED needs every expert gradient written once a step (one micro-batch, one chunk: moe refuses
 // an accumulation), nothing reducing them, and readers that follow model_grad_format. Set before the
 // optimizer's runs are built (dist_attach).

@@ -197,6 +197,8 @@ typedef struct Model {
     size_t embed_lent; // the bytes of the embedding's gradient, where it holds layer 0's activations (lent
                        // with the lean MoE scratch: moe.h); model_backward zeroes it before its backward
     int expert_gbf; // model_set_expert_grads (ops.h OPTG_*)
+    unsigned char *grad_hole; // (L) or NULL: 1 where layer l's expert block keeps only its packed half (the
+                              // rest a hole of Backend.alloc_holes: model_share_grads)
     int dw_sumsq; // model_set_dw_sumsq
     int recompute; // RECOMPUTE_* bits (model_set_recompute)
     MoeRecompute rc; // --recompute moe: every layer's experts' SwiGLU rows, shared

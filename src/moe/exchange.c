@@ -112,9 +112,14 @@ static void expert_major(Exchange *x) {
     x->off[El] = pos;
 }
 
+int exchange_local(Exchange *x) {
+    x->local = x->EP == 1 && x->ETP == 1 && !comm_dev_due(x->ep) && !comm_dev_due(x->etp);
+    return x->local;
+}
+
 void exchange_plan(Exchange *x, const int64_t *kept) {
     int EP = x->EP, ETP = x->ETP, El = x->El;
-    x->local = EP == 1 && ETP == 1 && !comm_dev_due(x->ep) && !comm_dev_due(x->etp);
+    exchange_local(x);
     if (x->local) {
         // one group: every row stays here, in the same (expert-sorted) order; no collectives,
         // permutation or staging

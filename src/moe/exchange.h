@@ -30,7 +30,7 @@ typedef struct {
     int64_t *gcnt; // (ETP, EP, El) the same for every ETP peer (after the gather)
     size_t *gc, *gd; // (ETP) rows held by each ETP peer after the EP exchange
     size_t *cnt; // (2 ETP) the ETP gather's / reduce-scatter's element counts and displacements
-    int local; // EP = ETP = 1 without forced device collectives (set by exchange_plan)
+    int local; // EP = ETP = 1 without forced device collectives (set by exchange_local, exchange_plan)
     int M, R, Rg; // rows I send; rows I receive; rows after the ETP gather
     int64_t *off; // (El+1) expert-major offsets over the Rg rows
     int32_t *perm_h, *iperm_h; // (cap_Rg) expert-major row i is gathered row perm_h[i], and back (not local)
@@ -49,6 +49,9 @@ void exchange_free(Exchange *x);
 // gathered over ETP), and as many as an even routing gives it.
 size_t exchange_rows_worst(const Exchange *x);
 size_t exchange_rows_typical(const Exchange *x);
+// Whether every row stays on this rank (EP = ETP = 1 without forced device collectives): sets `local` and
+// returns it (exchange_plan sets it too).
+int exchange_local(Exchange *x);
 // From my kept rows per expert (E = EP*El counts, rows sorted by expert): sizes, counts and the
 // expert-major permutation. Collective over ep and etp. Sets `local`.
 void exchange_plan(Exchange *x, const int64_t *kept_per_expert);

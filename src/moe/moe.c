@@ -31,6 +31,15 @@ static void expert_buffers(MoeLayer *m, int Rg) {
     if (!m->xu->local) m->xg = moe_grown(be, m->arena, m->xg, &m->cap_xg, rows * m->d * hid_size(be));
 }
 
+void moe_rows_carve(MoeLayer *m) {
+    if (m->dense) return;
+    CHECK(exchange_local(m->xu), "moe_rows_carve: layer %d exchanges its rows (one process's layers only)",
+          m->layer);
+    int R = m->Rmax;
+    if (!m->xs) m->xs = arena_alloc(m->arena, m->be, (size_t)(R ? R : 1) * m->d * hid_size(m->be));
+    expert_buffers(m, R); // (the first forward's order: xs at its dispatch, then these; m->xs as moe_start's)
+}
+
 // The backward's expert-side scratch for the layer's rows (rows_cap, as its forward buffers) and its
 // token-side rows (Rmax at most).
 static void scratch_buffers(MoeScratch *s, const MoeLayer *m) {
@@ -184,24 +193,10 @@ void moe_dense_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
 void moe_layer_free(MoeLayer *m) {
     const Backend *be = m->be;
     if (m->rc) m->h1 = m->h3 = m->act = NULL; // the shared buffers (MoeRecompute) are not the layer's
-    free(m->rt_h);
-    free(m->kf_h);
-    free(m->cnt_all);
-    free(m->counts);
-    free(m->psum);
-    free(m->aux_f);
-    free(m->mine_h);
-    free(m->ps_h);
-    free(m->slots_h);
-    free(m->tp_cnt);
-    free(m->noise_h);
-    free(m->cidx_h);
-    free(m->kc_h);
-    free(m->etp_cnt);
-    free(m->seq_f);
-    free(m->seq_st);
-    free(m->seq_dp_h);
-    free(m->seq_seg);
+    void *host[] = {m->rt_h,   m->kf_h,    m->cnt_all, m->counts, m->psum,     m->aux_f,
+                    m->mine_h, m->ps_h,    m->slots_h, m->tp_cnt, m->noise_h,  m->cidx_h,
+                    m->kc_h,   m->etp_cnt, m->seq_f,   m->seq_st, m->seq_dp_h, m->seq_seg};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     if (m->seq_dp) be->free(m->seq_dp);
     plan_free(&m->plan);
     void *dev[] = {m->noise,  m->xj,   m->rt_d, m->xs,   m->ys,   m->plan_d, m->yslice,
@@ -212,12 +207,9 @@ void moe_layer_free(MoeLayer *m) {
     for (int i = 0; i < MOE_MAX_OVERLAP; i++)
         if (m->xc[i].be) exchange_free(&m->xc[i]);
     if (m->xe.be) exchange_free(&m->xe);
-    void *gath[] = {m->wfull, m->wstage, m->widx};
-    for (size_t i = 0; i < sizeof gath / sizeof gath[0]; i++)
-        if (gath[i]) be->free(gath[i]);
-    void *chunked[] = {m->cidx, m->xsc, m->ysc}; // icidx shares cidx's block
-    for (size_t i = 0; i < sizeof chunked / sizeof chunked[0]; i++)
-        if (chunked[i]) be->free(chunked[i]);
+    void *own[] = {m->wfull, m->wstage, m->widx, m->cidx, m->xsc, m->ysc}; // (icidx shares cidx's block)
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (own[i]) be->free(own[i]);
     memset(m, 0, sizeof *m);
 }
 

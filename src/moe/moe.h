@@ -23,6 +23,11 @@ void moe_layer_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int ma
 // its router statistics are zero (aux, z, counts), Ng the stage's tokens.
 void moe_dense_init(MoeLayer *m, const Backend *be, const ModelConfig *c, int maxN, const MoeComms *cm);
 void moe_layer_free(MoeLayer *m);
+// One process's layer (its exchange local): carves now, from its arena, the rows its first training forward
+// would (the dispatched rows for its Rmax, then the expert-side buffers at their largest), so that what the
+// layer takes of a lent arena is known before any forward (model_share_grads); the forwards then grow
+// nothing. A dense layer carves nothing here.
+void moe_rows_carve(MoeLayer *m);
 // Frees the buffers a forward grows (token rows, expert-side activations; the next forward grows
 // them again): a layer whose forwards move to AMPipe chunks (their own states) drops its whole-batch
 // ones. Not between a forward and its backward.

@@ -75,9 +75,10 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 // matmul_bwd_multi): GM_ACC_DINP adds into dinp (else written); GM_DW_WRITE writes the weight gradient
 // blocks (every group's, zeros where a group has no rows) instead of adding into them. GM_DW_BF16 (grouped
 // ops, with GM_DW_WRITE only): those blocks written as bf16 values packed from dw (each float32 result
-// rounded to nearest even; block g's element j at ((uint16_t *)dw)[g O K + j]; the rest of the float32
-// blocks' bytes are scratch, nothing past them is written): half the bytes of a float32 gradient, read back
-// through OptRun's OPTG_PACKED. GM_DOUT_HID (matmul_bwd only): dout holds the hidden format's values
+// rounded to nearest even; block g's element j at ((uint16_t *)dw)[g O K + j]; nothing else is written: the
+// other half of the float32 blocks' bytes is left as it was, so it may hold other packed blocks or be memory
+// that is not there, alloc_holes): half the bytes of a float32 gradient, read back through OptRun's
+// OPTG_PACKED. GM_DOUT_HID (matmul_bwd only): dout holds the hidden format's values
 // (Backend.hid) in place of its float32 rows, row i's O values starting where float32 row i starts (byte
 // 4 O i; cross_entropy_fwd_bwd writes so); the same bits as dout's float32 values rounded once to
 // the format. A no-op where the format is float32. GM_DW_SUMSQ (grouped ops, with GM_DW_WRITE only; where the
@@ -244,6 +245,13 @@ struct Backend {
     // GEMM weight across a hole's edge. One such buffer at a time. NULL where the backend keeps no bf16 copy
     // (cpu, cuda-fp32): use alloc.
     float *(*alloc_bf16_params)(size_t n, const size_t *hole, int nhole);
+    // A buffer of n floats, zeroed, whose element ranges [hole[2i], hole[2i+1]) (ascending, disjoint; nhole
+    // >= 0) are not there: the pages wholly inside a hole take no memory, and an op reading or writing one is
+    // an error (the cpu's fault at once: their pages are mapped without access). What the holes' edge pages
+    // hold is the buffer's. free releases it (on the cpu a mapping of its own, so that freeing it leaves
+    // the C allocator's thresholds as they were). The bf16 policy's packed expert gradients keep only their
+    // packed half this way (model_state.h model_share_grads). NULL where the backend has none (use alloc).
+    float *(*alloc_holes)(size_t n, const size_t *hole, int nhole);
 
     // out (N,O) = inp (N,K) @ W(O,K)^T [+ out if accumulate]
     void (*matmul_fwd)(float *out, const float *inp, const float *w, int N, int K, int O, int accumulate);

@@ -243,6 +243,15 @@ static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOp
     double emb = hid && !moe_act_mem_old() ? fmin(la, 4.0 * c->vocab_size * c->d_model) : 0;
     return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g) + emb;
 }
+// The expert gradients' bytes a backend with holes leaves out (ops.h alloc_holes; model_share_grads): where
+// they are packed, half of each block whose lent activations (acts_lent's) fit in that half.
+static double grads_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t T, int hid) {
+    if (!acts_lent(c, NULL, o, B, T, hid) || train_expert_grads(o, 0) != OPTG_PACKED) return 0;
+    double h = 6.0 * c->n_experts * c->d_ff * c->d_model, // (a block's packed half: 2 bytes an element)
+        la = acts_layer(c, NULL, B, T, 0) - acts_dropped(c, NULL, B, T, o->recompute) -
+        hid * acts_hid_saved(c, NULL, B, T, o->recompute);
+    return (la <= h ? (c->n_layers - 1) * h : 0) + (acts_head(c, B * T) <= h ? h : 0);
+}
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 and fp8-bf16 (dist.c
 // dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return prec_bf16_storage(o->precision) ? 2.0 : 4.0; }
@@ -502,7 +511,8 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
         acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) + acts_mtp(c, NULL, (size_t)B, (size_t)T);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
-    w->total = w->state + w->acts - w->lent;
+    w->holes = grads_holes(c, o, (size_t)B, (size_t)T, 0);
+    w->total = w->state + w->acts - w->lent - w->holes;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
                 meshed, 1, prec_fp8(o->precision) ? cuda_fp8_kept(c, NULL) : 0);
 }
@@ -522,7 +532,8 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     r->moments = moment_bytes(o) * mom;
     r->acts = ra;
     r->lent = rl;
-    r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl;
+    r->holes = ms->world == 1 ? grads_holes(c, o, (size_t)Bl, (size_t)T, 0) : 0; // (packed: one process)
+    r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl - r->holes;
     int L = c->n_layers;
     r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
     cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, (double)lt->ltotal,

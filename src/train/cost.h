@@ -82,7 +82,8 @@ typedef struct {
     double state; // params + grads + the two AdamW moments (bf16 moments under --precision bf16)
     double acts; // activations of every layer and the LM head, and the backward's scratch
     double lent; // of acts, in the expert gradients' memory (--grad-memory shared)
-    double total; // state + acts - lent
+    double holes; // of state, the packed expert gradients' blocks left out (model_share_grads; the cpu's)
+    double total; // state + acts - lent - holes
     CostCuda cuda; // the cuda backend: the same buffers, less and plus its deltas
 } CostWhole;
 // meshed: the run has several ranks (the float32 weights stay whole: train_bf16_weights_alone).
@@ -94,7 +95,8 @@ typedef struct {
     double moments; // the two AdamW moments of what it updates (ZeRO: its shards)
     double acts; // activations: one micro-batch's; with pipeline stages the schedule's live ones
     double lent; // of acts, in the expert gradients' memory (--grad-memory shared; 0 with stages)
-    double total; // params + grads + moments + acts - lent
+    double holes; // of the gradients, the packed expert gradients' blocks left out (one rank: CostWhole's)
+    double total; // params + grads + moments + acts - lent - holes
     double routed; // of acts, the buffers sized by the rows this rank's experts receive (the exchange's
                    // rows and their SwiGLU rows, kept and in the backward's scratch): what grows when
                    // routing sends more than the mean to this rank (0 where the exchange is local)

@@ -120,21 +120,25 @@ static void print_cuda(const CostCuda *k, const char *head) {
 static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed) {
     CostWhole w;
     cost_whole(&w, c, o, meshed);
-    char b1[32], b2[32], b3[32], bl[32];
+    char b1[32], b2[32], b3[32], bl[32], bh[64] = "";
     fmt_bytes(b1, sizeof b1, w.state);
     fmt_bytes(b2, sizeof b2, w.acts);
     fmt_bytes(b3, sizeof b3, w.total);
     fmt_bytes(bl, sizeof bl, w.lent);
+    if (w.holes) {
+        fmt_bytes(bh + 2, sizeof bh - 2, w.holes);
+        memcpy(bh, ", ", 2);
+        strncat(bh, " of the packed expert gradients left out", sizeof bh - strlen(bh) - 1);
+    }
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s (%s of "
-           "them in the "
-           "expert gradients' memory), total %s\n",
+           "them in the expert gradients' memory%s), total %s\n",
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16"
                : o->precision == PREC_FP8
                ? "float32, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
                : o->precision == PREC_FP8_BF16
                ? "float32, AdamW moments bf16, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
                : "float32",
-           b1, o->batch, o->seq_len, b2, bl, b3);
+           b1, o->batch, o->seq_len, b2, bl, bh, b3);
     print_cuda(&w.cuda, "memory (cuda, the same buffers");
     if (o->ampipe !=
         1) // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all

@@ -43,6 +43,18 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     if (m->c.balance == BALANCE_AUX_FREE) s->bias_h = xmalloc(sizeof(float) * m->c.n_experts);
 }
 
+int step_memory_note(const StepCtx *s, char *buf, size_t n) {
+    int hl;
+    size_t hb = model_grad_holes(s->m, &hl);
+    if (!hl) return 0;
+    snprintf(
+        buf, n,
+        "memory: the routed experts' bf16 gradients keep only their packed half in %d of %d layers (%.2f "
+        "MiB not allocated: the activations they hold fit there)",
+        hl, config_moe_layers(&s->m->c), hb / 1048576.0);
+    return 1;
+}
+
 void step_free(StepCtx *s) {
     pipe_free(&s->pipe);
     free(s->arm_at);

@@ -65,6 +65,9 @@ double step_bubble(const StepStats *r);
 // The schedule: sequential without pipeline stages, else o->pp_schedule over the mesh's pp group
 // (this rank's stage, o->vpp chunks); the model gets the schedule's activation slots.
 void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainOptions *o, const Mesh *mesh);
+// A line on what the step's setup left out of memory (model_state.h model_share_grads: the expert gradients'
+// holes) into buf; 0 where there is nothing to say.
+int step_memory_note(const StepCtx *s, char *buf, size_t n);
 void step_free(StepCtx *s);
 // Runs step `step` (0-based) starting at data position seq_pos (global sequences); fills *r
 // (r->counts must hold (L + mtp_depth) * E values).

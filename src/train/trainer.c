@@ -254,6 +254,8 @@ static void print_header(const Run *r, const MeshShape *shape) {
     fprintf(out, "train: %d steps x %d sequences (%d micro-batches of %d) x %d tokens, lr %g, backend %s\n",
             o->steps, o->batch, o->grad_accum, o->batch / o->grad_accum, o->seq_len, o->lr, r->be->name);
     if (r->place.threads[0]) fprintf(out, "%s\n", r->place.threads);
+    char mn[256];
+    if (step_memory_note(&r->step, mn, sizeof mn)) fprintf(out, "%s\n", mn);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
     if (r->place.why[0]) fprintf(out, "%s\n", r->place.why);
 }

@@ -3,7 +3,10 @@
 // Sums that feed results are done in a fixed order so runs are bit-reproducible for a given
 // thread count.
 #include <cblas.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "core/common.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/plain.h"
@@ -12,7 +15,53 @@ static void *cpu_alloc(size_t bytes) {
     alloc_note_backend();
     return xcalloc(1, bytes);
 }
-static void cpu_free(void *p) { free(p); }
+
+// alloc_holes' buffers (ops.h): one mapping each, its hole pages without access (PROT_NONE) and given back
+// (MADV_DONTNEED), kept in a list that cpu_free looks in first
+typedef struct HoleMap {
+    void *p;
+    size_t bytes;
+    struct HoleMap *next;
+} HoleMap;
+static HoleMap *g_holes;
+
+static float *cpu_alloc_holes(size_t n, const size_t *hole, int nh) {
+    CHECK(nh >= 0, "alloc_holes: %d holes", nh);
+    for (int i = 0; i < nh; i++)
+        CHECK(hole[2 * i] < hole[2 * i + 1] && hole[2 * i + 1] <= n &&
+                  (i == 0 || hole[2 * i] >= hole[2 * i - 1]),
+              "alloc_holes: hole %d [%zu, %zu) is empty, past the buffer's %zu elements or not after the one "
+              "before it",
+              i, hole[2 * i], hole[2 * i + 1], n);
+    alloc_note_backend();
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), bytes = n * sizeof(float);
+    if (!bytes) bytes = pg;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0); // (zeroed)
+    CHECK(p != MAP_FAILED, "alloc_holes: mmap of %zu bytes: %s", bytes, strerror(errno));
+    for (int i = 0; i < nh; i++) { // the pages wholly inside the hole's bytes
+        size_t s = (hole[2 * i] * sizeof(float) + pg - 1) / pg * pg,
+               e = hole[2 * i + 1] * sizeof(float) / pg * pg;
+        if (s >= e) continue;
+        CHECK(!madvise((char *)p + s, e - s, MADV_DONTNEED) && !mprotect((char *)p + s, e - s, PROT_NONE),
+              "alloc_holes: giving back [%zu, %zu): %s", s, e, strerror(errno));
+    }
+    HoleMap *h = xmalloc(sizeof *h);
+    *h = (HoleMap){p, bytes, g_holes};
+    g_holes = h;
+    return p;
+}
+
+static void cpu_free(void *p) {
+    for (HoleMap **h = &g_holes; *h; h = &(*h)->next)
+        if ((*h)->p == p) {
+            HoleMap *f = *h;
+            CHECK(!munmap(f->p, f->bytes), "alloc_holes: munmap: %s", strerror(errno));
+            *h = f->next;
+            free(f);
+            return;
+        }
+    free(p);
+}
 static void cpu_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
@@ -69,26 +118,25 @@ static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w,
     }
 }
 
-// flags as mm_bwd's, and GM_DW_BF16 (ops.h): the float32 blocks then packed into bf16 in place, in
-// ascending order (element j's two bytes land at or below float j's, which is read before)
+// flags as mm_bwd's, and GM_DW_BF16 (ops.h): each group's float32 block computed in a buffer of its own,
+// then packed into its bf16 block at dw (nothing else of dw's float32 bytes written)
 static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                                    const float *w, const int64_t *off, int G, int K, int O, int flags) {
     const char *fe = gm_dw_flags_error(flags, 0);
     CHECK(!fe, "grouped_matmul_bwd: %s", fe);
+    size_t blk = (size_t)O * K;
+    int packed = dw && (flags & GM_DW_BF16) && blk > 0;
+    float *b = packed ? xmalloc(sizeof(float) * blk) : NULL;
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
-        mm_bwd(dinp ? dinp + r0 * K : NULL, dw ? dw + (size_t)g * O * K : NULL, dout + r0 * O, inp + r0 * K,
-               w + (size_t)g * O * K, (int)n, K, O, flags & (GM_ACC_DINP | GM_DW_WRITE));
+        float *dg = !dw ? NULL : packed ? b : dw + g * blk;
+        mm_bwd(dinp ? dinp + r0 * K : NULL, dg, dout + r0 * O, inp + r0 * K, w + g * blk, (int)n, K, O,
+               flags & (GM_ACC_DINP | GM_DW_WRITE));
+        if (!packed) continue;
+        uint16_t *p = (uint16_t *)dw + g * blk;
+        for (size_t j = 0; j < blk; j++) p[j] = bf16_rn_bits(b[j]);
     }
-    if (dw && (flags & GM_DW_BF16) && G > 0 && K > 0 && O > 0) {
-        char *b = (char *)dw; // (byte copies: the two views of one buffer)
-        for (size_t j = 0, n = (size_t)G * O * K; j < n; j++) {
-            float x;
-            memcpy(&x, b + 4 * j, 4);
-            uint16_t h = bf16_rn_bits(x);
-            memcpy(b + 2 * j, &h, 2);
-        }
-    }
+    free(b);
     if (dw && (flags & GM_DW_SUMSQ) && G > 0 && K > 0 && O > 0)
         cpu_dw_ledger_add(dw, G, (size_t)O * K, (flags & GM_DW_BF16) != 0);
 }
@@ -147,6 +195,7 @@ const Backend *backend_cpu(void) {
         .name = "cpu",
         .alloc = cpu_alloc,
         .free = cpu_free,
+        .alloc_holes = cpu_alloc_holes,
         .to_device = cpu_copy,
         .to_host = cpu_copy,
         .copy = cpu_copy,
