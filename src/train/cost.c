@@ -511,7 +511,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
         acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) + acts_mtp(c, NULL, (size_t)B, (size_t)T);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
-    w->holes = grads_holes(c, o, (size_t)B, (size_t)T, 0);
+    w->holes = meshed ? 0 : grads_holes(c, o, (size_t)B, (size_t)T, 0); // (packed: one process)
     w->total = w->state + w->acts - w->lent - w->holes;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
                 meshed, 1, prec_fp8(o->precision) ? cuda_fp8_kept(c, NULL) : 0);
