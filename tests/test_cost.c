@@ -288,8 +288,28 @@ static void check_holes(void) {
         EXPECT(w.holes == want[rc] && w.total == w.state + w.acts - w.lent - w.holes,
                "holes, recompute %d: %.0f bytes, want %.0f", rc, w.holes, want[rc]);
     }
+    // --recompute-layers 2: layers 0 and 1 recompute, layer 2 keeps its rows: block 0 (layer 1's) and the
+    // last (the head's) have holes, block 1 (layer 2's 193,792 bytes) not
+    o.recompute = 2;
+    o.recompute_layers = 2;
+    CostWhole w, w0;
+    cost_whole(&w, &c, &o, 0);
+    EXPECT(w.holes == 2 * 147456.0, "holes, --recompute-layers 2: %.0f bytes, want %.0f", w.holes,
+           2 * 147456.0);
+    // the activations: 2 recompute, one shared copy of their rows stands for both, so one layer's SwiGLU rows
+    // (64 x 3 x 192 floats) less than without recompute; with 1 layer, none less (its rows are the copy)
+    o.recompute = 0;
+    o.recompute_layers = 0;
+    cost_whole(&w0, &c, &o, 0);
+    EXPECT(w0.acts - w.acts == 4.0 * 64 * 3 * 192, "--recompute-layers 2: activations %.0f less, want %.0f",
+           w0.acts - w.acts, 4.0 * 64 * 3 * 192);
+    o.recompute = 2;
+    o.recompute_layers = 1;
+    cost_whole(&w, &c, &o, 0);
+    EXPECT(w.acts == w0.acts && w.cuda.total > 0,
+           "--recompute-layers 1: activations %.0f, without recompute %.0f", w.acts, w0.acts);
+    o.recompute_layers = 0;
     o.grad_memory = GRADMEM_SEPARATE;
-    CostWhole w;
     cost_whole(&w, &c, &o, 0);
     EXPECT(w.holes == 0, "holes under --grad-memory separate: %.0f", w.holes);
     o.grad_memory = GRADMEM_SHARED;

@@ -14,7 +14,8 @@
 # block is 3 x 4 x 192 x 32 floats, its hole 36,864 floats (0.14 MiB); at 2 x 16 tokens the next layer's
 # activations take ~190 KB with their SwiGLU rows (64 x 3 x 192 floats, 147 KB alone), more than the packed
 # half's 144 KB, and ~46 KB without them (--recompute moe), and the head's (32 x 256 logits and two rows of
-# d) ~40 KB (test_cost.c check_holes counts them): so 1 of 3 layers without recompute, 3 of 3 with it (the memory they save is the GPU's: on the cpu
+# d) ~40 KB (test_cost.c check_holes counts them): so 1 of 3 layers without recompute, 3 of 3 with it, 2 of 3
+# with --recompute-layers 2 (layer 2 keeps its rows in block 1) (the memory they save is the GPU's: on the cpu
 # an untouched page takes none either way). Also: peak memory falls by about the lent gradients (a model
 # whose expert gradients are large), and a bad value is refused.
 set -u
@@ -59,6 +60,7 @@ done <<< "1||one process
 1|--precision bf16 --recompute full --family qwen2_moe --n-shared-experts 1 --shared-d-ff 40 --shared-gate 1|bf16 packed, recompute full, a shared expert
 1|--precision bf16 --d-ff 192 --batch 2 --recompute moe|bf16 packed, --recompute moe: every block keeps its packed half|3 of 3 layers (0.42
 1|--precision bf16 --d-ff 192 --batch 2|bf16 packed: only the last layer's block (the head's) keeps its packed half|1 of 3 layers (0.14
+1|--precision bf16 --d-ff 192 --batch 2 --recompute moe --recompute-layers 2|bf16 packed, --recompute-layers 2: the blocks of layer 1's rows and the head's|2 of 3 layers (0.28
 2|--zero 2 --overlap 1 --bucket-mb 0.01|dp2, ZeRO-2, overlapped buckets
 4|--tp 2 --ep 2 --a2a-overlap 2|tp2+ep2, r 2
 4|--ep 2 --etp 2 --expert-mode gathered|ep2+etp2 gathered"

@@ -228,6 +228,9 @@ const Opt opts[] = {
     {"recompute", O_RECOMPUTE, TO(recompute), C_TRAIN | C_INFO,
      "activations not kept but computed again in backward: attn (attention output), moe (the experts' SwiGLU "
      "rows, the largest), full (both); the same gradients bit for bit, less memory, more compute"},
+    {"recompute-layers", O_INT, TO(recompute_layers), C_TRAIN | C_INFO,
+     "--recompute in the first this many layers only, the others keep their activations (Megatron-LM's "
+     "block method: memory for a little compute; 0: every layer)"},
     {"ampipe", O_AUTO_INT, TO(ampipe), C_TRAIN | C_INFO,
      "AMPipe: each block from attention on in this many chunks of the micro-batch, so a chunk's attention "
      "runs while another's all-to-all is in flight (1: off; auto: measured per layer with --a2a-overlap)"},

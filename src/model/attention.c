@@ -290,13 +290,13 @@ void attn_scratch_free(Model *m) {
 
 // q, k, v; the attention output and lse unless --recompute attn drops them (acts_recompute points them at
 // the shared ones); QK-norm's q, k before their norms and rstd.
-static void gqa_acts_alloc(const Model *m, AttnActs *a, Arena *A) {
+static void gqa_acts_alloc(const Model *m, AttnActs *a, Arena *A, int rc) {
     const Backend *be = m->be;
     size_t N = m->maxN, qd = (size_t)m->Hl * m->c.head_dim, kvd = (size_t)m->KVl * m->c.head_dim;
     a->q = arena_alloc(A, be, N * qd * hid_size(be));
     a->k = arena_alloc(A, be, N * kvd * hid_size(be));
     a->v = arena_alloc(A, be, N * kvd * hid_size(be));
-    if (!(m->recompute & RECOMPUTE_ATTN)) {
+    if (!(rc & RECOMPUTE_ATTN)) {
         a->att = arena_alloc(A, be, N * qd * hid_size(be));
         a->lse = arena_alloc(A, be, (size_t)m->maxB * m->Hl * m->maxT * F);
     }
@@ -308,9 +308,9 @@ static void gqa_acts_alloc(const Model *m, AttnActs *a, Arena *A) {
     }
 }
 
-void attn_acts_recompute(Model *m, AttnActs *a, Arena *A) {
+void attn_acts_recompute(Model *m, AttnActs *a, Arena *A, int rc) {
     const Backend *be = m->be;
-    int attn = (m->recompute & RECOMPUTE_ATTN) != 0, H, KV, hd;
+    int attn = (rc & RECOMPUTE_ATTN) != 0, H, KV, hd;
     attn_op_shape(m, &H, &KV, &hd);
     if (attn && !m->attn.att_rc) {
         m->attn.att_rc = be->alloc((size_t)m->maxN * H * hd * hid_size(be));

@@ -31,10 +31,11 @@ typedef struct AttnVariant {
     void (*scratch_init)(Model *m);
     void (*scratch_free)(Model *m);
     // A layer's activations for maxB x maxT rows, carved from A (arena.h: the lent memory where it fits).
-    void (*acts_alloc)(const Model *m, AttnActs *a, Arena *A);
+    // rc: the layer's RECOMPUTE_* bits (model_access.h model_layer_recompute).
+    void (*acts_alloc)(const Model *m, AttnActs *a, Arena *A, int rc);
     // m->recompute's RECOMPUTE_ATTN: the dropped activations point at the model's shared copy (allocated at
     // the first use), or the layer's own again.
-    void (*acts_recompute)(Model *m, AttnActs *a, Arena *A);
+    void (*acts_recompute)(Model *m, AttnActs *a, Arena *A, int rc);
     void (*acts_free)(const Model *m, AttnActs *a, const Arena *A);
     // Forward of layer l over B x T rows: fwd_in from the normed input xn (the whole micro-batch), then
     // for row ranges [r0, r1) covering it in order, fwd_rows (the attention of those query rows) and
@@ -76,7 +77,7 @@ static inline int attn_op_hv(const Model *m) { return config_mla(&m->c) ? m->c.v
 void attn_op_rows(const Model *m, int l, AttnActs *a, int T, int r0, int r1);
 void attn_op_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1);
 void attn_bwd_begin(Model *m, int l, AttnActs *a, int B, int T);
-void attn_acts_recompute(Model *m, AttnActs *a, Arena *A);
+void attn_acts_recompute(Model *m, AttnActs *a, Arena *A, int rc);
 void attn_acts_free(const Model *m, AttnActs *a, const Arena *A);
 void attn_scratch_free(Model *m);
 

@@ -220,14 +220,14 @@ static void mla_scratch_init(Model *m) {
 
 // q, k, v (padded), the attention output and lse unless --recompute attn drops them (attn_acts_recompute),
 // the compressions before and after their norms with their rstd, o_proj's input.
-static void mla_acts_alloc(const Model *m, AttnActs *a, Arena *A) {
+static void mla_acts_alloc(const Model *m, AttnActs *a, Arena *A, int rc) {
     const Backend *be = m->be;
     Dims D = dims(m);
     size_t N = m->maxN, qd = (size_t)D.H * D.hq, hs = hid_size(be);
     a->q = arena_alloc(A, be, N * qd * hs);
     a->k = arena_alloc(A, be, N * qd * hs);
     a->v = arena_alloc(A, be, N * qd * hs);
-    if (!(m->recompute & RECOMPUTE_ATTN)) {
+    if (!(rc & RECOMPUTE_ATTN)) {
         a->att = arena_alloc(A, be, N * qd * hs);
         a->lse = arena_alloc(A, be, (size_t)m->maxB * D.H * m->maxT * F);
     }

@@ -40,6 +40,12 @@ static inline float *model_expert_dw(const Model *m, ParamRole role, int l) {
     return m->grads + b0 + (o - b0) / 2;
 }
 
+// Layer l's RECOMPUTE_* bits (model_state.h model_set_recompute): the model's in its first recompute_layers
+// layers (every layer where 0), none in the others.
+static inline int model_layer_recompute(const Model *m, int l) {
+    return !m->recompute_layers || l < m->recompute_layers ? m->recompute : 0;
+}
+
 // Layer l's MoE weights in base (the routing bias and the shared expert where the config has them; a dense
 // layer's MLP as sh_w1, sh_w3, sh_w2 and nothing else).
 static inline void model_moe_weights(const Model *m, float *base, int l, MoeWeights *w) {

@@ -41,28 +41,31 @@ static void chunk_moes(Model *m, LayerActs *a, int n) {
     for (int i = 0; i < n; i++) {
         moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
         a->mc[i].layer = a->moe.layer;
-        if (m->recompute & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
+        if (model_layer_recompute(m, a->moe.layer) & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
         a->mc[i].arena = &a->arena;
     }
     a->nmc = n;
 }
 
-// One layer's activations under m->recompute: the attention's dropped ones its own or the shared ones
-// (the variant's); its MoE states' SwiGLU rows kept or shared.
-static void layer_recompute(Model *m, LayerActs *a) {
-    m->attv->acts_recompute(m, &a->attn, &a->arena);
-    MoeRecompute *rc = m->recompute & RECOMPUTE_MOE ? &m->rc : NULL;
+// Layer l's activations under its recompute bits (model_layer_recompute): the attention's dropped ones its
+// own or the shared ones (the variant's); its MoE states' SwiGLU rows kept or shared.
+static void layer_recompute(Model *m, LayerActs *a, int l) {
+    int bits = model_layer_recompute(m, l);
+    m->attv->acts_recompute(m, &a->attn, &a->arena, bits);
+    MoeRecompute *rc = bits & RECOMPUTE_MOE ? &m->rc : NULL;
     moe_set_recompute(&a->moe, rc);
     for (int i = 0; i < a->nmc; i++) moe_set_recompute(&a->mc[i], rc);
 }
 
-void model_set_recompute(Model *m, int mode) {
-    CHECK(mode >= RECOMPUTE_NONE && mode <= RECOMPUTE_FULL, "model_set_recompute: %d", mode);
+void model_set_recompute(Model *m, int mode, int layers) {
+    CHECK(mode >= RECOMPUTE_NONE && mode <= RECOMPUTE_FULL && layers >= 0,
+          "model_set_recompute: %d, %d layers", mode, layers);
     m->recompute = mode;
+    m->recompute_layers = layers;
     for (int k = 0; k < m->nchunks; k++)
         for (int i = 0; i < m->nslots[k]; i++)
             for (int l = m->chunk[k].l0; l < model_chunk_end(m, k); l++)
-                layer_recompute(m, &m->slots[k][i].la[l]);
+                layer_recompute(m, &m->slots[k][i].la[l], l);
 }
 
 
@@ -115,14 +118,14 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->res_in = arena_alloc(A, be, N * d * F);
         a->xn1 = arena_alloc(A, be, N * d * hid_size(be));
         a->rstd1 = arena_alloc(A, be, N * F);
-        m->attv->acts_alloc(m, &a->attn, A); // (--recompute attn: its shared ones, layer_recompute below)
+        m->attv->acts_alloc(m, &a->attn, A, model_layer_recompute(m, l)); // (shared: layer_recompute below)
         a->x_mid = arena_alloc(A, be, N * d * F);
         a->xn2 = arena_alloc(A, be, N * d * F);
         a->rstd2 = arena_alloc(A, be, N * F);
         if (config_layer_dense(c, l)) moe_dense_init(&a->moe, be, c, m->maxN, &cm);
         else moe_layer_init(&a->moe, be, c, m->maxN, &cm);
         a->moe.layer = l;
-        if (m->recompute) layer_recompute(m, a);
+        if (model_layer_recompute(m, l)) layer_recompute(m, a, l);
         A->mark = A->used; // the MoE's rows from here (again after each change of AMPipe chunks)
         a->moe.arena = A;
         a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts; // aux scope global: the step's sums

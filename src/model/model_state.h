@@ -78,8 +78,10 @@ void model_set_expert_mode(Model *m, int l, int mode);
 // act; moe.h MoeRecompute), RECOMPUTE_ATTN the attention output and its log-sum-exp, from what each layer
 // keeps; the backward computes them again from the kept inputs (q, k, v; the expert rows) with the same
 // kernels, so the gradients are the same bits as keeping them. Memory: one layer's worth instead of
-// every layer's; time: those forwards once more. Set before forwards, not between one and its backward.
-void model_set_recompute(Model *m, int mode);
+// every layer's; time: those forwards once more. layers > 0: only the first `layers` layers (of the model's
+// order, the MTP modules' blocks after them) recompute, the others keep theirs (Megatron-LM's block method;
+// 0: every layer). Set before forwards, not between one and its backward.
+void model_set_recompute(Model *m, int mode, int layers);
 // AMPipe: the training forwards (dloss != 0) run each block from attention on in n chunks of the
 // micro-batch's rows (chunk j: rows [R_j, R_j+1), R_j = N j / n of the (b, t) order: pieces of
 // sequences), so that chunk j's MoE exchange is in flight while chunk j+1's attention runs. Chunk j's

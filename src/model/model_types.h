@@ -201,6 +201,7 @@ typedef struct Model {
                               // rest a hole of Backend.alloc_holes: model_share_grads)
     int dw_sumsq; // model_set_dw_sumsq
     int recompute; // RECOMPUTE_* bits (model_set_recompute)
+    int recompute_layers; // the layers [0, recompute_layers) recompute (0: every layer)
     MoeRecompute rc; // --recompute moe: every layer's experts' SwiGLU rows, shared
     int moe_timing; // 1: time each block's forward from attention on and its MoE's backward
                     // (synchronised) into moe_time

@@ -3,6 +3,7 @@
 // optimizer state of each rank's slices, and the bytes each collective of a step sends.
 // Must not hold: printing (train/info.c), running a schedule or a model.
 #include "train/cost.h"
+#include "train/cost_acts.h"
 #include <math.h>
 #include <string.h>
 #include "core/common.h"
@@ -24,34 +25,6 @@ static double mla_macs(const ModelConfig *c) {
     double qr = c->q_lora_rank, kvr = c->kv_lora_rank;
     return (double)mla_params(c) - (qr ? qr : 0) - kvr; // (less the norms' weights)
 }
-// The attention op's head width (latent attention: qk_nope + qk_rope, the values padded to it), and the
-// widths per token of its q (and output) and its k (and v) on a rank of a TP group of tp (GQA's as the
-// formulas always took them: H hd / tp, KV hd / tp).
-static size_t att_hd(const ModelConfig *c) {
-    return config_mla(c) ? (size_t)config_qk_head_dim(c) : (size_t)c->head_dim;
-}
-static size_t att_qd(const ModelConfig *c, int tp) { return (size_t)c->n_heads * att_hd(c) / tp; }
-size_t cost_att_qd(const ModelConfig *c, int tp) { return att_qd(c, tp); }
-static size_t att_kvd(const ModelConfig *c, int tp) {
-    return (size_t)(config_mla(c) ? c->n_heads : c->n_kv_heads) * att_hd(c) / tp;
-}
-size_t cost_att_kvd(const ModelConfig *c, int tp) { return att_kvd(c, tp); }
-// Latent attention's other activations per token on a rank (floats; 0 for GQA): kept (q_a's output
-// before and after its norm, the latent's, their rstd, o_proj's input: hid, the ones in the hidden format
-// among them), and the backward's scratch (kv_b's output, the rope key, the compressions' gradients before
-// and after their norms, o_proj's input gradient).
-static size_t mla_kept(const ModelConfig *c, int tp, int hid) {
-    if (!config_mla(c)) return 0;
-    size_t qr = c->q_lora_rank, kvr = c->kv_lora_rank, ao = (size_t)c->n_heads / tp * c->v_head_dim;
-    return hid ? qr + kvr + ao : 2 * qr + 2 * kvr + 2 + ao;
-}
-static size_t mla_scratch(const ModelConfig *c, int tp) {
-    if (!config_mla(c)) return 0;
-    size_t Hl = (size_t)c->n_heads / tp;
-    return Hl * (c->qk_nope_head_dim + c->v_head_dim) + c->qk_rope_head_dim + 2 * (size_t)c->kv_lora_rank +
-        2 * (size_t)c->q_lora_rank + Hl * c->v_head_dim;
-}
-
 void cost_params(CostParams *p, const ModelConfig *c) {
     size_t d = c->d_model, hd = c->head_dim, H = c->n_heads, KV = c->n_kv_heads, f = c->d_ff,
            E = c->n_experts, k = c->top_k;
@@ -101,157 +74,6 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
 
 // The MoE exchange is local (no copies of the rows: the experts read the dispatched rows xs and the
 // combine their outputs yg in place) when the rank's EP and ETP groups are of one.
-static int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && ms->etp == 1); }
-
-// Activation bytes of one layer on one rank of a mesh (ms; NULL: one process) running B sequences of T
-// tokens: the float32 buffers the forward keeps for the backward: four rows of d a token (model_state.c
-// slot_alloc: the layer's input res_in, the attention norm's output xn1, the residual after attention x_mid,
-// the MoE norm's output xn2; not the MoE output: the model's one buffer, acts_scratch) and the two norms'
-// rstd, its heads (TP), its slice of the router's rows (N/TP) and their dispatched copies (xs; ys and the
-// expert side's xg where the exchange is not local), and the expert rows it computes (its ETP group's, k per
-// routed token: the mean over a balanced load: yg and the SwiGLU rows); the shared expert's rows (h1, h3,
-// act of its width, its input rows, its output and gate) on the router's slice.
-static double acts_layer(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int dense) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
-    size_t N = B * T, d = c->d_model, qd = att_qd(c, tp), kvd = att_kvd(c, tp), Ns = (N + tp - 1) / tp,
-           mk = mla_kept(c, tp, 0);
-    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp, k = c->top_k;
-    // the families' buffers: q, k before their norms and the norms' rstd; the shared expert's
-    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
-    size_t qk = !c->qk_norm ? 0 : qd + kvd + (c->qk_norm == QK_NORM_HEAD ? (qd + kvd) / c->head_dim : 2);
-    if (dense) // a dense layer: the attention's and the norms', its MLP's rows as the shared expert's
-        return 4.0 *
-            (N * (4 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + B * (c->n_heads / tp) * T +
-             Ns * (3 * (size_t)c->dense_d_ff + 2 * d + 1));
-    return 4.0 *
-        (N * (4 * d + 2 * qd + 2 * kvd + 2 + qk + mk) + Ns * (c->n_experts + (lo ? 1 : 2) * k * d) +
-         Re * ((lo ? 1 : 2) * d + 3 * fl) + B * (c->n_heads / tp) * T + (fs ? Ns * (3 * fs + 2 * d + 1) : 0));
-}
-// The rows of one layer kept for the backward in the hidden format besides the SwiGLU rows (the attention
-// norm's output xn1; q, k, v after RoPE and the attention output, unless --recompute attn (rc) drops it; the
-// rows sent to the experts: xs, xg where the exchange is not local, the shared expert's input), as float32:
-// a backend with bf16 rows (ops.h Backend.hid) halves them.
-static double acts_hid_rows(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
-    size_t N = B * T, Ns = (N + tp - 1) / tp, d = c->d_model, Re = (size_t)etp * Ns * c->top_k;
-    size_t qd = config_mla(c) ? att_qd(c, tp) : (size_t)c->n_heads / tp * c->head_dim,
-           qkv = config_mla(c) ? qd + 2 * att_kvd(c, tp) + mla_kept(c, tp, 1)
-                               : qd + (size_t)2 * c->n_kv_heads / tp * c->head_dim;
-    return 4.0 *
-        (N * d + N * (qkv + (rc & RECOMPUTE_ATTN ? 0 : qd)) + Ns * c->top_k * d +
-         (local_exchange(ms) ? 0 : Re * d) + (c->n_shared_experts ? Ns * d : 0));
-}
-// The experts' SwiGLU rows (h1, h3, act) of one layer, as float32: the routed experts' (shared 0) or
-// the shared expert's (shared 1). A backend with bf16 hidden rows (ops.h Backend.hid) halves them.
-static double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int shared) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
-    size_t Ns = (B * T + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
-    return shared ? 4.0 * Ns * 3 * c->n_shared_experts * c->shared_d_ff : 4.0 * Re * 3 * fl;
-}
-// The part of a layer's activations --recompute drops (rc: RECOMPUTE_* bits): the experts' SwiGLU rows (moe),
-// the attention output and lse (attn). One layer's worth stays (the shared buffers).
-static double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
-    int tp = ms ? ms->tp : 1;
-    size_t N = B * T, qd = att_qd(c, tp);
-    return (rc & RECOMPUTE_MOE ? acts_hidden(c, ms, B, T, 0) : 0) +
-        4.0 * (rc & RECOMPUTE_ATTN ? N * qd + B * (c->n_heads / tp) * T : 0);
-}
-// Of inst layer instances' activations (kept: those that keep their SwiGLU rows) and the backward's
-// scratch, the bytes sized by the rows the rank's experts receive (Re): the dispatched and returned rows
-// (xg in the hidden format of hb bytes a value (ops.h Backend.hid), yg float32; their dxg, dy copies) and
-// the SwiGLU rows (hidden format); 0 where the exchange is local (one rank computes every row it routes,
-// whatever the routing).
-static double acts_routed(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int inst, int kept,
-                          double hb) {
-    if (local_exchange(ms)) return 0;
-    size_t Ns = (B * T + ms->tp - 1) / ms->tp, Re = (size_t)ms->etp * Ns * c->top_k,
-           fl = (size_t)c->d_ff / ms->etp, d = c->d_model;
-    return inst * (4.0 + hb) * Re * d + kept * hb * Re * 3 * fl + (4.0 + hb) * Re * d + hb * 2 * Re * fl;
-}
-// The activations of layers [l0, l1) under --recompute rc (a dense layer's MLP rows are kept).
-static double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int l0, int l1,
-                          int rc) {
-    double a = 0;
-    for (int l = l0; l < l1; l++) a += acts_layer(c, ms, B, T, config_layer_dense(c, l));
-    int L = l1 - l0;
-    return a - (L > 1 ? (L - 1) * acts_dropped(c, ms, B, T, rc) : 0);
-}
-// The backward's scratch on one rank (one set, whatever the layers), rows in the hidden format of hb bytes a
-// value (ops.h Backend.hid): the model's gradients of the residual stream, the norms' outputs, q, k, v and
-// the attention output (and of q, k before QK-norm), the forward's MoE output (model.h moe_out); the MoE
-// layer's (moe.h MoeScratch, sized for the whole micro-batch): dy rows (hidden format), dx (token side, my
-// slice of the jittered input: TP; counted always), dlogits, the expert side's dxg and dh1, dh3 (and the dy,
-// dx copies where the exchange is not local), the shared expert's.
-static double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, double hb) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1, lo = local_exchange(ms);
-    size_t N = B * T, d = c->d_model, qd = att_qd(c, tp), kvd = att_kvd(c, tp), Ns = (N + tp - 1) / tp,
-           R = N * c->top_k;
-    size_t Re = (size_t)etp * Ns * c->top_k, fl = (size_t)c->d_ff / etp;
-    size_t fs = (size_t)c->n_shared_experts * c->shared_d_ff;
-    double model = 4.0 * N * (3 * d + 2 * qd + 2 * kvd + (c->qk_norm ? qd + kvd : 0) + mla_scratch(c, tp));
-    double moe = 4.0 * (N * d + N * c->n_experts + R + Re * d + (lo ? 0 : R * d)) +
-        hb * (R * d + (lo ? 0 : Re * d)) + hb * 2 * Re * fl + (fs ? 4.0 * N + hb * N * (d + 2 * fs) : 0);
-    return model + moe;
-}
-// Of acts_scratch, the bytes the cuda backend's lean MoE scratch does without (moe.h moe_scratch_init; none
-// under MOE_ACT_MEM_OLD=1): the experts' input gradient dxg (Re rows of d float32: written into the layer's
-// yg), the TP slice's dx (N rows of d float32: allocated only where TP > 1), the forward's MoE output (N
-// rows of d float32: in dxn) and, without an FP8 table (fp8 0), the bf16 dh1 and dh3 (Re rows of fl each:
-// over h1 and h3) and the shared expert's (N rows of fs each). rows: only the part sized by the rows the
-// rank's experts receive (acts_routed's dxg and dh1, dh3; 0 where the exchange is local).
-static double acts_lean(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int fp8, int rows) {
-    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
-    size_t N = B * T, d = c->d_model, Ns = (N + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k,
-           fl = (size_t)c->d_ff / etp, fs = (size_t)c->n_shared_experts * c->shared_d_ff;
-    if (moe_act_mem_old() || (rows && local_exchange(ms))) return 0;
-    double expert = 4.0 * Re * d + (fp8 ? 0 : 2.0 * 2 * Re * fl);
-    return rows ? expert : expert + 4.0 * N * d * (tp == 1) + 4.0 * N * d + (fp8 ? 0 : 2.0 * N * 2 * fs);
-}
-// The activations of the final norm and LM head.
-static double acts_head(const ModelConfig *c, size_t N) {
-    return 4.0 * N * (2.0 * c->d_model + c->vocab_size);
-}
-// The MTP modules' activations (model_types.h MtpActs and their blocks' LayerActs, on the last stage) and
-// their model-wide scratch (MtpScratch: split, dcat, dh, demb); 0 without modules.
-static double acts_mtp(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
-    size_t N = B * T, d = c->d_model;
-    if (!c->mtp_depth) return 0;
-    return c->mtp_depth * (acts_layer(c, ms, B, T, 0) + 4.0 * N * (5 * d + c->vocab_size + 5)) +
-        4.0 * N * 6 * d;
-}
-// The bytes a backend with bf16 rows (ops.h Backend.hid FMT_BF16) saves in one layer that keeps its
-// activations under
-// --recompute rc: half of the SwiGLU rows it keeps (the routed ones unless rc drops them) and of
-// acts_hid_rows.
-static double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc) {
-    return 0.5 *
-        ((rc & RECOMPUTE_MOE ? 0 : acts_hidden(c, ms, B, T, 0)) + acts_hidden(c, ms, B, T, 1) +
-         acts_hid_rows(c, ms, B, T, rc));
-}
-// --grad-memory shared (with --grad-accum 1 and no --pp: model.h model_share_grads): the activation bytes
-// that live in the expert gradients' memory on one rank (about: a buffer that does not fit whole goes to the
-// allocator, where this counts the part that would fit): each layer's but the first, up to the previous
-// layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows, where
-// the lean MoE scratch (moe.h moe_scratch_init) also lends layer 0 the embedding's gradient (model_state.c).
-static double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
-                        int hid) {
-    int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
-    if (o->grad_memory != GRADMEM_SHARED || o->grad_accum != 1 || pp > 1) return 0;
-    double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model;
-    double la = acts_layer(c, ms, B, T, 0) - acts_dropped(c, ms, B, T, o->recompute);
-    if (hid) la -= acts_hid_saved(c, ms, B, T, o->recompute);
-    double emb = hid && !moe_act_mem_old() ? fmin(la, 4.0 * c->vocab_size * c->d_model) : 0;
-    return (c->n_layers - 1) * fmin(la, g) + fmin(acts_head(c, B * T), g) + emb;
-}
-// The expert gradients' bytes a backend with holes leaves out (ops.h alloc_holes; model_share_grads): where
-// they are packed, half of each block whose lent activations (acts_lent's) fit in that half.
-static double grads_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t T, int hid) {
-    if (!acts_lent(c, NULL, o, B, T, hid) || train_expert_grads(o, 0) != OPTG_PACKED) return 0;
-    double h = 6.0 * c->n_experts * c->d_ff * c->d_model, // (a block's packed half: 2 bytes an element)
-        la = acts_layer(c, NULL, B, T, 0) - acts_dropped(c, NULL, B, T, o->recompute) -
-        hid * acts_hid_saved(c, NULL, B, T, o->recompute);
-    return (la <= h ? (c->n_layers - 1) * h : 0) + (acts_head(c, B * T) <= h ? h : 0);
-}
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 and fp8-bf16 (dist.c
 // dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return prec_bf16_storage(o->precision) ? 2.0 : 4.0; }
@@ -463,6 +285,12 @@ static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
     return kept + single + pairs;
 }
 
+// Of inst layer instances, irc of them recomputing, those that keep their SwiGLU rows (the shared copy counts
+// as one).
+static int kept_rows(const TrainOptions *o, int inst, int irc) {
+    return o->recompute & RECOMPUTE_MOE ? inst - irc + (irc > 0) : inst;
+}
+
 // The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh
 // holding inst layer instances' activations of B sequences of T tokens (one per layer; with pipeline stages,
 // each live micro-batch's), np parameters (its slices), the LM head where head, and held bytes in the
@@ -474,14 +302,14 @@ static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
 // the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
 // fp8 the FP8 table's two (cuda_fp8_scratch) and the weight codes it keeps (cuda_fp8_kept: of the layers and
 // experts the rank holds: fp8_kept, the caller's), less the backward scratch the lean MoE scratch does
-// without (acts_lean).
+// without (acts_lean). irc of the inst instances recompute (--recompute-layers).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
-                        size_t B, size_t T, int inst, double np, double held, int meshed, int head,
+                        size_t B, size_t T, int inst, int irc, double np, double held, int meshed, int head,
                         double fp8_kept) {
     int tp = ms ? ms->tp : 1, rc = o->recompute;
     size_t N = B * T, Ns = (N + tp - 1) / tp;
-    k->hid = inst * acts_hid_saved(c, ms, B, T, rc) +
-        (rc & RECOMPUTE_MOE ? 0.5 * acts_hidden(c, ms, B, T, 0) : 0) + // (the one shared copy)
+    k->hid = irc * acts_hid_saved(c, ms, B, T, rc) + (inst - irc) * acts_hid_saved(c, ms, B, T, 0) +
+        (irc && (rc & RECOMPUTE_MOE) ? 0.5 * acts_hidden(c, ms, B, T, 0) : 0) + // (the one shared copy)
         (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
     k->shadow = 2.0 * np;
     k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
@@ -494,8 +322,7 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->lent = acts_lent(c, ms, o, B, T, 1);
     k->lean = acts_lean(c, ms, B, T, fp8, 0);
     k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone - k->lean;
-    k->routed =
-        acts_routed(c, ms, B, T, inst, rc & RECOMPUTE_MOE ? 1 : inst, 2) - acts_lean(c, ms, B, T, fp8, 1);
+    k->routed = acts_routed(c, ms, B, T, inst, kept_rows(o, inst, irc), 2) - acts_lean(c, ms, B, T, fp8, 1);
 }
 
 void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed) {
@@ -507,14 +334,15 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     // in their float32 buffer, holding bf16 values)
     w->state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T;
-    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o->recompute) + acts_head(c, N) +
+    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o) + acts_head(c, N) +
         acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) + acts_mtp(c, NULL, (size_t)B, (size_t)T);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
     w->holes = meshed ? 0 : grads_holes(c, o, (size_t)B, (size_t)T, 0); // (packed: one process)
     w->total = w->state + w->acts - w->lent - w->holes;
-    cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, (double)np, w->state + w->acts,
-                meshed, 1, prec_fp8(o->precision) ? cuda_fp8_kept(c, NULL) : 0);
+    cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, rc_count(o, 0, c->n_layers),
+                (double)np, w->state + w->acts, meshed, 1,
+                prec_fp8(o->precision) ? cuda_fp8_kept(c, NULL) : 0);
 }
 
 // A rank of a mesh without pipeline stages (ct: its slices): one micro-batch's activations.
@@ -524,9 +352,8 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     const ParamTable *lt = ct->t;
     int T = o->seq_len, Bl = m->Bl;
     double mom = moment_elems(lt, ms, o);
-    double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o->recompute) +
-        acts_head(c, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) +
-        acts_mtp(c, ms, (size_t)Bl, (size_t)T);
+    double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o) + acts_head(c, (size_t)Bl * T) +
+        acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) + acts_mtp(c, ms, (size_t)Bl, (size_t)T);
     double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
@@ -534,15 +361,15 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     r->lent = rl;
     r->holes = ms->world == 1 ? grads_holes(c, o, (size_t)Bl, (size_t)T, 0) : 0; // (packed: one process)
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl - r->holes;
-    int L = c->n_layers;
-    r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, o->recompute & RECOMPUTE_MOE ? 1 : L, 4);
-    cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, (double)lt->ltotal,
+    int L = c->n_layers, irc = rc_count(o, 0, L);
+    r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, kept_rows(o, L, irc), 4);
+    cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, irc, (double)lt->ltotal,
                 8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1, ct->fp8_kept);
 }
 
 // A rank of pipeline stage s (ct: its slices): each chunk's live micro-batches x its layers (+ the head's
-// on the last virtual stage); with --recompute every (micro-batch, layer) but one drops its rows (the
-// rank's shared buffers); the backward's scratch once.
+// on the last virtual stage); with --recompute every recomputing (micro-batch, layer) but one drops its rows
+// (the rank's shared buffers); the backward's scratch once.
 static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions *o, const CostMesh *m, int s,
                          const CostTable *ct) {
     const MeshShape *ms = &m->ms;
@@ -550,24 +377,25 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     const int *first = m->sp.first;
     size_t Bl = (size_t)m->Bl, T = (size_t)o->seq_len;
     double mom = moment_elems(lt, ms, o), acts = 0;
-    int inst = 0, head = 0;
+    int inst = 0, irc = 0, head = 0;
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * ms->pp + s, live = m->stage[s].live[ch];
         inst += live * (first[v + 1] - first[v]);
+        irc += live * rc_count(o, first[v], first[v + 1]);
         head |= v == ms->pp * m->vpp - 1;
         acts += live *
-            (acts_layers(c, ms, Bl, T, first[v], first[v + 1], 0) +
+            (acts_layers(c, ms, Bl, T, first[v], first[v + 1], NULL) +
              (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) + acts_mtp(c, ms, Bl, T) : 0));
     }
-    if (inst > 1) acts -= (inst - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
+    if (irc > 1) acts -= (irc - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
     acts += acts_scratch(c, ms, Bl, T, 4);
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
     r->acts = acts;
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
-    r->routed = acts_routed(c, ms, Bl, T, inst, o->recompute & RECOMPUTE_MOE ? 1 : inst, 4);
-    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, (double)lt->ltotal, r->total, ms->world > 1, head,
+    r->routed = acts_routed(c, ms, Bl, T, inst, kept_rows(o, inst, irc), 4);
+    cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, irc, (double)lt->ltotal, r->total, ms->world > 1, head,
                 ct->fp8_kept);
 }
 

@@ -67,6 +67,12 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (!(o->min_lr_frac >= 0 && o->min_lr_frac <= 1))
         BAD("--min-lr-frac must be in [0, 1] (got %g)", o->min_lr_frac);
     if (o->warmup < 0) BAD("--warmup must be >= 0 (got %d)", o->warmup);
+    if (o->recompute_layers < 0 || o->recompute_layers > c->n_layers)
+        BAD("--recompute-layers must be in [0, %d] (the model's layers; 0: every layer), got %d", c->n_layers,
+            o->recompute_layers);
+    if (o->recompute_layers && !o->recompute)
+        BAD("--recompute-layers %d without --recompute attn|moe|full (nothing to recompute)",
+            o->recompute_layers);
     if (!(o->weight_decay >= 0 && isfinite(o->weight_decay)))
         BAD("--weight-decay must be >= 0 and finite (got %g)", o->weight_decay);
     if (!(o->beta1 >= 0 && o->beta1 < 1)) BAD("--beta1 must be in [0, 1) (got %g)", o->beta1);

@@ -43,6 +43,7 @@ typedef struct {
     int a2a_overlap; // the MoE exchange pipelined over this many chunks (1, 2, 4, 8); 0 = auto
     int upcycle; // --init-from a dense Llama/Mistral directory: each MLP into this many experts (0: off)
     int recompute; // RECOMPUTE_* (model.h): activations computed again in backward instead of kept
+    int recompute_layers; // only the first this many layers recompute (0: every layer)
     int ampipe; // AMPipe: each block from attention on in this many chunks (1, 2, 4, 8); 0 = auto
     int a2a_hier; // the EP all-to-all two-level over nodes of this many EP ranks: -1 auto, 0 off
     int expert_mode; // MoE layers with ETP > 1: 0 sharded, 1 gathered, -1 auto (measured)

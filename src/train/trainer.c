@@ -349,7 +349,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
         !(e && !strcmp(e, "0"));
     model_set_dw_sumsq(&r->m, ledger);
     if (o->recompute)
-        model_set_recompute(&r->m, o->recompute); // (before step_init's slots: they keep no dropped buffer)
+        model_set_recompute(&r->m, o->recompute, o->recompute_layers); // (before step_init's slots)
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
     // the activations' own buffers are freed before the moments take their memory
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);
