@@ -72,8 +72,6 @@ double cost_flops(CostFlops *f, const ModelConfig *c, int T) {
     return x.train;
 }
 
-// The MoE exchange is local (no copies of the rows: the experts read the dispatched rows xs and the
-// combine their outputs yg in place) when the rank's EP and ETP groups are of one.
 // Bytes per AdamW moment element: float32, or bf16 under --precision bf16 and fp8-bf16 (dist.c
 // dist_moment_bytes).
 static double moment_bytes(const TrainOptions *o) { return prec_bf16_storage(o->precision) ? 2.0 : 4.0; }

@@ -36,6 +36,8 @@ size_t mla_scratch(const ModelConfig *c, int tp) {
         2 * (size_t)c->q_lora_rank + Hl * c->v_head_dim;
 }
 
+// The MoE exchange is local (no copies of the rows: the experts read the dispatched rows xs and the
+// combine their outputs yg in place) when the rank's EP and ETP groups are of one.
 int local_exchange(const MeshShape *ms) { return !ms || (ms->ep == 1 && ms->etp == 1); }
 
 // Activation bytes of one layer on one rank of a mesh (ms; NULL: one process) running B sequences of T
