@@ -258,9 +258,9 @@ static void check_layer_acts(void) {
            w2.acts - w1.acts, want);
 }
 
-// The packed expert gradients' holes (model_share_grads; cost.c grads_holes), by hand: d 32, 4 heads of 8 (2
-// kv), 4 experts of f 192, 3 layers, --precision bf16 at 2 x 16 tokens, one process: a layer's block is 3 x 4
-// x 192 x 32 = 73,728 floats, its hole the float32 bytes past the packed half, 36,864 floats = 147,456
+// The packed expert gradients' holes (model_share_grads; cost_acts.c acts_holes), by hand: d 32, 4 heads of 8
+// (2 kv), 4 experts of f 192, 3 layers, --precision bf16 at 2 x 16 tokens, one process: a layer's block is 3
+// x 4 x 192 x 32 = 73,728 floats, its hole the float32 bytes past the packed half, 36,864 floats = 147,456
 // bytes. The next layer's activations (float32, the cpu's: 32 tokens x (4 d + 2 x 32 + 2 x 16 + 2) = 7,232,
 // the router's 32 x (4 + 2 x 32) = 2,176, the expert rows 64 x (32 + 3 x 192) = 38,912, lse 2 x 4 x 16 =
 // 128: 48,448 floats) take 193,792 bytes with their SwiGLU rows, more than 147,456, and 46,336 without them

@@ -336,7 +336,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
         acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) + acts_mtp(c, NULL, (size_t)B, (size_t)T);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
-    w->holes = meshed ? 0 : grads_holes(c, o, (size_t)B, (size_t)T, 0); // (packed: one process)
+    w->holes = meshed ? 0 : acts_holes(c, o, (size_t)B, (size_t)T, 0); // (packed: one process)
     w->total = w->state + w->acts - w->lent - w->holes;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, rc_count(o, 0, c->n_layers),
                 (double)np, w->state + w->acts, meshed, 1,
@@ -357,7 +357,7 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     r->moments = moment_bytes(o) * mom;
     r->acts = ra;
     r->lent = rl;
-    r->holes = ms->world == 1 ? grads_holes(c, o, (size_t)Bl, (size_t)T, 0) : 0; // (packed: one process)
+    r->holes = ms->world == 1 ? acts_holes(c, o, (size_t)Bl, (size_t)T, 0) : 0; // (packed: one process)
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl - r->holes;
     int L = c->n_layers, irc = rc_count(o, 0, L);
     r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, kept_rows(o, L, irc), 4);

@@ -195,7 +195,7 @@ double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *
 }
 // The expert gradients' bytes a backend with holes leaves out (ops.h alloc_holes; model_share_grads): where
 // they are packed, half of each block whose lent activations (acts_lent's) fit in that half.
-double grads_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t T, int hid) {
+double acts_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t T, int hid) {
     if (!acts_lent(c, NULL, o, B, T, hid) || train_expert_grads(o, 0) != OPTG_PACKED) return 0;
     double h = 6.0 * c->n_experts * c->d_ff * c->d_model, holes = 0; // (a block's packed half: 2 bytes each)
     for (int l = 1; l < c->n_layers; l++) { // (layer l's activations in layer l - 1's block)

@@ -30,4 +30,4 @@ double acts_mtp(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T);
 double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc);
 double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
                  int hid);
-double grads_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t T, int hid);
+double acts_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t T, int hid);
