@@ -68,9 +68,9 @@ void model_set_recompute(Model *m, int mode, int layers) {
                 layer_recompute(m, &m->slots[k][i].la[l], l);
 }
 
-
-// The bytes of layer l's routed-expert gradients (expert_block; its packed half where the rest is a hole),
-// 256-aligned, lent to an arena (model_share_grads); none where this rank holds no experts of the layer.
+// The bytes of layer l's routed-expert gradients (model_expert_block; its packed half where the rest is a
+// hole), 256-aligned, lent to an arena (model_share_grads); none where this rank holds no experts of the
+// layer.
 static Arena expert_grads_arena(const Model *m, int l) {
     Arena a = {0};
     size_t len, b0 = model_expert_block(m, l, &len);

@@ -37,7 +37,7 @@ void moe_rows_carve(MoeLayer *m) {
           m->layer);
     int R = m->Rmax;
     if (!m->xs) m->xs = arena_alloc(m->arena, m->be, (size_t)(R ? R : 1) * m->d * hid_size(m->be));
-    expert_buffers(m, R); // (the first forward's order: xs at its dispatch, then these; m->xs as moe_start's)
+    expert_buffers(m, R); // (the first forward's order: xs at its dispatch, then the expert buffers)
 }
 
 // The backward's expert-side scratch for the layer's rows (rows_cap, as its forward buffers) and its
