@@ -100,6 +100,16 @@ static inline const char *gm_dw_flags_error(int flags, int fp8) {
         return "GM_DW_SUMSQ without GM_DW_WRITE (the gradient ledger sums written blocks, not accumulations)";
     return NULL;
 }
+// The one rule on a buffer's holes (Backend.alloc_holes, alloc_bf16_params): NULL where the nhole element
+// ranges [hole[2i], hole[2i+1]) are non-empty, inside n elements, ascending and disjoint; else what is wrong.
+static inline const char *holes_error(size_t n, const size_t *hole, int nhole) {
+    if (nhole < 0) return "a negative number of holes";
+    for (int i = 0; i < nhole; i++)
+        if (!(hole[2 * i] < hole[2 * i + 1] && hole[2 * i + 1] <= n &&
+              (i == 0 || hole[2 * i] >= hole[2 * i - 1])))
+            return "a hole is empty, past the buffer's elements or not after the one before it";
+    return NULL;
+}
 
 // attention_bwd's flags: add into dq (ATT_ADD_DQ), into dk and dv (ATT_ADD_DKV); else those rows are written.
 enum { ATT_ADD_DQ = 1, ATT_ADD_DKV = 2 };

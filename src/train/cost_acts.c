@@ -178,15 +178,21 @@ double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_
 // allocator, where this counts the part that would fit): each layer's but the first, up to the previous
 // layer's expert gradients, and the head's, up to the last layer's. hid: a backend with bf16 rows, where
 // the lean MoE scratch (moe.h moe_scratch_init) also lends layer 0 the embedding's gradient (model_state.c).
+// Layer l's activations that live in the previous layer's expert gradients (--grad-memory shared): what it
+// keeps under its --recompute bits, less the hidden rows' halves where hid (a backend with bf16 rows).
+static double acts_lendable(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B,
+                            size_t T, int l, int hid) {
+    int rc = rc_of(o, l);
+    return acts_layer(c, ms, B, T, 0) - acts_dropped(c, ms, B, T, rc) -
+        (hid ? acts_hid_saved(c, ms, B, T, rc) : 0);
+}
 double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
                  int hid) {
     int ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1, pp = ms ? ms->pp : o->pp;
     if (o->grad_memory != GRADMEM_SHARED || o->grad_accum != 1 || pp > 1) return 0;
     double g = 4.0 * 3 * (c->n_experts / ep) * (double)(c->d_ff / etp) * c->d_model, lent = 0, la0 = 0;
     for (int l = 0; l < c->n_layers; l++) { // (layer l's activations lent by layer l - 1's gradients)
-        int rc = rc_of(o, l);
-        double la = acts_layer(c, ms, B, T, 0) - acts_dropped(c, ms, B, T, rc) -
-            (hid ? acts_hid_saved(c, ms, B, T, rc) : 0);
+        double la = acts_lendable(c, ms, o, B, T, l, hid);
         if (l) lent += fmin(la, g);
         else la0 = la;
     }
@@ -198,11 +204,7 @@ double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *
 double acts_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t T, int hid) {
     if (!acts_lent(c, NULL, o, B, T, hid) || train_expert_grads(o, 0) != OPTG_PACKED) return 0;
     double h = 6.0 * c->n_experts * c->d_ff * c->d_model, holes = 0; // (a block's packed half: 2 bytes each)
-    for (int l = 1; l < c->n_layers; l++) { // (layer l's activations in layer l - 1's block)
-        int rc = rc_of(o, l);
-        double la = acts_layer(c, NULL, B, T, 0) - acts_dropped(c, NULL, B, T, rc) -
-            hid * acts_hid_saved(c, NULL, B, T, rc);
-        holes += la <= h ? h : 0;
-    }
+    for (int l = 1; l < c->n_layers; l++) // (layer l's activations in layer l - 1's block)
+        holes += acts_lendable(c, NULL, o, B, T, l, hid) <= h ? h : 0;
     return holes + (acts_head(c, B * T) <= h ? h : 0);
 }

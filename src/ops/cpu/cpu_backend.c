@@ -26,13 +26,8 @@ typedef struct HoleMap {
 static HoleMap *g_holes;
 
 static float *cpu_alloc_holes(size_t n, const size_t *hole, int nh) {
-    CHECK(nh >= 0, "alloc_holes: %d holes", nh);
-    for (int i = 0; i < nh; i++)
-        CHECK(hole[2 * i] < hole[2 * i + 1] && hole[2 * i + 1] <= n &&
-                  (i == 0 || hole[2 * i] >= hole[2 * i - 1]),
-              "alloc_holes: hole %d [%zu, %zu) is empty, past the buffer's %zu elements or not after the one "
-              "before it",
-              i, hole[2 * i], hole[2 * i + 1], n);
+    const char *he = holes_error(n, hole, nh);
+    CHECK(!he, "alloc_holes: %s (%d holes in %zu elements)", he, nh, n);
     alloc_note_backend();
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), bytes = n * sizeof(float);
     if (!bytes) bytes = pg;
