@@ -10,7 +10,8 @@
 // and an all-zero tile. Also: the fp8 results are not the float32 backend's (the quantisation is on), the
 // GM_DW_WRITE / accumulate and GM_ACC_DINP forms, the non-finite count with its layer and tensor, and the
 // weight-gradient flags it refuses (ops.h gm_dw_flags_error: GM_DW_BF16; GM_DW_SUMSQ on an accumulation).
-// And --fp8-dense's table (dense_checks): the attention projections' products by the same recipe.
+// The amax record (amax_checks). And --fp8-dense's table (dense_checks): the attention projections' products
+// by the same recipe.
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
@@ -219,6 +220,59 @@ static void dense_checks(const Backend *cpu, Rng *r) {
 }
 
 // --fp8-dense on a backend whose FP8 table lacks the projections (any but the cpu's: here the profiled cpu)
+// fp8_amax (ops.h): each (layer, tensor)'s largest scale exponent since the last read, derived by hand
+// from the scale rule (numerics.h: the smallest k with amax / 2^k <= 448). The input's values |x| <= 3
+// (k -7: 3 / 2^-7 = 384) but row 5's second tile holds 448 * 2^3 (k 3), and row 9's first tile a NaN beside
+// 2^40 (no scale: it takes no part, else k 32); the weight's |w| <= 0.25 but one -0.5 (0.5 / 2^-9 = 256 <=
+// 448 < 0.5 / 2^-10: k -9). The tensors the op did not quantise and the layers not named read
+// FP8_AMAX_NONE, a second read finds nothing, the ops before any fp8_site land in row 0, and an all-zero
+// input reads FP8_SCALE_EXP_MIN (quantised, scale 2^-100), not FP8_AMAX_NONE.
+static void amax_checks(const Backend *be) {
+    enum { N = 130, K = 136, O = 8, ROWS = 3 };
+    const int64_t off[2] = {0, N};
+    float *x = xmalloc(sizeof(float) * N * K), *w = xmalloc(sizeof(float) * O * K),
+          *y = xmalloc(sizeof(float) * N * O);
+    for (size_t i = 0; i < (size_t)N * K; i++) x[i] = (float)((int)(i % 7) - 3);
+    x[(size_t)5 * K + 130] = 448.0f * 8.0f;
+    x[(size_t)9 * K + 2] = NAN;
+    x[(size_t)9 * K + 3] = ldexpf(1.0f, 40);
+    for (size_t i = 0; i < (size_t)O * K; i++) w[i] = 0.25f * (float)((int)(i % 3) - 1);
+    w[(size_t)O * K - 1] = -0.5f;
+    int k[ROWS * FP8T_N], layer, tensor;
+    be->fp8_nonfinite(&layer, &tensor); // (the earlier checks' counts and record drained)
+    be->fp8_amax(k, ROWS);
+    be->fp8_site(1);
+    be->grouped_matmul_fwd(y, x, w, off, 1, K, O);
+    be->fp8_amax(k, ROWS);
+    int others = 0;
+    for (int i = 0; i < ROWS * FP8T_N; i++)
+        others += i != 2 * FP8T_N + FP8T_INP && i != 2 * FP8T_N + FP8T_W && k[i] != FP8_AMAX_NONE;
+    EXPECT(k[2 * FP8T_N + FP8T_INP] == 3 && k[2 * FP8T_N + FP8T_W] == -9 && !others,
+           "fp8_amax after layer 1's forward: input %d (want 3), weight %d (want -9), %d others set (want 0)",
+           k[2 * FP8T_N + FP8T_INP], k[2 * FP8T_N + FP8T_W], others);
+    EXPECT(be->fp8_nonfinite(&layer, &tensor) == 1 && layer == 1 && tensor == FP8T_INP,
+           "the NaN tile is counted as non-finite (layer %d tensor %d)", layer, tensor);
+    be->fp8_amax(k, ROWS);
+    others = 0;
+    for (int i = 0; i < ROWS * FP8T_N; i++) others += k[i] != FP8_AMAX_NONE;
+    EXPECT(!others, "fp8_amax starts again after a read: %d set (want 0)", others);
+    x[(size_t)9 * K + 2] = 0.0f;
+    be->fp8_site(-1);
+    be->grouped_matmul_fwd(y, x, w, off, 1, K, O);
+    be->fp8_amax(k, 1);
+    EXPECT(k[FP8T_INP] == 32 && k[FP8T_W] == -9,
+           "row 0 (no layer named): input %d (want 32: 2^40's tile, finite now), weight %d (want -9)",
+           k[FP8T_INP], k[FP8T_W]);
+    memset(x, 0, sizeof(float) * N * K);
+    be->grouped_matmul_fwd(y, x, w, off, 1, K, O);
+    be->fp8_amax(k, 1);
+    EXPECT(k[FP8T_INP] == FP8_SCALE_EXP_MIN, "an all-zero input: %d (want %d, the scale floor)", k[FP8T_INP],
+           FP8_SCALE_EXP_MIN);
+    free(x);
+    free(w);
+    free(y);
+}
+
 static void die_dense(void *arg) { backend_fp8_dense(backend_profiled(backend_cpu())); }
 
 int main(void) {
@@ -366,6 +420,7 @@ int main(void) {
     free(dact);
     free(dx);
     free(edx);
+    amax_checks(be);
     dense_checks(cpu, &r);
     return test_done("test_fp8_ops");
 }

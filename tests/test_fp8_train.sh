@@ -11,6 +11,12 @@
 #   - --fp8-dense: refused without fp8 and with --tp > 1; its backend named; a resume byte-identical with the
 #     option taken from run.json; off when the resume takes --precision mixed; --recompute full bit for bit;
 #   - ep2 and tp2 against one process at test_mesh.sh's bands (see "mesh" below), and ep2 under --fp8-dense;
+#   - the amax check (train/fp8_watch.h): none in the runs above (a healthy run at --lr 1e-2); at --lr 10 the
+#     step after the first update reports jumps (AdamW's first step moves each weight by about lr: the
+#     weights' scales rise from ~2^-12 to 2^-5, the activations and gradients more), with the same count in
+#     metrics.jsonl and the log, the largest named with its layer and tensor, the run going on; pp2 reports
+#     what one process does (the ranks' maxima: rank 0 holds layer 0 alone); --fp8-amax-jump 0 checks nothing;
+#     out-of-range values refused;
 #   - the divergence check: an infinity written into one expert weight of a checkpoint (layer 1, expert 2's
 #     w2; its checksum rewritten) stops the resumed run at its first step with one error naming the step,
 #     layer 1 and tensor w2, and leaves the checkpoint as it was.
@@ -38,6 +44,10 @@ run_fail "--fp8-dense puts the attention projections into --precision fp8's or f
   "$MOE" train "${BASE[@]}" --fp8-dense 1 --out G/R1
 run_fail "--fp8-dense with --tp 2: the heads' slices would cut the projections' 128x128 weight blocks" \
   "$MOE" train "${BASE[@]}" --precision fp8 --fp8-dense 1 --tp 2 --out G/R1
+run_fail "--fp8-amax-jump must be in [0, 219] (powers of two; the scales' range; 0: no check), got -1" \
+  "$MOE" train "${BASE[@]}" --precision fp8 --fp8-amax-jump -1 --out G/R1
+run_fail "--fp8-amax-jump must be in [0, 219] (powers of two; the scales' range; 0: no check), got 220" \
+  "$MOE" train "${BASE[@]}" --precision fp8 --fp8-amax-jump 220 --out G/R1
 GUARD=""
 run_ok "moe info --precision fp8" "$MOE" info --precision fp8
 check "moe info names the fp8 GEMMs" grep -q "the experts' GEMMs in fp8 e4m3" "$OUT_FILE"
@@ -179,6 +189,34 @@ if command -v mpirun > /dev/null; then
     else fail "ep2 top-$k: mpirun failed"; tail -5 E$k.txt; fi
   done
 else skip "mesh: mpirun not installed"; fi
+
+# ---- the amax check: a healthy run reports nothing; --lr 10's first update makes every operand jump
+jumps() { grep -o '"fp8_amax_jumps":[0-9]*' "$1/metrics.jsonl" | cut -d: -f2 | tr '\n' ' '; }
+check "amax: the healthy run's metrics count no jump on any step" test "$(jumps A)" = "0 0 0 0 0 0 "
+check "amax: the healthy run's log has no warning" test "$(grep -c '^warning:' A/train.log)" = 0
+AJ=(--steps 3 --quiet --sample-tokens 0 --plots 0 --batch 8 --seq-len 32 --eval-batches 1 --eval-every 0
+    --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --warmup 0 --lr 10
+    --grad-accum 2 --precision fp8)
+run_ok "amax: --lr 10" "$MOE" train "${AJ[@]}" --out J1 < /dev/null
+read -r j1 j2 j3 <<< "$(jumps J1)"
+w=$(grep '^warning: step' J1/train.log)
+if [ "$j1" = 0 ] && [ "${j2:-0}" -ge 2 ] && [ "$j3" = 0 ] && [ "$(grep -c '^warning:' J1/train.log)" = 1 ] &&
+   [[ "$w" == "warning: step 2: --precision fp8: $j2 FP8 operands rose to an amax 2^8 times or more"* ]]; then
+  pass "amax: step 2 alone reports jumps ($j2, the warning's count) and the run goes on to step 3"
+else fail "amax: jumps per step '$j1 $j2 $j3' (want 0, >= 2, 0) and one warning at step 2: '$w'"; fi
+if [[ "$w" =~ the\ most,\ layer\ [01]\'s\ .*:\ 2\^([0-9]+)\ times\ \(scale\ 2\^(-?[0-9]+)\ -\>\ 2\^(-?[0-9]+)\) ]] &&
+   [ "${BASH_REMATCH[1]}" -ge 8 ] && [ $((BASH_REMATCH[3] - BASH_REMATCH[2])) = "${BASH_REMATCH[1]}" ]; then
+  pass "amax: the largest jump named with its layer and tensor, its size its scales' difference (${BASH_REMATCH[1]})"
+else fail "amax: the warning does not name a layer, tensor and a consistent jump of >= 8: '$w'"; fi
+run_ok "amax: --fp8-amax-jump 0" "$MOE" train "${AJ[@]}" --fp8-amax-jump 0 --out J0 < /dev/null
+check "amax: --fp8-amax-jump 0 checks nothing (no field, no warning)" \
+  test "$(jumps J0)$(grep -c '^warning:' J0/train.log)" = 0
+if command -v mpirun > /dev/null; then
+  if $MPI -np 2 "$MOE" train "${AJ[@]}" --pp 2 --out JP > JP.txt 2>&1 < /dev/null; then
+    check "amax: pp2 counts and names what one process does (every rank's layers)" \
+      test "$(jumps JP)|$(grep '^warning:' JP/train.log)" = "$(jumps J1)|$w"
+  else fail "amax pp2: mpirun failed"; tail -5 JP.txt; fi
+fi
 
 # ---- divergence: an infinity in layer 1's expert 2 w2 (A's step-3 checkpoint, copied, checksum rewritten)
 inject_inf() { # inject_inf CKPT TENSOR INDEX: element INDEX of TENSOR := +inf, checksums.json updated

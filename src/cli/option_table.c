@@ -273,6 +273,10 @@ const Opt opts[] = {
      "same "
      "FP8 recipe as the experts (their input 1x128 tiles, weight 128x128 blocks); the LM head, router, norms "
      "and the attention itself stay as they are. --device cpu only so far (the reference)"},
+    {"fp8-amax-jump", O_INT, TO(fp8_amax_jump), C_TRAIN,
+     "--precision fp8 and fp8-bf16: warn when a layer's FP8 operand (x, w1, dy, ...) has an amax this many "
+     "powers of two above the largest of every earlier step of the run (a divergence coming; the warning "
+     "names the layer and tensor, metrics.jsonl counts them as fp8_amax_jumps; 0: no check)"},
     {"grad-memory", O_GRADMEM, TO(grad_memory), C_TRAIN | C_INFO | C_PLAN,
      "shared: with --grad-accum 1 and no --pp, each layer's expert gradients are written into the memory of "
      "the "

@@ -226,7 +226,10 @@ struct Backend {
     // block) holding a NaN or an infinity has no scale (cpu_fp8.h): the ops count them. fp8_site(layer) names
     // the model layer whose expert ops follow (the MoE layer calls it before its forward and its backward);
     // fp8_nonfinite returns the groups counted since its last call (and resets the count), with the first
-    // one's layer and tensor (FP8T_*: fp8_tensor_name): the step reads it once. Both NULL where fp8 is 0.
+    // one's layer and tensor (FP8T_*: fp8_tensor_name): the step reads it once. fp8_amax(k, rows): each
+    // (layer, tensor)'s largest scale exponent (numerics.h fp8_scale_exp: log2 of its amax / 448, rounded up)
+    // over its finite groups quantised since the last call, into k[(layer + 1) FP8T_N + tensor] for layers -1
+    // .. rows - 2 (FP8_AMAX_NONE: none), then starts again (cuda: NULL, not built). NULL where fp8 is 0.
     // fp8_dense (the table of backend_fp8_dense, --fp8-dense; fp8 is 1 too): the attention projections'
     // products as well (matmul_fwd_multi, matmul_bwd_multi: every product of the one input, GQA's q/k/v and
     // o_proj and latent attention's), each as grouped_matmul_fwd / _bwd with one group of N rows
@@ -236,6 +239,7 @@ struct Backend {
     int fp8, fp8_dense;
     void (*fp8_site)(int layer);
     int64_t (*fp8_nonfinite)(int *layer, int *tensor);
+    void (*fp8_amax)(int *k, int rows);
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
     // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the
@@ -564,6 +568,7 @@ enum {
     FP8T_AD,
     FP8T_N
 };
+#define FP8_AMAX_NONE (FP8_SCALE_EXP_MIN - 1) // Backend.fp8_amax: no finite group quantised
 static inline const char *fp8_tensor_name(int t) {
     static const char *name[FP8T_N] = {"x (the experts' input rows)",
                                        "w1 (the experts' gate weights)",

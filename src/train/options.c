@@ -38,6 +38,7 @@ void train_options_default(TrainOptions *o) {
     o->a2a_overlap = 1;
     o->ampipe = 1;
     o->bf16_grads = 1;
+    o->fp8_amax_jump = 8;
     o->a2a_retune = 0.25f;
     o->a2a_hier = -1;
     o->expert_mode = 0;
@@ -128,6 +129,9 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
         BAD("--pp-schedule interleaved needs --vpp >= 2 model chunks per rank (got %d)", o->vpp);
     if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
     if (o->fp8_dense != 0 && o->fp8_dense != 1) BAD("--fp8-dense must be 0 or 1 (got %d)", o->fp8_dense);
+    if (o->fp8_amax_jump < 0 || o->fp8_amax_jump > FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN)
+        BAD("--fp8-amax-jump must be in [0, %d] (powers of two; the scales' range; 0: no check), got %d",
+            FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN, o->fp8_amax_jump);
     if (o->fp8_dense && !prec_fp8(o->precision))
         BAD("--fp8-dense puts the attention projections into --precision fp8's or fp8-bf16's FP8 GEMMs; this "
             "run's precision is %s",

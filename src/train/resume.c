@@ -1,8 +1,10 @@
 // resume.c (train) — what a --resume checks against the run record (run.json) once the data is loaded:
 // the fingerprints of the training data and of --val-data (token count and hash, data/data.h
-// data_print), which the record keeps for the next resume. Must not hold: the record's options (the cli
-// builds and applies them: cli/run_record.c), the checkpoint's own checks (trainer.c).
+// data_print), which the record keeps for the next resume, and --keep-best's best so far. Must not hold: the
+// record's options (the cli builds and applies them: cli/run_record.c), the checkpoint's own checks
+// (trainer.c).
 #include "train/resume.h"
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,4 +77,29 @@ char *resume_record_data(const char *record, const Dataset *ds, const TrainOptio
     CHECK(text, "out of memory printing the run record");
     cJSON_Delete(j);
     return text;
+}
+
+double resume_best(const char *out, const char *metrics_path, int64_t step, int64_t *best_step) {
+    double best = HUGE_VAL;
+    *best_step = -1;
+    char dir[2100];
+    join_path(dir, sizeof dir, out, RUN_BEST);
+    if (!ckpt_is_complete(dir)) return best;
+    TrainState st;
+    ckpt_load_state(dir, &st);
+    size_t len;
+    char *buf = read_file(metrics_path, &len);
+    if (!buf) return best;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL,
+              *v = j ? cJSON_GetObjectItem(j, "val_loss") : NULL;
+        if (cJSON_IsNumber(s) && cJSON_IsNumber(v) && s->valuedouble == (double)st.step && st.step <= step) {
+            best = v->valuedouble;
+            *best_step = st.step;
+        }
+        cJSON_Delete(j);
+    }
+    free(buf);
+    return best;
 }

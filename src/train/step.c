@@ -41,6 +41,7 @@ void step_init(StepCtx *s, Model *m, Dist *dist, const Dataset *ds, const TrainO
     s->x = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
     s->y = xmalloc(sizeof(int32_t) * (size_t)s->Bl * s->T + 1);
     if (m->c.balance == BALANCE_AUX_FREE) s->bias_h = xmalloc(sizeof(float) * m->c.n_experts);
+    fp8_watch_init(&s->fp8, config_all_layers(&m->c), o->fp8_amax_jump, mesh->world);
 }
 
 int step_memory_note(const StepCtx *s, char *buf, size_t n) {
@@ -66,6 +67,7 @@ void step_free(StepCtx *s) {
     free(s->x);
     free(s->y);
     free(s->bias_h);
+    fp8_watch_free(&s->fp8);
 }
 
 // The forward of micro-batch g on chunk c: its tokens (the data position continues from the
@@ -136,28 +138,10 @@ static void gather_stages(StepCtx *s, StepStats *r, double *mine) {
     comm_allreduce(pp, r->counts, (size_t)config_all_layers(&s->m->c) * s->m->c.n_experts, CT_I64);
 }
 
-// --precision fp8's divergence check, once a step before the update: a scale group (tile or block) of the
-// experts' (and under --fp8-dense the attention projections') FP8 operands that held a NaN or an infinity
-// stops the run, naming the first one's layer and tensor (ops.h Backend.fp8_nonfinite; counted since the last
-// step: the evaluation between steps too). Nothing is written: the last checkpoint stays the run's latest.
-static void fp8_check(const StepCtx *s, int step) {
-    const Backend *be = s->m->be;
-    if (!be->fp8_nonfinite) return;
-    int layer, tensor;
-    int64_t bad = be->fp8_nonfinite(&layer, &tensor);
-    if (bad)
-        DIE("step %d: --precision fp8: %lld scale group%s of the %s FP8 operands held a NaN or an "
-            "infinity, the first in layer %d, tensor %s: the run diverged (the last checkpoint is intact; "
-            "a lower --lr or --grad-clip, or --precision mixed)",
-            step + 1, (long long)bad, bad == 1 ? "" : "s",
-            be->fp8_dense ? "experts' and attention projections'" : "experts'", layer,
-            fp8_tensor_name(tensor));
-}
-
 // Reduce, norm, clip, AdamW (skipped when the loss or the norm is not finite).
 static void update(StepCtx *s, int step, StepStats *r) {
     const TrainOptions *o = s->o;
-    fp8_check(s, step);
+    fp8_watch_step(&s->fp8, s->m->be, step, &r->fp8);
     dist_finish_grads(s->dist, s->m);
     r->gnorm = dist_grad_norm(s->dist, s->m);
     r->lr = lr_at(o, step);

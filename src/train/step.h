@@ -7,6 +7,7 @@
 #include "data/data.h"
 #include "model/model.h"
 #include "train/dist.h"
+#include "train/fp8_watch.h"
 #include "train/options.h"
 #include "train/pipe.h"
 #include "train/schedule.h"
@@ -35,6 +36,7 @@ typedef struct {
     int dp_rank;
     int32_t *x, *y; // (Bl, T) host tokens and targets of the micro-batch being run
     float *bias_h; // (n_experts) balance aux-free: one layer's routing bias on the host, for its update
+    Fp8Watch fp8; // --precision fp8's divergence checks
 } StepCtx;
 
 // What a step measured (identical on every rank).
@@ -54,6 +56,7 @@ typedef struct {
                        // chunk this step, its receive waits excluded (as stage_idle: until the next step)
     double *stage_cpu; // (stages) each stage's process CPU seconds over its span (a rank that kept its core
                        // throughout spends about its span: MPI's receives wait spinning)
+    Fp8Jump fp8; // --precision fp8's amax jumps this step (fp8_watch.h)
 } StepStats;
 
 // The step's pipeline bubble as the schedule's theory counts it (metrics.jsonl bubble_frac): 1 - the stages'

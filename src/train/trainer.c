@@ -67,35 +67,6 @@ typedef struct {
     int64_t best_step;
 } Run;
 
-// --keep-best on resume: OUT/best's step (its state.json) and that step's val_loss in metrics.jsonl
-// at or before the resumed checkpoint's step (rank 0 may be truncating the file: it is replaced by a
-// rename, and either version holds those lines). A best saved after the checkpoint resumed from
-// counts as none: the next evaluation replaces it.
-static void best_recorded(Run *r) {
-    r->best_loss = HUGE_VAL;
-    r->best_step = -1;
-    char dir[2100];
-    join_path(dir, sizeof dir, r->o->out, RUN_BEST);
-    if (!ckpt_is_complete(dir)) return;
-    TrainState st;
-    ckpt_load_state(dir, &st);
-    size_t len;
-    char *buf = read_file(r->metrics_path, &len);
-    if (!buf) return;
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        cJSON *s = j ? cJSON_GetObjectItem(j, "step") : NULL,
-              *v = j ? cJSON_GetObjectItem(j, "val_loss") : NULL;
-        if (cJSON_IsNumber(s) && cJSON_IsNumber(v) && s->valuedouble == (double)st.step &&
-            st.step <= r->st.step) {
-            r->best_loss = v->valuedouble;
-            r->best_step = st.step;
-        }
-        cJSON_Delete(j);
-    }
-    free(buf);
-}
-
 static int config_equal(const ModelConfig *a, const ModelConfig *b) { return memcmp(a, b, sizeof *a) == 0; }
 
 static void fmt_eta(char *buf, size_t n, double s) {
@@ -396,7 +367,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     run_dir_start(r);
     load_or_init(r, r->resuming, r->latest);
     run_note_checkpoint(o->out);
-    best_recorded(r);
+    r->best_loss = resume_best(o->out, r->metrics_path, r->st.step, &r->best_step);
     adapt_init(&r->adapt, o, &r->shape, r->meshed, &r->m);
 
     r->out = r->rank0 ? stdout : fopen("/dev/null", "w");
@@ -477,6 +448,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     cJSON_AddNumberToObject(j, "load_max_over_mean", worst);
     cJSON_AddNumberToObject(j, "dropped", (double)s->dropped);
     cJSON_AddBoolToObject(j, "skipped", s->skipped);
+    if (s->fp8.on) cJSON_AddNumberToObject(j, "fp8_amax_jumps", s->fp8.n);
     double bubble = step_bubble(s);
     if (s->stages > 1) { // the pipeline's idle time: per stage, and its mean share of the step
         cJSON *pi = cJSON_AddArrayToObject(j, "pp_idle_s");
@@ -506,6 +478,8 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     free(txt);
     cJSON_Delete(j);
     if (r->tb) tb_record(r, step, s, tps, worst);
+    char note[512];
+    if (r->rank0 && fp8_jump_note(&s->fp8, step, note, sizeof note)) printf("warning: %s\n", note);
     if (o->quiet || !r->rank0) return;
     char eta[32];
     double el_s = now_seconds() - r->t_start;

@@ -10,20 +10,41 @@
 #include "ops/cpu/cpu_fp8.h"
 #include "ops/cpu/cpu_ops.h"
 
-// The non-finite scale groups since the last fp8_nonfinite, the first one's layer and tensor, and the layer
-// fp8_site named (the ops run one at a time on the host: plain variables).
+// The non-finite scale groups since the last fp8_nonfinite, the first one's layer and tensor, the layer
+// fp8_site named, and each (layer, tensor)'s largest scale exponent since the last fp8_amax (g_kmax, rows
+// of FP8T_N from layer -1; the ops run one at a time on the host: plain variables).
 static int64_t g_bad;
-static int g_site = -1, g_bad_layer = -1, g_bad_tensor = -1;
+static int g_site = -1, g_bad_layer = -1, g_bad_tensor = -1, g_rows, *g_kmax;
 
-static void note_bad(int64_t bad, int tensor) {
+// An operand quantised: bad its non-finite groups, s its ns scales (powers of two; NaN for those groups)
+static void note_bad(int64_t bad, int tensor, const float *s, size_t ns) {
     if (bad && !g_bad) {
         g_bad_layer = g_site;
         g_bad_tensor = tensor;
     }
     g_bad += bad;
+    if (g_site + 2 > g_rows) {
+        int n = g_site + 2;
+        g_kmax = xrealloc(g_kmax, sizeof(int) * (size_t)n * FP8T_N);
+        for (size_t i = (size_t)g_rows * FP8T_N; i < (size_t)n * FP8T_N; i++) g_kmax[i] = FP8_AMAX_NONE;
+        g_rows = n;
+    }
+    int *k = g_kmax + (size_t)(g_site + 1) * FP8T_N + tensor;
+    for (size_t i = 0; i < ns; i++) {
+        uint32_t b = f32_bits(s[i]);
+        int e = (int)((b >> 23) & 0xffu) - 127; // (a scale 2^e, e in [FP8_SCALE_EXP_MIN, MAX]: normal)
+        if ((b & 0x7fffffffu) < 0x7f800000u && e > *k) *k = e;
+    }
 }
 
 static void fp8_site(int layer) { g_site = layer; }
+
+static void fp8_amax(int *k, int rows) {
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < FP8T_N; t++)
+            k[(size_t)r * FP8T_N + t] = r < g_rows ? g_kmax[(size_t)r * FP8T_N + t] : FP8_AMAX_NONE;
+    for (size_t i = 0; i < (size_t)g_rows * FP8T_N; i++) g_kmax[i] = FP8_AMAX_NONE;
+}
 
 static int64_t fp8_nonfinite(int *layer, int *tensor) {
     int64_t n = g_bad;
@@ -113,8 +134,8 @@ static void fp8_fwd(float *out, const float *inp, const float *w, const int64_t 
             continue;
         }
         Fp8Scratch s = fp8_scratch((size_t)n * K, (size_t)n * T, (size_t)O * K, (size_t)BO * T, 0, O);
-        note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, inp + r0 * K, (int)n, K), tin);
-        note_bad(cpu_fp8_quant_blocks(s.qb, s.sb, w + (size_t)g * O * K, O, K), tw);
+        note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, inp + r0 * K, (int)n, K), tin, s.sa, (size_t)n * T);
+        note_bad(cpu_fp8_quant_blocks(s.qb, s.sb, w + (size_t)g * O * K, O, K), tw, s.sb, (size_t)BO * T);
         gemm(out + r0 * O, s.qa, s.sa, s.qb, s.sb, (int)n, O, K, 1, s.bt, s.p);
     }
 }
@@ -128,8 +149,8 @@ static void fp8_dinp(float *dinp, const float *dout, const float *w, int64_t n, 
     Fp8Scratch s = fp8_scratch((size_t)n * O, (size_t)n * TO, 2 * wn, 2 * (size_t)BK * TO, (size_t)n * K, K);
     uint8_t *qw = s.qb + wn;
     float *sw = s.sb + (size_t)BK * TO;
-    note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, dout, (int)n, O), tdout);
-    note_bad(cpu_fp8_quant_blocks(qw, sw, w, O, K), tw);
+    note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, dout, (int)n, O), tdout, s.sa, (size_t)n * TO);
+    note_bad(cpu_fp8_quant_blocks(qw, sw, w, O, K), tw, sw, (size_t)BK * TO);
     for (int o = 0; o < O; o++)
         for (int k = 0; k < K; k++) s.qb[(size_t)k * O + o] = qw[(size_t)o * K + k];
     for (int i = 0; i < TO; i++)
@@ -144,8 +165,8 @@ static void fp8_dw(float *dw, const float *dout, const float *inp, int64_t n, in
     int TN = fp8_ntiles((int)n);
     Fp8Scratch s =
         fp8_scratch((size_t)O * n, (size_t)O * TN, (size_t)K * n, (size_t)K * TN, (size_t)O * K, K);
-    note_bad(cpu_fp8_quant_tiles_t(s.qa, s.sa, dout, (int)n, O), tdout);
-    note_bad(cpu_fp8_quant_tiles_t(s.qb, s.sb, inp, (int)n, K), tin);
+    note_bad(cpu_fp8_quant_tiles_t(s.qa, s.sa, dout, (int)n, O), tdout, s.sa, (size_t)O * TN);
+    note_bad(cpu_fp8_quant_tiles_t(s.qb, s.sb, inp, (int)n, K), tin, s.sb, (size_t)K * TN);
     gemm(s.c, s.qa, s.sa, s.qb, s.sb, O, K, (int)n, 0, s.bt, s.p);
     put(dw, s.c, (size_t)O * K, add);
 }
@@ -240,6 +261,7 @@ static Backend fp8_table(const char *name) {
     be.fp8 = 1;
     be.fp8_site = fp8_site;
     be.fp8_nonfinite = fp8_nonfinite;
+    be.fp8_amax = fp8_amax;
     be.grouped_matmul_fwd = fp8_grouped_matmul_fwd;
     be.grouped_matmul_bwd = fp8_grouped_matmul_bwd;
     be.grouped_swiglu_fwd = fp8_grouped_swiglu_fwd;
