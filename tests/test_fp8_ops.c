@@ -219,7 +219,6 @@ static void dense_checks(const Backend *cpu, Rng *r) {
     free(edx);
 }
 
-// --fp8-dense on a backend whose FP8 table lacks the projections (any but the cpu's: here the profiled cpu)
 // fp8_amax (ops.h): each (layer, tensor)'s largest scale exponent since the last read, derived by hand
 // from the scale rule (numerics.h: the smallest k with amax / 2^k <= 448). The input's values |x| <= 3
 // (k -7: 3 / 2^-7 = 384) but row 5's second tile holds 448 * 2^3 (k 3), and row 9's first tile a NaN beside
@@ -273,6 +272,7 @@ static void amax_checks(const Backend *be) {
     free(y);
 }
 
+// --fp8-dense on a backend whose FP8 table lacks the projections (any but the cpu's: here the profiled cpu)
 static void die_dense(void *arg) { backend_fp8_dense(backend_profiled(backend_cpu())); }
 
 int main(void) {
