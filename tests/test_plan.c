@@ -19,7 +19,8 @@
 //    one; the planner's stage times from each virtual stage's FLOPs (the LM head on the last), the bubble of
 //    the tiny preset on 2 stages by hand, the step the simulated span, every row's columns adding up to it;
 //  - the memory-bound ops: the tiny preset's bytes by hand (cost_bytes, the gradient norm's), the planner's
-//    seconds those bytes at a chosen HBM rate, none for none, twice for twice the tokens.
+//    seconds those bytes at a chosen HBM rate, none for none, twice for twice the tokens;
+//  - --recompute-layers: the fewest first layers that fit where only recomputing fits.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,7 +135,7 @@ static void check_one_gpu(void) {
         o.precision = v & 1 ? PREC_BF16 : PREC_MIXED;
         o.grad_memory = v & 2 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
         int micro = v & 4 ? 2 : 1;
-        PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, micro};
+        PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, micro, 0};
         PlanRow row;
         EXPECT(!plan_layout(&row, &c, &o, &sp, &l, NULL, NULL), "case %d: refused", v);
         TrainOptions w1 = o;
@@ -158,7 +159,7 @@ static void check_host(void) {
     TrainOptions o;
     setup(&c, &o, "peers-ref", 4, 2048);
     PlanSpec sp = spec(1);
-    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0};
     PlanRow a, b, h;
     EXPECT(!plan_layout(&a, &c, &o, &sp, &l, NULL, NULL) && a.host == 0, "built-in h200: host %g s", a.host);
     sp.hw.launch_us = 5, sp.hw.sync_us = 10;
@@ -291,7 +292,7 @@ static void check_fp8(void) {
     TrainOptions o;
     setup(&c, &o, "peers-ref", 4, 2048);
     PlanSpec sp = spec(1);
-    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0};
     PlanRow mixed, same, half;
     EXPECT(!plan_layout(&mixed, &c, &o, &sp, &l, NULL, NULL), "mixed");
     o.precision = PREC_FP8;
@@ -359,7 +360,7 @@ static void check_pipe_planner(void) {
     PlanSpec sp = spec(2);
     sp.hw.dense_tflops = sp.hw.grouped_tflops = sp.hw.attention_tflops = 0.001;
     sp.hw.hbm_gbps = sp.hw.nvlink_gbps = sp.hw.internode_gbps = 1e15;
-    PlanLayout l = {1, 1, 1, 2, 1, 0, 0, RECOMPUTE_NONE, 4};
+    PlanLayout l = {1, 1, 1, 2, 1, 0, 0, RECOMPUTE_NONE, 4, 0};
     PlanRow w;
     PlanPipe p;
     EXPECT(!plan_layout(&w, &c, &o, &sp, &l, NULL, &p), "tiny pp2 micro4");
@@ -388,7 +389,7 @@ static void check_pipe_planner(void) {
     // vocab 256) on 2 x 2 chunks: the head on virtual stage 3 (stage 1's second chunk) alone; a layer 2 x 256
     // x 32 x 24 + 2 x 2 x 8 x 32 x 32 + 2 x 256 x 8 + 2 x 2 x 3 x 256 x 512 = 2002944, the head 131072
     setup(&sm, &os, "small", 16, 64);
-    PlanLayout li = {1, 1, 1, 2, 2, 0, 0, RECOMPUTE_NONE, 4};
+    PlanLayout li = {1, 1, 1, 2, 2, 0, 0, RECOMPUTE_NONE, 4, 0};
     EXPECT(!plan_layout(&w, &sm, &os, &sp, &li, NULL, &p) && p.kind == SCHED_INTERLEAVED && p.vpp == 2,
            "small pp2 vpp2 micro4");
     EXPECT(fabs(p.tf[1] / p.tf[0] - 1) < 1e-9 && fabs(p.tf[2] / p.tf[0] - 1) < 1e-9 &&
@@ -482,7 +483,7 @@ static void check_memops(void) {
     sp.hw.dense_tflops = sp.hw.grouped_tflops = sp.hw.attention_tflops = 1e15;
     sp.hw.hbm_gbps = 100;
     double bw = 100e9, want = tok * N / (PLAN_MEMOPS_HBM * bw) + 4 * (P - X) / bw;
-    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1};
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0};
     PlanRow w, w2, w4;
     EXPECT(!plan_layout(&w, &c, &o, &sp, &l, NULL, NULL), "tiny, one GPU");
     EXPECT(fabs(w.memops - want) <= 1e-12 * want && fabs(w.compute - want - 30 * P / bw) <= 1e-9 * want,
@@ -506,6 +507,55 @@ static void check_memops(void) {
            w4.memops, w.memops, g, g2);
 }
 
+// --recompute-layers: where recomputing every layer fits and keeping them does not, the plan keeps the
+// fewest first layers that fit. The reference model on one GPU at micro 2 (--grad-accum 2: no gradient
+// memory lent, so recomputing frees memory), the GPU's memory set halfway between keeping every layer's
+// activations and recomputing every layer's experts: the moe row recomputes N of the L layers, 1 <= N < L,
+// fits, N - 1 layers (none at N = 1) do not, and it computes less than every layer recomputing and more than
+// none; its --explain words carry N and read back, and recompute-layersN needs a mode.
+static void check_recompute_layers(void) {
+    ModelConfig c;
+    TrainOptions o;
+    setup(&c, &o, "peers-ref", 8, 2048);
+    PlanSpec sp = spec(1);
+    PlanLayout none = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 2, 0}, all = none;
+    all.recompute = RECOMPUTE_MOE;
+    PlanRow a, b;
+    EXPECT(!plan_layout(&a, &c, &o, &sp, &none, NULL, NULL) &&
+               !plan_layout(&b, &c, &o, &sp, &all, NULL, NULL) && b.mem < a.mem,
+           "micro2: keeping %.4g GiB, recomputing the experts everywhere %.4g", a.mem / 1073741824.0,
+           b.mem / 1073741824.0);
+    sp.hw.mem_bytes = (a.mem + b.mem) / 2;
+    PlanResult r;
+    plan_enumerate(&r, &c, &o, &sp, 0);
+    const PlanRow *w = NULL;
+    for (int i = 0; i < r.n; i++)
+        if (r.rows[i].l.micro == 2 && r.rows[i].l.recompute == RECOMPUTE_MOE) w = &r.rows[i];
+    int L = c.n_layers, N = w ? w->l.rc_layers : -1;
+    EXPECT(w && N >= 1 && N < L && w->mem <= sp.hw.mem_bytes, "micro2 recompute-moe: %d first layers of %d",
+           N, L);
+    if (w && N >= 1) {
+        PlanLayout fewer = all;
+        fewer.rc_layers = N - 1;
+        PlanRow f;
+        const PlanLayout *lf = N > 1 ? &fewer : &none;
+        EXPECT(!plan_layout(&f, &c, &o, &sp, lf, NULL, NULL) && f.mem > sp.hw.mem_bytes,
+               "%d layers recomputing: %.4g GiB, over the GPU's %.4g", N - 1, f.mem / 1073741824.0,
+               sp.hw.mem_bytes / 1073741824.0);
+        EXPECT(w->compute < b.compute && w->compute > a.compute,
+               "%d layers recomputing: compute %.6g s, between none's %.6g and every layer's %.6g", N,
+               w->compute, a.compute, b.compute);
+        char words[256];
+        snprintf(words, sizeof words, "micro2 recompute-moe recompute-layers%d", N);
+        PlanLayout back;
+        EXPECT(!plan_parse_layout(&back, words, &o) && back.rc_layers == N && back.recompute == RECOMPUTE_MOE,
+               "'%s' read back", words);
+    }
+    plan_result_free(&r);
+    refuses("recompute-layers2", 1, "recompute-layersN limits recompute-attn|moe|full", -1);
+    refuses("recompute-moe recompute-layers0", 1, "'recompute-layers0': recompute-layersN, N >= 1", -1);
+}
+
 int main(void) {
     check_count();
     check_memory();
@@ -520,5 +570,6 @@ int main(void) {
     check_pipe_planner();
     check_pipe_columns();
     check_memops();
+    check_recompute_layers();
     return test_done("test_plan");
 }

@@ -132,6 +132,17 @@ a=$(grep -E '^ +1  tp' "$TMP/a.txt" | awk '{print $(NF-1)}')
 c=$(grep -E '^ +1  tp' "$TMP/c.txt" | awk '{print $(NF-1)}')
 check "twice the link bandwidth: the best layout's tokens/s $a -> $c, not lower" fcmp "$c" ">=" "$a"
 
+# --recompute-layers: a GPU of 94.5 GiB, where the reference model at micro 2 fits recomputing every layer's
+# experts (90.65 GiB by test_plan.c's figures) but not keeping them (98.39): the row recomputes the fewest
+# first layers that fit (test_plan.c checks it is the fewest), its command and --explain words say how many
+sed 's/"memory_bytes": 149250113536/"memory_bytes": 101468602368/' "$TMP/h200.json" >"$TMP/small.json"
+"$MOE" plan --gpus 1 --preset peers-ref --batch 8 --seq-len 2048 --top 40 --gpu "$TMP/small.json" >"$TMP/rl.txt"
+n=$(grep -oE 'micro2 recompute-moe recompute-layers[0-9]+' "$TMP/rl.txt" | head -1 | grep -oE '[0-9]+$')
+check "--recompute-layers: micro2 recompute-moe in the first $n layers (of 16)" test -n "$n" -a "${n:-0}" -ge 1 -a "${n:-16}" -lt 16
+check "--recompute-layers: its command" grep -q -- "--recompute moe --recompute-layers $n --grad-accum 2" "$TMP/rl.txt"
+run_ok "--explain 'micro2 recompute-moe recompute-layers$n'" "$MOE" plan --gpus 1 --preset peers-ref --batch 8 \
+  --seq-len 2048 --gpu "$TMP/small.json" --explain "micro2 recompute-moe recompute-layers$n"
+
 # a model too big for one GPU: the smallest count that fits, and each other policy's (the search skips the
 # counts where the weights, gradients and moments alone cannot fit: every count below the one named is
 # searched here, so a floor that skipped a count that fits would show)

@@ -28,6 +28,7 @@ static void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayou
     snprintf(t->pp_layers, sizeof t->pp_layers, "%s", split);
     t->zero = l->zero;
     t->recompute = l->recompute;
+    t->recompute_layers = l->rc_layers;
     t->grad_accum = l->micro;
 }
 
@@ -65,11 +66,12 @@ typedef struct {
 // the profile's rates (the experts' under --precision fp8 at its fp8 rate: their quantisation passes
 // included; with sp->grouped_shape scaled to the nearest measured expert shape), the recomputed forwards
 // (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs; attn: attention's forward,
-// 1/3 of its). A dense layer (config dense_layers) runs its MLP at the dense rate and has no router. The LM
-// head runs whole on every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one,
-// its cross-entropy too). The memory-bound ops (cost_bytes) at PLAN_MEMOPS_HBM x the HBM rate.
+// 1/3 of its) in the rcl of the layers and rcm of the MoE layers that recompute (--recompute-layers). A dense
+// layer (config dense_layers) runs its MLP at the dense rate and has no router. The LM head runs whole on
+// every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one, its cross-entropy
+// too). The memory-bound ops (cost_bytes) at PLAN_MEMOPS_HBM x the HBM rate.
 static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c, const TrainOptions *t,
-                         const PlanSpec *sp, int v, int layers, int moe) {
+                         const PlanSpec *sp, int v, int layers, int moe, int rcl, int rcm) {
     const HwProfile *hw = &sp->hw;
     int last = v == m->ms.pp * m->vpp - 1;
     CostFlops f;
@@ -87,8 +89,11 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     double dr = hw->dense_tflops * 1e12, ar = hw->attention_tflops * 1e12;
     pt->fwd = (grouped / (gr * 1e12) + dense / dr + attn / ar) / 3;
     pt->tp_gemm = tok * ((layers + D) * f.attn_proj + (layers - moe) * mlp) / tp / dr;
-    if (t->recompute & RECOMPUTE_MOE) grouped *= 1 + 2.0 / 9;
-    if (t->recompute & RECOMPUTE_ATTN) attn *= 1 + 1.0 / 3;
+    // (--recompute-layers: in rcl of the layers, rcm of the MoE layers; the MTP modules' only in every
+    // layer's)
+    double Dr = t->recompute_layers ? 0 : D;
+    if (t->recompute & RECOMPUTE_MOE && moe + D > 0) grouped *= 1 + 2.0 / 9 * (rcm + Dr) / (moe + D);
+    if (t->recompute & RECOMPUTE_ATTN && layers + D > 0) attn *= 1 + 1.0 / 3 * (rcl + Dr) / (layers + D);
     pt->grouped = grouped / (gr * 1e12);
     pt->rate = gr;
     // the memory-bound ops of each micro-batch (cost_ops.c: the cuda backend's rows in bf16) at their rate
@@ -122,8 +127,14 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * m->ms.pp + s;
         w->lay[ch] = m->sp.first[v + 1] - m->sp.first[v];
-        for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) w->moe[ch] += !config_layer_dense(c, l);
-        part_compute(&w->ch[ch], m, c, t, sp, v, w->lay[ch], w->moe[ch]);
+        int rcl = 0, rcm = 0; // (the layers that recompute: every layer, or the first --recompute-layers)
+        for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) {
+            int rc = !t->recompute_layers || l < t->recompute_layers;
+            w->moe[ch] += !config_layer_dense(c, l);
+            rcl += rc;
+            rcm += rc && !config_layer_dense(c, l);
+        }
+        part_compute(&w->ch[ch], m, c, t, sp, v, w->lay[ch], w->moe[ch], rcl, rcm);
         w->L += w->lay[ch];
         w->E += w->moe[ch];
         w->P += (v < S - 1) + (v > 0);
@@ -519,9 +530,11 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
         CostPipe cp;
         int have = !cost_pipe(&cp, &t, l.pp, c->n_layers);
         for (int z = 0; z < (dp_edp_one ? 1 : 3) && !hit; z++) {
+            int none_fits = 0;
             for (int k = 0; k < 3 && !hit; k++) {
                 l.zero = z;
                 l.recompute = rcs[k];
+                l.rc_layers = 0;
                 PlanRow row;
                 int why;
                 if (layout_figures(&row, c, o, sp, &l, &why, lts, have ? &cp : NULL, "", &pipe)) {
@@ -533,6 +546,16 @@ static int enumerate_options(PlanResult *r, const ModelConfig *c, const TrainOpt
                 if (row.mem > sp->hw.mem_bytes) {
                     r->refused[PLAN_R_MEMORY]++;
                     continue;
+                }
+                none_fits |= k == 0;
+                // recomputing every layer fits where keeping them does not: in the fewest first layers
+                // that fit (--recompute-layers; the kept memory falls as layers are added)
+                for (int lo = 1, hi = c->n_layers; !none_fits && lo < hi;) {
+                    PlanRow t;
+                    l.rc_layers = (lo + hi) / 2;
+                    if (layout_figures(&t, c, o, sp, &l, &why, lts, have ? &cp : NULL, "", &pipe)) break;
+                    if (t.mem <= sp->hw.mem_bytes) hi = l.rc_layers, row = t;
+                    else lo = l.rc_layers + 1;
                 }
                 keep(r, &row);
                 hit = stop_at_fit;
@@ -603,7 +626,7 @@ static void enumerate_in(PlanResult *r, const ModelConfig *c, const TrainOptions
             for (int e = 0; e < nep && !hit; e++) {
                 int netp = divisors(stage / eps[e], etps);
                 for (int f = 0; f < netp && !hit; f++) {
-                    PlanLayout l = {tps[a], eps[e], etps[f], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1};
+                    PlanLayout l = {tps[a], eps[e], etps[f], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1, 0};
                     MeshShape ms = {G, l.tp, 0, l.pp, l.ep, l.etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
                     if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
                     else if (!stop_at_fit || state_floor(wdense, wexp, wb, &l, G) <= sp->hw.mem_bytes)
@@ -654,41 +677,4 @@ int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpe
     }
     tables_free(&pt);
     return fit;
-}
-
-const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOptions *o) {
-    static char msg[200];
-    static const char *const keys[] = {"etp", "ep", "tp", "vpp", "pp", "dp", "zero", "micro"};
-    *l = (PlanLayout){1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, o->grad_accum};
-    int *slot[] = {&l->etp, &l->ep, &l->tp, &l->vpp, &l->pp, &l->dp, &l->zero, &l->micro};
-    char buf[512];
-    if (strlen(text) >= sizeof buf) return "--explain: the layout is too long";
-    strcpy(buf, text);
-    for (char *w = strtok(buf, " ,"); w; w = strtok(NULL, " ,")) {
-        if (!strncmp(w, "recompute-", 10)) {
-            const char *v = w + 10;
-            l->recompute = !strcmp(v, "none") ? RECOMPUTE_NONE
-                : !strcmp(v, "moe")           ? RECOMPUTE_MOE
-                : !strcmp(v, "attn")          ? RECOMPUTE_ATTN
-                : !strcmp(v, "full")          ? RECOMPUTE_FULL
-                                              : -1;
-            if (l->recompute < 0)
-                return snprintf(msg, sizeof msg, "--explain: '%s': recompute-none|attn|moe|full", w), msg;
-            continue;
-        }
-        size_t k = 0, n = sizeof keys / sizeof *keys;
-        while (k < n && strncmp(w, keys[k], strlen(keys[k]))) k++;
-        char *end;
-        long v = k < n ? strtol(w + strlen(keys[k]), &end, 10) : 0;
-        if (k == n || end == w + strlen(keys[k]) || *end || v < (k == 6 ? 0 : 1) ||
-            v > (k == 6 ? 2 : 1 << 20))
-            return snprintf(
-                       msg, sizeof msg,
-                       "--explain: '%s' is not a layout word (tpN epN etpN ppN vppN dpN zero0|1|2 microN "
-                       "recompute-none|attn|moe|full)",
-                       w),
-                   msg;
-        *slot[k] = (int)v;
-    }
-    return NULL;
 }

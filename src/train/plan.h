@@ -66,6 +66,7 @@
 typedef struct {
     int tp, ep, etp, pp, vpp, dp;
     int zero, recompute, micro; // --zero, --recompute (RECOMPUTE_*), --grad-accum
+    int rc_layers; // --recompute-layers (0: every layer recomputes)
 } PlanLayout;
 
 // Its figures (bytes, seconds).
@@ -173,6 +174,7 @@ const char *plan_layout(PlanRow *row, const ModelConfig *c, const TrainOptions *
 // sp->nodes_of GPUs, in whole nodes; none below the count the weights, gradients and moments alone need);
 // 0 if none.
 int plan_smallest_fit(const ModelConfig *c, const TrainOptions *o, const PlanSpec *sp, int max_gpus);
-// Parses "tp2 ep4 etp1 pp2 vpp2 zero1 micro8 recompute-moe" (any order; the words left out: 1, zero 0,
-// recompute none, micro o->grad_accum; dp is the rest); NULL, or a static message naming the bad word.
+// Parses "tp2 ep4 etp1 pp2 vpp2 zero1 micro8 recompute-moe recompute-layers3" (any order; the words left
+// out: 1, zero 0, recompute none, micro o->grad_accum, every layer recomputing; dp is the rest); NULL, or a
+// static message naming the bad word (plan_print.c).
 const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOptions *o);

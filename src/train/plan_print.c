@@ -1,10 +1,11 @@
 // plan_print.c — `moe plan`'s output: the ranked table of the layouts that fit (memory per GPU, the step's
 // parts (compute with its host overhead, exposed communication, bubble), tokens/s, MFU, the command that
 // launches each), one layout explained line by line, and the smallest GPU count for a model that fits
-// nowhere.
+// nowhere; the layout words --explain reads (plan_parse_layout).
 // Must not hold: the planner's arithmetic (plan.c), option parsing (cli/cmd_plan.c).
 #include "train/plan_print.h"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
 #include "model/model.h"
@@ -16,10 +17,13 @@ static const char *rc_name(int rc) {
                                : "none";
 }
 
-// "tp2 ep4 etp1 pp2 vpp1 dp1 zero1 micro8 recompute-moe": the words --explain reads back.
+// "tp2 ep4 etp1 pp2 vpp1 dp1 zero1 micro8 recompute-moe [recompute-layers3]": the words --explain reads back
+// (plan_parse_layout below).
 static void plan_layout_name(char *buf, size_t n, const PlanLayout *l) {
-    snprintf(buf, n, "tp%d ep%d etp%d pp%d vpp%d dp%d zero%d micro%d recompute-%s", l->tp, l->ep, l->etp,
-             l->pp, l->vpp, l->dp, l->zero, l->micro, rc_name(l->recompute));
+    int k = snprintf(buf, n, "tp%d ep%d etp%d pp%d vpp%d dp%d zero%d micro%d recompute-%s", l->tp, l->ep,
+                     l->etp, l->pp, l->vpp, l->dp, l->zero, l->micro, rc_name(l->recompute));
+    if (l->rc_layers && k > 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, " recompute-layers%d", l->rc_layers);
 }
 
 // The command that trains layout l: mpirun, the model's flags (model_args), the batch, the layout.
@@ -30,8 +34,10 @@ static void print_command(const PlanRow *row, const PlanSpec *sp, const TrainOpt
            sp->gpus, model_args, o->batch, o->seq_len, l->tp, l->ep, l->etp, l->pp);
     if (l->vpp > 1) printf(" --pp-schedule interleaved --vpp %d", l->vpp);
     if (o->pp_layers[0]) printf(" --pp-layers %s", o->pp_layers);
-    printf(" --zero %d --recompute %s --grad-accum %d%s --device cuda\n", l->zero, rc_name(l->recompute),
-           l->micro, sp->hide_a2a == PLAN_HIDE_EXPERTS ? " --a2a-overlap auto" : "");
+    printf(" --zero %d --recompute %s", l->zero, rc_name(l->recompute));
+    if (l->rc_layers) printf(" --recompute-layers %d", l->rc_layers);
+    printf(" --grad-accum %d%s --device cuda\n", l->micro,
+           sp->hide_a2a == PLAN_HIDE_EXPERTS ? " --a2a-overlap auto" : "");
 }
 
 static void print_head(const PlanSpec *sp, const TrainOptions *o) {
@@ -70,16 +76,21 @@ void plan_print_table(const PlanResult *r, const PlanSpec *sp, const TrainOption
     for (int k = 0; k < PLAN_R_N; k++)
         printf(" %s %d%s", plan_reason_name[k], r->refused[k], k < PLAN_R_N - 1 ? "," : "\n");
     if (!r->n) return;
-    printf("%3s  %-54s %10s %10s %9s %9s %9s %9s %10s %6s\n", "#", "layout", "mem/GPU", "(moe info)",
+    int wide = 54; // (the layout column: wider where a printed row names its recomputing layers)
+    char name[160], m1[32], m2[32];
+    for (int i = 0; i < r->n && i < top; i++) {
+        plan_layout_name(name, sizeof name, &r->rows[i].l);
+        if ((int)strlen(name) > wide) wide = (int)strlen(name);
+    }
+    printf("%3s  %-*s %10s %10s %9s %9s %9s %9s %10s %6s\n", "#", wide, "layout", "mem/GPU", "(moe info)",
            "compute", "comm", "bubble", "step", "tokens/s", "MFU");
     for (int i = 0; i < r->n && i < top; i++) {
         const PlanRow *w = &r->rows[i];
-        char name[160], m1[32], m2[32];
         plan_layout_name(name, sizeof name, &w->l);
         fmt_bytes(m1, sizeof m1, w->mem);
         fmt_bytes(m2, sizeof m2, w->mem_info);
-        printf("%3d  %-54s %10s %10s %7.1fms %7.1fms %7.1fms %7.1fms %10.0f %5.1f%%\n", i + 1, name, m1, m2,
-               1e3 * (w->compute + w->host), 1e3 * w->comm, 1e3 * w->bubble_s, 1e3 * w->step, w->tokens_s,
+        printf("%3d  %-*s %10s %10s %7.1fms %7.1fms %7.1fms %7.1fms %10.0f %5.1f%%\n", i + 1, wide, name, m1,
+               m2, 1e3 * (w->compute + w->host), 1e3 * w->comm, 1e3 * w->bubble_s, 1e3 * w->step, w->tokens_s,
                100 * w->mfu);
         print_command(w, sp, o, model_args);
     }
@@ -142,4 +153,51 @@ void plan_print_explain(const PlanRow *w, const PlanPipe *pipe, const PlanSpec *
         100 * w->bubble, 1e3 * w->bubble_s);
     printf("step: %.2f ms, %.0f tokens/s, MFU %.1f%%\n", 1e3 * w->step, w->tokens_s, 100 * w->mfu);
     print_command(w, sp, o, model_args);
+}
+
+const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOptions *o) {
+    static char msg[200];
+    static const char *const keys[] = {"etp", "ep", "tp", "vpp", "pp", "dp", "zero", "micro"};
+    *l = (PlanLayout){1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, o->grad_accum, 0};
+    int *slot[] = {&l->etp, &l->ep, &l->tp, &l->vpp, &l->pp, &l->dp, &l->zero, &l->micro};
+    char buf[512];
+    if (strlen(text) >= sizeof buf) return "--explain: the layout is too long";
+    strcpy(buf, text);
+    for (char *w = strtok(buf, " ,"); w; w = strtok(NULL, " ,")) {
+        if (!strncmp(w, "recompute-layers", 16)) {
+            char *end;
+            long v = strtol(w + 16, &end, 10);
+            if (end == w + 16 || *end || v < 1 || v > 1 << 20)
+                return snprintf(msg, sizeof msg, "--explain: '%s': recompute-layersN, N >= 1", w), msg;
+            l->rc_layers = (int)v;
+            continue;
+        }
+        if (!strncmp(w, "recompute-", 10)) {
+            const char *v = w + 10;
+            l->recompute = !strcmp(v, "none") ? RECOMPUTE_NONE
+                : !strcmp(v, "moe")           ? RECOMPUTE_MOE
+                : !strcmp(v, "attn")          ? RECOMPUTE_ATTN
+                : !strcmp(v, "full")          ? RECOMPUTE_FULL
+                                              : -1;
+            if (l->recompute < 0)
+                return snprintf(msg, sizeof msg, "--explain: '%s': recompute-none|attn|moe|full", w), msg;
+            continue;
+        }
+        size_t k = 0, n = sizeof keys / sizeof *keys;
+        while (k < n && strncmp(w, keys[k], strlen(keys[k]))) k++;
+        char *end;
+        long v = k < n ? strtol(w + strlen(keys[k]), &end, 10) : 0;
+        if (k == n || end == w + strlen(keys[k]) || *end || v < (k == 6 ? 0 : 1) ||
+            v > (k == 6 ? 2 : 1 << 20))
+            return snprintf(
+                       msg, sizeof msg,
+                       "--explain: '%s' is not a layout word (tpN epN etpN ppN vppN dpN zero0|1|2 microN "
+                       "recompute-none|attn|moe|full recompute-layersN)",
+                       w),
+                   msg;
+        *slot[k] = (int)v;
+    }
+    if (l->rc_layers && l->recompute == RECOMPUTE_NONE)
+        return "--explain: recompute-layersN limits recompute-attn|moe|full to the first N layers: name one";
+    return NULL;
 }
