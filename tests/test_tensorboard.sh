@@ -11,7 +11,8 @@
 #       TensorBoard each step once, with the re-done steps' values (the old file's are dropped);
 #   (4) a write that fails (a file-size limit the event file reaches first) ends the run with one error
 #       naming the event file, and the file keeps whole records only;
-#   (5) --tensorboard 0 writes none; 2 is refused.
+#   (5) --tensorboard 0 writes none; 2 is refused;
+#   (6) perf/mfu with --mfu-peak (the cpu has no built-in peak: none without it): tflops / peak at each step.
 set -u
 . "$(dirname "$0")/lib.sh"
 small_fixture
@@ -110,6 +111,22 @@ print("PASS: the event file holds %d whole records after the failed write" % n)
 PY
 py_checks_out() { while IFS= read -r l; do case "$l" in PASS:*) pass "${l#PASS: }";; *) fail "$l";; esac; done < py.txt; }
 py_checks_out
+run_ok "--mfu-peak 0.002" "$MOE" train "${ARGS[@]}" --steps 3 --eval-every 0 --mfu-peak 0.002 --out mfu
+python3 - mfu r > py.txt 2> py.err <<'PY' || cat py.err >> py.txt   # (the reader warns of r's resume on stderr)
+import json, struct, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+def scalars(run, tag):
+    ea = EventAccumulator(run, size_guidance={"scalars": 0}); ea.Reload()
+    return [(s.step, s.value) for s in ea.Scalars(tag)] if tag in ea.Tags()["scalars"] else None
+f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]
+want = [(r["step"], f32(r["tflops"] / 0.002)) for r in map(json.loads, open(sys.argv[1] + "/metrics.jsonl")) if "loss" in r]
+got = scalars(sys.argv[1], "perf/mfu")
+ok = got is not None and [s for s, _ in got] == [s for s, _ in want] and all(abs(g - w) <= 1e-6 * w for (_, g), (_, w) in zip(got, want))
+print(("PASS: perf/mfu at every step is tflops / --mfu-peak (%s)" if ok else "FAIL: perf/mfu %s, want tflops / peak") % (got,))
+none = scalars(sys.argv[2], "perf/mfu")
+print("PASS: no perf/mfu on the cpu without --mfu-peak" if none is None else "FAIL: perf/mfu without a peak: %s" % none[:3])
+PY
+while IFS= read -r l; do case "$l" in PASS:*) pass "${l#PASS: }";; FAIL:*) fail "${l#FAIL: }";; *) fail "mfu check: $l";; esac; done < py.txt
 run_ok "--tensorboard 0" "$MOE" train "${ARGS[@]}" --steps 2 --eval-every 0 --tensorboard 0 --out off
 ls off/events.out.tfevents.* > /dev/null 2>&1 && fail "--tensorboard 0 wrote an event file" || pass "--tensorboard 0: no event file"
 run_fail "--tensorboard must be 0 or 1 (got 2)" "$MOE" train "${ARGS[@]}" --steps 2 --tensorboard 2 --out bad

@@ -187,6 +187,19 @@ fi
 [ ! -e accum/loss.png ] && [ ! -e accum/expert_load.png ] && pass "--plots 0 writes no PNG" ||
   fail "--plots 0 still wrote a PNG"
 
+# MFU in the progress lines: model FLOPs a second over ranks x one device's peak (--mfu-peak TFLOP/s; the
+# cpu has no built-in peak, so none is shown without it): each line's MFU is 100 x its step's metrics.jsonl
+# tflops / the peak, to the printed 0.1
+"$MOE" train --out mfu --steps 3 --batch 8 --seq-len 32 --eval-batches 1 --sample-tokens 0 --plots 0 \
+  --mfu-peak 0.002 > mfu.txt 2>&1
+got=$(grep -E '^step ' mfu.txt | grep -oE 'MFU [0-9.]+%' | grep -oE '[0-9.]+' | tr '\n' ' ')
+want=$(grep -o '"tflops":[^,}]*' mfu/metrics.jsonl | cut -d: -f2 | awk '{ printf "%.1f ", 100 * $1 / 0.002 }')
+[ -n "$got" ] && [ "$got" = "$want" ] && pass "--mfu-peak 0.002: the progress lines' MFU ($got) is 100 x tflops / peak" ||
+  fail "--mfu-peak: progress MFU '$got', want '$want'"
+"$MOE" train --out nomfu --steps 1 --batch 8 --seq-len 32 --eval-batches 1 --sample-tokens 0 --plots 0 > nomfu.txt 2>&1
+[ "$(grep -c '^step ' nomfu.txt)" = 1 ] && ! grep -q MFU nomfu.txt && pass "no MFU without a peak on the cpu" ||
+  fail "the cpu without --mfu-peak: $(grep '^step ' nomfu.txt)"
+
 # MOE_PROFILE=1 times every op but changes no result: the same losses, and the report is printed
 P="--steps 5 --batch 8 --seq-len 32 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet"
 "$MOE" train --out prof0 $P > prof0.txt 2>&1

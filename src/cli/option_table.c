@@ -185,6 +185,9 @@ const Opt opts[] = {
     {"plots", O_INT, TO(plots), C_TRAIN, "1: write loss.png and expert_load.png"},
     {"tensorboard", O_INT, TO(tensorboard), C_TRAIN,
      "1: write TensorBoard scalar event files (events.out.tfevents.*) in the run directory"},
+    {"mfu-peak", O_FLOAT, TO(mfu_peak), C_TRAIN,
+     "one device's peak TFLOP/s for the MFU of the progress lines and TensorBoard (model FLOPs / (ranks x "
+     "peak); 0: the GPU's built-in profile's bf16 dense peak (H100, H200); the cpu has none)"},
     {"quiet", O_FLAG, TO(quiet), C_TRAIN, "no per-step progress lines"},
     {"check-replicas", O_FLAG, TO(check_replicas), C_TRAIN,
      "at the end, check router/dense replicas are bitwise equal on every rank"},

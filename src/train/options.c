@@ -101,6 +101,8 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (!(o->dropout >= 0 && o->dropout < 1)) BAD("--dropout must be in [0, 1) (got %g)", o->dropout);
     if (o->tensorboard != 0 && o->tensorboard != 1)
         BAD("--tensorboard must be 0 or 1 (got %d)", o->tensorboard);
+    if (!(o->mfu_peak >= 0 && isfinite(o->mfu_peak)))
+        BAD("--mfu-peak must be a TFLOP/s figure >= 0 (0: the GPU's built-in profile), got %g", o->mfu_peak);
     if (!(o->embed_dropout >= 0 && o->embed_dropout < 1))
         BAD("--embed-dropout must be in [0, 1) (got %g)", o->embed_dropout);
     if (o->sample_tokens < 0 || o->sample_tokens > SAMPLE_MAX_TOKENS)

@@ -28,6 +28,7 @@ typedef struct {
     int sample_tokens; // tokens sampled at the end of the run (0 = none)
     int plots; // write loss.png / expert_load.png
     int tensorboard; // write TensorBoard scalar event files in the run directory
+    float mfu_peak; // --mfu-peak: one device's peak TFLOP/s for the MFU shown (0: the GPU's built-in profile)
     int quiet; // no per-step progress lines (metrics.jsonl still written)
     int check_replicas; // at the end, verify replicas are bitwise equal across the mesh
     int resume, force;

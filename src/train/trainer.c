@@ -345,16 +345,18 @@ void train_check(const ModelConfig *cfg, const TrainOptions *o, Comm *world) {
     run_setup_free(&r);
 }
 
-// perf/mfu's peak (FLOP/s a GPU): the bf16 dense peak of this GPU's built-in profile (hwprofile_for_gpu by
-// the device's name), else 0: no MFU scalar, said once here. cpu runs have none.
+// The MFU's peak (FLOP/s a device; the progress lines' MFU and TensorBoard's perf/mfu): --mfu-peak, else the
+// bf16 dense peak of this GPU's built-in profile (hwprofile_for_gpu by the device's name), else 0: no MFU,
+// said once here. cpu runs have none unless given.
 static double mfu_peak(const Run *r) {
     char name[256];
+    if (r->o->mfu_peak > 0) return r->o->mfu_peak * 1e12;
     if (!r->place.on_gpu) return 0;
     backend_cuda_device_name(name, sizeof name);
     const HwProfile *p = hwprofile_for_gpu(name);
     if (!p)
         fprintf(r->out,
-                "TensorBoard: no perf/mfu scalar: no built-in peak for the GPU \"%s\" (profiles %s)\n", name,
+                "MFU: no built-in peak for the GPU \"%s\" (profiles %s; --mfu-peak TFLOPS gives one)\n", name,
                 hwprofile_names());
     return p ? p->peak_tflops * 1e12 : 0;
 }
@@ -379,7 +381,7 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->flops_tok = cost_flops(NULL, &r->c, o->seq_len);
     r->first = (int)r->st.step;
     r->tb = r->rank0 && o->tensorboard ? tb_open(o->out, r->first, 12 + r->c.n_layers) : NULL;
-    if (r->tb) r->mfu_peak = mfu_peak(r);
+    r->mfu_peak = mfu_peak(r);
     if (r->first >= o->steps)
         fprintf(r->out, "the checkpoint is at step %d, which already reaches --steps %d: nothing to train\n",
                 r->first, o->steps);
@@ -489,12 +491,15 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     if (s->stages > 1)
         snprintf(wait + strlen(wait), sizeof wait - strlen(wait), " | bubble %.0f%%", 100 * bubble);
     adapt_progress(&r->adapt, &r->m, wait + strlen(wait), sizeof wait - strlen(wait));
-    char mtp[32] = "";
+    char mtp[32] = "", mfu[32] = "";
     if (r->c.mtp_depth) snprintf(mtp, sizeof mtp, " | mtp %.4f", s->mtp);
-    printf("step %*d/%d | loss %.4f%s | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s | "
+    if (r->mfu_peak > 0) // (model FLOPs over ranks x peak, each rank one device)
+        snprintf(mfu, sizeof mfu, " | MFU %.1f%%",
+                 100 * tps * r->flops_tok / (comm_size(r->world) * r->mfu_peak));
+    printf("step %*d/%d | loss %.4f%s | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s%s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
            (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, mtp, s->aux, s->z, s->lr,
-           s->gnorm, tps, worst, L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", wait, eta);
+           s->gnorm, tps, mfu, worst, L <= 4 ? " (" : "", per_layer, L <= 4 ? ")" : "", wait, eta);
     fflush(stdout);
 }
 
