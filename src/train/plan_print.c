@@ -58,8 +58,8 @@ static void print_head(const PlanSpec *sp, const TrainOptions *o) {
                                    : "ours (cuda)",
                sp->hw.internode_gbps);
     static const char *const dp[3] = {"none", "the reduction (--overlap-grad-reduce)",
-                                      "the reduction and the weights' all-gather (--overlap-grad-reduce, "
-                                      "--overlap-param-gather)"};
+                                      ("the reduction and the weights' all-gather (--overlap-grad-reduce, "
+                                       "--overlap-param-gather)")};
     if (sp->hide_tp || sp->hide_pp || sp->hide_dp)
         printf(
             "Megatron-Core's overlaps: TP collectives hidden: %s; pipeline sends hidden: %s; DP hidden: %s\n",
