@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "parallel/stages.h"
 #include "train/cost.h"
+#include "train/cost_acts.h"
 #include "train/schedule.h"
 
 const char *const plan_reason_name[PLAN_R_N] = {"mesh", "pipeline", "batch", "schedule", "memory"};
@@ -127,9 +128,9 @@ static void stage_work(StageWork *w, const CostMesh *m, int s, const ModelConfig
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * m->ms.pp + s;
         w->lay[ch] = m->sp.first[v + 1] - m->sp.first[v];
-        int rcl = 0, rcm = 0; // (the layers that recompute: every layer, or the first --recompute-layers)
+        int rcl = 0, rcm = 0; // (the layers that recompute: cost_acts.h rc_of, --recompute-layers' rule)
         for (int l = m->sp.first[v]; l < m->sp.first[v + 1]; l++) {
-            int rc = !t->recompute_layers || l < t->recompute_layers;
+            int rc = rc_of(t, l) != 0;
             w->moe[ch] += !config_layer_dense(c, l);
             rcl += rc;
             rcm += rc && !config_layer_dense(c, l);

@@ -394,18 +394,23 @@ static void run_open(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, i
     r->t_start = now_seconds();
 }
 
+// The model FLOPs utilisation at tps tokens a second: model FLOPs over ranks x one device's peak (mfu_peak >
+// 0)
+static double run_mfu(const Run *r, double tps) {
+    return tps * r->flops_tok / (comm_size(r->world) * r->mfu_peak);
+}
+
 // The step's scalars in the TensorBoard file (the per-layer load balance added by run_record); MFU where the
 // GPU has a built-in profile (mfu_peak), each rank counted as one GPU.
 static void tb_record(Run *r, int step, const StepStats *s, double tps, double worst) {
-    double flops = tps * r->flops_tok;
     tb_add(r->tb, "train/loss", s->loss);
     tb_add(r->tb, "train/aux_loss", s->aux);
     tb_add(r->tb, "train/z_loss", s->z);
     tb_add(r->tb, "train/lr", s->lr);
     tb_add(r->tb, "train/grad_norm", s->gnorm);
     tb_add(r->tb, "perf/tokens_per_s", tps);
-    tb_add(r->tb, "perf/tflops", flops / 1e12);
-    if (r->mfu_peak > 0) tb_add(r->tb, "perf/mfu", flops / (comm_size(r->world) * r->mfu_peak));
+    tb_add(r->tb, "perf/tflops", tps * r->flops_tok / 1e12);
+    if (r->mfu_peak > 0) tb_add(r->tb, "perf/mfu", run_mfu(r, tps));
     tb_add(r->tb, "load/max_over_mean", worst);
     tb_write(r->tb, step + 1);
 }
@@ -494,9 +499,7 @@ static void run_record(Run *r, int step, const StepStats *s, double dt, int tune
     adapt_progress(&r->adapt, &r->m, wait + strlen(wait), sizeof wait - strlen(wait));
     char mtp[32] = "", mfu[32] = "";
     if (r->c.mtp_depth) snprintf(mtp, sizeof mtp, " | mtp %.4f", s->mtp);
-    if (r->mfu_peak > 0) // (model FLOPs over ranks x peak, each rank one device)
-        snprintf(mfu, sizeof mfu, " | MFU %.1f%%",
-                 100 * tps * r->flops_tok / (comm_size(r->world) * r->mfu_peak));
+    if (r->mfu_peak > 0) snprintf(mfu, sizeof mfu, " | MFU %.1f%%", 100 * run_mfu(r, tps));
     printf("step %*d/%d | loss %.4f%s | aux %.4f | z %.4f | lr %.2e | gnorm %.3f | %6.0f tok/s%s | "
            "load max/mean %.2f%s%s%s%s | ETA %s\n",
            (int)(snprintf(NULL, 0, "%d", o->steps)), step + 1, o->steps, s->loss, mtp, s->aux, s->z, s->lr,
