@@ -200,6 +200,13 @@ want=$(grep -o '"tflops":[^,}]*' mfu/metrics.jsonl | cut -d: -f2 | awk '{ printf
 [ "$(grep -c '^step ' nomfu.txt)" = 1 ] && ! grep -q MFU nomfu.txt && pass "no MFU without a peak on the cpu" ||
   fail "the cpu without --mfu-peak: $(grep '^step ' nomfu.txt)"
 
+mkdir G && echo keep > G/keep && GUARD="$TMP/G"
+run_fail "--mfu-peak must be a TFLOP/s figure >= 0 (0: the GPU's built-in profile), got -1" \
+  "$MOE" train --out G/R --steps 1 --mfu-peak -1
+run_fail "train --mfu-peak: 'inf' is not a finite number" \
+  "$MOE" train --out G/R --steps 1 --mfu-peak inf
+GUARD=""
+
 # MOE_PROFILE=1 times every op but changes no result: the same losses, and the report is printed
 P="--steps 5 --batch 8 --seq-len 32 --eval-batches 1 --sample-tokens 0 --plots 0 --quiet"
 "$MOE" train --out prof0 $P > prof0.txt 2>&1
