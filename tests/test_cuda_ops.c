@@ -1695,6 +1695,66 @@ static void test_bf16_shadow(void) {
     free(xr);
 }
 
+// ops.h alloc_holes (cuda_vm.cu): a buffer whose hole A spans whole 2 MiB pages (not there) and hole B lies
+// inside one page (there). What must hold: the bytes outside the holes' whole pages read zeros, take writes
+// and give them back (to_device / to_host, zero, and a grouped GEMM's GM_DW_BF16 weight gradient written into
+// the packed half before hole A: the bits of the same op on an ordinary buffer), on both sides of each hole,
+// also in hole B; free gives it back (a second buffer after it); without holes the buffer is alloc's.
+static void test_alloc_holes(void) {
+    const size_t M = 1 << 20, N = 6 * M, A0 = M, A1 = 5 * M - 3, B0 = 5 * M + 100,
+                 B1 = 5 * M + 400; // (floats)
+    const size_t hole[4] = {A0, A1, B0, B1};
+    for (int round = 0; round < 2; round++) {
+        float *p = gpu->alloc_holes(N, hole, 2);
+        size_t at[] = {0, A0 - 200, A1 + 1, B0 - 50, B0 + 10, B1, N - 200}, bad = 0;
+        float *v = hrand(200, 1.0f), *z = xcalloc(200, sizeof(float)), *r = xmalloc(200 * sizeof(float));
+        for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+            gpu->to_host(r, p + at[i], 200 * sizeof(float));
+            bad += memcmp(r, z, 200 * sizeof(float)) != 0;
+            gpu->to_device(p + at[i], v, 200 * sizeof(float));
+            gpu->to_host(r, p + at[i], 200 * sizeof(float));
+            bad += memcmp(r, v, 200 * sizeof(float)) != 0;
+            gpu->zero(p + at[i], 200 * sizeof(float));
+            gpu->to_host(r, p + at[i], 200 * sizeof(float));
+            bad += memcmp(r, z, 200 * sizeof(float)) != 0;
+        }
+        EXPECT(bad == 0, "alloc_holes (round %d): %zu of %zu reads outside the holes' pages wrong", round,
+               bad, 3 * sizeof at / sizeof at[0]);
+        // a packed weight gradient (G blocks of O x K, bf16: G O K / 2 floats) ending right at hole A
+        const int G = 2, K = 256, O = 512, R = 300;
+        const int64_t off[3] = {0, 120, R};
+        float *x = hrand((size_t)R * K, 1.0f), *dy = hrand((size_t)R * O, 1.0f),
+              *w = hrand((size_t)G * O * K, 0.1f);
+        float *xd = gpu_putf(gpu, x, (size_t)R * K), *dyd = gpu_putf(gpu, dy, (size_t)R * O),
+              *wd = gpu_putf(gpu, w, (size_t)G * O * K), *plain = gpu->alloc(sizeof(float) * G * O * K);
+        size_t half = (size_t)G * O * K / 2;
+        float *dw = p + A0 - half;
+        gpu->grouped_matmul_bwd(NULL, dw, dyd, xd, wd, off, G, K, O, GM_DW_WRITE | GM_DW_BF16);
+        gpu->grouped_matmul_bwd(NULL, plain, dyd, xd, wd, off, G, K, O, GM_DW_WRITE | GM_DW_BF16);
+        float *a = gpu_getf(gpu, dw, half), *b = gpu_getf(gpu, plain, half);
+        EXPECT(!memcmp(a, b, half * sizeof(float)),
+               "alloc_holes: a packed weight gradient before hole A differs from the same op's on alloc's "
+               "buffer");
+        free(a);
+        free(b);
+        float *bufs[] = {xd, dyd, wd, plain};
+        for (int i = 0; i < 4; i++) gpu->free(bufs[i]);
+        free(x);
+        free(dy);
+        free(w);
+        free(v);
+        free(z);
+        free(r);
+        gpu->free(p);
+    }
+    float *q = gpu->alloc_holes(1000, NULL, 0), *r = gpu_getf(gpu, q, 1000),
+          *z = xcalloc(1000, sizeof(float));
+    EXPECT(!memcmp(r, z, 1000 * sizeof(float)), "alloc_holes without holes: not zeroed");
+    gpu->free(q);
+    free(r);
+    free(z);
+}
+
 // ops.h alloc_bf16_params: a parameter buffer whose holes keep their weights in the bf16 copy alone.
 // Hole A spans whole 2 MiB pages (their float32 memory is not there), hole B lies inside one page (its
 // float32 memory is there, poisoned). What must hold: to_device then to_host gives back the bf16 values
@@ -2720,6 +2780,7 @@ static void run_suite(const Backend *be, int big) {
     test_rope_rows_dropout(1, 40, 2, 32, 10000.0f, 39, 40);
     test_swiglu(10007);
     if (gpu_bf16) test_bf16_shadow();
+    test_alloc_holes();
     if (gpu_bf16) test_bf16_params(OPT_BF16_NEAREST);
     if (gpu_bf16) test_bf16_params(OPT_BF16_STOCHASTIC);
     test_attention(2, 70, 4, 2, 24);

@@ -319,7 +319,8 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
     k->lean = acts_lean(c, ms, B, T, fp8, 0);
-    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone - k->lean;
+    k->holes = !meshed ? acts_holes(c, o, B, T, 1) : 0; // (packed: one process)
+    k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone - k->lean - k->holes;
     k->routed = acts_routed(c, ms, B, T, inst, kept_rows(o, inst, irc), 2) - acts_lean(c, ms, B, T, fp8, 1);
 }
 

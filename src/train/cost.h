@@ -72,6 +72,7 @@ typedef struct {
     double lent; // of its activations, in the expert gradients' memory (replaces the float32 figure's) and,
                  // with the lean MoE scratch, layer 0's in the embedding's gradient
     double lean; // less: the backward's scratch its lean MoE scratch does without (moe.h moe_scratch_init)
+    double holes; // less: the packed expert gradients' blocks left out (ops.h alloc_holes; one process)
     double total; // its total (the CUDA context aside)
     double routed; // as CostMemory.routed, with the rows in the cuda backend's formats
 } CostCuda;

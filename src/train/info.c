@@ -104,11 +104,16 @@ static void print_cuda(const CostCuda *k, const char *head) {
         fmt_bytes(a, sizeof a, k->alone);
         snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " - float32 weights in the bf16 copy alone %s", a);
     }
-    char ln[64] = "";
+    char ln[128] = "";
     if (k->lean > 0) {
         char a[32];
         fmt_bytes(a, sizeof a, k->lean);
         snprintf(ln, sizeof ln, " - lean backward scratch %s", a);
+    }
+    if (k->holes > 0) {
+        char a[32];
+        fmt_bytes(a, sizeof a, k->holes);
+        snprintf(ln + strlen(ln), sizeof ln - strlen(ln), " - packed expert gradients' holes %s", a);
     }
     printf(
         "%s - bf16 rows %s + bf16 weights %s%s + scratch %s (bf16 GEMM operands %s, workspace %s)%s, %s of "

@@ -83,8 +83,14 @@ static void *cuda_alloc(size_t bytes) {
     return p;
 }
 
+// ops.h alloc_holes: virtual memory with the holes' pages unbacked (cuda_vm.cu); without holes a buffer as
+// alloc's (nothing to leave out)
+static float *cuda_alloc_holes_be(size_t n, const size_t *hole, int nh) {
+    return nh ? cuda_alloc_holes(n, hole, nh) : (float *)cuda_alloc(n * sizeof(float));
+}
+
 static void cuda_free(void *p) {
-    if (cuda_bf16_params_free(p)) return;
+    if (cuda_bf16_params_free(p) || cuda_holes_free(p)) return;
     cuda_bf16_shadow_freed(p);
     if (p) CUDA_CHECK(cudaFree(p));
 }
@@ -171,6 +177,7 @@ extern "C" int backend_cuda_available(void) {
 static void fill_common(Backend *be) {
     be->alloc = cuda_alloc;
     be->free = cuda_free;
+    be->alloc_holes = cuda_alloc_holes_be;
     be->to_device = cuda_to_device;
     be->to_host = cuda_to_host;
     be->copy = cuda_copy;

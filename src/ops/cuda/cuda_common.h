@@ -254,6 +254,9 @@ int cuda_bf16_params_to_host(void *dst, const void *src, size_t bytes);
 int cuda_bf16_params_to_device(void *dst, const void *src, size_t bytes);
 int cuda_bf16_in_hole(const float *p, size_t off, size_t n);
 unsigned cuda_bf16_holes_gen(const float *p);
+// cuda_vm.cu: ops.h alloc_holes (virtual memory, the holes' whole pages unbacked); free (1 if p was one).
+float *cuda_alloc_holes(size_t n, const size_t *hole, int nh);
+int cuda_holes_free(const void *p);
 // cuda_gemm.cu: float32 (cuda-fp32) and bf16 tensor-core (cuda) GEMMs; same contracts as ops.h
 // dst (n bf16) = src (n floats) rounded to nearest even; any alignment (vectorised where 16-byte aligned);
 // and back (exact)

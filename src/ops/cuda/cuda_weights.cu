@@ -1,22 +1,18 @@
 // cuda_weights.cu — the bf16 copy of the weights that the "cuda" backend's GEMMs read (ops.h bf16_shadow),
 // and the parameter buffer whose weights in its holes live in that copy alone (ops.h alloc_bf16_params:
-// virtual memory with the whole pages inside the holes left unbacked, 4 bytes a parameter less under the
-// bf16 policy). AdamW's writes of the copy are cuda_optim.cu's; the conversion kernel is cuda_gemm.cu's.
-// Must not hold: kernels or any knowledge of the model.
+// virtual memory with the whole pages inside the holes left unbacked, cuda_vm.h, 4 bytes a parameter less
+// under the bf16 policy). AdamW's writes of the copy are cuda_optim.cu's; the conversion kernel is
+// cuda_gemm.cu's. Must not hold: kernels or any knowledge of the model.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ops/cuda/cuda_common.h"
+#include "ops/cuda/cuda_vm.h"
 
 typedef __nv_bfloat16 bf16;
 
 #define MAX_HOLES 4096
-
-typedef struct {
-    size_t off, bytes;
-    CUmemGenericAllocationHandle h;
-} Piece; // a backed piece of a buffer with holes
 
 // (ops.h bf16_shadow) The trainer registers its whole parameter buffer; the bf16 GEMMs then take a
 // weight's bf16 values from the copy instead of converting it on each call (each weight is used by
@@ -34,11 +30,7 @@ static struct {
     size_t h[2 * MAX_HOLES];
     unsigned gen; // which buffer with holes (adamw_runs' per-run flags are for one)
     unsigned long long ver; // the copy's version: bumped by every change of what it holds or covers
-    // the virtual memory of a buffer with holes: the reserved range and its backed pieces
-    CUdeviceptr va;
-    size_t va_bytes;
-    int npc;
-    Piece *pc;
+    VmBuf vm; // the virtual memory of a buffer with holes: the reserved range and its backed pieces
 } g_sh;
 
 static void mirror_alloc(size_t n) {
@@ -180,116 +172,14 @@ extern "C" const void *cuda_bf16_shadow_of(const float *w, size_t count) {
     return hole || g_sh.valid ? g_sh.mirror + off : NULL;
 }
 
-// ---------------------------------------------------------------- buffers with holes (virtual memory)
-// The driver's virtual memory calls, through the runtime's entry points (the binary does not link
-// libcuda: it must start where no driver is installed).
-typedef CUresult (*PfnGran)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
-typedef CUresult (*PfnReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-typedef CUresult (*PfnCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
-                              unsigned long long);
-typedef CUresult (*PfnMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-typedef CUresult (*PfnAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-typedef CUresult (*PfnUnmap)(CUdeviceptr, size_t);
-typedef CUresult (*PfnRelease)(CUmemGenericAllocationHandle);
-typedef CUresult (*PfnFree)(CUdeviceptr, size_t);
-static struct {
-    PfnGran gran;
-    PfnReserve reserve;
-    PfnCreate create;
-    PfnMap map;
-    PfnAccess access;
-    PfnUnmap unmap;
-    PfnRelease release;
-    PfnFree free;
-} g_vm;
-
-static void *vm_fn(const char *name) {
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q;
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
-    CHECK(q == cudaDriverEntryPointSuccess && fn,
-          "the CUDA driver has no %s (virtual memory management, which "
-          "--precision bf16 uses to keep the GEMMs' weights in bf16 alone): update the driver, or run with "
-          "MOE_BF16_SHADOW=0 (the weights in float32 memory)",
-          name);
-    return fn;
-}
-
-#define VM_CHECK(call) \
-    do { \
-        CUresult _r = (call); \
-        if (_r != CUDA_SUCCESS) \
-            DIE("%s:%d: %s failed: CUresult %d; hint: %s", __FILE__, __LINE__, #call, (int)_r, \
-                _r == CUDA_ERROR_OUT_OF_MEMORY ? cuda_hint(cudaErrorMemoryAllocation) \
-                    : _r == CUDA_ERROR_NOT_SUPPORTED \
-                    ? "this GPU or driver has no virtual memory management: MOE_BF16_SHADOW=0 " \
-                      "keeps --precision bf16's weights in float32 memory instead" \
-                    : cuda_hint(cudaErrorUnknown)); \
-    } while (0)
-
-static void vm_init(void) {
-    if (g_vm.gran) return;
-    g_vm.gran = (PfnGran)vm_fn("cuMemGetAllocationGranularity");
-    g_vm.reserve = (PfnReserve)vm_fn("cuMemAddressReserve");
-    g_vm.create = (PfnCreate)vm_fn("cuMemCreate");
-    g_vm.map = (PfnMap)vm_fn("cuMemMap");
-    g_vm.access = (PfnAccess)vm_fn("cuMemSetAccess");
-    g_vm.unmap = (PfnUnmap)vm_fn("cuMemUnmap");
-    g_vm.release = (PfnRelease)vm_fn("cuMemRelease");
-    g_vm.free = (PfnFree)vm_fn("cuMemAddressFree");
-}
-
+// ---------------------------------------------------------------- the parameter buffer with holes
 extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
     CHECK(!g_sh.nh, "alloc_bf16_params: a parameter buffer with holes exists already (one at a time)");
-    CHECK(nh >= 1 && nh <= MAX_HOLES, "alloc_bf16_params: %d holes (1 to %d; none: alloc)", nh, MAX_HOLES);
-    for (int i = 0; i < nh; i++)
-        CHECK(hole[2 * i] < hole[2 * i + 1] && hole[2 * i + 1] <= n &&
-                  (i == 0 || hole[2 * i] >= hole[2 * i - 1]),
-              "alloc_bf16_params: hole %d [%zu, %zu) is empty, past the buffer's %zu elements or not after "
-              "the one "
-              "before it",
-              i, hole[2 * i], hole[2 * i + 1], n);
+    CHECK(nh >= 1, "alloc_bf16_params: no holes (none: alloc)");
+    vm_holes_check(n, hole, nh, MAX_HOLES, "alloc_bf16_params");
     if (g_sh.base) cuda_bf16_shadow(NULL, 0); // (a copy of another buffer: dropped, as registering anew does)
-    vm_init();
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    size_t pg = 0;
-    VM_CHECK(g_vm.gran(&pg, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    size_t bytes = n * sizeof(float), total = (bytes + pg - 1) / pg * pg;
-    if (!total) total = pg;
-    VM_CHECK(g_vm.reserve(&g_sh.va, total, pg, 0, 0));
-    g_sh.va_bytes = total;
-    // page k is backed unless it lies wholly inside a hole's bytes; consecutive backed pages make a piece
-    size_t npg = total / pg;
-    g_sh.pc = (Piece *)xcalloc(npg, sizeof *g_sh.pc);
-    g_sh.npc = 0;
-    for (size_t k = 0, j = 0; k < npg; k++) {
-        size_t s = k * pg, e = s + pg;
-        while (j < (size_t)nh && hole[2 * j + 1] * sizeof(float) <= s) j++;
-        int unbacked =
-            j < (size_t)nh && hole[2 * j] * sizeof(float) <= s && hole[2 * j + 1] * sizeof(float) >= e;
-        if (unbacked) continue;
-        if (g_sh.npc && g_sh.pc[g_sh.npc - 1].off + g_sh.pc[g_sh.npc - 1].bytes == s)
-            g_sh.pc[g_sh.npc - 1].bytes += pg;
-        else g_sh.pc[g_sh.npc++] = Piece{s, pg, 0};
-    }
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    for (int i = 0; i < g_sh.npc; i++) {
-        Piece *q = &g_sh.pc[i];
-        VM_CHECK(g_vm.create(&q->h, q->bytes, &prop, 0));
-        VM_CHECK(g_vm.map(g_sh.va + q->off, q->bytes, 0, q->h, 0));
-        VM_CHECK(g_vm.access(g_sh.va + q->off, q->bytes, &acc, 1));
-        CUDA_CHECK(cudaMemset((void *)(g_sh.va + q->off), 0, q->bytes));
-    }
-    g_sh.base = (const float *)g_sh.va;
+    vm_map(&g_sh.vm, n, hole, nh);
+    g_sh.base = (const float *)g_sh.vm.va;
     g_sh.n = n;
     g_sh.nh = nh;
     memcpy(g_sh.h, hole, sizeof(size_t) * 2 * nh);
@@ -297,8 +187,9 @@ extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
     g_sh.ver++;
     // the float32 memory of a hole that is backed (its pages at the edges) is never read: poison it (NaN),
     // so that an op reading a stored weight as float32 shows at once rather than reading zeros
-    for (int i = 0; i < g_sh.npc; i++) {
-        size_t ps = g_sh.pc[i].off / sizeof(float), pe = (g_sh.pc[i].off + g_sh.pc[i].bytes) / sizeof(float);
+    for (int i = 0; i < g_sh.vm.npc; i++) {
+        size_t ps = g_sh.vm.pc[i].off / sizeof(float),
+               pe = (g_sh.vm.pc[i].off + g_sh.vm.pc[i].bytes) / sizeof(float);
         by_holes(ps, pe < n ? pe : n, [](size_t a, size_t b, int hole) {
             if (hole) CUDA_CHECK(cudaMemset((void *)(g_sh.base + a), 0xff, (b - a) * sizeof(float)));
         });
@@ -306,23 +197,13 @@ extern "C" float *cuda_alloc_bf16_params(size_t n, const size_t *hole, int nh) {
     mirror_alloc(n);
     CUDA_CHECK(cudaMemset(g_sh.mirror, 0, n * sizeof(bf16))); // the copy of the zeroed buffer
     g_sh.valid = 1;
-    return (float *)g_sh.va;
+    return (float *)g_sh.vm.va;
 }
 
 // cuda_free of p: 1 if p was the buffer with holes (now released with its copy), else 0.
 extern "C" int cuda_bf16_params_free(const void *p) {
-    if (!g_sh.va || !p || p != (const void *)g_sh.va) return 0;
-    CUDA_CHECK(cudaDeviceSynchronize()); // no kernel still uses it
-    for (int i = 0; i < g_sh.npc; i++) {
-        VM_CHECK(g_vm.unmap(g_sh.va + g_sh.pc[i].off, g_sh.pc[i].bytes));
-        VM_CHECK(g_vm.release(g_sh.pc[i].h));
-    }
-    VM_CHECK(g_vm.free(g_sh.va, g_sh.va_bytes));
-    free(g_sh.pc);
-    g_sh.pc = NULL;
-    g_sh.npc = 0;
-    g_sh.va = 0;
-    g_sh.va_bytes = 0;
+    if (!g_sh.vm.va || !p || p != (const void *)g_sh.vm.va) return 0;
+    vm_unmap(&g_sh.vm); // (synchronises: no kernel still uses it)
     g_sh.nh = 0;
     cuda_bf16_shadow_freed(p);
     return 1;
