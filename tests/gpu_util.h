@@ -125,12 +125,15 @@ static inline void *cu_get(const void *d, size_t bytes) {
     if (bytes) CU_CK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
     return h;
 }
-// a kernel's non-finite count: a zeroed device counter, then its value (the counter freed)
-static inline unsigned long long *cu_counter(void) { return cu_alloc(sizeof(unsigned long long), 0); }
-static inline long long cu_count(unsigned long long *c) {
-    unsigned long long h;
-    CU_CK(cudaMemcpy(&h, c, sizeof h, cudaMemcpyDeviceToHost));
+// a quantiser's counter (cuda_fp8.h: the non-finite count, then 1 + the finite groups' largest amax bits):
+// zeroed on the device; then its count (the counter freed), and where amax is not NULL its second word
+static inline unsigned long long *cu_counter(void) { return cu_alloc(2 * sizeof(unsigned long long), 0); }
+static inline long long cu_count_amax(unsigned long long *c, unsigned long long *amax) {
+    unsigned long long h[2];
+    CU_CK(cudaMemcpy(h, c, sizeof h, cudaMemcpyDeviceToHost));
     CU_CK(cudaFree(c));
-    return (long long)h;
+    if (amax) *amax = h[1];
+    return (long long)h[0];
 }
+static inline long long cu_count(unsigned long long *c) { return cu_count_amax(c, NULL); }
 #endif

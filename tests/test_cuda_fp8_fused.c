@@ -97,6 +97,14 @@ static void same_count(const char *what, const char *tag, long long a, long long
     checks++;
     if (a != b) fails++, printf("FAIL %-26s %s: %lld vs %lld non-finite groups\n", what, tag, a, b);
 }
+// two counters (gpu_util.h cu_counter, freed): their counts, and their largest finite amax the same bits
+static void same_counters(const char *what, const char *tag, unsigned long long *a, unsigned long long *b) {
+    unsigned long long x, y;
+    long long ca = cu_count_amax(a, &x), cb = cu_count_amax(b, &y);
+    same_count(what, tag, ca, cb);
+    checks++;
+    if (x != y) fails++, printf("FAIL %-26s %s: amax words %#llx vs %#llx\n", what, tag, x, y);
+}
 
 typedef struct {
     int G;
@@ -145,7 +153,7 @@ static void check_both(const Groups *gr, int K, int bf, int row0) {
     char tag[64];
     snprintf(tag, sizeof tag, "G %d K %d bf16 %d rows %lld", gr->G, K, bf, (long long)rows);
     both_same("both", tag, a, r, rows, K, P);
-    same_count("both count", tag, cu_count(ca), cu_count(cr));
+    same_counters("both count", tag, ca, cr);
     both_free(a), both_free(r);
     CU_CK(cudaFree(dx));
     free(x);
@@ -188,8 +196,8 @@ static void check_swiglu_bwd(const Groups *gr, int K, int bf) {
     same_vals("swiglu_bwd dh1", tag, o1, r1, n, bf), same_vals("swiglu_bwd dh3", tag, o3, r3, n, bf);
     both_same("swiglu_bwd dh1", tag, a1, b1, rows, K, P),
         both_same("swiglu_bwd dh3", tag, a3, b3, rows, K, P);
-    same_count("swiglu_bwd dh1 count", tag, cu_count(c1), cu_count(e1));
-    same_count("swiglu_bwd dh3 count", tag, cu_count(c3), cu_count(e3));
+    same_counters("swiglu_bwd dh1 count", tag, c1, e1);
+    same_counters("swiglu_bwd dh3 count", tag, c3, e3);
     both_free(a1), both_free(a3), both_free(b1), both_free(b3);
     void *fr[] = {dh1v, dh3v, dd, o1, o3, r1, r3};
     for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) CU_CK(cudaFree(fr[i]));
@@ -225,7 +233,7 @@ static void check_swiglu_fwd(int M, int O, int bf) {
     }
     same_dev("swiglu_fwd act codes", tag, q, rq, n),
         same_dev("swiglu_fwd act scales", tag, s, rs_, 4 * M * T);
-    same_count("swiglu_fwd count", tag, cu_count(c), cu_count(rc));
+    same_counters("swiglu_fwd count", tag, c, rc);
     void *fr[] = {d1, d3, oa, q, rq, s, rs_, ract};
     for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) CU_CK(cudaFree(fr[i]));
     free(h1), free(h3), free(act);
@@ -281,7 +289,7 @@ static void check_gemm_swiglu(int G, const int *rows, int K, int O) {
     }
     same_dev("blocks_pair codes", tag, p2, dq13, 2 * nw);
     same_dev("blocks_pair row scales", tag, ps2, ds13, 8 * (size_t)G * O * T);
-    same_count("blocks_pair count", tag, cu_count(cp), cu_count(cr));
+    same_counters("blocks_pair count", tag, cp, cr);
     void *pf[] = {dw1, dw3, p2, ps2, qt[0], qt[1], st[0], st[1], rqt, rst};
     for (size_t i = 0; i < sizeof pf / sizeof *pf; i++) CU_CK(cudaFree(pf[i]));
     checks++;

@@ -1,6 +1,7 @@
 // test_cuda_fp8_quant.c — the GPU FP8 quantisers (src/ops/cuda/cuda_fp8.cu) against the host reference
 // (ops/cpu/cpu_fp8.c, itself checked from the format's definition by test_fp8.c): codes, scales and the
-// count of non-finite groups bit for bit, from float32 and bf16 inputs, at awkward sizes (0, 1, 127, 128,
+// count of non-finite groups and the largest finite group's scale exponent (the counter's amax word: ops.h
+// Backend.fp8_amax reads it) bit for bit, from float32 and bf16 inputs, at awkward sizes (0, 1, 127, 128,
 // 129, 300 rows; K 1, 100, 128, 129, 300) and with edge values in the data (an all-zero tile, a NaN, an
 // infinity, values beyond 448 * 2^119, float32 subnormals, e4m3 rounding midpoints). The transposed tiling
 // of grouped rows is checked per group against cpu_fp8_quant_tiles_t of that group's rows, its padding
@@ -72,6 +73,24 @@ static void poison(float *x, int M, int K, int kind) {
     x[(size_t)m * K + k] = kind == 0 ? NAN : kind == 1 ? -INFINITY : 3e38f;
 }
 
+// The largest exponent of the finite scales s[0 .. n) (FP8_AMAX_NONE: none), and the counter's amax word read
+// the way the fp8 table reads it; checked equal
+static int scales_kmax(const float *s, size_t n) {
+    int k = FP8_AMAX_NONE;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = f32_bits(s[i]);
+        int e = (int)((b >> 23) & 0xffu) - 127;
+        if ((b & 0x7fffffffu) < 0x7f800000u && e > k) k = e;
+    }
+    return k;
+}
+static void same_kmax(const char *what, unsigned long long word, int want, int M, int K) {
+    int got = word ? fp8_scale_exp((uint32_t)(word - 1)) : FP8_AMAX_NONE;
+    checks++;
+    if (got != want)
+        fails++, printf("FAIL %s amax exponent M %d K %d: gpu %d cpu %d\n", what, M, K, got, want);
+}
+
 static void check_tiles(int M, int K, int bf16, int special) {
     size_t n = (size_t)M * K, T = fp8_ntiles(K);
     float *x = xmalloc(n * 4 + 4);
@@ -87,8 +106,10 @@ static void check_tiles(int M, int K, int bf16, int special) {
     CU_CK(cudaMalloc((void **)&ds, M * T * 4 + 4));
     unsigned long long *bad = cu_counter();
     cuda_fp8_quant_tiles(dq, ds, dx, bf16, M, K, bad);
-    long long nb = cu_count(bad);
+    unsigned long long am;
+    long long nb = cu_count_amax(bad, &am);
     long long rb = cpu_fp8_quant_tiles(q, s, x, M, K);
+    same_kmax("tiles", am, scales_kmax(s, (size_t)M * T), M, K);
     uint8_t *gq = cu_get(dq, n);
     float *gs = cu_get(ds, M * T * 4);
     same("tiles codes", gq, q, n, M, K, bf16);
@@ -118,7 +139,9 @@ static void check_tiles_t(const int *rows, int G, int K, int bf16, int special) 
     CU_CK(cudaMemset(dq, 0xAB, (size_t)K * P + 1)); // the padding must be written
     unsigned long long *bad = cu_counter();
     cuda_fp8_quant_tiles_t(dq, ds, dx, bf16, off, G, K, bad);
-    long long nb = cu_count(bad), rb = 0;
+    unsigned long long am;
+    long long nb = cu_count_amax(bad, &am), rb = 0;
+    int kmax = FP8_AMAX_NONE;
     uint8_t *gq = cu_get(dq, (size_t)K * P);
     float *gs = cu_get(ds, (size_t)K * (P / 128) * 4);
     for (int g = 0; g < G; g++) {
@@ -128,6 +151,8 @@ static void check_tiles_t(const int *rows, int G, int K, int bf16, int special) 
         uint8_t *q = xmalloc((size_t)K * Mg), *pq = xmalloc((size_t)K * W), *zq = xcalloc((size_t)K * W, 1);
         float *s = xmalloc((size_t)K * T * 4), *ps = xmalloc((size_t)K * T * 4);
         rb += cpu_fp8_quant_tiles_t(q, s, x + off[g] * K, Mg, K);
+        int kg = scales_kmax(s, (size_t)K * T);
+        if (kg > kmax) kmax = kg;
         for (int k = 0; k < K; k++) {
             memcpy(pq + (size_t)k * W, gq + (size_t)k * P + p, W);
             memcpy(ps + (size_t)k * T, gs + (size_t)k * (P / 128) + p / 128, T * 4);
@@ -140,6 +165,7 @@ static void check_tiles_t(const int *rows, int G, int K, int bf16, int special) 
     }
     checks++;
     if (nb != rb) fails++, printf("FAIL tiles_t non-finite count K %d: gpu %lld cpu %lld\n", K, nb, rb);
+    same_kmax("tiles_t", am, kmax, M, K);
     free(x), free(gq), free(gs);
     CU_CK(cudaFree(dx));
     CU_CK(cudaFree(dq));
@@ -160,7 +186,8 @@ static void check_blocks(int G, int N, int K, int bf16, int special) {
     CU_CK(cudaMalloc((void **)&dst, nsc * 4));
     unsigned long long *bad = cu_counter();
     cuda_fp8_quant_blocks(dq, ds, dqt, dst, dw, bf16, G, N, K, bad);
-    long long nb = cu_count(bad), rb = 0;
+    unsigned long long am;
+    long long nb = cu_count_amax(bad, &am), rb = 0;
     uint8_t *gq = cu_get(dq, n), *gqt = cu_get(dqt, n), *q = xmalloc(n), *qt = xmalloc(n);
     float *gs = cu_get(ds, nsc * 4), *gst = cu_get(dst, nsc * 4), *s = xmalloc(nsc * 4),
           *st = xmalloc(nsc * 4);
@@ -179,6 +206,7 @@ static void check_blocks(int G, int N, int K, int bf16, int special) {
     checks++;
     if (nb != rb)
         fails++, printf("FAIL blocks non-finite count N %d K %d: gpu %lld cpu %lld\n", N, K, nb, rb);
+    same_kmax("blocks", am, scales_kmax(s, nsc), N, K);
     // without the transposed copy the same codes
     CU_CK(cudaMemset(dq, 0, n));
     cuda_fp8_quant_blocks(dq, ds, NULL, NULL, dw, bf16, G, N, K, NULL);

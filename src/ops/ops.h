@@ -229,7 +229,7 @@ struct Backend {
     // one's layer and tensor (FP8T_*: fp8_tensor_name): the step reads it once. fp8_amax(k, rows): each
     // (layer, tensor)'s largest scale exponent (numerics.h fp8_scale_exp: log2 of its amax / 448, rounded up)
     // over its finite groups quantised since the last call, into k[(layer + 1) FP8T_N + tensor] for layers -1
-    // .. rows - 2 (FP8_AMAX_NONE: none), then starts again (cuda: NULL, not built). NULL where fp8 is 0.
+    // .. rows - 2 (FP8_AMAX_NONE: none), then starts again. NULL where fp8 is 0.
     // fp8_dense (the table of backend_fp8_dense, --fp8-dense; fp8 is 1 too): the attention projections'
     // products as well (matmul_fwd_multi, matmul_bwd_multi: every product of the one input, GQA's q/k/v and
     // o_proj and latent attention's), each as grouped_matmul_fwd / _bwd with one group of N rows

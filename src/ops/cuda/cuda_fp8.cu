@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(256, 2)
     if (threadIdx.x == 0) {
         if (s && !ilv) s[((size_t)g * BN + bi) * BK + bj] = scale;
         if (st) st[((size_t)g * BK + bj) * BN + bi] = scale;
-        if (nf && bad) atomicAdd(bad, 1ull);
+        note_group(bad, nf, amax);
     }
     if (!qt) return;
     // t[j][e]: column c0 + e's codes of rows n0 + 4 j .. n0 + 4 j + 3 (byte i row n0 + 4 j + i): each 4 x 4

@@ -20,9 +20,14 @@ static inline int64_t cuda_fp8_pad_cols(const int64_t *off, int g) {
     return p;
 }
 
+#define FP8_CNT \
+    2 // the words of a quantiser's counter: the non-finite groups, 1 + the finite groups' amax bits
+
 // x (M, K) row-major, float32 (x_bf16 0) or bf16 (1) -> q (M, K) codes, s (M, ceil(K/128)) scales: equals
-// cpu_fp8_quant_tiles of x's float32 values. `bad` (a device counter, may be NULL) is increased by the
-// number of tiles holding a NaN or an infinity (their scale NaN, codes 0x7f). Default stream.
+// cpu_fp8_quant_tiles of x's float32 values. `bad` (a device counter of FP8_CNT words, may be NULL): its
+// bad[0] is increased by the number of tiles holding a NaN or an infinity (their scale NaN, codes 0x7f), its
+// bad[1] raised to 1 + the largest amax bits (numerics.h: f32_bits & 0x7fffffff) of a finite tile where that
+// is more (0: no finite group yet), as by every quantiser below. Default stream.
 void cuda_fp8_quant_tiles(uint8_t *q, float *s, const void *x, int x_bf16, int M, int K,
                           unsigned long long *bad);
 // The transposed tiling per group: x (rows, K) with group g's rows [off[g], off[g+1]) (counted from x's

@@ -2,7 +2,7 @@
 // (cuda_fp8.cu) and the fused ones (cuda_fp8_fused.cu), so that both give the host reference's bits: a
 // value's bits for the integer max-abs, a scale group's power-of-two scale (ops/numerics.h's rule), the
 // codes by the cvt.rn.satfinite instruction, four values' loads (ld4 as float32, ldraw as stored), and the
-// one warp's 1x128 row tile they all write (warp_tile).
+// one warp's 1x128 row tile they all write (warp_tile), and the group's counter (note_group).
 // Device code only. Must not hold: kernels.
 #pragma once
 #include <cuda_bf16.h>
@@ -27,6 +27,15 @@ __device__ __forceinline__ bool group_scale(uint32_t amax, float *scale, float *
     *scale = bad ? __int_as_float(0x7fc00000) : fp8_pow2(k);
     *inv = fp8_pow2(-k);
     return bad;
+}
+
+// A scale group quantised, into its counter (cuda_fp8.h FP8_CNT): a non-finite one counted in bad[0], a
+// finite one's amax (1 + its bits) raised into bad[1]. The max is read first, as cached (a stale value
+// costs an atomic, not a wrong result): after the first groups of a step nearly none issues one.
+__device__ __forceinline__ void note_group(unsigned long long *bad, bool nf, uint32_t amax) {
+    if (!bad) return;
+    if (nf) atomicAdd(bad, 1ull);
+    else if ((unsigned long long)amax + 1 > bad[1]) atomicMax(bad + 1, (unsigned long long)amax + 1);
 }
 
 // Four consecutive values x[i .. i + 3] as float32 (one 16- or 8-byte load where aligned), zeros at and past
@@ -100,6 +109,6 @@ __device__ __forceinline__ void warp_tile(uint8_t *qrow, float *s, const float *
     }
     if (lane == 0) {
         *s = scale;
-        if (nf && bad) atomicAdd(bad, 1ull);
+        note_group(bad, nf, m);
     }
 }

@@ -72,7 +72,7 @@ __device__ __forceinline__ void col_tile(const QBOut &o, const T *tile, int c, i
     ((uint32_t *)(o.qt + (size_t)k * P + (size_t)j * 128))[lane] = word;
     if (lane == 0) {
         o.st[(size_t)k * (P / 128) + j] = scale;
-        if (nf && o.bad) atomicAdd(o.bad, 1ull);
+        note_group(o.bad, nf, m);
     }
 }
 

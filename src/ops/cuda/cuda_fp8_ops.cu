@@ -9,8 +9,9 @@
 // tilings, the SwiGLU forward writes act's tiles for the down projection and the SwiGLU backward both tilings
 // of dh1 and dh3 for the up projections' backward (cuda_fp8_fused.cu), handed to the next op as a "stash"
 // (ops.h grouped_down_fwd, grouped_matmul_bwd2: taken only by the op that matches it, dropped by any other).
-// The non-finite scale groups are counted on the device per (layer, tensor); fp8_nonfinite reads the
-// counts once (one synchronisation a step) and names the first by layer, then tensor.
+// The non-finite scale groups are counted on the device per (layer, tensor), beside the largest amax of the
+// finite ones (cuda_fp8.h FP8_CNT); fp8_nonfinite reads the counts once (one synchronisation a step) and
+// names the first by layer, then tensor; fp8_amax reads the maxima as scale exponents.
 // Must not hold: the quantiser kernels (cuda_fp8.cu, cuda_fp8_fused.cu) or any knowledge of the model.
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
@@ -130,18 +131,20 @@ static void scratch_v(Scratch *s, int cnt, const size_t *sz, void **p) {
     }
 }
 
-static unsigned long long *g_cnt; // (layers + 1) x FP8T_N counts; row 0: ops called before any fp8_site
+static unsigned long long *g_cnt; // (layers + 1) x FP8T_N counters (FP8_CNT words); row 0: ops called before
+                                  // any fp8_site
 static int g_rows_cnt, g_site = -1;
 
 static void fp8_site(int layer) {
     if (layer + 2 > g_rows_cnt) {
         int n = layer + 2 > 2 * g_rows_cnt ? layer + 2 : 2 * g_rows_cnt;
         unsigned long long *p;
-        CUDA_CHECK(cudaMalloc((void **)&p, sizeof *p * n * FP8T_N));
-        CUDA_CHECK(cudaMemset(p, 0, sizeof *p * n * FP8T_N));
+        CUDA_CHECK(cudaMalloc((void **)&p, sizeof *p * n * FP8T_N * FP8_CNT));
+        CUDA_CHECK(cudaMemset(p, 0, sizeof *p * n * FP8T_N * FP8_CNT));
         if (g_cnt) {
             cuda_fp8_weight_counts(); // (the kept weights' pending counts point into the old counters)
-            CUDA_CHECK(cudaMemcpy(p, g_cnt, sizeof *p * g_rows_cnt * FP8T_N, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(
+                cudaMemcpy(p, g_cnt, sizeof *p * g_rows_cnt * FP8T_N * FP8_CNT, cudaMemcpyDeviceToDevice));
             CUDA_CHECK(cudaFree(g_cnt));
         }
         g_cnt = p;
@@ -152,24 +155,51 @@ static void fp8_site(int layer) {
 
 static unsigned long long *cnt(int tensor) {
     if (!g_cnt) fp8_site(-1), g_site = -1;
-    return g_cnt + (size_t)(g_site + 1) * FP8T_N + tensor;
+    return g_cnt + ((size_t)(g_site + 1) * FP8T_N + tensor) * FP8_CNT;
+}
+
+// The counters on the host (the kept weights' pending uses added first): malloc'd, n counters
+static unsigned long long *counters_host(size_t *n) {
+    cuda_fp8_weight_counts();
+    *n = (size_t)g_rows_cnt * FP8T_N;
+    unsigned long long *h = (unsigned long long *)xmalloc(sizeof *h * *n * FP8_CNT);
+    CUDA_CHECK(cudaMemcpy(h, g_cnt, sizeof *h * *n * FP8_CNT, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// Word w of every counter cleared (the stream is idle: counters_host synchronised)
+static void counters_clear(unsigned long long *h, size_t n, int w) {
+    for (size_t i = 0; i < n; i++) h[i * FP8_CNT + w] = 0;
+    CUDA_CHECK(cudaMemcpy(g_cnt, h, sizeof *h * n * FP8_CNT, cudaMemcpyHostToDevice));
 }
 
 static int64_t fp8_nonfinite(int *layer, int *tensor) {
     *layer = *tensor = -1;
     if (!g_cnt) return 0;
-    cuda_fp8_weight_counts();
-    size_t n = (size_t)g_rows_cnt * FP8T_N;
-    unsigned long long *h = (unsigned long long *)xmalloc(sizeof *h * n);
-    CUDA_CHECK(cudaMemcpy(h, g_cnt, sizeof *h * n, cudaMemcpyDeviceToHost));
+    size_t n;
+    unsigned long long *h = counters_host(&n);
     int64_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (h[i] && *layer < 0 && *tensor < 0) *layer = (int)(i / FP8T_N) - 1, *tensor = (int)(i % FP8T_N);
-        total += (int64_t)h[i];
+        unsigned long long c = h[i * FP8_CNT];
+        if (c && *layer < 0 && *tensor < 0) *layer = (int)(i / FP8T_N) - 1, *tensor = (int)(i % FP8T_N);
+        total += (int64_t)c;
     }
+    if (total) counters_clear(h, n, 0);
     free(h);
-    if (total) CUDA_CHECK(cudaMemset(g_cnt, 0, sizeof *g_cnt * n));
     return total;
+}
+
+static void fp8_amax(int *k, int rows) {
+    for (size_t i = 0; i < (size_t)rows * FP8T_N; i++) k[i] = FP8_AMAX_NONE;
+    if (!g_cnt) return;
+    size_t n;
+    unsigned long long *h = counters_host(&n);
+    for (size_t i = 0; i < n && i < (size_t)rows * FP8T_N; i++) {
+        unsigned long long m = h[i * FP8_CNT + 1]; // (1 + the amax bits; 0: no finite group)
+        if (m) k[i] = fp8_scale_exp((uint32_t)(m - 1));
+    }
+    counters_clear(h, n, 1);
+    free(h);
 }
 
 // ---------------------------------------------------------------- the stash
@@ -186,7 +216,7 @@ static struct {
     int64_t *off; // (G + 1, host)
     int cap;
     Fp8Both b1, b3;
-    unsigned long long *bad; // 2 device counters (in g_st)
+    unsigned long long *bad; // 2 device counters (FP8_CNT words each, in g_st)
 } g_sk;
 
 static void stash_drop(void) { g_sk.kind = ST_NONE; }
@@ -204,13 +234,13 @@ static void stash_make(int kind, const void *a, const void *b, const int64_t *of
                     two ? sizeof(float) * rows * T : 0,
                     two ? (size_t)K * P : 0,
                     two ? sizeof(float) * K * (P / 128) : 0,
-                    2 * sizeof(unsigned long long)};
+                    2 * FP8_CNT * sizeof(unsigned long long)};
     void *p[9];
     scratch_v(&g_st, 9, sz, p);
     g_sk.b1 = Fp8Both{(uint8_t *)p[0], (uint8_t *)p[2], (float *)p[1], (float *)p[3]};
     g_sk.b3 = Fp8Both{(uint8_t *)p[4], (uint8_t *)p[6], (float *)p[5], (float *)p[7]};
     g_sk.bad = (unsigned long long *)p[8];
-    CUDA_CHECK(cudaMemsetAsync(g_sk.bad, 0, 2 * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemsetAsync(g_sk.bad, 0, 2 * FP8_CNT * sizeof(unsigned long long)));
     if (G + 1 > g_sk.cap) {
         g_sk.cap = G + 1;
         g_sk.off = (int64_t *)xrealloc(g_sk.off, sizeof(int64_t) * g_sk.cap);
@@ -219,9 +249,15 @@ static void stash_make(int kind, const void *a, const void *b, const int64_t *of
     g_sk.kind = kind, g_sk.a = a, g_sk.b = b, g_sk.G = G, g_sk.K = K;
 }
 
+// src's two counters into d0's and d1's: the counts added, the maxima raised
 __global__ void add_counts_k(unsigned long long *d0, unsigned long long *d1, const unsigned long long *src) {
-    if (src[0]) *d0 += src[0];
-    if (d1 && src[1]) *d1 += src[1];
+    for (int i = 0; i < 2; i++) {
+        unsigned long long *d = i ? d1 : d0;
+        const unsigned long long *c = src + i * FP8_CNT;
+        if (!d) continue;
+        d[0] += c[0];
+        if (c[1] > d[1]) d[1] = c[1];
+    }
 }
 
 // 1 (the stash taken: its counts added into t0's and t1's counters) when it is of `kind` for a, b and the
@@ -519,7 +555,8 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
     if (!n) return;
     stash_make(ST_DH, dh1, dh3, off, G, K);
     cuda_fp8_trace_begin();
-    cuda_fp8_swiglu_bwd_both(dh1, dh3, HB, dact, h1, h3, off, G, K, g_sk.b1, g_sk.b3, g_sk.bad, g_sk.bad + 1);
+    cuda_fp8_swiglu_bwd_both(dh1, dh3, HB, dact, h1, h3, off, G, K, g_sk.b1, g_sk.b3, g_sk.bad,
+                             g_sk.bad + FP8_CNT);
     tr("swiglu bwd + dh both", FP8T_DH1,
        (double)n * (4 + 4 * esz(HB)) + 2.0 * (n + (double)K * cuda_fp8_pad_cols(off, G)) * (1 + 4.0 / 128));
 }
@@ -565,6 +602,7 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->fp8 = 1;
     be->fp8_site = fp8_site;
     be->fp8_nonfinite = fp8_nonfinite;
+    be->fp8_amax = fp8_amax;
     be->free = fp8_free<HB>;
     be->to_device = fp8_to_device<HB>;
     be->copy = fp8_copy<HB>;

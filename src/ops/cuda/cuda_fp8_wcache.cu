@@ -10,9 +10,9 @@
 // overlapped exchange) find their pair and w2 still there, and a forward asked again at the same version
 // after other layers (another micro-batch, a recomputed forward) quantises its weights again. All freed when
 // another buffer is registered.
-// The uses' non-finite counts are kept on the host as (counter, uses) pairs per entry and added on the
-// device before the entry's count is made again or the counters are read.
-// Must not hold: kernels other than that addition, or any knowledge of layers.
+// The uses' non-finite counts (and amax: cuda_fp8.h FP8_CNT) are kept on the host as (counter, uses) pairs
+// per entry and added on the device before the entry's count is made again or the counters are read. Must not
+// hold: kernels other than that addition, or any knowledge of layers.
 #include "ops/cuda/cuda_common.h"
 #include "ops/cuda/cuda_fp8.h"
 #include "ops/cuda/cuda_fp8_trace.h"
@@ -81,12 +81,12 @@ static size_t al256(size_t b) { return (b + 255) & ~(size_t)255; }
 __global__ void add_uses_k(unsigned long long *d0, unsigned long long u0, unsigned long long *d1,
                            unsigned long long u1, unsigned long long *d2, unsigned long long u2,
                            unsigned long long *d3, unsigned long long u3, const unsigned long long *bad) {
-    unsigned long long b = *bad;
-    if (!b) return;
-    if (d0) *d0 += u0 * b;
-    if (d1) *d1 += u1 * b;
-    if (d2) *d2 += u2 * b;
-    if (d3) *d3 += u3 * b;
+    unsigned long long *d[4] = {d0, d1, d2, d3}, u[4] = {u0, u1, u2, u3};
+    for (int i = 0; i < 4; i++) { // (the count once a use, the amax raised: cuda_fp8.h FP8_CNT)
+        if (!d[i]) continue;
+        d[i][0] += u[i] * bad[0];
+        if (bad[1] > d[i][1]) d[i][1] = bad[1];
+    }
 }
 
 // the entry's pending uses added into their counters (one launch), then forgotten
@@ -163,7 +163,7 @@ static WEntry *entry(const float *w, int G, int O, int K, const void **src) {
 // the counter a quantisation of e at its version adds into: e's own, the first time (zeroed), else none
 static unsigned long long *count_once(WEntry *e) {
     if (e->counted) return NULL;
-    CUDA_CHECK(cudaMemsetAsync(e->bad, 0, sizeof *e->bad));
+    CUDA_CHECK(cudaMemsetAsync(e->bad, 0, sizeof *e->bad * FP8_CNT));
     e->counted = 1;
     return e->bad;
 }
