@@ -546,7 +546,7 @@ static void tables(int small) {
                   {5, 256, 144, {0, 0, 1, 128, 257, 557}},
                   {3, 100, 72, {0, 129, 129, 429}}};
     for (int t = 0; t < 2; t++) {
-        const Backend *be = backend_cuda_fp8(t);
+        const Backend *be = backend_cuda_fp8(t, 0);
         for (int i = 0; i < (small ? 1 : 3); i++) {
             if (!t) check_kept_weight(be, &sh[i]); // ("cuda-fp32" keeps no bf16 copy: nothing is kept)
             check_stash(be, &sh[i]);

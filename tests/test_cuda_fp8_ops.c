@@ -16,7 +16,8 @@
 //   Each op is judged alone on the same host inputs (chained, a bf16 rounding upstream moves ~3% of the next
 //   quantisation's codes by one e4m3 step (2^-9 against a code spacing of 2^-3): ~1-2% norm-wise, measured on
 //   the H200: an effect of the bf16 rows, not of the kernels).
-// Also: the non-finite count names the layer and tensor. Skips (exit 77) without a GPU.
+// Also: --fp8-dense's tables (the attention projections' products, run_dense) against the cpu's the same way;
+// the non-finite count names the layer and tensor. Skips (exit 77) without a GPU.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,6 +194,72 @@ static void run_shape(const Shape *s, const Backend *gb, int mode, double norm, 
     for (int i = 0; i < NIN; i++) free(in[i]);
 }
 
+// --fp8-dense: the attention projections' products (matmul_fwd_multi: three of one input, xn in the table's
+// hidden format; matmul_bwd_multi written and accumulated onto seeds) on the GPU's dense table against the
+// cpu's, judged as run_shape judges the grouped ops (N rows, K, the three products' O).
+static void run_dense(const Backend *gb, int N, int K, const int *O, int mode, double norm, double elem,
+                      Rng *r) {
+    const Backend *be[2] = {backend_fp8_dense(backend_cpu()), gb};
+    size_t nx = (size_t)N * K, no[3], nw[3];
+    float *x = xmalloc(nx * 4 + 4), *seed = xmalloc(nx * 4 + 4), *w[3], *dy[3], *res[2][12];
+    fill(x, nx, r, N, K);
+    for (size_t j = 0; j < nx; j++) x[j] = bf16_to_f32(bf16_rn_bits(x[j])); // (read as they are in bf16)
+    fill(seed, nx, r, 0, K);
+    for (int i = 0; i < 3; i++) {
+        no[i] = (size_t)N * O[i], nw[i] = (size_t)O[i] * K;
+        w[i] = xmalloc(nw[i] * 4 + 4), dy[i] = xmalloc(no[i] * 4 + 4);
+        fill(w[i], nw[i], r, 0, K);
+        block_scale(w[i], 1, O[i], K);
+        fill(dy[i], no[i], r, N, O[i]);
+    }
+    int nres = 0;
+    for (int b = 0; b < 2; b++) {
+        const Backend *e = be[b];
+        void *xh = up(e, x, nx, b == 1);
+        float *wd[3], *dyd[3], *out[3], *gw[3], *dinp = e->alloc(nx * 4 + 4);
+        for (int i = 0; i < 3; i++) {
+            wd[i] = (float *)up(e, w[i], nw[i], 0);
+            dyd[i] = (float *)up(e, dy[i], no[i], 0);
+            out[i] = e->alloc(no[i] * 4 + 4);
+            gw[i] = e->alloc(nw[i] * 4 + 4);
+        }
+        int k = 0;
+        e->fp8_site(1);
+        e->matmul_fwd_multi(3, out, xh, (const float *const *)wd, N, K, O);
+        for (int i = 0; i < 3; i++) res[b][k++] = down(e, out[i], no[i], 0);
+        e->matmul_bwd_multi(3, dinp, gw, (const float *const *)dyd, xh, (const float *const *)wd, N, K, O,
+                            GM_DW_WRITE);
+        res[b][k++] = down(e, dinp, nx, 0);
+        for (int i = 0; i < 3; i++) res[b][k++] = down(e, gw[i], nw[i], 0);
+        e->to_device(dinp, seed, nx * 4);
+        for (int i = 0; i < 3; i++) e->to_device(gw[i], seed, nw[i] * 4 < nx * 4 ? nw[i] * 4 : nx * 4);
+        e->matmul_bwd_multi(3, dinp, gw, (const float *const *)dyd, xh, (const float *const *)wd, N, K, O,
+                            GM_ACC_DINP);
+        res[b][k++] = down(e, dinp, nx, 0);
+        res[b][k++] = down(e, gw[0], nw[0], 0);
+        nres = k;
+        e->free(xh), e->free(dinp);
+        for (int i = 0; i < 3; i++) e->free(wd[i]), e->free(dyd[i]), e->free(out[i]), e->free(gw[i]);
+    }
+    static const char *name[] = {"dense fwd q",
+                                 "dense fwd k",
+                                 "dense fwd v",
+                                 "dense bwd dinp (write)",
+                                 "dense bwd dw q (write)",
+                                 "dense bwd dw k (write)",
+                                 "dense bwd dw v (write)",
+                                 "dense bwd dinp (acc)",
+                                 "dense bwd dw q (acc)"};
+    size_t len[] = {no[0], no[1], no[2], nx, nw[0], nw[1], nw[2], nx, nw[0]};
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s N%d K%d", gb->name, N, K);
+    for (int i = 0; i < nres; i++) cmp(name[i], tag, res[1][i], res[0][i], len[i], mode, norm, elem);
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < nres; i++) free(res[b][i]);
+    for (int i = 0; i < 3; i++) free(w[i]), free(dy[i]);
+    free(x), free(seed);
+}
+
 // the non-finite report: an infinity in one expert's weight names its layer and tensor
 static void nonfinite(const Backend *gb) {
     Shape s = {2, 128, 128, {0, 130, 260}};
@@ -230,10 +297,15 @@ int main(int argc, char **argv) {
     Rng r;
     rng_seed(&r, 7);
     for (int i = 0; i < 2; i++) {
-        run_shape(&sh[i], backend_cuda_fp8(1), ref ? 0 : 2, 4e-3, 0.03125, &r);
-        run_shape(&sh[i], backend_cuda_fp8(0), 2, 4e-3, 0.03125, &r);
+        run_shape(&sh[i], backend_cuda_fp8(1, 0), ref ? 0 : 2, 4e-3, 0.03125, &r);
+        run_shape(&sh[i], backend_cuda_fp8(0, 0), 2, 4e-3, 0.03125, &r);
     }
-    nonfinite(backend_cuda_fp8(1));
+    const int OD[2][3] = {{256, 128, 144}, {72, 40, 100}}, ND[2] = {300, 129}, KD[2] = {256, 100};
+    for (int i = 0; i < 2; i++) {
+        run_dense(backend_cuda_fp8(1, 1), ND[i], KD[i], OD[i], ref ? 0 : 2, 4e-3, 0.03125, &r);
+        run_dense(backend_cuda_fp8(0, 1), ND[i], KD[i], OD[i], 2, 4e-3, 0.03125, &r);
+    }
+    nonfinite(backend_cuda_fp8(1, 0));
     printf("%s: %d checks, %d failed\n", ref ? "MOE_FP8_GEMM=ref" : "kernel", checks, fails);
     if (!ref) { // the bitwise half: the reference GEMM in the cpu's order
         char cmd[4200];

@@ -272,14 +272,14 @@ static void amax_checks(const Backend *be) {
     free(y);
 }
 
-// --fp8-dense on a backend whose FP8 table lacks the projections (any but the cpu's: here the profiled cpu)
+// --fp8-dense on a backend without such a table (any but the cpu's, cuda's and cuda-fp32's: the profiled cpu)
 static void die_dense(void *arg) { backend_fp8_dense(backend_profiled(backend_cpu())); }
 
 int main(void) {
     const Backend *cpu = backend_cpu(), *be = backend_fp8(cpu);
-    expect_death_msg("--fp8-dense beyond the cpu", die_dense, NULL,
-                     "--fp8-dense: the attention projections in FP8 run on --device cpu only so far",
-                     "drop --fp8-dense", 1);
+    expect_death_msg("--fp8-dense on a backend without its table", die_dense, NULL,
+                     "--fp8-dense: the backend cpu has no FP8 table with the attention projections",
+                     "cuda-fp32 have", 1);
     g_fp8 = be;
     int bf = GM_DW_WRITE | GM_DW_BF16, sq = GM_DW_SUMSQ;
     expect_death_msg("fp8 with GM_DW_BF16", die_flags, &bf, "GM_DW_BF16 under --precision fp8", "float32", 1);

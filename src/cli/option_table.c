@@ -275,7 +275,7 @@ const Opt opts[] = {
      "--precision fp8 and fp8-bf16: 1: the attention projections (q, k, v, o; latent attention's) in the "
      "same "
      "FP8 recipe as the experts (their input 1x128 tiles, weight 128x128 blocks); the LM head, router, norms "
-     "and the attention itself stay as they are. --device cpu only so far (the reference)"},
+     "and the attention itself stay as they are"},
     {"fp8-amax-jump", O_INT, TO(fp8_amax_jump), C_TRAIN,
      "--precision fp8 and fp8-bf16: warn when a layer's FP8 operand (x, w1, dy, ...) has an amax this many "
      "powers of two above the largest of every earlier step of the run (a divergence coming; the warning "

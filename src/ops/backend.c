@@ -26,16 +26,20 @@ const Backend *backend_by_name(const char *name) {
 const Backend *backend_fp8(const Backend *be) {
     if (be->fp8) return be;
     if (be == backend_cpu()) return backend_cpu_fp8();
-    if (be == backend_cuda()) return backend_cuda_fp8(0);
-    if (be == backend_cuda_fp32()) return backend_cuda_fp8(1);
+    if (be == backend_cuda()) return backend_cuda_fp8(0, 0);
+    if (be == backend_cuda_fp32()) return backend_cuda_fp8(1, 0);
     DIE("--precision fp8: the backend %s has no FP8 table (cpu, cuda and cuda-fp32 have)", be->name);
 }
 
 const Backend *backend_fp8_dense(const Backend *be) {
     if (be->fp8_dense) return be;
     if (be == backend_cpu() || be == backend_cpu_fp8()) return backend_cpu_fp8_dense();
-    DIE("--fp8-dense: the attention projections in FP8 run on --device cpu only so far (the reference); the "
-        "%s backend's FP8 table has the experts' GEMMs alone: drop --fp8-dense",
+    if (backend_cuda_available()) { // (asked first: backend_cuda() dies where there is none)
+        if (be == backend_cuda() || be == backend_cuda_fp8(0, 0)) return backend_cuda_fp8(0, 1);
+        if (be == backend_cuda_fp32() || be == backend_cuda_fp8(1, 0)) return backend_cuda_fp8(1, 1);
+    }
+    DIE("--fp8-dense: the backend %s has no FP8 table with the attention projections (cpu, cuda and "
+        "cuda-fp32 have)",
         be->name);
 }
 

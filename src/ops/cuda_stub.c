@@ -22,7 +22,7 @@ const Backend *backend_cuda(void) {
 
 const Backend *backend_cuda_fp32(void) { return backend_cuda(); }
 
-const Backend *backend_cuda_fp8(int fp32) {
-    (void)fp32;
+const Backend *backend_cuda_fp8(int fp32, int dense) {
+    (void)fp32, (void)dense;
     return backend_cuda();
 }

@@ -613,8 +613,8 @@ const Backend *backend_cpu(void);
 // inside one 128-deep K-tile, or bit for bit with MOE_FP8_GEMM=ref). A backend that is fp8 already is its
 // own.
 const Backend *backend_fp8(const Backend *be);
-// backend_fp8(be) with the attention projections in FP8 too (Backend.fp8_dense; --fp8-dense). The cpu's only
-// so far (the reference): dies naming the problem for a GPU backend, whose FP8 table has the experts' alone.
+// backend_fp8(be) with the attention projections in FP8 too (Backend.fp8_dense; --fp8-dense): the cpu's (the
+// reference), cuda's and cuda-fp32's.
 const Backend *backend_fp8_dense(const Backend *be);
 // "cpu", "cuda", "cuda-fp32", or "" / "auto" (cuda when a GPU is present, else cpu). Dies naming
 // the problem when the named backend cannot run here.
@@ -642,8 +642,9 @@ void backend_profile_report(FILE *f, int steps);
 const Backend *backend_cuda(void);
 const Backend *backend_cuda_fp32(void);
 // The FP8 tables over "cuda" (fp32 0: bf16 hidden rows) and "cuda-fp32" (1): ops.h Backend.fp8's recipe
-// (src/ops/cuda/cuda_fp8_ops.cu). Die as backend_cuda() does.
-const Backend *backend_cuda_fp8(int fp32);
+// (src/ops/cuda/cuda_fp8_ops.cu); dense 1: with the attention projections' products too (Backend.fp8_dense).
+// Die as backend_cuda() does.
+const Backend *backend_cuda_fp8(int fp32, int dense);
 int backend_cuda_available(void);
 // The GPU this process uses is local_rank % (visible GPUs), 0 until this is called: the comm layer calls it
 // with the process's node-local rank when the world starts (parallel/comm_world.c), before any cuda

@@ -341,13 +341,13 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
 }
 
 // grouped_matmul_bwd's contract (ops.h) with the recipe's products: dinp_g (+)= gemm(tiles(dout_g),
-// blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout and inp of element size by `bf`.
-// dout's two tilings from one read where both products run; pre: both made already (the stash's; counts
+// blocks(W_g)^T), dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)); dout's element size by `dbf`, inp's by
+// `bf`. dout's two tilings from one read where both products run; pre: both made already (the stash's; counts
 // taken with it). in_ready: inp's transposed tiles are in the scratch already, from a call with the same
 // shapes and the same operands present (grouped_matmul_bwd2's second product: the same inp)
-static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, int bf, const float *w,
-                    const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw,
-                    int in_ready = 0, const Fp8Both *pre = NULL) {
+static void fp8_bwd(float *dinp, float *dw, const void *dout, int dbf, const void *inp, int bf,
+                    const float *w, const int64_t *off, int G, int K, int O, int flags, int tdout, int tin,
+                    int tw, int in_ready = 0, const Fp8Both *pre = NULL) {
     const char *fe = gm_dw_flags_error(flags, 1);
     CHECK(!fe, "grouped_matmul_bwd: %s", fe);
     int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE, dx = dinp != NULL;
@@ -378,15 +378,15 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
     double sc = 4.0 / 128; // (scale bytes a code)
     if (!pre && dx && dw) {
         cuda_fp8_trace_begin();
-        cuda_fp8_quant_both(d, dout, bf, off, G, O, cnt(tdout));
-        tr("quant both", tdout, (double)rows * O * (esz(bf) + 1 + sc) + (double)O * P * (1 + sc));
+        cuda_fp8_quant_both(d, dout, dbf, off, G, O, cnt(tdout));
+        tr("quant both", tdout, (double)rows * O * (esz(dbf) + 1 + sc) + (double)O * P * (1 + sc));
     }
     if (dx) {
         if (!pre && !dw) {
             cuda_fp8_trace_begin();
-            cuda_fp8_quant_tiles(d.q, d.s, (const char *)dout + esz(bf) * r0 * O, bf, (int)rows, O,
+            cuda_fp8_quant_tiles(d.q, d.s, (const char *)dout + esz(dbf) * r0 * O, dbf, (int)rows, O,
                                  cnt(tdout));
-            tr("quant tiles", tdout, (double)rows * O * (esz(bf) + 1 + sc));
+            tr("quant tiles", tdout, (double)rows * O * (esz(dbf) + 1 + sc));
         }
         // W (O, K) by blocks; the GEMM's B is W^T (K, O): the codes and block scales transposed only
         Fp8Weight fw;
@@ -415,8 +415,8 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, const void *inp, i
         // dout^T and inp^T per group, each group's rows as columns padded to 128 (cuda_fp8.h)
         if (!pre && !dx) {
             cuda_fp8_trace_begin();
-            cuda_fp8_quant_tiles_t(d.qt, d.st, dout, bf, off, G, O, cnt(tdout));
-            tr("quant tiles_t", tdout, (double)rows * O * esz(bf) + (double)O * P * (1 + sc));
+            cuda_fp8_quant_tiles_t(d.qt, d.st, dout, dbf, off, G, O, cnt(tdout));
+            tr("quant tiles_t", tdout, (double)rows * O * esz(dbf) + (double)O * P * (1 + sc));
         }
         if (!in_ready) {
             cuda_fp8_trace_begin();
@@ -459,7 +459,26 @@ static void fp8_grouped_matmul_fwd(float *out, const float *inp, const float *w,
 static void fp8_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                                    const float *w, const int64_t *off, int G, int K, int O, int flags) {
     stash_drop();
-    fp8_bwd(dinp, dw, dout, inp, 0, w, off, G, K, O, flags, FP8T_DOUT, FP8T_INP, FP8T_W);
+    fp8_bwd(dinp, dw, dout, 0, inp, 0, w, off, G, K, O, flags, FP8T_DOUT, FP8T_INP, FP8T_W);
+}
+
+// --fp8-dense (ops.h Backend.fp8_dense): the attention projections' products, each one group of the N rows;
+// inp in the hidden format (bf16 rows where HB), dout float32
+template <int HB>
+static void fp8_mm_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
+                             const int *O) {
+    stash_drop();
+    const int64_t off[2] = {0, N};
+    for (int i = 0; i < n; i++) fp8_fwd(out[i], inp, HB, w[i], off, 1, K, O[i], FP8T_AX, FP8T_AW);
+}
+template <int HB>
+static void fp8_mm_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
+                             const float *const *w, int N, int K, const int *O, int flags) {
+    stash_drop();
+    const int64_t off[2] = {0, N};
+    for (int i = 0; i < n; i++)
+        fp8_bwd(dinp, dw[i], dout[i], 0, inp, HB, w[i], off, 1, K, O[i],
+                i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags, FP8T_AD, FP8T_AX, FP8T_AW);
 }
 
 // bf16 rows, our kernel, the weights kept: both up projections in one GEMM with the SwiGLU in its epilogue
@@ -551,7 +570,7 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
         scratch_v(&g_rows, 1, sz, p);
         dact = (float *)p[0] - b;
     }
-    fp8_bwd(dact, dw, dout, act, HB, w, off, G, K, O, flags & GM_DW_FLAGS, FP8T_DY, FP8T_ACT, FP8T_W2);
+    fp8_bwd(dact, dw, dout, HB, act, HB, w, off, G, K, O, flags & GM_DW_FLAGS, FP8T_DY, FP8T_ACT, FP8T_W2);
     if (!n) return;
     stash_make(ST_DH, dh1, dh3, off, G, K);
     cuda_fp8_trace_begin();
@@ -570,9 +589,9 @@ static void fp8_matmul_bwd2(float *dinp, float *dwa, float *dwb, const void *dou
     Fp8Both pa = g_sk.b1, pb = g_sk.b3;
     int take = dinp && dwa && dwb && stash_take(ST_DH, douta, doutb, off, G, O, FP8T_DH1, FP8T_DH3);
     stash_drop();
-    fp8_bwd(dinp, dwa, douta, inp, HB, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X, FP8T_W1, 0,
+    fp8_bwd(dinp, dwa, douta, HB, inp, HB, wa, off, G, K, O, flags, FP8T_DH1, FP8T_X, FP8T_W1, 0,
             take ? &pa : NULL);
-    fp8_bwd(dinp, dwb, doutb, inp, HB, wb, off, G, K, O, GM_ACC_DINP | (flags & GM_DW_FLAGS), FP8T_DH3,
+    fp8_bwd(dinp, dwb, doutb, HB, inp, HB, wb, off, G, K, O, GM_ACC_DINP | (flags & GM_DW_FLAGS), FP8T_DH3,
             FP8T_X, FP8T_W3, dwa && dwb,
             take ? &pb : NULL); // (inp's transposed tiles: the first's)
 }
@@ -615,10 +634,19 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->grouped_matmul_bwd2 = fp8_matmul_bwd2<HB>;
 }
 
-// The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1).
-extern "C" const Backend *backend_cuda_fp8(int fp32) {
-    static Backend be16, be32;
-    if (fp32 && !be32.name) fp8_table<0>(&be32, backend_cuda_fp32(), "cuda-fp32-fp8");
-    if (!fp32 && !be16.name) fp8_table<1>(&be16, backend_cuda(), "cuda-fp8");
-    return fp32 ? &be32 : &be16;
+// The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1); dense: with the attention
+// projections' products too (--fp8-dense).
+extern "C" const Backend *backend_cuda_fp8(int fp32, int dense) {
+    static Backend t[2][2];
+    Backend *be = &t[fp32 != 0][dense != 0];
+    if (!be->name) {
+        if (fp32) fp8_table<0>(be, backend_cuda_fp32(), dense ? "cuda-fp32-fp8-dense" : "cuda-fp32-fp8");
+        else fp8_table<1>(be, backend_cuda(), dense ? "cuda-fp8-dense" : "cuda-fp8");
+        if (dense) {
+            be->fp8_dense = 1;
+            be->matmul_fwd_multi = fp32 ? fp8_mm_fwd_multi<0> : fp8_mm_fwd_multi<1>;
+            be->matmul_bwd_multi = fp32 ? fp8_mm_bwd_multi<0> : fp8_mm_bwd_multi<1>;
+        }
+    }
+    return be;
 }
