@@ -10,7 +10,8 @@
 //    1, a pipeline of two stages, interleaved), counted by hand;
 //  - memory: a mesh of one rank holds what the whole model does in one process; one layer's activations,
 //    counted by hand from the buffers the model allocates a layer (tiny);
-//  - the FP8 table's kept weight codes (cuda_fp8_wcache.cu), counted by hand for the tiny preset: the whole
+//  - the FP8 table's kept weight codes (cuda_fp8_wcache.cu), counted by hand for the tiny preset (and with
+//    --fp8-dense's projections, GQA's and latent attention's): the whole
 //    model, two pipeline stages, two EP ranks, a shared expert (with and without the fused pair), a dense
 //    layer, and weights off a multiple of 8 elements (not kept);
 //  - dense layers (config dense_layers): the parameters and FLOPs of their MLP in place of the MoE layer's.
@@ -385,6 +386,31 @@ static void check_fp8_kept(void) {
     EXPECT(kept_whole(&c, &o) == 3 * td + (12288 + 4) + (2 * 12288 + 128 * 2 * 4.0),
            "one dense layer: %.0f kept, want %.0f", kept_whole(&c, &o),
            3 * td + (12288 + 4) + (2 * 12288 + 128 * 2 * 4.0));
+    // --fp8-dense: each layer's attention projections kept too (transposed layouts; their forward layouts
+    // smaller than w2's, so the slots as above). GQA, head dim 24: q and o (96, 96): 9,216 B of codes, one
+    // block (256 + 256); k and v (48, 96): 4,608 B: 29,696 B a layer. The scratch is the experts' (their
+    // backward's needs are the largest: unchanged)
+    c = preset("tiny");
+    CostWhole w0, w1;
+    cost_whole(&w0, &c, &o, 0);
+    o.fp8_dense = 1;
+    cost_whole(&w1, &c, &o, 0);
+    EXPECT(w1.cuda.kept == w0.cuda.kept + 2 * 29696.0, "tiny --fp8-dense: %.0f kept, want %.0f", w1.cuda.kept,
+           w0.cuda.kept + 2 * 29696.0);
+    EXPECT(w1.cuda.fp8 - w1.cuda.kept == w0.cuda.fp8 - w0.cuda.kept,
+           "tiny --fp8-dense: scratch %.0f, want %.0f", w1.cuda.fp8 - w1.cuda.kept,
+           w0.cuda.fp8 - w0.cuda.kept);
+    // latent attention (deepseek-v3-tiny, 3 layers): q_a (48, 96) and q_b (96, 48): 4,608 B each (5,120);
+    // kv_a (40, 96) as its two products, the latent rows (32, 96): 3,072 B (3,584) and the rope rows (8, 96):
+    // 768 B (1,280); kv_b (128, 32): 4,096 B (4,608); o (96, 64): 6,144 B (6,656): 26,368 B a layer
+    c = preset("deepseek-v3-tiny");
+    o.fp8_dense = 0;
+    cost_whole(&w0, &c, &o, 0);
+    o.fp8_dense = 1;
+    cost_whole(&w1, &c, &o, 0);
+    EXPECT(w1.cuda.kept == w0.cuda.kept + 3 * 26368.0, "deepseek-v3-tiny --fp8-dense: %.0f kept, want %.0f",
+           w1.cuda.kept, w0.cuda.kept + 3 * 26368.0);
+    o.fp8_dense = 0;
     // aux-free: each layer's routing bias (4 floats) comes before its experts, so layer 0's start 4 elements
     // off a multiple of 8 (no bf16 copy to key on: none kept) and layer 1's, 8 off, on one
     c = preset("tiny");

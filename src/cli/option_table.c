@@ -271,7 +271,7 @@ const Opt opts[] = {
      "once "
      "summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in bf16: half their "
      "bytes written and read); 0: float32"},
-    {"fp8-dense", O_INT, TO(fp8_dense), C_TRAIN,
+    {"fp8-dense", O_INT, TO(fp8_dense), C_TRAIN | C_INFO,
      "--precision fp8 and fp8-bf16: 1: the attention projections (q, k, v, o; latent attention's) in the "
      "same "
      "FP8 recipe as the experts (their input 1x128 tiles, weight 128x128 blocks); the LM head, router, norms "

@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "model/params.h"
 #include "moe/moe.h"
+#include "train/cost_fp8.h"
 #include "train/schedule.h"
 
 // Latent attention's (config.h): its projections' parameters (q_a with its norm and q_b, or q; kv_a, the
@@ -193,96 +194,6 @@ static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_
     return fmax(fmax(att, router), fmax(norm, 1048576.0)) + wide;
 }
 
-// cuda_fp8_ops.cu's operand needs of one grouped op on R rows over G groups (R / G each) of K -> O: the
-// forward's (the rows' codes and 1 x 128 tile scales, the weights' codes and 128 x 128 block scales) or
-// the backward's (the output gradient's tiles and the transposed weights for dinp; dout's and the input's
-// transposed tiles, each group's rows padded to 128 columns, for dw), bytes, each piece 256-aligned.
-static double fp8_need(double R, double G, double K, double O, int bwd) {
-    double T = ceil(K / 128), TO = ceil(O / 128), P = G * ceil(R / G / 128) * 128;
-    if (!bwd) return al256(R * K) + al256(4 * R * T) + al256(G * O * K) + al256(4 * G * TO * T);
-    return al256(R * O) + al256(4 * R * TO) + al256(G * O * K) + al256(4 * G * T * TO) + al256(O * P) +
-        al256(4 * O * P / 128) + al256(K * P) + al256(4 * K * P / 128);
-}
-
-// The FP8 table's scratch (cuda_fp8_ops.cu, --precision fp8 on the cuda backend; the weight codes it keeps
-// between ops: cuda_fp8_kept): two buffers, each grown to an op's need to the larger of the need and 1.25 x
-// the buffer so far: the codes and scales of one grouped op's operands (fp8_need) and the float32 rows inside
-// a fused op (h1 and h3 before the SwiGLU, dact before its backward). The needs in a step's order: the routed
-// experts' up and down forward (the rank's Re rows over E / ep groups of d_ff / etp), the shared expert's (Ns
-// rows, one group), then their backwards (down, then up).
-static double cuda_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
-    int tp = ms ? ms->tp : 1, ep = ms ? ms->ep : 1, etp = ms ? ms->etp : 1;
-    double Ns = (double)((B * T + tp - 1) / tp), Re = (double)etp * Ns * c->top_k, d = c->d_model;
-    double f = (double)(c->d_ff / etp), G = (double)(c->n_experts / ep),
-           fs = c->n_shared_experts * (double)c->shared_d_ff;
-    double q[8] = {fp8_need(Re, G, d, f, 0),           fp8_need(Re, G, f, d, 0),
-                   fs ? fp8_need(Ns, 1, d, fs, 0) : 0, fs ? fp8_need(Ns, 1, fs, d, 0) : 0,
-                   fp8_need(Re, G, f, d, 1),           fp8_need(Re, G, d, f, 1),
-                   fs ? fp8_need(Ns, 1, fs, d, 1) : 0, fs ? fp8_need(Ns, 1, d, fs, 1) : 0};
-    double rows[4] = {8 * Re * f, fs ? 8 * Ns * fs : 0, 4 * Re * f, fs ? 4 * Ns * fs : 0}, cq = 0, cr = 0;
-    for (int i = 0; i < 8; i++)
-        if (q[i] > cq) cq = fmax(q[i], 1.25 * cq);
-    for (int i = 0; i < 4; i++)
-        if (al256(rows[i]) > cr) cr = fmax(al256(rows[i]), 1.25 * cr);
-    return cq + cr;
-}
-
-// The FP8 table's weight codes kept between ops (cuda_fp8_wcache.cu, the cache on: its default), bytes, of
-// the grouped weights the rank's table lt holds (NULL: the whole model's, built here): each layer's routed
-// experts (w1, w3, w2 of its El held experts: G El), its shared experts' and a dense layer's MLP (G 1), as
-// the code allocates them. A weight (G, O, K) is kept only where it starts at a multiple of 8 elements of the
-// buffer (cuda_weights.cu cuda_bf16_shadow_of); a kept one has its transposed layout's allocation, al256 of
-// the codes (G O K bytes) + al256 of the 128 x 128 block scales (4 G ceil(O/128) ceil(K/128)) + 256 (the
-// non-finite count). The forward layouts live in two slots, each as large as the largest of its kind: the
-// single weights' (w2's, and w1's and w3's where they are not paired: al256 of the codes + the block scales)
-// and the pairs' (w1 and w3, both kept, where the fused up projection runs: O % 64 == 0, K % 16 == 0,
-// G <= 256, on Hopper's kernel; al256 of 2 G O K codes + a scale per row and K-tile, 8 G O ceil(K/128)).
-// (MOE_FP8_WCACHE=0 keeps none; MOE_FP8_GEMM=ref and other GPUs run no pair: none counted apart.)
-static double fp8_layout(double G, double O, double K, int transposed) {
-    double scales = 4 * G * ceil(O / 128) * ceil(K / 128);
-    return transposed ? al256(G * O * K) + al256(scales) + 256 : al256(G * O * K) + scales;
-}
-// the first held tensor of role r from index i on (-1: none)
-static int fp8_held_from(const ParamTable *t, int i, ParamRole r) {
-    while (i < t->n && !(t->p[i].role == r && t->p[i].lnumel)) i++;
-    return i < t->n ? i : -1;
-}
-static double cuda_fp8_kept(const ModelConfig *c, const ParamTable *lt) {
-    static const ParamRole w1s[3] = {PR_W1, PR_SH_W1, PR_D_W1}, w3s[3] = {PR_W3, PR_SH_W3, PR_D_W3},
-                           w2s[3] = {PR_W2, PR_SH_W2, PR_D_W2};
-    ParamTable own;
-    if (!lt) params_build(&own, c);
-    const ParamTable *t = lt ? lt : &own;
-    double kept = 0, single = 0, pairs = 0; // (the transposed layouts; the two forward slots)
-    for (int i = 0; i < t->n; i++) {
-        const ParamSpec *p = &t->p[i];
-        int b = 0;
-        while (b < 3 && p->role != w1s[b]) b++;
-        if (b == 3 || !p->lnumel || (i > 0 && t->p[i - 1].role == p->role && t->p[i - 1].lnumel))
-            continue; // (the first held tensor of a block only)
-        int G = 0; // (the routed experts' block: the layer's held experts)
-        while (i + G < t->n && t->p[i + G].role == p->role && t->p[i + G].layer == p->layer &&
-               t->p[i + G].lnumel)
-            G++;
-        int i3 = fp8_held_from(t, i + G, w3s[b]), i2 = i3 < 0 ? -1 : fp8_held_from(t, i3 + G, w2s[b]);
-        CHECK(i2 >= 0 && t->p[i3].layer == p->layer && t->p[i2].layer == p->layer,
-              "cuda_fp8_kept: layer %d's w1 without its w3 and w2", p->layer);
-        const ParamSpec *w3 = &t->p[i3], *w2 = &t->p[i2];
-        double O = (double)p->lshape[0], K = (double)p->lshape[1];
-        int k1 = p->loffset % 8 == 0, k3 = w3->loffset % 8 == 0;
-        int pair = k1 && k3 && p->lshape[0] % 64 == 0 && p->lshape[1] % 16 == 0 && G <= 256;
-        kept += (k1 + k3) * fp8_layout(G, O, K, 1);
-        if (pair) pairs = fmax(pairs, al256(2 * G * O * K) + 8 * G * O * ceil(K / 128));
-        else if (k1 || k3) single = fmax(single, fp8_layout(G, O, K, 0));
-        if (w2->loffset % 8 == 0) {
-            kept += fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 1);
-            single = fmax(single, fp8_layout(G, (double)w2->lshape[0], (double)w2->lshape[1], 0));
-        }
-    }
-    if (!lt) params_free(&own);
-    return kept + single + pairs;
-}
-
 // Of inst layer instances, irc of them recomputing, those that keep their SwiGLU rows (the shared copy counts
 // as one).
 static int kept_rows(const TrainOptions *o, int inst, int irc) {
@@ -298,7 +209,7 @@ static int kept_rows(const TrainOptions *o, int inst, int irc) {
 // SwiGLU rows in one under --recompute moe, the rest in all; and the backward's dy rows, dh1, dh3), plus the
 // bf16 copy of the weights the GEMMs read (ops.h bf16_shadow) and the backend's two scratch buffers, apart:
 // the bf16 GEMM operands' (cuda_gemm_scratch) and the workspace (cuda_workspace_bytes); under --precision
-// fp8 the FP8 table's two (cuda_fp8_scratch) and the weight codes it keeps (cuda_fp8_kept: of the layers and
+// fp8 the FP8 table's two (cost_fp8_scratch) and the weight codes it keeps (cost_fp8_kept: of the layers and
 // experts the rank holds: fp8_kept, the caller's), less the backward scratch the lean MoE scratch does
 // without (acts_lean). irc of the inst instances recompute (--recompute-layers).
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
@@ -315,7 +226,7 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->scratch = k->gemm + k->workspace;
     int fp8 = prec_fp8(o->precision);
     k->kept = fp8 ? fp8_kept : 0;
-    k->fp8 = fp8 ? cuda_fp8_scratch(c, ms, B, T) + k->kept : 0;
+    k->fp8 = fp8 ? cost_fp8_scratch(c, ms, B, T, o->fp8_dense) + k->kept : 0;
     k->alone = train_bf16_weights_alone(o, meshed) ? weights_alone(c) : 0;
     k->lent = acts_lent(c, ms, o, B, T, 1);
     k->lean = acts_lean(c, ms, B, T, fp8, 0);
@@ -341,7 +252,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->total = w->state + w->acts - w->lent - w->holes;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, rc_count(o, 0, c->n_layers),
                 (double)np, w->state + w->acts, meshed, 1,
-                prec_fp8(o->precision) ? cuda_fp8_kept(c, NULL) : 0);
+                prec_fp8(o->precision) ? cost_fp8_kept(c, NULL, o->fp8_dense) : 0);
 }
 
 // A rank of a mesh without pipeline stages (ct: its slices): one micro-batch's activations.
@@ -476,7 +387,7 @@ const char *cost_mesh(CostMesh *m, const ModelConfig *c, const TrainOptions *o, 
 
 void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int fp8) {
     ct->t = t;
-    ct->fp8_kept = fp8 ? cuda_fp8_kept(c, t) : 0;
+    ct->fp8_kept = fp8 ? cost_fp8_kept(c, t, fp8 == 2) : 0;
 }
 
 const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptions *o, const MeshShape *ms,
@@ -506,7 +417,7 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
         CostTable oct;
         if (!lts) {
             params_build_local(&own_t, c, &sl);
-            cost_table_of(&oct, c, &own_t, prec_fp8(o->precision));
+            cost_table_of(&oct, c, &own_t, prec_fp8(o->precision) ? 1 + (o->fp8_dense != 0) : 0);
         }
         const CostTable *ct = lts ? &lts[s] : &oct;
         const ParamTable *lt = ct->t;

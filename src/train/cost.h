@@ -155,8 +155,9 @@ typedef struct {
     const ParamTable *t;
     double fp8_kept; // the FP8 table's kept weight codes, bytes (--precision fp8 on cuda)
 } CostTable;
-// ct for table t of model c; fp8: whether the figures will be asked under --precision fp8 (else
-// fp8_kept is left 0: the walk over every tensor is the derivation's cost).
+// ct for table t of model c; fp8: whether the figures will be asked under --precision fp8 (1; 2: with
+// --fp8-dense, the attention projections' codes kept too; 0: fp8_kept is left 0: the walk over every tensor
+// is the derivation's cost).
 void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int fp8);
 // A mesh's pipeline as the figures take it: the layers' split into virtual stages (o's --vpp under the
 // interleaved schedule, --pp-layers), each stage's live micro-batches (its schedule's activation slots: live

@@ -82,8 +82,8 @@ static void print_model(const ModelConfig *c, const TrainOptions *o) {
 }
 
 // The cuda backend's figure (cost.h CostCuda): head, then its deltas from the float32 figure and its total.
-static void print_cuda(const CostCuda *k, const char *head) {
-    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[160] = "", g[32], ws[32];
+static void print_cuda(const CostCuda *k, const char *head, int dense) {
+    char b1[32], b2[32], b3[32], b4[32], bl[32], b5[256] = "", g[32], ws[32];
     fmt_bytes(b1, sizeof b1, k->hid);
     fmt_bytes(b2, sizeof b2, k->shadow);
     fmt_bytes(b3, sizeof b3, k->scratch);
@@ -97,7 +97,8 @@ static void print_cuda(const CostCuda *k, const char *head) {
         fmt_bytes(kc, sizeof kc, k->kept);
         fmt_bytes(sc, sizeof sc, k->fp8 - k->kept);
         snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5),
-                 " + fp8 operands %s (expert weight codes kept %s, operand scratch %s)", a, kc, sc);
+                 " + fp8 operands %s (%s weight codes kept %s, operand scratch %s)", a,
+                 dense ? "expert and attention projection" : "expert", kc, sc);
     }
     if (k->alone > 0) {
         char a[32];
@@ -138,13 +139,19 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
     printf("memory, whole model (cpu, %s): params+grads+adam %s, activations for batch %d x %d: %s (%s of "
            "them in the expert gradients' memory%s), total %s\n",
            o->precision == PREC_BF16 ? "float32, AdamW moments bf16"
+               : o->precision == PREC_FP8 && o->fp8_dense
+               ? "float32, the experts' and attention projections' GEMMs in fp8 e4m3 (operands quantised per "
+                 "call)"
                : o->precision == PREC_FP8
                ? "float32, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
+               : o->precision == PREC_FP8_BF16 && o->fp8_dense
+               ? "float32, AdamW moments bf16, the experts' and attention projections' GEMMs in fp8 e4m3 "
+                 "(operands quantised per call)"
                : o->precision == PREC_FP8_BF16
                ? "float32, AdamW moments bf16, the experts' GEMMs in fp8 e4m3 (operands quantised per call)"
                : "float32",
            b1, o->batch, o->seq_len, b2, bl, bh, b3);
-    print_cuda(&w.cuda, "memory (cuda, the same buffers");
+    print_cuda(&w.cuda, "memory (cuda, the same buffers", o->fp8_dense);
     if (o->ampipe !=
         1) // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE "
@@ -171,7 +178,7 @@ static void print_rank(const CostMesh *m, const TrainOptions *o) {
                : o->precision == PREC_FP8_BF16 ? "float32, moments bf16, experts' GEMMs fp8"
                                                : "float32",
            a1, a1, a2, a3, m->Bl, o->seq_len, a5, a4);
-    print_cuda(&r->cuda, "per rank (cuda, the same buffers");
+    print_cuda(&r->cuda, "per rank (cuda, the same buffers", o->fp8_dense);
 }
 
 // With pipeline stages: each stage's layers, parameters, optimizer state and peak activations (the
@@ -209,7 +216,7 @@ static void print_stages(const CostMesh *m, const TrainOptions *o) {
                a3, lv, a4);
         char head[64];
         snprintf(head, sizeof head, "  stage %d per rank (cuda, the same buffers", s);
-        print_cuda(&st->mem.cuda, head);
+        print_cuda(&st->mem.cuda, head, o->fp8_dense);
     }
 }
 
