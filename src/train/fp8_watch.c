@@ -69,16 +69,6 @@ void fp8_watch_step(Fp8Watch *w, const Backend *be, int step, Fp8Jump *j) {
     }
 }
 
-int fp8_watch_note(const Backend *be, int jump, char *buf, size_t n) {
-    if (!jump || !be->fp8_nonfinite || be->fp8_amax) return 0;
-    snprintf(
-        buf, n,
-        "fp8: the %s backend's FP8 tables keep no amax record yet: --fp8-amax-jump checks nothing here (the "
-        "non-finite check runs)",
-        be->name);
-    return 1;
-}
-
 int fp8_jump_note(const Fp8Jump *j, int step, char *buf, size_t n) {
     if (!j->n) return 0;
     snprintf(

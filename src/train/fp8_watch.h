@@ -32,8 +32,5 @@ void fp8_watch_init(Fp8Watch *w, int layers, int jump, const Comm *world);
 // collective over world when the check is on, so every rank calls it at the same step).
 void fp8_watch_step(Fp8Watch *w, const Backend *be, int step, Fp8Jump *j);
 void fp8_watch_free(Fp8Watch *w);
-// The run header's line where the amax check cannot run (--fp8-amax-jump on, a backend with FP8 tables but
-// no fp8_amax: the cuda tables so far): 1, or 0 where there is nothing to say.
-int fp8_watch_note(const Backend *be, int jump, char *buf, size_t n);
 // The warning for a step whose check found jumps (the trainer prints it): 1, or 0 with none.
 int fp8_jump_note(const Fp8Jump *j, int step, char *buf, size_t n);

@@ -227,7 +227,6 @@ static void print_header(const Run *r, const MeshShape *shape) {
     if (r->place.threads[0]) fprintf(out, "%s\n", r->place.threads);
     char mn[256];
     if (step_memory_note(&r->step, mn, sizeof mn)) fprintf(out, "%s\n", mn);
-    if (fp8_watch_note(r->be, r->o->fp8_amax_jump, mn, sizeof mn)) fprintf(out, "%s\n", mn);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
     if (r->place.why[0]) fprintf(out, "%s\n", r->place.why);
 }
