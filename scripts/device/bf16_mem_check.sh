@@ -1,0 +1,30 @@
+#!/bin/bash
+# Device recipe (kind nvidia-h200): issue 38's bf16 memory target, ours against the compiled pure-bf16 peer
+# in one call, under sustained load as full_step.sh's steady part: the reference model (PEERS.md), B 4 x T
+# 2048, --precision bf16, ours plain and with --recompute moe --recompute-layers N for each N in RC (default "3 4"), the
+# mean tokens/s of steps 11-40 and nvidia-smi's peak; then the peer (torch.compile, pure bf16), 10 warm-up
+# and 30 timed steps, its peak by the same poll. Needs .gpu (pack_libs.sh) and .gpu/torch_train_peer.py
+# (../shared/bench/). Progress in $OUT/bf16mem.txt.
+cd "$(dirname "$0")/../.."
+. scripts/device/libs.sh && recipe_start bf16mem 480
+[ -f $G/rand_big.bin ] || python3 scripts/device/random_shard.py $G/rand_big.bin 8392704
+P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
+   --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand_big.bin --steps 40 --precision bf16"
+steady() { # NAME FLAGS
+  mem_start; clocks_start
+  t $1 150 stdbuf -oL $B/moe train $P $2 --out $W/$1
+  say "-- ours $1 ($2): peak GPU memory used (nvidia-smi) $(mem_peak) MiB"; clocks_say $1
+  grep -m1 "^memory:" $W/$1.log | cut -c1-160 | tee -a $R
+  python3 -c "
+import json, sys
+r = [d for d in map(json.loads, open(sys.argv[1])) if 'step_time_s' in d and d['step'] > 10]
+t = sum(d['step_time_s'] for d in r)
+print('   steps %d-%d: %.0f tokens/s, %.1f ms a step, loss %.4f' % (r[0]['step'], r[-1]['step'], 8192 * len(r) / t, 1e3 * t / len(r), r[-1]['loss']))
+" $W/$1/metrics.jsonl | tee -a $R
+}
+steady plain ""
+for n in ${RC:-3 4}; do steady rc$n "--recompute moe --recompute-layers $n"; done
+say "-- the peer (pure bf16, torch.compile), 10 warm-up steps, 30 timed"
+CLOCKS=1 PEER_WARM=10 PEER_STEPS=30 peer_step compiled
+steady plain2 ""
+say "done $(date -u)"
