@@ -5,7 +5,8 @@
 // rows of y and dx, and its slices of the weight gradients (summed over their replica groups),
 // with one process's values; then the same with the experts' hidden rows and the rows sent to them in bf16
 // (hid_bf16.h: the GPU backend's format, so src/moe's addressing of it and the exchange's CT_BF16 rows run
-// here), also through the pipelined exchange (r 2).
+// here), also through the pipelined exchange (r 2); and, where ETP is 1, with --fp8-dispatch on the cpu's FP8
+// table (moe.h m->fp8_dispatch: the rows rounded to FP8 in both, packed across EP ranks in the mesh's).
 // usage: mpi_moe TP EP ETP
 #include <string.h>
 #include "core/common.h"
@@ -14,6 +15,7 @@
 #include "parallel/mesh.h"
 #include "test_util.h"
 #include "hid_bf16.h"
+#include "ops/cpu/cpu_ops.h"
 
 static void fill(float *p, size_t n, Rng *r, float s) {
     for (size_t i = 0; i < n; i++) p[i] = s * rng_normal(r);
@@ -30,7 +32,7 @@ static double relerr(const float *a, const float *b, size_t n) {
 }
 
 static void run_case(const Mesh *mesh, const char *label, int k, int rig, DispatchMode mode,
-                     const Backend *be, int ov) {
+                     const Backend *be, int ov, int f8d) {
     ModelConfig c;
     config_preset(&c, "tiny");
     c.d_model = 8;
@@ -59,6 +61,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     MoeScratch rs;
     moe_layer_init(&ref, be, &c, N, NULL);
     moe_scratch_init(&rs, be, &c, N);
+    ref.fp8_dispatch = f8d;
     float *yr = xcalloc((size_t)N * d, 4), *dxr = xcalloc((size_t)N * d, 4);
     float *gr = xcalloc((size_t)E * d, 4), *g1 = xcalloc((size_t)E * f * d, 4),
           *g3 = xcalloc((size_t)E * f * d, 4), *g2 = xcalloc((size_t)E * d * f, 4);
@@ -86,6 +89,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     moe_layer_init(&ml, be, &c, Nl, &cm);
     moe_scratch_init(&ms, be, &c, Nl);
     ml.overlap = ov; // the pipelined exchange's chunks (where the exchange is not local)
+    ml.fp8_dispatch = f8d;
     float *y = xcalloc((size_t)Nl * d, 4), *dx = xcalloc((size_t)Nl * d, 4);
     float *hr = xcalloc((size_t)E * d, 4), *h1 = xcalloc((size_t)El * fl * d, 4),
           *h3 = xcalloc((size_t)El * fl * d, 4), *h2 = xcalloc((size_t)El * d * fl, 4);
@@ -123,6 +127,9 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     EXPECT(fabs(ml.aux - ref.aux) <= 1e-6 * fabs(ref.aux) + 1e-9 &&
                fabs(ml.z - ref.z) <= 1e-6 * fabs(ref.z) + 1e-9,
            "[%s] aux %.9g vs %.9g, z %.9g vs %.9g", label, ml.aux, ref.aux, ml.z, ref.z);
+    // --fp8-dispatch: where rows cross EP ranks they went packed (the exchange's FP8 rows exist)
+    EXPECT(!f8d || mesh->s.ep == 1 || (ov > 1 ? ml.xc[0].pk : ml.x.pk),
+           "[%s] rank %d: no packed FP8 rows sent", label, mesh->rank);
     EXPECT(ml.dropped == ref.plan.dropped, "[%s] dropped %lld vs %d", label, (long long)ml.dropped,
            ref.plan.dropped);
     int64_t rows = ml.x.Rg, zero_ranks = rows == 0;
@@ -172,14 +179,20 @@ int main(int argc, char **argv) {
     Mesh mesh;
     mesh_init(&mesh, &s, world);
     const Backend *cpu = backend_cpu(), *hid = backend_cpu_hid_bf16();
-    run_case(&mesh, "random routing, dropless, k=2", 2, 0, DISPATCH_DROPLESS, cpu, 1);
-    run_case(&mesh, "random routing, capacity, k=2", 2, 0, DISPATCH_CAPACITY, cpu, 1);
-    run_case(&mesh, "all tokens on experts 0,1, k=2", 2, 1, DISPATCH_DROPLESS, cpu, 1);
-    run_case(&mesh, "all tokens on expert 0, k=1", 1, 1, DISPATCH_DROPLESS, cpu, 1);
-    run_case(&mesh, "all on expert 0, capacity, k=1", 1, 1, DISPATCH_CAPACITY, cpu, 1);
-    run_case(&mesh, "bf16 hidden rows, random, k=2", 2, 0, DISPATCH_DROPLESS, hid, 1);
-    run_case(&mesh, "bf16 hidden rows, random, k=2, r 2", 2, 0, DISPATCH_DROPLESS, hid, 2);
-    run_case(&mesh, "bf16 hidden rows, capacity, r 2", 2, 0, DISPATCH_CAPACITY, hid, 2);
+    run_case(&mesh, "random routing, dropless, k=2", 2, 0, DISPATCH_DROPLESS, cpu, 1, 0);
+    run_case(&mesh, "random routing, capacity, k=2", 2, 0, DISPATCH_CAPACITY, cpu, 1, 0);
+    run_case(&mesh, "all tokens on experts 0,1, k=2", 2, 1, DISPATCH_DROPLESS, cpu, 1, 0);
+    run_case(&mesh, "all tokens on expert 0, k=1", 1, 1, DISPATCH_DROPLESS, cpu, 1, 0);
+    run_case(&mesh, "all on expert 0, capacity, k=1", 1, 1, DISPATCH_CAPACITY, cpu, 1, 0);
+    run_case(&mesh, "bf16 hidden rows, random, k=2", 2, 0, DISPATCH_DROPLESS, hid, 1, 0);
+    run_case(&mesh, "bf16 hidden rows, random, k=2, r 2", 2, 0, DISPATCH_DROPLESS, hid, 2, 0);
+    run_case(&mesh, "bf16 hidden rows, capacity, r 2", 2, 0, DISPATCH_CAPACITY, hid, 2, 0);
+    if (s.etp == 1) { // (fp8 takes --etp 1: ETP slices would cut the weights' 128x128 blocks)
+        const Backend *f8 = backend_cpu_fp8();
+        run_case(&mesh, "fp8 dispatch, random, k=2", 2, 0, DISPATCH_DROPLESS, f8, 1, 1);
+        run_case(&mesh, "fp8 dispatch, random, k=2, r 2", 2, 0, DISPATCH_DROPLESS, f8, 2, 1);
+        run_case(&mesh, "fp8 dispatch, all on expert 0, k=1", 1, 1, DISPATCH_CAPACITY, f8, 1, 1);
+    }
     int64_t f = t_failures;
     comm_allreduce(world, &f, 1, CT_I64);
     mesh_free(&mesh);

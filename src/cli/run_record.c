@@ -15,11 +15,12 @@
 // schedule, evaluation and saving. Not remembered: the mesh, the device and this invocation's paths
 // (a run may resume on another layout), and the model (the checkpoint's config.json holds it).
 static const char *const REMEMBERED[] = {
-    "data",       "val-data",    "val-frac",    "seq-len",       "batch",         "grad-accum",
-    "steps",      "lr",          "min-lr-frac", "warmup",        "weight-decay",  "beta1",
-    "beta2",      "adam-eps",    "grad-clip",   "seed",          "eval-every",    "eval-batches",
-    "save-every", "keep",        "keep-best",   "dropout",       "embed-dropout", "sample-tokens",
-    "plots",      "tensorboard", "precision",   "bf16-rounding", "bf16-grads",    "fp8-dense"};
+    "data",        "val-data",    "val-frac",    "seq-len",       "batch",         "grad-accum",
+    "steps",       "lr",          "min-lr-frac", "warmup",        "weight-decay",  "beta1",
+    "beta2",       "adam-eps",    "grad-clip",   "seed",          "eval-every",    "eval-batches",
+    "save-every",  "keep",        "keep-best",   "dropout",       "embed-dropout", "sample-tokens",
+    "plots",       "tensorboard", "precision",   "bf16-rounding", "bf16-grads",    "fp8-dense",
+    "fp8-dispatch"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++)
@@ -147,9 +148,9 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
             s->set[i] = 0; // (inert under mixed precision; a later bf16 resume takes it back)
             continue;
         }
-        if (!prec_fp8(prec) && !strcmp(o->name, "fp8-dense")) { // (fp8's alone: off under the others)
-            s->set[i] = 0;
-            s->train.fp8_dense = 0;
+        if (!prec_fp8(prec) && (!strcmp(o->name, "fp8-dense") || !strcmp(o->name, "fp8-dispatch"))) {
+            s->set[i] = 0; // (fp8's alone: off under the others)
+            s->train.fp8_dense = s->train.fp8_dispatch = 0;
             continue;
         }
         size_t l = strlen(applied);

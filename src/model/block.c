@@ -126,6 +126,7 @@ static void forward_chunked(Model *m, LayerActs *a, int l, float *out, int T, in
         part[j] = &mc[j];
         mc[j].overlap = m->moe_overlap[l];
         mc[j].mode = m->moe_mode[l];
+        mc[j].fp8_dispatch = m->fp8_dispatch;
         mc[j].early_dispatch = 1;
         mc[j].chunk_part = 1;
         mc[j].seq_len = T;
@@ -184,6 +185,7 @@ void block_forward(Model *m, int l, float *out, int B, int T, int n, uint64_t se
         attn_out_rows(m, a, l, 0, N);
         a->moe.overlap = m->moe_overlap[l];
         a->moe.mode = m->moe_mode[l];
+        a->moe.fp8_dispatch = m->fp8_dispatch;
         a->moe.seq_len = T;
         moe_forward(&a->moe, m->moe_out, a->xn2, N, &w, c, seed, (int64_t)comm_rank(m->mesh.dp) * N);
         out_rows(m, a, l, out, 0, N);

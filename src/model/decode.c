@@ -149,6 +149,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         MoeLayer *ml = model_moe(m, l, 0);
         ml->overlap = m->moe_overlap[l];
         ml->mode = m->moe_mode[l];
+        ml->fp8_dispatch = m->fp8_dispatch;
         ml->seq_len = n; // (the rows of one call: the sequence-scope statistics are not used here)
         moe_forward(ml, kc->mo, kc->xn, n, &w, c, 0, (int64_t)comm_rank(m->mesh.dp) * n);
         be->add(kc->x, kc->xmid, kc->mo, (size_t)n * d);

@@ -363,6 +363,12 @@ void model_set_dw_sumsq(Model *m, int on) {
     m->dw_sumsq = !!on;
 }
 
+void model_set_fp8_dispatch(Model *m, int on) {
+    CHECK(!on || (m->be->fp8_rows_round && m->be->fp8_rows_pack && m->be->fp8_rows_unpack),
+          "--fp8-dispatch: backend %s has no FP8 rows (ops.h Backend.fp8_rows_*)", m->be->name);
+    m->fp8_dispatch = !!on;
+}
+
 int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb) {
     *gb = 0;
     if (!params_routed(s) || m->expert_gbf == OPTG_F32) return OPTG_F32;

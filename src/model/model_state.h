@@ -47,6 +47,9 @@ void model_set_expert_grads(Model *m, int gbf);
 // writes none into the ledger), reduces none of them over ranks and reads them as written (OPTG_F32 or
 // OPTG_PACKED). The ledger is emptied by model_zero_grads.
 void model_set_dw_sumsq(Model *m, int on);
+// --fp8-dispatch (on: 1): every MoE layer's routed experts take their input rows as FP8 values, moved packed
+// between ranks (moe.h m->fp8_dispatch). Dies where the backend has no FP8 rows (ops.h Backend.fp8_rows_*).
+void model_set_fp8_dispatch(Model *m, int on);
 // The format of tensor s's gradient (OptRun gbf) and, where packed, the element its block starts at (*gb).
 int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb);
 // The bf16 policy's weight storage (ops.h alloc_bf16_params): the weights that only bf16 GEMMs read (the

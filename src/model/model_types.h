@@ -192,6 +192,7 @@ typedef struct Model {
     int64_t *scope_counts, *scope_tokens; // (L,E) (L) aux scope global: the step's counts and tokens so far
     int *moe_overlap; // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode; // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
+    int fp8_dispatch; // every MoE layer's m->fp8_dispatch (model_set_fp8_dispatch)
     int *ampipe; // (L) each layer's AMPipe chunks in training forwards (1 = none)
     int share_grads; // model_share_grads
     size_t embed_lent; // the bytes of the embedding's gradient, where it holds layer 0's activations (lent

@@ -13,7 +13,8 @@
 //          grow row-sized staging (by a2a_rows); it returns 1 where such staging grew again (held rows
 //          before and needed more: the layer reports it), else 0.
 //   start  begin moving direction dir (A2A_DISPATCH: counts as planned; A2A_COMBINE: the same exchange
-//          reversed) from send to recv (backend buffers, elements of type t, esz bytes each, d per row).
+//          reversed) from send to recv (backend buffers, rows of w values of type t: d for the hidden format
+//          and float32, fp8_row_bytes(d) bytes for FP8 rows; never more bytes than d float32 values).
 //          A blocking transport moves everything here.
 //   finish wait until recv holds every row. Between start and finish, send and recv are the transport's.
 //   free   release its state.
@@ -40,7 +41,7 @@ typedef struct A2a A2a; // a transport's state
 typedef struct {
     A2a *(*init)(const Backend *be, const Comm *ep, const Comm *epn, const Comm *epx, int d, size_t rows_max);
     int (*plan)(A2a *t, const A2aCounts *c);
-    void (*start)(A2a *t, int dir, const void *send, void *recv, CommType ct, size_t esz);
+    void (*start)(A2a *t, int dir, const void *send, void *recv, CommType ct, size_t w);
     void (*finish)(A2a *t, int dir);
     void (*free)(A2a *t);
 } A2aTransport;

@@ -10,7 +10,6 @@ struct A2a {
     const Backend *be;
     const Comm *ep;
     int EP;
-    size_t d;
     A2aCounts c; // the plan's counts (rows)
     size_t *a; // (4 EP) element counts and displacements of one call
     CommReq *req; // the all-to-all in flight
@@ -22,7 +21,6 @@ static A2a *flat_init(const Backend *be, const Comm *ep, const Comm *epn, const 
     t->be = be;
     t->ep = ep;
     t->EP = comm_size(ep);
-    t->d = (size_t)d;
     t->a = xcalloc(4 * (size_t)t->EP, sizeof(size_t));
     return t;
 }
@@ -32,18 +30,18 @@ static int flat_plan(A2a *t, const A2aCounts *c) {
     return 0;
 }
 
-static void flat_start(A2a *t, int dir, const void *send, void *recv, CommType ct, size_t esz) {
+static void flat_start(A2a *t, int dir, const void *send, void *recv, CommType ct, size_t w) {
     const A2aCounts *c = &t->c;
     int EP = t->EP, back = dir == A2A_COMBINE;
     if (!comm_dev_due(t->ep)) { // a group of one: my rows to myself
-        t->be->copy(recv, send, esz * (back ? c->rc[0] : c->sc[0]) * t->d);
+        t->be->copy(recv, send, comm_type_size(ct) * (back ? c->rc[0] : c->sc[0]) * w);
         return;
     }
     size_t *a = t->a;
-    a2a_scale(back ? c->rc : c->sc, a, EP, t->d);
-    a2a_scale(back ? c->rd : c->sd, a + EP, EP, t->d);
-    a2a_scale(back ? c->sc : c->rc, a + 2 * EP, EP, t->d);
-    a2a_scale(back ? c->sd : c->rd, a + 3 * EP, EP, t->d);
+    a2a_scale(back ? c->rc : c->sc, a, EP, w);
+    a2a_scale(back ? c->rd : c->sd, a + EP, EP, w);
+    a2a_scale(back ? c->sc : c->rc, a + 2 * EP, EP, w);
+    a2a_scale(back ? c->sd : c->rd, a + 3 * EP, EP, w);
     t->req = comm_dev_ialltoallv(t->ep, send, a, a + EP, recv, a + 2 * EP, a + 3 * EP, ct);
 }
 

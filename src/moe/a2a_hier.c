@@ -149,27 +149,29 @@ static int hier_plans(A2a *t, const A2aCounts *c) {
 }
 
 // Direction k: send -> recv, as the flat all-to-all-v.
-static void hier_start(A2a *t, int k, const void *send, void *recv, CommType ct, size_t esz) {
+static void hier_start(A2a *t, int k, const void *send, void *recv, CommType ct, size_t w) {
     const HierPlan *h = &t->hp[k];
     const Backend *be = t->be;
-    size_t d = t->d, G = (size_t)t->G, A = (size_t)t->A, row = d * esz, *a = t->a;
+    size_t G = (size_t)t->G, A = (size_t)t->A, row = w * comm_type_size(ct), *a = t->a;
+    CHECK(row <= t->d * sizeof(float), "a2a_hier: rows of %zu bytes, staging for %zu", row,
+          t->d * sizeof(float));
     for (int i = 0; i < h->npre; i++) {
         const int64_t *q = h->pre + 3 * i;
         if (q[2]) be->copy((char *)t->s1 + q[1] * row, (const char *)send + q[0] * row, row * q[2]);
     }
-    a2a_scale(h->c1, a, (int)G, d);
-    a2a_scale(h->d1, a + G, (int)G, d);
-    a2a_scale(h->r1, a + 2 * G, (int)G, d);
-    a2a_scale(h->e1, a + 3 * G, (int)G, d);
+    a2a_scale(h->c1, a, (int)G, w);
+    a2a_scale(h->d1, a + G, (int)G, w);
+    a2a_scale(h->r1, a + 2 * G, (int)G, w);
+    a2a_scale(h->e1, a + 3 * G, (int)G, w);
     comm_dev_alltoallv(t->epn, t->s1, a, a + G, t->r1, a + 2 * G, a + 3 * G, ct);
     for (int i = 0; i < h->nmid; i++) {
         const int64_t *q = h->mid + 3 * i;
         if (q[2]) be->copy((char *)t->s2 + q[1] * row, (const char *)t->r1 + q[0] * row, row * q[2]);
     }
-    a2a_scale(h->c2, a, (int)A, d);
-    a2a_scale(h->d2, a + A, (int)A, d);
-    a2a_scale(h->r2, a + 2 * A, (int)A, d);
-    a2a_scale(h->e2, a + 3 * A, (int)A, d);
+    a2a_scale(h->c2, a, (int)A, w);
+    a2a_scale(h->d2, a + A, (int)A, w);
+    a2a_scale(h->r2, a + 2 * A, (int)A, w);
+    a2a_scale(h->e2, a + 3 * A, (int)A, w);
     comm_dev_alltoallv(t->epx, t->s2, a, a + A, recv, a + 2 * A, a + 3 * A, ct);
 }
 

@@ -48,8 +48,8 @@ void exchange_free(Exchange *x) {
     free(x->gcnt);
     free(x->off);
     free(x->perm_h);
-    void *dev[] = {x->perm, x->iperm, x->raw_ep, x->raw};
-    for (int i = 0; i < 4; i++)
+    void *dev[] = {x->perm, x->iperm, x->raw_ep, x->raw, x->pk};
+    for (int i = 0; i < 5; i++)
         if (dev[i]) x->be->free(dev[i]);
     memset(x, 0, sizeof *x);
 }
@@ -165,16 +165,31 @@ void exchange_plan(Exchange *x, const int64_t *kept) {
     x->regrown |= x->tr->plan(x->a2a, &c);
 }
 
-void exchange_dispatch_start(Exchange *x, const void *rows) {
+void exchange_dispatch_start(Exchange *x, const void *rows, int fp8) {
     if (x->local) return;
+    x->fp8 = fp8;
     // rows are backend buffers: the comm API's device variants (NCCL on GPUs); groups of one are
     // a backend copy (unless a test forces the NCCL path: comm_dev_due)
-    x->tr->start(x->a2a, A2A_DISPATCH, rows, x->raw_ep, hid_type(x), hid_bytes(x));
+    if (!fp8) {
+        x->tr->start(x->a2a, A2A_DISPATCH, rows, x->raw_ep, hid_type(x), (size_t)x->d);
+        return;
+    }
+    // FP8 rows: packed here, received into raw (Rg >= R rows of d float32 each: room for R packed rows),
+    // unpacked by _finish into raw_ep, where the hidden format's rows would have arrived
+    const Backend *be = x->be;
+    CHECK(be->fp8_rows_pack && be->fp8_rows_unpack,
+          "exchange: FP8 rows on backend %s, which cannot pack them", be->name);
+    size_t rb = fp8_row_bytes(x->d);
+    if (!x->pk) x->pk = be->alloc(rb * (size_t)x->rows_max);
+    be->fp8_rows_pack(x->pk, rows, x->M, x->d);
+    x->tr->start(x->a2a, A2A_DISPATCH, x->pk, x->raw, CT_U8, rb);
 }
 
 const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out) {
     if (x->local) return rows;
     x->tr->finish(x->a2a, A2A_DISPATCH);
+    if (x->fp8) x->be->fp8_rows_unpack(x->raw_ep, x->raw, x->R, x->d);
+    x->fp8 = 0;
     int ETP = x->ETP;
     size_t d = x->d;
     if (comm_dev_due(x->etp)) {
@@ -188,8 +203,8 @@ const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out) {
     return out;
 }
 
-const void *exchange_dispatch(Exchange *x, const void *rows, void *out) {
-    exchange_dispatch_start(x, rows);
+const void *exchange_dispatch(Exchange *x, const void *rows, void *out, int fp8) {
+    exchange_dispatch_start(x, rows, fp8);
     return exchange_dispatch_finish(x, rows, out);
 }
 
@@ -203,7 +218,7 @@ void exchange_combine_start(Exchange *x, const float *partial, float *rows) {
     } else {
         x->be->copy(x->raw_ep, x->raw, F * (size_t)x->R * d);
     }
-    x->tr->start(x->a2a, A2A_COMBINE, x->raw_ep, rows, CT_F32, F);
+    x->tr->start(x->a2a, A2A_COMBINE, x->raw_ep, rows, CT_F32, (size_t)x->d);
 }
 
 const float *exchange_combine_finish(Exchange *x, const float *partial, float *rows) {

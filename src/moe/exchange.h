@@ -38,6 +38,9 @@ typedef struct {
     void *raw_ep, *raw; // (cap_R,d), (cap_Rg,d) staging (device; not local): the hidden format or float32
     size_t cap_R, cap_Rg; // rows
     int regrown; // 1: the last plan grew a row-sized buffer that held rows before (the caller clears it)
+    void
+        *pk; // (rows_max, fp8_row_bytes(d)) bytes: the FP8 rows sent (device; made by the first FP8 dispatch)
+    int fp8; // the dispatch in flight moves FP8 rows
 } Exchange;
 
 // epn, epx: the two-level all-to-all's groups (both NULL: the flat all-to-all). rows_max: the rows this
@@ -58,8 +61,11 @@ void exchange_plan(Exchange *x, const int64_t *kept_per_expert);
 // rows (M,d) in my expert order -> (Rg,d) expert-major on the owners: written to out (which must
 // hold Rg rows) and out returned; when local, nothing is written (out may be NULL) and rows itself
 // is returned (Rg = M, the same order). Dispatched rows are in the backend's hidden format (ops.h
-// Backend.hid: bf16 on "cuda", sent as CT_BF16), combined ones float32.
-const void *exchange_dispatch(Exchange *x, const void *rows, void *out);
+// Backend.hid: bf16 on "cuda", sent as CT_BF16), combined ones float32. fp8 1 (--fp8-dispatch's
+// forward: rows already FP8 values, Backend.fp8_rows_round): the EP all-to-all moves them packed
+// (Backend.fp8_rows_pack: fp8_row_bytes(d) bytes a row, d + d/128 against the hidden format's 2d or 4d)
+// and the owner unpacks them: the same values arrive.
+const void *exchange_dispatch(Exchange *x, const void *rows, void *out, int fp8);
 // partial (Rg,d) expert-major -> (M,d) back in my order, summed over the ETP group: written to rows
 // and rows returned; when local, partial itself is returned (rows untouched, may be NULL).
 const float *exchange_combine(Exchange *x, const float *partial, float *rows);
@@ -68,7 +74,7 @@ const float *exchange_combine(Exchange *x, const float *partial, float *rows);
 // blocking, in _finish for the dispatch and in _start for the combine), _finish waits and returns what
 // the whole call returns. Between them rows / the staging buffers must not be touched. Every rank of the
 // group starts and finishes in the same order.
-void exchange_dispatch_start(Exchange *x, const void *rows);
+void exchange_dispatch_start(Exchange *x, const void *rows, int fp8);
 const void *exchange_dispatch_finish(Exchange *x, const void *rows, void *out);
 void exchange_combine_start(Exchange *x, const float *partial, float *rows);
 const float *exchange_combine_finish(Exchange *x, const float *partial, float *rows);

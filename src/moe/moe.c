@@ -499,6 +499,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
                   m->kf_d + (size_t)k * E, Ns, E, k);
     // permute, send to the expert owners, experts, and back
     be->gather_rows_hid(m->xs, xin, 0, m->rowtok, M, d);
+    if (m->fp8_dispatch) be->fp8_rows_round(m->xs, M, d); // (the values every layout's experts then see)
     int64_t *kept = m->kept_h;
     for (int e = 0; e < E; e++) kept[e] = m->plan.off[e + 1] - m->plan.off[e];
     // sharded (ETP slices, tokens gathered over ETP) or gathered (whole experts, my tokens: EP only)
@@ -521,7 +522,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
     m->wu = wf;
     // with early_dispatch (AMPipe) the unchunked dispatch is in flight until moe_finish
     m->started = m->early_dispatch && m->r == 1 && !m->xu->local;
-    if (m->started) exchange_dispatch_start(m->xu, m->xs);
+    if (m->started) exchange_dispatch_start(m->xu, m->xs, m->fp8_dispatch);
 }
 
 void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
@@ -537,7 +538,7 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
         moe_experts_chunked(m, w);
     } else {
         m->xgp = m->started ? exchange_dispatch_finish(m->xu, m->xs, m->xg)
-                            : exchange_dispatch(m->xu, m->xs, m->xg);
+                            : exchange_dispatch(m->xu, m->xs, m->xg, m->fp8_dispatch);
         m->started = 0;
         be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
         be->grouped_down_fwd(m->yg, m->act, wu->w2, m->xu->off, El, fu, d);
@@ -583,7 +584,7 @@ void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy) {
     scratch_buffers(s, m);
     // with early_dispatch the unchunked dispatch of dys is in flight until moe_backward_finish
     m->started = m->early_dispatch && m->r == 1 && !m->xu->local;
-    if (m->started) exchange_dispatch_start(m->xu, s->dys);
+    if (m->started) exchange_dispatch_start(m->xu, s->dys, 0);
 }
 
 void moe_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x, const MoeWeights *w,
@@ -624,7 +625,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         dxs = moe_experts_bwd_chunked(m, s, w, g);
     } else {
         const void *dyg = m->started ? exchange_dispatch_finish(m->xu, s->dys, s->dyg)
-                                     : exchange_dispatch(m->xu, s->dys, s->dyg);
+                                     : exchange_dispatch(m->xu, s->dys, s->dyg, 0);
         m->started = 0;
         // No zero fills: the groups of x.off partition exactly the Rg expert-major rows (off[0] = 0,
         // off[El] = Rg, also after the EP/ETP exchange; capacity-dropped slots have no row), so the

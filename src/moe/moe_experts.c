@@ -292,13 +292,14 @@ void moe_experts_chunked(MoeLayer *m, const MoeWeights *w) {
     const Backend *be = m->be;
     int r = m->r, d = m->d, fl = m->fl, El = m->El, M = m->plan.M;
     be->gather_rows_hid(m->xsc, m->xs, 1, m->cidx, M, d);
-    exchange_dispatch_start(&m->xc[0], m->xsc);
+    exchange_dispatch_start(&m->xc[0], m->xsc, m->fp8_dispatch);
     for (int i = 0; i < r; i++) {
         size_t g = (size_t)m->gstart[i];
         void *xg = hid_at(be, m->xg, g * d);
         float *yg = m->yg + g * d;
         exchange_dispatch_finish(&m->xc[i], hid_at(be, m->xsc, m->cstart[i] * d), xg);
-        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, m->xsc, m->cstart[i + 1] * d));
+        if (i + 1 < r)
+            exchange_dispatch_start(&m->xc[i + 1], hid_at(be, m->xsc, m->cstart[i + 1] * d), m->fp8_dispatch);
         void *act = hid_at(be, m->act, g * fl);
         be->grouped_swiglu_fwd(hid_at(be, m->h1, g * fl), hid_at(be, m->h3, g * fl), act, xg, w->w1, w->w3,
                                m->xc[i].off, El, d, fl);
@@ -346,7 +347,7 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         s->cap_c = need;
     }
     be->gather_rows_hid(s->dysc, s->dys, 1, m->cidx, M, d);
-    exchange_dispatch_start(&m->xc[0], s->dysc);
+    exchange_dispatch_start(&m->xc[0], s->dysc, 0);
     void *dh1b, *dh3b;
     float *dxgb;
     moe_bwd_rows(m, s, &dh1b, &dh3b, &dxgb);
@@ -356,7 +357,7 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         float *dxg = dxgb + g * d;
         void *dh1 = hid_at(be, dh1b, g * fl), *dh3 = hid_at(be, dh3b, g * fl);
         exchange_dispatch_finish(&m->xc[i], hid_at(be, s->dysc, m->cstart[i] * d), dyg);
-        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d));
+        if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d), 0);
         int dwf = moe_dw_flags(gw, i == 0, 0); // the first chunk writes unwritten gradients
         be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
                                hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d, dwf);

@@ -135,6 +135,8 @@ typedef struct {
     int early_dispatch; // 1: moe_start / moe_backward_start leave an unchunked dispatch in
                         // flight (AMPipe)
     int started; // such a dispatch is in flight (until moe_finish / _backward_finish)
+    int fp8_dispatch; // 1 (--fp8-dispatch; set by the caller): the experts' input rows FP8 values from
+                      // the dispatch on, moved packed (moe.h)
     Exchange *xu; // the last forward's routes: &x, or &xe (gathered: EP only)
     int fu; // its expert width: fl, or f (gathered)
     Exchange xe; // the EP-only routes of the gathered mode

@@ -143,3 +143,12 @@ static inline MOE_HD int fp8_scale_exp(uint32_t amax_bits) {
     return k < FP8_SCALE_EXP_MIN ? FP8_SCALE_EXP_MIN : k > FP8_SCALE_EXP_MAX ? FP8_SCALE_EXP_MAX : k;
 }
 static inline MOE_HD float fp8_pow2(int k) { return f32_of_bits((uint32_t)(k + 127) << 23); } // normal k
+
+#define FP8_TILE 128 // the tile length, the block side and the GEMM's promotion interval
+static inline MOE_HD int fp8_ntiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
+// FP8 rows (the MoE dispatch's, --fp8-dispatch): a row of d values packed into fp8_row_bytes(d) bytes, its
+// d e4m3 codes (1x128 tiles along the row, the last one shorter) then one byte a tile, the tile's scale
+// exponent k as a signed byte (FP8_SCALE_EXP_MIN..MAX) or FP8_ROW_BAD for a tile holding a NaN or an
+// infinity (its codes NaN).
+#define FP8_ROW_BAD (-128)
+static inline MOE_HD size_t fp8_row_bytes(int d) { return (size_t)d + (size_t)fp8_ntiles(d); }

@@ -14,6 +14,7 @@
 
 #include <string.h>
 #include "ops/numerics.h"
+#include "ops/fp8_tensors.h"
 
 typedef struct Backend Backend;
 
@@ -240,6 +241,15 @@ struct Backend {
     void (*fp8_site)(int layer);
     int64_t (*fp8_nonfinite)(int *layer, int *tensor);
     void (*fp8_amax)(int *k, int rows);
+    // FP8 rows for the MoE dispatch (--fp8-dispatch: moe.h; NULL where fp8 is 0, and on tables that have
+    // none: cuda's, so far). rows (n, d) in the hidden format; a packed row is ops/cpu/cpu_fp8.h's
+    // (fp8_row_bytes(d) bytes: the 1x128 tiles' e4m3 codes, then their scale exponents), bit for bit on every
+    // backend. fp8_rows_round: each row replaced by its tiles' FP8 values (pack then unpack, in place);
+    // fp8_rows_pack / fp8_rows_unpack: rows -> packed (n * fp8_row_bytes(d) bytes) and back. A tile holding a
+    // NaN or an infinity comes back NaN (the experts' quantiser then counts it as their input's).
+    void (*fp8_rows_round)(void *rows, int n, int d);
+    void (*fp8_rows_pack)(void *packed, const void *rows, int n, int d);
+    void (*fp8_rows_unpack)(void *rows, const void *packed, int n, int d);
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
     // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the
@@ -548,44 +558,6 @@ struct Backend {
     void (*adamw_runs)(float *p, const float *g, void *m, void *v, const OptRuns *r, float gscale, float lr,
                        float b1, float b2, float eps, float wd, int t, int prec, uint64_t seed);
 };
-
-// The tensors the FP8 quantisers read (Backend.fp8_nonfinite names the first non-finite one): the fused
-// expert ops know their operands' roles; grouped_matmul_fwd/bwd called directly give the generic three.
-enum {
-    FP8T_X,
-    FP8T_W1,
-    FP8T_W3,
-    FP8T_ACT,
-    FP8T_W2,
-    FP8T_DY,
-    FP8T_DH1,
-    FP8T_DH3,
-    FP8T_INP,
-    FP8T_W,
-    FP8T_DOUT,
-    FP8T_AX,
-    FP8T_AW,
-    FP8T_AD,
-    FP8T_N
-};
-#define FP8_AMAX_NONE (FP8_SCALE_EXP_MIN - 1) // Backend.fp8_amax: no finite group quantised
-static inline const char *fp8_tensor_name(int t) {
-    static const char *name[FP8T_N] = {"x (the experts' input rows)",
-                                       "w1 (the experts' gate weights)",
-                                       "w3 (the experts' up weights)",
-                                       "act (the SwiGLU output, the down projection's input)",
-                                       "w2 (the experts' down weights)",
-                                       "dy (the experts' output gradient)",
-                                       "dh1 (the gate projection's output gradient)",
-                                       "dh3 (the up projection's output gradient)",
-                                       "a grouped GEMM's input",
-                                       "a grouped GEMM's weight",
-                                       "a grouped GEMM's output gradient",
-                                       "an attention projection's input rows (--fp8-dense)",
-                                       "an attention projection's weight (--fp8-dense)",
-                                       "an attention projection's output gradient (--fp8-dense)"};
-    return t >= 0 && t < FP8T_N ? name[t] : "an unnamed tensor";
-}
 
 // The bytes of one element of the backend's hidden format (Backend.hid), and element i of a buffer in it: the
 // experts' h1, h3, act, dh1, dh3, the rows sent to them, the attention's bf16 operands.

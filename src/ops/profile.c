@@ -266,6 +266,21 @@ static void w_gather_h(void *o, const void *i, int h, const int32_t *x, int n, i
     in->gather_rows_hid(o, i, h, x, n, C);
     T1(P_ROWS);
 }
+static void w_f8_round(void *r, int n, int d) {
+    T0;
+    in->fp8_rows_round(r, n, d);
+    T1(P_ROWS);
+}
+static void w_f8_pack(void *p, const void *r, int n, int d) {
+    T0;
+    in->fp8_rows_pack(p, r, n, d);
+    T1(P_ROWS);
+}
+static void w_f8_unpack(void *r, const void *p, int n, int d) {
+    T0;
+    in->fp8_rows_unpack(r, p, n, d);
+    T1(P_ROWS);
+}
 static void w_combine(float *o, const float *r, const int32_t *s, const float *w, int N, int k, int C,
                       int a) {
     T0;
@@ -390,6 +405,11 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.swiglu_bwd = w_sw_b;
     pb.gather_rows = w_gather;
     pb.gather_rows_hid = w_gather_h;
+    if (inner->fp8_rows_round) { // (--fp8-dispatch's rows: the FP8 tables that have them)
+        pb.fp8_rows_round = w_f8_round;
+        pb.fp8_rows_pack = w_f8_pack;
+        pb.fp8_rows_unpack = w_f8_unpack;
+    }
     pb.combine_rows = w_combine;
     pb.router_topk = w_rtopk;
     pb.router_bwd = w_rbwd;

@@ -20,6 +20,9 @@ extern "C" { // callable from the CUDA backend's .cu files (comm_local_rank)
 // send/recv; the reductions refuse it.
 typedef enum { CT_F32, CT_F64, CT_I32, CT_I64, CT_U8, CT_BF16 } CommType;
 
+// The bytes of one value of type t.
+size_t comm_type_size(CommType t);
+
 typedef struct Comm Comm; // a process group (opaque: comm_size, comm_rank; comm_impl.h)
 typedef struct CommOps CommOps; // a backend's collectives (comm_impl.h)
 typedef struct CommReq CommReq; // a pending non-blocking operation

@@ -60,7 +60,6 @@ struct CommReq {
     void *impl; // backend request (MPI_Request*, the nccl backend's event)
 };
 
-size_t comm_type_size(CommType t);
 // Groups of one: copies only (comm.c).
 extern const CommOps comm_self_ops;
 

@@ -134,6 +134,13 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->fp8_amax_jump < 0 || o->fp8_amax_jump > FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN)
         BAD("--fp8-amax-jump must be in [0, %d] (powers of two; the scales' range; 0: no check), got %d",
             FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN, o->fp8_amax_jump);
+    if (o->fp8_dispatch != 0 && o->fp8_dispatch != 1)
+        BAD("--fp8-dispatch must be 0 or 1 (got %d)", o->fp8_dispatch);
+    if (o->fp8_dispatch && !prec_fp8(o->precision))
+        BAD("--fp8-dispatch sends the experts' input rows as --precision fp8's or fp8-bf16's FP8 operands; "
+            "this "
+            "run's precision is %s",
+            prec_name(o->precision));
     if (o->fp8_dense && !prec_fp8(o->precision))
         BAD("--fp8-dense puts the attention projections into --precision fp8's or fp8-bf16's FP8 GEMMs; this "
             "run's precision is %s",

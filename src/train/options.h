@@ -58,6 +58,8 @@ typedef struct {
     int bf16_grads; // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
     int fp8_dense; // PREC_FP8 / PREC_FP8_BF16: 1 the attention projections' products in FP8 too (ops.h
                    // backend_fp8_dense)
+    int fp8_dispatch; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' input rows FP8 values from the
+                      // dispatch on, moved packed (moe.h m->fp8_dispatch)
     int fp8_amax_jump; // PREC_FP8 / PREC_FP8_BF16: a (layer, tensor)'s amax this many powers of two above
                        // every earlier step's is reported (train/fp8_watch.h); 0: not checked
     int gpu_comm; // GPUCOMM_*: the device transport of GPU ranks (train/placement.c)

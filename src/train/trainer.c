@@ -227,6 +227,11 @@ static void print_header(const Run *r, const MeshShape *shape) {
     if (r->place.threads[0]) fprintf(out, "%s\n", r->place.threads);
     char mn[256];
     if (step_memory_note(&r->step, mn, sizeof mn)) fprintf(out, "%s\n", mn);
+    if (o->fp8_dispatch)
+        fprintf(out,
+                "fp8: --fp8-dispatch: the experts' input rows rounded to FP8 where they are gathered; "
+                "between ranks %zu bytes a row (%zu unpacked)\n",
+                fp8_row_bytes(c->d_model), hid_size(r->be) * (size_t)c->d_model);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
     if (r->place.why[0]) fprintf(out, "%s\n", r->place.why);
 }
@@ -319,6 +324,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     int ledger = train_dw_ledger(o, r->meshed, r->meshed ? shape.edp : 1) && r->be->dw_sumsq_take &&
         !(e && !strcmp(e, "0"));
     model_set_dw_sumsq(&r->m, ledger);
+    model_set_fp8_dispatch(&r->m, o->fp8_dispatch);
     if (o->recompute)
         model_set_recompute(&r->m, o->recompute, o->recompute_layers); // (before step_init's slots)
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:

@@ -84,6 +84,49 @@ void cpu_fp8_dequant_blocks(float *w, const uint8_t *q, const float *s, int N, i
                 e4m3_to_f32(q[(size_t)n * K + k]) * s[(size_t)(n / FP8_TILE) * BK + k / FP8_TILE];
 }
 
+int64_t cpu_fp8_pack_rows(uint8_t *p, const float *x, int n, int d) {
+    int T = fp8_ntiles(d);
+    size_t rb = fp8_row_bytes(d);
+    int64_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (int m = 0; m < n; m++)
+        for (int t = 0; t < T; t++) {
+            float s;
+            uint8_t *row = p + (size_t)m * rb;
+            int b = quant_group(row + (size_t)t * FP8_TILE, 0, 1, &s,
+                                x + (size_t)m * d + (size_t)t * FP8_TILE, 0, 1, 1, tile_len(t, d));
+            bad +=
+                b; // (a scale 2^k with k in [FP8_SCALE_EXP_MIN, MAX]: a normal float, its exponent field k)
+            row[d + t] = (uint8_t)(int8_t)(b ? FP8_ROW_BAD : (int)((f32_bits(s) >> 23) & 0xffu) - 127);
+        }
+    return bad;
+}
+
+void cpu_fp8_unpack_rows(float *x, const uint8_t *p, int n, int d) {
+    size_t rb = fp8_row_bytes(d);
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < n; m++) {
+        const uint8_t *row = p + (size_t)m * rb;
+        for (int k = 0; k < d; k++) {
+            int e = (int8_t)row[d + k / FP8_TILE];
+            x[(size_t)m * d + k] = e == FP8_ROW_BAD ? NAN : e4m3_to_f32(row[k]) * fp8_pow2(e);
+        }
+    }
+}
+
+void cpu_fp8_round_rows(float *x, int n, int d) {
+    int T = fp8_ntiles(d);
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < n; m++)
+        for (int t = 0; t < T; t++) {
+            uint8_t q[FP8_TILE];
+            float s, *v = x + (size_t)m * d + (size_t)t * FP8_TILE;
+            int len = tile_len(t, d);
+            quant_group(q, 0, 1, &s, v, 0, 1, 1, len);
+            for (int k = 0; k < len; k++) v[k] = e4m3_to_f32(q[k]) * s; // (a bad tile: NaN codes, NaN scale)
+        }
+}
+
 void cpu_fp8_gemm(float *c, const uint8_t *a, const float *sa, const uint8_t *b, const float *sb, int M,
                   int N, int K, int b_blocks) {
     float val[256];

@@ -15,10 +15,9 @@
 // groups (the caller turns a non-zero count into an error naming the tensor) and write scale NaN and codes
 // 0x7f (NaN) for them, so nothing that ignores the count computes with their values.
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
-
-#define FP8_TILE 128 // the tile length, the block side and the GEMM's promotion interval
-static inline int fp8_ntiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }
+#include "ops/numerics.h"
 
 // x (M, K) row-major -> q (M, K) e4m3 codes and s (M, fp8_ntiles(K)) scales, tile (m, t) = row m, columns
 // [128 t, min(128 t + 128, K)) (the last tile covers the remaining columns; a GPU kernel that pads the
@@ -33,6 +32,16 @@ int64_t cpu_fp8_quant_blocks(uint8_t *q, float *s, const float *w, int N, int K)
 // x = e4m3_to_f32(q) * scale, exact: the inverse layouts of the two quantisers above.
 void cpu_fp8_dequant_tiles(float *x, const uint8_t *q, const float *s, int M, int K);
 void cpu_fp8_dequant_blocks(float *w, const uint8_t *q, const float *s, int N, int K);
+// FP8 rows as the MoE dispatch moves them (--fp8-dispatch; the packed layout: numerics.h fp8_row_bytes):
+// pack returns the non-finite tiles; unpack writes e4m3_to_f32(code) * 2^k (exact: the values
+// cpu_fp8_dequant_tiles gives for quant_tiles' codes), NaN for the elements of a bad tile. Packing unpacked
+// rows gives back the same values (the scale may come out one power of two lower with every code doubled,
+// where a tile's largest code rounded down to 224: the same values, and the same FP8 GEMM results, products
+// and sums being exact in float32).
+int64_t cpu_fp8_pack_rows(uint8_t *p, const float *x, int n, int d);
+void cpu_fp8_unpack_rows(float *x, const uint8_t *p, int n, int d);
+// unpack(pack(x)) in place, without the packed rows.
+void cpu_fp8_round_rows(float *x, int n, int d);
 // C (M, N) = A (M, K) · B (N, K)^T, A tile-quantised (quant_tiles), B tile-quantised (b_blocks 0) or
 // block-quantised (b_blocks 1). The order (the GPU kernel equals it up to the order and precision of the
 // sum inside one K-tile): for each (m, n) and each K-tile t in increasing order, p = the float32 sum, in

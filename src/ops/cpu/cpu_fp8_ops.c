@@ -255,6 +255,15 @@ static void fp8_matmul_bwd_multi(int n, float *dinp, float *const *dw, const flo
                 i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags, FP8T_AD, FP8T_AX, FP8T_AW);
 }
 
+// --fp8-dispatch's rows (ops.h Backend.fp8_rows_*): the hidden format is float32 here
+static void fp8_rows_round(void *rows, int n, int d) { cpu_fp8_round_rows((float *)rows, n, d); }
+static void fp8_rows_pack(void *packed, const void *rows, int n, int d) {
+    cpu_fp8_pack_rows((uint8_t *)packed, (const float *)rows, n, d);
+}
+static void fp8_rows_unpack(void *rows, const void *packed, int n, int d) {
+    cpu_fp8_unpack_rows((float *)rows, (const uint8_t *)packed, n, d);
+}
+
 static Backend fp8_table(const char *name) {
     Backend be = *backend_cpu();
     be.name = name;
@@ -262,6 +271,9 @@ static Backend fp8_table(const char *name) {
     be.fp8_site = fp8_site;
     be.fp8_nonfinite = fp8_nonfinite;
     be.fp8_amax = fp8_amax;
+    be.fp8_rows_round = fp8_rows_round;
+    be.fp8_rows_pack = fp8_rows_pack;
+    be.fp8_rows_unpack = fp8_rows_unpack;
     be.grouped_matmul_fwd = fp8_grouped_matmul_fwd;
     be.grouped_matmul_bwd = fp8_grouped_matmul_bwd;
     be.grouped_swiglu_fwd = fp8_grouped_swiglu_fwd;
