@@ -139,6 +139,16 @@ static void check_comm(void) {
     N = 8 * 64;
     expect_comm(&m.stage[0].comm, 0, 2 * 2 * N * d * (4 + 4), 0, 4 * dense, 0, "ep 2");
     expect_comm(&m.stage[0].comm16, 0, 2 * 2 * N * d * (2 + 4), 0, 4 * dense, 0, "ep 2, bf16 rows");
+    cost_mesh_free(&m);
+    // --fp8-dispatch: the forward's rows out as packed FP8 rows, 96 codes and one exponent byte each
+    o.precision = PREC_FP8;
+    o.fp8_dispatch = 1;
+    EXPECT(mesh_of(&m, &o, 2, 2, 1, 2, 1, 1) == NULL, "ep 2, fp8 dispatch");
+    expect_comm(&m.stage[0].comm, 0, 2 * N * (97 + d * (4 + 4 + 4)), 0, 4 * dense, 0, "ep 2, fp8 dispatch");
+    expect_comm(&m.stage[0].comm16, 0, 2 * N * (97 + d * (2 + 4 + 4)), 0, 4 * dense, 0,
+                "ep 2, fp8 dispatch, bf16 rows");
+    o.precision = PREC_MIXED;
+    o.fp8_dispatch = 0;
     EXPECT(m.stage[0].mem.params == 4 * (dense + experts / 2), "ep 2: %g bytes of weights",
            m.stage[0].mem.params);
     cost_mesh_free(&m);

@@ -3,7 +3,7 @@
 # rounded to FP8 where they are gathered, moved packed between EP ranks; the rows' format and the layer's
 # bits: test_fp8_dispatch.c, the layer on a mesh: mpi_moe.c):
 #   - refusals: a value other than 0 or 1, and the option without --precision fp8 / fp8-bf16; one
-#     "moe: error:" line each, nothing written;
+#     "moe: error:" line each, nothing written; moe info's EP all-to-all bytes lower with it;
 #   - one process (d_model 160: two tiles a row, the second short): the header's line with the packed row's
 #     bytes (160 + 2 against 640); step 1's loss the same bits as without the option (the experts' forward is
 #     unchanged) and its gradient norm not (their gate and up weight gradients take the rounded rows);
@@ -30,6 +30,12 @@ run_fail "--fp8-dispatch must be 0 or 1 (got 2)" "$MOE" train "${BASE[@]}" --fp8
 run_fail "--fp8-dispatch sends the experts' input rows as --precision fp8's or fp8-bf16's FP8 operands; this run's precision is mixed" \
   "$MOE" train "${BASE[@]}" --precision mixed --fp8-dispatch 1 --out G/R
 GUARD=""
+
+# ---- moe info: the EP all-to-all's bytes with the packed rows (test_cost.c derives them) below those without
+a2a() { "$MOE" info --precision fp8 --ep 2 --world 2 "$@" 2>&1 | grep -o 'ep all-to-all [0-9.]* [KMG]iB' | head -n 1; }
+I0=$(a2a --fp8-dispatch 0) I1=$(a2a --fp8-dispatch 1)
+check "moe info: the EP all-to-all sends less with --fp8-dispatch 1 ($I1 against $I0)" \
+  awk -v a="${I1#ep all-to-all }" -v b="${I0#ep all-to-all }" 'BEGIN { exit !(a + 0 > 0 && a + 0 < b + 0) }'
 
 # ---- one process
 run_ok "fp8" "$MOE" train "${BASE[@]}" --out A < /dev/null

@@ -276,7 +276,7 @@ const Opt opts[] = {
      "same "
      "FP8 recipe as the experts (their input 1x128 tiles, weight 128x128 blocks); the LM head, router, norms "
      "and the attention itself stay as they are"},
-    {"fp8-dispatch", O_INT, TO(fp8_dispatch), C_TRAIN,
+    {"fp8-dispatch", O_INT, TO(fp8_dispatch), C_TRAIN | C_INFO | C_PLAN,
      "--precision fp8 and fp8-bf16: 1: the rows sent to the routed experts are rounded to their FP8 values "
      "(1x128 tiles) where they are gathered, and the expert-parallel all-to-all moves them as e4m3 codes and "
      "scale exponents (d + d/128 bytes a row; the hidden format's 2d or 4d): the experts' forward is "

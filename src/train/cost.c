@@ -327,7 +327,9 @@ static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o
     }
     double ar = 2 * (tp - 1) / tp, ag = (tp - 1) / tp; // all-reduce, all-gather over TP: parts of the bytes
     double tpl = 2 * (ar + ag) * N * d * 4 + (c->qk_norm == QK_NORM_FULL ? 2 * ar * 2 * N * 8 : 0);
-    double epl = 2 * (ep - 1) / ep * M * d * (hb + 4); // x and dy in hb, the outputs and dx float32
+    // x (--fp8-dispatch: packed FP8 rows), dy in hb, the outputs and dx float32
+    double xr = o->fp8_dispatch ? (double)fp8_row_bytes(c->d_model) : d * hb;
+    double epl = (ep - 1) / ep * M * (xr + d * (hb + 8));
     double etpl = o->expert_mode == 1 ? 2 * (etp - 1) / etp * 3 * (c->n_experts / ms->ep) * c->d_ff * d * 4
                                       : 2 * (etp - 1) * M * d * (hb + 4);
     cm->tp = mb * layers * tpl;
