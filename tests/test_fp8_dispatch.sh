@@ -10,6 +10,8 @@
 #   - ep2 (the rows cross ranks packed) against ep2 without the option: step 1's loss the same bits again, so
 #     the packed rows arrive as the values one process rounds them to; against one process with the option:
 #     test_mesh.sh's bands (on test_fp8_train.sh's mesh model, as its fp8 ep2);
+#   - ep2 with the pipelined exchange (--a2a-overlap 2) and AMPipe (--ampipe 2): step 1's loss the same bits
+#     with and without; one process with --recompute moe bit for bit;
 #   - ep4 through the two-level all-to-all (--a2a-hier 2: the packed rows through its staging) against the
 #     flat one: metrics byte-identical;
 #   - a resume (3 + 3 steps) takes the option from run.json and equals the 6 steps run at once.
@@ -47,6 +49,9 @@ check "step 1's loss: the same bits with and without (the experts' forward uncha
   test "$(first loss A)" = "$(first loss D)"
 check "step 1's gradient norm differs (the gate and up weight gradients from the rounded rows): $(first grad_norm A) vs $(first grad_norm D)" \
   test "$(first grad_norm A)" != "$(first grad_norm D)"
+run_ok "fp8 --fp8-dispatch 1 --recompute moe" "$MOE" train "${BASE[@]}" --fp8-dispatch 1 --recompute moe --out DR < /dev/null
+check "--recompute moe: the losses and gradient norms bit for bit (the experts' forward again from the rounded rows)" \
+  cmp -s <(field loss D/metrics.jsonl; field grad_norm D/metrics.jsonl) <(field loss DR/metrics.jsonl; field grad_norm DR/metrics.jsonl)
 
 # ---- meshes
 if command -v mpirun > /dev/null; then
@@ -74,6 +79,15 @@ if command -v mpirun > /dev/null; then
   if $MPI -np 2 "$MOE" train "${MB[@]}" --ep 2 --check-replicas --out M2 > M2/out.txt 2>&1 < /dev/null; then
     mesh_close M1 M2 "fp8-dispatch ep2 against one process"
   else fail "fp8-dispatch ep2 (d 32): mpirun failed"; tail -5 M2/out.txt; fi
+  # the exchange's other schedules on ep2: the pipelined exchange (its chunks packed one by one) and AMPipe
+  # (its chunks' dispatches left in flight): step 1's loss the same bits as without the option again
+  for sch in "--a2a-overlap 2|r2" "--ampipe 2|ampipe"; do
+    IFS='|' read -r flags label <<< "$sch"
+    if mpi_run "ep2 $label" 2 "S0_$label" --ep 2 $flags && mpi_run "ep2 $label --fp8-dispatch 1" 2 "S1_$label" --ep 2 $flags --fp8-dispatch 1; then
+      check "ep2 $flags: step 1's loss the same bits with and without --fp8-dispatch" \
+        test "$(first loss "S0_$label")" = "$(first loss "S1_$label")"
+    fi
+  done
   if mpi_run "ep4" 4 E4D --ep 4 --fp8-dispatch 1 && mpi_run "ep4 --a2a-hier 2" 4 E4H --ep 4 --a2a-hier 2 --fp8-dispatch 1; then
     check "ep4 --fp8-dispatch 1: the two-level all-to-all's metrics byte-identical to the flat one's" \
       cmp -s <(field loss E4D/metrics.jsonl; field grad_norm E4D/metrics.jsonl) \
