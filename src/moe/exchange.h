@@ -62,9 +62,9 @@ void exchange_plan(Exchange *x, const int64_t *kept_per_expert);
 // hold Rg rows) and out returned; when local, nothing is written (out may be NULL) and rows itself
 // is returned (Rg = M, the same order). Dispatched rows are in the backend's hidden format (ops.h
 // Backend.hid: bf16 on "cuda", sent as CT_BF16), combined ones float32. fp8 1 (--fp8-dispatch's
-// forward: rows already FP8 values, Backend.fp8_rows_round): the EP all-to-all moves them packed
-// (Backend.fp8_rows_pack: fp8_row_bytes(d) bytes a row, d + d/128 against the hidden format's 2d or 4d)
-// and the owner unpacks them: the same values arrive.
+// forward): the EP all-to-all moves them packed (Backend.fp8_rows_pack: fp8_row_bytes(d) bytes a row, d +
+// d/128 against the hidden format's 2d or 4d) and the owner unpacks them: their tiles' FP8 values arrive
+// (what Backend.fp8_rows_round makes of them where the exchange is local).
 const void *exchange_dispatch(Exchange *x, const void *rows, void *out, int fp8);
 // partial (Rg,d) expert-major -> (M,d) back in my order, summed over the ETP group: written to rows
 // and rows returned; when local, partial itself is returned (rows untouched, may be NULL).

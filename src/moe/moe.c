@@ -499,7 +499,6 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
                   m->kf_d + (size_t)k * E, Ns, E, k);
     // permute, send to the expert owners, experts, and back
     be->gather_rows_hid(m->xs, xin, 0, m->rowtok, M, d);
-    if (m->fp8_dispatch) be->fp8_rows_round(m->xs, M, d); // (the values every layout's experts then see)
     int64_t *kept = m->kept_h;
     for (int e = 0; e < E; e++) kept[e] = m->plan.off[e + 1] - m->plan.off[e];
     // sharded (ETP slices, tokens gathered over ETP) or gathered (whole experts, my tokens: EP only)
@@ -512,6 +511,8 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
     m->xu = m->gathered ? &m->xe : &m->x;
     m->fu = m->gathered ? fl * comm_size(m->cm.etp) : fl;
     exchange_plan(m->xu, kept);
+    // --fp8-dispatch: the rows' FP8 values, here where they stay (an exchange packs them: the same values)
+    if (m->fp8_dispatch && m->xu->local) be->fp8_rows_round(m->xs, M, d);
     // the pipelined exchange where there is an exchange to overlap (EP/ETP > 1, or forced NCCL)
     m->r = m->xu->local || m->gathered ? 1 : m->overlap;
     if (m->r > 1) moe_plan_chunks(m, kept);

@@ -10,13 +10,13 @@
 // allocates nothing; where rows that were allocated grow again (routing less even than so far), the
 // layer says so on stderr, one line naming the layer and the new size.
 // FP8 dispatch (m->fp8_dispatch, --fp8-dispatch under an FP8 table): the rows bound for the routed experts
-// are rounded to their 1x128 tiles' FP8 values where they are gathered (Backend.fp8_rows_round), in every
-// layout, and an exchange moves them packed (moe/exchange.h): so the experts see the same values in one
-// process and across EP ranks. Their forward GEMMs quantise them to the same values again (the FP8 recipe's
-// forward unchanged, bit for bit); their weight gradients' transposed tiles are taken from the rounded
-// values (DeepSeek-V3's recipe: the dispatch in FP8; the one change to the numerics). The shared expert's
-// input, the backward's rows and the combine stay as they are.
-// Must not hold: attention or the residual stream.
+// become their 1x128 tiles' FP8 values in every layout: rounded in place where the exchange is local
+// (Backend.fp8_rows_round), packed where it moves them (moe/exchange.h; unpacked on arrival: the same
+// values), so the experts see the same values in one process and across EP ranks. Their forward GEMMs
+// quantise them to the same values again (the FP8 recipe's forward unchanged, bit for bit); their weight
+// gradients' transposed tiles are taken from the rounded values (DeepSeek-V3's recipe: the dispatch in FP8;
+// the one change to the numerics). The shared expert's input, the backward's rows and the combine stay as
+// they are. Must not hold: attention or the residual stream.
 #pragma once
 #include <stdint.h>
 #include "core/config.h"

@@ -143,6 +143,8 @@ static inline MOE_HD int fp8_scale_exp(uint32_t amax_bits) {
     return k < FP8_SCALE_EXP_MIN ? FP8_SCALE_EXP_MIN : k > FP8_SCALE_EXP_MAX ? FP8_SCALE_EXP_MAX : k;
 }
 static inline MOE_HD float fp8_pow2(int k) { return f32_of_bits((uint32_t)(k + 127) << 23); } // normal k
+// k of a scale 2^k that the rule gave (a normal float: its exponent field); fp8_pow2's inverse
+static inline MOE_HD int fp8_scale_log2(float s) { return (int)((f32_bits(s) >> 23) & 0xffu) - 127; }
 
 #define FP8_TILE 128 // the tile length, the block side and the GEMM's promotion interval
 static inline MOE_HD int fp8_ntiles(int n) { return (n + FP8_TILE - 1) / FP8_TILE; }

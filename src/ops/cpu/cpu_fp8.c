@@ -95,9 +95,8 @@ int64_t cpu_fp8_pack_rows(uint8_t *p, const float *x, int n, int d) {
             uint8_t *row = p + (size_t)m * rb;
             int b = quant_group(row + (size_t)t * FP8_TILE, 0, 1, &s,
                                 x + (size_t)m * d + (size_t)t * FP8_TILE, 0, 1, 1, tile_len(t, d));
-            bad +=
-                b; // (a scale 2^k with k in [FP8_SCALE_EXP_MIN, MAX]: a normal float, its exponent field k)
-            row[d + t] = (uint8_t)(int8_t)(b ? FP8_ROW_BAD : (int)((f32_bits(s) >> 23) & 0xffu) - 127);
+            bad += b;
+            row[d + t] = (uint8_t)(int8_t)(b ? FP8_ROW_BAD : fp8_scale_log2(s));
         }
     return bad;
 }

@@ -31,9 +31,8 @@ static void note_bad(int64_t bad, int tensor, const float *s, size_t ns) {
     }
     int *k = g_kmax + (size_t)(g_site + 1) * FP8T_N + tensor;
     for (size_t i = 0; i < ns; i++) {
-        uint32_t b = f32_bits(s[i]);
-        int e = (int)((b >> 23) & 0xffu) - 127; // (a scale 2^e, e in [FP8_SCALE_EXP_MIN, MAX]: normal)
-        if ((b & 0x7fffffffu) < 0x7f800000u && e > *k) *k = e;
+        int e = fp8_scale_log2(s[i]); // (NaN for a non-finite group: passed over)
+        if ((f32_bits(s[i]) & 0x7fffffffu) < 0x7f800000u && e > *k) *k = e;
     }
 }
 
