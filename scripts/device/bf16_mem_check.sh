@@ -15,12 +15,7 @@ steady() { # NAME FLAGS
   t $1 150 stdbuf -oL $B/moe train $P $2 --out $W/$1
   say "-- ours $1 ($2): peak GPU memory used (nvidia-smi) $(mem_peak) MiB"; clocks_say $1
   grep -m1 "^memory:" $W/$1.log | cut -c1-160 | tee -a $R
-  python3 -c "
-import json, sys
-r = [d for d in map(json.loads, open(sys.argv[1])) if 'step_time_s' in d and d['step'] > 10]
-t = sum(d['step_time_s'] for d in r)
-print('   steps %d-%d: %.0f tokens/s, %.1f ms a step, loss %.4f' % (r[0]['step'], r[-1]['step'], 8192 * len(r) / t, 1e3 * t / len(r), r[-1]['loss']))
-" $W/$1/metrics.jsonl | tee -a $R
+  steady_mean $W/$1/metrics.jsonl 1
 }
 steady plain ""
 for n in ${RC:-3 4}; do steady rc$n "--recompute moe --recompute-layers $n"; done

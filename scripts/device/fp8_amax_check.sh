@@ -18,10 +18,7 @@
 # "Reproduce"); call `bash scripts/device/fp8_amax_check.sh` with carry [".gpk"]. Output in $OUT/amax.txt and
 # the logs. Exit 1 on a test failure, a sanitizer report in ours, a missing warning, or other losses.
 cd "$(dirname "$0")/../.."
-[ -f .gpk/gpu.tar.xz ] && [ ! -d .gpu ] && tar -xJf .gpk/gpu.tar.xz
-export PATH=$PATH:/usr/local/cuda/bin
 . scripts/device/libs.sh && recipe_start amax 280
-FAIL=0
 for n in quant fused ops; do
   t $n 90 $B/test_cuda_fp8_$n
   test_line $n

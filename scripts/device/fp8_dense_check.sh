@@ -12,10 +12,7 @@
 # .gpk (docs/PERFORMANCE.md, "Reproduce"); call `bash scripts/device/fp8_dense_check.sh` with carry
 # [".gpk"]. Output in $OUT/dense.txt and the logs. Exit 1 on a test failure or a sanitizer report in ours.
 cd "$(dirname "$0")/../.."
-[ -f .gpk/gpu.tar.xz ] && [ ! -d .gpu ] && tar -xJf .gpk/gpu.tar.xz
-export PATH=$PATH:/usr/local/cuda/bin
 . scripts/device/libs.sh && recipe_start dense 420
-FAIL=0
 t ops 200 $B/test_cuda_fp8_ops
 grep -E "dense|checks, [0-9]+ failed" $W/ops.log | tail -40 | tee -a $R
 grep -q "^FAIL" $W/ops.log && FAIL=1

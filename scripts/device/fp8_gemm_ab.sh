@@ -14,10 +14,7 @@
 # and the logs.
 # Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels.
 cd "$(dirname "$0")/../.."
-[ -f .gpk/gpu.tar.xz ] && [ ! -d .gpu ] && tar -xJf .gpk/gpu.tar.xz
-export PATH=$PATH:/usr/local/cuda/bin
 . scripts/device/libs.sh && recipe_start gemm_ab 420
-FAIL=0
 BUILDS="old new"
 for d in $G/var*/; do [ -x "$d/moe" ] && BUILDS="$BUILDS $(basename "$d")"; done
 dir() { [ "$1" = new ] && echo $B || echo $G/$1; }

@@ -12,10 +12,7 @@
 # [".gpk"] or [".gpu"]. Output in $OUT/quant.txt, ncu's reports in $OUT/ncu_{old,new}.txt. Exit 1 on a test
 # failure or a sanitizer report in our kernels.
 cd "$(dirname "$0")/../.."
-[ -f .gpk/gpu.tar.xz ] && [ ! -d .gpu ] && tar -xJf .gpk/gpu.tar.xz
-export PATH=$PATH:/usr/local/cuda/bin
 . scripts/device/libs.sh && recipe_start quant 240
-FAIL=0
 t quant 90 $B/test_cuda_fp8_quant; test_line quant
 t fused 120 $B/test_cuda_fp8_fused
 l=$(grep -E "checks, [0-9]+ failed" $W/fused.log | tail -1); say "   fused: ${l:-no result line}"

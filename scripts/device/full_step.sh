@@ -64,12 +64,7 @@ if has steady; then
     t steady_$pr 150 stdbuf -oL $B/moe train ${q/rand32k.bin/rand_big.bin} --precision $pr \
       --out $W/steady
     say "   peak GPU memory used (nvidia-smi): $(mem_peak) MiB"; clocks_say ours_$pr
-    python3 -c "
-import json, sys
-r = [d for d in map(json.loads, open(sys.argv[1])) if 'step_time_s' in d and d['step'] > 10]
-t = sum(d['step_time_s'] for d in r)
-print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['step'], 8192 * len(r) / t, 1e3 * t / len(r)))
-" $W/steady/metrics.jsonl | tee -a $R
+    steady_mean $W/steady/metrics.jsonl
     say "-- steady state, the peer ($pr), 10 warm-up steps, 30 timed"
     CLOCKS=1 PEER_WARM=10 PEER_STEPS=30 peer_step $([ $pr = mixed ] && echo amp || echo compiled)
   done

@@ -50,15 +50,30 @@ san_line() {
   return 0
 }
 
-# The bounded recipes' start (`recipe_start NAME BUDGET_DEFAULT`, from the repository root): G (.gpu), B
-# (its bin), W (/tmp/w), R ($OUT/NAME.txt, emptied), the libraries (device_libs), the thread, NCCL and
+# The bounded recipes' start (`recipe_start NAME BUDGET_DEFAULT`, from the repository root): .gpu unpacked
+# from .gpk/gpu.tar.xz where it is not there yet, the toolkit's bin on PATH (compute-sanitizer), G (.gpu), B
+# (its bin), W (/tmp/w), R ($OUT/NAME.txt, emptied), FAIL=0, the libraries (device_libs), the thread, NCCL and
 # Python settings, BUDGET (seconds, unless set), and the device's name, driver and power limit as the first line.
 recipe_start() {
-  G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/$1.txt; : > $R
+  [ -f .gpk/gpu.tar.xz ] && [ ! -d .gpu ] && tar -xJf .gpk/gpu.tar.xz
+  export PATH=$PATH:/usr/local/cuda/bin
+  G=$PWD/.gpu; B=$G/bin; W=/tmp/w; mkdir -p $W; R=${OUT:-$W}/$1.txt; : > $R; FAIL=0
   device_libs $G $B/moe
   export OMP_NUM_THREADS=16 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
   BUDGET=${BUDGET:-$2}
   say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
+}
+# `steady_mean METRICS [EXTRA]`: the mean tokens/s and step time of a run's steps after the tenth (8192 tokens a
+# step: the reference model at B 4 x T 2048), as full_step.sh's and bf16_mem_check.sh's steady rows give them;
+# EXTRA 1 adds the last step's loss.
+steady_mean() {
+  python3 -c "
+import json, sys
+r = [d for d in map(json.loads, open(sys.argv[1])) if 'step_time_s' in d and d['step'] > 10]
+t = sum(d['step_time_s'] for d in r)
+print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['step'], 8192 * len(r) / t, 1e3 * t / len(r))
+      + (', loss %.4f' % r[-1]['loss'] if sys.argv[2] == '1' else ''))
+" "$1" "${2:-0}" | tee -a $R
 }
 # The same for a recipe that brings its own programs (`recipe_open NAME WORKDIR BUDGET_DEFAULT`): W (WORKDIR,
 # emptied), R ($OUT/NAME.txt, emptied), the thread and Python settings, BUDGET, FAIL=0, the device's line.
