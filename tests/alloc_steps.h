@@ -47,6 +47,7 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     model_init(&m, &c, be, o->batch / o->grad_accum / shape.dp, o->seq_len, meshed ? &dist.mm : NULL);
     model_set_expert_grads(&m, train_expert_grads(o, meshed));
     if (o->recompute) model_set_recompute(&m, o->recompute, o->recompute_layers);
+    if (o->fp8_save) model_set_fp8_save(&m, 1);
     StepCtx st;
     step_init(&st, &m, &dist, &ds, o, &mesh);
     dist_attach(&dist, &m);

@@ -2,7 +2,8 @@
 // alloc_count: every xmalloc / xcalloc / xrealloc) nor backend buffers (alloc_count_backend), in
 // one process, with MoE configs that run the dispatch dropless and with capacity drops, gradient
 // accumulation over 2 micro-batches, the router jitter, the (gated) shared expert, the aux-loss scopes,
-// recomputation, AMPipe chunks, the aux-free balance (its routing bias updated after each step) and MTP. The
+// recomputation, AMPipe chunks, the aux-free balance (its routing bias updated after each step), MTP and
+// --fp8-save's FP8 rows (on the FP8 table, with AMPipe). The
 // mesh cases (EP 2: the exchange's plans; ZeRO, which one process does not run) are mpi_alloc.c's
 // (test_alloc_mesh.sh). The cpu backend, or MOE_TEST_BACKEND=cuda / cuda-fp32 (skips, exit 77, without
 // a GPU).
@@ -94,6 +95,15 @@ int main(void) {
     c.balance = BALANCE_AUX_FREE;
     o.recompute = RECOMPUTE_MOE;
     check("2 MTP modules, aux-free, recompute moe", c, &o, be, world);
+
+    const Backend *fp8 = backend_fp8(be); // (--fp8-save: where the FP8 table keeps FP8 rows; cpu so far)
+    if (fp8->fp8_save) {
+        small_run(&c, &o);
+        o.precision = PREC_FP8;
+        o.fp8_save = 1;
+        o.ampipe = 2;
+        check("fp8, fp8-save, ampipe 2", c, &o, fp8, world);
+    }
 
     comm_world_finalize();
     return test_done("test_alloc");

@@ -282,6 +282,11 @@ const Opt opts[] = {
      "scale exponents (d + d/128 bytes a row; the hidden format's 2d or 4d): the experts' forward is "
      "unchanged, their weight gradients take the rounded rows (DeepSeek-V3's FP8 dispatch). --device cpu "
      "only so far"},
+    {"fp8-save", O_INT, TO(fp8_save), C_TRAIN | C_INFO | C_PLAN,
+     "--precision fp8 and fp8-bf16: 1: the routed experts' SwiGLU inputs are kept for the backward as FP8 "
+     "1x128 tiles (fu + fu/128 bytes a row each, where the hidden format keeps h1, h3 and act) and act is "
+     "computed again from them (DeepSeek-V3's FP8 activation storage): the forward is unchanged, the "
+     "backward takes the FP8 values. Not with --recompute moe. --device cpu only so far"},
     {"fp8-amax-jump", O_INT, TO(fp8_amax_jump), C_TRAIN,
      "--precision fp8 and fp8-bf16: warn when a layer's FP8 operand (x, w1, dy, ...) has an amax this many "
      "powers of two above the largest of every earlier step of the run (a divergence coming; the warning "

@@ -148,9 +148,11 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
             s->set[i] = 0; // (inert under mixed precision; a later bf16 resume takes it back)
             continue;
         }
-        if (!prec_fp8(prec) && (!strcmp(o->name, "fp8-dense") || !strcmp(o->name, "fp8-dispatch"))) {
+        if (!prec_fp8(prec) &&
+            (!strcmp(o->name, "fp8-dense") || !strcmp(o->name, "fp8-dispatch") ||
+             !strcmp(o->name, "fp8-save"))) {
             s->set[i] = 0; // (fp8's alone: off under the others)
-            s->train.fp8_dense = s->train.fp8_dispatch = 0;
+            s->train.fp8_dense = s->train.fp8_dispatch = s->train.fp8_save = 0;
             continue;
         }
         size_t l = strlen(applied);

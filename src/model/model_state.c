@@ -41,18 +41,20 @@ static void chunk_moes(Model *m, LayerActs *a, int n) {
     for (int i = 0; i < n; i++) {
         moe_layer_init(&a->mc[i], m->be, &m->c, (m->maxN + n - 1) / n, &cm);
         a->mc[i].layer = a->moe.layer;
-        if (model_layer_recompute(m, a->moe.layer) & RECOMPUTE_MOE) moe_set_recompute(&a->mc[i], &m->rc);
+        if ((model_layer_recompute(m, a->moe.layer) & RECOMPUTE_MOE) || m->rc.fp8)
+            moe_set_recompute(&a->mc[i], &m->rc);
         a->mc[i].arena = &a->arena;
     }
     a->nmc = n;
 }
 
 // Layer l's activations under its recompute bits (model_layer_recompute): the attention's dropped ones its
-// own or the shared ones (the variant's); its MoE states' SwiGLU rows kept or shared.
+// own or the shared ones (the variant's); its MoE states' SwiGLU rows kept or shared (also under --fp8-save,
+// m->rc.fp8: every layer's).
 static void layer_recompute(Model *m, LayerActs *a, int l) {
     int bits = model_layer_recompute(m, l);
     m->attv->acts_recompute(m, &a->attn, &a->arena, bits);
-    MoeRecompute *rc = bits & RECOMPUTE_MOE ? &m->rc : NULL;
+    MoeRecompute *rc = (bits & RECOMPUTE_MOE) || m->rc.fp8 ? &m->rc : NULL;
     moe_set_recompute(&a->moe, rc);
     for (int i = 0; i < a->nmc; i++) moe_set_recompute(&a->mc[i], rc);
 }
@@ -60,6 +62,8 @@ static void layer_recompute(Model *m, LayerActs *a, int l) {
 void model_set_recompute(Model *m, int mode, int layers) {
     CHECK(mode >= RECOMPUTE_NONE && mode <= RECOMPUTE_FULL && layers >= 0,
           "model_set_recompute: %d, %d layers", mode, layers);
+    CHECK(!(mode & RECOMPUTE_MOE) || !m->rc.fp8,
+          "--recompute moe with --fp8-save (both take the SwiGLU rows)");
     m->recompute = mode;
     m->recompute_layers = layers;
     for (int k = 0; k < m->nchunks; k++)
@@ -125,7 +129,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         if (config_layer_dense(c, l)) moe_dense_init(&a->moe, be, c, m->maxN, &cm);
         else moe_layer_init(&a->moe, be, c, m->maxN, &cm);
         a->moe.layer = l;
-        if (model_layer_recompute(m, l)) layer_recompute(m, a, l);
+        if (model_layer_recompute(m, l) || m->rc.fp8) layer_recompute(m, a, l);
         A->mark = A->used; // the MoE's rows from here (again after each change of AMPipe chunks)
         a->moe.arena = A;
         a->moe.run_counts = m->scope_counts + (size_t)l * c->n_experts; // aux scope global: the step's sums
@@ -361,6 +365,15 @@ void model_set_dw_sumsq(Model *m, int on) {
     CHECK(!on || m->expert_gbf != OPTG_BF16,
           "model_set_dw_sumsq: expert gradients read rounded (OPTG_BF16) are not what the ledger sums");
     m->dw_sumsq = !!on;
+}
+
+void model_set_fp8_save(Model *m, int on) {
+    CHECK(!on || m->be->fp8_save,
+          "--fp8-save: backend %s keeps no FP8 rows for the backward (ops.h Backend.fp8_save)", m->be->name);
+    CHECK(!on || !(m->recompute & RECOMPUTE_MOE),
+          "--fp8-save with --recompute moe (both take the SwiGLU rows)");
+    m->rc.fp8 = !!on;
+    model_set_recompute(m, m->recompute, m->recompute_layers); // (each layer's rows kept or shared again)
 }
 
 void model_set_fp8_dispatch(Model *m, int on) {

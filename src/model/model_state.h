@@ -50,6 +50,11 @@ void model_set_dw_sumsq(Model *m, int on);
 // --fp8-dispatch (on: 1): every MoE layer's routed experts take their input rows as FP8 values, moved packed
 // between ranks (moe.h m->fp8_dispatch). Dies where the backend has no FP8 rows (ops.h Backend.fp8_rows_*).
 void model_set_fp8_dispatch(Model *m, int on);
+// --fp8-save (on: 1): every MoE layer keeps its routed experts' SwiGLU inputs h1, h3 as FP8 rows and computes
+// act again in the backward (moe_types.h MoeRecompute.fp8: the shared buffers, as --recompute moe's). Dies
+// where the backend cannot (ops.h Backend.fp8_save) or the layers recompute their MoE rows. Not between a
+// forward and its backward.
+void model_set_fp8_save(Model *m, int on);
 // The format of tensor s's gradient (OptRun gbf) and, where packed, the element its block starts at (*gb).
 int model_grad_format(const Model *m, const ParamSpec *s, int64_t *gb);
 // The bf16 policy's weight storage (ops.h alloc_bf16_params): the weights that only bf16 GEMMs read (the

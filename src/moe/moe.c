@@ -199,9 +199,9 @@ void moe_layer_free(MoeLayer *m) {
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     if (m->seq_dp) be->free(m->seq_dp);
     plan_free(&m->plan);
-    void *dev[] = {m->noise,  m->xj,   m->rt_d, m->xs,   m->ys,   m->plan_d, m->yslice,
-                   m->xg,     m->h1,   m->h3,   m->act,  m->yg,   m->sh_h1,  m->sh_h3,
-                   m->sh_act, m->sh_x, m->sh_y, m->sh_g, m->ident};
+    void *dev[] = {m->noise,  m->xj,   m->rt_d, m->xs,   m->ys,    m->plan_d, m->yslice,
+                   m->xg,     m->h1,   m->h3,   m->act,  m->yg,    m->sh_h1,  m->sh_h3,
+                   m->sh_act, m->sh_x, m->sh_y, m->sh_g, m->ident, m->hq};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) arena_free(m->arena, be, dev[i]);
     if (m->x.be) exchange_free(&m->x);
     for (int i = 0; i < MOE_MAX_OVERLAP; i++)
@@ -224,21 +224,23 @@ void moe_set_recompute(MoeLayer *m, MoeRecompute *rc) {
     } else {
         m->h1 = m->h3 = m->act = NULL;
     }
-    m->cap_f = 0;
+    arena_free(m->arena, m->be, m->hq); // (--fp8-save's rows: grown again where rc->fp8)
+    m->hq = NULL;
+    m->cap_f = m->cap_q = 0;
     m->rc = rc;
 }
 
 void moe_layer_trim(MoeLayer *m) {
     if (m->rc) m->h1 = m->h3 = m->act = NULL;
-    void *bufs[] = {m->xs, m->ys, m->xg, m->yg, m->xsc, m->ysc, m->h1, m->h3, m->act};
+    void *bufs[] = {m->xs, m->ys, m->xg, m->yg, m->xsc, m->ysc, m->h1, m->h3, m->act, m->hq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(m->arena, m->be, bufs[i]);
-    m->xs = m->xg = m->xsc = m->h1 = m->h3 = m->act = NULL;
+    m->xs = m->xg = m->xsc = m->h1 = m->h3 = m->act = m->hq = NULL;
     m->ys = m->yg = m->ysc = NULL;
     if (m->cidx) {
         m->be->free(m->cidx);
         m->cidx = m->icidx = NULL;
     }
-    m->cap_d = m->cap_f = m->cap_xg = m->cap_ys = 0;
+    m->cap_d = m->cap_f = m->cap_xg = m->cap_ys = m->cap_q = 0;
 }
 
 void moe_scratch_init(MoeScratch *s, const Backend *be, const ModelConfig *c, int maxN) {
@@ -545,6 +547,7 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
         be->grouped_down_fwd(m->yg, m->act, wu->w2, m->xu->off, El, fu, d);
         m->ysp = exchange_combine(m->xu, m->yg, m->ys);
     }
+    moe_rc_keep(m); // (--fp8-save: h1, h3 kept as FP8 rows)
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
     float *yout = TP > 1 ? m->yslice : y;
     be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
@@ -637,8 +640,8 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
         void *dh1, *dh3;
         float *dxg;
         moe_bwd_rows(m, s, &dh1, &dh3, &dxg);
-        be->grouped_swiglu_bwd(dh1, dh3, gu->w2, dyg, m->act, m->h1, m->h3, wu->w2, m->xu->off, El, fu, d,
-                               dwf);
+        be->grouped_swiglu_bwd(dh1, dh3, gu->w2, dyg, moe_act_kept(m, 0), m->h1, m->h3, wu->w2, m->xu->off,
+                               El, fu, d, dwf);
         be->grouped_matmul_bwd2(dxg, gu->w1, gu->w3, dh1, dh3, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu,
                                 dwf);
         dxs = exchange_combine(m->xu, dxg, s->dxs);

@@ -18,7 +18,8 @@ int moe_dw_flags(const MoeGrads *g, int first, int whole) {
     return w ? GM_DW_WRITE | (g->packed ? GM_DW_BF16 : 0) | (whole && g->sumsq ? GM_DW_SUMSQ : 0) : 0;
 }
 
-// Recomputation (m->rc): the layer's h1, h3, act are the shared buffers, grown to nf bytes each.
+// Recomputation (m->rc): the layer's h1, h3, act are the shared buffers, grown to nf bytes each (and under
+// rc->fp8 its own FP8 rows hq to its rows_cap rows: grown only where the forward's rows grow).
 void moe_rc_rows(MoeLayer *m, size_t nf) {
     MoeRecompute *rc = m->rc;
     if (nf > rc->cap) {
@@ -32,14 +33,32 @@ void moe_rc_rows(MoeLayer *m, size_t nf) {
     m->h1 = rc->h1;
     m->h3 = rc->h3;
     m->act = rc->act;
+    if (rc->fp8) m->hq = moe_grown(m->be, m->arena, m->hq, &m->cap_q, 2 * m->rows_cap * fp8_row_bytes(m->fu));
+}
+
+// The expert-side rows of the last forward (the chunks' together where r > 1).
+static int moe_rows_used(const MoeLayer *m) { return m->r > 1 ? (int)m->gstart[m->r] : m->xu->Rg; }
+
+void moe_rc_keep(MoeLayer *m) {
+    if (!m->rc || !m->rc->fp8) return;
+    int n = moe_rows_used(m);
+    m->be->fp8_rows_pack(m->hq, m->h1, n, m->fu);
+    m->be->fp8_rows_pack((char *)m->hq + m->rows_cap * fp8_row_bytes(m->fu), m->h3, n, m->fu);
 }
 
 // ... and their contents again, before the backward: the forward's SwiGLU GEMMs on the kept inputs
-// (the expert rows and weights it used: the same kernels on the same operands, the same bits).
+// (the expert rows and weights it used: the same kernels on the same operands, the same bits); under
+// rc->fp8 h1 and h3 unpacked from hq (act is the backward's to compute: moe_act_kept NULL).
 void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu) {
     int r = m->r, d = m->d, fu = m->fu, El = m->El;
     const Backend *be = m->be;
     moe_rc_rows(m, moe_rows_bytes(m));
+    if (m->rc->fp8) {
+        int n = moe_rows_used(m);
+        be->fp8_rows_unpack(m->h1, m->hq, n, fu);
+        be->fp8_rows_unpack(m->h3, (char *)m->hq + m->rows_cap * fp8_row_bytes(fu), n, fu);
+        return;
+    }
     if (r == 1) {
         be->grouped_swiglu_fwd(m->h1, m->h3, m->act, m->xgp, wu->w1, wu->w3, m->xu->off, El, d, fu);
         return;
@@ -359,7 +378,7 @@ const float *moe_experts_bwd_chunked(MoeLayer *m, MoeScratch *s, const MoeWeight
         exchange_dispatch_finish(&m->xc[i], hid_at(be, s->dysc, m->cstart[i] * d), dyg);
         if (i + 1 < r) exchange_dispatch_start(&m->xc[i + 1], hid_at(be, s->dysc, m->cstart[i + 1] * d), 0);
         int dwf = moe_dw_flags(gw, i == 0, 0); // the first chunk writes unwritten gradients
-        be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, hid_at(be, m->act, g * fl), hid_at(be, m->h1, g * fl),
+        be->grouped_swiglu_bwd(dh1, dh3, gw->w2, dyg, moe_act_kept(m, g * fl), hid_at(be, m->h1, g * fl),
                                hid_at(be, m->h3, g * fl), w->w2, m->xc[i].off, El, fl, d, dwf);
         be->grouped_matmul_bwd2(dxg, gw->w1, gw->w3, dh1, dh3, hid_at(be, m->xg, g * d), w->w1, w->w3,
                                 m->xc[i].off, El, d, fl, dwf);

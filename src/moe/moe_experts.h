@@ -35,6 +35,12 @@ static inline size_t moe_rows_bytes(const MoeLayer *m) { return m->rows_cap * m-
 // state's moe_start, AMPipe's next chunk, may have grown them.)
 void moe_rc_rows(MoeLayer *m, size_t nf);
 void moe_rc_recompute(MoeLayer *m, const MoeWeights *wu);
+// --fp8-save (rc->fp8): after the forward's experts, its h1 and h3 rows packed into hq (else nothing); and
+// the act the backward reads from element i on: NULL under rc->fp8 (grouped_swiglu_bwd computes it).
+void moe_rc_keep(MoeLayer *m);
+static inline const void *moe_act_kept(const MoeLayer *m, size_t i) {
+    return m->rc && m->rc->fp8 ? NULL : hid_at(m->be, m->act, i);
+}
 // The shared expert on my slice x (Ns,d), added into y; its backward (dx += , its gradients +=).
 void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights *w);
 void moe_shared_backward(MoeLayer *m, MoeScratch *s, float *dx, const float *dy, const float *x,

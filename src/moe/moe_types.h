@@ -59,11 +59,15 @@ int moe_dw_flags(const MoeGrads *g, int first, int whole);
 // Every layer's forward writes them into these shared buffers and its backward computes them again
 // there from what it keeps (the expert input rows, the weights it used): the same kernels on the same
 // operands, so the same bits as keeping them. Owned by the caller (one per model); a layer points at
-// it (MoeLayer.rc).
+// it (MoeLayer.rc). fp8 1 (--fp8-save, DeepSeek-V3's FP8 storage of the SwiGLU's inputs): a layer keeps its
+// h1 and h3 instead as FP8 rows (MoeLayer.hq: 1x128 tiles, ops.h fp8_rows_pack), and its backward unpacks
+// them into these buffers and computes act from them (grouped_swiglu_bwd with act NULL): no GEMM again,
+// but the backward's SwiGLU rows are the FP8 values of the forward's (the forward unchanged).
 typedef struct {
     const Backend *be;
     void *h1, *h3, *act;
     size_t cap;
+    int fp8;
 } MoeRecompute;
 
 // Saved state of one layer's forward (one per layer: backward needs it).
@@ -153,6 +157,8 @@ typedef struct {
     void *xsc; // (M,d) my rows, chunk-major (hidden format)
     float *ysc; // (M,d) their outputs, chunk-major
     MoeRecompute *rc; // NULL: h1, h3, act kept per layer; else the shared ones, recomputed
+    void *hq; // rc->fp8: h1's then h3's rows_cap FP8 rows (numerics.h fp8_row_bytes(fu) bytes each)
+    size_t cap_q;
     Arena *arena; // NULL, or memory lent for the kept rows (xs, ys, xg, yg, h1, h3, act): the
                   // caller's (model.h model_share_grads), which resets it after moe_layer_trim
     // expert side (device, grown to the rows received)

@@ -250,6 +250,9 @@ struct Backend {
     void (*fp8_rows_round)(void *rows, int n, int d);
     void (*fp8_rows_pack)(void *packed, const void *rows, int n, int d);
     void (*fp8_rows_unpack)(void *rows, const void *packed, int n, int d);
+    // fp8_save 1 (--fp8-save: moe.h): the table's grouped_swiglu_bwd takes act NULL (computed from h1, h3
+    // as the forward's epilogue computes it), and it has the FP8 rows above. 0 elsewhere (cuda's, so far).
+    int fp8_save;
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
     // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the
@@ -324,7 +327,8 @@ struct Backend {
     // h1, h3) written (not added) over the groups' rows (K columns). The same floats as
     // grouped_matmul_bwd(dact, dw, dout, act, w, ..., flags) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0)
     // (in the hidden format: dact float32, each dh1, dh3 rounded from that float32 result once).
-    // dh1, dh3, dout, act, h1, h3 in the hidden format.
+    // dh1, dh3, dout, act, h1, h3 in the hidden format. act NULL (a table with fp8_save): act = silu(h1) h3
+    // computed from the h1, h3 given (swiglu_fwd's floats, rounded to the hidden format).
     void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                const void *h1, const void *h3, const float *w, const int64_t *off, int G,
                                int K, int O, int flags);

@@ -45,6 +45,50 @@ void train_options_default(TrainOptions *o) {
     snprintf(o->out, sizeof o->out, "runs/default");
 }
 
+// The FP8 options' checks (train_options_validate's): the message in msg, or NULL.
+static const char *fp8_options_bad(const TrainOptions *o, char *msg, size_t n) {
+#define BAD(...) \
+    do { \
+        snprintf(msg, n, __VA_ARGS__); \
+        return msg; \
+    } while (0)
+    if (o->fp8_dense != 0 && o->fp8_dense != 1) BAD("--fp8-dense must be 0 or 1 (got %d)", o->fp8_dense);
+    if (o->fp8_amax_jump < 0 || o->fp8_amax_jump > FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN)
+        BAD("--fp8-amax-jump must be in [0, %d] (powers of two; the scales' range; 0: no check), got %d",
+            FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN, o->fp8_amax_jump);
+    if (o->fp8_dispatch != 0 && o->fp8_dispatch != 1)
+        BAD("--fp8-dispatch must be 0 or 1 (got %d)", o->fp8_dispatch);
+    if (o->fp8_dispatch && !prec_fp8(o->precision))
+        BAD("--fp8-dispatch sends the experts' input rows as --precision fp8's or fp8-bf16's FP8 operands; "
+            "this "
+            "run's precision is %s",
+            prec_name(o->precision));
+    if (o->fp8_save != 0 && o->fp8_save != 1) BAD("--fp8-save must be 0 or 1 (got %d)", o->fp8_save);
+    if (o->fp8_save && !prec_fp8(o->precision))
+        BAD("--fp8-save keeps the experts' SwiGLU inputs as --precision fp8's or fp8-bf16's FP8 tiles; this "
+            "run's precision is %s",
+            prec_name(o->precision));
+    if (o->fp8_save && (o->recompute & RECOMPUTE_MOE))
+        BAD("--fp8-save and --recompute %s both take the experts' SwiGLU rows out of the layers (FP8 copies "
+            "or none): pick one",
+            o->recompute == RECOMPUTE_FULL ? "full" : "moe");
+    if (o->fp8_dense && !prec_fp8(o->precision))
+        BAD("--fp8-dense puts the attention projections into --precision fp8's or fp8-bf16's FP8 GEMMs; this "
+            "run's precision is %s",
+            prec_name(o->precision));
+    if (o->fp8_dense && o->tp > 1)
+        BAD("--fp8-dense with --tp %d: the heads' slices would cut the projections' 128x128 weight blocks "
+            "and "
+            "1x128 input tiles (other scales than one process's); --fp8-dense takes --tp 1 for now",
+            o->tp);
+    if (prec_fp8(o->precision) && o->etp > 1)
+        BAD("--precision %s with --etp %d: an expert's slices would cut its 128x128 weight blocks (other "
+            "scales than one process's); fp8 takes --etp 1 for now",
+            prec_name(o->precision), o->etp);
+#undef BAD
+    return NULL;
+}
+
 const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) {
     static char msg[256];
 #define BAD(...) \
@@ -130,30 +174,8 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->pp_schedule == SCHED_INTERLEAVED && o->vpp < 2)
         BAD("--pp-schedule interleaved needs --vpp >= 2 model chunks per rank (got %d)", o->vpp);
     if (o->resume && o->force) BAD("--resume and --force contradict each other; pick one");
-    if (o->fp8_dense != 0 && o->fp8_dense != 1) BAD("--fp8-dense must be 0 or 1 (got %d)", o->fp8_dense);
-    if (o->fp8_amax_jump < 0 || o->fp8_amax_jump > FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN)
-        BAD("--fp8-amax-jump must be in [0, %d] (powers of two; the scales' range; 0: no check), got %d",
-            FP8_SCALE_EXP_MAX - FP8_SCALE_EXP_MIN, o->fp8_amax_jump);
-    if (o->fp8_dispatch != 0 && o->fp8_dispatch != 1)
-        BAD("--fp8-dispatch must be 0 or 1 (got %d)", o->fp8_dispatch);
-    if (o->fp8_dispatch && !prec_fp8(o->precision))
-        BAD("--fp8-dispatch sends the experts' input rows as --precision fp8's or fp8-bf16's FP8 operands; "
-            "this "
-            "run's precision is %s",
-            prec_name(o->precision));
-    if (o->fp8_dense && !prec_fp8(o->precision))
-        BAD("--fp8-dense puts the attention projections into --precision fp8's or fp8-bf16's FP8 GEMMs; this "
-            "run's precision is %s",
-            prec_name(o->precision));
-    if (o->fp8_dense && o->tp > 1)
-        BAD("--fp8-dense with --tp %d: the heads' slices would cut the projections' 128x128 weight blocks "
-            "and "
-            "1x128 input tiles (other scales than one process's); --fp8-dense takes --tp 1 for now",
-            o->tp);
-    if (prec_fp8(o->precision) && o->etp > 1)
-        BAD("--precision %s with --etp %d: an expert's slices would cut its 128x128 weight blocks (other "
-            "scales than one process's); fp8 takes --etp 1 for now",
-            prec_name(o->precision), o->etp);
+    const char *f8 = fp8_options_bad(o, msg, sizeof msg);
+    if (f8) return f8;
 #undef BAD
     return NULL;
 }

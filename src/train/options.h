@@ -60,6 +60,8 @@ typedef struct {
                    // backend_fp8_dense)
     int fp8_dispatch; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' input rows FP8 values from the
                       // dispatch on, moved packed (moe.h m->fp8_dispatch)
+    int fp8_save; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' SwiGLU inputs kept as FP8 rows, act
+                  // computed again in the backward (model_state.h model_set_fp8_save)
     int fp8_amax_jump; // PREC_FP8 / PREC_FP8_BF16: a (layer, tensor)'s amax this many powers of two above
                        // every earlier step's is reported (train/fp8_watch.h); 0: not checked
     int gpu_comm; // GPUCOMM_*: the device transport of GPU ranks (train/placement.c)

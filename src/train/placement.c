@@ -132,6 +132,11 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     if (o->fp8_dispatch && !p->be->fp8_rows_round)
         DIE("--fp8-dispatch: the %s backend's FP8 table has no FP8 rows yet (--device cpu only so far)",
             p->be->name);
+    if (o->fp8_save && !p->be->fp8_save)
+        DIE("--fp8-save: the %s backend's FP8 table keeps no FP8 rows for the backward yet (--device cpu "
+            "only "
+            "so far)",
+            p->be->name);
     if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)
         DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");

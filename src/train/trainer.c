@@ -327,6 +327,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     model_set_fp8_dispatch(&r->m, o->fp8_dispatch);
     if (o->recompute)
         model_set_recompute(&r->m, o->recompute, o->recompute_layers); // (before step_init's slots)
+    model_set_fp8_save(&r->m, o->fp8_save);
     // the slots (and the activations moved into the expert gradients' memory) before the optimizer state:
     // the activations' own buffers are freed before the moments take their memory
     step_init(&r->step, &r->m, &r->dist, &r->ds, o, &r->mesh);

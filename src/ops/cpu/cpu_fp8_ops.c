@@ -5,6 +5,7 @@
 // attention projections' products too, each as one group. Every other op is backend_cpu()'s.
 // Must not hold: the quantisers or the GEMM themselves (cpu_fp8.c), or anything that knows the model.
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
 #include "ops/cpu/cpu_fp8.h"
@@ -111,6 +112,28 @@ static void gemm(float *c, const uint8_t *a, const float *sa, const uint8_t *b, 
     }
 }
 
+// The scratch of each product over a group of n rows (of K and O values); fp8_reserve: of the largest group a
+// call over n rows in all can hold (sizes grow with n), taken first, so that a step whose groups split the
+// rows differently from earlier steps' allocates nothing (tests/test_alloc.c).
+static Fp8Scratch fwd_scratch(int64_t n, int K, int O) {
+    return fp8_scratch((size_t)n * K, (size_t)n * fp8_ntiles(K), (size_t)O * K,
+                       (size_t)fp8_ntiles(O) * fp8_ntiles(K), 0, O);
+}
+static Fp8Scratch dinp_scratch(int64_t n, int K, int O) {
+    size_t TO = fp8_ntiles(O), wn = (size_t)O * K;
+    return fp8_scratch((size_t)n * O, (size_t)n * TO, 2 * wn, 2 * (size_t)fp8_ntiles(K) * TO, (size_t)n * K,
+                       K);
+}
+static Fp8Scratch dw_scratch(int64_t n, int K, int O) {
+    size_t TN = fp8_ntiles((int)n);
+    return fp8_scratch((size_t)O * n, (size_t)O * TN, (size_t)K * n, (size_t)K * TN, (size_t)O * K, K);
+}
+static void fp8_reserve(int64_t n, int K, int O, int bwd) {
+    if (n <= 0 || K <= 0 || O <= 0) return;
+    if (!bwd) fwd_scratch(n, K, O);
+    else dinp_scratch(n, K, O), dw_scratch(n, K, O);
+}
+
 // dst (+)= src over n floats: added (one float32 addition each) or copied
 static void put(float *dst, const float *src, size_t n, int add) {
     if (!add) {
@@ -125,6 +148,7 @@ static void put(float *dst, const float *src, size_t n, int add) {
 static void fp8_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G, int K, int O,
                     int tin, int tw) {
     int T = fp8_ntiles(K), BO = fp8_ntiles(O);
+    if (G > 0) fp8_reserve(off[G] - off[0], K, O, 0);
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         if (n <= 0 || O <= 0) continue;
@@ -132,7 +156,7 @@ static void fp8_fwd(float *out, const float *inp, const float *w, const int64_t 
             memset(out + r0 * O, 0, sizeof(float) * (size_t)n * O);
             continue;
         }
-        Fp8Scratch s = fp8_scratch((size_t)n * K, (size_t)n * T, (size_t)O * K, (size_t)BO * T, 0, O);
+        Fp8Scratch s = fwd_scratch(n, K, O);
         note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, inp + r0 * K, (int)n, K), tin, s.sa, (size_t)n * T);
         note_bad(cpu_fp8_quant_blocks(s.qb, s.sb, w + (size_t)g * O * K, O, K), tw, s.sb, (size_t)BO * T);
         gemm(out + r0 * O, s.qa, s.sa, s.qb, s.sb, (int)n, O, K, 1, s.bt, s.p);
@@ -145,7 +169,7 @@ static void fp8_dinp(float *dinp, const float *dout, const float *w, int64_t n, 
                      int tdout, int tw) {
     int TO = fp8_ntiles(O), BK = fp8_ntiles(K);
     size_t wn = (size_t)O * K;
-    Fp8Scratch s = fp8_scratch((size_t)n * O, (size_t)n * TO, 2 * wn, 2 * (size_t)BK * TO, (size_t)n * K, K);
+    Fp8Scratch s = dinp_scratch(n, K, O);
     uint8_t *qw = s.qb + wn;
     float *sw = s.sb + (size_t)BK * TO;
     note_bad(cpu_fp8_quant_tiles(s.qa, s.sa, dout, (int)n, O), tdout, s.sa, (size_t)n * TO);
@@ -162,8 +186,7 @@ static void fp8_dinp(float *dinp, const float *dout, const float *w, int64_t n, 
 static void fp8_dw(float *dw, const float *dout, const float *inp, int64_t n, int K, int O, int add,
                    int tdout, int tin) {
     int TN = fp8_ntiles((int)n);
-    Fp8Scratch s =
-        fp8_scratch((size_t)O * n, (size_t)O * TN, (size_t)K * n, (size_t)K * TN, (size_t)O * K, K);
+    Fp8Scratch s = dw_scratch(n, K, O);
     note_bad(cpu_fp8_quant_tiles_t(s.qa, s.sa, dout, (int)n, O), tdout, s.sa, (size_t)O * TN);
     note_bad(cpu_fp8_quant_tiles_t(s.qb, s.sb, inp, (int)n, K), tin, s.sb, (size_t)K * TN);
     gemm(s.c, s.qa, s.sa, s.qb, s.sb, O, K, (int)n, 0, s.bt, s.p);
@@ -176,6 +199,7 @@ static void fp8_bwd(float *dinp, float *dw, const float *dout, const float *inp,
     const char *fe = gm_dw_flags_error(flags, 1);
     CHECK(!fe, "grouped_matmul_bwd: %s", fe);
     int acc_dinp = flags & GM_ACC_DINP, write_dw = flags & GM_DW_WRITE;
+    if (G > 0) fp8_reserve(off[G] - off[0], K, O, 1);
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
         float *dwg = dw ? dw + (size_t)g * O * K : NULL;
@@ -216,12 +240,26 @@ static void fp8_grouped_down_fwd(float *out, const void *act, const float *w, co
     fp8_fwd(out, (const float *)act, w, off, G, K, O, FP8T_ACT, FP8T_W2);
 }
 
-// dact goes through dh1 (swiglu_bwd reads each element's dout before it writes that dh1), as plain.h's
+// dact goes through dh1 (swiglu_bwd reads each element's dout before it writes that dh1), as plain.h's; act
+// NULL (--fp8-save, ops.h Backend.fp8_save): computed from h1, h3 into a buffer kept for the process (a step
+// after the first allocates nothing)
 static void fp8_grouped_swiglu_bwd(void *dh1v, void *dh3v, float *dw, const void *dout, const void *act,
                                    const void *h1, const void *h3, const float *w, const int64_t *off, int G,
                                    int K, int O, int flags) {
+    static float *own;
+    static size_t cap;
     if (G <= 0) return;
     float *dh1 = (float *)dh1v, *dh3 = (float *)dh3v;
+    if (!act) {
+        size_t b = (size_t)off[0] * K, n = (size_t)off[G] * K;
+        if (n > cap) {
+            free(own);
+            own = xmalloc(sizeof(float) * n);
+            cap = n;
+        }
+        cpu_swiglu_fwd(own + b, (const float *)h1 + b, (const float *)h3 + b, n - b);
+        act = own;
+    }
     fp8_bwd(dh1, dw, (const float *)dout, (const float *)act, w, off, G, K, O, flags & GM_DW_FLAGS, FP8T_DY,
             FP8T_ACT, FP8T_W2);
     size_t b = (size_t)off[0] * K;
@@ -273,6 +311,7 @@ static Backend fp8_table(const char *name) {
     be.fp8_rows_round = fp8_rows_round;
     be.fp8_rows_pack = fp8_rows_pack;
     be.fp8_rows_unpack = fp8_rows_unpack;
+    be.fp8_save = 1;
     be.grouped_matmul_fwd = fp8_grouped_matmul_fwd;
     be.grouped_matmul_bwd = fp8_grouped_matmul_bwd;
     be.grouped_swiglu_fwd = fp8_grouped_swiglu_fwd;
