@@ -270,6 +270,35 @@ static void check_layer_acts(void) {
            w2.acts - w1.acts, want);
 }
 
+// --fp8-save's activations (cost_acts.c acts_fp8_change), by hand from what the layers allocate: tiny (d 96,
+// f 192, 4 experts top-2) at 2 x 64 tokens in one process, --precision fp8: each MoE layer keeps its h1 and
+// h3 as FP8 rows (moe.c expert_buffers: rows_cap 256 = 128 tokens x 2, of 2 x (192 + 2) bytes: 99,328 bytes)
+// and no SwiGLU rows of its own; the shared buffers hold one layer's (3 x 256 x 192 floats, 589,824 bytes) as
+// --recompute moe's do. So with 2 layers 589,824 - 2 x 99,328 = 391,168 bytes less than without, with 1 layer
+// 99,328 more (its rows are the shared copy's). The total with 2 layers falls by less: under --grad-memory
+// shared layer 1's activations live in layer 0's expert gradients (3 x 4 x 192 x 96 floats, 884,736 bytes),
+// which held 884,736 of its 1,135,616 (check_layer_acts) and now hold all its 645,120: 239,616 fewer lent.
+static void check_fp8_save(void) {
+    ModelConfig c = preset("tiny");
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 2;
+    o.seq_len = 64;
+    o.precision = PREC_FP8;
+    double want[3] = {0, 99328, -391168};
+    for (int L = 1; L <= 2; L++) {
+        CostWhole a, b;
+        c.n_layers = L;
+        o.fp8_save = 0;
+        cost_whole(&a, &c, &o, 0);
+        o.fp8_save = 1;
+        cost_whole(&b, &c, &o, 0);
+        EXPECT(b.acts - a.acts == want[L] && b.total - a.total == want[L] + (L == 2 ? 239616 : 0),
+               "--fp8-save, %d layers: activations %.0f bytes more (total %.0f), want %.0f", L,
+               b.acts - a.acts, b.total - a.total, want[L]);
+    }
+}
+
 // The packed expert gradients' holes (model_share_grads; cost_acts.c acts_holes), by hand: d 32, 4 heads of 8
 // (2 kv), 4 experts of f 192, 3 layers, --precision bf16 at 2 x 16 tokens, one process: a layer's block is 3
 // x 4 x 192 x 32 = 73,728 floats, its hole the float32 bytes past the packed half, 36,864 floats = 147,456
@@ -466,6 +495,7 @@ int main(void) {
     check_memory("small");
     check_memory("peers-ref");
     check_layer_acts();
+    check_fp8_save();
     check_holes();
     check_fp8_kept();
     return test_done("test_cost");

@@ -15,12 +15,12 @@
 // schedule, evaluation and saving. Not remembered: the mesh, the device and this invocation's paths
 // (a run may resume on another layout), and the model (the checkpoint's config.json holds it).
 static const char *const REMEMBERED[] = {
-    "data",        "val-data",    "val-frac",    "seq-len",       "batch",         "grad-accum",
-    "steps",       "lr",          "min-lr-frac", "warmup",        "weight-decay",  "beta1",
-    "beta2",       "adam-eps",    "grad-clip",   "seed",          "eval-every",    "eval-batches",
-    "save-every",  "keep",        "keep-best",   "dropout",       "embed-dropout", "sample-tokens",
-    "plots",       "tensorboard", "precision",   "bf16-rounding", "bf16-grads",    "fp8-dense",
-    "fp8-dispatch"};
+    "data",         "val-data",    "val-frac",    "seq-len",       "batch",         "grad-accum",
+    "steps",        "lr",          "min-lr-frac", "warmup",        "weight-decay",  "beta1",
+    "beta2",        "adam-eps",    "grad-clip",   "seed",          "eval-every",    "eval-batches",
+    "save-every",   "keep",        "keep-best",   "dropout",       "embed-dropout", "sample-tokens",
+    "plots",        "tensorboard", "precision",   "bf16-rounding", "bf16-grads",    "fp8-dense",
+    "fp8-dispatch", "fp8-save"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++)

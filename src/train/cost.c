@@ -197,7 +197,13 @@ static double cuda_workspace_bytes(const ModelConfig *c, int tp, size_t B, size_
 // Of inst layer instances, irc of them recomputing, those that keep their SwiGLU rows (the shared copy counts
 // as one).
 static int kept_rows(const TrainOptions *o, int inst, int irc) {
+    if (o->fp8_save) return inst > 0; // (all drop them; each keeps its FP8 rows: routed_fp8)
     return o->recompute & RECOMPUTE_MOE ? inst - irc + (irc > 0) : inst;
+}
+// --fp8-save's FP8 rows of inst layer instances where they are sized by the rows the rank's experts receive.
+static double routed_fp8(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
+                         int inst) {
+    return o->fp8_save && !local_exchange(ms) ? inst * acts_fp8_saved(c, ms, B, T) : 0;
 }
 
 // The cuda backend's figure (ops.h Backend.hid FMT_BF16) for one process (ms NULL) or one rank of a mesh
@@ -215,10 +221,11 @@ static int kept_rows(const TrainOptions *o, int inst, int irc) {
 static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, const TrainOptions *o,
                         size_t B, size_t T, int inst, int irc, double np, double held, int meshed, int head,
                         double fp8_kept) {
-    int tp = ms ? ms->tp : 1, rc = o->recompute;
+    int tp = ms ? ms->tp : 1, rc = o->recompute, f8 = fp8_save_bit(o); // (--fp8-save: every layer drops)
     size_t N = B * T, Ns = (N + tp - 1) / tp;
-    k->hid = irc * acts_hid_saved(c, ms, B, T, rc) + (inst - irc) * acts_hid_saved(c, ms, B, T, 0) +
-        (irc && (rc & RECOMPUTE_MOE) ? 0.5 * acts_hidden(c, ms, B, T, 0) : 0) + // (the one shared copy)
+    k->hid = irc * acts_hid_saved(c, ms, B, T, rc | f8) + (inst - irc) * acts_hid_saved(c, ms, B, T, f8) +
+        ((irc && (rc & RECOMPUTE_MOE)) || (f8 && inst) ? 0.5 * acts_hidden(c, ms, B, T, 0)
+                                                       : 0) + // (the copy)
         (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
     k->shadow = 2.0 * np;
     k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
@@ -232,7 +239,8 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
     k->lean = acts_lean(c, ms, B, T, fp8, 0);
     k->holes = !meshed ? acts_holes(c, o, B, T, 1) : 0; // (packed: one process)
     k->total = held - k->hid + k->shadow + k->scratch + k->fp8 - k->lent - k->alone - k->lean - k->holes;
-    k->routed = acts_routed(c, ms, B, T, inst, kept_rows(o, inst, irc), 2) - acts_lean(c, ms, B, T, fp8, 1);
+    k->routed = acts_routed(c, ms, B, T, inst, kept_rows(o, inst, irc), 2) - acts_lean(c, ms, B, T, fp8, 1) +
+        routed_fp8(c, ms, o, B, T, inst);
 }
 
 void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int meshed) {
@@ -272,7 +280,8 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     r->holes = ms->world == 1 ? acts_holes(c, o, (size_t)Bl, (size_t)T, 0) : 0; // (packed: one process)
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + ra - rl - r->holes;
     int L = c->n_layers, irc = rc_count(o, 0, L);
-    r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, kept_rows(o, L, irc), 4);
+    r->routed = acts_routed(c, ms, (size_t)Bl, (size_t)T, L, kept_rows(o, L, irc), 4) +
+        routed_fp8(c, ms, o, (size_t)Bl, (size_t)T, L);
     cuda_memory(&r->cuda, c, ms, o, (size_t)Bl, (size_t)T, L, irc, (double)lt->ltotal,
                 8.0 * lt->ltotal + moment_bytes(o) * mom + ra, ms->world > 1, 1, ct->fp8_kept);
 }
@@ -287,24 +296,27 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     const int *first = m->sp.first;
     size_t Bl = (size_t)m->Bl, T = (size_t)o->seq_len;
     double mom = moment_elems(lt, ms, o), acts = 0;
-    int inst = 0, irc = 0, head = 0;
+    int inst = 0, irc = 0, head = 0, ir = 0;
     for (int ch = 0; ch < m->vpp; ch++) {
         int v = ch * ms->pp + s, live = m->stage[s].live[ch];
         inst += live * (first[v + 1] - first[v]);
         irc += live * rc_count(o, first[v], first[v + 1]);
+        ir += live * routed_layers(c, first[v], first[v + 1]);
         head |= v == ms->pp * m->vpp - 1;
         acts += live *
             (acts_layers(c, ms, Bl, T, first[v], first[v + 1], NULL) +
              (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) + acts_mtp(c, ms, Bl, T) : 0));
     }
     if (irc > 1) acts -= (irc - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
+    if (o->fp8_save) acts += acts_fp8_change(c, ms, Bl, T, ir);
     acts += acts_scratch(c, ms, Bl, T, 4);
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
     r->acts = acts;
     r->lent = 0;
     r->total = 8.0 * lt->ltotal + moment_bytes(o) * mom + acts;
-    r->routed = acts_routed(c, ms, Bl, T, inst, kept_rows(o, inst, irc), 4);
+    r->routed =
+        acts_routed(c, ms, Bl, T, inst, kept_rows(o, inst, irc), 4) + routed_fp8(c, ms, o, Bl, T, inst);
     cuda_memory(&r->cuda, c, ms, o, Bl, T, inst, irc, (double)lt->ltotal, r->total, ms->world > 1, head,
                 ct->fp8_kept);
 }

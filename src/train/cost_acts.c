@@ -105,6 +105,26 @@ double acts_routed(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T
            fl = (size_t)c->d_ff / ms->etp, d = c->d_model;
     return inst * (4.0 + hb) * Re * d + kept * hb * Re * 3 * fl + (4.0 + hb) * Re * d + hb * 2 * Re * fl;
 }
+// --fp8-save (o->fp8_save): one layer instance's FP8 rows of its routed experts' h1 and h3 (MoeLayer.hq: Re
+// rows of 2 x numerics.h fp8_row_bytes(fl) bytes), where it keeps no SwiGLU rows in the hidden format (every
+// layer's leave it as under --recompute moe, one shared copy stays: fp8_save_bit adds that bit to a layer's);
+// the routed layers of [l0, l1).
+double acts_fp8_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+    int tp = ms ? ms->tp : 1, etp = ms ? ms->etp : 1;
+    size_t Ns = (B * T + tp - 1) / tp, Re = (size_t)etp * Ns * c->top_k;
+    return 2.0 * Re * fp8_row_bytes(c->d_ff / etp);
+}
+int fp8_save_bit(const TrainOptions *o) { return o && o->fp8_save ? RECOMPUTE_MOE : 0; }
+int routed_layers(const ModelConfig *c, int l0, int l1) {
+    int n = 0;
+    for (int l = l0; l < l1; l++) n += !config_layer_dense(c, l);
+    return n;
+}
+// The change --fp8-save makes to n routed layer instances' activations: each keeps its FP8 rows, all but one
+// (the shared copy) drop their SwiGLU rows.
+double acts_fp8_change(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int n) {
+    return n * acts_fp8_saved(c, ms, B, T) - (n > 1 ? (n - 1) * acts_hidden(c, ms, B, T, 0) : 0);
+}
 // Layer l's RECOMPUTE_* bits under o (--recompute-layers: the first ones only; model_access.h's rule), and
 // how many of the layers [l0, l1) recompute.
 int rc_of(const TrainOptions *o, int l) {
@@ -121,6 +141,7 @@ double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T
     double a = 0;
     for (int l = l0; l < l1; l++) a += acts_layer(c, ms, B, T, config_layer_dense(c, l));
     int n = o ? rc_count(o, l0, l1) : 0;
+    if (fp8_save_bit(o)) a += acts_fp8_change(c, ms, B, T, routed_layers(c, l0, l1));
     return a - (n > 1 ? (n - 1) * acts_dropped(c, ms, B, T, o->recompute) : 0);
 }
 // The backward's scratch on one rank (one set, whatever the layers), rows in the hidden format of hb bytes a
@@ -182,9 +203,9 @@ double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_
 // keeps under its --recompute bits, less the hidden rows' halves where hid (a backend with bf16 rows).
 static double acts_lendable(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B,
                             size_t T, int l, int hid) {
-    int rc = rc_of(o, l);
+    int rc = rc_of(o, l) | fp8_save_bit(o);
     return acts_layer(c, ms, B, T, 0) - acts_dropped(c, ms, B, T, rc) -
-        (hid ? acts_hid_saved(c, ms, B, T, rc) : 0);
+        (hid ? acts_hid_saved(c, ms, B, T, rc) : 0) + (o->fp8_save ? acts_fp8_saved(c, ms, B, T) : 0);
 }
 double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,
                  int hid) {

@@ -19,6 +19,10 @@ double acts_hidden(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T
 double acts_dropped(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc);
 double acts_routed(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int inst, int kept,
                    double hb);
+double acts_fp8_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T);
+int fp8_save_bit(const TrainOptions *o);
+int routed_layers(const ModelConfig *c, int l0, int l1);
+double acts_fp8_change(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int n);
 int rc_of(const TrainOptions *o, int l);
 int rc_count(const TrainOptions *o, int l0, int l1);
 double acts_layers(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int l0, int l1,

@@ -152,6 +152,14 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
                : "float32",
            b1, o->batch, o->seq_len, b2, bl, bh, b3);
     print_cuda(&w.cuda, "memory (cuda, the same buffers", o->fp8_dense);
+    if (o->fp8_save) { // (cost_acts.c acts_fp8_change)
+        char q[32];
+        fmt_bytes(q, sizeof q, 2.0 * o->batch * o->seq_len * c->top_k * fp8_row_bytes(c->d_ff));
+        printf("--fp8-save: each MoE layer keeps its experts' SwiGLU inputs as FP8 rows (%s a layer) where "
+               "it kept "
+               "h1, h3 and act; one shared copy of those\n",
+               q);
+    }
     if (o->ampipe !=
         1) // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE "

@@ -232,6 +232,12 @@ static void print_header(const Run *r, const MeshShape *shape) {
                 "fp8: --fp8-dispatch: the experts' input rows rounded to FP8 where they are gathered; "
                 "between ranks %zu bytes a row (%zu unpacked)\n",
                 fp8_row_bytes(c->d_model), hid_size(r->be) * (size_t)c->d_model);
+    if (o->fp8_save)
+        fprintf(
+            out,
+            "fp8: --fp8-save: the experts' SwiGLU inputs kept as FP8 rows, %zu bytes a row each (h1, h3 and "
+            "act: %zu)\n",
+            fp8_row_bytes(c->d_ff), 3 * hid_size(r->be) * (size_t)c->d_ff);
     if (comm_size(r->world) > 1) mesh_print(shape, out);
     if (r->place.why[0]) fprintf(out, "%s\n", r->place.why);
 }
