@@ -133,9 +133,7 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
         DIE("--fp8-dispatch: the %s backend's FP8 table has no FP8 rows yet (--device cpu only so far)",
             p->be->name);
     if (o->fp8_save && !p->be->fp8_save)
-        DIE("--fp8-save: the %s backend's FP8 table keeps no FP8 rows for the backward yet (--device cpu "
-            "only "
-            "so far)",
+        DIE("--fp8-save: the %s backend's FP8 table keeps no FP8 rows for the backward yet (cpu only so far)",
             p->be->name);
     if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)
