@@ -22,6 +22,9 @@
 #   maxrel A B                  largest relative difference between two files of numbers
 #   mesh_close REF RUN LABEL    a mesh run against the one-process reference, at the mesh tolerances
 #   mesh_exact REF RUN LABEL    pipeline stages alone against one process: bitwise (test_pipeline.sh says why)
+#   resume_takes NAME VALUE ARGS...   `moe train ARGS --NAME VALUE` for 6 steps at once, and for 3 then resumed
+#                               for 3 without naming --NAME: the resume takes it from run.json, and the
+#                               losses and gradient norms are byte-identical (runs RT6, RT3 in the cwd)
 #   sample_block FILE           the end-of-run sample in a run's output: the text between the two "---"
 #                               lines under "sample (...)", with the "---" lines
 #   text_bytes N SEED           N bytes of English-like text (lines of words drawn by an LCG from SEED), the
@@ -269,6 +272,17 @@ mesh_exact() {
   fcmp "$r" "<=" 1e-12 || { fail "$label: grad norm differs by $r relative (round-off allows 1e-12)"; ok=0; }
   [ $ok = 1 ] && pass "$label: losses, aux, z, load and checkpoints bitwise equal to one process (grad norm $r relative)"
   return 0
+}
+
+resume_takes() {
+  local name="$1" val="$2"; shift 2
+  local S=(--save-every 3 --keep 0)
+  run_ok "6 steps at once (--$name $val)" "$MOE" train "$@" "${S[@]}" --steps 6 --"$name" "$val" --out RT6 < /dev/null
+  run_ok "3 steps" "$MOE" train "$@" "${S[@]}" --steps 3 --"$name" "$val" --out RT3 < /dev/null
+  run_ok "resumed for 3 more without naming the option" "$MOE" train "$@" "${S[@]}" --steps 6 --out RT3 --resume < /dev/null
+  check "the resume applied --$name $val from run.json" grep -q -- "--$name $val" "$OUT_FILE"
+  check "the resumed run's metrics byte-identical to the 6 steps'" \
+    cmp -s <(field loss RT6/metrics.jsonl; field grad_norm RT6/metrics.jsonl) <(field loss RT3/metrics.jsonl; field grad_norm RT3/metrics.jsonl)
 }
 
 sample_block() { awk '/^sample \(/ { f = 1; next } f { print; if ($0 == "---" && ++n == 2) exit }' "$1"; }

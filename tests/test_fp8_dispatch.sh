@@ -97,11 +97,5 @@ if command -v mpirun > /dev/null; then
 else skip "meshes: mpirun not installed"; fi
 
 # ---- resume: the option from run.json
-run_ok "6 steps at once" "$MOE" train "${BASE[@]}" --steps 6 --save-every 3 --keep 0 --fp8-dispatch 1 --out S < /dev/null
-run_ok "3 steps" "$MOE" train "${BASE[@]}" --save-every 3 --keep 0 --fp8-dispatch 1 --out T < /dev/null
-run_ok "resumed for 3 more without naming the option" "$MOE" train "${BASE[@]}" --steps 6 --save-every 3 --keep 0 \
-  --out T --resume < /dev/null
-check "the resume applied --fp8-dispatch 1 from run.json" grep -q -- "--fp8-dispatch 1" "$OUT_FILE"
-check "the resumed run's metrics byte-identical to the 6 steps'" \
-  cmp -s <(field loss S/metrics.jsonl; field grad_norm S/metrics.jsonl) <(field loss T/metrics.jsonl; field grad_norm T/metrics.jsonl)
+resume_takes fp8-dispatch 1 "${BASE[@]}"
 finish

@@ -89,10 +89,5 @@ if command -v mpirun > /dev/null; then
 else skip "meshes: mpirun not installed"; fi
 
 # ---- resume: the option from run.json
-run_ok "6 steps at once" "$MOE" train "${BASE[@]}" --steps 6 --save-every 3 --keep 0 --fp8-save 1 --out W < /dev/null
-run_ok "3 steps" "$MOE" train "${BASE[@]}" --save-every 3 --keep 0 --fp8-save 1 --out T < /dev/null
-run_ok "resumed for 3 more without naming the option" "$MOE" train "${BASE[@]}" --steps 6 --save-every 3 --keep 0 \
-  --out T --resume < /dev/null
-check "the resume applied --fp8-save 1 from run.json" grep -q -- "--fp8-save 1" "$OUT_FILE"
-check "the resumed run's metrics byte-identical to the 6 steps'" cmp -s <(both W) <(both T)
+resume_takes fp8-save 1 "${BASE[@]}"
 finish
