@@ -13,8 +13,9 @@
 #   - AMPipe in one process (--ampipe 2: each chunk's state packs and unpacks its own rows through the shared
 #     buffers) against the unchunked run with the option, and ep2 (one rank's rows each) and ep2 with the
 #     pipelined exchange (--a2a-overlap 2: the chunks' rows packed together) against one process with the
-#     option: test_mesh.sh's bands, on test_fp8_train.sh's mesh model (d 32), at a learning rate that leaves
-#     the parameters in place (below: why);
+#     option, and tp2: test_mesh.sh's bands, on test_fp8_train.sh's mesh model (d 32), at a learning rate that
+#     leaves the parameters in place (below: why); pipeline stages (--pp 2 interleaved, 4 micro-batches live:
+#     each keeps its own FP8 rows) bit for bit one process with the same micro-batches;
 #   - a resume (3 + 3 steps) takes the option from run.json and equals the 6 steps run at once.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -78,7 +79,7 @@ if "$MOE" train "${MB[@]}" --ampipe 2 --out MA > MA/out.txt 2>&1 < /dev/null; th
 else fail "--ampipe 2: the run failed"; tail -5 MA/out.txt; fi
 if command -v mpirun > /dev/null; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-  for lay in "--ep 2|ep2" "--ep 2 --a2a-overlap 2|ep2_r2"; do
+  for lay in "--ep 2|ep2" "--ep 2 --a2a-overlap 2|ep2_r2" "--tp 2|tp2"; do
     IFS='|' read -r flags label <<< "$lay"
     mkdir -p "$label"
     if timeout 300 mpirun --oversubscribe -np 2 "$MOE" train "${MB[@]}" $flags --check-replicas --out "$label" \
@@ -86,6 +87,17 @@ if command -v mpirun > /dev/null; then
       mesh_close M1 "$label" "--fp8-save $flags against one process"
     else fail "--fp8-save $flags: mpirun failed"; tail -5 "$label/out.txt"; fi
   done
+  # pipeline stages: several live micro-batches each keep their own FP8 rows through the one set of shared
+  # buffers; stages alone are bit for bit one process with the same micro-batches (mesh_exact), at lr 1e-2
+  PB=(--steps 4 --quiet --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --eval-batches 1 --eval-every 0
+      --n-heads 4 --n-kv-heads 2 --d-model 32 --d-ff 48 --n-experts 4 --n-layers 4 --lr 1e-2 --warmup 2
+      --precision fp8 --fp8-save 1 --grad-clip 0 --grad-accum 4)
+  run_ok "the one-process reference (4 micro-batches)" "$MOE" train "${PB[@]}" --out P1 < /dev/null
+  mkdir -p P2
+  if timeout 300 mpirun --oversubscribe -np 2 "$MOE" train "${PB[@]}" --pp 2 --pp-schedule interleaved --vpp 2 \
+    --out P2 > P2/out.txt 2>&1 < /dev/null; then
+    mesh_exact P1 P2 "--fp8-save --pp 2 interleaved (vpp 2)"
+  else fail "--fp8-save --pp 2: mpirun failed"; tail -5 P2/out.txt; fi
 else skip "meshes: mpirun not installed"; fi
 
 # ---- resume: the option from run.json
