@@ -53,6 +53,8 @@ check_rows() {
 check_rows 4 5 --preset small --batch 16 --seq-len 128
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --top 12
 check_rows 8 1 --preset small --batch 16 --seq-len 128 --precision bf16 --top 12
+# (the launch commands carry the FP8 options the plan counted: --fp8-save's memory, --fp8-dispatch's bytes)
+check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --precision fp8-bf16 --fp8-save 1 --fp8-dispatch 1 --top 6
 
 # --explain of row 3's words: the row's tokens/s and memory
 "$MOE" plan --gpus 8 --preset small --batch 16 --seq-len 128 >"$TMP/plan.txt"
