@@ -31,13 +31,7 @@
 #include "ops/ops.h"
 #include "test_util.h"
 
-static int same_bits(float a, float b) { return f32_bits(a) == f32_bits(b) || (isnan(a) && isnan(b)); }
 
-static size_t differ(const float *a, const float *b, size_t n) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += !same_bits(a[i], b[i]);
-    return k;
-}
 
 // n rows of d values: row r scaled by 2^(r % 41 - 20), then the edge rows overwritten
 static void rows_fill(float *x, int n, int d, Rng *r) {
@@ -88,18 +82,19 @@ static void rows_checks(int d) {
            "d %d: the saturated row's exponent %d (want %d), the zero row's %d (want %d)", d,
            (int8_t)p[3 * rb + d], FP8_SCALE_EXP_MAX, (int8_t)p[0 * rb + d], FP8_SCALE_EXP_MIN);
     cpu_fp8_unpack_rows(un, p, n, d);
-    EXPECT(!differ(un, deq, nd), "d %d: unpack differs from dequant_tiles in %zu values", d,
-           differ(un, deq, nd));
+    EXPECT(!floats_differ(un, deq, nd), "d %d: unpack differs from dequant_tiles in %zu values", d,
+           floats_differ(un, deq, nd));
     EXPECT(isnan(un[(size_t)1 * d + d - 1]) && isnan(un[(size_t)2 * d]) && isfinite(un[(size_t)5 * d]),
            "d %d: the bad tiles' values NaN, the others finite", d);
     memcpy(rd, x, 4 * nd);
     cpu_fp8_round_rows(rd, n, d);
-    EXPECT(!differ(rd, un, nd), "d %d: round differs from unpack(pack) in %zu values", d, differ(rd, un, nd));
+    EXPECT(!floats_differ(rd, un, nd), "d %d: round differs from unpack(pack) in %zu values", d,
+           floats_differ(rd, un, nd));
     // packed again: the same values (rows 1 and 2 hold NaN tiles: NaN again)
     cpu_fp8_pack_rows(p2, rd, n, d);
     cpu_fp8_unpack_rows(again, p2, n, d);
-    EXPECT(!differ(again, rd, nd), "d %d: rounded rows packed again change %zu values", d,
-           differ(again, rd, nd));
+    EXPECT(!floats_differ(again, rd, nd), "d %d: rounded rows packed again change %zu values", d,
+           floats_differ(again, rd, nd));
     free(x), free(s), free(deq), free(un), free(rd), free(again), free(q), free(p), free(p2);
 }
 
@@ -117,7 +112,7 @@ static void exponent_drop(void) {
     EXPECT((int8_t)p[d] == -8 && y[5] == 224.0f * 0x1p-8f && (int8_t)p2[d] == -9 && p2[5] == p[5] + 8,
            "the 224 tile: exponent %d then %d (want -8, -9), value %g, codes 0x%02x then 0x%02x",
            (int8_t)p[d], (int8_t)p2[d], y[5], p[5], p2[5]);
-    EXPECT(!differ(y, z, d), "the 224 tile's values packed again: %zu differ", differ(y, z, d));
+    EXPECT(!floats_differ(y, z, d), "the 224 tile's values packed again: %zu differ", floats_differ(y, z, d));
 }
 
 // The forward GEMM of rounded rows equals that of the rows, bit for bit (finite rows: scaled, with a 224
@@ -141,9 +136,10 @@ static void gemm_same(void) {
     cpu_fp8_quant_blocks(qw, sw, w, N, K);
     cpu_fp8_gemm(c1, qa, sa, qw, sw, M, N, K, 1);
     cpu_fp8_gemm(c2, qb, sb, qw, sw, M, N, K, 1);
-    EXPECT(!differ(c1, c2, (size_t)M * N) && memcmp(qa, qb, (size_t)M * K),
+    EXPECT(!floats_differ(c1, c2, (size_t)M * N) && memcmp(qa, qb, (size_t)M * K),
            "the FP8 GEMM of rounded rows: %zu of %d values differ (want 0; the codes themselves %s)",
-           differ(c1, c2, (size_t)M * N), M * N, memcmp(qa, qb, (size_t)M * K) ? "differ" : "the same");
+           floats_differ(c1, c2, (size_t)M * N), M * N,
+           memcmp(qa, qb, (size_t)M * K) ? "differ" : "the same");
     free(x), free(w), free(xr), free(qa), free(qb), free(qw), free(sa), free(sb), free(sw), free(c1),
         free(c2);
 }
@@ -164,7 +160,7 @@ static void table_checks(void) {
     f->fp8_rows_unpack(a, p, n, d);
     memcpy(b, x, sizeof b);
     f->fp8_rows_round(b, n, d);
-    EXPECT(!memcmp(p, q, sizeof p) && !differ(a, b, (size_t)n * d),
+    EXPECT(!memcmp(p, q, sizeof p) && !floats_differ(a, b, (size_t)n * d),
            "the table's ops: the reference's bytes and values");
 }
 
@@ -192,7 +188,7 @@ static void layer_run(const ModelConfig *c, int N, const MoeWeights *W, const fl
     float *xs = xmalloc(sizeof(float) * M * d);
     memcpy(xs, m.xs, sizeof(float) * M * d);
     cpu_fp8_round_rows(xs, M, d);
-    o->round_again = (int)differ(xs, (const float *)m.xs, (size_t)M * d);
+    o->round_again = (int)floats_differ(xs, (const float *)m.xs, (size_t)M * d);
     free(xs);
     moe_backward(&m, &s, o->dx, dy, x, W, &g, c, 0.3f, 0.05f);
     moe_layer_free(&m);
@@ -243,17 +239,17 @@ static void layer_checks(void) {
         "the experts' input rows: %d values change when rounded without fp8_dispatch (want > 0), %d with it "
         "(want 0)",
         a.round_again, b.round_again);
-    EXPECT(!differ(a.y, b.y, nd) && !differ(a.dx, b.dx, nd) && !differ(a.gr, b.gr, (size_t)E * d) &&
-               !differ(a.g2, b.g2, nw),
+    EXPECT(!floats_differ(a.y, b.y, nd) && !floats_differ(a.dx, b.dx, nd) &&
+               !floats_differ(a.gr, b.gr, (size_t)E * d) && !floats_differ(a.g2, b.g2, nw),
            "bit for bit with and without: y %zu, dx %zu, router %zu, w2 %zu values differ",
-           differ(a.y, b.y, nd), differ(a.dx, b.dx, nd), differ(a.gr, b.gr, (size_t)E * d),
-           differ(a.g2, b.g2, nw));
+           floats_differ(a.y, b.y, nd), floats_differ(a.dx, b.dx, nd),
+           floats_differ(a.gr, b.gr, (size_t)E * d), floats_differ(a.g2, b.g2, nw));
     double e1 = relerr(a.g1, b.g1, nw), e3 = relerr(a.g3, b.g3, nw);
-    EXPECT(differ(a.g1, b.g1, nw) && differ(a.g3, b.g3, nw) && e1 < 1e-5 && e3 < 1e-5,
+    EXPECT(floats_differ(a.g1, b.g1, nw) && floats_differ(a.g3, b.g3, nw) && e1 < 1e-5 && e3 < 1e-5,
            "w1, w3 gradients from the rounded rows: %zu and %zu values differ (want some), relative %.2e and "
            "%.2e "
            "(want < 1e-5)",
-           differ(a.g1, b.g1, nw), differ(a.g3, b.g3, nw), e1, e3);
+           floats_differ(a.g1, b.g1, nw), floats_differ(a.g3, b.g3, nw), e1, e3);
     printf("layer: w1 / w3 gradients %.2e / %.2e relative to the unrounded rows'\n", e1, e3);
     LayerOut *o[] = {&a, &b};
     for (int i = 0; i < 2; i++)

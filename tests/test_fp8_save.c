@@ -33,12 +33,6 @@ typedef struct {
     float *y, *dx, *gr, *g1, *g3, *g2;
 } Out;
 
-static size_t ndiff(const float *a, const float *b, size_t n) {
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += f32_bits(a[i]) != f32_bits(b[i]) && !(isnan(a[i]) && isnan(b[i]));
-    return k;
-}
-
 // ||a - b|| / ||a||
 static double rel(const float *a, const float *b, size_t n) {
     double s = 0, e = 0;
@@ -114,12 +108,12 @@ static void compare(int nan) {
     Out o[3];
     for (int h = 0; h < 3; h++) run(&c, N, &W, x, dy, h, &o[h]);
     const char *tag = nan ? "with a NaN input" : "finite";
-    size_t dd[6] = {ndiff(o[SAVED].y, o[DEFINED].y, nd),
-                    ndiff(o[SAVED].dx, o[DEFINED].dx, nd),
-                    ndiff(o[SAVED].gr, o[DEFINED].gr, (size_t)E * d),
-                    ndiff(o[SAVED].g1, o[DEFINED].g1, nw),
-                    ndiff(o[SAVED].g3, o[DEFINED].g3, nw),
-                    ndiff(o[SAVED].g2, o[DEFINED].g2, nw)};
+    size_t dd[6] = {floats_differ(o[SAVED].y, o[DEFINED].y, nd),
+                    floats_differ(o[SAVED].dx, o[DEFINED].dx, nd),
+                    floats_differ(o[SAVED].gr, o[DEFINED].gr, (size_t)E * d),
+                    floats_differ(o[SAVED].g1, o[DEFINED].g1, nw),
+                    floats_differ(o[SAVED].g3, o[DEFINED].g3, nw),
+                    floats_differ(o[SAVED].g2, o[DEFINED].g2, nw)};
     EXPECT(!(dd[0] | dd[1] | dd[2] | dd[3] | dd[4] | dd[5]),
            "%s: saved against defined, values differing: y %zu, dx %zu, router %zu, w1 %zu, w3 %zu, w2 %zu "
            "(want 0)",
@@ -129,20 +123,22 @@ static void compare(int nan) {
                "with a NaN input: the saved run's gradients carry it (w2[0] %g, dx[17,0] %g)", o[SAVED].g2[0],
                o[SAVED].dx[(size_t)17 * d]);
     } else {
-        EXPECT(!ndiff(o[KEPT].y, o[SAVED].y, nd) && !ndiff(o[KEPT].gr, o[SAVED].gr, (size_t)E * d),
+        EXPECT(!floats_differ(o[KEPT].y, o[SAVED].y, nd) &&
+                   !floats_differ(o[KEPT].gr, o[SAVED].gr, (size_t)E * d),
                "saved against kept: the output (%zu values differ) and the router's gradient (%zu) the same "
                "bits",
-               ndiff(o[KEPT].y, o[SAVED].y, nd), ndiff(o[KEPT].gr, o[SAVED].gr, (size_t)E * d));
+               floats_differ(o[KEPT].y, o[SAVED].y, nd),
+               floats_differ(o[KEPT].gr, o[SAVED].gr, (size_t)E * d));
         const float *a[] = {o[KEPT].dx, o[KEPT].g1, o[KEPT].g3, o[KEPT].g2},
                     *b[] = {o[SAVED].dx, o[SAVED].g1, o[SAVED].g3, o[SAVED].g2};
         const char *nm[] = {"dx", "w1", "w3", "w2"};
         size_t n[] = {nd, nw, nw, nw};
         for (int i = 0; i < 4; i++) {
             double e = rel(a[i], b[i], n[i]);
-            EXPECT(ndiff(a[i], b[i], n[i]) > n[i] / 2 && e > 0x1p-10 && e < 0x1p-3,
+            EXPECT(floats_differ(a[i], b[i], n[i]) > n[i] / 2 && e > 0x1p-10 && e < 0x1p-3,
                    "saved against kept: %s from the FP8 SwiGLU rows, %zu of %zu values differ (want most), "
                    "norm-wise %.2e (want in (2^-10, 2^-3))",
-                   nm[i], ndiff(a[i], b[i], n[i]), n[i], e);
+                   nm[i], floats_differ(a[i], b[i], n[i]), n[i], e);
             printf("saved against kept: %s relative %.2e\n", nm[i], e);
         }
     }

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
 
 static int t_failures = 0, t_checks = 0;
 #define EXPECT(cond, ...) \
@@ -32,6 +34,17 @@ static int t_failures = 0, t_checks = 0;
 static inline int test_done(const char *name) {
     printf("%s: %d checks, %d failed\n", name, t_checks, t_failures);
     return t_failures ? 1 : 0;
+}
+
+// How many of n floats differ from b's in their bits (a NaN equals any NaN).
+static inline size_t floats_differ(const float *a, const float *b, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x, y;
+        memcpy(&x, a + i, 4), memcpy(&y, b + i, 4);
+        k += x != y && !(a[i] != a[i] && b[i] != b[i]);
+    }
+    return k;
 }
 
 // The current CUDA device's compute capability (major * 10 + minor); 0 without CUDA or a GPU.
