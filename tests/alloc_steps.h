@@ -27,8 +27,7 @@ static inline AllocSteps alloc_steps_run(ModelConfig c, const TrainOptions *o, c
     const char *bad = config_validate(&c);
     if (!bad) bad = train_options_validate(o, &c);
     CHECK(!bad, "alloc_steps_run: %s", bad);
-    MeshShape shape = {
-        comm_size(world), o->tp, 0, o->pp, o->ep, o->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
+    MeshShape shape = train_mesh_shape(o, comm_size(world));
     bad = mesh_shape_resolve(&shape, &c);
     CHECK(!bad, "alloc_steps_run: %s", bad);
     int meshed = comm_size(world) > 1;

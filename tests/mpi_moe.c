@@ -170,7 +170,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
 int main(int argc, char **argv) {
     Comm *world = comm_world_init(&argc, &argv);
     if (argc < 4) DIE("usage: mpi_moe TP EP ETP");
-    MeshShape s = {comm_size(world), atoi(argv[1]), 0, 1, atoi(argv[2]), atoi(argv[3]), 0, 0};
+    MeshShape s = {comm_size(world), atoi(argv[1]), 0, 1, atoi(argv[2]), atoi(argv[3]), 0, 0, 0};
     ModelConfig c;
     config_preset(&c, "tiny");
     c.n_experts = 4;

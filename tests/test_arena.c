@@ -167,7 +167,7 @@ static void check_ranges(const char *what, const ModelConfig *c, const ParamSlic
 
 static void test_bf16_ranges(void) {
     ModelConfig c;
-    ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0}, ep1 = {1, 0, 2, 1, 1, 0, NULL, 0};
+    ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0, 0}, ep1 = {1, 0, 2, 1, 1, 0, NULL, 0, 0};
     test_tiny_cfg(&c, 3, T);
     c.head_dim = 24; // q 96 rows (inside), k and v 48 and o 32 (too narrow: float32 products)
     c.vocab_size = 100; // the LM head inside

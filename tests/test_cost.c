@@ -90,12 +90,13 @@ static void check_flops(void) {
            cost_flops(NULL, &c, 64), want);
 }
 
-// The mesh of world ranks with tp, ep, etp, pp for the tiny preset (n_layers L) at batch 16, T 64.
+// The mesh of world ranks with tp, ep, etp, pp for the tiny preset (n_layers L) at batch 16, T 64 (o's
+// --vocab-parallel taken).
 static const char *mesh_of(CostMesh *m, TrainOptions *o, int L, int world, int tp, int ep, int etp, int pp) {
     static ModelConfig c;
     c = preset("tiny");
     c.n_layers = L;
-    MeshShape ms = {world, tp, 0, pp, ep, etp, 0, 0};
+    MeshShape ms = {world, tp, 0, pp, ep, etp, 0, 0, o->vocab_parallel && tp > 1};
     const char *bad = mesh_shape_resolve(&ms, &c);
     EXPECT(bad == NULL, "mesh: %s", bad);
     return cost_mesh(m, &c, o, &ms);
@@ -108,6 +109,38 @@ static void expect_comm(const CostComm *a, double tp, double ep, double etp, dou
             a->total == tp + ep + etp + dp + pp,
         "%s: tp %.17g ep %.17g etp %.17g dp %.17g pp %.17g total %.17g; want %.17g %.17g %.17g %.17g %.17g",
         what, a->tp, a->ep, a->etp, a->dp, a->pp, a->total, tp, ep, etp, dp, pp);
+}
+
+// --vocab-parallel on tp 2 (model/vocab.h), by hand for tiny (V 256, d 96) at 16 x 64 tokens a rank (N
+// 1,024): each rank holds 128 of the embedding's and the LM head's 256 rows, 2 x 128 x 96 = 24,576 floats
+// fewer parameters (and as many gradients; the moments two each): 98,304 bytes a buffer; of the activations,
+// 1,024 x 128 fewer logits (524,288 bytes) and the cross-entropy's parts, 3 doubles a row, this rank's and
+// both ranks': 8 x 3 x 3 x 1,024 = 73,728 bytes; over TP the embedding's rows summed and the head's input
+// gradient (N x d floats each, as an all-reduce half of them sent twice: 393,216 bytes each) and the parts
+// gathered (3N doubles from each of the 2 ranks, half of the 2 x 24,576 bytes sent: 24,576).
+static void check_vocab_parallel(void) {
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = 16;
+    o.seq_len = 64;
+    CostMesh a, b;
+    EXPECT(mesh_of(&a, &o, 2, 2, 2, 1, 1, 1) == NULL, "tp 2");
+    o.vocab_parallel = 1;
+    EXPECT(mesh_of(&b, &o, 2, 2, 2, 1, 1, 1) == NULL, "tp 2, --vocab-parallel 1");
+    const CostMemory *x = &a.stage[0].mem, *y = &b.stage[0].mem;
+    EXPECT(x->params - y->params == 98304 && x->acts - y->acts == 524288 - 73728,
+           "--vocab-parallel, tp 2: params %.0f bytes fewer (want 98304), activations %.0f (want 450560)",
+           x->params - y->params, x->acts - y->acts);
+    // (params, grads and the two float32 moments; the expert gradients lend as much either way: the head's
+    // activations take more than a layer's block even split)
+    EXPECT(x->lent == y->lent && x->total - y->total == 4 * 98304 + 450560,
+           "--vocab-parallel, tp 2: total %.0f bytes fewer (want 843776), lent %.0f and %.0f",
+           x->total - y->total, x->lent, y->lent);
+    EXPECT(b.stage[0].comm.tp - a.stage[0].comm.tp == 2 * 393216 + 24576,
+           "--vocab-parallel, tp 2: TP bytes %.0f more (want 811008)",
+           b.stage[0].comm.tp - a.stage[0].comm.tp);
+    cost_mesh_free(&a);
+    cost_mesh_free(&b);
 }
 
 static void check_comm(void) {
@@ -200,7 +233,7 @@ static void check_memory(const char *name) {
         int rc = o.recompute;
         CostWhole w;
         cost_whole(&w, &c, &o, 0);
-        MeshShape ms = {1, 1, 0, 1, 1, 1, 0, 0};
+        MeshShape ms = {1, 1, 0, 1, 1, 1, 0, 0, 0};
         EXPECT(mesh_shape_resolve(&ms, &c) == NULL, "one rank");
         CostMesh m;
         EXPECT(cost_mesh(&m, &c, &o, &ms) == NULL, "one rank");
@@ -459,6 +492,7 @@ static void check_fp8_kept(void) {
 }
 
 int main(void) {
+    check_vocab_parallel();
     char names[512];
     snprintf(names, sizeof names, "%s", config_preset_names());
     for (char *save = NULL, *n = strtok_r(names, ", ", &save); n; n = strtok_r(NULL, ", ", &save)) {

@@ -994,9 +994,9 @@ static void test_embedding(int V, int N, int C) {
     for (int p = 0; p < 2; p++) {
         float *dt = p ? hcopy(pre, (size_t)V * C) : hnew((size_t)V * C);
         float *dtd = gpu_putf(gpu, dt, (size_t)V * C), *dtd2 = gpu_putf(gpu, dt, (size_t)V * C);
-        cpu->embedding_bwd(dt, dout, tok, N, C);
-        gpu->embedding_bwd(dtd, doutd, tokd, N, C);
-        gpu->embedding_bwd(dtd2, doutd, tokd, N, C);
+        cpu->embedding_bwd(dt, dout, tok, N, C, V);
+        gpu->embedding_bwd(dtd, doutd, tokd, N, C, V);
+        gpu->embedding_bwd(dtd2, doutd, tokd, N, C, V);
         // each element's rows added in index order, one float add each, as the cpu adds them: the same bits
         cmp("embedding_bwd", p ? "dtable (accumulate)" : "dtable", dtd, dt, (size_t)V * C, 0.0);
         cmp_exact_dev("embedding_bwd (two runs on the same inputs)", dtd, dtd2, (size_t)V * C);

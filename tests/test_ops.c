@@ -544,15 +544,35 @@ static void test_embedding(void) {
     be->embedding_fwd(out, tok, table, N, C, V);
     check_exact("embedding_fwd", out, want, N * C);
     float *g0 = fnew(V * C);
-    be->embedding_bwd(g0, dout, tok, N, C);
+    be->embedding_bwd(g0, dout, tok, N, C, V);
     EmbCtx c = {table, out, dout, tok, N, C, V};
     fd_check("embedding_bwd", emb_loss, &c, table, V * C, g0);
     float *pre = fnew(V * C);
     fill_normal(pre, V * C, 1);
     float *g1 = fcopy(pre, V * C);
-    be->embedding_bwd(g1, dout, tok, N, C);
+    be->embedding_bwd(g1, dout, tok, N, C, V);
     check_accum("embedding_bwd", g1, pre, g0, V * C);
     check_exact("embedding_bwd leaves unused rows", g1 + (V - 2) * C, pre + (V - 2) * C, 2 * C);
+    // ids outside [0, V) (another TP rank's rows of a vocab-parallel table): zero rows, nothing added
+    int32_t t2[N];
+    memcpy(t2, tok, sizeof t2);
+    t2[2] = -1;
+    t2[6] = V;
+    for (int c = 0; c < C; c++) want[2 * C + c] = want[6 * C + c] = 0;
+    fill_nan(out, N * C);
+    be->embedding_fwd(out, t2, table, N, C, V);
+    check_exact("embedding_fwd: ids -1 and V give zero rows, the others theirs", out, want, N * C);
+    float *g2 = fnew((V + 1) * C), *d2 = fcopy(dout, N * C); // (a row past the table: must stay as it is)
+    memcpy(g2, pre, sizeof(float) * V * C);
+    memcpy(g2 + V * C, pre, sizeof(float) * C);
+    for (int c = 0; c < C; c++) d2[2 * C + c] = d2[6 * C + c] = 0; // (the same sums without those rows)
+    be->embedding_bwd(g2, dout, t2, N, C, V);
+    memcpy(g1, pre, V * C * sizeof(float));
+    be->embedding_bwd(g1, d2, tok, N, C, V);
+    check_exact("embedding_bwd: ids -1 and V add nothing (= their rows' gradients zero)", g2, g1, V * C);
+    check_exact("embedding_bwd: the row past the table untouched", g2 + V * C, pre, C);
+    free(g2);
+    free(d2);
     free(table);
     free(out);
     free(dout);
@@ -1608,6 +1628,67 @@ static void test_router_ops(int N, int E, int k, int renorm) {
     free(d2);
 }
 
+// The vocab-parallel cross-entropy (ops.h ce_part / ce_finish) on test_cross_entropy's rows (N 6, V 37): one
+// block gives cross_entropy_fwd_bwd's bits (want: its dlogits; with dloss 0 cross_entropy_fwd's, the logits
+// untouched); three uneven column blocks, each row's target in one of them (in the others below 0 or past the
+// block), their parts gathered in block order, give the double reference's losses and each block's columns of
+// its dlogits.
+static void test_ce_parts(const float *lg, const int32_t *tg, float dloss, const float *want,
+                          const double *lref, const double *lmag, const double *gref, const double *gmag) {
+    enum { N = 6, V = 37, NB = 3 };
+    const int b0[NB + 1] = {0, 10, 25, V};
+    double *part = dnew(NB * 3 * N);
+    float *x = fcopy(lg, N * V), *y = fcopy(lg, N * V), *l1 = fnew(N), *l0 = fnew(N);
+    be->ce_part(part, x, tg, N, V);
+    be->ce_finish(l1, x, part, tg, N, V, 1, dloss);
+    be->cross_entropy_fwd_bwd(l0, y, tg, N, V, dloss);
+    EXPECT(!floats_differ(l1, l0, N) && !floats_differ(x, want, (size_t)N * V),
+           "ce_part + ce_finish of one block: cross_entropy_fwd_bwd's losses and dlogits bit for bit");
+    memcpy(x, lg, sizeof(float) * N * V);
+    be->ce_finish(l1, x, part, tg, N, V, 1, 0);
+    be->cross_entropy_fwd(l0, lg, tg, N, V);
+    EXPECT(!floats_differ(l1, l0, N) && !floats_differ(x, lg, (size_t)N * V),
+           "ce_finish with dloss 0: cross_entropy_fwd's losses bit for bit, the logits untouched");
+    float *blk[NB];
+    int32_t *tb[NB];
+    for (int b = 0; b < NB; b++) {
+        int Vb = b0[b + 1] - b0[b];
+        blk[b] = fnew(N * Vb);
+        tb[b] = malloc(sizeof(int32_t) * N);
+        for (int i = 0; i < N; i++) {
+            memcpy(blk[b] + i * Vb, lg + i * V + b0[b], sizeof(float) * Vb);
+            tb[b][i] = tg[i] - b0[b];
+        }
+        be->ce_part(part + (size_t)b * 3 * N, blk[b], tb[b], N, Vb);
+    }
+    for (int b = 0; b < NB; b++) {
+        int Vb = b0[b + 1] - b0[b];
+        double *gr = dnew(N * Vb), *gm = dnew(N * Vb);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < Vb; j++) {
+                gr[i * Vb + j] = gref[i * V + b0[b] + j];
+                gm[i * Vb + j] = gmag[i * V + b0[b] + j];
+            }
+        fill_nan(l1, N);
+        be->ce_finish(l1, blk[b], part, tb[b], N, Vb, NB, dloss);
+        char what[96];
+        snprintf(what, sizeof what, "ce_finish over 3 blocks: block %d's losses", b);
+        check_arr(what, l1, lref, lmag, N, FWD_RTOL, 1e-30);
+        snprintf(what, sizeof what, "ce_finish over 3 blocks: block %d's dlogits (columns %d..%d)", b, b0[b],
+                 b0[b + 1] - 1);
+        check_arr(what, blk[b], gr, gm, N * Vb, FWD_RTOL, 1e-12);
+        free(gr);
+        free(gm);
+        free(blk[b]);
+        free(tb[b]);
+    }
+    free(part);
+    free(x);
+    free(y);
+    free(l1);
+    free(l0);
+}
+
 static void test_cross_entropy(void) {
     enum { N = 6, V = 37 };
     const float dloss = 0.37f;
@@ -1615,6 +1696,8 @@ static void test_cross_entropy(void) {
     for (int i = 0; i < N; i++) tg[i] = (int32_t)rng_below(&R, V);
     tg[1] = 0;
     tg[2] = V - 1;
+    tg[4] = 10; // (test_ce_parts: the first and last column of its middle block)
+    tg[5] = 24;
     float *lg = fnew(N * V), *losses = fnew(N);
     fill_normal(lg, N * V, 3);
     lg[3 * V + tg[3]] = 30; // a confident correct row (loss ~ 0)
@@ -1645,6 +1728,7 @@ static void test_cross_entropy(void) {
     EXPECT(be->hid == FMT_F32, "the cpu's hidden format is not float32: its dlogits above are float32 rows");
     CeCtx c = {lg, losses, tg, N, V, dloss};
     fd_check("cross_entropy_fwd_bwd dlogits vs finite differences", ce_loss, &c, lg, N * V, lg2);
+    test_ce_parts(lg, tg, dloss, lg2, lref, lmag, gref, gmag);
     free(lg);
     free(losses);
     free(gref);

@@ -101,7 +101,7 @@ static void check_memory(void) {
         t.tp = l->tp, t.ep = l->ep, t.etp = l->etp, t.pp = l->pp, t.vpp = l->vpp, t.zero = l->zero;
         t.recompute = l->recompute, t.grad_accum = l->micro;
         t.pp_schedule = l->vpp > 1 ? SCHED_INTERLEAVED : SCHED_1F1B;
-        MeshShape ms = {8, l->tp, 0, l->pp, l->ep, l->etp, 0, 0};
+        MeshShape ms = {8, l->tp, 0, l->pp, l->ep, l->etp, 0, 0, 0};
         EXPECT(!mesh_shape_resolve(&ms, &c) && ms.dp == l->dp, "row %d: dp %d", i, l->dp);
         CostMesh m;
         EXPECT(!cost_mesh(&m, &c, &t, &ms), "row %d: cost_mesh refused a kept layout", i);
@@ -470,7 +470,7 @@ static void check_memops(void) {
     params_free(&t);
     // EP 2 (an exchange that is not local): each layer's arrived rows permuted and the outputs back, forward
     // and backward, Rg = M = 2N rows each read and written in h and f: 4 Rg d (h + f) = 48 N d more a layer
-    MeshShape ms = {2, 1, 0, 1, 2, 1, 0, 0};
+    MeshShape ms = {2, 1, 0, 1, 2, 1, 0, 0, 0};
     EXPECT(!mesh_shape_resolve(&ms, &c), "tiny ep2");
     CostBytes be;
     cost_bytes(&be, &c, &ms, N, 0, c.n_layers, 1, 1, 2);

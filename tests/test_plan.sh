@@ -55,6 +55,8 @@ check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --top 12
 check_rows 8 1 --preset small --batch 16 --seq-len 128 --precision bf16 --top 12
 # (the launch commands carry the FP8 options the plan counted: --fp8-save's memory, --fp8-dispatch's bytes)
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --precision fp8-bf16 --fp8-save 1 --fp8-dispatch 1 --top 6
+# (and --vocab-parallel: each TP rank's rows of the tables and columns of the logits)
+check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --vocab-parallel 1 --top 12
 
 # --explain of row 3's words: the row's tokens/s and memory
 "$MOE" plan --gpus 8 --preset small --batch 16 --seq-len 128 >"$TMP/plan.txt"

@@ -80,7 +80,7 @@ static void check_backend(const Backend *be) {
     const char *bad = stages_split(&sp, c.n_layers, 1, 2, "1,3");
     EXPECT(bad == NULL, "split: %s", bad ? bad : "");
     ModelMesh mm = {0};
-    mm.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, &sp, 0};
+    mm.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, &sp, 0, 0};
     Model m;
     model_init(&m, &c, be, B, T, &mm);
     EXPECT(m.nchunks == 2 && m.chunk[0].first && !m.chunk[0].last && m.chunk[1].last, "two chunks");

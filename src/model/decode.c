@@ -7,6 +7,7 @@
 #include "core/common.h"
 #include "model/attention.h"
 #include "model/model_access.h"
+#include "model/vocab.h"
 
 #define F sizeof(float)
 
@@ -57,7 +58,7 @@ void kv_init(KvCache *kc, const Model *m, int W) {
         kc->kraw = be->alloc(W * kvd * F);
         kc->rstdqk = be->alloc(W * (size_t)(m->Hl > m->KVl ? m->Hl : m->KVl) * F);
     }
-    kc->logits = be->alloc((size_t)c->vocab_size * F);
+    kc->logits = be->alloc((size_t)vocab_cols(m, NULL) * F);
 }
 
 void kv_free(KvCache *kc, const Model *m) {
@@ -130,11 +131,8 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
     const ModelConfig *c = &m->c;
     int t0 = kc->len, t1 = kc->len + n, W = kc->W;
     CHECK(n >= 1 && t1 <= W, "model_decode: positions %d..%d beyond the cache's %d", t0, t1 - 1, W);
-    int d = c->d_model, V = c->vocab_size;
-    for (int i = 0; i < n; i++)
-        CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d is outside the vocabulary (%d)", tokens[i], V);
-    be->to_device(m->tokens, tokens, (size_t)n * sizeof(int32_t));
-    be->embedding_fwd(kc->x, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), n, d, V);
+    int d = c->d_model;
+    vocab_embed_fwd(m, kc->x, tokens, n);
     for (int l = 0; l < c->n_layers; l++) {
         // (kc->xn holds the attention norm's output in the hidden format here, the FFN norm's float32 below)
         be->rmsnorm_fwd_hid(kc->xn, kc->rstd, kc->x, model_param(m, m->params, PR_ATTN_NORM, l, -1), n, d,
@@ -157,7 +155,7 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
     float *last = kc->x + (size_t)(n - 1) * d;
     be->rmsnorm_fwd(kc->xn, kc->rstd, last, model_param(m, m->params, PR_FINAL_NORM, -1, -1), 1, d,
                     c->norm_eps);
-    be->matmul_fwd(kc->logits, kc->xn, model_param(m, m->params, PR_LM_HEAD, -1, -1), 1, d, V, 0);
-    be->to_host(out, kc->logits, (size_t)V * F);
+    vocab_head_fwd(m, kc->logits, NULL, NULL, kc->xn, NULL, 1, 0); // (this rank's columns)
+    vocab_row_to_host(m, kc->logits, out);
     kc->len = t1;
 }

@@ -11,6 +11,7 @@
 #include "model/block.h"
 #include "model/model_access.h"
 #include "model/mtp.h"
+#include "model/vocab.h"
 
 #define F sizeof(float)
 
@@ -21,7 +22,7 @@ static double head_forward(Model *m, const int32_t *targets, int N, float dloss)
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     const ModelChunk *ch = &m->chunk[m->cur];
-    int d = c->d_model, V = c->vocab_size, E = c->n_experts;
+    int d = c->d_model, E = c->n_experts;
     if (c->aux_form == AUX_HF) {
         // HF Mixtral: one loss over all layers' tokens, E * sum_i F_i * Pbar_i, F_i = all layers'
         // assignments to i / (L * Ng), Pbar_i = all layers' probability mass on i / (L * Ng);
@@ -38,15 +39,8 @@ static double head_forward(Model *m, const int32_t *targets, int N, float dloss)
     }
     be->rmsnorm_fwd(m->xn_f, m->rstd_f, m->res_final, model_param(m, m->params, PR_FINAL_NORM, -1, -1), N, d,
                     c->norm_eps);
-    be->matmul_fwd(m->logits, m->xn_f, model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, 0);
+    vocab_head_fwd(m, m->logits, m->losses, m->targets, m->xn_f, targets, N, dloss);
     if (!targets) return 0;
-    for (int i = 0; i < N; i++)
-        CHECK(targets[i] >= 0 && targets[i] < V, "target %d at position %d is outside the vocabulary (%d)",
-              targets[i], i, V);
-    be->to_device(m->targets, targets, (size_t)N * sizeof(int32_t));
-    // (dlogits in the hidden format in place: the LM head's backward reads them so, GM_DOUT_HID)
-    if (dloss != 0) be->cross_entropy_fwd_bwd(m->losses, m->logits, m->targets, N, V, dloss);
-    else be->cross_entropy_fwd(m->losses, m->logits, m->targets, N, V);
     float *lh = m->loss_h;
     be->to_host(lh, m->losses, (size_t)N * F);
     double s = 0;
@@ -65,22 +59,17 @@ static void embed_drop(const Model *m, float *x, int N) {
 
 double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, int B, int T, float dloss,
                      uint64_t noise_seed) {
-    const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     const ModelChunk *ch = &m->chunk[m->cur];
     CHECK(B >= 1 && T >= 1 && B * T <= m->maxN && T <= m->maxT, "model_forward: batch %dx%d exceeds %dx%d", B,
           T, m->maxB, m->maxT);
-    int N = B * T, d = c->d_model, V = c->vocab_size, E = c->n_experts, Lm = config_moe_layers(c);
+    int N = B * T, E = c->n_experts, Lm = config_moe_layers(c);
     m->B = m->slots[m->cur][m->cur_slot].B = B;
     m->T = m->slots[m->cur][m->cur_slot].T = T;
     m->slots[m->cur][m->cur_slot].drop_seed =
         m->dropout > 0 || m->embed_dropout > 0 || c->attention_dropout > 0 ? m->drop_seed : 0;
     if (ch->first) {
-        for (int i = 0; i < N; i++)
-            CHECK(tokens[i] >= 0 && tokens[i] < V, "token %d at position %d is outside the vocabulary (%d)",
-                  tokens[i], i, V);
-        be->to_device(m->tokens, tokens, (size_t)N * sizeof(int32_t));
-        be->embedding_fwd(m->la[0].res_in, m->tokens, model_param(m, m->params, PR_EMBED, -1, -1), N, d, V);
+        vocab_embed_fwd(m, m->la[0].res_in, tokens, N); // (m->tokens: this rank's ids, for the backward)
         embed_drop(m, m->la[0].res_in, N);
         m->aux = m->z = 0;
         m->dropped = 0;
@@ -115,16 +104,14 @@ double model_forward(Model *m, const int32_t *tokens, const int32_t *targets, in
 void model_backward(Model *m, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
-    int N = m->B * m->T, d = c->d_model, V = c->vocab_size, L = c->n_layers;
+    int N = m->B * m->T, d = c->d_model, L = c->n_layers;
     float *g = m->grads;
     const ModelChunk *ch = &m->chunk[m->cur];
     if (ch->last) {
         // the MTP modules first (their gradient reaching the final norm's output: dh0), then the LM head and
         // final norm (m->logits holds dlogits in the hidden format: cross_entropy_fwd_bwd)
         const float *dh0 = c->mtp_depth ? mtp_backward(m, aux_scale, z_scale) : NULL;
-        be->matmul_bwd(m->dxn, model_param(m, g, PR_LM_HEAD, -1, -1), m->logits, m->xn_f,
-                       model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V,
-                       model_dw_write(m, -1, DW_FRESH_HEAD) | GM_DOUT_HID);
+        vocab_head_bwd(m, m->dxn, m->logits, m->xn_f, N, model_dw_write(m, -1, DW_FRESH_HEAD));
         if (dh0) be->add(m->dxn, m->dxn, dh0, (size_t)N * d);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, model_param(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
@@ -144,11 +131,10 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
     embed_drop(m, m->dres, N); // the gradient through the forward's mask
     float *ge = model_param(m, g, PR_EMBED, -1, -1);
     if (m->embed_lent) be->zero(ge, m->embed_lent); // (it held layer 0's activations: model_state.c)
-    be->embedding_bwd(ge, m->dres, m->tokens, N, d);
+    vocab_embed_bwd(m, ge, m->dres, N);
     if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, -1);
 }
 
 void model_logits_row(const Model *m, int b, int t, float *out) {
-    size_t V = m->c.vocab_size;
-    m->be->to_host(out, m->logits + ((size_t)b * m->T + t) * V, V * F);
+    vocab_row_to_host(m, m->logits + ((size_t)b * m->T + t) * vocab_cols(m, NULL), out);
 }

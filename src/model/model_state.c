@@ -9,6 +9,7 @@
 #include "core/common.h"
 #include "model/attention.h"
 #include "model/model_access.h"
+#include "model/vocab.h"
 
 #define F sizeof(float)
 
@@ -107,7 +108,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     const ModelChunk *ch = &m->chunk[chunk];
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
-    size_t N = m->maxN, d = c->d_model, V = c->vocab_size;
+    size_t N = m->maxN, d = c->d_model, V = (size_t)vocab_cols(m, NULL); // (this rank's logits' columns)
     s->la = xcalloc(config_all_layers(c), sizeof *s->la);
     MoeComms cm = {m->mesh.tp, m->mesh.ep, m->mesh.etp, m->mesh.stage, m->mesh.epn, m->mesh.epx};
     for (int l = ch->l0; l < model_chunk_end(m, chunk); l++) {
@@ -246,7 +247,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->be = be;
     m->attv = attn_variant(c);
     if (mesh) m->mesh = *mesh;
-    else m->mesh.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, NULL, 0};
+    else m->mesh.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, NULL, 0, 0};
     const ParamSlicing *sl = &m->mesh.sl;
     params_build_local(&m->t, c, sl);
     find_chunks(m);
@@ -274,6 +275,12 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     m->moe_out = m->ms.lean_rows ? m->dxn : be->alloc(N * d * F);
     m->expert_counts = xcalloc(La * c->n_experts, sizeof(int64_t));
     m->loss_h = xmalloc(N * F);
+    m->vocab_ids = xmalloc(N * sizeof(int32_t));
+    if (vocab_split(m) && m->chunk[m->nchunks - 1].last) { // (vocab.h: the parts, or one gathered row)
+        size_t n = (size_t)(comm_size(m->mesh.tp) + 1) * 3 * N * sizeof(double),
+               V = (size_t)c->vocab_size * F;
+        m->vocab_parts = be->alloc(n > V ? n : V);
+    }
     m->hf_fe = xcalloc((size_t)c->n_experts * 2, sizeof(double));
     m->moe_overlap = xmalloc(sizeof(int) * La);
     m->moe_time = xcalloc(La, sizeof(double));
@@ -537,14 +544,16 @@ void model_free(Model *m) {
         free(m->slots[k]);
     }
     m->attv->scratch_free(m);
-    void *bufs[] = {m->params, m->grads,  m->dres, m->moe_out == m->dxn ? NULL : m->moe_out, m->dxn, m->rc.h1,
-                    m->rc.h3,  m->rc.act, m->ddrop};
+    void *bufs[] = {m->params, m->grads,      m->dres,  m->moe_out == m->dxn ? NULL : m->moe_out,
+                    m->dxn,    m->rc.h1,      m->rc.h3, m->rc.act,
+                    m->ddrop,  m->vocab_parts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     moe_scratch_free(&m->ms);
     mtp_scratch_free(m);
     free(m->expert_counts);
     free(m->loss_h);
+    free(m->vocab_ids);
     free(m->budget_h);
     free(m->scope_counts);
     free(m->scope_tokens);

@@ -138,7 +138,8 @@ typedef struct Model {
     MtpActs *mtp; // (mtp_depth) on the last virtual stage
     float *mtp_emb; // (N,d) the embedding output the modules read, from the first virtual stage (pp)
     float *res_final, *xn_f, *rstd_f; // (N,d) (N,d) (N); res_final: the chunk's output
-    float *logits; // (N,V) (on the last stage); after a training forward: dlogits
+    float *logits; // (N,V) (on the last stage; V: this rank's columns, vocab.h); after a training forward:
+                   // dlogits
     float *losses; // (N) per-token cross-entropy
     int32_t *tokens, *targets; // (N)
     // backward scratch
@@ -149,6 +150,11 @@ typedef struct Model {
     AttnScratch attn; // the attention variant's
     float *ddrop; // (2,N,d) the residual branches' masked gradients (allocated at the first dropout)
     float *loss_h; // (maxN) host: the forward's per-token losses, summed
+    // the vocabulary's ends (vocab.h): vocab_ids (maxN, host) a call's ids as this rank's; split over TP,
+    // vocab_parts (device) the cross-entropy's parts (ops.h ce_part: 3 doubles a row), this rank's (N,3) then
+    // every TP rank's (TP,N,3), also the gathered row of vocab_row_to_host (V floats) (NULL where whole)
+    int32_t *vocab_ids;
+    double *vocab_parts;
     int64_t *budget_h; // host: AMPipe's capacity budgets and their counts (allocated at the first use)
     // Dropout (training only): the caller sets dropout (p, kept for the backwards) and drop_seed (a function
     // of the seed, step and micro-batch; 0 = none: no op runs) before a forward; the forward keeps the seed

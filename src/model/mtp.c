@@ -9,6 +9,7 @@
 #include "model/block.h"
 #include "model/model_access.h"
 #include "model/model_state.h"
+#include "model/vocab.h"
 
 #define F sizeof(float)
 
@@ -47,19 +48,16 @@ static const int32_t *row_maps(Model *m, int B, int T) {
 static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, int B, int T, int train,
                           float dloss_k) {
     const Backend *be = m->be;
-    int N = B * T, V = m->c.vocab_size, d = m->c.d_model;
-    be->matmul_fwd(a->logits, a->xn, model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V, 0);
+    int N = B * T, V = vocab_cols(m, NULL); // (this rank's columns)
     int32_t *t = m->mtps.tgt_h;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < T; i++) t[b * T + i] = i + k < T ? targets[b * T + i + k] : 0;
-    be->to_device(a->targets, t, (size_t)N * sizeof(int32_t));
-    if (train) {
-        // (dlogits in the hidden format in place; zeroing a row's float32 bytes zeroes its values too)
-        be->cross_entropy_fwd_bwd(a->losses, a->logits, a->targets, N, V, dloss_k);
+    vocab_head_fwd(m, a->logits, a->losses, a->targets, a->xn, t, N, train ? dloss_k : 0);
+    // (dlogits in the hidden format in place; zeroing a row's float32 bytes zeroes its values too; a weight
+    // of 0: every row's)
+    if (train && dloss_k == 0) be->zero(a->logits, (size_t)N * V * F);
+    else if (train)
         for (int b = 0; b < B; b++) be->zero(a->logits + ((size_t)b * T + T - k) * V, (size_t)k * V * F);
-    } else {
-        be->cross_entropy_fwd(a->losses, a->logits, a->targets, N, V);
-    }
     float *lh = m->loss_h;
     be->to_host(lh, a->losses, (size_t)N * F);
     double s = 0;
@@ -104,7 +102,7 @@ void mtp_forward(Model *m, const float *emb, const int32_t *targets, int B, int 
 const float *mtp_backward(Model *m, float aux_scale, float z_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
-    int B = m->B, T = m->T, N = B * T, d = c->d_model, V = c->vocab_size, D = c->mtp_depth;
+    int B = m->B, T = m->T, N = B * T, d = c->d_model, D = c->mtp_depth;
     MtpScratch *s = &m->mtps;
     const int32_t *idx = row_maps(m, B, T), *uncat = idx + (size_t)D * 2 * N + 2 * N;
     float *g = m->grads, *dh = s->dh;
@@ -114,9 +112,7 @@ const float *mtp_backward(Model *m, float aux_scale, float z_scale) {
         MtpActs *a = &m->mtp[k - 1];
         // the head: the gradient reaching h_k = a->xn (with the next module's, through its hnorm), then its
         // norm
-        be->matmul_bwd(m->dxn, model_param(m, g, PR_LM_HEAD, -1, -1), a->logits, a->xn,
-                       model_param(m, m->params, PR_LM_HEAD, -1, -1), N, d, V,
-                       model_dw_write(m, -1, DW_FRESH_HEAD) | GM_DOUT_HID);
+        vocab_head_bwd(m, m->dxn, a->logits, a->xn, N, model_dw_write(m, -1, DW_FRESH_HEAD));
         if (k < D) be->add(m->dxn, m->dxn, dh, (size_t)N * d);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, model_param(m, g, PR_MTP_NORM, l, -1), m->dxn, a->out,

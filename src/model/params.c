@@ -70,6 +70,14 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl,
                 dim = 0;
             }
             break;
+        case PR_EMBED:
+        case PR_LM_HEAD:
+            if (sl->vocab) {
+                parts = sl->tp;
+                part = sl->tp_rank;
+                dim = 0;
+            }
+            break;
         case PR_W1:
         case PR_W3:
         case PR_W2: {
@@ -94,11 +102,12 @@ static void localize(ParamSpec *s, const ModelConfig *c, const ParamSlicing *sl,
         s->lnumel = 0;
         return;
     }
-    if (parts > 1) {
-        int64_t len = s->shape[dim] / parts;
-        s->lshape[dim] = len;
+    if (parts > 1) { // (the vocabulary's rows in uneven parts where tp does not divide V)
+        int64_t a = params_part_start(s->shape[dim], part, parts),
+                b = params_part_start(s->shape[dim], part + 1, parts);
+        s->lshape[dim] = b - a;
         s->split_dim = dim;
-        s->split_start = part * len;
+        s->split_start = a;
     }
     s->lnumel = (size_t)s->lshape[0] * (size_t)(s->ndim == 2 ? s->lshape[1] : 1);
 }
@@ -111,7 +120,7 @@ static void tally(ParamTable *t) {
 
 // Every tensor of t (a table params_build made for c) sliced by sl (NULL: one process).
 static void localize_all(ParamTable *t, const ModelConfig *c, const ParamSlicing *sl) {
-    ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0};
+    ParamSlicing one = {1, 0, 1, 0, 1, 0, NULL, 0, 0};
     if (!sl) sl = &one;
     const StageSplit *ps = sl->pp_split;
     int *stage = NULL;

@@ -93,12 +93,17 @@ typedef struct {
 
 // The slicing of a mesh, as the table needs it (from parallel/mesh.h's MeshShape/MeshCoord), and
 // the pipeline stage: a rank holds the layers of its virtual stages (pp_split NULL: every layer),
-// the embedding on stage 0, the final norm and the LM head on the last stage.
+// the embedding on stage 0, the final norm and the LM head on the last stage. vocab 1 (--vocab-parallel,
+// model/vocab.h): the embedding's and the LM head's rows split over TP, rank r's [V r / tp, V (r+1) / tp).
 typedef struct {
     int tp, tp_rank, ep, ep_rank, etp, etp_rank;
     const StageSplit *pp_split;
     int pp_rank;
+    int vocab;
 } ParamSlicing;
+// The first of part r's elements when n are split in parts pieces (uneven where parts does not divide n: the
+// vocabulary's rows under ParamSlicing.vocab; every other split divides evenly).
+static inline int64_t params_part_start(int64_t n, int r, int parts) { return n * r / parts; }
 
 // Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm] (latent
 // attention: [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o),

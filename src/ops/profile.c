@@ -137,9 +137,9 @@ static void w_emb_f(float *o, const int32_t *t, const float *tb, int N, int C, i
     in->embedding_fwd(o, t, tb, N, C, V);
     T1(P_EMB);
 }
-static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C) {
+static void w_emb_b(float *d, const float *o, const int32_t *t, int N, int C, int V) {
     T0;
-    in->embedding_bwd(d, o, t, N, C);
+    in->embedding_bwd(d, o, t, N, C, V);
     T1(P_EMB);
 }
 static void w_rms_f(float *o, float *r, const float *i, const float *w, int N, int C, float e) {
@@ -309,6 +309,16 @@ static void w_ce_f(float *l, const float *lg, const int32_t *t, int N, int V) {
     in->cross_entropy_fwd(l, lg, t, N, V);
     T1(P_CE);
 }
+static void w_ce_p(double *p, const float *lg, const int32_t *t, int N, int V) {
+    T0;
+    in->ce_part(p, lg, t, N, V);
+    T1(P_CE);
+}
+static void w_ce_fin(float *l, float *lg, const double *p, const int32_t *t, int N, int V, int n, float d) {
+    T0;
+    in->ce_finish(l, lg, p, t, N, V, n, d);
+    T1(P_CE);
+}
 static void w_mul(float *o, const float *a, const float *b, size_t n) {
     T0;
     in->mul(o, a, b, n);
@@ -418,6 +428,8 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.plan_rows = w_prows;
     pb.cross_entropy_fwd_bwd = w_ce_fb;
     pb.cross_entropy_fwd = w_ce_f;
+    pb.ce_part = inner->ce_part ? w_ce_p : NULL; // (vocab-parallel: the tables that have it)
+    pb.ce_finish = inner->ce_part ? w_ce_fin : NULL;
     pb.mul = w_mul;
     pb.axpy = w_axpy;
     pb.add = w_add;

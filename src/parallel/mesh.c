@@ -170,7 +170,9 @@ void mesh_print(const MeshShape *s, FILE *f) {
         fprintf(f, "\n");
         free(seen);
     }
-    const char *what[G_N] = {"attention heads split; activations all-reduced",
+    const char *what[G_N] = {s->vocab ? "attention heads and the vocabulary (--vocab-parallel) split; "
+                                        "activations all-reduced"
+                                      : "attention heads split; activations all-reduced",
                              "dense gradients all-reduced (each DP rank reads its share of the batch)",
                              "pipeline stages",
                              "experts split: tokens exchanged by all-to-all",

@@ -11,6 +11,8 @@
 typedef struct {
     int world, tp, dp, pp, ep, etp, edp;
     int hier; // > 1: the EP all-to-all is two-level over nodes of `hier` EP ranks (groups epn, epx)
+    int vocab; // 1: the embedding and the LM head split over TP by vocabulary rows (--vocab-parallel:
+               // model/vocab.h; params.h ParamSlicing.vocab)
 } MeshShape;
 
 typedef struct {

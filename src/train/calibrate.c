@@ -319,7 +319,7 @@ static double link_seconds(const Backend *be, const Comm *w, CalOp f, void *ctx)
 static void link_rates(const Backend *be, const Placement *pl, const ModelConfig *c, int N, Comm *world,
                        double *a2a, double *ar) {
     int g = comm_size(world);
-    MeshShape ms = {g, 1, 0, 1, 1, 1, 0, 0};
+    MeshShape ms = {g, 1, 0, 1, 1, 1, 0, 0, 0};
     Mesh mesh;
     CHECK(!mesh_shape_resolve(&ms, NULL), "calibrate: a mesh of %d ranks", g);
     mesh_init(&mesh, &ms, world);

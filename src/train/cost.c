@@ -135,8 +135,8 @@ static double al256(double bytes) { return ceil(bytes / 256) * 256; }
 // a layer's q/k/v, o and router forward, the head's forward and backward (its input), then a layer's router,
 // o and q/k/v backward (the largest output gradient, the widened input). (cuBLAS's fallback for the grouped
 // GEMMs, off the Hopper kernel, adds float32 rows: not counted.)
-static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double Ns, int head) {
-    double d = c->d_model, E = c->n_experts, V = c->vocab_size, lim = MOE_GEMM_FP32_MAX_O;
+static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double Ns, int head, double V) {
+    double d = c->d_model, E = c->n_experts, lim = MOE_GEMM_FP32_MAX_O; // (V: the head's columns here)
     double qd = (double)att_qd(c, tp), kvd = (double)att_kvd(c, tp);
     double wide_qkv = qd <= lim || kvd <= lim ? al256(4 * N * d) : 0,
            wide_o = d <= lim ? al256(4 * N * qd) : 0;
@@ -228,7 +228,7 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
                                                        : 0) + // (the copy)
         (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
     k->shadow = 2.0 * np;
-    k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head);
+    k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head, acts_vocab(c, ms));
     k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
     k->scratch = k->gemm + k->workspace;
     int fp8 = prec_fp8(o->precision);
@@ -252,7 +252,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     // in their float32 buffer, holding bf16 values)
     w->state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T;
-    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o) + acts_head(c, N) +
+    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o) + acts_head(c, NULL, N) +
         acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) + acts_mtp(c, NULL, (size_t)B, (size_t)T);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
@@ -270,8 +270,9 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     const ParamTable *lt = ct->t;
     int T = o->seq_len, Bl = m->Bl;
     double mom = moment_elems(lt, ms, o);
-    double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o) + acts_head(c, (size_t)Bl * T) +
-        acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) + acts_mtp(c, ms, (size_t)Bl, (size_t)T);
+    double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o) +
+        acts_head(c, ms, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) +
+        acts_mtp(c, ms, (size_t)Bl, (size_t)T);
     double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
@@ -305,7 +306,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
         head |= v == ms->pp * m->vpp - 1;
         acts += live *
             (acts_layers(c, ms, Bl, T, first[v], first[v + 1], NULL) +
-             (v == ms->pp * m->vpp - 1 ? acts_head(c, Bl * o->seq_len) + acts_mtp(c, ms, Bl, T) : 0));
+             (v == ms->pp * m->vpp - 1 ? acts_head(c, ms, Bl * o->seq_len) + acts_mtp(c, ms, Bl, T) : 0));
     }
     if (irc > 1) acts -= (irc - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
     if (o->fp8_save) acts += acts_fp8_change(c, ms, Bl, T, ir);
@@ -339,12 +340,17 @@ static void stage_comm(CostComm *cm, const ModelConfig *c, const TrainOptions *o
     }
     double ar = 2 * (tp - 1) / tp, ag = (tp - 1) / tp; // all-reduce, all-gather over TP: parts of the bytes
     double tpl = 2 * (ar + ag) * N * d * 4 + (c->qk_norm == QK_NORM_FULL ? 2 * ar * 2 * N * 8 : 0);
+    // --vocab-parallel (model/vocab.h): the embedding's rows summed (first stage); each head's input gradient
+    // summed and its cross-entropy's parts gathered (2 floats a row; the last stage: the MTP modules' too)
+    int first = s == 0, last = s == ms->pp - 1;
+    double heads = last ? 1.0 + c->mtp_depth : 0,
+           voc = ms->vocab ? (first * ar * N * d * 4 + heads * (ar * N * d * 4 + ag * 3 * N * 8 * tp)) : 0;
     // x (--fp8-dispatch: packed FP8 rows), dy in hb, the outputs and dx float32
     double xr = o->fp8_dispatch ? (double)fp8_row_bytes(c->d_model) : d * hb;
     double epl = (ep - 1) / ep * M * (xr + d * (hb + 8));
     double etpl = o->expert_mode == 1 ? 2 * (etp - 1) / etp * 3 * (c->n_experts / ms->ep) * c->d_ff * d * 4
                                       : 2 * (etp - 1) * M * d * (hb + 4);
-    cm->tp = mb * layers * tpl;
+    cm->tp = mb * (layers * tpl + voc);
     cm->ep = mb * moe * epl;
     cm->ep_back = mb * moe * 2 * (ep - 1) / ep * M * d * 4;
     cm->etp = mb * moe * etpl;
@@ -426,7 +432,7 @@ const char *cost_mesh_tables(CostMesh *m, const ModelConfig *c, const TrainOptio
     if (!pipe) m->own_live = own.live; // (the rest of own is copied above)
     for (int s = 0; s < ms->pp; s++) {
         CostStage *st = &m->stage[s];
-        ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s};
+        ParamSlicing sl = {ms->tp, 0, ms->ep, 0, ms->etp, 0, ms->pp > 1 ? &m->sp : NULL, s, ms->vocab};
         ParamTable own_t;
         CostTable oct;
         if (!lts) {

@@ -175,14 +175,24 @@ double acts_lean(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, 
     double expert = 4.0 * Re * d + (fp8 ? 0 : 2.0 * 2 * Re * fl);
     return rows ? expert : expert + 4.0 * N * d * (tp == 1) + 4.0 * N * d + (fp8 ? 0 : 2.0 * N * 2 * fs);
 }
-// The activations of the final norm and LM head.
-double acts_head(const ModelConfig *c, size_t N) { return 4.0 * N * (2.0 * c->d_model + c->vocab_size); }
+// The logits' columns of the TP rank with the most: V, or split (MeshShape.vocab: model/vocab.h) ceil(V /
+// tp).
+double acts_vocab(const ModelConfig *c, const MeshShape *ms) {
+    int tp = ms && ms->vocab ? ms->tp : 1;
+    return (double)((c->vocab_size + tp - 1) / tp);
+}
+// The activations of the final norm and LM head (split: and the cross-entropy's parts, model.h vocab_parts).
+double acts_head(const ModelConfig *c, const MeshShape *ms, size_t N) {
+    double tp = ms && ms->vocab ? ms->tp : 0;
+    return 4.0 * N * (2.0 * c->d_model + acts_vocab(c, ms)) +
+        (tp ? fmax(8.0 * (tp + 1) * 3 * N, 4.0 * c->vocab_size) : 0);
+}
 // The MTP modules' activations (model_types.h MtpActs and their blocks' LayerActs, on the last stage) and
 // their model-wide scratch (MtpScratch: split, dcat, dh, demb); 0 without modules.
 double acts_mtp(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
     size_t N = B * T, d = c->d_model;
     if (!c->mtp_depth) return 0;
-    return c->mtp_depth * (acts_layer(c, ms, B, T, 0) + 4.0 * N * (5 * d + c->vocab_size + 5)) +
+    return c->mtp_depth * (acts_layer(c, ms, B, T, 0) + 4.0 * N * (5 * d + acts_vocab(c, ms) + 5)) +
         4.0 * N * 6 * d;
 }
 // The bytes a backend with bf16 rows (ops.h Backend.hid FMT_BF16) saves in one layer that keeps its
@@ -217,8 +227,8 @@ double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *
         if (l) lent += fmin(la, g);
         else la0 = la;
     }
-    double emb = hid && !moe_act_mem_old() ? fmin(la0, 4.0 * c->vocab_size * c->d_model) : 0;
-    return lent + fmin(acts_head(c, B * T), g) + emb;
+    double emb = hid && !moe_act_mem_old() ? fmin(la0, 4.0 * acts_vocab(c, ms) * c->d_model) : 0;
+    return lent + fmin(acts_head(c, ms, B * T), g) + emb;
 }
 // The expert gradients' bytes a backend with holes leaves out (ops.h alloc_holes; model_share_grads): where
 // they are packed, half of each block whose lent activations (acts_lent's) fit in that half.
@@ -227,5 +237,5 @@ double acts_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t 
     double h = 6.0 * c->n_experts * c->d_ff * c->d_model, holes = 0; // (a block's packed half: 2 bytes each)
     for (int l = 1; l < c->n_layers; l++) // (layer l's activations in layer l - 1's block)
         holes += acts_lendable(c, NULL, o, B, T, l, hid) <= h ? h : 0;
-    return holes + (acts_head(c, B * T) <= h ? h : 0);
+    return holes + (acts_head(c, NULL, B * T) <= h ? h : 0);
 }

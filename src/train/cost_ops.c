@@ -7,6 +7,7 @@
 // Must not hold: rates or seconds (the planner's: plan.c), printing.
 #include <string.h>
 #include "train/cost.h"
+#include "train/cost_acts.h"
 #include "core/common.h"
 
 // One layer's bytes on one micro-batch (b accumulates): N rows of the residual stream (replicated over TP),
@@ -67,7 +68,7 @@ static void layer_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms,
 void cost_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms, double N, int l0, int l1, int first,
                 int last, double h) {
     memset(b, 0, sizeof *b);
-    double d = c->d_model, V = c->vocab_size, f = 4;
+    double d = c->d_model, V = acts_vocab(c, ms), f = 4; // (V: this rank's columns of the logits)
     for (int l = l0; l < l1; l++) layer_bytes(b, c, ms, N, config_layer_dense(c, l), h);
     if (first) { // model.c: embedding_fwd reads N table rows and writes res_in; embedding_bwd reads dres and
                  // reads and writes the N table rows it adds into (cuda_nn.cu embedding_bwd_k)

@@ -11,7 +11,7 @@ void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_b
     d->overlap = overlap;
     d->bucket_elems = bucket_bytes / sizeof(float);
     if (d->bucket_elems < 1024) d->bucket_elems = 1024;
-    d->mm.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, NULL, 0};
+    d->mm.sl = (ParamSlicing){1, 0, 1, 0, 1, 0, NULL, 0, 0};
     if (!mesh) return;
     d->mm.tp = mesh->tp;
     d->mm.dp = mesh->dp;
@@ -21,8 +21,8 @@ void dist_init(Dist *d, const Mesh *mesh, int zero, int overlap, size_t bucket_b
     d->mm.stage = mesh->stage;
     d->mm.epn = mesh->epn;
     d->mm.epx = mesh->epx;
-    d->mm.sl = (ParamSlicing){mesh->s.tp,  mesh->me.tp,  mesh->s.ep, mesh->me.ep,
-                              mesh->s.etp, mesh->me.etp, NULL,       mesh->me.pp};
+    d->mm.sl = (ParamSlicing){mesh->s.tp,   mesh->me.tp, mesh->s.ep,  mesh->me.ep,  mesh->s.etp,
+                              mesh->me.etp, NULL,        mesh->me.pp, mesh->s.vocab};
 }
 
 static const Comm *group_of(const Dist *d, ReduceGroup g) {

@@ -260,8 +260,7 @@ void info_print(const ModelConfig *c, const TrainOptions *o, int world) {
     if (world <= 0 && ranks > 1 << 30)
         DIE("impossible mesh: tp %d x ep %d x etp %d x pp %d = %lld ranks", o->tp, o->ep, o->etp, o->pp,
             ranks);
-    MeshShape ms = {world > 0 ? world : (int)ranks,   o->tp, 0, o->pp, o->ep, o->etp, 0,
-                    o->a2a_hier > 1 ? o->a2a_hier : 0};
+    MeshShape ms = train_mesh_shape(o, world > 0 ? world : (int)ranks);
     bad = mesh_shape_resolve(&ms, c);
     if (bad) DIE("impossible mesh: %s", bad);
     mesh_print(&ms, stdout);

@@ -118,6 +118,11 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->recompute_layers && !o->recompute)
         BAD("--recompute-layers %d without --recompute attn|moe|full (nothing to recompute)",
             o->recompute_layers);
+    if (o->vocab_parallel != 0 && o->vocab_parallel != 1)
+        BAD("--vocab-parallel must be 0 or 1 (got %d)", o->vocab_parallel);
+    if (o->vocab_parallel && o->tp > c->vocab_size)
+        BAD("--vocab-parallel with --tp %d: a vocabulary of %d rows leaves a TP rank none", o->tp,
+            c->vocab_size);
     if (!(o->weight_decay >= 0 && isfinite(o->weight_decay)))
         BAD("--weight-decay must be >= 0 and finite (got %g)", o->weight_decay);
     if (!(o->beta1 >= 0 && o->beta1 < 1)) BAD("--beta1 must be in [0, 1) (got %g)", o->beta1);

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include "core/config.h"
 #include "ops/ops.h"
+#include "parallel/mesh.h"
 #include "train/schedule.h"
 
 typedef struct {
@@ -62,6 +63,7 @@ typedef struct {
                       // dispatch on, moved packed (moe.h m->fp8_dispatch)
     int fp8_save; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' SwiGLU inputs kept as FP8 rows, act
                   // computed again in the backward (model_state.h model_set_fp8_save)
+    int vocab_parallel; // 1: under TP the embedding and LM head split by vocabulary rows (model/vocab.h)
     int fp8_amax_jump; // PREC_FP8 / PREC_FP8_BF16: a (layer, tensor)'s amax this many powers of two above
                        // every earlier step's is reported (train/fp8_watch.h); 0: not checked
     int gpu_comm; // GPUCOMM_*: the device transport of GPU ranks (train/placement.c)
@@ -107,6 +109,13 @@ static inline int train_expert_grads(const TrainOptions *o, int meshed) {
 static inline int train_dw_ledger(const TrainOptions *o, int meshed, int edp) {
     return edp == 1 && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero &&
         train_expert_grads(o, meshed) != OPTG_BF16;
+}
+
+// The mesh the options ask for on world ranks (dp and edp unresolved: parallel/mesh.h mesh_shape_resolve).
+static inline MeshShape train_mesh_shape(const TrainOptions *o, int world) {
+    MeshShape ms = {world, o->tp, 0, o->pp, o->ep, o->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0, 0};
+    ms.vocab = o->vocab_parallel && o->tp > 1;
+    return ms;
 }
 
 // Learning rate at step (0-based): linear warmup to lr, then cosine to lr * min_lr_frac.

@@ -80,7 +80,8 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp, D = last ? c->mtp_depth : 0,
            d = c->d_model, mlp = 2 * 3 * d * c->dense_d_ff;
     double grouped = tok * (moe + D) * f.experts / tp, attn = tok * (layers + D) * f.attn_scores / tp;
-    double head = sp->head_tp ? f.head / tp : f.head; // (ours whole on every TP rank; Megatron's split)
+    // (ours whole on every TP rank, or split with --vocab-parallel; Megatron's split)
+    double head = sp->head_tp || m->ms.vocab ? f.head / tp : f.head;
     double dense = tok * (layers * (f.attn_proj + f.router) / tp + (last ? head : 0));
     // (each 0 without dense layers and MTP modules)
     dense += tok *
@@ -101,7 +102,9 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     CostBytes b;
     cost_bytes(&b, c, &m->ms, (double)m->Bl * t->seq_len, m->sp.first[v], m->sp.first[v + 1], v == 0, last,
                2);
-    double bw = hw->hbm_gbps * 1e9 * PLAN_MEMOPS_HBM, ce = sp->head_tp ? b.ce * (1 - 1 / tp) : 0;
+    // (cost_bytes counts a split head's columns already)
+    double bw = hw->hbm_gbps * 1e9 * PLAN_MEMOPS_HBM,
+           ce = sp->head_tp && !m->ms.vocab ? b.ce * (1 - 1 / tp) : 0;
     pt->mem = m->micro * (b.total - ce) / bw; // (a vocab-parallel loss: the logits' columns / TP a rank)
     pt->fwd += m->micro * (b.fwd - ce) / bw;
     pt->all = pt->grouped + dense / dr + attn / ar + pt->mem;
@@ -321,13 +324,20 @@ static void stage_hidden(double *hid, const double *cs, const StageWork *w, cons
     }
 }
 
+// Layout l's mesh on gpus GPUs (dp and edp unresolved).
+static MeshShape plan_shape(const TrainOptions *o, int gpus, const PlanLayout *l) {
+    MeshShape ms = {gpus, l->tp, 0, l->pp, l->ep, l->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0, 0};
+    ms.vocab = o->vocab_parallel && l->tp > 1;
+    return ms;
+}
+
 // The refusals before the cost model: the mesh, the layers' split, the batch, the schedule (known good where
 // sched: its pipeline was made).
 static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const TrainOptions *o,
                                 const PlanSpec *sp, const PlanLayout *l, const char *split, int sched,
                                 int *reason) {
     static char msg[320];
-    *ms = (MeshShape){sp->gpus, l->tp, 0, l->pp, l->ep, l->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
+    *ms = plan_shape(o, sp->gpus, l);
     const char *bad = mesh_shape_resolve(ms, c);
     *reason = PLAN_R_MESH;
     if (bad) return snprintf(msg, sizeof msg, "mesh: %s", bad), msg;
@@ -373,7 +383,7 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
 // (NULL: built here from m's mesh and split).
 static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, const CostTable *lts) {
     if (lts) return megatron_state(lts[s].t, &m->ms);
-    ParamSlicing sl = {m->ms.tp, 0, m->ms.ep, 0, m->ms.etp, 0, m->ms.pp > 1 ? &m->sp : NULL, s};
+    ParamSlicing sl = {m->ms.tp, 0, m->ms.ep, 0, m->ms.etp, 0, m->ms.pp > 1 ? &m->sp : NULL, s, 0};
     ParamTable t;
     params_build_local(&t, c, &sl);
     double b = megatron_state(&t, &m->ms);
@@ -593,7 +603,7 @@ static int enumerate_mesh(PlanResult *r, const ModelConfig *c, const TrainOption
             pt->nstage = l.pp;
         }
         for (int s = 0; s < l.pp; s++) {
-            ParamSlicing sl = {l.tp, 0, l.ep, 0, l.etp, 0, l.pp > 1 ? &split : NULL, s};
+            ParamSlicing sl = {l.tp, 0, l.ep, 0, l.etp, 0, l.pp > 1 ? &split : NULL, s, ms->vocab};
             params_localize(&pt->stage[s], &pt->full, c, &sl);
             cost_table_of(&pt->ct[s], c, &pt->stage[s], prec_fp8(o->precision) ? 1 + (o->fp8_dense != 0) : 0);
         }
@@ -628,7 +638,7 @@ static void enumerate_in(PlanResult *r, const ModelConfig *c, const TrainOptions
                 int netp = divisors(stage / eps[e], etps);
                 for (int f = 0; f < netp && !hit; f++) {
                     PlanLayout l = {tps[a], eps[e], etps[f], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1, 0};
-                    MeshShape ms = {G, l.tp, 0, l.pp, l.ep, l.etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
+                    MeshShape ms = plan_shape(o, G, &l);
                     if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
                     else if (!stop_at_fit || state_floor(wdense, wexp, wb, &l, G) <= sp->hw.mem_bytes)
                         hit = enumerate_mesh(r, c, o, sp, l, &ms, pt, stop_at_fit);

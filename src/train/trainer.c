@@ -78,7 +78,7 @@ static void fmt_eta(char *buf, size_t n, double s) {
 // The mesh and the pipeline's stage split for this config, or DIE naming the numbers (before any
 // allocation or file is touched).
 static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int world, StageSplit *split) {
-    MeshShape ms = {world, o->tp, 0, o->pp, o->ep, o->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0};
+    MeshShape ms = train_mesh_shape(o, world);
     const char *bad = mesh_shape_resolve(&ms, c);
     if (bad) DIE("impossible mesh: %s", bad);
     if (o->batch % ((int64_t)o->grad_accum * ms.dp)) // (64 bits: the product can pass INT_MAX)

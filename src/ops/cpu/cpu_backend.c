@@ -240,6 +240,8 @@ const Backend *backend_cpu(void) {
         .router_bwd = cpu_router_bwd,
         .cross_entropy_fwd_bwd = cpu_cross_entropy_fwd_bwd,
         .cross_entropy_fwd = cpu_cross_entropy_fwd,
+        .ce_part = cpu_ce_part,
+        .ce_finish = cpu_ce_finish,
         .mul = cpu_mul,
         .axpy = cpu_axpy,
         .add = cpu_add,

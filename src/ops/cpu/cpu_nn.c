@@ -23,14 +23,18 @@ void *cpu_scratch(size_t bytes) {
     return p;
 }
 
+// (an id outside [0, V): another TP rank's row of a vocab-parallel table, ops.h)
 void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V) {
-    (void)V;
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) memcpy(out + (size_t)i * C, table + (size_t)tokens[i] * C, sizeof(float) * C);
+    for (int i = 0; i < N; i++)
+        if (tokens[i] >= 0 && tokens[i] < V)
+            memcpy(out + (size_t)i * C, table + (size_t)tokens[i] * C, sizeof(float) * C);
+        else memset(out + (size_t)i * C, 0, sizeof(float) * C);
 }
 
-void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C) {
+void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C, int V) {
     for (int i = 0; i < N; i++) { // serial: rows of the same token must add in order
+        if (tokens[i] < 0 || tokens[i] >= V) continue;
         float *d = dtable + (size_t)tokens[i] * C;
         const float *g = dout + (size_t)i * C;
         for (int c = 0; c < C; c++) d[c] += g[c];
@@ -423,6 +427,45 @@ void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targ
         losses[i] = l - x[targets[i]];
         for (int j = 0; j < V; j++) x[j] = expf(x[j] - l) * dloss;
         x[targets[i]] -= dloss;
+    }
+}
+
+// (row_lse's sums: its largest value and its double sum of exponentials, each row's)
+void cpu_ce_part(double *part, const float *logits, const int32_t *targets, int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++)
+            if (x[j] > mx) mx = x[j];
+        double s = 0;
+        for (int j = 0; j < V; j++) s += exp((double)x[j] - mx);
+        double *p = part + 3 * (size_t)i;
+        p[0] = mx;
+        p[1] = s;
+        p[2] = targets[i] >= 0 && targets[i] < V ? x[targets[i]] : 0;
+    }
+}
+
+// (one part: row_lse's bits, mx + (float)log(s); the target's logit a float, the others' zeros)
+void cpu_ce_finish(float *losses, float *logits, const double *parts, const int32_t *targets, int N, int V,
+                   int n, float dloss) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        double M = -INFINITY, s = 0, tl = 0;
+        for (int r = 0; r < n; r++)
+            if (parts[((size_t)r * N + i) * 3] > M) M = parts[((size_t)r * N + i) * 3];
+        for (int r = 0; r < n; r++) {
+            const double *p = parts + ((size_t)r * N + i) * 3;
+            s += p[1] * exp(p[0] - M); // (exp(0) = 1: the largest part's s as it is)
+            tl += p[2];
+        }
+        float l = (float)M + (float)log(s);
+        losses[i] = l - (float)tl;
+        if (dloss == 0) continue;
+        float *x = logits + (size_t)i * V;
+        for (int j = 0; j < V; j++) x[j] = expf(x[j] - l) * dloss;
+        if (targets[i] >= 0 && targets[i] < V) x[targets[i]] -= dloss;
     }
 }
 

@@ -16,7 +16,7 @@ void cpu_matmul_fwd(float *out, const float *inp, const float *w, int N, int K, 
 void cpu_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N, int K,
                     int O, int flags);
 void cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V);
-void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
+void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C, int V);
 void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps);
 void cpu_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                      const float *rstd, int N, int C);
@@ -68,6 +68,9 @@ void cpu_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row
 void cpu_cross_entropy_fwd_bwd(float *losses, float *logits, const int32_t *targets, int N, int V,
                                float dloss);
 void cpu_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
+void cpu_ce_part(double *part, const float *logits, const int32_t *targets, int N, int V);
+void cpu_ce_finish(float *losses, float *logits, const double *parts, const int32_t *targets, int N, int V,
+                   int n, float dloss);
 void cpu_mul(float *out, const float *a, const float *b, size_t n);
 void cpu_sigmoid_fwd(float *out, const float *inp, size_t n);
 void cpu_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);
