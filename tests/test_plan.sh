@@ -55,8 +55,19 @@ check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --top 12
 check_rows 8 1 --preset small --batch 16 --seq-len 128 --precision bf16 --top 12
 # (the launch commands carry the FP8 options the plan counted: --fp8-save's memory, --fp8-dispatch's bytes)
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --precision fp8-bf16 --fp8-save 1 --fp8-dispatch 1 --top 6
-# (and --vocab-parallel: each TP rank's rows of the tables and columns of the logits)
-check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --vocab-parallel 1 --top 12
+# --vocab-parallel on a TP layout (this ranking's top rows are tp1): --explain's memory is what moe info prints
+# for the launch command it gives, which carries the option, and lower than without it
+ex() { "$MOE" plan --gpus 8 --preset peers-ref --batch 32 --seq-len 2048 --explain "tp2 ep4" "$@"; }
+ex_mem() { sed -n -E "s/^memory per GPU: ([0-9.]+ [KMGT]?i?B) \(moe info.*/\1/p"; }
+ex --vocab-parallel 1 > "$TMP/ex1.txt"; ex > "$TMP/ex0.txt"
+args=$(grep "build/moe train" "$TMP/ex1.txt" | sed 's/.* build\/moe train//; s/ --device cuda//')
+# shellcheck disable=SC2086
+got=$("$MOE" info --world 8 $args | info_mem)
+m1=$(ex_mem < "$TMP/ex1.txt") m0=$(ex_mem < "$TMP/ex0.txt")
+check "--explain tp2 ep4 --vocab-parallel 1: its command carries the option" grep -q -- "--vocab-parallel 1" <<< "$args"
+check "--explain tp2 ep4 --vocab-parallel 1: memory $m1 as moe info prints it for its command ($got)" test "$m1" = "$got"
+check "--explain tp2 ep4: memory lower with --vocab-parallel 1 ($m0 -> $m1)" \
+  awk -v a="${m1% *}" -v b="${m0% *}" 'BEGIN { exit !(a + 0 > 0 && a + 0 < b + 0) }'
 
 # --explain of row 3's words: the row's tokens/s and memory
 "$MOE" plan --gpus 8 --preset small --batch 16 --seq-len 128 >"$TMP/plan.txt"

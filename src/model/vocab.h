@@ -3,9 +3,10 @@
 // parallel 1, params.h ParamSlicing.vocab; rank r of TP holds rows [V r / TP, V (r+1) / TP) of both tables
 // and those columns of the logits). Split: the embedding's rows are each rank's own ids' (others zero),
 // summed over TP (one rank's row and zeros: the same bits); its backward adds into the rank's own rows only;
-// each row's loss combines the ranks' logsumexps (ops.h ce_part / ce_finish: one all-gather of 2 floats a
-// row); the head's input gradient is summed over TP. Both ways the rows of x and of the result are the same
-// on every TP rank. Must not hold: the final norm, the MTP modules' shifts (model.c, mtp.c).
+// each row's loss combines the ranks' maxima and sums of exponentials (ops.h ce_part / ce_finish: one
+// all-gather of 3 doubles a row); the head's input gradient is summed over TP. Both ways the rows of x and of
+// the result are the same on every TP rank. Must not hold: the final norm, the MTP modules' shifts (model.c,
+// mtp.c).
 #pragma once
 #include <stdint.h>
 #include "model/model_types.h"
