@@ -7,7 +7,8 @@
 # MPI under the same sanitizers (build-asan-mpi/, no leak check: MPI's own allocations) trains a few steps
 # on the layouts whose buffers are shared between MoE states or move between a state's start and its
 # GEMMs (AMPipe with expert parallelism, --recompute, the pipelined exchange, pipeline stages, the
-# gathered expert mode): a memory error there fails the script (one, tp2+ep2 --ampipe 2 --recompute moe,
+# gathered expert mode; the vocabulary split over TP: with stages, an MTP module, evaluation and the sample's
+# gathered rows, and unevenly under AMPipe): a memory error there fails the script (one, tp2+ep2 --ampipe 2 --recompute moe,
 # was a use after free until 2026-12-02; ep2 --ampipe auto --a2a-overlap auto, its 12 candidates
 # through a list of 8, a stack overflow until issue 42).
 set -euo pipefail
@@ -38,4 +39,6 @@ done <<'EOF_L'
 4|--ep 2 --etp 2 --expert-mode gathered --zero 2
 4|--pp 2 --ep 2 --zero 2 --a2a-overlap 2 --grad-accum 4 --gpu-comm staged
 2|--ep 2 --ampipe auto --a2a-overlap auto --steps 36
+4|--tp 2 --pp 2 --vocab-parallel 1 --mtp 1 --grad-accum 2
+2|--tp 2 --vocab-parallel 1 --vocab-size 125 --ampipe 2
 EOF_L
