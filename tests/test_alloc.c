@@ -3,7 +3,7 @@
 // one process, with MoE configs that run the dispatch dropless and with capacity drops, gradient
 // accumulation over 2 micro-batches, the router jitter, the (gated) shared expert, the aux-loss scopes,
 // recomputation, AMPipe chunks, the aux-free balance (its routing bias updated after each step), MTP and
-// --fp8-save's FP8 rows (on the FP8 table, with AMPipe). The
+// --fp8-save's FP8 rows (on the FP8 table, with AMPipe), the LM heads in row chunks (--loss-chunks). The
 // mesh cases (EP 2: the exchange's plans; ZeRO, which one process does not run) are mpi_alloc.c's
 // (test_alloc_mesh.sh). The cpu backend, or MOE_TEST_BACKEND=cuda / cuda-fp32 (skips, exit 77, without
 // a GPU).
@@ -95,6 +95,12 @@ int main(void) {
     c.balance = BALANCE_AUX_FREE;
     o.recompute = RECOMPUTE_MOE;
     check("2 MTP modules, aux-free, recompute moe", c, &o, be, world);
+
+    small_run(&c, &o); // the LM heads over 3 chunks of the rows (and an MTP module's)
+    c.mtp_depth = 1;
+    o.loss_chunks = 3;
+    check("loss chunks 3, an MTP module", c, &o, be, world);
+    o.loss_chunks = 1;
 
     const Backend *fp8 = backend_fp8(be); // (--fp8-save: where the FP8 table keeps FP8 rows; cpu so far)
     if (fp8->fp8_save) {

@@ -230,6 +230,58 @@ static void check_config(const char *label, ModelConfig c, int B, int T, uint64_
     model_free(&mg);
 }
 
+// --loss-chunks 3 (model_state.h model_set_loss_chunks: each chunk's head backward taken in its forward, a
+// chunk's logits at a time; 80 rows in chunks of 27, the last 26) against 1 on the same GPU backend, with an
+// MTP module (its head chunked, its rows without a target zeroed per chunk): the training loss and MTP loss
+// within LOSS_RTOL (each row's products the same; cuBLAS may take other kernels for other row counts), every
+// gradient within the pair's bands (the head's weight gradient sums its rows chunk by chunk).
+static void check_loss_chunks(ModelConfig c, int B, int T, const Backend *gpu, int bf) {
+    c.mtp_depth = 1;
+    Model a, b;
+    model_init(&a, &c, gpu, B, T, NULL);
+    model_init(&b, &c, gpu, B, T, NULL);
+    model_set_loss_chunks(&b, 3);
+    size_t P = a.t.ltotal, N = (size_t)B * T;
+    float *h = xmalloc(P * sizeof(float)), *ga = xmalloc(P * sizeof(float)), *gb = xmalloc(P * sizeof(float));
+    params_init(&a.t, &c, h, 7);
+    gpu->to_device(a.params, h, P * sizeof(float));
+    gpu->to_device(b.params, h, P * sizeof(float));
+    Rng r;
+    rng_seed(&r, 5);
+    int32_t *x = xmalloc(N * sizeof(int32_t)), *y = xmalloc(N * sizeof(int32_t));
+    for (size_t i = 0; i < N; i++) {
+        x[i] = rng_below(&r, c.vocab_size);
+        y[i] = rng_below(&r, c.vocab_size);
+    }
+    double l[2], mtp[2];
+    Model *ms[2] = {&a, &b};
+    for (int k = 0; k < 2; k++) {
+        gpu->zero(ms[k]->grads, P * sizeof(float));
+        l[k] = model_forward(ms[k], x, y, B, T, 1.0f / N, 0);
+        mtp[k] = ms[k]->mtp_loss;
+        model_backward(ms[k], 0.3f, 0.05f);
+        gpu->to_host(k ? gb : ga, ms[k]->grads, P * sizeof(float));
+    }
+    EXPECT(fabs(l[1] - l[0]) <= LOSS_RTOL * fabs(l[0]) && fabs(mtp[1] - mtp[0]) <= LOSS_RTOL * fabs(mtp[0]),
+           "[%s --loss-chunks 3] loss %.9g mtp %.9g against --loss-chunks 1's %.9g %.9g", gpu->name, l[1],
+           mtp[1], l[0], mtp[0]);
+    double rt = bf ? MODEL_RTOL_BF16 : MODEL_RTOL, nb = bf ? MODEL_NORM_BF16 : MODEL_RTOL;
+    for (int i = 0; i < a.t.n; i++) {
+        const ParamSpec *s = &a.t.p[i];
+        GpuErr e = gpu_err(gb + s->loffset, ga + s->loffset, s->lnumel, rt);
+        EXPECT(e.norm <= nb && e.bad == 0,
+               "[%s --loss-chunks 3] grad %s: norm-wise %.3e, %zu elements out of %.0e", gpu->name, s->name,
+               e.norm, e.bad, rt);
+    }
+    model_free(&a);
+    model_free(&b);
+    free(h);
+    free(ga);
+    free(gb);
+    free(x);
+    free(y);
+}
+
 int main(void) {
     if (!backend_cuda_available())
         TEST_SKIP("no CUDA GPU (or a build without CUDA): backend_cuda_available() = 0");
@@ -353,6 +405,7 @@ int main(void) {
         // 9, against 1.4e-2..5.0e-2 and at most one layer for c alone (seeds 7..10): a failure here on a
         // kernel change that moves roundings is to be read with that in mind)
         check_config("mtp 2 modules, weight 0.5", m1, 2, 40, 0, gpu, ref, f32);
+        check_loss_chunks(c, 2, 40, gpu, bf);
         printf("%s vs %s: worst relative difference over all configs %.2e (tolerance %.0e)\n", gpu->name,
                ref->name, worst_all, bf ? MODEL_RTOL_BF16 : MODEL_RTOL);
     }

@@ -5,7 +5,8 @@
 # memory lent to the activations, --grad-memory shared). Measured per rank (OUT/memory.json): the largest
 # resident set at the end of a step less the one before the model was built (the binary, MPI, the
 # libraries, the data: the process's baseline). Each within 5% of the figure `moe info --world 2` prints for
-# that rank ("per rank ... total", or its stage's "... per rank").
+# that rank ("per rank ... total", or its stage's "... per rank"); and tp 2 with a vocabulary of 32,000, whole and
+# split (--vocab-parallel 1 --loss-chunks 4).
 # Measurement conditions, none of them a change to what is counted:
 #  - MALLOC_MMAP_THRESHOLD_=65536: each buffer of 64 KiB or more is its own mapping, given back when freed,
 #    so the resident set is the buffers alive, not what glibc's heap keeps of freed ones (without it a
@@ -62,4 +63,9 @@ mem_case "pp 2 (1f1b, 2 micro-batches)" --pp 2 --grad-accum 2 --grad-memory sepa
 mem_case "tp 2" --tp 2 --grad-memory separate
 mem_case "ep 2" --ep 2 --grad-memory separate
 mem_case "tp 2, --grad-memory shared" --tp 2 --grad-memory shared
+# a vocabulary of 32,000 (its two tables ~60% of the model, the logits 31 MiB a micro-batch): whole on each rank,
+# then split over TP with the head's rows in 4 chunks (model/vocab.h: each rank's rows, a chunk's logits)
+mem_case "tp 2, vocabulary 32000" --tp 2 --vocab-size 32000 --grad-memory separate
+mem_case "tp 2, vocabulary 32000, --vocab-parallel 1 --loss-chunks 4" --tp 2 --vocab-size 32000 --vocab-parallel 1 \
+  --loss-chunks 4 --grad-memory separate
 finish

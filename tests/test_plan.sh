@@ -55,6 +55,8 @@ check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --top 12
 check_rows 8 1 --preset small --batch 16 --seq-len 128 --precision bf16 --top 12
 # (the launch commands carry the FP8 options the plan counted: --fp8-save's memory, --fp8-dispatch's bytes)
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --precision fp8-bf16 --fp8-save 1 --fp8-dispatch 1 --top 6
+# (and --loss-chunks: the logits of a chunk of each micro-batch's rows)
+check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --loss-chunks 4 --top 8
 # --vocab-parallel on a TP layout (this ranking's top rows are tp1): --explain's memory is what moe info prints
 # for the launch command it gives, which carries the option, and lower than without it
 ex() { "$MOE" plan --gpus 8 --preset peers-ref --batch 32 --seq-len 2048 --explain "tp2 ep4" "$@"; }

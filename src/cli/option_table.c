@@ -214,6 +214,11 @@ const Opt opts[] = {
     {"tp", O_INT, TO(tp), C_TRAIN | C_INFO, "tensor parallel size (attention heads split)"},
     {"ep", O_INT, TO(ep), C_TRAIN | C_INFO, "expert parallel size (carved out of the data-parallel ranks)"},
     {"etp", O_INT, TO(etp), C_TRAIN | C_INFO, "expert tensor parallel size (each expert's f split)"},
+    {"loss-chunks", O_INT, TO(loss_chunks), C_TRAIN | C_INFO | C_PLAN,
+     "the LM head and its cross-entropy over N chunks of a micro-batch's rows, each chunk's gradient taken "
+     "in "
+     "the forward (a fused linear cross-entropy: the logits of one chunk at a time instead of every row's, "
+     "the head's input gradient kept); 1: the whole logits kept until the backward"},
     {"vocab-parallel", O_INT, TO(vocab_parallel), C_TRAIN | C_INFO | C_PLAN,
      "1: under --tp the embedding and the LM head are split over the TP ranks by vocabulary rows (Megatron's "
      "vocab-parallel layers: each rank 1/TP of both tables, their gradients and moments, and of the logits; "

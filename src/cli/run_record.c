@@ -20,7 +20,7 @@ static const char *const REMEMBERED[] = {
     "beta2",        "adam-eps",    "grad-clip",   "seed",          "eval-every",    "eval-batches",
     "save-every",   "keep",        "keep-best",   "dropout",       "embed-dropout", "sample-tokens",
     "plots",        "tensorboard", "precision",   "bf16-rounding", "bf16-grads",    "fp8-dense",
-    "fp8-dispatch", "fp8-save"};
+    "fp8-dispatch", "fp8-save",    "loss-chunks"};
 
 static int remembered(const char *name) {
     for (size_t k = 0; k < sizeof REMEMBERED / sizeof *REMEMBERED; k++)

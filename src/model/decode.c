@@ -156,6 +156,6 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
     be->rmsnorm_fwd(kc->xn, kc->rstd, last, model_param(m, m->params, PR_FINAL_NORM, -1, -1), 1, d,
                     c->norm_eps);
     vocab_head_fwd(m, kc->logits, NULL, NULL, kc->xn, NULL, 1, 0); // (this rank's columns)
-    vocab_row_to_host(m, kc->logits, out);
+    vocab_row_to_host(m, kc->logits, 1, 0, out);
     kc->len = t1;
 }

@@ -39,7 +39,11 @@ static double head_forward(Model *m, const int32_t *targets, int N, float dloss)
     }
     be->rmsnorm_fwd(m->xn_f, m->rstd_f, m->res_final, model_param(m, m->params, PR_FINAL_NORM, -1, -1), N, d,
                     c->norm_eps);
-    vocab_head_fwd(m, m->logits, m->losses, m->targets, m->xn_f, targets, N, dloss);
+    // (--loss-chunks: the head's backward at once, its input gradient kept in dxh)
+    if (m->loss_chunks > 1)
+        vocab_head_chunks(m, m->logits, m->losses, m->targets, m->xn_f, targets, N, N, 0, dloss,
+                          targets && dloss != 0 ? m->dxh : NULL);
+    else vocab_head_fwd(m, m->logits, m->losses, m->targets, m->xn_f, targets, N, dloss);
     if (!targets) return 0;
     float *lh = m->loss_h;
     be->to_host(lh, m->losses, (size_t)N * F);
@@ -111,7 +115,8 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
         // the MTP modules first (their gradient reaching the final norm's output: dh0), then the LM head and
         // final norm (m->logits holds dlogits in the hidden format: cross_entropy_fwd_bwd)
         const float *dh0 = c->mtp_depth ? mtp_backward(m, aux_scale, z_scale) : NULL;
-        vocab_head_bwd(m, m->dxn, m->logits, m->xn_f, N, model_dw_write(m, -1, DW_FRESH_HEAD));
+        if (m->loss_chunks > 1) be->copy(m->dxn, m->dxh, (size_t)N * d * F); // (taken in the forward)
+        else vocab_head_bwd(m, m->dxn, m->logits, m->xn_f, N, model_dw_write(m, -1, DW_FRESH_HEAD));
         if (dh0) be->add(m->dxn, m->dxn, dh0, (size_t)N * d);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, model_param(m, g, PR_FINAL_NORM, -1, -1), m->dxn, m->res_final,
@@ -136,5 +141,5 @@ void model_backward(Model *m, float aux_scale, float z_scale) {
 }
 
 void model_logits_row(const Model *m, int b, int t, float *out) {
-    vocab_row_to_host(m, m->logits + ((size_t)b * m->T + t) * vocab_cols(m, NULL), out);
+    vocab_row_to_host(m, m->logits, m->B * m->T, b * m->T + t, out);
 }

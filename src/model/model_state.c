@@ -138,8 +138,10 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     }
     Arena *H = &s->head;
     *H = m->share_grads && ch->last ? expert_grads_arena(m, ch->l1 - 1) : (Arena){0};
-    s->logits =
-        ch->last ? arena_alloc(H, be, N * V * F) : NULL; // the largest activation: the last stage's only
+    // the largest activation, the last stage's only (--loss-chunks: a chunk's rows, and the head's dx)
+    size_t Nh = (N + (size_t)m->loss_chunks - 1) / (size_t)m->loss_chunks;
+    s->logits = ch->last ? arena_alloc(H, be, Nh * V * F) : NULL;
+    s->dxh = ch->last && m->loss_chunks > 1 ? arena_alloc(H, be, N * d * F) : NULL;
     s->res_final = arena_alloc(H, be, N * d * F);
     s->xn_f = arena_alloc(H, be, N * d * F);
     s->rstd_f = be->alloc(N * F);
@@ -157,7 +159,8 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
         a->out = be->alloc(N * d * F);
         a->xn = be->alloc(N * d * F);
         a->rstd = be->alloc(N * F);
-        a->logits = be->alloc(N * V * F);
+        a->logits = be->alloc(Nh * V * F);
+        a->dxh = m->loss_chunks > 1 ? be->alloc(N * d * F) : NULL;
         a->losses = be->alloc(N * F);
         a->targets = be->alloc(N * sizeof(int32_t));
     }
@@ -176,15 +179,16 @@ static void slot_free(Model *m, ModelSlot *s, int chunk) {
     free(s->la);
     for (int k = 0; s->mtp && k < m->c.mtp_depth; k++) {
         MtpActs *a = &s->mtp[k];
-        void *mb[] = {a->es, a->rstd_e, a->rstd_h, a->cat,    a->out,
-                      a->xn, a->rstd,   a->logits, a->losses, a->targets};
-        for (size_t i = 0; i < sizeof mb / sizeof mb[0]; i++) be->free(mb[i]);
+        void *mb[] = {a->es,   a->rstd_e, a->rstd_h, a->cat,     a->out, a->xn,
+                      a->rstd, a->logits, a->losses, a->targets, a->dxh};
+        for (size_t i = 0; i < sizeof mb / sizeof mb[0]; i++)
+            if (mb[i]) be->free(mb[i]);
     }
     free(s->mtp);
     s->mtp = NULL;
     if (s->mtp_emb) be->free(s->mtp_emb);
     s->mtp_emb = NULL;
-    void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets};
+    void *bufs[] = {s->res_final, s->xn_f, s->rstd_f, s->logits, s->losses, s->tokens, s->targets, s->dxh};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) arena_free(&s->head, be, bufs[i]);
     s->head = (Arena){0};
 }
@@ -265,6 +269,7 @@ void model_init(Model *m, const ModelConfig *c, const Backend *be, int maxB, int
     size_t La = (size_t)config_all_layers(c);
     m->scope_counts = xcalloc(La * c->n_experts, sizeof(int64_t));
     m->scope_tokens = xcalloc(La, sizeof(int64_t));
+    m->loss_chunks = 1;
     for (int k = 0; k < m->nchunks; k++) model_set_slots(m, k, 1);
     m->dres = be->alloc(N * d * F);
     m->dxn = be->alloc(N * d * F);
@@ -383,6 +388,19 @@ void model_set_fp8_save(Model *m, int on) {
     model_set_recompute(m, m->recompute, m->recompute_layers); // (each layer's rows kept or shared again)
 }
 
+void model_set_loss_chunks(Model *m, int n) {
+    CHECK(n >= 1 && n <= m->maxN, "--loss-chunks %d: a micro-batch has %d rows", n, m->maxN);
+    CHECK(!m->share_grads, "model_set_loss_chunks: after model_share_grads (set it before)");
+    if (n == m->loss_chunks) return;
+    m->loss_chunks = n;
+    for (int k = 0; k < m->nchunks; k++) // (every slot's head buffers sized again)
+        for (int i = 0; i < m->nslots[k]; i++) {
+            slot_free(m, &m->slots[k][i], k);
+            slot_alloc(m, &m->slots[k][i], k);
+        }
+    model_use(m, 0, 0);
+}
+
 void model_set_fp8_dispatch(Model *m, int on) {
     CHECK(!on || (m->be->fp8_rows_round && m->be->fp8_rows_pack && m->be->fp8_rows_unpack),
           "--fp8-dispatch: backend %s has no FP8 rows (ops.h Backend.fp8_rows_*)", m->be->name);
@@ -438,6 +456,7 @@ void model_use(Model *m, int chunk, int slot) {
     m->xn_f = s->xn_f;
     m->rstd_f = s->rstd_f;
     m->logits = s->logits;
+    m->dxh = s->dxh;
     m->losses = s->losses;
     m->tokens = s->tokens;
     m->targets = s->targets;

@@ -47,6 +47,11 @@ void model_set_expert_grads(Model *m, int gbf);
 // writes none into the ledger), reduces none of them over ranks and reads them as written (OPTG_F32 or
 // OPTG_PACKED). The ledger is emptied by model_zero_grads.
 void model_set_dw_sumsq(Model *m, int on);
+// --loss-chunks n (1 <= n <= the micro-batch's rows): the LM heads (the main one and the MTP modules') run
+// over n chunks of the rows, each chunk's gradient taken in the forward (vocab.h vocab_head_chunks): the
+// logits of one chunk at a time, the heads' input gradients (N,d) kept for the backward; 1: the whole logits
+// kept until the backward. Before model_share_grads (the slots are made again).
+void model_set_loss_chunks(Model *m, int n);
 // --fp8-dispatch (on: 1): every MoE layer's routed experts take their input rows as FP8 values, moved packed
 // between ranks (moe.h m->fp8_dispatch). Dies where the backend has no FP8 rows (ops.h Backend.fp8_rows_*).
 void model_set_fp8_dispatch(Model *m, int on);

@@ -79,9 +79,10 @@ typedef struct {
 // (la[n_layers + k - 1]): es (N,d) the shifted tokens' embeddings (rows past a sequence's end zero), rstd_e,
 // rstd_h (N) the enorm's and hnorm's, cat (N,2d) eh_proj's input [enorm(es) | hnorm(h_{k-1})], out (N,d)
 // the block's output, xn (N,d) and rstd (N) its shared_head.norm (h_k, the next module's input), logits
-// (N,V) (after a training forward: dlogits), losses (N), targets (N: t[i+k+1], 0 where none).
+// (N,V) (after a training forward: dlogits; with --loss-chunks a chunk's rows), losses (N), targets (N:
+// t[i+k+1], 0 where none), dxh (N,d; --loss-chunks > 1) the head's input gradient, taken in the forward.
 typedef struct {
-    float *es, *rstd_e, *rstd_h, *cat, *out, *xn, *rstd, *logits, *losses;
+    float *es, *rstd_e, *rstd_h, *cat, *out, *xn, *rstd, *logits, *losses, *dxh;
     int32_t *targets;
 } MtpActs;
 
@@ -98,10 +99,11 @@ typedef struct {
 } MtpScratch;
 
 // The activations of one micro-batch on one chunk (la[l] allocated for the chunk's layers only; the
-// logits on the last virtual stage, tokens kept for the embedding's backward on the first).
+// logits on the last virtual stage, tokens kept for the embedding's backward on the first; with
+// --loss-chunks > 1 the logits a chunk's rows and dxh (N,d) the head's input gradient, taken in the forward).
 typedef struct {
     LayerActs *la;
-    float *res_final, *xn_f, *rstd_f, *logits, *losses;
+    float *res_final, *xn_f, *rstd_f, *logits, *losses, *dxh;
     int32_t *tokens, *targets;
     int B, T;
     uint64_t drop_seed; // the dropout seed of the forward held here (its backward's mask)
@@ -139,7 +141,8 @@ typedef struct Model {
     float *mtp_emb; // (N,d) the embedding output the modules read, from the first virtual stage (pp)
     float *res_final, *xn_f, *rstd_f; // (N,d) (N,d) (N); res_final: the chunk's output
     float *logits; // (N,V) (on the last stage; V: this rank's columns, vocab.h); after a training forward:
-                   // dlogits
+                   // dlogits (--loss-chunks > 1: the last chunk's rows; the head's input gradient in dxh)
+    float *dxh; // (N,d) --loss-chunks > 1: the LM head's input gradient, taken in the forward
     float *losses; // (N) per-token cross-entropy
     int32_t *tokens, *targets; // (N)
     // backward scratch
@@ -199,6 +202,7 @@ typedef struct Model {
     int *moe_overlap; // (L) each MoE layer's overlap degree for the next forwards (moe.h)
     int *moe_mode; // (L) each MoE layer's expert mode (MOE_SHARDED / MOE_GATHERED)
     int fp8_dispatch; // every MoE layer's m->fp8_dispatch (model_set_fp8_dispatch)
+    int loss_chunks; // the LM head's row chunks (model_set_loss_chunks; vocab.h vocab_head_chunks)
     int *ampipe; // (L) each layer's AMPipe chunks in training forwards (1 = none)
     int share_grads; // model_share_grads
     size_t embed_lent; // the bytes of the embedding's gradient, where it holds layer 0's activations (lent

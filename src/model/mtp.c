@@ -52,12 +52,18 @@ static double module_loss(Model *m, MtpActs *a, int k, const int32_t *targets, i
     int32_t *t = m->mtps.tgt_h;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < T; i++) t[b * T + i] = i + k < T ? targets[b * T + i + k] : 0;
-    vocab_head_fwd(m, a->logits, a->losses, a->targets, a->xn, t, N, train ? dloss_k : 0);
-    // (dlogits in the hidden format in place; zeroing a row's float32 bytes zeroes its values too; a weight
-    // of 0: every row's)
-    if (train && dloss_k == 0) be->zero(a->logits, (size_t)N * V * F);
-    else if (train)
-        for (int b = 0; b < B; b++) be->zero(a->logits + ((size_t)b * T + T - k) * V, (size_t)k * V * F);
+    if (m->loss_chunks > 1) { // (the head's backward at once: its input gradient in dxh; a weight of 0: none)
+        vocab_head_chunks(m, a->logits, a->losses, a->targets, a->xn, t, N, T, k, dloss_k,
+                          train && dloss_k != 0 ? a->dxh : NULL);
+        if (train && dloss_k == 0) be->zero(a->dxh, (size_t)N * m->c.d_model * F);
+    } else {
+        vocab_head_fwd(m, a->logits, a->losses, a->targets, a->xn, t, N, train ? dloss_k : 0);
+        // (dlogits in the hidden format in place; zeroing a row's float32 bytes zeroes its values too; a
+        // weight of 0: every row's)
+        if (train && dloss_k == 0) be->zero(a->logits, (size_t)N * V * F);
+        else if (train)
+            for (int b = 0; b < B; b++) be->zero(a->logits + ((size_t)b * T + T - k) * V, (size_t)k * V * F);
+    }
     float *lh = m->loss_h;
     be->to_host(lh, a->losses, (size_t)N * F);
     double s = 0;
@@ -112,7 +118,8 @@ const float *mtp_backward(Model *m, float aux_scale, float z_scale) {
         MtpActs *a = &m->mtp[k - 1];
         // the head: the gradient reaching h_k = a->xn (with the next module's, through its hnorm), then its
         // norm
-        vocab_head_bwd(m, m->dxn, a->logits, a->xn, N, model_dw_write(m, -1, DW_FRESH_HEAD));
+        if (m->loss_chunks > 1) be->copy(m->dxn, a->dxh, (size_t)N * d * F); // (taken in the forward)
+        else vocab_head_bwd(m, m->dxn, a->logits, a->xn, N, model_dw_write(m, -1, DW_FRESH_HEAD));
         if (k < D) be->add(m->dxn, m->dxn, dh, (size_t)N * d);
         be->zero(m->dres, (size_t)N * d * F);
         be->rmsnorm_bwd(m->dres, model_param(m, g, PR_MTP_NORM, l, -1), m->dxn, a->out,

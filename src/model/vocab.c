@@ -65,17 +65,34 @@ void vocab_head_bwd(Model *m, float *dxn, const float *dlogits, const float *xn,
     if (vocab_split(m)) comm_dev_allreduce(m->mesh.tp, dxn, (size_t)N * d, CT_F32);
 }
 
-void vocab_row_to_host(const Model *m, const float *row, float *out) {
-    int V = m->c.vocab_size;
+void vocab_head_chunks(Model *m, float *logits, float *losses, int32_t *tdev, const float *xn,
+                       const int32_t *t, int N, int T, int k, float dloss, float *dx) {
+    int d = m->c.d_model, Vl = vocab_cols(m, NULL), rows = (N + m->loss_chunks - 1) / m->loss_chunks;
+    for (int r0 = 0; r0 < N; r0 += rows) {
+        int n = N - r0 < rows ? N - r0 : rows;
+        const float *x = xn + (size_t)r0 * d;
+        vocab_head_fwd(m, logits, losses + r0, tdev + r0, x, t ? t + r0 : NULL, n, dx ? dloss : 0);
+        if (!dx) continue;
+        for (int r = r0; r < r0 + n; r++) // (a position without a target: no gradient)
+            if (r % T >= T - k) m->be->zero(logits + (size_t)(r - r0) * Vl, Vl * F);
+        vocab_head_bwd(m, dx + (size_t)r0 * d, logits, x, n, model_dw_write(m, -1, DW_FRESH_HEAD));
+    }
+}
+
+void vocab_row_to_host(const Model *m, const float *logits, int N, int r, float *out) {
+    int V = m->c.vocab_size, rows = (N + m->loss_chunks - 1) / m->loss_chunks, r0 = (N - 1) / rows * rows;
+    CHECK(r >= r0 && r < N, "vocab_row_to_host: row %d of %d is not in the last chunk's logits (from %d)", r,
+          N, r0);
+    const float *row = logits + (size_t)(r - r0) * vocab_cols(m, NULL);
     if (!vocab_split(m)) {
         m->be->to_host(out, row, (size_t)V * F);
         return;
     }
     int tp = comm_size(m->mesh.tp);
     size_t *counts = xmalloc(2 * sizeof(size_t) * tp), *displs = counts + tp;
-    for (int r = 0; r < tp; r++) {
-        displs[r] = (size_t)params_part_start(V, r, tp);
-        counts[r] = (size_t)params_part_start(V, r + 1, tp) - displs[r];
+    for (int q = 0; q < tp; q++) {
+        displs[q] = (size_t)params_part_start(V, q, tp);
+        counts[q] = (size_t)params_part_start(V, q + 1, tp) - displs[q];
     }
     comm_dev_allgatherv(m->mesh.tp, row, counts[comm_rank(m->mesh.tp)], (float *)m->vocab_parts, counts,
                         displs, CT_F32);

@@ -28,5 +28,13 @@ void vocab_head_fwd(Model *m, float *logits, float *losses, int32_t *tdev, const
 // The head's backward from dlogits: dxn (N,d) = dlogits x W (summed over TP where split), the head's
 // gradient written or added (flags: model_dw_write's).
 void vocab_head_bwd(Model *m, float *dxn, const float *dlogits, const float *xn, int N, int flags);
-// The V logits of one row of this rank's columns (device) on the host in out (gathered over TP where split).
-void vocab_row_to_host(const Model *m, const float *row, float *out);
+// The head over N rows in m->loss_chunks chunks (model_state.h model_set_loss_chunks): each chunk's logits in
+// logits (its rows) and its losses, for the host targets t; where dx (training), each chunk's dlogits for
+// dloss per row (none for the last k positions of each sequence of T: their rows zeroed) and its backward at
+// once: the head's gradient written or added (model_dw_write), its input gradient into dx (N,d). With one
+// chunk, vocab_head_fwd then vocab_head_bwd; the same bits per row in the losses and dx's rows.
+void vocab_head_chunks(Model *m, float *logits, float *losses, int32_t *tdev, const float *xn,
+                       const int32_t *t, int N, int T, int k, float dloss, float *dx);
+// The V logits of row r of the last forward's logits (the rows the buffer holds: with --loss-chunks the last
+// chunk's) on the host in out (gathered over TP where split).
+void vocab_row_to_host(const Model *m, const float *logits, int N, int r, float *out);

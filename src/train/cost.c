@@ -135,8 +135,10 @@ static double al256(double bytes) { return ceil(bytes / 256) * 256; }
 // a layer's q/k/v, o and router forward, the head's forward and backward (its input), then a layer's router,
 // o and q/k/v backward (the largest output gradient, the widened input). (cuBLAS's fallback for the grouped
 // GEMMs, off the Hopper kernel, adds float32 rows: not counted.)
-static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double Ns, int head, double V) {
-    double d = c->d_model, E = c->n_experts, lim = MOE_GEMM_FP32_MAX_O; // (V: the head's columns here)
+static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double Ns, int head, double V,
+                                double Nh) {
+    // (V: the head's columns here, Nh its rows at once: --loss-chunks)
+    double d = c->d_model, E = c->n_experts, lim = MOE_GEMM_FP32_MAX_O;
     double qd = (double)att_qd(c, tp), kvd = (double)att_kvd(c, tp);
     double wide_qkv = qd <= lim || kvd <= lim ? al256(4 * N * d) : 0,
            wide_o = d <= lim ? al256(4 * N * qd) : 0;
@@ -145,10 +147,10 @@ static double cuda_gemm_scratch(const ModelConfig *c, int tp, double N, double N
     need[n++] = wide_qkv;
     need[n++] = wide_o;
     need[n++] = E > lim ? al256(2 * Ns * d) : 0;
-    need[n++] = head && V > lim ? al256(2 * N * d) : 0;
+    need[n++] = head && V > lim ? al256(2 * Nh * d) : 0;
     need[n++] = !head ? 0 // the head's backward: dlogits widened (narrow) or packed (V not a multiple of 8)
-        : V <= lim    ? al256(4 * N * V)
-                      : al256(2 * N * d) + (fmod(V, 8) != 0 ? al256(2 * N * V) : 0);
+        : V <= lim    ? al256(4 * Nh * V)
+                      : al256(2 * Nh * d) + (fmod(V, 8) != 0 ? al256(2 * Nh * V) : 0);
     need[n++] = E > lim ? al256(2 * Ns * E) + al256(2 * Ns * d) : 0;
     need[n++] = (d > lim ? al256(2 * N * d) : 0) + wide_o;
     need[n++] = al256(2 * N * gqkv) + wide_qkv;
@@ -228,7 +230,8 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
                                                        : 0) + // (the copy)
         (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
     k->shadow = 2.0 * np;
-    k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head, acts_vocab(c, ms));
+    double Nh = o->loss_chunks > 1 ? (double)((N + (size_t)o->loss_chunks - 1) / (size_t)o->loss_chunks) : N;
+    k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head, acts_vocab(c, ms), Nh);
     k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
     k->scratch = k->gemm + k->workspace;
     int fp8 = prec_fp8(o->precision);
@@ -252,8 +255,9 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     // in their float32 buffer, holding bf16 values)
     w->state = (8.0 + 2 * moment_bytes(o)) * np;
     size_t N = (size_t)B * T;
-    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o) + acts_head(c, NULL, N) +
-        acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) + acts_mtp(c, NULL, (size_t)B, (size_t)T);
+    w->acts = acts_layers(c, NULL, (size_t)B, (size_t)T, 0, c->n_layers, o) +
+        acts_head(c, NULL, N, o->loss_chunks) + acts_scratch(c, NULL, (size_t)B, (size_t)T, 4) +
+        acts_mtp(c, NULL, (size_t)B, (size_t)T, o->loss_chunks);
     // (--grad-memory shared: part of the activations in the expert gradients' memory)
     w->lent = acts_lent(c, NULL, o, (size_t)B, (size_t)T, 0);
     w->holes = meshed ? 0 : acts_holes(c, o, (size_t)B, (size_t)T, 0); // (packed: one process)
@@ -271,8 +275,8 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     int T = o->seq_len, Bl = m->Bl;
     double mom = moment_elems(lt, ms, o);
     double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o) +
-        acts_head(c, ms, (size_t)Bl * T) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) +
-        acts_mtp(c, ms, (size_t)Bl, (size_t)T);
+        acts_head(c, ms, (size_t)Bl * T, o->loss_chunks) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) +
+        acts_mtp(c, ms, (size_t)Bl, (size_t)T, o->loss_chunks);
     double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
@@ -306,7 +310,9 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
         head |= v == ms->pp * m->vpp - 1;
         acts += live *
             (acts_layers(c, ms, Bl, T, first[v], first[v + 1], NULL) +
-             (v == ms->pp * m->vpp - 1 ? acts_head(c, ms, Bl * o->seq_len) + acts_mtp(c, ms, Bl, T) : 0));
+             (v == ms->pp * m->vpp - 1
+                  ? acts_head(c, ms, Bl * o->seq_len, o->loss_chunks) + acts_mtp(c, ms, Bl, T, o->loss_chunks)
+                  : 0));
     }
     if (irc > 1) acts -= (irc - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
     if (o->fp8_save) acts += acts_fp8_change(c, ms, Bl, T, ir);

@@ -181,18 +181,23 @@ double acts_vocab(const ModelConfig *c, const MeshShape *ms) {
     int tp = ms && ms->vocab ? ms->tp : 1;
     return (double)((c->vocab_size + tp - 1) / tp);
 }
-// The activations of the final norm and LM head (split: and the cross-entropy's parts, model.h vocab_parts).
-double acts_head(const ModelConfig *c, const MeshShape *ms, size_t N) {
-    double tp = ms && ms->vocab ? ms->tp : 0;
-    return 4.0 * N * (2.0 * c->d_model + acts_vocab(c, ms)) +
+// The logits' rows at once: N, or with --loss-chunks lc > 1 a chunk's, ceil(N / lc) (model_set_loss_chunks).
+static double head_rows(size_t N, int lc) { return lc > 1 ? (double)((N + (size_t)lc - 1) / (size_t)lc) : N; }
+// The activations of the final norm and LM head (split: and the cross-entropy's parts, model.h vocab_parts;
+// --loss-chunks lc > 1: a chunk's logits and the head's input gradient, N x d).
+double acts_head(const ModelConfig *c, const MeshShape *ms, size_t N, int lc) {
+    double tp = ms && ms->vocab ? ms->tp : 0, d = c->d_model;
+    return 4.0 * N * 2.0 * d + 4.0 * head_rows(N, lc) * acts_vocab(c, ms) + (lc > 1 ? 4.0 * N * d : 0) +
         (tp ? fmax(8.0 * (tp + 1) * 3 * N, 4.0 * c->vocab_size) : 0);
 }
 // The MTP modules' activations (model_types.h MtpActs and their blocks' LayerActs, on the last stage) and
 // their model-wide scratch (MtpScratch: split, dcat, dh, demb); 0 without modules.
-double acts_mtp(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T) {
+double acts_mtp(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int lc) {
     size_t N = B * T, d = c->d_model;
     if (!c->mtp_depth) return 0;
-    return c->mtp_depth * (acts_layer(c, ms, B, T, 0) + 4.0 * N * (5 * d + acts_vocab(c, ms) + 5)) +
+    return c->mtp_depth *
+        (acts_layer(c, ms, B, T, 0) + 4.0 * N * (5 * d + 5) + 4.0 * head_rows(N, lc) * acts_vocab(c, ms) +
+         (lc > 1 ? 4.0 * N * d : 0)) +
         4.0 * N * 6 * d;
 }
 // The bytes a backend with bf16 rows (ops.h Backend.hid FMT_BF16) saves in one layer that keeps its
@@ -228,7 +233,7 @@ double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *
         else la0 = la;
     }
     double emb = hid && !moe_act_mem_old() ? fmin(la0, 4.0 * acts_vocab(c, ms) * c->d_model) : 0;
-    return lent + fmin(acts_head(c, ms, B * T), g) + emb;
+    return lent + fmin(acts_head(c, ms, B * T, o->loss_chunks), g) + emb;
 }
 // The expert gradients' bytes a backend with holes leaves out (ops.h alloc_holes; model_share_grads): where
 // they are packed, half of each block whose lent activations (acts_lent's) fit in that half.
@@ -237,5 +242,5 @@ double acts_holes(const ModelConfig *c, const TrainOptions *o, size_t B, size_t 
     double h = 6.0 * c->n_experts * c->d_ff * c->d_model, holes = 0; // (a block's packed half: 2 bytes each)
     for (int l = 1; l < c->n_layers; l++) // (layer l's activations in layer l - 1's block)
         holes += acts_lendable(c, NULL, o, B, T, l, hid) <= h ? h : 0;
-    return holes + (acts_head(c, NULL, B * T) <= h ? h : 0);
+    return holes + (acts_head(c, NULL, B * T, o->loss_chunks) <= h ? h : 0);
 }

@@ -30,7 +30,7 @@ void train_options_default(TrainOptions *o) {
     o->sample_tokens = 200;
     o->plots = 1;
     o->tensorboard = 1;
-    o->tp = o->ep = o->etp = o->pp = o->vpp = 1;
+    o->tp = o->ep = o->etp = o->pp = o->vpp = o->loss_chunks = 1;
     o->pp_schedule = SCHED_1F1B;
     o->zero = 0;
     o->overlap = 1;
@@ -118,6 +118,10 @@ const char *train_options_validate(const TrainOptions *o, const ModelConfig *c) 
     if (o->recompute_layers && !o->recompute)
         BAD("--recompute-layers %d without --recompute attn|moe|full (nothing to recompute)",
             o->recompute_layers);
+    if (o->loss_chunks < 1 || (int64_t)o->loss_chunks > (int64_t)o->batch / o->grad_accum * o->seq_len)
+        BAD("--loss-chunks must be in [1, %lld] (a micro-batch's rows: --batch / --grad-accum x --seq-len), "
+            "got %d",
+            (long long)o->batch / o->grad_accum * o->seq_len, o->loss_chunks);
     if (o->vocab_parallel != 0 && o->vocab_parallel != 1)
         BAD("--vocab-parallel must be 0 or 1 (got %d)", o->vocab_parallel);
     if (o->vocab_parallel && o->tp > c->vocab_size)

@@ -64,6 +64,7 @@ typedef struct {
     int fp8_save; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' SwiGLU inputs kept as FP8 rows, act
                   // computed again in the backward (model_state.h model_set_fp8_save)
     int vocab_parallel; // 1: under TP the embedding and LM head split by vocabulary rows (model/vocab.h)
+    int loss_chunks; // the LM heads' row chunks, each chunk's gradient in the forward (model_set_loss_chunks)
     int fp8_amax_jump; // PREC_FP8 / PREC_FP8_BF16: a (layer, tensor)'s amax this many powers of two above
                        // every earlier step's is reported (train/fp8_watch.h); 0: not checked
     int gpu_comm; // GPUCOMM_*: the device transport of GPU ranks (train/placement.c)

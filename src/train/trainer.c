@@ -322,6 +322,7 @@ static void run_setup(Run *r, const ModelConfig *cfg_in, const TrainOptions *o, 
     int Bl = o->batch / o->grad_accum / shape.dp;
     measure_base(&r->meas);
     model_init(&r->m, &r->c, r->be, Bl, o->seq_len, r->meshed ? &r->dist.mm : NULL);
+    model_set_loss_chunks(&r->m, o->loss_chunks);
     // --precision bf16 (rounded weights) in one process with the GEMMs' bf16 copy: the weights only bf16
     // GEMMs read live in that copy alone (model_bf16_weights; cuda: 4 bytes a parameter less)
     if (r->bf16_shadow && train_bf16_weights_alone(o, r->meshed)) model_bf16_weights(&r->m);
