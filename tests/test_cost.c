@@ -90,6 +90,15 @@ static void check_flops(void) {
            cost_flops(NULL, &c, 64), want);
 }
 
+// The default options at batch x seq tokens (the hand derivations' runs).
+static TrainOptions run_of(int batch, int seq) {
+    TrainOptions o;
+    train_options_default(&o);
+    o.batch = batch;
+    o.seq_len = seq;
+    return o;
+}
+
 // The mesh of world ranks with tp, ep, etp, pp for the tiny preset (n_layers L) at batch 16, T 64 (o's
 // --vocab-parallel taken).
 static const char *mesh_of(CostMesh *m, TrainOptions *o, int L, int world, int tp, int ep, int etp, int pp) {
@@ -119,10 +128,7 @@ static void expect_comm(const CostComm *a, double tp, double ep, double etp, dou
 // gradient (N x d floats each, as an all-reduce half of them sent twice: 393,216 bytes each) and the parts
 // gathered (3N doubles from each of the 2 ranks, half of the 2 x 24,576 bytes sent: 24,576).
 static void check_vocab_parallel(void) {
-    TrainOptions o;
-    train_options_default(&o);
-    o.batch = 16;
-    o.seq_len = 64;
+    TrainOptions o = run_of(16, 64);
     CostMesh a, b;
     EXPECT(mesh_of(&a, &o, 2, 2, 2, 1, 1, 1) == NULL, "tp 2");
     o.vocab_parallel = 1;
@@ -149,10 +155,7 @@ static void check_vocab_parallel(void) {
 // as much again.
 static void check_loss_chunks(void) {
     ModelConfig c = preset("tiny");
-    TrainOptions o;
-    train_options_default(&o);
-    o.batch = 2;
-    o.seq_len = 64;
+    TrainOptions o = run_of(2, 64);
     o.grad_memory = GRADMEM_SEPARATE;
     for (int D = 0; D <= 1; D++) {
         c.mtp_depth = D;
@@ -168,10 +171,7 @@ static void check_loss_chunks(void) {
 }
 
 static void check_comm(void) {
-    TrainOptions o;
-    train_options_default(&o);
-    o.batch = 16;
-    o.seq_len = 64;
+    TrainOptions o = run_of(16, 64);
     CostMesh m;
     double d = 96, dense = 2 * 256 * 96 + 96 + 2 * (2 * 96 + 96 * 96 + 2 * 96 * 48 + 96 * 96 + 4 * 96);
     double router = 2 * 4 * 96, experts = 2 * 3 * 4 * 192 * 96;
@@ -313,10 +313,7 @@ static void check_layer_acts(void) {
     ModelConfig c = preset("tiny"); // d 96, 4 heads (2 kv, head dim 24), 4 experts top-2, f 192
     EXPECT(!c.qk_norm && !c.n_shared_experts && c.jitter == 0,
            "the tiny preset changed: rewrite the numbers");
-    TrainOptions o;
-    train_options_default(&o);
-    o.batch = 2;
-    o.seq_len = 64;
+    TrainOptions o = run_of(2, 64);
     CostWhole w1, w2;
     c.n_layers = 1;
     cost_whole(&w1, &c, &o, 0);
@@ -337,10 +334,7 @@ static void check_layer_acts(void) {
 // which held 884,736 of its 1,135,616 (check_layer_acts) and now hold all its 645,120: 239,616 fewer lent.
 static void check_fp8_save(void) {
     ModelConfig c = preset("tiny");
-    TrainOptions o;
-    train_options_default(&o);
-    o.batch = 2;
-    o.seq_len = 64;
+    TrainOptions o = run_of(2, 64);
     o.precision = PREC_FP8;
     double want[3] = {0, 99328, -391168};
     for (int L = 1; L <= 2; L++) {
@@ -429,10 +423,7 @@ static double kept_whole(const ModelConfig *c, const TrainOptions *o) {
 // paired: codes rounded, scales not) and one for the pairs of w1 and w3 (2 G O K bytes + a scale per row and
 // 128-wide K-tile) where O % 64 == 0 and K % 16 == 0.
 static void check_fp8_kept(void) {
-    TrainOptions o;
-    train_options_default(&o);
-    o.batch = 16;
-    o.seq_len = 64;
+    TrainOptions o = run_of(16, 64);
     o.precision = PREC_FP8;
     ModelConfig c = preset("tiny"); // d 96, 2 layers, 4 experts, f 192 (check_flops checks these)
     // routed (4, 192, 96) and (4, 96, 192): 73,728 B of codes, 4 x 2 x 1 blocks of 4 B = 32 B of scales
