@@ -42,6 +42,9 @@ A1=$(act --loss-chunks 1) A4=$(act --loss-chunks 4)
 check "moe info: the activations lower with --loss-chunks 4 ($A1 -> $A4)" \
   awk -v a="${A4% *}" -v b="${A1% *}" -v u="${A4#* }" -v v="${A1#* }" 'BEGIN { exit !(u == v && a + 0 > 0 && a + 0 < b + 0) }'
 
+check "moe info says what it holds (1,024 rows of 256 logits: 256 rows a chunk; the input gradient 1,024 x 96)" \
+  bash -c "'$MOE' info --loss-chunks 4 | grep -qF -- \"--loss-chunks 4: the LM head's logits 256.00 KiB a chunk at a time in place of 1.00 MiB (and its input gradient kept: 384.00 KiB)\""
+
 # ---- one process
 run_ok "--loss-chunks 1" "$MOE" train "${BASE[@]}" --out c1 < /dev/null
 for n in 3 7; do

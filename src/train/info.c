@@ -160,6 +160,18 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
                "h1, h3 and act; one shared copy of those\n",
                q);
     }
+    if (o->loss_chunks > 1) { // (cost_acts.c acts_head)
+        double N = (double)(o->batch / o->grad_accum) * o->seq_len,
+               n = ceil(N / o->loss_chunks); // (a micro-batch)
+        char q[32], w[32], x[32];
+        fmt_bytes(q, sizeof q, 4.0 * n * c->vocab_size);
+        fmt_bytes(w, sizeof w, 4.0 * N * c->vocab_size);
+        fmt_bytes(x, sizeof x, 4.0 * N * c->d_model);
+        printf("--loss-chunks %d: the LM head's logits %s a chunk at a time in place of %s (and its input "
+               "gradient "
+               "kept: %s)%s\n",
+               o->loss_chunks, q, w, x, c->mtp_depth ? "; each MTP module's as much" : "");
+    }
     if (o->ampipe !=
         1) // the chunks' MoE states replace the whole batch's (moe_layer_trim): the same rows in all
         printf("--ampipe %s: the activations above hold for every n (a chunked layer keeps its n chunks' MoE "
