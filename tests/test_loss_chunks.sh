@@ -71,6 +71,10 @@ layout() { # ranks label run ref flags...
     fail "$label: mpirun failed"; tail -5 "$run/out.txt"
   fi
 }
+# (a rank's rows are the bound: 384 a micro-batch, 192 on each of dp 2)
+$MPI -np 2 "$MOE" train "${BASE[@]}" --loss-chunks 300 --out dp2x > dp2x.txt 2>&1 < /dev/null
+check "dp2 --loss-chunks 300: refused, each rank naming its 192 rows, nothing written" \
+  bash -c "! test -e dp2x && grep -q -- '--loss-chunks 300: a micro-batch on a rank has 192 rows' dp2x.txt"
 layout 2 "tp2 --vocab-parallel 1 --loss-chunks 3" tpv c1 --tp 2 --vocab-parallel 1 --loss-chunks 3
 run_ok "one process, 2 micro-batches" "$MOE" train "${BASE[@]}" --grad-accum 2 --out g2 < /dev/null
 layout 2 "pp2, 2 micro-batches, --loss-chunks 4" ppc g2 --pp 2 --grad-accum 2 --loss-chunks 4

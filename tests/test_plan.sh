@@ -57,6 +57,12 @@ check_rows 8 1 --preset small --batch 16 --seq-len 128 --precision bf16 --top 12
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --precision fp8-bf16 --fp8-save 1 --fp8-dispatch 1 --top 6
 # (and --loss-chunks: the logits of a chunk of each micro-batch's rows)
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --loss-chunks 4 --top 8
+# --loss-chunks past a layout's rows a rank: that layout refused (as moe train refuses it), every row kept has the rows
+"$MOE" plan --gpus 8 --batch 16 --seq-len 64 --loss-chunks 200 --top 100000 > "$TMP/lc.txt"
+short=$(grep -E '^ +[0-9]+  tp' "$TMP/lc.txt" | grep -oE 'dp[0-9]+ zero[0-9] micro[0-9]+' |
+  awk '{ dp = substr($1, 3); m = substr($3, 6); if (16 / (dp * m) * 64 < 200) n++ } END { print n + 0 }')
+kept=$(grep -cE '^ +[0-9]+  tp' "$TMP/lc.txt")
+check "--loss-chunks 200: no row with fewer rows a rank than chunks ($short of $kept)" test "$kept" -gt 0 -a "$short" = 0
 # --vocab-parallel on a TP layout (this ranking's top rows are tp1): --explain's memory is what moe info prints
 # for the launch command it gives, which carries the option, and lower than without it
 ex() { "$MOE" plan --gpus 8 --preset peers-ref --batch 32 --seq-len 2048 --explain "tp2 ep4" "$@"; }

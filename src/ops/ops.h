@@ -530,7 +530,9 @@ struct Backend {
     // ce_finish, from the n parts in block order (n,N,3): M = the largest m, S = sum_r s_r exp(m_r - M)
     // (double), losses = (M + log S, rounded once as cross_entropy_fwd's) - the targets' logits summed, and
     // with dloss != 0 the logits OVERWRITTEN as cross_entropy_fwd_bwd does (the onehot where targets[i] is in
-    // [0, V) only). n = 1: cross_entropy_fwd(_bwd)'s bits; n > 1: theirs but for the sums' order in S.
+    // [0, V) only). n = 1: cross_entropy_fwd(_bwd)'s bits (cuda: its one-block-a-row kernel's, not the
+    // register kernel's it takes for float4 rows of 16385..32768 values); n > 1: theirs but for the sums'
+    // order in S.
     void (*ce_part)(double *part, const float *logits, const int32_t *targets, int N, int V);
     void (*ce_finish)(float *losses, float *logits, const double *parts, const int32_t *targets, int N, int V,
                       int n, float dloss);

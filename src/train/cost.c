@@ -276,7 +276,7 @@ static void rank_memory(CostMemory *r, const ModelConfig *c, const TrainOptions 
     double mom = moment_elems(lt, ms, o);
     double ra = acts_layers(c, ms, (size_t)Bl, (size_t)T, 0, c->n_layers, o) +
         acts_head(c, ms, (size_t)Bl * T, o->loss_chunks) + acts_scratch(c, ms, (size_t)Bl, (size_t)T, 4) +
-        acts_mtp(c, ms, (size_t)Bl, (size_t)T, o->loss_chunks);
+        acts_mtp(c, ms, (size_t)Bl, (size_t)T, o->loss_chunks) + acts_vocab_parts(c, ms, (size_t)Bl * T);
     double rl = acts_lent(c, ms, o, (size_t)Bl, (size_t)T, 0);
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
@@ -316,7 +316,7 @@ static void stage_memory(CostMemory *r, const ModelConfig *c, const TrainOptions
     }
     if (irc > 1) acts -= (irc - 1) * acts_dropped(c, ms, Bl, T, o->recompute);
     if (o->fp8_save) acts += acts_fp8_change(c, ms, Bl, T, ir);
-    acts += acts_scratch(c, ms, Bl, T, 4);
+    acts += acts_scratch(c, ms, Bl, T, 4) + (head ? acts_vocab_parts(c, ms, Bl * T) : 0); // (once a rank)
     r->params = 4.0 * lt->ltotal;
     r->moments = moment_bytes(o) * mom;
     r->acts = acts;

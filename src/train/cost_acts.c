@@ -183,12 +183,17 @@ double acts_vocab(const ModelConfig *c, const MeshShape *ms) {
 }
 // The logits' rows at once: N, or with --loss-chunks lc > 1 a chunk's, ceil(N / lc) (model_set_loss_chunks).
 static double head_rows(size_t N, int lc) { return lc > 1 ? (double)((N + (size_t)lc - 1) / (size_t)lc) : N; }
-// The activations of the final norm and LM head (split: and the cross-entropy's parts, model.h vocab_parts;
-// --loss-chunks lc > 1: a chunk's logits and the head's input gradient, N x d).
+// The activations of the final norm and LM head (--loss-chunks lc > 1: a chunk's logits and the head's input
+// gradient, N x d).
 double acts_head(const ModelConfig *c, const MeshShape *ms, size_t N, int lc) {
-    double tp = ms && ms->vocab ? ms->tp : 0, d = c->d_model;
-    return 4.0 * N * 2.0 * d + 4.0 * head_rows(N, lc) * acts_vocab(c, ms) + (lc > 1 ? 4.0 * N * d : 0) +
-        (tp ? fmax(8.0 * (tp + 1) * 3 * N, 4.0 * c->vocab_size) : 0);
+    double d = c->d_model;
+    return 4.0 * N * 2.0 * d + 4.0 * head_rows(N, lc) * acts_vocab(c, ms) + (lc > 1 ? 4.0 * N * d : 0);
+}
+// The split vocabulary's cross-entropy parts (model.h vocab_parts), once a model holding the head (not an
+// activation of each micro-batch, and not lent).
+double acts_vocab_parts(const ModelConfig *c, const MeshShape *ms, size_t N) {
+    double tp = ms && ms->vocab ? ms->tp : 0;
+    return tp ? fmax(8.0 * (tp + 1) * 3 * N, 4.0 * c->vocab_size) : 0;
 }
 // The MTP modules' activations (model_types.h MtpActs and their blocks' LayerActs, on the last stage) and
 // their model-wide scratch (MtpScratch: split, dcat, dh, demb); 0 without modules.

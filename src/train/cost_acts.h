@@ -31,6 +31,7 @@ double acts_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, size_t 
 double acts_lean(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int fp8, int rows);
 double acts_head(const ModelConfig *c, const MeshShape *ms, size_t N, int lc);
 double acts_vocab(const ModelConfig *c, const MeshShape *ms);
+double acts_vocab_parts(const ModelConfig *c, const MeshShape *ms, size_t N);
 double acts_mtp(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int lc);
 double acts_hid_saved(const ModelConfig *c, const MeshShape *ms, size_t B, size_t T, int rc);
 double acts_lent(const ModelConfig *c, const MeshShape *ms, const TrainOptions *o, size_t B, size_t T,

@@ -61,6 +61,7 @@ void eval_dump(Model *m, const Dataset *ds, int B, const char *path, int grads, 
     for (int l = 0; l < L; l++) m->la[l].moe.host_router_out = 0;
     double aux = m->aux, aux_hf = eval_aux_hf(m), z = m->z;
     float *logits = xmalloc((size_t)N * V * sizeof(float)), *losses = xmalloc((size_t)N * sizeof(float));
+    CHECK(m->loss_chunks == 1 && !m->mesh.sl.vocab, "eval_dump: the logits are not every row's and column's");
     be->to_host(logits, m->logits, (size_t)N * V * sizeof(float));
     be->to_host(losses, m->losses, (size_t)N * sizeof(float));
     float *rl = xmalloc((size_t)L * N * E * sizeof(float));

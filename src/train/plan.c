@@ -369,6 +369,11 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
                         "batch: %lld tokens per micro-batch on a rank; this model takes at most %lld",
                         Bl * o->seq_len, (long long)config_max_tokens(c)),
                msg;
+    if (o->loss_chunks > Bl * o->seq_len) // (as moe train refuses it: model_set_loss_chunks)
+        return snprintf(msg, sizeof msg,
+                        "batch: --loss-chunks %d past the %lld rows of a micro-batch on a rank",
+                        o->loss_chunks, Bl * o->seq_len),
+               msg;
     *reason = PLAN_R_SCHEDULE;
     if (l->pp > 1 && !sched) {
         Schedule sc;

@@ -93,6 +93,9 @@ static MeshShape resolve_mesh(const TrainOptions *o, const ModelConfig *c, int w
             "takes at most %lld",
             o->batch, o->grad_accum, ms.dp, o->seq_len, (long long)(Bl * o->seq_len),
             (long long)config_max_tokens(c));
+    if (o->loss_chunks > Bl * o->seq_len)
+        DIE("--loss-chunks %d: a micro-batch on a rank has %lld rows", o->loss_chunks,
+            (long long)(Bl * o->seq_len));
     if (o->pp == 1 && (o->vpp > 1 || o->pp_layers[0]))
         DIE("--vpp and --pp-layers split the layers between pipeline stages: they need --pp > 1");
     bad = stages_split(split, c->n_layers, o->pp, o->pp > 1 ? o->vpp : 1, o->pp_layers);
