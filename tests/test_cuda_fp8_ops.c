@@ -17,13 +17,15 @@
 //   quantisation's codes by one e4m3 step (2^-9 against a code spacing of 2^-3): ~1-2% norm-wise, measured on
 //   the H200: an effect of the bf16 rows, not of the kernels).
 // Also: --fp8-dense's tables (the attention projections' products, run_dense) against the cpu's the same way;
-// the non-finite count names the layer and tensor. Skips (exit 77) without a GPU.
+// the non-finite count names the layer and tensor; --fp8-dispatch's rows (rows_check) bit for bit the cpu's.
+// Skips (exit 77) without a GPU.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/common.h"
 #include "core/rng.h"
+#include "ops/cpu/cpu_fp8.h"
 #include "ops/numerics.h"
 #include "ops/ops.h"
 
@@ -285,6 +287,42 @@ static void nonfinite(const Backend *gb) {
     free(w), free(x);
 }
 
+// --fp8-dispatch's rows (ops.h Backend.fp8_rows_*, cuda_fp8.h): pack, round and unpack on the table's hidden
+// rows, bit for bit the cpu reference's on the same values (as the hidden format holds them); rows scaled
+// from 2^-20 to 2^20, a NaN tile, an all-zero row
+static void rows_check(const Backend *gb, int d, Rng *r) {
+    const int n = 37;
+    size_t nd = (size_t)n * d, rb = fp8_row_bytes(d);
+    float *x = xmalloc(4 * nd);
+    for (size_t i = 0; i < nd; i++)
+        x[i] = (float)(rng_uniform(r) * 2 - 1) * ldexpf(1.0f, (int)(i / d % 41) - 20);
+    x[2 * (size_t)d - 1] = NAN; // row 1's last tile
+    memset(x + 2 * (size_t)d, 0, 4 * (size_t)d); // row 2
+    void *dx = up(gb, x, nd, 1), *dy = up(gb, x, nd, 1), *dp = gb->alloc(rb * n);
+    float *xh = down(gb, dx, nd, 1), *rw = xmalloc(4 * nd);
+    uint8_t *want = xmalloc(rb * n), *got = xmalloc(rb * n);
+    cpu_fp8_pack_rows(want, xh, n, d);
+    memcpy(rw, xh, 4 * nd);
+    cpu_fp8_round_rows(rw, n, d);
+    gb->fp8_rows_pack(dp, dx, n, d);
+    gb->to_host(got, dp, rb * n);
+    gb->fp8_rows_round(dx, n, d);
+    gb->fp8_rows_unpack(dy, dp, n, d);
+    float *rg = down(gb, dx, nd, 1), *ug = down(gb, dy, nd, 1);
+    size_t br = 0, bu = 0;
+    for (size_t i = 0; i < nd; i++) {
+        br += !(f32_bits(rg[i]) == f32_bits(rw[i]) || (isnan(rg[i]) && isnan(rw[i])));
+        bu += !(f32_bits(ug[i]) == f32_bits(rw[i]) || (isnan(ug[i]) && isnan(rw[i])));
+    }
+    int bad = memcmp(got, want, rb * n) || br || bu;
+    checks++;
+    fails += bad;
+    printf("%s rows %-22s d %3d: packed bytes %s, round %zu and unpack %zu values off the cpu's\n",
+           bad ? "FAIL" : "ok  ", gb->name, d, memcmp(got, want, rb * n) ? "differ" : "equal", br, bu);
+    gb->free(dx), gb->free(dy), gb->free(dp);
+    free(x), free(xh), free(rw), free(want), free(got), free(rg), free(ug);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     if (!backend_cuda_available()) {
@@ -306,6 +344,8 @@ int main(int argc, char **argv) {
         run_dense(backend_cuda_fp8(0, 1), ND[i], KD[i], OD[i], 2, 4e-3, 0.03125, &r);
     }
     nonfinite(backend_cuda_fp8(1, 0));
+    for (int hb = 0; hb < 2; hb++)
+        for (int i = 0; i < 3; i++) rows_check(backend_cuda_fp8(1 - hb, 0), (int[]){129, 300, 64}[i], &r);
     printf("%s: %d checks, %d failed\n", ref ? "MOE_FP8_GEMM=ref" : "kernel", checks, fails);
     if (!ref) { // the bitwise half: the reference GEMM in the cpu's order
         char cmd[4200];

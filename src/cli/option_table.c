@@ -289,8 +289,7 @@ const Opt opts[] = {
      "--precision fp8 and fp8-bf16: 1: the rows sent to the routed experts are rounded to their FP8 values "
      "(1x128 tiles) where they are gathered, and the expert-parallel all-to-all moves them as e4m3 codes and "
      "scale exponents (d + d/128 bytes a row; the hidden format's 2d or 4d): the experts' forward is "
-     "unchanged, their weight gradients take the rounded rows (DeepSeek-V3's FP8 dispatch). --device cpu "
-     "only so far"},
+     "unchanged, their weight gradients take the rounded rows (DeepSeek-V3's FP8 dispatch)"},
     {"fp8-save", O_INT, TO(fp8_save), C_TRAIN | C_INFO | C_PLAN,
      "--precision fp8 and fp8-bf16: 1: the routed experts' SwiGLU inputs are kept for the backward as FP8 "
      "1x128 tiles (fu + fu/128 bytes a row each, where the hidden format keeps h1, h3 and act) and act is "

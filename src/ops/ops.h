@@ -241,12 +241,12 @@ struct Backend {
     void (*fp8_site)(int layer);
     int64_t (*fp8_nonfinite)(int *layer, int *tensor);
     void (*fp8_amax)(int *k, int rows);
-    // FP8 rows for the MoE dispatch (--fp8-dispatch: moe.h; NULL where fp8 is 0, and on tables that have
-    // none: cuda's, so far). rows (n, d) in the hidden format; a packed row is ops/cpu/cpu_fp8.h's
-    // (fp8_row_bytes(d) bytes: the 1x128 tiles' e4m3 codes, then their scale exponents), bit for bit on every
-    // backend. fp8_rows_round: each row replaced by its tiles' FP8 values (pack then unpack, in place);
-    // fp8_rows_pack / fp8_rows_unpack: rows -> packed (n * fp8_row_bytes(d) bytes) and back. A tile holding a
-    // NaN or an infinity comes back NaN (the experts' quantiser then counts it as their input's).
+    // FP8 rows for the MoE dispatch (--fp8-dispatch: moe.h; NULL where fp8 is 0). rows (n, d) in the hidden
+    // format; a packed row is ops/cpu/cpu_fp8.h's (fp8_row_bytes(d) bytes: the 1x128 tiles' e4m3 codes, then
+    // their scale exponents), bit for bit on every backend. fp8_rows_round: each row replaced by its tiles'
+    // FP8 values (pack then unpack, in place); fp8_rows_pack / fp8_rows_unpack: rows -> packed (n *
+    // fp8_row_bytes(d) bytes) and back. A tile holding a NaN or an infinity comes back NaN (the experts'
+    // quantiser then counts it as their input's).
     void (*fp8_rows_round)(void *rows, int n, int d);
     void (*fp8_rows_pack)(void *packed, const void *rows, int n, int d);
     void (*fp8_rows_unpack)(void *rows, const void *packed, int n, int d);

@@ -129,9 +129,6 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     p->on_gpu = p->be != backend_cpu();
     if (prec_fp8(o->precision)) p->be = backend_fp8(p->be);
     if (o->fp8_dense) p->be = backend_fp8_dense(p->be);
-    if (o->fp8_dispatch && !p->be->fp8_rows_round)
-        DIE("--fp8-dispatch: the %s backend's FP8 table has no FP8 rows yet (--device cpu only so far)",
-            p->be->name);
     if (o->fp8_save && !p->be->fp8_save)
         DIE("--fp8-save: the %s backend's FP8 table keeps no FP8 rows for the backward yet (cpu only so far)",
             p->be->name);

@@ -159,3 +159,68 @@ extern "C" void cuda_fp8_quant_blocks_pair(uint8_t *q2, float *s2, int half, uin
     else quant_blocks_k<<<grid, 256>>>(q2, s2, qt, st, (const float *)w, N, K, half + 1, bad);
     KCHECK("fp8_quant_blocks_pair");
 }
+
+// ---------------------------------------------------------------- FP8 rows (--fp8-dispatch)
+__device__ __forceinline__ void stx(float *x, size_t i, float v) { x[i] = v; }
+__device__ __forceinline__ void stx(__nv_bfloat16 *x, size_t i, float v) { x[i] = __float2bfloat16_rn(v); }
+
+// A warp per 1x128 tile of a row, four values a lane: round 0 writes the tile's codes and its exponent byte
+// into the packed row (numerics.h fp8_row_bytes), round 1 the tile's FP8 values over x (exact in bf16: at
+// most 4 significant bits, exponents within bf16's range).
+template <typename T> __global__ void rows_k(uint8_t *p, T *x, int n, int d, int tiles, int round) {
+    long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x & 31;
+    if (w >= (long long)n * tiles) return; // (uniform over the warp)
+    int m = (int)(w / tiles), t = (int)(w % tiles), c0 = t * 128 + lane * 4;
+    float v[4];
+    ld4((const T *)x, (size_t)m * d + c0, c0, d, v);
+    uint32_t amax = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) amax = max(amax, abs_bits(v[i]));
+    amax = __reduce_max_sync(0xffffffffu, amax);
+    float scale, inv;
+    bool nf = group_scale(amax, &scale, &inv);
+    uint8_t *row = p ? p + (size_t)m * fp8_row_bytes(d) : NULL;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        if (c0 + e >= d) break;
+        uint32_t c = code(v[e], inv, nf);
+        if (round) stx(x, (size_t)m * d + c0 + e, e4m3_to_f32((uint8_t)c) * scale);
+        else row[c0 + e] = (uint8_t)c;
+    }
+    if (!round && lane == 0) row[d + t] = (uint8_t)(int8_t)(nf ? FP8_ROW_BAD : fp8_scale_exp(amax));
+}
+
+template <typename T> __global__ void unpack_k(T *x, const uint8_t *p, int n, int d) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * d) return;
+    int m = (int)(i / d), k = (int)(i % d);
+    const uint8_t *row = p + (size_t)m * fp8_row_bytes(d);
+    int e = (int8_t)row[d + k / 128];
+    stx(x, i, e == FP8_ROW_BAD ? __int_as_float(0x7fc00000) : e4m3_to_f32(row[k]) * fp8_pow2(e));
+}
+
+static void rows_launch(uint8_t *p, void *x, int x_bf16, int n, int d, int round) {
+    if (n <= 0 || d <= 0) return;
+    int tiles = (d + 127) / 128;
+    unsigned grid = (unsigned)(((long long)n * tiles + 7) / 8);
+    if (x_bf16) rows_k<<<grid, 256>>>(p, (__nv_bfloat16 *)x, n, d, tiles, round);
+    else rows_k<<<grid, 256>>>(p, (float *)x, n, d, tiles, round);
+    KCHECK(round ? "fp8_round_rows" : "fp8_pack_rows");
+}
+
+extern "C" void cuda_fp8_pack_rows(uint8_t *p, const void *x, int x_bf16, int n, int d) {
+    rows_launch(p, (void *)x, x_bf16, n, d, 0);
+}
+
+extern "C" void cuda_fp8_round_rows(void *x, int x_bf16, int n, int d) {
+    rows_launch(NULL, x, x_bf16, n, d, 1);
+}
+
+extern "C" void cuda_fp8_unpack_rows(void *x, int x_bf16, const uint8_t *p, int n, int d) {
+    if (n <= 0 || d <= 0) return;
+    unsigned grid = (unsigned)(((size_t)n * d + 255) / 256);
+    if (x_bf16) unpack_k<<<grid, 256>>>((__nv_bfloat16 *)x, p, n, d);
+    else unpack_k<<<grid, 256>>>((float *)x, p, n, d);
+    KCHECK("fp8_unpack_rows");
+}

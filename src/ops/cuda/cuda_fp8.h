@@ -50,6 +50,14 @@ void cuda_fp8_quant_blocks(uint8_t *q, float *s, uint8_t *qt, float *st, const v
 void cuda_fp8_quant_blocks_pair(uint8_t *q2, float *s2, int half, uint8_t *qt, float *st, const void *w,
                                 int w_bf16, int G, int N, int K, unsigned long long *bad);
 
+// --fp8-dispatch's rows (ops.h Backend.fp8_rows_*; numerics.h fp8_row_bytes): x (n, d) float32 (x_bf16 0) or
+// bf16 (1) -> p packed (n fp8_row_bytes(d) bytes), equal to cpu_fp8_pack_rows of x's float32 values;
+// round: x replaced by its tiles' FP8 values (cpu_fp8_round_rows'); unpack: p -> x (cpu_fp8_unpack_rows',
+// rounded to bf16 where x_bf16: exactly). Default stream.
+void cuda_fp8_pack_rows(uint8_t *p, const void *x, int x_bf16, int n, int d);
+void cuda_fp8_round_rows(void *x, int x_bf16, int n, int d);
+void cuda_fp8_unpack_rows(void *x, int x_bf16, const uint8_t *p, int n, int d);
+
 #ifdef __cplusplus
 }
 #endif

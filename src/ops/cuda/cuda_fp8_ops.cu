@@ -615,6 +615,19 @@ template <int HB> static void fp8_zero(void *p, size_t bytes) {
     base_of<HB>()->zero(p, bytes);
 }
 
+// --fp8-dispatch's rows (cuda_fp8.h), in the hidden format (HB 1: bf16); they change a buffer, as copy does
+template <int HB> static void fp8_rows_round(void *r, int n, int d) {
+    stash_drop();
+    cuda_fp8_round_rows(r, HB, n, d);
+}
+template <int HB> static void fp8_rows_pack(void *p, const void *r, int n, int d) {
+    cuda_fp8_pack_rows((uint8_t *)p, r, HB, n, d);
+}
+template <int HB> static void fp8_rows_unpack(void *r, const void *p, int n, int d) {
+    stash_drop();
+    cuda_fp8_unpack_rows(r, HB, (const uint8_t *)p, n, d);
+}
+
 template <int HB> static void fp8_table(Backend *be, const Backend *base, const char *name) {
     *be = *base;
     be->name = name;
@@ -632,6 +645,9 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->grouped_down_fwd = fp8_down_fwd<HB>;
     be->grouped_swiglu_bwd = fp8_swiglu_bwd<HB>;
     be->grouped_matmul_bwd2 = fp8_matmul_bwd2<HB>;
+    be->fp8_rows_round = fp8_rows_round<HB>;
+    be->fp8_rows_pack = fp8_rows_pack<HB>;
+    be->fp8_rows_unpack = fp8_rows_unpack<HB>;
 }
 
 // The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1); dense: with the attention
