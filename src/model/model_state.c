@@ -139,7 +139,7 @@ static void slot_alloc(Model *m, ModelSlot *s, int chunk) {
     Arena *H = &s->head;
     *H = m->share_grads && ch->last ? expert_grads_arena(m, ch->l1 - 1) : (Arena){0};
     // the largest activation, the last stage's only (--loss-chunks: a chunk's rows, and the head's dx)
-    size_t Nh = (N + (size_t)m->loss_chunks - 1) / (size_t)m->loss_chunks;
+    size_t Nh = params_chunk_len(N, m->loss_chunks);
     s->logits = ch->last ? arena_alloc(H, be, Nh * V * F) : NULL;
     s->dxh = ch->last && m->loss_chunks > 1 ? arena_alloc(H, be, N * d * F) : NULL;
     s->res_final = arena_alloc(H, be, N * d * F);

@@ -104,6 +104,9 @@ typedef struct {
 // The first of part r's elements when n are split in parts pieces (uneven where parts does not divide n: the
 // vocabulary's rows under ParamSlicing.vocab; every other split divides evenly).
 static inline int64_t params_part_start(int64_t n, int r, int parts) { return n * r / parts; }
+// The length of each of the first pieces when n are cut in parts chunks of equal length (the last may be
+// shorter): --loss-chunks' rows of the logits at once (model_state.h model_set_loss_chunks).
+static inline size_t params_chunk_len(size_t n, int parts) { return (n + (size_t)parts - 1) / (size_t)parts; }
 
 // Order: embed; per layer: attn_norm, q, [q bias], k, [k bias], v, [v bias], o, [q_norm, k_norm] (latent
 // attention: [q_a, q_a_norm, q_b | q], kv_a, kv_a_norm, kv_b, o),

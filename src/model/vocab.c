@@ -67,7 +67,7 @@ void vocab_head_bwd(Model *m, float *dxn, const float *dlogits, const float *xn,
 
 void vocab_head_chunks(Model *m, float *logits, float *losses, int32_t *tdev, const float *xn,
                        const int32_t *t, int N, int T, int k, float dloss, float *dx) {
-    int d = m->c.d_model, Vl = vocab_cols(m, NULL), rows = (N + m->loss_chunks - 1) / m->loss_chunks;
+    int d = m->c.d_model, Vl = vocab_cols(m, NULL), rows = (int)params_chunk_len((size_t)N, m->loss_chunks);
     for (int r0 = 0; r0 < N; r0 += rows) {
         int n = N - r0 < rows ? N - r0 : rows;
         const float *x = xn + (size_t)r0 * d;
@@ -80,7 +80,8 @@ void vocab_head_chunks(Model *m, float *logits, float *losses, int32_t *tdev, co
 }
 
 void vocab_row_to_host(const Model *m, const float *logits, int N, int r, float *out) {
-    int V = m->c.vocab_size, rows = (N + m->loss_chunks - 1) / m->loss_chunks, r0 = (N - 1) / rows * rows;
+    int V = m->c.vocab_size, rows = (int)params_chunk_len((size_t)N, m->loss_chunks),
+        r0 = (N - 1) / rows * rows;
     CHECK(r >= r0 && r < N, "vocab_row_to_host: row %d of %d is not in the last chunk's logits (from %d)", r,
           N, r0);
     const float *row = logits + (size_t)(r - r0) * vocab_cols(m, NULL);

@@ -230,7 +230,7 @@ static void cuda_memory(CostCuda *k, const ModelConfig *c, const MeshShape *ms, 
                                                        : 0) + // (the copy)
         (acts_scratch(c, ms, B, T, 4) - acts_scratch(c, ms, B, T, 2));
     k->shadow = 2.0 * np;
-    double Nh = o->loss_chunks > 1 ? (double)((N + (size_t)o->loss_chunks - 1) / (size_t)o->loss_chunks) : N;
+    double Nh = (double)params_chunk_len(N, o->loss_chunks);
     k->gemm = cuda_gemm_scratch(c, tp, (double)N, (double)Ns, head, acts_vocab(c, ms), Nh);
     k->workspace = cuda_workspace_bytes(c, tp, B, T, (double)Ns);
     k->scratch = k->gemm + k->workspace;

@@ -182,7 +182,7 @@ double acts_vocab(const ModelConfig *c, const MeshShape *ms) {
     return (double)((c->vocab_size + tp - 1) / tp);
 }
 // The logits' rows at once: N, or with --loss-chunks lc > 1 a chunk's, ceil(N / lc) (model_set_loss_chunks).
-static double head_rows(size_t N, int lc) { return lc > 1 ? (double)((N + (size_t)lc - 1) / (size_t)lc) : N; }
+static double head_rows(size_t N, int lc) { return (double)params_chunk_len(N, lc); }
 // The activations of the final norm and LM head (--loss-chunks lc > 1: a chunk's logits and the head's input
 // gradient, N x d).
 double acts_head(const ModelConfig *c, const MeshShape *ms, size_t N, int lc) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "core/common.h"
+#include "model/params.h"
 #include "parallel/mesh.h"
 #include "train/cost.h"
 
@@ -162,7 +163,7 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
     }
     if (o->loss_chunks > 1) { // (cost_acts.c acts_head)
         double N = (double)(o->batch / o->grad_accum) * o->seq_len,
-               n = ceil(N / o->loss_chunks); // (a micro-batch)
+               n = (double)params_chunk_len((size_t)N, o->loss_chunks); // (a micro-batch)
         char q[32], w[32], x[32];
         fmt_bytes(q, sizeof q, 4.0 * n * c->vocab_size);
         fmt_bytes(w, sizeof w, 4.0 * N * c->vocab_size);
