@@ -20,8 +20,9 @@
 #    grads min(the reduction, one micro-batch's backward: 2/3 of the compute / m), grads+params also min(ZeRO
 #    1's all-gather, a third of the DP bytes, one micro-batch's forward); --hide-pp next (the projections free:
 #    equal chunks) every send up to its chunk's forward, all of them on a slow link (3 sends a stage on pp2
-#    vpp2: half the stage's compute), none without interleaving; --lm-head tp the head's 2 d V x tokens x
-#    (1 - 1/TP) less compute; the published rows run with them;
+#    vpp2: half the stage's compute), none without interleaving; --vocab-parallel 1 (Megatron's vocab-parallel
+#    head) the head's 2 d V x tokens x (1 - 1/TP) less compute, and under --memory-model megatron the tables'
+#    state split as Megatron's; the published rows run with them;
 #  - an overlap's cost: the hidden seconds cost the compute --overlap-sms / 132 of theirs (one mechanism, by
 #    hand), and the messages hidden on a stage share its compute as one budget (two mechanisms wanting more
 #    than the compute hide exactly the compute);
@@ -101,7 +102,7 @@ plan() { "$MOE" plan "$@"; }
 near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { exit !(b != 0 && a / b > 1 - t && a / b < 1 + t) }'; }
 
 # defaults: each option at its default prints what the row prints without it
-a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0 --hide-tp none --hide-pp none --hide-dp none --lm-head whole --overlap-sms 20)
+a=$(plan "${DS[@]}"); b=$(plan "${DS[@]}" --hide-a2a none --a2a-links flat --combine f32 --grouped-rate profile --memory-model ours --internode-gbps 0 --hide-tp none --hide-pp none --hide-dp none --overlap-sms 20)
 [ -n "$a" ] && [ "$a" = "$b" ] && pass "the mechanisms' defaults print today's row" || fail "defaults changed the row"
 
 ONE=(--gpus 16 --gpu h100 --nodes-of 8 --preset qwen3-moe-30b-a3b --batch 16 --seq-len 4096 --explain "ep16 micro1")
@@ -162,7 +163,7 @@ for c in "ep16 pp2 micro4:0.75" "ep16 pp2 vpp2 micro4:0.5"; do
     fail "--hide-a2a 1f1b, ${c%%:*}: hidden '$h', want ${c#*:} x $comp"
 done
 
-# Megatron-Core's overlaps (--hide-tp, --hide-dp, --hide-pp) and its vocab-parallel head (--lm-head tp), each
+# Megatron-Core's overlaps (--hide-tp, --hide-dp, --hide-pp) and its vocab-parallel head (--vocab-parallel 1), each
 # on a profile of equal rates (0.001 TFLOP/s: a FLOP a ns) whose links are fast (0.05 GB/s: the messages below
 # the compute they overlap) or slow (1e-5 GB/s: above it)
 eqp() { # FILE DENSE_TFLOPS LINK_GBPS
@@ -184,13 +185,27 @@ for p in fast slow; do
     pass "--hide-tp gemm ($p link): hidden $h ms = min(TP $tp, the TP-split GEMMs $tg); exposed $e" ||
     fail "--hide-tp gemm ($p link): hidden '$h' exposed '$e', want min($tp, $tg) and their sum $tp"
 done
-# --lm-head tp: the head's 3 x 256 x 2 d V (d 96, V 256) FLOP, half of it on each TP rank
+# --vocab-parallel 1 (Megatron's vocab-parallel output layer): the head's 3 x 256 x 2 d V (d 96, V 256) FLOP,
+# half of it on each TP rank
 c0=$(plan "${TINY[@]}" --gpu "$TMP/fast.json" --explain "tp2 micro1" | ms_of 'compute (the slowest stage):')
-c1=$(plan "${TINY[@]}" --gpu "$TMP/fast.json" --explain "tp2 micro1" --lm-head tp | ms_of 'compute (the slowest stage):')
+c1=$(plan "${TINY[@]}" --gpu "$TMP/fast.json" --explain "tp2 micro1" --vocab-parallel 1 | ms_of 'compute (the slowest stage):')
 want=$(awk 'BEGIN { print 3 * 256 * 2 * 96 * 256 / 2 / 1e9 * 1e3 }')
 near "$(awk -v a="$c0" -v b="$c1" 'BEGIN { print a - b }')" "$want" 2e-3 &&
-  pass "--lm-head tp: compute $c0 -> $c1 ms, half the head's $want x 2 less" ||
-  fail "--lm-head tp: compute $c0 -> $c1 ms, want $want ms less"
+  pass "--vocab-parallel 1: compute $c0 -> $c1 ms, half the head's $want x 2 less" ||
+  fail "--vocab-parallel 1: compute $c0 -> $c1 ms, want $want ms less"
+# ... and its state under --memory-model megatron: a rank of tp2 x dp2 holds V d / 2 fewer parameters of each
+# table (V 128000, d 2048: V d in all), 18 bytes a parameter fewer in ours (mixed: float32 weights, gradients
+# and both moments, the bf16 copy), 6 + 12 / DP = 12 in Megatron's; so the saving under megatron's is 6 V d
+# bytes (1.465 GiB) less than under ours (the activations' saving the same in both)
+BIGV=(--gpus 4 --preset tiny --vocab-size 128000 --d-model 2048 --n-heads 16 --n-kv-heads 8 --d-ff 1024 --n-layers 1
+  --batch 2 --seq-len 64 --explain "tp2 micro1")
+gib() { plan "${BIGV[@]}" "$@" | sed -n 's/^memory per GPU: \([0-9.]*\) GiB (moe info.*/\1/p'; }
+o0=$(gib); o1=$(gib --vocab-parallel 1); g0=$(gib --memory-model megatron); g1=$(gib --memory-model megatron --vocab-parallel 1)
+d=$(awk -v a="$o0" -v b="$o1" -v c="$g0" -v e="$g1" 'BEGIN { print (a - b) - (c - e) }')
+want=$(awk 'BEGIN { print 6 * 128000 * 2048 / 2^30 }')
+awk -v d="$d" -v w="$want" 'BEGIN { exit !(d > w - 0.015 && d < w + 0.015) }' &&
+  pass "--vocab-parallel 1 --memory-model megatron: saves $g0 -> $g1 GiB, ours $o0 -> $o1: $d GiB apart (6 V d: $want)" ||
+  fail "--vocab-parallel 1 --memory-model megatron: $g0 -> $g1 GiB, ours $o0 -> $o1: $d GiB apart, want 6 V d = $want"
 # --hide-dp, tiny dp2 micro2: the reduction (zero 0: all the DP bytes; zero 1: 2 of 3 parts) behind one
 # micro-batch's backward (compute x 2/3 / 2), grads+params ZeRO 1's all-gather behind one forward (x 1/3 / 2)
 for p in fast slow; do
@@ -250,11 +265,11 @@ near "${all% *}" "$comp" 1e-3 && near "${all#* }" "$(awk -v c="$comp" -v t="$tg"
   fail "one budget: hidden '$all' (want $comp of comp + $tg / 2), exposed '$te' + '$ee' (want $tp + $ep - $comp), compute '$cz' / '$c20'"
 
 # the published rows with the overlaps each run enables (docs/PLAN.md)
-OV=(--hide-pp next --hide-dp grads+params --lm-head tp)
+OV=(--hide-pp next --hide-dp grads+params --vocab-parallel 1)
 run_ok "row DS runs with Megatron's overlaps" "$MOE" plan "${DS[@]}" "${MECH[@]}" --hide-a2a 1f1b --a2a-links deepep "${OV[@]}"
 grep -q '^pipeline sends hidden behind compute: [0-9.]* ms' "$OUT_FILE" || fail "row DS: no PP hidden line"
 run_ok "row QW runs with Megatron's overlaps" "$MOE" plan "${QW[@]}" "${MECH[@]}" --hide-a2a 1f1b "${OV[@]}"
-run_ok "row MX runs with Megatron's overlaps" "$MOE" plan "${MX[@]}" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --lm-head tp
+run_ok "row MX runs with Megatron's overlaps" "$MOE" plan "${MX[@]}" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --vocab-parallel 1
 grep -q '^TP collectives hidden behind the TP-split GEMMs: [0-9.]* ms' "$OUT_FILE" || fail "row MX: no TP hidden line"
 
 # the shipped profiles of Megatron's kernels' rates (profiles/, bench/torch_plan_rates.py on the H200): each
@@ -264,7 +279,7 @@ run_ok "row DS on Megatron's rates" "$MOE" plan "${DS[@]}" --gpu "$PF/megatron-d
 grep -q '^plan: 1024 GPUs of profile megatron-deepseek-v3-fp8 ' "$OUT_FILE" || fail "row DS: not on the megatron-deepseek-v3-fp8 profile"
 run_ok "row QW on Megatron's rates" "$MOE" plan "${QW[@]}" --gpu "$PF/megatron-qwen3-235b-a22b-fp8.json" "${MECH[@]}" --hide-a2a 1f1b "${OV[@]}"
 run_ok "row QW in BF16 on Megatron's rates" "$MOE" plan "${QW[@]}" --precision bf16 --gpu "$PF/megatron-qwen3-235b-a22b.json" "${MECH[@]}" --a2a-links deepep --hide-tp gemm "${OV[@]}"
-run_ok "row MX on Megatron's rates" "$MOE" plan "${MX[@]}" --gpu "$PF/megatron-mixtral-8x22b.json" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --lm-head tp
+run_ok "row MX on Megatron's rates" "$MOE" plan "${MX[@]}" --gpu "$PF/megatron-mixtral-8x22b.json" "${MECH[@]}" --hide-tp gemm --hide-dp grads+params --vocab-parallel 1
 grep -q '^plan: 128 GPUs of profile megatron-mixtral-8x22b ' "$OUT_FILE" || fail "row MX: not on the megatron-mixtral-8x22b profile"
 # the ModelZoo recipe's layout (VPP 7, one layer a chunk), BF16 and FP8, with that run's overlaps
 MXV=(--gpus 128 --nodes-of 8 --preset mixtral-8x22b --batch 256 --seq-len 4096 --explain "tp2 ep8 pp8 vpp7 zero1 micro32")
@@ -305,7 +320,6 @@ run_fail "--grouped-rate 'x': takes profile|shape" "$MOE" plan "${QW[@]}" --grou
 run_fail "--hide-tp 'x': takes none|gemm" "$MOE" plan "${QW[@]}" --hide-tp x
 run_fail "--hide-pp 'x': takes none|next" "$MOE" plan "${QW[@]}" --hide-pp x
 run_fail "--hide-dp 'params': takes none|grads|grads+params" "$MOE" plan "${QW[@]}" --hide-dp params
-run_fail "--lm-head 'x': takes whole|tp" "$MOE" plan "${QW[@]}" --lm-head x
 run_fail "--internode-gbps must be in [0, 100000]" "$MOE" plan "${QW[@]}" --internode-gbps -1
 run_fail "--overlap-sms must be in [0, 132)" "$MOE" plan "${QW[@]}" --overlap-sms 132
 run_fail "--pp-layers applies to --explain" "$MOE" plan --gpus 8 --preset tiny --batch 8 --seq-len 64 --pp-layers 1,1

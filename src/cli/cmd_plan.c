@@ -146,7 +146,6 @@ int cmd_plan(State *s) {
     sp.hide_tp = word(cl->hide_tp, "--hide-tp", (const char *const[]){"none", "gemm", NULL});
     sp.hide_pp = word(cl->hide_pp, "--hide-pp", (const char *const[]){"none", "next", NULL});
     sp.hide_dp = word(cl->hide_dp, "--hide-dp", (const char *const[]){"none", "grads", "grads+params", NULL});
-    sp.head_tp = word(cl->lm_head, "--lm-head", (const char *const[]){"whole", "tp", NULL});
     sp.overlap_sms = cl->overlap_sms;
     sp.megatron_memory =
         word(cl->memory_model, "--memory-model", (const char *const[]){"ours", "megatron", NULL});

@@ -338,9 +338,6 @@ const Opt opts[] = {
      "the DP gradients hidden behind compute: none; grads (the reduction behind the last micro-batch's "
      "backward: our --overlap 1, Megatron's --overlap-grad-reduce); grads+params (and ZeRO's weight "
      "all-gather behind the first forward: --overlap-param-gather)"},
-    {"lm-head", O_STR, CO(lm_head), C_PLAN,
-     "the LM head's GEMMs on a TP rank: whole (ours: every TP rank runs all of it) or tp (split over the TP "
-     "ranks: Megatron's vocab-parallel output layer); its memory is ours either way"},
     {"a2a-links", O_STR, CO(a2a_links), C_PLAN,
      "an EP all-to-all across nodes: flat (every row over the inter-node link), split (the own node's rows "
      "over NVLink beside the rest), deepep (DeepEP: a token's rows for one remote node cross the network "

@@ -297,7 +297,6 @@ void state_defaults(State *s) {
     strcpy(s->cli.hide_tp, "none");
     strcpy(s->cli.hide_pp, "none");
     strcpy(s->cli.hide_dp, "none");
-    strcpy(s->cli.lm_head, "whole");
 }
 
 // An option's --help text: "{presets}" in it stands for the names of the preset table (core/config.c).

@@ -58,10 +58,10 @@ typedef struct {
     float imbalance, comm_exposed; // moe plan: the routing headroom factor, the exposed communication
     // moe plan: the mechanisms of a Megatron-Core run (--hide-a2a none|experts|1f1b, --a2a-links
     // flat|split|deepep, --combine f32|bf16, --grouped-rate profile|shape, --memory-model ours|megatron,
-    // --hide-tp none|gemm, --hide-pp none|next, --hide-dp none|grads|grads+params, --lm-head whole|tp) and
+    // --hide-tp none|gemm, --hide-pp none|next, --hide-dp none|grads|grads+params) and
     // the inter-node link's rate (0: the profile's)
     char hide_a2a[16], a2a_links[16], combine[16], grouped_rate[16], memory_model[16];
-    char hide_tp[16], hide_pp[16], hide_dp[16], lm_head[16];
+    char hide_tp[16], hide_pp[16], hide_dp[16];
     float internode_gbps;
     int overlap_sms; // moe plan: the SMs an overlapped communication's kernels hold while they run
     int calibrate; // moe plan --calibrate: measure this machine, write a profile
@@ -92,7 +92,7 @@ typedef struct {
 } Opt;
 
 // The table (option_table.c); its length is checked there against N_OPTS.
-enum { N_OPTS = 180 };
+enum { N_OPTS = 179 };
 extern const Opt opts[N_OPTS];
 
 // The options whose values are words (and, for some, also a positive integer): each word's value

@@ -69,8 +69,8 @@ typedef struct {
 // (--recompute moe: the experts' w1 and w3 again, 2/9 of their training FLOPs; attn: attention's forward,
 // 1/3 of its) in the rcl of the layers and rcm of the MoE layers that recompute (--recompute-layers). A dense
 // layer (config dense_layers) runs its MLP at the dense rate and has no router. The LM head runs whole on
-// every TP rank (ours), or split over them (sp->head_tp: Megatron's vocab-parallel one, its cross-entropy
-// too). The memory-bound ops (cost_bytes) at PLAN_MEMOPS_HBM x the HBM rate.
+// every TP rank, or split over them by vocabulary rows (--vocab-parallel: MeshShape.vocab, as Megatron's
+// output layer and its cross-entropy). The memory-bound ops (cost_bytes) at PLAN_MEMOPS_HBM x the HBM rate.
 static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c, const TrainOptions *t,
                          const PlanSpec *sp, int v, int layers, int moe, int rcl, int rcm) {
     const HwProfile *hw = &sp->hw;
@@ -80,8 +80,7 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     double tok = 3.0 * m->micro * m->Bl * t->seq_len, tp = m->ms.tp, D = last ? c->mtp_depth : 0,
            d = c->d_model, mlp = 2 * 3 * d * c->dense_d_ff;
     double grouped = tok * (moe + D) * f.experts / tp, attn = tok * (layers + D) * f.attn_scores / tp;
-    // (ours whole on every TP rank, or split with --vocab-parallel; Megatron's split)
-    double head = sp->head_tp || m->ms.vocab ? f.head / tp : f.head;
+    double head = m->ms.vocab ? f.head / tp : f.head;
     double dense = tok * (layers * (f.attn_proj + f.router) / tp + (last ? head : 0));
     // (each 0 without dense layers and MTP modules)
     dense += tok *
@@ -102,11 +101,10 @@ static void part_compute(PartTimes *pt, const CostMesh *m, const ModelConfig *c,
     CostBytes b;
     cost_bytes(&b, c, &m->ms, (double)m->Bl * t->seq_len, m->sp.first[v], m->sp.first[v + 1], v == 0, last,
                2);
-    // (cost_bytes counts a split head's columns already)
-    double bw = hw->hbm_gbps * 1e9 * PLAN_MEMOPS_HBM,
-           ce = sp->head_tp && !m->ms.vocab ? b.ce * (1 - 1 / tp) : 0;
-    pt->mem = m->micro * (b.total - ce) / bw; // (a vocab-parallel loss: the logits' columns / TP a rank)
-    pt->fwd += m->micro * (b.fwd - ce) / bw;
+    // (cost_bytes counts a split head's columns: the logits' columns / TP a rank)
+    double bw = hw->hbm_gbps * 1e9 * PLAN_MEMOPS_HBM;
+    pt->mem = m->micro * b.total / bw;
+    pt->fwd += m->micro * b.fwd / bw;
     pt->all = pt->grouped + dense / dr + attn / ar + pt->mem;
 }
 
@@ -388,7 +386,7 @@ static const char *layout_rules(MeshShape *ms, const ModelConfig *c, const Train
 // (NULL: built here from m's mesh and split).
 static double stage_megatron(const CostMesh *m, int s, const ModelConfig *c, const CostTable *lts) {
     if (lts) return megatron_state(lts[s].t, &m->ms);
-    ParamSlicing sl = {m->ms.tp, 0, m->ms.ep, 0, m->ms.etp, 0, m->ms.pp > 1 ? &m->sp : NULL, s, 0};
+    ParamSlicing sl = {m->ms.tp, 0, m->ms.ep, 0, m->ms.etp, 0, m->ms.pp > 1 ? &m->sp : NULL, s, m->ms.vocab};
     ParamTable t;
     params_build_local(&t, c, &sl);
     double b = megatron_state(&t, &m->ms);

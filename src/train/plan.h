@@ -123,8 +123,6 @@ typedef struct {
     int hide_pp; // 1: each pipeline send behind the compute after it, interleaved schedules only (Megatron's
                  // --overlap-p2p-comm, on by default there)
     int hide_dp; // PLAN_HIDE_DP_*
-    int head_tp; // 1: the LM head's GEMMs split over the TP ranks (Megatron's vocab-parallel output layer);
-                 // 0: whole on every TP rank of the last stage (ours)
     int overlap_sms; // the SMs (of PLAN_GPU_SMS) an overlapped communication's kernels hold while they run:
                      // each second hidden behind compute costs that compute overlap_sms / PLAN_GPU_SMS of a
                      // second (0: free)
