@@ -1004,6 +1004,20 @@ static void test_embedding(int V, int N, int C) {
         gpu->free(dtd2);
         free(dt);
     }
+    // ids outside [0, V) (vocab-parallel: another TP rank's rows): a zero row forward, nothing added
+    // backward; the same bits as the cpu's
+    tok[0] = -1;
+    tok[N - 1] = V;
+    float *dt = hcopy(pre, (size_t)V * C), *dtd = gpu_putf(gpu, dt, (size_t)V * C);
+    gpu->to_device(tokd, tok, N * sizeof(int32_t));
+    cpu->embedding_fwd(ref, tok, tab, N, C, V);
+    gpu->embedding_fwd(od, tokd, tabd, N, C, V);
+    cmp("embedding_fwd", "out (ids -1 and V: zero rows)", od, ref, (size_t)N * C, 0.0);
+    cpu->embedding_bwd(dt, dout, tok, N, C, V);
+    gpu->embedding_bwd(dtd, doutd, tokd, N, C, V);
+    cmp("embedding_bwd", "dtable (ids -1 and V: nothing added)", dtd, dt, (size_t)V * C, 0.0);
+    gpu->free(dtd);
+    free(dt);
     gpu->free(tabd);
     gpu->free(tokd);
     gpu->free(od);
@@ -2250,6 +2264,94 @@ static void test_attention_chunks(int B, int T, int H, int KV, int hd, int n) {
     free(dv);
 }
 
+// The vocab-parallel cross-entropy (ops.h ce_part / ce_finish) over two uneven column blocks [0, a), [a, V)
+// against the cpu's: the parts (the max and the target's logit the same bits, the sum within BAND_SUM), the
+// losses and cuda-fp32's dlogits (BAND_SUM), "cuda"'s dlogits cuda-fp32's rounded once to bf16 in place; and
+// one block (n 1) the table's cross_entropy_fwd_bwd bits (a row under 16385 values: cross_entropy_k's sums).
+static void test_ce_parts(int N, int V, float sd) {
+    const Backend *f32 = backend_cuda_fp32();
+    int b0[3] = {0, V / 3 + 1, V};
+    float *x = hrand((size_t)N * V, sd), dloss = 1.0f / N;
+    int32_t *t = hidx(N, V);
+    t[0] = b0[1] - 1; // (the edges of the blocks)
+    t[N - 1] = b0[1];
+    double *hp = xcalloc((size_t)6 * N, sizeof(double)), *dp = gpu->alloc((size_t)6 * N * sizeof(double)),
+           *gp = xcalloc((size_t)6 * N, sizeof(double));
+    float *blk[2], *blkd[2];
+    int32_t *tb[2], *tbd[2];
+    for (int b = 0; b < 2; b++) {
+        int Vb = b0[b + 1] - b0[b];
+        blk[b] = hnew((size_t)N * Vb);
+        tb[b] = hidx(N, 1);
+        for (int i = 0; i < N; i++) {
+            memcpy(blk[b] + (size_t)i * Vb, x + (size_t)i * V + b0[b], sizeof(float) * Vb);
+            tb[b][i] = t[i] - b0[b];
+        }
+        blkd[b] = gpu_putf(gpu, blk[b], (size_t)N * Vb);
+        tbd[b] = gpu_put(gpu, tb[b], N * sizeof(int32_t));
+        cpu->ce_part(hp + (size_t)b * 3 * N, blk[b], tb[b], N, Vb);
+        gpu->ce_part(dp + (size_t)b * 3 * N, blkd[b], tbd[b], N, Vb);
+    }
+    gpu->to_host(gp, dp, (size_t)6 * N * sizeof(double));
+    size_t bad = 0;
+    for (size_t j = 0; j < (size_t)2 * N; j++)
+        bad += gp[3 * j] != hp[3 * j] || gp[3 * j + 2] != hp[3 * j + 2] ||
+            !(fabs(gp[3 * j + 1] - hp[3 * j + 1]) <= BAND_SUM * hp[3 * j + 1]);
+    EXPECT(bad == 0, "ce_part N%d V%d: %zu of %d rows' parts not the cpu's", N, V, bad, 2 * N);
+    for (int b = 0; b < 2; b++) {
+        int Vb = b0[b + 1] - b0[b];
+        float *loss = hnew(N), *lossd = gpu_nanf(gpu, N), *x32 = gpu_putf(gpu, blk[b], (size_t)N * Vb),
+              *xg = gpu_putf(gpu, blk[b], (size_t)N * Vb);
+        cpu->ce_finish(loss, blk[b], hp, tb[b], N, Vb, 2, dloss);
+        f32->ce_finish(lossd, x32, dp, tbd[b], N, Vb, 2, dloss);
+        cmp("ce_finish", "losses", lossd, loss, N, BAND_SUM);
+        cmp("ce_finish", "dlogits (cuda-fp32)", x32, blk[b], (size_t)N * Vb, BAND_SUM);
+        gpu->ce_finish(lossd, xg, dp, tbd[b], N, Vb, 2, dloss);
+        float *a = gpu_getf(gpu, x32, (size_t)N * Vb), *g = gpu_getf(gpu, xg, (size_t)N * Vb);
+        size_t off = 0;
+        for (size_t i = 0; i < (size_t)N; i++)
+            for (size_t j = 0; j < (size_t)Vb; j++) {
+                uint16_t h;
+                memcpy(&h, (const char *)(g + i * Vb) + (gpu->hid == FMT_F32 ? 4 : 2) * j, 2);
+                off += gpu->hid == FMT_F32 ? memcmp(g + i * Vb + j, a + i * Vb + j, 4) != 0
+                                           : h != bf16_rn_bits(a[i * Vb + j]);
+            }
+        EXPECT(off == 0, "ce_finish N%d V%d block %d: %zu dlogits not cuda-fp32's in the table's format", N,
+               V, b, off);
+        free(a);
+        free(g);
+        free(loss);
+        gpu->free(lossd);
+        gpu->free(x32);
+        gpu->free(xg);
+    }
+    // one block: the table's cross-entropy bits
+    int32_t *td = gpu_put(gpu, t, N * sizeof(int32_t));
+    float *xa = gpu_putf(gpu, x, (size_t)N * V), *xb = gpu_putf(gpu, x, (size_t)N * V),
+          *la = gpu_nanf(gpu, N), *lb = gpu_nanf(gpu, N);
+    gpu->cross_entropy_fwd_bwd(la, xa, td, N, V, dloss);
+    gpu->ce_part(dp, xb, td, N, V);
+    gpu->ce_finish(lb, xb, dp, td, N, V, 1, dloss);
+    cmp_exact_dev("ce_part + ce_finish of one block: cross_entropy_fwd_bwd's losses", lb, la, N);
+    cmp_exact_dev("ce_part + ce_finish of one block: cross_entropy_fwd_bwd's dlogits", xb, xa, (size_t)N * V);
+    for (int b = 0; b < 2; b++) {
+        free(blk[b]);
+        free(tb[b]);
+        gpu->free(blkd[b]);
+        gpu->free(tbd[b]);
+    }
+    gpu->free(td);
+    gpu->free(xa);
+    gpu->free(xb);
+    gpu->free(la);
+    gpu->free(lb);
+    gpu->free(dp);
+    free(hp);
+    free(gp);
+    free(x);
+    free(t);
+}
+
 static void test_cross_entropy(int N, int V, float sd) {
     float *x = hrand((size_t)N * V, sd), *x0 = hcopy(x, (size_t)N * V);
     int32_t *t = hidx(N, V), *td = gpu_put(gpu, t, N * sizeof(int32_t));
@@ -2839,6 +2941,9 @@ static void run_suite(const Backend *be, int big) {
     test_cross_entropy(37, 13, 1.0f);
     test_cross_entropy(20, 5000, 3.0f);
     test_cross_entropy(5, 20000, 3.0f); // (16385-32768 values: the row in registers, threads past its end)
+    test_ce_parts(37, 13, 1.0f);
+    test_ce_parts(20, 5000, 3.0f); // (float4 rows where the block allows: 1667 and 3333 columns do not)
+    test_ce_parts(9, 12000, 10.0f);
     if (big) test_cross_entropy(9, 32000, 10.0f);
     test_elementwise(100003);
     test_sumsq(0);

@@ -38,7 +38,8 @@
 #          of more than a few of a step's 1024 token rows shows, one row may not (tests/test_fp8_train.sh
 #          holds the exchange under fp8 to the mesh bands, on its model);
 #   loss chunks: --loss-chunks 3 (each chunk's head backward in the forward; the reference with it too): pp2
-#          exact, tp2 on the DeepSeek-V3-shaped model with its MTP module close;
+#          exact, tp2 on the DeepSeek-V3-shaped model with its MTP module close; --vocab-parallel 1 (the
+#          embedding and LM head split over TP) at tp2 and pp2 tp2 (with chunks) close;
 #   resume: a checkpoint saved at step 3 on one layout resumed on another continues as the uninterrupted
 #          run of the first (close); preemption: SIGTERM to one rank of pp2 leaves a checkpoint that pp1 and
 #          ep2 resume, every rank exits 75; kill -9 of one rank ends every rank within 60 s (MOE_COMM_TIMEOUT_S
@@ -225,6 +226,8 @@ CASES=(
   "2|--tp 2|--precision fp8|close|tp2 precision fp8"
   "2|--pp 2|--loss-chunks 3|exact|pp2 loss-chunks 3"
   "2|--tp 2|$DSF --loss-chunks 3|close|deepseek-v3-tiny+MTP tp2 loss-chunks 3"
+  "2|--tp 2 --vocab-parallel 1||close|tp2 vocab-parallel"
+  "4|--pp 2 --tp 2 --vocab-parallel 1|--loss-chunks 3|close|pp2 tp2 vocab-parallel loss-chunks 3"
 )
 # MATCH=REGEX: only the layout cases whose label matches (no resharding, preemption, bad input or sanitizer)
 if [ -n "${MATCH:-}" ]; then

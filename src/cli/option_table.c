@@ -222,7 +222,7 @@ const Opt opts[] = {
     {"vocab-parallel", O_INT, TO(vocab_parallel), C_TRAIN | C_INFO | C_PLAN,
      "1: under --tp the embedding and the LM head are split over the TP ranks by vocabulary rows (Megatron's "
      "vocab-parallel layers: each rank 1/TP of both tables, their gradients and moments, and of the logits; "
-     "the loss combined over the ranks); 0: both whole on every TP rank. --device cpu only so far"},
+     "the loss combined over the ranks); 0: both whole on every TP rank"},
     {"pp", O_INT, TO(pp), C_TRAIN | C_INFO, "pipeline stages (the layers split between them)"},
     {"pp-schedule", O_SCHEDULE, TO(pp_schedule), C_TRAIN | C_INFO,
      "the pipeline schedule (micro-batches = --grad-accum, at least --pp)"},

@@ -357,8 +357,8 @@ struct Backend {
                       int E, int k);
 
     // out (N,C) rows = table[tokens[i]] of a (V,C) table (a table in a hole of alloc_bf16_params's buffer
-    // read from its bf16 copy: the same values); bwd: dtable[tokens[i]] += dout[i], in i's order. A table
-    // with ce_part (vocab-parallel: model/vocab.h) takes ids outside [0, V) too: a zero row, nothing added.
+    // read from its bf16 copy: the same values); bwd: dtable[tokens[i]] += dout[i], in i's order. An id
+    // outside [0, V) (vocab-parallel: another TP rank's row, model/vocab.h): a zero row, nothing added.
     void (*embedding_fwd)(float *out, const int32_t *tokens, const float *table, int N, int C, int V);
     void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *tokens, int N, int C, int V);
 
@@ -524,15 +524,14 @@ struct Backend {
     void (*cross_entropy_fwd_bwd)(float *losses, float *logits, const int32_t *targets, int N, int V,
                                   float dloss);
     void (*cross_entropy_fwd)(float *losses, const float *logits, const int32_t *targets, int N, int V);
-    // The same over n ranks' column blocks of the logits (vocab-parallel: model/vocab.h; NULL where a table
-    // has it not yet). ce_part: part (N,3) doubles = each row's largest logit m over its V columns, the sum
-    // s of exp(x - m) over them, its target's logit (0 where targets[i] is outside [0, V): another block's).
-    // ce_finish, from the n parts in block order (n,N,3): M = the largest m, S = sum_r s_r exp(m_r - M)
-    // (double), losses = (M + log S, rounded once as cross_entropy_fwd's) - the targets' logits summed, and
-    // with dloss != 0 the logits OVERWRITTEN as cross_entropy_fwd_bwd does (the onehot where targets[i] is in
-    // [0, V) only). n = 1: cross_entropy_fwd(_bwd)'s bits (cuda: its one-block-a-row kernel's, not the
-    // register kernel's it takes for float4 rows of 16385..32768 values); n > 1: theirs but for the sums'
-    // order in S.
+    // The same over n ranks' column blocks of the logits (vocab-parallel: model/vocab.h). ce_part: part (N,3)
+    // doubles = each row's largest logit m over its V columns, the sum s of exp(x - m) over them, its
+    // target's logit (0 where targets[i] is outside [0, V): another block's). ce_finish, from the n parts in
+    // block order (n,N,3): M = the largest m, S = sum_r s_r exp(m_r - M) (double), losses = (M + log S,
+    // rounded once as cross_entropy_fwd's) - the targets' logits summed, and with dloss != 0 the logits
+    // OVERWRITTEN as cross_entropy_fwd_bwd does (the onehot where targets[i] is in [0, V) only). n = 1:
+    // cross_entropy_fwd(_bwd)'s bits (cuda: its one-block-a-row kernel's, not the register kernel's it takes
+    // for float4 rows of 16385..32768 values); n > 1: theirs but for the sums' order in S.
     void (*ce_part)(double *part, const float *logits, const int32_t *targets, int N, int V);
     void (*ce_finish)(float *losses, float *logits, const double *parts, const int32_t *targets, int N, int V,
                       int n, float dloss);

@@ -428,8 +428,8 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.plan_rows = w_prows;
     pb.cross_entropy_fwd_bwd = w_ce_fb;
     pb.cross_entropy_fwd = w_ce_f;
-    pb.ce_part = inner->ce_part ? w_ce_p : NULL; // (vocab-parallel: the tables that have it)
-    pb.ce_finish = inner->ce_part ? w_ce_fin : NULL;
+    pb.ce_part = w_ce_p;
+    pb.ce_finish = w_ce_fin;
     pb.mul = w_mul;
     pb.axpy = w_axpy;
     pb.add = w_add;

@@ -132,10 +132,6 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     if (o->fp8_save && !p->be->fp8_save)
         DIE("--fp8-save: the %s backend's FP8 table keeps no FP8 rows for the backward yet (cpu only so far)",
             p->be->name);
-    if (o->vocab_parallel && !p->be->ce_part)
-        DIE("--vocab-parallel: the %s backend has no vocab-parallel cross-entropy yet (--device cpu only so "
-            "far)",
-            p->be->name);
     if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)
         DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");

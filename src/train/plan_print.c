@@ -45,10 +45,6 @@ static void print_head(const PlanSpec *sp, const TrainOptions *o) {
            "headroom x%.2f on the routed buffers, communication %.0f%% exposed\n",
            sp->gpus, sp->hw.name, sp->hw.mem_bytes / 1073741824.0, sp->nodes_of, o->batch, o->seq_len,
            prec_name(o->precision), sp->imbalance, 100 * sp->exposed);
-    if (o->vocab_parallel) // (ops.h ce_part: the tables that have it)
-        printf(
-            "note: --vocab-parallel runs on cpu ranks only until the cuda tables' kernels pass their device "
-            "run (pending/vocab-cuda): the commands below are refused on cuda until then\n");
     static const char *const hide[3] = {"none", "behind the experts (--a2a-overlap)",
                                         "1F1B-paired (Megatron)"};
     static const char *const links[3] = {"flat", "split NVLink / network", "DeepEP's node deduplication"};

@@ -213,6 +213,8 @@ static void fill_common(Backend *be) {
     be->plan_rows = cuda_plan_rows;
     be->cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd_f32;
     be->cross_entropy_fwd = cuda_cross_entropy_fwd;
+    be->ce_part = cuda_ce_part;
+    be->ce_finish = cuda_ce_finish_f32;
     be->mul = cuda_mul;
     be->sigmoid_fwd = cuda_sigmoid_fwd;
     be->sigmoid_bwd = cuda_sigmoid_bwd;
@@ -298,6 +300,7 @@ static void cuda_init(void) {
     g_be_bf16.to_hid = cuda_f32_to_bf16;
     g_be_bf16.copy_strided = cuda_copy_strided_bf16;
     g_be_bf16.cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd_bf16;
+    g_be_bf16.ce_finish = cuda_ce_finish_bf16;
     fill_common(&g_be_f32);
     g_be_f32.name = "cuda-fp32";
     g_be_f32.matmul_fwd = cuda_matmul_fwd_f32;

@@ -207,6 +207,11 @@ void cuda_cross_entropy_fwd_bwd_f32(float *losses, float *logits, const int32_t 
 void cuda_cross_entropy_fwd_bwd_bf16(float *losses, float *logits, const int32_t *targets, int N, int V,
                                      float dloss);
 void cuda_cross_entropy_fwd(float *losses, const float *logits, const int32_t *targets, int N, int V);
+void cuda_ce_part(double *part, const float *logits, const int32_t *targets, int N, int V);
+void cuda_ce_finish_f32(float *losses, float *logits, const double *parts, const int32_t *targets, int N,
+                        int V, int n, float dloss);
+void cuda_ce_finish_bf16(float *losses, float *logits, const double *parts, const int32_t *targets, int N,
+                         int V, int n, float dloss);
 void cuda_mul(float *out, const float *a, const float *b, size_t n);
 void cuda_sigmoid_fwd(float *out, const float *inp, size_t n);
 void cuda_sigmoid_bwd(float *dinp, const float *dout, const float *out, size_t n);

@@ -35,6 +35,20 @@ __global__ void gather_rows_k(TO *out, const TI *inp, const int32_t *idx, int C)
     TO *dst = out + i * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) put(dst + c, src[c]);
 }
+// The embedding's rows: gather_rows_k's, a zero row where the id is outside [0, V) (vocab-parallel: another
+// TP rank's row; ops.h)
+template <typename TI, typename TO>
+__global__ void embed_rows_k(TO *out, const TI *inp, const int32_t *idx, int C, int V) {
+    size_t i = blockIdx.x;
+    int t = idx[i];
+    TO *dst = out + i * C;
+    if (t < 0 || t >= V) {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = TO{};
+        return;
+    }
+    const TI *src = inp + (size_t)t * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) put(dst + c, src[c]);
+}
 
 // rows of C floats may move as float4: C % 4 == 0 and every pointer 16-byte aligned
 static int rows_vec4(int C, const void *a, const void *b) {
@@ -52,8 +66,10 @@ extern "C" void cuda_embedding_fwd(float *out, const int32_t *tokens, const floa
     if (N <= 0 || C <= 0) return;
     const __nv_bfloat16 *tb = (const __nv_bfloat16 *)cuda_bf16_hole_of(table, (size_t)V * C);
     // (a table in a hole of the bf16 parameters lives in their copy alone: its rows widened, the same values)
-    if (tb) gather_rows_k<<<N, row_threads(C)>>>(out, tb, tokens, C);
-    else gather(out, table, tokens, N, C);
+    if (tb) embed_rows_k<<<N, row_threads(C)>>>(out, tb, tokens, C, V);
+    else if (rows_vec4(C, out, table))
+        embed_rows_k<<<N, row_threads(C / 4)>>>((float4 *)out, (const float4 *)table, tokens, C / 4, V);
+    else embed_rows_k<<<N, row_threads(C)>>>(out, table, tokens, C, V);
     KCHECK("embedding_fwd");
 }
 
@@ -100,7 +116,7 @@ extern "C" void cuda_gather_rows_hid_f32(void *out, const void *inp, int from_hi
 #define SCAT_TILE 256
 #define SCAT_COLS 128
 #define SCAT_B 8
-__global__ void embedding_bwd_k(float *out, const float *inp, const int32_t *idx, int n, int C) {
+__global__ void embedding_bwd_k(float *out, const float *inp, const int32_t *idx, int n, int C, int V) {
     __shared__ int32_t sidx[SCAT_TILE], sj[SCAT_TILE];
     __shared__ int sn;
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -114,7 +130,8 @@ __global__ void embedding_bwd_k(float *out, const float *inp, const int32_t *idx
             int m = 0;
             for (int j0 = 0; j0 < nt; j0 += 32) {
                 int j = j0 + threadIdx.x;
-                bool mine = j < nt && (unsigned)sidx[j] % P == part;
+                // (an id outside [0, V): another TP rank's row, nothing added; unsigned: -1 is past V)
+                bool mine = j < nt && (unsigned)sidx[j] < (unsigned)V && (unsigned)sidx[j] % P == part;
                 unsigned b = __ballot_sync(0xffffffffu, mine);
                 if (mine) sj[m + __popc(b & ((1u << threadIdx.x) - 1))] = j;
                 m += __popc(b);
@@ -153,7 +170,6 @@ __global__ void embedding_bwd_k(float *out, const float *inp, const int32_t *idx
 
 extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C,
                                    int V) {
-    (void)V; // (ids in [0, V): this table has no ce_part, so nothing passes others)
     if (N <= 0 || C <= 0) return;
     unsigned cb = cdiv_u(C, SCAT_COLS);
     // enough partitions to fill the GPU (~4 blocks per SM); more only costs index reads
@@ -161,7 +177,7 @@ extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32
     if (P > 64) P = 64;
     if ((int)P > N) P = N;
     dim3 grid(cb, P);
-    embedding_bwd_k<<<grid, SCAT_COLS>>>(dtable, dout, tokens, N, C);
+    embedding_bwd_k<<<grid, SCAT_COLS>>>(dtable, dout, tokens, N, C, V);
     KCHECK("embedding_bwd");
 }
 

@@ -1,9 +1,9 @@
 // cuda_xent.cu — the cross-entropy of the cuda backends (contracts in ops/ops.h: cross_entropy_fwd,
-// cross_entropy_fwd_bwd), one block a row: its max, then its sum of exponentials (each expf, summed in double
-// by a fixed block tree, cuda_common.h; the cpu reference takes each exp in double: the two agree to
-// round-off), the gradient float32 or, on "cuda", bf16 in place (the LM head's backward reads it so:
-// ops.h GM_DOUT_HID). Built with -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the
-// cpu code's.
+// cross_entropy_fwd_bwd, and over TP ranks' column blocks ce_part / ce_finish), one block a row: its max,
+// then its sum of exponentials (each expf, summed in double by a fixed block tree, cuda_common.h; the cpu
+// reference takes each exp in double: the two agree to round-off), the gradient float32 or, on "cuda", bf16
+// in place (the LM head's backward reads it so: ops.h GM_DOUT_HID). Built with -fmad=false (CMakeLists.txt),
+// so the elementwise arithmetic rounds like the cpu code's.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
 #include <cuda_bf16.h>
@@ -40,13 +40,9 @@ __device__ __forceinline__ float dlogit(float v, float l, float dloss, int is_t)
 // takes U values at a time (VEC: a float4, V % 4 == 0 and the rows 16-byte aligned; else one).
 // (Each exp in float and 256 threads on float4s: a double exp per logit and 1024 threads on single floats
 // made this kernel ~4x its bytes' time at a 32000 vocabulary. Later: fused into the LM-head GEMM's epilogue.)
-template <int HID, int VEC>
-__global__ void __launch_bounds__(256)
-    cross_entropy_k(float *losses, float *logits, const int32_t *targets, int V, float dloss, int bwd) {
+// A row's max (the block's, in every thread) and this thread's part of its sum of exponentials.
+template <int VEC> __device__ __forceinline__ float row_stats(const float *x, int nu, double *ps) {
     const int U = VEC ? 4 : 1;
-    int nu = V / U;
-    size_t i = blockIdx.x;
-    float *x = logits + i * V;
     float mx = -INFINITY;
 #pragma unroll 4
     for (int u = threadIdx.x; u < nu; u += blockDim.x) {
@@ -64,9 +60,14 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int k = 0; k < U; k++) s += (double)expf(v[k] - mx);
     }
-    int t = targets[i];
-    float l = row_lse_loss(losses, x, t, mx, s, bwd);
-    if (!bwd) return;
+    *ps = s;
+    return mx;
+}
+
+// The row overwritten with its dlogits (lse l; the onehot at column t, none where t is outside the row).
+template <int HID, int VEC>
+__device__ __forceinline__ void row_grad(float *x, int nu, float l, float dloss, int t) {
+    const int U = VEC ? 4 : 1;
     for (int u0 = 0; u0 < nu; u0 += blockDim.x) { // (HID: every thread runs every chunk, for the barrier)
         int u = u0 + threadIdx.x;
         float p[U];
@@ -82,6 +83,56 @@ __global__ void __launch_bounds__(256)
         else if (VEC) store4((__nv_bfloat16 *)x + 4 * u, p[0], p[1], p[2], p[3]);
         else ((__nv_bfloat16 *)x)[u] = __float2bfloat16_rn(p[0]);
     }
+}
+
+template <int HID, int VEC>
+__global__ void __launch_bounds__(256)
+    cross_entropy_k(float *losses, float *logits, const int32_t *targets, int V, float dloss, int bwd) {
+    int nu = V / (VEC ? 4 : 1);
+    size_t i = blockIdx.x;
+    float *x = logits + i * V;
+    double s;
+    float mx = row_stats<VEC>(x, nu, &s);
+    int t = targets[i];
+    float l = row_lse_loss(losses, x, t, mx, s, bwd);
+    if (bwd) row_grad<HID, VEC>(x, nu, l, dloss, t);
+}
+
+// ce_part (ops.h): a row's max, its sum of exponentials (cross_entropy_k's tree) and its target's logit (0
+// where the target is another block's), 3 doubles a row.
+template <int VEC>
+__global__ void __launch_bounds__(256)
+    ce_part_k(double *part, const float *logits, const int32_t *targets, int V) {
+    size_t i = blockIdx.x;
+    const float *x = logits + i * V;
+    double s;
+    float mx = row_stats<VEC>(x, V / (VEC ? 4 : 1), &s);
+    s = block_sum_d(s);
+    int t = targets[i];
+    if (threadIdx.x == 0) {
+        part[3 * i] = mx;
+        part[3 * i + 1] = s;
+        part[3 * i + 2] = t >= 0 && t < V ? ld_f(x + t) : 0.0;
+    }
+}
+
+// ce_finish (ops.h): the n parts of row i combined (every thread the same sums, in block order), its loss,
+// and with bwd its dlogits over this block's columns.
+template <int HID, int VEC>
+__global__ void __launch_bounds__(256)
+    ce_finish_k(float *losses, float *logits, const double *parts, const int32_t *targets, int N, int V,
+                int n, float dloss, int bwd) {
+    size_t i = blockIdx.x;
+    double M = -INFINITY, s = 0, tl = 0;
+    for (int r = 0; r < n; r++) M = fmax(M, parts[((size_t)r * N + i) * 3]);
+    for (int r = 0; r < n; r++) {
+        const double *p = parts + ((size_t)r * N + i) * 3;
+        s += p[1] * exp(p[0] - M);
+        tl += p[2];
+    }
+    float l = (float)M + (float)log(s);
+    if (threadIdx.x == 0) losses[i] = l - (float)tl;
+    if (bwd) row_grad<HID, VEC>(logits + i * V, V / (VEC ? 4 : 1), l, dloss, targets[i]);
 }
 
 // The same with the row in registers (XR_T threads, XR_N float4s each: vocabularies of 16385-32768 in float4
@@ -159,4 +210,31 @@ extern "C" void cuda_cross_entropy_fwd(float *losses, const float *logits, const
     // bwd = 0: the kernel never writes logits
     xent_launch<0>(losses, (float *)logits, targets, N, V, 0.0f, 0);
     KCHECK("cross_entropy_fwd");
+}
+
+// The vocab-parallel parts (one block a row; float4 reads where the row allows: n = 1 gives cross_entropy_k's
+// bits, not cross_entropy_reg_k's)
+extern "C" void cuda_ce_part(double *part, const float *logits, const int32_t *targets, int N, int V) {
+    if (N <= 0) return;
+    if (V % 4 == 0 && !((uintptr_t)logits % 16)) ce_part_k<1><<<N, 256>>>(part, logits, targets, V);
+    else ce_part_k<0><<<N, 256>>>(part, logits, targets, V);
+    KCHECK("ce_part");
+}
+template <int HID>
+static void ce_finish_launch(float *losses, float *logits, const double *parts, const int32_t *targets, int N,
+                             int V, int n, float dloss) {
+    if (N <= 0) return;
+    int bwd = dloss != 0;
+    if (V % 4 == 0 && !((uintptr_t)logits % 16))
+        ce_finish_k<HID, 1><<<N, 256>>>(losses, logits, parts, targets, N, V, n, dloss, bwd);
+    else ce_finish_k<HID, 0><<<N, 256>>>(losses, logits, parts, targets, N, V, n, dloss, bwd);
+    KCHECK("ce_finish");
+}
+extern "C" void cuda_ce_finish_f32(float *losses, float *logits, const double *parts, const int32_t *targets,
+                                   int N, int V, int n, float dloss) {
+    ce_finish_launch<0>(losses, logits, parts, targets, N, V, n, dloss);
+}
+extern "C" void cuda_ce_finish_bf16(float *losses, float *logits, const double *parts, const int32_t *targets,
+                                    int N, int V, int n, float dloss) {
+    ce_finish_launch<1>(losses, logits, parts, targets, N, V, n, dloss);
 }
