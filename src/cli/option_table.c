@@ -294,7 +294,7 @@ const Opt opts[] = {
      "--precision fp8 and fp8-bf16: 1: the routed experts' SwiGLU inputs are kept for the backward as FP8 "
      "1x128 tiles (fu + fu/128 bytes a row each, where the hidden format keeps h1, h3 and act) and act is "
      "computed again from them (DeepSeek-V3's FP8 activation storage): the forward is unchanged, the "
-     "backward takes the FP8 values. Not with --recompute moe. --device cpu only so far"},
+     "backward takes the FP8 values. Not with --recompute moe"},
     {"fp8-amax-jump", O_INT, TO(fp8_amax_jump), C_TRAIN,
      "--precision fp8 and fp8-bf16: warn when a layer's FP8 operand (x, w1, dy, ...) has an amax this many "
      "powers of two above the largest of every earlier step of the run (a divergence coming; the warning "

@@ -182,6 +182,9 @@ void cuda_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 // (bf16, overwritten) from float32 dout and bf16 h1, h3.
 void cuda_swiglu_fwd_hid(void *h1, void *h3, void *act, const float *h1f, const float *h3f, size_t n);
 void cuda_swiglu_bwd_hid(void *dh1, void *dh3, const float *dout, const void *h1, const void *h3, size_t n);
+// act = silu(h1) h3 of bf16 h1, h3 (float32 sums), rounded to bf16 (--fp8-save's act: ops.h
+// Backend.fp8_save).
+void cuda_swiglu_act_hid(void *act, const void *h1, const void *h3, size_t n);
 void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                      int accumulate);
 void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);

@@ -554,7 +554,8 @@ static void fp8_down_fwd(float *out, const void *act, const float *w, const int6
 
 // dact (float32) = dout W2 (into dh1 where the rows are float32, else the rows' scratch), dw2 from dout and
 // act, then the SwiGLU's backward: dh1, dh3 written (plain.h's order: swiglu_bwd reads each dact before it
-// writes that dh1), with both tilings of each for the up projections' backward (stashed).
+// writes that dh1), with both tilings of each for the up projections' backward (stashed). act NULL
+// (--fp8-save: ops.h Backend.fp8_save): silu(h1) h3 of the h1, h3 given, into the rows' scratch first.
 template <int HB>
 static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, const void *act, const void *h1,
                            const void *h3, const float *w, const int64_t *off, int G, int K, int O,
@@ -564,11 +565,16 @@ static void fp8_swiglu_bwd(void *dh1, void *dh3, float *dw, const void *dout, co
     int64_t rows = off[G] - off[0];
     size_t b = (size_t)off[0] * K, n = (size_t)(rows > 0 ? rows : 0) * K;
     float *dact = (float *)dh1;
-    if (HB) {
-        size_t sz[1] = {sizeof(float) * (n ? n : 1)};
-        void *p[1];
-        scratch_v(&g_rows, 1, sz, p);
-        dact = (float *)p[0] - b;
+    if (HB || !act) {
+        size_t sz[2] = {sizeof(float) * (n ? n : 1), esz(HB) * (n ? n : 1)};
+        void *p[2];
+        scratch_v(&g_rows, 2, sz, p);
+        if (HB) dact = (float *)p[0] - b;
+        if (!act) {
+            if (HB) cuda_swiglu_act_hid(p[1], hid_at_b((void *)h1, b, 1), hid_at_b((void *)h3, b, 1), n);
+            else cuda_swiglu_fwd((float *)p[1], (const float *)h1 + b, (const float *)h3 + b, n);
+            act = (char *)p[1] - b * esz(HB); // (indexed by the rows' numbers, as h1)
+        }
     }
     fp8_bwd(dact, dw, dout, HB, act, HB, w, off, G, K, O, flags & GM_DW_FLAGS, FP8T_DY, FP8T_ACT, FP8T_W2);
     if (!n) return;
@@ -648,6 +654,7 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->fp8_rows_round = fp8_rows_round<HB>;
     be->fp8_rows_pack = fp8_rows_pack<HB>;
     be->fp8_rows_unpack = fp8_rows_unpack<HB>;
+    be->fp8_save = 1; // (grouped_swiglu_bwd takes act NULL)
 }
 
 // The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1); dense: with the attention

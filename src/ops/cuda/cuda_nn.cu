@@ -579,11 +579,12 @@ __device__ __forceinline__ float ld_h(const __nv_bfloat16 *p) { return __bfloat1
 __device__ __forceinline__ void st_h(float *p, float x) { st_f(p, x); }
 __device__ __forceinline__ void st_h(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
 
-// out = silu(h1) h3; with h1o, h3o (the hidden format's fallback) also h1, h3 stored again as D
-template <typename D>
-__global__ void swiglu_fwd_k(D *out, D *h1o, D *h3o, const float *h1, const float *h3, size_t n) {
+// out = silu(h1) h3 of h1, h3 as S; with h1o, h3o (the hidden format's fallback) also h1, h3 stored again as
+// D
+template <typename D, typename S = float>
+__global__ void swiglu_fwd_k(D *out, D *h1o, D *h3o, const S *h1, const S *h3, size_t n) {
     GRID_STRIDE(i, n) {
-        float a = ld_f(h1 + i), b = ld_f(h3 + i);
+        float a = ld_h(h1 + i), b = ld_h(h3 + i);
         st_h(out + i, swiglu_silu_mul(a, b));
         if (h1o) {
             st_h(h1o + i, a);
@@ -615,6 +616,14 @@ extern "C" void cuda_swiglu_fwd_hid(void *h1, void *h3, void *act, const float *
     typedef __nv_bfloat16 bf16;
     swiglu_fwd_k<bf16><<<ew_grid(n, 256), 256>>>((bf16 *)act, (bf16 *)h1, (bf16 *)h3, h1f, h3f, n);
     KCHECK("swiglu_fwd (bf16 rows)");
+}
+
+extern "C" void cuda_swiglu_act_hid(void *act, const void *h1, const void *h3, size_t n) {
+    if (!n) return;
+    typedef __nv_bfloat16 bf16;
+    swiglu_fwd_k<bf16, bf16>
+        <<<ew_grid(n, 256), 256>>>((bf16 *)act, NULL, NULL, (const bf16 *)h1, (const bf16 *)h3, n);
+    KCHECK("swiglu act (bf16 rows)");
 }
 
 extern "C" void cuda_swiglu_bwd_hid(void *dh1, void *dh3, const float *dout, const void *h1, const void *h3,
