@@ -144,7 +144,7 @@ __device__ __forceinline__ float block_max_f(float v) {
     return m;
 }
 
-// Entry points of cuda_nn.cu, cuda_plan.cu and cuda_optim.cu (same contracts as ops.h).
+// Entry points of cuda_nn.cu, cuda_elementwise.cu, cuda_plan.cu and cuda_optim.cu (same contracts as ops.h).
 extern "C" {
 void cuda_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V);
 void cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C, int V);

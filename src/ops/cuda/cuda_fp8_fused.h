@@ -1,9 +1,9 @@
 // cuda_fp8_fused.h — the FP8 (e4m3) quantisers fused with what is around them (cuda_fp8_fused.cu), so that an
 // operand is read once for every layout a GEMM needs: both tilings of grouped rows in one pass, the SwiGLU
 // forward writing its output's tiles, the SwiGLU backward writing both tilings of its two gradients. Each
-// equals, bit for bit, the plain kernels it replaces (cuda_fp8.h's quantisers after cuda_nn.cu's SwiGLU:
-// tests/test_cuda_fp8_fused.c), and counts the same non-finite groups. A C header: the tests call these.
-// Must not hold: the GEMMs or any knowledge of layers.
+// equals, bit for bit, the plain kernels it replaces (cuda_fp8.h's quantisers after cuda_elementwise.cu's
+// SwiGLU: tests/test_cuda_fp8_fused.c), and counts the same non-finite groups. A C header: the tests call
+// these. Must not hold: the GEMMs or any knowledge of layers.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

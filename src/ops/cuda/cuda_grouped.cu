@@ -109,7 +109,7 @@ __device__ __forceinline__ void gg_tile_dw(const GGArgs &a, int t, int &m0, int 
 // Epilogues. EPI_PLAIN: C = acc + beta C. EPI_SWIGLU_FWD (B = 128 rows of W1 then 128 of W3, so a
 // thread holds h1 and h3 of the same elements in acc[j] and acc[j + 64]): h1, h3 and
 // act = silu(h1) h3. EPI_SWIGLU_BWD (acc = dact = dout W2): dh1, dh3 from dact and the forward's h1,
-// h3. The SwiGLU arithmetic is cuda_swiglu.cuh's, which cuda_nn.cu's plain kernels use too, so the
+// h3. The SwiGLU arithmetic is cuda_swiglu.cuh's, which cuda_elementwise.cu's plain kernels use too, so the
 // fused results are the unfused ops' bits.
 // EPI_DW: C_g (M, N) += dout_g^T x_g: A is dout (rows, M) read M-major, B is x (rows, N) N-major,
 // the reduction runs over the group's own rows (the last step's rows past the group are zeroed in
