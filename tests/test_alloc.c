@@ -102,7 +102,7 @@ int main(void) {
     check("loss chunks 3, an MTP module", c, &o, be, world);
     o.loss_chunks = 1;
 
-    const Backend *fp8 = backend_fp8(be); // (--fp8-save: where the FP8 table keeps FP8 rows; cpu so far)
+    const Backend *fp8 = backend_fp8(be); // (--fp8-save: where the FP8 table keeps FP8 rows)
     if (fp8->fp8_save) {
         small_run(&c, &o);
         o.precision = PREC_FP8;
