@@ -135,7 +135,7 @@ static void check_one_gpu(void) {
         o.precision = v & 1 ? PREC_BF16 : PREC_MIXED;
         o.grad_memory = v & 2 ? GRADMEM_SEPARATE : GRADMEM_SHARED;
         int micro = v & 4 ? 2 : 1;
-        PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, micro, 0};
+        PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, micro, 0, 0};
         PlanRow row;
         EXPECT(!plan_layout(&row, &c, &o, &sp, &l, NULL, NULL), "case %d: refused", v);
         TrainOptions w1 = o;
@@ -159,7 +159,7 @@ static void check_host(void) {
     TrainOptions o;
     setup(&c, &o, "peers-ref", 4, 2048);
     PlanSpec sp = spec(1);
-    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0};
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0, 0};
     PlanRow a, b, h;
     EXPECT(!plan_layout(&a, &c, &o, &sp, &l, NULL, NULL) && a.host == 0, "built-in h200: host %g s", a.host);
     sp.hw.launch_us = 5, sp.hw.sync_us = 10;
@@ -292,7 +292,7 @@ static void check_fp8(void) {
     TrainOptions o;
     setup(&c, &o, "peers-ref", 4, 2048);
     PlanSpec sp = spec(1);
-    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0};
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0, 0};
     PlanRow mixed, same, half;
     EXPECT(!plan_layout(&mixed, &c, &o, &sp, &l, NULL, NULL), "mixed");
     o.precision = PREC_FP8;
@@ -360,7 +360,7 @@ static void check_pipe_planner(void) {
     PlanSpec sp = spec(2);
     sp.hw.dense_tflops = sp.hw.grouped_tflops = sp.hw.attention_tflops = 0.001;
     sp.hw.hbm_gbps = sp.hw.nvlink_gbps = sp.hw.internode_gbps = 1e15;
-    PlanLayout l = {1, 1, 1, 2, 1, 0, 0, RECOMPUTE_NONE, 4, 0};
+    PlanLayout l = {1, 1, 1, 2, 1, 0, 0, RECOMPUTE_NONE, 4, 0, 0};
     PlanRow w;
     PlanPipe p;
     EXPECT(!plan_layout(&w, &c, &o, &sp, &l, NULL, &p), "tiny pp2 micro4");
@@ -389,7 +389,7 @@ static void check_pipe_planner(void) {
     // vocab 256) on 2 x 2 chunks: the head on virtual stage 3 (stage 1's second chunk) alone; a layer 2 x 256
     // x 32 x 24 + 2 x 2 x 8 x 32 x 32 + 2 x 256 x 8 + 2 x 2 x 3 x 256 x 512 = 2002944, the head 131072
     setup(&sm, &os, "small", 16, 64);
-    PlanLayout li = {1, 1, 1, 2, 2, 0, 0, RECOMPUTE_NONE, 4, 0};
+    PlanLayout li = {1, 1, 1, 2, 2, 0, 0, RECOMPUTE_NONE, 4, 0, 0};
     EXPECT(!plan_layout(&w, &sm, &os, &sp, &li, NULL, &p) && p.kind == SCHED_INTERLEAVED && p.vpp == 2,
            "small pp2 vpp2 micro4");
     EXPECT(fabs(p.tf[1] / p.tf[0] - 1) < 1e-9 && fabs(p.tf[2] / p.tf[0] - 1) < 1e-9 &&
@@ -483,7 +483,7 @@ static void check_memops(void) {
     sp.hw.dense_tflops = sp.hw.grouped_tflops = sp.hw.attention_tflops = 1e15;
     sp.hw.hbm_gbps = 100;
     double bw = 100e9, want = tok * N / (PLAN_MEMOPS_HBM * bw) + 4 * (P - X) / bw;
-    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0};
+    PlanLayout l = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 1, 0, 0};
     PlanRow w, w2, w4;
     EXPECT(!plan_layout(&w, &c, &o, &sp, &l, NULL, NULL), "tiny, one GPU");
     EXPECT(fabs(w.memops - want) <= 1e-12 * want && fabs(w.compute - want - 30 * P / bw) <= 1e-9 * want,
@@ -518,7 +518,7 @@ static void check_recompute_layers(void) {
     TrainOptions o;
     setup(&c, &o, "peers-ref", 8, 2048);
     PlanSpec sp = spec(1);
-    PlanLayout none = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 2, 0}, all = none;
+    PlanLayout none = {1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, 2, 0, 0}, all = none;
     all.recompute = RECOMPUTE_MOE;
     PlanRow a, b;
     EXPECT(!plan_layout(&a, &c, &o, &sp, &none, NULL, NULL) &&

@@ -77,13 +77,40 @@ check "--explain tp2 ep4 --vocab-parallel 1: memory $m1 as moe info prints it fo
 check "--explain tp2 ep4: memory lower with --vocab-parallel 1 ($m0 -> $m1)" \
   awk -v a="${m1% *}" -v b="${m0% *}" 'BEGIN { exit !(a + 0 > 0 && a + 0 < b + 0) }'
 
-# --explain of row 3's words: the row's tokens/s and memory
+# Without --vocab-parallel every TP layout is priced both ways (the embedding and head whole, and split: the
+# layout word "vocab", whose command alone carries --vocab-parallel 1); with the option given, only its way
+# (tiny at V 32000 on 4 GPUs: the split head is the faster, every layout fits)
+VP=(--gpus 4 --preset tiny --vocab-size 32000 --batch 8 --seq-len 64 --top 100000)
+rows_of() { grep -E '^ *[0-9]+  tp' "$1"; }
+"$MOE" plan "${VP[@]}" > "$TMP/vp.txt"
+"$MOE" plan "${VP[@]}" --vocab-parallel 0 > "$TMP/vp0.txt"
+"$MOE" plan "${VP[@]}" --vocab-parallel 1 > "$TMP/vp1.txt"
+nv=$(rows_of "$TMP/vp.txt" | grep -c ' vocab ') nw=$(rows_of "$TMP/vp.txt" | grep -E '^ *[0-9]+  tp[2-9]' | grep -vc ' vocab ')
+nc=$(grep -c -- '--vocab-parallel 1' "$TMP/vp.txt")
+check "moe plan: every TP layout both ways ($nv rows split, $nw whole), the split ones' commands alone carry the option ($nc)" \
+  test "$nv" -gt 0 -a "$nv" = "$nw" -a "$nc" = "$nv"
+check "moe plan: a split row's command after its own layout word" \
+  awk '/^ *[0-9]+  tp/ { v = / vocab / } /build\/moe train/ { if (v != /--vocab-parallel 1/) bad = 1 } END { exit bad }' "$TMP/vp.txt"
+check "moe plan --vocab-parallel 0: no split row, no command carries it" \
+  test "$(grep -c ' vocab \|--vocab-parallel 1' "$TMP/vp0.txt")" = 0 -a \
+  "$(rows_of "$TMP/vp0.txt" | grep -cE '^ *[0-9]+  tp[2-9]')" = "$nw"
+n1=$(rows_of "$TMP/vp1.txt" | grep -E '^ *[0-9]+  tp[2-9]' | grep -c ' vocab ')
+check "moe plan --vocab-parallel 1: every TP row split ($n1), each command carries the option once" \
+  test "$n1" = "$nv" -a "$(grep 'build/moe train' "$TMP/vp1.txt" | grep -c -- '--vocab-parallel 1 .*--vocab-parallel')" = 0
+top=$(rows_of "$TMP/vp.txt" | head -1)
+check "moe plan: the split head the faster here (row 1: $(echo "$top" | awk '{print $2, $NF}'))" grep -q ' vocab ' <<< "$top"
+
+# --explain of row 3's words (and of the first split row's: "vocab" read back): the row's tokens/s and memory
 "$MOE" plan --gpus 8 --preset small --batch 16 --seq-len 128 >"$TMP/plan.txt"
 row=$(grep -E '^ +3  tp' "$TMP/plan.txt")
-words=$(echo "$row" | awk '{print $2, $3, $4, $5, $6, $7, $8, $9, $10}')
+lay() { awk '{ s = $2; for (i = 3; i <= NF && $i !~ /^[0-9.]+$/; i++) s = s " " $i; print s }'; }
+words=$(echo "$top" | lay) tps=$(echo "$top" | awk '{print $(NF-1)}')
+check "--explain '$words' gives the row's tokens/s ($tps)" \
+  grep -qE "^step: .* $tps tokens/s" <("$MOE" plan "${VP[@]}" --explain "$words")
+words=$(echo "$row" | lay)
 "$MOE" plan --gpus 8 --preset small --batch 16 --seq-len 128 --explain "$words" >"$TMP/explain.txt"
 tps=$(echo "$row" | awk '{print $(NF-1)}')
-mem=$(echo "$row" | awk '{print $11, $12}')
+mem=$(echo "$row" | awk -v n="$(echo "$words" | wc -w)" '{print $(n + 2), $(n + 3)}')
 check "--explain '$words' gives the row's tokens/s ($tps)" grep -qE "^step: .* $tps tokens/s" "$TMP/explain.txt"
 check "--explain '$words' gives the row's memory ($mem)" grep -qF "= $mem of" "$TMP/explain.txt"
 check "--explain names the layout and says it fits" grep -qE "^layout: $words$" "$TMP/explain.txt"

@@ -147,6 +147,7 @@ int cmd_plan(State *s) {
     sp.hide_pp = word(cl->hide_pp, "--hide-pp", (const char *const[]){"none", "next", NULL});
     sp.hide_dp = word(cl->hide_dp, "--hide-dp", (const char *const[]){"none", "grads", "grads+params", NULL});
     sp.overlap_sms = cl->overlap_sms;
+    sp.vocab_search = !opt_set(s, "vocab-parallel");
     sp.megatron_memory =
         word(cl->memory_model, "--memory-model", (const char *const[]){"ours", "megatron", NULL});
     if (!calibrate_here(s, &sp.hw)) return 0;

@@ -31,6 +31,7 @@ static void plan_options(TrainOptions *t, const TrainOptions *o, const PlanLayou
     t->recompute = l->recompute;
     t->recompute_layers = l->rc_layers;
     t->grad_accum = l->micro;
+    t->vocab_parallel = l->vocab;
 }
 
 // Whether some group of kind k (0 tp, 1 dp and edp, 2 ep, 3 etp, 4 pp) holds ranks of two nodes of n:
@@ -325,7 +326,7 @@ static void stage_hidden(double *hid, const double *cs, const StageWork *w, cons
 // Layout l's mesh on gpus GPUs (dp and edp unresolved).
 static MeshShape plan_shape(const TrainOptions *o, int gpus, const PlanLayout *l) {
     MeshShape ms = {gpus, l->tp, 0, l->pp, l->ep, l->etp, 0, o->a2a_hier > 1 ? o->a2a_hier : 0, 0};
-    ms.vocab = o->vocab_parallel && l->tp > 1;
+    ms.vocab = l->vocab && l->tp > 1;
     return ms;
 }
 
@@ -639,8 +640,17 @@ static void enumerate_in(PlanResult *r, const ModelConfig *c, const TrainOptions
             int stage = G / pps[b], nep = divisors(stage, eps);
             for (int e = 0; e < nep && !hit; e++) {
                 int netp = divisors(stage / eps[e], etps);
-                for (int f = 0; f < netp && !hit; f++) {
-                    PlanLayout l = {tps[a], eps[e], etps[f], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1, 0};
+                // (with tps[a] > 1 and vocab_search: the embedding and the head whole, then split over TP)
+                int nv = sp->vocab_search && tps[a] > 1 ? 2 : 1;
+                for (int f = 0; f < netp * nv && !hit; f++) {
+                    PlanLayout l = {.tp = tps[a],
+                                    .ep = eps[e],
+                                    .etp = etps[f / nv],
+                                    .pp = pps[b],
+                                    .vpp = 1,
+                                    .recompute = RECOMPUTE_NONE,
+                                    .micro = 1,
+                                    .vocab = nv == 2 ? f % 2 : o->vocab_parallel};
                     MeshShape ms = plan_shape(o, G, &l);
                     if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
                     else if (!stop_at_fit || state_floor(wdense, wexp, wb, &l, G) <= sp->hw.mem_bytes)

@@ -67,6 +67,7 @@ typedef struct {
     int tp, ep, etp, pp, vpp, dp;
     int zero, recompute, micro; // --zero, --recompute (RECOMPUTE_*), --grad-accum
     int rc_layers; // --recompute-layers (0: every layer recomputes)
+    int vocab; // --vocab-parallel (with tp > 1: the embedding and the LM head split over TP)
 } PlanLayout;
 
 // Its figures (bytes, seconds).
@@ -126,6 +127,8 @@ typedef struct {
     int overlap_sms; // the SMs (of PLAN_GPU_SMS) an overlapped communication's kernels hold while they run:
                      // each second hidden behind compute costs that compute overlap_sms / PLAN_GPU_SMS of a
                      // second (0: free)
+    int vocab_search; // 1: every TP layout priced both with and without --vocab-parallel (the option not
+                      // given); 0: as TrainOptions.vocab_parallel says
     int megatron_memory; // 1: the weights, gradients and optimizer state as Megatron's distributed optimizer
                          // keeps them (bf16 weights, float32 gradients, float32 master weights and moments
                          // sharded over the data-parallel group: 6 + 12 / DP bytes a parameter) in place of

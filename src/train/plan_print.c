@@ -17,13 +17,14 @@ static const char *rc_name(int rc) {
                                : "none";
 }
 
-// "tp2 ep4 etp1 pp2 vpp1 dp1 zero1 micro8 recompute-moe [recompute-layers3]": the words --explain reads back
-// (plan_parse_layout below).
+// "tp2 ep4 etp1 pp2 vpp1 dp1 zero1 micro8 recompute-moe [recompute-layers3] [vocab]": the words --explain
+// reads back (plan_parse_layout below).
 static void plan_layout_name(char *buf, size_t n, const PlanLayout *l) {
     int k = snprintf(buf, n, "tp%d ep%d etp%d pp%d vpp%d dp%d zero%d micro%d recompute-%s", l->tp, l->ep,
                      l->etp, l->pp, l->vpp, l->dp, l->zero, l->micro, rc_name(l->recompute));
     if (l->rc_layers && k > 0 && (size_t)k < n)
-        snprintf(buf + k, n - (size_t)k, " recompute-layers%d", l->rc_layers);
+        k += snprintf(buf + k, n - (size_t)k, " recompute-layers%d", l->rc_layers);
+    if (l->vocab && l->tp > 1 && k > 0 && (size_t)k < n) snprintf(buf + k, n - (size_t)k, " vocab");
 }
 
 // The command that trains layout l: mpirun, the model's flags (model_args), the batch, the layout.
@@ -36,6 +37,7 @@ static void print_command(const PlanRow *row, const PlanSpec *sp, const TrainOpt
     if (o->pp_layers[0]) printf(" --pp-layers %s", o->pp_layers);
     printf(" --zero %d --recompute %s", l->zero, rc_name(l->recompute));
     if (l->rc_layers) printf(" --recompute-layers %d", l->rc_layers);
+    if (l->vocab && l->tp > 1 && !o->vocab_parallel) printf(" --vocab-parallel 1"); // (else in model_args)
     printf(" --grad-accum %d%s --device cuda\n", l->micro,
            sp->hide_a2a == PLAN_HIDE_EXPERTS ? " --a2a-overlap auto" : "");
 }
@@ -158,12 +160,16 @@ void plan_print_explain(const PlanRow *w, const PlanPipe *pipe, const PlanSpec *
 const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOptions *o) {
     static char msg[200];
     static const char *const keys[] = {"etp", "ep", "tp", "vpp", "pp", "dp", "zero", "micro"};
-    *l = (PlanLayout){1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, o->grad_accum, 0};
+    *l = (PlanLayout){1, 1, 1, 1, 1, 0, 0, RECOMPUTE_NONE, o->grad_accum, 0, o->vocab_parallel};
     int *slot[] = {&l->etp, &l->ep, &l->tp, &l->vpp, &l->pp, &l->dp, &l->zero, &l->micro};
     char buf[512];
     if (strlen(text) >= sizeof buf) return "--explain: the layout is too long";
     strcpy(buf, text);
     for (char *w = strtok(buf, " ,"); w; w = strtok(NULL, " ,")) {
+        if (!strcmp(w, "vocab")) { // (--vocab-parallel 1 for this layout)
+            l->vocab = 1;
+            continue;
+        }
         if (!strncmp(w, "recompute-layers", 16)) {
             char *end;
             long v = strtol(w + 16, &end, 10);
@@ -192,7 +198,7 @@ const char *plan_parse_layout(PlanLayout *l, const char *text, const TrainOption
             return snprintf(
                        msg, sizeof msg,
                        "--explain: '%s' is not a layout word (tpN epN etpN ppN vppN dpN zero0|1|2 microN "
-                       "recompute-none|attn|moe|full recompute-layersN)",
+                       "recompute-none|attn|moe|full recompute-layersN vocab)",
                        w),
                    msg;
         *slot[k] = (int)v;
