@@ -643,14 +643,8 @@ static void enumerate_in(PlanResult *r, const ModelConfig *c, const TrainOptions
                 // (with tps[a] > 1 and vocab_search: the embedding and the head whole, then split over TP)
                 int nv = sp->vocab_search && tps[a] > 1 ? 2 : 1;
                 for (int f = 0; f < netp * nv && !hit; f++) {
-                    PlanLayout l = {.tp = tps[a],
-                                    .ep = eps[e],
-                                    .etp = etps[f / nv],
-                                    .pp = pps[b],
-                                    .vpp = 1,
-                                    .recompute = RECOMPUTE_NONE,
-                                    .micro = 1,
-                                    .vocab = nv == 2 ? f % 2 : o->vocab_parallel};
+                    PlanLayout l = {tps[a], eps[e], etps[f / nv], pps[b], 1, 0, 0, RECOMPUTE_NONE, 1, 0, 0};
+                    l.vocab = nv == 2 ? f % 2 : o->vocab_parallel;
                     MeshShape ms = plan_shape(o, G, &l);
                     if (mesh_shape_resolve(&ms, c)) r->refused[PLAN_R_MESH]++;
                     else if (!stop_at_fit || state_floor(wdense, wexp, wb, &l, G) <= sp->hw.mem_bytes)
