@@ -3,8 +3,8 @@
 # SERIES (a branch of that name, made by `git am` of pending/SERIES/ on its base), .gpk/SERIES.src.tar.xz
 # (`git archive` of the branch) and .gpk/SERIES.tar.xz (the branch built in build-pack/, a CUDA build folder
 # of its own, then scripts/device/pack_libs.sh; for fp8scales also pack_variants.sh's old = main, var1 =
-# fp8scales-dbuf, var2 = fp8wide, as its recipe fp8_gemm_ab.sh wants; for fp8amax-cuda old = main, as
-# fp8_amax_check.sh wants). Runs in a temporary worktree (/tmp/pack-wt), leaving this checkout as it is.
+# fp8scales-dbuf, var2 = fp8wide, var3 = fp8scales-rows, as its recipe fp8_gemm_ab.sh wants; for fp8amax-cuda
+# old = main, as fp8_amax_check.sh wants). Runs in a temporary worktree (/tmp/pack-wt), leaving this checkout as it is.
 # A CUDA build from nothing takes ~12 minutes on two cores; each later series rebuilds what it changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ for s in "$@"; do
     bash scripts/device/pack_libs.sh .gpu > /dev/null &&
     case $s in
       fp8scales) PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm" bash scripts/device/pack_variants.sh .gpu \
-        old=main var1=fp8scales-dbuf var2=fp8wide > /dev/null ;;
+        old=main var1=fp8scales-dbuf var2=fp8wide var3=fp8scales-rows > /dev/null ;;
       fp8amax-cuda) PROGRAMS=moe bash scripts/device/pack_variants.sh .gpu old=main > /dev/null ;;
     esac &&
     tar -cJf "$ROOT/.gpk/$s.tar.xz" .gpu && rm -f build)
