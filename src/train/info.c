@@ -169,8 +169,7 @@ static void print_whole(const ModelConfig *c, const TrainOptions *o, int meshed)
         fmt_bytes(w, sizeof w, 4.0 * N * c->vocab_size);
         fmt_bytes(x, sizeof x, 4.0 * N * c->d_model);
         printf("--loss-chunks %d: the LM head's logits %s a chunk at a time in place of %s (and its input "
-               "gradient "
-               "kept: %s)%s\n",
+               "gradient kept: %s)%s\n",
                o->loss_chunks, q, w, x, c->mtp_depth ? "; each MTP module's as much" : "");
     }
     if (o->ampipe !=

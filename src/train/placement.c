@@ -129,8 +129,6 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     p->on_gpu = p->be != backend_cpu();
     if (prec_fp8(o->precision)) p->be = backend_fp8(p->be);
     if (o->fp8_dense) p->be = backend_fp8_dense(p->be);
-    if (o->fp8_save && !p->be->fp8_save)
-        DIE("--fp8-save: the %s backend's FP8 table keeps no FP8 rows for the backward", p->be->name);
     if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)
         DIE("MOE_FORCE_NCCL=1 runs the NCCL path on the GPU: it needs --device cuda");
