@@ -3,10 +3,12 @@
 moe): PEERS.md's torch.compile model (torch_train_peer.py's Model, pure bf16, fused AdamW) trained 12 steps on
 its random tokens, then 5 steps under torch.profiler; each CUDA kernel's time a step (ms) and launches a step,
 largest first, summed by name, to stdout (and OUT as JSON lines). Compare with our step's kernels from the CUPTI
-tracer (full_step.sh PARTS=trace, scripts/device/gputrace.py)."""
-import json, runpy, sys, collections, torch
+tracer (full_step.sh PARTS=trace, scripts/device/gputrace.py). PEER_B / PEER_T in the environment change the
+batch and sequence length (default the model's B 4, T 2048)."""
+import json, os, runpy, sys, collections, torch
 from torch.profiler import profile, ProfilerActivity
 m = runpy.run_path(sys.argv[1], run_name='peer'); c = m['CFG']; torch.manual_seed(0)
+c['B'] = int(os.environ.get('PEER_B', c['B'])); c['T'] = int(os.environ.get('PEER_T', c['T']))
 mod = m['Model'](c).cuda().to(torch.bfloat16)
 model = torch.compile(mod); opt = torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True)
 idx = torch.randint(0, c['V'], (c['B'], c['T']), device='cuda'); tgt = torch.randint(0, c['V'], (c['B'], c['T']), device='cuda')
