@@ -80,7 +80,7 @@ static int run(const Call *c) {
             return cuda_grouped_gemm(c->C, c->N, 0.0f, c->A, c->B, NULL, NULL, 0, c->off, c->G, c->K, 0,
                                      c->N);
         case 3:
-            return cuda_fp8_grouped_gemm_dw(c->C, 0.0f, 0, c->A, c->sa, c->B, c->sb, c->off, c->G, c->N,
+            return cuda_fp8_grouped_gemm_dw(c->C, 0.0f, 0, 0, c->A, c->sa, c->B, c->sb, c->off, c->G, c->N,
                                             c->K);
         case 4: return cuda_grouped_gemm_dw(c->C, 0.0f, 0, 0, c->A, c->B, c->off, c->G, c->K, c->N);
         case 5: // (N: the pair's 2 O columns)

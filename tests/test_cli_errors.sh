@@ -148,7 +148,7 @@ run_fail "--precision: 'fp16' is not one of mixed, bf16" "${T[@]}" --precision f
 run_fail "--bf16-rounding: 'up' is not one of stochastic, nearest" "${T[@]}" --precision bf16 --bf16-rounding up
 run_fail "--bf16-rounding rounds the weights of --precision bf16" "${T[@]}" --bf16-rounding nearest
 run_fail "--bf16-grads must be 0 or 1 (got 2)" "${T[@]}" --precision bf16 --bf16-grads 2
-run_fail "--bf16-grads sets the gradients of --precision bf16" "${T[@]}" --bf16-grads 0
+run_fail "--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16" "${T[@]}" --bf16-grads 0
 run_fail "--seq-len 300 exceeds the model's max_seq_len 256" "${T[@]}" --seq-len 300
 run_fail "--seq-len 32 exceeds the model's max_seq_len 16" "${T[@]}" --max-seq-len 16 --seq-len 32
 run_fail "--batch 6 is not divisible by --grad-accum 4" "${T[@]}" --batch 6 --grad-accum 4

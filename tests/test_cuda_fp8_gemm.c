@@ -24,7 +24,9 @@
 // multiples of 2^14 below 2^23 (9 significant bits: exact with 13 kept bits, in any order), and the
 // dequantised result multiples of 2^-4 below 2^16 (20 bits: every float32 addition exact). Any difference is
 // a bug. bf16 output: the bits of bf16_rn_bits of the float32 output of the same call (round to nearest
-// even).
+// even). The weight gradient's packed bf16 output (beta 0, ops.h GM_DW_BF16): the same bits of the float32
+// output's, in the first half of the buffer's bytes (the rest not written), the ledger's sum that of the
+// packed values.
 #include <math.h>
 #include <string.h>
 #include "core/common.h"
@@ -249,7 +251,7 @@ static void run_dw(const char *name, int G, const int *rows, int N, int K, int e
     // (beta 0: the gradient ledger too, ops.h GM_DW_SUMSQ: G blocks, the stored values' sum of squares to the
     // kernel's float sums of 32 squares)
     gpu->dw_sumsq_take(NULL);
-    int ran = cuda_fp8_grouped_gemm_dw(dC, (float)beta, !beta, dA, dsa, dB, dsb, p, G, N, K);
+    int ran = cuda_fp8_grouped_gemm_dw(dC, (float)beta, 0, !beta, dA, dsa, dB, dsb, p, G, N, K);
     EXPECT(ran, "%s: the kernel refused the call", name);
     if (ran) {
         gpu->to_host(got, dC, nc * sizeof(float));
@@ -263,6 +265,30 @@ static void run_dw(const char *name, int G, const int *rows, int N, int K, int e
         EXPECT(beta || (blocks == G && fabs(led - hs) <= 4e-6 * hs),
                "%s: the ledger holds %d blocks (%d written), sum %.17g against the stored values' %.17g",
                name, blocks, G, led, hs);
+        if (!beta) { // packed: into a buffer of NaN bits (0xffff halves), then its bits against got's rounded
+            uint16_t *pk = xmalloc(nc * sizeof(float));
+            memset(pk, 0xff, nc * sizeof(float));
+            gpu->to_device(dC, pk, nc * sizeof(float));
+            EXPECT(cuda_fp8_grouped_gemm_dw(dC, 0.0f, 1, 1, dA, dsa, dB, dsb, p, G, N, K),
+                   "%s: the kernel refused the packed call", name);
+            gpu->to_host(pk, dC, nc * sizeof(float));
+            size_t wrong = 0, first = 0, kept = 0;
+            double ps = 0;
+            for (size_t i = 0; i < nc; i++) {
+                if (pk[i] != bf16_rn_bits(got[i]) && !wrong++) first = i;
+                ps += (double)bf16_to_f32(pk[i]) * bf16_to_f32(pk[i]);
+            }
+            for (size_t i = nc; i < 2 * nc; i++) kept += pk[i] == 0xffff;
+            EXPECT(!wrong, "%s packed: %zu of %zu values are not the float32 output rounded (first %zu: %04x, "
+                   "want %04x)", name, wrong, nc, first, pk[first], bf16_rn_bits(got[first]));
+            EXPECT(kept == nc, "%s packed: %zu of the %zu halves after the packed values were written", name,
+                   nc - kept, nc);
+            blocks = gpu->dw_sumsq_take(&led);
+            EXPECT(blocks == G && fabs(led - ps) <= 4e-6 * ps,
+                   "%s packed: the ledger holds %d blocks (%d written), sum %.17g against the packed values' "
+                   "%.17g", name, blocks, G, led, ps);
+            free(pk);
+        }
     }
     gpu->free(dA);
     gpu->free(dB);

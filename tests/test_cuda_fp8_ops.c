@@ -19,7 +19,8 @@
 // Also: --fp8-dense's tables (the attention projections' products, run_dense) against the cpu's the same way;
 // the non-finite count names the layer and tensor; --fp8-dispatch's rows (rows_check) bit for bit the cpu's;
 // --fp8-save's grouped_swiglu_bwd with act NULL (computed from h1, h3) against the cpu's within the kernel's
-// bands (a bf16 table's dw2 against the cpu's on its act rounded to bf16, as that table rounds it). Skips
+// bands (a bf16 table's dw2 against the cpu's on its act rounded to bf16, as that table rounds it); the
+// weight gradients packed as bf16 (GM_DW_BF16: swiglu_bwd's dw2, bwd2's dw1) as the float32 ones. Skips
 // (exit 77) without a GPU.
 #include <math.h>
 #include <stdio.h>
@@ -75,6 +76,15 @@ static float *down(const Backend *be, const void *d, size_t n, int hid) {
     } else be->to_host(h, d, n * 4);
     return h;
 }
+// A packed weight gradient (ops.h GM_DW_BF16: n bf16 values from d's first byte), widened
+static float *down_packed(const Backend *be, const void *d, size_t n) {
+    uint16_t *b = xmalloc(n * 2 + 2);
+    float *h = xmalloc(n * 4 + 4);
+    be->to_host(b, d, n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = bf16_to_f32(b[i]);
+    free(b);
+    return h;
+}
 
 // mode 0: bitwise; 1: within `elem` of each element (relative to |ref| + rms(ref)); 2: norm-wise within
 // `norm` and per element within `elem` of the largest |ref|
@@ -122,7 +132,7 @@ static void run_shape(const Shape *s, const Backend *gb, int mode, double norm, 
     }
     block_scale(in[W1], G, O, K), block_scale(in[W3], G, O, K), block_scale(in[W2], G, K, O);
     const Backend *be[2] = {cb, gb};
-    float *res[2][15];
+    float *res[2][17];
     int nres = 0, kmax[2][FP8T_N];
     for (int b = 0; b < 2; b++) {
         const Backend *e = be[b];
@@ -167,6 +177,13 @@ static void run_shape(const Shape *s, const Backend *gb, int mode, double norm, 
         e->grouped_swiglu_bwd(dh1, dh3, gw, d[DXO], NULL, d[H1], d[H3], d[W2], s->off, G, O, K, GM_DW_WRITE);
         res[b][k++] = down(e, gw, nw, 0);
         res[b][k++] = down(e, dh1, ny, hx);
+        // GM_DW_BF16 (--bf16-grads under fp8-bf16: the weight gradients packed as bf16 values)
+        e->grouped_swiglu_bwd(dh1, dh3, gw, d[DXO], d[ACT], d[H1], d[H3], d[W2], s->off, G, O, K,
+                              GM_DW_WRITE | GM_DW_BF16);
+        res[b][k++] = down_packed(e, gw, nw);
+        e->grouped_matmul_bwd2(dinp, gw, NULL, d[DH1], d[DH3], xh, d[W1], d[W3], s->off, G, K, O,
+                               GM_DW_WRITE | GM_DW_BF16);
+        res[b][k++] = down_packed(e, gw, nw);
         nres = k;
         if (b == 0) { // (the bf16 table's reference for dw2 act NULL: the cpu's on act rounded once to bf16)
             float *ar = xmalloc(ny * 4 + 4);
@@ -197,8 +214,10 @@ static void run_shape(const Shape *s, const Backend *gb, int mode, double norm, 
                                  "bwd2 dinp",
                                  "bwd2 dw1",
                                  "swiglu_bwd dw2 act NULL",
-                                 "swiglu_bwd dh1 act NULL"};
-    size_t len[] = {ny, nx, nw, nx, nw, ny, ny, nx, nw, ny, nx, nw, nw, ny};
+                                 "swiglu_bwd dh1 act NULL",
+                                 "swiglu_bwd dw2 (packed bf16)",
+                                 "bwd2 dw1 (packed bf16)"};
+    size_t len[] = {ny, nx, nw, nx, nw, ny, ny, nx, nw, ny, nx, nw, nw, ny, nw, nw};
     char tag[64];
     snprintf(tag, sizeof tag, "%s K%d O%d", gb->name, K, O);
     for (int i = 0; i < nres; i++) {

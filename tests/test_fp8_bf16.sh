@@ -2,9 +2,13 @@
 # test_fp8_bf16.sh — --precision fp8-bf16: the bf16 policy's storage (bf16 AdamW moments, weights rounded to
 # bf16 values) with --precision fp8's expert GEMMs (the fine-grained FP8 recipe); the two are independent
 # (ops/numerics.h prec_bf16_storage, prec_fp8). On the cpu:
-#   - refusals: --etp > 1 (an expert's slices would cut its FP8 weight blocks), --bf16-grads (the FP8
-#     weight-gradient GEMMs write float32 sums), each one "moe: error:" line naming fp8-bf16, nothing written;
-#     --bf16-rounding is taken (it rounds fp8-bf16's weights as bf16's);
+#   - refusals: --etp > 1 (an expert's slices would cut its FP8 weight blocks), one "moe: error:" line naming
+#     fp8-bf16, nothing written; --bf16-rounding is taken (it rounds fp8-bf16's weights as bf16's);
+#   - --bf16-grads (default 1, as bf16's): the routed experts' gradients are bf16 values, in one process written
+#     packed by the FP8 weight-gradient GEMMs (ops.h GM_DW_BF16; test_fp8_ops.c holds the op to the float32
+#     result rounded); 0 keeps them float32: step 1's loss the same, its gradient norm within a rounding's worth
+#     and not the same bits, the weights trained different (the ep2 case below reads float32 sums rounded,
+#     OPTG_BF16, against this process's packed ones);
 #   - the storage is bf16's: every weight and AdamW moment of its checkpoints is a bf16 value (ckpt_diff
 #     --bf16), which an fp8 run's (float32 storage) are not; moe info counts the moments at 2 bytes (its
 #     params+grads+adam equal to --precision bf16's) and names both parts;
@@ -36,8 +40,6 @@ mkdir G && echo keep > G/keep
 GUARD="$TMP/G"
 run_fail "--precision fp8-bf16 with --etp 2: an expert's slices would cut its 128x128 weight blocks" \
   "$MOE" train "${BASE[@]}" --precision fp8-bf16 --etp 2 --out G/R1
-run_fail "--bf16-grads sets the gradients of --precision bf16 (fp8-bf16's FP8 GEMMs write float32 ones); this run's precision is fp8-bf16" \
-  "$MOE" train "${BASE[@]}" --precision fp8-bf16 --bf16-grads 1 --out G/R1
 GUARD=""
 mib() { grep -o 'params+grads+adam [0-9.]* MiB' "$1" | awk '{ print $2 }'; }
 run_ok "moe info --precision bf16" "$MOE" info --precision bf16
@@ -61,6 +63,16 @@ run_ok "fp8-bf16 --bf16-rounding nearest" "$MOE" train "${BASE[@]}" --precision 
 check "nearest: bf16 values" "$CKPT_DIFF" --bf16 AN/$S6
 if same_ckpt A AN $S6; then fail "nearest and stochastic rounding gave the same checkpoint"
 else pass "--bf16-rounding nearest rounds otherwise than stochastic"; fi
+run_ok "fp8-bf16 --bf16-grads 0 (float32 expert gradients)" "$MOE" train "${BASE[@]}" --precision fp8-bf16 --bf16-grads 0 --out G0 < /dev/null
+check "bf16-grads: step 1's loss the same with float32 gradients" \
+  test "$(field loss G0/metrics.jsonl | head -1)" = "$(field loss A/metrics.jsonl | head -1)"
+field grad_norm G0/metrics.jsonl | head -1 > .g0; field grad_norm A/metrics.jsonl | head -1 > .g1
+r=$(maxrel .g0 .g1)
+if cmp -s .g0 .g1; then fail "bf16-grads: step 1's gradient norm is float32 gradients' bit for bit (not rounded?)"
+elif fcmp "$r" "<=" 1e-3; then pass "bf16-grads: step 1's gradient norm of the rounded gradients within $r of float32's"
+else fail "bf16-grads: step 1's gradient norm differs by $r relative from float32's (want a rounding's worth)"; fi
+if "$CKPT_DIFF" --changed A/$S6 G0/$S6 0.0001 > .c; then fail "bf16-grads 0 trains the same weights as 1: $(cat .c)"
+else pass "bf16-grads 0 and 1 train different weights ($(cat .c))"; fi
 run_ok "fp8-bf16, again" "$MOE" train "${BASE[@]}" --precision fp8-bf16 --out A2 < /dev/null
 check "two fp8-bf16 runs give byte-identical checkpoints" same_ckpt A A2 $S6
 cp -r A B && rm -rf B/$S6

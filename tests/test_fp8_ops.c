@@ -8,8 +8,10 @@
 // cpu_fp8_quant_tiles_t). Groups of 0, 1, 127 and 129 rows (the last two straddle a 128-row tile), K and N
 // not multiples of 128 (200 and 136), rows scaled by powers of two from 2^-20 to 2^20 (other tile scales)
 // and an all-zero tile. Also: the fp8 results are not the float32 backend's (the quantisation is on), the
-// GM_DW_WRITE / accumulate and GM_ACC_DINP forms, the non-finite count with its layer and tensor, and the
-// weight-gradient flags it refuses (ops.h gm_dw_flags_error: GM_DW_BF16; GM_DW_SUMSQ on an accumulation).
+// GM_DW_WRITE / accumulate and GM_ACC_DINP forms, GM_DW_BF16 (each weight gradient the reference's float32
+// value rounded to nearest even, packed, nothing else of the buffer written, the ledger's sum that of the
+// packed values), the non-finite count with its layer and tensor, and the weight-gradient flags it refuses
+// (ops.h gm_dw_flags_error: GM_DW_SUMSQ on an accumulation).
 // The amax record (amax_checks). And --fp8-dense's table (dense_checks): the attention projections' products
 // by the same recipe.
 #include <string.h>
@@ -124,8 +126,7 @@ static double max_rel(const float *a, const float *b, size_t n) {
     return den > 0 ? num / den : num;
 }
 
-// ops.h gm_dw_flags_error under the FP8 table: no bf16 weight gradients, no ledger sums of an accumulation
-// (one message, non-zero exit)
+// ops.h gm_dw_flags_error under the FP8 table: no ledger sums of an accumulation (one message, non-zero exit)
 static const Backend *g_fp8;
 static void die_flags(void *arg) {
     float x[8] = {0}, w[8] = {0}, d[8] = {0}, dw[8] = {0};
@@ -281,8 +282,7 @@ int main(void) {
                      "--fp8-dense: the backend cpu has no FP8 table with the attention projections",
                      "cuda-fp32 have", 1);
     g_fp8 = be;
-    int bf = GM_DW_WRITE | GM_DW_BF16, sq = GM_DW_SUMSQ;
-    expect_death_msg("fp8 with GM_DW_BF16", die_flags, &bf, "GM_DW_BF16 under --precision fp8", "float32", 1);
+    int sq = GM_DW_SUMSQ;
     expect_death_msg("fp8 ledger of an accumulation", die_flags, &sq, "GM_DW_SUMSQ without GM_DW_WRITE",
                      "not accumulations", 1);
     EXPECT(be->fp8 == 1 && cpu->fp8 == 0 && be->fp8_site && be->fp8_nonfinite && !cpu->fp8_nonfinite,
@@ -336,8 +336,9 @@ int main(void) {
           *edh1 = xmalloc(sizeof(float) * R * FF), *edh3 = xmalloc(sizeof(float) * R * FF),
           *dact = xmalloc(sizeof(float) * R * FF), *dx = xmalloc(sizeof(float) * R * D),
           *edx = xmalloc(sizeof(float) * R * D);
-    for (int form = 0; form < 2; form++) { // 0: dw written, dinp written; 1: dw added, dinp added
-        int dwf = form ? 0 : GM_DW_WRITE;
+    for (int form = 0; form < 3; form++) { // 0: dw written, dinp written; 1: dw added, dinp added; 2: as 0,
+                                            // dw packed bf16 (and the ledger's sum)
+        int dwf = form == 1 ? 0 : form == 2 ? GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ : GM_DW_WRITE;
         fill(gw2, nw, &r, 0, 0, 0);
         fill(gw1, nw, &r, 0, 0, 0);
         fill(gw3, nw, &r, 0, 0, 0);
@@ -346,13 +347,44 @@ int main(void) {
         memcpy(egw1, gw1, sizeof(float) * nw);
         memcpy(egw3, gw3, sizeof(float) * nw);
         memcpy(edx, dx, sizeof(float) * R * D);
+        double ledger = 0, want = 0;
+        char *keep = xmalloc(6 * nw); // (form 2: the float32 buffers' second halves, which it must not write)
+        float *gws[3] = {gw2, gw1, gw3};
+        for (int t = 0; t < 3; t++) memcpy(keep + 2 * nw * t, (char *)gws[t] + 2 * nw, 2 * nw);
+        if (form == 2) be->dw_sumsq_take(&ledger); // (empties it)
         be->grouped_swiglu_bwd(dh1, dh3, gw2, dy, act, h1, h3, w2, OFF, G, FF, D, dwf);
         be->grouped_matmul_bwd2(dx, gw1, gw3, dh1, dh3, x, w1, w3, OFF, G, D, FF,
-                                dwf | (form ? GM_ACC_DINP : 0));
-        ref_bwd(dact, egw2, dy, ea, w2, FF, D, 0, !form);
+                                dwf | (form == 1 ? GM_ACC_DINP : 0));
+        int add = form == 1;
+        ref_bwd(dact, egw2, dy, ea, w2, FF, D, 0, !add);
         cpu->swiglu_bwd(edh1, edh3, dact, e1, e3, (size_t)R * FF, 0);
-        ref_bwd(edx, egw1, edh1, x, w1, D, FF, form, !form);
-        ref_bwd(edx, egw3, edh3, x, w3, D, FF, 1, !form);
+        ref_bwd(edx, egw1, edh1, x, w1, D, FF, add, !add);
+        ref_bwd(edx, egw3, edh3, x, w3, D, FF, 1, !add);
+        if (form == 2) { // the packed bits are the reference's rounded; the float32 bytes after them untouched
+            float *ref[3] = {egw2, egw1, egw3};
+            const char *nm[3] = {"dw2", "dw1", "dw3"};
+            for (int t = 0; t < 3; t++) {
+                const uint16_t *pk = (const uint16_t *)gws[t];
+                size_t bad = 0, first = 0;
+                for (size_t i = 0; i < nw; i++) {
+                    uint16_t e = bf16_rn_bits(ref[t][i]);
+                    if (pk[i] != e && !bad++) first = i;
+                    float v = bf16_to_f32(pk[i]);
+                    want += (double)v * v;
+                }
+                EXPECT(!bad, "GM_DW_BF16 %s: %zu of %zu packed values are not the float32 result rounded "
+                       "(first at %zu)", nm[t], bad, nw, first);
+                EXPECT(!memcmp(keep + 2 * nw * t, (char *)gws[t] + 2 * nw, 2 * nw),
+                       "GM_DW_BF16 %s: the bytes after the packed values were written", nm[t]);
+            }
+            double n2 = 0;
+            int blocks = be->dw_sumsq_take(&n2);
+            EXPECT(blocks == 3 * G && fabs(n2 - want) <= 1e-12 * want,
+                   "GM_DW_BF16 | GM_DW_SUMSQ: the ledger holds %d blocks summing %.17g (want %d blocks, the "
+                   "packed values' %.17g)", blocks, n2, 3 * G, want);
+        }
+        free(keep);
+        if (form == 2) continue;
         char what[64];
         const char *fn[2] = {"written", "added"};
         snprintf(what, sizeof what, "grouped_swiglu_bwd dw2 (%s)", fn[form]);

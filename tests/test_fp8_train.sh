@@ -38,7 +38,7 @@ run_fail "--precision fp8 with --etp 2: an expert's slices would cut its 128x128
   "$MOE" train "${BASE[@]}" --precision fp8 --etp 2 --out G/R1
 run_fail "--bf16-rounding rounds the weights of --precision bf16 and fp8-bf16; this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-rounding nearest --out G/R1
-run_fail "--bf16-grads sets the gradients of --precision bf16 (fp8-bf16's FP8 GEMMs write float32 ones); this run's precision is fp8" \
+run_fail "--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16; this run's precision is fp8" \
   "$MOE" train "${BASE[@]}" --precision fp8 --bf16-grads 0 --out G/R1
 run_fail "--fp8-dense puts the attention projections into --precision fp8's or fp8-bf16's FP8 GEMMs; this run's precision is mixed" \
   "$MOE" train "${BASE[@]}" --fp8-dense 1 --out G/R1

@@ -269,16 +269,15 @@ const Opt opts[] = {
      "bf16 "
      "(--bf16-grads); fp8: mixed's storage, the experts' GEMMs (forward, input and weight gradients) with "
      "e4m3 operands in DeepSeek-V3's fine-grained scales (1x128 tiles, 128x128 weight blocks) and float32 "
-     "sums; fp8-bf16: bf16's storage (moments, rounded weights; the experts' gradients float32) with fp8's "
+     "sums; fp8-bf16: bf16's storage (moments, rounded weights, the experts' gradients in bf16) with fp8's "
      "expert GEMMs; checkpoints stay float32"},
     {"bf16-rounding", O_ROUNDING, TO(bf16_rounding), C_TRAIN,
      "--precision bf16 (and fp8-bf16): how each updated weight is rounded to bf16: stochastic (unbiased, "
      "seeded by --seed: reproducible), nearest (round to nearest even), or none (the weights stay float32: "
      "only the moments are bf16)"},
     {"bf16-grads", O_INT, TO(bf16_grads), C_TRAIN,
-     "--precision bf16: 1: the routed experts' weight gradients are bf16 values (rounded to nearest even "
-     "once "
-     "summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in bf16: half their "
+     "--precision bf16 and fp8-bf16: 1: the routed experts' weight gradients are bf16 values (rounded to "
+     "nearest even once summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in bf16: half their "
      "bytes written and read); 0: float32"},
     {"fp8-dense", O_INT, TO(fp8_dense), C_TRAIN | C_INFO,
      "--precision fp8 and fp8-bf16: 1: the attention projections (q, k, v, o; latent attention's) in the "

@@ -99,13 +99,12 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
     char applied[4096] = "";
     // a bf16 run resumed with --precision mixed (a documented conversion: the trainer notes it): its
     // bf16-only options are kept for the record but not as given (cmd_train refuses those with mixed);
-    // --bf16-grads is bf16's alone (fp8-bf16 keeps float32 expert gradients), --bf16-rounding both's
+    // (--bf16-rounding and --bf16-grads are bf16's and fp8-bf16's)
     const cJSON *rp = cJSON_GetObjectItem(rec, "precision");
     int rec_p = PREC_MIXED;
     for (int p = PREC_BF16; p <= PREC_FP8_BF16; p++)
         if (cJSON_IsString(rp) && !strcmp(rp->valuestring, prec_name(p))) rec_p = p;
-    int prec = opt_set(s, "precision") ? s->train.precision : rec_p, bf16 = prec_bf16_storage(prec),
-        grads = prec == PREC_BF16;
+    int prec = opt_set(s, "precision") ? s->train.precision : rec_p, bf16 = prec_bf16_storage(prec);
     char missing[2048] = "";
     for (int i = 0; i < N_OPTS; i++) {
         const Opt *o = &opts[i];
@@ -144,7 +143,7 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
         char who[1200];
         snprintf(who, sizeof who, "%s/%s:", s->train.out, RUN_RECORD);
         set_recorded(s, i, was, who);
-        if ((!bf16 && !strcmp(o->name, "bf16-rounding")) || (!grads && !strcmp(o->name, "bf16-grads"))) {
+        if (!bf16 && (!strcmp(o->name, "bf16-rounding") || !strcmp(o->name, "bf16-grads"))) {
             s->set[i] = 0; // (inert under mixed precision; a later bf16 resume takes it back)
             continue;
         }

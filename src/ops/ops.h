@@ -89,12 +89,8 @@ enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8, GM_DW_
 // The flags of a grouped op's weight-gradient write (what a composed op passes on to its plain ones).
 #define GM_DW_FLAGS (GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ)
 // The one rule on those flags every backend's grouped backward checks (CHECK(!e, "...: %s", e)): NULL where
-// they hold together, else what is wrong. GM_DW_BF16 and GM_DW_SUMSQ come with GM_DW_WRITE only; fp8 (the FP8
-// tables, whose weight gradients stay float32) takes no GM_DW_BF16.
-static inline const char *gm_dw_flags_error(int flags, int fp8) {
-    if (fp8 && (flags & GM_DW_BF16))
-        return "GM_DW_BF16 under --precision fp8, which keeps float32 weight gradients "
-               "(GM_DW_BF16 is the bf16 policy's)";
+// they hold together, else what is wrong. GM_DW_BF16 and GM_DW_SUMSQ come with GM_DW_WRITE only.
+static inline const char *gm_dw_flags_error(int flags) {
     if ((flags & GM_DW_BF16) && !(flags & GM_DW_WRITE))
         return "GM_DW_BF16 without GM_DW_WRITE (bf16 weight gradients are written once, never accumulated)";
     if ((flags & GM_DW_SUMSQ) && !(flags & GM_DW_WRITE))
@@ -218,8 +214,8 @@ struct Backend {
     //                                                                         tiles from its first row
     // gemm: cpu_fp8_gemm (float32 result); tiles/blocks/tiles_t: cpu_fp8_quant_tiles/_blocks/_tiles_t of the
     // group's rows; (+)= the result added into the buffer (one float32 addition per element) or written, as
-    // the flags say (GM_DW_WRITE: a group without rows writes zeros, and quantises nothing). GM_DW_BF16 is
-    // refused (fp8 keeps float32 gradients). The quantisation is bit for bit on any backend; a GPU GEMM
+    // the flags say (GM_DW_WRITE: a group without rows writes zeros, and quantises nothing; GM_DW_BF16: each
+    // group's float32 result rounded to nearest even into its packed bf16 block). The quantisation is bit for bit on any backend; a GPU GEMM
     // equals gemm up to the order and precision of the sum inside one K-tile (cpu_fp8.h). The fused expert
     // ops are their plain compositions (ops/plain.h, the same floats): the routed experts' three GEMMs and
     // the shared expert's (it runs through the same ops) in forward, activation- and weight-gradient passes;

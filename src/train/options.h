@@ -56,7 +56,8 @@ typedef struct {
                      // with the next layer's activations (model.h model_share_grads); GRADMEM_SEPARATE
     int bf16_rounding; // PREC_BF16's (and PREC_FP8_BF16's) weight rounding: ROUND_STOCHASTIC, ROUND_NEAREST
                        // or ROUND_NONE
-    int bf16_grads; // PREC_BF16: 1 the routed experts' weight gradients are bf16 values (train_expert_grads)
+    int bf16_grads; // PREC_BF16 / PREC_FP8_BF16: 1 the routed experts' weight gradients are bf16 values
+                    // (train_expert_grads)
     int fp8_dense; // PREC_FP8 / PREC_FP8_BF16: 1 the attention projections' products in FP8 too (ops.h
                    // backend_fp8_dense)
     int fp8_dispatch; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' input rows FP8 values from the
@@ -100,7 +101,7 @@ static inline int train_bf16_weights_alone(const TrainOptions *o, int meshed) {
 // else float32 memory read rounded by the optimizer (OPTG_BF16: after the sum over ranks). fp8-bf16: float32
 // (the FP8 weight-gradient GEMMs write float32 sums).
 static inline int train_expert_grads(const TrainOptions *o, int meshed) {
-    if (o->precision != PREC_BF16 || !o->bf16_grads) return OPTG_F32;
+    if (!prec_bf16_storage(o->precision) || !o->bf16_grads) return OPTG_F32;
     return !meshed && o->grad_accum == 1 && o->pp == 1 && o->ampipe == 1 && !o->zero ? OPTG_PACKED
                                                                                      : OPTG_BF16;
 }

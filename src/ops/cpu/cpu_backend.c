@@ -117,7 +117,7 @@ static void cpu_grouped_matmul_fwd(float *out, const float *inp, const float *w,
 // then packed into its bf16 block at dw (nothing else of dw's float32 bytes written)
 static void cpu_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, const float *inp,
                                    const float *w, const int64_t *off, int G, int K, int O, int flags) {
-    const char *fe = gm_dw_flags_error(flags, 0);
+    const char *fe = gm_dw_flags_error(flags);
     CHECK(!fe, "grouped_matmul_bwd: %s", fe);
     size_t blk = (size_t)O * K;
     int packed = dw && (flags & GM_DW_BF16) && blk > 0;

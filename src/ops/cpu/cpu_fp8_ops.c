@@ -182,37 +182,42 @@ static void fp8_dinp(float *dinp, const float *dout, const float *w, int64_t n, 
     put(dinp, s.c, (size_t)n * K, add);
 }
 
-// dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)): (O,K), the reduction over the group's n rows
-static void fp8_dw(float *dw, const float *dout, const float *inp, int64_t n, int K, int O, int add,
-                   int tdout, int tin) {
+// dw_g (+)= gemm(tiles_t(dout_g), tiles_t(inp_g)): (O,K), the reduction over the group's n rows; packed
+// (GM_DW_BF16, written): each value rounded to nearest even into the bf16 block at pk instead
+static void fp8_dw(float *dw, uint16_t *pk, const float *dout, const float *inp, int64_t n, int K, int O,
+                   int add, int tdout, int tin) {
     int TN = fp8_ntiles((int)n);
     Fp8Scratch s = dw_scratch(n, K, O);
     note_bad(cpu_fp8_quant_tiles_t(s.qa, s.sa, dout, (int)n, O), tdout, s.sa, (size_t)O * TN);
     note_bad(cpu_fp8_quant_tiles_t(s.qb, s.sb, inp, (int)n, K), tin, s.sb, (size_t)K * TN);
     gemm(s.c, s.qa, s.sa, s.qb, s.sb, O, K, (int)n, 0, s.bt, s.p);
-    put(dw, s.c, (size_t)O * K, add);
+    if (!pk) put(dw, s.c, (size_t)O * K, add);
+    else
+        for (size_t j = 0; j < (size_t)O * K; j++) pk[j] = bf16_rn_bits(s.c[j]);
 }
 
 // grouped_matmul_bwd's contract (ops.h) with the FP8 products; the roles of dout, inp and W
 static void fp8_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                     const int64_t *off, int G, int K, int O, int flags, int tdout, int tin, int tw) {
-    const char *fe = gm_dw_flags_error(flags, 1);
+    const char *fe = gm_dw_flags_error(flags);
     CHECK(!fe, "grouped_matmul_bwd: %s", fe);
-    int acc_dinp = flags & GM_ACC_DINP, write_dw = flags & GM_DW_WRITE;
+    int acc_dinp = flags & GM_ACC_DINP, write_dw = flags & GM_DW_WRITE, packed = (flags & GM_DW_BF16) != 0;
+    size_t blk = (size_t)(O > 0 ? O : 0) * (K > 0 ? K : 0);
     if (G > 0) fp8_reserve(off[G] - off[0], K, O, 1);
     for (int g = 0; g < G; g++) {
         int64_t r0 = off[g], n = off[g + 1] - off[g];
-        float *dwg = dw ? dw + (size_t)g * O * K : NULL;
-        if (n <= 0 || K <= 0 || O <= 0) { // empty sums: zeros where written
-            if (dwg && write_dw && K > 0 && O > 0) memset(dwg, 0, sizeof(float) * (size_t)O * K);
+        float *dwg = dw && !packed ? dw + g * blk : NULL;
+        uint16_t *pkg = dw && packed ? (uint16_t *)dw + g * blk : NULL; // (ops.h GM_DW_BF16's places)
+        if (n <= 0 || K <= 0 || O <= 0) { // empty sums: zeros where written (a bf16 zero is all zero bits)
+            if (dw && write_dw && blk) memset(packed ? (void *)pkg : (void *)dwg, 0, (packed ? 2 : 4) * blk);
             if (dinp && n > 0 && K > 0 && !acc_dinp) memset(dinp + r0 * K, 0, sizeof(float) * (size_t)n * K);
             continue;
         }
-        if (dinp) fp8_dinp(dinp + r0 * K, dout + r0 * O, w + (size_t)g * O * K, n, K, O, acc_dinp, tdout, tw);
-        if (dwg) fp8_dw(dwg, dout + r0 * O, inp + r0 * K, n, K, O, !write_dw, tdout, tin);
+        if (dinp) fp8_dinp(dinp + r0 * K, dout + r0 * O, w + g * blk, n, K, O, acc_dinp, tdout, tw);
+        if (dw) fp8_dw(dwg, pkg, dout + r0 * O, inp + r0 * K, n, K, O, !write_dw, tdout, tin);
     }
-    if (dw && (flags & GM_DW_SUMSQ) && G > 0 && K > 0 && O > 0) // the gradient ledger (ops.h)
-        cpu_dw_ledger_add(dw, G, (size_t)O * K, 0);
+    if (dw && (flags & GM_DW_SUMSQ) && G > 0 && blk) // the gradient ledger (ops.h)
+        cpu_dw_ledger_add(dw, G, blk, packed);
 }
 
 static void fp8_grouped_matmul_fwd(float *out, const float *inp, const float *w, const int64_t *off, int G,

@@ -75,6 +75,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     c.b = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo
     return c.u;
 }
+// The two floats of such a word (lo the low half).
+__device__ __forceinline__ float2 bf2_f2(uint32_t u) {
+    return __bfloat1622float2(*(const __nv_bfloat162 *)&u);
+}
 
 // Threads of a one-block-per-row kernel over C units (floats, float4s, ...): C rounded up to whole warps,
 // 32 to 256 (cuda_nn.cu, cuda_norm.cu).

@@ -348,14 +348,16 @@ static void fp8_fwd(float *out, const void *inp, int bf, const float *w, const i
 static void fp8_bwd(float *dinp, float *dw, const void *dout, int dbf, const void *inp, int bf,
                     const float *w, const int64_t *off, int G, int K, int O, int flags, int tdout, int tin,
                     int tw, int in_ready = 0, const Fp8Both *pre = NULL) {
-    const char *fe = gm_dw_flags_error(flags, 1);
+    const char *fe = gm_dw_flags_error(flags);
     CHECK(!fe, "grouped_matmul_bwd: %s", fe);
     int acc = flags & GM_ACC_DINP, write = flags & GM_DW_WRITE, dx = dinp != NULL;
     int sq = dw && (flags & GM_DW_SUMSQ); // (the ledger: ops.h GM_DW_SUMSQ)
+    int packed = dw && (flags & GM_DW_BF16); // (bf16 blocks at dw's element g O K: ops.h GM_DW_BF16)
+    size_t es = packed ? 2 : sizeof(float);
     int64_t r0 = off[0], rows = off[G] - off[0];
     if (G <= 0 || K <= 0) return;
     if (O <= 0 || rows <= 0) { // empty sums: zeros where written (and counted in the ledger, their sum 0)
-        if (dw && write) CUDA_CHECK(cudaMemsetAsync(dw, 0, sizeof(float) * G * (size_t)(O > 0 ? O : 0) * K));
+        if (dw && write) CUDA_CHECK(cudaMemsetAsync(dw, 0, es * G * (size_t)(O > 0 ? O : 0) * K));
         if (sq && O > 0) cuda_dw_ledger_slots(0, G);
         if (dinp && !acc && rows > 0) CUDA_CHECK(cudaMemsetAsync(dinp + r0 * K, 0, sizeof(float) * rows * K));
         return;
@@ -364,16 +366,17 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, int dbf, const voi
     int64_t P = cuda_fp8_pad_cols(off, G);
     size_t nw = (size_t)G * O * K;
     // (the layout does not depend on pre or on the kept weights: in_ready finds inp's tiles where they were)
-    size_t sz[8] = {dx ? (size_t)rows * O : 0,
+    size_t sz[9] = {dx ? (size_t)rows * O : 0,
                     dx ? sizeof(float) * rows * TO : 0,
                     dx ? nw : 0,
                     dx ? sizeof(float) * G * BK * TO : 0,
                     dw ? (size_t)O * P : 0,
                     dw ? sizeof(float) * O * (P / 128) : 0,
                     dw ? (size_t)K * P : 0,
-                    dw ? sizeof(float) * K * (P / 128) : 0};
-    void *p[8];
-    scratch_v(&g_q, 8, sz, p);
+                    dw ? sizeof(float) * K * (P / 128) : 0,
+                    packed ? sizeof(float) * O * K : 0}; // (a group's float32 block where the reference packs it)
+    void *p[9];
+    scratch_v(&g_q, 9, sz, p);
     Fp8Both d = pre ? *pre : Fp8Both{(uint8_t *)p[0], (uint8_t *)p[4], (float *)p[1], (float *)p[5]};
     double sc = 4.0 / 128; // (scale bytes a code)
     if (!pre && dx && dw) {
@@ -428,7 +431,7 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, int dbf, const voi
             int64_t pc[257];
             for (int g = 0; g <= G; g++) pc[g] = cuda_fp8_pad_cols(off, g);
             cuda_fp8_trace_begin();
-            if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, sq, d.qt, d.st, (uint8_t *)p[6],
+            if (cuda_fp8_grouped_gemm_dw(dw, write ? 0.0f : 1.0f, packed, sq, d.qt, d.st, (uint8_t *)p[6],
                                          (float *)p[7], pc, G, O, K)) {
                 tr("gemm wgrad", tw, gb, gf);
                 return;
@@ -437,15 +440,16 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, int dbf, const voi
         cuda_fp8_trace_begin();
         for (int g = 0; g < G; g++) {
             int64_t n = off[g + 1] - off[g], c0 = cuda_fp8_pad_cols(off, g);
-            float *dwg = dw + (size_t)g * O * K;
+            float *dwg = packed ? (float *)p[8] : dw + (size_t)g * O * K;
             if (n == 0) {
-                if (write) CUDA_CHECK(cudaMemsetAsync(dwg, 0, sizeof(float) * O * K));
+                if (write) CUDA_CHECK(cudaMemsetAsync((char *)dw + es * g * O * K, 0, es * O * K));
                 continue;
             }
             cuda_fp8_gemm(dwg, K, d.qt + c0, P, d.st + c0 / 128, P / 128, (uint8_t *)p[6] + c0, P,
                           (float *)p[7] + c0 / 128, P / 128, O, K, (int)n, 0, !write);
+            if (packed) cuda_f32_to_bf16((uint16_t *)dw + (size_t)g * O * K, dwg, (size_t)O * K);
         }
-        if (sq) cuda_dw_ledger_sum(dw, nw, 0, G);
+        if (sq) cuda_dw_ledger_sum(dw, nw, packed, G);
         tr("gemm wgrad (ref)", tw, gb, gf);
     }
 }

@@ -193,7 +193,7 @@ static void dw_pack(float *dw, int g, size_t blk, const float *b, int packed) {
 }
 // ops.h's rule on the weight-gradient flags
 static void dw_flags_check(int flags) {
-    const char *fe = gm_dw_flags_error(flags, 0);
+    const char *fe = gm_dw_flags_error(flags);
     CHECK(!fe, "grouped weight gradients: %s", fe);
 }
 

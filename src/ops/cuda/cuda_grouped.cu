@@ -126,9 +126,6 @@ __device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGAr
     u1 = *(const uint32_t *)(a.H1 + o);
     u3 = *(const uint32_t *)(a.H3 + o);
 }
-__device__ __forceinline__ float2 bf2_f2(uint32_t u) {
-    return __bfloat1622float2(*(const __nv_bfloat162 *)&u);
-}
 // A warp's 16 rows x 64 columns of a bf16 output (v[jj][h]: the bf16 pairs of its fragment's column
 // groups jj and rows +8h) stored through its staging buffer (GG_EPI_BYTES): stmatrix into 16-byte chunks
 // (chunk ch of row r at ch ^ (r % 8), so that neither the stmatrix rows nor the 16-byte reads meet bank

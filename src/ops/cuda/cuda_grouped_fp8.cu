@@ -277,16 +277,26 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 }
             continue;
         }
-        if (a.Cb) {
+        if (a.Cb) { // (RED: the packed weight gradient, ops.h GM_DW_BF16; its ledger of the bf16 values stored,
+                    // float sums of 32 squares added in double as wg_frag_sumsq's)
 #pragma unroll
-            for (int j = 0; j < GF_BN / 8; j++)
+            for (int j0 = 0; j0 < GF_BN / 8; j0 += 8) {
+                float qf = 0.0f;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
-                    if (row < T.mend && col < T.ncols)
-                        *(uint32_t *)(a.Cb + T.cofs + row * a.ldc + col) =
-                            pack_bf16(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
-                }
+                for (int j = j0; j < j0 + 8; j++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        int row = T.m0 + rl + 8 * h, col = T.n0 + 8 * j + cl;
+                        if (row >= T.mend || col >= T.ncols) continue;
+                        uint32_t v = pack_bf16(r[4 * j + 2 * h], r[4 * j + 2 * h + 1]);
+                        *(uint32_t *)(a.Cb + T.cofs + row * a.ldc + col) = v;
+                        if (RED && a.sq) {
+                            float2 f = bf2_f2(v);
+                            qf += f.x * f.x + f.y * f.y;
+                        }
+                    }
+                if (RED && a.sq) sq_acc += qf;
+            }
             continue;
         }
         float2 old[GF_BN / 8][2]; // beta 1: every load before the stores (one memory round trip)
@@ -451,11 +461,12 @@ extern "C" int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const
     return 1;
 }
 
-extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int sumsq, const uint8_t *A, const float *sa,
-                                        const uint8_t *B, const float *sb, const int64_t *p, int G, int N,
-                                        int K) {
+extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int packed, int sumsq, const uint8_t *A,
+                                        const float *sa, const uint8_t *B, const float *sb, const int64_t *p,
+                                        int G, int N, int K) {
     CHECK(beta == 0.0f || beta == 1.0f, "fp8 grouped_gemm_dw: beta must be 0 or 1, not %g", beta);
     CHECK(!sumsq || beta == 0.0f, "fp8 grouped_gemm_dw: the ledger's sums are of a written output (beta 0)");
+    CHECK(!packed || beta == 0.0f, "fp8 grouped_gemm_dw: a packed bf16 gradient is written, never accumulated");
     if (!gf_init()) return 0;
     if (G < 1 || G > GF_MAXG || K <= 0 || N <= 0 || K % 16 || N % 16 ||
         (((uintptr_t)A | (uintptr_t)B) & 15) || ((uintptr_t)C & 7))
@@ -468,7 +479,8 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int sumsq, const u
     if (p[G] > INT_MAX) return 0;
     GFArgs *a = &gf_args;
     memset(a, 0, sizeof *a);
-    a->C = C;
+    a->C = packed ? NULL : C;
+    a->Cb = packed ? (bf16 *)C : NULL; // (group g's block at element g N K of the bf16 array: ops.h GM_DW_BF16)
     a->beta = beta;
     a->sa = sa;
     a->sb = sb;
@@ -486,7 +498,8 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int sumsq, const u
     if (tiles > INT_MAX) return 0;
     for (int g = 0; g < G && beta == 0.0f; g++) // no columns: the product is zero
         if (p[g + 1] == p[g])
-            CUDA_CHECK(cudaMemsetAsync(C + (size_t)g * N * K, 0, (size_t)N * K * sizeof(float), 0));
+            CUDA_CHECK(cudaMemsetAsync((char *)C + (size_t)g * N * K * (packed ? 2 : 4), 0,
+                                       (size_t)N * K * (packed ? 2 : 4), 0));
     a->tstart[G] = (int)tiles;
     a->start[G] = (int)p[G];
     a->tiles = (int)tiles;

@@ -46,9 +46,11 @@ int cuda_fp8_grouped_gemm_swiglu(void *h1, void *h3, void *act, const uint8_t *A
 // columns [p[g], p[g+1]), each p[g] a multiple of 128 and p[0] = 0 (a group's rows padded with zero
 // columns: cpu_fp8_quant_tiles_t of each group's rows placed at p[g]). C_g = C + g N K (N, K) float32:
 // beta 0 stores the result (zeros for a group without columns), beta 1 adds it (a group without columns
-// is left as it is). N and K multiples of 16; p that breaks the rules above dies (a caller's bug). sumsq
-// (beta 0): the G blocks' sums of squares, as stored, into the gradient ledger (ops.h GM_DW_SUMSQ).
-int cuda_fp8_grouped_gemm_dw(float *C, float beta, int sumsq, const uint8_t *A, const float *sa,
+// is left as it is). packed (beta 0): C_g is stored as bf16 values instead, rounded to nearest even, at
+// element g N K of C read as a bf16 array (ops.h GM_DW_BF16). N and K multiples of 16; p that breaks the
+// rules above dies (a caller's bug). sumsq (beta 0): the G blocks' sums of squares, as stored, into the
+// gradient ledger (ops.h GM_DW_SUMSQ).
+int cuda_fp8_grouped_gemm_dw(float *C, float beta, int packed, int sumsq, const uint8_t *A, const float *sa,
                              const uint8_t *B, const float *sb, const int64_t *p, int G, int N, int K);
 
 #ifdef __cplusplus
