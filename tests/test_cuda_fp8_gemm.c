@@ -279,14 +279,17 @@ static void run_dw(const char *name, int G, const int *rows, int N, int K, int e
                 ps += (double)bf16_to_f32(pk[i]) * bf16_to_f32(pk[i]);
             }
             for (size_t i = nc; i < 2 * nc; i++) kept += pk[i] == 0xffff;
-            EXPECT(!wrong, "%s packed: %zu of %zu values are not the float32 output rounded (first %zu: %04x, "
-                   "want %04x)", name, wrong, nc, first, pk[first], bf16_rn_bits(got[first]));
+            EXPECT(!wrong,
+                   "%s packed: %zu of %zu values are not the float32 output rounded (first %zu: %04x, "
+                   "want %04x)",
+                   name, wrong, nc, first, pk[first], bf16_rn_bits(got[first]));
             EXPECT(kept == nc, "%s packed: %zu of the %zu halves after the packed values were written", name,
                    nc - kept, nc);
             blocks = gpu->dw_sumsq_take(&led);
             EXPECT(blocks == G && fabs(led - ps) <= 4e-6 * ps,
                    "%s packed: the ledger holds %d blocks (%d written), sum %.17g against the packed values' "
-                   "%.17g", name, blocks, G, led, ps);
+                   "%.17g",
+                   name, blocks, G, led, ps);
             free(pk);
         }
     }

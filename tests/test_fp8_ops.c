@@ -337,7 +337,7 @@ int main(void) {
           *dact = xmalloc(sizeof(float) * R * FF), *dx = xmalloc(sizeof(float) * R * D),
           *edx = xmalloc(sizeof(float) * R * D);
     for (int form = 0; form < 3; form++) { // 0: dw written, dinp written; 1: dw added, dinp added; 2: as 0,
-                                            // dw packed bf16 (and the ledger's sum)
+                                           // dw packed bf16 (and the ledger's sum)
         int dwf = form == 1 ? 0 : form == 2 ? GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ : GM_DW_WRITE;
         fill(gw2, nw, &r, 0, 0, 0);
         fill(gw1, nw, &r, 0, 0, 0);
@@ -360,7 +360,8 @@ int main(void) {
         cpu->swiglu_bwd(edh1, edh3, dact, e1, e3, (size_t)R * FF, 0);
         ref_bwd(edx, egw1, edh1, x, w1, D, FF, add, !add);
         ref_bwd(edx, egw3, edh3, x, w3, D, FF, 1, !add);
-        if (form == 2) { // the packed bits are the reference's rounded; the float32 bytes after them untouched
+        if (form ==
+            2) { // the packed bits are the reference's rounded; the float32 bytes after them untouched
             float *ref[3] = {egw2, egw1, egw3};
             const char *nm[3] = {"dw2", "dw1", "dw3"};
             for (int t = 0; t < 3; t++) {
@@ -372,8 +373,10 @@ int main(void) {
                     float v = bf16_to_f32(pk[i]);
                     want += (double)v * v;
                 }
-                EXPECT(!bad, "GM_DW_BF16 %s: %zu of %zu packed values are not the float32 result rounded "
-                       "(first at %zu)", nm[t], bad, nw, first);
+                EXPECT(!bad,
+                       "GM_DW_BF16 %s: %zu of %zu packed values are not the float32 result rounded "
+                       "(first at %zu)",
+                       nm[t], bad, nw, first);
                 EXPECT(!memcmp(keep + 2 * nw * t, (char *)gws[t] + 2 * nw, 2 * nw),
                        "GM_DW_BF16 %s: the bytes after the packed values were written", nm[t]);
             }
@@ -381,7 +384,8 @@ int main(void) {
             int blocks = be->dw_sumsq_take(&n2);
             EXPECT(blocks == 3 * G && fabs(n2 - want) <= 1e-12 * want,
                    "GM_DW_BF16 | GM_DW_SUMSQ: the ledger holds %d blocks summing %.17g (want %d blocks, the "
-                   "packed values' %.17g)", blocks, n2, 3 * G, want);
+                   "packed values' %.17g)",
+                   blocks, n2, 3 * G, want);
         }
         free(keep);
         if (form == 2) continue;

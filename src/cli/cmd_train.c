@@ -142,7 +142,8 @@ int cmd_train(State *s, int argc, char **argv) {
         DIE("--bf16-rounding rounds the weights of --precision bf16 and fp8-bf16; this run's precision is %s",
             prec_name(s->train.precision));
     if (opt_set(s, "bf16-grads") && !prec_bf16_storage(s->train.precision))
-        DIE("--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16; this run's precision is %s",
+        DIE("--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16; this run's precision "
+            "is %s",
             prec_name(s->train.precision));
     agree_options(s, world);
     if (s->cli.init_from[0]) init_from_prepare(s, world);

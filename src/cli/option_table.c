@@ -277,7 +277,8 @@ const Opt opts[] = {
      "only the moments are bf16)"},
     {"bf16-grads", O_INT, TO(bf16_grads), C_TRAIN,
      "--precision bf16 and fp8-bf16: 1: the routed experts' weight gradients are bf16 values (rounded to "
-     "nearest even once summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in bf16: half their "
+     "nearest even once summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in "
+     "bf16: half their "
      "bytes written and read); 0: float32"},
     {"fp8-dense", O_INT, TO(fp8_dense), C_TRAIN | C_INFO,
      "--precision fp8 and fp8-bf16: 1: the attention projections (q, k, v, o; latent attention's) in the "

@@ -215,17 +215,18 @@ struct Backend {
     // gemm: cpu_fp8_gemm (float32 result); tiles/blocks/tiles_t: cpu_fp8_quant_tiles/_blocks/_tiles_t of the
     // group's rows; (+)= the result added into the buffer (one float32 addition per element) or written, as
     // the flags say (GM_DW_WRITE: a group without rows writes zeros, and quantises nothing; GM_DW_BF16: each
-    // group's float32 result rounded to nearest even into its packed bf16 block). The quantisation is bit for bit on any backend; a GPU GEMM
-    // equals gemm up to the order and precision of the sum inside one K-tile (cpu_fp8.h). The fused expert
-    // ops are their plain compositions (ops/plain.h, the same floats): the routed experts' three GEMMs and
-    // the shared expert's (it runs through the same ops) in forward, activation- and weight-gradient passes;
-    // the SwiGLU, router, combine, norms, attention and LM head stay as they are. A scale group (tile or
-    // block) holding a NaN or an infinity has no scale (cpu_fp8.h): the ops count them. fp8_site(layer) names
-    // the model layer whose expert ops follow (the MoE layer calls it before its forward and its backward);
-    // fp8_nonfinite returns the groups counted since its last call (and resets the count), with the first
-    // one's layer and tensor (FP8T_*: fp8_tensor_name): the step reads it once. fp8_amax(k, rows): each
-    // (layer, tensor)'s largest scale exponent (numerics.h fp8_scale_exp: log2 of its amax / 448, rounded up)
-    // over its finite groups quantised since the last call, into k[(layer + 1) FP8T_N + tensor] for layers -1
+    // group's float32 result rounded to nearest even into its packed bf16 block). The quantisation is bit for
+    // bit on any backend; a GPU GEMM equals gemm up to the order and precision of the sum inside one K-tile
+    // (cpu_fp8.h). The fused expert ops are their plain compositions (ops/plain.h, the same floats): the
+    // routed experts' three GEMMs and the shared expert's (it runs through the same ops) in forward,
+    // activation- and weight-gradient passes; the SwiGLU, router, combine, norms, attention and LM head stay
+    // as they are. A scale group (tile or block) holding a NaN or an infinity has no scale (cpu_fp8.h): the
+    // ops count them. fp8_site(layer) names the model layer whose expert ops follow (the MoE layer calls it
+    // before its forward and its backward); fp8_nonfinite returns the groups counted since its last call (and
+    // resets the count), with the first one's layer and tensor (FP8T_*: fp8_tensor_name): the step reads it
+    // once. fp8_amax(k, rows): each (layer, tensor)'s largest scale exponent (numerics.h fp8_scale_exp: log2
+    // of its amax / 448, rounded up) over its finite groups quantised since the last call, into k[(layer + 1)
+    // FP8T_N + tensor] for layers -1
     // .. rows - 2 (FP8_AMAX_NONE: none), then starts again. NULL where fp8 is 0.
     // fp8_dense (the table of backend_fp8_dense, --fp8-dense; fp8 is 1 too): the attention projections'
     // products as well (matmul_fwd_multi, matmul_bwd_multi: every product of the one input, GQA's q/k/v and

@@ -374,7 +374,8 @@ static void fp8_bwd(float *dinp, float *dw, const void *dout, int dbf, const voi
                     dw ? sizeof(float) * O * (P / 128) : 0,
                     dw ? (size_t)K * P : 0,
                     dw ? sizeof(float) * K * (P / 128) : 0,
-                    packed ? sizeof(float) * O * K : 0}; // (a group's float32 block where the reference packs it)
+                    packed ? sizeof(float) * O * K
+                           : 0}; // (a group's float32 block where the reference packs it)
     void *p[9];
     scratch_v(&g_q, 9, sz, p);
     Fp8Both d = pre ? *pre : Fp8Both{(uint8_t *)p[0], (uint8_t *)p[4], (float *)p[1], (float *)p[5]};

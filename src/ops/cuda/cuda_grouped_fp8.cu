@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 }
             continue;
         }
-        if (a.Cb) { // (RED: the packed weight gradient, ops.h GM_DW_BF16; its ledger of the bf16 values stored,
-                    // float sums of 32 squares added in double as wg_frag_sumsq's)
+        if (a.Cb) { // (RED: the packed weight gradient, ops.h GM_DW_BF16; its ledger of the bf16 values
+                    // stored, float sums of 32 squares added in double as wg_frag_sumsq's)
 #pragma unroll
             for (int j0 = 0; j0 < GF_BN / 8; j0 += 8) {
                 float qf = 0.0f;
@@ -466,7 +466,8 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int packed, int su
                                         int G, int N, int K) {
     CHECK(beta == 0.0f || beta == 1.0f, "fp8 grouped_gemm_dw: beta must be 0 or 1, not %g", beta);
     CHECK(!sumsq || beta == 0.0f, "fp8 grouped_gemm_dw: the ledger's sums are of a written output (beta 0)");
-    CHECK(!packed || beta == 0.0f, "fp8 grouped_gemm_dw: a packed bf16 gradient is written, never accumulated");
+    CHECK(!packed || beta == 0.0f,
+          "fp8 grouped_gemm_dw: a packed bf16 gradient is written, never accumulated");
     if (!gf_init()) return 0;
     if (G < 1 || G > GF_MAXG || K <= 0 || N <= 0 || K % 16 || N % 16 ||
         (((uintptr_t)A | (uintptr_t)B) & 15) || ((uintptr_t)C & 7))
@@ -480,7 +481,8 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int packed, int su
     GFArgs *a = &gf_args;
     memset(a, 0, sizeof *a);
     a->C = packed ? NULL : C;
-    a->Cb = packed ? (bf16 *)C : NULL; // (group g's block at element g N K of the bf16 array: ops.h GM_DW_BF16)
+    a->Cb =
+        packed ? (bf16 *)C : NULL; // (group g's block at element g N K of the bf16 array: ops.h GM_DW_BF16)
     a->beta = beta;
     a->sa = sa;
     a->sb = sb;
