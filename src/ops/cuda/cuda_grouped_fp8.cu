@@ -116,19 +116,27 @@ template <int RED> __device__ __forceinline__ GFTile gf_tile(const GFArgs &a, in
     return T;
 }
 
-// Producer thread i's two scales of K-tile kt: row m0 + i of A's (0 past the stored rows) and column
-// n0 + i of the output's (B's block scale, or its row's tile scale; 0 past the columns).
+// Producer thread i's two scales of K-tile kt copied (cp.async, 4 bytes each) into its stage's slots at dst
+// (A's row m0 + i) and dst + 512 (column n0 + i of the output: B's block scale, or its row's tile scale);
+// zeros past the stored rows and the columns. They complete on the stage's full barrier with the TMA loads,
+// so the producer never waits for a scale's load (it used to: loads issued one stage ahead, stored after the
+// slot's wait; with one stage ~0.3 us of the tensor cores' work, a loaded L2's latency can hold the ring).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const float *src, int valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
 template <int RED>
-__device__ __forceinline__ void gf_scales(const GFArgs &a, const GFTile &T, int kt, int i, float &va,
-                                          float &vb) {
-    int row = T.m0 + i, col = T.n0 + i, ks = T.ks0 + kt;
-    va = row < T.mend ? a.sa[(long long)row * a.sa_ld + ks] : 0.0f;
-    vb = 0.0f;
-    if (col >= T.ncols) return;
-    if (!RED && a.b_blocks) // blocks (G, ntiles(N), nkt): the tile's 128 columns are one block row
-        vb = a.sb[((long long)T.g * ((a.N + GF_BN - 1) / GF_BN) + T.n0 / GF_BN) * a.sb_ld + ks];
-    else if (!RED && a.b_halves && (i & 63)) return; // (only columns 0 and 64's are read)
-    else vb = a.sb[(long long)(T.brow + col) * a.sb_ld + ks];
+__device__ __forceinline__ void gf_scale_copy(const GFArgs &a, const GFTile &T, int kt, int i, uint32_t dst) {
+    int row = T.m0 + i, col = T.n0 + i, ks = T.ks0 + kt, va = row < T.mend, vb = col < T.ncols;
+    const float *pa = va ? a.sa + (long long)row * a.sa_ld + ks : a.sa, *pb = a.sb;
+    if (vb) {
+        if (!RED && a.b_blocks) // blocks (G, ntiles(N), nkt): the tile's 128 columns are one block row
+            pb = a.sb + ((long long)T.g * ((a.N + GF_BN - 1) / GF_BN) + T.n0 / GF_BN) * a.sb_ld + ks;
+        else if (!RED && a.b_halves && (i & 63)) vb = 0; // (only columns 0 and 64's are read)
+        else pb = a.sb + (long long)(T.brow + col) * a.sb_ld + ks;
+    }
+    cp_async4(dst, pa, va);
+    cp_async4(dst + 512, pb, vb);
 }
 
 template <int RED>
@@ -145,53 +153,34 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GF_ST; s++) {
-            mbar_init(full + 8 * s, 128); // every producer thread (thread 0's with the expected bytes)
+            mbar_init(full + 8 * s, 129); // every producer thread's scales, and thread 0's expected bytes
             mbar_init(empty + 8 * s, 8); // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (wg == 0) { // producer: thread 0 issues the TMA loads, every thread stores one row's and one column's
-                   // scale; the next stage's scales are loaded before waiting for its slot
+    if (wg == 0) { // producer: thread 0 issues the TMA loads, every thread copies one row's and one column's
+                   // scale (cp.async, arriving on the stage's barrier when they land)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         const int i = threadIdx.x;
-        int s = 0, ph = 0, t = blockIdx.x, kt = 0;
-        GFTile T;
-        float va = 0.0f, vb = 0.0f;
-        if (t < a.tiles) {
-            T = gf_tile<RED>(a, t);
-            gf_scales<RED>(a, T, 0, i, va, vb);
-        }
-        while (t < a.tiles) {
-            int t2 = t, kt2 = kt + 1;
-            GFTile T2 = T;
-            if (kt2 == T.nkt) {
-                t2 += gridDim.x;
-                kt2 = 0;
-                if (t2 < a.tiles) T2 = gf_tile<RED>(a, t2);
+        int s = 0, ph = 0;
+        for (int t = blockIdx.x; t < a.tiles; t += gridDim.x) {
+            const GFTile T = gf_tile<RED>(a, t);
+            for (int kt = 0; kt < T.nkt; kt++) {
+                mbar_wait(empty + 8 * s, ph ^ 1);
+                uint32_t fb = full + 8 * s;
+                if (i == 0) {
+                    mbar_expect_tx(fb, 2 * GF_TB);
+                    tma_2d(sA + s * GF_TB, &tmA, T.kc0 + kt * GF_BK, T.m0, fb);
+                    tma_2d(sB + s * GF_TB, &tmB, T.kc0 + kt * GF_BK, T.brow + T.n0, fb);
+                }
+                gf_scale_copy<RED>(a, T, kt, i, sS + 4 * (256 * s + i));
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
+                if (++s == GF_ST) {
+                    s = 0;
+                    ph ^= 1;
+                }
             }
-            float na = 0.0f, nb = 0.0f;
-            if (t2 < a.tiles) gf_scales<RED>(a, T2, kt2, i, na, nb);
-            mbar_wait(empty + 8 * s, ph ^ 1);
-            scl[256 * s + i] = va;
-            scl[256 * s + 128 + i] = vb;
-            uint32_t fb = full + 8 * s;
-            if (i == 0) {
-                mbar_expect_tx(fb, 2 * GF_TB);
-                tma_2d(sA + s * GF_TB, &tmA, T.kc0 + kt * GF_BK, T.m0, fb);
-                tma_2d(sB + s * GF_TB, &tmB, T.kc0 + kt * GF_BK, T.brow + T.n0, fb);
-            } else {
-                mbar_arrive(fb);
-            }
-            if (++s == GF_ST) {
-                s = 0;
-                ph ^= 1;
-            }
-            t = t2;
-            kt = kt2;
-            T = T2;
-            va = na;
-            vb = nb;
         }
         return;
     }
