@@ -7,7 +7,8 @@
 #   - 8 steps of the reference model under `--precision fp8-bf16` on random tokens, whose losses and gradient
 #     norms must be the same bits as old's (a kernel change that keeps the promotion order keeps every bit);
 # then the change's kernel tests: test_cuda_fp8_gemm (also each variant's own, where packed), test_cuda_fp8_ops,
-# test_cuda_fp8_fused, memcheck and racecheck of test_cuda_fp8_gemm. Prepare here, on the change's commit:
+# test_cuda_fp8_fused, memcheck and racecheck of test_cuda_fp8_gemm (racecheck also of each variant's own).
+# Prepare here, on the change's commit:
 # `make build && bash scripts/device/pack_libs.sh .gpu`, then `PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm"
 # bash scripts/device/pack_variants.sh .gpu old=REF var1=REF ...`, tar .gpu into .gpk (docs/PERFORMANCE.md,
 # "Reproduce"), and call `bash scripts/device/fp8_gemm_ab.sh` with carry [".gpk"]. Output in $OUT/gemm_ab.txt
@@ -52,6 +53,10 @@ l=$(grep -E "checks, [0-9]+ failed" $W/fused.log | tail -1); say "   fused: ${l:
 [[ "$l" == *", 0 failed" ]] || FAIL=1
 t mem 120 compute-sanitizer --tool memcheck $B/test_cuda_fp8_gemm; san_line mem
 t race 150 compute-sanitizer --tool racecheck $B/test_cuda_fp8_gemm; san_line race
+for v in $BUILDS; do # a variant's own kernel under racecheck (fp8scales-waitall decides new's hazards)
+  [ $v = old ] || [ $v = new ] || [ ! -x $G/$v/test_cuda_fp8_gemm ] && continue
+  t race_$v 150 compute-sanitizer --tool racecheck $G/$v/test_cuda_fp8_gemm; san_line race_$v
+done
 cp $W/*.log ${OUT:-$W}/ 2>/dev/null
 say "FAIL=$FAIL $(date -u)"
 exit $FAIL
