@@ -13,11 +13,13 @@
 # bash scripts/device/pack_variants.sh .gpu old=REF var1=REF ...`, tar .gpu into .gpk (docs/PERFORMANCE.md,
 # "Reproduce"), and call `bash scripts/device/fp8_gemm_ab.sh` with carry [".gpk"]. Output in $OUT/gemm_ab.txt
 # and the logs.
+# VARS ("var2 var4") picks the variants to run, AB_STEPS (8) the steps a build trains.
 # Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start gemm_ab 420
 BUILDS="old new"
 for d in $G/var*/; do [ -x "$d/moe" ] && BUILDS="$BUILDS $(basename "$d")"; done
+[ -n "${VARS:-}" ] && BUILDS="old new $VARS" # (VARS="var2 var4": those variants of the package only)
 dir() { [ "$1" = new ] && echo $B || echo $G/$1; }
 for v in $BUILDS; do t bench_$v 100 $(dir $v)/moe_bench_fp8 --iters 20 --warmup 3; done
 say "== ms a call: shape, form, then one column a build ($BUILDS)"
@@ -29,7 +31,7 @@ done
 paste <(awk '{ n = NF - 4; s = $1; for (i = 2; i <= n; i++) s = s " " $i; print s }' $W/bench_old.log) $cols | tee -a $R
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin > /dev/null
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
-   --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps 8 --precision fp8-bf16"
+   --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --steps ${AB_STEPS:-8} --precision fp8-bf16"
 bits() { grep -oE '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*|"grad_norm":[^,]*' "$1/metrics.jsonl"; }
 for v in $BUILDS; do
   t step_$v 150 $(dir $v)/moe train $P --out $W/run_$v
