@@ -59,6 +59,6 @@ for v in $BUILDS; do # a variant's own kernel under racecheck (fp8scales-waitall
   [ $v = old ] || [ $v = new ] || [ ! -x $G/$v/test_cuda_fp8_gemm ] && continue
   t race_$v 150 compute-sanitizer --tool racecheck $G/$v/test_cuda_fp8_gemm; san_line race_$v
 done
-cp $W/*.log ${OUT:-$W}/ 2>/dev/null
+(cd $W && tar -czf "${OUT:-$W}/gemm_ab_logs.tgz" *.log) 2>/dev/null # (one file: a call returns at most 8)
 say "FAIL=$FAIL $(date -u)"
 exit $FAIL
