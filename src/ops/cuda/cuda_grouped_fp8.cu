@@ -2,8 +2,9 @@
 // DeepSeek-V3's fine-grained scales (contracts in ops/cuda/cuda_grouped_fp8.h, the reference they equal:
 // cpu_fp8_gemm in ops/cpu/cpu_fp8.h). One persistent launch over all groups; a producer warpgroup fills a
 // GF_ST-stage shared-memory ring (TMA 128-byte-swizzled 128 x 128-byte tiles of A and B, and the stage's
-// scales: one per row of A and one per column of the output); two consumer warpgroups each own 64 rows of
-// a 128 x 128 output tile.
+// scales: one per row of A and one per column of the output; the rows form copies them with cp.async onto
+// the stage's barrier, the weight-gradient form loads them a stage ahead: each the faster there); two
+// consumer warpgroups each own 64 rows of a 128 x 128 output tile.
 // Promotion (the order of cpu_fp8_gemm): each 128-deep K-tile (the scale groups' length) is summed by four
 // wgmma m64n128k32 into a fresh float32 register accumulator p, which is then added into the result:
 // r += p * (sa_row * sb_col), in float32: the scales are powers of two, so both products are exact and the
@@ -125,6 +126,15 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const float *src, int va
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
                  : "memory");
 }
+// RED's producer thread i's two scales of K-tile kt into registers (the weight-gradient form keeps the loads
+// one stage ahead, stored after the slot's wait: measured faster there than the copies, 2026-12-05): row m0 +
+// i of A's, column n0 + i of the output's (its row's tile scale); 0 past the stored rows and the columns.
+__device__ __forceinline__ void gf_scales_red(const GFArgs &a, const GFTile &T, int kt, int i, float &va,
+                                              float &vb) {
+    int row = T.m0 + i, col = T.n0 + i, ks = T.ks0 + kt;
+    va = row < T.mend ? a.sa[(long long)row * a.sa_ld + ks] : 0.0f;
+    vb = col < T.ncols ? a.sb[(long long)(T.brow + col) * a.sb_ld + ks] : 0.0f;
+}
 template <int RED>
 __device__ __forceinline__ void gf_scale_copy(const GFArgs &a, const GFTile &T, int kt, int i, uint32_t dst) {
     int row = T.m0 + i, col = T.n0 + i, ks = T.ks0 + kt, va = row < T.mend, vb = col < T.ncols;
@@ -153,14 +163,60 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GF_ST; s++) {
-            mbar_init(full + 8 * s, 129); // every producer thread's scales, and thread 0's expected bytes
+            // every producer thread's scales (rows form: their copies' arrival), and thread 0's expected
+            // bytes
+            mbar_init(full + 8 * s, RED ? 128 : 129);
             mbar_init(empty + 8 * s, 8); // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (wg == 0) { // producer: thread 0 issues the TMA loads, every thread copies one row's and one column's
-                   // scale (cp.async, arriving on the stage's barrier when they land)
+    if (wg == 0 && RED) { // weight-gradient producer: thread 0 issues the TMA loads, every thread stores one
+                          // row's and one column's scale, loaded before waiting for the stage's slot
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        const int i = threadIdx.x;
+        int s = 0, ph = 0, t = blockIdx.x, kt = 0;
+        GFTile T;
+        float va = 0.0f, vb = 0.0f;
+        if (t < a.tiles) {
+            T = gf_tile<RED>(a, t);
+            gf_scales_red(a, T, 0, i, va, vb);
+        }
+        while (t < a.tiles) {
+            int t2 = t, kt2 = kt + 1;
+            GFTile T2 = T;
+            if (kt2 == T.nkt) {
+                t2 += gridDim.x;
+                kt2 = 0;
+                if (t2 < a.tiles) T2 = gf_tile<RED>(a, t2);
+            }
+            float na = 0.0f, nb = 0.0f;
+            if (t2 < a.tiles) gf_scales_red(a, T2, kt2, i, na, nb);
+            mbar_wait(empty + 8 * s, ph ^ 1);
+            scl[256 * s + i] = va;
+            scl[256 * s + 128 + i] = vb;
+            uint32_t fb = full + 8 * s;
+            if (i == 0) {
+                mbar_expect_tx(fb, 2 * GF_TB);
+                tma_2d(sA + s * GF_TB, &tmA, T.kc0 + kt * GF_BK, T.m0, fb);
+                tma_2d(sB + s * GF_TB, &tmB, T.kc0 + kt * GF_BK, T.brow + T.n0, fb);
+            } else {
+                mbar_arrive(fb);
+            }
+            if (++s == GF_ST) {
+                s = 0;
+                ph ^= 1;
+            }
+            t = t2;
+            kt = kt2;
+            T = T2;
+            va = na;
+            vb = nb;
+        }
+        return;
+    }
+    if (wg == 0) { // rows-form producer: thread 0 issues the TMA loads, every thread copies one row's and one
+                   // column's scale (cp.async, arriving on the stage's barrier when they land)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         const int i = threadIdx.x;
         int s = 0, ph = 0;
