@@ -2,9 +2,9 @@
 # pending/pack.sh SERIES... — the device packages of pending series, for pending/device_run.sh: for each
 # SERIES (a branch of that name, made by `git am` of pending/SERIES/ on its base), .gpk/SERIES.src.tar.xz
 # (`git archive` of the branch) and .gpk/SERIES.tar.xz (the branch built in build-pack/, a CUDA build folder
-# of its own, then scripts/device/pack_libs.sh; for fp8scales also pack_variants.sh's old = main, var1 =
-# fp8scales-dbuf, var2 = fp8wide, var3 = fp8scales-rows, as its recipe fp8_gemm_ab.sh wants; for fp8amax-cuda
-# old = main, as fp8_amax_check.sh wants). Runs in a temporary worktree (/tmp/pack-wt), leaving this checkout as it is.
+# of its own, then scripts/device/pack_libs.sh; for fp8wide also pack_variants.sh's old = main, var1 =
+# fp8scales-dbuf, as its recipe fp8_gemm_ab.sh wants). Runs in a temporary worktree (/tmp/pack-wt), leaving this
+# checkout as it is.
 # A CUDA build from nothing takes ~12 minutes on two cores; each later series rebuilds what it changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,9 +23,8 @@ for s in "$@"; do
     cmake --build build-pack -j2 > /tmp/pack-$s.log 2>&1 && rm -rf build .gpu && ln -s build-pack build &&
     bash scripts/device/pack_libs.sh .gpu > /dev/null &&
     case $s in
-      fp8scales) PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm" bash scripts/device/pack_variants.sh .gpu \
-        old=main var1=fp8scales-dbuf var2=fp8wide var3=fp8scales-rows > /dev/null ;;
-      fp8amax-cuda) PROGRAMS=moe bash scripts/device/pack_variants.sh .gpu old=main > /dev/null ;;
+      fp8wide) PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm" bash scripts/device/pack_variants.sh .gpu \
+        old=main var1=fp8scales-dbuf > /dev/null ;;
     esac &&
     tar -cJf "$ROOT/.gpk/$s.tar.xz" .gpu && rm -f build)
   echo "$s: .gpk/$s.src.tar.xz $(du -h ".gpk/$s.src.tar.xz" | cut -f1), .gpk/$s.tar.xz $(du -h ".gpk/$s.tar.xz" | cut -f1)"

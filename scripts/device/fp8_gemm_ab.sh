@@ -14,7 +14,9 @@
 # "Reproduce"), and call `bash scripts/device/fp8_gemm_ab.sh` with carry [".gpk"]. Output in $OUT/gemm_ab.txt
 # and the logs.
 # VARS ("var2 var4") picks the variants to run, AB_STEPS (8) the steps a build trains.
-# Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels.
+# Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels (main's
+# kernel gets racecheck's 8 reports of its rows form's scale slots, decided false: docs/PERFORMANCE.md "FP8";
+# compare a build's reports with main's).
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start gemm_ab 420
 BUILDS="old new"
@@ -55,7 +57,7 @@ l=$(grep -E "checks, [0-9]+ failed" $W/fused.log | tail -1); say "   fused: ${l:
 [[ "$l" == *", 0 failed" ]] || FAIL=1
 t mem 120 compute-sanitizer --tool memcheck $B/test_cuda_fp8_gemm; san_line mem
 t race 150 compute-sanitizer --tool racecheck $B/test_cuda_fp8_gemm; san_line race
-for v in $BUILDS; do # a variant's own kernel under racecheck (fp8scales-waitall decides new's hazards)
+for v in $BUILDS; do # each variant's own kernel under racecheck too
   [ $v = old ] || [ $v = new ] || [ ! -x $G/$v/test_cuda_fp8_gemm ] && continue
   t race_$v 150 compute-sanitizer --tool racecheck $G/$v/test_cuda_fp8_gemm; san_line race_$v
 done
