@@ -50,6 +50,21 @@ a=$(mib info_bf16.txt); b=$(mib "$OUT_FILE")
 if [ -n "$a" ] && [ "$a" = "$b" ]; then pass "moe info: params+grads+adam $b MiB, bf16's ($a)"
 else fail "moe info: params+grads+adam '$b' MiB under fp8-bf16, '$a' under bf16 (want equal)"; fi
 
+# moe info prices --bf16-grads: packed gradients under --recompute moe leave their blocks' unused halves out
+# (the reference model: 43.94 against 51.67 GiB, measured 46,207 against 54,097 MiB on an H100, PERFORMANCE.md)
+gib() { grep -oE '[0-9.]+ GiB plus the CUDA context' "$1" | awk '{ print $1 }'; }
+run_ok "moe info fp8-bf16 --recompute moe" "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision fp8-bf16 --recompute moe
+cp "$OUT_FILE" info_p.txt
+run_ok "moe info fp8-bf16 --recompute moe --bf16-grads 0" "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision fp8-bf16 --recompute moe --bf16-grads 0
+check "moe info: the packed gradients' holes counted by default" grep -q "packed expert gradients' holes" info_p.txt
+if grep -q "packed expert gradients' holes" "$OUT_FILE"; then fail "moe info: holes counted with --bf16-grads 0"
+else pass "moe info: no holes with --bf16-grads 0"; fi
+a=$(gib info_p.txt); b=$(gib "$OUT_FILE")
+if [ -n "$a" ] && [ -n "$b" ] && fcmp "$a" "<" "$b"; then pass "moe info: $a GiB packed, $b GiB float32 gradients"
+else fail "moe info: '$a' GiB packed against '$b' float32 (want less)"; fi
+run_fail "--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16; this run's precision is fp8" \
+  "$MOE" info --precision fp8 --bf16-grads 0
+
 # ---- storage: bf16 values; the record; determinism; resume
 run_ok "fp8-bf16 run" "$MOE" train "${BASE[@]}" --precision fp8-bf16 --out A < /dev/null
 check "the header names the fp8 backend" grep -q "backend cpu-fp8" A/train.log

@@ -10,6 +10,7 @@
 int cmd_info(State *s) {
     ModelConfig c = s->model;
     if (opt_set(s, "world") && s->cli.world < 1) DIE("--world must be >= 1 (got %d)", s->cli.world);
+    opt_check_bf16_storage(s);
     if (s->cli.ckpt[0]) {
         char ck[2048];
         pretrained_resolve(s->cli.ckpt, ck, sizeof ck);

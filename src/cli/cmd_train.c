@@ -137,14 +137,7 @@ int cmd_train(State *s, int argc, char **argv) {
     if (!overrides) overrides = cJSON_CreateObject();
     resume_check_mesh(s, prev, comm_size(world));
     tokenizer_prepare(s, comm_rank(world) == 0);
-    if (opt_set(s, "bf16-rounding") &&
-        !prec_bf16_storage(s->train.precision)) // (after --resume took the run's precision)
-        DIE("--bf16-rounding rounds the weights of --precision bf16 and fp8-bf16; this run's precision is %s",
-            prec_name(s->train.precision));
-    if (opt_set(s, "bf16-grads") && !prec_bf16_storage(s->train.precision))
-        DIE("--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16; this run's precision "
-            "is %s",
-            prec_name(s->train.precision));
+    opt_check_bf16_storage(s); // (after --resume took the run's precision)
     agree_options(s, world);
     if (s->cli.init_from[0]) init_from_prepare(s, world);
     char *record = record_build(s, prev, overrides, targc, targv);

@@ -275,7 +275,7 @@ const Opt opts[] = {
      "--precision bf16 (and fp8-bf16): how each updated weight is rounded to bf16: stochastic (unbiased, "
      "seeded by --seed: reproducible), nearest (round to nearest even), or none (the weights stay float32: "
      "only the moments are bf16)"},
-    {"bf16-grads", O_INT, TO(bf16_grads), C_TRAIN,
+    {"bf16-grads", O_INT, TO(bf16_grads), C_TRAIN | C_INFO,
      "--precision bf16 and fp8-bf16: 1: the routed experts' weight gradients are bf16 values (rounded to "
      "nearest even once summed, as the PyTorch peers keep them; in one process with --grad-accum 1 stored in "
      "bf16: half their "

@@ -435,6 +435,16 @@ int opt_set(const State *s, const char *name) { // (any command's entry of that 
     return 0;
 }
 
+void opt_check_bf16_storage(const State *s) {
+    if (opt_set(s, "bf16-rounding") && !prec_bf16_storage(s->train.precision))
+        DIE("--bf16-rounding rounds the weights of --precision bf16 and fp8-bf16; this run's precision is %s",
+            prec_name(s->train.precision));
+    if (opt_set(s, "bf16-grads") && !prec_bf16_storage(s->train.precision))
+        DIE("--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16; this run's precision "
+            "is %s",
+            prec_name(s->train.precision));
+}
+
 void fmt_opt(char *buf, size_t n, const Opt *o, const void *p) {
     if (word_set(o->type)) { // an enum's value by its word (auto, all, ... where an integer may be given)
         opt_text(buf, n, o, p);

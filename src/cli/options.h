@@ -123,6 +123,9 @@ int is_path_opt(const char *name); // names a file or directory
 // The entry of name for cmd ('_' matches '-'); -2: the name exists but not for cmd; -1: no such option.
 int find_opt(const char *name, int cmd);
 int opt_set(const State *s, const char *name); // given, by any command's entry of that name
+// --bf16-rounding and --bf16-grads given with a precision that has not bf16's storage: dies naming it (train,
+// after --resume took the run's precision; info)
+void opt_check_bf16_storage(const State *s);
 // A value from the run record (who names it): as a flag's, except that an empty path there means none.
 void set_recorded(State *s, int i, const char *val, const char *who);
 // The option's value as text that a flag reads back exactly (the run record, --help's defaults, the
