@@ -154,6 +154,23 @@ field() {
 
 # val_within RUN NAME REF REFNAME CORPUS: a quantised run's final validation loss (RUN/metrics.jsonl) within
 # 1% of its unquantised twin's (REF), and not equal to it (no quantisation at all)
+# bf16_grads_checks A G0 STEP: run A (the routed experts' gradients bf16 values, --bf16-grads 1) against G0 (the same
+# run with --bf16-grads 0, float32 gradients), in the current directory: step 1's loss the same (before any update),
+# its gradient norm over the rounded gradients within a rounding's worth of float32's and not the same bits, and
+# the weights at checkpoint STEP different. Needs CKPT_DIFF.
+bf16_grads_checks() {
+  local a=$1 g=$2 st=$3 r
+  check "bf16-grads: step 1's loss the same with float32 gradients" \
+    test "$(field loss $g/metrics.jsonl | head -1)" = "$(field loss $a/metrics.jsonl | head -1)"
+  field grad_norm $g/metrics.jsonl | head -1 > .g0; field grad_norm $a/metrics.jsonl | head -1 > .g1
+  r=$(maxrel .g0 .g1)
+  if cmp -s .g0 .g1; then fail "bf16-grads: step 1's gradient norm is float32 gradients' bit for bit (not rounded?)"
+  elif fcmp "$r" "<=" 1e-3; then pass "bf16-grads: step 1's gradient norm of the rounded gradients within $r of float32's"
+  else fail "bf16-grads: step 1's gradient norm differs by $r relative from float32's (want a rounding's worth)"; fi
+  if "$CKPT_DIFF" --changed $a/$st $g/$st 0.0001 > .c; then fail "bf16-grads 0 trains the same weights as 1: $(cat .c)"
+  else pass "bf16-grads 0 and 1 train different weights ($(cat .c))"; fi
+}
+
 val_within() {
   local vr vf rel
   vr=$(grep -o '"val_loss":[0-9.]*' "$3/metrics.jsonl" | tail -n 1 | cut -d: -f2)

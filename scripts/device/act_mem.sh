@@ -30,8 +30,7 @@ run() {
   mem_start
   t $1 120 stdbuf -oL $2 train $P --out $W/$1
   local peak=$(mem_peak)
-  local tps=$(grep -oE '"step":([4-9]|1[0-2]),.*"tokens_per_s":[0-9.]+' $W/$1/metrics.jsonl |
-              grep -oE '"tokens_per_s":[0-9.]+' | cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  local tps=$(tps_median $W/$1/metrics.jsonl)
   say "   $1: peak $peak MiB, tokens/s steps 4-12 median $tps"
   $2 info --preset peers-ref --batch 4 --seq-len 2048 --precision bf16 | tail -1 | grep -oE '[0-9.]+ GiB plus' |
     sed "s/^/   $1: moe info /" | tee -a $R

@@ -38,8 +38,7 @@ if has step; then
     mem_start
     t $name 120 env $env stdbuf -oL $B/moe train $P "$@" --out $W/$name
     local peak=$(mem_peak)
-    local tps=$(grep -oE '"step":([4-9]|1[0-2]),.*"tokens_per_s":[0-9.]+' $W/$name/metrics.jsonl |
-                grep -oE '"tokens_per_s":[0-9.]+' | cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+    local tps=$(tps_median $W/$name/metrics.jsonl)
     say "   $name: peak $peak MiB, tokens/s steps 4-12 median $tps"
     grep -E "^step (1|4|12)/" $W/$name.log | cut -c1-110 | tee -a $R
   }

@@ -25,8 +25,7 @@ run() { # run NAME ENV INFO_FLAGS FLAGS... (INFO_FLAGS: those moe info takes)
   mem_start
   t $name 100 env $env stdbuf -oL $B/moe train $P "$@" --out $W/$name
   local peak=$(mem_peak)
-  local tps=$(grep -oE '"step":([4-9]|1[0-2]),.*"tokens_per_s":[0-9.]+' $W/$name/metrics.jsonl |
-              grep -oE '"tokens_per_s":[0-9.]+' | cut -d: -f2 | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  local tps=$(tps_median $W/$name/metrics.jsonl)
   say "   $name: peak $peak MiB (moe info: ${gib:-?}), tokens/s steps 4-12 median $tps"
   say "     step 1: $(head -1 $W/$name/metrics.jsonl | grep -oE '"(loss|grad_norm)":[^,]*' | tr '\n' ' ')"
 }

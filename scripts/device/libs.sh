@@ -75,6 +75,11 @@ print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['st
       + (', loss %.4f' % r[-1]['loss'] if sys.argv[2] == '1' else ''))
 " "$1" "${2:-0}" | tee -a $R
 }
+# `tps_median METRICS`: the median tokens/s of steps 4-12 of a run's metrics.jsonl (the short runs' figure).
+tps_median() {
+  grep -oE '"step":([4-9]|1[0-2]),.*"tokens_per_s":[0-9.]+' "$1" | grep -oE '"tokens_per_s":[0-9.]+' | cut -d: -f2 |
+    sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+}
 # The same for a recipe that brings its own programs (`recipe_open NAME WORKDIR BUDGET_DEFAULT`): W (WORKDIR,
 # emptied), R ($OUT/NAME.txt, emptied), the thread and Python settings, BUDGET, FAIL=0, the device's line.
 recipe_open() {
