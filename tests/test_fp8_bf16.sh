@@ -4,6 +4,8 @@
 # (ops/numerics.h prec_bf16_storage, prec_fp8). On the cpu:
 #   - refusals: --etp > 1 (an expert's slices would cut its FP8 weight blocks), one "moe: error:" line naming
 #     fp8-bf16, nothing written; --bf16-rounding is taken (it rounds fp8-bf16's weights as bf16's);
+#   - --fp8-weight-cache 0 (cuda's kept weight codes not kept): moe info's figure without them, the refusals,
+#     and on the cpu (which keeps none) the same checkpoint;
 #   - --bf16-grads (default 1, as bf16's): the routed experts' gradients are bf16 values, in one process written
 #     packed by the FP8 weight-gradient GEMMs (ops.h GM_DW_BF16; test_fp8_ops.c holds the op to the float32
 #     result rounded); 0 keeps them float32: step 1's loss the same, its gradient norm within a rounding's worth
@@ -64,6 +66,17 @@ if [ -n "$a" ] && [ -n "$b" ] && fcmp "$a" "<" "$b"; then pass "moe info: $a GiB
 else fail "moe info: '$a' GiB packed against '$b' float32 (want less)"; fi
 run_fail "--bf16-grads sets the expert gradients of --precision bf16 and fp8-bf16; this run's precision is fp8" \
   "$MOE" info --precision fp8 --bf16-grads 0
+# --fp8-weight-cache 0: no expert weight codes kept on cuda (moe info: their 4.39 GiB of the reference model
+# gone; measured 41,791 MiB with --recompute moe on an H100, PERFORMANCE.md); refused outside the FP8 precisions
+run_ok "moe info fp8-bf16 --recompute moe --fp8-weight-cache 0" "$MOE" info --preset peers-ref --batch 4 --seq-len 2048 --precision fp8-bf16 --recompute moe --fp8-weight-cache 0
+check "moe info: no codes kept with --fp8-weight-cache 0" grep -q "expert weight codes kept 0 B" "$OUT_FILE"
+check "moe info: the codes kept by default" grep -q "expert weight codes kept 4.39 GiB" info_p.txt
+c=$(gib "$OUT_FILE")
+if [ -n "$c" ] && [ -n "$a" ] && fcmp "$c" "<" "$a"; then pass "moe info: $c GiB without the kept codes, $a GiB with them"
+else fail "moe info: '$c' GiB without the kept codes against '$a' with (want less)"; fi
+run_fail "--fp8-weight-cache 0 quantises --precision fp8's or fp8-bf16's expert weights at every use; this run's precision is bf16" \
+  "$MOE" info --precision bf16 --fp8-weight-cache 0
+run_fail "--fp8-weight-cache must be 0 or 1 (got 2)" "$MOE" info --precision fp8-bf16 --fp8-weight-cache 2
 
 # ---- storage: bf16 values; the record; determinism; resume
 run_ok "fp8-bf16 run" "$MOE" train "${BASE[@]}" --precision fp8-bf16 --out A < /dev/null
@@ -80,6 +93,8 @@ if same_ckpt A AN $S6; then fail "nearest and stochastic rounding gave the same 
 else pass "--bf16-rounding nearest rounds otherwise than stochastic"; fi
 run_ok "fp8-bf16 --bf16-grads 0 (float32 expert gradients)" "$MOE" train "${BASE[@]}" --precision fp8-bf16 --bf16-grads 0 --out G0 < /dev/null
 bf16_grads_checks A G0 $S6
+run_ok "fp8-bf16 --fp8-weight-cache 0 (the cpu keeps no codes: the same run)" "$MOE" train "${BASE[@]}" --precision fp8-bf16 --fp8-weight-cache 0 --out WC < /dev/null
+check "--fp8-weight-cache 0: the same checkpoint" same_ckpt A WC $S6
 run_ok "fp8-bf16, again" "$MOE" train "${BASE[@]}" --precision fp8-bf16 --out A2 < /dev/null
 check "two fp8-bf16 runs give byte-identical checkpoints" same_ckpt A A2 $S6
 cp -r A B && rm -rf B/$S6

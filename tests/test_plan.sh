@@ -55,6 +55,7 @@ check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --top 12
 check_rows 8 1 --preset small --batch 16 --seq-len 128 --precision bf16 --top 12
 # (the launch commands carry the FP8 options the plan counted: --fp8-save's memory, --fp8-dispatch's bytes)
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --precision fp8-bf16 --fp8-save 1 --fp8-dispatch 1 --top 6
+check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --precision fp8-bf16 --fp8-weight-cache 0 --top 6
 # (and --loss-chunks: the logits of a chunk of each micro-batch's rows)
 check_rows 8 1 --preset peers-ref --batch 32 --seq-len 2048 --loss-chunks 4 --top 8
 # --loss-chunks past a layout's rows a rank: that layout refused (as moe train refuses it), every row kept has the rows

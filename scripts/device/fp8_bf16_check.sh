@@ -9,7 +9,7 @@
 #         (tests/test_fp8_bf16.sh's property on the cpu: the same bf16 weights through the same FP8 recipe),
 #         the fp8-bf16 checkpoint all bf16 values (ckpt_diff --bf16), the fp8 one not equal to it
 #   step: the PEERS.md reference model (12 steps, random tokens as full_step.sh makes them): ours under
-#         --precision bf16, fp8-bf16, fp8-bf16 with MOE_FP8_WCACHE=0 (the weights quantised at every use, no
+#         --precision bf16, fp8-bf16, fp8-bf16 with --fp8-weight-cache 0 (the weights quantised at every use, no
 #         kept codes), and the compiled pure-bf16 peer; median tokens/s of steps 4-12 and peak GPU memory
 #         (nvidia-smi, polled) for each
 cd "$(dirname "$0")/../.."
@@ -44,7 +44,7 @@ if has step; then
   }
   run bf16 MOE_X=0 --precision bf16
   run fp8bf16 MOE_X=0 --precision fp8-bf16
-  run fp8bf16_nocache MOE_FP8_WCACHE=0 --precision fp8-bf16
+  run fp8bf16_nocache MOE_X=0 --precision fp8-bf16 --fp8-weight-cache 0
   say "-- peer, pure bf16"; peer_step compiled
 fi
 say "$(date -u) done"

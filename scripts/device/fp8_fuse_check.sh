@@ -9,11 +9,11 @@
 #      the cpu's fp8 table: bit for bit with the reference GEMM, its kernel half within its bands);
 #   2. compute-sanitizer memcheck on test_cuda_fp8_fused's small cases (one of each kernel and table op);
 #   3. a tiny model 30 steps, cuda fp8 against cuda mixed (the loss curves stay close) and against fp8 with
-#      MOE_FP8_WCACHE=0 (no kept weights, so no fused up projection: the same losses);
+#      --fp8-weight-cache 0 (no kept weights, so no fused up projection: the same losses);
 #   4. the reference model's step (peers-ref, batch 4 x 2048, 12 steps, random tokens): --precision mixed,
 #      fp8, bf16, median tokens/s of steps 4-12 and peak GPU memory (nvidia-smi), in this call;
 #   5. MOE_PROFILE=1's grouped-op times a step under fp8 (and mixed, last);
-#   6. fp8 with MOE_FP8_WCACHE=0 (the weights quantised on every use: what the kept copy buys, and its memory);
+#   6. fp8 with --fp8-weight-cache 0 (the weights quantised on every use: what the kept copy buys, and its memory);
 #   7. compute-sanitizer racecheck on the small cases, and tests/test_cuda_fp8_gemm (the GEMM's host side).
 # Prints one summary table at the end; everything also goes to $OUT/fp8_fuse.txt, the logs to $OUT/logs.tgz.
 cd "$(dirname "$0")/../.."
@@ -44,7 +44,7 @@ TINY="--steps 30 --batch 8 --seq-len 128 --n-layers 2 --n-heads 4 --n-kv-heads 2
   --save-every -1 --force --seed 3"
 L() { grep -o '"loss":[^,]*' $1/metrics.jsonl | cut -d: -f2; }
 for p in fp8 mixed; do t tiny_$p 60 $B/moe train --device cuda --precision $p $TINY --out $W/tiny_$p; done
-t tiny_nocache 60 env MOE_FP8_WCACHE=0 $B/moe train --device cuda --precision fp8 $TINY --out $W/tiny_nocache
+t tiny_nocache 60 $B/moe train --device cuda --precision fp8 --fp8-weight-cache 0 $TINY --out $W/tiny_nocache
 cmpl() { # A B: the largest relative difference of their per-step losses
   if [ -f $W/$1/metrics.jsonl ] && [ -f $W/$2/metrics.jsonl ]; then
     paste <(L $W/$1) <(L $W/$2) | awk '{d=($1-$2)/$2; if(d<0)d=-d; if(d>m)m=d; if($1!=$2)n++} END{printf "max rel. loss diff %.2e, %d of %d steps differ", m, n, NR}'
@@ -53,7 +53,7 @@ cmpl() { # A B: the largest relative difference of their per-step losses
 row "tiny 30 steps: cuda fp8 vs cuda mixed" "$(cmpl tiny_fp8 tiny_mixed)"
 # (without the kept weights the fused up projection does not run either: the unfused path, which must give
 # the same bits, so the same losses to the printed digit)
-row "tiny: fp8 vs fp8 MOE_FP8_WCACHE=0 (want 0 differ)" "$(cmpl tiny_fp8 tiny_nocache)"
+row "tiny: fp8 vs fp8 --fp8-weight-cache 0 (want 0 differ)" "$(cmpl tiny_fp8 tiny_nocache)"
 
 [ -f $W/rand32k.bin ] || python3 scripts/device/random_shard.py $W/rand32k.bin
 REF="--device cuda --preset peers-ref --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
@@ -82,7 +82,7 @@ prof() { # PRECISION: MOE_PROFILE=1's grouped ops a step
 }
 prof fp8
 
-step nocache fp8 MOE_FP8_WCACHE=0
+step nocache "fp8 --fp8-weight-cache 0"
 prof mixed
 t racecheck 90 $CS --tool racecheck --error-exitcode 9 $B/test_cuda_fp8_fused small
 row "compute-sanitizer racecheck (small)" "$(res racecheck | cut -d';' -f1); $(grep -hE 'RACECHECK SUMMARY|ERROR SUMMARY' $W/racecheck.log 2>/dev/null | tail -1)"

@@ -8,7 +8,7 @@
 #      dw1 against the cpu's: bit for bit through the reference GEMM, within the kernel's bands through ours);
 #   2. the PEERS.md reference model at fp8-bf16, 12 steps on random tokens: --bf16-grads 0 (float32 expert
 #      gradients, the old way), 1 (the default), 1 with --recompute moe (each layer's packed blocks' unused
-#      halves left out: ops.h alloc_holes), and that with MOE_FP8_WCACHE=0 (no kept weight codes): step 1's loss
+#      halves left out: ops.h alloc_holes), and that with --fp8-weight-cache 0 (no kept weight codes): step 1's loss
 #      (the same bits for 0 and 1: before any update) and gradient norm, median tokens/s of steps 4-12, peak GPU
 #      memory (nvidia-smi) beside `moe info`'s figure.
 cd "$(dirname "$0")/../.."
@@ -32,5 +32,5 @@ run() { # run NAME ENV INFO_FLAGS FLAGS... (INFO_FLAGS: those moe info takes)
 run grads0 MOE_X=0 "" --bf16-grads 0
 run grads1 MOE_X=0 ""
 run grads1_rc MOE_X=0 "--recompute moe" --recompute moe
-run grads1_rc_nocache MOE_FP8_WCACHE=0 "--recompute moe" --recompute moe
+run grads1_rc_nocache MOE_X=0 "--recompute moe --fp8-weight-cache 0" --recompute moe --fp8-weight-cache 0
 say "$(date -u) done"

@@ -16,8 +16,8 @@
 #define PLAN_MAX_GPUS 1024
 
 // The flags that give `moe train` this model and policy: --preset, --config, each model option set
-// (flag or config file) and --precision / --grad-memory / --fp8-dispatch / --fp8-save / --vocab-parallel /
-// --loss-chunks when set (the plan counts them); each with its leading space.
+// (flag or config file) and --precision / --grad-memory / --fp8-dispatch / --fp8-save / --fp8-weight-cache /
+// --vocab-parallel / --loss-chunks when set (the plan counts them); each with its leading space.
 static void model_args(const State *s, char *buf, size_t n) {
     size_t w = 0;
     buf[0] = 0;
@@ -27,7 +27,8 @@ static void model_args(const State *s, char *buf, size_t n) {
         const Opt *o = &opts[i];
         int policy = !strcmp(o->name, "precision") || !strcmp(o->name, "grad-memory") ||
             !strcmp(o->name, "fp8-dispatch") || !strcmp(o->name, "fp8-save") ||
-            !strcmp(o->name, "vocab-parallel") || !strcmp(o->name, "loss-chunks");
+            !strcmp(o->name, "fp8-weight-cache") || !strcmp(o->name, "vocab-parallel") ||
+            !strcmp(o->name, "loss-chunks");
         if (!s->set[i] || !(o->cmds & C_PLAN) || (o->where != W_MODEL && !policy)) continue;
         char v[1100];
         opt_text(v, sizeof v, o, opt_ptr((State *)s, o));

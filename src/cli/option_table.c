@@ -290,6 +290,11 @@ const Opt opts[] = {
      "(1x128 tiles) where they are gathered, and the expert-parallel all-to-all moves them as e4m3 codes and "
      "scale exponents (d + d/128 bytes a row; the hidden format's 2d or 4d): the experts' forward is "
      "unchanged, their weight gradients take the rounded rows (DeepSeek-V3's FP8 dispatch)"},
+    {"fp8-weight-cache", O_INT, TO(fp8_weight_cache), C_TRAIN | C_INFO | C_PLAN,
+     "--precision fp8 and fp8-bf16 on cuda: 1: each routed expert weight's FP8 codes are kept between the "
+     "ops "
+     "that read them (quantised once per update: about a byte a weight); 0: quantised at every use, none "
+     "kept (less memory, slower; the same bits)"},
     {"fp8-save", O_INT, TO(fp8_save), C_TRAIN | C_INFO | C_PLAN,
      "--precision fp8 and fp8-bf16: 1: the routed experts' SwiGLU inputs are kept for the backward as FP8 "
      "1x128 tiles (fu + fu/128 bytes a row each, where the hidden format keeps h1, h3 and act) and act is "

@@ -149,9 +149,10 @@ cJSON *resume_apply(State *s, int rank0, cJSON **overrides) {
         }
         if (!prec_fp8(prec) &&
             (!strcmp(o->name, "fp8-dense") || !strcmp(o->name, "fp8-dispatch") ||
-             !strcmp(o->name, "fp8-save"))) {
-            s->set[i] = 0; // (fp8's alone: off under the others)
+             !strcmp(o->name, "fp8-save") || !strcmp(o->name, "fp8-weight-cache"))) {
+            s->set[i] = 0; // (fp8's alone: off, or the cache's default, under the others)
             s->train.fp8_dense = s->train.fp8_dispatch = s->train.fp8_save = 0;
+            s->train.fp8_weight_cache = 1;
             continue;
         }
         size_t l = strlen(applied);

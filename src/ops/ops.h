@@ -250,6 +250,10 @@ struct Backend {
     // fp8_save 1 (--fp8-save: moe.h): the table's grouped_swiglu_bwd takes act NULL (computed from h1, h3
     // as the forward's epilogue computes it), and it has the FP8 rows above. 0 elsewhere (cuda's, so far).
     int fp8_save;
+    // --fp8-weight-cache: on 1 (the default) the table keeps each expert weight's FP8 codes between the ops
+    // that read them (once per version of the weights), 0 quantises them at every use and keeps none; the
+    // same bits either way. NULL where a table keeps none (the cpu's quantises at every use).
+    void (*fp8_keep_weights)(int on);
 
     // A bf16 copy of the weights for the bf16 GEMMs (backend "cuda"; a no-op elsewhere). bf16_shadow
     // (re)converts [p, p+n) and keeps the copy: a GEMM whose weight lies inside it then reads the

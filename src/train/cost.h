@@ -159,6 +159,12 @@ typedef struct {
 // --fp8-dense, the attention projections' codes kept too; 0: fp8_kept is left 0: the walk over every tensor
 // is the derivation's cost).
 void cost_table_of(CostTable *ct, const ModelConfig *c, const ParamTable *t, int fp8);
+// cost_table_of's fp8 for the options: 0 (no codes kept: not an FP8 precision, or --fp8-weight-cache 0), 1,
+// or 2
+// (--fp8-dense's too)
+static inline int cost_fp8_tables(const TrainOptions *o) {
+    return prec_fp8(o->precision) && o->fp8_weight_cache ? 1 + (o->fp8_dense != 0) : 0;
+}
 // A mesh's pipeline as the figures take it: the layers' split into virtual stages (o's --vpp under the
 // interleaved schedule, --pp-layers), each stage's live micro-batches (its schedule's activation slots: live
 // is pp x vpp) and the bubbles, for pp stages and o's --grad-accum micro-batches. It depends on nothing else,

@@ -80,7 +80,8 @@ double cost_fp8_scratch(const ModelConfig *c, const MeshShape *ms, size_t B, siz
 // single weights' (w2's, and w1's and w3's where they are not paired: al256 of the codes + the block scales)
 // and the pairs' (w1 and w3, both kept, where the fused up projection runs: O % 64 == 0, K % 16 == 0,
 // G <= 256, on Hopper's kernel; al256 of 2 G O K codes + a scale per row and K-tile, 8 G O ceil(K/128)).
-// (MOE_FP8_WCACHE=0 keeps none; MOE_FP8_GEMM=ref and other GPUs run no pair: none counted apart.)
+// (--fp8-weight-cache 0 keeps none: cost.h cost_fp8_tables; MOE_FP8_GEMM=ref and other GPUs run no pair: none
+// counted apart.)
 static double fp8_layout(double G, double O, double K, int transposed) {
     double scales = 4 * G * ceil(O / 128) * ceil(K / 128);
     return transposed ? al256(G * O * K) + al256(scales) + 256 : al256(G * O * K) + scales;

@@ -38,6 +38,7 @@ void train_options_default(TrainOptions *o) {
     o->a2a_overlap = 1;
     o->ampipe = 1;
     o->bf16_grads = 1;
+    o->fp8_weight_cache = 1;
     o->fp8_amax_jump = 8;
     o->a2a_retune = 0.25f;
     o->a2a_hier = -1;
@@ -62,6 +63,13 @@ static const char *fp8_options_bad(const TrainOptions *o, char *msg, size_t n) {
         BAD("--fp8-dispatch sends the experts' input rows as --precision fp8's or fp8-bf16's FP8 operands; "
             "this "
             "run's precision is %s",
+            prec_name(o->precision));
+    if (o->fp8_weight_cache != 0 && o->fp8_weight_cache != 1)
+        BAD("--fp8-weight-cache must be 0 or 1 (got %d)", o->fp8_weight_cache);
+    if (!o->fp8_weight_cache && !prec_fp8(o->precision))
+        BAD("--fp8-weight-cache 0 quantises --precision fp8's or fp8-bf16's expert weights at every use; "
+            "this run's "
+            "precision is %s",
             prec_name(o->precision));
     if (o->fp8_save != 0 && o->fp8_save != 1) BAD("--fp8-save must be 0 or 1 (got %d)", o->fp8_save);
     if (o->fp8_save && !prec_fp8(o->precision))

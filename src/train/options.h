@@ -62,6 +62,8 @@ typedef struct {
                    // backend_fp8_dense)
     int fp8_dispatch; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' input rows FP8 values from the
                       // dispatch on, moved packed (moe.h m->fp8_dispatch)
+    int fp8_weight_cache; // PREC_FP8 / PREC_FP8_BF16: 1 each expert weight's FP8 codes kept between uses
+                          // (cuda; ops.h Backend.fp8_keep_weights), 0 quantised at every use
     int fp8_save; // PREC_FP8 / PREC_FP8_BF16: 1 the routed experts' SwiGLU inputs kept as FP8 rows, act
                   // computed again in the backward (model_state.h model_set_fp8_save)
     int vocab_parallel; // 1: under TP the embedding and LM head split by vocabulary rows (model/vocab.h)

@@ -128,6 +128,7 @@ void placement_choose(Placement *p, const TrainOptions *o, const Comm *world) {
     p->be = backend_by_name(o->device);
     p->on_gpu = p->be != backend_cpu();
     if (prec_fp8(o->precision)) p->be = backend_fp8(p->be);
+    if (p->be->fp8_keep_weights) p->be->fp8_keep_weights(o->fp8_weight_cache); // (--fp8-weight-cache)
     if (o->fp8_dense) p->be = backend_fp8_dense(p->be);
     if (!p->on_gpu) describe_threads(p, shared);
     if (force_nccl && !p->on_gpu)

@@ -609,7 +609,7 @@ static int enumerate_mesh(PlanResult *r, const ModelConfig *c, const TrainOption
         for (int s = 0; s < l.pp; s++) {
             ParamSlicing sl = {l.tp, 0, l.ep, 0, l.etp, 0, l.pp > 1 ? &split : NULL, s, ms->vocab};
             params_localize(&pt->stage[s], &pt->full, c, &sl);
-            cost_table_of(&pt->ct[s], c, &pt->stage[s], prec_fp8(o->precision) ? 1 + (o->fp8_dense != 0) : 0);
+            cost_table_of(&pt->ct[s], c, &pt->stage[s], cost_fp8_tables(o));
         }
         hit = enumerate_options(r, c, o, sp, l, ms->dp == 1 && ms->edp == 1, pt->ct, stop_at_fit);
     }

@@ -660,6 +660,7 @@ template <int HB> static void fp8_table(Backend *be, const Backend *base, const 
     be->fp8_rows_pack = fp8_rows_pack<HB>;
     be->fp8_rows_unpack = fp8_rows_unpack<HB>;
     be->fp8_save = 1; // (grouped_swiglu_bwd takes act NULL)
+    be->fp8_keep_weights = cuda_fp8_weight_keep;
 }
 
 // The FP8 table over "cuda" (fp32 0: bf16 hidden rows) or "cuda-fp32" (1); dense: with the attention

@@ -51,27 +51,15 @@ static WEntry *g_e;
 static int g_n, g_cap;
 static const float *g_base; // the registered buffer the entries belong to
 
-static int wcache_on(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOE_FP8_WCACHE");
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-            DIE("MOE_FP8_WCACHE must be 1 (keep the FP8 weights between ops, the default) or 0 (quantise "
-                "them "
-                "on every use) (got '%s')",
-                e);
-        v = !(e && !strcmp(e, "0"));
-    }
-    return v;
-}
+static int g_keep = 1; // (cuda_fp8_weight_keep)
 
 static void *dev_alloc(size_t bytes, const char *what) {
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        DIE("cudaMalloc of the FP8 copy of %s (%zu bytes) failed: %s; hint: %s, or MOE_FP8_WCACHE=0 (the FP8 "
-            "weights quantised on every use instead of kept: 2 bytes a routed-expert weight less)",
+        DIE("cudaMalloc of the FP8 copy of %s (%zu bytes) failed: %s; hint: %s, or --fp8-weight-cache 0 (the "
+            "FP8 weights quantised on every use instead of kept: about a byte a routed-expert weight less)",
             what, bytes, cudaGetErrorString(err), cuda_hint(err));
     }
     return p;
@@ -125,7 +113,7 @@ static void clear_all(void) {
 // The entry of w at the copy's current version (its layouts dropped, its pending uses added, where the
 // version moved on), or NULL where w is not kept (*src: its bf16 values).
 static WEntry *entry(const float *w, int G, int O, int K, const void **src) {
-    if (!wcache_on() || G <= 0 || O <= 0 || K <= 0) return NULL;
+    if (!g_keep || G <= 0 || O <= 0 || K <= 0) return NULL;
     *src = cuda_bf16_shadow_of(w, (size_t)G * O * K);
     if (!*src) return NULL; // not in the registered copy, or the copy is not current: no version to key on
     if (cuda_bf16_shadow_base() != g_base) {
@@ -250,4 +238,9 @@ extern "C" int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const fl
 
 extern "C" void cuda_fp8_weight_counts(void) {
     for (int i = 0; i < g_n; i++) add_uses(&g_e[i]);
+}
+
+extern "C" void cuda_fp8_weight_keep(int on) {
+    if (!on && g_keep) clear_all(); // (the pending counts added first)
+    g_keep = on != 0;
 }

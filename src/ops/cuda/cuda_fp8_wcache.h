@@ -4,13 +4,13 @@
 // the bf16 copy of the weights they come from (ops.h bf16_shadow; cuda_common.h cuda_bf16_shadow_version)
 // instead of once per GEMM. The same bits as quantising on each use (the same kernel on the same values), and
 // the same non-finite counts: each use adds the version's count of non-finite blocks into the counter the use
-// names, as its own quantisation would have. MOE_FP8_WCACHE=0 turns it off (each use quantises again, no
-// memory kept). Memory: each weight's transposed layout (the backward's), 1 byte a weight plus 4 bytes per
-// 128x128 block; the forward layouts only in two slots, one for a single weight's and one for a pair's, each
-// holding the last one asked for (the largest of each kind's bytes: about one layer's forward codes). So a
-// forward layout returned stays valid only until the next forward layout of its kind is asked for: launch
-// the GEMM that reads it first (in stream order the next one's codes are written after it). Must not hold:
-// kernels beyond the counts' add.
+// names, as its own quantisation would have. cuda_fp8_weight_keep(0) turns it off (--fp8-weight-cache 0:
+// each use quantises again, no memory kept). Memory: each weight's transposed layout (the backward's), 1 byte
+// a weight plus 4 bytes per 128x128 block; the forward layouts only in two slots, one for a single weight's
+// and one for a pair's, each holding the last one asked for (the largest of each kind's bytes: about one
+// layer's forward codes). So a forward layout returned stays valid only until the next forward layout of its
+// kind is asked for: launch the GEMM that reads it first (in stream order the next one's codes are written
+// after it). Must not hold: kernels beyond the counts' add.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -38,6 +38,9 @@ int cuda_fp8_weight_pair(const uint8_t **q, const float **s, const float *w1, co
                          int K, unsigned long long *bad1, unsigned long long *bad3);
 // Adds every use's pending count into its counter (before the counters are read).
 void cuda_fp8_weight_counts(void);
+// 1 (the default): keep the codes as above; 0: keep none (cuda_fp8_weight and _pair return 0; the caller
+// quantises at every use; what was kept is freed). ops.h Backend.fp8_keep_weights.
+void cuda_fp8_weight_keep(int on);
 
 #ifdef __cplusplus
 }
