@@ -29,7 +29,7 @@ run() { # run NAME ENV INFO_FLAGS FLAGS... (INFO_FLAGS: those moe info takes)
   say "   $name: peak $peak MiB (moe info: ${gib:-?}), tokens/s steps 4-12 median $tps"
   say "     step 1: $(head -1 $W/$name/metrics.jsonl | grep -oE '"(loss|grad_norm)":[^,]*' | tr '\n' ' ')"
 }
-run grads0 MOE_X=0 "" --bf16-grads 0
+run grads0 MOE_X=0 "--bf16-grads 0" --bf16-grads 0
 run grads1 MOE_X=0 ""
 run grads1_rc MOE_X=0 "--recompute moe" --recompute moe
 run grads1_rc_nocache MOE_X=0 "--recompute moe --fp8-weight-cache 0" --recompute moe --fp8-weight-cache 0
