@@ -10,7 +10,7 @@
 #      gradients, the old way), 1 (the default), 1 with --recompute moe (each layer's packed blocks' unused
 #      halves left out: ops.h alloc_holes), and that with --fp8-weight-cache 0 (no kept weight codes): step 1's loss
 #      (the same bits for 0 and 1: before any update) and gradient norm, median tokens/s of steps 4-12, peak GPU
-#      memory (nvidia-smi) beside `moe info`'s figure.
+#      memory (nvidia-smi) beside `moe info`'s figure; the last three runs' losses and norms the same bits.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start fp8_grads 330
 t gemm 90 $B/test_cuda_fp8_gemm; test_line gemm
@@ -33,4 +33,10 @@ run grads0 MOE_X=0 "--bf16-grads 0" --bf16-grads 0
 run grads1 MOE_X=0 ""
 run grads1_rc MOE_X=0 "--recompute moe" --recompute moe
 run grads1_rc_nocache MOE_X=0 "--recompute moe --fp8-weight-cache 0" --recompute moe --fp8-weight-cache 0
+# the last three train the same losses and gradient norms bit for bit (--recompute and the kept codes change no bit)
+bits() { grep -oE '"(loss|grad_norm)":[^,]*' $W/$1/metrics.jsonl; }
+for r in grads1_rc grads1_rc_nocache; do
+  if [ -n "$(bits $r)" ] && cmp -s <(bits grads1) <(bits $r); then say "   $r: the same losses and norms as grads1 ($(bits $r | wc -l) values)"
+  else say "   $r: losses or norms DIFFER from grads1"; FAIL=1; fi
+done
 say "$(date -u) done"
