@@ -22,7 +22,6 @@ san_line memops
 D="--steps 3 --sample-tokens 0 --plots 0 --batch 16 --seq-len 24 --eval-batches 1 --eval-every 0 --save-every -1
    --n-layers 2 --n-heads 4 --n-kv-heads 2 --d-model 160 --d-ff 48 --n-experts 4 --lr 1e-2 --warmup 2
    --precision fp8 --force"
-first() { grep -o "\"$1\":[^,]*" "$2/metrics.jsonl" | head -n 1 | cut -d: -f2; }
 for d in cuda cuda-fp32; do
   t d0_$d 60 $B/moe train $D --device $d --out $W/d0_$d
   t d1_$d 60 $B/moe train $D --device $d --fp8-dispatch 1 --out $W/d1_$d

@@ -75,6 +75,8 @@ print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['st
       + (', loss %.4f' % r[-1]['loss'] if sys.argv[2] == '1' else ''))
 " "$1" "${2:-0}" | tee -a $R
 }
+# `first KEY DIR`: the first training line's value of KEY in DIR/metrics.jsonl (verbatim: compare bits).
+first() { grep -o "\"$1\":[^,]*" "$2/metrics.jsonl" | head -n 1 | cut -d: -f2; }
 # `tps_median METRICS`: the median tokens/s of steps 4-12 of a run's metrics.jsonl (the short runs' figure).
 tps_median() {
   grep -oE '"step":([4-9]|1[0-2]),.*"tokens_per_s":[0-9.]+' "$1" | grep -oE '"tokens_per_s":[0-9.]+' | cut -d: -f2 |

@@ -264,7 +264,7 @@ void cost_whole(CostWhole *w, const ModelConfig *c, const TrainOptions *o, int m
     w->total = w->state + w->acts - w->lent - w->holes;
     cuda_memory(&w->cuda, c, NULL, o, (size_t)B, (size_t)T, c->n_layers, rc_count(o, 0, c->n_layers),
                 (double)np, w->state + w->acts, meshed, 1,
-                prec_fp8(o->precision) && o->fp8_weight_cache ? cost_fp8_kept(c, NULL, o->fp8_dense) : 0);
+                cost_fp8_tables(o) ? cost_fp8_kept(c, NULL, cost_fp8_tables(o) == 2) : 0);
 }
 
 // A rank of a mesh without pipeline stages (ct: its slices): one micro-batch's activations.

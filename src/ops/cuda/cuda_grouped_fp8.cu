@@ -513,6 +513,7 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int packed, int su
     CHECK(!sumsq || beta == 0.0f, "fp8 grouped_gemm_dw: the ledger's sums are of a written output (beta 0)");
     CHECK(!packed || beta == 0.0f,
           "fp8 grouped_gemm_dw: a packed bf16 gradient is written, never accumulated");
+    size_t es = packed ? 2 : sizeof(float); // (an output element's bytes)
     if (!gf_init()) return 0;
     if (G < 1 || G > GF_MAXG || K <= 0 || N <= 0 || K % 16 || N % 16 ||
         (((uintptr_t)A | (uintptr_t)B) & 15) || ((uintptr_t)C & 7))
@@ -545,8 +546,7 @@ extern "C" int cuda_fp8_grouped_gemm_dw(float *C, float beta, int packed, int su
     if (tiles > INT_MAX) return 0;
     for (int g = 0; g < G && beta == 0.0f; g++) // no columns: the product is zero
         if (p[g + 1] == p[g])
-            CUDA_CHECK(cudaMemsetAsync((char *)C + (size_t)g * N * K * (packed ? 2 : 4), 0,
-                                       (size_t)N * K * (packed ? 2 : 4), 0));
+            CUDA_CHECK(cudaMemsetAsync((char *)C + (size_t)g * N * K * es, 0, (size_t)N * K * es, 0));
     a->tstart[G] = (int)tiles;
     a->start[G] = (int)p[G];
     a->tiles = (int)tiles;
