@@ -18,8 +18,9 @@
 // cap, over key ranges of two kv heads where not two whole fit: ops.h attention_ds_bytes): a dk/dv kernel (NK
 // warpgroups per block, each 64 keys, over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV
 // += P^T dout and dK += dS^T Q from registers; products 192 wide as a 128-wide and a 64-wide wgmma) that also
-// stores dS (bf16) in a scratch (head dim 128 only), then a dq kernel of one product, dQ = dS K (both
-// operands from shared memory: cuda_attention_wg.cuh's att_wg_dqs_k); without the scratch (ops.h
+// stores dS (bf16) in a scratch (head dim 128 only; P by wg_exp2, under 2^-126 flushed to 0 as the forward's:
+// the kernel is bound by its instructions, not its products), then a dq kernel of one product, dQ = dS K
+// (both operands from shared memory: cuda_attention_wg.cuh's att_wg_dqs_k); without the scratch (ops.h
 // attention_ds_bytes: over its cap, or width 192) a dq kernel that computes S = Q K^T, dP = dout V^T and dS
 // again (one warpgroup per 64 queries, dQ += dS K with dS from registers). At 192 / 128 these backward
 // kernels are latent attention's old way (MOE_ATTN_MLA=old) and its dq kernel the "recompute" way's:
@@ -220,14 +221,17 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
     for (int i = HV / 2; i < HQ / 2; i++) dka[i] = 0.0f;
     // the query tiles: for each query head of the group in order, those of [qa, qb) in steps of 64 from the
     // one holding max(k0, qa) (whose tile index is max(0, j - a): a tile ahead of the keys reads nothing)
+    // (lh, lp): the next tile to load, its head of the group and its place in the head's tiles; (ch, cp):
+    // tile i's (counted on, not divided out of i: the divisions were ~40 instructions a tile)
     int m0 = max(0, k0 / 64 - a), tstart = qa + 64 * m0, per = (qb - tstart + 63) / 64, ntile = rep * per;
+    int lh = 0, lp = 0, ch = 0, cp = 0;
     for (int i = -1; i < ntile; i++) {
         if (i >= 0) {
             stage_done(); // tile i and its lse, D; tile i - 1's buffers are used up
         }
         if (i + 1 < ntile) { // tile i + 1 loads while tile i is used
-            int n = i + 1, buf = n & 1, hq = kh * rep + n / per, t1 = tstart + (n % per) * 64,
-                nq = min(64, qb - t1);
+            int n = i + 1, buf = n & 1, hq = kh * rep + lh, t1 = tstart + lp * 64, nq = min(64, qb - t1);
+            if (++lp == per) lp = 0, lh++;
             size_t qoff = ((size_t)b * T * H + hq) * HQ, lrow = ((size_t)b * H + hq) * T;
             stage_sw<64, NTH, HQ>(sQ + buf * QT, q + qoff, t1, nq, (size_t)H * HQ);
             stage_sw<64, NTH, HV>(sG + buf * GT, dout + qoff, t1, nq, (size_t)H * HQ);
@@ -243,7 +247,8 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
             asm volatile("cp.async.commit_group;\n" ::);
         }
         if (i < 0) continue;
-        int cur = i & 1, t0 = tstart + (i % per) * 64;
+        int cur = i & 1, t0 = tstart + cp * 64, hc = kh * rep + ch, mc = m0 + cp; // (mc: (t0 - qa) / 64)
+        if (++cp == per) cp = 0, ch++;
         // warpgroup-uniform: every query of the tile precedes this warpgroup's keys (NK > 1: the block's
         // first tiles are the first warpgroup's)
         if (NK > 1 && t0 + 63 < kw) continue;
@@ -267,7 +272,7 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
             for (int e = 0; e < 4; e++) {
                 int c = j * 8 + 2 * t + (e & 1), qt = t0 + c, key = e < 2 ? u0 : u0 + 8;
                 pr[4 * j + e] =
-                    !mask || (qt >= key && qt < qb) ? exp2f(s[4 * j + e] * sl - Lc[c] * WG_LOG2E) : 0.0f;
+                    !mask || (qt >= key && qt < qb) ? wg_exp2(s[4 * j + e] * sl - Lc[c] * WG_LOG2E) : 0.0f;
             }
         wgmma_wait<0>();
 #pragma unroll
@@ -289,8 +294,8 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
         // then out in 16-byte pieces, whole lines (stored from the fragments directly, each warp store wrote
         // 16 bytes in each of 8 lines: the dk/dv kernel took 472 us instead of 336)
         if (NK == 1 && ds) {
-            int hq = kh * rep + i / per, r = w * 16 + (lane >> 2);
-            uint4 *tile = (uint4 *)(ds + ds_tile(b, hq, H, (t0 - qa) / 64, k0 / 64, a, nt, j0, jw) * 4096);
+            int r = w * 16 + (lane >> 2);
+            uint4 *tile = (uint4 *)(ds + ds_tile(b, hc, H, mc, k0 / 64, a, nt, j0, jw) * 4096);
 #pragma unroll
             for (int kk = 0; kk < 4; kk++)
 #pragma unroll

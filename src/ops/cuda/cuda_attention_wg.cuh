@@ -76,16 +76,32 @@ __device__ __forceinline__ void wgmma_n192_ss_t(float *d, uint64_t da, uint64_t 
 // Stage ROWS rows (row0.., rows `stride` elements apart; rows from nvalid on zero-filled) of their
 // first W bf16 (a multiple of 64) into the swizzled tile at dst: column block a (elements 64a..64a+63)
 // at dst + a ROWS 128, the 16-byte chunk c of row r at chunk c ^ (r % 8); the block's NTH threads share
-// the copies. Completes at stage_done.
+// the copies, chunk e = threadIdx.x + NTH i of row e / C (C chunks a row). Completes at stage_done.
+// Where NTH is a multiple of 8 rows' chunks (W 128 at 128 or 256 threads), a thread's chunks keep its
+// column and its rows' swizzle, so the addresses are computed once and stepped (the kernels issue one
+// such call a tile: per-chunk address arithmetic was a third of the dk/dv kernel's instructions).
 template <int ROWS, int NTH, int W = 128>
 __device__ __forceinline__ void stage_sw(uint32_t dst, const bf16s *g, int row0, int nvalid, size_t stride) {
     constexpr int C = W / 8; // 16-byte chunks a row
-    for (int e = threadIdx.x; e < ROWS * C; e += NTH) {
-        int r = C == 16 ? e >> 4 : e / C, c16 = C == 16 ? e & 15 : e % C, blk = c16 >> 3, c = c16 & 7;
-        const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c16 * 8 : g;
-        uint32_t d = dst + blk * ROWS * 128 + r * 128 + ((c ^ (r & 7)) << 4);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                     "r"(r < nvalid ? 16 : 0));
+    if constexpr (NTH % C == 0 && (NTH / C) % 8 == 0 && ROWS % (NTH / C) == 0) {
+        constexpr int RS = NTH / C; // rows a pass
+        int r = threadIdx.x / C, c16 = threadIdx.x % C;
+        uint32_t d = dst + (c16 >> 3) * ROWS * 128 + r * 128 + (((c16 & 7) ^ (r & 7)) << 4);
+        const bf16s *src = g + (size_t)(row0 + r) * stride + c16 * 8;
+#pragma unroll
+        for (int i = 0; i < ROWS / RS; i++) {
+            int ok = r + i * RS < nvalid;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + i * RS * 128),
+                         "l"(ok ? src + (size_t)i * RS * stride : g), "r"(ok ? 16 : 0));
+        }
+    } else {
+        for (int e = threadIdx.x; e < ROWS * C; e += NTH) {
+            int r = e / C, c16 = e % C, blk = c16 >> 3, c = c16 & 7;
+            const bf16s *src = r < nvalid ? g + (size_t)(row0 + r) * stride + c16 * 8 : g;
+            uint32_t d = dst + blk * ROWS * 128 + r * 128 + ((c ^ (r & 7)) << 4);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                         "r"(r < nvalid ? 16 : 0));
+        }
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -98,6 +114,14 @@ __device__ __forceinline__ void stage_done(void) {
 #endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// 2^x by the special-function unit alone, results below float32's normal range flushed to 0 (exp2f's exact
+// handling of those costs three more float32 ops a score; a P under 2^-126 is then 0 instead of a subnormal,
+// next to the row's largest P of 1). The forward (cuda_attention_wgf.cu) and the dk/dv kernel take it.
+__device__ __forceinline__ float wg_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 // A fragments (keys or queries 16 kk .. 16 kk + 15 = accumulator columns 2 kk, 2 kk + 1) from a
 // 64 x 64 accumulator, rounded to bf16
 __device__ __forceinline__ void wg_frags(uint32_t (*f)[4], const float *a) {

@@ -8,7 +8,7 @@
 // softmax and accumulation, the scale 1 / sqrt(HQ)). The differences: 128-key tiles, so the online softmax's
 // running max (and with it the rounding of each P to bf16) moves per 128 keys instead of 64; each exponent
 // is exp2(s sl - m) with one rounding (a fused multiply-add) where the old kernel rounds s sl first; P under
-// 2^-126 flushed to 0 (wgf_exp2). Other bits than the old kernel's, within the same bands; the same bits
+// 2^-126 flushed to 0 (wg_exp2). Other bits than the old kernel's, within the same bands; the same bits
 // over any split of the query rows (the key tiles start at key 0 whatever the rows) and from run to run (no
 // atomics; each output written by one thread).
 // A block: 128 query rows of one head, 3 warpgroups. Warpgroup 0 is the producer (setmaxnreg down to 40;
@@ -99,17 +99,9 @@ __device__ __forceinline__ void wgf_frags(uint32_t (*p)[4], const float *s) {
     wg_frags(p, s);
     wg_frags(p + 4, s + 32);
 }
-// 2^x by the special-function unit alone, results below float32's normal range flushed to 0 (exp2f's exact
-// handling of those costs three more float32 ops a score; a P under 2^-126 is then 0 instead of a subnormal,
-// next to the row's largest P of 1)
-__device__ __forceinline__ float wgf_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 // The online softmax of one 128-key tile, as cuda_attention_softmax.cuh's softmax_tile but with the scale
 // folded into the exponent (one fused multiply-add a score: the max is taken over the raw scores, and
-// max(s) sl is the max of the scaled ones, sl > 0; wgf_exp2's flush): scores masked to -inf where the key
+// max(s) sl is the max of the scaled ones, sl > 0; wg_exp2's flush): scores masked to -inf where the key
 // follows the row or is past qb (only when mask), the running maxima m (scaled, base 2) and this thread's row
 // sums l updated, s becomes exp2(s sl - m), and c0, c1 the factors O is to be rescaled by (0 on the first
 // tile).
@@ -137,10 +129,10 @@ __device__ __forceinline__ void wgf_softmax(float *s, float &m0, float &m1, floa
     float ps0 = 0.0f, ps1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-        s[4 * j] = wgf_exp2(fmaf(s[4 * j], sl, -mx0));
-        s[4 * j + 1] = wgf_exp2(fmaf(s[4 * j + 1], sl, -mx0));
-        s[4 * j + 2] = wgf_exp2(fmaf(s[4 * j + 2], sl, -mx1));
-        s[4 * j + 3] = wgf_exp2(fmaf(s[4 * j + 3], sl, -mx1));
+        s[4 * j] = wg_exp2(fmaf(s[4 * j], sl, -mx0));
+        s[4 * j + 1] = wg_exp2(fmaf(s[4 * j + 1], sl, -mx0));
+        s[4 * j + 2] = wg_exp2(fmaf(s[4 * j + 2], sl, -mx1));
+        s[4 * j + 3] = wg_exp2(fmaf(s[4 * j + 3], sl, -mx1));
         ps0 += s[4 * j] + s[4 * j + 1];
         ps1 += s[4 * j + 2] + s[4 * j + 3];
     }
