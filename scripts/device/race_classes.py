@@ -1,7 +1,8 @@
 # race_classes.py LOG BINARY — the instructions behind each racecheck report of LOG (compute-sanitizer
 # --tool racecheck on BINARY): every "Race reported between A access at KERNEL+0xOFF / and B access at
-# KERNEL+0xOFF2" pair mapped to its two SASS instructions (cuobjdump -sass of BINARY, names demangled by
-# c++filt), one line a distinct pair. The class decided false (docs/PERFORMANCE.md "FP8": racecheck does not
+# KERNEL+0xOFF2" pair mapped to its two SASS instructions (cuobjdump -sass of BINARY, or BINARY itself where it
+# is that listing already, as tests/test_race_classes.sh gives it; names demangled by c++filt), one line a
+# distinct pair. The class decided false (docs/PERFORMANCE.md "FP8": racecheck does not
 # follow a cp.async's completion on the stage's mbarrier) is a write by LDGSTS (cp.async into a stage's scale
 # slots) against an LDS read: exit 0 when every pair is of it, 1 when any is not or an offset is not found,
 # 2 when the log or the binary cannot be read.
@@ -11,7 +12,13 @@ if len(sys.argv) != 3:
     sys.exit('usage: race_classes.py RACECHECK_LOG BINARY')
 try:
     log = open(sys.argv[1]).read().splitlines()
-    sass = subprocess.run(['cuobjdump', '-sass', sys.argv[2]], capture_output=True, text=True, check=True).stdout
+    with open(sys.argv[2], 'rb') as f:
+        head = f.read(1 << 16)
+    if b'Function : ' in head and b'\0' not in head: # a listing already
+        sass = open(sys.argv[2]).read()
+    else:
+        sass = subprocess.run(['cuobjdump', '-sass', sys.argv[2]], capture_output=True, text=True,
+                              check=True).stdout
 except (OSError, subprocess.CalledProcessError) as e:
     print('race_classes: %s' % e)
     sys.exit(2)
