@@ -117,11 +117,6 @@ template <int RED> __device__ __forceinline__ GFTile gf_tile(const GFArgs &a, in
     return T;
 }
 
-// Producer thread i's two scales of K-tile kt copied (cp.async, 4 bytes each) into its stage's slots at dst
-// (A's row m0 + i) and dst + 512 (column n0 + i of the output: B's block scale, or its row's tile scale);
-// zeros past the stored rows and the columns. They complete on the stage's full barrier with the TMA loads,
-// so the producer never waits for a scale's load (it used to: loads issued one stage ahead, stored after the
-// slot's wait; with one stage ~0.3 us of the tensor cores' work, a loaded L2's latency can hold the ring).
 __device__ __forceinline__ void cp_async4(uint32_t dst, const float *src, int valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
                  : "memory");
@@ -135,14 +130,19 @@ __device__ __forceinline__ void gf_scales_red(const GFArgs &a, const GFTile &T, 
     va = row < T.mend ? a.sa[(long long)row * a.sa_ld + ks] : 0.0f;
     vb = col < T.ncols ? a.sb[(long long)(T.brow + col) * a.sb_ld + ks] : 0.0f;
 }
-template <int RED>
+// The rows form's producer thread i's two scales of K-tile kt copied (cp.async, 4 bytes each) into its
+// stage's slots at dst (A's row m0 + i) and dst + 512 (column n0 + i of the output: B's block scale, or its
+// row's tile scale); zeros past the stored rows and the columns. They complete on the stage's full barrier
+// with the TMA loads, so the producer never waits for a scale's load (it used to: loads issued one stage
+// ahead, stored after the slot's wait; with one stage ~0.3 us of the tensor cores' work, a loaded L2's
+// latency can hold the ring).
 __device__ __forceinline__ void gf_scale_copy(const GFArgs &a, const GFTile &T, int kt, int i, uint32_t dst) {
     int row = T.m0 + i, col = T.n0 + i, ks = T.ks0 + kt, va = row < T.mend, vb = col < T.ncols;
     const float *pa = va ? a.sa + (long long)row * a.sa_ld + ks : a.sa, *pb = a.sb;
     if (vb) {
-        if (!RED && a.b_blocks) // blocks (G, ntiles(N), nkt): the tile's 128 columns are one block row
+        if (a.b_blocks) // blocks (G, ntiles(N), nkt): the tile's 128 columns are one block row
             pb = a.sb + ((long long)T.g * ((a.N + GF_BN - 1) / GF_BN) + T.n0 / GF_BN) * a.sb_ld + ks;
-        else if (!RED && a.b_halves && (i & 63)) vb = 0; // (only columns 0 and 64's are read)
+        else if (a.b_halves && (i & 63)) vb = 0; // (only columns 0 and 64's are read)
         else pb = a.sb + (long long)(T.brow + col) * a.sb_ld + ks;
     }
     cp_async4(dst, pa, va);
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                     tma_2d(sA + s * GF_TB, &tmA, T.kc0 + kt * GF_BK, T.m0, fb);
                     tma_2d(sB + s * GF_TB, &tmB, T.kc0 + kt * GF_BK, T.brow + T.n0, fb);
                 }
-                gf_scale_copy<RED>(a, T, kt, i, sS + 4 * (256 * s + i));
+                gf_scale_copy(a, T, kt, i, sS + 4 * (256 * s + i));
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
                 if (++s == GF_ST) {
                     s = 0;
