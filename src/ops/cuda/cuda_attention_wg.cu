@@ -45,9 +45,10 @@ template <int HQ, int HV> struct WgShape {
     // Q (QB column blocks x 64 NF rows), then K and V, each 2 buffers of a 64-row tile
     static constexpr int SMEM_FWD = QB * NF * WG_BLK + 2 * (QB + VB) * WG_BLK + 1024;
     static constexpr int SMEM_DQ = 2 * (QB + VB) * WG_BLK + 1024; // Q, dout, K, V
-    // K, V (64 NK rows); Q, dout double-buffered; lse, D; dS^T (head dim 128: the scratch's tile)
+    // K, V (64 NK rows); Q, dout double-buffered; lse, D; dS^T (head dim 128: the scratch's tile, then the
+    // two buffers' TMA barriers)
     static constexpr int SMEM_DKDV =
-        NK * (QB + VB) * WG_BLK + 2 * (QB + VB) * WG_BLK + 4 * 64 * 4 + (HQ == 128 ? 8192 : 0) + 1024;
+        NK * (QB + VB) * WG_BLK + 2 * (QB + VB) * WG_BLK + 4 * 64 * 4 + (HQ == 128 ? 8192 + 16 : 0) + 1024;
 };
 
 
@@ -192,9 +193,10 @@ __global__ void __launch_bounds__(128)
 // ceil(qa / 64), nt tiles per head). dv's columns from HV written as zeros (without add).
 template <int HQ, int HV>
 __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
-    att_wg_dkdv_k(float *dk, float *dv, bf16s *ds, const bf16s *dout, const float *lse, const float *Dg,
-                  const bf16s *q, const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc,
-                  int qa, int qb, int a, size_t nt, int j0, int jw, int add) {
+    att_wg_dkdv_k(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tg, float *dk,
+                  float *dv, bf16s *ds, const bf16s *dout, const float *lse, const float *Dg, const bf16s *q,
+                  const bf16s *k, const bf16s *v, int T, int H, int KV, float sl, float sc, int qa, int qb,
+                  int a, size_t nt, int j0, int jw, int add) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef WgShape<HQ, HV> S;
     constexpr int NK = S::NK, NTH = 128 * NK, KR = 64 * NK, QT = S::QB * WG_BLK, GT = S::VB * WG_BLK;
@@ -205,6 +207,15 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
     uint32_t sL = sG + 2 * GT, sD = sL + 128 * 4;
     const float *Ls = (const float *)(wg_smem + (sL - smem_u32(wg_smem))), *Ds = Ls + 128;
     unsigned char *Ss = (unsigned char *)(Ds + 128); // dS^T's tile on its way out (8 KB; ds only)
+    // TMA (head dim 128, one warpgroup): thread 0 loads each query and dout tile by tq, tg (rows from qb on
+    // read as zeros), completing on its buffer's barrier (after Ss); the threads' own copies are lse and D
+    constexpr bool TMA = HQ == 128 && HV == 128 && NK == 1;
+    const uint32_t bars = sD + 128 * 4 + 8192;
+    if (TMA && threadIdx.x == 0) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     int wg = threadIdx.x >> 7, w = NK > 1 ? (threadIdx.x >> 5) & 3 : threadIdx.x >> 5,
         lane = threadIdx.x & 31, t = lane & 3;
     AttPlace pl = att_place(); // the keys from k0 (the most query tiles first)
@@ -233,8 +244,20 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
             int n = i + 1, buf = n & 1, hq = kh * rep + lh, t1 = tstart + lp * 64, nq = min(64, qb - t1);
             if (++lp == per) lp = 0, lh++;
             size_t qoff = ((size_t)b * T * H + hq) * HQ, lrow = ((size_t)b * H + hq) * T;
-            stage_sw<64, NTH, HQ>(sQ + buf * QT, q + qoff, t1, nq, (size_t)H * HQ);
-            stage_sw<64, NTH, HV>(sG + buf * GT, dout + qoff, t1, nq, (size_t)H * HQ);
+            if constexpr (TMA) {
+                if (threadIdx.x == 0) { // (the buffer's last reader, tile i - 1, finished before the barrier)
+                    uint32_t fb = bars + 8 * buf;
+                    mbar_expect_tx(fb, QT + GT);
+#pragma unroll
+                    for (int cb = 0; cb < S::QB; cb++) {
+                        tma_4d(sQ + buf * QT + cb * WG_BLK, &tq, 64 * cb, hq, t1, b, fb);
+                        tma_4d(sG + buf * GT + cb * WG_BLK, &tg, 64 * cb, hq, t1, b, fb);
+                    }
+                }
+            } else {
+                stage_sw<64, NTH, HQ>(sQ + buf * QT, q + qoff, t1, nq, (size_t)H * HQ);
+                stage_sw<64, NTH, HV>(sG + buf * GT, dout + qoff, t1, nq, (size_t)H * HQ);
+            }
             // lse and D through cp.async too (zero-filled past nq): a plain load would stall the warp
             // at its shared-memory store, and with it the warpgroup's next wgmma
             if (NK == 1 || threadIdx.x < 128) { // threads 0-63: lse, 64-127: D
@@ -247,6 +270,7 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
             asm volatile("cp.async.commit_group;\n" ::);
         }
         if (i < 0) continue;
+        if constexpr (TMA) mbar_wait(bars + 8 * (i & 1), (i >> 1) & 1); // tile i's query and dout
         int cur = i & 1, t0 = tstart + cp * 64, hc = kh * rep + ch, mc = m0 + cp; // (mc: (t0 - qa) / 64)
         if (++cp == per) cp = 0, ch++;
         // warpgroup-uniform: every query of the tile precedes this warpgroup's keys (NK > 1: the block's
@@ -402,9 +426,19 @@ static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *d
     size_t qo = p.qo, ko = p.ko, lo = p.lo;
     if (!dsb) dq_run<HQ, HV>(dq, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags & ATT_ADD_DQ);
     dim3 gk((range ? min(j1, nkb) : nkb) - j0, p.nkv, p.nb);
-    att_wg_dkdv_k<HQ, HV><<<gk, 128 * S::NK, S::SMEM_DKDV>>>(dk + ko, dv + ko, dsb, dout + qo, lse + lo,
-                                                             D + lo, q + qo, k + ko, v + ko, T, H, KV, sl, sc,
-                                                             t0, t1, a, nt, j0, j1 - j0, flags & ATT_ADD_DKV);
+    CUtensorMap tq = {}, tg = {}; // (head dim 128: the kernel's TMA loads of query and dout tiles)
+    if (HQ == 128 && HV == 128) {
+        int sms;
+        void *fn;
+        if (!cuda_hopper_tma(&sms, &fn))
+            DIE("attention_bwd (wgmma): no TMA encoder on a GPU that runs wgmma");
+        PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+        att_tma_map(enc, &tq, q + qo, p.nb, T, t1, p.nkv * rep, H, 128, HQ, 64, "q (backward)");
+        att_tma_map(enc, &tg, dout + qo, p.nb, T, t1, p.nkv * rep, H, 128, HQ, 64, "dout (backward)");
+    }
+    att_wg_dkdv_k<HQ, HV><<<gk, 128 * S::NK, S::SMEM_DKDV>>>(
+        tq, tg, dk + ko, dv + ko, dsb, dout + qo, lse + lo, D + lo, q + qo, k + ko, v + ko, T, H, KV, sl, sc,
+        t0, t1, a, nt, j0, j1 - j0, flags & ATT_ADD_DKV);
     KCHECK("attention_bwd (wgmma, dk/dv)");
     if (dsb) {
         int add = flags & ATT_ADD_DQ ? 1 : 0, qr = t0 + 64 * max(0, j0 - a);
