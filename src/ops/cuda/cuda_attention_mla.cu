@@ -80,14 +80,15 @@ __global__ void __launch_bounds__(128, 2)
     // nothing)
     int m0 = max(0, k0 / 64 - a), tstart = qa + 64 * m0, per = (qb - tstart + 63) / 64, ntile = rep * per;
     // tile n's Q rows: one commit group
-    auto load_q = [&](int n) {
-        int hq = kh * rep + n / per, t1 = tstart + (n % per) * 64;
+    // (hp, pp): a tile's head of the group and its place in the head's tiles, counted (not divided out of n)
+    auto load_q = [&](int hp, int pp) {
+        int hq = kh * rep + hp, t1 = tstart + pp * 64;
         stage_sw<64, 128, HQ>(sQ, q + ((size_t)b * T * H + hq) * HQ, t1, min(64, qb - t1), (size_t)H * HQ);
     };
     // tile n's dout rows, lse and D (lse and D through cp.async too, zero-filled past the last query: a plain
     // load would stall the warp at its shared-memory store): one commit group
-    auto load_g = [&](int n) {
-        int hq = kh * rep + n / per, t1 = tstart + (n % per) * 64, nq = min(64, qb - t1);
+    auto load_g = [&](int hp, int pp) {
+        int hq = kh * rep + hp, t1 = tstart + pp * 64, nq = min(64, qb - t1);
         size_t lrow = ((size_t)b * H + hq) * T;
         int j = threadIdx.x & 63, ok = j < nq; // threads 0-63: lse, 64-127: D
         const float *src = (threadIdx.x < 64 ? lse : Dg) + lrow + t1 + (ok ? j : 0);
@@ -96,10 +97,11 @@ __global__ void __launch_bounds__(128, 2)
         stage_sw<64, 128, HV>(sG, dout + ((size_t)b * T * H + hq) * HQ, t1, nq, (size_t)H * HQ);
     };
     // in flight at each tile's start: its Q, then its dout (K and V before them at the first)
-    load_q(0);
-    load_g(0);
+    load_q(0, 0);
+    load_g(0, 0);
+    int th = 0, tp = 0; // tile i's
     for (int i = 0; i < ntile; i++) {
-        int t0 = tstart + (i % per) * 64;
+        int t0 = tstart + tp * 64, nh = tp + 1 == per ? th + 1 : th, np = tp + 1 == per ? 0 : tp + 1;
         float s[32], dp[32];
         stage_done_but<1>(); // Q (and K, V)
         wgmma_fence();
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(128, 2)
                 for (int x = 0; x < 2; x++) {
                     int n = 8 * kk + 2 * i2 + x, c = (n >> 2) * 8 + 2 * t + (n & 1), qt = t0 + c,
                         key = (n & 2) ? u0 + 8 : u0;
-                    pv[x] = !mask || (qt >= key && qt < qb) ? exp2f(s[n] * sl - Ls[c] * WG_LOG2E) : 0.0f;
+                    pv[x] = !mask || (qt >= key && qt < qb) ? wg_exp2(s[n] * sl - Ls[c] * WG_LOG2E) : 0.0f;
                     dv2[x] = pv[x] * (dp[n] - Ds[c]) * sc;
                 }
                 fp[kk][i2] = pack_bf16(pv[0], pv[1]);
@@ -152,12 +154,11 @@ __global__ void __launch_bounds__(128, 2)
 #pragma unroll
         for (int j = 0; j < 8; j++) Rs[128 * j] = *(const float4 *)(dkr + 4 * j);
         __syncthreads(); // ... in every warp: Q's buffer is free
-        if (i + 1 < ntile) load_q(i + 1); // while dV's products run
+        if (i + 1 < ntile) load_q(nh, np); // while dV's products run
         if (ds) {
             int g = lane >> 2, r = w * 16 + g;
             unsigned char *tile =
-                (unsigned char *)(ds +
-                                  ds_tile(b, kh * rep + i / per, H, (t0 - qa) / 64, k0 / 64, a, nt) * 4096);
+                (unsigned char *)(ds + ds_tile(b, kh * rep + th, H, m0 + tp, k0 / 64, a, nt) * 4096);
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -166,7 +167,8 @@ __global__ void __launch_bounds__(128, 2)
         }
         wgmma_wait<0>();
         __syncthreads(); // dV's products are done in every warp: dout's buffer (and lse's, D's) is free
-        if (i + 1 < ntile) load_g(i + 1); // while the next tile's S^T runs
+        if (i + 1 < ntile) load_g(nh, np); // while the next tile's S^T runs
+        th = nh, tp = np;
     }
 #pragma unroll
     for (int j = 0; j < 8; j++) *(float4 *)(dkr + 4 * j) = Rs[128 * j];

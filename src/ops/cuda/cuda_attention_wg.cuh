@@ -94,6 +94,23 @@ __device__ __forceinline__ void stage_sw(uint32_t dst, const bf16s *g, int row0,
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + i * RS * 128),
                          "l"(ok ? src + (size_t)i * RS * stride : g), "r"(ok ? 16 : 0));
         }
+    } else if constexpr (W % 64 == 0 && NTH == 128 && ROWS % 16 == 0) {
+        // (W 192 at 128 threads: a row's 24 chunks do not divide them) each 64-column block in turn, a
+        // thread's chunk c = threadIdx.x % 8 of the rows threadIdx.x / 8 + 16 i: its swizzle the same in
+        // every pass (at 256 threads, the dk/dv kernel's old way at 192, this form spilled)
+        constexpr int R8 = NTH / 8; // rows a pass over one block
+        int r = threadIdx.x / 8, c = threadIdx.x % 8;
+        uint32_t d = dst + r * 128 + ((c ^ (r & 7)) << 4);
+        const bf16s *src = g + (size_t)(row0 + r) * stride + c * 8;
+#pragma unroll
+        for (int blk = 0; blk < W / 64; blk++)
+#pragma unroll
+            for (int i = 0; i < ROWS / R8; i++) {
+                int ok = r + i * R8 < nvalid;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + blk * ROWS * 128 +
+                                                                                     i * R8 * 128),
+                             "l"(ok ? src + (size_t)i * R8 * stride + blk * 64 : g), "r"(ok ? 16 : 0));
+            }
     } else {
         for (int e = threadIdx.x; e < ROWS * C; e += NTH) {
             int r = e / C, c16 = e % C, blk = c16 >> 3, c = c16 & 7;
