@@ -322,6 +322,7 @@ static int cases(int n, uint64_t seed) {
     CASE(run_rows("rows-6", (RowsCase){8, R8, 256, 128, 1, 0, 1, 0}));
     CASE(run_rows("rows-7", (RowsCase){8, R8, 1024, 144, 0, 0, 1, 0}));
     CASE(run_rows("rows-8", (RowsCase){8, R8, 128, 512, 0, 0, 0, 0}));
+    CASE(run_rows("rows-9", (RowsCase){8, R8, 256, 384, 1, 0, 0, 1})); // (a lone half-tile of 128 columns)
     CASE(run_rows("exact-1", (RowsCase){1, R1a, 128, 128, 1, 1, 0, 0}));
     CASE(run_rows("exact-2", (RowsCase){8, R8, 1024, 512, 1, 1, 0, 0}));
     CASE(run_rows("exact-3", (RowsCase){8, R8, 144, 144, 0, 1, 1, 0}));
@@ -329,6 +330,7 @@ static int cases(int n, uint64_t seed) {
     CASE(run_dw("dw-2", 4, RD4, 144, 1024, 0, 0));
     CASE(run_dw("dw-3", 4, RD4, 512, 256, 0, 1));
     CASE(run_dw("dw-4", 8, RD8, 128, 144, 0, 0));
+    CASE(run_dw("dw-5", 4, RD4, 144, 384, 0, 0)); // (a lone half-tile of 128 columns)
     CASE(run_dw("exact-dw", 4, RD4, 144, 512, 1, 0));
 #undef CASE
     return i;
