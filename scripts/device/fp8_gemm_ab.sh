@@ -15,10 +15,8 @@
 # and the logs.
 # VARS ("var2 var4") picks the variants to run, AB_STEPS (8) the steps a build trains, NORMS_MAY_DIFFER=1 trains
 # without clipping and asks the losses alone to be the same bits (the norms' largest difference printed).
-# Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels (main's
-# kernel gets racecheck's 8 reports of its rows form's scale slots, decided false: docs/PERFORMANCE.md "FP8";
-# scripts/device/race_classes.py maps every reported pair to its instructions and passes a log of that class
-# alone).
+# Exit 1 when a build's losses differ from old's, a test fails, or a sanitizer reports in our kernels (a
+# racecheck report comes with its pairs' instructions: scripts/device/race_pairs.py).
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start gemm_ab 420
 BUILDS="old new"
@@ -66,15 +64,14 @@ t fused 120 $B/test_cuda_fp8_fused
 l=$(grep -E "checks, [0-9]+ failed" $W/fused.log | tail -1); say "   fused: ${l:-no result line}"
 [[ "$l" == *", 0 failed" ]] || FAIL=1
 t mem 120 compute-sanitizer --tool memcheck $B/test_cuda_fp8_gemm; san_line mem
-# racecheck, then each reported pair's two instructions (race_classes.py): a log whose every pair is the class
-# decided false (a cp.async into a scale slot against a shared load) does not fail the recipe
+# racecheck (any report in our kernels fails, san_line), then each reported pair's two instructions
+# (race_pairs.py) to read it by
 race() { # NAME BINARY
-  local f0=$FAIL
   t $1 150 compute-sanitizer --tool racecheck $2 || return 0
   san_line $1
-  python3 scripts/device/race_classes.py $W/$1.log $2 > $W/$1_classes.txt 2>&1 && FAIL=$f0
-  tail -1 $W/$1_classes.txt | tee -a $R
-  grep "NOT KNOWN" $W/$1_classes.txt | head -4 | tee -a $R
+  python3 scripts/device/race_pairs.py $W/$1.log $2 > $W/$1_pairs.txt 2>&1
+  tail -1 $W/$1_pairs.txt | tee -a $R
+  head -4 $W/$1_pairs.txt | grep -v "^race_pairs:" | tee -a $R
 }
 race race $B/test_cuda_fp8_gemm
 for v in $BUILDS; do # each variant's own kernel under racecheck too

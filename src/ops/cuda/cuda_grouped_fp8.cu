@@ -143,8 +143,8 @@ __device__ __forceinline__ void gf_scales_red(const GFArgs &a, const GFTile &T, 
 // stage's slots from dst (bytes): A's row m0 + i at float i, the output's columns n0 + i and n0 + 128 + i at
 // floats 128 + i and 256 + i (B's block scale, or its row's tile scale); zeros past the stored rows and the
 // columns. They complete on the stage's full barrier with the TMA loads, so the producer never waits for a
-// scale's load (it used to: loads issued one stage ahead, stored after the slot's wait; with one stage ~0.3 us
-// of the tensor cores' work, a loaded L2's latency can hold the ring).
+// scale's load (it used to: loads issued one stage ahead, stored after the slot's wait; with one stage ~0.3
+// us of the tensor cores' work, a loaded L2's latency can hold the ring).
 __device__ __forceinline__ void gf_scale_copy(const GFArgs &a, const GFTile &T, int kt, int i, uint32_t dst) {
     int row = T.m0 + i, ks = T.ks0 + kt, va = row < T.mend;
     cp_async4(dst + 4 * i, va ? a.sa + (long long)row * a.sa_ld + ks : a.sa, va);

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# test_race_classes.sh — scripts/device/race_classes.py (fp8_gemm_ab.sh's judge of racecheck's reports: each
-# reported pair's two instructions, the class decided false passing alone) on a SASS listing and racecheck logs
-# written here in the tools' formats (cuobjdump's mangled "Function :" headers and "/*offset*/" lines,
-# racecheck's demangled "KERNEL+0xOFF" pairs): pairs of an LDGSTS write against an LDS read pass, a plain STS
-# against an LDS fails (the 36 of fp8wide's weight-gradient form, 2026-12-05), so does an offset the listing
-# lacks; a log without reports passes.
+# test_race_pairs.sh — scripts/device/race_pairs.py (each racecheck report's pair of instructions, for reading
+# a failed racecheck) on a SASS listing and racecheck logs written here in the tools' formats (cuobjdump's
+# mangled "Function :" headers and "/*offset*/" lines, racecheck's demangled "KERNEL+0xOFF" pairs): every pair
+# named by its two instructions and hazard count, across two kernels; an offset the listing lacks shown as "?"
+# and exit 1; a log without reports exit 0; an unreadable binary exit 2.
 set -u
 . "$(dirname "$0")/lib.sh"
 cd "$TMP" || exit 1
 command -v python3 >/dev/null || { echo "SKIP: python3 not installed"; exit 77; }
 command -v c++filt >/dev/null || { echo "SKIP: c++filt (binutils) not installed"; exit 77; }
-RC="$MOE_SRC/scripts/device/race_classes.py"
+RC="$MOE_SRC/scripts/device/race_pairs.py"
 cat > k.sass <<'SASS'
 
 Fatbin elf code:
@@ -49,15 +48,18 @@ race "Write access at $K0+0x30;Read access at $K0+0x10 [20480 hazards]" \
 sed 's/+0x10 \[20480/+0x70 [20480/' known.log > lost.log
 printf '========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n' > clean.log
 run() { python3 "$RC" "$1" k.sass > out.txt 2>&1; }
-run known.log && grep -q "3 distinct pairs, 0 not of the known false class" out.txt &&
-  grep -q "LDGSTS.E \[R25+0x30000\].*LDS R209" out.txt && pass "LDGSTS-vs-LDS pairs pass, each named by its instructions" ||
-  fail "known.log: rc $?, $(cat out.txt)"
-run sts.log; rc=$?
-[ $rc = 1 ] && grep -q "STS \[R3+0x30400\].*NOT KNOWN" out.txt && grep -q "2 distinct pairs, 1 not" out.txt &&
-  pass "an STS-vs-LDS pair fails, named" || fail "sts.log: rc $rc, $(cat out.txt)"
+run known.log && grep -q "3 distinct pairs, 0 with an instruction not found" out.txt &&
+  grep -q "LDGSTS.E \[R25+0x30000\].*LDS R209, \[R150\] (1)" out.txt &&
+  grep -q "LDS R209, \[R150\] | Write +0x40: @P0 LDGSTS.E.ZFILL \[R25+0x30200\].* (1)" out.txt &&
+  pass "each pair named by its two instructions" || fail "known.log: rc $?, $(cat out.txt)"
+run sts.log && grep -q "STS \[R3+0x30400\], R14 | Read +0x10: LDS.64 R24, \[R208+0x5e0\]" out.txt &&
+  grep -q "2 distinct pairs, 0 with" out.txt && pass "pairs of two kernels, each in its own listing" ||
+  fail "sts.log: rc $?, $(cat out.txt)"
 run lost.log; rc=$?
-[ $rc = 1 ] && grep -q "?.*NOT KNOWN" out.txt && pass "an offset the listing lacks fails" || fail "lost.log: rc $rc, $(cat out.txt)"
-run clean.log && grep -q "0 distinct pairs, 0 not" out.txt && pass "a log without reports passes" || fail "clean.log: rc $?, $(cat out.txt)"
+[ $rc = 1 ] && grep -q ": ? (1)" out.txt && grep -q "1 with an instruction not found" out.txt &&
+  pass "an offset the listing lacks: '?' and exit 1" || fail "lost.log: rc $rc, $(cat out.txt)"
+run clean.log && grep -q "0 distinct pairs, 0 with" out.txt && pass "a log without reports: exit 0" ||
+  fail "clean.log: rc $?, $(cat out.txt)"
 python3 "$RC" known.log missing.bin > out.txt 2>&1; rc=$?
 [ $rc = 2 ] && pass "an unreadable binary: exit 2" || fail "missing binary: rc $rc, $(cat out.txt)"
 finish
