@@ -279,15 +279,12 @@ __global__ void __launch_bounds__(AF_THREADS, 1)
 // att_wg_fwd_k
 static int wgf_on(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOE_ATTN_FWD_OLD");
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-            DIE("MOE_ATTN_FWD_OLD must be 0 (the attention forward at head dim 128 and latent attention's "
-                "192 / "
-                "128 on 128-key tiles with TMA, the default) or 1 (the earlier 64-key kernel) (got '%s')",
-                e);
-        v = !(e && !strcmp(e, "1"));
-    }
+    if (v < 0)
+        v = cuda_env_switch(
+            "MOE_ATTN_FWD_OLD", "0", "1",
+            "the attention forward at head dim 128 and latent attention's 192 / 128 on 128-key "
+            "tiles with TMA",
+            "the earlier 64-key kernel");
     return v;
 }
 

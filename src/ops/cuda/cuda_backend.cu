@@ -1,5 +1,5 @@
-// cuda_backend.cu — the CUDA Backends (float32 buffers): device memory, the error hints, the
-// scratch workspace, and the two tables that gather every cuda op: "cuda" (bf16 tensor-core GEMMs
+// cuda_backend.cu — the CUDA Backends (float32 buffers): device memory, the error hints, the A/B switches,
+// the scratch workspace, and the two tables that gather every cuda op: "cuda" (bf16 tensor-core GEMMs
 // and attention, the GEMMs' bf16 copy of the weights) and "cuda-fp32" (all float32); they differ
 // only there (cuda_gemm.cu, cuda_attention_tc.cu).
 // Everything runs on the legacy default stream, so ops are ordered as they are called and a
@@ -55,6 +55,14 @@ extern "C" int cuda_sync_each_launch(void) {
         v = s && *s && strcmp(s, "0") != 0;
     }
     return v;
+}
+
+extern "C" int cuda_env_switch(const char *name, const char *on, const char *off, const char *on_is,
+                               const char *off_is) {
+    const char *e = getenv(name);
+    if (!e || !*e || !strcmp(e, on)) return 1;
+    if (!strcmp(e, off)) return 0;
+    DIE("%s must be %s (%s, the default) or %s (%s) (got '%s')", name, on, on_is, off, off_is, e);
 }
 
 static cublasHandle_t g_cublas;

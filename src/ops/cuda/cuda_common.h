@@ -50,6 +50,11 @@ extern "C" int cuda_sync_each_launch(void);
                 cudaGetErrorName(_e), cudaGetErrorString(_e), cuda_hint(_e)); \
     } while (0)
 
+// An A/B switch in the environment (its caller reads it once): NAME unset, empty or ON gives 1, OFF gives 0,
+// any other value stops the run naming both ways (on_is: what ON runs, the default; off_is: what OFF runs).
+extern "C" int cuda_env_switch(const char *name, const char *on, const char *off, const char *on_is,
+                               const char *off_is);
+
 // 1 where our Hopper kernels run (cuda_hopper.cu: an sm_90 GPU, sm_90a code in this build, the driver's
 // tensor-map encoder), with the SM count and cuTensorMapEncodeTiled; 0 otherwise (never dies for a missing
 // GPU).

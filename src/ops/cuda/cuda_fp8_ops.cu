@@ -68,13 +68,9 @@ static void cuda_fp8_gemm(float *c, long long ldc, const uint8_t *a, long long l
 // bit so), else our Hopper kernel (cuda_grouped_fp8.cu) wherever it runs
 static int fp8_ref(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOE_FP8_GEMM");
-        if (e && *e && strcmp(e, "ref") && strcmp(e, "kernel"))
-            DIE("MOE_FP8_GEMM must be ref (the reference kernel, in the cpu's order) or kernel (got '%s')",
-                e);
-        v = e && !strcmp(e, "ref");
-    }
+    if (v < 0)
+        v = !cuda_env_switch("MOE_FP8_GEMM", "kernel", "ref", "our Hopper kernel wherever it runs",
+                             "the reference kernel, in the cpu's order");
     return v;
 }
 
@@ -82,15 +78,9 @@ static int fp8_ref(void) {
 // fused GEMM (SwiGLU in the epilogue) runs; the same bits either way (MOE_FP8_FUSE=0: the A/B of the fusion)
 static int fp8_fuse(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOE_FP8_FUSE");
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-            DIE("MOE_FP8_FUSE must be 1 (the SwiGLU in the up projections' GEMM, the default) or 0 (two "
-                "GEMMs, "
-                "then the SwiGLU) (got '%s')",
-                e);
-        v = !(e && !strcmp(e, "0"));
-    }
+    if (v < 0)
+        v = cuda_env_switch("MOE_FP8_FUSE", "1", "0", "the SwiGLU in the up projections' GEMM",
+                            "two GEMMs, then the SwiGLU");
     return v;
 }
 

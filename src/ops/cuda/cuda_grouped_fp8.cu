@@ -457,14 +457,9 @@ extern "C" int cuda_fp8_grouped_kernel(void) { return gf_init(); }
 // so the same products, four a K-tile instead of 64); 0 (MOE_FP8_PAIR_SCALE=0, the A/B): each column's
 static int gf_pair_scale(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("MOE_FP8_PAIR_SCALE");
-        if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
-            DIE("MOE_FP8_PAIR_SCALE must be 1 (one weight scale per 64 columns in the fused SwiGLU GEMM, the "
-                "default) or 0 (a scale per column) (got '%s')",
-                e);
-        v = !(e && !strcmp(e, "0"));
-    }
+    if (v < 0)
+        v = cuda_env_switch("MOE_FP8_PAIR_SCALE", "1", "0",
+                            "one weight scale per 64 columns in the fused SwiGLU GEMM", "a scale per column");
     return v;
 }
 
