@@ -18,8 +18,9 @@
 // cap, over key ranges of two kv heads where not two whole fit: ops.h attention_ds_bytes): a dk/dv kernel (NK
 // warpgroups per block, each 64 keys, over the group's query heads: S^T = K Q^T and dP^T = V dout^T, then dV
 // += P^T dout and dK += dS^T Q from registers; products 192 wide as a 128-wide and a 64-wide wgmma) that also
-// stores dS (bf16) in a scratch (head dim 128 only; P by wg_exp2, under 2^-126 flushed to 0 as the forward's:
-// the kernel is bound by its instructions, not its products), then a dq kernel of one product, dQ = dS K
+// stores dS (bf16) in a scratch (head dim 128 only; P by wg_exp2, under 2^-126 flushed to 0 as the forward's;
+// there its query and dout tiles come by TMA, thread 0's copies onto each buffer's mbarrier, the threads
+// copying lse and D), then a dq kernel of one product, dQ = dS K
 // (both operands from shared memory: cuda_attention_wg.cuh's att_wg_dqs_k); without the scratch (ops.h
 // attention_ds_bytes: over its cap, or width 192) a dq kernel that computes S = Q K^T, dP = dout V^T and dS
 // again (one warpgroup per 64 queries, dQ += dS K with dS from registers). At 192 / 128 these backward
