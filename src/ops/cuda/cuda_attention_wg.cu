@@ -46,10 +46,12 @@ template <int HQ, int HV> struct WgShape {
     // Q (QB column blocks x 64 NF rows), then K and V, each 2 buffers of a 64-row tile
     static constexpr int SMEM_FWD = QB * NF * WG_BLK + 2 * (QB + VB) * WG_BLK + 1024;
     static constexpr int SMEM_DQ = 2 * (QB + VB) * WG_BLK + 1024; // Q, dout, K, V
-    // K, V (64 NK rows); Q, dout double-buffered; lse, D; dS^T (head dim 128: the scratch's tile, then the
-    // two buffers' TMA barriers)
-    static constexpr int SMEM_DKDV =
-        NK * (QB + VB) * WG_BLK + 2 * (QB + VB) * WG_BLK + 4 * 64 * 4 + (HQ == 128 ? 8192 + 16 : 0) + 1024;
+    // the dk/dv kernel's query and dout tiles by TMA (one warpgroup at 128 / 128), else by stage_sw
+    static constexpr bool DKDV_TMA = HQ == 128 && HV == 128 && NK == 1;
+    // K, V (64 NK rows); Q, dout double-buffered; lse, D; dS^T (head dim 128: the scratch's tile); the two
+    // buffers' TMA barriers
+    static constexpr int SMEM_DKDV = NK * (QB + VB) * WG_BLK + 2 * (QB + VB) * WG_BLK + 4 * 64 * 4 +
+        (HQ == 128 ? 8192 : 0) + (DKDV_TMA ? 16 : 0) + 1024;
 };
 
 
@@ -210,7 +212,7 @@ __global__ void __launch_bounds__(128 * WgShape<HQ, HV>::NK)
     unsigned char *Ss = (unsigned char *)(Ds + 128); // dS^T's tile on its way out (8 KB; ds only)
     // TMA (head dim 128, one warpgroup): thread 0 loads each query and dout tile by tq, tg (rows from qb on
     // read as zeros), completing on its buffer's barrier (after Ss); the threads' own copies are lse and D
-    constexpr bool TMA = HQ == 128 && HV == 128 && NK == 1;
+    constexpr bool TMA = S::DKDV_TMA;
     const uint32_t bars = sD + 128 * 4 + 8192;
     if (TMA && threadIdx.x == 0) {
         mbar_init(bars, 1);
@@ -428,7 +430,7 @@ static void bwd_pass(float *dq, float *dk, float *dv, bf16s *dsb, const bf16s *d
     if (!dsb) dq_run<HQ, HV>(dq, dout, lse, D, q, k, v, B, T, H, KV, t0, t1, flags & ATT_ADD_DQ);
     dim3 gk((range ? min(j1, nkb) : nkb) - j0, p.nkv, p.nb);
     CUtensorMap tq = {}, tg = {}; // (head dim 128: the kernel's TMA loads of query and dout tiles)
-    if (HQ == 128 && HV == 128) {
+    if (S::DKDV_TMA) {
         int sms;
         void *fn;
         if (!cuda_hopper_tma(&sms, &fn))
