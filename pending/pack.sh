@@ -2,8 +2,8 @@
 # pending/pack.sh SERIES... — the device packages of pending series, for pending/device_run.sh: for each
 # SERIES (a branch of that name, made by `git am` of pending/SERIES/ on its base), .gpk/SERIES.src.tar.xz
 # (`git archive` of the branch) and .gpk/SERIES.tar.xz (the branch built in build-pack/, a CUDA build folder
-# of its own, then scripts/device/pack_libs.sh; for fp8wide also pack_variants.sh's old = main, as its recipe
-# fp8_gemm_ab.sh wants). Runs in a temporary worktree (/tmp/pack-wt), leaving this
+# of its own, then scripts/device/pack_libs.sh; for fp8wide and combine also pack_variants.sh's old = main, as
+# their recipes fp8_gemm_ab.sh and combine_ab.sh want). Runs in a temporary worktree (/tmp/pack-wt), leaving this
 # checkout as it is.
 # A CUDA build from nothing takes ~12 minutes on two cores; each later series rebuilds what it changed.
 set -euo pipefail
@@ -25,6 +25,7 @@ for s in "$@"; do
     case $s in
       fp8wide) PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm" bash scripts/device/pack_variants.sh .gpu \
         old=main > /dev/null ;;
+      combine) PROGRAMS="moe" bash scripts/device/pack_variants.sh .gpu old=main > /dev/null ;;
     esac &&
     tar -cJf "$ROOT/.gpk/$s.tar.xz" .gpu && rm -f build)
   echo "$s: .gpk/$s.src.tar.xz $(du -h ".gpk/$s.src.tar.xz" | cut -f1), .gpk/$s.tar.xz $(du -h ".gpk/$s.tar.xz" | cut -f1)"
