@@ -2,9 +2,9 @@
 # pending/pack.sh SERIES... — the device packages of pending series, for pending/device_run.sh: for each
 # SERIES (a branch of that name, made by `git am` of pending/SERIES/ on its base), .gpk/SERIES.src.tar.xz
 # (`git archive` of the branch) and .gpk/SERIES.tar.xz (the branch built in build-pack/, a CUDA build folder
-# of its own, then scripts/device/pack_libs.sh; for fp8wide and combine also pack_variants.sh's old = main, as
-# their recipes fp8_gemm_ab.sh and combine_ab.sh want). Runs in a temporary worktree (/tmp/pack-wt), leaving this
-# checkout as it is.
+# of its own, then scripts/device/pack_libs.sh; for fp8wide and combine also pack_variants.sh's old = main, for
+# ropehid old = combine, its base: the builds their recipes fp8_gemm_ab.sh, combine_ab.sh and bits_ab.sh
+# compare against). Runs in a temporary worktree (/tmp/pack-wt), leaving this checkout as it is.
 # A CUDA build from nothing takes ~12 minutes on two cores; each later series rebuilds what it changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +26,7 @@ for s in "$@"; do
       fp8wide) PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm" bash scripts/device/pack_variants.sh .gpu \
         old=main > /dev/null ;;
       combine) PROGRAMS="moe" bash scripts/device/pack_variants.sh .gpu old=main > /dev/null ;;
+      ropehid) PROGRAMS="moe" bash scripts/device/pack_variants.sh .gpu old=combine > /dev/null ;;
     esac &&
     tar -cJf "$ROOT/.gpk/$s.tar.xz" .gpu && rm -f build)
   echo "$s: .gpk/$s.src.tar.xz $(du -h ".gpk/$s.src.tar.xz" | cut -f1), .gpk/$s.tar.xz $(du -h ".gpk/$s.tar.xz" | cut -f1)"
