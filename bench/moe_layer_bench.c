@@ -200,9 +200,9 @@ static void w_sb(float *d1, float *d3, const float *g, const float *a, const flo
 static void w_gather(float *o, const float *i, const int32_t *idx, int n, int C) {
     WRAP(C_GATHER, RB->gather_rows(o, i, idx, n, C));
 }
-static void w_combine_rows(float *o, const float *r, const int32_t *sr, const float *w, int N, int k, int C,
-                           int a) {
-    WRAP(C_UNPERM, RB->combine_rows(o, r, sr, w, N, k, C, a));
+static void w_combine_rows(float *o, const float *res, const float *r, const int32_t *sr, const float *w,
+                           int N, int k, int C, int a) {
+    WRAP(C_UNPERM, RB->combine_rows(o, res, r, sr, w, N, k, C, a));
 }
 static void w_router_topk(float *p, float *l, int32_t *ix, float *w, double *sm, const float *lg,
                           const float *b, int N, int E, RouteRule r) {
@@ -404,7 +404,7 @@ static void trace_iteration(MoeLayer *m, MoeScratch *s, float *y, const float *x
         if (pass) be->bf16_shadow(wall, nall); // (a new version of the copy: the kept codes are made again)
         CK(cudaDeviceSynchronize());
         cuda_fp8_trace_arm(1);
-        moe_forward(m, y, x, T, w, c, 0, 0);
+        moe_forward(m, y, NULL, x, T, w, c, 0, 0);
         CK(cudaDeviceSynchronize());
         printf(
             "fp8 kernels, forward%s (each launch alone, synchronised; %% of %.0f GB/s and %.0f TFLOP/s):\n",
@@ -477,14 +477,14 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
            *tb = xmalloc(sizeof(double) * iters);
     double t0 = now_seconds();
     for (int i = 0; i < warm; i++) {
-        moe_forward(&m, y, x, T, &w, &c, 0, 0);
+        moe_forward(&m, y, NULL, x, T, &w, &c, 0, 0);
         moe_backward(&m, &s, dx, dy, x, &w, &g, &c, 0.01f, 0.001f);
     }
     CK(cudaDeviceSynchronize());
     double twarm = now_seconds() - t0;
     for (int i = 0; i < iters; i++) {
         CK(cudaEventRecord(a, 0));
-        moe_forward(&m, y, x, T, &w, &c, 0, 0);
+        moe_forward(&m, y, NULL, x, T, &w, &c, 0, 0);
         CK(cudaEventRecord(mid, 0));
         moe_backward(&m, &s, dx, dy, x, &w, &g, &c, 0.01f, 0.001f);
         CK(cudaEventRecord(z, 0));
@@ -524,7 +524,7 @@ static void run_case(const Case *cs, const Backend *real, int warm, int iters, i
         CK(cudaDeviceSynchronize());
         g_prof = 1;
         double w0 = now_seconds();
-        moe_forward(&m, y, x, T, &w, &c, 0, 0);
+        moe_forward(&m, y, NULL, x, T, &w, &c, 0, 0);
         moe_backward(&m, &s, dx, dy, x, &w, &g, &c, 0.01f, 0.001f);
         CK(cudaDeviceSynchronize());
         pwall = (now_seconds() - w0) * 1e3;

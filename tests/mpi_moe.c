@@ -67,7 +67,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
           *g3 = xcalloc((size_t)E * f * d, 4), *g2 = xcalloc((size_t)E * d * f, 4);
     MoeWeights W = {.router = wr, .w1 = w1, .w3 = w3, .w2 = w2};
     MoeGrads GR = {.router = gr, .w1 = g1, .w3 = g3, .w2 = g2};
-    moe_forward(&ref, yr, x, N, &W, &c, 0, 0);
+    moe_forward(&ref, yr, NULL, x, N, &W, &c, 0, 0);
     moe_backward(&ref, &rs, dxr, dy, x, &W, &GR, &c, 0.3f, 0.05f);
     // the mesh: my DP share of the tokens, my experts, my f slice
     float *l1 = xmalloc(sizeof(float) * El * fl * d), *l3 = xmalloc(sizeof(float) * El * fl * d),
@@ -96,7 +96,7 @@ static void run_case(const Mesh *mesh, const char *label, int k, int rig, Dispat
     MoeWeights LW = {.router = wr, .w1 = l1, .w3 = l3, .w2 = l2};
     MoeGrads LG = {.router = hr, .w1 = h1, .w3 = h3, .w2 = h2};
     size_t row0 = (size_t)mesh->me.dp * Nl;
-    moe_forward(&ml, y, x + row0 * d, Nl, &LW, &c, 0, (int64_t)row0);
+    moe_forward(&ml, y, NULL, x + row0 * d, Nl, &LW, &c, 0, (int64_t)row0);
     moe_backward(&ml, &ms, dx, dy + row0 * d, x + row0 * d, &LW, &LG, &c, 0.3f, 0.05f);
     comm_allreduce(mesh->stage, hr, (size_t)E * d, CT_F32);
     comm_allreduce(mesh->edp, h1, (size_t)El * fl * d, CT_F32);

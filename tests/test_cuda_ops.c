@@ -1130,7 +1130,9 @@ static void test_rows(int nsrc, int n, int C) {
 
 // combine_rows (the MoE combine / un-permute): N output rows from M rows through slot_row (N,k),
 // slots dropped (-1) at random and every slot of token 1 dropped, rows referenced twice; with and
-// without weights, overwrite (output poisoned) and accumulate (pre-filled). shift 1 puts rows and
+// without weights, overwrite (output poisoned) and accumulate (pre-filled), and with res (the residual
+// added last): the cpu's bits (same operations, same order, no FMA contraction in either), and with res
+// the bits of the combine then an add (the residual add it replaces in block.c). shift 1 puts rows and
 // out off 16-byte alignment (the scalar kernel); C % 4 != 0 likewise. Run twice: bit-identical.
 static void test_combine(int N, int k, int C, int M, int shift) {
     int32_t *sr = xcalloc((size_t)N * k, sizeof(int32_t));
@@ -1138,36 +1140,48 @@ static void test_combine(int N, int k, int C, int M, int shift) {
     if (N > 1)
         for (int j = 0; j < k; j++) sr[k + j] = -1;
     float *rows = hrand((size_t)M * C, 1.0f), *w = hrand((size_t)N * k, 1.0f),
-          *pre = hrand((size_t)N * C, 1.0f);
-    float *rb, *ob, *ob2;
+          *pre = hrand((size_t)N * C, 1.0f), *res = hrand((size_t)N * C, 1.0f);
+    float *rb, *ob, *ob2, *sb;
     float *rowsd = dputf_shift(rows, (size_t)M * C, shift, &rb), *wd = gpu_putf(gpu, w, (size_t)N * k);
+    float *resd = dputf_shift(res, (size_t)N * C, shift, &sb);
     int32_t *srd = gpu_put(gpu, sr, (size_t)N * k * sizeof(int32_t));
     float *nanh = hnew((size_t)N * C);
     for (size_t i = 0; i < (size_t)N * C; i++) nanh[i] = NAN;
-    char what[64];
-    for (int acc = 0; acc < 2; acc++)
-        for (int ws = 0; ws < 2; ws++) {
-            float *o = acc ? hcopy(pre, (size_t)N * C) : hnew((size_t)N * C);
-            float *od = dputf_shift(acc ? pre : nanh, (size_t)N * C, shift, &ob);
-            float *od2 = dputf_shift(acc ? pre : nanh, (size_t)N * C, shift, &ob2);
-            cpu->combine_rows(o, rows, sr, ws ? w : NULL, N, k, C, acc);
-            gpu->combine_rows(od, rowsd, srd, ws ? wd : NULL, N, k, C, acc);
-            gpu->combine_rows(od2, rowsd, srd, ws ? wd : NULL, N, k, C, acc);
-            snprintf(what, sizeof what, "N %d k %d C %d%s, %s, %s", N, k, C, shift ? " unaligned" : "",
-                     ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite");
-            cmp("combine_rows", what, od, o, (size_t)N * C, BAND_ELEM);
-            cmp_exact_dev("combine_rows (two runs on the same inputs)", od, od2, (size_t)N * C);
-            gpu->free(ob);
-            gpu->free(ob2);
-            free(o);
-        }
+    char what[80];
+    for (int rs = 0; rs < 2; rs++)
+        for (int acc = 0; acc < 2; acc++)
+            for (int ws = 0; ws < 2; ws++) {
+                float *o = acc ? hcopy(pre, (size_t)N * C) : hnew((size_t)N * C);
+                float *od = dputf_shift(acc ? pre : nanh, (size_t)N * C, shift, &ob);
+                float *od2 = dputf_shift(acc ? pre : nanh, (size_t)N * C, shift, &ob2);
+                cpu->combine_rows(o, rs ? res : NULL, rows, sr, ws ? w : NULL, N, k, C, acc);
+                gpu->combine_rows(od, rs ? resd : NULL, rowsd, srd, ws ? wd : NULL, N, k, C, acc);
+                snprintf(what, sizeof what, "N %d k %d C %d%s, %s, %s%s", N, k, C, shift ? " unaligned" : "",
+                         ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite", rs ? ", res" : "");
+                cmp("combine_rows", what, od, o, (size_t)N * C, BAND_ELEM);
+                cmp_exact_host("combine_rows (the cpu's bits)", od, o, (size_t)N * C);
+                if (rs) { // without res, then add: the same bits
+                    gpu->combine_rows(od2, NULL, rowsd, srd, ws ? wd : NULL, N, k, C, acc);
+                    gpu->add(od2, resd, od2, (size_t)N * C);
+                    cmp_exact_dev("combine_rows with res against the combine, then add", od, od2,
+                                  (size_t)N * C);
+                } else {
+                    gpu->combine_rows(od2, NULL, rowsd, srd, ws ? wd : NULL, N, k, C, acc);
+                    cmp_exact_dev("combine_rows (two runs on the same inputs)", od, od2, (size_t)N * C);
+                }
+                gpu->free(ob);
+                gpu->free(ob2);
+                free(o);
+            }
     gpu->free(rb);
+    gpu->free(sb);
     gpu->free(wd);
     gpu->free(srd);
     free(sr);
     free(rows);
     free(w);
     free(pre);
+    free(res);
     free(nanh);
 }
 
@@ -2847,7 +2861,13 @@ static void run_suite(const Backend *be, int big) {
     test_combine(50, 2, 13, 90, 0); // C % 4 != 0: scalar kernel
     test_combine(40, 3, 64, 100, 1); // unaligned buffers: scalar kernel
     test_combine(33, 1, 8, 20, 0);
+    // the kernels of k 1, 2, 4 (8 / k rows a block): N not a multiple of the rows a block, C4 over a block
+    test_combine(37, 2, 2048, 60, 0);
+    test_combine(13, 4, 64, 40, 0);
+    test_combine(45, 1, 1028, 30, 0);
+    test_combine(19, 6, 128, 50, 0); // k 6: a block a row
     if (big) test_combine(4096, 8, 1024, 8192, 0);
+    if (big) test_combine(8191, 2, 2048, 16382, 0); // the reference model's shape, less a row
     test_router(300, 64, 8, 0); // olmoe's E and k
     test_router(257, 8, 2, 1); // mixtral's; N not a multiple of the 8 rows per block
     test_plan(3000, 64, 8); // several 1024-token chunks, olmoe's E and k

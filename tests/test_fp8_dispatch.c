@@ -183,7 +183,7 @@ static void layer_run(const ModelConfig *c, int N, const MoeWeights *W, const fl
     o->gr = xcalloc((size_t)E * d, 4), o->g1 = xcalloc((size_t)E * f * d, 4),
     o->g3 = xcalloc((size_t)E * f * d, 4), o->g2 = xcalloc((size_t)E * d * f, 4);
     MoeGrads g = {.router = o->gr, .w1 = o->g1, .w3 = o->g3, .w2 = o->g2};
-    moe_forward(&m, o->y, x, N, W, c, 0, 0);
+    moe_forward(&m, o->y, NULL, x, N, W, c, 0, 0);
     int M = m.plan.M;
     float *xs = xmalloc(sizeof(float) * M * d);
     memcpy(xs, m.xs, sizeof(float) * M * d);

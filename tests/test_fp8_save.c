@@ -57,7 +57,7 @@ static void run(const ModelConfig *c, int N, const MoeWeights *W, const float *x
     o->g1 = xcalloc((size_t)E * f * d, 4), o->g3 = xcalloc((size_t)E * f * d, 4);
     o->g2 = xcalloc((size_t)E * d * f, 4);
     MoeGrads g = {.router = o->gr, .w1 = o->g1, .w3 = o->g3, .w2 = o->g2};
-    moe_forward(&m, o->y, x, N, W, c, 0, 0);
+    moe_forward(&m, o->y, NULL, x, N, W, c, 0, 0);
     int R = m.x.Rg;
     if (how == SAVED) {
         size_t want = 2 * m.rows_cap * fp8_row_bytes(f);

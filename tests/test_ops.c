@@ -1326,9 +1326,10 @@ static double ce_loss(void *p) {
     return s;
 }
 // combine_rows: out[t] (+)= sum_j (w ? w[t,j] : 1) * rows[slot_row[t,j]], slots in order j, dropped
-// slots (-1) skipped. Against a double reference (FWD_RTOL of the terms' magnitudes), against the
-// contract's exact float order (bit for bit), against the scatter_add_rows formulation it replaces
-// (the MoE combine: every kept row once), and its gradients by finite differences.
+// slots (-1) skipped, then with res res[t] + that (one rounding more: an add after). Against a double
+// reference (FWD_RTOL of the terms' magnitudes), against the contract's exact float order (bit for bit),
+// against the scatter_add_rows formulation it replaces (the MoE combine: every kept row once), and its
+// gradients by finite differences.
 typedef struct {
     float *rows, *w, *out;
     const float *dout;
@@ -1337,7 +1338,7 @@ typedef struct {
 } CombCtx;
 static double comb_loss(void *p) {
     CombCtx *c = p;
-    be->combine_rows(c->out, c->rows, c->sr, c->w, c->N, c->k, c->C, 0);
+    be->combine_rows(c->out, NULL, c->rows, c->sr, c->w, c->N, c->k, c->C, 0);
     return dot_d(c->dout, c->out, (size_t)c->N * c->C);
 }
 static void test_combine_rows(int N, int k, int C, int M) {
@@ -1355,35 +1356,44 @@ static void test_combine_rows(int N, int k, int C, int M) {
     double *ref = dnew((size_t)N * C), *mag = dnew((size_t)N * C);
     float *exact = fnew((size_t)N * C);
     char name[96];
-    for (int acc = 0; acc < 2; acc++)
-        for (int ws = 0; ws < 2; ws++) {
-            for (int t = 0; t < N; t++)
-                for (int c = 0; c < C; c++) {
-                    size_t o = (size_t)t * C + c;
-                    ref[o] = acc ? pre[o] : 0;
-                    mag[o] = fabs(ref[o]);
-                    float e = acc ? pre[o] : 0.0f;
-                    for (int j = 0; j < k; j++) {
-                        int32_t r = sr[(size_t)t * k + j];
-                        if (r < 0) continue;
-                        float sc = ws ? w[(size_t)t * k + j] : 1.0f;
-                        double term = (double)sc * rows[(size_t)r * C + c];
-                        ref[o] += term;
-                        mag[o] += fabs(term);
-                        e += sc * rows[(size_t)r * C + c];
+    float *res = fnew((size_t)N * C);
+    fill_normal(res, (size_t)N * C, 1);
+    for (int rs = 0; rs < 2; rs++)
+        for (int acc = 0; acc < 2; acc++)
+            for (int ws = 0; ws < 2; ws++) {
+                for (int t = 0; t < N; t++)
+                    for (int c = 0; c < C; c++) {
+                        size_t o = (size_t)t * C + c;
+                        ref[o] = acc ? pre[o] : 0;
+                        mag[o] = fabs(ref[o]);
+                        float e = acc ? pre[o] : 0.0f;
+                        for (int j = 0; j < k; j++) {
+                            int32_t r = sr[(size_t)t * k + j];
+                            if (r < 0) continue;
+                            float sc = ws ? w[(size_t)t * k + j] : 1.0f;
+                            double term = (double)sc * rows[(size_t)r * C + c];
+                            ref[o] += term;
+                            mag[o] += fabs(term);
+                            e += sc * rows[(size_t)r * C + c];
+                        }
+                        if (rs) { // the residual last: res + (the sum as rounded)
+                            ref[o] += res[o];
+                            mag[o] += fabs(res[o]);
+                            e = res[o] + e;
+                        }
+                        exact[o] = e;
                     }
-                    exact[o] = e;
-                }
-            if (acc) memcpy(out, pre, sizeof(float) * N * C);
-            else fill_nan(out, (size_t)N * C);
-            be->combine_rows(out, rows, sr, ws ? w : NULL, N, k, C, acc);
-            snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d (%s, %s)", N, k, C, ws ? "w" : "w NULL",
-                     acc ? "accumulate" : "overwrite");
-            check_arr(name, out, ref, mag, (size_t)N * C, FWD_RTOL, 1e-30);
-            snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d (%s, %s): slot order", N, k, C,
-                     ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite");
-            check_exact(name, out, exact, (size_t)N * C);
-        }
+                if (acc) memcpy(out, pre, sizeof(float) * N * C);
+                else fill_nan(out, (size_t)N * C);
+                be->combine_rows(out, rs ? res : NULL, rows, sr, ws ? w : NULL, N, k, C, acc);
+                snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d (%s, %s%s)", N, k, C,
+                         ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite", rs ? ", res" : "");
+                check_arr(name, out, ref, mag, (size_t)N * C, FWD_RTOL, 1e-30);
+                snprintf(name, sizeof name, "combine_rows N=%d k=%d C=%d (%s, %s%s): slot order", N, k, C,
+                         ws ? "w" : "w NULL", acc ? "accumulate" : "overwrite", rs ? ", res" : "");
+                check_exact(name, out, exact, (size_t)N * C);
+            }
+    free(res);
     // gradients of L = <dout, out>: d rows[r] = sum over slots (t,j) -> r of w[t,j] dout[t] (a
     // scatter-add of dout by token, which is how moe.c's backward gets it), d w[t,j] = <dout[t], rows[r]>
     float *dout = fnew((size_t)N * C), *drows = fnew((size_t)M * C), *dw = fnew((size_t)N * k);
@@ -1440,7 +1450,7 @@ static void test_combine_rows(int N, int k, int C, int M) {
             }
         oracle_scatter_add_rows(y_old, rows2, rowtok, rowsc, Mk, C);
         fill_nan(out, (size_t)N * C);
-        be->combine_rows(out, rows2, sr2, w, N, k, C, 0);
+        be->combine_rows(out, NULL, rows2, sr2, w, N, k, C, 0);
         double *r2 = dnew((size_t)N * C), *m2 = dnew((size_t)N * C);
         for (int i = 0; i < Mk; i++)
             for (int c = 0; c < C; c++) {

@@ -434,14 +434,14 @@ static void check_pipe_columns(void) {
 //  norms: forward N d (f + h) + 4 N d f = 22 N d, backward 2 x 6 N d f = 48 N d;
 //  RoPE: q, k, v read in f, written in h: (96 + 2 x 48) x 6 = 1152; backward dq, dk read and written:
 //        2 x 4 x (96 + 48) = 1152;
-//  the residual add: 3 N d f = 12 N d;
+//  the residual add, joined to the combine (TP 1, no shared expert): x_mid read, N d f = 4 N d;
 //  gathers and combines: forward M d (f + h) + (M + N) d f = 12 + 12 = 24 N d, backward M d (2f + h) +
 //        (M + N) d f = 20 + 12 = 32 N d;
 //  router: 2 N E f + 2 N k 4 + 3 M 4 + 2 N E f = 32 + 16 + 24 + 32 = 104;
-// = 138 x 96 + 2304 + 104 = 15656 a token, two layers 31312; the embedding 5 N d f = 1920; the last
-// stage's final norm 8 N d f = 3072, the clear of dres N d f = 384, cross-entropy 4 N V f = 4096: 40784 a
-// token. Forward: a layer (22 + 12 + 24) N d + 1152 + 52 (half the router's) = 6772, two 13544, the
-// embedding's 768, the final norm's 768, cross-entropy 4096: 19176. The gradient norm reads every gradient
+// = 130 x 96 + 2304 + 104 = 14888 a token, two layers 29776; the embedding 5 N d f = 1920; the last
+// stage's final norm 8 N d f = 3072, the clear of dres N d f = 384, cross-entropy 4 N V f = 4096: 39248 a
+// token. Forward: a layer (22 + 4 + 24) N d + 1152 + 52 (half the router's) = 6004, two 12008, the
+// embedding's 768, the final norm's 768, cross-entropy 4096: 17640. The gradient norm reads every gradient
 // in float32 (mixed): the parameters 2 V d + d + 2 (2 d + 2 d H hd + 2 d KV hd + E d + 3 E d f) = 49152 + 96
 // + 2 x 249408 = 548064 (the preset's 548K), 4 bytes each, but for the routed experts' 2 x 3 E d f = 442368
 // where one micro-batch makes the gradient ledger stand for them (options.h train_dw_ledger).
@@ -449,7 +449,7 @@ static void check_memops(void) {
     ModelConfig c;
     TrainOptions o;
     setup(&c, &o, "tiny", 2, 64);
-    double N = 128, tok = 40784, fwd = 19176, P = 548064, X = 442368;
+    double N = 128, tok = 39248, fwd = 17640, P = 548064, X = 442368;
     CostBytes b;
     cost_bytes(&b, &c, NULL, N, 0, c.n_layers, 1, 1, 2);
     EXPECT(b.total == tok * N && b.fwd == fwd * N, "tiny: %.17g bytes (forward %.17g), by hand %.17g (%.17g)",

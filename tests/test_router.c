@@ -675,7 +675,7 @@ typedef struct {
 static double moe_loss(MoeRun *r) {
     Case *K = r->K;
     MoeWeights W = {.router = K->wr, .w1 = K->w1, .w3 = K->w3, .w2 = K->w2};
-    moe_forward(&r->m, r->y, K->x, K->N, &W, &K->c, 0, 0);
+    moe_forward(&r->m, r->y, NULL, K->x, K->N, &W, &K->c, 0, 0);
     return dot_dd(r->dy, r->y, (size_t)K->N * K->c.d_model) + r->as * r->m.aux + r->zs * r->m.z;
 }
 
@@ -910,7 +910,7 @@ static void test_moe(void) {
         moe_layer_init(&m, backend_cpu(), &K.c, 4, &cm);
         float y[32];
         MoeWeights W = {.router = K.wr, .w1 = K.w1, .w3 = K.w3, .w2 = K.w2};
-        moe_forward(&m, y, K.x, 4, &W, &K.c, 0, 0);
+        moe_forward(&m, y, NULL, K.x, 4, &W, &K.c, 0, 0);
         const int32_t sr[8] = {0, 3, 1, 4, -1, -1, 2, -1};
         EXPECT(!memcmp(m.slotrow, sr, sizeof sr) && m.plan.M == 5, "hand-made moe case: plan");
         int z = 1;

@@ -74,8 +74,19 @@ static void attn_out_rows(Model *m, LayerActs *a, int l, int r0, int r1) {
     resid_norm_rows(m, a, l, r0, r1, oproj_rows(m, a, l, r0, r1, 0));
 }
 
-// The block's output rows [r0, r1): out = x_mid + moe_out.
+// The block's output rows [r0, r1): out = x_mid + the MoE's. Without residual dropout the MoE writes them
+// itself (moe_finish's res: the add joined to its combine, the same bits); with it, its output goes to
+// moe_out, is masked, then added. moe_dst / moe_res: where moe_finish writes and what it adds; out_rows: the
+// rest.
+static int joined(const Model *m) { return !model_drop_seed(m) || !(m->dropout > 0); }
+static float *moe_dst(const Model *m, float *out, int r0) {
+    return (joined(m) ? out : m->moe_out) + (size_t)r0 * m->c.d_model;
+}
+static const float *moe_res(const Model *m, const LayerActs *a, int r0) {
+    return joined(m) ? a->x_mid + (size_t)r0 * m->c.d_model : NULL;
+}
 static void out_rows(const Model *m, const LayerActs *a, int l, float *out, int r0, int r1) {
+    if (joined(m)) return;
     size_t d = m->c.d_model, n = (size_t)(r1 - r0);
     drop_rows(m, m->moe_out + r0 * d, l, 1, r0, r1);
     m->be->add(out + r0 * d, a->x_mid + r0 * d, m->moe_out + r0 * d, n * d);
@@ -143,7 +154,7 @@ static void forward_chunked(Model *m, LayerActs *a, int l, float *out, int T, in
         if (!cap) {
             moe_start(&mc[j], w, c, NULL);
             if (j > 0) {
-                moe_finish(&mc[j - 1], m->moe_out + (size_t)R[j - 1] * d, w);
+                moe_finish(&mc[j - 1], moe_dst(m, out, R[j - 1]), moe_res(m, a, R[j - 1]), w);
                 out_rows(m, a, l, out, R[j - 1], R[j]);
             }
         }
@@ -155,11 +166,11 @@ static void forward_chunked(Model *m, LayerActs *a, int l, float *out, int T, in
         moe_start(&mc[0], w, c, budget);
         for (int j = 0; j < n; j++) {
             if (j + 1 < n) moe_start(&mc[j + 1], w, c, budget + (j + 1) * ke);
-            moe_finish(&mc[j], m->moe_out + (size_t)R[j] * d, w);
+            moe_finish(&mc[j], moe_dst(m, out, R[j]), moe_res(m, a, R[j]), w);
             out_rows(m, a, l, out, R[j], R[j + 1]);
         }
     } else {
-        moe_finish(&mc[n - 1], m->moe_out + (size_t)R[n - 1] * d, w);
+        moe_finish(&mc[n - 1], moe_dst(m, out, R[n - 1]), moe_res(m, a, R[n - 1]), w);
         out_rows(m, a, l, out, R[n - 1], N);
     }
     moe_stats_merge(part, n, &a->moe);
@@ -187,7 +198,8 @@ void block_forward(Model *m, int l, float *out, int B, int T, int n, uint64_t se
         a->moe.mode = m->moe_mode[l];
         a->moe.fp8_dispatch = m->fp8_dispatch;
         a->moe.seq_len = T;
-        moe_forward(&a->moe, m->moe_out, a->xn2, N, &w, c, seed, (int64_t)comm_rank(m->mesh.dp) * N);
+        moe_forward(&a->moe, moe_dst(m, out, 0), moe_res(m, a, 0), a->xn2, N, &w, c, seed,
+                    (int64_t)comm_rank(m->mesh.dp) * N);
         out_rows(m, a, l, out, 0, N);
     } else {
         forward_chunked(m, a, l, out, T, n, seed, &w);

@@ -51,7 +51,6 @@ void kv_init(KvCache *kc, const Model *m, int W) {
     kc->x = be->alloc(W * d * F);
     kc->xn = be->alloc(W * d * F);
     kc->xmid = be->alloc(W * d * F);
-    kc->mo = be->alloc(W * d * F);
     kc->rstd = be->alloc(W * F);
     if (c->qk_norm) { // the projections before their norms, and the norms' rstd
         kc->qraw = be->alloc(W * qd * F);
@@ -72,7 +71,7 @@ void kv_free(KvCache *kc, const Model *m) {
     free(kc->v);
     free(kc->lat);
     free(kc->kr);
-    void *bufs[] = {kc->q,      kc->att,  kc->lse,  kc->x,      kc->xn, kc->xmid, kc->mo, kc->rstd,
+    void *bufs[] = {kc->q,      kc->att,  kc->lse,  kc->x,      kc->xn, kc->xmid, kc->rstd,
                     kc->logits, kc->qraw, kc->kraw, kc->rstdqk, kc->kx, kc->vx,   kc->ao};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) be->free(bufs[i]);
@@ -149,8 +148,8 @@ void model_decode(Model *m, KvCache *kc, const int32_t *tokens, int n, float *ou
         ml->mode = m->moe_mode[l];
         ml->fp8_dispatch = m->fp8_dispatch;
         ml->seq_len = n; // (the rows of one call: the sequence-scope statistics are not used here)
-        moe_forward(ml, kc->mo, kc->xn, n, &w, c, 0, (int64_t)comm_rank(m->mesh.dp) * n);
-        be->add(kc->x, kc->xmid, kc->mo, (size_t)n * d);
+        moe_forward(ml, kc->x, kc->xmid, kc->xn, n, &w, c, 0,
+                    (int64_t)comm_rank(m->mesh.dp) * n); // x = mid + MoE
     }
     float *last = kc->x + (size_t)(n - 1) * d;
     be->rmsnorm_fwd(kc->xn, kc->rstd, last, model_param(m, m->params, PR_FINAL_NORM, -1, -1), 1, d,

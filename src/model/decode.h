@@ -19,7 +19,7 @@ typedef struct {
     void **k, **v; // per layer (W, KVl*hd): keys after RoPE, values, in the hidden format (ops.h)
     void *q, *att; // (W, Hl*hd) queries after RoPE, the attention output: in the hidden format
     float *lse; // (Hl, W): attention_fwd's layout, B = 1, T = W
-    float *x, *xn, *xmid, *mo; // (W, d): the residual stream of the rows of one call, norm, mid, MoE out
+    float *x, *xn, *xmid; // (W, d): the residual stream of the rows of one call, norm, mid
     float *rstd, *logits; // (W) (V)
     float *qraw, *kraw, *rstdqk; // QK-norm (families): q, k before their norms, the norms' rstd (else NULL)
     // latent attention (else NULL): per layer the latent (W, kv_lora_rank; hidden format) and the rope key

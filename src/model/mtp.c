@@ -85,7 +85,7 @@ void mtp_forward(Model *m, const float *emb, const int32_t *targets, int B, int 
     for (int k = 1; k <= D; k++) {
         int l = c->n_layers + k - 1;
         MtpActs *a = &m->mtp[k - 1];
-        be->combine_rows(a->es, emb, idx + (size_t)(k - 1) * 2 * N, NULL, N, 1, d, 0);
+        be->combine_rows(a->es, NULL, emb, idx + (size_t)(k - 1) * 2 * N, NULL, N, 1, d, 0);
         be->rmsnorm_fwd(split, a->rstd_e, a->es, model_param(m, m->params, PR_MTP_ENORM, l, -1), N, d,
                         c->norm_eps);
         be->rmsnorm_fwd(split + (size_t)N * d, a->rstd_h, prev,
@@ -133,7 +133,7 @@ const float *mtp_backward(Model *m, float aux_scale, float z_scale) {
         be->rmsnorm_bwd(m->dxn, model_param(m, g, PR_MTP_ENORM, l, -1), s->split, a->es,
                         model_param(m, m->params, PR_MTP_ENORM, l, -1), a->rstd_e, N, d);
         // the shifted rows' gradients back to the embedding rows they came from (none past the end)
-        be->combine_rows(s->demb, m->dxn, idx + (size_t)(k - 1) * 2 * N + N, NULL, N, 1, d, 1);
+        be->combine_rows(s->demb, NULL, m->dxn, idx + (size_t)(k - 1) * 2 * N + N, NULL, N, 1, d, 1);
         be->zero(dh, (size_t)N * d * F);
         be->rmsnorm_bwd(dh, model_param(m, g, PR_MTP_HNORM, l, -1), s->split + (size_t)N * d,
                         k > 1 ? m->mtp[k - 2].xn : m->xn_f, model_param(m, m->params, PR_MTP_HNORM, l, -1),

@@ -528,7 +528,7 @@ void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int
     if (m->started) exchange_dispatch_start(m->xu, m->xs, m->fp8_dispatch);
 }
 
-void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
+void moe_finish(MoeLayer *m, float *y, const float *res, const MoeWeights *w) {
     const Backend *be = m->be;
     int d = m->d, El = m->El, k = m->k, Ns = m->Ns, fu = m->fu, TP = comm_size(m->cm.tp);
     const MoeWeights *wu = &m->wu;
@@ -549,10 +549,13 @@ void moe_finish(MoeLayer *m, float *y, const MoeWeights *w) {
     }
     moe_rc_keep(m); // (--fp8-save: h1, h3 kept as FP8 rows)
     // weighted combine, un-permuted: y[t] = sum_j w[t,j] ys[slot_row[t,j]] (slot order)
+    // (res joins the combine where it writes y whole; else it is added after the shared expert and gather)
     float *yout = TP > 1 ? m->yslice : y;
-    be->combine_rows(yout, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
+    int join = TP == 1 && !m->fs;
+    be->combine_rows(yout, join ? res : NULL, m->ysp, m->slotrow, m->wdev, Ns, k, d, 0);
     if (m->fs) moe_shared_forward(m, yout, m->xraw, w); // the un-jittered input
     if (TP > 1) tp_gather(m, m->yslice, y);
+    if (res && !join) be->add(y, res, y, (size_t)m->N * d);
 }
 
 // A dense layer's forward: the MLP on my slice, all-gathered over TP.
@@ -568,15 +571,16 @@ static void dense_forward(MoeLayer *m, float *y, const float *x, int N, const Mo
     if (TP > 1) tp_gather(m, m->yslice, y);
 }
 
-void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
-                 uint64_t noise_seed, int64_t row0) {
+void moe_forward(MoeLayer *m, float *y, const float *res, const float *x, int N, const MoeWeights *w,
+                 const ModelConfig *c, uint64_t noise_seed, int64_t row0) {
     if (m->dense) {
         dense_forward(m, y, x, N, w, row0);
+        if (res) m->be->add(y, res, y, (size_t)N * m->d);
         return;
     }
     moe_route(m, x, N, w, c, noise_seed, row0);
     moe_start(m, w, c, NULL);
-    moe_finish(m, y, w);
+    moe_finish(m, y, res, w);
 }
 
 void moe_backward_start(MoeLayer *m, MoeScratch *s, const float *dy) {
@@ -651,7 +655,7 @@ void moe_backward_finish(MoeLayer *m, MoeScratch *s, float *dx, const float *x, 
     // un-permute into the gradient of my slice of the (jittered) input (overwrites: slot order); without TP
     // my slice is the whole dx, which this writes in place
     float *dxin = TP > 1 ? moe_tp_dx(s) : dx;
-    be->combine_rows(dxin, dxs, m->slotrow, NULL, Ns, k, d, 0);
+    be->combine_rows(dxin, NULL, dxs, m->slotrow, NULL, Ns, k, d, 0);
     // router backward on the backend, with the global aux / z coefficients; the gradient of each
     // combine weight is its row's rowdot, read through the plan's slot_row
     double Ng = (double)m->Nl;

@@ -62,25 +62,27 @@ void moe_bwd_rows(const MoeLayer *m, const MoeScratch *s, void **dh1, void **dh3
 // aux = E * sum_i f_i P_i per layer over the scope's tokens (micro-batch: the stage's tokens of this
 // micro-batch; sequence: each sequence's, averaged over the micro-batch's sequences; global: f_i over the
 // step's micro-batches so far, P_i over this one).
-// y (N,d) = MoE(x). noise_seed != 0 and c->jitter > 0: jitter, drawn per token from
+// y (N,d) = MoE(x), or res + MoE(x) where res (N,d rows that do not overlap y) is given: the residual add
+// joined to the combine that writes y (TP 1, no shared expert; ops.h combine_rows), else one add after it,
+// the same bits either way. noise_seed != 0 and c->jitter > 0: jitter, drawn per token from
 // (noise_seed, row0 + row) so it does not depend on the mesh (row0: global index of x's row 0).
 // With m->overlap = r > 1 and a non-local exchange, the exchange and the experts are pipelined over r
 // chunks: the forward is the same bits as r = 1 (every row's GEMMs are the same), the weight
 // gradients differ by round-off (each expert's reduction over its rows is split into r partial sums).
 // Every rank of the EP/ETP groups must use the same r.
-void moe_forward(MoeLayer *m, float *y, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
-                 uint64_t noise_seed, int64_t row0);
+void moe_forward(MoeLayer *m, float *y, const float *res, const float *x, int N, const MoeWeights *w,
+                 const ModelConfig *c, uint64_t noise_seed, int64_t row0);
 // The forward in three parts, for a schedule that runs other work between them (AMPipe: the next
 // sequence chunk's attention while this chunk's tokens travel): moe_route (jitter, router, top-k,
 // the stage's statistics: counts, psum, aux, z), moe_start (the dispatch plan — capacity drops from
 // `budget` (k,E), the kept slot-j assignments to e of my slice, when given, else decided over the
 // stage as moe_forward does — the permute, and with m->early_dispatch the dispatch all-to-all
-// started), moe_finish (the experts, the combine, y (N,d)). x must stay untouched until moe_start,
-// and the layer's exchange groups see every rank's calls in the same order.
+// started), moe_finish (the experts, the combine, y (N,d), with res as moe_forward's). x must stay untouched
+// until moe_start, and the layer's exchange groups see every rank's calls in the same order.
 void moe_route(MoeLayer *m, const float *x, int N, const MoeWeights *w, const ModelConfig *c,
                uint64_t noise_seed, int64_t row0);
 void moe_start(MoeLayer *m, const MoeWeights *w, const ModelConfig *c, const int64_t *budget);
-void moe_finish(MoeLayer *m, float *y, const MoeWeights *w);
+void moe_finish(MoeLayer *m, float *y, const float *res, const MoeWeights *w);
 // Every stage rank's slot counts of the last moe_route, (S,k,E) in stage-rank order.
 void moe_slot_counts(const MoeLayer *m, int64_t *out);
 // The router statistics of n parts of one micro-batch (AMPipe's chunks, routed) added up into whole

@@ -89,12 +89,12 @@ void moe_shared_forward(MoeLayer *m, float *y, const float *x, const MoeWeights 
     }
     be->grouped_down_fwd(m->sh_y, m->sh_act, w->sh_w2, m->sh_off, 1, fs, d);
     if (!w->sh_gate) {
-        be->combine_rows(y, m->sh_y, m->ident, NULL, Ns, 1, d, 1);
+        be->combine_rows(y, NULL, m->sh_y, m->ident, NULL, Ns, 1, d, 1);
         return;
     }
     be->matmul_fwd(m->sh_g, x, w->sh_gate, Ns, d, 1, 0);
     be->sigmoid_fwd(m->sh_g, m->sh_g, (size_t)Ns);
-    be->combine_rows(y, m->sh_y, m->ident, m->sh_g, Ns, 1, d, 1);
+    be->combine_rows(y, NULL, m->sh_y, m->ident, m->sh_g, Ns, 1, d, 1);
 }
 
 // Its backward for dy (Ns,d): dx (Ns,d) += d/dx, the weights' gradients += (this rank's tokens).

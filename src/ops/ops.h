@@ -485,11 +485,13 @@ struct Backend {
     // the format, nearest even) or in the hidden format already (from_hid 1: copied).
     void (*gather_rows_hid)(void *out, const void *inp, int from_hid, const int32_t *idx, int n, int C);
     // The MoE combine / un-permute as a gather (deterministic, one pass, no atomics): for each of N
-    // output rows t, out[t] = (accumulate ? out[t] : 0) + sum over j = 0..k-1, in that order, of
-    // (w ? w[t*k+j] : 1) * rows[slot_row[t*k+j]], skipping slot_row < 0 (dropped slots); rows of C.
-    // slot_row and w are (N,k) device arrays; a row of `rows` may be referenced by several t.
-    void (*combine_rows)(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
-                         int C, int accumulate);
+    // output rows t, S = (accumulate ? out[t] : 0) + sum over j = 0..k-1, in that order, of
+    // (w ? w[t*k+j] : 1) * rows[slot_row[t*k+j]], skipping slot_row < 0 (dropped slots); rows of C;
+    // out[t] = S, or with res (N,C rows that do not overlap out) res[t] + S: one more rounding, the bits of
+    // an add after the combine (the residual add joined to it: block.c). slot_row and w are (N,k) device
+    // arrays; a row of `rows` may be referenced by several t.
+    void (*combine_rows)(float *out, const float *res, const float *rows, const int32_t *slot_row,
+                         const float *w, int N, int k, int C, int accumulate);
     // The MoE router over N rows of E logits (E <= 1024 on cuda) under rule r (RouteRule): probs (N,E) =
     // the scores, softmax(logits) (or with r.sigmoid each sigmoid(logit)), lse (N) = logsumexp (the sum of
     // exponentials in double); idx/w (N,k): the k experts of highest score, descending (ties: the lower

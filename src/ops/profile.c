@@ -281,10 +281,10 @@ static void w_f8_unpack(void *r, const void *p, int n, int d) {
     in->fp8_rows_unpack(r, p, n, d);
     T1(P_ROWS);
 }
-static void w_combine(float *o, const float *r, const int32_t *s, const float *w, int N, int k, int C,
-                      int a) {
+static void w_combine(float *o, const float *res, const float *r, const int32_t *s, const float *w, int N,
+                      int k, int C, int a) {
     T0;
-    in->combine_rows(o, r, s, w, N, k, C, a);
+    in->combine_rows(o, res, r, s, w, N, k, C, a);
     T1(P_ROWS);
 }
 static void w_rtopk(float *p, float *l, int32_t *i, float *w, double *s, const float *lg, const float *b,

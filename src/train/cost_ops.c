@@ -29,8 +29,10 @@ static void layer_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms,
     // RoPE (attention.c qkv_rope): q and k read in float32, rotated and written in h (rope_fwd_hid), v
     // rounded to h (to_hid); the backward rotates dq and dk in place (rope_bwd: read and written)
     double rope_f = N * (qd + 2 * kvd) * (f + h), rope_b = 2 * f * N * (qd + kvd);
-    // the residual add (block.c out_rows): x_mid and moe_out read, out written
-    double elem_f = 3 * N * d * f;
+    // the residual add (block.c out_rows): x_mid and moe_out read, out written; joined to the combine (moe.c
+    // moe_finish: TP 1, no shared expert, a routed layer, no residual dropout) only x_mid read more, by the
+    // combine that writes out
+    double elem_f = (tp == 1 && fs == 0 && !dense ? 1 : 3) * N * d * f;
     double rows_f = 0, rows_b = 0, router = 0;
     if (dense) { // the MLP's input rounded to h and its output, as a shared expert's (below)
         rows_f = Ns * d * (f + h) + 3 * Ns * d * f;

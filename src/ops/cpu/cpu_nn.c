@@ -367,8 +367,8 @@ void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, in
     for (int i = 0; i < n; i++) memcpy(out + (size_t)i * C, inp + (size_t)idx[i] * C, sizeof(float) * C);
 }
 
-void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
-                      int C, int accumulate) {
+void cpu_combine_rows(float *out, const float *res, const float *rows, const int32_t *slot_row,
+                      const float *w, int N, int k, int C, int accumulate) {
     // parallel over output rows; each row sums its slots in order j = 0..k-1 (the cuda kernel
     // does the same arithmetic in the same order, so the two agree bit for bit)
 #pragma omp parallel for schedule(static)
@@ -382,6 +382,8 @@ void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, co
             const float *x = rows + (size_t)r * C;
             for (int c = 0; c < C; c++) o[c] += s * x[c];
         }
+        if (res)
+            for (int c = 0; c < C; c++) o[c] = res[(size_t)t * C + c] + o[c];
     }
 }
 

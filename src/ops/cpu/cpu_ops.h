@@ -52,8 +52,8 @@ void cpu_swiglu_fwd(float *out, const float *h1, const float *h3, size_t n);
 void cpu_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                     int accumulate);
 void cpu_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
-void cpu_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
-                      int C, int accumulate);
+void cpu_combine_rows(float *out, const float *res, const float *rows, const int32_t *slot_row,
+                      const float *w, int N, int k, int C, int accumulate);
 void cpu_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
                      const float *bias, int N, int E, RouteRule r);
 void cpu_plan_counts(int32_t *cnt, int32_t *rank, const int32_t *idx, int N, int E, int k);

@@ -197,8 +197,8 @@ void cuda_swiglu_act_hid(void *act, const void *h1, const void *h3, size_t n);
 void cuda_swiglu_bwd(float *dh1, float *dh3, const float *dout, const float *h1, const float *h3, size_t n,
                      int accumulate);
 void cuda_gather_rows(float *out, const float *inp, const int32_t *idx, int n, int C);
-void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w, int N, int k,
-                       int C, int accumulate);
+void cuda_combine_rows(float *out, const float *res, const float *rows, const int32_t *slot_row,
+                       const float *w, int N, int k, int C, int accumulate);
 void cuda_router_topk(float *probs, float *lse, int32_t *idx, float *w, double *sums, const float *logits,
                       const float *bias, int N, int E, RouteRule r);
 void cuda_router_bwd(float *dlogits, const float *rowdot, const int32_t *slot_row, const float *probs,

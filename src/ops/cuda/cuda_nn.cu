@@ -181,15 +181,58 @@ extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32
     KCHECK("embedding_bwd");
 }
 
-// combine_rows: one thread block per output row t (blockIdx.x) and range of columns (blockIdx.y);
-// each thread owns 4 columns (float4 when C % 4 == 0 and the buffers are 16-byte aligned, else one
-// column) and sums the k slots of its row in order j = 0..k-1 in registers: the cpu reference's
-// arithmetic in the cpu's order (this file has no FMA contraction), so both agree bit for bit, and
-// nothing is shared between threads (deterministic without atomics). The slot loads are issued 8
-// at a time before the adds, so each thread keeps up to 8 row reads in flight.
+// combine_rows: each thread owns 4 columns (float4 when C % 4 == 0 and the buffers are 16-byte aligned, else
+// one column) of an output row and sums the k slots of its row in order j = 0..k-1 in registers, then adds
+// res's value last: the cpu reference's arithmetic in the cpu's order (this file has no FMA contraction), so
+// both agree bit for bit, and nothing is shared between threads (deterministic without atomics).
+// combine_rows_kr<K, RB> (k = K of 1, 2, 4 or 8; float4 rows): a block takes RB = 8 / K output rows, so
+// every thread has its 8 slot rows' loads (and the residual's) in flight at once after one read of the slot
+// indices; a block a row kept the GPU at ~1.2 TB/s (the trace at T 8192: its index load, then 2 row loads,
+// then nothing). combine_rows_vec_k (any k, float4): a block a row, the slot loads issued 8 at a time.
 #define COMB_U 8
-__global__ void combine_rows_vec_k(float4 *out, const float4 *rows, const int32_t *slot_row, const float *w,
-                                   int k, int C4, int accumulate) {
+__device__ __forceinline__ float4 comb_term(float4 a, float s, float4 x) {
+    return make_float4(a.x + s * x.x, a.y + s * x.y, a.z + s * x.z, a.w + s * x.w);
+}
+__device__ __forceinline__ float4 comb_res(float4 r, float4 a) {
+    return make_float4(r.x + a.x, r.y + a.y, r.z + a.z, r.w + a.w);
+}
+template <int K, int RB>
+__global__ void combine_rows_kr(float4 *out, const float4 *res, const float4 *rows, const int32_t *slot_row,
+                                const float *w, int N, int C4, int accumulate) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C4) return;
+    size_t t0 = (size_t)blockIdx.x * RB;
+    int r[RB][K];
+    float sc[RB][K];
+    float4 x[RB][K], b[RB];
+#pragma unroll
+    for (int i = 0; i < RB; i++)
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            size_t q = (t0 + i) * K + j;
+            r[i][j] = t0 + i < (size_t)N ? slot_row[q] : -1;
+            sc[i][j] = r[i][j] >= 0 && w ? w[q] : 1.0f;
+        }
+#pragma unroll
+    for (int i = 0; i < RB; i++) {
+#pragma unroll
+        for (int j = 0; j < K; j++)
+            x[i][j] = r[i][j] >= 0 ? rows[(size_t)r[i][j] * C4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+        b[i] = res && t0 + i < (size_t)N ? res[(t0 + i) * C4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < RB; i++) {
+        size_t t = t0 + i;
+        if (t >= (size_t)N) break;
+        float4 acc = accumulate ? out[t * C4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < K; j++)
+            if (r[i][j] >= 0) acc = comb_term(acc, sc[i][j], x[i][j]);
+        out[t * C4 + c] = res ? comb_res(b[i], acc) : acc;
+    }
+}
+__global__ void combine_rows_vec_k(float4 *out, const float4 *res, const float4 *rows,
+                                   const int32_t *slot_row, const float *w, int k, int C4, int accumulate) {
     size_t t = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C4) return;
@@ -211,18 +254,13 @@ __global__ void combine_rows_vec_k(float4 *out, const float4 *rows, const int32_
         }
 #pragma unroll
         for (int u = 0; u < COMB_U; u++)
-            if (ok[u]) {
-                acc.x = acc.x + sc[u] * x[u].x;
-                acc.y = acc.y + sc[u] * x[u].y;
-                acc.z = acc.z + sc[u] * x[u].z;
-                acc.w = acc.w + sc[u] * x[u].w;
-            }
+            if (ok[u]) acc = comb_term(acc, sc[u], x[u]);
     }
-    out[t * C4 + c] = acc;
+    out[t * C4 + c] = res ? comb_res(res[t * C4 + c], acc) : acc;
 }
 
-__global__ void combine_rows_k(float *out, const float *rows, const int32_t *slot_row, const float *w, int k,
-                               int C, int accumulate) {
+__global__ void combine_rows_k(float *out, const float *res, const float *rows, const int32_t *slot_row,
+                               const float *w, int k, int C, int accumulate) {
     size_t t = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -233,22 +271,31 @@ __global__ void combine_rows_k(float *out, const float *rows, const int32_t *slo
         float sc = w ? w[t * k + j] : 1.0f;
         acc = acc + sc * ld_f(rows + (size_t)r * C + c);
     }
-    st_f(out + t * C + c, acc);
+    st_f(out + t * C + c, res ? ld_f(res + t * C + c) + acc : acc);
 }
 
-extern "C" void cuda_combine_rows(float *out, const float *rows, const int32_t *slot_row, const float *w,
-                                  int N, int k, int C, int accumulate) {
+extern "C" void cuda_combine_rows(float *out, const float *res, const float *rows, const int32_t *slot_row,
+                                  const float *w, int N, int k, int C, int accumulate) {
     if (N <= 0 || C <= 0) return;
-    if (k <= 0) { // no slots: out = 0, or unchanged when accumulating
+    if (k <= 0 && !res) { // no slots: out = 0, or unchanged when accumulating
         if (!accumulate) CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * (size_t)N * C));
         return;
     }
-    int vec = C % 4 == 0 && ((uintptr_t)out % 16) == 0 && ((uintptr_t)rows % 16) == 0;
+    int vec = C % 4 == 0 && !(((uintptr_t)out | (uintptr_t)rows | (uintptr_t)res) % 16);
     int n = vec ? C / 4 : C, th = row_threads(n);
-    dim3 grid((unsigned)N, cdiv_u(n, th));
-    if (vec)
-        combine_rows_vec_k<<<grid, th>>>((float4 *)out, (const float4 *)rows, slot_row, w, k, n, accumulate);
-    else combine_rows_k<<<grid, th>>>(out, rows, slot_row, w, k, C, accumulate);
+    unsigned cy = cdiv_u(n, th);
+    const float4 *r4 = (const float4 *)res, *x4 = (const float4 *)rows;
+#define COMB_KR(K) \
+    combine_rows_kr<K, COMB_U / K> \
+        <<<dim3(cdiv_u(N, COMB_U / K), cy), th>>>((float4 *)out, r4, x4, slot_row, w, N, n, accumulate)
+    if (vec && k == 1) COMB_KR(1);
+    else if (vec && k == 2) COMB_KR(2);
+    else if (vec && k == 4) COMB_KR(4);
+    else if (vec && k == 8) COMB_KR(8);
+    else if (vec)
+        combine_rows_vec_k<<<dim3(N, cy), th>>>((float4 *)out, r4, x4, slot_row, w, k, n, accumulate);
+    else combine_rows_k<<<dim3(N, cy), th>>>(out, res, rows, slot_row, w, k, C, accumulate);
+#undef COMB_KR
     KCHECK("combine_rows");
 }
 

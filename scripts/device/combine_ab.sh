@@ -1,0 +1,78 @@
+#!/bin/bash
+# combine_ab.sh — the MoE combine with the residual add joined to it (ops.h combine_rows' res; block.c: the
+# block's output written by moe_finish) and 8 / k rows a block (cuda_nn.cu combine_rows_kr), against the binary
+# before it, in one call of about seven minutes. Prepare here: `cmake --build build -j2 && rm -rf .gpu &&
+# bash scripts/device/pack_libs.sh .gpu && mkdir -p .gpu/base && cp OLD/moe .gpu/base/moe && tar -cJf
+# .gpk/gpu.tar.xz .gpu` (OLD: the build of the commit before); run `bash scripts/device/combine_ab.sh` with
+# carry [".gpk"]. Output: $OUT/combine_ab.txt. In order of what matters:
+#   1. test_cuda_ops on cuda and cuda-fp32 (the combine against the cpu's bits, with res against the combine
+#      then an add), test_cuda_model, test_decode;
+#   2. scripts/same_bits.sh old against new on cuda and cuda-fp32 (one process; the resume run too): every
+#      loss, checkpoint and report the same bytes;
+#   3. the reference model's bf16 step, 12 steps, old and new alternating twice: losses and gradient norms the
+#      same bits, tokens/s at steps 4, 8, 12; the same at --precision mixed once;
+#   4. the kernels by name and time (ncu, --clock-control none, two steps), old and new: the combine and the
+#      residual add's add_k;
+#   5. memcheck of the op suite's small shapes.
+# Exit 1 when a test fails, a bit differs, or memcheck reports.
+cd "$(dirname "$0")/../.."
+. scripts/device/libs.sh && recipe_start combine_ab 450
+O=$G/base/moe
+[ -x $O ] || { say "no $O (the binary before)"; exit 1; }
+for be in cuda cuda-fp32; do
+  t ops_$be 110 env MOE_TEST_BACKEND=$be $B/test_cuda_ops; test_line ops_$be
+done
+t model 60 $B/test_cuda_model; test_line model
+t decode 40 $B/test_decode; test_line decode
+for dev in cuda cuda-fp32; do
+  t same_$dev 90 env SAME_BITS_FLAGS="--device $dev" bash scripts/same_bits.sh $O $B/moe one resume
+  tail -3 $W/same_$dev.log | tee -a $R
+  grep -q "every result identical" $W/same_$dev.log || FAIL=1
+done
+[ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
+P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
+   --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin"
+L() { grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*\|"grad_norm":[^,]*' $1/metrics.jsonl; }
+for i in 1 2; do
+  for v in new old; do
+    bin=$B/moe; [ $v = old ] && bin=$O
+    t step_${v}_$i 80 stdbuf -oL $bin train $P --precision bf16 --steps 12 --out $W/run_${v}_$i
+    say "   bf16 $v ($i): $(grep -E '^step +(4|8|12)/' $W/step_${v}_$i.log | grep -o '[0-9]* tok/s' | tr '\n' ' ')"
+  done
+done
+for v in new old; do
+  bin=$B/moe; [ $v = old ] && bin=$O
+  t mixed_$v 80 stdbuf -oL $bin train $P --steps 8 --out $W/mixed_$v
+  say "   mixed $v: $(grep -E '^step +(4|8)/' $W/mixed_$v.log | grep -o '[0-9]* tok/s' | tr '\n' ' ')"
+done
+for pair in "run_new_1 run_old_1" "mixed_new mixed_old"; do
+  set -- $pair
+  if [ -s $W/$1/metrics.jsonl ] && cmp -s <(L $W/$1) <(L $W/$2); then
+    say "   $1 / $2: losses and gradient norms the same bits ($(L $W/$1 | wc -l) values)"
+  else
+    say "   $1 / $2: losses or gradient norms DIFFER"; FAIL=1
+    paste <(L $W/$2) <(L $W/$1) | head -6 | tee -a $R
+  fi
+done
+for v in new old; do
+  bin=$B/moe; [ $v = old ] && bin=$O
+  t ncu_$v 70 ncu --clock-control none -k regex:"combine|add_k" -c 80 --metrics gpu__time_duration.sum \
+    $bin train $P --precision bf16 --steps 2 --out $W/ncu_$v
+  say "   $v: us a launch by kernel (launches):"
+  python3 - $W/ncu_$v.log <<'PY' | tee -a $R
+import collections, re, sys
+k, t = None, collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    m = re.match(r'\s+(?:void )?(\S*(?:combine|add_k)\S*?)[(<]', line)
+    if m: k = m.group(1)
+    m = re.search(r'gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)', line)
+    if m and k:
+        v = float(m.group(2).replace(',', ''))
+        t[k].append(v * {'nsecond': 1e-3, 'usecond': 1, 'msecond': 1e3}.get(m.group(1), 1))
+for name, v in sorted(t.items()):
+    print('      %-40s %8.1f (%d)' % (name[:40], sum(v) / len(v), len(v)))
+PY
+done
+t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
+say "$(date -u) done: $([ $FAIL = 0 ] && echo 'every check passed' || echo 'FAILURES above')"
+exit $FAIL
