@@ -147,7 +147,8 @@ typedef struct Model {
     int32_t *tokens, *targets; // (N)
     // backward scratch
     float *dres, *dxn; // (N,d) the gradients of the residual stream and of a norm's output
-    float *moe_out; // (maxN,d) a block's MoE output until it joins the residual stream (forward
+    float *moe_out; // (maxN,d) a block's MoE output until it joins the residual stream, under residual
+                    // dropout (without it the combine writes the block's output: block.c moe_dst); forward
                     // only: one for every layer and slot; dxn's memory where the MoE scratch is lean:
                     // moe.h moe_scratch_init)
     AttnScratch attn; // the attention variant's
