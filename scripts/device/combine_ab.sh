@@ -34,7 +34,7 @@ done
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin"
 L() { grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*\|"grad_norm":[^,]*' $1/metrics.jsonl; }
-for i in 1 2; do
+for i in ${PAIRS:-1 2}; do
   for v in new old; do
     bin=$B/moe; [ $v = old ] && bin=$O
     t step_${v}_$i 80 stdbuf -oL $bin train $P --precision bf16 --steps 12 --out $W/run_${v}_$i
