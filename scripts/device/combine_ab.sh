@@ -1,10 +1,9 @@
 #!/bin/bash
 # combine_ab.sh — the MoE combine with the residual add joined to it (ops.h combine_rows' res; block.c: the
 # block's output written by moe_finish) and 8 / k rows a block (cuda_nn.cu combine_rows_kr), against the binary
-# before it, in one call of about seven minutes. Prepare here: `cmake --build build -j2 && rm -rf .gpu &&
-# bash scripts/device/pack_libs.sh .gpu && mkdir -p .gpu/base && cp OLD/moe .gpu/base/moe && tar -cJf
-# .gpk/gpu.tar.xz .gpu` (OLD: the build of the commit before); run `bash scripts/device/combine_ab.sh` with
-# carry [".gpk"]. Output: $OUT/combine_ab.txt. In order of what matters:
+# before it, in one call of about seven minutes. Prepare here: `bash pending/pack.sh combine` (the series'
+# build with main's moe as .gpu/old/moe: pack_variants.sh old=main), then run `bash pending/device_run.sh
+# combine:combine_ab.sh:450` with carry [".gpk"]. Output: $OUT/combine_ab.txt. In order of what matters:
 #   1. test_cuda_ops on cuda and cuda-fp32 (the combine against the cpu's bits, with res against the combine
 #      then an add), test_cuda_model, test_decode;
 #   2. scripts/same_bits.sh old against new on cuda and cuda-fp32 (one process; the resume run too): every
@@ -18,7 +17,7 @@
 # Exit 1 when a test fails, a bit differs, or memcheck reports.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start combine_ab 450
-O=$G/base/moe
+O=$G/old/moe
 [ -x $O ] || { say "no $O (the binary before)"; exit 1; }
 for be in cuda cuda-fp32; do
   t ops_$be 110 env MOE_TEST_BACKEND=$be $B/test_cuda_ops; test_line ops_$be
