@@ -437,22 +437,44 @@ static void test_dw_narrow(int N, int K, int O) {
 // matmul_fwd_multi / matmul_bwd_multi: the same bits as the single ops called in order on the input's
 // values (the multi ops take it in the hidden format: values it holds exactly here, float32 for the single
 // ops), whatever mix of float32 (O <= MOE_GEMM_FP32_MAX_O) and bf16 products.
+// GM_DOUT_HID's layout of N rows of O values v (the hidden format's, in place of float32 rows: row i from
+// byte 4 O i, the rest of the row NaN), on the host; and back (the layout's values as floats)
+static float *hid_layout(const float *v, int N, int O) {
+    float *lay = host_nanf((size_t)N * O);
+    for (size_t i = 0; i < (size_t)N; i++)
+        for (size_t j = 0; j < (size_t)O; j++) {
+            if (gpu->hid == FMT_F32) {
+                lay[i * O + j] = v[i * O + j];
+                continue;
+            }
+            uint16_t h = bf16_rn_bits(v[i * O + j]);
+            memcpy((char *)(lay + i * O) + 2 * j, &h, 2);
+        }
+    return lay;
+}
+static float *hid_layout_get(const float *d, int N, int O) {
+    float *lay = gpu_getf(gpu, d, (size_t)N * O), *v = hnew((size_t)N * O);
+    for (size_t i = 0; i < (size_t)N; i++)
+        for (size_t j = 0; j < (size_t)O; j++) {
+            if (gpu->hid == FMT_F32) {
+                v[i * O + j] = lay[i * O + j];
+                continue;
+            }
+            uint16_t h;
+            memcpy(&h, (const char *)(lay + i * O) + 2 * j, 2);
+            v[i * O + j] = bf16_to_f32(h);
+        }
+    free(lay);
+    return v;
+}
+
 // ops.h GM_DOUT_HID: dout's bf16-representable values in the hidden format in place (row i from where its
 // float32 row starts, the rest of the row NaN) give the same bits as matmul_bwd on those values as float32
 static void test_matmul_dout_hid(int N, int K, int O) {
     float *x = hrand((size_t)N * K, 1.0f), *w = hrand((size_t)O * K, 0.5f),
           *dout = hrand((size_t)N * O, 1.0f);
     for (size_t i = 0; i < (size_t)N * O; i++) dout[i] = bf16_to_f32(bf16_rn_bits(dout[i]));
-    float *lay = host_nanf((size_t)N * O);
-    for (size_t i = 0; i < (size_t)N; i++)
-        for (size_t j = 0; j < (size_t)O; j++) {
-            if (gpu->hid == FMT_F32) {
-                lay[i * O + j] = dout[i * O + j];
-                continue;
-            }
-            uint16_t h = bf16_rn_bits(dout[i * O + j]);
-            memcpy((char *)(lay + i * O) + 2 * j, &h, 2);
-        }
+    float *lay = hid_layout(dout, N, O);
     float *xd = gpu_putf(gpu, x, (size_t)N * K), *wd = gpu_putf(gpu, w, (size_t)O * K),
           *dd = gpu_putf(gpu, dout, (size_t)N * O), *ld = gpu_putf(gpu, lay, (size_t)N * O);
     for (int fl = 0; fl < 2; fl++) {
@@ -510,6 +532,37 @@ static void test_matmul_multi(int N, int K, const int *O) {
     snprintf(what, sizeof what, "matmul_bwd_multi dinp N%d K%d O%d,%d,%d vs matmul_bwd x3", N, K, O[0], O[1],
              O[2]);
     cmp_exact_dev(what, dxm, dxs, (size_t)N * K);
+    { // GM_DOUT_HID (every dout[i] in the layout: in place, packed where O % 8, widened where narrow): the
+      // bits of the float32 douts holding the same values
+        float *dr[3], *drd[3], *dl[3], *p0 = hrand((size_t)N * K, 1.0f);
+        float *dxa = gpu_putf(gpu, p0, (size_t)N * K), *dxb = gpu_putf(gpu, p0, (size_t)N * K);
+        for (int i = 0; i < 3; i++) {
+            dr[i] = hcopy(dout[i], (size_t)N * O[i]);
+            hid_round(dr[i], (size_t)N * O[i]);
+            drd[i] = gpu_putf(gpu, dr[i], (size_t)N * O[i]);
+            float *lay = hid_layout(dr[i], N, O[i]);
+            dl[i] = gpu_putf(gpu, lay, (size_t)N * O[i]);
+            free(lay);
+        }
+        gpu->matmul_bwd_multi(3, dxa, dwm, (const float *const *)drd, xh, (const float *const *)wd, N, K, O,
+                              GM_ACC_DINP);
+        gpu->matmul_bwd_multi(3, dxb, dws, (const float *const *)dl, xh, (const float *const *)wd, N, K, O,
+                              GM_ACC_DINP | GM_DOUT_HID);
+        snprintf(what, sizeof what, "matmul_bwd_multi GM_DOUT_HID N%d K%d O%d,%d,%d: dinp", N, K, O[0], O[1],
+                 O[2]);
+        cmp_exact_dev(what, dxb, dxa, (size_t)N * K);
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what,
+                     "matmul_bwd_multi GM_DOUT_HID N%d K%d O%d: dw[%d] (after the same sums)", N, K, O[i], i);
+            cmp_exact_dev(what, dws[i], dwm[i], (size_t)O[i] * K);
+            gpu->free(drd[i]);
+            gpu->free(dl[i]);
+            free(dr[i]);
+        }
+        gpu->free(dxa);
+        gpu->free(dxb);
+        free(p0);
+    }
     { // dinp and dw written (GM_DW_WRITE) over NaN: the single ops' bits, dinp's first product written
         float *dxw = gpu_nanf(gpu, (size_t)N * K), *dxw1 = gpu_nanf(gpu, (size_t)N * K);
         float *dwx[3], *dwx1[3];
@@ -1561,14 +1614,31 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     free(a);
     free(b);
     free(r);
-    float *g = hrand(n, 1.0f), *gd = gpu_putf(gpu, g, n);
+    float *g = hrand(n, 1.0f), *g0 = hcopy(g, n), *gd = gpu_putf(gpu, g, n), *gh = gpu_putf(gpu, g, n),
+          *gr = gpu_putf(gpu, g, n);
     cpu->rope_bwd(g, B, T, nh, hd, theta);
     gpu->rope_bwd(gd, B, T, nh, hd, theta);
     cmp("rope_bwd", "dx", gd, g, n, BAND_ELEM);
+    // in place into GM_DOUT_HID's layout: rope_bwd's values rounded once (rope_bwd_hid); the rows' own
+    // (to_hid_rows)
+    int R = B * T, C = nh * hd;
+    gpu->rope_bwd_hid(gh, B, T, nh, hd, theta);
+    gpu->to_hid_rows(gr, R, C);
+    float *vh = hid_layout_get(gh, R, C), *vr = hid_layout_get(gr, R, C), *want = gpu_getf(gpu, gd, n);
+    hid_round(want, n);
+    hid_round(g0, n);
+    EXPECT(memcmp(vh, want, n * sizeof(float)) == 0, "rope_bwd_hid: not rope_bwd's bits, rounded once");
+    EXPECT(memcmp(vr, g0, n * sizeof(float)) == 0, "to_hid_rows: not the rows rounded once");
     gpu->free(xd);
     gpu->free(gd);
+    gpu->free(gh);
+    gpu->free(gr);
+    free(vh);
+    free(vr);
+    free(want);
     free(x);
     free(g);
+    free(g0);
 }
 
 // rope_rows (the KV-cached decode's RoPE at a position offset) and dropout (the residual branches' mask:
@@ -2897,6 +2967,8 @@ static void run_suite(const Backend *be, int big) {
     test_rmsnorm_part(37, 96, 96); // one part: rmsnorm_fwd / rmsnorm_bwd's bits
     if (big) test_rmsnorm_part(300, 1024, 2048); // OLMoE's q row (16 x 128) over tp 2
     test_rope(2, 19, 3, 24, 10000.0f);
+    test_rope(1, 33, 16, 128, 10000.0f); // the reference model's q rows (rope_bwd_hid: 4 rows' pairs a block)
+    test_rope(1, 5, 64, 256, 10000.0f); // a row over 48 KB of shared memory (rope_bwd_hid, to_hid_rows)
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);
     test_rope_rows_dropout(2, 19, 3, 24, 10000.0f, 5, 12);
     test_rope_rows_dropout(1, 40, 2, 32, 10000.0f, 39, 40);

@@ -230,12 +230,30 @@ static void gqa_bwd_out_rows(Model *m, int l, const AttnActs *a, const float *do
 }
 
 // RoPE's, QK-norm's and the biases' backward, then the q, k, v projections' over one input (converted
-// once), written into dxn.
+// once), written into dxn. Without QK-norm and biases (nothing between RoPE and the products reads dq, dk,
+// dv), with every product wide enough for the bf16 GEMMs (ops.h MOE_GEMM_FP32_MAX_O: a narrow one would see
+// bf16 values where it saw float32) and not in FP8 (--fp8-dense quantises float32 douts), RoPE's backward
+// writes dq and dk in the hidden format in place and dv is rounded so (ops.h rope_bwd_hid, to_hid_rows;
+// GM_DOUT_HID): the same bits, one pass over dq and dk less.
 static void gqa_bwd_in(Model *m, int l, const AttnActs *a, float *dxn, const void *xn, int B, int T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     AttnScratch *s = &m->attn;
-    int N = B * T;
+    int N = B * T, qd = m->Hl * c->head_dim, kvd = m->KVl * c->head_dim;
+    float *dw[3], *w[3];
+    int O[3];
+    if (!c->qk_norm && !c->qkv_bias && !be->fp8_dense && qd > MOE_GEMM_FP32_MAX_O &&
+        kvd > MOE_GEMM_FP32_MAX_O) {
+        be->rope_bwd_hid(s->dq, B, T, m->Hl, c->head_dim, c->rope_theta);
+        be->rope_bwd_hid(s->dk, B, T, m->KVl, c->head_dim, c->rope_theta);
+        be->to_hid_rows(s->dv, N, kvd);
+        const float *dout[3] = {s->dq, s->dk, s->dv};
+        qkv_tensors(m, m->grads, l, dw, O);
+        qkv_tensors(m, m->params, l, w, O);
+        be->matmul_bwd_multi(3, dxn, dw, dout, xn, (const float *const *)w, N, c->d_model, O,
+                             model_dw_write(m, l, DW_FRESH_QKV) | GM_DOUT_HID);
+        return;
+    }
     be->rope_bwd(s->dq, B, T, m->Hl, c->head_dim, c->rope_theta);
     be->rope_bwd(s->dk, B, T, m->KVl, c->head_dim, c->rope_theta);
     const float *dqp = s->dq, *dkp = s->dk;
@@ -246,8 +264,6 @@ static void gqa_bwd_in(Model *m, int l, const AttnActs *a, float *dxn, const voi
     }
     if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, s->dv, N);
     const float *dout[3] = {dqp, dkp, s->dv};
-    float *dw[3], *w[3];
-    int O[3];
     qkv_tensors(m, m->grads, l, dw, O);
     qkv_tensors(m, m->params, l, w, O);
     be->matmul_bwd_multi(3, dxn, dw, dout, xn, (const float *const *)w, N, c->d_model, O,

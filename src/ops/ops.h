@@ -79,12 +79,12 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 // rounded to nearest even; block g's element j at ((uint16_t *)dw)[g O K + j]; nothing else is written: the
 // other half of the float32 blocks' bytes is left as it was, so it may hold other packed blocks or be memory
 // that is not there, alloc_holes): half the bytes of a float32 gradient, read back through OptRun's
-// OPTG_PACKED. GM_DOUT_HID (matmul_bwd only): dout holds the hidden format's values
-// (Backend.hid) in place of its float32 rows, row i's O values starting where float32 row i starts (byte
-// 4 O i; cross_entropy_fwd_bwd writes so); the same bits as dout's float32 values rounded once to
-// the format. A no-op where the format is float32. GM_DW_SUMSQ (grouped ops, with GM_DW_WRITE only; where the
-// backend has dw_sumsq_take): the G written blocks' values, as stored (bf16 under GM_DW_BF16), squared and
-// summed into the backend's gradient ledger, counted as G blocks (dw_sumsq_take below).
+// OPTG_PACKED. GM_DOUT_HID (matmul_bwd, and matmul_bwd_multi for every dout[i]): dout holds the hidden
+// format's values (Backend.hid) in place of its float32 rows, row i's O values starting where float32 row i
+// starts (byte 4 O i; cross_entropy_fwd_bwd writes so); the same bits as dout's float32 values rounded once
+// to the format. A no-op where the format is float32. GM_DW_SUMSQ (grouped ops, with GM_DW_WRITE only; where
+// the backend has dw_sumsq_take): the G written blocks' values, as stored (bf16 under GM_DW_BF16), squared
+// and summed into the backend's gradient ledger, counted as G blocks (dw_sumsq_take below).
 enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8, GM_DW_SUMSQ = 16 };
 // The flags of a grouped op's weight-gradient write (what a composed op passes on to its plain ones).
 #define GM_DW_FLAGS (GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ)
@@ -407,6 +407,13 @@ struct Backend {
     // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is
     // float32).
     void (*to_hid)(void *out, const float *inp, size_t n);
+    // In place into GM_DOUT_HID's layout (row i's C values in the hidden format from byte 4 C i, where its
+    // float32 values were; nothing changes where the format is float32): rope_bwd_hid, rope_bwd's values of
+    // the rows (B*T, nh, hd); to_hid_rows, the N rows of C values as they are. Each value rounded once: the
+    // bits of rope_bwd, then the bf16 GEMMs' own rounding of a float32 dout (gqa's backward: one pass over dq
+    // and dk where there were two).
+    void (*rope_bwd_hid)(float *dx, int B, int T, int nh, int hd, float theta);
+    void (*to_hid_rows)(float *x, int N, int C);
     // RoPE in place on strided rows (multi-head latent attention's rope parts: the last qk_rope_head_dim of
     // each query head, the key rope shared by the heads): element j < hd of head h of row i at
     // x[(i*nh + h)*ld + j], row i (of B*(t1-t0)) at position t0 + i % (t1 - t0); pair j (rotate_half's (j, j

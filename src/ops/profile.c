@@ -210,6 +210,16 @@ static void w_to_hid(void *o, const float *x, size_t n) {
     in->to_hid(o, x, n);
     T1(P_ELEM);
 }
+static void w_rope_bh(float *x, int B, int T, int nh, int hd, float th) {
+    T0;
+    in->rope_bwd_hid(x, B, T, nh, hd, th);
+    T1(P_ROPE);
+}
+static void w_to_hid_rows(float *x, int N, int C) {
+    T0;
+    in->to_hid_rows(x, N, C);
+    T1(P_ELEM);
+}
 static void w_rope_y(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adj) {
     T0;
     in->rope_yarn(x, B, t0, t1, nh, hd, ld, r, adj);
@@ -404,6 +414,8 @@ const Backend *backend_profiled(const Backend *inner) {
     pb.rope_rows = w_rope_r;
     pb.rope_fwd_hid = w_rope_fh;
     pb.to_hid = w_to_hid;
+    pb.rope_bwd_hid = w_rope_bh;
+    pb.to_hid_rows = w_to_hid_rows;
     pb.rope_yarn = w_rope_y;
     pb.copy_strided = w_copy_s;
     pb.dropout = w_drop;

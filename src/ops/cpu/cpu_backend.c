@@ -221,6 +221,8 @@ const Backend *backend_cpu(void) {
         .rope_rows = cpu_rope_rows,
         .rope_fwd_hid = cpu_rope_fwd_hid,
         .to_hid = cpu_to_hid,
+        .rope_bwd_hid = cpu_rope_bwd_hid,
+        .to_hid_rows = cpu_to_hid_rows,
         .rope_yarn = cpu_rope_yarn,
         .copy_strided = cpu_copy_strided,
         .dropout = cpu_dropout,

@@ -144,6 +144,11 @@ void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta) { rope(x,
 void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta) {
     rope(dx, B, 0, T, nh, hd, theta, -1);
 }
+// (the cpu's hidden format is float32: GM_DOUT_HID's rows are the float32 rows)
+void cpu_rope_bwd_hid(float *dx, int B, int T, int nh, int hd, float theta) {
+    cpu_rope_bwd(dx, B, T, nh, hd, theta);
+}
+void cpu_to_hid_rows(float *x, int N, int C) { (void)x, (void)N, (void)C; }
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse) {
     rope(x, B, t0, t1, nh, hd, theta, inverse ? -1 : 1);
 }

@@ -27,6 +27,8 @@ void cpu_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout, const float
                           const float *rstd, const double *dot, int N, int C, int Ctot);
 void cpu_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
 void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
+void cpu_rope_bwd_hid(float *dx, int B, int T, int nh, int hd, float theta);
+void cpu_to_hid_rows(float *x, int N, int C);
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
 void cpu_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
 void cpu_to_hid(void *out, const float *inp, size_t n);

@@ -158,6 +158,8 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
 }
 // to_hid where the hidden format is float32 (cuda-fp32): a copy
 static void cuda_to_hid_f32(void *out, const float *inp, size_t n) { cuda_copy(out, inp, n * sizeof(float)); }
+// to_hid_rows where it is float32: the rows are the format already
+static void cuda_to_hid_rows_f32(float *x, int N, int C) { (void)x, (void)N, (void)C; }
 static void cuda_copy_strided_f32(void *dst, int dh, const void *src, int sh, Stride3 s, float a, int acc) {
     cuda_copy_strided(dst, dh, src, sh, s, a, acc, 0);
 }
@@ -204,6 +206,8 @@ static void fill_common(Backend *be) {
     be->rope_rows = cuda_rope_rows;
     be->rope_fwd_hid = cuda_rope_fwd_f32;
     be->to_hid = cuda_to_hid_f32;
+    be->rope_bwd_hid = cuda_rope_bwd;
+    be->to_hid_rows = cuda_to_hid_rows_f32;
     be->rope_yarn = cuda_rope_yarn;
     be->copy_strided = cuda_copy_strided_f32;
     be->dropout = cuda_dropout;
@@ -306,6 +310,8 @@ static void cuda_init(void) {
     g_be_bf16.attention_drop_bwd = cuda_attention_drop_bwd_bf16;
     g_be_bf16.rope_fwd_hid = cuda_rope_fwd_bf16;
     g_be_bf16.to_hid = cuda_f32_to_bf16;
+    g_be_bf16.rope_bwd_hid = cuda_rope_bwd_hid_bf16;
+    g_be_bf16.to_hid_rows = cuda_to_hid_rows_bf16;
     g_be_bf16.copy_strided = cuda_copy_strided_bf16;
     g_be_bf16.cross_entropy_fwd_bwd = cuda_cross_entropy_fwd_bwd_bf16;
     g_be_bf16.ce_finish = cuda_ce_finish_bf16;

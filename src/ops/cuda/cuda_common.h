@@ -108,6 +108,11 @@ __device__ __forceinline__ void store4(__nv_bfloat16 *p, float a, float b, float
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n); \
          e += (size_t)gridDim.x * blockDim.x)
 static inline unsigned cdiv_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+// A kernel's dynamic shared memory beyond the default 48 KB allowed (set each call where needed: cheap).
+static inline void cuda_smem_allow(const void *fn, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
 // Grid for a grid-stride elementwise loop over n elements.
 static inline unsigned ew_grid(size_t n, int threads) {
     size_t g = (n + threads - 1) / threads;
@@ -173,6 +178,8 @@ void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta
 // rope_fwd_hid / to_hid (ops.h) of the float32 backend ("cuda-fp32": a copy) and of "cuda" (bf16)
 void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
 void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cuda_rope_bwd_hid_bf16(float *dx, int B, int T, int nh, int hd, float theta);
+void cuda_to_hid_rows_bf16(float *x, int N, int C);
 void cuda_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);
 // copy_strided (ops.h) where the hidden format is bf16 (bf16 1: "cuda") or float32 (0: "cuda-fp32")
 void cuda_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s, float alpha, int acc,

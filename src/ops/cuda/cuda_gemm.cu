@@ -290,6 +290,24 @@ template <typename T> static void hid_rows(T *dst, const float *src, int N, int 
     KCHECK("hid_rows");
 }
 
+// to_hid_rows (ops.h): a block a row, its float32 values into shared memory, then stored as bf16 from the
+// row's first byte (in place: no other block touches the row)
+__global__ void to_hid_rows_k(float *x, int C) {
+    extern __shared__ float th_row[];
+    float *row = x + (size_t)blockIdx.x * C;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) th_row[i] = row[i];
+    __syncthreads();
+    bf16 *o = (bf16 *)row;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) o[i] = __float2bfloat16_rn(th_row[i]);
+}
+extern "C" void cuda_to_hid_rows_bf16(float *x, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    size_t sm = (size_t)C * sizeof(float);
+    cuda_smem_allow((const void *)to_hid_rows_k, sm);
+    to_hid_rows_k<<<N, 256, sm>>>(x, C);
+    KCHECK("to_hid_rows");
+}
+
 extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, int K, int O,
                                      int accumulate) {
     if (N <= 0 || O <= 0 || K <= 0 || O <= MOE_GEMM_FP32_MAX_O) {
@@ -381,14 +399,18 @@ extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void 
 extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout,
                                            const void *inp, const float *const *w, int N, int K, const int *O,
                                            int flags) {
+    // GM_DOUT_HID: dout[i]'s bf16 rows in place (ld 2 O, read as they are) where O % 8 = 0, else packed into
+    // the scratch as matmul_bwd packs them; a narrow product's widened there (2 bf16 slots a value)
+    int hid = flags & GM_DOUT_HID;
     size_t gmax = 0, wmax = 0;
     int narrow = 0;
     for (int i = 0; i < n; i++) {
         if (!mm_bf16_path(N, K, O[i])) {
             narrow = 1;
+            if (hid && 2 * (size_t)N * O[i] > gmax) gmax = 2 * (size_t)N * O[i];
             continue;
         }
-        if ((size_t)N * O[i] > gmax) gmax = (size_t)N * O[i];
+        if ((!hid || O[i] % 8) && (size_t)N * O[i] > gmax) gmax = (size_t)N * O[i];
         if (!shadow_of(w[i], (size_t)O[i] * K) && (size_t)O[i] * K > wmax) wmax = (size_t)O[i] * K;
     }
     size_t sz[3] = {gmax, wmax, narrow && N > 0 && K > 0 ? 2 * (size_t)N * K : 0};
@@ -396,13 +418,22 @@ extern "C" void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw,
     bf16_scratch_v(3, sz, p);
     const float *xf = narrow_inp(inp, p[2], narrow, N, K);
     for (int i = 0; i < n; i++) {
-        int fl = i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags;
+        int fl = (i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags) & ~GM_DOUT_HID;
         if (!mm_bf16_path(N, K, O[i])) { // (also the empty products: matmul_bwd's zeros or nothing)
-            cuda_matmul_bwd_f32(dinp, dw[i], dout[i], xf, w[i], N, K, O[i], fl);
+            const float *g = dout[i];
+            if (hid && N > 0 && O[i] > 0) {
+                hid_rows((float *)p[0], dout[i], N, O[i]);
+                g = (const float *)p[0];
+            }
+            cuda_matmul_bwd_f32(dinp, dw[i], g, xf, w[i], N, K, O[i], fl);
             continue;
         }
-        to_bf16(p[0], dout[i], (size_t)N * O[i]);
-        mm_bwd_one(dinp, dw[i], p[0], O[i], (const bf16 *)inp, w[i], p[1], N, K, O[i], fl);
+        const bf16 *g = p[0];
+        int ld = O[i];
+        if (hid && O[i] % 8 == 0) g = (const bf16 *)dout[i], ld = 2 * O[i];
+        else if (hid) hid_rows(p[0], dout[i], N, O[i]);
+        else to_bf16(p[0], dout[i], (size_t)N * O[i]);
+        mm_bwd_one(dinp, dw[i], g, ld, (const bf16 *)inp, w[i], p[1], N, K, O[i], fl);
     }
 }
 

@@ -336,6 +336,38 @@ extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, in
     rope_launch((__nv_bfloat16 *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (bf16)");
 }
 
+// rope_bwd_hid (ops.h): a block a row (bt), the row's float32 values into shared memory first, then its
+// values rotated as rope_k rotates them (its c and s, its products) and stored as bf16 from the row's first
+// byte: in place, as no other block touches the row. Thread t takes pair j = t % half of the heads t / half,
+// t / half + G, ... (G = blockDim / half): one cos and sin a thread, as rope_k.
+__global__ void rope_bwd_hid_k(float *x, int T, int nh, int hd, float theta) {
+    extern __shared__ float rs_row[];
+    int half = hd / 2, C = nh * hd, bt = blockIdx.x, G = blockDim.x / half;
+    float *row = x + (size_t)bt * C;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) rs_row[i] = row[i];
+    __syncthreads();
+    int j = threadIdx.x % half, g = threadIdx.x / half;
+    if (g >= G) return;
+    double freq = pow((double)theta, -2.0 * j / hd);
+    double ang = (bt % T) * freq;
+    float c = (float)cos(ang), s = (float)(-1 * sin(ang));
+    __nv_bfloat16 *o = (__nv_bfloat16 *)row;
+    for (int h = g; h < nh; h += G) {
+        float x1 = rs_row[h * hd + j], x2 = rs_row[h * hd + j + half];
+        store1(o + (size_t)h * hd + j, x1 * c - x2 * s);
+        store1(o + (size_t)h * hd + j + half, x2 * c + x1 * s);
+    }
+}
+extern "C" void cuda_rope_bwd_hid_bf16(float *dx, int B, int T, int nh, int hd, float theta) {
+    int half = hd / 2, C = nh * hd;
+    if (B * T <= 0 || nh <= 0 || half <= 0) return;
+    int th = half >= 256 ? half : 256 / half * half;
+    size_t sm = (size_t)C * sizeof(float);
+    cuda_smem_allow((const void *)rope_bwd_hid_k, sm);
+    rope_bwd_hid_k<<<B * T, th, sm>>>(dx, T, nh, hd, theta);
+    KCHECK("rope_bwd_hid (bf16)");
+}
+
 // RopeYarn's frequency of pair j of hd (ops.h), in double as the cpu's yarn_freq.
 __device__ __forceinline__ double yarn_freq(RopeYarn r, int j, int hd) {
     double f = pow((double)r.theta, -2.0 * j / hd);
