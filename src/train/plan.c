@@ -231,7 +231,8 @@ static double megatron_state(const ParamTable *lt, const MeshShape *ms) {
 // CUDA launch or more: a bf16 GEMM converts its operand first) a layer's forward and backward call on one
 // micro-batch (forward: 3 matmuls, 2 grouped GEMMs, 2 norms, 2 RoPE, attention, 2 gathers, 3 router ops,
 // 1 add (the block's residual add joins the MoE combine: moe.c moe_finish, one process of TP 1), 2 copies;
-// backward: 3 + 2 + 2 + 2 + 1 + 2, 1 router op, 3 copies), those once per micro-batch
+// backward: 3 + 2 + 2 + 2 + 1 + 2, 1 router op, 3 copies; GQA's without QK-norm and biases whose q, k, v
+// products are all bf16 ones one more, to_hid_rows: not counted here), those once per micro-batch
 // (embedding, final norm, LM head forward and backward, cross-entropy) and once per step (the gradient norm,
 // AdamW over every tensor in one launch, 5 copies and clears); the host synchronisations: the routing's copy
 // to the host, once per MoE layer's forward, and the loss and the gradient norm once a step.

@@ -1,22 +1,21 @@
 #!/bin/bash
-# combine_ab.sh — the MoE combine with the residual add joined to it (ops.h combine_rows' res; block.c: the
-# block's output written by moe_finish) and 8 / k rows a block (cuda_nn.cu combine_rows_kr), against the binary
-# before it, in one call of about seven minutes. Prepare here: `bash pending/pack.sh combine` (the series'
-# build with main's moe as .gpu/old/moe: pack_variants.sh old=main), then run `bash pending/device_run.sh
-# combine:combine_ab.sh:450` with carry [".gpk"]. Output: $OUT/combine_ab.txt. In order of what matters:
-#   1. test_cuda_ops on cuda and cuda-fp32 (the combine against the cpu's bits, with res against the combine
-#      then an add), test_cuda_model, test_decode;
+# bits_ab.sh — a pending series' build against the binary before it (.gpu/old/moe: pack.sh's old build), where
+# the series claims the same bits (combine: the residual add joined to the MoE combine; ropehid: RoPE's
+# backward into the hidden format), in one call of about seven minutes. Prepare here: `bash pending/pack.sh
+# SERIES`, then run `bash pending/device_run.sh SERIES:bits_ab.sh:450` with carry [".gpk"]. Output:
+# $OUT/bits_ab.txt. In order of what matters:
+#   1. test_cuda_ops on cuda and cuda-fp32, test_cuda_model, test_decode;
 #   2. scripts/same_bits.sh old against new on cuda and cuda-fp32 (one process; the resume run too): every
 #      loss, checkpoint and report the same bytes;
 #   3. the reference model's bf16 step, 12 steps, old and new alternating (PAIRS, "1 2"): losses and gradient
 #      norms the same bits, tokens/s at steps 4, 8, 12;
-#   4. the kernels by name and time (ncu, --clock-control none, two steps), old and new: the combine and the
-#      residual add's add_k;
+#   4. the kernels matching KREGEX (default: the combine, the residual add, RoPE, the bf16 conversions) by
+#      name and time (ncu, --clock-control none, two steps), old and new;
 #   5. memcheck of the op suite's small shapes;
 #   6. (MIXED=1, the default) 8 steps at --precision mixed, old and new: the same bits.
 # Exit 1 when a test fails, a bit differs, or memcheck reports.
 cd "$(dirname "$0")/../.."
-. scripts/device/libs.sh && recipe_start combine_ab 450
+. scripts/device/libs.sh && recipe_start bits_ab 450
 O=$G/old/moe
 [ -x $O ] || { say "no $O (the binary before)"; exit 1; }
 for be in cuda cuda-fp32; do
@@ -51,21 +50,21 @@ same() { # same RUN_NEW RUN_OLD: the losses and gradient norms of two runs, bit 
 same run_new_1 run_old_1
 for v in new old; do
   bin=$B/moe; [ $v = old ] && bin=$O
-  t ncu_$v 70 ncu --clock-control none -k regex:"combine|add_k" -c 80 --metrics gpu__time_duration.sum \
+  t ncu_$v 70 ncu --clock-control none -k regex:"${KREGEX:-combine|add_k|rope|to_bf16|hid_rows}" -c 400 --metrics gpu__time_duration.sum \
     $bin train $P --precision bf16 --steps 2 --out $W/ncu_$v
   say "   $v: us a launch by kernel (launches):"
   python3 - $W/ncu_$v.log <<'PY' | tee -a $R
 import collections, re, sys
 k, t = None, collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    m = re.match(r'\s+(?:void )?(\S*(?:combine|add_k)\S*?)[(<]', line)
+    m = re.match(r'\s+(?:void )?([A-Za-z_]\w*)[(<]', line)
     if m: k = m.group(1)
     m = re.search(r'gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)', line)
     if m and k:
         v = float(m.group(2).replace(',', ''))
         t[k].append(v * {'nsecond': 1e-3, 'usecond': 1, 'msecond': 1e3}.get(m.group(1), 1))
 for name, v in sorted(t.items()):
-    print('      %-40s %8.1f (%d)' % (name[:40], sum(v) / len(v), len(v)))
+    print('      %-40s %8.1f us (%d), %8.3f ms in all' % (name[:40], sum(v) / len(v), len(v), sum(v) / 1e3))
 PY
 done
 t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
