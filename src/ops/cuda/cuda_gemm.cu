@@ -8,6 +8,8 @@
 //           is overwritten, accumulate 0). Products of two bf16 values are exact in fp32, so the
 //           result is the float32 GEMM of the bf16-rounded operands up to the summation order;
 //           tests/test_cuda_ops.c checks exactly that, against a cpu reference that rounds the same operands.
+//           A dout already in the hidden format in place of its float32 rows (ops.h GM_DOUT_HID: the LM
+//           head's dlogits, gqa's dq, dk, dv; to_hid_rows rounds rows so) is read as it is.
 // Precision policy of "cuda": grouped GEMMs (the experts) always run in bf16; a plain matmul runs
 // in bf16 only when O > MOE_GEMM_FP32_MAX_O (ops.h). Narrower ones (the router, O = E) stay
 // float32: with O outputs per input row they do O/2 FLOP per float read, under the ~16 FLOP/byte

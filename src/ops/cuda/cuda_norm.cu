@@ -2,7 +2,8 @@
 // RMSNorm forward (float32 or bf16 outputs, fused with the residual add: add_rmsnorm), backward (dx, and
 // dw by a fixed two-pass column sum), and the parts for rows whose columns are split across TP ranks
 // (rmsnorm_part: a rank's sums; the forward and backward given the whole sums); RoPE (HF rotate_half)
-// forward, backward, on a window of rows, and into float32 or bf16 copies; RoPE with YaRN's frequencies on
+// forward, backward, on a window of rows, into float32 or bf16 copies, and backward into bf16 in place of
+// its float32 rows (rope_bwd_hid: GM_DOUT_HID's layout); RoPE with YaRN's frequencies on
 // strided rows and the strided copy (multi-head latent attention's rope parts and head blocks).
 // Determinism as cuda_nn.cu: per-row sums through one fixed-order row_dot and block_sum_d; built with
 // -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the cpu reference.
