@@ -144,6 +144,12 @@ static void bfr_to_hid(void *out, const float *inp, size_t n) {
     memmove(out, inp, n * sizeof(float));
     bf16_round_n(out, n);
 }
+// gqa's dq, dk, dv for the q, k, v products (ops.h rope_bwd_hid, to_hid_rows): rounded in place, as floats
+static void bfr_rope_bwd_hid(float *dx, int B, int T, int nh, int hd, float theta) {
+    backend_cpu()->rope_bwd(dx, B, T, nh, hd, theta);
+    bf16_round_n(dx, (size_t)B * T * nh * hd);
+}
+static void bfr_to_hid_rows(float *x, int N, int C) { bf16_round_n(x, (size_t)N * C); }
 // latent attention's head blocks: the cpu's copy, each value written into the hidden format rounded once
 static void bfr_copy_strided(void *dst, int dh, const void *src, int sh, Stride3 s, float a, int acc) {
     backend_cpu()->copy_strided(dst, dh, src, sh, s, a, acc);
@@ -369,6 +375,8 @@ static inline const Backend *backend_cpu_bf16ref(void) {
         b.attention_bwd_v = bfr_attention_bwd_v;
         b.rope_fwd_hid = bfr_rope_fwd_hid;
         b.to_hid = bfr_to_hid;
+        b.rope_bwd_hid = bfr_rope_bwd_hid;
+        b.to_hid_rows = bfr_to_hid_rows;
         b.copy_strided = bfr_copy_strided;
     }
     return &b;

@@ -67,5 +67,5 @@ static inline void backend_matmul_bwd_multi_plain(const Backend *be, int n, floa
                                                   int flags) {
     for (int i = 0; i < n; i++)
         be->matmul_bwd(dinp, dw[i], dout[i], (const float *)inp, w[i], N, K, O[i],
-                       i ? GM_ACC_DINP | (flags & GM_DW_WRITE) : flags);
+                       i ? GM_ACC_DINP | (flags & (GM_DW_WRITE | GM_DOUT_HID)) : flags);
 }
