@@ -2966,6 +2966,13 @@ static void run_suite(const Backend *be, int big) {
     test_rmsnorm_part(5, 300, 1200); // C over a block's 256 threads, one of four
     test_rmsnorm_part(37, 96, 96); // one part: rmsnorm_fwd / rmsnorm_bwd's bits
     if (big) test_rmsnorm_part(300, 1024, 2048); // OLMoE's q row (16 x 128) over tp 2
+    // rmsnorm_bwd in one kernel (65 chunks of 64 rows, the last of 4: cuda_norm.cu RMS_FUSE_MIN): against the
+    // cpu, and its bits against the two kernels' (one part: bwd_part runs them), a float4 a thread a row;
+    // then two and three (the FV 4 form)
+    test_rmsnorm(4100, 256);
+    test_rmsnorm_part(4100, 256, 256);
+    if (big) test_rmsnorm_part(4160, 2048, 2048);
+    if (big) test_rmsnorm_part(4097, 3072, 3072);
     test_rope(2, 19, 3, 24, 10000.0f);
     test_rope(1, 33, 16, 128, 10000.0f); // the reference model's q rows (rope_bwd_hid: 4 rows' pairs a block)
     test_rope(1, 5, 64, 256, 10000.0f); // a row over 48 KB of shared memory (rope_bwd_hid, to_hid_rows)

@@ -200,19 +200,113 @@ __global__ void rmsnorm_bwd_dw_sum_k(float *dw, const double *part, int nch, int
     dw[c] += (float)s;
 }
 
+// dx (rmsnorm_bwd_dx_k<1, 1>) and dw's pass 1 (rmsnorm_bwd_dw_part_k) from one read of g and x: block ch
+// takes chunk ch's RMS_ROWS rows in order, each row's dot in row_dot's order (the same row_threads(C / 4)
+// threads, float4 t, t + blockDim, ... of a row each) and its dx as row_dx's, while each thread sums its own
+// columns' g x r in row order from 0, as pass 1's threads: both the two kernels' bits. The next row's g and
+// x are loaded before this row's sum (its latency behind the block's reduction). FV: float4s a thread a row
+// (C <= 4 FV blockDim).
+template <int FV>
+__global__ void __launch_bounds__(256)
+    rmsnorm_bwd_fused_k(float *dinp, double *part, const float *dout, const float *inp, const float *w,
+                        const float *rstd, int N, int C) {
+    const int C4 = C / 4, i0 = blockIdx.x * RMS_ROWS, i1 = min(i0 + RMS_ROWS, N);
+    const float4 *w4 = (const float4 *)w;
+    float4 wv[FV], g[FV], x[FV], gn[FV], xn[FV];
+    double dw[FV][4];
+#pragma unroll
+    for (int j = 0; j < FV; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        wv[j] = c < C4 ? w4[c] : make_float4(0, 0, 0, 0);
+        gn[j] = c < C4 ? ((const float4 *)(dout + (size_t)i0 * C))[c] : make_float4(0, 0, 0, 0);
+        xn[j] = c < C4 ? ((const float4 *)(inp + (size_t)i0 * C))[c] : make_float4(0, 0, 0, 0);
+        dw[j][0] = dw[j][1] = dw[j][2] = dw[j][3] = 0;
+    }
+    for (int i = i0; i < i1; i++) {
+        double s = 0;
+#pragma unroll
+        for (int j = 0; j < FV; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            g[j] = gn[j];
+            x[j] = xn[j];
+            if (i + 1 < i1 && c < C4) {
+                gn[j] = ((const float4 *)(dout + (size_t)(i + 1) * C))[c];
+                xn[j] = ((const float4 *)(inp + (size_t)(i + 1) * C))[c];
+            }
+            if (c < C4) {
+                s += (double)g[j].x * wv[j].x * x[j].x;
+                s += (double)g[j].y * wv[j].y * x[j].y;
+                s += (double)g[j].z * wv[j].z * x[j].z;
+                s += (double)g[j].w * wv[j].w * x[j].w;
+            }
+        }
+        double dot = block_sum_d(s);
+        float r = rstd[i], k = (float)(dot / C) * r * r * r;
+        float4 *dx4 = (float4 *)(dinp + (size_t)i * C);
+#pragma unroll
+        for (int j = 0; j < FV; j++) {
+            int c = threadIdx.x + j * blockDim.x;
+            if (c >= C4) continue;
+            float4 d = dx4[c];
+            d.x = d.x + (r * g[j].x * wv[j].x - k * x[j].x);
+            d.y = d.y + (r * g[j].y * wv[j].y - k * x[j].y);
+            d.z = d.z + (r * g[j].z * wv[j].z - k * x[j].z);
+            d.w = d.w + (r * g[j].w * wv[j].w - k * x[j].w);
+            dx4[c] = d;
+            dw[j][0] += (double)g[j].x * x[j].x * r;
+            dw[j][1] += (double)g[j].y * x[j].y * r;
+            dw[j][2] += (double)g[j].z * x[j].z * r;
+            dw[j][3] += (double)g[j].w * x[j].w * r;
+        }
+    }
+    double *pc = part + (size_t)blockIdx.x * C;
+#pragma unroll
+    for (int j = 0; j < FV; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < C4)
+            for (int e = 0; e < 4; e++) pc[4 * c + e] = dw[j][e];
+    }
+}
+// The fused form where it fills the GPU and its rows go as float4 (rms_vec), unless MOE_NORM_FUSED=0 (the
+// A/B: the same bits either way); RMS_FUSE_MIN chunks at least (8192 rows: 128).
+#define RMS_FUSE_MIN 64
+static int fused_on(void) {
+    static int v = -1;
+    if (v < 0)
+        v = cuda_env_switch("MOE_NORM_FUSED", "1", "0",
+                            "RMSNorm's backward in one kernel where the rows are many",
+                            "the two kernels, dx then dw");
+    return v;
+}
+
+static void rmsnorm_dw_sum(float *dw, const double *part, int nch, int C) {
+    rmsnorm_bwd_dw_sum_k<<<cdiv_u(C, 128), 128>>>(dw, part, nch, C);
+    KCHECK("rmsnorm_bwd (dw pass 2)");
+}
 static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
     int nch = (N + RMS_ROWS - 1) / RMS_ROWS;
     double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
     dim3 grid(cdiv_u(C, 128), nch);
     rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C);
     KCHECK("rmsnorm_bwd (dw pass 1)");
-    rmsnorm_bwd_dw_sum_k<<<cdiv_u(C, 128), 128>>>(dw, part, nch, C);
-    KCHECK("rmsnorm_bwd (dw pass 2)");
+    rmsnorm_dw_sum(dw, part, nch, C);
 }
 
 extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
+    int nch = (N + RMS_ROWS - 1) / RMS_ROWS, th = row_threads(C / 4),
+        fv = (C / 4 + th - 1) / th; // (float4s a thread a row)
+    if (dw && nch >= RMS_FUSE_MIN && fv <= 4 && rms_vec(C, dout, w, inp, NULL) &&
+        rms_vec(C, dinp, dout, inp, w) && fused_on()) {
+        double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
+        if (fv == 1) rmsnorm_bwd_fused_k<1><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
+        else if (fv == 2) rmsnorm_bwd_fused_k<2><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
+        else rmsnorm_bwd_fused_k<4><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
+        KCHECK("rmsnorm_bwd (dx and dw pass 1)");
+        rmsnorm_dw_sum(dw, part, nch, C);
+        return;
+    }
     RMS_LAUNCH(rmsnorm_bwd_dx_k, N, C, rms_vec(C, dout, w, inp, NULL), rms_vec(C, dinp, dout, inp, w), dinp,
                dout, inp, w, rstd, C);
     KCHECK("rmsnorm_bwd (dx)");

@@ -1,0 +1,62 @@
+#!/bin/bash
+# norm_ab.sh — RMSNorm's backward in one kernel (cuda_norm.cu rmsnorm_bwd_fused_k: dx and dw's first pass from
+# one read of g and x) against the two kernels it replaces (MOE_NORM_FUSED=0, the same binary), in one call of
+# about four minutes. Prepare as suite_check.sh (.gpk/gpu.tar.xz with this build); run
+# `bash scripts/device/norm_ab.sh` with carry [".gpk"]. Output: $OUT/norm_ab.txt. In order of what matters:
+#   1. test_cuda_ops on cuda and cuda-fp32 (the fused shapes against the cpu, and its bits against the two
+#      kernels' through rmsnorm_bwd_part's one-part case: exact);
+#   2. the kernels by name and time (ncu, --clock-control none) over two steps of the reference model,
+#      fused and not: the fused kernel must be there, and the two it replaces absent;
+#   3. the reference model's bf16 step, 12 steps, fused and not alternating twice: the losses and gradient
+#      norms of every step the same bits (the fused form keeps the two kernels' order), tokens/s at 4, 8, 12;
+#   4. memcheck and racecheck of the op suite's small shapes (cuda).
+# Exit 1 when a test fails, the fused kernel does not run, the losses differ, or a sanitizer reports in ours.
+cd "$(dirname "$0")/../.."
+. scripts/device/libs.sh && recipe_start norm_ab 300
+for be in cuda cuda-fp32; do
+  t ops_$be 110 env MOE_TEST_BACKEND=$be $B/test_cuda_ops; test_line ops_$be
+  grep -E "^rmsnorm_bwd" $W/ops_$be.log | head -6 | tee -a $R
+done
+[ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
+P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
+   --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --precision bf16"
+for f in 1 0; do
+  t ncu_$f 60 env MOE_NORM_FUSED=$f ncu --clock-control none -k regex:rmsnorm_bwd -c 60 \
+    --metrics gpu__time_duration.sum $B/moe train $P --steps 2 --out $W/ncu_$f
+  say "   MOE_NORM_FUSED=$f, us a launch by kernel (launches):"
+  python3 - $W/ncu_$f.log <<'PY' | tee -a $R
+import collections, re, sys
+k, t = None, collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    m = re.match(r'\s+(\S*rmsnorm\S*)\(', line) or re.match(r'\s+void (\S*rmsnorm\S*)<', line)
+    if m: k = m.group(1)
+    m = re.search(r'gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)', line)
+    if m and k:
+        v = float(m.group(2).replace(',', ''))
+        t[k].append(v * {'nsecond': 1e-3, 'usecond': 1, 'msecond': 1e3}.get(m.group(1), 1))
+for name, v in sorted(t.items()):
+    print('      %-40s %8.1f (%d)' % (name[:40], sum(v) / len(v), len(v)))
+PY
+done
+grep -q "rmsnorm_bwd_fused" $W/ncu_1.log && ! grep -q "rmsnorm_bwd_dw_part" $W/ncu_1.log ||
+  { say "   the fused kernel did not run in place of the two"; FAIL=1; }
+grep -q "rmsnorm_bwd_fused" $W/ncu_0.log && { say "   MOE_NORM_FUSED=0 still ran the fused kernel"; FAIL=1; }
+for i in 1 2; do
+  for f in 1 0; do
+    t step_${f}_$i 90 env MOE_NORM_FUSED=$f stdbuf -oL $B/moe train $P --steps 12 --out $W/run_${f}_$i
+    say "   step MOE_NORM_FUSED=$f ($i): $(grep -E '^step +(4|8|12)/' $W/step_${f}_$i.log | grep -o '[0-9]* tok/s' |
+      tr '\n' ' ')"
+  done
+done
+L() { grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*\|"grad_norm":[^,]*' $1/metrics.jsonl; }
+if [ -s $W/run_1_1/metrics.jsonl ] && cmp -s <(L $W/run_1_1) <(L $W/run_0_1); then
+  say "   fused: losses and gradient norms the same bits as the two kernels' ($(L $W/run_1_1 | wc -l) values)"
+else
+  say "   fused: losses or gradient norms DIFFER from the two kernels'"; FAIL=1
+  paste <(L $W/run_0_1) <(L $W/run_1_1) | head -8 | tee -a $R
+fi
+t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
+t race 120 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool racecheck $B/test_cuda_ops &&
+  san_line race
+say "$(date -u) done: $([ $FAIL = 0 ] && echo 'every check passed' || echo 'FAILURES above')"
+exit $FAIL
