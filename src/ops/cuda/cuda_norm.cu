@@ -9,6 +9,7 @@
 // -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the cpu reference.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
+#include <stdlib.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 
@@ -179,14 +180,22 @@ __global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *in
     row_dx<VE>(dinp + i * C, g, x, r, k, w, C);
 }
 
-// dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of RMS_ROWS rows per column into
+// dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of `rows` rows per column into
 // part[chunk][c] (double); pass 2 adds the chunks in order. Deterministic for any launch shape.
-#define RMS_ROWS 64
+// (A/B: the chunk's rows from MOE_NORM_ROWS, 64 unless set; both passes and the fused kernel follow it.)
+static int rms_rows(void) {
+    static int v = 0;
+    if (!v) {
+        const char *e = getenv("MOE_NORM_ROWS");
+        v = e && atoi(e) >= 1 ? atoi(e) : 64;
+    }
+    return v;
+}
 __global__ void rmsnorm_bwd_dw_part_k(double *part, const float *dout, const float *inp, const float *rstd,
-                                      int N, int C) {
+                                      int N, int C, int rows) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
     if (c >= C) return;
-    int i0 = ch * RMS_ROWS, i1 = i0 + RMS_ROWS < N ? i0 + RMS_ROWS : N;
+    int i0 = ch * rows, i1 = i0 + rows < N ? i0 + rows : N;
     double s = 0;
     for (int i = i0; i < i1; i++)
         s += (double)ld_f(dout + (size_t)i * C + c) * ld_f(inp + (size_t)i * C + c) * rstd[i];
@@ -196,30 +205,33 @@ __global__ void rmsnorm_bwd_dw_sum_k(float *dw, const double *part, int nch, int
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     double s = 0;
+#pragma unroll 8
     for (int ch = 0; ch < nch; ch++) s += part[(size_t)ch * C + c];
     dw[c] += (float)s;
 }
 
 // dx (rmsnorm_bwd_dx_k<1, 1>) and dw's pass 1 (rmsnorm_bwd_dw_part_k) from one read of g and x: block ch
-// takes chunk ch's RMS_ROWS rows in order, each row's dot in row_dot's order (the same row_threads(C / 4)
+// takes chunk ch's rows (rms_rows) in order, each row's dot in row_dot's order (the same row_threads(C / 4)
 // threads, float4 t, t + blockDim, ... of a row each) and its dx as row_dx's, while each thread sums its own
 // columns' g x r in row order from 0, as pass 1's threads: both the two kernels' bits. The next row's g and
 // x are loaded before this row's sum (its latency behind the block's reduction). FV: float4s a thread a row
 // (C <= 4 FV blockDim).
 template <int FV>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, FV <= 2 ? 2 : 1)
     rmsnorm_bwd_fused_k(float *dinp, double *part, const float *dout, const float *inp, const float *w,
-                        const float *rstd, int N, int C) {
-    const int C4 = C / 4, i0 = blockIdx.x * RMS_ROWS, i1 = min(i0 + RMS_ROWS, N);
+                        const float *rstd, int N, int C, int rows) {
+    const int C4 = C / 4, i0 = blockIdx.x * rows, i1 = min(i0 + rows, N);
     const float4 *w4 = (const float4 *)w;
-    float4 wv[FV], g[FV], x[FV], gn[FV], xn[FV];
+    float4 wv[FV], g[FV], x[FV], d[FV], gn[FV], xn[FV], dn[FV];
     double dw[FV][4];
+    const float4 z = make_float4(0, 0, 0, 0);
 #pragma unroll
     for (int j = 0; j < FV; j++) {
         int c = threadIdx.x + j * blockDim.x;
-        wv[j] = c < C4 ? w4[c] : make_float4(0, 0, 0, 0);
-        gn[j] = c < C4 ? ((const float4 *)(dout + (size_t)i0 * C))[c] : make_float4(0, 0, 0, 0);
-        xn[j] = c < C4 ? ((const float4 *)(inp + (size_t)i0 * C))[c] : make_float4(0, 0, 0, 0);
+        wv[j] = c < C4 ? w4[c] : z;
+        gn[j] = c < C4 ? ((const float4 *)(dout + (size_t)i0 * C))[c] : z;
+        xn[j] = c < C4 ? ((const float4 *)(inp + (size_t)i0 * C))[c] : z;
+        dn[j] = c < C4 ? ((const float4 *)(dinp + (size_t)i0 * C))[c] : z;
         dw[j][0] = dw[j][1] = dw[j][2] = dw[j][3] = 0;
     }
     for (int i = i0; i < i1; i++) {
@@ -229,9 +241,11 @@ __global__ void __launch_bounds__(256)
             int c = threadIdx.x + j * blockDim.x;
             g[j] = gn[j];
             x[j] = xn[j];
+            d[j] = dn[j];
             if (i + 1 < i1 && c < C4) {
                 gn[j] = ((const float4 *)(dout + (size_t)(i + 1) * C))[c];
                 xn[j] = ((const float4 *)(inp + (size_t)(i + 1) * C))[c];
+                dn[j] = ((const float4 *)(dinp + (size_t)(i + 1) * C))[c];
             }
             if (c < C4) {
                 s += (double)g[j].x * wv[j].x * x[j].x;
@@ -247,12 +261,12 @@ __global__ void __launch_bounds__(256)
         for (int j = 0; j < FV; j++) {
             int c = threadIdx.x + j * blockDim.x;
             if (c >= C4) continue;
-            float4 d = dx4[c];
-            d.x = d.x + (r * g[j].x * wv[j].x - k * x[j].x);
-            d.y = d.y + (r * g[j].y * wv[j].y - k * x[j].y);
-            d.z = d.z + (r * g[j].z * wv[j].z - k * x[j].z);
-            d.w = d.w + (r * g[j].w * wv[j].w - k * x[j].w);
-            dx4[c] = d;
+            float4 o = d[j];
+            o.x = o.x + (r * g[j].x * wv[j].x - k * x[j].x);
+            o.y = o.y + (r * g[j].y * wv[j].y - k * x[j].y);
+            o.z = o.z + (r * g[j].z * wv[j].z - k * x[j].z);
+            o.w = o.w + (r * g[j].w * wv[j].w - k * x[j].w);
+            dx4[c] = o;
             dw[j][0] += (double)g[j].x * x[j].x * r;
             dw[j][1] += (double)g[j].y * x[j].y * r;
             dw[j][2] += (double)g[j].z * x[j].z * r;
@@ -284,10 +298,10 @@ static void rmsnorm_dw_sum(float *dw, const double *part, int nch, int C) {
     KCHECK("rmsnorm_bwd (dw pass 2)");
 }
 static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
-    int nch = (N + RMS_ROWS - 1) / RMS_ROWS;
+    int rows = rms_rows(), nch = (N + rows - 1) / rows;
     double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
     dim3 grid(cdiv_u(C, 128), nch);
-    rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C);
+    rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C, rows);
     KCHECK("rmsnorm_bwd (dw pass 1)");
     rmsnorm_dw_sum(dw, part, nch, C);
 }
@@ -295,14 +309,14 @@ static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const flo
 extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    int nch = (N + RMS_ROWS - 1) / RMS_ROWS, th = row_threads(C / 4),
+    int rows = rms_rows(), nch = (N + rows - 1) / rows, th = row_threads(C / 4),
         fv = (C / 4 + th - 1) / th; // (float4s a thread a row)
-    if (dw && nch >= RMS_FUSE_MIN && fv <= 4 && rms_vec(C, dout, w, inp, NULL) &&
+    if (dw && N >= RMS_FUSE_MIN * 64 && fv <= 4 && rms_vec(C, dout, w, inp, NULL) &&
         rms_vec(C, dinp, dout, inp, w) && fused_on()) {
         double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
-        if (fv == 1) rmsnorm_bwd_fused_k<1><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
-        else if (fv == 2) rmsnorm_bwd_fused_k<2><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
-        else rmsnorm_bwd_fused_k<4><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
+        if (fv == 1) rmsnorm_bwd_fused_k<1><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C, rows);
+        else if (fv == 2) rmsnorm_bwd_fused_k<2><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C, rows);
+        else rmsnorm_bwd_fused_k<4><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C, rows);
         KCHECK("rmsnorm_bwd (dx and dw pass 1)");
         rmsnorm_dw_sum(dw, part, nch, C);
         return;
