@@ -4,17 +4,15 @@
 # (MOE_NORM_FUSED=0, the same binary), at chunks of 16, 32 and 64 rows, in one call of about three minutes.
 # Prepare as suite_check.sh (.gpk/gpu.tar.xz with this build); run `bash scripts/device/norm_ab.sh` with carry
 # [".gpk"]. Output: $OUT/norm_ab.txt. In order of what matters:
-#   1. test_cuda_ops on cuda at 16-row chunks (the fused shapes against the cpu, and its bits against the two
-#      kernels' at the same chunks through rmsnorm_bwd_part's one-part case: exact);
-#   2. the kernels by name and time (ncu, --clock-control none) over two steps of the reference model: fused at
+#   1. the kernels by name and time (ncu, --clock-control none) over two steps of the reference model: fused at
 #      16, 32 and 64 rows, the two kernels at 64 (main's);
+#   2. test_cuda_ops on cuda at 16-row chunks (the fused shapes against the cpu, and its bits against the two
+#      kernels' at the same chunks through rmsnorm_bwd_part's one-part case: exact);
 #   3. 4 bf16 steps fused and not at 16-row chunks: the losses and gradient norms the same bits;
 #   4. memcheck of the op suite's small shapes (cuda, 16-row chunks).
 # Exit 1 when a test fails, the fused kernel does not run, the losses differ, or memcheck reports in ours.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start norm_ab 200
-t ops16 110 env MOE_NORM_ROWS=16 MOE_TEST_BACKEND=cuda $B/test_cuda_ops; test_line ops16
-grep -E "^rmsnorm_bwd" $W/ops16.log | head -4 | tee -a $R
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --precision bf16"
@@ -41,6 +39,8 @@ print('      %-40s %8.1f' % ('sum of the means', tot))
 PY
 done
 grep -q "rmsnorm_bwd_fused" $W/ncu_1_16.log || { say "   the fused kernel did not run"; FAIL=1; }
+t ops16 110 env MOE_NORM_ROWS=16 MOE_TEST_BACKEND=cuda $B/test_cuda_ops; test_line ops16
+grep -E "^rmsnorm_bwd" $W/ops16.log | head -4 | tee -a $R
 for f in 1 0; do
   t step_$f 60 env MOE_NORM_FUSED=$f MOE_NORM_ROWS=16 $B/moe train $P --steps 4 --out $W/run_$f
 done
