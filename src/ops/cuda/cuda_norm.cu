@@ -1,15 +1,15 @@
 // cuda_norm.cu — float32 CUDA kernels of the cuda backend for RMSNorm and RoPE (contracts in ops/ops.h):
 // RMSNorm forward (float32 or bf16 outputs, fused with the residual add: add_rmsnorm), backward (dx, and
-// dw by a fixed two-pass column sum), and the parts for rows whose columns are split across TP ranks
-// (rmsnorm_part: a rank's sums; the forward and backward given the whole sums); RoPE (HF rotate_half)
-// forward, backward, on a window of rows, into float32 or bf16 copies, and backward into bf16 in place of
-// its float32 rows (rope_bwd_hid: GM_DOUT_HID's layout); RoPE with YaRN's frequencies on
-// strided rows and the strided copy (multi-head latent attention's rope parts and head blocks).
+// dw by a fixed two-pass column sum; dx and dw's first pass in one kernel where the rows are many), and
+// the parts for rows whose columns are split across TP ranks (rmsnorm_part: a rank's sums; the forward and
+// backward given the whole sums); RoPE (HF rotate_half) forward, backward, on a window of rows, into
+// float32 or bf16 copies, and backward into bf16 in place of its float32 rows (rope_bwd_hid: GM_DOUT_HID's
+// layout); RoPE with YaRN's frequencies on strided rows and the strided copy (multi-head latent attention's
+// rope parts and head blocks).
 // Determinism as cuda_nn.cu: per-row sums through one fixed-order row_dot and block_sum_d; built with
 // -fmad=false (CMakeLists.txt), so the elementwise arithmetic rounds like the cpu reference.
 // Must not hold: any knowledge of the model or of layers.
 #include <math.h>
-#include <stdlib.h>
 #include <cuda_bf16.h>
 #include "ops/cuda/cuda_common.h"
 
@@ -180,22 +180,16 @@ __global__ void rmsnorm_bwd_dx_k(float *dinp, const float *dout, const float *in
     row_dx<VE>(dinp + i * C, g, x, r, k, w, C);
 }
 
-// dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of `rows` rows per column into
-// part[chunk][c] (double); pass 2 adds the chunks in order. Deterministic for any launch shape.
-// (A/B: the chunk's rows from MOE_NORM_ROWS, 64 unless set; both passes and the fused kernel follow it.)
-static int rms_rows(void) {
-    static int v = 0;
-    if (!v) {
-        const char *e = getenv("MOE_NORM_ROWS");
-        v = e && atoi(e) >= 1 ? atoi(e) : 64;
-    }
-    return v;
-}
+// dw[c] += sum_i g[i,c] x[i,c] rstd[i]: pass 1 sums fixed chunks of RMS_ROWS rows per column into
+// part[chunk][c] (double); pass 2 adds the chunks in order. Deterministic for any launch shape. The fused
+// kernel below takes the same chunks, so fused or not the bits are the same (chunks of 16 and 32 rows timed
+// no faster: docs/PERFORMANCE.md "Kept").
+#define RMS_ROWS 64
 __global__ void rmsnorm_bwd_dw_part_k(double *part, const float *dout, const float *inp, const float *rstd,
-                                      int N, int C, int rows) {
+                                      int N, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
     if (c >= C) return;
-    int i0 = ch * rows, i1 = i0 + rows < N ? i0 + rows : N;
+    int i0 = ch * RMS_ROWS, i1 = i0 + RMS_ROWS < N ? i0 + RMS_ROWS : N;
     double s = 0;
     for (int i = i0; i < i1; i++)
         s += (double)ld_f(dout + (size_t)i * C + c) * ld_f(inp + (size_t)i * C + c) * rstd[i];
@@ -211,7 +205,7 @@ __global__ void rmsnorm_bwd_dw_sum_k(float *dw, const double *part, int nch, int
 }
 
 // dx (rmsnorm_bwd_dx_k<1, 1>) and dw's pass 1 (rmsnorm_bwd_dw_part_k) from one read of g and x: block ch
-// takes chunk ch's rows (rms_rows) in order, each row's dot in row_dot's order (the same row_threads(C / 4)
+// takes chunk ch's RMS_ROWS rows in order, each row's dot in row_dot's order (the same row_threads(C / 4)
 // threads, float4 t, t + blockDim, ... of a row each) and its dx as row_dx's, while each thread sums its own
 // columns' g x r in row order from 0, as pass 1's threads: both the two kernels' bits. The next row's g and
 // x are loaded before this row's sum (its latency behind the block's reduction). FV: float4s a thread a row
@@ -219,8 +213,8 @@ __global__ void rmsnorm_bwd_dw_sum_k(float *dw, const double *part, int nch, int
 template <int FV>
 __global__ void __launch_bounds__(256, FV <= 2 ? 2 : 1)
     rmsnorm_bwd_fused_k(float *dinp, double *part, const float *dout, const float *inp, const float *w,
-                        const float *rstd, int N, int C, int rows) {
-    const int C4 = C / 4, i0 = blockIdx.x * rows, i1 = min(i0 + rows, N);
+                        const float *rstd, int N, int C) {
+    const int C4 = C / 4, i0 = blockIdx.x * RMS_ROWS, i1 = min(i0 + RMS_ROWS, N);
     const float4 *w4 = (const float4 *)w;
     float4 wv[FV], g[FV], x[FV], d[FV], gn[FV], xn[FV], dn[FV];
     double dw[FV][4];
@@ -298,10 +292,10 @@ static void rmsnorm_dw_sum(float *dw, const double *part, int nch, int C) {
     KCHECK("rmsnorm_bwd (dw pass 2)");
 }
 static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
-    int rows = rms_rows(), nch = (N + rows - 1) / rows;
+    int nch = (N + RMS_ROWS - 1) / RMS_ROWS;
     double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
     dim3 grid(cdiv_u(C, 128), nch);
-    rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C, rows);
+    rmsnorm_bwd_dw_part_k<<<grid, 128>>>(part, dout, inp, rstd, N, C);
     KCHECK("rmsnorm_bwd (dw pass 1)");
     rmsnorm_dw_sum(dw, part, nch, C);
 }
@@ -309,14 +303,14 @@ static void rmsnorm_dw(float *dw, const float *dout, const float *inp, const flo
 extern "C" void cuda_rmsnorm_bwd(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                                  const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0) return;
-    int rows = rms_rows(), nch = (N + rows - 1) / rows, th = row_threads(C / 4),
+    int nch = (N + RMS_ROWS - 1) / RMS_ROWS, th = row_threads(C / 4),
         fv = (C / 4 + th - 1) / th; // (float4s a thread a row)
     if (dw && N >= RMS_FUSE_MIN * 64 && fv <= 4 && rms_vec(C, dout, w, inp, NULL) &&
         rms_vec(C, dinp, dout, inp, w) && fused_on()) {
         double *part = (double *)cuda_workspace((size_t)nch * C * sizeof(double));
-        if (fv == 1) rmsnorm_bwd_fused_k<1><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C, rows);
-        else if (fv == 2) rmsnorm_bwd_fused_k<2><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C, rows);
-        else rmsnorm_bwd_fused_k<4><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C, rows);
+        if (fv == 1) rmsnorm_bwd_fused_k<1><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
+        else if (fv == 2) rmsnorm_bwd_fused_k<2><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
+        else rmsnorm_bwd_fused_k<4><<<nch, th>>>(dinp, part, dout, inp, w, rstd, N, C);
         KCHECK("rmsnorm_bwd (dx and dw pass 1)");
         rmsnorm_dw_sum(dw, part, nch, C);
         return;
