@@ -2,9 +2,10 @@
 # pending/pack.sh SERIES... — the device packages of pending series, for pending/device_run.sh: for each
 # SERIES (a branch of that name, made by `git am` of pending/SERIES/ on its base), .gpk/SERIES.src.tar.xz
 # (`git archive` of the branch) and .gpk/SERIES.tar.xz (the branch built in build-pack/, a CUDA build folder
-# of its own, then scripts/device/pack_libs.sh; for fp8wide and combine also pack_variants.sh's old = main, for
-# ropehid old = combine, its base: the builds their recipes fp8_gemm_ab.sh, combine_ab.sh and bits_ab.sh
-# compare against). Runs in a temporary worktree (/tmp/pack-wt), leaving this checkout as it is.
+# of its own, then scripts/device/pack_libs.sh; with PACK_OLD=REF also pack_variants.sh's old = REF, PROGRAMS
+# of it (default moe): the build that recipes such as bits_ab.sh and fp8_gemm_ab.sh compare against, e.g.
+# PACK_OLD=main, or the series' base branch). Runs in a temporary worktree (/tmp/pack-wt), leaving this
+# checkout as it is.
 # A CUDA build from nothing takes ~12 minutes on two cores; each later series rebuilds what it changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,12 +23,8 @@ for s in "$@"; do
     { [ -d build-pack ] || cmake -S . -B build-pack -DCMAKE_BUILD_TYPE=Release > /dev/null; } &&
     cmake --build build-pack -j2 > /tmp/pack-$s.log 2>&1 && rm -rf build .gpu && ln -s build-pack build &&
     bash scripts/device/pack_libs.sh .gpu > /dev/null &&
-    case $s in
-      fp8wide) PROGRAMS="moe moe_bench_fp8 test_cuda_fp8_gemm" bash scripts/device/pack_variants.sh .gpu \
-        old=main > /dev/null ;;
-      combine) PROGRAMS="moe" bash scripts/device/pack_variants.sh .gpu old=main > /dev/null ;;
-      ropehid) PROGRAMS="moe" bash scripts/device/pack_variants.sh .gpu old=combine > /dev/null ;;
-    esac &&
+    { [ -z "${PACK_OLD:-}" ] || PROGRAMS="${PROGRAMS:-moe}" bash scripts/device/pack_variants.sh .gpu \
+      "old=$PACK_OLD" > /dev/null; } &&
     tar -cJf "$ROOT/.gpk/$s.tar.xz" .gpu && rm -f build)
   echo "$s: .gpk/$s.src.tar.xz $(du -h ".gpk/$s.src.tar.xz" | cut -f1), .gpk/$s.tar.xz $(du -h ".gpk/$s.tar.xz" | cut -f1)"
 done
