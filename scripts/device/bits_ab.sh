@@ -65,6 +65,8 @@ for line in open(sys.argv[1]):
         t[k].append(v * {'nsecond': 1e-3, 'usecond': 1, 'msecond': 1e3}.get(m.group(1), 1))
 for name, v in sorted(t.items()):
     print('      %-40s %8.1f us (%d), %8.3f ms in all' % (name[:40], sum(v) / len(v), len(v), sum(v) / 1e3))
+if sum(len(v) for v in t.values()) >= 400:  # ncu's -c cap: the window ends at a launch count, not a step
+    print('      (ncu stopped at 400 launches: the totals cover different spans of the run; compare the means)')
 PY
 done
 t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
