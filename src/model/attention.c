@@ -240,34 +240,30 @@ static void gqa_bwd_in(Model *m, int l, const AttnActs *a, float *dxn, const voi
     const ModelConfig *c = &m->c;
     AttnScratch *s = &m->attn;
     int N = B * T, qd = m->Hl * c->head_dim, kvd = m->KVl * c->head_dim;
-    float *dw[3], *w[3];
-    int O[3];
-    if (!c->qk_norm && !c->qkv_bias && !be->fp8_dense && qd > MOE_GEMM_FP32_MAX_O &&
-        kvd > MOE_GEMM_FP32_MAX_O) {
+    int hid = !c->qk_norm && !c->qkv_bias && !be->fp8_dense && qd > MOE_GEMM_FP32_MAX_O &&
+        kvd > MOE_GEMM_FP32_MAX_O;
+    const float *dqp = s->dq, *dkp = s->dk;
+    if (hid) {
         be->rope_bwd_hid(s->dq, B, T, m->Hl, c->head_dim, c->rope_theta);
         be->rope_bwd_hid(s->dk, B, T, m->KVl, c->head_dim, c->rope_theta);
         be->to_hid_rows(s->dv, N, kvd);
-        const float *dout[3] = {s->dq, s->dk, s->dv};
-        qkv_tensors(m, m->grads, l, dw, O);
-        qkv_tensors(m, m->params, l, w, O);
-        be->matmul_bwd_multi(3, dxn, dw, dout, xn, (const float *const *)w, N, c->d_model, O,
-                             model_dw_write(m, l, DW_FRESH_QKV) | GM_DOUT_HID);
-        return;
+    } else {
+        be->rope_bwd(s->dq, B, T, m->Hl, c->head_dim, c->rope_theta);
+        be->rope_bwd(s->dk, B, T, m->KVl, c->head_dim, c->rope_theta);
+        if (c->qk_norm) {
+            qk_norm_bwd(m, a, l, N);
+            dqp = s->dq2;
+            dkp = s->dk2;
+        }
+        if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, s->dv, N);
     }
-    be->rope_bwd(s->dq, B, T, m->Hl, c->head_dim, c->rope_theta);
-    be->rope_bwd(s->dk, B, T, m->KVl, c->head_dim, c->rope_theta);
-    const float *dqp = s->dq, *dkp = s->dk;
-    if (c->qk_norm) {
-        qk_norm_bwd(m, a, l, N);
-        dqp = s->dq2;
-        dkp = s->dk2;
-    }
-    if (c->qkv_bias) qkv_bias_bwd(m, l, dqp, dkp, s->dv, N);
     const float *dout[3] = {dqp, dkp, s->dv};
+    float *dw[3], *w[3];
+    int O[3];
     qkv_tensors(m, m->grads, l, dw, O);
     qkv_tensors(m, m->params, l, w, O);
     be->matmul_bwd_multi(3, dxn, dw, dout, xn, (const float *const *)w, N, c->d_model, O,
-                         model_dw_write(m, l, DW_FRESH_QKV));
+                         model_dw_write(m, l, DW_FRESH_QKV) | (hid ? GM_DOUT_HID : 0));
 }
 
 // ---- GQA's memory

@@ -187,8 +187,9 @@ extern "C" void cuda_embedding_bwd(float *dtable, const float *dout, const int32
 // both agree bit for bit, and nothing is shared between threads (deterministic without atomics).
 // combine_rows_kr<K, RB> (k = K of 1, 2, 4 or 8; float4 rows): a block takes RB = 8 / K output rows, so
 // every thread has its 8 slot rows' loads (and the residual's) in flight at once after one read of the slot
-// indices; a block a row kept the GPU at ~1.2 TB/s (the trace at T 8192: its index load, then 2 row loads,
-// then nothing). combine_rows_vec_k (any k, float4): a block a row, the slot loads issued 8 at a time.
+// indices; a block a row ran at ~2.3 TB/s (the trace at T 8192: its index load, then 2 row loads, then
+// nothing); the combine with the residual now takes about its time alone (docs/PERFORMANCE.md "Kept").
+// combine_rows_vec_k (any k, float4): a block a row, the slot loads issued 8 at a time.
 #define COMB_U 8
 __device__ __forceinline__ float4 comb_term(float4 a, float s, float4 x) {
     return make_float4(a.x + s * x.x, a.y + s * x.y, a.z + s * x.z, a.w + s * x.w);
