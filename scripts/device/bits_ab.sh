@@ -9,9 +9,9 @@
 #      loss, checkpoint and report the same bytes;
 #   3. the reference model's bf16 step, 12 steps, old and new alternating (PAIRS, "1 2"): losses and gradient
 #      norms the same bits, tokens/s at steps 4, 8, 12;
-#   4. the kernels matching KREGEX (default: the combine, the residual add, RoPE, the bf16 conversions) by
+#   4. memcheck of the op suite's small shapes (before the timings: correctness first in the budget);
+#   5. the kernels matching KREGEX (default: the combine, the residual add, RoPE, the bf16 conversions) by
 #      name and time (ncu, --clock-control none, two steps), old and new;
-#   5. memcheck of the op suite's small shapes;
 #   6. (MIXED=1, the default) 8 steps at --precision mixed, old and new: the same bits.
 # Exit 1 when a test fails, a bit differs, or memcheck reports.
 cd "$(dirname "$0")/../.."
@@ -48,6 +48,7 @@ same() { # same RUN_NEW RUN_OLD: the losses and gradient norms of two runs, bit 
   fi
 }
 same run_new_1 run_old_1
+t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
 for v in new old; do
   bin=$B/moe; [ $v = old ] && bin=$O
   t ncu_$v 70 ncu --clock-control none -k regex:"${KREGEX:-combine|add_k|rope|to_bf16|hid_rows}" -c 400 --metrics gpu__time_duration.sum \
@@ -69,7 +70,6 @@ if sum(len(v) for v in t.values()) >= 400:  # ncu's -c cap: the window ends at a
     print('      (ncu stopped at 400 launches: the totals cover different spans of the run; compare the means)')
 PY
 done
-t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck $B/test_cuda_ops && san_line mem
 if [ "${MIXED:-1}" = 1 ]; then # (last: the default policy, 8 steps each)
   for v in new old; do
     bin=$B/moe; [ $v = old ] && bin=$O
