@@ -454,6 +454,15 @@ static void check_memops(void) {
     cost_bytes(&b, &c, NULL, N, 0, c.n_layers, 1, 1, 2);
     EXPECT(b.total == tok * N && b.fwd == fwd * N, "tiny: %.17g bytes (forward %.17g), by hand %.17g (%.17g)",
            b.total, b.fwd, tok * N, fwd * N);
+    // 4096 rows: each norm's backward in one kernel (4 N d f for 6: two layers' two norms 2 x 16 x 96 less,
+    // the final norm's 2 x 4 x 96), the forward the same; on float32 rows (h 4) not
+    cost_bytes(&b, &c, NULL, 4096, 0, c.n_layers, 1, 1, 2);
+    EXPECT(b.total == (tok - 2 * 16 * 96 - 2 * 4 * 96) * 4096 && b.fwd == fwd * 4096,
+           "tiny, 4096 rows: %.17g bytes (forward %.17g)", b.total, b.fwd);
+    cost_bytes(&b, &c, NULL, 4096, 0, c.n_layers, 1, 1, 4);
+    CostBytes b2;
+    cost_bytes(&b2, &c, NULL, 128, 0, c.n_layers, 1, 1, 4);
+    EXPECT(b.norm == b2.norm * 32, "tiny, float32 rows: the norms' bytes not in proportion to the rows");
     ParamTable t;
     params_build(&t, &c);
     EXPECT(cost_gnorm_bytes(&t, NULL, &o) == 4 * (P - X), "gradient norm: %.17g bytes, by hand %.17g",

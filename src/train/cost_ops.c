@@ -10,6 +10,14 @@
 #include "train/cost_acts.h"
 #include "core/common.h"
 
+// An RMSNorm backward over N rows of d: dout, the input and dinp read, dinp written, and rmsnorm_dw's second
+// read of dout and the input, but in the hidden format's backend (cuda) where the rows are many and a row's
+// float4s fit a block (cuda_norm.cu rmsnorm_bwd_fused_k: 64 chunks of 64 rows at least, d <= 4096).
+static double norm_bwd_bytes(double N, double d, double h) {
+    int fused = h < 4 && N >= 4096 && d <= 4096 && (long)d % 4 == 0;
+    return (fused ? 4 : 6) * N * d * 4;
+}
+
 // One layer's bytes on one micro-batch (b accumulates): N rows of the residual stream (replicated over TP),
 // Ns = N / tp of them routed by this rank, M = k Ns rows sent to the experts (routing balanced: as many
 // arrive), Rg the rows the rank's experts compute (its ETP group's: etp M), f = 4 bytes a float32 value, h of
@@ -24,8 +32,9 @@ static void layer_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms,
     // norms (block.c, cuda_norm.cu): the attention norm reads res_in and writes xn1 in h (rmsnorm_fwd_hid);
     // add_rmsnorm_fwd reads x_mid and res_in, writes x_mid and xn2; each backward (the FFN norm's in mid_bwd,
     // the attention norm's) reads dout, the input and dinp (it accumulates into dres) and writes dinp, then
-    // its weight gradient's pass reads dout and the input again (rmsnorm_dw): 6 N d f each
-    double norm_f = N * d * (f + h) + 4 * N * d * f, norm_b = 2 * 6 * N * d * f;
+    // its weight gradient's pass reads dout and the input again (rmsnorm_dw): 6 N d f each, or 4 where one
+    // kernel does both (norm_bwd_bytes)
+    double norm_f = N * d * (f + h) + 4 * N * d * f, norm_b = 2 * norm_bwd_bytes(N, d, h);
     // RoPE (attention.c qkv_rope): q and k read in float32, rotated and written in h (rope_fwd_hid), v
     // rounded to h (to_hid); the backward rotates dq and dk in place (rope_bwd: read and written)
     double rope_f = N * (qd + 2 * kvd) * (f + h), rope_b = 2 * f * N * (qd + kvd);
@@ -78,14 +87,14 @@ void cost_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms, double 
         b->fwd += 2 * N * d * f;
     }
     if (last) {
-        // model.c: the final norm (forward: read, write; backward as a layer's, 6 N d f) and the clear of
-        // dres before it (N d f); the cross-entropy (cuda_nn.cu cross_entropy_k, one block a row): the N x V
-        // logits read three times (max, sum of exp, the gradient) and overwritten by their gradient, run
-        // at the forward's end. The MTP modules (config.h mtp_depth): each an MoE layer, its norms (three
+        // model.c: the final norm (forward: read, write; backward as a layer's, norm_bwd_bytes) and the clear
+        // of dres before it (N d f); the cross-entropy (cuda_nn.cu cross_entropy_k, one block a row): the N x
+        // V logits read three times (max, sum of exp, the gradient) and overwritten by their gradient, run at
+        // the forward's end. The MTP modules (config.h mtp_depth): each an MoE layer, its norms (three
         // forward and backward: enorm, hnorm, the final) and the cross-entropy again.
         double D = c->mtp_depth, ce = 4 * N * V * f;
         for (int k = 0; k < (int)D; k++) layer_bytes(b, c, ms, N, 0, h);
-        b->norm += (1 + 3 * D) * 8 * N * d * f;
+        b->norm += (1 + 3 * D) * (2 * N * d * f + norm_bwd_bytes(N, d, h));
         b->copies += N * d * f;
         b->ce += (1 + D) * ce;
         b->fwd += (1 + 3 * D) * 2 * N * d * f + (1 + D) * ce;
