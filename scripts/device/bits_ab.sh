@@ -5,9 +5,9 @@
 # SERIES`, then run `bash pending/device_run.sh SERIES:bits_ab.sh:450` with carry [".gpk"]. Output:
 # $OUT/bits_ab.txt. In order of what matters:
 #   1. test_cuda_ops on cuda and cuda-fp32, test_cuda_model, test_decode;
-#   2. scripts/same_bits.sh old against new on cuda and cuda-fp32 (one process; the resume run too): every
-#      loss, checkpoint and report the same bytes (SAME_EXTRA: flags for its model, e.g. "--d-model 256
-#      --n-heads 4 --n-kv-heads 2 --d-ff 128" where a path needs d > 64: same_bits.sh's is 32 wide);
+#   2. scripts/same_bits.sh old against new on cuda and cuda-fp32 (one process; the resume and wide runs too:
+#      wide is the one whose products are bf16): every loss, checkpoint and report the same bytes (SAME_EXTRA:
+#      flags for every run's model);
 #   3. the reference model's bf16 step, 12 steps, old and new alternating (PAIRS, "1 2"): losses and gradient
 #      norms the same bits, tokens/s at steps 4, 8, 12;
 #   4. memcheck of the op suite's small shapes (before the timings: correctness first in the budget);
@@ -25,7 +25,7 @@ done
 t model 60 $B/test_cuda_model; test_line model
 t decode 40 $B/test_decode; test_line decode
 for dev in cuda cuda-fp32; do
-  t same_$dev 90 env SAME_BITS_FLAGS="--device $dev ${SAME_EXTRA:-}" bash scripts/same_bits.sh $O $B/moe one resume
+  t same_$dev 90 env SAME_BITS_FLAGS="--device $dev ${SAME_EXTRA:-}" bash scripts/same_bits.sh $O $B/moe one resume wide
   tail -3 $W/same_$dev.log | tee -a $R
   grep -q "every result identical" $W/same_$dev.log || FAIL=1
 done
