@@ -53,23 +53,9 @@ t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool mem
 for v in new old; do
   bin=$B/moe; [ $v = old ] && bin=$O
   t ncu_$v 70 ncu --clock-control none -k regex:"${KREGEX:-combine|add_k|rope|to_bf16|hid_rows}" -c 400 --metrics gpu__time_duration.sum \
-    $bin train $P --precision bf16 --steps 2 --out $W/ncu_$v
+    --csv $bin train $P --precision bf16 --steps 2 --out $W/ncu_$v
   say "   $v: us a launch by kernel (launches):"
-  python3 - $W/ncu_$v.log <<'PY' | tee -a $R
-import collections, re, sys
-k, t = None, collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    m = re.match(r'\s+(?:void )?([A-Za-z_]\w*)[(<]', line)
-    if m: k = m.group(1)
-    m = re.search(r'gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)', line)
-    if m and k:
-        v = float(m.group(2).replace(',', ''))
-        t[k].append(v * {'nsecond': 1e-3, 'usecond': 1, 'msecond': 1e3}.get(m.group(1), 1))
-for name, v in sorted(t.items()):
-    print('      %-40s %8.1f us (%d), %8.3f ms in all' % (name[:40], sum(v) / len(v), len(v), sum(v) / 1e3))
-if sum(len(v) for v in t.values()) >= 400:  # ncu's -c cap: the window ends at a launch count, not a step
-    print('      (ncu stopped at 400 launches: the totals cover different spans of the run; compare the means)')
-PY
+  python3 scripts/device/ncu_rows.py $W/ncu_$v.log 400 | tee -a $R
 done
 if [ "${MIXED:-1}" = 1 ]; then # (last: the default policy, 8 steps each)
   for v in new old; do

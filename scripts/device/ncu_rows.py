@@ -1,5 +1,5 @@
 # ncu_rows.py — imported by the device recipes that read Nsight Compute's `--csv` output (attn_keyrange.sh,
-# attn_bwd_ab.sh, ncu_layer.sh): its metric rows, found after ncu's header line (the first row naming
+# attn_bwd_ab.sh, ncu_layer.sh), and run by bits_ab.sh and norm_ab.sh for a kernel-time table: its metric rows, found after ncu's header line (the first row naming
 # 'Kernel Name': the profiled program's own output comes first in the same file, and a JSON line of
 # moe_bench_attention or moe_bench_layer splits into as many fields as a CSV row).
 import csv
@@ -36,3 +36,27 @@ def rows(path):
 def time_us(value, unit):
     """A gpu__time_duration value in microseconds."""
     return value * _TIME_US[unit]
+
+
+def kernel_times(path):
+    """Each kernel's gpu__time_duration values in microseconds, by name, in launch order."""
+    t = {}
+    for k, m, v, u in rows(path):
+        if m == 'gpu__time_duration.sum':
+            t.setdefault(k, []).append(time_us(v, u))
+    return t
+
+
+if __name__ == '__main__':
+    # `python3 ncu_rows.py LOG [CAP]`: the kernels of LOG by name, us a launch (launches) and ms in all, then the
+    # sum of the means; where CAP launches were profiled (ncu's -c), a warning that the totals cover different
+    # spans of the run (bits_ab.sh, norm_ab.sh)
+    import sys
+    t = kernel_times(sys.argv[1])
+    for name, v in sorted(t.items()):
+        print('      %-40s %8.1f us (%d), %8.3f ms in all' % (name[:40], sum(v) / len(v), len(v), sum(v) / 1e3))
+    print('      %-40s %8.1f us' % ('sum of the means', sum(sum(v) / len(v) for v in t.values())) if t else
+          '      no kernel rows')
+    if len(sys.argv) > 2 and sum(len(v) for v in t.values()) >= int(sys.argv[2]):
+        print('      (ncu stopped at %s launches: the totals cover different spans of the run; compare the means)'
+              % sys.argv[2])

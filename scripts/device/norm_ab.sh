@@ -18,24 +18,9 @@ P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin --precision bf16"
 for f in 1 0; do
   t ncu_$f 50 env MOE_NORM_FUSED=$f ncu --clock-control none -k regex:rmsnorm_bwd -c 40 \
-    --metrics gpu__time_duration.sum $B/moe train $P --steps 2 --out $W/ncu
+    --metrics gpu__time_duration.sum --csv $B/moe train $P --steps 2 --out $W/ncu
   say "   MOE_NORM_FUSED=$f, us a launch by kernel (launches):"
-  python3 - $W/ncu_$f.log <<'PY' | tee -a $R
-import collections, re, sys
-k, t = None, collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    m = re.match(r'\s+(\S*rmsnorm\S*)\(', line) or re.match(r'\s+void (\S*rmsnorm\S*)<', line)
-    if m: k = m.group(1)
-    m = re.search(r'gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)', line)
-    if m and k:
-        v = float(m.group(2).replace(',', ''))
-        t[k].append(v * {'nsecond': 1e-3, 'usecond': 1, 'msecond': 1e3}.get(m.group(1), 1))
-tot = 0
-for name, v in sorted(t.items()):
-    print('      %-40s %8.1f (%d)' % (name[:40], sum(v) / len(v), len(v)))
-    tot += sum(v) / len(v)
-print('      %-40s %8.1f' % ('sum of the means', tot))
-PY
+  python3 scripts/device/ncu_rows.py $W/ncu_$f.log | tee -a $R
 done
 grep -q "rmsnorm_bwd_fused" $W/ncu_1.log || { say "   the fused kernel did not run"; FAIL=1; }
 t ops 110 env MOE_TEST_BACKEND=cuda $B/test_cuda_ops; test_line ops

@@ -12,7 +12,9 @@
 
 // An RMSNorm backward over N rows of d: dout, the input and dinp read, dinp written, and rmsnorm_dw's second
 // read of dout and the input, but in the hidden format's backend (cuda) where the rows are many and a row's
-// float4s fit a block (cuda_norm.cu rmsnorm_bwd_fused_k: 64 chunks of 64 rows at least, d <= 4096).
+// float4s fit a block (cuda_norm.cu rmsnorm_bwd_fused_k: 64 chunks of 64 rows at least, d <= 4096; its
+// thresholds, written again here; cuda-fp32 runs the kernel too, but its rows are float32 like the cpu's, h
+// 4, so it is counted as the cpu).
 static double norm_bwd_bytes(double N, double d, double h) {
     int fused = h < 4 && N >= 4096 && d <= 4096 && (long)d % 4 == 0;
     return (fused ? 4 : 6) * N * d * 4;
