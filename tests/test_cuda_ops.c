@@ -1643,6 +1643,29 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
 
 // rope_rows (the KV-cached decode's RoPE at a position offset) and dropout (the residual branches' mask:
 // the same hash on the GPU, so the same zeros and scale as the cpu)
+// RoPE's cos / sin table (cuda_norm.cu rope_tab: built for one head width and theta, grown to the positions
+// asked): a rotation's bits do not depend on what the table was built for before: rope_fwd and rope_bwd over
+// 19 positions, then after the table was rebuilt for another theta, grown to 300 positions and another head
+// width and built back, the same bits.
+static void test_rope_table(void) {
+    int B = 2, T = 19, nh = 3, hd = 24;
+    size_t n = (size_t)B * T * nh * hd, n2 = (size_t)300 * 2 * 24;
+    float *x = hrand(n, 1.0f), *y = hrand(n2, 1.0f);
+    float *a = gpu_putf(gpu, x, n), *b = gpu_putf(gpu, x, n), *yd = gpu_putf(gpu, y, n2);
+    gpu->rope_fwd(a, B, T, nh, hd, 10000.0f);
+    gpu->rope_bwd(a, B, T, nh, hd, 500000.0f);
+    gpu->rope_fwd(yd, 1, 300, 2, 16, 10000.0f); // (another width, then more positions at the first's)
+    gpu->rope_fwd(yd, 1, 300, 2, 24, 10000.0f);
+    gpu->rope_fwd(b, B, T, nh, hd, 10000.0f);
+    gpu->rope_bwd(b, B, T, nh, hd, 500000.0f);
+    cmp_exact_dev("rope_fwd, rope_bwd after the table was rebuilt and grown", b, a, n);
+    gpu->free(a);
+    gpu->free(b);
+    gpu->free(yd);
+    free(x);
+    free(y);
+}
+
 static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, int t0, int t1) {
     size_t n = (size_t)B * (t1 - t0) * nh * hd;
     for (int inv = 0; inv < 2; inv++) {
@@ -2978,6 +3001,7 @@ static void run_suite(const Backend *be, int big) {
     test_rope(1, 5, 64, 256, 10000.0f); // a row over 48 KB of shared memory (rope_bwd_hid, to_hid_rows)
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);
     test_rope_rows_dropout(2, 19, 3, 24, 10000.0f, 5, 12);
+    test_rope_table();
     test_rope_rows_dropout(1, 40, 2, 32, 10000.0f, 39, 40);
     test_swiglu(10007);
     if (gpu_bf16) test_bf16_shadow();

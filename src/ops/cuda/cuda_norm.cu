@@ -374,21 +374,55 @@ extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout,
 
 // ---------------------------------------------------------------- RoPE
 
-// HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd), computed in double exactly
-// as the cpu reference does. One thread per (row bt, pair j), looping over the heads.
-// Later: a precomputed (T, hd/2) cos/sin table.
-// Rows of x: positions t0 + bt % T (rope_rows: the rows [t0, t0 + T) of each sequence). out = x (in place,
-// float) or another buffer of the same layout (rope_fwd_hid: float32 or bf16, each value stored by store1).
+// HF rotate_half: pairs (j, j + hd/2), angle = pos * theta^(-2j/hd), computed in double exactly as the cpu
+// reference does, then its cos and sin rounded to float: once per (position, pair) into a table (rope_tab)
+// that the kernels read. The double pow, cos and sin per element left the kernels bound by the FP64 units
+// (rope_bwd's 256 of them a row: ~52 us a launch on the reference model's q, as on its k at half the bytes).
+// The table of positions [0, T) for one (hd, theta), grown on demand (cudaFree synchronises, only then):
+// element pos * (hd / 2) + j = (cos, sin) of that angle.
+__global__ void rope_tab_k(float2 *cs, int T, int hd, float theta) {
+    int half = hd / 2;
+    GRID_STRIDE(e, (size_t)T * half) {
+        int pos = (int)(e / half), j = (int)(e % half);
+        double freq = pow((double)theta, -2.0 * j / hd);
+        double ang = pos * freq;
+        cs[e] = make_float2((float)cos(ang), (float)sin(ang));
+    }
+}
+static struct {
+    float2 *cs;
+    int T, hd;
+    float theta;
+} g_rope;
+static const float2 *rope_tab(int T, int hd, float theta) {
+    if (g_rope.cs && g_rope.hd == hd && g_rope.theta == theta && g_rope.T >= T) return g_rope.cs;
+    if (g_rope.cs && g_rope.hd == hd && g_rope.theta == theta && g_rope.T > T) T = g_rope.T;
+    if (g_rope.cs) CUDA_CHECK(cudaFree(g_rope.cs));
+    size_t n = (size_t)T * (hd / 2);
+    CUDA_CHECK(cudaMalloc((void **)&g_rope.cs, (n ? n : 1) * sizeof(float2)));
+    g_rope.T = T;
+    g_rope.hd = hd;
+    g_rope.theta = theta;
+    if (n) {
+        rope_tab_k<<<ew_grid(n, 256), 256>>>(g_rope.cs, T, hd, theta);
+        KCHECK("rope_tab");
+    }
+    return g_rope.cs;
+}
+// One thread per (row bt, pair j), looping over the heads; (c, s) from the table cs (positions to t0 + T), s
+// negated for dir -1 (exact: the value of rounding the negated sine). Rows of x: positions t0 + bt % T
+// (rope_rows: the rows [t0, t0 + T) of each sequence). out = x (in place, float) or another buffer of the
+// same layout (rope_fwd_hid: float32 or bf16, each value stored by store1).
 template <typename TO>
-__global__ void rope_k(TO *out, const float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0) {
+__global__ void rope_k(TO *out, const float *x, const float2 *cs, int BT, int T, int nh, int hd, int dir,
+                       int t0) {
     int half = hd / 2;
     size_t n = (size_t)BT * half;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
          e += (size_t)gridDim.x * blockDim.x) {
         int bt = (int)(e / half), j = (int)(e % half), pos = t0 + bt % T;
-        double freq = pow((double)theta, -2.0 * j / hd);
-        double ang = pos * freq;
-        float c = (float)cos(ang), s = (float)(dir * sin(ang));
+        float2 t = cs[(size_t)pos * half + j];
+        float c = t.x, s = dir < 0 ? -t.y : t.y;
         const float *row = x + (size_t)bt * nh * hd;
         TO *orow = out + (size_t)bt * nh * hd;
         for (int h = 0; h < nh; h += 4) { // four heads' loads in flight before their stores
@@ -415,7 +449,7 @@ static void rope_launch(TO *out, const float *x, int BT, int T, int nh, int hd, 
                         const char *what) {
     size_t n = (size_t)BT * (hd / 2);
     if (!n || nh <= 0) return;
-    rope_k<TO><<<ew_grid(n, 256), 256>>>(out, x, BT, T, nh, hd, theta, dir, t0);
+    rope_k<TO><<<ew_grid(n, 256), 256>>>(out, x, rope_tab(t0 + T, hd, theta), BT, T, nh, hd, dir, t0);
     KCHECK(what);
 }
 
@@ -442,8 +476,8 @@ extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, in
 // rope_bwd_hid (ops.h): a block a row (bt), the row's float32 values into shared memory first, then its
 // values rotated as rope_k rotates them (its c and s, its products) and stored as bf16 from the row's first
 // byte: in place, as no other block touches the row. Thread t takes pair j = t % half of the heads t / half,
-// t / half + G, ... (G = blockDim / half): one cos and sin a thread, as rope_k.
-__global__ void rope_bwd_hid_k(float *x, int T, int nh, int hd, float theta) {
+// t / half + G, ... (G = blockDim / half): one (c, s) of the table a thread, as rope_k.
+__global__ void rope_bwd_hid_k(float *x, const float2 *cs, int T, int nh, int hd) {
     extern __shared__ float rs_row[];
     int half = hd / 2, C = nh * hd, bt = blockIdx.x, G = blockDim.x / half;
     float *row = x + (size_t)bt * C;
@@ -451,9 +485,8 @@ __global__ void rope_bwd_hid_k(float *x, int T, int nh, int hd, float theta) {
     __syncthreads();
     int j = threadIdx.x % half, g = threadIdx.x / half;
     if (g >= G) return;
-    double freq = pow((double)theta, -2.0 * j / hd);
-    double ang = (bt % T) * freq;
-    float c = (float)cos(ang), s = (float)(-1 * sin(ang));
+    float2 t = cs[(size_t)(bt % T) * half + j];
+    float c = t.x, s = -t.y;
     __nv_bfloat16 *o = (__nv_bfloat16 *)row;
     for (int h = g; h < nh; h += G) {
         float x1 = rs_row[h * hd + j], x2 = rs_row[h * hd + j + half];
@@ -467,7 +500,7 @@ extern "C" void cuda_rope_bwd_hid_bf16(float *dx, int B, int T, int nh, int hd, 
     int th = half >= 256 ? half : 256 / half * half;
     size_t sm = (size_t)C * sizeof(float);
     cuda_smem_allow((const void *)rope_bwd_hid_k, sm);
-    rope_bwd_hid_k<<<B * T, th, sm>>>(dx, T, nh, hd, theta);
+    rope_bwd_hid_k<<<B * T, th, sm>>>(dx, rope_tab(T, hd, theta), T, nh, hd);
     KCHECK("rope_bwd_hid (bf16)");
 }
 
