@@ -1641,8 +1641,6 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     free(g0);
 }
 
-// rope_rows (the KV-cached decode's RoPE at a position offset) and dropout (the residual branches' mask:
-// the same hash on the GPU, so the same zeros and scale as the cpu)
 // RoPE's cos / sin table (cuda_norm.cu rope_tab: built for one head width and theta, grown to the positions
 // asked): a rotation's bits do not depend on what the table was built for before: rope_fwd and rope_bwd over
 // 19 positions, then after the table was rebuilt for another theta, grown to 300 positions and another head
@@ -1666,6 +1664,8 @@ static void test_rope_table(void) {
     free(y);
 }
 
+// rope_rows (the KV-cached decode's RoPE at a position offset) and dropout (the residual branches' mask:
+// the same hash on the GPU, so the same zeros and scale as the cpu)
 static void test_rope_rows_dropout(int B, int T, int nh, int hd, float theta, int t0, int t1) {
     size_t n = (size_t)B * (t1 - t0) * nh * hd;
     for (int inv = 0; inv < 2; inv++) {

@@ -378,8 +378,9 @@ extern "C" void cuda_rmsnorm_bwd_part(float *dinp, float *dw, const float *dout,
 // reference does, then its cos and sin rounded to float: once per (position, pair) into a table (rope_tab)
 // that the kernels read. The double pow, cos and sin per element left the kernels bound by the FP64 units
 // (rope_bwd's 256 of them a row: ~52 us a launch on the reference model's q, as on its k at half the bytes).
-// The table of positions [0, T) for one (hd, theta), grown on demand (cudaFree synchronises, only then):
-// element pos * (hd / 2) + j = (cos, sin) of that angle.
+// The table of positions [0, T) for one (hd, theta), grown on demand to twice its positions at least (the
+// KV-cached decode asks one position more a token; cudaFree synchronises, only then): element pos * (hd / 2)
+// + j = (cos, sin) of that angle, whatever the table's size.
 __global__ void rope_tab_k(float2 *cs, int T, int hd, float theta) {
     int half = hd / 2;
     GRID_STRIDE(e, (size_t)T * half) {
@@ -395,8 +396,9 @@ static struct {
     float theta;
 } g_rope;
 static const float2 *rope_tab(int T, int hd, float theta) {
-    if (g_rope.cs && g_rope.hd == hd && g_rope.theta == theta && g_rope.T >= T) return g_rope.cs;
-    if (g_rope.cs && g_rope.hd == hd && g_rope.theta == theta && g_rope.T > T) T = g_rope.T;
+    int same = g_rope.cs && g_rope.hd == hd && g_rope.theta == theta;
+    if (same && g_rope.T >= T) return g_rope.cs;
+    if (same && T < 2 * g_rope.T) T = 2 * g_rope.T;
     if (g_rope.cs) CUDA_CHECK(cudaFree(g_rope.cs));
     size_t n = (size_t)T * (hd / 2);
     CUDA_CHECK(cudaMalloc((void **)&g_rope.cs, (n ? n : 1) * sizeof(float2)));
