@@ -41,7 +41,6 @@ done
 [ -f $G/rand32k.bin ] || python3 scripts/device/random_shard.py $G/rand32k.bin
 P="--preset peers-ref --device cuda --batch 4 --seq-len 2048 --lr 1e-4 --warmup 1 --save-every -1 --eval-every 0
    --eval-batches 1 --sample-tokens 0 --plots 0 --force --data $G/rand32k.bin"
-L() { grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*\|"grad_norm":[^,]*' $1/metrics.jsonl; }
 for i in ${PAIRS:-1 2}; do
   for v in new old; do
     bin=$B/moe; [ $v = old ] && bin=$O
@@ -52,8 +51,8 @@ done
 same() { # same RUN_NEW RUN_OLD: the losses and gradient norms of two runs, bit for bit (or within BAND)
   if [ -n "${BAND:-}" ] && [ -s $W/$1/metrics.jsonl ]; then # (step 1's numbers: L's first two lines)
     local far
-    far=$(paste <(L $W/$2 | head -2 | grep -oE -- '-?[0-9][0-9.eE+-]*') \
-      <(L $W/$1 | head -2 | grep -oE -- '-?[0-9][0-9.eE+-]*') |
+    far=$(paste <(run_values $W/$2 | head -2 | grep -oE -- '-?[0-9][0-9.eE+-]*') \
+      <(run_values $W/$1 | head -2 | grep -oE -- '-?[0-9][0-9.eE+-]*') |
       awk -v b=$BAND '{r = $1 == $2 ? 0 : ($2 - $1) / ($1 < 0 ? -$1 : $1); r = r < 0 ? -r : r; if (r > m) m = r
         if (!(r <= b) || NF != 2) bad++} END {printf "%.3g %d %d", m, bad, NR}')
     set -- $1 $2 $far
@@ -61,11 +60,11 @@ same() { # same RUN_NEW RUN_OLD: the losses and gradient norms of two runs, bit 
     [ "$4" = 0 ] && [ "$5" -gt 0 ] || FAIL=1
     return
   fi
-  if [ -s $W/$1/metrics.jsonl ] && cmp -s <(L $W/$1) <(L $W/$2); then
-    say "   $1 / $2: losses and gradient norms the same bits ($(L $W/$1 | wc -l) values)"
+  if [ -s $W/$1/metrics.jsonl ] && cmp -s <(run_values $W/$1) <(run_values $W/$2); then
+    say "   $1 / $2: losses and gradient norms the same bits ($(run_values $W/$1 | wc -l) values)"
   else
     say "   $1 / $2: losses or gradient norms DIFFER"; FAIL=1
-    paste <(L $W/$2) <(L $W/$1) | head -6 | tee -a $R
+    paste <(run_values $W/$2) <(run_values $W/$1) | head -6 | tee -a $R
   fi
 }
 same run_new_1 run_old_1

@@ -77,6 +77,9 @@ print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['st
 }
 # `first KEY DIR`: the first training line's value of KEY in DIR/metrics.jsonl (verbatim: compare bits).
 first() { grep -o "\"$1\":[^,]*" "$2/metrics.jsonl" | head -n 1 | cut -d: -f2; }
+# `run_values DIR`: a run's losses (loss, aux, z) and gradient norms, a line each in step order, verbatim from
+# DIR/metrics.jsonl (two runs the same bits: cmp of theirs; bits_ab.sh, norm_ab.sh).
+run_values() { grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*\|"grad_norm":[^,]*' $1/metrics.jsonl; }
 # `tps_median METRICS`: the median tokens/s of steps 4-12 of a run's metrics.jsonl (the short runs' figure).
 tps_median() {
   grep -oE '"step":([4-9]|1[0-2]),.*"tokens_per_s":[0-9.]+' "$1" | grep -oE '"tokens_per_s":[0-9.]+' | cut -d: -f2 |

@@ -28,12 +28,11 @@ grep -E "^rmsnorm_bwd" $W/ops.log | head -4 | tee -a $R
 for f in 1 0; do
   t step_$f 60 env MOE_NORM_FUSED=$f $B/moe train $P --steps 4 --out $W/run_$f
 done
-L() { grep -o '"loss":[^,]*,"aux_loss":[^,]*,"z_loss":[^,]*\|"grad_norm":[^,]*' $1/metrics.jsonl; }
-if [ -s $W/run_1/metrics.jsonl ] && cmp -s <(L $W/run_1) <(L $W/run_0); then
-  say "   fused: losses and gradient norms the same bits as the two kernels' ($(L $W/run_1 | wc -l) values)"
+if [ -s $W/run_1/metrics.jsonl ] && cmp -s <(run_values $W/run_1) <(run_values $W/run_0); then
+  say "   fused: losses and gradient norms the same bits as the two kernels' ($(run_values $W/run_1 | wc -l) values)"
 else
   say "   fused: losses or gradient norms DIFFER from the two kernels'"; FAIL=1
-  paste <(L $W/run_0) <(L $W/run_1) | head -8 | tee -a $R
+  paste <(run_values $W/run_0) <(run_values $W/run_1) | head -8 | tee -a $R
 fi
 t mem 60 env MOE_TEST_SMALL=1 MOE_TEST_BACKEND=cuda compute-sanitizer --tool memcheck \
   $B/test_cuda_ops && san_line mem
