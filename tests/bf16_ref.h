@@ -136,8 +136,10 @@ static void bfr_rmsnorm_fwd_hid(void *out, float *rstd, const float *inp, const 
     bf16_round_n(out, (size_t)N * C);
 }
 // the attention's q, k, v: RoPE's values (v's as they are) rounded once, kept as float arrays of bf16 values
-static void bfr_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
-    backend_cpu()->rope_fwd_hid(out, inp, B, T, nh, hd, theta);
+// (from_hid: inp holds such values already)
+static void bfr_rope_fwd_hid(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd,
+                             float theta) {
+    backend_cpu()->rope_fwd_hid(out, inp, from_hid, B, T, nh, hd, theta);
     bf16_round_n(out, (size_t)B * T * nh * hd);
 }
 static void bfr_to_hid(void *out, const float *inp, size_t n) {
@@ -337,9 +339,11 @@ static void bfr_attention_bwd_v(float *dq, float *dk, float *dv, const float *do
                 bfr_att_tc_v(hd, hv));
 }
 
+// (GM_OUT_HID: each product's values rounded to bf16, as the GEMM's bf16 output rounds its float32 sums)
 static void bfr_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
-                                 int K, const int *O) {
-    backend_matmul_fwd_multi_plain(backend_cpu_bf16ref(), n, out, inp, w, N, K, O);
+                                 int K, const int *O, int flags) {
+    backend_matmul_fwd_multi_plain(backend_cpu_bf16ref(), n, out, inp, w, N, K, O, flags);
+    for (int i = 0; (flags & GM_OUT_HID) && i < n; i++) bf16_round_n(out[i], (size_t)N * O[i]);
 }
 static void bfr_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout,
                                  const void *inp, const float *const *w, int N, int K, const int *O,

@@ -90,10 +90,18 @@ static float *hb_widen_n(const void *h, size_t n) {
     for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(((const uint16_t *)h)[i]);
     return f;
 }
+// (GM_OUT_HID: each product's float32 values rounded into out[i])
 static void hb_mm_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
-                            const int *O) {
+                            const int *O, int flags) {
     float *x = hb_widen_n(inp, N > 0 && K > 0 ? (size_t)N * K : 0);
-    backend_matmul_fwd_multi_plain(backend_cpu(), n, out, x, w, N, K, O);
+    if (!(flags & GM_OUT_HID)) backend_matmul_fwd_multi_plain(backend_cpu(), n, out, x, w, N, K, O, flags);
+    for (int i = 0; (flags & GM_OUT_HID) && i < n; i++) {
+        size_t c = (size_t)N * O[i];
+        float *f = xmalloc(sizeof(float) * (c ? c : 1));
+        backend_matmul_fwd_multi_plain(backend_cpu(), 1, &f, x, &w[i], N, K, &O[i], flags);
+        hb_round_n(out[i], f, c);
+        free(f);
+    }
     free(x);
 }
 static void hb_mm_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout, const void *inp,
@@ -124,10 +132,11 @@ static void hb_gather_dot_scale(void *out, float *dot, const float *inp, const i
 }
 
 // the attention's q, k, v in bf16: RoPE's values (and v's) rounded once; the attention ops widen them
-static void hb_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+static void hb_rope_fwd_hid(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd,
+                            float theta) {
     size_t n = (size_t)B * T * nh * hd;
-    float *f = xmalloc(sizeof(float) * (n ? n : 1));
-    memcpy(f, inp, sizeof(float) * n);
+    float *f = from_hid ? hb_widen_n(inp, n) : xmalloc(sizeof(float) * (n ? n : 1));
+    if (!from_hid) memcpy(f, inp, sizeof(float) * n);
     backend_cpu()->rope_fwd(f, B, T, nh, hd, theta);
     hb_round_n(out, f, n);
     free(f);

@@ -280,7 +280,7 @@ static void run_dense(const Backend *gb, int N, int K, const int *O, int mode, d
         }
         int k = 0;
         e->fp8_site(1);
-        e->matmul_fwd_multi(3, out, xh, (const float *const *)wd, N, K, O);
+        e->matmul_fwd_multi(3, out, xh, (const float *const *)wd, N, K, O, 0);
         for (int i = 0; i < 3; i++) res[b][k++] = down(e, out[i], no[i], 0);
         e->matmul_bwd_multi(3, dinp, gw, (const float *const *)dyd, xh, (const float *const *)wd, N, K, O,
                             GM_DW_WRITE);

@@ -499,6 +499,37 @@ static void test_matmul_dout_hid(int N, int K, int O) {
     free(lay);
 }
 
+// GM_OUT_HID: each product in the hidden format, each value its float32 sum rounded once. The float32 sums
+// are the GEMM's up to their order (cuBLAS picks its kernel by the output's type too), so a value may sit
+// one bf16 step from the rounded float32 product where that sum lies within float32 round-off of a rounding
+// boundary: rarely (at K <= 256, ~2^-13 of the values). Checked: every value within one step, at most 1 in
+// 256 off by one; the float32 format the bits of out.
+static void test_fwd_multi_out_hid(int N, int K, const int *O, const void *xh, float *const *wd,
+                                   float *const *outs) {
+    void *oh[3];
+    for (int i = 0; i < 3; i++) oh[i] = gpu_hid_nan(gpu, (size_t)N * O[i]);
+    gpu->matmul_fwd_multi(3, (float *const *)oh, xh, (const float *const *)wd, N, K, O, GM_OUT_HID);
+    for (int i = 0; i < 3; i++) {
+        size_t n = (size_t)N * O[i], off = 0;
+        float *got = gpu_hid_get(gpu, oh[i], n), *ref = gpu_getf(gpu, outs[i], n);
+        int far = 0;
+        for (size_t j = 0; j < n; j++) {
+            float r = gpu->hid == FMT_F32 ? ref[j] : bf16_round(ref[j]);
+            if (memcmp(&got[j], &r, 4) == 0) continue;
+            off++;
+            float step = gpu->hid == FMT_F32 ? 0.0f : fabsf(r) * 0x1p-7f;
+            if (!(fabsf(got[j] - r) <= step)) far++;
+        }
+        EXPECT(far == 0 && (gpu->hid == FMT_F32 ? off == 0 : off * 256 <= n),
+               "matmul_fwd_multi GM_OUT_HID N%d K%d O%d out[%d]: %zu of %zu values not the rounded float32 "
+               "product's, %d of them beyond one bf16 step",
+               N, K, O[i], i, off, n, far);
+        free(got);
+        free(ref);
+        gpu->free(oh[i]);
+    }
+}
+
 static void test_matmul_multi(int N, int K, const int *O) {
     float *x = hrand((size_t)N * K, 1.0f);
     hid_round(x, (size_t)N * K);
@@ -518,12 +549,14 @@ static void test_matmul_multi(int N, int K, const int *O) {
         free(pre);
     }
     char what[96];
-    gpu->matmul_fwd_multi(3, outm, xh, (const float *const *)wd, N, K, O);
+    gpu->matmul_fwd_multi(3, outm, xh, (const float *const *)wd, N, K, O, 0);
     for (int i = 0; i < 3; i++) gpu->matmul_fwd(outs[i], xd, wd[i], N, K, O[i], 0);
     for (int i = 0; i < 3; i++) {
         snprintf(what, sizeof what, "matmul_fwd_multi out[%d] N%d K%d O%d vs matmul_fwd", i, N, K, O[i]);
         cmp_exact_dev(what, outm[i], outs[i], (size_t)N * O[i]);
     }
+    if (O[0] > MOE_GEMM_FP32_MAX_O && O[1] > MOE_GEMM_FP32_MAX_O && O[2] > MOE_GEMM_FP32_MAX_O)
+        test_fwd_multi_out_hid(N, K, O, xh, wd, outs);
     float *pdx = hrand((size_t)N * K, 1.0f), *dxm = gpu_putf(gpu, pdx, (size_t)N * K),
           *dxs = gpu_putf(gpu, pdx, (size_t)N * K);
     gpu->matmul_bwd_multi(3, dxm, dwm, (const float *const *)doutd, xh, (const float *const *)wd, N, K, O,
@@ -1599,7 +1632,7 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     // out of place into the hidden format: rope_fwd's values, each rounded once (the bits of rope_fwd on a
     // copy, then to_hid; to_hid the host's rounding to nearest even); the input untouched
     void *xh = gpu_hid_nan(gpu, n), *xh2 = gpu_hid_nan(gpu, n);
-    gpu->rope_fwd_hid(xh, xd, B, T, nh, hd, theta);
+    gpu->rope_fwd_hid(xh, xd, 0, B, T, nh, hd, theta);
     cmp_exact_host("rope_fwd_hid: its input untouched", xd, x, n);
     cpu->rope_fwd(x, B, T, nh, hd, theta);
     gpu->rope_fwd(xd, B, T, nh, hd, theta);
@@ -1614,6 +1647,20 @@ static void test_rope(int B, int T, int nh, int hd, float theta) {
     free(a);
     free(b);
     free(r);
+    { // from the hidden format, in place (gqa's q and k under GM_OUT_HID): the bits of the float32 input
+      // holding the same values
+        float *v = hrand(n, 1.0f);
+        hid_round(v, n);
+        float *vd = gpu_putf(gpu, v, n);
+        void *vi = gpu_hid_put(gpu, v, n), *vo = gpu_hid_nan(gpu, n);
+        gpu->rope_fwd_hid(vo, vd, 0, B, T, nh, hd, theta);
+        gpu->rope_fwd_hid(vi, vi, 1, B, T, nh, hd, theta);
+        cmp_exact_hid2("rope_fwd_hid from the hidden format, in place", vi, vo, n);
+        gpu->free(vd);
+        gpu->free(vi);
+        gpu->free(vo);
+        free(v);
+    }
     float *g = hrand(n, 1.0f), *g0 = hcopy(g, n), *gd = gpu_putf(gpu, g, n), *gh = gpu_putf(gpu, g, n),
           *gr = gpu_putf(gpu, g, n);
     cpu->rope_bwd(g, B, T, nh, hd, theta);
@@ -2997,6 +3044,7 @@ static void run_suite(const Backend *be, int big) {
     if (big) test_rmsnorm_part(4160, 2048, 2048);
     if (big) test_rmsnorm_part(4097, 3072, 3072);
     test_rope(2, 19, 3, 24, 10000.0f);
+    test_rope(2, 7, 3, 10, 10000.0f); // hd % 4 = 2: rope_fwd_hid from the hidden format by single values
     test_rope(1, 33, 16, 128, 10000.0f); // the reference model's q rows (rope_bwd_hid: 4 rows' pairs a block)
     test_rope(1, 5, 64, 256, 10000.0f); // a row over 48 KB of shared memory (rope_bwd_hid, to_hid_rows)
     if (big) test_rope(1, 300, 2, 128, 1000000.0f);

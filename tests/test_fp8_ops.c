@@ -166,14 +166,14 @@ static void dense_checks(const Backend *cpu, Rng *r) {
         fill(dout[i], (size_t)R * O[i], r, R, O[i], 1);
     }
     dn->fp8_site(2);
-    dn->matmul_fwd_multi(3, out, x, (const float *const *)w, R, D, O);
+    dn->matmul_fwd_multi(3, out, x, (const float *const *)w, R, D, O, 0);
     for (int i = 0; i < 3; i++) {
         ref_gemm(e[i], x, w[i], R, O[i], D, 1);
         char what[64];
         snprintf(what, sizeof what, "--fp8-dense matmul_fwd_multi product %d", i);
         expect_same(out[i], e[i], (size_t)R * O[i], what);
     }
-    cpu->matmul_fwd_multi(3, e, x, (const float *const *)w, R, D, O);
+    cpu->matmul_fwd_multi(3, e, x, (const float *const *)w, R, D, O, 0);
     double rel = max_rel(out[0], e[0], (size_t)R * O[0]);
     EXPECT(memcmp(out[0], e[0], sizeof(float) * R * O[0]) && rel < 0.1,
            "--fp8-dense: q differs from float32's by a quantisation's worth: max rel %.3g", rel);
@@ -202,7 +202,7 @@ static void dense_checks(const Backend *cpu, Rng *r) {
     EXPECT(dn->fp8_nonfinite(&layer, &tensor) == 0, "--fp8-dense, finite operands: nothing counted");
     x[200 * D + 7] = NAN;
     dn->fp8_site(4);
-    dn->matmul_fwd_multi(3, out, x, (const float *const *)w, R, D, O);
+    dn->matmul_fwd_multi(3, out, x, (const float *const *)w, R, D, O, 0);
     int64_t n = dn->fp8_nonfinite(&layer, &tensor);
     EXPECT(n == 3 && layer == 4 && tensor == FP8T_AX,
            "--fp8-dense, a NaN in the input: %lld tiles (want 3: one a product), layer %d, tensor %d (%s)",

@@ -25,6 +25,7 @@
 #include "core/common.h"
 #include "core/rng.h"
 #include "ops/ops.h"
+#include "ops/plain.h"
 #include "router_ref.h"
 #include "test_util.h"
 #include "test_runs.h"
@@ -2381,6 +2382,45 @@ static void test_attention_ds_ranges(void) {
     }
 }
 
+// matmul_fwd_multi's flags (plain.h mm_fwd_multi_flags_error, the one rule every backend checks): GM_OUT_HID
+// alone, on products wider than MOE_GEMM_FP32_MAX_O; a narrow product under it dies naming both; the cpu's
+// (float32 format) products under it the bits of flags 0
+static void mm_multi_narrow_hid(void *arg) {
+    (void)arg;
+    float x[6] = {0}, w[2 * 3 * 64] = {0}, o1[2 * 64], o2[2 * 64], *out[2] = {o1, o2};
+    const float *ws[2] = {w, w};
+    be->matmul_fwd_multi(2, out, x, ws, 2, 3, (const int[2]){64, 64}, GM_OUT_HID);
+}
+static void test_mm_fwd_multi_flags(void) {
+    EXPECT(!mm_fwd_multi_flags_error(2, (const int[2]){65, 200}, GM_OUT_HID),
+           "GM_OUT_HID on 65 and 200 refused");
+    EXPECT(!mm_fwd_multi_flags_error(1, (const int[1]){3}, 0), "flags 0 on a narrow product refused");
+    EXPECT(mm_fwd_multi_flags_error(2, (const int[2]){65, 64}, GM_OUT_HID), "GM_OUT_HID on 64 columns taken");
+    EXPECT(mm_fwd_multi_flags_error(1, (const int[1]){100}, GM_ACC_DINP), "GM_ACC_DINP taken");
+    EXPECT(mm_fwd_multi_flags_error(1, (const int[1]){100}, GM_OUT_HID | GM_DOUT_HID), "GM_DOUT_HID taken");
+    expect_death_msg("matmul_fwd_multi: GM_OUT_HID on 64 columns", mm_multi_narrow_hid, NULL, "GM_OUT_HID",
+                     "MOE_GEMM_FP32_MAX_O", 0);
+    int N = 5, K = 7, O[3] = {70, 66, 80};
+    float *x = xmalloc(sizeof(float) * N * K), *w[3], *a[3], *b[3];
+    for (int i = 0; i < N * K; i++) x[i] = rng_normal(&R);
+    for (int i = 0; i < 3; i++) {
+        w[i] = xmalloc(sizeof(float) * O[i] * K);
+        for (int j = 0; j < O[i] * K; j++) w[i][j] = rng_normal(&R);
+        a[i] = xmalloc(sizeof(float) * N * O[i]);
+        b[i] = xmalloc(sizeof(float) * N * O[i]);
+    }
+    be->matmul_fwd_multi(3, a, x, (const float *const *)w, N, K, O, 0);
+    be->matmul_fwd_multi(3, b, x, (const float *const *)w, N, K, O, GM_OUT_HID);
+    for (int i = 0; i < 3; i++) {
+        EXPECT(memcmp(a[i], b[i], sizeof(float) * N * O[i]) == 0,
+               "cpu GM_OUT_HID product %d: not flags 0's bits", i);
+        free(w[i]);
+        free(a[i]);
+        free(b[i]);
+    }
+    free(x);
+}
+
 int main(void) {
     be = backend_cpu();
     test_attention_ds_bytes();
@@ -2389,6 +2429,7 @@ int main(void) {
     rng_seed(&R, 20240607);
     test_memory();
     test_alloc_holes();
+    test_mm_fwd_multi_flags();
     test_matmul(7, 33, 9);
     test_matmul(4, 64, 3);
     test_matmul(1, 5, 1);

@@ -463,6 +463,17 @@ static void check_memops(void) {
     CostBytes b2;
     cost_bytes(&b2, &c, NULL, 128, 0, c.n_layers, 1, 1, 4);
     EXPECT(b.norm == b2.norm * 32, "tiny, float32 rows: the norms' bytes not in proportion to the rows");
+    // RoPE with 4 kv heads (k and v 96 wide, past MOE_GEMM_FP32_MAX_O as q is: attention.c qkv_hid), by hand
+    // a layer and token: in h, the forward's q and k rotated in place, 2 h (96 + 96) = 768, the backward's
+    // dq, dk, dv read in f and written in h, (96 + 2 x 96) (f + h) = 1728; in float32 rows (h 4) as before,
+    // q, k, v read and written once, (96 + 192) x 8 = 2304, and dq, dk rotated in place, 2 x 4 x 192 = 1536
+    c.n_kv_heads = 4;
+    cost_bytes(&b, &c, NULL, 128, 0, c.n_layers, 1, 1, 2);
+    cost_bytes(&b2, &c, NULL, 128, 0, c.n_layers, 1, 1, 4);
+    EXPECT(b.rope == 2 * (768 + 1728) * 128.0 && b2.rope == 2 * (2304 + 1536) * 128.0,
+           "tiny, 4 kv heads: RoPE %.17g bytes in bf16 rows (by hand %.17g), %.17g in float32 (%.17g)",
+           b.rope, 2 * (768 + 1728) * 128.0, b2.rope, 2 * (2304 + 1536) * 128.0);
+    c.n_kv_heads = 2;
     ParamTable t;
     params_build(&t, &c);
     EXPECT(cost_gnorm_bytes(&t, NULL, &o) == 4 * (P - X), "gradient norm: %.17g bytes, by hand %.17g",

@@ -42,18 +42,18 @@ static void qkv_tensors(const Model *m, float *base, int l, float *t[3], int O[3
     O[1] = O[2] = m->KVl * m->c.head_dim;
 }
 
-void gqa_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n) {
+void gqa_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n, int flags) {
     float *out[3] = {q, k, v}, *w[3];
     int O[3];
     qkv_tensors(m, m->params, l, w, O);
-    m->be->matmul_fwd_multi(3, out, xn, (const float *const *)w, n, m->c.d_model, O);
+    m->be->matmul_fwd_multi(3, out, xn, (const float *const *)w, n, m->c.d_model, O, flags);
     if (m->c.qkv_bias) qkv_bias_fwd(m, l, q, k, v, n);
 }
 
 void gqa_oproj_fwd(Model *m, int l, float *out, const void *att, int n) {
     float *wo = model_param(m, m->params, PR_WO, l, -1);
     int O = m->c.d_model;
-    m->be->matmul_fwd_multi(1, &out, att, (const float *const *)&wo, n, m->Hl * m->c.head_dim, &O);
+    m->be->matmul_fwd_multi(1, &out, att, (const float *const *)&wo, n, m->Hl * m->c.head_dim, &O, 0);
 }
 
 // QK-norm as RMSNorm rows: full (OLMoE) rows of H*hd / KV*hd, per head (Qwen3-MoE) rows of hd.
@@ -191,18 +191,36 @@ void attn_op_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1)
 }
 
 // ---- GQA's forward and backward (attention.h AttnVariant)
-// q, k, v in float32 (the backward's dq, dk, dv, free until then), then rounded into the layer's: q and k
-// by RoPE out of place, v as it is.
+// Whether q, k, v go between their products and the attention in the hidden format, both ways: nothing there
+// reads them as float32 (QK-norm, biases, --fp8-dense's float32 douts) and every product is wide enough for
+// the bf16 GEMMs (ops.h MOE_GEMM_FP32_MAX_O: a narrow one is float32).
+static int qkv_hid(const Model *m) {
+    const ModelConfig *c = &m->c;
+    int qd = m->Hl * c->head_dim, kvd = m->KVl * c->head_dim;
+    return !c->qk_norm && !c->qkv_bias && !m->be->fp8_dense && qd > MOE_GEMM_FP32_MAX_O &&
+        kvd > MOE_GEMM_FP32_MAX_O;
+}
+
+// With qkv_hid, the products straight into the layer's q, k, v in the hidden format (GM_OUT_HID), RoPE on q
+// and k in place: q and k rounded twice, after the product and after the rotation, as a bf16 trainer's are
+// (docs/PRECISION.md; one rounding where the format is float32). Else in float32 (the backward's dq, dk, dv,
+// free until then), then rounded once into the layer's: q and k by RoPE out of place, v as it is.
 static void gqa_fwd_in(Model *m, int l, AttnActs *a, const void *xn, int B, int T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     int N = B * T, H = m->Hl, KV = m->KVl, hd = c->head_dim;
+    if (qkv_hid(m)) {
+        gqa_qkv_fwd(m, l, a->q, a->k, a->v, xn, N, GM_OUT_HID);
+        be->rope_fwd_hid(a->q, a->q, 1, B, T, H, hd, c->rope_theta);
+        be->rope_fwd_hid(a->k, a->k, 1, B, T, KV, hd, c->rope_theta);
+        return;
+    }
     float *q32 = m->attn.dq, *k32 = m->attn.dk, *v32 = m->attn.dv;
     float *qp = c->qk_norm ? a->qraw : q32, *kp = c->qk_norm ? a->kraw : k32;
-    gqa_qkv_fwd(m, l, qp, kp, v32, xn, N);
+    gqa_qkv_fwd(m, l, qp, kp, v32, xn, N, 0);
     if (c->qk_norm) gqa_qk_norm_fwd(m, l, q32, k32, a->rstdq, a->rstdk, a->qraw, a->kraw, N);
-    be->rope_fwd_hid(a->q, q32, B, T, H, hd, c->rope_theta);
-    be->rope_fwd_hid(a->k, k32, B, T, KV, hd, c->rope_theta);
+    be->rope_fwd_hid(a->q, q32, 0, B, T, H, hd, c->rope_theta);
+    be->rope_fwd_hid(a->k, k32, 0, B, T, KV, hd, c->rope_theta);
     be->to_hid(a->v, v32, (size_t)N * KV * hd);
 }
 
@@ -230,18 +248,15 @@ static void gqa_bwd_out_rows(Model *m, int l, const AttnActs *a, const float *do
 }
 
 // RoPE's, QK-norm's and the biases' backward, then the q, k, v projections' over one input (converted
-// once), written into dxn. Without QK-norm and biases (nothing between RoPE and the products reads dq, dk,
-// dv), with every product wide enough for the bf16 GEMMs (ops.h MOE_GEMM_FP32_MAX_O: a narrow one would see
-// bf16 values where it saw float32) and not in FP8 (--fp8-dense quantises float32 douts), RoPE's backward
-// writes dq and dk in the hidden format in place and dv is rounded so (ops.h rope_bwd_hid, to_hid_rows;
-// GM_DOUT_HID): the same bits, one pass over dq and dk less.
+// once), written into dxn. With qkv_hid, RoPE's backward writes dq and dk in the hidden format in place and
+// dv is rounded so (ops.h rope_bwd_hid, to_hid_rows; GM_DOUT_HID): the same bits, one pass over dq and dk
+// less.
 static void gqa_bwd_in(Model *m, int l, const AttnActs *a, float *dxn, const void *xn, int B, int T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->c;
     AttnScratch *s = &m->attn;
-    int N = B * T, qd = m->Hl * c->head_dim, kvd = m->KVl * c->head_dim;
-    int hid = !c->qk_norm && !c->qkv_bias && !be->fp8_dense && qd > MOE_GEMM_FP32_MAX_O &&
-        kvd > MOE_GEMM_FP32_MAX_O;
+    int N = B * T, kvd = m->KVl * c->head_dim;
+    int hid = qkv_hid(m);
     const float *dqp = s->dq, *dkp = s->dk;
     if (hid) {
         be->rope_bwd_hid(s->dq, B, T, m->Hl, c->head_dim, c->rope_theta);

@@ -83,8 +83,8 @@ void attn_scratch_free(Model *m);
 
 // GQA's parts that the KV-cached decode (decode.c) runs on new rows, the forward's one code:
 // the q, k, v projections of layer l over n rows of the normed input xn (this rank's heads), with the
-// family's biases;
-void gqa_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n);
+// family's biases (flags: matmul_fwd_multi's);
+void gqa_qkv_fwd(Model *m, int l, float *q, float *k, float *v, const void *xn, int n, int flags);
 // QK-norm of layer l over n rows (the config has one): q, k and their rstd from the projections qraw,
 // kraw (this rank's heads). The full-width form over TP ranks adds its rows' sums over the TP group (a
 // collective: every TP rank calls it);

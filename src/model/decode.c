@@ -87,7 +87,7 @@ static void gqa_attn(Model *m, KvCache *kc, int l, int t0, int t1) {
     int n = t1 - t0, H = m->Hl, KV = m->KVl, hd = c->head_dim, qd = H * hd, kvd = KV * hd;
     float *q = m->attn.dq, *k = m->attn.dk, *v = m->attn.dv;
     float *qp = c->qk_norm ? kc->qraw : q, *kp = c->qk_norm ? kc->kraw : k;
-    gqa_qkv_fwd(m, l, qp, kp, v, kc->xn, n); // + the biases over the model's ones vector (maxN >= W rows)
+    gqa_qkv_fwd(m, l, qp, kp, v, kc->xn, n, 0); // + the biases over the model's ones vector (maxN >= W rows)
     // (the full-width form over TP sums its rows over the TP ranks, which all decode the same rows)
     if (c->qk_norm) gqa_qk_norm_fwd(m, l, q, k, kc->rstdqk, kc->rstdqk, qp, kp, n);
     be->rope_rows(q, 1, t0, t1, H, hd, c->rope_theta, 0);

@@ -2,7 +2,8 @@
 // cache of every layer's keys and values, for sampling. Each call runs the same ops as model_forward
 // on the new rows only: q/k/v of the new positions (with the families' biases and QK-norm; float32 in
 // the attention's scratch dq/dk/dv, model_types.h AttnScratch), RoPE at their positions (rope_rows),
-// rounded into the cache's hidden format (to_hid: the bits of the training forward's rope_fwd_hid),
+// rounded into the cache's hidden format once (to_hid: the bits of the training forward's rope_fwd_hid from
+// float32; where attention.c qkv_hid holds, the forward rounds q and k after their products too),
 // attention of the query rows [t0, t1) against the cached keys 0..t1-1 (attention_fwd's row range over
 // the cache, laid out (1, W, ...)), o_proj (+ the TP all-reduce), the MoE layer on the new rows, and the
 // final norm and LM head on the last row only. Dropout and jitter never run here. GQA's cache holds the

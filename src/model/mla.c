@@ -86,11 +86,11 @@ void mla_proj_fwd(Model *m, int l, AttnActs *a, float *q32, float *kr, const voi
     float *out[3] = {D.qr ? a->qa : q32, a->ckv, kr}, *w[3];
     int O[3];
     first_tensors(m, l, m->params, &D, w, O);
-    be->matmul_fwd_multi(3, out, xn, (const float *const *)w, N, D.d, O);
+    be->matmul_fwd_multi(3, out, xn, (const float *const *)w, N, D.d, O, 0);
     if (D.qr) {
         float *wqb = P(PR_QB);
         be->rmsnorm_fwd_hid(a->qan, a->rstd_qa, a->qa, P(PR_QA_NORM), N, D.qr, MLA_NORM_EPS);
-        be->matmul_fwd_multi(1, &q32, a->qan, (const float *const *)&wqb, N, D.qr, &Oq);
+        be->matmul_fwd_multi(1, &q32, a->qan, (const float *const *)&wqb, N, D.qr, &Oq, 0);
     }
     be->rmsnorm_fwd_hid(a->ckvn, a->rstd_kv, a->ckv, P(PR_KVA_NORM), N, D.kvr, MLA_NORM_EPS);
     RopeYarn r = mla_rope(c);
@@ -105,7 +105,7 @@ void mla_heads_fwd(Model *m, int l, void *q, void *k, void *v, const float *q32,
     int kvw = D.dn + D.dv, Oq = D.H * D.hq, Okv = D.H * kvw;
     int64_t hq = D.hq, row = (int64_t)D.H * hq;
     float *wkvb = P(PR_KVB);
-    be->matmul_fwd_multi(1, &kvb, ckvn, (const float *const *)&wkvb, nkv, D.kvr, &Okv);
+    be->matmul_fwd_multi(1, &kvb, ckvn, (const float *const *)&wkvb, nkv, D.kvr, &Okv, 0);
     be->copy_strided(q, 1, q32, 0, (Stride3){nq, 1, Oq, row, 0, row, 0}, mla_q_scale(&m->c), 0);
     be->copy_strided(k, 1, kvb, 0, (Stride3){nkv, D.H, D.dn, row, hq, Okv, kvw}, 1.0f, 0);
     be->copy_strided(hid_at(be, k, D.dn), 1, kr, 0, (Stride3){nkv, D.H, D.dr, row, hq, D.dr, 0}, 1.0f, 0);
@@ -120,7 +120,7 @@ void mla_oproj_fwd(Model *m, int l, float *out, void *ao, const void *att, int n
     be->copy_strided(ao, 1, att, 1, (Stride3){n, D.H, D.dv, vd, D.dv, row, D.hq}, 1.0f, 0);
     float *wo = P(PR_WO);
     int O = D.d;
-    be->matmul_fwd_multi(1, &out, ao, (const float *const *)&wo, n, (int)vd, &O);
+    be->matmul_fwd_multi(1, &out, ao, (const float *const *)&wo, n, (int)vd, &O, 0);
 }
 
 // q, k, v of the heads in the hidden format from xn: the projections in float32 (q in m->attn.dq, kv_b's

@@ -82,10 +82,12 @@ enum { OPT_MIXED = 0, OPT_BF16_NEAREST = 1, OPT_BF16_STOCHASTIC = 2, OPT_BF16_MO
 // OPTG_PACKED. GM_DOUT_HID (matmul_bwd, and matmul_bwd_multi for every dout[i]): dout holds the hidden
 // format's values (Backend.hid) in place of its float32 rows, row i's O values starting where float32 row i
 // starts (byte 4 O i; cross_entropy_fwd_bwd writes so); the same bits as dout's float32 values rounded once
-// to the format. A no-op where the format is float32. GM_DW_SUMSQ (grouped ops, with GM_DW_WRITE only; where
+// to the format. A no-op where the format is float32. GM_OUT_HID (matmul_fwd_multi's one flag): every out[i]
+// in the hidden format, each value rounded once from its float32 sum (every O[i] > MOE_GEMM_FP32_MAX_O, not
+// --fp8-dense's; a no-op where the format is float32). GM_DW_SUMSQ (grouped ops, with GM_DW_WRITE only; where
 // the backend has dw_sumsq_take): the G written blocks' values, as stored (bf16 under GM_DW_BF16), squared
 // and summed into the backend's gradient ledger, counted as G blocks (dw_sumsq_take below).
-enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8, GM_DW_SUMSQ = 16 };
+enum { GM_ACC_DINP = 1, GM_DW_WRITE = 2, GM_DW_BF16 = 4, GM_DOUT_HID = 8, GM_DW_SUMSQ = 16, GM_OUT_HID = 32 };
 // The flags of a grouped op's weight-gradient write (what a composed op passes on to its plain ones).
 #define GM_DW_FLAGS (GM_DW_WRITE | GM_DW_BF16 | GM_DW_SUMSQ)
 // The one rule on those flags every backend's grouped backward checks (CHECK(!e, "...: %s", e)): NULL where
@@ -288,10 +290,10 @@ struct Backend {
     void (*matmul_bwd)(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
                        int K, int O, int flags);
     // Several products of one input (the q/k/v projections; n <= MM_MULTI): out[i] (N,O[i]) = inp @ W[i]^T,
-    // overwritten; the same bits as n matmul_fwd calls in order on inp's values. inp is in the hidden format
-    // (Backend.hid: written so by rmsnorm_fwd_hid; the bf16 GEMMs' operand as it is).
+    // overwritten; the same bits as n matmul_fwd calls in order on inp's values (flags 0; GM_OUT_HID: out in
+    // the hidden format). inp is in the hidden format (written so by rmsnorm_fwd_hid; the GEMMs' operand).
     void (*matmul_fwd_multi)(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
-                             const int *O);
+                             const int *O, int flags);
     // Their backward: for i = 0.. in order, dinp (N,K) = dout[i] @ W[i] (product 0 as `flags` say, the others
     // added) and dw[i] += dout[i]^T @ inp (each written with GM_DW_WRITE); the same bits as n matmul_bwd
     // calls in order (flags, then GM_ACC_DINP | (flags & GM_DW_WRITE); dinp and dw[i] not NULL) on inp's
@@ -322,25 +324,23 @@ struct Backend {
     // act must not change between them but through this backend's to_device, copy or zero (which drop it).
     void (*grouped_down_fwd)(float *out, const void *act, const float *w, const int64_t *off, int G, int K,
                              int O);
-    // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)),
-    // never stored; dw += dout^T act (may be NULL; written as grouped_matmul_bwd's with flags
-    // GM_DW_WRITE); dh1, dh3 = swiglu_bwd(dact,
-    // h1, h3) written (not added) over the groups' rows (K columns). The same floats as
-    // grouped_matmul_bwd(dact, dw, dout, act, w, ..., flags) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0)
-    // (in the hidden format: dact float32, each dh1, dh3 rounded from that float32 result once).
-    // dh1, dh3, dout, act, h1, h3 in the hidden format. act NULL (a table with fp8_save): act = silu(h1) h3
-    // computed from the h1, h3 given (swiglu_fwd's floats, rounded to the hidden format).
+    // The down-projection's backward into the SwiGLU: dact = dout W_g (dout (rows, O), W (G, O, K)), never
+    // stored; dw += dout^T act (may be NULL; written as grouped_matmul_bwd's with flags GM_DW_WRITE); dh1,
+    // dh3 = swiglu_bwd(dact, h1, h3) written (not added) over the groups' rows (K columns). The same floats
+    // as grouped_matmul_bwd(dact, dw, dout, act, w, ..., flags) then swiglu_bwd(dh1, dh3, dact, h1, h3, ., 0)
+    // (in the hidden format: dact float32, each dh1, dh3 rounded from that float32 result once). dh1, dh3,
+    // dout, act, h1, h3 in the hidden format. act NULL (a table with fp8_save): act = silu(h1) h3 computed
+    // from the h1, h3 given (swiglu_fwd's floats, rounded to the hidden format).
     void (*grouped_swiglu_bwd)(void *dh1, void *dh3, float *dw, const void *dout, const void *act,
                                const void *h1, const void *h3, const float *w, const int64_t *off, int G,
                                int K, int O, int flags);
-    // Their backward: dinp = douta Wa + doutb Wb, written or added as `flags` say (as
-    // grouped_matmul_bwd), dwa += douta^T inp, dwb += doutb^T inp (or written: GM_DW_WRITE). The same
-    // sums as grouped_matmul_bwd(dinp, dwa, douta, ..., flags) then (dinp, dwb, doutb, ...,
-    // GM_ACC_DINP | (flags & GM_DW_WRITE)); a backend
-    // may sum both products in one pass (another order). Any of dinp, dwa, dwb may be NULL. douta, doutb
-    // (dh1, dh3) and inp in the hidden format. An FP8 table may take douta's and doutb's FP8 operands from
-    // the grouped_swiglu_bwd that wrote them just before (as grouped_down_fwd takes act's, on the same
-    // terms).
+    // Their backward: dinp = douta Wa + doutb Wb, written or added as `flags` say (as grouped_matmul_bwd),
+    // dwa += douta^T inp, dwb += doutb^T inp (or written: GM_DW_WRITE). The same sums as
+    // grouped_matmul_bwd(dinp, dwa, douta, ..., flags) then (dinp, dwb, doutb, ..., GM_ACC_DINP | (flags &
+    // GM_DW_WRITE)); a backend may sum both products in one pass (another order). Any of dinp, dwa, dwb may
+    // be NULL. douta, doutb (dh1, dh3) and inp in the hidden format. An FP8 table may take douta's and
+    // doutb's FP8 operands from the grouped_swiglu_bwd that wrote them just before (as grouped_down_fwd takes
+    // act's, on the same terms).
     void (*grouped_matmul_bwd2)(float *dinp, float *dwa, float *dwb, const void *douta, const void *doutb,
                                 const void *inp, const float *wa, const float *wb, const int64_t *off, int G,
                                 int K, int O, int flags);
@@ -401,11 +401,11 @@ struct Backend {
     // + (t - t0) at position t (0 <= t0 < t1); inverse 1 = rope_bwd's rotation. Each row is the same
     // bits as in rope_fwd / rope_bwd over [0, T) (the KV-cached sampler rotates one position at a time).
     void (*rope_rows)(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
-    // Out of place into the hidden format (Backend.hid): out = rope_fwd's values of inp, each rounded once
-    // (the attention's q and k, kept for its backward in that format). inp is not changed.
-    void (*rope_fwd_hid)(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
-    // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is
-    // float32).
+    // Into the hidden format (Backend.hid): out = rope_fwd's values of inp, each rounded once (the
+    // attention's q and k, kept for its backward so). inp float32 (from_hid 0; not changed) or in the hidden
+    // format (from_hid 1: its values widened; out may be inp).
+    void (*rope_fwd_hid)(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd, float theta);
+    // n float32 values into the hidden format, each rounded once to nearest even (a copy where it is f32).
     void (*to_hid)(void *out, const float *inp, size_t n);
     // In place into GM_DOUT_HID's layout (row i's C values in the hidden format from byte 4 C i, where its
     // float32 values were; nothing changes where the format is float32): rope_bwd_hid, rope_bwd's values of

@@ -7,6 +7,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include "core/common.h"
 #include "ops/ops.h"
 
 static inline void backend_grouped_swiglu_fwd_plain(const Backend *be, void *h1v, void *h3v, void *actv,
@@ -55,9 +56,25 @@ static inline void backend_add_rmsnorm_fwd_plain(const Backend *be, float *x, fl
     be->rmsnorm_fwd(out, rstd, x, w, N, C, eps);
 }
 
+// The one rule on matmul_fwd_multi's flags every backend checks (CHECK(!e, "...: %s", e)): NULL where they
+// hold, else what is wrong: GM_OUT_HID is its only flag, and takes only products wider than
+// MOE_GEMM_FP32_MAX_O (where the GEMMs are the format's own).
+static inline const char *mm_fwd_multi_flags_error(int n, const int *O, int flags) {
+    if (flags & ~GM_OUT_HID) return "a flag other than GM_OUT_HID";
+    for (int i = 0; (flags & GM_OUT_HID) && i < n; i++)
+        if (O[i] <= MOE_GEMM_FP32_MAX_O)
+            return "GM_OUT_HID on a product of MOE_GEMM_FP32_MAX_O columns or fewer";
+    return NULL;
+}
+
+// (GM_OUT_HID: a no-op where the format is float32, the only backends composed so)
 static inline void backend_matmul_fwd_multi_plain(const Backend *be, int n, float *const *out,
                                                   const void *inp, const float *const *w, int N, int K,
-                                                  const int *O) {
+                                                  const int *O, int flags) {
+    const char *e = mm_fwd_multi_flags_error(n, O, flags);
+    CHECK(!e, "matmul_fwd_multi (%s): %s", be->name, e);
+    CHECK(!(flags & GM_OUT_HID) || be->hid == FMT_F32, "matmul_fwd_multi (%s): GM_OUT_HID composed",
+          be->name);
     for (int i = 0; i < n; i++) be->matmul_fwd(out[i], (const float *)inp, w[i], N, K, O[i], 0);
 }
 

@@ -86,10 +86,10 @@ static void w_mm_b(float *di, float *dw, const float *d, const float *i, const f
     in->matmul_bwd(di, dw, d, i, w, N, K, O, f);
     T1(P_MATMUL_B);
 }
-static void w_mm_fm(int n, float *const *o, const void *i, const float *const *w, int N, int K,
-                    const int *O) {
+static void w_mm_fm(int n, float *const *o, const void *i, const float *const *w, int N, int K, const int *O,
+                    int f) {
     T0;
-    in->matmul_fwd_multi(n, o, i, w, N, K, O);
+    in->matmul_fwd_multi(n, o, i, w, N, K, O, f);
     T1(P_MATMUL_F);
 }
 static void w_mm_bm(int n, float *di, float *const *dw, const float *const *d, const void *i,
@@ -200,9 +200,9 @@ static void w_drop(float *x, int B, int T, int t0, int t1, int C, float p, uint6
     in->dropout(x, B, T, t0, t1, C, p, s, r0);
     T1(P_ELEM);
 }
-static void w_rope_fh(void *o, const float *x, int B, int T, int nh, int hd, float th) {
+static void w_rope_fh(void *o, const void *x, int fh, int B, int T, int nh, int hd, float th) {
     T0;
-    in->rope_fwd_hid(o, x, B, T, nh, hd, th);
+    in->rope_fwd_hid(o, x, fh, B, T, nh, hd, th);
     T1(P_ROPE);
 }
 static void w_to_hid(void *o, const float *x, size_t n) {

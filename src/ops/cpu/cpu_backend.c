@@ -175,8 +175,8 @@ static void cpu_add_rmsnorm_fwd(float *x, float *out, float *rstd, const float *
 }
 
 static void cpu_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
-                                 int K, const int *O) {
-    backend_matmul_fwd_multi_plain(backend_cpu(), n, out, inp, w, N, K, O);
+                                 int K, const int *O, int flags) {
+    backend_matmul_fwd_multi_plain(backend_cpu(), n, out, inp, w, N, K, O, flags);
 }
 
 static void cpu_matmul_bwd_multi(int n, float *dinp, float *const *dw, const float *const *dout,

@@ -283,8 +283,9 @@ static void fp8_grouped_matmul_bwd2(float *dinp, float *dwa, float *dwb, const v
 
 // --fp8-dense: the attention projections' products, each one group of the N rows (ops.h Backend.fp8_dense)
 static void fp8_matmul_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N,
-                                 int K, const int *O) {
+                                 int K, const int *O, int flags) {
     const int64_t off[2] = {0, N};
+    CHECK(!flags, "matmul_fwd_multi (--fp8-dense): flags %d (GM_OUT_HID is not this table's)", flags);
     for (int i = 0; i < n; i++) fp8_fwd(out[i], (const float *)inp, w[i], off, 1, K, O[i], FP8T_AX, FP8T_AW);
 }
 

@@ -196,8 +196,9 @@ void cpu_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stri
             }
         }
 }
-// (float32 is the cpu's hidden format: a copy, then rope_fwd's rotation on it)
-void cpu_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
+// (float32 is the cpu's hidden format, from_hid or not: a copy, then rope_fwd's rotation on it)
+void cpu_rope_fwd_hid(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd, float theta) {
+    (void)from_hid;
     if (out != inp) memcpy(out, inp, sizeof(float) * (size_t)B * T * nh * hd);
     rope(out, B, 0, T, nh, hd, theta, 1);
 }

@@ -30,7 +30,7 @@ void cpu_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cpu_rope_bwd_hid(float *dx, int B, int T, int nh, int hd, float theta);
 void cpu_to_hid_rows(float *x, int N, int C);
 void cpu_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
-void cpu_rope_fwd_hid(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cpu_rope_fwd_hid(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd, float theta);
 void cpu_to_hid(void *out, const float *inp, size_t n);
 void cpu_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);
 void cpu_copy_strided(void *dst, int dst_hid, const void *src, int src_hid, Stride3 s, float alpha, int acc);

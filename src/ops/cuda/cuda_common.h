@@ -69,6 +69,7 @@ extern "C" void *cuda_workspace(size_t bytes);
 // Element access: kernels read and write activations through these, so that a bf16 variant only
 // has to change the storage type (fp32 accumulation stays).
 __device__ __forceinline__ float ld_f(const float *p) { return *p; }
+__device__ __forceinline__ float ld_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st_f(float *p, float v) { *p = v; }
 // Two floats rounded to bf16 (round to nearest even) in one 32-bit word, lo in the low half (the lower
 // address in memory; the register layout of an mma A fragment's pair of columns).
@@ -176,8 +177,8 @@ void cuda_rope_fwd(float *x, int B, int T, int nh, int hd, float theta);
 void cuda_rope_bwd(float *dx, int B, int T, int nh, int hd, float theta);
 void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, float theta, int inverse);
 // rope_fwd_hid / to_hid (ops.h) of the float32 backend ("cuda-fp32": a copy) and of "cuda" (bf16)
-void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
-void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta);
+void cuda_rope_fwd_f32(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd, float theta);
+void cuda_rope_fwd_bf16(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd, float theta);
 void cuda_rope_bwd_hid_bf16(float *dx, int B, int T, int nh, int hd, float theta);
 void cuda_to_hid_rows_bf16(float *x, int N, int C);
 void cuda_rope_yarn(float *x, int B, int t0, int t1, int nh, int hd, int ld, RopeYarn r, int adjoint);
@@ -297,11 +298,11 @@ void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *w, int N, i
 void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int N,
                           int K, int O, int flags);
 void cuda_matmul_fwd_multi_f32(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
-                               const int *O);
+                               const int *O, int flags);
 void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout,
                                const void *inp, const float *const *w, int N, int K, const int *O, int flags);
 void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w, int N,
-                                int K, const int *O);
+                                int K, const int *O, int flags);
 void cuda_matmul_bwd_multi_bf16(int n, float *dinp, float *const *dw, const float *const *dout,
                                 const void *inp, const float *const *w, int N, int K, const int *O,
                                 int flags);

@@ -461,7 +461,8 @@ static void fp8_grouped_matmul_bwd(float *dinp, float *dw, const float *dout, co
 // inp in the hidden format (bf16 rows where HB), dout float32
 template <int HB>
 static void fp8_mm_fwd_multi(int n, float *const *out, const void *inp, const float *const *w, int N, int K,
-                             const int *O) {
+                             const int *O, int flags) {
+    CHECK(!flags, "matmul_fwd_multi (--fp8-dense): flags %d (GM_OUT_HID is not this table's)", flags);
     stash_drop();
     const int64_t off[2] = {0, N};
     for (int i = 0; i < n; i++) fp8_fwd(out[i], inp, HB, w[i], off, 1, K, O[i], FP8T_AX, FP8T_AW);

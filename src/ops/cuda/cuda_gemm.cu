@@ -110,12 +110,17 @@ static const bf16 *shadow_of(const float *w, size_t count) {
     return (const bf16 *)cuda_bf16_shadow_of(w, count);
 }
 
-// C (m,n) col-major [fp32] = A op (m,k) . B op (k,n) [bf16] + beta C
-static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const bf16 *A, int lda,
-                      const bf16 *B, int ldb, float beta, float *C, int ldc) {
+// C (m,n) col-major [fp32, or bf16 where ct says: each fp32 result rounded once] = A op (m,k) . B op (k,n)
+// [bf16] + beta C
+static void gemm_bf16_to(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const bf16 *A,
+                         int lda, const bf16 *B, int ldb, float beta, void *C, cudaDataType_t ct, int ldc) {
     const float one = 1.0f;
     CUBLAS_CHECK(cublasGemmEx(cuda_cublas(), ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb,
-                              &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                              &beta, C, ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+static void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const bf16 *A, int lda,
+                      const bf16 *B, int ldb, float beta, float *C, int ldc) {
+    gemm_bf16_to(ta, tb, m, n, k, A, lda, B, ldb, beta, C, CUDA_R_32F, ldc);
 }
 
 // ---------------------------------------------------------------- float32 GEMMs
@@ -245,8 +250,8 @@ extern "C" void cuda_grouped_matmul_bwd2_f32(float *dinp, float *dwa, float *dwb
 }
 
 extern "C" void cuda_matmul_fwd_multi_f32(int n, float *const *out, const void *inp, const float *const *w,
-                                          int N, int K, const int *O) {
-    backend_matmul_fwd_multi_plain(backend_cuda_fp32(), n, out, inp, w, N, K, O);
+                                          int N, int K, const int *O, int flags) {
+    backend_matmul_fwd_multi_plain(backend_cuda_fp32(), n, out, inp, w, N, K, O, flags);
 }
 
 extern "C" void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, const float *const *dout,
@@ -258,12 +263,13 @@ extern "C" void cuda_matmul_bwd_multi_f32(int n, float *dinp, float *const *dw, 
 // ---------------------------------------------------------------- bf16 GEMMs (fp32 accumulation)
 
 // One product from bf16 operands, the weight from its copy or converted into wb: out = beta out + x W^T
-// (xb: the input, N x K).
-static void mm_fwd_one(float *out, const bf16 *xb, const float *w, bf16 *wb, int N, int K, int O,
+// (xb: the input, N x K; out float32, or bf16 with hid: beta 0).
+static void mm_fwd_one(void *out, int hid, const bf16 *xb, const float *w, bf16 *wb, int N, int K, int O,
                        float beta) {
     const bf16 *ws = shadow_of(w, (size_t)O * K);
     if (!ws) to_bf16(wb, w, (size_t)O * K);
-    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, ws ? ws : wb, K, xb, K, beta, out, O);
+    gemm_bf16_to(CUBLAS_OP_T, CUBLAS_OP_N, O, N, K, ws ? ws : wb, K, xb, K, beta, out,
+                 hid ? CUDA_R_16BF : CUDA_R_32F, O);
 }
 
 // One product's backward from bf16 dout (gb, N x O, rows ldg apart) and input (xb, N x K; read only for dw):
@@ -319,7 +325,7 @@ extern "C" void cuda_matmul_fwd_bf16(float *out, const float *inp, const float *
     bf16 *xb, *wb;
     bf16_scratch((size_t)N * K, shadow_of(w, (size_t)O * K) ? 0 : (size_t)O * K, 0, &xb, &wb, NULL);
     to_bf16(xb, inp, (size_t)N * K);
-    mm_fwd_one(out, xb, w, wb, N, K, O, accumulate ? 1.0f : 0.0f);
+    mm_fwd_one(out, 0, xb, w, wb, N, K, O, accumulate ? 1.0f : 0.0f);
 }
 
 extern "C" void cuda_matmul_bwd_bf16(float *dinp, float *dw, const float *dout, const float *inp,
@@ -375,7 +381,9 @@ static const float *narrow_inp(const void *inp, bf16 *xf, int any_narrow, int N,
 }
 
 extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void *inp, const float *const *w,
-                                           int N, int K, const int *O) {
+                                           int N, int K, const int *O, int flags) {
+    const char *e = mm_fwd_multi_flags_error(n, O, flags);
+    CHECK(!e, "matmul_fwd_multi: %s", e);
     size_t wmax = 0;
     int narrow = 0;
     for (int i = 0; i < n; i++) {
@@ -394,7 +402,7 @@ extern "C" void cuda_matmul_fwd_multi_bf16(int n, float *const *out, const void 
             cuda_matmul_fwd_f32(out[i], xf, w[i], N, K, O[i], 0);
             continue;
         }
-        mm_fwd_one(out[i], (const bf16 *)inp, w[i], p[0], N, K, O[i], 0.0f);
+        mm_fwd_one(out[i], flags & GM_OUT_HID, (const bf16 *)inp, w[i], p[0], N, K, O[i], 0.0f);
     }
 }
 

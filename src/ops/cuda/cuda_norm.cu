@@ -414,9 +414,10 @@ static const float2 *rope_tab(int T, int hd, float theta) {
 // One thread per (row bt, pair j), looping over the heads; (c, s) from the table cs (positions to t0 + T), s
 // negated for dir -1 (exact: the value of rounding the negated sine). Rows of x: positions t0 + bt % T
 // (rope_rows: the rows [t0, t0 + T) of each sequence). out = x (in place, float) or another buffer of the
-// same layout (rope_fwd_hid: float32 or bf16, each value stored by store1).
-template <typename TO>
-__global__ void rope_k(TO *out, const float *x, const float2 *cs, int BT, int T, int nh, int hd, int dir,
+// same layout (rope_fwd_hid: float32 or bf16 each way, each value stored by store1; a thread reads its pair's
+// values before it stores them, so bf16 in place too).
+template <typename TO, typename TI>
+__global__ void rope_k(TO *out, const TI *x, const float2 *cs, int BT, int T, int nh, int hd, int dir,
                        int t0) {
     int half = hd / 2;
     size_t n = (size_t)BT * half;
@@ -425,7 +426,7 @@ __global__ void rope_k(TO *out, const float *x, const float2 *cs, int BT, int T,
         int bt = (int)(e / half), j = (int)(e % half), pos = t0 + bt % T;
         float2 t = cs[(size_t)pos * half + j];
         float c = t.x, s = dir < 0 ? -t.y : t.y;
-        const float *row = x + (size_t)bt * nh * hd;
+        const TI *row = x + (size_t)bt * nh * hd;
         TO *orow = out + (size_t)bt * nh * hd;
         for (int h = 0; h < nh; h += 4) { // four heads' loads in flight before their stores
             int m = nh - h < 4 ? nh - h : 4;
@@ -446,12 +447,12 @@ __global__ void rope_k(TO *out, const float *x, const float2 *cs, int BT, int T,
     }
 }
 
-template <typename TO>
-static void rope_launch(TO *out, const float *x, int BT, int T, int nh, int hd, float theta, int dir, int t0,
+template <typename TO, typename TI>
+static void rope_launch(TO *out, const TI *x, int BT, int T, int nh, int hd, float theta, int dir, int t0,
                         const char *what) {
     size_t n = (size_t)BT * (hd / 2);
     if (!n || nh <= 0) return;
-    rope_k<TO><<<ew_grid(n, 256), 256>>>(out, x, rope_tab(t0 + T, hd, theta), BT, T, nh, hd, dir, t0);
+    rope_k<TO, TI><<<ew_grid(n, 256), 256>>>(out, x, rope_tab(t0 + T, hd, theta), BT, T, nh, hd, dir, t0);
     KCHECK(what);
 }
 
@@ -467,12 +468,62 @@ extern "C" void cuda_rope_rows(float *x, int B, int t0, int t1, int nh, int hd, 
     rope_launch(x, x, B * (t1 - t0), t1 - t0, nh, hd, theta, inverse ? -1 : 1, t0, "rope_rows");
 }
 
-extern "C" void cuda_rope_fwd_f32(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
-    rope_launch((float *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (float32)");
+// (the float32 format: from_hid or not, inp is float32)
+extern "C" void cuda_rope_fwd_f32(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd,
+                                  float theta) {
+    (void)from_hid;
+    rope_launch((float *)out, (const float *)inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (float32)");
 }
 
-extern "C" void cuda_rope_fwd_bf16(void *out, const float *inp, int B, int T, int nh, int hd, float theta) {
-    rope_launch((__nv_bfloat16 *)out, inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (bf16)");
+// rope_fwd_hid from bf16 rows where hd % 4 = 0 and the rows are 4-byte aligned: rope_k's arithmetic on two
+// adjacent pairs j, j + 1 a thread, each loaded and stored as a bf16 pair (a warp 128 contiguous bytes an
+// access, as rope_k's float loads), (c, s) from the table. The same values, the same products (this file is
+// compiled without FMA contraction): rope_k's bits, in place too.
+__global__ void rope_hid2_k(__nv_bfloat16 *out, const __nv_bfloat16 *x, const float2 *cs, int BT, int T,
+                            int nh, int hd) {
+    int half = hd / 2, hp = half / 2;
+    size_t n = (size_t)BT * hp;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
+        int bt = (int)(e / hp), j = 2 * (int)(e % hp);
+        float2 t0 = cs[(size_t)(bt % T) * half + j], t1 = cs[(size_t)(bt % T) * half + j + 1];
+        float c[2] = {t0.x, t1.x}, s[2] = {t0.y, t1.y};
+        const __nv_bfloat162 *row = (const __nv_bfloat162 *)(x + (size_t)bt * nh * hd);
+        __nv_bfloat162 *orow = (__nv_bfloat162 *)(out + (size_t)bt * nh * hd);
+        for (int h = 0; h < nh; h += 4) { // four heads' loads in flight before their stores
+            int m = nh - h < 4 ? nh - h : 4;
+            float2 a[4], b[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (u < m) {
+                    a[u] = __bfloat1622float2(row[((size_t)(h + u) * hd + j) / 2]);
+                    b[u] = __bfloat1622float2(row[((size_t)(h + u) * hd + j + half) / 2]);
+                }
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (u < m) {
+                    orow[((size_t)(h + u) * hd + j) / 2] =
+                        __floats2bfloat162_rn(a[u].x * c[0] - b[u].x * s[0], a[u].y * c[1] - b[u].y * s[1]);
+                    orow[((size_t)(h + u) * hd + j + half) / 2] =
+                        __floats2bfloat162_rn(b[u].x * c[0] + a[u].x * s[0], b[u].y * c[1] + a[u].y * s[1]);
+                }
+        }
+    }
+}
+
+extern "C" void cuda_rope_fwd_bf16(void *out, const void *inp, int from_hid, int B, int T, int nh, int hd,
+                                   float theta) {
+    typedef __nv_bfloat16 bf;
+    size_t n = (size_t)B * T * (hd / 4);
+    if (from_hid && hd % 4 == 0 && n && nh > 0 && (uintptr_t)out % 4 == 0 && (uintptr_t)inp % 4 == 0) {
+        rope_hid2_k<<<ew_grid(n, 256), 256>>>((bf *)out, (const bf *)inp, rope_tab(T, hd, theta), B * T, T,
+                                              nh, hd);
+        KCHECK("rope_fwd_hid (bf16 pairs)");
+    } else if (from_hid)
+        rope_launch((bf *)out, (const bf *)inp, B * T, T, nh, hd, theta, 1, 0, "rope_fwd_hid (bf16)");
+    else
+        rope_launch((bf *)out, (const float *)inp, B * T, T, nh, hd, theta, 1, 0,
+                    "rope_fwd_hid (f32 -> bf16)");
 }
 
 // rope_bwd_hid (ops.h): a block a row (bt), the row's float32 values into shared memory first, then its
