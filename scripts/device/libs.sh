@@ -141,8 +141,9 @@ m['report']('torch_grouped_mm_compiled' if '$1' == 'compiled' else 'torch_groupe
 
 # `clocks_start`, then `clocks_say NAME`: the SM clock, power draw and the clock-limit reasons nvidia-smi reports
 # every 100 ms into $W/clocks.csv between the two; clocks_say stops the polling and says the busy samples' (power
-# over 300 W) mean SM clock and power and the share of them power-capped (reason bit 0x4, SW power cap), copying
-# the samples to $OUT/clocks_NAME.csv.
+# over 300 W) mean SM clock and power and the share of them power-capped (reason bit 0x4, SW power cap), adding
+# the samples to $OUT/clocks.csv, each line led by NAME (one file: the device returns at most 8 from $OUT, and a
+# file a run pushed a recipe's own report out of the reply once).
 clocks_start() {
   nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits -lms 100 \
     > $W/clocks.csv 2>/dev/null &
@@ -150,7 +151,7 @@ clocks_start() {
 }
 clocks_say() {
   kill $CLK_PID 2>/dev/null; wait $CLK_PID 2>/dev/null
-  [ -n "${OUT:-}" ] && cp $W/clocks.csv $OUT/clocks_$1.csv
+  [ -n "${OUT:-}" ] && sed "s/^/$1, /" $W/clocks.csv >> $OUT/clocks.csv
   say "   $1 clocks: $(awk -F', ' '$2 > 300 { n++; c += $1; p += $2; if (int((index("0123456789abcdef", tolower(substr($3, length($3)))) - 1) / 4) % 2) cap++ }
     END { if (n) printf "%d busy samples, mean SM clock %.0f MHz, mean power %.0f W, power-capped %.0f%%", n, c / n, p / n, 100 * cap / n; else print "no busy sample" }' $W/clocks.csv)"
 }
