@@ -117,13 +117,15 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 # `peer_step KIND` (compiled: pure bf16; amp: mixed precision, autocast with float32 master weights and moments):
 # PEERS.md's torch.compile peer of the reference model (.gpu/torch_train_peer.py) as the full-step tables run it,
 # its report line and its peak GPU memory by nvidia-smi (ours' basis) appended to $R. PEER_WARM and PEER_STEPS
-# (default 3 and 6, the peer's own) set its warm-up and timed steps; CLOCKS=1 also polls the SM clock and power
-# (clocks_start / clocks_say).
+# (default 3 and 6, the peer's own) set its warm-up and timed steps, PEER_B and PEER_T its batch and sequence
+# length (default the script's CFG, B 4 x T 2048); CLOCKS=1 also polls the SM clock and power (clocks_start /
+# clocks_say).
 peer_step() {
   mem_start; [ "${CLOCKS:-0}" = 1 ] && clocks_start
   t peer_$1 240 python3 -c "
 import runpy, torch
 m = runpy.run_path('$G/torch_train_peer.py', run_name='peer'); c = m['CFG']; torch.manual_seed(0)
+c['B'] = ${PEER_B:-c['B']}; c['T'] = ${PEER_T:-c['T']}
 def bf16():
     mod = m['Model'](c).cuda().to(torch.bfloat16)
     return m['time_steps'](torch.compile(mod), torch.optim.AdamW(mod.parameters(), lr=1e-4, fused=True), c, **n)
