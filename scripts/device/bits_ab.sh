@@ -28,7 +28,7 @@ cd "$(dirname "$0")/../.."
 O=$G/old/moe
 [ -x $O ] || { say "no $O (the binary before)"; exit 1; }
 for be in cuda cuda-fp32; do
-  t ops_$be 110 env MOE_TEST_BACKEND=$be $B/test_cuda_ops; test_line ops_$be
+  t ops_$be 160 env MOE_TEST_BACKEND=$be $B/test_cuda_ops; test_line ops_$be
 done
 t model 60 $B/test_cuda_model; test_line model
 t decode 40 $B/test_decode; test_line decode
