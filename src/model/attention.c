@@ -191,14 +191,11 @@ void attn_op_bwd_rows(Model *m, int l, const AttnActs *a, int T, int r0, int r1)
 }
 
 // ---- GQA's forward and backward (attention.h AttnVariant)
-// Whether q, k, v go between their products and the attention in the hidden format, both ways: nothing there
-// reads them as float32 (QK-norm, biases, --fp8-dense's float32 douts) and every product is wide enough for
-// the bf16 GEMMs (ops.h MOE_GEMM_FP32_MAX_O: a narrow one is float32).
+int gqa_qkv_hid(const ModelConfig *c, int qd, int kvd, int fp8_dense) {
+    return !c->qk_norm && !c->qkv_bias && !fp8_dense && qd > MOE_GEMM_FP32_MAX_O && kvd > MOE_GEMM_FP32_MAX_O;
+}
 static int qkv_hid(const Model *m) {
-    const ModelConfig *c = &m->c;
-    int qd = m->Hl * c->head_dim, kvd = m->KVl * c->head_dim;
-    return !c->qk_norm && !c->qkv_bias && !m->be->fp8_dense && qd > MOE_GEMM_FP32_MAX_O &&
-        kvd > MOE_GEMM_FP32_MAX_O;
+    return gqa_qkv_hid(&m->c, m->Hl * m->c.head_dim, m->KVl * m->c.head_dim, m->be->fp8_dense);
 }
 
 // With qkv_hid, the products straight into the layer's q, k, v in the hidden format (GM_OUT_HID), RoPE on q

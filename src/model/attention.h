@@ -81,6 +81,13 @@ void attn_acts_recompute(Model *m, AttnActs *a, Arena *A, int rc);
 void attn_acts_free(const Model *m, AttnActs *a, const Arena *A);
 void attn_scratch_free(Model *m);
 
+// Whether GQA's q, k, v go between their products and the attention in the hidden format, both ways (q
+// width qd, k and v kvd on this rank; fp8_dense: --fp8-dense's table): nothing there reads them as float32
+// (QK-norm, biases, --fp8-dense's float32 douts) and every product is wide enough for the bf16 GEMMs (ops.h
+// MOE_GEMM_FP32_MAX_O: a narrow one is float32). attention.c's forward and backward and the cost model's
+// bytes.
+int gqa_qkv_hid(const ModelConfig *c, int qd, int kvd, int fp8_dense);
+
 // GQA's parts that the KV-cached decode (decode.c) runs on new rows, the forward's one code:
 // the q, k, v projections of layer l over n rows of the normed input xn (this rank's heads), with the
 // family's biases (flags: matmul_fwd_multi's);

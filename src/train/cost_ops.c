@@ -9,6 +9,7 @@
 #include "train/cost.h"
 #include "train/cost_acts.h"
 #include "core/common.h"
+#include "model/attention.h"
 #include "ops/ops.h"
 
 // An RMSNorm backward over N rows of d: dout, the input and dinp read, dinp written, and rmsnorm_dw's second
@@ -39,13 +40,12 @@ static void layer_bytes(CostBytes *b, const ModelConfig *c, const MeshShape *ms,
     // kernel does both (norm_bwd_bytes)
     double norm_f = N * d * (f + h) + 4 * N * d * f, norm_b = 2 * norm_bwd_bytes(N, d, h);
     // RoPE (attention.c gqa_fwd_in, gqa_bwd_in). Where q, k, v stay in h between their products and the
-    // attention (qkv_hid: GQA, h < 4, no QK-norm or biases, q and k wider than MOE_GEMM_FP32_MAX_O; and not
-    // --fp8-dense, which this count does not see) the forward rotates q and k in place, read and written in h
+    // attention (GQA in h < 4 where attention.h gqa_qkv_hid holds; --fp8-dense, which would stop it, is not
+    // seen by this count) the forward rotates q and k in place, read and written in h
     // (rope_fwd_hid from_hid), and the backward reads dq and dk in f and writes them in h (rope_bwd_hid), dv
     // too (to_hid_rows). Else q and k are read in f, rotated and written in h, v rounded to h (to_hid), and
     // the backward rotates dq and dk in place (rope_bwd: read and written in f).
-    int qkv_hid = h < 4 && !config_mla(c) && !c->qk_norm && !c->qkv_bias && qd > MOE_GEMM_FP32_MAX_O &&
-        kvd > MOE_GEMM_FP32_MAX_O;
+    int qkv_hid = h < 4 && !config_mla(c) && gqa_qkv_hid(c, (int)qd, (int)kvd, 0);
     double rope_f = qkv_hid ? 2 * h * N * (qd + kvd) : N * (qd + 2 * kvd) * (f + h);
     double rope_b = qkv_hid ? N * (qd + 2 * kvd) * (f + h) : 2 * f * N * (qd + kvd);
     // the residual add (block.c out_rows): x_mid and moe_out read, out written; joined to the combine (moe.c
