@@ -44,6 +44,8 @@ typedef __nv_bfloat16 bf16;
 // only that kernel's shared memory (the rest keep L1 for themselves: measured, the weight gradients' kernel
 // 2% slower)
 #define GG_SMEM_STAGED (GG_SMEM + 128 + 8 * GG_EPI_BYTES)
+// EPI_SWIGLU_BWD's: two buffers a consumer warp (dh1's and dh3's 64 columns), 230,592 bytes of the 232,448
+#define GG_SMEM_STAGED2 (GG_SMEM + 128 + 16 * GG_EPI_BYTES)
 
 struct GGArgs {
     float *C; // output (EPI_PLAIN, EPI_DW)
@@ -133,16 +135,20 @@ __device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGAr
 // stores, 8 rows per instruction, held the epilogue at the registers they read: SwiGLU forward 1.30 ->
 // 1.15 ms on the reference layer). out: the warp's first row and the block's first column; rows < nrow
 // and 8-column chunks < nch are stored.
-__device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, int nch,
-                                            const uint32_t (&v)[8][2], uint32_t buf, int lane) {
-#pragma unroll
-    for (int jj = 0; jj < 8; jj += 2) { // matrices (jj, rows 0-7), (jj, 8-15), (jj + 1, 0-7), (jj + 1, 8-15)
-        int m = lane >> 3, row = 8 * (m & 1) + (lane & 7), ch = jj + (m >> 1);
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                         buf + row * 128 + ((ch ^ (row & 7)) << 4)),
-                     "r"(v[jj][0]), "r"(v[jj][1]), "r"(v[jj + 1][0]), "r"(v[jj + 1][1])
-                     : "memory");
-    }
+// Column groups jj and jj + 1 of a warp's fragment (their bf16 pairs at rows +0 and +8: a0, a1 and b0, b1)
+// into its staging buffer by stmatrix (gg_put_rows' layout).
+__device__ __forceinline__ void gg_stage_pair(uint32_t buf, int jj, uint32_t a0, uint32_t a1, uint32_t b0,
+                                              uint32_t b1, int lane) {
+    // matrices (jj, rows 0-7), (jj, 8-15), (jj + 1, 0-7), (jj + 1, 8-15)
+    int m = lane >> 3, row = 8 * (m & 1) + (lane & 7), ch = jj + (m >> 1);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     buf + row * 128 + ((ch ^ (row & 7)) << 4)),
+                 "r"(a0), "r"(a1), "r"(b0), "r"(b1)
+                 : "memory");
+}
+// A staging buffer's 16 rows x 64 columns out in 16-byte stores, 8 lanes a 128-byte row.
+__device__ __forceinline__ void gg_flush_rows(bf16 *out, long long ldc, int nrow, int nch, uint32_t buf,
+                                              int lane) {
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < 4; i++) { // rows 4i .. 4i + 3, a row per 8 lanes
@@ -155,6 +161,13 @@ __device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, 
         if (row < nrow && ch < nch) *(uint4 *)(out + row * ldc + 8 * ch) = make_uint4(d0, d1, d2, d3);
     }
     __syncwarp(); // the buffer is free for the next call
+}
+__device__ __forceinline__ void gg_put_rows(bf16 *out, long long ldc, int nrow, int nch,
+                                            const uint32_t (&v)[8][2], uint32_t buf, int lane) {
+#pragma unroll
+    for (int jj = 0; jj < 8; jj += 2)
+        gg_stage_pair(buf, jj, v[jj][0], v[jj][1], v[jj + 1][0], v[jj + 1][1], lane);
+    gg_flush_rows(out, ldc, nrow, nch, buf, lane);
 }
 // EPI_DW's ledger (ops.h GM_DW_SUMSQ): a warp's sum of squares of the values it stored in the block's tiles,
 // q a thread's (per tile float sums of 32 squares each added in double: the packed output's as its 64-column
@@ -305,7 +318,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
         if (EPI == EPI_SWIGLU_BWD) {
             // dh1, dh3 from dact (acc) and the forward's h1, h3, GG_HB column groups in flight: the first
             // GG_HB go out before the last MMAs are waited for, the next as a slot is used up (before:
-            // all loads of 4 groups, then their stores, one memory round trip per 4 groups)
+            // all loads of 4 groups, then their stores, one memory round trip per 4 groups); dh1 and dh3
+            // through the warp's two staging buffers into 16-byte stores, 64 columns at a time
             uint32_t u1[GG_HB][2], u3[GG_HB][2];
 #pragma unroll
             for (int j = 0; j < GG_HB; j++)
@@ -313,22 +327,36 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
                 for (int h = 0; h < 2; h++) gg_load_h(u1[j][h], u3[j][h], a, r + 8 * h, cb + 8 * j, mend);
             wgmma_wait<0>();
             if (lane == 0) mbar_arrive(empty + 8 * prev);
+            const int rw = m0 + c * 64 + wq * 16;
+            const uint32_t b1 = epi + (c * 4 + wq) * 2 * GG_EPI_BYTES, b3 = b1 + GG_EPI_BYTES;
 #pragma unroll
-            for (int j = 0; j < GG_BN / 8; j++)
+            for (int jb = 0; jb < GG_BN / 8; jb += 8) {
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int row = r + 8 * h, col = cb + 8 * j;
-                    float2 h1 = bf2_f2(u1[j % GG_HB][h]), h3 = bf2_f2(u3[j % GG_HB][h]);
-                    if (j + GG_HB < GG_BN / 8)
-                        gg_load_h(u1[j % GG_HB][h], u3[j % GG_HB][h], a, row, col + 8 * GG_HB, mend);
-                    if (row >= mend || col >= a.N) continue;
-                    long long o = (long long)row * a.ldc + col;
-                    float2 d1, d3;
-                    swiglu_grad(acc[4 * j + 2 * h], h1.x, h3.x, &d1.x, &d3.x);
-                    swiglu_grad(acc[4 * j + 2 * h + 1], h1.y, h3.y, &d1.y, &d3.y);
-                    *(__nv_bfloat162 *)(a.O1 + o) = __float22bfloat162_rn(d1);
-                    *(__nv_bfloat162 *)(a.O2 + o) = __float22bfloat162_rn(d3);
+                for (int jj = 0; jj < 8; jj += 2) {
+                    uint32_t p1[2][2], p3[2][2];
+#pragma unroll
+                    for (int q = 0; q < 2; q++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            int j = jb + jj + q;
+                            float2 h1 = bf2_f2(u1[j % GG_HB][h]), h3 = bf2_f2(u3[j % GG_HB][h]);
+                            if (j + GG_HB < GG_BN / 8)
+                                gg_load_h(u1[j % GG_HB][h], u3[j % GG_HB][h], a, r + 8 * h,
+                                          cb + 8 * (j + GG_HB), mend);
+                            float2 d1, d3;
+                            swiglu_grad(acc[4 * j + 2 * h], h1.x, h3.x, &d1.x, &d3.x);
+                            swiglu_grad(acc[4 * j + 2 * h + 1], h1.y, h3.y, &d1.y, &d3.y);
+                            p1[q][h] = pack_bf16(d1.x, d1.y);
+                            p3[q][h] = pack_bf16(d3.x, d3.y);
+                        }
+                    gg_stage_pair(b1, jj, p1[0][0], p1[0][1], p1[1][0], p1[1][1], lane);
+                    gg_stage_pair(b3, jj, p3[0][0], p3[0][1], p3[1][0], p3[1][1], lane);
                 }
+                int col0 = n0 + 8 * jb, nch = (a.N - col0) / 8;
+                long long o = (long long)rw * a.ldc + col0;
+                gg_flush_rows(a.O1 + o, a.ldc, mend - rw, nch, b1, lane);
+                gg_flush_rows(a.O2 + o, a.ldc, mend - rw, nch, b3, lane);
+            }
             continue;
         }
         wgmma_wait<0>();
@@ -459,7 +487,7 @@ static int gg_init(void) {
     CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<0, EPI_SWIGLU_FWD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     GG_SMEM_STAGED));
     CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_SWIGLU_BWD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    GG_SMEM));
+                                    GG_SMEM_STAGED2));
     CUDA_CHECK(cudaFuncSetAttribute(gg_kernel<1, EPI_DW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     GG_SMEM_STAGED));
     g_ready = 1;
@@ -584,8 +612,8 @@ extern "C" int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void
 extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,
                                        const void *w, const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
-    uintptr_t al = (uintptr_t)dout | (uintptr_t)w |
-        (((uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 | (uintptr_t)h3) & 3);
+    uintptr_t al = (uintptr_t)dout | (uintptr_t)w | (uintptr_t)dh1 | (uintptr_t)dh3 | // (16-byte stores)
+        (((uintptr_t)h1 | (uintptr_t)h3) & 3);
     if (!gg_setup(a, al, off, G, O, 0, K, K, GG_BN, 1)) return 0;
     int64_t base = off[0], rows = off[G] - off[0];
     a->O1 = (bf16 *)dh1 + base * K;
@@ -596,7 +624,7 @@ extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, con
     tmap_2d(&ta, (const bf16 *)dout, (uint64_t)rows, (uint64_t)O, GG_BM);
     tmap_b(&tb, w, G, O, K, 1, GG_BN);
     int grid = a->tiles < g_sms ? a->tiles : g_sms;
-    gg_kernel<1, EPI_SWIGLU_BWD><<<grid, GG_THREADS, GG_SMEM>>>(ta, tb, ta, tb, *a);
+    gg_kernel<1, EPI_SWIGLU_BWD><<<grid, GG_THREADS, GG_SMEM_STAGED2>>>(ta, tb, ta, tb, *a);
     KCHECK("grouped_swiglu_bwd (wgmma)");
     return 1;
 }
