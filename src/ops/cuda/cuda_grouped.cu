@@ -510,9 +510,9 @@ static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols,
 
 // The tile list and shape fields of a for one launch, or 0 where the kernel does not take the call
 // (then nothing is written). al: the OR of every operand address (16-byte alignment for TMA) and
-// output address (8 bytes for float2 stores, 16 for EPI_SWIGLU_FWD's staged rows, 4 for the bf16 pairs of
-// EPI_SWIGLU_BWD). K (K2): the reduction lengths; N: output columns; bn: columns per tile; nmajor_b: B is (K,
-// N) per group.
+// output address (8 bytes for float2 stores, 16 for the staged rows of EPI_SWIGLU_FWD and EPI_SWIGLU_BWD;
+// EPI_SWIGLU_BWD's h1 and h3, read as bf16 pairs, 4). K (K2): the reduction lengths; N: output columns; bn:
+// columns per tile; nmajor_b: B is (K, N) per group.
 static int gg_setup(GGArgs *a, uintptr_t al, const int64_t *off, int G, int K, int K2, int N, long long ldc,
                     int bn, int nmajor_b) {
     if (!gg_init()) return 0;
