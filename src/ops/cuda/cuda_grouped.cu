@@ -134,7 +134,8 @@ __device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGAr
 // conflicts), then 16-byte global stores, 8 lanes per 128-byte row (measured: the fragment's own 4-byte
 // stores, 8 rows per instruction, held the epilogue at the registers they read: SwiGLU forward 1.30 ->
 // 1.15 ms on the reference layer). out: the warp's first row and the block's first column; rows < nrow
-// and 8-column chunks < nch are stored.
+// and 8-column chunks < nch are stored. gg_put_rows is the two steps below in turn, gg_stage_pair per two
+// column groups and gg_flush_rows; the SwiGLU backward calls them apart (two buffers, filled as computed).
 // Column groups jj and jj + 1 of a warp's fragment (their bf16 pairs at rows +0 and +8: a0, a1 and b0, b1)
 // into its staging buffer by stmatrix (gg_put_rows' layout).
 __device__ __forceinline__ void gg_stage_pair(uint32_t buf, int jj, uint32_t a0, uint32_t a1, uint32_t b0,
