@@ -20,7 +20,9 @@
 #            for each (libs.sh clocks_say); STEADY_PREC the policies (default "bf16 mixed"; the peer torch.compile
 #            AMP for mixed, torch.compile pure bf16 for the others: the fp8 targets are against it)
 #   trace:   7 steps under the CUPTI tracer (pack_libs.sh builds it): each step's wall, GPU busy and idle
-#            time, the idle gaps and the kernel time by name (scripts/device/gputrace.py; not by default)
+#            time, the idle gaps and the kernel time by name (scripts/device/gputrace.py; not by default);
+#            TRACE_PREC the policies, a trace each (default mixed; "bf16 fp8-bf16" for "Where a step's time
+#            goes"), each gaps_POLICY.txt under $OUT
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start step 570
 PARTS=${PARTS:-tests attn layer step profile}
@@ -79,9 +81,11 @@ if has profile; then
   fi
 fi
 if has trace; then
-  t trace 150 env GPUTRACE_OUT=$W/trace.txt LD_PRELOAD=$G/lib/libgputrace.so $B/moe train ${P/--steps 12/--steps 7} \
-    --out $W/trace
-  python3 scripts/device/gputrace.py $W/trace.txt --skip 3 --top 45 > $W/gaps.txt 2>&1
-  cp $W/gaps.txt ${OUT:-$W}/gaps.txt; head -12 $W/gaps.txt | tee -a $R
+  for pr in ${TRACE_PREC:-mixed}; do
+    t trace_$pr 150 env GPUTRACE_OUT=$W/trace_$pr.txt LD_PRELOAD=$G/lib/libgputrace.so $B/moe train \
+      ${P/--steps 12/--steps 7} --precision $pr --out $W/trace_$pr
+    python3 scripts/device/gputrace.py $W/trace_$pr.txt --skip 3 --top 60 > $W/gaps_$pr.txt 2>&1
+    cp $W/gaps_$pr.txt ${OUT:-$W}/; head -12 $W/gaps_$pr.txt | tee -a $R
+  done
 fi
 say "$(date -u) done"

@@ -63,17 +63,17 @@ recipe_start() {
   BUDGET=${BUDGET:-$2}
   say "$(date -u) $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader 2>/dev/null)"
 }
-# `steady_mean METRICS [EXTRA]`: the mean tokens/s and step time of a run's steps after the tenth (8192 tokens a
-# step: the reference model at B 4 x T 2048), as full_step.sh's and bf16_mem_check.sh's steady rows give them;
-# EXTRA 1 adds the last step's loss.
+# `steady_mean METRICS [EXTRA [TOKENS]]`: the mean tokens/s and step time of a run's steps after the tenth
+# (TOKENS a step, default 8192: the reference model at B 4 x T 2048), as full_step.sh's and bf16_mem_check.sh's
+# steady rows give them; EXTRA 1 adds the last step's loss.
 steady_mean() {
   python3 -c "
 import json, sys
 r = [d for d in map(json.loads, open(sys.argv[1])) if 'step_time_s' in d and d['step'] > 10]
-t = sum(d['step_time_s'] for d in r)
-print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['step'], 8192 * len(r) / t, 1e3 * t / len(r))
+t, n = sum(d['step_time_s'] for d in r), int(sys.argv[3])
+print('   steps %d-%d: %.0f tokens/s, %.1f ms a step' % (r[0]['step'], r[-1]['step'], n * len(r) / t, 1e3 * t / len(r))
       + (', loss %.4f' % r[-1]['loss'] if sys.argv[2] == '1' else ''))
-" "$1" "${2:-0}" | tee -a $R
+" "$1" "${2:-0}" "${3:-8192}" | tee -a $R
 }
 # `first KEY DIR`: the first training line's value of KEY in DIR/metrics.jsonl (verbatim: compare bits).
 first() { grep -o "\"$1\":[^,]*" "$2/metrics.jsonl" | head -n 1 | cut -d: -f2; }
