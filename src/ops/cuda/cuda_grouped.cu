@@ -119,15 +119,20 @@ __device__ __forceinline__ void gg_tile_dw(const GGArgs &a, int t, int &m0, int 
 // shared memory: they belong to the next group).
 enum { EPI_PLAIN, EPI_SWIGLU_FWD, EPI_SWIGLU_BWD, EPI_DW };
 
-// EPI_SWIGLU_BWD's operands from the forward: h1 and h3 as raw bf16 pairs at (row, col) of a thread's
-// fragment (zeros outside the group's rows or past N)
-__device__ __forceinline__ void gg_load_h(uint32_t &u1, uint32_t &u3, const GGArgs &a, int row, int col,
-                                          int mend) {
-    u1 = u3 = 0;
-    if (row >= mend || col >= a.N) return;
-    long long o = (long long)row * a.ldc + col;
-    u1 = *(const uint32_t *)(a.H1 + o);
-    u3 = *(const uint32_t *)(a.H3 + o);
+// EPI_SWIGLU_BWD's operands from the forward: a warp's 16 rows (from rw) x 64 columns (from col0) of h1 and
+// h3, 16 bytes a lane and instruction (rows 4i + lane / 8, chunk lane % 8: gg_stage_rows' order; zeros
+// outside the group's rows or past N)
+__device__ __forceinline__ void gg_load_h16(uint4 (&g1)[4], uint4 (&g3)[4], const GGArgs &a, int rw, int col0,
+                                            int mend, int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int row = rw + 4 * i + (lane >> 3), col = col0 + 8 * (lane & 7);
+        g1[i] = g3[i] = make_uint4(0, 0, 0, 0);
+        if (row >= mend || col >= a.N) continue;
+        long long o = (long long)row * a.ldc + col;
+        g1[i] = *(const uint4 *)(a.H1 + o);
+        g3[i] = *(const uint4 *)(a.H3 + o);
+    }
 }
 // EPI_DW's ledger (ops.h GM_DW_SUMSQ): a warp's sum of squares of the values it stored in the block's tiles,
 // q a thread's (per tile float sums of 32 squares each added in double: the packed output's as its 64-column
@@ -139,9 +144,6 @@ __device__ __forceinline__ void gg_sq(const GGArgs &a, double q, int b, int c, i
     q = warp_sum_d(q);
     if (lane == 0) a.sq[8 * (size_t)b + 4 * c + wq] = q;
 }
-// EPI_SWIGLU_BWD: column groups of h1, h3 loads in flight in the epilogue (16 spill: ptxas allocates for
-// the launch bound, 168 registers, not the consumers' setmaxnreg 232)
-#define GG_HB 8
 
 // NMAJ: B is N-major (K, N) per group (else K-major (N, K)). EPI: the epilogue (above).
 template <int NMAJ, int EPI>
@@ -276,41 +278,40 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
         // accumulator fragment: rows wq*16 + lane/4 (+8), columns 8j + 2*(lane%4) (+1)
         int r = m0 + c * 64 + wq * 16 + lane / 4, cb = n0 + 2 * (lane % 4);
         if (EPI == EPI_SWIGLU_BWD) {
-            // dh1, dh3 from dact (acc) and the forward's h1, h3, GG_HB column groups in flight: the first
-            // GG_HB go out before the last MMAs are waited for, the next as a slot is used up (before:
-            // all loads of 4 groups, then their stores, one memory round trip per 4 groups); dh1 and dh3
-            // through the warp's two staging buffers into 16-byte stores, 64 columns at a time
-            uint32_t u1[GG_HB][2], u3[GG_HB][2];
-#pragma unroll
-            for (int j = 0; j < GG_HB; j++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) gg_load_h(u1[j][h], u3[j][h], a, r + 8 * h, cb + 8 * j, mend);
-            wgmma_wait<0>();
-            if (lane == 0) mbar_arrive(empty + 8 * prev);
+            // dh1, dh3 from dact (acc) and the forward's h1, h3, 64 columns at a time: a group's h1 and h3
+            // come in 16-byte loads (8 lanes a 128-byte row; the first group's before the last MMAs are
+            // waited for, each next one as the registers are staged), go through the warp's two staging
+            // buffers to the fragments' layout (ldmatrix), and dh1, dh3 go back into the same places
+            // (stmatrix) and out in 16-byte stores
             const int rw = m0 + c * 64 + wq * 16;
             const uint32_t b1 = epi + (c * 4 + wq) * 2 * GG_EPI_BYTES, b3 = b1 + GG_EPI_BYTES;
+            uint4 g1[4], g3[4];
+            gg_load_h16(g1, g3, a, rw, n0, mend, lane);
+            wgmma_wait<0>();
+            if (lane == 0) mbar_arrive(empty + 8 * prev);
 #pragma unroll
             for (int jb = 0; jb < GG_BN / 8; jb += 8) {
+                gg_stage_rows(b1, g1, lane);
+                gg_stage_rows(b3, g3, lane);
+                __syncwarp();
+                if (jb + 8 < GG_BN / 8) gg_load_h16(g1, g3, a, rw, n0 + 8 * (jb + 8), mend, lane);
 #pragma unroll
                 for (int jj = 0; jj < 8; jj += 2) {
-                    uint32_t p1[2][2], p3[2][2];
+                    uint32_t e1[4], e3[4], p1[4],
+                        p3[4]; // matrices (jj, +0), (jj, +8), (jj + 1, +0), (jj + 1, +8)
+                    gg_unstage_pair(b1, jj, e1, lane);
+                    gg_unstage_pair(b3, jj, e3, lane);
 #pragma unroll
-                    for (int q = 0; q < 2; q++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            int j = jb + jj + q;
-                            float2 h1 = bf2_f2(u1[j % GG_HB][h]), h3 = bf2_f2(u3[j % GG_HB][h]);
-                            if (j + GG_HB < GG_BN / 8)
-                                gg_load_h(u1[j % GG_HB][h], u3[j % GG_HB][h], a, r + 8 * h,
-                                          cb + 8 * (j + GG_HB), mend);
-                            float2 d1, d3;
-                            swiglu_grad(acc[4 * j + 2 * h], h1.x, h3.x, &d1.x, &d3.x);
-                            swiglu_grad(acc[4 * j + 2 * h + 1], h1.y, h3.y, &d1.y, &d3.y);
-                            p1[q][h] = pack_bf16(d1.x, d1.y);
-                            p3[q][h] = pack_bf16(d3.x, d3.y);
-                        }
-                    gg_stage_pair(b1, jj, p1[0][0], p1[0][1], p1[1][0], p1[1][1], lane);
-                    gg_stage_pair(b3, jj, p3[0][0], p3[0][1], p3[1][0], p3[1][1], lane);
+                    for (int m = 0; m < 4; m++) {
+                        int e = 4 * (jb + jj + (m >> 1)) + 2 * (m & 1);
+                        float2 h1 = bf2_f2(e1[m]), h3 = bf2_f2(e3[m]), d1, d3;
+                        swiglu_grad(acc[e], h1.x, h3.x, &d1.x, &d3.x);
+                        swiglu_grad(acc[e + 1], h1.y, h3.y, &d1.y, &d3.y);
+                        p1[m] = pack_bf16(d1.x, d1.y);
+                        p3[m] = pack_bf16(d3.x, d3.y);
+                    }
+                    gg_stage_pair(b1, jj, p1[0], p1[1], p1[2], p1[3], lane);
+                    gg_stage_pair(b3, jj, p3[0], p3[1], p3[2], p3[3], lane);
                 }
                 int col0 = n0 + 8 * jb, nch = (a.N - col0) / 8;
                 long long o = (long long)rw * a.ldc + col0;
@@ -470,9 +471,9 @@ static void tmap_2d(CUtensorMap *m, const bf16 *p, uint64_t rows, uint64_t cols,
 
 // The tile list and shape fields of a for one launch, or 0 where the kernel does not take the call
 // (then nothing is written). al: the OR of every operand address (16-byte alignment for TMA) and
-// output address (8 bytes for float2 stores, 16 for the staged rows of EPI_SWIGLU_FWD and EPI_SWIGLU_BWD;
-// EPI_SWIGLU_BWD's h1 and h3, read as bf16 pairs, 4). K (K2): the reduction lengths; N: output columns; bn:
-// columns per tile; nmajor_b: B is (K, N) per group.
+// output address (8 bytes for float2 stores, 16 for the staged rows of EPI_SWIGLU_FWD and EPI_SWIGLU_BWD,
+// and for EPI_SWIGLU_BWD's h1 and h3, read as 16-byte rows). K (K2): the reduction lengths; N: output
+// columns; bn: columns per tile; nmajor_b: B is (K, N) per group.
 static int gg_setup(GGArgs *a, uintptr_t al, const int64_t *off, int G, int K, int K2, int N, long long ldc,
                     int bn, int nmajor_b) {
     if (!gg_init()) return 0;
@@ -572,8 +573,8 @@ extern "C" int cuda_grouped_swiglu_fwd(void *h1, void *h3, void *act, const void
 extern "C" int cuda_grouped_swiglu_bwd(void *dh1, void *dh3, const void *h1, const void *h3, const void *dout,
                                        const void *w, const int64_t *off, int G, int K, int O) {
     GGArgs *a = &g_args;
-    uintptr_t al = (uintptr_t)dout | (uintptr_t)w | (uintptr_t)dh1 | (uintptr_t)dh3 | // (16-byte stores)
-        (((uintptr_t)h1 | (uintptr_t)h3) & 3);
+    uintptr_t al = (uintptr_t)dout | (uintptr_t)w | (uintptr_t)dh1 | (uintptr_t)dh3 | (uintptr_t)h1 |
+        (uintptr_t)h3; // (16-byte loads and stores)
     if (!gg_setup(a, al, off, G, O, 0, K, K, GG_BN, 1)) return 0;
     int64_t base = off[0], rows = off[G] - off[0];
     a->O1 = (bf16 *)dh1 + base * K;

@@ -24,6 +24,26 @@ __device__ __forceinline__ void gg_stage_pair(uint32_t buf, int jj, uint32_t a0,
                  "r"(a0), "r"(a1), "r"(b0), "r"(b1)
                  : "memory");
 }
+// gg_stage_pair's inverse: column groups jj and jj + 1 of the staged rows in the fragments' layout (ldmatrix)
+__device__ __forceinline__ void gg_unstage_pair(uint32_t buf, int jj, uint32_t (&v)[4], int lane) {
+    int m = lane >> 3, row = 8 * (m & 1) + (lane & 7), ch = jj + (m >> 1);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(buf + row * 128 + ((ch ^ (row & 7)) << 4))
+                 : "memory");
+}
+// 16 rows x 64 columns read from global memory as 16-byte chunks (g[i]: row 4i + lane / 8, chunk lane % 8:
+// gg_flush_rows' order) into the staging buffer's layout
+__device__ __forceinline__ void gg_stage_rows(uint32_t buf, const uint4 (&g)[4], int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int row = 4 * i + (lane >> 3), ch = lane & 7;
+        asm volatile(
+            "st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + row * 128 + ((ch ^ (row & 7)) << 4)),
+            "r"(g[i].x), "r"(g[i].y), "r"(g[i].z), "r"(g[i].w)
+            : "memory");
+    }
+}
 // A staging buffer's 16 rows x 64 columns out in 16-byte stores, 8 lanes a 128-byte row.
 __device__ __forceinline__ void gg_flush_rows(__nv_bfloat16 *out, long long ldc, int nrow, int nch,
                                               uint32_t buf, int lane) {
