@@ -9,7 +9,8 @@
 # is the usual state: docs/PERFORMANCE.md, "Power"), the last step's loss, and the peer's line. TURNS="1"
 # runs one turn each. SHAPE=B:T (default 4:2048: 8192 tokens a step; 8:2048 for the per-token split of
 # docs/PERFORMANCE.md's "Tokens a step") sets both sides' batch and sequence length (the peer's too), PREC
-# ours' --precision (default bf16; the peer stays pure bf16); without .gpu/old/moe (a package made with no PACK_OLD) only the new build runs: a current row.
+# ours' --precision (default bf16; the peer stays pure bf16); without .gpu/old/moe (a package made with no
+# PACK_OLD) only the new build runs: a current row.
 # Exit 1 when a run fails.
 cd "$(dirname "$0")/../.."
 . scripts/device/libs.sh && recipe_start steady_ab 420
